@@ -1,0 +1,10 @@
+"""Utilities shared by every op in ``pallas_kernels``: validation, padding and dispatch."""
+
+from pallas_kernels.common.validation import (  # noqa: F401
+    IMPLEMENTATIONS,
+    check_chunk_size,
+    check_shape,
+    document_index,
+    pad_time,
+    resolve_implementation,
+)

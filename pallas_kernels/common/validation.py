@@ -1,0 +1,103 @@
+"""Input validation, padding and implementation dispatch shared by all linear-attention ops.
+
+Every public op in ``pallas_kernels`` validates its arguments here, so that a bad call fails at
+the boundary with one ``ValueError`` that names the offending argument and its shape, rather than
+deep inside a ``lax.scan``.
+"""
+
+from typing import Optional, Sequence, Tuple
+
+import jax
+import jax.numpy as jnp
+
+# Names accepted by the ``implementation=`` argument of every op. ``None`` and ``"auto"`` pick the
+# best available form for the backend; kernels register further names as they land.
+IMPLEMENTATIONS: Tuple[str, ...] = ("auto", "chunked", "reference")
+
+
+def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]]) -> None:
+    """Checks that ``x`` has ``len(expected)`` dims and matches every non-None entry.
+
+    Args:
+        name: the argument's name, used in the error message.
+        x: the array to check.
+        expected: the expected shape; ``None`` entries match any size.
+
+    Raises:
+        ValueError: if the rank or any fixed dimension differs.
+    """
+    if x.ndim != len(expected):
+        raise ValueError(
+            f"{name} must have rank {len(expected)} (shape {tuple(expected)}), "
+            f"got {name}.shape={x.shape}"
+        )
+    for axis, (got, want) in enumerate(zip(x.shape, expected)):
+        if want is not None and got != want:
+            raise ValueError(
+                f"{name}.shape={x.shape} does not match the expected shape {tuple(expected)} "
+                f"(axis {axis}: got {got}, want {want})"
+            )
+
+
+def check_chunk_size(chunk_size: int) -> None:
+    """Raises ``ValueError`` unless ``chunk_size`` is a positive power of two."""
+    if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size=}")
+
+
+def resolve_implementation(implementation: Optional[str], supported: Sequence[str]) -> str:
+    """Maps the user's ``implementation`` to a concrete form.
+
+    Args:
+        implementation: ``None``/``"auto"`` or one of ``supported``.
+        supported: the concrete forms this op provides, best first.
+
+    Returns:
+        The concrete implementation name. ``None`` and ``"auto"`` resolve to ``supported[0]``.
+
+    Raises:
+        ValueError: if ``implementation`` names no form of this op. We never fall back silently.
+    """
+    if implementation is None or implementation == "auto":
+        return supported[0]
+    if implementation not in supported:
+        raise ValueError(
+            f"implementation={implementation!r} is not available for this op; "
+            f"choose one of {('auto',) + tuple(supported)}"
+        )
+    return implementation
+
+
+def pad_time(x: Optional[jax.Array], multiple: int, value: float = 0.0) -> Optional[jax.Array]:
+    """Pads axis 1 (time) of ``x`` on the right up to a multiple of ``multiple``."""
+    if x is None:
+        return None
+    t = x.shape[1]
+    pad = (-t) % multiple
+    if pad == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[1] = (0, pad)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def document_index(segment_ids: jax.Array) -> jax.Array:
+    """Turns segment ids into a monotone per-row document index.
+
+    A new document starts wherever ``segment_ids[:, t] != segment_ids[:, t - 1]``; the returned
+    index counts those starts, so two runs that reuse an id (``0, 1, 0``) stay distinct.
+
+    Args:
+        segment_ids: int array ``[B, T]``.
+
+    Returns:
+        int32 array ``[B, T]``: 0 for the first document of each row, then 1, 2, ...
+    """
+    starts = jnp.concatenate(
+        [
+            jnp.zeros_like(segment_ids[:, :1], dtype=jnp.int32),
+            (segment_ids[:, 1:] != segment_ids[:, :-1]).astype(jnp.int32),
+        ],
+        axis=1,
+    )
+    return jnp.cumsum(starts, axis=1, dtype=jnp.int32)
