@@ -1,0 +1,222 @@
+"""Public Gated DeltaNet and DeltaNet ops: validation, GVA expansion and dispatch.
+
+Paper "Linear Attention Architectures" (arXiv 2607.07953), Sec. 3.2: DeltaNet is Eq. 14 and Gated
+DeltaNet Eqs. 15-17. With the FLA state layout S in R^{K x V}:
+
+    S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,    o_t = scale * S_t^T q_t,
+
+equivalently u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t) and S_t = exp(g_t) S_{t-1} + k_t u_t^T.
+DeltaNet is g == 0. The read-out includes token t.
+
+Implementations (``implementation=``):
+
+* ``"chunked"`` (default for ``None``/``"auto"``): the chunkwise WY/UT form in ``chunked.py``;
+* ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow).
+
+Example::
+
+    import jax
+    import jax.numpy as jnp
+    from pallas_kernels import gated_delta_rule as gdr
+
+    B, T, HK, H, K, V = 2, 100, 2, 4, 32, 64
+    kq, kk, kv, kg, kb = jax.random.split(jax.random.key(0), 5)
+    l2 = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    q = l2(jax.random.normal(kq, (B, T, HK, K)))
+    k = l2(jax.random.normal(kk, (B, T, HK, K)))
+    v = jax.random.normal(kv, (B, T, H, V), jnp.bfloat16)
+    g = -jax.nn.softplus(jax.random.normal(kg, (B, T, H)))  # log-decay <= 0
+    beta = jax.nn.sigmoid(jax.random.normal(kb, (B, T, H)))
+    o, state = gdr.gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    # o: [2, 100, 4, 64] bf16, state: [2, 4, 32, 64] fp32. Continue from `state`:
+    o2, _ = gdr.gated_delta_rule(q, k, v, g, beta, initial_state=state)
+    o_dn, _ = gdr.delta_rule(q, k, v, beta)  # DeltaNet, no decay
+"""
+
+import functools
+from typing import Optional, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import common
+from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import reference
+
+# Concrete forms of this op, best first: None/"auto" resolve to the first entry.
+_IMPLEMENTATIONS = {
+    "chunked": chunked.gated_delta_rule_chunked,
+    "reference": reference.gated_delta_rule_reference,
+}
+
+Output = Union[
+    Tuple[jax.Array, Optional[jax.Array]],
+    Tuple[jax.Array, Optional[jax.Array], jax.Array],
+]
+
+
+def _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size) -> None:
+    """Checks ranks, shapes and dtypes at the public boundary; raises ``ValueError``."""
+    common.check_shape("q", q, (None, None, None, None))
+    batch, seq_len, key_heads, dk = q.shape
+    if seq_len < 1:
+        raise ValueError(f"the time axis must hold at least one token, got {q.shape=}")
+    common.check_shape("k", k, (batch, seq_len, key_heads, dk))
+    common.check_shape("v", v, (batch, seq_len, None, None))
+    heads, dv = v.shape[2], v.shape[3]
+    if heads % key_heads:
+        raise ValueError(
+            f"the value heads of v must be a multiple of the key heads of q and k (GVA), got "
+            f"{v.shape=} with H={heads} and {q.shape=} with HK={key_heads}"
+        )
+    for name, x in (("q", q), ("k", k), ("v", v), ("beta", beta)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must have a floating dtype, got {name}.dtype={x.dtype}")
+    if g is not None:
+        common.check_shape("g", g, (batch, seq_len, heads))
+        if not jnp.issubdtype(g.dtype, jnp.floating):
+            raise ValueError(f"g must have a floating dtype, got {g.dtype=}")
+    common.check_shape("beta", beta, (batch, seq_len, heads))
+    if initial_state is not None:
+        common.check_shape("initial_state", initial_state, (batch, heads, dk, dv))
+    if segment_ids is not None:
+        common.check_shape("segment_ids", segment_ids, (batch, seq_len))
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise ValueError(
+                f"segment_ids must have an integer dtype, got {segment_ids.dtype=}"
+            )
+    common.check_chunk_size(chunk_size)
+
+
+@functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
+def _forward(q, k, v, g, beta, scale, initial_state, segment_ids, *, implementation, chunk_size):
+    """Expands GVA heads, runs the chosen form in fp32 and casts o, u back to ``v.dtype``.
+
+    ``chunk_size`` is the effective chunk size for ``"chunked"`` and ``None`` otherwise.
+    """
+    f32 = jnp.float32
+    group = v.shape[2] // q.shape[2]
+    # GVA/GQA: value head h reads key head h // group (FLA/torch ``repeat_interleave``).
+    q = jnp.repeat(q.astype(f32), group, axis=2)  # [B, T, H, K]
+    k = jnp.repeat(k.astype(f32), group, axis=2)  # [B, T, H, K]
+    g = None if g is None else g.astype(f32)
+    kwargs = dict(scale=scale, initial_state=initial_state, segment_ids=segment_ids)
+    if implementation == "chunked":
+        kwargs["chunk_size"] = chunk_size
+    o, final_state, u = _IMPLEMENTATIONS[implementation](
+        q, k, v.astype(f32), g, beta.astype(f32), **kwargs
+    )
+    return o.astype(v.dtype), final_state, u.astype(v.dtype)
+
+
+def gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    beta: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    output_final_state: bool = False,
+    segment_ids: Optional[jax.Array] = None,
+    chunk_size: int = 64,
+    implementation: Optional[str] = None,
+    return_residual: bool = False,
+) -> Output:
+    """Gated DeltaNet token mixing (paper arXiv 2607.07953, Sec. 3.2, Eqs. 15-17).
+
+    Computes, per batch row and value head, with the state S_t in R^{K x V} (FLA layout)::
+
+        u_t = beta_t (v_t - exp(g_t) S_{t-1}^T k_t)
+        S_t = exp(g_t) S_{t-1} + k_t u_t^T   ( = exp(g_t)(I - beta_t k_t k_t^T) S_{t-1}
+                                                 + beta_t k_t v_t^T )
+        o_t = scale * S_t^T q_t              (inclusive of token t)
+
+    All state math, gate cumsums and reductions run in fp32 with ``Precision.HIGHEST`` whatever
+    the input dtype; ``o`` and ``u`` are cast back to ``v.dtype``. q and k are used as given:
+    L2-normalise them beforehand (the Flax module does). Gradients w.r.t. every array argument
+    (including ``initial_state``) come from JAX autodiff of the chosen form.
+
+    GVA/GQA: when ``H > HK``, value head ``h`` uses key/query head ``h // (H // HK)`` (q and k
+    are ``jnp.repeat``-ed along the head axis, like FLA's ``repeat_interleave``).
+
+    Args:
+        q: queries ``[B, T, HK, K]``, any float dtype.
+        k: keys ``[B, T, HK, K]``, any float dtype.
+        v: values ``[B, T, H, V]``, any float dtype; ``H`` must be a multiple of ``HK``.
+        g: per-token log-decay ``[B, T, H]`` in natural-log units (the decay is
+            ``alpha_t = exp(g_t)``, so ``g <= 0``), any float dtype (converted to fp32), or
+            ``None`` for no decay (DeltaNet).
+        beta: write strengths ``[B, T, H]`` in ``(0, 1)``.
+        scale: read-out scale; ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` state before the first token (fp32 recommended), or
+            ``None`` for zeros. With ``segment_ids`` it applies to the first document of each
+            row only.
+        output_final_state: whether to return the state after the last token.
+        segment_ids: optional integer ``[B, T]`` for packed rows. A new document starts wherever
+            ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there.
+        chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
+            clipped to the smallest power of two ``>= T``.
+        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"`` or ``"reference"``.
+        return_residual: whether to also return the per-token residuals ``u`` (FLA's
+            ``v_new``), which cross-layer routing consumes.
+
+    Returns:
+        ``(o, final_state)``, or ``(o, final_state, u)`` if ``return_residual``:
+        ``o`` ``[B, T, H, V]`` in ``v.dtype``; ``final_state`` ``[B, H, K, V]`` fp32 if
+        ``output_final_state`` else ``None``; ``u`` ``[B, T, H, V]`` in ``v.dtype``.
+
+    Raises:
+        ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
+            non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
+            of two, or an unknown ``implementation``.
+    """
+    impl = common.resolve_implementation(implementation, tuple(_IMPLEMENTATIONS))
+    _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size)
+    batch, seq_len, _, dk = q.shape
+    heads, dv = v.shape[2:]
+    if scale is None:
+        scale = dk ** -0.5
+    if initial_state is None:
+        # Zeros rather than a None branch: one compiled program serves both cases.
+        initial_state = jnp.zeros((batch, heads, dk, dv), jnp.float32)
+    # Normalise the static chunk size so that equivalent calls share one compiled program.
+    chunk = chunked.effective_chunk_size(chunk_size, seq_len) if impl == "chunked" else None
+    o, final_state, u = _forward(
+        q, k, v, g, beta, scale, initial_state, segment_ids,
+        implementation=impl, chunk_size=chunk,
+    )
+    if not output_final_state:
+        final_state = None
+    if return_residual:
+        return o, final_state, u
+    return o, final_state
+
+
+def delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    beta: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    output_final_state: bool = False,
+    segment_ids: Optional[jax.Array] = None,
+    chunk_size: int = 64,
+    implementation: Optional[str] = None,
+    return_residual: bool = False,
+) -> Output:
+    """DeltaNet token mixing (paper arXiv 2607.07953, Sec. 3.2, Eq. 14): no decay.
+
+    ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale * S_t^T q_t``,
+    with residual ``u_t = beta_t (v_t - S_{t-1}^T k_t)``. This is :func:`gated_delta_rule` with
+    ``g=None``: the arguments, shapes, dtypes, returns and errors are the same.
+    """
+    return gated_delta_rule(
+        q, k, v, None, beta,
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
+        return_residual=return_residual,
+    )
