@@ -1,0 +1,187 @@
+"""Public Gated DeltaNet-2 (GDN-2) op: validation, GVA expansion and dispatch.
+
+Paper "Linear Attention Architectures" (arXiv 2607.07953), Eqs. 21-24 (spec §2.6). With the FLA
+state layout S in R^{K x V}, a per-key-channel log-decay g_t in R^K, an erase gate b_t in
+(0,1)^K and a write gate w_t in (0,1)^V (no scalar beta)::
+
+    S_t = (I - k_t (b_t * k_t)^T) Diag(exp g_t) S_{t-1} + k_t (w_t * v_t)^T,  o_t = scale S_t^T q_t,
+
+equivalently S~_t = Diag(exp g_t) S_{t-1}, u_t = w_t * v_t - S~_t^T (b_t * k_t),
+S_t = S~_t + k_t u_t^T. The read-out includes token t. KDA is the special case
+``b = beta 1_K``, ``w = beta 1_V``.
+
+Implementations (``implementation=``):
+
+* ``"chunked"`` (default for ``None``/``"auto"``): the chunkwise form in ``chunked.py``;
+* ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
+* ``"associative_scan"``: the exact ``O(T K^3)`` parallel form in ``associative.py``.
+
+Example::
+
+    import jax
+    import jax.numpy as jnp
+    from pallas_kernels import gdn2 as gdn2_ops
+
+    B, T, HK, H, K, V = 2, 100, 2, 4, 32, 64
+    kq, kk, kv, kg, kb, kw = jax.random.split(jax.random.key(0), 6)
+    l2 = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    q = l2(jax.random.normal(kq, (B, T, HK, K)))
+    k = l2(jax.random.normal(kk, (B, T, HK, K)))
+    v = jax.random.normal(kv, (B, T, H, V), jnp.bfloat16)
+    g = -jax.nn.softplus(jax.random.normal(kg, (B, T, H, K)))  # per-channel log-decay <= 0
+    b = jax.nn.sigmoid(jax.random.normal(kb, (B, T, H, K)))  # erase gate
+    w = jax.nn.sigmoid(jax.random.normal(kw, (B, T, H, V)))  # write gate
+    o, state = gdn2_ops.gdn2(q, k, v, g, b, w, output_final_state=True)
+    # o: [2, 100, 4, 64] bf16, state: [2, 4, 32, 64] fp32. Continue from `state`:
+    o2, _ = gdn2_ops.gdn2(q, k, v, g, b, w, initial_state=state)
+"""
+
+import functools
+from typing import Optional, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import common
+from pallas_kernels.gdn2 import associative
+from pallas_kernels.gdn2 import chunked
+from pallas_kernels.gdn2 import reference
+
+# Concrete forms of this op, best first: None/"auto" resolve to the first entry.
+_IMPLEMENTATIONS = {
+    "chunked": chunked.gdn2_chunked,
+    "reference": reference.gdn2_reference,
+    "associative_scan": associative.gdn2_associative,
+}
+
+Output = Union[
+    Tuple[jax.Array, Optional[jax.Array]],
+    Tuple[jax.Array, Optional[jax.Array], jax.Array],
+]
+
+
+def _validate(q, k, v, g, b, w, initial_state, segment_ids, chunk_size) -> None:
+    """Checks ranks, shapes and dtypes at the public boundary; raises ``ValueError``."""
+    common.check_shape("q", q, (None, None, None, None))
+    batch, seq_len, key_heads, dk = q.shape
+    if seq_len < 1:
+        raise ValueError(f"the time axis must hold at least one token, got {q.shape=}")
+    common.check_shape("k", k, (batch, seq_len, key_heads, dk))
+    common.check_shape("v", v, (batch, seq_len, None, None))
+    heads, dv = v.shape[2], v.shape[3]
+    if heads % key_heads:
+        raise ValueError(
+            f"the value heads of v must be a multiple of the key heads of q and k (GVA), got "
+            f"{v.shape=} with H={heads} and {q.shape=} with HK={key_heads}"
+        )
+    common.check_shape("g", g, (batch, seq_len, heads, dk))
+    common.check_shape("b", b, (batch, seq_len, heads, dk))
+    common.check_shape("w", w, (batch, seq_len, heads, dv))
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("b", b), ("w", w)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must have a floating dtype, got {name}.dtype={x.dtype}")
+    if initial_state is not None:
+        common.check_shape("initial_state", initial_state, (batch, heads, dk, dv))
+    if segment_ids is not None:
+        common.check_shape("segment_ids", segment_ids, (batch, seq_len))
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise ValueError(f"segment_ids must have an integer dtype, got {segment_ids.dtype=}")
+    common.check_chunk_size(chunk_size)
+
+
+@functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
+def _forward(q, k, v, g, b, w, scale, initial_state, segment_ids, *, implementation, chunk_size):
+    """Expands GVA heads, runs the chosen form in fp32 and casts o, u back to ``v.dtype``."""
+    f32 = jnp.float32
+    group = v.shape[2] // q.shape[2]
+    # GVA/GQA: value head h reads key head h // group (FLA/torch ``repeat_interleave``).
+    q = jnp.repeat(q.astype(f32), group, axis=2)  # [B, T, H, K]
+    k = jnp.repeat(k.astype(f32), group, axis=2)  # [B, T, H, K]
+    kwargs = dict(scale=scale, initial_state=initial_state, segment_ids=segment_ids)
+    if implementation == "chunked":
+        kwargs["chunk_size"] = chunk_size
+    o, final_state, u = _IMPLEMENTATIONS[implementation](
+        q, k, v.astype(f32), g.astype(f32), b.astype(f32), w.astype(f32), **kwargs
+    )
+    return o.astype(v.dtype), final_state, u.astype(v.dtype)
+
+
+def gdn2(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    b: jax.Array,
+    w: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    output_final_state: bool = False,
+    segment_ids: Optional[jax.Array] = None,
+    chunk_size: int = 64,
+    implementation: Optional[str] = None,
+    return_residual: bool = False,
+) -> Output:
+    """Gated DeltaNet-2 token mixing (paper arXiv 2607.07953, Eqs. 21-24).
+
+    Computes, per batch row and value head, with the state S_t in R^{K x V} (FLA layout)::
+
+        S~_t = Diag(exp g_t) S_{t-1}                   (per-key-channel decay)
+        u_t  = w_t * v_t - S~_t^T (b_t * k_t)          (erase-gated read, write-gated value)
+        S_t  = S~_t + k_t u_t^T    ( = (I - k_t (b_t * k_t)^T) Diag(exp g_t) S_{t-1}
+                                       + k_t (w_t * v_t)^T ; the write uses k, not b * k )
+        o_t  = scale * S_t^T q_t   (inclusive of token t)
+
+    All state math, gate cumsums and reductions run in fp32 with ``Precision.HIGHEST`` whatever
+    the input dtype; ``o`` and ``u`` are cast back to ``v.dtype``. q and k are used as given:
+    L2-normalise them beforehand. Gates are inputs (the reference GDN-2 kernel is called with
+    ``use_gate_in_kernel=False``). Gradients w.r.t. every array argument (including
+    ``initial_state``) come from JAX autodiff of the chosen form.
+
+    GVA/GQA: when ``H > HK``, value head ``h`` uses key/query head ``h // (H // HK)`` (q and k
+    are ``jnp.repeat``-ed along the head axis). ``g``, ``b`` and ``w`` are per value head.
+
+    Args:
+        q: queries ``[B, T, HK, K]``, any float dtype.
+        k: keys ``[B, T, HK, K]``, any float dtype.
+        v: values ``[B, T, H, V]``, any float dtype; ``H`` must be a multiple of ``HK``.
+        g: per-key-channel log-decay ``[B, T, H, K]`` in natural-log units (the decay of key
+            channel c is ``exp(g_t[c])``, so ``g <= 0``), any float dtype (converted to fp32).
+        b: erase gate ``[B, T, H, K]`` in ``(0, 1)`` (applied to k on the read side only).
+        w: write gate ``[B, T, H, V]`` in ``(0, 1)`` (applied to v).
+        scale: read-out scale; ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` state before the first token (fp32 recommended), or
+            ``None`` for zeros. With ``segment_ids`` it applies to the first document of each
+            row only.
+        output_final_state: whether to return the state after the last token.
+        segment_ids: optional integer ``[B, T]`` for packed rows. A new document starts wherever
+            ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there.
+        chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
+            clipped to the smallest power of two ``>= T``; other forms ignore it.
+        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"`` or
+            ``"associative_scan"``.
+        return_residual: whether to also return the per-token residuals ``u``.
+
+    Returns:
+        ``(o, final_state)``, or ``(o, final_state, u)`` if ``return_residual``:
+        ``o`` ``[B, T, H, V]`` in ``v.dtype``; ``final_state`` ``[B, H, K, V]`` fp32 if
+        ``output_final_state`` else ``None``; ``u`` ``[B, T, H, V]`` in ``v.dtype``.
+
+    Raises:
+        ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
+            non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
+            of two, or an unknown ``implementation``.
+    """
+    impl = common.resolve_implementation(implementation, tuple(_IMPLEMENTATIONS))
+    _validate(q, k, v, g, b, w, initial_state, segment_ids, chunk_size)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    o, final_state, u = _forward(
+        q, k, v, g, b, w, scale, initial_state, segment_ids,
+        implementation=impl, chunk_size=chunk_size,
+    )
+    if not output_final_state:
+        final_state = None
+    if return_residual:
+        return o, final_state, u
+    return o, final_state

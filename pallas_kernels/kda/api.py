@@ -1,0 +1,183 @@
+"""Public Kimi Delta Attention (KDA) op: validation, GVA expansion and dispatch.
+
+Paper "Linear Attention Architectures" (arXiv 2607.07953), Eqs. 18-20 (spec §2.4). With the FLA
+state layout S in R^{K x V} and a per-key-channel log-decay g_t in R^K::
+
+    S_t = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1} + beta_t k_t v_t^T,   o_t = scale S_t^T q_t,
+
+equivalently S~_t = Diag(exp g_t) S_{t-1}, u_t = beta_t (v_t - S~_t^T k_t), S_t = S~_t + k_t u_t^T.
+The read-out includes token t.
+
+Implementations (``implementation=``):
+
+* ``"chunked"`` (default for ``None``/``"auto"``): the chunkwise form in ``chunked.py``;
+* ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
+* ``"associative_scan"``: the exact ``O(T K^3)`` parallel form in ``associative.py``.
+
+Example::
+
+    import jax
+    import jax.numpy as jnp
+    from pallas_kernels import kda as kda_ops
+
+    B, T, HK, H, K, V = 2, 100, 2, 4, 32, 64
+    kq, kk, kv, kg, kb = jax.random.split(jax.random.key(0), 5)
+    l2 = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+    q = l2(jax.random.normal(kq, (B, T, HK, K)))
+    k = l2(jax.random.normal(kk, (B, T, HK, K)))
+    v = jax.random.normal(kv, (B, T, H, V), jnp.bfloat16)
+    g = -jax.nn.softplus(jax.random.normal(kg, (B, T, H, K)))  # per-channel log-decay <= 0
+    beta = jax.nn.sigmoid(jax.random.normal(kb, (B, T, H)))
+    o, state = kda_ops.kda(q, k, v, g, beta, output_final_state=True)
+    # o: [2, 100, 4, 64] bf16, state: [2, 4, 32, 64] fp32. Continue from `state`:
+    o2, _ = kda_ops.kda(q, k, v, g, beta, initial_state=state)
+"""
+
+import functools
+from typing import Optional, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import common
+from pallas_kernels.kda import associative
+from pallas_kernels.kda import chunked
+from pallas_kernels.kda import reference
+
+# Concrete forms of this op, best first: None/"auto" resolve to the first entry.
+_IMPLEMENTATIONS = {
+    "chunked": chunked.kda_chunked,
+    "reference": reference.kda_reference,
+    "associative_scan": associative.kda_associative,
+}
+
+Output = Union[
+    Tuple[jax.Array, Optional[jax.Array]],
+    Tuple[jax.Array, Optional[jax.Array], jax.Array],
+]
+
+
+def _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size) -> None:
+    """Checks ranks, shapes and dtypes at the public boundary; raises ``ValueError``."""
+    common.check_shape("q", q, (None, None, None, None))
+    batch, seq_len, key_heads, dk = q.shape
+    if seq_len < 1:
+        raise ValueError(f"the time axis must hold at least one token, got {q.shape=}")
+    common.check_shape("k", k, (batch, seq_len, key_heads, dk))
+    common.check_shape("v", v, (batch, seq_len, None, None))
+    heads, dv = v.shape[2], v.shape[3]
+    if heads % key_heads:
+        raise ValueError(
+            f"the value heads of v must be a multiple of the key heads of q and k (GVA), got "
+            f"{v.shape=} with H={heads} and {q.shape=} with HK={key_heads}"
+        )
+    common.check_shape("g", g, (batch, seq_len, heads, dk))
+    common.check_shape("beta", beta, (batch, seq_len, heads))
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must have a floating dtype, got {name}.dtype={x.dtype}")
+    if initial_state is not None:
+        common.check_shape("initial_state", initial_state, (batch, heads, dk, dv))
+    if segment_ids is not None:
+        common.check_shape("segment_ids", segment_ids, (batch, seq_len))
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise ValueError(f"segment_ids must have an integer dtype, got {segment_ids.dtype=}")
+    common.check_chunk_size(chunk_size)
+
+
+@functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
+def _forward(q, k, v, g, beta, scale, initial_state, segment_ids, *, implementation, chunk_size):
+    """Expands GVA heads, runs the chosen form in fp32 and casts o, u back to ``v.dtype``."""
+    f32 = jnp.float32
+    group = v.shape[2] // q.shape[2]
+    # GVA/GQA: value head h reads key head h // group (FLA/torch ``repeat_interleave``).
+    q = jnp.repeat(q.astype(f32), group, axis=2)  # [B, T, H, K]
+    k = jnp.repeat(k.astype(f32), group, axis=2)  # [B, T, H, K]
+    kwargs = dict(scale=scale, initial_state=initial_state, segment_ids=segment_ids)
+    if implementation == "chunked":
+        kwargs["chunk_size"] = chunk_size
+    o, final_state, u = _IMPLEMENTATIONS[implementation](
+        q, k, v.astype(f32), g.astype(f32), beta.astype(f32), **kwargs
+    )
+    return o.astype(v.dtype), final_state, u.astype(v.dtype)
+
+
+def kda(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    output_final_state: bool = False,
+    segment_ids: Optional[jax.Array] = None,
+    chunk_size: int = 64,
+    implementation: Optional[str] = None,
+    return_residual: bool = False,
+) -> Output:
+    """Kimi Delta Attention token mixing (paper arXiv 2607.07953, Eqs. 18-20).
+
+    Computes, per batch row and value head, with the state S_t in R^{K x V} (FLA layout)::
+
+        S~_t = Diag(exp g_t) S_{t-1}                   (per-key-channel decay)
+        u_t  = beta_t (v_t - S~_t^T k_t)
+        S_t  = S~_t + k_t u_t^T    ( = (I - beta_t k_t k_t^T) Diag(exp g_t) S_{t-1}
+                                       + beta_t k_t v_t^T )
+        o_t  = scale * S_t^T q_t   (inclusive of token t)
+
+    All state math, gate cumsums and reductions run in fp32 with ``Precision.HIGHEST`` whatever
+    the input dtype; ``o`` and ``u`` are cast back to ``v.dtype``. q and k are used as given:
+    L2-normalise them beforehand (FLA's ``use_qk_l2norm_in_kernel=True`` is done outside here).
+    The decay is taken as log-space input: FLA's in-kernel gate
+    ``g = -exp(A_log) softplus(f + dt_bias)`` is computed by the caller. Gradients w.r.t. every
+    array argument (including ``initial_state``) come from JAX autodiff of the chosen form.
+
+    GVA/GQA: when ``H > HK``, value head ``h`` uses key/query head ``h // (H // HK)`` (q and k
+    are ``jnp.repeat``-ed along the head axis, like FLA's ``repeat_interleave``).
+
+    Args:
+        q: queries ``[B, T, HK, K]``, any float dtype.
+        k: keys ``[B, T, HK, K]``, any float dtype.
+        v: values ``[B, T, H, V]``, any float dtype; ``H`` must be a multiple of ``HK``.
+        g: per-key-channel log-decay ``[B, T, H, K]`` in natural-log units (the decay of key
+            channel c is ``exp(g_t[c])``, so ``g <= 0``), any float dtype (converted to fp32).
+        beta: write strengths ``[B, T, H]`` in ``(0, 1)``.
+        scale: read-out scale; ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` state before the first token (fp32 recommended), or
+            ``None`` for zeros. With ``segment_ids`` it applies to the first document of each
+            row only.
+        output_final_state: whether to return the state after the last token.
+        segment_ids: optional integer ``[B, T]`` for packed rows. A new document starts wherever
+            ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there.
+        chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
+            clipped to the smallest power of two ``>= T``; other forms ignore it.
+        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"`` or
+            ``"associative_scan"``.
+        return_residual: whether to also return the per-token residuals ``u`` (FLA's
+            ``v_new``).
+
+    Returns:
+        ``(o, final_state)``, or ``(o, final_state, u)`` if ``return_residual``:
+        ``o`` ``[B, T, H, V]`` in ``v.dtype``; ``final_state`` ``[B, H, K, V]`` fp32 if
+        ``output_final_state`` else ``None``; ``u`` ``[B, T, H, V]`` in ``v.dtype``.
+
+    Raises:
+        ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
+            non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
+            of two, or an unknown ``implementation``.
+    """
+    impl = common.resolve_implementation(implementation, tuple(_IMPLEMENTATIONS))
+    _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size)
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    o, final_state, u = _forward(
+        q, k, v, g, beta, scale, initial_state, segment_ids,
+        implementation=impl, chunk_size=chunk_size,
+    )
+    if not output_final_state:
+        final_state = None
+    if return_residual:
+        return o, final_state, u
+    return o, final_state
