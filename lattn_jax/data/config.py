@@ -1,0 +1,132 @@
+"""Typed configuration of the language-model data pipeline.
+
+The recipe follows the paper's data section (spec §6): LLaMA-2 SentencePiece ids, EOS appended to
+every document, no BOS, documents concatenated and cut into fixed windows of ``seq_len + 1``
+tokens, and a document-level train/validation split (99/1 by default).
+
+``DataConfig`` is built once from the experiment ``ConfigDict`` (``config.data``) and validates
+itself in ``__post_init__``: a bad option raises ``ValueError`` naming the option, and a missing
+data or tokenizer file raises ``FileNotFoundError`` naming the option and the file, before any
+tokenization or training starts.
+"""
+
+import dataclasses
+import numbers
+import os
+from typing import Literal
+
+from lattn_jax import assets
+
+__all__ = ["DataConfig", "DocSplit", "Format", "TokenizerKind"]
+
+Format = Literal["auto", "text", "jsonl"]
+DocSplit = Literal["wikitext", "blank_line", "line", "file"]
+TokenizerKind = Literal["sentencepiece", "byte"]
+
+_FORMATS = ("auto", "text", "jsonl")
+_DOC_SPLITS = ("wikitext", "blank_line", "line", "file")
+_TOKENIZERS = ("sentencepiece", "byte")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    """Where the text comes from and how it becomes ``[batch_size, seq_len]`` batches.
+
+    Attributes:
+        paths: data files and/or directories. A directory is searched recursively for files ending
+            in ``.txt``, ``.raw``, ``.text``, ``.jsonl``, ``.jsonl.gz`` or ``.json.gz`` (sorted,
+            hidden files skipped; so ``LICENSE.md`` next to the data is not read). A file named
+            explicitly is read whatever its extension. A single string is wrapped in a tuple.
+        format: ``"text"``, ``"jsonl"``, or ``"auto"`` (per file: ``.jsonl``, ``.jsonl.gz`` and
+            ``.json.gz`` are JSONL, everything else is plain text).
+        text_field: JSONL key that holds the document text.
+        doc_split: how plain text is cut into documents. ``"wikitext"``: a new document starts at
+            every line ``" = Title = "`` (exactly one ``=`` on each side; ``" = = Section = = "``
+            does not start one); ``"blank_line"``: documents are separated by one or more blank
+            lines; ``"line"``: one document per line; ``"file"``: one document per file. Ignored for
+            JSONL (one document per record).
+        tokenizer: ``"sentencepiece"`` or ``"byte"`` (UTF-8 bytes, EOS 256, vocabulary 257).
+        tokenizer_path: SentencePiece model file. ``None`` with ``"sentencepiece"`` selects the
+            bundled LLaMA-2 model (``lattn_jax/assets/tokenizers/llama2/tokenizer.model``); must be
+            ``None`` with ``"byte"``.
+        seq_len: tokens per example (inputs and targets each have ``seq_len`` tokens).
+        batch_size: global batch size (examples per step over all processes); must be divisible by
+            ``jax.process_count()`` (checked when the pipeline is built).
+        val_fraction: fraction of DOCUMENTS held out for validation, in ``(0, 1)``; at least one
+            document is always held out and at least one kept for training.
+        seed: seed of the document split and of the window shuffle.
+        max_val_batches: cap on the number of validation batches, ``None`` for all of them.
+
+    Raises:
+        ValueError: an option has a bad value; the message starts with ``data.<option>``.
+        FileNotFoundError: a path in ``paths`` or ``tokenizer_path`` does not exist; the message
+            reads ``data.paths: no such file or directory: <path>`` (or ``data.tokenizer_path``).
+    """
+
+    paths: tuple[str, ...]
+    format: Format = "auto"
+    text_field: str = "text"
+    doc_split: DocSplit = "blank_line"
+    tokenizer: TokenizerKind = "sentencepiece"
+    tokenizer_path: str | None = None
+    seq_len: int
+    batch_size: int
+    val_fraction: float = 0.01
+    seed: int = 0
+    max_val_batches: int | None = None
+
+    def __post_init__(self):
+        paths = self.paths
+        if isinstance(paths, (str, os.PathLike)):
+            paths = (paths,)
+        try:
+            paths = tuple(os.fspath(p) for p in paths)
+        except TypeError as e:
+            raise ValueError(f"data.paths: expected a sequence of paths, got {self.paths!r}") from e
+        object.__setattr__(self, "paths", paths)
+        if not paths:
+            raise ValueError("data.paths: at least one file or directory is required")
+        for path in paths:
+            if not os.path.exists(path):
+                raise FileNotFoundError(f"data.paths: no such file or directory: {path}")
+
+        _check_choice("format", self.format, _FORMATS)
+        _check_choice("doc_split", self.doc_split, _DOC_SPLITS)
+        _check_choice("tokenizer", self.tokenizer, _TOKENIZERS)
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise ValueError(
+                f"data.text_field: expected a non-empty string, got {self.text_field!r}")
+
+        if self.tokenizer == "byte":
+            if self.tokenizer_path is not None:
+                raise ValueError(
+                    "data.tokenizer_path: must be None for tokenizer='byte', got "
+                    f"{self.tokenizer_path!r}")
+        else:
+            path = self.tokenizer_path
+            if path is None:
+                path = assets.asset_path(assets.LLAMA2_TOKENIZER)
+            path = os.fspath(path)
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"data.tokenizer_path: no such file: {path}")
+            object.__setattr__(self, "tokenizer_path", path)
+
+        _check_int("seq_len", self.seq_len, minimum=1)
+        _check_int("batch_size", self.batch_size, minimum=1)
+        _check_int("seed", self.seed, minimum=0)
+        if self.max_val_batches is not None:
+            _check_int("max_val_batches", self.max_val_batches, minimum=1)
+        if (isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float))
+                or not 0.0 < self.val_fraction < 1.0):
+            raise ValueError(f"data.val_fraction: expected a number in (0, 1), got "
+                             f"{self.val_fraction!r}")
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"data.{name}: expected one of {choices}, got {value!r}")
+
+
+def _check_int(name: str, value, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"data.{name}: expected an integer >= {minimum}, got {value!r}")

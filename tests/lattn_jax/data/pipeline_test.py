@@ -1,0 +1,267 @@
+"""Tests for lattn_jax.data.pipeline (grain windows, splits, iterator checkpointing)."""
+
+import math
+import os
+import string
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+import grain
+import numpy as np
+import orbax.checkpoint as ocp
+
+from lattn_jax import assets
+from lattn_jax.data import config as config_lib
+from lattn_jax.data import pipeline
+
+_EOS = 256  # ByteTokenizer
+
+
+def _write_letter_corpus(root: str, num_docs: int = 20) -> tuple[str, list[str]]:
+    """Documents made of one repeated letter each, so every byte names its document."""
+    rng = np.random.default_rng(123)
+    docs = [string.ascii_letters[i] * int(rng.integers(5, 40)) for i in range(num_docs)]
+    path = os.path.join(root, "letters.txt")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n\n".join(docs) + "\n")
+    return path, docs
+
+
+def _take(it, n):
+    return [next(it) for _ in range(n)]
+
+
+def _assert_batches_equal(test, a, b):
+    test.assertEqual(len(a), len(b))
+    for x, y in zip(a, b):
+        test.assertEqual(sorted(x), sorted(y))
+        for k in x:
+            np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def _stream_from_batches(batches):
+    """Rebuilds the token stream covered by consecutive windows (stream order, weight > 0 rows)."""
+    rows = [(b["inputs"][i], b["targets"][i]) for b in batches for i in range(len(b["inputs"]))
+            if b["weights"][i].any()]
+    return np.concatenate([r[0] for r in rows] + [rows[-1][1][-1:]])
+
+
+class PipelineTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.enterContext(tempfile.TemporaryDirectory())
+        self.path, self.docs = _write_letter_corpus(self.root)
+
+    def _config(self, **overrides):
+        kwargs = dict(paths=(self.path,), doc_split="blank_line", tokenizer="byte", seq_len=16,
+                      batch_size=4, val_fraction=0.2, seed=0)
+        kwargs.update(overrides)
+        return config_lib.DataConfig(**kwargs)
+
+    def test_batch_spec(self):
+        ds = pipeline.build_datasets(self._config())
+        batch = next(ds.train_iter)
+        self.assertIsInstance(ds.train_iter, grain.DatasetIterator)
+        self.assertEqual(sorted(batch), sorted(pipeline.BATCH_KEYS))
+        for key in pipeline.BATCH_KEYS:
+            self.assertEqual(batch[key].shape, (4, 16), key)
+            self.assertEqual(batch[key].dtype, np.float32 if key == "weights" else np.int32, key)
+        np.testing.assert_array_equal(batch["weights"], 1.0)
+        self.assertEqual((ds.stats.train_documents, ds.stats.val_documents), (16, 4))
+        self.assertEqual(ds.stats.train_tokens + ds.stats.val_tokens,
+                         sum(len(d) + 1 for d in self.docs))
+
+    def test_deterministic_for_seed(self):
+        a = _take(pipeline.build_datasets(self._config()).train_iter, 4)
+        b = _take(pipeline.build_datasets(self._config()).train_iter, 4)
+        _assert_batches_equal(self, a, b)
+        c = _take(pipeline.build_datasets(self._config(seed=1)).train_iter, 4)
+        self.assertFalse(all(np.array_equal(x["inputs"], y["inputs"]) for x, y in zip(a, c)))
+        va = pipeline.build_datasets(self._config()).val_batches
+        _assert_batches_equal(self, va, pipeline.build_datasets(self._config()).val_batches)
+
+    def test_reshuffled_each_epoch(self):
+        ds = pipeline.build_datasets(self._config(batch_size=1))
+        n = ds.stats.train_windows
+        rows = [b["inputs"][0] for b in _take(ds.train_iter, 2 * n)]
+        first, second = np.stack(rows[:n]), np.stack(rows[n:])
+        self.assertFalse(np.array_equal(first, second))  # different order ...
+        sort = lambda x: x[np.lexsort(x.T[::-1])]
+        np.testing.assert_array_equal(sort(first), sort(second))  # ... same windows
+
+    def test_pack_documents_eos(self):
+        docs = [np.array([5, 6], np.int32), np.array([7], np.int32), np.array([8, 9, 10], np.int32)]
+        tokens, doc_ids = pipeline.pack_documents(docs, eos_id=_EOS)
+        np.testing.assert_array_equal(tokens, [5, 6, _EOS, 7, _EOS, 8, 9, 10, _EOS])
+        np.testing.assert_array_equal(doc_ids, [0, 0, 0, 1, 1, 2, 2, 2, 2])
+        self.assertEqual((tokens.dtype, doc_ids.dtype), (np.int32, np.int32))
+
+    def test_every_document_ends_with_eos(self):
+        ds = pipeline.build_datasets(self._config(val_fraction=0.5, seq_len=8))
+        stream = _stream_from_batches(ds.val_batches)
+        self.assertEqual(len(stream), ds.stats.val_windows * 8 + 1)
+        ends = np.flatnonzero(stream == _EOS)
+        self.assertGreaterEqual(len(ends), 3)
+        starts = np.concatenate([[0], ends[:-1] + 1])
+        for lo, hi in zip(starts, ends):
+            text = bytes(stream[lo:hi].tolist()).decode()
+            self.assertIn(text, self.docs)  # a whole document, then its EOS
+        # Only bytes and EOS occur (the byte tokenizer has no BOS or other specials).
+        self.assertTrue(np.all((stream < 256) | (stream == _EOS)))
+
+    def test_segment_ids_and_positions_by_hand(self):
+        docs = [np.array([1, 1]), np.array([2, 2, 2, 2]), np.array([3]), np.array([4] * 5)]
+        tokens, doc_ids = pipeline.pack_documents(docs, eos_id=9)
+        # stream: 1 1 9 | 2 2 2 2 9 | 3 9 | 4 4 4 4 4 9   (16 tokens -> 2 windows of 6 + 1)
+        source = pipeline.WindowSource(tokens, doc_ids, seq_len=6)
+        self.assertLen(source, 2)
+        w0, w1 = source[0], source[1]
+        np.testing.assert_array_equal(w0["inputs"], [1, 1, 9, 2, 2, 2])
+        np.testing.assert_array_equal(w0["targets"], [1, 9, 2, 2, 2, 2])
+        np.testing.assert_array_equal(w0["segment_ids"], [0, 0, 0, 1, 1, 1])
+        np.testing.assert_array_equal(w0["positions"], [0, 1, 2, 0, 1, 2])
+        np.testing.assert_array_equal(w1["inputs"], [2, 9, 3, 9, 4, 4])
+        np.testing.assert_array_equal(w1["targets"], [9, 3, 9, 4, 4, 4])
+        # The window starts inside document 1: renumbered to 0, positions from the window start.
+        np.testing.assert_array_equal(w1["segment_ids"], [0, 0, 1, 1, 2, 2])
+        np.testing.assert_array_equal(w1["positions"], [0, 1, 0, 1, 0, 1])
+
+    def test_segments_change_exactly_after_eos(self):
+        ds = pipeline.build_datasets(self._config())
+        for batch in _take(ds.train_iter, 5):
+            x, seg, pos = batch["inputs"], batch["segment_ids"], batch["positions"]
+            np.testing.assert_array_equal(seg[:, 1:] - seg[:, :-1], x[:, :-1] == _EOS)
+            np.testing.assert_array_equal(seg[:, 0], 0)
+            np.testing.assert_array_equal(pos[:, 1:], np.where(x[:, :-1] == _EOS, 0,
+                                                               pos[:, :-1] + 1))
+            # A target is EOS exactly where the next input token would start a new document.
+            np.testing.assert_array_equal(batch["targets"][:, :-1], x[:, 1:])
+
+    def test_train_val_disjoint_by_document(self):
+        ds = pipeline.build_datasets(self._config())
+        epoch = math.ceil(ds.stats.train_windows / 4)
+        train = np.concatenate([b["inputs"].ravel() for b in _take(ds.train_iter, epoch)])
+        val = _stream_from_batches(ds.val_batches)
+        train_letters = set(train[train != _EOS].tolist())
+        val_letters = set(val[val != _EOS].tolist())
+        self.assertLen(val_letters, 4)
+        self.assertEqual(train_letters & val_letters, set())
+        self.assertEqual(train_letters | val_letters, {ord(d[0]) for d in self.docs})
+
+    def test_split_documents(self):
+        train, val = pipeline.split_documents(1000, 0.01, seed=3)
+        self.assertLen(val, 10)
+        self.assertEqual(sorted(np.concatenate([train, val]).tolist()), list(range(1000)))
+        self.assertLen(pipeline.split_documents(5, 0.01, seed=0)[1], 1)  # at least one
+        with self.assertRaisesRegex(ValueError, "at least 2 documents"):
+            pipeline.split_documents(1, 0.5, seed=0)
+
+    def test_iterator_save_restore(self):
+        ds = pipeline.build_datasets(self._config(batch_size=3))
+        _take(ds.train_iter, 3)
+        state = ds.train_iter.get_state()
+        expected = _take(ds.train_iter, 2)
+        fresh = iter(ds.train_dataset)
+        fresh.set_state(state)
+        _assert_batches_equal(self, _take(fresh, 2), expected)
+        # A rebuilt pipeline (as after a restart) restores the same way.
+        rebuilt = pipeline.build_datasets(self._config(batch_size=3)).train_iter
+        rebuilt.set_state(state)
+        _assert_batches_equal(self, _take(rebuilt, 2), expected)
+
+    def test_iterator_in_orbax_checkpoint(self):
+        ds = pipeline.build_datasets(self._config(batch_size=3))
+        _take(ds.train_iter, 3)
+        params = {"w": np.arange(4, dtype=np.float32)}
+        workdir = os.path.join(self.root, "ckpt")
+        with ocp.CheckpointManager(workdir) as mngr:
+            mngr.save(3, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                data_iter=grain.checkpoint.CheckpointSave(ds.train_iter)))
+            mngr.wait_until_finished()
+        expected = _take(ds.train_iter, 2)
+        fresh = iter(ds.train_dataset)
+        with ocp.CheckpointManager(workdir) as mngr:
+            restored = mngr.restore(mngr.latest_step(), args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(params),
+                data_iter=grain.checkpoint.CheckpointRestore(fresh)))
+        np.testing.assert_array_equal(restored["params"]["w"], params["w"])
+        self.assertIs(restored["data_iter"], fresh)
+        _assert_batches_equal(self, _take(fresh, 2), expected)
+
+    def test_per_process_shards(self):
+        # Each process keeps every shard_count-th window after trimming to a multiple of it.
+        ds = grain.MapDataset.range(10)
+        shards = [list(pipeline._shard(ds, grain.sharding.ShardOptions(i, 3))) for i in range(3)]
+        self.assertEqual(shards, [[0, 3, 6], [1, 4, 7], [2, 5, 8]])
+        shard = grain.sharding.ShardOptions(shard_index=1, shard_count=2)
+        with mock.patch.object(pipeline, "_process_shard", return_value=shard):
+            ds = pipeline.build_datasets(self._config(batch_size=4))
+        self.assertEqual(next(ds.train_iter)["inputs"].shape, (2, 16))  # 4 // 2 rows
+        self.assertEqual(ds.val_batches[0]["inputs"].shape, (2, 16))
+        with mock.patch.object(pipeline, "_process_shard",
+                               return_value=grain.sharding.ShardOptions(0, 3)):
+            with self.assertRaisesRegex(ValueError, "data.batch_size: 4 is not divisible"):
+                pipeline.build_datasets(self._config(batch_size=4))
+
+    def test_val_batches_padded_and_capped(self):
+        ds = pipeline.build_datasets(self._config(batch_size=64, val_fraction=0.5))
+        self.assertLen(ds.val_batches, 1)
+        (batch,) = ds.val_batches
+        self.assertEqual(batch["inputs"].shape, (64, 16))
+        np.testing.assert_array_equal(batch["weights"].any(axis=1),
+                                      np.arange(64) < ds.stats.val_windows)
+        ds = pipeline.build_datasets(self._config(batch_size=1, max_val_batches=2))
+        self.assertLen(ds.val_batches, 2)
+
+    def test_too_short_split_is_an_error(self):
+        with self.assertRaisesRegex(ValueError, "too few"):
+            pipeline.build_datasets(self._config(seq_len=10_000))
+
+    def test_unigram_entropy_by_hand(self):
+        # p = (1/2, 1/4, 1/4): H = 1/2 ln 2 + 2 * 1/4 ln 4 = 1.5 ln 2.
+        self.assertAlmostEqual(pipeline.unigram_entropy(np.array([7, 7, 3, 5])), 1.5 * math.log(2))
+        self.assertEqual(pipeline.unigram_entropy(np.array([4, 4, 4])), 0.0)
+        # Add-one smoothing over V = 3 from [0, 0, 1]: q = (3/6, 2/6, 1/6).
+        xent = pipeline.unigram_cross_entropy(np.array([0, 2]), np.array([0, 0, 1]), vocab_size=3)
+        self.assertAlmostEqual(xent, -(math.log(3 / 6) + math.log(1 / 6)) / 2)
+
+
+class BundledWikiTextTest(absltest.TestCase):
+    """WikiText-2 valid+test with the real LLaMA-2 tokenizer."""
+
+    def test_wikitext_llama2(self):
+        cfg = config_lib.DataConfig(
+            paths=(assets.asset_path(assets.WIKITEXT2_DIR),), doc_split="wikitext",
+            tokenizer="sentencepiece", seq_len=256, batch_size=4, max_val_batches=2)
+        ds = pipeline.build_datasets(cfg)
+        self.assertEqual((ds.tokenizer.vocab_size, ds.tokenizer.eos_id), (32000, 2))
+        self.assertEqual(ds.stats.train_documents + ds.stats.val_documents, 122)
+        self.assertEqual(ds.stats.val_documents, 1)
+        self.assertLen(ds.val_batches, 2)
+        batches = _take(ds.train_iter, 20) + ds.val_batches
+        for batch in batches:
+            self.assertEqual(batch["inputs"].shape, (4, 256))
+            self.assertTrue(np.all((batch["inputs"] >= 0) & (batch["inputs"] < 32000)))
+            self.assertFalse(np.any(batch["inputs"] == 1))  # no BOS anywhere
+            self.assertFalse(np.any(batch["targets"] == 1))
+        # Every article starts with its " = Title = " line, so each EOS that is not at the end of
+        # a window is followed by the token "▁=" of the next article's title.
+        title_start = ds.tokenizer.encode("= Robert Boulter =")[0]
+        eos_count = 0
+        for batch in batches:
+            x = batch["inputs"][batch["weights"].any(axis=1)]
+            rows, cols = np.nonzero(x[:, :-1] == 2)
+            np.testing.assert_array_equal(x[rows, cols + 1], title_start)
+            eos_count += len(rows)
+        self.assertGreater(eos_count, 0)
+        val_text = ds.tokenizer.decode(_stream_from_batches(ds.val_batches).tolist())
+        self.assertTrue(val_text.startswith("= "), val_text[:40])
+        self.assertBetween(ds.stats.unigram_entropy, 6.0, 8.0)
+        self.assertGreater(ds.stats.val_unigram_xent, ds.stats.unigram_entropy)
+
+
+if __name__ == "__main__":
+    absltest.main()
