@@ -1,0 +1,330 @@
+"""Public scalar-decay linear-attention ops: plain linear attention and Lightning Attention.
+
+With the FLA state layout S in R^{K x V} (key-major) and a scalar log-decay g_t per head::
+
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T,        o_t = scale * S_t^T q_t   (inclusive of token t),
+
+i.e. ``o_t = scale * sum_{s <= t} exp(g_{s+1} + ... + g_t) (q_t . k_s) v_s`` (FLA's
+``simple_gla``). There is no normaliser (no denominator).
+
+* Plain linear attention (paper "Linear Attention Architectures", arXiv 2607.07953, Eqs. 4-10,
+  the "additive memory"; spec ``linear-attention-architectures.md`` §2.3): ``g = 0``, see
+  :func:`linear_attention`.
+* Lightning Attention as used by HypeNet (paper "Hybrid Linear Attention Done Right", arXiv
+  2601.22156; spec ``hypenet-halo.md`` §1.5 items 5-6, §1.11): a fixed per-head decay
+  ``g_t,h = log(gamma_h) = -slope_h`` with ALiBi slopes, see :func:`lightning_attention` and
+  :func:`lightning_log_decay`. The spec gives no equation number for it.
+
+The scale multiplies the read-out (FLA multiplies q, equivalently; spec §1.5 item 6), so the state
+is unscaled and can be carried between calls unchanged.
+
+Implementations (``implementation=``):
+
+* ``"chunked"`` (default for ``None``/``"auto"``): the chunkwise form in ``chunked.py``;
+* ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
+* ``"associative_scan"``: the exact parallel form over scalar-decay affine maps, also in
+  ``reference.py`` (``O(T K V log T)`` work, every state materialised).
+
+Example::
+
+    import jax
+    import jax.numpy as jnp
+    from pallas_kernels import simple_gla as sg
+
+    B, T, HK, H, K, V = 2, 100, 2, 4, 32, 64
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(kq, (B, T, HK, K))
+    k = jax.random.normal(kk, (B, T, HK, K))
+    v = jax.random.normal(kv, (B, T, H, V), jnp.bfloat16)
+    log_decay = sg.lightning_log_decay(H)  # [H] fp32, HypeNet's fixed decays
+    o, state = sg.lightning_attention(q, k, v, log_decay, output_final_state=True)
+    # o: [2, 100, 4, 64] bf16, state: [2, 4, 32, 64] fp32. Continue from `state`:
+    o2, _ = sg.lightning_attention(q, k, v, log_decay, initial_state=state)
+    o_la, _ = sg.linear_attention(q, k, v)  # no decay
+"""
+
+import functools
+import math
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import common
+from pallas_kernels.simple_gla import chunked
+from pallas_kernels.simple_gla import reference
+
+# Concrete forms of this op, best first: None/"auto" resolve to the first entry.
+_IMPLEMENTATIONS = {
+    "chunked": chunked.simple_gla_chunked,
+    "reference": reference.simple_gla_reference,
+    "associative_scan": reference.simple_gla_associative,
+}
+
+Output = Tuple[jax.Array, Optional[jax.Array]]
+
+
+def _validate(q, k, v, g, initial_state, segment_ids, chunk_size) -> None:
+    """Checks ranks, shapes and dtypes at the public boundary; raises ``ValueError``."""
+    common.check_shape("q", q, (None, None, None, None))
+    batch, seq_len, key_heads, dk = q.shape
+    if seq_len < 1:
+        raise ValueError(f"the time axis must hold at least one token, got {q.shape=}")
+    common.check_shape("k", k, (batch, seq_len, key_heads, dk))
+    common.check_shape("v", v, (batch, seq_len, None, None))
+    heads, dv = v.shape[2], v.shape[3]
+    if heads % key_heads:
+        raise ValueError(
+            f"the value heads of v must be a multiple of the key heads of q and k (GVA), got "
+            f"{v.shape=} with H={heads} and {q.shape=} with HK={key_heads}"
+        )
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must have a floating dtype, got {name}.dtype={x.dtype}")
+    if g is not None:
+        common.check_shape("g", g, (batch, seq_len, heads))
+        if not jnp.issubdtype(g.dtype, jnp.floating):
+            raise ValueError(f"g must have a floating dtype, got {g.dtype=}")
+    if initial_state is not None:
+        common.check_shape("initial_state", initial_state, (batch, heads, dk, dv))
+    if segment_ids is not None:
+        common.check_shape("segment_ids", segment_ids, (batch, seq_len))
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise ValueError(
+                f"segment_ids must have an integer dtype, got {segment_ids.dtype=}"
+            )
+    common.check_chunk_size(chunk_size)
+
+
+@functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
+def _forward(q, k, v, g, scale, initial_state, segment_ids, *, implementation, chunk_size):
+    """Expands GVA heads, runs the chosen form in fp32 and casts o back to ``v.dtype``.
+
+    ``chunk_size`` is the effective chunk size for ``"chunked"`` and ``None`` otherwise.
+    """
+    f32 = jnp.float32
+    group = v.shape[2] // q.shape[2]
+    # GVA/GQA: value head h reads key head h // group (FLA/torch ``repeat_interleave``).
+    q = jnp.repeat(q.astype(f32), group, axis=2)  # [B, T, H, K]
+    k = jnp.repeat(k.astype(f32), group, axis=2)  # [B, T, H, K]
+    g = None if g is None else g.astype(f32)
+    kwargs = dict(scale=scale, initial_state=initial_state, segment_ids=segment_ids)
+    if implementation == "chunked":
+        kwargs["chunk_size"] = chunk_size
+    o, final_state = _IMPLEMENTATIONS[implementation](q, k, v.astype(f32), g, **kwargs)
+    return o.astype(v.dtype), final_state
+
+
+def simple_gla(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    output_final_state: bool = False,
+    segment_ids: Optional[jax.Array] = None,
+    chunk_size: int = 64,
+    implementation: Optional[str] = None,
+) -> Output:
+    """Linear attention with a scalar (per token, per head) decay: FLA's "simple GLA".
+
+    Computes, per batch row and value head, with the state S_t in R^{K x V} (FLA layout)::
+
+        S_t = exp(g_t) S_{t-1} + k_t v_t^T,        o_t = scale * S_t^T q_t
+
+    (inclusive of token t, no normaliser). All state math, decay cumsums and reductions run in
+    fp32 with ``Precision.HIGHEST`` whatever the input dtype; ``o`` is cast back to ``v.dtype``.
+    Gradients w.r.t. every array argument (including ``initial_state``) come from JAX autodiff
+    of the chosen form.
+
+    GVA/GQA: when ``H > HK``, value head ``h`` uses key/query head ``h // (H // HK)`` (q and k
+    are ``jnp.repeat``-ed along the head axis, like FLA's ``repeat_interleave``).
+
+    Args:
+        q: queries ``[B, T, HK, K]``, any float dtype.
+        k: keys ``[B, T, HK, K]``, any float dtype.
+        v: values ``[B, T, H, V]``, any float dtype; ``H`` must be a multiple of ``HK``.
+        g: per-token log-decay ``[B, T, H]`` in natural-log units (the decay is
+            ``exp(g_t)``, so ``g <= 0``), any float dtype (converted to fp32), or ``None`` for
+            no decay (plain linear attention).
+        scale: read-out scale; ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` state before the first token (fp32 recommended), or
+            ``None`` for zeros. With ``segment_ids`` it applies to the first document of each
+            row only.
+        output_final_state: whether to return the state after the last token.
+        segment_ids: optional integer ``[B, T]`` for packed rows. A new document starts wherever
+            ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there
+            (exactly, also inside a chunk).
+        chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
+            clipped to the smallest power of two ``>= T``.
+        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"``
+            or ``"associative_scan"``.
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``v.dtype``; ``final_state``
+        ``[B, H, K, V]`` fp32 if ``output_final_state`` else ``None``.
+
+    Raises:
+        ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
+            non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
+            of two, or an unknown ``implementation``.
+    """
+    impl = common.resolve_implementation(implementation, tuple(_IMPLEMENTATIONS))
+    _validate(q, k, v, g, initial_state, segment_ids, chunk_size)
+    batch, seq_len, _, dk = q.shape
+    heads, dv = v.shape[2:]
+    if scale is None:
+        scale = dk ** -0.5
+    if initial_state is None:
+        # Zeros rather than a None branch: one compiled program serves both cases.
+        initial_state = jnp.zeros((batch, heads, dk, dv), jnp.float32)
+    # Normalise the static chunk size so that equivalent calls share one compiled program.
+    chunk = chunked.effective_chunk_size(chunk_size, seq_len) if impl == "chunked" else None
+    o, final_state = _forward(
+        q, k, v, g, scale, initial_state, segment_ids, implementation=impl, chunk_size=chunk,
+    )
+    return o, (final_state if output_final_state else None)
+
+
+def linear_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    output_final_state: bool = False,
+    segment_ids: Optional[jax.Array] = None,
+    chunk_size: int = 64,
+    implementation: Optional[str] = None,
+) -> Output:
+    """Plain (additive) linear attention, paper arXiv 2607.07953, Eqs. 4-10: no decay.
+
+    ``S_t = S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t = scale * sum_{s <= t} (q_t . k_s)
+    v_s``, with no normaliser (spec ``linear-attention-architectures.md`` §2.3). This is
+    :func:`simple_gla` with ``g=None``: the arguments, shapes, dtypes, returns and errors are the
+    same.
+    """
+    return simple_gla(
+        q, k, v, None,
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
+    )
+
+
+def lightning_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    log_decay: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    output_final_state: bool = False,
+    segment_ids: Optional[jax.Array] = None,
+    chunk_size: int = 64,
+    implementation: Optional[str] = None,
+) -> Output:
+    """Lightning Attention with a fixed per-head decay (HypeNet, arXiv 2601.22156, spec §1.5).
+
+    ``S_t = gamma_h S_{t-1} + k_t v_t^T``, ``o_t = scale * S_t^T q_t = scale * sum_{s <= t}
+    gamma_h^{t-s} (q_t . k_s) v_s`` with ``gamma_h = exp(log_decay[h])`` for every batch row and
+    token (spec ``hypenet-halo.md`` §1.5 item 6; HypeNet uses ``scale = K ** -0.5``, the default,
+    and no normaliser). This is :func:`simple_gla` with ``g = log_decay`` broadcast over
+    ``[B, T]``; gradients flow to ``log_decay`` (HypeNet keeps it fixed).
+
+    Args:
+        q, k, v: as in :func:`simple_gla`.
+        log_decay: ``[H]`` per-value-head ``log(gamma_h) <= 0``, any float dtype (converted to
+            fp32), e.g. from :func:`lightning_log_decay`.
+        scale, initial_state, output_final_state, segment_ids, chunk_size, implementation: as
+            in :func:`simple_gla`.
+
+    Returns:
+        ``(o, final_state)`` as in :func:`simple_gla`.
+
+    Raises:
+        ValueError: if ``log_decay`` is not a float array of shape ``[H]``, and in every case
+            listed by :func:`simple_gla`.
+    """
+    common.check_shape("q", q, (None, None, None, None))
+    common.check_shape("v", v, (None, None, None, None))
+    common.check_shape("log_decay", log_decay, (v.shape[2],))
+    if not jnp.issubdtype(log_decay.dtype, jnp.floating):
+        raise ValueError(f"log_decay must have a floating dtype, got {log_decay.dtype=}")
+    g = jnp.broadcast_to(log_decay.astype(jnp.float32), v.shape[:3])  # [B, T, H]
+    return simple_gla(
+        q, k, v, g,
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
+    )
+
+
+def _alibi_slopes(num_heads: int) -> list:
+    """ALiBi head slopes (Press et al. 2022), as HypeNet builds them (spec §1.5 item 5).
+
+    For a power of two ``n``: ``slope_h = 2^(-8 (h + 1) / n)``, ``h = 0 .. n - 1``. Otherwise the
+    standard ALiBi interleaving: the slopes of the largest power of two ``m < n``, followed by
+    the even-indexed slopes of ``2m`` heads, truncated to ``n - m`` entries.
+    """
+    if num_heads & (num_heads - 1) == 0:
+        return [2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)]
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return _alibi_slopes(closest) + _alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+def lightning_log_decay(
+    num_heads: int,
+    layer_idx: Optional[int] = None,
+    num_layers: Optional[int] = None,
+) -> jax.Array:
+    """The fixed per-head log-decays ``log(gamma_h)`` of Lightning Attention.
+
+    HypeNet (the default, ``layer_idx = num_layers = None``): spec ``hypenet-halo.md`` §1.5
+    item 5 (authors' ``lightning_attn.py:22-43, 252-257``), §6 item 5 and §7 item 3::
+
+        log(gamma_h) = -slope_h,  slope_h = 2^(-8 (h + 1) / H),  h = 0 .. H - 1
+
+    (head 0 decays fastest; ALiBi interleaving for ``H`` not a power of two), identical for
+    every layer. E.g. ``H = 16``: ``gamma_0 = exp(-2^-0.5) = 0.4931``, ``gamma_15 =
+    exp(-2^-8) = 0.99610``.
+
+    MiniMax-01 (``layer_idx`` and ``num_layers`` given): the spec only notes that MiniMax
+    "multiplies slopes by a layer-dependent factor" (§6 item 5) without giving it. We use the
+    factor of MiniMax-Text-01's modelling code as mirrored by vLLM's
+    ``MiniMaxText01LinearAttention``: ``slope_h * (1 - layer_idx / (num_layers - 1) + 1e-5)``,
+    or ``slope_h * (1 + 1e-5)`` when ``num_layers == 1``; there ``layer_idx`` counts all layers
+    of the model. (HF ``transformers``' ``MiniMaxLightningAttention.get_slope_rate`` puts an
+    extra ``+ 1e-5`` in the denominator, a relative difference below 1e-5.) This is outside the
+    spec.
+
+    Args:
+        num_heads: number of (value) heads ``H >= 1``.
+        layer_idx: 0-based layer index for the MiniMax schedule, or ``None`` for HypeNet.
+        num_layers: total number of layers for the MiniMax schedule, or ``None`` for HypeNet.
+
+    Returns:
+        fp32 ``[H]`` array of ``log(gamma_h) < 0`` (slopes computed in float64, then rounded).
+
+    Raises:
+        ValueError: if ``num_heads < 1``, only one of ``layer_idx``/``num_layers`` is given, or
+            ``layer_idx`` is not in ``[0, num_layers)``.
+    """
+    if not isinstance(num_heads, int) or num_heads < 1:
+        raise ValueError(f"num_heads must be a positive int, got {num_heads=}")
+    if (layer_idx is None) != (num_layers is None):
+        raise ValueError(
+            f"give both layer_idx and num_layers (MiniMax) or neither (HypeNet), got "
+            f"{layer_idx=}, {num_layers=}"
+        )
+    factor = 1.0
+    if layer_idx is not None:
+        if not 0 <= layer_idx < num_layers:
+            raise ValueError(f"layer_idx must be in [0, num_layers), got {layer_idx=}, "
+                             f"{num_layers=}")
+        factor = 1.0 + 1e-5 if num_layers == 1 else 1.0 - layer_idx / (num_layers - 1) + 1e-5
+    slopes = np.asarray(_alibi_slopes(num_heads), np.float64) * factor
+    return jnp.asarray(-slopes, jnp.float32)
