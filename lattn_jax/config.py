@@ -1,0 +1,323 @@
+"""Typed, frozen, validated configuration for models, optimisation and training runs.
+
+Experiment files in ``configs/`` return ``ml_collections.ConfigDict`` objects (so that every value
+can be overridden from the command line with ``--config.model.d_model=256``). At the boundary,
+:func:`experiment_from_config_dict` turns that ConfigDict into the frozen dataclasses below, which
+validate themselves in ``__post_init__``; library modules only ever see these dataclasses.
+
+Every validation error is a ``ValueError`` whose message names the offending option by its full
+dotted path (for example ``model.attention.num_heads``).
+"""
+
+import dataclasses
+import typing
+from typing import Any, Mapping, Optional, Tuple
+
+from lattn_jax.data.config import DataConfig
+
+# Names a layer pattern may use. The mapping from name to module lives in
+# ``lattn_jax.mixers.REGISTRY``; it is checked against this tuple when the package is imported.
+MIXER_NAMES: Tuple[str, ...] = ("attn", "gdn")
+
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """An invalid or inconsistent option; the message names it by its dotted path."""
+
+
+def _require(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AttentionConfig:
+    """Causal softmax attention (Transformer++ layers and the softmax layers of hybrids).
+
+    Attributes:
+      num_heads: query heads ``H``.
+      num_kv_heads: key/value heads ``G`` (GQA; ``H % G == 0``). Equal to ``num_heads`` for MHA.
+      head_dim: per-head width; ``None`` means ``d_model // num_heads`` (which must divide).
+      rope_theta: RoPE base (paper 1: 5e5, non-interleaved rotate-half); ``None`` disables RoPE.
+      output_gate: elementwise sigmoid gate on the attention output before the out projection
+        (paper 1 §2.5: on in GDN / GDN-2 hybrids only).
+      qk_norm: RMSNorm on q and k per head before RoPE.
+    """
+
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: Optional[int] = None
+    rope_theta: Optional[float] = 500_000.0
+    output_gate: bool = False
+    qk_norm: bool = False
+
+    def __post_init__(self):
+        _require(self.num_heads >= 1, f"model.attention.num_heads must be >= 1, got {self.num_heads}")
+        _require(
+            self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads == 0,
+            f"model.attention.num_heads={self.num_heads} must be a multiple of "
+            f"model.attention.num_kv_heads={self.num_kv_heads}",
+        )
+        _require(
+            self.head_dim is None or self.head_dim >= 1,
+            f"model.attention.head_dim must be >= 1, got {self.head_dim}",
+        )
+        _require(
+            self.rope_theta is None or self.rope_theta > 0,
+            f"model.attention.rope_theta must be > 0 or None, got {self.rope_theta}",
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GatedDeltaNetConfig:
+    """Gated DeltaNet mixer (paper 1 §3.3, spec §2.1).
+
+    Attributes:
+      num_k_heads: query/key heads ``HK``.
+      num_v_heads: value heads ``H`` (GVA: a multiple of ``num_k_heads``).
+      head_k_dim: ``K`` per key head.
+      head_v_dim: ``V`` per value head.
+      conv_width: short causal depthwise convolution width ``W`` over [q; k; v].
+      chunk_size: chunk length ``C`` of the chunked (WY/UT) form; a power of two.
+      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``).
+      norm_eps: epsilon of the per-head output RMSNorm.
+    """
+
+    num_k_heads: int = 4
+    num_v_heads: int = 8
+    head_k_dim: int = 64
+    head_v_dim: int = 64
+    conv_width: int = 4
+    chunk_size: int = 64
+    implementation: str = "auto"
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        for name in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim", "conv_width"):
+            value = getattr(self, name)
+            _require(value >= 1, f"model.gdn.{name} must be >= 1, got {value}")
+        _require(
+            self.num_v_heads % self.num_k_heads == 0,
+            f"model.gdn.num_v_heads={self.num_v_heads} must be a multiple of "
+            f"model.gdn.num_k_heads={self.num_k_heads}",
+        )
+        c = self.chunk_size
+        _require(
+            c >= 1 and c & (c - 1) == 0,
+            f"model.gdn.chunk_size must be a positive power of two, got {c}",
+        )
+        _require(
+            self.implementation in ("auto", "chunked", "reference"),
+            f"model.gdn.implementation={self.implementation!r}; choose auto, chunked or reference",
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """A decoder-only LM: embedding, pre-norm blocks (mixer + SwiGLU MLP), final norm, head.
+
+    The stack is the per-layer ``layer_pattern`` (``("gdn", "gdn", "attn") * 4``), so pure,
+    hybrid and dense models are configurations of one model class.
+
+    Attributes:
+      vocab_size: ``S``; must cover the tokenizer's ids.
+      d_model: ``D``.
+      layer_pattern: one mixer name per layer, from ``MIXER_NAMES``.
+      mlp_hidden: SwiGLU hidden width ``F``.
+      tie_embeddings: share the input embedding with the LM head.
+      norm_eps: RMSNorm epsilon (paper 1: 1e-5).
+      init_std: std of every input-side linear and the embeddings (0.02); output projections use
+        ``init_std / sqrt(2 * num_layers)``.
+      dtype: activation/compute dtype; params are stored in ``param_dtype``.
+      param_dtype: parameter (master weight) dtype.
+      use_segment_ids: reset recurrent state and mask attention at document boundaries inside a
+        packed window. Paper 1 trains without resets (spec §10.17); our default resets.
+      attention: settings of ``"attn"`` layers.
+      gdn: settings of ``"gdn"`` layers.
+    """
+
+    vocab_size: int = 32000
+    d_model: int = 256
+    layer_pattern: Tuple[str, ...] = ("gdn", "gdn", "attn")
+    mlp_hidden: int = 704
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    use_segment_ids: bool = True
+    remat: bool = False
+    attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
+    gdn: GatedDeltaNetConfig = dataclasses.field(default_factory=GatedDeltaNetConfig)
+
+    def __post_init__(self):
+        _require(self.vocab_size >= 2, f"model.vocab_size must be >= 2, got {self.vocab_size}")
+        _require(self.d_model >= 1, f"model.d_model must be >= 1, got {self.d_model}")
+        _require(self.mlp_hidden >= 1, f"model.mlp_hidden must be >= 1, got {self.mlp_hidden}")
+        _require(len(self.layer_pattern) >= 1, "model.layer_pattern must name at least one layer")
+        for i, name in enumerate(self.layer_pattern):
+            _require(
+                name in MIXER_NAMES,
+                f"model.layer_pattern[{i}]={name!r} is not a known mixer; "
+                f"choose from {', '.join(MIXER_NAMES)}",
+            )
+        _require(self.dtype in _DTYPES, f"model.dtype={self.dtype!r}; choose from {_DTYPES}")
+        _require(
+            self.param_dtype in _DTYPES,
+            f"model.param_dtype={self.param_dtype!r}; choose from {_DTYPES}",
+        )
+        if "attn" in self.layer_pattern and self.attention.head_dim is None:
+            _require(
+                self.d_model % self.attention.num_heads == 0,
+                f"model.d_model={self.d_model} is not divisible by "
+                f"model.attention.num_heads={self.attention.num_heads}; change one of them or "
+                f"set model.attention.head_dim",
+            )
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_pattern)
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.attention.head_dim or self.d_model // self.attention.num_heads
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW with a warm-up then cosine or warmup-stable-decay (WSD) learning-rate schedule.
+
+    Attributes:
+      learning_rate: peak LR.
+      min_lr_ratio: final LR as a fraction of the peak (paper 1: 0.1).
+      warmup_steps: linear warm-up from 0 to the peak.
+      schedule: ``"cosine"`` or ``"wsd"`` (constant, then a cool-down over the last
+        ``decay_fraction`` of training with shape ``decay_shape``).
+      decay_fraction: WSD cool-down length as a fraction of ``total_steps`` (paper 1: 0.2).
+      decay_shape: ``"minus_sqrt"`` (paper 1: lr = min + (max - min)(1 - sqrt(tau))), ``"linear"``
+        or ``"cosine"``.
+      b1, b2, eps: Adam moments (paper 1: 0.9, 0.95, 1e-8).
+      weight_decay: decoupled weight decay, applied to params with 2+ dims only.
+      grad_clip: global L2 norm clip (``0`` disables).
+    """
+
+    learning_rate: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 200
+    schedule: str = "wsd"
+    decay_fraction: float = 0.2
+    decay_shape: str = "minus_sqrt"
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+    def __post_init__(self):
+        _require(self.learning_rate > 0, f"optim.learning_rate must be > 0, got {self.learning_rate}")
+        _require(
+            0.0 <= self.min_lr_ratio <= 1.0,
+            f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}",
+        )
+        _require(self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _require(
+            self.schedule in ("cosine", "wsd"),
+            f"optim.schedule={self.schedule!r}; choose cosine or wsd",
+        )
+        _require(
+            0.0 <= self.decay_fraction <= 1.0,
+            f"optim.decay_fraction must be in [0, 1], got {self.decay_fraction}",
+        )
+        _require(
+            self.decay_shape in ("minus_sqrt", "linear", "cosine"),
+            f"optim.decay_shape={self.decay_shape!r}; choose minus_sqrt, linear or cosine",
+        )
+        _require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    """The training loop: length, evaluation, checkpointing and logging cadence.
+
+    Attributes:
+      total_steps: optimizer steps.
+      eval_every: run validation every this many steps (and at the end).
+      checkpoint_every: save a checkpoint every this many steps (and at the end).
+      keep_checkpoints: how many recent checkpoints orbax keeps.
+      log_every: print and append metrics every this many steps.
+      seed: model-initialisation seed (the data seed is ``data.seed``).
+      max_steps_per_run: stop this invocation after this many steps (saving a checkpoint), for
+        time-limited or preemptible jobs; the next invocation resumes. ``None``: no limit.
+    """
+
+    total_steps: int = 1000
+    eval_every: int = 200
+    checkpoint_every: int = 200
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    seed: int = 0
+    max_steps_per_run: Optional[int] = None
+
+    def __post_init__(self):
+        for name in ("total_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
+                     "log_every"):
+            value = getattr(self, name)
+            _require(value >= 1, f"train.{name} must be >= 1, got {value}")
+        _require(
+            self.max_steps_per_run is None or self.max_steps_per_run >= 1,
+            f"train.max_steps_per_run must be >= 1 or None, got {self.max_steps_per_run}",
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    """Everything one run needs: ``model``, ``data``, ``optim`` and ``train`` sections."""
+
+    model: ModelConfig
+    data: DataConfig
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+
+
+def _build(cls, values: Mapping[str, Any], prefix: str):
+    """Builds dataclass ``cls`` from a mapping, recursing into nested dataclass fields."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) {', '.join(prefix + k for k in unknown)}; "
+            f"known options of {prefix.rstrip('.') or 'config'}: {', '.join(sorted(fields))}"
+        )
+    kwargs = {}
+    for name, value in values.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{prefix}{name} must be a section (mapping), got {value!r}")
+            kwargs[name] = _build(hint, value, f"{prefix}{name}.")
+        elif isinstance(value, list):
+            kwargs[name] = tuple(value)
+        else:
+            kwargs[name] = value
+    return cls(**kwargs)
+
+
+def experiment_from_config_dict(config: Any) -> ExperimentConfig:
+    """Converts a ``ConfigDict`` (or nested mapping) into a validated :class:`ExperimentConfig`.
+
+    Args:
+      config: a ConfigDict or dict with ``model``, ``data`` and optionally ``optim``/``train``.
+
+    Returns:
+      The frozen, validated ``ExperimentConfig``.
+
+    Raises:
+      ValueError: naming the option, for unknown options or invalid values.
+    """
+    values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    for section in ("model", "data"):
+        if section not in values:
+            raise ConfigError(f"config has no {section!r} section")
+    return _build(ExperimentConfig, values, "")

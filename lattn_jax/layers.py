@@ -1,0 +1,202 @@
+"""Building blocks shared by the mixers and the model: norms, projections, MLP, RoPE, short conv.
+
+All modules are Flax NNX modules with separate ``dtype`` (compute) and ``param_dtype`` (storage).
+Norm statistics are computed in fp32 whatever the activation dtype. Shapes use the legend of
+``lattn_jax.typing``.
+"""
+
+import math
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lattn_jax.typing import Array
+from pallas_kernels.common import validation
+
+
+def normal_init(std: float):
+    """``N(0, std^2)`` initialiser (paper 1 §1: every linear uses std 0.02)."""
+    return jax.nn.initializers.normal(stddev=std)
+
+
+class RMSNorm(nnx.Module):
+    """Root-mean-square norm ``y = x / sqrt(mean(x^2) + eps) * scale`` over the last axis.
+
+    Zhang & Sennrich (2019); paper 1 §1 uses eps 1e-5, scale initialised to 1, no bias. Statistics
+    are computed in fp32; the result is cast back to ``x.dtype``.
+
+    Args:
+      dim: size of the normalised (last) axis.
+      eps: added to the mean square.
+      param_dtype: dtype of ``scale``.
+    """
+
+    def __init__(self, dim: int, *, eps: float = 1e-5, param_dtype=jnp.float32):
+        self.eps = eps
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+
+    def __call__(self, x: Array) -> Array:
+        """``x``: ``[..., dim]`` any float dtype -> same shape and dtype."""
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
+        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+class Dense(nnx.Module):
+    """Bias-free linear map ``y = x W`` with ``W: [in, out]`` initialised ``N(0, std^2)``.
+
+    Args:
+      in_features: input width.
+      out_features: output width.
+      std: init standard deviation.
+      rngs: NNX rngs (uses ``rngs.params()``).
+      dtype: compute dtype (inputs and weight are cast to it).
+      param_dtype: storage dtype.
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, std: float, rngs: nnx.Rngs,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        self.dtype = dtype
+        self.kernel = nnx.Param(normal_init(std)(rngs.params(), (in_features, out_features),
+                                                 param_dtype))
+
+    def __call__(self, x: Array) -> Array:
+        """``x``: ``[..., in]`` -> ``[..., out]`` in ``dtype``."""
+        return jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+
+
+class SwiGLU(nnx.Module):
+    """SwiGLU MLP (Shazeer 2020): ``y = fc2(SiLU(gate) * up)`` with ``[gate; up] = fc1(x)``.
+
+    ``fc1`` is one fused ``[D, 2F]`` matrix as in paper 1 §1 (Muon orthogonalises it as one
+    matrix), no biases; ``fc2`` is an output projection with the scaled init.
+
+    Args:
+      d_model: ``D``.
+      hidden: ``F``.
+      std: init std of ``fc1``.
+      out_std: init std of ``fc2``.
+      rngs, dtype, param_dtype: as for :class:`Dense`.
+    """
+
+    def __init__(self, d_model: int, hidden: int, *, std: float, out_std: float, rngs: nnx.Rngs,
+                 dtype=jnp.float32, param_dtype=jnp.float32):
+        self.hidden = hidden
+        self.fc1 = Dense(d_model, 2 * hidden, std=std, rngs=rngs, dtype=dtype,
+                         param_dtype=param_dtype)
+        self.fc2 = Dense(hidden, d_model, std=out_std, rngs=rngs, dtype=dtype,
+                         param_dtype=param_dtype)
+
+    def __call__(self, x: Array) -> Array:
+        """``x``: ``[B, T, D]`` -> ``[B, T, D]``."""
+        gate, up = jnp.split(self.fc1(x), 2, axis=-1)
+        return self.fc2(jax.nn.silu(gate) * up)
+
+
+def rope_frequencies(head_dim: int, theta: float) -> Array:
+    """Inverse frequencies ``theta^(-2i/d)``, ``i < d/2``, fp32 ``[head_dim // 2]``."""
+    if head_dim % 2:
+        raise ValueError(f"RoPE needs an even head dimension, got {head_dim=}")
+    return 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+
+
+def apply_rope(x: Array, positions: Array, theta: float) -> Array:
+    """Rotary position embedding, non-interleaved rotate-half form (Su et al. 2021, Eq. 34).
+
+    Args:
+      x: ``[B, T, H, K]`` queries or keys, any float dtype.
+      positions: int ``[B, T]`` position of each token (restarting per document when packed).
+      theta: RoPE base.
+
+    Returns:
+      ``[B, T, H, K]`` in ``x.dtype``; angles are computed in fp32.
+    """
+    inv_freq = rope_frequencies(x.shape[-1], theta)  # [K/2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, K/2]
+    cos = jnp.cos(angles)[:, :, None, :]  # [B, T, 1, K/2]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def positions_from_segment_ids(segment_ids: Optional[Array], batch: int, length: int,
+                               offset: Optional[Array] = None) -> Array:
+    """Position of every token inside its document: int32 ``[B, T]``.
+
+    Without ``segment_ids`` positions are ``offset + arange(T)``. With them, the count restarts
+    at 0 wherever ``segment_ids`` changes; the first document of a row continues from ``offset``.
+
+    Args:
+      segment_ids: optional int ``[B, T]``.
+      batch: ``B``.
+      length: ``T``.
+      offset: optional int ``[B]`` position of the row's first token (decoding).
+    """
+    t = jnp.arange(length, dtype=jnp.int32)[None, :]  # [1, T]
+    base = jnp.zeros((batch, 1), jnp.int32) if offset is None else offset.astype(jnp.int32)[:, None]
+    if segment_ids is None:
+        return jnp.broadcast_to(base + t, (batch, length))
+    starts = jnp.concatenate(
+        [jnp.zeros((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start_index = jax.lax.cummax(jnp.where(starts, t, 0), axis=1)  # [B, T]
+    first_doc = start_index == 0
+    return jnp.where(first_doc, base + t, t - start_index)
+
+
+class ShortConv(nnx.Module):
+    """Causal depthwise 1-D convolution without bias (the "short conv" of DeltaNet-style mixers).
+
+    ``y[t, c] = sum_{i<W} w[i, c] * x[t - W + 1 + i, c]``; inputs before the start of the row (or
+    of the token's document when ``segment_ids`` is given) count as zero. Init is PyTorch's
+    ``nn.Conv1d`` default, ``U(-1/sqrt(W), 1/sqrt(W))`` (paper 1 §1).
+
+    Args:
+      channels: ``C`` channels convolved independently.
+      width: ``W`` taps.
+      rngs, dtype, param_dtype: as for :class:`Dense`.
+    """
+
+    def __init__(self, channels: int, width: int, *, rngs: nnx.Rngs, dtype=jnp.float32,
+                 param_dtype=jnp.float32):
+        self.width = width
+        self.dtype = dtype
+        bound = 1.0 / math.sqrt(width)
+        self.kernel = nnx.Param(jax.random.uniform(rngs.params(), (width, channels), param_dtype,
+                                                   -bound, bound))
+
+    def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
+                 conv_state: Optional[Array] = None) -> Tuple[Array, Array]:
+        """Applies the convolution.
+
+        Args:
+          x: ``[B, T, C]``.
+          segment_ids: optional int ``[B, T]``; taps never reach into an earlier document.
+          conv_state: optional ``[B, W - 1, C]``, the inputs preceding ``x`` (decoding).
+
+        Returns:
+          ``(y, new_conv_state)``: ``y`` is ``[B, T, C]`` in ``dtype``; ``new_conv_state`` is the
+          last ``W - 1`` inputs ``[B, W - 1, C]`` for the next call.
+        """
+        b, t, c = x.shape
+        x = x.astype(self.dtype)
+        if conv_state is None:
+            conv_state = jnp.zeros((b, self.width - 1, c), self.dtype)
+        xp = jnp.concatenate([conv_state.astype(self.dtype), x], axis=1)  # [B, W-1+T, C]
+        w = self.kernel[...].astype(self.dtype)
+        if segment_ids is not None:
+            # A monotone document index, so that reused ids (0, 1, 0) stay distinct documents.
+            segment_ids = validation.document_index(segment_ids)
+            seg = jnp.concatenate(
+                [jnp.broadcast_to(segment_ids[:, :1], (b, self.width - 1)), segment_ids], axis=1)
+        y = jnp.zeros((b, t, c), jnp.float32)
+        for i in range(self.width):
+            # tap i reads the input (W - 1 - i) steps back.
+            xi = xp[:, i:i + t, :]
+            if segment_ids is not None and i < self.width - 1:
+                same = (seg[:, i:i + t] == segment_ids)[..., None]
+                xi = jnp.where(same, xi, 0)
+            y = y + xi.astype(jnp.float32) * w[i].astype(jnp.float32)
+        return y.astype(self.dtype), xp[:, -(self.width - 1):, :] if self.width > 1 else xp[:, :0]

@@ -1,0 +1,122 @@
+"""Gated DeltaNet mixer (Yang et al. 2025; paper 1 arXiv 2607.07953 §3.3, Eqs. 15-17; spec §2.1).
+
+Per layer, from the normalised stream ``x``:
+
+* one fused projection ``D -> 2 HK K + 2 H V + 2 H`` laid out ``[q | k | v | z | beta | a]``;
+* a causal depthwise short convolution (width 4, no bias) over ``[q; k; v]`` followed by SiLU;
+* ``q, k <- q / ||q||, k / ||k||`` per head (FLA ``l2norm``, eps 1e-6); ``v`` is not normalised;
+* ``beta_t = sigmoid(beta-logit)`` and the scalar per-head log-decay
+  ``g_t = -exp(A_log) * softplus(a_t + dt_bias)``, both in fp32;
+* the gated delta rule ``S_t = exp(g_t) (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
+  ``o_t = S_t^T q_t / sqrt(K)`` (``pallas_kernels.gated_delta_rule``), value head ``h`` reading
+  key head ``h // (H / HK)``;
+* a per-head RMSNorm over ``V`` (one weight shared by all heads) times ``SiLU(z)``, then the output
+  projection ``H V -> D``.
+
+Init follows the authors' Megatron code: ``A_log = log U(1, 16)``, ``dt_bias = 1``.
+"""
+
+import math
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lattn_jax import config as config_lib
+from lattn_jax import layers
+from lattn_jax.typing import Array
+from pallas_kernels.gated_delta_rule import api as gdr
+
+
+def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+    """``x * rsqrt(sum(x^2) + eps)`` over the last axis, computed in fp32 (FLA ``l2norm``)."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+class GatedDeltaNet(nnx.Module):
+    """The Gated DeltaNet token mixer.
+
+    Args:
+      model_config: the model's :class:`~lattn_jax.config.ModelConfig` (reads ``d_model``,
+        ``gdn``, ``init_std``, ``num_layers``, dtypes).
+      rngs: NNX rngs.
+
+    Attributes:
+      in_proj: fused ``[D, 2 HK K + 2 H V + 2 H]`` projection.
+      conv: short convolution over the ``2 HK K + H V`` q/k/v channels.
+      A_log: fp32 ``[H]``, log of the decay rate ``A``.
+      dt_bias: fp32 ``[H]``, bias inside the softplus of the decay.
+      o_norm: RMSNorm over ``V``, shared across heads.
+      out_proj: ``[H V, D]`` output projection.
+    """
+
+    def __init__(self, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs):
+        cfg = model_config.gdn
+        self.cfg = cfg
+        self.dtype = jnp.dtype(model_config.dtype)
+        param_dtype = jnp.dtype(model_config.param_dtype)
+        d = model_config.d_model
+        self.qk_dim = cfg.num_k_heads * cfg.head_k_dim
+        self.v_dim = cfg.num_v_heads * cfg.head_v_dim
+        width = 2 * self.qk_dim + 2 * self.v_dim + 2 * cfg.num_v_heads
+        self.in_proj = layers.Dense(d, width, std=model_config.init_std, rngs=rngs,
+                                    dtype=self.dtype, param_dtype=param_dtype)
+        self.conv = layers.ShortConv(2 * self.qk_dim + self.v_dim, cfg.conv_width, rngs=rngs,
+                                     dtype=self.dtype, param_dtype=param_dtype)
+        a = jax.random.uniform(rngs.params(), (cfg.num_v_heads,), jnp.float32, 1.0, 16.0)
+        self.A_log = nnx.Param(jnp.log(a))
+        self.dt_bias = nnx.Param(jnp.ones((cfg.num_v_heads,), jnp.float32))
+        self.o_norm = layers.RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype)
+        out_std = model_config.init_std / math.sqrt(2 * model_config.num_layers)
+        self.out_proj = layers.Dense(self.v_dim, d, std=out_std, rngs=rngs, dtype=self.dtype,
+                                     param_dtype=param_dtype)
+
+    def gates(self, beta_logit: Array, a: Array):
+        """Write strength and log-decay, fp32.
+
+        Args:
+          beta_logit: ``[B, T, H]``.
+          a: ``[B, T, H]`` decay logits.
+
+        Returns:
+          ``(beta, g)``: ``beta = sigmoid(beta_logit)`` in (0, 1) and
+          ``g = -exp(A_log) * softplus(a + dt_bias)`` (natural-log decay per token, <= 0).
+        """
+        beta = jax.nn.sigmoid(beta_logit.astype(jnp.float32))
+        g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(a.astype(jnp.float32) + self.dt_bias[...])
+        return beta, g
+
+    def __call__(self, x: Array, *, segment_ids: Optional[Array] = None) -> Array:
+        """Mixes a sequence.
+
+        Args:
+          x: ``[B, T, D]`` normalised hidden states.
+          segment_ids: optional int ``[B, T]``; the state resets at each document start.
+
+        Returns:
+          ``[B, T, D]`` in the compute dtype.
+        """
+        cfg = self.cfg
+        b, t, _ = x.shape
+        proj = self.in_proj(x)
+        qkv, z, beta_logit, a = jnp.split(
+            proj,
+            [2 * self.qk_dim + self.v_dim, 2 * self.qk_dim + 2 * self.v_dim,
+             2 * self.qk_dim + 2 * self.v_dim + cfg.num_v_heads],
+            axis=-1,
+        )
+        qkv, _ = self.conv(qkv, segment_ids=segment_ids)
+        qkv = jax.nn.silu(qkv)
+        q, k, v = jnp.split(qkv, [self.qk_dim, 2 * self.qk_dim], axis=-1)
+        q = l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
+        k = l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
+        v = v.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)  # [B, T, H, V]
+        beta, g = self.gates(beta_logit, a)  # [B, T, H] each, fp32
+        o, _ = gdr.gated_delta_rule(q, k, v, g, beta, segment_ids=segment_ids,
+                                    chunk_size=cfg.chunk_size,
+                                    implementation=cfg.implementation)  # [B, T, H, V]
+        z = z.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)
+        o = self.o_norm(o) * jax.nn.silu(z.astype(jnp.float32)).astype(o.dtype)
+        return self.out_proj(o.reshape(b, t, self.v_dim))
