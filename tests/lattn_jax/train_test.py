@@ -1,0 +1,163 @@
+"""Training loop: loss goes down, checkpoints round-trip, interrupted runs resume exactly."""
+
+import os
+import tempfile
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+from absl.testing import absltest
+
+from lattn_jax import checkpoint as checkpoint_lib
+from lattn_jax import config as config_lib
+from lattn_jax import data as data_lib
+from lattn_jax import optim
+from lattn_jax import train
+
+WORDS = ("the cat sat on a mat while dogs ran past old red barns and small birds sang "
+         "under bright skies near quiet rivers").split()
+
+
+def write_corpus(directory, n_docs=40, seed=0):
+    """A small random-word corpus, documents separated by blank lines."""
+    rng = np.random.default_rng(seed)
+    docs = [" ".join(rng.choice(WORDS, size=rng.integers(20, 60))) for _ in range(n_docs)]
+    path = os.path.join(directory, "corpus.txt")
+    with open(path, "w") as f:
+        f.write("\n\n".join(docs))
+    return path
+
+
+def tiny_experiment(path, **train_overrides):
+    model = config_lib.ModelConfig(
+        vocab_size=257, d_model=32, layer_pattern=("gdn", "attn"), mlp_hidden=64,
+        attention=config_lib.AttentionConfig(num_heads=2, num_kv_heads=1, output_gate=True),
+        gdn=config_lib.GatedDeltaNetConfig(num_k_heads=1, num_v_heads=2, head_k_dim=16,
+                                           head_v_dim=16, chunk_size=16))
+    data = data_lib.DataConfig(paths=(path,), doc_split="blank_line", tokenizer="byte",
+                               seq_len=32, batch_size=4, val_fraction=0.1, seed=0,
+                               max_val_batches=2)
+    optim_cfg = config_lib.OptimConfig(learning_rate=3e-3, warmup_steps=2)
+    tcfg = dict(total_steps=6, eval_every=3, checkpoint_every=3, log_every=2, seed=0)
+    tcfg.update(train_overrides)
+    return config_lib.ExperimentConfig(model=model, data=data, optim=optim_cfg,
+                                       train=config_lib.TrainConfig(**tcfg))
+
+
+class TrainTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+        self.corpus = write_corpus(self.tmp)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+        super().tearDown()
+
+    def test_train_steps_lower_the_loss_on_a_fixed_batch(self):
+        cfg = tiny_experiment(self.corpus)
+        cfg = config_lib.ExperimentConfig(
+            model=cfg.model, data=cfg.data, train=cfg.train,
+            optim=config_lib.OptimConfig(learning_rate=1e-2, warmup_steps=0, schedule="cosine"))
+        trainer = train.Trainer(cfg)
+        state = trainer.init_state(0)
+        batch = train._to_jax(next(data_lib.build_datasets(cfg.data).train_iter))
+        losses = []
+        for _ in range(8):
+            state, metrics = trainer.train_step(state, batch)
+            losses.append(float(metrics["loss"]))
+        self.assertLess(losses[-1], losses[0] - 0.5, losses)
+        self.assertEqual(int(state["step"]), 8)
+
+    def test_checkpoint_round_trip_restores_params_optimizer_step_and_data(self):
+        cfg = tiny_experiment(self.corpus)
+        trainer = train.Trainer(cfg)
+        ds = data_lib.build_datasets(cfg.data)
+        state = trainer.init_state(0)
+        for _ in range(2):
+            state, _ = trainer.train_step(state, train._to_jax(next(ds.train_iter)))
+        ckpt = checkpoint_lib.Checkpointer(os.path.join(self.tmp, "w"))
+        ckpt.save(2, state, ds.train_iter)
+        ckpt.wait()
+        expected_next = next(ds.train_iter)
+
+        fresh_ds = data_lib.build_datasets(cfg.data)
+        restored = ckpt.restore(2, trainer.abstract_state(), fresh_ds.train_iter)
+        ckpt.close()
+        jax.tree_util.tree_map(np.testing.assert_array_equal, restored, state)
+        self.assertEqual(int(restored["step"]), 2)
+        got_next = next(fresh_ds.train_iter)
+        for key in expected_next:
+            np.testing.assert_array_equal(got_next[key], expected_next[key])
+
+    @pytest.mark.entry
+    def test_interrupted_run_resumes_exactly(self):
+        lines = []
+        straight = train.train_and_evaluate(tiny_experiment(self.corpus),
+                                            os.path.join(self.tmp, "a"), print_fn=lines.append)
+        self.assertEqual(straight["resumed_from"], -1)
+        self.assertEqual(straight["step"], 6)
+
+        workdir = os.path.join(self.tmp, "b")
+        first = train.train_and_evaluate(tiny_experiment(self.corpus, max_steps_per_run=4),
+                                         workdir, print_fn=lines.append)
+        self.assertEqual(first["step"], 4)
+        lines.clear()
+        second = train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
+                                          print_fn=lines.append)
+        self.assertEqual(second["resumed_from"], 4)
+        self.assertTrue(any(line.startswith("Resuming from the checkpoint at step 4")
+                            for line in lines), lines)
+        self.assertEqual(second["step"], 6)
+        np.testing.assert_allclose(second["val_loss"], straight["val_loss"], rtol=1e-6)
+
+        lines.clear()
+        third = train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
+                                         print_fn=lines.append)
+        self.assertEqual(third["resumed_from"], 6)
+        self.assertTrue(any("already complete" in line for line in lines), lines)
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            self.assertGreater(len(f.readlines()), 3)
+
+    def test_resume_refuses_a_different_model(self):
+        workdir = os.path.join(self.tmp, "c")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                 print_fn=lambda s: None)
+        cfg = tiny_experiment(self.corpus, total_steps=2)
+        cfg = config_lib.ExperimentConfig(
+            model=config_lib.ModelConfig(**{**cfg.model.__dict__, "d_model": 48}),
+            data=cfg.data, optim=cfg.optim, train=cfg.train)
+        with self.assertRaisesRegex(config_lib.ConfigError, r"model\.d_model \(32 -> 48\)"):
+            train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+
+
+class ScheduleTest(absltest.TestCase):
+
+    def test_wsd_minus_sqrt_matches_hand_computed_values(self):
+        cfg = config_lib.OptimConfig(learning_rate=1.0, min_lr_ratio=0.1, warmup_steps=10,
+                                     schedule="wsd", decay_fraction=0.2,
+                                     decay_shape="minus_sqrt")
+        lr = optim.learning_rate_schedule(cfg, total_steps=100)
+        # warm-up 0..10, stable to step 80, then 0.1 + 0.9 * (1 - sqrt((s - 80) / 20)).
+        for step, want in [(0, 0.0), (5, 0.5), (10, 1.0), (50, 1.0), (80, 1.0),
+                           (85, 0.1 + 0.9 * (1 - 0.5)), (100, 0.1)]:
+            np.testing.assert_allclose(float(lr(step)), want, rtol=1e-6, err_msg=f"{step=}")
+
+    def test_cosine(self):
+        cfg = config_lib.OptimConfig(learning_rate=2.0, min_lr_ratio=0.0, warmup_steps=0,
+                                     schedule="cosine")
+        lr = optim.learning_rate_schedule(cfg, total_steps=10)
+        np.testing.assert_allclose([float(lr(s)) for s in (0, 5, 10)], [2.0, 1.0, 0.0],
+                                   atol=1e-6)
+
+    def test_weight_decay_skips_vectors(self):
+        mask = optim.weight_decay_mask({"w": jnp.ones((2, 3)), "norm": jnp.ones(3),
+                                        "s": jnp.ones(())})
+        self.assertEqual(mask, {"w": True, "norm": False, "s": False})
+
+
+if __name__ == "__main__":
+    absltest.main()
