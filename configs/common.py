@@ -1,0 +1,62 @@
+"""Shared helpers for config files: ``parse_arg`` and the default bundled-corpus data section.
+
+A config file defines ``get_config(arg=None)`` returning an ``ml_collections.ConfigDict``. The
+``arg`` string (after the colon in ``--config=configs/x.py:arg``) is a comma-separated list of
+``key=value`` pairs or bare flags, parsed by :func:`parse_arg`.
+"""
+
+import ast
+
+import ml_collections
+
+from lattn_jax import assets
+
+
+def parse_arg(arg, **defaults):
+    """Parses ``"a=1,b=x,flag"`` into a ConfigDict, starting from ``defaults``.
+
+    Values are read as Python literals when possible (``1``, ``0.5``, ``True``), else kept as
+    strings; a bare name sets that flag to ``True``.
+
+    Raises:
+      ValueError: for a key that is not in ``defaults``.
+    """
+    out = ml_collections.ConfigDict(defaults)
+    if not arg:
+        return out
+    for item in arg.split(","):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if key not in defaults:
+            raise ValueError(f"unknown config argument {key!r}; known: {', '.join(defaults)}")
+        if not sep:
+            out[key] = True
+            continue
+        try:
+            out[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            out[key] = value
+    return out
+
+
+def bundled_wikitext_data(seq_len: int, batch_size: int) -> ml_collections.ConfigDict:
+    """Data section for the WikiText-2 raw validation + test text bundled in the package.
+
+    Documents are Wikipedia articles; tokens are LLaMA-2 SentencePiece ids (the paper's), with EOS
+    after every article and no BOS.
+    """
+    return ml_collections.ConfigDict(dict(
+        # A tuple, so that it can be overridden: --config.data.paths="('/data/a.txt',)".
+        paths=(assets.asset_path("corpus/wikitext-2-raw/wiki.valid.raw"),
+               assets.asset_path("corpus/wikitext-2-raw/wiki.test.raw")),
+        format="text",
+        text_field="text",
+        doc_split="wikitext",
+        tokenizer="sentencepiece",
+        tokenizer_path=assets.asset_path("tokenizers/llama2/tokenizer.model"),
+        seq_len=seq_len,
+        batch_size=batch_size,
+        val_fraction=0.05,
+        seed=0,
+        max_val_batches=None,
+    ))

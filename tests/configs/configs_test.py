@@ -1,0 +1,75 @@
+"""Every config file loads, converts to typed dataclasses, and initialises under eval_shape."""
+
+import glob
+import importlib
+import os
+
+import jax
+from absl.testing import absltest, parameterized
+from flax import nnx
+
+from lattn_jax import config as config_lib
+from lattn_jax import model as model_lib
+from lattn_jax import optim
+
+CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
+CONFIG_MODULES = sorted(
+    os.path.basename(p)[:-3] for p in glob.glob(os.path.join(CONFIG_DIR, "*.py"))
+    if not os.path.basename(p).startswith(("_", "common")))
+
+
+class ConfigsTest(parameterized.TestCase):
+
+    @parameterized.parameters(*[(name,) for name in CONFIG_MODULES])
+    def test_config_builds_and_initialises(self, name):
+        module = importlib.import_module(f"configs.{name}")
+        cfg = config_lib.experiment_from_config_dict(module.get_config())
+        abstract = nnx.eval_shape(lambda: model_lib.LanguageModel(cfg.model, rngs=nnx.Rngs(0)))
+        params = nnx.state(abstract, nnx.Param)
+        n = sum(x.size for x in jax.tree_util.tree_leaves(params))
+        self.assertGreater(n, 0)
+        tx = optim.make_optimizer(cfg.optim, cfg.train.total_steps)
+        jax.eval_shape(tx.init, nnx.to_pure_dict(params))
+
+    @parameterized.parameters("hybrid", "pure", "dense")
+    def test_default_patterns(self, pattern):
+        from configs import default
+        cfg = config_lib.experiment_from_config_dict(default.get_config(f"pattern={pattern}"))
+        self.assertEqual(cfg.model.layer_pattern, default.PATTERNS[pattern])
+
+
+class BadInputTest(absltest.TestCase):
+
+    def _config(self):
+        from configs import default
+        return default.get_config()
+
+    def test_unknown_mixer_name(self):
+        c = self._config()
+        c.model.layer_pattern = ("gdn", "mamba9", "attn")
+        with self.assertRaisesRegex(ValueError, r"model\.layer_pattern\[1\]='mamba9' is not a "
+                                                r"known mixer"):
+            config_lib.experiment_from_config_dict(c)
+
+    def test_width_not_divisible_by_heads(self):
+        c = self._config()
+        c.model.d_model = 130
+        with self.assertRaisesRegex(ValueError, r"model\.d_model=130 is not divisible by "
+                                                r"model\.attention\.num_heads=4"):
+            config_lib.experiment_from_config_dict(c)
+
+    def test_missing_data_file(self):
+        c = self._config()
+        c.data.paths = ["/nonexistent/corpus.txt"]
+        with self.assertRaisesRegex(FileNotFoundError, r"data\.paths.*/nonexistent/corpus\.txt"):
+            config_lib.experiment_from_config_dict(c)
+
+    def test_unknown_option(self):
+        c = self._config().to_dict()
+        c["model"]["d_modle"] = 12
+        with self.assertRaisesRegex(ValueError, r"unknown option\(s\) model\.d_modle"):
+            config_lib.experiment_from_config_dict(c)
+
+
+if __name__ == "__main__":
+    absltest.main()

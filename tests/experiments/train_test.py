@@ -1,0 +1,38 @@
+"""The absl binary: bad options end with one clear line naming the option or file."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from absl.testing import absltest, parameterized
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def run_train(*flags):
+    cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+           "--config=" + os.path.join(ROOT, "configs", "default.py"), *flags]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+@pytest.mark.entry
+class TrainBinaryTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("missing_file", "--config.data.paths=('/no/such/file.txt',)",
+         "error: data.paths: no such file or directory: /no/such/file.txt"),
+        ("unknown_mixer", "--config.model.layer_pattern=('gdn','foo')",
+         "error: model.layer_pattern[1]='foo' is not a known mixer"),
+        ("width", "--config.model.d_model=130",
+         "error: model.d_model=130 is not divisible by model.attention.num_heads=4"),
+    )
+    def test_bad_option_gives_one_clear_line(self, flag, message):
+        result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn(message, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+
+if __name__ == "__main__":
+    absltest.main()
