@@ -64,7 +64,8 @@ class Dense(nnx.Module):
 
     def __call__(self, x: Array) -> Array:
         """``x``: ``[..., in]`` -> ``[..., out]`` in ``dtype``."""
-        return jnp.einsum("...i,io->...o", x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        w = self.kernel[...].astype(self.dtype)
+        return jnp.einsum("...i,io->...o", x.astype(self.dtype), w)
 
 
 class SwiGLU(nnx.Module):

@@ -17,14 +17,13 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import tqdm
-from absl import logging
 from flax import nnx
 
 from lattn_jax import checkpoint as checkpoint_lib
@@ -166,13 +165,13 @@ def _diff(a, b, prefix):
 
 
 def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
-                       *, print_fn: Callable[[str], None] = print) -> Dict[str, float]:
+                       *, print_fn: Callable[[str], None] = tqdm.tqdm.write) -> Dict[str, float]:
     """Trains ``config`` in ``workdir``, resuming from its newest checkpoint if there is one.
 
     Args:
       config: a validated :class:`~lattn_jax.config.ExperimentConfig`.
       workdir: directory for checkpoints, ``metrics.jsonl`` and ``config.json``.
-      print_fn: where the human-readable progress lines go.
+      print_fn: where the human-readable progress lines go (default: above the progress bar).
 
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,

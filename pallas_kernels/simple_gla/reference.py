@@ -136,7 +136,6 @@ def simple_gla_associative(
     f32 = jnp.float32
     q, k, v = (x.astype(f32) for x in (q, k, v))
     batch, seq_len, heads, dk = k.shape
-    dv = v.shape[-1]
     resets = _document_starts(segment_ids, (batch, seq_len))  # [B, T]
 
     a = jnp.ones((batch, seq_len, heads), f32) if g is None else jnp.exp(g.astype(f32))

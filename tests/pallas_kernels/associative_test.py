@@ -22,18 +22,6 @@ F32 = jnp.float32
 FWD_REL = tolerances.fwd_tol(F32)["rtol"]
 GRAD_REL = tolerances.grad_tol(F32)["rtol"]
 
-_saved_flags = {}
-
-
-def setUpModule():
-    # Small CPU programs compile ~3x faster without XLA's optimisation passes (STYLE.md item 38).
-    _saved_flags["opt"] = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-
-
-def tearDownModule():
-    jax.config.update("jax_disable_most_optimizations", _saved_flags["opt"])
-
 
 def make_inputs(seed, *, batch=2, seq_len=33, heads=2, dk=8, dv=12):
     """Random affine steps with spectral radius around 1 (neither exploding nor vanishing)."""

@@ -89,6 +89,7 @@ def _reference_outputs(seed, seq_len, gated, with_state, padded_len=130):
     the state unchanged, so that one compiled reference serves every ``seq_len``.
     """
     args, h0 = _make_inputs(seed, seq_len=seq_len, gated=gated)
+
     def pad(x):
         if x is None:
             return None
@@ -119,18 +120,6 @@ def _assert_close(actual, expected, max_err, name):
 
 
 class GatedDeltaRuleTest(parameterized.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        # Faster CPU compiles (STYLE 38); restored afterwards so other test files are unaffected.
-        cls._saved_opt_flag = jax.config.values["jax_disable_most_optimizations"]
-        jax.config.update("jax_disable_most_optimizations", True)
-
-    @classmethod
-    def tearDownClass(cls):
-        jax.config.update("jax_disable_most_optimizations", cls._saved_opt_flag)
-        super().tearDownClass()
 
     # ---------------------------------------------------------------- reference vs float64 loop
 
@@ -250,6 +239,7 @@ class GatedDeltaRuleTest(parameterized.TestCase):
         np.testing.assert_allclose(o, o_rep, **tolerances.fwd_tol(_F32))
         np.testing.assert_allclose(state, state_rep, **tolerances.fwd_tol(_F32))
         # Value heads (0, 1) read key head 0 and (2, 3) key head 1, so key-head gradients sum.
+
         def fold(x):  # [B, T, 4, K] -> [B, T, 2, K]
             return x.reshape(x.shape[:2] + (2, 2) + x.shape[3:]).sum(axis=3)
 

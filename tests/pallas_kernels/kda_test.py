@@ -28,18 +28,6 @@ GRAD_REL = tolerances.grad_tol(F32)["rtol"]
 FORMS = (("chunked", 16), ("chunked", 64), ("associative_scan", 64))
 FORM_PARAMS = [dict(testcase_name=f"{impl}_C={cs}", impl=impl, chunk_size=cs) for impl, cs in FORMS]
 
-_saved_flags = {}
-
-
-def setUpModule():
-    # Small CPU programs compile ~3x faster without XLA's optimisation passes (STYLE.md item 38).
-    _saved_flags["opt"] = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-
-
-def tearDownModule():
-    jax.config.update("jax_disable_most_optimizations", _saved_flags["opt"])
-
 
 def _l2(x):
     return x / jnp.linalg.norm(x, axis=-1, keepdims=True)

@@ -34,18 +34,6 @@ REF = (("reference", 64),)
 FORM_PARAMS = [dict(testcase_name=f"{impl}_C={cs}", impl=impl, chunk_size=cs) for impl, cs in FORMS]
 ARG_NAMES = ("q", "k", "v", "g", "initial_state")
 
-_saved_flags = {}
-
-
-def setUpModule():
-    # Small CPU programs compile ~3x faster without XLA's optimisation passes (STYLE.md item 38).
-    _saved_flags["opt"] = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-
-
-def tearDownModule():
-    jax.config.update("jax_disable_most_optimizations", _saved_flags["opt"])
-
 
 def make_inputs(seed, *, batch=2, seq_len=40, key_heads=1, heads=2, dk=16, dv=32):
     """Random inputs: normal q, k, v, initial_state; log-decays mixing slow and fast heads.

@@ -88,7 +88,10 @@ class PipelineTest(absltest.TestCase):
         rows = [b["inputs"][0] for b in _take(ds.train_iter, 2 * n)]
         first, second = np.stack(rows[:n]), np.stack(rows[n:])
         self.assertFalse(np.array_equal(first, second))  # different order ...
-        sort = lambda x: x[np.lexsort(x.T[::-1])]
+
+        def sort(x):
+            return x[np.lexsort(x.T[::-1])]
+
         np.testing.assert_array_equal(sort(first), sort(second))  # ... same windows
 
     def test_pack_documents_eos(self):

@@ -41,7 +41,8 @@ def _attention_np(module, x, segment_ids):
     q, k = _rope_np(q, pos, module.rope_theta), _rope_np(k, pos, module.rope_theta)
     k, v = np.repeat(k, h // g, axis=2), np.repeat(v, h // g, axis=2)
     s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(dh)
-    mask = np.tril(np.ones((t, t), bool))[None] & (segment_ids[:, :, None] == segment_ids[:, None, :])
+    same_doc = segment_ids[:, :, None] == segment_ids[:, None, :]
+    mask = np.tril(np.ones((t, t), bool))[None] & same_doc
     s = np.where(mask[:, None], s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
