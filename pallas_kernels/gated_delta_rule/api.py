@@ -11,7 +11,9 @@ DeltaNet is g == 0. The read-out includes token t.
 Implementations (``implementation=``):
 
 * ``"chunked"`` (default for ``None``/``"auto"``): the chunkwise WY/UT form in ``chunked.py``;
-* ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow).
+* ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
+* ``"associative_scan"``: the exact parallel scan over affine state maps in ``associative.py``
+  (``O(T K^3)`` work; for checking and composing states).
 
 Example::
 
@@ -40,6 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import common
+from pallas_kernels.gated_delta_rule import associative
 from pallas_kernels.gated_delta_rule import chunked
 from pallas_kernels.gated_delta_rule import reference
 
@@ -47,6 +50,7 @@ from pallas_kernels.gated_delta_rule import reference
 _IMPLEMENTATIONS = {
     "chunked": chunked.gated_delta_rule_chunked,
     "reference": reference.gated_delta_rule_reference,
+    "associative_scan": associative.gated_delta_rule_associative,
 }
 
 Output = Union[
@@ -158,7 +162,8 @@ def gated_delta_rule(
             ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there.
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
             clipped to the smallest power of two ``>= T``.
-        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"`` or ``"reference"``.
+        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"`` or
+            ``"associative_scan"``.
         return_residual: whether to also return the per-token residuals ``u`` (FLA's
             ``v_new``), which cross-layer routing consumes.
 

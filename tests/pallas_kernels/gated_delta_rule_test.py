@@ -157,6 +157,36 @@ class GatedDeltaRuleTest(parameterized.TestCase):
             _assert_close(o, o_ref, max_err, f"o ({with_state=})")
             _assert_close(state, state_ref, max_err, f"final_state ({with_state=})")
 
+    @parameterized.named_parameters(("gdn", True), ("deltanet", False))
+    def test_associative_scan_matches_reference(self, gated):
+        # Packed rows with boundaries at 5 and 21, GVA, an initial state; outputs, final state,
+        # residuals and all gradients.
+        args, h0 = _make_inputs(3, seq_len=33, gated=gated, heads=4)
+        segment_ids = jnp.array([[0] * 5 + [1] * 16 + [2] * 12, [7] * 33])
+        cot = jax.random.normal(jax.random.key(4), args[2].shape, _F32)
+
+        def run(implementation, *xs):
+            g = xs[3] if gated else None
+            o, state, u = gdr.gated_delta_rule(
+                xs[0], xs[1], xs[2], g, xs[4], initial_state=xs[5], output_final_state=True,
+                segment_ids=segment_ids, implementation=implementation, return_residual=True)
+            return o, state, u
+
+        primals = [x if x is not None else jnp.zeros(()) for x in (*args, h0)]
+        got, want = run("associative_scan", *primals), run("reference", *primals)
+        for name, a, b in zip(("o", "final_state", "u"), got, want):
+            _assert_close(a, b, tolerances.FWD[jnp.dtype(_F32)][0], name)
+
+        def loss(implementation, *xs):
+            o, state, _ = run(implementation, *xs)
+            return jnp.sum(o * cot) + jnp.sum(state)
+
+        argnums = tuple(i + 1 for i in range(6) if gated or i != 3)
+        g_assoc = jax.grad(loss, argnums)("associative_scan", *primals)
+        g_ref = jax.grad(loss, argnums)("reference", *primals)
+        for i, a, b in zip(argnums, g_assoc, g_ref):
+            _assert_close(a, b, tolerances.GRAD[jnp.dtype(_F32)][0], f"d{_ARG_NAMES[i - 1]}")
+
     @parameterized.named_parameters(
         dict(testcase_name="gdn_T=65_C=16", gated=True, seq_len=65, segments=False, heads=2),
         dict(testcase_name="deltanet_T=65_C=16", gated=False, seq_len=65, segments=False,
