@@ -17,7 +17,11 @@ from lattn_jax.data.config import DataConfig
 
 # Names a layer pattern may use. The mapping from name to module lives in
 # ``lattn_jax.mixers.REGISTRY``; it is checked against this tuple when the package is imported.
-MIXER_NAMES: Tuple[str, ...] = ("attn", "gdn")
+MIXER_NAMES: Tuple[str, ...] = (
+    "attn", "gdn", "deltanet", "kda", "gdn2", "lightning", "linear_attn", "attn_nope")
+
+# Mixer names that are softmax attention layers (configured by ``ModelConfig.attention``).
+ATTENTION_MIXERS: Tuple[str, ...] = ("attn", "attn_nope")
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
@@ -43,6 +47,14 @@ class AttentionConfig:
       output_gate: elementwise sigmoid gate on the attention output before the out projection
         (paper 1 §2.5: on in GDN / GDN-2 hybrids only).
       qk_norm: RMSNorm on q and k per head before RoPE.
+      logit_scaling_base: HypeNet's position-dependent logit scaling (arXiv 2601.22156; spec
+        ``hypenet-halo.md`` §1.6 item 4): ``q_t <- s_t q_t`` with ``s_t = log_a(t + a) =
+        ln(t + a) / ln(a)``, ``t`` the 0-based position of the query inside its document and
+        ``a`` this value (HypeNet-2B: 500 at inference). ``None`` (the default, and HypeNet's
+        training setting) disables it. Must be ``> 1``.
+
+    Layers named ``"attn_nope"`` in ``ModelConfig.layer_pattern`` use these settings without RoPE
+    (NoPE), so RoPE and NoPE softmax layers can be mixed per layer.
     """
 
     num_heads: int = 4
@@ -51,9 +63,11 @@ class AttentionConfig:
     rope_theta: Optional[float] = 500_000.0
     output_gate: bool = False
     qk_norm: bool = False
+    logit_scaling_base: Optional[float] = None
 
     def __post_init__(self):
-        _require(self.num_heads >= 1, f"model.attention.num_heads must be >= 1, got {self.num_heads}")
+        _require(self.num_heads >= 1,
+                 f"model.attention.num_heads must be >= 1, got {self.num_heads}")
         _require(
             self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads == 0,
             f"model.attention.num_heads={self.num_heads} must be a multiple of "
@@ -66,6 +80,11 @@ class AttentionConfig:
         _require(
             self.rope_theta is None or self.rope_theta > 0,
             f"model.attention.rope_theta must be > 0 or None, got {self.rope_theta}",
+        )
+        _require(
+            self.logit_scaling_base is None or self.logit_scaling_base > 1,
+            f"model.attention.logit_scaling_base must be > 1 or None, got "
+            f"{self.logit_scaling_base}",
         )
 
 
@@ -113,6 +132,262 @@ class GatedDeltaNetConfig:
         )
 
 
+def _check_linear_mixer(cfg, section: str, implementations: Tuple[str, ...],
+                        min_conv_width: int = 1) -> None:
+    """Validation shared by the linear-attention mixer sections (``model.<section>.*``)."""
+    for name in ("num_k_heads", "num_v_heads", "head_k_dim", "head_v_dim"):
+        value = getattr(cfg, name)
+        _require(value >= 1, f"model.{section}.{name} must be >= 1, got {value}")
+    _require(
+        cfg.conv_width >= min_conv_width,
+        f"model.{section}.conv_width must be >= {min_conv_width}, got {cfg.conv_width}",
+    )
+    _require(
+        cfg.num_v_heads % cfg.num_k_heads == 0,
+        f"model.{section}.num_v_heads={cfg.num_v_heads} must be a multiple of "
+        f"model.{section}.num_k_heads={cfg.num_k_heads}",
+    )
+    c = cfg.chunk_size
+    _require(
+        c >= 1 and c & (c - 1) == 0,
+        f"model.{section}.chunk_size must be a positive power of two, got {c}",
+    )
+    _require(
+        cfg.implementation in implementations,
+        f"model.{section}.implementation={cfg.implementation!r}; choose from "
+        f"{', '.join(implementations)}",
+    )
+    _require(cfg.norm_eps > 0, f"model.{section}.norm_eps must be > 0, got {cfg.norm_eps}")
+
+
+def _check_dt_init(cfg, section: str) -> None:
+    """Validation of the Mamba-style ``dt_bias`` initialisation range (KDA, GDN-2)."""
+    _require(
+        0 < cfg.dt_min <= cfg.dt_max,
+        f"model.{section}.dt_min={cfg.dt_min} and model.{section}.dt_max={cfg.dt_max} must "
+        f"satisfy 0 < dt_min <= dt_max",
+    )
+    _require(cfg.dt_floor > 0, f"model.{section}.dt_floor must be > 0, got {cfg.dt_floor}")
+    _require(
+        cfg.gate_rank is None or cfg.gate_rank >= 1,
+        f"model.{section}.gate_rank must be >= 1 or None, got {cfg.gate_rank}",
+    )
+
+
+_CHANNEL_IMPLEMENTATIONS = ("auto", "chunked", "reference", "associative_scan")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DeltaNetConfig:
+    """DeltaNet mixer (paper 1 Eq. 14, spec §2.2): delta rule without decay, no output gate.
+
+    The authors' config requires ``num_v_heads == num_k_heads`` (spec §2.2); we also allow GVA
+    (``num_v_heads`` a multiple of ``num_k_heads``) since the op supports it.
+
+    Attributes:
+      num_k_heads: query/key heads ``HK`` (350M: 4).
+      num_v_heads: value heads ``H`` (350M: 4).
+      head_k_dim: ``K`` (350M: 64).
+      head_v_dim: ``V`` (350M: 128).
+      conv_width: short causal depthwise convolution width ``W`` over [q; k; v].
+      chunk_size: chunk length ``C`` of the chunked (WY/UT) form; a power of two.
+      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``).
+      norm_eps: epsilon of the per-head output RMSNorm.
+    """
+
+    num_k_heads: int = 4
+    num_v_heads: int = 4
+    head_k_dim: int = 64
+    head_v_dim: int = 128
+    conv_width: int = 4
+    chunk_size: int = 64
+    implementation: str = "auto"
+    norm_eps: float = 1e-5
+
+    def __post_init__(self):
+        _check_linear_mixer(self, "deltanet", ("auto", "chunked", "reference"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class KDAConfig:
+    """Kimi Delta Attention mixer (paper 1 Eqs. 18-20, spec §2.4): per-key-channel decay.
+
+    Attributes:
+      num_k_heads: query/key heads ``HK`` (350M: 4).
+      num_v_heads: value heads ``H`` (350M: 8; a multiple of ``num_k_heads``).
+      head_k_dim: ``K`` (350M: 64).
+      head_v_dim: ``V`` (350M: 64).
+      conv_width: short convolution width ``W`` over [q; k; v].
+      chunk_size: chunk length ``C`` of the chunked form; a power of two.
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+      norm_eps: epsilon of the per-head output RMSNorm.
+      gate_rank: width of the low-rank gate trunk (``bottleneck_proj`` ``D -> 2 r``); ``None``
+        means ``head_v_dim`` as in the authors' code.
+      dt_min, dt_max, dt_floor: Mamba ``dt`` init range of ``dt_bias`` (``dt ~ exp(U(log dt_min,
+        log dt_max))`` clamped at ``dt_floor``; ``dt_bias = softplus^-1(dt)``).
+    """
+
+    num_k_heads: int = 4
+    num_v_heads: int = 8
+    head_k_dim: int = 64
+    head_v_dim: int = 64
+    conv_width: int = 4
+    chunk_size: int = 64
+    implementation: str = "auto"
+    norm_eps: float = 1e-5
+    gate_rank: Optional[int] = None
+    dt_min: float = 1e-3
+    dt_max: float = 1e-1
+    dt_floor: float = 1e-4
+
+    def __post_init__(self):
+        _check_linear_mixer(self, "kda", _CHANNEL_IMPLEMENTATIONS)
+        _check_dt_init(self, "kda")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class GDN2Config:
+    """Gated DeltaNet-2 mixer (paper 1 Eqs. 21-24, spec §2.6, the v2 low-rank f/g layout).
+
+    Attributes:
+      num_k_heads: query/key heads ``HK`` (350M: 4).
+      num_v_heads: value heads ``H`` (350M: 8; a multiple of ``num_k_heads``).
+      head_k_dim: ``K`` (350M: 64).
+      head_v_dim: ``V`` (350M: 64).
+      conv_width: short convolution width ``W`` over [q; k; v].
+      chunk_size: chunk length ``C`` of the chunked form; a power of two.
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+      norm_eps: epsilon of the per-head output RMSNorm.
+      gate_rank: rank of the low-rank decay (``f_proj``) and output-gate (``g_proj``)
+        projections; ``None`` means ``head_v_dim`` as in the authors' v2 code.
+      dt_min, dt_max, dt_floor: Mamba ``dt`` init range of ``dt_bias`` (as :class:`KDAConfig`).
+    """
+
+    num_k_heads: int = 4
+    num_v_heads: int = 8
+    head_k_dim: int = 64
+    head_v_dim: int = 64
+    conv_width: int = 4
+    chunk_size: int = 64
+    implementation: str = "auto"
+    norm_eps: float = 1e-5
+    gate_rank: Optional[int] = None
+    dt_min: float = 1e-3
+    dt_max: float = 1e-1
+    dt_floor: float = 1e-4
+
+    def __post_init__(self):
+        _check_linear_mixer(self, "gdn2", _CHANNEL_IMPLEMENTATIONS)
+        _check_dt_init(self, "gdn2")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LinearAttentionConfig:
+    """Plain (additive) linear attention: spec §2.3 "Linear Transformer", paper 1 Eqs. 4-10.
+
+    The shell is DeltaNet's (spec §2.2): fused ``[q | k | v (| beta)]`` projection, short conv +
+    SiLU, L2-normalised q and k, ``1/sqrt(K)`` scale, per-head output RMSNorm, no gate; the rule
+    is ``S_t = S_{t-1} + k_t v_t^T`` with no decay and no normaliser.
+
+    Attributes:
+      num_k_heads: query/key heads ``HK``.
+      num_v_heads: value heads ``H`` (a multiple of ``num_k_heads``).
+      head_k_dim: ``K``.
+      head_v_dim: ``V``.
+      conv_width: short convolution width ``W``; ``0`` disables the convolution (and its state).
+      chunk_size: chunk length ``C`` of the chunked form; a power of two.
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+      norm_eps: epsilon of the per-head output RMSNorm.
+      dead_beta_proj: keep the authors' unused beta rows (``H`` columns) in the input projection
+        so parameter counts match spec §3 (spec §10 item 14: dead parameters, zero gradient).
+    """
+
+    num_k_heads: int = 4
+    num_v_heads: int = 4
+    head_k_dim: int = 64
+    head_v_dim: int = 128
+    conv_width: int = 4
+    chunk_size: int = 64
+    implementation: str = "auto"
+    norm_eps: float = 1e-5
+    dead_beta_proj: bool = True
+
+    def __post_init__(self):
+        _check_linear_mixer(self, "linear_attn", _CHANNEL_IMPLEMENTATIONS, min_conv_width=0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LightningConfig:
+    """HypeNet's Lightning Attention mixer (arXiv 2601.22156; spec ``hypenet-halo.md`` §1.5).
+
+    ``S_t = gamma_h S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t`` with the fixed ALiBi decays
+    ``gamma_h = exp(-2^(-8 (h + 1) / H))``, QK RMSNorm, RoPE on q and k (HyPE), an RMSNorm over
+    all heads jointly and a sigmoid output gate.
+
+    Attributes:
+      num_heads: query heads ``H`` (HypeNet-2B: 16).
+      num_kv_heads: key/value heads (GQA, repeated to ``H``; HypeNet: equal to ``num_heads``).
+      head_dim: per-head width; ``None`` means ``d_model // num_heads`` (which must divide).
+      rope_theta: RoPE base on q and k (HypeNet: 1e6); ``None`` disables RoPE.
+      qk_norm: per-head RMSNorm on q and k before RoPE (HypeNet: on).
+      output_norm: RMSNorm over the concatenated heads before the gate (HypeNet: on).
+      output_gate: ``o <- o * sigmoid(x W_z)`` before the output projection (HypeNet: on).
+      scale: read-out scale: ``"1/sqrt(d)"`` (HypeNet, ``head_dim ** -0.5``), ``"1/d"`` or
+        ``"1"``.
+      conv_width: short causal depthwise conv + SiLU over [q; k; v] after the projections;
+        ``0`` (HypeNet) disables it.
+      chunk_size: chunk length ``C`` of the chunked form; a power of two.
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+    """
+
+    num_heads: int = 4
+    num_kv_heads: int = 4
+    head_dim: Optional[int] = None
+    rope_theta: Optional[float] = 1_000_000.0
+    qk_norm: bool = True
+    output_norm: bool = True
+    output_gate: bool = True
+    scale: str = "1/sqrt(d)"
+    conv_width: int = 0
+    chunk_size: int = 64
+    implementation: str = "auto"
+
+    def __post_init__(self):
+        _require(
+            self.num_heads >= 1, f"model.lightning.num_heads must be >= 1, got {self.num_heads}")
+        _require(
+            self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads == 0,
+            f"model.lightning.num_heads={self.num_heads} must be a multiple of "
+            f"model.lightning.num_kv_heads={self.num_kv_heads}",
+        )
+        _require(
+            self.head_dim is None or self.head_dim >= 1,
+            f"model.lightning.head_dim must be >= 1, got {self.head_dim}",
+        )
+        _require(
+            self.rope_theta is None or self.rope_theta > 0,
+            f"model.lightning.rope_theta must be > 0 or None, got {self.rope_theta}",
+        )
+        _require(
+            self.scale in ("1/sqrt(d)", "1/d", "1"),
+            f"model.lightning.scale={self.scale!r}; choose 1/sqrt(d), 1/d or 1",
+        )
+        _require(
+            self.conv_width >= 0,
+            f"model.lightning.conv_width must be >= 0, got {self.conv_width}",
+        )
+        c = self.chunk_size
+        _require(
+            c >= 1 and c & (c - 1) == 0,
+            f"model.lightning.chunk_size must be a positive power of two, got {c}",
+        )
+        _require(
+            self.implementation in _CHANNEL_IMPLEMENTATIONS,
+            f"model.lightning.implementation={self.implementation!r}; choose from "
+            f"{', '.join(_CHANNEL_IMPLEMENTATIONS)}",
+        )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A decoder-only LM: embedding, pre-norm blocks (mixer + SwiGLU MLP), final norm, head.
@@ -133,8 +408,13 @@ class ModelConfig:
       param_dtype: parameter (master weight) dtype.
       use_segment_ids: reset recurrent state and mask attention at document boundaries inside a
         packed window. Paper 1 trains without resets (spec §10.17); our default resets.
-      attention: settings of ``"attn"`` layers.
+      attention: settings of ``"attn"`` and ``"attn_nope"`` layers.
       gdn: settings of ``"gdn"`` layers.
+      deltanet: settings of ``"deltanet"`` layers.
+      kda: settings of ``"kda"`` layers.
+      gdn2: settings of ``"gdn2"`` layers.
+      lightning: settings of ``"lightning"`` layers.
+      linear_attn: settings of ``"linear_attn"`` layers.
     """
 
     vocab_size: int = 32000
@@ -150,6 +430,11 @@ class ModelConfig:
     remat: bool = False
     attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
     gdn: GatedDeltaNetConfig = dataclasses.field(default_factory=GatedDeltaNetConfig)
+    deltanet: DeltaNetConfig = dataclasses.field(default_factory=DeltaNetConfig)
+    kda: KDAConfig = dataclasses.field(default_factory=KDAConfig)
+    gdn2: GDN2Config = dataclasses.field(default_factory=GDN2Config)
+    lightning: LightningConfig = dataclasses.field(default_factory=LightningConfig)
+    linear_attn: LinearAttentionConfig = dataclasses.field(default_factory=LinearAttentionConfig)
 
     def __post_init__(self):
         _require(self.vocab_size >= 2, f"model.vocab_size must be >= 2, got {self.vocab_size}")
@@ -167,12 +452,32 @@ class ModelConfig:
             self.param_dtype in _DTYPES,
             f"model.param_dtype={self.param_dtype!r}; choose from {_DTYPES}",
         )
-        if "attn" in self.layer_pattern and self.attention.head_dim is None:
+        uses_attention = any(name in ATTENTION_MIXERS for name in self.layer_pattern)
+        if uses_attention and self.attention.head_dim is None:
             _require(
                 self.d_model % self.attention.num_heads == 0,
                 f"model.d_model={self.d_model} is not divisible by "
                 f"model.attention.num_heads={self.attention.num_heads}; change one of them or "
                 f"set model.attention.head_dim",
+            )
+        if "attn" in self.layer_pattern and self.attention.rope_theta is not None:
+            _require(
+                self.attention_head_dim % 2 == 0,
+                f"RoPE needs an even head dimension, got model.attention head_dim="
+                f"{self.attention_head_dim}; change it or set model.attention.rope_theta=None",
+            )
+        if "lightning" in self.layer_pattern:
+            if self.lightning.head_dim is None:
+                _require(
+                    self.d_model % self.lightning.num_heads == 0,
+                    f"model.d_model={self.d_model} is not divisible by "
+                    f"model.lightning.num_heads={self.lightning.num_heads}; change one of them "
+                    f"or set model.lightning.head_dim",
+                )
+            _require(
+                self.lightning.rope_theta is None or self.lightning_head_dim % 2 == 0,
+                f"RoPE needs an even head dimension, got model.lightning head_dim="
+                f"{self.lightning_head_dim}; change it or set model.lightning.rope_theta=None",
             )
 
     @property
@@ -182,6 +487,10 @@ class ModelConfig:
     @property
     def attention_head_dim(self) -> int:
         return self.attention.head_dim or self.d_model // self.attention.num_heads
+
+    @property
+    def lightning_head_dim(self) -> int:
+        return self.lightning.head_dim or self.d_model // self.lightning.num_heads
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -215,12 +524,14 @@ class OptimConfig:
     grad_clip: float = 1.0
 
     def __post_init__(self):
-        _require(self.learning_rate > 0, f"optim.learning_rate must be > 0, got {self.learning_rate}")
+        _require(self.learning_rate > 0,
+                 f"optim.learning_rate must be > 0, got {self.learning_rate}")
         _require(
             0.0 <= self.min_lr_ratio <= 1.0,
             f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}",
         )
-        _require(self.warmup_steps >= 0, f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        _require(self.warmup_steps >= 0,
+                 f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
         _require(
             self.schedule in ("cosine", "wsd"),
             f"optim.schedule={self.schedule!r}; choose cosine or wsd",

@@ -1,20 +1,30 @@
-"""Causal softmax attention mixer: MHA/GQA, RoPE, optional QK norm and sigmoid output gate.
+"""Causal softmax attention mixer: MHA/GQA, RoPE or NoPE, QK norm, output gate, logit scaling.
 
 Paper 1 (arXiv 2607.07953) §2 / spec §2.5: one fused projection ``D -> (H [+ H] + 2G) * d_h``
 laid out as ``[q | gate | k | v]``, scale ``1/sqrt(d_h)``, RoPE (base 5e5, rotate-half) on q and
 k, ``o <- o * sigmoid(gate)`` before the output projection when the gate is on, no biases.
 
+HypeNet (arXiv 2601.22156; spec ``hypenet-halo.md`` §1.6) uses the same layer with QK RMSNorm,
+NoPE (layer name ``"attn_nope"``, :class:`NoPEAttention`), the output gate, and at inference the
+position-dependent logit scaling ``q_t <- s_t q_t``, ``s_t = log_a(t + a)``
+(``AttentionConfig.logit_scaling_base``).
+
 Attention itself goes through ``jax.nn.dot_product_attention`` (the XLA implementation on CPU,
 cuDNN where available). Packed documents are separated by a block-diagonal mask built from
-``segment_ids``, and RoPE positions restart at every document.
+``segment_ids``, and RoPE positions (and ``t`` of the logit scaling) restart at every document.
+
+Decoding uses an explicit KV cache (:class:`KVCache`, from :meth:`Attention.init_state`): a call
+with a cache writes its keys and values at the next free slots and attends over the valid prefix
+of the row's current document.
 """
 
 import itertools
 import math
-from typing import Optional
+from typing import NamedTuple, Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from lattn_jax import config as config_lib
@@ -23,11 +33,65 @@ from lattn_jax.typing import Array
 from pallas_kernels.common import validation
 
 
+class KVCache(NamedTuple):
+    """Key/value cache of one softmax-attention layer.
+
+    Attributes:
+      k: ``[B, S, G, dh]`` keys in the compute dtype, after QK norm and RoPE; ``S`` is the cache
+        capacity (``max_len``). Slots at or past ``length`` hold zeros or stale values and are
+        never attended.
+      v: ``[B, S, G, dh]`` values.
+      length: int32 ``[B]``, number of filled slots (every row advances by the same ``T``).
+      doc_start: int32 ``[B]``, slot at which the row's current document begins; the position of
+        the next token (RoPE phase, ``t`` of the logit scaling) is ``length - doc_start``.
+    """
+
+    k: Array
+    v: Array
+    length: Array
+    doc_start: Array
+
+
+def logit_scale(positions: Array, base: float) -> Array:
+    """HypeNet's query scale ``s_t = log_a(t + a) = ln(t + a) / ln(a)``, fp32 ``[B, T]``.
+
+    Spec ``hypenet-halo.md`` §1.6 item 4 (authors' ``modeling_qwen3.py:230-250``), with ``t`` the
+    0-based position, so ``s_0 = 1`` (spec §6 item 16). E.g. ``a = 500``: ``s_511 = 1.113``.
+
+    Args:
+      positions: int ``[B, T]`` positions ``t >= 0``.
+      base: ``a > 1``.
+    """
+    return jnp.log(positions.astype(jnp.float32) + base) / math.log(base)
+
+
+def _last_document_start(segment_ids: Optional[Array], batch: int, length: int) -> Array:
+    """Index (within the call) of the first token of each row's last document, int32 ``[B]``."""
+    if segment_ids is None:
+        return jnp.zeros((batch,), jnp.int32)
+    t = jnp.arange(length, dtype=jnp.int32)[None, :]
+    starts = jnp.concatenate(
+        [jnp.zeros((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    return jnp.max(jnp.where(starts, t, 0), axis=1)
+
+
+def _concrete_max(x: Array) -> Optional[int]:
+    """``max(x)`` as a Python int if ``x`` is concrete, else ``None`` (under ``jit``)."""
+    try:
+        return int(np.max(np.asarray(x)))
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return None
+
+
 class Attention(nnx.Module):
     """Causal multi-head / grouped-query softmax attention.
 
-    ``o_t = softmax(q_t K_{<=t}^T / sqrt(d_h)) V_{<=t}`` per head (Vaswani et al. 2017, Eq. 1),
-    query head ``n`` reading key/value group ``n // (H / G)``.
+    ``o_t = softmax(s_t q_t K_{<=t}^T / sqrt(d_h)) V_{<=t}`` per head (Vaswani et al. 2017,
+    Eq. 1), query head ``n`` reading key/value group ``n // (H / G)``; ``s_t = 1`` unless
+    ``logit_scaling_base`` is set.
+
+    Decoding: ``cache = module.init_state(B, max_len)``, then ``y, cache = module(x, state=cache,
+    return_state=True)`` for a prompt (any ``T``) and for each new token (``T == 1``).
 
     Args:
       model_config: the model's :class:`~lattn_jax.config.ModelConfig` (reads ``d_model``,
@@ -46,6 +110,7 @@ class Attention(nnx.Module):
         self.head_dim = model_config.attention_head_dim
         self.rope_theta = cfg.rope_theta
         self.output_gate = cfg.output_gate
+        self.logit_scaling_base = cfg.logit_scaling_base
         self.dtype = jnp.dtype(model_config.dtype)
         param_dtype = jnp.dtype(model_config.param_dtype)
         d = model_config.d_model
@@ -66,18 +131,47 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x: Array, *, segment_ids: Optional[Array] = None) -> Array:
-        """Mixes a sequence.
+    def init_state(self, batch: int, max_len: int) -> KVCache:
+        """An empty cache for ``batch`` rows of up to ``max_len`` tokens (compute dtype)."""
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len=}")
+        shape = (batch, max_len, self.num_kv_heads, self.head_dim)
+        return KVCache(k=jnp.zeros(shape, self.dtype), v=jnp.zeros(shape, self.dtype),
+                       length=jnp.zeros((batch,), jnp.int32),
+                       doc_start=jnp.zeros((batch,), jnp.int32))
+
+    def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
+                 state: Optional[KVCache] = None,
+                 return_state: bool = False) -> Union[Array, Tuple[Array, KVCache]]:
+        """Mixes a sequence, or continues one from a KV cache.
 
         Args:
           x: ``[B, T, D]`` normalised hidden states.
-          segment_ids: optional int ``[B, T]``; tokens attend only within their own document.
+          segment_ids: optional int ``[B, T]``; tokens attend only within their own document and
+            positions restart at each document. With a ``state``, the call's first document
+            continues the cached one; later documents see none of the cache, and the returned
+            cache's current document is the row's last one (so decoding after a packed prefill
+            equals decoding the last document alone; earlier documents stay in the cache but are
+            masked).
+          state: optional :class:`KVCache`. ``None`` with ``return_state`` starts a cache of
+            capacity ``T`` (full after this call); build a larger one with :meth:`init_state`
+            to keep decoding.
+          return_state: also return the updated cache.
 
         Returns:
-          ``[B, T, D]`` in the compute dtype.
+          ``y`` ``[B, T, D]`` in the compute dtype, or ``(y, new_cache)`` if ``return_state``.
+
+        Raises:
+          ValueError: if the cache's batch differs from ``x``'s, or the tokens do not fit in the
+            cache (checked when the lengths are concrete; under ``jit`` an overflowing write is
+            clamped by ``dynamic_update_slice``, so size the cache for the whole generation).
         """
         b, t, _ = x.shape
         h, g, dh = self.num_heads, self.num_kv_heads, self.head_dim
+        if state is None and return_state:
+            state = self.init_state(b, t)
+        if state is not None:
+            self._check_cache(state, b, t)
         proj = self.qkv_proj(x)
         sizes = [h * dh] + ([h * dh] if self.output_gate else []) + [g * dh, g * dh]
         parts = jnp.split(proj, list(itertools.accumulate(sizes))[:-1], axis=-1)
@@ -90,17 +184,96 @@ class Attention(nnx.Module):
         v = v.reshape(b, t, g, dh)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        offset = None if state is None else state.length - state.doc_start
+        if self.rope_theta is not None or self.logit_scaling_base is not None:
+            positions = layers.positions_from_segment_ids(segment_ids, b, t, offset)  # [B, T]
         if self.rope_theta is not None:
-            positions = layers.positions_from_segment_ids(segment_ids, b, t)
             q = layers.apply_rope(q, positions, self.rope_theta)
             k = layers.apply_rope(k, positions, self.rope_theta)
+        if self.logit_scaling_base is not None:
+            # Only q is scaled: a per-query temperature on numerator and denominator alike.
+            s = logit_scale(positions, self.logit_scaling_base)[:, :, None, None]  # [B, T, 1, 1]
+            q = (q.astype(jnp.float32) * s).astype(q.dtype)
+        if state is None:
+            o = self._attend(q, k, v, segment_ids)
+            new_state = None
+        else:
+            o, new_state = self._attend_cached(q, k, v, segment_ids, state)
+        o = o.reshape(b, t, h * dh)
+        if gate is not None:
+            o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
+        y = self.out_proj(o)
+        if return_state:
+            return y, new_state
+        return y
+
+    def _check_cache(self, state: KVCache, batch: int, length: int) -> None:
+        """Raises ``ValueError`` on a cache of the wrong batch or one too small for the call."""
+        capacity = state.k.shape[1]
+        if state.k.shape[0] != batch:
+            raise ValueError(f"the cache was built for batch {state.k.shape[0]}, but x has batch "
+                             f"{batch}; build it with init_state({batch}, max_len)")
+        used = _concrete_max(state.length)
+        if length > capacity or (used is not None and used + length > capacity):
+            raise ValueError(f"{length} new tokens do not fit in the KV cache: capacity "
+                             f"{capacity}, {used} slots already filled")
+
+    def _attend(self, q: Array, k: Array, v: Array, segment_ids: Optional[Array]) -> Array:
+        """Training path: causal, block-diagonal attention within the call, ``[B, T, H, dh]``."""
         mask = None
         if segment_ids is not None:
             doc = validation.document_index(segment_ids)
             mask = (doc[:, :, None] == doc[:, None, :])[:, None, :, :]  # [B, 1, T, T]
-        o = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
-                                         scale=1.0 / math.sqrt(dh))  # [B, T, H, dh]
-        o = o.reshape(b, t, h * dh)
-        if gate is not None:
-            o = o * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(o.dtype)
-        return self.out_proj(o)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
+                                            scale=1.0 / math.sqrt(self.head_dim))
+
+    def _attend_cached(self, q: Array, k: Array, v: Array, segment_ids: Optional[Array],
+                       state: KVCache) -> Tuple[Array, KVCache]:
+        """Writes k, v into the cache and attends over its valid part, ``[B, T, H, dh]``.
+
+        Query ``i`` (slot ``length + i``) sees slot ``s`` iff ``s <= length + i`` and ``s`` holds
+        a token of the same document: cached slots ``>= doc_start`` continue the call's first
+        document, cached slots before it belong to finished documents.
+        """
+        b, t = q.shape[:2]
+        capacity = state.k.shape[1]
+        length = state.length.astype(jnp.int32)  # [B]
+
+        def write(cache, new, start):
+            return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), (start, 0, 0))
+
+        k_cache = jax.vmap(write)(state.k, k, length)  # [B, S, G, dh]
+        v_cache = jax.vmap(write)(state.v, v, length)
+        if segment_ids is None:
+            doc_new = jnp.zeros((b, t), jnp.int32)
+        else:
+            doc_new = validation.document_index(segment_ids)  # [B, T], 0 = continuing document
+        slot = jnp.arange(capacity, dtype=jnp.int32)[None, :]  # [1, S]
+        rel = slot - length[:, None]  # [B, S], index into this call's tokens
+        doc_cached = jnp.where(slot >= state.doc_start[:, None], 0, -1)
+        doc_key = jnp.where(
+            rel < 0, doc_cached,
+            jnp.take_along_axis(doc_new, jnp.clip(rel, 0, t - 1), axis=1))  # [B, S]
+        query_slot = length[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+        mask = (slot[:, None, :] <= query_slot[:, :, None]) & (
+            doc_key[:, None, :] == doc_new[:, :, None])  # [B, T, S]
+        o = jax.nn.dot_product_attention(q, k_cache, v_cache, mask=mask[:, None],
+                                         scale=1.0 / math.sqrt(self.head_dim))
+        last_start = _last_document_start(segment_ids, b, t)
+        doc_start = jnp.where(doc_new[:, -1] > 0, length + last_start, state.doc_start)
+        new_state = KVCache(k=k_cache, v=v_cache, length=length + t,
+                            doc_start=doc_start.astype(jnp.int32))
+        return o, new_state
+
+
+class NoPEAttention(Attention):
+    """:class:`Attention` without RoPE (NoPE), the layer name ``"attn_nope"``.
+
+    HypeNet's softmax layers (spec ``hypenet-halo.md`` §1.6 item 2) use no positional encoding;
+    this class lets RoPE and NoPE softmax layers share one ``AttentionConfig`` in a hybrid
+    pattern. Everything else (QK norm, gate, logit scaling, cache) is :class:`Attention`'s.
+    """
+
+    def __init__(self, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(model_config, rngs=rngs)
+        self.rope_theta = None

@@ -1,4 +1,5 @@
-"""Softmax attention mixer against an independent NumPy (fp64) implementation."""
+"""Softmax attention mixer against an independent NumPy (fp64) implementation, KV cache, NoPE,
+logit scaling and the property suite."""
 
 import numpy as np
 import jax
@@ -9,6 +10,15 @@ from flax import nnx
 from lattn_jax import config as config_lib
 from lattn_jax.mixers import attention
 from tests import tolerances
+from tests.lattn_jax.mixers import properties_test as props
+
+
+class AttentionPropertiesTest(props.MixerPropertiesTest):
+    MIXER = "attn"
+
+
+class NoPEAttentionPropertiesTest(props.MixerPropertiesTest):
+    MIXER = "attn_nope"
 
 
 def _rope_np(x, pos, theta):
@@ -21,7 +31,10 @@ def _rope_np(x, pos, theta):
 
 
 def _attention_np(module, x, segment_ids):
-    """fp64 reference: explicit GQA repeat, explicit causal + document mask, softmax."""
+    """fp64 reference: explicit GQA repeat, explicit causal + document mask, softmax.
+
+    Also covers QK norm (eps 1e-5), NoPE (``rope_theta=None``) and HypeNet's logit scaling.
+    """
     w = np.asarray(module.qkv_proj.kernel[...], np.float64)
     wo = np.asarray(module.out_proj.kernel[...], np.float64)
     b, t, _ = x.shape
@@ -33,12 +46,19 @@ def _attention_np(module, x, segment_ids):
         gate, rest = rest[..., : h * dh], rest[..., h * dh:]
     k, v = rest[..., : g * dh], rest[..., g * dh:]
     q, k, v = (a.reshape(b, t, -1, dh) for a in (q, k, v))
+    if module.q_norm is not None:
+        q = props.np_rms_norm(q, np.asarray(module.q_norm.scale[...], np.float64), 1e-5)
+        k = props.np_rms_norm(k, np.asarray(module.k_norm.scale[...], np.float64), 1e-5)
     # positions restart at each document
     pos = np.zeros((b, t))
     for i in range(b):
         for j in range(1, t):
             pos[i, j] = 0 if segment_ids[i, j] != segment_ids[i, j - 1] else pos[i, j - 1] + 1
-    q, k = _rope_np(q, pos, module.rope_theta), _rope_np(k, pos, module.rope_theta)
+    if module.rope_theta is not None:
+        q, k = _rope_np(q, pos, module.rope_theta), _rope_np(k, pos, module.rope_theta)
+    if module.logit_scaling_base is not None:
+        a = module.logit_scaling_base
+        q = q * (np.log(pos + a) / np.log(a))[:, :, None, None]
     k, v = np.repeat(k, h // g, axis=2), np.repeat(v, h // g, axis=2)
     s = np.einsum("bihd,bjhd->bhij", q, k) / np.sqrt(dh)
     same_doc = segment_ids[:, :, None] == segment_ids[:, None, :]
@@ -67,9 +87,77 @@ class AttentionTest(parameterized.TestCase):
         module = attention.Attention(cfg, rngs=nnx.Rngs(0))
         x = np.asarray(jax.random.normal(jax.random.key(1), (2, 19, 32)))
         seg = np.array([[0] * 7 + [1] * 12, [3] * 19])
-        out = module(jnp.asarray(x, jnp.float32), segment_ids=jnp.asarray(seg))
+        out = props.call(module, jnp.asarray(x, jnp.float32), jnp.asarray(seg))
         np.testing.assert_allclose(out, _attention_np(module, x.astype(np.float64), seg),
                                    **tolerances.fwd_tol(jnp.float32))
+
+    @parameterized.named_parameters(
+        dict(testcase_name="nope_qknorm_scaling", nope=True, scaling=20.0),
+        dict(testcase_name="rope_scaling", nope=False, scaling=3.0),
+    )
+    def test_hypenet_features_match_numpy(self, nope, scaling):
+        name = "attn_nope" if nope else "attn"
+        cfg = config_lib.ModelConfig(
+            vocab_size=50, d_model=32, layer_pattern=(name,), mlp_hidden=64,
+            attention=config_lib.AttentionConfig(num_heads=4, num_kv_heads=2, output_gate=True,
+                                                 qk_norm=True, rope_theta=10_000.0,
+                                                 logit_scaling_base=scaling))
+        module_cls = attention.NoPEAttention if nope else attention.Attention
+        module = module_cls(cfg, rngs=nnx.Rngs(0))
+        self.assertEqual(module.rope_theta, None if nope else 10_000.0)
+        x = np.asarray(jax.random.normal(jax.random.key(1), (2, 19, 32)))
+        seg = np.array([[0] * 7 + [1] * 12, [3] * 19])
+        out = props.call(module, jnp.asarray(x, jnp.float32), jnp.asarray(seg))
+        np.testing.assert_allclose(out, _attention_np(module, x.astype(np.float64), seg),
+                                   **tolerances.fwd_tol(jnp.float32))
+
+    def test_logit_scale_values(self):
+        # Spec hypenet-halo.md §1.6 item 4: a = 500 gives s = 1.113 at t = 511, 1.357 at 4K,
+        # 1.566 at 16K, 1.897 at 128K, 2.231 at 1M; s_0 = 1 (0-based t, §6 item 16).
+        t = jnp.array([[0, 511, 4095, 16383, 131071, 1048575]])
+        np.testing.assert_allclose(attention.logit_scale(t, 500.0)[0],
+                                   [1.0, 1.113, 1.357, 1.566, 1.897, 2.231], atol=1e-3)
+
+    def test_config_validation(self):
+        with self.assertRaisesRegex(ValueError, "logit_scaling_base must be > 1"):
+            config_lib.AttentionConfig(logit_scaling_base=1.0)
+
+    def test_hypenet_2b_layer_param_count(self):
+        # Spec hypenet-halo.md §1.6: q (16 x 128), k/v (8 x 128), gate, o at d = 2048, q/k
+        # norms (128 each): 3 * 2048^2 + 2 * 2048 * 1024 + 256 = 16,777,472 (computed).
+        cfg = config_lib.ModelConfig(
+            vocab_size=151936, d_model=2048, layer_pattern=("attn_nope",), mlp_hidden=6144,
+            attention=config_lib.AttentionConfig(num_heads=16, num_kv_heads=8, head_dim=128,
+                                                 rope_theta=None, qk_norm=True, output_gate=True))
+        self.assertEqual(props.spec_param_count("attn_nope", cfg) - 2048, 16_777_472)
+
+    def test_kv_cache_layout_and_errors(self):
+        module = attention.Attention(props.tiny_config("attn", "bfloat16"), rngs=nnx.Rngs(0))
+        cache = module.init_state(2, 5)
+        self.assertIsInstance(cache, attention.KVCache)
+        self.assertEqual(cache.k.shape, (2, 5, 2, 8))  # [B, S_max, G, dh]
+        self.assertEqual(cache.v.dtype, jnp.bfloat16)
+        np.testing.assert_array_equal(cache.length, [0, 0])
+        x = jnp.zeros((2, 4, props.D_MODEL), jnp.bfloat16)
+        _, cache = props.call(module, x, state=cache, return_state=True)
+        np.testing.assert_array_equal(cache.length, [4, 4])
+        with self.assertRaisesRegex(ValueError, "do not fit in the KV cache"):
+            module(x[:, :2], state=cache)
+        with self.assertRaisesRegex(ValueError, "batch"):
+            module(x[:1, :1], state=cache)
+        with self.assertRaisesRegex(ValueError, "max_len"):
+            module.init_state(2, 0)
+        # Without a state, return_state gives a cache exactly as long as the call.
+        _, full = props.call(module, x, return_state=True)
+        self.assertEqual(full.k.shape[1], 4)
+
+    def test_decode_positions_restart_after_packed_prefill(self):
+        module = attention.Attention(props.tiny_config("attn"), rngs=nnx.Rngs(0))
+        x = jax.random.normal(jax.random.key(5), (1, 6, props.D_MODEL))
+        _, cache = props.call(module, x, jnp.array([[0, 0, 0, 0, 1, 1]]),
+                              state=module.init_state(1, 8), return_state=True)
+        np.testing.assert_array_equal(cache.doc_start, [4])  # position of the next token: 2
+        np.testing.assert_array_equal(cache.length, [6])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Gated DeltaNet mixer: parameter layout against the spec, chunked == reference, packing."""
+"""Gated DeltaNet mixer: parameter layout against the spec, chunked == reference, packing, fp64
+NumPy, decoding state and the property suite."""
 
 import numpy as np
 import jax
@@ -10,13 +11,37 @@ from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
 from lattn_jax.mixers import gated_deltanet
 from tests import tolerances
+from tests.lattn_jax.mixers import properties_test as props
 
 
-def _cfg(implementation="auto", chunk_size=16, **gdn):
+class GatedDeltaNetPropertiesTest(props.MixerPropertiesTest):
+    MIXER = "gdn"
+
+
+def _gdn_np(module, x):
+    """fp64 Gated DeltaNet (paper 1 Eqs. 15-17, spec §2.1), written from the spec."""
+    cfg = module.cfg
+    p = props.np_params(module)
+    b, t, _ = x.shape
+    h, dv = cfg.num_v_heads, cfg.head_v_dim
+    q, k, v, proj = props.np_conv_qkv(p, x, module.qk_dim, cfg.num_k_heads, cfg.head_k_dim, h,
+                                      dv)
+    rest = proj[..., 2 * module.qk_dim + module.v_dim:]
+    z, beta_logit, a = rest[..., :module.v_dim], rest[..., module.v_dim:-h], rest[..., -h:]
+    beta = props.np_sigmoid(beta_logit)[..., None]  # [B, T, H, 1]
+    g = -np.exp(p["A_log"]) * props.np_softplus(a + p["dt_bias"])  # [B, T, H]
+    o = props.np_recurrence(q, k, v, scale=cfg.head_k_dim ** -0.5, log_decay=g,
+                            k_read=beta * k, v_write=beta * v)
+    o = props.np_rms_norm(o, p["o_norm"]["scale"], cfg.norm_eps) * props.np_silu(z).reshape(
+        b, t, h, dv)
+    return o.reshape(b, t, -1) @ p["out_proj"]["kernel"]
+
+
+def _cfg(implementation="auto", chunk_size=16, dtype="float32", **gdn):
     gdn = dict(dict(num_k_heads=2, num_v_heads=4, head_k_dim=16, head_v_dim=8,
                     chunk_size=chunk_size, implementation=implementation), **gdn)
     return config_lib.ModelConfig(vocab_size=50, d_model=32, layer_pattern=("gdn",), mlp_hidden=64,
-                                  gdn=config_lib.GatedDeltaNetConfig(**gdn))
+                                  dtype=dtype, gdn=config_lib.GatedDeltaNetConfig(**gdn))
 
 
 class GatedDeltaNetTest(parameterized.TestCase):
@@ -47,14 +72,15 @@ class GatedDeltaNetTest(parameterized.TestCase):
         chunked = gated_deltanet.GatedDeltaNet(_cfg("chunked"), rngs=nnx.Rngs(0))
         reference = gated_deltanet.GatedDeltaNet(_cfg("reference"), rngs=nnx.Rngs(0))
         x = jax.random.normal(jax.random.key(3), (2, t, 32))
-        tolerances.assert_rel_err(chunked(x), reference(x), 1e-5, "gdn module")
+        tolerances.assert_rel_err(props.call(chunked, x), props.call(reference, x), 1e-5,
+                                  "gdn module")
 
     def test_packed_documents_equal_separate_runs(self):
         module = gated_deltanet.GatedDeltaNet(_cfg(), rngs=nnx.Rngs(0))
         x = jax.random.normal(jax.random.key(4), (1, 30, 32))
         seg = jnp.array([[0] * 11 + [1] * 19])
-        packed = module(x, segment_ids=seg)
-        first, second = module(x[:, :11]), module(x[:, 11:])
+        packed = props.call(module, x, seg)
+        first, second = props.call(module, x[:, :11]), props.call(module, x[:, 11:])
         np.testing.assert_allclose(packed[:, :11], first, **tolerances.fwd_tol(jnp.float32))
         np.testing.assert_allclose(packed[:, 11:], second, **tolerances.fwd_tol(jnp.float32))
 
@@ -62,7 +88,36 @@ class GatedDeltaNetTest(parameterized.TestCase):
         module = gated_deltanet.GatedDeltaNet(_cfg(), rngs=nnx.Rngs(0))
         x = jax.random.normal(jax.random.key(5), (1, 24, 32))
         y = x.at[:, 15:].set(jax.random.normal(jax.random.key(6), (1, 9, 32)))
-        np.testing.assert_array_equal(module(x)[:, :15], module(y)[:, :15])
+        np.testing.assert_array_equal(props.call(module, x)[:, :15],
+                                      props.call(module, y)[:, :15])
+
+    def test_matches_numpy(self):
+        module = gated_deltanet.GatedDeltaNet(props.tiny_config("gdn"), rngs=nnx.Rngs(0))
+        x = jax.random.normal(jax.random.key(1), (2, props.T, props.D_MODEL))
+        want = _gdn_np(module, np.asarray(x, np.float64))
+        tolerances.assert_rel_err(props.call(module, x), want, 1e-5, "gdn vs numpy")
+
+    def test_state_layout(self):
+        module = gated_deltanet.GatedDeltaNet(_cfg(dtype="bfloat16"), rngs=nnx.Rngs(0))
+        state = module.init_state(3)
+        self.assertIsInstance(state, gated_deltanet.RecurrentState)
+        self.assertEqual(state.conv_state.shape, (3, 3, 2 * 32 + 32))  # [B, W-1, 2HK K + H V]
+        self.assertEqual(state.conv_state.dtype, jnp.bfloat16)
+        self.assertEqual(state.recurrent.shape, (3, 4, 16, 8))  # [B, H, K, V]
+        self.assertEqual(state.recurrent.dtype, jnp.float32)
+        with self.assertRaisesRegex(ValueError, "batch 3"):
+            module(jnp.zeros((2, 1, 32), jnp.bfloat16), state=state)
+
+    def test_carried_conv_state_drops_earlier_documents(self):
+        conv_state = jnp.arange(1.0, 4.0)[None, :, None] * jnp.ones((2, 3, 2))  # times T-3..T-1
+        seg = jnp.array([[0, 0, 0, 1, 1], [2, 2, 2, 2, 2]])
+        out = gated_deltanet.carry_conv_state(conv_state, seg)
+        np.testing.assert_array_equal(out[0, :, 0], [0.0, 2.0, 3.0])
+        np.testing.assert_array_equal(out[1], conv_state[1])
+        # Inputs from before the call (a short call) belong to its first document.
+        out = gated_deltanet.carry_conv_state(conv_state, jnp.array([[0, 1], [4, 4]]))
+        np.testing.assert_array_equal(out[0, :, 0], [0.0, 0.0, 3.0])
+        np.testing.assert_array_equal(out[1], conv_state[1])
 
 
 if __name__ == "__main__":

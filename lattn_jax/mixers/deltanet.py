@@ -1,0 +1,118 @@
+"""DeltaNet mixer (Yang et al. 2024; paper 1 arXiv 2607.07953 §3.2, Eq. 14; spec §2.2).
+
+Per layer, from the normalised stream ``x``:
+
+* one fused projection ``D -> 2 HK K + H V + H`` laid out ``[q | k | v | beta]``;
+* a causal depthwise short convolution (width 4, no bias) over ``[q; k; v]`` followed by SiLU;
+* ``q, k <- q / ||q||, k / ||k||`` per head (FLA ``l2norm``, eps 1e-6); ``v`` is not normalised;
+* ``beta_t = sigmoid(beta-logit)`` per value head, fp32; no decay (no ``A_log``/``dt_bias``);
+* the delta rule ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``,
+  ``o_t = S_t^T q_t / sqrt(K)`` (Eq. 14, ``pallas_kernels.gated_delta_rule.delta_rule``);
+* a per-head RMSNorm over ``V`` (one weight shared by all heads) and NO output gate (the
+  authors' config forbids it for DeltaNet), then the output projection ``H V -> D``.
+
+The 350M layer (``d = 1024``, 4 heads of ``K = 64`` / ``V = 128``) has 1,582,208 parameters with
+the fused input RMSNorm (spec §2.2).
+"""
+
+import math
+from typing import Optional, Tuple, Union
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from lattn_jax import config as config_lib
+from lattn_jax import layers
+from lattn_jax.mixers import gated_deltanet
+from lattn_jax.mixers.gated_deltanet import RecurrentState
+from lattn_jax.typing import Array
+from pallas_kernels.gated_delta_rule import api as gdr
+
+
+class DeltaNet(nnx.Module):
+    """The DeltaNet token mixer.
+
+    Decoding: ``state = module.init_state(B)``, then ``y, state = module(x, state=state,
+    return_state=True)`` for a prompt (any ``T``) and for each new token (``T == 1``).
+
+    Args:
+      model_config: the model's :class:`~lattn_jax.config.ModelConfig` (reads ``d_model``,
+        ``deltanet``, ``init_std``, ``num_layers``, dtypes).
+      rngs: NNX rngs.
+
+    Attributes:
+      in_proj: fused ``[D, 2 HK K + H V + H]`` projection, ``N(0, init_std^2)``.
+      conv: short convolution over the ``2 HK K + H V`` q/k/v channels.
+      o_norm: RMSNorm over ``V``, shared across heads.
+      out_proj: ``[H V, D]`` output projection, ``N(0, (init_std / sqrt(2 L))^2)``.
+    """
+
+    def __init__(self, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs):
+        cfg = model_config.deltanet
+        self.cfg = cfg
+        self.dtype = jnp.dtype(model_config.dtype)
+        param_dtype = jnp.dtype(model_config.param_dtype)
+        d = model_config.d_model
+        self.qk_dim = cfg.num_k_heads * cfg.head_k_dim
+        self.v_dim = cfg.num_v_heads * cfg.head_v_dim
+        width = 2 * self.qk_dim + self.v_dim + cfg.num_v_heads
+        self.in_proj = layers.Dense(d, width, std=model_config.init_std, rngs=rngs,
+                                    dtype=self.dtype, param_dtype=param_dtype)
+        self.conv = layers.ShortConv(2 * self.qk_dim + self.v_dim, cfg.conv_width, rngs=rngs,
+                                     dtype=self.dtype, param_dtype=param_dtype)
+        self.o_norm = layers.RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype)
+        out_std = model_config.init_std / math.sqrt(2 * model_config.num_layers)
+        self.out_proj = layers.Dense(self.v_dim, d, std=out_std, rngs=rngs, dtype=self.dtype,
+                                     param_dtype=param_dtype)
+
+    def init_state(self, batch: int) -> RecurrentState:
+        """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S."""
+        cfg = self.cfg
+        return RecurrentState(
+            conv_state=jnp.zeros((batch, cfg.conv_width - 1, 2 * self.qk_dim + self.v_dim),
+                                 self.dtype),
+            recurrent=jnp.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim),
+                                jnp.float32),
+        )
+
+    def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
+                 state: Optional[RecurrentState] = None,
+                 return_state: bool = False) -> Union[Array, Tuple[Array, RecurrentState]]:
+        """Mixes a sequence, or continues one from ``state``.
+
+        Args:
+          x: ``[B, T, D]`` normalised hidden states.
+          segment_ids: optional int ``[B, T]``; the state resets at each document start. With a
+            ``state``, the call's first document continues it and the returned state belongs to
+            the row's last document.
+          state: optional :class:`~lattn_jax.mixers.gated_deltanet.RecurrentState`; ``None``
+            starts from zeros.
+          return_state: also return the state after the last token.
+
+        Returns:
+          ``y`` ``[B, T, D]`` in the compute dtype, or ``(y, new_state)`` if ``return_state``.
+
+        Raises:
+          ValueError: if ``state`` was built for another batch size.
+        """
+        cfg = self.cfg
+        b, t, _ = x.shape
+        gated_deltanet.check_state_batch(state, b)
+        qkv, beta_logit = jnp.split(self.in_proj(x), [2 * self.qk_dim + self.v_dim], axis=-1)
+        qkv, conv_state = gated_deltanet.conv_silu(
+            self.conv, qkv, segment_ids, None if state is None else state.conv_state)
+        q, k, v = jnp.split(qkv, [self.qk_dim, 2 * self.qk_dim], axis=-1)
+        q = gated_deltanet.l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
+        k = gated_deltanet.l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
+        v = v.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)  # [B, T, H, V]
+        beta = jax.nn.sigmoid(beta_logit.astype(jnp.float32))  # [B, T, H] fp32
+        o, recurrent = gdr.delta_rule(
+            q, k, v, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
+            implementation=cfg.implementation,
+            initial_state=None if state is None else state.recurrent,
+            output_final_state=return_state)  # [B, T, H, V], fp32 [B, H, K, V]
+        y = self.out_proj(self.o_norm(o).reshape(b, t, self.v_dim))
+        if return_state:
+            return y, RecurrentState(conv_state=conv_state, recurrent=recurrent)
+        return y
