@@ -8,8 +8,13 @@ A config file defines ``get_config(arg=None)`` returning an ``ml_collections.Con
 import ast
 
 import ml_collections
+from ml_collections import config_dict
 
 from lattn_jax import assets
+
+
+class ConfigArgError(ValueError):
+    """A bad ``--config=file.py:arg`` argument string."""
 
 
 def parse_arg(arg, **defaults):
@@ -28,7 +33,8 @@ def parse_arg(arg, **defaults):
         key, sep, value = item.partition("=")
         key = key.strip()
         if key not in defaults:
-            raise ValueError(f"unknown config argument {key!r}; known: {', '.join(defaults)}")
+            raise ConfigArgError(
+                f"unknown config argument {key!r}; known: {', '.join(defaults)}")
         if not sep:
             out[key] = True
             continue
@@ -49,14 +55,16 @@ def bundled_wikitext_data(seq_len: int, batch_size: int) -> ml_collections.Confi
         # A tuple, so that it can be overridden: --config.data.paths="('/data/a.txt',)".
         paths=(assets.asset_path("corpus/wikitext-2-raw/wiki.valid.raw"),
                assets.asset_path("corpus/wikitext-2-raw/wiki.test.raw")),
-        format="text",
+        format="auto",  # per file: .jsonl / .jsonl.gz / .json.gz are JSONL, the rest text
         text_field="text",
         doc_split="wikitext",
         tokenizer="sentencepiece",
-        tokenizer_path=assets.asset_path("tokenizers/llama2/tokenizer.model"),
+        # None: the bundled LLaMA-2 model (paper 1's tokenizer); set a path for another
+        # SentencePiece model, or --config.data.tokenizer=byte for bytes.
+        tokenizer_path=config_dict.placeholder(str),
         seq_len=seq_len,
         batch_size=batch_size,
         val_fraction=0.05,
         seed=0,
-        max_val_batches=None,
+        max_val_batches=config_dict.placeholder(int),
     ))

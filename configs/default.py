@@ -11,6 +11,7 @@ variant: ``--config=configs/default.py:pattern=pure`` (``hybrid`` | ``pure`` | `
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from configs import common
 
@@ -38,8 +39,11 @@ def get_config(arg=None):
         param_dtype="float32",
         use_segment_ids=True,
         remat=False,
-        attention=dict(num_heads=4, num_kv_heads=2, head_dim=None, rope_theta=500_000.0,
-                       output_gate=True, qk_norm=False),
+        # Paper 1 puts a sigmoid output gate on the softmax layers of GDN hybrids only; the
+        # dense (Transformer++) baseline has none.
+        attention=dict(num_heads=4, num_kv_heads=2, head_dim=config_dict.placeholder(int),
+                       rope_theta=config_dict.FieldReference(500_000.0, field_type=float),
+                       output_gate=arg.pattern != "dense", qk_norm=False),
         gdn=dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32, conv_width=4,
                  chunk_size=64, implementation="auto", norm_eps=1e-5),
     )
@@ -50,5 +54,6 @@ def get_config(arg=None):
     # 200 steps x 16 x 128 tokens = 410k tokens, about 0.7 epochs of the training split: about
     # 5 minutes on an idle 2-core CPU, ending about 1 nat below the unigram entropy.
     config.train = dict(total_steps=200, eval_every=50, checkpoint_every=50,
-                        keep_checkpoints=2, log_every=10, seed=0, max_steps_per_run=None)
+                        keep_checkpoints=2, log_every=10, seed=0,
+                        max_steps_per_run=config_dict.placeholder(int))
     return config

@@ -27,6 +27,32 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and m
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def parse_flags(argv):
+    """Parses flags; a bad config file, argument string or override ends with one line.
+
+    Everything that can fail here comes from the command line (a typo in a ``--config.*``
+    option, an unknown ``file.py:arg`` variant, a value of the wrong type), so no traceback.
+    """
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 - all of these are user input errors
+        sys.exit(f"error: {_describe(e)}")
+
+
+def _describe(error) -> str:
+    """One line for an error raised while parsing flags (ml_collections nests and embeds them)."""
+    # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
+    while error.args and isinstance(error.args[0], BaseException):
+        error = error.args[0]
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    if isinstance(error, KeyError):
+        text = f"unknown config option {text}"
+    if "Traceback (most recent call last)" in text:  # config_flags embeds the config's traceback
+        head = text.split(":", 1)[0]
+        text = f"{head}: {text.strip().splitlines()[-1]}"
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -44,4 +70,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

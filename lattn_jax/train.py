@@ -139,17 +139,36 @@ class MetricsWriter:
             f.write(json.dumps(record) + "\n")
 
 
-def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig) -> None:
-    """Refuses to resume a run whose saved model configuration differs from ``config.model``."""
+# Data options that may change between a run and its resumption: they do not move the
+# iterator's windows. Every other data option changes which batch comes next.
+_RESUMABLE_DATA_OPTIONS = ("max_val_batches",)
+
+
+def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
+                             has_checkpoint: bool) -> None:
+    """Refuses to resume a checkpoint written with a different model or data stream.
+
+    The model options must match for the parameters to load, and the data options for the
+    restored iterator position to mean the same batches. ``config.json`` is (re)written only
+    when there is no checkpoint yet or the check passes.
+
+    Raises:
+      ConfigError: naming every option that differs from the saved run.
+    """
     path = os.path.join(workdir, "config.json")
     current = json.loads(json.dumps(dataclasses.asdict(config), default=str))
-    if os.path.exists(path):
+    if has_checkpoint and os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
         diffs = _diff(saved.get("model", {}), current["model"], "model.")
+        saved_data = {k: v for k, v in saved.get("data", {}).items()
+                      if k not in _RESUMABLE_DATA_OPTIONS}
+        current_data = {k: v for k, v in current["data"].items()
+                        if k not in _RESUMABLE_DATA_OPTIONS}
+        diffs += _diff(saved_data, current_data, "data.")
         if diffs:
             raise config_lib.ConfigError(
-                f"workdir {workdir} holds a checkpoint of a different model; options that "
+                f"workdir {workdir} holds a checkpoint of a different run; options that "
                 f"differ: {', '.join(diffs)}. Use a new --workdir or the saved settings.")
     with open(path, "w") as f:
         json.dump(current, f, indent=2)
@@ -185,7 +204,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     tcfg = config.train
 
     # -- data --------------------------------------------------------------------------------
-    datasets = data_lib.build_datasets(config.data)
+    try:
+        datasets = data_lib.build_datasets(config.data)
+    except ValueError as e:  # bad corpus contents: too few documents, undecodable text, ...
+        raise config_lib.ConfigError(f"data: {e}") from e
     tokenizer = datasets.tokenizer
     if config.model.vocab_size < tokenizer.vocab_size:
         raise config_lib.ConfigError(
@@ -198,11 +220,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
              f"unigram cross-entropy of the validation tokens {stats.val_unigram_xent:.3f}")
 
     # -- model, optimizer, checkpoint order ------------------------------------------------------
-    _check_resume_compatible(workdir, config)
-    trainer = Trainer(config)
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=tcfg.keep_checkpoints)
-    train_iter = datasets.train_iter
     latest = ckpt.latest_step()
+    _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
+    trainer = Trainer(config)
+    train_iter = datasets.train_iter
     if latest is not None:
         state = ckpt.restore(latest, trainer.abstract_state(), train_iter)
         print_fn(f"Resuming from the checkpoint at step {latest} in {ckpt.directory} "
@@ -272,7 +294,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         return {"train_loss": last_train_loss, "val_loss": val_loss,
                 "unigram_entropy": stats.unigram_entropy, "step": step,
                 "resumed_from": resumed_from}
-    if resumed_from == tcfg.total_steps:
+    if resumed_from >= tcfg.total_steps:
         print_fn(f"Training was already complete at step {step} (train.total_steps="
                  f"{tcfg.total_steps}); evaluating the restored model. Raise "
                  f"--config.train.total_steps to continue training.")
@@ -280,12 +302,13 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     if last_saved != step:
         ckpt.save(step, state, train_iter)
     ckpt.close()
-    print_fn(f"final: step {step}  train_loss {last_train_loss:.4f}  val_loss {val_loss:.4f} "
+    train_text = "n/a (no steps run)" if math.isnan(last_train_loss) else f"{last_train_loss:.4f}"
+    print_fn(f"final: step {step}  train_loss {train_text}  val_loss {val_loss:.4f} "
              f"nats/token (perplexity {math.exp(min(val_loss, 50)):.1f})")
     print_fn(f"baselines: unigram entropy of the training tokens {stats.unigram_entropy:.4f} "
-             f"(val_loss is {stats.unigram_entropy - val_loss:.3f} nats below it); unigram "
+             f"(val_loss - entropy = {val_loss - stats.unigram_entropy:+.3f} nats); unigram "
              f"cross-entropy of the validation tokens {stats.val_unigram_xent:.4f} "
-             f"({stats.val_unigram_xent - val_loss:.3f} nats below)")
+             f"(val_loss - cross-entropy = {val_loss - stats.val_unigram_xent:+.3f} nats)")
     print_fn(f"checkpoint: {ckpt.directory}/{step}")
     return {"train_loss": last_train_loss, "val_loss": val_loss,
             "unigram_entropy": stats.unigram_entropy, "step": step,

@@ -26,6 +26,10 @@ class TrainBinaryTest(parameterized.TestCase):
          "error: model.layer_pattern[1]='foo' is not a known mixer"),
         ("width", "--config.model.d_model=130",
          "error: model.d_model=130 is not divisible by model.attention.num_heads=4"),
+        ("option_typo", "--config.train.total_step=20",
+         "error: unknown config option 'total_step' Did you mean \"total_steps\""),
+        ("chunk_size", "--config.model.gdn.chunk_size=48",
+         "error: model.gdn.chunk_size must be a positive power of two, got 48"),
     )
     def test_bad_option_gives_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)

@@ -134,6 +134,47 @@ class TrainTest(absltest.TestCase):
             train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
 
 
+class ResumeChecksTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+        self.corpus = write_corpus(self.tmp)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+        super().tearDown()
+
+    def test_changed_data_stream_is_refused(self):
+        workdir = os.path.join(self.tmp, "d")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                 print_fn=lambda s: None)
+        cfg = tiny_experiment(self.corpus, total_steps=2)
+        data = data_lib.DataConfig(**{**cfg.data.__dict__, "seq_len": 16})
+        cfg = config_lib.ExperimentConfig(model=cfg.model, data=data, optim=cfg.optim,
+                                          train=cfg.train)
+        with self.assertRaisesRegex(config_lib.ConfigError, r"data\.seq_len \(32 -> 16\)"):
+            train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+
+    def test_config_json_without_checkpoint_does_not_block_a_new_run(self):
+        workdir = os.path.join(self.tmp, "e")
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write('{"model": {"d_model": 999}, "data": {}}')
+        out = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                       print_fn=lambda s: None)
+        self.assertEqual(out["resumed_from"], -1)
+
+    def test_too_small_corpus_is_a_config_error(self):
+        path = os.path.join(self.tmp, "one.txt")
+        with open(path, "w") as f:
+            f.write("a single short document")
+        with self.assertRaisesRegex(config_lib.ConfigError, r"^data: "):
+            train.train_and_evaluate(tiny_experiment(path), os.path.join(self.tmp, "f"),
+                                     print_fn=lambda s: None)
+
+
 class ScheduleTest(absltest.TestCase):
 
     def test_wsd_minus_sqrt_matches_hand_computed_values(self):
