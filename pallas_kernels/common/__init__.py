@@ -4,6 +4,7 @@ from pallas_kernels.common.validation import (  # noqa: F401
     IMPLEMENTATIONS,
     check_chunk_size,
     check_shape,
+    effective_chunk_size,
     document_index,
     pad_time,
     resolve_implementation,

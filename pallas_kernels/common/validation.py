@@ -68,6 +68,17 @@ def resolve_implementation(implementation: Optional[str], supported: Sequence[st
     return implementation
 
 
+def effective_chunk_size(chunk_size: int, seq_len: int) -> int:
+    """The chunk length the chunked forms use: ``min(chunk_size, seq_len)``.
+
+    A sequence shorter than one chunk runs as a single chunk of exactly ``T`` tokens, with no
+    padding (a decode step, ``T == 1``, is one token). Besides saving work, this avoids padding a
+    lone partial chunk, which hit an XLA GPU compiler error (``RET_CHECK`` in the MLIR kernel
+    emitter, jax 0.11.2 on an H200) at ``T = 11``, ``C = 16``.
+    """
+    return max(1, min(chunk_size, seq_len))
+
+
 def pad_time(x: Optional[jax.Array], multiple: int, value: float = 0.0) -> Optional[jax.Array]:
     """Pads axis 1 (time) of ``x`` on the right up to a multiple of ``multiple``."""
     if x is None:

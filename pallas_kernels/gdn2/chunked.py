@@ -44,11 +44,6 @@ from pallas_kernels.common import linalg
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def _effective_chunk_size(chunk_size: int, seq_len: int) -> int:
-    """Clips ``chunk_size`` to the smallest power of two >= ``seq_len`` (decode: T=1 -> C=1)."""
-    return min(chunk_size, 1 << max(seq_len - 1, 0).bit_length())
-
-
 def channelwise_delta_chunked(
     q: jax.Array,
     k: jax.Array,
@@ -67,7 +62,7 @@ def channelwise_delta_chunked(
     ``S_t = Diag(e^{g_t}) S_{t-1} + k_t u_t^T`` and ``o_t = scale * S_t^T q_t`` (module
     docstring). Any ``T >= 1`` works: time is padded to a multiple of the chunk size with inert
     tokens (``k = kr = vw = 0``, ``g = 0``, same document as the last real token), and the chunk
-    size is clipped to the smallest power of two ``>= T``.
+    size is clipped to ``T`` when ``T`` is shorter (one unpadded chunk).
 
     Args:
         q: queries ``[B, T, H, K]`` (already expanded to the value heads).
@@ -89,7 +84,7 @@ def channelwise_delta_chunked(
     f32 = jnp.float32
     batch, seq_len, heads, dk = k.shape
     dv = v_write.shape[-1]
-    chunk = _effective_chunk_size(chunk_size, seq_len)
+    chunk = common.effective_chunk_size(chunk_size, seq_len)
     padded_len = -(-seq_len // chunk) * chunk
     n_chunks = padded_len // chunk
     if initial_state is None:

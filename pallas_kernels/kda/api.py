@@ -152,7 +152,7 @@ def kda(
         segment_ids: optional integer ``[B, T]`` for packed rows. A new document starts wherever
             ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there.
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
-            clipped to the smallest power of two ``>= T``; other forms ignore it.
+            clipped to ``T`` when ``T`` is shorter (one unpadded chunk); other forms ignore it.
         implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"`` or
             ``"associative_scan"``.
         return_residual: whether to also return the per-token residuals ``u`` (FLA's

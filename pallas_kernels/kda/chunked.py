@@ -40,8 +40,8 @@ def kda_chunked(
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """Computes KDA (Eqs. 18-20) with the chunkwise form.
 
-    Any ``T >= 1`` works (time is padded with inert tokens; the chunk size is clipped to the
-    smallest power of two ``>= T``).
+    Any ``T >= 1`` works (time is padded with inert tokens; the chunk size is clipped to
+    ``T`` when ``T`` is shorter).
 
     Args:
         q: queries ``[B, T, H, K]`` (already expanded to the value heads).

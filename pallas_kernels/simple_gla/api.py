@@ -159,7 +159,7 @@ def simple_gla(
             ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there
             (exactly, also inside a chunk).
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
-            clipped to the smallest power of two ``>= T``.
+            clipped to ``T`` when ``T`` is shorter (one unpadded chunk).
         implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"``
             or ``"associative_scan"``.
 
@@ -182,7 +182,7 @@ def simple_gla(
         # Zeros rather than a None branch: one compiled program serves both cases.
         initial_state = jnp.zeros((batch, heads, dk, dv), jnp.float32)
     # Normalise the static chunk size so that equivalent calls share one compiled program.
-    chunk = chunked.effective_chunk_size(chunk_size, seq_len) if impl == "chunked" else None
+    chunk = common.effective_chunk_size(chunk_size, seq_len) if impl == "chunked" else None
     o, final_state = _forward(
         q, k, v, g, scale, initial_state, segment_ids, implementation=impl, chunk_size=chunk,
     )

@@ -36,11 +36,6 @@ from pallas_kernels import common
 _HIGHEST = jax.lax.Precision.HIGHEST
 
 
-def effective_chunk_size(chunk_size: int, seq_len: int) -> int:
-    """Clips ``chunk_size`` to the smallest power of two >= ``seq_len`` (decode: T=1 -> C=1)."""
-    return min(chunk_size, 1 << max(seq_len - 1, 0).bit_length())
-
-
 def simple_gla_chunked(
     q: jax.Array,
     k: jax.Array,
@@ -56,8 +51,8 @@ def simple_gla_chunked(
 
     Any ``T >= 1`` works: the time axis is padded up to a multiple of the chunk size with tokens
     that leave the state unchanged (``k = v = 0``, ``g = 0``, same document as the last real
-    token). The chunk size is clipped to the smallest power of two ``>= T``, so a decode step
-    (``T == 1``) is a single recurrent step with no padding.
+    token). A sequence shorter than the chunk size is one unpadded chunk of ``T`` tokens, so a
+    decode step (``T == 1``) is a single recurrent step with no padding.
 
     Args:
         q: queries ``[B, T, H, K]`` (already expanded to the value heads).
@@ -79,7 +74,7 @@ def simple_gla_chunked(
     f32 = jnp.float32
     batch, seq_len, heads, dk = k.shape
     dv = v.shape[-1]
-    chunk = effective_chunk_size(chunk_size, seq_len)
+    chunk = common.effective_chunk_size(chunk_size, seq_len)
     padded_len = -(-seq_len // chunk) * chunk
     n_chunks = padded_len // chunk
 
