@@ -156,6 +156,12 @@ def call(module, x, segment_ids=None, state=None, return_state=False):
 
 
 @nnx.jit
+def _prefix_input_grad(module, x, mask):
+    """Gradient w.r.t. ``x`` of the outputs selected by ``mask`` ([1, T, 1])."""
+    return jax.grad(lambda x: jnp.sum(module(x).astype(jnp.float32) * mask))(x)
+
+
+@nnx.jit
 def _loss_and_grads(module, x):
     def loss(m, x):
         return jnp.sum(m(x).astype(jnp.float32) ** 2)
@@ -316,6 +322,15 @@ class MixerPropertiesTest(parameterized.TestCase):
         self.assertEqual(out_x.dtype, jnp.dtype(dtype))
         np.testing.assert_array_equal(_f32(out_x[:, :t0]), _f32(out_y[:, :t0]))
         self.assertGreater(np.abs(_f32(out_x[:, t0:]) - _f32(out_y[:, t0:])).max(), 0)
+        if jnp.dtype(dtype) == jnp.float32:
+            # The gradients of the earlier outputs do not see the future either: zero w.r.t.
+            # future inputs, and unchanged w.r.t. earlier inputs when the future changes.
+            mask = (jnp.arange(x.shape[1]) < t0).astype(jnp.float32)[None, :, None]
+            grad_x = _prefix_input_grad(module, x, mask)
+            grad_y = _prefix_input_grad(module, y, mask)
+            np.testing.assert_array_equal(grad_x[:, t0:], 0.0)
+            self.assertGreater(np.abs(grad_x[:, :t0]).max(), 0)
+            np.testing.assert_allclose(grad_x[:, :t0], grad_y[:, :t0], rtol=1e-6, atol=1e-7)
 
     @parameterized.named_parameters(*DTYPES)
     def test_packed_documents_equal_separate_runs(self, dtype):
