@@ -3,6 +3,7 @@
 from pallas_kernels.common.validation import (  # noqa: F401
     IMPLEMENTATIONS,
     check_chunk_size,
+    check_op_inputs,
     check_shape,
     effective_chunk_size,
     document_index,

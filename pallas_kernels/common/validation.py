@@ -39,6 +39,55 @@ def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]]) -> N
             )
 
 
+def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size):
+    """Validates the arguments every linear-attention op shares, and its gates.
+
+    Args:
+      q, k: ``[B, T, HK, K]`` floating.
+      v: ``[B, T, H, V]`` floating, ``H`` a multiple of ``HK`` (GVA).
+      gates: ``(name, array or None, shape)`` triples; ``shape`` may use the letters ``"B"``,
+        ``"T"``, ``"H"``, ``"K"``, ``"V"`` for the sizes above. ``None`` arrays are skipped.
+      initial_state: ``[B, H, K, V]`` or None.
+      segment_ids: integer ``[B, T]`` or None.
+      chunk_size: a positive power of two.
+
+    Returns:
+      ``dict(B=..., T=..., HK=..., H=..., K=..., V=...)``.
+
+    Raises:
+      ValueError: naming the offending argument and its shape or dtype.
+    """
+    check_shape("q", q, (None, None, None, None))
+    batch, seq_len, key_heads, dk = q.shape
+    if seq_len < 1:
+        raise ValueError(f"the time axis must hold at least one token, got {q.shape=}")
+    check_shape("k", k, (batch, seq_len, key_heads, dk))
+    check_shape("v", v, (batch, seq_len, None, None))
+    heads, dv = v.shape[2], v.shape[3]
+    if heads % key_heads:
+        raise ValueError(
+            f"the value heads of v must be a multiple of the key heads of q and k (GVA), got "
+            f"{v.shape=} with H={heads} and {q.shape=} with HK={key_heads}"
+        )
+    sizes = dict(B=batch, T=seq_len, HK=key_heads, H=heads, K=dk, V=dv)
+    arrays = [("q", q), ("k", k), ("v", v)]
+    for name, x, shape in gates:
+        if x is not None:
+            check_shape(name, x, tuple(sizes[letter] for letter in shape))
+            arrays.append((name, x))
+    for name, x in arrays:
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must have a floating dtype, got {name}.dtype={x.dtype}")
+    if initial_state is not None:
+        check_shape("initial_state", initial_state, (batch, heads, dk, dv))
+    if segment_ids is not None:
+        check_shape("segment_ids", segment_ids, (batch, seq_len))
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise ValueError(f"segment_ids must have an integer dtype, got {segment_ids.dtype=}")
+    check_chunk_size(chunk_size)
+    return sizes
+
+
 def check_chunk_size(chunk_size: int) -> None:
     """Raises ``ValueError`` unless ``chunk_size`` is a positive power of two."""
     if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):

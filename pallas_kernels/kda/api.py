@@ -59,30 +59,8 @@ Output = Union[
 
 def _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size) -> None:
     """Checks ranks, shapes and dtypes at the public boundary; raises ``ValueError``."""
-    common.check_shape("q", q, (None, None, None, None))
-    batch, seq_len, key_heads, dk = q.shape
-    if seq_len < 1:
-        raise ValueError(f"the time axis must hold at least one token, got {q.shape=}")
-    common.check_shape("k", k, (batch, seq_len, key_heads, dk))
-    common.check_shape("v", v, (batch, seq_len, None, None))
-    heads, dv = v.shape[2], v.shape[3]
-    if heads % key_heads:
-        raise ValueError(
-            f"the value heads of v must be a multiple of the key heads of q and k (GVA), got "
-            f"{v.shape=} with H={heads} and {q.shape=} with HK={key_heads}"
-        )
-    common.check_shape("g", g, (batch, seq_len, heads, dk))
-    common.check_shape("beta", beta, (batch, seq_len, heads))
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            raise ValueError(f"{name} must have a floating dtype, got {name}.dtype={x.dtype}")
-    if initial_state is not None:
-        common.check_shape("initial_state", initial_state, (batch, heads, dk, dv))
-    if segment_ids is not None:
-        common.check_shape("segment_ids", segment_ids, (batch, seq_len))
-        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-            raise ValueError(f"segment_ids must have an integer dtype, got {segment_ids.dtype=}")
-    common.check_chunk_size(chunk_size)
+    gates = (("g", g, "BTHK"), ("beta", beta, "BTH"))
+    common.check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size)
 
 
 @functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
