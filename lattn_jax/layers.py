@@ -6,7 +6,7 @@ Norm statistics are computed in fp32 whatever the activation dtype. Shapes use t
 """
 
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -201,3 +201,79 @@ class ShortConv(nnx.Module):
                 xi = jnp.where(same, xi, 0)
             y = y + xi.astype(jnp.float32) * w[i].astype(jnp.float32)
         return y.astype(self.dtype), xp[:, -(self.width - 1):, :] if self.width > 1 else xp[:, :0]
+
+
+class RecurrentState(NamedTuple):
+    """Decoding state of a linear-attention mixer (GDN, DeltaNet, KDA, GDN-2, linear attention).
+
+    Attributes:
+      conv_state: ``[B, W - 1, C]`` in the compute dtype, the last ``W - 1`` inputs of the short
+        convolution (``C`` its channels); ``None`` for a mixer without a convolution.
+      recurrent: fp32 ``[B, H, K, V]`` fast-weight state ``S`` (FLA layout, ``o_t = S_t^T q_t``),
+        always fp32 whatever the activation dtype.
+    """
+
+    conv_state: Optional[Array]
+    recurrent: Array
+
+
+def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
+    """``x * rsqrt(sum(x^2) + eps)`` over the last axis, computed in fp32 (FLA ``l2norm``)."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def carry_conv_state(conv_state: Array, segment_ids: Optional[Array]) -> Array:
+    """Zeroes the carried convolution inputs that belong to an earlier document.
+
+    :class:`~lattn_jax.layers.ShortConv` returns the last ``W - 1`` inputs of a call whatever
+    their document. After a packed prefill, decoding continues the row's LAST document, so inputs
+    of earlier documents must not reach it: they are set to zero, exactly as the convolution
+    treats inputs before a document start.
+
+    Args:
+      conv_state: ``[B, W - 1, C]`` the inputs of times ``T - W + 1 .. T - 1`` (times before the
+        call come from the incoming state and belong to the call's first document).
+      segment_ids: optional int ``[B, T]`` of the call.
+
+    Returns:
+      ``[B, W - 1, C]``, same dtype.
+    """
+    if segment_ids is None or conv_state.shape[1] == 0:
+        return conv_state
+    doc = validation.document_index(segment_ids)  # [B, T]
+    carried = conv_state.shape[1]
+    pad = jnp.zeros((doc.shape[0], carried), doc.dtype)
+    seg = jnp.concatenate([pad, doc], axis=1)[:, -carried:]  # [B, W-1]
+    keep = (seg == doc[:, -1:])[..., None]  # [B, W-1, 1]
+    return jnp.where(keep, conv_state, jnp.zeros_like(conv_state))
+
+
+def conv_silu(conv: "ShortConv", x: Array, segment_ids: Optional[Array],
+              conv_state: Optional[Array]) -> Tuple[Array, Array]:
+    """Short causal convolution followed by SiLU (FLA ``causal_conv1d(activation="silu")``).
+
+    Args:
+      conv: the depthwise convolution.
+      x: ``[B, T, C]``.
+      segment_ids: optional int ``[B, T]``; taps never cross a document start.
+      conv_state: optional ``[B, W - 1, C]`` inputs preceding ``x``; they continue the call's first
+        document.
+
+    Returns:
+      ``(SiLU(conv(x)), new_conv_state)``; the new state holds the last ``W - 1`` inputs of the
+      row's last document (earlier documents zeroed, :func:`carry_conv_state`).
+    """
+    y, new_conv_state = conv(x, segment_ids=segment_ids, conv_state=conv_state)
+    return jax.nn.silu(y), carry_conv_state(new_conv_state, segment_ids)
+
+
+def check_state_batch(state: Optional[NamedTuple], batch: int) -> None:
+    """Raises ``ValueError`` if ``state`` was built for a different batch size."""
+    if state is None:
+        return
+    leaves = [leaf for leaf in jax.tree_util.tree_leaves(state) if jnp.ndim(leaf) >= 1]
+    for leaf in leaves:
+        if leaf.shape[0] != batch:
+            raise ValueError(f"the state was built for batch {leaf.shape[0]}, but x has batch "
+                             f"{batch}; build it with init_state({batch})")

@@ -24,8 +24,6 @@ from flax import nnx
 
 from lattn_jax import config as config_lib
 from lattn_jax import layers
-from lattn_jax.mixers import gated_deltanet
-from lattn_jax.mixers.gated_deltanet import RecurrentState
 from lattn_jax.typing import Array
 from pallas_kernels.gated_delta_rule import api as gdr
 
@@ -66,10 +64,10 @@ class DeltaNet(nnx.Module):
         self.out_proj = layers.Dense(self.v_dim, d, std=out_std, rngs=rngs, dtype=self.dtype,
                                      param_dtype=param_dtype)
 
-    def init_state(self, batch: int) -> RecurrentState:
+    def init_state(self, batch: int) -> layers.RecurrentState:
         """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S."""
         cfg = self.cfg
-        return RecurrentState(
+        return layers.RecurrentState(
             conv_state=jnp.zeros((batch, cfg.conv_width - 1, 2 * self.qk_dim + self.v_dim),
                                  self.dtype),
             recurrent=jnp.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim),
@@ -77,8 +75,8 @@ class DeltaNet(nnx.Module):
         )
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
-                 state: Optional[RecurrentState] = None,
-                 return_state: bool = False) -> Union[Array, Tuple[Array, RecurrentState]]:
+                 state: Optional[layers.RecurrentState] = None,
+                 return_state: bool = False) -> Union[Array, Tuple[Array, layers.RecurrentState]]:
         """Mixes a sequence, or continues one from ``state``.
 
         Args:
@@ -86,7 +84,7 @@ class DeltaNet(nnx.Module):
           segment_ids: optional int ``[B, T]``; the state resets at each document start. With a
             ``state``, the call's first document continues it and the returned state belongs to
             the row's last document.
-          state: optional :class:`~lattn_jax.mixers.gated_deltanet.RecurrentState`; ``None``
+          state: optional :class:`~lattn_jax.layers.RecurrentState`; ``None``
             starts from zeros.
           return_state: also return the state after the last token.
 
@@ -98,13 +96,13 @@ class DeltaNet(nnx.Module):
         """
         cfg = self.cfg
         b, t, _ = x.shape
-        gated_deltanet.check_state_batch(state, b)
+        layers.check_state_batch(state, b)
         qkv, beta_logit = jnp.split(self.in_proj(x), [2 * self.qk_dim + self.v_dim], axis=-1)
-        qkv, conv_state = gated_deltanet.conv_silu(
+        qkv, conv_state = layers.conv_silu(
             self.conv, qkv, segment_ids, None if state is None else state.conv_state)
         q, k, v = jnp.split(qkv, [self.qk_dim, 2 * self.qk_dim], axis=-1)
-        q = gated_deltanet.l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
-        k = gated_deltanet.l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
+        q = layers.l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
+        k = layers.l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
         v = v.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)  # [B, T, H, V]
         beta = jax.nn.sigmoid(beta_logit.astype(jnp.float32))  # [B, T, H] fp32
         o, recurrent = gdr.delta_rule(
@@ -114,5 +112,5 @@ class DeltaNet(nnx.Module):
             output_final_state=return_state)  # [B, T, H, V], fp32 [B, H, K, V]
         y = self.out_proj(self.o_norm(o).reshape(b, t, self.v_dim))
         if return_state:
-            return y, RecurrentState(conv_state=conv_state, recurrent=recurrent)
+            return y, layers.RecurrentState(conv_state=conv_state, recurrent=recurrent)
         return y

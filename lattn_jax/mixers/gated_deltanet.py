@@ -16,14 +16,15 @@ Per layer, from the normalised stream ``x``:
 Init follows the authors' Megatron code: ``A_log = log U(1, 16)``, ``dt_bias = 1``.
 
 Decoding and state. ``__call__(x, *, segment_ids=None, state=None, return_state=False)``: with
-``return_state=True`` it returns ``(y, RecurrentState)``; a call with ``T == 1`` and a state is one
-recurrent step of the same code and parameters (the op's chunk size clips to 1). This file also
-holds the pieces the other linear-attention mixers share: :class:`RecurrentState`,
-:func:`l2_normalize` and :func:`conv_silu`.
+``return_state=True`` it returns ``(y, RecurrentState)``; a call with ``T == 1`` and a state is
+one recurrent step of the same code and parameters (the op's chunk size clips to 1). The pieces all
+linear-attention mixers share (:class:`~lattn_jax.layers.RecurrentState`,
+:func:`~lattn_jax.layers.l2_normalize`, :func:`~lattn_jax.layers.conv_silu`) live in
+``lattn_jax/layers.py``.
 """
 
 import math
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -32,84 +33,7 @@ from flax import nnx
 from lattn_jax import config as config_lib
 from lattn_jax import layers
 from lattn_jax.typing import Array
-from pallas_kernels.common import validation
 from pallas_kernels.gated_delta_rule import api as gdr
-
-
-class RecurrentState(NamedTuple):
-    """Decoding state of a linear-attention mixer (GDN, DeltaNet, KDA, GDN-2, linear attention).
-
-    Attributes:
-      conv_state: ``[B, W - 1, C]`` in the compute dtype, the last ``W - 1`` inputs of the short
-        convolution (``C`` its channels); ``None`` for a mixer without a convolution.
-      recurrent: fp32 ``[B, H, K, V]`` fast-weight state ``S`` (FLA layout, ``o_t = S_t^T q_t``),
-        always fp32 whatever the activation dtype.
-    """
-
-    conv_state: Optional[Array]
-    recurrent: Array
-
-
-def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
-    """``x * rsqrt(sum(x^2) + eps)`` over the last axis, computed in fp32 (FLA ``l2norm``)."""
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
-
-
-def carry_conv_state(conv_state: Array, segment_ids: Optional[Array]) -> Array:
-    """Zeroes the carried convolution inputs that belong to an earlier document.
-
-    :class:`~lattn_jax.layers.ShortConv` returns the last ``W - 1`` inputs of a call whatever
-    their document. After a packed prefill, decoding continues the row's LAST document, so inputs
-    of earlier documents must not reach it: they are set to zero, exactly as the convolution
-    treats inputs before a document start.
-
-    Args:
-      conv_state: ``[B, W - 1, C]`` the inputs of times ``T - W + 1 .. T - 1`` (times before the
-        call come from the incoming state and belong to the call's first document).
-      segment_ids: optional int ``[B, T]`` of the call.
-
-    Returns:
-      ``[B, W - 1, C]``, same dtype.
-    """
-    if segment_ids is None or conv_state.shape[1] == 0:
-        return conv_state
-    doc = validation.document_index(segment_ids)  # [B, T]
-    carried = conv_state.shape[1]
-    pad = jnp.zeros((doc.shape[0], carried), doc.dtype)
-    seg = jnp.concatenate([pad, doc], axis=1)[:, -carried:]  # [B, W-1]
-    keep = (seg == doc[:, -1:])[..., None]  # [B, W-1, 1]
-    return jnp.where(keep, conv_state, jnp.zeros_like(conv_state))
-
-
-def conv_silu(conv: layers.ShortConv, x: Array, segment_ids: Optional[Array],
-              conv_state: Optional[Array]) -> Tuple[Array, Array]:
-    """Short causal convolution followed by SiLU (FLA ``causal_conv1d(activation="silu")``).
-
-    Args:
-      conv: the depthwise convolution.
-      x: ``[B, T, C]``.
-      segment_ids: optional int ``[B, T]``; taps never cross a document start.
-      conv_state: optional ``[B, W - 1, C]`` inputs preceding ``x``; they continue the call's first
-        document.
-
-    Returns:
-      ``(SiLU(conv(x)), new_conv_state)``; the new state holds the last ``W - 1`` inputs of the
-      row's last document (earlier documents zeroed, :func:`carry_conv_state`).
-    """
-    y, new_conv_state = conv(x, segment_ids=segment_ids, conv_state=conv_state)
-    return jax.nn.silu(y), carry_conv_state(new_conv_state, segment_ids)
-
-
-def check_state_batch(state: Optional[NamedTuple], batch: int) -> None:
-    """Raises ``ValueError`` if ``state`` was built for a different batch size."""
-    if state is None:
-        return
-    leaves = [leaf for leaf in jax.tree_util.tree_leaves(state) if jnp.ndim(leaf) >= 1]
-    for leaf in leaves:
-        if leaf.shape[0] != batch:
-            raise ValueError(f"the state was built for batch {leaf.shape[0]}, but x has batch "
-                             f"{batch}; build it with init_state({batch})")
 
 
 class GatedDeltaNet(nnx.Module):
@@ -168,10 +92,10 @@ class GatedDeltaNet(nnx.Module):
         g = -jnp.exp(self.A_log[...]) * jax.nn.softplus(a.astype(jnp.float32) + self.dt_bias[...])
         return beta, g
 
-    def init_state(self, batch: int) -> RecurrentState:
+    def init_state(self, batch: int) -> layers.RecurrentState:
         """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S."""
         cfg = self.cfg
-        return RecurrentState(
+        return layers.RecurrentState(
             conv_state=jnp.zeros((batch, cfg.conv_width - 1, 2 * self.qk_dim + self.v_dim),
                                  self.dtype),
             recurrent=jnp.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim),
@@ -179,8 +103,8 @@ class GatedDeltaNet(nnx.Module):
         )
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
-                 state: Optional[RecurrentState] = None,
-                 return_state: bool = False) -> Union[Array, Tuple[Array, RecurrentState]]:
+                 state: Optional[layers.RecurrentState] = None,
+                 return_state: bool = False) -> Union[Array, Tuple[Array, layers.RecurrentState]]:
         """Mixes a sequence, or continues one from ``state``.
 
         Args:
@@ -202,7 +126,7 @@ class GatedDeltaNet(nnx.Module):
         """
         cfg = self.cfg
         b, t, _ = x.shape
-        check_state_batch(state, b)
+        layers.check_state_batch(state, b)
         proj = self.in_proj(x)
         qkv, z, beta_logit, a = jnp.split(
             proj,
@@ -210,11 +134,11 @@ class GatedDeltaNet(nnx.Module):
              2 * self.qk_dim + 2 * self.v_dim + cfg.num_v_heads],
             axis=-1,
         )
-        qkv, conv_state = conv_silu(self.conv, qkv, segment_ids,
-                                    None if state is None else state.conv_state)
+        qkv, conv_state = layers.conv_silu(self.conv, qkv, segment_ids,
+                                           None if state is None else state.conv_state)
         q, k, v = jnp.split(qkv, [self.qk_dim, 2 * self.qk_dim], axis=-1)
-        q = l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
-        k = l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
+        q = layers.l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
+        k = layers.l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
         v = v.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)  # [B, T, H, V]
         beta, g = self.gates(beta_logit, a)  # [B, T, H] each, fp32
         o, recurrent = gdr.gated_delta_rule(
@@ -226,5 +150,5 @@ class GatedDeltaNet(nnx.Module):
         o = self.o_norm(o) * jax.nn.silu(z.astype(jnp.float32)).astype(o.dtype)
         y = self.out_proj(o.reshape(b, t, self.v_dim))
         if return_state:
-            return y, RecurrentState(conv_state=conv_state, recurrent=recurrent)
+            return y, layers.RecurrentState(conv_state=conv_state, recurrent=recurrent)
         return y

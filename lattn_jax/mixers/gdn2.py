@@ -40,9 +40,7 @@ from flax import nnx
 
 from lattn_jax import config as config_lib
 from lattn_jax import layers
-from lattn_jax.mixers import gated_deltanet
 from lattn_jax.mixers import kda
-from lattn_jax.mixers.gated_deltanet import RecurrentState
 from lattn_jax.typing import Array
 from pallas_kernels.gdn2 import api as gdn2_ops
 
@@ -109,10 +107,10 @@ class GatedDeltaNet2(nnx.Module):
         rate = jnp.exp(self.A_log[...])[:, None]  # [HK, 1]
         return -rate * jax.nn.softplus(a.astype(jnp.float32) + dt_bias)
 
-    def init_state(self, batch: int) -> RecurrentState:
+    def init_state(self, batch: int) -> layers.RecurrentState:
         """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S."""
         cfg = self.cfg
-        return RecurrentState(
+        return layers.RecurrentState(
             conv_state=jnp.zeros((batch, cfg.conv_width - 1, 2 * self.qk_dim + self.v_dim),
                                  self.dtype),
             recurrent=jnp.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim),
@@ -120,8 +118,8 @@ class GatedDeltaNet2(nnx.Module):
         )
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
-                 state: Optional[RecurrentState] = None,
-                 return_state: bool = False) -> Union[Array, Tuple[Array, RecurrentState]]:
+                 state: Optional[layers.RecurrentState] = None,
+                 return_state: bool = False) -> Union[Array, Tuple[Array, layers.RecurrentState]]:
         """Mixes a sequence, or continues one from ``state``.
 
         Args:
@@ -129,7 +127,7 @@ class GatedDeltaNet2(nnx.Module):
           segment_ids: optional int ``[B, T]``; the state resets at each document start. With a
             ``state``, the call's first document continues it and the returned state belongs to
             the row's last document.
-          state: optional :class:`~lattn_jax.mixers.gated_deltanet.RecurrentState`; ``None``
+          state: optional :class:`~lattn_jax.layers.RecurrentState`; ``None``
             starts from zeros.
           return_state: also return the state after the last token.
 
@@ -142,15 +140,15 @@ class GatedDeltaNet2(nnx.Module):
         cfg = self.cfg
         b, t, _ = x.shape
         hk, h, dk, dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
-        gated_deltanet.check_state_batch(state, b)
+        layers.check_state_batch(state, b)
         qkv, b_logit, w_logit = jnp.split(
             self.in_proj(x), [2 * self.qk_dim + self.v_dim, 3 * self.qk_dim + self.v_dim],
             axis=-1)
-        qkv, conv_state = gated_deltanet.conv_silu(
+        qkv, conv_state = layers.conv_silu(
             self.conv, qkv, segment_ids, None if state is None else state.conv_state)
         q, k, v = jnp.split(qkv, [self.qk_dim, 2 * self.qk_dim], axis=-1)
-        q = gated_deltanet.l2_normalize(q.reshape(b, t, hk, dk))  # [B, T, HK, K]
-        k = gated_deltanet.l2_normalize(k.reshape(b, t, hk, dk))  # [B, T, HK, K]
+        q = layers.l2_normalize(q.reshape(b, t, hk, dk))  # [B, T, HK, K]
+        k = layers.l2_normalize(k.reshape(b, t, hk, dk))  # [B, T, HK, K]
         v = v.reshape(b, t, h, dv)  # [B, T, H, V]
         group = h // hk
         # Key-side gates are per key head; value head j reads key head j // group.
@@ -170,5 +168,5 @@ class GatedDeltaNet2(nnx.Module):
         o = self.o_norm(o) * z.astype(o.dtype)
         y = self.out_proj(o.reshape(b, t, self.v_dim))
         if return_state:
-            return y, RecurrentState(conv_state=conv_state, recurrent=recurrent)
+            return y, layers.RecurrentState(conv_state=conv_state, recurrent=recurrent)
         return y

@@ -29,7 +29,6 @@ from flax import nnx
 
 from lattn_jax import config as config_lib
 from lattn_jax import layers
-from lattn_jax.mixers import gated_deltanet
 from lattn_jax.typing import Array
 from pallas_kernels.simple_gla import api as sg
 
@@ -152,11 +151,11 @@ class LightningAttention(nnx.Module):
         """
         b, t, _ = x.shape
         h, g, dh = self.num_heads, self.num_kv_heads, self.head_dim
-        gated_deltanet.check_state_batch(state, b)
+        layers.check_state_batch(state, b)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         conv_state = None
         if self.conv is not None:
-            qkv, conv_state = gated_deltanet.conv_silu(
+            qkv, conv_state = layers.conv_silu(
                 self.conv, jnp.concatenate([q, k, v], axis=-1), segment_ids,
                 None if state is None else state.conv_state)
             q, k, v = jnp.split(qkv, [h * dh, (h + g) * dh], axis=-1)

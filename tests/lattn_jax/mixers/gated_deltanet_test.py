@@ -8,6 +8,7 @@ from absl.testing import absltest, parameterized
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import layers
 from lattn_jax import model as model_lib
 from lattn_jax.mixers import gated_deltanet
 from tests import tolerances
@@ -100,7 +101,7 @@ class GatedDeltaNetTest(parameterized.TestCase):
     def test_state_layout(self):
         module = gated_deltanet.GatedDeltaNet(_cfg(dtype="bfloat16"), rngs=nnx.Rngs(0))
         state = module.init_state(3)
-        self.assertIsInstance(state, gated_deltanet.RecurrentState)
+        self.assertIsInstance(state, layers.RecurrentState)
         self.assertEqual(state.conv_state.shape, (3, 3, 2 * 32 + 32))  # [B, W-1, 2HK K + H V]
         self.assertEqual(state.conv_state.dtype, jnp.bfloat16)
         self.assertEqual(state.recurrent.shape, (3, 4, 16, 8))  # [B, H, K, V]
@@ -111,11 +112,11 @@ class GatedDeltaNetTest(parameterized.TestCase):
     def test_carried_conv_state_drops_earlier_documents(self):
         conv_state = jnp.arange(1.0, 4.0)[None, :, None] * jnp.ones((2, 3, 2))  # times T-3..T-1
         seg = jnp.array([[0, 0, 0, 1, 1], [2, 2, 2, 2, 2]])
-        out = gated_deltanet.carry_conv_state(conv_state, seg)
+        out = layers.carry_conv_state(conv_state, seg)
         np.testing.assert_array_equal(out[0, :, 0], [0.0, 2.0, 3.0])
         np.testing.assert_array_equal(out[1], conv_state[1])
         # Inputs from before the call (a short call) belong to its first document.
-        out = gated_deltanet.carry_conv_state(conv_state, jnp.array([[0, 1], [4, 4]]))
+        out = layers.carry_conv_state(conv_state, jnp.array([[0, 1], [4, 4]]))
         np.testing.assert_array_equal(out[0, :, 0], [0.0, 0.0, 3.0])
         np.testing.assert_array_equal(out[1], conv_state[1])
 
