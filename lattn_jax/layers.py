@@ -277,3 +277,43 @@ def check_state_batch(state: Optional[NamedTuple], batch: int) -> None:
         if leaf.shape[0] != batch:
             raise ValueError(f"the state was built for batch {leaf.shape[0]}, but x has batch "
                              f"{batch}; build it with init_state({batch})")
+
+
+def zero_recurrent_state(cfg, batch: int, conv_dtype, *, conv: bool = True) -> RecurrentState:
+    """The zero decoding state of a delta-rule / linear-attention mixer.
+
+    Args:
+      cfg: a mixer config with ``num_k_heads``, ``num_v_heads``, ``head_k_dim``, ``head_v_dim``
+        and ``conv_width`` (GDN, DeltaNet, KDA, GDN-2, linear attention).
+      batch: ``B``.
+      conv_dtype: dtype of the convolution state (the compute dtype).
+      conv: whether the mixer has a short convolution over [q; k; v].
+
+    Returns:
+      ``RecurrentState(conv_state [B, W - 1, 2 HK K + H V] or None, recurrent fp32 [B, H, K, V])``.
+    """
+    channels = 2 * cfg.num_k_heads * cfg.head_k_dim + cfg.num_v_heads * cfg.head_v_dim
+    conv_state = None
+    if conv:
+        conv_state = jnp.zeros((batch, cfg.conv_width - 1, channels), conv_dtype)
+    recurrent = jnp.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim), jnp.float32)
+    return RecurrentState(conv_state=conv_state, recurrent=recurrent)
+
+
+def split_qkv_heads(qkv: Array, cfg) -> Tuple[Array, Array, Array]:
+    """Splits the convolved ``[q; k; v]`` channels into heads and L2-normalises q and k.
+
+    Args:
+      qkv: ``[B, T, 2 HK K + H V]``.
+      cfg: a mixer config as for :func:`zero_recurrent_state`.
+
+    Returns:
+      ``q, k``: ``[B, T, HK, K]`` (unit norm per head, FLA ``l2norm``); ``v``: ``[B, T, H, V]``.
+    """
+    b, t, _ = qkv.shape
+    qk_dim = cfg.num_k_heads * cfg.head_k_dim
+    q, k, v = jnp.split(qkv, [qk_dim, 2 * qk_dim], axis=-1)
+    q = l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
+    k = l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
+    v = v.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)  # [B, T, H, V]
+    return q, k, v

@@ -94,13 +94,7 @@ class GatedDeltaNet(nnx.Module):
 
     def init_state(self, batch: int) -> layers.RecurrentState:
         """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S."""
-        cfg = self.cfg
-        return layers.RecurrentState(
-            conv_state=jnp.zeros((batch, cfg.conv_width - 1, 2 * self.qk_dim + self.v_dim),
-                                 self.dtype),
-            recurrent=jnp.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim),
-                                jnp.float32),
-        )
+        return layers.zero_recurrent_state(self.cfg, batch, self.dtype)
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
                  state: Optional[layers.RecurrentState] = None,
@@ -136,10 +130,7 @@ class GatedDeltaNet(nnx.Module):
         )
         qkv, conv_state = layers.conv_silu(self.conv, qkv, segment_ids,
                                            None if state is None else state.conv_state)
-        q, k, v = jnp.split(qkv, [self.qk_dim, 2 * self.qk_dim], axis=-1)
-        q = layers.l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
-        k = layers.l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))  # [B, T, HK, K]
-        v = v.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)  # [B, T, H, V]
+        q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
         beta, g = self.gates(beta_logit, a)  # [B, T, H] each, fp32
         o, recurrent = gdr.gated_delta_rule(
             q, k, v, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,

@@ -123,13 +123,7 @@ class KimiDeltaAttention(nnx.Module):
 
     def init_state(self, batch: int) -> layers.RecurrentState:
         """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S."""
-        cfg = self.cfg
-        return layers.RecurrentState(
-            conv_state=jnp.zeros((batch, cfg.conv_width - 1, 2 * self.qk_dim + self.v_dim),
-                                 self.dtype),
-            recurrent=jnp.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim),
-                                jnp.float32),
-        )
+        return layers.zero_recurrent_state(self.cfg, batch, self.dtype)
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
                  state: Optional[layers.RecurrentState] = None,
@@ -157,10 +151,7 @@ class KimiDeltaAttention(nnx.Module):
         qkv, beta_logit = jnp.split(self.in_proj(x), [2 * self.qk_dim + self.v_dim], axis=-1)
         qkv, conv_state = layers.conv_silu(
             self.conv, qkv, segment_ids, None if state is None else state.conv_state)
-        q, k, v = jnp.split(qkv, [self.qk_dim, 2 * self.qk_dim], axis=-1)
-        q = layers.l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
-        k = layers.l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
-        v = v.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)  # [B, T, H, V]
+        q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
         f_hidden, g_hidden = jnp.split(self.bottleneck_proj(x), 2, axis=-1)  # [B, T, r] each
         f = self.f_out_proj(f_hidden).reshape(b, t, cfg.num_v_heads, cfg.head_k_dim)
         g = self.log_decay(f)  # [B, T, H, K] fp32

@@ -68,16 +68,8 @@ class LinearAttention(nnx.Module):
 
     def init_state(self, batch: int) -> layers.RecurrentState:
         """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (or ``None``), fp32 S."""
-        cfg = self.cfg
-        conv_state = None
-        if self.conv is not None:
-            conv_state = jnp.zeros((batch, cfg.conv_width - 1, 2 * self.qk_dim + self.v_dim),
-                                   self.dtype)
-        return layers.RecurrentState(
-            conv_state=conv_state,
-            recurrent=jnp.zeros((batch, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim),
-                                jnp.float32),
-        )
+        return layers.zero_recurrent_state(self.cfg, batch, self.dtype,
+                                           conv=self.conv is not None)
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
                  state: Optional[layers.RecurrentState] = None,
@@ -108,10 +100,7 @@ class LinearAttention(nnx.Module):
         if self.conv is not None:
             qkv, conv_state = layers.conv_silu(
                 self.conv, qkv, segment_ids, None if state is None else state.conv_state)
-        q, k, v = jnp.split(qkv, [self.qk_dim, 2 * self.qk_dim], axis=-1)
-        q = layers.l2_normalize(q.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
-        k = layers.l2_normalize(k.reshape(b, t, cfg.num_k_heads, cfg.head_k_dim))
-        v = v.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)  # [B, T, H, V]
+        q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
         o, recurrent = sg.linear_attention(
             q, k, v, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
             implementation=cfg.implementation,
