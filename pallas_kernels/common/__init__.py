@@ -6,6 +6,7 @@ from pallas_kernels.common.validation import (  # noqa: F401
     check_op_inputs,
     check_shape,
     effective_chunk_size,
+    expand_key_heads,
     document_index,
     pad_time,
     resolve_implementation,

@@ -88,6 +88,17 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size):
     return sizes
 
 
+def expand_key_heads(q: jax.Array, k: jax.Array, heads: int):
+    """GVA/GQA: repeats fp32 copies of ``q, k`` ``[B, T, HK, K]`` to ``[B, T, H, K]``.
+
+    Value head ``h`` reads key head ``h // (H // HK)`` (FLA / torch ``repeat_interleave``).
+    """
+    group = heads // q.shape[2]
+    q = jnp.repeat(q.astype(jnp.float32), group, axis=2)  # [B, T, H, K]
+    k = jnp.repeat(k.astype(jnp.float32), group, axis=2)  # [B, T, H, K]
+    return q, k
+
+
 def check_chunk_size(chunk_size: int) -> None:
     """Raises ``ValueError`` unless ``chunk_size`` is a positive power of two."""
     if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):

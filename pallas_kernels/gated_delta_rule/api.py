@@ -72,10 +72,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, segment_ids, *, implementat
     ``chunk_size`` is the effective chunk size for ``"chunked"`` and ``None`` otherwise.
     """
     f32 = jnp.float32
-    group = v.shape[2] // q.shape[2]
-    # GVA/GQA: value head h reads key head h // group (FLA/torch ``repeat_interleave``).
-    q = jnp.repeat(q.astype(f32), group, axis=2)  # [B, T, H, K]
-    k = jnp.repeat(k.astype(f32), group, axis=2)  # [B, T, H, K]
+    q, k = common.expand_key_heads(q, k, v.shape[2])  # fp32 [B, T, H, K]
     g = None if g is None else g.astype(f32)
     kwargs = dict(scale=scale, initial_state=initial_state, segment_ids=segment_ids)
     if implementation == "chunked":

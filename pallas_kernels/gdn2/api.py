@@ -70,10 +70,7 @@ def _validate(q, k, v, g, b, w, initial_state, segment_ids, chunk_size) -> None:
 def _forward(q, k, v, g, b, w, scale, initial_state, segment_ids, *, implementation, chunk_size):
     """Expands GVA heads, runs the chosen form in fp32 and casts o, u back to ``v.dtype``."""
     f32 = jnp.float32
-    group = v.shape[2] // q.shape[2]
-    # GVA/GQA: value head h reads key head h // group (FLA/torch ``repeat_interleave``).
-    q = jnp.repeat(q.astype(f32), group, axis=2)  # [B, T, H, K]
-    k = jnp.repeat(k.astype(f32), group, axis=2)  # [B, T, H, K]
+    q, k = common.expand_key_heads(q, k, v.shape[2])  # fp32 [B, T, H, K]
     kwargs = dict(scale=scale, initial_state=initial_state, segment_ids=segment_ids)
     if implementation == "chunked":
         kwargs["chunk_size"] = chunk_size
