@@ -1,0 +1,94 @@
+"""Shared pieces of the Pallas GPU (Triton lowering) kernels.
+
+* :func:`compiler_params`: Triton launch parameters, across the jax releases we support
+  (0.10.x and 0.11.x both expose ``jax.experimental.pallas.triton.CompilerParams``).
+* :func:`mm`, :func:`mm_tn`, :func:`mm_nt`: 2-D matrix products ``a @ b``, ``a^T @ b`` and
+  ``a @ b^T`` with fp32 accumulation. The operand dtype is chosen by the caller: the input dtype
+  (bf16/fp16 tensor cores) for the big products, fp32 for the small solves. fp32 operands run
+  with ``Precision.HIGHEST`` (IEEE fp32 on GPU, never TF32), so a kernel fed fp32 inputs matches
+  the fp32 reference to rounding.
+* :func:`unsupported_reason`: why a call cannot use the GPU kernels (backend, head dims,
+  chunk size, dtype), or ``None`` when it can. The ops' ``implementation="auto"`` falls back to
+  the chunked form on a reason (logged once), and an explicit ``"pallas"`` raises it.
+"""
+
+import logging
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import triton as pl_triton
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+SUPPORTED_HEAD_DIMS = (64, 128)
+KERNEL_CHUNK_SIZE = 64
+_logged = set()
+
+
+def compiler_params(num_warps: int, num_stages: int = 1):
+    """Returns the Triton ``CompilerParams`` for ``pl.pallas_call``."""
+    return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def _dot(a, b, dims):
+    precision = _HIGHEST if a.dtype == jnp.float32 else None
+    return jax.lax.dot_general(
+        a, b, (dims, ((), ())), precision=precision, preferred_element_type=jnp.float32
+    )
+
+
+def mm(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """``a @ b`` for ``a [M, K]``, ``b [K, N]`` with operands cast to ``dtype``; fp32 result."""
+    return _dot(a.astype(dtype), b.astype(dtype), ((1,), (0,)))
+
+
+def mm_tn(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """``a^T @ b`` for ``a [K, M]``, ``b [K, N]``; fp32 result."""
+    return _dot(a.astype(dtype), b.astype(dtype), ((0,), (0,)))
+
+
+def mm_nt(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """``a @ b^T`` for ``a [M, K]``, ``b [N, K]``; fp32 result."""
+    return _dot(a.astype(dtype), b.astype(dtype), ((1,), (1,)))
+
+
+def unsupported_reason(
+    arrays: Sequence[jax.Array], head_dims: Sequence[int], chunk_size: int, interpret: bool
+) -> Optional[str]:
+    """Returns why the GPU kernels cannot run this call, or ``None`` if they can.
+
+    Args:
+      arrays: the float inputs whose dtype picks the tensor-core operand type.
+      head_dims: the key and value head dims (each must be 64 or 128).
+      chunk_size: the requested chunk size (the kernels use 64).
+      interpret: whether the kernels run in Pallas interpret mode (any backend).
+    """
+    if not interpret and jax.default_backend() != "gpu":
+        return f"the Pallas GPU kernels need a GPU backend, not {jax.default_backend()!r}"
+    for d in head_dims:
+        if d not in SUPPORTED_HEAD_DIMS:
+            return f"head dim {d} is not one of the kernel head dims {SUPPORTED_HEAD_DIMS}"
+    if chunk_size != KERNEL_CHUNK_SIZE:
+        return f"chunk_size={chunk_size}; the kernels use chunk_size={KERNEL_CHUNK_SIZE}"
+    dtypes = {jnp.dtype(a.dtype) for a in arrays}
+    allowed = {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16), jnp.dtype(jnp.float32)}
+    if not dtypes <= allowed:
+        return f"input dtypes {sorted(map(str, dtypes))} are not all bf16/fp16/fp32"
+    return None
+
+
+def log_fallback(op: str, reason: str) -> None:
+    """Logs (once per op and reason) that ``implementation="auto"`` fell back to chunked."""
+    key = (op, reason)
+    if key not in _logged:
+        _logged.add(key)
+        logging.info("%s: using the chunked form instead of the Pallas kernel: %s", op, reason)
+
+
+def matmul_dtype(*arrays: jax.Array):
+    """Tensor-core operand dtype: the inputs' dtype when all are bf16 (or all fp16), else fp32."""
+    dtypes = {jnp.dtype(a.dtype) for a in arrays}
+    half = {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)}
+    if len(dtypes) == 1 and dtypes <= half:
+        return dtypes.pop()
+    return jnp.dtype(jnp.float32)
