@@ -19,6 +19,12 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as pl_triton
 
+from pallas_kernels.common import validation
+
+# Names of the kernel implementations: "pallas" runs the GPU kernels compiled by Triton;
+# "pallas_interpret" runs the same kernels in Pallas interpret mode on any backend (slow; tests).
+PALLAS_IMPLEMENTATIONS = ("pallas", "pallas_interpret")
+
 _HIGHEST = jax.lax.Precision.HIGHEST
 SUPPORTED_HEAD_DIMS = (64, 128)
 KERNEL_CHUNK_SIZE = 64
@@ -75,6 +81,59 @@ def unsupported_reason(
     if not dtypes <= allowed:
         return f"input dtypes {sorted(map(str, dtypes))} are not all bf16/fp16/fp32"
     return None
+
+
+def choose_implementation(
+    op: str,
+    implementation: Optional[str],
+    concrete: Sequence[str],
+    arrays: Sequence[jax.Array],
+    head_dims: Sequence[int],
+    chunk_size: int,
+    seq_len: int,
+) -> str:
+    """Resolves an op's ``implementation=`` argument, kernels included.
+
+    ``None``/``"auto"`` picks ``"pallas"`` where :func:`unsupported_reason` finds nothing
+    against it and the sequence fills at least one kernel chunk (shorter calls, such as decode
+    steps, are cheaper in the chunked form); otherwise ``concrete[0]``, logging the reason once
+    when a GPU was available. An explicit ``"pallas"`` or ``"pallas_interpret"`` that cannot run
+    raises instead of falling back.
+
+    Args:
+      op: the op's name, for messages.
+      implementation: the user's choice.
+      concrete: the op's non-kernel forms, best first.
+      arrays: q, k, v (their dtypes pick the kernels' operand type).
+      head_dims: ``(K, V)``.
+      chunk_size: the requested chunk size.
+      seq_len: ``T``.
+
+    Returns:
+      The implementation name to run.
+
+    Raises:
+      ValueError: for an unknown name, or a kernel implementation that cannot run this call,
+        with the reason.
+    """
+    if implementation in PALLAS_IMPLEMENTATIONS:
+        reason = unsupported_reason(arrays, head_dims, chunk_size,
+                                    interpret=implementation == "pallas_interpret")
+        if reason is not None:
+            raise ValueError(f"{op}: implementation={implementation!r} cannot run this call: "
+                             f"{reason}. Use implementation='auto' or 'chunked'.")
+        return implementation
+    if implementation is None or implementation == "auto":
+        reason = unsupported_reason(arrays, head_dims, chunk_size, interpret=False)
+        if reason is None and seq_len < KERNEL_CHUNK_SIZE:
+            reason = f"T={seq_len} is shorter than one kernel chunk ({KERNEL_CHUNK_SIZE})"
+        if reason is None:
+            return "pallas"
+        if jax.default_backend() == "gpu":
+            log_fallback(op, reason)
+        return concrete[0]
+    return validation.resolve_implementation(
+        implementation, tuple(concrete) + PALLAS_IMPLEMENTATIONS)
 
 
 def log_fallback(op: str, reason: str) -> None:

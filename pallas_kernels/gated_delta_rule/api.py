@@ -10,7 +10,10 @@ DeltaNet is g == 0. The read-out includes token t.
 
 Implementations (``implementation=``):
 
-* ``"chunked"`` (default for ``None``/``"auto"``): the chunkwise WY/UT form in ``chunked.py``;
+* ``"pallas"`` (default for ``None``/``"auto"`` on a GPU where supported): the chunked Pallas
+  kernels in ``kernel_gpu.py``, forward and backward; ``"pallas_interpret"`` runs them in Pallas
+  interpret mode on any backend;
+* ``"chunked"`` (the ``"auto"`` choice elsewhere): the chunkwise WY/UT form in ``chunked.py``;
 * ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
 * ``"associative_scan"``: the exact parallel scan over affine state maps in ``associative.py``
   (``O(T K^3)`` work; for checking and composing states).
@@ -42,8 +45,10 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import common
+from pallas_kernels.common import pallas_gpu
 from pallas_kernels.gated_delta_rule import associative
 from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import kernel_gpu
 from pallas_kernels.gated_delta_rule import reference
 
 # Concrete forms of this op, best first: None/"auto" resolve to the first entry.
@@ -81,6 +86,19 @@ def _forward(q, k, v, g, beta, scale, initial_state, segment_ids, *, implementat
         q, k, v.astype(f32), g, beta.astype(f32), **kwargs
     )
     return o.astype(v.dtype), final_state, u.astype(v.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "return_residual"))
+def _forward_pallas(q, k, v, g, beta, initial_state, segment_ids, *, scale, interpret,
+                    return_residual):
+    """The Pallas kernels (``kernel_gpu.py``) in the input dtype; GVA heads expanded here."""
+    group = v.shape[2] // q.shape[2]
+    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    o, final_state, u = kernel_gpu.scalar_decay_pallas(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+        return_residual=return_residual, interpret=interpret,
+    )
+    return o.astype(v.dtype), final_state, None if u is None else u.astype(v.dtype)
 
 
 def gated_delta_rule(
@@ -132,8 +150,11 @@ def gated_delta_rule(
             ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there.
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
             clipped to ``T`` when ``T`` is shorter (one unpadded chunk).
-        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"`` or
-            ``"associative_scan"``.
+        implementation: ``None``/``"auto"``, ``"pallas"``, ``"pallas_interpret"``,
+            ``"chunked"``, ``"reference"`` or ``"associative_scan"``. ``"auto"`` runs the Pallas
+            GPU kernels (``kernel_gpu.py``) on a GPU when K and V are 64 or 128, the chunk size
+            is 64 and ``T >= 64``, and the chunked form otherwise (logging why, once, on a
+            GPU). ``"pallas_interpret"`` runs the kernels in Pallas interpret mode anywhere.
         return_residual: whether to also return the per-token residuals ``u`` (FLA's
             ``v_new``), which cross-layer routing consumes.
 
@@ -145,14 +166,25 @@ def gated_delta_rule(
     Raises:
         ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
             non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
-            of two, or an unknown ``implementation``.
+            of two, an unknown ``implementation``, or an explicit ``"pallas"`` that cannot run
+            the call (no GPU, head dims other than 64/128, another chunk size), with the reason.
     """
-    impl = common.resolve_implementation(implementation, tuple(_IMPLEMENTATIONS))
     _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
+    impl = pallas_gpu.choose_implementation(
+        "gated_delta_rule", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv),
+        chunk_size, seq_len,
+    )
     if scale is None:
         scale = dk ** -0.5
+    if impl in pallas_gpu.PALLAS_IMPLEMENTATIONS:
+        o, final_state, u = _forward_pallas(
+            q, k, v, g, beta, initial_state, segment_ids, scale=float(scale),
+            interpret=impl == "pallas_interpret", return_residual=return_residual,
+        )
+        final_state = final_state if output_final_state else None
+        return (o, final_state, u) if return_residual else (o, final_state)
     if initial_state is None:
         # Zeros rather than a None branch: one compiled program serves both cases.
         initial_state = jnp.zeros((batch, heads, dk, dv), jnp.float32)

@@ -22,9 +22,9 @@ not see S_0, tokens of an earlier document do not reach S_C).
 
 Kernels (grid in brackets):
 
-* ``prepare`` [chunks, B*H]: builds L in 16 x 16 sub-blocks, inverts the four diagonal blocks
-  by forward substitution and merges the off-diagonal blocks by block substitution (all fp32),
-  then writes W and U (input dtype) and A (fp32, kept for the backward).
+* ``prepare`` [chunks, B*H]: builds L, inverts I + L blockwise with whole-tile products
+  (:func:`_unit_lower_inverse`), then writes W and U (input dtype) and A (fp32, kept for the
+  backward).
 * ``forward`` [B*H, V/BV]: the sequential pass over chunks with the fp32 state in registers;
   writes O, the final state, and on request Vn and every chunk's entry state (for the backward).
 * ``backward_state`` [B*H, V/BV]: the reverse pass; carries dS (fp32), writes every chunk's
@@ -38,7 +38,8 @@ Backward algebra (per chunk; P = Q K^T * D, Kb = diag(beta e_in) K, Vb = diag(be
     dP  = scale dO Vn^T   ->  dQ += (dP * D) K,  dK += (dP * D)^T Q,  dD += dP * (Q K^T)
     dQ += scale diag(e_in) dO S_0^T;   dK += diag(e_out) Vn dS_C^T
     dW  = -dVn S_0^T;  dA = dVn Vb^T + dW Kb^T;  dVb = A^T dVn;  dKb = A^T dW
-    dL  = -strict_tril(A^T dA A^T);  dK += (G + G^T) K with G = dL * diag(beta) D;  dD += dL * beta (K K^T)
+    dL  = -strict_tril(A^T dA A^T);  dK += (G + G^T) K with G = dL * diag(beta) D;
+    dD += dL * diag(beta) (K K^T)
 
 and the decay factors pass their gradients to gamma through d exp(x) = exp(x) dx.
 
@@ -62,15 +63,30 @@ from pallas_kernels.common import pallas_gpu
 from pallas_kernels.common.pallas_gpu import mm, mm_nt, mm_tn
 
 F32 = jnp.float32
+# Triton launch parameters per kernel: (num_warps, num_stages), and the value-block width of the
+# sequential kernels (None: min(V, 64)). Measured on the H200 (benchmarks/results/).
+TUNING = {
+    "prepare": (4, 1),
+    "forward": (4, 2),
+    "states": (4, 2),
+    "output": (4, 1),
+    "split_forward": False,
+    "backward_state": (4, 2),
+    "backward_chunk": (4, 1),
+    "block_v": None,
+    "block_k": None,
+}
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C
-SUB = 16  # sub-block rows of the triangular inverse
+SUB = 16  # diagonal-block rows of the triangular inverse
 
 
 def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype, interpret,
             return_residual, block_v=None):
     """The static configuration of one call (hashable once sorted into a tuple)."""
-    block_v = block_v or min(dv, 64)
+    block_v = block_v or TUNING["block_v"] or min(dv, 64)
+    block_k = TUNING["block_k"] or dk
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
+                block_k=block_k,
                 delta=delta, has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype),
                 interpret=interpret, return_residual=return_residual, block_v=block_v)
 
@@ -122,12 +138,13 @@ def _program_bh(cfg, axis):
     return bh // cfg["heads"], bh % cfg["heads"]
 
 
-def _pallas(kernel, cfg, *, inputs, outputs, grid, warps, stages, name):
+def _pallas(kernel, cfg, *, inputs, outputs, grid, tune, name):
     """Calls ``kernel(**refs, cfg=cfg)`` with every named input/output ref (``None`` if absent).
 
     Args:
       inputs: ``(name, array or None)`` pairs; ``None`` inputs are not passed.
       outputs: ``(name, ShapeDtypeStruct or None)`` pairs; ``None`` outputs are not produced.
+      tune: the :data:`TUNING` entry giving ``(num_warps, num_stages)``.
 
     Returns:
       ``{name: array}`` for the produced outputs.
@@ -145,7 +162,7 @@ def _pallas(kernel, cfg, *, inputs, outputs, grid, warps, stages, name):
         out_shape=[s for _, s in outputs if s is not None],
         grid=grid,
         interpret=cfg["interpret"],
-        compiler_params=None if cfg["interpret"] else pallas_gpu.compiler_params(warps, stages),
+        compiler_params=None if cfg["interpret"] else pallas_gpu.compiler_params(*TUNING[tune]),
         name=name,
     )(*[a for _, a in inputs if a is not None])
     return dict(zip(out_names, results))
@@ -160,86 +177,74 @@ def _doc_inputs(docs):
 # Kernel 1: intra-chunk WY preparation (delta rule only).
 
 
-def _inverse_unit_lower_16(strict):
-    """``(I + L)^{-1}`` of a strictly lower ``[16, 16]`` fp32 block by forward substitution."""
-    n = strict.shape[0]
-    rows = _iota((n, n), 0)
-    x = jnp.where(rows == _iota((n, n), 1), 1.0, 0.0).astype(F32)
-    for r in range(1, n):
-        l_row = jnp.sum(jnp.where(rows == r, strict, 0.0), axis=0)  # L[r, :] as [n]
-        update = jnp.sum(l_row[:, None] * x, axis=0)  # (L[r, :] @ X) as [n]
-        x = x - jnp.where(rows == r, update[None, :], 0.0)
-    return x
+def _unit_lower_inverse(strict, precision_dtype):
+    """``(I + L)^{-1}`` of a strictly lower ``[C, C]`` fp32 matrix (C = 64) by whole-tile products.
+
+    Blocked over 16 x 16 diagonal blocks, all on whole ``[C, C]`` tiles (Triton cannot slice
+    registers). With L = L_d + L_o (block diagonal and strictly block-lower parts):
+
+      X_d = (I + L_d)^{-1} = (I - L_d)(I + L_d^2)(I + L_d^4)(I + L_d^8)   (L_d^16 = 0),
+            refined (fp32 inputs only) by a Newton step X_d <- X_d - X_d ((I + L_d) X_d - I);
+      N   = X_d L_o (strictly block-lower, N^4 = 0), and
+      (I + L)^{-1} = (I + N)^{-1} X_d = (I - N)(I + N^2) X_d.
+
+    The powers stay bounded because each doubling acts on one 16-row block. Products run in
+    ``precision_dtype``: fp32 (IEEE) for fp32 inputs; for bf16/fp16 inputs TF32, whose rounding
+    is below that of the half-precision W and U the inverse feeds.
+    """
+    c = strict.shape[0]
+    rows, cols = _iota((c, c), 0), _iota((c, c), 1)
+    eye = jnp.where(rows == cols, 1.0, 0.0).astype(F32)
+    same_block = (rows // SUB) == (cols // SUB)
+    ld = jnp.where(same_block, strict, 0.0)
+    lo = strict - ld
+
+    def prod(a, b_):
+        return _dot_precise(a, b_, precision_dtype)
+
+    x = eye - ld
+    p = prod(ld, ld)
+    x = x + prod(x, p)
+    p = prod(p, p)
+    x = x + prod(x, p)
+    p = prod(p, p)
+    x = x + prod(x, p)
+    if precision_dtype == jnp.dtype(F32):
+        x = x - prod(x, x + prod(ld, x) - eye)
+    nmat = prod(x, lo)
+    y = eye - nmat
+    y = y + prod(y, prod(nmat, nmat))
+    return prod(y, x)
+
+
+def _dot_precise(a, b, precision_dtype):
+    """fp32 ``a @ b``: IEEE when ``precision_dtype`` is fp32, else TF32 tensor cores."""
+    precision = (jax.lax.Precision.HIGHEST if precision_dtype == jnp.dtype(F32)
+                 else jax.lax.Precision.DEFAULT)
+    return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
+                               preferred_element_type=F32)
 
 
 def _prepare_kernel(k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn_ref, last_ref,
                     w_ref, u_ref, a_ref, *, cfg):
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
-    nsub = CHUNK // SUB
+    tsl = pl.ds(n * CHUNK, CHUNK)
     mdt = cfg["mm_dtype"]
-    ks, vs, betas, gams, docs, conns = [], [], [], [], [], []
-    for i in range(nsub):
-        sl = pl.ds(n * CHUNK + i * SUB, SUB)
-        ks.append(k_ref[b, sl, h, :])
-        vs.append(v_ref[b, sl, h, :])
-        betas.append(beta_ref[b, h, sl])
-        gams.append(gam_ref[b, h, sl])
-        doc, conn, _ = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, sl)
-        docs.append(doc)
-        conns.append(conn)
-    rows, cols = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
-
-    # L blocks (i >= j), fp32.
-    lblk = {}
-    for i in range(nsub):
-        for j in range(i + 1):
-            mask = rows > cols if i == j else None
-            if cfg["has_docs"]:
-                same = docs[i][:, None] == docs[j][None, :]
-                mask = same if mask is None else mask & same
-            diff = gams[i][:, None] - gams[j][None, :]
-            if mask is not None:
-                dec = jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0.0)), 0.0)
-            else:
-                dec = jnp.exp(diff)  # i > j blocks: every exponent is <= 0 for g <= 0
-            kk = mm_nt(ks[i], ks[j], mdt)
-            lblk[i, j] = betas[i][:, None] * kk * dec
-
-    # Inverse: diagonal blocks by forward substitution, then block forward substitution
-    # X_ij = -X_ii sum_{j <= m < i} L_im X_mj.
-    xblk = {}
-    for i in range(nsub):
-        xblk[i, i] = _inverse_unit_lower_16(lblk[i, i])
-    for i in range(1, nsub):
-        for j in range(i - 1, -1, -1):
-            acc = mm(lblk[i, j], xblk[j, j], F32)
-            for m in range(j + 1, i):
-                acc = acc + mm(lblk[i, m], xblk[m, j], F32)
-            xblk[i, j] = -mm(xblk[i, i], acc, F32)
-
-    # W = A diag(beta e_in) K, U = A diag(beta) V, per 16-row block.
-    kb, vb = [], []
-    for j in range(nsub):
-        e_in = jnp.exp(gams[j])
-        if cfg["has_docs"]:
-            e_in = e_in * conns[j]
-        kb.append((ks[j].astype(F32) * (betas[j] * e_in)[:, None]).astype(mdt))
-        vb.append((vs[j].astype(F32) * betas[j][:, None]).astype(mdt))
-    zero = jnp.zeros((SUB, SUB), F32)
-    for i in range(nsub):
-        sl = pl.ds(n * CHUNK + i * SUB, SUB)
-        w = mm(xblk[i, 0], kb[0], mdt)
-        u = mm(xblk[i, 0], vb[0], mdt)
-        for j in range(1, i + 1):
-            w = w + mm(xblk[i, j], kb[j], mdt)
-            u = u + mm(xblk[i, j], vb[j], mdt)
-        w_ref[b, sl, h, :] = w.astype(w_ref.dtype)
-        u_ref[b, sl, h, :] = u.astype(u_ref.dtype)
-        for j in range(nsub):
-            a_ref[b, h, n, pl.ds(i * SUB, SUB), pl.ds(j * SUB, SUB)] = (
-                xblk[i, j] if j <= i else zero
-            )
+    k = k_ref[b, tsl, h, :]
+    v = v_ref[b, tsl, h, :]
+    beta = beta_ref[b, h, tsl]
+    gam = gam_ref[b, h, tsl]
+    doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+    dmat, e_in, _, _, mask = _decays(gam, doc, conn, last)
+    rows, cols = _iota(mask.shape, 0), _iota(mask.shape, 1)
+    strict = jnp.where(mask & (rows > cols), beta[:, None] * mm_nt(k, k, mdt) * dmat, 0.0)
+    amat = _unit_lower_inverse(strict, mdt)
+    a_ref[b, h, n, :, :] = amat
+    kb = k.astype(F32) * (beta * e_in)[:, None]
+    vb = v.astype(F32) * beta[:, None]
+    w_ref[b, tsl, h, :] = mm(amat, kb, mdt).astype(w_ref.dtype)
+    u_ref[b, tsl, h, :] = mm(amat, vb, mdt).astype(u_ref.dtype)
 
 
 def _prepare(cfg, k, v, beta, gam, docs):
@@ -254,7 +259,7 @@ def _prepare(cfg, k, v, beta, gam, docs):
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), v.dtype)),
             ("a_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, CHUNK), F32)),
         ],
-        grid=(cfg["n_chunks"], bsz * heads), warps=4, stages=1, name="gdn_prepare",
+        grid=(cfg["n_chunks"], bsz * heads), tune="prepare", name="gdn_prepare",
     )
     return outs["w_ref"], outs["u_ref"], outs["a_ref"]
 
@@ -311,9 +316,87 @@ def _forward(cfg, q, k, u, w, gam, docs, h0, *, save_vn, save_states):
             ("vn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype) if save_vn else None),
             ("hs_ref", hs if save_states else None),
         ],
-        grid=(bsz * heads, dv // cfg["block_v"]), warps=4, stages=2, name="gdn_forward",
+        grid=(bsz * heads, dv // cfg["block_v"]), tune="forward", name="gdn_forward",
     )
     return outs["o_ref"], outs["ht_ref"], outs.get("vn_ref"), outs.get("hs_ref")
+
+
+def _states_kernel(k_ref, u_ref, w_ref, gam_ref, doc_ref, conn_ref, last_ref, h0_ref,
+                   ht_ref, vn_ref, hs_ref, *, cfg):
+    """Sequential pass that only carries the state: writes each chunk's entry state and Vn."""
+    b, h = _program_bh(cfg, 0)
+    vsl = pl.ds(pl.program_id(1) * cfg["block_v"], cfg["block_v"])
+    mdt = cfg["mm_dtype"]
+
+    def body(n, state):
+        tsl = pl.ds(n * CHUNK, CHUNK)
+        hs_ref[b, h, n, :, vsl] = state.astype(hs_ref.dtype)
+        k = k_ref[b, tsl, h, :]
+        u = u_ref[b, tsl, h, vsl]
+        gam = gam_ref[b, h, tsl]
+        doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+        g_last = _last(gam, CHUNK)
+        e_out = jnp.exp(g_last - gam)
+        e_all = jnp.exp(g_last)
+        if doc is not None:
+            e_out = e_out * last
+            e_all = e_all * _last(conn, CHUNK)
+        if cfg["delta"]:
+            vn = u.astype(F32) - mm(w_ref[b, tsl, h, :], state, mdt)
+            vn_ref[b, tsl, h, vsl] = vn.astype(vn_ref.dtype)
+        else:
+            vn = u
+        return e_all * state + mm_tn(k.astype(F32) * e_out[:, None], vn, mdt)
+
+    state = h0_ref[b, h, :, vsl].astype(F32)
+    state = jax.lax.fori_loop(0, cfg["n_chunks"], body, state)
+    ht_ref[b, h, :, vsl] = state
+
+
+def _output_kernel(q_ref, k_ref, vn_ref, hs_ref, gam_ref, doc_ref, conn_ref, last_ref, o_ref, *,
+                   cfg):
+    """Parallel read-out of one chunk from its entry state: O = scale[(e_in Q) S_0 + P Vn]."""
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    tsl = pl.ds(n * CHUNK, CHUNK)
+    mdt = cfg["mm_dtype"]
+    q = q_ref[b, tsl, h, :]
+    k = k_ref[b, tsl, h, :]
+    gam = gam_ref[b, h, tsl]
+    doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+    dmat, e_in, _, _, _ = _decays(gam, doc, conn, last)
+    attn = mm_nt(q, k, mdt) * dmat
+    o = mm(q.astype(F32) * e_in[:, None], hs_ref[b, h, n, :, :], mdt)
+    o = o + mm(attn, vn_ref[b, tsl, h, :], mdt)
+    o_ref[b, tsl, h, :] = (cfg["scale"] * o).astype(o_ref.dtype)
+
+
+def _forward_split(cfg, q, k, u, w, gam, docs, h0):
+    """Forward as a state-only sequential pass plus a parallel read-out (FLA's structure)."""
+    bsz, tp, heads, dk = q.shape
+    dv = u.shape[-1]
+    delta = cfg["delta"]
+    states = _pallas(
+        _states_kernel, cfg,
+        inputs=[("k_ref", k), ("u_ref", u), ("w_ref", w), ("gam_ref", gam)]
+        + _doc_inputs(docs) + [("h0_ref", h0)],
+        outputs=[
+            ("ht_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
+            ("vn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype) if delta else None),
+            ("hs_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], dk, dv),
+                                            cfg["mm_dtype"])),
+        ],
+        grid=(bsz * heads, dv // cfg["block_v"]), tune="states", name="gdn_states",
+    )
+    vn = states["vn_ref"] if delta else u
+    out = _pallas(
+        _output_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("vn_ref", vn), ("hs_ref", states["hs_ref"]),
+                ("gam_ref", gam)] + _doc_inputs(docs),
+        outputs=[("o_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype))],
+        grid=(cfg["n_chunks"], bsz * heads), tune="output", name="gdn_output",
+    )
+    return out["o_ref"], states["ht_ref"], vn, states["hs_ref"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -368,7 +451,7 @@ def _backward_state(cfg, q, k, w, do, dvn_in, gam, docs, dht):
                                              cfg["mm_dtype"])),
             ("dh0_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
         ],
-        grid=(bsz * heads, dv // cfg["block_v"]), warps=4, stages=2, name="gdn_backward_state",
+        grid=(bsz * heads, dv // cfg["block_v"]), tune="backward_state", name="gdn_backward_state",
     )
     return outs["dvn_ref"], outs["dhs_ref"], outs["dh0_ref"]
 
@@ -380,86 +463,107 @@ def _backward_state(cfg, q, k, w, do, dvn_in, gam, docs, dht):
 def _backward_chunk_kernel(q_ref, k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn_ref, last_ref,
                            a_ref, hs_ref, dhs_ref, do_ref, vn_ref, dvn_ref,
                            dq_ref, dk_ref, dv_ref, dbeta_ref, dgam_ref, *, cfg):
+    """Parameter gradients of one chunk for one block of key channels (grid axis 2).
+
+    With R = Vb - Kb S_0 we have Vn = A R, so dR = A^T dVn, dVb = dR, dKb = -dR S_0^T and
+    dL = -A^T dA A^T = -strict_tril(dR Vn^T): no product with A beyond A^T dVn is needed.
+    The [C, C] matrices (Q K^T, K K^T, dO Vn^T, dR Vn^T) are recomputed by every key block so
+    that each program holds only [C, BK] accumulators; dbeta and d gamma are written as
+    per-key-block partial sums (``dbeta_ref``/``dgam_ref`` have a key-block axis) that XLA adds.
+    The value-side outputs (dv and its dbeta term) come from key block 0.
+    """
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
+    kb_id = pl.program_id(2)
+    bk = cfg["block_k"]
+    ksl = pl.ds(kb_id * bk, bk)
     tsl = pl.ds(n * CHUNK, CHUNK)
     mdt = cfg["mm_dtype"]
     scale = cfg["scale"]
+    delta = cfg["delta"]
 
     q = q_ref[b, tsl, h, :]
     k = k_ref[b, tsl, h, :]
-    qf, kf = q.astype(F32), k.astype(F32)
+    q_blk = q_ref[b, tsl, h, ksl]
+    k_blk = k_ref[b, tsl, h, ksl]
     gam = gam_ref[b, h, tsl]
     doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
     dmat, e_in, e_out, e_all, mask = _decays(gam, doc, conn, last)
-    s0 = hs_ref[b, h, n, :, :]  # [K, V] fp32
-    ds_c = dhs_ref[b, h, n, :, :]  # [K, V] fp32
     do = do_ref[b, tsl, h, :]
     vn = vn_ref[b, tsl, h, :]
-    dvn = dvn_ref[b, tsl, h, :]  # fp32
+    s0 = hs_ref[b, h, n, ksl, :]  # [BK, V]
+    ds_c = dhs_ref[b, h, n, ksl, :]  # [BK, V]
+    kf = k_blk.astype(F32)
 
     # Read-out O = scale [diag(e_in) Q S_0 + (Q K^T * D) Vn].
-    qk = mm_nt(q, k, mdt)
+    do_s0 = mm_nt(do, s0, mdt)  # dO S_0^T  [C, BK]
+    de_in = scale * jnp.sum(q_blk.astype(F32) * do_s0, axis=1)
     dp = scale * mm_nt(do, vn, mdt)  # [C, C]
     dpd = dp * dmat
-    do_s0 = mm_nt(do, s0, mdt)  # dO S_0^T  [C, K]
-    dq = scale * e_in[:, None] * do_s0 + mm(dpd, k, mdt)
-    de_in = scale * jnp.sum(qf * do_s0, axis=1)
-    dk = mm_tn(dpd, q, mdt)
-    d_dmat = dp * qk  # gradient w.r.t. D (inclusive part)
+    dq = scale * e_in[:, None] * do_s0 + mm(dpd, k_blk, mdt)
+    dk = mm_tn(dpd, q_blk, mdt)
+    d_dmat = dp * mm_nt(q, k, mdt)
 
     # State update S_C = e_all S_0 + (diag(e_out) K)^T Vn.
-    vn_ds = mm_nt(vn, ds_c, mdt)  # Vn dS_C^T  [C, K]
+    vn_ds = mm_nt(vn, ds_c, mdt)  # Vn dS_C^T  [C, BK]
     dk = dk + e_out[:, None] * vn_ds
     de_out = jnp.sum(kf * vn_ds, axis=1)
-    de_all = jnp.sum(s0 * ds_c)
+    de_all = jnp.sum(s0.astype(F32) * ds_c.astype(F32))
 
-    if cfg["delta"]:
-        v = v_ref[b, tsl, h, :]
+    if delta:
         beta = beta_ref[b, h, tsl]
         amat = a_ref[b, h, n, :, :]  # [C, C] fp32
-        kb = kf * (beta * e_in)[:, None]
-        vb = v.astype(F32) * beta[:, None]
-        dw = -mm_nt(dvn, s0, mdt)  # [C, K]
-        da = mm_nt(dvn, vb, mdt) + mm_nt(dw, kb, mdt)  # [C, C]
-        dvb = mm_tn(amat, dvn, mdt)  # A^T dVn  [C, V]
-        dkb = mm_tn(amat, dw, mdt)  # A^T dW  [C, K]
-        dv = dvb * beta[:, None]
-        k_dkb = jnp.sum(kf * dkb, axis=1)
-        dbeta = jnp.sum(v.astype(F32) * dvb, axis=1) + e_in * k_dkb
-        dk = dk + (beta * e_in)[:, None] * dkb
-        de_in = de_in + beta * k_dkb
-        # dL = -strict_tril(A^T dA A^T), restricted to the entries L depends on.
+        dvn = dvn_ref[b, tsl, h, :]  # fp32 [C, V]
+        dr = mm_tn(amat, dvn, mdt)  # A^T dVn  [C, V]
+        dr_s0 = mm_nt(dr, s0, mdt)  # = -dKb  [C, BK]
+        kb_grad = jnp.sum(kf * dr_s0, axis=1)
+        dk = dk - (beta * e_in)[:, None] * dr_s0
+        dbeta = -e_in * kb_grad
+        de_in = de_in - beta * kb_grad
         rows, cols = _iota(mask.shape, 0), _iota(mask.shape, 1)
-        strict = mask & (rows > cols)
-        at_da = mm_tn(amat, da, F32)
-        dl = -mm_nt(at_da, amat, F32)
-        dl = jnp.where(strict, dl, 0.0)
+        dl = jnp.where(mask & (rows > cols), -mm_nt(dr, vn, mdt), 0.0)
         kk = mm_nt(k, k, mdt)
-        dbeta = dbeta + jnp.sum(dl * kk * dmat, axis=1)
         gmat = dl * beta[:, None] * dmat
-        dk = dk + mm(gmat, k, mdt) + mm_tn(gmat, k, mdt)
-        d_dmat = d_dmat + dl * beta[:, None] * kk
-        dbeta_ref[b, h, tsl] = dbeta
-    else:
-        dv = dvn
-    dv_ref[b, tsl, h, :] = dv.astype(dv_ref.dtype)
-    dq_ref[b, tsl, h, :] = dq.astype(dq_ref.dtype)
-    dk_ref[b, tsl, h, :] = dk.astype(dk_ref.dtype)
+        dk = dk + mm(gmat, k_blk, mdt) + mm_tn(gmat, k_blk, mdt)
+        first = kb_id == 0
+        # Terms that do not depend on the key block: counted once, by block 0.
+        d_dmat = d_dmat + jnp.where(first, dl * beta[:, None] * kk, 0.0)
+        dbeta = dbeta + jnp.where(
+            first,
+            jnp.sum(v_ref[b, tsl, h, :].astype(F32) * dr, axis=1)
+            + jnp.sum(dl * kk * dmat, axis=1),
+            0.0,
+        )
+        dbeta_ref[b, h, kb_id, tsl] = dbeta
 
-    # Decay factors -> gamma: d exp(x) = exp(x) dx.
-    m = d_dmat * dmat
+        @pl.when(first)
+        def _():
+            dv_ref[b, tsl, h, :] = (dr * beta[:, None]).astype(dv_ref.dtype)
+    else:
+        first = kb_id == 0
+
+        @pl.when(first)
+        def _():
+            dv_ref[b, tsl, h, :] = dvn_ref[b, tsl, h, :].astype(dv_ref.dtype)
+
+    dq_ref[b, tsl, h, ksl] = dq.astype(dq_ref.dtype)
+    dk_ref[b, tsl, h, ksl] = dk.astype(dk_ref.dtype)
+
+    # Decay factors -> gamma: d exp(x) = exp(x) dx. The D term is counted by block 0 only
+    # (d_dmat from Q K^T and K K^T is already complete there).
+    m = jnp.where(first, d_dmat * dmat, 0.0)
     c = gam.shape[0]
     is_last = _iota((c,), 0) == c - 1
     dgam = jnp.sum(m, axis=1) - jnp.sum(m, axis=0) + de_in * e_in - de_out * e_out
     dgam = dgam + jnp.where(is_last, jnp.sum(de_out * e_out) + de_all * e_all, 0.0)
-    dgam_ref[b, h, tsl] = dgam
+    dgam_ref[b, h, kb_id, tsl] = dgam
 
 
 def _backward_chunk(cfg, q, k, v, beta, gam, docs, amat, hs, dhs, do, vn, dvn):
     bsz, tp, heads, dk = q.shape
     dv = v.shape[-1]
     delta = cfg["delta"]
+    nk = dk // cfg["block_k"]
     outs = _pallas(
         _backward_chunk_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("v_ref", v), ("beta_ref", beta if delta else None),
@@ -467,16 +571,17 @@ def _backward_chunk(cfg, q, k, v, beta, gam, docs, amat, hs, dhs, do, vn, dvn):
         + [("a_ref", amat), ("hs_ref", hs), ("dhs_ref", dhs), ("do_ref", do), ("vn_ref", vn),
            ("dvn_ref", dvn)],
         outputs=[
-            ("dq_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)),
-            ("dk_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)),
-            ("dv_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), F32)),
-            ("dbeta_ref", jax.ShapeDtypeStruct((bsz, heads, tp), F32) if delta else None),
-            ("dgam_ref", jax.ShapeDtypeStruct((bsz, heads, tp), F32)),
+            ("dq_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), q.dtype)),
+            ("dk_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)),
+            ("dv_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), v.dtype)),
+            ("dbeta_ref", jax.ShapeDtypeStruct((bsz, heads, nk, tp), F32) if delta else None),
+            ("dgam_ref", jax.ShapeDtypeStruct((bsz, heads, nk, tp), F32)),
         ],
-        grid=(cfg["n_chunks"], bsz * heads), warps=8, stages=1, name="gdn_backward_chunk",
+        grid=(cfg["n_chunks"], bsz * heads, nk), tune="backward_chunk",
+        name="gdn_backward_chunk",
     )
-    return (outs["dq_ref"], outs["dk_ref"], outs["dv_ref"], outs.get("dbeta_ref"),
-            outs["dgam_ref"])
+    dbeta = outs["dbeta_ref"].sum(axis=2) if delta else None
+    return outs["dq_ref"], outs["dk_ref"], outs["dv_ref"], dbeta, outs["dgam_ref"].sum(axis=2)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -510,8 +615,11 @@ def _make_core(static):
             w, u, amat = _prepare(cfg, k, v, beta, gam, docs)
         else:
             u = v
-        o, ht, vn, hs = _forward(cfg, q, k, u, w, gam, docs, h0,
-                                 save_vn=save or residual, save_states=save)
+        if TUNING["split_forward"]:
+            o, ht, vn, hs = _forward_split(cfg, q, k, u, w, gam, docs, h0)
+        else:
+            o, ht, vn, hs = _forward(cfg, q, k, u, w, gam, docs, h0,
+                                     save_vn=save or residual, save_states=save)
         return o, ht, vn, hs, w, amat
 
     @jax.custom_vjp

@@ -20,7 +20,10 @@ is unscaled and can be carried between calls unchanged.
 
 Implementations (``implementation=``):
 
-* ``"chunked"`` (default for ``None``/``"auto"``): the chunkwise form in ``chunked.py``;
+* ``"pallas"`` (default for ``None``/``"auto"`` on a GPU where supported): the Pallas GPU kernels
+  of the scalar-decay family (``gated_delta_rule/kernel_gpu.py``) with the delta rule off;
+  ``"pallas_interpret"`` runs them in Pallas interpret mode on any backend;
+* ``"chunked"`` (the ``"auto"`` choice elsewhere): the chunkwise form in ``chunked.py``;
 * ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
 * ``"associative_scan"``: the exact parallel form over scalar-decay affine maps, also in
   ``reference.py`` (``O(T K V log T)`` work, every state materialised).
@@ -52,6 +55,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import common
+from pallas_kernels.common import pallas_gpu
+from pallas_kernels.gated_delta_rule import kernel_gpu
 from pallas_kernels.simple_gla import chunked
 from pallas_kernels.simple_gla import reference
 
@@ -84,6 +89,18 @@ def _forward(q, k, v, g, scale, initial_state, segment_ids, *, implementation, c
     if implementation == "chunked":
         kwargs["chunk_size"] = chunk_size
     o, final_state = _IMPLEMENTATIONS[implementation](q, k, v.astype(f32), g, **kwargs)
+    return o.astype(v.dtype), final_state
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def _forward_pallas(q, k, v, g, initial_state, segment_ids, *, scale, interpret):
+    """The Pallas kernels with the delta rule off (``beta=None``); GVA heads expanded here."""
+    group = v.shape[2] // q.shape[2]
+    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    o, final_state, _ = kernel_gpu.scalar_decay_pallas(
+        q, k, v, g, None, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+        return_residual=False, interpret=interpret,
+    )
     return o.astype(v.dtype), final_state
 
 
@@ -131,8 +148,10 @@ def simple_gla(
             (exactly, also inside a chunk).
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
             clipped to ``T`` when ``T`` is shorter (one unpadded chunk).
-        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"``
-            or ``"associative_scan"``.
+        implementation: ``None``/``"auto"``, ``"pallas"``, ``"pallas_interpret"``,
+            ``"chunked"``, ``"reference"`` or ``"associative_scan"``; ``"auto"`` picks the
+            kernels on a GPU when K and V are 64 or 128, the chunk size is 64 and ``T >= 64``
+            (see :func:`pallas_kernels.common.pallas_gpu.choose_implementation`).
 
     Returns:
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``v.dtype``; ``final_state``
@@ -141,14 +160,24 @@ def simple_gla(
     Raises:
         ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
             non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
-            of two, or an unknown ``implementation``.
+            of two, an unknown ``implementation``, or an explicit ``"pallas"`` that cannot run
+            the call (no GPU, head dims other than 64/128, another chunk size), with the reason.
     """
-    impl = common.resolve_implementation(implementation, tuple(_IMPLEMENTATIONS))
     _validate(q, k, v, g, initial_state, segment_ids, chunk_size)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
+    impl = pallas_gpu.choose_implementation(
+        "simple_gla", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv), chunk_size,
+        seq_len,
+    )
     if scale is None:
         scale = dk ** -0.5
+    if impl in pallas_gpu.PALLAS_IMPLEMENTATIONS:
+        o, final_state = _forward_pallas(
+            q, k, v, g, initial_state, segment_ids, scale=float(scale),
+            interpret=impl == "pallas_interpret",
+        )
+        return o, (final_state if output_final_state else None)
     if initial_state is None:
         # Zeros rather than a None branch: one compiled program serves both cases.
         initial_state = jnp.zeros((batch, heads, dk, dv), jnp.float32)

@@ -1,0 +1,188 @@
+"""The Pallas GPU kernels of the scalar-decay family against the fp32 token-serial references.
+
+``InterpretTest`` runs the kernels in Pallas interpret mode (``implementation=
+"pallas_interpret"``) on whatever backend runs the suite, so CI checks the kernel code itself on
+CPU; inputs are fp32, so the kernels run every product in fp32 and must match the references to
+fp32 rounding. ``GpuTest`` (marked ``gpu``, skipped without a GPU) compiles the same kernels
+with Triton and checks bf16 inputs against the fp32 reference by relative RMS error, with FLA's
+gates (o and states 5e-3, dq/dk/dv/dh0 8e-3, dbeta/dg 2e-2; ../shared/BENCHMARKS.md §5.5).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels import gated_delta_rule as gdr
+from pallas_kernels import simple_gla as sg
+from pallas_kernels.gated_delta_rule import reference as gdr_reference
+from pallas_kernels.simple_gla import reference as sg_reference
+from tests import tolerances
+
+OPS = ("gdn", "deltanet", "simple_gla", "lightning", "linear_attn")
+
+
+def _inputs(seed, batch, seq_len, key_heads, heads, dim, *, dtype=jnp.float32, decay=1.0):
+    keys = jax.random.split(jax.random.key(seed), 8)
+
+    def l2(x):
+        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+    q = l2(jax.random.normal(keys[0], (batch, seq_len, key_heads, dim))).astype(dtype)
+    k = l2(jax.random.normal(keys[1], (batch, seq_len, key_heads, dim))).astype(dtype)
+    v = jax.random.normal(keys[2], (batch, seq_len, heads, dim)).astype(dtype)
+    g = decay * jax.nn.log_sigmoid(jax.random.normal(keys[3], (batch, seq_len, heads)))
+    beta = jax.nn.sigmoid(jax.random.normal(keys[4], (batch, seq_len, heads)))
+    h0 = 0.5 * jax.random.normal(keys[5], (batch, heads, dim, dim))
+    log_decay = -jax.random.uniform(keys[6], (heads,), minval=0.01, maxval=1.0) * decay
+    return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, log_decay=log_decay), keys[7]
+
+
+def _call(op, impl, q, k, v, g, beta, h0, log_decay, segment_ids):
+    """``(o, final_state)`` of ``op`` with implementation ``impl`` (None: fp32 reference)."""
+    kw = dict(initial_state=h0, output_final_state=True, segment_ids=segment_ids)
+    if impl is None:
+        # The references take expanded heads in fp32.
+        group = v.shape[2] // q.shape[2]
+        q, k = (jnp.repeat(x.astype(jnp.float32), group, axis=2) for x in (q, k))
+        v = v.astype(jnp.float32)
+        scale = q.shape[-1] ** -0.5
+        if op in ("gdn", "deltanet"):
+            o, s, _ = gdr_reference.gated_delta_rule_reference(
+                q, k, v, g if op == "gdn" else None, beta, scale=scale, initial_state=h0,
+                segment_ids=segment_ids)
+            return o, s
+        gate = {"simple_gla": g, "linear_attn": None,
+                "lightning": jnp.broadcast_to(log_decay, g.shape)}[op]
+        return sg_reference.simple_gla_reference(q, k, v, gate, scale=scale, initial_state=h0,
+                                                 segment_ids=segment_ids)
+    kw["implementation"] = impl
+    if op == "gdn":
+        return gdr.gated_delta_rule(q, k, v, g, beta, **kw)
+    if op == "deltanet":
+        return gdr.delta_rule(q, k, v, beta, **kw)
+    if op == "simple_gla":
+        return sg.simple_gla(q, k, v, g, **kw)
+    if op == "lightning":
+        return sg.lightning_attention(q, k, v, log_decay, **kw)
+    return sg.linear_attention(q, k, v, **kw)
+
+
+_DIFF_ARGS = {
+    "gdn": ("q", "k", "v", "g", "beta", "h0"),
+    "deltanet": ("q", "k", "v", "beta", "h0"),
+    "simple_gla": ("q", "k", "v", "g", "h0"),
+    "lightning": ("q", "k", "v", "log_decay", "h0"),
+    "linear_attn": ("q", "k", "v", "h0"),
+}
+
+
+def _outputs_and_grads(op, impl, inputs, segment_ids, cot_key):
+    names = _DIFF_ARGS[op]
+
+    def loss(*diff):
+        args = dict(inputs, **dict(zip(names, diff)))
+        o, s = _call(op, impl, segment_ids=segment_ids, **args)
+        return o, s
+
+    (o, s), vjp = jax.vjp(loss, *[inputs[n] for n in names])
+    keys = jax.random.split(cot_key, 2)
+    do = jax.random.normal(keys[0], o.shape).astype(o.dtype)
+    ds = jax.random.normal(keys[1], s.shape)
+    grads = vjp((do, ds))
+    return o, s, dict(zip(names, grads))
+
+
+class InterpretTest(parameterized.TestCase):
+    """fp32 inputs in Pallas interpret mode: the kernels equal the reference to fp32 rounding."""
+
+    def check(self, op, *, batch=1, seq_len=65, key_heads=2, heads=2, dim=64, decay=1.0,
+              segment_ids=None, seed=0):
+        inputs, cot_key = _inputs(seed, batch, seq_len, key_heads, heads, dim, decay=decay)
+        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key)
+        got = _outputs_and_grads(op, "pallas_interpret", inputs, segment_ids, cot_key)
+        tol = tolerances.fwd_tol(jnp.float32)
+        np.testing.assert_allclose(got[0], want[0], err_msg=f"{op} o", **tol)
+        np.testing.assert_allclose(got[1], want[1], err_msg=f"{op} final_state", **tol)
+        gtol = tolerances.grad_tol(jnp.float32)
+        for name in _DIFF_ARGS[op]:
+            scale = float(jnp.max(jnp.abs(want[2][name]))) + 1e-6
+            np.testing.assert_allclose(got[2][name] / scale, want[2][name] / scale,
+                                       err_msg=f"{op} d{name}", **gtol)
+
+    @parameterized.parameters(*OPS)
+    def test_ragged_length_with_initial_state(self, op):
+        # T = 65: one full chunk and a one-token tail chunk (padded inside the op).
+        self.check(op, seq_len=65)
+
+    @parameterized.parameters("gdn", "simple_gla", "deltanet")
+    def test_packed_documents(self, op):
+        # One row of five documents, boundaries inside and on chunk edges (10, 40, 43, 64).
+        lengths = [10, 30, 3, 21, 36]
+        segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None], jnp.int32)
+        self.check(op, seq_len=sum(lengths), segment_ids=segment_ids, seed=1)
+
+    @parameterized.parameters("gdn", "simple_gla")
+    def test_strong_decay(self, op):
+        # Log-decays down to about -20 per token: exponents must be masked before exp.
+        self.check(op, seq_len=96, decay=8.0, seed=2)
+
+    def test_gva_and_head_dim_128(self):
+        # Two value heads per key head, K = V = 128 (two key blocks in the gradient kernel).
+        self.check("gdn", seq_len=70, key_heads=1, heads=2, dim=128, batch=2, seed=3)
+
+    def test_auto_on_cpu_is_chunked_and_explicit_pallas_raises(self):
+        inputs, _ = _inputs(0, 1, 64, 1, 1, 64)
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+        if jax.default_backend() != "gpu":
+            with self.assertRaisesRegex(ValueError, "need a GPU backend"):
+                gdr.gated_delta_rule(*args, implementation="pallas")
+            np.testing.assert_array_equal(gdr.gated_delta_rule(*args)[0],
+                                          gdr.gated_delta_rule(*args, implementation="chunked")[0])
+        with self.assertRaisesRegex(ValueError, "head dim 32"):
+            sg.simple_gla(inputs["q"][..., :32], inputs["k"][..., :32], inputs["v"],
+                          inputs["g"], implementation="pallas_interpret")
+        with self.assertRaisesRegex(ValueError, "chunk_size=32"):
+            gdr.delta_rule(inputs["q"], inputs["k"], inputs["v"], inputs["beta"],
+                           chunk_size=32, implementation="pallas_interpret")
+
+    def test_residual_matches_chunked(self):
+        inputs, _ = _inputs(4, 1, 80, 2, 2, 64)
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+        _, _, u_kernel = gdr.gated_delta_rule(*args, return_residual=True,
+                                              implementation="pallas_interpret")
+        _, _, u_chunked = gdr.gated_delta_rule(*args, return_residual=True,
+                                               implementation="chunked")
+        np.testing.assert_allclose(u_kernel, u_chunked, **tolerances.fwd_tol(jnp.float32))
+
+
+@pytest.mark.gpu
+class GpuTest(parameterized.TestCase):
+    """bf16 inputs compiled by Triton on a GPU, against the fp32 reference (FLA's gates)."""
+
+    def setUp(self):
+        super().setUp()
+        if jax.default_backend() != "gpu":
+            self.skipTest("needs a GPU")
+
+    @parameterized.product(op=OPS, packed=(False, True))
+    def test_bf16_against_fp32_reference(self, op, packed):
+        seq_len = 1000
+        segment_ids = None
+        if packed:
+            lengths = [100, 257, 64, 300, 279]
+            segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None].repeat(2, 0),
+                                      jnp.int32)
+        inputs, cot_key = _inputs(0, 2, seq_len, 4, 4, 128, dtype=jnp.bfloat16)
+        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key)
+        got = _outputs_and_grads(op, "pallas", inputs, segment_ids, cot_key)
+        self.assertLess(tolerances.rel_err(got[0], want[0]), 5e-3, "o")
+        self.assertLess(tolerances.rel_err(got[1], want[1]), 5e-3, "final_state")
+        for name in _DIFF_ARGS[op]:
+            limit = 2e-2 if name in ("g", "beta", "log_decay") else 8e-3
+            self.assertLess(tolerances.rel_err(got[2][name], want[2][name]), limit, f"d{name}")
+
+
+if __name__ == "__main__":
+    absltest.main()
