@@ -1,0 +1,443 @@
+r"""Kernel benchmark: our ops against fla (Triton, torch) and jax-linear-attention on one GPU.
+
+Protocol (../shared/BENCHMARKS.md §5): identical inputs for every peer (generated from one numpy
+seed in each process, bf16 q/k/v, unit-norm k, scale K^-0.5, fp32 gates g = logsigmoid(N(0, 1))
+and beta/b/w = sigmoid(N(0, 1)), Lightning with FLA's fixed per-head decay of layer 0 of 12);
+passes ``fwd`` (plain call) and ``fwdbwd`` (forward plus the VJP of a fixed bf16 cotangent,
+gradients for q, k, v and the gates); a correctness gate (relative RMS error of o and of every
+gradient against our fp32 ``lax.scan`` reference at (2, 2048, 4, 128)) before any time counts.
+Times are wall clock per call: the median of ``--iters`` calls after ``--warmup`` calls, with a
+device sync after each (JAX: ``block_until_ready``; torch: ``triton.testing.do_bench``, which
+also flushes L2). fla runs in a separate torch process started by this binary
+(``--torch_worker``), with ``FLA_DISABLE_BACKEND_DISPATCH=1`` and FLA's Triton-3.6 guard on the
+gated backward lifted for timing only (fla issue #640: its dbeta/dg are then unreliable).
+
+Shapes: S1 (B=8, T=4096, H=16, D=128), S2 (B=1, T=32768, H=16, D=128) and P1 (one 32768-token row
+packed with 16 documents of pseudo-random lengths; fla gets ``cu_seqlens``, JAX ops
+``segment_ids``). The floor R is the §3 roofline (identical for all three shapes).
+
+Usage (on the GPU machine, after installing the peers' wheels from ../shared/tools/gpu-wheels.sh)::
+
+    python experiments/bench_kernels.py --ops=gdn,deltanet,lightning,kda,gdn2 \
+        --shapes=S1,S2,P1 --out=benchmarks/results/kernels-h200-<date>
+
+writes ``<out>.json`` (one record per peer, op, shape and pass) and ``<out>.md`` (the tables).
+"""
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+from absl import app, flags
+
+_OPS = flags.DEFINE_list("ops", ["gdn", "deltanet", "lightning", "kda", "gdn2"], "Ops to time.")
+_SHAPES = flags.DEFINE_list("shapes", ["S1", "S2", "P1"], "Shapes: S1, S2, P1 or BxTxH.")
+_PASSES = flags.DEFINE_list("passes", ["fwd", "fwdbwd"], "Passes: fwd, fwdbwd.")
+_PEERS = flags.DEFINE_list("peers", ["ours", "chunked", "jla", "fla"],
+                           "Implementations: ours (auto dispatch), chunked, jla, fla.")
+_ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
+_WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
+_OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
+_GATE_SHAPE = flags.DEFINE_string("gate_shape", "2x2048x4", "BxTxH of the correctness gate.")
+_DIM = flags.DEFINE_integer("dim", 128, "Head dim K = V.")
+_TORCH_WORKER = flags.DEFINE_bool("torch_worker", False, "Internal: time fla in this process.")
+_CHUNKED_SHAPES = flags.DEFINE_list(
+    "chunked_shapes", ["S1"], "Shapes at which the chunked JAX form is timed (it is slow).")
+
+# Floors (ms) at N = 524,288 token-heads, D = 128 (BENCHMARKS.md §3): (fwd, fwd+bwd).
+FLOOR_MS = {"gdn": (0.126, 0.371), "deltanet": (0.126, 0.371), "lightning": (0.125, 0.34),
+            "kda": (0.187, None), "gdn2": (0.312, None)}
+SHAPES = {"S1": (8, 4096, 16), "S2": (1, 32768, 16), "P1": (1, 32768, 16)}
+
+
+def _shape(name):
+    """``(B, T, H)`` of a named shape or of ``"BxTxH"`` (``"P"`` prefix: packed documents)."""
+    if name in SHAPES:
+        return SHAPES[name]
+    return tuple(int(x) for x in name.lstrip("P").lower().split("x"))
+
+
+def _doc_lengths(total, n_docs, seed=1):
+    rng = np.random.default_rng(seed)
+    cuts = np.sort(rng.choice(np.arange(1, total), n_docs - 1, replace=False))
+    return np.diff(np.concatenate([[0], cuts, [total]]))
+
+
+def make_inputs(op, batch, seq_len, heads, dim, packed, seed=0):
+    """numpy inputs (fp32; q, k, v are rounded to bf16 by each framework identically)."""
+    rng = np.random.default_rng(seed)
+    shape = (batch, seq_len, heads, dim)
+    q = rng.standard_normal(shape, np.float32)
+    k = rng.standard_normal(shape, np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal(shape, np.float32)
+    do = rng.standard_normal(shape, np.float32)
+
+    def logsig(x):
+        return -np.logaddexp(0.0, -x)
+
+    def sig(x):
+        return 1.0 / (1.0 + np.exp(-x))
+
+    out = dict(q=q, k=k, v=v, do=do)
+    if op in ("gdn",):
+        out["g"] = logsig(rng.standard_normal(shape[:3], np.float32)).astype(np.float32)
+    if op in ("gdn", "deltanet", "kda"):
+        out["beta"] = sig(rng.standard_normal(shape[:3], np.float32)).astype(np.float32)
+    if op in ("kda", "gdn2"):
+        out["g"] = logsig(rng.standard_normal(shape, np.float32)).astype(np.float32)
+    if op == "gdn2":
+        out["b"] = sig(rng.standard_normal(shape, np.float32)).astype(np.float32)
+        out["w"] = sig(rng.standard_normal(shape, np.float32)).astype(np.float32)
+    if op == "lightning":
+        out["g_gamma"] = (-(8.0 / heads) * np.arange(heads)).astype(np.float32)
+    if packed:
+        lengths = _doc_lengths(seq_len, 16)
+        out["segment_ids"] = np.repeat(np.arange(16), lengths)[None].astype(np.int32)
+        out["cu_seqlens"] = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return out
+
+
+def _gate_names(op):
+    return {"gdn": ("g", "beta"), "deltanet": ("beta",), "lightning": (),
+            "kda": ("g", "beta"), "gdn2": ("g", "b", "w")}[op]
+
+
+# ---------------------------------------------------------------------------------------------
+# JAX side: ours, our chunked form, jla.
+
+
+def _jax_fn(op, peer, segment_ids):
+    import jax.numpy as jnp
+
+    from pallas_kernels import gated_delta_rule as gdr
+    from pallas_kernels import gdn2 as gdn2_ops
+    from pallas_kernels import kda as kda_ops
+    from pallas_kernels import simple_gla as sg
+
+    if peer == "jla":
+        import jla.ops as jla_ops
+        kind = {"gdn": "gated_deltanet", "deltanet": "deltanet", "lightning": "simple_gla",
+                "kda": "kda", "gdn2": "gdn2"}[op]
+
+        def fn(q, k, v, **gates):
+            if op == "lightning":
+                gates = dict(g=jnp.broadcast_to(gates.pop("g_gamma"), q.shape[:3]))
+            o = jla_ops.linear_attention(kind, q, k, v, impl="mosaic_gpu",
+                                         scale=q.shape[-1] ** -0.5, segment_ids=segment_ids,
+                                         **gates)
+            return o[0]
+        return fn
+    impl = None if peer == "ours" else "chunked"
+    kw = dict(segment_ids=segment_ids, implementation=impl)
+
+    def fn(q, k, v, **gates):
+        if op == "gdn":
+            return gdr.gated_delta_rule(q, k, v, gates["g"], gates["beta"], **kw)[0]
+        if op == "deltanet":
+            return gdr.delta_rule(q, k, v, gates["beta"], **kw)[0]
+        if op == "lightning":
+            return sg.lightning_attention(q, k, v, gates["g_gamma"], **kw)[0]
+        if op == "kda":
+            return kda_ops.kda(q, k, v, gates["g"], gates["beta"], **kw)[0]
+        return gdn2_ops.gdn2(q, k, v, gates["g"], gates["b"], gates["w"], **kw)[0]
+    return fn
+
+
+def _jax_reference(op, segment_ids):
+    """fp32 token-serial reference (``implementation="reference"``)."""
+    from pallas_kernels import gated_delta_rule as gdr
+    from pallas_kernels import gdn2 as gdn2_ops
+    from pallas_kernels import kda as kda_ops
+    from pallas_kernels import simple_gla as sg
+    kw = dict(segment_ids=segment_ids, implementation="reference")
+
+    def fn(q, k, v, **gates):
+        if op == "gdn":
+            return gdr.gated_delta_rule(q, k, v, gates["g"], gates["beta"], **kw)[0]
+        if op == "deltanet":
+            return gdr.delta_rule(q, k, v, gates["beta"], **kw)[0]
+        if op == "lightning":
+            return sg.lightning_attention(q, k, v, gates["g_gamma"], **kw)[0]
+        if op == "kda":
+            return kda_ops.kda(q, k, v, gates["g"], gates["beta"], **kw)[0]
+        return gdn2_ops.gdn2(q, k, v, gates["g"], gates["b"], gates["w"], **kw)[0]
+    return fn
+
+
+def _jax_passes(fn, names):
+    import jax
+
+    def fwd(q, k, v, do, **gates):
+        return fn(q, k, v, **gates)
+
+    def fwdbwd(q, k, v, do, **gates):
+        def f(q, k, v, *gs):
+            return fn(q, k, v, **{**gates, **dict(zip(names, gs))})
+        o, vjp = jax.vjp(f, q, k, v, *[gates[n] for n in names])
+        return vjp(do.astype(o.dtype))
+
+    return {"fwd": jax.jit(fwd), "fwdbwd": jax.jit(fwdbwd)}
+
+
+def _time_jax(f, args, kwargs):
+    import jax
+    for _ in range(_WARMUP.value):
+        jax.block_until_ready(f(*args, **kwargs))
+    times = []
+    for _ in range(_ITERS.value):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args, **kwargs))
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times)), float(np.min(times))
+
+
+def _to_jax(inputs, op):
+    import jax.numpy as jnp
+    args = tuple(jnp.asarray(inputs[n], jnp.bfloat16) for n in ("q", "k", "v", "do"))
+    gates = {n: jnp.asarray(inputs[n]) for n in _gate_names(op)}
+    if op == "lightning":
+        gates["g_gamma"] = jnp.asarray(inputs["g_gamma"])
+    seg = inputs.get("segment_ids")
+    return args, gates, None if seg is None else jnp.asarray(seg)
+
+
+def _rel(a, b):
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def correctness_gate(op, peer):
+    """Relative RMS errors of o and each gradient against the fp32 reference (§5.5)."""
+    import jax
+    import jax.numpy as jnp
+    batch, seq_len, heads = _shape(_GATE_SHAPE.value)
+    inputs = make_inputs(op, batch, seq_len, heads, _DIM.value, packed=False, seed=7)
+    (q, k, v, do), gates, seg = _to_jax(inputs, op)
+    names = tuple(gates)
+    if op == "lightning":
+        names = ()  # FLA's fixed g_gamma is not trained
+    ref_passes = _jax_passes(_jax_reference(op, seg), names)
+    f32 = [x.astype(jnp.float32) for x in (q, k, v)]
+    want_o = ref_passes["fwd"](*f32, do, **gates)
+    want_g = ref_passes["fwdbwd"](*f32, do.astype(jnp.float32), **gates)
+    passes = _jax_passes(_jax_fn(op, peer, seg), names)
+    got_o = passes["fwd"](q, k, v, do, **gates)
+    got_g = passes["fwdbwd"](q, k, v, do, **gates)
+    errs = {"o": _rel(got_o.astype(jnp.float32), want_o)}
+    for name, a, b in zip(("q", "k", "v") + names, got_g, want_g):
+        errs["d" + name] = _rel(jnp.asarray(a, jnp.float32), b)
+    limits = {"o": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3}
+    ok = all(e < limits.get(n, 2e-2) for n, e in errs.items())
+    del jax
+    return ok, errs
+
+
+def run_jax(records):
+    import jax
+    for op in _OPS.value:
+        for peer in [p for p in _PEERS.value if p != "fla"]:
+            gate_ok, errs = (True, {})
+            if peer == "ours":
+                try:
+                    gate_ok, errs = correctness_gate(op, peer)
+                except Exception as e:  # noqa: BLE001 - recorded, never silent
+                    gate_ok, errs = False, {"error": repr(e)[:300]}
+                print(f"gate {op} {peer}: {'green' if gate_ok else 'RED'} {errs}", flush=True)
+            for shape in _SHAPES.value:
+                batch, seq_len, heads = _shape(shape)
+                if peer == "chunked" and shape not in _CHUNKED_SHAPES.value:
+                    continue
+                inputs = make_inputs(op, batch, seq_len, heads, _DIM.value,
+                                     packed=shape.startswith("P"))
+                (q, k, v, do), gates, seg = _to_jax(inputs, op)
+                names = () if op == "lightning" else tuple(gates)
+                passes = _jax_passes(_jax_fn(op, peer, seg), names)
+                for pas in _PASSES.value:
+                    rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,
+                                                                    _DIM.value], pass_=pas,
+                               gate=gate_ok, gate_errors=errs)
+                    try:
+                        rec["ms"], rec["ms_min"] = _time_jax(passes[pas], (q, k, v, do), gates)
+                    except Exception as e:  # noqa: BLE001
+                        rec["error"] = repr(e)[:300]
+                    print(json.dumps(rec), flush=True)
+                    records.append(rec)
+                del q, k, v, do, gates
+        jax.clear_caches()
+
+
+# ---------------------------------------------------------------------------------------------
+# torch side: fla.
+
+
+def run_fla():
+    os.environ["FLA_DISABLE_BACKEND_DISPATCH"] = "1"
+    import torch
+    import triton
+    import fla.ops.common.chunk_o as chunk_o
+    chunk_o.TRITON_ABOVE_3_7_1 = True  # lift the Triton-3.6 guard for timing (fla #640)
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.gdn2 import chunk_gdn2
+    from fla.ops.kda import chunk_kda
+    from fla.ops.simple_gla import chunk_simple_gla
+    records = []
+    dev = "cuda"
+    for op in _OPS.value:
+        for shape in _SHAPES.value:
+            batch, seq_len, heads = _shape(shape)
+            inputs = make_inputs(op, batch, seq_len, heads, _DIM.value,
+                                 packed=shape.startswith("P"))
+            t = {n: torch.from_numpy(inputs[n]).to(dev) for n in ("q", "k", "v", "do")}
+            for n in ("q", "k", "v", "do"):
+                t[n] = t[n].to(torch.bfloat16)
+            gates = {n: torch.from_numpy(inputs[n]).to(dev) for n in _gate_names(op)}
+            kw = dict(scale=_DIM.value ** -0.5)
+            if "cu_seqlens" in inputs:
+                kw["cu_seqlens"] = torch.from_numpy(inputs["cu_seqlens"]).to(dev)
+                kw["cu_seqlens_cpu"] = torch.from_numpy(inputs["cu_seqlens"])
+
+            def call(q, k, v, gs, op=op, kw=kw, inputs=inputs):
+                if op == "gdn":
+                    return chunk_gated_delta_rule(q, k, v, gs["g"], gs["beta"], **kw)[0]
+                if op == "deltanet":
+                    return chunk_delta_rule(q, k, v, gs["beta"], **kw)[0]
+                if op == "lightning":
+                    g_gamma = torch.from_numpy(inputs["g_gamma"]).to(dev)
+                    return chunk_simple_gla(q, k, v, g_gamma=g_gamma, **kw)[0]
+                if op == "kda":
+                    return chunk_kda(q, k, v, gs["g"], gs["beta"], **kw)[0]
+                return chunk_gdn2(q, k, v, gs["g"], gs["b"], gs["w"], **kw)[0]
+
+            for pas in _PASSES.value:
+                rec = dict(peer="fla", op=op, shape=shape,
+                           bthd=[batch, seq_len, heads, _DIM.value], pass_=pas)
+                try:
+                    if pas == "fwd":
+                        def fn():
+                            with torch.no_grad():
+                                return call(t["q"], t["k"], t["v"], gates)
+                    else:
+                        leaves = [t["q"], t["k"], t["v"]] + list(gates.values())
+                        leaves = [x.detach().requires_grad_(True) for x in leaves]
+
+                        def fn(leaves=leaves):
+                            gs = dict(zip(gates, leaves[3:]))
+                            o = call(leaves[0], leaves[1], leaves[2], gs)
+                            return torch.autograd.grad(o, leaves, t["do"])
+                    for _ in range(_WARMUP.value):
+                        fn()
+                    torch.cuda.synchronize()
+                    rec["ms"] = float(triton.testing.do_bench(fn, warmup=25, rep=100,
+                                                              return_mode="median"))
+                    rec["ms_min"] = float(triton.testing.do_bench(fn, warmup=5, rep=50,
+                                                                  return_mode="min"))
+                except Exception as e:  # noqa: BLE001
+                    rec["error"] = repr(e)[:300]
+                print(json.dumps(rec), flush=True)
+                records.append(rec)
+            torch.cuda.empty_cache()
+    return records
+
+
+# ---------------------------------------------------------------------------------------------
+# Report.
+
+
+def _versions():
+    out = dict(python=platform.python_version(), date=datetime.date.today().isoformat())
+    for mod in ("jax", "jaxlib", "torch", "triton", "fla", "jla"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:  # noqa: BLE001 - a missing peer is reported as absent
+            out[mod] = None
+    try:
+        out["gpu"] = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm",
+             "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout.strip()
+    except OSError:
+        out["gpu"] = None
+    return out
+
+
+def markdown(records, versions, command):
+    by = {}
+    for r in records:
+        by[(r["op"], r["shape"], r["pass_"], r["peer"])] = r
+    lines = [f"# Kernel benchmark, {versions['date']}", "",
+             f"Hardware: {versions.get('gpu')}. Versions: " + ", ".join(
+                 f"{k} {v}" for k, v in versions.items() if k not in ("gpu", "date")) + ".",
+             "", f"Command: `{command}`", "",
+             "Wall-clock median per call (ms); ratios > 1 mean ours is faster. R = roofline "
+             "floor of BENCHMARKS.md §3; %R = R / t_ours. `ours` is each op's `auto` dispatch "
+             "(Pallas kernels for GDN, DeltaNet, Lightning; the chunked JAX form for KDA and "
+             "GDN2, which have no kernel yet).", ""]
+    gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "ours"}
+    lines += ["Correctness gate (ours vs the fp32 reference, relative RMS error):", ""]
+    for op, errs in gates.items():
+        lines.append(f"- {op}: " + ", ".join(
+            f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in (errs or {}).items()))
+    lines += ["",
+              "| op | shape | pass | ours | fla | jla | chunked | fla/ours | jla/ours | R | %R |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for op in dict.fromkeys(r["op"] for r in records):
+        for shape in dict.fromkeys(r["shape"] for r in records):
+            for pas in ("fwd", "fwdbwd"):
+                row = {p: by.get((op, shape, pas, p), {}).get("ms") for p in
+                       ("ours", "fla", "jla", "chunked")}
+                if not any(row.values()):
+                    continue
+                # The floors hold at N = B*T*H = 524,288 token-heads (the core shapes).
+                floor = FLOOR_MS[op][0 if pas == "fwd" else 1] if shape in SHAPES else None
+
+                def fmt(x):
+                    return "–" if x is None else f"{x:.3f}"
+
+                def ratio(p):
+                    return "–" if not (row[p] and row["ours"]) else f"{row[p] / row['ours']:.2f}"
+                pct = "–" if not (floor and row["ours"]) else f"{100 * floor / row['ours']:.0f}%"
+                lines.append(f"| {op} | {shape} | {pas} | {fmt(row['ours'])} | {fmt(row['fla'])}"
+                             f" | {fmt(row['jla'])} | {fmt(row['chunked'])} | {ratio('fla')} | "
+                             f"{ratio('jla')} | {fmt(floor)} | {pct} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    del argv
+    if _TORCH_WORKER.value:
+        for rec in run_fla():
+            print("FLA_RECORD " + json.dumps(rec), flush=True)
+        return
+    records = []
+    command = "python " + " ".join(sys.argv)
+    if "fla" in _PEERS.value:
+        args = [sys.executable, os.path.abspath(__file__), "--torch_worker"] + [
+            a for a in sys.argv[1:] if not a.startswith("--out")]
+        proc = subprocess.run(args, capture_output=True, text=True, check=False)
+        for line in proc.stdout.splitlines():
+            if line.startswith("FLA_RECORD "):
+                records.append(json.loads(line[len("FLA_RECORD "):]))
+        if proc.returncode != 0:
+            print("fla worker failed:\n" + proc.stderr[-3000:], flush=True)
+    run_jax(records)
+    versions = _versions()
+    md = markdown(records, versions, command)
+    print(md)
+    if _OUT.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+        with open(_OUT.value + ".json", "w") as f:
+            json.dump(dict(versions=versions, command=command, records=records), f, indent=1)
+        with open(_OUT.value + ".md", "w") as f:
+            f.write(md)
+
+
+if __name__ == "__main__":
+    app.run(main)
