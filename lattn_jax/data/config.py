@@ -16,16 +16,17 @@ import os
 from typing import Literal
 
 from lattn_jax import assets
+from lattn_jax.data import shards
 
-__all__ = ["DataConfig", "DocSplit", "Format", "TokenizerKind"]
+__all__ = ["DataConfig", "DocSplit", "Format", "TokenizerKind", "resolved_format"]
 
-Format = Literal["auto", "text", "jsonl"]
+Format = Literal["auto", "text", "jsonl", "parquet", "tokens"]
 DocSplit = Literal["wikitext", "blank_line", "line", "file"]
-TokenizerKind = Literal["sentencepiece", "byte"]
+TokenizerKind = Literal["sentencepiece", "huggingface", "gguf", "byte"]
 
-_FORMATS = ("auto", "text", "jsonl")
+_FORMATS = ("auto", "text", "jsonl", "parquet", "tokens")
 _DOC_SPLITS = ("wikitext", "blank_line", "line", "file")
-_TOKENIZERS = ("sentencepiece", "byte")
+_TOKENIZERS = ("sentencepiece", "huggingface", "gguf", "byte")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,27 +35,35 @@ class DataConfig:
 
     Attributes:
         paths: data files and/or directories. A directory is searched recursively for files ending
-            in ``.txt``, ``.raw``, ``.text``, ``.jsonl``, ``.jsonl.gz`` or ``.json.gz`` (sorted,
-            hidden files skipped; so ``LICENSE.md`` next to the data is not read). A file named
-            explicitly is read whatever its extension. A single string is wrapped in a tuple.
-        format: ``"text"``, ``"jsonl"``, or ``"auto"`` (per file: ``.jsonl``, ``.jsonl.gz`` and
-            ``.json.gz`` are JSONL, everything else is plain text).
-        text_field: JSONL key that holds the document text.
+            in ``.txt``, ``.raw``, ``.text``, ``.jsonl``, ``.jsonl.gz``, ``.json.gz``,
+            ``.jsonl.zst``, ``.json.zst`` or ``.parquet`` (sorted, hidden files skipped; so
+            ``LICENSE.md`` next to the data is not read). A file named explicitly is read whatever
+            its extension. A directory holding a ``manifest.json`` is a token-shard directory
+            written by ``experiments/prepare_data.py``. A single string is wrapped in a tuple.
+        format: ``"text"``, ``"jsonl"``, ``"parquet"``, ``"tokens"`` (token-shard directories),
+            or ``"auto"``: token shards if every path is a token-shard directory, else per file by
+            name (``.jsonl[.gz|.zst]``/``.json.gz``/``.json.zst`` are JSONL, ``.parquet`` is
+            Parquet, everything else is plain text).
+        text_field: JSONL key / Parquet column that holds the document text.
         doc_split: how plain text is cut into documents. ``"wikitext"``: a new document starts at
             every line ``" = Title = "`` (exactly one ``=`` on each side; ``" = = Section = = "``
             does not start one); ``"blank_line"``: documents are separated by one or more blank
             lines; ``"line"``: one document per line; ``"file"``: one document per file. Ignored for
             JSONL (one document per record).
-        tokenizer: ``"sentencepiece"`` or ``"byte"`` (UTF-8 bytes, EOS 256, vocabulary 257).
-        tokenizer_path: SentencePiece model file. ``None`` with ``"sentencepiece"`` selects the
-            bundled LLaMA-2 model (``lattn_jax/assets/tokenizers/llama2/tokenizer.model``); must be
-            ``None`` with ``"byte"``.
+        tokenizer: ``"sentencepiece"``, ``"huggingface"`` (a ``tokenizer.json``), ``"gguf"`` (the
+            vocabulary embedded in a ``.gguf`` model file) or ``"byte"`` (UTF-8 bytes, EOS 256,
+            vocabulary 257). With token shards it must be the tokenizer they were made with.
+        tokenizer_path: the tokenizer's file. ``None`` with ``"sentencepiece"`` selects the
+            bundled LLaMA-2 model (``lattn_jax/assets/tokenizers/llama2/tokenizer.model``);
+            required with ``"huggingface"`` and ``"gguf"``; must be ``None`` with ``"byte"``.
         seq_len: tokens per example (inputs and targets each have ``seq_len`` tokens).
         batch_size: global batch size (examples per step over all processes); must be divisible by
             ``jax.process_count()`` (checked when the pipeline is built).
         val_fraction: fraction of DOCUMENTS held out for validation, in ``(0, 1)``; at least one
             document is always held out and at least one kept for training.
         seed: seed of the document split and of the window shuffle.
+        shuffle: shuffle the train windows (reshuffled every epoch); ``False`` reads them in
+            stream order (documents still in the seeded split order).
         max_val_batches: cap on the number of validation batches, ``None`` for all of them.
 
     Raises:
@@ -74,6 +83,7 @@ class DataConfig:
     val_fraction: float = 0.01
     seed: int = 0
     max_val_batches: int | None = None
+    shuffle: bool = True
 
     def __post_init__(self):
         paths = self.paths
@@ -104,6 +114,9 @@ class DataConfig:
                     f"{self.tokenizer_path!r}")
         else:
             path = self.tokenizer_path
+            if path is None and self.tokenizer != "sentencepiece":
+                raise ValueError(f"data.tokenizer_path: required for tokenizer="
+                                 f"{self.tokenizer!r} (a tokenizer.json or .gguf file)")
             if path is None:
                 path = assets.asset_path(assets.LLAMA2_TOKENIZER)
             path = os.fspath(path)
@@ -120,6 +133,35 @@ class DataConfig:
                 or not 0.0 < self.val_fraction < 1.0):
             raise ValueError(f"data.val_fraction: expected a number in (0, 1), got "
                              f"{self.val_fraction!r}")
+        if not isinstance(self.shuffle, bool):
+            raise ValueError(f"data.shuffle: expected True or False, got {self.shuffle!r}")
+        resolved_format(self)  # token-shard directories: all or none, each with a manifest
+
+
+def resolved_format(config: DataConfig) -> str:
+    """``"tokens"`` if ``config.paths`` are token-shard directories, else ``config.format``.
+
+    Raises:
+        FileNotFoundError: ``format="tokens"`` and a path has no ``manifest.json`` (named).
+        ValueError: token-shard directories mixed with other sources, or given with a text
+            format.
+    """
+    is_tokens = [shards.is_token_dir(p) for p in config.paths]
+    if config.format == "tokens":
+        for path, ok in zip(config.paths, is_tokens):
+            if not ok:
+                raise FileNotFoundError(
+                    f"data.paths: {path} is not a token-shard directory (no "
+                    f"{os.path.join(path, shards.MANIFEST)}; make one with "
+                    "experiments/prepare_data.py)")
+        return "tokens"
+    if any(is_tokens):
+        if config.format != "auto" or not all(is_tokens):
+            raise ValueError(
+                "data.paths: token-shard directories (with a manifest.json) cannot be mixed with "
+                f"text sources or read with data.format={config.format!r}: {config.paths}")
+        return "tokens"
+    return config.format
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:

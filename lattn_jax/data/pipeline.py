@@ -20,7 +20,8 @@ An EOS belongs to the document it ends, so an EOS input has the segment id of th
 it and its target is the first token of the next document. Like the paper we neither mask the loss
 at EOS nor reset attention/state there; ``segment_ids``/``positions`` let a model opt in.
 
-Training: windows are shuffled (grain ``MapDataset.shuffle``, reseeded every epoch), repeated
+Training: windows are shuffled (grain ``MapDataset.shuffle``, reseeded every epoch; in stream
+order with ``data.shuffle=False``), repeated
 forever and batched to ``[batch_size // process_count, seq_len]``; ``Datasets.train_iter`` is a
 ``grain.DatasetIterator`` with ``get_state``/``set_state``. To save it inside an orbax checkpoint::
 
@@ -33,25 +34,33 @@ forever and batched to ``[batch_size // process_count, seq_len]``; ``Datasets.tr
         state=ocp.args.StandardRestore(abstract_state),
         data_iter=grain.checkpoint.CheckpointRestore(it)))
 
-Validation: ``Datasets.val_batches`` is a fixed list of batches over the validation windows (in
+Validation: ``Datasets.val_batches`` is a fixed sequence of batches over the validation windows (in
 stream order, last batch padded with zero-weight rows, capped at ``max_val_batches``).
 
 With ``jax.process_count() > 1`` each process keeps every ``process_count``-th window
 (``grain.sharding.ShardByJaxProcess``) after dropping the few windows that do not divide evenly,
 and yields its ``batch_size // process_count`` rows of each global batch.
 
-Everything is held in memory (numpy int32), which suits the small bundled corpora; a
-multi-billion-token corpus needs a pre-tokenized on-disk source instead.
+Sources: text, JSONL and Parquet files are read and tokenized when the pipeline is built and
+held in memory (int32), which suits small corpora. A large corpus is tokenized once by
+``experiments/prepare_data.py`` into token shards (``lattn_jax.data.shards``) and given as
+``paths=(shard_dir,)`` (``format="tokens"``, or ``"auto"``, which recognises the manifest): its
+documents are memory-mapped, and only the per-document index (a few int64 per document) is held
+in memory. Both kinds go through the same ``PackedWindowSource``, so the windows of a corpus are
+the same whether it was tokenized on the fly or prepared into shards.
 """
 
+import collections.abc
 import dataclasses
 import math
 from collections.abc import Sequence
 
 import grain
 import numpy as np
+from absl import logging
 
 from lattn_jax.data import config as config_lib
+from lattn_jax.data import shards
 from lattn_jax.data import sources
 from lattn_jax.data import tokenizers
 
@@ -59,6 +68,8 @@ __all__ = [
     "BATCH_KEYS",
     "DataStats",
     "Datasets",
+    "LazyBatches",
+    "PackedWindowSource",
     "WindowSource",
     "build_datasets",
     "pack_documents",
@@ -75,6 +86,8 @@ BATCH_KEYS = ("inputs", "targets", "segment_ids", "positions", "weights")
 # counts batches, so keep it small: one batch of 128 x 4096 is ~10 MB.
 _READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
 _TOKENIZE_CHUNK = 1024  # documents per batched tokenizer call
+# Unigram statistics read at most this many tokens of each split's stream (exact below it).
+_STATS_TOKENS = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +106,12 @@ class DataStats:
         val_unigram_xent: cross-entropy (nats/token) of the validation tokens under the
             add-one-smoothed train unigram distribution (over the full vocabulary); a model's
             validation loss should end up well below it.
+            Both are computed on the first ``2**24`` tokens of each split's stream (all of them
+            for smaller corpora), so that a multi-billion-token corpus is not read to build them.
+        empty_documents: empty documents skipped while reading (for token shards: while they
+            were prepared); likewise ``malformed_lines`` (JSONL lines skipped),
+            ``invalid_utf8`` (invalid UTF-8 sequences replaced by U+FFFD) and
+            ``invalid_utf8_files`` (files that had some). See ``sources.ReadStats``.
     """
 
     train_documents: int
@@ -103,6 +122,10 @@ class DataStats:
     val_windows: int
     unigram_entropy: float
     val_unigram_xent: float
+    empty_documents: int = 0
+    malformed_lines: int = 0
+    invalid_utf8: int = 0
+    invalid_utf8_files: int = 0
 
 
 @dataclasses.dataclass
@@ -116,7 +139,8 @@ class Datasets:
         train_iter: an iterator of ``train_dataset``: yields dicts of numpy arrays
             ``[batch_size // process_count, seq_len]`` keyed by ``BATCH_KEYS``; supports
             ``get_state``/``set_state`` and ``grain.checkpoint.CheckpointSave/Restore``.
-        val_batches: validation batches (same keys and shapes), deterministic.
+        val_batches: validation batches (same keys and shapes), deterministic; a ``LazyBatches``
+            sequence that builds each batch when it is read.
         stats: split sizes and unigram baselines.
         config: the config this was built from.
     """
@@ -124,7 +148,7 @@ class Datasets:
     tokenizer: tokenizers.Tokenizer
     train_dataset: grain.IterDataset
     train_iter: grain.DatasetIterator
-    val_batches: list[dict[str, np.ndarray]]
+    val_batches: "LazyBatches"
     stats: DataStats
     config: config_lib.DataConfig
 
@@ -159,24 +183,140 @@ class WindowSource:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         if not 0 <= index < self._len:
             raise IndexError(f"window {index} out of range [0, {self._len})")
-        length = self._seq_len
-        start = index * length
-        window = self._tokens[start:start + length + 1]  # [seq_len + 1]
-        docs = self._doc_ids[start:start + length]  # [seq_len], documents of the inputs
-        segment_ids = docs - docs[0]
-        # Offset of the first token of each segment inside the window (0 for the first one).
-        seg_starts = np.concatenate([[0], np.flatnonzero(np.diff(docs)) + 1]).astype(np.int32)
-        positions = np.arange(length, dtype=np.int32) - seg_starts[segment_ids]
-        return {
-            "inputs": window[:-1].copy(),
-            "targets": window[1:].copy(),
-            "segment_ids": segment_ids.astype(np.int32),
-            "positions": positions,
-            "weights": np.ones((length,), np.float32),
-        }
+        start = index * self._seq_len
+        window = self._tokens[start:start + self._seq_len + 1]  # [seq_len + 1]
+        docs = self._doc_ids[start:start + self._seq_len]  # [seq_len], documents of the inputs
+        return _example(window, docs)
 
     def __repr__(self) -> str:
         return f"WindowSource(tokens={len(self._tokens)}, seq_len={self._seq_len}, len={self._len})"
+
+
+def _example(window: np.ndarray, docs: np.ndarray) -> dict[str, np.ndarray]:
+    """One example from a window of ``seq_len + 1`` tokens and the documents of its inputs."""
+    length = len(docs)
+    segment_ids = (docs - docs[0]).astype(np.int32)
+    # Offset of the first token of each segment inside the window (0 for the first one).
+    seg_starts = np.concatenate([[0], np.flatnonzero(np.diff(docs)) + 1]).astype(np.int32)
+    positions = np.arange(length, dtype=np.int32) - seg_starts[segment_ids]
+    window = window.astype(np.int32, copy=False)
+    return {
+        "inputs": window[:-1].copy(),
+        "targets": window[1:].copy(),
+        "segment_ids": segment_ids,
+        "positions": positions,
+        "weights": np.ones((length,), np.float32),
+    }
+
+
+class PackedWindowSource:
+    """Random-access windows of documents packed in a given order, read from a ``TokenCorpus``.
+
+    The stream is ``doc[order[0]], EOS, doc[order[1]], EOS, ...`` and window ``i`` is
+    ``stream[i * seq_len : (i + 1) * seq_len + 1]``, exactly as ``WindowSource`` over
+    ``pack_documents([doc[j] for j in order])``, but the stream is never built: a window is
+    gathered from the few documents it overlaps (found by binary search over the cumulative
+    lengths), so the corpus can be memory-mapped shards of any size.
+
+    Args:
+        corpus: the documents (in memory or memory-mapped).
+        order: int ``[M]``, indices of the documents of this split, in stream order.
+        seq_len: example length (>= 1).
+        eos_id: id appended after every document.
+
+    Raises:
+        ValueError: ``seq_len < 1`` or an index in ``order`` out of range.
+    """
+
+    def __init__(self, corpus: shards.TokenCorpus, order: np.ndarray, seq_len: int,
+                 eos_id: int):
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+        order = np.asarray(order, np.int64)
+        if order.size and (order.min() < 0 or order.max() >= corpus.num_documents):
+            raise ValueError(f"document indices out of range [0, {corpus.num_documents})")
+        self._corpus = corpus
+        self._order = order
+        self._seq_len = int(seq_len)
+        self._eos = int(eos_id)
+        lengths = corpus.doc_len[order] + 1  # with EOS
+        self._ends = np.cumsum(lengths)  # int64 [M], stream end of each document
+        self.num_tokens = int(self._ends[-1]) if len(order) else 0
+        self._len = max(0, (self.num_tokens - 1) // self._seq_len)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def stream(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens ``[start, stop)`` of the stream and their document numbers (in stream order).
+
+        Returns:
+            ``(tokens, docs)``: int32 ``[stop - start]`` each; ``docs`` counts documents in stream
+            order (0 for ``order[0]``), the EOS belonging to the document it ends.
+        """
+        tokens = np.empty((stop - start,), np.int32)
+        docs = np.empty((stop - start,), np.int32)
+        j = int(np.searchsorted(self._ends, start, side="right"))
+        pos = start
+        corpus = self._corpus
+        while pos < stop:
+            doc = int(self._order[j])
+            end = int(self._ends[j])
+            begin = end - int(corpus.doc_len[doc]) - 1
+            hi = min(end, stop)
+            text_hi = min(hi, end - 1)  # the document's ids end at end - 1 (then EOS)
+            if pos < text_hi:
+                first = int(corpus.doc_start[doc]) + pos - begin
+                tokens[pos - start:text_hi - start] = (
+                    corpus.shards[corpus.doc_shard[doc]][first:first + text_hi - pos])
+            if hi == end:
+                tokens[end - 1 - start] = self._eos
+            docs[pos - start:hi - start] = j
+            pos = hi
+            j += 1
+        return tokens, docs
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not 0 <= index < self._len:
+            raise IndexError(f"window {index} out of range [0, {self._len})")
+        start = index * self._seq_len
+        tokens, docs = self.stream(start, start + self._seq_len + 1)
+        return _example(tokens, docs[:-1])
+
+    def __repr__(self) -> str:
+        return (f"PackedWindowSource(documents={len(self._order)}, tokens={self.num_tokens}, "
+                f"seq_len={self._seq_len}, len={self._len})")
+
+
+class LazyBatches(collections.abc.Sequence):
+    """A fixed sequence of batches built on access from a batched ``grain.MapDataset``.
+
+    Short batches are padded with all-zero rows (weights 0) to ``batch_size`` rows. ``+`` with a
+    list gives a list.
+    """
+
+    def __init__(self, dataset: grain.MapDataset, length: int, batch_size: int):
+        self._dataset = dataset
+        self._length = length
+        self._batch_size = batch_size
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError(f"batch {index} out of range [0, {self._length})")
+        return _pad_batch(self._dataset[index], self._batch_size)
+
+    def __add__(self, other):
+        return list(self) + list(other)
+
+    def __radd__(self, other):
+        return list(other) + list(self)
 
 
 def tokenize_documents(documents: Sequence[str],
@@ -298,20 +438,44 @@ def _pad_batch(batch: dict[str, np.ndarray], batch_size: int) -> dict[str, np.nd
             for k, v in batch.items()}
 
 
+def _load_corpus(config: config_lib.DataConfig, tokenizer: tokenizers.Tokenizer,
+                 stats: sources.ReadStats) -> shards.TokenCorpus:
+    """Maps prepared token shards, or reads and tokenizes the text sources in memory."""
+    if config_lib.resolved_format(config) == "tokens":
+        corpus = shards.open_corpus(config.paths)
+        made_with = corpus.tokenizer
+        if made_with["sha256"] != tokenizer.sha256:
+            raise ValueError(
+                f"data.tokenizer: the token shards in {', '.join(config.paths)} were made with "
+                f"{made_with['name']} (sha256 {made_with['sha256'][:12]}...), but data.tokenizer"
+                f"/data.tokenizer_path give {tokenizer.name} (sha256 {tokenizer.sha256[:12]}...)")
+        for key, value in corpus.read_stats.items():
+            if hasattr(stats, key) and key != "examples":
+                setattr(stats, key, value)
+        return corpus
+    documents = list(sources.read_documents(
+        config.paths, fmt=config.format, text_field=config.text_field,
+        doc_split=config.doc_split, stats=stats))
+    return shards.TokenCorpus.from_documents(tokenize_documents(documents, tokenizer))
+
+
 def build_datasets(config: config_lib.DataConfig) -> Datasets:
-    """Reads, tokenizes, splits and packs the corpus; returns the train iterator and val batches.
+    """Reads, tokenizes (or maps), splits and packs the corpus; returns the train iterator and
+    validation batches.
 
     Args:
         config: the data options.
 
     Returns:
         ``Datasets`` with the tokenizer, the train dataset and iterator, the validation batches and
-        statistics.
+        statistics (including the bad input met while reading, also logged as a warning).
 
     Raises:
         FileNotFoundError: a data path or the tokenizer model is missing (named in the message).
-        ValueError: fewer than two documents, a split too short for one window, or ``batch_size``
-            not divisible by ``jax.process_count()``.
+        sources.DataFileError: a data file cannot be read (named).
+        ValueError: fewer than two documents, a split too short for one window, token shards
+            made with another tokenizer, or ``batch_size`` not divisible by
+            ``jax.process_count()``.
     """
     shard = _process_shard()
     if config.batch_size % shard.shard_count:
@@ -320,46 +484,49 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
     host_batch = config.batch_size // shard.shard_count
 
     tokenizer = tokenizers.make_tokenizer(config.tokenizer, config.tokenizer_path)
-    documents = list(sources.read_documents(
-        config.paths, fmt=config.format, text_field=config.text_field,
-        doc_split=config.doc_split))
-    encoded = tokenize_documents(documents, tokenizer)
-    train_idx, val_idx = split_documents(len(encoded), config.val_fraction, config.seed)
-    train_tokens, train_docs = pack_documents([encoded[i] for i in train_idx], tokenizer.eos_id)
-    val_tokens, val_docs = pack_documents([encoded[i] for i in val_idx], tokenizer.eos_id)
-
-    train_source = WindowSource(train_tokens, train_docs, config.seq_len)
-    val_source = WindowSource(val_tokens, val_docs, config.seq_len)
-    for name, source, n in (("train", train_source, len(train_tokens)),
-                            ("validation", val_source, len(val_tokens))):
+    read_stats = sources.ReadStats()
+    corpus = _load_corpus(config, tokenizer, read_stats)
+    if (read_stats.empty_documents or read_stats.malformed_lines or read_stats.invalid_utf8):
+        logging.warning("data: %s", read_stats.summary())
+    train_idx, val_idx = split_documents(corpus.num_documents, config.val_fraction, config.seed)
+    train_source = PackedWindowSource(corpus, train_idx, config.seq_len, tokenizer.eos_id)
+    val_source = PackedWindowSource(corpus, val_idx, config.seq_len, tokenizer.eos_id)
+    for name, source in (("train", train_source), ("validation", val_source)):
         if len(source) < shard.shard_count:
             raise ValueError(
-                f"the {name} split has {n} tokens, too few for {shard.shard_count} window(s) of "
-                f"data.seq_len + 1 = {config.seq_len + 1} tokens (use more data, a smaller "
-                "seq_len or a larger val_fraction)")
+                f"the {name} split has {source.num_tokens} tokens, too few for "
+                f"{shard.shard_count} window(s) of data.seq_len + 1 = {config.seq_len + 1} "
+                "tokens (use more data, a smaller seq_len or a larger val_fraction)")
 
-    train_ds = (
-        _shard(grain.MapDataset.source(train_source), shard)
-        .shuffle(seed=int(config.seed))  # reseeded with the epoch number by repeat()
-        .repeat(None)
-        .batch(host_batch, drop_remainder=True)
-        .to_iter_dataset(_READ_OPTIONS))
+    train_ds = _shard(grain.MapDataset.source(train_source), shard)
+    if config.shuffle:
+        train_ds = train_ds.shuffle(seed=int(config.seed))  # reseeded each epoch by repeat()
+    train_ds = (train_ds
+                .repeat(None)
+                .batch(host_batch, drop_remainder=True)
+                .to_iter_dataset(_READ_OPTIONS))
 
     val_ds = _shard(grain.MapDataset.source(val_source), shard).batch(host_batch)
     num_val = len(val_ds)
     if config.max_val_batches is not None:
         num_val = min(num_val, config.max_val_batches)
-    val_batches = [_pad_batch(val_ds[i], host_batch) for i in range(num_val)]
+    val_batches = LazyBatches(val_ds, num_val, host_batch)
 
+    train_sample, _ = train_source.stream(0, min(train_source.num_tokens, _STATS_TOKENS))
+    val_sample, _ = val_source.stream(0, min(val_source.num_tokens, _STATS_TOKENS))
     stats = DataStats(
         train_documents=len(train_idx),
         val_documents=len(val_idx),
-        train_tokens=len(train_tokens),
-        val_tokens=len(val_tokens),
+        train_tokens=train_source.num_tokens,
+        val_tokens=val_source.num_tokens,
         train_windows=len(train_source),
         val_windows=len(val_source),
-        unigram_entropy=unigram_entropy(train_tokens),
-        val_unigram_xent=unigram_cross_entropy(val_tokens, train_tokens, tokenizer.vocab_size),
+        unigram_entropy=unigram_entropy(train_sample),
+        val_unigram_xent=unigram_cross_entropy(val_sample, train_sample, tokenizer.vocab_size),
+        empty_documents=read_stats.empty_documents,
+        malformed_lines=read_stats.malformed_lines,
+        invalid_utf8=read_stats.invalid_utf8,
+        invalid_utf8_files=read_stats.invalid_utf8_files,
     )
     return Datasets(tokenizer=tokenizer, train_dataset=train_ds, train_iter=iter(train_ds),
                     val_batches=val_batches, stats=stats, config=config)

@@ -1,41 +1,159 @@
-"""Reading documents (one ``str`` each) from plain-text and JSONL files.
+"""Reading documents (one ``str`` each) from text, JSONL and Parquet files, with bad input counted.
 
-Plain text is cut into documents by a ``doc_split`` rule (see ``DataConfig``); JSONL gives one
-document per record, read from ``text_field``. Files are read with universal newlines, so the CRLF
-line ends of the bundled WikiText files become ``"\\n"``. Empty documents are skipped.
+Formats (chosen per file by ``file_format``):
+
+- ``"text"``: plain UTF-8 text, cut into documents by a ``doc_split`` rule (see ``DataConfig``).
+  Line ends are normalised like universal newlines (``"\\r\\n"`` and ``"\\r"`` become ``"\\n"``),
+  so the CRLF line ends of the bundled WikiText files disappear.
+- ``"jsonl"``: one JSON object per line, the document in ``text_field``; plain, gzip (``.gz``) or
+  Zstandard (``.zst``) compressed, decompressed as a stream.
+- ``"parquet"``: a string column ``text_field`` (FineWeb-Edu's schema has ``text``), read one row
+  group at a time through pyarrow (other columns are never read), so a file is never loaded whole.
+
+Bad input is never a silent skip nor a crash deep inside a library. It is handled as follows, and
+counted in a ``ReadStats`` (which ``build_datasets`` and ``prepare_data`` report):
+
+- a missing path: ``FileNotFoundError`` naming it;
+- an unreadable file (I/O error, corrupt gzip/zstd/Parquet data): ``DataFileError`` naming it;
+- invalid UTF-8: replaced by U+FFFD and counted (``invalid_utf8``, ``invalid_utf8_files``);
+- an empty or whitespace-only document: skipped and counted (``empty_documents``; for plain
+  text only with ``doc_split`` ``"file"`` or ``"line"``, since with ``"blank_line"`` and
+  ``"wikitext"`` blank text is a separator, not a document);
+- a JSONL line that is not valid JSON or not an object: skipped, counted (``malformed_lines``)
+  and logged with its file and line number (the first few are also kept in
+  ``ReadStats.examples``);
+- a JSONL record or Parquet file without ``text_field``, or with a non-string value there:
+  ``ValueError`` naming the file (and line), because it means ``data.text_field`` is wrong.
 """
 
+import dataclasses
 import gzip
+import io
 import json
 import os
 import re
 from collections.abc import Iterator, Sequence
 
+from absl import logging
+
 __all__ = [
     "DATA_EXTENSIONS",
+    "DataFileError",
+    "ReadStats",
     "WIKITEXT_TITLE",
+    "decode_utf8",
     "file_format",
     "list_files",
     "read_documents",
+    "read_file",
     "read_jsonl",
+    "read_parquet",
     "read_text",
     "split_text",
 ]
 
 # Extensions picked up when a directory is given in `DataConfig.paths`.
-DATA_EXTENSIONS = (".txt", ".raw", ".text", ".jsonl", ".jsonl.gz", ".json.gz")
-_JSONL_EXTENSIONS = (".jsonl", ".jsonl.gz", ".json.gz")
+_JSONL_EXTENSIONS = (".jsonl", ".jsonl.gz", ".json.gz", ".jsonl.zst", ".json.zst")
+_PARQUET_EXTENSIONS = (".parquet",)
+_TEXT_EXTENSIONS = (".txt", ".raw", ".text")
+DATA_EXTENSIONS = _TEXT_EXTENSIONS + _JSONL_EXTENSIONS + _PARQUET_EXTENSIONS
 
 # A WikiText article heading: " = Title = " with exactly one '=' on each side. Section headings
 # (" = = Section = = ") have two or more and do not start a document.
 WIKITEXT_TITLE = re.compile(r"^ = [^=](?:.*[^=])? = $")
 
+_MAX_EXAMPLES = 20  # malformed-input messages kept in ReadStats.examples / logged per run
+_REPLACEMENT = "\ufffd"
+_REPLACEMENT_UTF8 = _REPLACEMENT.encode("utf-8")
+
+
+class DataFileError(OSError):
+    """A data file exists but cannot be read or decoded (the message names the file)."""
+
+
+@dataclasses.dataclass
+class ReadStats:
+    """Counters of what the readers saw, including the bad input they skipped or repaired.
+
+    Attributes:
+        files: files read to the end.
+        documents: non-empty documents yielded.
+        empty_documents: empty or whitespace-only documents skipped.
+        invalid_utf8: invalid UTF-8 byte sequences replaced by U+FFFD.
+        invalid_utf8_files: files that had at least one of them.
+        malformed_lines: JSONL lines skipped because they are not a JSON object.
+        examples: the first few ``"<file>:<line>: <problem>"`` messages, for reports.
+    """
+
+    files: int = 0
+    documents: int = 0
+    empty_documents: int = 0
+    invalid_utf8: int = 0
+    invalid_utf8_files: int = 0
+    malformed_lines: int = 0
+    examples: list[str] = dataclasses.field(default_factory=list)
+
+    def note(self, message: str) -> None:
+        """Logs ``message`` as a warning and keeps it, up to ``_MAX_EXAMPLES`` of them."""
+        if len(self.examples) < _MAX_EXAMPLES:
+            self.examples.append(message)
+            logging.warning("data: %s", message)
+
+    def merge(self, other: "ReadStats") -> None:
+        """Adds ``other``'s counters (and examples, up to the cap) to this one."""
+        for field in ("files", "documents", "empty_documents", "invalid_utf8",
+                      "invalid_utf8_files", "malformed_lines"):
+            setattr(self, field, getattr(self, field) + getattr(other, field))
+        room = _MAX_EXAMPLES - len(self.examples)
+        self.examples.extend(other.examples[:max(room, 0)])
+
+    def counters(self) -> dict[str, int]:
+        """The integer counters as a dict (no examples), e.g. for a manifest."""
+        out = dataclasses.asdict(self)
+        out.pop("examples")
+        return out
+
+    def summary(self) -> str:
+        """One line: documents read and every kind of bad input met."""
+        return (f"{self.documents} documents from {self.files} files; skipped "
+                f"{self.empty_documents} empty documents and {self.malformed_lines} malformed "
+                f"JSON lines; replaced {self.invalid_utf8} invalid UTF-8 sequences in "
+                f"{self.invalid_utf8_files} files")
+
+
+def decode_utf8(data: bytes, stats: ReadStats | None = None) -> tuple[str, int]:
+    """Decodes UTF-8, replacing invalid sequences by U+FFFD.
+
+    Args:
+        data: the raw bytes.
+        stats: if given, ``stats.invalid_utf8`` is increased by the number of replacements.
+
+    Returns:
+        ``(text, replaced)``: the text and the number of invalid sequences replaced.
+    """
+    try:
+        return data.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text = data.decode("utf-8", errors="replace")
+        replaced = text.count(_REPLACEMENT) - data.count(_REPLACEMENT_UTF8)
+        if stats is not None:
+            stats.invalid_utf8 += replaced
+        return text, replaced
+
 
 def file_format(path: str, fmt: str = "auto") -> str:
-    """Resolves ``"auto"`` to ``"jsonl"`` or ``"text"`` by file name; returns others unchanged."""
+    """Resolves ``"auto"`` by file name to ``"jsonl"``, ``"parquet"`` or ``"text"``.
+
+    Any other ``fmt`` is returned unchanged.
+    """
     if fmt != "auto":
         return fmt
-    return "jsonl" if path.lower().endswith(_JSONL_EXTENSIONS) else "text"
+    lower = path.lower()
+    if lower.endswith(_JSONL_EXTENSIONS):
+        return "jsonl"
+    if lower.endswith(_PARQUET_EXTENSIONS):
+        return "parquet"
+    return "text"
 
 
 def list_files(paths: Sequence[str]) -> list[str]:
@@ -73,7 +191,8 @@ def list_files(paths: Sequence[str]) -> list[str]:
 def split_text(text: str, doc_split: str) -> Iterator[str]:
     """Cuts plain text into documents.
 
-    Every document is stripped of leading and trailing whitespace; empty documents are skipped.
+    Every document is stripped of leading and trailing whitespace; empty documents are skipped
+    (``read_text`` counts them).
 
     Args:
         text: the file contents with ``"\\n"`` line ends.
@@ -85,13 +204,20 @@ def split_text(text: str, doc_split: str) -> Iterator[str]:
     Raises:
         ValueError: unknown ``doc_split``.
     """
+    for piece in _split_pieces(text, doc_split):
+        piece = piece.strip()
+        if piece:
+            yield piece
+
+
+def _split_pieces(text: str, doc_split: str) -> list[str]:
     if doc_split == "file":
-        pieces = [text]
-    elif doc_split == "line":
-        pieces = text.split("\n")
-    elif doc_split == "blank_line":
-        pieces = re.split(r"\n[ \t\r\f\v]*\n", text)
-    elif doc_split == "wikitext":
+        return [text]
+    if doc_split == "line":
+        return text.split("\n")
+    if doc_split == "blank_line":
+        return re.split(r"\n[ \t\r\f\v]*\n", text)
+    if doc_split == "wikitext":
         pieces, current = [], []
         for line in text.splitlines(keepends=True):
             if WIKITEXT_TITLE.match(line.rstrip("\n")):
@@ -99,73 +225,244 @@ def split_text(text: str, doc_split: str) -> Iterator[str]:
                 current = []
             current.append(line)
         pieces.append("".join(current))
-    else:
-        raise ValueError(f"unknown doc_split {doc_split!r}")
-    for piece in pieces:
-        piece = piece.strip()
-        if piece:
-            yield piece
+        return pieces
+    raise ValueError(f"unknown doc_split {doc_split!r}")
 
 
-def read_text(path: str, doc_split: str) -> Iterator[str]:
-    """Yields the documents of one UTF-8 text file (universal newlines)."""
-    with open(path, encoding="utf-8", newline=None) as f:
-        text = f.read()
-    yield from split_text(text, doc_split)
+def _open_binary(path: str):
+    """Opens ``path`` for binary reading, decompressing ``.gz`` and ``.zst`` as a stream."""
+    lower = path.lower()
+    if lower.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if lower.endswith(".zst"):
+        import zstandard  # optional dependency (setup.cfg extra "data")
+        raw = open(path, "rb")
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, closefd=True)
+        return io.BufferedReader(reader)
+    return open(path, "rb")
 
 
-def read_jsonl(path: str, text_field: str = "text") -> Iterator[str]:
-    """Yields ``record[text_field]`` for every record of a JSONL file (gzip if it ends in ``.gz``).
+def read_text(path: str, doc_split: str, stats: ReadStats | None = None) -> Iterator[str]:
+    """Yields the documents of one UTF-8 text file (``.gz``/``.zst`` are decompressed).
 
-    Blank lines and records whose text is empty or whitespace-only are skipped; the text is
-    otherwise kept as is.
+    Args:
+        path: the file.
+        doc_split: see ``split_text``.
+        stats: counters to update (invalid UTF-8, empty documents, documents, files).
 
     Raises:
-        ValueError: a line is not valid JSON, is not an object, lacks ``text_field`` or has a
-            non-string value there; the message names the file and line number.
+        DataFileError: the file cannot be read or decompressed.
     """
-    opener = gzip.open if path.lower().endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: invalid JSON ({e})") from e
-            if not isinstance(record, dict) or text_field not in record:
-                raise ValueError(
-                    f"{path}:{lineno}: record has no field {text_field!r} (data.text_field)")
-            text = record[text_field]
-            if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: field {text_field!r} is "
-                                 f"{type(text).__name__}, expected str")
-            if text.strip():
-                yield text
+    stats = ReadStats() if stats is None else stats
+    with _reading(path):
+        with _open_binary(path) as f:
+            data = f.read()
+    text, replaced = decode_utf8(data, stats)
+    if replaced:
+        stats.invalid_utf8_files += 1
+        stats.note(f"{path}: replaced {replaced} invalid UTF-8 sequence(s) by U+FFFD")
+    if "\r" in text:
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    for piece in _split_pieces(text, doc_split):
+        piece = piece.strip()
+        if piece:
+            stats.documents += 1
+            yield piece
+        elif doc_split in ("file", "line"):
+            # With "blank_line" and "wikitext" an empty piece is only the text around a separator.
+            stats.empty_documents += 1
+    stats.files += 1
+
+
+def read_jsonl(path: str, text_field: str = "text",
+               stats: ReadStats | None = None) -> Iterator[str]:
+    """Yields ``record[text_field]`` for every record of a JSONL file (plain, ``.gz``, ``.zst``).
+
+    Blank lines are ignored. Records whose text is empty or whitespace-only are skipped and
+    counted; lines that are not a JSON object are skipped, counted and logged with file and line.
+    The text is otherwise kept as is.
+
+    Raises:
+        DataFileError: the file cannot be read or decompressed.
+        ValueError: a record lacks ``text_field`` or has a non-string value there; the message
+            names the file and line number.
+    """
+    stats = ReadStats() if stats is None else stats
+    bad_utf8 = 0
+    with _reading(path):
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                line, replaced = decode_utf8(raw, stats)
+                bad_utf8 += replaced
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    stats.malformed_lines += 1
+                    stats.note(f"{path}:{lineno}: skipped a line that is not valid JSON ({e})")
+                    continue
+                if not isinstance(record, dict):
+                    stats.malformed_lines += 1
+                    stats.note(f"{path}:{lineno}: skipped a JSON {type(record).__name__}, "
+                               "expected an object")
+                    continue
+                if text_field not in record:
+                    raise ValueError(
+                        f"{path}:{lineno}: record has no field {text_field!r} (data.text_field)")
+                text = record[text_field]
+                if not isinstance(text, str):
+                    raise ValueError(f"{path}:{lineno}: field {text_field!r} is "
+                                     f"{type(text).__name__}, expected str")
+                text, replaced = _repair_surrogates(text, stats)
+                bad_utf8 += replaced
+                if text.strip():
+                    stats.documents += 1
+                    yield text
+                else:
+                    stats.empty_documents += 1
+    if bad_utf8:
+        stats.invalid_utf8_files += 1
+        stats.note(f"{path}: replaced {bad_utf8} invalid UTF-8 sequence(s) by U+FFFD")
+    stats.files += 1
+
+
+def _repair_surrogates(text: str, stats: ReadStats) -> tuple[str, int]:
+    """Replaces lone surrogates (JSON ``"\\udc80"`` escapes, not encodable as UTF-8)."""
+    try:
+        text.encode("utf-8")
+        return text, 0
+    except UnicodeEncodeError:
+        replaced = sum(1 for c in text if "\ud800" <= c <= "\udfff")
+        fixed = "".join(_REPLACEMENT if "\ud800" <= c <= "\udfff" else c for c in text)
+        stats.invalid_utf8 += replaced
+        return fixed, replaced
+
+
+def read_parquet(path: str, text_field: str = "text",
+                 stats: ReadStats | None = None) -> Iterator[str]:
+    """Yields the ``text_field`` column of a Parquet file, one row group at a time.
+
+    Only that column is read (FineWeb-Edu files also hold ids, URLs, scores, ...). Values are
+    read as raw bytes and decoded here, so invalid UTF-8 is replaced and counted; null and empty
+    values are skipped and counted as empty documents.
+
+    Raises:
+        DataFileError: the file is not readable Parquet.
+        ValueError: the file has no column ``text_field``, or it is not a string/binary column.
+    """
+    import pyarrow as pa  # optional dependency (setup.cfg extra "data")
+    import pyarrow.parquet as pq
+
+    stats = ReadStats() if stats is None else stats
+    bad_utf8 = 0
+    with _reading(path):
+        pf = pq.ParquetFile(path)
+        schema = pf.schema_arrow
+        if text_field not in schema.names:
+            raise ValueError(f"{path}: Parquet file has no column {text_field!r} "
+                             f"(data.text_field); columns: {', '.join(schema.names)}")
+        kind = schema.field(text_field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
+            raise ValueError(f"{path}: column {text_field!r} has type {kind}, expected string")
+        for group in range(pf.num_row_groups):
+            table = pf.read_row_group(group, columns=[text_field])
+            column = table.column(0).cast(pa.large_binary())
+            for value in column.to_pylist():  # bytes or None
+                if value is None:
+                    stats.empty_documents += 1
+                    continue
+                text, replaced = decode_utf8(value, stats)
+                bad_utf8 += replaced
+                if text.strip():
+                    stats.documents += 1
+                    yield text
+                else:
+                    stats.empty_documents += 1
+    if bad_utf8:
+        stats.invalid_utf8_files += 1
+        stats.note(f"{path}: replaced {bad_utf8} invalid UTF-8 sequence(s) by U+FFFD")
+    stats.files += 1
+
+
+class _reading:
+    """Context manager turning low-level read failures into a ``DataFileError`` naming ``path``.
+
+    ``FileNotFoundError``, ``ValueError`` and ``DataFileError`` pass through unchanged.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is None or isinstance(exc, (FileNotFoundError, DataFileError, GeneratorExit)):
+            return False
+        if isinstance(exc, (OSError, EOFError)) or _is_codec_error(exc):
+            raise DataFileError(f"cannot read data file {self.path}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        return False
+
+
+def _is_codec_error(exc: BaseException) -> bool:
+    """Errors raised by the zstandard and pyarrow readers for corrupt input."""
+    module = type(exc).__module__ or ""
+    return (module.startswith("zstandard") or module.startswith("pyarrow")
+            or type(exc).__name__ in ("ZstdError", "ArrowInvalid", "ArrowIOError"))
+
+
+def read_file(path: str, *, fmt: str = "auto", text_field: str = "text",
+              doc_split: str = "blank_line", stats: ReadStats | None = None) -> Iterator[str]:
+    """Yields the non-empty documents of one file, whatever its format.
+
+    Args:
+        path: the file.
+        fmt: ``"auto"``, ``"text"``, ``"jsonl"`` or ``"parquet"``.
+        text_field: JSONL key / Parquet column holding the text.
+        doc_split: how plain text is cut into documents (see ``split_text``).
+        stats: counters to update.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        DataFileError: ``path`` cannot be read.
+        ValueError: unknown ``fmt``, or a missing ``text_field`` (see the readers).
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"data.paths: no such file or directory: {path}")
+    kind = file_format(path, fmt)
+    if kind == "jsonl":
+        return read_jsonl(path, text_field, stats)
+    if kind == "parquet":
+        return read_parquet(path, text_field, stats)
+    if kind == "text":
+        return read_text(path, doc_split, stats)
+    raise ValueError(f"data.format: unknown format {fmt!r} for {path}")
 
 
 def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str = "text",
-                   doc_split: str = "blank_line") -> Iterator[str]:
+                   doc_split: str = "blank_line",
+                   stats: ReadStats | None = None) -> Iterator[str]:
     """Yields every non-empty document of ``paths`` (files or directories), in a fixed order.
 
     Args:
         paths: files and/or directories (see ``list_files``).
-        fmt: ``"auto"``, ``"text"`` or ``"jsonl"``.
-        text_field: JSONL key holding the text.
+        fmt: ``"auto"``, ``"text"``, ``"jsonl"`` or ``"parquet"``.
+        text_field: JSONL key / Parquet column holding the text.
         doc_split: how plain text is cut into documents (see ``split_text``).
+        stats: counters of documents and bad input, updated as the documents are read.
 
     Yields:
         Documents as ``str``.
 
     Raises:
         FileNotFoundError: see ``list_files``.
-        ValueError: malformed JSONL, or an unknown ``fmt``/``doc_split``.
+        DataFileError: a file cannot be read (named in the message).
+        ValueError: a JSONL record or Parquet file without ``text_field``, or an unknown
+            ``fmt``/``doc_split``.
     """
     for path in list_files(paths):
-        kind = file_format(path, fmt)
-        if kind == "jsonl":
-            yield from read_jsonl(path, text_field)
-        elif kind == "text":
-            yield from read_text(path, doc_split)
-        else:
-            raise ValueError(f"unknown format {fmt!r}")
+        yield from read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
+                             stats=stats)

@@ -6,9 +6,13 @@ import os
 import tempfile
 
 from absl.testing import absltest
+import pyarrow as pa
+import pyarrow.parquet as pq
+import zstandard
 
 from lattn_jax import assets
 from lattn_jax.data import sources
+from tests.lattn_jax.data import corpus
 
 
 def _write(path, text, mode="w", newline=None):
@@ -69,6 +73,166 @@ class ReadDocumentsTest(absltest.TestCase):
         with self.assertRaisesRegex(FileNotFoundError,
                                     "data.paths: no such file or directory: /no/such/file"):
             list(sources.read_documents(["/no/such/file"]))
+
+
+def _jsonl_bytes(records) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
+
+
+class SourceTypesTest(absltest.TestCase):
+    """Every source type on small real files made from the shared corpora."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.enterContext(tempfile.TemporaryDirectory())
+        self.docs = corpus.shakespeare_paragraphs(60)
+
+    def test_text_directory(self):
+        for i in range(3):  # three files, 20 speeches each, plus a file that is not data
+            _write(os.path.join(self.root, "d", f"part{i}.txt"),
+                   "\n\n".join(self.docs[20 * i:20 * (i + 1)]) + "\n")
+        _write(os.path.join(self.root, "d", "README.md"), "not data")
+        stats = sources.ReadStats()
+        docs = list(sources.read_documents([os.path.join(self.root, "d")], stats=stats))
+        self.assertEqual(docs, self.docs)
+        self.assertEqual((stats.files, stats.documents), (3, 60))
+
+    def test_jsonl_plain_gz_zst(self):
+        records = [{"id": i, "content": d} for i, d in enumerate(self.docs)]
+        data = _jsonl_bytes(records)
+        paths = [os.path.join(self.root, n) for n in ("a.jsonl", "b.jsonl.gz", "c.jsonl.zst")]
+        with open(paths[0], "wb") as f:
+            f.write(data)
+        with gzip.open(paths[1], "wb") as f:
+            f.write(data)
+        with open(paths[2], "wb") as f:
+            f.write(zstandard.ZstdCompressor().compress(data))
+        for path in paths:
+            with self.subTest(path=os.path.basename(path)):
+                self.assertEqual(sources.file_format(path), "jsonl")
+                stats = sources.ReadStats()
+                self.assertEqual(list(sources.read_documents([path], text_field="content",
+                                                             stats=stats)), self.docs)
+                self.assertEqual((stats.files, stats.documents, stats.malformed_lines), (1, 60, 0))
+
+    def test_parquet_fineweb_schema_by_row_group(self):
+        # FineWeb-Edu's columns (text, id, dump, url, ..., score, int_score, token_count).
+        n = len(self.docs)
+        table = pa.table({
+            "text": self.docs, "id": [f"<urn:{i}>" for i in range(n)],
+            "dump": ["CC-MAIN-2024-10"] * n, "url": [f"https://x/{i}" for i in range(n)],
+            "score": [3.5] * n, "int_score": [4] * n,
+            "token_count": [len(d) // 4 for d in self.docs]})
+        path = os.path.join(self.root, "000_00000.parquet")
+        pq.write_table(table, path, row_group_size=16)  # 4 row groups
+        self.assertEqual(pq.ParquetFile(path).num_row_groups, 4)
+        stats = sources.ReadStats()
+        self.assertEqual(list(sources.read_documents([self.root], stats=stats)), self.docs)
+        self.assertEqual(stats.documents, n)
+        with self.assertRaisesRegex(ValueError, r"000_00000\.parquet: Parquet file has no "
+                                                r"column 'body' \(data.text_field\)"):
+            list(sources.read_parquet(path, "body"))
+        with self.assertRaisesRegex(ValueError, "column 'score' has type double"):
+            list(sources.read_parquet(path, "score"))
+
+
+class BadInputTest(absltest.TestCase):
+    """Bad input is counted and reported: never a silent skip, never a crash without a name."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.enterContext(tempfile.TemporaryDirectory())
+        self.docs = corpus.wikitext_lines(5)
+
+    def test_missing_file_names_it(self):
+        missing = os.path.join(self.root, "gone.jsonl")
+        with self.assertRaisesRegex(FileNotFoundError, f"no such file or directory: {missing}"):
+            list(sources.read_file(missing))
+
+    def test_unreadable_files_name_the_file(self):
+        cases = {"bad.jsonl.gz": b"this is not gzip data" * 10,
+                 "bad.jsonl.zst": b"this is not zstd data" * 10,
+                 "bad.parquet": b"PAR1 this is not parquet PAR1"}
+        for name, data in cases.items():
+            path = os.path.join(self.root, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            with self.subTest(name=name):
+                with self.assertRaisesRegex(sources.DataFileError,
+                                            f"cannot read data file {path}: "):
+                    list(sources.read_documents([path]))
+        os.makedirs(os.path.join(self.root, "dir.txt"))
+        with self.assertRaisesRegex(sources.DataFileError, "dir.txt"):
+            list(sources.read_text(os.path.join(self.root, "dir.txt"), "file"))
+
+    def test_invalid_utf8_is_replaced_and_counted(self):
+        good = self.docs[0].encode("utf-8")
+        text_path = os.path.join(self.root, "t.txt")
+        with open(text_path, "wb") as f:
+            f.write(good + b" \xff\xfe end\n\n" + self.docs[1].encode() + b" \xc3\n")
+        stats = sources.ReadStats()
+        docs = list(sources.read_text(text_path, "blank_line", stats))
+        self.assertEqual(docs, [self.docs[0] + " \ufffd\ufffd end", self.docs[1] + " \ufffd"])
+        self.assertEqual((stats.invalid_utf8, stats.invalid_utf8_files), (3, 1))
+        self.assertIn(f"{text_path}: replaced 3 invalid UTF-8", stats.examples[0])
+        # JSONL: raw invalid bytes inside a string, and an escaped lone surrogate.
+        jsonl_path = os.path.join(self.root, "j.jsonl")
+        with open(jsonl_path, "wb") as f:
+            line = json.dumps({"text": "café " + self.docs[0]}, ensure_ascii=False).encode()
+            f.write(line.replace("é".encode(), b"\xe9") + b'\n{"text": "x \\udc80 y"}\n')
+        stats = sources.ReadStats()
+        docs = list(sources.read_jsonl(jsonl_path, "text", stats))
+        self.assertEqual(docs, ["caf\ufffd " + self.docs[0], "x \ufffd y"])
+        self.assertEqual((stats.invalid_utf8, stats.invalid_utf8_files), (2, 1))
+        # Parquet: a binary column with invalid UTF-8.
+        pq_path = os.path.join(self.root, "p.parquet")
+        pq.write_table(pa.table({"text": pa.array([good + b"\x80", good], pa.binary())}), pq_path)
+        stats = sources.ReadStats()
+        self.assertEqual(list(sources.read_parquet(pq_path, "text", stats)),
+                         [self.docs[0] + "\ufffd", self.docs[0]])
+        self.assertEqual(stats.invalid_utf8, 1)
+
+    def test_empty_documents_are_skipped_and_counted(self):
+        path = _write(os.path.join(self.root, "e.jsonl"), "".join(
+            json.dumps({"text": t}) + "\n" for t in [self.docs[0], "", "  \n ", self.docs[1]]))
+        stats = sources.ReadStats()
+        self.assertEqual(list(sources.read_jsonl(path, "text", stats)), self.docs[:2])
+        self.assertEqual((stats.documents, stats.empty_documents), (2, 2))
+        pq_path = os.path.join(self.root, "e.parquet")
+        pq.write_table(pa.table({"text": [self.docs[2], None, " "]}), pq_path)
+        stats = sources.ReadStats()
+        self.assertEqual(list(sources.read_parquet(pq_path, "text", stats)), self.docs[2:3])
+        self.assertEqual(stats.empty_documents, 2)
+        empty = _write(os.path.join(self.root, "empty.txt"), "\n  \n")
+        stats = sources.ReadStats()
+        self.assertEqual(list(sources.read_text(empty, "file", stats)), [])
+        self.assertEqual(stats.empty_documents, 1)
+
+    def test_malformed_json_lines_are_skipped_with_file_and_line(self):
+        lines = [json.dumps({"text": self.docs[0]}), '{"text": "unterminated',
+                 json.dumps(["a", "list"]), json.dumps({"text": self.docs[1]}), "{oops}"]
+        path = _write(os.path.join(self.root, "m.jsonl"), "\n".join(lines) + "\n")
+        stats = sources.ReadStats()
+        with self.assertLogs(level="WARNING") as logs:
+            docs = list(sources.read_jsonl(path, "text", stats))
+        self.assertEqual(docs, self.docs[:2])
+        self.assertEqual(stats.malformed_lines, 3)
+        self.assertEqual([e.split(": ")[0] for e in stats.examples],
+                         [f"{path}:2", f"{path}:3", f"{path}:5"])
+        self.assertIn(f"{path}:2: skipped a line that is not valid JSON", "\n".join(logs.output))
+        self.assertIn("3 malformed JSON lines", stats.summary())
+        # A missing text field is a configuration error, not bad input: it stops with the line.
+        path = _write(os.path.join(self.root, "n.jsonl"), json.dumps({"body": "x"}) + "\n")
+        with self.assertRaisesRegex(ValueError, r"n\.jsonl:1: record has no field 'text'"):
+            list(sources.read_jsonl(path, "text"))
+
+    def test_read_stats_merge(self):
+        a = sources.ReadStats(files=1, documents=2, malformed_lines=1, examples=["x"])
+        a.merge(sources.ReadStats(files=2, documents=3, invalid_utf8=4, examples=["y"]))
+        self.assertEqual(a.counters(), {"files": 3, "documents": 5, "empty_documents": 0,
+                                        "invalid_utf8": 4, "invalid_utf8_files": 0,
+                                        "malformed_lines": 1})
+        self.assertEqual(a.examples, ["x", "y"])
 
 
 class AssetsTest(absltest.TestCase):

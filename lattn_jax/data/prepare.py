@@ -1,0 +1,210 @@
+"""Tokenizes a corpus once, in parallel, into token shards plus a manifest (``shards`` format).
+
+``prepare_corpus`` is what ``experiments/prepare_data.py`` runs. Every input file (text, JSONL
+plain/gzip/zstd, Parquet) becomes one shard, ``shard-<index>``, written by the main process while
+a pool of worker processes tokenizes chunks of its documents (at most ``2 * workers`` chunks in
+flight, so memory stays bounded whatever the file size). The manifest records the tokenizer (name,
+file and sha256), every source file (path, size, mtime, sha256) and the document, token and
+bad-input counts of every shard.
+
+Re-running with the same output directory skips every shard whose source file is unchanged (same
+path and sha256; the hash is recomputed only if size or mtime changed) and whose files are
+complete; an interrupted run therefore resumes at the first unfinished shard.
+"""
+
+import collections
+import multiprocessing
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import tqdm
+
+from lattn_jax.data import shards
+from lattn_jax.data import sources
+from lattn_jax.data import tokenizers
+
+__all__ = ["prepare_corpus"]
+
+_worker_tokenizer = None
+
+
+def _init_worker(kind: str, path: str | None) -> None:
+    global _worker_tokenizer
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process per core already
+    _worker_tokenizer = tokenizers.make_tokenizer(kind, path)
+    impl = getattr(_worker_tokenizer, "_impl", _worker_tokenizer)  # GGUF wraps another one
+    if isinstance(impl, tokenizers.SentencePieceTokenizer):
+        impl.num_threads = 1
+
+
+def _encode_chunk(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Tokenizes ``texts`` with the worker's tokenizer.
+
+    Returns:
+        ``(flat, lengths, empty)``: the ids of the documents that gave at least one token,
+        concatenated (int64), their lengths, and how many gave none.
+    """
+    encoded = _worker_tokenizer.encode_batch(texts)
+    kept = [ids for ids in encoded if len(ids)]
+    lengths = np.array([len(ids) for ids in kept], np.int64)
+    flat = (np.concatenate([np.asarray(ids, np.int64) for ids in kept]) if kept
+            else np.zeros((0,), np.int64))
+    return flat, lengths, len(encoded) - len(kept)
+
+
+def _chunks(items: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _bounded_imap(pool, fn, items: Iterable, in_flight: int) -> Iterator:
+    """Like ``pool.imap`` (ordered) but reads ``items`` only ``in_flight`` ahead."""
+    pending = collections.deque()
+    for item in items:
+        pending.append(pool.apply_async(fn, (item,)))
+        if len(pending) >= in_flight:
+            yield pending.popleft().get()
+    while pending:
+        yield pending.popleft().get()
+
+
+def _source_info(path: str, previous: dict | None) -> dict:
+    stat = os.stat(path)
+    info = {"source": path, "source_bytes": stat.st_size, "source_mtime_ns": stat.st_mtime_ns}
+    if (previous and previous.get("source") == path
+            and previous.get("source_bytes") == stat.st_size
+            and previous.get("source_mtime_ns") == stat.st_mtime_ns):
+        info["source_sha256"] = previous["source_sha256"]
+    else:
+        info["source_sha256"] = tokenizers.file_sha256(path)
+    return info
+
+
+def _is_complete(directory: str, entry: dict, dtype: np.dtype) -> bool:
+    token_path = os.path.join(directory, entry["token_file"])
+    offsets_path = os.path.join(directory, entry["offsets_file"])
+    return (os.path.isfile(token_path) and os.path.isfile(offsets_path)
+            and os.path.getsize(token_path) == entry["tokens"] * dtype.itemsize)
+
+
+def _totals(entries: list[dict]) -> dict:
+    totals = {"shards": len(entries), "documents": 0, "tokens": 0}
+    for entry in entries:
+        totals["documents"] += entry["documents"]
+        totals["tokens"] += entry["tokens"]
+        for key, value in entry["read_stats"].items():
+            if key != "documents":
+                totals[key] = totals.get(key, 0) + value
+    return totals
+
+
+def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "sentencepiece",
+                   tokenizer_path: str | None = None, fmt: str = "auto",
+                   text_field: str = "text", doc_split: str = "blank_line", workers: int = 0,
+                   chunk_docs: int = 256, progress: bool = True, print_fn=print) -> dict:
+    """Tokenizes ``inputs`` into token shards in ``output_dir``; returns the manifest.
+
+    Args:
+        inputs: files and/or directories (see ``sources.list_files``); one shard per file.
+        output_dir: where the shards and ``manifest.json`` go (created if missing).
+        tokenizer: tokenizer kind (see ``tokenizers.make_tokenizer``).
+        tokenizer_path: its model file (``None``: bundled LLaMA-2 for ``"sentencepiece"``).
+        fmt: ``"auto"``, ``"text"``, ``"jsonl"`` or ``"parquet"``.
+        text_field: JSONL key / Parquet column holding the text.
+        doc_split: how plain text is cut into documents (see ``sources.split_text``).
+        workers: tokenizer processes; ``0`` tokenizes in this process.
+        chunk_docs: documents per task sent to a worker.
+        progress: show a tqdm progress bar (documents, tokens/s).
+        print_fn: where the per-shard summary lines go.
+
+    Returns:
+        The manifest dict (also written to ``<output_dir>/manifest.json``).
+
+    Raises:
+        FileNotFoundError: an input or the tokenizer file is missing (named).
+        sources.DataFileError: an input cannot be read (named).
+        ValueError: bad options, a JSONL/Parquet source without ``text_field``, or an
+            ``output_dir`` holding shards of another tokenizer.
+    """
+    if workers < 0 or chunk_docs < 1:
+        raise ValueError(f"workers must be >= 0 and chunk_docs >= 1, got {workers}, {chunk_docs}")
+    if fmt not in ("auto", "text", "jsonl", "parquet"):
+        raise ValueError(f"format: expected auto, text, jsonl or parquet, got {fmt!r}")
+    tok = tokenizers.make_tokenizer(tokenizer, tokenizer_path)
+    files = sources.list_files(inputs)
+    os.makedirs(output_dir, exist_ok=True)
+    dtype = shards.token_dtype(tok.vocab_size)
+    options = {"format": fmt, "text_field": text_field, "doc_split": doc_split}
+
+    previous = {}
+    if shards.is_token_dir(output_dir):
+        old = shards.read_manifest(output_dir)
+        if old["tokenizer"]["sha256"] != tok.sha256 or old.get("options") != options:
+            raise ValueError(
+                f"{output_dir} holds token shards made with {old['tokenizer']['name']} and "
+                f"options {old.get('options')}; use another output directory for "
+                f"{tok.name} with {options}")
+        previous = {e["name"]: e for e in old["shards"]}
+
+    manifest = {"format": shards.FORMAT, "version": shards.VERSION, "dtype": dtype.name,
+                "tokenizer": tok.describe(), "options": options, "shards": [], "totals": {}}
+    pool = None
+    if workers > 0:
+        context = multiprocessing.get_context("spawn")  # no fork of a (possibly) threaded parent
+        pool = context.Pool(workers, initializer=_init_worker, initargs=(tok.kind, tok.path))
+    else:
+        global _worker_tokenizer
+        _worker_tokenizer = tok
+    bar = tqdm.tqdm(unit="doc", disable=not progress, dynamic_ncols=True, smoothing=0.1)
+    start, done_tokens = time.perf_counter(), 0
+    try:
+        for index, path in enumerate(files):
+            name = f"shard-{index:05d}"
+            old = previous.get(name)
+            info = _source_info(path, old)
+            if (old and old["source"] == path and old["source_sha256"] == info["source_sha256"]
+                    and _is_complete(output_dir, old, dtype)):
+                manifest["shards"].append({**old, **info})
+                print_fn(f"{name}: {path} unchanged, skipped ({old['tokens']:,} tokens)")
+                continue
+            stats = sources.ReadStats()
+            docs = sources.read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
+                                     stats=stats)
+            writer = shards.ShardWriter(output_dir, name, dtype)
+            try:
+                chunks = _chunks(docs, chunk_docs)
+                results = (_bounded_imap(pool, _encode_chunk, chunks, 2 * workers) if pool
+                           else map(_encode_chunk, chunks))
+                for flat, lengths, empty in results:
+                    writer.add_many(flat, lengths)
+                    stats.documents -= empty
+                    stats.empty_documents += empty
+                    done_tokens += len(flat)
+                    bar.update(len(lengths) + empty)
+                    bar.set_postfix(
+                        tok_s=f"{done_tokens / max(time.perf_counter() - start, 1e-9):,.0f}")
+            except BaseException:
+                writer.abort()
+                raise
+            entry = {**writer.finish(), **info, "read_stats": stats.counters()}
+            manifest["shards"].append(entry)
+            manifest["totals"] = _totals(manifest["shards"])
+            shards.write_manifest(output_dir, manifest)
+            print_fn(f"{name}: {path}: {entry['documents']:,} documents, {entry['tokens']:,} "
+                     f"tokens; {stats.summary()}")
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    manifest["totals"] = _totals(manifest["shards"])
+    shards.write_manifest(output_dir, manifest)
+    return manifest

@@ -1,0 +1,137 @@
+"""experiments/prepare_data.py and lattn_jax.data.prepare: token shards, manifest, re-runs."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lattn_jax.data import prepare
+from lattn_jax.data import shards
+from lattn_jax.data import sources
+from lattn_jax.data import tokenizers
+from tests.lattn_jax.data import corpus
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+class PrepareCorpusTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.enterContext(tempfile.TemporaryDirectory())
+        self.inputs = os.path.join(self.root, "in")
+        os.makedirs(self.inputs)
+        self.docs = corpus.shakespeare_paragraphs(90)
+        # Three sources of different types, 30 documents each, with some bad input.
+        lines = [json.dumps({"text": d}) for d in self.docs[:30]]
+        lines.insert(3, "{broken json")
+        lines.insert(5, json.dumps({"text": "   "}))
+        with gzip.open(os.path.join(self.inputs, "a.jsonl.gz"), "wt", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        pq.write_table(pa.table({"text": self.docs[30:60]}),
+                       os.path.join(self.inputs, "b.parquet"), row_group_size=7)
+        with open(os.path.join(self.inputs, "c.txt"), "wb") as f:
+            f.write("\n\n".join(self.docs[60:90]).encode() + b"\xff\n")
+        self.messages = []
+
+    def _prepare(self, out, **kwargs):
+        self.messages = []
+        return prepare.prepare_corpus([self.inputs], out, progress=False,
+                                      print_fn=self.messages.append, **kwargs)
+
+    def test_shards_manifest_and_contents(self):
+        out = os.path.join(self.root, "out")
+        manifest = self._prepare(out)
+        tok = tokenizers.make_tokenizer("sentencepiece")
+        self.assertEqual(manifest["tokenizer"]["sha256"], tok.sha256)
+        self.assertEqual(manifest["dtype"], "uint16")
+        totals = manifest["totals"]
+        self.assertEqual((totals["shards"], totals["documents"], totals["files"]), (3, 90, 3))
+        self.assertEqual((totals["malformed_lines"], totals["empty_documents"],
+                          totals["invalid_utf8"]), (1, 1, 1))
+        for entry, name in zip(manifest["shards"], ("a.jsonl.gz", "b.parquet", "c.txt")):
+            path = os.path.join(self.inputs, name)
+            self.assertEqual(entry["source"], path)
+            self.assertEqual(entry["source_sha256"], tokenizers.file_sha256(path))
+        self.assertEqual(shards.read_manifest(out), manifest)
+        # Every document comes back with exactly the ids of the tokenizer, in input order.
+        documents = self.docs[:89] + [self.docs[89] + "\ufffd"]
+        data = shards.open_corpus([out])
+        self.assertEqual(data.num_documents, 90)
+        for i, doc in enumerate(documents):
+            np.testing.assert_array_equal(data.document(i), tok.encode(doc), err_msg=str(i))
+        self.assertEqual(totals["tokens"], int(data.doc_len.sum()))
+
+    def test_parallel_workers_give_the_same_shards(self):
+        serial = self._prepare(os.path.join(self.root, "serial"), tokenizer="byte")
+        parallel = self._prepare(os.path.join(self.root, "parallel"), tokenizer="byte",
+                                 workers=2, chunk_docs=4)
+        self.assertEqual(serial["totals"], parallel["totals"])
+        for entry in serial["shards"]:
+            a = os.path.join(self.root, "serial", entry["token_file"])
+            b = os.path.join(self.root, "parallel", entry["token_file"])
+            with open(a, "rb") as fa, open(b, "rb") as fb:
+                self.assertEqual(fa.read(), fb.read())
+
+    def test_rerun_skips_finished_shards(self):
+        out = os.path.join(self.root, "out")
+        first = self._prepare(out, tokenizer="byte")
+        token_file = os.path.join(out, first["shards"][0]["token_file"])
+        mtime = os.stat(token_file).st_mtime_ns
+        second = self._prepare(out, tokenizer="byte")
+        self.assertEqual(second["totals"], first["totals"])
+        self.assertLen([m for m in self.messages if "unchanged, skipped" in m], 3)
+        self.assertEqual(os.stat(token_file).st_mtime_ns, mtime)
+        # A changed source is redone; an interrupted shard (file missing) is redone.
+        with open(os.path.join(self.inputs, "c.txt"), "a", encoding="utf-8") as f:
+            f.write("\n\nOne more speech.\n")
+        os.remove(os.path.join(out, first["shards"][1]["token_file"]))
+        third = self._prepare(out, tokenizer="byte")
+        self.assertLen([m for m in self.messages if "unchanged, skipped" in m], 1)
+        self.assertEqual(third["totals"]["documents"], 91)
+        # Another tokenizer into the same directory is refused.
+        with self.assertRaisesRegex(ValueError, "holds token shards made with byte"):
+            self._prepare(out, tokenizer="sentencepiece")
+
+    def test_bad_inputs_are_named(self):
+        with self.assertRaisesRegex(FileNotFoundError, "/no/such/dir"):
+            prepare.prepare_corpus(["/no/such/dir"], os.path.join(self.root, "x"),
+                                   progress=False)
+        with open(os.path.join(self.inputs, "d.jsonl.gz"), "wb") as f:
+            f.write(b"not gzip at all")
+        with self.assertRaisesRegex(sources.DataFileError, "d.jsonl.gz"):
+            self._prepare(os.path.join(self.root, "y"), tokenizer="byte")
+        # The shards finished before the bad file are kept and listed.
+        self.assertLen(shards.read_manifest(os.path.join(self.root, "y"))["shards"], 3)
+
+
+class PrepareDataBinaryTest(absltest.TestCase):
+
+    def test_binary(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        src = os.path.join(root, "w.raw")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write("\n".join(corpus.wikitext_lines(50)) + "\n")
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"),
+               f"--input={src}", f"--output_dir={root}/out", "--tokenizer=byte",
+               "--doc_split=line", "--workers=0"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("1 shards, 50 documents", result.stdout)
+        result = subprocess.run(cmd[:2] + ["--input=/no/such.jsonl", f"--output_dir={root}/o"],
+                                capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("error: data.paths: no such file or directory: /no/such.jsonl",
+                      result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+
+if __name__ == "__main__":
+    absltest.main()
