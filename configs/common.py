@@ -11,6 +11,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from lattn_jax import assets
+from lattn_jax import config as config_lib
 
 
 class ConfigArgError(ValueError):
@@ -68,3 +69,196 @@ def bundled_wikitext_data(seq_len: int, batch_size: int) -> ml_collections.Confi
         seed=0,
         max_val_batches=config_dict.placeholder(int),
     ))
+
+
+# ------------------------------------------------------------------------------------------------
+# Paper 1 (arXiv 2607.07953) presets: one source of truth for sizes, stacks, recipes.
+# ------------------------------------------------------------------------------------------------
+
+# Linear-mixer heads (HK, K, H, V) and model sizes, spec §2 and §3. "tiny" shrinks everything to a
+# CPU-sized model with the same structure (stack pattern, gates, routing) for smoke runs.
+PAPER1_SIZES = {
+    "350m": dict(
+        d_model=1024, mlp_linear=2816, mlp_dense=2560,
+        attention=dict(num_heads=16, num_kv_heads=4, head_dim=64),
+        heads=dict(gdn=(4, 64, 8, 64), deltanet=(4, 64, 4, 128), kda=(4, 64, 8, 64),
+                   gdn2=(4, 64, 8, 64)),
+        chunk_size=64),
+    # 1.3B/40B Muon launcher (transformer-pp-1p3b-fwe40b-env.sh): 16 query heads / 8 KV of 128;
+    # DeltaNet 8 x (64 / 128) as in the 1.3B DeltaNet launchers (spec §3 "Larger configs").
+    "1p3b": dict(
+        d_model=2048, mlp_linear=5632, mlp_dense=5632,
+        attention=dict(num_heads=16, num_kv_heads=8, head_dim=128),
+        heads=dict(gdn=(8, 64, 16, 64), deltanet=(8, 64, 8, 128)),
+        chunk_size=64),
+    "tiny": dict(
+        d_model=64, mlp_linear=176, mlp_dense=160,
+        attention=dict(num_heads=4, num_kv_heads=2, head_dim=16),
+        heads=dict(gdn=(2, 16, 4, 16), deltanet=(2, 16, 2, 32), kda=(2, 16, 4, 16),
+                   gdn2=(2, 16, 4, 16)),
+        chunk_size=16),
+}
+
+# Hosts whose hybrids put a sigmoid output gate on the softmax layers (spec §2.5, §10 item 5):
+# GDN and GDN-2 hybrids only; the dense baseline, DeltaNet and KDA hybrids have none.
+OUTPUT_GATE_HOSTS = ("gdn", "gdn2")
+
+TINY_LAYERS = 6  # keeps the [lin, lin, attn] x 2 hybrid structure
+
+
+def paper1_model(linear, stack, num_layers, *, size="350m", mlp_hidden=None,
+                 routing=None) -> ml_collections.ConfigDict:
+    """The ``model`` section of a paper-1 run (spec §1-§3).
+
+    Args:
+      linear: linear mixer ``"gdn"``, ``"deltanet"``, ``"kda"`` or ``"gdn2"`` (``None`` for a
+        dense stack).
+      stack: ``"pure"``, ``"hybrid"`` (softmax at layers ``i`` with ``(i + 1) % 3 == 0``) or
+        ``"dense"``.
+      num_layers: ``L`` (ignored, :data:`TINY_LAYERS`, when ``size="tiny"``).
+      size: a key of :data:`PAPER1_SIZES`.
+      mlp_hidden: SwiGLU ``F``; ``None`` means 2816 for linear/hybrid stacks and 2560 for the
+        dense softmax baseline at 350M (spec §1).
+      routing: ``model.routing`` options (``mode``, ``rank``, ``attn_res``, ...), or ``None``.
+
+    Returns:
+      A ConfigDict for ``ModelConfig``: vocab 32000 untied, RMSNorm eps 1e-5, init std 0.02,
+      RoPE 5e5 in softmax layers only, bf16 compute with fp32 params (fp32 for ``tiny``), no
+      state reset at document boundaries (spec §10 item 17).
+
+    Raises:
+      ConfigArgError: for an unknown size or a linear mixer the size has no heads for.
+    """
+    if size not in PAPER1_SIZES:
+        raise ConfigArgError(f"size={size!r}; choose from {', '.join(PAPER1_SIZES)}")
+    s = PAPER1_SIZES[size]
+    tiny = size == "tiny"
+    if tiny:
+        num_layers = TINY_LAYERS
+    pattern = config_lib.stack_pattern(stack, num_layers, linear)
+    if mlp_hidden is None:
+        mlp_hidden = s["mlp_dense"] if stack == "dense" else s["mlp_linear"]
+    model = dict(
+        vocab_size=32000,
+        d_model=s["d_model"],
+        layer_pattern=pattern,
+        mlp_hidden=mlp_hidden,
+        tie_embeddings=False,
+        norm_eps=1e-5,
+        init_std=0.02,
+        dtype="float32" if tiny else "bfloat16",
+        param_dtype="float32",
+        use_segment_ids=False,
+        remat=False,
+        attention=dict(rope_theta=500_000.0, qk_norm=False,
+                       output_gate=stack == "hybrid" and linear in OUTPUT_GATE_HOSTS,
+                       **s["attention"]),
+    )
+    if stack != "dense":
+        if linear not in s["heads"]:
+            raise ConfigArgError(f"no {linear!r} heads for size={size!r}; choose from "
+                                 f"{', '.join(s['heads'])}")
+        hk, dk, h, dv = s["heads"][linear]
+        model[linear] = dict(num_k_heads=hk, num_v_heads=h, head_k_dim=dk, head_v_dim=dv,
+                             conv_width=4, chunk_size=s["chunk_size"], implementation="auto",
+                             norm_eps=1e-5)
+    routing = dict(routing or {})
+    model["routing"] = dict(
+        mode=routing.pop("mode", "none"), gamma_mode=routing.pop("gamma_mode", "scalar"),
+        gamma_init=float(routing.pop("gamma_init", 0.0)),
+        normalize_residual=routing.pop("normalize_residual", False),
+        rank=config_dict.FieldReference(routing.pop("rank", None), field_type=int),
+        normalize_input=routing.pop("normalize_input", False),
+        attn_res=routing.pop("attn_res", False))
+    if routing:
+        raise ConfigArgError(f"unknown routing option(s) {', '.join(routing)}")
+    return ml_collections.ConfigDict(model)
+
+
+# Optimizer recipes (spec §5): AdamW lr 3e-4; Muon (NorMuon) lr 3.6e-4 with the Adam-routed
+# params (embeddings, head, norms, gates, conv) at 1.5e-3; both min 0.1x, wd 0.1, betas
+# (0.9, 0.95), eps 1e-8, clip 1.0, warm-up then WSD with a minus_sqrt cool-down over 20%.
+OPTIMIZERS = ("adamw", "muon")
+DEFAULT_LR = {"adamw": 3e-4, "muon": 3.6e-4}
+
+
+def paper1_optim(opt, *, warmup_steps, learning_rate=None,
+                 adamw_learning_rate=1.5e-3) -> ml_collections.ConfigDict:
+    """The ``optim`` section of a paper-1 run (spec §5.1-5.3).
+
+    Args:
+      opt: ``"adamw"`` or ``"muon"``.
+      warmup_steps: linear warm-up length.
+      learning_rate: peak LR (of the Muon group for ``"muon"``); ``None`` is
+        :data:`DEFAULT_LR`.
+      adamw_learning_rate: Muon only: the constant LR of the Adam-routed parameters (spec
+        §5.1: 1.5e-3).
+
+    Raises:
+      ConfigArgError: for an unknown optimizer.
+    """
+    if opt not in OPTIMIZERS:
+        raise ConfigArgError(f"opt={opt!r}; choose from {', '.join(OPTIMIZERS)}")
+    optim = dict(
+        name=opt,
+        learning_rate=DEFAULT_LR[opt] if learning_rate is None else float(learning_rate),
+        adamw_learning_rate=config_dict.FieldReference(
+            adamw_learning_rate if opt == "muon" else None, field_type=float),
+        muon_momentum=0.95, muon_ns_steps=5,
+        min_lr_ratio=0.1, warmup_steps=warmup_steps, schedule="wsd", decay_fraction=0.2,
+        decay_shape="minus_sqrt", b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0)
+    return ml_collections.ConfigDict(optim)
+
+
+# Token budgets (spec §5.3-5.4): steps at GBS 128 x 4096 (350M) or GBS 512 (1.3B), warm-up.
+BUDGETS = {
+    "15b": dict(total_steps=28_610, warmup_steps=200, batch_size=128, eval_every=500),
+    "1b": dict(total_steps=1_907, warmup_steps=200, batch_size=128, eval_every=100),
+    # 1.3B/40B: 9,765,625 samples at GBS 512 = 19,073 it; warm-up 25,600 samples = 50 it
+    # (the launchers' sample-based warm-up; not stated for this launcher in the spec).
+    "40b": dict(total_steps=19_073, warmup_steps=50, batch_size=512, eval_every=500),
+}
+
+
+def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", tiny=False,
+                      learning_rate=None, mlp_hidden=None,
+                      routing=None) -> ml_collections.ConfigDict:
+    """A complete paper-1 experiment ConfigDict (model, data, optim, train).
+
+    Full runs use seq 4096, seed 42, eval every 500 (100 for 1B) steps over 10 batches, 1% of
+    the documents held out (spec §5.4, §6, §7). The data section points at the bundled
+    WikiText-2 text; point ``--config.data.paths`` at the tokenised FineWeb-Edu JSONL for a real
+    run. ``tiny=True`` keeps the structure (stack, gates, routing, optimizer) and shrinks the
+    model (:data:`PAPER1_SIZES` ``"tiny"``), data (128 tokens x 8) and run (60 steps) to CPU size.
+
+    Raises:
+      ConfigArgError: for an unknown budget, optimizer, size or mixer.
+    """
+    if budget not in BUDGETS:
+        raise ConfigArgError(f"budget={budget!r}; choose from {', '.join(BUDGETS)}")
+    b = BUDGETS[budget]
+    config = ml_collections.ConfigDict()
+    config.model = paper1_model(linear, stack, num_layers, size="tiny" if tiny else size,
+                                mlp_hidden=None if tiny else mlp_hidden, routing=routing)
+    if tiny:
+        total, warmup = 60, 6
+        config.data = bundled_wikitext_data(seq_len=128, batch_size=8)
+        config.data.max_val_batches = 4
+        lr = 3e-3 if learning_rate is None else learning_rate
+        config.optim = paper1_optim(opt, warmup_steps=warmup, learning_rate=lr,
+                                    adamw_learning_rate=3e-3)
+        config.train = dict(total_steps=total, eval_every=30, checkpoint_every=30,
+                            keep_checkpoints=1, log_every=10, seed=42,
+                            max_steps_per_run=config_dict.placeholder(int))
+        return config
+    total = b["total_steps"]
+    config.data = bundled_wikitext_data(seq_len=4096, batch_size=b["batch_size"])
+    config.data.val_fraction = 0.01
+    config.data.seed = 42
+    config.data.max_val_batches = 10
+    config.optim = paper1_optim(opt, warmup_steps=b["warmup_steps"],
+                                learning_rate=learning_rate)
+    config.train = dict(total_steps=total, eval_every=b["eval_every"],
+                        checkpoint_every=b["eval_every"], keep_checkpoints=2, log_every=10,
+                        seed=42, max_steps_per_run=config_dict.placeholder(int))
+    return config

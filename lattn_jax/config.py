@@ -23,6 +23,22 @@ MIXER_NAMES: Tuple[str, ...] = (
 # Mixer names that are softmax attention layers (configured by ``ModelConfig.attention``).
 ATTENTION_MIXERS: Tuple[str, ...] = ("attn", "attn_nope")
 
+# Mixers that emit the cross-layer routing signal (spec §4.1, §10 item 16: only GDN and DeltaNet
+# have ``supports_cler``; KDA, GDN-2 and linear attention cannot route).
+ROUTABLE_MIXERS: Tuple[str, ...] = ("gdn", "deltanet")
+
+# Cross-layer routing modes (``ModelConfig.routing.mode``), spec §4.2-4.3:
+#   "none";  "cler": value-space CLER, v_l <- v_l + Gamma_l r_{p(l)};
+#   "cler_h": P_l(r_l) into the residual stream;  "clvr": P_l(v_l) into the residual stream;
+#   "error_value": P_l([r_l; v_l]) (CLER-RV);  "surprise_gate": P_l(v_l * sigmoid(a s + b))
+#   (CLER-G);  "hidden_state": P_l(h_{l+1}) (the self-transform capacity control).
+ROUTING_MODES: Tuple[str, ...] = (
+    "none", "cler", "cler_h", "clvr", "error_value", "surprise_gate", "hidden_state")
+
+# Modes that add a projection P_l of a per-layer signal to the residual stream (spec §4.3).
+HIDDEN_ROUTING_MODES: Tuple[str, ...] = (
+    "cler_h", "clvr", "error_value", "surprise_gate", "hidden_state")
+
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -33,6 +49,48 @@ class ConfigError(ValueError):
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
+
+
+_STACKS = ("pure", "hybrid", "dense")
+
+
+def stack_pattern(stack: str, num_layers: int, linear: Optional[str] = None, *,
+                  attention_freq: int = 3, attention: str = "attn") -> Tuple[str, ...]:
+    """The per-layer mixer names of a pure, hybrid or dense stack (spec §3).
+
+    ``hybrid`` follows the authors' ``get_linear_attention_pattern`` with integer
+    ``--linear-attention-freq N``: layer ``i`` (0-based) is softmax iff ``(i + 1) % N == 0``, so
+    ``N = 3`` gives ``[lin, lin, attn]`` repeated (2 linear : 1 softmax; softmax at 2, 5, 8, ...)
+    and the 20-layer stack ends with a linear layer. ``pure`` is ``[linear] * L`` and ``dense``
+    ``[attention] * L``. Any other stack is an explicit ``ModelConfig.layer_pattern``.
+
+    Args:
+      stack: ``"pure"``, ``"hybrid"`` or ``"dense"``.
+      num_layers: ``L >= 1``.
+      linear: the linear mixer name (required for ``pure`` and ``hybrid``).
+      attention_freq: ``N >= 2`` of the hybrid stack.
+      attention: the softmax mixer name (``"attn"`` or ``"attn_nope"``).
+
+    Returns:
+      A tuple of ``L`` mixer names.
+
+    Raises:
+      ConfigError: on an unknown stack, ``L < 1``, ``N < 2`` or a missing/unknown mixer name.
+    """
+    _require(stack in _STACKS, f"model stack={stack!r}; choose from {', '.join(_STACKS)}")
+    _require(num_layers >= 1, f"model num_layers must be >= 1, got {num_layers}")
+    _require(attention in ATTENTION_MIXERS,
+             f"model attention mixer={attention!r}; choose from {', '.join(ATTENTION_MIXERS)}")
+    if stack == "dense":
+        return (attention,) * num_layers
+    _require(linear in MIXER_NAMES and linear not in ATTENTION_MIXERS,
+             f"model linear mixer={linear!r} is not a linear mixer; choose from "
+             f"{', '.join(n for n in MIXER_NAMES if n not in ATTENTION_MIXERS)}")
+    if stack == "pure":
+        return (linear,) * num_layers
+    _require(attention_freq >= 2, f"model attention_freq must be >= 2, got {attention_freq}")
+    return tuple(attention if (i + 1) % attention_freq == 0 else linear
+                 for i in range(num_layers))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -389,6 +447,69 @@ class LightningConfig:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class RoutingConfig:
+    """Cross-layer routing (paper 1 §4, Eqs. 25-29; spec §4.1-4.4).
+
+    Every GDN/DeltaNet layer ``l`` emits ``r_l`` (the op's residual ``u_t = beta_t (v_t -
+    alpha_t S_{t-1}^T k_t)``, decay-adjusted and beta-scaled, spec §4.1 / §10 item 1) and ``v_l``
+    (the post-conv SiLU value, spec §10 item 2). Softmax layers pass everything on.
+
+    Attributes:
+      mode: one of ``ROUTING_MODES``:
+        ``"cler"`` value-space CLER (spec §4.2, "latest" routing with carry-through):
+        ``v_l <- v_l + Gamma_l * norm?(r_{p(l)})`` before the kernel, ``p(l)`` the nearest
+        lower routing layer (the first one receives nothing);
+        ``"cler_h"`` / ``"clvr"`` (CLER-V): ``h_{l+1} <- Block_l(h_l) + P_l vec(s_l)`` with
+        ``s_l = r_l`` / ``v_l``, after the layer's MLP residual add (spec §4.3, §10 item 3);
+        ``"error_value"`` (CLER-RV) ``s_l = [r_l; v_l]`` per head; ``"surprise_gate"`` (CLER-G)
+        ``s_l = v_l * sigmoid(a_l ||r_h|| / (||v_h|| + 1e-6) + b_l)``; ``"hidden_state"``
+        (self-transform control) ``s_l = h_{l+1}``.
+      gamma_mode: shape of ``Gamma_l`` for ``"cler"``: ``"scalar"`` (0-D), ``"head"`` ``[H]`` or
+        ``"channel"`` ``[H, V]`` (``--cler-gamma-mode``).
+      gamma_init: initial value of every ``Gamma_l`` entry (``--cler-gamma-init``, 0.0).
+      normalize_residual: ``"cler"`` only: ``r <- r rsqrt(mean_V r^2 + 1e-6)`` per head
+        (``--cler-normalize-residual``).
+      rank: rank of ``P_l``; ``None`` is full rank (one zero-initialised ``[in, D]`` matrix),
+        ``r`` gives ``P_l = U_l D_l`` with ``U_l: [in, r]`` PyTorch-default initialised and
+        ``D_l: [r, D]`` zero-initialised (product zero, gradient of ``D_l`` not).
+      normalize_input: ``"cler_h"``/``"clvr"`` only: ``s <- s rsqrt(mean(s^2) + 1e-6)`` over
+        the flattened ``H V`` vector (``--cler-hidden-normalize-input``).
+      attn_res: Full Attention Residuals (spec §4.4): every sub-layer input is a softmax-weighted
+        mix of all previous sub-layer contributions with zero-initialised pseudo-queries.
+    """
+
+    mode: str = "none"
+    gamma_mode: str = "scalar"
+    gamma_init: float = 0.0
+    normalize_residual: bool = False
+    rank: Optional[int] = None
+    normalize_input: bool = False
+    attn_res: bool = False
+
+    def __post_init__(self):
+        _require(self.mode in ROUTING_MODES,
+                 f"model.routing.mode={self.mode!r}; choose from {', '.join(ROUTING_MODES)}")
+        _require(self.gamma_mode in ("scalar", "head", "channel"),
+                 f"model.routing.gamma_mode={self.gamma_mode!r}; choose scalar, head or channel")
+        _require(self.rank is None or self.rank >= 1,
+                 f"model.routing.rank must be >= 1 or None (full rank), got {self.rank}")
+        _require(not self.normalize_residual or self.mode == "cler",
+                 f"model.routing.normalize_residual applies to mode 'cler' only, got mode="
+                 f"{self.mode!r}")
+        _require(not self.normalize_input or self.mode in ("cler_h", "clvr"),
+                 f"model.routing.normalize_input applies to modes 'cler_h' and 'clvr' only "
+                 f"(spec §4.3: the controls are mutually exclusive), got mode={self.mode!r}")
+        _require(self.rank is None or self.mode in HIDDEN_ROUTING_MODES,
+                 f"model.routing.rank applies to the residual-stream modes "
+                 f"{', '.join(HIDDEN_ROUTING_MODES)}, got mode={self.mode!r}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any routing parameters exist (a routing mode or AttnRes)."""
+        return self.mode != "none" or self.attn_res
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A decoder-only LM: embedding, pre-norm blocks (mixer + SwiGLU MLP), final norm, head.
 
@@ -415,6 +536,7 @@ class ModelConfig:
       gdn2: settings of ``"gdn2"`` layers.
       lightning: settings of ``"lightning"`` layers.
       linear_attn: settings of ``"linear_attn"`` layers.
+      routing: cross-layer routing (CLER, CLER-H, CLVR, controls, AttnRes); off by default.
     """
 
     vocab_size: int = 32000
@@ -435,6 +557,7 @@ class ModelConfig:
     gdn2: GDN2Config = dataclasses.field(default_factory=GDN2Config)
     lightning: LightningConfig = dataclasses.field(default_factory=LightningConfig)
     linear_attn: LinearAttentionConfig = dataclasses.field(default_factory=LinearAttentionConfig)
+    routing: RoutingConfig = dataclasses.field(default_factory=RoutingConfig)
 
     def __post_init__(self):
         _require(self.vocab_size >= 2, f"model.vocab_size must be >= 2, got {self.vocab_size}")
@@ -466,6 +589,31 @@ class ModelConfig:
                 f"RoPE needs an even head dimension, got model.attention head_dim="
                 f"{self.attention_head_dim}; change it or set model.attention.rope_theta=None",
             )
+        _require(
+            not (self.remat and self.routing.attn_res),
+            "model.remat is not supported with model.routing.attn_res (spec §4.4: AttnRes is "
+            "incompatible with full recompute); set one of them to False",
+        )
+        if self.routing.mode != "none":
+            for i, name in enumerate(self.layer_pattern):
+                _require(
+                    name in ATTENTION_MIXERS or name in ROUTABLE_MIXERS,
+                    f"model.routing.mode={self.routing.mode!r} needs every linear layer to be "
+                    f"one of {', '.join(ROUTABLE_MIXERS)} (spec §4.1: only they emit the routed "
+                    f"signal), but model.layer_pattern[{i}]={name!r}",
+                )
+            _require(
+                any(name in ROUTABLE_MIXERS for name in self.layer_pattern),
+                f"model.routing.mode={self.routing.mode!r} needs at least one "
+                f"{' or '.join(ROUTABLE_MIXERS)} layer in model.layer_pattern",
+            )
+            shapes = {(getattr(self, n).num_v_heads, getattr(self, n).head_v_dim)
+                      for n in set(self.layer_pattern) if n in ROUTABLE_MIXERS}
+            _require(
+                self.routing.mode != "cler" or len(shapes) == 1,
+                f"model.routing.mode='cler' routes r [H, V] between layers, so the gdn and "
+                f"deltanet layers need equal num_v_heads and head_v_dim, got {sorted(shapes)}",
+            )
         if "lightning" in self.layer_pattern:
             if self.lightning.head_dim is None:
                 _require(
@@ -495,10 +643,15 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class OptimConfig:
-    """AdamW with a warm-up then cosine or warmup-stable-decay (WSD) learning-rate schedule.
+    """AdamW, or the paper's Muon + AdamW recipe, on a warm-up then cosine or WSD LR schedule.
+
+    ``name="adamw"`` is spec §5.2 (AdamW everywhere); ``name="muon"`` is spec §5.1 (hidden 2-D
+    matrices on NorMuon, everything else on AdamW; see ``lattn_jax.optim.param_labels``). The
+    paper's Muon runs use ``learning_rate=3.6e-4`` with the defaults below.
 
     Attributes:
-      learning_rate: peak LR.
+      name: ``"adamw"`` or ``"muon"``.
+      learning_rate: peak LR (of the Muon group when ``name == "muon"``).
       min_lr_ratio: final LR as a fraction of the peak (paper 1: 0.1).
       warmup_steps: linear warm-up from 0 to the peak.
       schedule: ``"cosine"`` or ``"wsd"`` (constant, then a cool-down over the last
@@ -506,10 +659,33 @@ class OptimConfig:
       decay_fraction: WSD cool-down length as a fraction of ``total_steps`` (paper 1: 0.2).
       decay_shape: ``"minus_sqrt"`` (paper 1: lr = min + (max - min)(1 - sqrt(tau))), ``"linear"``
         or ``"cosine"``.
-      b1, b2, eps: Adam moments (paper 1: 0.9, 0.95, 1e-8).
-      weight_decay: decoupled weight decay, applied to params with 2+ dims only.
-      grad_clip: global L2 norm clip (``0`` disables).
+      b1, b2, eps: Adam moments (paper 1: 0.9, 0.95, 1e-8), also of the AdamW group under Muon.
+      weight_decay: decoupled weight decay (times the scheduled LR); with ``name="adamw"`` on
+        params with 2+ dims only, with ``name="muon"`` on the Muon group (paper: 0.1).
+      grad_clip: global L2 norm clip over all parameters (``0`` disables).
+      adamw_learning_rate: peak LR of the AdamW group when ``name == "muon"``; ``None``:
+        ``learning_rate * 1.5e-3 / 3.6e-4`` (spec §5.1: 1.5e-3 at the Muon LR 3.6e-4).
+      adamw_min_lr_ratio: schedule floor of that group as a fraction of its peak; ``None``: 1.0,
+        i.e. warm-up then constant, as the paper ran it (spec §10 item 8).
+      adamw_weight_decay: weight decay of that group (2+-dim leaves); ``None``: 0 (spec §5.1).
+      muon_momentum: Muon momentum (EMA rate, paper: 0.95).
+      muon_nesterov: Nesterov momentum (paper: on).
+      muon_ns_steps: Newton-Schulz iterations (paper: 5; a multiple of 5 for ``quintic``).
+      muon_ns_coefficients: ``"quintic"`` (paper: 5 tuned triples) or ``"simple"``
+        (3.4445, -4.7750, 2.0315).
+      muon_ns_dtype: dtype of the Newton-Schulz iterate, ``"bfloat16"`` (paper,
+        ``fp32_matmul_prec="medium"``) or ``"float32"``.
+      muon_scale_mode: ``"spectral"`` (paper: ``sqrt(max(fan_in, fan_out))``),
+        ``"shape_scaling"`` (``sqrt(max(1, fan_out / fan_in))``) or ``"unit_rms_norm"``
+        (``sqrt(fan_out / fan_in)``).
+      muon_extra_scale_factor: extra multiplier of the Muon update (paper: 1.0).
+      muon_variant: ``"normuon"`` (paper: row/column second-moment normalisation after the
+        orthogonalisation) or ``"muon"`` (plain Muon).
+      muon_beta2: EMA rate of the NorMuon second moment (paper: 0.95, no bias correction).
+      muon_eps: floor of the NorMuon second moment (paper: 1e-8).
     """
+
+    name: str = "adamw"
 
     learning_rate: float = 3e-4
     min_lr_ratio: float = 0.1
@@ -522,8 +698,23 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    adamw_learning_rate: Optional[float] = None
+    adamw_min_lr_ratio: Optional[float] = None
+    adamw_weight_decay: Optional[float] = None
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    muon_ns_coefficients: str = "quintic"
+    muon_ns_dtype: str = "bfloat16"
+    muon_scale_mode: str = "spectral"
+    muon_extra_scale_factor: float = 1.0
+    muon_variant: str = "normuon"
+    muon_beta2: float = 0.95
+    muon_eps: float = 1e-8
 
     def __post_init__(self):
+        _require(self.name in ("adamw", "muon"),
+                 f"optim.name={self.name!r}; choose adamw or muon")
         _require(self.learning_rate > 0,
                  f"optim.learning_rate must be > 0, got {self.learning_rate}")
         _require(
@@ -545,6 +736,50 @@ class OptimConfig:
             f"optim.decay_shape={self.decay_shape!r}; choose minus_sqrt, linear or cosine",
         )
         _require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+        for name in ("b1", "b2", "muon_momentum", "muon_beta2"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, f"optim.{name} must be in [0, 1), got {value}")
+        for name in ("eps", "muon_eps", "muon_extra_scale_factor"):
+            value = getattr(self, name)
+            _require(value > 0, f"optim.{name} must be > 0, got {value}")
+        _require(self.weight_decay >= 0,
+                 f"optim.weight_decay must be >= 0, got {self.weight_decay}")
+        _require(
+            self.adamw_learning_rate is None or self.adamw_learning_rate > 0,
+            f"optim.adamw_learning_rate must be > 0 or None, got {self.adamw_learning_rate}",
+        )
+        _require(
+            self.adamw_min_lr_ratio is None or 0.0 <= self.adamw_min_lr_ratio <= 1.0,
+            f"optim.adamw_min_lr_ratio must be in [0, 1] or None, got {self.adamw_min_lr_ratio}",
+        )
+        _require(
+            self.adamw_weight_decay is None or self.adamw_weight_decay >= 0,
+            f"optim.adamw_weight_decay must be >= 0 or None, got {self.adamw_weight_decay}",
+        )
+        _require(
+            self.muon_ns_coefficients in ("quintic", "simple"),
+            f"optim.muon_ns_coefficients={self.muon_ns_coefficients!r}; choose quintic or simple",
+        )
+        _require(self.muon_ns_steps >= 1,
+                 f"optim.muon_ns_steps must be >= 1, got {self.muon_ns_steps}")
+        _require(
+            self.muon_ns_coefficients != "quintic" or self.muon_ns_steps % 5 == 0,
+            f"optim.muon_ns_steps={self.muon_ns_steps} must be a multiple of 5 with "
+            f"optim.muon_ns_coefficients='quintic' (one pass over the 5 tuned steps)",
+        )
+        _require(
+            self.muon_ns_dtype in ("bfloat16", "float32"),
+            f"optim.muon_ns_dtype={self.muon_ns_dtype!r}; choose bfloat16 or float32",
+        )
+        _require(
+            self.muon_scale_mode in ("spectral", "shape_scaling", "unit_rms_norm"),
+            f"optim.muon_scale_mode={self.muon_scale_mode!r}; choose spectral, shape_scaling "
+            f"or unit_rms_norm",
+        )
+        _require(
+            self.muon_variant in ("normuon", "muon"),
+            f"optim.muon_variant={self.muon_variant!r}; choose normuon or muon",
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

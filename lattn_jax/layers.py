@@ -54,13 +54,15 @@ class Dense(nnx.Module):
       rngs: NNX rngs (uses ``rngs.params()``).
       dtype: compute dtype (inputs and weight are cast to it).
       param_dtype: storage dtype.
+      kernel_init: optional ``init(key, shape, dtype)`` used instead of ``N(0, std^2)`` (e.g.
+        zeros for the routing projections, spec §4.3).
     """
 
     def __init__(self, in_features: int, out_features: int, *, std: float, rngs: nnx.Rngs,
-                 dtype=jnp.float32, param_dtype=jnp.float32):
+                 dtype=jnp.float32, param_dtype=jnp.float32, kernel_init=None):
         self.dtype = dtype
-        self.kernel = nnx.Param(normal_init(std)(rngs.params(), (in_features, out_features),
-                                                 param_dtype))
+        init = normal_init(std) if kernel_init is None else kernel_init
+        self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), param_dtype))
 
     def __call__(self, x: Array) -> Array:
         """``x``: ``[..., in]`` -> ``[..., out]`` in ``dtype``."""

@@ -7,10 +7,24 @@ Block (paper 1 §1, Megatron ``TransformerLayer``)::
 
 No absolute positions: RoPE lives inside the softmax layers. The embedding and the head use
 ``N(0, 0.02^2)``; the head is tied to the embedding when ``tie_embeddings`` is set.
+
+Cross-layer routing (paper 1 §4; spec §4; ``model_config.routing``, :mod:`lattn_jax.routing`):
+
+* value-space CLER: a side channel ``r`` runs alongside ``h``; each GDN/DeltaNet layer reads the
+  ``r`` of the nearest lower routing layer into its value target and replaces it with its own;
+  softmax layers carry it on unchanged (spec §4.2 "latest" mode with carry-through);
+* CLER-H / CLVR and the controls: after routing layer ``l``'s MLP residual add,
+  ``h <- h + P_l s_l`` (spec §4.3);
+* AttnRes (spec §4.4): the stack keeps the list of sub-layer contributions and feeds each
+  sub-layer (and the final norm) a softmax mix of them instead of the residual sum.
+
+``model(tokens, route=False)`` switches CLER / CLER-H / CLVR contributions off (for evaluating a
+routed checkpoint as its host; spec §8 warns that CLVR checkpoints depend on the route). AttnRes
+is part of the architecture and stays on.
 """
 
 import math
-from typing import Optional
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -19,19 +33,33 @@ from flax import nnx
 from lattn_jax import config as config_lib
 from lattn_jax import layers
 from lattn_jax import mixers
+from lattn_jax import routing
 from lattn_jax.typing import Array
 
 
 class Block(nnx.Module):
-    """One pre-norm residual block: a token mixer then a SwiGLU MLP.
+    """One pre-norm residual block: a token mixer then a SwiGLU MLP, plus its routing parts.
+
+    ``h <- h + Mixer(RMSNorm(h)); h <- h + SwiGLU(RMSNorm(h))`` (paper 1 §1); a routing layer
+    (GDN/DeltaNet with ``model_config.routing.mode != "none"``) then adds ``P_l s_l``
+    (residual-stream modes) or emits its error into the value-space side channel (``"cler"``).
 
     Args:
       mixer_name: a name from ``lattn_jax.mixers.REGISTRY``.
       model_config: the model configuration.
       rngs: NNX rngs.
+      layer_index: 0-based position in the stack; the first layer's mixer reads the embedding
+        directly under AttnRes and has no pseudo-query.
+
+    Attributes:
+      route: the :class:`~lattn_jax.routing.HiddenRoute` ``P_l`` of a residual-stream routing
+        layer, else ``None``.
+      attn_res_mixer_query, attn_res_mlp_query: ``[D]`` zero-initialised AttnRes pseudo-queries
+        of the two sub-layers (only with ``routing.attn_res``; none for layer 0's mixer).
     """
 
-    def __init__(self, mixer_name: str, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, mixer_name: str, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs,
+                 layer_index: int = 0):
         pdt = jnp.dtype(model_config.param_dtype)
         dt = jnp.dtype(model_config.dtype)
         d = model_config.d_model
@@ -43,11 +71,74 @@ class Block(nnx.Module):
             d, model_config.mlp_hidden, std=model_config.init_std,
             out_std=model_config.init_std / math.sqrt(2 * model_config.num_layers),
             rngs=rngs, dtype=dt, param_dtype=pdt)
+        cfg = model_config.routing
+        self.routes = mixer_name in config_lib.ROUTABLE_MIXERS and cfg.mode != "none"
+        self.value_routing = self.routes and cfg.mode == "cler"
+        if self.routes and cfg.mode in config_lib.HIDDEN_ROUTING_MODES:
+            host = getattr(model_config, mixer_name)
+            self.route = routing.HiddenRoute(cfg, num_heads=host.num_v_heads,
+                                             head_dim=host.head_v_dim, d_model=d, rngs=rngs,
+                                             dtype=dt, param_dtype=pdt)
+        else:
+            self.route = None
+        if cfg.attn_res:
+            if layer_index > 0:
+                self.attn_res_mixer_query = nnx.Param(jnp.zeros((d,), pdt))
+            self.attn_res_mlp_query = nnx.Param(jnp.zeros((d,), pdt))
 
-    def __call__(self, h: Array, *, segment_ids: Optional[Array] = None) -> Array:
-        """``h``: ``[B, T, D]`` -> ``[B, T, D]`` (same dtype)."""
-        h = h + self.mixer(self.mixer_norm(h), segment_ids=segment_ids).astype(h.dtype)
-        return h + self.mlp(self.mlp_norm(h)).astype(h.dtype)
+    def mix(self, x: Array, *, segment_ids: Optional[Array] = None,
+            side: Optional[Array] = None,
+            route: bool = True) -> Tuple[Array, Optional[routing.RouteSignals]]:
+        """The mixer sub-layer's contribution ``Mixer(RMSNorm(x))``.
+
+        Args:
+          x: ``[B, T, D]`` the sub-layer input.
+          segment_ids: optional int ``[B, T]``.
+          side: optional ``[B, T, H, V]`` value-space CLER residual of the nearest lower routing
+            layer (used only by a ``"cler"`` routing layer and only when ``route``).
+          route: apply value-space injection.
+
+        Returns:
+          ``(c [B, T, D] in x.dtype, signals)``; ``signals`` is the layer's
+          :class:`~lattn_jax.routing.RouteSignals` for a routing layer, else ``None``.
+        """
+        xn = self.mixer_norm(x)
+        if not self.routes:
+            return self.mixer(xn, segment_ids=segment_ids).astype(x.dtype), None
+        route_in = side if (route and self.value_routing) else None
+        c, signals = self.mixer(xn, segment_ids=segment_ids, route_in=route_in,
+                                return_route=True)
+        return c.astype(x.dtype), signals
+
+    def next_side(self, side: Optional[Array],
+                  signals: Optional[routing.RouteSignals]) -> Optional[Array]:
+        """The value-space side channel after this layer: its own error if it is a ``"cler"``
+        routing layer, else ``side`` unchanged (softmax layers pass it on, spec §4.2)."""
+        return signals.error if self.value_routing else side
+
+    def __call__(self, h: Array, *, segment_ids: Optional[Array] = None,
+                 side: Optional[Array] = None, route: bool = True,
+                 return_side: bool = False) -> Union[Array, Tuple[Array, Optional[Array]]]:
+        """Applies the block (standard residual stream; AttnRes lives in the model).
+
+        Args:
+          h: ``[B, T, D]`` residual stream.
+          segment_ids: optional int ``[B, T]``.
+          side: optional ``[B, T, H, V]`` value-space CLER side channel.
+          route: apply this layer's routing contributions (value injection, ``P_l s_l``).
+          return_side: also return the side channel for the next layer.
+
+        Returns:
+          ``h`` ``[B, T, D]`` (same dtype), or ``(h, side)`` with ``return_side``.
+        """
+        c, signals = self.mix(h, segment_ids=segment_ids, side=side, route=route)
+        h = h + c
+        h = h + self.mlp(self.mlp_norm(h)).astype(h.dtype)
+        if self.route is not None and route:
+            h = h + self.route(signals, h).astype(h.dtype)
+        if return_side:
+            return h, self.next_side(side, signals)
+        return h
 
 
 class LanguageModel(nnx.Module):
@@ -56,6 +147,10 @@ class LanguageModel(nnx.Module):
     Args:
       model_config: a validated :class:`~lattn_jax.config.ModelConfig`.
       rngs: NNX rngs.
+
+    Attributes:
+      attn_res_final_query: ``[D]`` AttnRes pseudo-query of the final norm (with
+        ``routing.attn_res`` only).
     """
 
     def __init__(self, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs):
@@ -65,7 +160,8 @@ class LanguageModel(nnx.Module):
         self.embed = nnx.Param(layers.normal_init(model_config.init_std)(
             rngs.params(), (model_config.vocab_size, model_config.d_model), pdt))
         self.blocks = nnx.List(
-            [Block(name, model_config, rngs=rngs) for name in model_config.layer_pattern])
+            [Block(name, model_config, rngs=rngs, layer_index=i)
+             for i, name in enumerate(model_config.layer_pattern)])
         self.final_norm = layers.RMSNorm(model_config.d_model, eps=model_config.norm_eps,
                                          param_dtype=pdt)
         if model_config.tie_embeddings:
@@ -74,14 +170,19 @@ class LanguageModel(nnx.Module):
             self.head = layers.Dense(model_config.d_model, model_config.vocab_size,
                                      std=model_config.init_std, rngs=rngs, dtype=self.dtype,
                                      param_dtype=pdt)
+        if model_config.routing.attn_res:
+            self.attn_res_final_query = nnx.Param(jnp.zeros((model_config.d_model,), pdt))
 
-    def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None) -> Array:
+    def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
+                 route: bool = True) -> Array:
         """Computes next-token logits.
 
         Args:
           tokens: int ``[B, T]`` token ids.
           segment_ids: optional int ``[B, T]`` document ids of a packed window; used only when
             ``model_config.use_segment_ids`` is set.
+          route: apply the cross-layer routing contributions (CLER, CLER-H, CLVR, controls);
+            ``False`` evaluates the host model with the same parameters.
 
         Returns:
           fp32 logits ``[B, T, S]``.
@@ -89,17 +190,46 @@ class LanguageModel(nnx.Module):
         if not self.config.use_segment_ids:
             segment_ids = None
         h = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)  # [B, T, D]
-        for block in self.blocks:
+        if self.config.routing.attn_res:
+            h = self._attn_res_stack(h, segment_ids, route)
+        else:
+            def apply(blk, x, side):
+                return blk(x, segment_ids=segment_ids, side=side, route=route, return_side=True)
+
             if self.config.remat:
-                h = nnx.remat(lambda blk, x: blk(x, segment_ids=segment_ids))(block, h)
-            else:
-                h = block(h, segment_ids=segment_ids)
+                apply = nnx.remat(apply)
+            side = None
+            for block in self.blocks:
+                h, side = apply(block, h, side)
         h = self.final_norm(h)
         if self.head is None:
             logits = jnp.einsum("btd,sd->bts", h, self.embed[...].astype(self.dtype))
         else:
             logits = self.head(h)
         return logits.astype(jnp.float32)
+
+    def _attn_res_stack(self, h: Array, segment_ids: Optional[Array], route: bool) -> Array:
+        """Full Attention Residuals (spec §4.4): returns the final norm's input ``[B, T, D]``.
+
+        Contributions ``[h_0, c_1, c_2, ...]`` (embedding, then each attention and MLP output);
+        sub-layer ``m >= 1`` reads ``attn_res_combine(w_m, contributions)``, ``m = 0`` reads
+        ``h_0``. A residual-stream route ``P_l s_l`` is added to layer ``l``'s MLP
+        contribution (spec §4.3, TB l.1106-1124).
+        """
+        contributions = [h]
+        side = None
+        for i, block in enumerate(self.blocks):
+            x = h if i == 0 else routing.attn_res_combine(block.attn_res_mixer_query[...],
+                                                          contributions)
+            c, signals = block.mix(x, segment_ids=segment_ids, side=side, route=route)
+            contributions.append(c)
+            x = routing.attn_res_combine(block.attn_res_mlp_query[...], contributions)
+            c = block.mlp(block.mlp_norm(x)).astype(h.dtype)
+            if block.route is not None and route:
+                c = c + block.route(signals, x + c).astype(h.dtype)
+            contributions.append(c)
+            side = block.next_side(side, signals)
+        return routing.attn_res_combine(self.attn_res_final_query[...], contributions)
 
 
 def count_params(model: nnx.Module) -> int:

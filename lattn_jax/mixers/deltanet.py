@@ -13,6 +13,11 @@ Per layer, from the normalised stream ``x``:
 
 The 350M layer (``d = 1024``, 4 heads of ``K = 64`` / ``V = 128``) has 1,582,208 parameters with
 the fused input RMSNorm (spec §2.2).
+
+Cross-layer routing (spec §4, :mod:`lattn_jax.routing`): with ``return_route=True`` the mixer also
+returns :class:`~lattn_jax.routing.RouteSignals`: the error ``r_t = u_t = beta_t (v_t -
+S_{t-1}^T k_t)`` (the op's beta-scaled residual, spec §4.1) and the post-conv value ``v_t``;
+``route_in`` (value-space CLER) adds ``gamma * r_src`` to the value target before the kernel.
 """
 
 import math
@@ -24,6 +29,7 @@ from flax import nnx
 
 from lattn_jax import config as config_lib
 from lattn_jax import layers
+from lattn_jax import routing
 from lattn_jax.typing import Array
 from pallas_kernels.gated_delta_rule import api as gdr
 
@@ -44,6 +50,7 @@ class DeltaNet(nnx.Module):
       conv: short convolution over the ``2 HK K + H V`` q/k/v channels.
       o_norm: RMSNorm over ``V``, shared across heads.
       out_proj: ``[H V, D]`` output projection, ``N(0, (init_std / sqrt(2 L))^2)``.
+      gamma: fp32 CLER gain (0-D, ``[H]`` or ``[H, V]``), only with ``routing.mode="cler"``.
     """
 
     def __init__(self, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs):
@@ -63,6 +70,7 @@ class DeltaNet(nnx.Module):
         out_std = model_config.init_std / math.sqrt(2 * model_config.num_layers)
         self.out_proj = layers.Dense(self.v_dim, d, std=out_std, rngs=rngs, dtype=self.dtype,
                                      param_dtype=param_dtype)
+        routing.add_gamma(self, model_config, cfg.num_v_heads, cfg.head_v_dim)
 
     def init_state(self, batch: int) -> layers.RecurrentState:
         """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S."""
@@ -70,7 +78,8 @@ class DeltaNet(nnx.Module):
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
                  state: Optional[layers.RecurrentState] = None,
-                 return_state: bool = False) -> Union[Array, Tuple[Array, layers.RecurrentState]]:
+                 return_state: bool = False, route_in: Optional[Array] = None,
+                 return_route: bool = False) -> Union[Array, Tuple]:
         """Mixes a sequence, or continues one from ``state``.
 
         Args:
@@ -81,12 +90,20 @@ class DeltaNet(nnx.Module):
           state: optional :class:`~lattn_jax.layers.RecurrentState`; ``None``
             starts from zeros.
           return_state: also return the state after the last token.
+          route_in: optional ``[B, T, H, V]`` residual of the nearest lower routing layer;
+            the value target becomes ``v + gamma * norm?(route_in)`` (value-space CLER, paper 1
+            Eq. 27, spec §4.2). Needs ``model.routing.mode="cler"``.
+          return_route: also return the :class:`~lattn_jax.routing.RouteSignals` (error
+            ``u_t``, computed from the injected value, and the value ``v_t`` before injection).
 
         Returns:
-          ``y`` ``[B, T, D]`` in the compute dtype, or ``(y, new_state)`` if ``return_state``.
+          ``y`` ``[B, T, D]`` in the compute dtype, followed by ``new_state`` if
+          ``return_state`` and the route signals if ``return_route`` (a tuple when either is
+          set).
 
         Raises:
-          ValueError: if ``state`` was built for another batch size.
+          ValueError: if ``state`` was built for another batch size, or ``route_in`` is given
+            without value-space CLER.
         """
         cfg = self.cfg
         b, t, _ = x.shape
@@ -96,12 +113,14 @@ class DeltaNet(nnx.Module):
             self.conv, qkv, segment_ids, None if state is None else state.conv_state)
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
         beta = jax.nn.sigmoid(beta_logit.astype(jnp.float32))  # [B, T, H] fp32
-        o, recurrent = gdr.delta_rule(
-            q, k, v, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
+        target = routing.value_target(self, v, route_in)  # [B, T, H, V]
+        o, recurrent, u = gdr.delta_rule(
+            q, k, target, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
             implementation=cfg.implementation,
             initial_state=None if state is None else state.recurrent,
-            output_final_state=return_state)  # [B, T, H, V], fp32 [B, H, K, V]
+            output_final_state=return_state,
+            return_residual=True)  # [B, T, H, V], fp32 [B, H, K, V], [B, T, H, V]
         y = self.out_proj(self.o_norm(o).reshape(b, t, self.v_dim))
-        if return_state:
-            return y, layers.RecurrentState(conv_state=conv_state, recurrent=recurrent)
-        return y
+        new_state = layers.RecurrentState(conv_state=conv_state, recurrent=recurrent)
+        return routing.mixer_outputs(y, new_state, routing.RouteSignals(error=u, value=v),
+                                     return_state=return_state, return_route=return_route)

@@ -21,6 +21,12 @@ one recurrent step of the same code and parameters (the op's chunk size clips to
 linear-attention mixers share (:class:`~lattn_jax.layers.RecurrentState`,
 :func:`~lattn_jax.layers.l2_normalize`, :func:`~lattn_jax.layers.conv_silu`) live in
 ``lattn_jax/layers.py``.
+
+Cross-layer routing (spec §4, :mod:`lattn_jax.routing`): with ``return_route=True`` the mixer also
+returns :class:`~lattn_jax.routing.RouteSignals`: the error ``r_t = u_t = beta_t (v_t - exp(g_t)
+S_{t-1}^T k_t)`` (the op's decay-adjusted, beta-scaled residual, spec §4.1) and the post-conv value
+``v_t``; ``route_in`` (value-space CLER, ``model.routing.mode="cler"``) adds ``gamma * r_src`` to
+the value target before the kernel.
 """
 
 import math
@@ -32,6 +38,7 @@ from flax import nnx
 
 from lattn_jax import config as config_lib
 from lattn_jax import layers
+from lattn_jax import routing
 from lattn_jax.typing import Array
 from pallas_kernels.gated_delta_rule import api as gdr
 
@@ -54,6 +61,7 @@ class GatedDeltaNet(nnx.Module):
       dt_bias: fp32 ``[H]``, bias inside the softplus of the decay.
       o_norm: RMSNorm over ``V``, shared across heads.
       out_proj: ``[H V, D]`` output projection.
+      gamma: fp32 CLER gain (0-D, ``[H]`` or ``[H, V]``), only with ``routing.mode="cler"``.
     """
 
     def __init__(self, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs):
@@ -76,6 +84,7 @@ class GatedDeltaNet(nnx.Module):
         out_std = model_config.init_std / math.sqrt(2 * model_config.num_layers)
         self.out_proj = layers.Dense(self.v_dim, d, std=out_std, rngs=rngs, dtype=self.dtype,
                                      param_dtype=param_dtype)
+        routing.add_gamma(self, model_config, cfg.num_v_heads, cfg.head_v_dim)
 
     def gates(self, beta_logit: Array, a: Array):
         """Write strength and log-decay, fp32.
@@ -98,7 +107,8 @@ class GatedDeltaNet(nnx.Module):
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
                  state: Optional[layers.RecurrentState] = None,
-                 return_state: bool = False) -> Union[Array, Tuple[Array, layers.RecurrentState]]:
+                 return_state: bool = False, route_in: Optional[Array] = None,
+                 return_route: bool = False) -> Union[Array, Tuple]:
         """Mixes a sequence, or continues one from ``state``.
 
         Args:
@@ -110,13 +120,20 @@ class GatedDeltaNet(nnx.Module):
           state: optional :class:`RecurrentState` from :meth:`init_state` or a previous call;
             ``None`` starts from zeros.
           return_state: also return the state after the last token.
+          route_in: optional ``[B, T, H, V]`` residual of the nearest lower routing layer;
+            the value target becomes ``v + gamma * norm?(route_in)`` (value-space CLER, paper 1
+            Eq. 27, spec §4.2). Needs ``model.routing.mode="cler"``.
+          return_route: also return the :class:`~lattn_jax.routing.RouteSignals` (error
+            ``u_t``, computed from the injected value, and the value ``v_t`` before injection).
 
         Returns:
-          ``y`` ``[B, T, D]`` in the compute dtype, or ``(y, new_state)`` if ``return_state``.
+          ``y`` ``[B, T, D]`` in the compute dtype, followed by ``new_state`` if
+          ``return_state`` and the route signals if ``return_route`` (a tuple when either is
+          set).
 
         Raises:
-          ValueError: if ``state`` was built for another batch size (and from the op on bad
-            shapes).
+          ValueError: if ``state`` was built for another batch size, or ``route_in`` is given
+            without value-space CLER (and from the op on bad shapes).
         """
         cfg = self.cfg
         b, t, _ = x.shape
@@ -132,14 +149,16 @@ class GatedDeltaNet(nnx.Module):
                                            None if state is None else state.conv_state)
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
         beta, g = self.gates(beta_logit, a)  # [B, T, H] each, fp32
-        o, recurrent = gdr.gated_delta_rule(
-            q, k, v, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
+        target = routing.value_target(self, v, route_in)  # [B, T, H, V]
+        o, recurrent, u = gdr.gated_delta_rule(
+            q, k, target, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
             implementation=cfg.implementation,
             initial_state=None if state is None else state.recurrent,
-            output_final_state=return_state)  # [B, T, H, V], fp32 [B, H, K, V]
+            output_final_state=return_state,
+            return_residual=True)  # [B, T, H, V], fp32 [B, H, K, V], [B, T, H, V]
         z = z.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)
         o = self.o_norm(o) * jax.nn.silu(z.astype(jnp.float32)).astype(o.dtype)
         y = self.out_proj(o.reshape(b, t, self.v_dim))
-        if return_state:
-            return y, layers.RecurrentState(conv_state=conv_state, recurrent=recurrent)
-        return y
+        new_state = layers.RecurrentState(conv_state=conv_state, recurrent=recurrent)
+        return routing.mixer_outputs(y, new_state, routing.RouteSignals(error=u, value=v),
+                                     return_state=return_state, return_route=return_route)
