@@ -269,6 +269,7 @@ def run_jax(records):
                         rec["error"] = repr(e)[:300]
                     print(json.dumps(rec), flush=True)
                     records.append(rec)
+                    _append(rec)
                 del q, k, v, do, gates
         jax.clear_caches()
 
@@ -410,6 +411,14 @@ def markdown(records, versions, command):
     return "\n".join(lines) + "\n"
 
 
+def _append(rec):
+    """Appends one record to ``<out>.jsonl`` at once, so a run cut short keeps what it measured."""
+    if _OUT.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+        with open(_OUT.value + ".jsonl", "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
 def main(argv):
     del argv
     if _TORCH_WORKER.value:
@@ -425,6 +434,8 @@ def main(argv):
         for line in proc.stdout.splitlines():
             if line.startswith("FLA_RECORD "):
                 records.append(json.loads(line[len("FLA_RECORD "):]))
+                _append(records[-1])
+                print(line, flush=True)
         if proc.returncode != 0:
             print("fla worker failed:\n" + proc.stderr[-3000:], flush=True)
     run_jax(records)
