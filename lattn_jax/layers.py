@@ -219,10 +219,8 @@ class RecurrentState(NamedTuple):
     recurrent: Array
 
 
-def l2_normalize(x: Array, eps: float = 1e-6) -> Array:
-    """``x * rsqrt(sum(x^2) + eps)`` over the last axis, computed in fp32 (FLA ``l2norm``)."""
-    x32 = x.astype(jnp.float32)
-    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+# ``x * rsqrt(sum(x^2) + eps)`` over the last axis in fp32 (FLA ``l2norm``); shared with the ops.
+l2_normalize = validation.l2_normalize
 
 
 def carry_conv_state(conv_state: Array, segment_ids: Optional[Array]) -> Array:

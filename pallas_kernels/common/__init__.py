@@ -7,6 +7,7 @@ from pallas_kernels.common.validation import (  # noqa: F401
     check_shape,
     effective_chunk_size,
     expand_key_heads,
+    l2_normalize,
     document_index,
     pad_time,
     resolve_implementation,

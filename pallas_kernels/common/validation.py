@@ -152,6 +152,16 @@ def pad_time(x: Optional[jax.Array], multiple: int, value: float = 0.0) -> Optio
     return jnp.pad(x, widths, constant_values=value)
 
 
+def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """``x * rsqrt(sum(x^2) + eps)`` over the last axis, computed in fp32, returned in ``x.dtype``.
+
+    FLA's ``l2norm`` (``use_qk_l2norm_in_kernel``), applied to q and k of the delta-rule family
+    (paper arXiv 2607.07953, Sec. 3.2: keys are L2-normalised for the delta rule's stability).
+    """
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
 def document_index(segment_ids: jax.Array) -> jax.Array:
     """Turns segment ids into a monotone per-row document index.
 

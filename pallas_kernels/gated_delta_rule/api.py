@@ -13,6 +13,9 @@ Implementations (``implementation=``):
 * ``"pallas"`` (default for ``None``/``"auto"`` on a GPU where supported): the chunked Pallas
   kernels in ``kernel_gpu.py``, forward and backward; ``"pallas_interpret"`` runs them in Pallas
   interpret mode on any backend;
+* ``"pallas_tpu"`` (default for ``None``/``"auto"`` on a TPU where supported): the Pallas TPU
+  (Mosaic) kernels in ``kernel_tpu.py``, forward and backward; on other backends they run in
+  Pallas TPU interpret mode (slow; tests);
 * ``"chunked"`` (the ``"auto"`` choice elsewhere): the chunkwise WY/UT form in ``chunked.py``;
 * ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
 * ``"associative_scan"``: the exact parallel scan over affine state maps in ``associative.py``
@@ -45,10 +48,10 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import common
-from pallas_kernels.common import pallas_gpu
+from pallas_kernels.common import pallas_gpu, pallas_tpu
 from pallas_kernels.gated_delta_rule import associative
 from pallas_kernels.gated_delta_rule import chunked
-from pallas_kernels.gated_delta_rule import kernel_gpu
+from pallas_kernels.gated_delta_rule import kernel_gpu, kernel_tpu
 from pallas_kernels.gated_delta_rule import reference
 
 # Concrete forms of this op, best first: None/"auto" resolve to the first entry.
@@ -101,6 +104,17 @@ def _forward_pallas(q, k, v, g, beta, initial_state, segment_ids, *, scale, inte
     return o.astype(v.dtype), final_state, None if u is None else u.astype(v.dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size"))
+def _forward_tpu(q, k, v, g, beta, initial_state, segment_ids, *, scale, chunk_size):
+    """The Pallas TPU kernels (``kernel_tpu.py``); GVA heads expanded here."""
+    group = v.shape[2] // q.shape[2]
+    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    return kernel_tpu.scalar_decay_tpu(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+        chunk_size=chunk_size,
+    )
+
+
 def gated_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -115,6 +129,7 @@ def gated_delta_rule(
     chunk_size: int = 64,
     implementation: Optional[str] = None,
     return_residual: bool = False,
+    use_qk_l2norm: bool = False,
 ) -> Output:
     """Gated DeltaNet token mixing (paper arXiv 2607.07953, Sec. 3.2, Eqs. 15-17).
 
@@ -125,10 +140,12 @@ def gated_delta_rule(
                                                  + beta_t k_t v_t^T )
         o_t = scale * S_t^T q_t              (inclusive of token t)
 
-    All state math, gate cumsums and reductions run in fp32 with ``Precision.HIGHEST`` whatever
-    the input dtype; ``o`` and ``u`` are cast back to ``v.dtype``. q and k are used as given:
-    L2-normalise them beforehand (the Flax module does). Gradients w.r.t. every array argument
-    (including ``initial_state``) come from JAX autodiff of the chosen form.
+    All state math, gate cumsums and reductions run in fp32 whatever the input dtype (the
+    Pallas kernels run their large products on bf16 tensor cores with fp32 accumulation when
+    the inputs are bf16); ``o`` and ``u`` are cast back to ``v.dtype``. q and k are used as
+    given (L2-normalise them beforehand, as the Flax module does) unless ``use_qk_l2norm``.
+    Gradients w.r.t. every array argument (including ``initial_state``) come from the kernels'
+    custom VJP (``"pallas"``) or JAX autodiff of the chosen form.
 
     GVA/GQA: when ``H > HK``, value head ``h`` uses key/query head ``h // (H // HK)`` (q and k
     are ``jnp.repeat``-ed along the head axis, like FLA's ``repeat_interleave``).
@@ -151,12 +168,17 @@ def gated_delta_rule(
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
             clipped to ``T`` when ``T`` is shorter (one unpadded chunk).
         implementation: ``None``/``"auto"``, ``"pallas"``, ``"pallas_interpret"``,
-            ``"chunked"``, ``"reference"`` or ``"associative_scan"``. ``"auto"`` runs the Pallas
-            GPU kernels (``kernel_gpu.py``) on a GPU when K and V are 64 or 128, the chunk size
-            is 64 and ``T >= 64``, and the chunked form otherwise (logging why, once, on a
-            GPU). ``"pallas_interpret"`` runs the kernels in Pallas interpret mode anywhere.
+            ``"pallas_tpu"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+            ``"auto"`` runs the Pallas GPU kernels (``kernel_gpu.py``) on a GPU when K and V are
+            64 or 128, the chunk size is 64 and ``T >= 64``; on a TPU it runs the Pallas TPU
+            kernels (``kernel_tpu.py``) when K and V are 64 or 128, the chunk size is 64 or 128
+            and ``T`` fills a chunk; the chunked form otherwise (logging why, once).
+            ``"pallas_interpret"`` runs the GPU kernels in Pallas interpret mode anywhere;
+            ``"pallas_tpu"`` runs the TPU kernels, in TPU interpret mode off a TPU.
         return_residual: whether to also return the per-token residuals ``u`` (FLA's
             ``v_new``), which cross-layer routing consumes.
+        use_qk_l2norm: L2-normalise q and k over the head dim first (in fp32, eps 1e-6, as
+            FLA's ``use_qk_l2norm_in_kernel``); gradients flow through the normalisation.
 
     Returns:
         ``(o, final_state)``, or ``(o, final_state, u)`` if ``return_residual``:
@@ -170,14 +192,21 @@ def gated_delta_rule(
             the call (no GPU, head dims other than 64/128, another chunk size), with the reason.
     """
     _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size)
+    if use_qk_l2norm:
+        q, k = common.l2_normalize(q), common.l2_normalize(k)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
-    impl = pallas_gpu.choose_implementation(
+    impl = pallas_tpu.choose_implementation(
         "gated_delta_rule", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv),
-        chunk_size, seq_len,
+        chunk_size, seq_len, fallback=pallas_gpu.choose_implementation,
     )
     if scale is None:
         scale = dk ** -0.5
+    if impl == "pallas_tpu":
+        o, final_state, u = _forward_tpu(q, k, v, g, beta, initial_state, segment_ids,
+                                         scale=float(scale), chunk_size=chunk_size)
+        final_state = final_state if output_final_state else None
+        return (o, final_state, u) if return_residual else (o, final_state)
     if impl in pallas_gpu.PALLAS_IMPLEMENTATIONS:
         o, final_state, u = _forward_pallas(
             q, k, v, g, beta, initial_state, segment_ids, scale=float(scale),
@@ -214,6 +243,7 @@ def delta_rule(
     chunk_size: int = 64,
     implementation: Optional[str] = None,
     return_residual: bool = False,
+    use_qk_l2norm: bool = False,
 ) -> Output:
     """DeltaNet token mixing (paper arXiv 2607.07953, Sec. 3.2, Eq. 14): no decay.
 
@@ -225,5 +255,5 @@ def delta_rule(
         q, k, v, None, beta,
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
-        return_residual=return_residual,
+        return_residual=return_residual, use_qk_l2norm=use_qk_l2norm,
     )

@@ -156,6 +156,28 @@ class InterpretTest(parameterized.TestCase):
                                                implementation="chunked")
         np.testing.assert_allclose(u_kernel, u_chunked, **tolerances.fwd_tol(jnp.float32))
 
+    def test_qk_l2norm_option_normalises_first(self):
+        # Raw (unnormalised) q, k with use_qk_l2norm equal pre-normalised q, k without it,
+        # in value and in gradient w.r.t. the raw inputs (checked against the chunked form).
+        inputs, _ = _inputs(5, 1, 64, 2, 2, 64)
+        raw_q, raw_k = 3.0 * inputs["q"] + 0.1, 0.5 * inputs["k"] - 0.2
+
+        def loss(impl, q, k):
+            o, _ = gdr.gated_delta_rule(q, k, inputs["v"], inputs["g"], inputs["beta"],
+                                        use_qk_l2norm=True, implementation=impl)
+            return jnp.sum(o * o)
+
+        for argnum in (1, 2):
+            want = jax.grad(loss, argnum)("chunked", raw_q, raw_k)
+            got = jax.grad(loss, argnum)("pallas_interpret", raw_q, raw_k)
+            np.testing.assert_allclose(got, want, **tolerances.grad_tol(jnp.float32))
+        normed = [x / jnp.linalg.norm(x, axis=-1, keepdims=True) for x in (raw_q, raw_k)]
+        o_ref, _ = gdr.gated_delta_rule(*normed, inputs["v"], inputs["g"], inputs["beta"],
+                                        implementation="chunked")
+        o, _ = gdr.gated_delta_rule(raw_q, raw_k, inputs["v"], inputs["g"], inputs["beta"],
+                                    use_qk_l2norm=True, implementation="pallas_interpret")
+        np.testing.assert_allclose(o, o_ref, rtol=1e-4, atol=1e-5)
+
 
 @pytest.mark.gpu
 class GpuTest(parameterized.TestCase):
