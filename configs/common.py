@@ -67,6 +67,7 @@ def bundled_wikitext_data(seq_len: int, batch_size: int) -> ml_collections.Confi
         batch_size=batch_size,
         val_fraction=0.05,
         seed=0,
+        shuffle=True,  # reshuffle the train windows every epoch (False: corpus order)
         max_val_batches=config_dict.placeholder(int),
     ))
 
