@@ -471,7 +471,7 @@ class SimpleGlaTest(parameterized.TestCase):
             ({}, dict(segment_ids=jnp.zeros((2, 8), F32)), r"segment_ids must have an integer"),
             ({}, dict(chunk_size=48), r"chunk_size must be a positive power of two"),
             ({}, dict(chunk_size=0), r"chunk_size must be a positive power of two"),
-            ({}, dict(implementation="pallas"), r"implementation='pallas' is not available"),
+            ({}, dict(implementation="cuda"), r"implementation='cuda' is not available"),
         ]
         for arrays, kwargs, pattern in bad_cases:
             with self.subTest(pattern=pattern):
