@@ -22,6 +22,13 @@ Usage (on the GPU machine, after installing the peers' wheels from ../shared/too
         --shapes=S1,S2,P1 --out=benchmarks/results/kernels-h200-<date>
 
 writes ``<out>.json`` (one record per peer, op, shape and pass) and ``<out>.md`` (the tables).
+
+On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
+the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
+(fla, jla) are skipped with a message::
+
+    python experiments/bench_kernels.py --peers=ours,chunked --shapes=S1,S2,P1 \
+        --out=benchmarks/results/kernels-tpu-<chip>-<date>
 """
 
 import datetime
@@ -239,10 +246,19 @@ def correctness_gate(op, peer):
     return ok, errs
 
 
+def _on_tpu():
+    import jax
+    return jax.default_backend() == "tpu"
+
+
 def run_jax(records):
     import jax
+    peers = [p for p in _PEERS.value if p != "fla"]
+    if _on_tpu() and "jla" in peers:
+        print("skipping peer jla: its kernels are Mosaic GPU only (backend is tpu)", flush=True)
+        peers.remove("jla")
     for op in _OPS.value:
-        for peer in [p for p in _PEERS.value if p != "fla"]:
+        for peer in peers:
             gate_ok, errs = (True, {})
             if peer == "ours":
                 try:
@@ -360,6 +376,11 @@ def _versions():
         except Exception:  # noqa: BLE001 - a missing peer is reported as absent
             out[mod] = None
     try:
+        import jax
+        out["device"] = f"{jax.default_backend()}: {jax.devices()[0].device_kind}"
+    except Exception:  # noqa: BLE001
+        out["device"] = None
+    try:
         out["gpu"] = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm",
              "--format=csv,noheader"], capture_output=True, text=True, check=False).stdout.strip()
@@ -373,13 +394,16 @@ def markdown(records, versions, command):
     for r in records:
         by[(r["op"], r["shape"], r["pass_"], r["peer"])] = r
     lines = [f"# Kernel benchmark, {versions['date']}", "",
-             f"Hardware: {versions.get('gpu')}. Versions: " + ", ".join(
-                 f"{k} {v}" for k, v in versions.items() if k not in ("gpu", "date")) + ".",
+             f"Hardware: {versions.get('gpu') or versions.get('device')}. Versions: " + ", ".join(
+                 f"{k} {v}" for k, v in versions.items()
+                 if k not in ("gpu", "device", "date")) + ".",
              "", f"Command: `{command}`", "",
              "Wall-clock median per call (ms); ratios > 1 mean ours is faster. R = roofline "
              "floor of BENCHMARKS.md §3; %R = R / t_ours. `ours` is each op's `auto` dispatch "
-             "(Pallas kernels for GDN, DeltaNet, Lightning; the chunked JAX form for KDA and "
-             "GDN2, which have no kernel yet).", ""]
+             "(on a GPU: Pallas kernels for GDN, DeltaNet, Lightning, the chunked JAX form for "
+             "KDA and GDN2; on a TPU: the Pallas TPU kernels for all five). The floors R are "
+             "H200 floors; on a TPU recompute them from the chip's peak FLOP/s and HBM "
+             "bandwidth (BUILD.md).", ""]
     gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "ours"}
     lines += ["Correctness gate (ours vs the fp32 reference, relative RMS error):", ""]
     for op, errs in gates.items():
@@ -427,7 +451,10 @@ def main(argv):
         return
     records = []
     command = "python " + " ".join(sys.argv)
-    if "fla" in _PEERS.value:
+    if "fla" in _PEERS.value and _on_tpu():
+        print("skipping peer fla: it needs torch + Triton on a CUDA GPU (backend is tpu)",
+              flush=True)
+    elif "fla" in _PEERS.value:
         args = [sys.executable, os.path.abspath(__file__), "--torch_worker"] + [
             a for a in sys.argv[1:] if not a.startswith("--out")]
         proc = subprocess.run(args, capture_output=True, text=True, check=False)

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
 from pallas_kernels.common import validation
@@ -34,6 +35,43 @@ _logged = set()
 def compiler_params(num_warps: int, num_stages: int = 1):
     """Returns the Triton ``CompilerParams`` for ``pl.pallas_call``."""
     return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def named_pallas_call(kernel, cfg, *, inputs, outputs, grid, launch, name):
+    """Calls ``kernel(**refs, cfg=cfg)`` with every named input/output ref (``None`` if absent).
+
+    Lets one kernel body serve several static configurations (with or without segment ids,
+    delta rule on or off) without positional-ref bookkeeping.
+
+    Args:
+      kernel: the kernel body, taking every name below as a keyword argument plus ``cfg``.
+      cfg: the static configuration dict (``cfg["interpret"]`` selects interpret mode).
+      inputs: ``(name, array or None)`` pairs; ``None`` inputs are not passed.
+      outputs: ``(name, ShapeDtypeStruct or None)`` pairs; ``None`` outputs are not produced.
+      grid: the launch grid.
+      launch: ``(num_warps, num_stages)`` for Triton (ignored in interpret mode).
+      name: the kernel's name in profiles.
+
+    Returns:
+      ``{name: array}`` for the produced outputs.
+    """
+    in_names = [n for n, a in inputs if a is not None]
+    out_names = [n for n, s in outputs if s is not None]
+    all_names = [n for n, _ in inputs] + [n for n, _ in outputs]
+
+    def wrapped(*refs):
+        given = dict(zip(in_names + out_names, refs))
+        kernel(**{n: given.get(n) for n in all_names}, cfg=cfg)
+
+    results = pl.pallas_call(
+        wrapped,
+        out_shape=[s for _, s in outputs if s is not None],
+        grid=grid,
+        interpret=cfg["interpret"],
+        compiler_params=None if cfg["interpret"] else compiler_params(*launch),
+        name=name,
+    )(*[a for _, a in inputs if a is not None])
+    return dict(zip(out_names, results))
 
 
 def _dot(a, b, dims):

@@ -188,8 +188,9 @@ def gated_delta_rule(
     Raises:
         ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
             non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
-            of two, an unknown ``implementation``, or an explicit ``"pallas"`` that cannot run
-            the call (no GPU, head dims other than 64/128, another chunk size), with the reason.
+            of two, an unknown ``implementation``, or an explicit ``"pallas"`` or
+            ``"pallas_tpu"`` that cannot run the call (no GPU, head dims other than 64/128,
+            another chunk size), with the reason.
     """
     _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size)
     if use_qk_l2norm:

@@ -138,34 +138,9 @@ def _program_bh(cfg, axis):
     return bh // cfg["heads"], bh % cfg["heads"]
 
 
-def _pallas(kernel, cfg, *, inputs, outputs, grid, tune, name):
-    """Calls ``kernel(**refs, cfg=cfg)`` with every named input/output ref (``None`` if absent).
-
-    Args:
-      inputs: ``(name, array or None)`` pairs; ``None`` inputs are not passed.
-      outputs: ``(name, ShapeDtypeStruct or None)`` pairs; ``None`` outputs are not produced.
-      tune: the :data:`TUNING` entry giving ``(num_warps, num_stages)``.
-
-    Returns:
-      ``{name: array}`` for the produced outputs.
-    """
-    in_names = [n for n, a in inputs if a is not None]
-    out_names = [n for n, s in outputs if s is not None]
-    all_names = [n for n, _ in inputs] + [n for n, _ in outputs]
-
-    def wrapped(*refs):
-        given = dict(zip(in_names + out_names, refs))
-        kernel(**{n: given.get(n) for n in all_names}, cfg=cfg)
-
-    results = pl.pallas_call(
-        wrapped,
-        out_shape=[s for _, s in outputs if s is not None],
-        grid=grid,
-        interpret=cfg["interpret"],
-        compiler_params=None if cfg["interpret"] else pallas_gpu.compiler_params(*TUNING[tune]),
-        name=name,
-    )(*[a for _, a in inputs if a is not None])
-    return dict(zip(out_names, results))
+def _pallas(kernel, cfg, *, tune, **kwargs):
+    """:func:`pallas_gpu.named_pallas_call` with this module's :data:`TUNING` entry ``tune``."""
+    return pallas_gpu.named_pallas_call(kernel, cfg, launch=TUNING[tune], **kwargs)
 
 
 def _doc_inputs(docs):

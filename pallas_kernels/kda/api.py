@@ -10,7 +10,14 @@ The read-out includes token t.
 
 Implementations (``implementation=``):
 
-* ``"chunked"`` (default for ``None``/``"auto"``): the chunkwise form in ``chunked.py``;
+* ``"chunked"`` (default for ``None``/``"auto"`` off a TPU): the chunkwise form in ``chunked.py``;
+* ``"pallas_tpu"`` (default for ``None``/``"auto"`` on a TPU where supported): the Pallas TPU
+  (Mosaic) kernels in ``kernel_tpu.py``, forward and backward; on other backends they run in
+  Pallas TPU interpret mode (slow; tests);
+* ``"pallas"``: the chunked Pallas GPU (Triton) kernels in ``gdn2/kernel_gpu.py``, forward and
+  backward (``custom_vjp``); ``"pallas_interpret"`` runs them in Pallas interpret mode on any
+  backend (slow; tests). ``"auto"`` does not pick them yet: set
+  ``pallas_kernels.gdn2.kernel_gpu.AUTO_SELECT = True`` once they are verified on a GPU;
 * ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
 * ``"associative_scan"``: the exact ``O(T K^3)`` parallel form in ``associative.py``.
 
@@ -40,8 +47,12 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import common
+from pallas_kernels.common import pallas_gpu, pallas_tpu
 from pallas_kernels.kda import associative
 from pallas_kernels.kda import chunked
+from pallas_kernels.kda import kernel_tpu
+from pallas_kernels.kda import kernel_gpu
+from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
 from pallas_kernels.kda import reference
 
 # Concrete forms of this op, best first: None/"auto" resolve to the first entry.
@@ -75,6 +86,29 @@ def _forward(q, k, v, g, beta, scale, initial_state, segment_ids, *, implementat
         q, k, v.astype(f32), g.astype(f32), beta.astype(f32), **kwargs
     )
     return o.astype(v.dtype), final_state, u.astype(v.dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "return_residual"))
+def _forward_pallas(q, k, v, g, beta, initial_state, segment_ids, *, scale, interpret,
+                    return_residual):
+    """The Pallas GPU kernels (``gdn2/kernel_gpu.py``) in the input dtype; GVA heads expanded."""
+    group = v.shape[2] // q.shape[2]
+    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    return kernel_gpu.kda_pallas(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+        return_residual=return_residual, interpret=interpret,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size"))
+def _forward_tpu(q, k, v, g, beta, initial_state, segment_ids, *, scale, chunk_size):
+    """The Pallas TPU kernels (``kernel_tpu.py``); GVA heads expanded here."""
+    group = v.shape[2] // q.shape[2]
+    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    return kernel_tpu.kda_tpu(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state,
+        segment_ids=segment_ids, chunk_size=chunk_size,
+    )
 
 
 def kda(
@@ -128,8 +162,14 @@ def kda(
             ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there.
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
             clipped to ``T`` when ``T`` is shorter (one unpadded chunk); other forms ignore it.
-        implementation: ``None``/``"auto"`` (= ``"chunked"``), ``"chunked"``, ``"reference"`` or
-            ``"associative_scan"``.
+        implementation: ``None``/``"auto"``, ``"pallas"``, ``"pallas_interpret"``,
+            ``"pallas_tpu"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+            ``"auto"`` runs the Pallas TPU kernels on a TPU when K and V are 64 or 128, the
+            chunk size is 64 or 128 and ``T`` fills a chunk, and the chunked form otherwise
+            (the Pallas GPU kernels only once ``gdn2.kernel_gpu.AUTO_SELECT`` is on).
+            ``"pallas"`` runs the Pallas GPU kernels (K, V in {64, 128}, chunk size 64);
+            ``"pallas_interpret"`` runs them in Pallas interpret mode anywhere; ``"pallas_tpu"``
+            runs the TPU kernels, in TPU interpret mode off a TPU.
         return_residual: whether to also return the per-token residuals ``u`` (FLA's
             ``v_new``).
 
@@ -141,12 +181,30 @@ def kda(
     Raises:
         ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
             non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
-            of two, or an unknown ``implementation``.
+            of two, an unknown ``implementation``, or an explicit ``"pallas"``,
+            ``"pallas_interpret"`` or ``"pallas_tpu"`` that cannot run the call (no GPU for
+            ``"pallas"``, head dims other than 64/128, another chunk size), with the reason.
     """
-    impl = common.resolve_implementation(implementation, tuple(_IMPLEMENTATIONS))
     _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size)
+    impl = pallas_tpu.choose_implementation(
+        "kda", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (q.shape[-1], v.shape[-1]),
+        chunk_size, q.shape[1],
+        fallback=channelwise_gpu.choose_implementation,
+    )
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if impl == "pallas_tpu":
+        o, final_state, u = _forward_tpu(q, k, v, g, beta, initial_state, segment_ids,
+                                         scale=float(scale), chunk_size=chunk_size)
+        final_state = final_state if output_final_state else None
+        return (o, final_state, u) if return_residual else (o, final_state)
+    if impl in pallas_gpu.PALLAS_IMPLEMENTATIONS:
+        o, final_state, u = _forward_pallas(
+            q, k, v, g, beta, initial_state, segment_ids, scale=float(scale),
+            interpret=impl == "pallas_interpret", return_residual=return_residual,
+        )
+        final_state = final_state if output_final_state else None
+        return (o, final_state, u) if return_residual else (o, final_state)
     o, final_state, u = _forward(
         q, k, v, g, beta, scale, initial_state, segment_ids,
         implementation=impl, chunk_size=chunk_size,

@@ -23,6 +23,9 @@ Implementations (``implementation=``):
 * ``"pallas"`` (default for ``None``/``"auto"`` on a GPU where supported): the Pallas GPU kernels
   of the scalar-decay family (``gated_delta_rule/kernel_gpu.py``) with the delta rule off;
   ``"pallas_interpret"`` runs them in Pallas interpret mode on any backend;
+* ``"pallas_tpu"`` (default for ``None``/``"auto"`` on a TPU where supported): the Pallas TPU
+  kernels of the same family (``gated_delta_rule/kernel_tpu.py``) with the delta rule off; on
+  other backends they run in Pallas TPU interpret mode (slow; tests);
 * ``"chunked"`` (the ``"auto"`` choice elsewhere): the chunkwise form in ``chunked.py``;
 * ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
 * ``"associative_scan"``: the exact parallel form over scalar-decay affine maps, also in
@@ -55,8 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import common
-from pallas_kernels.common import pallas_gpu
-from pallas_kernels.gated_delta_rule import kernel_gpu
+from pallas_kernels.common import pallas_gpu, pallas_tpu
+from pallas_kernels.gated_delta_rule import kernel_gpu, kernel_tpu
 from pallas_kernels.simple_gla import chunked
 from pallas_kernels.simple_gla import reference
 
@@ -104,6 +107,18 @@ def _forward_pallas(q, k, v, g, initial_state, segment_ids, *, scale, interpret)
     return o.astype(v.dtype), final_state
 
 
+@functools.partial(jax.jit, static_argnames=("scale", "chunk_size"))
+def _forward_tpu(q, k, v, g, initial_state, segment_ids, *, scale, chunk_size):
+    """The Pallas TPU kernels with the delta rule off (``beta=None``); GVA heads expanded."""
+    group = v.shape[2] // q.shape[2]
+    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    o, final_state, _ = kernel_tpu.scalar_decay_tpu(
+        q, k, v, g, None, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+        chunk_size=chunk_size,
+    )
+    return o, final_state
+
+
 def simple_gla(
     q: jax.Array,
     k: jax.Array,
@@ -149,9 +164,13 @@ def simple_gla(
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
             clipped to ``T`` when ``T`` is shorter (one unpadded chunk).
         implementation: ``None``/``"auto"``, ``"pallas"``, ``"pallas_interpret"``,
-            ``"chunked"``, ``"reference"`` or ``"associative_scan"``; ``"auto"`` picks the
-            kernels on a GPU when K and V are 64 or 128, the chunk size is 64 and ``T >= 64``
-            (see :func:`pallas_kernels.common.pallas_gpu.choose_implementation`).
+            ``"pallas_tpu"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``;
+            ``"auto"`` picks the kernels on a GPU when K and V are 64 or 128, the chunk size is
+            64 and ``T >= 64``, and the TPU kernels on a TPU when K and V are 64 or 128, the
+            chunk size 64 or 128 and ``T`` fills a chunk (see
+            :func:`pallas_kernels.common.pallas_gpu.choose_implementation` and
+            :func:`pallas_kernels.common.pallas_tpu.choose_implementation`). ``"pallas_tpu"``
+            runs in Pallas TPU interpret mode off a TPU.
 
     Returns:
         ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``v.dtype``; ``final_state``
@@ -166,12 +185,16 @@ def simple_gla(
     _validate(q, k, v, g, initial_state, segment_ids, chunk_size)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
-    impl = pallas_gpu.choose_implementation(
+    impl = pallas_tpu.choose_implementation(
         "simple_gla", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv), chunk_size,
-        seq_len,
+        seq_len, fallback=pallas_gpu.choose_implementation,
     )
     if scale is None:
         scale = dk ** -0.5
+    if impl == "pallas_tpu":
+        o, final_state = _forward_tpu(q, k, v, g, initial_state, segment_ids,
+                                      scale=float(scale), chunk_size=chunk_size)
+        return o, (final_state if output_final_state else None)
     if impl in pallas_gpu.PALLAS_IMPLEMENTATIONS:
         o, final_state = _forward_pallas(
             q, k, v, g, initial_state, segment_ids, scale=float(scale),

@@ -1,0 +1,728 @@
+"""Chunked Pallas GPU kernels (Triton lowering) for the per-channel-decay delta rule: KDA, GDN-2.
+
+One generic recurrence serves Kimi Delta Attention (paper arXiv 2607.07953, Eqs. 18-20, spec
+§2.4: ``kr = beta k``, ``vw = beta v``) and Gated DeltaNet-2 (Eqs. 21-24, spec §2.6:
+``kr = b * k``, ``vw = w * v``). With a per-key-channel log-decay g_t in R^K (``<= 0``)::
+
+    S~_t = Diag(exp g_t) S_{t-1},  u_t = vw_t - S~_t^T kr_t,  S_t = S~_t + k_t u_t^T,
+    o_t  = scale S_t^T q_t.
+
+Forward and backward are a ``jax.custom_vjp`` over ``(q, k, kr, vw, gamma, h0)``; the products
+``kr``, ``vw`` and the within-chunk cumsum ``gamma`` of g are computed by XLA outside it, so
+autodiff carries their gradients to beta / b, w and g.
+
+Chunk form (C = 64 tokens per chunk, entry state S_0 in R^{K x V}, gamma [C, K] the fp32
+within-chunk cumsum of g; the algebra of :func:`pallas_kernels.gdn2.chunked.
+channelwise_delta_chunked`)::
+
+    Mk_ij = sum_c kr_ic k_jc exp(gamma_ic - gamma_jc)    (j < i, same document)
+    Mq_ij = sum_c q_ic  k_jc exp(gamma_ic - gamma_jc)    (j <= i, same document)
+    A     = (I + Mk)^{-1};  W = A (kr * E_in);  U = A vw;  Vn = U - W S_0   ("v_new" = u)
+    O     = scale [(q * E_in) S_0 + Mq Vn]
+    S_C   = Diag(e_all) S_0 + (k * E_out)^T Vn
+
+with ``E_in = exp(gamma) conn``, ``E_out = exp(gamma_C - gamma) last`` ([C, K]) and
+``e_all = exp(gamma_C) conn_C`` ([K]); conn/last are the document masks of
+:func:`pallas_kernels.gated_delta_rule.kernel_gpu._docs_from_segment_ids` (tokens of a new
+document do not see S_0; tokens of an earlier document do not reach S_C).
+
+Intra-chunk products, exactly and without overflow. Rows are split into four 16-row blocks.
+For i in a later block than j's block J, with r_J = gamma at the last row of J (g <= 0 makes
+gamma non-increasing, so gamma_i <= r_J <= gamma_j)::
+
+    exp(gamma_ic - gamma_jc) = exp(gamma_ic - r_Jc) exp(r_Jc - gamma_jc)    (both factors <= 1)
+
+so the off-diagonal blocks are three whole-tile products
+``(X * [i later than J] e^{gamma - r_J}) (Y * [j in J] e^{r_J - gamma})^T``; exponents are
+masked (``where``) before ``exp``, so masked-out entries stay finite and used ones are exact.
+The four 16 x 16 diagonal blocks take the elementwise form, one column j at a time (FLA's
+``chunk_kda`` sub-intra loop): ``sum_c X_Ic Y_jc exp(gamma_Ic - gamma_jc)`` masked to
+``i >= j`` before ``exp``, with rows of the block loaded as ``[16, BK]`` sub-tiles and row j as
+a ``[BK]`` vector. A ``[16, 16]`` block is placed into (or selected from) a ``[C, C]`` tile by
+0/1 one-hot matmuls in IEEE fp32, which are exact (Triton cannot slice registers).
+
+Kernels (grid in brackets):
+
+* ``prepare`` [chunks, B*H]: Mk and Mq (looping over key blocks of ``BK`` channels), A by
+  :func:`pallas_kernels.gated_delta_rule.kernel_gpu._unit_lower_inverse`, then W, U (input
+  dtype), A and Mq (fp32, ``[B, H, N, C, C]``), ``qg = q * E_in``, ``kg = k * E_out`` (input
+  dtype) and e_all (fp32 ``[B, H, N, K]``).
+* ``forward`` [B*H, V/BV]: the sequential pass with the fp32 state ``[K, BV]`` in registers;
+  writes O, the final state, and (for the backward) Vn and every chunk's entry state S_0.
+* ``backward_state`` [B*H, V/BV]: the reverse pass; with dS the gradient of the chunk's exit
+  state (stored per chunk as dS_C)::
+
+      dVn = scale Mq^T dO + kg dS_C (+ the cotangent of the returned residual)
+      dS_0 = Diag(e_all) dS_C + scale qg^T dO - W^T dVn
+
+* ``backward_chunk`` [chunks, B*H, K/BK]: the parameter gradients of one chunk and key block
+  from S_0, dS_C, dO, Vn, dVn and A (each key channel's gradient only needs the [C, C]
+  matrices, which every key block recomputes from V-reductions)::
+
+      dqg = scale dO S_0^T;  dkg = Vn dS_C^T;  de_all = rowsum(S_0 * dS_C)
+      dMq = scale mask_incl(dO Vn^T);  dR = A^T dVn;  dvw = dR
+      d(kr E_in) = -dR S_0^T;  dMk = -mask_strict(dR Vn^T)
+
+  and, through M_ij = sum_c X_ic Y_jc exp(gamma_ic - gamma_jc) (the same block factorisation),
+  ``dX_ic = sum_j dM_ij Y_jc e_ijc``, ``dY_jc = sum_i dM_ij X_ic e_ijc``,
+  ``d gamma_ic += X_ic dX_ic - Y_ic dY_ic``, plus the elementwise factors (E_in, E_out, e_all)
+  by ``d exp(x) = exp(x) dx``. XLA turns d gamma into dg (transpose of the cumsum).
+
+Numerics: states, decays, the inverse and every accumulation are fp32. The state-pass products
+take input-dtype operands (bf16 inputs: bf16 tensor cores, fp32 accumulate, as FLA); the
+decay-scaled intra-chunk products run in TF32 for half-precision inputs (``TUNING
+["intra_tf32"]``) and in IEEE fp32 for fp32 inputs, so fp32 inputs match the fp32 reference to
+rounding. Requires ``g <= 0`` (a decay), as every form of these ops documents.
+
+All kernels also run under ``interpret=True`` (Pallas interpret mode) on any backend; the test
+suite checks them that way on CPU. Status: verified in interpret mode (fp32 to rounding; bf16
+within the GPU gates), and their Pallas-to-Triton lowering was checked on CPU (``jax.export``
+for platform ``cuda``); PTX compilation, register use and speed are not yet verified on a GPU,
+so ``"auto"`` does not pick these kernels until :data:`AUTO_SELECT` is switched on.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from pallas_kernels.common import pallas_gpu, validation
+from pallas_kernels.common.pallas_gpu import mm, mm_nt, mm_tn
+from pallas_kernels.gated_delta_rule import kernel_gpu as scalar_gpu
+
+F32 = jnp.float32
+# One-line switch: whether implementation=None/"auto" of KDA and GDN-2 picks these kernels on a
+# GPU (as gated_delta_rule does). Off until the kernels have been verified on a GPU; an explicit
+# implementation="pallas" runs them regardless.
+AUTO_SELECT = False
+# Triton launch parameters per kernel: (num_warps, num_stages); the value-block width of the
+# sequential kernels and the key-block width of prepare/backward_chunk (None: min(dim, 64));
+# intra_tf32: decay-scaled intra-chunk products of half-precision inputs in TF32 (else in the
+# input dtype). Untuned: set from the scalar kernels' values, to be measured on a GPU.
+TUNING = {
+    "prepare": (4, 1),
+    "forward": (4, 2),
+    "backward_state": (4, 2),
+    "backward_chunk": (4, 1),
+    "block_v": None,
+    "block_k": None,
+    "intra_tf32": True,
+}
+CHUNK = scalar_gpu.CHUNK  # C = 64
+SUB = scalar_gpu.SUB  # 16-row diagonal blocks
+NSUB = CHUNK // SUB
+
+_iota = scalar_gpu._iota
+_last = scalar_gpu._last
+_program_bh = scalar_gpu._program_bh
+_doc_inputs = scalar_gpu._doc_inputs
+_load_docs = scalar_gpu._load_docs
+
+
+def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interpret,
+            return_residual):
+    """The static configuration of one call (hashable once sorted into a tuple)."""
+    return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
+                block_v=TUNING["block_v"] or min(dv, 64),
+                block_k=TUNING["block_k"] or min(dk, 64),
+                has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
+                return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]))
+
+
+def _pallas(kernel, cfg, *, tune, **kwargs):
+    """:func:`pallas_gpu.named_pallas_call` with this module's :data:`TUNING` entry ``tune``."""
+    return pallas_gpu.named_pallas_call(kernel, cfg, launch=TUNING[tune], **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# In-kernel helpers (operate on loaded values).
+
+
+def _intra_dot(a, b, dims, cfg):
+    """fp32 product of decay-scaled operands: IEEE (fp32 inputs), TF32 or input dtype (half)."""
+    mdt = cfg["mm_dtype"]
+    if mdt == jnp.dtype(F32) or cfg["intra_tf32"]:
+        precision = (jax.lax.Precision.HIGHEST if mdt == jnp.dtype(F32)
+                     else jax.lax.Precision.DEFAULT)
+        a, b = a.astype(F32), b.astype(F32)
+    else:
+        precision = None
+        a, b = a.astype(mdt), b.astype(mdt)
+    return jax.lax.dot_general(a, b, (dims, ((), ())), precision=precision,
+                               preferred_element_type=F32)
+
+
+def _onehot(block):
+    """``[C, SUB]`` fp32 0/1 matrix selecting rows ``SUB*block .. SUB*block + SUB - 1``."""
+    rows, cols = _iota((CHUNK, SUB), 0), _iota((CHUNK, SUB), 1)
+    return jnp.where(rows == cols + SUB * block, 1.0, 0.0).astype(F32)
+
+
+def _chunk_masks(doc):
+    """``(inclusive, strict)`` ``[C, C]`` masks: ``j <= i`` / ``j < i``, same document."""
+    rows, cols = _iota((CHUNK, CHUNK), 0), _iota((CHUNK, CHUNK), 1)
+    incl = rows >= cols
+    strict = rows > cols
+    if doc is not None:
+        same = doc[:, None] == doc[None, :]
+        incl, strict = incl & same, strict & same
+    return incl, strict
+
+
+def _block_factors(gam, ref_row, block):
+    """Off-diagonal factors for column block ``block`` with reference ``ref_row`` [BK].
+
+    Returns ``(row_fac, col_fac)`` ``[C, BK]``: ``exp(gam - r)`` on rows of later blocks and
+    ``exp(r - gam)`` on the rows of the block, zero elsewhere (exponents masked before exp).
+    """
+    rows = _iota((CHUNK, 1), 0)
+    later = rows >= SUB * (block + 1)
+    inside = (rows >= SUB * block) & (rows < SUB * (block + 1))
+    row_fac = jnp.where(later, jnp.exp(jnp.where(later, gam - ref_row[None, :], 0.0)), 0.0)
+    col_fac = jnp.where(inside, jnp.exp(jnp.where(inside, ref_row[None, :] - gam, 0.0)), 0.0)
+    return row_fac, col_fac
+
+
+def _row_decay(g_blk, g_j, j):
+    """``[SUB, BK]`` ``exp(g_blk - g_j)`` on rows ``i >= j`` of a diagonal block, else 0."""
+    valid = _iota((SUB, 1), 0) >= j
+    return jnp.where(valid, jnp.exp(jnp.where(valid, g_blk - g_j[None, :], 0.0)), 0.0)
+
+
+def _decay_factors(gam, g_last, conn, last, conn_last):
+    """``(E_in [C, BK], E_out [C, BK], e_all [BK])`` with the document masks applied."""
+    e_in = jnp.exp(gam)
+    e_out = jnp.exp(g_last[None, :] - gam)
+    e_all = jnp.exp(g_last)
+    if conn is not None:
+        e_in = e_in * conn[:, None]
+        e_out = e_out * last[:, None]
+        e_all = e_all * conn_last
+    return e_in, e_out, e_all
+
+
+def _decayed_products(cfg, x_refs, xs, y_ref, y, gam_ref, gam, b, h, t0, ksl):
+    """``[sum_c X_ic Y_jc exp(gam_ic - gam_jc) for X in xs]`` on ``j <= i`` (``[C, C]`` each).
+
+    ``xs`` and ``y`` are the loaded ``[C, BK]`` fp32 tiles of one key block, ``x_refs``/``y_ref``
+    the refs they came from (the diagonal blocks reload ``[SUB, BK]`` rows and ``[BK]`` rows).
+    Entries with ``j > i`` are zero; the document mask is applied by the caller. The block loops
+    are ``fori_loop``s (small programs for Triton and for interpret mode alike).
+    """
+    def off_diagonal(blk, outs):
+        ref_row = gam_ref[b, t0 + SUB * blk + SUB - 1, h, ksl]
+        row_fac, col_fac = _block_factors(gam, ref_row, blk)
+        y_blk = y * col_fac
+        return tuple(out + _intra_dot(x * row_fac, y_blk, ((1,), (1,)), cfg)
+                     for out, x in zip(outs, xs))
+
+    def diagonal(blk, outs):
+        rsl = pl.ds(t0 + SUB * blk, SUB)
+        g_blk = gam_ref[b, rsl, h, ksl]
+        x_blks = [r[b, rsl, h, ksl].astype(F32) for r in x_refs]
+
+        def column(j, tiles):
+            t = t0 + SUB * blk + j
+            dec = _row_decay(g_blk, gam_ref[b, t, h, ksl], j) * y_ref[b, t, h, ksl].astype(F32)
+            col = _iota((SUB, SUB), 1) == j
+            return tuple(jnp.where(col, jnp.sum(x * dec, axis=1)[:, None], tile)
+                         for x, tile in zip(x_blks, tiles))
+
+        tiles = jax.lax.fori_loop(0, SUB, column,
+                                  tuple(jnp.zeros((SUB, SUB), F32) for _ in xs))
+        sel = _onehot(blk)
+        return tuple(out + mm_nt(mm(sel, tile, F32), sel, F32) for out, tile in zip(outs, tiles))
+
+    outs = tuple(jnp.zeros((CHUNK, CHUNK), F32) for _ in xs)
+    outs = jax.lax.fori_loop(0, NSUB - 1, off_diagonal, outs)
+    return jax.lax.fori_loop(0, NSUB, diagonal, outs)
+
+
+def _decayed_products_grad(cfg, dms, x_refs, xs, y_ref, y, gam_ref, gam, b, h, t0, ksl):
+    """Gradients of ``M = sum_c X_ic Y_jc exp(gam_ic - gam_jc)`` for each ``(dM, X)`` pair.
+
+    ``dms`` are the masked ``[C, C]`` cotangents (zero on ``j > i``), ``xs`` their ``[C, BK]``
+    left operands, ``y`` the shared right operand. Returns ``(dxs, dy)``::
+
+        dX_ic = sum_j dM_ij Y_jc e_ijc,   dY_jc = sum_(M, i) dM_ij X_ic e_ijc
+
+    (each ``[C, BK]`` fp32); the gamma gradient is ``X dX - Y dY`` (summed over pairs).
+    """
+    def off_diagonal(blk, carry):
+        dxs, dy = carry
+        ref_row = gam_ref[b, t0 + SUB * blk + SUB - 1, h, ksl]
+        row_fac, col_fac = _block_factors(gam, ref_row, blk)
+        y_blk = y * col_fac
+        dy_blk = jnp.zeros_like(y)
+        new = []
+        for dm, x, dx in zip(dms, xs, dxs):
+            new.append(dx + row_fac * _intra_dot(dm, y_blk, ((1,), (0,)), cfg))
+            dy_blk = dy_blk + _intra_dot(dm, x * row_fac, ((0,), (0,)), cfg)
+        return tuple(new), dy + col_fac * dy_blk
+
+    def diagonal(blk, carry):
+        dxs, dy = carry
+        rsl = pl.ds(t0 + SUB * blk, SUB)
+        g_blk = gam_ref[b, rsl, h, ksl]
+        x_blks = [r[b, rsl, h, ksl].astype(F32) for r in x_refs]
+        sel = _onehot(blk)
+        dm_blks = [mm(mm_tn(sel, dm, F32), sel, F32) for dm in dms]  # [SUB, SUB], exact
+
+        def column(j, inner):
+            dx_blks, dy_tile = inner
+            t = t0 + SUB * blk + j
+            dec = _row_decay(g_blk, gam_ref[b, t, h, ksl], j)  # [SUB, BK]
+            y_j = y_ref[b, t, h, ksl].astype(F32)
+            col = _iota((SUB, SUB), 1) == j
+            dx_new, acc = [], jnp.zeros_like(g_blk)
+            for dm_blk, x_blk, dx in zip(dm_blks, x_blks, dx_blks):
+                dm_col = jnp.sum(jnp.where(col, dm_blk, 0.0), axis=1)[:, None]  # dM[i, j]
+                dx_new.append(dx + dm_col * dec * y_j[None, :])
+                acc = acc + dm_col * x_blk
+            dy_row = jnp.sum(acc * dec, axis=0)  # [BK]
+            dy_tile = jnp.where(_iota((SUB, 1), 0) == j, dy_row[None, :], dy_tile)
+            return tuple(dx_new), dy_tile
+
+        zero = jnp.zeros_like(g_blk)
+        dx_blks, dy_tile = jax.lax.fori_loop(0, SUB, column, (tuple(zero for _ in xs), zero))
+        dxs = tuple(dx + mm(sel, dx_blk, F32) for dx, dx_blk in zip(dxs, dx_blks))
+        return dxs, dy + mm(sel, dy_tile, F32)
+
+    carry = (tuple(jnp.zeros_like(y) for _ in xs), jnp.zeros_like(y))
+    carry = jax.lax.fori_loop(0, NSUB - 1, off_diagonal, carry)
+    return jax.lax.fori_loop(0, NSUB, diagonal, carry)
+
+
+def _conn_last(conn):
+    """``conn`` of the chunk's last token (a scalar), or ``None`` without documents."""
+    return None if conn is None else _last(conn, CHUNK)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 1: intra-chunk preparation.
+
+
+def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref,
+                    w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref, *, cfg):
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    t0 = n * CHUNK
+    tsl = pl.ds(t0, CHUNK)
+    mdt = cfg["mm_dtype"]
+    bk, bv = cfg["block_k"], cfg["block_v"]
+    doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+    conn_last = _conn_last(conn)
+    mk = jnp.zeros((CHUNK, CHUNK), F32)
+    mq = jnp.zeros((CHUNK, CHUNK), F32)
+    for kb in range(cfg["dk"] // bk):
+        ksl = pl.ds(kb * bk, bk)
+        q = q_ref[b, tsl, h, ksl].astype(F32)
+        k = k_ref[b, tsl, h, ksl].astype(F32)
+        kr = kr_ref[b, tsl, h, ksl].astype(F32)
+        gam = gam_ref[b, tsl, h, ksl]
+        mk_b, mq_b = _decayed_products(cfg, (kr_ref, q_ref), (kr, q), k_ref, k, gam_ref, gam,
+                                       b, h, t0, ksl)
+        mk, mq = mk + mk_b, mq + mq_b
+        g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
+        e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
+        qg_ref[b, tsl, h, ksl] = (q * e_in).astype(qg_ref.dtype)
+        kg_ref[b, tsl, h, ksl] = (k * e_out).astype(kg_ref.dtype)
+        e_ref[b, h, n, ksl] = e_all
+    incl, strict = _chunk_masks(doc)
+    mq_ref[b, h, n, :, :] = jnp.where(incl, mq, 0.0)
+    amat = scalar_gpu._unit_lower_inverse(jnp.where(strict, mk, 0.0), mdt)
+    if a_ref is not None:
+        a_ref[b, h, n, :, :] = amat
+    for kb in range(cfg["dk"] // bk):
+        ksl = pl.ds(kb * bk, bk)
+        gam = gam_ref[b, tsl, h, ksl]
+        e_in = jnp.exp(gam)
+        if conn is not None:
+            e_in = e_in * conn[:, None]
+        krg = kr_ref[b, tsl, h, ksl].astype(F32) * e_in
+        w_ref[b, tsl, h, ksl] = mm(amat, krg, mdt).astype(w_ref.dtype)
+    for vb in range(cfg["dv"] // bv):
+        vsl = pl.ds(vb * bv, bv)
+        u_ref[b, tsl, h, vsl] = mm(amat, vw_ref[b, tsl, h, vsl], mdt).astype(u_ref.dtype)
+
+
+def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
+    bsz, tp, heads, dk = k.shape
+    dv = vw.shape[-1]
+    nc = cfg["n_chunks"]
+    mats = jax.ShapeDtypeStruct((bsz, heads, nc, CHUNK, CHUNK), F32)
+    tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
+    outs = _pallas(
+        _prepare_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
+        + _doc_inputs(docs),
+        outputs=[
+            ("w_ref", tok_k),
+            ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
+            ("a_ref", mats if save_a else None),
+            ("mq_ref", mats),
+            ("qg_ref", tok_k),
+            ("kg_ref", tok_k),
+            ("e_ref", jax.ShapeDtypeStruct((bsz, heads, nc, dk), F32)),
+        ],
+        grid=(nc, bsz * heads), tune="prepare", name="channelwise_prepare",
+    )
+    return outs
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 2: the sequential forward pass over chunks.
+
+
+def _forward_kernel(qg_ref, kg_ref, u_ref, w_ref, mq_ref, e_ref, h0_ref,
+                    o_ref, ht_ref, vn_ref, hs_ref, *, cfg):
+    b, h = _program_bh(cfg, 0)
+    vsl = pl.ds(pl.program_id(1) * cfg["block_v"], cfg["block_v"])
+    mdt = cfg["mm_dtype"]
+
+    def body(n, state):
+        tsl = pl.ds(n * CHUNK, CHUNK)
+        if hs_ref is not None:
+            hs_ref[b, h, n, :, vsl] = state.astype(hs_ref.dtype)
+        vn = u_ref[b, tsl, h, vsl].astype(F32) - mm(w_ref[b, tsl, h, :], state, mdt)
+        o = mm(qg_ref[b, tsl, h, :], state, mdt) + mm(mq_ref[b, h, n, :, :], vn, mdt)
+        o_ref[b, tsl, h, vsl] = (cfg["scale"] * o).astype(o_ref.dtype)
+        if vn_ref is not None:
+            vn_ref[b, tsl, h, vsl] = vn.astype(vn_ref.dtype)
+        e_all = e_ref[b, h, n, :]
+        return e_all[:, None] * state + mm_tn(kg_ref[b, tsl, h, :], vn, mdt)
+
+    state = h0_ref[b, h, :, vsl].astype(F32)
+    state = jax.lax.fori_loop(0, cfg["n_chunks"], body, state)
+    ht_ref[b, h, :, vsl] = state
+
+
+def _forward(cfg, prep, h0, *, save):
+    qg, u = prep["qg_ref"], prep["u_ref"]
+    bsz, tp, heads, dk = qg.shape
+    dv = u.shape[-1]
+    save_vn = save or cfg["return_residual"]
+    outs = _pallas(
+        _forward_kernel, cfg,
+        inputs=[("qg_ref", qg), ("kg_ref", prep["kg_ref"]), ("u_ref", u),
+                ("w_ref", prep["w_ref"]), ("mq_ref", prep["mq_ref"]),
+                ("e_ref", prep["e_ref"]), ("h0_ref", h0)],
+        outputs=[
+            ("o_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype)),
+            ("ht_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
+            ("vn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype) if save_vn else None),
+            ("hs_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], dk, dv),
+                                            cfg["mm_dtype"]) if save else None),
+        ],
+        grid=(bsz * heads, dv // cfg["block_v"]), tune="forward", name="channelwise_forward",
+    )
+    return outs["o_ref"], outs["ht_ref"], outs.get("vn_ref"), outs.get("hs_ref")
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 3: the reverse state pass.
+
+
+def _backward_state_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, dvn_in_ref, dht_ref,
+                           dvn_ref, dhs_ref, dh0_ref, *, cfg):
+    b, h = _program_bh(cfg, 0)
+    vsl = pl.ds(pl.program_id(1) * cfg["block_v"], cfg["block_v"])
+    mdt = cfg["mm_dtype"]
+    scale = cfg["scale"]
+    nc = cfg["n_chunks"]
+
+    def body(i, dstate):
+        n = nc - 1 - i
+        tsl = pl.ds(n * CHUNK, CHUNK)
+        dhs_ref[b, h, n, :, vsl] = dstate.astype(dhs_ref.dtype)
+        do = do_ref[b, tsl, h, vsl]
+        dvn = scale * mm_tn(mq_ref[b, h, n, :, :], do, mdt)
+        dvn = dvn + mm(kg_ref[b, tsl, h, :], dstate, mdt)
+        if dvn_in_ref is not None:
+            dvn = dvn + dvn_in_ref[b, tsl, h, vsl].astype(F32)
+        dvn_ref[b, tsl, h, vsl] = dvn
+        e_all = e_ref[b, h, n, :]
+        dnew = e_all[:, None] * dstate + scale * mm_tn(qg_ref[b, tsl, h, :], do, mdt)
+        return dnew - mm_tn(w_ref[b, tsl, h, :], dvn, mdt)
+
+    dstate = dht_ref[b, h, :, vsl].astype(F32)
+    dstate = jax.lax.fori_loop(0, nc, body, dstate)
+    dh0_ref[b, h, :, vsl] = dstate
+
+
+def _backward_state(cfg, prep, do, dvn_in, dht):
+    qg = prep["qg_ref"]
+    bsz, tp, heads, dk = qg.shape
+    dv = do.shape[-1]
+    outs = _pallas(
+        _backward_state_kernel, cfg,
+        inputs=[("qg_ref", qg), ("kg_ref", prep["kg_ref"]), ("w_ref", prep["w_ref"]),
+                ("mq_ref", prep["mq_ref"]), ("e_ref", prep["e_ref"]), ("do_ref", do),
+                ("dvn_in_ref", dvn_in), ("dht_ref", dht)],
+        outputs=[
+            ("dvn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), F32)),
+            ("dhs_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], dk, dv),
+                                             cfg["mm_dtype"])),
+            ("dh0_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
+        ],
+        grid=(bsz * heads, dv // cfg["block_v"]), tune="backward_state",
+        name="channelwise_backward_state",
+    )
+    return outs["dvn_ref"], outs["dhs_ref"], outs["dh0_ref"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernel 4: per-chunk parameter gradients.
+
+
+def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
+                           hs_ref, dhs_ref, do_ref, vn_ref, dvn_ref,
+                           dq_ref, dk_ref, dkr_ref, dvw_ref, dgam_ref, *, cfg):
+    """Gradients of one chunk for one block of key channels (grid axis 2); module docstring.
+
+    Every key channel's gradient depends on the others only through the ``[C, C]`` cotangents
+    dMq and dMk (V-reductions), which each key block recomputes; dvw comes from key block 0.
+    """
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    kb_id = pl.program_id(2)
+    bk = cfg["block_k"]
+    ksl = pl.ds(kb_id * bk, bk)
+    t0 = n * CHUNK
+    tsl = pl.ds(t0, CHUNK)
+    mdt = cfg["mm_dtype"]
+    scale = cfg["scale"]
+
+    doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+    conn_last = _conn_last(conn)
+    incl, strict = _chunk_masks(doc)
+    do = do_ref[b, tsl, h, :]
+    vn = vn_ref[b, tsl, h, :]
+    dr = mm_tn(a_ref[b, h, n, :, :], dvn_ref[b, tsl, h, :], mdt)  # A^T dVn  [C, V]
+
+    @pl.when(kb_id == 0)
+    def _():
+        dvw_ref[b, tsl, h, :] = dr.astype(dvw_ref.dtype)
+
+    q = q_ref[b, tsl, h, ksl].astype(F32)
+    k = k_ref[b, tsl, h, ksl].astype(F32)
+    kr = kr_ref[b, tsl, h, ksl].astype(F32)
+    gam = gam_ref[b, tsl, h, ksl]
+    g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
+    e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
+
+    # State terms; folded at once into partial gradients so few [C, BK] tiles stay live.
+    s0 = hs_ref[b, h, n, ksl, :]  # [BK, V]
+    ds_c = dhs_ref[b, h, n, ksl, :]  # [BK, V]
+    de_all = jnp.sum(s0.astype(F32) * ds_c.astype(F32), axis=1)  # [BK]
+    dq = scale * mm_nt(do, s0, mdt) * e_in  # dqg E_in
+    dkr = -mm_nt(dr, s0, mdt) * e_in  # d(kr E_in) E_in
+    dk = mm_nt(vn, ds_c, mdt) * e_out  # dkg E_out
+    dk_out = k * dk  # d E_out * E_out
+    dgam = q * dq + kr * dkr - dk_out
+    is_last = _iota((CHUNK, 1), 0) == CHUNK - 1
+    dgam = dgam + jnp.where(is_last, (jnp.sum(dk_out, axis=0) + de_all * e_all)[None, :], 0.0)
+
+    # The decayed intra-chunk products Mq (X = q) and Mk (X = kr), Y = k.
+    dmq = jnp.where(incl, scale * mm_nt(do, vn, mdt), 0.0)
+    dmk = jnp.where(strict, -mm_nt(dr, vn, mdt), 0.0)
+    (dq_m, dkr_m), dk_m = _decayed_products_grad(
+        cfg, (dmq, dmk), (q_ref, kr_ref), (q, kr), k_ref, k, gam_ref, gam, b, h, t0, ksl)
+    dgam = dgam + q * dq_m + kr * dkr_m - k * dk_m
+    dq_ref[b, tsl, h, ksl] = (dq + dq_m).astype(dq_ref.dtype)
+    dkr_ref[b, tsl, h, ksl] = (dkr + dkr_m).astype(dkr_ref.dtype)
+    dk_ref[b, tsl, h, ksl] = (dk + dk_m).astype(dk_ref.dtype)
+    dgam_ref[b, tsl, h, ksl] = dgam
+
+
+def _backward_chunk(cfg, q, k, kr, vw, gam, docs, amat, hs, dhs, do, vn, dvn):
+    bsz, tp, heads, dk = q.shape
+    dv = vw.shape[-1]
+    tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), q.dtype)
+    outs = _pallas(
+        _backward_chunk_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
+        + _doc_inputs(docs)
+        + [("a_ref", amat), ("hs_ref", hs), ("dhs_ref", dhs), ("do_ref", do), ("vn_ref", vn),
+           ("dvn_ref", dvn)],
+        outputs=[
+            ("dq_ref", tok_k),
+            ("dk_ref", tok_k),
+            ("dkr_ref", tok_k),
+            ("dvw_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
+            ("dgam_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)),
+        ],
+        grid=(cfg["n_chunks"], bsz * heads, dk // cfg["block_k"]), tune="backward_chunk",
+        name="channelwise_backward_chunk",
+    )
+    return (outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"], outs["dvw_ref"],
+            outs["dgam_ref"])
+
+
+# ----------------------------------------------------------------------------------------------
+# custom_vjp wiring and entry points.
+
+
+@functools.lru_cache(maxsize=None)
+def _make_core(static):
+    """Builds the ``custom_vjp`` op for one static configuration (cached)."""
+    cfg = dict(static)
+    residual = cfg["return_residual"]
+
+    def forward(q, k, kr, vw, gam, h0, docs, *, save):
+        prep = _prepare(cfg, q, k, kr, vw, gam, docs, save_a=save)
+        o, ht, vn, hs = _forward(cfg, prep, h0, save=save)
+        return o, ht, vn, hs, prep
+
+    @jax.custom_vjp
+    def core(q, k, kr, vw, gam, h0, docs):
+        o, ht, vn, _, _ = forward(q, k, kr, vw, gam, h0, docs, save=False)
+        return (o, ht, vn) if residual else (o, ht)
+
+    def core_fwd(q, k, kr, vw, gam, h0, docs):
+        o, ht, vn, hs, prep = forward(q, k, kr, vw, gam, h0, docs, save=True)
+        out = (o, ht, vn) if residual else (o, ht)
+        keep = {n: prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref", "a_ref")}
+        return out, (q, k, kr, vw, gam, docs, keep, hs, vn)
+
+    def core_bwd(res, cts):
+        q, k, kr, vw, gam, docs, prep, hs, vn = res
+        do = cts[0].astype(q.dtype)
+        dvn_out = cts[2] if residual else None
+        dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
+        dq, dk, dkr, dvw, dgam = _backward_chunk(cfg, q, k, kr, vw, gam, docs, prep["a_ref"],
+                                                 hs, dhs, do, vn, dvn)
+        return dq, dk, dkr, dvw, dgam, dh0, tuple(None for _ in docs)
+
+    core.defvjp(core_fwd, core_bwd)
+    return core
+
+
+def channelwise_delta_pallas(
+    q: jax.Array,
+    k: jax.Array,
+    k_read: jax.Array,
+    v_write: jax.Array,
+    g: jax.Array,
+    *,
+    scale: float,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    return_residual: bool = True,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, Optional[jax.Array]]:
+    """The per-channel-decay delta rule on the Pallas GPU kernels (module docstring).
+
+    ``u_t = vw_t - (Diag(e^{g_t}) S_{t-1})^T kr_t``, ``S_t = Diag(e^{g_t}) S_{t-1} + k_t u_t^T``,
+    ``o_t = scale S_t^T q_t`` (paper arXiv 2607.07953, Eqs. 18-24; spec §2.4/§2.6); the same
+    result as :func:`pallas_kernels.gdn2.chunked.channelwise_delta_chunked`. Gradients w.r.t.
+    q, k, k_read, v_write, g and ``initial_state`` come from the kernels' ``custom_vjp``.
+
+    Args:
+      q: queries ``[B, T, H, K]`` (already expanded to the value heads), bf16/fp16/fp32.
+      k: keys ``[B, T, H, K]`` (the write key).
+      k_read: read keys ``kr`` ``[B, T, H, K]``.
+      v_write: write values ``vw`` ``[B, T, H, V]``.
+      g: per-key-channel log-decay ``[B, T, H, K]`` (natural log, ``<= 0``); fp32 internally.
+      scale: read-out scale.
+      initial_state: ``[B, H, K, V]`` (fp32) or ``None`` for zeros.
+      segment_ids: optional int ``[B, T]``; the state resets where the id changes.
+      return_residual: whether to compute the residual ``u`` (``v_new``).
+      interpret: run in Pallas interpret mode (any backend; slow).
+
+    Returns:
+      ``(o [B, T, H, V], final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``; o and u in
+      the operand dtype (bf16/fp16 when q, k, kr, vw all are, else fp32).
+
+    Raises:
+      ValueError: if K or V is not 64 or 128 (callers dispatch those to the chunked form).
+    """
+    from pallas_kernels import common
+
+    bsz, seq_len, heads, dk = q.shape
+    dv = v_write.shape[-1]
+    if dk not in pallas_gpu.SUPPORTED_HEAD_DIMS or dv not in pallas_gpu.SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"the Pallas kernels support head dims {pallas_gpu.SUPPORTED_HEAD_DIMS},"
+                         f" got K={dk}, V={dv}")
+    mdt = pallas_gpu.matmul_dtype(q, k, k_read, v_write)
+    padded = -(-seq_len // CHUNK) * CHUNK
+    n_chunks = padded // CHUNK
+    q, k, kr, vw = (common.pad_time(x.astype(mdt), CHUNK) for x in (q, k, k_read, v_write))
+    gpad = common.pad_time(g.astype(F32), CHUNK)  # [B, Tp, H, K]; padding is inert (g = 0)
+    gam = jnp.cumsum(gpad.reshape(bsz, n_chunks, CHUNK, heads, dk), axis=2)
+    gam = gam.reshape(bsz, padded, heads, dk)
+    if initial_state is None:
+        initial_state = jnp.zeros((bsz, heads, dk, dv), F32)
+    h0 = initial_state.astype(F32)
+    docs = () if segment_ids is None else scalar_gpu._docs_from_segment_ids(segment_ids, padded)
+    static = tuple(sorted(_config(
+        batch=bsz, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=float(scale),
+        has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
+        return_residual=return_residual,
+    ).items()))
+    outs = _make_core(static)(q, k, kr, vw, gam, h0, docs)
+    u = outs[2][:, :seq_len] if return_residual else None
+    return outs[0][:, :seq_len], outs[1], u
+
+
+def gdn2_pallas(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    b: jax.Array,
+    w: jax.Array,
+    *,
+    scale: float,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    return_residual: bool = True,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, Optional[jax.Array]]:
+    """GDN-2 (arXiv 2607.07953, Eqs. 21-24; spec §2.6) on the Pallas GPU kernels.
+
+    :func:`channelwise_delta_pallas` with ``kr = b * k`` and ``vw = w * v``, both formed in fp32
+    by XLA (outside the ``custom_vjp``, so autodiff gives db, dw) and cast to the operand dtype.
+
+    Args:
+      q: queries ``[B, T, H, K]`` (already expanded to the value heads), bf16/fp16/fp32.
+      k: keys ``[B, T, H, K]``, same dtype as q.
+      v: values ``[B, T, H, V]``, same dtype as q.
+      g: per-key-channel log-decay ``[B, T, H, K]`` (``<= 0``).
+      b: erase gate ``[B, T, H, K]``.
+      w: write gate ``[B, T, H, V]``.
+      scale, initial_state, segment_ids, return_residual, interpret: as
+        :func:`channelwise_delta_pallas`.
+
+    Returns:
+      ``(o [B, T, H, V] in v.dtype, final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``.
+
+    Raises:
+      ValueError: if K or V is not 64 or 128.
+    """
+    mdt = pallas_gpu.matmul_dtype(q, k, v)
+    kr = (b.astype(F32) * k.astype(F32)).astype(mdt)
+    vw = (w.astype(F32) * v.astype(F32)).astype(mdt)
+    o, state, u = channelwise_delta_pallas(
+        q.astype(mdt), k.astype(mdt), kr, vw, g, scale=scale, initial_state=initial_state,
+        segment_ids=segment_ids, return_residual=return_residual, interpret=interpret)
+    return o.astype(v.dtype), state, None if u is None else u.astype(v.dtype)
+
+
+def choose_implementation(op, implementation, concrete, arrays, head_dims, chunk_size, seq_len):
+    """``pallas_gpu.choose_implementation`` for KDA/GDN-2, with ``"auto"`` gated on AUTO_SELECT.
+
+    While :data:`AUTO_SELECT` is off, ``None``/``"auto"`` resolves to ``concrete[0]`` (the
+    chunked form) even on a GPU; explicit ``"pallas"``/``"pallas_interpret"`` are resolved (and
+    rejected with the reason where they cannot run) by ``pallas_gpu.choose_implementation``.
+    Usable as the ``fallback`` of ``pallas_tpu.choose_implementation``.
+
+    Raises:
+      ValueError: for an unknown name, or a kernel implementation that cannot run this call.
+    """
+    if (implementation is None or implementation == "auto") and not AUTO_SELECT:
+        return validation.resolve_implementation(implementation, tuple(concrete))
+    return pallas_gpu.choose_implementation(op, implementation, concrete, arrays, head_dims,
+                                            chunk_size, seq_len)

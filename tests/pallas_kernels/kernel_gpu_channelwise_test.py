@@ -1,0 +1,175 @@
+"""The Pallas GPU kernels of the per-channel-decay delta rule (KDA, GDN-2) against fp32 references.
+
+``InterpretTest`` runs the kernels of ``pallas_kernels/gdn2/kernel_gpu.py`` in Pallas interpret
+mode (``implementation="pallas_interpret"``) on whatever backend runs the suite, with fp32
+inputs, so every product is fp32 and the kernels must match the token-serial references
+(``kda/reference.py``, ``gdn2/reference.py``) to fp32 rounding: outputs, final state, the
+residual u and all gradients (q, k, v, g, beta / b, w, initial_state). ``GpuTest`` (marked
+``gpu``, skipped without a GPU) compiles the kernels with Triton and checks bf16 inputs against
+the fp32 reference by relative RMS error with FLA's gates (o and states 5e-3, dq/dk/dv/dh0 8e-3,
+gates 2e-2; ../shared/BENCHMARKS.md §5.5).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels import gdn2 as gdn2_ops
+from pallas_kernels import kda as kda_ops
+from pallas_kernels.gdn2 import kernel_gpu
+from pallas_kernels.gdn2 import reference as gdn2_reference
+from pallas_kernels.kda import reference as kda_reference
+from tests import tolerances
+
+_DIFF_ARGS = {
+    "kda": ("q", "k", "v", "g", "beta", "h0"),
+    "gdn2": ("q", "k", "v", "g", "b", "w", "h0"),
+}
+
+
+def _inputs(seed, batch, seq_len, key_heads, heads, dim, *, dtype=jnp.float32, decay=1.0):
+    keys = jax.random.split(jax.random.key(seed), 9)
+
+    def l2(x):
+        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+    q = l2(jax.random.normal(keys[0], (batch, seq_len, key_heads, dim))).astype(dtype)
+    k = l2(jax.random.normal(keys[1], (batch, seq_len, key_heads, dim))).astype(dtype)
+    v = jax.random.normal(keys[2], (batch, seq_len, heads, dim)).astype(dtype)
+    # Per-channel log-decays; decay=10 reaches about -20 per token and below.
+    g = decay * jax.nn.log_sigmoid(jax.random.normal(keys[3], (batch, seq_len, heads, dim)) + 1.5)
+    beta = jax.nn.sigmoid(jax.random.normal(keys[4], (batch, seq_len, heads)))
+    b = jax.nn.sigmoid(jax.random.normal(keys[5], (batch, seq_len, heads, dim)))
+    w = jax.nn.sigmoid(jax.random.normal(keys[6], (batch, seq_len, heads, dim)))
+    h0 = 0.5 * jax.random.normal(keys[7], (batch, heads, dim, dim))
+    return dict(q=q, k=k, v=v, g=g, beta=beta, b=b, w=w, h0=h0), keys[8]
+
+
+def _call(op, impl, inputs, segment_ids, residual):
+    """``(o, final_state[, u])`` of ``op`` with ``impl`` (None: the fp32 token-serial reference)."""
+    q, k, v, g, h0 = (inputs[n] for n in ("q", "k", "v", "g", "h0"))
+    gates = (inputs["beta"],) if op == "kda" else (inputs["b"], inputs["w"])
+    if impl is None:
+        group = v.shape[2] // q.shape[2]
+        q, k = (jnp.repeat(x.astype(jnp.float32), group, axis=2) for x in (q, k))
+        fn = kda_reference.kda_reference if op == "kda" else gdn2_reference.gdn2_reference
+        o, s, u = fn(q, k, v.astype(jnp.float32), g, *gates, scale=q.shape[-1] ** -0.5,
+                     initial_state=h0, segment_ids=segment_ids)
+        return (o, s, u) if residual else (o, s)
+    fn = kda_ops.kda if op == "kda" else gdn2_ops.gdn2
+    return fn(q, k, v, g, *gates, initial_state=h0, output_final_state=True,
+              segment_ids=segment_ids, implementation=impl, return_residual=residual)
+
+
+def _outputs_and_grads(op, impl, inputs, segment_ids, cot_key, residual):
+    names = _DIFF_ARGS[op]
+
+    def fn(*diff):
+        return _call(op, impl, dict(inputs, **dict(zip(names, diff))), segment_ids, residual)
+
+    outs, vjp = jax.vjp(fn, *[inputs[n] for n in names])
+    keys = jax.random.split(cot_key, len(outs))
+    cts = tuple(jax.random.normal(kk, x.shape).astype(x.dtype) for kk, x in zip(keys, outs))
+    return outs, dict(zip(names, vjp(cts)))
+
+
+class InterpretTest(parameterized.TestCase):
+    """fp32 inputs in Pallas interpret mode: the kernels equal the reference to fp32 rounding."""
+
+    def check(self, op, *, batch=1, seq_len=65, key_heads=2, heads=2, dim=64, decay=1.0,
+              segment_ids=None, residual=False, seed=0):
+        inputs, cot_key = _inputs(seed, batch, seq_len, key_heads, heads, dim, decay=decay)
+        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key, residual)
+        got = _outputs_and_grads(op, "pallas_interpret", inputs, segment_ids, cot_key, residual)
+        tol = tolerances.fwd_tol(jnp.float32)
+        for name, a, e in zip(("o", "final_state", "u"), got[0], want[0]):
+            np.testing.assert_allclose(a, e, err_msg=f"{op} {name}", **tol)
+        gtol = tolerances.grad_tol(jnp.float32)
+        for name in _DIFF_ARGS[op]:
+            scale = float(jnp.max(jnp.abs(want[1][name]))) + 1e-6
+            np.testing.assert_allclose(got[1][name] / scale, want[1][name] / scale,
+                                       err_msg=f"{op} d{name}", **gtol)
+
+    def test_kda_ragged_length_initial_state_gva(self):
+        # T = 65: one full chunk and a one-token tail; two value heads per key head.
+        self.check("kda", seq_len=65, key_heads=1, heads=2)
+
+    def test_gdn2_ragged_length_initial_state_with_residual(self):
+        # The residual u is returned and gets a cotangent (the dVn input of the reverse pass).
+        self.check("gdn2", seq_len=65, residual=True, seed=1)
+
+    @parameterized.parameters("kda", "gdn2")
+    def test_packed_documents(self, op):
+        # Two rows: five documents with boundaries inside and on chunk edges (10, 40, 43, 64),
+        # and three documents (64, 65: a one-token document at a chunk start).
+        rows = ([10, 30, 3, 21, 36], [64, 1, 35])
+        segment_ids = jnp.asarray(np.stack([np.repeat(np.arange(len(r)), r) for r in rows]),
+                                  jnp.int32)
+        self.check(op, batch=2, seq_len=100, segment_ids=segment_ids, seed=2)
+
+    @parameterized.parameters("kda", "gdn2")
+    def test_strong_decay(self, op):
+        # Per-channel log-decays down to about -20 per token and below: exponents must stay
+        # masked before exp, and the off-diagonal reference-point factors must stay <= 1.
+        inputs, _ = _inputs(3, 1, 96, 2, 2, 64, decay=10.0)
+        self.assertLess(float(jnp.min(inputs["g"])), -20.0)
+        self.check(op, seq_len=96, decay=10.0, seed=3)
+
+    def test_kda_head_dim_128_gva(self):
+        # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
+        self.check("kda", batch=2, seq_len=70, key_heads=1, heads=2, dim=128, seed=4)
+
+    def test_auto_is_chunked_and_explicit_pallas_raises(self):
+        inputs, _ = _inputs(0, 1, 64, 1, 1, 64)
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+        gdn2_args = [inputs[n] for n in ("q", "k", "v", "g", "b", "w")]
+        self.assertFalse(kernel_gpu.AUTO_SELECT)
+        for implementation in (None, "auto"):
+            self.assertEqual(kernel_gpu.choose_implementation(
+                "kda", implementation, ("chunked", "reference"), args[:3], (64, 64), 64, 64),
+                "chunked")
+        if jax.default_backend() != "gpu":
+            with self.assertRaisesRegex(ValueError, "need a GPU backend"):
+                kda_ops.kda(*args, implementation="pallas")
+            with self.assertRaisesRegex(ValueError, "need a GPU backend"):
+                gdn2_ops.gdn2(*gdn2_args, implementation="pallas")
+            np.testing.assert_array_equal(kda_ops.kda(*args)[0],
+                                          kda_ops.kda(*args, implementation="chunked")[0])
+        with self.assertRaisesRegex(ValueError, "head dim 32"):
+            kda_ops.kda(inputs["q"][..., :32], inputs["k"][..., :32], inputs["v"],
+                        inputs["g"][..., :32], inputs["beta"], implementation="pallas_interpret")
+        with self.assertRaisesRegex(ValueError, "chunk_size=32"):
+            gdn2_ops.gdn2(*gdn2_args, chunk_size=32, implementation="pallas_interpret")
+
+
+@pytest.mark.gpu
+class GpuTest(parameterized.TestCase):
+    """bf16 inputs compiled by Triton on a GPU, against the fp32 reference (FLA's gates)."""
+
+    def setUp(self):
+        super().setUp()
+        if jax.default_backend() != "gpu":
+            self.skipTest("needs a GPU")
+
+    @parameterized.product(op=("kda", "gdn2"), packed=(False, True), dim=(64, 128))
+    def test_bf16_against_fp32_reference(self, op, packed, dim):
+        seq_len = 1000
+        segment_ids = None
+        if packed:
+            lengths = [100, 257, 64, 300, 279]
+            segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None].repeat(2, 0),
+                                      jnp.int32)
+        inputs, cot_key = _inputs(0, 2, seq_len, 2, 4, dim, dtype=jnp.bfloat16)
+        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key, False)
+        got = _outputs_and_grads(op, "pallas", inputs, segment_ids, cot_key, False)
+        self.assertLess(tolerances.rel_err(got[0][0], want[0][0]), 5e-3, "o")
+        self.assertLess(tolerances.rel_err(got[0][1], want[0][1]), 5e-3, "final_state")
+        for name in _DIFF_ARGS[op]:
+            limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
+            self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
+
+
+if __name__ == "__main__":
+    absltest.main()
