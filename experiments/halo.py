@@ -1,0 +1,47 @@
+"""HALO (arXiv 2601.22156): converts a pretrained Transformer into HypeNet, one stage per run.
+
+Usage::
+
+    python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=stage1
+    python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=select
+    python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=stage2
+    python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=stage3
+    python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo \
+        --stage=calibrate
+
+Each stage works in ``<workdir>/<stage>``, reads the earlier stages' outputs there, and resumes
+from its own newest checkpoint when run again (:mod:`lattn_jax.halo.experiment`).
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax.halo import experiment  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "HALO config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the pipeline's stages.")
+_STAGE = flags.DEFINE_enum("stage", None, experiment.STAGES, "The stage to run.")
+flags.mark_flags_as_required(["config", "workdir", "stage"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+    print(f"jax {jax.__version__}, devices {jax.devices()}")
+    try:
+        experiment.run(_CONFIG.value, _WORKDIR.value, _STAGE.value)
+    except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+    app.run(main)

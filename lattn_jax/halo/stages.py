@@ -1,0 +1,362 @@
+"""HALO training stages and the calibration of ``a`` (arXiv 2601.22156; spec §3, §3.7, §7).
+
+* Stage 1 (:func:`run_stage1`, spec §3.1): every layer gets a Lightning student initialised from
+  its attention (:func:`lattn_jax.halo.hypenet.lightning_from_attention`). The teacher runs
+  unchanged; each student reads the teacher's normalised input of its layer and is trained to
+  reproduce the teacher attention output (after ``o_proj``) with :func:`losses.layer_mse`. All
+  layers train in parallel; only the students' parameters are trainable.
+* Stage 2 (:func:`run_stage2`, spec §3.3): the HypeNet student (Stage-1 Lightning layers at the
+  recurrent positions, the teacher's attention, NoPE + gate, at the selected ones) is trained end
+  to end on ``KL(teacher || student)`` at temperature 1 (:func:`losses.forward_kl`).
+* Stage 3 (:func:`run_stage3`, spec §3.4): next-token cross-entropy on long windows.
+* :func:`calibrate_logit_scaling` (spec §1.6, §3.7): the validation loss of the final model for
+  each candidate ``a`` of ``s_t = log_a(t + a)``, the best one chosen.
+
+Every stage trains through :func:`train_loop`: ``optim.make_optimizer`` (AdamW, clipping, warm-up
++ cosine), a jitted step, and :class:`lattn_jax.checkpoint.Checkpointer` in ``workdir``; a stage
+run again in the same ``workdir`` resumes from its newest checkpoint (and the grain iterator's
+position). Master weights and moments are fp32 (spec §6 item 3: the original is pure bf16).
+"""
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from lattn_jax import checkpoint as checkpoint_lib
+from lattn_jax import config as config_lib
+from lattn_jax import model as model_lib
+from lattn_jax import optim
+from lattn_jax import train as train_lib
+from lattn_jax.halo import hypenet
+from lattn_jax.halo import loaders
+from lattn_jax.halo import losses
+from lattn_jax.mixers import lightning
+from lattn_jax.typing import PyTree
+
+Batch = Dict[str, Any]
+
+
+class ModelFn:
+    """Rebuilds an NNX module of a fixed config from a pure-dict parameter tree (under jit).
+
+    Args:
+      make: ``rngs -> nnx.Module`` constructor (run only under ``nnx.eval_shape``).
+    """
+
+    def __init__(self, make: Callable[[nnx.Rngs], nnx.Module]):
+        abstract = nnx.eval_shape(lambda: make(nnx.Rngs(0)))
+        self.graphdef, self._abstract = nnx.split(abstract, nnx.Param)
+
+    def __call__(self, params: PyTree) -> nnx.Module:
+        state = jax.tree_util.tree_map(lambda x: x, self._abstract)
+        nnx.replace_by_pure_dict(state, params)
+        return nnx.merge(self.graphdef, state)
+
+
+def language_model_fn(cfg: config_lib.ModelConfig) -> ModelFn:
+    """:class:`ModelFn` of ``LanguageModel(cfg)``."""
+    return ModelFn(lambda rngs: model_lib.LanguageModel(cfg, rngs=rngs))
+
+
+def random_teacher(cfg: config_lib.ModelConfig, seed: int = 0) -> PyTree:
+    """Randomly initialised teacher params (for tiny CPU runs and tests; no download)."""
+    model = model_lib.LanguageModel(cfg, rngs=nnx.Rngs(seed))
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
+def _write_metrics(workdir: str, record: Mapping[str, Any]) -> None:
+    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+        f.write(json.dumps({k: (float(v) if isinstance(v, (np.floating, jax.Array)) else v)
+                            for k, v in record.items()}) + "\n")
+
+
+def train_loop(*, workdir: str, init_params: PyTree,
+               loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
+               optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
+               batches: Iterator[Batch], frozen: PyTree = None,
+               print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Trains ``init_params`` on ``loss_fn``, resuming from ``<workdir>/checkpoints``.
+
+    Resume order: the newest checkpoint in ``workdir`` (params, optimizer state, step and, for a
+    grain iterator, its position), else ``init_params`` at step 0.
+
+    Args:
+      workdir: the stage's directory (checkpoints, ``metrics.jsonl``).
+      init_params: the trainable pure-dict parameters at step 0.
+      loss_fn: ``(params, frozen, batch) -> fp32 scalar``, differentiated w.r.t. ``params``.
+      optim_cfg: the optimizer (``optim.make_optimizer``; HALO: AdamW (0.9, 0.95), wd 0,
+        clip 1, warm-up 50, cosine to ``min_lr_ratio``).
+      train_cfg: ``total_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``log_every``,
+        ``max_steps_per_run``.
+      batches: an iterator of batches (a grain ``DatasetIterator`` is checkpointed too).
+      frozen: a pytree passed unchanged to ``loss_fn`` (the teacher's params).
+      print_fn: progress lines.
+
+    Returns:
+      ``{"params", "step", "losses" (this run's per-step losses), "resumed_from"}``.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    tx = optim.make_optimizer(optim_cfg, train_cfg.total_steps)
+    schedule = optim.learning_rate_schedule(optim_cfg, train_cfg.total_steps)
+
+    def init_state(params):
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=train_cfg.keep_checkpoints)
+    data_iter = batches if hasattr(batches, "get_state") else None
+    latest = ckpt.latest_step()
+    if latest is not None:
+        state = ckpt.restore(latest, jax.eval_shape(init_state, init_params), data_iter)
+        print_fn(f"resuming from the checkpoint at step {latest} in {ckpt.directory}")
+        resumed_from = latest
+    else:
+        state = jax.jit(init_state)(init_params)
+        resumed_from = -1
+
+    @jax.jit
+    def step_fn(state, frozen, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], frozen, batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+                   "lr": schedule(state["step"])}
+        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+
+    step = int(state["step"])
+    stop_at = train_cfg.total_steps
+    if train_cfg.max_steps_per_run is not None:
+        stop_at = min(stop_at, step + train_cfg.max_steps_per_run)
+    run_losses: List[float] = []
+    last_saved = resumed_from
+    t0 = time.perf_counter()
+    while step < stop_at:
+        batch = {k: jnp.asarray(v) for k, v in next(batches).items()}
+        state, metrics = step_fn(state, frozen, batch)
+        step += 1
+        run_losses.append(float(metrics["loss"]))
+        if step % train_cfg.log_every == 0 or step == stop_at:
+            rec = {"step": step, "loss": run_losses[-1], "grad_norm": metrics["grad_norm"],
+                   "lr": metrics["lr"], "time": time.perf_counter() - t0}
+            _write_metrics(workdir, rec)
+            print_fn(f"step {step:6d}  loss {rec['loss']:.5f}  lr {float(rec['lr']):.2e}  "
+                     f"grad_norm {float(rec['grad_norm']):.3f}")
+        if step % train_cfg.checkpoint_every == 0 or step == stop_at:
+            ckpt.save(step, state, data_iter)
+            last_saved = step
+    if last_saved != step and step > 0:
+        ckpt.save(step, state, data_iter)
+    ckpt.close()
+    return {"params": state["params"], "step": step, "losses": run_losses,
+            "resumed_from": resumed_from}
+
+
+def latest_params(workdir: str, init_params: PyTree, optim_cfg: config_lib.OptimConfig,
+                  total_steps: int) -> PyTree:
+    """The params of the newest checkpoint of a finished stage in ``workdir``.
+
+    Raises:
+      FileNotFoundError: there is no checkpoint in ``workdir`` (run that stage first).
+    """
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=1000)
+    latest = ckpt.latest_step()
+    if latest is None:
+        ckpt.close()
+        raise FileNotFoundError(f"{ckpt.directory}: no checkpoint; run the previous stage first")
+    tx = optim.make_optimizer(optim_cfg, total_steps)
+    abstract = jax.eval_shape(lambda p: {"params": p, "opt_state": tx.init(p),
+                                         "step": jnp.zeros((), jnp.int32)}, init_params)
+    state = ckpt.restore(latest, abstract)
+    ckpt.close()
+    return state["params"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1
+# ---------------------------------------------------------------------------------------------
+
+def stage1_student_config(teacher_cfg: config_lib.ModelConfig, **kwargs
+                          ) -> config_lib.ModelConfig:
+    """The all-Lightning HypeNet config whose ``lightning`` section the Stage-1 students use."""
+    return hypenet.hypenet_config(teacher_cfg, (), **kwargs)
+
+
+def stage1_init(teacher_cfg: config_lib.ModelConfig, teacher_params: PyTree,
+                student_cfg: config_lib.ModelConfig, seed: int = 0) -> PyTree:
+    """Stage-1 trainable params ``{"mixers": {l: Lightning params}}`` from the teacher."""
+    keys = jax.random.split(jax.random.key(seed), teacher_cfg.num_layers)
+    mixers = {i: hypenet.lightning_from_attention(teacher_params["blocks"][i]["mixer"],
+                                                  teacher_cfg, student_cfg, keys[i])
+              for i in range(teacher_cfg.num_layers)}
+    dtype = jnp.dtype(student_cfg.param_dtype)
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), {"mixers": mixers})
+
+
+def stage1_loss_fn(teacher_cfg: config_lib.ModelConfig, student_cfg: config_lib.ModelConfig
+                   ) -> Callable[[PyTree, PyTree, Batch], jax.Array]:
+    """``(student_params, teacher_params, batch) -> MSE`` of spec §3.1.
+
+    Per layer ``l``: ``x_l = RMSNorm_in(h_l)`` of the teacher, ``y_T = Attn_l(x_l)``,
+    ``y_S = Lightning_l(stop_grad(x_l))``; the teacher stream continues with ``y_T``; the loss is
+    the mean over layers of ``mean((y_S - y_T)^2)``, i.e. :func:`losses.layer_mse` of the stacks.
+    """
+    teacher_fn = language_model_fn(teacher_cfg)
+    mixer_fn = ModelFn(lambda rngs: lightning.LightningAttention(student_cfg, rngs=rngs))
+
+    def loss_fn(params, teacher_params, batch):
+        teacher = teacher_fn(jax.lax.stop_gradient(teacher_params))
+        tokens = batch["inputs"]
+        h = jnp.take(teacher.embed[...], tokens, axis=0).astype(teacher.dtype)  # [B, T, D]
+        total = jnp.zeros((), jnp.float32)
+        for i, block in enumerate(teacher.blocks):
+            x = block.mixer_norm(h)
+            y_t = block.mixer(x)
+            y_s = mixer_fn(params["mixers"][i])(jax.lax.stop_gradient(x))
+            total = total + losses.layer_mse(y_s[None], jax.lax.stop_gradient(y_t)[None])
+            h = h + y_t.astype(h.dtype)
+            h = h + block.mlp(block.mlp_norm(h)).astype(h.dtype)
+        return total / len(teacher.blocks)
+
+    return loss_fn
+
+
+def run_stage1(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_params: PyTree,
+               student_cfg: config_lib.ModelConfig, optim_cfg: config_lib.OptimConfig,
+               train_cfg: config_lib.TrainConfig, batches: Iterator[Batch],
+               print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Stage 1 in ``workdir`` (resumable); returns :func:`train_loop`'s result."""
+    init = stage1_init(teacher_cfg, teacher_params, student_cfg, seed=train_cfg.seed)
+    return train_loop(workdir=workdir, init_params=init,
+                      loss_fn=stage1_loss_fn(teacher_cfg, student_cfg), optim_cfg=optim_cfg,
+                      train_cfg=train_cfg, batches=batches, frozen=teacher_params,
+                      print_fn=print_fn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2 and 3
+# ---------------------------------------------------------------------------------------------
+
+def stage2_init(teacher_cfg: config_lib.ModelConfig, teacher_params: PyTree,
+                student_cfg: config_lib.ModelConfig, stage1_params: Optional[PyTree],
+                seed: int = 0) -> PyTree:
+    """The Stage-2 student (spec §2.4 Stage 1 -> 2 surgery): Stage-1 Lightning layers at the
+    recurrent positions, the teacher's attention (+ new gate) at the others, the rest copied."""
+    lightning_params = None if stage1_params is None else stage1_params["mixers"]
+    return hypenet.convert(teacher_params, teacher_cfg, student_cfg, seed=seed,
+                           lightning_params=lightning_params)
+
+
+def stage2_loss_fn(teacher_cfg: config_lib.ModelConfig, student_cfg: config_lib.ModelConfig,
+                   *, temperature: float = 1.0, chunk_size: Optional[int] = None
+                   ) -> Callable[[PyTree, PyTree, Batch], jax.Array]:
+    """``(student_params, teacher_params, batch) -> KL(teacher || student)`` (spec §3.3),
+    masked by ``batch["weights"]`` when present, vocabularies truncated to the shared width."""
+    teacher_fn = language_model_fn(teacher_cfg)
+    student_fn = language_model_fn(student_cfg)
+
+    def loss_fn(params, teacher_params, batch):
+        t_logits = jax.lax.stop_gradient(
+            teacher_fn(jax.lax.stop_gradient(teacher_params))(batch["inputs"]))
+        s_logits = student_fn(params)(batch["inputs"])
+        return losses.forward_kl(t_logits, s_logits, batch.get("weights"),
+                                 temperature=temperature, chunk_size=chunk_size)
+
+    return loss_fn
+
+
+def stage3_loss_fn(student_cfg: config_lib.ModelConfig
+                   ) -> Callable[[PyTree, PyTree, Batch], jax.Array]:
+    """``(params, _, batch) -> token-mean next-token cross-entropy`` (spec §3.4)."""
+    student_fn = language_model_fn(student_cfg)
+
+    def loss_fn(params, _, batch):
+        logits = student_fn(params)(batch["inputs"])
+        weights = batch.get("weights")
+        if weights is None:
+            weights = jnp.ones(batch["targets"].shape, jnp.float32)
+        return train_lib.cross_entropy_loss(logits, batch["targets"], weights)[0]
+
+    return loss_fn
+
+
+def run_stage2(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_params: PyTree,
+               student_cfg: config_lib.ModelConfig, stage1_params: Optional[PyTree],
+               optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
+               batches: Iterator[Batch], temperature: float = 1.0,
+               kl_chunk_size: Optional[int] = None,
+               print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Stage 2 in ``workdir`` (resumable); returns :func:`train_loop`'s result."""
+    init = stage2_init(teacher_cfg, teacher_params, student_cfg, stage1_params,
+                       seed=train_cfg.seed)
+    return train_loop(workdir=workdir, init_params=init,
+                      loss_fn=stage2_loss_fn(teacher_cfg, student_cfg, temperature=temperature,
+                                             chunk_size=kl_chunk_size),
+                      optim_cfg=optim_cfg, train_cfg=train_cfg, batches=batches,
+                      frozen=teacher_params, print_fn=print_fn)
+
+
+def run_stage3(*, workdir: str, student_cfg: config_lib.ModelConfig, init_params: PyTree,
+               optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
+               batches: Iterator[Batch], print_fn: Callable[[str], None] = print
+               ) -> Dict[str, Any]:
+    """Stage 3 in ``workdir`` (resumable) from the Stage-2 params; :func:`train_loop`'s result."""
+    return train_loop(workdir=workdir, init_params=init_params,
+                      loss_fn=stage3_loss_fn(student_cfg), optim_cfg=optim_cfg,
+                      train_cfg=train_cfg, batches=batches, print_fn=print_fn)
+
+
+# ---------------------------------------------------------------------------------------------
+# Calibration of a
+# ---------------------------------------------------------------------------------------------
+
+def calibrate_logit_scaling(student_cfg: config_lib.ModelConfig, params: PyTree,
+                            batches: Sequence[Batch], candidates: Sequence[Optional[float]],
+                            print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
+    """Picks ``a`` of the inference-time logit scaling ``s_t = log_a(t + a)`` (spec §1.6, §3.7).
+
+    The model is evaluated with ``AttentionConfig.logit_scaling_base = a`` for every candidate
+    (``None`` = no scaling) on the same (long-context) batches; the lowest token-mean
+    cross-entropy wins.
+
+    Args:
+      student_cfg: the trained HypeNet config (its attention layers are NoPE).
+      params: its params.
+      batches: evaluation batches with ``inputs``, ``targets`` and optional ``weights``.
+      candidates: values of ``a`` (each ``> 1``) and/or ``None``.
+
+    Returns:
+      ``{"best": a, "losses": {str(a): loss}}``.
+
+    Raises:
+      ValueError: no candidates or no batches (or ``a <= 1``, from the config).
+    """
+    if not candidates or not batches:
+        raise ValueError("calibration needs at least one candidate and one batch")
+    results = {}
+    for a in candidates:
+        cfg = dataclasses.replace(student_cfg, attention=dataclasses.replace(
+            student_cfg.attention, logit_scaling_base=a))
+        model = loaders.build_model(cfg, params)
+
+        @nnx.jit
+        def eval_step(model, batch):
+            logits = model(batch["inputs"])
+            w = batch.get("weights")
+            w = jnp.ones(batch["targets"].shape, jnp.float32) if w is None else w
+            return train_lib.cross_entropy_loss(logits, batch["targets"], w)[1:]
+
+        total = count = 0.0
+        for batch in batches:
+            t, c = eval_step(model, {k: jnp.asarray(v) for k, v in batch.items()})
+            total, count = total + float(t), count + float(c)
+        results[a] = total / max(count, 1.0)
+        print_fn(f"a={a}: loss {results[a]:.5f}")
+    best = min(results, key=results.get)
+    return {"best": best, "losses": {str(k): v for k, v in results.items()}}

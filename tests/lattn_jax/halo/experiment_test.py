@@ -1,0 +1,50 @@
+"""The HALO driver end to end on the tiny config (random teacher, byte tokenizer)."""
+
+import json
+import os
+
+import pytest
+from absl.testing import absltest
+
+from configs import halo_qwen3_1p7b
+from configs import halo_smollm2
+from lattn_jax.halo import experiment
+
+
+class ConfigTest(absltest.TestCase):
+
+    def test_configs_load(self):
+        for cfg in (halo_smollm2.get_config(), halo_qwen3_1p7b.get_config(),
+                    halo_smollm2.get_config("tiny")):
+            self.assertEqual(cfg.stage2.temperature, 1.0)
+            self.assertEqual(cfg.stage1.optim.weight_decay, 0.0)
+        cfg = halo_qwen3_1p7b.get_config()
+        self.assertEqual((cfg.stage3.seq_len, cfg.stage3.train.total_steps), (16_384, 500))
+        self.assertEqual(cfg.stage3.optim.min_lr_ratio, 1.0)
+
+
+@pytest.mark.entry
+class PipelineTest(absltest.TestCase):
+
+    def test_all_stages_run_and_resume(self):
+        workdir = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("tiny")
+        quiet = dict(print_fn=lambda s: None)
+        out1 = experiment.run(cfg, workdir, "stage1", **quiet)
+        self.assertEqual(out1["step"], 4)
+        again = experiment.run(cfg, workdir, "stage1", **quiet)
+        self.assertEqual((again["step"], again["losses"]), (4, []))
+        sel = experiment.run(cfg, workdir, "select", **quiet)
+        self.assertLen(sel["attention_layers"], 1)
+        with open(os.path.join(workdir, "select", "selection.json")) as f:
+            self.assertEqual(json.load(f)["attention_layers"], sel["attention_layers"])
+        self.assertLen(experiment.run(cfg, workdir, "stage2", **quiet)["losses"], 4)
+        self.assertLen(experiment.run(cfg, workdir, "stage3", **quiet)["losses"], 4)
+        cal = experiment.run(cfg, workdir, "calibrate", **quiet)
+        self.assertIn(cal["best"], (None, 500.0))
+        with self.assertRaisesRegex(ValueError, "unknown stage"):
+            experiment.run(cfg, workdir, "stage4", **quiet)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,84 @@
+"""HypeNet conversion: identity conversion reproduces the teacher; GQA expansion; new params."""
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+
+from lattn_jax import config as config_lib
+from lattn_jax.halo import hypenet
+from lattn_jax.halo import loaders
+from lattn_jax.halo import stages
+from tests import tolerances
+
+
+def tiny_teacher_config(tie=True, qk_norm=True):
+    return config_lib.ModelConfig(
+        vocab_size=61, d_model=32, layer_pattern=("attn",) * 4, mlp_hidden=48,
+        tie_embeddings=tie, norm_eps=1e-6, use_segment_ids=False,
+        attention=config_lib.AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=8,
+                                             rope_theta=1e4, qk_norm=qk_norm))
+
+
+class ConversionTest(absltest.TestCase):
+
+    def test_all_attention_with_rope_reproduces_the_teacher(self):
+        tokens = jnp.asarray(np.random.default_rng(0).integers(0, 61, size=(2, 13)))
+        for tie in (True, False):
+            cfg = tiny_teacher_config(tie=tie)
+            params = stages.random_teacher(cfg, seed=1)
+            ref = loaders.build_model(cfg, params)(tokens)
+            student_cfg = hypenet.hypenet_config(cfg, range(4), attention_rope=True,
+                                                 attention_gate=False)
+            self.assertEqual(student_cfg.layer_pattern, ("attn",) * 4)
+            out = loaders.build_model(
+                student_cfg, hypenet.convert(params, cfg, student_cfg))(tokens)
+            np.testing.assert_allclose(out, ref, **tolerances.fwd_tol(jnp.float32))
+
+    def test_hypenet_layers(self):
+        cfg = tiny_teacher_config(qk_norm=False)
+        params = stages.random_teacher(cfg)
+        student_cfg = hypenet.hypenet_config(cfg, [1], logit_scaling_base=500.0)
+        self.assertEqual(student_cfg.layer_pattern,
+                         ("lightning", "attn_nope", "lightning", "lightning"))
+        lc = student_cfg.lightning
+        self.assertEqual((lc.num_heads, lc.num_kv_heads, lc.head_dim, lc.rope_theta),
+                         (4, 4, 8, 1e4))
+        self.assertTrue(lc.qk_norm and lc.output_norm and lc.output_gate)
+        self.assertEqual(lc.conv_width, 0)
+        self.assertEqual(student_cfg.attention.logit_scaling_base, 500.0)
+        out = hypenet.convert(params, cfg, student_cfg, seed=3)
+        teacher_mixer = params["blocks"][0]["mixer"]["qkv_proj"]["kernel"]
+        q, _, k, v = hypenet.split_qkv(teacher_mixer, cfg)
+        light = out["blocks"][0]["mixer"]
+        np.testing.assert_array_equal(light["q_proj"]["kernel"], q)
+        # New head h reads teacher KV head h // 2 (repeat_interleave).
+        kk = np.asarray(light["k_proj"]["kernel"]).reshape(32, 4, 8)
+        for h in range(4):
+            np.testing.assert_array_equal(kk[:, h], np.asarray(k).reshape(32, 2, 8)[:, h // 2])
+        np.testing.assert_array_equal(light["o_norm"]["scale"], np.ones(32))
+        np.testing.assert_array_equal(light["q_norm"]["scale"], np.ones(8))
+        z = np.asarray(light["z_proj"]["kernel"])
+        self.assertLessEqual(np.abs(z).max(), 1 / np.sqrt(32))
+        self.assertGreater(z.std(), 0.5 / np.sqrt(3 * 32))
+        attn = out["blocks"][1]["mixer"]["qkv_proj"]["kernel"]
+        q1, gate, k1, v1 = hypenet.split_qkv(attn, student_cfg, gated=True)
+        tq, _, tk, tv = hypenet.split_qkv(params["blocks"][1]["mixer"]["qkv_proj"]["kernel"], cfg)
+        np.testing.assert_array_equal(q1, tq)
+        np.testing.assert_array_equal(v1, tv)
+        self.assertLess(abs(float(np.std(gate)) - 0.02), 0.005)
+        logits = loaders.build_model(student_cfg, out)(jnp.zeros((1, 5), jnp.int32))
+        self.assertTrue(np.isfinite(np.asarray(logits)).all())
+
+    def test_errors(self):
+        cfg = tiny_teacher_config()
+        with self.assertRaisesRegex(ValueError, r"\[7\]"):
+            hypenet.hypenet_config(cfg, [7])
+        with self.assertRaisesRegex(ValueError, "all 'attn'"):
+            hypenet.hypenet_config(dataclasses.replace(cfg, layer_pattern=("gdn",) * 4), [])
+        self.assertEqual(hypenet.attention_layer_count(28), 7)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,93 @@
+"""HALO layer-selection score against the authors' sweep logs (spec §5) and the evaluators."""
+
+import numpy as np
+from absl.testing import absltest
+
+from lattn_jax.halo import selection
+
+# Spec §5.1 (HypeNet-2B / Qwen3-1.7B): per-layer CSR and recall averages.
+CSR_2B = [0.3108, 0.5548, 0.5804, 0.5839, 0.5756, 0.5799, 0.5784, 0.5753, 0.5828, 0.5802, 0.5722,
+          0.5727, 0.5768, 0.5782, 0.5784, 0.5794, 0.5791, 0.5725, 0.5757, 0.5776, 0.5708, 0.5768,
+          0.5709, 0.5775, 0.5776, 0.5769, 0.5779, 0.5794]
+RECALL_2B = [0.6339, 0.7202, 0.6937, 0.7144, 0.7097, 0.7432, 0.6862, 0.7100, 0.7258, 0.6935,
+             0.7249, 0.6883, 0.6936, 0.7258, 0.7182, 0.7314, 0.7017, 0.7053, 0.7087, 0.6847,
+             0.7188, 0.6531, 0.7274, 0.7064, 0.6936, 0.6705, 0.7008, 0.7216]
+# Spec §5.3 (HypeNet-9B / Qwen3-8B).
+CSR_9B = [0.5561, 0.7099, 0.7086, 0.7059, 0.7101, 0.7043, 0.7111, 0.7094, 0.7079, 0.7081, 0.7116,
+          0.7071, 0.7066, 0.7062, 0.7049, 0.7042, 0.7081, 0.7028, 0.7058, 0.7076, 0.7068, 0.7034,
+          0.7037, 0.7046, 0.7090, 0.7060, 0.7058, 0.7083, 0.7076, 0.7054, 0.7084, 0.7071, 0.7041,
+          0.7084, 0.7095, 0.7096]
+RECALL_9B = [0.7712, 0.8008, 0.7879, 0.8013, 0.8014, 0.7968, 0.8025, 0.7781, 0.8060, 0.8024,
+             0.8064, 0.8055, 0.8073, 0.7925, 0.7979, 0.7945, 0.8091, 0.7989, 0.8035, 0.8084,
+             0.7978, 0.8004, 0.7843, 0.8011, 0.7749, 0.8035, 0.7928, 0.8089, 0.8046, 0.7984,
+             0.8056, 0.7989, 0.8032, 0.7750, 0.8010, 0.8038]
+
+
+class ScoreTest(absltest.TestCase):
+
+    def test_reproduces_the_2b_and_9b_configs(self):
+        scores = selection.halo_scores(CSR_2B, RECALL_2B)
+        self.assertEqual(selection.select_attention_layers(scores, 28 // 4),
+                         [2, 3, 6, 8, 9, 21, 25])
+        self.assertEqual(selection.rank_layers(scores)[:7], [3, 8, 2, 9, 21, 25, 6])
+        # Capped best-CSR layer, and layer 0 (catastrophic CSR) / layer 5 (best recall).
+        np.testing.assert_allclose(scores[[3, 0, 5]], [50.0, 0.40, 0.0], atol=5e-3)
+        scores = selection.halo_scores(CSR_9B, RECALL_9B)
+        self.assertEqual(selection.select_attention_layers(scores, 36 // 4),
+                         [1, 2, 4, 6, 7, 10, 24, 33, 34])
+
+    def test_hand_computed_score(self):
+        # max C = 0.6 (layer 1), max R = 0.9 (layer 0).
+        scores = selection.halo_scores([0.5, 0.6, 0.4], [0.9, 0.7, 0.8])
+        np.testing.assert_allclose(scores, [0.0, 50.0, 0.1 / 0.2])
+
+    def test_bad_input(self):
+        with self.assertRaisesRegex(ValueError, "equal-length"):
+            selection.halo_scores([0.1, 0.2], [0.3])
+        with self.assertRaisesRegex(ValueError, "k=5"):
+            selection.select_attention_layers([1.0, 2.0], 5)
+
+
+class _CharTokenizer:
+    eos_id = 0
+
+    def encode(self, text):
+        return [ord(c) % 96 + 1 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(i - 1 + 96 * (i - 1 < 32)) for i in ids)
+
+
+class EvaluatorTest(absltest.TestCase):
+
+    def test_acc_norm_and_recall_with_an_oracle_model(self):
+        import jax.numpy as jnp
+
+        tok = _CharTokenizer()
+
+        def copy_model(tokens):  # predicts "token t+1 == token t": favours repeated letters
+            return 10.0 * jnp.eye(97)[tokens]
+
+        items = [{"context": "xx", "choices": ["ab", "xx"], "label": 1},
+                 {"context": "aa", "choices": ["aa", "bc"], "label": 0}]
+        self.assertEqual(selection.acc_norm(copy_model, tok, items), 1.0)
+        rec = [{"prompt": "zz", "answer": "zzz"}, {"prompt": "zz", "answer": "q"}]
+        self.assertEqual(selection.recall_contains(copy_model, tok, rec, max_new_tokens=3), 0.5)
+        self.assertLen(selection.synthetic_recall_items(3), 3)
+
+    def test_sweep_resumes(self):
+        path = self.create_tempfile().full_path
+        calls = []
+
+        def evaluate(layer):
+            calls.append(layer)
+            return 0.5 + layer, 0.1 * layer
+
+        selection.sweep(2, evaluate, path, print_fn=lambda s: None)
+        csr, recall = selection.sweep(3, evaluate, path, print_fn=lambda s: None)
+        self.assertEqual(calls, [0, 1, 2])
+        np.testing.assert_allclose(csr, [0.5, 1.5, 2.5])
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,85 @@
+"""HALO stages on tiny data: each stage's loss falls, and a stage resumes from its checkpoint."""
+
+import numpy as np
+from absl.testing import absltest
+
+from lattn_jax import config as config_lib
+from lattn_jax.halo import hypenet
+from lattn_jax.halo import stages
+from tests.lattn_jax.halo import hypenet_test
+
+
+def batches(vocab=61, batch=2, length=16, seed=0):
+    """Endless batches of a fixed set of sequences (learnable quickly)."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, vocab, size=(4, batch, length + 1))
+    i = 0
+    while True:
+        x = data[i % 4]
+        i += 1
+        yield {"inputs": x[:, :-1], "targets": x[:, 1:],
+               "weights": np.ones((batch, length), np.float32)}
+
+
+def optim_cfg(lr):
+    return config_lib.OptimConfig(name="adamw", learning_rate=lr, warmup_steps=2,
+                                  schedule="cosine", min_lr_ratio=0.1, weight_decay=0.0)
+
+
+def train_cfg(steps, **kw):
+    return config_lib.TrainConfig(total_steps=steps, checkpoint_every=steps, log_every=steps,
+                                  **kw)
+
+
+class StagesTest(absltest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.teacher_cfg = hypenet_test.tiny_teacher_config()
+        cls.teacher_params = stages.random_teacher(cls.teacher_cfg, seed=0)
+        cls.stage1_cfg = stages.stage1_student_config(cls.teacher_cfg)
+
+    def test_stage1_loss_falls_and_resumes(self):
+        workdir = self.create_tempdir().full_path
+        kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
+                  student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3),
+                  print_fn=lambda s: None)
+        first = stages.run_stage1(workdir=workdir, batches=batches(),
+                                  train_cfg=train_cfg(12, max_steps_per_run=6), **kw)
+        second = stages.run_stage1(workdir=workdir, batches=batches(),
+                                   train_cfg=train_cfg(12), **kw)
+        self.assertEqual(second["resumed_from"], 6)
+        self.assertEqual(second["step"], 12)
+        losses = first["losses"] + second["losses"]
+        print("stage 1 losses", np.round(losses, 6))
+        self.assertLess(np.mean(losses[-3:]), 0.7 * np.mean(losses[:3]))
+        # The student trains only mixers; every layer has one.
+        self.assertLen(second["params"]["mixers"], 4)
+
+    def test_stage2_and_stage3_losses_fall(self):
+        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
+        student_cfg = hypenet.hypenet_config(self.teacher_cfg, [1])
+        out = stages.run_stage2(
+            workdir=self.create_tempdir().full_path, teacher_cfg=self.teacher_cfg,
+            teacher_params=self.teacher_params, student_cfg=student_cfg, stage1_params=s1,
+            optim_cfg=optim_cfg(3e-3), train_cfg=train_cfg(12), batches=batches(),
+            kl_chunk_size=8, print_fn=lambda s: None)
+        print("stage 2 losses", np.round(out["losses"], 6))
+        self.assertLess(np.mean(out["losses"][-3:]), 0.7 * np.mean(out["losses"][:3]))
+        out3 = stages.run_stage3(
+            workdir=self.create_tempdir().full_path, student_cfg=student_cfg,
+            init_params=out["params"], optim_cfg=optim_cfg(1e-2), train_cfg=train_cfg(12),
+            batches=batches(), print_fn=lambda s: None)
+        print("stage 3 losses", np.round(out3["losses"], 4))
+        self.assertLess(np.mean(out3["losses"][-3:]), np.mean(out3["losses"][:3]) - 0.1)
+        cal = stages.calibrate_logit_scaling(
+            student_cfg, out3["params"], [next(batches())], [None, 2.0, 500.0],
+            print_fn=lambda s: None)
+        self.assertIn(cal["best"], (None, 2.0, 500.0))
+        self.assertLen(cal["losses"], 3)
+        self.assertNotAlmostEqual(cal["losses"]["None"], cal["losses"]["2.0"], places=6)
+
+
+if __name__ == "__main__":
+    absltest.main()
