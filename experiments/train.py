@@ -6,7 +6,9 @@ Usage::
     python experiments/train.py --config=configs/default.py:pattern=pure --workdir=runs/pure \
         --config.train.total_steps=1000 --config.model.d_model=256
 
-Running it again with the same ``--workdir`` resumes from the newest checkpoint there.
+Running it again with the same ``--workdir`` resumes from the newest checkpoint there. On
+several devices, ``--config.mesh.data/fsdp/tensor`` shape the mesh (default: data parallel over
+all devices); multi-host launches are in BUILD.md ("Multi-host training").
 """
 
 import os
@@ -19,11 +21,17 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax import sharding  # noqa: E402
 from lattn_jax import train  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "Multi-process: host:port of process 0. Unset: detected from "
+    "the cluster environment (SLURM, Open MPI, TPU pod) or single-process.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process: process count.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this process's index.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -62,10 +70,13 @@ def main(argv):
         config = config_lib.experiment_from_config_dict(_CONFIG.value)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    print(f"jax {jax.__version__}, devices {jax.devices()}")
+    sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    if jax.process_index() == 0:
+        print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "
+              f"devices {jax.devices()}")
     try:
         train.train_and_evaluate(config, _WORKDIR.value)
-    except (config_lib.ConfigError, FileNotFoundError) as e:
+    except (config_lib.ConfigError, FileNotFoundError, train.NonFiniteError) as e:
         sys.exit(f"error: {e}")
 
 

@@ -41,6 +41,43 @@ HIDDEN_ROUTING_MODES: Tuple[str, ...] = (
 
 _DTYPES = ("float32", "bfloat16", "float16")
 
+# Rematerialisation policies by name (``ModelConfig.remat_policy``), resolved to
+# ``jax.checkpoint_policies`` in ``lattn_jax.model``: what a rematerialised block keeps from its
+# forward pass. "nothing_saveable" is full recompute (least memory); "dots_saveable" keeps every
+# matmul output; "dots_with_no_batch_dims_saveable" keeps the projection outputs only (MaxText's
+# "minimal" policy); "everything_saveable" is remat in name only (for A/B timing).
+REMAT_POLICIES: Tuple[str, ...] = (
+    "nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable",
+    "everything_saveable")
+
+# What the train loop does when a step's loss or gradient norm is NaN/inf (``TrainConfig``).
+NONFINITE_POLICIES: Tuple[str, ...] = ("stop", "skip")
+
+# Mesh axis names, outermost first: data parallel, fully-sharded data parallel (parameters and
+# optimizer state sharded, batch sharded too), tensor parallel (heads / MLP hidden / vocabulary).
+MESH_AXES: Tuple[str, ...] = ("data", "fsdp", "tensor")
+
+# The logical -> mesh axis rules (STYLE item 14, MaxText ``logical_axis_rules``): every parameter
+# and every constrained activation names its dimensions with the logical names on the left
+# (``lattn_jax.sharding``); each maps to a mesh axis, a tuple of mesh axes, or ``None``
+# (replicated). A dimension whose size the mesh axes do not divide stays replicated.
+DEFAULT_AXIS_RULES: Tuple[Tuple[str, Any], ...] = (
+    # parameters
+    ("vocab", "tensor"),        # S of the embedding and the LM head
+    ("embed", "fsdp"),          # D of every projection (FSDP shards the parameters along D)
+    ("mlp", "tensor"),          # F of the SwiGLU MLP
+    ("heads", "tensor"),        # fused per-head widths of the mixers' projections
+    ("rank", None),             # low-rank bottlenecks (KDA/GDN-2 gates, routing)
+    ("conv_width", None),       # W of the short convolutions
+    ("vector", None),           # norm scales, biases, per-head decay parameters, gains
+    # activations
+    ("act_batch", ("data", "fsdp")),
+    ("act_len", None),
+    ("act_embed", None),
+    ("act_heads", "tensor"),
+    ("act_vocab", "tensor"),
+)
+
 
 class ConfigError(ValueError):
     """An invalid or inconsistent option; the message names it by its dotted path."""
@@ -529,6 +566,8 @@ class ModelConfig:
       param_dtype: parameter (master weight) dtype.
       use_segment_ids: reset recurrent state and mask attention at document boundaries inside a
         packed window. Paper 1 trains without resets (spec §10.17); our default resets.
+      remat: rematerialise every block in the backward pass (``nnx.remat``).
+      remat_policy: what a rematerialised block saves, one of ``REMAT_POLICIES``.
       attention: settings of ``"attn"`` and ``"attn_nope"`` layers.
       gdn: settings of ``"gdn"`` layers.
       deltanet: settings of ``"deltanet"`` layers.
@@ -550,6 +589,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     use_segment_ids: bool = True
     remat: bool = False
+    remat_policy: str = "nothing_saveable"
     attention: AttentionConfig = dataclasses.field(default_factory=AttentionConfig)
     gdn: GatedDeltaNetConfig = dataclasses.field(default_factory=GatedDeltaNetConfig)
     deltanet: DeltaNetConfig = dataclasses.field(default_factory=DeltaNetConfig)
@@ -589,6 +629,10 @@ class ModelConfig:
                 f"RoPE needs an even head dimension, got model.attention head_dim="
                 f"{self.attention_head_dim}; change it or set model.attention.rope_theta=None",
             )
+        _require(
+            self.remat_policy in REMAT_POLICIES,
+            f"model.remat_policy={self.remat_policy!r}; choose from {', '.join(REMAT_POLICIES)}",
+        )
         _require(
             not (self.remat and self.routing.attn_res),
             "model.remat is not supported with model.routing.attn_res (spec §4.4: AttnRes is "
@@ -795,6 +839,20 @@ class TrainConfig:
       seed: model-initialisation seed (the data seed is ``data.seed``).
       max_steps_per_run: stop this invocation after this many steps (saving a checkpoint), for
         time-limited or preemptible jobs; the next invocation resumes. ``None``: no limit.
+      keep_best_checkpoint: besides the ``keep_checkpoints`` newest, keep the checkpoint with the
+        lowest validation loss (among those saved at an evaluation step).
+      async_checkpoints: write checkpoints in a background thread while training continues.
+      save_on_preemption: on SIGTERM (or a multi-host preemption notice), finish the current
+        step, save a checkpoint and return.
+      nonfinite_policy: when a step's loss or gradient norm is NaN/inf, ``"stop"`` (discard the
+        update, save a checkpoint of the last good state and raise ``NonFiniteError``; costs one
+        scalar device-to-host sync per step) or ``"skip"`` (discard the update and continue;
+        skipped steps are counted in the metrics). Either way the batch is consumed and
+        ``step`` advances, while the optimizer's own count (its LR schedule) does not, as with
+        ``optax.apply_if_finite``.
+      tensorboard: also write TensorBoard event files to ``<workdir>/tensorboard``.
+      peak_flops_per_device: peak FLOP/s of one device for the MFU metric; ``None`` looks the
+        device kind up in ``lattn_jax.flops.PEAK_FLOPS`` (no MFU if it is unknown, e.g. CPU).
     """
 
     total_steps: int = 1000
@@ -804,8 +862,23 @@ class TrainConfig:
     log_every: int = 10
     seed: int = 0
     max_steps_per_run: Optional[int] = None
+    keep_best_checkpoint: bool = True
+    async_checkpoints: bool = True
+    save_on_preemption: bool = True
+    nonfinite_policy: str = "stop"
+    tensorboard: bool = True
+    peak_flops_per_device: Optional[float] = None
 
     def __post_init__(self):
+        _require(
+            self.nonfinite_policy in NONFINITE_POLICIES,
+            f"train.nonfinite_policy={self.nonfinite_policy!r}; choose from "
+            f"{', '.join(NONFINITE_POLICIES)}",
+        )
+        _require(
+            self.peak_flops_per_device is None or self.peak_flops_per_device > 0,
+            f"train.peak_flops_per_device must be > 0 or None, got {self.peak_flops_per_device}",
+        )
         for name in ("total_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
                      "log_every"):
             value = getattr(self, name)
@@ -816,14 +889,87 @@ class TrainConfig:
         )
 
 
+def _normalise_rules(rules) -> Tuple[Tuple[str, Any], ...]:
+    """``[[name, axes], ...]`` (from a ConfigDict) -> a tuple of ``(name, axes)`` pairs with
+    ``axes`` a mesh axis name, a tuple of them, or ``None``."""
+    out = []
+    for i, rule in enumerate(rules):
+        _require(isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str),
+                 f"mesh.rules[{i}]={rule!r} must be a (logical_name, mesh_axes) pair")
+        name, axes = rule
+        if isinstance(axes, (list, tuple)):
+            axes = tuple(axes)
+            bad = [a for a in axes if a not in MESH_AXES]
+        else:
+            bad = [] if axes is None or axes in MESH_AXES else [axes]
+        _require(not bad, f"mesh.rules[{i}] ({name!r}) maps to unknown mesh axes {bad}; "
+                          f"choose from {', '.join(MESH_AXES)} or None")
+        out.append((name, axes))
+    names = [name for name, _ in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    _require(not dup, f"mesh.rules names {dup} more than once")
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MeshConfig:
+    """The device mesh and the logical -> mesh axis rules (STYLE items 14, 21-24).
+
+    The mesh has the axes ``MESH_AXES = ("data", "fsdp", "tensor")``; their product must equal
+    the number of devices, and one of them may be ``-1`` (all the remaining devices). A mesh of
+    one device runs the plain single-device path (no shardings at all).
+
+    Attributes:
+      data: data-parallel replicas (the batch is split, parameters are replicated).
+      fsdp: fully-sharded data parallelism (the batch is split and parameters and optimizer
+        state are sharded along ``D``).
+      tensor: tensor parallelism (heads, MLP hidden and vocabulary split).
+      rules: ``(logical_name, mesh_axes)`` pairs, :data:`DEFAULT_AXIS_RULES` by default.
+    """
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    rules: Tuple[Tuple[str, Any], ...] = DEFAULT_AXIS_RULES
+
+    def __post_init__(self):
+        sizes = (self.data, self.fsdp, self.tensor)
+        for name, value in zip(MESH_AXES, sizes):
+            _require(value == -1 or value >= 1,
+                     f"mesh.{name} must be >= 1 or -1 (all remaining devices), got {value}")
+        _require(sizes.count(-1) <= 1, f"at most one mesh axis may be -1, got {sizes}")
+        object.__setattr__(self, "rules", _normalise_rules(self.rules))
+
+    def shape(self, num_devices: int) -> Tuple[int, int, int]:
+        """The mesh shape for ``num_devices`` devices (resolving ``-1``).
+
+        Raises:
+          ConfigError: if the axes do not multiply to ``num_devices``.
+        """
+        sizes = [self.data, self.fsdp, self.tensor]
+        known = 1
+        for value in sizes:
+            known *= value if value != -1 else 1
+        if -1 in sizes:
+            _require(num_devices % known == 0,
+                     f"mesh data={self.data}, fsdp={self.fsdp}, tensor={self.tensor} does not "
+                     f"divide the {num_devices} devices")
+            sizes[sizes.index(-1)] = num_devices // known
+        _require(sizes[0] * sizes[1] * sizes[2] == num_devices,
+                 f"mesh data x fsdp x tensor = {sizes[0]} x {sizes[1]} x {sizes[2]} needs "
+                 f"{sizes[0] * sizes[1] * sizes[2]} devices, but there are {num_devices}")
+        return tuple(sizes)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
-    """Everything one run needs: ``model``, ``data``, ``optim`` and ``train`` sections."""
+    """Everything one run needs: ``model``, ``data``, ``optim``, ``train`` and ``mesh``."""
 
     model: ModelConfig
     data: DataConfig
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
 
 
 def _build(cls, values: Mapping[str, Any], prefix: str):

@@ -24,7 +24,7 @@ is part of the architecture and stays on.
 """
 
 import math
-from typing import Optional, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,7 @@ from lattn_jax import config as config_lib
 from lattn_jax import layers
 from lattn_jax import mixers
 from lattn_jax import routing
+from lattn_jax import sharding
 from lattn_jax.typing import Array
 
 
@@ -87,8 +88,8 @@ class Block(nnx.Module):
             self.attn_res_mlp_query = nnx.Param(jnp.zeros((d,), pdt))
 
     def mix(self, x: Array, *, segment_ids: Optional[Array] = None,
-            side: Optional[Array] = None,
-            route: bool = True) -> Tuple[Array, Optional[routing.RouteSignals]]:
+            side: Optional[Array] = None, route: bool = True,
+            state=None, return_state: bool = False) -> Tuple:
         """The mixer sub-layer's contribution ``Mixer(RMSNorm(x))``.
 
         Args:
@@ -97,17 +98,27 @@ class Block(nnx.Module):
           side: optional ``[B, T, H, V]`` value-space CLER residual of the nearest lower routing
             layer (used only by a ``"cler"`` routing layer and only when ``route``).
           route: apply value-space injection.
+          state: optional decoding state of the mixer (its ``init_state`` NamedTuple).
+          return_state: also return the mixer's new decoding state.
 
         Returns:
-          ``(c [B, T, D] in x.dtype, signals)``; ``signals`` is the layer's
+          ``(c [B, T, D] in x.dtype, signals)``, or ``(c, signals, new_state)`` with
+          ``return_state``; ``signals`` is the layer's
           :class:`~lattn_jax.routing.RouteSignals` for a routing layer, else ``None``.
         """
         xn = self.mixer_norm(x)
+        kw = dict(state=state, return_state=True) if return_state else {}
         if not self.routes:
-            return self.mixer(xn, segment_ids=segment_ids).astype(x.dtype), None
-        route_in = side if (route and self.value_routing) else None
-        c, signals = self.mixer(xn, segment_ids=segment_ids, route_in=route_in,
-                                return_route=True)
+            out = self.mixer(xn, segment_ids=segment_ids, **kw)
+            c, new_state = out if return_state else (out, None)
+            signals = None
+        else:
+            route_in = side if (route and self.value_routing) else None
+            out = self.mixer(xn, segment_ids=segment_ids, route_in=route_in,
+                             return_route=True, **kw)
+            c, new_state, signals = out if return_state else (out[0], None, out[1])
+        if return_state:
+            return c.astype(x.dtype), signals, new_state
         return c.astype(x.dtype), signals
 
     def next_side(self, side: Optional[Array],
@@ -118,7 +129,8 @@ class Block(nnx.Module):
 
     def __call__(self, h: Array, *, segment_ids: Optional[Array] = None,
                  side: Optional[Array] = None, route: bool = True,
-                 return_side: bool = False) -> Union[Array, Tuple[Array, Optional[Array]]]:
+                 return_side: bool = False, state=None,
+                 return_state: bool = False) -> Union[Array, Tuple]:
         """Applies the block (standard residual stream; AttnRes lives in the model).
 
         Args:
@@ -127,18 +139,25 @@ class Block(nnx.Module):
           side: optional ``[B, T, H, V]`` value-space CLER side channel.
           route: apply this layer's routing contributions (value injection, ``P_l s_l``).
           return_side: also return the side channel for the next layer.
+          state: optional decoding state of the mixer (KV cache or recurrent state).
+          return_state: also return the mixer's new decoding state (last element).
 
         Returns:
-          ``h`` ``[B, T, D]`` (same dtype), or ``(h, side)`` with ``return_side``.
+          ``h`` ``[B, T, D]`` (same dtype), ``(h, side)`` with ``return_side``, and the new
+          mixer state appended with ``return_state``.
         """
-        c, signals = self.mix(h, segment_ids=segment_ids, side=side, route=route)
+        if return_state:
+            c, signals, new_state = self.mix(h, segment_ids=segment_ids, side=side, route=route,
+                                             state=state, return_state=True)
+        else:
+            c, signals = self.mix(h, segment_ids=segment_ids, side=side, route=route)
         h = h + c
         h = h + self.mlp(self.mlp_norm(h)).astype(h.dtype)
         if self.route is not None and route:
             h = h + self.route(signals, h).astype(h.dtype)
-        if return_side:
-            return h, self.next_side(side, signals)
-        return h
+        out = (h,) + ((self.next_side(side, signals),) if return_side else ())
+        out += (new_state,) if return_state else ()
+        return out[0] if len(out) == 1 else out
 
 
 class LanguageModel(nnx.Module):
@@ -173,42 +192,90 @@ class LanguageModel(nnx.Module):
         if model_config.routing.attn_res:
             self.attn_res_final_query = nnx.Param(jnp.zeros((model_config.d_model,), pdt))
 
+    def init_state(self, batch: int, max_len: int) -> List[Any]:
+        """Empty per-layer decoding states, one per block in ``layer_pattern`` order.
+
+        Softmax-attention layers get a :class:`~lattn_jax.mixers.attention.KVCache` of capacity
+        ``max_len`` (compute dtype); linear layers their recurrent state (fp32 ``S`` plus the
+        short-convolution inputs in the compute dtype), whose size does not depend on
+        ``max_len``.
+
+        Args:
+          batch: ``B``.
+          max_len: KV-cache capacity: the prompt plus every token to be generated.
+
+        Raises:
+          ValueError: if ``max_len < 1`` (from the attention cache).
+        """
+        states = []
+        for block in self.blocks:
+            if isinstance(block.mixer, mixers.attention.Attention):
+                states.append(block.mixer.init_state(batch, max_len))
+            else:
+                states.append(block.mixer.init_state(batch))
+        return states
+
     def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
-                 route: bool = True) -> Array:
-        """Computes next-token logits.
+                 route: bool = True, state: Optional[Sequence[Any]] = None,
+                 return_state: bool = False) -> Union[Array, Tuple[Array, List[Any]]]:
+        """Computes next-token logits, optionally continuing from per-layer decoding states.
 
         Args:
           tokens: int ``[B, T]`` token ids.
           segment_ids: optional int ``[B, T]`` document ids of a packed window; used only when
-            ``model_config.use_segment_ids`` is set.
+            ``model_config.use_segment_ids`` is set, or whenever a ``state`` is given (decoding
+            uses them to keep padding out of every layer's state, :mod:`lattn_jax.eval`).
           route: apply the cross-layer routing contributions (CLER, CLER-H, CLVR, controls);
             ``False`` evaluates the host model with the same parameters.
+          state: optional list of per-layer states from :meth:`init_state` or a previous call;
+            the call continues them (a ``T == 1`` call is one decoding step).
+          return_state: also return the list of new per-layer states.
 
         Returns:
-          fp32 logits ``[B, T, S]``.
+          fp32 logits ``[B, T, S]``, or ``(logits, new_states)`` with ``return_state``.
+
+        Raises:
+          ValueError: if ``state`` does not have one entry per layer (and from the mixers, on a
+            state of another batch size or a full KV cache).
         """
-        if not self.config.use_segment_ids:
+        if not self.config.use_segment_ids and state is None:
             segment_ids = None
+        if state is not None and len(state) != len(self.blocks):
+            raise ValueError(f"state has {len(state)} entries for {len(self.blocks)} layers")
+        if return_state and state is None:
+            state = self.init_state(tokens.shape[0], tokens.shape[1])
         h = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)  # [B, T, D]
+        new_states = []
         if self.config.routing.attn_res:
-            h = self._attn_res_stack(h, segment_ids, route)
+            h = self._attn_res_stack(h, segment_ids, route, state, new_states)
+        elif return_state or state is not None:
+            side = None
+            for block, st in zip(self.blocks, state):
+                h, side, st = block(h, segment_ids=segment_ids, side=side, route=route,
+                                    return_side=True, state=st, return_state=True)
+                new_states.append(st)
         else:
             def apply(blk, x, side):
                 return blk(x, segment_ids=segment_ids, side=side, route=route, return_side=True)
 
             if self.config.remat:
-                apply = nnx.remat(apply)
+                apply = nnx.remat(apply, policy=remat_policy(self.config.remat_policy))
             side = None
             for block in self.blocks:
+                h = sharding.constrain(h, sharding.ACT_BTD)  # block boundary, [B, T, D]
                 h, side = apply(block, h, side)
         h = self.final_norm(h)
         if self.head is None:
             logits = jnp.einsum("btd,sd->bts", h, self.embed[...].astype(self.dtype))
         else:
             logits = self.head(h)
+        if return_state:
+            return logits.astype(jnp.float32), new_states
         return logits.astype(jnp.float32)
 
-    def _attn_res_stack(self, h: Array, segment_ids: Optional[Array], route: bool) -> Array:
+    def _attn_res_stack(self, h: Array, segment_ids: Optional[Array], route: bool,
+                        states: Optional[Sequence[Any]] = None,
+                        new_states: Optional[List[Any]] = None) -> Array:
         """Full Attention Residuals (spec §4.4): returns the final norm's input ``[B, T, D]``.
 
         Contributions ``[h_0, c_1, c_2, ...]`` (embedding, then each attention and MLP output);
@@ -221,7 +288,12 @@ class LanguageModel(nnx.Module):
         for i, block in enumerate(self.blocks):
             x = h if i == 0 else routing.attn_res_combine(block.attn_res_mixer_query[...],
                                                           contributions)
-            c, signals = block.mix(x, segment_ids=segment_ids, side=side, route=route)
+            if states is None:
+                c, signals = block.mix(x, segment_ids=segment_ids, side=side, route=route)
+            else:
+                c, signals, st = block.mix(x, segment_ids=segment_ids, side=side, route=route,
+                                           state=states[i], return_state=True)
+                new_states.append(st)
             contributions.append(c)
             x = routing.attn_res_combine(block.attn_res_mlp_query[...], contributions)
             c = block.mlp(block.mlp_norm(x)).astype(h.dtype)
@@ -230,6 +302,14 @@ class LanguageModel(nnx.Module):
             contributions.append(c)
             side = block.next_side(side, signals)
         return routing.attn_res_combine(self.attn_res_final_query[...], contributions)
+
+
+def remat_policy(name: str):
+    """The ``jax.checkpoint_policies`` entry called ``name`` (``config.REMAT_POLICIES``)."""
+    if name not in config_lib.REMAT_POLICIES:
+        raise ValueError(f"unknown remat policy {name!r}; choose from "
+                         f"{', '.join(config_lib.REMAT_POLICIES)}")
+    return getattr(jax.checkpoint_policies, name)
 
 
 def count_params(model: nnx.Module) -> int:

@@ -3,21 +3,27 @@
 Stages, in order:
 
 1. data: tokenizer, grain training iterator and validation batches (``lattn_jax.data``);
-2. model and optimizer: the NNX model is split into a static graph and a pytree of parameters;
-   the train state is the pytree ``{"params", "opt_state", "step"}``;
+2. mesh, model and optimizer: the ``("data", "fsdp", "tensor")`` mesh from ``config.mesh`` (none
+   on one device); the NNX model is split into a static graph and a pytree of parameters; the
+   train state is the pytree ``{"params", "opt_state", "step"}``, created sharded;
 3. checkpoint order: resume from the newest checkpoint in ``<workdir>/checkpoints`` if there is
-   one (restoring the data iterator too), else start from scratch;
-4. the loop: a jit-compiled train step (token-mean cross-entropy, clipped AdamW), periodic
-   validation, metrics to stdout and ``<workdir>/metrics.jsonl``, a tqdm bar with tokens/s,
-   periodic checkpoints, and a final evaluation and checkpoint.
+   one (restoring the data iterator too, onto the current mesh), else start from scratch;
+4. the loop: a jit-compiled train step (token-mean cross-entropy, clipped AdamW or Muon, a
+   NaN/inf guard), periodic validation, metrics (loss, LR, gradient norm, tokens/s, step time,
+   MFU) to stdout, ``<workdir>/metrics.jsonl`` and TensorBoard, a tqdm bar, periodic async
+   checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption), and a final
+   evaluation and checkpoint.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
+import signal
+import threading
 import time
-from typing import Any, Callable, Dict, Iterable
+from typing import Any, Callable, Dict, Iterable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +31,15 @@ import numpy as np
 import optax
 import tqdm
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
+from lattn_jax import data as data_lib
+from lattn_jax import flops as flops_lib
 from lattn_jax import model as model_lib
 from lattn_jax import optim
-from lattn_jax import data as data_lib
+from lattn_jax import sharding
 from lattn_jax.typing import PyTree
 
 Batch = Dict[str, Any]
@@ -53,37 +62,75 @@ def cross_entropy_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array
     return total / jnp.maximum(count, 1.0), total, count
 
 
+class NonFiniteError(RuntimeError):
+    """A step's loss or gradient norm was NaN/inf under ``train.nonfinite_policy="stop"``."""
+
+
 class Trainer:
     """Owns the model graph, optimizer and the jitted step functions for one configuration.
 
+    On a mesh (STYLE item 24) the train state is created sharded: its shapes come from
+    ``jax.eval_shape`` of the init function, its shardings from the parameters' logical axis
+    names and the rules table (:func:`lattn_jax.sharding.state_shardings`), and a jitted init
+    with those ``out_shardings`` materialises each shard on its device. Batches are split over
+    ``("data", "fsdp")``; every trace runs under :func:`lattn_jax.sharding.activate`, which
+    turns on the activation constraints and the mixers' ``shard_map``.
+
+    Mixed precision: the model computes in ``model.dtype`` (e.g. bfloat16) and keeps its
+    parameters, hence gradients and optimizer state, in ``model.param_dtype`` (float32 master
+    weights by default); logits and the loss are fp32.
+
     Args:
       config: a validated :class:`~lattn_jax.config.ExperimentConfig`.
+      mesh: the device mesh, or ``None`` for the plain single-device path.
     """
 
-    def __init__(self, config: config_lib.ExperimentConfig):
+    def __init__(self, config: config_lib.ExperimentConfig,
+                 mesh: Optional[jax.sharding.Mesh] = None):
         self.config = config
+        self.mesh = mesh
+        self.rules = config.mesh.rules
         self.tx = optim.make_optimizer(config.optim, config.train.total_steps)
         self.schedule = optim.learning_rate_schedule(config.optim, config.train.total_steps)
         abstract_model = nnx.eval_shape(
             lambda: model_lib.LanguageModel(config.model, rngs=nnx.Rngs(0)))
         self.graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
         self._abstract_params = abstract_params
-        self.train_step = jax.jit(self._train_step, donate_argnums=(0,))
-        self.eval_step = jax.jit(self._eval_step)
+        self._abstract_state = jax.eval_shape(self._init_fn, 0)
+        if mesh is None:
+            device = jax.local_devices()[0]
+            self.state_shardings = jax.tree_util.tree_map(
+                lambda _: jax.sharding.SingleDeviceSharding(device), self._abstract_state)
+            self._train_step_jit = jax.jit(self._train_step, donate_argnums=(0,))
+            self._init_jit = jax.jit(self._init_fn)
+        else:
+            self.state_shardings = sharding.state_shardings(self._abstract_state, mesh,
+                                                            self.rules)
+            self._train_step_jit = jax.jit(self._train_step, donate_argnums=(0,),
+                                           out_shardings=(self.state_shardings, None))
+            self._init_jit = jax.jit(self._init_fn, out_shardings=self.state_shardings)
+        self._eval_step_jit = jax.jit(self._eval_step)
 
     # -- state ---------------------------------------------------------------------------------
+    def _init_fn(self, seed):
+        # nnx.Rngs(int) is nnx.Rngs(jax.random.key(int)); the key form also takes a traced seed.
+        model = model_lib.LanguageModel(self.config.model,
+                                        rngs=nnx.Rngs(jax.random.key(seed)))
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        return {"params": params, "opt_state": self.tx.init(params),
+                "step": jnp.zeros((), jnp.int32)}
+
     def init_state(self, seed: int) -> PyTree:
-        """Fresh parameters (from ``seed``), optimizer state and ``step = 0``."""
-        def init():
-            model = model_lib.LanguageModel(self.config.model, rngs=nnx.Rngs(seed))
-            params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
-            return {"params": params, "opt_state": self.tx.init(params),
-                    "step": jnp.zeros((), jnp.int32)}
-        return jax.jit(init)()
+        """Fresh parameters (from ``seed``), optimizer state and ``step = 0``, sharded."""
+        with sharding.activate(self.mesh, self.rules):
+            return self._init_jit(seed)
 
     def abstract_state(self) -> PyTree:
-        """The state's structure as ``jax.ShapeDtypeStruct`` leaves (for restoring)."""
-        return jax.eval_shape(lambda: self.init_state(0))
+        """The state as ``jax.ShapeDtypeStruct`` leaves carrying this trainer's shardings (the
+        restore target: a checkpoint from any mesh lands on this one)."""
+        return jax.tree_util.tree_map(
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+            self._abstract_state, self.state_shardings)
 
     def model(self, params: PyTree) -> model_lib.LanguageModel:
         """Rebuilds the NNX model from a pure-dict parameter tree."""
@@ -91,26 +138,65 @@ class Trainer:
         nnx.replace_by_pure_dict(state, params)
         return nnx.merge(self.graphdef, state)
 
+    def put_batch(self, batch: Batch) -> Batch:
+        """Host batch (numpy) -> device arrays, split over the batch mesh axes.
+
+        Every process holds the same global batch (the data pipeline is identical on every
+        host) and places the rows its devices own.
+        """
+        if self.mesh is None:
+            return _to_jax(batch)
+        out = {}
+        for key, value in batch.items():
+            value = np.asarray(value)
+            names = sharding.ACT_BT + (None,) * (value.ndim - 2)
+            spec = sharding.logical_to_spec(names, value.shape, self.mesh, self.rules)
+            out[key] = jax.make_array_from_callback(
+                value.shape, NamedSharding(self.mesh, spec), lambda idx, v=value: v[idx])
+        return out
+
     # -- steps ---------------------------------------------------------------------------------
     def loss(self, params: PyTree, batch: Batch):
         model = self.model(params)
         logits = model(batch["inputs"], segment_ids=batch.get("segment_ids"))
+        logits = sharding.constrain(logits, sharding.ACT_BTS)
         return cross_entropy_loss(logits, batch["targets"], batch["weights"])
 
-    def _train_step(self, state: PyTree, batch: Batch):
-        def loss_fn(params):
-            mean, _, _ = self.loss(params, batch)
+    def loss_and_grads(self, params: PyTree, batch: Batch):
+        """``(mean loss, gradients)`` of one batch (traced under the mesh by the caller)."""
+        def loss_fn(p):
+            mean, _, _ = self.loss(p, batch)
             return mean
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        return jax.value_and_grad(loss_fn)(params)
+
+    def _train_step(self, state: PyTree, batch: Batch):
+        loss, grads = self.loss_and_grads(state["params"], batch)
+        grad_norm = optax.tree.norm(grads)
         updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+        # NaN/inf guard: a non-finite step keeps the previous parameters and optimizer state
+        # (the batch is consumed and the step counter advances either way).
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        keep = functools.partial(jnp.where, finite)
+        params = jax.tree_util.tree_map(keep, params, state["params"])
+        opt_state = jax.tree_util.tree_map(keep, opt_state, state["opt_state"])
+        metrics = {"loss": loss, "grad_norm": grad_norm, "finite": finite,
                    "lr": self.schedule(state["step"])}
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+
+    def train_step(self, state: PyTree, batch: Batch):
+        """One optimizer step; ``state`` is donated. Returns ``(new_state, metrics)``."""
+        with sharding.activate(self.mesh, self.rules):
+            return self._train_step_jit(state, self.put_batch(batch))
 
     def _eval_step(self, params: PyTree, batch: Batch):
         _, total, count = self.loss(params, batch)
         return total, count
+
+    def eval_step(self, params: PyTree, batch: Batch):
+        """``(sum of token losses, token count)`` of one batch."""
+        with sharding.activate(self.mesh, self.rules):
+            return self._eval_step_jit(params, self.put_batch(batch))
 
     def evaluate(self, params: PyTree, batches: Iterable[Batch]) -> float:
         """Token-mean validation loss (nats) over ``batches``; ``nan`` if there are none."""
@@ -126,22 +212,86 @@ def _to_jax(batch: Batch) -> Batch:
     return {k: jnp.asarray(v) for k, v in batch.items()}
 
 
+def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh]:
+    """The run's mesh from ``config.mesh``, or ``None`` on a single device.
+
+    Raises:
+      ConfigError: if the mesh does not fit the devices or the batch does not split over it.
+    """
+    num_devices = jax.device_count()
+    data, fsdp, tensor = config.mesh.shape(num_devices)
+    if num_devices == 1:
+        return None
+    if config.data.batch_size % (data * fsdp):
+        raise config_lib.ConfigError(
+            f"data.batch_size={config.data.batch_size} must be a multiple of mesh data x fsdp "
+            f"= {data} x {fsdp}")
+    return sharding.make_mesh(config.mesh)
+
+
 class MetricsWriter:
-    """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` and logs it."""
+    """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` and, optionally, writes
+    the same scalars as TensorBoard events under ``<workdir>/tensorboard`` (tensorboardX, no
+    TensorFlow needed). Only process 0 writes."""
 
-    def __init__(self, workdir: str):
+    def __init__(self, workdir: str, *, tensorboard: bool = False):
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self.enabled = jax.process_index() == 0
+        self._tb = None
+        if tensorboard and self.enabled:
+            import tensorboardX  # imported here: only runs that log to TensorBoard pay for it
+            self._tb = tensorboardX.SummaryWriter(logdir=os.path.join(workdir, "tensorboard"))
 
-    def write(self, step: int, **metrics: float) -> None:
-        record = {"step": int(step), "time": time.time(),
-                  **{k: float(v) for k, v in metrics.items()}}
+    def write(self, step: int, **metrics: Optional[float]) -> None:
+        if not self.enabled:
+            return
+        values = {k: float(v) for k, v in metrics.items() if v is not None}
+        record = {"step": int(step), "time": time.time(), **values}
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self._tb is not None:
+            for key, value in values.items():
+                self._tb.add_scalar(key, value, int(step))
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+class _PreemptionWatcher:
+    """Turns SIGTERM into a flag the loop polls, so that it can save before exiting.
+
+    Installed only from the main thread (Python's rule for signal handlers); the previous
+    handler is restored on exit. In a multi-process run the processes also agree on the step
+    through orbax / JAX's preemption sync point.
+    """
+
+    def __init__(self, enabled: bool):
+        self.requested = False
+        self._previous = None
+        self._enabled = enabled and threading.current_thread() is threading.main_thread()
+
+    def __enter__(self):
+        if self._enabled:
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        del signum, frame
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._enabled:
+            signal.signal(signal.SIGTERM, self._previous)
+        return False
 
 
 # Data options that may change between a run and its resumption: they do not move the
 # iterator's windows. Every other data option changes which batch comes next.
 _RESUMABLE_DATA_OPTIONS = ("max_val_batches",)
+# Model options that change how the same parameters are computed with, not the parameters.
+_RESUMABLE_MODEL_OPTIONS = ("dtype", "remat", "remat_policy")
 
 
 def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
@@ -160,7 +310,11 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     if has_checkpoint and os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-        diffs = _diff(saved.get("model", {}), current["model"], "model.")
+        saved_model = {k: v for k, v in saved.get("model", {}).items()
+                       if k not in _RESUMABLE_MODEL_OPTIONS}
+        current_model = {k: v for k, v in current["model"].items()
+                         if k not in _RESUMABLE_MODEL_OPTIONS}
+        diffs = _diff(saved_model, current_model, "model.")
         saved_data = {k: v for k, v in saved.get("data", {}).items()
                       if k not in _RESUMABLE_DATA_OPTIONS}
         current_data = {k: v for k, v in current["data"].items()
@@ -189,19 +343,25 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
 
     Args:
       config: a validated :class:`~lattn_jax.config.ExperimentConfig`.
-      workdir: directory for checkpoints, ``metrics.jsonl`` and ``config.json``.
+      workdir: directory for checkpoints, ``metrics.jsonl``, ``tensorboard/`` and
+        ``config.json``.
       print_fn: where the human-readable progress lines go (default: above the progress bar).
 
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
-      ``unigram_entropy``, ``step`` and ``resumed_from`` (-1 for a fresh start).
+      ``unigram_entropy``, ``step``, ``resumed_from`` (-1 for a fresh start) and ``preempted``
+      (the run stopped early on SIGTERM after saving).
 
     Raises:
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing.
       ValueError: invalid or inconsistent options, named by their dotted path.
+      NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
+        saving a checkpoint of the last good parameters).
     """
     os.makedirs(workdir, exist_ok=True)
     tcfg = config.train
+    if jax.process_index() != 0:
+        print_fn = _silent
 
     # -- data --------------------------------------------------------------------------------
     try:
@@ -219,11 +379,17 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
              f"unigram entropy of the training tokens {stats.unigram_entropy:.3f} nats/token, "
              f"unigram cross-entropy of the validation tokens {stats.val_unigram_xent:.3f}")
 
-    # -- model, optimizer, checkpoint order ------------------------------------------------------
-    ckpt = checkpoint_lib.Checkpointer(workdir, keep=tcfg.keep_checkpoints)
+    # -- mesh, model, optimizer, checkpoint order ----------------------------------------------
+    mesh = make_mesh(config)
+    if mesh is not None:
+        print_fn(f"mesh: {dict(mesh.shape)} over {jax.device_count()} devices "
+                 f"({jax.process_count()} processes)")
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=tcfg.keep_checkpoints,
+                                       keep_best=tcfg.keep_best_checkpoint,
+                                       async_save=tcfg.async_checkpoints, cleanup_tmp=True)
     latest = ckpt.latest_step()
     _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
-    trainer = Trainer(config)
+    trainer = Trainer(config, mesh)
     train_iter = datasets.train_iter
     if latest is not None:
         state = ckpt.restore(latest, trainer.abstract_state(), train_iter)
@@ -238,70 +404,123 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     print_fn(f"model: {n_params:,} parameters, layers {list(config.model.layer_pattern)}, "
              f"d_model {config.model.d_model}, backend {jax.default_backend()}")
 
-    metrics_writer = MetricsWriter(workdir)
+    metrics_writer = MetricsWriter(workdir, tensorboard=tcfg.tensorboard)
     step = int(state["step"])
     tokens_per_step = config.data.batch_size * config.data.seq_len
+    flops_per_token = flops_lib.flops_per_token(config.model, state["params"],
+                                                config.data.seq_len)
+    peak = flops_lib.peak_flops_per_device(override=tcfg.peak_flops_per_device)
     window_losses = []
     last_train_loss = float("nan")
     val_loss = float("nan")
+    skipped = 0
 
     def run_eval(step):
-        loss = trainer.evaluate(state["params"], (_to_jax(b) for b in datasets.val_batches))
+        loss = trainer.evaluate(state["params"], datasets.val_batches)
         metrics_writer.write(step, val_loss=loss)
         return loss
 
+    def save(step, metrics=None):
+        ckpt.save(step, state, train_iter, metrics=metrics)
+        return step
+
     bar = tqdm.tqdm(total=tcfg.total_steps, initial=step, unit="step", dynamic_ncols=True,
-                    disable=None)
+                    disable=None if jax.process_index() == 0 else True)
     t_last = time.perf_counter()
     steps_since = 0
+    first_step = True
     last_saved = resumed_from
+    preempted = False
     stop_at = tcfg.total_steps
     if tcfg.max_steps_per_run is not None:
         stop_at = min(stop_at, step + tcfg.max_steps_per_run)
-    while step < stop_at:
-        batch = _to_jax(next(train_iter))
-        state, metrics = trainer.train_step(state, batch)
-        step += 1
-        steps_since += 1
-        window_losses.append(metrics["loss"])
-        if step % tcfg.log_every == 0 or step == stop_at:
-            loss = float(np.mean(jax.device_get(window_losses)))
-            now = time.perf_counter()
-            tok_s = steps_since * tokens_per_step / max(now - t_last, 1e-9)
-            t_last, steps_since = now, 0
-            last_train_loss = loss
-            window_losses = []
-            bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{tok_s:,.0f}")
-            metrics_writer.write(step, train_loss=loss, grad_norm=metrics["grad_norm"],
-                                 lr=metrics["lr"], tokens_per_sec=tok_s)
-            print_fn(f"step {step:5d}  train_loss {loss:.4f}  lr {float(metrics['lr']):.2e}  "
-                     f"grad_norm {float(metrics['grad_norm']):.3f}  {tok_s:,.0f} tok/s")
-        bar.update(1)
-        if step % tcfg.eval_every == 0 and step != tcfg.total_steps:
-            val_loss = run_eval(step)
-            print_fn(f"step {step:5d}  val_loss {val_loss:.4f}")
-        if step % tcfg.checkpoint_every == 0 and step != tcfg.total_steps:
-            ckpt.save(step, state, train_iter)
-            last_saved = step
-    bar.close()
+    try:
+        with _PreemptionWatcher(tcfg.save_on_preemption) as watcher:
+            while step < stop_at:
+                batch = next(train_iter)
+                state, metrics = trainer.train_step(state, batch)
+                step += 1
+                if tcfg.nonfinite_policy == "stop" and not bool(metrics["finite"]):
+                    # The step kept the previous parameters: save them and stop.
+                    save(step)
+                    ckpt.wait()
+                    raise NonFiniteError(
+                        f"step {step}: non-finite loss ({float(metrics['loss'])}) or gradient "
+                        f"norm ({float(metrics['grad_norm'])}); train.nonfinite_policy='stop'. "
+                        f"Saved the last good parameters and optimizer state at step {step} in "
+                        f"{ckpt.directory} (the data iterator is past the bad batch, so a "
+                        f"resumed run skips it); set train.nonfinite_policy='skip' to continue "
+                        f"past such steps.")
+                if first_step:
+                    # Exclude the compilation from the throughput window.
+                    jax.block_until_ready(metrics)
+                    t_last, steps_since, first_step = time.perf_counter(), 0, False
+                else:
+                    steps_since += 1
+                window_losses.append((metrics["loss"], metrics["finite"]))
+                if step % tcfg.log_every == 0 or step == stop_at:
+                    losses, finite = (np.asarray(x) for x in zip(*jax.device_get(window_losses)))
+                    skipped += int(np.sum(~finite))
+                    loss = float(np.mean(losses[finite])) if finite.any() else float("nan")
+                    now = time.perf_counter()
+                    step_time = tok_s = mfu = None
+                    if steps_since:
+                        step_time = (now - t_last) / steps_since
+                        tok_s = tokens_per_step / step_time
+                        if peak:
+                            mfu = tok_s * flops_per_token / (peak * jax.device_count())
+                    t_last, steps_since = now, 0
+                    last_train_loss = loss
+                    window_losses = []
+                    postfix = {"loss": f"{loss:.3f}"}
+                    if tok_s:
+                        postfix["tok_s"] = f"{tok_s:,.0f}"
+                    bar.set_postfix(**postfix)
+                    metrics_writer.write(step, train_loss=loss, grad_norm=metrics["grad_norm"],
+                                         lr=metrics["lr"], tokens_per_sec=tok_s,
+                                         step_time=step_time, mfu=mfu, skipped_steps=skipped)
+                    speed = "" if tok_s is None else f"  {tok_s:,.0f} tok/s  {step_time:.3f} s/step"
+                    speed += "" if mfu is None else f"  MFU {100 * mfu:.1f}%"
+                    skip_text = f"  skipped {skipped}" if skipped else ""
+                    print_fn(f"step {step:5d}  train_loss {loss:.4f}  lr "
+                             f"{float(metrics['lr']):.2e}  grad_norm "
+                             f"{float(metrics['grad_norm']):.3f}{speed}{skip_text}")
+                bar.update(1)
+                eval_now = step % tcfg.eval_every == 0 and step != tcfg.total_steps
+                if eval_now:
+                    val_loss = run_eval(step)
+                    print_fn(f"step {step:5d}  val_loss {val_loss:.4f}")
+                if step % tcfg.checkpoint_every == 0 and step != tcfg.total_steps:
+                    last_saved = save(step, {"val_loss": val_loss} if eval_now else None)
+                preempt = watcher.requested or (
+                    jax.process_count() > 1 and ckpt.reached_preemption(step))
+                if preempt and tcfg.save_on_preemption:
+                    preempted = True
+                    break
+        bar.close()
 
-    if step < tcfg.total_steps:
+        if step < tcfg.total_steps:
+            if last_saved != step:
+                save(step)
+            ckpt.wait()
+            why = ("SIGTERM (preemption)" if preempted else
+                   f"train.max_steps_per_run={tcfg.max_steps_per_run}")
+            print_fn(f"Stopping at step {step} of {tcfg.total_steps} ({why}); checkpoint "
+                     f"saved, run again to resume.")
+            return {"train_loss": last_train_loss, "val_loss": val_loss,
+                    "unigram_entropy": stats.unigram_entropy, "step": step,
+                    "resumed_from": resumed_from, "preempted": preempted}
+        if resumed_from >= tcfg.total_steps:
+            print_fn(f"Training was already complete at step {step} (train.total_steps="
+                     f"{tcfg.total_steps}); evaluating the restored model. Raise "
+                     f"--config.train.total_steps to continue training.")
+        val_loss = run_eval(step)
         if last_saved != step:
-            ckpt.save(step, state, train_iter)
+            save(step, {"val_loss": val_loss})
+    finally:
+        bar.close()
         ckpt.close()
-        print_fn(f"Stopping at step {step} of {tcfg.total_steps} (train.max_steps_per_run="
-                 f"{tcfg.max_steps_per_run}); checkpoint saved, run again to resume.")
-        return {"train_loss": last_train_loss, "val_loss": val_loss,
-                "unigram_entropy": stats.unigram_entropy, "step": step,
-                "resumed_from": resumed_from}
-    if resumed_from >= tcfg.total_steps:
-        print_fn(f"Training was already complete at step {step} (train.total_steps="
-                 f"{tcfg.total_steps}); evaluating the restored model. Raise "
-                 f"--config.train.total_steps to continue training.")
-    val_loss = run_eval(step)
-    if last_saved != step:
-        ckpt.save(step, state, train_iter)
-    ckpt.close()
+        metrics_writer.close()
     train_text = "n/a (no steps run)" if math.isnan(last_train_loss) else f"{last_train_loss:.4f}"
     print_fn(f"final: step {step}  train_loss {train_text}  val_loss {val_loss:.4f} "
              f"nats/token (perplexity {math.exp(min(val_loss, 50)):.1f})")
@@ -312,4 +531,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     print_fn(f"checkpoint: {ckpt.directory}/{step}")
     return {"train_loss": last_train_loss, "val_loss": val_loss,
             "unigram_entropy": stats.unigram_entropy, "step": step,
-            "resumed_from": resumed_from}
+            "resumed_from": resumed_from, "preempted": False}
+
+
+def _silent(_: str) -> None:
+    """``print_fn`` of processes other than 0."""

@@ -110,7 +110,8 @@ def train_loop(*, workdir: str, init_params: PyTree,
     def init_state(params):
         return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
-    ckpt = checkpoint_lib.Checkpointer(workdir, keep=train_cfg.keep_checkpoints)
+    ckpt = checkpoint_lib.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,
+                                       cleanup_tmp=True)
     data_iter = batches if hasattr(batches, "get_state") else None
     latest = ckpt.latest_step()
     if latest is not None:

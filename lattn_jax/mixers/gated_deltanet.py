@@ -39,6 +39,7 @@ from flax import nnx
 from lattn_jax import config as config_lib
 from lattn_jax import layers
 from lattn_jax import routing
+from lattn_jax import sharding
 from lattn_jax.typing import Array
 from pallas_kernels.gated_delta_rule import api as gdr
 
@@ -150,12 +151,21 @@ class GatedDeltaNet(nnx.Module):
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
         beta, g = self.gates(beta_logit, a)  # [B, T, H] each, fp32
         target = routing.value_target(self, v, route_in)  # [B, T, H, V]
-        o, recurrent, u = gdr.gated_delta_rule(
-            q, k, target, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
-            initial_state=None if state is None else state.recurrent,
-            output_final_state=return_state,
-            return_residual=True)  # [B, T, H, V], fp32 [B, H, K, V], [B, T, H, V]
+
+        def op(q, k, v, g, beta, segment_ids, initial_state):
+            return gdr.gated_delta_rule(
+                q, k, v, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
+                implementation=cfg.implementation, initial_state=initial_state,
+                output_final_state=return_state, return_residual=True)
+
+        # Batch rows and heads are independent: on a mesh each shard runs the op on its block.
+        op = sharding.shard_map_op(
+            op, in_names=(sharding.ACT_BTHK,) * 3 + (sharding.ACT_BTH,) * 2
+            + (sharding.ACT_BT, sharding.ACT_BHKV),
+            out_names=(sharding.ACT_BTHK, sharding.ACT_BHKV, sharding.ACT_BTHK))
+        o, recurrent, u = op(q, k, target, g, beta, segment_ids,
+                             None if state is None else state.recurrent)
+        # [B, T, H, V], fp32 [B, H, K, V] (or None), [B, T, H, V]
         z = z.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)
         o = self.o_norm(o) * jax.nn.silu(z.astype(jnp.float32)).astype(o.dtype)
         y = self.out_proj(o.reshape(b, t, self.v_dim))

@@ -24,6 +24,7 @@ class ConfigTest(absltest.TestCase):
 
 
 @pytest.mark.entry
+@pytest.mark.slow  # ~40 s on 2 cores; each stage's loss and resume is in stages_test.py
 class PipelineTest(absltest.TestCase):
 
     def test_all_stages_run_and_resume(self):

@@ -1,0 +1,125 @@
+"""Runs one multi-device check in a fresh process (driven by ``sharding_test.py``).
+
+The number of simulated CPU devices must be fixed before JAX initialises, so each check runs as
+``XLA_FLAGS=--xla_force_host_platform_device_count=N python sharding_worker.py MODE DIR`` and
+prints one JSON line with its results.
+
+Modes:
+  ``step``: a 2 x 2 x 2 (data x fsdp x tensor) train step against the single-device step (loss
+    and every gradient), the parameter shardings, then a sharded checkpoint saved to ``DIR``
+    (with the parameters as ``DIR/params.npz`` for the restoring side).
+  ``restore``: restores that checkpoint onto a mesh of all this process's devices
+    (fsdp x tensor = N/2 x 2) and compares it with ``params.npz``.
+"""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from lattn_jax import checkpoint as checkpoint_lib  # noqa: E402
+from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax import sharding  # noqa: E402
+from lattn_jax import train  # noqa: E402
+
+# The same compile settings as tests/conftest.py.
+jax.config.update("jax_disable_most_optimizations", True)
+jax.config.update("jax_default_matmul_precision", "highest")
+
+
+def tiny_config(mesh: config_lib.MeshConfig) -> config_lib.ExperimentConfig:
+    """GDN + softmax attention with every head count divisible by the 2-way tensor axis."""
+    model = config_lib.ModelConfig(
+        vocab_size=256, d_model=32, layer_pattern=("gdn", "attn"), mlp_hidden=64,
+        attention=config_lib.AttentionConfig(num_heads=2, num_kv_heads=2, output_gate=True),
+        gdn=config_lib.GatedDeltaNetConfig(num_k_heads=2, num_v_heads=4, head_k_dim=8,
+                                           head_v_dim=8, chunk_size=8))
+    data = train.data_lib.DataConfig(paths=(os.path.abspath(__file__),), tokenizer="byte",
+                                     seq_len=16,
+                                     batch_size=4)
+    return config_lib.ExperimentConfig(
+        model=model, data=data, mesh=mesh,
+        optim=config_lib.OptimConfig(learning_rate=1e-2, warmup_steps=0),
+        train=config_lib.TrainConfig(total_steps=10))
+
+
+def batch(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 256, size=(4, 17))
+    segment_ids = np.repeat(np.array([[0] * 10 + [1] * 6]), 4, axis=0).astype(np.int32)
+    return {"inputs": tokens[:, :-1].astype(np.int32), "targets": tokens[:, 1:].astype(np.int32),
+            "weights": np.ones((4, 16), np.float32), "segment_ids": segment_ids}
+
+
+def flat(tree):
+    return {jax.tree_util.keystr(path): np.asarray(leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def spec_of(x):
+    return str(tuple(x.sharding.spec))
+
+
+def run_step(directory: str) -> dict:
+    single = train.Trainer(tiny_config(config_lib.MeshConfig(data=1)))
+    state = single.init_state(0)
+    b = batch()
+    loss1, grads1 = jax.jit(single.loss_and_grads)(state["params"], single.put_batch(b))
+
+    cfg = tiny_config(config_lib.MeshConfig(data=2, fsdp=2, tensor=2))
+    mesh = sharding.make_mesh(cfg.mesh)
+    sharded = train.Trainer(cfg, mesh)
+    state8 = sharded.init_state(0)
+    with sharding.activate(mesh, cfg.mesh.rules):
+        loss8, grads8 = jax.jit(sharded.loss_and_grads)(state8["params"], sharded.put_batch(b))
+    p = state8["params"]
+    out = {
+        "loss1": float(loss1), "loss8": float(loss8),
+        "init_max_diff": max(float(np.max(np.abs(a - c))) for a, c in zip(
+            flat(state["params"]).values(), flat(p).values())),
+        "grad_max_rel": {k: float(np.max(np.abs(a - flat(grads8)[k]))
+                                  / (np.max(np.abs(a)) + 1e-12))
+                         for k, a in flat(grads1).items()},
+        "specs": {"fc1": spec_of(p["blocks"][0]["mlp"]["fc1"]["kernel"]),
+                  "embed": spec_of(p["embed"]),
+                  "in_proj": spec_of(p["blocks"][0]["mixer"]["in_proj"]["kernel"]),
+                  "norm": spec_of(p["final_norm"]["scale"])},
+        "devices_per_fc1_shard": len(
+            p["blocks"][0]["mlp"]["fc1"]["kernel"].sharding.device_set),
+    }
+    state8, metrics = sharded.train_step(state8, b)
+    out["step_loss8"] = float(metrics["loss"])
+    fc1_shape = p["blocks"][0]["mlp"]["fc1"]["kernel"].shape
+    out["moment_specs"] = sorted({
+        spec_of(leaf) for path, leaf in jax.tree_util.tree_flatten_with_path(
+            state8["opt_state"])[0]
+        if "fc1" in jax.tree_util.keystr(path) and leaf.shape == fc1_shape})
+    ckpt = checkpoint_lib.Checkpointer(directory, async_save=False)
+    ckpt.save(1, state8)
+    ckpt.close()
+    np.savez(os.path.join(directory, "params.npz"), **flat(state8))
+    return out
+
+
+def run_restore(directory: str) -> dict:
+    n = jax.device_count()
+    cfg = tiny_config(config_lib.MeshConfig(data=1, fsdp=n // 2, tensor=2))
+    trainer = train.Trainer(cfg, sharding.make_mesh(cfg.mesh))
+    ckpt = checkpoint_lib.Checkpointer(directory)
+    restored = ckpt.restore(1, trainer.abstract_state())
+    ckpt.close()
+    expected = np.load(os.path.join(directory, "params.npz"))
+    got = flat(restored)
+    return {"devices": n, "mismatched": [k for k in expected.files
+                                         if not np.array_equal(expected[k], got[k])],
+            "fc1_spec": spec_of(restored["params"]["blocks"][0]["mlp"]["fc1"]["kernel"])}
+
+
+if __name__ == "__main__":
+    mode, directory = sys.argv[1], sys.argv[2]
+    result = {"step": run_step, "restore": run_restore}[mode](directory)
+    print("RESULT " + json.dumps(result))

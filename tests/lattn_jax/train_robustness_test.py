@@ -1,0 +1,187 @@
+"""Robust training: checkpoint retention and crash safety, the NaN guard, kill / SIGTERM and
+resume with identical losses, TensorBoard and throughput metrics."""
+
+import dataclasses
+import glob
+import json
+import os
+import signal
+import tempfile
+from unittest import mock
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import absltest
+
+from lattn_jax import checkpoint as checkpoint_lib
+from lattn_jax import data as data_lib
+from lattn_jax import train
+from tests.lattn_jax.train_test import tiny_experiment, write_corpus
+
+
+def step_losses(workdir):
+    """``{step: train_loss}`` from metrics.jsonl; a step logged twice keeps its last record."""
+    out = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if "train_loss" in record:
+                out[record["step"]] = record["train_loss"]
+    return out
+
+
+class _Crash(Exception):
+    """Stands in for the process dying (no final save, no clean exit)."""
+
+
+class CheckpointerTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+
+    def tearDown(self):
+        self._tmp.cleanup()
+        super().tearDown()
+
+    def test_crash_mid_save_leaves_the_previous_checkpoint_restorable(self):
+        state = {"w": jnp.arange(6.0).reshape(2, 3), "step": jnp.array(1)}
+        ckpt = checkpoint_lib.Checkpointer(self.tmp, async_save=False)
+        ckpt.save(1, state)
+        ckpt.close()
+        # What a process killed while writing step 2 leaves behind: orbax's temporary directory
+        # (renamed to "2" only once complete), holding partial files.
+        partial = os.path.join(self.tmp, "checkpoints", "2.orbax-checkpoint-tmp-1700000000")
+        os.makedirs(os.path.join(partial, "state"))
+        with open(os.path.join(partial, "state", "partial.bin"), "wb") as f:
+            f.write(b"\0" * 10)
+        # A reader (evaluation) must not delete it: it could be a save still in progress.
+        reader = checkpoint_lib.Checkpointer(self.tmp)
+        self.assertEqual(reader.latest_step(), 1)
+        reader.close()
+        self.assertTrue(os.path.exists(partial))
+        # The writer of the next run cleans it up on open.
+        ckpt = checkpoint_lib.Checkpointer(self.tmp, cleanup_tmp=True)
+        self.assertEqual(ckpt.latest_step(), 1)
+        restored = ckpt.restore(1, {"w": jnp.zeros((2, 3)), "step": jnp.array(0)})
+        ckpt.close()
+        np.testing.assert_array_equal(restored["w"], state["w"])
+        self.assertFalse(os.path.exists(partial))
+
+    def test_keeps_the_newest_and_the_best(self):
+        ckpt = checkpoint_lib.Checkpointer(self.tmp, keep=1, keep_best=True, async_save=False)
+        for step, val_loss in [(1, 3.0), (2, 1.0), (3, 2.0), (4, None)]:
+            metrics = None if val_loss is None else {"val_loss": val_loss}
+            ckpt.save(step, {"w": jnp.full((2,), float(step))}, metrics=metrics)
+        self.assertEqual(sorted(ckpt.all_steps()), [2, 4])
+        ckpt.close()
+
+
+class GuardAndResumeTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = self._tmp.name
+        self.corpus = write_corpus(self.tmp)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+        super().tearDown()
+
+    def test_skip_policy_keeps_the_previous_parameters(self):
+        cfg = tiny_experiment(self.corpus, nonfinite_policy="skip")
+        # No warm-up: a skipped step does not advance the optimizer's own step count, so with
+        # warm-up the next good step would still run at learning rate 0.
+        cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=0))
+        trainer = train.Trainer(cfg)
+        state = trainer.init_state(0)
+        batch = next(data_lib.build_datasets(cfg.data).train_iter)
+        before = np.array(state["params"]["embed"], copy=True)  # the state is donated
+        poisoned = dict(batch, weights=np.full_like(batch["weights"], np.nan))
+        state, metrics = trainer.train_step(state, poisoned)
+        self.assertFalse(bool(metrics["finite"]))
+        np.testing.assert_array_equal(state["params"]["embed"], before)
+        self.assertEqual(int(state["step"]), 1)
+        state, metrics = trainer.train_step(state, batch)
+        self.assertTrue(bool(metrics["finite"]))
+        self.assertFalse(np.array_equal(np.asarray(state["params"]["embed"]), before))
+
+    def test_stop_policy_saves_the_last_good_state_and_says_why(self):
+        workdir = os.path.join(self.tmp, "nan")
+        original = train.Trainer.train_step
+        calls = []
+
+        def poison_third(self, state, batch):
+            calls.append(1)
+            if len(calls) == 3:
+                batch = dict(batch, weights=np.full_like(batch["weights"], np.nan))
+            return original(self, state, batch)
+
+        cfg = tiny_experiment(self.corpus, checkpoint_every=2, total_steps=6)
+        with mock.patch.object(train.Trainer, "train_step", poison_third):
+            with self.assertRaisesRegex(train.NonFiniteError,
+                                        r"step 3: non-finite loss .*last good parameters"):
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt = checkpoint_lib.Checkpointer(workdir)
+        trainer = train.Trainer(cfg)
+        at2 = ckpt.restore(2, trainer.abstract_state())
+        at3 = ckpt.restore(3, trainer.abstract_state())
+        ckpt.close()
+        self.assertEqual(int(at3["step"]), 3)
+        np.testing.assert_array_equal(at3["params"]["embed"], at2["params"]["embed"])
+
+    @pytest.mark.entry
+    def test_killed_and_preempted_runs_resume_with_identical_losses(self):
+        overrides = dict(total_steps=8, log_every=1, checkpoint_every=2, eval_every=4,
+                         peak_flops_per_device=1e12)
+        straight_dir = os.path.join(self.tmp, "straight")
+        straight = train.train_and_evaluate(tiny_experiment(self.corpus, **overrides),
+                                            straight_dir, print_fn=lambda s: None)
+
+        workdir = os.path.join(self.tmp, "interrupted")
+
+        def crash_at_5(line):
+            if line.startswith("step     5  train_loss"):
+                raise _Crash()
+
+        with self.assertRaises(_Crash):  # dies after step 5; the last checkpoint is step 4
+            train.train_and_evaluate(tiny_experiment(self.corpus, **overrides), workdir,
+                                     print_fn=crash_at_5)
+
+        def sigterm_at_7(line):
+            if line.startswith("step     7  train_loss"):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        lines = []
+        handler = signal.getsignal(signal.SIGTERM)
+        preempted = train.train_and_evaluate(
+            tiny_experiment(self.corpus, **overrides), workdir,
+            print_fn=lambda s: (lines.append(s), sigterm_at_7(s)))
+        self.assertEqual(preempted["resumed_from"], 4)
+        self.assertTrue(preempted["preempted"])
+        self.assertEqual(preempted["step"], 7)
+        self.assertTrue(any("SIGTERM" in line for line in lines), lines)
+        self.assertEqual(signal.getsignal(signal.SIGTERM), handler)  # handler restored
+
+        resumed = train.train_and_evaluate(tiny_experiment(self.corpus, **overrides), workdir,
+                                           print_fn=lambda s: None)
+        self.assertEqual(resumed["resumed_from"], 7)
+        self.assertEqual(resumed["step"], 8)
+        self.assertEqual(step_losses(workdir), step_losses(straight_dir))  # exactly
+        self.assertEqual(resumed["val_loss"], straight["val_loss"])
+
+        # Metrics: throughput and MFU in the JSONL, the same scalars as TensorBoard events.
+        with open(os.path.join(straight_dir, "metrics.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        logged = [r for r in records if "train_loss" in r and r["step"] > 1]
+        for key in ("tokens_per_sec", "step_time", "mfu", "grad_norm", "lr"):
+            self.assertIn(key, logged[0])
+        self.assertGreater(logged[0]["mfu"], 0)
+        self.assertTrue(glob.glob(os.path.join(straight_dir, "tensorboard", "events.out.*")))
+
+
+if __name__ == "__main__":
+    absltest.main()
