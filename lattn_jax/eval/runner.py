@@ -1,0 +1,228 @@
+"""One entry point for every evaluation: zero-shot tasks, NIAH and perplexity, to JSON + markdown.
+
+``run_evaluation(model, tokenizer, tasks, options)`` returns a results dict;
+``write_results(results, output_dir)`` writes ``results.json``, ``results.md`` and one NIAH heatmap
+PNG per NIAH task (``niah_single_2.png``, ...). Task names: :data:`lattn_jax.eval.tasks.TASK_NAMES`,
+:data:`lattn_jax.eval.niah.TASKS` and ``"perplexity"``; groups ``"zeroshot"``, ``"niah"`` and
+``"all"`` expand to their members.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from lattn_jax import model as model_lib
+from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import generate as gen_lib
+from lattn_jax.eval import niah
+from lattn_jax.eval import perplexity as ppl_lib
+from lattn_jax.eval import scoring
+from lattn_jax.eval import tasks as tasks_lib
+
+GROUPS = {
+    "zeroshot": tasks_lib.TASK_NAMES,
+    "niah": niah.TASKS,
+    "all": tasks_lib.TASK_NAMES + niah.TASKS + ("perplexity",),
+}
+ALL_TASKS = tasks_lib.TASK_NAMES + niah.TASKS + ("perplexity",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalOptions:
+    """Evaluation settings.
+
+    Attributes:
+      data_dir: directory laid out as ``shared/data`` (``eval/``, ``niah/``, ``lm/``).
+      limit: documents per zero-shot task (random subsample, fixed seed); ``None``: all.
+      max_len: context window for log-likelihood scoring (left truncation).
+      batch_size: sequences per forward pass.
+      niah_lengths: NIAH target lengths in tokens.
+      niah_depths: NIAH needle depths in percent.
+      niah_samples: prompts per (length, depth) cell.
+      niah_max_new_tokens: generated answer tokens.
+      perplexity_files: text files scored by the ``perplexity`` task, relative to ``data_dir``
+        or absolute.
+      perplexity_max_docs: score only the first this many documents of each file.
+      perplexity_window: window length in tokens.
+      perplexity_stride: new tokens per window (``== window``: disjoint windows).
+      route: evaluate with the cross-layer routing contributions (spec §8: the training forward).
+      seed: subsampling seed.
+    """
+
+    data_dir: str
+    limit: Optional[int] = None
+    max_len: int = 2048
+    batch_size: int = 16
+    niah_lengths: Tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+    niah_depths: Tuple[float, ...] = (0.0, 25.0, 50.0, 75.0, 100.0)
+    niah_samples: int = 1
+    niah_max_new_tokens: int = 32
+    perplexity_files: Tuple[str, ...] = ("lm/wikitext-2-raw/wiki.test.raw",)
+    perplexity_max_docs: Optional[int] = None
+    perplexity_window: int = 2048
+    perplexity_stride: int = 2048
+    route: bool = True
+    seed: int = 1234
+
+
+def expand_tasks(names: Sequence[str]) -> List[str]:
+    """Expands groups and checks names; keeps the first occurrence of each task.
+
+    Raises:
+      ValueError: naming an unknown task.
+    """
+    out: List[str] = []
+    for name in names:
+        name = name.strip()
+        if not name:
+            continue
+        members = GROUPS.get(name, (name,))
+        for m in members:
+            if m not in ALL_TASKS:
+                raise ValueError(f"unknown task {m!r}; choose from {', '.join(ALL_TASKS)} or a "
+                                 f"group ({', '.join(GROUPS)})")
+            if m not in out:
+                out.append(m)
+    return out
+
+
+def read_documents(path: str, max_docs: Optional[int]) -> List[str]:
+    """Documents of a held-out text file.
+
+    WikiText raw files (name containing ``wiki``) are split into articles at their top-level
+    `` = Title = `` headings, with CRLF turned into LF; any other file is one document.
+
+    Raises:
+      FileNotFoundError: naming the missing file.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"perplexity file not found: {path}")
+    with open(path, encoding="utf-8", newline="") as f:
+        text = f.read().replace("\r\n", "\n")
+    if "wiki" in os.path.basename(path):
+        parts = re.split(r"(?m)^(?= = [^=].* = \s*$)", text)
+        docs = [p for p in parts if p.strip()]
+    else:
+        docs = [text]
+    return docs[:max_docs] if max_docs else docs
+
+
+def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
+                   task_names: Sequence[str], options: EvalOptions,
+                   log=print) -> Dict[str, dict]:
+    """Evaluates ``model`` on ``task_names``.
+
+    Args:
+      model: the language model.
+      tokenizer: its tokenizer.
+      task_names: task or group names (:func:`expand_tasks`).
+      options: :class:`EvalOptions`.
+      log: progress printer.
+
+    Returns:
+      ``{task: metrics}``; zero-shot metrics come from
+      :func:`lattn_jax.eval.tasks.process_results`, NIAH from :func:`lattn_jax.eval.niah.run`,
+      perplexity from :func:`lattn_jax.eval.perplexity.evaluate` (one entry per file).
+
+    Raises:
+      ValueError: unknown task. FileNotFoundError: a missing data file.
+    """
+    names = expand_tasks(task_names)
+    scorer = scoring.Scorer(model, max_len=options.max_len, batch_size=options.batch_size,
+                            route=options.route)
+    results: Dict[str, dict] = {}
+    eval_dir = os.path.join(options.data_dir, "eval")
+    for name in [n for n in names if n in tasks_lib.TASK_NAMES]:
+        t0 = time.time()
+        docs = tasks_lib.load_task(name, eval_dir, options.limit, options.seed)
+        pairs = [scoring.encode_pair(tokenizer, c, x) for d in docs for c, x in d.requests]
+        flat = scorer.loglikelihood(pairs)
+        grouped, k = [], 0
+        for d in docs:
+            grouped.append(flat[k:k + len(d.requests)])
+            k += len(d.requests)
+        results[name] = tasks_lib.process_results(name, docs, grouped)
+        log(f"{name}: {results[name]} ({time.time() - t0:.0f} s)")
+    niah_tasks = [n for n in names if n in niah.TASKS]
+    if niah_tasks:
+        t0 = time.time()
+        generator = gen_lib.Generator(model, pad_id=tokenizer.eos_id, bucket=64,
+                                      route=options.route)
+
+        def generate_fn(prompts, n):
+            out = []
+            for i in range(0, len(prompts), options.batch_size):
+                out += generator.generate(prompts[i:i + options.batch_size], max_new_tokens=n,
+                                          stop_tokens=[tokenizer.eos_id]).tokens
+            return out
+
+        words = None
+        if any(t != "niah_single_1" for t in niah_tasks):
+            words = niah.load_essays(os.path.join(options.data_dir, "niah", "PaulGrahamEssays"))
+        res = niah.run(generate_fn, tokenizer, tasks=niah_tasks, lengths=options.niah_lengths,
+                       depths=options.niah_depths, samples_per_cell=options.niah_samples,
+                       essay_words=words, max_new_tokens=options.niah_max_new_tokens)
+        for t in niah_tasks:
+            results[t] = dict(res[t], chance=0.0)
+            log(f"{t}: mean {res[t]['mean']:.3f} per length {res[t]['per_length']}")
+        log(f"niah: {time.time() - t0:.0f} s")
+    if "perplexity" in names:
+        for f in options.perplexity_files:
+            path = f if os.path.isabs(f) else os.path.join(options.data_dir, f)
+            docs = read_documents(path, options.perplexity_max_docs)
+            res = ppl_lib.evaluate(scorer, tokenizer, docs, max_len=options.perplexity_window,
+                                   stride=options.perplexity_stride)
+            res["token_perplexity_chance"] = float(tokenizer.vocab_size)
+            results[f"perplexity:{os.path.basename(path)}"] = res
+            log(f"perplexity {path}: {res}")
+    return results
+
+
+def markdown(results: Dict[str, dict], header: str = "") -> str:
+    """A markdown report: one table for scores vs chance, one length x depth table per NIAH task."""
+    lines = [header, ""] if header else []
+    lines += ["| task | metric | value | chance | n |", "|---|---|---:|---:|---:|"]
+    for name, r in results.items():
+        if name in tasks_lib.TASK_NAMES:
+            for m in ("acc", "acc_norm", "perplexity"):
+                if m in r:
+                    chance = r.get(f"{m}_chance")
+                    if m == "perplexity":
+                        chance = "vocab size"
+                    chance = f"{chance:.4f}" if isinstance(chance, float) else chance
+                    lines.append(f"| {name} | {m} | {r[m]:.4f} | {chance} | {r['n']} |")
+        elif name in niah.TASKS:
+            lines.append(f"| {name} | string_match_all (mean) | {r['mean']:.4f} | 0.0000 | "
+                         f"{len(r['lengths']) * len(r['depths'])} cells |")
+        elif name.startswith("perplexity:"):
+            for m in ("token_perplexity", "word_perplexity", "bits_per_byte"):
+                chance = f"{r['token_perplexity_chance']:.0f}" if m == "token_perplexity" else ""
+                lines.append(f"| {name} | {m} | {r[m]:.4f} | {chance} | {r['tokens']} tokens |")
+    for name, r in results.items():
+        if name not in niah.TASKS:
+            continue
+        lines += ["", f"### {name} (string_match_all; rows: length in tokens, columns: depth %)",
+                  "", "| length | " + " | ".join(f"{d:g}%" for d in r["depths"]) + " | mean |",
+                  "|---:|" + "---:|" * (len(r["depths"]) + 1)]
+        for n, row in zip(r["lengths"], r["grid"]):
+            lines.append(f"| {n} | " + " | ".join(f"{v:.2f}" for v in row)
+                         + f" | {sum(row) / len(row):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(results: Dict[str, dict], output_dir: str, header: str = "") -> List[str]:
+    """Writes ``results.json``, ``results.md`` and ``<niah task>.png``; returns the paths."""
+    os.makedirs(output_dir, exist_ok=True)
+    paths = [os.path.join(output_dir, "results.json"), os.path.join(output_dir, "results.md")]
+    with open(paths[0], "w") as f:
+        json.dump(results, f, indent=2)
+    with open(paths[1], "w") as f:
+        f.write(markdown(results, header))
+    for name, r in results.items():
+        if name in niah.TASKS:
+            paths.append(os.path.join(output_dir, f"{name}.png"))
+            niah.heatmap_png(r, paths[-1], name)
+    return paths

@@ -1,0 +1,253 @@
+"""Zero-shot tasks with lm-evaluation-harness (v0.4) prompts and metrics, read from local files.
+
+Every task turns a document into log-likelihood requests ``(context, continuation)``
+(:mod:`lattn_jax.eval.scoring`) and the scores into metrics. Files are read from ``data_dir``
+with the layout of ``shared/data/eval`` (see its ``SOURCES.md``); nothing is downloaded.
+
+=============  ==========================  ==============================  =====================
+task           file (under data_dir)       context -> continuations        metrics
+=============  ==========================  ==============================  =====================
+hellaswag      hellaswag/hellaswag_val_    ``preprocess(label: ctx)`` ->   acc, acc_norm
+               full.txt.bz2 (validation)   ``" " + preprocess(ending_i)``
+piqa           piqa/valid.jsonl +          ``"Question: {goal}\\nAnswer:"``  acc, acc_norm
+               valid-labels.lst            -> ``" " + sol_i``
+winogrande     winogrande/winogrande_dev.  ``sentence[:blank] + option_i`` acc
+               llmfoundry.jsonl (dev)      -> ``" " + text after blank``
+                                           (partial scoring)
+arc_easy,      arc/ARC-{Easy,Challenge}-   ``"Question: {stem}\\nAnswer:"``  acc, acc_norm
+arc_challenge  Test.jsonl                  -> ``" " + choice_i``
+openbookqa     openbookqa/test.tsv         ``question_stem`` ->            acc, acc_norm
+                                           ``" " + choice_i``
+boolq          boolq/val.jsonl             ``"{passage}\\nQuestion:          acc
+                                           {question}?\\nAnswer:"`` ->
+                                           ``" no"`` / ``" yes"``
+lambada_openai lambada/lambada_test.jsonl  text without its last word ->   acc (greedy), perplexity
+                                           ``" " + last word``
+=============  ==========================  ==============================  =====================
+
+Metrics (lm-eval ``ConfigurableTask.process_results``):
+
+* ``acc``: ``argmax_i ll_i == gold``;
+* ``acc_norm``: ``argmax_i ll_i / len(choice_i) == gold`` with ``len`` the length of the choice
+  string without the leading space, as lm-eval computes it (``len(str)``: characters, which
+  equal UTF-8 bytes for these ASCII datasets; lm-eval's documentation calls it byte-length
+  normalisation);
+* WinoGrande partial scoring (Sakaguchi et al. 2020; lm-eval ``winogrande``): the two options
+  fill the blank in the *context*, and the shared suffix is scored given each;
+* LAMBADA (OpenAI detokenised test set, Radford et al. 2019): ``acc`` = every token of the last
+  word is the greedy choice; ``perplexity = exp(-mean_doc ll(last word))``.
+
+Chance: ``mean_doc 1 / num_choices`` for multiple choice (BoolQ's majority class, "yes", is
+62.2% of its validation set); 0 for LAMBADA accuracy and the vocabulary size for its perplexity.
+
+Deviations forced by the local files (SOURCES.md): HellaSwag comes from llama.cpp's text
+rendering of the validation set, whose context is ``activity_label + ": " + ctx`` with
+lm-eval's bracket markers already removed; lm-eval capitalises the first letter of ``ctx_b``,
+which this rendering no longer separates, so those letters stay as in ``ctx``. WinoGrande comes
+from llm-foundry's schema files, which hold exactly lm-eval's partial contexts and suffix.
+"""
+
+import bz2
+import csv
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+TASK_NAMES = ("hellaswag", "piqa", "winogrande", "arc_easy", "arc_challenge", "lambada_openai",
+              "openbookqa", "boolq")
+
+
+@dataclasses.dataclass(frozen=True)
+class Doc:
+    """One evaluation item as log-likelihood requests.
+
+    Attributes:
+      requests: ``(context, continuation)`` string pairs, one per choice (LAMBADA: one).
+      gold: index of the correct request (LAMBADA: 0).
+      choices: the strings whose lengths normalise ``acc_norm`` (lm-eval ``doc_to_choice``).
+    """
+
+    requests: Tuple[Tuple[str, str], ...]
+    gold: int
+    choices: Tuple[str, ...]
+
+
+def _path(data_dir: str, *parts: str) -> str:
+    path = os.path.join(data_dir, *parts)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"evaluation file not found: {path} (set --data_dir to the "
+                                f"directory laid out as shared/data/eval)")
+    return path
+
+
+def _jsonl(path: str) -> List[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def hellaswag_preprocess(text: str) -> str:
+    """lm-eval ``hellaswag.utils.preprocess``: strip, ``" [title]"`` -> ``". "``, drop
+    ``[...]`` markers, collapse double spaces."""
+    text = text.strip()
+    text = text.replace(" [title]", ". ")
+    text = re.sub("\\[.*?\\]", "", text)
+    return text.replace("  ", " ")
+
+
+def _mc(context: str, choices: Sequence[str], gold: int) -> Doc:
+    return Doc(requests=tuple((context, " " + c) for c in choices), gold=gold,
+               choices=tuple(choices))
+
+
+def load_hellaswag(data_dir: str) -> List[Doc]:
+    """HellaSwag validation (10,042 items, 4 endings) from the llama.cpp text rendering."""
+    with bz2.open(_path(data_dir, "hellaswag", "hellaswag_val_full.txt.bz2"), "rt",
+                  encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    docs = []
+    for i in range(0, len(lines) - 5, 6):
+        ctx, gold, endings = lines[i], int(lines[i + 1]), lines[i + 2:i + 6]
+        docs.append(_mc(hellaswag_preprocess(ctx), [hellaswag_preprocess(e) for e in endings],
+                        gold))
+    return docs
+
+
+def load_piqa(data_dir: str) -> List[Doc]:
+    """PIQA validation (1,838 items): ``"Question: {goal}\\nAnswer:"`` -> ``" " + sol``."""
+    items = _jsonl(_path(data_dir, "piqa", "valid.jsonl"))
+    with open(_path(data_dir, "piqa", "valid-labels.lst")) as f:
+        labels = [int(x) for x in f.read().split()]
+    if len(labels) != len(items):
+        raise ValueError(f"piqa: {len(items)} items but {len(labels)} labels")
+    return [_mc(f"Question: {d['goal']}\nAnswer:", [d["sol1"], d["sol2"]], y)
+            for d, y in zip(items, labels)]
+
+
+def load_winogrande(data_dir: str) -> List[Doc]:
+    """WinoGrande-xl dev (1,267 items), partial scoring: the options fill the context."""
+    docs = []
+    for d in _jsonl(_path(data_dir, "winogrande", "winogrande_dev.llmfoundry.jsonl")):
+        cont = " " + d["continuation"].strip()
+        ctxs = tuple(d["context_options"])
+        docs.append(Doc(requests=tuple((c, cont) for c in ctxs), gold=int(d["gold"]),
+                        choices=ctxs))
+    return docs
+
+
+def _load_arc(data_dir: str, name: str) -> List[Doc]:
+    docs = []
+    for d in _jsonl(_path(data_dir, "arc", f"ARC-{name}-Test.jsonl")):
+        q = d["question"]
+        labels = [c["label"] for c in q["choices"]]
+        docs.append(_mc(f"Question: {q['stem']}\nAnswer:", [c["text"] for c in q["choices"]],
+                        labels.index(d["answerKey"])))
+    return docs
+
+
+def load_openbookqa(data_dir: str) -> List[Doc]:
+    """OpenBookQA main test (500 items): context ``question_stem``, 4 choices."""
+    docs = []
+    with open(_path(data_dir, "openbookqa", "test.tsv"), encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f, delimiter="\t"):
+            parts = re.split(r"\(([A-D])\) ", row["Choices"])[1:]
+            labels, texts = parts[0::2], [t.strip() for t in parts[1::2]]
+            docs.append(_mc(row["Question Stem"], texts, labels.index(row["Answer Key"].strip())))
+    return docs
+
+
+def load_boolq(data_dir: str) -> List[Doc]:
+    """BoolQ (SuperGLUE) validation (3,270 items): choices ``" no"``, ``" yes"``."""
+    docs = []
+    for d in _jsonl(_path(data_dir, "boolq", "val.jsonl")):
+        label = d["label"]
+        gold = int(label if isinstance(label, bool) else str(label).lower() == "true")
+        docs.append(_mc(f"{d['passage']}\nQuestion: {d['question']}?\nAnswer:", ["no", "yes"],
+                        gold))
+    return docs
+
+
+def load_lambada(data_dir: str) -> List[Doc]:
+    """LAMBADA OpenAI test (5,153 items): the last space-separated word is the target."""
+    docs = []
+    for d in _jsonl(_path(data_dir, "lambada", "lambada_test.jsonl")):
+        words = d["text"].split(" ")
+        docs.append(Doc(requests=((" ".join(words[:-1]), " " + words[-1]),), gold=0,
+                        choices=(words[-1],)))
+    return docs
+
+
+LOADERS: Dict[str, Callable[[str], List[Doc]]] = {
+    "hellaswag": load_hellaswag,
+    "piqa": load_piqa,
+    "winogrande": load_winogrande,
+    "arc_easy": lambda d: _load_arc(d, "Easy"),
+    "arc_challenge": lambda d: _load_arc(d, "Challenge"),
+    "lambada_openai": load_lambada,
+    "openbookqa": load_openbookqa,
+    "boolq": load_boolq,
+}
+METRICS = {"winogrande": ("acc",), "boolq": ("acc",), "lambada_openai": ("acc", "perplexity")}
+
+
+def load_task(name: str, data_dir: str, limit: Optional[int] = None,
+              seed: int = 1234) -> List[Doc]:
+    """Loads a task's documents.
+
+    Args:
+      name: one of :data:`TASK_NAMES`.
+      data_dir: directory laid out as ``shared/data/eval``.
+      limit: keep a random subsample of this many documents (fixed ``seed``; ``None``: all).
+      seed: subsampling seed.
+
+    Raises:
+      ValueError: for an unknown task name.
+      FileNotFoundError: naming the missing file.
+    """
+    if name not in LOADERS:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
+    docs = LOADERS[name](data_dir)
+    if limit is not None and limit < len(docs):
+        keep = np.sort(np.random.default_rng(seed).choice(len(docs), limit, replace=False))
+        docs = [docs[i] for i in keep]
+    return docs
+
+
+def process_results(name: str, docs: Sequence[Doc],
+                    results: Sequence[Sequence[Tuple[float, bool]]]) -> Dict[str, float]:
+    """Aggregates per-request ``(loglikelihood, is_greedy)`` into the task's metrics.
+
+    Args:
+      name: the task.
+      docs: its documents.
+      results: per document, one ``(ll, is_greedy)`` per request.
+
+    Returns:
+      ``{metric: value, metric + "_chance": value, "n": count}`` with the metrics of
+      :data:`METRICS` (default ``acc`` and ``acc_norm``).
+    """
+    metrics = METRICS.get(name, ("acc", "acc_norm"))
+    out: Dict[str, float] = {"n": len(docs)}
+    if name == "lambada_openai":
+        lls = np.array([r[0][0] for r in results])
+        out["acc"] = float(np.mean([r[0][1] for r in results]))
+        out["perplexity"] = float(math.exp(-lls.mean()))
+        out["acc_chance"] = 0.0
+        return out
+    acc, acc_norm = [], []
+    for doc, res in zip(docs, results):
+        lls = np.array([ll for ll, _ in res])
+        lens = np.array([float(len(c)) for c in doc.choices])
+        acc.append(float(np.argmax(lls) == doc.gold))
+        acc_norm.append(float(np.argmax(lls / lens) == doc.gold))
+    chance = float(np.mean([1.0 / len(d.requests) for d in docs]))
+    out["acc"] = float(np.mean(acc))
+    out["acc_chance"] = chance
+    if "acc_norm" in metrics:
+        out["acc_norm"] = float(np.mean(acc_norm))
+        out["acc_norm_chance"] = chance
+    return out

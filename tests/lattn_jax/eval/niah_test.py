@@ -1,0 +1,72 @@
+"""NIAH: the needle lands at the requested depth, prompts fit the length, the scorer is lenient."""
+
+import os
+import random
+
+from absl.testing import absltest, parameterized
+
+from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import niah
+
+ESSAYS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data", "niah",
+                      "PaulGrahamEssays")
+WORDS = ("Startups are hard. Most of them fail! Why do they fail? Because founders give up. "
+         "Persistence matters more than brilliance. " * 40).split()
+
+
+class NiahTest(parameterized.TestCase):
+
+    @parameterized.product(task=niah.TASKS, depth=(0.0, 25.0, 50.0, 100.0))
+    def test_needle_at_requested_depth_and_length_fits(self, task, depth):
+        tok = tok_lib.ByteTokenizer()
+        s = niah.make_sample(task, tok, 1024, depth, random.Random(0), WORDS, max_new_tokens=32)
+        self.assertLessEqual(s.num_tokens + 32, 1024)
+        self.assertGreater(s.num_tokens + 32, 1024 - 120)  # the haystack fills the budget
+        needle = f"for {s.key} is: {s.value}."
+        self.assertEqual(s.prompt.count(s.value), 1)
+        self.assertIn(needle, s.prompt[s.needle_char:s.needle_char + 200])
+        start, end = s.context_chars
+        sentence = len(f"One of the special magic xs for {s.key} is: {s.value}.") + 1
+        rel = (s.needle_char - start) / (end - start - sentence)  # 0 = first, 1 = last
+        self.assertAlmostEqual(rel, depth / 100.0, delta=0.1)
+        self.assertTrue(s.prompt.endswith("mentioned in the provided text is"))
+        if task == "niah_single_3":
+            self.assertLen(s.value, 36)
+        else:
+            self.assertLen(s.value, 7)
+
+    def test_scorer_accepts_right_value_and_rejects_wrong_one(self):
+        self.assertEqual(niah.string_match_all(" 1234567. The end", ["1234567"]), 1.0)
+        self.assertEqual(niah.string_match_all(" 1234568.", ["1234567"]), 0.0)
+        uid = "0c5b9a3e-57f4-4c1e-9d2c-3b1a8e7f6d54"
+        self.assertEqual(niah.string_match_all(uid.upper(), [uid]), 1.0)
+
+    def test_run_with_an_oracle(self):
+        tok = tok_lib.ByteTokenizer()
+
+        def oracle(prompts, n):  # answers with the needle value found in the prompt
+            out = []
+            for p in prompts:
+                text = tok.decode(p)
+                value = text.split(" is: ")[1].split(".")[0]
+                out.append(tok.encode(" " + value))
+            return out
+
+        res = niah.run(oracle, tok, tasks=("niah_single_1",), lengths=(512,), depths=(0, 50),
+                       essay_words=WORDS)
+        self.assertEqual(res["niah_single_1"]["grid"], [[1.0, 1.0]])
+
+    def test_errors(self):
+        with self.assertRaisesRegex(ValueError, "unknown NIAH task"):
+            niah.build_prompt("niah_single_9", 1, 0, "k", "v")
+        with self.assertRaisesRegex(FileNotFoundError, "no haystack essays"):
+            niah.load_essays("/nonexistent")
+
+    @absltest.skipIf(not os.path.isdir(ESSAYS), "shared/data/niah not present")
+    def test_essays(self):
+        words = niah.load_essays(ESSAYS)
+        self.assertGreater(len(words), 100_000)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,133 @@
+"""Log-likelihood scoring, lm-eval metrics, task loaders and perplexity on hand-made items."""
+
+import math
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+from flax import nnx
+
+from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import perplexity
+from lattn_jax.eval import scoring
+from lattn_jax.eval import tasks
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data", "eval")
+
+
+class Bigram(nnx.Module):
+    """``logits[b, t] = table[tokens[b, t]]``: known log-likelihoods for hand-made items."""
+
+    def __init__(self, table):
+        self.table = nnx.Param(jnp.asarray(table, jnp.float32))
+
+    def __call__(self, tokens, route=True):
+        return jnp.take(self.table[...], tokens, axis=0)
+
+
+def bigram(vocab=257, seed=0):
+    table = np.random.default_rng(seed).normal(size=(vocab, vocab)) * 2
+    logp = table - np.log(np.exp(table).sum(-1, keepdims=True))
+    return Bigram(table), logp
+
+
+class ScoringTest(absltest.TestCase):
+
+    def test_encode_pair_moves_trailing_space(self):
+        tok = tok_lib.ByteTokenizer()
+        ctx, cont = scoring.encode_pair(tok, "Answer: ", "yes")
+        self.assertEqual(tok.decode(ctx), "Answer:")
+        self.assertEqual(tok.decode(cont), " yes")
+        ctx, cont = scoring.encode_pair(tok, "", "hi")
+        self.assertEqual(ctx, [tok.eos_id])
+
+    def test_loglikelihood_matches_hand_computation(self):
+        model, logp = bigram()
+        scorer = scoring.Scorer(model, max_len=6, batch_size=2, bucket=4)
+        requests = [([1, 2, 3], [4, 5]), ([7], [8]), ([1, 2, 3, 4, 5, 6, 7, 8], [9, 10])]
+        got = scorer.loglikelihood(requests)
+        for (ctx, cont), (ll, greedy) in zip(requests, got):
+            seq = ctx + cont
+            want = sum(logp[seq[len(ctx) + i - 1], c] for i, c in enumerate(cont))
+            self.assertAlmostEqual(ll, want, places=4)
+            argmax = all(np.argmax(logp[seq[len(ctx) + i - 1]]) == c for i, c in enumerate(cont))
+            self.assertEqual(greedy, argmax)
+        # A greedy continuation is recognised.
+        nxt = int(np.argmax(logp[3]))
+        self.assertTrue(scorer.loglikelihood([([3], [nxt])])[0][1])
+
+
+class MetricsTest(absltest.TestCase):
+
+    def test_acc_and_acc_norm(self):
+        doc = tasks.Doc(requests=(("q", " a"), ("q", " bbbb")), gold=1, choices=("a", "bbbb"))
+        # ll(a) = -1 > ll(bbbb) = -2, but per character -1 < -0.5: acc 0, acc_norm 1.
+        out = tasks.process_results("piqa", [doc], [[(-1.0, False), (-2.0, False)]])
+        self.assertEqual((out["acc"], out["acc_norm"], out["acc_chance"]), (0.0, 1.0, 0.5))
+
+    def test_lambada_metrics(self):
+        docs = [tasks.Doc(requests=(("a b", " c"),), gold=0, choices=("c",))] * 2
+        out = tasks.process_results("lambada_openai", docs, [[(-1.0, True)], [(-3.0, False)]])
+        self.assertEqual(out["acc"], 0.5)
+        self.assertAlmostEqual(out["perplexity"], math.exp(2.0))
+
+    def test_unknown_task(self):
+        with self.assertRaisesRegex(ValueError, "unknown task 'hellaswg'"):
+            tasks.load_task("hellaswg", DATA)
+        with self.assertRaisesRegex(FileNotFoundError, "evaluation file not found: /nope"):
+            tasks.load_task("piqa", "/nope")
+
+
+@absltest.skipIf(not os.path.isdir(DATA), "shared/data/eval not present")
+class LoaderTest(parameterized.TestCase):
+
+    @parameterized.parameters(("piqa", 1838, 2), ("winogrande", 1267, 2), ("boolq", 3270, 2),
+                              ("openbookqa", 500, 4), ("arc_challenge", 1172, None),
+                              ("lambada_openai", 5153, 1), ("hellaswag", 10042, 4))
+    def test_counts_and_prompts(self, name, count, choices):
+        docs = tasks.load_task(name, DATA)
+        self.assertLen(docs, count)
+        if choices:
+            self.assertTrue(all(len(d.requests) == choices for d in docs))
+        self.assertTrue(all(0 <= d.gold < len(d.requests) for d in docs))
+        self.assertLen(tasks.load_task(name, DATA, limit=5), 5)
+
+    def test_prompt_formats(self):
+        arc = tasks.load_task("arc_easy", DATA)[0]
+        self.assertTrue(arc.requests[0][0].startswith("Question: Which statement best explains"))
+        self.assertTrue(arc.requests[0][0].endswith("\nAnswer:"))
+        self.assertTrue(arc.requests[0][1].startswith(" Sunlight"))
+        wg = tasks.load_task("winogrande", DATA)[1]
+        self.assertEqual(wg.requests[0], ("Sarah was a much better surgeon than Maria so Sarah",
+                                          " always got the harder cases."))
+        self.assertEqual(wg.gold, 0)
+
+
+class PerplexityTest(absltest.TestCase):
+
+    def test_rolling_windows_score_each_token_once(self):
+        toks = list(range(10, 33))
+        for stride in (1, 3, 8):
+            scored = []
+            for inp, tgt, k in perplexity.rolling_windows(toks, 0, 8, stride):
+                self.assertLessEqual(len(inp), 8)
+                self.assertEqual(inp[1:], tgt[:-1])
+                scored += tgt[len(tgt) - k:]
+            self.assertEqual(scored, toks)
+
+    def test_perplexity_of_a_bigram(self):
+        model, logp = bigram()
+        tok = tok_lib.ByteTokenizer()
+        scorer = scoring.Scorer(model, max_len=8, batch_size=4, bucket=4)
+        text = "hello world, hi"
+        out = perplexity.evaluate(scorer, tok, [text], max_len=8, stride=8)
+        seq = [tok.eos_id] + tok.encode(text)
+        nll = -sum(logp[a, b] for a, b in zip(seq[:-1], seq[1:]))
+        self.assertAlmostEqual(out["token_perplexity"], math.exp(nll / len(text)), places=3)
+        self.assertAlmostEqual(out["bits_per_byte"], nll / (len(text) * math.log(2)), places=4)
+        np.testing.assert_allclose(out["word_perplexity"], math.exp(nll / 3), rtol=1e-5)
+
+
+if __name__ == "__main__":
+    absltest.main()
