@@ -29,6 +29,7 @@ PALLAS_IMPLEMENTATIONS = ("pallas", "pallas_interpret")
 _HIGHEST = jax.lax.Precision.HIGHEST
 SUPPORTED_HEAD_DIMS = (64, 128)
 KERNEL_CHUNK_SIZE = 64
+INVERSE_BLOCK = 16  # diagonal-block rows of the blocked triangular inverse
 _logged = set()
 
 
@@ -189,3 +190,96 @@ def matmul_dtype(*arrays: jax.Array):
     if len(dtypes) == 1 and dtypes <= half:
         return dtypes.pop()
     return jnp.dtype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# In-kernel helpers shared by the GPU kernel modules (they operate on loaded values and refs).
+
+
+def iota(shape, dim):
+    """int32 ``broadcasted_iota`` (indices along ``dim``) usable inside Triton kernels."""
+    return jax.lax.broadcasted_iota(jnp.int32, shape, dim)
+
+
+def last_element(x, n):
+    """``x[n - 1]`` of a 1-D ``[n]`` value, as a scalar (Triton cannot index registers)."""
+    return jnp.sum(jnp.where(iota((n,), 0) == n - 1, x, 0.0))
+
+
+def program_batch_head(cfg, axis):
+    """``(b, h)`` from the flattened batch*head program id on grid axis ``axis``."""
+    bh = pl.program_id(axis)
+    return bh // cfg["heads"], bh % cfg["heads"]
+
+
+def doc_inputs(docs):
+    """``(name, array)`` input pairs of the document masks (``None`` arrays when unpacked)."""
+    doc, conn, last = docs if docs else (None, None, None)
+    return [("doc_ref", doc), ("conn_ref", conn), ("last_ref", last)]
+
+
+def load_docs(cfg, doc_ref, conn_ref, last_ref, b, sl):
+    """Loads ``(doc, conn, last)`` of rows ``sl`` of batch row ``b``, or Nones when unpacked."""
+    if not cfg["has_docs"]:
+        return None, None, None
+    return doc_ref[b, sl], conn_ref[b, sl], last_ref[b, sl]
+
+
+def docs_from_segment_ids(segment_ids, padded_len):
+    """``(doc int32 [B, Tp], conn fp32 [B, Tp], last fp32 [B, Tp])`` for the chunk masks."""
+    doc = validation.document_index(segment_ids)
+    doc = jnp.pad(doc, ((0, 0), (0, padded_len - doc.shape[1])), mode="edge").astype(jnp.int32)
+    bsz = doc.shape[0]
+    dc = doc.reshape(bsz, -1, KERNEL_CHUNK_SIZE)
+    prev = jnp.concatenate([dc[:, :1, :1], dc[:, :-1, -1:]], axis=1)  # doc before each chunk
+    conn = (dc == prev).astype(jnp.float32).reshape(bsz, padded_len)
+    last = (dc == dc[:, :, -1:]).astype(jnp.float32).reshape(bsz, padded_len)
+    return doc, conn, last
+
+
+def unit_lower_inverse(strict, precision_dtype):
+    """``(I + L)^{-1}`` of a strictly lower ``[C, C]`` fp32 matrix (C = 64) by whole-tile products.
+
+    Blocked over 16 x 16 diagonal blocks, all on whole ``[C, C]`` tiles (Triton cannot slice
+    registers). With L = L_d + L_o (block diagonal and strictly block-lower parts):
+
+      X_d = (I + L_d)^{-1} = (I - L_d)(I + L_d^2)(I + L_d^4)(I + L_d^8)   (L_d^16 = 0),
+            refined (fp32 inputs only) by a Newton step X_d <- X_d - X_d ((I + L_d) X_d - I);
+      N   = X_d L_o (strictly block-lower, N^4 = 0), and
+      (I + L)^{-1} = (I + N)^{-1} X_d = (I - N)(I + N^2) X_d.
+
+    The powers stay bounded because each doubling acts on one 16-row block. Products run in
+    ``precision_dtype``: fp32 (IEEE) for fp32 inputs; for bf16/fp16 inputs TF32, whose
+    rounding is below that of the half-precision W and U the inverse feeds.
+    """
+    c = strict.shape[0]
+    rows, cols = iota((c, c), 0), iota((c, c), 1)
+    eye = jnp.where(rows == cols, 1.0, 0.0).astype(jnp.float32)
+    same_block = (rows // INVERSE_BLOCK) == (cols // INVERSE_BLOCK)
+    ld = jnp.where(same_block, strict, 0.0)
+    lo = strict - ld
+
+    def prod(a, b_):
+        return dot_precise(a, b_, precision_dtype)
+
+    x = eye - ld
+    p = prod(ld, ld)
+    x = x + prod(x, p)
+    p = prod(p, p)
+    x = x + prod(x, p)
+    p = prod(p, p)
+    x = x + prod(x, p)
+    if precision_dtype == jnp.dtype(jnp.float32):
+        x = x - prod(x, x + prod(ld, x) - eye)
+    nmat = prod(x, lo)
+    y = eye - nmat
+    y = y + prod(y, prod(nmat, nmat))
+    return prod(y, x)
+
+
+def dot_precise(a, b, precision_dtype):
+    """fp32 ``a @ b``: IEEE when ``precision_dtype`` is fp32, else TF32 tensor cores."""
+    precision = (jax.lax.Precision.HIGHEST if precision_dtype == jnp.dtype(jnp.float32)
+                 else jax.lax.Precision.DEFAULT)
+    return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
+                               preferred_element_type=jnp.float32)

@@ -77,7 +77,6 @@ TUNING = {
     "block_k": None,
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C
-SUB = 16  # diagonal-block rows of the triangular inverse
 
 
 def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype, interpret,
@@ -91,17 +90,19 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype,
                 interpret=interpret, return_residual=return_residual, block_v=block_v)
 
 
+# Shared in-kernel helpers (pallas_kernels.common.pallas_gpu), under this module's short names.
+_iota = pallas_gpu.iota
+_last = pallas_gpu.last_element
+_program_bh = pallas_gpu.program_batch_head
+_doc_inputs = pallas_gpu.doc_inputs
+_load_docs = pallas_gpu.load_docs
+_docs_from_segment_ids = pallas_gpu.docs_from_segment_ids
+_unit_lower_inverse = pallas_gpu.unit_lower_inverse
+_dot_precise = pallas_gpu.dot_precise
+
+
 # ----------------------------------------------------------------------------------------------
 # In-kernel helpers (operate on loaded values).
-
-
-def _iota(shape, dim):
-    return jax.lax.broadcasted_iota(jnp.int32, shape, dim)
-
-
-def _last(x, n):
-    """``x[n - 1]`` of a 1-D ``[n]`` value, as a scalar (Triton cannot index registers)."""
-    return jnp.sum(jnp.where(_iota((n,), 0) == n - 1, x, 0.0))
 
 
 def _decays(gam, doc, conn, last):
@@ -127,77 +128,13 @@ def _decays(gam, doc, conn, last):
     return dmat, e_in, e_out, e_all, mask
 
 
-def _load_docs(cfg, doc_ref, conn_ref, last_ref, b, sl):
-    if not cfg["has_docs"]:
-        return None, None, None
-    return doc_ref[b, sl], conn_ref[b, sl], last_ref[b, sl]
-
-
-def _program_bh(cfg, axis):
-    bh = pl.program_id(axis)
-    return bh // cfg["heads"], bh % cfg["heads"]
-
-
 def _pallas(kernel, cfg, *, tune, **kwargs):
     """:func:`pallas_gpu.named_pallas_call` with this module's :data:`TUNING` entry ``tune``."""
     return pallas_gpu.named_pallas_call(kernel, cfg, launch=TUNING[tune], **kwargs)
 
 
-def _doc_inputs(docs):
-    doc, conn, last = docs if docs else (None, None, None)
-    return [("doc_ref", doc), ("conn_ref", conn), ("last_ref", last)]
-
-
 # ----------------------------------------------------------------------------------------------
 # Kernel 1: intra-chunk WY preparation (delta rule only).
-
-
-def _unit_lower_inverse(strict, precision_dtype):
-    """``(I + L)^{-1}`` of a strictly lower ``[C, C]`` fp32 matrix (C = 64) by whole-tile products.
-
-    Blocked over 16 x 16 diagonal blocks, all on whole ``[C, C]`` tiles (Triton cannot slice
-    registers). With L = L_d + L_o (block diagonal and strictly block-lower parts):
-
-      X_d = (I + L_d)^{-1} = (I - L_d)(I + L_d^2)(I + L_d^4)(I + L_d^8)   (L_d^16 = 0),
-            refined (fp32 inputs only) by a Newton step X_d <- X_d - X_d ((I + L_d) X_d - I);
-      N   = X_d L_o (strictly block-lower, N^4 = 0), and
-      (I + L)^{-1} = (I + N)^{-1} X_d = (I - N)(I + N^2) X_d.
-
-    The powers stay bounded because each doubling acts on one 16-row block. Products run in
-    ``precision_dtype``: fp32 (IEEE) for fp32 inputs; for bf16/fp16 inputs TF32, whose rounding
-    is below that of the half-precision W and U the inverse feeds.
-    """
-    c = strict.shape[0]
-    rows, cols = _iota((c, c), 0), _iota((c, c), 1)
-    eye = jnp.where(rows == cols, 1.0, 0.0).astype(F32)
-    same_block = (rows // SUB) == (cols // SUB)
-    ld = jnp.where(same_block, strict, 0.0)
-    lo = strict - ld
-
-    def prod(a, b_):
-        return _dot_precise(a, b_, precision_dtype)
-
-    x = eye - ld
-    p = prod(ld, ld)
-    x = x + prod(x, p)
-    p = prod(p, p)
-    x = x + prod(x, p)
-    p = prod(p, p)
-    x = x + prod(x, p)
-    if precision_dtype == jnp.dtype(F32):
-        x = x - prod(x, x + prod(ld, x) - eye)
-    nmat = prod(x, lo)
-    y = eye - nmat
-    y = y + prod(y, prod(nmat, nmat))
-    return prod(y, x)
-
-
-def _dot_precise(a, b, precision_dtype):
-    """fp32 ``a @ b``: IEEE when ``precision_dtype`` is fp32, else TF32 tensor cores."""
-    precision = (jax.lax.Precision.HIGHEST if precision_dtype == jnp.dtype(F32)
-                 else jax.lax.Precision.DEFAULT)
-    return jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=precision,
-                               preferred_element_type=F32)
 
 
 def _prepare_kernel(k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn_ref, last_ref,
@@ -561,20 +498,6 @@ def _backward_chunk(cfg, q, k, v, beta, gam, docs, amat, hs, dhs, do, vn, dvn):
 
 # ----------------------------------------------------------------------------------------------
 # custom_vjp wiring.
-
-
-def _docs_from_segment_ids(segment_ids, padded_len):
-    """``(doc int32 [B, Tp], conn fp32 [B, Tp], last fp32 [B, Tp])`` for the chunk masks."""
-    from pallas_kernels import common  # local: avoid an import cycle at package init
-
-    doc = common.document_index(segment_ids)
-    doc = jnp.pad(doc, ((0, 0), (0, padded_len - doc.shape[1])), mode="edge").astype(jnp.int32)
-    bsz = doc.shape[0]
-    dc = doc.reshape(bsz, -1, CHUNK)
-    prev = jnp.concatenate([dc[:, :1, :1], dc[:, :-1, -1:]], axis=1)  # doc before each chunk
-    conn = (dc == prev).astype(F32).reshape(bsz, padded_len)
-    last = (dc == dc[:, :, -1:]).astype(F32).reshape(bsz, padded_len)
-    return doc, conn, last
 
 
 @functools.lru_cache(maxsize=None)

@@ -90,7 +90,6 @@ from jax.experimental import pallas as pl
 
 from pallas_kernels.common import pallas_gpu, validation
 from pallas_kernels.common.pallas_gpu import mm, mm_nt, mm_tn
-from pallas_kernels.gated_delta_rule import kernel_gpu as scalar_gpu
 
 F32 = jnp.float32
 # One-line switch: whether implementation=None/"auto" of KDA and GDN-2 picks these kernels on a
@@ -110,15 +109,15 @@ TUNING = {
     "block_k": None,
     "intra_tf32": True,
 }
-CHUNK = scalar_gpu.CHUNK  # C = 64
-SUB = scalar_gpu.SUB  # 16-row diagonal blocks
+CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
+SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
 NSUB = CHUNK // SUB
 
-_iota = scalar_gpu._iota
-_last = scalar_gpu._last
-_program_bh = scalar_gpu._program_bh
-_doc_inputs = scalar_gpu._doc_inputs
-_load_docs = scalar_gpu._load_docs
+_iota = pallas_gpu.iota
+_last = pallas_gpu.last_element
+_program_bh = pallas_gpu.program_batch_head
+_doc_inputs = pallas_gpu.doc_inputs
+_load_docs = pallas_gpu.load_docs
 
 
 def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interpret,
@@ -332,7 +331,7 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
         e_ref[b, h, n, ksl] = e_all
     incl, strict = _chunk_masks(doc)
     mq_ref[b, h, n, :, :] = jnp.where(incl, mq, 0.0)
-    amat = scalar_gpu._unit_lower_inverse(jnp.where(strict, mk, 0.0), mdt)
+    amat = pallas_gpu.unit_lower_inverse(jnp.where(strict, mk, 0.0), mdt)
     if a_ref is not None:
         a_ref[b, h, n, :, :] = amat
     for kb in range(cfg["dk"] // bk):
@@ -656,7 +655,7 @@ def channelwise_delta_pallas(
     if initial_state is None:
         initial_state = jnp.zeros((bsz, heads, dk, dv), F32)
     h0 = initial_state.astype(F32)
-    docs = () if segment_ids is None else scalar_gpu._docs_from_segment_ids(segment_ids, padded)
+    docs = () if segment_ids is None else pallas_gpu.docs_from_segment_ids(segment_ids, padded)
     static = tuple(sorted(_config(
         batch=bsz, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=float(scale),
         has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
