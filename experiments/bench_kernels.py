@@ -53,6 +53,12 @@ _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
 _GATE_SHAPE = flags.DEFINE_string("gate_shape", "2x2048x4", "BxTxH of the correctness gate.")
 _DIM = flags.DEFINE_integer("dim", 128, "Head dim K = V.")
 _TORCH_WORKER = flags.DEFINE_bool("torch_worker", False, "Internal: time fla in this process.")
+_TUNING = flags.DEFINE_string(
+    "tuning", None,
+    'JSON overrides of the kernels\' launch parameters before timing, e.g. '
+    '\'{"scalar": {"backward_chunk": [8, 1], "block_k": 64}, "channelwise": {"prepare": [8, 1]}}\' '
+    "(scalar: pallas_kernels/gated_delta_rule/kernel_gpu.TUNING; channelwise: "
+    "pallas_kernels/gdn2/kernel_gpu.TUNING). Recorded with every record.")
 _CHUNKED_SHAPES = flags.DEFINE_list(
     "chunked_shapes", ["S1"], "Shapes at which the chunked JAX form is timed (it is slow).")
 
@@ -251,7 +257,29 @@ def _on_tpu():
     return jax.default_backend() == "tpu"
 
 
+def _apply_tuning():
+    """Applies ``--tuning`` to the kernel modules' TUNING dicts; returns what was applied."""
+    if not _TUNING.value:
+        return None
+    from pallas_kernels.gated_delta_rule import kernel_gpu as scalar_gpu
+    from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
+    overrides = json.loads(_TUNING.value)
+    modules = {"scalar": scalar_gpu, "channelwise": channelwise_gpu}
+    for family, values in overrides.items():
+        if family not in modules:
+            raise app.UsageError(f"--tuning: unknown kernel family {family!r}; "
+                                 f"choose from {sorted(modules)}")
+        table = modules[family].TUNING
+        for key, value in values.items():
+            if key not in table:
+                raise app.UsageError(f"--tuning: {family} has no entry {key!r}; "
+                                     f"entries: {sorted(table)}")
+            table[key] = tuple(value) if isinstance(value, list) else value
+    return overrides
+
+
 def run_jax(records):
+    tuning = _apply_tuning()
     import jax
     peers = [p for p in _PEERS.value if p != "fla"]
     if _on_tpu() and "jla" in peers:
@@ -278,7 +306,7 @@ def run_jax(records):
                 for pas in _PASSES.value:
                     rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,
                                                                     _DIM.value], pass_=pas,
-                               gate=gate_ok, gate_errors=errs)
+                               gate=gate_ok, gate_errors=errs, tuning=tuning)
                     try:
                         rec["ms"], rec["ms_min"] = _time_jax(passes[pas], (q, k, v, do), gates)
                     except Exception as e:  # noqa: BLE001
