@@ -94,6 +94,7 @@ class TrainTest(absltest.TestCase):
             np.testing.assert_array_equal(got_next[key], expected_next[key])
 
     @pytest.mark.entry
+    @pytest.mark.slow  # ~30 s; train_robustness_test covers kill + SIGTERM resume in CI
     def test_interrupted_run_resumes_exactly(self):
         lines = []
         straight = train.train_and_evaluate(tiny_experiment(self.corpus),
