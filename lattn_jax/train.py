@@ -403,6 +403,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(state["params"]))
     print_fn(f"model: {n_params:,} parameters, layers {list(config.model.layer_pattern)}, "
              f"d_model {config.model.d_model}, backend {jax.default_backend()}")
+    ocfg = config.optim
+    print_fn(f"optimizer: {ocfg.name}, peak lr {ocfg.learning_rate:g}, {ocfg.schedule} schedule, "
+             f"warmup {ocfg.warmup_steps}, {config.train.total_steps} steps")
 
     metrics_writer = MetricsWriter(workdir, tensorboard=tcfg.tensorboard)
     step = int(state["step"])
