@@ -6,6 +6,8 @@ A config file defines ``get_config(arg=None)`` returning an ``ml_collections.Con
 """
 
 import ast
+import dataclasses
+import typing
 
 import ml_collections
 from ml_collections import config_dict
@@ -183,6 +185,32 @@ OPTIMIZERS = ("adamw", "muon")
 DEFAULT_LR = {"adamw": 3e-4, "muon": 3.6e-4}
 
 
+def optim_section(**values) -> ml_collections.ConfigDict:
+    """An ``optim`` section holding every :class:`~lattn_jax.config.OptimConfig` option.
+
+    Every option can then be overridden from the command line (``--config.optim.name=muon``);
+    options whose default is ``None`` become typed placeholders.
+
+    Args:
+      **values: options that differ from the dataclass defaults.
+
+    Raises:
+      ConfigArgError: for a name that is not an optimizer option.
+    """
+    fields = {f.name: f for f in dataclasses.fields(config_lib.OptimConfig)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigArgError(f"unknown optim option(s) {unknown}; choose from {sorted(fields)}")
+    section = {}
+    for name, field in fields.items():
+        value = values.get(name, field.default)
+        if value is None or field.default is None:
+            kind = typing.get_args(field.type)[0] if typing.get_args(field.type) else field.type
+            value = config_dict.FieldReference(value, field_type=kind)
+        section[name] = value
+    return ml_collections.ConfigDict(section)
+
+
 def paper1_optim(opt, *, warmup_steps, learning_rate=None,
                  adamw_learning_rate=1.5e-3) -> ml_collections.ConfigDict:
     """The ``optim`` section of a paper-1 run (spec §5.1-5.3).
@@ -200,15 +228,13 @@ def paper1_optim(opt, *, warmup_steps, learning_rate=None,
     """
     if opt not in OPTIMIZERS:
         raise ConfigArgError(f"opt={opt!r}; choose from {', '.join(OPTIMIZERS)}")
-    optim = dict(
+    return optim_section(
         name=opt,
         learning_rate=DEFAULT_LR[opt] if learning_rate is None else float(learning_rate),
-        adamw_learning_rate=config_dict.FieldReference(
-            adamw_learning_rate if opt == "muon" else None, field_type=float),
+        adamw_learning_rate=adamw_learning_rate if opt == "muon" else None,
         muon_momentum=0.95, muon_ns_steps=5,
         min_lr_ratio=0.1, warmup_steps=warmup_steps, schedule="wsd", decay_fraction=0.2,
         decay_shape="minus_sqrt", b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1, grad_clip=1.0)
-    return ml_collections.ConfigDict(optim)
 
 
 # Token budgets (spec §5.3-5.4): steps at GBS 128 x 4096 (350M) or GBS 512 (1.3B), warm-up.

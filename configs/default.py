@@ -48,9 +48,12 @@ def get_config(arg=None):
                  chunk_size=64, implementation="auto", norm_eps=1e-5),
     )
     config.data = common.bundled_wikitext_data(seq_len=128, batch_size=16)
-    config.optim = dict(learning_rate=3e-3, min_lr_ratio=0.1, warmup_steps=20, schedule="wsd",
-                        decay_fraction=0.2, decay_shape="minus_sqrt", b1=0.9, b2=0.95,
-                        eps=1e-8, weight_decay=0.1, grad_clip=1.0)
+    # Every optimizer option is listed (common.optim_section), so any can be overridden, e.g.
+    # --config.optim.name=muon.
+    config.optim = common.optim_section(
+        name="adamw", learning_rate=3e-3, min_lr_ratio=0.1, warmup_steps=20, schedule="wsd",
+        decay_fraction=0.2, decay_shape="minus_sqrt", b1=0.9, b2=0.95, eps=1e-8,
+        weight_decay=0.1, grad_clip=1.0)
     # 200 steps x 16 x 128 tokens = 410k tokens, about 0.7 epochs of the training split: about
     # 5 minutes on an idle 2-core CPU, ending about 1 nat below the unigram entropy.
     # Mesh axes (data x fsdp x tensor); -1 takes the remaining devices. One device: no mesh.

@@ -44,17 +44,23 @@ def parse_flags(argv):
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 - all of these are user input errors
-        sys.exit(f"error: {_describe(e)}")
+        sys.exit(f"error: {_describe(e, argv)}")
 
 
-def _describe(error) -> str:
+def _describe(error, argv=()) -> str:
     """One line for an error raised while parsing flags (ml_collections nests and embeds them)."""
     # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
     while error.args and isinstance(error.args[0], BaseException):
         error = error.args[0]
     text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
     if isinstance(error, KeyError):
-        text = f"unknown config option {text}"
+        key, _, hint = str(text).partition("\n")
+        key = key.strip("'\"")
+        # Name the whole dotted option as typed (ml_collections reports only its last part).
+        typed = [a.split("=", 1)[0][2:] for a in argv
+                 if a.startswith("--config.") and a.split("=", 1)[0].endswith("." + key)]
+        text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
+        text += f". {hint.strip()}" if hint.strip() else ""
     if "Traceback (most recent call last)" in text:  # config_flags embeds the config's traceback
         head = text.split(":", 1)[0]
         text = f"{head}: {text.strip().splitlines()[-1]}"
@@ -70,6 +76,8 @@ def main(argv):
         config = config_lib.experiment_from_config_dict(_CONFIG.value)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
+    except OSError as e:  # ml_collections: the --config file itself could not be loaded
+        sys.exit(f"error: cannot load --config: {str(e).strip().splitlines()[-1].strip()}")
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     if jax.process_index() == 0:
         print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "

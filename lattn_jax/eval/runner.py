@@ -14,6 +14,7 @@ import re
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from lattn_jax import assets
 from lattn_jax import model as model_lib
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import generate as gen_lib
@@ -172,6 +173,9 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
     if "perplexity" in names:
         for f in options.perplexity_files:
             path = f if os.path.isabs(f) else os.path.join(options.data_dir, f)
+            if not os.path.isfile(path) and f.startswith("lm/wikitext-2-raw/"):
+                # The WikiText-2 raw splits ship in the package (lattn_jax/assets/corpus).
+                path = assets.asset_path("corpus/wikitext-2-raw/" + os.path.basename(f))
             docs = read_documents(path, options.perplexity_max_docs)
             res = ppl_lib.evaluate(scorer, tokenizer, docs, max_len=options.perplexity_window,
                                    stride=options.perplexity_stride)

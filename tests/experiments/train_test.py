@@ -27,7 +27,7 @@ class TrainBinaryTest(parameterized.TestCase):
         ("width", "--config.model.d_model=130",
          "error: model.d_model=130 is not divisible by model.attention.num_heads=4"),
         ("option_typo", "--config.train.total_step=20",
-         "error: unknown config option 'total_step' Did you mean \"total_steps\""),
+         "error: unknown config option 'train.total_step'. Did you mean \"total_steps\""),
         ("chunk_size", "--config.model.gdn.chunk_size=48",
          "error: model.gdn.chunk_size must be a positive power of two, got 48"),
     )
