@@ -204,13 +204,18 @@ def split_text(text: str, doc_split: str) -> Iterator[str]:
     Raises:
         ValueError: unknown ``doc_split``.
     """
-    for piece in _split_pieces(text, doc_split):
+    for piece in split_pieces(text, doc_split):
         piece = piece.strip()
         if piece:
             yield piece
 
 
-def _split_pieces(text: str, doc_split: str) -> list[str]:
+def split_pieces(text: str, doc_split: str) -> list[str]:
+    """The raw pieces :func:`split_text` cuts ``text`` into: unstripped, empty ones included.
+
+    Raises:
+        ValueError: unknown ``doc_split``.
+    """
     if doc_split == "file":
         return [text]
     if doc_split == "line":
@@ -263,7 +268,7 @@ def read_text(path: str, doc_split: str, stats: ReadStats | None = None) -> Iter
         stats.note(f"{path}: replaced {replaced} invalid UTF-8 sequence(s) by U+FFFD")
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    for piece in _split_pieces(text, doc_split):
+    for piece in split_pieces(text, doc_split):
         piece = piece.strip()
         if piece:
             stats.documents += 1

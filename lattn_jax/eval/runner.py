@@ -10,12 +10,12 @@ PNG per NIAH task (``niah_single_2.png``, ...). Task names: :data:`lattn_jax.eva
 import dataclasses
 import json
 import os
-import re
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from lattn_jax import assets
 from lattn_jax import model as model_lib
+from lattn_jax.data import sources as data_sources
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import generate as gen_lib
 from lattn_jax.eval import niah
@@ -103,11 +103,8 @@ def read_documents(path: str, max_docs: Optional[int]) -> List[str]:
         raise FileNotFoundError(f"perplexity file not found: {path}")
     with open(path, encoding="utf-8", newline="") as f:
         text = f.read().replace("\r\n", "\n")
-    if "wiki" in os.path.basename(path):
-        parts = re.split(r"(?m)^(?= = [^=].* = \s*$)", text)
-        docs = [p for p in parts if p.strip()]
-    else:
-        docs = [text]
+    split = "wikitext" if "wiki" in os.path.basename(path) else "file"
+    docs = [p for p in data_sources.split_pieces(text, split) if p.strip()]
     return docs[:max_docs] if max_docs else docs
 
 

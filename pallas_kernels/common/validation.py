@@ -88,15 +88,17 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size):
     return sizes
 
 
-def expand_key_heads(q: jax.Array, k: jax.Array, heads: int):
-    """GVA/GQA: repeats fp32 copies of ``q, k`` ``[B, T, HK, K]`` to ``[B, T, H, K]``.
+def expand_key_heads(q: jax.Array, k: jax.Array, heads: int, dtype=jnp.float32):
+    """GVA/GQA: repeats ``q, k`` ``[B, T, HK, K]`` to ``[B, T, H, K]``, cast to ``dtype``.
 
     Value head ``h`` reads key head ``h // (H // HK)`` (FLA / torch ``repeat_interleave``).
+    ``dtype=None`` keeps the input dtypes (the kernels run in the input dtype); the default fp32
+    is what the pure-JAX forms compute in.
     """
     group = heads // q.shape[2]
-    q = jnp.repeat(q.astype(jnp.float32), group, axis=2)  # [B, T, H, K]
-    k = jnp.repeat(k.astype(jnp.float32), group, axis=2)  # [B, T, H, K]
-    return q, k
+    if dtype is not None:
+        q, k = q.astype(dtype), k.astype(dtype)
+    return jnp.repeat(q, group, axis=2), jnp.repeat(k, group, axis=2)  # [B, T, H, K]
 
 
 def check_chunk_size(chunk_size: int) -> None:

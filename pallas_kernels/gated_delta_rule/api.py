@@ -95,8 +95,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, segment_ids, *, implementat
 def _forward_pallas(q, k, v, g, beta, initial_state, segment_ids, *, scale, interpret,
                     return_residual):
     """The Pallas kernels (``kernel_gpu.py``) in the input dtype; GVA heads expanded here."""
-    group = v.shape[2] // q.shape[2]
-    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    q, k = common.expand_key_heads(q, k, v.shape[2], dtype=None)
     o, final_state, u = kernel_gpu.scalar_decay_pallas(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
         return_residual=return_residual, interpret=interpret,
@@ -107,8 +106,7 @@ def _forward_pallas(q, k, v, g, beta, initial_state, segment_ids, *, scale, inte
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size"))
 def _forward_tpu(q, k, v, g, beta, initial_state, segment_ids, *, scale, chunk_size):
     """The Pallas TPU kernels (``kernel_tpu.py``); GVA heads expanded here."""
-    group = v.shape[2] // q.shape[2]
-    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    q, k = common.expand_key_heads(q, k, v.shape[2], dtype=None)
     return kernel_tpu.scalar_decay_tpu(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
         chunk_size=chunk_size,

@@ -98,8 +98,7 @@ def _forward(q, k, v, g, scale, initial_state, segment_ids, *, implementation, c
 @functools.partial(jax.jit, static_argnames=("scale", "interpret"))
 def _forward_pallas(q, k, v, g, initial_state, segment_ids, *, scale, interpret):
     """The Pallas kernels with the delta rule off (``beta=None``); GVA heads expanded here."""
-    group = v.shape[2] // q.shape[2]
-    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    q, k = common.expand_key_heads(q, k, v.shape[2], dtype=None)
     o, final_state, _ = kernel_gpu.scalar_decay_pallas(
         q, k, v, g, None, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
         return_residual=False, interpret=interpret,
@@ -110,8 +109,7 @@ def _forward_pallas(q, k, v, g, initial_state, segment_ids, *, scale, interpret)
 @functools.partial(jax.jit, static_argnames=("scale", "chunk_size"))
 def _forward_tpu(q, k, v, g, initial_state, segment_ids, *, scale, chunk_size):
     """The Pallas TPU kernels with the delta rule off (``beta=None``); GVA heads expanded."""
-    group = v.shape[2] // q.shape[2]
-    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
+    q, k = common.expand_key_heads(q, k, v.shape[2], dtype=None)
     o, final_state, _ = kernel_tpu.scalar_decay_tpu(
         q, k, v, g, None, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
         chunk_size=chunk_size,
