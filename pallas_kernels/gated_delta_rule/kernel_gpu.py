@@ -68,9 +68,6 @@ F32 = jnp.float32
 TUNING = {
     "prepare": (4, 1),
     "forward": (4, 2),
-    "states": (4, 2),
-    "output": (4, 1),
-    "split_forward": False,
     "backward_state": (4, 2),
     "backward_chunk": (4, 1),
     "block_v": None,
@@ -231,84 +228,6 @@ def _forward(cfg, q, k, u, w, gam, docs, h0, *, save_vn, save_states):
         grid=(bsz * heads, dv // cfg["block_v"]), tune="forward", name="gdn_forward",
     )
     return outs["o_ref"], outs["ht_ref"], outs.get("vn_ref"), outs.get("hs_ref")
-
-
-def _states_kernel(k_ref, u_ref, w_ref, gam_ref, doc_ref, conn_ref, last_ref, h0_ref,
-                   ht_ref, vn_ref, hs_ref, *, cfg):
-    """Sequential pass that only carries the state: writes each chunk's entry state and Vn."""
-    b, h = _program_bh(cfg, 0)
-    vsl = pl.ds(pl.program_id(1) * cfg["block_v"], cfg["block_v"])
-    mdt = cfg["mm_dtype"]
-
-    def body(n, state):
-        tsl = pl.ds(n * CHUNK, CHUNK)
-        hs_ref[b, h, n, :, vsl] = state.astype(hs_ref.dtype)
-        k = k_ref[b, tsl, h, :]
-        u = u_ref[b, tsl, h, vsl]
-        gam = gam_ref[b, h, tsl]
-        doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-        g_last = _last(gam, CHUNK)
-        e_out = jnp.exp(g_last - gam)
-        e_all = jnp.exp(g_last)
-        if doc is not None:
-            e_out = e_out * last
-            e_all = e_all * _last(conn, CHUNK)
-        if cfg["delta"]:
-            vn = u.astype(F32) - mm(w_ref[b, tsl, h, :], state, mdt)
-            vn_ref[b, tsl, h, vsl] = vn.astype(vn_ref.dtype)
-        else:
-            vn = u
-        return e_all * state + mm_tn(k.astype(F32) * e_out[:, None], vn, mdt)
-
-    state = h0_ref[b, h, :, vsl].astype(F32)
-    state = jax.lax.fori_loop(0, cfg["n_chunks"], body, state)
-    ht_ref[b, h, :, vsl] = state
-
-
-def _output_kernel(q_ref, k_ref, vn_ref, hs_ref, gam_ref, doc_ref, conn_ref, last_ref, o_ref, *,
-                   cfg):
-    """Parallel read-out of one chunk from its entry state: O = scale[(e_in Q) S_0 + P Vn]."""
-    n = pl.program_id(0)
-    b, h = _program_bh(cfg, 1)
-    tsl = pl.ds(n * CHUNK, CHUNK)
-    mdt = cfg["mm_dtype"]
-    q = q_ref[b, tsl, h, :]
-    k = k_ref[b, tsl, h, :]
-    gam = gam_ref[b, h, tsl]
-    doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-    dmat, e_in, _, _, _ = _decays(gam, doc, conn, last)
-    attn = mm_nt(q, k, mdt) * dmat
-    o = mm(q.astype(F32) * e_in[:, None], hs_ref[b, h, n, :, :], mdt)
-    o = o + mm(attn, vn_ref[b, tsl, h, :], mdt)
-    o_ref[b, tsl, h, :] = (cfg["scale"] * o).astype(o_ref.dtype)
-
-
-def _forward_split(cfg, q, k, u, w, gam, docs, h0):
-    """Forward as a state-only sequential pass plus a parallel read-out (FLA's structure)."""
-    bsz, tp, heads, dk = q.shape
-    dv = u.shape[-1]
-    delta = cfg["delta"]
-    states = _pallas(
-        _states_kernel, cfg,
-        inputs=[("k_ref", k), ("u_ref", u), ("w_ref", w), ("gam_ref", gam)]
-        + _doc_inputs(docs) + [("h0_ref", h0)],
-        outputs=[
-            ("ht_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
-            ("vn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype) if delta else None),
-            ("hs_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], dk, dv),
-                                            cfg["mm_dtype"])),
-        ],
-        grid=(bsz * heads, dv // cfg["block_v"]), tune="states", name="gdn_states",
-    )
-    vn = states["vn_ref"] if delta else u
-    out = _pallas(
-        _output_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("vn_ref", vn), ("hs_ref", states["hs_ref"]),
-                ("gam_ref", gam)] + _doc_inputs(docs),
-        outputs=[("o_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype))],
-        grid=(cfg["n_chunks"], bsz * heads), tune="output", name="gdn_output",
-    )
-    return out["o_ref"], states["ht_ref"], vn, states["hs_ref"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -513,11 +432,8 @@ def _make_core(static):
             w, u, amat = _prepare(cfg, k, v, beta, gam, docs)
         else:
             u = v
-        if TUNING["split_forward"]:
-            o, ht, vn, hs = _forward_split(cfg, q, k, u, w, gam, docs, h0)
-        else:
-            o, ht, vn, hs = _forward(cfg, q, k, u, w, gam, docs, h0,
-                                     save_vn=save or residual, save_states=save)
+        o, ht, vn, hs = _forward(cfg, q, k, u, w, gam, docs, h0,
+                                 save_vn=save or residual, save_states=save)
         return o, ht, vn, hs, w, amat
 
     @jax.custom_vjp
