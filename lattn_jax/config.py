@@ -130,6 +130,9 @@ def stack_pattern(stack: str, num_layers: int, linear: Optional[str] = None, *,
                  for i in range(num_layers))
 
 
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "cudnn")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AttentionConfig:
     """Causal softmax attention (Transformer++ layers and the softmax layers of hybrids).
@@ -147,6 +150,11 @@ class AttentionConfig:
         ln(t + a) / ln(a)``, ``t`` the 0-based position of the query inside its document and
         ``a`` this value (HypeNet-2B: 500 at inference). ``None`` (the default, and HypeNet's
         training setting) disables it. Must be ``> 1``.
+      implementation: the attention kernel of the training path and of a prefill that starts a
+        cache: ``"auto"`` (cuDNN flash attention on a GPU when the compute dtype is bf16/fp16
+        and the head dim is a multiple of 8 up to 256, XLA otherwise), ``"xla"`` (XLA's fused
+        softmax over the materialised ``[B, H, T, T]`` logits) or ``"cudnn"`` (flash attention;
+        raises on another backend or dtype). Decoding steps with a cache always use XLA.
 
     Layers named ``"attn_nope"`` in ``ModelConfig.layer_pattern`` use these settings without RoPE
     (NoPE), so RoPE and NoPE softmax layers can be mixed per layer.
@@ -159,8 +167,14 @@ class AttentionConfig:
     output_gate: bool = False
     qk_norm: bool = False
     logit_scaling_base: Optional[float] = None
+    implementation: str = "auto"
 
     def __post_init__(self):
+        _require(
+            self.implementation in ATTENTION_IMPLEMENTATIONS,
+            f"model.attention.implementation={self.implementation!r}; choose from "
+            f"{', '.join(ATTENTION_IMPLEMENTATIONS)}",
+        )
         _require(self.num_heads >= 1,
                  f"model.attention.num_heads must be >= 1, got {self.num_heads}")
         _require(

@@ -215,6 +215,18 @@ class LanguageModel(nnx.Module):
                 states.append(block.mixer.init_state(batch))
         return states
 
+    @staticmethod
+    def grow_state(states: Sequence[Any], max_len: int) -> List[Any]:
+        """Per-layer states with every KV cache's capacity raised to ``max_len`` (recurrent
+        states unchanged), e.g. after ``model(prompt, return_state=True)`` built caches of the
+        prompt's length, before decoding.
+
+        Raises:
+          ValueError: if ``max_len`` is below a cache's capacity.
+        """
+        return [mixers.attention.grow_cache(st, max_len)
+                if isinstance(st, mixers.attention.KVCache) else st for st in states]
+
     def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
                  route: bool = True, state: Optional[Sequence[Any]] = None,
                  return_state: bool = False) -> Union[Array, Tuple[Array, List[Any]]]:
@@ -228,7 +240,9 @@ class LanguageModel(nnx.Module):
           route: apply the cross-layer routing contributions (CLER, CLER-H, CLVR, controls);
             ``False`` evaluates the host model with the same parameters.
           state: optional list of per-layer states from :meth:`init_state` or a previous call;
-            the call continues them (a ``T == 1`` call is one decoding step).
+            the call continues them (a ``T == 1`` call is one decoding step). ``None`` with
+            ``return_state`` starts fresh states, with KV caches of capacity ``T`` (a prefill on
+            the training kernels; see :meth:`grow_state`).
           return_state: also return the list of new per-layer states.
 
         Returns:
@@ -243,7 +257,10 @@ class LanguageModel(nnx.Module):
         if state is not None and len(state) != len(self.blocks):
             raise ValueError(f"state has {len(state)} entries for {len(self.blocks)} layers")
         if return_state and state is None:
-            state = self.init_state(tokens.shape[0], tokens.shape[1])
+            # Attention layers start a cache of capacity T on the training path's kernel
+            # (flash attention on a GPU); linear layers start from their zero state.
+            state = [None if isinstance(block.mixer, mixers.attention.Attention)
+                     else block.mixer.init_state(tokens.shape[0]) for block in self.blocks]
         h = jnp.take(self.embed[...], tokens, axis=0).astype(self.dtype)  # [B, T, D]
         new_states = []
         if self.config.routing.attn_res:

@@ -177,10 +177,11 @@ class Generator:
 
     def _prefill_impl(self, params, tokens, segment_ids, max_len):
         model = self._model(params)
-        state = model.init_state(tokens.shape[0], max_len)
-        logits, state = model(tokens, segment_ids=segment_ids, state=state, return_state=True,
+        # A fresh prefill runs attention on the training kernel (flash attention on a GPU), then
+        # the caches grow to max_len for decoding.
+        logits, state = model(tokens, segment_ids=segment_ids, return_state=True,
                               route=self.route)
-        return logits[:, -1], state  # [B, S], per-layer states
+        return logits[:, -1], model.grow_state(state, max_len)  # [B, S], per-layer states
 
     def _step_impl(self, params, token, state, rng, sampling):
         model = self._model(params)

@@ -9,9 +9,10 @@ NoPE (layer name ``"attn_nope"``, :class:`NoPEAttention`), the output gate, and 
 position-dependent logit scaling ``q_t <- s_t q_t``, ``s_t = log_a(t + a)``
 (``AttentionConfig.logit_scaling_base``).
 
-Attention itself goes through ``jax.nn.dot_product_attention`` (the XLA implementation on CPU,
-cuDNN where available). Packed documents are separated by a block-diagonal mask built from
-``segment_ids``, and RoPE positions (and ``t`` of the logit scaling) restart at every document.
+Attention itself goes through ``jax.nn.dot_product_attention``: cuDNN's flash attention on a
+GPU in bf16/fp16 (``AttentionConfig.implementation="auto"``), XLA otherwise. Packed documents
+are separated by a block-diagonal mask built from ``segment_ids``, and RoPE positions (and ``t``
+of the logit scaling) restart at every document.
 
 Decoding uses an explicit KV cache (:class:`KVCache`, from :meth:`Attention.init_state`): a call
 with a cache writes its keys and values at the next free slots and attends over the valid prefix
@@ -75,6 +76,52 @@ def _last_document_start(segment_ids: Optional[Array], batch: int, length: int) 
     return jnp.max(jnp.where(starts, t, 0), axis=1)
 
 
+def resolve_implementation(implementation: str, dtype, head_dim: int) -> str:
+    """The attention kernel behind ``AttentionConfig.implementation``: ``"xla"`` or ``"cudnn"``.
+
+    ``"auto"`` picks cuDNN's flash attention when the default backend is a GPU, ``dtype`` is
+    bf16 or fp16 and ``head_dim`` is a multiple of 8 up to 256 (cuDNN's flash conditions on
+    Hopper), else XLA.
+
+    Raises:
+      ValueError: for ``"cudnn"`` on another backend, dtype or head dim (the reason named), or
+        an unknown implementation.
+    """
+    dtype = jnp.dtype(dtype)
+    reasons = []
+    if jax.default_backend() != "gpu":
+        reasons.append(f"the backend is {jax.default_backend()!r}, not 'gpu'")
+    if dtype not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        reasons.append(f"the compute dtype is {dtype.name}, not bfloat16/float16")
+    if head_dim % 8 or head_dim > 256:
+        reasons.append(f"head_dim={head_dim} is not a multiple of 8 up to 256")
+    if implementation == "auto":
+        return "xla" if reasons else "cudnn"
+    if implementation == "cudnn":
+        if reasons:
+            raise ValueError("model.attention.implementation='cudnn' is not supported here: "
+                             + "; ".join(reasons))
+        return "cudnn"
+    if implementation == "xla":
+        return "xla"
+    raise ValueError(f"model.attention.implementation={implementation!r}; choose auto, xla or "
+                     "cudnn")
+
+
+def grow_cache(cache: "KVCache", max_len: int) -> "KVCache":
+    """``cache`` with its capacity raised to ``max_len`` slots (zeros appended), e.g. after a
+    prefill that built a cache of exactly the prompt's length.
+
+    Raises:
+      ValueError: if ``max_len`` is below the current capacity.
+    """
+    capacity = cache.k.shape[1]
+    if max_len < capacity:
+        raise ValueError(f"max_len={max_len} is below the cache's capacity {capacity}")
+    pad = [(0, 0), (0, max_len - capacity), (0, 0), (0, 0)]
+    return cache._replace(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad))
+
+
 def _concrete_max(x: Array) -> Optional[int]:
     """``max(x)`` as a Python int if ``x`` is concrete, else ``None`` (under ``jit``)."""
     try:
@@ -112,6 +159,8 @@ class Attention(nnx.Module):
         self.output_gate = cfg.output_gate
         self.logit_scaling_base = cfg.logit_scaling_base
         self.dtype = jnp.dtype(model_config.dtype)
+        self.implementation = resolve_implementation(cfg.implementation, self.dtype,
+                                                     self.head_dim)
         param_dtype = jnp.dtype(model_config.param_dtype)
         d = model_config.d_model
         q_width = self.num_heads * self.head_dim
@@ -154,8 +203,9 @@ class Attention(nnx.Module):
             equals decoding the last document alone; earlier documents stay in the cache but are
             masked).
           state: optional :class:`KVCache`. ``None`` with ``return_state`` starts a cache of
-            capacity ``T`` (full after this call); build a larger one with :meth:`init_state`
-            to keep decoding.
+            capacity ``T`` (full after this call; attention runs on the training path's kernel,
+            flash attention on a GPU); raise its capacity with :func:`grow_cache`, or pass a
+            larger one from :meth:`init_state`, to keep decoding.
           return_state: also return the updated cache.
 
         Returns:
@@ -168,8 +218,7 @@ class Attention(nnx.Module):
         """
         b, t, _ = x.shape
         h, g, dh = self.num_heads, self.num_kv_heads, self.head_dim
-        if state is None and return_state:
-            state = self.init_state(b, t)
+        fresh = state is None and return_state  # a new cache of capacity T: flash path
         if state is not None:
             self._check_cache(state, b, t)
         proj = self.qkv_proj(x)
@@ -194,7 +243,13 @@ class Attention(nnx.Module):
             # Only q is scaled: a per-query temperature on numerator and denominator alike.
             s = logit_scale(positions, self.logit_scaling_base)[:, :, None, None]  # [B, T, 1, 1]
             q = (q.astype(jnp.float32) * s).astype(q.dtype)
-        if state is None:
+        if fresh:
+            o = self._attend(q, k, v, segment_ids)
+            new_state = KVCache(
+                k=k.astype(self.dtype), v=v.astype(self.dtype),
+                length=jnp.full((b,), t, jnp.int32),
+                doc_start=_last_document_start(segment_ids, b, t).astype(jnp.int32))
+        elif state is None:
             o = self._attend(q, k, v, segment_ids)
             new_state = None
         else:
@@ -225,7 +280,8 @@ class Attention(nnx.Module):
             doc = validation.document_index(segment_ids)
             mask = (doc[:, :, None] == doc[:, None, :])[:, None, :, :]  # [B, 1, T, T]
         return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True,
-                                            scale=1.0 / math.sqrt(self.head_dim))
+                                            scale=1.0 / math.sqrt(self.head_dim),
+                                            implementation=self.implementation)
 
     def _attend_cached(self, q: Array, k: Array, v: Array, segment_ids: Optional[Array],
                        state: KVCache) -> Tuple[Array, KVCache]:
