@@ -153,7 +153,7 @@ def paper1_model(linear, stack, num_layers, *, size="350m", mlp_hidden=None,
         param_dtype="float32",
         use_segment_ids=False,
         remat=False,
-        attention=dict(rope_theta=500_000.0, qk_norm=False,
+        attention=dict(rope_theta=500_000.0, qk_norm=False, implementation="auto",
                        output_gate=stack == "hybrid" and linear in OUTPUT_GATE_HOSTS,
                        **s["attention"]),
     )
@@ -247,6 +247,28 @@ BUDGETS = {
 }
 
 
+def train_section(**values) -> ml_collections.ConfigDict:
+    """``config.train`` with every ``TrainConfig`` field listed (so each can be overridden on the
+    command line, e.g. ``--config.train.nonfinite_policy=skip``), ``values`` replacing the
+    dataclass defaults.
+
+    Raises:
+      ConfigArgError: for a name that is not a ``TrainConfig`` field.
+    """
+    fields = {f.name: f for f in dataclasses.fields(config_lib.TrainConfig)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigArgError(f"unknown train option(s) {', '.join(unknown)}")
+    section = {}
+    for name, field in fields.items():
+        value = values.get(name, field.default)
+        if value is None:  # Optional[int] / Optional[float]: a typed placeholder
+            kind = float if name == "peak_flops_per_device" else int
+            value = config_dict.placeholder(kind)
+        section[name] = value
+    return ml_collections.ConfigDict(section)
+
+
 def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", tiny=False,
                       learning_rate=None, mlp_hidden=None,
                       routing=None) -> ml_collections.ConfigDict:
@@ -277,9 +299,8 @@ def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", ti
         lr = 3e-3 if learning_rate is None else learning_rate
         config.optim = paper1_optim(opt, warmup_steps=warmup, learning_rate=lr,
                                     adamw_learning_rate=3e-3)
-        config.train = dict(total_steps=total, eval_every=30, checkpoint_every=30,
-                            keep_checkpoints=1, log_every=10, seed=42,
-                            max_steps_per_run=config_dict.placeholder(int))
+        config.train = train_section(total_steps=total, eval_every=30, checkpoint_every=30,
+                                     keep_checkpoints=1, log_every=10, seed=42)
         return config
     total = b["total_steps"]
     config.data = bundled_wikitext_data(seq_len=4096, batch_size=b["batch_size"])
@@ -288,7 +309,7 @@ def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", ti
     config.data.max_val_batches = 10
     config.optim = paper1_optim(opt, warmup_steps=b["warmup_steps"],
                                 learning_rate=learning_rate)
-    config.train = dict(total_steps=total, eval_every=b["eval_every"],
-                        checkpoint_every=b["eval_every"], keep_checkpoints=2, log_every=10,
-                        seed=42, max_steps_per_run=config_dict.placeholder(int))
+    config.train = train_section(total_steps=total, eval_every=b["eval_every"],
+                                 checkpoint_every=b["eval_every"], keep_checkpoints=2,
+                                 log_every=10, seed=42)
     return config

@@ -42,6 +42,7 @@ def get_config(arg=None):
         # Paper 1 puts a sigmoid output gate on the softmax layers of GDN hybrids only; the
         # dense (Transformer++) baseline has none.
         attention=dict(num_heads=4, num_kv_heads=2, head_dim=config_dict.placeholder(int),
+                       implementation="auto",
                        rope_theta=config_dict.FieldReference(500_000.0, field_type=float),
                        output_gate=arg.pattern != "dense", qk_norm=False),
         gdn=dict(num_k_heads=2, num_v_heads=4, head_k_dim=32, head_v_dim=32, conv_width=4,
@@ -58,7 +59,6 @@ def get_config(arg=None):
     # 5 minutes on an idle 2-core CPU, ending about 1 nat below the unigram entropy.
     # Mesh axes (data x fsdp x tensor); -1 takes the remaining devices. One device: no mesh.
     config.mesh = dict(data=-1, fsdp=1, tensor=1)
-    config.train = dict(total_steps=200, eval_every=50, checkpoint_every=50,
-                        keep_checkpoints=2, log_every=10, seed=0,
-                        max_steps_per_run=config_dict.placeholder(int))
+    config.train = common.train_section(total_steps=200, eval_every=50, checkpoint_every=50,
+                                        keep_checkpoints=2, log_every=10, seed=0)
     return config

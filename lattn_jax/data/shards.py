@@ -255,7 +255,7 @@ def open_corpus(directories: Sequence[str]) -> TokenCorpus:
                              f"but an earlier directory with {tokenizer['name']}")
         dtype = np.dtype(manifest["dtype"]).newbyteorder("<")
         for key, value in manifest.get("totals", {}).items():
-            if key not in ("documents", "tokens", "shards"):
+            if key not in ("tokens", "shards"):
                 stats[key] = stats.get(key, 0) + int(value)
         for entry in manifest["shards"]:
             token_path = os.path.join(directory, entry["token_file"])

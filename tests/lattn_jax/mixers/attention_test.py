@@ -2,6 +2,7 @@
 logit scaling and the property suite."""
 
 import numpy as np
+import pytest
 import jax
 import jax.numpy as jnp
 from absl.testing import absltest, parameterized
@@ -158,6 +159,88 @@ class AttentionTest(parameterized.TestCase):
                               state=module.init_state(1, 8), return_state=True)
         np.testing.assert_array_equal(cache.doc_start, [4])  # position of the next token: 2
         np.testing.assert_array_equal(cache.length, [6])
+
+    def test_fresh_prefill_equals_cached_prefill_and_grows(self):
+        # return_state without a state (training kernel, cache of capacity T) must give the
+        # outputs and cache of a prefill into an empty init_state cache, packed rows included.
+        module = attention.Attention(props.tiny_config("attn"), rngs=nnx.Rngs(0))
+        x = jax.random.normal(jax.random.key(7), (2, 9, props.D_MODEL))
+        seg = jnp.array([[0] * 4 + [1] * 5, [2] * 9])
+        y_fresh, fresh = props.call(module, x, seg, return_state=True)
+        y_cached, cached = props.call(module, x, seg, state=module.init_state(2, 9),
+                                      return_state=True)
+        np.testing.assert_allclose(y_fresh, y_cached, **tolerances.fwd_tol(jnp.float32))
+        for a, b in zip(fresh, cached):
+            np.testing.assert_allclose(a, b, **tolerances.fwd_tol(jnp.float32))
+        grown = attention.grow_cache(fresh, 12)
+        self.assertEqual(grown.k.shape[1], 12)
+        np.testing.assert_array_equal(grown.k[:, :9], fresh.k)
+        np.testing.assert_array_equal(grown.length, [9, 9])
+        with self.assertRaisesRegex(ValueError, "below the cache's capacity"):
+            attention.grow_cache(fresh, 4)
+
+    def test_implementation_resolution(self):
+        bf16 = jnp.bfloat16
+        if jax.default_backend() != "gpu":
+            self.assertEqual(attention.resolve_implementation("auto", bf16, 64), "xla")
+            with self.assertRaisesRegex(ValueError, "implementation='cudnn'.*backend"):
+                attention.resolve_implementation("cudnn", bf16, 64)
+        else:
+            self.assertEqual(attention.resolve_implementation("auto", bf16, 64), "cudnn")
+        self.assertEqual(attention.resolve_implementation("auto", jnp.float32, 64), "xla")
+        with self.assertRaisesRegex(ValueError, "float32"):
+            attention.resolve_implementation("cudnn", jnp.float32, 64)
+        with self.assertRaisesRegex(ValueError, "head_dim=12"):
+            attention.resolve_implementation("cudnn", bf16, 12)
+        self.assertEqual(attention.resolve_implementation("xla", bf16, 12), "xla")
+        with self.assertRaisesRegex(ValueError, "choose from"):
+            config_lib.AttentionConfig(implementation="flash")
+
+
+@pytest.mark.gpu
+class CudnnAttentionTest(parameterized.TestCase):
+    """cuDNN flash attention (bf16) against XLA's attention on the same module, and against
+    the fp64 NumPy reference; outputs and parameter gradients."""
+
+    def setUp(self):
+        super().setUp()
+        if jax.default_backend() != "gpu":
+            self.skipTest("needs a GPU")
+
+    @parameterized.named_parameters(dict(testcase_name="causal", packed=False),
+                                    dict(testcase_name="packed", packed=True))
+    def test_cudnn_matches_xla(self, packed):
+        def build(impl):
+            cfg = config_lib.ModelConfig(
+                vocab_size=50, d_model=256, layer_pattern=("attn",), mlp_hidden=64,
+                dtype="bfloat16", attention=config_lib.AttentionConfig(
+                    num_heads=4, num_kv_heads=2, head_dim=64, output_gate=True,
+                    implementation=impl))
+            return attention.Attention(cfg, rngs=nnx.Rngs(0))
+
+        x = jax.random.normal(jax.random.key(3), (2, 256, 256), jnp.float32)
+        seg = jnp.concatenate([jnp.zeros((2, 100), jnp.int32), jnp.ones((2, 156), jnp.int32)],
+                              axis=1) if packed else None
+        outs, grads = [], []
+        for impl in ("cudnn", "xla"):
+            module = build(impl)
+            self.assertEqual(module.implementation, impl)
+            graphdef, params = nnx.split(module)
+
+            def loss(p, x):
+                y = nnx.merge(graphdef, p)(x, segment_ids=seg)
+                return jnp.sum(y.astype(jnp.float32) ** 2), y
+
+            (_, y), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params, x)
+            outs.append(np.asarray(y, np.float32))
+            grads.append(jax.tree_util.tree_leaves(g))
+        ref = _attention_np(build("xla"), np.asarray(x, np.float64),
+                            np.asarray(seg) if packed else np.zeros((2, 256), int))
+        rel = lambda a, b: np.linalg.norm(a - b) / np.linalg.norm(b)  # noqa: E731
+        self.assertLess(rel(outs[0], ref), 2e-2)
+        self.assertLess(rel(outs[0], outs[1]), 2e-2)
+        for a, b in zip(*grads):
+            self.assertLess(rel(np.asarray(a, np.float32), np.asarray(b, np.float32)), 3e-2)
 
 
 if __name__ == "__main__":

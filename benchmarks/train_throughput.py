@@ -1,0 +1,209 @@
+"""Training throughput of the paper-1 presets through the real trainer: tokens/s and MFU.
+
+Runs ``experiments/train.py`` (data pipeline, jitted train step, optimizer, metrics; the whole
+trainer) for each preset for ``--steps`` steps at ``--seq_len`` tokens per row, then reads each
+run's ``metrics.jsonl``: the per-window tokens/s, step time and MFU the trainer logs (its FLOP
+model, :mod:`lattn_jax.flops`, counts the mixers' real work) averaged over the windows after
+``--skip_windows`` (compilation and warm-up excluded). Results are normalised to GDN pure, as the
+speed column of paper 1's Table 2 (arXiv 2607.07953): softmax dense 79.7%, GDN hybrid 89.5%,
+KDA hybrid 70.9% (Muon).
+
+Example (the command behind ``benchmarks/results/train-throughput-h200-*.md``)::
+
+    python benchmarks/train_throughput.py --out=/tmp/tp --steps=200 --batch_size=8
+
+Each run writes to ``<out>/<preset>/``; the table is rewritten after every preset
+(``<out>/train_throughput.{md,json}``), so a run cut short keeps what it measured, and a later
+invocation into the same ``--out`` adds its presets to the table (e.g. a preset run with fewer
+``--steps``; each row records its own steps).
+"""
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name -> (table2 config argument, paper Table 2 speed relative to GDN pure, Muon; None: n/a)
+PRESETS = {
+    "softmax_dense": ("arch=softmax,stack=dense", 0.797),
+    "gdn_pure": ("arch=gdn,stack=pure", 1.0),
+    "gdn_hybrid": ("arch=gdn,stack=hybrid", 0.895),
+    "kda_hybrid": ("arch=kda,stack=hybrid", 0.709),
+}
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--presets", default=",".join(PRESETS),
+                        help=f"comma-separated subset of {', '.join(PRESETS)}")
+    parser.add_argument("--opt", default="muon", choices=["muon", "adamw"])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch_size", type=int, default=8, help="rows per step")
+    parser.add_argument("--seq_len", type=int, default=4096)
+    parser.add_argument("--log_every", type=int, default=10)
+    parser.add_argument("--skip_windows", type=int, default=2,
+                        help="logging windows dropped at the start (compile, warm-up)")
+    parser.add_argument("--tiny", action="store_true", help="CPU smoke run of the tiny presets")
+    parser.add_argument("--extra", default="", help="extra flags for experiments/train.py")
+    return parser.parse_args(argv)
+
+
+def _versions():
+    out = {"python": platform.python_version()}
+    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _device():
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=20)
+        if smi.returncode == 0 and smi.stdout.strip():
+            return smi.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+
+
+def summarise(metrics_path: str, skip_windows: int) -> dict:
+    """Mean tokens/s, step time and MFU over a run's logged windows after ``skip_windows``.
+
+    Args:
+      metrics_path: the trainer's ``metrics.jsonl``.
+      skip_windows: leading logging windows to drop (compilation, warm-up).
+
+    Returns:
+      ``{"tokens_per_sec", "step_time", "mfu" (None without a peak FLOP/s), "windows",
+      "first_loss", "last_loss", "val_loss"}``.
+
+    Raises:
+      FileNotFoundError: if the file is missing; ValueError: if no window is left to average.
+    """
+    rows = [json.loads(line) for line in open(metrics_path) if line.strip()]
+    train = [r for r in rows if r.get("tokens_per_sec") is not None]
+    timed = train[skip_windows:]
+    if not timed:
+        raise ValueError(f"{metrics_path}: {len(train)} timed windows, none left after skipping "
+                         f"{skip_windows}")
+    mean = lambda key: sum(r[key] for r in timed) / len(timed)  # noqa: E731
+    mfu = mean("mfu") if all(r.get("mfu") is not None for r in timed) else None
+    losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    vals = [r["val_loss"] for r in rows if "val_loss" in r]
+    return {"tokens_per_sec": mean("tokens_per_sec"), "step_time": mean("step_time"), "mfu": mfu,
+            "windows": len(timed), "first_loss": losses[0] if losses else None,
+            "last_loss": losses[-1] if losses else None, "val_loss": vals[-1] if vals else None}
+
+
+def render(result: dict) -> str:
+    """The markdown report of :func:`main`'s JSON result."""
+    lines = [f"# Training throughput, paper-1 presets ({result['date'][:10]})", "",
+             f"- Date: {result['date']}. Device: {result['device']}.",
+             f"- Versions: {json.dumps(result['versions'])}.",
+             f"- Setup: {result['opt']}, {result['steps']} steps of {result['batch_size']} x "
+             f"{result['seq_len']} tokens, bf16 compute with fp32 master weights, the bundled "
+             f"WikiText-2 corpus through the real data pipeline; tokens/s, step time and MFU are "
+             f"the trainer's logged windows of {result['log_every']} steps averaged after "
+             f"dropping the first {result['skip_windows']} (compilation, warm-up). MFU = model "
+             f"FLOPs (lattn_jax.flops, mixers' real work, causal attention halved) / "
+             f"(989 TFLOP/s bf16 dense peak x devices).",
+             f"- Command: `{result['command']}`", "",
+             "| preset | params | steps | tokens/s | step time (s) | MFU | speed vs GDN pure | "
+             "paper (Muon) | loss first -> last | wall (s) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    base = result["runs"].get("gdn_pure", {}).get("tokens_per_sec")
+    for name, run in result["runs"].items():
+        if "error" in run:
+            lines.append(f"| {name} | | | failed: {run['error']} | | | | | | |")
+            continue
+        rel = f"{100 * run['tokens_per_sec'] / base:.1f}%" if base else "n/a"
+        paper = PRESETS[name][1]
+        mfu = "n/a" if run["mfu"] is None else f"{100 * run['mfu']:.1f}%"
+        params = f"{run['params'] / 1e6:.1f}M" if run.get("params") else ""
+        lines.append(
+            f"| {name} | {params} | {run.get('steps', '')} | {run['tokens_per_sec']:,.0f} | "
+            f"{run['step_time']:.3f} | {mfu} | {rel} | {100 * paper:.1f}% | "
+            f"{run['first_loss']:.3f} -> {run['last_loss']:.3f} | {run['wall_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = _parse_args(sys.argv[1:] if argv is None else argv)
+    os.makedirs(args.out, exist_ok=True)
+    names = [n for n in args.presets.split(",") if n]
+    for n in names:
+        if n not in PRESETS:
+            raise SystemExit(f"error: --presets: unknown preset {n!r}; choose from "
+                             f"{', '.join(PRESETS)}")
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": _device(), "versions": _versions(), "opt": args.opt,
+              "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
+              "log_every": args.log_every, "skip_windows": args.skip_windows,
+              "command": "python " + " ".join(shlex.quote(a) for a in
+                                              ["benchmarks/train_throughput.py"] + sys.argv[1:]),
+              "runs": {}}
+    previous = os.path.join(args.out, "train_throughput.json")
+    if os.path.exists(previous):  # a second invocation into the same --out adds its presets
+        with open(previous) as f:
+            result["runs"] = {k: v for k, v in json.load(f)["runs"].items() if k not in names}
+    for name in names:
+        workdir = os.path.join(args.out, name)
+        arg = PRESETS[name][0] + f",opt={args.opt}" + (",tiny" if args.tiny else "")
+        cmd = [sys.executable, os.path.join(_ROOT, "experiments", "train.py"),
+               f"--config={os.path.join(_ROOT, 'configs', 'table2.py')}:{arg}",
+               f"--workdir={workdir}", f"--config.train.total_steps={args.steps}",
+               f"--config.data.batch_size={args.batch_size}",
+               f"--config.data.seq_len={args.seq_len}",
+               f"--config.train.log_every={args.log_every}",
+               f"--config.train.eval_every={args.steps}",
+               f"--config.train.checkpoint_every={args.steps}",
+               "--config.train.nonfinite_policy=skip", "--config.train.tensorboard=False",
+               "--config.data.max_val_batches=2"] + shlex.split(args.extra)
+        print(f"== {name}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+        t0 = time.perf_counter()
+        log_path = os.path.join(workdir + ".log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, cwd=_ROOT)
+            params = None
+            for line in proc.stdout:
+                log.write(line)
+                if "\r" not in line:
+                    print(f"   {line.rstrip()}", flush=True)
+                if line.startswith("model: ") and " parameters" in line:
+                    params = int(line.split()[1].replace(",", ""))
+            rc = proc.wait()
+        wall = time.perf_counter() - t0
+        if rc:
+            result["runs"][name] = {"error": f"exit {rc}, see {os.path.basename(log_path)}",
+                                    "wall_s": wall}
+        else:
+            try:
+                run = summarise(os.path.join(workdir, "metrics.jsonl"), args.skip_windows)
+            except (OSError, ValueError) as e:
+                run = {"error": str(e)}
+            run.update(wall_s=wall, params=params, steps=args.steps)
+            result["runs"][name] = run
+        with open(os.path.join(args.out, "train_throughput.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.join(args.out, "train_throughput.md"), "w") as f:
+            f.write(render(result))
+        print(render(result), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()

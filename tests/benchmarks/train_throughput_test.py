@@ -1,0 +1,61 @@
+"""benchmarks/train_throughput.py: the metrics summary and the markdown table (the GPU run
+itself is a benchmark, not a test)."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "train_throughput.py")
+_spec = importlib.util.spec_from_file_location("train_throughput", _PATH)
+tt = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tt)
+
+
+def _write_metrics(path, rows):
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def test_summarise_drops_warmup_windows_and_averages(tmp_path):
+    rows = [{"step": 10, "train_loss": 9.0, "tokens_per_sec": 50.0, "step_time": 2.0,
+             "mfu": 0.1},
+            {"step": 20, "train_loss": 8.0, "tokens_per_sec": 100.0, "step_time": 1.0,
+             "mfu": 0.2},
+            {"step": 30, "train_loss": 7.0, "tokens_per_sec": 300.0, "step_time": 0.5,
+             "mfu": 0.4},
+            {"step": 30, "val_loss": 7.5}]
+    path = str(tmp_path / "metrics.jsonl")
+    _write_metrics(path, rows)
+    out = tt.summarise(path, skip_windows=1)
+    assert out["tokens_per_sec"] == pytest.approx(200.0)
+    assert out["step_time"] == pytest.approx(0.75)
+    assert out["mfu"] == pytest.approx(0.3)
+    assert (out["windows"], out["first_loss"], out["last_loss"], out["val_loss"]) == (
+        2, 9.0, 7.0, 7.5)
+    with pytest.raises(ValueError, match="none left after skipping 3"):
+        tt.summarise(path, skip_windows=3)
+    rows[2]["mfu"] = None  # no peak FLOP/s known (CPU): no MFU
+    _write_metrics(path, rows)
+    assert tt.summarise(path, skip_windows=1)["mfu"] is None
+
+
+def test_render_normalises_to_gdn_pure_and_reports_failures():
+    run = dict(tokens_per_sec=100.0, step_time=0.5, mfu=0.25, first_loss=10.0, last_loss=2.0,
+               wall_s=60.0, params=300e6, steps=200)
+    result = {"date": "2026-01-01T00:00:00", "device": "dev", "versions": {}, "opt": "muon",
+              "steps": 200, "batch_size": 8, "seq_len": 4096, "log_every": 10,
+              "skip_windows": 2, "command": "cmd",
+              "runs": {"gdn_pure": run, "softmax_dense": dict(run, tokens_per_sec=80.0),
+                       "kda_hybrid": {"error": "exit 1, see kda_hybrid.log", "wall_s": 1.0}}}
+    md = tt.render(result)
+    assert "| gdn_pure | 300.0M | 200 | 100 | 0.500 | 25.0% | 100.0% | 100.0% |" in md
+    assert "| softmax_dense | 300.0M | 200 | 80 | 0.500 | 25.0% | 80.0% | 79.7% |" in md
+    assert "failed: exit 1, see kda_hybrid.log" in md
+
+
+def test_unknown_preset_is_named(tmp_path):
+    with pytest.raises(SystemExit, match="unknown preset 'gdn_puer'"):
+        tt.main([f"--out={tmp_path}", "--presets=gdn_puer"])
