@@ -208,7 +208,8 @@ class GatedDeltaNetConfig:
       head_v_dim: ``V`` per value head.
       conv_width: short causal depthwise convolution width ``W`` over [q; k; v].
       chunk_size: chunk length ``C`` of the chunked (WY/UT) form; a power of two.
-      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``).
+      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``, or
+        ``"pallas"``: the Pallas GPU kernel, an error naming the reason where it cannot run).
       norm_eps: epsilon of the per-head output RMSNorm.
     """
 
@@ -236,8 +237,9 @@ class GatedDeltaNetConfig:
             f"model.gdn.chunk_size must be a positive power of two, got {c}",
         )
         _require(
-            self.implementation in ("auto", "chunked", "reference"),
-            f"model.gdn.implementation={self.implementation!r}; choose auto, chunked or reference",
+            self.implementation in ("auto", "chunked", "reference", "pallas"),
+            f"model.gdn.implementation={self.implementation!r}; choose auto, chunked, reference "
+            f"or pallas",
         )
 
 
@@ -283,7 +285,9 @@ def _check_dt_init(cfg, section: str) -> None:
     )
 
 
-_CHANNEL_IMPLEMENTATIONS = ("auto", "chunked", "reference", "associative_scan")
+# "pallas" forces the Pallas GPU kernel (an error naming the reason where it cannot run);
+# "auto" picks it where supported (for KDA/GDN-2 once gdn2.kernel_gpu.AUTO_SELECT is on).
+_CHANNEL_IMPLEMENTATIONS = ("auto", "chunked", "reference", "associative_scan", "pallas")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -300,7 +304,8 @@ class DeltaNetConfig:
       head_v_dim: ``V`` (350M: 128).
       conv_width: short causal depthwise convolution width ``W`` over [q; k; v].
       chunk_size: chunk length ``C`` of the chunked (WY/UT) form; a power of two.
-      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``).
+      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``, or
+        ``"pallas"``: the Pallas GPU kernel, an error naming the reason where it cannot run).
       norm_eps: epsilon of the per-head output RMSNorm.
     """
 
@@ -314,7 +319,7 @@ class DeltaNetConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
-        _check_linear_mixer(self, "deltanet", ("auto", "chunked", "reference"))
+        _check_linear_mixer(self, "deltanet", ("auto", "chunked", "reference", "pallas"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -328,7 +333,8 @@ class KDAConfig:
       head_v_dim: ``V`` (350M: 64).
       conv_width: short convolution width ``W`` over [q; k; v].
       chunk_size: chunk length ``C`` of the chunked form; a power of two.
-      implementation: ``"auto"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"`` or
+        ``"pallas"`` (the Pallas GPU kernel; an error naming the reason where it cannot run).
       norm_eps: epsilon of the per-head output RMSNorm.
       gate_rank: width of the low-rank gate trunk (``bottleneck_proj`` ``D -> 2 r``); ``None``
         means ``head_v_dim`` as in the authors' code.
@@ -365,7 +371,8 @@ class GDN2Config:
       head_v_dim: ``V`` (350M: 64).
       conv_width: short convolution width ``W`` over [q; k; v].
       chunk_size: chunk length ``C`` of the chunked form; a power of two.
-      implementation: ``"auto"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"`` or
+        ``"pallas"`` (the Pallas GPU kernel; an error naming the reason where it cannot run).
       norm_eps: epsilon of the per-head output RMSNorm.
       gate_rank: rank of the low-rank decay (``f_proj``) and output-gate (``g_proj``)
         projections; ``None`` means ``head_v_dim`` as in the authors' v2 code.
@@ -405,7 +412,8 @@ class LinearAttentionConfig:
       head_v_dim: ``V``.
       conv_width: short convolution width ``W``; ``0`` disables the convolution (and its state).
       chunk_size: chunk length ``C`` of the chunked form; a power of two.
-      implementation: ``"auto"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"`` or
+        ``"pallas"`` (the Pallas GPU kernel; an error naming the reason where it cannot run).
       norm_eps: epsilon of the per-head output RMSNorm.
       dead_beta_proj: keep the authors' unused beta rows (``H`` columns) in the input projection
         so parameter counts match spec §3 (spec §10 item 14: dead parameters, zero gradient).
@@ -446,7 +454,8 @@ class LightningConfig:
       conv_width: short causal depthwise conv + SiLU over [q; k; v] after the projections;
         ``0`` (HypeNet) disables it.
       chunk_size: chunk length ``C`` of the chunked form; a power of two.
-      implementation: ``"auto"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"`` or
+        ``"pallas"`` (the Pallas GPU kernel; an error naming the reason where it cannot run).
     """
 
     num_heads: int = 4

@@ -57,6 +57,25 @@ class ModelTest(parameterized.TestCase):
         seg = jnp.array([[0] * 5 + [1] * 7])
         np.testing.assert_array_equal(model(tokens, segment_ids=seg), model(tokens))
 
+    def test_pallas_implementation_is_a_config_choice_with_a_named_error(self):
+        # "pallas" is accepted by every linear mixer section; off a GPU the call names why it
+        # cannot run instead of falling back silently; a misspelling is named at config time.
+        for section, cls in (("gdn", config_lib.GatedDeltaNetConfig),
+                             ("kda", config_lib.KDAConfig)):
+            self.assertEqual(cls(implementation="pallas").implementation, "pallas")
+            with self.assertRaisesRegex(config_lib.ConfigError,
+                                        f"model.{section}.implementation='palas'"):
+                cls(implementation="palas")
+        cfg = config_lib.ModelConfig(
+            vocab_size=64, d_model=32, layer_pattern=("gdn",), mlp_hidden=48,
+            gdn=config_lib.GatedDeltaNetConfig(num_k_heads=2, num_v_heads=2, head_k_dim=64,
+                                               head_v_dim=64, implementation="pallas"))
+        model = model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0))
+        tokens = jax.random.randint(jax.random.key(3), (1, 64), 0, 64)
+        if jax.default_backend() != "gpu":
+            with self.assertRaisesRegex(ValueError, "implementation='pallas' cannot run"):
+                model(tokens)
+
     def test_tied_embeddings_share_the_matrix(self):
         tied = model_lib.LanguageModel(tiny_config(PATTERNS["dense"], tie_embeddings=True),
                                        rngs=nnx.Rngs(0))
