@@ -229,7 +229,8 @@ class LanguageModel(nnx.Module):
 
     def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
                  route: bool = True, state: Optional[Sequence[Any]] = None,
-                 return_state: bool = False) -> Union[Array, Tuple[Array, List[Any]]]:
+                 return_state: bool = False,
+                 last_logits_only: bool = False) -> Union[Array, Tuple[Array, List[Any]]]:
         """Computes next-token logits, optionally continuing from per-layer decoding states.
 
         Args:
@@ -244,9 +245,13 @@ class LanguageModel(nnx.Module):
             ``return_state`` starts fresh states, with KV caches of capacity ``T`` (a prefill on
             the training kernels; see :meth:`grow_state`).
           return_state: also return the list of new per-layer states.
+          last_logits_only: compute the final norm and the LM head on the last position only
+            and return logits ``[B, 1, S]`` (a prefill needs just the next token's logits; at
+            ``T = 1M`` the full fp32 ``[B, T, S]`` logits would take ``4 T S`` bytes per row).
 
         Returns:
-          fp32 logits ``[B, T, S]``, or ``(logits, new_states)`` with ``return_state``.
+          fp32 logits ``[B, T, S]`` (``[B, 1, S]`` with ``last_logits_only``), or
+          ``(logits, new_states)`` with ``return_state``.
 
         Raises:
           ValueError: if ``state`` does not have one entry per layer (and from the mixers, on a
@@ -281,6 +286,8 @@ class LanguageModel(nnx.Module):
             for block in self.blocks:
                 h = sharding.constrain(h, sharding.ACT_BTD)  # block boundary, [B, T, D]
                 h, side = apply(block, h, side)
+        if last_logits_only:
+            h = h[:, -1:]  # [B, 1, D]
         h = self.final_norm(h)
         if self.head is None:
             logits = jnp.einsum("btd,sd->bts", h, self.embed[...].astype(self.dtype))

@@ -169,7 +169,9 @@ class Generator:
         self.bucket = bucket
         self.route = route
         self._prefill = jax.jit(self._prefill_impl, static_argnums=(3,))
-        self._step = jax.jit(self._step_impl, static_argnums=(4,))
+        # The states are donated: a step updates the KV caches in place instead of copying
+        # them (a copy per token would cost as much as reading the whole cache again).
+        self._step = jax.jit(self._step_impl, static_argnums=(4,), donate_argnums=(2,))
         self._sample = jax.jit(sample_logits, static_argnums=(2,))
 
     def _model(self, params):
@@ -180,7 +182,7 @@ class Generator:
         # A fresh prefill runs attention on the training kernel (flash attention on a GPU), then
         # the caches grow to max_len for decoding.
         logits, state = model(tokens, segment_ids=segment_ids, return_state=True,
-                              route=self.route)
+                              route=self.route, last_logits_only=True)
         return logits[:, -1], model.grow_state(state, max_len)  # [B, S], per-layer states
 
     def _step_impl(self, params, token, state, rng, sampling):
@@ -210,7 +212,9 @@ class Generator:
 
         Args:
           token: int ``[B]`` the tokens to feed.
-          states: the per-layer states from :meth:`prefill` or a previous step.
+          states: the per-layer states from :meth:`prefill` or a previous step. They are
+            donated (the KV caches are updated in place): use only the returned states after
+            the call.
           rng: PRNG key of the draw.
           sampling: the :class:`SamplingConfig`.
 

@@ -1,0 +1,1 @@
+"""Benchmark scripts and their plotting helpers (see benchmarks/README.md)."""

@@ -1,0 +1,290 @@
+"""Helpers shared by the model-level benchmarks (``experiments/bench_train.py``,
+``experiments/bench_inference.py``; protocol in ../shared/BENCHMARKS.md §5).
+
+* :func:`environment`: date (UTC), hardware, package versions and the command line of a run;
+* :func:`compile_concurrently`: ahead-of-time compilation of many lowered functions in a thread
+  pool (XLA releases the GIL while it compiles, so 15 train steps compile in about the time of
+  the slowest few);
+* :func:`guarded`: runs one measurement and turns an out-of-memory error into the status
+  ``"out of memory"`` (other errors into ``"error: ..."``) so that a sweep goes on;
+* :class:`TimeBudget` and :func:`scaled_estimate`: skip a configuration whose cost, extrapolated
+  from the previous (shorter) one, would overrun a wall-clock budget;
+* :func:`time_calls`: wall-clock seconds per call after warm-up calls, each synchronised with
+  ``jax.block_until_ready``;
+* :func:`compiled_memory` / :func:`device_memory`: the two memory figures the benchmarks report
+  (the compiled executable's own buffer estimate, and the device allocator's high-water mark);
+* :func:`write_report`: rewrites ``<out>.json`` and ``<out>.md`` atomically after every
+  configuration, so a run that is killed keeps what it measured.
+"""
+
+import concurrent.futures
+import dataclasses
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+
+import jax
+
+OK = "ok"
+OUT_OF_MEMORY = "out of memory"
+SKIPPED_BUDGET = "skipped (time budget)"
+
+# Substrings of the errors that mean "the device ran out of memory": XLA's allocator
+# (RESOURCE_EXHAUSTED), cuDNN/cuBLAS workspace allocations and CUDA itself.
+_OOM_MARKERS = ("resource_exhausted", "out of memory", "failed to allocate",
+                "cudnn_status_alloc_failed", "cublas_status_alloc_failed",
+                "cudaerrormemoryallocation", "cuda_error_out_of_memory", "allocation failure")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` reports a device (or host) memory allocation failure.
+
+    Matches XLA's ``RESOURCE_EXHAUSTED`` status (``jax.errors.JaxRuntimeError``), Python's
+    ``MemoryError``, and cuDNN/cuBLAS/CUDA allocation failures by their message.
+    """
+    if isinstance(exc, MemoryError):
+        return True
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return any(marker in text for marker in _OOM_MARKERS)
+
+
+def describe_error(exc: BaseException) -> str:
+    """The status recorded for a failed measurement: :data:`OUT_OF_MEMORY`, or
+    ``"error: <type>: <first line of the message>"`` (at most 300 characters)."""
+    if is_out_of_memory(exc):
+        return OUT_OF_MEMORY
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"error: {type(exc).__name__}: {first}"[:300]
+
+
+def guarded(fn: Callable[..., Any], *args, **kwargs) -> Tuple[Any, str]:
+    """Runs ``fn(*args, **kwargs)``; returns ``(result, "ok")``, or ``(None, status)`` when it
+    raised.
+
+    The status is :data:`OUT_OF_MEMORY` for an allocation failure (:func:`is_out_of_memory`)
+    and ``"error: ..."`` for any other exception (whose traceback is printed to stderr), so that
+    a sweep records the failure and continues. ``KeyboardInterrupt`` and ``SystemExit`` are not
+    caught.
+    """
+    try:
+        return fn(*args, **kwargs), OK
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a recorded status
+        status = describe_error(exc)
+        if status != OUT_OF_MEMORY:
+            traceback.print_exc()
+        return None, status
+
+
+@dataclasses.dataclass
+class TimeBudget:
+    """A wall-clock budget for a whole sweep, in seconds from ``start``.
+
+    Attributes:
+      budget_s: the budget; ``None`` means unlimited.
+      start: ``clock()`` when the sweep began.
+      clock: the time source (seconds), ``time.perf_counter`` by default.
+    """
+
+    budget_s: Optional[float]
+    start: float = dataclasses.field(default_factory=time.perf_counter)
+    clock: Callable[[], float] = time.perf_counter
+
+    def elapsed(self) -> float:
+        """Seconds since ``start``."""
+        return self.clock() - self.start
+
+    def remaining(self) -> float:
+        """Seconds left (``inf`` without a budget; may be negative once overrun)."""
+        return float("inf") if self.budget_s is None else self.budget_s - self.elapsed()
+
+    def allows(self, estimate_s: Optional[float]) -> bool:
+        """Whether a step estimated at ``estimate_s`` seconds fits in what is left (an unknown
+        estimate, ``None``, always fits: the first configuration has nothing to go by)."""
+        return estimate_s is None or estimate_s <= self.remaining()
+
+
+def scaled_estimate(previous_s: Optional[float], previous_size: Optional[float], size: float,
+                    exponent: float) -> Optional[float]:
+    """``previous_s * (size / previous_size) ** exponent``: the cost of a configuration
+    extrapolated from a smaller one, e.g. ``exponent=2`` for attention prefill (quadratic in the
+    context), ``1`` for linear work. ``None`` when there is no previous measurement."""
+    if previous_s is None or not previous_size:
+        return None
+    return float(previous_s) * (float(size) / float(previous_size)) ** exponent
+
+
+def time_calls(fn: Callable[[], Any], *, warmup: int, iters: int) -> List[float]:
+    """Wall-clock seconds of ``iters`` calls of ``fn()`` after ``warmup`` untimed calls.
+
+    Every call is followed by ``jax.block_until_ready`` on its result, inside the timed interval
+    (BENCHMARKS.md §5.4, wall time per call).
+
+    Raises:
+      ValueError: for ``iters < 1`` or ``warmup < 0``; and whatever ``fn`` raises.
+    """
+    if iters < 1 or warmup < 0:
+        raise ValueError(f"need iters >= 1 and warmup >= 0, got {iters=} {warmup=}")
+    for _ in range(warmup):
+        jax.block_until_ready(fn())
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def compile_concurrently(lowered: Mapping[Hashable, Any], *, max_workers: Optional[int] = None,
+                         log: Callable[[str], None] = print
+                         ) -> Dict[Hashable, Tuple[Any, str, float]]:
+    """Compiles ``jax.stages.Lowered`` objects in a thread pool.
+
+    Args:
+      lowered: key -> ``jax.jit(f).lower(...)`` result (or a zero-argument callable returning
+        one, lowered on the calling thread just before its compilation is submitted, so that
+        tracing overlaps with the compilations already running).
+      max_workers: threads; ``None`` is ``os.cpu_count()``.
+      log: progress printer.
+
+    Returns:
+      key -> ``(compiled or None, status, seconds)``; ``status`` is ``"ok"``, "out of
+      memory" or ``"error: ..."`` (:func:`guarded`); ``seconds`` is the compile wall time
+      (lowering excluded). A compilation that ran out of memory in the pool (on a GPU, XLA's
+      autotuner allocates operands on the device, and many concurrent compilations share it)
+      is retried alone afterwards before it is reported as out of memory.
+    """
+    results: Dict[Hashable, Tuple[Any, str, float]] = {}
+    workers = max(1, max_workers or os.cpu_count() or 1)
+    lowered_ok = {}
+
+    def compile_one(low):
+        t0 = time.perf_counter()
+        compiled, status = guarded(low.compile)
+        return compiled, status, time.perf_counter() - t0
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {}
+        for key, item in lowered.items():
+            low, status = guarded(item) if callable(item) else (item, OK)
+            if low is None:  # the lowering itself failed
+                results[key] = (None, status, 0.0)
+                log(f"lowering {key} failed: {status}")
+                continue
+            lowered_ok[key] = low
+            futures[pool.submit(compile_one, low)] = key
+        for future in concurrent.futures.as_completed(futures):
+            key = futures[future]
+            results[key] = future.result()
+            log(f"compiled {key}: {results[key][1]} in {results[key][2]:.1f} s")
+    for key, (_, status, _) in list(results.items()):
+        if status == OUT_OF_MEMORY and key in lowered_ok:
+            results[key] = compile_one(lowered_ok[key])
+            log(f"compiled {key} alone: {results[key][1]} in {results[key][2]:.1f} s")
+    return results
+
+
+def compiled_memory(compiled: Any) -> Optional[Dict[str, int]]:
+    """The compiled executable's buffer sizes (``Compiled.memory_analysis()``), in bytes.
+
+    Returns:
+      ``dict(argument, output, alias, temp, generated_code, peak_estimate)`` where
+      ``peak_estimate = argument + output + temp - alias`` is the device memory the executable
+      needs while it runs (inputs, outputs not aliased to donated inputs, and XLA's scratch);
+      ``None`` where the backend gives no analysis.
+    """
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if stats is None:
+        return None
+    out = dict(argument=int(stats.argument_size_in_bytes),
+               output=int(stats.output_size_in_bytes),
+               alias=int(stats.alias_size_in_bytes),
+               temp=int(stats.temp_size_in_bytes),
+               generated_code=int(stats.generated_code_size_in_bytes))
+    out["peak_estimate"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    return out
+
+
+def device_memory() -> Optional[Dict[str, int]]:
+    """The first local device's allocator statistics, in bytes: ``bytes_in_use``,
+    ``peak_bytes_in_use`` (the process's high-water mark so far: it never goes down) and
+    ``bytes_limit``; ``None`` on backends without statistics (CPU)."""
+    stats = jax.local_devices()[0].memory_stats()
+    if not stats:
+        return None
+    return {k: int(stats[k]) for k in ("bytes_in_use", "peak_bytes_in_use", "bytes_limit")
+            if k in stats}
+
+
+def _version(package: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Date (UTC), hardware, versions and command line of this run (BENCHMARKS.md §5.1).
+
+    Args:
+      argv: the command line; ``None`` is ``sys.argv``.
+
+    Returns:
+      A JSON-serialisable dict: ``date_utc``, ``command``, ``python``, ``jax``, ``jaxlib``,
+      ``flax``, ``optax``, ``backend``, ``device_kind``, ``device_count``, ``nvidia_smi``
+      (name, driver, memory of each GPU, or ``None``), ``host`` (platform and CPU count) and the
+      ``XLA_*`` environment variables.
+    """
+    argv = list(sys.argv if argv is None else argv)
+    device = jax.local_devices()[0]
+    try:
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+             "--format=csv,noheader"], capture_output=True, text=True, check=False,
+            timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        smi = None
+    return dict(
+        date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        command="python " + " ".join(shlex.quote(a) for a in argv),
+        python=platform.python_version(),
+        jax=jax.__version__, jaxlib=_version("jaxlib"), flax=_version("flax"),
+        optax=_version("optax"),
+        backend=jax.default_backend(), device_kind=device.device_kind,
+        device_count=jax.device_count(), nvidia_smi=smi,
+        host=f"{platform.platform()}, {os.cpu_count()} CPUs",
+        xla_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("XLA_")},
+    )
+
+
+def write_report(out: str, payload: Mapping[str, Any], markdown: str) -> None:
+    """Writes ``<out>.json`` (``payload``) and ``<out>.md`` (``markdown``), each atomically
+    (a temporary file renamed over the old one), creating the directory if needed."""
+    directory = os.path.dirname(os.path.abspath(out))
+    os.makedirs(directory, exist_ok=True)
+    for suffix, text in ((".json", json.dumps(payload, indent=1, default=str) + "\n"),
+                         (".md", markdown)):
+        tmp = f"{out}{suffix}.tmp"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, out + suffix)
+
+
+def gib(n: Optional[float]) -> str:
+    """``n`` bytes as GiB with 2 decimals, or ``"–"`` for ``None``."""
+    return "–" if n is None else f"{n / 2**30:.2f}"
+
+
+def fmt(x: Optional[float], spec: str = ".3f") -> str:
+    """``format(x, spec)``, or ``"–"`` for ``None``."""
+    return "–" if x is None else format(x, spec)

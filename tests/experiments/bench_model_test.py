@@ -1,0 +1,235 @@
+"""The model-level benchmarks (issue 10): CPU smoke runs of both binaries on tiny models, the
+out-of-memory / time-budget bookkeeping, and the model features they rely on (last-token logits,
+fresh prefill + grown caches + decode equal to the full forward)."""
+
+import json
+import os
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import absltest
+from flax import nnx
+
+from experiments import bench_inference
+from experiments import bench_train
+from lattn_jax import benchmark as bench
+from lattn_jax import config as config_lib
+from lattn_jax import model as model_lib
+from tests import tolerances
+
+OOM_MESSAGE = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123456789 bytes."
+
+
+def _check_outputs(test, out, payload, table_rows):
+    with open(out + ".json") as f:
+        saved = json.load(f)
+    test.assertEqual(len(saved["records"]), len(payload["records"]))
+    for key in ("date_utc", "command", "jax", "jaxlib", "flax", "optax", "python",
+                "device_kind"):
+        test.assertIn(key, saved["environment"])
+    with open(out + ".md") as f:
+        md = f.read()
+    for row in table_rows:
+        test.assertIn(row, md)
+    test.assertGreater(os.path.getsize(out + ".png"), 1000)
+
+
+@pytest.mark.entry
+class BenchTrainTest(absltest.TestCase):
+
+    def test_presets(self):
+        patterns = {p: bench_train.experiment_config(p, "adamw").model.layer_pattern
+                    for p in bench_train.PRESETS}
+        self.assertEqual(patterns["softmax"], ("attn",) * 24)
+        self.assertEqual(patterns["gdn_pure"], ("gdn",) * 22)
+        self.assertEqual(patterns["gdn_hybrid"], ("gdn", "gdn", "attn") * 7 + ("gdn",))
+        cfg = bench_train.experiment_config("gdn_hybrid", "muon", tiny=True, num_layers=3)
+        self.assertEqual(cfg.model.layer_pattern, ("gdn", "gdn", "attn"))
+        self.assertEqual(cfg.optim.name, "muon")
+        with self.assertRaisesRegex(ValueError, "num_layers=7 must be in"):
+            bench_train.experiment_config("softmax", "adamw", tiny=True, num_layers=7)
+
+    def test_tiny_sweep_times_every_configuration(self):
+        # Two presets keep the test short: the hybrid has both kinds of layer; test_presets
+        # checks the third preset's configuration.
+        out = os.path.join(self.create_tempdir().full_path, "train")
+        presets = ("softmax", "gdn_hybrid")
+        payload = bench_train.main(["--tiny", "--num_layers=3", "--compile_workers=2",
+                                    f"--presets={','.join(presets)}", f"--out={out}"])
+        records = payload["records"]
+        self.assertEqual([(r["seq_len"], r["preset"]) for r in records],
+                         [(t, p) for t in (16, 32) for p in presets])
+        for r in records:
+            self.assertEqual(r["status"], bench.OK, r)
+            self.assertGreater(r["iter_s"], 0)
+            self.assertGreater(r["tokens_per_s"], 0)
+            self.assertEqual(r["batch"] * r["seq_len"], 64)
+            self.assertLen(r["times_s"], 2)
+            self.assertGreater(r["memory"]["peak_estimate"], 0)
+        self.assertIn("softmax/gdn_hybrid", payload["summary"]["ratios"][32])
+        _check_outputs(self, out, payload, [f"| {p} | 3 |" for p in presets] + ["| 32 | "])
+
+
+@pytest.mark.entry
+class BenchInferenceTest(absltest.TestCase):
+
+    def test_tiny_sweep_times_every_configuration(self):
+        out = os.path.join(self.create_tempdir().full_path, "inference")
+        payload = bench_inference.main(["--tiny", "--compile_workers=2", f"--out={out}"])
+        records = payload["records"]
+        self.assertLen(records, 6)
+        for r in records:
+            self.assertEqual(r["prefill"]["status"], bench.OK, r)
+            self.assertEqual(r["decode"]["status"], bench.OK, r)
+            self.assertGreater(r["prefill"]["s"], 0)
+            self.assertAlmostEqual(r["prefill"]["us_per_token"],
+                                   1e6 * r["prefill"]["s"] / r["context"])
+            self.assertGreater(r["decode"]["ms_per_token"], 0)
+            self.assertLen(r["decode"]["times_s"], 2)
+            self.assertGreater(r["decode"]["state_bytes"], 0)
+        by = {(r["model"], r["context"]): r for r in records}
+        # Only attention caches grow with the context.
+        self.assertGreater(by[("dense", 128)]["decode"]["state_bytes"],
+                           by[("dense", 64)]["decode"]["state_bytes"])
+        self.assertEqual(by[("pure", 128)]["decode"]["state_bytes"],
+                         by[("pure", 64)]["decode"]["state_bytes"])
+        self.assertEqual(by[("hybrid", 64)]["attention_layers"], 1)
+        _check_outputs(self, out, payload,
+                       [f"| {m} | {c} |" for m in bench_inference.MODELS for c in (64, 128)])
+
+    def test_out_of_memory_and_time_budget_are_recorded_and_the_sweep_goes_on(self):
+        calls = []
+        real = bench.time_calls
+
+        def first_call_runs_out_of_memory(fn, **kwargs):
+            calls.append(kwargs)
+            if len(calls) == 1:  # the hybrid's prefill at context 64, the first measurement
+                raise jax.errors.JaxRuntimeError(OOM_MESSAGE)
+            return real(fn, **kwargs)
+
+        out = os.path.join(self.create_tempdir().full_path, "inference")
+        # A zero budget skips everything that has an estimate (a previous context), except
+        # the --always_run pairs; the hybrid at 128 also has no estimate (its 64 prefill failed).
+        with mock.patch.object(bench, "time_calls", first_call_runs_out_of_memory):
+            payload = bench_inference.main([
+                "--tiny", "--models=hybrid,dense", "--contexts=64,128", "--time_budget_s=0",
+                "--always_run=hybrid:128", "--compile_workers=2", "--no_plot", f"--out={out}"])
+        status = {(r["model"], r["context"], part): r[part]["status"]
+                  for r in payload["records"] for part in ("prefill", "decode")}
+        self.assertEqual(status, {
+            ("hybrid", 64, "prefill"): bench.OUT_OF_MEMORY,
+            ("hybrid", 64, "decode"): bench.OK,
+            ("dense", 64, "prefill"): bench.OK,
+            ("dense", 64, "decode"): bench.OK,
+            ("hybrid", 128, "prefill"): bench.OK,
+            ("hybrid", 128, "decode"): bench.OK,
+            ("dense", 128, "prefill"): bench.SKIPPED_BUDGET,
+            ("dense", 128, "decode"): bench.SKIPPED_BUDGET,
+        })
+        with open(out + ".md") as f:
+            md = f.read()
+        self.assertIn("| hybrid | 64 | – |", md)
+        self.assertIn("| out of memory | ok |", md)
+        self.assertIn("| skipped (time budget) | skipped (time budget) |", md)
+
+
+class BookkeepingTest(absltest.TestCase):
+
+    def test_guarded_names_out_of_memory_and_other_errors(self):
+        def oom():
+            raise jax.errors.JaxRuntimeError(OOM_MESSAGE)
+
+        self.assertEqual(bench.guarded(oom), (None, bench.OUT_OF_MEMORY))
+        # A real allocation failure: 4 TiB on this host.
+        self.assertEqual(bench.guarded(lambda: jnp.zeros((2**40,), jnp.float32))[1],
+                         bench.OUT_OF_MEMORY)
+        self.assertEqual(bench.guarded(lambda: 1 / 0)[1],
+                         "error: ZeroDivisionError: division by zero")
+        self.assertEqual(bench.guarded(lambda x: x + 1, 2), (3, bench.OK))
+        self.assertTrue(bench.is_out_of_memory(RuntimeError("CUDNN_STATUS_ALLOC_FAILED")))
+        self.assertFalse(bench.is_out_of_memory(ValueError("shapes do not match")))
+
+    def test_time_budget_and_estimates(self):
+        now = [100.0]
+        budget = bench.TimeBudget(10.0, start=100.0, clock=lambda: now[0])
+        self.assertTrue(budget.allows(None))
+        self.assertTrue(budget.allows(9.0))
+        now[0] = 105.0
+        self.assertFalse(budget.allows(6.0))
+        self.assertAlmostEqual(budget.remaining(), 5.0)
+        self.assertTrue(bench.TimeBudget(None).allows(1e9))
+        self.assertIsNone(bench.scaled_estimate(None, None, 8, 2.0))
+        self.assertAlmostEqual(bench.scaled_estimate(1.5, 4, 8, 2.0), 6.0)
+        self.assertAlmostEqual(bench.scaled_estimate(1.5, 4, 8, 0.0), 1.5)
+
+    def test_compile_concurrently_records_failures(self):
+        def bad_lowering():
+            raise jax.errors.JaxRuntimeError(OOM_MESSAGE)
+
+        good = jax.jit(lambda x: x * 2).lower(jax.ShapeDtypeStruct((3,), jnp.float32))
+        out = bench.compile_concurrently({"good": good, "bad": bad_lowering}, max_workers=2,
+                                         log=lambda s: None)
+        self.assertEqual(out["bad"][:2], (None, bench.OUT_OF_MEMORY))
+        compiled, status, _ = out["good"]
+        self.assertEqual(status, bench.OK)
+        np.testing.assert_array_equal(compiled(jnp.ones(3)), 2 * np.ones(3))
+        self.assertGreater(bench.compiled_memory(compiled)["peak_estimate"], 0)
+
+
+def _tiny_model(pattern, seed=0):
+    cfg = config_lib.ModelConfig(
+        vocab_size=64, d_model=32, layer_pattern=pattern, mlp_hidden=48, use_segment_ids=False,
+        attention=config_lib.AttentionConfig(num_heads=4, num_kv_heads=2, output_gate=True),
+        gdn=config_lib.GatedDeltaNetConfig(num_k_heads=2, num_v_heads=4, head_k_dim=8,
+                                           head_v_dim=8, chunk_size=8),
+        lightning=config_lib.LightningConfig(num_heads=4, num_kv_heads=4, chunk_size=8))
+    return model_lib.LanguageModel(cfg, rngs=nnx.Rngs(seed))
+
+
+class PrefillTest(absltest.TestCase):
+    """The model features the inference benchmark relies on (fp32, so tolerances are fp32's)."""
+
+    def setUp(self):
+        super().setUp()
+        self.model = _tiny_model(("gdn", "attn", "lightning", "attn_nope"))
+        self.graphdef, self.params = nnx.split(self.model)
+        self.tokens = np.asarray(jax.random.randint(jax.random.key(1), (2, 12), 0, 64), np.int32)
+        self.tol = tolerances.fwd_tol(jnp.float32)
+
+    def call(self, tokens, **kwargs):
+        return nnx.merge(self.graphdef, self.params)(tokens, **kwargs)
+
+    def test_last_logits_only_is_the_last_row(self):
+        full = self.call(self.tokens)
+        last = self.call(self.tokens, last_logits_only=True)
+        self.assertEqual(last.shape, (2, 1, 64))
+        self.assertEqual(last.dtype, jnp.float32)
+        np.testing.assert_allclose(last, full[:, -1:], **self.tol)
+        full_s, states = self.call(self.tokens, return_state=True)
+        last_s, states_last = self.call(self.tokens, return_state=True, last_logits_only=True)
+        np.testing.assert_allclose(full_s, full, **self.tol)
+        np.testing.assert_allclose(last_s, full[:, -1:], **self.tol)
+        jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, **self.tol),
+                               states, states_last)
+
+    def test_fresh_prefill_grown_caches_and_decode_equal_the_full_forward(self):
+        full = jax.jit(lambda p, x: nnx.merge(self.graphdef, p)(x))(self.params, self.tokens)
+        prefix, total = 5, self.tokens.shape[1]
+        prefill = jax.jit(lambda p, x: nnx.merge(self.graphdef, p)(
+            x, return_state=True, last_logits_only=True))
+        logits, states = prefill(self.params, self.tokens[:, :prefix])
+        np.testing.assert_allclose(logits[:, 0], full[:, prefix - 1], **self.tol)
+        states = model_lib.LanguageModel.grow_state(states, total)
+        self.assertEqual(states[1].k.shape[1], total)
+        step = jax.jit(lambda p, x, s: nnx.merge(self.graphdef, p)(x, state=s, return_state=True),
+                       donate_argnums=(2,))
+        for t in range(prefix, total):
+            logits, states = step(self.params, self.tokens[:, t:t + 1], states)
+            np.testing.assert_allclose(logits[:, 0], full[:, t], err_msg=f"step {t}", **self.tol)
+
+
+if __name__ == "__main__":
+    absltest.main()
