@@ -8,6 +8,9 @@ Usage::
     python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=stage3
     python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo \
         --stage=calibrate
+    python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=report
+
+``experiments/halo_pipeline.py`` runs them all in one process (resumable, with a deadline).
 
 Each stage works in ``<workdir>/<stage>``, reads the earlier stages' outputs there, and resumes
 from its own newest checkpoint when run again (:mod:`lattn_jax.halo.experiment`).

@@ -236,8 +236,9 @@ class LanguageModel(nnx.Module):
         Args:
           tokens: int ``[B, T]`` token ids.
           segment_ids: optional int ``[B, T]`` document ids of a packed window; used only when
-            ``model_config.use_segment_ids`` is set, or whenever a ``state`` is given (decoding
-            uses them to keep padding out of every layer's state, :mod:`lattn_jax.eval`).
+            ``model_config.use_segment_ids`` is set, or whenever a ``state`` is given or
+            returned (decoding uses them to keep padding out of every layer's state,
+            :mod:`lattn_jax.eval`).
           route: apply the cross-layer routing contributions (CLER, CLER-H, CLVR, controls);
             ``False`` evaluates the host model with the same parameters.
           state: optional list of per-layer states from :meth:`init_state` or a previous call;
@@ -257,7 +258,7 @@ class LanguageModel(nnx.Module):
           ValueError: if ``state`` does not have one entry per layer (and from the mixers, on a
             state of another batch size or a full KV cache).
         """
-        if not self.config.use_segment_ids and state is None:
+        if not self.config.use_segment_ids and state is None and not return_state:
             segment_ids = None
         if state is not None and len(state) != len(self.blocks):
             raise ValueError(f"state has {len(state)} entries for {len(self.blocks)} layers")

@@ -1,4 +1,4 @@
-"""Needle in a haystack, RULER ``niah_single_{1,2,3}`` (Hsieh et al. 2024; lm-eval ``tasks/ruler``).
+"""Needle in a haystack, RULER ``niah_single_{1,2,3}`` and ``niah_multikey_1`` (Hsieh et al. 2024).
 
 A sample hides one needle sentence ``"One of the special magic {numbers|uuids} for {key} is:
 {value}."`` in a haystack and asks for it back (spec ``hypenet-halo.md`` §4.2):
@@ -7,7 +7,11 @@ A sample hides one needle sentence ``"One of the special magic {numbers|uuids} f
   yellow. Here we go. There and back again." repeated and joined by newlines; 7-digit number;
 * ``niah_single_2``: essay haystack (the Paul Graham essays of ``shared/data/niah``, concatenated
   in file-name order, whitespace collapsed, split into words); 7-digit number;
-* ``niah_single_3``: essay haystack; UUID4 value.
+* ``niah_single_3``: essay haystack; UUID4 value;
+* ``niah_multikey_1`` (:data:`MULTIKEY_TASKS`): essay haystack with ``MULTIKEY_NEEDLES = 4``
+  needles of distinct keys and 7-digit values; the prompt asks for the first one, placed at the
+  requested depth, the three distractors at uniformly drawn depths (RULER ``niah_multikey_1``
+  with ``num_needle_k = 4``; lm-eval ``tasks/ruler``).
 
 Prompt (RULER's base-model template, then its answer prefix)::
 
@@ -38,13 +42,16 @@ import os
 import random
 import re
 import uuid
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from lattn_jax.data import tokenizers as tok_lib
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_single_3")
+MULTIKEY_TASKS = ("niah_multikey_1",)
+ALL_TASKS = TASKS + MULTIKEY_TASKS
+MULTIKEY_NEEDLES = 4
 NOISE = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
          "There and back again.")
 _ADJECTIVES = ("abundant", "brave", "calm", "curious", "damp", "eager", "fancy", "gentle",
@@ -61,7 +68,7 @@ class Sample:
     """One NIAH prompt.
 
     Attributes:
-      task: one of :data:`TASKS`.
+      task: one of :data:`ALL_TASKS`.
       prompt: the full input text (ends with the answer prefix).
       value: the needle value the answer must contain.
       key: the needle's key.
@@ -70,6 +77,7 @@ class Sample:
       needle_char: character offset of the needle sentence inside ``prompt``.
       context_chars: ``(start, end)`` character span of the haystack inside ``prompt``.
       num_tokens: tokens in ``prompt``.
+      haystack_units: noise blocks or essay words in the haystack (:func:`build_prompt`).
     """
 
     task: str
@@ -81,6 +89,7 @@ class Sample:
     needle_char: int
     context_chars: tuple
     num_tokens: int
+    haystack_units: int = 0
 
 
 def load_essays(directory: str) -> List[str]:
@@ -110,15 +119,18 @@ def _kind(task: str) -> str:
 
 
 def build_prompt(task: str, haystack_units: int, depth: float, key: str, value: str,
-                 essay_words: Optional[Sequence[str]] = None) -> Sample:
+                 essay_words: Optional[Sequence[str]] = None,
+                 distractors: Sequence[Tuple[str, str, float]] = ()) -> Sample:
     """Assembles a prompt with ``haystack_units`` noise blocks or essay words.
 
     Args:
-      task: one of :data:`TASKS`.
-      haystack_units: noise blocks (single_1) or essay words (single_2/3), >= 0.
+      task: one of :data:`ALL_TASKS`.
+      haystack_units: noise blocks (single_1) or essay words (the others), >= 0.
       depth: needle depth in percent, 0 (start) to 100 (end).
-      key, value: the needle's key and value.
-      essay_words: the essay words (single_2/3).
+      key, value: the needle's key and value (the one asked for).
+      essay_words: the essay words (all tasks but single_1).
+      distractors: ``(key, value, depth)`` of further needles (multikey tasks), inserted at
+        their depths like the main one (before it at the same index).
 
     Returns:
       A :class:`Sample` with ``length`` and ``num_tokens`` left at 0.
@@ -126,9 +138,9 @@ def build_prompt(task: str, haystack_units: int, depth: float, key: str, value: 
     Raises:
       ValueError: for an unknown task, a depth outside [0, 100] or missing essay words.
     """
-    if task not in TASKS:
-        raise ValueError(f"unknown NIAH task {task!r}; choose from {', '.join(TASKS)}")
-    if not 0 <= depth <= 100:
+    if task not in ALL_TASKS:
+        raise ValueError(f"unknown NIAH task {task!r}; choose from {', '.join(ALL_TASKS)}")
+    if not all(0 <= d <= 100 for d in [depth] + [d for _, _, d in distractors]):
         raise ValueError(f"depth must be in [0, 100] percent, got {depth=}")
     kind = _kind(task)
     needle = f"One of the special magic {kind}s for {key} is: {value}."
@@ -141,6 +153,15 @@ def build_prompt(task: str, haystack_units: int, depth: float, key: str, value: 
         pieces, sep = (_SENTENCE_END.split(" ".join(words)) if words else []), " "
     at = int(round(len(pieces) * depth / 100.0)) if task == "niah_single_1" else int(
         len(pieces) * depth / 100.0)
+    if distractors:
+        inserts = sorted([(int(len(pieces) * d / 100.0), 0, f"One of the special magic {kind}s "
+                           f"for {k} is: {v}.") for k, v, d in distractors] + [(at, 1, needle)])
+        parts = []
+        for i in range(len(pieces) + 1):
+            parts += [text for pos, _, text in inserts if pos == i]
+            parts += pieces[i:i + 1]
+        pieces, at = parts, parts.index(needle)
+        pieces = pieces[:at] + pieces[at + 1:]
     before, after = sep.join(pieces[:at]), sep.join(pieces[at:])
     context = sep.join(p for p in (before, needle, after) if p)
     head = (f"A special magic {kind} is hidden within the following text. Make sure to memorize "
@@ -151,12 +172,12 @@ def build_prompt(task: str, haystack_units: int, depth: float, key: str, value: 
     needle_char = len(head) + (len(before) + len(sep) if before else 0)
     return Sample(task=task, prompt=prompt, value=value, key=key, depth=depth, length=0,
                   needle_char=needle_char, context_chars=(len(head), len(head) + len(context)),
-                  num_tokens=0)
+                  num_tokens=0, haystack_units=haystack_units)
 
 
 def make_sample(task: str, tokenizer: tok_lib.Tokenizer, length: int, depth: float,
                 rng: random.Random, essay_words: Optional[Sequence[str]] = None,
-                max_new_tokens: int = 32) -> Sample:
+                max_new_tokens: int = 32, start_units: Optional[int] = None) -> Sample:
     """The largest-haystack prompt with ``num_tokens + max_new_tokens <= length``.
 
     Args:
@@ -165,15 +186,27 @@ def make_sample(task: str, tokenizer: tok_lib.Tokenizer, length: int, depth: flo
       length: target length in tokens.
       rng: draws the key and value.
       max_new_tokens: room left for the answer.
+      start_units: a guess of the answer (e.g. the ``haystack_units`` of another sample of the
+        same length): the search gallops outwards from it, a few tokenizations instead of about
+        ``2 log2(n)`` for long prompts. The result is the same (the largest haystack that fits,
+        token counts growing with the haystack).
 
     Raises:
       ValueError: if even an empty haystack does not fit in ``length``.
     """
     key = f"{rng.choice(_ADJECTIVES)}-{rng.choice(_NOUNS)}"
     value = needle_value(task, rng)
+    distractors = []
+    if task in MULTIKEY_TASKS:
+        keys = {key}
+        while len(keys) < MULTIKEY_NEEDLES:
+            k = f"{rng.choice(_ADJECTIVES)}-{rng.choice(_NOUNS)}"
+            if k not in keys:
+                keys.add(k)
+                distractors.append((k, needle_value(task, rng), 100.0 * rng.random()))
 
     def build(n):
-        s = build_prompt(task, n, depth, key, value, essay_words)
+        s = build_prompt(task, n, depth, key, value, essay_words, distractors)
         return s, len(tokenizer.encode(s.prompt))
 
     budget = length - max_new_tokens
@@ -182,8 +215,20 @@ def make_sample(task: str, tokenizer: tok_lib.Tokenizer, length: int, depth: flo
         raise ValueError(f"{task}: the prompt without haystack has {lo_tokens} tokens, more than "
                          f"length {length} minus {max_new_tokens} answer tokens")
     lo, hi = 0, 1
-    while build(hi)[1] <= budget:  # grow until it no longer fits
-        lo, hi = hi, hi * 2
+    if start_units is not None and start_units > 0:
+        # Gallop from the guess: lo fits, hi does not.
+        step = max(1, start_units // 2048)
+        if build(start_units)[1] <= budget:
+            lo, hi = start_units, start_units + step
+            while build(hi)[1] <= budget:
+                lo, hi, step = hi, hi + step, step * 2
+        else:
+            hi, lo = start_units, max(0, start_units - step)
+            while lo > 0 and build(lo)[1] > budget:
+                hi, lo, step = lo, max(0, lo - step), step * 2
+    else:
+        while build(hi)[1] <= budget:  # grow until it no longer fits
+            lo, hi = hi, hi * 2
     while hi - lo > 1:  # the largest haystack that fits lies in [lo, hi)
         mid = (lo + hi) // 2
         if build(mid)[1] <= budget:
@@ -209,7 +254,7 @@ def run(generate_fn, tokenizer: tok_lib.Tokenizer, *, tasks: Sequence[str],
       generate_fn: ``f(list of prompt id lists, max_new_tokens) -> list of generated id lists``
         (greedy).
       tokenizer: encodes prompts and decodes answers.
-      tasks: names from :data:`TASKS`.
+      tasks: names from :data:`ALL_TASKS`.
       lengths: target lengths in tokens.
       depths: needle depths in percent.
       samples_per_cell: prompts per (length, depth).
@@ -226,8 +271,8 @@ def run(generate_fn, tokenizer: tok_lib.Tokenizer, *, tasks: Sequence[str],
     """
     out = {}
     for task in tasks:
-        if task not in TASKS:
-            raise ValueError(f"unknown NIAH task {task!r}; choose from {', '.join(TASKS)}")
+        if task not in ALL_TASKS:
+            raise ValueError(f"unknown NIAH task {task!r}; choose from {', '.join(ALL_TASKS)}")
         rng = random.Random(seed)
         grid = np.zeros((len(lengths), len(depths)))
         examples = []

@@ -212,9 +212,85 @@ def load_task(name: str, data_dir: str, limit: Optional[int] = None,
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
     docs = LOADERS[name](data_dir)
     if limit is not None and limit < len(docs):
-        keep = np.sort(np.random.default_rng(seed).choice(len(docs), limit, replace=False))
-        docs = [docs[i] for i in keep]
+        docs = [docs[i] for i in subset_indices(len(docs), limit, seed)]
     return docs
+
+
+# Per task: (files under data_dir, how items are stored) for write_subset.
+_SUBSET_FILES = {
+    "hellaswag": (("hellaswag", "hellaswag_val_full.txt.bz2"), "blocks6_bz2"),
+    "piqa": (("piqa", "valid.jsonl"), "jsonl+labels"),
+    "winogrande": (("winogrande", "winogrande_dev.llmfoundry.jsonl"), "jsonl"),
+    "arc_easy": (("arc", "ARC-Easy-Test.jsonl"), "jsonl"),
+    "arc_challenge": (("arc", "ARC-Challenge-Test.jsonl"), "jsonl"),
+    "lambada_openai": (("lambada", "lambada_test.jsonl"), "jsonl"),
+    "openbookqa": (("openbookqa", "test.tsv"), "tsv"),
+    "boolq": (("boolq", "val.jsonl"), "jsonl"),
+}
+
+
+def subset_indices(num_docs: int, limit: Optional[int], seed: int = 1234) -> np.ndarray:
+    """The sorted document indices :func:`load_task` keeps (all of them if ``limit`` is
+    ``None`` or not below ``num_docs``)."""
+    if limit is None or limit >= num_docs:
+        return np.arange(num_docs)
+    return np.sort(np.random.default_rng(seed).choice(num_docs, limit, replace=False))
+
+
+def write_subset(name: str, src_dir: str, dst_dir: str, limit: Optional[int],
+                 seed: int = 1234) -> List[str]:
+    """Writes the documents ``load_task(name, src_dir, limit, seed)`` keeps, in the original
+    file format, under ``dst_dir`` (same layout), so that ``load_task(name, dst_dir, limit,
+    seed)`` returns the same documents from a small copy of the data.
+
+    Args:
+      name: one of :data:`TASK_NAMES`.
+      src_dir: directory laid out as ``shared/data/eval``.
+      dst_dir: where the subset goes (created).
+      limit, seed: as for :func:`load_task`.
+
+    Returns:
+      The paths written.
+
+    Raises:
+      ValueError: for an unknown task name.
+      FileNotFoundError: naming a missing source file.
+    """
+    if name not in _SUBSET_FILES:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
+    parts, kind = _SUBSET_FILES[name]
+    src = _path(src_dir, *parts)
+    dst = os.path.join(dst_dir, *parts)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    written = [dst]
+    if kind == "blocks6_bz2":
+        with bz2.open(src, "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        blocks = [lines[i:i + 6] for i in range(0, len(lines) - 5, 6)]
+        keep = subset_indices(len(blocks), limit, seed)
+        with bz2.open(dst, "wt", encoding="utf-8") as f:
+            f.write("\n".join(line for i in keep for line in blocks[i]) + "\n")
+    elif kind in ("jsonl", "jsonl+labels"):
+        with open(src, encoding="utf-8") as f:
+            items = [line.rstrip("\n") for line in f if line.strip()]
+        keep = subset_indices(len(items), limit, seed)
+        with open(dst, "w", encoding="utf-8") as f:
+            f.writelines(items[i] + "\n" for i in keep)
+        if kind == "jsonl+labels":
+            with open(_path(src_dir, parts[0], "valid-labels.lst")) as f:
+                labels = f.read().split()
+            written.append(os.path.join(dst_dir, parts[0], "valid-labels.lst"))
+            with open(written[-1], "w") as f:
+                f.writelines(labels[i] + "\n" for i in keep)
+    else:  # tsv with a header
+        with open(src, encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t"))
+        keep = subset_indices(len(rows) - 1, limit, seed)
+        with open(dst, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, delimiter="\t", lineterminator="\n")
+            writer.writerow(rows[0])
+            writer.writerows(rows[1 + i] for i in keep)
+    return written
 
 
 def process_results(name: str, docs: Sequence[Doc],

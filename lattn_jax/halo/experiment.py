@@ -10,35 +10,56 @@
    ``config.hypenet.attention_layers`` or ``select/selection.json``) (resumable);
 4. ``stage3``: long-context cross-entropy fine-tuning from the Stage-2 params (resumable);
 5. ``calibrate``: the validation loss for each candidate ``a`` of the logit scaling, written to
-   ``calibrate/calibration.json``.
+   ``calibrate/calibration.json``;
+6. ``report``: the teacher against the final student (Stage-3 params if there are any, else
+   Stage 2's; the calibrated ``a`` if ``calibrate`` ran): perplexity, commonsense tasks, NIAH,
+   decode speed and memory (:mod:`lattn_jax.halo.report`), written to ``report/report.json``
+   and ``report/report.md`` after every measurement (resumable per measurement and model).
+
+Every invocation appends ``{"started", "wall_s", "complete"}`` to ``<stage>/timing.jsonl``; a
+stage that finished writes ``<stage>/done.json`` (its summary), which
+``experiments/halo_pipeline.py`` uses to skip it. ``deadline`` (a ``time.time()`` value) ends
+a stage early and cleanly: training stages checkpoint after the step that crosses it, the sweep
+and the report stop between layers / measurements; run the stage again to resume.
 
 The config (a ``ConfigDict``, see ``configs/halo_smollm2.py``) has sections ``teacher``, ``data``,
-``hypenet``, ``stage1``, ``select``, ``stage2``, ``stage3`` and ``calibrate``; the stage sections
-hold ``seq_len``, ``batch_size``, ``optim`` (an :class:`~lattn_jax.config.OptimConfig`) and
-``train`` (a :class:`~lattn_jax.config.TrainConfig`). The teacher is read from a local GGUF file
-or Hugging Face directory (never downloaded), or, with ``teacher.kind = "random"``, initialised
-at random from ``teacher.random_model`` (tiny CPU runs).
+``hypenet``, ``stage1``, ``select``, ``stage2``, ``stage3``, ``calibrate`` and ``report``; the
+training sections hold ``seq_len``, ``batch_size``, ``optim`` (an
+:class:`~lattn_jax.config.OptimConfig`) and ``train`` (a :class:`~lattn_jax.config.TrainConfig`).
+The teacher is read from a local GGUF file or Hugging Face directory (never downloaded), or,
+with ``teacher.kind = "random"``, initialised at random from ``teacher.random_model`` (tiny CPU
+runs); it is loaded once per process. With
+``data.tokenizer == "gguf"`` and no ``data.tokenizer_path`` the teacher's GGUF file is the
+tokenizer, so ``--config.teacher.path`` alone moves both.
 """
 
 import dataclasses
+import datetime
 import json
 import math
 import os
+import time
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
+import numpy as np
 
 from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
-from lattn_jax import train as train_lib
+from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.halo import hypenet
 from lattn_jax.halo import loaders
+from lattn_jax.halo import report as report_lib
 from lattn_jax.halo import selection
 from lattn_jax.halo import stages
 
-STAGES = ("stage1", "select", "stage2", "stage3", "calibrate")
+STAGES = ("stage1", "select", "stage2", "stage3", "calibrate", "report")
+DONE_FILE = "done.json"
+TIMING_FILE = "timing.jsonl"
+
+# Teachers loaded in this process, by (kind, path, dtype, random model): a pipeline that runs
+# several stages in one process reads and dequantizes the checkpoint once.
+_TEACHERS: Dict[Tuple, Tuple[config_lib.ModelConfig, Any, Any]] = {}
 
 
 def _to_dict(section: Any) -> Dict[str, Any]:
@@ -56,12 +77,25 @@ def _build(cls, values: Mapping[str, Any], where: str):
 
 
 def load_teacher(config) -> Tuple[config_lib.ModelConfig, Any, Any]:
-    """``(teacher_config, teacher_params, tokenizer_or_None)`` from ``config.teacher``.
+    """``(teacher_config, teacher_params, tokenizer_or_None)`` from ``config.teacher``, loaded
+    once per process (params on the default device).
 
     Raises:
       FileNotFoundError: the teacher file or directory is missing.
       ValueError: an unsupported checkpoint or ``teacher.kind``.
     """
+    t = config.teacher
+    key = (t.kind, t.path, config.hypenet.dtype, json.dumps(_to_dict(t.random_model),
+                                                            sort_keys=True, default=str))
+    if key not in _TEACHERS:
+        cfg, params, tokenizer = _load_teacher(config)
+        # On the device once: the training steps take the frozen teacher as an argument, and a
+        # host (numpy) tree would be copied to the device at every step.
+        _TEACHERS[key] = (cfg, jax.device_put(params), tokenizer)
+    return _TEACHERS[key]
+
+
+def _load_teacher(config):
     t = config.teacher
     if t.kind == "random":
         r = _to_dict(t.random_model)
@@ -82,9 +116,16 @@ def load_teacher(config) -> Tuple[config_lib.ModelConfig, Any, Any]:
 
 
 def data_for(config, section) -> data_lib.Datasets:
-    """The data pipeline of one stage: ``config.data`` with the stage's seq_len/batch_size."""
+    """The data pipeline of one stage: ``config.data`` with the stage's seq_len/batch_size (and,
+    for ``tokenizer == "gguf"`` without a ``tokenizer_path``, the teacher's GGUF file).
+
+    Raises:
+      ConfigError: an unknown ``data`` option. FileNotFoundError / ValueError: from the pipeline.
+    """
     values = _to_dict(config.data)
     values.update(seq_len=section.seq_len, batch_size=section.batch_size)
+    if values.get("tokenizer") == "gguf" and not values.get("tokenizer_path"):
+        values["tokenizer_path"] = config.teacher.path
     return data_lib.build_datasets(_build(data_lib.DataConfig, values, "data"))
 
 
@@ -120,26 +161,51 @@ def _attention_layers(config, workdir, num_layers):
         return tuple(json.load(f)["attention_layers"])
 
 
-def _stage2_student(config, workdir, teacher_cfg, teacher_params):
-    layers = _attention_layers(config, workdir, teacher_cfg.num_layers)
-    cfg = student_config(config, teacher_cfg, layers)
-    init = stages.stage2_init(teacher_cfg, teacher_params, cfg, None)
-    return cfg, init
+def _stage2_student(config, workdir, teacher_cfg):
+    """``(student config, abstract params)``: the shapes a Stage-2/3 checkpoint restores to."""
+    cfg = student_config(config, teacher_cfg,
+                         _attention_layers(config, workdir, teacher_cfg.num_layers))
+    return cfg, loaders.abstract_params(cfg)
 
 
-def _tokens_fn(model) -> Callable:
-    graphdef, state = nnx.split(model)
-    fn = jax.jit(lambda s, t: nnx.merge(graphdef, s)(t))
-    return lambda tokens: fn(state, tokens)
+def _final_params(config, workdir, init):
+    """``(params, source)``: the newest Stage-3 checkpoint, else Stage 2's.
+
+    Raises:
+      FileNotFoundError: neither stage has a checkpoint.
+    """
+    optim3, train3 = _stage_cfgs(config.stage3)
+    optim2, train2 = _stage_cfgs(config.stage2)
+    for stage, optim_cfg, train_cfg in (("stage3", optim3, train3), ("stage2", optim2, train2)):
+        try:
+            params = stages.latest_params(os.path.join(workdir, stage), init, optim_cfg,
+                                          train_cfg.total_steps)
+        except FileNotFoundError:
+            continue
+        return params, stage
+    raise FileNotFoundError(f"{workdir}: no stage3 or stage2 checkpoint; run stage2 first")
 
 
-def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = print
-        ) -> Dict[str, Any]:
+def is_done(workdir: str, stage: str) -> bool:
+    """Whether ``stage`` finished in ``workdir`` (its ``done.json`` exists)."""
+    return os.path.exists(os.path.join(workdir, stage, DONE_FILE))
+
+
+def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = print,
+        deadline: Optional[float] = None) -> Dict[str, Any]:
     """Runs one HALO stage in ``<workdir>/<stage>``.
 
+    Args:
+      config: the HALO ConfigDict.
+      workdir: the pipeline's directory (one subdirectory per stage).
+      stage: one of :data:`STAGES`.
+      print_fn: progress lines.
+      deadline: a ``time.time()`` value after which the stage stops at its next safe point
+        (resumable); ``None``: run to the end.
+
     Returns:
-      The stage's summary (``losses``/``step`` for training stages, the selection or the
-      calibration result otherwise).
+      The stage's summary (``losses``/``step`` for training stages, the selection, the
+      calibration or the report), with ``"complete"`` (``False`` when the deadline cut it).
 
     Raises:
       ValueError: an unknown ``stage`` or a bad option (named).
@@ -147,14 +213,36 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
+    start, t0 = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
     stage_dir = os.path.join(workdir, stage)
     os.makedirs(stage_dir, exist_ok=True)
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=2) if hasattr(config, "to_json_best_effort")
                 else json.dumps(_to_dict(config), indent=2, default=str))
+    out = _run_stage(config, workdir, stage, stage_dir, print_fn, deadline)
+    out.setdefault("complete", True)
+    wall = time.perf_counter() - t0
+    with open(os.path.join(stage_dir, TIMING_FILE), "a") as f:
+        f.write(json.dumps({"started": start.isoformat(timespec="seconds"), "wall_s": wall,
+                            "complete": bool(out["complete"])}) + "\n")
+    if out["complete"]:
+        summary = {k: v for k, v in out.items() if k not in ("losses", "params")}
+        if isinstance(out.get("losses"), list) and out["losses"]:
+            summary["last_loss"] = out["losses"][-1]
+        elif "losses" in out:
+            summary["losses"] = out["losses"]
+        with open(os.path.join(stage_dir, DONE_FILE), "w") as f:
+            json.dump(dict(summary, stage=stage), f, indent=2, default=str)
+    return out
+
+
+def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
     teacher_cfg, teacher_params, tokenizer = load_teacher(config)
     print_fn(f"teacher: {teacher_cfg.num_layers} layers, d_model {teacher_cfg.d_model}, "
              f"vocab {teacher_cfg.vocab_size}")
+
+    def train_summary(out):
+        return {"losses": out["losses"], "step": out["step"], "complete": out["complete"]}
 
     if stage == "stage1":
         ds = data_for(config, config.stage1)
@@ -163,89 +251,146 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
                                 teacher_params=teacher_params,
                                 student_cfg=student_config(config, teacher_cfg, ()),
                                 optim_cfg=optim_cfg, train_cfg=train_cfg, batches=ds.train_iter,
-                                print_fn=print_fn)
-        return {"losses": out["losses"], "step": out["step"]}
+                                print_fn=print_fn, deadline=deadline)
+        return train_summary(out)
 
     if stage == "select":
         return _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer,
-                       print_fn)
+                       print_fn, deadline)
 
     if stage == "stage2":
         ds = data_for(config, config.stage2)
         optim_cfg, train_cfg = _stage_cfgs(config.stage2)
-        cfg, _ = _stage2_student(config, workdir, teacher_cfg, teacher_params)
+        cfg = student_config(config, teacher_cfg,
+                             _attention_layers(config, workdir, teacher_cfg.num_layers))
         s1 = _stage1_params(config, workdir, teacher_cfg, teacher_params)
         out = stages.run_stage2(workdir=stage_dir, teacher_cfg=teacher_cfg,
                                 teacher_params=teacher_params, student_cfg=cfg, stage1_params=s1,
                                 optim_cfg=optim_cfg, train_cfg=train_cfg, batches=ds.train_iter,
                                 temperature=config.stage2.temperature,
-                                kl_chunk_size=config.stage2.kl_chunk_size, print_fn=print_fn)
-        return {"losses": out["losses"], "step": out["step"]}
+                                kl_chunk_size=config.stage2.kl_chunk_size, print_fn=print_fn,
+                                deadline=deadline)
+        return train_summary(out)
 
-    cfg, init = _stage2_student(config, workdir, teacher_cfg, teacher_params)
+    cfg, abstract = _stage2_student(config, workdir, teacher_cfg)
     optim2, train2 = _stage_cfgs(config.stage2)
     if stage == "stage3":
-        params2 = stages.latest_params(os.path.join(workdir, "stage2"), init, optim2,
+        params2 = stages.latest_params(os.path.join(workdir, "stage2"), abstract, optim2,
                                        train2.total_steps)
         ds = data_for(config, config.stage3)
         optim_cfg, train_cfg = _stage_cfgs(config.stage3)
         out = stages.run_stage3(workdir=stage_dir, student_cfg=cfg, init_params=params2,
                                 optim_cfg=optim_cfg, train_cfg=train_cfg, batches=ds.train_iter,
-                                print_fn=print_fn)
-        return {"losses": out["losses"], "step": out["step"]}
+                                print_fn=print_fn, deadline=deadline)
+        return train_summary(out)
 
-    # calibrate: the final (Stage-3, else Stage-2) params.
-    optim3, train3 = _stage_cfgs(config.stage3)
-    try:
-        params = stages.latest_params(os.path.join(workdir, "stage3"), init, optim3,
-                                      train3.total_steps)
-    except FileNotFoundError:
-        params = stages.latest_params(os.path.join(workdir, "stage2"), init, optim2,
-                                      train2.total_steps)
-    ds = data_for(config, config.calibrate)
-    batches = list(ds.val_batches)[:config.calibrate.max_batches]
-    result = stages.calibrate_logit_scaling(cfg, params, batches,
-                                            list(config.calibrate.candidates), print_fn=print_fn)
-    with open(os.path.join(stage_dir, "calibration.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    print_fn(f"best a: {result['best']}")
-    return result
+    params, source = _final_params(config, workdir, abstract)
+    if stage == "calibrate":
+        ds = data_for(config, config.calibrate)
+        batches = list(ds.val_batches)[:config.calibrate.max_batches]
+        result = stages.calibrate_logit_scaling(cfg, params, batches,
+                                                list(config.calibrate.candidates),
+                                                print_fn=print_fn)
+        result["student_params"] = source
+        with open(os.path.join(stage_dir, "calibration.json"), "w") as f:
+            json.dump(result, f, indent=2)
+        print_fn(f"best a: {result['best']}")
+        return result
+
+    return _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, cfg,
+                   params, source, print_fn, deadline)
 
 
-def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, print_fn):
-    """The single-replacement sweep, the HALO scores and the kept attention layers."""
+def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, student_cfg,
+            params, source, print_fn, deadline):
+    """The report stage: both models in ``config.report``'s dtypes, the calibrated ``a``."""
+    r = config.report
+    cal = report_lib.read_json(os.path.join(workdir, "calibrate", "calibration.json"))
+    a = cal["best"] if cal else None
+
+    def for_report(cfg, **attention):
+        # use_segment_ids: the prefill keeps left padding in its own document (see
+        # selection.decoding_model); calls without segment_ids are unchanged.
+        return dataclasses.replace(
+            cfg, dtype=r.dtype, param_dtype=r.param_dtype, use_segment_ids=True,
+            attention=dataclasses.replace(cfg.attention, **attention))
+
+    t_cfg = for_report(teacher_cfg)
+    s_cfg = for_report(student_cfg, logit_scaling_base=a)
+    if tokenizer is None:  # a random teacher: the data's tokenizer
+        tokenizer = tok_lib.make_tokenizer(config.data.tokenizer,
+                                           config.data.tokenizer_path or None)
+    pattern = s_cfg.layer_pattern
+    attn = [i for i, n in enumerate(pattern) if n != "lightning"]
+    meta = {
+        "teacher": f"{config.teacher.kind} {config.teacher.path or ''}: {teacher_cfg.num_layers} "
+                   f"softmax attention layers (RoPE), {r.dtype} compute, {r.param_dtype} params",
+        "student": f"HypeNet from {source}: attention (NoPE + output gate) at layers {attn}, "
+                   f"Lightning elsewhere ({len(pattern) - len(attn)} layers); logit scaling "
+                   f"a = {a}; {r.dtype} compute, {r.param_dtype} params",
+        "student_params": source, "logit_scaling_base": a, "attention_layers": attn,
+    }
+    models = {"teacher": (loaders.build_model(t_cfg, teacher_params), meta["teacher"]),
+              "student": (loaders.build_model(s_cfg, params), meta["student"])}
+    rep = report_lib.run_report(options=r, stage_dir=stage_dir, models=models,
+                                tokenizer=tokenizer, meta=meta, print_fn=print_fn,
+                                should_stop=_expired(deadline))
+    return {"complete": rep["complete"], "report": os.path.join(stage_dir,
+                                                                report_lib.REPORT_JSON)}
+
+
+def _expired(deadline: Optional[float]) -> Optional[Callable[[], bool]]:
+    if deadline is None:
+        return None
+    return lambda: time.time() >= deadline
+
+
+def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, print_fn,
+            deadline=None):
+    """The single-replacement sweep, the HALO scores and the kept attention layers.
+
+    All ``L`` single-replacement models run on one :class:`selection.ReplacementSweep` (one
+    compiled forward, loss, prefill and decoding step for the whole sweep).
+    """
     sel = config.select
     s1 = _stage1_params(config, workdir, teacher_cfg, teacher_params)
     ds = data_for(config, sel)
     tokenizer = tokenizer or ds.tokenizer
     csr_items = selection.read_jsonl(sel.csr_items) if sel.csr_items else None
     recall_items = (selection.read_jsonl(sel.recall_items) if sel.recall_items else
-                    selection.synthetic_recall_items(sel.synthetic_recall, seed=0))
+                    selection.synthetic_recall_items(
+                        sel.synthetic_recall, filler_repeats=sel.synthetic_filler_repeats,
+                        seed=0))
     val = list(ds.val_batches)[:sel.max_val_batches]
-    all_layers = range(teacher_cfg.num_layers)
+    full = [b for b in val if np.shape(b["inputs"])[0] == sel.batch_size]
+    val = full or val[:1]  # a partial last batch would compile a second program
+    model = selection.build_sweep_model(teacher_cfg, teacher_params,
+                                        student_config(config, teacher_cfg, ()), s1["mixers"])
+    sweep_model = selection.ReplacementSweep(model, pad_id=tokenizer.eos_id,
+                                             bucket=sel.recall_bucket)
 
     def evaluate_layer(layer):
-        cfg = student_config(config, teacher_cfg, [i for i in all_layers if i != layer],
-                             attention_rope=True, attention_gate=False)
-        params = hypenet.convert(teacher_params, teacher_cfg, cfg,
-                                 lightning_params={layer: s1["mixers"][layer]})
-        model = _tokens_fn(loaders.build_model(cfg, params))
+        sweep_model.select(layer)
         if csr_items is not None:
-            csr = selection.acc_norm(model, tokenizer, csr_items)
+            csr = selection.acc_norm(sweep_model.logits, tokenizer, csr_items)
         else:  # proxy: per-token likelihood exp(-CE) on validation windows
             total = count = 0.0
             for b in val:
-                _, t, c = train_lib.cross_entropy_loss(model(jnp.asarray(b["inputs"])),
-                                                       jnp.asarray(b["targets"]),
-                                                       jnp.asarray(b["weights"]))
-                total, count = total + float(t), count + float(c)
+                t, c = sweep_model.loss_sums(b)
+                total, count = total + t, count + c
             csr = math.exp(-total / max(count, 1.0))
-        recall = selection.recall_contains(model, tokenizer, recall_items,
-                                           max_new_tokens=sel.max_new_tokens)
+        recall = selection.recall_contains(sweep_model.generator, tokenizer, recall_items,
+                                           max_new_tokens=sel.max_new_tokens,
+                                           batch_size=sel.recall_batch_size)
         return csr, recall
 
-    csr, recall = selection.sweep(teacher_cfg.num_layers, evaluate_layer,
-                                  os.path.join(stage_dir, "sweep.jsonl"), print_fn)
+    try:
+        csr, recall = selection.sweep(teacher_cfg.num_layers, evaluate_layer,
+                                      os.path.join(stage_dir, "sweep.jsonl"), print_fn,
+                                      should_stop=_expired(deadline))
+    except selection.Interrupted as e:
+        print_fn(f"select: {e}; run again to resume")
+        return {"complete": False}
     scores = selection.halo_scores(csr, recall)
     k = sel.num_attention if sel.num_attention is not None else \
         hypenet.attention_layer_count(teacher_cfg.num_layers)
@@ -259,23 +404,56 @@ def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
     return result
 
 
+def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
+    """The ``config.report`` section (see :mod:`lattn_jax.halo.report`).
+
+    Fields: ``dtype``/``param_dtype`` (both models), ``measurements`` (a subset of
+    ``report.MEASUREMENTS``), ``data_dir`` (laid out as ``shared/data``: ``eval/`` for the
+    commonsense tasks, ``niah/PaulGrahamEssays`` for the essay haystacks), ``perplexity_file``
+    (``None``: the bundled WikiText-2 raw test text), ``perplexity_window``,
+    ``perplexity_max_docs`` (``None``: all), ``perplexity_batch_size``, ``csr_tasks``,
+    ``csr_limit`` (documents per task), ``csr_seed``, ``csr_batch_size``, ``csr_bucket`` (padding
+    multiple of the requests), ``csr_max_len``, ``niah_tasks``, ``niah_lengths``,
+    ``niah_depths`` (percent), ``niah_samples`` (per cell), ``niah_max_new_tokens``,
+    ``niah_seed``, ``speed_lengths``, ``speed_decode_tokens``, ``speed_repeats``.
+    """
+    if data_dir is None:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        data_dir = os.path.join(root, "..", "shared", "data")
+    return dict(
+        dtype="bfloat16", param_dtype="bfloat16",
+        measurements=report_lib.MEASUREMENTS, data_dir=data_dir,
+        perplexity_file=None, perplexity_window=2048, perplexity_max_docs=None,
+        perplexity_batch_size=16,
+        csr_tasks=("piqa", "hellaswag", "arc_easy", "winogrande"), csr_limit=500, csr_seed=1234,
+        csr_batch_size=64, csr_bucket=256, csr_max_len=2048,
+        niah_tasks=("niah_single_2",), niah_lengths=(2048, 4096, 8192, 16384, 32768),
+        niah_depths=(10.0, 50.0, 90.0), niah_samples=2, niah_max_new_tokens=32, niah_seed=42,
+        speed_lengths=(8192, 32768), speed_decode_tokens=128, speed_repeats=3,
+    )
+
+
 def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[str, Any],
                 stage_lengths: Dict[str, Tuple[int, int, int]], lrs: Dict[str, float],
                 min_lrs: Dict[str, float], random_model: Optional[Dict[str, Any]] = None,
                 checkpoint_every: int = 1000, log_every: int = 10,
-                calibrate_candidates=(None, 100.0, 200.0, 362.0, 500.0, 1000.0, 2000.0)):
+                calibrate_candidates=(None, 100.0, 200.0, 362.0, 500.0, 1000.0, 2000.0),
+                report: Optional[Dict[str, Any]] = None):
     """The HALO ConfigDict shared by ``configs/halo_*.py`` (spec §3.6 recipe).
 
     Args:
-      teacher_path, teacher_kind: ``config.teacher``.
+      teacher_path, teacher_kind: ``config.teacher`` (the path is a string placeholder, so
+        ``--config.teacher.path=...`` works when it is ``None``).
       data: the ``DataConfig`` fields except ``seq_len``/``batch_size``.
       stage_lengths: ``{stage: (seq_len, batch_size, total_steps)}`` for stage1/2/3.
       lrs, min_lrs: peak and final learning rate per training stage.
       random_model: the random teacher's shape (``teacher_kind == "random"``).
       checkpoint_every, log_every: cadence of every training stage.
       calibrate_candidates: values of ``a`` (``None`` = no scaling).
+      report: overrides of :func:`report_defaults`.
     """
     import ml_collections
+    from ml_collections import config_dict
 
     def stage(name, **extra):
         seq_len, batch, steps = stage_lengths[name]
@@ -292,8 +470,15 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
 
     s1_len, s1_batch, _ = stage_lengths["stage1"]
     s3_len, s3_batch, _ = stage_lengths["stage3"]
+    report_section = report_defaults()
+    report_section.update(report or {})
+    # None-valued options as typed placeholders, so that the command line can set them.
+    for key, kind in (("perplexity_file", str), ("perplexity_max_docs", int)):
+        if report_section[key] is None:
+            report_section[key] = config_dict.placeholder(kind)
     cfg = dict(
-        teacher=dict(path=teacher_path, kind=teacher_kind, random_model=random_model or {}),
+        teacher=dict(path=teacher_path if teacher_path else config_dict.placeholder(str),
+                     kind=teacher_kind, random_model=random_model or {}),
         data=data,
         # dtype: compute dtype of teacher and student (params and Adam moments stay fp32, a
         # deliberate departure from the authors' pure-bf16 training, spec §6 item 3).
@@ -301,11 +486,13 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
                      lightning_implementation="auto", dtype="float32"),
         stage1=stage("stage1"),
         select=dict(seq_len=s1_len, batch_size=s1_batch, num_attention=None, csr_items=None,
-                    recall_items=None, synthetic_recall=20, max_new_tokens=12,
-                    max_val_batches=8),
+                    recall_items=None, synthetic_recall=20, synthetic_filler_repeats=4,
+                    max_new_tokens=12, max_val_batches=8, recall_batch_size=32,
+                    recall_bucket=64),
         stage2=stage("stage2", temperature=1.0, kl_chunk_size=512),
         stage3=stage("stage3"),
         calibrate=dict(seq_len=s3_len, batch_size=1, max_batches=8,
                        candidates=tuple(calibrate_candidates)),
+        report=report_section,
     )
     return ml_collections.ConfigDict(cfg)

@@ -82,7 +82,8 @@ def train_loop(*, workdir: str, init_params: PyTree,
                loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
                optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
                batches: Iterator[Batch], frozen: PyTree = None,
-               print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
+               print_fn: Callable[[str], None] = print,
+               deadline: Optional[float] = None) -> Dict[str, Any]:
     """Trains ``init_params`` on ``loss_fn``, resuming from ``<workdir>/checkpoints``.
 
     Resume order: the newest checkpoint in ``workdir`` (params, optimizer state, step and, for a
@@ -99,9 +100,12 @@ def train_loop(*, workdir: str, init_params: PyTree,
       batches: an iterator of batches (a grain ``DatasetIterator`` is checkpointed too).
       frozen: a pytree passed unchanged to ``loss_fn`` (the teacher's params).
       print_fn: progress lines.
+      deadline: a ``time.time()`` value; the first step that ends after it is the last of this
+        run (checkpointed, resumable), as with ``max_steps_per_run``.
 
     Returns:
-      ``{"params", "step", "losses" (this run's per-step losses), "resumed_from"}``.
+      ``{"params", "step", "losses" (this run's per-step losses), "resumed_from", "complete"
+      (``step == total_steps``)}``.
     """
     os.makedirs(workdir, exist_ok=True)
     tx = optim.make_optimizer(optim_cfg, train_cfg.total_steps)
@@ -152,11 +156,14 @@ def train_loop(*, workdir: str, init_params: PyTree,
         if step % train_cfg.checkpoint_every == 0 or step == stop_at:
             ckpt.save(step, state, data_iter)
             last_saved = step
+        if deadline is not None and time.time() >= deadline and step < stop_at:
+            print_fn(f"deadline reached at step {step}; checkpointing (run again to resume)")
+            break
     if last_saved != step and step > 0:
         ckpt.save(step, state, data_iter)
     ckpt.close()
     return {"params": state["params"], "step": step, "losses": run_losses,
-            "resumed_from": resumed_from}
+            "resumed_from": resumed_from, "complete": step >= train_cfg.total_steps}
 
 
 def latest_params(workdir: str, init_params: PyTree, optim_cfg: config_lib.OptimConfig,
@@ -231,13 +238,15 @@ def stage1_loss_fn(teacher_cfg: config_lib.ModelConfig, student_cfg: config_lib.
 def run_stage1(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_params: PyTree,
                student_cfg: config_lib.ModelConfig, optim_cfg: config_lib.OptimConfig,
                train_cfg: config_lib.TrainConfig, batches: Iterator[Batch],
-               print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Stage 1 in ``workdir`` (resumable); returns :func:`train_loop`'s result."""
+               print_fn: Callable[[str], None] = print,
+               deadline: Optional[float] = None) -> Dict[str, Any]:
+    """Stage 1 in ``workdir`` (resumable, ``deadline`` as in :func:`train_loop`); returns
+    :func:`train_loop`'s result."""
     init = stage1_init(teacher_cfg, teacher_params, student_cfg, seed=train_cfg.seed)
     return train_loop(workdir=workdir, init_params=init,
                       loss_fn=stage1_loss_fn(teacher_cfg, student_cfg), optim_cfg=optim_cfg,
                       train_cfg=train_cfg, batches=batches, frozen=teacher_params,
-                      print_fn=print_fn)
+                      print_fn=print_fn, deadline=deadline)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,25 +301,29 @@ def run_stage2(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_par
                optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
                batches: Iterator[Batch], temperature: float = 1.0,
                kl_chunk_size: Optional[int] = None,
-               print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
-    """Stage 2 in ``workdir`` (resumable); returns :func:`train_loop`'s result."""
+               print_fn: Callable[[str], None] = print,
+               deadline: Optional[float] = None) -> Dict[str, Any]:
+    """Stage 2 in ``workdir`` (resumable, ``deadline`` as in :func:`train_loop`); returns
+    :func:`train_loop`'s result."""
     init = stage2_init(teacher_cfg, teacher_params, student_cfg, stage1_params,
                        seed=train_cfg.seed)
     return train_loop(workdir=workdir, init_params=init,
                       loss_fn=stage2_loss_fn(teacher_cfg, student_cfg, temperature=temperature,
                                              chunk_size=kl_chunk_size),
                       optim_cfg=optim_cfg, train_cfg=train_cfg, batches=batches,
-                      frozen=teacher_params, print_fn=print_fn)
+                      frozen=teacher_params, print_fn=print_fn, deadline=deadline)
 
 
 def run_stage3(*, workdir: str, student_cfg: config_lib.ModelConfig, init_params: PyTree,
                optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
-               batches: Iterator[Batch], print_fn: Callable[[str], None] = print
-               ) -> Dict[str, Any]:
-    """Stage 3 in ``workdir`` (resumable) from the Stage-2 params; :func:`train_loop`'s result."""
+               batches: Iterator[Batch], print_fn: Callable[[str], None] = print,
+               deadline: Optional[float] = None) -> Dict[str, Any]:
+    """Stage 3 in ``workdir`` (resumable, ``deadline`` as in :func:`train_loop`) from the
+    Stage-2 params; returns :func:`train_loop`'s result."""
     return train_loop(workdir=workdir, init_params=init_params,
                       loss_fn=stage3_loss_fn(student_cfg), optim_cfg=optim_cfg,
-                      train_cfg=train_cfg, batches=batches, print_fn=print_fn)
+                      train_cfg=train_cfg, batches=batches, print_fn=print_fn,
+                      deadline=deadline)
 
 
 # ---------------------------------------------------------------------------------------------

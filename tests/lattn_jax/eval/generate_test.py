@@ -17,9 +17,9 @@ PATTERNS = {
 }
 
 
-def tiny_model(pattern, seed=0):
+def tiny_model(pattern, seed=0, **kw):
     cfg = config_lib.ModelConfig(
-        vocab_size=64, d_model=32, layer_pattern=pattern, mlp_hidden=48,
+        vocab_size=64, d_model=32, layer_pattern=pattern, mlp_hidden=48, **kw,
         attention=config_lib.AttentionConfig(num_heads=4, num_kv_heads=2, output_gate=True),
         gdn=config_lib.GatedDeltaNetConfig(num_k_heads=2, num_v_heads=4, head_k_dim=8,
                                            head_v_dim=8, chunk_size=8))
@@ -63,6 +63,23 @@ class PaddingTest(absltest.TestCase):
             tokens[i, :len(p)], mask[i, :len(p)] = p, True
         right = g.generate_padded(tokens, mask, max_new_tokens=6)
         self.assertEqual(right.tokens, alone)
+
+    def test_padding_is_invisible_without_training_segment_ids(self):
+        # Models trained on unpacked rows (use_segment_ids=False, the paper presets and HALO's
+        # students) still keep left padding out of the prefill: the prompt's last logits do
+        # not depend on how much padding the bucket adds.
+        model = tiny_model(PATTERNS["hybrid"], seed=4, use_segment_ids=False)
+        prompt = [[5, 9, 2, 33, 12]]
+        last = [gen_lib.Generator(model, pad_id=7, bucket=b).prefill(
+            np.asarray(prompt, np.int32), np.ones((1, 5), bool), 16)[0] for b in (1,)]
+        padded = np.concatenate([np.full((1, 3), 7, np.int32), np.asarray(prompt, np.int32)], 1)
+        mask = np.concatenate([np.zeros((1, 3), bool), np.ones((1, 5), bool)], 1)
+        logits, _ = gen_lib.Generator(model, pad_id=7).prefill(padded, mask, 16)
+        np.testing.assert_allclose(logits, last[0], rtol=1e-5, atol=1e-5)
+        g = gen_lib.Generator(model, pad_id=7, bucket=8)
+        prompts = [[5, 9, 2], [11, 3, 8, 60, 1, 17, 4]]
+        alone = [g.generate([p], max_new_tokens=5).tokens[0] for p in prompts]
+        self.assertEqual(g.generate(prompts, max_new_tokens=5).tokens, alone)
 
     def test_stop_tokens_end_a_row(self):
         model = tiny_model(PATTERNS["hybrid"], seed=3)

@@ -35,6 +35,33 @@ class NiahTest(parameterized.TestCase):
         else:
             self.assertLen(s.value, 7)
 
+    @parameterized.parameters(0.0, 40.0, 100.0)
+    def test_multikey_needles(self, depth):
+        tok = tok_lib.ByteTokenizer()
+        s = niah.make_sample("niah_multikey_1", tok, 4096, depth, random.Random(1), WORDS, 32)
+        self.assertLessEqual(s.num_tokens + 32, 4096)
+        self.assertEqual(s.prompt.count("One of the special magic numbers for "),
+                         niah.MULTIKEY_NEEDLES)
+        self.assertEqual(s.prompt.count(s.value), 1)
+        self.assertEqual(s.prompt.count(f"for {s.key} is: "), 1)  # distractor keys differ
+        self.assertIn(f"for {s.key} is: {s.value}.", s.prompt[s.needle_char:s.needle_char + 200])
+        start, end = s.context_chars
+        self.assertAlmostEqual((s.needle_char - start) / (end - start), depth / 100.0,
+                               delta=0.1)
+        # The question asks for the first key.
+        self.assertTrue(s.prompt.endswith(f"for {s.key} mentioned in the provided text is"))
+
+    def test_start_units_hint_gives_the_same_sample(self):
+        tok = tok_lib.ByteTokenizer()
+        for task in ("niah_single_1", "niah_single_2", "niah_multikey_1"):
+            ref = niah.make_sample(task, tok, 2048, 50.0, random.Random(3), WORDS)
+            self.assertGreater(ref.haystack_units, 8)
+            for hint in (1, ref.haystack_units // 2, ref.haystack_units,
+                         ref.haystack_units + 1, 3 * ref.haystack_units):
+                s = niah.make_sample(task, tok, 2048, 50.0, random.Random(3), WORDS,
+                                     start_units=hint)
+                self.assertEqual(s, ref, msg=f"{task=} {hint=}")
+
     def test_scorer_accepts_right_value_and_rejects_wrong_one(self):
         self.assertEqual(niah.string_match_all(" 1234567. The end", ["1234567"]), 1.0)
         self.assertEqual(niah.string_match_all(" 1234568.", ["1234567"]), 0.0)

@@ -9,15 +9,26 @@ from absl.testing import absltest
 from configs import halo_qwen3_1p7b
 from configs import halo_smollm2
 from lattn_jax.halo import experiment
+from lattn_jax.halo import report
 
 
 class ConfigTest(absltest.TestCase):
 
     def test_configs_load(self):
         for cfg in (halo_smollm2.get_config(), halo_qwen3_1p7b.get_config(),
-                    halo_smollm2.get_config("tiny")):
+                    halo_smollm2.get_config("tiny"), halo_smollm2.get_config("h200")):
             self.assertEqual(cfg.stage2.temperature, 1.0)
             self.assertEqual(cfg.stage1.optim.weight_decay, 0.0)
+            self.assertEqual(tuple(cfg.report.measurements), report.MEASUREMENTS)
+        self.assertEqual(experiment.STAGES[-1], "report")
+        cfg = halo_smollm2.get_config("h200")
+        # The report's perplexity text (WikiText-2 test) is not trained on.
+        self.assertFalse(any("wiki.test" in p for p in cfg.data.paths))
+        self.assertIsNone(cfg.data.tokenizer_path)  # follows --config.teacher.path
+        budget = {s: cfg[s].seq_len * cfg[s].batch_size * cfg[s].train.total_steps
+                  for s in ("stage1", "stage2", "stage3")}
+        self.assertEqual(budget, {"stage1": 4_915_200, "stage2": 4_915_200,
+                                  "stage3": 655_360})
         cfg = halo_qwen3_1p7b.get_config()
         self.assertEqual((cfg.stage3.seq_len, cfg.stage3.train.total_steps), (16_384, 500))
         self.assertEqual(cfg.stage3.optim.min_lr_ratio, 1.0)

@@ -1,9 +1,17 @@
 """HALO layer-selection score against the authors' sweep logs (spec §5) and the evaluators."""
 
+import dataclasses
+
+import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
+from lattn_jax.halo import hypenet
+from lattn_jax.halo import loaders
 from lattn_jax.halo import selection
+from lattn_jax.halo import stages
+from tests import tolerances
+from tests.lattn_jax.halo import hypenet_test
 
 # Spec §5.1 (HypeNet-2B / Qwen3-1.7B): per-layer CSR and recall averages.
 CSR_2B = [0.3108, 0.5548, 0.5804, 0.5839, 0.5756, 0.5799, 0.5784, 0.5753, 0.5828, 0.5802, 0.5722,
@@ -87,6 +95,67 @@ class EvaluatorTest(absltest.TestCase):
         csr, recall = selection.sweep(3, evaluate, path, print_fn=lambda s: None)
         self.assertEqual(calls, [0, 1, 2])
         np.testing.assert_allclose(csr, [0.5, 1.5, 2.5])
+
+
+def random_teacher(seed=1):
+    """A tiny untied teacher with a wide init, so that greedy tokens vary (a tied, narrow one
+    repeats its input)."""
+    cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(tie=False), init_std=0.5)
+    return cfg, stages.random_teacher(cfg, seed=seed)
+
+
+class StateDecodingTest(absltest.TestCase):
+    """The recall generator decodes with per-layer states and gives the full-forward tokens."""
+
+    def test_batched_state_decoding_equals_full_recomputation(self):
+        cfg, params = random_teacher()
+        model = loaders.build_model(cfg, params)
+        prompts = [[5, 9, 2], [11, 3, 8, 60, 1, 17, 4, 33, 2], [7]]
+        free = [selection.greedy_generate_full(model, p, 8) for p in prompts]
+        self.assertGreater(len({t for out in free for t in out}), 6)  # not a constant model
+        # A stop id that occurs: rows end before it.
+        k = next(i for i in range(2, 8) if free[0][i] not in free[0][:i])
+        full = [selection.greedy_generate_full(model, p, 8, free[0][k]) for p in prompts]
+        self.assertLen(full[0], k)
+        # Batched, left-padded to a multiple of 8, two prompts per call.
+        decoded = selection.greedy_generate(model, prompts, 8, free[0][k], batch_size=2,
+                                            bucket=8)
+        self.assertEqual(decoded, full)
+
+    def test_sweep_model_is_each_single_replacement_model(self):
+        cfg, params = random_teacher(seed=2)
+        s1_cfg = stages.stage1_student_config(cfg)
+        s1 = stages.stage1_init(cfg, params, s1_cfg, seed=3)
+        sweep = selection.ReplacementSweep(
+            selection.build_sweep_model(cfg, params, s1_cfg, s1["mixers"]), bucket=8)
+        tokens = np.random.default_rng(0).integers(0, 61, size=(2, 13))
+        prompts = [[5, 9, 2], [11, 3, 8, 60, 1, 17, 4]]
+        for layer in (-1, 2):
+            keep = [i for i in range(cfg.num_layers) if i != layer]
+            cfg_l = hypenet.hypenet_config(cfg, keep, attention_rope=True, attention_gate=False)
+            lightning_params = {layer: s1["mixers"][layer]} if layer >= 0 else None
+            converted = loaders.build_model(cfg_l, hypenet.convert(
+                params, cfg, cfg_l, lightning_params=lightning_params))
+            sweep.select(layer)
+            np.testing.assert_allclose(sweep.logits(tokens), converted(jnp.asarray(tokens)),
+                                       **tolerances.fwd_tol(jnp.float32))
+            full = [selection.greedy_generate_full(converted, p, 6) for p in prompts]
+            self.assertEqual(selection.greedy_generate(sweep.generator, prompts, 6), full,
+                             msg=f"{layer=}")
+            batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
+                     "weights": np.ones((2, 12), np.float32)}
+            total, count = sweep.loss_sums(batch)
+            self.assertEqual(count, 24.0)
+            self.assertGreater(total, 0.0)
+
+    def test_sweep_stops_when_asked(self):
+        path = self.create_tempfile().full_path
+        with self.assertRaises(selection.Interrupted):
+            selection.sweep(3, lambda layer: (1.0, 1.0), path, print_fn=lambda s: None,
+                            should_stop=lambda: len(selection.read_jsonl(path)) >= 2)
+        self.assertLen(selection.read_jsonl(path), 2)
+        csr, _ = selection.sweep(3, lambda layer: (2.0, 1.0), path, print_fn=lambda s: None)
+        np.testing.assert_allclose(csr, [1.0, 1.0, 2.0])
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """HALO stages on tiny data: each stage's loss falls, and a stage resumes from its checkpoint."""
 
+import time
+
 import numpy as np
 from absl.testing import absltest
 
@@ -56,6 +58,18 @@ class StagesTest(absltest.TestCase):
         self.assertLess(np.mean(losses[-3:]), 0.7 * np.mean(losses[:3]))
         # The student trains only mixers; every layer has one.
         self.assertLen(second["params"]["mixers"], 4)
+
+    def test_a_past_deadline_stops_after_one_step_and_resumes(self):
+        workdir = self.create_tempdir().full_path
+        kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
+                  student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3),
+                  train_cfg=train_cfg(3), print_fn=lambda s: None)
+        first = stages.run_stage1(workdir=workdir, batches=batches(),
+                                  deadline=time.time() - 1.0, **kw)
+        self.assertEqual((first["step"], first["complete"]), (1, False))
+        second = stages.run_stage1(workdir=workdir, batches=batches(), **kw)
+        self.assertEqual((second["resumed_from"], second["step"], second["complete"]),
+                         (1, 3, True))
 
     def test_stage2_and_stage3_losses_fall(self):
         s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)

@@ -1,0 +1,125 @@
+"""Runs the HALO stages in order, then the report, in one process; resumable under a deadline.
+
+Usage::
+
+    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:h200 \
+        --workdir=runs/halo_h200 --deadline_s=480 --markdown=runs/halo_h200/halo-smollm2.md
+    # the same command again continues where the first one stopped
+
+Stages: ``stage1, select, stage2, stage3, calibrate, report`` (``--stages`` picks a subset, in
+that order). A stage that finished (``<workdir>/<stage>/done.json``) is skipped (delete that file
+to run it again). With
+``--deadline_s`` the run ends cleanly once that many seconds have passed since it started: a
+training stage checkpoints after the step that crosses the deadline, the layer sweep and the
+report stop between layers / measurements, and no new stage starts after the deadline (or
+when less than ``--min_stage_s`` is left). Each stage prints its wall time; every invocation
+appends its command line, per-stage times and exit status to ``<workdir>/pipeline.jsonl``
+(:func:`lattn_jax.halo.report.render_markdown` lists them as the page's commands).
+
+The teacher is loaded once for all stages. Compiled programs go to a persistent cache in
+``<workdir>/jax_cache`` (``--compilation_cache=''`` turns it off), so that a run split over two
+invocations does not compile the same programs twice.
+
+Exit status: 0 when every requested stage is done, 3 when the deadline stopped the run (run the
+same command again), 1 on an error (named on stderr).
+"""
+
+import datetime
+import json
+import os
+import shlex
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax.halo import experiment  # noqa: E402
+from lattn_jax.halo import report as report_lib  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "HALO config file.",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the pipeline's stages.")
+_STAGES = flags.DEFINE_list("stages", list(experiment.STAGES), "Stages to run, in order.")
+_DEADLINE = flags.DEFINE_float("deadline_s", None, "Stop cleanly after this many seconds.")
+_MIN_STAGE = flags.DEFINE_float("min_stage_s", 0.0, "Do not start a stage with less than this "
+                                "many seconds left before the deadline.")
+_MARKDOWN = flags.DEFINE_string("markdown", None, "Also render the results page here.")
+_CACHE = flags.DEFINE_string("compilation_cache", None, "Persistent compilation cache "
+                             "directory (default <workdir>/jax_cache; '' disables it).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+EXIT_DEADLINE = 3
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+    unknown = [s for s in _STAGES.value if s not in experiment.STAGES]
+    if unknown:
+        sys.exit(f"error: unknown stage(s) {unknown}; choose from {experiment.STAGES}")
+    stages = [s for s in experiment.STAGES if s in _STAGES.value]
+    workdir = _WORKDIR.value
+    os.makedirs(workdir, exist_ok=True)
+    cache = os.path.join(workdir, "jax_cache") if _CACHE.value is None else _CACHE.value
+    if cache:
+        jax.config.update("jax_compilation_cache_dir", os.path.abspath(cache))
+    t_start, started = time.time(), datetime.datetime.now(datetime.timezone.utc)
+    deadline = None if _DEADLINE.value is None else t_start + _DEADLINE.value
+    _log(f"jax {jax.__version__}, devices {jax.devices()}; stages {stages}; deadline "
+         f"{_DEADLINE.value} s")
+    times, status = {}, "complete"
+    try:
+        for stage in stages:
+            if experiment.is_done(workdir, stage):
+                times[stage] = "done before"
+                _log(f"=== {stage}: already done, skipped")
+                continue
+            if deadline is not None and time.time() >= deadline - _MIN_STAGE.value:
+                status = "deadline"
+                _log(f"=== {stage}: not started, deadline")
+                break
+            _log(f"=== {stage}: start at {time.time() - t_start:.1f} s")
+            t0 = time.perf_counter()
+            out = experiment.run(_CONFIG.value, workdir, stage, print_fn=_log,
+                                 deadline=deadline)
+            times[stage] = round(time.perf_counter() - t0, 1)
+            _log(f"=== {stage}: {times[stage]} s ({'complete' if out['complete'] else 'stopped'}"
+                 f"; {time.time() - t_start:.1f} s since start)")
+            if not out["complete"]:
+                status = "deadline"
+                break
+    except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
+        status = f"error: {e}"
+    except BaseException as e:  # recorded, then re-raised with its traceback
+        status = f"error: {type(e).__name__}: {e}"
+        raise
+    finally:
+        command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+        record = {"command": command, "started": started.isoformat(timespec="seconds"),
+                  "wall_s": time.time() - t_start, "stages": times, "status": status}
+        with open(os.path.join(workdir, "pipeline.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if _MARKDOWN.value:
+            os.makedirs(os.path.dirname(os.path.abspath(_MARKDOWN.value)), exist_ok=True)
+            with open(_MARKDOWN.value, "w") as f:
+                f.write(report_lib.render_markdown(workdir))
+            _log(f"wrote {_MARKDOWN.value}")
+    _log(f"pipeline: {status} after {time.time() - t_start:.1f} s; stage times {times}")
+    if status.startswith("error"):
+        sys.exit(status)
+    if status == "deadline":
+        sys.exit(EXIT_DEADLINE)
+
+
+if __name__ == "__main__":
+    app.run(main)

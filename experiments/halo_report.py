@@ -1,0 +1,52 @@
+"""Renders the results page of a HALO workdir from the JSON files its stages wrote.
+
+Usage::
+
+    python experiments/halo_report.py --workdir=runs/halo_h200
+    # -> benchmarks/results/halo-smollm2-<date of the report>.md
+    python experiments/halo_report.py --workdir=runs/halo_h200 --output=/tmp/halo.md
+
+The page (:func:`lattn_jax.halo.report.render_markdown`) has the hardware and versions, the
+commands (``pipeline.jsonl``), the token budget, losses and wall time of every stage, the layer
+selection, the calibration of ``a`` and the teacher-versus-student tables of
+``report/report.json``.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from lattn_jax.halo import report as report_lib  # noqa: E402
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_WORKDIR = flags.DEFINE_string("workdir", None, "The HALO workdir.")
+_OUTPUT = flags.DEFINE_string("output", None, "Output path (default benchmarks/results/"
+                              "<name>-<date>.md).")
+_NAME = flags.DEFINE_string("name", "halo-smollm2", "File name stem of the default output.")
+_TITLE = flags.DEFINE_string("title", None, "Page title (default from the teacher and date).")
+flags.mark_flags_as_required(["workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not os.path.isdir(_WORKDIR.value):
+        sys.exit(f"error: no such workdir: {_WORKDIR.value}")
+    text = report_lib.render_markdown(_WORKDIR.value, title=_TITLE.value)
+    out = _OUTPUT.value
+    if out is None:
+        rep = report_lib.read_json(os.path.join(_WORKDIR.value, "report",
+                                                report_lib.REPORT_JSON), {}) or {}
+        date = (rep.get("updated") or rep.get("started") or "undated")[:10]
+        out = os.path.join(_ROOT, "benchmarks", "results", f"{_NAME.value}-{date}.md")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    app.run(main)

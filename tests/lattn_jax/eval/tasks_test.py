@@ -1,0 +1,66 @@
+"""Task subsets: ``write_subset`` keeps exactly the documents ``load_task(limit=...)`` keeps."""
+
+import bz2
+import csv
+import json
+import os
+
+from absl.testing import absltest
+
+from lattn_jax.eval import tasks
+
+SHARED_EVAL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data",
+                           "eval")
+
+
+def write_full_data(root, n=10):
+    """Small files in the original formats of piqa, hellaswag, arc_easy and openbookqa."""
+    os.makedirs(os.path.join(root, "piqa"))
+    with open(os.path.join(root, "piqa", "valid.jsonl"), "w") as f:
+        f.writelines(json.dumps({"goal": f"goal {i}", "sol1": f"a{i}", "sol2": f"b{i}"}) + "\n"
+                     for i in range(n))
+    with open(os.path.join(root, "piqa", "valid-labels.lst"), "w") as f:
+        f.writelines(f"{i % 2}\n" for i in range(n))
+    os.makedirs(os.path.join(root, "hellaswag"))
+    with bz2.open(os.path.join(root, "hellaswag", "hellaswag_val_full.txt.bz2"), "wt") as f:
+        f.write("\n".join(line for i in range(n) for line in
+                          (f"Act {i}: ctx {i}", str(i % 4), "e0", "e1", "e2", f"e3 {i}")) + "\n")
+    os.makedirs(os.path.join(root, "arc"))
+    with open(os.path.join(root, "arc", "ARC-Easy-Test.jsonl"), "w") as f:
+        for i in range(n):
+            choices = [{"text": f"c{j}", "label": "ABCD"[j]} for j in range(4)]
+            f.write(json.dumps({"question": {"stem": f"q{i}", "choices": choices},
+                                "answerKey": "ABCD"[i % 4]}) + "\n")
+    os.makedirs(os.path.join(root, "openbookqa"))
+    with open(os.path.join(root, "openbookqa", "test.tsv"), "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n")
+        w.writerow(["ID", "Question Stem", "Choices", "Complete Question", "Answer Key"])
+        for i in range(n):
+            w.writerow([str(i), f"stem {i}", "(A) w (B) x (C) y (D) z", "-", "ABCD"[i % 4]])
+
+
+class SubsetTest(absltest.TestCase):
+
+    def test_subset_loads_the_same_documents(self):
+        src, dst = self.create_tempdir().full_path, self.create_tempdir().full_path
+        write_full_data(src)
+        for name in ("piqa", "hellaswag", "arc_easy", "openbookqa"):
+            tasks.write_subset(name, src, dst, limit=4, seed=7)
+            want = tasks.load_task(name, src, limit=4, seed=7)
+            self.assertLen(want, 4)
+            self.assertEqual(tasks.load_task(name, dst, limit=4, seed=7), want, msg=name)
+            self.assertEqual(tasks.load_task(name, dst), want, msg=name)  # nothing else in it
+        with self.assertRaisesRegex(ValueError, "unknown task"):
+            tasks.write_subset("nope", src, dst, 4)
+
+    @absltest.skipIf(not os.path.isdir(SHARED_EVAL), "shared/data/eval not present")
+    def test_subset_of_the_shared_data(self):
+        dst = self.create_tempdir().full_path
+        for name in ("piqa", "hellaswag", "arc_easy", "winogrande"):
+            tasks.write_subset(name, SHARED_EVAL, dst, limit=50)
+            self.assertEqual(tasks.load_task(name, dst, limit=50),
+                             tasks.load_task(name, SHARED_EVAL, limit=50), msg=name)
+
+
+if __name__ == "__main__":
+    absltest.main()
