@@ -113,8 +113,13 @@ class LightningAttention(nnx.Module):
                       "1": 1.0}[cfg.scale]
 
     def log_decay(self) -> Array:
-        """The fixed ``log(gamma_h) = -2^(-8 (h + 1) / H)``, fp32 ``[H]`` (spec §1.5 item 5)."""
-        return sg.lightning_log_decay(self.num_heads)
+        """The fixed ``log(gamma_h) = -2^(-8 (h + 1) / H)``, fp32 ``[H]`` (spec §1.5 item 5).
+
+        Behind an optimization barrier: the decay is a compile-time constant, and without the
+        barrier XLA constant-folds the ops' ``[B, T, H]`` gate broadcasts and cumsums at compile
+        time (over a minute per program at long T on the H200, 2026-11-29).
+        """
+        return jax.lax.optimization_barrier(sg.lightning_log_decay(self.num_heads))
 
     def init_state(self, batch: int) -> LightningState:
         """Zero decoding state at position 0."""
