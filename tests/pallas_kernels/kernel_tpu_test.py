@@ -131,6 +131,7 @@ class InterpretTest(parameterized.TestCase):
         self.check("gdn", seq_len=256, key_heads=1, heads=2, decay=8.0,
                    segment_ids=_packed(lengths), seed=1)
 
+    @pytest.mark.slow  # head dim 128: the 64 variants cover the code in CI
     def test_deltanet_ragged_head_dim_128(self):
         # No decay; T = 65: one full chunk and a one-token tail; K = V = 128.
         self.check("deltanet", seq_len=65, key_heads=1, heads=1, dim=128, seed=2)
@@ -144,6 +145,7 @@ class InterpretTest(parameterized.TestCase):
         # matrices must stay <= 0 (sub-block reference points) and be masked before exp.
         self.check("kda", seq_len=65, decay=8.0, key_heads=1, heads=2, seed=4)
 
+    @pytest.mark.slow  # head dim 128: the 64 variants cover the code in CI
     def test_gdn2_packed_head_dim_128(self):
         lengths = [70, 1, 57, 128]
         self.check("gdn2", seq_len=256, key_heads=1, heads=1, dim=128,
