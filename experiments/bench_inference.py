@@ -90,10 +90,6 @@ _TINY_DEFAULTS = dict(contexts=[64, 128], d_model=64, num_layers=4, num_heads=4,
                       prefill_iters=2)
 
 
-def _int_list(text):
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     """Command-line options (``argv`` without the program name; ``None``: ``sys.argv[1:]``).
 
@@ -106,7 +102,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="output prefix: writes <out>.json, <out>.md and <out>.png")
     p.add_argument("--models", default=",".join(MODELS),
                    help=f"comma-separated subset of {', '.join(MODELS)}")
-    p.add_argument("--contexts", type=_int_list, default=None,
+    p.add_argument("--contexts", type=bench.int_list, default=None,
                    help="context lengths (default 4K,16K,64K,256K,512K,1M; tiny: 64,128)")
     for name, kind in (("d_model", int), ("num_layers", int), ("num_heads", int),
                        ("num_kv_heads", int), ("head_dim", int), ("mlp_hidden", int),
@@ -125,32 +121,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a prefill expected to take longer runs once, without warm-up")
     p.add_argument("--max_dense_prefill", type=int, default=524288,
                    help="skip dense prefill above this context (0: no cap)")
-    p.add_argument("--time_budget_s", type=float, default=None,
-                   help="skip measurements extrapolated to overrun this wall-clock budget")
-    p.add_argument("--always_run", default="hybrid:524288,dense:524288,hybrid:1048576",
-                   help="model:context pairs never skipped for the time budget (the targets)")
-    p.add_argument("--tiny", action="store_true",
-                   help="CPU-sized models, two short contexts, few steps")
-    p.add_argument("--compile_workers", type=int, default=None,
-                   help="compilation threads (default: CPU count)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no_plot", action="store_true", help="do not draw <out>.png")
+    bench.add_sweep_args(
+        p, tiny_help="CPU-sized models, two short contexts, few steps",
+        always_run="hybrid:524288,dense:524288,hybrid:1048576",
+        always_run_help="model:context pairs never skipped for the time budget (the targets)")
     args = p.parse_args(argv)
-    for key, value in (_TINY_DEFAULTS if args.tiny else _DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.models = [x.strip() for x in args.models.split(",") if x.strip()]
-    unknown = [x for x in args.models if x not in MODELS]
-    if unknown:
-        p.error(f"unknown model(s) {unknown}; choose from {', '.join(MODELS)}")
+    bench.finish_sweep_args(p, args, defaults=_DEFAULTS, tiny_defaults=_TINY_DEFAULTS,
+                            names="models", allowed=MODELS, pair_example="hybrid:1048576")
     if min(args.contexts) < 1 or args.decode_steps < 1 or args.prefill_iters < 1:
         p.error("contexts, --decode_steps and --prefill_iters must be >= 1")
-    try:
-        args.always_run = {(m, int(c)) for m, c in
-                           (x.split(":") for x in args.always_run.split(",") if x.strip())}
-    except ValueError:
-        p.error(f"--always_run={args.always_run!r}: give model:context pairs, e.g. "
-                "hybrid:1048576")
     return args
 
 

@@ -64,10 +64,6 @@ _DEFAULTS = dict(lengths=[2048, 4096, 8192, 16384, 32768], tokens_per_batch=3276
 _TINY_DEFAULTS = dict(lengths=[16, 32], tokens_per_batch=64, warmup=1, iters=2)
 
 
-def _int_list(text):
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     """Command-line options (``argv`` without the program name; ``None``: ``sys.argv[1:]``).
 
@@ -80,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="output prefix: writes <out>.json, <out>.md and <out>.png")
     p.add_argument("--presets", default=",".join(PRESETS),
                    help=f"comma-separated subset of {', '.join(PRESETS)}")
-    p.add_argument("--lengths", type=_int_list, default=None,
+    p.add_argument("--lengths", type=bench.int_list, default=None,
                    help="sequence lengths (default 2048,...,32768; tiny: 16,32)")
     p.add_argument("--tokens_per_batch", type=int, default=None,
                    help="tokens per batch, batch = tokens_per_batch / length (default 32768)")
@@ -90,33 +86,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=None, help="timed steps (default 5)")
     p.add_argument("--num_layers", type=int, default=None,
                    help="keep only the first N layers of each preset (quick checks)")
-    p.add_argument("--tiny", action="store_true",
-                   help="the presets' CPU-sized variants, two short lengths, 1 + 2 steps")
-    p.add_argument("--compile_workers", type=int, default=None,
-                   help="compilation threads (default: CPU count)")
-    p.add_argument("--time_budget_s", type=float, default=None,
-                   help="skip configurations extrapolated to overrun this wall-clock budget")
-    p.add_argument("--always_run", default="softmax:32768,gdn_hybrid:32768,gdn_pure:32768",
-                   help="preset:length pairs never skipped for the time budget (the targets)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no_plot", action="store_true", help="do not draw <out>.png")
+    bench.add_sweep_args(
+        p, tiny_help="the presets' CPU-sized variants, two short lengths, 1 + 2 steps",
+        always_run="softmax:32768,gdn_hybrid:32768,gdn_pure:32768",
+        always_run_help="preset:length pairs never skipped for the time budget (the targets)")
     args = p.parse_args(argv)
-    for key, value in (_TINY_DEFAULTS if args.tiny else _DEFAULTS).items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    args.presets = [x.strip() for x in args.presets.split(",") if x.strip()]
-    unknown = [x for x in args.presets if x not in PRESETS]
-    if unknown:
-        p.error(f"unknown preset(s) {unknown}; choose from {', '.join(PRESETS)}")
+    bench.finish_sweep_args(p, args, defaults=_DEFAULTS, tiny_defaults=_TINY_DEFAULTS,
+                            names="presets", allowed=tuple(PRESETS), pair_example="softmax:32768")
     bad = [t for t in args.lengths if t < 1 or args.tokens_per_batch % t]
     if bad:
         p.error(f"--tokens_per_batch={args.tokens_per_batch} is not a multiple of length(s) {bad}")
-    try:
-        args.always_run = {(m, int(t)) for m, t in
-                           (x.split(":") for x in args.always_run.split(",") if x.strip())}
-    except ValueError:
-        p.error(f"--always_run={args.always_run!r}: give preset:length pairs, e.g. "
-                "softmax:32768")
     return args
 
 

@@ -17,6 +17,7 @@
   configuration, so a run that is killed keeps what it measured.
 """
 
+import argparse
 import concurrent.futures
 import dataclasses
 import datetime
@@ -288,3 +289,47 @@ def gib(n: Optional[float]) -> str:
 def fmt(x: Optional[float], spec: str = ".3f") -> str:
     """``format(x, spec)``, or ``"–"`` for ``None``."""
     return "–" if x is None else format(x, spec)
+
+
+def int_list(text: str) -> List[int]:
+    """``"1,2,3"`` -> ``[1, 2, 3]`` (an argparse ``type``); raises ``ValueError`` on a non-int."""
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def add_sweep_args(p: argparse.ArgumentParser, *, tiny_help: str, always_run: str,
+                   always_run_help: str) -> None:
+    """Adds the options both model-level sweeps share: ``--tiny``, ``--compile_workers``,
+    ``--time_budget_s``, ``--always_run``, ``--seed`` and ``--no_plot``."""
+    p.add_argument("--tiny", action="store_true", help=tiny_help)
+    p.add_argument("--compile_workers", type=int, default=None,
+                   help="compilation threads (default: CPU count)")
+    p.add_argument("--time_budget_s", type=float, default=None,
+                   help="skip runs extrapolated to overrun this wall-clock budget")
+    p.add_argument("--always_run", default=always_run, help=always_run_help)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no_plot", action="store_true", help="do not draw <out>.png")
+
+
+def finish_sweep_args(p: argparse.ArgumentParser, args: argparse.Namespace, *,
+                      defaults: Mapping[str, Any], tiny_defaults: Mapping[str, Any],
+                      names: str, allowed: Sequence[str], pair_example: str) -> None:
+    """Completes parsed sweep options in place: unset options take ``defaults`` (or
+    ``tiny_defaults`` with ``--tiny``); ``args.<names>`` (comma-separated) becomes a list checked
+    against ``allowed``; ``--always_run`` becomes a set of ``(name, int)`` pairs.
+
+    Raises:
+      SystemExit: through ``p.error`` for an unknown name or a malformed ``--always_run``.
+    """
+    for key, value in (tiny_defaults if args.tiny else defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    chosen = [x.strip() for x in getattr(args, names).split(",") if x.strip()]
+    unknown = [x for x in chosen if x not in allowed]
+    if unknown:
+        p.error(f"unknown {names} {unknown}; choose from {', '.join(allowed)}")
+    setattr(args, names, chosen)
+    try:
+        args.always_run = {(m, int(n)) for m, n in
+                           (x.split(":") for x in args.always_run.split(",") if x.strip())}
+    except ValueError:
+        p.error(f"--always_run={args.always_run!r}: give name:size pairs, e.g. {pair_example}")
