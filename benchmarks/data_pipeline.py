@@ -22,7 +22,6 @@ Prints a markdown table and writes the numbers, hardware and versions as JSON.
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -38,6 +37,7 @@ import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 
 from lattn_jax import assets  # noqa: E402
+from lattn_jax import benchmark as bench  # noqa: E402
 from lattn_jax.data import config as config_lib  # noqa: E402
 from lattn_jax.data import pipeline  # noqa: E402
 from lattn_jax.data import prepare  # noqa: E402
@@ -84,17 +84,6 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def _versions() -> dict:
-    out = {"python": platform.python_version()}
-    for name in ("numpy", "grain", "sentencepiece", "tokenizers", "pyarrow", "zstandard",
-                 "jax"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
 
 
 def bench_prepare(args, workers: int, out_dir: str) -> dict:
@@ -162,7 +151,8 @@ def main(argv=None):
         "command": " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]),
         "hardware": {"cpu": _cpu_name(), "logical_cpus": os.cpu_count(),
                      "machine": platform.machine()},
-        "versions": _versions(),
+        "versions": bench.package_versions("numpy", "grain", "sentencepiece", "tokenizers",
+                                           "pyarrow", "zstandard", "jax"),
         "settings": {"corpus": args.corpus, "tokenizer": args.tokenizer,
                      "seq_len": args.seq_len, "batch_size": args.batch_size,
                      "batches": args.batches},

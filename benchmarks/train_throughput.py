@@ -20,7 +20,6 @@ invocation into the same ``--out`` adds its presets to the table (e.g. a preset 
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -30,7 +29,9 @@ import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
 
+from lattn_jax import benchmark as bench  # noqa: E402  (imports jax; starts no backend)
 # name -> (table2 config argument, paper Table 2 speed relative to GDN pure, Muon; None: n/a)
 PRESETS = {
     "softmax_dense": ("arch=softmax,stack=dense", 0.797),
@@ -57,26 +58,9 @@ def _parse_args(argv):
     return parser.parse_args(argv)
 
 
-def _versions():
-    out = {"python": platform.python_version()}
-    for name in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
-
-
 def _device():
-    try:
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20)
-        if smi.returncode == 0 and smi.stdout.strip():
-            return smi.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+    smi = bench.nvidia_smi("name,memory.total,driver_version")
+    return smi or f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
 
 
 def summarise(metrics_path: str, skip_windows: int) -> dict:
@@ -149,7 +133,9 @@ def main(argv=None):
             raise SystemExit(f"error: --presets: unknown preset {n!r}; choose from "
                              f"{', '.join(PRESETS)}")
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "device": _device(), "versions": _versions(), "opt": args.opt,
+              "device": _device(),
+              "versions": bench.package_versions("jax", "jaxlib", "flax", "optax",
+                                                 "orbax-checkpoint", "grain"), "opt": args.opt,
               "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
               "log_every": args.log_every, "skip_windows": args.skip_windows,
               "command": "python " + " ".join(shlex.quote(a) for a in

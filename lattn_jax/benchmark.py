@@ -234,6 +234,22 @@ def _version(package: str) -> Optional[str]:
         return None
 
 
+def package_versions(*packages: str) -> Dict[str, Optional[str]]:
+    """``{"python": ..., package: installed version or None, ...}`` (distribution names)."""
+    return {"python": platform.python_version(), **{p: _version(p) for p in packages}}
+
+
+def nvidia_smi(query: str = "name,driver_version,memory.total,clocks.max.sm") -> Optional[str]:
+    """``nvidia-smi --query-gpu=<query>`` as CSV without header (one line per GPU), or ``None``
+    where there is no ``nvidia-smi`` or it fails. Does not initialise a JAX backend."""
+    try:
+        return subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
+                              capture_output=True, text=True, check=False,
+                              timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def environment(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Date (UTC), hardware, versions and command line of this run (BENCHMARKS.md §5.1).
 
@@ -248,13 +264,7 @@ def environment(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """
     argv = list(sys.argv if argv is None else argv)
     device = jax.local_devices()[0]
-    try:
-        smi = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-             "--format=csv,noheader"], capture_output=True, text=True, check=False,
-            timeout=30).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        smi = None
+    smi = nvidia_smi()
     return dict(
         date_utc=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"),
         command="python " + " ".join(shlex.quote(a) for a in argv),
