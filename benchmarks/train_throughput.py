@@ -92,6 +92,34 @@ def summarise(metrics_path: str, skip_windows: int) -> dict:
             "last_loss": losses[-1] if losses else None, "val_loss": vals[-1] if vals else None}
 
 
+def run_trainer(cmd, log_path: str, *, label: str, env=None):
+    """Runs one trainer command, echoing its output lines and keeping them in ``log_path``.
+
+    Args:
+      cmd: the ``experiments/train.py`` argument list (``sys.executable`` first).
+      log_path: file for the whole output (progress-bar redraws included).
+      label: name printed before the command.
+      env: the child's environment (default: this process's).
+
+    Returns:
+      ``(exit status, parameter count from the trainer's "model:" line or None, wall seconds)``.
+    """
+    print(f"== {label}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
+    t0 = time.perf_counter()
+    params = None
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, cwd=_ROOT, env=env)
+        for line in proc.stdout:
+            log.write(line)
+            if "\r" not in line:
+                print(f"   {line.rstrip()}", flush=True)
+            if line.startswith("model: ") and " parameters" in line:
+                params = int(line.split()[1].replace(",", ""))
+        rc = proc.wait()
+    return rc, params, time.perf_counter() - t0
+
+
 def render(result: dict) -> str:
     """The markdown report of :func:`main`'s JSON result."""
     lines = [f"# Training throughput, paper-1 presets ({result['date'][:10]})", "",
@@ -158,21 +186,8 @@ def main(argv=None):
                f"--config.train.checkpoint_every={args.steps}",
                "--config.train.nonfinite_policy=skip", "--config.train.tensorboard=False",
                "--config.data.max_val_batches=2"] + shlex.split(args.extra)
-        print(f"== {name}: {' '.join(shlex.quote(c) for c in cmd)}", flush=True)
-        t0 = time.perf_counter()
         log_path = os.path.join(workdir + ".log")
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, cwd=_ROOT)
-            params = None
-            for line in proc.stdout:
-                log.write(line)
-                if "\r" not in line:
-                    print(f"   {line.rstrip()}", flush=True)
-                if line.startswith("model: ") and " parameters" in line:
-                    params = int(line.split()[1].replace(",", ""))
-            rc = proc.wait()
-        wall = time.perf_counter() - t0
+        rc, params, wall = run_trainer(cmd, log_path, label=name)
         if rc:
             result["runs"][name] = {"error": f"exit {rc}, see {os.path.basename(log_path)}",
                                     "wall_s": wall}
