@@ -200,7 +200,8 @@ def collect(out: str, skip_windows: int, rel_tol: float) -> dict:
                 last = max(src) if src else None
                 if last is not None and last in run["val"]:
                     diff = abs(run["val"][last] - src[last]) / abs(src[last])
-                    run.update(restored_step=last, val_saved=src[last], val_rel_diff=diff,
+                    run.update(restored_step=last, val_saved=src[last],
+                               val_restored=run["val"][last], val_rel_diff=diff,
                                ok=run["resumed"] and diff <= rel_tol / 10)
                 continue
             run["train_rel_diff"] = _max_rel(run["train"], ref["train"])
@@ -260,12 +261,43 @@ def render(result: dict) -> str:
             lines.append(
                 f"- Checkpoint saved by `fsdp` on {runs['fsdp']['devices']} devices at step "
                 f"{restore['restored_step']}, restored by the trainer on 1 device: validation "
-                f"loss {restore['val'][restore['restored_step']]:.6f} vs {restore['val_saved']:.6f}"
+                f"loss {restore['val_restored']:.6f} vs {restore['val_saved']:.6f}"
                 f" on {runs['fsdp']['devices']} devices (relative difference "
                 f"{restore['val_rel_diff']:.2e}; {'ok' if restore['ok'] else '**not equal**'}).")
     lines += ["", "Commands:", ""]
     lines += [f"- {name}: `{run['command']}`" for name, run in runs.items()]
     return "\n".join(lines) + "\n"
+
+
+def plot(result: dict, path: str) -> None:
+    """Training-loss curves of every run (top) and their difference to ``1dev`` (bottom)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = {n: r for n, r in result["runs"].items() if "train" in r and n != "restore_1dev"}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
+    ref = {int(k): v for k, v in runs.get("1dev", {}).get("train", {}).items()}
+    for i, (name, run) in enumerate(runs.items()):
+        curve = sorted((int(k), v) for k, v in run["train"].items())
+        steps = [s for s, _ in curve]
+        top.plot(steps, [v for _, v in curve], color=f"C{i}",
+                 label=f"{name} ({run['devices']} dev.)")
+        if ref and name != "1dev":
+            bottom.plot([s for s in steps if s in ref],
+                        [100 * (v - ref[s]) / ref[s] for s, v in curve if s in ref],
+                        color=f"C{i}", label=name)
+    tol = 100 * result["rel_tol"]
+    bottom.axhline(tol, color="gray", ls="--", lw=0.8)
+    bottom.axhline(-tol, color="gray", ls="--", lw=0.8)
+    top.set_ylabel("training loss (nats/token)")
+    bottom.set_ylabel("difference to 1dev (%)")
+    bottom.set_xlabel("step")
+    top.legend()
+    bottom.legend()
+    top.set_title("Same global batch on 1 and N devices")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def write_report(out: str, args) -> dict:
@@ -274,6 +306,8 @@ def write_report(out: str, args) -> dict:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, "multi_gpu.md"), "w") as f:
         f.write(render(result))
+    if result["runs"]:
+        plot(result, os.path.join(out, "multi_gpu.png"))
     return result
 
 

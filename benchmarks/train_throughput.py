@@ -59,8 +59,13 @@ def _parse_args(argv):
 
 
 def _device():
+    """The GPUs as ``N x <name, memory, driver>`` per distinct kind, or the host's CPU."""
     smi = bench.nvidia_smi("name,memory.total,driver_version")
-    return smi or f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+    if not smi:
+        return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+    lines = [line.strip() for line in smi.splitlines() if line.strip()]
+    kinds = sorted(set(lines), key=lines.index)
+    return "; ".join(f"{lines.count(k)} x {k}" for k in kinds)
 
 
 def summarise(metrics_path: str, skip_windows: int) -> dict:

@@ -70,10 +70,13 @@ def peak_flops_per_device(device: Optional[jax.Device] = None,
 
 def _matmul_params(params: PyTree, tie_embeddings: bool) -> int:
     """Weights that are multiplied by every token: 2-D ``kernel`` leaves except convolutions,
-    plus the embedding when it doubles as the LM head."""
+    plus the embedding when it doubles as the LM head. ``params`` is a plain pytree or an
+    ``nnx.State`` (whose leaf paths end in ``.value``)."""
     total = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-        names = [str(getattr(k, "key", getattr(k, "idx", k))) for k in path]
+        names = [str(getattr(k, "key", getattr(k, "idx", getattr(k, "name", k)))) for k in path]
+        if len(names) > 1 and names[-1] == "value":  # an nnx.State leaf (Variable.value)
+            names = names[:-1]
         if names[-1] == "kernel" and len(leaf.shape) == 2 and "conv" not in names:
             total += int(np.prod(leaf.shape))
         elif names == ["embed"] and tie_embeddings:

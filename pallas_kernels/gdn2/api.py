@@ -12,14 +12,15 @@ S_t = S~_t + k_t u_t^T. The read-out includes token t. KDA is the special case
 
 Implementations (``implementation=``):
 
-* ``"chunked"`` (default for ``None``/``"auto"`` off a TPU): the chunkwise form in ``chunked.py``;
+* ``"chunked"`` (default for ``None``/``"auto"`` where no kernel applies): the chunkwise form in
+  ``chunked.py``;
 * ``"pallas_tpu"`` (default for ``None``/``"auto"`` on a TPU where supported): the Pallas TPU
   (Mosaic) kernels in ``kernel_tpu.py``, forward and backward; on other backends they run in
   Pallas TPU interpret mode (slow; tests);
 * ``"pallas"``: the chunked Pallas GPU (Triton) kernels in ``gdn2/kernel_gpu.py``, forward and
   backward (``custom_vjp``); ``"pallas_interpret"`` runs them in Pallas interpret mode on any
-  backend (slow; tests). ``"auto"`` does not pick them yet: set
-  ``pallas_kernels.gdn2.kernel_gpu.AUTO_SELECT = True`` once they are verified on a GPU;
+  backend (slow; tests). ``"auto"`` picks them on a GPU (switch:
+  ``pallas_kernels.gdn2.kernel_gpu.AUTO_SELECT``);
 * ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
 * ``"associative_scan"``: the exact ``O(T K^3)`` parallel form in ``associative.py``.
 
@@ -166,8 +167,9 @@ def gdn2(
         implementation: ``None``/``"auto"``, ``"pallas"``, ``"pallas_interpret"``,
             ``"pallas_tpu"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
             ``"auto"`` runs the Pallas TPU kernels on a TPU when K and V are 64 or 128, the
-            chunk size is 64 or 128 and ``T`` fills a chunk, and the chunked form otherwise
-            (the Pallas GPU kernels only once ``gdn2.kernel_gpu.AUTO_SELECT`` is on).
+            chunk size is 64 or 128 and ``T`` fills a chunk, the Pallas GPU kernels on a GPU
+            under the same conditions (chunk size 64; ``gdn2.kernel_gpu.AUTO_SELECT``), and
+            the chunked form otherwise.
             ``"pallas"`` runs the Pallas GPU kernels (K, V in {64, 128}, chunk size 64);
             ``"pallas_interpret"`` runs them in Pallas interpret mode anywhere; ``"pallas_tpu"``
             runs the TPU kernels, in TPU interpret mode off a TPU.

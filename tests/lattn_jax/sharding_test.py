@@ -132,6 +132,12 @@ class FlopsTest(absltest.TestCase):
                    + 100 * 16)  # tied head
         self.assertAlmostEqual(flops.flops_per_token(cfg, params, t),
                                3 * (2 * matmuls + gdn_core + gdn_conv + attn))
+        # The same count from an nnx.State (leaf paths end in ".value"), as the inference
+        # benchmark passes it: once counted no matmul at all (negative prefill TFLOP/s).
+        state = nnx.split(nnx.eval_shape(
+            lambda: model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0))))[1]
+        self.assertAlmostEqual(flops.flops_per_token(cfg, state, t, training=False),
+                               2 * matmuls + gdn_core + gdn_conv + attn)
 
     def test_peak_table(self):
         device = types.SimpleNamespace(device_kind="NVIDIA H200")

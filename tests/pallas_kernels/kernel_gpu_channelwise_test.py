@@ -10,6 +10,8 @@ the fp32 reference by relative RMS error with FLA's gates (o and states 5e-3, dq
 gates 2e-2; ../shared/BENCHMARKS.md §5.5).
 """
 
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -121,15 +123,19 @@ class InterpretTest(parameterized.TestCase):
         # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
         self.check("kda", batch=2, seq_len=70, key_heads=1, heads=2, dim=128, seed=4)
 
-    def test_auto_is_chunked_and_explicit_pallas_raises(self):
+    def test_auto_dispatch_and_explicit_pallas_raises(self):
         inputs, _ = _inputs(0, 1, 64, 1, 1, 64)
         args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
         gdn2_args = [inputs[n] for n in ("q", "k", "v", "g", "b", "w")]
-        self.assertFalse(kernel_gpu.AUTO_SELECT)
+        self.assertTrue(kernel_gpu.AUTO_SELECT)  # on since the H200 GPU tests passed
+        on_gpu = jax.default_backend() == "gpu"
         for implementation in (None, "auto"):
             self.assertEqual(kernel_gpu.choose_implementation(
                 "kda", implementation, ("chunked", "reference"), args[:3], (64, 64), 64, 64),
-                "chunked")
+                "pallas" if on_gpu else "chunked")
+        with mock.patch.object(kernel_gpu, "AUTO_SELECT", False):  # the switch holds "auto" back
+            self.assertEqual(kernel_gpu.choose_implementation(
+                "kda", "auto", ("chunked", "reference"), args[:3], (64, 64), 64, 64), "chunked")
         if jax.default_backend() != "gpu":
             with self.assertRaisesRegex(ValueError, "need a GPU backend"):
                 kda_ops.kda(*args, implementation="pallas")
