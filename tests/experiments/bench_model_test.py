@@ -116,7 +116,8 @@ class BenchInferenceTest(absltest.TestCase):
         with mock.patch.object(bench, "time_calls", first_call_runs_out_of_memory):
             payload = bench_inference.main([
                 "--tiny", "--models=hybrid,dense", "--contexts=64,128", "--time_budget_s=0",
-                "--always_run=hybrid:128", "--compile_workers=2", "--no_plot", f"--out={out}"])
+                "--always_run=hybrid:128", "--compile_workers=2", "--no_plot",
+                "--decode_tokens_per_call=3", f"--out={out}"])
         status = {(r["model"], r["context"], part): r[part]["status"]
                   for r in payload["records"] for part in ("prefill", "decode")}
         self.assertEqual(status, {
@@ -129,11 +130,37 @@ class BenchInferenceTest(absltest.TestCase):
             ("dense", 128, "prefill"): bench.SKIPPED_BUDGET,
             ("dense", 128, "decode"): bench.SKIPPED_BUDGET,
         })
+        dec = payload["records"][0]["decode"]  # hybrid at 64: 3 tokens per call
+        self.assertEqual((dec["tokens_per_call"], dec["capacity"]), (3, 64 + 3 * (1 + 2)))
+        self.assertAlmostEqual(dec["ms_per_token"], 1e3 * np.median(dec["times_s"]) / 3)
         with open(out + ".md") as f:
             md = f.read()
+        self.assertIn("3 token(s) per jitted call", md)
         self.assertIn("| hybrid | 64 | – |", md)
         self.assertIn("| out of memory | ok |", md)
         self.assertIn("| skipped (time budget) | skipped (time budget) |", md)
+
+
+class MultiTokenDecodeTest(absltest.TestCase):
+
+    def test_one_call_of_three_tokens_equals_three_single_steps(self):
+        args = bench_inference.parse_args(["--tiny", "--out=unused"])
+        config = bench_inference.model_config("hybrid", args)
+        one = bench_inference.InferenceModel(config, seed=3)
+        three = bench_inference.InferenceModel(config, seed=3, tokens_per_call=3)
+        params = one.init_params(jnp.int32(3))
+        states = one.decode_state_fn(16, 5)()
+        token = jnp.array([7], jnp.int32)
+        tokens = []
+        for _ in range(3):
+            token, states = one.step(params, token, states)
+            tokens.append(int(token[0]))
+        last, states3 = three.step(params, jnp.array([7], jnp.int32),
+                                   three.decode_state_fn(16, 5)())
+        self.assertEqual(int(last[0]), tokens[-1])
+        for a, b in zip(jax.tree_util.tree_leaves(states), jax.tree_util.tree_leaves(states3)):
+            np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                       rtol=1e-5, atol=1e-6)
 
 
 class BookkeepingTest(absltest.TestCase):

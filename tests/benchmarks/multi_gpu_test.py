@@ -1,0 +1,73 @@
+"""benchmarks/multi_gpu.py: the comparison with the one-device run, the report and the option
+errors (the runs themselves are GPU benchmarks; a CPU run of every mesh is in the module's
+docstring and takes minutes)."""
+
+import json
+import os
+
+import pytest
+
+from benchmarks import multi_gpu as mg
+
+
+def _run(out, name, devices, mesh, losses, vals, tok_s, rc=0, log=""):
+    workdir = os.path.join(out, name)
+    os.makedirs(workdir, exist_ok=True)
+    rows = [{"step": 5 * (i + 1), "train_loss": loss, "tokens_per_sec": tok_s,
+             "step_time": 1.0, "mfu": None} for i, loss in enumerate(losses)]
+    rows += [{"step": step, "val_loss": v} for step, v in vals.items()]
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in rows))
+    with open(workdir + ".run.json", "w") as f:
+        json.dump({"name": name, "devices": devices, "mesh": mesh, "rc": rc, "params": 10,
+                   "wall_s": 1.0, "command": f"python experiments/train.py {name}"}, f)
+    with open(workdir + ".log", "w") as f:
+        f.write(log)
+
+
+def test_collect_compares_with_one_device_and_checks_the_restore(tmp_path):
+    out = str(tmp_path)
+    losses = [10.0, 8.0, 6.0, 5.0]
+    _run(out, "1dev", 1, [1, 1, 1], losses, {20: 7.0}, 100.0)
+    _run(out, "dp", 2, [2, 1, 1], [10.0, 8.04, 6.0, 5.0], {20: 7.0}, 150.0)
+    _run(out, "tp", 2, [1, 1, 2], [10.0, 8.0, 6.6, 5.0], {20: 7.0}, 90.0)  # 10% off at step 15
+    _run(out, "fsdp", 2, [1, 2, 1], losses, {20: 7.5}, 120.0)
+    _run(out, "restore_1dev", 1, [1, 1, 1], [], {20: 7.5},
+         0.0, log="Resuming from the checkpoint at step 20 in ...\n")
+    result = mg.collect(out, skip_windows=1, rel_tol=0.01)
+    runs = result["runs"]
+    assert runs["dp"]["train_rel_diff"] == pytest.approx(0.005)
+    assert runs["dp"]["ok"] and not runs["tp"]["ok"]
+    assert runs["dp"]["scaling_efficiency"] == pytest.approx(0.75)
+    assert runs["tp"]["per_device_tokens_per_sec"] == pytest.approx(45.0)
+    assert runs["fsdp"]["val_rel_diff"] == pytest.approx(0.5 / 7.0)  # val differs: not ok
+    assert not runs["fsdp"]["ok"]
+    restore = runs["restore_1dev"]
+    assert restore["resumed"] and restore["ok"] and restore["val_rel_diff"] == 0.0
+    md = mg.render(json.loads(json.dumps(result)))  # as read back from the JSON file
+    assert "| dp | 2 | (2, 1, 1) | 150 | 75 | 75.00% |" in md
+    assert "| tp | 2 | (1, 1, 2) |" in md and "**no**" in md
+    assert "restored by the trainer on 1 device: validation loss 7.500000 vs 7.500000" in md
+    mg.plot(result, str(tmp_path / "curves.png"))
+    assert os.path.getsize(tmp_path / "curves.png") > 1000
+
+
+def test_a_restore_that_did_not_resume_fails_and_failed_runs_are_named(tmp_path):
+    out = str(tmp_path)
+    _run(out, "1dev", 1, [1, 1, 1], [10.0, 8.0], {10: 7.0}, 100.0)
+    _run(out, "fsdp", 2, [1, 2, 1], [10.0, 8.0], {10: 7.0}, 100.0)
+    _run(out, "restore_1dev", 1, [1, 1, 1], [], {10: 7.0}, 0.0, log="No checkpoint in ...\n")
+    _run(out, "dp", 2, [2, 1, 1], [], {}, 0.0, rc=1)
+    runs = mg.collect(out, skip_windows=0, rel_tol=0.01)["runs"]
+    assert not runs["restore_1dev"]["ok"]
+    assert runs["dp"]["error"] == "exit 1, see dp.log"
+    assert "failed: exit 1, see dp.log" in mg.render(mg.collect(out, 0, 0.01))
+
+
+def test_option_errors_are_named(tmp_path):
+    with pytest.raises(SystemExit, match="unknown run 'ddp'"):
+        mg.main([f"--out={tmp_path}", "--runs=ddp", "--cpu_devices=2"])
+    with pytest.raises(SystemExit, match="needs at least 2 devices, found 1"):
+        mg.main([f"--out={tmp_path}", "--runs=dp", "--cpu_devices=1"])
+    with pytest.raises(SystemExit, match="needs the fsdp run's checkpoint"):
+        mg.main([f"--out={tmp_path}", "--runs=restore_1dev", "--cpu_devices=2"])
