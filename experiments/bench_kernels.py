@@ -428,10 +428,10 @@ def markdown(records, versions, command):
              "", f"Command: `{command}`", "",
              "Wall-clock median per call (ms); ratios > 1 mean ours is faster. R = roofline "
              "floor of BENCHMARKS.md §3; %R = R / t_ours. `ours` is each op's `auto` dispatch "
-             "(on a GPU: the Pallas GPU kernels for all five (KDA and GDN2 since "
-             "gdn2.kernel_gpu.AUTO_SELECT was switched on, 2026-11-29); on a TPU: the Pallas TPU kernels for all five). The floors R are "
-             "H200 floors; on a TPU recompute them from the chip's peak FLOP/s and HBM "
-             "bandwidth (BUILD.md).", ""]
+             "(on a GPU: the Pallas GPU kernels for all five, KDA and GDN2 since "
+             "gdn2.kernel_gpu.AUTO_SELECT was switched on on 2026-11-29; on a TPU: the Pallas "
+             "TPU kernels for all five). The floors R are H200 floors; on a TPU recompute "
+             "them from the chip's peak FLOP/s and HBM bandwidth (BUILD.md).", ""]
     gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "ours"}
     lines += ["Correctness gate (ours vs the fp32 reference, relative RMS error):", ""]
     for op, errs in gates.items():
