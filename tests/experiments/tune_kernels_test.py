@@ -1,0 +1,155 @@
+"""The kernel launch-parameter sweep (experiments/tune_kernels.py): a CPU smoke run in Pallas
+interpret mode on a tiny shape, TUNING restored afterwards, the launch check on traced programs,
+and clear errors for bad options."""
+
+import json
+import os
+import subprocess
+import sys
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import pytest
+from absl import app
+from absl.testing import absltest
+
+from experiments import tune_kernels
+from lattn_jax import benchmark as bench
+from pallas_kernels.gated_delta_rule import kernel_gpu
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SHAPE = (1, 128, 2, 64)  # B, T, H, D: two kernel chunks
+
+
+@pytest.mark.entry
+class TuneKernelsTest(absltest.TestCase):
+
+    def test_tiny_sweep_records_every_configuration_and_restores_tuning(self):
+        before = dict(kernel_gpu.TUNING)
+        out = os.path.join(self.create_tempdir().full_path, "tune")
+        # Three knob values, one compile each at most (the suite's time): block_v=64 is the
+        # baseline's effective value (None -> min(64, D)), block_v=128 is wider than D = 64, and
+        # backward_chunk=8x1 is a new program that reuses the baseline's forward program. The
+        # check runs at the sweep shape, so it reuses the best's compiled programs.
+        shape = ",".join(map(str, SHAPE))
+        payload = tune_kernels.main([
+            "--interpret", f"--shapes={shape}", "--iters=1", "--warmup=0",
+            "--knobs=block_v=64/128,backward_chunk=8x1", f"--check_shape={shape}",
+            "--confirm_rounds=1", "--compile_workers=2", f"--out={out}"])
+        self.assertEqual(kernel_gpu.TUNING, before)
+
+        with open(out + ".json") as f:
+            saved = json.load(f)
+        self.assertEqual(saved["trials"], json.loads(json.dumps(payload["trials"])))
+        trials = saved["trials"]
+        tried = [(t["knob"], t["value"]) for t in trials]
+        self.assertEqual(tried, [(None, None), ("block_v", 64), ("block_v", 128),
+                                 ("backward_chunk", [8, 1])])
+        name = "x".join(map(str, SHAPE))
+        by = {(t["knob"], str(t["value"])): t for t in trials}
+        for key in ((None, "None"), ("backward_chunk", "[8, 1]")):
+            trial = by[key]
+            self.assertEqual(trial["status"], bench.OK, trial)
+            self.assertGreater(trial["shapes"][name]["fwd_ms"], 0)
+            self.assertGreater(trial["shapes"][name]["fwdbwd_ms"], 0)
+            self.assertEqual(trial["objective_ms"], trial["shapes"][name]["fwdbwd_ms"])
+            self.assertEqual(trial["launch_check"], "ok")
+        self.assertEqual(by[("block_v", "64")]["same_as"], 0)
+        self.assertIn("does not fit head dim 64", by[("block_v", "128")]["status"])
+        # The backward knob leaves the forward program alone: its fwd time is the baseline's.
+        self.assertEqual(by[("backward_chunk", "[8, 1]")]["shapes"][name]["fwd_from"], 0)
+        self.assertEqual(by[("backward_chunk", "[8, 1]")]["tuning"],
+                         {**saved["baseline"]["tuning"], "backward_chunk": [8, 1]})
+
+        best = saved["best"]
+        self.assertIn(best["tuning"], [t["tuning"] for t in trials if t["status"] == bench.OK])
+        self.assertEqual(trials[best["trial"]]["tuning"], best["tuning"])
+        self.assertEqual(best["objective_ms"],
+                         min(t["objective_ms"] for t in trials if t["status"] == bench.OK))
+        self.assertEqual(saved["baseline"]["tuning"], tune_kernels._jsonable(before))
+        self.assertEqual([d["knob"] for d in saved["descent"]], ["block_v", "backward_chunk"])
+        self.assertTrue(saved["check"]["ok"], saved["check"])
+        self.assertEqual(saved["check"]["reused_programs"], ["fwd", "fwdbwd"])
+        if best["trial"] != 0:  # baseline and best re-timed side by side
+            self.assertGreater(saved["confirm"]["objective_speedup"], 0)
+        self.assertEqual(set(saved["check"]["errors"]), {"o", "dq", "dk", "dv", "dg", "dbeta"})
+        for key in ("jax", "device_kind", "command"):
+            self.assertIn(key, saved["environment"])
+        with open(out + ".md") as f:
+            md = f.read()
+        self.assertIn("TUNING = {", md)
+        self.assertIn("| 2 | block_v | 128 |", md)
+        self.assertIn("same as #0", md)
+
+    def test_tuning_is_restored_when_the_sweep_fails(self):
+        before = dict(kernel_gpu.TUNING)
+
+        def failing_run(sweep):
+            tune_kernels.set_tuning({**before, "forward": (8, 3), "block_v": 32})
+            raise RuntimeError("boom")
+
+        with mock.patch.object(tune_kernels.Sweep, "run", failing_run):
+            with self.assertRaisesRegex(RuntimeError, "boom"):
+                tune_kernels.main(["--interpret", "--shapes=1,64,1,64"])
+        self.assertEqual(kernel_gpu.TUNING, before)
+
+    def test_traced_program_carries_the_tuning(self):
+        # Launch parameters are staged only outside interpret mode; tracing (no lowering) the
+        # Triton path works on CPU. A fresh trace after set_tuning must carry the new values.
+        before = dict(kernel_gpu.TUNING)
+        shape = (1, 128, 1, 64)
+        args = tune_kernels.make_inputs(shape, seed=0)
+        fwdbwd = tune_kernels.programs(tune_kernels._kernel_op)["fwdbwd"]
+        tuning = {**before, "backward_state": (8, 3), "block_v": 32, "block_k": 32}
+        try:
+            tune_kernels.set_tuning(tuning)
+            table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
+        finally:
+            tune_kernels.set_tuning(before)
+        self.assertEqual(table["gdn_backward_state"], [dict(launch=(8, 3), grid=(1, 2))])
+        self.assertEqual(table["gdn_backward_chunk"][0]["grid"], (2, 1, 2))
+        tune_kernels.check_launches(table, tuning, shape, "fwdbwd")
+        with self.assertRaisesRegex(RuntimeError, r"gdn_backward_state traced with launch "
+                                                  r"\(8, 3\), expected \(4, 2\)"):
+            tune_kernels.check_launches(table, {**tuning, "backward_state": (4, 2)}, shape,
+                                        "fwdbwd")
+        # A program without this family's kernels (or an unknown jax format) is flagged, not
+        # mistaken for a stale trace.
+        with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
+            tune_kernels.check_launches({"other_kernel": []}, tuning, shape, "fwdbwd")
+
+    def test_bad_options_give_a_clear_error(self):
+        with self.assertRaisesRegex(app.UsageError, "--knobs: unknown knob 'block_x'; choose "
+                                                    "from block_v, block_k, prepare, forward"):
+            tune_kernels.main(["--knobs=block_v,block_x", "--interpret"])
+        with self.assertRaisesRegex(app.UsageError, "bad value in 'forward=4-2'"):
+            tune_kernels.parse_knobs("forward=4-2")
+        with self.assertRaisesRegex(app.UsageError, "--start: unknown knob 'warps'"):
+            tune_kernels.parse_start('{"warps": 4}', kernel_gpu.TUNING)
+        with self.assertRaisesRegex(app.UsageError, "--shapes: 'S3' is neither"):
+            tune_kernels.parse_shapes("S3")
+        self.assertEqual(tune_kernels.parse_shapes("S1,1,128,2,64"),
+                         {"S1": (8, 4096, 16, 128), "1x128x2x64": (1, 128, 2, 64)})
+        self.assertEqual(tune_kernels.parse_knobs("block_k=None/64,prepare=8x2"),
+                         {"block_k": [None, 64], "prepare": [(8, 2)]})
+        self.assertEqual(tune_kernels.parse_start('{"forward": [8, 2]}', {"forward": (4, 2)}),
+                         {"forward": (8, 2)})
+        # The binary: one line on stderr, no traceback.
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "experiments", "tune_kernels.py"),
+             "--knobs=block_x"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("error: --knobs: unknown knob 'block_x'", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+    def test_tuning_literal_pastes_back(self):
+        literal = tune_kernels.tuning_literal({**kernel_gpu.TUNING, "forward": [8, 1]})
+        scope = {}
+        exec(literal, scope)  # noqa: S102 - our own output
+        self.assertEqual(scope["TUNING"], {**kernel_gpu.TUNING, "forward": (8, 1)})
+        self.assertAlmostEqual(tune_kernels.rel_rms(jnp.ones(4), 2 * jnp.ones(4)), 0.5)
+
+
+if __name__ == "__main__":
+    absltest.main()
