@@ -307,19 +307,20 @@ def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
 # Configurations: effective values, validity, and the launch check on the traced jaxpr.
 
 
-def effective(tuning: Mapping[str, Any], dim: int) -> Tuning:
-    """The values the kernels use at head dim ``dim``.
+def effective(tuning: Mapping[str, Any], shape: Shape) -> Tuning:
+    """The values the kernels use at ``shape``.
 
     Args:
       tuning: a TUNING dict (``None`` block widths allowed).
-      dim: the head dim K = V.
+      shape: ``(B, T, H, D)``, D the head dim K = V.
 
     Returns:
       A copy with ``None`` block widths resolved as ``kernel_gpu._config`` does (``block_v``:
-      min(V, 64); ``block_k``: K).
+      ``kernel_gpu.auto_block_v(B, H, V)``; ``block_k``: K).
     """
+    batch, _, heads, dim = shape
     out = {k: tuning[k] for k in LAUNCH_KNOBS}
-    out["block_v"] = tuning["block_v"] or min(dim, 64)
+    out["block_v"] = tuning["block_v"] or kernel_gpu.auto_block_v(batch, heads, dim)
     out["block_k"] = tuning["block_k"] or dim
     return out
 
@@ -335,8 +336,9 @@ def invalid_reason(tuning: Mapping[str, Any], shapes: Mapping[str, Shape]) -> Op
       ``"error: <knob>=<width> does not fit head dim <D> (<name>)"`` for a block wider than,
       or not dividing, the head dim; ``None`` when every shape can run.
     """
-    for name, (_, _, _, dim) in shapes.items():
-        eff = effective(tuning, dim)
+    for name, shape in shapes.items():
+        dim = shape[3]
+        eff = effective(tuning, shape)
         for knob in BLOCK_KNOBS:
             if eff[knob] > dim or dim % eff[knob]:
                 return f"error: {knob}={eff[knob]} does not fit head dim {dim} ({name})"
@@ -345,11 +347,11 @@ def invalid_reason(tuning: Mapping[str, Any], shapes: Mapping[str, Shape]) -> Op
 
 def _key(tuning: Mapping[str, Any], shapes: Mapping[str, Shape], knobs=KNOBS) -> tuple:
     """Identity of the compiled programs: the effective ``knobs`` at every shape."""
-    return tuple(tuple(effective(tuning, s[3])[k] for k in knobs) for s in shapes.values())
+    return tuple(tuple(effective(tuning, s)[k] for k in knobs) for s in shapes.values())
 
 
 def _fwd_key(tuning: Mapping[str, Any], shape: Shape) -> tuple:
-    eff = effective(tuning, shape[3])
+    eff = effective(tuning, shape)
     return (shape,) + tuple(eff[k] for k in FWD_KNOBS)
 
 
@@ -427,7 +429,7 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
         raise LaunchCheckUnavailable(f"no pallas_call named {sorted(KERNEL_NAMES.values())} "
                                      f"(found {sorted(table)})")
     batch, seq_len, heads, dim = shape
-    eff = effective(tuning, dim)
+    eff = effective(tuning, shape)
     n_chunks = -(-seq_len // CHUNK)
     grids = {"prepare": (n_chunks, batch * heads),
              "forward": (batch * heads, dim // eff["block_v"]),

@@ -63,8 +63,11 @@ from pallas_kernels.common import pallas_gpu
 from pallas_kernels.common.pallas_gpu import mm, mm_nt, mm_tn
 
 F32 = jnp.float32
-# Triton launch parameters per kernel: (num_warps, num_stages), and the value-block width of the
-# sequential kernels (None: min(V, 64)). Measured on the H200 (benchmarks/results/).
+# Triton launch parameters per kernel: (num_warps, num_stages), the value-block width of the
+# sequential kernels (None: :func:`auto_block_v`) and the key-block width of backward_chunk
+# (None: the whole K). Swept on the H200 with experiments/tune_kernels.py
+# (benchmarks/results/tune-gdn-h200-2026-11-29.md): block_v is the only knob that moved the
+# objective beyond noise, and only where few programs run (see auto_block_v).
 TUNING = {
     "prepare": (4, 1),
     "forward": (4, 2),
@@ -76,10 +79,29 @@ TUNING = {
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C
 
 
+# The sequential kernels run B*H*(V/block_v) programs; below this many (about the H200's 132
+# SMs) a narrower value block buys parallelism. Measured at S2 (B=1, T=32768, H=16, V=128: 32
+# programs at block_v=64): block_v=32 runs the forward 1.38x and forward+backward 1.20x faster;
+# at S1 (B=8, T=4096, H=16: 256 programs) it is 2-17% slower, so it stays 64 there.
+MIN_SEQUENTIAL_PROGRAMS = 128
+
+
+def auto_block_v(batch: int, heads: int, dv: int) -> int:
+    """Value-block width of the sequential kernels when ``TUNING["block_v"]`` is ``None``.
+
+    ``min(V, 64)``, halved to 32 when ``batch * heads * V / 64`` programs would leave most of the
+    GPU idle (fewer than :data:`MIN_SEQUENTIAL_PROGRAMS`), e.g. one long row.
+    """
+    block = min(dv, 64)
+    if block == 64 and batch * heads * (dv // 64) < MIN_SEQUENTIAL_PROGRAMS:
+        block = 32
+    return block
+
+
 def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype, interpret,
             return_residual, block_v=None):
     """The static configuration of one call (hashable once sorted into a tuple)."""
-    block_v = block_v or TUNING["block_v"] or min(dv, 64)
+    block_v = block_v or TUNING["block_v"] or auto_block_v(batch, heads, dv)
     block_k = TUNING["block_k"] or dk
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
                 block_k=block_k,

@@ -28,14 +28,15 @@ class TuneKernelsTest(absltest.TestCase):
     def test_tiny_sweep_records_every_configuration_and_restores_tuning(self):
         before = dict(kernel_gpu.TUNING)
         out = os.path.join(self.create_tempdir().full_path, "tune")
-        # Three knob values, one compile each at most (the suite's time): block_v=64 is the
-        # baseline's effective value (None -> min(64, D)), block_v=128 is wider than D = 64, and
+        # Three knob values, one compile each at most (the suite's time): block_v=32 is the
+        # baseline's effective value (None -> kernel_gpu.auto_block_v: 32 for so few programs),
+        # block_v=128 is wider than D = 64, and
         # backward_chunk=8x1 is a new program that reuses the baseline's forward program. The
         # check runs at the sweep shape, so it reuses the best's compiled programs.
         shape = ",".join(map(str, SHAPE))
         payload = tune_kernels.main([
             "--interpret", f"--shapes={shape}", "--iters=1", "--warmup=0",
-            "--knobs=block_v=64/128,backward_chunk=8x1", f"--check_shape={shape}",
+            "--knobs=block_v=32/128,backward_chunk=8x1", f"--check_shape={shape}",
             "--confirm_rounds=1", "--compile_workers=2", f"--out={out}"])
         self.assertEqual(kernel_gpu.TUNING, before)
 
@@ -44,7 +45,7 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(saved["trials"], json.loads(json.dumps(payload["trials"])))
         trials = saved["trials"]
         tried = [(t["knob"], t["value"]) for t in trials]
-        self.assertEqual(tried, [(None, None), ("block_v", 64), ("block_v", 128),
+        self.assertEqual(tried, [(None, None), ("block_v", 32), ("block_v", 128),
                                  ("backward_chunk", [8, 1])])
         name = "x".join(map(str, SHAPE))
         by = {(t["knob"], str(t["value"])): t for t in trials}
@@ -55,7 +56,7 @@ class TuneKernelsTest(absltest.TestCase):
             self.assertGreater(trial["shapes"][name]["fwdbwd_ms"], 0)
             self.assertEqual(trial["objective_ms"], trial["shapes"][name]["fwdbwd_ms"])
             self.assertEqual(trial["launch_check"], "ok")
-        self.assertEqual(by[("block_v", "64")]["same_as"], 0)
+        self.assertEqual(by[("block_v", "32")]["same_as"], 0)
         self.assertIn("does not fit head dim 64", by[("block_v", "128")]["status"])
         # The backward knob leaves the forward program alone: its fwd time is the baseline's.
         self.assertEqual(by[("backward_chunk", "[8, 1]")]["shapes"][name]["fwd_from"], 0)

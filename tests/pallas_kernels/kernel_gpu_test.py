@@ -8,6 +8,8 @@ with Triton and checks bf16 inputs against the fp32 reference by relative RMS er
 gates (o and states 5e-3, dq/dk/dv/dh0 8e-3, dbeta/dg 2e-2; ../shared/BENCHMARKS.md §5.5).
 """
 
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -16,6 +18,7 @@ from absl.testing import absltest, parameterized
 
 from pallas_kernels import gated_delta_rule as gdr
 from pallas_kernels import simple_gla as sg
+from pallas_kernels.gated_delta_rule import kernel_gpu
 from pallas_kernels.gated_delta_rule import reference as gdr_reference
 from pallas_kernels.simple_gla import reference as sg_reference
 from tests import tolerances
@@ -129,8 +132,19 @@ class InterpretTest(parameterized.TestCase):
         self.check(op, seq_len=96, decay=8.0, seed=2)
 
     def test_gva_and_head_dim_128(self):
-        # Two value heads per key head, K = V = 128 (two key blocks in the gradient kernel).
-        self.check("gdn", seq_len=70, key_heads=1, heads=2, dim=128, batch=2, seed=3)
+        # Two value heads per key head, K = V = 128 (two key blocks in the gradient kernel),
+        # with the value blocks of 64 that many-program shapes get (auto_block_v gives these
+        # few-program test shapes blocks of 32).
+        jax.clear_caches()  # TUNING is read at trace time
+        with mock.patch.dict(kernel_gpu.TUNING, {"block_v": 64}):
+            self.check("gdn", seq_len=70, key_heads=1, heads=2, dim=128, batch=2, seed=3)
+        jax.clear_caches()
+
+    def test_auto_block_v_narrows_only_when_few_programs_run(self):
+        self.assertEqual(kernel_gpu.auto_block_v(8, 16, 128), 64)  # S1: 256 programs
+        self.assertEqual(kernel_gpu.auto_block_v(1, 16, 128), 32)  # S2: 32 programs at 64
+        self.assertEqual(kernel_gpu.auto_block_v(4, 16, 128), 64)  # 128 programs: enough
+        self.assertEqual(kernel_gpu.auto_block_v(1, 4, 32), 32)  # V < 64: V
 
     def test_auto_on_cpu_is_chunked_and_explicit_pallas_raises(self):
         inputs, _ = _inputs(0, 1, 64, 1, 1, 64)
