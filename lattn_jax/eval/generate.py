@@ -155,15 +155,25 @@ class Generator:
       bucket: prompts are left-padded to a multiple of this length, so that batches of similar
         length share one compiled prefill.
       route: evaluate with the cross-layer routing contributions (the training forward).
+      decode_chunk: tokens generated per compiled call in :meth:`generate` (a ``lax.scan`` of
+        single steps on the device; stop tokens are checked between calls, so up to
+        ``decode_chunk - 1`` steps past a row's stop token are computed and dropped). One call
+        per token costs a host round trip per token: at batch 1 that was over half of the
+        decode time of a 24-layer model on an H200
+        (``benchmarks/results/inference-decode16-h200-2026-11-29.md``). The tokens do not
+        depend on it (the same random draws in the same order).
 
     Raises:
-      ValueError: for ``bucket < 1``.
+      ValueError: for ``bucket < 1`` or ``decode_chunk < 1``.
     """
 
     def __init__(self, model: model_lib.LanguageModel, *, pad_id: int = 0, bucket: int = 16,
-                 route: bool = True):
+                 route: bool = True, decode_chunk: int = 8):
         if bucket < 1:
             raise ValueError(f"bucket must be >= 1, got {bucket=}")
+        if decode_chunk < 1:
+            raise ValueError(f"decode_chunk must be >= 1, got {decode_chunk=}")
+        self.decode_chunk = int(decode_chunk)
         self.graphdef, self.params = nnx.split(model)
         self.pad_id = int(pad_id)
         self.bucket = bucket
@@ -172,6 +182,7 @@ class Generator:
         # The states are donated: a step updates the KV caches in place instead of copying
         # them (a copy per token would cost as much as reading the whole cache again).
         self._step = jax.jit(self._step_impl, static_argnums=(4,), donate_argnums=(2,))
+        self._steps = jax.jit(self._steps_impl, static_argnums=(4, 5), donate_argnums=(2,))
         self._sample = jax.jit(sample_logits, static_argnums=(2,))
 
     def _model(self, params):
@@ -189,6 +200,16 @@ class Generator:
         model = self._model(params)
         logits, state = model(token[:, None], state=state, return_state=True, route=self.route)
         return sample_logits(logits[:, 0], rng, sampling), logits[:, 0], state
+
+    def _steps_impl(self, params, token, state, rng, sampling, n):
+        def body(carry, _):
+            token, state, rng = carry
+            rng, sub = jax.random.split(rng)  # the draws of n calls of step(), in order
+            token, _, state = self._step_impl(params, token, state, sub, sampling)
+            return (token, state, rng), token
+
+        (token, state, rng), tokens = jax.lax.scan(body, (token, state, rng), None, length=n)
+        return tokens.T, state, rng  # [B, n]
 
     def prefill(self, tokens: np.ndarray, mask: np.ndarray, max_len: int):
         """Runs the prompt through the model.
@@ -279,22 +300,30 @@ class Generator:
         mask = np.asarray(mask, bool)
         b, t = mask.shape
         rng = jax.random.key(seed)
-        logits, states = self.prefill(tokens, mask, t + max_new_tokens)
+        n = self.decode_chunk
+        calls = -(-(max_new_tokens - 1) // n)  # decode calls after the prefill's token
+        logits, states = self.prefill(tokens, mask, t + 1 + calls * n)
         rng, sub = jax.random.split(rng)
         token = self._sample(logits, sub, sampling)
         stop = np.asarray(sorted(set(int(s) for s in stop_tokens)), np.int32)
         out = np.zeros((b, max_new_tokens), np.int32)
         done = np.zeros((b,), bool)
         n_out = np.zeros((b,), np.int32)
-        for i in range(max_new_tokens):
-            tok = np.asarray(token)
-            active = ~done
-            out[active, i] = tok[active]
-            n_out[active] += 1
-            done |= np.isin(tok, stop) & active
-            if done.all() or i == max_new_tokens - 1:
+        pending = np.asarray(token)[:, None]  # tokens not yet recorded, [B, k]
+        i = 0
+        while True:
+            for tok in pending.T:
+                active = ~done
+                out[active, i] = tok[active]
+                n_out[active] += 1
+                done |= np.isin(tok, stop) & active
+                i += 1
+                if done.all() or i == max_new_tokens:
+                    break
+            if done.all() or i == max_new_tokens:
                 break
-            rng, sub = jax.random.split(rng)
-            token, _, states = self.step(token, states, sub, sampling)
+            new, states, rng = self._steps(self.params, jnp.asarray(pending[:, -1]), states,
+                                           rng, sampling, n)
+            pending = np.asarray(new)
         return GenerationOutput(tokens=[out[r, :n_out[r]].tolist() for r in range(b)],
                                 finished=done.tolist(), prompt_lengths=mask.sum(1).tolist())
