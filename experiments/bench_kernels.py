@@ -193,7 +193,9 @@ def _jax_passes(fn, names):
         def f(q, k, v, *gs):
             return fn(q, k, v, **{**gates, **dict(zip(names, gs))})
         o, vjp = jax.vjp(f, q, k, v, *[gates[n] for n in names])
-        return vjp(do.astype(o.dtype))
+        # o is returned too: a training step uses it, and without it XLA may drop a forward
+        # kernel whose only output is o (the split GDN forward's read-out kernel).
+        return vjp(do.astype(o.dtype)) + (o,)
 
     return {"fwd": jax.jit(fwd), "fwdbwd": jax.jit(fwdbwd)}
 

@@ -2,15 +2,21 @@ r"""Launch-parameter sweep for the scalar-decay Pallas GPU kernels (Triton lower
 
 Tunes ``pallas_kernels/gated_delta_rule/kernel_gpu.TUNING`` (Gated DeltaNet, paper arXiv
 2607.07953, Sec. 3.2; the same kernels serve DeltaNet, simple GLA, Lightning and linear
-attention): the value-block width ``block_v`` of the two sequential kernels (``forward``,
-``backward_state``; ``None`` means min(V, 64)), the key-block width ``block_k`` of
-``backward_chunk`` (``None`` means the whole K), and ``(num_warps, num_stages)`` of each of the
-four kernels ``prepare``, ``forward``, ``backward_state`` and ``backward_chunk``.
+attention): ``split_forward`` (the forward as one sequential kernel ``forward``, or as the
+sequential ``forward_state`` plus the parallel ``forward_output``), the value-block width
+``block_v`` of the sequential kernels (``forward`` or ``forward_state``, and ``backward_state``;
+``None`` means ``kernel_gpu.auto_block_v``), the key-block width ``block_k`` of
+``backward_chunk`` (``None`` means the whole K), and ``(num_warps, num_stages)`` of each kernel
+``prepare``, ``forward``, ``forward_state``, ``forward_output``, ``backward_state`` and
+``backward_chunk``. The launch parameters of the kernels the configuration does not run
+(``forward`` under split_forward, ``forward_state``/``forward_output`` without it) do not
+change the program: such candidates count as the same configuration and are not re-measured.
 
 Method: one coordinate-descent pass. Start from the module's current TUNING (or ``--start``);
-for each knob in ``--knobs`` order (default: block_v in {32, 64, 128}, block_k in {64, 128}, then
-num_warps in {4, 8} x num_stages in {1, 2, 3} for prepare, forward, backward_state,
-backward_chunk) time every value with the other knobs at their best so far and keep the fastest.
+for each knob in ``--knobs`` order (default: split_forward in {False, True}, block_v in
+{32, 64, 128}, block_k in {64, 128}, then num_warps in {4, 8} x num_stages in {1, 2, 3} for
+prepare, forward, forward_state, forward_output, backward_state, backward_chunk) time every
+value with the other knobs at their best so far and keep the fastest.
 The objective is the sum over shapes of the fwd+bwd time (the forward-only knobs also change
 fwd+bwd). A configuration that fails to compile or run (Triton out of shared memory, a block
 wider than the head dim, ...) is recorded with its error and skipped.
@@ -50,6 +56,12 @@ Usage (on the GPU machine)::
     python experiments/tune_kernels.py --shapes=S1,S2 --time_budget_s=150 \
         --out=benchmarks/results/tune-gdn-h200-<date>
 
+Only the split forward and its launch parameters (the rest swept on 2026-11-29)::
+
+    python experiments/tune_kernels.py --shapes=S1,S2 --time_budget_s=300 \
+        --knobs=split_forward,block_v,forward_state,forward_output \
+        --out=benchmarks/results/tune-gdn-split-h200-<date>
+
 CPU smoke run (Pallas interpret mode; the launch parameters are ignored there)::
 
     python experiments/tune_kernels.py --interpret --shapes=1,128,2,64 --iters=1 --warmup=0 \
@@ -81,15 +93,19 @@ from pallas_kernels import gated_delta_rule as gdr  # noqa: E402
 from pallas_kernels.gated_delta_rule import kernel_gpu  # noqa: E402
 
 SHAPES = {"S1": (8, 4096, 16, 128), "S2": (1, 32768, 16, 128)}
+BOOL_KNOBS = ("split_forward",)
 BLOCK_KNOBS = ("block_v", "block_k")
-LAUNCH_KNOBS = ("prepare", "forward", "backward_state", "backward_chunk")
-KNOBS = BLOCK_KNOBS + LAUNCH_KNOBS
-FWD_KNOBS = ("block_v", "prepare", "forward")  # the knobs that change the forward program
+LAUNCH_KNOBS = ("prepare", "forward", "forward_state", "forward_output", "backward_state",
+                "backward_chunk")
+KNOBS = BOOL_KNOBS + BLOCK_KNOBS + LAUNCH_KNOBS
+# The knobs that change the forward program.
+FWD_KNOBS = ("split_forward", "block_v", "prepare", "forward", "forward_state", "forward_output")
+SPLIT_KERNELS = ("forward_state", "forward_output")  # run instead of forward by split_forward
 _LAUNCHES = tuple((w, s) for w in (4, 8) for s in (1, 2, 3))
-DEFAULT_VALUES = {"block_v": (32, 64, 128), "block_k": (64, 128),
+DEFAULT_VALUES = {"split_forward": (False, True), "block_v": (32, 64, 128), "block_k": (64, 128),
                   **{k: _LAUNCHES for k in LAUNCH_KNOBS}}
 KERNEL_NAMES = {k: "gdn_" + k for k in LAUNCH_KNOBS}  # pallas_call names in kernel_gpu.py
-PASS_KERNELS = {"fwd": ("prepare", "forward"), "fwdbwd": LAUNCH_KNOBS}
+BACKWARD_KERNELS = ("backward_state", "backward_chunk")
 PASSES = ("fwd", "fwdbwd")
 ERROR_LIMITS = {"o": 5e-3}
 GRAD_LIMIT = 2e-2
@@ -110,7 +126,8 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("knobs", ",".join(KNOBS),
                         "Knobs in sweep order, each optionally with its values: name or "
                         "name=v1/v2/...; block values are ints or None, launch values WxS "
-                        "(num_warps x num_stages), e.g. block_v=32/64,forward=4x2/8x1.",
+                        "(num_warps x num_stages), split_forward True/False, e.g. "
+                        "split_forward,block_v=32/64,forward=4x2/8x1.",
                         flag_values=fv)
     flags.DEFINE_string("start", None,
                         "JSON overrides of the starting point, e.g. '{\"block_v\": 32, "
@@ -182,7 +199,19 @@ def parse_shapes(text: str) -> Dict[str, Shape]:
     return shapes
 
 
+def pass_kernels(pass_: str, split_forward: bool) -> Tuple[str, ...]:
+    """The kernels (TUNING keys) a pass runs: ``pass_`` is ``"fwd"`` or ``"fwdbwd"``."""
+    fwd = ("prepare",) + (SPLIT_KERNELS if split_forward else ("forward",))
+    return fwd if pass_ == "fwd" else fwd + BACKWARD_KERNELS
+
+
 def _parse_value(knob: str, text: str):
+    if knob in BOOL_KNOBS:
+        if text.lower() in ("true", "1"):
+            return True
+        if text.lower() in ("false", "0"):
+            return False
+        raise ValueError(f"{text!r} is not True or False")
     if knob in BLOCK_KNOBS:
         if text.lower() == "none":
             return None
@@ -201,7 +230,8 @@ def parse_knobs(text: str) -> Dict[str, List[Any]]:
 
     Args:
       text: comma-separated ``name`` or ``name=v1/v2/...`` entries; names from :data:`KNOBS`.
-        Block values are powers of two >= 16 or ``None``; launch values ``WxS``.
+        Block values are powers of two >= 16 or ``None``; launch values ``WxS``;
+        split_forward values ``True``/``False``.
 
     Returns:
       ``{knob: [values]}`` in sweep order (a bare name takes :data:`DEFAULT_VALUES`).
@@ -226,7 +256,8 @@ def parse_knobs(text: str) -> Dict[str, List[Any]]:
         try:
             plan[name] = [_parse_value(name, v.strip()) for v in values.split("/") if v.strip()]
         except ValueError as e:
-            form = "a power of two >= 16 or None" if name in BLOCK_KNOBS else "WxS, e.g. 4x2"
+            form = ("a power of two >= 16 or None" if name in BLOCK_KNOBS
+                    else "True or False" if name in BOOL_KNOBS else "WxS, e.g. 4x2")
             raise app.UsageError(f"--knobs: bad value in {entry!r} ({e}); each value is "
                                  f"{form}") from None
         if not plan[name]:
@@ -316,10 +347,15 @@ def effective(tuning: Mapping[str, Any], shape: Shape) -> Tuning:
 
     Returns:
       A copy with ``None`` block widths resolved as ``kernel_gpu._config`` does (``block_v``:
-      ``kernel_gpu.auto_block_v(B, H, V)``; ``block_k``: K).
+      ``kernel_gpu.auto_block_v(B, H, V)``; ``block_k``: K), ``split_forward`` as a bool, and
+      ``None`` as the launch of the forward kernels the configuration does not run (``forward``
+      when split, ``forward_state``/``forward_output`` otherwise).
     """
     batch, _, heads, dim = shape
     out = {k: tuning[k] for k in LAUNCH_KNOBS}
+    out["split_forward"] = split = bool(tuning.get("split_forward", False))
+    for k in (("forward",) if split else SPLIT_KERNELS):
+        out[k] = None
     out["block_v"] = tuning["block_v"] or kernel_gpu.auto_block_v(batch, heads, dim)
     out["block_k"] = tuning["block_k"] or dim
     return out
@@ -433,9 +469,12 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
     n_chunks = -(-seq_len // CHUNK)
     grids = {"prepare": (n_chunks, batch * heads),
              "forward": (batch * heads, dim // eff["block_v"]),
+             "forward_state": (batch * heads, dim // eff["block_v"]),
+             "forward_output": (n_chunks, batch * heads,
+                                dim // min(dim, kernel_gpu.OUTPUT_BLOCK_V)),
              "backward_state": (batch * heads, dim // eff["block_v"]),
              "backward_chunk": (n_chunks, batch * heads, dim // eff["block_k"])}
-    for kernel in PASS_KERNELS[pass_]:
+    for kernel in pass_kernels(pass_, eff["split_forward"]):
         calls = table.get(KERNEL_NAMES[kernel])
         if not calls:
             raise RuntimeError(f"{pass_}: no pallas_call named {KERNEL_NAMES[kernel]} in the "
@@ -509,8 +548,8 @@ def programs(op: Callable[..., jax.Array]) -> Dict[str, Callable[..., Any]]:
 
     Returns:
       ``{"fwd": f(q, k, v, g, beta, do) -> o, "fwdbwd": f(q, k, v, g, beta, do) -> (dq, dk, dv,
-      dg, dbeta)}`` (the VJP of the fixed cotangent ``do``, cast to o's dtype); plain functions
-      to wrap in ``jax.jit``.
+      dg, dbeta, o)}`` (the VJP of the fixed cotangent ``do``, cast to o's dtype, and o itself);
+      plain functions to wrap in ``jax.jit``.
     """
 
     def fwd(q, k, v, g, beta, do):
@@ -519,7 +558,10 @@ def programs(op: Callable[..., jax.Array]) -> Dict[str, Callable[..., Any]]:
 
     def fwdbwd(q, k, v, g, beta, do):
         o, vjp = jax.vjp(op, q, k, v, g, beta)
-        return vjp(do.astype(o.dtype))
+        # o is returned too: as in training, where the loss reads it. Otherwise dead-code
+        # elimination drops a read-out that has a kernel of its own (split_forward's
+        # forward_output), and the fwd+bwd time would miss it.
+        return vjp(do.astype(o.dtype)) + (o,)
 
     return {"fwd": fwd, "fwdbwd": fwdbwd}
 
@@ -981,8 +1023,8 @@ class Sweep:
             self.log(f"correctness check: {status}")
             return out
         errors = {"o": rel_rms(results[("ours", "fwd")], results[("ref", "fwd")])}
-        for gname, got, want in zip(("dq", "dk", "dv", "dg", "dbeta"), results[("ours", "fwdbwd")],
-                                    results[("ref", "fwdbwd")]):
+        for gname, got, want in zip(("dq", "dk", "dv", "dg", "dbeta"),  # o (last) is in fwd
+                                    results[("ours", "fwdbwd")], results[("ref", "fwdbwd")]):
             errors[gname] = rel_rms(got, want)
         ok = all(e < ERROR_LIMITS.get(n, GRAD_LIMIT) for n, e in errors.items())
         out.update(errors={n: float(f"{e:.3e}") for n, e in errors.items()}, ok=ok,

@@ -27,6 +27,21 @@ Kernels (grid in brackets):
   backward).
 * ``forward`` [B*H, V/BV]: the sequential pass over chunks with the fp32 state in registers;
   writes O, the final state, and on request Vn and every chunk's entry state (for the backward).
+* With ``TUNING["split_forward"]`` (default off) ``forward`` is replaced by two kernels, as in
+  FLA, so that the sequential loop carries only what the next chunk depends on:
+
+  - ``forward_state`` [B*H, V/BV]: the sequential pass computing per chunk only Vn and the state
+    update S_C (no Q K^T, no C x C decay mask); writes Vn (delta rule only; otherwise Vn = V),
+    every chunk's entry state S_0 and the final state;
+  - ``forward_output`` [chunks, B*H, V/BVO] (BVO = min(V, 64), :data:`OUTPUT_BLOCK_V`): O of
+    each chunk from Q, K, gamma, the documents, its entry state and Vn, all chunks in parallel.
+
+  Both paths give the backward the same residuals (Vn in the input dtype, the entry states
+  ``[B, H, chunks, K, V]`` in the tensor-core operand dtype) and the same numerics: the state
+  recurrence is the same code, and the read-out products see the same operand-dtype values of
+  S_0 and Vn, so O differs only by fp32 accumulation order (final state, Vn and gradients are
+  bitwise equal in interpret mode). The split path always writes the entry states (also in a
+  forward without gradient): B*H*chunks*K*V elements of the operand dtype.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; carries dS (fp32), writes every chunk's
   exit-state gradient dS_C, the gradient of Vn (dVn) and the initial-state gradient.
 * ``backward_chunk`` [chunks, B*H]: all parameter gradients of one chunk from S_0, dS_C, dO, Vn
@@ -68,6 +83,10 @@ F32 = jnp.float32
 # (None: the whole K). Swept on the H200 with experiments/tune_kernels.py
 # (benchmarks/results/tune-gdn-h200-2026-11-29.md): block_v is the only knob that moved the
 # objective beyond noise, and only where few programs run (see auto_block_v).
+# split_forward: run the forward as forward_state (sequential) + forward_output (parallel)
+# instead of the single forward kernel (module docstring); not yet measured on the GPU, so off.
+# forward_state / forward_output are those two kernels' launch parameters (unswept guesses:
+# forward's for the sequential kernel, prepare's for the loop-free parallel one).
 TUNING = {
     "prepare": (4, 1),
     "forward": (4, 2),
@@ -75,8 +94,14 @@ TUNING = {
     "backward_chunk": (4, 1),
     "block_v": None,
     "block_k": None,
+    "split_forward": False,
+    "forward_state": (4, 2),
+    "forward_output": (4, 1),
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C
+# Value-block width of the parallel forward_output kernel (min(V, this)): it has chunks*B*H
+# programs per value block already, so a wide block mainly saves recomputing Q K^T and D.
+OUTPUT_BLOCK_V = 64
 
 
 # The sequential kernels run B*H*(V/block_v) programs; below this many (about the H200's 132
@@ -106,7 +131,9 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype,
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
                 block_k=block_k,
                 delta=delta, has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype),
-                interpret=interpret, return_residual=return_residual, block_v=block_v)
+                interpret=interpret, return_residual=return_residual, block_v=block_v,
+                split_forward=bool(TUNING["split_forward"]),
+                block_v_out=min(dv, OUTPUT_BLOCK_V))
 
 
 # Shared in-kernel helpers (pallas_kernels.common.pallas_gpu), under this module's short names.
@@ -136,6 +163,13 @@ def _decays(gam, doc, conn, last):
         mask = mask & (doc[:, None] == doc[None, :])
     diff = jnp.where(mask, gam[:, None] - gam[None, :], 0.0)
     dmat = jnp.where(mask, jnp.exp(diff), 0.0)
+    e_in, e_out, e_all = _edge_decays(gam, doc, conn, last)
+    return dmat, e_in, e_out, e_all, mask
+
+
+def _edge_decays(gam, doc, conn, last):
+    """``(e_in [C], e_out [C], e_all scalar)`` of :func:`_decays`, without the C x C mask."""
+    c = gam.shape[0]
     g_last = _last(gam, c)
     e_in = jnp.exp(gam)
     e_out = jnp.exp(g_last - gam)
@@ -144,7 +178,7 @@ def _decays(gam, doc, conn, last):
         e_in = e_in * conn
         e_out = e_out * last
         e_all = e_all * _last(conn, c)
-    return dmat, e_in, e_out, e_all, mask
+    return e_in, e_out, e_all
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -250,6 +284,93 @@ def _forward(cfg, q, k, u, w, gam, docs, h0, *, save_vn, save_states):
         grid=(bsz * heads, dv // cfg["block_v"]), tune="forward", name="gdn_forward",
     )
     return outs["o_ref"], outs["ht_ref"], outs.get("vn_ref"), outs.get("hs_ref")
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels 2a/2b (TUNING["split_forward"]): the sequential state pass and the parallel read-out.
+
+
+def _forward_state_kernel(k_ref, u_ref, w_ref, gam_ref, doc_ref, conn_ref, last_ref, h0_ref,
+                          ht_ref, vn_ref, hs_ref, *, cfg):
+    """Kernel 2 without the read-out: per chunk only Vn and S_C (what the next chunk needs)."""
+    b, h = _program_bh(cfg, 0)
+    v0 = pl.program_id(1) * cfg["block_v"]
+    vsl = pl.ds(v0, cfg["block_v"])
+    mdt = cfg["mm_dtype"]
+
+    def body(n, state):
+        tsl = pl.ds(n * CHUNK, CHUNK)
+        hs_ref[b, h, n, :, vsl] = state.astype(hs_ref.dtype)
+        k = k_ref[b, tsl, h, :]
+        u = u_ref[b, tsl, h, vsl]
+        gam = gam_ref[b, h, tsl]
+        doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+        _, e_out, e_all = _edge_decays(gam, doc, conn, last)
+        if cfg["delta"]:
+            vn = u.astype(F32) - mm(w_ref[b, tsl, h, :], state, mdt)
+            vn_ref[b, tsl, h, vsl] = vn.astype(vn_ref.dtype)
+        else:
+            vn = u.astype(F32)
+        return e_all * state + mm_tn(k.astype(F32) * e_out[:, None], vn, mdt)
+
+    state = h0_ref[b, h, :, vsl].astype(F32)
+    state = jax.lax.fori_loop(0, cfg["n_chunks"], body, state)
+    ht_ref[b, h, :, vsl] = state
+
+
+def _forward_output_kernel(q_ref, k_ref, vn_ref, gam_ref, doc_ref, conn_ref, last_ref, hs_ref,
+                           o_ref, *, cfg):
+    """O = scale [diag(e_in) Q S_0 + (Q K^T * D) Vn] of one chunk and value block."""
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    bv = cfg["block_v_out"]
+    vsl = pl.ds(pl.program_id(2) * bv, bv)
+    tsl = pl.ds(n * CHUNK, CHUNK)
+    mdt = cfg["mm_dtype"]
+    q = q_ref[b, tsl, h, :]
+    k = k_ref[b, tsl, h, :]
+    vn = vn_ref[b, tsl, h, vsl]
+    s0 = hs_ref[b, h, n, :, vsl]  # [K, BVO]
+    gam = gam_ref[b, h, tsl]
+    doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+    dmat, e_in, _, _, _ = _decays(gam, doc, conn, last)
+    attn = mm_nt(q, k, mdt) * dmat
+    o = mm(q.astype(F32) * e_in[:, None], s0, mdt) + mm(attn, vn, mdt)
+    o_ref[b, tsl, h, vsl] = (cfg["scale"] * o).astype(o_ref.dtype)
+
+
+def _forward_split(cfg, q, k, u, w, gam, docs, h0):
+    """:func:`_forward` as two kernels; always returns Vn and the entry states (O needs them).
+
+    Without the delta rule Vn = U = V, so nothing is written for it.
+    """
+    bsz, tp, heads, dk = q.shape
+    dv = u.shape[-1]
+    nc = cfg["n_chunks"]
+    outs = _pallas(
+        _forward_state_kernel, cfg,
+        inputs=[("k_ref", k), ("u_ref", u), ("w_ref", w), ("gam_ref", gam)]
+        + _doc_inputs(docs) + [("h0_ref", h0)],
+        outputs=[
+            ("ht_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
+            ("vn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype)
+             if cfg["delta"] else None),
+            ("hs_ref", jax.ShapeDtypeStruct((bsz, heads, nc, dk, dv), cfg["mm_dtype"])),
+        ],
+        grid=(bsz * heads, dv // cfg["block_v"]), tune="forward_state",
+        name="gdn_forward_state",
+    )
+    vn = outs["vn_ref"] if cfg["delta"] else u
+    hs = outs["hs_ref"]
+    o = _pallas(
+        _forward_output_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("vn_ref", vn), ("gam_ref", gam)]
+        + _doc_inputs(docs) + [("hs_ref", hs)],
+        outputs=[("o_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), u.dtype))],
+        grid=(nc, bsz * heads, dv // cfg["block_v_out"]), tune="forward_output",
+        name="gdn_forward_output",
+    )["o_ref"]
+    return o, outs["ht_ref"], vn, hs
 
 
 # ----------------------------------------------------------------------------------------------
@@ -454,8 +575,11 @@ def _make_core(static):
             w, u, amat = _prepare(cfg, k, v, beta, gam, docs)
         else:
             u = v
-        o, ht, vn, hs = _forward(cfg, q, k, u, w, gam, docs, h0,
-                                 save_vn=save or residual, save_states=save)
+        if cfg["split_forward"]:
+            o, ht, vn, hs = _forward_split(cfg, q, k, u, w, gam, docs, h0)
+        else:
+            o, ht, vn, hs = _forward(cfg, q, k, u, w, gam, docs, h0,
+                                     save_vn=save or residual, save_states=save)
         return o, ht, vn, hs, w, amat
 
     @jax.custom_vjp

@@ -28,15 +28,17 @@ class TuneKernelsTest(absltest.TestCase):
     def test_tiny_sweep_records_every_configuration_and_restores_tuning(self):
         before = dict(kernel_gpu.TUNING)
         out = os.path.join(self.create_tempdir().full_path, "tune")
-        # Three knob values, one compile each at most (the suite's time): block_v=32 is the
+        # Four knob values, one compile each at most (the suite's time): block_v=32 is the
         # baseline's effective value (None -> kernel_gpu.auto_block_v: 32 for so few programs),
-        # block_v=128 is wider than D = 64, and
+        # block_v=128 is wider than D = 64, forward_state=8x1 is a kernel the unsplit forward
+        # does not run (the same program as the baseline), and
         # backward_chunk=8x1 is a new program that reuses the baseline's forward program. The
         # check runs at the sweep shape, so it reuses the best's compiled programs.
         shape = ",".join(map(str, SHAPE))
         payload = tune_kernels.main([
             "--interpret", f"--shapes={shape}", "--iters=1", "--warmup=0",
-            "--knobs=block_v=32/128,backward_chunk=8x1", f"--check_shape={shape}",
+            "--knobs=block_v=32/128,forward_state=8x1,backward_chunk=8x1",
+            f"--check_shape={shape}",
             "--confirm_rounds=1", "--compile_workers=2", f"--out={out}"])
         self.assertEqual(kernel_gpu.TUNING, before)
 
@@ -46,7 +48,7 @@ class TuneKernelsTest(absltest.TestCase):
         trials = saved["trials"]
         tried = [(t["knob"], t["value"]) for t in trials]
         self.assertEqual(tried, [(None, None), ("block_v", 32), ("block_v", 128),
-                                 ("backward_chunk", [8, 1])])
+                                 ("forward_state", [8, 1]), ("backward_chunk", [8, 1])])
         name = "x".join(map(str, SHAPE))
         by = {(t["knob"], str(t["value"])): t for t in trials}
         for key in ((None, "None"), ("backward_chunk", "[8, 1]")):
@@ -57,6 +59,8 @@ class TuneKernelsTest(absltest.TestCase):
             self.assertEqual(trial["objective_ms"], trial["shapes"][name]["fwdbwd_ms"])
             self.assertEqual(trial["launch_check"], "ok")
         self.assertEqual(by[("block_v", "32")]["same_as"], 0)
+        self.assertFalse(saved["baseline"]["tuning"]["split_forward"])
+        self.assertEqual(by[("forward_state", "[8, 1]")]["same_as"], 0)
         self.assertIn("does not fit head dim 64", by[("block_v", "128")]["status"])
         # The backward knob leaves the forward program alone: its fwd time is the baseline's.
         self.assertEqual(by[("backward_chunk", "[8, 1]")]["shapes"][name]["fwd_from"], 0)
@@ -69,7 +73,8 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(best["objective_ms"],
                          min(t["objective_ms"] for t in trials if t["status"] == bench.OK))
         self.assertEqual(saved["baseline"]["tuning"], tune_kernels._jsonable(before))
-        self.assertEqual([d["knob"] for d in saved["descent"]], ["block_v", "backward_chunk"])
+        self.assertEqual([d["knob"] for d in saved["descent"]],
+                         ["block_v", "forward_state", "backward_chunk"])
         self.assertTrue(saved["check"]["ok"], saved["check"])
         self.assertEqual(saved["check"]["reused_programs"], ["fwd", "fwdbwd"])
         if best["trial"] != 0:  # baseline and best re-timed side by side
@@ -115,6 +120,33 @@ class TuneKernelsTest(absltest.TestCase):
                                                   r"\(8, 3\), expected \(4, 2\)"):
             tune_kernels.check_launches(table, {**tuning, "backward_state": (4, 2)}, shape,
                                         "fwdbwd")
+        # The split forward: forward_state (sequential grid) + forward_output (chunks, B*H,
+        # V/64) with their own launch parameters, and no forward kernel.
+        split = {**tuning, "split_forward": True, "forward_state": (8, 2),
+                 "forward_output": (2, 1)}
+        try:
+            tune_kernels.set_tuning(split)
+            split_table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
+        finally:
+            tune_kernels.set_tuning(before)
+        self.assertNotIn("gdn_forward", split_table)
+        self.assertEqual(split_table["gdn_forward_state"], [dict(launch=(8, 2), grid=(1, 2))])
+        self.assertEqual(split_table["gdn_forward_output"], [dict(launch=(2, 1), grid=(2, 1, 1))])
+        tune_kernels.check_launches(split_table, split, shape, "fwdbwd")
+        with self.assertRaisesRegex(RuntimeError, "no pallas_call named gdn_forward "):
+            tune_kernels.check_launches(split_table, tuning, shape, "fwd")
+        with self.assertRaisesRegex(RuntimeError, "no pallas_call named gdn_forward_state"):
+            tune_kernels.check_launches(table, split, shape, "fwd")
+        # Launch knobs of kernels a configuration does not run leave its identity alone.
+        shapes = {"s": shape}
+        self.assertEqual(tune_kernels._key(split, shapes),
+                         tune_kernels._key({**split, "forward": (8, 3)}, shapes))
+        self.assertNotEqual(tune_kernels._key(split, shapes),
+                            tune_kernels._key({**split, "forward_output": (8, 3)}, shapes))
+        self.assertEqual(tune_kernels._key(tuning, shapes),
+                         tune_kernels._key({**tuning, "forward_state": (2, 2)}, shapes))
+        self.assertNotEqual(tune_kernels._fwd_key(tuning, shape),
+                            tune_kernels._fwd_key(split, shape))
         # A program without this family's kernels (or an unknown jax format) is flagged, not
         # mistaken for a stale trace.
         with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
@@ -122,7 +154,8 @@ class TuneKernelsTest(absltest.TestCase):
 
     def test_bad_options_give_a_clear_error(self):
         with self.assertRaisesRegex(app.UsageError, "--knobs: unknown knob 'block_x'; choose "
-                                                    "from block_v, block_k, prepare, forward"):
+                                                    "from split_forward, block_v, block_k, "
+                                                    "prepare, forward"):
             tune_kernels.main(["--knobs=block_v,block_x", "--interpret"])
         with self.assertRaisesRegex(app.UsageError, "bad value in 'forward=4-2'"):
             tune_kernels.parse_knobs("forward=4-2")
@@ -136,6 +169,14 @@ class TuneKernelsTest(absltest.TestCase):
                          {"block_k": [None, 64], "prepare": [(8, 2)]})
         self.assertEqual(tune_kernels.parse_start('{"forward": [8, 2]}', {"forward": (4, 2)}),
                          {"forward": (8, 2)})
+        self.assertEqual(tune_kernels.parse_knobs("split_forward,forward_output=8x1"),
+                         {"split_forward": [False, True], "forward_output": [(8, 1)]})
+        self.assertEqual(list(tune_kernels.parse_knobs(tune_kernels.KNOBS[0] + ",block_v")),
+                         ["split_forward", "block_v"])  # tried first by default
+        self.assertEqual(tune_kernels.parse_start('{"split_forward": true}', {}),
+                         {"split_forward": True})
+        with self.assertRaisesRegex(app.UsageError, "each value is True or False"):
+            tune_kernels.parse_knobs("split_forward=yes")
         # The binary: one line on stderr, no traceback.
         result = subprocess.run(
             [sys.executable, os.path.join(ROOT, "experiments", "tune_kernels.py"),

@@ -6,6 +6,10 @@ CPU; inputs are fp32, so the kernels run every product in fp32 and must match th
 fp32 rounding. ``GpuTest`` (marked ``gpu``, skipped without a GPU) compiles the same kernels
 with Triton and checks bf16 inputs against the fp32 reference by relative RMS error, with FLA's
 gates (o and states 5e-3, dq/dk/dv/dh0 8e-3, dbeta/dg 2e-2; ../shared/BENCHMARKS.md §5.5).
+``SplitForwardInterpretTest`` repeats a few interpret checks with ``TUNING["split_forward"]``
+(the forward as a sequential state kernel plus a parallel output kernel) and compares the two
+forward paths; ``GpuTest`` also compiles the split path for two cases, and
+``TritonLoweringTest`` lowers both paths to Triton for CUDA on any backend.
 """
 
 from unittest import mock
@@ -97,13 +101,23 @@ def _outputs_and_grads(op, impl, inputs, segment_ids, cot_key):
     return o, s, dict(zip(names, grads))
 
 
+# Reference results by check() arguments: SplitForwardInterpretTest checks cases of
+# InterpretTest again and reuses their references (CI time).
+_REFERENCES = {}
+
+
 class InterpretTest(parameterized.TestCase):
     """fp32 inputs in Pallas interpret mode: the kernels equal the reference to fp32 rounding."""
 
     def check(self, op, *, batch=1, seq_len=65, key_heads=2, heads=2, dim=64, decay=1.0,
               segment_ids=None, seed=0):
         inputs, cot_key = _inputs(seed, batch, seq_len, key_heads, heads, dim, decay=decay)
-        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key)
+        key = (op, batch, seq_len, key_heads, heads, dim, decay, seed,
+               None if segment_ids is None else np.asarray(segment_ids).tobytes())
+        if key not in _REFERENCES:
+            _REFERENCES[key] = jax.device_get(
+                _outputs_and_grads(op, None, inputs, segment_ids, cot_key))
+        want = _REFERENCES[key]
         got = _outputs_and_grads(op, "pallas_interpret", inputs, segment_ids, cot_key)
         tol = tolerances.fwd_tol(jnp.float32)
         np.testing.assert_allclose(got[0], want[0], err_msg=f"{op} o", **tol)
@@ -193,6 +207,103 @@ class InterpretTest(parameterized.TestCase):
         np.testing.assert_allclose(o, o_ref, rtol=1e-4, atol=1e-5)
 
 
+class SplitForwardInterpretTest(parameterized.TestCase):
+    """``TUNING["split_forward"]``: forward_state + forward_output instead of forward.
+
+    TUNING is read at trace time and traces are cached, hence ``jax.clear_caches()`` around the
+    patch. The cases are a subset of :class:`InterpretTest` (CI time).
+    """
+
+    check = InterpretTest.check
+
+    def setUp(self):
+        super().setUp()
+        jax.clear_caches()
+        patcher = mock.patch.dict(kernel_gpu.TUNING, {"split_forward": True})
+        patcher.start()
+        self.addCleanup(jax.clear_caches)  # runs after patcher.stop (cleanups are LIFO)
+        self.addCleanup(patcher.stop)
+
+    @parameterized.parameters("gdn", "simple_gla")
+    def test_ragged_length_with_initial_state(self, op):
+        self.check(op, seq_len=65)
+
+    def test_packed_documents(self):
+        lengths = [10, 30, 3, 21, 36]
+        segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None], jnp.int32)
+        self.check("gdn", seq_len=sum(lengths), segment_ids=segment_ids, seed=1)
+
+    def test_gva_and_head_dim_128(self):
+        # auto_block_v gives the state kernel value blocks of 32 here, the output kernel 64.
+        self.check("gdn", seq_len=70, key_heads=1, heads=2, dim=128, batch=2, seed=3)
+
+    def test_equals_the_unsplit_forward(self):
+        # Random packed rows, three chunks: outputs to fp32 rounding (accumulation order of the
+        # read-out); the residual u, the final state and every gradient (from the same residuals).
+        inputs, cot_key = _inputs(6, 2, 150, 2, 2, 64)
+        ids = np.repeat(np.arange(4), [20, 70, 44, 16])
+        segment_ids = jnp.asarray(np.stack([ids, np.sort(ids[::-1] % 3)]), jnp.int32)
+        names = _DIFF_ARGS["gdn"]
+
+        def run():
+            def f(*diff):
+                a = dict(inputs, **dict(zip(names, diff)))
+                return gdr.gated_delta_rule(
+                    a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["h0"],
+                    output_final_state=True, segment_ids=segment_ids, return_residual=True,
+                    implementation="pallas_interpret")
+
+            outs, vjp = jax.vjp(f, *[inputs[n] for n in names])
+            keys = jax.random.split(cot_key, len(outs))
+            return outs, vjp(tuple(jax.random.normal(kk, x.shape) for kk, x in zip(keys, outs)))
+
+        split = run()
+        jax.clear_caches()
+        with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": False}):
+            unsplit = run()
+        jax.clear_caches()  # (also cleared by the class's cleanup should run() fail)
+        tol = dict(rtol=1e-6, atol=1e-6)
+        for what, got, want in zip(("o", "final_state", "u"), split[0], unsplit[0]):
+            np.testing.assert_allclose(got, want, err_msg=what, **tol)
+        for name, got, want in zip(names, split[1], unsplit[1]):
+            np.testing.assert_allclose(got, want, err_msg=f"d{name}", **tol)
+
+
+class TritonLoweringTest(parameterized.TestCase):
+    """Both forward paths lower to Triton on any backend (``jax.export`` for CUDA, no GPU).
+
+    Runs Pallas' Triton lowering rules on every kernel of forward + backward, so an op the
+    lowering does not support fails here rather than on the next GPU run.
+    """
+
+    @parameterized.parameters(False, True)
+    def test_exports_for_cuda(self, split):
+        inputs, _ = _inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
+        segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
+
+        def fwdbwd(q, k, v, g, beta):
+            def f(q, k, v, g, beta):
+                return kernel_gpu.scalar_decay_pallas(q, k, v, g, beta, scale=0.125,
+                                                      segment_ids=segment_ids)[0]
+
+            o, vjp = jax.vjp(f, q, k, v, g, beta)
+            return vjp(o) + (o,)  # o kept live: the split read-out is a kernel of its own
+
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+        # No jax.clear_caches() needed: scalar_decay_pallas has no inner jit, and its custom_vjp
+        # op is built per static configuration, split_forward included.
+        with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": split}):
+            exported = jax.export.export(
+                jax.jit(fwdbwd), platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+                    "__gpu$xla.gpu.triton")])(*args)
+        text = exported.mlir_module()
+        forward = ["gdn_forward_state", "gdn_forward_output"] if split else ["gdn_forward"]
+        for name in ["gdn_prepare", *forward, "gdn_backward_state", "gdn_backward_chunk"]:
+            self.assertIn(f'name = "{name}"', text)
+        self.assertEqual('name = "gdn_forward"' in text, not split)
+
+
 @pytest.mark.gpu
 class GpuTest(parameterized.TestCase):
     """bf16 inputs compiled by Triton on a GPU, against the fp32 reference (FLA's gates)."""
@@ -204,6 +315,19 @@ class GpuTest(parameterized.TestCase):
 
     @parameterized.product(op=OPS, packed=(False, True))
     def test_bf16_against_fp32_reference(self, op, packed):
+        self.check_bf16(op, packed)
+
+    @parameterized.parameters("gdn", "simple_gla")
+    def test_split_forward_bf16_against_fp32_reference(self, op):
+        # The split forward's Triton lowering (forward_state + forward_output), packed rows.
+        jax.clear_caches()  # TUNING is read at trace time
+        try:
+            with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": True}):
+                self.check_bf16(op, True)
+        finally:
+            jax.clear_caches()
+
+    def check_bf16(self, op, packed):
         seq_len = 1000
         segment_ids = None
         if packed:
