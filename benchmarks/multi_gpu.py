@@ -115,10 +115,15 @@ def _command(args, workdir: str, mesh) -> list:
             "--config.data.max_val_batches=4"] + shlex.split(args.extra)
 
 
-def _shown(cmd) -> str:
-    """``cmd`` as a user would type it in the repository root."""
+def _shown(cmd, env=None) -> str:
+    """``cmd`` as a user would type it in the repository root, with the device variables
+    (``CUDA_VISIBLE_DEVICES``, ``XLA_FLAGS``) that :func:`_env` set for it."""
+    prefix = []
+    for var in ("CUDA_VISIBLE_DEVICES", "XLA_FLAGS"):
+        if env and env.get(var) and env.get(var) != os.environ.get(var):
+            prefix.append(f"{var}={shlex.quote(env[var])}")
     parts = ["python"] + [c.replace(_ROOT + os.sep, "") for c in cmd[1:]]
-    return " ".join(shlex.quote(c) for c in parts)
+    return " ".join(prefix + [shlex.quote(c) for c in parts])
 
 
 def run_one(name: str, args) -> dict:
@@ -144,10 +149,10 @@ def run_one(name: str, args) -> dict:
         shutil.copytree(os.path.join(src, "checkpoints"), os.path.join(workdir, "checkpoints"))
         shutil.copy(os.path.join(src, "config.json"), workdir)
     cmd = _command(args, workdir, mesh)
-    rc, params, wall = tt.run_trainer(cmd, workdir + ".log", label=name,
-                                      env=_env(k, args, last=name == "1dev_repeat"))
+    env = _env(k, args, last=name == "1dev_repeat")
+    rc, params, wall = tt.run_trainer(cmd, workdir + ".log", label=name, env=env)
     record = {"name": name, "devices": k, "mesh": list(mesh), "rc": rc, "params": params,
-              "wall_s": wall, "command": _shown(cmd)}
+              "wall_s": wall, "command": _shown(cmd, env)}
     with open(workdir + ".run.json", "w") as f:
         json.dump(record, f, indent=1)
     return record
@@ -275,6 +280,8 @@ def plot(result: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     runs = {n: r for n, r in result["runs"].items() if "train" in r and n != "restore_1dev"}
+    if not any(r["train"] for r in runs.values()):
+        return  # no run got as far as a logged step: nothing to draw
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
     ref = {int(k): v for k, v in runs.get("1dev", {}).get("train", {}).items()}
     for i, (name, run) in enumerate(runs.items()):
@@ -317,6 +324,14 @@ def main(argv=None):
     for n in names:
         if n not in RUNS:
             raise SystemExit(f"error: --runs: unknown run {n!r}; choose from {', '.join(RUNS)}")
+    for flag in ("steps", "batch_size", "seq_len", "log_every", "eval_every"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag} must be >= 1, got {getattr(args, flag)}")
+    if args.cpu_devices is not None and args.cpu_devices < 1:
+        raise SystemExit(f"error: --cpu_devices must be >= 1, got {args.cpu_devices}")
+    if args.cpu_devices and args.num_devices is not None:
+        raise SystemExit("error: --num_devices is for GPU runs; with --cpu_devices=N the runs "
+                         "use N simulated devices")
     if not args.cpu_devices and args.num_devices is None:
         args.num_devices = _gpu_count()
     n = args.cpu_devices or args.num_devices
@@ -324,12 +339,30 @@ def main(argv=None):
         raise SystemExit("error: no GPU found; pass --cpu_devices=N for a CPU smoke run")
     if n and n < 2 and any(x in names for x in _MESH):
         raise SystemExit(f"error: --runs={args.runs} needs at least 2 devices, found {n}")
-    os.makedirs(args.out, exist_ok=True)
+    for mesh_name in (x for x in names if x in ("dp", "fsdp")):
+        if args.batch_size % n:
+            raise SystemExit(f"error: --batch_size={args.batch_size} does not split over the "
+                             f"{n} devices of --runs={mesh_name}; use a multiple of {n}")
+    try:
+        os.makedirs(args.out, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --out={args.out}: {e.strerror}")
+    failed = None
     for name in names:
-        run_one(name, args)
+        record = run_one(name, args)
         write_report(args.out, args)
+        if record["rc"]:
+            failed = record
+            break  # the next runs share the preset and options: they would fail alike
     result = write_report(args.out, args)
     print(render(result), flush=True)
+    if failed:
+        with open(os.path.join(args.out, failed["name"] + ".log")) as f:
+            said = [line.strip() for line in f if line.lower().startswith(("error", "raise"))
+                    or "Error:" in line]
+        reason = said[-1] if said else f"exit {failed['rc']}"
+        raise SystemExit(f"error: run {failed['name']} failed ({reason}); its output is in "
+                         f"{os.path.join(args.out, failed['name'] + '.log')}")
     return result
 
 

@@ -58,6 +58,7 @@ Usage::
 import argparse
 import gc
 import os
+import re
 import sys
 import time
 
@@ -105,7 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--models", default=",".join(MODELS),
                    help=f"comma-separated subset of {', '.join(MODELS)}")
     p.add_argument("--contexts", type=bench.int_list, default=None,
-                   help="context lengths (default 4K,16K,64K,256K,512K,1M; tiny: 64,128)")
+                   help="comma-separated context lengths, integers with an optional K (x 1024) "
+                        "or M (x 1048576) suffix (default 4K,16K,64K,256K,512K,1M; tiny: 64,128)")
     for name, kind in (("d_model", int), ("num_layers", int), ("num_heads", int),
                        ("num_kv_heads", int), ("head_dim", int), ("mlp_hidden", int),
                        ("vocab_size", int)):
@@ -114,7 +116,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, choices=("bfloat16", "float32"),
                    help="weights and compute (default bfloat16; tiny: float32)")
     p.add_argument("--attention_every", type=int, default=4,
-                   help="the hybrid's softmax layers: every N-th layer (HypeNet: 4)")
+                   help="the hybrid's softmax layers: every N-th layer, N >= 2 (HypeNet: 4)")
     p.add_argument("--decode_steps", type=int, default=None, help="timed decode steps (16)")
     p.add_argument("--decode_warmup", type=int, default=None, help="untimed decode steps (2)")
     p.add_argument("--decode_tokens_per_call", type=int, default=1,
@@ -133,11 +135,57 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     bench.finish_sweep_args(p, args, defaults=_DEFAULTS, tiny_defaults=_TINY_DEFAULTS,
                             names="models", allowed=MODELS, pair_example="hybrid:1048576")
-    if (min(args.contexts) < 1 or args.decode_steps < 1 or args.prefill_iters < 1
-            or args.decode_tokens_per_call < 1):
-        p.error("contexts, --decode_steps, --decode_tokens_per_call and --prefill_iters must be "
-                ">= 1")
+    if not args.contexts:
+        p.error("--contexts: give at least one context length")
+    bad = [f"--contexts={','.join(str(c) for c in args.contexts)}"] if min(args.contexts) < 1 \
+        else []
+    bad += [f"--{name}={getattr(args, name)}" for name in
+            ("decode_steps", "decode_tokens_per_call", "prefill_iters") if getattr(args, name) < 1]
+    if bad:
+        p.error(f"{', '.join(bad)}: must be >= 1")
+    _check_model_args(p, args)
     return args
+
+
+# The ModelConfig fields (and stack_pattern arguments) set by a flag of this script.
+_CONFIG_FLAGS = {"attention_freq": "--attention_every", "vocab_size": "--vocab_size",
+                 "d_model": "--d_model", "num_layers": "--num_layers",
+                 "num_kv_heads": "--num_kv_heads", "num_heads": "--num_heads",
+                 "head_dim": "--head_dim", "head dimension": "--head_dim",
+                 "mlp_hidden": "--mlp_hidden", "dtype": "--dtype"}
+
+
+def _check_model_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The model flags' constraints (lattn_jax/config.py's checks for the models built here),
+    as one ``p.error`` line naming the flag(s); then every chosen model is built, and a
+    remaining ConfigError is reported under the flags its message names.
+
+    Raises:
+      SystemExit: through ``p.error``.
+    """
+    for name in ("d_model", "num_layers", "num_heads", "num_kv_heads", "head_dim", "mlp_hidden"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.vocab_size < 2:
+        p.error(f"--vocab_size must be >= 2, got {args.vocab_size}")
+    if args.num_heads % args.num_kv_heads:
+        p.error(f"--num_heads={args.num_heads} must be a multiple of "
+                f"--num_kv_heads={args.num_kv_heads}")
+    if args.head_dim % 2:  # every model has RoPE layers (dense: attention; others: Lightning)
+        p.error(f"--head_dim must be even (RoPE), got {args.head_dim}")
+    if "hybrid" in args.models and args.attention_every < 2:
+        p.error(f"--attention_every must be >= 2, got {args.attention_every}")
+    for kind in args.models:
+        try:
+            model_config(kind, args)
+        except config_lib.ConfigError as e:
+            message = str(e)
+            named = []
+            for field, flag in _CONFIG_FLAGS.items():
+                if re.search(rf"\b{field}\b", message) and flag not in named:
+                    named.append(flag)
+            p.error(f"{', '.join(named) or 'model options'}: invalid for the {kind} model "
+                    f"({message})")
 
 
 def model_config(kind: str, args: argparse.Namespace) -> config_lib.ModelConfig:

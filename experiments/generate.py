@@ -37,19 +37,27 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
     try:
+        stop = [int(s) for s in _STOP.value]
+    except ValueError:
+        sys.exit(f"error: --stop_token={','.join(_STOP.value)}: token ids are integers")
+    try:
         sampling = gen_lib.SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                           top_p=_TOP_P.value)
         restored = restore.load(_CHECKPOINT.value, _STEP.value)
         tok = restored.tokenizer
+        vocab = restored.config.model.vocab_size
+        outside = [s for s in stop if not 0 <= s < vocab]
+        if outside:
+            raise ValueError(f"--stop_token: {outside} outside the model's vocabulary "
+                             f"[0, {vocab})")
         generator = gen_lib.Generator(restored.model, pad_id=tok.eos_id)
-        out = generator.generate([tok.encode(p) for p in _PROMPTS.value],
-                                 max_new_tokens=_MAX_NEW.value, sampling=sampling,
-                                 stop_tokens=[tok.eos_id] + [int(s) for s in _STOP.value],
-                                 seed=_SEED.value)
+        prompt_ids = [tok.encode(p) for p in _PROMPTS.value]
+        out = generator.generate(prompt_ids, max_new_tokens=_MAX_NEW.value, sampling=sampling,
+                                 stop_tokens=[tok.eos_id] + stop, seed=_SEED.value)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    for prompt, ids in zip(_PROMPTS.value, out.tokens):
-        print(f"{prompt}{tok.decode(ids)}")
+    for prompt, p_ids, ids in zip(_PROMPTS.value, prompt_ids, out.tokens):
+        print(f"{prompt}{gen_lib.continuation_text(tok, p_ids, ids)}")
         print("-" * 80)
 
 

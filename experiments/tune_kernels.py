@@ -69,7 +69,10 @@ CPU smoke run (Pallas interpret mode; the launch parameters are ignored there)::
 
 writes ``<out>.json`` (environment, settings, every configuration tried with its knobs, per-shape
 fwd and fwd+bwd ms and status; baseline, best, descent, confirmation, correctness check) and
-``<out>.md`` (the tables, the best TUNING as a Python literal, the speed-up over the baseline).
+``<out>.md`` (the tables, the best TUNING as a Python literal, the speed-up over the baseline;
+in ``--interpret`` mode a note replaces the last two, as those timings say nothing about GPU
+speed). Without ``--interpret`` a GPU backend is required (exit status 2 otherwise). When the
+baseline configuration fails, the report is still written and the exit status is 1.
 """
 
 import json
@@ -110,6 +113,9 @@ PASSES = ("fwd", "fwdbwd")
 ERROR_LIMITS = {"o": 5e-3}
 GRAD_LIMIT = 2e-2
 CHUNK = kernel_gpu.CHUNK
+# Replaces the best configuration's speed-up and TUNING literal in an --interpret report.
+INTERPRET_NOTE = ("Interpret mode (--interpret): the launch parameters are ignored and the timings "
+                  "say nothing about GPU speed; this run only checks the sweep machinery.")
 
 Shape = Tuple[int, int, int, int]
 Tuning = Dict[str, Any]
@@ -157,12 +163,13 @@ def _define_flags(fv: flags.FlagValues) -> None:
                         flag_values=fv)
 
 
-def parse_shapes(text: str) -> Dict[str, Shape]:
-    """Parses ``--shapes``.
+def parse_shapes(text: str, flag: str = "--shapes") -> Dict[str, Shape]:
+    """Parses ``--shapes`` (or ``--check_shape``).
 
     Args:
       text: comma-separated tokens: shape names (:data:`SHAPES`), ``BxTxHxD`` tokens, or runs of
         four integers ``B,T,H,D`` (batch, sequence length, heads, head dim K = V).
+      flag: the flag named in error messages.
 
     Returns:
       ``{name: (B, T, H, D)}`` in the given order; custom shapes are named ``"BxTxHxD"``.
@@ -185,17 +192,17 @@ def parse_shapes(text: str) -> Dict[str, Shape]:
             try:
                 shape = tuple(int(p) for p in parts)
             except ValueError:
-                raise app.UsageError(f"--shapes: {tok!r} is neither a shape name "
+                raise app.UsageError(f"{flag}: {tok!r} is neither a shape name "
                                      f"({', '.join(SHAPES)}) nor B,T,H,D integers") from None
             if len(shape) != 4:
-                raise app.UsageError(f"--shapes: need four integers B,T,H,D, got {parts}")
+                raise app.UsageError(f"{flag}: need four integers B,T,H,D, got {parts}")
             i += step
             name = "x".join(str(d) for d in shape)
         if min(shape) < 1 or shape[3] not in (64, 128):
-            raise app.UsageError(f"--shapes: {name} needs positive sizes and D in (64, 128)")
+            raise app.UsageError(f"{flag}: {name} needs positive sizes and D in (64, 128)")
         shapes[name] = shape
     if not shapes:
-        raise app.UsageError("--shapes: no shape given")
+        raise app.UsageError(f"{flag}: no shape given")
     return shapes
 
 
@@ -328,7 +335,7 @@ def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
         raise app.UsageError(f"need --iters >= 1 and --warmup >= 0, got {fv.iters}, {fv.warmup}")
     parse_shapes(fv.shapes)
     parse_knobs(fv.knobs)
-    if len(parse_shapes(fv.check_shape)) != 1:
+    if len(parse_shapes(fv.check_shape, "--check_shape")) != 1:
         raise app.UsageError("--check_shape: give one B,T,H,D shape")
     parse_start(fv.start, kernel_gpu.TUNING)
     return fv
@@ -1135,7 +1142,8 @@ def markdown(payload: Mapping[str, Any]) -> str:
     Returns:
       The setup, the best TUNING as a Python literal, its speed-up over the baseline per shape
       and pass (sweep and confirmation timings), the correctness check, the descent and every
-      configuration tried (times in ms per call).
+      configuration tried (times in ms per call). In interpret mode (``settings.interpret``) the
+      headline speed-up and the TUNING literal are replaced by :data:`INTERPRET_NOTE`.
     """
     env, st = payload["environment"], payload["settings"]
     names = list(st["shapes"])
@@ -1160,15 +1168,18 @@ def markdown(payload: Mapping[str, Any]) -> str:
     best = payload["best"]
     if best:
         bt = trials[best["trial"]]
-        lines += ["## Best configuration", "",
-                  f"Trial #{best['trial']}, objective {bench.fmt(best['objective_ms'])} ms vs "
-                  f"baseline {bench.fmt(base_obj)} ms: speed-up "
-                  f"{bench.fmt(best['speedup_vs_baseline'], '.3f')}x (sweep timings)"
-                  + (". **Slower than the baseline** (a --start elsewhere): keep the current "
-                     "TUNING." if (best["speedup_vs_baseline"] or 1.0) < 1.0 else "."), "",
-                  "Paste into `pallas_kernels/gated_delta_rule/kernel_gpu.py`:", "",
-                  "```python", best["python"], "```", "",
-                  "| shape | pass | baseline (sweep) | best (sweep) | speed-up | baseline "
+        lines += ["## Best configuration", ""]
+        if st.get("interpret"):
+            lines += [INTERPRET_NOTE, ""]
+        else:
+            lines += [f"Trial #{best['trial']}, objective {bench.fmt(best['objective_ms'])} ms vs "
+                      f"baseline {bench.fmt(base_obj)} ms: speed-up "
+                      f"{bench.fmt(best['speedup_vs_baseline'], '.3f')}x (sweep timings)"
+                      + (". **Slower than the baseline** (a --start elsewhere): keep the current "
+                         "TUNING." if (best["speedup_vs_baseline"] or 1.0) < 1.0 else "."), "",
+                      "Paste into `pallas_kernels/gated_delta_rule/kernel_gpu.py`:", "",
+                      "```python", best["python"], "```", ""]
+        lines += ["| shape | pass | baseline (sweep) | best (sweep) | speed-up | baseline "
                   "(confirm) | best (confirm) | speed-up (confirm) |",
                   "|---|---|---:|---:|---:|---:|---:|---:|"]
         conf = payload.get("confirm")
@@ -1238,7 +1249,8 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[dict]:
       The payload written to ``<out>.json`` (:meth:`Sweep.payload`), or ``None`` for ``--help``.
 
     Raises:
-      app.UsageError: on a bad flag or flag value (e.g. an unknown knob name).
+      app.UsageError: on a bad flag or flag value (e.g. an unknown knob name), or without
+        ``--interpret`` on a backend other than GPU (checked before anything is traced).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     if "--help" in argv or "-h" in argv:
@@ -1247,6 +1259,10 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[dict]:
         print(__doc__ + "\nFlags:\n" + fv.get_help())
         return None
     fv = parse_flags(argv)
+    backend = jax.default_backend()
+    if backend != "gpu" and not fv.interpret:
+        raise app.UsageError(f"the Pallas GPU kernels need a GPU backend (found {backend}); "
+                             "pass --interpret for a CPU smoke run")
     original = dict(kernel_gpu.TUNING)
     try:
         return Sweep(fv, argv, original).run()
@@ -1254,12 +1270,28 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[dict]:
         set_tuning(original)
 
 
+def baseline_failure(payload: Optional[Mapping[str, Any]]) -> Optional[str]:
+    """Why the run failed as a whole: the baseline configuration (trial #0), which every
+    speed-up is measured against, did not run; ``None`` when it did (or for ``--help``)."""
+    trials = (payload or {}).get("trials") or []
+    if not trials or trials[0]["status"] == bench.OK:
+        return None
+    status = " ".join(str(trials[0]["status"]).split())
+    status = status[len("error: "):] if status.startswith("error: ") else status
+    return (f"the baseline configuration (trial #0) failed ({status}); no speed-up can be "
+            "measured against it (the report lists every trial)")
+
+
 def _cli() -> None:
     try:
-        main()
+        payload = main()
     except app.UsageError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    reason = baseline_failure(payload)
+    if reason:  # the report is written: say why in one line and exit non-zero
+        print(f"error: {reason}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -301,9 +301,36 @@ def fmt(x: Optional[float], spec: str = ".3f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+class IntListError(argparse.ArgumentTypeError, ValueError):
+    """A malformed :func:`int_list` item (argparse prints its message as is)."""
+
+
+_INT_SUFFIXES = {"k": 1024, "m": 1024 * 1024}
+
+
 def int_list(text: str) -> List[int]:
-    """``"1,2,3"`` -> ``[1, 2, 3]`` (an argparse ``type``); raises ``ValueError`` on a non-int."""
-    return [int(x) for x in text.split(",") if x.strip()]
+    """``"1,2,3"`` -> ``[1, 2, 3]``, ``"4K,1m"`` -> ``[4096, 1048576]`` (an argparse ``type``).
+
+    Each comma-separated item is an integer, optionally with a case-insensitive suffix ``K``
+    (x 1024) or ``M`` (x 1024 * 1024); empty items are ignored.
+
+    Raises:
+      IntListError: (a ``ValueError`` and ``argparse.ArgumentTypeError``) naming the first
+        malformed item.
+    """
+    values = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        number, scale = item, 1
+        if item[-1].lower() in _INT_SUFFIXES:
+            number, scale = item[:-1], _INT_SUFFIXES[item[-1].lower()]
+        try:
+            values.append(int(number) * scale)
+        except ValueError:
+            raise IntListError(f"{item!r} is not an integer (optionally with a K = 1024 or "
+                               f"M = 1048576 suffix, e.g. 4K,1M)") from None
+    return values
 
 
 def add_sweep_args(p: argparse.ArgumentParser, *, tiny_help: str, always_run: str,

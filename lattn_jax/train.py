@@ -358,6 +358,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
     """
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
     os.makedirs(workdir, exist_ok=True)
     tcfg = config.train
     if jax.process_index() != 0:

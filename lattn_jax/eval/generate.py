@@ -58,11 +58,11 @@ class SamplingConfig:
 
     def __post_init__(self):
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature=}")
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k=}")
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p=}")
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 def sample_logits(logits: Array, rng: Array, sampling: SamplingConfig) -> Array:
@@ -143,6 +143,27 @@ class GenerationOutput:
     tokens: List[List[int]]
     finished: List[bool]
     prompt_lengths: List[int]
+
+
+def continuation_text(tokenizer, prompt_ids: Sequence[int], ids: Sequence[int]) -> str:
+    """The text that generated ``ids`` add after ``prompt_ids``.
+
+    Decoded together with the prompt, then the prompt's own text cut off, because
+    SentencePiece-style tokenizers drop the leading space of a text decoded on its own ("The
+    history of" + "1" instead of " 1"). Falls back to decoding ``ids`` alone where the prompt's
+    text is not a prefix of the whole (a tokenizer that merges across the boundary).
+
+    Args:
+      tokenizer: anything with ``decode(list[int]) -> str``.
+      prompt_ids: the prompt's token ids.
+      ids: the generated token ids.
+
+    Returns:
+      The continuation as a string.
+    """
+    head = tokenizer.decode(list(prompt_ids))
+    full = tokenizer.decode(list(prompt_ids) + list(ids))
+    return full[len(head):] if full.startswith(head) else tokenizer.decode(list(ids))
 
 
 class Generator:

@@ -71,3 +71,24 @@ def test_option_errors_are_named(tmp_path):
         mg.main([f"--out={tmp_path}", "--runs=dp", "--cpu_devices=1"])
     with pytest.raises(SystemExit, match="needs the fsdp run's checkpoint"):
         mg.main([f"--out={tmp_path}", "--runs=restore_1dev", "--cpu_devices=2"])
+    with pytest.raises(SystemExit, match="--steps must be >= 1, got -5"):
+        mg.main([f"--out={tmp_path}", "--cpu_devices=2", "--steps=-5"])
+    with pytest.raises(SystemExit, match="--cpu_devices must be >= 1, got 0"):
+        mg.main([f"--out={tmp_path}", "--cpu_devices=0"])
+    with pytest.raises(SystemExit, match="--num_devices is for GPU runs"):
+        mg.main([f"--out={tmp_path}", "--cpu_devices=2", "--num_devices=4"])
+    with pytest.raises(SystemExit, match="--batch_size=8 does not split over the 3 devices"):
+        mg.main([f"--out={tmp_path}", "--cpu_devices=3", "--runs=1dev,dp"])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit, match="--out=.*file"):
+        mg.main([f"--out={tmp_path / 'file'}", "--cpu_devices=2", "--runs=1dev"])
+
+
+def test_a_failed_run_stops_the_sweep_with_the_trainers_error(tmp_path):
+    # The child trainer rejects the preset at start-up; the driver names the run and the reason,
+    # exits non-zero and does not start the next run.
+    with pytest.raises(SystemExit, match=r"run 1dev failed \(.*arch='foo'"):
+        mg.main([f"--out={tmp_path}", "--cpu_devices=2", "--runs=1dev,dp", "--tiny",
+                 "--preset=arch=foo,stack=hybrid,opt=muon"])
+    assert os.path.exists(tmp_path / "1dev.log") and not os.path.exists(tmp_path / "dp.log")
+    assert "failed: exit" in (tmp_path / "multi_gpu.md").read_text()

@@ -31,6 +31,13 @@ class ConfigsTest(parameterized.TestCase):
         self.assertGreater(n, 0)
         tx = optim.make_optimizer(cfg.optim, cfg.train.total_steps)
         jax.eval_shape(tx.init, nnx.to_pure_dict(params))
+        # The command-line options BUILD.md documents exist in every training config (a
+        # ConfigDict only takes overrides of keys it declares).
+        raw = module.get_config()
+        for key in ("remat", "remat_policy", "dtype", "param_dtype"):
+            self.assertIn(key, raw.model, f"configs/{name}.py: model.{key}")
+        for key in ("data", "fsdp", "tensor"):
+            self.assertIn(key, raw.mesh, f"configs/{name}.py: mesh.{key}")
 
     @parameterized.parameters("hybrid", "pure", "dense")
     def test_default_patterns(self, pattern):

@@ -2,6 +2,9 @@
 out-of-memory / time-budget bookkeeping, and the model features they rely on (last-token logits,
 fresh prefill + grown caches + decode equal to the full forward)."""
 
+import argparse
+import contextlib
+import io
 import json
 import os
 from unittest import mock
@@ -141,6 +144,59 @@ class BenchInferenceTest(absltest.TestCase):
         self.assertIn("| skipped (time budget) | skipped (time budget) |", md)
 
 
+class BenchInferenceArgsTest(absltest.TestCase):
+    """Bad options end in one ``error:`` line naming the flag(s) (parse only, no model built)."""
+
+    def _error(self, *argv):
+        stderr = io.StringIO()
+        with contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as cm:
+            bench_inference.parse_args(["--tiny", "--out=unused", *argv])
+        self.assertEqual(cm.exception.code, 2)
+        errors = [line for line in stderr.getvalue().splitlines() if "error:" in line]
+        self.assertLen(errors, 1, stderr.getvalue())
+        self.assertNotIn("Traceback", stderr.getvalue())
+        return errors[0]
+
+    def test_model_flags_are_checked_by_name(self):
+        self.assertIn("error: --num_heads=3 must be a multiple of --num_kv_heads=2",
+                      self._error("--num_heads=3", "--num_kv_heads=2"))
+        line = self._error("--attention_every=0")
+        self.assertIn("error: --attention_every must be >= 2, got 0", line)
+        self.assertNotIn("attention_freq", line)
+        self.assertIn("error: --head_dim must be even (RoPE), got 15", self._error("--head_dim=15"))
+        self.assertIn("error: --vocab_size must be >= 2, got 1", self._error("--vocab_size=1"))
+        for name in ("d_model", "num_layers", "num_heads", "num_kv_heads", "mlp_hidden"):
+            self.assertIn(f"error: --{name} must be >= 1, got 0", self._error(f"--{name}=0"))
+        # Only the hybrid has an attention frequency.
+        args = bench_inference.parse_args(["--tiny", "--out=unused", "--models=dense,pure",
+                                           "--attention_every=0"])
+        self.assertEqual(args.models, ["dense", "pure"])
+
+    def test_remaining_config_errors_name_the_flags(self):
+        error = config_lib.ConfigError("model attention_freq must be >= 2, got 1")
+        with mock.patch.object(bench_inference, "model_config", side_effect=error):
+            line = self._error("--models=hybrid")
+        self.assertIn("error: --attention_every: invalid for the hybrid model (model "
+                      "attention_freq must be >= 2, got 1)", line)
+
+    def test_run_counts_name_only_the_offending_flags(self):
+        line = self._error("--decode_steps=0")
+        self.assertTrue(line.endswith("error: --decode_steps=0: must be >= 1"), line)
+        line = self._error("--contexts=0,64", "--prefill_iters=0")
+        self.assertTrue(line.endswith("error: --contexts=0,64, --prefill_iters=0: must be >= 1"),
+                        line)
+        self.assertIn("--decode_tokens_per_call=-1: must be >= 1",
+                      self._error("--decode_tokens_per_call=-1"))
+        self.assertIn("error: --contexts: give at least one context length",
+                      self._error("--contexts=,"))
+
+    def test_contexts_take_k_and_m_suffixes(self):
+        args = bench_inference.parse_args(["--tiny", "--out=unused", "--contexts=1K,2k,1M"])
+        self.assertEqual(args.contexts, [1024, 2048, 1048576])
+        self.assertIn("argument --contexts: '1X' is not an integer (optionally with a K = 1024 "
+                      "or M = 1048576 suffix", self._error("--contexts=64,1X"))
+
+
 class MultiTokenDecodeTest(absltest.TestCase):
 
     def test_one_call_of_three_tokens_equals_three_single_steps(self):
@@ -164,6 +220,17 @@ class MultiTokenDecodeTest(absltest.TestCase):
 
 
 class BookkeepingTest(absltest.TestCase):
+
+    def test_int_list_takes_k_and_m_suffixes(self):
+        self.assertEqual(bench.int_list("1,2,3"), [1, 2, 3])
+        self.assertEqual(bench.int_list(" 4K, 16k,1M,1m,7,,"),
+                         [4096, 16384, 1048576, 1048576, 7])
+        self.assertEqual(bench.int_list(""), [])
+        for bad in ("1.5K", "K", "4G", "abc", "1KB"):
+            with self.assertRaisesRegex(ValueError, f"^{bad!r} is not an integer"):
+                bench.int_list(f"8,{bad}")
+        with self.assertRaises(argparse.ArgumentTypeError):  # argparse prints the message
+            bench.int_list("x")
 
     def test_guarded_names_out_of_memory_and_other_errors(self):
         def oom():

@@ -28,6 +28,9 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "error: no config.json in checkpoint directory /no/such/run"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),
+        ("bad_stop_token", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--stop_token=abc"],
+         "error: --stop_token=abc: token ids are integers"),
     )
     def test_bad_input_gives_one_clear_line(self, binary, flags, message):
         result = run(binary, *flags)

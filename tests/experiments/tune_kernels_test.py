@@ -2,6 +2,8 @@
 interpret mode on a tiny shape, TUNING restored afterwards, the launch check on traced programs,
 and clear errors for bad options."""
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -84,7 +86,10 @@ class TuneKernelsTest(absltest.TestCase):
             self.assertIn(key, saved["environment"])
         with open(out + ".md") as f:
             md = f.read()
-        self.assertIn("TUNING = {", md)
+        # Interpret-mode timings are noise: no headline speed-up, no literal to paste.
+        self.assertIn(tune_kernels.INTERPRET_NOTE, md)
+        self.assertNotIn("TUNING = {", md)
+        self.assertNotIn("Paste into", md)
         self.assertIn("| 2 | block_v | 128 |", md)
         self.assertIn("same as #0", md)
 
@@ -184,6 +189,90 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(result.returncode, 2)
         self.assertIn("error: --knobs: unknown knob 'block_x'", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+    def test_gpu_kernels_need_a_gpu_backend_or_interpret(self):
+        with mock.patch.object(tune_kernels.jax, "default_backend", return_value="cpu"), \
+                mock.patch.object(tune_kernels.Sweep, "__init__", side_effect=AssertionError):
+            with self.assertRaisesRegex(
+                    app.UsageError, r"^the Pallas GPU kernels need a GPU backend \(found cpu\); "
+                                    r"pass --interpret for a CPU smoke run$"):
+                tune_kernels.main(["--shapes=1,64,1,64"])
+            stderr = io.StringIO()
+            with mock.patch.object(sys, "argv", ["tune_kernels.py", "--shapes=1,64,1,64"]), \
+                    contextlib.redirect_stderr(stderr), self.assertRaises(SystemExit) as cm:
+                tune_kernels._cli()
+        self.assertEqual(cm.exception.code, 2)
+        self.assertEqual(stderr.getvalue(), "error: the Pallas GPU kernels need a GPU backend "
+                         "(found cpu); pass --interpret for a CPU smoke run\n")
+        # On a GPU backend, or with --interpret, the sweep starts.
+        for backend, argv in (("gpu", []), ("cpu", ["--interpret"])):
+            with mock.patch.object(tune_kernels.jax, "default_backend", return_value=backend), \
+                    mock.patch.object(tune_kernels.Sweep, "run", return_value={"ran": True}):
+                self.assertEqual(tune_kernels.main(["--shapes=1,64,1,64"] + argv), {"ran": True})
+
+    def test_check_shape_errors_name_their_flag(self):
+        with self.assertRaisesRegex(app.UsageError, "^--check_shape: 'abc' is neither"):
+            tune_kernels.parse_flags(["--check_shape=abc", "--interpret"])
+        with self.assertRaisesRegex(app.UsageError, "^--check_shape: need four integers"):
+            tune_kernels.parse_flags(["--check_shape=1x64", "--interpret"])
+        with self.assertRaisesRegex(app.UsageError, "^--shapes: 'abc' is neither"):
+            tune_kernels.parse_flags(["--shapes=abc", "--interpret"])
+
+    def _fake_sweep(self, argv, status=bench.OK):
+        """Runs the sweep (through ``_cli``) with every measurement faked as ``status``, and
+        no correctness check; returns ``(exit code or None, stderr, json, markdown)``."""
+
+        def measure(sweep, batch):
+            for trial in batch:
+                trial["status"] = status
+                if status == bench.OK:
+                    ms = 2.0 - 0.5 * (trial["knob"] is not None)
+                    trial["shapes"] = {n: dict(fwd_ms=ms / 2, fwdbwd_ms=ms)
+                                       for n in sweep.shapes}
+                    trial["objective_ms"] = ms * len(sweep.shapes)
+
+        out = os.path.join(self.create_tempdir().full_path, "tune")
+        stderr, code = io.StringIO(), None
+        with mock.patch.object(tune_kernels.Sweep, "measure", measure), \
+                mock.patch.object(tune_kernels.Sweep, "_check", return_value=None), \
+                mock.patch.object(sys, "argv", ["tune_kernels.py", "--shapes=1,64,1,64",
+                                                "--knobs=forward=8x1", f"--out={out}"] + argv), \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(stderr):
+            try:
+                tune_kernels._cli()
+            except SystemExit as e:
+                code = e.code
+        with open(out + ".json") as f, open(out + ".md") as g:
+            return code, stderr.getvalue(), json.load(f), g.read()
+
+    def test_failed_baseline_writes_the_report_and_exits_nonzero(self):
+        code, stderr, saved, md = self._fake_sweep(
+            ["--interpret"], status="error: RuntimeError: no kernel\n(detail)")
+        self.assertEqual(code, 1)
+        self.assertEqual(stderr, "error: the baseline configuration (trial #0) failed "
+                         "(RuntimeError: no kernel (detail)); no speed-up can be measured "
+                         "against it (the report lists every trial)\n")
+        self.assertEqual([t["status"] for t in saved["trials"]],
+                         ["error: RuntimeError: no kernel\n(detail)"] * 2)
+        self.assertIn("| 0 | baseline |", md)
+        code, stderr, saved, _ = self._fake_sweep(["--interpret"])
+        self.assertIsNone(code)
+        self.assertEqual(stderr, "")
+        self.assertIsNone(tune_kernels.baseline_failure(None))
+
+    def test_interpret_report_has_no_speedup_or_tuning_literal(self):
+        _, _, saved, md = self._fake_sweep(["--interpret"])
+        self.assertEqual(saved["best"]["trial"], 1)
+        self.assertIn("## Best configuration\n\n" + tune_kernels.INTERPRET_NOTE + "\n", md)
+        self.assertNotIn("TUNING = {", md)
+        self.assertNotIn("speed-up 1.333x", md)
+        # The same report outside interpret mode keeps the headline and the literal.
+        saved["settings"]["interpret"] = False
+        md = tune_kernels.markdown(saved)
+        self.assertNotIn(tune_kernels.INTERPRET_NOTE, md)
+        self.assertIn("speed-up 1.333x (sweep timings)", md)
+        self.assertIn("Paste into `pallas_kernels/gated_delta_rule/kernel_gpu.py`:", md)
+        self.assertIn("TUNING = {", md)
 
     def test_tuning_literal_pastes_back(self):
         literal = tune_kernels.tuning_literal({**kernel_gpu.TUNING, "forward": [8, 1]})

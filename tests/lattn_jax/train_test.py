@@ -167,6 +167,14 @@ class ResumeChecksTest(absltest.TestCase):
                                        print_fn=lambda s: None)
         self.assertEqual(out["resumed_from"], -1)
 
+    def test_workdir_that_is_a_file_is_a_config_error(self):
+        path = os.path.join(self.tmp, "not_a_dir")
+        with open(path, "w") as f:
+            f.write("x")
+        with self.assertRaisesRegex(config_lib.ConfigError, "exists and is not a directory"):
+            train.train_and_evaluate(tiny_experiment(self.corpus), path,
+                                     print_fn=lambda s: None)
+
     def test_too_small_corpus_is_a_config_error(self):
         path = os.path.join(self.tmp, "one.txt")
         with open(path, "w") as f:

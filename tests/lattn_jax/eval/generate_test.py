@@ -112,6 +112,17 @@ class PaddingTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "decode_chunk must be >= 1"):
             gen_lib.Generator(model, decode_chunk=0)
 
+    def test_continuation_text_keeps_the_leading_space(self):
+        class SentencePieceLike:  # drops the leading space of whatever it decodes
+            pieces = ["The", "\u2581history", "\u2581of", "\u25811", "km"]
+
+            def decode(self, ids):
+                return "".join(self.pieces[i] for i in ids).replace("\u2581", " ").lstrip()
+
+        tok = SentencePieceLike()
+        self.assertEqual(tok.decode([3, 4]), "1km")  # decoded alone: the space is lost
+        self.assertEqual(gen_lib.continuation_text(tok, [0, 1, 2], [3, 4]), " 1km")
+
     def test_bad_inputs(self):
         g = gen_lib.Generator(tiny_model(PATTERNS["dense"]))
         with self.assertRaisesRegex(ValueError, "prompt 1 is empty"):
