@@ -31,6 +31,7 @@ def test_notebook_is_stored_without_outputs():
             assert cell.execution_count is None, f"cell {i} has an execution count"
 
 
+@pytest.mark.slow  # ~100 s on 2 cores (suite time); run with -m slow after editing the notebook
 @pytest.mark.entry
 def test_notebook_executes(monkeypatch, tmp_path):
     # The kernel inherits this environment: QUICK mode, this interpreter first on PATH, and

@@ -237,6 +237,7 @@ class SplitForwardInterpretTest(parameterized.TestCase):
         # auto_block_v gives the state kernel value blocks of 32 here, the output kernel 64.
         self.check("gdn", seq_len=70, key_heads=1, heads=2, dim=128, batch=2, seed=3)
 
+    @pytest.mark.slow  # ~25 s on 2 cores; the split path's reference checks above run in CI
     def test_equals_the_unsplit_forward(self):
         # Random packed rows, three chunks: outputs to fp32 rounding (accumulation order of the
         # read-out); the residual u, the final state and every gradient (from the same residuals).

@@ -92,20 +92,19 @@ class PaddingTest(absltest.TestCase):
     def test_decode_chunk_does_not_change_the_tokens(self):
         # Several tokens per compiled call (a scan on the device) draw the same random numbers
         # in the same order as one call per token: greedy and sampled outputs, stop tokens and
-        # lengths that are not multiples of the chunk all agree.
+        # lengths that are not multiples of the chunk (7 = 1 + 4 + 2 of a second 4) agree.
         model = tiny_model(PATTERNS["hybrid"], seed=5)
         prompts = [[5, 9, 2], [11, 3, 8, 60, 1]]
         sampled = gen_lib.SamplingConfig(temperature=1.5)
         outs = {}
-        for chunk in (1, 3, 8):
+        for chunk in (1, 4):
             g = gen_lib.Generator(model, bucket=8, decode_chunk=chunk)
             greedy = g.generate(prompts, max_new_tokens=7)
             drawn = g.generate(prompts, max_new_tokens=7, sampling=sampled, seed=11)
             stop = g.generate(prompts, max_new_tokens=7, sampling=sampled, seed=11,
                               stop_tokens=[drawn.tokens[0][2]])
             outs[chunk] = (greedy.tokens, drawn.tokens, stop.tokens, stop.finished)
-        self.assertEqual(outs[3], outs[1])
-        self.assertEqual(outs[8], outs[1])
+        self.assertEqual(outs[4], outs[1])
         self.assertNotEqual(outs[1][0], outs[1][1])  # the draws are not the greedy choice
         self.assertLen(outs[1][2][0], 3)  # row 0 stops at its third token
         self.assertEqual(outs[1][3][0], True)
