@@ -389,19 +389,26 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=tcfg.keep_checkpoints,
                                        keep_best=tcfg.keep_best_checkpoint,
                                        async_save=tcfg.async_checkpoints, cleanup_tmp=True)
-    latest = ckpt.latest_step()
-    _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
-    trainer = Trainer(config, mesh)
-    train_iter = datasets.train_iter
-    if latest is not None:
-        state = ckpt.restore(latest, trainer.abstract_state(), train_iter)
-        print_fn(f"Resuming from the checkpoint at step {latest} in {ckpt.directory} "
-                 f"(data iterator restored)")
-        resumed_from = latest
-    else:
-        state = trainer.init_state(tcfg.seed)
-        print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
-        resumed_from = -1
+    try:
+        latest = ckpt.latest_step()
+        _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
+        trainer = Trainer(config, mesh)
+        train_iter = datasets.train_iter
+        if latest is not None:
+            state = ckpt.restore(latest, trainer.abstract_state(), train_iter)
+            print_fn(f"Resuming from the checkpoint at step {latest} in {ckpt.directory} "
+                     f"(data iterator restored)")
+            resumed_from = latest
+        else:
+            state = trainer.init_state(tcfg.seed)
+            print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
+            resumed_from = -1
+    except BaseException:
+        # A refused resume (or a failed restore) ends the run here: close the manager first,
+        # so that its background threads do not outlive the interpreter's shutdown (orbax
+        # then printed "cannot schedule new futures after interpreter shutdown").
+        ckpt.close()
+        raise
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(state["params"]))
     print_fn(f"model: {n_params:,} parameters, layers {list(config.model.layer_pattern)}, "
              f"d_model {config.model.d_model}, backend {jax.default_backend()}")
