@@ -77,7 +77,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--presets", default=",".join(PRESETS),
                    help=f"comma-separated subset of {', '.join(PRESETS)}")
     p.add_argument("--lengths", type=bench.int_list, default=None,
-                   help="sequence lengths (default 2048,...,32768; tiny: 16,32)")
+                   help="sequence lengths, K/M suffixes allowed (default 2048,...,32768, "
+                        "i.e. 2K,...,32K; tiny: 16,32)")
     p.add_argument("--tokens_per_batch", type=int, default=None,
                    help="tokens per batch, batch = tokens_per_batch / length (default 32768)")
     p.add_argument("--opt", default="adamw", choices=("adamw", "muon"),
