@@ -108,6 +108,28 @@ def read_documents(path: str, max_docs: Optional[int]) -> List[str]:
     return docs[:max_docs] if max_docs else docs
 
 
+def score_task(scorer: scoring.Scorer, name: str, docs: Sequence[tasks_lib.Doc],
+               pairs: Sequence) -> Dict[str, float]:
+    """One multiple-choice task's metrics: every request scored, regrouped per document.
+
+    Args:
+      scorer: the model's :class:`~lattn_jax.eval.scoring.Scorer`.
+      name: the task (``tasks.TASK_NAMES``).
+      docs: its documents (``tasks.load_task``).
+      pairs: the encoded ``(context, continuation)`` of every request of every document, in
+        document order (``scoring.encode_pair``).
+
+    Returns:
+      ``tasks.process_results`` of the task (accuracy metrics in [0, 1]).
+    """
+    flat = scorer.loglikelihood(pairs)
+    grouped, k = [], 0
+    for d in docs:
+        grouped.append(flat[k:k + len(d.requests)])
+        k += len(d.requests)
+    return tasks_lib.process_results(name, docs, grouped)
+
+
 def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
                    task_names: Sequence[str], options: EvalOptions,
                    log=print) -> Dict[str, dict]:
@@ -137,12 +159,7 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
         t0 = time.time()
         docs = tasks_lib.load_task(name, eval_dir, options.limit, options.seed)
         pairs = [scoring.encode_pair(tokenizer, c, x) for d in docs for c, x in d.requests]
-        flat = scorer.loglikelihood(pairs)
-        grouped, k = [], 0
-        for d in docs:
-            grouped.append(flat[k:k + len(d.requests)])
-            k += len(d.requests)
-        results[name] = tasks_lib.process_results(name, docs, grouped)
+        results[name] = score_task(scorer, name, docs, pairs)
         log(f"{name}: {results[name]} ({time.time() - t0:.0f} s)")
     niah_tasks = [n for n in names if n in niah.TASKS]
     if niah_tasks:

@@ -499,12 +499,7 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
                          for c, x in d.requests]
                 cache[key] = (docs, pairs)
             docs, pairs = cache[key]
-            flat = scorer.loglikelihood(pairs)
-            grouped, k = [], 0
-            for d in docs:
-                grouped.append(flat[k:k + len(d.requests)])
-                k += len(d.requests)
-            out[task] = tasks_lib.process_results(task, docs, grouped)
+            out[task] = runner.score_task(scorer, task, docs, pairs)
         return out
     if measurement == "niah":
         lengths = tuple(options.niah_lengths)
