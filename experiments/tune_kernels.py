@@ -353,8 +353,8 @@ def effective(tuning: Mapping[str, Any], shape: Shape) -> Tuning:
       shape: ``(B, T, H, D)``, D the head dim K = V.
 
     Returns:
-      A copy with ``None`` block widths resolved as ``kernel_gpu._config`` does (``block_v``:
-      ``kernel_gpu.auto_block_v(B, H, V)``; ``block_k``: K), ``split_forward`` as a bool, and
+      A copy with ``None`` block widths resolved by ``kernel_gpu.block_widths`` (as the
+      kernels resolve them), ``split_forward`` as a bool, and
       ``None`` as the launch of the forward kernels the configuration does not run (``forward``
       when split, ``forward_state``/``forward_output`` otherwise).
     """
@@ -363,8 +363,7 @@ def effective(tuning: Mapping[str, Any], shape: Shape) -> Tuning:
     out["split_forward"] = split = bool(tuning.get("split_forward", False))
     for k in (("forward",) if split else SPLIT_KERNELS):
         out[k] = None
-    out["block_v"] = tuning["block_v"] or kernel_gpu.auto_block_v(batch, heads, dim)
-    out["block_k"] = tuning["block_k"] or dim
+    out["block_v"], out["block_k"] = kernel_gpu.block_widths(batch, heads, dim, dim, tuning)
     return out
 
 

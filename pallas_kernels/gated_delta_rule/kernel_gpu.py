@@ -123,11 +123,18 @@ def auto_block_v(batch: int, heads: int, dv: int) -> int:
     return block
 
 
+def block_widths(batch: int, heads: int, dk: int, dv: int, tuning=None) -> Tuple[int, int]:
+    """``(block_v, block_k)`` the kernels run with: ``tuning``'s (default :data:`TUNING`)
+    widths, ``None`` resolved to :func:`auto_block_v` and to the whole K."""
+    tuning = TUNING if tuning is None else tuning
+    return (tuning["block_v"] or auto_block_v(batch, heads, dv), tuning["block_k"] or dk)
+
+
 def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype, interpret,
             return_residual, block_v=None):
     """The static configuration of one call (hashable once sorted into a tuple)."""
-    block_v = block_v or TUNING["block_v"] or auto_block_v(batch, heads, dv)
-    block_k = TUNING["block_k"] or dk
+    auto_v, block_k = block_widths(batch, heads, dk, dv)
+    block_v = block_v or auto_v
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
                 block_k=block_k,
                 delta=delta, has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype),
