@@ -217,7 +217,7 @@ def collect(out: str, skip_windows: int, rel_tol: float) -> dict:
                 diffs = [d for d in (run["train_rel_diff"], run["val_rel_diff"]) if d is not None]
                 run["ok"] = bool(diffs) and max(diffs) <= rel_tol
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": tt._device(), "rel_tol": rel_tol, "skip_windows": skip_windows,
+            "device": bench.device_summary(), "rel_tol": rel_tol, "skip_windows": skip_windows,
             "versions": bench.package_versions("jax", "jaxlib", "flax", "optax",
                                                "orbax-checkpoint", "grain"),
             "runs": runs}

@@ -22,7 +22,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -56,16 +55,6 @@ def _parse_args(argv):
     parser.add_argument("--tiny", action="store_true", help="CPU smoke run of the tiny presets")
     parser.add_argument("--extra", default="", help="extra flags for experiments/train.py")
     return parser.parse_args(argv)
-
-
-def _device():
-    """The GPUs as ``N x <name, memory, driver>`` per distinct kind, or the host's CPU."""
-    smi = bench.nvidia_smi("name,memory.total,driver_version")
-    if not smi:
-        return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
-    lines = [line.strip() for line in smi.splitlines() if line.strip()]
-    kinds = sorted(set(lines), key=lines.index)
-    return "; ".join(f"{lines.count(k)} x {k}" for k in kinds)
 
 
 def summarise(metrics_path: str, skip_windows: int) -> dict:
@@ -166,7 +155,7 @@ def main(argv=None):
             raise SystemExit(f"error: --presets: unknown preset {n!r}; choose from "
                              f"{', '.join(PRESETS)}")
     result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "device": _device(),
+              "device": bench.device_summary(),
               "versions": bench.package_versions("jax", "jaxlib", "flax", "optax",
                                                  "orbax-checkpoint", "grain"), "opt": args.opt,
               "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,

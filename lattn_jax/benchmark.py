@@ -250,6 +250,17 @@ def nvidia_smi(query: str = "name,driver_version,memory.total,clocks.max.sm") ->
         return None
 
 
+def device_summary() -> str:
+    """The GPUs as ``N x <name, memory, driver>`` per distinct kind (``nvidia-smi``), else the
+    host's CPU; for report headers. Does not initialise a JAX backend."""
+    smi = nvidia_smi("name,memory.total,driver_version")
+    if not smi:
+        return f"{platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+    lines = [line.strip() for line in smi.splitlines() if line.strip()]
+    kinds = sorted(set(lines), key=lines.index)
+    return "; ".join(f"{lines.count(k)} x {k}" for k in kinds)
+
+
 def environment(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """Date (UTC), hardware, versions and command line of this run (BENCHMARKS.md §5.1).
 
