@@ -97,15 +97,18 @@ from pallas_kernels.gated_delta_rule import kernel_gpu  # noqa: E402
 
 SHAPES = {"S1": (8, 4096, 16, 128), "S2": (1, 32768, 16, 128)}
 BOOL_KNOBS = ("split_forward",)
+SEGMENT_KNOBS = ("segments",)
 BLOCK_KNOBS = ("block_v", "block_k")
 LAUNCH_KNOBS = ("prepare", "forward", "forward_state", "forward_output", "backward_state",
                 "backward_chunk")
-KNOBS = BOOL_KNOBS + BLOCK_KNOBS + LAUNCH_KNOBS
+KNOBS = BOOL_KNOBS + SEGMENT_KNOBS + BLOCK_KNOBS + LAUNCH_KNOBS
 # The knobs that change the forward program.
-FWD_KNOBS = ("split_forward", "block_v", "prepare", "forward", "forward_state", "forward_output")
+FWD_KNOBS = ("split_forward", "segments", "block_v", "prepare", "forward", "forward_state",
+             "forward_output")
 SPLIT_KERNELS = ("forward_state", "forward_output")  # run instead of forward by split_forward
 _LAUNCHES = tuple((w, s) for w in (4, 8) for s in (1, 2, 3))
-DEFAULT_VALUES = {"split_forward": (False, True), "block_v": (32, 64, 128), "block_k": (64, 128),
+DEFAULT_VALUES = {"split_forward": (False, True), "segments": (None, 1, 2, 4, 8, 16, 32),
+                  "block_v": (32, 64, 128), "block_k": (64, 128),
                   **{k: _LAUNCHES for k in LAUNCH_KNOBS}}
 KERNEL_NAMES = {k: "gdn_" + k for k in LAUNCH_KNOBS}  # pallas_call names in kernel_gpu.py
 BACKWARD_KERNELS = ("backward_state", "backward_chunk")
@@ -206,9 +209,13 @@ def parse_shapes(text: str, flag: str = "--shapes") -> Dict[str, Shape]:
     return shapes
 
 
-def pass_kernels(pass_: str, split_forward: bool) -> Tuple[str, ...]:
-    """The kernels (TUNING keys) a pass runs: ``pass_`` is ``"fwd"`` or ``"fwdbwd"``."""
+def pass_kernels(pass_: str, split_forward: bool, segments: int = 1) -> Tuple[str, ...]:
+    """The kernels (pallas_call names less ``gdn_``) a pass runs: ``pass_`` is ``"fwd"`` or
+    ``"fwdbwd"``; ``segments > 1`` adds the segment-transition kernel (``forward_state``'s
+    launch)."""
     fwd = ("prepare",) + (SPLIT_KERNELS if split_forward else ("forward",))
+    if segments > 1:
+        fwd = fwd + ("segment_transitions",)
     return fwd if pass_ == "fwd" else fwd + BACKWARD_KERNELS
 
 
@@ -219,6 +226,13 @@ def _parse_value(knob: str, text: str):
         if text.lower() in ("false", "0"):
             return False
         raise ValueError(f"{text!r} is not True or False")
+    if knob in SEGMENT_KNOBS:
+        if text.lower() in ("none", "auto"):
+            return None
+        value = int(text)
+        if value < 1:
+            raise ValueError(f"{value} is not >= 1")
+        return value
     if knob in BLOCK_KNOBS:
         if text.lower() == "none":
             return None
@@ -238,7 +252,7 @@ def parse_knobs(text: str) -> Dict[str, List[Any]]:
     Args:
       text: comma-separated ``name`` or ``name=v1/v2/...`` entries; names from :data:`KNOBS`.
         Block values are powers of two >= 16 or ``None``; launch values ``WxS``;
-        split_forward values ``True``/``False``.
+        split_forward values ``True``/``False``; segments values ints >= 1 or ``None``.
 
     Returns:
       ``{knob: [values]}`` in sweep order (a bare name takes :data:`DEFAULT_VALUES`).
@@ -264,6 +278,7 @@ def parse_knobs(text: str) -> Dict[str, List[Any]]:
             plan[name] = [_parse_value(name, v.strip()) for v in values.split("/") if v.strip()]
         except ValueError as e:
             form = ("a power of two >= 16 or None" if name in BLOCK_KNOBS
+                    else "an int >= 1 or None (auto)" if name in SEGMENT_KNOBS
                     else "True or False" if name in BOOL_KNOBS else "WxS, e.g. 4x2")
             raise app.UsageError(f"--knobs: bad value in {entry!r} ({e}); each value is "
                                  f"{form}") from None
@@ -354,16 +369,22 @@ def effective(tuning: Mapping[str, Any], shape: Shape) -> Tuning:
 
     Returns:
       A copy with ``None`` block widths resolved by ``kernel_gpu.block_widths`` (as the
-      kernels resolve them), ``split_forward`` as a bool, and
+      kernels resolve them, on the pseudo-batch of ``segments`` (resolved by
+      ``kernel_gpu.num_segments``) segments per row), ``split_forward`` as a bool, and
       ``None`` as the launch of the forward kernels the configuration does not run (``forward``
       when split, ``forward_state``/``forward_output`` otherwise).
     """
-    batch, _, heads, dim = shape
+    batch, seq_len, heads, dim = shape
     out = {k: tuning[k] for k in LAUNCH_KNOBS}
     out["split_forward"] = split = bool(tuning.get("split_forward", False))
-    for k in (("forward",) if split else SPLIT_KERNELS):
+    tuning = dict(tuning, segments=tuning.get("segments", 1))
+    out["segments"] = segments = kernel_gpu.num_segments(batch, heads, dim,
+                                                         -(-seq_len // CHUNK), tuning)
+    # forward_state's launch also runs the segment transitions.
+    for k in (("forward",) if split else SPLIT_KERNELS[1:] if segments > 1 else SPLIT_KERNELS):
         out[k] = None
-    out["block_v"], out["block_k"] = kernel_gpu.block_widths(batch, heads, dim, dim, tuning)
+    out["block_v"], out["block_k"] = kernel_gpu.block_widths(batch * segments, heads, dim, dim,
+                                                             tuning)
     return out
 
 
@@ -472,29 +493,33 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
                                      f"(found {sorted(table)})")
     batch, seq_len, heads, dim = shape
     eff = effective(tuning, shape)
-    n_chunks = -(-seq_len // CHUNK)
-    grids = {"prepare": (n_chunks, batch * heads),
-             "forward": (batch * heads, dim // eff["block_v"]),
-             "forward_state": (batch * heads, dim // eff["block_v"]),
-             "forward_output": (n_chunks, batch * heads,
-                                dim // min(dim, kernel_gpu.OUTPUT_BLOCK_V)),
-             "backward_state": (batch * heads, dim // eff["block_v"]),
-             "backward_chunk": (n_chunks, batch * heads, dim // eff["block_k"])}
-    for kernel in pass_kernels(pass_, eff["split_forward"]):
-        calls = table.get(KERNEL_NAMES[kernel])
+    segments = eff["segments"]
+    # The kernels see a pseudo-batch of B * P rows of n_chunks / P chunks (segments).
+    n_chunks = -(-seq_len // (CHUNK * segments))
+    rows = batch * segments * heads
+    grids = {"prepare": (n_chunks, rows),
+             "forward": (rows, dim // eff["block_v"]),
+             "forward_state": (rows, dim // eff["block_v"]),
+             "segment_transitions": (rows, 2 * dim // min(64, 2 * dim)),
+             "forward_output": (n_chunks, rows, dim // min(dim, kernel_gpu.OUTPUT_BLOCK_V)),
+             "backward_state": (rows, dim // eff["block_v"]),
+             "backward_chunk": (n_chunks, rows, dim // eff["block_k"])}
+    for kernel in pass_kernels(pass_, eff["split_forward"], segments):
+        name = "gdn_" + kernel
+        calls = table.get(name)
         if not calls:
-            raise RuntimeError(f"{pass_}: no pallas_call named {KERNEL_NAMES[kernel]} in the "
+            raise RuntimeError(f"{pass_}: no pallas_call named {name} in the "
                                f"traced program (found {sorted(table)})")
         for call in calls:
-            want = tuple(eff[kernel])
+            want = tuple(eff["forward_state" if kernel == "segment_transitions" else kernel])
             if check_launch and (call["launch"] is None or None in call["launch"]):
-                raise LaunchCheckUnavailable(f"{KERNEL_NAMES[kernel]}: no Triton launch "
+                raise LaunchCheckUnavailable(f"{name}: no Triton launch "
                                              "parameters readable in the traced program")
             if check_launch and call["launch"] != want:
-                raise RuntimeError(f"{pass_}: {KERNEL_NAMES[kernel]} traced with launch "
+                raise RuntimeError(f"{pass_}: {name} traced with launch "
                                    f"{call['launch']}, expected {want} (stale trace?)")
             if call["grid"] is not None and call["grid"] != grids[kernel]:
-                raise RuntimeError(f"{pass_}: {KERNEL_NAMES[kernel]} traced with grid "
+                raise RuntimeError(f"{pass_}: {name} traced with grid "
                                    f"{call['grid']}, expected {grids[kernel]} (stale trace?)")
 
 

@@ -42,6 +42,21 @@ Kernels (grid in brackets):
   S_0 and Vn, so O differs only by fp32 accumulation order (final state, Vn and gradients are
   bitwise equal in interpret mode). The split path always writes the entry states (also in a
   forward without gradient): B*H*chunks*K*V elements of the operand dtype.
+* Sequence parallelism (``TUNING["segments"]``, :func:`num_segments`): the sequential kernels
+  run only B*H*V/BV programs, too few for the GPU when rows are long and few (one 32K row: 8-32
+  programs for 132 SMs). Each row is then cut into P segments, which the kernels see as rows of
+  a pseudo-batch ``[B*P, T/P]`` (a free reshape; the document masks come from the whole row).
+  The chunk update is affine in the entry state, ``S_C = M_n S_0 + X_n`` with
+  ``M_n = e_all I - (diag(e_out) K)^T W`` and ``X_n = (diag(e_out) K)^T U``, so
+
+  - ``segment_transitions`` [B*P*H, (K+V)/64] (the ``forward_state`` kernel on the columns
+    ``[I | 0]`` -> inputs ``[0 | U]``) gives every segment's map ``[M | X]``, fp32;
+  - a ``lax.scan`` over the P segments (fp32 products) gives their entry states, and the
+    forward kernels run on the pseudo-batch from those;
+  - backward: the reverse pass from a zero exit gradient gives each segment's ``Y``
+    (``dS_entry = M^T dS_exit + Y``), a reverse ``lax.scan`` the exit gradients, and the
+    reverse pass runs again from those. Every kernel then sees its true entry state and exit
+    gradient, so outputs and gradients equal the unsegmented kernels' up to fp32 rounding.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; carries dS (fp32), writes every chunk's
   exit-state gradient dS_C, the gradient of Vn (dVn) and the initial-state gradient.
 * ``backward_chunk`` [chunks, B*H]: all parameter gradients of one chunk from S_0, dS_C, dO, Vn
@@ -87,6 +102,7 @@ F32 = jnp.float32
 # instead of the single forward kernel (module docstring); not yet measured on the GPU, so off.
 # forward_state / forward_output are those two kernels' launch parameters (unswept guesses:
 # forward's for the sequential kernel, prepare's for the loop-free parallel one).
+# segments: P, the segments each row is cut into (None: num_segments, by occupancy; 1: never).
 TUNING = {
     "prepare": (4, 1),
     "forward": (4, 2),
@@ -97,6 +113,7 @@ TUNING = {
     "split_forward": False,
     "forward_state": (4, 2),
     "forward_output": (4, 1),
+    "segments": None,
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C
 # Value-block width of the parallel forward_output kernel (min(V, this)): it has chunks*B*H
@@ -109,6 +126,16 @@ OUTPUT_BLOCK_V = 64
 # programs at block_v=64): block_v=32 runs the forward 1.38x and forward+backward 1.20x faster;
 # at S1 (B=8, T=4096, H=16: 256 programs) it is 2-17% slower, so it stays 64 there.
 MIN_SEQUENTIAL_PROGRAMS = 128
+# Sequence parallelism (num_segments): rows are cut only where the sequential kernels would run
+# fewer than SEGMENT_BELOW_PROGRAMS programs, into segments until they run about
+# SEGMENT_TARGET_PROGRAMS, each segment at least MIN_SEGMENT_CHUNKS chunks long. Measured on the
+# H200 (benchmarks/results/tune-segments-h200-2026-11-29.md), fwd+bwd: one 32K row with 8 heads
+# of 64 (8 programs) 2.2x faster at P=16 (1.52 ms) than uncut (3.36 ms), 2.0x at P=32; S2 (32
+# programs) 1.20x at P=8, 1.17x at P=4; B=8 x 4K x 8 heads of 64 (64 programs) gains nothing
+# (1.26 ms uncut, 1.39 ms at P=4): the extra pass costs more than the idle SMs.
+SEGMENT_BELOW_PROGRAMS = 64
+SEGMENT_TARGET_PROGRAMS = 128
+MIN_SEGMENT_CHUNKS = 8
 
 
 def auto_block_v(batch: int, heads: int, dv: int) -> int:
@@ -123,6 +150,30 @@ def auto_block_v(batch: int, heads: int, dv: int) -> int:
     return block
 
 
+def num_segments(batch: int, heads: int, dv: int, n_chunks: int, tuning=None) -> int:
+    """How many segments P each row's state passes are cut into (sequence parallelism).
+
+    ``tuning["segments"]`` (default :data:`TUNING`) when set; otherwise (``None``) 1 when the
+    sequential kernels run at least :data:`SEGMENT_BELOW_PROGRAMS` programs uncut
+    (``batch * heads * V / 64``), else the smallest power of two for which they run at least
+    :data:`SEGMENT_TARGET_PROGRAMS`, keeping at least :data:`MIN_SEGMENT_CHUNKS` chunks per
+    segment. 1 means no cut. A cut costs one more state pass over ``K + V`` columns forward and
+    one more reverse pass backward (plus P small fp32 products): it pays only where few rows
+    would leave the GPU idle (long single rows).
+    """
+    tuning = TUNING if tuning is None else tuning
+    if tuning["segments"]:
+        return int(tuning["segments"])
+    programs = batch * heads * max(1, dv // 64)
+    if programs >= SEGMENT_BELOW_PROGRAMS:
+        return 1
+    p = 1
+    while (programs * p < SEGMENT_TARGET_PROGRAMS
+           and n_chunks >= 2 * p * MIN_SEGMENT_CHUNKS):
+        p *= 2
+    return p
+
+
 def block_widths(batch: int, heads: int, dk: int, dv: int, tuning=None) -> Tuple[int, int]:
     """``(block_v, block_k)`` the kernels run with: ``tuning``'s (default :data:`TUNING`)
     widths, ``None`` resolved to :func:`auto_block_v` and to the whole K."""
@@ -131,12 +182,16 @@ def block_widths(batch: int, heads: int, dk: int, dv: int, tuning=None) -> Tuple
 
 
 def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype, interpret,
-            return_residual, block_v=None):
-    """The static configuration of one call (hashable once sorted into a tuple)."""
+            return_residual, block_v=None, segments=1):
+    """The static configuration of one call (hashable once sorted into a tuple).
+
+    ``batch`` and ``n_chunks`` are those of the pseudo-batch the kernels see (B * P rows of
+    ``n_chunks`` chunks when the rows are cut into ``segments`` = P segments).
+    """
     auto_v, block_k = block_widths(batch, heads, dk, dv)
     block_v = block_v or auto_v
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
-                block_k=block_k,
+                block_k=block_k, segments=segments,
                 delta=delta, has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype),
                 interpret=interpret, return_residual=return_residual, block_v=block_v,
                 split_forward=bool(TUNING["split_forward"]),
@@ -299,7 +354,11 @@ def _forward(cfg, q, k, u, w, gam, docs, h0, *, save_vn, save_states):
 
 def _forward_state_kernel(k_ref, u_ref, w_ref, gam_ref, doc_ref, conn_ref, last_ref, h0_ref,
                           ht_ref, vn_ref, hs_ref, *, cfg):
-    """Kernel 2 without the read-out: per chunk only Vn and S_C (what the next chunk needs)."""
+    """Kernel 2 without the read-out: per chunk only Vn and S_C (what the next chunk needs).
+
+    ``hs_ref``/``vn_ref`` may be ``None`` (not written): the segment-transition pass
+    (:func:`_segment_transitions`) needs only the final states.
+    """
     b, h = _program_bh(cfg, 0)
     v0 = pl.program_id(1) * cfg["block_v"]
     vsl = pl.ds(v0, cfg["block_v"])
@@ -307,7 +366,8 @@ def _forward_state_kernel(k_ref, u_ref, w_ref, gam_ref, doc_ref, conn_ref, last_
 
     def body(n, state):
         tsl = pl.ds(n * CHUNK, CHUNK)
-        hs_ref[b, h, n, :, vsl] = state.astype(hs_ref.dtype)
+        if hs_ref is not None:
+            hs_ref[b, h, n, :, vsl] = state.astype(hs_ref.dtype)
         k = k_ref[b, tsl, h, :]
         u = u_ref[b, tsl, h, vsl]
         gam = gam_ref[b, h, tsl]
@@ -315,7 +375,8 @@ def _forward_state_kernel(k_ref, u_ref, w_ref, gam_ref, doc_ref, conn_ref, last_
         _, e_out, e_all = _edge_decays(gam, doc, conn, last)
         if cfg["delta"]:
             vn = u.astype(F32) - mm(w_ref[b, tsl, h, :], state, mdt)
-            vn_ref[b, tsl, h, vsl] = vn.astype(vn_ref.dtype)
+            if vn_ref is not None:
+                vn_ref[b, tsl, h, vsl] = vn.astype(vn_ref.dtype)
         else:
             vn = u.astype(F32)
         return e_all * state + mm_tn(k.astype(F32) * e_out[:, None], vn, mdt)
@@ -381,6 +442,92 @@ def _forward_split(cfg, q, k, u, w, gam, docs, h0):
 
 
 # ----------------------------------------------------------------------------------------------
+# Sequence parallelism (segments): the state passes of one long row split into P segments.
+
+
+def _segment_transitions(cfg, k, u, w, gam, docs):
+    """Each segment's affine state map ``S_exit = M S_entry + X`` (fp32 ``[B', H, K, K + V]``).
+
+    The chunk update is linear in the entry state: ``S_C = M_n S_0 + X_n`` with
+    ``M_n = e_all I - (diag(e_out) K)^T W`` and ``X_n = (diag(e_out) K)^T U`` (module
+    docstring; ``M_n = e_all I`` without the delta rule). The state columns evolve
+    independently, so the forward state kernel run from ``[I | 0]`` on the inputs ``[0 | U]``
+    (K zero value columns in front of U) ends each segment (a row of the pseudo-batch) with
+    ``[M | X]``, the products of its chunks' maps, in one pass.
+    """
+    bsz, tp, heads, dk = k.shape
+    dv = u.shape[-1]
+    width = dk + dv
+    u_ext = jnp.concatenate([jnp.zeros(u.shape[:-1] + (dk,), u.dtype), u], axis=-1)
+    eye = jnp.broadcast_to(jnp.eye(dk, dtype=F32), (bsz, heads, dk, dk))
+    h0_ext = jnp.concatenate([eye, jnp.zeros((bsz, heads, dk, dv), F32)], axis=-1)
+    cfg_ext = dict(cfg, dv=width, block_v=min(64, width))
+    outs = _pallas(
+        _forward_state_kernel, cfg_ext,
+        inputs=[("k_ref", k), ("u_ref", u_ext), ("w_ref", w), ("gam_ref", gam)]
+        + _doc_inputs(docs) + [("h0_ref", h0_ext)],
+        outputs=[("ht_ref", jax.ShapeDtypeStruct((bsz, heads, dk, width), F32)),
+                 ("vn_ref", None), ("hs_ref", None)],
+        grid=(bsz * heads, width // cfg_ext["block_v"]), tune="forward_state",
+        name="gdn_segment_transitions",
+    )
+    return outs["ht_ref"]
+
+
+def _segments_view(x, segments):
+    """``[B * P, ...]`` pseudo-batch rows -> ``[P, B, ...]`` (segment-major, for ``lax.scan``)."""
+    return jnp.moveaxis(x.reshape((-1, segments) + x.shape[1:]), 1, 0)
+
+
+def _rows_view(x):
+    """Inverse of :func:`_segments_view`: ``[P, B, ...]`` -> ``[B * P, ...]``."""
+    x = jnp.moveaxis(x, 0, 1)
+    return x.reshape((-1,) + x.shape[2:])
+
+
+def _bmm(a, b):
+    return jnp.einsum("bhij,bhjv->bhiv", a, b, precision=jax.lax.Precision.HIGHEST)
+
+
+def _segment_entry_states(trans, h0, segments):
+    """Entry state of every segment (``[B * P, H, K, V]`` fp32) from the maps and ``h0``.
+
+    ``S_(p+1) = M_p S_p + X_p`` with ``S_0 = h0``: a ``lax.scan`` over the P segments of
+    batched fp32 products (P is small; the chunks inside the segments ran in parallel).
+    """
+    dk = h0.shape[-2]
+    trans = _segments_view(trans, segments)  # [P, B, H, K, K + V]
+
+    def step(state, mx):
+        return _bmm(mx[..., :dk], state) + mx[..., dk:], state
+
+    last, entries = jax.lax.scan(step, h0, trans[:-1])  # S_0 .. S_(P-2); S_(P-1)
+    return _rows_view(jnp.concatenate([entries, last[None]], axis=0))
+
+
+def _segment_exit_grads(trans, y, dht, segments):
+    """Exit-state gradient of every segment (``[B * P, H, K, V]`` fp32), the reverse combine.
+
+    A segment maps its exit gradient to its entry gradient by ``dS_entry = M^T dS_exit + Y``,
+    where ``Y`` is the reverse pass's result from a zero exit gradient (:func:`_backward_state`
+    with ``state_only``). Segment p's exit gradient is segment p+1's entry gradient, and the
+    last one's is ``dht``.
+    """
+    dk = dht.shape[-2]
+    trans = _segments_view(trans, segments)
+    y = _segments_view(y, segments)
+
+    def step(dstate, my):
+        m, yp = my
+        return jnp.einsum("bhji,bhjv->bhiv", m, dstate,
+                          precision=jax.lax.Precision.HIGHEST) + yp, dstate
+
+    # Outputs: the exit gradients of segments 1 .. P-1; carry: segment 0's.
+    first, exits = jax.lax.scan(step, dht, (trans[1:, ..., :dk], y[1:]), reverse=True)
+    return _rows_view(jnp.concatenate([first[None], exits], axis=0))
+
+
+# ----------------------------------------------------------------------------------------------
 # Kernel 3: the reverse state pass.
 
 
@@ -396,7 +543,8 @@ def _backward_state_kernel(q_ref, k_ref, w_ref, do_ref, dvn_in_ref, gam_ref, doc
     def body(i, dstate):
         n = nc - 1 - i
         tsl = pl.ds(n * CHUNK, CHUNK)
-        dhs_ref[b, h, n, :, vsl] = dstate.astype(dhs_ref.dtype)
+        if dhs_ref is not None:
+            dhs_ref[b, h, n, :, vsl] = dstate.astype(dhs_ref.dtype)
         q = q_ref[b, tsl, h, :]
         k = k_ref[b, tsl, h, :]
         do = do_ref[b, tsl, h, vsl]
@@ -407,7 +555,8 @@ def _backward_state_kernel(q_ref, k_ref, w_ref, do_ref, dvn_in_ref, gam_ref, doc
         dvn = scale * mm_tn(attn, do, mdt) + mm(k.astype(F32) * e_out[:, None], dstate, mdt)
         if dvn_in_ref is not None:
             dvn = dvn + dvn_in_ref[b, tsl, h, vsl].astype(F32)
-        dvn_ref[b, tsl, h, vsl] = dvn
+        if dvn_ref is not None:
+            dvn_ref[b, tsl, h, vsl] = dvn
         dnew = e_all * dstate + scale * mm_tn(q.astype(F32) * e_in[:, None], do, mdt)
         if cfg["delta"]:
             dnew = dnew - mm_tn(w_ref[b, tsl, h, :], dvn, mdt)
@@ -418,23 +567,24 @@ def _backward_state_kernel(q_ref, k_ref, w_ref, do_ref, dvn_in_ref, gam_ref, doc
     dh0_ref[b, h, :, vsl] = dstate
 
 
-def _backward_state(cfg, q, k, w, do, dvn_in, gam, docs, dht):
+def _backward_state(cfg, q, k, w, do, dvn_in, gam, docs, dht, *, state_only=False):
+    """The reverse pass; ``state_only`` writes only dS_0 (the segments' backward transitions)."""
     bsz, tp, heads, dk = q.shape
     dv = do.shape[-1]
+    dhs = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], dk, dv), cfg["mm_dtype"])
     outs = _pallas(
         _backward_state_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("w_ref", w), ("do_ref", do),
                 ("dvn_in_ref", dvn_in), ("gam_ref", gam)] + _doc_inputs(docs)
         + [("dht_ref", dht)],
         outputs=[
-            ("dvn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), F32)),
-            ("dhs_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], dk, dv),
-                                             cfg["mm_dtype"])),
+            ("dvn_ref", None if state_only else jax.ShapeDtypeStruct((bsz, tp, heads, dv), F32)),
+            ("dhs_ref", None if state_only else dhs),
             ("dh0_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
         ],
         grid=(bsz * heads, dv // cfg["block_v"]), tune="backward_state", name="gdn_backward_state",
     )
-    return outs["dvn_ref"], outs["dhs_ref"], outs["dh0_ref"]
+    return outs.get("dvn_ref"), outs.get("dhs_ref"), outs["dh0_ref"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -576,35 +726,52 @@ def _make_core(static):
     delta = cfg["delta"]
     residual = cfg["return_residual"]
 
+    segments = cfg["segments"]
+
     def forward(q, k, v, gam, beta, h0, docs, *, save):
-        w = amat = None
+        w = amat = maps = None
         if delta:
             w, u, amat = _prepare(cfg, k, v, beta, gam, docs)
         else:
             u = v
+        entry = h0
+        if segments > 1:  # rows of the pseudo-batch are segments: find their entry states
+            trans = _segment_transitions(cfg, k, u, w, gam, docs)
+            entry = _segment_entry_states(trans, h0, segments)
+            maps = trans[..., :cfg["dk"]]
         if cfg["split_forward"]:
-            o, ht, vn, hs = _forward_split(cfg, q, k, u, w, gam, docs, h0)
+            o, ht, vn, hs = _forward_split(cfg, q, k, u, w, gam, docs, entry)
         else:
-            o, ht, vn, hs = _forward(cfg, q, k, u, w, gam, docs, h0,
+            o, ht, vn, hs = _forward(cfg, q, k, u, w, gam, docs, entry,
                                      save_vn=save or residual, save_states=save)
-        return o, ht, vn, hs, w, amat
+        if segments > 1:
+            ht = _segments_view(ht, segments)[-1]  # the last segment's exit state
+        return o, ht, vn, hs, w, amat, maps
 
     @jax.custom_vjp
     def core(q, k, v, gam, beta, h0, docs):
-        o, ht, vn, _, _, _ = forward(q, k, v, gam, beta, h0, docs, save=False)
+        o, ht, vn, _, _, _, _ = forward(q, k, v, gam, beta, h0, docs, save=False)
         return (o, ht, vn) if residual else (o, ht)
 
     def core_fwd(q, k, v, gam, beta, h0, docs):
-        o, ht, vn, hs, w, amat = forward(q, k, v, gam, beta, h0, docs, save=True)
+        o, ht, vn, hs, w, amat, maps = forward(q, k, v, gam, beta, h0, docs, save=True)
         out = (o, ht, vn) if residual else (o, ht)
-        return out, (q, k, v, gam, beta, docs, w, amat, hs, vn)
+        return out, (q, k, v, gam, beta, docs, w, amat, hs, vn, maps)
 
     def core_bwd(res, cts):
-        q, k, v, gam, beta, docs, w, amat, hs, vn = res
+        q, k, v, gam, beta, docs, w, amat, hs, vn, maps = res
         do, dht = cts[0], cts[1]
         dvn_out = cts[2] if residual else None
+        dht_rows = dht
+        if segments > 1:  # each segment's exit-state gradient, then the reverse pass per row
+            zero = jnp.zeros((q.shape[0],) + dht.shape[1:], F32)
+            _, _, y = _backward_state(cfg, q, k, w, do.astype(q.dtype), dvn_out, gam, docs,
+                                      zero, state_only=True)
+            dht_rows = _segment_exit_grads(maps, y, dht.astype(F32), segments)
         dvn, dhs, dh0 = _backward_state(cfg, q, k, w, do.astype(q.dtype), dvn_out, gam, docs,
-                                        dht)
+                                        dht_rows)
+        if segments > 1:
+            dh0 = _segments_view(dh0, segments)[0]
         dq, dk, dv, dbeta, dgam = _backward_chunk(
             cfg, q, k, v, beta, gam, docs, amat, hs, dhs, do.astype(q.dtype), vn, dvn
         )
@@ -664,29 +831,44 @@ def scalar_decay_pallas(
                          f" got K={dk}, V={dv}")
     mdt = pallas_gpu.matmul_dtype(q, k, v)
     q, k, v = q.astype(mdt), k.astype(mdt), v.astype(mdt)
-    padded = -(-seq_len // CHUNK) * CHUNK
+    segments = num_segments(bsz, heads, dv, -(-seq_len // CHUNK))
+    # Padding is inert (k = v = 0, g = 0): it only extends the last segment's exit.
+    padded = -(-seq_len // (CHUNK * segments)) * CHUNK * segments
     n_chunks = padded // CHUNK
-    q, k, v = (common.pad_time(x, CHUNK) for x in (q, k, v))
+    rows = bsz * segments  # the pseudo-batch: each row one segment of T / P tokens
+
+    def to_rows(x):  # [B, Tp, ...] -> [B * P, Tp / P, ...] (a free reshape)
+        x = common.pad_time(x, padded)
+        return x.reshape((rows, padded // segments) + x.shape[2:])
+
+    q, k, v = (to_rows(x) for x in (q, k, v))
+    tr = padded // segments
     if g is None:
-        gam = jnp.zeros((bsz, heads, padded), F32)
+        gam = jnp.zeros((rows, heads, tr), F32)
     else:
-        gpad = common.pad_time(g.astype(F32), CHUNK)  # [B, Tp, H]; padding is inert (g = 0)
-        gam = jnp.cumsum(gpad.reshape(bsz, n_chunks, CHUNK, heads), axis=2)
-        gam = jnp.transpose(gam.reshape(bsz, padded, heads), (0, 2, 1))  # [B, H, Tp]
+        gpad = to_rows(g.astype(F32))  # [B * P, Tp / P, H]
+        gam = jnp.cumsum(gpad.reshape(rows, tr // CHUNK, CHUNK, heads), axis=2)
+        gam = jnp.transpose(gam.reshape(rows, tr, heads), (0, 2, 1))  # [B * P, H, Tp / P]
     delta = beta is not None
     if delta:
-        beta_t = jnp.transpose(common.pad_time(beta.astype(F32), CHUNK), (0, 2, 1))
+        beta_t = jnp.transpose(to_rows(beta.astype(F32)), (0, 2, 1))
     else:
-        beta_t = jnp.zeros((bsz, heads, padded), F32)
+        beta_t = jnp.zeros((rows, heads, tr), F32)
     if initial_state is None:
         initial_state = jnp.zeros((bsz, heads, dk, dv), F32)
     h0 = initial_state.astype(F32)
-    docs = () if segment_ids is None else _docs_from_segment_ids(segment_ids, padded)
+    docs = ()
+    if segment_ids is not None:  # masks from the whole rows, so segments see their neighbours
+        docs = tuple(x.reshape(rows, tr) for x in _docs_from_segment_ids(segment_ids, padded))
     static = tuple(sorted(_config(
-        batch=bsz, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=float(scale),
-        delta=delta, has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
-        return_residual=return_residual,
+        batch=rows, heads=heads, n_chunks=n_chunks // segments, dk=dk, dv=dv,
+        scale=float(scale), delta=delta, has_docs=segment_ids is not None, mm_dtype=mdt,
+        interpret=interpret, return_residual=return_residual, segments=segments,
     ).items()))
     outs = _make_core(static)(q, k, v, gam, beta_t, h0, docs)
-    u = outs[2][:, :seq_len] if return_residual else None
-    return outs[0][:, :seq_len], outs[1], u
+
+    def from_rows(x):  # [B * P, Tp / P, ...] -> [B, T, ...]
+        return x.reshape((bsz, padded) + x.shape[2:])[:, :seq_len]
+
+    u = from_rows(outs[2]) if return_residual else None
+    return from_rows(outs[0]), outs[1], u

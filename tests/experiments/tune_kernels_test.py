@@ -142,8 +142,25 @@ class TuneKernelsTest(absltest.TestCase):
             tune_kernels.check_launches(split_table, tuning, shape, "fwd")
         with self.assertRaisesRegex(RuntimeError, "no pallas_call named gdn_forward_state"):
             tune_kernels.check_launches(table, split, shape, "fwd")
+        # Two segments: a pseudo-batch of 2 rows of one chunk, the transitions kernel at
+        # forward_state's launch over the K + V = 128 columns, the reverse pass run twice.
+        cut = {**tuning, "segments": 2, "forward_state": (8, 1)}
+        try:
+            tune_kernels.set_tuning(cut)
+            cut_table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
+        finally:
+            tune_kernels.set_tuning(before)
+        self.assertEqual(cut_table["gdn_segment_transitions"], [dict(launch=(8, 1), grid=(2, 2))])
+        self.assertEqual(cut_table["gdn_prepare"][0]["grid"], (1, 2))
+        self.assertEqual(len(cut_table["gdn_backward_state"]), 2)
+        tune_kernels.check_launches(cut_table, cut, shape, "fwdbwd")
+        with self.assertRaisesRegex(RuntimeError, r"gdn_prepare traced with grid \(2, 1\), "
+                                                  r"expected \(1, 2\)"):
+            tune_kernels.check_launches(table, cut, shape, "fwd")  # the unsegmented program
         # Launch knobs of kernels a configuration does not run leave its identity alone.
         shapes = {"s": shape}
+        self.assertNotEqual(tune_kernels._key(cut, shapes),
+                            tune_kernels._key({**cut, "forward_state": (4, 2)}, shapes))
         self.assertEqual(tune_kernels._key(split, shapes),
                          tune_kernels._key({**split, "forward": (8, 3)}, shapes))
         self.assertNotEqual(tune_kernels._key(split, shapes),
@@ -159,8 +176,8 @@ class TuneKernelsTest(absltest.TestCase):
 
     def test_bad_options_give_a_clear_error(self):
         with self.assertRaisesRegex(app.UsageError, "--knobs: unknown knob 'block_x'; choose "
-                                                    "from split_forward, block_v, block_k, "
-                                                    "prepare, forward"):
+                                                    "from split_forward, segments, block_v, "
+                                                    "block_k, prepare, forward"):
             tune_kernels.main(["--knobs=block_v,block_x", "--interpret"])
         with self.assertRaisesRegex(app.UsageError, "bad value in 'forward=4-2'"):
             tune_kernels.parse_knobs("forward=4-2")

@@ -8,8 +8,10 @@ with Triton and checks bf16 inputs against the fp32 reference by relative RMS er
 gates (o and states 5e-3, dq/dk/dv/dh0 8e-3, dbeta/dg 2e-2; ../shared/BENCHMARKS.md §5.5).
 ``SplitForwardInterpretTest`` repeats a few interpret checks with ``TUNING["split_forward"]``
 (the forward as a sequential state kernel plus a parallel output kernel) and compares the two
-forward paths; ``GpuTest`` also compiles the split path for two cases, and
-``TritonLoweringTest`` lowers both paths to Triton for CUDA on any backend.
+forward paths; ``SegmentsInterpretTest`` does the same for ``TUNING["segments"]`` (sequence
+parallelism: rows cut into segments whose state passes run in parallel); ``GpuTest`` also
+compiles the split and segmented paths, and ``TritonLoweringTest`` lowers them to Triton for
+CUDA on any backend.
 """
 
 from unittest import mock
@@ -270,6 +272,74 @@ class SplitForwardInterpretTest(parameterized.TestCase):
             np.testing.assert_allclose(got, want, err_msg=f"d{name}", **tol)
 
 
+class SegmentsInterpretTest(parameterized.TestCase):
+    """``TUNING["segments"]``: each row's state passes cut into P segments run in parallel.
+
+    The segments' affine state maps, the sequential combine over segments and the rerun from
+    the combined entry states must reproduce the token-serial reference (fp32, interpret mode),
+    across document boundaries that cut segments, and the unsegmented kernels in every output
+    and gradient (the residual u's cotangent included, which the reverse transitions carry).
+    """
+
+    check = InterpretTest.check
+
+    def setUp(self):
+        super().setUp()
+        jax.clear_caches()
+        self.addCleanup(jax.clear_caches)
+
+    @parameterized.parameters(("gdn", 4), ("simple_gla", 2))
+    def test_packed_rows_with_initial_state(self, op, segments):
+        # T = 300: 5 chunks padded to 8 (two per segment at P = 4); documents of 60, 100, 75
+        # and 65 tokens, so boundaries fall inside segments and chunks.
+        segment_ids = jnp.asarray(np.repeat(np.arange(4), [60, 100, 75, 65])[None], jnp.int32)
+        with mock.patch.dict(kernel_gpu.TUNING, {"segments": segments}):
+            self.check(op, seq_len=300, segment_ids=segment_ids, seed=7)
+
+    @pytest.mark.slow  # ~20 s on 2 cores; the reference checks above run in CI
+    def test_equals_unsegmented_with_residual_cotangent(self):
+        inputs, cot_key = _inputs(8, 2, 200, 2, 2, 64)
+        ids = np.repeat(np.arange(3), [70, 64, 66])
+        segment_ids = jnp.asarray(np.stack([ids, ids[::-1]]), jnp.int32)
+        names = _DIFF_ARGS["gdn"]
+
+        def run(segments):
+            def f(*diff):
+                a = dict(inputs, **dict(zip(names, diff)))
+                return gdr.gated_delta_rule(
+                    a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["h0"],
+                    output_final_state=True, segment_ids=segment_ids, return_residual=True,
+                    implementation="pallas_interpret")
+
+            jax.clear_caches()
+            with mock.patch.dict(kernel_gpu.TUNING, {"segments": segments}):
+                outs, vjp = jax.vjp(f, *[inputs[n] for n in names])
+                keys = jax.random.split(cot_key, len(outs))
+                return outs, vjp(tuple(jax.random.normal(kk, x.shape)
+                                       for kk, x in zip(keys, outs)))
+
+        cut, whole = run(4), run(1)
+        tol = dict(rtol=2e-5, atol=2e-5)
+        for what, got, want in zip(("o", "final_state", "u"), cut[0], whole[0]):
+            np.testing.assert_allclose(got, want, err_msg=what, **tol)
+        for name, got, want in zip(names, cut[1], whole[1]):
+            scale = float(jnp.max(jnp.abs(want))) + 1e-6
+            np.testing.assert_allclose(got / scale, want / scale, err_msg=f"d{name}", **tol)
+
+    def test_num_segments_rule(self):
+        tuning = dict(kernel_gpu.TUNING, segments=None)
+        # 350M GDN (8 value heads of 64): one 32K row -> 16 segments of 32 chunks; B=8 at 4K
+        # (64 programs) -> none; S2 (32 programs) -> 4; S1 (256 programs) -> none; short rows
+        # are never cut below MIN_SEGMENT_CHUNKS chunks per segment.
+        self.assertEqual(kernel_gpu.num_segments(1, 8, 64, 512, tuning), 16)
+        self.assertEqual(kernel_gpu.num_segments(8, 8, 64, 64, tuning), 1)
+        self.assertEqual(kernel_gpu.num_segments(1, 16, 128, 512, tuning), 4)
+        self.assertEqual(kernel_gpu.num_segments(8, 16, 128, 64, tuning), 1)
+        self.assertEqual(kernel_gpu.num_segments(1, 8, 64, 16, tuning), 2)
+        self.assertEqual(kernel_gpu.num_segments(1, 8, 64, 15, tuning), 1)
+        self.assertEqual(kernel_gpu.num_segments(1, 8, 64, 512, dict(tuning, segments=3)), 3)
+
+
 class TritonLoweringTest(parameterized.TestCase):
     """Both forward paths lower to Triton on any backend (``jax.export`` for CUDA, no GPU).
 
@@ -277,8 +347,8 @@ class TritonLoweringTest(parameterized.TestCase):
     lowering does not support fails here rather than on the next GPU run.
     """
 
-    @parameterized.parameters(False, True)
-    def test_exports_for_cuda(self, split):
+    @parameterized.parameters((False, 1), (True, 1), (False, 2))
+    def test_exports_for_cuda(self, split, segments):
         inputs, _ = _inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
         segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
 
@@ -293,7 +363,7 @@ class TritonLoweringTest(parameterized.TestCase):
         args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
         # No jax.clear_caches() needed: scalar_decay_pallas has no inner jit, and its custom_vjp
         # op is built per static configuration, split_forward included.
-        with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": split}):
+        with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": split, "segments": segments}):
             exported = jax.export.export(
                 jax.jit(fwdbwd), platforms=["cuda"],
                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
@@ -303,6 +373,7 @@ class TritonLoweringTest(parameterized.TestCase):
         for name in ["gdn_prepare", *forward, "gdn_backward_state", "gdn_backward_chunk"]:
             self.assertIn(f'name = "{name}"', text)
         self.assertEqual('name = "gdn_forward"' in text, not split)
+        self.assertEqual('name = "gdn_segment_transitions"' in text, segments > 1)
 
 
 @pytest.mark.gpu
@@ -324,6 +395,16 @@ class GpuTest(parameterized.TestCase):
         jax.clear_caches()  # TUNING is read at trace time
         try:
             with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": True}):
+                self.check_bf16(op, True)
+        finally:
+            jax.clear_caches()
+
+    @parameterized.parameters("gdn", "lightning")
+    def test_segments_bf16_against_fp32_reference(self, op):
+        # Rows of 16 chunks cut into 4 segments (the default cuts these shapes in 2), packed.
+        jax.clear_caches()  # TUNING is read at trace time
+        try:
+            with mock.patch.dict(kernel_gpu.TUNING, {"segments": 4}):
                 self.check_bf16(op, True)
         finally:
             jax.clear_caches()
