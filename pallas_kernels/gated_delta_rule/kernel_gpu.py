@@ -23,8 +23,8 @@ not see S_0, tokens of an earlier document do not reach S_C).
 Kernels (grid in brackets):
 
 * ``prepare`` [chunks, B*H]: builds L, inverts I + L blockwise with whole-tile products
-  (:func:`_unit_lower_inverse`), then writes W and U (input dtype) and A (fp32, kept for the
-  backward).
+  (:func:`_unit_lower_inverse`), then writes W and U (input dtype) and A (tensor-core operand
+  dtype, kept for the backward, which uses it only as an operand of A^T dVn).
 * ``forward`` [B*H, V/BV]: the sequential pass over chunks with the fp32 state in registers;
   writes O, the final state, and on request Vn and every chunk's entry state (for the backward).
 * With ``TUNING["split_forward"]`` (default off) ``forward`` is replaced by two kernels, as in
@@ -58,9 +58,11 @@ Kernels (grid in brackets):
     reverse pass runs again from those. Every kernel then sees its true entry state and exit
     gradient, so outputs and gradients equal the unsegmented kernels' up to fp32 rounding.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; carries dS (fp32), writes every chunk's
-  exit-state gradient dS_C, the gradient of Vn (dVn) and the initial-state gradient.
-* ``backward_chunk`` [chunks, B*H]: all parameter gradients of one chunk from S_0, dS_C, dO, Vn
-  and dVn: dq, dk, dv, dbeta and d gamma (XLA turns d gamma into dg by the cumsum transpose).
+  exit-state gradient dS_C, the gradient of Vn (dVn, in the operand dtype: it is only ever an
+  operand) and the initial-state gradient.
+* ``backward_chunk`` [chunks, B*H, K/BK]: all parameter gradients of one chunk from S_0, dS_C,
+  dO, Vn and dVn: dq, dk, dv, dbeta and d gamma (XLA turns d gamma into dg by the cumsum
+  transpose), looping over value tiles so that no whole [C, V] or [K, V] block is held.
 
 Backward algebra (per chunk; P = Q K^T * D, Kb = diag(beta e_in) K, Vb = diag(beta) V)::
 
@@ -107,7 +109,7 @@ TUNING = {
     "prepare": (4, 1),
     "forward": (4, 2),
     "backward_state": (4, 2),
-    "backward_chunk": (4, 1),
+    "backward_chunk": (8, 2),
     "block_v": None,
     "block_k": None,
     "split_forward": False,
@@ -119,6 +121,8 @@ CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C
 # Value-block width of the parallel forward_output kernel (min(V, this)): it has chunks*B*H
 # programs per value block already, so a wide block mainly saves recomputing Q K^T and D.
 OUTPUT_BLOCK_V = 64
+# Value-tile width of backward_chunk's loop over the value channels (min(V, this)).
+GRAD_BLOCK_V = 64
 
 
 # The sequential kernels run B*H*(V/block_v) programs; below this many (about the H200's 132
@@ -195,7 +199,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype,
                 delta=delta, has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype),
                 interpret=interpret, return_residual=return_residual, block_v=block_v,
                 split_forward=bool(TUNING["split_forward"]),
-                block_v_out=min(dv, OUTPUT_BLOCK_V))
+                block_v_out=min(dv, OUTPUT_BLOCK_V), block_v_grad=min(dv, GRAD_BLOCK_V))
 
 
 # Shared in-kernel helpers (pallas_kernels.common.pallas_gpu), under this module's short names.
@@ -267,7 +271,7 @@ def _prepare_kernel(k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn_ref, last_ref
     rows, cols = _iota(mask.shape, 0), _iota(mask.shape, 1)
     strict = jnp.where(mask & (rows > cols), beta[:, None] * mm_nt(k, k, mdt) * dmat, 0.0)
     amat = _unit_lower_inverse(strict, mdt)
-    a_ref[b, h, n, :, :] = amat
+    a_ref[b, h, n, :, :] = amat.astype(a_ref.dtype)
     kb = k.astype(F32) * (beta * e_in)[:, None]
     vb = v.astype(F32) * beta[:, None]
     w_ref[b, tsl, h, :] = mm(amat, kb, mdt).astype(w_ref.dtype)
@@ -284,7 +288,8 @@ def _prepare(cfg, k, v, beta, gam, docs):
         outputs=[
             ("w_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), v.dtype)),
-            ("a_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, CHUNK), F32)),
+            ("a_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, CHUNK),
+                                           cfg["mm_dtype"])),
         ],
         grid=(cfg["n_chunks"], bsz * heads), tune="prepare", name="gdn_prepare",
     )
@@ -556,7 +561,7 @@ def _backward_state_kernel(q_ref, k_ref, w_ref, do_ref, dvn_in_ref, gam_ref, doc
         if dvn_in_ref is not None:
             dvn = dvn + dvn_in_ref[b, tsl, h, vsl].astype(F32)
         if dvn_ref is not None:
-            dvn_ref[b, tsl, h, vsl] = dvn
+            dvn_ref[b, tsl, h, vsl] = dvn.astype(dvn_ref.dtype)
         dnew = e_all * dstate + scale * mm_tn(q.astype(F32) * e_in[:, None], do, mdt)
         if cfg["delta"]:
             dnew = dnew - mm_tn(w_ref[b, tsl, h, :], dvn, mdt)
@@ -572,13 +577,14 @@ def _backward_state(cfg, q, k, w, do, dvn_in, gam, docs, dht, *, state_only=Fals
     bsz, tp, heads, dk = q.shape
     dv = do.shape[-1]
     dhs = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], dk, dv), cfg["mm_dtype"])
+    dvn = jax.ShapeDtypeStruct((bsz, tp, heads, dv), cfg["mm_dtype"])
     outs = _pallas(
         _backward_state_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("w_ref", w), ("do_ref", do),
                 ("dvn_in_ref", dvn_in), ("gam_ref", gam)] + _doc_inputs(docs)
         + [("dht_ref", dht)],
         outputs=[
-            ("dvn_ref", None if state_only else jax.ShapeDtypeStruct((bsz, tp, heads, dv), F32)),
+            ("dvn_ref", None if state_only else dvn),
             ("dhs_ref", None if state_only else dhs),
             ("dh0_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
         ],
@@ -598,95 +604,112 @@ def _backward_chunk_kernel(q_ref, k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn
 
     With R = Vb - Kb S_0 we have Vn = A R, so dR = A^T dVn, dVb = dR, dKb = -dR S_0^T and
     dL = -A^T dA A^T = -strict_tril(dR Vn^T): no product with A beyond A^T dVn is needed.
-    The [C, C] matrices (Q K^T, K K^T, dO Vn^T, dR Vn^T) are recomputed by every key block so
-    that each program holds only [C, BK] accumulators; dbeta and d gamma are written as
+    Every product that contracts over the value channels (dO S_0^T, dO Vn^T, Vn dS_C^T,
+    dR S_0^T, dR Vn^T) is accumulated over value tiles of :data:`GRAD_BLOCK_V` columns in a
+    loop, so the program holds [C, BK] and [C, C] accumulators plus one tile of each operand,
+    never a whole [C, V] or [K, V] block (register pressure: the one-shot form spilled
+    heavily and serialised the wgmma instructions). The [C, C] matrices (dO Vn^T, dR Vn^T,
+    Q K^T, K K^T) are recomputed by every key block; dbeta and d gamma are written as
     per-key-block partial sums (``dbeta_ref``/``dgam_ref`` have a key-block axis) that XLA adds.
     The value-side outputs (dv and its dbeta term) come from key block 0.
     """
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     kb_id = pl.program_id(2)
+    first = kb_id == 0
     bk = cfg["block_k"]
+    bv = cfg["block_v_grad"]
     ksl = pl.ds(kb_id * bk, bk)
     tsl = pl.ds(n * CHUNK, CHUNK)
     mdt = cfg["mm_dtype"]
     scale = cfg["scale"]
     delta = cfg["delta"]
+    beta = beta_ref[b, h, tsl] if delta else None
+    amat = a_ref[b, h, n, :, :] if delta else None  # [C, C], operand dtype
 
-    q = q_ref[b, tsl, h, :]
-    k = k_ref[b, tsl, h, :]
-    q_blk = q_ref[b, tsl, h, ksl]
-    k_blk = k_ref[b, tsl, h, ksl]
+    def value_tile(j, acc):
+        vsl = pl.ds(j * bv, bv)
+        do = do_ref[b, tsl, h, vsl]
+        vn = vn_ref[b, tsl, h, vsl]
+        s0 = hs_ref[b, h, n, ksl, vsl]  # [BK, BV]
+        ds_c = dhs_ref[b, h, n, ksl, vsl]
+        acc = dict(acc)
+        acc["do_s0"] = acc["do_s0"] + mm_nt(do, s0, mdt)  # dO S_0^T  [C, BK]
+        acc["dp"] = acc["dp"] + mm_nt(do, vn, mdt)  # dO Vn^T  [C, C]
+        acc["vn_ds"] = acc["vn_ds"] + mm_nt(vn, ds_c, mdt)  # Vn dS_C^T  [C, BK]
+        acc["de_all"] = acc["de_all"] + jnp.sum(s0.astype(F32) * ds_c.astype(F32))
+        dvn = dvn_ref[b, tsl, h, vsl]
+        if delta:
+            dr = mm_tn(amat, dvn, mdt)  # A^T dVn  [C, BV]
+            acc["dr_s0"] = acc["dr_s0"] + mm_nt(dr, s0, mdt)  # = -dKb  [C, BK]
+            acc["dr_vn"] = acc["dr_vn"] + mm_nt(dr, vn, mdt)  # [C, C]
+            acc["v_dr"] = acc["v_dr"] + jnp.sum(v_ref[b, tsl, h, vsl].astype(F32) * dr, axis=1)
+
+            @pl.when(first)
+            def _():
+                dv_ref[b, tsl, h, vsl] = (dr * beta[:, None]).astype(dv_ref.dtype)
+        else:
+            @pl.when(first)
+            def _():
+                dv_ref[b, tsl, h, vsl] = dvn.astype(dv_ref.dtype)
+        return acc
+
+    c = CHUNK
+    acc = dict(do_s0=jnp.zeros((c, bk), F32), dp=jnp.zeros((c, c), F32),
+               vn_ds=jnp.zeros((c, bk), F32), de_all=jnp.zeros((), F32))
+    if delta:
+        acc.update(dr_s0=jnp.zeros((c, bk), F32), dr_vn=jnp.zeros((c, c), F32),
+                   v_dr=jnp.zeros((c,), F32))
+    acc = jax.lax.fori_loop(0, cfg["dv"] // bv, value_tile, acc)
+
     gam = gam_ref[b, h, tsl]
     doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
     dmat, e_in, e_out, e_all, mask = _decays(gam, doc, conn, last)
-    do = do_ref[b, tsl, h, :]
-    vn = vn_ref[b, tsl, h, :]
-    s0 = hs_ref[b, h, n, ksl, :]  # [BK, V]
-    ds_c = dhs_ref[b, h, n, ksl, :]  # [BK, V]
+    q_blk = q_ref[b, tsl, h, ksl]
+    k_blk = k_ref[b, tsl, h, ksl]
     kf = k_blk.astype(F32)
 
-    # Read-out O = scale [diag(e_in) Q S_0 + (Q K^T * D) Vn].
-    do_s0 = mm_nt(do, s0, mdt)  # dO S_0^T  [C, BK]
+    # Read-out O = scale [diag(e_in) Q S_0 + (Q K^T * D) Vn]. The [C, C] terms of d gamma
+    # (through D) are reduced to row and column sums as soon as they are formed, and count in
+    # key block 0 only (Q K^T and K K^T are over the whole K there).
+    do_s0 = acc["do_s0"]
     de_in = scale * jnp.sum(q_blk.astype(F32) * do_s0, axis=1)
-    dp = scale * mm_nt(do, vn, mdt)  # [C, C]
-    dpd = dp * dmat
+    dpd = (scale * acc["dp"]) * dmat
     dq = scale * e_in[:, None] * do_s0 + mm(dpd, k_blk, mdt)
+    dq_ref[b, tsl, h, ksl] = dq.astype(dq_ref.dtype)
     dk = mm_tn(dpd, q_blk, mdt)
-    d_dmat = dp * mm_nt(q, k, mdt)
+    m = dpd * mm_nt(q_ref[b, tsl, h, :], k_ref[b, tsl, h, :], mdt)  # dD * D, read-out part
+    m_rows, m_cols = jnp.sum(m, axis=1), jnp.sum(m, axis=0)
 
     # State update S_C = e_all S_0 + (diag(e_out) K)^T Vn.
-    vn_ds = mm_nt(vn, ds_c, mdt)  # Vn dS_C^T  [C, BK]
+    vn_ds = acc["vn_ds"]
     dk = dk + e_out[:, None] * vn_ds
     de_out = jnp.sum(kf * vn_ds, axis=1)
-    de_all = jnp.sum(s0.astype(F32) * ds_c.astype(F32))
 
     if delta:
-        beta = beta_ref[b, h, tsl]
-        amat = a_ref[b, h, n, :, :]  # [C, C] fp32
-        dvn = dvn_ref[b, tsl, h, :]  # fp32 [C, V]
-        dr = mm_tn(amat, dvn, mdt)  # A^T dVn  [C, V]
-        dr_s0 = mm_nt(dr, s0, mdt)  # = -dKb  [C, BK]
+        dr_s0 = acc["dr_s0"]
         kb_grad = jnp.sum(kf * dr_s0, axis=1)
         dk = dk - (beta * e_in)[:, None] * dr_s0
         dbeta = -e_in * kb_grad
         de_in = de_in - beta * kb_grad
         rows, cols = _iota(mask.shape, 0), _iota(mask.shape, 1)
-        dl = jnp.where(mask & (rows > cols), -mm_nt(dr, vn, mdt), 0.0)
-        kk = mm_nt(k, k, mdt)
-        gmat = dl * beta[:, None] * dmat
+        dld = jnp.where(mask & (rows > cols), -acc["dr_vn"], 0.0) * dmat  # dL * D
+        gmat = beta[:, None] * dld
         dk = dk + mm(gmat, k_blk, mdt) + mm_tn(gmat, k_blk, mdt)
-        first = kb_id == 0
-        # Terms that do not depend on the key block: counted once, by block 0.
-        d_dmat = d_dmat + jnp.where(first, dl * beta[:, None] * kk, 0.0)
-        dbeta = dbeta + jnp.where(
-            first,
-            jnp.sum(v_ref[b, tsl, h, :].astype(F32) * dr, axis=1)
-            + jnp.sum(dl * kk * dmat, axis=1),
-            0.0,
-        )
+        # L = strict(diag(beta) (K K^T) * D): dbeta and dD (-> d gamma) through K K^T.
+        t = dld * mm_nt(k_ref[b, tsl, h, :], k_ref[b, tsl, h, :], mdt)
+        t_rows = jnp.sum(t, axis=1)
+        m_rows = m_rows + beta * t_rows
+        m_cols = m_cols + jnp.sum(beta[:, None] * t, axis=0)
+        dbeta = dbeta + jnp.where(first, acc["v_dr"] + t_rows, 0.0)
         dbeta_ref[b, h, kb_id, tsl] = dbeta
 
-        @pl.when(first)
-        def _():
-            dv_ref[b, tsl, h, :] = (dr * beta[:, None]).astype(dv_ref.dtype)
-    else:
-        first = kb_id == 0
-
-        @pl.when(first)
-        def _():
-            dv_ref[b, tsl, h, :] = dvn_ref[b, tsl, h, :].astype(dv_ref.dtype)
-
-    dq_ref[b, tsl, h, ksl] = dq.astype(dq_ref.dtype)
     dk_ref[b, tsl, h, ksl] = dk.astype(dk_ref.dtype)
 
-    # Decay factors -> gamma: d exp(x) = exp(x) dx. The D term is counted by block 0 only
-    # (d_dmat from Q K^T and K K^T is already complete there).
-    m = jnp.where(first, d_dmat * dmat, 0.0)
-    c = gam.shape[0]
+    # Decay factors -> gamma: d exp(x) = exp(x) dx.
     is_last = _iota((c,), 0) == c - 1
-    dgam = jnp.sum(m, axis=1) - jnp.sum(m, axis=0) + de_in * e_in - de_out * e_out
-    dgam = dgam + jnp.where(is_last, jnp.sum(de_out * e_out) + de_all * e_all, 0.0)
+    dgam = jnp.where(first, m_rows - m_cols, 0.0) + de_in * e_in - de_out * e_out
+    dgam = dgam + jnp.where(is_last, jnp.sum(de_out * e_out) + acc["de_all"] * e_all, 0.0)
     dgam_ref[b, h, kb_id, tsl] = dgam
 
 
