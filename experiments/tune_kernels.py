@@ -375,7 +375,7 @@ def effective(tuning: Mapping[str, Any], shape: Shape) -> Tuning:
       when split, ``forward_state``/``forward_output`` otherwise).
     """
     batch, seq_len, heads, dim = shape
-    out = {k: tuning[k] for k in LAUNCH_KNOBS}
+    out = {k: kernel_gpu.launch_for(k, dim, tuning) for k in LAUNCH_KNOBS}
     out["split_forward"] = split = bool(tuning.get("split_forward", False))
     tuning = dict(tuning, segments=tuning.get("segments", 1))
     out["segments"] = segments = kernel_gpu.num_segments(batch, heads, dim,
@@ -1126,6 +1126,8 @@ def _fmt_value(value) -> str:
 
 
 def _jsonable_value(value):
+    if isinstance(value, dict):  # a launch per head dim
+        return {str(d): list(v) for d, v in value.items()}
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -1152,6 +1154,8 @@ def tuning_literal(tuning: Mapping[str, Any]) -> str:
     lines = ["TUNING = {"]
     for key in order:
         value = tuning[key]
+        if isinstance(value, dict):  # a launch per head dim (keys are strings after JSON)
+            value = {int(d): tuple(v) for d, v in value.items()}
         lines.append(f"    {key!r}: {tuple(value) if isinstance(value, list) else value!r},"
                      .replace("'", '"'))
     return "\n".join(lines + ["}"])

@@ -105,11 +105,13 @@ F32 = jnp.float32
 # forward_state / forward_output are those two kernels' launch parameters (unswept guesses:
 # forward's for the sequential kernel, prepare's for the loop-free parallel one).
 # segments: P, the segments each row is cut into (None: num_segments, by occupancy; 1: never).
+# A launch entry may also be a dict {head dim K: (num_warps, num_stages)} (launch_for): the
+# gradient kernel wants 4 warps at K = 64 and 8 at K = 128 (tune-backward-h200-2026-11-29.md).
 TUNING = {
     "prepare": (4, 1),
     "forward": (4, 2),
     "backward_state": (4, 2),
-    "backward_chunk": (8, 2),
+    "backward_chunk": {64: (4, 2), 128: (8, 2)},
     "block_v": None,
     "block_k": None,
     "split_forward": False,
@@ -130,14 +132,14 @@ GRAD_BLOCK_V = 64
 # programs at block_v=64): block_v=32 runs the forward 1.38x and forward+backward 1.20x faster;
 # at S1 (B=8, T=4096, H=16: 256 programs) it is 2-17% slower, so it stays 64 there.
 MIN_SEQUENTIAL_PROGRAMS = 128
-# Sequence parallelism (num_segments): rows are cut only where the sequential kernels would run
-# fewer than SEGMENT_BELOW_PROGRAMS programs, into segments until they run about
-# SEGMENT_TARGET_PROGRAMS, each segment at least MIN_SEGMENT_CHUNKS chunks long. Measured on the
-# H200 (benchmarks/results/tune-segments-h200-2026-11-29.md), fwd+bwd: one 32K row with 8 heads
-# of 64 (8 programs) 2.2x faster at P=16 (1.52 ms) than uncut (3.36 ms), 2.0x at P=32; S2 (32
-# programs) 1.20x at P=8, 1.17x at P=4; B=8 x 4K x 8 heads of 64 (64 programs) gains nothing
-# (1.26 ms uncut, 1.39 ms at P=4): the extra pass costs more than the idle SMs.
-SEGMENT_BELOW_PROGRAMS = 64
+# Sequence parallelism (num_segments): rows are cut into segments until the sequential kernels
+# run SEGMENT_TARGET_PROGRAMS programs, each segment at least MIN_SEGMENT_CHUNKS chunks long.
+# Measured on the H200 (benchmarks/results/tune-segments-h200-2026-11-29.md), kernel fwd+bwd:
+# one 32K row with 8 heads of 64 (8 programs) 2.2x faster at P=16 (1.52 ms) than uncut (3.36
+# ms), 2.0x at P=32; S2 (32 programs) 1.17x at P=4, 1.20x at P=8. B=8 x 4K x 8 heads of 64 (64
+# programs) gains nothing in the kernel benchmark (1.26 ms uncut, 1.39 ms at P=4), but the
+# 350M GDN trainer step at that shape takes 0.1542 s uncut and 0.1461 s at P=2 or 4
+# (train-h200-2026-11-29.md), so it is cut too.
 SEGMENT_TARGET_PROGRAMS = 128
 MIN_SEGMENT_CHUNKS = 8
 
@@ -157,25 +159,34 @@ def auto_block_v(batch: int, heads: int, dv: int) -> int:
 def num_segments(batch: int, heads: int, dv: int, n_chunks: int, tuning=None) -> int:
     """How many segments P each row's state passes are cut into (sequence parallelism).
 
-    ``tuning["segments"]`` (default :data:`TUNING`) when set; otherwise (``None``) 1 when the
-    sequential kernels run at least :data:`SEGMENT_BELOW_PROGRAMS` programs uncut
-    (``batch * heads * V / 64``), else the smallest power of two for which they run at least
-    :data:`SEGMENT_TARGET_PROGRAMS`, keeping at least :data:`MIN_SEGMENT_CHUNKS` chunks per
-    segment. 1 means no cut. A cut costs one more state pass over ``K + V`` columns forward and
-    one more reverse pass backward (plus P small fp32 products): it pays only where few rows
-    would leave the GPU idle (long single rows).
+    ``tuning["segments"]`` (default :data:`TUNING`) when set; otherwise (``None``) the smallest
+    power of two for which the sequential kernels run at least
+    :data:`SEGMENT_TARGET_PROGRAMS` programs (``batch * heads * P * V / 64``), keeping at least
+    :data:`MIN_SEGMENT_CHUNKS` chunks per segment. 1 means no cut. A cut costs one more state
+    pass over ``K + V`` columns forward and one more reverse pass backward (plus P small fp32
+    products): it pays only where few rows would leave the GPU idle (long rows, small batch).
     """
     tuning = TUNING if tuning is None else tuning
     if tuning["segments"]:
         return int(tuning["segments"])
     programs = batch * heads * max(1, dv // 64)
-    if programs >= SEGMENT_BELOW_PROGRAMS:
-        return 1
     p = 1
     while (programs * p < SEGMENT_TARGET_PROGRAMS
            and n_chunks >= 2 * p * MIN_SEGMENT_CHUNKS):
         p *= 2
     return p
+
+
+def launch_for(kernel: str, dk: int, tuning=None) -> Tuple[int, int]:
+    """``(num_warps, num_stages)`` of ``kernel`` (a :data:`TUNING` key) at key head dim ``dk``.
+
+    A TUNING launch entry is a pair, or a dict from head dim to pair.
+
+    Raises:
+      KeyError: for a dict entry without ``dk``.
+    """
+    value = (TUNING if tuning is None else tuning)[kernel]
+    return tuple(value[dk]) if isinstance(value, dict) else tuple(value)
 
 
 def block_widths(batch: int, heads: int, dk: int, dv: int, tuning=None) -> Tuple[int, int]:
@@ -248,8 +259,9 @@ def _edge_decays(gam, doc, conn, last):
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
-    """:func:`pallas_gpu.named_pallas_call` with this module's :data:`TUNING` entry ``tune``."""
-    return pallas_gpu.named_pallas_call(kernel, cfg, launch=TUNING[tune], **kwargs)
+    """:func:`pallas_gpu.named_pallas_call` with the launch of :data:`TUNING` entry ``tune``."""
+    return pallas_gpu.named_pallas_call(kernel, cfg, launch=launch_for(tune, cfg["dk"]),
+                                        **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------

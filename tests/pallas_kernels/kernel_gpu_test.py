@@ -329,15 +329,21 @@ class SegmentsInterpretTest(parameterized.TestCase):
     def test_num_segments_rule(self):
         tuning = dict(kernel_gpu.TUNING, segments=None)
         # 350M GDN (8 value heads of 64): one 32K row -> 16 segments of 32 chunks; B=8 at 4K
-        # (64 programs) -> none; S2 (32 programs) -> 4; S1 (256 programs) -> none; short rows
+        # (64 programs) -> 2; S2 (32 programs) -> 4; S1 (256 programs) -> none; short rows
         # are never cut below MIN_SEGMENT_CHUNKS chunks per segment.
         self.assertEqual(kernel_gpu.num_segments(1, 8, 64, 512, tuning), 16)
-        self.assertEqual(kernel_gpu.num_segments(8, 8, 64, 64, tuning), 1)
+        self.assertEqual(kernel_gpu.num_segments(8, 8, 64, 64, tuning), 2)
         self.assertEqual(kernel_gpu.num_segments(1, 16, 128, 512, tuning), 4)
         self.assertEqual(kernel_gpu.num_segments(8, 16, 128, 64, tuning), 1)
         self.assertEqual(kernel_gpu.num_segments(1, 8, 64, 16, tuning), 2)
         self.assertEqual(kernel_gpu.num_segments(1, 8, 64, 15, tuning), 1)
         self.assertEqual(kernel_gpu.num_segments(1, 8, 64, 512, dict(tuning, segments=3)), 3)
+
+    def test_launch_for_resolves_per_head_dim(self):
+        tuning = dict(kernel_gpu.TUNING, forward=(4, 2), backward_chunk={64: (4, 2), 128: (8, 2)})
+        self.assertEqual(kernel_gpu.launch_for("forward", 128, tuning), (4, 2))
+        self.assertEqual(kernel_gpu.launch_for("backward_chunk", 64, tuning), (4, 2))
+        self.assertEqual(kernel_gpu.launch_for("backward_chunk", 128, tuning), (8, 2))
 
 
 class TritonLoweringTest(parameterized.TestCase):
