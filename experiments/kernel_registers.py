@@ -27,6 +27,7 @@ Hopper wgmma instructions.
 Usage::
 
     python experiments/kernel_registers.py --op=gdn --shape=8,4096,16,128 --pass=fwdbwd
+    python experiments/kernel_registers.py --op=kda --shape=8,4096,16,128   # or --op=gdn2
 """
 
 import os
@@ -49,10 +50,11 @@ from jax._src.lib.mlir import ir  # noqa: E402
 from jaxlib.triton import dialect as tt_dialect  # noqa: E402
 
 from pallas_kernels.gated_delta_rule import kernel_gpu  # noqa: E402
+from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu  # noqa: E402
 
 CAPABILITY = 90  # H200 (sm_90a)
 
-_OP = flags.DEFINE_enum("op", "gdn", ["gdn"], "Op whose kernels to compile.")
+_OP = flags.DEFINE_enum("op", "gdn", ["gdn", "kda", "gdn2"], "Op whose kernels to compile.")
 _SHAPE = flags.DEFINE_list("shape", ["8", "4096", "16", "128"], "B,T,H,D of q, k and v.")
 _PASS = flags.DEFINE_enum("pass", "fwdbwd", ["fwd", "fwdbwd"], "Forward, or forward + VJP.")
 _SPLIT = flags.DEFINE_bool("split_forward", None,
@@ -76,7 +78,41 @@ def gdn(shape, with_vjp):
     return (fwdbwd if with_vjp else fwd), specs
 
 
-OPS = {"gdn": gdn}
+def _with_vjp(fwd, with_vjp):
+    def fwdbwd(*args):
+        o, vjp = jax.vjp(fwd, *args)
+        return vjp(o) + (o,)
+
+    return fwdbwd if with_vjp else fwd
+
+
+def kda(shape, with_vjp):
+    """KDA (per-channel decay): bf16 q, k, v ``[B, T, H, D]``, fp32 g ``[B, T, H, D]``, beta."""
+    b, t, h, d = shape
+    specs = ([jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)] * 3
+             + [jax.ShapeDtypeStruct((b, t, h, d), jnp.float32),
+                jax.ShapeDtypeStruct((b, t, h), jnp.float32)])
+
+    def fwd(q, k, v, g, beta):
+        vw = (v.astype(jnp.float32) * beta[..., None]).astype(v.dtype)
+        return channelwise_gpu.channelwise_delta_pallas(q, k, k, vw, g, scale=d ** -0.5)[0]
+
+    return _with_vjp(fwd, with_vjp), specs
+
+
+def gdn2(shape, with_vjp):
+    """GDN-2: bf16 q, k, v ``[B, T, H, D]``, fp32 g, b (erase), w (write) ``[B, T, H, D]``."""
+    b, t, h, d = shape
+    specs = ([jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)] * 3
+             + [jax.ShapeDtypeStruct((b, t, h, d), jnp.float32)] * 3)
+
+    def fwd(q, k, v, g, b_, w):
+        return channelwise_gpu.gdn2_pallas(q, k, v, g, b_, w, scale=d ** -0.5)[0]
+
+    return _with_vjp(fwd, with_vjp), specs
+
+
+OPS = {"gdn": gdn, "kda": kda, "gdn2": gdn2}
 
 
 def triton_calls(fn, specs):
