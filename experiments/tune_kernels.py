@@ -1,22 +1,36 @@
-r"""Launch-parameter sweep for the scalar-decay Pallas GPU kernels (Triton lowering).
+r"""Launch-parameter sweep for the Pallas GPU kernels of the delta-rule family (Triton lowering).
 
-Tunes ``pallas_kernels/gated_delta_rule/kernel_gpu.TUNING`` (Gated DeltaNet, paper arXiv
-2607.07953, Sec. 3.2; the same kernels serve DeltaNet, simple GLA, Lightning and linear
-attention): ``split_forward`` (the forward as one sequential kernel ``forward``, or as the
-sequential ``forward_state`` plus the parallel ``forward_output``), the value-block width
-``block_v`` of the sequential kernels (``forward`` or ``forward_state``, and ``backward_state``;
-``None`` means ``kernel_gpu.auto_block_v``), the key-block width ``block_k`` of
+``--op=gdn`` (default) tunes ``pallas_kernels/gated_delta_rule/kernel_gpu.TUNING`` (Gated
+DeltaNet, paper arXiv 2607.07953, Sec. 3.2; the same kernels serve DeltaNet, simple GLA,
+Lightning and linear attention): ``split_forward`` (the forward as one sequential kernel
+``forward``, or as the sequential ``forward_state`` plus the parallel ``forward_output``), the
+``segments`` of sequence parallelism (``None``: ``kernel_gpu.num_segments`` decides), the
+value-block width ``block_v`` of the sequential kernels (``forward`` or ``forward_state``, and
+``backward_state``; ``None`` means ``kernel_gpu.auto_block_v``), the key-block width ``block_k`` of
 ``backward_chunk`` (``None`` means the whole K), and ``(num_warps, num_stages)`` of each kernel
 ``prepare``, ``forward``, ``forward_state``, ``forward_output``, ``backward_state`` and
 ``backward_chunk``. The launch parameters of the kernels the configuration does not run
 (``forward`` under split_forward, ``forward_state``/``forward_output`` without it) do not
 change the program: such candidates count as the same configuration and are not re-measured.
 
+``--op=kda`` and ``--op=gdn2`` tune the per-channel-decay kernels of
+``pallas_kernels/gdn2/kernel_gpu.TUNING`` (one module serves Kimi Delta Attention and Gated
+DeltaNet-2, arXiv 2607.07953, Eqs. 18-24), timed through the op named: ``intra_tf32`` (the
+decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16), ``block_v`` of
+``forward`` and ``backward_state`` and ``block_k`` of ``prepare`` and ``backward_chunk``
+(``None`` means ``min(dim, 64)``, as that module's ``_config`` resolves them), and
+``(num_warps, num_stages)`` of ``prepare``, ``forward``, ``backward_state`` and
+``backward_chunk`` (a pair, or a dict of pairs per key head dim, as for gdn).
+The gdn-only knobs (``split_forward``, ``segments``, ``forward_state``, ``forward_output``) are
+refused there.
+
 Method: one coordinate-descent pass. Start from the module's current TUNING (or ``--start``);
-for each knob in ``--knobs`` order (default: split_forward in {False, True}, block_v in
-{32, 64, 128}, block_k in {64, 128}, then num_warps in {4, 8} x num_stages in {1, 2, 3} for
-prepare, forward, forward_state, forward_output, backward_state, backward_chunk) time every
-value with the other knobs at their best so far and keep the fastest.
+for each knob in ``--knobs`` order (default for gdn: split_forward in {False, True}, segments
+in {None, 1, 2, 4, 8, 16, 32}, block_v in {32, 64, 128}, block_k in {64, 128}, then num_warps
+in {4, 8} x num_stages in {1, 2, 3} for prepare, forward, forward_state, forward_output,
+backward_state, backward_chunk; for kda/gdn2: intra_tf32 in {True, False}, block_v and block_k
+in {32, 64, 128}, then the same launches for prepare, forward, backward_state, backward_chunk)
+time every value with the other knobs at their best so far and keep the fastest.
 The objective is the sum over shapes of the fwd+bwd time (the forward-only knobs also change
 fwd+bwd). A configuration that fails to compile or run (Triton out of shared memory, a block
 wider than the head dim, ...) is recorded with its error and skipped.
@@ -30,15 +44,19 @@ candidates are compiled concurrently (``lattn_jax.benchmark.compile_concurrently
 program shared by several configurations (the backward knobs do not change it) is measured once.
 The original TUNING is restored (and the caches cleared) on exit.
 
-Inputs (per shape, one seed): GDN with bf16 q, k, v, unit-norm k, scale K^-0.5, fp32
-g = logsigmoid(N(0, 1)), beta = sigmoid(N(0, 1)); ``fwd`` is the plain call (o only), ``fwdbwd``
-the forward plus the VJP of a fixed bf16 cotangent w.r.t. q, k, v, g and beta. Shapes: S1 =
-(B=8, T=4096, H=16, D=128), S2 = (B=1, T=32768, H=16, D=128), or ``B,T,H,D`` tuples. Times are
-wall clock in ms per call: the median of ``--iters`` jitted calls after ``--warmup`` calls, each
-followed by ``block_until_ready``. At the end the baseline and the best configuration are timed
-again, alternating (``--confirm_rounds``), and the best configuration is checked against the
-fp32 ``lax.scan`` reference at ``--check_shape`` (relative RMS error: o < 5e-3, every gradient
-< 2e-2).
+Inputs (per shape, one seed): bf16 q, k, v, unit-norm k, scale K^-0.5 and fp32 gates: GDN
+(``gated_delta_rule``) g [B, T, H] = logsigmoid(N(0, 1)), beta = sigmoid(N(0, 1)); KDA
+(``pallas_kernels.kda.kda``) the per-channel g [B, T, H, K] = logsigmoid(N(0, 1)) and beta
+[B, T, H] = sigmoid(N(0, 1)); GDN-2 (``pallas_kernels.gdn2.gdn2``) the per-channel g, the erase
+gate b [B, T, H, K] and the write gate w [B, T, H, V] = sigmoid(N(0, 1)). ``fwd`` is the plain
+call (o only), ``fwdbwd`` the forward plus the VJP of a fixed bf16 cotangent w.r.t. every
+input. Shapes: S1 = (B=8, T=4096, H=16, D=128), S2 = (B=1, T=32768, H=16, D=128), or
+``B,T,H,D`` tuples. Times are wall clock in ms per call: the median of ``--iters`` jitted calls
+after ``--warmup`` calls, each followed by ``block_until_ready``. At the end the baseline and
+the best configuration are timed again, alternating (``--confirm_rounds``), and the best
+configuration is checked against the op's fp32 ``lax.scan`` reference
+(``implementation="reference"``) at ``--check_shape`` (relative RMS error: o < 5e-3, every
+gradient < 2e-2).
 
 ``--time_budget_s`` bounds the whole run from the parsing of the flags (compiles included; the
 Python start-up and ``import jax`` come before it): the baseline is always measured, then a
@@ -62,6 +80,12 @@ Only the split forward and its launch parameters (the rest swept on 2026-11-29):
         --knobs=split_forward,block_v,forward_state,forward_output \
         --out=benchmarks/results/tune-gdn-split-h200-<date>
 
+KDA (the per-channel-decay kernels of ``pallas_kernels/gdn2/kernel_gpu.py``; ``--op=gdn2`` for
+GDN-2)::
+
+    python experiments/tune_kernels.py --op=kda --shapes=S1,S2 --time_budget_s=300 \
+        --out=benchmarks/results/tune-kda-h200-<date>
+
 CPU smoke run (Pallas interpret mode; the launch parameters are ignored there)::
 
     python experiments/tune_kernels.py --interpret --shapes=1,128,2,64 --iters=1 --warmup=0 \
@@ -75,6 +99,7 @@ speed). Without ``--interpret`` a GPU backend is required (exit status 2 otherwi
 baseline configuration fails, the report is still written and the exit status is 1.
 """
 
+import dataclasses
 import json
 import os
 import statistics
@@ -93,7 +118,11 @@ import jax.numpy as jnp  # noqa: E402
 
 from lattn_jax import benchmark as bench  # noqa: E402
 from pallas_kernels import gated_delta_rule as gdr  # noqa: E402
+from pallas_kernels import gdn2 as gdn2_ops  # noqa: E402
+from pallas_kernels import kda as kda_ops  # noqa: E402
 from pallas_kernels.gated_delta_rule import kernel_gpu  # noqa: E402
+from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu  # noqa: E402
+from pallas_kernels.kda import kernel_gpu as kda_kernel_gpu  # noqa: E402
 
 SHAPES = {"S1": (8, 4096, 16, 128), "S2": (1, 32768, 16, 128)}
 BOOL_KNOBS = ("split_forward",)
@@ -120,6 +149,51 @@ CHUNK = kernel_gpu.CHUNK
 INTERPRET_NOTE = ("Interpret mode (--interpret): the launch parameters are ignored and the timings "
                   "say nothing about GPU speed; this run only checks the sweep machinery.")
 
+# The per-channel-decay kernels (pallas_kernels/gdn2/kernel_gpu.py), serving KDA and GDN-2.
+CW_BOOL_KNOBS = ("intra_tf32",)
+CW_LAUNCH_KNOBS = ("prepare", "forward", "backward_state", "backward_chunk")
+CW_KNOBS = CW_BOOL_KNOBS + BLOCK_KNOBS + CW_LAUNCH_KNOBS
+# block_k also changes the forward (prepare loops over key blocks), intra_tf32 prepare's products.
+CW_FWD_KNOBS = ("intra_tf32", "block_v", "block_k", "prepare", "forward")
+CW_DEFAULT_VALUES = {"intra_tf32": (True, False), "block_v": (32, 64, 128),
+                     "block_k": (32, 64, 128), **{k: _LAUNCHES for k in CW_LAUNCH_KNOBS}}
+CW_CHUNK = channelwise_gpu.CHUNK
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What one ``--op`` tunes: a kernel module's TUNING, its knobs and its kernels' names."""
+
+    module: Any  # the kernel module whose TUNING the sweep rewrites
+    path: str  # that module's file, named in the report
+    title: str  # the kernels, in the report's title
+    inputs: str  # the op and its inputs, in the report
+    prefix: str  # of the pallas_call names
+    knobs: Tuple[str, ...]  # in the default sweep order
+    launch_knobs: Tuple[str, ...]
+    fwd_knobs: Tuple[str, ...]  # the knobs that change the forward program
+    default_values: Mapping[str, Tuple[Any, ...]]
+    grads: Tuple[str, ...]  # names of the VJP's outputs, in input order
+
+
+_CW_PATH = "pallas_kernels/gdn2/kernel_gpu.py"
+_CW_INPUTS = "bf16 q/k/v, unit-norm k, scale K^-0.5, fp32 per-channel g = logsigmoid(N(0, 1))"
+FAMILIES = {
+    "gdn": Family(kernel_gpu, "pallas_kernels/gated_delta_rule/kernel_gpu.py",
+                  "scalar-decay Pallas GPU kernels",
+                  "GDN, bf16 q/k/v, unit-norm k, scale K^-0.5, fp32 gates", "gdn_", KNOBS,
+                  LAUNCH_KNOBS, FWD_KNOBS, DEFAULT_VALUES, ("dq", "dk", "dv", "dg", "dbeta")),
+    "kda": Family(channelwise_gpu, _CW_PATH, "per-channel-decay Pallas GPU kernels, KDA",
+                  f"KDA, {_CW_INPUTS}, beta = sigmoid(N(0, 1))", "channelwise_", CW_KNOBS,
+                  CW_LAUNCH_KNOBS, CW_FWD_KNOBS, CW_DEFAULT_VALUES,
+                  ("dq", "dk", "dv", "dg", "dbeta")),
+    "gdn2": Family(channelwise_gpu, _CW_PATH, "per-channel-decay Pallas GPU kernels, GDN-2",
+                   f"GDN-2, {_CW_INPUTS}, erase gate b [B, T, H, K] and write gate w "
+                   "[B, T, H, V] = sigmoid(N(0, 1))", "channelwise_", CW_KNOBS, CW_LAUNCH_KNOBS,
+                   CW_FWD_KNOBS, CW_DEFAULT_VALUES, ("dq", "dk", "dv", "dg", "db", "dw")),
+}
+OPS = tuple(FAMILIES)
+
 Shape = Tuple[int, int, int, int]
 Tuning = Dict[str, Any]
 
@@ -129,14 +203,21 @@ Tuning = Dict[str, Any]
 
 
 def _define_flags(fv: flags.FlagValues) -> None:
+    flags.DEFINE_enum("op", "gdn", OPS,
+                      "Which kernels to tune: gdn (pallas_kernels/gated_delta_rule/"
+                      "kernel_gpu.py, timed through gated_delta_rule), or kda / gdn2 (the "
+                      "per-channel-decay kernels of pallas_kernels/gdn2/kernel_gpu.py, timed "
+                      "through that op).", flag_values=fv)
     flags.DEFINE_string("shapes", "S1,S2",
                         "Comma-separated shapes: S1, S2, or B,T,H,D runs (e.g. S1,1,128,2,64).",
                         flag_values=fv)
-    flags.DEFINE_string("knobs", ",".join(KNOBS),
+    flags.DEFINE_string("knobs", None,
                         "Knobs in sweep order, each optionally with its values: name or "
                         "name=v1/v2/...; block values are ints or None, launch values WxS "
-                        "(num_warps x num_stages), split_forward True/False, e.g. "
-                        "split_forward,block_v=32/64,forward=4x2/8x1.",
+                        "(num_warps x num_stages), split_forward and intra_tf32 True/False, "
+                        "e.g. split_forward,block_v=32/64,forward=4x2/8x1 (default: every knob "
+                        f"of the op: {','.join(KNOBS)} for gdn, {','.join(CW_KNOBS)} for kda "
+                        "and gdn2).",
                         flag_values=fv)
     flags.DEFINE_string("start", None,
                         "JSON overrides of the starting point, e.g. '{\"block_v\": 32, "
@@ -220,7 +301,7 @@ def pass_kernels(pass_: str, split_forward: bool, segments: int = 1) -> Tuple[st
 
 
 def _parse_value(knob: str, text: str):
-    if knob in BOOL_KNOBS:
+    if knob in BOOL_KNOBS + CW_BOOL_KNOBS:
         if text.lower() in ("true", "1"):
             return True
         if text.lower() in ("false", "0"):
@@ -246,40 +327,61 @@ def _parse_value(knob: str, text: str):
     return (warps, stages)
 
 
-def parse_knobs(text: str) -> Dict[str, List[Any]]:
+def _unknown_knob(flag: str, name: str, op: str) -> app.UsageError:
+    """The error for a knob ``op`` does not have: another op's knob, or no knob at all."""
+    family = FAMILIES[op]
+    others = [o for o in OPS if name in FAMILIES[o].knobs]
+    if others:
+        where = sorted({FAMILIES[o].path for o in others})
+        return app.UsageError(
+            f"{flag}: {name!r} is a knob of --op={'/'.join(others)} only ({', '.join(where)}), "
+            f"not of --op={op} ({family.path}); choose from {', '.join(family.knobs)}")
+    return app.UsageError(f"{flag}: unknown knob {name!r}; choose from "
+                          f"{', '.join(family.knobs)}")
+
+
+def parse_knobs(text: Optional[str], op: str = "gdn") -> Dict[str, List[Any]]:
     """Parses ``--knobs`` into the sweep plan.
 
     Args:
-      text: comma-separated ``name`` or ``name=v1/v2/...`` entries; names from :data:`KNOBS`.
-        Block values are powers of two >= 16 or ``None``; launch values ``WxS``;
-        split_forward values ``True``/``False``; segments values ints >= 1 or ``None``.
+      text: comma-separated ``name`` or ``name=v1/v2/...`` entries; names from the op's knobs
+        (:data:`KNOBS` for gdn, :data:`CW_KNOBS` for kda and gdn2); ``None``: every knob of the
+        op with its default values. Block values are powers of two >= 16 or ``None``; launch
+        values ``WxS``; split_forward and intra_tf32 values ``True``/``False``; segments values
+        ints >= 1 or ``None``.
+      op: ``--op`` (a key of :data:`FAMILIES`).
 
     Returns:
-      ``{knob: [values]}`` in sweep order (a bare name takes :data:`DEFAULT_VALUES`).
+      ``{knob: [values]}`` in sweep order (a bare name takes the op's default values,
+      :data:`DEFAULT_VALUES` or :data:`CW_DEFAULT_VALUES`).
 
     Raises:
-      app.UsageError: on an unknown or repeated knob name, or a malformed value.
+      app.UsageError: on an unknown or repeated knob name, a knob of another op (e.g.
+        split_forward with ``op="kda"``), or a malformed value.
     """
+    family = FAMILIES[op]
+    if text is None:
+        text = ",".join(family.knobs)
     plan: Dict[str, List[Any]] = {}
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
             continue
         name, _, values = entry.partition("=")
         name = name.strip()
-        if name not in KNOBS:
-            raise app.UsageError(f"--knobs: unknown knob {name!r}; choose from "
-                                 f"{', '.join(KNOBS)}")
+        if name not in family.knobs:
+            raise _unknown_knob("--knobs", name, op)
         if name in plan:
             raise app.UsageError(f"--knobs: {name!r} is given twice")
         if not values:
-            plan[name] = list(DEFAULT_VALUES[name])
+            plan[name] = list(family.default_values[name])
             continue
         try:
             plan[name] = [_parse_value(name, v.strip()) for v in values.split("/") if v.strip()]
         except ValueError as e:
             form = ("a power of two >= 16 or None" if name in BLOCK_KNOBS
                     else "an int >= 1 or None (auto)" if name in SEGMENT_KNOBS
-                    else "True or False" if name in BOOL_KNOBS else "WxS, e.g. 4x2")
+                    else "True or False" if name in BOOL_KNOBS + CW_BOOL_KNOBS
+                    else "WxS, e.g. 4x2")
             raise app.UsageError(f"--knobs: bad value in {entry!r} ({e}); each value is "
                                  f"{form}") from None
         if not plan[name]:
@@ -289,20 +391,22 @@ def parse_knobs(text: str) -> Dict[str, List[Any]]:
     return plan
 
 
-def parse_start(text: Optional[str], base: Mapping[str, Any]) -> Tuning:
+def parse_start(text: Optional[str], base: Mapping[str, Any], op: str = "gdn") -> Tuning:
     """The starting configuration: ``base`` updated with the JSON overrides ``text``.
 
     Args:
       text: a JSON object ``{knob: value}`` (launch values as ``[num_warps, num_stages]``), or
         ``None``/empty for no override.
       base: the module's TUNING.
+      op: ``--op`` (whose knobs ``text`` may name).
 
     Returns:
       A new TUNING dict (launch values as tuples).
 
     Raises:
-      app.UsageError: on malformed JSON, an unknown knob or a malformed value.
+      app.UsageError: on malformed JSON, an unknown knob (or another op's) or a malformed value.
     """
+    family = FAMILIES[op]
     tuning = dict(base)
     if not text:
         return tuning
@@ -313,10 +417,10 @@ def parse_start(text: Optional[str], base: Mapping[str, Any]) -> Tuning:
     if not isinstance(overrides, dict):
         raise app.UsageError("--start: give a JSON object {knob: value}")
     for key, value in overrides.items():
-        if key not in KNOBS:
-            raise app.UsageError(f"--start: unknown knob {key!r}; choose from {', '.join(KNOBS)}")
+        if key not in family.knobs:
+            raise _unknown_knob("--start", key, op)
         try:
-            text_value = ("x".join(str(int(x)) for x in value) if key in LAUNCH_KNOBS
+            text_value = ("x".join(str(int(x)) for x in value) if key in family.launch_knobs
                           else str(value))
             tuning[key] = _parse_value(key, text_value)
         except (TypeError, ValueError) as e:
@@ -349,10 +453,11 @@ def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
     if fv.iters < 1 or fv.warmup < 0:
         raise app.UsageError(f"need --iters >= 1 and --warmup >= 0, got {fv.iters}, {fv.warmup}")
     parse_shapes(fv.shapes)
-    parse_knobs(fv.knobs)
+    parse_knobs(fv.knobs, fv.op)
     if len(parse_shapes(fv.check_shape, "--check_shape")) != 1:
         raise app.UsageError("--check_shape: give one B,T,H,D shape")
-    parse_start(fv.start, kernel_gpu.TUNING)
+    family = FAMILIES[fv.op]
+    parse_start(fv.start, family.module.TUNING, fv.op)
     return fv
 
 
@@ -360,21 +465,31 @@ def parse_flags(argv: Sequence[str]) -> flags.FlagValues:
 # Configurations: effective values, validity, and the launch check on the traced jaxpr.
 
 
-def effective(tuning: Mapping[str, Any], shape: Shape) -> Tuning:
+def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tuning:
     """The values the kernels use at ``shape``.
 
     Args:
-      tuning: a TUNING dict (``None`` block widths allowed).
+      tuning: a TUNING dict of ``op``'s module (``None`` block widths allowed).
       shape: ``(B, T, H, D)``, D the head dim K = V.
+      op: ``--op``.
 
     Returns:
-      A copy with ``None`` block widths resolved by ``kernel_gpu.block_widths`` (as the
+      For gdn, a copy with ``None`` block widths resolved by ``kernel_gpu.block_widths`` (as the
       kernels resolve them, on the pseudo-batch of ``segments`` (resolved by
-      ``kernel_gpu.num_segments``) segments per row), ``split_forward`` as a bool, and
-      ``None`` as the launch of the forward kernels the configuration does not run (``forward``
-      when split, ``forward_state``/``forward_output`` otherwise).
+      ``kernel_gpu.num_segments``) segments per row), launches by ``kernel_gpu.launch_for`` (a
+      pair, or a dict per head dim), ``split_forward`` as a bool, and ``None`` as the launch of
+      the forward kernels the configuration does not run (``forward`` when split,
+      ``forward_state``/``forward_output`` otherwise). For kda/gdn2, ``None`` block widths
+      resolved to ``min(D, 64)`` (gdn2/kernel_gpu.py's ``_config``), launches by its
+      ``launch_for`` and ``intra_tf32`` as a bool.
     """
     batch, seq_len, heads, dim = shape
+    if op != "gdn":
+        out = {k: channelwise_gpu.launch_for(k, dim, tuning) for k in CW_LAUNCH_KNOBS}
+        out["block_v"] = tuning.get("block_v") or min(dim, 64)
+        out["block_k"] = tuning.get("block_k") or min(dim, 64)
+        out["intra_tf32"] = bool(tuning.get("intra_tf32", True))
+        return out
     out = {k: kernel_gpu.launch_for(k, dim, tuning) for k in LAUNCH_KNOBS}
     out["split_forward"] = split = bool(tuning.get("split_forward", False))
     tuning = dict(tuning, segments=tuning.get("segments", 1))
@@ -388,12 +503,14 @@ def effective(tuning: Mapping[str, Any], shape: Shape) -> Tuning:
     return out
 
 
-def invalid_reason(tuning: Mapping[str, Any], shapes: Mapping[str, Shape]) -> Optional[str]:
+def invalid_reason(tuning: Mapping[str, Any], shapes: Mapping[str, Shape],
+                   op: str = "gdn") -> Optional[str]:
     """Why ``tuning`` cannot run at some shape.
 
     Args:
-      tuning: a TUNING dict.
+      tuning: a TUNING dict of ``op``'s module.
       shapes: ``{name: (B, T, H, D)}``.
+      op: ``--op``.
 
     Returns:
       ``"error: <knob>=<width> does not fit head dim <D> (<name>)"`` for a block wider than,
@@ -401,21 +518,24 @@ def invalid_reason(tuning: Mapping[str, Any], shapes: Mapping[str, Shape]) -> Op
     """
     for name, shape in shapes.items():
         dim = shape[3]
-        eff = effective(tuning, shape)
+        eff = effective(tuning, shape, op)
         for knob in BLOCK_KNOBS:
             if eff[knob] > dim or dim % eff[knob]:
                 return f"error: {knob}={eff[knob]} does not fit head dim {dim} ({name})"
     return None
 
 
-def _key(tuning: Mapping[str, Any], shapes: Mapping[str, Shape], knobs=KNOBS) -> tuple:
-    """Identity of the compiled programs: the effective ``knobs`` at every shape."""
-    return tuple(tuple(effective(tuning, s)[k] for k in knobs) for s in shapes.values())
+def _key(tuning: Mapping[str, Any], shapes: Mapping[str, Shape], knobs=None, *,
+         op: str = "gdn") -> tuple:
+    """Identity of the compiled programs: the effective ``knobs`` (default: every knob of
+    ``op``) at every shape."""
+    knobs = FAMILIES[op].knobs if knobs is None else knobs
+    return tuple(tuple(effective(tuning, s, op)[k] for k in knobs) for s in shapes.values())
 
 
-def _fwd_key(tuning: Mapping[str, Any], shape: Shape) -> tuple:
-    eff = effective(tuning, shape)
-    return (shape,) + tuple(eff[k] for k in FWD_KNOBS)
+def _fwd_key(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> tuple:
+    eff = effective(tuning, shape, op)
+    return (shape,) + tuple(eff[k] for k in FAMILIES[op].fwd_knobs)
 
 
 def _subjaxprs(params: Mapping[str, Any]):
@@ -471,8 +591,35 @@ def launch_table(closed_jaxpr) -> Dict[str, List[dict]]:
     return table
 
 
+def _gdn_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
+    """The grids of gated_delta_rule/kernel_gpu.py's kernels at ``shape`` under ``eff``."""
+    batch, seq_len, heads, dim = shape
+    segments = eff["segments"]
+    # The kernels see a pseudo-batch of B * P rows of n_chunks / P chunks (segments).
+    n_chunks = -(-seq_len // (CHUNK * segments))
+    rows = batch * segments * heads
+    return {"prepare": (n_chunks, rows),
+            "forward": (rows, dim // eff["block_v"]),
+            "forward_state": (rows, dim // eff["block_v"]),
+            "segment_transitions": (rows, 2 * dim // min(64, 2 * dim)),
+            "forward_output": (n_chunks, rows, dim // min(dim, kernel_gpu.OUTPUT_BLOCK_V)),
+            "backward_state": (rows, dim // eff["block_v"]),
+            "backward_chunk": (n_chunks, rows, dim // eff["block_k"])}
+
+
+def _channelwise_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
+    """The grids of gdn2/kernel_gpu.py's kernels (``_prepare``, ``_forward``,
+    ``_backward_state``, ``_backward_chunk``) at ``shape`` under the effective values ``eff``."""
+    batch, seq_len, heads, dim = shape
+    n_chunks, rows = -(-seq_len // CW_CHUNK), batch * heads
+    return {"prepare": (n_chunks, rows),
+            "forward": (rows, dim // eff["block_v"]),
+            "backward_state": (rows, dim // eff["block_v"]),
+            "backward_chunk": (n_chunks, rows, dim // eff["block_k"])}
+
+
 def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], shape: Shape,
-                   pass_: str, *, check_launch: bool = True) -> None:
+                   pass_: str, *, check_launch: bool = True, op: str = "gdn") -> None:
     """Checks that a traced program runs ``tuning`` (not a stale cached trace).
 
     Args:
@@ -482,30 +629,27 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
       pass_: ``"fwd"`` or ``"fwdbwd"`` (which kernels must appear).
       check_launch: also compare ``(num_warps, num_stages)`` (off for interpret-mode programs,
         which stage none).
+      op: ``--op``: the ``gdn_*`` kernels of gated_delta_rule/kernel_gpu.py, or (kda, gdn2) the
+        ``channelwise_*`` kernels of gdn2/kernel_gpu.py.
 
     Raises:
       LaunchCheckUnavailable: when the program holds none of this family's kernels by name, or
         launch parameters are expected but none can be read (an unknown jax format).
       RuntimeError: naming the kernel and what differs (a stale trace), or a missing kernel.
     """
-    if not any(name in table for name in KERNEL_NAMES.values()):
-        raise LaunchCheckUnavailable(f"no pallas_call named {sorted(KERNEL_NAMES.values())} "
-                                     f"(found {sorted(table)})")
-    batch, seq_len, heads, dim = shape
-    eff = effective(tuning, shape)
-    segments = eff["segments"]
-    # The kernels see a pseudo-batch of B * P rows of n_chunks / P chunks (segments).
-    n_chunks = -(-seq_len // (CHUNK * segments))
-    rows = batch * segments * heads
-    grids = {"prepare": (n_chunks, rows),
-             "forward": (rows, dim // eff["block_v"]),
-             "forward_state": (rows, dim // eff["block_v"]),
-             "segment_transitions": (rows, 2 * dim // min(64, 2 * dim)),
-             "forward_output": (n_chunks, rows, dim // min(dim, kernel_gpu.OUTPUT_BLOCK_V)),
-             "backward_state": (rows, dim // eff["block_v"]),
-             "backward_chunk": (n_chunks, rows, dim // eff["block_k"])}
-    for kernel in pass_kernels(pass_, eff["split_forward"], segments):
-        name = "gdn_" + kernel
+    family = FAMILIES[op]
+    names = sorted(family.prefix + k for k in family.launch_knobs)
+    if not any(name in table for name in names):
+        raise LaunchCheckUnavailable(f"no pallas_call named {names} (found {sorted(table)})")
+    eff = effective(tuning, shape, op)
+    if op == "gdn":
+        grids, kernels = _gdn_grids(eff, shape), pass_kernels(pass_, eff["split_forward"],
+                                                              eff["segments"])
+    else:
+        grids = _channelwise_grids(eff, shape)
+        kernels = CW_LAUNCH_KNOBS[:2] if pass_ == "fwd" else CW_LAUNCH_KNOBS
+    for kernel in kernels:
+        name = family.prefix + kernel
         calls = table.get(name)
         if not calls:
             raise RuntimeError(f"{pass_}: no pallas_call named {name} in the "
@@ -523,8 +667,8 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
                                    f"{call['grid']}, expected {grids[kernel]} (stale trace?)")
 
 
-def set_tuning(tuning: Mapping[str, Any]) -> None:
-    """Writes ``tuning`` into ``kernel_gpu.TUNING`` and clears JAX's caches.
+def set_tuning(tuning: Mapping[str, Any], op: str = "gdn") -> None:
+    """Writes ``tuning`` into the TUNING of ``op``'s kernel module and clears JAX's caches.
 
     TUNING is read when the op is traced; a fresh outer ``jax.jit`` alone is not enough, since
     the traced jaxpr of the op's inner ``jax.jit`` (``api._forward_pallas``) is cached by
@@ -532,9 +676,12 @@ def set_tuning(tuning: Mapping[str, Any]) -> None:
 
     Args:
       tuning: the full TUNING dict to install (copied).
+      op: ``--op``: ``gated_delta_rule/kernel_gpu.TUNING`` for gdn, ``gdn2/kernel_gpu.TUNING``
+        for kda and gdn2.
     """
-    kernel_gpu.TUNING.clear()
-    kernel_gpu.TUNING.update(tuning)
+    module = FAMILIES[op].module
+    module.TUNING.clear()
+    module.TUNING.update(tuning)
     jax.clear_caches()
 
 
@@ -542,19 +689,36 @@ def set_tuning(tuning: Mapping[str, Any]) -> None:
 # Inputs and programs.
 
 
-def make_inputs(shape: Shape, seed: int) -> Tuple[jax.Array, ...]:
-    """GDN inputs of one shape (the bench_kernels.py contract).
+def make_inputs(shape: Shape, seed: int, op: str = "gdn") -> Tuple[jax.Array, ...]:
+    """The op's inputs at one shape (the bench_kernels.py contract), with a cotangent.
 
     Args:
       shape: ``(B, T, H, D)``.
       seed: PRNG seed.
+      op: ``--op``.
 
     Returns:
-      ``(q, k, v, g, beta, do)``: q, v, cotangent do ``[B, T, H, D]`` bf16 N(0, 1); k
-      ``[B, T, H, D]`` bf16, unit norm over D; g ``[B, T, H]`` fp32 logsigmoid(N(0, 1));
-      beta ``[B, T, H]`` fp32 sigmoid(N(0, 1)).
+      q, v, cotangent do ``[B, T, H, D]`` bf16 N(0, 1); k ``[B, T, H, D]`` bf16, unit norm over
+      D; gates fp32: for gdn ``(q, k, v, g, beta, do)`` with g ``[B, T, H]``
+      logsigmoid(N(0, 1)) and beta ``[B, T, H]`` sigmoid(N(0, 1)); for kda the same with the
+      per-channel g ``[B, T, H, D]``; for gdn2 ``(q, k, v, g, b, w, do)`` with that g and
+      the gates b (erase, ``[B, T, H, K]``) and w (write, ``[B, T, H, V]``) sigmoid(N(0, 1)).
     """
     batch, seq_len, heads, dim = shape
+
+    def build_channelwise(key):
+        kq, kk, kv, kg, kb, kw, kd = jax.random.split(key, 7)
+        big = (batch, seq_len, heads, dim)
+        bf16 = jnp.bfloat16
+        k = jax.random.normal(kk, big, jnp.float32)
+        k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+        gates = ((jax.nn.sigmoid(jax.random.normal(kb, big[:3], jnp.float32)),) if op == "kda"
+                 else (jax.nn.sigmoid(jax.random.normal(kb, big, jnp.float32)),
+                       jax.nn.sigmoid(jax.random.normal(kw, big, jnp.float32))))
+        return (jax.random.normal(kq, big, jnp.float32).astype(bf16), k.astype(bf16),
+                jax.random.normal(kv, big, jnp.float32).astype(bf16),
+                jax.nn.log_sigmoid(jax.random.normal(kg, big, jnp.float32)), *gates,
+                jax.random.normal(kd, big, jnp.float32).astype(bf16))
 
     def build(key):
         kq, kk, kv, kg, kb, kd = jax.random.split(key, 6)
@@ -568,27 +732,28 @@ def make_inputs(shape: Shape, seed: int) -> Tuple[jax.Array, ...]:
                 jax.nn.sigmoid(jax.random.normal(kb, big[:3], jnp.float32)),
                 jax.random.normal(kd, big, jnp.float32).astype(bf16))
 
-    return jax.block_until_ready(jax.jit(build)(jax.random.key(seed)))
+    fn = build if op == "gdn" else build_channelwise
+    return jax.block_until_ready(jax.jit(fn)(jax.random.key(seed)))
 
 
 def programs(op: Callable[..., jax.Array]) -> Dict[str, Callable[..., Any]]:
     """The timed passes of an op.
 
     Args:
-      op: ``op(q, k, v, g, beta) -> o [B, T, H, V]``.
+      op: ``op(*xs) -> o [B, T, H, V]``, e.g. ``op(q, k, v, g, beta)``.
 
     Returns:
-      ``{"fwd": f(q, k, v, g, beta, do) -> o, "fwdbwd": f(q, k, v, g, beta, do) -> (dq, dk, dv,
-      dg, dbeta, o)}`` (the VJP of the fixed cotangent ``do``, cast to o's dtype, and o itself);
+      ``{"fwd": f(*xs, do) -> o, "fwdbwd": f(*xs, do) -> (*dxs, o)}``, e.g. ``(dq, dk, dv, dg,
+      dbeta, o)`` (the VJP of the fixed cotangent ``do``, cast to o's dtype, and o itself);
       plain functions to wrap in ``jax.jit``.
     """
 
-    def fwd(q, k, v, g, beta, do):
-        del do
-        return op(q, k, v, g, beta)
+    def fwd(*args):
+        return op(*args[:-1])
 
-    def fwdbwd(q, k, v, g, beta, do):
-        o, vjp = jax.vjp(op, q, k, v, g, beta)
+    def fwdbwd(*args):
+        *xs, do = args
+        o, vjp = jax.vjp(op, *xs)
         # o is returned too: as in training, where the loss reads it. Otherwise dead-code
         # elimination drops a read-out that has a kernel of its own (split_forward's
         # forward_output), and the fwd+bwd time would miss it.
@@ -614,10 +779,44 @@ def gdn_op(implementation: str) -> Callable[..., jax.Array]:
     return op
 
 
+def kda_op(implementation: str) -> Callable[..., jax.Array]:
+    """:func:`gdn_op` for ``pallas_kernels.kda.kda``: ``op(q, k, v, g, beta) -> o``."""
+
+    def op(q, k, v, g, beta):
+        return kda_ops.kda(q, k, v, g, beta, implementation=implementation)[0]
+
+    return op
+
+
+def gdn2_op(implementation: str) -> Callable[..., jax.Array]:
+    """:func:`gdn_op` for ``pallas_kernels.gdn2.gdn2``: ``op(q, k, v, g, b, w) -> o``."""
+
+    def op(q, k, v, g, b, w):
+        return gdn2_ops.gdn2(q, k, v, g, b, w, implementation=implementation)[0]
+
+    return op
+
+
 def _kernel_op(q, k, v, g, beta):
     """The GPU kernels without interpret mode, called directly (traced, never run, on CPU)."""
     return kernel_gpu.scalar_decay_pallas(q, k, v, g, beta, scale=q.shape[-1] ** -0.5,
                                           return_residual=False, interpret=False)[0]
+
+
+def _kda_kernel_op(q, k, v, g, beta):
+    """:func:`_kernel_op` for KDA (gdn2/kernel_gpu.py's kernels through kda/kernel_gpu.py)."""
+    return kda_kernel_gpu.kda_pallas(q, k, v, g, beta, scale=q.shape[-1] ** -0.5,
+                                     return_residual=False, interpret=False)[0]
+
+
+def _gdn2_kernel_op(q, k, v, g, b, w):
+    """:func:`_kernel_op` for GDN-2 (gdn2/kernel_gpu.py)."""
+    return channelwise_gpu.gdn2_pallas(q, k, v, g, b, w, scale=q.shape[-1] ** -0.5,
+                                       return_residual=False, interpret=False)[0]
+
+
+OP_FUNCTIONS = {"gdn": gdn_op, "kda": kda_op, "gdn2": gdn2_op}  # implementation -> op
+KERNEL_OPS = {"gdn": _kernel_op, "kda": _kda_kernel_op, "gdn2": _gdn2_kernel_op}
 
 
 def _median_ms(times_s: Sequence[float]) -> float:
@@ -644,10 +843,11 @@ def rel_rms(got, want) -> float:
 
 
 class Sweep:
-    """Coordinate descent over :data:`KNOBS`; holds every trial and writes the report.
+    """Coordinate descent over the op's knobs; holds every trial and writes the report.
 
     Attributes:
       opts: the parsed flags.
+      op: ``--op`` (a key of :data:`FAMILIES`).
       shapes: ``{name: (B, T, H, D)}``.
       plan: ``{knob: [values]}`` in sweep order.
       baseline: the module's TUNING when the sweep began.
@@ -665,10 +865,11 @@ class Sweep:
         """
         self.opts = fv
         self.argv = list(argv)
+        self.op = fv.op
         self.shapes = parse_shapes(fv.shapes)
-        self.plan = parse_knobs(fv.knobs)
+        self.plan = parse_knobs(fv.knobs, self.op)
         self.baseline = dict(baseline)
-        self.start = parse_start(fv.start, baseline)
+        self.start = parse_start(fv.start, baseline, self.op)
         self.interpret = fv.interpret
         self.impl = "pallas_interpret" if fv.interpret else "pallas"
         self.budget = bench.TimeBudget(fv.time_budget_s if fv.time_budget_s > 0 else None)
@@ -701,10 +902,10 @@ class Sweep:
 
     def _find(self, tuning) -> Optional[dict]:
         """The measured (or failed) trial with the same effective knobs, if any."""
-        key = _key(tuning, self.shapes)
+        key = _key(tuning, self.shapes, op=self.op)
         for t in self.trials:
             if t["status"] != bench.SKIPPED_BUDGET and "same_as" not in t and \
-                    _key(t["tuning"], self.shapes) == key:
+                    _key(t["tuning"], self.shapes, op=self.op) == key:
                 return t
         return None
 
@@ -740,7 +941,7 @@ class Sweep:
     def _programs_needed(self, tuning, pending_fwd) -> int:
         n = 0
         for shape in self.shapes.values():
-            fk = _fwd_key(tuning, shape)
+            fk = _fwd_key(tuning, shape, self.op)
             n += 1 + (fk not in self.fwd_results and fk not in pending_fwd)
         return n
 
@@ -756,13 +957,13 @@ class Sweep:
             forward) is reused and marked with ``fwd_from``.
         """
         t0 = time.perf_counter()
-        fns = {self.impl: programs(gdn_op(self.impl))}
+        fns = {self.impl: programs(OP_FUNCTIONS[self.op](self.impl))}
         if self.interpret:
-            fns["twin"] = programs(_kernel_op)
+            fns["twin"] = programs(KERNEL_OPS[self.op])
         lowered: Dict[tuple, Any] = {}
         fwd_owner: Dict[tuple, int] = {}
         for trial in batch:
-            set_tuning(trial["tuning"])
+            set_tuning(trial["tuning"], self.op)
             t_lower = time.perf_counter()
             _, status = bench.guarded(self._lower, trial, fns, lowered, fwd_owner)
             trial["lower_s"] = round(time.perf_counter() - t_lower, 3)
@@ -786,7 +987,7 @@ class Sweep:
     def _lower(self, trial, fns, lowered, fwd_owner) -> None:
         """Traces and lowers the programs of ``trial`` (run under its TUNING) into ``lowered``;
         adds nothing when any step raises."""
-        reason = invalid_reason(trial["tuning"], self.shapes)
+        reason = invalid_reason(trial["tuning"], self.shapes, self.op)
         if reason:
             raise ValueError(reason[len("error: "):])
         mine: Dict[tuple, Any] = {}
@@ -794,7 +995,7 @@ class Sweep:
         check = "ok"
         for name, shape in self.shapes.items():
             args = self.inputs[name]
-            fk = _fwd_key(trial["tuning"], shape)
+            fk = _fwd_key(trial["tuning"], shape, self.op)
             todo = ["fwdbwd"]
             if fk not in self.fwd_results and fk not in fwd_owner:
                 todo.insert(0, "fwd")
@@ -808,7 +1009,7 @@ class Sweep:
                 for table, with_launch in tables:
                     try:
                         check_launches(table, trial["tuning"], shape, pass_,
-                                       check_launch=with_launch)
+                                       check_launch=with_launch, op=self.op)
                     except LaunchCheckUnavailable as e:
                         check = f"unavailable: {e}"
                         if not any(t.get("launch_check") == check for t in self.trials):
@@ -825,7 +1026,7 @@ class Sweep:
         for name, shape in self.shapes.items():
             args = self.inputs[name]
             rec = trial["shapes"].setdefault(name, {})
-            fk = _fwd_key(trial["tuning"], shape)
+            fk = _fwd_key(trial["tuning"], shape, self.op)
             for pass_, key in (("fwd", ("fwd", fk)), ("fwdbwd", ("fwdbwd", trial["id"], name))):
                 if pass_ == "fwd" and fk in self.fwd_results:
                     prev = self.fwd_results[fk]
@@ -866,7 +1067,7 @@ class Sweep:
         for t in self.trials:
             if t["id"] in keep_ids:
                 for name, shape in self.shapes.items():
-                    keep.add(("fwd", _fwd_key(t["tuning"], shape)))
+                    keep.add(("fwd", _fwd_key(t["tuning"], shape, self.op)))
                     keep.add(("fwdbwd", t["id"], name))
         self.kept = {k: v for k, v in self.kept.items() if k in keep}
 
@@ -881,19 +1082,21 @@ class Sweep:
     def run(self) -> dict:
         """Runs the sweep, the confirmation and the correctness check.
 
-        Leaves ``kernel_gpu.TUNING`` at the last configuration traced (:func:`main` restores it).
+        Leaves the module's TUNING at the last configuration traced (:func:`main` restores it).
 
         Returns:
           :meth:`payload`, also written to ``<out>.json``/``<out>.md`` after every knob.
         """
         self.env = bench.environment(["experiments/tune_kernels.py"] + self.argv)
         self.log(f"device {self.env['device_kind']} ({self.env['backend']}), jax "
-                 f"{self.env['jax']}; shapes {self.shapes}; implementation {self.impl}")
+                 f"{self.env['jax']}; op {self.op} ({FAMILIES[self.op].path}); shapes "
+                 f"{self.shapes}; implementation {self.impl}")
         for name, shape in self.shapes.items():
-            self.inputs[name] = make_inputs(shape, self.opts.seed)
+            self.inputs[name] = make_inputs(shape, self.opts.seed, self.op)
         base = self._trial(None, None, self.baseline, role="baseline")
         first = [base]
-        if _key(self.start, self.shapes) != _key(self.baseline, self.shapes):
+        if _key(self.start, self.shapes, op=self.op) != _key(self.baseline, self.shapes,
+                                                             op=self.op):
             first.append(self._trial(None, None, self.start, role="start"))
         self.measure(first)
         incumbent = self.best = first[-1]
@@ -934,7 +1137,7 @@ class Sweep:
                                               measured_id=measured["id"]))
                 candidates[-1]["objective_ms"] = measured["objective_ms"]
                 continue
-            reason = invalid_reason(tuning, self.shapes)
+            reason = invalid_reason(tuning, self.shapes, self.op)
             if reason:
                 candidates.append(self._trial(knob, value, tuning, status=reason))
                 self.log(f"#{candidates[-1]['id']} {knob}={_fmt_value(value)}: {reason}")
@@ -952,7 +1155,7 @@ class Sweep:
                 continue
             trial = self._trial(knob, value, tuning)
             n_programs += need
-            pending_fwd.update(_fwd_key(tuning, s) for s in self.shapes.values())
+            pending_fwd.update(_fwd_key(tuning, s, self.op) for s in self.shapes.values())
             batch.append(trial)
             candidates.append(trial)
         if batch:
@@ -983,7 +1186,8 @@ class Sweep:
             for role, trial in roles.items():
                 for name, shape in self.shapes.items():
                     for pass_ in PASSES:
-                        key = (("fwd", _fwd_key(trial["tuning"], shape)) if pass_ == "fwd"
+                        key = (("fwd", _fwd_key(trial["tuning"], shape, self.op))
+                               if pass_ == "fwd"
                                else ("fwdbwd", trial["id"], name))
                         exe = self.kept.get(key)
                         if exe is None:
@@ -1014,22 +1218,22 @@ class Sweep:
         self.log(f"correctness check at {name} with the best configuration")
         out = dict(shape=list(shape), tuning=_jsonable(tuning),
                    limits=dict(o=ERROR_LIMITS["o"], grads=GRAD_LIMIT))
-        reason = invalid_reason(tuning, {name: shape})
+        reason = invalid_reason(tuning, {name: shape}, self.op)
         if reason:
             out.update(ok=False, status=reason)
             return out
-        set_tuning(tuning)
-        q, k, v, g, beta, do = make_inputs(shape, self.opts.seed + 1)
-        f32 = [x.astype(jnp.float32) for x in (q, k, v)]
-        ours = programs(gdn_op(self.impl))
-        ref = programs(gdn_op("reference"))
-        calls = {("ours", p): (ours[p], (q, k, v, g, beta, do)) for p in PASSES}
-        calls.update({("ref", p): (ref[p], (*f32, g, beta, do.astype(jnp.float32)))
-                      for p in PASSES})
+        set_tuning(tuning, self.op)
+        args = make_inputs(shape, self.opts.seed + 1, self.op)  # (q, k, v, gates..., do)
+        f32 = tuple(x.astype(jnp.float32) for x in args)  # the gates are fp32 already
+        ours = programs(OP_FUNCTIONS[self.op](self.impl))
+        ref = programs(OP_FUNCTIONS[self.op]("reference"))
+        calls = {("ours", p): (ours[p], args) for p in PASSES}
+        calls.update({("ref", p): (ref[p], f32) for p in PASSES})
         kept = {}
         for sweep_name, sweep_shape in self.shapes.items():
             if sweep_shape == shape:  # the best's programs at this shape are still compiled
-                kept = {("ours", "fwd"): self.kept.get(("fwd", _fwd_key(tuning, shape))),
+                kept = {("ours", "fwd"): self.kept.get(("fwd", _fwd_key(tuning, shape,
+                                                                        self.op))),
                         ("ours", "fwdbwd"): self.kept.get(
                             ("fwdbwd", best.get("measured_id", best["id"]), sweep_name))}
                 kept = {key: exe for key, exe in kept.items() if exe is not None}
@@ -1054,7 +1258,7 @@ class Sweep:
             self.log(f"correctness check: {status}")
             return out
         errors = {"o": rel_rms(results[("ours", "fwd")], results[("ref", "fwd")])}
-        for gname, got, want in zip(("dq", "dk", "dv", "dg", "dbeta"),  # o (last) is in fwd
+        for gname, got, want in zip(FAMILIES[self.op].grads,  # o (last) is in fwd
                                     results[("ours", "fwdbwd")], results[("ref", "fwdbwd")]):
             errors[gname] = rel_rms(got, want)
         ok = all(e < ERROR_LIMITS.get(n, GRAD_LIMIT) for n, e in errors.items())
@@ -1087,10 +1291,11 @@ class Sweep:
                             objective_ms=best_trial["objective_ms"],
                             speedup_vs_baseline=_ratio(base["objective_ms"],
                                                        best_trial["objective_ms"]),
-                            python=tuning_literal(best["tuning"]))
+                            python=tuning_literal(best["tuning"], self.op))
         return dict(
             environment=self.env,
-            settings=dict(shapes={n: list(s) for n, s in self.shapes.items()},
+            settings=dict(op=self.op, module=FAMILIES[self.op].path,
+                          shapes={n: list(s) for n, s in self.shapes.items()},
                           knobs={k: [_jsonable_value(v) for v in vs]
                                  for k, vs in self.plan.items()},
                           iters=self.opts.iters, warmup=self.opts.warmup,
@@ -1139,17 +1344,19 @@ def _ratio(a, b) -> Optional[float]:
     return None if not a or not b else round(a / b, 4)
 
 
-def tuning_literal(tuning: Mapping[str, Any]) -> str:
-    """The TUNING dict as Python source to paste into kernel_gpu.py.
+def tuning_literal(tuning: Mapping[str, Any], op: str = "gdn") -> str:
+    """The TUNING dict as Python source to paste into the op's kernel_gpu.py.
 
     Args:
       tuning: a TUNING dict (launch values as tuples or lists).
+      op: ``--op`` (whose module's key order to follow).
 
     Returns:
-      ``TUNING = {...}`` over several lines, in kernel_gpu.TUNING's key order, tuples for the
+      ``TUNING = {...}`` over several lines, in the module's TUNING key order, tuples for the
       launch values.
     """
-    order = list(kernel_gpu.TUNING) or list(LAUNCH_KNOBS + BLOCK_KNOBS)
+    family = FAMILIES[op]
+    order = list(family.module.TUNING) or list(family.launch_knobs + BLOCK_KNOBS)
     order += [k for k in tuning if k not in order]
     lines = ["TUNING = {"]
     for key in order:
@@ -1174,21 +1381,21 @@ def markdown(payload: Mapping[str, Any]) -> str:
       headline speed-up and the TUNING literal are replaced by :data:`INTERPRET_NOTE`.
     """
     env, st = payload["environment"], payload["settings"]
+    family = FAMILIES[st.get("op", "gdn")]  # reports from before --op are gdn's
     names = list(st["shapes"])
     trials = payload["trials"]
     base_obj = payload["baseline"]["objective_ms"]
     lines = [
-        "# Launch-parameter sweep: scalar-decay Pallas GPU kernels "
-        "(pallas_kernels/gated_delta_rule/kernel_gpu.py)", "",
+        f"# Launch-parameter sweep: {family.title} ({family.path})", "",
         f"Device: {env.get('device_kind')} ({env.get('backend')}); jax {env.get('jax')}, "
         f"jaxlib {env.get('jaxlib')}; {env.get('date_utc')}.", "",
         f"Command: `{env.get('command')}`", "",
         "Shapes: " + ", ".join(f"{n} = (B={s[0]}, T={s[1]}, H={s[2]}, D={s[3]})"
                                for n, s in st["shapes"].items())
-        + f". GDN, bf16 q/k/v, unit-norm k, scale K^-0.5, fp32 gates; implementation "
-        f"`{st['implementation']}`. Times: wall-clock median per call in ms of {st['iters']} "
-        f"jitted calls after {st['warmup']} warm-up calls. Objective: {st['objective']}. "
-        f"Coordinate descent over {', '.join(st['knobs'])}.", "",
+        + f". {family.inputs}; implementation `{st['implementation']}`. Times: wall-clock "
+        f"median per call in ms of {st['iters']} jitted calls after {st['warmup']} warm-up "
+        f"calls. Objective: {st['objective']}. Coordinate descent over "
+        f"{', '.join(st['knobs'])}.", "",
         f"Elapsed {payload['elapsed_s']} s of a {st['time_budget_s']} s budget"
         + ("; **stopped by the time budget** (knobs not reached are listed as skipped)."
            if payload["stopped_by_budget"] else "."), "",
@@ -1205,7 +1412,7 @@ def markdown(payload: Mapping[str, Any]) -> str:
                       f"{bench.fmt(best['speedup_vs_baseline'], '.3f')}x (sweep timings)"
                       + (". **Slower than the baseline** (a --start elsewhere): keep the current "
                          "TUNING." if (best["speedup_vs_baseline"] or 1.0) < 1.0 else "."), "",
-                      "Paste into `pallas_kernels/gated_delta_rule/kernel_gpu.py`:", "",
+                      f"Paste into `{family.path}`:", "",
                       "```python", best["python"], "```", ""]
         lines += ["| shape | pass | baseline (sweep) | best (sweep) | speed-up | baseline "
                   "(confirm) | best (confirm) | speed-up (confirm) |",
@@ -1271,7 +1478,9 @@ def markdown(payload: Mapping[str, Any]) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> Optional[dict]:
     """Parses ``argv`` (without the program name; ``None``: ``sys.argv[1:]``) and runs the sweep.
 
-    ``kernel_gpu.TUNING`` is restored, and JAX's caches cleared, whatever happens.
+    The TUNING of the ``--op``'s kernel module (``gated_delta_rule/kernel_gpu.py`` for gdn,
+    ``gdn2/kernel_gpu.py`` for kda and gdn2) is restored, and JAX's caches cleared, whatever
+    happens.
 
     Returns:
       The payload written to ``<out>.json`` (:meth:`Sweep.payload`), or ``None`` for ``--help``.
@@ -1291,11 +1500,11 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[dict]:
     if backend != "gpu" and not fv.interpret:
         raise app.UsageError(f"the Pallas GPU kernels need a GPU backend (found {backend}); "
                              "pass --interpret for a CPU smoke run")
-    original = dict(kernel_gpu.TUNING)
+    original = dict(FAMILIES[fv.op].module.TUNING)
     try:
         return Sweep(fv, argv, original).run()
     finally:
-        set_tuning(original)
+        set_tuning(original, fv.op)
 
 
 def baseline_failure(payload: Optional[Mapping[str, Any]]) -> Optional[str]:

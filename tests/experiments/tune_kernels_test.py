@@ -1,8 +1,10 @@
-"""The kernel launch-parameter sweep (experiments/tune_kernels.py): a CPU smoke run in Pallas
-interpret mode on a tiny shape, TUNING restored afterwards, the launch check on traced programs,
-and clear errors for bad options."""
+"""The kernel launch-parameter sweep (experiments/tune_kernels.py): CPU smoke runs in Pallas
+interpret mode on a tiny shape (GDN's kernels, and with --op=kda the per-channel-decay kernels of
+pallas_kernels/gdn2/kernel_gpu.py), TUNING restored afterwards, the launch check on traced
+programs, and clear errors for bad options."""
 
 import contextlib
+import functools
 import io
 import json
 import os
@@ -19,9 +21,11 @@ from absl.testing import absltest
 from experiments import tune_kernels
 from lattn_jax import benchmark as bench
 from pallas_kernels.gated_delta_rule import kernel_gpu
+from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SHAPE = (1, 128, 2, 64)  # B, T, H, D: two kernel chunks
+CW_PATH = "pallas_kernels/gdn2/kernel_gpu.py"
 
 
 @pytest.mark.entry
@@ -173,6 +177,139 @@ class TuneKernelsTest(absltest.TestCase):
         # mistaken for a stale trace.
         with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
             tune_kernels.check_launches({"other_kernel": []}, tuning, shape, "fwdbwd")
+
+    def test_kda_sweep_tunes_the_channelwise_kernels_and_restores_tuning(self):
+        before, gdn_before = dict(channelwise_gpu.TUNING), dict(kernel_gpu.TUNING)
+        out = os.path.join(self.create_tempdir().full_path, "tune")
+        # Two values and no compile beyond the baseline's (the suite's time): block_v=64 is the
+        # baseline's effective width (None -> min(D, 64), as gdn2/kernel_gpu._config resolves
+        # it), block_v=128 is wider than D = 64. The check at the sweep shape reuses the
+        # baseline's compiled programs and compares against kda's fp32 reference.
+        shape = "1,128,1,64"
+        payload = tune_kernels.main([
+            "--op=kda", "--interpret", f"--shapes={shape}", "--iters=1", "--warmup=0",
+            "--knobs=block_v=64/128", f"--check_shape={shape}", "--confirm_rounds=1",
+            "--compile_workers=2", f"--out={out}"])
+        self.assertEqual(channelwise_gpu.TUNING, before)
+        self.assertEqual(kernel_gpu.TUNING, gdn_before)
+
+        with open(out + ".json") as f:
+            saved = json.load(f)
+        self.assertEqual(saved["trials"], json.loads(json.dumps(payload["trials"])))
+        self.assertEqual((saved["settings"]["op"], saved["settings"]["module"]), ("kda", CW_PATH))
+        trials = saved["trials"]
+        self.assertEqual([(t["knob"], t["value"]) for t in trials],
+                         [(None, None), ("block_v", 64), ("block_v", 128)])
+        base = trials[0]
+        self.assertEqual(base["status"], bench.OK, base)
+        self.assertEqual(base["launch_check"], "ok")  # channelwise_* names and grids
+        self.assertGreater(base["shapes"]["1x128x1x64"]["fwd_ms"], 0)
+        self.assertEqual(base["objective_ms"], base["shapes"]["1x128x1x64"]["fwdbwd_ms"])
+        self.assertEqual(trials[1]["same_as"], 0)
+        self.assertIn("block_v=128 does not fit head dim 64", trials[2]["status"])
+        self.assertEqual(saved["baseline"]["tuning"], tune_kernels._jsonable(before))
+        self.assertIn("intra_tf32", saved["baseline"]["tuning"])
+        self.assertNotIn("split_forward", saved["baseline"]["tuning"])
+        self.assertEqual(saved["best"]["trial"], 0)
+        self.assertIsNone(saved["confirm"])  # the best is the baseline
+        self.assertTrue(saved["check"]["ok"], saved["check"])
+        self.assertEqual(saved["check"]["reused_programs"], ["fwd", "fwdbwd"])
+        self.assertEqual(set(saved["check"]["errors"]), {"o", "dq", "dk", "dv", "dg", "dbeta"})
+        with open(out + ".md") as f:
+            md = f.read()
+        self.assertTrue(md.startswith("# Launch-parameter sweep: per-channel-decay Pallas GPU "
+                                      f"kernels, KDA ({CW_PATH})\n"), md[:200])
+        self.assertIn(tune_kernels.INTERPRET_NOTE, md)
+        self.assertIn("| 2 | block_v | 128 |", md)
+        # Outside interpret mode the literal names gdn2's module and pastes back there.
+        saved["settings"]["interpret"] = False
+        self.assertIn(f"Paste into `{CW_PATH}`:", tune_kernels.markdown(saved))
+        scope = {}
+        exec(saved["best"]["python"], scope)  # noqa: S102 - our own output
+        self.assertEqual(scope["TUNING"], before)
+
+    def test_traced_channelwise_program_carries_the_tuning(self):
+        # As test_traced_program_carries_the_tuning, for gdn2/kernel_gpu.py (trace only).
+        before = dict(channelwise_gpu.TUNING)
+        shape = (1, 128, 1, 64)
+        args = tune_kernels.make_inputs(shape, seed=0, op="kda")
+        self.assertEqual([a.shape for a in args],
+                         [shape] * 4 + [shape[:3], shape])  # q, k, v, g per channel, beta, do
+        fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
+        tuning = {**before, "backward_state": (8, 3), "prepare": (2, 1), "block_v": 32,
+                  "block_k": 32}
+        try:
+            tune_kernels.set_tuning(tuning, "kda")
+            table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
+        finally:
+            tune_kernels.set_tuning(before, "kda")
+        self.assertEqual(channelwise_gpu.TUNING, before)
+        self.assertEqual(table["channelwise_backward_state"], [dict(launch=(8, 3), grid=(1, 2))])
+        self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
+        self.assertEqual(table["channelwise_forward"][0]["grid"], (1, 2))
+        self.assertEqual(table["channelwise_backward_chunk"][0]["grid"], (2, 1, 2))
+        tune_kernels.check_launches(table, tuning, shape, "fwdbwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"channelwise_backward_state traced with "
+                                                  r"launch \(8, 3\), expected \(4, 2\)"):
+            tune_kernels.check_launches(table, {**tuning, "backward_state": (4, 2)}, shape,
+                                        "fwdbwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"channelwise_backward_chunk traced with grid "
+                                                  r"\(2, 1, 2\), expected \(2, 1, 1\)"):
+            tune_kernels.check_launches(table, {**tuning, "block_k": None}, shape, "fwdbwd",
+                                        op="kda")
+        # Each family's check looks for its own kernels only.
+        with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
+            tune_kernels.check_launches(table, kernel_gpu.TUNING, shape, "fwdbwd")
+        # The backward knobs leave the forward program alone; block_k and intra_tf32 do not
+        # (prepare loops over key blocks and runs the intra-chunk products).
+        fwd_key = functools.partial(tune_kernels._fwd_key, shape=shape, op="gdn2")
+        self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "backward_chunk": (8, 2)}))
+        self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "block_k": 64}))
+        self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "intra_tf32": False}))
+        self.assertEqual(fwd_key({**tuning, "block_v": None}), fwd_key({**tuning, "block_v": 64}))
+        # GDN-2's inputs: per-channel g and erase gate b [B, T, H, K], write gate w [B, T, H, V].
+        args2 = tune_kernels.make_inputs(shape, seed=0, op="gdn2")
+        self.assertEqual([a.shape for a in args2], [shape] * 7)
+        fwd2 = tune_kernels.programs(tune_kernels.KERNEL_OPS["gdn2"])["fwd"]
+        table2 = tune_kernels.launch_table(jax.jit(fwd2).trace(*args2).jaxpr)
+        self.assertEqual(sorted(table2), ["channelwise_forward", "channelwise_prepare"])
+        tune_kernels.check_launches(table2, before, shape, "fwd", op="gdn2")
+
+    def test_gdn_only_knobs_are_refused_for_the_channelwise_ops(self):
+        with self.assertRaisesRegex(
+                app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
+                r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
+                r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, block_v, "
+                r"block_k, prepare, forward, backward_state, backward_chunk$"):
+            tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
+        for knob in ("segments", "forward_state", "forward_output=4x1"):
+            with self.assertRaisesRegex(app.UsageError, "is a knob of --op=gdn only"):
+                tune_kernels.parse_knobs(knob, "gdn2")
+        with self.assertRaisesRegex(app.UsageError, "^--start: 'forward_state' is a knob of "
+                                                    "--op=gdn only"):
+            tune_kernels.parse_start('{"forward_state": [4, 2]}', channelwise_gpu.TUNING, "kda")
+        with self.assertRaisesRegex(app.UsageError, "'intra_tf32' is a knob of --op=kda/gdn2 "
+                                                    "only"):
+            tune_kernels.parse_knobs("intra_tf32")
+        with self.assertRaisesRegex(app.UsageError, "unknown knob 'block_x'; choose from "
+                                                    "intra_tf32, block_v"):
+            tune_kernels.parse_knobs("block_x", "kda")
+        self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
+                         ["intra_tf32", "block_v", "block_k", "prepare", "forward",
+                          "backward_state", "backward_chunk"])
+        self.assertEqual(list(tune_kernels.parse_knobs(None)), list(tune_kernels.KNOBS))
+        self.assertEqual(tune_kernels.parse_knobs("intra_tf32=false,backward_chunk=8x2", "gdn2"),
+                         {"intra_tf32": [False], "backward_chunk": [(8, 2)]})
+        self.assertEqual(tune_kernels.parse_start('{"prepare": [8, 1], "block_k": null}',
+                                                  channelwise_gpu.TUNING, "kda"),
+                         {**channelwise_gpu.TUNING, "prepare": (8, 1), "block_k": None})
+        self.assertEqual(tune_kernels.parse_flags(["--op=gdn2", "--interpret"]).op, "gdn2")
+        with self.assertRaisesRegex(app.UsageError, "--op"):
+            tune_kernels.parse_flags(["--op=gla", "--interpret"])
+        # Launch entries per head dim resolve as in the kernels (pallas_gpu.resolve_launch).
+        with mock.patch.dict(channelwise_gpu.TUNING, {"forward": {64: (8, 1), 128: (4, 2)}}):
+            eff = tune_kernels.effective(channelwise_gpu.TUNING, (1, 128, 1, 64), "kda")
+        self.assertEqual(eff["forward"], (8, 1))
 
     def test_bad_options_give_a_clear_error(self):
         with self.assertRaisesRegex(app.UsageError, "--knobs: unknown knob 'block_x'; choose "
