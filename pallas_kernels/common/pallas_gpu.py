@@ -38,6 +38,30 @@ def compiler_params(num_warps: int, num_stages: int = 1):
     return pl_triton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
 
 
+def resolve_launch(value, dk: int):
+    """``(num_warps, num_stages)`` from a TUNING launch entry: a pair, or a dict from key head
+    dim to pair (e.g. ``{64: (4, 2), 128: (8, 2)}``).
+
+    Raises:
+      ValueError: for a dict without ``dk`` or a value that is not a pair.
+    """
+    if isinstance(value, dict):
+        if dk not in value:
+            raise ValueError(f"launch {value!r} has no entry for head dim {dk}")
+        value = value[dk]
+    if len(value) != 2:
+        raise ValueError(f"launch {value!r} is not a (num_warps, num_stages) pair")
+    return (int(value[0]), int(value[1]))
+
+
+def check_block_widths(block_v: int, block_k: int, dk: int, dv: int) -> None:
+    """Raises ``ValueError`` unless the block widths divide (and fit) the head dims."""
+    for name, block, dim in (("block_v", block_v, dv), ("block_k", block_k, dk)):
+        if block < 16 or block > dim or dim % block:
+            raise ValueError(f"TUNING[{name!r}]={block} must divide the head dim {dim} "
+                             "(and be >= 16)")
+
+
 def named_pallas_call(kernel, cfg, *, inputs, outputs, grid, launch, name):
     """Calls ``kernel(**refs, cfg=cfg)`` with every named input/output ref (``None`` if absent).
 

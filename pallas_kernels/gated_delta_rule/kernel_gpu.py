@@ -183,10 +183,9 @@ def launch_for(kernel: str, dk: int, tuning=None) -> Tuple[int, int]:
     A TUNING launch entry is a pair, or a dict from head dim to pair.
 
     Raises:
-      KeyError: for a dict entry without ``dk``.
+      ValueError: for a dict entry without ``dk``, or an entry that is not a pair.
     """
-    value = (TUNING if tuning is None else tuning)[kernel]
-    return tuple(value[dk]) if isinstance(value, dict) else tuple(value)
+    return pallas_gpu.resolve_launch((TUNING if tuning is None else tuning)[kernel], dk)
 
 
 def block_widths(batch: int, heads: int, dk: int, dv: int, tuning=None) -> Tuple[int, int]:

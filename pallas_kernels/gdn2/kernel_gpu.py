@@ -101,7 +101,11 @@ AUTO_SELECT = True
 # Triton launch parameters per kernel: (num_warps, num_stages); the value-block width of the
 # sequential kernels and the key-block width of prepare/backward_chunk (None: min(dim, 64));
 # intra_tf32: decay-scaled intra-chunk products of half-precision inputs in TF32 (else in the
-# input dtype). Untuned: set from the scalar kernels' values, to be measured on a GPU.
+# input dtype). A launch may also be a dict {key head dim: pair} (launch_for). Untuned: set from
+# the scalar kernels' values before their sweeps, to be measured on a GPU (experiments/
+# tune_kernels.py --op=kda). experiments/kernel_registers.py --op=kda estimates (S1, sm_90a)
+# prepare at 4 warps spilling ~2 KB per thread and ~50 B at 8; backward_chunk ~4.9 KB at 4
+# warps, ~1.2 KB at 8.
 TUNING = {
     "prepare": (4, 1),
     "forward": (4, 2),
@@ -122,19 +126,36 @@ _doc_inputs = pallas_gpu.doc_inputs
 _load_docs = pallas_gpu.load_docs
 
 
+def launch_for(kernel: str, dk: int, tuning=None) -> Tuple[int, int]:
+    """``(num_warps, num_stages)`` of ``kernel`` (a :data:`TUNING` key) at key head dim ``dk``;
+    an entry is a pair or a dict from head dim to pair (:func:`pallas_gpu.resolve_launch`).
+
+    Raises:
+      ValueError: for a dict entry without ``dk``, or an entry that is not a pair.
+    """
+    return pallas_gpu.resolve_launch((TUNING if tuning is None else tuning)[kernel], dk)
+
+
 def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interpret,
             return_residual):
-    """The static configuration of one call (hashable once sorted into a tuple)."""
+    """The static configuration of one call (hashable once sorted into a tuple).
+
+    Raises:
+      ValueError: if ``TUNING``'s block widths do not divide the head dims.
+    """
+    block_v = TUNING["block_v"] or min(dv, 64)
+    block_k = TUNING["block_k"] or min(dk, 64)
+    pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
-                block_v=TUNING["block_v"] or min(dv, 64),
-                block_k=TUNING["block_k"] or min(dk, 64),
+                block_v=block_v, block_k=block_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
-    """:func:`pallas_gpu.named_pallas_call` with this module's :data:`TUNING` entry ``tune``."""
-    return pallas_gpu.named_pallas_call(kernel, cfg, launch=TUNING[tune], **kwargs)
+    """:func:`pallas_gpu.named_pallas_call` with the launch of :data:`TUNING` entry ``tune``."""
+    return pallas_gpu.named_pallas_call(kernel, cfg, launch=launch_for(tune, cfg["dk"]),
+                                        **kwargs)
 
 
 # ----------------------------------------------------------------------------------------------

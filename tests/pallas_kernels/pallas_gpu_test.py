@@ -4,12 +4,15 @@ The helpers are plain jax functions, so they are checked here outside any kernel
 ``kernel_gpu_test.py`` checks them inside the kernels.
 """
 
+from unittest import mock
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
 from pallas_kernels.common import pallas_gpu
+from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
 
 
 class UnitLowerInverseTest(absltest.TestCase):
@@ -37,6 +40,31 @@ class DocumentMasksTest(absltest.TestCase):
         np.testing.assert_array_equal(conn[128:], np.repeat([0, 1], [0, 64]))
         # last: token in the document of its chunk's last token.
         np.testing.assert_array_equal(last[64:128], np.repeat([0, 1], [36, 28]))
+
+
+class TuningEntriesTest(absltest.TestCase):
+
+    def test_resolve_launch(self):
+        self.assertEqual(pallas_gpu.resolve_launch((8, 2), 64), (8, 2))
+        self.assertEqual(pallas_gpu.resolve_launch({64: (4, 2), 128: (8, 2)}, 128), (8, 2))
+        with self.assertRaisesRegex(ValueError, "no entry for head dim 32"):
+            pallas_gpu.resolve_launch({64: (4, 2)}, 32)
+        with self.assertRaisesRegex(ValueError, "not a .num_warps, num_stages. pair"):
+            pallas_gpu.resolve_launch((4, 2, 1), 64)
+
+    def test_block_widths_must_divide_the_head_dims(self):
+        pallas_gpu.check_block_widths(32, 64, dk=64, dv=128)
+        with self.assertRaisesRegex(ValueError, r"TUNING\['block_k'\]=128 must divide the head "
+                                                r"dim 64"):
+            pallas_gpu.check_block_widths(64, 128, dk=64, dv=64)
+        with self.assertRaisesRegex(ValueError, r"TUNING\['block_v'\]=48"):
+            pallas_gpu.check_block_widths(48, 64, dk=64, dv=128)
+        # The per-channel kernels check theirs when a call is configured (no silent NaNs).
+        with mock.patch.dict(channelwise_gpu.TUNING, {"block_k": 128}):
+            with self.assertRaisesRegex(ValueError, "block_k"):
+                channelwise_gpu._config(batch=1, heads=1, n_chunks=1, dk=64, dv=64, scale=1.0,
+                                        has_docs=False, mm_dtype=jnp.float32, interpret=True,
+                                        return_residual=False)
 
 
 class DispatchTest(absltest.TestCase):
