@@ -28,8 +28,10 @@ Usage::
 
     python experiments/kernel_registers.py --op=gdn --shape=8,4096,16,128 --pass=fwdbwd
     python experiments/kernel_registers.py --op=kda --shape=8,4096,16,128   # or --op=gdn2
+    python experiments/kernel_registers.py --tuning='{"backward_chunk": [8, 2]}'
 """
 
+import json
 import os
 import re
 import subprocess
@@ -60,6 +62,9 @@ _PASS = flags.DEFINE_enum("pass", "fwdbwd", ["fwd", "fwdbwd"], "Forward, or forw
 _SPLIT = flags.DEFINE_bool("split_forward", None,
                            "Override kernel_gpu.TUNING['split_forward'] (default: as set).")
 _PTXAS = flags.DEFINE_string("ptxas", None, "ptxas binary (default: the one pip triton uses).")
+_TUNING = flags.DEFINE_string(
+    "tuning", None, "JSON overrides of the op's kernel-module TUNING, e.g. "
+    "'{\"backward_chunk\": [8, 1], \"block_k\": 64}' (launches as [num_warps, num_stages]).")
 
 
 def gdn(shape, with_vjp):
@@ -195,20 +200,30 @@ def main(argv):
 
     shape = tuple(int(s) for s in _SHAPE.value)
     fn, specs = OPS[_OP.value](shape, flags.FLAGS["pass"].value == "fwdbwd")
+    module = kernel_gpu if _OP.value == "gdn" else channelwise_gpu
     tuning = {} if _SPLIT.value is None else {"split_forward": _SPLIT.value}
-    old = dict(kernel_gpu.TUNING)
-    kernel_gpu.TUNING.update(tuning)
+    try:
+        for key, value in json.loads(_TUNING.value or "{}").items():
+            if key not in module.TUNING:
+                raise app.UsageError(f"--tuning: {key!r} is not a TUNING key of "
+                                     f"{module.__name__}; choose from {', '.join(module.TUNING)}")
+            tuning[key] = tuple(value) if isinstance(value, list) else value
+    except json.JSONDecodeError as e:
+        raise app.UsageError(f"--tuning: not JSON ({e})") from None
+    old = dict(module.TUNING)
+    module.TUNING.update(tuning)
     try:
         calls = triton_calls(fn, specs)
     finally:
-        kernel_gpu.TUNING.update(old)
+        module.TUNING.clear()
+        module.TUNING.update(old)
     ptxas = _PTXAS.value or default_ptxas()
     version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout
     version = re.search(r"release (\S+),", version).group(1) if "release" in version else "?"
     print(f"{_OP.value} {flags.FLAGS['pass'].value} shape={shape} sm_{CAPABILITY}a "
           f"triton {triton.__version__}, ptxas {version}")
     header = ("kernel", "warps", "stages", "regs", "spill st B", "spill ld B", "smem B", "")
-    row = "{:<22} {:>5} {:>6} {:>5} {:>10} {:>10} {:>8}  {}"
+    row = "{:<28} {:>5} {:>6} {:>5} {:>10} {:>10} {:>8}  {}"
     print(row.format(*header))
     with tempfile.TemporaryDirectory() as workdir:
         for name, ttir, warps, stages in calls:
