@@ -81,7 +81,9 @@ class BenchInferenceTest(absltest.TestCase):
 
     def test_tiny_sweep_times_every_configuration(self):
         out = os.path.join(self.create_tempdir().full_path, "inference")
-        payload = bench_inference.main(["--tiny", "--compile_workers=2", f"--out={out}"])
+        # Two layers (the hybrid: one Lightning, one softmax layer): compiles dominate.
+        payload = bench_inference.main(["--tiny", "--num_layers=2", "--attention_every=2",
+                                        "--compile_workers=2", f"--out={out}"])
         records = payload["records"]
         self.assertLen(records, 6)
         for r in records:
@@ -118,7 +120,8 @@ class BenchInferenceTest(absltest.TestCase):
         # the --always_run pairs; the hybrid at 128 also has no estimate (its 64 prefill failed).
         with mock.patch.object(bench, "time_calls", first_call_runs_out_of_memory):
             payload = bench_inference.main([
-                "--tiny", "--models=hybrid,dense", "--contexts=64,128", "--time_budget_s=0",
+                "--tiny", "--num_layers=2", "--attention_every=2", "--models=hybrid,dense",
+                "--contexts=64,128", "--time_budget_s=0",
                 "--always_run=hybrid:128", "--compile_workers=2", "--no_plot",
                 "--decode_tokens_per_call=3", f"--out={out}"])
         status = {(r["model"], r["context"], part): r[part]["status"]

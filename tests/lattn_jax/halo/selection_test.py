@@ -2,9 +2,11 @@
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+from flax import nnx
 
 from lattn_jax.halo import hypenet
 from lattn_jax.halo import loaders
@@ -104,18 +106,31 @@ def random_teacher(seed=1):
     return cfg, stages.random_teacher(cfg, seed=seed)
 
 
+def compiled_forward(model):
+    """``model``'s full forward ``tokens -> logits`` as one jitted program.
+
+    The full-recomputation reference re-runs the whole sequence for every new token; op by op
+    that dominated these tests' time. Compiled, it is still the plain causal forward, and every
+    reference call has the same padded shape, so it compiles once per model.
+    """
+    graphdef, state = nnx.split(model)
+    forward = jax.jit(lambda s, tokens: nnx.merge(graphdef, s)(tokens))
+    return lambda tokens: forward(state, tokens)
+
+
 class StateDecodingTest(absltest.TestCase):
     """The recall generator decodes with per-layer states and gives the full-forward tokens."""
 
     def test_batched_state_decoding_equals_full_recomputation(self):
         cfg, params = random_teacher()
         model = loaders.build_model(cfg, params)
+        reference = compiled_forward(model)
         prompts = [[5, 9, 2], [11, 3, 8, 60, 1, 17, 4, 33, 2], [7]]
-        free = [selection.greedy_generate_full(model, p, 8) for p in prompts]
+        free = [selection.greedy_generate_full(reference, p, 8) for p in prompts]
         self.assertGreater(len({t for out in free for t in out}), 6)  # not a constant model
         # A stop id that occurs: rows end before it.
         k = next(i for i in range(2, 8) if free[0][i] not in free[0][:i])
-        full = [selection.greedy_generate_full(model, p, 8, free[0][k]) for p in prompts]
+        full = [selection.greedy_generate_full(reference, p, 8, free[0][k]) for p in prompts]
         self.assertLen(full[0], k)
         # Batched, left-padded to a multiple of 8, two prompts per call.
         decoded = selection.greedy_generate(model, prompts, 8, free[0][k], batch_size=2,
@@ -139,7 +154,8 @@ class StateDecodingTest(absltest.TestCase):
             sweep.select(layer)
             np.testing.assert_allclose(sweep.logits(tokens), converted(jnp.asarray(tokens)),
                                        **tolerances.fwd_tol(jnp.float32))
-            full = [selection.greedy_generate_full(converted, p, 6) for p in prompts]
+            reference = compiled_forward(converted)
+            full = [selection.greedy_generate_full(reference, p, 6) for p in prompts]
             self.assertEqual(selection.greedy_generate(sweep.generator, prompts, 6), full,
                              msg=f"{layer=}")
             batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:],
