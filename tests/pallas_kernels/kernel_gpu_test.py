@@ -103,6 +103,23 @@ def _outputs_and_grads(op, impl, inputs, segment_ids, cot_key):
     return o, s, dict(zip(names, grads))
 
 
+def _gdn_with_residual(inputs, segment_ids, cot_key):
+    """GDN in interpret mode with the residual u returned: ``(o, final_state, u)`` and the VJP
+    of random cotangents on all three w.r.t. ``_DIFF_ARGS["gdn"]`` (reads TUNING when traced)."""
+    names = _DIFF_ARGS["gdn"]
+
+    def f(*diff):
+        a = dict(inputs, **dict(zip(names, diff)))
+        return gdr.gated_delta_rule(
+            a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["h0"],
+            output_final_state=True, segment_ids=segment_ids, return_residual=True,
+            implementation="pallas_interpret")
+
+    outs, vjp = jax.vjp(f, *[inputs[n] for n in names])
+    keys = jax.random.split(cot_key, len(outs))
+    return outs, vjp(tuple(jax.random.normal(kk, x.shape) for kk, x in zip(keys, outs)))
+
+
 # Reference results by check() arguments: SplitForwardInterpretTest checks cases of
 # InterpretTest again and reuses their references (CI time).
 _REFERENCES = {}
@@ -247,23 +264,10 @@ class SplitForwardInterpretTest(parameterized.TestCase):
         ids = np.repeat(np.arange(4), [20, 70, 44, 16])
         segment_ids = jnp.asarray(np.stack([ids, np.sort(ids[::-1] % 3)]), jnp.int32)
         names = _DIFF_ARGS["gdn"]
-
-        def run():
-            def f(*diff):
-                a = dict(inputs, **dict(zip(names, diff)))
-                return gdr.gated_delta_rule(
-                    a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["h0"],
-                    output_final_state=True, segment_ids=segment_ids, return_residual=True,
-                    implementation="pallas_interpret")
-
-            outs, vjp = jax.vjp(f, *[inputs[n] for n in names])
-            keys = jax.random.split(cot_key, len(outs))
-            return outs, vjp(tuple(jax.random.normal(kk, x.shape) for kk, x in zip(keys, outs)))
-
-        split = run()
+        split = _gdn_with_residual(inputs, segment_ids, cot_key)
         jax.clear_caches()
         with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": False}):
-            unsplit = run()
+            unsplit = _gdn_with_residual(inputs, segment_ids, cot_key)
         jax.clear_caches()  # (also cleared by the class's cleanup should run() fail)
         tol = dict(rtol=1e-6, atol=1e-6)
         for what, got, want in zip(("o", "final_state", "u"), split[0], unsplit[0]):
@@ -304,19 +308,9 @@ class SegmentsInterpretTest(parameterized.TestCase):
         names = _DIFF_ARGS["gdn"]
 
         def run(segments):
-            def f(*diff):
-                a = dict(inputs, **dict(zip(names, diff)))
-                return gdr.gated_delta_rule(
-                    a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["h0"],
-                    output_final_state=True, segment_ids=segment_ids, return_residual=True,
-                    implementation="pallas_interpret")
-
             jax.clear_caches()
             with mock.patch.dict(kernel_gpu.TUNING, {"segments": segments}):
-                outs, vjp = jax.vjp(f, *[inputs[n] for n in names])
-                keys = jax.random.split(cot_key, len(outs))
-                return outs, vjp(tuple(jax.random.normal(kk, x.shape)
-                                       for kk, x in zip(keys, outs)))
+                return _gdn_with_residual(inputs, segment_ids, cot_key)
 
         cut, whole = run(4), run(1)
         tol = dict(rtol=2e-5, atol=2e-5)
