@@ -19,8 +19,9 @@ DeltaNet-2, arXiv 2607.07953, Eqs. 18-24), timed through the op named: ``intra_t
 decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16), ``block_v`` of
 ``forward`` and ``backward_state`` and ``block_k`` of ``prepare`` and ``backward_chunk``
 (``None`` means ``min(dim, 64)``, as that module's ``_config`` resolves them), and
-``(num_warps, num_stages)`` of ``prepare``, ``forward``, ``backward_state`` and
-``backward_chunk`` (a pair, or a dict of pairs per key head dim, as for gdn).
+``(num_warps, num_stages)`` of ``intra``, ``prepare``, ``forward``, ``intra_grad``,
+``backward_state`` and ``backward_chunk`` (a pair, or a dict of pairs per key head dim, as for
+gdn).
 The gdn-only knobs (``split_forward``, ``segments``, ``forward_state``, ``forward_output``) are
 refused there.
 
@@ -29,7 +30,8 @@ for each knob in ``--knobs`` order (default for gdn: split_forward in {False, Tr
 in {None, 1, 2, 4, 8, 16, 32}, block_v in {32, 64, 128}, block_k in {64, 128}, then num_warps
 in {4, 8} x num_stages in {1, 2, 3} for prepare, forward, forward_state, forward_output,
 backward_state, backward_chunk; for kda/gdn2: intra_tf32 in {True, False}, block_v and block_k
-in {32, 64, 128}, then the same launches for prepare, forward, backward_state, backward_chunk)
+in {32, 64, 128}, then the same launches for intra, prepare, forward, intra_grad,
+backward_state, backward_chunk)
 time every value with the other knobs at their best so far and keep the fastest.
 The objective is the sum over shapes of the fwd+bwd time (the forward-only knobs also change
 fwd+bwd). A configuration that fails to compile or run (Triton out of shared memory, a block
@@ -151,10 +153,13 @@ INTERPRET_NOTE = ("Interpret mode (--interpret): the launch parameters are ignor
 
 # The per-channel-decay kernels (pallas_kernels/gdn2/kernel_gpu.py), serving KDA and GDN-2.
 CW_BOOL_KNOBS = ("intra_tf32",)
-CW_LAUNCH_KNOBS = ("prepare", "forward", "backward_state", "backward_chunk")
+CW_LAUNCH_KNOBS = ("intra", "prepare", "forward", "intra_grad", "backward_state",
+                   "backward_chunk")
+# The kernels a forward-only program runs.
+CW_FWD_KERNELS = ("intra", "prepare", "forward")
 CW_KNOBS = CW_BOOL_KNOBS + BLOCK_KNOBS + CW_LAUNCH_KNOBS
 # block_k also changes the forward (prepare loops over key blocks), intra_tf32 prepare's products.
-CW_FWD_KNOBS = ("intra_tf32", "block_v", "block_k", "prepare", "forward")
+CW_FWD_KNOBS = ("intra_tf32", "block_v", "block_k") + CW_FWD_KERNELS
 CW_DEFAULT_VALUES = {"intra_tf32": (True, False), "block_v": (32, 64, 128),
                      "block_k": (32, 64, 128), **{k: _LAUNCHES for k in CW_LAUNCH_KNOBS}}
 CW_CHUNK = channelwise_gpu.CHUNK
@@ -608,12 +613,15 @@ def _gdn_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
 
 
 def _channelwise_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
-    """The grids of gdn2/kernel_gpu.py's kernels (``_prepare``, ``_forward``,
-    ``_backward_state``, ``_backward_chunk``) at ``shape`` under the effective values ``eff``."""
+    """The grids of gdn2/kernel_gpu.py's kernels (``_intra``, ``_prepare``, ``_forward``,
+    ``_intra_grad``, ``_backward_state``, ``_backward_chunk``) at ``shape`` under the effective
+    values ``eff``."""
     batch, seq_len, heads, dim = shape
     n_chunks, rows = -(-seq_len // CW_CHUNK), batch * heads
-    return {"prepare": (n_chunks, rows),
+    return {"intra": (n_chunks, rows, channelwise_gpu.NSUB),
+            "prepare": (n_chunks, rows),
             "forward": (rows, dim // eff["block_v"]),
+            "intra_grad": (n_chunks, rows, channelwise_gpu.NSUB),
             "backward_state": (rows, dim // eff["block_v"]),
             "backward_chunk": (n_chunks, rows, dim // eff["block_k"])}
 
@@ -647,7 +655,7 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
                                                               eff["segments"])
     else:
         grids = _channelwise_grids(eff, shape)
-        kernels = CW_LAUNCH_KNOBS[:2] if pass_ == "fwd" else CW_LAUNCH_KNOBS
+        kernels = CW_FWD_KERNELS if pass_ == "fwd" else CW_LAUNCH_KNOBS
     for kernel in kernels:
         name = family.prefix + kernel
         calls = table.get(name)

@@ -37,13 +37,21 @@ so the off-diagonal blocks are three whole-tile products
 masked (``where``) before ``exp``, so masked-out entries stay finite and used ones are exact.
 The four 16 x 16 diagonal blocks take the elementwise form, one column j at a time (FLA's
 ``chunk_kda`` sub-intra loop): ``sum_c X_Ic Y_jc exp(gamma_Ic - gamma_jc)`` masked to
-``i >= j`` before ``exp``, with rows of the block loaded as ``[16, BK]`` sub-tiles and row j as
-a ``[BK]`` vector. A ``[16, 16]`` block is placed into (or selected from) a ``[C, C]`` tile by
-0/1 one-hot matmuls in IEEE fp32, which are exact (Triton cannot slice registers).
+``i >= j`` before ``exp``, with the block's rows loaded as ``[16, K]`` tiles and row j as a
+``[K]`` vector. That loop is a long chain of small dependent steps, so it runs in its own small
+programs (``intra``, ``intra_grad``: one per chunk, head and diagonal block), many resident per
+SM, rather than inside the big per-chunk programs (which hold ~255 registers per thread, so only
+one or two fit per SM and nothing hides the loop's latency; H200, 2026-11-29: KDA forward
+7.2 -> 4.3 ms and forward+backward 26.9 -> 24.1 ms at S1 from this split). A ``[16, 16]`` block
+is placed into (or selected from) a ``[C, C]`` tile by 0/1 products in IEEE fp32, which are
+exact (Triton cannot slice registers).
 
 Kernels (grid in brackets):
 
-* ``prepare`` [chunks, B*H]: Mk and Mq (looping over key blocks of ``BK`` channels), A by
+* ``intra`` [chunks, B*H, 4]: the diagonal 16 x 16 blocks of Mk and Mq (fp32
+  ``[B, H, N, C, 16]``, row i holding its block's columns).
+* ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products,
+  looping over key blocks of ``BK`` channels, plus ``intra``'s diagonal blocks), A by
   :func:`pallas_kernels.gated_delta_rule.kernel_gpu._unit_lower_inverse`, then W, U (input
   dtype), A and Mq (fp32, ``[B, H, N, C, C]``), ``qg = q * E_in``, ``kg = k * E_out`` (input
   dtype) and e_all (fp32 ``[B, H, N, K]``).
@@ -55,6 +63,9 @@ Kernels (grid in brackets):
       dVn = scale Mq^T dO + kg dS_C (+ the cotangent of the returned residual)
       dS_0 = Diag(e_all) dS_C + scale qg^T dO - W^T dVn
 
+* ``intra_grad`` [chunks, B*H, 4]: the share of dq, dkr and dk (fp32 ``[B, T, H, K]``) that
+  flows through the diagonal blocks of Mq and Mk, whose cotangents it forms from its own rows
+  (below); ``backward_chunk`` adds it.
 * ``backward_chunk`` [chunks, B*H, K/BK]: the parameter gradients of one chunk and key block
   from S_0, dS_C, dO, Vn, dVn and A (each key channel's gradient only needs the [C, C]
   matrices, which every key block recomputes from V-reductions)::
@@ -101,16 +112,18 @@ AUTO_SELECT = True
 # Triton launch parameters per kernel: (num_warps, num_stages); the value-block width of the
 # sequential kernels and the key-block width of prepare/backward_chunk (None: min(dim, 64));
 # intra_tf32: decay-scaled intra-chunk products of half-precision inputs in TF32 (else in the
-# input dtype). A launch may also be a dict {key head dim: pair} (launch_for). Untuned: set from
-# the scalar kernels' values before their sweeps, to be measured on a GPU (experiments/
-# tune_kernels.py --op=kda). experiments/kernel_registers.py --op=kda estimates (S1, sm_90a)
-# prepare at 4 warps spilling ~2 KB per thread and ~50 B at 8; backward_chunk ~4.9 KB at 4
-# warps, ~1.2 KB at 8.
+# input dtype). A launch may also be a dict {key head dim: pair} (launch_for). Swept on the H200
+# at S1 with experiments/tune_kernels.py --op=kda (benchmarks/results/tune-kda-h200-2026-11-29.md):
+# intra 4 warps (2: -0.4%, 8: -0.9%), intra_grad 4 (8: -23%), backward_chunk 8 (4: -7.6%),
+# block_k 64 (32: -0.4%); prepare 8 warps (4: -3.4%, measured before the intra split).
+# forward / backward_state are unswept since the split (8 warps were within 0.3% before it).
 TUNING = {
-    "prepare": (4, 1),
+    "prepare": (8, 1),
     "forward": (4, 2),
     "backward_state": (4, 2),
-    "backward_chunk": (4, 1),
+    "backward_chunk": (8, 1),
+    "intra": (4, 1),
+    "intra_grad": (4, 1),
     "block_v": None,
     "block_k": None,
     "intra_tf32": True,
@@ -225,13 +238,14 @@ def _decay_factors(gam, g_last, conn, last, conn_last):
     return e_in, e_out, e_all
 
 
-def _decayed_products(cfg, x_refs, xs, y_ref, y, gam_ref, gam, b, h, t0, ksl):
-    """``[sum_c X_ic Y_jc exp(gam_ic - gam_jc) for X in xs]`` on ``j <= i`` (``[C, C]`` each).
+def _decayed_products(cfg, xs, y, gam_ref, gam, b, h, t0, ksl):
+    """Off-diagonal blocks of ``[sum_c X_ic Y_jc exp(gam_ic - gam_jc) for X in xs]``.
 
-    ``xs`` and ``y`` are the loaded ``[C, BK]`` fp32 tiles of one key block, ``x_refs``/``y_ref``
-    the refs they came from (the diagonal blocks reload ``[SUB, BK]`` rows and ``[BK]`` rows).
-    Entries with ``j > i`` are zero; the document mask is applied by the caller. The block loops
-    are ``fori_loop``s (small programs for Triton and for interpret mode alike).
+    ``xs`` and ``y`` are the loaded ``[C, BK]`` fp32 tiles of one key block. Returns ``[C, C]``
+    tiles holding the entries whose row i lies in a later 16-row block than column j; all other
+    entries are zero (the diagonal blocks come from the ``intra`` kernel, the document mask is
+    applied by the caller). The block loop is a ``fori_loop`` (small programs for Triton and for
+    interpret mode alike).
     """
     def off_diagonal(blk, outs):
         ref_row = gam_ref[b, t0 + SUB * blk + SUB - 1, h, ksl]
@@ -240,37 +254,21 @@ def _decayed_products(cfg, x_refs, xs, y_ref, y, gam_ref, gam, b, h, t0, ksl):
         return tuple(out + _intra_dot(x * row_fac, y_blk, ((1,), (1,)), cfg)
                      for out, x in zip(outs, xs))
 
-    def diagonal(blk, outs):
-        rsl = pl.ds(t0 + SUB * blk, SUB)
-        g_blk = gam_ref[b, rsl, h, ksl]
-        x_blks = [r[b, rsl, h, ksl].astype(F32) for r in x_refs]
-
-        def column(j, tiles):
-            t = t0 + SUB * blk + j
-            dec = _row_decay(g_blk, gam_ref[b, t, h, ksl], j) * y_ref[b, t, h, ksl].astype(F32)
-            col = _iota((SUB, SUB), 1) == j
-            return tuple(jnp.where(col, jnp.sum(x * dec, axis=1)[:, None], tile)
-                         for x, tile in zip(x_blks, tiles))
-
-        tiles = jax.lax.fori_loop(0, SUB, column,
-                                  tuple(jnp.zeros((SUB, SUB), F32) for _ in xs))
-        sel = _onehot(blk)
-        return tuple(out + mm_nt(mm(sel, tile, F32), sel, F32) for out, tile in zip(outs, tiles))
-
     outs = tuple(jnp.zeros((CHUNK, CHUNK), F32) for _ in xs)
-    outs = jax.lax.fori_loop(0, NSUB - 1, off_diagonal, outs)
-    return jax.lax.fori_loop(0, NSUB, diagonal, outs)
+    return jax.lax.fori_loop(0, NSUB - 1, off_diagonal, outs)
 
 
-def _decayed_products_grad(cfg, dms, x_refs, xs, y_ref, y, gam_ref, gam, b, h, t0, ksl):
-    """Gradients of ``M = sum_c X_ic Y_jc exp(gam_ic - gam_jc)`` for each ``(dM, X)`` pair.
+def _decayed_products_grad(cfg, dms, xs, y, gam_ref, gam, b, h, t0, ksl):
+    """Off-diagonal-block gradients of ``M = sum_c X_ic Y_jc exp(gam_ic - gam_jc)``.
 
-    ``dms`` are the masked ``[C, C]`` cotangents (zero on ``j > i``), ``xs`` their ``[C, BK]``
-    left operands, ``y`` the shared right operand. Returns ``(dxs, dy)``::
+    ``dms`` are the masked ``[C, C]`` cotangents, ``xs`` their ``[C, BK]`` left operands, ``y``
+    the shared right operand. Returns ``(dxs, dy)``::
 
         dX_ic = sum_j dM_ij Y_jc e_ijc,   dY_jc = sum_(M, i) dM_ij X_ic e_ijc
 
-    (each ``[C, BK]`` fp32); the gamma gradient is ``X dX - Y dY`` (summed over pairs).
+    (each ``[C, BK]`` fp32) over the entries of :func:`_decayed_products` (row block later than
+    column block); the diagonal blocks' share comes from the ``intra_grad`` kernel. The gamma
+    gradient is ``X dX - Y dY`` (summed over pairs).
     """
     def off_diagonal(blk, carry):
         dxs, dy = carry
@@ -284,37 +282,125 @@ def _decayed_products_grad(cfg, dms, x_refs, xs, y_ref, y, gam_ref, gam, b, h, t
             dy_blk = dy_blk + _intra_dot(dm, x * row_fac, ((0,), (0,)), cfg)
         return tuple(new), dy + col_fac * dy_blk
 
-    def diagonal(blk, carry):
-        dxs, dy = carry
-        rsl = pl.ds(t0 + SUB * blk, SUB)
-        g_blk = gam_ref[b, rsl, h, ksl]
-        x_blks = [r[b, rsl, h, ksl].astype(F32) for r in x_refs]
-        sel = _onehot(blk)
-        dm_blks = [mm(mm_tn(sel, dm, F32), sel, F32) for dm in dms]  # [SUB, SUB], exact
-
-        def column(j, inner):
-            dx_blks, dy_tile = inner
-            t = t0 + SUB * blk + j
-            dec = _row_decay(g_blk, gam_ref[b, t, h, ksl], j)  # [SUB, BK]
-            y_j = y_ref[b, t, h, ksl].astype(F32)
-            col = _iota((SUB, SUB), 1) == j
-            dx_new, acc = [], jnp.zeros_like(g_blk)
-            for dm_blk, x_blk, dx in zip(dm_blks, x_blks, dx_blks):
-                dm_col = jnp.sum(jnp.where(col, dm_blk, 0.0), axis=1)[:, None]  # dM[i, j]
-                dx_new.append(dx + dm_col * dec * y_j[None, :])
-                acc = acc + dm_col * x_blk
-            dy_row = jnp.sum(acc * dec, axis=0)  # [BK]
-            dy_tile = jnp.where(_iota((SUB, 1), 0) == j, dy_row[None, :], dy_tile)
-            return tuple(dx_new), dy_tile
-
-        zero = jnp.zeros_like(g_blk)
-        dx_blks, dy_tile = jax.lax.fori_loop(0, SUB, column, (tuple(zero for _ in xs), zero))
-        dxs = tuple(dx + mm(sel, dx_blk, F32) for dx, dx_blk in zip(dxs, dx_blks))
-        return dxs, dy + mm(sel, dy_tile, F32)
-
     carry = (tuple(jnp.zeros_like(y) for _ in xs), jnp.zeros_like(y))
-    carry = jax.lax.fori_loop(0, NSUB - 1, off_diagonal, carry)
-    return jax.lax.fori_loop(0, NSUB, diagonal, carry)
+    return jax.lax.fori_loop(0, NSUB - 1, off_diagonal, carry)
+
+
+def _expand_diagonal(d):
+    """``[C, SUB]`` diagonal blocks (row i holds ``M[i, SUB*(i // SUB) + j]`` at column j) ->
+    the block-diagonal ``[C, C]`` matrix, by an exact 0/1 product in IEEE fp32."""
+    rows, cols = _iota((SUB, CHUNK), 0), _iota((SUB, CHUNK), 1)
+    spread = jnp.where(cols % SUB == rows, 1.0, 0.0).astype(F32)  # [SUB, C]
+    same = (_iota((CHUNK, CHUNK), 0) // SUB) == (_iota((CHUNK, CHUNK), 1) // SUB)
+    return jnp.where(same, mm(d, spread, F32), 0.0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Kernels 0 / 4a: the diagonal 16 x 16 blocks of the decayed products, one program per block.
+
+
+def _intra_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
+    """Diagonal block ``blk`` of Mk (X = kr) and Mq (X = q), Y = k, over all key channels.
+
+    ``sum_c X_ic Y_jc exp(gam_ic - gam_jc)`` for i, j in the block, ``j <= i``, one column j
+    at a time (FLA's ``chunk_kda`` sub-intra loop) with the exponent masked before ``exp``;
+    written as rows ``SUB*blk ..`` of the ``[C, SUB]`` layout of :func:`_expand_diagonal`.
+    One small program per (chunk, head, block) keeps many programs resident per SM.
+    """
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    blk = pl.program_id(2)
+    r0 = n * CHUNK + SUB * blk
+    rsl = pl.ds(r0, SUB)
+    g_blk = gam_ref[b, rsl, h, :]  # [SUB, K]
+    xs = (kr_ref[b, rsl, h, :].astype(F32), q_ref[b, rsl, h, :].astype(F32))
+
+    def column(j, tiles):
+        t = r0 + j
+        dec = _row_decay(g_blk, gam_ref[b, t, h, :], j) * k_ref[b, t, h, :].astype(F32)[None, :]
+        col = _iota((SUB, SUB), 1) == j
+        return tuple(jnp.where(col, jnp.sum(x * dec, axis=1)[:, None], tile)
+                     for x, tile in zip(xs, tiles))
+
+    mkd, mqd = jax.lax.fori_loop(0, SUB, column, tuple(jnp.zeros((SUB, SUB), F32) for _ in xs))
+    local = pl.ds(SUB * blk, SUB)
+    mkd_ref[b, h, n, local, :] = mkd
+    mqd_ref[b, h, n, local, :] = mqd
+
+
+def _intra(cfg, q, k, kr, gam):
+    bsz, _, heads, _ = k.shape
+    mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
+    outs = _pallas(
+        _intra_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
+        outputs=[("mkd_ref", mats), ("mqd_ref", mats)],
+        grid=(cfg["n_chunks"], bsz * heads, NSUB), tune="intra", name="channelwise_intra",
+    )
+    return outs["mkd_ref"], outs["mqd_ref"]
+
+
+def _intra_grad_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
+                       do_ref, vn_ref, dvn_ref, dq_ref, dk_ref, dkr_ref, *, cfg):
+    """Gradients through the diagonal block ``blk`` of Mq and Mk (rows of that block only).
+
+    The block's cotangents are formed here from V-contractions of its own rows:
+    ``dMq = scale mask_incl(dO_B Vn_B^T)``, ``dMk = -mask_strict(dR_B Vn_B^T)`` with
+    ``dR_B = (A[:, B])^T dVn``; then, one column j at a time, ``dX_i += dM_ij Y_j e_ij`` and
+    ``dY_j = sum_i dM_ij X_i e_ij``. Writes fp32 partials of ``dq``, ``dkr`` and ``dk`` that
+    ``backward_chunk`` adds to its own (with their gamma share ``q dq + kr dkr - k dk``).
+    """
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    blk = pl.program_id(2)
+    mdt = cfg["mm_dtype"]
+    r0 = n * CHUNK + SUB * blk
+    rsl = pl.ds(r0, SUB)
+    vn_b = vn_ref[b, rsl, h, :]
+    dr_b = mm_tn(a_ref[b, h, n, :, pl.ds(SUB * blk, SUB)],
+                 dvn_ref[b, pl.ds(n * CHUNK, CHUNK), h, :], mdt)  # [SUB, V]
+    rows, cols = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
+    incl = rows >= cols
+    doc, _, _ = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, rsl)
+    if doc is not None:
+        incl = incl & (doc[:, None] == doc[None, :])
+    strict = incl & (rows > cols)
+    dmq = jnp.where(incl, cfg["scale"] * mm_nt(do_ref[b, rsl, h, :], vn_b, mdt), 0.0)
+    dmk = jnp.where(strict, -mm_nt(dr_b, vn_b, mdt), 0.0)
+    g_blk = gam_ref[b, rsl, h, :]  # [SUB, K]
+    q = q_ref[b, rsl, h, :].astype(F32)
+    kr = kr_ref[b, rsl, h, :].astype(F32)
+
+    def column(j, carry):
+        dq, dkr = carry
+        t = r0 + j
+        dec = _row_decay(g_blk, gam_ref[b, t, h, :], j)  # [SUB, K]
+        col = cols == j
+        dmq_j = jnp.sum(jnp.where(col, dmq, 0.0), axis=1)[:, None]  # dMq[i, j]
+        dmk_j = jnp.sum(jnp.where(col, dmk, 0.0), axis=1)[:, None]
+        dk_ref[b, t, h, :] = jnp.sum((dmq_j * q + dmk_j * kr) * dec, axis=0)  # dY row j
+        ydec = dec * k_ref[b, t, h, :].astype(F32)[None, :]
+        return dq + dmq_j * ydec, dkr + dmk_j * ydec
+
+    zero = jnp.zeros_like(g_blk)
+    dq, dkr = jax.lax.fori_loop(0, SUB, column, (zero, zero))
+    dq_ref[b, rsl, h, :] = dq
+    dkr_ref[b, rsl, h, :] = dkr
+
+
+def _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn):
+    bsz, tp, heads, dk = q.shape
+    tok = jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)
+    outs = _pallas(
+        _intra_grad_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
+        + _doc_inputs(docs) + [("a_ref", amat), ("do_ref", do), ("vn_ref", vn),
+                               ("dvn_ref", dvn)],
+        outputs=[("dq_ref", tok), ("dk_ref", tok), ("dkr_ref", tok)],
+        grid=(cfg["n_chunks"], bsz * heads, NSUB), tune="intra_grad",
+        name="channelwise_intra_grad",
+    )
+    return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"]
 
 
 def _conn_last(conn):
@@ -327,7 +413,7 @@ def _conn_last(conn):
 
 
 def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref,
-                    w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref, *, cfg):
+                    mkd_ref, mqd_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref, *, cfg):
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     t0 = n * CHUNK
@@ -336,16 +422,15 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
     bk, bv = cfg["block_k"], cfg["block_v"]
     doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
     conn_last = _conn_last(conn)
-    mk = jnp.zeros((CHUNK, CHUNK), F32)
-    mq = jnp.zeros((CHUNK, CHUNK), F32)
+    mk = _expand_diagonal(mkd_ref[b, h, n, :, :])
+    mq = _expand_diagonal(mqd_ref[b, h, n, :, :])
     for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
         q = q_ref[b, tsl, h, ksl].astype(F32)
         k = k_ref[b, tsl, h, ksl].astype(F32)
         kr = kr_ref[b, tsl, h, ksl].astype(F32)
         gam = gam_ref[b, tsl, h, ksl]
-        mk_b, mq_b = _decayed_products(cfg, (kr_ref, q_ref), (kr, q), k_ref, k, gam_ref, gam,
-                                       b, h, t0, ksl)
+        mk_b, mq_b = _decayed_products(cfg, (kr, q), k, gam_ref, gam, b, h, t0, ksl)
         mk, mq = mk + mk_b, mq + mq_b
         g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
         e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
@@ -371,6 +456,7 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
 
 
 def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
+    mkd, mqd = _intra(cfg, q, k, kr, gam)
     bsz, tp, heads, dk = k.shape
     dv = vw.shape[-1]
     nc = cfg["n_chunks"]
@@ -379,7 +465,7 @@ def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
     outs = _pallas(
         _prepare_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
-        + _doc_inputs(docs),
+        + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd)],
         outputs=[
             ("w_ref", tok_k),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
@@ -501,6 +587,7 @@ def _backward_state(cfg, prep, do, dvn_in, dht):
 
 def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
                            hs_ref, dhs_ref, do_ref, vn_ref, dvn_ref,
+                           dqd_ref, dkd_ref, dkrd_ref,
                            dq_ref, dk_ref, dkr_ref, dvw_ref, dgam_ref, *, cfg):
     """Gradients of one chunk for one block of key channels (grid axis 2); module docstring.
 
@@ -550,8 +637,11 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
     # The decayed intra-chunk products Mq (X = q) and Mk (X = kr), Y = k.
     dmq = jnp.where(incl, scale * mm_nt(do, vn, mdt), 0.0)
     dmk = jnp.where(strict, -mm_nt(dr, vn, mdt), 0.0)
-    (dq_m, dkr_m), dk_m = _decayed_products_grad(
-        cfg, (dmq, dmk), (q_ref, kr_ref), (q, kr), k_ref, k, gam_ref, gam, b, h, t0, ksl)
+    (dq_m, dkr_m), dk_m = _decayed_products_grad(cfg, (dmq, dmk), (q, kr), k, gam_ref, gam,
+                                                 b, h, t0, ksl)
+    dq_m = dq_m + dqd_ref[b, tsl, h, ksl]  # + the diagonal blocks' share (intra_grad)
+    dkr_m = dkr_m + dkrd_ref[b, tsl, h, ksl]
+    dk_m = dk_m + dkd_ref[b, tsl, h, ksl]
     dgam = dgam + q * dq_m + kr * dkr_m - k * dk_m
     dq_ref[b, tsl, h, ksl] = (dq + dq_m).astype(dq_ref.dtype)
     dkr_ref[b, tsl, h, ksl] = (dkr + dkr_m).astype(dkr_ref.dtype)
@@ -560,6 +650,7 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
 
 
 def _backward_chunk(cfg, q, k, kr, vw, gam, docs, amat, hs, dhs, do, vn, dvn):
+    dqd, dkd, dkrd = _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn)
     bsz, tp, heads, dk = q.shape
     dv = vw.shape[-1]
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), q.dtype)
@@ -568,7 +659,7 @@ def _backward_chunk(cfg, q, k, kr, vw, gam, docs, amat, hs, dhs, do, vn, dvn):
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
         + _doc_inputs(docs)
         + [("a_ref", amat), ("hs_ref", hs), ("dhs_ref", dhs), ("do_ref", do), ("vn_ref", vn),
-           ("dvn_ref", dvn)],
+           ("dvn_ref", dvn), ("dqd_ref", dqd), ("dkd_ref", dkd), ("dkrd_ref", dkrd)],
         outputs=[
             ("dq_ref", tok_k),
             ("dk_ref", tok_k),

@@ -237,7 +237,7 @@ class TuneKernelsTest(absltest.TestCase):
                          [shape] * 4 + [shape[:3], shape])  # q, k, v, g per channel, beta, do
         fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
         tuning = {**before, "backward_state": (8, 3), "prepare": (2, 1), "block_v": 32,
-                  "block_k": 32}
+                  "block_k": 32, "intra_grad": (8, 2)}
         try:
             tune_kernels.set_tuning(tuning, "kda")
             table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
@@ -246,6 +246,8 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(channelwise_gpu.TUNING, before)
         self.assertEqual(table["channelwise_backward_state"], [dict(launch=(8, 3), grid=(1, 2))])
         self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
+        self.assertEqual(table["channelwise_intra_grad"], [dict(launch=(8, 2), grid=(2, 1, 4))])
+        self.assertEqual(table["channelwise_intra"][0]["grid"], (2, 1, 4))
         self.assertEqual(table["channelwise_forward"][0]["grid"], (1, 2))
         self.assertEqual(table["channelwise_backward_chunk"][0]["grid"], (2, 1, 2))
         tune_kernels.check_launches(table, tuning, shape, "fwdbwd", op="kda")
@@ -272,7 +274,8 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual([a.shape for a in args2], [shape] * 7)
         fwd2 = tune_kernels.programs(tune_kernels.KERNEL_OPS["gdn2"])["fwd"]
         table2 = tune_kernels.launch_table(jax.jit(fwd2).trace(*args2).jaxpr)
-        self.assertEqual(sorted(table2), ["channelwise_forward", "channelwise_prepare"])
+        self.assertEqual(sorted(table2), ["channelwise_forward", "channelwise_intra",
+                                          "channelwise_prepare"])
         tune_kernels.check_launches(table2, before, shape, "fwd", op="gdn2")
 
     def test_gdn_only_knobs_are_refused_for_the_channelwise_ops(self):
@@ -280,7 +283,7 @@ class TuneKernelsTest(absltest.TestCase):
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
                 r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, block_v, "
-                r"block_k, prepare, forward, backward_state, backward_chunk$"):
+                r"block_k, intra, prepare, forward, intra_grad, backward_state, backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
             with self.assertRaisesRegex(app.UsageError, "is a knob of --op=gdn only"):
@@ -295,8 +298,8 @@ class TuneKernelsTest(absltest.TestCase):
                                                     "intra_tf32, block_v"):
             tune_kernels.parse_knobs("block_x", "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "block_v", "block_k", "prepare", "forward",
-                          "backward_state", "backward_chunk"])
+                         ["intra_tf32", "block_v", "block_k", "intra", "prepare", "forward",
+                          "intra_grad", "backward_state", "backward_chunk"])
         self.assertEqual(list(tune_kernels.parse_knobs(None)), list(tune_kernels.KNOBS))
         self.assertEqual(tune_kernels.parse_knobs("intra_tf32=false,backward_chunk=8x2", "gdn2"),
                          {"intra_tf32": [False], "backward_chunk": [(8, 2)]})
