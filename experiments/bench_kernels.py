@@ -325,6 +325,7 @@ def run_jax(records):
 
 
 def run_fla():
+    """Times fla's chunk kernels (torch worker); yields one record per op, shape and pass."""
     os.environ["FLA_DISABLE_BACKEND_DISPATCH"] = "1"
     import torch
     import triton
@@ -335,7 +336,7 @@ def run_fla():
     from fla.ops.gdn2 import chunk_gdn2
     from fla.ops.kda import chunk_kda
     from fla.ops.simple_gla import chunk_simple_gla
-    records = []
+    start = time.time()
     dev = "cuda"
     for op in _OPS.value:
         for shape in _SHAPES.value:
@@ -388,10 +389,9 @@ def run_fla():
                                                                   return_mode="min"))
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = repr(e)[:300]
-                print(json.dumps(rec), flush=True)
-                records.append(rec)
+                rec["wall_s"] = round(time.time() - start, 1)  # since the worker started
+                yield rec
             torch.cuda.empty_cache()
-    return records
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,14 +487,17 @@ def main(argv):
     elif "fla" in _PEERS.value:
         args = [sys.executable, os.path.abspath(__file__), "--torch_worker"] + [
             a for a in sys.argv[1:] if not a.startswith("--out")]
-        proc = subprocess.run(args, capture_output=True, text=True, check=False)
-        for line in proc.stdout.splitlines():
-            if line.startswith("FLA_RECORD "):
-                records.append(json.loads(line[len("FLA_RECORD "):]))
-                _append(records[-1])
-                print(line, flush=True)
+        # Streamed line by line: a run cut short keeps every record the worker printed.
+        with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              bufsize=1) as proc:
+            for line in proc.stdout:
+                if line.startswith("FLA_RECORD "):
+                    records.append(json.loads(line[len("FLA_RECORD "):]))
+                    _append(records[-1])
+                    print(line.rstrip(), flush=True)
+            stderr = proc.stderr.read()
         if proc.returncode != 0:
-            print("fla worker failed:\n" + proc.stderr[-3000:], flush=True)
+            print("fla worker failed:\n" + stderr[-3000:], flush=True)
     run_jax(records)
     versions = _versions()
     md = markdown(records, versions, command)
