@@ -65,7 +65,7 @@ Kernels (grid in brackets):
 
 * ``intra_grad`` [chunks, B*H, 4]: the share of dq, dkr and dk (fp32 ``[B, T, H, K]``) that
   flows through the diagonal blocks of Mq and Mk, whose cotangents it forms from its own rows
-  (below); ``backward_chunk`` adds it.
+  (below); ``backward_chunk`` adds it. ``TUNING["intra_grad_rows"]`` selects a two-loop form.
 * ``backward_chunk`` [chunks, B*H, K/BK]: the parameter gradients of one chunk and key block
   from S_0, dS_C, dO, Vn, dVn and A (each key channel's gradient only needs the [C, C]
   matrices, which every key block recomputes from V-reductions)::
@@ -117,6 +117,10 @@ AUTO_SELECT = True
 # intra 4 warps (2: -0.4%, 8: -0.9%), intra_grad 4 (8: -23%), backward_chunk 8 (4: -7.6%),
 # block_k 64 (32: -0.4%); prepare 8 warps (4: -3.4%, measured before the intra split).
 # forward / backward_state are unswept since the split (8 warps were within 0.3% before it).
+# intra_grad_rows: run intra_grad as a column loop plus a row loop (_intra_grad_two_loops)
+# instead of one column loop that reduces a [16, K] tile across rows and stores a row per step
+# (12.8 ms of KDA's 24 ms at S1). Off until timed on a GPU: checked in interpret mode against
+# the reference; kernel_registers estimates 96 B of spills per thread against 708 B.
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
@@ -127,6 +131,7 @@ TUNING = {
     "block_v": None,
     "block_k": None,
     "intra_tf32": True,
+    "intra_grad_rows": False,
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
@@ -162,7 +167,8 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
                 block_v=block_v, block_k=block_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
-                return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]))
+                return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
+                intra_grad_rows=bool(TUNING["intra_grad_rows"]))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -360,14 +366,18 @@ def _intra_grad_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_re
     dr_b = mm_tn(a_ref[b, h, n, :, pl.ds(SUB * blk, SUB)],
                  dvn_ref[b, pl.ds(n * CHUNK, CHUNK), h, :], mdt)  # [SUB, V]
     rows, cols = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
-    incl = rows >= cols
     doc, _, _ = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, rsl)
-    if doc is not None:
-        incl = incl & (doc[:, None] == doc[None, :])
+    same = None if doc is None else doc[:, None] == doc[None, :]  # symmetric
+    incl = rows >= cols if same is None else (rows >= cols) & same
     strict = incl & (rows > cols)
     dmq = jnp.where(incl, cfg["scale"] * mm_nt(do_ref[b, rsl, h, :], vn_b, mdt), 0.0)
     dmk = jnp.where(strict, -mm_nt(dr_b, vn_b, mdt), 0.0)
     g_blk = gam_ref[b, rsl, h, :]  # [SUB, K]
+    if cfg["intra_grad_rows"]:
+        _intra_grad_two_loops(cfg, q_ref, k_ref, kr_ref, gam_ref, dq_ref, dk_ref, dkr_ref,
+                              b, h, r0, g_blk, dmq, dmk, vn_b, do_ref[b, rsl, h, :], dr_b,
+                              same)
+        return
     q = q_ref[b, rsl, h, :].astype(F32)
     kr = kr_ref[b, rsl, h, :].astype(F32)
 
@@ -386,6 +396,56 @@ def _intra_grad_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_re
     dq, dkr = jax.lax.fori_loop(0, SUB, column, (zero, zero))
     dq_ref[b, rsl, h, :] = dq
     dkr_ref[b, rsl, h, :] = dkr
+
+
+def _intra_grad_two_loops(cfg, q_ref, k_ref, kr_ref, gam_ref, dq_ref, dk_ref, dkr_ref, b, h,
+                          r0, g_blk, dmq, dmk, vn_b, do_b, dr_b, same):
+    """``TUNING["intra_grad_rows"]``: :func:`_intra_grad_kernel`'s loop as two loops in which
+    no step reduces a ``[SUB, K]`` tile across rows.
+
+    dX by columns j: ``dX += dM[:, j] (Y_j * exp(g - g_j))`` (as the single loop does); dY by
+    rows i: ``dY += (dMq[i, :]^T q_i + dMk[i, :]^T kr_i) * exp(g_i - g)`` on rows ``j <= i``,
+    with the row of dM read as a column of the transposed cotangent (formed as ``Vn dO^T``).
+    Twice the ``exp`` work; fewer live tiles and no per-step cross-row reduction or row store.
+    """
+    cols = _iota((SUB, SUB), 1)
+    rows = _iota((SUB, 1), 0)
+    mdt = cfg["mm_dtype"]
+
+    def column(j, carry):
+        dq, dkr = carry
+        t = r0 + j
+        ydec = _row_decay(g_blk, gam_ref[b, t, h, :], j) * k_ref[b, t, h, :].astype(F32)[None, :]
+        col = cols == j
+        dmq_j = jnp.sum(jnp.where(col, dmq, 0.0), axis=1)[:, None]  # dMq[i, j] over i
+        dmk_j = jnp.sum(jnp.where(col, dmk, 0.0), axis=1)[:, None]
+        return dq + dmq_j * ydec, dkr + dmk_j * ydec
+
+    zero = jnp.zeros_like(g_blk)
+    dq, dkr = jax.lax.fori_loop(0, SUB, column, (zero, zero))
+    dq_ref[b, pl.ds(r0, SUB), h, :] = dq
+    dkr_ref[b, pl.ds(r0, SUB), h, :] = dkr
+    # Transposed cotangents: entry [j, i] is dM[i, j], so the masks are transposed too
+    # (``same``, the document-equality matrix, is symmetric).
+    rr = _iota((SUB, SUB), 0)
+    incl_t = cols >= rr if same is None else (cols >= rr) & same
+    strict_t = incl_t & (cols > rr)
+    dmq_t = jnp.where(incl_t, cfg["scale"] * mm_nt(vn_b, do_b, mdt), 0.0)
+    dmk_t = jnp.where(strict_t, -mm_nt(vn_b, dr_b, mdt), 0.0)
+
+    def row(i, dy):
+        t = r0 + i
+        valid = rows <= i  # rows j <= i: exp(g_i - g_j) <= 1, exponent masked before exp
+        dec = jnp.where(valid, jnp.exp(jnp.where(valid, gam_ref[b, t, h, :][None, :] - g_blk,
+                                                 0.0)), 0.0)
+        col = cols == i
+        a_q = jnp.sum(jnp.where(col, dmq_t, 0.0), axis=1)[:, None]  # dMq[i, j] over j
+        a_k = jnp.sum(jnp.where(col, dmk_t, 0.0), axis=1)[:, None]
+        x_i = (a_q * q_ref[b, t, h, :].astype(F32)[None, :]
+               + a_k * kr_ref[b, t, h, :].astype(F32)[None, :])
+        return dy + x_i * dec
+
+    dk_ref[b, pl.ds(r0, SUB), h, :] = jax.lax.fori_loop(0, SUB, row, zero)
 
 
 def _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn):

@@ -282,8 +282,9 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaisesRegex(
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
-                r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, block_v, "
-                r"block_k, intra, prepare, forward, intra_grad, backward_state, backward_chunk$"):
+                r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, intra_grad_rows, "
+                r"block_v, block_k, intra, prepare, forward, intra_grad, backward_state, "
+                r"backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
             with self.assertRaisesRegex(app.UsageError, "is a knob of --op=gdn only"):
@@ -295,11 +296,12 @@ class TuneKernelsTest(absltest.TestCase):
                                                     "only"):
             tune_kernels.parse_knobs("intra_tf32")
         with self.assertRaisesRegex(app.UsageError, "unknown knob 'block_x'; choose from "
-                                                    "intra_tf32, block_v"):
+                                                    "intra_tf32, intra_grad_rows, block_v"):
             tune_kernels.parse_knobs("block_x", "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "block_v", "block_k", "intra", "prepare", "forward",
-                          "intra_grad", "backward_state", "backward_chunk"])
+                         ["intra_tf32", "intra_grad_rows", "block_v", "block_k", "intra",
+                          "prepare", "forward", "intra_grad", "backward_state",
+                          "backward_chunk"])
         self.assertEqual(list(tune_kernels.parse_knobs(None)), list(tune_kernels.KNOBS))
         self.assertEqual(tune_kernels.parse_knobs("intra_tf32=false,backward_chunk=8x2", "gdn2"),
                          {"intra_tf32": [False], "backward_chunk": [(8, 2)]})

@@ -119,6 +119,18 @@ class InterpretTest(parameterized.TestCase):
         self.assertLess(float(jnp.min(inputs["g"])), -20.0)
         self.check(op, seq_len=96, decay=10.0, seed=3)
 
+    def test_intra_grad_two_loop_variant(self):
+        # TUNING["intra_grad_rows"]: the diagonal blocks' gradients as a column loop plus a row
+        # loop over transposed cotangents; packed documents and strong decay, against the
+        # reference like every path. The op's jit caches traces that read TUNING, so clear them.
+        segment_ids = jnp.asarray(np.repeat(np.arange(3), [30, 50, 16])[None], jnp.int32)
+        jax.clear_caches()
+        try:
+            with mock.patch.dict(kernel_gpu.TUNING, {"intra_grad_rows": True}):
+                self.check("kda", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=5)
+        finally:
+            jax.clear_caches()
+
     def test_kda_head_dim_128_gva(self):
         # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
         self.check("kda", batch=2, seq_len=70, key_heads=1, heads=2, dim=128, seed=4)
@@ -161,6 +173,9 @@ class GpuTest(parameterized.TestCase):
 
     @parameterized.product(op=("kda", "gdn2"), packed=(False, True), dim=(64, 128))
     def test_bf16_against_fp32_reference(self, op, packed, dim):
+        self.check_bf16(op, packed, dim)
+
+    def check_bf16(self, op, packed, dim):
         seq_len = 1000
         segment_ids = None
         if packed:
@@ -175,6 +190,15 @@ class GpuTest(parameterized.TestCase):
         for name in _DIFF_ARGS[op]:
             limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
+
+    def test_intra_grad_two_loop_variant_bf16(self):
+        # TUNING["intra_grad_rows"] compiled by Triton (packed, K = 128), same gates.
+        jax.clear_caches()
+        try:
+            with mock.patch.dict(kernel_gpu.TUNING, {"intra_grad_rows": True}):
+                self.check_bf16("kda", True, 128)
+        finally:
+            jax.clear_caches()
 
 
 if __name__ == "__main__":
