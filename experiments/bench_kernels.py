@@ -6,11 +6,15 @@ and beta/b/w = sigmoid(N(0, 1)), Lightning with FLA's fixed per-head decay of la
 passes ``fwd`` (plain call) and ``fwdbwd`` (forward plus the VJP of a fixed bf16 cotangent,
 gradients for q, k, v and the gates); a correctness gate (relative RMS error of o and of every
 gradient against our fp32 ``lax.scan`` reference at (2, 2048, 4, 128)) before any time counts.
-Times are wall clock per call: the median of ``--iters`` calls after ``--warmup`` calls, with a
-device sync after each (JAX: ``block_until_ready``; torch: ``triton.testing.do_bench``, which
-also flushes L2). fla runs in a separate torch process started by this binary
-(``--torch_worker``), with ``FLA_DISABLE_BACKEND_DISPATCH=1`` and FLA's Triton-3.6 guard on the
-gated backward lifted for timing only (fla issue #640: its dbeta/dg are then unreliable).
+Times per call (§5.4): the primary metric, kernel time, is the summed device duration of every
+kernel one call launches over ``--iters`` calls (JAX: a ``jax.profiler`` trace, Pallas kernels
+and XLA glue alike; torch: ``torch.profiler`` self device time); wall clock is the median of
+``--iters`` calls after ``--warmup`` calls with a device sync after each (JAX:
+``block_until_ready``; torch: ``triton.testing.do_bench``, which also flushes L2), and for JAX
+also the mean over ``--iters`` calls dispatched back to back with one sync. fla runs in a
+separate torch process started by this binary (``--torch_worker``), with
+``FLA_DISABLE_BACKEND_DISPATCH=1`` and FLA's Triton-3.6 guard on the gated backward lifted for
+timing only (fla issue #640: its dbeta/dg are then unreliable).
 
 Shapes: S1 (B=8, T=4096, H=16, D=128), S2 (B=1, T=32768, H=16, D=128) and P1 (one 32768-token row
 packed with 16 documents of pseudo-random lengths; fla gets ``cu_seqlens``, JAX ops
@@ -201,6 +205,7 @@ def _jax_passes(fn, names):
 
 
 def _time_jax(f, args, kwargs):
+    """``(median, min)`` wall ms per call, each call followed by ``block_until_ready``."""
     import jax
     for _ in range(_WARMUP.value):
         jax.block_until_ready(f(*args, **kwargs))
@@ -210,6 +215,53 @@ def _time_jax(f, args, kwargs):
         jax.block_until_ready(f(*args, **kwargs))
         times.append((time.perf_counter() - t0) * 1e3)
     return float(np.median(times)), float(np.min(times))
+
+
+def _time_jax_loop(f, args, kwargs):
+    """Wall ms per call of ``--iters`` calls dispatched back to back with one sync (§5.4's
+    secondary metric: launch gaps and XLA glue count, the per-call host sync does not)."""
+    import jax
+    jax.block_until_ready(f(*args, **kwargs))
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(_ITERS.value):
+        out = f(*args, **kwargs)
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) * 1e3 / _ITERS.value
+
+
+def device_ms_from_trace(events, calls):
+    """Device kernel time per call (ms) from Chrome-trace ``events`` of ``calls`` calls.
+
+    Sums the durations (µs) of the complete events (``ph == "X"``) on processes whose name
+    holds ``/device:GPU`` (jax.profiler's device streams); ``None`` when there are none (a CPU
+    backend, or a trace without device activity).
+    """
+    names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    durs = [e.get("dur", 0) for e in events
+            if e.get("ph") == "X" and "/device:GPU" in names.get(e.get("pid"), "")]
+    return sum(durs) / 1e3 / calls if durs else None
+
+
+def _kernel_ms_jax(f, args, kwargs):
+    """§5.4's primary metric for JAX: the summed device durations of every kernel of one call
+    (Pallas kernels and XLA glue alike), from a ``jax.profiler`` trace of ``--iters`` calls."""
+    import glob
+    import gzip
+    import tempfile
+
+    import jax
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            for _ in range(_ITERS.value):
+                jax.block_until_ready(f(*args, **kwargs))
+        files = sorted(glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"), recursive=True))
+        if not files:
+            return None
+        with gzip.open(files[-1]) as fh:
+            events = json.load(fh).get("traceEvents", [])
+    return device_ms_from_trace(events, _ITERS.value)
 
 
 def _to_jax(inputs, op):
@@ -310,7 +362,10 @@ def run_jax(records):
                                                                     _DIM.value], pass_=pas,
                                gate=gate_ok, gate_errors=errs, tuning=tuning)
                     try:
-                        rec["ms"], rec["ms_min"] = _time_jax(passes[pas], (q, k, v, do), gates)
+                        fn = passes[pas]
+                        rec["ms"], rec["ms_min"] = _time_jax(fn, (q, k, v, do), gates)
+                        rec["ms_loop"] = _time_jax_loop(fn, (q, k, v, do), gates)
+                        rec["kernel_ms"] = _kernel_ms_jax(fn, (q, k, v, do), gates)
                     except Exception as e:  # noqa: BLE001
                         rec["error"] = repr(e)[:300]
                     print(json.dumps(rec), flush=True)
@@ -322,6 +377,20 @@ def run_jax(records):
 
 # ---------------------------------------------------------------------------------------------
 # torch side: fla.
+
+
+def _kernel_ms_torch(torch, fn):
+    """§5.4's primary metric for fla: ``torch.profiler`` self device time per call (ms) over
+    ``--iters`` calls (every kernel the call launches, Triton and torch alike)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(_ITERS.value):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(getattr(e, "self_device_time_total", None)
+                   or getattr(e, "self_cuda_time_total", 0) for e in prof.key_averages())
+    return total_us / 1e3 / _ITERS.value
 
 
 def run_fla():
@@ -387,6 +456,7 @@ def run_fla():
                                                               return_mode="median"))
                     rec["ms_min"] = float(triton.testing.do_bench(fn, warmup=5, rep=50,
                                                                   return_mode="min"))
+                    rec["kernel_ms"] = _kernel_ms_torch(torch, fn)
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = repr(e)[:300]
                 rec["wall_s"] = round(time.time() - start, 1)  # since the worker started
@@ -428,8 +498,8 @@ def markdown(records, versions, command):
                  f"{k} {v}" for k, v in versions.items()
                  if k not in ("gpu", "device", "date")) + ".",
              "", f"Command: `{command}`", "",
-             "Wall-clock median per call (ms); ratios > 1 mean ours is faster. R = roofline "
-             "floor of BENCHMARKS.md §3; %R = R / t_ours. `ours` is each op's `auto` dispatch "
+             "Times in ms per call; ratios > 1 mean ours is faster. R = roofline floor of "
+             "BENCHMARKS.md §3; %R = R / t_ours (kernel time). `ours` is each op's `auto` dispatch "
              "(on a GPU: the Pallas GPU kernels for all five, KDA and GDN2 since "
              "gdn2.kernel_gpu.AUTO_SELECT was switched on on 2026-11-29; on a TPU: the Pallas "
              "TPU kernels for all five). The floors R are H200 floors; on a TPU recompute "
@@ -441,27 +511,45 @@ def markdown(records, versions, command):
             f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}"
             for k, v in (errs or {}).items()))
     lines += ["",
-              "| op | shape | pass | ours | fla | jla | chunked | fla/ours | jla/ours | R | %R |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "Kernel = summed device time of every kernel of one call (jax.profiler / "
+              "torch.profiler; §5.4's primary metric); wall = median of synced calls (JAX) or "
+              "do_bench (fla); loop = back-to-back calls with one sync (JAX). Ratios are "
+              "peer / ours on kernel time (wall where a kernel time is missing).", "",
+              "| op | shape | pass | ours kernel | fla kernel | jla kernel | ours wall "
+              "| ours loop | fla wall | jla wall | chunked wall | fla/ours | jla/ours | R | %R |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def fmt(x):
+        return "–" if x is None else f"{x:.3f}"
+
     for op in dict.fromkeys(r["op"] for r in records):
         for shape in dict.fromkeys(r["shape"] for r in records):
             for pas in ("fwd", "fwdbwd"):
-                row = {p: by.get((op, shape, pas, p), {}).get("ms") for p in
-                       ("ours", "fla", "jla", "chunked")}
-                if not any(row.values()):
+                recs = {p: by.get((op, shape, pas, p), {}) for p in
+                        ("ours", "fla", "jla", "chunked")}
+                if not any(r.get("ms") or r.get("kernel_ms") for r in recs.values()):
                     continue
                 # The floors hold at N = B*T*H = 524,288 token-heads (the core shapes).
                 floor = FLOOR_MS[op][0 if pas == "fwd" else 1] if shape in SHAPES else None
 
-                def fmt(x):
-                    return "–" if x is None else f"{x:.3f}"
+                def best(p):
+                    return recs[p].get("kernel_ms") or recs[p].get("ms")
 
                 def ratio(p):
-                    return "–" if not (row[p] and row["ours"]) else f"{row[p] / row['ours']:.2f}"
-                pct = "–" if not (floor and row["ours"]) else f"{100 * floor / row['ours']:.0f}%"
-                lines.append(f"| {op} | {shape} | {pas} | {fmt(row['ours'])} | {fmt(row['fla'])}"
-                             f" | {fmt(row['jla'])} | {fmt(row['chunked'])} | {ratio('fla')} | "
-                             f"{ratio('jla')} | {fmt(floor)} | {pct} |")
+                    mine, theirs = best("ours"), best(p)
+                    if recs["ours"].get("kernel_ms") and recs[p].get("kernel_ms") is None:
+                        theirs = None  # never a kernel time against a wall time
+                    return "–" if not (mine and theirs) else f"{theirs / mine:.2f}"
+
+                mine = best("ours")
+                pct = "–" if not (floor and mine) else f"{100 * floor / mine:.0f}%"
+                lines.append(
+                    f"| {op} | {shape} | {pas} | {fmt(recs['ours'].get('kernel_ms'))} | "
+                    f"{fmt(recs['fla'].get('kernel_ms'))} | {fmt(recs['jla'].get('kernel_ms'))} "
+                    f"| {fmt(recs['ours'].get('ms'))} | {fmt(recs['ours'].get('ms_loop'))} | "
+                    f"{fmt(recs['fla'].get('ms'))} | {fmt(recs['jla'].get('ms'))} | "
+                    f"{fmt(recs['chunked'].get('ms'))} | {ratio('fla')} | {ratio('jla')} | "
+                    f"{fmt(floor)} | {pct} |")
     return "\n".join(lines) + "\n"
 
 
