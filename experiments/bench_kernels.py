@@ -65,6 +65,12 @@ _TUNING = flags.DEFINE_string(
     "pallas_kernels/gdn2/kernel_gpu.TUNING). Recorded with every record.")
 _CHUNKED_SHAPES = flags.DEFINE_list(
     "chunked_shapes", ["S1"], "Shapes at which the chunked JAX form is timed (it is slow).")
+_FLA_CACHE = flags.DEFINE_string(
+    "fla_autotune_cache", None,
+    "Directory for the fla worker's Triton cache with autotune results kept "
+    "(TRITON_CACHE_DIR + TRITON_CACHE_AUTOTUNING=1): a later run given the same directory "
+    "compiles only each kernel's chosen config instead of re-tuning (minutes per op on a fresh "
+    "machine). Timings are still taken in the run.")
 
 # Floors (ms) at N = 524,288 token-heads, D = 128 (BENCHMARKS.md §3): (fwd, fwd+bwd).
 FLOOR_MS = {"gdn": (0.126, 0.371), "deltanet": (0.126, 0.371), "lightning": (0.125, 0.34),
@@ -575,9 +581,13 @@ def main(argv):
     elif "fla" in _PEERS.value:
         args = [sys.executable, os.path.abspath(__file__), "--torch_worker"] + [
             a for a in sys.argv[1:] if not a.startswith("--out")]
+        env = dict(os.environ)
+        if _FLA_CACHE.value:
+            env.update(TRITON_CACHE_DIR=os.path.abspath(_FLA_CACHE.value),
+                       TRITON_CACHE_AUTOTUNING="1")
         # Streamed line by line: a run cut short keeps every record the worker printed.
         with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              bufsize=1) as proc:
+                              bufsize=1, env=env) as proc:
             for line in proc.stdout:
                 if line.startswith("FLA_RECORD "):
                     records.append(json.loads(line[len("FLA_RECORD "):]))
