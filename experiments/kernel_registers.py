@@ -27,7 +27,7 @@ Hopper wgmma instructions.
 Usage::
 
     python experiments/kernel_registers.py --op=gdn --shape=8,4096,16,128 --pass=fwdbwd
-    python experiments/kernel_registers.py --op=kda --shape=8,4096,16,128   # or --op=gdn2
+    python experiments/kernel_registers.py --op=kda --shape=8,4096,16,128   # or gdn2, deltanet
     python experiments/kernel_registers.py --tuning='{"backward_chunk": [8, 2]}'
 """
 
@@ -56,7 +56,8 @@ from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu  # noqa: E402
 
 CAPABILITY = 90  # H200 (sm_90a)
 
-_OP = flags.DEFINE_enum("op", "gdn", ["gdn", "kda", "gdn2"], "Op whose kernels to compile.")
+_OP = flags.DEFINE_enum("op", "gdn", ["gdn", "deltanet", "kda", "gdn2"],
+                        "Op whose kernels to compile.")
 _SHAPE = flags.DEFINE_list("shape", ["8", "4096", "16", "128"], "B,T,H,D of q, k and v.")
 _PASS = flags.DEFINE_enum("pass", "fwdbwd", ["fwd", "fwdbwd"], "Forward, or forward + VJP.")
 _SPLIT = flags.DEFINE_bool("split_forward", None,
@@ -76,11 +77,19 @@ def gdn(shape, with_vjp):
     def fwd(q, k, v, g, beta):
         return kernel_gpu.scalar_decay_pallas(q, k, v, g, beta, scale=d ** -0.5)[0]
 
-    def fwdbwd(*args):
-        o, vjp = jax.vjp(fwd, *args)
-        return vjp(o) + (o,)
+    return _with_vjp(fwd, with_vjp), specs
 
-    return (fwdbwd if with_vjp else fwd), specs
+
+def deltanet(shape, with_vjp):
+    """DeltaNet (the scalar kernels without decay, ``g=None``): bf16 q, k, v, fp32 beta."""
+    b, t, h, d = shape
+    specs = ([jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)] * 3
+             + [jax.ShapeDtypeStruct((b, t, h), jnp.float32)])
+
+    def fwd(q, k, v, beta):
+        return kernel_gpu.scalar_decay_pallas(q, k, v, None, beta, scale=d ** -0.5)[0]
+
+    return _with_vjp(fwd, with_vjp), specs
 
 
 def _with_vjp(fwd, with_vjp):
@@ -117,7 +126,7 @@ def gdn2(shape, with_vjp):
     return _with_vjp(fwd, with_vjp), specs
 
 
-OPS = {"gdn": gdn, "kda": kda, "gdn2": gdn2}
+OPS = {"gdn": gdn, "deltanet": deltanet, "kda": kda, "gdn2": gdn2}
 
 
 def triton_calls(fn, specs):
@@ -200,7 +209,7 @@ def main(argv):
 
     shape = tuple(int(s) for s in _SHAPE.value)
     fn, specs = OPS[_OP.value](shape, flags.FLAGS["pass"].value == "fwdbwd")
-    module = kernel_gpu if _OP.value == "gdn" else channelwise_gpu
+    module = kernel_gpu if _OP.value in ("gdn", "deltanet") else channelwise_gpu
     tuning = {} if _SPLIT.value is None else {"split_forward": _SPLIT.value}
     try:
         for key, value in json.loads(_TUNING.value or "{}").items():

@@ -75,6 +75,10 @@ Backward algebra (per chunk; P = Q K^T * D, Kb = diag(beta e_in) K, Vb = diag(be
 
 and the decay factors pass their gradients to gamma through d exp(x) = exp(x) dx.
 
+Without a decay (``g=None``: DeltaNet, linear attention) the kernels are specialised statically:
+D is the causal 0/1 mask, the edge factors are the document masks, no ``exp`` is taken and the
+gradient kernel skips every d gamma term (one [C, K] x [K, C] product and its reductions).
+
 Numerics: states, decays, the triangular inverse and every accumulation are fp32. The big
 products run on tensor cores in the input dtype (bf16 inputs: bf16 operands, fp32 accumulate,
 as FLA does); fp32 inputs run every product in IEEE fp32, so the kernels then match the fp32
@@ -196,7 +200,7 @@ def block_widths(batch: int, heads: int, dk: int, dv: int, tuning=None) -> Tuple
 
 
 def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype, interpret,
-            return_residual, block_v=None, segments=1):
+            return_residual, block_v=None, segments=1, decay=True):
     """The static configuration of one call (hashable once sorted into a tuple).
 
     ``batch`` and ``n_chunks`` are those of the pseudo-batch the kernels see (B * P rows of
@@ -206,7 +210,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, delta, has_docs, mm_dtype,
     block_v = block_v or auto_v
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
                 block_k=block_k, segments=segments,
-                delta=delta, has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype),
+                delta=delta, decay=decay, has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype),
                 interpret=interpret, return_residual=return_residual, block_v=block_v,
                 split_forward=bool(TUNING["split_forward"]),
                 block_v_out=min(dv, OUTPUT_BLOCK_V), block_v_grad=min(dv, GRAD_BLOCK_V))
@@ -227,25 +231,35 @@ _dot_precise = pallas_gpu.dot_precise
 # In-kernel helpers (operate on loaded values).
 
 
-def _decays(gam, doc, conn, last):
+def _decays(gam, doc, conn, last, decay=True):
     """Chunk decay factors from the within-chunk cumsum ``gam [C]`` (fp32).
 
-    Returns ``(D [C, C] inclusive, e_in [C], e_out [C], e_all scalar, mask [C, C])``.
+    Returns ``(D [C, C] inclusive, e_in [C], e_out [C], e_all scalar, mask [C, C])``. Without
+    ``decay`` (DeltaNet, linear attention: g = 0) D is the 0/1 mask and the edge factors are
+    the document masks (or ones), with no ``exp``.
     """
     c = gam.shape[0]
     rows, cols = _iota((c, c), 0), _iota((c, c), 1)
     mask = rows >= cols
     if doc is not None:
         mask = mask & (doc[:, None] == doc[None, :])
-    diff = jnp.where(mask, gam[:, None] - gam[None, :], 0.0)
-    dmat = jnp.where(mask, jnp.exp(diff), 0.0)
-    e_in, e_out, e_all = _edge_decays(gam, doc, conn, last)
+    if decay:
+        diff = jnp.where(mask, gam[:, None] - gam[None, :], 0.0)
+        dmat = jnp.where(mask, jnp.exp(diff), 0.0)
+    else:
+        dmat = jnp.where(mask, 1.0, 0.0).astype(F32)
+    e_in, e_out, e_all = _edge_decays(gam, doc, conn, last, decay)
     return dmat, e_in, e_out, e_all, mask
 
 
-def _edge_decays(gam, doc, conn, last):
+def _edge_decays(gam, doc, conn, last, decay=True):
     """``(e_in [C], e_out [C], e_all scalar)`` of :func:`_decays`, without the C x C mask."""
     c = gam.shape[0]
+    if not decay:
+        if doc is None:
+            ones = jnp.ones((c,), F32)
+            return ones, ones, jnp.ones((), F32)
+        return conn, last, _last(conn, c)
     g_last = _last(gam, c)
     e_in = jnp.exp(gam)
     e_out = jnp.exp(g_last - gam)
@@ -278,7 +292,7 @@ def _prepare_kernel(k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn_ref, last_ref
     beta = beta_ref[b, h, tsl]
     gam = gam_ref[b, h, tsl]
     doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-    dmat, e_in, _, _, mask = _decays(gam, doc, conn, last)
+    dmat, e_in, _, _, mask = _decays(gam, doc, conn, last, cfg["decay"])
     rows, cols = _iota(mask.shape, 0), _iota(mask.shape, 1)
     strict = jnp.where(mask & (rows > cols), beta[:, None] * mm_nt(k, k, mdt) * dmat, 0.0)
     amat = _unit_lower_inverse(strict, mdt)
@@ -328,7 +342,7 @@ def _forward_kernel(q_ref, k_ref, u_ref, w_ref, gam_ref, doc_ref, conn_ref, last
         u = u_ref[b, tsl, h, vsl]
         gam = gam_ref[b, h, tsl]
         doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-        dmat, e_in, e_out, e_all, _ = _decays(gam, doc, conn, last)
+        dmat, e_in, e_out, e_all, _ = _decays(gam, doc, conn, last, cfg["decay"])
         if cfg["delta"]:
             vn = u.astype(F32) - mm(w_ref[b, tsl, h, :], state, mdt)
         else:
@@ -388,7 +402,7 @@ def _forward_state_kernel(k_ref, u_ref, w_ref, gam_ref, doc_ref, conn_ref, last_
         u = u_ref[b, tsl, h, vsl]
         gam = gam_ref[b, h, tsl]
         doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-        _, e_out, e_all = _edge_decays(gam, doc, conn, last)
+        _, e_out, e_all = _edge_decays(gam, doc, conn, last, cfg["decay"])
         if cfg["delta"]:
             vn = u.astype(F32) - mm(w_ref[b, tsl, h, :], state, mdt)
             if vn_ref is not None:
@@ -417,7 +431,7 @@ def _forward_output_kernel(q_ref, k_ref, vn_ref, gam_ref, doc_ref, conn_ref, las
     s0 = hs_ref[b, h, n, :, vsl]  # [K, BVO]
     gam = gam_ref[b, h, tsl]
     doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-    dmat, e_in, _, _, _ = _decays(gam, doc, conn, last)
+    dmat, e_in, _, _, _ = _decays(gam, doc, conn, last, cfg["decay"])
     attn = mm_nt(q, k, mdt) * dmat
     o = mm(q.astype(F32) * e_in[:, None], s0, mdt) + mm(attn, vn, mdt)
     o_ref[b, tsl, h, vsl] = (cfg["scale"] * o).astype(o_ref.dtype)
@@ -566,7 +580,7 @@ def _backward_state_kernel(q_ref, k_ref, w_ref, do_ref, dvn_in_ref, gam_ref, doc
         do = do_ref[b, tsl, h, vsl]
         gam = gam_ref[b, h, tsl]
         doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-        dmat, e_in, e_out, e_all, _ = _decays(gam, doc, conn, last)
+        dmat, e_in, e_out, e_all, _ = _decays(gam, doc, conn, last, cfg["decay"])
         attn = mm_nt(q, k, mdt) * dmat
         dvn = scale * mm_tn(attn, do, mdt) + mm(k.astype(F32) * e_out[:, None], dstate, mdt)
         if dvn_in_ref is not None:
@@ -635,6 +649,7 @@ def _backward_chunk_kernel(q_ref, k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn
     mdt = cfg["mm_dtype"]
     scale = cfg["scale"]
     delta = cfg["delta"]
+    decay = cfg["decay"]
     beta = beta_ref[b, h, tsl] if delta else None
     amat = a_ref[b, h, n, :, :] if delta else None  # [C, C], operand dtype
 
@@ -648,7 +663,8 @@ def _backward_chunk_kernel(q_ref, k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn
         acc["do_s0"] = acc["do_s0"] + mm_nt(do, s0, mdt)  # dO S_0^T  [C, BK]
         acc["dp"] = acc["dp"] + mm_nt(do, vn, mdt)  # dO Vn^T  [C, C]
         acc["vn_ds"] = acc["vn_ds"] + mm_nt(vn, ds_c, mdt)  # Vn dS_C^T  [C, BK]
-        acc["de_all"] = acc["de_all"] + jnp.sum(s0.astype(F32) * ds_c.astype(F32))
+        if decay:
+            acc["de_all"] = acc["de_all"] + jnp.sum(s0.astype(F32) * ds_c.astype(F32))
         dvn = dvn_ref[b, tsl, h, vsl]
         if delta:
             dr = mm_tn(amat, dvn, mdt)  # A^T dVn  [C, BV]
@@ -667,7 +683,9 @@ def _backward_chunk_kernel(q_ref, k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn
 
     c = CHUNK
     acc = dict(do_s0=jnp.zeros((c, bk), F32), dp=jnp.zeros((c, c), F32),
-               vn_ds=jnp.zeros((c, bk), F32), de_all=jnp.zeros((), F32))
+               vn_ds=jnp.zeros((c, bk), F32))
+    if decay:
+        acc["de_all"] = jnp.zeros((), F32)
     if delta:
         acc.update(dr_s0=jnp.zeros((c, bk), F32), dr_vn=jnp.zeros((c, c), F32),
                    v_dr=jnp.zeros((c,), F32))
@@ -675,7 +693,7 @@ def _backward_chunk_kernel(q_ref, k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn
 
     gam = gam_ref[b, h, tsl]
     doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-    dmat, e_in, e_out, e_all, mask = _decays(gam, doc, conn, last)
+    dmat, e_in, e_out, e_all, mask = _decays(gam, doc, conn, last, cfg["decay"])
     q_blk = q_ref[b, tsl, h, ksl]
     k_blk = k_ref[b, tsl, h, ksl]
     kf = k_blk.astype(F32)
@@ -683,26 +701,26 @@ def _backward_chunk_kernel(q_ref, k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn
     # Read-out O = scale [diag(e_in) Q S_0 + (Q K^T * D) Vn]. The [C, C] terms of d gamma
     # (through D) are reduced to row and column sums as soon as they are formed, and count in
     # key block 0 only (Q K^T and K K^T are over the whole K there).
+    # Without decay (g = 0) nothing flows to gamma: the d gamma terms are skipped.
     do_s0 = acc["do_s0"]
-    de_in = scale * jnp.sum(q_blk.astype(F32) * do_s0, axis=1)
     dpd = (scale * acc["dp"]) * dmat
     dq = scale * e_in[:, None] * do_s0 + mm(dpd, k_blk, mdt)
     dq_ref[b, tsl, h, ksl] = dq.astype(dq_ref.dtype)
     dk = mm_tn(dpd, q_blk, mdt)
-    m = dpd * mm_nt(q_ref[b, tsl, h, :], k_ref[b, tsl, h, :], mdt)  # dD * D, read-out part
-    m_rows, m_cols = jnp.sum(m, axis=1), jnp.sum(m, axis=0)
+    if decay:
+        de_in = scale * jnp.sum(q_blk.astype(F32) * do_s0, axis=1)
+        m = dpd * mm_nt(q_ref[b, tsl, h, :], k_ref[b, tsl, h, :], mdt)  # dD * D, read-out
+        m_rows, m_cols = jnp.sum(m, axis=1), jnp.sum(m, axis=0)
 
     # State update S_C = e_all S_0 + (diag(e_out) K)^T Vn.
     vn_ds = acc["vn_ds"]
     dk = dk + e_out[:, None] * vn_ds
-    de_out = jnp.sum(kf * vn_ds, axis=1)
 
     if delta:
         dr_s0 = acc["dr_s0"]
         kb_grad = jnp.sum(kf * dr_s0, axis=1)
         dk = dk - (beta * e_in)[:, None] * dr_s0
         dbeta = -e_in * kb_grad
-        de_in = de_in - beta * kb_grad
         rows, cols = _iota(mask.shape, 0), _iota(mask.shape, 1)
         dld = jnp.where(mask & (rows > cols), -acc["dr_vn"], 0.0) * dmat  # dL * D
         gmat = beta[:, None] * dld
@@ -710,14 +728,19 @@ def _backward_chunk_kernel(q_ref, k_ref, v_ref, beta_ref, gam_ref, doc_ref, conn
         # L = strict(diag(beta) (K K^T) * D): dbeta and dD (-> d gamma) through K K^T.
         t = dld * mm_nt(k_ref[b, tsl, h, :], k_ref[b, tsl, h, :], mdt)
         t_rows = jnp.sum(t, axis=1)
-        m_rows = m_rows + beta * t_rows
-        m_cols = m_cols + jnp.sum(beta[:, None] * t, axis=0)
+        if decay:
+            de_in = de_in - beta * kb_grad
+            m_rows = m_rows + beta * t_rows
+            m_cols = m_cols + jnp.sum(beta[:, None] * t, axis=0)
         dbeta = dbeta + jnp.where(first, acc["v_dr"] + t_rows, 0.0)
         dbeta_ref[b, h, kb_id, tsl] = dbeta
 
     dk_ref[b, tsl, h, ksl] = dk.astype(dk_ref.dtype)
+    if not decay:
+        return
 
     # Decay factors -> gamma: d exp(x) = exp(x) dx.
+    de_out = jnp.sum(kf * vn_ds, axis=1)
     is_last = _iota((c,), 0) == c - 1
     dgam = jnp.where(first, m_rows - m_cols, 0.0) + de_in * e_in - de_out * e_out
     dgam = dgam + jnp.where(is_last, jnp.sum(de_out * e_out) + acc["de_all"] * e_all, 0.0)
@@ -740,13 +763,16 @@ def _backward_chunk(cfg, q, k, v, beta, gam, docs, amat, hs, dhs, do, vn, dvn):
             ("dk_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)),
             ("dv_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), v.dtype)),
             ("dbeta_ref", jax.ShapeDtypeStruct((bsz, heads, nk, tp), F32) if delta else None),
-            ("dgam_ref", jax.ShapeDtypeStruct((bsz, heads, nk, tp), F32)),
+            ("dgam_ref", jax.ShapeDtypeStruct((bsz, heads, nk, tp), F32)
+             if cfg["decay"] else None),
         ],
         grid=(cfg["n_chunks"], bsz * heads, nk), tune="backward_chunk",
         name="gdn_backward_chunk",
     )
     dbeta = outs["dbeta_ref"].sum(axis=2) if delta else None
-    return outs["dq_ref"], outs["dk_ref"], outs["dv_ref"], dbeta, outs["dgam_ref"].sum(axis=2)
+    # Without decay gamma is the caller's constant zeros: its cotangent is zero.
+    dgam = outs["dgam_ref"].sum(axis=2) if cfg["decay"] else jnp.zeros_like(gam)
+    return outs["dq_ref"], outs["dk_ref"], outs["dv_ref"], dbeta, dgam
 
 
 # ----------------------------------------------------------------------------------------------
@@ -896,7 +922,8 @@ def scalar_decay_pallas(
         docs = tuple(x.reshape(rows, tr) for x in _docs_from_segment_ids(segment_ids, padded))
     static = tuple(sorted(_config(
         batch=rows, heads=heads, n_chunks=n_chunks // segments, dk=dk, dv=dv,
-        scale=float(scale), delta=delta, has_docs=segment_ids is not None, mm_dtype=mdt,
+        scale=float(scale), delta=delta, decay=g is not None, has_docs=segment_ids is not None,
+        mm_dtype=mdt,
         interpret=interpret, return_residual=return_residual, segments=segments,
     ).items()))
     outs = _make_core(static)(q, k, v, gam, beta_t, h0, docs)

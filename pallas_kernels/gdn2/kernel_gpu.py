@@ -335,6 +335,7 @@ def _intra_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
 
 
 def _intra(cfg, q, k, kr, gam):
+    """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_kernel`."""
     bsz, _, heads, _ = k.shape
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
     outs = _pallas(
@@ -449,6 +450,7 @@ def _intra_grad_two_loops(cfg, q_ref, k_ref, kr_ref, gam_ref, dq_ref, dk_ref, dk
 
 
 def _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn):
+    """``(dq, dk, dkr)`` partials, fp32 ``[B, T, H, K]``, from :func:`_intra_grad_kernel`."""
     bsz, tp, heads, dk = q.shape
     tok = jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)
     outs = _pallas(

@@ -292,7 +292,7 @@ class SegmentsInterpretTest(parameterized.TestCase):
         jax.clear_caches()
         self.addCleanup(jax.clear_caches)
 
-    @parameterized.parameters(("gdn", 4), ("simple_gla", 2))
+    @parameterized.parameters(("gdn", 4), ("simple_gla", 2), ("deltanet", 2))
     def test_packed_rows_with_initial_state(self, op, segments):
         # T = 300: 5 chunks padded to 8 (two per segment at P = 4); documents of 60, 100, 75
         # and 65 tokens, so boundaries fall inside segments and chunks.
