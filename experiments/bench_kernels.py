@@ -41,6 +41,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -240,14 +241,24 @@ def device_ms_from_trace(events, calls):
     """Device kernel time per call (ms) from Chrome-trace ``events`` of ``calls`` calls.
 
     Sums the durations (µs) of the complete events (``ph == "X"``) on processes whose name
-    holds ``/device:GPU`` (jax.profiler's device streams); ``None`` when there are none (a CPU
-    backend, or a trace without device activity).
+    holds ``/device:GPU`` (jax.profiler's device planes), keeping only their ``Stream #...``
+    threads where the trace names threads (the device plane also has lines such as the CUPTI
+    overhead); ``None`` when there are none or they sum to zero (a CPU backend, or a trace
+    without device activity).
     """
     names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
              if e.get("ph") == "M" and e.get("name") == "process_name"}
-    durs = [e.get("dur", 0) for e in events
-            if e.get("ph") == "X" and "/device:GPU" in names.get(e.get("pid"), "")]
-    return sum(durs) / 1e3 / calls if durs else None
+    gpu = {pid for pid, name in names.items() if "/device:GPU" in name}
+    threads = {(e["pid"], e.get("tid")): e.get("args", {}).get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu}
+
+    def on_stream(e):
+        name = threads.get((e["pid"], e.get("tid")))
+        return name is None or name.startswith("Stream")
+
+    total = sum(e.get("dur", 0) for e in events
+                if e.get("ph") == "X" and e.get("pid") in gpu and on_stream(e))
+    return total / 1e3 / calls if total > 0 else None
 
 
 def _kernel_ms_jax(f, args, kwargs):
@@ -255,7 +266,6 @@ def _kernel_ms_jax(f, args, kwargs):
     (Pallas kernels and XLA glue alike), from a ``jax.profiler`` trace of ``--iters`` calls."""
     import glob
     import gzip
-    import tempfile
 
     import jax
     with tempfile.TemporaryDirectory() as tmp:
@@ -388,15 +398,18 @@ def run_jax(records):
 def _kernel_ms_torch(torch, fn):
     """§5.4's primary metric for fla: ``torch.profiler`` self device time per call (ms) over
     ``--iters`` calls (every kernel the call launches, Triton and torch alike)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(_ITERS.value):
             fn()
         torch.cuda.synchronize()
-    total_us = sum(getattr(e, "self_device_time_total", None)
-                   or getattr(e, "self_cuda_time_total", 0) for e in prof.key_averages())
-    return total_us / 1e3 / _ITERS.value
+    # Device events only (as torch's own table footer counts them), no user annotations.
+    total_us = sum(e.self_device_time_total for e in prof.events()
+                   if e.device_type == DeviceType.CUDA
+                   and not getattr(e, "is_user_annotation", False))
+    return total_us / 1e3 / _ITERS.value if total_us > 0 else None
 
 
 def run_fla():
@@ -495,6 +508,15 @@ def _versions():
     return out
 
 
+def peer_ratio(ours, peer):
+    """``"t_peer / t_ours"`` of two records: kernel times if both have one (> 0), else wall
+    times if both have one, else ``"–"`` (a kernel time is never set against a wall time)."""
+    for key in ("kernel_ms", "ms"):
+        if ours.get(key) and peer.get(key):
+            return f"{peer[key] / ours[key]:.2f}"
+    return "–"
+
+
 def markdown(records, versions, command):
     by = {}
     for r in records:
@@ -520,7 +542,8 @@ def markdown(records, versions, command):
               "Kernel = summed device time of every kernel of one call (jax.profiler / "
               "torch.profiler; §5.4's primary metric); wall = median of synced calls (JAX) or "
               "do_bench (fla); loop = back-to-back calls with one sync (JAX). Ratios are "
-              "peer / ours on kernel time (wall where a kernel time is missing).", "",
+              "peer / ours on kernel time where both have one, else on wall time (never one "
+              "against the other); %R on our kernel time (wall where it is missing).", "",
               "| op | shape | pass | ours kernel | fla kernel | jla kernel | ours wall "
               "| ours loop | fla wall | jla wall | chunked wall | fla/ours | jla/ours | R | %R |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -538,16 +561,10 @@ def markdown(records, versions, command):
                 # The floors hold at N = B*T*H = 524,288 token-heads (the core shapes).
                 floor = FLOOR_MS[op][0 if pas == "fwd" else 1] if shape in SHAPES else None
 
-                def best(p):
-                    return recs[p].get("kernel_ms") or recs[p].get("ms")
-
                 def ratio(p):
-                    mine, theirs = best("ours"), best(p)
-                    if recs["ours"].get("kernel_ms") and recs[p].get("kernel_ms") is None:
-                        theirs = None  # never a kernel time against a wall time
-                    return "–" if not (mine and theirs) else f"{theirs / mine:.2f}"
+                    return peer_ratio(recs["ours"], recs[p])
 
-                mine = best("ours")
+                mine = recs["ours"].get("kernel_ms") or recs["ours"].get("ms")
                 pct = "–" if not (floor and mine) else f"{100 * floor / mine:.0f}%"
                 lines.append(
                     f"| {op} | {shape} | {pas} | {fmt(recs['ours'].get('kernel_ms'))} | "
@@ -585,15 +602,19 @@ def main(argv):
         if _FLA_CACHE.value:
             env.update(TRITON_CACHE_DIR=os.path.abspath(_FLA_CACHE.value),
                        TRITON_CACHE_AUTOTUNING="1")
-        # Streamed line by line: a run cut short keeps every record the worker printed.
-        with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              bufsize=1, env=env) as proc:
+        # Streamed line by line: a run cut short keeps every record the worker printed. stderr
+        # goes to a file, so a chatty worker cannot fill a pipe nobody reads and stall.
+        with tempfile.TemporaryFile("w+") as err, subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=err, text=True, bufsize=1,
+                env=env) as proc:
             for line in proc.stdout:
                 if line.startswith("FLA_RECORD "):
                     records.append(json.loads(line[len("FLA_RECORD "):]))
                     _append(records[-1])
                     print(line.rstrip(), flush=True)
-            stderr = proc.stderr.read()
+            proc.wait()
+            err.seek(0)
+            stderr = err.read()
         if proc.returncode != 0:
             print("fla worker failed:\n" + stderr[-3000:], flush=True)
     run_jax(records)

@@ -27,6 +27,19 @@ class DeviceTimeTest(absltest.TestCase):
         self.assertIsNone(bench_kernels.device_ms_from_trace(_trace([], "/host:CPU"), calls=2))
         self.assertIsNone(bench_kernels.device_ms_from_trace(
             _trace([100.0], device="/host:CPU"), calls=1))
+        self.assertIsNone(bench_kernels.device_ms_from_trace(_trace([0.0, 0.0]), calls=1))
+
+    def test_only_stream_threads_count_where_threads_are_named(self):
+        events = _trace([200.0, 300.0])
+        for e in events:
+            if e.get("pid") == 1 and e.get("ph") == "X":
+                e["tid"] = 7
+        events += [dict(ph="M", name="thread_name", pid=1, tid=7,
+                        args=dict(name="Stream #7(Compute)")),
+                   dict(ph="M", name="thread_name", pid=1, tid=99,
+                        args=dict(name="CUPTI overhead")),
+                   dict(ph="X", pid=1, tid=99, name="overhead", dur=5_000.0)]
+        self.assertAlmostEqual(bench_kernels.device_ms_from_trace(events, calls=1), 0.5)
 
 
 class MarkdownTest(absltest.TestCase):
@@ -46,8 +59,17 @@ class MarkdownTest(absltest.TestCase):
         self.assertEqual(cells[3:10], ["2.500", "2.750", "–", "3.200", "3.000", "2.900",
                                        "1.600"])
         self.assertEqual(cells[11], "1.10")  # fla/ours on kernel time: 2.75 / 2.5
-        self.assertEqual(cells[12], "–")  # jla has no kernel time: no ratio against ours' kernel
+        self.assertEqual(cells[12], "0.50")  # jla has no kernel time: wall / wall, 1.6 / 3.2
         self.assertEqual(cells[14], f"{100 * 0.371 / 2.5:.0f}%")
+
+    def test_peer_ratio_never_sets_kernel_against_wall(self):
+        ratio = bench_kernels.peer_ratio
+        self.assertEqual(ratio(dict(ms=3.2), dict(ms=2.0, kernel_ms=1.0)), "0.62")  # wall
+        self.assertEqual(ratio(dict(kernel_ms=2.0), dict(ms=9.0)), "–")  # nothing comparable
+        self.assertEqual(ratio(dict(ms=2.0, kernel_ms=1.5), dict(ms=3.0, kernel_ms=0.0)),
+                         "1.50")  # a zero kernel time counts as missing: wall / wall
+        self.assertEqual(ratio(dict(ms=2.0, kernel_ms=1.5), dict(ms=3.0, kernel_ms=3.0)),
+                         "2.00")
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ class InterpretTest(parameterized.TestCase):
         # T = 65: one full chunk and a one-token tail chunk (padded inside the op).
         self.check(op, seq_len=65)
 
-    @parameterized.parameters("gdn", "simple_gla", "deltanet")
+    @parameterized.parameters("gdn", "simple_gla", "deltanet", "linear_attn")
     def test_packed_documents(self, op):
         # One row of five documents, boundaries inside and on chunk edges (10, 40, 43, 64).
         lengths = [10, 30, 3, 21, 36]
@@ -247,10 +247,11 @@ class SplitForwardInterpretTest(parameterized.TestCase):
     def test_ragged_length_with_initial_state(self, op):
         self.check(op, seq_len=65)
 
-    def test_packed_documents(self):
+    @parameterized.parameters("gdn", "deltanet")  # deltanet: the no-decay specialisation
+    def test_packed_documents(self, op):
         lengths = [10, 30, 3, 21, 36]
         segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None], jnp.int32)
-        self.check("gdn", seq_len=sum(lengths), segment_ids=segment_ids, seed=1)
+        self.check(op, seq_len=sum(lengths), segment_ids=segment_ids, seed=1)
 
     def test_gva_and_head_dim_128(self):
         # auto_block_v gives the state kernel value blocks of 32 here, the output kernel 64.
