@@ -17,7 +17,8 @@ change the program: such candidates count as the same configuration and are not 
 ``pallas_kernels/gdn2/kernel_gpu.TUNING`` (one module serves Kimi Delta Attention and Gated
 DeltaNet-2, arXiv 2607.07953, Eqs. 18-24), timed through the op named: ``intra_tf32`` (the
 decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16), ``intra_grad_rows``
-(the ``intra_grad`` kernel as a column loop plus a row loop), ``block_v`` of
+(the ``intra_grad`` kernel as a column loop plus a row loop), ``intra_levels`` (the ``intra``
+kernel's column loop as quad-level products plus four elementwise steps), ``block_v`` of
 ``forward`` and ``backward_state`` and ``block_k`` of ``prepare`` and ``backward_chunk``
 (``None`` means ``min(dim, 64)``, as that module's ``_config`` resolves them), and
 ``(num_warps, num_stages)`` of ``intra``, ``prepare``, ``forward``, ``intra_grad``,
@@ -31,7 +32,7 @@ for each knob in ``--knobs`` order (default for gdn: split_forward in {False, Tr
 in {None, 1, 2, 4, 8, 16, 32}, block_v in {32, 64, 128}, block_k in {64, 128}, then num_warps
 in {4, 8} x num_stages in {1, 2, 3} for prepare, forward, forward_state, forward_output,
 backward_state, backward_chunk; for kda/gdn2: intra_tf32 in {True, False}, intra_grad_rows in
-{False, True}, block_v and block_k
+{False, True}, intra_levels in {False, True}, block_v and block_k
 in {32, 64, 128}, then the same launches for intra, prepare, forward, intra_grad,
 backward_state, backward_chunk)
 time every value with the other knobs at their best so far and keep the fastest.
@@ -154,15 +155,16 @@ INTERPRET_NOTE = ("Interpret mode (--interpret): the launch parameters are ignor
                   "say nothing about GPU speed; this run only checks the sweep machinery.")
 
 # The per-channel-decay kernels (pallas_kernels/gdn2/kernel_gpu.py), serving KDA and GDN-2.
-CW_BOOL_KNOBS = ("intra_tf32", "intra_grad_rows")
+CW_BOOL_KNOBS = ("intra_tf32", "intra_grad_rows", "intra_levels")
 CW_LAUNCH_KNOBS = ("intra", "prepare", "forward", "intra_grad", "backward_state",
                    "backward_chunk")
 # The kernels a forward-only program runs.
 CW_FWD_KERNELS = ("intra", "prepare", "forward")
 CW_KNOBS = CW_BOOL_KNOBS + BLOCK_KNOBS + CW_LAUNCH_KNOBS
 # block_k also changes the forward (prepare loops over key blocks), intra_tf32 prepare's products.
-CW_FWD_KNOBS = ("intra_tf32", "block_v", "block_k") + CW_FWD_KERNELS
+CW_FWD_KNOBS = ("intra_tf32", "intra_levels", "block_v", "block_k") + CW_FWD_KERNELS
 CW_DEFAULT_VALUES = {"intra_tf32": (True, False), "intra_grad_rows": (False, True),
+                     "intra_levels": (False, True),
                      "block_v": (32, 64, 128),
                      "block_k": (32, 64, 128), **{k: _LAUNCHES for k in CW_LAUNCH_KNOBS}}
 CW_CHUNK = channelwise_gpu.CHUNK
@@ -222,8 +224,8 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("knobs", None,
                         "Knobs in sweep order, each optionally with its values: name or "
                         "name=v1/v2/...; block values are ints or None, launch values WxS "
-                        "(num_warps x num_stages), split_forward, intra_tf32 and "
-                        "intra_grad_rows True/False, "
+                        "(num_warps x num_stages), split_forward, intra_tf32, "
+                        "intra_grad_rows and intra_levels True/False, "
                         "e.g. split_forward,block_v=32/64,forward=4x2/8x1 (default: every knob "
                         f"of the op: {','.join(KNOBS)} for gdn, {','.join(CW_KNOBS)} for kda "
                         "and gdn2).",
@@ -356,7 +358,8 @@ def parse_knobs(text: Optional[str], op: str = "gdn") -> Dict[str, List[Any]]:
       text: comma-separated ``name`` or ``name=v1/v2/...`` entries; names from the op's knobs
         (:data:`KNOBS` for gdn, :data:`CW_KNOBS` for kda and gdn2); ``None``: every knob of the
         op with its default values. Block values are powers of two >= 16 or ``None``; launch
-        values ``WxS``; split_forward, intra_tf32 and intra_grad_rows values ``True``/``False``;
+        values ``WxS``; split_forward, intra_tf32, intra_grad_rows and intra_levels values
+        ``True``/``False``;
         segments values ints >= 1 or ``None``.
       op: ``--op`` (a key of :data:`FAMILIES`).
 
@@ -490,7 +493,7 @@ def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tunin
       the forward kernels the configuration does not run (``forward`` when split,
       ``forward_state``/``forward_output`` otherwise). For kda/gdn2, ``None`` block widths
       resolved to ``min(D, 64)`` (gdn2/kernel_gpu.py's ``_config``), launches by its
-      ``launch_for`` and ``intra_tf32`` and ``intra_grad_rows`` as bools.
+      ``launch_for`` and ``intra_tf32``, ``intra_grad_rows`` and ``intra_levels`` as bools.
     """
     batch, seq_len, heads, dim = shape
     if op != "gdn":
@@ -499,6 +502,7 @@ def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tunin
         out["block_k"] = tuning.get("block_k") or min(dim, 64)
         out["intra_tf32"] = bool(tuning.get("intra_tf32", True))
         out["intra_grad_rows"] = bool(tuning.get("intra_grad_rows", False))
+        out["intra_levels"] = bool(tuning.get("intra_levels", False))
         return out
     out = {k: kernel_gpu.launch_for(k, dim, tuning) for k in LAUNCH_KNOBS}
     out["split_forward"] = split = bool(tuning.get("split_forward", False))

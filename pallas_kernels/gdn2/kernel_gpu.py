@@ -49,7 +49,8 @@ exact (Triton cannot slice registers).
 Kernels (grid in brackets):
 
 * ``intra`` [chunks, B*H, 4]: the diagonal 16 x 16 blocks of Mk and Mq (fp32
-  ``[B, H, N, C, 16]``, row i holding its block's columns).
+  ``[B, H, N, C, 16]``, row i holding its block's columns). ``TUNING["intra_levels"]`` selects
+  a form with fewer sequential steps (:func:`_intra_levels`).
 * ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products,
   looping over key blocks of ``BK`` channels, plus ``intra``'s diagonal blocks), A by
   :func:`pallas_kernels.gated_delta_rule.kernel_gpu._unit_lower_inverse`, then W, U (input
@@ -121,6 +122,8 @@ AUTO_SELECT = True
 # instead of one column loop that reduces a [16, K] tile across rows and stores a row per step
 # (12.8 ms of KDA's 24 ms at S1). Off until timed on a GPU: checked in interpret mode against
 # the reference; kernel_registers estimates 96 B of spills per thread against 708 B.
+# intra_levels: the intra kernel's 16-step column loop as 3 quad-level products plus 4
+# elementwise steps (_intra_levels); off until timed on a GPU (interpret-checked).
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
@@ -132,10 +135,12 @@ TUNING = {
     "block_k": None,
     "intra_tf32": True,
     "intra_grad_rows": False,
+    "intra_levels": False,
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
 NSUB = CHUNK // SUB
+QUAD = 4  # rows per quad of a diagonal block (TUNING["intra_levels"])
 
 _iota = pallas_gpu.iota
 _last = pallas_gpu.last_element
@@ -168,7 +173,8 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 block_v=block_v, block_k=block_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
-                intra_grad_rows=bool(TUNING["intra_grad_rows"]))
+                intra_grad_rows=bool(TUNING["intra_grad_rows"]),
+                intra_levels=bool(TUNING["intra_levels"]))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -320,6 +326,12 @@ def _intra_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
     rsl = pl.ds(r0, SUB)
     g_blk = gam_ref[b, rsl, h, :]  # [SUB, K]
     xs = (kr_ref[b, rsl, h, :].astype(F32), q_ref[b, rsl, h, :].astype(F32))
+    local = pl.ds(SUB * blk, SUB)
+    if cfg["intra_levels"]:
+        mkd, mqd = _intra_levels(cfg, xs, k_ref, gam_ref, g_blk, b, h, r0)
+        mkd_ref[b, h, n, local, :] = mkd
+        mqd_ref[b, h, n, local, :] = mqd
+        return
 
     def column(j, tiles):
         t = r0 + j
@@ -329,9 +341,49 @@ def _intra_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
                      for x, tile in zip(xs, tiles))
 
     mkd, mqd = jax.lax.fori_loop(0, SUB, column, tuple(jnp.zeros((SUB, SUB), F32) for _ in xs))
-    local = pl.ds(SUB * blk, SUB)
     mkd_ref[b, h, n, local, :] = mkd
     mqd_ref[b, h, n, local, :] = mqd
+
+
+def _expand_quads(a):
+    """``[SUB / QUAD, K]`` -> ``[SUB, K]``: row i takes row ``i // QUAD`` (no arithmetic)."""
+    n, width = a.shape
+    return jnp.broadcast_to(a[:, None, :], (n, QUAD, width)).reshape(n * QUAD, width)
+
+
+def _intra_levels(cfg, xs, k_ref, gam_ref, g_blk, b, h, r0):
+    """``TUNING["intra_levels"]``: :func:`_intra_kernel`'s block in 7 steps instead of 16.
+
+    The 16-row block is cut into four 4-row quads. Pairs in different quads (quad(i) > m =
+    quad(j)) factor through the reference r = gamma at the last row of quad m, as the
+    off-diagonal blocks do (``gamma_i <= r <= gamma_j``, both factors <= 1, exponents masked
+    before ``exp``): three whole-tile ``[SUB, K] x [K, SUB]`` products. Pairs in one quad take
+    the elementwise form by the quad's row m (j = 4 quad(i) + m <= i), loaded for all four quads
+    at once with stride 4 and repeated over each quad's rows: four steps. Exact in fp32 (the
+    products in :func:`_intra_dot`'s precision, as the off-diagonal blocks).
+    """
+    rows = _iota((SUB, 1), 0)
+    r2, c2 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
+    y = k_ref[b, pl.ds(r0, SUB), h, :].astype(F32)
+    tiles = [jnp.zeros((SUB, SUB), F32) for _ in xs]
+    for m in range(SUB // QUAD - 1):
+        ref = gam_ref[b, r0 + QUAD * m + QUAD - 1, h, :]
+        later = rows >= QUAD * (m + 1)
+        inside = (rows >= QUAD * m) & (rows < QUAD * (m + 1))
+        row_fac = jnp.where(later, jnp.exp(jnp.where(later, g_blk - ref[None, :], 0.0)), 0.0)
+        col_fac = jnp.where(inside, jnp.exp(jnp.where(inside, ref[None, :] - g_blk, 0.0)), 0.0)
+        yc = y * col_fac
+        tiles = [t + _intra_dot(x * row_fac, yc, ((1,), (1,)), cfg) for t, x in zip(tiles, xs)]
+    for m in range(QUAD):
+        qsl = pl.ds(r0 + m, SUB // QUAD, stride=QUAD)
+        g_m = _expand_quads(gam_ref[b, qsl, h, :])
+        valid = rows % QUAD >= m
+        ye = _expand_quads(k_ref[b, qsl, h, :].astype(F32)) * jnp.where(
+            valid, jnp.exp(jnp.where(valid, g_blk - g_m, 0.0)), 0.0)
+        at = (c2 == (r2 // QUAD) * QUAD + m) & (r2 % QUAD >= m)
+        tiles = [t + jnp.where(at, jnp.sum(x * ye, axis=1)[:, None], 0.0)
+                 for t, x in zip(tiles, xs)]
+    return tiles
 
 
 def _intra(cfg, q, k, kr, gam):

@@ -268,6 +268,8 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "backward_chunk": (8, 2)}))
         self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "block_k": 64}))
         self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "intra_tf32": False}))
+        self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "intra_levels": True}))
+        self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "intra_grad_rows": True}))
         self.assertEqual(fwd_key({**tuning, "block_v": None}), fwd_key({**tuning, "block_v": 64}))
         # GDN-2's inputs: per-channel g and erase gate b [B, T, H, K], write gate w [B, T, H, V].
         args2 = tune_kernels.make_inputs(shape, seed=0, op="gdn2")
@@ -283,8 +285,8 @@ class TuneKernelsTest(absltest.TestCase):
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
                 r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, intra_grad_rows, "
-                r"block_v, block_k, intra, prepare, forward, intra_grad, backward_state, "
-                r"backward_chunk$"):
+                r"intra_levels, block_v, block_k, intra, prepare, forward, intra_grad, "
+                r"backward_state, backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
             with self.assertRaisesRegex(app.UsageError, "is a knob of --op=gdn only"):
@@ -296,10 +298,12 @@ class TuneKernelsTest(absltest.TestCase):
                                                     "only"):
             tune_kernels.parse_knobs("intra_tf32")
         with self.assertRaisesRegex(app.UsageError, "unknown knob 'block_x'; choose from "
-                                                    "intra_tf32, intra_grad_rows, block_v"):
+                                                    "intra_tf32, intra_grad_rows, intra_levels, "
+                                                    "block_v"):
             tune_kernels.parse_knobs("block_x", "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "intra_grad_rows", "block_v", "block_k", "intra",
+                         ["intra_tf32", "intra_grad_rows", "intra_levels", "block_v", "block_k",
+                          "intra",
                           "prepare", "forward", "intra_grad", "backward_state",
                           "backward_chunk"])
         self.assertEqual(list(tune_kernels.parse_knobs(None)), list(tune_kernels.KNOBS))

@@ -131,6 +131,18 @@ class InterpretTest(parameterized.TestCase):
         finally:
             jax.clear_caches()
 
+    def test_intra_levels_variant(self):
+        # TUNING["intra_levels"] (the intra kernel's quad-level products plus four elementwise
+        # steps) together with intra_grad_rows, on GDN-2: packed documents, strong decay.
+        segment_ids = jnp.asarray(np.repeat(np.arange(3), [21, 60, 15])[None], jnp.int32)
+        jax.clear_caches()
+        try:
+            with mock.patch.dict(kernel_gpu.TUNING, {"intra_levels": True,
+                                                     "intra_grad_rows": True}):
+                self.check("gdn2", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=6)
+        finally:
+            jax.clear_caches()
+
     def test_kda_head_dim_128_gva(self):
         # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
         self.check("kda", batch=2, seq_len=70, key_heads=1, heads=2, dim=128, seed=4)
@@ -190,6 +202,15 @@ class GpuTest(parameterized.TestCase):
         for name in _DIFF_ARGS[op]:
             limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
+
+    def test_intra_levels_variant_bf16(self):
+        # TUNING["intra_levels"] compiled by Triton (GDN-2, K = 64 and packed), same gates.
+        jax.clear_caches()
+        try:
+            with mock.patch.dict(kernel_gpu.TUNING, {"intra_levels": True}):
+                self.check_bf16("gdn2", True, 64)
+        finally:
+            jax.clear_caches()
 
     def test_intra_grad_two_loop_variant_bf16(self):
         # TUNING["intra_grad_rows"] compiled by Triton (packed, K = 128), same gates.
