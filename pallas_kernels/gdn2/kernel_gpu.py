@@ -66,7 +66,8 @@ Kernels (grid in brackets):
 
 * ``intra_grad`` [chunks, B*H, 4]: the share of dq, dkr and dk (fp32 ``[B, T, H, K]``) that
   flows through the diagonal blocks of Mq and Mk, whose cotangents it forms from its own rows
-  (below); ``backward_chunk`` adds it. ``TUNING["intra_grad_rows"]`` selects a two-loop form.
+  (below); ``backward_chunk`` adds it. ``TUNING["intra_grad_rows"]`` selects a two-loop form,
+  ``TUNING["intra_levels"]`` the quad-level form (:func:`_intra_grad_levels`).
 * ``backward_chunk`` [chunks, B*H, K/BK]: the parameter gradients of one chunk and key block
   from S_0, dS_C, dO, Vn, dVn and A (each key channel's gradient only needs the [C, C]
   matrices, which every key block recomputes from V-reductions)::
@@ -122,8 +123,10 @@ AUTO_SELECT = True
 # instead of one column loop that reduces a [16, K] tile across rows and stores a row per step
 # (12.8 ms of KDA's 24 ms at S1). Off until timed on a GPU: checked in interpret mode against
 # the reference; kernel_registers estimates 96 B of spills per thread against 708 B.
-# intra_levels: the intra kernel's 16-step column loop as 3 quad-level products plus 4
-# elementwise steps (_intra_levels); off until timed on a GPU (interpret-checked).
+# intra_levels: the intra and intra_grad kernels' 16-step column loops as 3 quad-level products
+# plus 4 elementwise steps (_intra_levels, _intra_grad_levels; takes precedence over
+# intra_grad_rows); off until timed on a GPU (interpret-checked; estimates: no spills in intra,
+# 12 B in intra_grad).
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
@@ -386,6 +389,51 @@ def _intra_levels(cfg, xs, k_ref, gam_ref, g_blk, b, h, r0):
     return tiles
 
 
+def _intra_grad_levels(cfg, dms, xs, k_ref, gam_ref, g_blk, b, h, r0):
+    """``TUNING["intra_levels"]`` in the backward: the gradients through one diagonal block by
+    :func:`_intra_levels`' decomposition. Returns ``(dX for each X, dY)``, ``[SUB, K]`` fp32.
+
+    Quad level (quad(i) > m = quad(j)): ``dX += row_fac (dM @ (Y col_fac))`` and
+    ``dY += col_fac (dM^T @ (X row_fac))``, as the off-diagonal blocks. Within a quad
+    (j = 4 quad(i) + m): ``dX_i += dM[i, j] Y_j e_ij`` and row j of dY gets the sum over its
+    quad's rows i of ``dM[i, j] X_i e_ij`` (a sum over each quad's four rows, placed at row m).
+    """
+    rows = _iota((SUB, 1), 0)
+    r2, c2 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
+    nq = SUB // QUAD
+    y = k_ref[b, pl.ds(r0, SUB), h, :].astype(F32)
+    dxs = [jnp.zeros_like(g_blk) for _ in xs]
+    dy = jnp.zeros_like(g_blk)
+    for m in range(nq - 1):
+        ref = gam_ref[b, r0 + QUAD * m + QUAD - 1, h, :]
+        later = rows >= QUAD * (m + 1)
+        inside = (rows >= QUAD * m) & (rows < QUAD * (m + 1))
+        row_fac = jnp.where(later, jnp.exp(jnp.where(later, g_blk - ref[None, :], 0.0)), 0.0)
+        col_fac = jnp.where(inside, jnp.exp(jnp.where(inside, ref[None, :] - g_blk, 0.0)), 0.0)
+        yc = y * col_fac
+        dy_m = jnp.zeros_like(g_blk)
+        for i, (dm, x) in enumerate(zip(dms, xs)):
+            dxs[i] = dxs[i] + row_fac * _intra_dot(dm, yc, ((1,), (0,)), cfg)
+            dy_m = dy_m + _intra_dot(dm, x * row_fac, ((0,), (0,)), cfg)
+        dy = dy + col_fac * dy_m
+    slot = _iota((nq, QUAD, 1), 1)
+    for m in range(QUAD):
+        qsl = pl.ds(r0 + m, nq, stride=QUAD)
+        valid = rows % QUAD >= m
+        g_m = _expand_quads(gam_ref[b, qsl, h, :])
+        e = jnp.where(valid, jnp.exp(jnp.where(valid, g_blk - g_m, 0.0)), 0.0)
+        ye = _expand_quads(k_ref[b, qsl, h, :].astype(F32)) * e
+        at = (c2 == (r2 // QUAD) * QUAD + m) & (r2 % QUAD >= m)
+        xe = jnp.zeros_like(g_blk)
+        for i, (dm, x) in enumerate(zip(dms, xs)):
+            dm_m = jnp.sum(jnp.where(at, dm, 0.0), axis=1)[:, None]  # dM[i, j(i)]
+            dxs[i] = dxs[i] + dm_m * ye
+            xe = xe + dm_m * x
+        per_quad = jnp.sum((xe * e).reshape(nq, QUAD, -1), axis=1)  # [nq, K]: row m of each
+        dy = dy + jnp.where(slot == m, per_quad[:, None, :], 0.0).reshape(SUB, -1)
+    return dxs[0], dxs[1], dy
+
+
 def _intra(cfg, q, k, kr, gam):
     """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_kernel`."""
     bsz, _, heads, _ = k.shape
@@ -426,6 +474,14 @@ def _intra_grad_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_re
     dmq = jnp.where(incl, cfg["scale"] * mm_nt(do_ref[b, rsl, h, :], vn_b, mdt), 0.0)
     dmk = jnp.where(strict, -mm_nt(dr_b, vn_b, mdt), 0.0)
     g_blk = gam_ref[b, rsl, h, :]  # [SUB, K]
+    if cfg["intra_levels"]:
+        dq, dkr, dk = _intra_grad_levels(
+            cfg, (dmq, dmk), (q_ref[b, rsl, h, :].astype(F32), kr_ref[b, rsl, h, :].astype(F32)),
+            k_ref, gam_ref, g_blk, b, h, r0)
+        dq_ref[b, rsl, h, :] = dq
+        dkr_ref[b, rsl, h, :] = dkr
+        dk_ref[b, rsl, h, :] = dk
+        return
     if cfg["intra_grad_rows"]:
         _intra_grad_two_loops(cfg, q_ref, k_ref, kr_ref, gam_ref, dq_ref, dk_ref, dkr_ref,
                               b, h, r0, g_blk, dmq, dmk, vn_b, do_ref[b, rsl, h, :], dr_b,

@@ -132,8 +132,9 @@ class InterpretTest(parameterized.TestCase):
             jax.clear_caches()
 
     def test_intra_levels_variant(self):
-        # TUNING["intra_levels"] (the intra kernel's quad-level products plus four elementwise
-        # steps) together with intra_grad_rows, on GDN-2: packed documents, strong decay.
+        # TUNING["intra_levels"] (the intra and intra_grad kernels' quad-level products plus
+        # four elementwise steps; intra_grad_rows is then unused), on GDN-2: packed documents,
+        # strong decay.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [21, 60, 15])[None], jnp.int32)
         jax.clear_caches()
         try:
