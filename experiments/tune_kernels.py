@@ -18,7 +18,8 @@ change the program: such candidates count as the same configuration and are not 
 DeltaNet-2, arXiv 2607.07953, Eqs. 18-24), timed through the op named: ``intra_tf32`` (the
 decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16), ``intra_grad_rows``
 (the ``intra_grad`` kernel as a column loop plus a row loop), ``intra_levels`` (the ``intra``
-kernel's column loop as quad-level products plus four elementwise steps), ``block_v`` of
+and ``intra_grad`` kernels' column loops as quad-level products plus four elementwise steps;
+``intra_grad_rows`` is then moot), ``block_v`` of
 ``forward`` and ``backward_state`` and ``block_k`` of ``prepare`` and ``backward_chunk``
 (``None`` means ``min(dim, 64)``, as that module's ``_config`` resolves them), and
 ``(num_warps, num_stages)`` of ``intra``, ``prepare``, ``forward``, ``intra_grad``,
@@ -501,8 +502,9 @@ def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tunin
         out["block_v"] = tuning.get("block_v") or min(dim, 64)
         out["block_k"] = tuning.get("block_k") or min(dim, 64)
         out["intra_tf32"] = bool(tuning.get("intra_tf32", True))
-        out["intra_grad_rows"] = bool(tuning.get("intra_grad_rows", False))
-        out["intra_levels"] = bool(tuning.get("intra_levels", False))
+        out["intra_levels"] = levels = bool(tuning.get("intra_levels", False))
+        # intra_levels replaces both intra_grad forms, so intra_grad_rows is then moot.
+        out["intra_grad_rows"] = bool(tuning.get("intra_grad_rows", False)) and not levels
         return out
     out = {k: kernel_gpu.launch_for(k, dim, tuning) for k in LAUNCH_KNOBS}
     out["split_forward"] = split = bool(tuning.get("split_forward", False))

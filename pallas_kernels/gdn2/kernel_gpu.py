@@ -348,6 +348,11 @@ def _intra_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
     mqd_ref[b, h, n, local, :] = mqd
 
 
+def _quad_cfg(cfg):
+    """``cfg`` with the quad-level products in TF32 at least (never in the half input dtype)."""
+    return {**cfg, "intra_tf32": True}
+
+
 def _expand_quads(a):
     """``[SUB / QUAD, K]`` -> ``[SUB, K]``: row i takes row ``i // QUAD`` (no arithmetic)."""
     n, width = a.shape
@@ -362,9 +367,12 @@ def _intra_levels(cfg, xs, k_ref, gam_ref, g_blk, b, h, r0):
     off-diagonal blocks do (``gamma_i <= r <= gamma_j``, both factors <= 1, exponents masked
     before ``exp``): three whole-tile ``[SUB, K] x [K, SUB]`` products. Pairs in one quad take
     the elementwise form by the quad's row m (j = 4 quad(i) + m <= i), loaded for all four quads
-    at once with stride 4 and repeated over each quad's rows: four steps. Exact in fp32 (the
-    products in :func:`_intra_dot`'s precision, as the off-diagonal blocks).
+    at once with stride 4 and repeated over each quad's rows: four steps. With fp32 inputs
+    the products are IEEE fp32 (equal to the column loop to rounding); with half-precision
+    inputs they run in TF32 whatever ``intra_tf32`` says (as the off-diagonal blocks do by
+    default; never in bf16), where the column loop is fp32 elementwise.
     """
+    cfg = _quad_cfg(cfg)
     rows = _iota((SUB, 1), 0)
     r2, c2 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
     y = k_ref[b, pl.ds(r0, SUB), h, :].astype(F32)
@@ -397,7 +405,9 @@ def _intra_grad_levels(cfg, dms, xs, k_ref, gam_ref, g_blk, b, h, r0):
     ``dY += col_fac (dM^T @ (X row_fac))``, as the off-diagonal blocks. Within a quad
     (j = 4 quad(i) + m): ``dX_i += dM[i, j] Y_j e_ij`` and row j of dY gets the sum over its
     quad's rows i of ``dM[i, j] X_i e_ij`` (a sum over each quad's four rows, placed at row m).
+    Precision as :func:`_intra_levels`.
     """
+    cfg = _quad_cfg(cfg)
     rows = _iota((SUB, 1), 0)
     r2, c2 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
     nq = SUB // QUAD

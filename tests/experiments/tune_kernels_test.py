@@ -270,6 +270,10 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "intra_tf32": False}))
         self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "intra_levels": True}))
         self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "intra_grad_rows": True}))
+        # intra_levels replaces both intra_grad forms: intra_grad_rows is then moot.
+        levels = tune_kernels.effective({**tuning, "intra_levels": True,
+                                         "intra_grad_rows": True}, shape, "kda")
+        self.assertEqual((levels["intra_levels"], levels["intra_grad_rows"]), (True, False))
         self.assertEqual(fwd_key({**tuning, "block_v": None}), fwd_key({**tuning, "block_v": 64}))
         # GDN-2's inputs: per-channel g and erase gate b [B, T, H, K], write gate w [B, T, H, V].
         args2 = tune_kernels.make_inputs(shape, seed=0, op="gdn2")
