@@ -221,15 +221,17 @@ def _chunk_masks(doc):
     return incl, strict
 
 
-def _block_factors(gam, ref_row, block):
-    """Off-diagonal factors for column block ``block`` with reference ``ref_row`` [BK].
+def _block_factors(gam, ref_row, block, size=SUB):
+    """Off-diagonal factors for column block ``block`` (rows ``size * block ..``, ``size`` rows)
+    with reference ``ref_row`` [BK], over the rows of ``gam`` (``[C, BK]``, or a ``[SUB, BK]``
+    diagonal block cut into quads).
 
-    Returns ``(row_fac, col_fac)`` ``[C, BK]``: ``exp(gam - r)`` on rows of later blocks and
-    ``exp(r - gam)`` on the rows of the block, zero elsewhere (exponents masked before exp).
+    Returns ``(row_fac, col_fac)`` shaped as ``gam``: ``exp(gam - r)`` on rows of later blocks
+    and ``exp(r - gam)`` on the rows of the block, zero elsewhere (exponents masked before exp).
     """
-    rows = _iota((CHUNK, 1), 0)
-    later = rows >= SUB * (block + 1)
-    inside = (rows >= SUB * block) & (rows < SUB * (block + 1))
+    rows = _iota((gam.shape[0], 1), 0)
+    later = rows >= size * (block + 1)
+    inside = (rows >= size * block) & (rows < size * (block + 1))
     row_fac = jnp.where(later, jnp.exp(jnp.where(later, gam - ref_row[None, :], 0.0)), 0.0)
     col_fac = jnp.where(inside, jnp.exp(jnp.where(inside, ref_row[None, :] - gam, 0.0)), 0.0)
     return row_fac, col_fac
@@ -378,11 +380,8 @@ def _intra_levels(cfg, xs, k_ref, gam_ref, g_blk, b, h, r0):
     y = k_ref[b, pl.ds(r0, SUB), h, :].astype(F32)
     tiles = [jnp.zeros((SUB, SUB), F32) for _ in xs]
     for m in range(SUB // QUAD - 1):
-        ref = gam_ref[b, r0 + QUAD * m + QUAD - 1, h, :]
-        later = rows >= QUAD * (m + 1)
-        inside = (rows >= QUAD * m) & (rows < QUAD * (m + 1))
-        row_fac = jnp.where(later, jnp.exp(jnp.where(later, g_blk - ref[None, :], 0.0)), 0.0)
-        col_fac = jnp.where(inside, jnp.exp(jnp.where(inside, ref[None, :] - g_blk, 0.0)), 0.0)
+        row_fac, col_fac = _block_factors(g_blk, gam_ref[b, r0 + QUAD * m + QUAD - 1, h, :], m,
+                                          QUAD)
         yc = y * col_fac
         tiles = [t + _intra_dot(x * row_fac, yc, ((1,), (1,)), cfg) for t, x in zip(tiles, xs)]
     for m in range(QUAD):
@@ -415,11 +414,8 @@ def _intra_grad_levels(cfg, dms, xs, k_ref, gam_ref, g_blk, b, h, r0):
     dxs = [jnp.zeros_like(g_blk) for _ in xs]
     dy = jnp.zeros_like(g_blk)
     for m in range(nq - 1):
-        ref = gam_ref[b, r0 + QUAD * m + QUAD - 1, h, :]
-        later = rows >= QUAD * (m + 1)
-        inside = (rows >= QUAD * m) & (rows < QUAD * (m + 1))
-        row_fac = jnp.where(later, jnp.exp(jnp.where(later, g_blk - ref[None, :], 0.0)), 0.0)
-        col_fac = jnp.where(inside, jnp.exp(jnp.where(inside, ref[None, :] - g_blk, 0.0)), 0.0)
+        row_fac, col_fac = _block_factors(g_blk, gam_ref[b, r0 + QUAD * m + QUAD - 1, h, :], m,
+                                          QUAD)
         yc = y * col_fac
         dy_m = jnp.zeros_like(g_blk)
         for i, (dm, x) in enumerate(zip(dms, xs)):

@@ -204,23 +204,22 @@ class GpuTest(parameterized.TestCase):
             limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
 
-    def test_intra_levels_variant_bf16(self):
-        # TUNING["intra_levels"] compiled by Triton (GDN-2, K = 64 and packed), same gates.
+    def check_bf16_with(self, overrides, *args):
+        """:meth:`check_bf16` under TUNING ``overrides`` (traces read TUNING: caches cleared)."""
         jax.clear_caches()
         try:
-            with mock.patch.dict(kernel_gpu.TUNING, {"intra_levels": True}):
-                self.check_bf16("gdn2", True, 64)
+            with mock.patch.dict(kernel_gpu.TUNING, overrides):
+                self.check_bf16(*args)
         finally:
             jax.clear_caches()
 
+    def test_intra_levels_variant_bf16(self):
+        # TUNING["intra_levels"] compiled by Triton (GDN-2, K = 64 and packed), same gates.
+        self.check_bf16_with({"intra_levels": True}, "gdn2", True, 64)
+
     def test_intra_grad_two_loop_variant_bf16(self):
         # TUNING["intra_grad_rows"] compiled by Triton (packed, K = 128), same gates.
-        jax.clear_caches()
-        try:
-            with mock.patch.dict(kernel_gpu.TUNING, {"intra_grad_rows": True}):
-                self.check_bf16("kda", True, 128)
-        finally:
-            jax.clear_caches()
+        self.check_bf16_with({"intra_grad_rows": True}, "kda", True, 128)
 
 
 if __name__ == "__main__":
