@@ -21,7 +21,7 @@ decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16), ``intra
 and ``intra_grad`` kernels' column loops as quad-level products plus four elementwise steps;
 ``intra_grad_rows`` is then moot), ``block_v`` of
 ``forward`` and ``backward_state`` and ``block_k`` of ``prepare`` and ``backward_chunk``
-(``None`` means ``min(dim, 64)``, as that module's ``_config`` resolves them), and
+(``None`` means ``min(dim, 64)``, as that module's ``block_widths`` resolves them), and
 ``(num_warps, num_stages)`` of ``intra``, ``prepare``, ``forward``, ``intra_grad``,
 ``backward_state`` and ``backward_chunk`` (a pair, or a dict of pairs per key head dim, as for
 gdn).
@@ -499,8 +499,7 @@ def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tunin
     batch, seq_len, heads, dim = shape
     if op != "gdn":
         out = {k: channelwise_gpu.launch_for(k, dim, tuning) for k in CW_LAUNCH_KNOBS}
-        out["block_v"] = tuning.get("block_v") or min(dim, 64)
-        out["block_k"] = tuning.get("block_k") or min(dim, 64)
+        out["block_v"], out["block_k"] = channelwise_gpu.block_widths(dim, dim, tuning)
         out["intra_tf32"] = bool(tuning.get("intra_tf32", True))
         out["intra_levels"] = levels = bool(tuning.get("intra_levels", False))
         # intra_levels replaces both intra_grad forms, so intra_grad_rows is then moot.

@@ -162,6 +162,13 @@ def launch_for(kernel: str, dk: int, tuning=None) -> Tuple[int, int]:
     return pallas_gpu.resolve_launch((TUNING if tuning is None else tuning)[kernel], dk)
 
 
+def block_widths(dk: int, dv: int, tuning=None) -> Tuple[int, int]:
+    """``(block_v, block_k)`` the kernels run with: ``tuning``'s (default :data:`TUNING`)
+    widths, ``None`` resolved to ``min(dim, 64)``."""
+    tuning = TUNING if tuning is None else tuning
+    return tuning.get("block_v") or min(dv, 64), tuning.get("block_k") or min(dk, 64)
+
+
 def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interpret,
             return_residual):
     """The static configuration of one call (hashable once sorted into a tuple).
@@ -169,8 +176,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
     Raises:
       ValueError: if ``TUNING``'s block widths do not divide the head dims.
     """
-    block_v = TUNING["block_v"] or min(dv, 64)
-    block_k = TUNING["block_k"] or min(dk, 64)
+    block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
                 block_v=block_v, block_k=block_k,

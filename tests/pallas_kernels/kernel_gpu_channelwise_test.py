@@ -10,6 +10,7 @@ the fp32 reference by relative RMS error with FLA's gates (o and states 5e-3, dq
 gates 2e-2; ../shared/BENCHMARKS.md §5.5).
 """
 
+import contextlib
 from unittest import mock
 
 import jax
@@ -47,6 +48,18 @@ def _inputs(seed, batch, seq_len, key_heads, heads, dim, *, dtype=jnp.float32, d
     w = jax.nn.sigmoid(jax.random.normal(keys[6], (batch, seq_len, heads, dim)))
     h0 = 0.5 * jax.random.normal(keys[7], (batch, heads, dim, dim))
     return dict(q=q, k=k, v=v, g=g, beta=beta, b=b, w=w, h0=h0), keys[8]
+
+
+@contextlib.contextmanager
+def _tuning(overrides):
+    """``kernel_gpu.TUNING`` with ``overrides``; the ops' jitted traces read TUNING, so JAX's
+    caches are cleared on entry and exit."""
+    jax.clear_caches()
+    try:
+        with mock.patch.dict(kernel_gpu.TUNING, overrides):
+            yield
+    finally:
+        jax.clear_caches()
 
 
 def _call(op, impl, inputs, segment_ids, residual):
@@ -122,27 +135,18 @@ class InterpretTest(parameterized.TestCase):
     def test_intra_grad_two_loop_variant(self):
         # TUNING["intra_grad_rows"]: the diagonal blocks' gradients as a column loop plus a row
         # loop over transposed cotangents; packed documents and strong decay, against the
-        # reference like every path. The op's jit caches traces that read TUNING, so clear them.
+        # reference like every path.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [30, 50, 16])[None], jnp.int32)
-        jax.clear_caches()
-        try:
-            with mock.patch.dict(kernel_gpu.TUNING, {"intra_grad_rows": True}):
-                self.check("kda", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=5)
-        finally:
-            jax.clear_caches()
+        with _tuning({"intra_grad_rows": True}):
+            self.check("kda", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=5)
 
     def test_intra_levels_variant(self):
         # TUNING["intra_levels"] (the intra and intra_grad kernels' quad-level products plus
         # four elementwise steps; intra_grad_rows is then unused), on GDN-2: packed documents,
         # strong decay.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [21, 60, 15])[None], jnp.int32)
-        jax.clear_caches()
-        try:
-            with mock.patch.dict(kernel_gpu.TUNING, {"intra_levels": True,
-                                                     "intra_grad_rows": True}):
-                self.check("gdn2", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=6)
-        finally:
-            jax.clear_caches()
+        with _tuning({"intra_levels": True, "intra_grad_rows": True}):
+            self.check("gdn2", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=6)
 
     def test_kda_head_dim_128_gva(self):
         # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
@@ -204,22 +208,15 @@ class GpuTest(parameterized.TestCase):
             limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
 
-    def check_bf16_with(self, overrides, *args):
-        """:meth:`check_bf16` under TUNING ``overrides`` (traces read TUNING: caches cleared)."""
-        jax.clear_caches()
-        try:
-            with mock.patch.dict(kernel_gpu.TUNING, overrides):
-                self.check_bf16(*args)
-        finally:
-            jax.clear_caches()
-
     def test_intra_levels_variant_bf16(self):
         # TUNING["intra_levels"] compiled by Triton (GDN-2, K = 64 and packed), same gates.
-        self.check_bf16_with({"intra_levels": True}, "gdn2", True, 64)
+        with _tuning({"intra_levels": True}):
+            self.check_bf16("gdn2", True, 64)
 
     def test_intra_grad_two_loop_variant_bf16(self):
         # TUNING["intra_grad_rows"] compiled by Triton (packed, K = 128), same gates.
-        self.check_bf16_with({"intra_grad_rows": True}, "kda", True, 128)
+        with _tuning({"intra_grad_rows": True}):
+            self.check_bf16("kda", True, 128)
 
 
 if __name__ == "__main__":
