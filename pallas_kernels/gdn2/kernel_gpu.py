@@ -138,7 +138,7 @@ TUNING = {
     "block_k": None,
     "intra_tf32": True,
     "intra_grad_rows": False,
-    "intra_levels": False,
+    "intra_levels": True,
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
