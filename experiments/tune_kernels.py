@@ -16,15 +16,18 @@ change the program: such candidates count as the same configuration and are not 
 ``--op=kda`` and ``--op=gdn2`` tune the per-channel-decay kernels of
 ``pallas_kernels/gdn2/kernel_gpu.TUNING`` (one module serves Kimi Delta Attention and Gated
 DeltaNet-2, arXiv 2607.07953, Eqs. 18-24), timed through the op named: ``intra_tf32`` (the
-decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16), ``intra_grad_rows``
-(the ``intra_grad`` kernel as a column loop plus a row loop), ``intra_levels`` (the ``intra``
-and ``intra_grad`` kernels' column loops as quad-level products plus four elementwise steps;
-``intra_grad_rows`` is then moot), ``block_v`` of
-``forward`` and ``backward_state`` and ``block_k`` of ``prepare`` and ``backward_chunk``
-(``None`` means ``min(dim, 64)``, as that module's ``block_widths`` resolves them), and
-``(num_warps, num_stages)`` of ``intra``, ``prepare``, ``forward``, ``intra_grad``,
-``backward_state`` and ``backward_chunk`` (a pair, or a dict of pairs per key head dim, as for
-gdn).
+decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16), ``intra_levels`` (the
+``intra`` and ``intra_grad`` kernels' column loops as quad-level products plus four elementwise
+steps; the forward ``intra`` ignores it in its token-parallel form), ``intra_token_heads`` (an
+int: 0 runs the forward ``intra`` kernel one program per 16-row block and head; otherwise one
+program per token and group of heads, the largest power of two dividing H and at most this
+cap, as that module's ``intra_heads`` resolves it), ``block_v`` of ``forward`` and
+``backward_state`` and ``block_k`` of ``prepare`` and ``backward_chunk`` (``None`` means
+``min(dim, 64)``, as that module's ``block_widths`` resolves them), and ``(num_warps,
+num_stages)`` of ``intra``, ``intra_token`` (the token-parallel ``intra``), ``prepare``,
+``forward``, ``intra_grad``, ``backward_state`` and ``backward_chunk`` (a pair, or a dict of
+pairs per key head dim, as for gdn). Of ``intra`` and ``intra_token`` only the launch of the
+form that runs changes the program; candidates differing in the other one are not re-measured.
 The gdn-only knobs (``split_forward``, ``segments``, ``forward_state``, ``forward_output``) are
 refused there.
 
@@ -32,10 +35,10 @@ Method: one coordinate-descent pass. Start from the module's current TUNING (or 
 for each knob in ``--knobs`` order (default for gdn: split_forward in {False, True}, segments
 in {None, 1, 2, 4, 8, 16, 32}, block_v in {32, 64, 128}, block_k in {64, 128}, then num_warps
 in {4, 8} x num_stages in {1, 2, 3} for prepare, forward, forward_state, forward_output,
-backward_state, backward_chunk; for kda/gdn2: intra_tf32 in {True, False}, intra_grad_rows in
-{False, True}, intra_levels in {False, True}, block_v and block_k
-in {32, 64, 128}, then the same launches for intra, prepare, forward, intra_grad,
-backward_state, backward_chunk)
+backward_state, backward_chunk; for kda/gdn2: intra_tf32 in {True, False}, intra_levels in
+{False, True}, intra_token_heads in {0, 1, 2, 4, 8, 16}, block_v and block_k in {32, 64, 128},
+then the same launches for intra, intra_token, prepare, forward, intra_grad, backward_state,
+backward_chunk)
 time every value with the other knobs at their best so far and keep the fastest.
 The objective is the sum over shapes of the fwd+bwd time (the forward-only knobs also change
 fwd+bwd). A configuration that fails to compile or run (Triton out of shared memory, a block
@@ -156,16 +159,21 @@ INTERPRET_NOTE = ("Interpret mode (--interpret): the launch parameters are ignor
                   "say nothing about GPU speed; this run only checks the sweep machinery.")
 
 # The per-channel-decay kernels (pallas_kernels/gdn2/kernel_gpu.py), serving KDA and GDN-2.
-CW_BOOL_KNOBS = ("intra_tf32", "intra_grad_rows", "intra_levels")
-CW_LAUNCH_KNOBS = ("intra", "prepare", "forward", "intra_grad", "backward_state",
-                   "backward_chunk")
-# The kernels a forward-only program runs.
+CW_BOOL_KNOBS = ("intra_tf32", "intra_levels")
+CW_INT_KNOBS = ("intra_token_heads",)  # ints >= 0; 0: off
+# The kernels (pallas_call names less "channelwise_") of a fwd+bwd program, and of a forward-only
+# one. intra runs in one of two forms, each with its launch: intra's, or intra_token's when
+# intra_token_heads resolves to > 0 at the shape's head count (channelwise_gpu.intra_heads).
+CW_KERNELS = ("intra", "prepare", "forward", "intra_grad", "backward_state", "backward_chunk")
 CW_FWD_KERNELS = ("intra", "prepare", "forward")
-CW_KNOBS = CW_BOOL_KNOBS + BLOCK_KNOBS + CW_LAUNCH_KNOBS
+CW_LAUNCH_KNOBS = ("intra", "intra_token", "prepare", "forward", "intra_grad", "backward_state",
+                   "backward_chunk")
+CW_KNOBS = CW_BOOL_KNOBS + CW_INT_KNOBS + BLOCK_KNOBS + CW_LAUNCH_KNOBS
 # block_k also changes the forward (prepare loops over key blocks), intra_tf32 prepare's products.
-CW_FWD_KNOBS = ("intra_tf32", "intra_levels", "block_v", "block_k") + CW_FWD_KERNELS
-CW_DEFAULT_VALUES = {"intra_tf32": (True, False), "intra_grad_rows": (False, True),
-                     "intra_levels": (False, True),
+CW_FWD_KNOBS = ("intra_tf32", "intra_levels", "intra_token_heads", "block_v", "block_k",
+                "intra", "intra_token", "prepare", "forward")
+CW_DEFAULT_VALUES = {"intra_tf32": (True, False), "intra_levels": (False, True),
+                     "intra_token_heads": (0, 1, 2, 4, 8, 16),
                      "block_v": (32, 64, 128),
                      "block_k": (32, 64, 128), **{k: _LAUNCHES for k in CW_LAUNCH_KNOBS}}
 CW_CHUNK = channelwise_gpu.CHUNK
@@ -225,8 +233,8 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("knobs", None,
                         "Knobs in sweep order, each optionally with its values: name or "
                         "name=v1/v2/...; block values are ints or None, launch values WxS "
-                        "(num_warps x num_stages), split_forward, intra_tf32, "
-                        "intra_grad_rows and intra_levels True/False, "
+                        "(num_warps x num_stages), split_forward, intra_tf32 and "
+                        "intra_levels True/False, intra_token_heads ints >= 0 (0: off), "
                         "e.g. split_forward,block_v=32/64,forward=4x2/8x1 (default: every knob "
                         f"of the op: {','.join(KNOBS)} for gdn, {','.join(CW_KNOBS)} for kda "
                         "and gdn2).",
@@ -319,6 +327,14 @@ def _parse_value(knob: str, text: str):
         if text.lower() in ("false", "0"):
             return False
         raise ValueError(f"{text!r} is not True or False")
+    if knob in CW_INT_KNOBS:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{knob}: {text!r} is not an int") from None
+        if value < 0:
+            raise ValueError(f"{knob}: {value} is not >= 0")
+        return value
     if knob in SEGMENT_KNOBS:
         if text.lower() in ("none", "auto"):
             return None
@@ -359,9 +375,8 @@ def parse_knobs(text: Optional[str], op: str = "gdn") -> Dict[str, List[Any]]:
       text: comma-separated ``name`` or ``name=v1/v2/...`` entries; names from the op's knobs
         (:data:`KNOBS` for gdn, :data:`CW_KNOBS` for kda and gdn2); ``None``: every knob of the
         op with its default values. Block values are powers of two >= 16 or ``None``; launch
-        values ``WxS``; split_forward, intra_tf32, intra_grad_rows and intra_levels values
-        ``True``/``False``;
-        segments values ints >= 1 or ``None``.
+        values ``WxS``; split_forward, intra_tf32 and intra_levels values ``True``/``False``;
+        segments values ints >= 1 or ``None``; intra_token_heads values ints >= 0.
       op: ``--op`` (a key of :data:`FAMILIES`).
 
     Returns:
@@ -394,6 +409,7 @@ def parse_knobs(text: Optional[str], op: str = "gdn") -> Dict[str, List[Any]]:
             form = ("a power of two >= 16 or None" if name in BLOCK_KNOBS
                     else "an int >= 1 or None (auto)" if name in SEGMENT_KNOBS
                     else "True or False" if name in BOOL_KNOBS + CW_BOOL_KNOBS
+                    else "an int >= 0 (0: off)" if name in CW_INT_KNOBS
                     else "WxS, e.g. 4x2")
             raise app.UsageError(f"--knobs: bad value in {entry!r} ({e}); each value is "
                                  f"{form}") from None
@@ -494,16 +510,20 @@ def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tunin
       the forward kernels the configuration does not run (``forward`` when split,
       ``forward_state``/``forward_output`` otherwise). For kda/gdn2, ``None`` block widths
       resolved to ``min(D, 64)`` (gdn2/kernel_gpu.py's ``_config``), launches by its
-      ``launch_for`` and ``intra_tf32``, ``intra_grad_rows`` and ``intra_levels`` as bools.
+      ``launch_for``, ``intra_tf32`` and ``intra_levels`` as bools, ``intra_token_heads`` as
+      the heads per program of the token-parallel ``intra`` kernel at H (its ``intra_heads``;
+      0: that form is off), and ``None`` as the launch of the ``intra`` form that does not run
+      (``intra`` when the token-parallel form runs, ``intra_token`` otherwise).
     """
     batch, seq_len, heads, dim = shape
     if op != "gdn":
-        out = {k: channelwise_gpu.launch_for(k, dim, tuning) for k in CW_LAUNCH_KNOBS}
+        out = {"intra_token_heads": channelwise_gpu.intra_heads(heads, tuning)}
+        moot = "intra" if out["intra_token_heads"] else "intra_token"
+        out.update({k: None if k == moot else channelwise_gpu.launch_for(k, dim, tuning)
+                    for k in CW_LAUNCH_KNOBS})
         out["block_v"], out["block_k"] = channelwise_gpu.block_widths(dim, dim, tuning)
         out["intra_tf32"] = bool(tuning.get("intra_tf32", True))
-        out["intra_levels"] = levels = bool(tuning.get("intra_levels", False))
-        # intra_levels replaces both intra_grad forms, so intra_grad_rows is then moot.
-        out["intra_grad_rows"] = bool(tuning.get("intra_grad_rows", False)) and not levels
+        out["intra_levels"] = bool(tuning.get("intra_levels", False))
         return out
     out = {k: kernel_gpu.launch_for(k, dim, tuning) for k in LAUNCH_KNOBS}
     out["split_forward"] = split = bool(tuning.get("split_forward", False))
@@ -550,6 +570,8 @@ def _key(tuning: Mapping[str, Any], shapes: Mapping[str, Shape], knobs=None, *,
 
 def _fwd_key(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> tuple:
     eff = effective(tuning, shape, op)
+    if op != "gdn" and eff["intra_token_heads"]:
+        eff["intra_levels"] = None  # only the backward's intra_grad reads it then
     return (shape,) + tuple(eff[k] for k in FAMILIES[op].fwd_knobs)
 
 
@@ -628,12 +650,25 @@ def _channelwise_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]
     values ``eff``."""
     batch, seq_len, heads, dim = shape
     n_chunks, rows = -(-seq_len // CW_CHUNK), batch * heads
-    return {"intra": (n_chunks, rows, channelwise_gpu.NSUB),
+    per = eff["intra_token_heads"]  # token-parallel intra: a program per token and head group
+    return {"intra": ((batch * n_chunks * CW_CHUNK, heads // per) if per
+                      else (n_chunks, rows, channelwise_gpu.NSUB)),
             "prepare": (n_chunks, rows),
             "forward": (rows, dim // eff["block_v"]),
             "intra_grad": (n_chunks, rows, channelwise_gpu.NSUB),
             "backward_state": (rows, dim // eff["block_v"]),
             "backward_chunk": (n_chunks, rows, dim // eff["block_k"])}
+
+
+def _launch_knob(kernel: str, eff: Mapping[str, Any]) -> str:
+    """The launch knob of the kernel named ``kernel`` (less its prefix) under the effective
+    values ``eff``: its own, but forward_state's for gdn's segment transitions and intra_token's
+    for the channelwise intra kernel in its token-parallel form (same pallas_call name)."""
+    if kernel == "segment_transitions":
+        return "forward_state"
+    if kernel == "intra" and eff.get("intra_token_heads"):
+        return "intra_token"
+    return kernel
 
 
 def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], shape: Shape,
@@ -656,7 +691,8 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
       RuntimeError: naming the kernel and what differs (a stale trace), or a missing kernel.
     """
     family = FAMILIES[op]
-    names = sorted(family.prefix + k for k in family.launch_knobs)
+    kernel_names = family.launch_knobs if op == "gdn" else CW_KERNELS
+    names = sorted(family.prefix + k for k in kernel_names)
     if not any(name in table for name in names):
         raise LaunchCheckUnavailable(f"no pallas_call named {names} (found {sorted(table)})")
     eff = effective(tuning, shape, op)
@@ -665,7 +701,7 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
                                                               eff["segments"])
     else:
         grids = _channelwise_grids(eff, shape)
-        kernels = CW_FWD_KERNELS if pass_ == "fwd" else CW_LAUNCH_KNOBS
+        kernels = CW_FWD_KERNELS if pass_ == "fwd" else CW_KERNELS
     for kernel in kernels:
         name = family.prefix + kernel
         calls = table.get(name)
@@ -673,7 +709,7 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
             raise RuntimeError(f"{pass_}: no pallas_call named {name} in the "
                                f"traced program (found {sorted(table)})")
         for call in calls:
-            want = tuple(eff["forward_state" if kernel == "segment_transitions" else kernel])
+            want = tuple(eff[_launch_knob(kernel, eff)])
             if check_launch and (call["launch"] is None or None in call["launch"]):
                 raise LaunchCheckUnavailable(f"{name}: no Triton launch "
                                              "parameters readable in the traced program")

@@ -48,11 +48,15 @@ exact (Triton cannot slice registers).
 
 Kernels (grid in brackets):
 
-* ``intra`` [chunks, B*H, 4]: the diagonal 16 x 16 blocks of Mk and Mq (fp32
-  ``[B, H, N, C, 16]``, row i holding its block's columns). ``TUNING["intra_levels"]`` selects
-  a form with fewer sequential steps (:func:`_intra_levels`).
+* ``intra`` [B*T, H/nh] (default, token-parallel: :func:`_intra_tokens_kernel`, one program
+  per token and group of nh heads) or [chunks, B*H, 4] (one per diagonal block, the column loop
+  or with ``TUNING["intra_levels"]`` :func:`_intra_levels`): the diagonal 16 x 16 blocks of Mk
+  and Mq (fp32 ``[B, H, N, C, 16]``, row i holding its block's columns).
+* ``products`` [chunks, B*H, 3] (only with ``TUNING["prepare_products"]``): the off-diagonal
+  16 x 16 blocks of Mk and Mq (:func:`_products_kernel`), which ``prepare`` then loads.
 * ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products,
-  looping over key blocks of ``BK`` channels, plus ``intra``'s diagonal blocks), A by
+  looping over key blocks of ``BK`` channels, or from ``products``; plus ``intra``'s diagonal
+  blocks), A by
   :func:`pallas_kernels.gated_delta_rule.kernel_gpu._unit_lower_inverse`, then W, U (input
   dtype), A and Mq (fp32, ``[B, H, N, C, C]``), ``qg = q * E_in``, ``kg = k * E_out`` (input
   dtype) and e_all (fp32 ``[B, H, N, K]``).
@@ -66,8 +70,8 @@ Kernels (grid in brackets):
 
 * ``intra_grad`` [chunks, B*H, 4]: the share of dq, dkr and dk (fp32 ``[B, T, H, K]``) that
   flows through the diagonal blocks of Mq and Mk, whose cotangents it forms from its own rows
-  (below); ``backward_chunk`` adds it. ``TUNING["intra_grad_rows"]`` selects a two-loop form,
-  ``TUNING["intra_levels"]`` the quad-level form (:func:`_intra_grad_levels`).
+  (below); ``backward_chunk`` adds it. ``TUNING["intra_levels"]`` selects the quad-level form
+  (:func:`_intra_grad_levels`, the default) over the column loop.
 * ``backward_chunk`` [chunks, B*H, K/BK]: the parameter gradients of one chunk and key block
   from S_0, dS_C, dO, Vn, dVn and A (each key channel's gradient only needs the [C, C]
   matrices, which every key block recomputes from V-reductions)::
@@ -119,14 +123,21 @@ AUTO_SELECT = True
 # intra 4 warps (2: -0.4%, 8: -0.9%), intra_grad 4 (8: -23%), backward_chunk 8 (4: -7.6%),
 # block_k 64 (32: -0.4%); prepare 8 warps (4: -3.4%, measured before the intra split).
 # forward / backward_state are unswept since the split (8 warps were within 0.3% before it).
-# intra_grad_rows: run intra_grad as a column loop plus a row loop (_intra_grad_two_loops)
-# instead of one column loop that reduces a [16, K] tile across rows and stores a row per step
-# (12.8 ms of KDA's 24 ms at S1). Off until timed on a GPU: checked in interpret mode against
-# the reference; kernel_registers estimates 96 B of spills per thread against 708 B.
-# intra_levels: the intra and intra_grad kernels' 16-step column loops as 3 quad-level products
-# plus 4 elementwise steps (_intra_levels, _intra_grad_levels; takes precedence over
-# intra_grad_rows); off until timed on a GPU (interpret-checked; estimates: no spills in intra,
-# 12 B in intra_grad).
+# intra_levels: the intra_grad kernel's (and without intra_token_heads the intra kernel's)
+# 16-step column loop as 3 quad-level products plus 4 elementwise steps (_intra_levels,
+# _intra_grad_levels). H200, S1, 2026-11-30 (tune-kda-h200-2026-11-30.md): KDA fwd+bwd 24.2 ->
+# 13.5 ms wall (intra_grad 12.8 -> 2.1 ms), but intra alone 1.05 -> 1.30 ms. A two-loop
+# intra_grad (intra_grad_rows) was in that sweep but never timed (moot once intra_levels won);
+# deleted.
+# intra_token_heads: the forward intra kernel token-parallel (_intra_tokens_kernel) with up to
+# that many heads per program (0: off); intra_token its launch. H200, S1, 2026-11-30
+# (benchmarks/channelwise_forms.py, intra-kda-h200-2026-11-30.md): 0.632 ms (4 heads, 4
+# warps) against 1.302 (levels) and 1.051 (column loop); 1 head 1 warp 0.715, 2 heads 2 warps
+# 0.642, 8 heads 0.660, 16 heads 0.655.
+# prepare_products: the off-diagonal 16 x 16 blocks of Mk and Mq in their own kernel
+# (_products_kernel) instead of prepare's masked whole [C, C] tiles (4x the exp and dot work);
+# off until timed on a GPU (interpret-checked; kernel_registers: prepare 255 regs + 64 B spills
+# -> 212 regs, no spills; products 206 regs at 4 warps, 254 at 1 warp, no spills).
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
@@ -137,8 +148,13 @@ TUNING = {
     "block_v": None,
     "block_k": None,
     "intra_tf32": True,
-    "intra_grad_rows": False,
     "intra_levels": True,
+    "intra_token_heads": 4,
+    "intra_token": (4, 1),
+    "prepare_products": False,
+    "products": (4, 1),
+    "split_grads": False,
+    "grad_blocks": (8, 1),
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
@@ -182,8 +198,10 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 block_v=block_v, block_k=block_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
-                intra_grad_rows=bool(TUNING["intra_grad_rows"]),
-                intra_levels=bool(TUNING["intra_levels"]))
+                intra_levels=bool(TUNING["intra_levels"]),
+                intra_heads=intra_heads(heads),
+                prepare_products=bool(TUNING["prepare_products"]),
+                split_grads=bool(TUNING["split_grads"]))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -446,10 +464,64 @@ def _intra_grad_levels(cfg, dms, xs, k_ref, gam_ref, g_blk, b, h, r0):
     return dxs[0], dxs[1], dy
 
 
+def intra_heads(heads: int, tuning=None) -> int:
+    """Heads per program of the token-parallel ``intra`` kernel: the largest power of two that
+    divides ``heads`` and is at most ``TUNING["intra_token_heads"]`` (0: that form is off)."""
+    cap = int((TUNING if tuning is None else tuning).get("intra_token_heads") or 0)
+    if cap < 1:
+        return 0
+    n = 1
+    while n * 2 <= cap and heads % (n * 2) == 0:
+        n *= 2
+    return n
+
+
+def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
+    """``TUNING["intra_token_heads"]``: :func:`_intra_kernel`'s output one row at a time.
+
+    One program per token t (row i of its chunk) and group of ``cfg["intra_heads"]`` heads
+    writes row i of the diagonal blocks: ``sum_c X_ic k_jc exp(gamma_ic - gamma_jc)`` for the
+    columns j <= i of i's 16-row block (X = kr for Mk, q for Mq), a loop of ``i mod 16 + 1``
+    steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape). The
+    exponents are <= 0 (j <= i and g <= 0), so nothing is masked; fp32 elementwise, exactly the
+    column loop's sums. Tiny programs with few registers: many resident per SM.
+    """
+    tp = cfg["n_chunks"] * CHUNK
+    tok = pl.program_id(0)
+    b, t = tok // tp, tok % tp
+    nh = cfg["intra_heads"]
+    hsl = pl.ds(pl.program_id(1) * nh, nh)
+    n, i = t // CHUNK, t % CHUNK
+    i_sub = i % SUB
+    g_i = gam_ref[b, t, hsl, :]  # [nh, K]
+    xs = (kr_ref[b, t, hsl, :].astype(F32), q_ref[b, t, hsl, :].astype(F32))
+    cols = _iota((nh, SUB), 1)
+
+    def column(jj, tiles):
+        j = t - i_sub + jj
+        dec = k_ref[b, j, hsl, :].astype(F32) * jnp.exp(g_i - gam_ref[b, j, hsl, :])
+        return tuple(jnp.where(cols == jj, jnp.sum(x * dec, axis=1)[:, None], tile)
+                     for x, tile in zip(xs, tiles))
+
+    mk, mq = jax.lax.fori_loop(0, i_sub + 1, column,
+                               tuple(jnp.zeros((nh, SUB), F32) for _ in xs))
+    mkd_ref[b, hsl, n, i, :] = mk
+    mqd_ref[b, hsl, n, i, :] = mq
+
+
 def _intra(cfg, q, k, kr, gam):
     """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_kernel`."""
     bsz, _, heads, _ = k.shape
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
+    if cfg["intra_heads"]:
+        outs = _pallas(
+            _intra_tokens_kernel, cfg,
+            inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
+            outputs=[("mkd_ref", mats), ("mqd_ref", mats)],
+            grid=(bsz * cfg["n_chunks"] * CHUNK, heads // cfg["intra_heads"]),
+            tune="intra_token", name="channelwise_intra",
+        )
+        return outs["mkd_ref"], outs["mqd_ref"]
     outs = _pallas(
         _intra_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
@@ -494,11 +566,6 @@ def _intra_grad_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_re
         dkr_ref[b, rsl, h, :] = dkr
         dk_ref[b, rsl, h, :] = dk
         return
-    if cfg["intra_grad_rows"]:
-        _intra_grad_two_loops(cfg, q_ref, k_ref, kr_ref, gam_ref, dq_ref, dk_ref, dkr_ref,
-                              b, h, r0, g_blk, dmq, dmk, vn_b, do_ref[b, rsl, h, :], dr_b,
-                              same)
-        return
     q = q_ref[b, rsl, h, :].astype(F32)
     kr = kr_ref[b, rsl, h, :].astype(F32)
 
@@ -519,54 +586,93 @@ def _intra_grad_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_re
     dkr_ref[b, rsl, h, :] = dkr
 
 
-def _intra_grad_two_loops(cfg, q_ref, k_ref, kr_ref, gam_ref, dq_ref, dk_ref, dkr_ref, b, h,
-                          r0, g_blk, dmq, dmk, vn_b, do_b, dr_b, same):
-    """``TUNING["intra_grad_rows"]``: :func:`_intra_grad_kernel`'s loop as two loops in which
-    no step reduces a ``[SUB, K]`` tile across rows.
+def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, do_ref,
+                        vn_ref, dr_ref, dq_ref, dk_ref, dkr_ref, *, cfg):
+    """``TUNING["split_grads"]``: every gradient through Mq and Mk for the rows of 16-row block c.
 
-    dX by columns j: ``dX += dM[:, j] (Y_j * exp(g - g_j))`` (as the single loop does); dY by
-    rows i: ``dY += (dMq[i, :]^T q_i + dMk[i, :]^T kr_i) * exp(g_i - g)`` on rows ``j <= i``,
-    with the row of dM read as a column of the transposed cotangent (formed as ``Vn dO^T``).
-    Twice the ``exp`` work; fewer live tiles and no per-step cross-row reduction or row store.
+    Replaces ``intra_grad`` plus ``backward_chunk``'s off-diagonal loop. With ``dMq = scale
+    mask_incl(dO Vn^T)``, ``dMk = -mask_strict(dR Vn^T)`` (``dR = A^T dVn``, given in the input
+    dtype, as ``backward_chunk`` rounds it for its products), formed per ``[16, 16]`` block from
+    V-contractions of the rows involved::
+
+        dX_c = sum_{j < c} (dM_cj (k_j e^{r_j - gamma_j})) * e^{gamma_c - r_j} + diag_c
+        dY_c = e^{r_c - gamma_c} * sum_{i > c} (dMq_ic^T (q_i E_ic) + dMk_ic^T (kr_i E_ic))
+               + diag_c,   E_ic = e^{gamma_i - r_c}
+
+    (X = q for Mq, kr for Mk; r_j = gamma at the last row of block j, every exponent <= 0),
+    the diagonal block's share ``diag_c`` by :func:`_intra_grad_levels`. Writes fp32 partials
+    of dq, dkr and dk that ``backward_chunk`` adds (with their gamma share). Products as
+    :func:`_intra_dot`; the dM blocks in the input dtype with fp32 accumulation, as
+    ``backward_chunk`` forms them; the diagonal block always in the quad-level form (whatever
+    ``intra_levels`` says). The three parts run one after another so that few
+    ``[16, K]`` tiles are live at once.
     """
-    cols = _iota((SUB, SUB), 1)
-    rows = _iota((SUB, 1), 0)
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    c = pl.program_id(2)
     mdt = cfg["mm_dtype"]
+    scale = cfg["scale"]
+    t0 = n * CHUNK
+    r0 = t0 + SUB * c
+    csl = pl.ds(r0, SUB)
 
-    def column(j, carry):
+    def doc_rows(sl):
+        return _load_docs(cfg, doc_ref, conn_ref, last_ref, b, sl)[0]
+
+    def same_doc(dm, doc_i, doc_j):
+        return dm if doc_i is None else jnp.where(doc_i[:, None] == doc_j[None, :], dm, 0.0)
+
+    doc_c = doc_rows(csl)
+    g_c = gam_ref[b, csl, h, :]  # [SUB, K]
+    zero = jnp.zeros_like(g_c)
+
+    # Y side: row blocks i > c (dk of block c's rows).
+    ref_c = gam_ref[b, r0 + SUB - 1, h, :][None, :]
+
+    def y_side(i, dy):
+        isl = pl.ds(t0 + SUB * i, SUB)
+        vn_c = vn_ref[b, csl, h, :]
+        doc_i = doc_rows(isl)
+        dmq = same_doc(scale * mm_nt(do_ref[b, isl, h, :], vn_c, mdt), doc_i, doc_c)
+        dmk = same_doc(-mm_nt(dr_ref[b, isl, h, :], vn_c, mdt), doc_i, doc_c)
+        row_fac = jnp.exp(gam_ref[b, isl, h, :] - ref_c)
+        return (dy + _intra_dot(dmq, q_ref[b, isl, h, :].astype(F32) * row_fac, ((0,), (0,)),
+                                cfg)
+                + _intra_dot(dmk, kr_ref[b, isl, h, :].astype(F32) * row_fac, ((0,), (0,)),
+                             cfg))
+
+    dk = jnp.exp(ref_c - g_c) * jax.lax.fori_loop(c + 1, NSUB, y_side, zero)
+
+    # The diagonal block.
+    rows, cols = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
+    incl = rows >= cols
+    if doc_c is not None:
+        incl = incl & (doc_c[:, None] == doc_c[None, :])
+    strict = incl & (rows > cols)
+    vn_c = vn_ref[b, csl, h, :]
+    dmq_d = jnp.where(incl, scale * mm_nt(do_ref[b, csl, h, :], vn_c, mdt), 0.0)
+    dmk_d = jnp.where(strict, -mm_nt(dr_ref[b, csl, h, :], vn_c, mdt), 0.0)
+    xs = (q_ref[b, csl, h, :].astype(F32), kr_ref[b, csl, h, :].astype(F32))
+    dq, dkr, dk_d = _intra_grad_levels(cfg, (dmq_d, dmk_d), xs, k_ref, gam_ref, g_c, b, h, r0)
+    dk_ref[b, csl, h, :] = dk + dk_d
+
+    # X side: column blocks j < c (dq, dkr of block c's rows).
+    def x_side(j, carry):
         dq, dkr = carry
-        t = r0 + j
-        ydec = _row_decay(g_blk, gam_ref[b, t, h, :], j) * k_ref[b, t, h, :].astype(F32)[None, :]
-        col = cols == j
-        dmq_j = jnp.sum(jnp.where(col, dmq, 0.0), axis=1)[:, None]  # dMq[i, j] over i
-        dmk_j = jnp.sum(jnp.where(col, dmk, 0.0), axis=1)[:, None]
-        return dq + dmq_j * ydec, dkr + dmk_j * ydec
+        jsl = pl.ds(t0 + SUB * j, SUB)
+        vn_j = vn_ref[b, jsl, h, :]
+        doc_j = doc_rows(jsl)
+        dmq = same_doc(scale * mm_nt(do_ref[b, csl, h, :], vn_j, mdt), doc_c, doc_j)
+        dmk = same_doc(-mm_nt(dr_ref[b, csl, h, :], vn_j, mdt), doc_c, doc_j)
+        ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, :][None, :]
+        row_fac = jnp.exp(g_c - ref_row)
+        yc = k_ref[b, jsl, h, :].astype(F32) * jnp.exp(ref_row - gam_ref[b, jsl, h, :])
+        return (dq + row_fac * _intra_dot(dmq, yc, ((1,), (0,)), cfg),
+                dkr + row_fac * _intra_dot(dmk, yc, ((1,), (0,)), cfg))
 
-    zero = jnp.zeros_like(g_blk)
-    dq, dkr = jax.lax.fori_loop(0, SUB, column, (zero, zero))
-    dq_ref[b, pl.ds(r0, SUB), h, :] = dq
-    dkr_ref[b, pl.ds(r0, SUB), h, :] = dkr
-    # Transposed cotangents: entry [j, i] is dM[i, j], so the masks are transposed too
-    # (``same``, the document-equality matrix, is symmetric).
-    rr = _iota((SUB, SUB), 0)
-    incl_t = cols >= rr if same is None else (cols >= rr) & same
-    strict_t = incl_t & (cols > rr)
-    dmq_t = jnp.where(incl_t, cfg["scale"] * mm_nt(vn_b, do_b, mdt), 0.0)
-    dmk_t = jnp.where(strict_t, -mm_nt(vn_b, dr_b, mdt), 0.0)
-
-    def row(i, dy):
-        t = r0 + i
-        valid = rows <= i  # rows j <= i: exp(g_i - g_j) <= 1, exponent masked before exp
-        dec = jnp.where(valid, jnp.exp(jnp.where(valid, gam_ref[b, t, h, :][None, :] - g_blk,
-                                                 0.0)), 0.0)
-        col = cols == i
-        a_q = jnp.sum(jnp.where(col, dmq_t, 0.0), axis=1)[:, None]  # dMq[i, j] over j
-        a_k = jnp.sum(jnp.where(col, dmk_t, 0.0), axis=1)[:, None]
-        x_i = (a_q * q_ref[b, t, h, :].astype(F32)[None, :]
-               + a_k * kr_ref[b, t, h, :].astype(F32)[None, :])
-        return dy + x_i * dec
-
-    dk_ref[b, pl.ds(r0, SUB), h, :] = jax.lax.fori_loop(0, SUB, row, zero)
+    dq, dkr = jax.lax.fori_loop(0, c, x_side, (dq, dkr))
+    dq_ref[b, csl, h, :] = dq
+    dkr_ref[b, csl, h, :] = dkr
 
 
 def _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn):
@@ -585,6 +691,88 @@ def _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn):
     return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"]
 
 
+def _chunk_dr(cfg, amat, dvn):
+    """``dR = A^T dVn`` per chunk, ``[B, T, H, V]`` in the input dtype (XLA; ``split_grads``).
+
+    Operands in the input dtype with fp32 accumulation, rounded once: the value
+    ``backward_chunk``'s products see (they cast dR to the input dtype) and ``dvw`` itself.
+    """
+    bsz, tp, heads, dv = dvn.shape
+    mdt = cfg["mm_dtype"]
+    dvn_c = dvn.reshape(bsz, cfg["n_chunks"], CHUNK, heads, dv).astype(mdt)
+    precision = jax.lax.Precision.HIGHEST if mdt == jnp.dtype(F32) else None
+    dr = jnp.einsum("bhnli,bnlhv->bnihv", amat.astype(mdt), dvn_c, precision=precision,
+                    preferred_element_type=F32)
+    return dr.reshape(bsz, tp, heads, dv).astype(mdt)
+
+
+def _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr):
+    """``(dq, dk, dkr)`` partials, fp32 ``[B, T, H, K]``, from :func:`_grad_blocks_kernel`."""
+    bsz, tp, heads, dk = q.shape
+    tok = jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)
+    outs = _pallas(
+        _grad_blocks_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
+        + _doc_inputs(docs) + [("do_ref", do), ("vn_ref", vn), ("dr_ref", dr)],
+        outputs=[("dq_ref", tok), ("dk_ref", tok), ("dkr_ref", tok)],
+        grid=(cfg["n_chunks"], bsz * heads, NSUB), tune="grad_blocks",
+        name="channelwise_grad_blocks",
+    )
+    return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"]
+
+
+def _products_kernel(q_ref, k_ref, kr_ref, gam_ref, mko_ref, mqo_ref, *, cfg):
+    """``TUNING["prepare_products"]``: the off-diagonal 16 x 16 blocks of Mk and Mq.
+
+    One program per (chunk, head, row block a = 1..3) forms blocks ``(a, j)``, ``j < a``::
+
+        M[a, j] = (X_a * e^{gamma_a - r_j}) (k_j * e^{r_j - gamma_j})^T,   X = kr (Mk), q (Mq)
+
+    with ``r_j`` = gamma at the last row of block j (both exponents <= 0 within a chunk, as in
+    the module docstring's factorisation, so nothing is masked), from ``[16, K]`` tiles loaded
+    per block; products as :func:`_intra_dot`. Writes only those blocks of ``mko``/``mqo``
+    (fp32 ``[B, H, N, C, C]``); ``prepare`` selects them by a block mask, so the unwritten
+    entries are never read as values.
+    """
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    a = pl.program_id(2) + 1
+    t0 = n * CHUNK
+    rsl = pl.ds(t0 + SUB * a, SUB)
+    bk = cfg["block_k"]
+
+    def pair(j, carry):
+        csl = pl.ds(t0 + SUB * j, SUB)
+        outs = [jnp.zeros((SUB, SUB), F32) for _ in range(2)]
+        for kb in range(cfg["dk"] // bk):
+            ksl = pl.ds(kb * bk, bk)
+            ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, ksl][None, :]
+            row_fac = jnp.exp(gam_ref[b, rsl, h, ksl] - ref_row)
+            y = k_ref[b, csl, h, ksl].astype(F32) * jnp.exp(ref_row - gam_ref[b, csl, h, ksl])
+            for i, x_ref in enumerate((kr_ref, q_ref)):
+                x = x_ref[b, rsl, h, ksl].astype(F32) * row_fac
+                outs[i] = outs[i] + _intra_dot(x, y, ((1,), (1,)), cfg)
+        for out, ref in zip(outs, (mko_ref, mqo_ref)):
+            ref[b, h, n, pl.ds(SUB * a, SUB), pl.ds(SUB * j, SUB)] = out
+        return carry
+
+    jax.lax.fori_loop(0, a, pair, 0)
+
+
+def _products(cfg, q, k, kr, gam):
+    """``(Mk_off, Mq_off)``, fp32 ``[B, H, N, C, C]`` (lower off-diagonal blocks written)."""
+    bsz, _, heads, _ = k.shape
+    mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, CHUNK), F32)
+    outs = _pallas(
+        _products_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
+        outputs=[("mko_ref", mats), ("mqo_ref", mats)],
+        grid=(cfg["n_chunks"], bsz * heads, NSUB - 1), tune="products",
+        name="channelwise_products",
+    )
+    return outs["mko_ref"], outs["mqo_ref"]
+
+
 def _conn_last(conn):
     """``conn`` of the chunk's last token (a scalar), or ``None`` without documents."""
     return None if conn is None else _last(conn, CHUNK)
@@ -595,7 +783,8 @@ def _conn_last(conn):
 
 
 def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref,
-                    mkd_ref, mqd_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref, *, cfg):
+                    mkd_ref, mqd_ref, mko_ref, mqo_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref,
+                    kg_ref, e_ref, *, cfg):
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     t0 = n * CHUNK
@@ -606,14 +795,19 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
     conn_last = _conn_last(conn)
     mk = _expand_diagonal(mkd_ref[b, h, n, :, :])
     mq = _expand_diagonal(mqd_ref[b, h, n, :, :])
+    if mko_ref is not None:  # off-diagonal blocks from the products kernel
+        later = (_iota((CHUNK, CHUNK), 0) // SUB) > (_iota((CHUNK, CHUNK), 1) // SUB)
+        mk = mk + jnp.where(later, mko_ref[b, h, n, :, :], 0.0)
+        mq = mq + jnp.where(later, mqo_ref[b, h, n, :, :], 0.0)
     for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
         q = q_ref[b, tsl, h, ksl].astype(F32)
         k = k_ref[b, tsl, h, ksl].astype(F32)
-        kr = kr_ref[b, tsl, h, ksl].astype(F32)
         gam = gam_ref[b, tsl, h, ksl]
-        mk_b, mq_b = _decayed_products(cfg, (kr, q), k, gam_ref, gam, b, h, t0, ksl)
-        mk, mq = mk + mk_b, mq + mq_b
+        if mko_ref is None:
+            kr = kr_ref[b, tsl, h, ksl].astype(F32)
+            mk_b, mq_b = _decayed_products(cfg, (kr, q), k, gam_ref, gam, b, h, t0, ksl)
+            mk, mq = mk + mk_b, mq + mq_b
         g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
         e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
         qg_ref[b, tsl, h, ksl] = (q * e_in).astype(qg_ref.dtype)
@@ -639,6 +833,7 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
 
 def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
     mkd, mqd = _intra(cfg, q, k, kr, gam)
+    mko, mqo = _products(cfg, q, k, kr, gam) if cfg["prepare_products"] else (None, None)
     bsz, tp, heads, dk = k.shape
     dv = vw.shape[-1]
     nc = cfg["n_chunks"]
@@ -647,7 +842,8 @@ def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
     outs = _pallas(
         _prepare_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
-        + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd)],
+        + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd), ("mko_ref", mko),
+                               ("mqo_ref", mqo)],
         outputs=[
             ("w_ref", tok_k),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
@@ -768,7 +964,7 @@ def _backward_state(cfg, prep, do, dvn_in, dht):
 
 
 def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
-                           hs_ref, dhs_ref, do_ref, vn_ref, dvn_ref,
+                           hs_ref, dhs_ref, do_ref, vn_ref, dvn_ref, dr_ref,
                            dqd_ref, dkd_ref, dkrd_ref,
                            dq_ref, dk_ref, dkr_ref, dvw_ref, dgam_ref, *, cfg):
     """Gradients of one chunk for one block of key channels (grid axis 2); module docstring.
@@ -791,11 +987,14 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
     incl, strict = _chunk_masks(doc)
     do = do_ref[b, tsl, h, :]
     vn = vn_ref[b, tsl, h, :]
-    dr = mm_tn(a_ref[b, h, n, :, :], dvn_ref[b, tsl, h, :], mdt)  # A^T dVn  [C, V]
+    if dr_ref is not None:  # split_grads: dR = A^T dVn (= dvw) from _chunk_dr
+        dr = dr_ref[b, tsl, h, :]
+    else:
+        dr = mm_tn(a_ref[b, h, n, :, :], dvn_ref[b, tsl, h, :], mdt)  # A^T dVn  [C, V]
 
-    @pl.when(kb_id == 0)
-    def _():
-        dvw_ref[b, tsl, h, :] = dr.astype(dvw_ref.dtype)
+        @pl.when(kb_id == 0)
+        def _():
+            dvw_ref[b, tsl, h, :] = dr.astype(dvw_ref.dtype)
 
     q = q_ref[b, tsl, h, ksl].astype(F32)
     k = k_ref[b, tsl, h, ksl].astype(F32)
@@ -817,13 +1016,15 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
     dgam = dgam + jnp.where(is_last, (jnp.sum(dk_out, axis=0) + de_all * e_all)[None, :], 0.0)
 
     # The decayed intra-chunk products Mq (X = q) and Mk (X = kr), Y = k.
-    dmq = jnp.where(incl, scale * mm_nt(do, vn, mdt), 0.0)
-    dmk = jnp.where(strict, -mm_nt(dr, vn, mdt), 0.0)
-    (dq_m, dkr_m), dk_m = _decayed_products_grad(cfg, (dmq, dmk), (q, kr), k, gam_ref, gam,
-                                                 b, h, t0, ksl)
-    dq_m = dq_m + dqd_ref[b, tsl, h, ksl]  # + the diagonal blocks' share (intra_grad)
-    dkr_m = dkr_m + dkrd_ref[b, tsl, h, ksl]
-    dk_m = dk_m + dkd_ref[b, tsl, h, ksl]
+    dq_m = dqd_ref[b, tsl, h, ksl]  # the diagonal blocks' share (intra_grad), or every
+    dkr_m = dkrd_ref[b, tsl, h, ksl]  # block's (split_grads: the grad_blocks kernel)
+    dk_m = dkd_ref[b, tsl, h, ksl]
+    if not cfg["split_grads"]:
+        dmq = jnp.where(incl, scale * mm_nt(do, vn, mdt), 0.0)
+        dmk = jnp.where(strict, -mm_nt(dr, vn, mdt), 0.0)
+        (dq_o, dkr_o), dk_o = _decayed_products_grad(cfg, (dmq, dmk), (q, kr), k, gam_ref, gam,
+                                                     b, h, t0, ksl)
+        dq_m, dkr_m, dk_m = dq_m + dq_o, dkr_m + dkr_o, dk_m + dk_o
     dgam = dgam + q * dq_m + kr * dkr_m - k * dk_m
     dq_ref[b, tsl, h, ksl] = (dq + dq_m).astype(dq_ref.dtype)
     dkr_ref[b, tsl, h, ksl] = (dkr + dkr_m).astype(dkr_ref.dtype)
@@ -832,7 +1033,14 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
 
 
 def _backward_chunk(cfg, q, k, kr, vw, gam, docs, amat, hs, dhs, do, vn, dvn):
-    dqd, dkd, dkrd = _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn)
+    split = cfg["split_grads"]
+    if split:
+        dr = _chunk_dr(cfg, amat, dvn)
+        dqd, dkd, dkrd = _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr)
+        amat = dvn = None
+    else:
+        dr = None
+        dqd, dkd, dkrd = _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn)
     bsz, tp, heads, dk = q.shape
     dv = vw.shape[-1]
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), q.dtype)
@@ -841,19 +1049,21 @@ def _backward_chunk(cfg, q, k, kr, vw, gam, docs, amat, hs, dhs, do, vn, dvn):
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
         + _doc_inputs(docs)
         + [("a_ref", amat), ("hs_ref", hs), ("dhs_ref", dhs), ("do_ref", do), ("vn_ref", vn),
-           ("dvn_ref", dvn), ("dqd_ref", dqd), ("dkd_ref", dkd), ("dkrd_ref", dkrd)],
+           ("dvn_ref", dvn), ("dr_ref", dr), ("dqd_ref", dqd), ("dkd_ref", dkd),
+           ("dkrd_ref", dkrd)],
         outputs=[
             ("dq_ref", tok_k),
             ("dk_ref", tok_k),
             ("dkr_ref", tok_k),
-            ("dvw_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
+            ("dvw_ref", None if split
+             else jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
             ("dgam_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)),
         ],
         grid=(cfg["n_chunks"], bsz * heads, dk // cfg["block_k"]), tune="backward_chunk",
         name="channelwise_backward_chunk",
     )
-    return (outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"], outs["dvw_ref"],
-            outs["dgam_ref"])
+    dvw = dr.astype(vw.dtype) if split else outs["dvw_ref"]
+    return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"], dvw, outs["dgam_ref"]
 
 
 # ----------------------------------------------------------------------------------------------

@@ -185,11 +185,15 @@ class TuneKernelsTest(absltest.TestCase):
         # baseline's effective width (None -> min(D, 64), as gdn2/kernel_gpu._config resolves
         # it), block_v=128 is wider than D = 64. The check at the sweep shape reuses the
         # baseline's compiled programs and compares against kda's fp32 reference.
+        # With the token-parallel intra at H = 1 (one head per program whatever the cap >= 1),
+        # intra_token_heads=2 and intra's launch change nothing: 'same as' the baseline, too.
         shape = "1,128,1,64"
+        start = {**before, "intra_token_heads": 4}
         payload = tune_kernels.main([
             "--op=kda", "--interpret", f"--shapes={shape}", "--iters=1", "--warmup=0",
-            "--knobs=block_v=64/128", f"--check_shape={shape}", "--confirm_rounds=1",
-            "--compile_workers=2", f"--out={out}"])
+            "--knobs=block_v=64/128,intra_token_heads=2,intra=8x1",
+            '--start={"intra_token_heads": 4}', f"--check_shape={shape}",
+            "--confirm_rounds=1", "--compile_workers=2", f"--out={out}"])
         self.assertEqual(channelwise_gpu.TUNING, before)
         self.assertEqual(kernel_gpu.TUNING, gdn_before)
 
@@ -199,7 +203,8 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual((saved["settings"]["op"], saved["settings"]["module"]), ("kda", CW_PATH))
         trials = saved["trials"]
         self.assertEqual([(t["knob"], t["value"]) for t in trials],
-                         [(None, None), ("block_v", 64), ("block_v", 128)])
+                         [(None, None), ("block_v", 64), ("block_v", 128),
+                          ("intra_token_heads", 2), ("intra", [8, 1])])
         base = trials[0]
         self.assertEqual(base["status"], bench.OK, base)
         self.assertEqual(base["launch_check"], "ok")  # channelwise_* names and grids
@@ -207,7 +212,8 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(base["objective_ms"], base["shapes"]["1x128x1x64"]["fwdbwd_ms"])
         self.assertEqual(trials[1]["same_as"], 0)
         self.assertIn("block_v=128 does not fit head dim 64", trials[2]["status"])
-        self.assertEqual(saved["baseline"]["tuning"], tune_kernels._jsonable(before))
+        self.assertEqual([t.get("same_as") for t in trials[3:]], [0, 0])
+        self.assertEqual(saved["baseline"]["tuning"], tune_kernels._jsonable(start))
         self.assertIn("intra_tf32", saved["baseline"]["tuning"])
         self.assertNotIn("split_forward", saved["baseline"]["tuning"])
         self.assertEqual(saved["best"]["trial"], 0)
@@ -226,7 +232,7 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertIn(f"Paste into `{CW_PATH}`:", tune_kernels.markdown(saved))
         scope = {}
         exec(saved["best"]["python"], scope)  # noqa: S102 - our own output
-        self.assertEqual(scope["TUNING"], before)
+        self.assertEqual(scope["TUNING"], start)
 
     def test_traced_channelwise_program_carries_the_tuning(self):
         # As test_traced_program_carries_the_tuning, for gdn2/kernel_gpu.py (trace only).
@@ -236,8 +242,9 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual([a.shape for a in args],
                          [shape] * 4 + [shape[:3], shape])  # q, k, v, g per channel, beta, do
         fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
+        # The column-block intra (intra_token_heads=0), with intra's launch.
         tuning = {**before, "backward_state": (8, 3), "prepare": (2, 1), "block_v": 32,
-                  "block_k": 32, "intra_grad": (8, 2)}
+                  "block_k": 32, "intra_grad": (8, 2), "intra_token_heads": 0, "intra": (2, 2)}
         try:
             tune_kernels.set_tuning(tuning, "kda")
             table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
@@ -247,7 +254,7 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(table["channelwise_backward_state"], [dict(launch=(8, 3), grid=(1, 2))])
         self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
         self.assertEqual(table["channelwise_intra_grad"], [dict(launch=(8, 2), grid=(2, 1, 4))])
-        self.assertEqual(table["channelwise_intra"][0]["grid"], (2, 1, 4))
+        self.assertEqual(table["channelwise_intra"], [dict(launch=(2, 2), grid=(2, 1, 4))])
         self.assertEqual(table["channelwise_forward"][0]["grid"], (1, 2))
         self.assertEqual(table["channelwise_backward_chunk"][0]["grid"], (2, 1, 2))
         tune_kernels.check_launches(table, tuning, shape, "fwdbwd", op="kda")
@@ -259,6 +266,14 @@ class TuneKernelsTest(absltest.TestCase):
                                                   r"\(2, 1, 2\), expected \(2, 1, 1\)"):
             tune_kernels.check_launches(table, {**tuning, "block_k": None}, shape, "fwdbwd",
                                         op="kda")
+        # intra_token's launch is moot without the token form; switching that form on is not.
+        tune_kernels.check_launches(table, {**tuning, "intra_token": (8, 8)}, shape, "fwdbwd",
+                                    op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"channelwise_intra traced with launch "
+                                                  r"\(2, 2\), expected \(8, 8\)"):
+            tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 1,
+                                                "intra_token": (8, 8)}, shape, "fwdbwd",
+                                        op="kda")
         # Each family's check looks for its own kernels only.
         with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
             tune_kernels.check_launches(table, kernel_gpu.TUNING, shape, "fwdbwd")
@@ -268,13 +283,23 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "backward_chunk": (8, 2)}))
         self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "block_k": 64}))
         self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "intra_tf32": False}))
-        self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "intra_levels": True}))
-        self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "intra_grad_rows": True}))
-        # intra_levels replaces both intra_grad forms: intra_grad_rows is then moot.
-        levels = tune_kernels.effective({**tuning, "intra_levels": True,
-                                         "intra_grad_rows": True}, shape, "kda")
-        self.assertEqual((levels["intra_levels"], levels["intra_grad_rows"]), (True, False))
         self.assertEqual(fwd_key({**tuning, "block_v": None}), fwd_key({**tuning, "block_v": 64}))
+        # The column-block intra reads intra_levels and intra's launch, not intra_token's.
+        off = {**tuning, "intra_levels": False}
+        self.assertNotEqual(fwd_key(off), fwd_key({**off, "intra_levels": True}))
+        self.assertNotEqual(fwd_key(off), fwd_key({**off, "intra": (8, 1)}))
+        self.assertEqual(fwd_key(off), fwd_key({**off, "intra_token": (8, 1)}))
+        self.assertNotEqual(fwd_key(off), fwd_key({**off, "intra_token_heads": 1}))
+        # The token-parallel one the reverse, and intra_levels then only changes the backward.
+        on = {**off, "intra_token_heads": 4, "intra_token": (4, 1)}
+        self.assertEqual(fwd_key(on), fwd_key({**on, "intra_levels": True}))
+        self.assertNotEqual(tune_kernels._key(on, {"s": shape}, op="kda"),
+                            tune_kernels._key({**on, "intra_levels": True}, {"s": shape},
+                                              op="kda"))
+        self.assertEqual(fwd_key(on), fwd_key({**on, "intra": (8, 1)}))
+        self.assertNotEqual(fwd_key(on), fwd_key({**on, "intra_token": (8, 1)}))
+        # At H = 1 every cap >= 1 resolves to one head per program: the same program.
+        self.assertEqual(fwd_key(on), fwd_key({**on, "intra_token_heads": 16}))
         # GDN-2's inputs: per-channel g and erase gate b [B, T, H, K], write gate w [B, T, H, V].
         args2 = tune_kernels.make_inputs(shape, seed=0, op="gdn2")
         self.assertEqual([a.shape for a in args2], [shape] * 7)
@@ -284,13 +309,86 @@ class TuneKernelsTest(absltest.TestCase):
                                           "channelwise_prepare"])
         tune_kernels.check_launches(table2, before, shape, "fwd", op="gdn2")
 
+    def test_token_parallel_intra_launch_and_grid(self):
+        # H = 6 with a cap of 4: two heads per program (channelwise_gpu.intra_heads), so the
+        # token-parallel intra runs a (B * T, H / 2) grid with intra_token's launch.
+        before = dict(channelwise_gpu.TUNING)
+        shape = (1, 128, 6, 64)
+        tuning = {**before, "intra_token_heads": 4, "intra_token": (8, 1), "intra": (2, 2)}
+        eff = tune_kernels.effective(tuning, shape, "kda")
+        self.assertEqual((eff["intra_token_heads"], eff["intra"], eff["intra_token"]),
+                         (2, None, (8, 1)))
+        args = tune_kernels.make_inputs(shape, seed=0, op="kda")
+        fwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwd"]
+        try:
+            tune_kernels.set_tuning(tuning, "kda")
+            table = tune_kernels.launch_table(jax.jit(fwd).trace(*args).jaxpr)
+        finally:
+            tune_kernels.set_tuning(before, "kda")
+        self.assertEqual(channelwise_gpu.TUNING, before)
+        self.assertEqual(table["channelwise_intra"], [dict(launch=(8, 1), grid=(128, 3))])
+        tune_kernels.check_launches(table, tuning, shape, "fwd", op="kda")
+        # intra's launch is moot in that form; intra_token's and the head cap are not.
+        tune_kernels.check_launches(table, {**tuning, "intra": (4, 3)}, shape, "fwd", op="kda")
+        tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 2}, shape, "fwd",
+                                    op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"fwd: channelwise_intra traced with launch "
+                                                  r"\(8, 1\), expected \(4, 3\)"):
+            tune_kernels.check_launches(table, {**tuning, "intra_token": (4, 3)}, shape, "fwd",
+                                        op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"fwd: channelwise_intra traced with grid "
+                                                  r"\(128, 3\), expected \(128, 6\)"):
+            tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 1}, shape, "fwd",
+                                        op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"fwd: channelwise_intra traced with grid "
+                                                  r"\(128, 3\), expected \(2, 6, 4\)"):
+            tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 0,
+                                                "intra": (8, 1)}, shape, "fwd", op="kda")
+
+    def test_effective_resolves_the_intra_form(self):
+        base = dict(channelwise_gpu.TUNING, intra=(2, 1), intra_token=(8, 2))
+
+        def eff(cap, heads, dim=64):
+            e = tune_kernels.effective({**base, "intra_token_heads": cap}, (1, 128, heads, dim),
+                                       "gdn2")
+            return e["intra_token_heads"], e["intra"], e["intra_token"]
+
+        # The largest power of two dividing H and at most the cap; 0: the column-block form.
+        self.assertEqual(eff(4, 6), (2, None, (8, 2)))
+        self.assertEqual(eff(4, 16), (4, None, (8, 2)))
+        self.assertEqual(eff(5, 16), (4, None, (8, 2)))
+        self.assertEqual(eff(16, 16), (16, None, (8, 2)))
+        self.assertEqual(eff(8, 3), (1, None, (8, 2)))
+        self.assertEqual(eff(0, 16), (0, (2, 1), None))
+        with mock.patch.dict(base, intra_token={64: (4, 3), 128: (8, 1)}):
+            self.assertEqual(eff(2, 2, 128), (2, None, (8, 1)))
+        # Caps that resolve alike are one configuration; at H = 16 they are not.
+        key = functools.partial(tune_kernels._key, op="kda")
+        h6, h16 = {"s": (1, 128, 6, 64)}, {"s": (1, 128, 16, 64)}
+        self.assertEqual(key({**base, "intra_token_heads": 4}, h6),
+                         key({**base, "intra_token_heads": 8}, h6))
+        self.assertNotEqual(key({**base, "intra_token_heads": 4}, h16),
+                            key({**base, "intra_token_heads": 8}, h16))
+        self.assertNotEqual(key({**base, "intra_token_heads": 0}, h6),
+                            key({**base, "intra_token_heads": 1}, h6))
+        # The unused form's launch is no part of the configuration.
+        self.assertEqual(key({**base, "intra_token_heads": 0}, h6),
+                         key({**base, "intra_token_heads": 0, "intra_token": (4, 1)}, h6))
+        self.assertNotEqual(key({**base, "intra_token_heads": 0}, h6),
+                            key({**base, "intra_token_heads": 0, "intra": (4, 1)}, h6))
+        self.assertEqual(key({**base, "intra_token_heads": 4}, h6),
+                         key({**base, "intra_token_heads": 4, "intra": (4, 1)}, h6))
+        self.assertNotEqual(key({**base, "intra_token_heads": 4}, h6),
+                            key({**base, "intra_token_heads": 4, "intra_token": (4, 1)}, h6))
+        self.assertNotIn("intra_grad_rows", tune_kernels.effective(base, (1, 128, 6, 64), "kda"))
+
     def test_gdn_only_knobs_are_refused_for_the_channelwise_ops(self):
         with self.assertRaisesRegex(
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
-                r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, intra_grad_rows, "
-                r"intra_levels, block_v, block_k, intra, prepare, forward, intra_grad, "
-                r"backward_state, backward_chunk$"):
+                r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, intra_levels, "
+                r"intra_token_heads, block_v, block_k, intra, intra_token, prepare, forward, "
+                r"intra_grad, backward_state, backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
             with self.assertRaisesRegex(app.UsageError, "is a knob of --op=gdn only"):
@@ -302,14 +400,42 @@ class TuneKernelsTest(absltest.TestCase):
                                                     "only"):
             tune_kernels.parse_knobs("intra_tf32")
         with self.assertRaisesRegex(app.UsageError, "unknown knob 'block_x'; choose from "
-                                                    "intra_tf32, intra_grad_rows, intra_levels, "
-                                                    "block_v"):
+                                                    "intra_tf32, intra_levels, "
+                                                    "intra_token_heads, block_v"):
             tune_kernels.parse_knobs("block_x", "kda")
+        # The two-loop intra_grad form is gone with its knob.
+        with self.assertRaisesRegex(app.UsageError, "unknown knob 'intra_grad_rows'"):
+            tune_kernels.parse_knobs("intra_grad_rows", "kda")
+        with self.assertRaisesRegex(app.UsageError, "--start: unknown knob 'intra_grad_rows'"):
+            tune_kernels.parse_start('{"intra_grad_rows": true}', channelwise_gpu.TUNING, "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "intra_grad_rows", "intra_levels", "block_v", "block_k",
-                          "intra",
-                          "prepare", "forward", "intra_grad", "backward_state",
-                          "backward_chunk"])
+                         ["intra_tf32", "intra_levels", "intra_token_heads", "block_v",
+                          "block_k", "intra", "intra_token", "prepare", "forward", "intra_grad",
+                          "backward_state", "backward_chunk"])
+        self.assertEqual(tune_kernels.parse_knobs("intra_token_heads,intra_token", "kda"),
+                         {"intra_token_heads": [0, 1, 2, 4, 8, 16],
+                          "intra_token": list(tune_kernels.CW_DEFAULT_VALUES["intra"])})
+        self.assertEqual(tune_kernels.parse_knobs("intra_token_heads=0/2/8,intra_token=8x2",
+                                                  "gdn2"),
+                         {"intra_token_heads": [0, 2, 8], "intra_token": [(8, 2)]})
+        for bad, why in (("-1", "intra_token_heads: -1 is not >= 0"),
+                         ("two", "intra_token_heads: 'two' is not an int"),
+                         ("true", "intra_token_heads: 'true' is not an int")):
+            with self.assertRaisesRegex(
+                    app.UsageError, rf"^--knobs: bad value in 'intra_token_heads=4/{bad}' "
+                    rf"\({why}\); each value is an int >= 0 \(0: off\)$"):
+                tune_kernels.parse_knobs(f"intra_token_heads=4/{bad}", "kda")
+        self.assertEqual(tune_kernels.parse_start('{"intra_token_heads": 8, "intra_token": '
+                                                  '[8, 2]}', channelwise_gpu.TUNING, "gdn2"),
+                         {**channelwise_gpu.TUNING, "intra_token_heads": 8,
+                          "intra_token": (8, 2)})
+        with self.assertRaisesRegex(app.UsageError, r"^--start: bad value -2 for "
+                                                    r"'intra_token_heads' \(intra_token_heads: "
+                                                    r"-2 is not >= 0\)$"):
+            tune_kernels.parse_start('{"intra_token_heads": -2}', channelwise_gpu.TUNING, "kda")
+        with self.assertRaisesRegex(app.UsageError, "'intra_token_heads' is a knob of "
+                                                    "--op=kda/gdn2 only"):
+            tune_kernels.parse_knobs("intra_token_heads=2")
         self.assertEqual(list(tune_kernels.parse_knobs(None)), list(tune_kernels.KNOBS))
         self.assertEqual(tune_kernels.parse_knobs("intra_tf32=false,backward_chunk=8x2", "gdn2"),
                          {"intra_tf32": [False], "backward_chunk": [(8, 2)]})

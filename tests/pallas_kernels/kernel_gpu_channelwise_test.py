@@ -112,8 +112,11 @@ class InterpretTest(parameterized.TestCase):
         self.check("kda", seq_len=65, key_heads=1, heads=2)
 
     def test_gdn2_ragged_length_initial_state_with_residual(self):
-        # The residual u is returned and gets a cotangent (the dVn input of the reverse pass).
+        # The residual u is returned and gets a cotangent (the dVn input of the reverse pass),
+        # with both backward forms (split_grads forms dR = A^T dVn outside the kernels).
         self.check("gdn2", seq_len=65, residual=True, seed=1)
+        with _tuning({"split_grads": True}):
+            self.check("gdn2", seq_len=65, residual=True, seed=1)
 
     @parameterized.parameters("kda", "gdn2")
     def test_packed_documents(self, op):
@@ -132,21 +135,36 @@ class InterpretTest(parameterized.TestCase):
         self.assertLess(float(jnp.min(inputs["g"])), -20.0)
         self.check(op, seq_len=96, decay=10.0, seed=3)
 
-    def test_intra_grad_two_loop_variant(self):
-        # TUNING["intra_grad_rows"]: the diagonal blocks' gradients as a column loop plus a row
-        # loop over transposed cotangents; packed documents and strong decay, against the
-        # reference like every path.
+    def test_column_loop_variant(self):
+        # intra_levels off, intra_token_heads 0: both intra kernels as the 16-step column loop
+        # per diagonal block; packed documents and strong decay, against the reference.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [30, 50, 16])[None], jnp.int32)
-        with _tuning({"intra_grad_rows": True}):
+        with _tuning({"intra_levels": False, "intra_token_heads": 0}):
             self.check("kda", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=5)
 
-    def test_intra_levels_variant(self):
-        # TUNING["intra_levels"] (the intra and intra_grad kernels' quad-level products plus
-        # four elementwise steps; intra_grad_rows is then unused), on GDN-2: packed documents,
-        # strong decay.
+    def test_intra_levels_forward_variant(self):
+        # intra_token_heads 0: the forward intra kernel in the quad-level form too (the
+        # default runs it token-parallel); GDN-2, packed documents, strong decay.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [21, 60, 15])[None], jnp.int32)
-        with _tuning({"intra_levels": True, "intra_grad_rows": True}):
+        with _tuning({"intra_levels": True, "intra_token_heads": 0}):
             self.check("gdn2", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=6)
+
+    def test_token_parallel_intra_head_groups(self):
+        # Six heads: the token-parallel intra kernel runs two heads per program (the largest
+        # power of two dividing 6 within the cap of 4); GVA with two key heads.
+        self.assertEqual([kernel_gpu.intra_heads(h) for h in (1, 2, 5, 6, 16)], [1, 2, 1, 2, 4])
+        with _tuning({"intra_token_heads": 0}):
+            self.assertEqual(kernel_gpu.intra_heads(16), 0)
+        self.check("kda", seq_len=80, key_heads=2, heads=6, seed=7)
+
+    def test_split_kernels_variant(self):
+        # TUNING["prepare_products"] (the off-diagonal blocks of Mk and Mq from their own kernel)
+        # and TUNING["split_grads"] (every gradient through Mq and Mk from the grad_blocks
+        # kernel, dR = A^T dVn from XLA); K = 128 (two key blocks), packed documents, strong
+        # decay.
+        segment_ids = jnp.asarray(np.repeat(np.arange(3), [40, 30, 26])[None], jnp.int32)
+        with _tuning({"prepare_products": True, "split_grads": True}):
+            self.check("kda", seq_len=96, dim=128, decay=10.0, segment_ids=segment_ids, seed=8)
 
     def test_kda_head_dim_128_gva(self):
         # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
@@ -208,14 +226,19 @@ class GpuTest(parameterized.TestCase):
             limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
 
-    def test_intra_levels_variant_bf16(self):
-        # TUNING["intra_levels"] compiled by Triton (GDN-2, K = 64 and packed), same gates.
-        with _tuning({"intra_levels": True}):
+    def test_intra_levels_forward_variant_bf16(self):
+        # intra_token_heads 0 compiled by Triton (GDN-2, K = 64 and packed), same gates.
+        with _tuning({"intra_token_heads": 0}):
             self.check_bf16("gdn2", True, 64)
 
-    def test_intra_grad_two_loop_variant_bf16(self):
-        # TUNING["intra_grad_rows"] compiled by Triton (packed, K = 128), same gates.
-        with _tuning({"intra_grad_rows": True}):
+    def test_split_kernels_variant_bf16(self):
+        # prepare_products and split_grads compiled by Triton (KDA, K = 128, packed), same gates.
+        with _tuning({"prepare_products": True, "split_grads": True}):
+            self.check_bf16("kda", True, 128)
+
+    def test_column_loop_variant_bf16(self):
+        # The column-loop intra kernels compiled by Triton (packed, K = 128), same gates.
+        with _tuning({"intra_levels": False, "intra_token_heads": 0}):
             self.check_bf16("kda", True, 128)
 
 

@@ -1,0 +1,195 @@
+r"""Times the forms of the per-channel-decay (KDA / GDN-2) forward kernels one stage at a time.
+
+The whole-op tables (``experiments/bench_kernels.py``) and the launch sweep
+(``experiments/tune_kernels.py``) time a pass end to end; this binary isolates the two forward
+stages whose forms ``pallas_kernels/gdn2/kernel_gpu.TUNING`` selects:
+
+* ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``kernel_gpu._intra``) as the column
+  loop, the quad levels (``intra_levels``) and the token-parallel kernel (``intra_token_heads``
+  heads per program, ``intra_token`` launch);
+* ``prepare``: ``kernel_gpu._prepare`` (which calls ``intra``) with the off-diagonal blocks in
+  prepare itself or in the ``products`` kernel (``prepare_products``).
+
+Each variant is a set of TUNING overrides; every variant's outputs are compared with the first
+variant of its stage (max abs difference, which should be rounding: the forms compute the same
+sums). Inputs: bf16 q, k, kr = beta k (unit-norm-scale k) and fp32 gamma, the within-chunk
+cumsum of ``logsigmoid(N(0, 1))`` per channel (the tune_kernels KDA inputs). Times: median of
+``--iters`` synced calls and the mean of ``--iters`` back-to-back calls with one sync (``loop``),
+after two warm-up calls, in ms.
+
+Usage (H200)::
+
+    python benchmarks/channelwise_forms.py --shape=8,4096,16,128 \
+        --out=benchmarks/results/intra-kda-h200-<date>
+
+``--interpret`` runs the kernels in Pallas interpret mode (any backend; for tests only: the
+times then say nothing about GPU speed).
+"""
+
+import json
+import os
+import sys
+import time
+from unittest import mock
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from pallas_kernels.gdn2 import kernel_gpu  # noqa: E402
+
+_SHAPE = flags.DEFINE_string("shape", "8,4096,16,128", "B,T,H,D (D = K = V, 64 or 128).")
+_ITERS = flags.DEFINE_integer("iters", 20, "Timed calls per variant.")
+_STAGES = flags.DEFINE_list("stages", ["intra", "prepare"], "Stages to time: intra, prepare.")
+_OUT = flags.DEFINE_string("out", None, "Output prefix for .md and .json.")
+_INTERPRET = flags.DEFINE_bool("interpret", False, "Pallas interpret mode (tests only).")
+
+# (label, TUNING overrides) per stage; the first of each stage is the comparison baseline.
+VARIANTS = {
+    "intra": [
+        ("column loop", {"intra_levels": False, "intra_token_heads": 0}),
+        ("quad levels", {"intra_levels": True, "intra_token_heads": 0}),
+        ("tokens, 1 head, 1 warp", {"intra_token_heads": 1, "intra_token": (1, 1)}),
+        ("tokens, 2 heads, 2 warps", {"intra_token_heads": 2, "intra_token": (2, 1)}),
+        ("tokens, 4 heads, 2 warps", {"intra_token_heads": 4, "intra_token": (2, 1)}),
+        ("tokens, 4 heads, 4 warps", {"intra_token_heads": 4, "intra_token": (4, 1)}),
+        ("tokens, 8 heads, 4 warps", {"intra_token_heads": 8, "intra_token": (4, 1)}),
+        ("tokens, 16 heads, 4 warps", {"intra_token_heads": 16, "intra_token": (4, 1)}),
+    ],
+    "prepare": [
+        ("off-diagonal in prepare", {"prepare_products": False}),
+        ("products, 1 warp", {"prepare_products": True, "products": (1, 1)}),
+        ("products, 2 warps", {"prepare_products": True, "products": (2, 1)}),
+        ("products, 4 warps", {"prepare_products": True, "products": (4, 1)}),
+        ("products 4 warps, prepare 4 warps",
+         {"prepare_products": True, "products": (4, 1), "prepare": (4, 1)}),
+    ],
+}
+
+
+def parse_shape(text):
+    """``"B,T,H,D"`` -> a 4-tuple of ints.
+
+    Raises:
+      app.UsageError: naming ``--shape`` if it is not four positive ints with D in (64, 128).
+    """
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1 or shape[3] not in (64, 128):
+        raise app.UsageError(f"--shape: expected B,T,H,D with D in 64/128, got {text!r}")
+    return shape
+
+
+def make_inputs(shape, seed=0):
+    """``(q, k, kr, vw, gamma)`` at ``shape`` (T padded to a multiple of 64 by the caller)."""
+    bsz, seq_len, heads, dim = shape
+    ks = jax.random.split(jax.random.PRNGKey(seed), 6)
+    bf = jnp.bfloat16
+    q = jax.random.normal(ks[0], (bsz, seq_len, heads, dim)).astype(bf)
+    k = jax.random.normal(ks[1], (bsz, seq_len, heads, dim)) * dim ** -0.5
+    beta = jax.nn.sigmoid(jax.random.normal(ks[2], (bsz, seq_len, heads, 1)))
+    vw = (jax.random.normal(ks[3], (bsz, seq_len, heads, dim)) * beta).astype(bf)
+    g = jax.nn.log_sigmoid(jax.random.normal(ks[4], (bsz, seq_len, heads, dim)))
+    n = seq_len // kernel_gpu.CHUNK
+    gam = jnp.cumsum(g.reshape(bsz, n, kernel_gpu.CHUNK, heads, dim), axis=2)
+    return q, k.astype(bf), (k * beta).astype(bf), vw, gam.reshape(g.shape)
+
+
+def _stage_fn(stage, shape, interpret):
+    bsz, seq_len, heads, dim = shape
+    cfg = kernel_gpu._config(batch=bsz, heads=heads, n_chunks=seq_len // kernel_gpu.CHUNK,
+                             dk=dim, dv=dim, scale=dim ** -0.5, has_docs=False,
+                             mm_dtype=jnp.bfloat16, interpret=interpret, return_residual=False)
+    if stage == "intra":
+        return jax.jit(lambda q, k, kr, vw, gam: kernel_gpu._intra(cfg, q, k, kr, gam))
+    return jax.jit(lambda q, k, kr, vw, gam: kernel_gpu._prepare(cfg, q, k, kr, vw, gam, (),
+                                                                 save_a=False))
+
+
+def time_variants(stage, shape, iters, interpret=False):
+    """Times every variant of ``stage``; returns a list of record dicts."""
+    inputs = make_inputs(shape)
+    records, base = [], None
+    for label, overrides in VARIANTS[stage]:
+        rec = dict(stage=stage, variant=label, tuning=overrides)
+        try:
+            with mock.patch.dict(kernel_gpu.TUNING, overrides):
+                f = _stage_fn(stage, shape, interpret)
+                out = jax.block_until_ready(f(*inputs))
+                for _ in range(2):
+                    jax.block_until_ready(f(*inputs))
+                times = []
+                for _ in range(iters):
+                    t0 = time.perf_counter()
+                    jax.block_until_ready(f(*inputs))
+                    times.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    out = f(*inputs)
+                jax.block_until_ready(out)
+                rec["loop_ms"] = (time.perf_counter() - t0) / iters * 1e3
+                rec["ms"] = sorted(times)[len(times) // 2] * 1e3
+            leaves = jax.tree_util.tree_leaves(out)
+            if base is None:
+                base = leaves
+            rec["max_abs_diff"] = max(
+                float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
+                for a, b in zip(leaves, base))
+        except Exception as e:  # a variant that fails to compile is recorded, not fatal
+            rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        print(json.dumps(rec), flush=True)
+        records.append(rec)
+    return records
+
+
+def markdown(records, shape, command, device):
+    """The results table as markdown."""
+    lines = [f"# Per-channel-decay forward stage forms, {time.strftime('%Y-%m-%d')}", "",
+             f"Device: {device}; jax {jax.__version__}. Shape (B, T, H, D) = {shape}.", "",
+             f"Command: `{command}`", "",
+             "Times in ms: median of synced calls, and mean of back-to-back calls (loop). "
+             "Diff: max abs difference of all outputs to the stage's first variant.", "",
+             "| stage | variant | median | loop | diff |", "|---|---|---:|---:|---:|"]
+    for r in records:
+        if "error" in r:
+            lines.append(f"| {r['stage']} | {r['variant']} | – | – | {r['error'][:80]} |")
+        else:
+            lines.append(f"| {r['stage']} | {r['variant']} | {r['ms']:.3f} | "
+                         f"{r['loop_ms']:.3f} | {r['max_abs_diff']:.2e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv):
+    del argv
+    shape = parse_shape(_SHAPE.value)
+    if shape[1] % kernel_gpu.CHUNK:
+        raise app.UsageError(f"--shape: T = {shape[1]} is not a multiple of "
+                             f"{kernel_gpu.CHUNK}")
+    for stage in _STAGES.value:
+        if stage not in VARIANTS:
+            raise app.UsageError(f"--stages: unknown stage {stage!r}; choose from "
+                                 f"{', '.join(VARIANTS)}")
+    records = []
+    for stage in _STAGES.value:
+        records += time_variants(stage, shape, _ITERS.value, _INTERPRET.value)
+    device = jax.devices()[0].device_kind
+    md = markdown(records, shape, "python " + " ".join(sys.argv), device)
+    print(md)
+    if _OUT.value:
+        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+        with open(_OUT.value + ".md", "w") as f:
+            f.write(md)
+        with open(_OUT.value + ".json", "w") as f:
+            json.dump(dict(shape=shape, device=device, jax=jax.__version__,
+                           command="python " + " ".join(sys.argv), records=records), f,
+                      indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main)

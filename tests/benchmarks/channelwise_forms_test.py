@@ -1,0 +1,40 @@
+"""Tests of benchmarks/channelwise_forms.py in Pallas interpret mode (CPU)."""
+
+from unittest import mock
+
+from absl import app
+from absl.testing import absltest
+
+from benchmarks import channelwise_forms
+
+
+class ChannelwiseFormsTest(absltest.TestCase):
+
+    def test_forms_agree_and_records_are_complete(self):
+        # Two forms per stage on a small shape: every variant computes the same sums, so the
+        # differences to the first variant are rounding (fp32 on CPU, where TF32 is IEEE).
+        variants = {
+            "intra": [channelwise_forms.VARIANTS["intra"][0],
+                      ("tokens, 2 heads", {"intra_token_heads": 2, "intra_token": (1, 1)})],
+            "prepare": channelwise_forms.VARIANTS["prepare"][:2],
+        }
+        with mock.patch.dict(channelwise_forms.VARIANTS, variants):
+            records = (channelwise_forms.time_variants("intra", (1, 128, 4, 64), 1, True)
+                       + channelwise_forms.time_variants("prepare", (1, 128, 2, 64), 1, True))
+        self.assertLen(records, 4)
+        for rec in records:
+            self.assertNotIn("error", rec)
+            self.assertGreater(rec["ms"], 0.0)
+            self.assertLess(rec["max_abs_diff"], 1e-5, rec["variant"])
+        md = channelwise_forms.markdown(records, (1, 128, 4, 64), "cmd", "cpu")
+        self.assertIn("| prepare | products, 1 warp |", md)
+
+    def test_bad_shape_names_the_flag(self):
+        for text in ("8,4096,16", "8,4096,16,96", "a,b,c,d"):
+            with self.assertRaisesRegex(app.UsageError, "--shape"):
+                channelwise_forms.parse_shape(text)
+        self.assertEqual(channelwise_forms.parse_shape("1,64,2,128"), (1, 64, 2, 128))
+
+
+if __name__ == "__main__":
+    absltest.main()
