@@ -52,6 +52,9 @@ Kernels (grid in brackets):
   per token and group of nh heads) or [chunks, B*H, 4] (one per diagonal block, the column loop
   or with ``TUNING["intra_levels"]`` :func:`_intra_levels`): the diagonal 16 x 16 blocks of Mk
   and Mq (fp32 ``[B, H, N, C, 16]``, row i holding its block's columns).
+* ``gamma`` [chunks, B*H] (only with ``TUNING["gamma_kernel"]``): the within-chunk cumsum of g
+  (else XLA's, outside the ``custom_vjp``); ``backward_chunk`` then returns dg (the reverse
+  cumsum of d gamma) instead of d gamma.
 * ``products`` [chunks, B*H, 3] (only with ``TUNING["prepare_products"]``): the off-diagonal
   16 x 16 blocks of Mk and Mq (:func:`_products_kernel`), which ``prepare`` then loads.
 * ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products,
@@ -71,7 +74,10 @@ Kernels (grid in brackets):
 * ``intra_grad`` [chunks, B*H, 4]: the share of dq, dkr and dk (fp32 ``[B, T, H, K]``) that
   flows through the diagonal blocks of Mq and Mk, whose cotangents it forms from its own rows
   (below); ``backward_chunk`` adds it. ``TUNING["intra_levels"]`` selects the quad-level form
-  (:func:`_intra_grad_levels`, the default) over the column loop.
+  (:func:`_intra_grad_levels`, the default) over the column loop. With
+  ``TUNING["split_grads"]`` the ``grad_blocks`` kernel (same grid, :func:`_grad_blocks_kernel`)
+  runs instead and forms every block's share (off-diagonal ones too, from ``dR = A^T dVn``
+  computed by XLA), so ``backward_chunk`` skips its off-diagonal products.
 * ``backward_chunk`` [chunks, B*H, K/BK]: the parameter gradients of one chunk and key block
   from S_0, dS_C, dO, Vn, dVn and A (each key channel's gradient only needs the [C, C]
   matrices, which every key block recomputes from V-reductions)::
@@ -138,6 +144,13 @@ AUTO_SELECT = True
 # (_products_kernel) instead of prepare's masked whole [C, C] tiles (4x the exp and dot work);
 # off until timed on a GPU (interpret-checked; kernel_registers: prepare 255 regs + 64 B spills
 # -> 212 regs, no spills; products 206 regs at 4 warps, 254 at 1 warp, no spills).
+# split_grads: the grad_blocks kernel (_grad_blocks_kernel) for every gradient through Mq and Mk
+# instead of intra_grad plus backward_chunk's masked whole-tile off-diagonal loop; off until
+# timed (kernel_registers: backward_chunk 255 regs + 1180 B spills -> 243 regs, no spills;
+# grad_blocks 255 regs + 32 B spills at 8 warps, 788 B at 4).
+# gamma_kernel: the within-chunk cumsum of g in a Pallas kernel (XLA's reduce_window took
+# 0.32 ms at S1, and its transpose in the backward 0.32 ms more) and its transpose folded into
+# backward_chunk; off until timed (gamma kernel 64 regs).
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
@@ -155,6 +168,8 @@ TUNING = {
     "products": (4, 1),
     "split_grads": False,
     "grad_blocks": (8, 1),
+    "gamma_kernel": False,
+    "gamma": (4, 1),
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
@@ -201,7 +216,8 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 intra_levels=bool(TUNING["intra_levels"]),
                 intra_heads=intra_heads(heads),
                 prepare_products=bool(TUNING["prepare_products"]),
-                split_grads=bool(TUNING["split_grads"]))
+                split_grads=bool(TUNING["split_grads"]),
+                gamma_kernel=bool(TUNING["gamma_kernel"]))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -721,6 +737,27 @@ def _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr):
     return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"]
 
 
+def _gamma_kernel(g_ref, gam_ref, *, cfg):
+    """``TUNING["gamma_kernel"]``: ``gamma = cumsum(g)`` within one chunk, fp32 (Triton scan),
+    one program per (chunk, head), key blocks of ``block_k`` channels."""
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    tsl = pl.ds(n * CHUNK, CHUNK)
+    bk = cfg["block_k"]
+    for kb in range(cfg["dk"] // bk):
+        ksl = pl.ds(kb * bk, bk)
+        gam_ref[b, tsl, h, ksl] = jnp.cumsum(g_ref[b, tsl, h, ksl], axis=0)
+
+
+def _gamma(cfg, g):
+    """The within-chunk cumsum of ``g`` (fp32 ``[B, Tp, H, K]``) by :func:`_gamma_kernel`."""
+    bsz, _, heads, _ = g.shape
+    outs = _pallas(_gamma_kernel, cfg, inputs=[("g_ref", g)],
+                   outputs=[("gam_ref", jax.ShapeDtypeStruct(g.shape, F32))],
+                   grid=(cfg["n_chunks"], bsz * heads), tune="gamma", name="channelwise_gamma")
+    return outs["gam_ref"]
+
+
 def _products_kernel(q_ref, k_ref, kr_ref, gam_ref, mko_ref, mqo_ref, *, cfg):
     """``TUNING["prepare_products"]``: the off-diagonal 16 x 16 blocks of Mk and Mq.
 
@@ -1029,6 +1066,10 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
     dq_ref[b, tsl, h, ksl] = (dq + dq_m).astype(dq_ref.dtype)
     dkr_ref[b, tsl, h, ksl] = (dkr + dkr_m).astype(dkr_ref.dtype)
     dk_ref[b, tsl, h, ksl] = (dk + dk_m).astype(dk_ref.dtype)
+    if cfg["gamma_kernel"]:
+        # dg = the within-chunk reverse cumsum of d gamma, as total - cumsum + self (fp32;
+        # Triton lowers only the forward scan): rounding ~ eps * sum |d gamma| of the chunk.
+        dgam = jnp.sum(dgam, axis=0)[None, :] - jnp.cumsum(dgam, axis=0) + dgam
     dgam_ref[b, tsl, h, ksl] = dgam
 
 
@@ -1076,18 +1117,21 @@ def _make_core(static):
     cfg = dict(static)
     residual = cfg["return_residual"]
 
-    def forward(q, k, kr, vw, gam, h0, docs, *, save):
+    def forward(q, k, kr, vw, gin, h0, docs, *, save):
+        # gin: gamma, or g itself under gamma_kernel (the cumsum then runs here, and the
+        # backward returns dg rather than d gamma).
+        gam = _gamma(cfg, gin) if cfg["gamma_kernel"] else gin
         prep = _prepare(cfg, q, k, kr, vw, gam, docs, save_a=save)
         o, ht, vn, hs = _forward(cfg, prep, h0, save=save)
-        return o, ht, vn, hs, prep
+        return o, ht, vn, hs, prep, gam
 
     @jax.custom_vjp
-    def core(q, k, kr, vw, gam, h0, docs):
-        o, ht, vn, _, _ = forward(q, k, kr, vw, gam, h0, docs, save=False)
+    def core(q, k, kr, vw, gin, h0, docs):
+        o, ht, vn, _, _, _ = forward(q, k, kr, vw, gin, h0, docs, save=False)
         return (o, ht, vn) if residual else (o, ht)
 
-    def core_fwd(q, k, kr, vw, gam, h0, docs):
-        o, ht, vn, hs, prep = forward(q, k, kr, vw, gam, h0, docs, save=True)
+    def core_fwd(q, k, kr, vw, gin, h0, docs):
+        o, ht, vn, hs, prep, gam = forward(q, k, kr, vw, gin, h0, docs, save=True)
         out = (o, ht, vn) if residual else (o, ht)
         keep = {n: prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref", "a_ref")}
         return out, (q, k, kr, vw, gam, docs, keep, hs, vn)
@@ -1156,8 +1200,11 @@ def channelwise_delta_pallas(
     n_chunks = padded // CHUNK
     q, k, kr, vw = (common.pad_time(x.astype(mdt), CHUNK) for x in (q, k, k_read, v_write))
     gpad = common.pad_time(g.astype(F32), CHUNK)  # [B, Tp, H, K]; padding is inert (g = 0)
-    gam = jnp.cumsum(gpad.reshape(bsz, n_chunks, CHUNK, heads, dk), axis=2)
-    gam = gam.reshape(bsz, padded, heads, dk)
+    if TUNING["gamma_kernel"]:
+        gin = gpad  # the kernels take the within-chunk cumsum themselves
+    else:
+        gin = jnp.cumsum(gpad.reshape(bsz, n_chunks, CHUNK, heads, dk), axis=2)
+        gin = gin.reshape(bsz, padded, heads, dk)
     if initial_state is None:
         initial_state = jnp.zeros((bsz, heads, dk, dv), F32)
     h0 = initial_state.astype(F32)
@@ -1167,7 +1214,7 @@ def channelwise_delta_pallas(
         has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
         return_residual=return_residual,
     ).items()))
-    outs = _make_core(static)(q, k, kr, vw, gam, h0, docs)
+    outs = _make_core(static)(q, k, kr, vw, gin, h0, docs)
     u = outs[2][:, :seq_len] if return_residual else None
     return outs[0][:, :seq_len], outs[1], u
 

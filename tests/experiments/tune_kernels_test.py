@@ -186,12 +186,14 @@ class TuneKernelsTest(absltest.TestCase):
         # it), block_v=128 is wider than D = 64. The check at the sweep shape reuses the
         # baseline's compiled programs and compares against kda's fp32 reference.
         # With the token-parallel intra at H = 1 (one head per program whatever the cap >= 1),
-        # intra_token_heads=2 and intra's launch change nothing: 'same as' the baseline, too.
+        # intra_token_heads=2 and intra's launch change nothing: 'same as' the baseline, too; so
+        # do the launches of products and grad_blocks without prepare_products and split_grads.
         shape = "1,128,1,64"
         start = {**before, "intra_token_heads": 4}
         payload = tune_kernels.main([
             "--op=kda", "--interpret", f"--shapes={shape}", "--iters=1", "--warmup=0",
-            "--knobs=block_v=64/128,intra_token_heads=2,intra=8x1",
+            "--knobs=block_v=64/128,intra_token_heads=2,intra=8x1,products=2x1,"
+            "grad_blocks=2x1",
             '--start={"intra_token_heads": 4}', f"--check_shape={shape}",
             "--confirm_rounds=1", "--compile_workers=2", f"--out={out}"])
         self.assertEqual(channelwise_gpu.TUNING, before)
@@ -204,7 +206,8 @@ class TuneKernelsTest(absltest.TestCase):
         trials = saved["trials"]
         self.assertEqual([(t["knob"], t["value"]) for t in trials],
                          [(None, None), ("block_v", 64), ("block_v", 128),
-                          ("intra_token_heads", 2), ("intra", [8, 1])])
+                          ("intra_token_heads", 2), ("intra", [8, 1]), ("products", [2, 1]),
+                          ("grad_blocks", [2, 1])])
         base = trials[0]
         self.assertEqual(base["status"], bench.OK, base)
         self.assertEqual(base["launch_check"], "ok")  # channelwise_* names and grids
@@ -212,7 +215,9 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(base["objective_ms"], base["shapes"]["1x128x1x64"]["fwdbwd_ms"])
         self.assertEqual(trials[1]["same_as"], 0)
         self.assertIn("block_v=128 does not fit head dim 64", trials[2]["status"])
-        self.assertEqual([t.get("same_as") for t in trials[3:]], [0, 0])
+        self.assertEqual([t.get("same_as") for t in trials[3:]], [0, 0, 0, 0])
+        self.assertFalse(saved["baseline"]["tuning"]["prepare_products"])
+        self.assertFalse(saved["baseline"]["tuning"]["split_grads"])
         self.assertEqual(saved["baseline"]["tuning"], tune_kernels._jsonable(start))
         self.assertIn("intra_tf32", saved["baseline"]["tuning"])
         self.assertNotIn("split_forward", saved["baseline"]["tuning"])
@@ -273,6 +278,21 @@ class TuneKernelsTest(absltest.TestCase):
                                                   r"\(2, 2\), expected \(8, 8\)"):
             tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 1,
                                                 "intra_token": (8, 8)}, shape, "fwdbwd",
+                                        op="kda")
+        # Without prepare_products and split_grads neither products nor grad_blocks runs: their
+        # launches are moot, switching either kernel on is not.
+        self.assertNotIn("channelwise_products", table)
+        self.assertNotIn("channelwise_grad_blocks", table)
+        tune_kernels.check_launches(table, {**tuning, "products": (8, 8), "grad_blocks": (8, 8)},
+                                    shape, "fwdbwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, "^fwd: no pallas_call named "
+                                                  "channelwise_products in the traced program"):
+            tune_kernels.check_launches(table, {**tuning, "prepare_products": True}, shape,
+                                        "fwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, "^fwdbwd: no pallas_call named "
+                                                  "channelwise_grad_blocks in the traced "
+                                                  "program"):
+            tune_kernels.check_launches(table, {**tuning, "split_grads": True}, shape, "fwdbwd",
                                         op="kda")
         # Each family's check looks for its own kernels only.
         with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
@@ -382,13 +402,154 @@ class TuneKernelsTest(absltest.TestCase):
                             key({**base, "intra_token_heads": 4, "intra_token": (4, 1)}, h6))
         self.assertNotIn("intra_grad_rows", tune_kernels.effective(base, (1, 128, 6, 64), "kda"))
 
+    def test_products_and_grad_blocks_kernels_launch_and_grid(self):
+        # prepare_products adds channelwise_products, (chunks, B*H, 3) at products' launch;
+        # split_grads runs channelwise_grad_blocks, (chunks, B*H, 4) at grad_blocks' launch,
+        # instead of channelwise_intra_grad (trace only, as the tests above).
+        before = dict(channelwise_gpu.TUNING)
+        shape = (1, 128, 1, 64)
+        args = tune_kernels.make_inputs(shape, seed=0, op="kda")
+        fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
+        tuning = {**before, "prepare_products": True, "products": (2, 3), "split_grads": True,
+                  "grad_blocks": (2, 2), "intra_grad": (8, 2)}
+        try:
+            tune_kernels.set_tuning(tuning, "kda")
+            table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
+        finally:
+            tune_kernels.set_tuning(before, "kda")
+        self.assertEqual(channelwise_gpu.TUNING, before)
+        self.assertEqual(table["channelwise_products"], [dict(launch=(2, 3), grid=(2, 1, 3))])
+        self.assertEqual(table["channelwise_grad_blocks"], [dict(launch=(2, 2), grid=(2, 1, 4))])
+        self.assertNotIn("channelwise_intra_grad", table)
+        self.assertEqual(table["channelwise_backward_chunk"][0]["grid"], (2, 1, 1))
+        for pass_ in ("fwd", "fwdbwd"):
+            tune_kernels.check_launches(table, tuning, shape, pass_, op="kda")
+        # intra_grad's launch is moot under split_grads; products' and grad_blocks' are not.
+        tune_kernels.check_launches(table, {**tuning, "intra_grad": (4, 3)}, shape, "fwdbwd",
+                                    op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwdbwd: channelwise_grad_blocks traced "
+                                                  r"with launch \(2, 2\), expected \(4, 1\)"):
+            tune_kernels.check_launches(table, {**tuning, "grad_blocks": (4, 1)}, shape,
+                                        "fwdbwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_products traced with "
+                                                  r"launch \(2, 3\), expected \(4, 1\)"):
+            tune_kernels.check_launches(table, {**tuning, "products": (4, 1)}, shape, "fwd",
+                                        op="kda")
+        # Switched off, the traced program is stale: a missing kernel, or one left over.
+        with self.assertRaisesRegex(RuntimeError, "^fwdbwd: no pallas_call named "
+                                                  "channelwise_intra_grad in the traced "
+                                                  "program"):
+            tune_kernels.check_launches(table, {**tuning, "split_grads": False}, shape,
+                                        "fwdbwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_products in the traced "
+                                                  r"program, which this configuration does "
+                                                  r"not run \(stale trace\?\)$"):
+            tune_kernels.check_launches(table, {**tuning, "prepare_products": False}, shape,
+                                        "fwd", op="kda")
+        # The grids at a shape of several chunks (T = 200: 4) and rows (B * H = 6).
+        eff = tune_kernels.effective(tuning, (2, 200, 3, 64), "kda")
+        grids = tune_kernels._channelwise_grids(eff, (2, 200, 3, 64))
+        self.assertEqual((grids["products"], grids["grad_blocks"]), ((4, 6, 3), (4, 6, 4)))
+
+    def test_gamma_kernel_launch_grid_and_moot_rule(self):
+        # gamma_kernel adds channelwise_gamma, (chunks, B*H) at gamma's launch, to the forward;
+        # without it the gamma launch is moot and a traced gamma kernel is a stale trace.
+        before = dict(channelwise_gpu.TUNING)
+        shape = (1, 128, 1, 64)
+        args = tune_kernels.make_inputs(shape, seed=0, op="kda")
+        fwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwd"]
+        tuning = {**before, "gamma_kernel": True, "gamma": (2, 3)}
+        try:
+            tune_kernels.set_tuning(tuning, "kda")
+            table = tune_kernels.launch_table(jax.jit(fwd).trace(*args).jaxpr)
+        finally:
+            tune_kernels.set_tuning(before, "kda")
+        self.assertEqual(table["channelwise_gamma"], [dict(launch=(2, 3), grid=(2, 1))])
+        tune_kernels.check_launches(table, tuning, shape, "fwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_gamma traced with "
+                                                  r"launch \(2, 3\), expected \(4, 1\)"):
+            tune_kernels.check_launches(table, {**tuning, "gamma": (4, 1)}, shape, "fwd",
+                                        op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_gamma in the traced "
+                                                  r"program, which this configuration does "
+                                                  r"not run"):
+            tune_kernels.check_launches(table, {**tuning, "gamma_kernel": False}, shape, "fwd",
+                                        op="kda")
+        off = tune_kernels.effective({**before, "gamma_kernel": False, "gamma": (8, 1)},
+                                     (1, 128, 2, 64), "kda")
+        on = tune_kernels.effective({**before, "gamma_kernel": True, "gamma": (8, 1)},
+                                    (1, 128, 2, 64), "kda")
+        self.assertEqual((off["gamma_kernel"], off["gamma"]), (False, None))
+        self.assertEqual((on["gamma_kernel"], on["gamma"]), (True, (8, 1)))
+        self.assertIn("gamma_kernel", tune_kernels.CW_FWD_KNOBS)
+        self.assertEqual(tune_kernels.parse_knobs("gamma_kernel,gamma=2x1", "kda"),
+                         {"gamma_kernel": [False, True], "gamma": [(2, 1)]})
+
+    def test_effective_moot_products_and_grad_blocks(self):
+        shape = (1, 128, 2, 64)
+        off = dict(channelwise_gpu.TUNING, intra_token_heads=0, intra_levels=True,
+                   prepare_products=False, split_grads=False, products=(2, 1),
+                   grad_blocks=(2, 2), intra_grad=(8, 2))
+        on = {**off, "prepare_products": True, "split_grads": True}
+
+        def eff(tuning, *knobs):
+            e = tune_kernels.effective(tuning, shape, "gdn2")
+            return tuple(e[k] for k in knobs)
+
+        knobs = ("prepare_products", "split_grads", "products", "intra_grad", "grad_blocks")
+        self.assertEqual(eff(off, *knobs), (False, False, None, (8, 2), None))
+        self.assertEqual(eff(on, *knobs), (True, True, (2, 1), None, (2, 2)))
+        self.assertEqual(eff({**off, "prepare_products": 1}, *knobs),
+                         (True, False, (2, 1), (8, 2), None))
+        with mock.patch.dict(on, grad_blocks={64: (4, 3), 128: (8, 1)}):
+            self.assertEqual(eff(on, "grad_blocks"), ((4, 3),))
+        # The kernels each pass runs.
+        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwd", tune_kernels.effective(
+            on, shape, "kda")), ("intra", "products", "prepare", "forward"))
+        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd", tune_kernels.effective(
+            off, shape, "kda")), ("intra", "prepare", "forward", "intra_grad", "backward_state",
+                                  "backward_chunk"))
+        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd", tune_kernels.effective(
+            on, shape, "kda"))[4:], ("grad_blocks", "backward_state", "backward_chunk"))
+        # intra_levels is read by the column-block intra and by intra_grad: moot only when
+        # neither runs (grad_blocks always uses the quad levels).
+        self.assertEqual(eff(on, "intra_levels"), (True,))
+        self.assertEqual(eff({**off, "intra_token_heads": 4}, "intra_levels"), (True,))
+        self.assertEqual(eff({**on, "intra_token_heads": 4}, "intra_levels"), (None,))
+        # The configuration's identity ignores the launch of a kernel that does not run.
+        key = functools.partial(tune_kernels._key, shapes={"s": shape}, op="kda")
+        self.assertEqual(key(off), key({**off, "products": (8, 3), "grad_blocks": (8, 3)}))
+        self.assertNotEqual(key(off), key({**off, "intra_grad": (8, 3)}))
+        self.assertEqual(key(on), key({**on, "intra_grad": (4, 3)}))
+        self.assertNotEqual(key(on), key({**on, "products": (8, 3)}))
+        self.assertNotEqual(key(on), key({**on, "grad_blocks": (8, 3)}))
+        self.assertNotEqual(key(off), key({**off, "prepare_products": True}))
+        self.assertNotEqual(key(off), key({**off, "split_grads": True}))
+        token = {**on, "intra_token_heads": 4}
+        self.assertEqual(key(token), key({**token, "intra_levels": False}))
+        self.assertNotEqual(key({**token, "split_grads": False}),
+                            key({**token, "split_grads": False, "intra_levels": False}))
+        # prepare_products and products change the forward program; split_grads, grad_blocks
+        # and intra_grad only the backward.
+        fwd_key = functools.partial(tune_kernels._fwd_key, shape=shape, op="kda")
+        self.assertNotEqual(fwd_key(off), fwd_key({**off, "prepare_products": True}))
+        self.assertEqual(fwd_key(off), fwd_key({**off, "products": (8, 3)}))
+        self.assertNotEqual(fwd_key(on), fwd_key({**on, "products": (8, 3)}))
+        self.assertEqual(fwd_key(off), fwd_key({**off, "split_grads": True,
+                                                "grad_blocks": (8, 3)}))
+        self.assertEqual(fwd_key(on), fwd_key({**on, "grad_blocks": (8, 3),
+                                               "intra_grad": (2, 3)}))
+        self.assertIn("prepare_products", tune_kernels.CW_FWD_KNOBS)
+        self.assertNotIn("split_grads", tune_kernels.CW_FWD_KNOBS)
+
     def test_gdn_only_knobs_are_refused_for_the_channelwise_ops(self):
         with self.assertRaisesRegex(
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
                 r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, intra_levels, "
-                r"intra_token_heads, block_v, block_k, intra, intra_token, prepare, forward, "
-                r"intra_grad, backward_state, backward_chunk$"):
+                r"prepare_products, split_grads, gamma_kernel, intra_token_heads, block_v, "
+                r"block_k, gamma, intra, intra_token, products, prepare, forward, intra_grad, "
+                r"grad_blocks, backward_state, backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
             with self.assertRaisesRegex(app.UsageError, "is a knob of --op=gdn only"):
@@ -401,7 +562,9 @@ class TuneKernelsTest(absltest.TestCase):
             tune_kernels.parse_knobs("intra_tf32")
         with self.assertRaisesRegex(app.UsageError, "unknown knob 'block_x'; choose from "
                                                     "intra_tf32, intra_levels, "
-                                                    "intra_token_heads, block_v"):
+                                                    "prepare_products, split_grads, "
+                                                    "gamma_kernel, intra_token_heads, "
+                                                    "block_v"):
             tune_kernels.parse_knobs("block_x", "kda")
         # The two-loop intra_grad form is gone with its knob.
         with self.assertRaisesRegex(app.UsageError, "unknown knob 'intra_grad_rows'"):
@@ -409,9 +572,10 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaisesRegex(app.UsageError, "--start: unknown knob 'intra_grad_rows'"):
             tune_kernels.parse_start('{"intra_grad_rows": true}', channelwise_gpu.TUNING, "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "intra_levels", "intra_token_heads", "block_v",
-                          "block_k", "intra", "intra_token", "prepare", "forward", "intra_grad",
-                          "backward_state", "backward_chunk"])
+                         ["intra_tf32", "intra_levels", "prepare_products", "split_grads",
+                          "gamma_kernel", "intra_token_heads", "block_v", "block_k", "gamma",
+                          "intra", "intra_token", "products", "prepare", "forward",
+                          "intra_grad", "grad_blocks", "backward_state", "backward_chunk"])
         self.assertEqual(tune_kernels.parse_knobs("intra_token_heads,intra_token", "kda"),
                          {"intra_token_heads": [0, 1, 2, 4, 8, 16],
                           "intra_token": list(tune_kernels.CW_DEFAULT_VALUES["intra"])})
@@ -436,6 +600,35 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaisesRegex(app.UsageError, "'intra_token_heads' is a knob of "
                                                     "--op=kda/gdn2 only"):
             tune_kernels.parse_knobs("intra_token_heads=2")
+        # prepare_products and split_grads are bools, products and grad_blocks launches.
+        launches = list(tune_kernels.CW_DEFAULT_VALUES["intra"])
+        self.assertEqual(tune_kernels.parse_knobs("prepare_products,split_grads,products,"
+                                                  "grad_blocks", "kda"),
+                         {"prepare_products": [False, True], "split_grads": [False, True],
+                          "products": launches, "grad_blocks": launches})
+        self.assertEqual(tune_kernels.parse_knobs("split_grads=true/0,grad_blocks=8x1/2x2,"
+                                                  "prepare_products=False", "gdn2"),
+                         {"split_grads": [True, False], "grad_blocks": [(8, 1), (2, 2)],
+                          "prepare_products": [False]})
+        with self.assertRaisesRegex(app.UsageError, r"^--knobs: bad value in "
+                                                    r"'prepare_products=yes' \('yes' is not "
+                                                    r"True or False\); each value is True or "
+                                                    r"False$"):
+            tune_kernels.parse_knobs("prepare_products=yes", "kda")
+        with self.assertRaisesRegex(app.UsageError, "bad value in 'products=4'.*each value is "
+                                                    "WxS"):
+            tune_kernels.parse_knobs("products=4", "kda")
+        self.assertEqual(tune_kernels.parse_start('{"prepare_products": true, "products": [2, 1], '
+                                                  '"split_grads": true, "grad_blocks": [4, 2]}',
+                                                  channelwise_gpu.TUNING, "gdn2"),
+                         {**channelwise_gpu.TUNING, "prepare_products": True, "products": (2, 1),
+                          "split_grads": True, "grad_blocks": (4, 2)})
+        with self.assertRaisesRegex(app.UsageError, "'split_grads' is a knob of --op=kda/gdn2 "
+                                                    "only"):
+            tune_kernels.parse_knobs("split_grads")
+        with self.assertRaisesRegex(app.UsageError, "^--start: 'grad_blocks' is a knob of "
+                                                    "--op=kda/gdn2 only"):
+            tune_kernels.parse_start('{"grad_blocks": [4, 1]}', kernel_gpu.TUNING)
         self.assertEqual(list(tune_kernels.parse_knobs(None)), list(tune_kernels.KNOBS))
         self.assertEqual(tune_kernels.parse_knobs("intra_tf32=false,backward_chunk=8x2", "gdn2"),
                          {"intra_tf32": [False], "backward_chunk": [(8, 2)]})

@@ -160,10 +160,11 @@ class InterpretTest(parameterized.TestCase):
     def test_split_kernels_variant(self):
         # TUNING["prepare_products"] (the off-diagonal blocks of Mk and Mq from their own kernel)
         # and TUNING["split_grads"] (every gradient through Mq and Mk from the grad_blocks
-        # kernel, dR = A^T dVn from XLA); K = 128 (two key blocks), packed documents, strong
-        # decay.
+        # kernel, dR = A^T dVn from XLA) and TUNING["gamma_kernel"] (the within-chunk cumsum
+        # of g in a kernel, its transpose in backward_chunk); K = 128 (two key blocks), packed
+        # documents, strong decay.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [40, 30, 26])[None], jnp.int32)
-        with _tuning({"prepare_products": True, "split_grads": True}):
+        with _tuning({"prepare_products": True, "split_grads": True, "gamma_kernel": True}):
             self.check("kda", seq_len=96, dim=128, decay=10.0, segment_ids=segment_ids, seed=8)
 
     def test_kda_head_dim_128_gva(self):
@@ -232,8 +233,9 @@ class GpuTest(parameterized.TestCase):
             self.check_bf16("gdn2", True, 64)
 
     def test_split_kernels_variant_bf16(self):
-        # prepare_products and split_grads compiled by Triton (KDA, K = 128, packed), same gates.
-        with _tuning({"prepare_products": True, "split_grads": True}):
+        # prepare_products, split_grads and gamma_kernel compiled by Triton (KDA, K = 128,
+        # packed), same gates.
+        with _tuning({"prepare_products": True, "split_grads": True, "gamma_kernel": True}):
             self.check_bf16("kda", True, 128)
 
     def test_column_loop_variant_bf16(self):
