@@ -238,46 +238,20 @@ def _time_jax_loop(f, args, kwargs):
 
 
 def device_ms_from_trace(events, calls):
-    """Device kernel time per call (ms) from Chrome-trace ``events`` of ``calls`` calls.
-
-    Sums the durations (µs) of the complete events (``ph == "X"``) on processes whose name
-    holds ``/device:GPU`` (jax.profiler's device planes), keeping only their ``Stream #...``
-    threads where the trace names threads (the device plane also has lines such as the CUPTI
-    overhead); ``None`` when there are none or they sum to zero (a CPU backend, or a trace
-    without device activity).
-    """
-    names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
-             if e.get("ph") == "M" and e.get("name") == "process_name"}
-    gpu = {pid for pid, name in names.items() if "/device:GPU" in name}
-    threads = {(e["pid"], e.get("tid")): e.get("args", {}).get("name", "") for e in events
-               if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu}
-
-    def on_stream(e):
-        name = threads.get((e["pid"], e.get("tid")))
-        return name is None or name.startswith("Stream")
-
-    total = sum(e.get("dur", 0) for e in events
-                if e.get("ph") == "X" and e.get("pid") in gpu and on_stream(e))
+    """Device kernel time per call (ms) from Chrome-trace ``events`` of ``calls`` calls: the
+    summed durations of :func:`lattn_jax.benchmark.device_kernel_events`; ``None`` when there
+    are none or they sum to zero (a CPU backend, or a trace without device activity)."""
+    from lattn_jax import benchmark
+    total = sum(dur for _, dur in benchmark.device_kernel_events(events))
     return total / 1e3 / calls if total > 0 else None
 
 
 def _kernel_ms_jax(f, args, kwargs):
     """§5.4's primary metric for JAX: the summed device durations of every kernel of one call
     (Pallas kernels and XLA glue alike), from a ``jax.profiler`` trace of ``--iters`` calls."""
-    import glob
-    import gzip
-
-    import jax
-    with tempfile.TemporaryDirectory() as tmp:
-        with jax.profiler.trace(tmp):
-            for _ in range(_ITERS.value):
-                jax.block_until_ready(f(*args, **kwargs))
-        files = sorted(glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"), recursive=True))
-        if not files:
-            return None
-        with gzip.open(files[-1]) as fh:
-            events = json.load(fh).get("traceEvents", [])
-    return device_ms_from_trace(events, _ITERS.value)
+    from lattn_jax import benchmark
+    events = benchmark.trace_events(lambda: f(*args, **kwargs), _ITERS.value)
+    return device_ms_from_trace(events, _ITERS.value) if events else None
 
 
 def _to_jax(inputs, op):

@@ -143,6 +143,45 @@ def time_calls(fn: Callable[[], Any], *, warmup: int, iters: int) -> List[float]
     return times
 
 
+def device_kernel_events(events: Sequence[Mapping[str, Any]]) -> List[Tuple[str, float]]:
+    """``(name, duration in µs)`` of every device kernel in Chrome-trace ``events``.
+
+    Keeps the complete events (``ph == "X"``) on processes whose name holds ``/device:GPU``
+    (jax.profiler's device planes), and of those only the ``Stream #...`` threads where the trace
+    names threads (the device plane also has lines such as the CUPTI overhead). Empty on a CPU
+    backend or a trace without device activity.
+    """
+    names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    gpu = {pid for pid, name in names.items() if "/device:GPU" in name}
+    threads = {(e["pid"], e.get("tid")): e.get("args", {}).get("name", "") for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name" and e["pid"] in gpu}
+
+    def on_stream(e):
+        name = threads.get((e["pid"], e.get("tid")))
+        return name is None or name.startswith("Stream")
+
+    return [(e.get("name", ""), float(e.get("dur", 0))) for e in events
+            if e.get("ph") == "X" and e.get("pid") in gpu and on_stream(e)]
+
+
+def trace_events(fn: Callable[[], Any], calls: int) -> List[Mapping[str, Any]]:
+    """Chrome-trace events of ``calls`` synced calls of ``fn()`` under ``jax.profiler.trace``
+    (in a temporary directory); empty if the profiler wrote no trace file."""
+    import glob
+    import gzip
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            for _ in range(calls):
+                jax.block_until_ready(fn())
+        files = sorted(glob.glob(os.path.join(tmp, "**", "*.trace.json.gz"), recursive=True))
+        if not files:
+            return []
+        with gzip.open(files[-1]) as fh:
+            return json.load(fh).get("traceEvents", [])
+
+
 def compile_concurrently(lowered: Mapping[Hashable, Any], *, max_workers: Optional[int] = None,
                          log: Callable[[str], None] = print
                          ) -> Dict[Hashable, Tuple[Any, str, float]]:

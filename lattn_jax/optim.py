@@ -263,52 +263,74 @@ def newton_schulz(x: jax.Array, coeffs: Sequence[Tuple[float, float, float]], *,
     The iteration is transpose-equivariant, so the matrix is transposed to ``[short, long]``
     (``A`` is the small Gram matrix) and back. With ``compute_dtype=bfloat16`` the iterate and
     the Gram matrices are stored in bf16 and the matmuls accumulate in fp32, which is what the
-    authors ran (``fp32_matmul_prec="medium"``: EO casts ``X`` to bf16 for the loop).
+    authors ran (``fp32_matmul_prec="medium"``: EO casts ``X`` to bf16 for the loop). Leading
+    axes are a batch of independent matrices (one batched matmul per product instead of one
+    small matmul per matrix: :func:`orthogonalize` stacks equal-shaped updates this way).
 
     Args:
-      x: ``[m, n]`` matrix (any layout; the result has the same layout).
+      x: ``[..., m, n]`` matrix or batch of matrices (any layout; the result has the same
+        layout); each trailing ``[m, n]`` matrix is normalised and iterated on its own.
       coeffs: per-step ``(a, b, c)``, e.g. from :func:`ns_coefficients`.
       compute_dtype: dtype of the iterate (``jnp.bfloat16`` or ``jnp.float32``).
       eps: floor of the Frobenius norm in the normalisation.
 
     Returns:
-      fp32 ``[m, n]``.
+      fp32 ``[..., m, n]``.
 
     Raises:
-      ValueError: ``x`` is not 2-D.
+      ValueError: ``x`` has fewer than 2 dimensions.
     """
-    if x.ndim != 2:
+    if x.ndim < 2:
         raise ValueError(f"newton_schulz needs a matrix, got {x.shape=}")
     f32 = jnp.float32
     x = x.astype(f32)
-    transpose = x.shape[0] > x.shape[1]
+    transpose = x.shape[-2] > x.shape[-1]
     if transpose:
-        x = x.T  # [short, long]
-    x = x / jnp.maximum(jnp.linalg.norm(x), eps)
-    x = x.astype(compute_dtype)
+        x = jnp.swapaxes(x, -1, -2)  # [..., short, long]
+    norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=(-2, -1), keepdims=True))
+    x = (x / jnp.maximum(norm, eps)).astype(compute_dtype)
 
     def mm(a, b):
         return jnp.matmul(a, b, preferred_element_type=f32)
 
     for a, b, c in coeffs:
-        gram = mm(x, x.T).astype(compute_dtype)  # [short, short]
+        gram = mm(x, jnp.swapaxes(x, -1, -2)).astype(compute_dtype)  # [..., short, short]
         poly = (b * gram.astype(f32) + c * mm(gram, gram)).astype(compute_dtype)
         x = (a * x.astype(f32) + mm(poly, x)).astype(compute_dtype)
     x = x.astype(f32)
-    return x.T if transpose else x
+    return jnp.swapaxes(x, -1, -2) if transpose else x
 
 
 def orthogonalize(coeffs: Sequence[Tuple[float, float, float]], *,
                   compute_dtype: Any = jnp.bfloat16) -> optax.GradientTransformation:
-    """Stateless transform: every (2-D) update leaf ``G -> newton_schulz(G)`` (spec §5.1 step 3)."""
+    """Stateless transform: every (2-D) update leaf ``G -> newton_schulz(G)`` (spec §5.1 step 3).
+
+    Leaves of equal shape and dtype (the same projection in every layer) are stacked and
+    iterated as one batch: the same per-matrix result, with ~5 x 3 batched matmuls per shape
+    instead of per leaf (a 350M model has ~170 such leaves, so the unbatched form launches
+    thousands of small matmuls per step).
+
+    Raises:
+      ValueError: (at update time) for an update leaf that is not 2-D.
+    """
     coeffs = tuple(tuple(float(v) for v in c) for c in coeffs)
 
     def update_fn(updates, state, params=None):
         del params
-        out = jax.tree_util.tree_map(
-            lambda g: newton_schulz(g, coeffs, compute_dtype=compute_dtype).astype(g.dtype),
-            updates)
-        return out, state
+        leaves, treedef = jax.tree_util.tree_flatten(updates)
+        groups = {}
+        for i, g in enumerate(leaves):
+            if g.ndim != 2:
+                raise ValueError(f"Muon orthogonalises matrices; got an update of shape "
+                                 f"{g.shape}")
+            groups.setdefault((g.shape, jnp.dtype(g.dtype)), []).append(i)
+        out = list(leaves)
+        for (_, dtype), idx in groups.items():
+            batch = jnp.stack([leaves[i] for i in idx])
+            ortho = newton_schulz(batch, coeffs, compute_dtype=compute_dtype).astype(dtype)
+            for j, i in enumerate(idx):
+                out[i] = ortho[j]
+        return jax.tree_util.tree_unflatten(treedef, out), state
 
     return optax.GradientTransformation(optax.init_empty_state, update_fn)
 

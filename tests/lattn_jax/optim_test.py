@@ -317,6 +317,32 @@ class NewtonSchulzTest(parameterized.TestCase):
             g, jnp.asarray(QUINTIC, jnp.float32), ns_steps=5, eps=1e-7)
         np.testing.assert_allclose(ours, theirs, atol=2e-5, rtol=0)
 
+    def test_batched_and_grouped_match_each_matrix(self):
+        # A batch [3, m, n] iterates each matrix on its own (its own Frobenius norm: the three
+        # differ in scale by 100x); orthogonalize stacks equal shapes and keeps others apart.
+        coeffs = optim.ns_coefficients("quintic", 5)
+        keys = jax.random.split(jax.random.key(3), 5)
+        mats = [jax.random.normal(keys[i], (48, 80)) * 10.0 ** (i - 1) for i in range(3)]
+        got = optim.newton_schulz(jnp.stack(mats), coeffs, compute_dtype=jnp.float32)
+        for i, m in enumerate(mats):
+            np.testing.assert_allclose(got[i], np_newton_schulz(np.asarray(m)), atol=2e-5,
+                                       rtol=0, err_msg=f"matrix {i}")
+        updates = {"a": mats[0], "b": {"c": mats[1], "d": jax.random.normal(keys[3], (80, 48)),
+                                       "e": mats[2]},
+                   "f": jax.random.normal(keys[4], (32, 32)).astype(jnp.bfloat16)}
+        tx = optim.orthogonalize(coeffs, compute_dtype=jnp.float32)
+        out, _ = tx.update(updates, tx.init(updates))
+        for path, u in jax.tree_util.tree_leaves_with_path(updates):
+            o = dict(jax.tree_util.tree_leaves_with_path(out))[path]
+            self.assertEqual((o.shape, o.dtype), (u.shape, u.dtype))
+            want = np_newton_schulz(np.asarray(u, np.float32))
+            np.testing.assert_allclose(np.asarray(o, np.float32), want,
+                                       atol=2e-2 if u.dtype == jnp.bfloat16 else 2e-5, rtol=0,
+                                       err_msg=jax.tree_util.keystr(path))
+        with self.assertRaisesRegex(ValueError, r"Muon orthogonalises matrices; got an update "
+                                                r"of shape \(2, 3, 4\)"):
+            tx.update({"w": jnp.ones((2, 3, 4))}, tx.init({}))
+
     def test_coefficients(self):
         self.assertEqual(list(optim.ns_coefficients("quintic", 5)), QUINTIC)
         self.assertEqual(list(optim.ns_coefficients("quintic", 10)), QUINTIC * 2)
