@@ -26,14 +26,12 @@ Usage (H200)::
 times then say nothing about GPU speed).
 """
 
+import argparse
 import json
 import os
 import sys
 import time
 from unittest import mock
-
-from absl import app
-from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,12 +39,6 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from pallas_kernels.gdn2 import kernel_gpu  # noqa: E402
-
-_SHAPE = flags.DEFINE_string("shape", "8,4096,16,128", "B,T,H,D (D = K = V, 64 or 128).")
-_ITERS = flags.DEFINE_integer("iters", 20, "Timed calls per variant.")
-_STAGES = flags.DEFINE_list("stages", ["intra", "prepare"], "Stages to time: intra, prepare.")
-_OUT = flags.DEFINE_string("out", None, "Output prefix for .md and .json.")
-_INTERPRET = flags.DEFINE_bool("interpret", False, "Pallas interpret mode (tests only).")
 
 # (label, TUNING overrides) per stage; the first of each stage is the comparison baseline.
 VARIANTS = {
@@ -75,15 +67,40 @@ def parse_shape(text):
     """``"B,T,H,D"`` -> a 4-tuple of ints.
 
     Raises:
-      app.UsageError: naming ``--shape`` if it is not four positive ints with D in (64, 128).
+      ValueError: naming ``--shape`` if it is not four positive ints with D in (64, 128) and T a
+        multiple of the chunk size.
     """
     try:
         shape = tuple(int(x) for x in text.split(","))
     except ValueError:
         shape = ()
     if len(shape) != 4 or min(shape) < 1 or shape[3] not in (64, 128):
-        raise app.UsageError(f"--shape: expected B,T,H,D with D in 64/128, got {text!r}")
+        raise ValueError(f"--shape: expected B,T,H,D with D in 64/128, got {text!r}")
+    if shape[1] % kernel_gpu.CHUNK:
+        raise ValueError(f"--shape: T = {shape[1]} is not a multiple of {kernel_gpu.CHUNK}")
     return shape
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line; a bad ``--shape`` or ``--stages`` exits with a message naming it."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", default="8,4096,16,128", help="B,T,H,D (D = K = V, 64 or 128)")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per variant")
+    p.add_argument("--stages", default="intra,prepare", help="comma-separated: intra, prepare")
+    p.add_argument("--out", default=None, help="output prefix for .md and .json")
+    p.add_argument("--interpret", action="store_true", help="Pallas interpret mode (tests only)")
+    args = p.parse_args(argv)
+    try:
+        args.shape = parse_shape(args.shape)
+    except ValueError as e:
+        p.error(str(e))
+    args.stages = [x for x in args.stages.split(",") if x]
+    for stage in args.stages:
+        if stage not in VARIANTS:
+            p.error(f"--stages: unknown stage {stage!r}; choose from {', '.join(VARIANTS)}")
+    if args.iters < 1:
+        p.error(f"--iters must be >= 1, got {args.iters}")
+    return args
 
 
 def make_inputs(shape, seed=0):
@@ -165,31 +182,25 @@ def markdown(records, shape, command, device):
     return "\n".join(lines) + "\n"
 
 
-def main(argv):
-    del argv
-    shape = parse_shape(_SHAPE.value)
-    if shape[1] % kernel_gpu.CHUNK:
-        raise app.UsageError(f"--shape: T = {shape[1]} is not a multiple of "
-                             f"{kernel_gpu.CHUNK}")
-    for stage in _STAGES.value:
-        if stage not in VARIANTS:
-            raise app.UsageError(f"--stages: unknown stage {stage!r}; choose from "
-                                 f"{', '.join(VARIANTS)}")
+def main(argv=None):
+    args = parse_args(argv)
     records = []
-    for stage in _STAGES.value:
-        records += time_variants(stage, shape, _ITERS.value, _INTERPRET.value)
+    for stage in args.stages:
+        records += time_variants(stage, args.shape, args.iters, args.interpret)
     device = jax.devices()[0].device_kind
-    md = markdown(records, shape, "python " + " ".join(sys.argv), device)
+    command = "python " + " ".join(sys.argv if argv is None else ["channelwise_forms.py"]
+                                   + list(argv))
+    md = markdown(records, args.shape, command, device)
     print(md)
-    if _OUT.value:
-        os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-        with open(_OUT.value + ".md", "w") as f:
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".md", "w") as f:
             f.write(md)
-        with open(_OUT.value + ".json", "w") as f:
-            json.dump(dict(shape=shape, device=device, jax=jax.__version__,
-                           command="python " + " ".join(sys.argv), records=records), f,
-                      indent=1)
+        with open(args.out + ".json", "w") as f:
+            json.dump(dict(shape=args.shape, device=device, jax=jax.__version__,
+                           command=command, records=records), f, indent=1)
+    return records
 
 
 if __name__ == "__main__":
-    app.run(main)
+    main()

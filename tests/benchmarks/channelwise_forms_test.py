@@ -2,7 +2,6 @@
 
 from unittest import mock
 
-from absl import app
 from absl.testing import absltest
 
 from benchmarks import channelwise_forms
@@ -30,10 +29,14 @@ class ChannelwiseFormsTest(absltest.TestCase):
         self.assertIn("| prepare | products, 1 warp |", md)
 
     def test_bad_shape_names_the_flag(self):
-        for text in ("8,4096,16", "8,4096,16,96", "a,b,c,d"):
-            with self.assertRaisesRegex(app.UsageError, "--shape"):
+        for text in ("8,4096,16", "8,4096,16,96", "a,b,c,d", "1,100,2,64"):
+            with self.assertRaisesRegex(ValueError, "--shape"):
                 channelwise_forms.parse_shape(text)
         self.assertEqual(channelwise_forms.parse_shape("1,64,2,128"), (1, 64, 2, 128))
+        for argv in (["--shape=1,64,2"], ["--stages=intra,gamma"], ["--iters=0"]):
+            with self.assertRaises(SystemExit):
+                channelwise_forms.parse_args(argv)
+        self.assertEqual(channelwise_forms.parse_args(["--stages=prepare"]).stages, ["prepare"])
 
 
 if __name__ == "__main__":
