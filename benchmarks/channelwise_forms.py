@@ -15,7 +15,8 @@ variant of its stage (max abs difference, which should be rounding: the forms co
 sums). Inputs: bf16 q, k, kr = beta k (unit-norm-scale k) and fp32 gamma, the within-chunk
 cumsum of ``logsigmoid(N(0, 1))`` per channel (the tune_kernels KDA inputs). Times: median of
 ``--iters`` synced calls and the mean of ``--iters`` back-to-back calls with one sync (``loop``),
-after two warm-up calls, in ms.
+after three untimed calls (the first compiles), in ms. A variant that fails is recorded with its
+error; if the stage's first variant fails, the others get no difference (``None``).
 
 Usage (H200)::
 
@@ -133,7 +134,7 @@ def time_variants(stage, shape, iters, interpret=False):
     """Times every variant of ``stage``; returns a list of record dicts."""
     inputs = make_inputs(shape)
     records, base = [], None
-    for label, overrides in VARIANTS[stage]:
+    for index, (label, overrides) in enumerate(VARIANTS[stage]):
         rec = dict(stage=stage, variant=label, tuning=overrides)
         try:
             with mock.patch.dict(kernel_gpu.TUNING, overrides):
@@ -153,9 +154,9 @@ def time_variants(stage, shape, iters, interpret=False):
                 rec["loop_ms"] = (time.perf_counter() - t0) / iters * 1e3
                 rec["ms"] = sorted(times)[len(times) // 2] * 1e3
             leaves = jax.tree_util.tree_leaves(out)
-            if base is None:
+            if index == 0:
                 base = leaves
-            rec["max_abs_diff"] = max(
+            rec["max_abs_diff"] = None if base is None else max(
                 float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
                 for a, b in zip(leaves, base))
         except Exception as e:  # a variant that fails to compile is recorded, not fatal
@@ -177,8 +178,9 @@ def markdown(records, shape, command, device):
         if "error" in r:
             lines.append(f"| {r['stage']} | {r['variant']} | – | – | {r['error'][:80]} |")
         else:
+            diff = "–" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.2e}"
             lines.append(f"| {r['stage']} | {r['variant']} | {r['ms']:.3f} | "
-                         f"{r['loop_ms']:.3f} | {r['max_abs_diff']:.2e} |")
+                         f"{r['loop_ms']:.3f} | {diff} |")
     return "\n".join(lines) + "\n"
 
 

@@ -242,7 +242,7 @@ def device_ms_from_trace(events, calls):
     summed durations of :func:`lattn_jax.benchmark.device_kernel_events`; ``None`` when there
     are none or they sum to zero (a CPU backend, or a trace without device activity)."""
     from lattn_jax import benchmark
-    total = sum(dur for _, dur in benchmark.device_kernel_events(events))
+    total = sum(dur for _, _, dur in benchmark.device_kernel_events(events))
     return total / 1e3 / calls if total > 0 else None
 
 

@@ -559,7 +559,7 @@ def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tunin
                     for k in CW_LAUNCH_KNOBS})
         out["block_v"], out["block_k"] = channelwise_gpu.block_widths(dim, dim, tuning)
         out["intra_tf32"] = bool(tuning.get("intra_tf32", True))
-        levels = bool(tuning.get("intra_levels", False))
+        levels = bool(tuning.get("intra_levels", True))  # the module default
         # Read by the column-block intra and by intra_grad only.
         out["intra_levels"] = (None if out["intra_token_heads"] and out["split_grads"]
                                else levels)

@@ -143,8 +143,9 @@ def time_calls(fn: Callable[[], Any], *, warmup: int, iters: int) -> List[float]
     return times
 
 
-def device_kernel_events(events: Sequence[Mapping[str, Any]]) -> List[Tuple[str, float]]:
-    """``(name, duration in µs)`` of every device kernel in Chrome-trace ``events``.
+def device_kernel_events(events: Sequence[Mapping[str, Any]]
+                         ) -> List[Tuple[str, float, float]]:
+    """``(name, start, duration)`` (µs) of every device kernel in Chrome-trace ``events``.
 
     Keeps the complete events (``ph == "X"``) on processes whose name holds ``/device:GPU``
     (jax.profiler's device planes), and of those only the ``Stream #...`` threads where the trace
@@ -161,8 +162,20 @@ def device_kernel_events(events: Sequence[Mapping[str, Any]]) -> List[Tuple[str,
         name = threads.get((e["pid"], e.get("tid")))
         return name is None or name.startswith("Stream")
 
-    return [(e.get("name", ""), float(e.get("dur", 0))) for e in events
+    return [(e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0))) for e in events
             if e.get("ph") == "X" and e.get("pid") in gpu and on_stream(e)]
+
+
+def busy_time(intervals: Sequence[Tuple[float, float]]) -> float:
+    """Length of the union of ``(start, duration)`` intervals: time with at least one kernel
+    running (kernels on concurrent streams counted once)."""
+    total, end = 0.0, float("-inf")
+    for start, dur in sorted(intervals):
+        stop = start + dur
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
 
 
 def trace_events(fn: Callable[[], Any], calls: int) -> List[Mapping[str, Any]]:

@@ -9,7 +9,8 @@ One generic recurrence serves Kimi Delta Attention (paper arXiv 2607.07953, Eqs.
 
 Forward and backward are a ``jax.custom_vjp`` over ``(q, k, kr, vw, gamma, h0)``; the products
 ``kr``, ``vw`` and the within-chunk cumsum ``gamma`` of g are computed by XLA outside it, so
-autodiff carries their gradients to beta / b, w and g.
+autodiff carries their gradients to beta / b, w and g (with ``TUNING["gamma_kernel"]`` the
+``custom_vjp`` takes g itself, forms gamma in its ``gamma`` kernel and returns dg).
 
 Chunk form (C = 64 tokens per chunk, entry state S_0 in R^{K x V}, gamma [C, K] the fp32
 within-chunk cumsum of g; the algebra of :func:`pallas_kernels.gdn2.chunked.

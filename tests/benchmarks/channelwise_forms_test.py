@@ -28,6 +28,18 @@ class ChannelwiseFormsTest(absltest.TestCase):
         md = channelwise_forms.markdown(records, (1, 128, 4, 64), "cmd", "cpu")
         self.assertIn("| prepare | products, 1 warp |", md)
 
+    def test_failed_first_variant_leaves_no_baseline(self):
+        # A first variant that fails (an int knob given a string) is recorded with its error,
+        # and the next variant gets no difference rather than a silent 0 against itself.
+        variants = {"intra": [("broken", {"intra_token_heads": "four"}),
+                              ("column loop", {"intra_levels": False, "intra_token_heads": 0})]}
+        with mock.patch.dict(channelwise_forms.VARIANTS, variants):
+            records = channelwise_forms.time_variants("intra", (1, 64, 1, 64), 1, True)
+        self.assertIn("ValueError", records[0]["error"])
+        self.assertIsNone(records[1]["max_abs_diff"])
+        md = channelwise_forms.markdown(records, (1, 64, 1, 64), "cmd", "cpu")
+        self.assertIn("| intra | column loop |", md)
+
     def test_bad_shape_names_the_flag(self):
         for text in ("8,4096,16", "8,4096,16,96", "a,b,c,d", "1,100,2,64"):
             with self.assertRaisesRegex(ValueError, "--shape"):

@@ -15,7 +15,8 @@ def _trace(kernels):
               dict(ph="M", name="process_name", pid=2, args=dict(name="/host:CPU")),
               dict(ph="X", pid=2, tid=1, name="gemm_on_host?", dur=5e4),
               dict(ph="X", pid=1, tid=8, name="cupti", dur=7e4)]
-    return events + [dict(ph="X", pid=1, tid=7, name=n, dur=d) for n, d in kernels]
+    return events + [dict(ph="X", pid=1, tid=7, name=n, ts=1000.0 * i, dur=d)
+                     for i, (n, d) in enumerate(kernels)]
 
 
 class ProfileTrainStepTest(absltest.TestCase):
@@ -33,7 +34,8 @@ class ProfileTrainStepTest(absltest.TestCase):
         rng = np.random.default_rng(0)
         names = ["gdn_prepare", "nvjet_gemm_a", "loop_fusion", "nvjet_gemm_a"]
         durs = rng.uniform(10.0, 500.0, size=len(names))
-        classes, longest = pts.kernel_breakdown(_trace(zip(names, durs)), steps=2)
+        classes, busy, longest = pts.kernel_breakdown(_trace(zip(names, durs)), steps=2)
+        self.assertAlmostEqual(busy, float(np.sum(durs)) / 1e3 / 2)  # no overlap (ts 1 ms apart)
         self.assertAlmostEqual(classes["matmul"], (durs[1] + durs[3]) / 1e3 / 2)
         self.assertAlmostEqual(classes["pallas mixer"], durs[0] / 1e3 / 2)
         self.assertAlmostEqual(sum(classes.values()), float(np.sum(durs)) / 1e3 / 2)
@@ -42,6 +44,12 @@ class ProfileTrainStepTest(absltest.TestCase):
         self.assertEqual(top[0], max(("gdn_prepare", durs[0]), ("nvjet_gemm_a", durs[1] + durs[3]),
                                      ("loop_fusion", durs[2]), key=lambda r: r[1])[0])
         self.assertEqual(dict((n, c) for n, _, _, c in longest)["nvjet_gemm_a"], 1.0)
+
+    def test_busy_time_counts_overlaps_once(self):
+        # [0, 10) and [5, 20) overlap: 20; [30, 31) apart: 1; [2, 3) inside the first: 0.
+        self.assertEqual(pts.bench.busy_time([(5.0, 15.0), (0.0, 10.0), (30.0, 1.0),
+                                              (2.0, 1.0)]), 21.0)
+        self.assertEqual(pts.bench.busy_time([]), 0.0)
 
     def test_bad_flags_name_the_option(self):
         for flag in ("--batch=0", "--iters=0", "--warmup=-1"):
