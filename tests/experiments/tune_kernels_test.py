@@ -28,6 +28,18 @@ SHAPE = (1, 128, 2, 64)  # B, T, H, D: two kernel chunks
 CW_PATH = "pallas_kernels/gdn2/kernel_gpu.py"
 
 
+def _kda_launch_table(program, args, tuning):
+    """The launch table of ``program`` traced with kda's ``TUNING`` set to ``tuning``; TUNING is
+    restored afterwards (and checked to be)."""
+    before = dict(channelwise_gpu.TUNING)
+    try:
+        tune_kernels.set_tuning(tuning, "kda")
+        return tune_kernels.launch_table(jax.jit(program).trace(*args).jaxpr)
+    finally:
+        tune_kernels.set_tuning(before, "kda")
+        assert channelwise_gpu.TUNING == before
+
+
 @pytest.mark.entry
 class TuneKernelsTest(absltest.TestCase):
 
@@ -250,12 +262,7 @@ class TuneKernelsTest(absltest.TestCase):
         # The column-block intra (intra_token_heads=0), with intra's launch.
         tuning = {**before, "backward_state": (8, 3), "prepare": (2, 1), "block_v": 32,
                   "block_k": 32, "intra_grad": (8, 2), "intra_token_heads": 0, "intra": (2, 2)}
-        try:
-            tune_kernels.set_tuning(tuning, "kda")
-            table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
-        finally:
-            tune_kernels.set_tuning(before, "kda")
-        self.assertEqual(channelwise_gpu.TUNING, before)
+        table = _kda_launch_table(fwdbwd, args, tuning)
         self.assertEqual(table["channelwise_backward_state"], [dict(launch=(8, 3), grid=(1, 2))])
         self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
         self.assertEqual(table["channelwise_intra_grad"], [dict(launch=(8, 2), grid=(2, 1, 4))])
@@ -340,12 +347,7 @@ class TuneKernelsTest(absltest.TestCase):
                          (2, None, (8, 1)))
         args = tune_kernels.make_inputs(shape, seed=0, op="kda")
         fwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwd"]
-        try:
-            tune_kernels.set_tuning(tuning, "kda")
-            table = tune_kernels.launch_table(jax.jit(fwd).trace(*args).jaxpr)
-        finally:
-            tune_kernels.set_tuning(before, "kda")
-        self.assertEqual(channelwise_gpu.TUNING, before)
+        table = _kda_launch_table(fwd, args, tuning)
         self.assertEqual(table["channelwise_intra"], [dict(launch=(8, 1), grid=(128, 3))])
         tune_kernels.check_launches(table, tuning, shape, "fwd", op="kda")
         # intra's launch is moot in that form; intra_token's and the head cap are not.
@@ -412,12 +414,7 @@ class TuneKernelsTest(absltest.TestCase):
         fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
         tuning = {**before, "prepare_products": True, "products": (2, 3), "split_grads": True,
                   "grad_blocks": (2, 2), "intra_grad": (8, 2)}
-        try:
-            tune_kernels.set_tuning(tuning, "kda")
-            table = tune_kernels.launch_table(jax.jit(fwdbwd).trace(*args).jaxpr)
-        finally:
-            tune_kernels.set_tuning(before, "kda")
-        self.assertEqual(channelwise_gpu.TUNING, before)
+        table = _kda_launch_table(fwdbwd, args, tuning)
         self.assertEqual(table["channelwise_products"], [dict(launch=(2, 3), grid=(2, 1, 3))])
         self.assertEqual(table["channelwise_grad_blocks"], [dict(launch=(2, 2), grid=(2, 1, 4))])
         self.assertNotIn("channelwise_intra_grad", table)
@@ -459,11 +456,7 @@ class TuneKernelsTest(absltest.TestCase):
         args = tune_kernels.make_inputs(shape, seed=0, op="kda")
         fwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwd"]
         tuning = {**before, "gamma_kernel": True, "gamma": (2, 3)}
-        try:
-            tune_kernels.set_tuning(tuning, "kda")
-            table = tune_kernels.launch_table(jax.jit(fwd).trace(*args).jaxpr)
-        finally:
-            tune_kernels.set_tuning(before, "kda")
+        table = _kda_launch_table(fwd, args, tuning)
         self.assertEqual(table["channelwise_gamma"], [dict(launch=(2, 3), grid=(2, 1))])
         tune_kernels.check_launches(table, tuning, shape, "fwd", op="kda")
         with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_gamma traced with "
