@@ -62,6 +62,28 @@ def check_block_widths(block_v: int, block_k: int, dk: int, dv: int) -> None:
                              "(and be >= 16)")
 
 
+def abstract_gpu_target(device_kind: str = "NVIDIA H200"):
+    """Context manager: lower Pallas Triton kernels for ``device_kind`` on a host without a GPU.
+
+    jaxlib <= 0.10.x emits Triton IR at lowering time and needs no device; later jaxlibs compile
+    it then and read the target from the current device, or from an abstract mesh's
+    ``AbstractDevice``, which this enters (a no-op on versions without one). For export/lowering
+    only (``jax.export`` with ``platforms=["cuda"]``, ``lower(lowering_platforms=("cuda",))``).
+    """
+    import contextlib
+    from jax._src import mesh as mesh_lib
+    device_cls = getattr(mesh_lib, "AbstractDevice", None)
+    if device_cls is None or not hasattr(jax.sharding, "use_abstract_mesh"):
+        return contextlib.nullcontext()
+    try:
+        mesh = jax.sharding.AbstractMesh(
+            (1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
+            abstract_device=device_cls(device_kind=device_kind, num_cores=None, platform="gpu"))
+    except TypeError:  # an AbstractMesh without abstract devices
+        return contextlib.nullcontext()
+    return jax.sharding.use_abstract_mesh(mesh)
+
+
 def named_pallas_call(kernel, cfg, *, inputs, outputs, grid, launch, name):
     """Calls ``kernel(**refs, cfg=cfg)`` with every named input/output ref (``None`` if absent).
 

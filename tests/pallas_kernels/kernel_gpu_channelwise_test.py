@@ -21,8 +21,10 @@ from absl.testing import absltest, parameterized
 
 from pallas_kernels import gdn2 as gdn2_ops
 from pallas_kernels import kda as kda_ops
+from pallas_kernels.common import pallas_gpu
 from pallas_kernels.gdn2 import kernel_gpu
 from pallas_kernels.gdn2 import reference as gdn2_reference
+from pallas_kernels.kda import kernel_gpu as kda_kernel
 from pallas_kernels.kda import reference as kda_reference
 from tests import tolerances
 
@@ -199,6 +201,41 @@ class InterpretTest(parameterized.TestCase):
 
 
 @pytest.mark.gpu
+class TritonLoweringTest(parameterized.TestCase):
+    """KDA forward + backward lowers to Triton for CUDA on any host (``jax.export``, no GPU), in
+    the default form and with every TUNING option on, so an op the lowering rejects fails here
+    rather than on the next GPU run (jax >= 0.11 compiles the Triton kernels at this point)."""
+
+    @parameterized.parameters(
+        ({}, ["intra", "prepare", "forward", "backward_state", "intra_grad", "backward_chunk"]),
+        ({"prepare_products": True, "split_grads": True, "gamma_kernel": True},
+         ["gamma", "intra", "products", "prepare", "forward", "backward_state", "grad_blocks",
+          "backward_chunk"]))
+    def test_exports_for_cuda(self, options, kernels):
+        inputs, _ = _inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
+        segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+
+        def fwdbwd_gpu(q, k, v, g, beta):
+            def f(q, k, v, g, beta):
+                return kda_kernel.kda_pallas(q, k, v, g, beta, scale=0.125,
+                                             segment_ids=segment_ids)[0]
+            o, vjp = jax.vjp(f, q, k, v, g, beta)
+            return vjp(o) + (o,)
+
+        with _tuning(options), pallas_gpu.abstract_gpu_target():
+            exported = jax.export.export(
+                jax.jit(fwdbwd_gpu), platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+                    "__gpu$xla.gpu.triton")])(*args)
+            text = exported.mlir_module()
+        for name in kernels:
+            self.assertIn(f'name = "channelwise_{name}"', text)
+        absent = {"products", "gamma", "grad_blocks", "intra_grad"} - set(kernels)
+        for name in absent:
+            self.assertNotIn(f'name = "channelwise_{name}"', text)
+
+
 class GpuTest(parameterized.TestCase):
     """bf16 inputs compiled by Triton on a GPU, against the fp32 reference (FLA's gates)."""
 

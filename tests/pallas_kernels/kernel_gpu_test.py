@@ -24,6 +24,7 @@ from absl.testing import absltest, parameterized
 
 from pallas_kernels import gated_delta_rule as gdr
 from pallas_kernels import simple_gla as sg
+from pallas_kernels.common import pallas_gpu
 from pallas_kernels.gated_delta_rule import kernel_gpu
 from pallas_kernels.gated_delta_rule import reference as gdr_reference
 from pallas_kernels.simple_gla import reference as sg_reference
@@ -364,7 +365,8 @@ class TritonLoweringTest(parameterized.TestCase):
         args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
         # No jax.clear_caches() needed: scalar_decay_pallas has no inner jit, and its custom_vjp
         # op is built per static configuration, split_forward included.
-        with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": split, "segments": segments}):
+        with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": split, "segments": segments}), \
+                pallas_gpu.abstract_gpu_target():
             exported = jax.export.export(
                 jax.jit(fwdbwd), platforms=["cuda"],
                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
