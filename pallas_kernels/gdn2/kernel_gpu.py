@@ -344,6 +344,17 @@ def _decayed_products_grad(cfg, dms, xs, y, gam_ref, gam, b, h, t0, ksl):
     return jax.lax.fori_loop(0, NSUB - 1, off_diagonal, carry)
 
 
+def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j, ksl):
+    """Factors of the off-diagonal block (rows of a later 16-row block, column block j) for
+    rows with gamma ``g_rows`` (``[SUB, BK]``): ``(e^{g_rows - r_j}, k_j * e^{r_j - gamma_j})``,
+    both ``[SUB, BK]`` fp32, r_j = gamma at the last row of block j, so both exponents are
+    <= 0 within a chunk and need no mask."""
+    jsl = pl.ds(t0 + SUB * j, SUB)
+    ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, ksl][None, :]
+    return (jnp.exp(g_rows - ref_row),
+            k_ref[b, jsl, h, ksl].astype(F32) * jnp.exp(ref_row - gam_ref[b, jsl, h, ksl]))
+
+
 def _expand_diagonal(d):
     """``[C, SUB]`` diagonal blocks (row i holds ``M[i, SUB*(i // SUB) + j]`` at column j) ->
     the block-diagonal ``[C, C]`` matrix, by an exact 0/1 product in IEEE fp32."""
@@ -530,20 +541,16 @@ def _intra(cfg, q, k, kr, gam):
     """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_kernel`."""
     bsz, _, heads, _ = k.shape
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
-    if cfg["intra_heads"]:
-        outs = _pallas(
-            _intra_tokens_kernel, cfg,
-            inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
-            outputs=[("mkd_ref", mats), ("mqd_ref", mats)],
-            grid=(bsz * cfg["n_chunks"] * CHUNK, heads // cfg["intra_heads"]),
-            tune="intra_token", name="channelwise_intra",
-        )
-        return outs["mkd_ref"], outs["mqd_ref"]
+    if cfg["intra_heads"]:  # token-parallel: a program per token and head group
+        kernel, tune = _intra_tokens_kernel, "intra_token"
+        grid = (bsz * cfg["n_chunks"] * CHUNK, heads // cfg["intra_heads"])
+    else:  # a program per diagonal block
+        kernel, tune, grid = _intra_kernel, "intra", (cfg["n_chunks"], bsz * heads, NSUB)
     outs = _pallas(
-        _intra_kernel, cfg,
+        kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
         outputs=[("mkd_ref", mats), ("mqd_ref", mats)],
-        grid=(cfg["n_chunks"], bsz * heads, NSUB), tune="intra", name="channelwise_intra",
+        grid=grid, tune=tune, name="channelwise_intra",
     )
     return outs["mkd_ref"], outs["mqd_ref"]
 
@@ -681,9 +688,7 @@ def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_r
         doc_j = doc_rows(jsl)
         dmq = same_doc(scale * mm_nt(do_ref[b, csl, h, :], vn_j, mdt), doc_c, doc_j)
         dmk = same_doc(-mm_nt(dr_ref[b, csl, h, :], vn_j, mdt), doc_c, doc_j)
-        ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, :][None, :]
-        row_fac = jnp.exp(g_c - ref_row)
-        yc = k_ref[b, jsl, h, :].astype(F32) * jnp.exp(ref_row - gam_ref[b, jsl, h, :])
+        row_fac, yc = _column_block_factors(k_ref, gam_ref, g_c, b, h, t0, j, slice(None))
         return (dq + row_fac * _intra_dot(dmq, yc, ((1,), (0,)), cfg),
                 dkr + row_fac * _intra_dot(dmk, yc, ((1,), (0,)), cfg))
 
@@ -780,13 +785,11 @@ def _products_kernel(q_ref, k_ref, kr_ref, gam_ref, mko_ref, mqo_ref, *, cfg):
     bk = cfg["block_k"]
 
     def pair(j, carry):
-        csl = pl.ds(t0 + SUB * j, SUB)
         outs = [jnp.zeros((SUB, SUB), F32) for _ in range(2)]
         for kb in range(cfg["dk"] // bk):
             ksl = pl.ds(kb * bk, bk)
-            ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, ksl][None, :]
-            row_fac = jnp.exp(gam_ref[b, rsl, h, ksl] - ref_row)
-            y = k_ref[b, csl, h, ksl].astype(F32) * jnp.exp(ref_row - gam_ref[b, csl, h, ksl])
+            row_fac, y = _column_block_factors(k_ref, gam_ref, gam_ref[b, rsl, h, ksl], b, h,
+                                               t0, j, ksl)
             for i, x_ref in enumerate((kr_ref, q_ref)):
                 x = x_ref[b, rsl, h, ksl].astype(F32) * row_fac
                 outs[i] = outs[i] + _intra_dot(x, y, ((1,), (1,)), cfg)
@@ -1200,8 +1203,13 @@ def channelwise_delta_pallas(
     padded = -(-seq_len // CHUNK) * CHUNK
     n_chunks = padded // CHUNK
     q, k, kr, vw = (common.pad_time(x.astype(mdt), CHUNK) for x in (q, k, k_read, v_write))
+    cfg = _config(
+        batch=bsz, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=float(scale),
+        has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
+        return_residual=return_residual,
+    )
     gpad = common.pad_time(g.astype(F32), CHUNK)  # [B, Tp, H, K]; padding is inert (g = 0)
-    if TUNING["gamma_kernel"]:
+    if cfg["gamma_kernel"]:
         gin = gpad  # the kernels take the within-chunk cumsum themselves
     else:
         gin = jnp.cumsum(gpad.reshape(bsz, n_chunks, CHUNK, heads, dk), axis=2)
@@ -1210,12 +1218,7 @@ def channelwise_delta_pallas(
         initial_state = jnp.zeros((bsz, heads, dk, dv), F32)
     h0 = initial_state.astype(F32)
     docs = () if segment_ids is None else pallas_gpu.docs_from_segment_ids(segment_ids, padded)
-    static = tuple(sorted(_config(
-        batch=bsz, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=float(scale),
-        has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
-        return_residual=return_residual,
-    ).items()))
-    outs = _make_core(static)(q, k, kr, vw, gin, h0, docs)
+    outs = _make_core(tuple(sorted(cfg.items())))(q, k, kr, vw, gin, h0, docs)
     u = outs[2][:, :seq_len] if return_residual else None
     return outs[0][:, :seq_len], outs[1], u
 
