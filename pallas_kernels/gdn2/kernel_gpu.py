@@ -156,7 +156,7 @@ TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
     "backward_state": (4, 2),
-    "backward_chunk": (8, 1),
+    "backward_chunk": (4, 1),
     "intra": (4, 1),
     "intra_grad": (4, 1),
     "block_v": None,
@@ -167,9 +167,9 @@ TUNING = {
     "intra_token": (4, 1),
     "prepare_products": False,
     "products": (4, 1),
-    "split_grads": False,
-    "grad_blocks": (8, 1),
-    "gamma_kernel": False,
+    "split_grads": True,
+    "grad_blocks": (4, 1),
+    "gamma_kernel": True,
     "gamma": (4, 1),
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64

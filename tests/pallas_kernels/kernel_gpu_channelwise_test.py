@@ -200,7 +200,6 @@ class InterpretTest(parameterized.TestCase):
             gdn2_ops.gdn2(*gdn2_args, chunk_size=32, implementation="pallas_interpret")
 
 
-@pytest.mark.gpu
 class TritonLoweringTest(parameterized.TestCase):
     """KDA forward + backward lowers to Triton for CUDA on any host (``jax.export``, no GPU), in
     the default form and with every TUNING option on, so an op the lowering rejects fails here
@@ -236,6 +235,7 @@ class TritonLoweringTest(parameterized.TestCase):
             self.assertNotIn(f'name = "channelwise_{name}"', text)
 
 
+@pytest.mark.gpu
 class GpuTest(parameterized.TestCase):
     """bf16 inputs compiled by Triton on a GPU, against the fp32 reference (FLA's gates)."""
 
