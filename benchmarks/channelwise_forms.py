@@ -1,22 +1,27 @@
-r"""Times the forms of the per-channel-decay (KDA / GDN-2) forward kernels one stage at a time.
+r"""Times variants of the per-channel-decay (KDA / GDN-2) forward kernels one stage at a time.
 
 The whole-op tables (``experiments/bench_kernels.py``) and the launch sweep
-(``experiments/tune_kernels.py``) time a pass end to end; this binary isolates the two forward
-stages whose forms ``pallas_kernels/gdn2/kernel_gpu.TUNING`` selects:
+(``experiments/tune_kernels.py``) time a pass end to end; this binary isolates two forward
+stages of ``pallas_kernels/gdn2/kernel_gpu.py`` and times them under ``TUNING`` variants:
 
-* ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``kernel_gpu._intra``) as the column
-  loop, the quad levels (``intra_levels``) and the token-parallel kernel (``intra_token_heads``
-  heads per program, ``intra_token`` launch);
-* ``prepare``: ``kernel_gpu._prepare`` (which calls ``intra``) with the off-diagonal blocks in
-  prepare itself or in the ``products`` kernel (``prepare_products``).
+* ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``kernel_gpu._intra``, the
+  token-parallel kernel) with ``intra_token_heads`` heads per program at most and the
+  ``intra_token`` launch;
+* ``prepare``: ``kernel_gpu._prepare`` (which calls ``intra``) with its launch (``prepare``) and
+  key-block width (``block_k``).
+
+(Until 2026-11-30 the stages compared kernel forms: the column loop and quad levels of
+``intra``, and a ``products`` kernel for prepare's off-diagonal blocks; those lost on the H200
+and were deleted, see the history above ``kernel_gpu.TUNING``.)
 
 Each variant is a set of TUNING overrides; every variant's outputs are compared with the first
-variant of its stage (max abs difference, which should be rounding: the forms compute the same
-sums). Inputs: bf16 q, k, kr = beta k (unit-norm-scale k) and fp32 gamma, the within-chunk
-cumsum of ``logsigmoid(N(0, 1))`` per channel (the tune_kernels KDA inputs). Times: median of
-``--iters`` synced calls and the mean of ``--iters`` back-to-back calls with one sync (``loop``),
-after three untimed calls (the first compiles), in ms. A variant that fails is recorded with its
-error; if the stage's first variant fails, the others get no difference (``None``).
+variant of its stage (max abs difference, which should be rounding: the variants compute the
+same sums, in another order at most). Inputs: bf16 q, k, kr = beta k (unit-norm-scale k) and
+fp32 gamma, the within-chunk cumsum of ``logsigmoid(N(0, 1))`` per channel (the tune_kernels
+KDA inputs). Times: median of ``--iters`` synced calls and the mean of ``--iters``
+back-to-back calls with one sync (``loop``), after three untimed calls (the first compiles), in
+ms. A variant that fails is recorded with its error; if the stage's first variant fails, the
+others get no difference (``None``).
 
 Usage (H200)::
 
@@ -44,8 +49,6 @@ from pallas_kernels.gdn2 import kernel_gpu  # noqa: E402
 # (label, TUNING overrides) per stage; the first of each stage is the comparison baseline.
 VARIANTS = {
     "intra": [
-        ("column loop", {"intra_levels": False, "intra_token_heads": 0}),
-        ("quad levels", {"intra_levels": True, "intra_token_heads": 0}),
         ("tokens, 1 head, 1 warp", {"intra_token_heads": 1, "intra_token": (1, 1)}),
         ("tokens, 2 heads, 2 warps", {"intra_token_heads": 2, "intra_token": (2, 1)}),
         ("tokens, 4 heads, 2 warps", {"intra_token_heads": 4, "intra_token": (2, 1)}),
@@ -54,12 +57,11 @@ VARIANTS = {
         ("tokens, 16 heads, 4 warps", {"intra_token_heads": 16, "intra_token": (4, 1)}),
     ],
     "prepare": [
-        ("off-diagonal in prepare", {"prepare_products": False}),
-        ("products, 1 warp", {"prepare_products": True, "products": (1, 1)}),
-        ("products, 2 warps", {"prepare_products": True, "products": (2, 1)}),
-        ("products, 4 warps", {"prepare_products": True, "products": (4, 1)}),
-        ("products 4 warps, prepare 4 warps",
-         {"prepare_products": True, "products": (4, 1), "prepare": (4, 1)}),
+        ("8 warps, block_k 64", {"prepare": (8, 1), "block_k": 64}),
+        ("4 warps, block_k 64", {"prepare": (4, 1), "block_k": 64}),
+        ("8 warps, 2 stages, block_k 64", {"prepare": (8, 2), "block_k": 64}),
+        ("8 warps, block_k 32", {"prepare": (8, 1), "block_k": 32}),
+        ("4 warps, block_k 32", {"prepare": (4, 1), "block_k": 32}),
     ],
 }
 

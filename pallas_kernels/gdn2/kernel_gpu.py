@@ -7,10 +7,10 @@ One generic recurrence serves Kimi Delta Attention (paper arXiv 2607.07953, Eqs.
     S~_t = Diag(exp g_t) S_{t-1},  u_t = vw_t - S~_t^T kr_t,  S_t = S~_t + k_t u_t^T,
     o_t  = scale S_t^T q_t.
 
-Forward and backward are a ``jax.custom_vjp`` over ``(q, k, kr, vw, gamma, h0)``; the products
-``kr``, ``vw`` and the within-chunk cumsum ``gamma`` of g are computed by XLA outside it, so
-autodiff carries their gradients to beta / b, w and g (with ``TUNING["gamma_kernel"]`` the
-``custom_vjp`` takes g itself, forms gamma in its ``gamma`` kernel and returns dg).
+Forward and backward are a ``jax.custom_vjp`` over ``(q, k, kr, vw, g, h0)``; the products
+``kr``, ``vw`` are computed by XLA outside it, so autodiff carries their gradients to beta / b
+and w. Inside, the ``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
+returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
 
 Chunk form (C = 64 tokens per chunk, entry state S_0 in R^{K x V}, gamma [C, K] the fp32
 within-chunk cumsum of g; the algebra of :func:`pallas_kernels.gdn2.chunked.
@@ -36,31 +36,28 @@ gamma non-increasing, so gamma_i <= r_J <= gamma_j)::
 so the off-diagonal blocks are three whole-tile products
 ``(X * [i later than J] e^{gamma - r_J}) (Y * [j in J] e^{r_J - gamma})^T``; exponents are
 masked (``where``) before ``exp``, so masked-out entries stay finite and used ones are exact.
-The four 16 x 16 diagonal blocks take the elementwise form, one column j at a time (FLA's
-``chunk_kda`` sub-intra loop): ``sum_c X_Ic Y_jc exp(gamma_Ic - gamma_jc)`` masked to
-``i >= j`` before ``exp``, with the block's rows loaded as ``[16, K]`` tiles and row j as a
-``[K]`` vector. That loop is a long chain of small dependent steps, so it runs in its own small
-programs (``intra``, ``intra_grad``: one per chunk, head and diagonal block), many resident per
-SM, rather than inside the big per-chunk programs (which hold ~255 registers per thread, so only
-one or two fit per SM and nothing hides the loop's latency; H200, 2026-11-29: KDA forward
-7.2 -> 4.3 ms and forward+backward 26.9 -> 24.1 ms at S1 from this split). A ``[16, 16]`` block
-is placed into (or selected from) a ``[C, C]`` tile by 0/1 products in IEEE fp32, which are
-exact (Triton cannot slice registers).
+The four 16 x 16 diagonal blocks (``j <= i`` in one block) take the elementwise form
+``sum_c X_ic Y_jc exp(gamma_ic - gamma_jc)``, whose exponents are ``<= 0``. In the forward the
+``intra`` kernel forms them one row at a time (:func:`_intra_tokens_kernel`: one program per
+token and group of heads, a loop over the row's ``i mod 16 + 1`` columns, as FLA's
+token-parallel KDA intra kernel). That chain of small dependent steps runs in tiny programs,
+many resident per SM, rather than inside the big per-chunk programs (which hold ~255 registers
+per thread, so only one or two fit per SM and nothing hides its latency; H200, 2026-11-29: KDA
+forward 7.2 -> 4.3 ms and forward+backward 26.9 -> 24.1 ms at S1 when the diagonal blocks left
+them, then in per-block programs). In the backward ``grad_blocks`` takes each diagonal block
+in four 4-row quads (:func:`_intra_grad_levels`): pairs in different quads by the
+factorisation above with the quad's last row as reference, pairs in one quad elementwise.
+``prepare`` places the diagonal blocks into its ``[C, C]`` tiles by a 0/1 product in IEEE
+fp32, which is exact (Triton cannot slice registers).
 
 Kernels (grid in brackets):
 
-* ``intra`` [B*T, H/nh] (default, token-parallel: :func:`_intra_tokens_kernel`, one program
-  per token and group of nh heads) or [chunks, B*H, 4] (one per diagonal block, the column loop
-  or with ``TUNING["intra_levels"]`` :func:`_intra_levels`): the diagonal 16 x 16 blocks of Mk
-  and Mq (fp32 ``[B, H, N, C, 16]``, row i holding its block's columns).
-* ``gamma`` [chunks, B*H] (only with ``TUNING["gamma_kernel"]``): the within-chunk cumsum of g
-  (else XLA's, outside the ``custom_vjp``); ``backward_chunk`` then returns dg (the reverse
-  cumsum of d gamma) instead of d gamma.
-* ``products`` [chunks, B*H, 3] (only with ``TUNING["prepare_products"]``): the off-diagonal
-  16 x 16 blocks of Mk and Mq (:func:`_products_kernel`), which ``prepare`` then loads.
-* ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products,
-  looping over key blocks of ``BK`` channels, or from ``products``; plus ``intra``'s diagonal
-  blocks), A by
+* ``gamma`` [chunks, B*H]: the within-chunk cumsum of g (fp32 ``[B, Tp, H, K]``).
+* ``intra`` [B*T, H/nh]: the diagonal 16 x 16 blocks of Mk and Mq (fp32 ``[B, H, N, C, 16]``,
+  row i holding its block's columns), one program per token and group of nh heads
+  (:func:`intra_heads`).
+* ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products, looping
+  over key blocks of ``BK`` channels, plus ``intra``'s diagonal blocks), A by
   :func:`pallas_kernels.gated_delta_rule.kernel_gpu._unit_lower_inverse`, then W, U (input
   dtype), A and Mq (fp32, ``[B, H, N, C, C]``), ``qg = q * E_in``, ``kg = k * E_out`` (input
   dtype) and e_all (fp32 ``[B, H, N, K]``).
@@ -72,25 +69,25 @@ Kernels (grid in brackets):
       dVn = scale Mq^T dO + kg dS_C (+ the cotangent of the returned residual)
       dS_0 = Diag(e_all) dS_C + scale qg^T dO - W^T dVn
 
-* ``intra_grad`` [chunks, B*H, 4]: the share of dq, dkr and dk (fp32 ``[B, T, H, K]``) that
-  flows through the diagonal blocks of Mq and Mk, whose cotangents it forms from its own rows
-  (below); ``backward_chunk`` adds it. ``TUNING["intra_levels"]`` selects the quad-level form
-  (:func:`_intra_grad_levels`, the default) over the column loop. With
-  ``TUNING["split_grads"]`` the ``grad_blocks`` kernel (same grid, :func:`_grad_blocks_kernel`)
-  runs instead and forms every block's share (off-diagonal ones too, from ``dR = A^T dVn``
-  computed by XLA), so ``backward_chunk`` skips its off-diagonal products.
+* ``grad_blocks`` [chunks, B*H, 4] (:func:`_grad_blocks_kernel`): the share of dq, dkr and dk
+  (fp32 ``[B, T, H, K]``) that flows through Mq and Mk, for the rows of one 16-row block, from
+  ``dR = A^T dVn`` (XLA, :func:`_chunk_dr`; also ``dvw``)::
+
+      dMq = scale mask_incl(dO Vn^T);  dMk = -mask_strict(dR Vn^T)
+      dX_ic = sum_j dM_ij Y_jc e_ijc,  dY_jc = sum_(M, i) dM_ij X_ic e_ijc
+
+  (X = q for Mq, kr for Mk, Y = k, ``e_ijc = exp(gamma_ic - gamma_jc)``), each ``[16, 16]``
+  block of dM formed from V-contractions of the rows involved; the off-diagonal blocks by the
+  factorisation above, the diagonal one by the quad levels.
 * ``backward_chunk`` [chunks, B*H, K/BK]: the parameter gradients of one chunk and key block
-  from S_0, dS_C, dO, Vn, dVn and A (each key channel's gradient only needs the [C, C]
-  matrices, which every key block recomputes from V-reductions)::
+  from S_0, dS_C, dO, Vn and dR::
 
       dqg = scale dO S_0^T;  dkg = Vn dS_C^T;  de_all = rowsum(S_0 * dS_C)
-      dMq = scale mask_incl(dO Vn^T);  dR = A^T dVn;  dvw = dR
-      d(kr E_in) = -dR S_0^T;  dMk = -mask_strict(dR Vn^T)
+      d(kr E_in) = -dR S_0^T
 
-  and, through M_ij = sum_c X_ic Y_jc exp(gamma_ic - gamma_jc) (the same block factorisation),
-  ``dX_ic = sum_j dM_ij Y_jc e_ijc``, ``dY_jc = sum_i dM_ij X_ic e_ijc``,
-  ``d gamma_ic += X_ic dX_ic - Y_ic dY_ic``, plus the elementwise factors (E_in, E_out, e_all)
-  by ``d exp(x) = exp(x) dx``. XLA turns d gamma into dg (transpose of the cumsum).
+  plus ``grad_blocks``' partials and the elementwise factors (E_in, E_out, e_all) by
+  ``d exp(x) = exp(x) dx``; ``d gamma_ic`` collects ``X_ic dX_ic - Y_ic dY_ic`` of the
+  products and the factors' shares, and dg is its within-chunk reverse cumsum.
 
 Numerics: states, decays, the inverse and every accumulation are fp32. The state-pass products
 take input-dtype operands (bf16 inputs: bf16 tensor cores, fp32 accumulate, as FLA); the
@@ -125,57 +122,41 @@ AUTO_SELECT = True
 # Triton launch parameters per kernel: (num_warps, num_stages); the value-block width of the
 # sequential kernels and the key-block width of prepare/backward_chunk (None: min(dim, 64));
 # intra_tf32: decay-scaled intra-chunk products of half-precision inputs in TF32 (else in the
-# input dtype). A launch may also be a dict {key head dim: pair} (launch_for). Swept on the H200
-# at S1 with experiments/tune_kernels.py --op=kda (benchmarks/results/tune-kda-h200-2026-11-29.md):
-# intra 4 warps (2: -0.4%, 8: -0.9%), intra_grad 4 (8: -23%), backward_chunk 8 (4: -7.6%),
-# block_k 64 (32: -0.4%); prepare 8 warps (4: -3.4%, measured before the intra split).
-# forward / backward_state are unswept since the split (8 warps were within 0.3% before it).
-# intra_levels: the intra_grad kernel's (and without intra_token_heads the intra kernel's)
-# 16-step column loop as 3 quad-level products plus 4 elementwise steps (_intra_levels,
-# _intra_grad_levels). H200, S1, 2026-11-30 (tune-kda-h200-2026-11-30.md): KDA fwd+bwd 24.2 ->
-# 13.5 ms wall (intra_grad 12.8 -> 2.1 ms), but intra alone 1.05 -> 1.30 ms. A two-loop
-# intra_grad (intra_grad_rows) was in that sweep but never timed (moot once intra_levels won);
-# deleted.
-# intra_token_heads: the forward intra kernel token-parallel (_intra_tokens_kernel) with up to
-# that many heads per program (0: off); intra_token its launch. H200, S1, 2026-11-30
-# (benchmarks/channelwise_forms.py, intra-kda-h200-2026-11-30.md): 0.632 ms (4 heads, 4
-# warps) against 1.302 (levels) and 1.051 (column loop); 1 head 1 warp 0.715, 2 heads 2 warps
-# 0.642, 8 heads 0.660, 16 heads 0.655.
-# prepare_products: the off-diagonal 16 x 16 blocks of Mk and Mq in their own kernel
-# (_products_kernel) instead of prepare's masked whole [C, C] tiles (4x the exp and dot work);
-# off until timed on a GPU (interpret-checked; kernel_registers: prepare 255 regs + 64 B spills
-# -> 212 regs, no spills; products 206 regs at 4 warps, 254 at 1 warp, no spills).
-# split_grads: the grad_blocks kernel (_grad_blocks_kernel) for every gradient through Mq and Mk
-# instead of intra_grad plus backward_chunk's masked whole-tile off-diagonal loop; off until
-# timed (kernel_registers: backward_chunk 255 regs + 1180 B spills -> 243 regs, no spills;
-# grad_blocks 255 regs + 32 B spills at 8 warps, 788 B at 4).
-# gamma_kernel: the within-chunk cumsum of g in a Pallas kernel (XLA's reduce_window took
-# 0.32 ms at S1, and its transpose in the backward 0.32 ms more) and its transpose folded into
-# backward_chunk; off until timed (gamma kernel 64 regs).
+# input dtype); intra_token_heads: the cap (>= 1) on heads per program of the intra kernel
+# (intra_heads), intra_token its launch. A launch may also be a dict {key head dim: pair}
+# (launch_for). Swept on the H200 at S1 with experiments/tune_kernels.py --op=kda
+# (benchmarks/results/tune-kda-h200-2026-11-29.md, -11-30.md): block_k 64 (32: -0.4%);
+# prepare 8 warps (4: -3.4%, measured before the intra split); intra 4 heads per program at 4
+# warps (benchmarks/channelwise_forms.py, intra-kda-h200-2026-11-30.md: 0.632 ms; 1 head 1 warp
+# 0.715, 2 heads 2 warps 0.642, 8 heads 0.660, 16 heads 0.655); grad_blocks and backward_chunk
+# 4 warps (below). forward / backward_state are unswept since the intra split (8 warps were
+# within 0.3% before it).
+# History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a
+# 16-step column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then
+# 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches (tune-kda5). Losing
+# forms deleted: XLA's cumsum of g outside the custom_vjp (gamma kernel: 13.425 -> 12.875 ms);
+# the intra_grad kernel plus backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210,
+# 10.33 at 4 warps); the forward intra as a per-block column loop (1.056 ms) or quad levels
+# (1.312), against 0.627 token-parallel (4 heads, 4 warps); a products kernel for prepare's
+# off-diagonal blocks (prepare + products 2.497 ms against 2.513 in prepare, and the KDA
+# objective 12.210 ms either way).
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
     "backward_state": (4, 2),
     "backward_chunk": (4, 1),
-    "intra": (4, 1),
-    "intra_grad": (4, 1),
     "block_v": None,
     "block_k": None,
     "intra_tf32": True,
-    "intra_levels": True,
     "intra_token_heads": 4,
     "intra_token": (4, 1),
-    "prepare_products": False,
-    "products": (4, 1),
-    "split_grads": True,
     "grad_blocks": (4, 1),
-    "gamma_kernel": True,
     "gamma": (4, 1),
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
 NSUB = CHUNK // SUB
-QUAD = 4  # rows per quad of a diagonal block (TUNING["intra_levels"])
+QUAD = 4  # rows per quad of a diagonal block (_intra_grad_levels)
 
 _iota = pallas_gpu.iota
 _last = pallas_gpu.last_element
@@ -206,7 +187,8 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
     """The static configuration of one call (hashable once sorted into a tuple).
 
     Raises:
-      ValueError: if ``TUNING``'s block widths do not divide the head dims.
+      ValueError: if ``TUNING``'s block widths do not divide the head dims, or
+        ``TUNING["intra_token_heads"]`` is not >= 1.
     """
     block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
@@ -214,11 +196,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 block_v=block_v, block_k=block_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
-                intra_levels=bool(TUNING["intra_levels"]),
-                intra_heads=intra_heads(heads),
-                prepare_products=bool(TUNING["prepare_products"]),
-                split_grads=bool(TUNING["split_grads"]),
-                gamma_kernel=bool(TUNING["gamma_kernel"]))
+                intra_heads=intra_heads(heads))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -278,12 +256,6 @@ def _block_factors(gam, ref_row, block, size=SUB):
     return row_fac, col_fac
 
 
-def _row_decay(g_blk, g_j, j):
-    """``[SUB, BK]`` ``exp(g_blk - g_j)`` on rows ``i >= j`` of a diagonal block, else 0."""
-    valid = _iota((SUB, 1), 0) >= j
-    return jnp.where(valid, jnp.exp(jnp.where(valid, g_blk - g_j[None, :], 0.0)), 0.0)
-
-
 def _decay_factors(gam, g_last, conn, last, conn_last):
     """``(E_in [C, BK], E_out [C, BK], e_all [BK])`` with the document masks applied."""
     e_in = jnp.exp(gam)
@@ -316,34 +288,6 @@ def _decayed_products(cfg, xs, y, gam_ref, gam, b, h, t0, ksl):
     return jax.lax.fori_loop(0, NSUB - 1, off_diagonal, outs)
 
 
-def _decayed_products_grad(cfg, dms, xs, y, gam_ref, gam, b, h, t0, ksl):
-    """Off-diagonal-block gradients of ``M = sum_c X_ic Y_jc exp(gam_ic - gam_jc)``.
-
-    ``dms`` are the masked ``[C, C]`` cotangents, ``xs`` their ``[C, BK]`` left operands, ``y``
-    the shared right operand. Returns ``(dxs, dy)``::
-
-        dX_ic = sum_j dM_ij Y_jc e_ijc,   dY_jc = sum_(M, i) dM_ij X_ic e_ijc
-
-    (each ``[C, BK]`` fp32) over the entries of :func:`_decayed_products` (row block later than
-    column block); the diagonal blocks' share comes from the ``intra_grad`` kernel. The gamma
-    gradient is ``X dX - Y dY`` (summed over pairs).
-    """
-    def off_diagonal(blk, carry):
-        dxs, dy = carry
-        ref_row = gam_ref[b, t0 + SUB * blk + SUB - 1, h, ksl]
-        row_fac, col_fac = _block_factors(gam, ref_row, blk)
-        y_blk = y * col_fac
-        dy_blk = jnp.zeros_like(y)
-        new = []
-        for dm, x, dx in zip(dms, xs, dxs):
-            new.append(dx + row_fac * _intra_dot(dm, y_blk, ((1,), (0,)), cfg))
-            dy_blk = dy_blk + _intra_dot(dm, x * row_fac, ((0,), (0,)), cfg)
-        return tuple(new), dy + col_fac * dy_blk
-
-    carry = (tuple(jnp.zeros_like(y) for _ in xs), jnp.zeros_like(y))
-    return jax.lax.fori_loop(0, NSUB - 1, off_diagonal, carry)
-
-
 def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j, ksl):
     """Factors of the off-diagonal block (rows of a later 16-row block, column block j) for
     rows with gamma ``g_rows`` (``[SUB, BK]``): ``(e^{g_rows - r_j}, k_j * e^{r_j - gamma_j})``,
@@ -365,41 +309,8 @@ def _expand_diagonal(d):
 
 
 # ----------------------------------------------------------------------------------------------
-# Kernels 0 / 4a: the diagonal 16 x 16 blocks of the decayed products, one program per block.
-
-
-def _intra_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
-    """Diagonal block ``blk`` of Mk (X = kr) and Mq (X = q), Y = k, over all key channels.
-
-    ``sum_c X_ic Y_jc exp(gam_ic - gam_jc)`` for i, j in the block, ``j <= i``, one column j
-    at a time (FLA's ``chunk_kda`` sub-intra loop) with the exponent masked before ``exp``;
-    written as rows ``SUB*blk ..`` of the ``[C, SUB]`` layout of :func:`_expand_diagonal`.
-    One small program per (chunk, head, block) keeps many programs resident per SM.
-    """
-    n = pl.program_id(0)
-    b, h = _program_bh(cfg, 1)
-    blk = pl.program_id(2)
-    r0 = n * CHUNK + SUB * blk
-    rsl = pl.ds(r0, SUB)
-    g_blk = gam_ref[b, rsl, h, :]  # [SUB, K]
-    xs = (kr_ref[b, rsl, h, :].astype(F32), q_ref[b, rsl, h, :].astype(F32))
-    local = pl.ds(SUB * blk, SUB)
-    if cfg["intra_levels"]:
-        mkd, mqd = _intra_levels(cfg, xs, k_ref, gam_ref, g_blk, b, h, r0)
-        mkd_ref[b, h, n, local, :] = mkd
-        mqd_ref[b, h, n, local, :] = mqd
-        return
-
-    def column(j, tiles):
-        t = r0 + j
-        dec = _row_decay(g_blk, gam_ref[b, t, h, :], j) * k_ref[b, t, h, :].astype(F32)[None, :]
-        col = _iota((SUB, SUB), 1) == j
-        return tuple(jnp.where(col, jnp.sum(x * dec, axis=1)[:, None], tile)
-                     for x, tile in zip(xs, tiles))
-
-    mkd, mqd = jax.lax.fori_loop(0, SUB, column, tuple(jnp.zeros((SUB, SUB), F32) for _ in xs))
-    mkd_ref[b, h, n, local, :] = mkd
-    mqd_ref[b, h, n, local, :] = mqd
+# Small programs: intra (the diagonal 16 x 16 blocks of Mk and Mq), grad_blocks (every gradient
+# through Mq and Mk, the diagonal blocks by quad levels) and gamma.
 
 
 def _quad_cfg(cfg):
@@ -413,50 +324,22 @@ def _expand_quads(a):
     return jnp.broadcast_to(a[:, None, :], (n, QUAD, width)).reshape(n * QUAD, width)
 
 
-def _intra_levels(cfg, xs, k_ref, gam_ref, g_blk, b, h, r0):
-    """``TUNING["intra_levels"]``: :func:`_intra_kernel`'s block in 7 steps instead of 16.
-
-    The 16-row block is cut into four 4-row quads. Pairs in different quads (quad(i) > m =
-    quad(j)) factor through the reference r = gamma at the last row of quad m, as the
-    off-diagonal blocks do (``gamma_i <= r <= gamma_j``, both factors <= 1, exponents masked
-    before ``exp``): three whole-tile ``[SUB, K] x [K, SUB]`` products. Pairs in one quad take
-    the elementwise form by the quad's row m (j = 4 quad(i) + m <= i), loaded for all four quads
-    at once with stride 4 and repeated over each quad's rows: four steps. With fp32 inputs
-    the products are IEEE fp32 (equal to the column loop to rounding); with half-precision
-    inputs they run in TF32 whatever ``intra_tf32`` says (as the off-diagonal blocks do by
-    default; never in bf16), where the column loop is fp32 elementwise.
-    """
-    cfg = _quad_cfg(cfg)
-    rows = _iota((SUB, 1), 0)
-    r2, c2 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
-    y = k_ref[b, pl.ds(r0, SUB), h, :].astype(F32)
-    tiles = [jnp.zeros((SUB, SUB), F32) for _ in xs]
-    for m in range(SUB // QUAD - 1):
-        row_fac, col_fac = _block_factors(g_blk, gam_ref[b, r0 + QUAD * m + QUAD - 1, h, :], m,
-                                          QUAD)
-        yc = y * col_fac
-        tiles = [t + _intra_dot(x * row_fac, yc, ((1,), (1,)), cfg) for t, x in zip(tiles, xs)]
-    for m in range(QUAD):
-        qsl = pl.ds(r0 + m, SUB // QUAD, stride=QUAD)
-        g_m = _expand_quads(gam_ref[b, qsl, h, :])
-        valid = rows % QUAD >= m
-        ye = _expand_quads(k_ref[b, qsl, h, :].astype(F32)) * jnp.where(
-            valid, jnp.exp(jnp.where(valid, g_blk - g_m, 0.0)), 0.0)
-        at = (c2 == (r2 // QUAD) * QUAD + m) & (r2 % QUAD >= m)
-        tiles = [t + jnp.where(at, jnp.sum(x * ye, axis=1)[:, None], 0.0)
-                 for t, x in zip(tiles, xs)]
-    return tiles
-
-
 def _intra_grad_levels(cfg, dms, xs, k_ref, gam_ref, g_blk, b, h, r0):
-    """``TUNING["intra_levels"]`` in the backward: the gradients through one diagonal block by
-    :func:`_intra_levels`' decomposition. Returns ``(dX for each X, dY)``, ``[SUB, K]`` fp32.
+    """The gradients through the diagonal 16-row block at rows ``r0 ..`` of the decayed products
+    (for :func:`_grad_blocks_kernel`). Returns ``(dX for each X, dY)``, ``[SUB, K]`` fp32.
 
-    Quad level (quad(i) > m = quad(j)): ``dX += row_fac (dM @ (Y col_fac))`` and
-    ``dY += col_fac (dM^T @ (X row_fac))``, as the off-diagonal blocks. Within a quad
-    (j = 4 quad(i) + m): ``dX_i += dM[i, j] Y_j e_ij`` and row j of dY gets the sum over its
-    quad's rows i of ``dM[i, j] X_i e_ij`` (a sum over each quad's four rows, placed at row m).
-    Precision as :func:`_intra_levels`.
+    ``dms`` are the block's masked ``[SUB, SUB]`` cotangents, ``xs`` their ``[SUB, K]`` fp32
+    left operands, Y = k, ``g_blk`` the block's gamma. The block is cut into four 4-row quads.
+    Pairs in different quads (quad(i) > m = quad(j)) factor through the reference r = gamma at
+    the last row of quad m, as the off-diagonal blocks do (``gamma_i <= r <= gamma_j``, both
+    factors <= 1, exponents masked before ``exp``): ``dX += row_fac (dM @ (Y col_fac))`` and
+    ``dY += col_fac (dM^T @ (X row_fac))``, three whole-tile steps. Pairs in one quad
+    (j = 4 quad(i) + m <= i) take the elementwise form by the quad's row m, loaded for all four
+    quads at once with stride 4 and repeated over each quad's rows (four steps):
+    ``dX_i += dM[i, j] Y_j e_ij`` and row j of dY gets the sum over its quad's rows i of
+    ``dM[i, j] X_i e_ij`` (a sum over each quad's four rows, placed at row m). The products run
+    in IEEE fp32 for fp32 inputs and in TF32 otherwise, whatever ``intra_tf32`` says (never in
+    the half input dtype).
     """
     cfg = _quad_cfg(cfg)
     rows = _iota((SUB, 1), 0)
@@ -493,11 +376,20 @@ def _intra_grad_levels(cfg, dms, xs, k_ref, gam_ref, g_blk, b, h, r0):
 
 
 def intra_heads(heads: int, tuning=None) -> int:
-    """Heads per program of the token-parallel ``intra`` kernel: the largest power of two that
-    divides ``heads`` and is at most ``TUNING["intra_token_heads"]`` (0: that form is off)."""
-    cap = int((TUNING if tuning is None else tuning).get("intra_token_heads") or 0)
+    """Heads per program of the ``intra`` kernel: the largest power of two that divides
+    ``heads`` and is at most ``TUNING["intra_token_heads"]`` (``tuning``'s, if given).
+
+    Raises:
+      ValueError: if that cap is not an int >= 1.
+    """
+    raw = (TUNING if tuning is None else tuning).get("intra_token_heads")
+    try:
+        cap = int(raw)
+    except (TypeError, ValueError):
+        cap = 0
     if cap < 1:
-        return 0
+        raise ValueError('TUNING["intra_token_heads"] (the cap on heads per program of the '
+                         f'intra kernel) must be an int >= 1, got {raw!r}')
     n = 1
     while n * 2 <= cap and heads % (n * 2) == 0:
         n *= 2
@@ -505,14 +397,15 @@ def intra_heads(heads: int, tuning=None) -> int:
 
 
 def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
-    """``TUNING["intra_token_heads"]``: :func:`_intra_kernel`'s output one row at a time.
+    """The ``intra`` kernel: the diagonal 16 x 16 blocks of Mk and Mq, one row at a time.
 
     One program per token t (row i of its chunk) and group of ``cfg["intra_heads"]`` heads
     writes row i of the diagonal blocks: ``sum_c X_ic k_jc exp(gamma_ic - gamma_jc)`` for the
     columns j <= i of i's 16-row block (X = kr for Mk, q for Mq), a loop of ``i mod 16 + 1``
-    steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape). The
-    exponents are <= 0 (j <= i and g <= 0), so nothing is masked; fp32 elementwise, exactly the
-    column loop's sums. Tiny programs with few registers: many resident per SM.
+    steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape); the
+    columns j > i stay 0. The exponents are <= 0 (j <= i and g <= 0), so nothing is masked;
+    fp32 elementwise. Document masks are applied by ``prepare``. Tiny programs with few
+    registers: many resident per SM.
     """
     tp = cfg["n_chunks"] * CHUNK
     tok = pl.program_id(0)
@@ -538,86 +431,27 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
 
 
 def _intra(cfg, q, k, kr, gam):
-    """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_kernel`."""
+    """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_tokens_kernel`
+    (a program per token and group of ``cfg["intra_heads"]`` heads)."""
     bsz, _, heads, _ = k.shape
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
-    if cfg["intra_heads"]:  # token-parallel: a program per token and head group
-        kernel, tune = _intra_tokens_kernel, "intra_token"
-        grid = (bsz * cfg["n_chunks"] * CHUNK, heads // cfg["intra_heads"])
-    else:  # a program per diagonal block
-        kernel, tune, grid = _intra_kernel, "intra", (cfg["n_chunks"], bsz * heads, NSUB)
     outs = _pallas(
-        kernel, cfg,
+        _intra_tokens_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
         outputs=[("mkd_ref", mats), ("mqd_ref", mats)],
-        grid=grid, tune=tune, name="channelwise_intra",
+        grid=(bsz * cfg["n_chunks"] * CHUNK, heads // cfg["intra_heads"]), tune="intra_token",
+        name="channelwise_intra",
     )
     return outs["mkd_ref"], outs["mqd_ref"]
 
 
-def _intra_grad_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
-                       do_ref, vn_ref, dvn_ref, dq_ref, dk_ref, dkr_ref, *, cfg):
-    """Gradients through the diagonal block ``blk`` of Mq and Mk (rows of that block only).
-
-    The block's cotangents are formed here from V-contractions of its own rows:
-    ``dMq = scale mask_incl(dO_B Vn_B^T)``, ``dMk = -mask_strict(dR_B Vn_B^T)`` with
-    ``dR_B = (A[:, B])^T dVn``; then, one column j at a time, ``dX_i += dM_ij Y_j e_ij`` and
-    ``dY_j = sum_i dM_ij X_i e_ij``. Writes fp32 partials of ``dq``, ``dkr`` and ``dk`` that
-    ``backward_chunk`` adds to its own (with their gamma share ``q dq + kr dkr - k dk``).
-    """
-    n = pl.program_id(0)
-    b, h = _program_bh(cfg, 1)
-    blk = pl.program_id(2)
-    mdt = cfg["mm_dtype"]
-    r0 = n * CHUNK + SUB * blk
-    rsl = pl.ds(r0, SUB)
-    vn_b = vn_ref[b, rsl, h, :]
-    dr_b = mm_tn(a_ref[b, h, n, :, pl.ds(SUB * blk, SUB)],
-                 dvn_ref[b, pl.ds(n * CHUNK, CHUNK), h, :], mdt)  # [SUB, V]
-    rows, cols = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
-    doc, _, _ = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, rsl)
-    same = None if doc is None else doc[:, None] == doc[None, :]  # symmetric
-    incl = rows >= cols if same is None else (rows >= cols) & same
-    strict = incl & (rows > cols)
-    dmq = jnp.where(incl, cfg["scale"] * mm_nt(do_ref[b, rsl, h, :], vn_b, mdt), 0.0)
-    dmk = jnp.where(strict, -mm_nt(dr_b, vn_b, mdt), 0.0)
-    g_blk = gam_ref[b, rsl, h, :]  # [SUB, K]
-    if cfg["intra_levels"]:
-        dq, dkr, dk = _intra_grad_levels(
-            cfg, (dmq, dmk), (q_ref[b, rsl, h, :].astype(F32), kr_ref[b, rsl, h, :].astype(F32)),
-            k_ref, gam_ref, g_blk, b, h, r0)
-        dq_ref[b, rsl, h, :] = dq
-        dkr_ref[b, rsl, h, :] = dkr
-        dk_ref[b, rsl, h, :] = dk
-        return
-    q = q_ref[b, rsl, h, :].astype(F32)
-    kr = kr_ref[b, rsl, h, :].astype(F32)
-
-    def column(j, carry):
-        dq, dkr = carry
-        t = r0 + j
-        dec = _row_decay(g_blk, gam_ref[b, t, h, :], j)  # [SUB, K]
-        col = cols == j
-        dmq_j = jnp.sum(jnp.where(col, dmq, 0.0), axis=1)[:, None]  # dMq[i, j]
-        dmk_j = jnp.sum(jnp.where(col, dmk, 0.0), axis=1)[:, None]
-        dk_ref[b, t, h, :] = jnp.sum((dmq_j * q + dmk_j * kr) * dec, axis=0)  # dY row j
-        ydec = dec * k_ref[b, t, h, :].astype(F32)[None, :]
-        return dq + dmq_j * ydec, dkr + dmk_j * ydec
-
-    zero = jnp.zeros_like(g_blk)
-    dq, dkr = jax.lax.fori_loop(0, SUB, column, (zero, zero))
-    dq_ref[b, rsl, h, :] = dq
-    dkr_ref[b, rsl, h, :] = dkr
-
-
 def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, do_ref,
                         vn_ref, dr_ref, dq_ref, dk_ref, dkr_ref, *, cfg):
-    """``TUNING["split_grads"]``: every gradient through Mq and Mk for the rows of 16-row block c.
+    """The ``grad_blocks`` kernel: every gradient through Mq and Mk for the rows of block c.
 
-    Replaces ``intra_grad`` plus ``backward_chunk``'s off-diagonal loop. With ``dMq = scale
-    mask_incl(dO Vn^T)``, ``dMk = -mask_strict(dR Vn^T)`` (``dR = A^T dVn``, given in the input
-    dtype, as ``backward_chunk`` rounds it for its products), formed per ``[16, 16]`` block from
-    V-contractions of the rows involved::
+    With ``dMq = scale mask_incl(dO Vn^T)``, ``dMk = -mask_strict(dR Vn^T)`` (``dR = A^T dVn``
+    from :func:`_chunk_dr`, in the input dtype), formed per ``[16, 16]`` block from
+    V-contractions of the rows involved (c the 16-row block of grid axis 2)::
 
         dX_c = sum_{j < c} (dM_cj (k_j e^{r_j - gamma_j})) * e^{gamma_c - r_j} + diag_c
         dY_c = e^{r_c - gamma_c} * sum_{i > c} (dMq_ic^T (q_i E_ic) + dMk_ic^T (kr_i E_ic))
@@ -626,9 +460,8 @@ def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_r
     (X = q for Mq, kr for Mk; r_j = gamma at the last row of block j, every exponent <= 0),
     the diagonal block's share ``diag_c`` by :func:`_intra_grad_levels`. Writes fp32 partials
     of dq, dkr and dk that ``backward_chunk`` adds (with their gamma share). Products as
-    :func:`_intra_dot`; the dM blocks in the input dtype with fp32 accumulation, as
-    ``backward_chunk`` forms them; the diagonal block always in the quad-level form (whatever
-    ``intra_levels`` says). The three parts run one after another so that few
+    :func:`_intra_dot`, the diagonal block's as :func:`_intra_grad_levels`; the dM blocks in
+    the input dtype with fp32 accumulation. The three parts run one after another so that few
     ``[16, K]`` tiles are live at once.
     """
     n = pl.program_id(0)
@@ -697,27 +530,12 @@ def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_r
     dkr_ref[b, csl, h, :] = dkr
 
 
-def _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn):
-    """``(dq, dk, dkr)`` partials, fp32 ``[B, T, H, K]``, from :func:`_intra_grad_kernel`."""
-    bsz, tp, heads, dk = q.shape
-    tok = jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)
-    outs = _pallas(
-        _intra_grad_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
-        + _doc_inputs(docs) + [("a_ref", amat), ("do_ref", do), ("vn_ref", vn),
-                               ("dvn_ref", dvn)],
-        outputs=[("dq_ref", tok), ("dk_ref", tok), ("dkr_ref", tok)],
-        grid=(cfg["n_chunks"], bsz * heads, NSUB), tune="intra_grad",
-        name="channelwise_intra_grad",
-    )
-    return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"]
-
-
 def _chunk_dr(cfg, amat, dvn):
-    """``dR = A^T dVn`` per chunk, ``[B, T, H, V]`` in the input dtype (XLA; ``split_grads``).
+    """``dR = A^T dVn`` per chunk, ``[B, T, H, V]`` in the input dtype (XLA).
 
-    Operands in the input dtype with fp32 accumulation, rounded once: the value
-    ``backward_chunk``'s products see (they cast dR to the input dtype) and ``dvw`` itself.
+    Operands in the input dtype with fp32 accumulation, rounded once: the value the products
+    of ``grad_blocks`` and ``backward_chunk`` see (they cast dR to the input dtype) and ``dvw``
+    itself.
     """
     bsz, tp, heads, dv = dvn.shape
     mdt = cfg["mm_dtype"]
@@ -744,8 +562,8 @@ def _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr):
 
 
 def _gamma_kernel(g_ref, gam_ref, *, cfg):
-    """``TUNING["gamma_kernel"]``: ``gamma = cumsum(g)`` within one chunk, fp32 (Triton scan),
-    one program per (chunk, head), key blocks of ``block_k`` channels."""
+    """The ``gamma`` kernel: ``gamma = cumsum(g)`` within one chunk, fp32 (Triton scan), one
+    program per (chunk, head), key blocks of ``block_k`` channels."""
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     tsl = pl.ds(n * CHUNK, CHUNK)
@@ -764,56 +582,6 @@ def _gamma(cfg, g):
     return outs["gam_ref"]
 
 
-def _products_kernel(q_ref, k_ref, kr_ref, gam_ref, mko_ref, mqo_ref, *, cfg):
-    """``TUNING["prepare_products"]``: the off-diagonal 16 x 16 blocks of Mk and Mq.
-
-    One program per (chunk, head, row block a = 1..3) forms blocks ``(a, j)``, ``j < a``::
-
-        M[a, j] = (X_a * e^{gamma_a - r_j}) (k_j * e^{r_j - gamma_j})^T,   X = kr (Mk), q (Mq)
-
-    with ``r_j`` = gamma at the last row of block j (both exponents <= 0 within a chunk, as in
-    the module docstring's factorisation, so nothing is masked), from ``[16, K]`` tiles loaded
-    per block; products as :func:`_intra_dot`. Writes only those blocks of ``mko``/``mqo``
-    (fp32 ``[B, H, N, C, C]``); ``prepare`` selects them by a block mask, so the unwritten
-    entries are never read as values.
-    """
-    n = pl.program_id(0)
-    b, h = _program_bh(cfg, 1)
-    a = pl.program_id(2) + 1
-    t0 = n * CHUNK
-    rsl = pl.ds(t0 + SUB * a, SUB)
-    bk = cfg["block_k"]
-
-    def pair(j, carry):
-        outs = [jnp.zeros((SUB, SUB), F32) for _ in range(2)]
-        for kb in range(cfg["dk"] // bk):
-            ksl = pl.ds(kb * bk, bk)
-            row_fac, y = _column_block_factors(k_ref, gam_ref, gam_ref[b, rsl, h, ksl], b, h,
-                                               t0, j, ksl)
-            for i, x_ref in enumerate((kr_ref, q_ref)):
-                x = x_ref[b, rsl, h, ksl].astype(F32) * row_fac
-                outs[i] = outs[i] + _intra_dot(x, y, ((1,), (1,)), cfg)
-        for out, ref in zip(outs, (mko_ref, mqo_ref)):
-            ref[b, h, n, pl.ds(SUB * a, SUB), pl.ds(SUB * j, SUB)] = out
-        return carry
-
-    jax.lax.fori_loop(0, a, pair, 0)
-
-
-def _products(cfg, q, k, kr, gam):
-    """``(Mk_off, Mq_off)``, fp32 ``[B, H, N, C, C]`` (lower off-diagonal blocks written)."""
-    bsz, _, heads, _ = k.shape
-    mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, CHUNK), F32)
-    outs = _pallas(
-        _products_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
-        outputs=[("mko_ref", mats), ("mqo_ref", mats)],
-        grid=(cfg["n_chunks"], bsz * heads, NSUB - 1), tune="products",
-        name="channelwise_products",
-    )
-    return outs["mko_ref"], outs["mqo_ref"]
-
-
 def _conn_last(conn):
     """``conn`` of the chunk's last token (a scalar), or ``None`` without documents."""
     return None if conn is None else _last(conn, CHUNK)
@@ -824,8 +592,7 @@ def _conn_last(conn):
 
 
 def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref,
-                    mkd_ref, mqd_ref, mko_ref, mqo_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref,
-                    kg_ref, e_ref, *, cfg):
+                    mkd_ref, mqd_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref, *, cfg):
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     t0 = n * CHUNK
@@ -836,19 +603,14 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
     conn_last = _conn_last(conn)
     mk = _expand_diagonal(mkd_ref[b, h, n, :, :])
     mq = _expand_diagonal(mqd_ref[b, h, n, :, :])
-    if mko_ref is not None:  # off-diagonal blocks from the products kernel
-        later = (_iota((CHUNK, CHUNK), 0) // SUB) > (_iota((CHUNK, CHUNK), 1) // SUB)
-        mk = mk + jnp.where(later, mko_ref[b, h, n, :, :], 0.0)
-        mq = mq + jnp.where(later, mqo_ref[b, h, n, :, :], 0.0)
     for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
         q = q_ref[b, tsl, h, ksl].astype(F32)
         k = k_ref[b, tsl, h, ksl].astype(F32)
         gam = gam_ref[b, tsl, h, ksl]
-        if mko_ref is None:
-            kr = kr_ref[b, tsl, h, ksl].astype(F32)
-            mk_b, mq_b = _decayed_products(cfg, (kr, q), k, gam_ref, gam, b, h, t0, ksl)
-            mk, mq = mk + mk_b, mq + mq_b
+        kr = kr_ref[b, tsl, h, ksl].astype(F32)
+        mk_b, mq_b = _decayed_products(cfg, (kr, q), k, gam_ref, gam, b, h, t0, ksl)
+        mk, mq = mk + mk_b, mq + mq_b
         g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
         e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
         qg_ref[b, tsl, h, ksl] = (q * e_in).astype(qg_ref.dtype)
@@ -874,7 +636,6 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
 
 def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
     mkd, mqd = _intra(cfg, q, k, kr, gam)
-    mko, mqo = _products(cfg, q, k, kr, gam) if cfg["prepare_products"] else (None, None)
     bsz, tp, heads, dk = k.shape
     dv = vw.shape[-1]
     nc = cfg["n_chunks"]
@@ -883,8 +644,7 @@ def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
     outs = _pallas(
         _prepare_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
-        + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd), ("mko_ref", mko),
-                               ("mqo_ref", mqo)],
+        + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd)],
         outputs=[
             ("w_ref", tok_k),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
@@ -1004,14 +764,14 @@ def _backward_state(cfg, prep, do, dvn_in, dht):
 # Kernel 4: per-chunk parameter gradients.
 
 
-def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
-                           hs_ref, dhs_ref, do_ref, vn_ref, dvn_ref, dr_ref,
-                           dqd_ref, dkd_ref, dkrd_ref,
-                           dq_ref, dk_ref, dkr_ref, dvw_ref, dgam_ref, *, cfg):
+def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref,
+                           hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dqd_ref, dkd_ref, dkrd_ref,
+                           dq_ref, dk_ref, dkr_ref, dgam_ref, *, cfg):
     """Gradients of one chunk for one block of key channels (grid axis 2); module docstring.
 
-    Every key channel's gradient depends on the others only through the ``[C, C]`` cotangents
-    dMq and dMk (V-reductions), which each key block recomputes; dvw comes from key block 0.
+    The share through Mq and Mk comes from ``grad_blocks`` (``dqd``, ``dkd``, ``dkrd``); this
+    kernel adds the state terms and the decay factors' shares and writes dg, the within-chunk
+    reverse cumsum of d gamma.
     """
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
@@ -1023,19 +783,11 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
     mdt = cfg["mm_dtype"]
     scale = cfg["scale"]
 
-    doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+    _, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
     conn_last = _conn_last(conn)
-    incl, strict = _chunk_masks(doc)
     do = do_ref[b, tsl, h, :]
     vn = vn_ref[b, tsl, h, :]
-    if dr_ref is not None:  # split_grads: dR = A^T dVn (= dvw) from _chunk_dr
-        dr = dr_ref[b, tsl, h, :]
-    else:
-        dr = mm_tn(a_ref[b, h, n, :, :], dvn_ref[b, tsl, h, :], mdt)  # A^T dVn  [C, V]
-
-        @pl.when(kb_id == 0)
-        def _():
-            dvw_ref[b, tsl, h, :] = dr.astype(dvw_ref.dtype)
+    dr = dr_ref[b, tsl, h, :]  # dR = A^T dVn (= dvw) from _chunk_dr
 
     q = q_ref[b, tsl, h, ksl].astype(F32)
     k = k_ref[b, tsl, h, ksl].astype(F32)
@@ -1056,58 +808,44 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
     is_last = _iota((CHUNK, 1), 0) == CHUNK - 1
     dgam = dgam + jnp.where(is_last, (jnp.sum(dk_out, axis=0) + de_all * e_all)[None, :], 0.0)
 
-    # The decayed intra-chunk products Mq (X = q) and Mk (X = kr), Y = k.
-    dq_m = dqd_ref[b, tsl, h, ksl]  # the diagonal blocks' share (intra_grad), or every
-    dkr_m = dkrd_ref[b, tsl, h, ksl]  # block's (split_grads: the grad_blocks kernel)
+    # The decayed intra-chunk products Mq (X = q) and Mk (X = kr), Y = k: every block's share
+    # from the grad_blocks kernel.
+    dq_m = dqd_ref[b, tsl, h, ksl]
+    dkr_m = dkrd_ref[b, tsl, h, ksl]
     dk_m = dkd_ref[b, tsl, h, ksl]
-    if not cfg["split_grads"]:
-        dmq = jnp.where(incl, scale * mm_nt(do, vn, mdt), 0.0)
-        dmk = jnp.where(strict, -mm_nt(dr, vn, mdt), 0.0)
-        (dq_o, dkr_o), dk_o = _decayed_products_grad(cfg, (dmq, dmk), (q, kr), k, gam_ref, gam,
-                                                     b, h, t0, ksl)
-        dq_m, dkr_m, dk_m = dq_m + dq_o, dkr_m + dkr_o, dk_m + dk_o
     dgam = dgam + q * dq_m + kr * dkr_m - k * dk_m
     dq_ref[b, tsl, h, ksl] = (dq + dq_m).astype(dq_ref.dtype)
     dkr_ref[b, tsl, h, ksl] = (dkr + dkr_m).astype(dkr_ref.dtype)
     dk_ref[b, tsl, h, ksl] = (dk + dk_m).astype(dk_ref.dtype)
-    if cfg["gamma_kernel"]:
-        # dg = the within-chunk reverse cumsum of d gamma, as total - cumsum + self (fp32;
-        # Triton lowers only the forward scan): rounding ~ eps * sum |d gamma| of the chunk.
-        dgam = jnp.sum(dgam, axis=0)[None, :] - jnp.cumsum(dgam, axis=0) + dgam
+    # dg = the within-chunk reverse cumsum of d gamma, as total - cumsum + self (fp32; Triton
+    # lowers only the forward scan): rounding ~ eps * sum |d gamma| of the chunk.
+    dgam = jnp.sum(dgam, axis=0)[None, :] - jnp.cumsum(dgam, axis=0) + dgam
     dgam_ref[b, tsl, h, ksl] = dgam
 
 
 def _backward_chunk(cfg, q, k, kr, vw, gam, docs, amat, hs, dhs, do, vn, dvn):
-    split = cfg["split_grads"]
-    if split:
-        dr = _chunk_dr(cfg, amat, dvn)
-        dqd, dkd, dkrd = _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr)
-        amat = dvn = None
-    else:
-        dr = None
-        dqd, dkd, dkrd = _intra_grad(cfg, q, k, kr, gam, docs, amat, do, vn, dvn)
+    """``(dq, dk, dkr, dvw, dg)``: ``dR = A^T dVn`` (:func:`_chunk_dr`, also dvw), the
+    ``grad_blocks`` kernel, then the ``backward_chunk`` kernel."""
+    dr = _chunk_dr(cfg, amat, dvn)
+    dqd, dkd, dkrd = _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr)
     bsz, tp, heads, dk = q.shape
-    dv = vw.shape[-1]
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), q.dtype)
     outs = _pallas(
         _backward_chunk_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
         + _doc_inputs(docs)
-        + [("a_ref", amat), ("hs_ref", hs), ("dhs_ref", dhs), ("do_ref", do), ("vn_ref", vn),
-           ("dvn_ref", dvn), ("dr_ref", dr), ("dqd_ref", dqd), ("dkd_ref", dkd),
-           ("dkrd_ref", dkrd)],
+        + [("hs_ref", hs), ("dhs_ref", dhs), ("do_ref", do), ("vn_ref", vn), ("dr_ref", dr),
+           ("dqd_ref", dqd), ("dkd_ref", dkd), ("dkrd_ref", dkrd)],
         outputs=[
             ("dq_ref", tok_k),
             ("dk_ref", tok_k),
             ("dkr_ref", tok_k),
-            ("dvw_ref", None if split
-             else jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
             ("dgam_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), F32)),
         ],
         grid=(cfg["n_chunks"], bsz * heads, dk // cfg["block_k"]), tune="backward_chunk",
         name="channelwise_backward_chunk",
     )
-    dvw = dr.astype(vw.dtype) if split else outs["dvw_ref"]
+    dvw = dr.astype(vw.dtype)
     return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"], dvw, outs["dgam_ref"]
 
 
@@ -1121,21 +859,20 @@ def _make_core(static):
     cfg = dict(static)
     residual = cfg["return_residual"]
 
-    def forward(q, k, kr, vw, gin, h0, docs, *, save):
-        # gin: gamma, or g itself under gamma_kernel (the cumsum then runs here, and the
-        # backward returns dg rather than d gamma).
-        gam = _gamma(cfg, gin) if cfg["gamma_kernel"] else gin
+    def forward(q, k, kr, vw, g, h0, docs, *, save):
+        # The within-chunk cumsum of g runs here, so the backward returns dg (not d gamma).
+        gam = _gamma(cfg, g)
         prep = _prepare(cfg, q, k, kr, vw, gam, docs, save_a=save)
         o, ht, vn, hs = _forward(cfg, prep, h0, save=save)
         return o, ht, vn, hs, prep, gam
 
     @jax.custom_vjp
-    def core(q, k, kr, vw, gin, h0, docs):
-        o, ht, vn, _, _, _ = forward(q, k, kr, vw, gin, h0, docs, save=False)
+    def core(q, k, kr, vw, g, h0, docs):
+        o, ht, vn, _, _, _ = forward(q, k, kr, vw, g, h0, docs, save=False)
         return (o, ht, vn) if residual else (o, ht)
 
-    def core_fwd(q, k, kr, vw, gin, h0, docs):
-        o, ht, vn, hs, prep, gam = forward(q, k, kr, vw, gin, h0, docs, save=True)
+    def core_fwd(q, k, kr, vw, g, h0, docs):
+        o, ht, vn, hs, prep, gam = forward(q, k, kr, vw, g, h0, docs, save=True)
         out = (o, ht, vn) if residual else (o, ht)
         keep = {n: prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref", "a_ref")}
         return out, (q, k, kr, vw, gam, docs, keep, hs, vn)
@@ -1145,9 +882,9 @@ def _make_core(static):
         do = cts[0].astype(q.dtype)
         dvn_out = cts[2] if residual else None
         dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
-        dq, dk, dkr, dvw, dgam = _backward_chunk(cfg, q, k, kr, vw, gam, docs, prep["a_ref"],
-                                                 hs, dhs, do, vn, dvn)
-        return dq, dk, dkr, dvw, dgam, dh0, tuple(None for _ in docs)
+        dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, vw, gam, docs, prep["a_ref"],
+                                               hs, dhs, do, vn, dvn)
+        return dq, dk, dkr, dvw, dg, dh0, tuple(None for _ in docs)
 
     core.defvjp(core_fwd, core_bwd)
     return core
@@ -1209,16 +946,11 @@ def channelwise_delta_pallas(
         return_residual=return_residual,
     )
     gpad = common.pad_time(g.astype(F32), CHUNK)  # [B, Tp, H, K]; padding is inert (g = 0)
-    if cfg["gamma_kernel"]:
-        gin = gpad  # the kernels take the within-chunk cumsum themselves
-    else:
-        gin = jnp.cumsum(gpad.reshape(bsz, n_chunks, CHUNK, heads, dk), axis=2)
-        gin = gin.reshape(bsz, padded, heads, dk)
     if initial_state is None:
         initial_state = jnp.zeros((bsz, heads, dk, dv), F32)
     h0 = initial_state.astype(F32)
     docs = () if segment_ids is None else pallas_gpu.docs_from_segment_ids(segment_ids, padded)
-    outs = _make_core(tuple(sorted(cfg.items())))(q, k, kr, vw, gin, h0, docs)
+    outs = _make_core(tuple(sorted(cfg.items())))(q, k, kr, vw, gpad, h0, docs)
     u = outs[2][:, :seq_len] if return_residual else None
     return outs[0][:, :seq_len], outs[1], u
 

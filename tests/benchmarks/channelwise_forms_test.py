@@ -9,13 +9,16 @@ from benchmarks import channelwise_forms
 
 class ChannelwiseFormsTest(absltest.TestCase):
 
-    def test_forms_agree_and_records_are_complete(self):
-        # Two forms per stage on a small shape: every variant computes the same sums, so the
-        # differences to the first variant are rounding (fp32 on CPU, where TF32 is IEEE).
+    def test_variants_agree_and_records_are_complete(self):
+        # Two variants per stage on a small shape: every variant computes the same sums (prepare
+        # with block_k 32 in another order), so the differences to the first variant are
+        # rounding (fp32 on CPU, where TF32 is IEEE).
+        prepare = dict(channelwise_forms.VARIANTS["prepare"])
         variants = {
             "intra": [channelwise_forms.VARIANTS["intra"][0],
                       ("tokens, 2 heads", {"intra_token_heads": 2, "intra_token": (1, 1)})],
-            "prepare": channelwise_forms.VARIANTS["prepare"][:2],
+            "prepare": [(label, prepare[label])
+                        for label in ("8 warps, block_k 64", "8 warps, block_k 32")],
         }
         with mock.patch.dict(channelwise_forms.VARIANTS, variants):
             records = (channelwise_forms.time_variants("intra", (1, 128, 4, 64), 1, True)
@@ -26,19 +29,20 @@ class ChannelwiseFormsTest(absltest.TestCase):
             self.assertGreater(rec["ms"], 0.0)
             self.assertLess(rec["max_abs_diff"], 1e-5, rec["variant"])
         md = channelwise_forms.markdown(records, (1, 128, 4, 64), "cmd", "cpu")
-        self.assertIn("| prepare | products, 1 warp |", md)
+        self.assertIn("| prepare | 8 warps, block_k 32 |", md)
 
     def test_failed_first_variant_leaves_no_baseline(self):
         # A first variant that fails (an int knob given a string) is recorded with its error,
         # and the next variant gets no difference rather than a silent 0 against itself.
         variants = {"intra": [("broken", {"intra_token_heads": "four"}),
-                              ("column loop", {"intra_levels": False, "intra_token_heads": 0})]}
+                              channelwise_forms.VARIANTS["intra"][0]]}
         with mock.patch.dict(channelwise_forms.VARIANTS, variants):
             records = channelwise_forms.time_variants("intra", (1, 64, 1, 64), 1, True)
-        self.assertIn("ValueError", records[0]["error"])
+        self.assertIn('ValueError: TUNING["intra_token_heads"]', records[0]["error"])
+        self.assertNotIn("error", records[1])
         self.assertIsNone(records[1]["max_abs_diff"])
         md = channelwise_forms.markdown(records, (1, 64, 1, 64), "cmd", "cpu")
-        self.assertIn("| intra | column loop |", md)
+        self.assertIn("| intra | tokens, 1 head, 1 warp |", md)
 
     def test_bad_shape_names_the_flag(self):
         for text in ("8,4096,16", "8,4096,16,96", "a,b,c,d", "1,100,2,64"):

@@ -197,16 +197,15 @@ class TuneKernelsTest(absltest.TestCase):
         # baseline's effective width (None -> min(D, 64), as gdn2/kernel_gpu._config resolves
         # it), block_v=128 is wider than D = 64. The check at the sweep shape reuses the
         # baseline's compiled programs and compares against kda's fp32 reference.
-        # With the token-parallel intra at H = 1 (one head per program whatever the cap >= 1),
-        # intra_token_heads=2 and intra's launch change nothing: 'same as' the baseline, too; so
-        # do the launches of products and grad_blocks without prepare_products and split_grads.
+        # At H = 1 the intra kernel runs one head per program whatever the cap (>= 1), so
+        # intra_token_heads=2 and 16 change nothing: 'same as' the baseline, too; and so does
+        # the --start cap of 8, which is then no trial of its own.
         shape = "1,128,1,64"
-        start = {**before, "intra_token_heads": 4}
+        start = {**before, "intra_token_heads": 8}
         payload = tune_kernels.main([
             "--op=kda", "--interpret", f"--shapes={shape}", "--iters=1", "--warmup=0",
-            "--knobs=block_v=64/128,intra_token_heads=2,intra=8x1,products=2x1,"
-            "grad_blocks=2x1",
-            '--start={"intra_token_heads": 4}', f"--check_shape={shape}",
+            "--knobs=block_v=64/128,intra_token_heads=2/16",
+            '--start={"intra_token_heads": 8}', f"--check_shape={shape}",
             "--confirm_rounds=1", "--compile_workers=2", f"--out={out}"])
         self.assertEqual(channelwise_gpu.TUNING, before)
         self.assertEqual(kernel_gpu.TUNING, gdn_before)
@@ -218,8 +217,7 @@ class TuneKernelsTest(absltest.TestCase):
         trials = saved["trials"]
         self.assertEqual([(t["knob"], t["value"]) for t in trials],
                          [(None, None), ("block_v", 64), ("block_v", 128),
-                          ("intra_token_heads", 2), ("intra", [8, 1]), ("products", [2, 1]),
-                          ("grad_blocks", [2, 1])])
+                          ("intra_token_heads", 2), ("intra_token_heads", 16)])
         base = trials[0]
         self.assertEqual(base["status"], bench.OK, base)
         self.assertEqual(base["launch_check"], "ok")  # channelwise_* names and grids
@@ -227,10 +225,9 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(base["objective_ms"], base["shapes"]["1x128x1x64"]["fwdbwd_ms"])
         self.assertEqual(trials[1]["same_as"], 0)
         self.assertIn("block_v=128 does not fit head dim 64", trials[2]["status"])
-        self.assertEqual([t.get("same_as") for t in trials[3:]], [0, 0, 0, 0])
-        self.assertFalse(saved["baseline"]["tuning"]["prepare_products"])
-        self.assertFalse(saved["baseline"]["tuning"]["split_grads"])
-        self.assertEqual(saved["baseline"]["tuning"], tune_kernels._jsonable(start))
+        self.assertEqual([t.get("same_as") for t in trials[3:]], [0, 0])
+        self.assertEqual(saved["baseline"]["tuning"], tune_kernels._jsonable(before))
+        self.assertEqual(saved["start"], tune_kernels._jsonable(start))
         self.assertIn("intra_tf32", saved["baseline"]["tuning"])
         self.assertNotIn("split_forward", saved["baseline"]["tuning"])
         self.assertEqual(saved["best"]["trial"], 0)
@@ -249,7 +246,7 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertIn(f"Paste into `{CW_PATH}`:", tune_kernels.markdown(saved))
         scope = {}
         exec(saved["best"]["python"], scope)  # noqa: S102 - our own output
-        self.assertEqual(scope["TUNING"], start)
+        self.assertEqual(scope["TUNING"], before)
 
     def test_traced_channelwise_program_carries_the_tuning(self):
         # As test_traced_program_carries_the_tuning, for gdn2/kernel_gpu.py (trace only).
@@ -259,14 +256,18 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual([a.shape for a in args],
                          [shape] * 4 + [shape[:3], shape])  # q, k, v, g per channel, beta, do
         fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
-        # The column-block intra (intra_token_heads=0), with intra's launch.
         tuning = {**before, "backward_state": (8, 3), "prepare": (2, 1), "block_v": 32,
-                  "block_k": 32, "intra_grad": (8, 2), "intra_token_heads": 0, "intra": (2, 2)}
+                  "block_k": 32, "grad_blocks": (8, 2), "intra_token": (2, 2), "gamma": (2, 3)}
         table = _kda_launch_table(fwdbwd, args, tuning)
+        self.assertEqual(sorted(table), ["channelwise_" + k for k in sorted(
+            tune_kernels.CW_KERNELS)])
         self.assertEqual(table["channelwise_backward_state"], [dict(launch=(8, 3), grid=(1, 2))])
         self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
-        self.assertEqual(table["channelwise_intra_grad"], [dict(launch=(8, 2), grid=(2, 1, 4))])
-        self.assertEqual(table["channelwise_intra"], [dict(launch=(2, 2), grid=(2, 1, 4))])
+        self.assertEqual(table["channelwise_gamma"], [dict(launch=(2, 3), grid=(2, 1))])
+        self.assertEqual(table["channelwise_grad_blocks"], [dict(launch=(8, 2), grid=(2, 1, 4))])
+        # The intra kernel: a program per token and head group (B * T, H / 1), intra_token's
+        # launch.
+        self.assertEqual(table["channelwise_intra"], [dict(launch=(2, 2), grid=(128, 1))])
         self.assertEqual(table["channelwise_forward"][0]["grid"], (1, 2))
         self.assertEqual(table["channelwise_backward_chunk"][0]["grid"], (2, 1, 2))
         tune_kernels.check_launches(table, tuning, shape, "fwdbwd", op="kda")
@@ -278,80 +279,68 @@ class TuneKernelsTest(absltest.TestCase):
                                                   r"\(2, 1, 2\), expected \(2, 1, 1\)"):
             tune_kernels.check_launches(table, {**tuning, "block_k": None}, shape, "fwdbwd",
                                         op="kda")
-        # intra_token's launch is moot without the token form; switching that form on is not.
-        tune_kernels.check_launches(table, {**tuning, "intra_token": (8, 8)}, shape, "fwdbwd",
-                                    op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwdbwd: channelwise_grad_blocks traced "
+                                                  r"with launch \(8, 2\), expected \(4, 1\)"):
+            tune_kernels.check_launches(table, {**tuning, "grad_blocks": (4, 1)}, shape,
+                                        "fwdbwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_gamma traced with "
+                                                  r"launch \(2, 3\), expected \(4, 1\)"):
+            tune_kernels.check_launches(table, {**tuning, "gamma": (4, 1)}, shape, "fwd",
+                                        op="kda")
         with self.assertRaisesRegex(RuntimeError, r"channelwise_intra traced with launch "
                                                   r"\(2, 2\), expected \(8, 8\)"):
-            tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 1,
-                                                "intra_token": (8, 8)}, shape, "fwdbwd",
-                                        op="kda")
-        # Without prepare_products and split_grads neither products nor grad_blocks runs: their
-        # launches are moot, switching either kernel on is not.
-        self.assertNotIn("channelwise_products", table)
-        self.assertNotIn("channelwise_grad_blocks", table)
-        tune_kernels.check_launches(table, {**tuning, "products": (8, 8), "grad_blocks": (8, 8)},
-                                    shape, "fwdbwd", op="kda")
-        with self.assertRaisesRegex(RuntimeError, "^fwd: no pallas_call named "
-                                                  "channelwise_products in the traced program"):
-            tune_kernels.check_launches(table, {**tuning, "prepare_products": True}, shape,
-                                        "fwd", op="kda")
+            tune_kernels.check_launches(table, {**tuning, "intra_token": (8, 8)}, shape,
+                                        "fwdbwd", op="kda")
+        # At H = 1 every cap >= 1 resolves to one head per program: the same program.
+        tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 16}, shape, "fwdbwd",
+                                    op="kda")
+        # A kernel missing from the traced program.
+        partial = {k: v for k, v in table.items() if k != "channelwise_grad_blocks"}
         with self.assertRaisesRegex(RuntimeError, "^fwdbwd: no pallas_call named "
                                                   "channelwise_grad_blocks in the traced "
                                                   "program"):
-            tune_kernels.check_launches(table, {**tuning, "split_grads": True}, shape, "fwdbwd",
-                                        op="kda")
+            tune_kernels.check_launches(partial, tuning, shape, "fwdbwd", op="kda")
+        tune_kernels.check_launches(partial, tuning, shape, "fwd", op="kda")
         # Each family's check looks for its own kernels only.
         with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
             tune_kernels.check_launches(table, kernel_gpu.TUNING, shape, "fwdbwd")
         # The backward knobs leave the forward program alone; block_k and intra_tf32 do not
-        # (prepare loops over key blocks and runs the intra-chunk products).
+        # (gamma and prepare loop over key blocks, prepare runs the intra-chunk products).
         fwd_key = functools.partial(tune_kernels._fwd_key, shape=shape, op="gdn2")
-        self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "backward_chunk": (8, 2)}))
-        self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "block_k": 64}))
-        self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "intra_tf32": False}))
+        key = functools.partial(tune_kernels._key, shapes={"s": shape}, op="kda")
+        for knob, value in (("backward_chunk", (8, 2)), ("backward_state", (2, 1)),
+                            ("grad_blocks", (2, 1))):
+            self.assertEqual(fwd_key(tuning), fwd_key({**tuning, knob: value}), knob)
+            self.assertNotEqual(key(tuning), key({**tuning, knob: value}), knob)
+        for knob, value in (("block_k", 64), ("intra_tf32", False), ("gamma", (8, 1)),
+                            ("intra_token", (8, 1)), ("prepare", (8, 1)), ("forward", (8, 1))):
+            self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, knob: value}), knob)
         self.assertEqual(fwd_key({**tuning, "block_v": None}), fwd_key({**tuning, "block_v": 64}))
-        # The column-block intra reads intra_levels and intra's launch, not intra_token's.
-        off = {**tuning, "intra_levels": False}
-        self.assertNotEqual(fwd_key(off), fwd_key({**off, "intra_levels": True}))
-        self.assertNotEqual(fwd_key(off), fwd_key({**off, "intra": (8, 1)}))
-        self.assertEqual(fwd_key(off), fwd_key({**off, "intra_token": (8, 1)}))
-        self.assertNotEqual(fwd_key(off), fwd_key({**off, "intra_token_heads": 1}))
-        # The token-parallel one the reverse, and intra_levels then only changes the backward.
-        on = {**off, "intra_token_heads": 4, "intra_token": (4, 1)}
-        self.assertEqual(fwd_key(on), fwd_key({**on, "intra_levels": True}))
-        self.assertNotEqual(tune_kernels._key(on, {"s": shape}, op="kda"),
-                            tune_kernels._key({**on, "intra_levels": True}, {"s": shape},
-                                              op="kda"))
-        self.assertEqual(fwd_key(on), fwd_key({**on, "intra": (8, 1)}))
-        self.assertNotEqual(fwd_key(on), fwd_key({**on, "intra_token": (8, 1)}))
-        # At H = 1 every cap >= 1 resolves to one head per program: the same program.
-        self.assertEqual(fwd_key(on), fwd_key({**on, "intra_token_heads": 16}))
+        self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "intra_token_heads": 16}))
+        self.assertEqual(key(tuning), key({**tuning, "intra_token_heads": 16}))
         # GDN-2's inputs: per-channel g and erase gate b [B, T, H, K], write gate w [B, T, H, V].
         args2 = tune_kernels.make_inputs(shape, seed=0, op="gdn2")
         self.assertEqual([a.shape for a in args2], [shape] * 7)
         fwd2 = tune_kernels.programs(tune_kernels.KERNEL_OPS["gdn2"])["fwd"]
         table2 = tune_kernels.launch_table(jax.jit(fwd2).trace(*args2).jaxpr)
-        self.assertEqual(sorted(table2), ["channelwise_forward", "channelwise_intra",
-                                          "channelwise_prepare"])
+        self.assertEqual(sorted(table2), ["channelwise_forward", "channelwise_gamma",
+                                          "channelwise_intra", "channelwise_prepare"])
         tune_kernels.check_launches(table2, before, shape, "fwd", op="gdn2")
 
-    def test_token_parallel_intra_launch_and_grid(self):
+    def test_intra_heads_launch_and_grid(self):
         # H = 6 with a cap of 4: two heads per program (channelwise_gpu.intra_heads), so the
-        # token-parallel intra runs a (B * T, H / 2) grid with intra_token's launch.
+        # intra kernel runs a (B * T, H / 2) grid with intra_token's launch.
         before = dict(channelwise_gpu.TUNING)
         shape = (1, 128, 6, 64)
-        tuning = {**before, "intra_token_heads": 4, "intra_token": (8, 1), "intra": (2, 2)}
+        tuning = {**before, "intra_token_heads": 4, "intra_token": (8, 1)}
         eff = tune_kernels.effective(tuning, shape, "kda")
-        self.assertEqual((eff["intra_token_heads"], eff["intra"], eff["intra_token"]),
-                         (2, None, (8, 1)))
+        self.assertEqual((eff["intra_token_heads"], eff["intra_token"]), (2, (8, 1)))
         args = tune_kernels.make_inputs(shape, seed=0, op="kda")
         fwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwd"]
         table = _kda_launch_table(fwd, args, tuning)
         self.assertEqual(table["channelwise_intra"], [dict(launch=(8, 1), grid=(128, 3))])
         tune_kernels.check_launches(table, tuning, shape, "fwd", op="kda")
-        # intra's launch is moot in that form; intra_token's and the head cap are not.
-        tune_kernels.check_launches(table, {**tuning, "intra": (4, 3)}, shape, "fwd", op="kda")
+        # A cap that resolves alike is the same program; another launch or head group is not.
         tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 2}, shape, "fwd",
                                     op="kda")
         with self.assertRaisesRegex(RuntimeError, r"fwd: channelwise_intra traced with launch "
@@ -362,28 +351,25 @@ class TuneKernelsTest(absltest.TestCase):
                                                   r"\(128, 3\), expected \(128, 6\)"):
             tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 1}, shape, "fwd",
                                         op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"fwd: channelwise_intra traced with grid "
-                                                  r"\(128, 3\), expected \(2, 6, 4\)"):
-            tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 0,
-                                                "intra": (8, 1)}, shape, "fwd", op="kda")
 
-    def test_effective_resolves_the_intra_form(self):
-        base = dict(channelwise_gpu.TUNING, intra=(2, 1), intra_token=(8, 2))
+    def test_effective_resolves_the_intra_heads(self):
+        base = dict(channelwise_gpu.TUNING, intra_token=(8, 2))
 
         def eff(cap, heads, dim=64):
             e = tune_kernels.effective({**base, "intra_token_heads": cap}, (1, 128, heads, dim),
                                        "gdn2")
-            return e["intra_token_heads"], e["intra"], e["intra_token"]
+            return e["intra_token_heads"], e["intra_token"]
 
-        # The largest power of two dividing H and at most the cap; 0: the column-block form.
-        self.assertEqual(eff(4, 6), (2, None, (8, 2)))
-        self.assertEqual(eff(4, 16), (4, None, (8, 2)))
-        self.assertEqual(eff(5, 16), (4, None, (8, 2)))
-        self.assertEqual(eff(16, 16), (16, None, (8, 2)))
-        self.assertEqual(eff(8, 3), (1, None, (8, 2)))
-        self.assertEqual(eff(0, 16), (0, (2, 1), None))
+        # The largest power of two dividing H and at most the cap.
+        self.assertEqual(eff(4, 6), (2, (8, 2)))
+        self.assertEqual(eff(4, 16), (4, (8, 2)))
+        self.assertEqual(eff(5, 16), (4, (8, 2)))
+        self.assertEqual(eff(16, 16), (16, (8, 2)))
+        self.assertEqual(eff(8, 3), (1, (8, 2)))
+        with self.assertRaisesRegex(ValueError, r'TUNING\["intra_token_heads"\].*got 0$'):
+            eff(0, 16)
         with mock.patch.dict(base, intra_token={64: (4, 3), 128: (8, 1)}):
-            self.assertEqual(eff(2, 2, 128), (2, None, (8, 1)))
+            self.assertEqual(eff(2, 2, 128), (2, (8, 1)))
         # Caps that resolve alike are one configuration; at H = 16 they are not.
         key = functools.partial(tune_kernels._key, op="kda")
         h6, h16 = {"s": (1, 128, 6, 64)}, {"s": (1, 128, 16, 64)}
@@ -391,157 +377,41 @@ class TuneKernelsTest(absltest.TestCase):
                          key({**base, "intra_token_heads": 8}, h6))
         self.assertNotEqual(key({**base, "intra_token_heads": 4}, h16),
                             key({**base, "intra_token_heads": 8}, h16))
-        self.assertNotEqual(key({**base, "intra_token_heads": 0}, h6),
-                            key({**base, "intra_token_heads": 1}, h6))
-        # The unused form's launch is no part of the configuration.
-        self.assertEqual(key({**base, "intra_token_heads": 0}, h6),
-                         key({**base, "intra_token_heads": 0, "intra_token": (4, 1)}, h6))
-        self.assertNotEqual(key({**base, "intra_token_heads": 0}, h6),
-                            key({**base, "intra_token_heads": 0, "intra": (4, 1)}, h6))
-        self.assertEqual(key({**base, "intra_token_heads": 4}, h6),
-                         key({**base, "intra_token_heads": 4, "intra": (4, 1)}, h6))
         self.assertNotEqual(key({**base, "intra_token_heads": 4}, h6),
                             key({**base, "intra_token_heads": 4, "intra_token": (4, 1)}, h6))
-        self.assertNotIn("intra_grad_rows", tune_kernels.effective(base, (1, 128, 6, 64), "kda"))
+        # The effective values are exactly the op's knobs.
+        self.assertEqual(set(tune_kernels.effective(base, (1, 128, 6, 64), "kda")),
+                         set(tune_kernels.CW_KNOBS))
 
-    def test_products_and_grad_blocks_kernels_launch_and_grid(self):
-        # prepare_products adds channelwise_products, (chunks, B*H, 3) at products' launch;
-        # split_grads runs channelwise_grad_blocks, (chunks, B*H, 4) at grad_blocks' launch,
-        # instead of channelwise_intra_grad (trace only, as the tests above).
-        before = dict(channelwise_gpu.TUNING)
-        shape = (1, 128, 1, 64)
-        args = tune_kernels.make_inputs(shape, seed=0, op="kda")
-        fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
-        tuning = {**before, "prepare_products": True, "products": (2, 3), "split_grads": True,
-                  "grad_blocks": (2, 2), "intra_grad": (8, 2)}
-        table = _kda_launch_table(fwdbwd, args, tuning)
-        self.assertEqual(table["channelwise_products"], [dict(launch=(2, 3), grid=(2, 1, 3))])
-        self.assertEqual(table["channelwise_grad_blocks"], [dict(launch=(2, 2), grid=(2, 1, 4))])
-        self.assertNotIn("channelwise_intra_grad", table)
-        self.assertEqual(table["channelwise_backward_chunk"][0]["grid"], (2, 1, 1))
-        for pass_ in ("fwd", "fwdbwd"):
-            tune_kernels.check_launches(table, tuning, shape, pass_, op="kda")
-        # intra_grad's launch is moot under split_grads; products' and grad_blocks' are not.
-        tune_kernels.check_launches(table, {**tuning, "intra_grad": (4, 3)}, shape, "fwdbwd",
-                                    op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"^fwdbwd: channelwise_grad_blocks traced "
-                                                  r"with launch \(2, 2\), expected \(4, 1\)"):
-            tune_kernels.check_launches(table, {**tuning, "grad_blocks": (4, 1)}, shape,
-                                        "fwdbwd", op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_products traced with "
-                                                  r"launch \(2, 3\), expected \(4, 1\)"):
-            tune_kernels.check_launches(table, {**tuning, "products": (4, 1)}, shape, "fwd",
-                                        op="kda")
-        # Switched off, the traced program is stale: a missing kernel, or one left over.
-        with self.assertRaisesRegex(RuntimeError, "^fwdbwd: no pallas_call named "
-                                                  "channelwise_intra_grad in the traced "
-                                                  "program"):
-            tune_kernels.check_launches(table, {**tuning, "split_grads": False}, shape,
-                                        "fwdbwd", op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_products in the traced "
-                                                  r"program, which this configuration does "
-                                                  r"not run \(stale trace\?\)$"):
-            tune_kernels.check_launches(table, {**tuning, "prepare_products": False}, shape,
-                                        "fwd", op="kda")
-        # The grids at a shape of several chunks (T = 200: 4) and rows (B * H = 6).
-        eff = tune_kernels.effective(tuning, (2, 200, 3, 64), "kda")
-        grids = tune_kernels._channelwise_grids(eff, (2, 200, 3, 64))
-        self.assertEqual((grids["products"], grids["grad_blocks"]), ((4, 6, 3), (4, 6, 4)))
-
-    def test_gamma_kernel_launch_grid_and_moot_rule(self):
-        # gamma_kernel adds channelwise_gamma, (chunks, B*H) at gamma's launch, to the forward;
-        # without it the gamma launch is moot and a traced gamma kernel is a stale trace.
-        before = dict(channelwise_gpu.TUNING)
-        shape = (1, 128, 1, 64)
-        args = tune_kernels.make_inputs(shape, seed=0, op="kda")
-        fwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwd"]
-        tuning = {**before, "gamma_kernel": True, "gamma": (2, 3)}
-        table = _kda_launch_table(fwd, args, tuning)
-        self.assertEqual(table["channelwise_gamma"], [dict(launch=(2, 3), grid=(2, 1))])
-        tune_kernels.check_launches(table, tuning, shape, "fwd", op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_gamma traced with "
-                                                  r"launch \(2, 3\), expected \(4, 1\)"):
-            tune_kernels.check_launches(table, {**tuning, "gamma": (4, 1)}, shape, "fwd",
-                                        op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_gamma in the traced "
-                                                  r"program, which this configuration does "
-                                                  r"not run"):
-            tune_kernels.check_launches(table, {**tuning, "gamma_kernel": False}, shape, "fwd",
-                                        op="kda")
-        off = tune_kernels.effective({**before, "gamma_kernel": False, "gamma": (8, 1)},
-                                     (1, 128, 2, 64), "kda")
-        on = tune_kernels.effective({**before, "gamma_kernel": True, "gamma": (8, 1)},
-                                    (1, 128, 2, 64), "kda")
-        self.assertEqual((off["gamma_kernel"], off["gamma"]), (False, None))
-        self.assertEqual((on["gamma_kernel"], on["gamma"]), (True, (8, 1)))
-        self.assertIn("gamma_kernel", tune_kernels.CW_FWD_KNOBS)
-        self.assertEqual(tune_kernels.parse_knobs("gamma_kernel,gamma=2x1", "kda"),
-                         {"gamma_kernel": [False, True], "gamma": [(2, 1)]})
-
-    def test_effective_moot_products_and_grad_blocks(self):
-        shape = (1, 128, 2, 64)
-        off = dict(channelwise_gpu.TUNING, intra_token_heads=0, intra_levels=True,
-                   prepare_products=False, split_grads=False, products=(2, 1),
-                   grad_blocks=(2, 2), intra_grad=(8, 2))
-        on = {**off, "prepare_products": True, "split_grads": True}
-
-        def eff(tuning, *knobs):
-            e = tune_kernels.effective(tuning, shape, "gdn2")
-            return tuple(e[k] for k in knobs)
-
-        knobs = ("prepare_products", "split_grads", "products", "intra_grad", "grad_blocks")
-        self.assertEqual(eff(off, *knobs), (False, False, None, (8, 2), None))
-        self.assertEqual(eff(on, *knobs), (True, True, (2, 1), None, (2, 2)))
-        self.assertEqual(eff({**off, "prepare_products": 1}, *knobs),
-                         (True, False, (2, 1), (8, 2), None))
-        with mock.patch.dict(on, grad_blocks={64: (4, 3), 128: (8, 1)}):
-            self.assertEqual(eff(on, "grad_blocks"), ((4, 3),))
-        # The kernels each pass runs.
-        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwd", tune_kernels.effective(
-            on, shape, "kda")), ("intra", "products", "prepare", "forward"))
-        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd", tune_kernels.effective(
-            off, shape, "kda")), ("intra", "prepare", "forward", "intra_grad", "backward_state",
-                                  "backward_chunk"))
-        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd", tune_kernels.effective(
-            on, shape, "kda"))[4:], ("grad_blocks", "backward_state", "backward_chunk"))
-        # intra_levels is read by the column-block intra and by intra_grad: moot only when
-        # neither runs (grad_blocks always uses the quad levels).
-        self.assertEqual(eff(on, "intra_levels"), (True,))
-        self.assertEqual(eff({**off, "intra_token_heads": 4}, "intra_levels"), (True,))
-        self.assertEqual(eff({**on, "intra_token_heads": 4}, "intra_levels"), (None,))
-        # The configuration's identity ignores the launch of a kernel that does not run.
-        key = functools.partial(tune_kernels._key, shapes={"s": shape}, op="kda")
-        self.assertEqual(key(off), key({**off, "products": (8, 3), "grad_blocks": (8, 3)}))
-        self.assertNotEqual(key(off), key({**off, "intra_grad": (8, 3)}))
-        self.assertEqual(key(on), key({**on, "intra_grad": (4, 3)}))
-        self.assertNotEqual(key(on), key({**on, "products": (8, 3)}))
-        self.assertNotEqual(key(on), key({**on, "grad_blocks": (8, 3)}))
-        self.assertNotEqual(key(off), key({**off, "prepare_products": True}))
-        self.assertNotEqual(key(off), key({**off, "split_grads": True}))
-        token = {**on, "intra_token_heads": 4}
-        self.assertEqual(key(token), key({**token, "intra_levels": False}))
-        self.assertNotEqual(key({**token, "split_grads": False}),
-                            key({**token, "split_grads": False, "intra_levels": False}))
-        # prepare_products and products change the forward program; split_grads, grad_blocks
-        # and intra_grad only the backward.
-        fwd_key = functools.partial(tune_kernels._fwd_key, shape=shape, op="kda")
-        self.assertNotEqual(fwd_key(off), fwd_key({**off, "prepare_products": True}))
-        self.assertEqual(fwd_key(off), fwd_key({**off, "products": (8, 3)}))
-        self.assertNotEqual(fwd_key(on), fwd_key({**on, "products": (8, 3)}))
-        self.assertEqual(fwd_key(off), fwd_key({**off, "split_grads": True,
-                                                "grad_blocks": (8, 3)}))
-        self.assertEqual(fwd_key(on), fwd_key({**on, "grad_blocks": (8, 3),
-                                               "intra_grad": (2, 3)}))
-        self.assertIn("prepare_products", tune_kernels.CW_FWD_KNOBS)
-        self.assertNotIn("split_grads", tune_kernels.CW_FWD_KNOBS)
+    def test_channelwise_kernels_and_grids(self):
+        # Every configuration runs the same kernels: four in the forward, seven in all.
+        shape = (2, 200, 3, 64)  # T = 200: 4 chunks; B * H = 6 rows; H = 3: one head per program
+        eff = tune_kernels.effective(channelwise_gpu.TUNING, shape, "kda")
+        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwd", eff),
+                         ("gamma", "intra", "prepare", "forward"))
+        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd", eff),
+                         ("gamma", "intra", "prepare", "forward", "grad_blocks", "backward_state",
+                          "backward_chunk"))
+        self.assertEqual(tune_kernels._channelwise_grids(eff, shape),
+                         {"gamma": (4, 6), "intra": (2 * 4 * 64, 3), "prepare": (4, 6),
+                          "forward": (6, 1), "grad_blocks": (4, 6, 4), "backward_state": (6, 1),
+                          "backward_chunk": (4, 6, 1)})
+        self.assertEqual(set(tune_kernels.CW_FWD_KNOBS) - {"intra_tf32", "intra_token_heads"}
+                         - set(tune_kernels.BLOCK_KNOBS),
+                         {"gamma", "intra_token", "prepare", "forward"})
+        with mock.patch.dict(channelwise_gpu.TUNING, grad_blocks={64: (4, 3), 128: (8, 1)}):
+            eff = tune_kernels.effective(channelwise_gpu.TUNING, shape, "kda")
+        self.assertEqual(eff["grad_blocks"], (4, 3))
+        self.assertEqual(tune_kernels.parse_knobs("gamma=2x1,grad_blocks", "kda"),
+                         {"gamma": [(2, 1)],
+                          "grad_blocks": list(tune_kernels.CW_DEFAULT_VALUES["grad_blocks"])})
 
     def test_gdn_only_knobs_are_refused_for_the_channelwise_ops(self):
         with self.assertRaisesRegex(
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
-                r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, intra_levels, "
-                r"prepare_products, split_grads, gamma_kernel, intra_token_heads, block_v, "
-                r"block_k, gamma, intra, intra_token, products, prepare, forward, intra_grad, "
+                r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, "
+                r"intra_token_heads, block_v, block_k, gamma, intra_token, prepare, forward, "
                 r"grad_blocks, backward_state, backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
@@ -554,71 +424,59 @@ class TuneKernelsTest(absltest.TestCase):
                                                     "only"):
             tune_kernels.parse_knobs("intra_tf32")
         with self.assertRaisesRegex(app.UsageError, "unknown knob 'block_x'; choose from "
-                                                    "intra_tf32, intra_levels, "
-                                                    "prepare_products, split_grads, "
-                                                    "gamma_kernel, intra_token_heads, "
-                                                    "block_v"):
+                                                    "intra_tf32, intra_token_heads, block_v"):
             tune_kernels.parse_knobs("block_x", "kda")
-        # The two-loop intra_grad form is gone with its knob.
-        with self.assertRaisesRegex(app.UsageError, "unknown knob 'intra_grad_rows'"):
-            tune_kernels.parse_knobs("intra_grad_rows", "kda")
-        with self.assertRaisesRegex(app.UsageError, "--start: unknown knob 'intra_grad_rows'"):
-            tune_kernels.parse_start('{"intra_grad_rows": true}', channelwise_gpu.TUNING, "kda")
+        # The forms that lost on the H200 are gone with their knobs (and the two-loop intra_grad
+        # before them).
+        for knob in ("intra_levels", "prepare_products", "products", "split_grads",
+                     "intra_grad", "gamma_kernel", "intra", "intra_grad_rows"):
+            with self.assertRaisesRegex(app.UsageError, f"unknown knob '{knob}'"):
+                tune_kernels.parse_knobs(knob, "kda")
+        with self.assertRaisesRegex(app.UsageError, "--start: unknown knob 'split_grads'"):
+            tune_kernels.parse_start('{"split_grads": true}', channelwise_gpu.TUNING, "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "intra_levels", "prepare_products", "split_grads",
-                          "gamma_kernel", "intra_token_heads", "block_v", "block_k", "gamma",
-                          "intra", "intra_token", "products", "prepare", "forward",
-                          "intra_grad", "grad_blocks", "backward_state", "backward_chunk"])
+                         ["intra_tf32", "intra_token_heads", "block_v", "block_k", "gamma",
+                          "intra_token", "prepare", "forward", "grad_blocks", "backward_state",
+                          "backward_chunk"])
+        self.assertEqual(list(tune_kernels.CW_KNOBS),
+                         [k for k in tune_kernels.CW_KNOBS if k in channelwise_gpu.TUNING])
         self.assertEqual(tune_kernels.parse_knobs("intra_token_heads,intra_token", "kda"),
-                         {"intra_token_heads": [0, 1, 2, 4, 8, 16],
-                          "intra_token": list(tune_kernels.CW_DEFAULT_VALUES["intra"])})
-        self.assertEqual(tune_kernels.parse_knobs("intra_token_heads=0/2/8,intra_token=8x2",
+                         {"intra_token_heads": [1, 2, 4, 8, 16],
+                          "intra_token": list(tune_kernels.CW_DEFAULT_VALUES["intra_token"])})
+        self.assertEqual(tune_kernels.parse_knobs("intra_token_heads=1/2/8,intra_token=8x2",
                                                   "gdn2"),
-                         {"intra_token_heads": [0, 2, 8], "intra_token": [(8, 2)]})
-        for bad, why in (("-1", "intra_token_heads: -1 is not >= 0"),
+                         {"intra_token_heads": [1, 2, 8], "intra_token": [(8, 2)]})
+        for bad, why in (("0", "intra_token_heads: 0 is not >= 1"),
+                         ("-1", "intra_token_heads: -1 is not >= 1"),
                          ("two", "intra_token_heads: 'two' is not an int"),
                          ("true", "intra_token_heads: 'true' is not an int")):
             with self.assertRaisesRegex(
                     app.UsageError, rf"^--knobs: bad value in 'intra_token_heads=4/{bad}' "
-                    rf"\({why}\); each value is an int >= 0 \(0: off\)$"):
+                    rf"\({why}\); each value is an int >= 1$"):
                 tune_kernels.parse_knobs(f"intra_token_heads=4/{bad}", "kda")
         self.assertEqual(tune_kernels.parse_start('{"intra_token_heads": 8, "intra_token": '
                                                   '[8, 2]}', channelwise_gpu.TUNING, "gdn2"),
                          {**channelwise_gpu.TUNING, "intra_token_heads": 8,
                           "intra_token": (8, 2)})
-        with self.assertRaisesRegex(app.UsageError, r"^--start: bad value -2 for "
+        with self.assertRaisesRegex(app.UsageError, r"^--start: bad value 0 for "
                                                     r"'intra_token_heads' \(intra_token_heads: "
-                                                    r"-2 is not >= 0\)$"):
-            tune_kernels.parse_start('{"intra_token_heads": -2}', channelwise_gpu.TUNING, "kda")
+                                                    r"0 is not >= 1\)$"):
+            tune_kernels.parse_start('{"intra_token_heads": 0}', channelwise_gpu.TUNING, "kda")
         with self.assertRaisesRegex(app.UsageError, "'intra_token_heads' is a knob of "
                                                     "--op=kda/gdn2 only"):
             tune_kernels.parse_knobs("intra_token_heads=2")
-        # prepare_products and split_grads are bools, products and grad_blocks launches.
-        launches = list(tune_kernels.CW_DEFAULT_VALUES["intra"])
-        self.assertEqual(tune_kernels.parse_knobs("prepare_products,split_grads,products,"
-                                                  "grad_blocks", "kda"),
-                         {"prepare_products": [False, True], "split_grads": [False, True],
-                          "products": launches, "grad_blocks": launches})
-        self.assertEqual(tune_kernels.parse_knobs("split_grads=true/0,grad_blocks=8x1/2x2,"
-                                                  "prepare_products=False", "gdn2"),
-                         {"split_grads": [True, False], "grad_blocks": [(8, 1), (2, 2)],
-                          "prepare_products": [False]})
-        with self.assertRaisesRegex(app.UsageError, r"^--knobs: bad value in "
-                                                    r"'prepare_products=yes' \('yes' is not "
-                                                    r"True or False\); each value is True or "
-                                                    r"False$"):
-            tune_kernels.parse_knobs("prepare_products=yes", "kda")
-        with self.assertRaisesRegex(app.UsageError, "bad value in 'products=4'.*each value is "
-                                                    "WxS"):
-            tune_kernels.parse_knobs("products=4", "kda")
-        self.assertEqual(tune_kernels.parse_start('{"prepare_products": true, "products": [2, 1], '
-                                                  '"split_grads": true, "grad_blocks": [4, 2]}',
+        # grad_blocks and gamma are launches.
+        self.assertEqual(tune_kernels.parse_knobs("grad_blocks=8x1/2x2,gamma=4x1", "gdn2"),
+                         {"grad_blocks": [(8, 1), (2, 2)], "gamma": [(4, 1)]})
+        with self.assertRaisesRegex(app.UsageError, "bad value in 'grad_blocks=4'.*each value "
+                                                    "is WxS"):
+            tune_kernels.parse_knobs("grad_blocks=4", "kda")
+        self.assertEqual(tune_kernels.parse_start('{"grad_blocks": [4, 2], "gamma": [2, 1]}',
                                                   channelwise_gpu.TUNING, "gdn2"),
-                         {**channelwise_gpu.TUNING, "prepare_products": True, "products": (2, 1),
-                          "split_grads": True, "grad_blocks": (4, 2)})
-        with self.assertRaisesRegex(app.UsageError, "'split_grads' is a knob of --op=kda/gdn2 "
+                         {**channelwise_gpu.TUNING, "grad_blocks": (4, 2), "gamma": (2, 1)})
+        with self.assertRaisesRegex(app.UsageError, "'grad_blocks' is a knob of --op=kda/gdn2 "
                                                     "only"):
-            tune_kernels.parse_knobs("split_grads")
+            tune_kernels.parse_knobs("grad_blocks")
         with self.assertRaisesRegex(app.UsageError, "^--start: 'grad_blocks' is a knob of "
                                                     "--op=kda/gdn2 only"):
             tune_kernels.parse_start('{"grad_blocks": [4, 1]}', kernel_gpu.TUNING)

@@ -10,7 +10,9 @@ the fp32 reference by relative RMS error with FLA's gates (o and states 5e-3, dq
 gates 2e-2; ../shared/BENCHMARKS.md §5.5).
 """
 
+import collections
 import contextlib
+import re
 from unittest import mock
 
 import jax
@@ -114,11 +116,9 @@ class InterpretTest(parameterized.TestCase):
         self.check("kda", seq_len=65, key_heads=1, heads=2)
 
     def test_gdn2_ragged_length_initial_state_with_residual(self):
-        # The residual u is returned and gets a cotangent (the dVn input of the reverse pass),
-        # with both backward forms (split_grads forms dR = A^T dVn outside the kernels).
+        # The residual u is returned and gets a cotangent (the dVn input of the reverse pass,
+        # which reaches grad_blocks and backward_chunk through dR = A^T dVn).
         self.check("gdn2", seq_len=65, residual=True, seed=1)
-        with _tuning({"split_grads": True}):
-            self.check("gdn2", seq_len=65, residual=True, seed=1)
 
     @parameterized.parameters("kda", "gdn2")
     def test_packed_documents(self, op):
@@ -137,37 +137,33 @@ class InterpretTest(parameterized.TestCase):
         self.assertLess(float(jnp.min(inputs["g"])), -20.0)
         self.check(op, seq_len=96, decay=10.0, seed=3)
 
-    def test_column_loop_variant(self):
-        # intra_levels off, intra_token_heads 0: both intra kernels as the 16-step column loop
-        # per diagonal block; packed documents and strong decay, against the reference.
-        segment_ids = jnp.asarray(np.repeat(np.arange(3), [30, 50, 16])[None], jnp.int32)
-        with _tuning({"intra_levels": False, "intra_token_heads": 0}):
-            self.check("kda", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=5)
-
-    def test_intra_levels_forward_variant(self):
-        # intra_token_heads 0: the forward intra kernel in the quad-level form too (the
-        # default runs it token-parallel); GDN-2, packed documents, strong decay.
-        segment_ids = jnp.asarray(np.repeat(np.arange(3), [21, 60, 15])[None], jnp.int32)
-        with _tuning({"intra_levels": True, "intra_token_heads": 0}):
-            self.check("gdn2", seq_len=96, decay=10.0, segment_ids=segment_ids, seed=6)
-
     def test_token_parallel_intra_head_groups(self):
         # Six heads: the token-parallel intra kernel runs two heads per program (the largest
         # power of two dividing 6 within the cap of 4); GVA with two key heads.
         self.assertEqual([kernel_gpu.intra_heads(h) for h in (1, 2, 5, 6, 16)], [1, 2, 1, 2, 4])
-        with _tuning({"intra_token_heads": 0}):
-            self.assertEqual(kernel_gpu.intra_heads(16), 0)
+        self.assertEqual(kernel_gpu.intra_heads(16, {"intra_token_heads": 16}), 16)
         self.check("kda", seq_len=80, key_heads=2, heads=6, seed=7)
 
-    def test_split_kernels_variant(self):
-        # TUNING["prepare_products"] (the off-diagonal blocks of Mk and Mq from their own kernel)
-        # and TUNING["split_grads"] (every gradient through Mq and Mk from the grad_blocks
-        # kernel, dR = A^T dVn from XLA) and TUNING["gamma_kernel"] (the within-chunk cumsum
-        # of g in a kernel, its transpose in backward_chunk); K = 128 (two key blocks), packed
-        # documents, strong decay.
+    def test_intra_token_heads_below_one_is_an_error(self):
+        # There is no other intra form to fall back on: a cap < 1 is refused, naming the entry,
+        # by intra_heads and by the op (its static configuration, before any kernel runs).
+        why = re.escape('TUNING["intra_token_heads"] (the cap on heads per program of the intra '
+                        'kernel) must be an int >= 1, got ')
+        for bad in (0, -2, None, "four"):
+            with self.assertRaisesRegex(ValueError, why + re.escape(repr(bad))):
+                kernel_gpu.intra_heads(4, {"intra_token_heads": bad})
+        inputs, _ = _inputs(0, 1, 64, 1, 1, 64)
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+        with _tuning({"intra_token_heads": 0}):
+            with self.assertRaisesRegex(ValueError, why + "0$"):
+                kda_ops.kda(*args, implementation="pallas_interpret")
+
+    def test_kda_head_dim_128_packed_strong_decay(self):
+        # K = 128 (two key blocks in prepare, the gamma kernel and backward_chunk; grad_blocks
+        # over the whole K), packed documents with boundaries inside 16-row blocks, and
+        # log-decays down to about -20 per token.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [40, 30, 26])[None], jnp.int32)
-        with _tuning({"prepare_products": True, "split_grads": True, "gamma_kernel": True}):
-            self.check("kda", seq_len=96, dim=128, decay=10.0, segment_ids=segment_ids, seed=8)
+        self.check("kda", seq_len=96, dim=128, decay=10.0, segment_ids=segment_ids, seed=8)
 
     def test_kda_head_dim_128_gva(self):
         # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
@@ -201,16 +197,11 @@ class InterpretTest(parameterized.TestCase):
 
 
 class TritonLoweringTest(parameterized.TestCase):
-    """KDA forward + backward lowers to Triton for CUDA on any host (``jax.export``, no GPU), in
-    the default form and with every TUNING option on, so an op the lowering rejects fails here
-    rather than on the next GPU run (jax >= 0.11 compiles the Triton kernels at this point)."""
+    """KDA forward + backward lowers to Triton for CUDA on any host (``jax.export``, no GPU), so
+    an op the lowering rejects fails here rather than on the next GPU run (jax >= 0.11 compiles
+    the Triton kernels at this point)."""
 
-    @parameterized.parameters(
-        ({}, ["intra", "prepare", "forward", "backward_state", "intra_grad", "backward_chunk"]),
-        ({"prepare_products": True, "split_grads": True, "gamma_kernel": True},
-         ["gamma", "intra", "products", "prepare", "forward", "backward_state", "grad_blocks",
-          "backward_chunk"]))
-    def test_exports_for_cuda(self, options, kernels):
+    def test_exports_for_cuda(self):
         inputs, _ = _inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
         segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
         args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
@@ -222,17 +213,16 @@ class TritonLoweringTest(parameterized.TestCase):
             o, vjp = jax.vjp(f, q, k, v, g, beta)
             return vjp(o) + (o,)
 
-        with _tuning(options), pallas_gpu.abstract_gpu_target():
+        with _tuning({}), pallas_gpu.abstract_gpu_target():
             exported = jax.export.export(
                 jax.jit(fwdbwd_gpu), platforms=["cuda"],
                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
                     "__gpu$xla.gpu.triton")])(*args)
             text = exported.mlir_module()
-        for name in kernels:
-            self.assertIn(f'name = "channelwise_{name}"', text)
-        absent = {"products", "gamma", "grad_blocks", "intra_grad"} - set(kernels)
-        for name in absent:
-            self.assertNotIn(f'name = "channelwise_{name}"', text)
+        # Every kernel once, and no other channelwise kernel.
+        self.assertEqual(collections.Counter(re.findall(r'name = "channelwise_(\w+)"', text)),
+                         collections.Counter(["gamma", "intra", "prepare", "forward",
+                                              "backward_state", "grad_blocks", "backward_chunk"]))
 
 
 @pytest.mark.gpu
@@ -263,22 +253,6 @@ class GpuTest(parameterized.TestCase):
         for name in _DIFF_ARGS[op]:
             limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
-
-    def test_intra_levels_forward_variant_bf16(self):
-        # intra_token_heads 0 compiled by Triton (GDN-2, K = 64 and packed), same gates.
-        with _tuning({"intra_token_heads": 0}):
-            self.check_bf16("gdn2", True, 64)
-
-    def test_split_kernels_variant_bf16(self):
-        # prepare_products, split_grads and gamma_kernel compiled by Triton (KDA, K = 128,
-        # packed), same gates.
-        with _tuning({"prepare_products": True, "split_grads": True, "gamma_kernel": True}):
-            self.check_bf16("kda", True, 128)
-
-    def test_column_loop_variant_bf16(self):
-        # The column-loop intra kernels compiled by Triton (packed, K = 128), same gates.
-        with _tuning({"intra_levels": False, "intra_token_heads": 0}):
-            self.check_bf16("kda", True, 128)
 
 
 if __name__ == "__main__":
