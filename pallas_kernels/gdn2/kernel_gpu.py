@@ -59,8 +59,9 @@ Kernels (grid in brackets):
 * ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products, looping
   over key blocks of ``BK`` channels, plus ``intra``'s diagonal blocks), A by
   :func:`pallas_kernels.gated_delta_rule.kernel_gpu._unit_lower_inverse`, then W, U (input
-  dtype), A and Mq (fp32, ``[B, H, N, C, C]``), ``qg = q * E_in``, ``kg = k * E_out`` (input
-  dtype) and e_all (fp32 ``[B, H, N, K]``).
+  dtype), A and Mq (``[B, H, N, C, C]`` in the tensor-core operand dtype, to which every
+  consumer rounds them), ``qg = q * E_in``, ``kg = k * E_out`` (input dtype) and e_all (fp32
+  ``[B, H, N, K]``).
 * ``forward`` [B*H, V/BV]: the sequential pass with the fp32 state ``[K, BV]`` in registers;
   writes O, the final state, and (for the backward) Vn and every chunk's entry state S_0.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; with dS the gradient of the chunk's exit
@@ -133,7 +134,7 @@ AUTO_SELECT = True
 # within 0.3% before it).
 # History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a
 # 16-step column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then
-# 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches (tune-kda5). Losing
+# 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches (tune-kda-options-h200-2026-11-30.md). Losing
 # forms deleted: XLA's cumsum of g outside the custom_vjp (gamma kernel: 13.425 -> 12.875 ms);
 # the intra_grad kernel plus backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210,
 # 10.33 at 4 warps); the forward intra as a per-block column loop (1.056 ms) or quad levels
@@ -223,12 +224,6 @@ def _intra_dot(a, b, dims, cfg):
                                preferred_element_type=F32)
 
 
-def _onehot(block):
-    """``[C, SUB]`` fp32 0/1 matrix selecting rows ``SUB*block .. SUB*block + SUB - 1``."""
-    rows, cols = _iota((CHUNK, SUB), 0), _iota((CHUNK, SUB), 1)
-    return jnp.where(rows == cols + SUB * block, 1.0, 0.0).astype(F32)
-
-
 def _chunk_masks(doc):
     """``(inclusive, strict)`` ``[C, C]`` masks: ``j <= i`` / ``j < i``, same document."""
     rows, cols = _iota((CHUNK, CHUNK), 0), _iota((CHUNK, CHUNK), 1)
@@ -301,7 +296,11 @@ def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j, ksl):
 
 def _expand_diagonal(d):
     """``[C, SUB]`` diagonal blocks (row i holds ``M[i, SUB*(i // SUB) + j]`` at column j) ->
-    the block-diagonal ``[C, C]`` matrix, by an exact 0/1 product in IEEE fp32."""
+    the block-diagonal ``[C, C]`` matrix, by an exact 0/1 product in IEEE fp32.
+
+    (A six-way bf16 split product, ``DotAlgorithmPreset.BF16_BF16_F32_X6``, is exact too and
+    runs on tensor cores, but made ``prepare`` no faster: 1.906 ms against 1.859 at S1, H200,
+    2026-11-30; this product costs ~0.15 ms of it, channelwise-forms-h200-2026-11-30.md.)"""
     rows, cols = _iota((SUB, CHUNK), 0), _iota((SUB, CHUNK), 1)
     spread = jnp.where(cols % SUB == rows, 1.0, 0.0).astype(F32)  # [SUB, C]
     same = (_iota((CHUNK, CHUNK), 0) // SUB) == (_iota((CHUNK, CHUNK), 1) // SUB)
@@ -617,10 +616,10 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
         kg_ref[b, tsl, h, ksl] = (k * e_out).astype(kg_ref.dtype)
         e_ref[b, h, n, ksl] = e_all
     incl, strict = _chunk_masks(doc)
-    mq_ref[b, h, n, :, :] = jnp.where(incl, mq, 0.0)
+    mq_ref[b, h, n, :, :] = jnp.where(incl, mq, 0.0).astype(mq_ref.dtype)
     amat = pallas_gpu.unit_lower_inverse(jnp.where(strict, mk, 0.0), mdt)
     if a_ref is not None:
-        a_ref[b, h, n, :, :] = amat
+        a_ref[b, h, n, :, :] = amat.astype(a_ref.dtype)
     for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
         gam = gam_ref[b, tsl, h, ksl]
@@ -639,7 +638,10 @@ def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
     bsz, tp, heads, dk = k.shape
     dv = vw.shape[-1]
     nc = cfg["n_chunks"]
-    mats = jax.ShapeDtypeStruct((bsz, heads, nc, CHUNK, CHUNK), F32)
+    # A and Mq in the tensor-core operand dtype: every consumer (forward, backward_state,
+    # _chunk_dr) rounds them to it before its product, so storing them rounded changes nothing
+    # but halves their HBM traffic for half-precision inputs.
+    mats = jax.ShapeDtypeStruct((bsz, heads, nc, CHUNK, CHUNK), cfg["mm_dtype"])
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
     outs = _pallas(
         _prepare_kernel, cfg,

@@ -165,6 +165,18 @@ class InterpretTest(parameterized.TestCase):
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [40, 30, 26])[None], jnp.int32)
         self.check("kda", seq_len=96, dim=128, decay=10.0, segment_ids=segment_ids, seed=8)
 
+    def test_bf16_inputs(self):
+        # bf16 inputs in interpret mode: A and Mq are stored in bf16 (the operand dtype their
+        # consumers round them to); outputs and gradients within the GPU tests' bf16 gates.
+        segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
+        inputs, cot_key = _inputs(9, 1, 128, 1, 2, 64, dtype=jnp.bfloat16)
+        want = _outputs_and_grads("kda", None, inputs, segment_ids, cot_key, False)
+        got = _outputs_and_grads("kda", "pallas_interpret", inputs, segment_ids, cot_key, False)
+        self.assertLess(tolerances.rel_err(got[0][0], want[0][0]), 5e-3, "o")
+        for name in _DIFF_ARGS["kda"]:
+            limit = 2e-2 if name in ("g", "beta") else 8e-3
+            self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
+
     def test_kda_head_dim_128_gva(self):
         # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
         self.check("kda", batch=2, seq_len=70, key_heads=1, heads=2, dim=128, seed=4)
