@@ -134,7 +134,8 @@ AUTO_SELECT = True
 # within 0.3% before it).
 # History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a
 # 16-step column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then
-# 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches (tune-kda-options-h200-2026-11-30.md). Losing
+# 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches
+# (tune-kda-options-h200-2026-11-30.md). Losing
 # forms deleted: XLA's cumsum of g outside the custom_vjp (gamma kernel: 13.425 -> 12.875 ms);
 # the intra_grad kernel plus backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210,
 # 10.33 at 4 warps); the forward intra as a per-block column loop (1.056 ms) or quad levels
