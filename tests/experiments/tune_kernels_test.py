@@ -271,26 +271,24 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(table["channelwise_forward"][0]["grid"], (1, 2))
         self.assertEqual(table["channelwise_backward_chunk"][0]["grid"], (2, 1, 2))
         tune_kernels.check_launches(table, tuning, shape, "fwdbwd", op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"channelwise_backward_state traced with "
-                                                  r"launch \(8, 3\), expected \(4, 2\)"):
-            tune_kernels.check_launches(table, {**tuning, "backward_state": (4, 2)}, shape,
-                                        "fwdbwd", op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"channelwise_backward_chunk traced with grid "
-                                                  r"\(2, 1, 2\), expected \(2, 1, 1\)"):
-            tune_kernels.check_launches(table, {**tuning, "block_k": None}, shape, "fwdbwd",
-                                        op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"^fwdbwd: channelwise_grad_blocks traced "
-                                                  r"with launch \(8, 2\), expected \(4, 1\)"):
-            tune_kernels.check_launches(table, {**tuning, "grad_blocks": (4, 1)}, shape,
-                                        "fwdbwd", op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_gamma traced with "
-                                                  r"launch \(2, 3\), expected \(4, 1\)"):
-            tune_kernels.check_launches(table, {**tuning, "gamma": (4, 1)}, shape, "fwd",
-                                        op="kda")
-        with self.assertRaisesRegex(RuntimeError, r"channelwise_intra traced with launch "
-                                                  r"\(2, 2\), expected \(8, 8\)"):
-            tune_kernels.check_launches(table, {**tuning, "intra_token": (8, 8)}, shape,
-                                        "fwdbwd", op="kda")
+        # Each mismatch between the traced program and the TUNING checked against, named.
+        mismatches = [
+            ({"backward_state": (4, 2)}, "fwdbwd",
+             r"channelwise_backward_state traced with launch \(8, 3\), expected \(4, 2\)"),
+            ({"block_k": None}, "fwdbwd",
+             r"channelwise_backward_chunk traced with grid \(2, 1, 2\), expected \(2, 1, 1\)"),
+            ({"grad_blocks": (4, 1)}, "fwdbwd",
+             r"^fwdbwd: channelwise_grad_blocks traced with launch \(8, 2\), expected \(4, 1\)"),
+            ({"gamma": (4, 1)}, "fwd",
+             r"^fwd: channelwise_gamma traced with launch \(2, 3\), expected \(4, 1\)"),
+            ({"intra_token": (8, 8)}, "fwdbwd",
+             r"channelwise_intra traced with launch \(2, 2\), expected \(8, 8\)"),
+        ]
+        for override, pass_, message in mismatches:
+            with self.subTest(override=override):
+                with self.assertRaisesRegex(RuntimeError, message):
+                    tune_kernels.check_launches(table, {**tuning, **override}, shape, pass_,
+                                                op="kda")
         # At H = 1 every cap >= 1 resolves to one head per program: the same program.
         tune_kernels.check_launches(table, {**tuning, "intra_token_heads": 16}, shape, "fwdbwd",
                                     op="kda")
