@@ -16,12 +16,14 @@ and were deleted, see the history above ``kernel_gpu.TUNING``.)
 
 Each variant is a set of TUNING overrides; every variant's outputs are compared with the first
 variant of its stage (max abs difference, which should be rounding: the variants compute the
-same sums, in another order at most). Inputs: bf16 q, k, kr = beta k (unit-norm-scale k) and
-fp32 gamma, the within-chunk cumsum of ``logsigmoid(N(0, 1))`` per channel (the tune_kernels
-KDA inputs). Times: median of ``--iters`` synced calls and the mean of ``--iters``
-back-to-back calls with one sync (``loop``), after three untimed calls (the first compiles), in
-ms. A variant that fails is recorded with its error; if the stage's first variant fails, the
-others get no difference (``None``).
+same sums, in another order at most; records also carry ``max_abs``, the largest output
+magnitude, to scale it: bf16 outputs can differ by one bf16 step of it). Inputs: bf16 q, k,
+kr = beta k (unit-norm-scale k) and fp32 gamma, the within-chunk cumsum of
+``logsigmoid(N(0, 1))`` per channel (the tune_kernels KDA inputs). Times: median of
+``--iters`` synced calls and the mean of ``--iters`` back-to-back calls with one sync
+(``loop``), after three untimed calls (the first compiles), in ms. A variant that fails is
+recorded with its error; if the stage's first variant fails, the others get no difference
+(``None``).
 
 Usage (H200)::
 
@@ -161,6 +163,7 @@ def time_variants(stage, shape, iters, interpret=False):
             rec["max_abs_diff"] = None if base is None else max(
                 float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))))
                 for a, b in zip(leaves, base))
+            rec["max_abs"] = max(float(jnp.max(jnp.abs(a.astype(jnp.float32)))) for a in leaves)
         except Exception as e:  # a variant that fails to compile is recorded, not fatal
             rec["error"] = f"{type(e).__name__}: {str(e)[:300]}"
         print(json.dumps(rec), flush=True)

@@ -98,9 +98,10 @@ rounding. Requires ``g <= 0`` (a decay), as every form of these ops documents.
 
 All kernels also run under ``interpret=True`` (Pallas interpret mode) on any backend; the test
 suite checks them that way on CPU. Status: verified in interpret mode (fp32 to rounding; bf16
-within the GPU gates) and on the H200 (2026-11-29: ``pytest -m gpu
+within the GPU gates) and on the H200 (last 2026-11-30, the current kernels: ``pytest -m gpu
 tests/pallas_kernels/kernel_gpu_channelwise_test.py``, 8 passed: KDA and GDN-2, bf16 against
-the fp32 reference, packed and not, head dims 64 and 128), so ``"auto"`` picks them on a GPU
+the fp32 reference, packed and not, head dims 64 and 128; ``benchmarks/results/
+kernels-h200-2026-11-30.md``, sixth run), so ``"auto"`` picks them on a GPU
 (:data:`AUTO_SELECT`). In the 350M KDA hybrid they train 6.4x faster than the chunked JAX form
 (``benchmarks/results/train-throughput-h200-2026-11-29.md``).
 """
@@ -121,7 +122,8 @@ F32 = jnp.float32
 # explicit implementation="pallas" runs them regardless, "chunked" never.
 AUTO_SELECT = True
 # Triton launch parameters per kernel: (num_warps, num_stages); the value-block width of the
-# sequential kernels and the key-block width of prepare/backward_chunk (None: min(dim, 64));
+# sequential kernels and the key-block width of gamma/prepare/backward_chunk (None:
+# min(dim, 64));
 # intra_tf32: decay-scaled intra-chunk products of half-precision inputs in TF32 (else in the
 # input dtype); intra_token_heads: the cap (>= 1) on heads per program of the intra kernel
 # (intra_heads), intra_token its launch. A launch may also be a dict {key head dim: pair}
@@ -140,8 +142,8 @@ AUTO_SELECT = True
 # the intra_grad kernel plus backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210,
 # 10.33 at 4 warps); the forward intra as a per-block column loop (1.056 ms) or quad levels
 # (1.312), against 0.627 token-parallel (4 heads, 4 warps); a products kernel for prepare's
-# off-diagonal blocks (prepare + products 2.497 ms against 2.513 in prepare, and the KDA
-# objective 12.210 ms either way).
+# off-diagonal blocks (prepare + products 2.497 ms against 2.513 in prepare; the KDA
+# objective 13.203 ms with it against 12.210 without).
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
@@ -284,15 +286,15 @@ def _decayed_products(cfg, xs, y, gam_ref, gam, b, h, t0, ksl):
     return jax.lax.fori_loop(0, NSUB - 1, off_diagonal, outs)
 
 
-def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j, ksl):
+def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j):
     """Factors of the off-diagonal block (rows of a later 16-row block, column block j) for
-    rows with gamma ``g_rows`` (``[SUB, BK]``): ``(e^{g_rows - r_j}, k_j * e^{r_j - gamma_j})``,
-    both ``[SUB, BK]`` fp32, r_j = gamma at the last row of block j, so both exponents are
+    rows with gamma ``g_rows`` (``[SUB, K]``): ``(e^{g_rows - r_j}, k_j * e^{r_j - gamma_j})``,
+    both ``[SUB, K]`` fp32, r_j = gamma at the last row of block j, so both exponents are
     <= 0 within a chunk and need no mask."""
     jsl = pl.ds(t0 + SUB * j, SUB)
-    ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, ksl][None, :]
+    ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, :][None, :]
     return (jnp.exp(g_rows - ref_row),
-            k_ref[b, jsl, h, ksl].astype(F32) * jnp.exp(ref_row - gam_ref[b, jsl, h, ksl]))
+            k_ref[b, jsl, h, :].astype(F32) * jnp.exp(ref_row - gam_ref[b, jsl, h, :]))
 
 
 def _expand_diagonal(d):
@@ -383,10 +385,7 @@ def intra_heads(heads: int, tuning=None) -> int:
       ValueError: if that cap is not an int >= 1.
     """
     raw = (TUNING if tuning is None else tuning).get("intra_token_heads")
-    try:
-        cap = int(raw)
-    except (TypeError, ValueError):
-        cap = 0
+    cap = raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
     if cap < 1:
         raise ValueError('TUNING["intra_token_heads"] (the cap on heads per program of the '
                          f'intra kernel) must be an int >= 1, got {raw!r}')
@@ -521,7 +520,7 @@ def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_r
         doc_j = doc_rows(jsl)
         dmq = same_doc(scale * mm_nt(do_ref[b, csl, h, :], vn_j, mdt), doc_c, doc_j)
         dmk = same_doc(-mm_nt(dr_ref[b, csl, h, :], vn_j, mdt), doc_c, doc_j)
-        row_fac, yc = _column_block_factors(k_ref, gam_ref, g_c, b, h, t0, j, slice(None))
+        row_fac, yc = _column_block_factors(k_ref, gam_ref, g_c, b, h, t0, j)
         return (dq + row_fac * _intra_dot(dmq, yc, ((1,), (0,)), cfg),
                 dkr + row_fac * _intra_dot(dmk, yc, ((1,), (0,)), cfg))
 

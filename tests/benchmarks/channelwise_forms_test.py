@@ -11,8 +11,9 @@ class ChannelwiseFormsTest(absltest.TestCase):
 
     def test_variants_agree_and_records_are_complete(self):
         # Two variants per stage on a small shape: every variant computes the same sums (prepare
-        # with block_k 32 in another order), so the differences to the first variant are
-        # rounding (fp32 on CPU, where TF32 is IEEE).
+        # with block_k 32 in another order). The fp32 sums differ by fp32 rounding at most, but
+        # several outputs are bf16 (W, U, qg, kg, Mq), where such a difference can flip one
+        # rounding: the bound is one bf16 step of the largest output (2^-8 relative).
         prepare = dict(channelwise_forms.VARIANTS["prepare"])
         variants = {
             "intra": [channelwise_forms.VARIANTS["intra"][0],
@@ -27,7 +28,7 @@ class ChannelwiseFormsTest(absltest.TestCase):
         for rec in records:
             self.assertNotIn("error", rec)
             self.assertGreater(rec["ms"], 0.0)
-            self.assertLess(rec["max_abs_diff"], 1e-5, rec["variant"])
+            self.assertLessEqual(rec["max_abs_diff"], 2.0 ** -8 * rec["max_abs"], rec["variant"])
         md = channelwise_forms.markdown(records, (1, 128, 4, 64), "cmd", "cpu")
         self.assertIn("| prepare | 8 warps, block_k 32 |", md)
 
