@@ -96,6 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trace_steps", type=int, default=3, help="whole steps under the profiler")
     p.add_argument("--tiny", action="store_true", help="tiny model (CPU smoke run)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="config override (repeatable), e.g. model.split_projections=true")
     p.add_argument("--out", default=None, help="output prefix for .json and .md")
     args = p.parse_args(argv)
     for name in ("batch", "length", "iters", "trace_steps"):
@@ -108,7 +110,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Measures everything above; returns the payload also written to ``<args.out>.json``."""
-    cfg = bench_train.experiment_config(args.preset, args.opt, tiny=args.tiny)
+    cfg = bench_train.experiment_config(args.preset, args.opt, tiny=args.tiny,
+                                        overrides=args.set)
     trainer = train_lib.Trainer(cfg)
     batch = bench_train.make_batch(args.batch, args.length, cfg.model.vocab_size, args.seed)
     tokens = args.batch * args.length

@@ -31,6 +31,7 @@ Usage::
 
 import argparse
 import gc
+import json
 import os
 import sys
 import time
@@ -100,12 +101,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def experiment_config(preset: str, opt: str, *, tiny: bool = False,
-                      num_layers=None) -> config_lib.ExperimentConfig:
-    """The Table 2 preset as a validated config (``num_layers`` truncates its layer pattern).
+def experiment_config(preset: str, opt: str, *, tiny: bool = False, num_layers=None,
+                      overrides=()) -> config_lib.ExperimentConfig:
+    """The Table 2 preset as a validated config (``num_layers`` truncates its layer pattern;
+    ``overrides``: ``"section.key=value"`` strings, the value parsed as JSON when it parses,
+    e.g. ``"model.split_projections=true"``, else taken as a string).
 
     Raises:
-      ValueError: for an unknown preset or ``num_layers`` outside ``[1, L]``.
+      ValueError: for an unknown preset, ``num_layers`` outside ``[1, L]``, or an override
+        that is not ``path=value`` or names a key the config does not have.
     """
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose from {', '.join(PRESETS)}")
@@ -116,6 +120,19 @@ def experiment_config(preset: str, opt: str, *, tiny: bool = False,
         if not 1 <= num_layers <= len(pattern):
             raise ValueError(f"num_layers={num_layers} must be in [1, {len(pattern)}]")
         cfg.model.layer_pattern = pattern[:num_layers]
+    for item in overrides:
+        path, sep, text = item.partition("=")
+        *parents, key = path.split(".")
+        node = cfg
+        for name in parents:
+            node = node.get(name) if hasattr(node, "get") else None
+        if not sep or node is None or key not in node:
+            raise ValueError(f"override {item!r}: expected section.key=value naming an existing "
+                             "config key")
+        try:
+            node[key] = json.loads(text)
+        except json.JSONDecodeError:
+            node[key] = text
     return config_lib.experiment_from_config_dict(cfg)
 
 

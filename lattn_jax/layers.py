@@ -56,11 +56,14 @@ class Dense(nnx.Module):
       param_dtype: storage dtype.
       kernel_init: optional ``init(key, shape, dtype)`` used instead of ``N(0, std^2)`` (e.g.
         zeros for the routing projections, spec §4.3).
+      split_products: how :meth:`split` forms its parts (``ModelConfig.split_projections``).
     """
 
     def __init__(self, in_features: int, out_features: int, *, std: float, rngs: nnx.Rngs,
-                 dtype=jnp.float32, param_dtype=jnp.float32, kernel_init=None):
+                 dtype=jnp.float32, param_dtype=jnp.float32, kernel_init=None,
+                 split_products: bool = False):
         self.dtype = dtype
+        self.split_products = bool(split_products)
         init = normal_init(std) if kernel_init is None else kernel_init
         self.kernel = nnx.Param(init(rngs.params(), (in_features, out_features), param_dtype))
 
@@ -68,6 +71,31 @@ class Dense(nnx.Module):
         """``x``: ``[..., in]`` -> ``[..., out]`` in ``dtype``."""
         w = self.kernel[...].astype(self.dtype)
         return jnp.einsum("...i,io->...o", x.astype(self.dtype), w)
+
+    def split(self, x: Array, sections) -> list:
+        """``jnp.split(self(x), sections, axis=-1)``: the output's column blocks.
+
+        ``sections``: an int (that many equal blocks) or the ascending split indices, as for
+        ``jnp.split``. With ``split_products`` each block is its own product ``x W[:, a:b]``: the
+        same values (each output column is the same dot product), but in the backward the
+        blocks' cotangents are never concatenated into one ``[..., out]`` buffer (XLA's
+        transpose of the split, an activation-sized copy per projection); only the weight's
+        column-block gradients are (``[in, out]``, small). Otherwise one product, then the split.
+
+        Raises:
+          ValueError: if an int ``sections`` does not divide the output width.
+        """
+        if not self.split_products:
+            return jnp.split(self(x), sections, axis=-1)
+        width = self.kernel.shape[1]
+        if isinstance(sections, int):
+            if sections < 1 or width % sections:
+                raise ValueError(f"cannot split {width} output columns into {sections} blocks")
+            sections = [width // sections * i for i in range(1, sections)]
+        bounds = [0, *sections, width]
+        w = self.kernel[...].astype(self.dtype)
+        x = x.astype(self.dtype)
+        return [jnp.einsum("...i,io->...o", x, w[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 class SwiGLU(nnx.Module):
@@ -81,20 +109,21 @@ class SwiGLU(nnx.Module):
       hidden: ``F``.
       std: init std of ``fc1``.
       out_std: init std of ``fc2``.
-      rngs, dtype, param_dtype: as for :class:`Dense`.
+      rngs, dtype, param_dtype, split_products: as for :class:`Dense` (``fc1``'s gate and up
+        blocks by :meth:`Dense.split`).
     """
 
     def __init__(self, d_model: int, hidden: int, *, std: float, out_std: float, rngs: nnx.Rngs,
-                 dtype=jnp.float32, param_dtype=jnp.float32):
+                 dtype=jnp.float32, param_dtype=jnp.float32, split_products: bool = False):
         self.hidden = hidden
         self.fc1 = Dense(d_model, 2 * hidden, std=std, rngs=rngs, dtype=dtype,
-                         param_dtype=param_dtype)
+                         param_dtype=param_dtype, split_products=split_products)
         self.fc2 = Dense(hidden, d_model, std=out_std, rngs=rngs, dtype=dtype,
                          param_dtype=param_dtype)
 
     def __call__(self, x: Array) -> Array:
         """``x``: ``[B, T, D]`` -> ``[B, T, D]``."""
-        gate, up = jnp.split(self.fc1(x), 2, axis=-1)
+        gate, up = self.fc1.split(x, 2)
         return self.fc2(jax.nn.silu(gate) * up)
 
 

@@ -168,7 +168,8 @@ class Attention(nnx.Module):
         gate_width = q_width if self.output_gate else 0
         self.qkv_proj = layers.Dense(
             d, q_width + gate_width + 2 * kv_width, std=model_config.init_std, rngs=rngs,
-            dtype=self.dtype, param_dtype=param_dtype)
+            dtype=self.dtype, param_dtype=param_dtype,
+            split_products=model_config.split_projections)
         out_std = model_config.init_std / math.sqrt(2 * model_config.num_layers)
         self.out_proj = layers.Dense(q_width, d, std=out_std, rngs=rngs, dtype=self.dtype,
                                      param_dtype=param_dtype)
@@ -221,9 +222,8 @@ class Attention(nnx.Module):
         fresh = state is None and return_state  # a new cache of capacity T: flash path
         if state is not None:
             self._check_cache(state, b, t)
-        proj = self.qkv_proj(x)
         sizes = [h * dh] + ([h * dh] if self.output_gate else []) + [g * dh, g * dh]
-        parts = jnp.split(proj, list(itertools.accumulate(sizes))[:-1], axis=-1)
+        parts = self.qkv_proj.split(x, list(itertools.accumulate(sizes))[:-1])
         if self.output_gate:
             q, gate, k, v = parts
         else:

@@ -63,7 +63,8 @@ class DeltaNet(nnx.Module):
         self.v_dim = cfg.num_v_heads * cfg.head_v_dim
         width = 2 * self.qk_dim + self.v_dim + cfg.num_v_heads
         self.in_proj = layers.Dense(d, width, std=model_config.init_std, rngs=rngs,
-                                    dtype=self.dtype, param_dtype=param_dtype)
+                                    dtype=self.dtype, param_dtype=param_dtype,
+                                    split_products=model_config.split_projections)
         self.conv = layers.ShortConv(2 * self.qk_dim + self.v_dim, cfg.conv_width, rngs=rngs,
                                      dtype=self.dtype, param_dtype=param_dtype)
         self.o_norm = layers.RMSNorm(cfg.head_v_dim, eps=cfg.norm_eps, param_dtype=param_dtype)
@@ -108,7 +109,7 @@ class DeltaNet(nnx.Module):
         cfg = self.cfg
         b, t, _ = x.shape
         layers.check_state_batch(state, b)
-        qkv, beta_logit = jnp.split(self.in_proj(x), [2 * self.qk_dim + self.v_dim], axis=-1)
+        qkv, beta_logit = self.in_proj.split(x, [2 * self.qk_dim + self.v_dim])
         qkv, conv_state = layers.conv_silu(
             self.conv, qkv, segment_ids, None if state is None else state.conv_state)
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]

@@ -75,7 +75,8 @@ class GatedDeltaNet(nnx.Module):
         self.v_dim = cfg.num_v_heads * cfg.head_v_dim
         width = 2 * self.qk_dim + 2 * self.v_dim + 2 * cfg.num_v_heads
         self.in_proj = layers.Dense(d, width, std=model_config.init_std, rngs=rngs,
-                                    dtype=self.dtype, param_dtype=param_dtype)
+                                    dtype=self.dtype, param_dtype=param_dtype,
+                                    split_products=model_config.split_projections)
         self.conv = layers.ShortConv(2 * self.qk_dim + self.v_dim, cfg.conv_width, rngs=rngs,
                                      dtype=self.dtype, param_dtype=param_dtype)
         a = jax.random.uniform(rngs.params(), (cfg.num_v_heads,), jnp.float32, 1.0, 16.0)
@@ -139,12 +140,10 @@ class GatedDeltaNet(nnx.Module):
         cfg = self.cfg
         b, t, _ = x.shape
         layers.check_state_batch(state, b)
-        proj = self.in_proj(x)
-        qkv, z, beta_logit, a = jnp.split(
-            proj,
+        qkv, z, beta_logit, a = self.in_proj.split(
+            x,
             [2 * self.qk_dim + self.v_dim, 2 * self.qk_dim + 2 * self.v_dim,
              2 * self.qk_dim + 2 * self.v_dim + cfg.num_v_heads],
-            axis=-1,
         )
         qkv, conv_state = layers.conv_silu(self.conv, qkv, segment_ids,
                                            None if state is None else state.conv_state)

@@ -79,7 +79,8 @@ class GatedDeltaNet2(nnx.Module):
         self.v_dim = cfg.num_v_heads * cfg.head_v_dim
         self.rank = cfg.gate_rank or cfg.head_v_dim
         dense = dict(rngs=rngs, dtype=self.dtype, param_dtype=param_dtype)
-        self.in_proj = layers.Dense(d, 3 * self.qk_dim + 2 * self.v_dim, std=std, **dense)
+        self.in_proj = layers.Dense(d, 3 * self.qk_dim + 2 * self.v_dim, std=std,
+                                    split_products=model_config.split_projections, **dense)
         self.conv = layers.ShortConv(2 * self.qk_dim + self.v_dim, cfg.conv_width, **dense)
         self.f_down = layers.Dense(d, self.rank, std=std, **dense)
         self.f_up = layers.Dense(self.rank, self.qk_dim, std=std, **dense)
@@ -135,9 +136,8 @@ class GatedDeltaNet2(nnx.Module):
         b, t, _ = x.shape
         hk, h, dk, dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
         layers.check_state_batch(state, b)
-        qkv, b_logit, w_logit = jnp.split(
-            self.in_proj(x), [2 * self.qk_dim + self.v_dim, 3 * self.qk_dim + self.v_dim],
-            axis=-1)
+        qkv, b_logit, w_logit = self.in_proj.split(
+            x, [2 * self.qk_dim + self.v_dim, 3 * self.qk_dim + self.v_dim])
         qkv, conv_state = layers.conv_silu(
             self.conv, qkv, segment_ids, None if state is None else state.conv_state)
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]

@@ -93,7 +93,7 @@ class KimiDeltaAttention(nnx.Module):
         self.rank = cfg.gate_rank or cfg.head_v_dim
         dense = dict(rngs=rngs, dtype=self.dtype, param_dtype=param_dtype)
         self.in_proj = layers.Dense(d, 2 * self.qk_dim + self.v_dim + cfg.num_v_heads, std=std,
-                                    **dense)
+                                    split_products=model_config.split_projections, **dense)
         self.conv = layers.ShortConv(2 * self.qk_dim + self.v_dim, cfg.conv_width, **dense)
         self.bottleneck_proj = layers.Dense(d, 2 * self.rank, std=std, **dense)
         self.f_out_proj = layers.Dense(self.rank, cfg.num_v_heads * cfg.head_k_dim, std=std,
@@ -148,7 +148,7 @@ class KimiDeltaAttention(nnx.Module):
         cfg = self.cfg
         b, t, _ = x.shape
         layers.check_state_batch(state, b)
-        qkv, beta_logit = jnp.split(self.in_proj(x), [2 * self.qk_dim + self.v_dim], axis=-1)
+        qkv, beta_logit = self.in_proj.split(x, [2 * self.qk_dim + self.v_dim])
         qkv, conv_state = layers.conv_silu(
             self.conv, qkv, segment_ids, None if state is None else state.conv_state)
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]

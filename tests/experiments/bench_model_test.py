@@ -54,6 +54,14 @@ class BenchTrainTest(absltest.TestCase):
         self.assertEqual(cfg.optim.name, "muon")
         with self.assertRaisesRegex(ValueError, "num_layers=7 must be in"):
             bench_train.experiment_config("softmax", "adamw", tiny=True, num_layers=7)
+        cfg = bench_train.experiment_config(
+            "gdn_pure", "adamw", tiny=True,
+            overrides=["model.split_projections=true", "model.gdn.implementation=chunked"])
+        self.assertIs(cfg.model.split_projections, True)
+        self.assertEqual(cfg.model.gdn.implementation, "chunked")
+        for bad in ("model.no_such_key=1", "model.split_projections", "nope.x=1"):
+            with self.assertRaisesRegex(ValueError, "expected section.key=value"):
+                bench_train.experiment_config("gdn_pure", "adamw", tiny=True, overrides=[bad])
 
     def test_tiny_sweep_times_every_configuration(self):
         # Two presets keep the test short: the hybrid has both kinds of layer; test_presets

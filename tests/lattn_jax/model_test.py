@@ -84,6 +84,35 @@ class ModelTest(parameterized.TestCase):
             with self.assertRaisesRegex(ValueError, "implementation='pallas' cannot run"):
                 model(tokens)
 
+    def test_split_projections_same_values_and_gradients(self):
+        # model.split_projections forms each column block of the fused projections (GDN's
+        # in_proj, attention's qkv_proj, the MLP's fc1) as its own product: the same parameters
+        # (same init) and, up to fp32 rounding, the same loss and gradients as split-after.
+        tokens = jax.random.randint(jax.random.key(3), (2, 24), 0, 64)
+
+        def loss_and_grads(split):
+            model = model_lib.LanguageModel(
+                tiny_config(PATTERNS["hybrid"], split_projections=split), rngs=nnx.Rngs(0))
+            graph, params, rest = nnx.split(model, nnx.Param, ...)
+
+            def loss(p):
+                logits = nnx.merge(graph, p, rest)(tokens)
+                return jnp.mean(jax.nn.log_softmax(logits)[..., 0] * jnp.arange(24.0))
+
+            return params, jax.jit(jax.value_and_grad(loss))(params)
+
+        p0, (l0, g0) = loss_and_grads(False)
+        p1, (l1, g1) = loss_and_grads(True)
+        jax.tree_util.tree_map(np.testing.assert_array_equal, p0, p1)
+        self.assertTrue(model_lib.LanguageModel(
+            tiny_config(PATTERNS["hybrid"], split_projections=True),
+            rngs=nnx.Rngs(0)).blocks[2].mixer.qkv_proj.split_products)
+        np.testing.assert_allclose(l1, l0, rtol=1e-6)
+        leaves0, leaves1 = jax.tree_util.tree_leaves(g0), jax.tree_util.tree_leaves(g1)
+        self.assertLen(leaves1, len(leaves0))
+        for a, b in zip(leaves1, leaves0):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b))))
+
     def test_tied_embeddings_share_the_matrix(self):
         tied = model_lib.LanguageModel(tiny_config(PATTERNS["dense"], tie_embeddings=True),
                                        rngs=nnx.Rngs(0))
