@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from lattn_jax import benchmark as bench  # noqa: E402
 from pallas_kernels.gdn2 import kernel_gpu  # noqa: E402
 
 # (label, TUNING overrides) per stage; the first of each stage is the comparison baseline.
@@ -144,18 +145,8 @@ def time_variants(stage, shape, iters, interpret=False):
             with mock.patch.dict(kernel_gpu.TUNING, overrides):
                 f = _stage_fn(stage, shape, interpret)
                 out = jax.block_until_ready(f(*inputs))
-                for _ in range(2):
-                    jax.block_until_ready(f(*inputs))
-                times = []
-                for _ in range(iters):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(f(*inputs))
-                    times.append(time.perf_counter() - t0)
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    out = f(*inputs)
-                jax.block_until_ready(out)
-                rec["loop_ms"] = (time.perf_counter() - t0) / iters * 1e3
+                times = bench.time_calls(lambda: f(*inputs), warmup=2, iters=iters)
+                rec["loop_ms"] = bench.time_back_to_back(lambda: f(*inputs), iters) * 1e3
                 rec["ms"] = sorted(times)[len(times) // 2] * 1e3
             leaves = jax.tree_util.tree_leaves(out)
             if index == 0:

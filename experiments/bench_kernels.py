@@ -213,14 +213,9 @@ def _jax_passes(fn, names):
 
 def _time_jax(f, args, kwargs):
     """``(median, min)`` wall ms per call, each call followed by ``block_until_ready``."""
-    import jax
-    for _ in range(_WARMUP.value):
-        jax.block_until_ready(f(*args, **kwargs))
-    times = []
-    for _ in range(_ITERS.value):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args, **kwargs))
-        times.append((time.perf_counter() - t0) * 1e3)
+    from lattn_jax import benchmark
+    times = np.asarray(benchmark.time_calls(lambda: f(*args, **kwargs), warmup=_WARMUP.value,
+                                            iters=_ITERS.value)) * 1e3
     return float(np.median(times)), float(np.min(times))
 
 
@@ -228,13 +223,9 @@ def _time_jax_loop(f, args, kwargs):
     """Wall ms per call of ``--iters`` calls dispatched back to back with one sync (§5.4's
     secondary metric: launch gaps and XLA glue count, the per-call host sync does not)."""
     import jax
+    from lattn_jax import benchmark
     jax.block_until_ready(f(*args, **kwargs))
-    t0 = time.perf_counter()
-    out = None
-    for _ in range(_ITERS.value):
-        out = f(*args, **kwargs)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - t0) * 1e3 / _ITERS.value
+    return benchmark.time_back_to_back(lambda: f(*args, **kwargs), _ITERS.value) * 1e3
 
 
 def device_ms_from_trace(events, calls):

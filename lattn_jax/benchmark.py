@@ -143,6 +143,24 @@ def time_calls(fn: Callable[[], Any], *, warmup: int, iters: int) -> List[float]
     return times
 
 
+def time_back_to_back(fn: Callable[[], Any], iters: int) -> float:
+    """Wall-clock seconds per call of ``iters`` calls of ``fn()`` dispatched back to back with one
+    ``jax.block_until_ready`` at the end (BENCHMARKS.md §5.4's secondary metric: launch gaps and
+    glue count, a per-call host sync does not). No warm-up: the caller compiles first.
+
+    Raises:
+      ValueError: for ``iters < 1``; and whatever ``fn`` raises.
+    """
+    if iters < 1:
+        raise ValueError(f"need iters >= 1, got {iters=}")
+    t0 = time.perf_counter()
+    out = None
+    for _ in range(iters):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - t0) / iters
+
+
 def device_kernel_events(events: Sequence[Mapping[str, Any]]
                          ) -> List[Tuple[str, float, float]]:
     """``(name, start, duration)`` (µs) of every device kernel in Chrome-trace ``events``.

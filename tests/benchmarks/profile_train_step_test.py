@@ -1,5 +1,7 @@
 """benchmarks/profile_train_step.py: the kernel classes, the trace breakdown, a tiny CPU run."""
 
+from unittest import mock
+
 import numpy as np
 import pytest
 from absl.testing import absltest
@@ -50,6 +52,21 @@ class ProfileTrainStepTest(absltest.TestCase):
         self.assertEqual(pts.bench.busy_time([(5.0, 15.0), (0.0, 10.0), (30.0, 1.0),
                                               (2.0, 1.0)]), 21.0)
         self.assertEqual(pts.bench.busy_time([]), 0.0)
+
+    def test_time_back_to_back_calls_iters_times_and_syncs_once(self):
+        calls = []
+
+        def fn():
+            calls.append(1)
+            return len(calls)
+
+        with mock.patch.object(pts.bench.jax, "block_until_ready") as sync:
+            per_call = pts.bench.time_back_to_back(fn, 5)
+        self.assertLen(calls, 5)
+        sync.assert_called_once_with(5)  # the last call's result only
+        self.assertGreaterEqual(per_call, 0.0)
+        with self.assertRaisesRegex(ValueError, "iters >= 1"):
+            pts.bench.time_back_to_back(fn, 0)
 
     def test_bad_flags_name_the_option(self):
         for flag in ("--batch=0", "--iters=0", "--warmup=-1"):
