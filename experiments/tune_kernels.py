@@ -640,11 +640,9 @@ def _gdn_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
             "backward_chunk": (n_chunks, rows, dim // eff["block_k"])}
 
 
-def channelwise_pass_kernels(pass_: str, eff: Mapping[str, Any]) -> Tuple[str, ...]:
+def channelwise_pass_kernels(pass_: str) -> Tuple[str, ...]:
     """The kernels (pallas_call names less ``channelwise_``) a pass of gdn2/kernel_gpu.py runs:
-    ``pass_`` is ``"fwd"`` or ``"fwdbwd"``; the same under every configuration ``eff``
-    (:func:`effective`)."""
-    del eff  # every configuration runs the same kernels
+    ``pass_`` is ``"fwd"`` or ``"fwdbwd"``; the same under every configuration."""
     return CW_FWD_KERNELS if pass_ == "fwd" else CW_KERNELS
 
 
@@ -706,7 +704,7 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
                                                               eff["segments"])
     else:
         grids = _channelwise_grids(eff, shape)
-        kernels = channelwise_pass_kernels(pass_, eff)
+        kernels = channelwise_pass_kernels(pass_)
     for kernel in kernels:
         name = family.prefix + kernel
         calls = table.get(name)

@@ -315,11 +315,6 @@ def _expand_diagonal(d):
 # through Mq and Mk, the diagonal blocks by quad levels) and gamma.
 
 
-def _quad_cfg(cfg):
-    """``cfg`` with the quad-level products in TF32 at least (never in the half input dtype)."""
-    return {**cfg, "intra_tf32": True}
-
-
 def _expand_quads(a):
     """``[SUB / QUAD, K]`` -> ``[SUB, K]``: row i takes row ``i // QUAD`` (no arithmetic)."""
     n, width = a.shape
@@ -343,7 +338,7 @@ def _intra_grad_levels(cfg, dms, xs, k_ref, gam_ref, g_blk, b, h, r0):
     in IEEE fp32 for fp32 inputs and in TF32 otherwise, whatever ``intra_tf32`` says (never in
     the half input dtype).
     """
-    cfg = _quad_cfg(cfg)
+    cfg = {**cfg, "intra_tf32": True}  # TF32 at least, never the half input dtype
     rows = _iota((SUB, 1), 0)
     r2, c2 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
     nq = SUB // QUAD
@@ -731,7 +726,7 @@ def _backward_state_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, dvn_in_
         dvn = dvn + mm(kg_ref[b, tsl, h, :], dstate, mdt)
         if dvn_in_ref is not None:
             dvn = dvn + dvn_in_ref[b, tsl, h, vsl].astype(F32)
-        dvn_ref[b, tsl, h, vsl] = dvn
+        dvn_ref[b, tsl, h, vsl] = dvn.astype(dvn_ref.dtype)
         e_all = e_ref[b, h, n, :]
         dnew = e_all[:, None] * dstate + scale * mm_tn(qg_ref[b, tsl, h, :], do, mdt)
         return dnew - mm_tn(w_ref[b, tsl, h, :], dvn, mdt)
@@ -751,7 +746,8 @@ def _backward_state(cfg, prep, do, dvn_in, dht):
                 ("mq_ref", prep["mq_ref"]), ("e_ref", prep["e_ref"]), ("do_ref", do),
                 ("dvn_in_ref", dvn_in), ("dht_ref", dht)],
         outputs=[
-            ("dvn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), F32)),
+            # In the operand dtype: its one reader (_chunk_dr) rounds it to that first.
+            ("dvn_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), cfg["mm_dtype"])),
             ("dhs_ref", jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], dk, dv),
                                              cfg["mm_dtype"])),
             ("dh0_ref", jax.ShapeDtypeStruct((bsz, heads, dk, dv), F32)),
@@ -825,9 +821,9 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
     dgam_ref[b, tsl, h, ksl] = dgam
 
 
-def _backward_chunk(cfg, q, k, kr, vw, gam, docs, amat, hs, dhs, do, vn, dvn):
-    """``(dq, dk, dkr, dvw, dg)``: ``dR = A^T dVn`` (:func:`_chunk_dr`, also dvw), the
-    ``grad_blocks`` kernel, then the ``backward_chunk`` kernel."""
+def _backward_chunk(cfg, q, k, kr, gam, docs, amat, hs, dhs, do, vn, dvn):
+    """``(dq, dk, dkr, dvw, dg)``: ``dR = A^T dVn`` (:func:`_chunk_dr`, in the operand dtype of
+    ``vw``, is dvw itself), the ``grad_blocks`` kernel, then the ``backward_chunk`` kernel."""
     dr = _chunk_dr(cfg, amat, dvn)
     dqd, dkd, dkrd = _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr)
     bsz, tp, heads, dk = q.shape
@@ -847,8 +843,7 @@ def _backward_chunk(cfg, q, k, kr, vw, gam, docs, amat, hs, dhs, do, vn, dvn):
         grid=(cfg["n_chunks"], bsz * heads, dk // cfg["block_k"]), tune="backward_chunk",
         name="channelwise_backward_chunk",
     )
-    dvw = dr.astype(vw.dtype)
-    return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"], dvw, outs["dgam_ref"]
+    return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"], dr, outs["dgam_ref"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -877,15 +872,15 @@ def _make_core(static):
         o, ht, vn, hs, prep, gam = forward(q, k, kr, vw, g, h0, docs, save=True)
         out = (o, ht, vn) if residual else (o, ht)
         keep = {n: prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref", "a_ref")}
-        return out, (q, k, kr, vw, gam, docs, keep, hs, vn)
+        return out, (q, k, kr, gam, docs, keep, hs, vn)
 
     def core_bwd(res, cts):
-        q, k, kr, vw, gam, docs, prep, hs, vn = res
+        q, k, kr, gam, docs, prep, hs, vn = res
         do = cts[0].astype(q.dtype)
         dvn_out = cts[2] if residual else None
         dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
-        dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, vw, gam, docs, prep["a_ref"],
-                                               hs, dhs, do, vn, dvn)
+        dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"], hs,
+                                               dhs, do, vn, dvn)
         return dq, dk, dkr, dvw, dg, dh0, tuple(None for _ in docs)
 
     core.defvjp(core_fwd, core_bwd)

@@ -385,9 +385,9 @@ class TuneKernelsTest(absltest.TestCase):
         # Every configuration runs the same kernels: four in the forward, seven in all.
         shape = (2, 200, 3, 64)  # T = 200: 4 chunks; B * H = 6 rows; H = 3: one head per program
         eff = tune_kernels.effective(channelwise_gpu.TUNING, shape, "kda")
-        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwd", eff),
+        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwd"),
                          ("gamma", "intra", "prepare", "forward"))
-        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd", eff),
+        self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd"),
                          ("gamma", "intra", "prepare", "forward", "grad_blocks", "backward_state",
                           "backward_chunk"))
         self.assertEqual(tune_kernels._channelwise_grids(eff, shape),
