@@ -96,11 +96,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--trace_steps", type=int, default=3, help="whole steps under the profiler")
     p.add_argument("--tiny", action="store_true", help="tiny model (CPU smoke run)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--top", type=int, default=25, help="longest kernels listed")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override (repeatable), e.g. model.split_projections=true")
     p.add_argument("--out", default=None, help="output prefix for .json and .md")
     args = p.parse_args(argv)
-    for name in ("batch", "length", "iters", "trace_steps"):
+    for name in ("batch", "length", "iters", "trace_steps", "top"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -110,8 +111,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     """Measures everything above; returns the payload also written to ``<args.out>.json``."""
-    cfg = bench_train.experiment_config(args.preset, args.opt, tiny=args.tiny,
-                                        overrides=args.set)
+    # The config's batch is the profiled one, so train.micro_batch_size splits it as in a run.
+    cfg = bench_train.experiment_config(
+        args.preset, args.opt, tiny=args.tiny,
+        overrides=[f"data.batch_size={args.batch}", f"data.seq_len={args.length}"] + args.set)
     trainer = train_lib.Trainer(cfg)
     batch = bench_train.make_batch(args.batch, args.length, cfg.model.vocab_size, args.seed)
     tokens = args.batch * args.length
@@ -154,7 +157,7 @@ def run(args: argparse.Namespace) -> dict:
     payload["ms"] = ms
     payload["mfu"] = None if peak is None else {
         k: flops_step / (ms[k] / 1e3) / peak for k in ("step", "fwd_bwd")}
-    classes, busy, longest = kernel_breakdown(events, args.trace_steps)
+    classes, busy, longest = kernel_breakdown(events, args.trace_steps, args.top)
     payload["device_ms_per_step_by_class"] = classes
     payload["kernel_ms_per_step"] = sum(classes.values())
     payload["device_busy_ms_per_step"] = busy

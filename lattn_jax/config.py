@@ -882,6 +882,11 @@ class TrainConfig:
       tensorboard: also write TensorBoard event files to ``<workdir>/tensorboard``.
       peak_flops_per_device: peak FLOP/s of one device for the MFU metric; ``None`` looks the
         device kind up in ``lattn_jax.flops.PEAK_FLOPS`` (no MFU if it is unknown, e.g. CPU).
+      micro_batch_size: gradient accumulation: rows per data-parallel replica per micro-step
+        (Megatron's MBS); one optimizer step then runs ``data.batch_size / (micro_batch_size x
+        mesh data x fsdp)`` micro-batches and sums their gradients, so the loss stays the
+        token mean over the whole batch (paper 1's GBS 128 on fewer devices, spec §5.4).
+        ``None``: the whole batch in one pass.
     """
 
     total_steps: int = 1000
@@ -897,6 +902,7 @@ class TrainConfig:
     nonfinite_policy: str = "stop"
     tensorboard: bool = True
     peak_flops_per_device: Optional[float] = None
+    micro_batch_size: Optional[int] = None
 
     def __post_init__(self):
         _require(
@@ -915,6 +921,10 @@ class TrainConfig:
         _require(
             self.max_steps_per_run is None or self.max_steps_per_run >= 1,
             f"train.max_steps_per_run must be >= 1 or None, got {self.max_steps_per_run}",
+        )
+        _require(
+            self.micro_batch_size is None or self.micro_batch_size >= 1,
+            f"train.micro_batch_size must be >= 1 or None, got {self.micro_batch_size}",
         )
 
 

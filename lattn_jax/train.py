@@ -90,6 +90,7 @@ class Trainer:
         self.config = config
         self.mesh = mesh
         self.rules = config.mesh.rules
+        self.accum_steps = accumulation_steps(config, mesh)
         self.tx = optim.make_optimizer(config.optim, config.train.total_steps)
         self.schedule = optim.learning_rate_schedule(config.optim, config.train.total_steps)
         abstract_model = nnx.eval_shape(
@@ -162,12 +163,50 @@ class Trainer:
         logits = sharding.constrain(logits, sharding.ACT_BTS)
         return cross_entropy_loss(logits, batch["targets"], batch["weights"])
 
+    def micro_batches(self, batch: Batch) -> Batch:
+        """``[B, ...]`` arrays -> ``[n, B / n, ...]``, ``n = self.accum_steps``: micro-batch i
+        takes rows ``i, i + n, i + 2n, ...``, so each stays split evenly over the batch mesh axes
+        (every replica's block of rows feeds every micro-batch; no data moves)."""
+        n = self.accum_steps
+
+        def split(x):
+            x = x.reshape((x.shape[0] // n, n) + x.shape[1:])
+            return jnp.moveaxis(x, 1, 0)
+
+        return {k: split(v) for k, v in batch.items()}
+
     def loss_and_grads(self, params: PyTree, batch: Batch):
-        """``(mean loss, gradients)`` of one batch (traced under the mesh by the caller)."""
-        def loss_fn(p):
-            mean, _, _ = self.loss(p, batch)
-            return mean
-        return jax.value_and_grad(loss_fn)(params)
+        """``(mean loss, gradients)`` of one batch (traced under the mesh by the caller).
+
+        The loss is the token-weighted mean cross-entropy over the whole batch. With
+        ``train.micro_batch_size`` set (gradient accumulation, :func:`accumulation_steps`), the
+        batch runs as ``n`` micro-batches (:meth:`micro_batches`) in a ``lax.scan``; each
+        contributes ``(sum of its token losses) / (the whole batch's token count)`` and that
+        term's gradient, summed in fp32 (in the parameters' dtype if wider), so the loss and
+        gradients equal the one-pass ones up to summation order, while activations live for one
+        micro-batch at a time.
+        """
+        count = jnp.maximum(jnp.sum(batch["weights"].astype(jnp.float32)), 1.0)
+
+        def loss_fn(p, micro):
+            _, total, _ = self.loss(p, micro)
+            return total / count
+
+        grad_fn = jax.value_and_grad(loss_fn)
+        if self.accum_steps == 1:
+            return grad_fn(params, batch)
+
+        def body(carry, micro):
+            loss, grads = carry
+            loss_i, grads_i = grad_fn(params, _constrain_batch(micro))
+            grads = jax.tree_util.tree_map(lambda a, g: a + g.astype(a.dtype), grads, grads_i)
+            return (loss + loss_i, grads), None
+
+        zeros = jax.tree_util.tree_map(
+            lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
+        (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                        self.micro_batches(batch))
+        return loss, jax.tree_util.tree_map(lambda g, p: g.astype(p.dtype), grads, params)
 
     def _train_step(self, state: PyTree, batch: Batch):
         loss, grads = self.loss_and_grads(state["params"], batch)
@@ -190,8 +229,16 @@ class Trainer:
             return self._train_step_jit(state, self.put_batch(batch))
 
     def _eval_step(self, params: PyTree, batch: Batch):
-        _, total, count = self.loss(params, batch)
-        return total, count
+        if self.accum_steps == 1:
+            _, total, count = self.loss(params, batch)
+            return total, count
+
+        def body(carry, micro):
+            _, total, count = self.loss(params, _constrain_batch(micro))
+            return (carry[0] + total, carry[1] + count), None
+
+        zero = jnp.zeros((), jnp.float32)
+        return jax.lax.scan(body, (zero, zero), self.micro_batches(batch))[0]
 
     def eval_step(self, params: PyTree, batch: Batch):
         """``(sum of token losses, token count)`` of one batch."""
@@ -210,6 +257,32 @@ class Trainer:
 
 def _to_jax(batch: Batch) -> Batch:
     return {k: jnp.asarray(v) for k, v in batch.items()}
+
+
+def _constrain_batch(batch: Batch) -> Batch:
+    """Batch arrays constrained to the batch mesh axes (rows) under the active mesh."""
+    return {k: sharding.constrain(v, sharding.ACT_BT + (None,) * (v.ndim - 2))
+            for k, v in batch.items()}
+
+
+def accumulation_steps(config: config_lib.ExperimentConfig,
+                       mesh: Optional[jax.sharding.Mesh]) -> int:
+    """Micro-batches per optimizer step: ``data.batch_size / (train.micro_batch_size x the
+    mesh's data x fsdp)``, or 1 when ``train.micro_batch_size`` is ``None``.
+
+    Raises:
+      ConfigError: if ``data.batch_size`` is not a multiple of that product.
+    """
+    micro = config.train.micro_batch_size
+    if micro is None:
+        return 1
+    replicas = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = micro * replicas
+    if config.data.batch_size % rows:
+        raise config_lib.ConfigError(
+            f"data.batch_size={config.data.batch_size} must be a multiple of "
+            f"train.micro_batch_size x (mesh data x fsdp) = {micro} x {replicas}")
+    return config.data.batch_size // rows
 
 
 def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh]:
@@ -291,7 +364,7 @@ class _PreemptionWatcher:
 # iterator's windows. Every other data option changes which batch comes next.
 _RESUMABLE_DATA_OPTIONS = ("max_val_batches",)
 # Model options that change how the same parameters are computed with, not the parameters.
-_RESUMABLE_MODEL_OPTIONS = ("dtype", "remat", "remat_policy")
+_RESUMABLE_MODEL_OPTIONS = ("dtype", "remat", "remat_policy", "split_projections")
 
 
 def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,

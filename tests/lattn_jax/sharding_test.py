@@ -152,6 +152,7 @@ class MultiDeviceTest(absltest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             out = run_worker("step", tmp, devices=8)
             fwd = tolerances.fwd_tol(np.float32)
+            self.assertEqual(out["accum_steps"], 2)
             np.testing.assert_allclose(out["loss8"], out["loss1"], **fwd)
             self.assertEqual(out["init_max_diff"], 0.0)  # sharded init = single-device init
             # Gradients: max |g8 - g1| / max |g1| per parameter, against the fp32 grad rtol.

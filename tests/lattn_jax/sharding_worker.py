@@ -5,8 +5,9 @@ The number of simulated CPU devices must be fixed before JAX initialises, so eac
 prints one JSON line with its results.
 
 Modes:
-  ``step``: a 2 x 2 x 2 (data x fsdp x tensor) train step against the single-device step (loss
-    and every gradient), the parameter shardings, then a sharded checkpoint saved to ``DIR``
+  ``step``: a 2 x 2 x 2 (data x fsdp x tensor) train step with gradient accumulation (two
+    micro-batches) against the single-device one-pass step (loss and every gradient), the
+    parameter shardings, then a sharded checkpoint saved to ``DIR``
     (with the parameters as ``DIR/params.npz`` for the restoring side).
   ``restore``: restores that checkpoint onto a mesh of all this process's devices
     (fsdp x tensor = N/2 x 2) and compares it with ``params.npz``.
@@ -31,7 +32,8 @@ jax.config.update("jax_disable_most_optimizations", True)
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
-def tiny_config(mesh: config_lib.MeshConfig) -> config_lib.ExperimentConfig:
+def tiny_config(mesh: config_lib.MeshConfig, batch_size: int = 4,
+                micro_batch_size=None) -> config_lib.ExperimentConfig:
     """GDN + softmax attention with every head count divisible by the 2-way tensor axis."""
     model = config_lib.ModelConfig(
         vocab_size=256, d_model=32, layer_pattern=("gdn", "attn"), mlp_hidden=64,
@@ -40,19 +42,22 @@ def tiny_config(mesh: config_lib.MeshConfig) -> config_lib.ExperimentConfig:
                                            head_v_dim=8, chunk_size=8))
     data = train.data_lib.DataConfig(paths=(os.path.abspath(__file__),), tokenizer="byte",
                                      seq_len=16,
-                                     batch_size=4)
+                                     batch_size=batch_size)
     return config_lib.ExperimentConfig(
         model=model, data=data, mesh=mesh,
         optim=config_lib.OptimConfig(learning_rate=1e-2, warmup_steps=0),
-        train=config_lib.TrainConfig(total_steps=10))
+        train=config_lib.TrainConfig(total_steps=10, micro_batch_size=micro_batch_size))
 
 
-def batch(seed: int = 0):
+def batch(seed: int = 0, rows: int = 4):
+    """Random tokens, two documents per row, and random 0/1 weights (unequal token counts per
+    row, so a mean of per-micro-batch means would differ from the token mean)."""
     rng = np.random.default_rng(seed)
-    tokens = rng.integers(0, 256, size=(4, 17))
-    segment_ids = np.repeat(np.array([[0] * 10 + [1] * 6]), 4, axis=0).astype(np.int32)
+    tokens = rng.integers(0, 256, size=(rows, 17))
+    segment_ids = np.repeat(np.array([[0] * 10 + [1] * 6]), rows, axis=0).astype(np.int32)
+    weights = (rng.random((rows, 16)) < 0.7).astype(np.float32)
     return {"inputs": tokens[:, :-1].astype(np.int32), "targets": tokens[:, 1:].astype(np.int32),
-            "weights": np.ones((4, 16), np.float32), "segment_ids": segment_ids}
+            "weights": weights, "segment_ids": segment_ids}
 
 
 def flat(tree):
@@ -65,12 +70,15 @@ def spec_of(x):
 
 
 def run_step(directory: str) -> dict:
-    single = train.Trainer(tiny_config(config_lib.MeshConfig(data=1)))
+    # One device takes the 8 rows in one pass; the 2 x 2 x 2 mesh in two micro-batches of one
+    # row per data-parallel replica (gradient accumulation), so both paths are compared.
+    single = train.Trainer(tiny_config(config_lib.MeshConfig(data=1), batch_size=8))
     state = single.init_state(0)
-    b = batch()
+    b = batch(rows=8)
     loss1, grads1 = jax.jit(single.loss_and_grads)(state["params"], single.put_batch(b))
 
-    cfg = tiny_config(config_lib.MeshConfig(data=2, fsdp=2, tensor=2))
+    cfg = tiny_config(config_lib.MeshConfig(data=2, fsdp=2, tensor=2), batch_size=8,
+                      micro_batch_size=1)
     mesh = sharding.make_mesh(cfg.mesh)
     sharded = train.Trainer(cfg, mesh)
     state8 = sharded.init_state(0)
@@ -78,6 +86,7 @@ def run_step(directory: str) -> dict:
         loss8, grads8 = jax.jit(sharded.loss_and_grads)(state8["params"], sharded.put_batch(b))
     p = state8["params"]
     out = {
+        "accum_steps": sharded.accum_steps,
         "loss1": float(loss1), "loss8": float(loss8),
         "init_max_diff": max(float(np.max(np.abs(a - c))) for a, c in zip(
             flat(state["params"]).values(), flat(p).values())),
