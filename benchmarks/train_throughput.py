@@ -48,6 +48,8 @@ def _parse_args(argv):
     parser.add_argument("--opt", default="muon", choices=["muon", "adamw"])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch_size", type=int, default=8, help="rows per step")
+    parser.add_argument("--micro_batch_size", type=int, default=None,
+                        help="rows per micro-step (gradient accumulation; default: none)")
     parser.add_argument("--seq_len", type=int, default=4096)
     parser.add_argument("--log_every", type=int, default=10)
     parser.add_argument("--skip_windows", type=int, default=2,
@@ -114,13 +116,21 @@ def run_trainer(cmd, log_path: str, *, label: str, env=None):
     return rc, params, time.perf_counter() - t0
 
 
+def _micro_text(result: dict) -> str:
+    micro = result.get("micro_batch_size")
+    if not micro:
+        return ""
+    return (f" (gradient accumulation: {result['batch_size'] // micro} micro-batches of {micro} "
+            "rows per step)")
+
+
 def render(result: dict) -> str:
     """The markdown report of :func:`main`'s JSON result."""
     lines = [f"# Training throughput, paper-1 presets ({result['date'][:10]})", "",
              f"- Date: {result['date']}. Device: {result['device']}.",
              f"- Versions: {json.dumps(result['versions'])}.",
              f"- Setup: {result['opt']}, {result['steps']} steps of {result['batch_size']} x "
-             f"{result['seq_len']} tokens, bf16 compute with fp32 master weights, the bundled "
+             f"{result['seq_len']} tokens{_micro_text(result)}, bf16 compute with fp32 master weights, the bundled "
              f"WikiText-2 corpus through the real data pipeline; tokens/s, step time and MFU are "
              f"the trainer's logged windows of {result['log_every']} steps averaged after "
              f"dropping the first {result['skip_windows']} (compilation, warm-up). MFU = model "
@@ -159,6 +169,7 @@ def main(argv=None):
               "versions": bench.package_versions("jax", "jaxlib", "flax", "optax",
                                                  "orbax-checkpoint", "grain"), "opt": args.opt,
               "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
+              "micro_batch_size": args.micro_batch_size,
               "log_every": args.log_every, "skip_windows": args.skip_windows,
               "command": "python " + " ".join(shlex.quote(a) for a in
                                               ["benchmarks/train_throughput.py"] + sys.argv[1:]),
@@ -180,6 +191,8 @@ def main(argv=None):
                f"--config.train.checkpoint_every={args.steps}",
                "--config.train.nonfinite_policy=skip", "--config.train.tensorboard=False",
                "--config.data.max_val_batches=2"] + shlex.split(args.extra)
+        if args.micro_batch_size:
+            cmd.append(f"--config.train.micro_batch_size={args.micro_batch_size}")
         log_path = os.path.join(workdir + ".log")
         rc, params, wall = run_trainer(cmd, log_path, label=name)
         if rc:
