@@ -42,22 +42,21 @@ The four 16 x 16 diagonal blocks (``j <= i`` in one block) take the elementwise 
 ``intra`` kernel forms them one row at a time from g (:func:`_intra_tokens_kernel`: one program
 per token and group of heads, a loop over the row's ``i mod 16 + 1`` columns from i down, the
 exponent ``gamma_i - gamma_j`` a running sum of g, as FLA's token-parallel KDA intra kernel).
-That chain of small dependent steps runs in tiny programs, many resident per SM, rather than
-inside the big per-chunk programs (which hold ~255 registers per thread, so only one or two fit
-per SM and nothing hides its latency; H200, 2026-11-29: KDA forward 7.2 -> 4.3 ms and
-forward+backward 26.9 -> 24.1 ms at S1 when the diagonal blocks left them, then in per-block
-programs). In the backward ``grad_blocks`` takes each diagonal block
+That chain of small dependent steps runs in tiny programs,
+many resident per SM, rather than inside the big per-chunk programs (which hold ~255 registers
+per thread, so only one or two fit per SM and nothing hides its latency; H200, 2026-11-29: KDA
+forward 7.2 -> 4.3 ms and forward+backward 26.9 -> 24.1 ms at S1 when the diagonal blocks left
+them, then in per-block programs). In the backward ``grad_blocks`` takes each diagonal block
 in four 4-row quads (:func:`_intra_grad_levels`): pairs in different quads by the
 factorisation above with the quad's last row as reference, pairs in one quad elementwise.
-``intra`` writes each row i in the ``[C, C]`` layout of ``prepare``'s tiles (its block's 16
-values at columns ``16 (i // 16) ..``, zeros elsewhere), so ``prepare`` just loads and adds them
-(Triton cannot slice registers, so placing ``[C, 16]`` blocks there would take a product).
+``prepare`` places the diagonal blocks into its ``[C, C]`` tiles by a 0/1 product in IEEE
+fp32, which is exact (Triton cannot slice registers).
 
 Kernels (grid in brackets):
 
-* ``intra`` [B*T, H/nh]: the diagonal 16 x 16 blocks of Mk and Mq (fp32 ``[B, H, N, C, C]``,
-  row i holding its block's columns and zeros in the other 48, every entry written) from q, k,
-  kr and the raw g, one program per token and group of nh heads (:func:`intra_heads`).
+* ``intra`` [B*T, H/nh]: the diagonal 16 x 16 blocks of Mk and Mq (fp32 ``[B, H, N, C, 16]``,
+  row i holding its block's columns) from q, k, kr and the raw g, one program per token and
+  group of nh heads (:func:`intra_heads`).
 * ``prepare`` [chunks, B*H]: gamma (the within-chunk cumsum of g, fp32, in registers; written
   as fp32 ``[B, Tp, H, K]`` only for the backward), Mk and Mq (the off-diagonal blocks by
   whole-tile products, looping over key blocks of ``BK`` channels, plus ``intra``'s diagonal
@@ -147,10 +146,7 @@ AUTO_SELECT = True
 # off-diagonal blocks (prepare + products 2.497 ms against 2.513 in prepare; the KDA
 # objective 13.203 ms with it against 12.210 without). Then the gamma kernel went (not yet
 # timed on a GPU): intra reads g (running sums), prepare forms gamma in registers and writes
-# it only for the backward. And prepare's exact 0/1 product placing intra's [C, 16] diagonal
-# blocks in [C, C] tiles (~0.15 ms of prepare's 1.859 at S1; as a BF16_BF16_F32_X6 product,
-# also exact, prepare took 1.906 ms; channelwise-forms-h200-2026-11-30.md) went: intra writes
-# [C, C] rows (4x its output bytes; not yet timed on a GPU).
+# it only for the backward.
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
@@ -310,6 +306,19 @@ def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j):
             k_ref[b, jsl, h, :].astype(F32) * jnp.exp(ref_row - gam_ref[b, jsl, h, :]))
 
 
+def _expand_diagonal(d):
+    """``[C, SUB]`` diagonal blocks (row i holds ``M[i, SUB*(i // SUB) + j]`` at column j) ->
+    the block-diagonal ``[C, C]`` matrix, by an exact 0/1 product in IEEE fp32.
+
+    (A six-way bf16 split product, ``DotAlgorithmPreset.BF16_BF16_F32_X6``, is exact too and
+    runs on tensor cores, but made ``prepare`` no faster: 1.906 ms against 1.859 at S1, H200,
+    2026-11-30; this product costs ~0.15 ms of it, channelwise-forms-h200-2026-11-30.md.)"""
+    rows, cols = _iota((SUB, CHUNK), 0), _iota((SUB, CHUNK), 1)
+    spread = jnp.where(cols % SUB == rows, 1.0, 0.0).astype(F32)  # [SUB, C]
+    same = (_iota((CHUNK, CHUNK), 0) // SUB) == (_iota((CHUNK, CHUNK), 1) // SUB)
+    return jnp.where(same, mm(d, spread, F32), 0.0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Small programs: intra (the diagonal 16 x 16 blocks of Mk and Mq), grad_blocks (every gradient
 # through Mq and Mk, the diagonal blocks by quad levels).
@@ -396,16 +405,13 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, g_ref, mkd_ref, mqd_ref, *, cfg):
     One program per token t (row i of its chunk) and group of ``cfg["intra_heads"]`` heads
     writes row i of the diagonal blocks: ``sum_c X_ic k_jc exp(gamma_ic - gamma_jc)`` for the
     columns j <= i of i's 16-row block (X = kr for Mk, q for Mq), a loop of ``i mod 16 + 1``
-    steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape). It
-    reads the raw log-decays g (fp32 ``[B, Tp, H, K]``), not gamma: the loop runs j from i down
-    to the block's first row with the running sum ``gamma_i - gamma_j = sum_{s = j+1 .. i} g_s``
-    (0 at j = i, then adding g_j after column j), so the exponents are <= 0 by construction
-    (g <= 0) and nothing is masked; fp32 elementwise. The row is written whole, ``[heads, C]``
-    fp32 in the chunk's column numbering (each step puts its value at column j by a ``where``
-    on a column iota): the columns j > i and those of the other 16-row blocks are 0, so
-    ``prepare`` adds the rows to its ``[C, C]`` tiles as loaded, and the output needs no
-    initialisation. Document masks are applied by ``prepare``. Tiny programs with few
-    registers: many resident per SM.
+    steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape); the
+    columns j > i stay 0. It reads the raw log-decays g (fp32 ``[B, Tp, H, K]``), not gamma:
+    the loop runs j from i down to the block's first row with the running sum
+    ``gamma_i - gamma_j = sum_{s = j+1 .. i} g_s`` (0 at j = i, then adding g_j after column
+    j), so the exponents are <= 0 by construction (g <= 0) and nothing is masked; fp32
+    elementwise. Document masks are applied by ``prepare``. Tiny programs with few registers:
+    many resident per SM.
     """
     tp = cfg["n_chunks"] * CHUNK
     tok = pl.program_id(0)
@@ -415,17 +421,17 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, g_ref, mkd_ref, mqd_ref, *, cfg):
     n, i = t // CHUNK, t % CHUNK
     i_sub = i % SUB
     xs = (kr_ref[b, t, hsl, :].astype(F32), q_ref[b, t, hsl, :].astype(F32))
-    cols = _iota((nh, CHUNK), 1)
+    cols = _iota((nh, SUB), 1)
 
     def column(s, carry):
-        expo, tiles = carry  # expo = gamma_i - gamma_j for j = t - s (chunk column i - s)
+        expo, tiles = carry  # expo = gamma_i - gamma_j for j = t - s (column i_sub - s)
         j = t - s
         dec = k_ref[b, j, hsl, :].astype(F32) * jnp.exp(expo)
-        tiles = tuple(jnp.where(cols == i - s, jnp.sum(x * dec, axis=1)[:, None], tile)
+        tiles = tuple(jnp.where(cols == i_sub - s, jnp.sum(x * dec, axis=1)[:, None], tile)
                       for x, tile in zip(xs, tiles))
         return expo + g_ref[b, j, hsl, :], tiles
 
-    zeros = jnp.zeros((nh, CHUNK), F32)
+    zeros = jnp.zeros((nh, SUB), F32)
     _, (mk, mq) = jax.lax.fori_loop(0, i_sub + 1, column,
                                     (jnp.zeros_like(xs[0]), (zeros, zeros)))
     mkd_ref[b, hsl, n, i, :] = mk
@@ -433,11 +439,11 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, g_ref, mkd_ref, mqd_ref, *, cfg):
 
 
 def _intra(cfg, q, k, kr, g):
-    """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, C]`` (the diagonal 16 x 16 blocks, zeros
-    elsewhere), from :func:`_intra_tokens_kernel` (a program per token and group of
-    ``cfg["intra_heads"]`` heads; ``g`` the fp32 padded log-decays)."""
+    """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_tokens_kernel`
+    (a program per token and group of ``cfg["intra_heads"]`` heads; ``g`` the fp32 padded
+    log-decays)."""
     bsz, _, heads, _ = k.shape
-    mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, CHUNK), F32)
+    mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
     outs = _pallas(
         _intra_tokens_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("g_ref", g)],
@@ -589,8 +595,8 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, g_ref, doc_ref, conn_ref, last
     bk, bv = cfg["block_k"], cfg["block_v"]
     doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
     conn_last = _conn_last(conn)
-    mk = mkd_ref[b, h, n, :, :]  # the diagonal blocks, [C, C] fp32 (zeros off them)
-    mq = mqd_ref[b, h, n, :, :]
+    mk = _expand_diagonal(mkd_ref[b, h, n, :, :])
+    mq = _expand_diagonal(mqd_ref[b, h, n, :, :])
     for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
         q = q_ref[b, tsl, h, ksl].astype(F32)
