@@ -18,8 +18,8 @@ Each variant is a set of TUNING overrides; every variant's outputs are compared 
 variant of its stage (max abs difference, which should be rounding: the variants compute the
 same sums, in another order at most; records also carry ``max_abs``, the largest output
 magnitude, to scale it: bf16 outputs can differ by one bf16 step of it). Inputs: bf16 q, k,
-kr = beta k (unit-norm-scale k) and the fp32 per-channel log-decay g = ``logsigmoid(N(0, 1))``
-(the tune_kernels KDA inputs). Times: median of
+kr = beta k (unit-norm-scale k) and fp32 gamma, the within-chunk cumsum of
+``logsigmoid(N(0, 1))`` per channel (the tune_kernels KDA inputs). Times: median of
 ``--iters`` synced calls and the mean of ``--iters`` back-to-back calls with one sync
 (``loop``), after three untimed calls (the first compiles), in ms. A variant that fails is
 recorded with its error; if the stage's first variant fails, the others get no difference
@@ -110,7 +110,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_inputs(shape, seed=0):
-    """``(q, k, kr, vw, g)`` at ``shape`` (T a multiple of 64, checked by parse_shape)."""
+    """``(q, k, kr, vw, gamma)`` at ``shape`` (T padded to a multiple of 64 by the caller)."""
     bsz, seq_len, heads, dim = shape
     ks = jax.random.split(jax.random.PRNGKey(seed), 6)
     bf = jnp.bfloat16
@@ -119,7 +119,9 @@ def make_inputs(shape, seed=0):
     beta = jax.nn.sigmoid(jax.random.normal(ks[2], (bsz, seq_len, heads, 1)))
     vw = (jax.random.normal(ks[3], (bsz, seq_len, heads, dim)) * beta).astype(bf)
     g = jax.nn.log_sigmoid(jax.random.normal(ks[4], (bsz, seq_len, heads, dim)))
-    return q, k.astype(bf), (k * beta).astype(bf), vw, g
+    n = seq_len // kernel_gpu.CHUNK
+    gam = jnp.cumsum(g.reshape(bsz, n, kernel_gpu.CHUNK, heads, dim), axis=2)
+    return q, k.astype(bf), (k * beta).astype(bf), vw, gam.reshape(g.shape)
 
 
 def _stage_fn(stage, shape, interpret):
@@ -128,9 +130,9 @@ def _stage_fn(stage, shape, interpret):
                              dk=dim, dv=dim, scale=dim ** -0.5, has_docs=False,
                              mm_dtype=jnp.bfloat16, interpret=interpret, return_residual=False)
     if stage == "intra":
-        return jax.jit(lambda q, k, kr, vw, g: kernel_gpu._intra(cfg, q, k, kr, g))
-    return jax.jit(lambda q, k, kr, vw, g: kernel_gpu._prepare(cfg, q, k, kr, vw, g, (),
-                                                               save=False))
+        return jax.jit(lambda q, k, kr, vw, gam: kernel_gpu._intra(cfg, q, k, kr, gam))
+    return jax.jit(lambda q, k, kr, vw, gam: kernel_gpu._prepare(cfg, q, k, kr, vw, gam, (),
+                                                                 save_a=False))
 
 
 def time_variants(stage, shape, iters, interpret=False):

@@ -20,13 +20,13 @@ decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16),
 ``intra_token_heads`` (an int >= 1: the cap on heads per program of the forward ``intra``
 kernel, which runs one program per token and group of heads, the largest power of two dividing
 H and at most this cap, as that module's ``intra_heads`` resolves it), ``block_v`` of
-``forward`` and ``backward_state`` and ``block_k`` of ``prepare`` and ``backward_chunk``
-(``None`` means ``min(dim, 64)``, as that module's ``block_widths`` resolves them), and
-``(num_warps, num_stages)`` of ``intra_token`` (the launch of the ``intra`` kernel),
-``prepare``, ``forward``, ``grad_blocks``, ``backward_state`` and ``backward_chunk`` (a pair,
-or a dict of pairs per key head dim, as for gdn). Every configuration runs all six kernels;
-caps that resolve to the same heads per program at every shape are one configuration and are
-not re-measured.
+``forward`` and ``backward_state`` and ``block_k`` of ``gamma``, ``prepare`` and
+``backward_chunk`` (``None`` means ``min(dim, 64)``, as that module's ``block_widths`` resolves
+them), and ``(num_warps, num_stages)`` of ``gamma``, ``intra_token`` (the launch of the
+``intra`` kernel), ``prepare``, ``forward``, ``grad_blocks``, ``backward_state`` and
+``backward_chunk`` (a pair, or a dict of pairs per key head dim, as for gdn). Every
+configuration runs all seven kernels; caps that resolve to the same heads per program at every
+shape are one configuration and are not re-measured.
 The gdn-only knobs (``split_forward``, ``segments``, ``forward_state``, ``forward_output``) are
 refused there.
 
@@ -35,7 +35,7 @@ for each knob in ``--knobs`` order (default for gdn: split_forward in {False, Tr
 in {None, 1, 2, 4, 8, 16, 32}, block_v in {32, 64, 128}, block_k in {64, 128}, then num_warps
 in {4, 8} x num_stages in {1, 2, 3} for prepare, forward, forward_state, forward_output,
 backward_state, backward_chunk; for kda/gdn2: intra_tf32 in {True, False}, intra_token_heads
-in {1, 2, 4, 8, 16}, block_v and block_k in {32, 64, 128}, then the same launches for
+in {1, 2, 4, 8, 16}, block_v and block_k in {32, 64, 128}, then the same launches for gamma,
 intra_token, prepare, forward, grad_blocks, backward_state, backward_chunk)
 time every value with the other knobs at their best so far and keep the fastest.
 The objective is the sum over shapes of the fwd+bwd time (the forward-only knobs also change
@@ -162,14 +162,15 @@ CW_INT_KNOBS = ("intra_token_heads",)  # ints >= 1
 # The kernels (pallas_call names less "channelwise_") of the family, and those a forward-only
 # program runs (every configuration runs all of them). The intra kernel runs with intra_token's
 # launch and intra_token_heads resolved at the shape's head count (channelwise_gpu.intra_heads).
-CW_KERNELS = ("intra", "prepare", "forward", "grad_blocks", "backward_state", "backward_chunk")
-CW_FWD_KERNELS = ("intra", "prepare", "forward")
-CW_LAUNCH_KNOBS = ("intra_token", "prepare", "forward", "grad_blocks", "backward_state",
+CW_KERNELS = ("gamma", "intra", "prepare", "forward", "grad_blocks", "backward_state",
+              "backward_chunk")
+CW_FWD_KERNELS = ("gamma", "intra", "prepare", "forward")
+CW_LAUNCH_KNOBS = ("gamma", "intra_token", "prepare", "forward", "grad_blocks", "backward_state",
                    "backward_chunk")
 CW_KNOBS = CW_BOOL_KNOBS + CW_INT_KNOBS + BLOCK_KNOBS + CW_LAUNCH_KNOBS
-# block_k also changes the forward (prepare loops over key blocks), intra_tf32
+# block_k also changes the forward (gamma and prepare loop over key blocks), intra_tf32
 # prepare's products. grad_blocks, backward_state and backward_chunk change the backward only.
-CW_FWD_KNOBS = ("intra_tf32", "intra_token_heads", "block_v", "block_k", "intra_token",
+CW_FWD_KNOBS = ("intra_tf32", "intra_token_heads", "block_v", "block_k", "gamma", "intra_token",
                 "prepare", "forward")
 CW_DEFAULT_VALUES = {"intra_tf32": (True, False),
                      "intra_token_heads": (1, 2, 4, 8, 16),
@@ -646,14 +647,15 @@ def channelwise_pass_kernels(pass_: str) -> Tuple[str, ...]:
 
 
 def _channelwise_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
-    """The grids of gdn2/kernel_gpu.py's kernels (``_intra``, ``_prepare``, ``_forward``,
-    ``_grad_blocks``, ``_backward_state``, ``_backward_chunk``) at ``shape`` under the effective
-    values ``eff``."""
+    """The grids of gdn2/kernel_gpu.py's kernels (``_gamma``, ``_intra``, ``_prepare``,
+    ``_forward``, ``_grad_blocks``, ``_backward_state``, ``_backward_chunk``) at ``shape`` under
+    the effective values ``eff``."""
     batch, seq_len, heads, dim = shape
     n_chunks, rows = -(-seq_len // CW_CHUNK), batch * heads
     nsub = channelwise_gpu.NSUB  # 16-row blocks per chunk
     per = eff["intra_token_heads"]  # intra: a program per token and head group
-    return {"intra": (batch * n_chunks * CW_CHUNK, heads // per),
+    return {"gamma": (n_chunks, rows),
+            "intra": (batch * n_chunks * CW_CHUNK, heads // per),
             "prepare": (n_chunks, rows),
             "forward": (rows, dim // eff["block_v"]),
             "grad_blocks": (n_chunks, rows, nsub),

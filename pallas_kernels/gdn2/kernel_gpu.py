@@ -9,9 +9,8 @@ One generic recurrence serves Kimi Delta Attention (paper arXiv 2607.07953, Eqs.
 
 Forward and backward are a ``jax.custom_vjp`` over ``(q, k, kr, vw, g, h0)``; the products
 ``kr``, ``vw`` are computed by XLA outside it, so autodiff carries their gradients to beta / b
-and w. Inside, the forward reads g itself (``intra`` by running sums, ``prepare`` by its own
-within-chunk cumsum gamma, which it writes out for the backward only), and the backward returns
-dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
+and w. Inside, the ``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
+returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
 
 Chunk form (C = 64 tokens per chunk, entry state S_0 in R^{K x V}, gamma [C, K] the fp32
 within-chunk cumsum of g; the algebra of :func:`pallas_kernels.gdn2.chunked.
@@ -39,10 +38,9 @@ so the off-diagonal blocks are three whole-tile products
 masked (``where``) before ``exp``, so masked-out entries stay finite and used ones are exact.
 The four 16 x 16 diagonal blocks (``j <= i`` in one block) take the elementwise form
 ``sum_c X_ic Y_jc exp(gamma_ic - gamma_jc)``, whose exponents are ``<= 0``. In the forward the
-``intra`` kernel forms them one row at a time from g (:func:`_intra_tokens_kernel`: one program
-per token and group of heads, a loop over the row's ``i mod 16 + 1`` columns from i down, the
-exponent ``gamma_i - gamma_j`` a running sum of g, as FLA's token-parallel KDA intra kernel).
-That chain of small dependent steps runs in tiny programs,
+``intra`` kernel forms them one row at a time (:func:`_intra_tokens_kernel`: one program per
+token and group of heads, a loop over the row's ``i mod 16 + 1`` columns, as FLA's
+token-parallel KDA intra kernel). That chain of small dependent steps runs in tiny programs,
 many resident per SM, rather than inside the big per-chunk programs (which hold ~255 registers
 per thread, so only one or two fit per SM and nothing hides its latency; H200, 2026-11-29: KDA
 forward 7.2 -> 4.3 ms and forward+backward 26.9 -> 24.1 ms at S1 when the diagonal blocks left
@@ -54,13 +52,13 @@ fp32, which is exact (Triton cannot slice registers).
 
 Kernels (grid in brackets):
 
+* ``gamma`` [chunks, B*H]: the within-chunk cumsum of g (fp32 ``[B, Tp, H, K]``).
 * ``intra`` [B*T, H/nh]: the diagonal 16 x 16 blocks of Mk and Mq (fp32 ``[B, H, N, C, 16]``,
-  row i holding its block's columns) from q, k, kr and the raw g, one program per token and
-  group of nh heads (:func:`intra_heads`).
-* ``prepare`` [chunks, B*H]: gamma (the within-chunk cumsum of g, fp32, in registers; written
-  as fp32 ``[B, Tp, H, K]`` only for the backward), Mk and Mq (the off-diagonal blocks by
-  whole-tile products, looping over key blocks of ``BK`` channels, plus ``intra``'s diagonal
-  blocks), A by :func:`pallas_kernels.common.pallas_gpu.unit_lower_inverse`, then W, U (input
+  row i holding its block's columns), one program per token and group of nh heads
+  (:func:`intra_heads`).
+* ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products, looping
+  over key blocks of ``BK`` channels, plus ``intra``'s diagonal blocks), A by
+  :func:`pallas_kernels.gated_delta_rule.kernel_gpu._unit_lower_inverse`, then W, U (input
   dtype), A and Mq (``[B, H, N, C, C]`` in the tensor-core operand dtype, to which every
   consumer rounds them), ``qg = q * E_in``, ``kg = k * E_out`` (input dtype) and e_all (fp32
   ``[B, H, N, K]``).
@@ -124,7 +122,8 @@ F32 = jnp.float32
 # explicit implementation="pallas" runs them regardless, "chunked" never.
 AUTO_SELECT = True
 # Triton launch parameters per kernel: (num_warps, num_stages); the value-block width of the
-# sequential kernels and the key-block width of prepare/backward_chunk (None: min(dim, 64));
+# sequential kernels and the key-block width of gamma/prepare/backward_chunk (None:
+# min(dim, 64));
 # intra_tf32: decay-scaled intra-chunk products of half-precision inputs in TF32 (else in the
 # input dtype); intra_token_heads: the cap (>= 1) on heads per program of the intra kernel
 # (intra_heads), intra_token its launch. A launch may also be a dict {key head dim: pair}
@@ -144,9 +143,7 @@ AUTO_SELECT = True
 # 10.33 at 4 warps); the forward intra as a per-block column loop (1.056 ms) or quad levels
 # (1.312), against 0.627 token-parallel (4 heads, 4 warps); a products kernel for prepare's
 # off-diagonal blocks (prepare + products 2.497 ms against 2.513 in prepare; the KDA
-# objective 13.203 ms with it against 12.210 without). Then the gamma kernel went (not yet
-# timed on a GPU): intra reads g (running sums), prepare forms gamma in registers and writes
-# it only for the backward.
+# objective 13.203 ms with it against 12.210 without).
 TUNING = {
     "prepare": (8, 1),
     "forward": (4, 2),
@@ -158,6 +155,7 @@ TUNING = {
     "intra_token_heads": 4,
     "intra_token": (4, 1),
     "grad_blocks": (4, 1),
+    "gamma": (4, 1),
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
@@ -268,24 +266,17 @@ def _decay_factors(gam, g_last, conn, last, conn_last):
     return e_in, e_out, e_all
 
 
-def _row(x, r):
-    """Row ``r`` (an int or a traced index) of a 2-D value, ``[W]``, as a masked sum over the
-    rows: exact (one nonzero term), since Triton cannot index registers."""
-    return jnp.sum(jnp.where(_iota(x.shape, 0) == r, x, 0.0), axis=0)
-
-
-def _decayed_products(cfg, xs, y, gam):
+def _decayed_products(cfg, xs, y, gam_ref, gam, b, h, t0, ksl):
     """Off-diagonal blocks of ``[sum_c X_ic Y_jc exp(gam_ic - gam_jc) for X in xs]``.
 
-    ``xs``, ``y`` and ``gam`` are the ``[C, BK]`` fp32 tiles of one key block in registers;
-    the reference r_J of block J is row ``16 J + 15`` of ``gam`` (:func:`_row`). Returns
-    ``[C, C]`` tiles holding the entries whose row i lies in a later 16-row block than column
-    j; all other entries are zero (the diagonal blocks come from the ``intra`` kernel, the
-    document mask is applied by the caller). The block loop is a ``fori_loop`` (small programs
-    for Triton and for interpret mode alike).
+    ``xs`` and ``y`` are the loaded ``[C, BK]`` fp32 tiles of one key block. Returns ``[C, C]``
+    tiles holding the entries whose row i lies in a later 16-row block than column j; all other
+    entries are zero (the diagonal blocks come from the ``intra`` kernel, the document mask is
+    applied by the caller). The block loop is a ``fori_loop`` (small programs for Triton and for
+    interpret mode alike).
     """
     def off_diagonal(blk, outs):
-        ref_row = _row(gam, SUB * blk + SUB - 1)
+        ref_row = gam_ref[b, t0 + SUB * blk + SUB - 1, h, ksl]
         row_fac, col_fac = _block_factors(gam, ref_row, blk)
         y_blk = y * col_fac
         return tuple(out + _intra_dot(x * row_fac, y_blk, ((1,), (1,)), cfg)
@@ -321,7 +312,7 @@ def _expand_diagonal(d):
 
 # ----------------------------------------------------------------------------------------------
 # Small programs: intra (the diagonal 16 x 16 blocks of Mk and Mq), grad_blocks (every gradient
-# through Mq and Mk, the diagonal blocks by quad levels).
+# through Mq and Mk, the diagonal blocks by quad levels) and gamma.
 
 
 def _expand_quads(a):
@@ -399,19 +390,16 @@ def intra_heads(heads: int, tuning=None) -> int:
     return n
 
 
-def _intra_tokens_kernel(q_ref, k_ref, kr_ref, g_ref, mkd_ref, mqd_ref, *, cfg):
+def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
     """The ``intra`` kernel: the diagonal 16 x 16 blocks of Mk and Mq, one row at a time.
 
     One program per token t (row i of its chunk) and group of ``cfg["intra_heads"]`` heads
     writes row i of the diagonal blocks: ``sum_c X_ic k_jc exp(gamma_ic - gamma_jc)`` for the
     columns j <= i of i's 16-row block (X = kr for Mk, q for Mq), a loop of ``i mod 16 + 1``
     steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape); the
-    columns j > i stay 0. It reads the raw log-decays g (fp32 ``[B, Tp, H, K]``), not gamma:
-    the loop runs j from i down to the block's first row with the running sum
-    ``gamma_i - gamma_j = sum_{s = j+1 .. i} g_s`` (0 at j = i, then adding g_j after column
-    j), so the exponents are <= 0 by construction (g <= 0) and nothing is masked; fp32
-    elementwise. Document masks are applied by ``prepare``. Tiny programs with few registers:
-    many resident per SM.
+    columns j > i stay 0. The exponents are <= 0 (j <= i and g <= 0), so nothing is masked;
+    fp32 elementwise. Document masks are applied by ``prepare``. Tiny programs with few
+    registers: many resident per SM.
     """
     tp = cfg["n_chunks"] * CHUNK
     tok = pl.program_id(0)
@@ -420,33 +408,30 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, g_ref, mkd_ref, mqd_ref, *, cfg):
     hsl = pl.ds(pl.program_id(1) * nh, nh)
     n, i = t // CHUNK, t % CHUNK
     i_sub = i % SUB
+    g_i = gam_ref[b, t, hsl, :]  # [nh, K]
     xs = (kr_ref[b, t, hsl, :].astype(F32), q_ref[b, t, hsl, :].astype(F32))
     cols = _iota((nh, SUB), 1)
 
-    def column(s, carry):
-        expo, tiles = carry  # expo = gamma_i - gamma_j for j = t - s (column i_sub - s)
-        j = t - s
-        dec = k_ref[b, j, hsl, :].astype(F32) * jnp.exp(expo)
-        tiles = tuple(jnp.where(cols == i_sub - s, jnp.sum(x * dec, axis=1)[:, None], tile)
-                      for x, tile in zip(xs, tiles))
-        return expo + g_ref[b, j, hsl, :], tiles
+    def column(jj, tiles):
+        j = t - i_sub + jj
+        dec = k_ref[b, j, hsl, :].astype(F32) * jnp.exp(g_i - gam_ref[b, j, hsl, :])
+        return tuple(jnp.where(cols == jj, jnp.sum(x * dec, axis=1)[:, None], tile)
+                     for x, tile in zip(xs, tiles))
 
-    zeros = jnp.zeros((nh, SUB), F32)
-    _, (mk, mq) = jax.lax.fori_loop(0, i_sub + 1, column,
-                                    (jnp.zeros_like(xs[0]), (zeros, zeros)))
+    mk, mq = jax.lax.fori_loop(0, i_sub + 1, column,
+                               tuple(jnp.zeros((nh, SUB), F32) for _ in xs))
     mkd_ref[b, hsl, n, i, :] = mk
     mqd_ref[b, hsl, n, i, :] = mq
 
 
-def _intra(cfg, q, k, kr, g):
+def _intra(cfg, q, k, kr, gam):
     """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_tokens_kernel`
-    (a program per token and group of ``cfg["intra_heads"]`` heads; ``g`` the fp32 padded
-    log-decays)."""
+    (a program per token and group of ``cfg["intra_heads"]`` heads)."""
     bsz, _, heads, _ = k.shape
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
     outs = _pallas(
         _intra_tokens_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("g_ref", g)],
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
         outputs=[("mkd_ref", mats), ("mqd_ref", mats)],
         grid=(bsz * cfg["n_chunks"] * CHUNK, heads // cfg["intra_heads"]), tune="intra_token",
         name="channelwise_intra",
@@ -570,6 +555,27 @@ def _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr):
     return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"]
 
 
+def _gamma_kernel(g_ref, gam_ref, *, cfg):
+    """The ``gamma`` kernel: ``gamma = cumsum(g)`` within one chunk, fp32 (Triton scan), one
+    program per (chunk, head), key blocks of ``block_k`` channels."""
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    tsl = pl.ds(n * CHUNK, CHUNK)
+    bk = cfg["block_k"]
+    for kb in range(cfg["dk"] // bk):
+        ksl = pl.ds(kb * bk, bk)
+        gam_ref[b, tsl, h, ksl] = jnp.cumsum(g_ref[b, tsl, h, ksl], axis=0)
+
+
+def _gamma(cfg, g):
+    """The within-chunk cumsum of ``g`` (fp32 ``[B, Tp, H, K]``) by :func:`_gamma_kernel`."""
+    bsz, _, heads, _ = g.shape
+    outs = _pallas(_gamma_kernel, cfg, inputs=[("g_ref", g)],
+                   outputs=[("gam_ref", jax.ShapeDtypeStruct(g.shape, F32))],
+                   grid=(cfg["n_chunks"], bsz * heads), tune="gamma", name="channelwise_gamma")
+    return outs["gam_ref"]
+
+
 def _conn_last(conn):
     """``conn`` of the chunk's last token (a scalar), or ``None`` without documents."""
     return None if conn is None else _last(conn, CHUNK)
@@ -579,14 +585,8 @@ def _conn_last(conn):
 # Kernel 1: intra-chunk preparation.
 
 
-def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, g_ref, doc_ref, conn_ref, last_ref,
-                    mkd_ref, mqd_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref, gam_ref,
-                    *, cfg):
-    """The ``prepare`` kernel of one chunk and head (module docstring). gamma, the within-chunk
-    cumsum of g, is formed here per key block (Triton scan, fp32) and kept in registers; it is
-    written to ``gam_ref`` (fp32 ``[B, Tp, H, K]``) only when the backward needs it
-    (``gam_ref`` is ``None`` otherwise). The W loop after the inverse forms it again from g
-    (the same scan, the same values) rather than keeping every key block's tile live."""
+def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref,
+                    mkd_ref, mqd_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref, *, cfg):
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     t0 = n * CHUNK
@@ -601,13 +601,11 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, g_ref, doc_ref, conn_ref, last
         ksl = pl.ds(kb * bk, bk)
         q = q_ref[b, tsl, h, ksl].astype(F32)
         k = k_ref[b, tsl, h, ksl].astype(F32)
-        gam = jnp.cumsum(g_ref[b, tsl, h, ksl], axis=0)
-        if gam_ref is not None:
-            gam_ref[b, tsl, h, ksl] = gam
+        gam = gam_ref[b, tsl, h, ksl]
         kr = kr_ref[b, tsl, h, ksl].astype(F32)
-        mk_b, mq_b = _decayed_products(cfg, (kr, q), k, gam)
+        mk_b, mq_b = _decayed_products(cfg, (kr, q), k, gam_ref, gam, b, h, t0, ksl)
         mk, mq = mk + mk_b, mq + mq_b
-        g_last = _row(gam, CHUNK - 1)
+        g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
         e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
         qg_ref[b, tsl, h, ksl] = (q * e_in).astype(qg_ref.dtype)
         kg_ref[b, tsl, h, ksl] = (k * e_out).astype(kg_ref.dtype)
@@ -619,7 +617,8 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, g_ref, doc_ref, conn_ref, last
         a_ref[b, h, n, :, :] = amat.astype(a_ref.dtype)
     for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
-        e_in = jnp.exp(jnp.cumsum(g_ref[b, tsl, h, ksl], axis=0))
+        gam = gam_ref[b, tsl, h, ksl]
+        e_in = jnp.exp(gam)
         if conn is not None:
             e_in = e_in * conn[:, None]
         krg = kr_ref[b, tsl, h, ksl].astype(F32) * e_in
@@ -629,10 +628,8 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, g_ref, doc_ref, conn_ref, last
         u_ref[b, tsl, h, vsl] = mm(amat, vw_ref[b, tsl, h, vsl], mdt).astype(u_ref.dtype)
 
 
-def _prepare(cfg, q, k, kr, vw, g, docs, *, save):
-    """The ``intra`` then the ``prepare`` kernel; ``{output name: array}`` with A (``a_ref``)
-    and gamma (``gam_ref``, fp32 ``[B, Tp, H, K]``) only when ``save`` (for the backward)."""
-    mkd, mqd = _intra(cfg, q, k, kr, g)
+def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
+    mkd, mqd = _intra(cfg, q, k, kr, gam)
     bsz, tp, heads, dk = k.shape
     dv = vw.shape[-1]
     nc = cfg["n_chunks"]
@@ -643,17 +640,16 @@ def _prepare(cfg, q, k, kr, vw, g, docs, *, save):
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
     outs = _pallas(
         _prepare_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("g_ref", g)]
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
         + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd)],
         outputs=[
             ("w_ref", tok_k),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
-            ("a_ref", mats if save else None),
+            ("a_ref", mats if save_a else None),
             ("mq_ref", mats),
             ("qg_ref", tok_k),
             ("kg_ref", tok_k),
             ("e_ref", jax.ShapeDtypeStruct((bsz, heads, nc, dk), F32)),
-            ("gam_ref", jax.ShapeDtypeStruct(g.shape, F32) if save else None),
         ],
         grid=(nc, bsz * heads), tune="prepare", name="channelwise_prepare",
     )
@@ -861,22 +857,22 @@ def _make_core(static):
     residual = cfg["return_residual"]
 
     def forward(q, k, kr, vw, g, h0, docs, *, save):
-        # The within-chunk cumsum of g (gamma) is formed inside (prepare), so the backward
-        # returns dg (not d gamma); prepare writes gamma out only when saving for it.
-        prep = _prepare(cfg, q, k, kr, vw, g, docs, save=save)
+        # The within-chunk cumsum of g runs here, so the backward returns dg (not d gamma).
+        gam = _gamma(cfg, g)
+        prep = _prepare(cfg, q, k, kr, vw, gam, docs, save_a=save)
         o, ht, vn, hs = _forward(cfg, prep, h0, save=save)
-        return o, ht, vn, hs, prep
+        return o, ht, vn, hs, prep, gam
 
     @jax.custom_vjp
     def core(q, k, kr, vw, g, h0, docs):
-        o, ht, vn, _, _ = forward(q, k, kr, vw, g, h0, docs, save=False)
+        o, ht, vn, _, _, _ = forward(q, k, kr, vw, g, h0, docs, save=False)
         return (o, ht, vn) if residual else (o, ht)
 
     def core_fwd(q, k, kr, vw, g, h0, docs):
-        o, ht, vn, hs, prep = forward(q, k, kr, vw, g, h0, docs, save=True)
+        o, ht, vn, hs, prep, gam = forward(q, k, kr, vw, g, h0, docs, save=True)
         out = (o, ht, vn) if residual else (o, ht)
         keep = {n: prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref", "a_ref")}
-        return out, (q, k, kr, prep["gam_ref"], docs, keep, hs, vn)
+        return out, (q, k, kr, gam, docs, keep, hs, vn)
 
     def core_bwd(res, cts):
         q, k, kr, gam, docs, prep, hs, vn = res

@@ -257,12 +257,13 @@ class TuneKernelsTest(absltest.TestCase):
                          [shape] * 4 + [shape[:3], shape])  # q, k, v, g per channel, beta, do
         fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
         tuning = {**before, "backward_state": (8, 3), "prepare": (2, 1), "block_v": 32,
-                  "block_k": 32, "grad_blocks": (8, 2), "intra_token": (2, 2)}
+                  "block_k": 32, "grad_blocks": (8, 2), "intra_token": (2, 2), "gamma": (2, 3)}
         table = _kda_launch_table(fwdbwd, args, tuning)
         self.assertEqual(sorted(table), ["channelwise_" + k for k in sorted(
             tune_kernels.CW_KERNELS)])
         self.assertEqual(table["channelwise_backward_state"], [dict(launch=(8, 3), grid=(1, 2))])
         self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
+        self.assertEqual(table["channelwise_gamma"], [dict(launch=(2, 3), grid=(2, 1))])
         self.assertEqual(table["channelwise_grad_blocks"], [dict(launch=(8, 2), grid=(2, 1, 4))])
         # The intra kernel: a program per token and head group (B * T, H / 1), intra_token's
         # launch.
@@ -278,8 +279,8 @@ class TuneKernelsTest(absltest.TestCase):
              r"channelwise_backward_chunk traced with grid \(2, 1, 2\), expected \(2, 1, 1\)"),
             ({"grad_blocks": (4, 1)}, "fwdbwd",
              r"^fwdbwd: channelwise_grad_blocks traced with launch \(8, 2\), expected \(4, 1\)"),
-            ({"prepare": (4, 1)}, "fwd",
-             r"^fwd: channelwise_prepare traced with launch \(2, 1\), expected \(4, 1\)"),
+            ({"gamma": (4, 1)}, "fwd",
+             r"^fwd: channelwise_gamma traced with launch \(2, 3\), expected \(4, 1\)"),
             ({"intra_token": (8, 8)}, "fwdbwd",
              r"channelwise_intra traced with launch \(2, 2\), expected \(8, 8\)"),
         ]
@@ -302,15 +303,15 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
             tune_kernels.check_launches(table, kernel_gpu.TUNING, shape, "fwdbwd")
         # The backward knobs leave the forward program alone; block_k and intra_tf32 do not
-        # (prepare loops over key blocks and runs the intra-chunk products).
+        # (gamma and prepare loop over key blocks, prepare runs the intra-chunk products).
         fwd_key = functools.partial(tune_kernels._fwd_key, shape=shape, op="gdn2")
         key = functools.partial(tune_kernels._key, shapes={"s": shape}, op="kda")
         for knob, value in (("backward_chunk", (8, 2)), ("backward_state", (2, 1)),
                             ("grad_blocks", (2, 1))):
             self.assertEqual(fwd_key(tuning), fwd_key({**tuning, knob: value}), knob)
             self.assertNotEqual(key(tuning), key({**tuning, knob: value}), knob)
-        for knob, value in (("block_k", 64), ("intra_tf32", False), ("intra_token", (8, 1)),
-                            ("prepare", (8, 1)), ("forward", (8, 1))):
+        for knob, value in (("block_k", 64), ("intra_tf32", False), ("gamma", (8, 1)),
+                            ("intra_token", (8, 1)), ("prepare", (8, 1)), ("forward", (8, 1))):
             self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, knob: value}), knob)
         self.assertEqual(fwd_key({**tuning, "block_v": None}), fwd_key({**tuning, "block_v": 64}))
         self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "intra_token_heads": 16}))
@@ -320,8 +321,8 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual([a.shape for a in args2], [shape] * 7)
         fwd2 = tune_kernels.programs(tune_kernels.KERNEL_OPS["gdn2"])["fwd"]
         table2 = tune_kernels.launch_table(jax.jit(fwd2).trace(*args2).jaxpr)
-        self.assertEqual(sorted(table2), ["channelwise_forward", "channelwise_intra",
-                                          "channelwise_prepare"])
+        self.assertEqual(sorted(table2), ["channelwise_forward", "channelwise_gamma",
+                                          "channelwise_intra", "channelwise_prepare"])
         tune_kernels.check_launches(table2, before, shape, "fwd", op="gdn2")
 
     def test_intra_heads_launch_and_grid(self):
@@ -381,26 +382,26 @@ class TuneKernelsTest(absltest.TestCase):
                          set(tune_kernels.CW_KNOBS))
 
     def test_channelwise_kernels_and_grids(self):
-        # Every configuration runs the same kernels: three in the forward, six in all.
+        # Every configuration runs the same kernels: four in the forward, seven in all.
         shape = (2, 200, 3, 64)  # T = 200: 4 chunks; B * H = 6 rows; H = 3: one head per program
         eff = tune_kernels.effective(channelwise_gpu.TUNING, shape, "kda")
         self.assertEqual(tune_kernels.channelwise_pass_kernels("fwd"),
-                         ("intra", "prepare", "forward"))
+                         ("gamma", "intra", "prepare", "forward"))
         self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd"),
-                         ("intra", "prepare", "forward", "grad_blocks", "backward_state",
+                         ("gamma", "intra", "prepare", "forward", "grad_blocks", "backward_state",
                           "backward_chunk"))
         self.assertEqual(tune_kernels._channelwise_grids(eff, shape),
-                         {"intra": (2 * 4 * 64, 3), "prepare": (4, 6),
+                         {"gamma": (4, 6), "intra": (2 * 4 * 64, 3), "prepare": (4, 6),
                           "forward": (6, 1), "grad_blocks": (4, 6, 4), "backward_state": (6, 1),
                           "backward_chunk": (4, 6, 1)})
         self.assertEqual(set(tune_kernels.CW_FWD_KNOBS) - {"intra_tf32", "intra_token_heads"}
                          - set(tune_kernels.BLOCK_KNOBS),
-                         {"intra_token", "prepare", "forward"})
+                         {"gamma", "intra_token", "prepare", "forward"})
         with mock.patch.dict(channelwise_gpu.TUNING, grad_blocks={64: (4, 3), 128: (8, 1)}):
             eff = tune_kernels.effective(channelwise_gpu.TUNING, shape, "kda")
         self.assertEqual(eff["grad_blocks"], (4, 3))
-        self.assertEqual(tune_kernels.parse_knobs("prepare=2x1,grad_blocks", "kda"),
-                         {"prepare": [(2, 1)],
+        self.assertEqual(tune_kernels.parse_knobs("gamma=2x1,grad_blocks", "kda"),
+                         {"gamma": [(2, 1)],
                           "grad_blocks": list(tune_kernels.CW_DEFAULT_VALUES["grad_blocks"])})
 
     def test_gdn_only_knobs_are_refused_for_the_channelwise_ops(self):
@@ -408,7 +409,7 @@ class TuneKernelsTest(absltest.TestCase):
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
                 r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, "
-                r"intra_token_heads, block_v, block_k, intra_token, prepare, forward, "
+                r"intra_token_heads, block_v, block_k, gamma, intra_token, prepare, forward, "
                 r"grad_blocks, backward_state, backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
@@ -426,13 +427,13 @@ class TuneKernelsTest(absltest.TestCase):
         # The forms that lost on the H200 are gone with their knobs (and the two-loop intra_grad
         # before them).
         for knob in ("intra_levels", "prepare_products", "products", "split_grads",
-                     "intra_grad", "gamma_kernel", "intra", "intra_grad_rows", "gamma"):
+                     "intra_grad", "gamma_kernel", "intra", "intra_grad_rows"):
             with self.assertRaisesRegex(app.UsageError, f"unknown knob '{knob}'"):
                 tune_kernels.parse_knobs(knob, "kda")
         with self.assertRaisesRegex(app.UsageError, "--start: unknown knob 'split_grads'"):
             tune_kernels.parse_start('{"split_grads": true}', channelwise_gpu.TUNING, "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "intra_token_heads", "block_v", "block_k",
+                         ["intra_tf32", "intra_token_heads", "block_v", "block_k", "gamma",
                           "intra_token", "prepare", "forward", "grad_blocks", "backward_state",
                           "backward_chunk"])
         self.assertCountEqual(tune_kernels.CW_KNOBS, channelwise_gpu.TUNING)
@@ -461,16 +462,15 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaisesRegex(app.UsageError, "'intra_token_heads' is a knob of "
                                                     "--op=kda/gdn2 only"):
             tune_kernels.parse_knobs("intra_token_heads=2")
-        # grad_blocks and intra_token are launches.
-        self.assertEqual(tune_kernels.parse_knobs("grad_blocks=8x1/2x2,intra_token=4x1",
-                                                  "gdn2"),
-                         {"grad_blocks": [(8, 1), (2, 2)], "intra_token": [(4, 1)]})
+        # grad_blocks and gamma are launches.
+        self.assertEqual(tune_kernels.parse_knobs("grad_blocks=8x1/2x2,gamma=4x1", "gdn2"),
+                         {"grad_blocks": [(8, 1), (2, 2)], "gamma": [(4, 1)]})
         with self.assertRaisesRegex(app.UsageError, "bad value in 'grad_blocks=4'.*each value "
                                                     "is WxS"):
             tune_kernels.parse_knobs("grad_blocks=4", "kda")
-        self.assertEqual(tune_kernels.parse_start('{"grad_blocks": [4, 2], "prepare": [2, 1]}',
+        self.assertEqual(tune_kernels.parse_start('{"grad_blocks": [4, 2], "gamma": [2, 1]}',
                                                   channelwise_gpu.TUNING, "gdn2"),
-                         {**channelwise_gpu.TUNING, "grad_blocks": (4, 2), "prepare": (2, 1)})
+                         {**channelwise_gpu.TUNING, "grad_blocks": (4, 2), "gamma": (2, 1)})
         with self.assertRaisesRegex(app.UsageError, "'grad_blocks' is a knob of --op=kda/gdn2 "
                                                     "only"):
             tune_kernels.parse_knobs("grad_blocks")

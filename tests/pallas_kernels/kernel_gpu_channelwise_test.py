@@ -161,9 +161,9 @@ class InterpretTest(parameterized.TestCase):
                 kda_ops.kda(*args, implementation="pallas_interpret")
 
     def test_kda_head_dim_128_packed_strong_decay(self):
-        # K = 128 (two key blocks in prepare and backward_chunk; grad_blocks over the whole K),
-        # packed documents with boundaries inside 16-row blocks, and log-decays down to about
-        # -20 per token.
+        # K = 128 (two key blocks in prepare, the gamma kernel and backward_chunk; grad_blocks
+        # over the whole K), packed documents with boundaries inside 16-row blocks, and
+        # log-decays down to about -20 per token.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [40, 30, 26])[None], jnp.int32)
         self.check("kda", seq_len=96, dim=128, decay=10.0, segment_ids=segment_ids, seed=8)
 
@@ -179,24 +179,6 @@ class InterpretTest(parameterized.TestCase):
         for name in _DIFF_ARGS["kda"]:
             limit = 2e-2 if name in ("g", "beta") else 8e-3
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
-
-    def test_prepare_writes_gamma_only_for_the_backward(self):
-        # gamma (the within-chunk cumsum of g, fp32) is formed inside prepare; it is written out
-        # only when saving for the backward, with the values of a cumsum per chunk.
-        inputs, _ = _inputs(5, 1, 128, 1, 1, 128, decay=10.0)
-        q, k, v, g = (inputs[n] for n in ("q", "k", "v", "g"))
-        cfg = kernel_gpu._config(batch=1, heads=1, n_chunks=2, dk=128, dv=128, scale=1.0,
-                                 has_docs=False, mm_dtype=jnp.float32, interpret=True,
-                                 return_residual=False)
-        plain = kernel_gpu._prepare(cfg, q, k, k, v, g, (), save=False)
-        saved = kernel_gpu._prepare(cfg, q, k, k, v, g, (), save=True)
-        self.assertNotIn("gam_ref", plain)
-        self.assertNotIn("a_ref", plain)
-        want = jnp.cumsum(g.reshape(1, 2, 64, 1, 128), axis=2).reshape(g.shape)
-        self.assertEqual(saved["gam_ref"].dtype, jnp.float32)
-        np.testing.assert_allclose(saved["gam_ref"], want, **tolerances.fwd_tol(jnp.float32))
-        for name in plain:
-            np.testing.assert_array_equal(plain[name], saved[name], err_msg=name)
 
     def test_kda_head_dim_128_gva(self):
         # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
@@ -254,7 +236,7 @@ class TritonLoweringTest(parameterized.TestCase):
             text = exported.mlir_module()
         # Every kernel once, and no other channelwise kernel.
         self.assertEqual(collections.Counter(re.findall(r'name = "channelwise_(\w+)"', text)),
-                         collections.Counter(["intra", "prepare", "forward",
+                         collections.Counter(["gamma", "intra", "prepare", "forward",
                                               "backward_state", "grad_blocks", "backward_chunk"]))
 
 
