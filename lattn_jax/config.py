@@ -595,7 +595,9 @@ class ModelConfig:
         ``in_proj`` / ``qkv_proj``, the MLP's ``fc1``) as one product each instead of one
         product then a split (``lattn_jax.layers.Dense.split``): same values, same parameters;
         the backward then has no activation-sized concatenation per projection (7.5 ms of a
-        165 ms GDN-pure step on the H200, 2026-11-30). Off until measured end to end.
+        165 ms GDN-pure step on the H200; end to end 164.2 -> 161.7 ms, 2026-11-30,
+        ``benchmarks/results/profile-train-step-gdn-pure-h200-2026-11-30b.md``). On in the
+        paper-1 presets (``configs/common.py``); the dataclass default stays off.
       attention: settings of ``"attn"`` and ``"attn_nope"`` layers.
       gdn: settings of ``"gdn"`` layers.
       deltanet: settings of ``"deltanet"`` layers.
