@@ -54,6 +54,9 @@ def test_render_normalises_to_gdn_pure_and_reports_failures():
     assert "| gdn_pure | 300.0M | 200 | 100 | 0.500 | 25.0% | 100.0% | 100.0% |" in md
     assert "| softmax_dense | 300.0M | 200 | 80 | 0.500 | 25.0% | 80.0% | 79.7% |" in md
     assert "failed: exit 1, see kda_hybrid.log" in md
+    assert "accumulation" not in md
+    md = tt.render(dict(result, batch_size=128, micro_batch_size=16))
+    assert "128 x 4096 tokens (gradient accumulation: 8 micro-batches of 16 rows per step)" in md
 
 
 def test_unknown_preset_is_named(tmp_path):
