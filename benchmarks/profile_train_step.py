@@ -7,7 +7,8 @@ device it reports, in ms per step:
 
 * ``step``: the trainer's whole jitted step (forward, backward, gradient norm, optimizer, NaN
   guard; state donated), median of ``--iters`` synced calls;
-* ``fwd_bwd``: ``jax.value_and_grad`` of the loss alone, jitted on its own;
+* ``fwd_bwd``: the trainer's loss and gradients alone (``Trainer.loss_and_grads``: one pass,
+  or the micro-batches of ``train.micro_batch_size``), jitted on its own;
 * ``optimizer``: ``tx.update`` + ``apply_updates`` alone on gradient-shaped inputs (for Muon: the
   Newton-Schulz iterations, NorMuon and the AdamW group);
 * from a ``jax.profiler`` trace of ``--trace_steps`` whole steps: summed kernel time per step by

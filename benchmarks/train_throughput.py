@@ -49,7 +49,8 @@ def _parse_args(argv):
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch_size", type=int, default=8, help="rows per step")
     parser.add_argument("--micro_batch_size", type=int, default=None,
-                        help="rows per micro-step (gradient accumulation; default: none)")
+                        help="gradient accumulation: rows per data-parallel replica per "
+                        "micro-step (train.micro_batch_size; default: none)")
     parser.add_argument("--seq_len", type=int, default=4096)
     parser.add_argument("--log_every", type=int, default=10)
     parser.add_argument("--skip_windows", type=int, default=2,
@@ -117,11 +118,14 @@ def run_trainer(cmd, log_path: str, *, label: str, env=None):
 
 
 def _micro_text(result: dict) -> str:
+    """The report's gradient-accumulation note ("" without ``micro_batch_size``). The trainer's
+    micro-batch is per data-parallel replica, so the micro-batch count per step is stated for
+    one device (the mesh is the trainer's, not recorded here)."""
     micro = result.get("micro_batch_size")
     if not micro:
         return ""
-    return (f" (gradient accumulation: {result['batch_size'] // micro} micro-batches of {micro} "
-            "rows per step)")
+    return (f" (gradient accumulation: micro-batches of {micro} rows per data-parallel replica, "
+            f"{result['batch_size'] // micro} per step on one device)")
 
 
 def render(result: dict) -> str:
@@ -130,12 +134,12 @@ def render(result: dict) -> str:
              f"- Date: {result['date']}. Device: {result['device']}.",
              f"- Versions: {json.dumps(result['versions'])}.",
              f"- Setup: {result['opt']}, {result['steps']} steps of {result['batch_size']} x "
-             f"{result['seq_len']} tokens{_micro_text(result)}, bf16 compute with fp32 master weights, the bundled "
-             f"WikiText-2 corpus through the real data pipeline; tokens/s, step time and MFU are "
-             f"the trainer's logged windows of {result['log_every']} steps averaged after "
-             f"dropping the first {result['skip_windows']} (compilation, warm-up). MFU = model "
-             f"FLOPs (lattn_jax.flops, mixers' real work, causal attention halved) / "
-             f"(989 TFLOP/s bf16 dense peak x devices).",
+             f"{result['seq_len']} tokens{_micro_text(result)}, bf16 compute with fp32 master "
+             f"weights, the bundled WikiText-2 corpus through the real data pipeline; tokens/s, "
+             f"step time and MFU are the trainer's logged windows of {result['log_every']} "
+             f"steps averaged after dropping the first {result['skip_windows']} (compilation, "
+             f"warm-up). MFU = model FLOPs (lattn_jax.flops, mixers' real work, causal attention "
+             f"halved) / (989 TFLOP/s bf16 dense peak x devices).",
              f"- Command: `{result['command']}`", "",
              "| preset | params | steps | tokens/s | step time (s) | MFU | speed vs GDN pure | "
              "paper (Muon) | loss first -> last | wall (s) |",

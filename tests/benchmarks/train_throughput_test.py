@@ -56,7 +56,8 @@ def test_render_normalises_to_gdn_pure_and_reports_failures():
     assert "failed: exit 1, see kda_hybrid.log" in md
     assert "accumulation" not in md
     md = tt.render(dict(result, batch_size=128, micro_batch_size=16))
-    assert "128 x 4096 tokens (gradient accumulation: 8 micro-batches of 16 rows per step)" in md
+    assert ("128 x 4096 tokens (gradient accumulation: micro-batches of 16 rows per data-parallel "
+            "replica, 8 per step on one device)") in md
 
 
 def test_unknown_preset_is_named(tmp_path):

@@ -152,13 +152,17 @@ class MultiDeviceTest(absltest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             out = run_worker("step", tmp, devices=8)
             fwd = tolerances.fwd_tol(np.float32)
-            self.assertEqual(out["accum_steps"], 2)
+            self.assertEqual(out["accum_steps"], [2, 1])  # accumulated, one pass
             np.testing.assert_allclose(out["loss8"], out["loss1"], **fwd)
+            np.testing.assert_allclose(out["loss8_one_pass"], out["loss1"], **fwd)
+            # The train step's loss is that of the parameters before its update.
+            np.testing.assert_allclose(out["step_loss8"], out["loss8"], **fwd)
             self.assertEqual(out["init_max_diff"], 0.0)  # sharded init = single-device init
             # Gradients: max |g8 - g1| / max |g1| per parameter, against the fp32 grad rtol.
             rtol = tolerances.grad_tol(np.float32)["rtol"]
-            for name, err in out["grad_max_rel"].items():
-                self.assertLess(err, rtol, name)
+            for key in ("grad_max_rel", "grad_max_rel_one_pass"):
+                for name, err in out[key].items():
+                    self.assertLess(err, rtol, f"{key} {name}")
             self.assertEqual(out["specs"], {
                 "fc1": "('fsdp', 'tensor')", "embed": "('tensor', 'fsdp')",
                 "in_proj": "('fsdp', 'tensor')", "norm": "(None,)"})

@@ -5,14 +5,16 @@ The number of simulated CPU devices must be fixed before JAX initialises, so eac
 prints one JSON line with its results.
 
 Modes:
-  ``step``: a 2 x 2 x 2 (data x fsdp x tensor) train step with gradient accumulation (two
-    micro-batches) against the single-device one-pass step (loss and every gradient), the
-    parameter shardings, then a sharded checkpoint saved to ``DIR``
-    (with the parameters as ``DIR/params.npz`` for the restoring side).
+  ``step``: the 2 x 2 x 2 (data x fsdp x tensor) loss and gradients, in one pass and with
+    gradient accumulation (two micro-batches), against the single-device one-pass ones (loss
+    and every gradient), the parameter shardings, one sharded train step (its loss), then a
+    sharded checkpoint saved to ``DIR`` (with the parameters as ``DIR/params.npz`` for the
+    restoring side).
   ``restore``: restores that checkpoint onto a mesh of all this process's devices
     (fsdp x tensor = N/2 x 2) and compares it with ``params.npz``.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -70,8 +72,8 @@ def spec_of(x):
 
 
 def run_step(directory: str) -> dict:
-    # One device takes the 8 rows in one pass; the 2 x 2 x 2 mesh in two micro-batches of one
-    # row per data-parallel replica (gradient accumulation), so both paths are compared.
+    # One device takes the 8 rows in one pass; the 2 x 2 x 2 mesh both in one pass and in two
+    # micro-batches of one row per data-parallel replica (gradient accumulation).
     single = train.Trainer(tiny_config(config_lib.MeshConfig(data=1), batch_size=8))
     state = single.init_state(0)
     b = batch(rows=8)
@@ -82,17 +84,24 @@ def run_step(directory: str) -> dict:
     mesh = sharding.make_mesh(cfg.mesh)
     sharded = train.Trainer(cfg, mesh)
     state8 = sharded.init_state(0)
+    one_pass = train.Trainer(dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, micro_batch_size=None)), mesh)
     with sharding.activate(mesh, cfg.mesh.rules):
         loss8, grads8 = jax.jit(sharded.loss_and_grads)(state8["params"], sharded.put_batch(b))
+        loss8_one, grads8_one = jax.jit(one_pass.loss_and_grads)(state8["params"],
+                                                                 one_pass.put_batch(b))
     p = state8["params"]
     out = {
-        "accum_steps": sharded.accum_steps,
-        "loss1": float(loss1), "loss8": float(loss8),
+        "accum_steps": [sharded.accum_steps, one_pass.accum_steps],
+        "loss1": float(loss1), "loss8": float(loss8), "loss8_one_pass": float(loss8_one),
         "init_max_diff": max(float(np.max(np.abs(a - c))) for a, c in zip(
             flat(state["params"]).values(), flat(p).values())),
         "grad_max_rel": {k: float(np.max(np.abs(a - flat(grads8)[k]))
                                   / (np.max(np.abs(a)) + 1e-12))
                          for k, a in flat(grads1).items()},
+        "grad_max_rel_one_pass": {k: float(np.max(np.abs(a - flat(grads8_one)[k]))
+                                           / (np.max(np.abs(a)) + 1e-12))
+                                  for k, a in flat(grads1).items()},
         "specs": {"fc1": spec_of(p["blocks"][0]["mlp"]["fc1"]["kernel"]),
                   "embed": spec_of(p["embed"]),
                   "in_proj": spec_of(p["blocks"][0]["mixer"]["in_proj"]["kernel"]),
