@@ -140,20 +140,31 @@ class Trainer:
         return nnx.merge(self.graphdef, state)
 
     def put_batch(self, batch: Batch) -> Batch:
-        """Host batch (numpy) -> device arrays, split over the batch mesh axes.
+        """This process's rows of a batch (numpy ``[rows, T]`` arrays) -> global device arrays,
+        split over the batch mesh axes.
 
-        Every process holds the same global batch (the data pipeline is identical on every
-        host) and places the rows its devices own.
+        With P processes the data pipeline gives each ``data.batch_size / P`` rows of every
+        global batch (:mod:`lattn_jax.data`: every P-th window), so the global ``[P * rows, T]``
+        array is assembled from the processes' local rows (process 0's first;
+        ``jax.make_array_from_process_local_data``), which requires the batch mesh axes to
+        split the rows evenly over the processes' devices (each process's devices own a
+        contiguous block of rows). With one process, ``batch`` is the whole batch.
         """
         if self.mesh is None:
             return _to_jax(batch)
         out = {}
+        processes = jax.process_count()
         for key, value in batch.items():
             value = np.asarray(value)
+            shape = (value.shape[0] * processes,) + value.shape[1:]
             names = sharding.ACT_BT + (None,) * (value.ndim - 2)
-            spec = sharding.logical_to_spec(names, value.shape, self.mesh, self.rules)
-            out[key] = jax.make_array_from_callback(
-                value.shape, NamedSharding(self.mesh, spec), lambda idx, v=value: v[idx])
+            spec = sharding.logical_to_spec(names, shape, self.mesh, self.rules)
+            target = NamedSharding(self.mesh, spec)
+            if processes == 1:
+                out[key] = jax.make_array_from_callback(shape, target,
+                                                        lambda idx, v=value: v[idx])
+            else:
+                out[key] = jax.make_array_from_process_local_data(target, value, shape)
         return out
 
     # -- steps ---------------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """Sharding: logical axis names, the rules table, meshes, and 8 simulated devices vs one.
 
 The multi-device checks run in subprocesses (``sharding_worker.py``) because the number of
-simulated CPU devices must be set before JAX initialises, and this pytest process has one.
+simulated CPU devices must be set before JAX initialises, and this pytest process has one; the
+multi-process check (slow) runs two such subprocesses as one JAX distributed run.
 """
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -13,6 +15,7 @@ import types
 
 import jax
 import numpy as np
+import pytest
 from absl.testing import absltest
 from flax import nnx
 
@@ -38,6 +41,31 @@ def run_worker(mode: str, directory: str, devices: int) -> dict:
     if proc.returncode or not lines:
         raise AssertionError(f"worker {mode} on {devices} devices failed:\n{proc.stderr[-4000:]}")
     return json.loads(lines[-1][len("RESULT "):])
+
+
+def run_processes(n: int = 2, devices: int = 2) -> list:
+    """Runs the worker's ``process`` mode as ``n`` processes of one JAX distributed run."""
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for pid in range(n):
+        env = dict(os.environ, JAX_PLATFORMS="cpu", LATTN_PROCESS_ID=str(pid),
+                   LATTN_PORT=str(port),
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+        procs.append(subprocess.Popen([sys.executable, _WORKER, "process", "-"], env=env,
+                                      cwd=_ROOT, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    results = []
+    for pid, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=600)
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            for other in procs:
+                other.kill()
+            raise AssertionError(f"process {pid} failed:\n{err[-4000:]}")
+        results.append(json.loads(lines[-1][len("RESULT "):]))
+    return results
 
 
 def _abstract_params(model_config):
@@ -181,6 +209,24 @@ class MultiDeviceTest(absltest.TestCase):
             got = sharding_worker.flat(restored)
             for key in expected.files:
                 np.testing.assert_array_equal(got[key], expected[key], err_msg=key)
+
+
+@pytest.mark.slow
+class MultiProcessTest(absltest.TestCase):
+
+    def test_two_processes_feed_their_own_rows_and_match_one_device(self):
+        # Two JAX processes (gloo collectives on CPU), 2 devices each: every process places
+        # only its 4 rows of the 8-row batch (Trainer.put_batch), two micro-batches per step.
+        results = run_processes()
+        fwd = tolerances.fwd_tol(np.float32)
+        rtol = tolerances.grad_tol(np.float32)["rtol"]
+        for out in results:
+            self.assertEqual((out["processes"], out["devices"], out["accum_steps"]), (2, 4, 2))
+            np.testing.assert_allclose(out["loss2"], out["loss1"], **fwd)
+            np.testing.assert_allclose(out["total2"], out["total1"], **fwd)
+            self.assertEqual(out["count2"], out["count1"])
+            for name, err in out["grad_max_rel"].items():
+                self.assertLess(err, rtol, name)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Modes:
     restoring side).
   ``restore``: restores that checkpoint onto a mesh of all this process's devices
     (fsdp x tensor = N/2 x 2) and compares it with ``params.npz``.
+  ``process``: one of two processes of a multi-process run (:func:`run_process`).
 """
 
 import dataclasses
@@ -137,7 +138,43 @@ def run_restore(directory: str) -> dict:
             "fc1_spec": spec_of(restored["params"]["blocks"][0]["mlp"]["fc1"]["kernel"])}
 
 
+def run_process(directory: str) -> dict:
+    """One of two processes (``LATTN_PROCESS_ID`` 0/1, coordinator on ``localhost:
+    LATTN_PORT``), each with 2 CPU devices: a data x fsdp = 2 x 2 mesh over both, each process
+    feeding its own 4 of the 8 rows (as the data pipeline does), two micro-batches per step.
+    Compared with this process's one-device one-pass step on all 8 rows."""
+    del directory
+    from jax.experimental import multihost_utils
+    pid = int(os.environ["LATTN_PROCESS_ID"])
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"localhost:{os.environ['LATTN_PORT']}", num_processes=2,
+                               process_id=pid)
+    b = batch(rows=8)
+    single = train.Trainer(tiny_config(config_lib.MeshConfig(data=1), batch_size=8))
+    state = single.init_state(0)
+    loss1, grads1 = jax.jit(single.loss_and_grads)(state["params"], single.put_batch(b))
+    total1, count1 = single.eval_step(state["params"], b)
+
+    cfg = tiny_config(config_lib.MeshConfig(data=2, fsdp=2, tensor=1), batch_size=8,
+                      micro_batch_size=1)
+    mesh = sharding.make_mesh(cfg.mesh)
+    multi = train.Trainer(cfg, mesh)
+    local = {k: v[4 * pid:4 * pid + 4] for k, v in b.items()}
+    state2 = multi.init_state(0)
+    with sharding.activate(mesh, cfg.mesh.rules):
+        loss2, grads2 = jax.jit(multi.loss_and_grads)(state2["params"], multi.put_batch(local))
+    grads2 = multihost_utils.process_allgather(grads2, tiled=True)
+    total2, count2 = multi.eval_step(state2["params"], local)
+    return {"process": pid, "processes": jax.process_count(), "devices": jax.device_count(),
+            "accum_steps": multi.accum_steps, "loss1": float(loss1), "loss2": float(loss2),
+            "total1": float(total1), "total2": float(total2),
+            "count1": float(count1), "count2": float(count2),
+            "grad_max_rel": {k: float(np.max(np.abs(a - np.asarray(flat(grads2)[k])))
+                                      / (np.max(np.abs(a)) + 1e-12))
+                             for k, a in flat(grads1).items()}}
+
+
 if __name__ == "__main__":
     mode, directory = sys.argv[1], sys.argv[2]
-    result = {"step": run_step, "restore": run_restore}[mode](directory)
+    result = {"step": run_step, "restore": run_restore, "process": run_process}[mode](directory)
     print("RESULT " + json.dumps(result))
