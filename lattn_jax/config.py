@@ -888,7 +888,8 @@ class TrainConfig:
         (Megatron's MBS); one optimizer step then runs ``data.batch_size / (micro_batch_size x
         mesh data x fsdp)`` micro-batches and sums their gradients, so the loss stays the
         token mean over the whole batch (paper 1's GBS 128 on fewer devices, spec §5.4).
-        ``None``: the whole batch in one pass.
+        ``None``: the whole batch in one pass. A batch that does not split so is a
+        ``ConfigError`` when the trainer is built (``lattn_jax.train.accumulation_steps``).
     """
 
     total_steps: int = 1000

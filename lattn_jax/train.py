@@ -196,6 +196,15 @@ class Trainer:
         term's gradient, summed in fp32 (in the parameters' dtype if wider), so the loss and
         gradients equal the one-pass ones up to summation order, while activations live for one
         micro-batch at a time.
+
+        Args:
+          params: the parameter tree.
+          batch: ``inputs``/``targets`` int ``[B, T]``, ``weights`` fp32 ``[B, T]``, optional
+            ``segment_ids`` int ``[B, T]`` (B the global batch).
+
+        Returns:
+          ``(loss, grads)``: the fp32 scalar loss in nats per token and a tree shaped like
+          ``params``, in its dtypes.
         """
         count = jnp.maximum(jnp.sum(batch["weights"].astype(jnp.float32)), 1.0)
 

@@ -56,8 +56,8 @@ class BenchTrainTest(absltest.TestCase):
             bench_train.experiment_config("softmax", "adamw", tiny=True, num_layers=7)
         cfg = bench_train.experiment_config(
             "gdn_pure", "adamw", tiny=True,
-            overrides=["model.split_projections=true", "model.gdn.implementation=chunked"])
-        self.assertIs(cfg.model.split_projections, True)
+            overrides=["model.split_projections=false", "model.gdn.implementation=chunked"])
+        self.assertIs(cfg.model.split_projections, False)  # the presets turn it on
         self.assertEqual(cfg.model.gdn.implementation, "chunked")
         for bad in ("model.no_such_key=1", "model.split_projections", "nope.x=1"):
             with self.assertRaisesRegex(ValueError, "expected section.key=value"):
