@@ -50,6 +50,21 @@ factorisation above with the quad's last row as reference, pairs in one quad ele
 ``prepare`` places the diagonal blocks into its ``[C, C]`` tiles by a 0/1 product in IEEE
 fp32, which is exact (Triton cannot slice registers).
 
+``prepare`` has two forms (``TUNING["prepare_form"]``; the same outputs, equal to fp32 rounding
+for fp32 inputs; for half inputs the blocks form inverts the diagonal blocks in fp32 where the
+tiles form uses TF32 products). "tiles" (:func:`_prepare_kernel`, the default, timed) works on
+whole ``[C, C]`` fp32 tiles as above: every off-diagonal product is a masked
+``[C, BK] x [BK, C]`` product (8x the useful FLOPs), the inverse ~10 ``[C, C]`` products; on the
+H200 it runs 8 warps at 255 registers per thread with spills (1.86 ms at S1, B=8, T=4096, H=16,
+K=V=128). "blocks" (:func:`_prepare_blocks_kernel`, a candidate untimed on a GPU) holds the 16 x
+16 sub-blocks as separate register tiles, as FLA's fused inter + solve KDA kernel does: the
+six off-diagonal block pairs by ``[16, BK] x [BK, 16]`` products with the reference at the
+first row of the row block (both exponents <= 0, no masks), ``intra``'s diagonal tiles loaded
+directly (no placement product), the diagonal blocks of A by row-wise forward substitution in
+fp32 and the rest by block forward substitution (16 ``[16, 16]`` products), W and U as sums of
+``[16, 16] x [16, BK]`` products. Per chunk and head at K = V = 128: ~0.5M multiply-adds
+before W and U against ~5.9M in the tiles form (W and U: ~1M in either).
+
 Kernels (grid in brackets):
 
 * ``gamma`` [chunks, B*H]: the within-chunk cumsum of g (fp32 ``[B, Tp, H, K]``).
@@ -58,10 +73,11 @@ Kernels (grid in brackets):
   (:func:`intra_heads`).
 * ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products, looping
   over key blocks of ``BK`` channels, plus ``intra``'s diagonal blocks), A by
-  :func:`pallas_kernels.gated_delta_rule.kernel_gpu._unit_lower_inverse`, then W, U (input
+  :func:`pallas_kernels.common.pallas_gpu.unit_lower_inverse`, then W, U (input
   dtype), A and Mq (``[B, H, N, C, C]`` in the tensor-core operand dtype, to which every
   consumer rounds them), ``qg = q * E_in``, ``kg = k * E_out`` (input dtype) and e_all (fp32
-  ``[B, H, N, K]``).
+  ``[B, H, N, K]``). In the "blocks" form (:func:`_prepare_blocks_kernel`) the same outputs
+  from 16 x 16 sub-blocks, A by forward substitution.
 * ``forward`` [B*H, V/BV]: the sequential pass with the fp32 state ``[K, BV]`` in registers;
   writes O, the final state, and (for the backward) Vn and every chunk's entry state S_0.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; with dS the gradient of the chunk's exit
@@ -144,8 +160,20 @@ AUTO_SELECT = True
 # (1.312), against 0.627 token-parallel (4 heads, 4 warps); a products kernel for prepare's
 # off-diagonal blocks (prepare + products 2.497 ms against 2.513 in prepare; the KDA
 # objective 13.203 ms with it against 12.210 without).
+# prepare_form: "tiles" (_prepare_kernel: whole [C, C] tiles, the form timed above) or
+# "blocks" (_prepare_blocks_kernel: 16 x 16 sub-blocks as separate register tiles, FLA's fused
+# inter + solve layout; a candidate, untimed on a GPU as of 2026-11-30: interpret-mode tests and
+# Triton lowering only). prepare_blocks is the blocks form's launch (FLA autotunes 1, 2, 4 warps)
+# and prepare_blocks_k its key-block width (None: block_k; FLA autotunes 32 and 64); the tiles
+# form runs with prepare and block_k. Registers per thread / spill bytes estimated for sm_90a at
+# S1 (experiments/kernel_registers.py, Triton 3.9, ptxas 13.4): tiles 8 warps 255 / 64; blocks
+# 4 warps BK 32: 226 / 0, BK 64: 238 / 0, BK 16: 168 / 0; 2 warps BK 32: 228 / 0; 8 warps BK 64:
+# 226 / 0; 1 warp BK 16: 255 / 128.
 TUNING = {
+    "prepare_form": "tiles",
     "prepare": (8, 1),
+    "prepare_blocks": (4, 1),
+    "prepare_blocks_k": 32,
     "forward": (4, 2),
     "backward_state": (4, 2),
     "backward_chunk": (4, 1),
@@ -186,18 +214,40 @@ def block_widths(dk: int, dv: int, tuning=None) -> Tuple[int, int]:
     return tuning.get("block_v") or min(dv, 64), tuning.get("block_k") or min(dk, 64)
 
 
+PREPARE_FORMS = ("tiles", "blocks")
+
+
+def prepare_form(tuning=None) -> str:
+    """``TUNING["prepare_form"]`` (``tuning``'s, if given): ``"tiles"`` or ``"blocks"``.
+
+    Raises:
+      ValueError: for any other value, naming the entry.
+    """
+    form = (TUNING if tuning is None else tuning).get("prepare_form", "tiles")
+    if form not in PREPARE_FORMS:
+        raise ValueError(f'TUNING["prepare_form"] must be one of {PREPARE_FORMS}, got {form!r}')
+    return form
+
+
 def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interpret,
             return_residual):
     """The static configuration of one call (hashable once sorted into a tuple).
 
     Raises:
-      ValueError: if ``TUNING``'s block widths do not divide the head dims, or
-        ``TUNING["intra_token_heads"]`` is not >= 1.
+      ValueError: if ``TUNING``'s block widths (``prepare_blocks_k`` included) do not divide
+        the head dims, ``TUNING["intra_token_heads"]`` is not >= 1, or
+        ``TUNING["prepare_form"]`` is not a form of :data:`PREPARE_FORMS`.
     """
     block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
+    form = prepare_form()
+    prepare_bk = TUNING.get("prepare_blocks_k") or block_k
+    if form == "blocks" and (prepare_bk < SUB or prepare_bk > dk or dk % prepare_bk):
+        raise ValueError(f'TUNING["prepare_blocks_k"]={prepare_bk} must divide the key head dim '
+                         f"{dk} (and be >= {SUB})")
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
-                block_v=block_v, block_k=block_k,
+                block_v=block_v, block_k=block_k, prepare_form=form,
+                prepare_bk=prepare_bk if form == "blocks" else None,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
                 intra_heads=intra_heads(heads))
@@ -628,7 +678,215 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, la
         u_ref[b, tsl, h, vsl] = mm(amat, vw_ref[b, tsl, h, vsl], mdt).astype(u_ref.dtype)
 
 
+def _prepare_blocks_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref,
+                           mkd_ref, mqd_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref,
+                           *, cfg):
+    """The ``prepare`` kernel in the "blocks" form (``TUNING["prepare_form"]``): the same
+    outputs as :func:`_prepare_kernel`, computed on the 16 x 16 sub-blocks of the chunk held as
+    separate register tiles (``[16, 16]`` and ``[16, BK]`` values), as FLA's fused inter + solve
+    KDA kernel does. One program per (chunk, batch * head).
+
+    Row block i holds rows ``16 i .. 16 i + 15`` of the chunk; tiles are loaded from and stored
+    to the refs at those row offsets (Triton cannot slice registers, but refs slice freely).
+
+    1. Off-diagonal blocks (i > j) of Mk and Mq, row block by row block, summed over key
+       blocks of ``BK = cfg["prepare_bk"]`` channels, with reference r_i = gamma at the FIRST
+       row of block i (gamma is non-increasing, so ``gamma_i <= r_i <= gamma_j`` for every row
+       of block i and every row of an earlier block j)::
+
+           Mk_ij = (kr_i e^{gamma_i - r_i}) (k_j e^{r_i - gamma_j})^T,  Mq_ij likewise (q_i)
+
+       Both exponents are <= 0 in a chunk: no masks, no overflow, an exact factorisation. Six
+       block pairs, twelve ``[16, BK] x [BK, 16]`` products per key block by
+       :func:`_intra_dot` (IEEE fp32 for fp32 inputs; TF32 or the input dtype for half inputs,
+       ``TUNING["intra_tf32"]``), against the ``[64, BK] x [BK, 64]`` masked products of the
+       tiles form (8x the useful FLOPs). Masks per tile: same document (doc ids of the tile's
+       rows and columns). Mq's tiles go out as soon as their row block is done: masked, in the
+       operand dtype, the diagonal tile from ``intra`` (``mqd`` rows ``16 i ..``: loaded
+       directly, no placement product; inclusive lower and same document), zeros above the
+       diagonal (the output is uninitialised).
+    2. ``A = (I + Mk)^{-1}`` blockwise. The four unit-lower diagonal blocks
+       ``A_ii = (I + L_i)^{-1}`` (``L_i`` = ``intra``'s ``mkd`` tile, strict lower and same
+       document) by forward substitution, one row r per step for all four blocks at once:
+       ``(A_ii - I)[r] = a + sum_m a_m (A_ii - I)[m]`` with ``a = -L_i[r, :r]`` loaded from
+       ``mkd_ref`` (fp32 elementwise: exact to fp32 rounding for every input dtype, no Newton
+       step needed). Then the blocks below the diagonal by block forward substitution,
+       ``A_ij = -A_ii sum_{j <= m < i} Mk_im A_mj`` (16 ``[16, 16]`` products by
+       :func:`pallas_gpu.dot_precise`: IEEE fp32 for fp32 inputs, TF32 for half inputs, as
+       :func:`pallas_gpu.unit_lower_inverse` in the tiles form), and A itself when saved (tile
+       by tile, zeros above the diagonal).
+    3. ``qg = q E_in``, ``kg = k E_out`` and ``e_all``, per (row block, key block).
+    4. ``W_i = sum_{j <= i} A_ij (kr E_in)_j`` and ``U_i = sum_{j <= i} A_ij vw_j`` (operands in
+       the tensor-core dtype, fp32 accumulation, as the tiles form's ``mm(A, X)``), a loop over
+       column blocks j that adds ``A_ij X_j`` to all four row blocks (``A_ij = 0`` for j > i).
+
+    Register pressure (measured with ``experiments/kernel_registers.py``): the loops whose row
+    block is a traced index (the column blocks j of the products, step 3, the column loop of
+    step 4) keep their address tensors inside the loop; with static row offsets Triton hoists
+    and shares them across the kernel. The inverse runs after all products, so that its tiles
+    do not stay live through the product loops.
+    """
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    t0 = n * CHUNK
+    mdt = cfg["mm_dtype"]
+    bk, bv = cfg["prepare_bk"], cfg["block_v"]
+    nkb = cfg["dk"] // bk
+
+    def rows(i):  # the tokens of row block i (a Python or a traced int)
+        return pl.ds(t0 + SUB * i, SUB)
+
+    def blk(i):  # rows / columns of block i in a [C, C] matrix
+        return pl.ds(SUB * i, SUB)
+
+    docs = [_load_docs(cfg, doc_ref, conn_ref, last_ref, b, rows(i))[0] for i in range(NSUB)]
+
+    def with_mask(mask, other):
+        return other if mask is None else mask if other is None else mask & other
+
+    def same_doc(i, j):  # [SUB, SUB]: row of block i and column of block j in one document
+        return None if docs[i] is None else docs[i][:, None] == docs[j][None, :]
+
+    def masked(tile, mask):
+        return tile if mask is None else jnp.where(mask, tile, 0.0)
+
+    r16, c16 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
+    zero = jnp.zeros((SUB, SUB), F32)
+
+    # 1. Off-diagonal blocks of Mk and Mq, row block by row block; Mq out.
+    mk = {}
+    for i in range(NSUB):
+        mq_ref[b, h, n, blk(i), blk(i)] = masked(
+            mqd_ref[b, h, n, blk(i), :], with_mask(r16 >= c16, same_doc(i, i))
+        ).astype(mq_ref.dtype)
+        for j in range(i + 1, NSUB):
+            mq_ref[b, h, n, blk(i), blk(j)] = zero.astype(mq_ref.dtype)
+        if not i:
+            continue
+
+        def key_block(kb, acc, i=i):
+            ksl = pl.ds(kb * bk, bk)
+            ref_row = gam_ref[b, t0 + SUB * i, h, ksl][None, :]  # r_i: block i's first row
+            row_fac = jnp.exp(gam_ref[b, rows(i), h, ksl] - ref_row)
+            xk = kr_ref[b, rows(i), h, ksl].astype(F32) * row_fac
+            xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
+
+            def column(j, acc):  # column block j < i (traced), into accumulator j
+                decay = jnp.exp(ref_row - gam_ref[b, rows(j), h, ksl])  # e^{r_i - gamma_j}
+                y = k_ref[b, rows(j), h, ksl].astype(F32) * decay
+                dk = _intra_dot(xk, y, ((1,), (1,)), cfg)
+                dq = _intra_dot(xq, y, ((1,), (1,)), cfg)
+                return (tuple(jnp.where(j == m, a + dk, a) for m, a in enumerate(acc[0])),
+                        tuple(jnp.where(j == m, a + dq, a) for m, a in enumerate(acc[1])))
+
+            return jax.lax.fori_loop(0, i, column, acc)
+
+        zeros = tuple(zero for _ in range(i))
+        mk_i, mq_i = jax.lax.fori_loop(0, nkb, key_block, (zeros, zeros))
+        for j in range(i):
+            mq_ref[b, h, n, blk(i), blk(j)] = masked(mq_i[j], same_doc(i, j)).astype(
+                mq_ref.dtype)
+            mk[i, j] = masked(mk_i[j], same_doc(i, j))
+
+    # 2. A = (I + Mk)^{-1}: the diagonal blocks by row-wise forward substitution (the four
+    # blocks in lockstep, A_ii - I built row by row) ...
+    lane = _iota((SUB,), 0)
+
+    def substitute(r, strict_inv):
+        out = []
+        for i, x in enumerate(strict_inv):
+            keep = lane < r
+            if docs[i] is not None:
+                keep = keep & (docs[i] == doc_ref[b, t0 + SUB * i + r])
+            a = jnp.where(keep, -mkd_ref[b, h, n, SUB * i + r, :], 0.0)  # -L_i[r, :r]
+            a = a + jnp.sum(a[:, None] * x, axis=0)
+            out.append(jnp.where(r16 == r, a[None, :], x))
+        return tuple(out)
+
+    strict_inv = jax.lax.fori_loop(1, SUB, substitute, tuple(zero for _ in range(NSUB)))
+    eye = jnp.where(r16 == c16, 1.0, 0.0).astype(F32)
+    amat = {(i, i): x + eye for i, x in enumerate(strict_inv)}
+    # ... then the blocks below the diagonal, row block by row block.
+    for i in range(1, NSUB):
+        for j in range(i - 1, -1, -1):
+            acc = pallas_gpu.dot_precise(mk[i, j], amat[j, j], mdt)
+            for m in range(j + 1, i):
+                acc = acc + pallas_gpu.dot_precise(mk[i, m], amat[m, j], mdt)
+            amat[i, j] = -pallas_gpu.dot_precise(amat[i, i], acc, mdt)
+    if a_ref is not None:
+        for i in range(NSUB):
+            for j in range(NSUB):
+                a_ref[b, h, n, blk(i), blk(j)] = amat.get((i, j), zero).astype(a_ref.dtype)
+
+    # 3. qg, kg and e_all, one (row block, key block) per step.
+    conn_last = None
+    if cfg["has_docs"]:
+        conn_last = _last(conn_ref[b, pl.ds(t0 + CHUNK - SUB, SUB)], SUB)
+
+    def decay_block(step, carry):
+        i = step // nkb
+        isl, ksl = rows(i), pl.ds((step - i * nkb) * bk, bk)
+        conn = last = None
+        if cfg["has_docs"]:
+            conn, last = conn_ref[b, isl], last_ref[b, isl]
+        g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
+        e_in, e_out, e_all = _decay_factors(gam_ref[b, isl, h, ksl], g_last, conn, last,
+                                            conn_last)
+        qg_ref[b, isl, h, ksl] = (q_ref[b, isl, h, ksl].astype(F32) * e_in).astype(qg_ref.dtype)
+        kg_ref[b, isl, h, ksl] = (k_ref[b, isl, h, ksl].astype(F32) * e_out).astype(kg_ref.dtype)
+        e_ref[b, h, n, ksl] = e_all
+        return carry
+
+    jax.lax.fori_loop(0, NSUB * nkb, decay_block, 0)
+
+    # 4. W = A (kr E_in) and U = A vw (A rounded once to the operand dtype, as mm rounds it in
+    # the tiles form): a loop over column blocks j (traced), A's column j picked by selects.
+    amat = {p: tile.astype(mdt) for p, tile in amat.items()}
+
+    def apply_a(load_x, out_ref, sl, width):
+        def column(j, accs):
+            x = load_x(j)
+            out = []
+            for i, acc in enumerate(accs):
+                a_ij = jnp.zeros((SUB, SUB), mdt)
+                for m in range(i + 1):
+                    a_ij = jnp.where(j == m, amat[i, m], a_ij)
+                out.append(acc + mm(a_ij, x, mdt))
+            return tuple(out)
+
+        accs = jax.lax.fori_loop(0, NSUB, column,
+                                 tuple(jnp.zeros((SUB, width), F32) for _ in range(NSUB)))
+        for i, acc in enumerate(accs):
+            out_ref[b, rows(i), h, sl] = acc.astype(out_ref.dtype)
+
+    def w_block(kb, carry):
+        ksl = pl.ds(kb * bk, bk)
+
+        def load_x(j):  # (kr E_in)_j
+            e_in = jnp.exp(gam_ref[b, rows(j), h, ksl])
+            if cfg["has_docs"]:
+                e_in = e_in * conn_ref[b, rows(j)][:, None]
+            return kr_ref[b, rows(j), h, ksl].astype(F32) * e_in
+
+        apply_a(load_x, w_ref, ksl, bk)
+        return carry
+
+    def u_block(vb, carry):
+        vsl = pl.ds(vb * bv, bv)
+        apply_a(lambda j: vw_ref[b, rows(j), h, vsl], u_ref, vsl, bv)
+        return carry
+
+    jax.lax.fori_loop(0, nkb, w_block, 0)
+    jax.lax.fori_loop(0, cfg["dv"] // bv, u_block, 0)
+
+
 def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
+    """The ``intra`` kernel, then ``prepare`` in ``cfg["prepare_form"]``'s form
+    (:func:`_prepare_kernel` with the ``prepare`` launch, or :func:`_prepare_blocks_kernel` with
+    ``prepare_blocks``; both named ``channelwise_prepare``). Returns ``{ref name: array}``:
+    ``w_ref``, ``u_ref``, ``qg_ref``, ``kg_ref`` (operand dtype, ``[B, Tp, H, K or V]``),
+    ``mq_ref`` and (``save_a``) ``a_ref`` (operand dtype, ``[B, H, N, C, C]``, zero above the
+    diagonal) and ``e_ref`` (fp32 ``[B, H, N, K]``)."""
     mkd, mqd = _intra(cfg, q, k, kr, gam)
     bsz, tp, heads, dk = k.shape
     dv = vw.shape[-1]
@@ -638,8 +896,9 @@ def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
     # but halves their HBM traffic for half-precision inputs.
     mats = jax.ShapeDtypeStruct((bsz, heads, nc, CHUNK, CHUNK), cfg["mm_dtype"])
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
+    blocks = cfg["prepare_form"] == "blocks"
     outs = _pallas(
-        _prepare_kernel, cfg,
+        _prepare_blocks_kernel if blocks else _prepare_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
         + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd)],
         outputs=[
@@ -651,7 +910,8 @@ def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
             ("kg_ref", tok_k),
             ("e_ref", jax.ShapeDtypeStruct((bsz, heads, nc, dk), F32)),
         ],
-        grid=(nc, bsz * heads), tune="prepare", name="channelwise_prepare",
+        grid=(nc, bsz * heads), tune="prepare_blocks" if blocks else "prepare",
+        name="channelwise_prepare",
     )
     return outs
 
