@@ -7,8 +7,10 @@ stages of ``pallas_kernels/gdn2/kernel_gpu.py`` and times them under ``TUNING`` 
 * ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``kernel_gpu._intra``, the
   token-parallel kernel) with ``intra_token_heads`` heads per program at most and the
   ``intra_token`` launch;
-* ``prepare``: ``kernel_gpu._prepare`` (which calls ``intra``) with its launch (``prepare``) and
-  key-block width (``block_k``).
+* ``prepare``: ``kernel_gpu._prepare`` (which calls ``intra``) in either form of
+  ``prepare_form``: "tiles" (whole ``[64, 64]`` tiles) with its launch (``prepare``) and
+  key-block width (``block_k``), and "blocks" (16 x 16 sub-blocks as separate register tiles)
+  with its launch (``prepare_blocks``) and key-block width (``prepare_blocks_k``).
 
 (Until 2026-11-30 the stages compared kernel forms: the column loop and quad levels of
 ``intra``, and a ``products`` kernel for prepare's off-diagonal blocks; those lost on the H200
@@ -65,6 +67,10 @@ VARIANTS = {
         ("8 warps, 2 stages, block_k 64", {"prepare": (8, 2), "block_k": 64}),
         ("8 warps, block_k 32", {"prepare": (8, 1), "block_k": 32}),
         ("4 warps, block_k 32", {"prepare": (4, 1), "block_k": 32}),
+        # The blocks form (FLA's fused inter + solve layout; FLA autotunes 1-4 warps, BK 32/64).
+        *((f"blocks, {w} warp{'s' * (w > 1)}, BK {bk}",
+           {"prepare_form": "blocks", "prepare_blocks": (w, 1), "prepare_blocks_k": bk})
+          for bk in (64, 32, 16) for w in (1, 2, 4, 8)),
     ],
 }
 

@@ -5,6 +5,7 @@ from unittest import mock
 from absl.testing import absltest
 
 from benchmarks import channelwise_forms
+from pallas_kernels.gdn2 import kernel_gpu
 
 
 class ChannelwiseFormsTest(absltest.TestCase):
@@ -44,6 +45,16 @@ class ChannelwiseFormsTest(absltest.TestCase):
         self.assertIsNone(records[1]["max_abs_diff"])
         md = channelwise_forms.markdown(records, (1, 64, 1, 64), "cmd", "cpu")
         self.assertIn("| intra | tokens, 1 head, 1 warp |", md)
+
+    def test_variants_name_tuning_entries(self):
+        # Every override is a TUNING entry (mock.patch.dict would add a misspelt one silently),
+        # and the prepare stage times both forms (the blocks form's outputs against the tiles
+        # form: tests/pallas_kernels/kernel_gpu_channelwise_test.py, PrepareFormsTest).
+        for stage, variants in channelwise_forms.VARIANTS.items():
+            for label, overrides in variants:
+                self.assertLessEqual(set(overrides), set(kernel_gpu.TUNING), (stage, label))
+        forms = {o.get("prepare_form", "tiles") for _, o in channelwise_forms.VARIANTS["prepare"]}
+        self.assertEqual(forms, {"tiles", "blocks"})
 
     def test_bad_shape_names_the_flag(self):
         for text in ("8,4096,16", "8,4096,16,96", "a,b,c,d", "1,100,2,64"):

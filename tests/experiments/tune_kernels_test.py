@@ -396,7 +396,8 @@ class TuneKernelsTest(absltest.TestCase):
                           "backward_chunk": (4, 6, 1)})
         self.assertEqual(set(tune_kernels.CW_FWD_KNOBS) - {"intra_tf32", "intra_token_heads"}
                          - set(tune_kernels.BLOCK_KNOBS),
-                         {"gamma", "intra_token", "prepare", "forward"})
+                         {"gamma", "intra_token", "prepare_form", "prepare_blocks_k", "prepare",
+                          "prepare_blocks", "forward"})
         with mock.patch.dict(channelwise_gpu.TUNING, grad_blocks={64: (4, 3), 128: (8, 1)}):
             eff = tune_kernels.effective(channelwise_gpu.TUNING, shape, "kda")
         self.assertEqual(eff["grad_blocks"], (4, 3))
@@ -404,13 +405,80 @@ class TuneKernelsTest(absltest.TestCase):
                          {"gamma": [(2, 1)],
                           "grad_blocks": list(tune_kernels.CW_DEFAULT_VALUES["grad_blocks"])})
 
+    def test_prepare_form_knobs(self):
+        # prepare_form picks the prepare kernel (both are channelwise_prepare): "tiles" with the
+        # prepare launch, "blocks" with prepare_blocks and the prepare_blocks_k width (None:
+        # block_k). The knobs of the form not run leave the program alone.
+        before = dict(channelwise_gpu.TUNING)
+        self.assertEqual(before["prepare_form"], "tiles")
+        self.assertEqual(
+            tune_kernels.parse_knobs("prepare_form,prepare_blocks=2x1/4x1,"
+                                     "prepare_blocks_k=32/None", "kda"),
+            {"prepare_form": ["tiles", "blocks"], "prepare_blocks": [(2, 1), (4, 1)],
+             "prepare_blocks_k": [32, None]})
+        self.assertEqual(tune_kernels.parse_knobs("prepare_form=blocks", "gdn2"),
+                         {"prepare_form": ["blocks"]})
+        with self.assertRaisesRegex(app.UsageError, r"^--knobs: bad value in "
+                                                    r"'prepare_form=tiles/rows' \(prepare_form: "
+                                                    r"'rows' is not one of tiles/blocks\); each "
+                                                    r"value is tiles or blocks$"):
+            tune_kernels.parse_knobs("prepare_form=tiles/rows", "kda")
+        with self.assertRaisesRegex(app.UsageError, "each value is a power of two >= 16"):
+            tune_kernels.parse_knobs("prepare_blocks_k=48", "kda")
+        with self.assertRaisesRegex(app.UsageError, "'prepare_form' is a knob of --op=kda/gdn2"):
+            tune_kernels.parse_knobs("prepare_form")
+        self.assertEqual(tune_kernels.parse_start('{"prepare_form": "blocks", "prepare_blocks": '
+                                                  '[2, 1], "prepare_blocks_k": 32}',
+                                                  channelwise_gpu.TUNING, "kda"),
+                         {**before, "prepare_form": "blocks", "prepare_blocks": (2, 1),
+                          "prepare_blocks_k": 32})
+        with self.assertRaisesRegex(app.UsageError, "--start: bad value 'rows' for "
+                                                    "'prepare_form'"):
+            tune_kernels.parse_start('{"prepare_form": "rows"}', channelwise_gpu.TUNING, "kda")
+        scope = {}
+        exec(tune_kernels.tuning_literal({**before, "prepare_form": "blocks"}, "kda"), scope)
+        self.assertEqual(scope["TUNING"]["prepare_form"], "blocks")
+
+        shape = (1, 128, 1, 64)
+        tiles = {**before, "prepare": (8, 1), "prepare_blocks": (4, 1)}
+        blocks = {**tiles, "prepare_form": "blocks", "prepare_blocks": (2, 1),
+                  "prepare_blocks_k": None}
+        eff_t, eff_b = (tune_kernels.effective(t, shape, "kda") for t in (tiles, blocks))
+        self.assertEqual([eff_t[k] for k in ("prepare_form", "prepare", "prepare_blocks",
+                                             "prepare_blocks_k")], ["tiles", (8, 1), None, None])
+        self.assertEqual([eff_b[k] for k in ("prepare_form", "prepare", "prepare_blocks",
+                                             "prepare_blocks_k")], ["blocks", None, (2, 1), 64])
+        key = functools.partial(tune_kernels._key, shapes={"s": shape}, op="kda")
+        fwd_key = functools.partial(tune_kernels._fwd_key, shape=shape, op="kda")
+        self.assertEqual(key(tiles), key({**tiles, "prepare_blocks": (8, 2),
+                                          "prepare_blocks_k": 32}))
+        self.assertEqual(key(blocks), key({**blocks, "prepare": (2, 2), "prepare_blocks_k": 64}))
+        self.assertNotEqual(fwd_key(tiles), fwd_key(blocks))
+        self.assertNotEqual(fwd_key(blocks), fwd_key({**blocks, "prepare_blocks": (4, 1)}))
+        self.assertNotEqual(fwd_key(blocks), fwd_key({**blocks, "prepare_blocks_k": 32}))
+        self.assertEqual(tune_kernels.invalid_reason({**blocks, "prepare_blocks_k": 128},
+                                                     {"s": shape}, "kda"),
+                         "error: prepare_blocks_k=128 does not fit head dim 64 (s)")
+        self.assertIsNone(tune_kernels.invalid_reason({**tiles, "prepare_blocks_k": 128},
+                                                      {"s": shape}, "kda"))
+        # The traced program runs the blocks form with prepare_blocks' launch.
+        args = tune_kernels.make_inputs(shape, seed=0, op="kda")
+        fwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwd"]
+        table = _kda_launch_table(fwd, args, blocks)
+        self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
+        tune_kernels.check_launches(table, blocks, shape, "fwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_prepare traced with launch "
+                                                  r"\(2, 1\), expected \(8, 1\)"):
+            tune_kernels.check_launches(table, tiles, shape, "fwd", op="kda")
+
     def test_gdn_only_knobs_are_refused_for_the_channelwise_ops(self):
         with self.assertRaisesRegex(
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
                 r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, "
-                r"intra_token_heads, block_v, block_k, gamma, intra_token, prepare, forward, "
-                r"grad_blocks, backward_state, backward_chunk$"):
+                r"intra_token_heads, prepare_form, block_v, block_k, prepare_blocks_k, gamma, "
+                r"intra_token, prepare, prepare_blocks, forward, grad_blocks, backward_state, "
+                r"backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
             with self.assertRaisesRegex(app.UsageError, "is a knob of --op=gdn only"):
@@ -422,7 +490,8 @@ class TuneKernelsTest(absltest.TestCase):
                                                     "only"):
             tune_kernels.parse_knobs("intra_tf32")
         with self.assertRaisesRegex(app.UsageError, "unknown knob 'block_x'; choose from "
-                                                    "intra_tf32, intra_token_heads, block_v"):
+                                                    "intra_tf32, intra_token_heads, prepare_form, "
+                                                    "block_v"):
             tune_kernels.parse_knobs("block_x", "kda")
         # The forms that lost on the H200 are gone with their knobs (and the two-loop intra_grad
         # before them).
@@ -433,9 +502,9 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaisesRegex(app.UsageError, "--start: unknown knob 'split_grads'"):
             tune_kernels.parse_start('{"split_grads": true}', channelwise_gpu.TUNING, "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "intra_token_heads", "block_v", "block_k", "gamma",
-                          "intra_token", "prepare", "forward", "grad_blocks", "backward_state",
-                          "backward_chunk"])
+                         ["intra_tf32", "intra_token_heads", "prepare_form", "block_v", "block_k",
+                          "prepare_blocks_k", "gamma", "intra_token", "prepare", "prepare_blocks",
+                          "forward", "grad_blocks", "backward_state", "backward_chunk"])
         self.assertCountEqual(tune_kernels.CW_KNOBS, channelwise_gpu.TUNING)
         self.assertEqual(tune_kernels.parse_knobs("intra_token_heads,intra_token", "kda"),
                          {"intra_token_heads": [1, 2, 4, 8, 16],
