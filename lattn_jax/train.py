@@ -157,8 +157,8 @@ class Trainer:
         for key, value in batch.items():
             value = np.asarray(value)
             shape = (value.shape[0] * processes,) + value.shape[1:]
-            names = sharding.ACT_BT + (None,) * (value.ndim - 2)
-            spec = sharding.logical_to_spec(names, shape, self.mesh, self.rules)
+            spec = sharding.logical_to_spec(_batch_names(value.ndim), shape, self.mesh,
+                                            self.rules)
             target = NamedSharding(self.mesh, spec)
             if processes == 1:
                 out[key] = jax.make_array_from_callback(shape, target,
@@ -279,10 +279,14 @@ def _to_jax(batch: Batch) -> Batch:
     return {k: jnp.asarray(v) for k, v in batch.items()}
 
 
+def _batch_names(ndim: int) -> tuple:
+    """Logical axis names of a ``[B, T, ...]`` batch array: rows and length, the rest none."""
+    return sharding.ACT_BT + (None,) * (ndim - 2)
+
+
 def _constrain_batch(batch: Batch) -> Batch:
     """Batch arrays constrained to the batch mesh axes (rows) under the active mesh."""
-    return {k: sharding.constrain(v, sharding.ACT_BT + (None,) * (v.ndim - 2))
-            for k, v in batch.items()}
+    return {k: sharding.constrain(v, _batch_names(v.ndim)) for k, v in batch.items()}
 
 
 def accumulation_steps(config: config_lib.ExperimentConfig,

@@ -819,16 +819,12 @@ def _prepare_blocks_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_
                 a_ref[b, h, n, blk(i), blk(j)] = amat.get((i, j), zero).astype(a_ref.dtype)
 
     # 3. qg, kg and e_all, one (row block, key block) per step.
-    conn_last = None
-    if cfg["has_docs"]:
-        conn_last = _last(conn_ref[b, pl.ds(t0 + CHUNK - SUB, SUB)], SUB)
+    conn_last = conn_ref[b, t0 + CHUNK - 1] if cfg["has_docs"] else None
 
     def decay_block(step, carry):
         i = step // nkb
         isl, ksl = rows(i), pl.ds((step - i * nkb) * bk, bk)
-        conn = last = None
-        if cfg["has_docs"]:
-            conn, last = conn_ref[b, isl], last_ref[b, isl]
+        _, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, isl)
         g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
         e_in, e_out, e_all = _decay_factors(gam_ref[b, isl, h, ksl], g_last, conn, last,
                                             conn_last)
@@ -864,8 +860,9 @@ def _prepare_blocks_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_
 
         def load_x(j):  # (kr E_in)_j
             e_in = jnp.exp(gam_ref[b, rows(j), h, ksl])
-            if cfg["has_docs"]:
-                e_in = e_in * conn_ref[b, rows(j)][:, None]
+            conn = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, rows(j))[1]
+            if conn is not None:
+                e_in = e_in * conn[:, None]
             return kr_ref[b, rows(j), h, ksl].astype(F32) * e_in
 
         apply_a(load_x, w_ref, ksl, bk)
