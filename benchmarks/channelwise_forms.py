@@ -7,19 +7,20 @@ stages of ``pallas_kernels/gdn2/kernel_gpu.py`` and times them under ``TUNING`` 
 * ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``kernel_gpu._intra``, the
   token-parallel kernel) with ``intra_token_heads`` heads per program at most and the
   ``intra_token`` launch;
-* ``prepare``: ``kernel_gpu._prepare`` (which calls ``intra``) in either form of
-  ``prepare_form``: "tiles" (whole ``[64, 64]`` tiles) with its launch (``prepare``) and
-  key-block width (``block_k``), and "blocks" (16 x 16 sub-blocks as separate register tiles)
-  with its launch (``prepare_blocks``) and key-block width (``prepare_blocks_k``).
+* ``prepare``: ``kernel_gpu._prepare`` (``intra``, then the ``prepare`` kernel on 16 x 16
+  sub-blocks and the ``wu`` kernel) under the ``prepare`` launch and key-block width
+  (``prepare_k``) and the ``wu`` launch.
 
-(Until 2026-11-30 the stages compared kernel forms: the column loop and quad levels of
-``intra``, and a ``products`` kernel for prepare's off-diagonal blocks; those lost on the H200
-and were deleted, see the history above ``kernel_gpu.TUNING``.)
+(Until 2026-11-30 the stages also compared kernel forms: the column loop and quad levels of
+``intra``, a ``products`` kernel for prepare's off-diagonal blocks, prepare on whole
+``[64, 64]`` tiles, prepare with W and U in the same kernel, its column blocks as a loop; those
+lost on the H200 and were deleted, see the history above ``kernel_gpu.TUNING``.)
 
 Each variant is a set of TUNING overrides; every variant's outputs are compared with the first
-variant of its stage (max abs difference, which should be rounding: the variants compute the
-same sums, in another order at most; records also carry ``max_abs``, the largest output
-magnitude, to scale it: bf16 outputs can differ by one bf16 step of it). Inputs: bf16 q, k,
+variant of its stage (max abs difference over the entries the stage defines, which should be
+rounding: the variants compute the same sums, in another order at most; records also carry
+``max_abs``, the largest output magnitude, to scale it: bf16 outputs can differ by one bf16
+step of it). Inputs: bf16 q, k,
 kr = beta k (unit-norm-scale k) and fp32 gamma, the within-chunk cumsum of
 ``logsigmoid(N(0, 1))`` per channel (the tune_kernels KDA inputs). Times: median of
 ``--iters`` synced calls and the mean of ``--iters`` back-to-back calls with one sync
@@ -30,7 +31,7 @@ recorded with its error; if the stage's first variant fails, the others get no d
 Usage (H200)::
 
     python benchmarks/channelwise_forms.py --shape=8,4096,16,128 \
-        --out=benchmarks/results/intra-kda-h200-<date>
+        --out=benchmarks/results/channelwise-forms-h200-<date>
 
 ``--interpret`` runs the kernels in Pallas interpret mode (any backend; for tests only: the
 times then say nothing about GPU speed).
@@ -54,23 +55,16 @@ from pallas_kernels.gdn2 import kernel_gpu  # noqa: E402
 # (label, TUNING overrides) per stage; the first of each stage is the comparison baseline.
 VARIANTS = {
     "intra": [
-        ("tokens, 1 head, 1 warp", {"intra_token_heads": 1, "intra_token": (1, 1)}),
-        ("tokens, 2 heads, 2 warps", {"intra_token_heads": 2, "intra_token": (2, 1)}),
-        ("tokens, 4 heads, 2 warps", {"intra_token_heads": 4, "intra_token": (2, 1)}),
-        ("tokens, 4 heads, 4 warps", {"intra_token_heads": 4, "intra_token": (4, 1)}),
-        ("tokens, 8 heads, 4 warps", {"intra_token_heads": 8, "intra_token": (4, 1)}),
-        ("tokens, 16 heads, 4 warps", {"intra_token_heads": 16, "intra_token": (4, 1)}),
+        *((f"tokens, {nh} head{'s' * (nh > 1)}, {w} warp{'s' * (w > 1)}, "
+           f"{st} stage{'s' * (st > 1)}", {"intra_token_heads": nh, "intra_token": (w, st)})
+          for nh, w, st in ((2, 1, 3), (2, 1, 1), (1, 1, 3), (4, 1, 3), (4, 4, 1), (8, 4, 1))),
     ],
     "prepare": [
-        ("8 warps, block_k 64", {"prepare": (8, 1), "block_k": 64}),
-        ("4 warps, block_k 64", {"prepare": (4, 1), "block_k": 64}),
-        ("8 warps, 2 stages, block_k 64", {"prepare": (8, 2), "block_k": 64}),
-        ("8 warps, block_k 32", {"prepare": (8, 1), "block_k": 32}),
-        ("4 warps, block_k 32", {"prepare": (4, 1), "block_k": 32}),
-        # The blocks form (FLA's fused inter + solve layout; FLA autotunes 1-4 warps, BK 32/64).
-        *((f"blocks, {w} warp{'s' * (w > 1)}, BK {bk}",
-           {"prepare_form": "blocks", "prepare_blocks": (w, 1), "prepare_blocks_k": bk})
-          for bk in (64, 32, 16) for w in (1, 2, 4, 8)),
+        *((f"prepare {w}x{st} BK {bk}, wu {a[0]}x{a[1]}",
+           {"prepare": (w, st), "prepare_k": bk, "wu": a})
+          for (w, st, bk, a) in ((1, 3, 16, (4, 3)), (1, 3, 32, (4, 3)), (1, 3, 64, (4, 3)),
+                                 (1, 2, 16, (4, 3)), (2, 3, 16, (4, 3)), (1, 3, 16, (8, 3)),
+                                 (1, 3, 16, (4, 1)))),
     ],
 }
 
@@ -141,6 +135,17 @@ def _stage_fn(stage, shape, interpret):
                                                                  save_a=False))
 
 
+def _written(stage, leaves):
+    """The entries the stage defines: ``intra`` writes column j of row i of its ``[C, SUB]``
+    diagonal-block rows only for j <= i mod SUB (the rest of its outputs is uninitialised
+    memory), so those are zeroed before outputs are compared."""
+    if stage != "intra":
+        return leaves
+    rows = jnp.arange(kernel_gpu.CHUNK)[:, None] % kernel_gpu.SUB
+    keep = jnp.arange(kernel_gpu.SUB)[None, :] <= rows
+    return [jnp.where(keep, x, 0) for x in leaves]
+
+
 def time_variants(stage, shape, iters, interpret=False):
     """Times every variant of ``stage``; returns a list of record dicts."""
     inputs = make_inputs(shape)
@@ -154,7 +159,7 @@ def time_variants(stage, shape, iters, interpret=False):
                 times = bench.time_calls(lambda: f(*inputs), warmup=2, iters=iters)
                 rec["loop_ms"] = bench.time_back_to_back(lambda: f(*inputs), iters) * 1e3
                 rec["ms"] = sorted(times)[len(times) // 2] * 1e3
-            leaves = jax.tree_util.tree_leaves(out)
+            leaves = _written(stage, jax.tree_util.tree_leaves(out))
             if index == 0:
                 base = leaves
             rec["max_abs_diff"] = None if base is None else max(

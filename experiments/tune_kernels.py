@@ -19,30 +19,28 @@ DeltaNet-2, arXiv 2607.07953, Eqs. 18-24), timed through the op named: ``intra_t
 decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16),
 ``intra_token_heads`` (an int >= 1: the cap on heads per program of the forward ``intra``
 kernel, which runs one program per token and group of heads, the largest power of two dividing
-H and at most this cap, as that module's ``intra_heads`` resolves it), ``prepare_form`` (which
-``prepare`` kernel runs: ``tiles``, whole ``[64, 64]`` tiles, or ``blocks``, 16 x 16 sub-blocks
-as separate register tiles; both are the pallas_call ``channelwise_prepare``), ``block_v`` of
-``forward`` and ``backward_state`` and ``block_k`` of ``gamma``, ``prepare`` (tiles form) and
-``backward_chunk`` (``None`` means ``min(dim, 64)``, as that module's ``block_widths`` resolves
-them), ``prepare_blocks_k`` (the blocks form's key-block width; ``None`` means block_k), and
-``(num_warps, num_stages)`` of ``gamma``, ``intra_token`` (the launch of the ``intra`` kernel),
-``prepare`` (the tiles form's launch), ``prepare_blocks`` (the blocks form's), ``forward``,
-``grad_blocks``, ``backward_state`` and ``backward_chunk`` (a pair, or a dict of pairs per key
-head dim, as for gdn). Every configuration runs all seven kernels; caps that resolve to the same
-heads per program at every shape are one configuration and are not re-measured, and so are
-configurations that differ only in the launch or width of the prepare form they do not run.
-The gdn-only knobs (``split_forward``, ``segments``, ``forward_state``, ``forward_output``) are
-refused there.
+H and at most this cap, as that module's ``intra_heads`` resolves it), ``block_v`` of ``wu``,
+``forward`` and ``backward_state`` and ``block_k`` of ``gamma``, ``wu`` and ``backward_chunk``
+(``None`` means ``min(dim, 64)``, as that module's ``block_widths`` resolves them),
+``prepare_k`` (the key-block width of the ``prepare`` kernel's products, on 16 x 16
+sub-blocks; ``None`` means block_k), and ``(num_warps, num_stages)`` of ``gamma``,
+``intra_token`` (the launch of the ``intra`` kernel), ``prepare``, ``wu`` (the kernel forming W,
+U, qg, kg and e_all from prepare's A), ``forward``, ``grad_blocks``, ``backward_state`` and
+``backward_chunk`` (a pair, or a dict of pairs per key head dim, as for gdn). Every
+configuration runs all eight kernels (gamma, intra, prepare, wu and forward in the forward, then
+grad_blocks, backward_state and backward_chunk); caps that resolve to the same heads per program
+at every shape are one configuration and are not re-measured, and so is a ``None`` prepare_k
+and the block_k it resolves to. The gdn-only knobs (``split_forward``, ``segments``,
+``forward_state``, ``forward_output``) are refused there.
 
 Method: one coordinate-descent pass. Start from the module's current TUNING (or ``--start``);
 for each knob in ``--knobs`` order (default for gdn: split_forward in {False, True}, segments
 in {None, 1, 2, 4, 8, 16, 32}, block_v in {32, 64, 128}, block_k in {64, 128}, then num_warps
 in {4, 8} x num_stages in {1, 2, 3} for prepare, forward, forward_state, forward_output,
 backward_state, backward_chunk; for kda/gdn2: intra_tf32 in {True, False}, intra_token_heads
-in {1, 2, 4, 8, 16}, prepare_form in {tiles, blocks}, block_v and block_k in {32, 64, 128},
-prepare_blocks_k in {16, 32, 64}, then the same launches for gamma, intra_token, prepare,
-forward, grad_blocks, backward_state, backward_chunk, and num_warps in {1, 2, 4, 8} x
-num_stages in {1, 2} for prepare_blocks)
+in {1, 2, 4, 8, 16}, block_v and block_k in {32, 64, 128}, prepare_k in {16, 32, 64}, then the
+same launches for gamma, intra_token, wu, forward, grad_blocks, backward_state, backward_chunk,
+and num_warps in {1, 2, 4} x num_stages in {1, 2, 3} for prepare)
 time every value with the other knobs at their best so far and keep the fastest.
 The objective is the sum over shapes of the fwd+bwd time (the forward-only knobs also change
 fwd+bwd). A configuration that fails to compile or run (Triton out of shared memory, a block
@@ -99,11 +97,10 @@ GDN-2)::
     python experiments/tune_kernels.py --op=kda --shapes=S1,S2 --time_budget_s=300 \
         --out=benchmarks/results/tune-kda-h200-<date>
 
-The two prepare forms, then the blocks form's launch and key-block width (under the tiles
-form those two are the same program as the incumbent and are not re-measured)::
+Only the prepare kernel (its launch and key-block width) and the wu kernel's launch::
 
     python experiments/tune_kernels.py --op=kda --shapes=S1,S2 --time_budget_s=300 \
-        --knobs=prepare_form=tiles/blocks,prepare_blocks,prepare_blocks_k \
+        --knobs=prepare,prepare_k,wu \
         --out=benchmarks/results/tune-kda-prepare-h200-<date>
 
 CPU smoke run (Pallas interpret mode; the launch parameters are ignored there)::
@@ -172,35 +169,32 @@ INTERPRET_NOTE = ("Interpret mode (--interpret): the launch parameters are ignor
 # The per-channel-decay kernels (pallas_kernels/gdn2/kernel_gpu.py), serving KDA and GDN-2.
 CW_BOOL_KNOBS = ("intra_tf32",)
 CW_INT_KNOBS = ("intra_token_heads",)  # ints >= 1
-# Named forms: prepare_form picks the prepare kernel (channelwise_gpu.PREPARE_FORMS: "tiles",
-# _prepare_kernel, or "blocks", _prepare_blocks_kernel); both are the pallas_call
-# "channelwise_prepare", the tiles form with the prepare launch and block_k, the blocks form with
-# the prepare_blocks launch and the prepare_blocks_k width (None: block_k).
-CW_CHOICE_KNOBS = {"prepare_form": channelwise_gpu.PREPARE_FORMS}
-CW_BLOCK_KNOBS = ("prepare_blocks_k",)  # a power of two >= 16, or None (block_k)
+# prepare_k: the key-block width of the prepare kernel's products (16 x 16 sub-blocks); a power
+# of two >= 16, or None (block_k).
+CW_BLOCK_KNOBS = ("prepare_k",)
 # The kernels (pallas_call names less "channelwise_") of the family, and those a forward-only
 # program runs (every configuration runs all of them). The intra kernel runs with intra_token's
 # launch and intra_token_heads resolved at the shape's head count (channelwise_gpu.intra_heads).
-CW_KERNELS = ("gamma", "intra", "prepare", "forward", "grad_blocks", "backward_state",
+CW_KERNELS = ("gamma", "intra", "prepare", "wu", "forward", "grad_blocks", "backward_state",
               "backward_chunk")
-CW_FWD_KERNELS = ("gamma", "intra", "prepare", "forward")
-CW_LAUNCH_KNOBS = ("gamma", "intra_token", "prepare", "prepare_blocks", "forward", "grad_blocks",
+CW_FWD_KERNELS = ("gamma", "intra", "prepare", "wu", "forward")
+CW_LAUNCH_KNOBS = ("gamma", "intra_token", "prepare", "wu", "forward", "grad_blocks",
                    "backward_state", "backward_chunk")
-CW_KNOBS = (CW_BOOL_KNOBS + CW_INT_KNOBS + tuple(CW_CHOICE_KNOBS) + BLOCK_KNOBS + CW_BLOCK_KNOBS
-            + CW_LAUNCH_KNOBS)
-# block_k also changes the forward (gamma and prepare loop over key blocks), intra_tf32
-# prepare's products. grad_blocks, backward_state and backward_chunk change the backward only.
-CW_FWD_KNOBS = ("intra_tf32", "intra_token_heads", "prepare_form", "block_v", "block_k",
-                "prepare_blocks_k", "gamma", "intra_token", "prepare", "prepare_blocks", "forward")
+CW_KNOBS = CW_BOOL_KNOBS + CW_INT_KNOBS + BLOCK_KNOBS + CW_BLOCK_KNOBS + CW_LAUNCH_KNOBS
+# block_v and block_k also change the forward (wu loops over value and key blocks, gamma over key
+# blocks), prepare_k and intra_tf32 prepare's products. grad_blocks, backward_state and
+# backward_chunk change the backward only.
+CW_FWD_KNOBS = ("intra_tf32", "intra_token_heads", "block_v", "block_k", "prepare_k", "gamma",
+                "intra_token", "prepare", "wu", "forward")
 CW_DEFAULT_VALUES = {"intra_tf32": (True, False),
                      "intra_token_heads": (1, 2, 4, 8, 16),
-                     "prepare_form": channelwise_gpu.PREPARE_FORMS,
                      "block_v": (32, 64, 128),
                      "block_k": (32, 64, 128),
-                     "prepare_blocks_k": (16, 32, 64),
+                     "prepare_k": (16, 32, 64),
                      **{k: _LAUNCHES for k in CW_LAUNCH_KNOBS},
-                     # FLA's fused inter + solve kernel autotunes 1, 2 and 4 warps.
-                     "prepare_blocks": tuple((w, s) for w in (1, 2, 4, 8) for s in (1, 2))}
+                     # On the H200 prepare runs best at 1 warp, 3 stages (FLA's fused inter +
+                     # solve kernel autotunes 1, 2 and 4 warps).
+                     "prepare": tuple((w, s) for w in (1, 2, 4) for s in (1, 2, 3))}
 CW_CHUNK = channelwise_gpu.CHUNK
 
 
@@ -259,8 +253,8 @@ def _define_flags(fv: flags.FlagValues) -> None:
                         "Knobs in sweep order, each optionally with its values: name or "
                         "name=v1/v2/...; block values are ints or None, launch values WxS "
                         "(num_warps x num_stages), split_forward and intra_tf32 "
-                        "True/False, intra_token_heads ints >= 1, prepare_form tiles/blocks, "
-                        "e.g. split_forward,block_v=32/64,forward=4x2/8x1 (default: every knob "
+                        "True/False, intra_token_heads ints >= 1, e.g. "
+                        "split_forward,block_v=32/64,forward=4x2/8x1 (default: every knob "
                         f"of the op: {','.join(KNOBS)} for gdn, {','.join(CW_KNOBS)} for kda "
                         "and gdn2).",
                         flag_values=fv)
@@ -352,10 +346,6 @@ def _parse_value(knob: str, text: str):
         if text.lower() in ("false", "0"):
             return False
         raise ValueError(f"{text!r} is not True or False")
-    if knob in CW_CHOICE_KNOBS:
-        if text not in CW_CHOICE_KNOBS[knob]:
-            raise ValueError(f"{knob}: {text!r} is not one of {'/'.join(CW_CHOICE_KNOBS[knob])}")
-        return text
     if knob in CW_INT_KNOBS:
         try:
             value = int(text)
@@ -405,8 +395,8 @@ def parse_knobs(text: Optional[str], op: str = "gdn") -> Dict[str, List[Any]]:
         (:data:`KNOBS` for gdn, :data:`CW_KNOBS` for kda and gdn2); ``None``: every knob of the
         op with its default values. Block values are powers of two >= 16 or ``None``; launch
         values ``WxS``; split_forward and intra_tf32 values ``True``/``False``; segments
-        values ints >= 1 or ``None``; intra_token_heads values ints >= 1; prepare_form values
-        ``tiles``/``blocks``; prepare_blocks_k values as block values.
+        values ints >= 1 or ``None``; intra_token_heads values ints >= 1; prepare_k values
+        as block values.
       op: ``--op`` (a key of :data:`FAMILIES`).
 
     Returns:
@@ -440,7 +430,6 @@ def parse_knobs(text: Optional[str], op: str = "gdn") -> Dict[str, List[Any]]:
                     else "an int >= 1 or None (auto)" if name in SEGMENT_KNOBS
                     else "True or False" if name in BOOL_KNOBS + CW_BOOL_KNOBS
                     else "an int >= 1" if name in CW_INT_KNOBS
-                    else " or ".join(CW_CHOICE_KNOBS[name]) if name in CW_CHOICE_KNOBS
                     else "WxS, e.g. 4x2")
             raise app.UsageError(f"--knobs: bad value in {entry!r} ({e}); each value is "
                                  f"{form}") from None
@@ -542,27 +531,19 @@ def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tunin
       ``forward_state``/``forward_output`` otherwise). For kda/gdn2, ``None`` block widths
       resolved to ``min(D, 64)`` (gdn2/kernel_gpu.py's ``_config``), launches by its
       ``launch_for``, ``intra_tf32`` as a bool, ``intra_token_heads`` as the heads per
-      program of the ``intra`` kernel at H (its ``intra_heads``), ``prepare_form`` as given,
-      and the prepare launch and width of the form it does not run as ``None``
-      (``prepare_blocks`` and ``prepare_blocks_k`` under "tiles", ``prepare`` under "blocks";
-      a ``None`` prepare_blocks_k under "blocks" resolved to block_k).
+      program of the ``intra`` kernel at H (its ``intra_heads``), and a ``None`` prepare_k
+      resolved to block_k (as its ``_config`` resolves it).
 
     Raises:
-      ValueError: (kda, gdn2) if ``intra_token_heads`` is not an int >= 1, or
-        ``prepare_form`` not a form of ``PREPARE_FORMS``.
+      ValueError: (kda, gdn2) if ``intra_token_heads`` is not an int >= 1.
     """
     batch, seq_len, heads, dim = shape
     if op != "gdn":
-        form = channelwise_gpu.prepare_form(tuning)
-        unused = "prepare" if form == "blocks" else "prepare_blocks"  # that form's launch
-        out = {k: None if k == unused else channelwise_gpu.launch_for(k, dim, tuning)
-               for k in CW_LAUNCH_KNOBS}
+        out = {k: channelwise_gpu.launch_for(k, dim, tuning) for k in CW_LAUNCH_KNOBS}
         out["intra_token_heads"] = channelwise_gpu.intra_heads(heads, tuning)
         out["block_v"], out["block_k"] = channelwise_gpu.block_widths(dim, dim, tuning)
         out["intra_tf32"] = bool(tuning.get("intra_tf32", True))
-        out["prepare_form"] = form
-        out["prepare_blocks_k"] = ((tuning.get("prepare_blocks_k") or out["block_k"])
-                                   if form == "blocks" else None)
+        out["prepare_k"] = tuning.get("prepare_k") or out["block_k"]
         return out
     out = {k: kernel_gpu.launch_for(k, dim, tuning) for k in LAUNCH_KNOBS}
     out["split_forward"] = split = bool(tuning.get("split_forward", False))
@@ -594,8 +575,6 @@ def invalid_reason(tuning: Mapping[str, Any], shapes: Mapping[str, Shape],
         dim = shape[3]
         eff = effective(tuning, shape, op)
         for knob in BLOCK_KNOBS + (CW_BLOCK_KNOBS if op != "gdn" else ()):
-            if eff[knob] is None:  # prepare_blocks_k under the tiles form
-                continue
             if eff[knob] > dim or dim % eff[knob]:
                 return f"error: {knob}={eff[knob]} does not fit head dim {dim} ({name})"
     return None
@@ -690,9 +669,9 @@ def channelwise_pass_kernels(pass_: str) -> Tuple[str, ...]:
 
 
 def _channelwise_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
-    """The grids of gdn2/kernel_gpu.py's kernels (``_gamma``, ``_intra``, ``_prepare``,
-    ``_forward``, ``_grad_blocks``, ``_backward_state``, ``_backward_chunk``) at ``shape`` under
-    the effective values ``eff``."""
+    """The grids of gdn2/kernel_gpu.py's kernels (``_gamma``, ``_intra``, ``_prepare``'s
+    prepare and wu, ``_forward``, ``_grad_blocks``, ``_backward_state``, ``_backward_chunk``) at
+    ``shape`` under the effective values ``eff``."""
     batch, seq_len, heads, dim = shape
     n_chunks, rows = -(-seq_len // CW_CHUNK), batch * heads
     nsub = channelwise_gpu.NSUB  # 16-row blocks per chunk
@@ -700,23 +679,21 @@ def _channelwise_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]
     return {"gamma": (n_chunks, rows),
             "intra": (batch * n_chunks * CW_CHUNK, heads // per),
             "prepare": (n_chunks, rows),
+            "wu": (n_chunks, rows),
             "forward": (rows, dim // eff["block_v"]),
             "grad_blocks": (n_chunks, rows, nsub),
             "backward_state": (rows, dim // eff["block_v"]),
             "backward_chunk": (n_chunks, rows, dim // eff["block_k"])}
 
 
-def _launch_knob(kernel: str, eff: Optional[Mapping[str, Any]] = None) -> str:
+def _launch_knob(kernel: str) -> str:
     """The launch knob of the kernel named ``kernel`` (less its prefix): its own, but
-    forward_state's for gdn's segment transitions, intra_token's for the channelwise intra
-    kernel, and prepare_blocks' for the channelwise prepare kernel when the effective values
-    ``eff`` say ``prepare_form="blocks"``."""
+    forward_state's for gdn's segment transitions and intra_token's for the channelwise intra
+    kernel."""
     if kernel == "segment_transitions":
         return "forward_state"
     if kernel == "intra":
         return "intra_token"
-    if kernel == "prepare" and eff is not None and eff.get("prepare_form") == "blocks":
-        return "prepare_blocks"
     return kernel
 
 
@@ -758,7 +735,7 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
             raise RuntimeError(f"{pass_}: no pallas_call named {name} in the "
                                f"traced program (found {sorted(table)})")
         for call in calls:
-            want = tuple(eff[_launch_knob(kernel, eff)])
+            want = tuple(eff[_launch_knob(kernel)])
             if check_launch and (call["launch"] is None or None in call["launch"]):
                 raise LaunchCheckUnavailable(f"{name}: no Triton launch "
                                              "parameters readable in the traced program")
@@ -1056,8 +1033,8 @@ class Sweep:
         Args:
           batch: trial dicts with status ``"pending"``; updated in place: each ends with status
             ``"ok"``, per-shape times (ms) and ``objective_ms``, or an error status. The fwd
-            measurement of a forward program already measured (same shape, block_v, prepare and
-            forward) is reused and marked with ``fwd_from``.
+            measurement of a forward program already measured (the same shape and effective
+            forward knobs, the family's ``fwd_knobs``) is reused and marked with ``fwd_from``.
         """
         t0 = time.perf_counter()
         fns = {self.impl: programs(OP_FUNCTIONS[self.op](self.impl))}

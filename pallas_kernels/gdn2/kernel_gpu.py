@@ -47,23 +47,16 @@ forward 7.2 -> 4.3 ms and forward+backward 26.9 -> 24.1 ms at S1 when the diagon
 them, then in per-block programs). In the backward ``grad_blocks`` takes each diagonal block
 in four 4-row quads (:func:`_intra_grad_levels`): pairs in different quads by the
 factorisation above with the quad's last row as reference, pairs in one quad elementwise.
-``prepare`` places the diagonal blocks into its ``[C, C]`` tiles by a 0/1 product in IEEE
-fp32, which is exact (Triton cannot slice registers).
-
-``prepare`` has two forms (``TUNING["prepare_form"]``; the same outputs, equal to fp32 rounding
-for fp32 inputs; for half inputs the blocks form inverts the diagonal blocks in fp32 where the
-tiles form uses TF32 products). "tiles" (:func:`_prepare_kernel`, the default, timed) works on
-whole ``[C, C]`` fp32 tiles as above: every off-diagonal product is a masked
-``[C, BK] x [BK, C]`` product (8x the useful FLOPs), the inverse ~10 ``[C, C]`` products; on the
-H200 it runs 8 warps at 255 registers per thread with spills (1.86 ms at S1, B=8, T=4096, H=16,
-K=V=128). "blocks" (:func:`_prepare_blocks_kernel`, a candidate untimed on a GPU) holds the 16 x
-16 sub-blocks as separate register tiles, as FLA's fused inter + solve KDA kernel does: the
-six off-diagonal block pairs by ``[16, BK] x [BK, 16]`` products with the reference at the
-first row of the row block (both exponents <= 0, no masks), ``intra``'s diagonal tiles loaded
-directly (no placement product), the diagonal blocks of A by row-wise forward substitution in
-fp32 and the rest by block forward substitution (16 ``[16, 16]`` products), W and U as sums of
-``[16, 16] x [16, BK]`` products. Per chunk and head at K = V = 128: ~0.5M multiply-adds
-before W and U against ~5.9M in the tiles form (W and U: ~1M in either).
+``prepare`` holds the chunk's 16 x 16 sub-blocks as separate register tiles, as FLA's fused
+inter + solve KDA kernel does (Triton cannot slice registers): the six off-diagonal block pairs
+of Mk and Mq by ``[16, BK] x [BK, 16]`` products with the reference at the first row of the row
+block (both exponents <= 0, no masks), ``intra``'s diagonal tiles loaded directly, the diagonal
+blocks of A by row-wise forward substitution in fp32 and the rest by block forward substitution
+(16 ``[16, 16]`` products); ~0.5M multiply-adds per chunk and head at K = 128. ``wu`` then
+forms W and U from A on whole ``[C, BK]`` tiles. (Until 2026-11-30, 09:30 UTC, one kernel
+did both on whole ``[C, C]`` fp32 tiles: masked ``[C, BK] x [BK, C]`` products, 8x the useful
+FLOPs, ~5.9M multiply-adds, 255 registers with spills at 8 warps; 1.86 ms at S1 against 0.53 +
+0.40 ms for ``prepare`` + ``wu`` now, H200, ``channelwise-forms-h200-2026-11-30b.md``.)
 
 Kernels (grid in brackets):
 
@@ -71,13 +64,12 @@ Kernels (grid in brackets):
 * ``intra`` [B*T, H/nh]: the diagonal 16 x 16 blocks of Mk and Mq (fp32 ``[B, H, N, C, 16]``,
   row i holding its block's columns), one program per token and group of nh heads
   (:func:`intra_heads`).
-* ``prepare`` [chunks, B*H]: Mk and Mq (the off-diagonal blocks by whole-tile products, looping
-  over key blocks of ``BK`` channels, plus ``intra``'s diagonal blocks), A by
-  :func:`pallas_kernels.common.pallas_gpu.unit_lower_inverse`, then W, U (input
-  dtype), A and Mq (``[B, H, N, C, C]`` in the tensor-core operand dtype, to which every
-  consumer rounds them), ``qg = q * E_in``, ``kg = k * E_out`` (input dtype) and e_all (fp32
-  ``[B, H, N, K]``). In the "blocks" form (:func:`_prepare_blocks_kernel`) the same outputs
-  from 16 x 16 sub-blocks, A by forward substitution.
+* ``prepare`` [chunks, B*H] (:func:`_prepare_kernel`): Mk and Mq from 16 x 16 sub-blocks (the
+  off-diagonal ones by products over key blocks of ``BK`` channels, ``intra``'s diagonal ones
+  loaded), A by forward substitution; A and Mq out (``[B, H, N, C, C]`` in the tensor-core
+  operand dtype, to which every consumer rounds them).
+* ``wu`` [chunks, B*H] (:func:`_wu_kernel`): ``W = A (kr E_in)``, ``U = A vw``, ``qg = q E_in``,
+  ``kg = k E_out`` (input dtype) and e_all (fp32 ``[B, H, N, K]``).
 * ``forward`` [B*H, V/BV]: the sequential pass with the fp32 state ``[K, BV]`` in registers;
   writes O, the final state, and (for the backward) Vn and every chunk's entry state S_0.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; with dS the gradient of the chunk's exit
@@ -117,7 +109,7 @@ suite checks them that way on CPU. Status: verified in interpret mode (fp32 to r
 within the GPU gates) and on the H200 (last 2026-11-30, the current kernels: ``pytest -m gpu
 tests/pallas_kernels/kernel_gpu_channelwise_test.py``, 8 passed: KDA and GDN-2, bf16 against
 the fp32 reference, packed and not, head dims 64 and 128; ``benchmarks/results/
-kernels-h200-2026-11-30.md``, sixth run), so ``"auto"`` picks them on a GPU
+kernels-h200-2026-11-30.md``, seventh and eighth runs), so ``"auto"`` picks them on a GPU
 (:data:`AUTO_SELECT`). In the 350M KDA hybrid they train 6.4x faster than the chunked JAX form
 (``benchmarks/results/train-throughput-h200-2026-11-29.md``).
 """
@@ -138,51 +130,46 @@ F32 = jnp.float32
 # explicit implementation="pallas" runs them regardless, "chunked" never.
 AUTO_SELECT = True
 # Triton launch parameters per kernel: (num_warps, num_stages); the value-block width of the
-# sequential kernels and the key-block width of gamma/prepare/backward_chunk (None:
-# min(dim, 64));
+# sequential kernels and the key-block width of gamma/wu/backward_chunk (None: min(dim, 64)),
+# prepare_k the key-block width of prepare's products (None: block_k);
 # intra_tf32: decay-scaled intra-chunk products of half-precision inputs in TF32 (else in the
 # input dtype); intra_token_heads: the cap (>= 1) on heads per program of the intra kernel
 # (intra_heads), intra_token its launch. A launch may also be a dict {key head dim: pair}
-# (launch_for). Swept on the H200 at S1 with experiments/tune_kernels.py --op=kda
-# (benchmarks/results/tune-kda-h200-2026-11-29.md, -11-30.md): block_k 64 (32: -0.4%);
-# prepare 8 warps (4: -3.4%, measured before the intra split); intra 4 heads per program at 4
-# warps (benchmarks/channelwise_forms.py, intra-kda-h200-2026-11-30.md: 0.632 ms; 1 head 1 warp
-# 0.715, 2 heads 2 warps 0.642, 8 heads 0.660, 16 heads 0.655); grad_blocks and backward_chunk
-# 4 warps (below). forward / backward_state are unswept since the intra split (8 warps were
-# within 0.3% before it).
+# (launch_for). Swept on the H200 at S1 with experiments/tune_kernels.py --op=kda and
+# benchmarks/channelwise_forms.py (benchmarks/results/tune-kda-h200-2026-11-29.md, -11-30.md,
+# channelwise-forms-h200-2026-11-30b.md): block_k 64 (32: -0.4%); intra 2 heads per program at
+# 1 warp, 3 stages (0.532 ms; 4 heads 4 warps 0.646, FLA's choice is the same); prepare 1 warp,
+# 3 stages, prepare_k 16 (1.465 ms with intra and wu; prepare_k 32 1.578 with the columns as a
+# loop, 3.06 unrolled; 2 stages 1.517; FLA's fused inter + solve kernel: 1 warp, 3 stages,
+# BK 32); wu 4 warps, 3 stages (8x3, 4x1, 8x1 within 0.5%); grad_blocks 4 warps 2 stages and
+# backward_chunk 4 warps 3 stages (KDA fwd+bwd 10.11 -> 9.56 ms wall,
+# tune-kda-backward-launches-h200-2026-11-30.md). forward / backward_state are unswept since the
+# intra split (8 warps were within 0.3% before it; forward 4x3 / 8x3: +0.5% / +2% fwd+bwd).
 # History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a
 # 16-step column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then
 # 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches
-# (tune-kda-options-h200-2026-11-30.md). Losing
-# forms deleted: XLA's cumsum of g outside the custom_vjp (gamma kernel: 13.425 -> 12.875 ms);
-# the intra_grad kernel plus backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210,
-# 10.33 at 4 warps); the forward intra as a per-block column loop (1.056 ms) or quad levels
-# (1.312), against 0.627 token-parallel (4 heads, 4 warps); a products kernel for prepare's
-# off-diagonal blocks (prepare + products 2.497 ms against 2.513 in prepare; the KDA
-# objective 13.203 ms with it against 12.210 without).
-# prepare_form: "tiles" (_prepare_kernel: whole [C, C] tiles, the form timed above) or
-# "blocks" (_prepare_blocks_kernel: 16 x 16 sub-blocks as separate register tiles, FLA's fused
-# inter + solve layout; a candidate, untimed on a GPU as of 2026-11-30: interpret-mode tests and
-# Triton lowering only). prepare_blocks is the blocks form's launch (FLA autotunes 1, 2, 4 warps)
-# and prepare_blocks_k its key-block width (None: block_k; FLA autotunes 32 and 64); the tiles
-# form runs with prepare and block_k. Registers per thread / spill bytes estimated for sm_90a at
-# S1 (experiments/kernel_registers.py, Triton 3.9, ptxas 13.4): tiles 8 warps 255 / 64; blocks
-# 4 warps BK 32: 226 / 0, BK 64: 238 / 0, BK 16: 168 / 0; 2 warps BK 32: 228 / 0; 8 warps BK 64:
-# 226 / 0; 1 warp BK 16: 255 / 128.
+# (tune-kda-options-h200-2026-11-30.md); KDA forward 3.22 -> 2.16 ms (summed kernel time) from
+# prepare on 16 x 16 sub-blocks plus the separate wu kernel (2.51 -> 1.47 ms with intra) and
+# intra storing each column as summed (0.636 -> 0.530 ms). Losing forms deleted: XLA's cumsum of
+# g outside the custom_vjp (gamma kernel: 13.425 -> 12.875 ms); the intra_grad kernel plus
+# backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210, 10.33 at 4 warps); the
+# forward intra as a per-block column loop (1.056 ms) or quad levels (1.312), against 0.627
+# token-parallel (4 heads, 4 warps); a products kernel for prepare's off-diagonal blocks; prepare
+# on whole [C, C] tiles (2.507 ms with intra), the sub-block form with W and U in the same kernel
+# (1.875), the gamma-kernel removal with a direct [C, C] diagonal layout (prepare 1.86 -> 3.42).
 TUNING = {
-    "prepare_form": "tiles",
-    "prepare": (8, 1),
-    "prepare_blocks": (4, 1),
-    "prepare_blocks_k": 32,
+    "prepare": (1, 3),
+    "prepare_k": 16,
+    "wu": (4, 3),
     "forward": (4, 2),
     "backward_state": (4, 2),
-    "backward_chunk": (4, 1),
+    "backward_chunk": (4, 3),
     "block_v": None,
     "block_k": None,
     "intra_tf32": True,
-    "intra_token_heads": 4,
-    "intra_token": (4, 1),
-    "grad_blocks": (4, 1),
+    "intra_token_heads": 2,
+    "intra_token": (1, 3),
+    "grad_blocks": (4, 2),
     "gamma": (4, 1),
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
@@ -214,40 +201,22 @@ def block_widths(dk: int, dv: int, tuning=None) -> Tuple[int, int]:
     return tuning.get("block_v") or min(dv, 64), tuning.get("block_k") or min(dk, 64)
 
 
-PREPARE_FORMS = ("tiles", "blocks")
-
-
-def prepare_form(tuning=None) -> str:
-    """``TUNING["prepare_form"]`` (``tuning``'s, if given): ``"tiles"`` or ``"blocks"``.
-
-    Raises:
-      ValueError: for any other value, naming the entry.
-    """
-    form = (TUNING if tuning is None else tuning).get("prepare_form", "tiles")
-    if form not in PREPARE_FORMS:
-        raise ValueError(f'TUNING["prepare_form"] must be one of {PREPARE_FORMS}, got {form!r}')
-    return form
-
-
 def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interpret,
             return_residual):
     """The static configuration of one call (hashable once sorted into a tuple).
 
     Raises:
-      ValueError: if ``TUNING``'s block widths (``prepare_blocks_k`` included) do not divide
-        the head dims, ``TUNING["intra_token_heads"]`` is not >= 1, or
-        ``TUNING["prepare_form"]`` is not a form of :data:`PREPARE_FORMS`.
+      ValueError: if ``TUNING``'s block widths (``prepare_k`` included) do not divide the head
+        dims, or ``TUNING["intra_token_heads"]`` is not >= 1.
     """
     block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
-    form = prepare_form()
-    prepare_bk = TUNING.get("prepare_blocks_k") or block_k
-    if form == "blocks" and (prepare_bk < SUB or prepare_bk > dk or dk % prepare_bk):
-        raise ValueError(f'TUNING["prepare_blocks_k"]={prepare_bk} must divide the key head dim '
-                         f"{dk} (and be >= {SUB})")
+    prepare_k = TUNING.get("prepare_k") or block_k
+    if prepare_k < SUB or prepare_k > dk or dk % prepare_k:
+        raise ValueError(f'TUNING["prepare_k"]={prepare_k} must divide the key head dim {dk} '
+                         f"(and be >= {SUB})")
     return dict(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=scale,
-                block_v=block_v, block_k=block_k, prepare_form=form,
-                prepare_bk=prepare_bk if form == "blocks" else None,
+                block_v=block_v, block_k=block_k, prepare_k=prepare_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
                 intra_heads=intra_heads(heads))
@@ -275,17 +244,6 @@ def _intra_dot(a, b, dims, cfg):
         a, b = a.astype(mdt), b.astype(mdt)
     return jax.lax.dot_general(a, b, (dims, ((), ())), precision=precision,
                                preferred_element_type=F32)
-
-
-def _chunk_masks(doc):
-    """``(inclusive, strict)`` ``[C, C]`` masks: ``j <= i`` / ``j < i``, same document."""
-    rows, cols = _iota((CHUNK, CHUNK), 0), _iota((CHUNK, CHUNK), 1)
-    incl = rows >= cols
-    strict = rows > cols
-    if doc is not None:
-        same = doc[:, None] == doc[None, :]
-        incl, strict = incl & same, strict & same
-    return incl, strict
 
 
 def _block_factors(gam, ref_row, block, size=SUB):
@@ -316,26 +274,6 @@ def _decay_factors(gam, g_last, conn, last, conn_last):
     return e_in, e_out, e_all
 
 
-def _decayed_products(cfg, xs, y, gam_ref, gam, b, h, t0, ksl):
-    """Off-diagonal blocks of ``[sum_c X_ic Y_jc exp(gam_ic - gam_jc) for X in xs]``.
-
-    ``xs`` and ``y`` are the loaded ``[C, BK]`` fp32 tiles of one key block. Returns ``[C, C]``
-    tiles holding the entries whose row i lies in a later 16-row block than column j; all other
-    entries are zero (the diagonal blocks come from the ``intra`` kernel, the document mask is
-    applied by the caller). The block loop is a ``fori_loop`` (small programs for Triton and for
-    interpret mode alike).
-    """
-    def off_diagonal(blk, outs):
-        ref_row = gam_ref[b, t0 + SUB * blk + SUB - 1, h, ksl]
-        row_fac, col_fac = _block_factors(gam, ref_row, blk)
-        y_blk = y * col_fac
-        return tuple(out + _intra_dot(x * row_fac, y_blk, ((1,), (1,)), cfg)
-                     for out, x in zip(outs, xs))
-
-    outs = tuple(jnp.zeros((CHUNK, CHUNK), F32) for _ in xs)
-    return jax.lax.fori_loop(0, NSUB - 1, off_diagonal, outs)
-
-
 def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j):
     """Factors of the off-diagonal block (rows of a later 16-row block, column block j) for
     rows with gamma ``g_rows`` (``[SUB, K]``): ``(e^{g_rows - r_j}, k_j * e^{r_j - gamma_j})``,
@@ -345,19 +283,6 @@ def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j):
     ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, :][None, :]
     return (jnp.exp(g_rows - ref_row),
             k_ref[b, jsl, h, :].astype(F32) * jnp.exp(ref_row - gam_ref[b, jsl, h, :]))
-
-
-def _expand_diagonal(d):
-    """``[C, SUB]`` diagonal blocks (row i holds ``M[i, SUB*(i // SUB) + j]`` at column j) ->
-    the block-diagonal ``[C, C]`` matrix, by an exact 0/1 product in IEEE fp32.
-
-    (A six-way bf16 split product, ``DotAlgorithmPreset.BF16_BF16_F32_X6``, is exact too and
-    runs on tensor cores, but made ``prepare`` no faster: 1.906 ms against 1.859 at S1, H200,
-    2026-11-30; this product costs ~0.15 ms of it, channelwise-forms-h200-2026-11-30.md.)"""
-    rows, cols = _iota((SUB, CHUNK), 0), _iota((SUB, CHUNK), 1)
-    spread = jnp.where(cols % SUB == rows, 1.0, 0.0).astype(F32)  # [SUB, C]
-    same = (_iota((CHUNK, CHUNK), 0) // SUB) == (_iota((CHUNK, CHUNK), 1) // SUB)
-    return jnp.where(same, mm(d, spread, F32), 0.0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -446,10 +371,11 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
     One program per token t (row i of its chunk) and group of ``cfg["intra_heads"]`` heads
     writes row i of the diagonal blocks: ``sum_c X_ic k_jc exp(gamma_ic - gamma_jc)`` for the
     columns j <= i of i's 16-row block (X = kr for Mk, q for Mq), a loop of ``i mod 16 + 1``
-    steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape); the
-    columns j > i stay 0. The exponents are <= 0 (j <= i and g <= 0), so nothing is masked;
-    fp32 elementwise. Document masks are applied by ``prepare``. Tiny programs with few
-    registers: many resident per SM.
+    steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape), each
+    column stored as soon as it is summed (no register tile to assemble); the columns j > i are
+    not written (uninitialised: ``prepare``, the only reader, masks them). The exponents are
+    <= 0 (j <= i and g <= 0), so nothing is masked; fp32 elementwise. Document masks are
+    applied by ``prepare``. Tiny programs with few registers: many resident per SM.
     """
     tp = cfg["n_chunks"] * CHUNK
     tok = pl.program_id(0)
@@ -459,19 +385,16 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
     n, i = t // CHUNK, t % CHUNK
     i_sub = i % SUB
     g_i = gam_ref[b, t, hsl, :]  # [nh, K]
-    xs = (kr_ref[b, t, hsl, :].astype(F32), q_ref[b, t, hsl, :].astype(F32))
-    cols = _iota((nh, SUB), 1)
+    x_k, x_q = kr_ref[b, t, hsl, :].astype(F32), q_ref[b, t, hsl, :].astype(F32)
 
-    def column(jj, tiles):
+    def column(jj, carry):  # column jj of the row, stored as soon as it is summed
         j = t - i_sub + jj
         dec = k_ref[b, j, hsl, :].astype(F32) * jnp.exp(g_i - gam_ref[b, j, hsl, :])
-        return tuple(jnp.where(cols == jj, jnp.sum(x * dec, axis=1)[:, None], tile)
-                     for x, tile in zip(xs, tiles))
+        mkd_ref[b, hsl, n, i, jj] = jnp.sum(x_k * dec, axis=1)
+        mqd_ref[b, hsl, n, i, jj] = jnp.sum(x_q * dec, axis=1)
+        return carry
 
-    mk, mq = jax.lax.fori_loop(0, i_sub + 1, column,
-                               tuple(jnp.zeros((nh, SUB), F32) for _ in xs))
-    mkd_ref[b, hsl, n, i, :] = mk
-    mqd_ref[b, hsl, n, i, :] = mq
+    jax.lax.fori_loop(0, i_sub + 1, column, 0)
 
 
 def _intra(cfg, q, k, kr, gam):
@@ -635,62 +558,17 @@ def _conn_last(conn):
 # Kernel 1: intra-chunk preparation.
 
 
-def _prepare_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref,
-                    mkd_ref, mqd_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref, *, cfg):
-    n = pl.program_id(0)
-    b, h = _program_bh(cfg, 1)
-    t0 = n * CHUNK
-    tsl = pl.ds(t0, CHUNK)
-    mdt = cfg["mm_dtype"]
-    bk, bv = cfg["block_k"], cfg["block_v"]
-    doc, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-    conn_last = _conn_last(conn)
-    mk = _expand_diagonal(mkd_ref[b, h, n, :, :])
-    mq = _expand_diagonal(mqd_ref[b, h, n, :, :])
-    for kb in range(cfg["dk"] // bk):
-        ksl = pl.ds(kb * bk, bk)
-        q = q_ref[b, tsl, h, ksl].astype(F32)
-        k = k_ref[b, tsl, h, ksl].astype(F32)
-        gam = gam_ref[b, tsl, h, ksl]
-        kr = kr_ref[b, tsl, h, ksl].astype(F32)
-        mk_b, mq_b = _decayed_products(cfg, (kr, q), k, gam_ref, gam, b, h, t0, ksl)
-        mk, mq = mk + mk_b, mq + mq_b
-        g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
-        e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
-        qg_ref[b, tsl, h, ksl] = (q * e_in).astype(qg_ref.dtype)
-        kg_ref[b, tsl, h, ksl] = (k * e_out).astype(kg_ref.dtype)
-        e_ref[b, h, n, ksl] = e_all
-    incl, strict = _chunk_masks(doc)
-    mq_ref[b, h, n, :, :] = jnp.where(incl, mq, 0.0).astype(mq_ref.dtype)
-    amat = pallas_gpu.unit_lower_inverse(jnp.where(strict, mk, 0.0), mdt)
-    if a_ref is not None:
-        a_ref[b, h, n, :, :] = amat.astype(a_ref.dtype)
-    for kb in range(cfg["dk"] // bk):
-        ksl = pl.ds(kb * bk, bk)
-        gam = gam_ref[b, tsl, h, ksl]
-        e_in = jnp.exp(gam)
-        if conn is not None:
-            e_in = e_in * conn[:, None]
-        krg = kr_ref[b, tsl, h, ksl].astype(F32) * e_in
-        w_ref[b, tsl, h, ksl] = mm(amat, krg, mdt).astype(w_ref.dtype)
-    for vb in range(cfg["dv"] // bv):
-        vsl = pl.ds(vb * bv, bv)
-        u_ref[b, tsl, h, vsl] = mm(amat, vw_ref[b, tsl, h, vsl], mdt).astype(u_ref.dtype)
-
-
-def _prepare_blocks_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref,
-                           mkd_ref, mqd_ref, w_ref, u_ref, a_ref, mq_ref, qg_ref, kg_ref, e_ref,
-                           *, cfg):
-    """The ``prepare`` kernel in the "blocks" form (``TUNING["prepare_form"]``): the same
-    outputs as :func:`_prepare_kernel`, computed on the 16 x 16 sub-blocks of the chunk held as
-    separate register tiles (``[16, 16]`` and ``[16, BK]`` values), as FLA's fused inter + solve
-    KDA kernel does. One program per (chunk, batch * head).
+def _prepare_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, mkd_ref, mqd_ref,
+                    a_ref, mq_ref, *, cfg):
+    """The ``prepare`` kernel: Mk, Mq and ``A = (I + Mk)^{-1}`` of one chunk, computed on its
+    16 x 16 sub-blocks held as separate register tiles (``[16, 16]`` and ``[16, BK]`` values),
+    as FLA's fused inter + solve KDA kernel does. One program per (chunk, batch * head).
 
     Row block i holds rows ``16 i .. 16 i + 15`` of the chunk; tiles are loaded from and stored
     to the refs at those row offsets (Triton cannot slice registers, but refs slice freely).
 
     1. Off-diagonal blocks (i > j) of Mk and Mq, row block by row block, summed over key
-       blocks of ``BK = cfg["prepare_bk"]`` channels, with reference r_i = gamma at the FIRST
+       blocks of ``BK = cfg["prepare_k"]`` channels, with reference r_i = gamma at the FIRST
        row of block i (gamma is non-increasing, so ``gamma_i <= r_i <= gamma_j`` for every row
        of block i and every row of an earlier block j)::
 
@@ -699,12 +577,14 @@ def _prepare_blocks_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_
        Both exponents are <= 0 in a chunk: no masks, no overflow, an exact factorisation. Six
        block pairs, twelve ``[16, BK] x [BK, 16]`` products per key block by
        :func:`_intra_dot` (IEEE fp32 for fp32 inputs; TF32 or the input dtype for half inputs,
-       ``TUNING["intra_tf32"]``), against the ``[64, BK] x [BK, 64]`` masked products of the
-       tiles form (8x the useful FLOPs). Masks per tile: same document (doc ids of the tile's
-       rows and columns). Mq's tiles go out as soon as their row block is done: masked, in the
-       operand dtype, the diagonal tile from ``intra`` (``mqd`` rows ``16 i ..``: loaded
-       directly, no placement product; inclusive lower and same document), zeros above the
-       diagonal (the output is uninitialised).
+       ``TUNING["intra_tf32"]``), the column blocks of a row block unrolled (a loop over them
+       with selects into the accumulators: 1.578 ms against 1.465 for intra + prepare + wu at
+       S1 on the H200, channelwise-forms-h200-2026-11-30b.md). Masks per tile: same document
+       (doc ids of the tile's rows and columns). Mq's tiles go out as soon as their row block
+       is done: masked, in the operand dtype, the diagonal tile from ``intra`` (``mqd`` rows
+       ``16 i ..``, loaded directly; inclusive lower and same document, which also drops the
+       columns ``intra`` leaves unwritten), zeros above the diagonal (the output is
+       uninitialised).
     2. ``A = (I + Mk)^{-1}`` blockwise. The four unit-lower diagonal blocks
        ``A_ii = (I + L_i)^{-1}`` (``L_i`` = ``intra``'s ``mkd`` tile, strict lower and same
        document) by forward substitution, one row r per step for all four blocks at once:
@@ -712,25 +592,19 @@ def _prepare_blocks_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_
        ``mkd_ref`` (fp32 elementwise: exact to fp32 rounding for every input dtype, no Newton
        step needed). Then the blocks below the diagonal by block forward substitution,
        ``A_ij = -A_ii sum_{j <= m < i} Mk_im A_mj`` (16 ``[16, 16]`` products by
-       :func:`pallas_gpu.dot_precise`: IEEE fp32 for fp32 inputs, TF32 for half inputs, as
-       :func:`pallas_gpu.unit_lower_inverse` in the tiles form), and A itself when saved (tile
-       by tile, zeros above the diagonal).
-    3. ``qg = q E_in``, ``kg = k E_out`` and ``e_all``, per (row block, key block).
-    4. ``W_i = sum_{j <= i} A_ij (kr E_in)_j`` and ``U_i = sum_{j <= i} A_ij vw_j`` (operands in
-       the tensor-core dtype, fp32 accumulation, as the tiles form's ``mm(A, X)``), a loop over
-       column blocks j that adds ``A_ij X_j`` to all four row blocks (``A_ij = 0`` for j > i).
+       :func:`pallas_gpu.dot_precise`: IEEE fp32 for fp32 inputs, TF32 for half inputs), and A
+       out in the operand dtype (tile by tile, zeros above the diagonal) for :func:`_wu_kernel`
+       and the backward.
 
-    Register pressure (measured with ``experiments/kernel_registers.py``): the loops whose row
-    block is a traced index (the column blocks j of the products, step 3, the column loop of
-    step 4) keep their address tensors inside the loop; with static row offsets Triton hoists
-    and shares them across the kernel. The inverse runs after all products, so that its tiles
-    do not stay live through the product loops.
+    The inverse runs after all products, so that its tiles do not stay live through the
+    product loops (registers: 244 per thread at 1 warp, no spills, estimated with
+    ``experiments/kernel_registers.py`` at S1).
     """
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     t0 = n * CHUNK
     mdt = cfg["mm_dtype"]
-    bk, bv = cfg["prepare_bk"], cfg["block_v"]
+    bk = cfg["prepare_k"]
     nkb = cfg["dk"] // bk
 
     def rows(i):  # the tokens of row block i (a Python or a traced int)
@@ -771,15 +645,14 @@ def _prepare_blocks_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_
             xk = kr_ref[b, rows(i), h, ksl].astype(F32) * row_fac
             xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
 
-            def column(j, acc):  # column block j < i (traced), into accumulator j
+            def products(j):  # the Mk and Mq tiles of column block j < i
                 decay = jnp.exp(ref_row - gam_ref[b, rows(j), h, ksl])  # e^{r_i - gamma_j}
                 y = k_ref[b, rows(j), h, ksl].astype(F32) * decay
-                dk = _intra_dot(xk, y, ((1,), (1,)), cfg)
-                dq = _intra_dot(xq, y, ((1,), (1,)), cfg)
-                return (tuple(jnp.where(j == m, a + dk, a) for m, a in enumerate(acc[0])),
-                        tuple(jnp.where(j == m, a + dq, a) for m, a in enumerate(acc[1])))
+                return _intra_dot(xk, y, ((1,), (1,)), cfg), _intra_dot(xq, y, ((1,), (1,)), cfg)
 
-            return jax.lax.fori_loop(0, i, column, acc)
+            out = [products(j) for j in range(i)]
+            return (tuple(a + out[j][0] for j, a in enumerate(acc[0])),
+                    tuple(a + out[j][1] for j, a in enumerate(acc[1])))
 
         zeros = tuple(zero for _ in range(i))
         mk_i, mq_i = jax.lax.fori_loop(0, nkb, key_block, (zeros, zeros))
@@ -813,103 +686,81 @@ def _prepare_blocks_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_
             for m in range(j + 1, i):
                 acc = acc + pallas_gpu.dot_precise(mk[i, m], amat[m, j], mdt)
             amat[i, j] = -pallas_gpu.dot_precise(amat[i, i], acc, mdt)
-    if a_ref is not None:
-        for i in range(NSUB):
-            for j in range(NSUB):
-                a_ref[b, h, n, blk(i), blk(j)] = amat.get((i, j), zero).astype(a_ref.dtype)
+    for i in range(NSUB):
+        for j in range(NSUB):
+            a_ref[b, h, n, blk(i), blk(j)] = amat.get((i, j), zero).astype(a_ref.dtype)
 
-    # 3. qg, kg and e_all, one (row block, key block) per step.
-    conn_last = conn_ref[b, t0 + CHUNK - 1] if cfg["has_docs"] else None
 
-    def decay_block(step, carry):
-        i = step // nkb
-        isl, ksl = rows(i), pl.ds((step - i * nkb) * bk, bk)
-        _, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, isl)
-        g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
-        e_in, e_out, e_all = _decay_factors(gam_ref[b, isl, h, ksl], g_last, conn, last,
-                                            conn_last)
-        qg_ref[b, isl, h, ksl] = (q_ref[b, isl, h, ksl].astype(F32) * e_in).astype(qg_ref.dtype)
-        kg_ref[b, isl, h, ksl] = (k_ref[b, isl, h, ksl].astype(F32) * e_out).astype(kg_ref.dtype)
-        e_ref[b, h, n, ksl] = e_all
-        return carry
-
-    jax.lax.fori_loop(0, NSUB * nkb, decay_block, 0)
-
-    # 4. W = A (kr E_in) and U = A vw (A rounded once to the operand dtype, as mm rounds it in
-    # the tiles form): a loop over column blocks j (traced), A's column j picked by selects.
-    amat = {p: tile.astype(mdt) for p, tile in amat.items()}
-
-    def apply_a(load_x, out_ref, sl, width):
-        def column(j, accs):
-            x = load_x(j)
-            out = []
-            for i, acc in enumerate(accs):
-                a_ij = jnp.zeros((SUB, SUB), mdt)
-                for m in range(i + 1):
-                    a_ij = jnp.where(j == m, amat[i, m], a_ij)
-                out.append(acc + mm(a_ij, x, mdt))
-            return tuple(out)
-
-        accs = jax.lax.fori_loop(0, NSUB, column,
-                                 tuple(jnp.zeros((SUB, width), F32) for _ in range(NSUB)))
-        for i, acc in enumerate(accs):
-            out_ref[b, rows(i), h, sl] = acc.astype(out_ref.dtype)
-
-    def w_block(kb, carry):
+def _wu_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
+               w_ref, u_ref, qg_ref, kg_ref, e_ref, *, cfg):
+    """The ``wu`` kernel: ``W = A (kr E_in)``, ``U = A vw`` (the WY representation, paper 1
+    Eqs. 18-24; FLA's ``recompute_w_u``), ``qg = q E_in``, ``kg = k E_out`` and ``e_all`` of one
+    chunk on whole ``[C, BK]`` / ``[C, BV]`` tiles, with A from :func:`_prepare_kernel`
+    (operand dtype; one ``[C, C] x [C, BK]`` tensor-core product per key or value block, fp32
+    accumulation). ``E_in = exp(gamma)``, ``E_out = exp(gamma_last - gamma)``, ``e_all =
+    exp(gamma_last)`` with the document masks of :func:`_decay_factors`. One program per
+    (chunk, batch * head)."""
+    n = pl.program_id(0)
+    b, h = _program_bh(cfg, 1)
+    t0 = n * CHUNK
+    tsl = pl.ds(t0, CHUNK)
+    mdt = cfg["mm_dtype"]
+    bk, bv = cfg["block_k"], cfg["block_v"]
+    _, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
+    conn_last = _conn_last(conn)
+    amat = a_ref[b, h, n, :, :]
+    for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
-
-        def load_x(j):  # (kr E_in)_j
-            e_in = jnp.exp(gam_ref[b, rows(j), h, ksl])
-            conn = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, rows(j))[1]
-            if conn is not None:
-                e_in = e_in * conn[:, None]
-            return kr_ref[b, rows(j), h, ksl].astype(F32) * e_in
-
-        apply_a(load_x, w_ref, ksl, bk)
-        return carry
-
-    def u_block(vb, carry):
+        gam = gam_ref[b, tsl, h, ksl]
+        g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
+        e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
+        qg_ref[b, tsl, h, ksl] = (q_ref[b, tsl, h, ksl].astype(F32) * e_in).astype(qg_ref.dtype)
+        kg_ref[b, tsl, h, ksl] = (k_ref[b, tsl, h, ksl].astype(F32) * e_out).astype(kg_ref.dtype)
+        e_ref[b, h, n, ksl] = e_all
+        krg = kr_ref[b, tsl, h, ksl].astype(F32) * e_in
+        w_ref[b, tsl, h, ksl] = mm(amat, krg, mdt).astype(w_ref.dtype)
+    for vb in range(cfg["dv"] // bv):
         vsl = pl.ds(vb * bv, bv)
-        apply_a(lambda j: vw_ref[b, rows(j), h, vsl], u_ref, vsl, bv)
-        return carry
-
-    jax.lax.fori_loop(0, nkb, w_block, 0)
-    jax.lax.fori_loop(0, cfg["dv"] // bv, u_block, 0)
+        u_ref[b, tsl, h, vsl] = mm(amat, vw_ref[b, tsl, h, vsl], mdt).astype(u_ref.dtype)
 
 
 def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
-    """The ``intra`` kernel, then ``prepare`` in ``cfg["prepare_form"]``'s form
-    (:func:`_prepare_kernel` with the ``prepare`` launch, or :func:`_prepare_blocks_kernel` with
-    ``prepare_blocks``; both named ``channelwise_prepare``). Returns ``{ref name: array}``:
-    ``w_ref``, ``u_ref``, ``qg_ref``, ``kg_ref`` (operand dtype, ``[B, Tp, H, K or V]``),
-    ``mq_ref`` and (``save_a``) ``a_ref`` (operand dtype, ``[B, H, N, C, C]``, zero above the
-    diagonal) and ``e_ref`` (fp32 ``[B, H, N, K]``)."""
+    """The ``intra``, ``prepare`` and ``wu`` kernels (named ``channelwise_intra``,
+    ``channelwise_prepare`` and ``channelwise_wu``). Returns ``{ref name: array}``: ``w_ref``,
+    ``u_ref``, ``qg_ref``, ``kg_ref`` (operand dtype, ``[B, Tp, H, K or V]``), ``mq_ref`` and
+    (``save_a``) ``a_ref`` (operand dtype, ``[B, H, N, C, C]``, zero above the diagonal) and
+    ``e_ref`` (fp32 ``[B, H, N, K]``)."""
     mkd, mqd = _intra(cfg, q, k, kr, gam)
     bsz, tp, heads, dk = k.shape
     dv = vw.shape[-1]
     nc = cfg["n_chunks"]
-    # A and Mq in the tensor-core operand dtype: every consumer (forward, backward_state,
+    # A and Mq in the tensor-core operand dtype: every consumer (wu, forward, backward_state,
     # _chunk_dr) rounds them to it before its product, so storing them rounded changes nothing
     # but halves their HBM traffic for half-precision inputs.
     mats = jax.ShapeDtypeStruct((bsz, heads, nc, CHUNK, CHUNK), cfg["mm_dtype"])
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
-    blocks = cfg["prepare_form"] == "blocks"
     outs = _pallas(
-        _prepare_blocks_kernel if blocks else _prepare_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
+        _prepare_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
         + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd)],
+        outputs=[("a_ref", mats), ("mq_ref", mats)],
+        grid=(nc, bsz * heads), tune="prepare", name="channelwise_prepare",
+    )
+    outs.update(_pallas(
+        _wu_kernel, cfg,
+        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
+        + _doc_inputs(docs) + [("a_ref", outs["a_ref"])],
         outputs=[
             ("w_ref", tok_k),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
-            ("a_ref", mats if save_a else None),
-            ("mq_ref", mats),
             ("qg_ref", tok_k),
             ("kg_ref", tok_k),
             ("e_ref", jax.ShapeDtypeStruct((bsz, heads, nc, dk), F32)),
         ],
-        grid=(nc, bsz * heads), tune="prepare_blocks" if blocks else "prepare",
-        name="channelwise_prepare",
-    )
+        grid=(nc, bsz * heads), tune="wu", name="channelwise_wu",
+    ))
+    if not save_a:
+        del outs["a_ref"]
     return outs
 
 

@@ -12,7 +12,7 @@ class ChannelwiseFormsTest(absltest.TestCase):
 
     def test_variants_agree_and_records_are_complete(self):
         # Two variants per stage on a small shape: every variant computes the same sums (prepare
-        # with block_k 32 in another order). The fp32 sums differ by fp32 rounding at most, but
+        # with prepare_k 32 in another order). The fp32 sums differ by fp32 rounding at most, but
         # several outputs are bf16 (W, U, qg, kg, Mq), where such a difference can flip one
         # rounding: the bound is one bf16 step of the largest output (2^-8 relative).
         prepare = dict(channelwise_forms.VARIANTS["prepare"])
@@ -20,7 +20,7 @@ class ChannelwiseFormsTest(absltest.TestCase):
             "intra": [channelwise_forms.VARIANTS["intra"][0],
                       ("tokens, 2 heads", {"intra_token_heads": 2, "intra_token": (1, 1)})],
             "prepare": [(label, prepare[label])
-                        for label in ("8 warps, block_k 64", "8 warps, block_k 32")],
+                        for label in ("prepare 1x3 BK 16, wu 4x3", "prepare 1x3 BK 32, wu 4x3")],
         }
         with mock.patch.dict(channelwise_forms.VARIANTS, variants):
             records = (channelwise_forms.time_variants("intra", (1, 128, 4, 64), 1, True)
@@ -31,7 +31,7 @@ class ChannelwiseFormsTest(absltest.TestCase):
             self.assertGreater(rec["ms"], 0.0)
             self.assertLessEqual(rec["max_abs_diff"], 2.0 ** -8 * rec["max_abs"], rec["variant"])
         md = channelwise_forms.markdown(records, (1, 128, 4, 64), "cmd", "cpu")
-        self.assertIn("| prepare | 8 warps, block_k 32 |", md)
+        self.assertIn("| prepare | prepare 1x3 BK 32, wu 4x3 |", md)
 
     def test_failed_first_variant_leaves_no_baseline(self):
         # A first variant that fails (an int knob given a string) is recorded with its error,
@@ -44,17 +44,16 @@ class ChannelwiseFormsTest(absltest.TestCase):
         self.assertNotIn("error", records[1])
         self.assertIsNone(records[1]["max_abs_diff"])
         md = channelwise_forms.markdown(records, (1, 64, 1, 64), "cmd", "cpu")
-        self.assertIn("| intra | tokens, 1 head, 1 warp |", md)
+        self.assertIn(f"| intra | {channelwise_forms.VARIANTS['intra'][0][0]} |", md)
 
     def test_variants_name_tuning_entries(self):
         # Every override is a TUNING entry (mock.patch.dict would add a misspelt one silently),
-        # and the prepare stage times both forms (the blocks form's outputs against the tiles
-        # form: tests/pallas_kernels/kernel_gpu_channelwise_test.py, PrepareFormsTest).
+        # and labels are unique (the report's rows).
         for stage, variants in channelwise_forms.VARIANTS.items():
+            labels = [label for label, _ in variants]
+            self.assertLen(set(labels), len(labels), stage)
             for label, overrides in variants:
                 self.assertLessEqual(set(overrides), set(kernel_gpu.TUNING), (stage, label))
-        forms = {o.get("prepare_form", "tiles") for _, o in channelwise_forms.VARIANTS["prepare"]}
-        self.assertEqual(forms, {"tiles", "blocks"})
 
     def test_bad_shape_names_the_flag(self):
         for text in ("8,4096,16", "8,4096,16,96", "a,b,c,d", "1,100,2,64"):

@@ -257,12 +257,14 @@ class TuneKernelsTest(absltest.TestCase):
                          [shape] * 4 + [shape[:3], shape])  # q, k, v, g per channel, beta, do
         fwdbwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwdbwd"]
         tuning = {**before, "backward_state": (8, 3), "prepare": (2, 1), "block_v": 32,
-                  "block_k": 32, "grad_blocks": (8, 2), "intra_token": (2, 2), "gamma": (2, 3)}
+                  "block_k": 32, "grad_blocks": (8, 2), "intra_token": (2, 2), "gamma": (2, 3),
+                  "wu": (8, 1)}
         table = _kda_launch_table(fwdbwd, args, tuning)
         self.assertEqual(sorted(table), ["channelwise_" + k for k in sorted(
             tune_kernels.CW_KERNELS)])
         self.assertEqual(table["channelwise_backward_state"], [dict(launch=(8, 3), grid=(1, 2))])
         self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
+        self.assertEqual(table["channelwise_wu"], [dict(launch=(8, 1), grid=(2, 1))])
         self.assertEqual(table["channelwise_gamma"], [dict(launch=(2, 3), grid=(2, 1))])
         self.assertEqual(table["channelwise_grad_blocks"], [dict(launch=(8, 2), grid=(2, 1, 4))])
         # The intra kernel: a program per token and head group (B * T, H / 1), intra_token's
@@ -283,6 +285,8 @@ class TuneKernelsTest(absltest.TestCase):
              r"^fwd: channelwise_gamma traced with launch \(2, 3\), expected \(4, 1\)"),
             ({"intra_token": (8, 8)}, "fwdbwd",
              r"channelwise_intra traced with launch \(2, 2\), expected \(8, 8\)"),
+            ({"wu": (4, 3)}, "fwd",
+             r"^fwd: channelwise_wu traced with launch \(8, 1\), expected \(4, 3\)"),
         ]
         for override, pass_, message in mismatches:
             with self.subTest(override=override):
@@ -302,8 +306,9 @@ class TuneKernelsTest(absltest.TestCase):
         # Each family's check looks for its own kernels only.
         with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
             tune_kernels.check_launches(table, kernel_gpu.TUNING, shape, "fwdbwd")
-        # The backward knobs leave the forward program alone; block_k and intra_tf32 do not
-        # (gamma and prepare loop over key blocks, prepare runs the intra-chunk products).
+        # The backward knobs leave the forward program alone; block_k, prepare_k and intra_tf32
+        # do not (gamma and wu loop over key blocks, prepare runs the intra-chunk products over
+        # key blocks of prepare_k).
         fwd_key = functools.partial(tune_kernels._fwd_key, shape=shape, op="gdn2")
         key = functools.partial(tune_kernels._key, shapes={"s": shape}, op="kda")
         for knob, value in (("backward_chunk", (8, 2)), ("backward_state", (2, 1)),
@@ -311,7 +316,8 @@ class TuneKernelsTest(absltest.TestCase):
             self.assertEqual(fwd_key(tuning), fwd_key({**tuning, knob: value}), knob)
             self.assertNotEqual(key(tuning), key({**tuning, knob: value}), knob)
         for knob, value in (("block_k", 64), ("intra_tf32", False), ("gamma", (8, 1)),
-                            ("intra_token", (8, 1)), ("prepare", (8, 1)), ("forward", (8, 1))):
+                            ("intra_token", (8, 1)), ("prepare", (8, 1)), ("wu", (2, 1)),
+                            ("prepare_k", 32), ("forward", (8, 1))):
             self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, knob: value}), knob)
         self.assertEqual(fwd_key({**tuning, "block_v": None}), fwd_key({**tuning, "block_v": 64}))
         self.assertEqual(fwd_key(tuning), fwd_key({**tuning, "intra_token_heads": 16}))
@@ -322,7 +328,8 @@ class TuneKernelsTest(absltest.TestCase):
         fwd2 = tune_kernels.programs(tune_kernels.KERNEL_OPS["gdn2"])["fwd"]
         table2 = tune_kernels.launch_table(jax.jit(fwd2).trace(*args2).jaxpr)
         self.assertEqual(sorted(table2), ["channelwise_forward", "channelwise_gamma",
-                                          "channelwise_intra", "channelwise_prepare"])
+                                          "channelwise_intra", "channelwise_prepare",
+                                          "channelwise_wu"])
         tune_kernels.check_launches(table2, before, shape, "fwd", op="gdn2")
 
     def test_intra_heads_launch_and_grid(self):
@@ -382,22 +389,23 @@ class TuneKernelsTest(absltest.TestCase):
                          set(tune_kernels.CW_KNOBS))
 
     def test_channelwise_kernels_and_grids(self):
-        # Every configuration runs the same kernels: four in the forward, seven in all.
+        # Every configuration runs the same kernels: five in the forward, eight in all.
         shape = (2, 200, 3, 64)  # T = 200: 4 chunks; B * H = 6 rows; H = 3: one head per program
         eff = tune_kernels.effective(channelwise_gpu.TUNING, shape, "kda")
         self.assertEqual(tune_kernels.channelwise_pass_kernels("fwd"),
-                         ("gamma", "intra", "prepare", "forward"))
+                         ("gamma", "intra", "prepare", "wu", "forward"))
         self.assertEqual(tune_kernels.channelwise_pass_kernels("fwdbwd"),
-                         ("gamma", "intra", "prepare", "forward", "grad_blocks", "backward_state",
-                          "backward_chunk"))
+                         ("gamma", "intra", "prepare", "wu", "forward", "grad_blocks",
+                          "backward_state", "backward_chunk"))
         self.assertEqual(tune_kernels._channelwise_grids(eff, shape),
                          {"gamma": (4, 6), "intra": (2 * 4 * 64, 3), "prepare": (4, 6),
-                          "forward": (6, 1), "grad_blocks": (4, 6, 4), "backward_state": (6, 1),
-                          "backward_chunk": (4, 6, 1)})
+                          "wu": (4, 6), "forward": (6, 1), "grad_blocks": (4, 6, 4),
+                          "backward_state": (6, 1), "backward_chunk": (4, 6, 1)})
         self.assertEqual(set(tune_kernels.CW_FWD_KNOBS) - {"intra_tf32", "intra_token_heads"}
                          - set(tune_kernels.BLOCK_KNOBS),
-                         {"gamma", "intra_token", "prepare_form", "prepare_blocks_k", "prepare",
-                          "prepare_blocks", "forward"})
+                         {"gamma", "intra_token", "prepare_k", "prepare", "wu", "forward"})
+        self.assertEqual(set(tune_kernels.CW_KNOBS) - set(tune_kernels.CW_FWD_KNOBS),
+                         {"grad_blocks", "backward_state", "backward_chunk"})
         with mock.patch.dict(channelwise_gpu.TUNING, grad_blocks={64: (4, 3), 128: (8, 1)}):
             eff = tune_kernels.effective(channelwise_gpu.TUNING, shape, "kda")
         self.assertEqual(eff["grad_blocks"], (4, 3))
@@ -405,80 +413,106 @@ class TuneKernelsTest(absltest.TestCase):
                          {"gamma": [(2, 1)],
                           "grad_blocks": list(tune_kernels.CW_DEFAULT_VALUES["grad_blocks"])})
 
-    def test_prepare_form_knobs(self):
-        # prepare_form picks the prepare kernel (both are channelwise_prepare): "tiles" with the
-        # prepare launch, "blocks" with prepare_blocks and the prepare_blocks_k width (None:
-        # block_k). The knobs of the form not run leave the program alone.
+    def test_prepare_and_wu_knobs(self):
+        # One prepare kernel (16 x 16 sub-blocks) with its launch and the key-block width
+        # prepare_k of its products (None: block_k), then the wu kernel with a launch of its own.
         before = dict(channelwise_gpu.TUNING)
-        self.assertEqual(before["prepare_form"], "tiles")
         self.assertEqual(
-            tune_kernels.parse_knobs("prepare_form,prepare_blocks=2x1/4x1,"
-                                     "prepare_blocks_k=32/None", "kda"),
-            {"prepare_form": ["tiles", "blocks"], "prepare_blocks": [(2, 1), (4, 1)],
-             "prepare_blocks_k": [32, None]})
-        self.assertEqual(tune_kernels.parse_knobs("prepare_form=blocks", "gdn2"),
-                         {"prepare_form": ["blocks"]})
-        with self.assertRaisesRegex(app.UsageError, r"^--knobs: bad value in "
-                                                    r"'prepare_form=tiles/rows' \(prepare_form: "
-                                                    r"'rows' is not one of tiles/blocks\); each "
-                                                    r"value is tiles or blocks$"):
-            tune_kernels.parse_knobs("prepare_form=tiles/rows", "kda")
-        with self.assertRaisesRegex(app.UsageError, "each value is a power of two >= 16"):
-            tune_kernels.parse_knobs("prepare_blocks_k=48", "kda")
-        with self.assertRaisesRegex(app.UsageError, "'prepare_form' is a knob of --op=kda/gdn2"):
-            tune_kernels.parse_knobs("prepare_form")
-        self.assertEqual(tune_kernels.parse_start('{"prepare_form": "blocks", "prepare_blocks": '
-                                                  '[2, 1], "prepare_blocks_k": 32}',
-                                                  channelwise_gpu.TUNING, "kda"),
-                         {**before, "prepare_form": "blocks", "prepare_blocks": (2, 1),
-                          "prepare_blocks_k": 32})
-        with self.assertRaisesRegex(app.UsageError, "--start: bad value 'rows' for "
-                                                    "'prepare_form'"):
-            tune_kernels.parse_start('{"prepare_form": "rows"}', channelwise_gpu.TUNING, "kda")
+            tune_kernels.parse_knobs("prepare_k=16/32,wu=4x3/8x1", "kda"),
+            {"prepare_k": [16, 32], "wu": [(4, 3), (8, 1)]})
+        self.assertEqual(tune_kernels.parse_knobs("prepare_k=None/64", "gdn2"),
+                         {"prepare_k": [None, 64]})
+        # The default sweeps: prepare_k 16/32/64; prepare from 1 warp (its best is 1x3).
+        self.assertEqual(tune_kernels.parse_knobs("prepare_k,prepare,wu", "kda"),
+                         {"prepare_k": [16, 32, 64],
+                          "prepare": [(w, s) for w in (1, 2, 4) for s in (1, 2, 3)],
+                          "wu": [(w, s) for w in (4, 8) for s in (1, 2, 3)]})
+        for bad in ("48", "8"):
+            with self.assertRaisesRegex(app.UsageError, r"^--knobs: bad value in "
+                                                        rf"'prepare_k=16/{bad}' \({bad} is not a "
+                                                        r"power of two >= 16\); each value is a "
+                                                        r"power of two >= 16 or None$"):
+                tune_kernels.parse_knobs(f"prepare_k=16/{bad}", "kda")
+        with self.assertRaisesRegex(app.UsageError, "bad value in 'wu=4'.*each value is WxS"):
+            tune_kernels.parse_knobs("wu=4", "kda")
+        for knob in ("prepare_k", "wu=4x3"):
+            with self.assertRaisesRegex(app.UsageError, f"'{knob.split('=')[0]}' is a knob of "
+                                                        "--op=kda/gdn2 only"):
+                tune_kernels.parse_knobs(knob)
+        # The prepare forms are gone with their knobs.
+        for knob in ("prepare_form", "prepare_form=blocks", "prepare_blocks",
+                     "prepare_blocks_k=32"):
+            with self.assertRaisesRegex(app.UsageError, r"^--knobs: unknown knob "
+                                                        f"'{knob.split('=')[0]}'; choose from "):
+                tune_kernels.parse_knobs(knob, "kda")
+        with self.assertRaisesRegex(app.UsageError, "^--start: unknown knob 'prepare_blocks'"):
+            tune_kernels.parse_start('{"prepare_blocks": [2, 1]}', channelwise_gpu.TUNING, "kda")
+        self.assertEqual(tune_kernels.parse_start('{"prepare_k": 32, "wu": [8, 1], "prepare": '
+                                                  '[2, 3]}', channelwise_gpu.TUNING, "kda"),
+                         {**before, "prepare_k": 32, "wu": (8, 1), "prepare": (2, 3)})
+        self.assertEqual(tune_kernels.parse_start('{"prepare_k": null}', channelwise_gpu.TUNING,
+                                                  "gdn2"),
+                         {**before, "prepare_k": None})
+        with self.assertRaisesRegex(app.UsageError, r"^--start: bad value 24 for 'prepare_k' "
+                                                    r"\(24 is not a power of two >= 16\)$"):
+            tune_kernels.parse_start('{"prepare_k": 24}', channelwise_gpu.TUNING, "kda")
+        with self.assertRaisesRegex(app.UsageError, "^--start: bad value 4 for 'wu'"):
+            tune_kernels.parse_start('{"wu": 4}', channelwise_gpu.TUNING, "kda")
+        # The literal pastes back, in the module's key order.
+        literal = tune_kernels.tuning_literal({**before, "prepare_k": 32, "wu": [8, 1]}, "kda")
         scope = {}
-        exec(tune_kernels.tuning_literal({**before, "prepare_form": "blocks"}, "kda"), scope)
-        self.assertEqual(scope["TUNING"]["prepare_form"], "blocks")
+        exec(literal, scope)  # noqa: S102 - our own output
+        self.assertEqual(scope["TUNING"], {**before, "prepare_k": 32, "wu": (8, 1)})
+        self.assertEqual(list(scope["TUNING"]), list(before))
 
         shape = (1, 128, 1, 64)
-        tiles = {**before, "prepare": (8, 1), "prepare_blocks": (4, 1)}
-        blocks = {**tiles, "prepare_form": "blocks", "prepare_blocks": (2, 1),
-                  "prepare_blocks_k": None}
-        eff_t, eff_b = (tune_kernels.effective(t, shape, "kda") for t in (tiles, blocks))
-        self.assertEqual([eff_t[k] for k in ("prepare_form", "prepare", "prepare_blocks",
-                                             "prepare_blocks_k")], ["tiles", (8, 1), None, None])
-        self.assertEqual([eff_b[k] for k in ("prepare_form", "prepare", "prepare_blocks",
-                                             "prepare_blocks_k")], ["blocks", None, (2, 1), 64])
+        tuning = {**before, "block_k": 32, "prepare_k": None, "prepare": (2, 3), "wu": (8, 1)}
+        eff = tune_kernels.effective(tuning, shape, "kda")
+        self.assertEqual([eff[k] for k in ("block_k", "prepare_k", "prepare", "wu")],
+                         [32, 32, (2, 3), (8, 1)])
+        self.assertEqual(tune_kernels.effective({**tuning, "prepare_k": 16}, shape,
+                                                "kda")["prepare_k"], 16)
+        # A None prepare_k is the same program as the block_k it resolves to.
         key = functools.partial(tune_kernels._key, shapes={"s": shape}, op="kda")
         fwd_key = functools.partial(tune_kernels._fwd_key, shape=shape, op="kda")
-        self.assertEqual(key(tiles), key({**tiles, "prepare_blocks": (8, 2),
-                                          "prepare_blocks_k": 32}))
-        self.assertEqual(key(blocks), key({**blocks, "prepare": (2, 2), "prepare_blocks_k": 64}))
-        self.assertNotEqual(fwd_key(tiles), fwd_key(blocks))
-        self.assertNotEqual(fwd_key(blocks), fwd_key({**blocks, "prepare_blocks": (4, 1)}))
-        self.assertNotEqual(fwd_key(blocks), fwd_key({**blocks, "prepare_blocks_k": 32}))
-        self.assertEqual(tune_kernels.invalid_reason({**blocks, "prepare_blocks_k": 128},
+        self.assertEqual(key(tuning), key({**tuning, "prepare_k": 32}))
+        self.assertNotEqual(key(tuning), key({**tuning, "prepare_k": 16}))
+        self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "prepare_k": 64}))
+        self.assertNotEqual(fwd_key(tuning), fwd_key({**tuning, "wu": (4, 3)}))
+        self.assertEqual(tune_kernels.invalid_reason({**tuning, "prepare_k": 128},
                                                      {"s": shape}, "kda"),
-                         "error: prepare_blocks_k=128 does not fit head dim 64 (s)")
-        self.assertIsNone(tune_kernels.invalid_reason({**tiles, "prepare_blocks_k": 128},
-                                                      {"s": shape}, "kda"))
-        # The traced program runs the blocks form with prepare_blocks' launch.
+                         "error: prepare_k=128 does not fit head dim 64 (s)")
+        self.assertIsNone(tune_kernels.invalid_reason({**tuning, "prepare_k": 64}, {"s": shape},
+                                                      "kda"))
+        # The traced forward runs prepare and wu with their own launches, each on (N, B * H).
         args = tune_kernels.make_inputs(shape, seed=0, op="kda")
         fwd = tune_kernels.programs(tune_kernels.KERNEL_OPS["kda"])["fwd"]
-        table = _kda_launch_table(fwd, args, blocks)
-        self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 1), grid=(2, 1))])
-        tune_kernels.check_launches(table, blocks, shape, "fwd", op="kda")
+        table = _kda_launch_table(fwd, args, tuning)
+        self.assertEqual(table["channelwise_prepare"], [dict(launch=(2, 3), grid=(2, 1))])
+        self.assertEqual(table["channelwise_wu"], [dict(launch=(8, 1), grid=(2, 1))])
+        tune_kernels.check_launches(table, tuning, shape, "fwd", op="kda")
+        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_wu traced with launch "
+                                                  r"\(8, 1\), expected \(4, 3\)"):
+            tune_kernels.check_launches(table, {**tuning, "wu": (4, 3)}, shape, "fwd", op="kda")
         with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_prepare traced with launch "
-                                                  r"\(2, 1\), expected \(8, 1\)"):
-            tune_kernels.check_launches(table, tiles, shape, "fwd", op="kda")
+                                                  r"\(2, 3\), expected \(1, 3\)"):
+            tune_kernels.check_launches(table, {**tuning, "prepare": (1, 3)}, shape, "fwd",
+                                        op="kda")
+        wrong_grid = {**table, "channelwise_wu": [dict(launch=(8, 1), grid=(2, 2))]}
+        with self.assertRaisesRegex(RuntimeError, r"^fwd: channelwise_wu traced with grid "
+                                                  r"\(2, 2\), expected \(2, 1\)"):
+            tune_kernels.check_launches(wrong_grid, tuning, shape, "fwd", op="kda")
+        no_wu = {k: v for k, v in table.items() if k != "channelwise_wu"}
+        with self.assertRaisesRegex(RuntimeError, "^fwd: no pallas_call named channelwise_wu "):
+            tune_kernels.check_launches(no_wu, tuning, shape, "fwd", op="kda")
 
     def test_gdn_only_knobs_are_refused_for_the_channelwise_ops(self):
         with self.assertRaisesRegex(
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
                 r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, "
-                r"intra_token_heads, prepare_form, block_v, block_k, prepare_blocks_k, gamma, "
-                r"intra_token, prepare, prepare_blocks, forward, grad_blocks, backward_state, "
-                r"backward_chunk$"):
+                r"intra_token_heads, block_v, block_k, prepare_k, gamma, intra_token, prepare, "
+                r"wu, forward, grad_blocks, backward_state, backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])
         for knob in ("segments", "forward_state", "forward_output=4x1"):
             with self.assertRaisesRegex(app.UsageError, "is a knob of --op=gdn only"):
@@ -490,11 +524,10 @@ class TuneKernelsTest(absltest.TestCase):
                                                     "only"):
             tune_kernels.parse_knobs("intra_tf32")
         with self.assertRaisesRegex(app.UsageError, "unknown knob 'block_x'; choose from "
-                                                    "intra_tf32, intra_token_heads, prepare_form, "
-                                                    "block_v"):
+                                                    "intra_tf32, intra_token_heads, block_v"):
             tune_kernels.parse_knobs("block_x", "kda")
         # The forms that lost on the H200 are gone with their knobs (and the two-loop intra_grad
-        # before them).
+        # before them; the prepare forms' knobs: test_prepare_and_wu_knobs).
         for knob in ("intra_levels", "prepare_products", "products", "split_grads",
                      "intra_grad", "gamma_kernel", "intra", "intra_grad_rows"):
             with self.assertRaisesRegex(app.UsageError, f"unknown knob '{knob}'"):
@@ -502,9 +535,9 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaisesRegex(app.UsageError, "--start: unknown knob 'split_grads'"):
             tune_kernels.parse_start('{"split_grads": true}', channelwise_gpu.TUNING, "kda")
         self.assertEqual(list(tune_kernels.parse_knobs(None, "kda")),
-                         ["intra_tf32", "intra_token_heads", "prepare_form", "block_v", "block_k",
-                          "prepare_blocks_k", "gamma", "intra_token", "prepare", "prepare_blocks",
-                          "forward", "grad_blocks", "backward_state", "backward_chunk"])
+                         ["intra_tf32", "intra_token_heads", "block_v", "block_k", "prepare_k",
+                          "gamma", "intra_token", "prepare", "wu", "forward", "grad_blocks",
+                          "backward_state", "backward_chunk"])
         self.assertCountEqual(tune_kernels.CW_KNOBS, channelwise_gpu.TUNING)
         self.assertEqual(tune_kernels.parse_knobs("intra_token_heads,intra_token", "kda"),
                          {"intra_token_heads": [1, 2, 4, 8, 16],

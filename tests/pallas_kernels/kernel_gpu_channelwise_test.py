@@ -6,10 +6,9 @@ inputs, so every product is fp32 and the kernels must match the token-serial ref
 (``kda/reference.py``, ``gdn2/reference.py``) to fp32 rounding: outputs, final state, the
 residual u and all gradients (q, k, v, g, beta / b, w, initial_state); one case runs bf16
 inputs there too (bf16 operands, A and Mq stored in bf16) against the GPU gates.
-``PrepareFormsTest`` checks the "blocks" form of ``prepare`` (``TUNING["prepare_form"]``)
-against the default "tiles" form output by output, and the op with it against the references.
-``TritonLoweringTest`` lowers both forms for CUDA on any host. ``GpuTest`` (marked ``gpu``,
-skipped without a GPU) compiles the kernels with Triton, in either prepare form, and checks bf16
+``PrepareWidthsTest`` checks that ``prepare``'s key-block width changes its outputs by rounding
+only. ``TritonLoweringTest`` lowers the kernels for CUDA on any host. ``GpuTest`` (marked
+``gpu``, skipped without a GPU) compiles the kernels with Triton and checks bf16
 inputs against the fp32 reference by relative RMS error with FLA's gates (o and states 5e-3,
 dq/dk/dv/dh0 8e-3, gates 2e-2; ../shared/BENCHMARKS.md §5.5).
 """
@@ -149,11 +148,14 @@ class InterpretTest(parameterized.TestCase):
         self.check(op, seq_len=96, decay=10.0, seed=3)
 
     def test_token_parallel_intra_head_groups(self):
-        # Six heads: the token-parallel intra kernel runs two heads per program (the largest
-        # power of two dividing 6 within the cap of 4); GVA with two key heads.
-        self.assertEqual([kernel_gpu.intra_heads(h) for h in (1, 2, 5, 6, 16)], [1, 2, 1, 2, 4])
-        self.assertEqual(kernel_gpu.intra_heads(16, {"intra_token_heads": 16}), 16)
-        self.check("kda", seq_len=80, key_heads=2, heads=6, seed=7)
+        # Twelve heads under a cap of 8: the token-parallel intra kernel runs four heads per
+        # program (the largest power of two dividing 12 within the cap); GVA with two key heads.
+        self.assertEqual([kernel_gpu.intra_heads(h, {"intra_token_heads": 8})
+                          for h in (1, 2, 5, 6, 12, 16)], [1, 2, 1, 2, 4, 8])
+        self.assertEqual([kernel_gpu.intra_heads(h, {"intra_token_heads": 2})
+                          for h in (1, 5, 6, 16)], [1, 1, 2, 2])
+        with _tuning({"intra_token_heads": 8}):
+            self.check("kda", seq_len=80, key_heads=2, heads=12, seed=7)
 
     def test_intra_token_heads_below_one_is_an_error(self):
         # There is no other intra form to fall back on: a cap < 1 is refused, naming the entry,
@@ -227,12 +229,11 @@ def _packed_segment_ids(rows=_PACKED_ROWS):
     return jnp.asarray(np.stack([np.repeat(np.arange(len(r)), r) for r in rows]), jnp.int32)
 
 
-def _prepare_outputs(form, *, dtype, dim, packed, decay, block_k=None, seq_len=65, heads=2,
-                     seed=11):
-    """Every output of ``kernel_gpu._prepare`` (``intra`` + ``prepare``, A saved) in Pallas
-    interpret mode under ``TUNING["prepare_form"] = form`` (and ``prepare_blocks_k =
-    block_k``), on random inputs: ``{name: array}`` (w, u, a, mq, qg, kg, e). Two batch rows,
-    packed documents (:data:`_PACKED_ROWS`) if ``packed``, log-decays scaled by ``decay``."""
+def _prepare_outputs(prepare_k, *, dtype, dim, packed, decay, seq_len=65, heads=2, seed=11):
+    """Every output of ``kernel_gpu._prepare`` (``intra``, ``prepare`` and ``wu``, A saved) in
+    Pallas interpret mode under ``TUNING["prepare_k"] = prepare_k``, on random inputs:
+    ``{name: array}`` (w, u, a, mq, qg, kg, e). Two batch rows, packed documents
+    (:data:`_PACKED_ROWS`) if ``packed``, log-decays scaled by ``decay``."""
     inputs, _ = _inputs(seed, 2, seq_len, heads, heads, dim, dtype=dtype, decay=decay)
     chunk = kernel_gpu.CHUNK
     padded = -(-seq_len // chunk) * chunk
@@ -246,7 +247,7 @@ def _prepare_outputs(form, *, dtype, dim, packed, decay, block_k=None, seq_len=6
     g = pad(inputs["g"])
     gam = jnp.cumsum(g.reshape(2, padded // chunk, chunk, heads, dim), axis=2).reshape(g.shape)
     docs = (pallas_gpu.docs_from_segment_ids(_packed_segment_ids(), padded) if packed else ())
-    with mock.patch.dict(kernel_gpu.TUNING, {"prepare_form": form, "prepare_blocks_k": block_k}):
+    with mock.patch.dict(kernel_gpu.TUNING, {"prepare_k": prepare_k}):
         cfg = kernel_gpu._config(batch=2, heads=heads, n_chunks=padded // chunk, dk=dim, dv=dim,
                                  scale=dim ** -0.5, has_docs=packed, mm_dtype=dtype,
                                  interpret=True, return_residual=False)
@@ -255,90 +256,66 @@ def _prepare_outputs(form, *, dtype, dim, packed, decay, block_k=None, seq_len=6
     return {name[:-len("_ref")]: x for name, x in outs.items()}
 
 
-class PrepareFormsTest(parameterized.TestCase):
-    """The "blocks" form of ``prepare`` (16 x 16 sub-blocks as register tiles) against the
-    "tiles" form (whole [64, 64] tiles), output by output, in Pallas interpret mode: T = 65 (a
-    one-token tail chunk), K = V = 64 and 128, packed documents, log-decays to about -20 per
-    token; and the op's outputs and gradients with the blocks form against the fp32
-    reference."""
+class PrepareWidthsTest(parameterized.TestCase):
+    """``prepare``'s key-block width (``TUNING["prepare_k"]``) changes only the order of its
+    sums: outputs with the default width (16) against the whole key head dim in one block, in
+    Pallas interpret mode: T = 65 (a one-token tail chunk), K = V = 64 and 128, packed
+    documents, log-decays to about -20 per token. (The outputs themselves are checked through
+    the op against the fp32 reference in ``InterpretTest``.)"""
 
-    def test_blocks_form_matches_tiles_form(self):
-        # fp32, K = 64 in two key blocks of 32 (the blocks form's width; the tiles form runs
-        # block_k), packed documents, log-decays to about -20 per token.
-        self.check_forms(dtype=jnp.float32, dim=64, packed=True, decay=10.0, block_k=32)
+    def test_widths_agree(self):
+        # fp32, K = 64 in four key blocks of 16 against one of 64, packed documents,
+        # log-decays to about -20 per token.
+        self.check_widths(dtype=jnp.float32, dim=64, packed=True, decay=10.0)
 
     @parameterized.named_parameters(
-        ("fp32_k128_packed", jnp.float32, 128, True, 1.0, None),
-        ("fp32_k128_decay3_bk16", jnp.float32, 128, False, 3.0, 16),
-        ("bf16_k64_packed", jnp.bfloat16, 64, True, 1.0, None),
-        ("bf16_k128_packed_strong_decay_bk32", jnp.bfloat16, 128, True, 10.0, 32),
+        ("fp32_k128_packed", jnp.float32, 128, True, 1.0),
+        ("bf16_k64_packed", jnp.bfloat16, 64, True, 1.0),
+        ("bf16_k128_packed_strong_decay", jnp.bfloat16, 128, True, 10.0),
     )
-    @pytest.mark.slow  # ~20 s on 2 cores; the case above and K = 128 against the reference
-    def test_blocks_form_matches_tiles_form_more(self, dtype, dim, packed, decay, block_k):
-        self.check_forms(dtype=dtype, dim=dim, packed=packed, decay=decay, block_k=block_k)
+    @pytest.mark.slow  # ~15 s on 2 cores; the case above runs in CI
+    def test_widths_agree_more(self, dtype, dim, packed, decay):
+        self.check_widths(dtype=dtype, dim=dim, packed=packed, decay=decay)
 
-    def check_forms(self, **kwargs):
-        dtype = kwargs["dtype"]
-        want = _prepare_outputs("tiles", **dict(kwargs, block_k=None))
-        got = _prepare_outputs("blocks", **kwargs)
+    def check_widths(self, **kwargs):
+        dtype, dim = kwargs["dtype"], kwargs["dim"]
+        want = _prepare_outputs(dim, **kwargs)
+        got = _prepare_outputs(16, **kwargs)
         self.assertEqual(sorted(got), ["a", "e", "kg", "mq", "qg", "u", "w"])
         for name in sorted(want):
             a, e = (np.asarray(x[name], np.float32) for x in (got, want))
             self.assertEqual((a.shape, got[name].dtype), (e.shape, want[name].dtype), name)
-            if name in ("qg", "kg", "e"):  # the same elementwise ops in either form
+            self.assertTrue(np.all(np.isfinite(a)), name)
+            if name in ("qg", "kg", "e"):  # elementwise, in wu: no sum over key blocks
                 np.testing.assert_array_equal(a, e, err_msg=name)
             elif dtype == jnp.float32:
-                # fp32 to rounding: max difference relative to the largest entry (seen: 1e-7).
+                # fp32 to rounding: max difference relative to the largest entry.
                 self.assertLess(np.max(np.abs(a - e)), 1e-6 * np.max(np.abs(e)), name)
             else:
-                # bf16 outputs (A, Mq stored in bf16; W, U from bf16 operands): the forms may
-                # round a few entries to neighbouring bf16 values; far inside the GPU gates.
+                # bf16 outputs (A, Mq stored in bf16; W, U from bf16 operands): a few entries
+                # may round to neighbouring bf16 values; far inside the GPU gates.
                 self.assertLess(tolerances.rel_err(a, e), 2e-3, name)
-            if name in ("a", "mq"):  # zeros above the diagonal, written by either form
+            if name in ("a", "mq"):  # zeros above the diagonal, written by prepare
                 upper = np.triu(np.ones((64, 64), bool), 1)
                 self.assertFalse(np.any(a[..., upper]), name)
+            if name == "a":  # unit diagonal
+                np.testing.assert_allclose(np.diagonal(a, axis1=-2, axis2=-1), 1.0)
 
-    def test_blocks_form_against_reference(self):
-        # The op's outputs and every gradient with prepare_form="blocks" against the fp32
-        # reference, as InterpretTest checks the default form: KDA, K = V = 128 (two key
-        # blocks), packed documents (five and three per row, boundaries inside 16-row blocks and
-        # on chunk edges).
-        segment_ids = _packed_segment_ids(([10, 30, 3, 21, 36], [64, 1, 35]))
-        with _tuning({"prepare_form": "blocks"}):
-            _check_against_reference("kda", batch=2, seq_len=100, dim=128,
-                                     segment_ids=segment_ids, seed=2)
-
-    @parameterized.named_parameters(
-        ("gdn2_strong_decay_residual", "gdn2", dict(seq_len=96, decay=10.0, residual=True,
-                                                    seed=3)),
-        ("kda_k64_gva", "kda", dict(seq_len=70, key_heads=1, heads=2, seed=4)),
-        ("kda_k128_gva", "kda", dict(seq_len=70, key_heads=1, heads=2, dim=128, seed=4)),
-    )
-    @pytest.mark.slow  # ~25 s on 2 cores; the KDA case above runs in CI
-    def test_blocks_form_against_reference_more(self, op, kwargs):
-        with _tuning({"prepare_form": "blocks"}):
-            _check_against_reference(op, **kwargs)
-
-    def test_bad_form_and_width_are_errors(self):
+    def test_bad_width_is_an_error(self):
         # Refused by the op's static configuration, before any kernel runs.
         inputs, _ = _inputs(0, 1, 64, 1, 1, 64)
         args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
-        with _tuning({"prepare_form": "rows"}):
-            with self.assertRaisesRegex(ValueError, r'TUNING\["prepare_form"\] must be one of '
-                                                    r"\('tiles', 'blocks'\), got 'rows'"):
-                kda_ops.kda(*args, implementation="pallas_interpret")
-        with _tuning({"prepare_form": "blocks", "prepare_blocks_k": 48}):
-            with self.assertRaisesRegex(ValueError, r'TUNING\["prepare_blocks_k"\]=48 must '
-                                                    "divide the key head dim 64"):
-                kda_ops.kda(*args, implementation="pallas_interpret")
+        for width in (48, 8, 128):
+            with _tuning({"prepare_k": width}):
+                with self.assertRaisesRegex(ValueError, rf'TUNING\["prepare_k"\]={width} must '
+                                                        "divide the key head dim 64"):
+                    kda_ops.kda(*args, implementation="pallas_interpret")
         config = dict(batch=1, heads=1, n_chunks=1, dk=64, dv=64, scale=0.125, has_docs=False,
                       mm_dtype=jnp.float32, interpret=True, return_residual=False)
-        with _tuning({"prepare_blocks_k": 48}):  # the tiles form ignores it
-            self.assertEqual(kernel_gpu._config(**config)["prepare_form"], "tiles")
-        with _tuning({"prepare_form": "blocks", "prepare_blocks_k": 16}):
-            self.assertEqual(kernel_gpu._config(**config)["prepare_bk"], 16)
-        with _tuning({"prepare_form": "blocks", "prepare_blocks_k": None}):  # None: block_k
-            self.assertEqual(kernel_gpu._config(**config)["prepare_bk"], 64)  # (None: min(K, 64))
+        with _tuning({"prepare_k": 32}):
+            self.assertEqual(kernel_gpu._config(**config)["prepare_k"], 32)
+        with _tuning({"prepare_k": None}):  # None: block_k
+            self.assertEqual(kernel_gpu._config(**config)["prepare_k"], 64)  # (None: min(K, 64))
 
 
 class TritonLoweringTest(parameterized.TestCase):
@@ -346,8 +323,7 @@ class TritonLoweringTest(parameterized.TestCase):
     an op the lowering rejects fails here rather than on the next GPU run (jax >= 0.11 compiles
     the Triton kernels at this point)."""
 
-    @parameterized.parameters("tiles", "blocks")
-    def test_exports_for_cuda(self, prepare_form):
+    def test_exports_for_cuda(self):
         inputs, _ = _inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
         segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
         args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
@@ -359,7 +335,7 @@ class TritonLoweringTest(parameterized.TestCase):
             o, vjp = jax.vjp(f, q, k, v, g, beta)
             return vjp(o) + (o,)
 
-        with _tuning({"prepare_form": prepare_form}), pallas_gpu.abstract_gpu_target():
+        with pallas_gpu.abstract_gpu_target():
             exported = jax.export.export(
                 jax.jit(fwdbwd_gpu), platforms=["cuda"],
                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
@@ -367,7 +343,7 @@ class TritonLoweringTest(parameterized.TestCase):
             text = exported.mlir_module()
         # Every kernel once, and no other channelwise kernel.
         self.assertEqual(collections.Counter(re.findall(r'name = "channelwise_(\w+)"', text)),
-                         collections.Counter(["gamma", "intra", "prepare", "forward",
+                         collections.Counter(["gamma", "intra", "prepare", "wu", "forward",
                                               "backward_state", "grad_blocks", "backward_chunk"]))
 
 
@@ -380,13 +356,8 @@ class GpuTest(parameterized.TestCase):
         if jax.default_backend() != "gpu":
             self.skipTest("needs a GPU")
 
-    @parameterized.product(op=("kda", "gdn2"), packed=(False, True), dim=(64, 128),
-                           prepare_form=("tiles", "blocks"))
-    def test_bf16_against_fp32_reference(self, op, packed, dim, prepare_form):
-        with _tuning({"prepare_form": prepare_form}):
-            self.check_bf16(op, packed, dim)
-
-    def check_bf16(self, op, packed, dim):
+    @parameterized.product(op=("kda", "gdn2"), packed=(False, True), dim=(64, 128))
+    def test_bf16_against_fp32_reference(self, op, packed, dim):
         seq_len = 1000
         segment_ids = None
         if packed:
