@@ -20,8 +20,8 @@ Each variant is a set of TUNING overrides; every variant's outputs are compared 
 variant of its stage (max abs difference over the entries the stage defines, which should be
 rounding: the variants compute the same sums, in another order at most; records also carry
 ``max_abs``, the largest output magnitude, to scale it: bf16 outputs can differ by one bf16
-step of it). Inputs: bf16 q, k,
-kr = beta k (unit-norm-scale k) and fp32 gamma, the within-chunk cumsum of
+step of it). Inputs: bf16 q, k (unit-norm scale), v, fp32 beta (the read-key and write-value
+scale, as KDA) and fp32 gamma, the within-chunk cumsum of
 ``logsigmoid(N(0, 1))`` per channel (the tune_kernels KDA inputs). Times: median of
 ``--iters`` synced calls and the mean of ``--iters`` back-to-back calls with one sync
 (``loop``), after three untimed calls (the first compiles), in ms. A variant that fails is
@@ -110,18 +110,19 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def make_inputs(shape, seed=0):
-    """``(q, k, kr, vw, gamma)`` at ``shape`` (T padded to a multiple of 64 by the caller)."""
+    """``(q, k, v, beta, gamma)`` at ``shape`` (T a multiple of 64): bf16 q, k (scale K^-0.5),
+    v; fp32 beta ``[B, T, H, 1]`` (the KDA read-key and write-value scale) and gamma."""
     bsz, seq_len, heads, dim = shape
     ks = jax.random.split(jax.random.PRNGKey(seed), 6)
     bf = jnp.bfloat16
     q = jax.random.normal(ks[0], (bsz, seq_len, heads, dim)).astype(bf)
-    k = jax.random.normal(ks[1], (bsz, seq_len, heads, dim)) * dim ** -0.5
+    k = (jax.random.normal(ks[1], (bsz, seq_len, heads, dim)) * dim ** -0.5).astype(bf)
     beta = jax.nn.sigmoid(jax.random.normal(ks[2], (bsz, seq_len, heads, 1)))
-    vw = (jax.random.normal(ks[3], (bsz, seq_len, heads, dim)) * beta).astype(bf)
+    v = jax.random.normal(ks[3], (bsz, seq_len, heads, dim)).astype(bf)
     g = jax.nn.log_sigmoid(jax.random.normal(ks[4], (bsz, seq_len, heads, dim)))
     n = seq_len // kernel_gpu.CHUNK
     gam = jnp.cumsum(g.reshape(bsz, n, kernel_gpu.CHUNK, heads, dim), axis=2)
-    return q, k.astype(bf), (k * beta).astype(bf), vw, gam.reshape(g.shape)
+    return q, k, v, beta, gam.reshape(g.shape)
 
 
 def _stage_fn(stage, shape, interpret):
@@ -130,9 +131,9 @@ def _stage_fn(stage, shape, interpret):
                              dk=dim, dv=dim, scale=dim ** -0.5, has_docs=False,
                              mm_dtype=jnp.bfloat16, interpret=interpret, return_residual=False)
     if stage == "intra":
-        return jax.jit(lambda q, k, kr, vw, gam: kernel_gpu._intra(cfg, q, k, kr, gam))
-    return jax.jit(lambda q, k, kr, vw, gam: kernel_gpu._prepare(cfg, q, k, kr, vw, gam, (),
-                                                                 save_a=False))
+        return jax.jit(lambda q, k, v, beta, gam: kernel_gpu._intra(cfg, q, k, beta, gam))
+    return jax.jit(lambda q, k, v, beta, gam: kernel_gpu._prepare(
+        cfg, q, k, v, beta, beta, gam, (), save_a=False))
 
 
 def _written(stage, leaves):

@@ -108,8 +108,8 @@ def kda(shape, with_vjp):
                 jax.ShapeDtypeStruct((b, t, h), jnp.float32)])
 
     def fwd(q, k, v, g, beta):
-        vw = (v.astype(jnp.float32) * beta[..., None]).astype(v.dtype)
-        return channelwise_gpu.channelwise_delta_pallas(q, k, k, vw, g, scale=d ** -0.5)[0]
+        return channelwise_gpu.channelwise_delta_pallas(q, k, v, g, beta, beta,
+                                                        scale=d ** -0.5)[0]
 
     return _with_vjp(fwd, with_vjp), specs
 

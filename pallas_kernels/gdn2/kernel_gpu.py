@@ -7,9 +7,15 @@ One generic recurrence serves Kimi Delta Attention (paper arXiv 2607.07953, Eqs.
     S~_t = Diag(exp g_t) S_{t-1},  u_t = vw_t - S~_t^T kr_t,  S_t = S~_t + k_t u_t^T,
     o_t  = scale S_t^T q_t.
 
-Forward and backward are a ``jax.custom_vjp`` over ``(q, k, kr, vw, g, h0)``; the products
-``kr``, ``vw`` are computed by XLA outside it, so autodiff carries their gradients to beta / b
-and w. Inside, the ``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
+Forward and backward are a ``jax.custom_vjp`` over ``(q, k, v, ks, vs, g, h0)`` with
+``kr = k ks`` and ``vw = v vs`` (the scales: beta for KDA, b and w for GDN-2). The forward
+kernels form those products themselves (:func:`_scaled`: fp32, rounded once to the operand
+dtype), so no separate pass over k and v runs before them; the backward forms ``kr`` in XLA for
+its kernels and applies the products' chain rule to dkr and dvw (dk, dv and the scales'
+gradients). (Until 2026-11-30 XLA formed ``kr`` and ``vw`` before the kernels: 125 us of the KDA
+forward at S1, 245 us of GDN-2's, H200; the fold is unmeasured on a GPU as of that day: the
+forward's outputs are bitwise those of the earlier form in interpret mode.) Inside, the
+``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
 returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
 
 Chunk form (C = 64 tokens per chunk, entry state S_0 in R^{K x V}, gamma [C, K] the fp32
@@ -365,7 +371,7 @@ def intra_heads(heads: int, tuning=None) -> int:
     return n
 
 
-def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
+def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
     """The ``intra`` kernel: the diagonal 16 x 16 blocks of Mk and Mq, one row at a time.
 
     One program per token t (row i of its chunk) and group of ``cfg["intra_heads"]`` heads
@@ -385,7 +391,9 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
     n, i = t // CHUNK, t % CHUNK
     i_sub = i % SUB
     g_i = gam_ref[b, t, hsl, :]  # [nh, K]
-    x_k, x_q = kr_ref[b, t, hsl, :].astype(F32), q_ref[b, t, hsl, :].astype(F32)
+    x_k = _scaled(k_ref[b, t, hsl, :].astype(F32), ks_ref, b, t, hsl, slice(None),
+                  cfg["mm_dtype"])  # kr_t = k_t ks_t
+    x_q = q_ref[b, t, hsl, :].astype(F32)
 
     def column(jj, carry):  # column jj of the row, stored as soon as it is summed
         j = t - i_sub + jj
@@ -397,14 +405,14 @@ def _intra_tokens_kernel(q_ref, k_ref, kr_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
     jax.lax.fori_loop(0, i_sub + 1, column, 0)
 
 
-def _intra(cfg, q, k, kr, gam):
+def _intra(cfg, q, k, ks, gam):
     """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_tokens_kernel`
     (a program per token and group of ``cfg["intra_heads"]`` heads)."""
     bsz, _, heads, _ = k.shape
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
     outs = _pallas(
         _intra_tokens_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)],
+        inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("gam_ref", gam)],
         outputs=[("mkd_ref", mats), ("mqd_ref", mats)],
         grid=(bsz * cfg["n_chunks"] * CHUNK, heads // cfg["intra_heads"]), tune="intra_token",
         name="channelwise_intra",
@@ -549,6 +557,16 @@ def _gamma(cfg, g):
     return outs["gam_ref"]
 
 
+def _scaled(x, s_ref, b, tsl, hsl, csl, mdt):
+    """``x * s`` of a loaded block ``x`` (fp32, read at ``[b, tsl, hsl, csl]``), rounded once
+    to the operand dtype ``mdt`` and returned as fp32: ``kr = k ks`` or ``vw = v vs`` formed in
+    the kernel from the raw tensor and its fp32 scale (``s_ref``'s last dim is 1, broadcast over
+    the channels, or the full head dim), the same values XLA's ``(k * ks).astype(mdt)`` gives
+    (IEEE fp32 product, round to nearest even)."""
+    s = s_ref[b, tsl, hsl, pl.ds(0, 1) if s_ref.shape[-1] == 1 else csl]
+    return (x * s).astype(mdt).astype(F32)
+
+
 def _conn_last(conn):
     """``conn`` of the chunk's last token (a scalar), or ``None`` without documents."""
     return None if conn is None else _last(conn, CHUNK)
@@ -558,7 +576,7 @@ def _conn_last(conn):
 # Kernel 1: intra-chunk preparation.
 
 
-def _prepare_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, mkd_ref, mqd_ref,
+def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, mkd_ref, mqd_ref,
                     a_ref, mq_ref, *, cfg):
     """The ``prepare`` kernel: Mk, Mq and ``A = (I + Mk)^{-1}`` of one chunk, computed on its
     16 x 16 sub-blocks held as separate register tiles (``[16, 16]`` and ``[16, BK]`` values),
@@ -642,7 +660,8 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, 
             ksl = pl.ds(kb * bk, bk)
             ref_row = gam_ref[b, t0 + SUB * i, h, ksl][None, :]  # r_i: block i's first row
             row_fac = jnp.exp(gam_ref[b, rows(i), h, ksl] - ref_row)
-            xk = kr_ref[b, rows(i), h, ksl].astype(F32) * row_fac
+            xk = _scaled(k_ref[b, rows(i), h, ksl].astype(F32), ks_ref, b, rows(i), h, ksl,
+                         mdt) * row_fac  # kr rows
             xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
 
             def products(j):  # the Mk and Mq tiles of column block j < i
@@ -691,10 +710,11 @@ def _prepare_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, 
             a_ref[b, h, n, blk(i), blk(j)] = amat.get((i, j), zero).astype(a_ref.dtype)
 
 
-def _wu_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
+def _wu_kernel(q_ref, k_ref, ks_ref, v_ref, vs_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
                w_ref, u_ref, qg_ref, kg_ref, e_ref, *, cfg):
     """The ``wu`` kernel: ``W = A (kr E_in)``, ``U = A vw`` (the WY representation, paper 1
-    Eqs. 18-24; FLA's ``recompute_w_u``), ``qg = q E_in``, ``kg = k E_out`` and ``e_all`` of one
+    Eqs. 18-24; FLA's ``recompute_w_u``; ``kr = k ks`` and ``vw = v vs`` formed here by
+    :func:`_scaled`), ``qg = q E_in``, ``kg = k E_out`` and ``e_all`` of one
     chunk on whole ``[C, BK]`` / ``[C, BV]`` tiles, with A from :func:`_prepare_kernel`
     (operand dtype; one ``[C, C] x [C, BK]`` tensor-core product per key or value block, fp32
     accumulation). ``E_in = exp(gamma)``, ``E_out = exp(gamma_last - gamma)``, ``e_all =
@@ -715,24 +735,28 @@ def _wu_kernel(q_ref, k_ref, kr_ref, vw_ref, gam_ref, doc_ref, conn_ref, last_re
         g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
         e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
         qg_ref[b, tsl, h, ksl] = (q_ref[b, tsl, h, ksl].astype(F32) * e_in).astype(qg_ref.dtype)
-        kg_ref[b, tsl, h, ksl] = (k_ref[b, tsl, h, ksl].astype(F32) * e_out).astype(kg_ref.dtype)
+        k = k_ref[b, tsl, h, ksl].astype(F32)
+        kg_ref[b, tsl, h, ksl] = (k * e_out).astype(kg_ref.dtype)
         e_ref[b, h, n, ksl] = e_all
-        krg = kr_ref[b, tsl, h, ksl].astype(F32) * e_in
+        krg = _scaled(k, ks_ref, b, tsl, h, ksl, mdt) * e_in
         w_ref[b, tsl, h, ksl] = mm(amat, krg, mdt).astype(w_ref.dtype)
     for vb in range(cfg["dv"] // bv):
         vsl = pl.ds(vb * bv, bv)
-        u_ref[b, tsl, h, vsl] = mm(amat, vw_ref[b, tsl, h, vsl], mdt).astype(u_ref.dtype)
+        vw = _scaled(v_ref[b, tsl, h, vsl].astype(F32), vs_ref, b, tsl, h, vsl, mdt)
+        u_ref[b, tsl, h, vsl] = mm(amat, vw, mdt).astype(u_ref.dtype)
 
 
-def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
+def _prepare(cfg, q, k, v, ks, vs, gam, docs, *, save_a):
     """The ``intra``, ``prepare`` and ``wu`` kernels (named ``channelwise_intra``,
-    ``channelwise_prepare`` and ``channelwise_wu``). Returns ``{ref name: array}``: ``w_ref``,
-    ``u_ref``, ``qg_ref``, ``kg_ref`` (operand dtype, ``[B, Tp, H, K or V]``), ``mq_ref`` and
-    (``save_a``) ``a_ref`` (operand dtype, ``[B, H, N, C, C]``, zero above the diagonal) and
+    ``channelwise_prepare`` and ``channelwise_wu``), which form ``kr = k ks`` and ``vw = v vs``
+    themselves (fp32 scales ``ks`` ``[B, Tp, H, 1 or K]``, ``vs`` ``[B, Tp, H, 1 or V]``).
+    Returns ``{ref name: array}``: ``w_ref``, ``u_ref``, ``qg_ref``, ``kg_ref`` (operand dtype,
+    ``[B, Tp, H, K or V]``), ``mq_ref`` and (``save_a``) ``a_ref`` (operand dtype,
+    ``[B, H, N, C, C]``, zero above the diagonal) and
     ``e_ref`` (fp32 ``[B, H, N, K]``)."""
-    mkd, mqd = _intra(cfg, q, k, kr, gam)
+    mkd, mqd = _intra(cfg, q, k, ks, gam)
     bsz, tp, heads, dk = k.shape
-    dv = vw.shape[-1]
+    dv = v.shape[-1]
     nc = cfg["n_chunks"]
     # A and Mq in the tensor-core operand dtype: every consumer (wu, forward, backward_state,
     # _chunk_dr) rounds them to it before its product, so storing them rounded changes nothing
@@ -741,18 +765,18 @@ def _prepare(cfg, q, k, kr, vw, gam, docs, *, save_a):
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
     outs = _pallas(
         _prepare_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("gam_ref", gam)]
+        inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("gam_ref", gam)]
         + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd)],
         outputs=[("a_ref", mats), ("mq_ref", mats)],
         grid=(nc, bsz * heads), tune="prepare", name="channelwise_prepare",
     )
     outs.update(_pallas(
         _wu_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("kr_ref", kr), ("vw_ref", vw), ("gam_ref", gam)]
-        + _doc_inputs(docs) + [("a_ref", outs["a_ref"])],
+        inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("v_ref", v), ("vs_ref", vs),
+                ("gam_ref", gam)] + _doc_inputs(docs) + [("a_ref", outs["a_ref"])],
         outputs=[
             ("w_ref", tok_k),
-            ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), vw.dtype)),
+            ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), v.dtype)),
             ("qg_ref", tok_k),
             ("kg_ref", tok_k),
             ("e_ref", jax.ShapeDtypeStruct((bsz, heads, nc, dk), F32)),
@@ -964,32 +988,46 @@ def _make_core(static):
     cfg = dict(static)
     residual = cfg["return_residual"]
 
-    def forward(q, k, kr, vw, g, h0, docs, *, save):
+    def forward(q, k, v, ks, vs, g, h0, docs, *, save):
         # The within-chunk cumsum of g runs here, so the backward returns dg (not d gamma).
         gam = _gamma(cfg, g)
-        prep = _prepare(cfg, q, k, kr, vw, gam, docs, save_a=save)
+        prep = _prepare(cfg, q, k, v, ks, vs, gam, docs, save_a=save)
         o, ht, vn, hs = _forward(cfg, prep, h0, save=save)
         return o, ht, vn, hs, prep, gam
 
     @jax.custom_vjp
-    def core(q, k, kr, vw, g, h0, docs):
-        o, ht, vn, _, _, _ = forward(q, k, kr, vw, g, h0, docs, save=False)
+    def core(q, k, v, ks, vs, g, h0, docs):
+        o, ht, vn, _, _, _ = forward(q, k, v, ks, vs, g, h0, docs, save=False)
         return (o, ht, vn) if residual else (o, ht)
 
-    def core_fwd(q, k, kr, vw, g, h0, docs):
-        o, ht, vn, hs, prep, gam = forward(q, k, kr, vw, g, h0, docs, save=True)
+    def core_fwd(q, k, v, ks, vs, g, h0, docs):
+        o, ht, vn, hs, prep, gam = forward(q, k, v, ks, vs, g, h0, docs, save=True)
         out = (o, ht, vn) if residual else (o, ht)
         keep = {n: prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref", "a_ref")}
-        return out, (q, k, kr, gam, docs, keep, hs, vn)
+        return out, (q, k, v, ks, vs, gam, docs, keep, hs, vn)
 
     def core_bwd(res, cts):
-        q, k, kr, gam, docs, prep, hs, vn = res
+        q, k, v, ks, vs, gam, docs, prep, hs, vn = res
         do = cts[0].astype(q.dtype)
         dvn_out = cts[2] if residual else None
         dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
+        # kr as the forward kernels formed it (the fp32 product rounded once); the backward
+        # kernels read it whole.
+        kf, vf = k.astype(F32), v.astype(F32)
+        kr = (kf * ks).astype(k.dtype)
         dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"], hs,
                                                dhs, do, vn, dvn)
-        return dq, dk, dkr, dvw, dg, dh0, tuple(None for _ in docs)
+        # Through kr = k ks and vw = v vs (fp32): dk += ks dkr, dks = k dkr, dv = vs dvw,
+        # dvs = v dvw, each scale's share summed over the channels it broadcasts over.
+        dkr, dvw = dkr.astype(F32), dvw.astype(F32)
+        dk = (dk.astype(F32) + ks * dkr).astype(k.dtype)
+        dv = (vs * dvw).astype(v.dtype)
+        dks, dvs = kf * dkr, vf * dvw
+        if ks.shape[-1] == 1:
+            dks = jnp.sum(dks, axis=-1, keepdims=True)
+        if vs.shape[-1] == 1:
+            dvs = jnp.sum(dvs, axis=-1, keepdims=True)
+        return dq, dk, dv, dks, dvs, dg, dh0, tuple(None for _ in docs)
 
     core.defvjp(core_fwd, core_bwd)
     return core
@@ -998,9 +1036,10 @@ def _make_core(static):
 def channelwise_delta_pallas(
     q: jax.Array,
     k: jax.Array,
-    k_read: jax.Array,
-    v_write: jax.Array,
+    v: jax.Array,
     g: jax.Array,
+    k_scale: jax.Array,
+    v_scale: jax.Array,
     *,
     scale: float,
     initial_state: Optional[jax.Array] = None,
@@ -1011,16 +1050,22 @@ def channelwise_delta_pallas(
     """The per-channel-decay delta rule on the Pallas GPU kernels (module docstring).
 
     ``u_t = vw_t - (Diag(e^{g_t}) S_{t-1})^T kr_t``, ``S_t = Diag(e^{g_t}) S_{t-1} + k_t u_t^T``,
-    ``o_t = scale S_t^T q_t`` (paper arXiv 2607.07953, Eqs. 18-24; spec §2.4/§2.6); the same
-    result as :func:`pallas_kernels.gdn2.chunked.channelwise_delta_chunked`. Gradients w.r.t.
-    q, k, k_read, v_write, g and ``initial_state`` come from the kernels' ``custom_vjp``.
+    ``o_t = scale S_t^T q_t`` (paper arXiv 2607.07953, Eqs. 18-24; spec §2.4/§2.6) with the read
+    key ``kr_t = k_t * k_scale_t`` and the write value ``vw_t = v_t * v_scale_t`` (KDA: both
+    scales beta_t; GDN-2: the erase gate b_t and the write gate w_t), each product formed in
+    fp32 inside the kernels and rounded once to the operand dtype (no separate XLA pass over k
+    and v); the same result as :func:`pallas_kernels.gdn2.chunked.channelwise_delta_chunked`
+    given ``kr`` and ``vw``. Gradients w.r.t. q, k, v, g, both scales and ``initial_state``
+    come from the kernels' ``custom_vjp``.
 
     Args:
       q: queries ``[B, T, H, K]`` (already expanded to the value heads), bf16/fp16/fp32.
       k: keys ``[B, T, H, K]`` (the write key).
-      k_read: read keys ``kr`` ``[B, T, H, K]``.
-      v_write: write values ``vw`` ``[B, T, H, V]``.
+      v: values ``[B, T, H, V]``.
       g: per-key-channel log-decay ``[B, T, H, K]`` (natural log, ``<= 0``); fp32 internally.
+      k_scale: the read key's scale, ``[B, T, H]`` (one per head and token) or ``[B, T, H, K]``;
+        fp32 internally.
+      v_scale: the write value's scale, ``[B, T, H]`` or ``[B, T, H, V]``; fp32 internally.
       scale: read-out scale.
       initial_state: ``[B, H, K, V]`` (fp32) or ``None`` for zeros.
       segment_ids: optional int ``[B, T]``; the state resets where the id changes.
@@ -1029,22 +1074,31 @@ def channelwise_delta_pallas(
 
     Returns:
       ``(o [B, T, H, V], final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``; o and u in
-      the operand dtype (bf16/fp16 when q, k, kr, vw all are, else fp32).
+      the operand dtype (bf16/fp16 when q, k, v all are, else fp32).
 
     Raises:
-      ValueError: if K or V is not 64 or 128 (callers dispatch those to the chunked form).
+      ValueError: if K or V is not 64 or 128 (callers dispatch those to the chunked form), or
+        ``k_scale`` / ``v_scale`` (named) is not shaped ``[B, T, H]`` or like ``k`` / ``v``.
     """
     from pallas_kernels import common
 
     bsz, seq_len, heads, dk = q.shape
-    dv = v_write.shape[-1]
+    dv = v.shape[-1]
     if dk not in pallas_gpu.SUPPORTED_HEAD_DIMS or dv not in pallas_gpu.SUPPORTED_HEAD_DIMS:
         raise ValueError(f"the Pallas kernels support head dims {pallas_gpu.SUPPORTED_HEAD_DIMS},"
                          f" got K={dk}, V={dv}")
-    mdt = pallas_gpu.matmul_dtype(q, k, k_read, v_write)
+    scales = []
+    for name, x, like in (("k_scale", k_scale, k), ("v_scale", v_scale, v)):
+        if x.shape == like.shape[:3]:
+            x = x[..., None]
+        elif x.shape != like.shape:
+            raise ValueError(f"{name} must be shaped {like.shape[:3]} or {like.shape}, "
+                             f"got {x.shape}")
+        scales.append(common.pad_time(x.astype(F32), CHUNK))
+    mdt = pallas_gpu.matmul_dtype(q, k, v)
     padded = -(-seq_len // CHUNK) * CHUNK
     n_chunks = padded // CHUNK
-    q, k, kr, vw = (common.pad_time(x.astype(mdt), CHUNK) for x in (q, k, k_read, v_write))
+    q, k, v = (common.pad_time(x.astype(mdt), CHUNK) for x in (q, k, v))
     cfg = _config(
         batch=bsz, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=float(scale),
         has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
@@ -1055,7 +1109,7 @@ def channelwise_delta_pallas(
         initial_state = jnp.zeros((bsz, heads, dk, dv), F32)
     h0 = initial_state.astype(F32)
     docs = () if segment_ids is None else pallas_gpu.docs_from_segment_ids(segment_ids, padded)
-    outs = _make_core(tuple(sorted(cfg.items())))(q, k, kr, vw, gpad, h0, docs)
+    outs = _make_core(tuple(sorted(cfg.items())))(q, k, v, *scales, gpad, h0, docs)
     u = outs[2][:, :seq_len] if return_residual else None
     return outs[0][:, :seq_len], outs[1], u
 
@@ -1076,8 +1130,8 @@ def gdn2_pallas(
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array]]:
     """GDN-2 (arXiv 2607.07953, Eqs. 21-24; spec §2.6) on the Pallas GPU kernels.
 
-    :func:`channelwise_delta_pallas` with ``kr = b * k`` and ``vw = w * v``, both formed in fp32
-    by XLA (outside the ``custom_vjp``, so autodiff gives db, dw) and cast to the operand dtype.
+    :func:`channelwise_delta_pallas` with ``kr = b * k`` and ``vw = w * v`` (formed in fp32 in the
+    kernels; db and dw from their ``custom_vjp``).
 
     Args:
       q: queries ``[B, T, H, K]`` (already expanded to the value heads), bf16/fp16/fp32.
@@ -1095,12 +1149,9 @@ def gdn2_pallas(
     Raises:
       ValueError: if K or V is not 64 or 128.
     """
-    mdt = pallas_gpu.matmul_dtype(q, k, v)
-    kr = (b.astype(F32) * k.astype(F32)).astype(mdt)
-    vw = (w.astype(F32) * v.astype(F32)).astype(mdt)
     o, state, u = channelwise_delta_pallas(
-        q.astype(mdt), k.astype(mdt), kr, vw, g, scale=scale, initial_state=initial_state,
-        segment_ids=segment_ids, return_residual=return_residual, interpret=interpret)
+        q, k, v, g, b, w, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+        return_residual=return_residual, interpret=interpret)
     return o.astype(v.dtype), state, None if u is None else u.astype(v.dtype)
 
 

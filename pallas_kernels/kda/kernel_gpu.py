@@ -14,9 +14,7 @@ The kernels, their numerics and the backward are documented there.
 from typing import Optional, Tuple
 
 import jax
-import jax.numpy as jnp
 
-from pallas_kernels.common import pallas_gpu
 from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
 
 
@@ -35,8 +33,9 @@ def kda_pallas(
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array]]:
     """KDA on the Pallas GPU kernels (forward and ``custom_vjp`` backward).
 
-    ``kr = beta k`` and ``vw = beta v`` are formed in fp32 by XLA outside the kernels'
-    ``custom_vjp`` (autodiff gives dbeta) and cast to the operand dtype.
+    :func:`pallas_kernels.gdn2.kernel_gpu.channelwise_delta_pallas` with ``kr = beta k`` and
+    ``vw = beta v`` (formed in fp32 in the kernels and rounded once to the operand dtype; dbeta
+    from their ``custom_vjp``).
 
     Args:
       q: queries ``[B, T, H, K]`` (already expanded to the value heads), bf16/fp16/fp32.
@@ -56,12 +55,7 @@ def kda_pallas(
     Raises:
       ValueError: if K or V is not 64 or 128.
     """
-    f32 = jnp.float32
-    mdt = pallas_gpu.matmul_dtype(q, k, v)
-    bt = beta.astype(f32)[..., None]
-    kr = (bt * k.astype(f32)).astype(mdt)
-    vw = (bt * v.astype(f32)).astype(mdt)
     o, state, u = channelwise_gpu.channelwise_delta_pallas(
-        q.astype(mdt), k.astype(mdt), kr, vw, g, scale=scale, initial_state=initial_state,
+        q, k, v, g, beta, beta, scale=scale, initial_state=initial_state,
         segment_ids=segment_ids, return_residual=return_residual, interpret=interpret)
     return o.astype(v.dtype), state, None if u is None else u.astype(v.dtype)

@@ -221,6 +221,28 @@ class InterpretTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "chunk_size=32"):
             gdn2_ops.gdn2(*gdn2_args, chunk_size=32, implementation="pallas_interpret")
 
+    def test_scale_shapes(self):
+        # The read-key / write-value scales are per head ([B, T, H], KDA's beta) or per channel
+        # (shaped like k / v, GDN-2's b and w); a per-head scale equals its broadcast per-channel
+        # form exactly, and any other shape is refused, naming the argument.
+        inputs, _ = _inputs(1, 1, 70, 1, 1, 64)
+        q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+
+        def run(ks, vs):
+            return kernel_gpu.channelwise_delta_pallas(q, k, v, g, ks, vs, scale=0.125,
+                                                       interpret=True)
+
+        per_head = run(beta, beta)
+        per_channel = run(jnp.broadcast_to(beta[..., None], k.shape),
+                          jnp.broadcast_to(beta[..., None], v.shape))
+        for a, e in zip(per_head, per_channel):
+            np.testing.assert_array_equal(a, e)
+        with self.assertRaisesRegex(ValueError, r"k_scale must be shaped \(1, 70, 1\) or "
+                                                r"\(1, 70, 1, 64\), got \(1, 70, 1, 32\)"):
+            run(k[..., :32], beta)
+        with self.assertRaisesRegex(ValueError, "v_scale must be shaped"):
+            run(beta, beta[:, :64])
+
 
 _PACKED_ROWS = ([10, 30, 3, 22], [64, 1])  # T = 65: boundaries inside 16-row blocks and at 64
 
@@ -242,8 +264,7 @@ def _prepare_outputs(prepare_k, *, dtype, dim, packed, decay, seq_len=65, heads=
         return jnp.pad(x, ((0, 0), (0, padded - seq_len)) + ((0, 0),) * (x.ndim - 2))
 
     q, k, v = (pad(inputs[n]) for n in ("q", "k", "v"))
-    kr = (k.astype(jnp.float32) * pad(inputs["b"])).astype(dtype)
-    vw = (v.astype(jnp.float32) * pad(inputs["w"])).astype(dtype)
+    ks, vs = pad(inputs["b"]), pad(inputs["w"])  # GDN-2's per-channel scales
     g = pad(inputs["g"])
     gam = jnp.cumsum(g.reshape(2, padded // chunk, chunk, heads, dim), axis=2).reshape(g.shape)
     docs = (pallas_gpu.docs_from_segment_ids(_packed_segment_ids(), padded) if packed else ())
@@ -252,7 +273,7 @@ def _prepare_outputs(prepare_k, *, dtype, dim, packed, decay, seq_len=65, heads=
                                  scale=dim ** -0.5, has_docs=packed, mm_dtype=dtype,
                                  interpret=True, return_residual=False)
     fn = jax.jit(lambda *xs: kernel_gpu._prepare(cfg, *xs, docs, save_a=True))
-    outs = fn(q, k, kr, vw, gam)
+    outs = fn(q, k, v, ks, vs, gam)
     return {name[:-len("_ref")]: x for name, x in outs.items()}
 
 
