@@ -11,7 +11,9 @@ kernel one call launches over ``--iters`` calls (JAX: a ``jax.profiler`` trace, 
 and XLA glue alike; torch: ``torch.profiler`` self device time); wall clock is the median of
 ``--iters`` calls after ``--warmup`` calls with a device sync after each (JAX:
 ``block_until_ready``; torch: ``triton.testing.do_bench``, which also flushes L2), and for JAX
-also the mean over ``--iters`` calls dispatched back to back with one sync. fla runs in a
+also the mean over ``--iters`` calls dispatched back to back with one sync. The same traces
+give each record's per-kernel breakdown (``kernels``: ms per call of its largest kernels by
+name, listed below the table), where a pass's time goes in ours and in the peers. fla runs in a
 separate torch process started by this binary (``--torch_worker``), with
 ``FLA_DISABLE_BACKEND_DISPATCH=1`` and FLA's Triton-3.6 guard on the gated backward lifted for
 timing only (fla issue #640: its dbeta/dg are then unreliable).
@@ -237,12 +239,39 @@ def device_ms_from_trace(events, calls):
     return total / 1e3 / calls if total > 0 else None
 
 
+BREAKDOWN_TOP = 8  # kernels named per record; the rest are summed as "(other)"
+
+
+def kernel_breakdown(durations, calls, top=BREAKDOWN_TOP):
+    """Device time per call by kernel name (ms), largest first: ``{name: ms}`` of the ``top``
+    largest names, the rest summed under ``"(other)"``; ``None`` if nothing ran.
+
+    Args:
+      durations: ``(name, duration_us)`` pairs of every kernel launch of ``calls`` calls.
+      calls: how many calls the durations cover (>= 1).
+    """
+    totals = {}
+    for name, dur in durations:
+        totals[name] = totals.get(name, 0.0) + float(dur)
+    if not totals or sum(totals.values()) <= 0:
+        return None
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1])
+    out = {name: us / 1e3 / calls for name, us in ranked[:top]}
+    if len(ranked) > top:
+        out["(other)"] = sum(us for _, us in ranked[top:]) / 1e3 / calls
+    return out
+
+
 def _kernel_ms_jax(f, args, kwargs):
     """§5.4's primary metric for JAX: the summed device durations of every kernel of one call
-    (Pallas kernels and XLA glue alike), from a ``jax.profiler`` trace of ``--iters`` calls."""
+    (Pallas kernels and XLA glue alike), from a ``jax.profiler`` trace of ``--iters`` calls;
+    returns ``(ms, breakdown)`` (:func:`kernel_breakdown`; both ``None`` without a trace)."""
     from lattn_jax import benchmark
     events = benchmark.trace_events(lambda: f(*args, **kwargs), _ITERS.value)
-    return device_ms_from_trace(events, _ITERS.value) if events else None
+    if not events:
+        return None, None
+    kernels = [(name, dur) for name, _, dur in benchmark.device_kernel_events(events)]
+    return device_ms_from_trace(events, _ITERS.value), kernel_breakdown(kernels, _ITERS.value)
 
 
 def _to_jax(inputs, op):
@@ -346,7 +375,8 @@ def run_jax(records):
                         fn = passes[pas]
                         rec["ms"], rec["ms_min"] = _time_jax(fn, (q, k, v, do), gates)
                         rec["ms_loop"] = _time_jax_loop(fn, (q, k, v, do), gates)
-                        rec["kernel_ms"] = _kernel_ms_jax(fn, (q, k, v, do), gates)
+                        rec["kernel_ms"], rec["kernels"] = _kernel_ms_jax(
+                            fn, (q, k, v, do), gates)
                     except Exception as e:  # noqa: BLE001
                         rec["error"] = repr(e)[:300]
                     print(json.dumps(rec), flush=True)
@@ -362,7 +392,8 @@ def run_jax(records):
 
 def _kernel_ms_torch(torch, fn):
     """§5.4's primary metric for fla: ``torch.profiler`` self device time per call (ms) over
-    ``--iters`` calls (every kernel the call launches, Triton and torch alike)."""
+    ``--iters`` calls (every kernel the call launches, Triton and torch alike); returns
+    ``(ms, breakdown)`` (:func:`kernel_breakdown`)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
@@ -371,10 +402,13 @@ def _kernel_ms_torch(torch, fn):
             fn()
         torch.cuda.synchronize()
     # Device events only (as torch's own table footer counts them), no user annotations.
-    total_us = sum(e.self_device_time_total for e in prof.events()
-                   if e.device_type == DeviceType.CUDA
-                   and not getattr(e, "is_user_annotation", False))
-    return total_us / 1e3 / _ITERS.value if total_us > 0 else None
+    kernels = [(e.name, e.self_device_time_total) for e in prof.events()
+               if e.device_type == DeviceType.CUDA
+               and not getattr(e, "is_user_annotation", False)]
+    total_us = sum(dur for _, dur in kernels)
+    if total_us <= 0:
+        return None, None
+    return total_us / 1e3 / _ITERS.value, kernel_breakdown(kernels, _ITERS.value)
 
 
 def run_fla():
@@ -440,7 +474,7 @@ def run_fla():
                                                               return_mode="median"))
                     rec["ms_min"] = float(triton.testing.do_bench(fn, warmup=5, rep=50,
                                                                   return_mode="min"))
-                    rec["kernel_ms"] = _kernel_ms_torch(torch, fn)
+                    rec["kernel_ms"], rec["kernels"] = _kernel_ms_torch(torch, fn)
                 except Exception as e:  # noqa: BLE001
                     rec["error"] = repr(e)[:300]
                 rec["wall_s"] = round(time.time() - start, 1)  # since the worker started
@@ -538,7 +572,23 @@ def markdown(records, versions, command):
                     f"{fmt(recs['fla'].get('ms'))} | {fmt(recs['jla'].get('ms'))} | "
                     f"{fmt(recs['chunked'].get('ms'))} | {ratio('fla')} | {ratio('jla')} | "
                     f"{fmt(floor)} | {pct} |")
+    lines += breakdown_lines(records)
     return "\n".join(lines) + "\n"
+
+
+def breakdown_lines(records):
+    """Markdown lines of the per-kernel device time (ms per call) of every record that has one:
+    where each pass's kernel time goes, ours next to the peers'."""
+    with_kernels = [r for r in records if r.get("kernels")]
+    if not with_kernels:
+        return []
+    lines = ["", f"Per-kernel device time, ms per call (the {BREAKDOWN_TOP} largest kernels of "
+                 "each record by name, the rest as (other); same traces as the kernel column):",
+             ""]
+    for r in with_kernels:
+        parts = ", ".join(f"{name} {ms:.3f}" for name, ms in r["kernels"].items())
+        lines.append(f"- {r['op']} {r['shape']} {r['pass_']}, {r['peer']}: {parts}")
+    return lines
 
 
 def _append(rec):

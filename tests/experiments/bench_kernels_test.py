@@ -42,6 +42,47 @@ class DeviceTimeTest(absltest.TestCase):
         self.assertAlmostEqual(bench_kernels.device_ms_from_trace(events, calls=1), 0.5)
 
 
+class BreakdownTest(absltest.TestCase):
+
+    def test_per_name_sums_largest_first_rest_as_other(self):
+        rng = np.random.default_rng(1)
+        names = [f"k{i}" for i in range(12)]
+        launches = [(names[int(i)], float(d))
+                    for i, d in zip(rng.integers(0, 12, 200), rng.uniform(1.0, 500.0, 200))]
+        calls = 4
+        got = bench_kernels.kernel_breakdown(launches, calls, top=5)
+        want = {}
+        for name, dur in launches:
+            want[name] = want.get(name, 0.0) + dur / 1e3 / calls
+        ranked = sorted(want.items(), key=lambda kv: -kv[1])
+        self.assertEqual(list(got)[:5], [name for name, _ in ranked[:5]])
+        for name, ms in ranked[:5]:
+            self.assertAlmostEqual(got[name], ms, places=9)
+        self.assertAlmostEqual(got["(other)"], sum(ms for _, ms in ranked[5:]), places=9)
+        self.assertAlmostEqual(sum(got.values()), sum(d for _, d in launches) / 1e3 / calls,
+                               places=9)
+        few = bench_kernels.kernel_breakdown(launches[:3], 1, top=5)
+        self.assertNotIn("(other)", few)
+        self.assertIsNone(bench_kernels.kernel_breakdown([], 1))
+        self.assertIsNone(bench_kernels.kernel_breakdown([("k", 0.0)], 1))
+
+    def test_listed_below_the_table(self):
+        rec = dict(op="kda", shape="S1", pass_="fwd")
+        records = [dict(rec, peer="ours", kernel_ms=2.0, ms=2.2,
+                        kernels={"channelwise_prepare": 1.25, "channelwise_intra": 0.75}),
+                   dict(rec, peer="fla", kernel_ms=1.8, kernels={"chunk_kda_fwd": 1.8}),
+                   dict(rec, peer="jla", ms=1.5)]
+        md = bench_kernels.markdown(records, {"date": "2026-11-30", "gpu": "H200"}, "cmd")
+        lines = md.splitlines()
+        table_end = max(i for i, line in enumerate(lines) if line.startswith("| kda |"))
+        ours = lines.index("- kda S1 fwd, ours: channelwise_prepare 1.250, "
+                           "channelwise_intra 0.750")
+        self.assertGreater(ours, table_end)
+        self.assertIn("- kda S1 fwd, fla: chunk_kda_fwd 1.800", lines)
+        self.assertFalse(any(line.startswith("- kda S1 fwd, jla") for line in lines))
+        self.assertNotIn("Per-kernel", bench_kernels.markdown(records[2:], {"date": "d"}, "c"))
+
+
 class MarkdownTest(absltest.TestCase):
 
     def test_ratios_on_kernel_time_never_mixed_with_wall(self):
