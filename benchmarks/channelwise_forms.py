@@ -180,7 +180,8 @@ def markdown(records, shape, command, device):
              f"Device: {device}; jax {jax.__version__}. Shape (B, T, H, D) = {shape}.", "",
              f"Command: `{command}`", "",
              "Times in ms: median of synced calls, and mean of back-to-back calls (loop). "
-             "Diff: max abs difference of all outputs to the stage's first variant.", "",
+             "Diff: max abs difference of the outputs (the entries the stage writes) to the "
+             "stage's first variant.", "",
              "| stage | variant | median | loop | diff |", "|---|---|---:|---:|---:|"]
     for r in records:
         if "error" in r:

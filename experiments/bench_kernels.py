@@ -271,7 +271,10 @@ def _kernel_ms_jax(f, args, kwargs):
     if not events:
         return None, None
     kernels = [(name, dur) for name, _, dur in benchmark.device_kernel_events(events)]
-    return device_ms_from_trace(events, _ITERS.value), kernel_breakdown(kernels, _ITERS.value)
+    total = sum(dur for _, dur in kernels)  # = device_ms_from_trace, from the same events
+    if total <= 0:
+        return None, None
+    return total / 1e3 / _ITERS.value, kernel_breakdown(kernels, _ITERS.value)
 
 
 def _to_jax(inputs, op):
@@ -579,7 +582,8 @@ def markdown(records, versions, command):
 def breakdown_lines(records):
     """Markdown lines of the per-kernel device time (ms per call) of every record that has one:
     where each pass's kernel time goes, ours next to the peers'."""
-    with_kernels = [r for r in records if r.get("kernels")]
+    latest = {(r["op"], r["shape"], r["pass_"], r["peer"]): r for r in records}  # as the table
+    with_kernels = [r for r in latest.values() if r.get("kernels")]
     if not with_kernels:
         return []
     lines = ["", f"Per-kernel device time, ms per call (the {BREAKDOWN_TOP} largest kernels of "

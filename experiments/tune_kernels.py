@@ -39,8 +39,8 @@ in {None, 1, 2, 4, 8, 16, 32}, block_v in {32, 64, 128}, block_k in {64, 128}, t
 in {4, 8} x num_stages in {1, 2, 3} for prepare, forward, forward_state, forward_output,
 backward_state, backward_chunk; for kda/gdn2: intra_tf32 in {True, False}, intra_token_heads
 in {1, 2, 4, 8, 16}, block_v and block_k in {32, 64, 128}, prepare_k in {16, 32, 64}, then the
-same launches for gamma, intra_token, wu, forward, grad_blocks, backward_state, backward_chunk,
-and num_warps in {1, 2, 4} x num_stages in {1, 2, 3} for prepare)
+same launches for gamma, wu, forward, grad_blocks, backward_state, backward_chunk, and
+num_warps in {1, 2, 4} x num_stages in {1, 2, 3} for intra_token and prepare)
 time every value with the other knobs at their best so far and keep the fastest.
 The objective is the sum over shapes of the fwd+bwd time (the forward-only knobs also change
 fwd+bwd). A configuration that fails to compile or run (Triton out of shared memory, a block
@@ -192,9 +192,10 @@ CW_DEFAULT_VALUES = {"intra_tf32": (True, False),
                      "block_k": (32, 64, 128),
                      "prepare_k": (16, 32, 64),
                      **{k: _LAUNCHES for k in CW_LAUNCH_KNOBS},
-                     # On the H200 prepare runs best at 1 warp, 3 stages (FLA's fused inter +
-                     # solve kernel autotunes 1, 2 and 4 warps).
-                     "prepare": tuple((w, s) for w in (1, 2, 4) for s in (1, 2, 3))}
+                     # On the H200 prepare and intra run best at 1 warp, 3 stages (FLA's fused
+                     # inter + solve and token-parallel intra kernels autotune 1-8 warps).
+                     "prepare": tuple((w, s) for w in (1, 2, 4) for s in (1, 2, 3)),
+                     "intra_token": tuple((w, s) for w in (1, 2, 4) for s in (1, 2, 3))}
 CW_CHUNK = channelwise_gpu.CHUNK
 
 

@@ -13,8 +13,9 @@ kernels form those products themselves (:func:`_scaled`: fp32, rounded once to t
 dtype), so no separate pass over k and v runs before them; the backward forms ``kr`` in XLA for
 its kernels and applies the products' chain rule to dkr and dvw (dk, dv and the scales'
 gradients). (Until 2026-11-30 XLA formed ``kr`` and ``vw`` before the kernels: 125 us of the KDA
-forward at S1, 245 us of GDN-2's, H200; the fold is unmeasured on a GPU as of that day: the
-forward's outputs are bitwise those of the earlier form in interpret mode.) Inside, the
+forward at S1, H200. The fold is unmeasured on a GPU as of that day; the forward's outputs are
+bitwise those of the earlier form in interpret mode. GDN-2's per-channel gates are read by
+three kernels instead of once by XLA: its saving is less certain.) Inside, the
 ``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
 returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
 
@@ -34,15 +35,15 @@ with ``E_in = exp(gamma) conn``, ``E_out = exp(gamma_C - gamma) last`` ([C, K]) 
 document do not see S_0; tokens of an earlier document do not reach S_C).
 
 Intra-chunk products, exactly and without overflow. Rows are split into four 16-row blocks.
-For i in a later block than j's block J, with r_J = gamma at the last row of J (g <= 0 makes
-gamma non-increasing, so gamma_i <= r_J <= gamma_j)::
+For i in a later block I than j's block J, with a reference r between them (g <= 0 makes gamma
+non-increasing, so gamma_i <= r <= gamma_j for r = gamma at the first row of I, as ``prepare``
+takes it, or at the last row of J, as ``grad_blocks`` does)::
 
-    exp(gamma_ic - gamma_jc) = exp(gamma_ic - r_Jc) exp(r_Jc - gamma_jc)    (both factors <= 1)
+    exp(gamma_ic - gamma_jc) = exp(gamma_ic - r_c) exp(r_c - gamma_jc)    (both factors <= 1)
 
-so the off-diagonal blocks are three whole-tile products
-``(X * [i later than J] e^{gamma - r_J}) (Y * [j in J] e^{r_J - gamma})^T``; exponents are
-masked (``where``) before ``exp``, so masked-out entries stay finite and used ones are exact.
-The four 16 x 16 diagonal blocks (``j <= i`` in one block) take the elementwise form
+so each off-diagonal 16 x 16 block pair is one product
+``(X_I e^{gamma_I - r}) (Y_J e^{r - gamma_J})^T`` with no masks. The four 16 x 16 diagonal
+blocks (``j <= i`` in one block) take the elementwise form
 ``sum_c X_ic Y_jc exp(gamma_ic - gamma_jc)``, whose exponents are ``<= 0``. In the forward the
 ``intra`` kernel forms them one row at a time (:func:`_intra_tokens_kernel`: one program per
 token and group of heads, a loop over the row's ``i mod 16 + 1`` columns, as FLA's
@@ -68,8 +69,9 @@ Kernels (grid in brackets):
 
 * ``gamma`` [chunks, B*H]: the within-chunk cumsum of g (fp32 ``[B, Tp, H, K]``).
 * ``intra`` [B*T, H/nh]: the diagonal 16 x 16 blocks of Mk and Mq (fp32 ``[B, H, N, C, 16]``,
-  row i holding its block's columns), one program per token and group of nh heads
-  (:func:`intra_heads`).
+  row i holding its block's columns j <= i mod 16; the columns after it are not written and
+  hold whatever the buffer held, NaN in interpret mode: ``prepare`` masks them), one program per
+  token and group of nh heads (:func:`intra_heads`).
 * ``prepare`` [chunks, B*H] (:func:`_prepare_kernel`): Mk and Mq from 16 x 16 sub-blocks (the
   off-diagonal ones by products over key blocks of ``BK`` channels, ``intra``'s diagonal ones
   loaded), A by forward substitution; A and Mq out (``[B, H, N, C, C]`` in the tensor-core
@@ -112,12 +114,14 @@ rounding. Requires ``g <= 0`` (a decay), as every form of these ops documents.
 
 All kernels also run under ``interpret=True`` (Pallas interpret mode) on any backend; the test
 suite checks them that way on CPU. Status: verified in interpret mode (fp32 to rounding; bf16
-within the GPU gates) and on the H200 (last 2026-11-30, the current kernels: ``pytest -m gpu
+within the GPU gates) and on the H200 (2026-11-30, up to commit cae3e6b: ``pytest -m gpu
 tests/pallas_kernels/kernel_gpu_channelwise_test.py``, 8 passed: KDA and GDN-2, bf16 against
 the fp32 reference, packed and not, head dims 64 and 128; ``benchmarks/results/
 kernels-h200-2026-11-30.md``, seventh and eighth runs), so ``"auto"`` picks them on a GPU
-(:data:`AUTO_SELECT`). In the 350M KDA hybrid they train 6.4x faster than the chunked JAX form
-(``benchmarks/results/train-throughput-h200-2026-11-29.md``).
+(:data:`AUTO_SELECT`). The later fold of kr and vw into the forward kernels (``_scaled``) is
+verified in interpret mode (forward outputs bitwise those of the earlier form) and lowers to
+Triton for sm_90a, but has not run on a GPU yet. In the 350M KDA hybrid they train 6.4x
+faster than the chunked JAX form (``benchmarks/results/train-throughput-h200-2026-11-29.md``).
 """
 
 import functools
@@ -150,13 +154,13 @@ AUTO_SELECT = True
 # BK 32); wu 4 warps, 3 stages (8x3, 4x1, 8x1 within 0.5%); grad_blocks 4 warps 2 stages and
 # backward_chunk 4 warps 3 stages (KDA fwd+bwd 10.11 -> 9.56 ms wall,
 # tune-kda-backward-launches-h200-2026-11-30.md). forward / backward_state are unswept since the
-# intra split (8 warps were within 0.3% before it; forward 4x3 / 8x3: +0.5% / +2% fwd+bwd).
+# intra split (8 warps were within 0.3% before it; forward 4x3 / 8x3: +0.9% / +2% fwd+bwd).
 # History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a
 # 16-step column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then
 # 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches
 # (tune-kda-options-h200-2026-11-30.md); KDA forward 3.22 -> 2.16 ms (summed kernel time) from
 # prepare on 16 x 16 sub-blocks plus the separate wu kernel (2.51 -> 1.47 ms with intra) and
-# intra storing each column as summed (0.636 -> 0.530 ms). Losing forms deleted: XLA's cumsum of
+# intra storing each column as summed (0.63 -> 0.53 ms). Losing forms deleted: XLA's cumsum of
 # g outside the custom_vjp (gamma kernel: 13.425 -> 12.875 ms); the intra_grad kernel plus
 # backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210, 10.33 at 4 warps); the
 # forward intra as a per-block column loop (1.056 ms) or quad levels (1.312), against 0.627
@@ -254,8 +258,8 @@ def _intra_dot(a, b, dims, cfg):
 
 def _block_factors(gam, ref_row, block, size=SUB):
     """Off-diagonal factors for column block ``block`` (rows ``size * block ..``, ``size`` rows)
-    with reference ``ref_row`` [BK], over the rows of ``gam`` (``[C, BK]``, or a ``[SUB, BK]``
-    diagonal block cut into quads).
+    with reference ``ref_row`` [BK], over the rows of ``gam`` (a ``[SUB, BK]`` diagonal block
+    cut into quads of ``size`` rows, :func:`_intra_grad_levels`).
 
     Returns ``(row_fac, col_fac)`` shaped as ``gam``: ``exp(gam - r)`` on rows of later blocks
     and ``exp(r - gam)`` on the rows of the block, zero elsewhere (exponents masked before exp).
@@ -407,7 +411,10 @@ def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
 
 def _intra(cfg, q, k, ks, gam):
     """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_tokens_kernel`
-    (a program per token and group of ``cfg["intra_heads"]`` heads)."""
+    (a program per token and group of ``cfg["intra_heads"]`` heads) on q, k ``[B, Tp, H, K]``
+    (operand dtype), the read-key scale ks (``[B, Tp, H, 1 or K]``: kr = k ks) and gamma (fp32
+    ``[B, Tp, H, K]``). Row i holds columns ``j <= i mod 16`` only; the others are unwritten
+    (uninitialised; NaN in interpret mode), so readers must mask them as ``prepare`` does."""
     bsz, _, heads, _ = k.shape
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
     outs = _pallas(
@@ -560,10 +567,11 @@ def _gamma(cfg, g):
 def _scaled(x, s_ref, b, tsl, hsl, csl, mdt):
     """``x * s`` of a loaded block ``x`` (fp32, read at ``[b, tsl, hsl, csl]``), rounded once
     to the operand dtype ``mdt`` and returned as fp32: ``kr = k ks`` or ``vw = v vs`` formed in
-    the kernel from the raw tensor and its fp32 scale (``s_ref``'s last dim is 1, broadcast over
-    the channels, or the full head dim), the same values XLA's ``(k * ks).astype(mdt)`` gives
-    (IEEE fp32 product, round to nearest even)."""
-    s = s_ref[b, tsl, hsl, pl.ds(0, 1) if s_ref.shape[-1] == 1 else csl]
+    the kernel from the raw tensor and its scale (any float dtype, taken to fp32 here:
+    ``s_ref``'s last dim is 1, broadcast over the channels, or the full head dim), the same
+    values XLA's ``(k * ks.astype(f32)).astype(mdt)`` gives (IEEE fp32 product, round to
+    nearest even)."""
+    s = s_ref[b, tsl, hsl, pl.ds(0, 1) if s_ref.shape[-1] == 1 else csl].astype(F32)
     return (x * s).astype(mdt).astype(F32)
 
 
@@ -596,10 +604,10 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
        block pairs, twelve ``[16, BK] x [BK, 16]`` products per key block by
        :func:`_intra_dot` (IEEE fp32 for fp32 inputs; TF32 or the input dtype for half inputs,
        ``TUNING["intra_tf32"]``), the column blocks of a row block unrolled (a loop over them
-       with selects into the accumulators: 1.578 ms against 1.465 for intra + prepare + wu at
-       S1 on the H200, channelwise-forms-h200-2026-11-30b.md). Masks per tile: same document
-       (doc ids of the tile's rows and columns). Mq's tiles go out as soon as their row block
-       is done: masked, in the operand dtype, the diagonal tile from ``intra`` (``mqd`` rows
+       with selects into the accumulators: 1.554 ms against 1.465 for intra + prepare + wu at
+       S1 on the H200, key blocks of 16, channelwise-forms-h200-2026-11-30b.md). Masks per
+       tile: same document (doc ids of the tile's rows and columns). Mq's tiles go out
+       masked, in the operand dtype: the diagonal tile from ``intra`` (``mqd`` rows
        ``16 i ..``, loaded directly; inclusive lower and same document, which also drops the
        columns ``intra`` leaves unwritten), zeros above the diagonal (the output is
        uninitialised).
@@ -749,7 +757,7 @@ def _wu_kernel(q_ref, k_ref, ks_ref, v_ref, vs_ref, gam_ref, doc_ref, conn_ref, 
 def _prepare(cfg, q, k, v, ks, vs, gam, docs, *, save_a):
     """The ``intra``, ``prepare`` and ``wu`` kernels (named ``channelwise_intra``,
     ``channelwise_prepare`` and ``channelwise_wu``), which form ``kr = k ks`` and ``vw = v vs``
-    themselves (fp32 scales ``ks`` ``[B, Tp, H, 1 or K]``, ``vs`` ``[B, Tp, H, 1 or V]``).
+    themselves (float scales ``ks`` ``[B, Tp, H, 1 or K]``, ``vs`` ``[B, Tp, H, 1 or V]``).
     Returns ``{ref name: array}``: ``w_ref``, ``u_ref``, ``qg_ref``, ``kg_ref`` (operand dtype,
     ``[B, Tp, H, K or V]``), ``mq_ref`` and (``save_a``) ``a_ref`` (operand dtype,
     ``[B, H, N, C, C]``, zero above the diagonal) and
@@ -954,8 +962,8 @@ def _backward_chunk_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, las
 
 
 def _backward_chunk(cfg, q, k, kr, gam, docs, amat, hs, dhs, do, vn, dvn):
-    """``(dq, dk, dkr, dvw, dg)``: ``dR = A^T dVn`` (:func:`_chunk_dr`, in the operand dtype of
-    ``vw``, is dvw itself), the ``grad_blocks`` kernel, then the ``backward_chunk`` kernel."""
+    """``(dq, dk, dkr, dvw, dg)``: ``dR = A^T dVn`` (:func:`_chunk_dr`, in the operand dtype,
+    is dvw itself), the ``grad_blocks`` kernel, then the ``backward_chunk`` kernel."""
     dr = _chunk_dr(cfg, amat, dvn)
     dqd, dkd, dkrd = _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr)
     bsz, tp, heads, dk = q.shape
@@ -1013,21 +1021,22 @@ def _make_core(static):
         dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
         # kr as the forward kernels formed it (the fp32 product rounded once); the backward
         # kernels read it whole.
-        kf, vf = k.astype(F32), v.astype(F32)
-        kr = (kf * ks).astype(k.dtype)
+        kf, vf, ksf, vsf = (x.astype(F32) for x in (k, v, ks, vs))
+        kr = (kf * ksf).astype(k.dtype)
         dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"], hs,
                                                dhs, do, vn, dvn)
         # Through kr = k ks and vw = v vs (fp32): dk += ks dkr, dks = k dkr, dv = vs dvw,
         # dvs = v dvw, each scale's share summed over the channels it broadcasts over.
         dkr, dvw = dkr.astype(F32), dvw.astype(F32)
-        dk = (dk.astype(F32) + ks * dkr).astype(k.dtype)
-        dv = (vs * dvw).astype(v.dtype)
+        dk = (dk.astype(F32) + ksf * dkr).astype(k.dtype)
+        dv = (vsf * dvw).astype(v.dtype)
         dks, dvs = kf * dkr, vf * dvw
         if ks.shape[-1] == 1:
             dks = jnp.sum(dks, axis=-1, keepdims=True)
         if vs.shape[-1] == 1:
             dvs = jnp.sum(dvs, axis=-1, keepdims=True)
-        return dq, dk, dv, dks, dvs, dg, dh0, tuple(None for _ in docs)
+        return (dq, dk, dv, dks.astype(ks.dtype), dvs.astype(vs.dtype), dg, dh0,
+                tuple(None for _ in docs))
 
     core.defvjp(core_fwd, core_bwd)
     return core
@@ -1064,8 +1073,8 @@ def channelwise_delta_pallas(
       v: values ``[B, T, H, V]``.
       g: per-key-channel log-decay ``[B, T, H, K]`` (natural log, ``<= 0``); fp32 internally.
       k_scale: the read key's scale, ``[B, T, H]`` (one per head and token) or ``[B, T, H, K]``;
-        fp32 internally.
-      v_scale: the write value's scale, ``[B, T, H]`` or ``[B, T, H, V]``; fp32 internally.
+        any float dtype (read as is, taken to fp32 in the kernels; its gradient in its dtype).
+      v_scale: the write value's scale, ``[B, T, H]`` or ``[B, T, H, V]``; as ``k_scale``.
       scale: read-out scale.
       initial_state: ``[B, H, K, V]`` (fp32) or ``None`` for zeros.
       segment_ids: optional int ``[B, T]``; the state resets where the id changes.
@@ -1078,7 +1087,8 @@ def channelwise_delta_pallas(
 
     Raises:
       ValueError: if K or V is not 64 or 128 (callers dispatch those to the chunked form), or
-        ``k_scale`` / ``v_scale`` (named) is not shaped ``[B, T, H]`` or like ``k`` / ``v``.
+        ``k_scale`` / ``v_scale`` (named) is not a float array shaped ``[B, T, H]`` or like
+        ``k`` / ``v``.
     """
     from pallas_kernels import common
 
@@ -1094,7 +1104,9 @@ def channelwise_delta_pallas(
         elif x.shape != like.shape:
             raise ValueError(f"{name} must be shaped {like.shape[:3]} or {like.shape}, "
                              f"got {x.shape}")
-        scales.append(common.pad_time(x.astype(F32), CHUNK))
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise ValueError(f"{name} must be a float array, got {x.dtype}")
+        scales.append(common.pad_time(x, CHUNK))  # its own dtype: the kernels take it to fp32
     mdt = pallas_gpu.matmul_dtype(q, k, v)
     padded = -(-seq_len // CHUNK) * CHUNK
     n_chunks = padded // CHUNK
@@ -1147,7 +1159,7 @@ def gdn2_pallas(
       ``(o [B, T, H, V] in v.dtype, final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``.
 
     Raises:
-      ValueError: if K or V is not 64 or 128.
+      ValueError: if K or V is not 64 or 128, or b / w is not shaped like k / v.
     """
     o, state, u = channelwise_delta_pallas(
         q, k, v, g, b, w, scale=scale, initial_state=initial_state, segment_ids=segment_ids,

@@ -53,7 +53,7 @@ def kda_pallas(
       ``(o [B, T, H, V] in v.dtype, final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``.
 
     Raises:
-      ValueError: if K or V is not 64 or 128.
+      ValueError: if K or V is not 64 or 128, or beta is not shaped ``[B, T, H]``.
     """
     o, state, u = channelwise_gpu.channelwise_delta_pallas(
         q, k, v, g, beta, beta, scale=scale, initial_state=initial_state,

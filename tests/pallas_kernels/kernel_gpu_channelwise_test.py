@@ -172,7 +172,7 @@ class InterpretTest(parameterized.TestCase):
                 kda_ops.kda(*args, implementation="pallas_interpret")
 
     def test_kda_head_dim_128_packed_strong_decay(self):
-        # K = 128 (two key blocks in prepare, the gamma kernel and backward_chunk; grad_blocks
+        # K = 128 (two key blocks in wu, the gamma kernel and backward_chunk; grad_blocks
         # over the whole K), packed documents with boundaries inside 16-row blocks, and
         # log-decays down to about -20 per token.
         segment_ids = jnp.asarray(np.repeat(np.arange(3), [40, 30, 26])[None], jnp.int32)
@@ -192,7 +192,8 @@ class InterpretTest(parameterized.TestCase):
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
 
     def test_kda_head_dim_128_gva(self):
-        # K = V = 128: two key blocks in prepare and backward_chunk, two value blocks.
+        # K = V = 128: two key blocks in wu and backward_chunk (eight in prepare), two value
+        # blocks.
         self.check("kda", batch=2, seq_len=70, key_heads=1, heads=2, dim=128, seed=4)
 
     def test_auto_dispatch_and_explicit_pallas_raises(self):
@@ -242,6 +243,44 @@ class InterpretTest(parameterized.TestCase):
             run(k[..., :32], beta)
         with self.assertRaisesRegex(ValueError, "v_scale must be shaped"):
             run(beta, beta[:, :64])
+        with self.assertRaisesRegex(ValueError, "k_scale must be a float array, got int32"):
+            run(jnp.ones(beta.shape, jnp.int32), beta)
+
+    def test_scales_bf16(self):
+        # bf16 inputs, where the in-kernel kr = k ks and vw = v vs round once to bf16: the
+        # outputs equal those of v pre-scaled by XLA with a unit v_scale (the same rounding), a
+        # per-head scale equals its broadcast per-channel form in outputs and every gradient
+        # (its gradient the channel sum of the per-channel one), and bf16 scales give bf16
+        # gradients.
+        inputs, ck = _inputs(2, 1, 80, 1, 1, 64, dtype=jnp.bfloat16)
+        q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+        seg = jnp.asarray(np.repeat(np.arange(2), [33, 47])[None], jnp.int32)
+
+        def run(v, ks, vs):
+            return kernel_gpu.channelwise_delta_pallas(q, k, v, g, ks, vs, scale=0.125,
+                                                       segment_ids=seg, interpret=True)
+
+        got = run(v, beta, beta)
+        vw = (v.astype(jnp.float32) * beta[..., None]).astype(v.dtype)
+        for a, e in zip(got, run(vw, beta, jnp.ones_like(beta))):
+            np.testing.assert_array_equal(a, e)
+        cot = jax.random.normal(ck, got[0].shape).astype(got[0].dtype)
+
+        def grads(ks, vs):
+            o, vjp = jax.vjp(lambda *xs: run(*xs)[0], v, ks, vs)
+            return o, vjp(cot)
+
+        o_h, (dv_h, dks_h, dvs_h) = grads(beta, beta)
+        wide_k = jnp.broadcast_to(beta[..., None], k.shape)
+        wide_v = jnp.broadcast_to(beta[..., None], v.shape)
+        o_c, (dv_c, dks_c, dvs_c) = grads(wide_k, wide_v)
+        np.testing.assert_array_equal(o_h, o_c)
+        np.testing.assert_array_equal(dv_h, dv_c)
+        self.assertGreater(float(jnp.max(jnp.abs(dks_h))), 0.0)
+        np.testing.assert_allclose(dks_h, jnp.sum(dks_c, -1), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(dvs_h, jnp.sum(dvs_c, -1), rtol=1e-5, atol=1e-6)
+        _, (_, dks_b, dvs_b) = grads(beta.astype(jnp.bfloat16), beta.astype(jnp.bfloat16))
+        self.assertEqual((dks_b.dtype, dvs_b.dtype), (jnp.bfloat16, jnp.bfloat16))
 
 
 _PACKED_ROWS = ([10, 30, 3, 22], [64, 1])  # T = 65: boundaries inside 16-row blocks and at 64
@@ -307,7 +346,7 @@ class PrepareWidthsTest(parameterized.TestCase):
             a, e = (np.asarray(x[name], np.float32) for x in (got, want))
             self.assertEqual((a.shape, got[name].dtype), (e.shape, want[name].dtype), name)
             self.assertTrue(np.all(np.isfinite(a)), name)
-            if name in ("qg", "kg", "e"):  # elementwise, in wu: no sum over key blocks
+            if name in ("qg", "kg", "e"):  # sanity: wu's elementwise outputs (no prepare_k)
                 np.testing.assert_array_equal(a, e, err_msg=name)
             elif dtype == jnp.float32:
                 # fp32 to rounding: max difference relative to the largest entry.
@@ -340,20 +379,23 @@ class PrepareWidthsTest(parameterized.TestCase):
 
 
 class TritonLoweringTest(parameterized.TestCase):
-    """KDA forward + backward lowers to Triton for CUDA on any host (``jax.export``, no GPU), so
-    an op the lowering rejects fails here rather than on the next GPU run (jax >= 0.11 compiles
-    the Triton kernels at this point)."""
+    """KDA and GDN-2 forward + backward lower to Triton for CUDA on any host (``jax.export``, no
+    GPU), so an op the lowering rejects fails here rather than on the next GPU run (jax >= 0.11
+    compiles the Triton kernels at this point). KDA takes the per-head scale path of the kernels
+    (beta ``[B, T, H]``), GDN-2 the per-channel one (b, w)."""
 
-    def test_exports_for_cuda(self):
+    @parameterized.parameters("kda", "gdn2")
+    def test_exports_for_cuda(self, op):
         inputs, _ = _inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
         segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
-        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+        names = ("q", "k", "v", "g") + (("beta",) if op == "kda" else ("b", "w"))
+        args = [inputs[n] for n in names]
+        fn = kda_kernel.kda_pallas if op == "kda" else kernel_gpu.gdn2_pallas
 
-        def fwdbwd_gpu(q, k, v, g, beta):
-            def f(q, k, v, g, beta):
-                return kda_kernel.kda_pallas(q, k, v, g, beta, scale=0.125,
-                                             segment_ids=segment_ids)[0]
-            o, vjp = jax.vjp(f, q, k, v, g, beta)
+        def fwdbwd_gpu(*args):
+            def f(*args):
+                return fn(*args, scale=0.125, segment_ids=segment_ids)[0]
+            o, vjp = jax.vjp(f, *args)
             return vjp(o) + (o,)
 
         with pallas_gpu.abstract_gpu_target():
