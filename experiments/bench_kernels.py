@@ -234,9 +234,22 @@ def device_ms_from_trace(events, calls):
     """Device kernel time per call (ms) from Chrome-trace ``events`` of ``calls`` calls: the
     summed durations of :func:`lattn_jax.benchmark.device_kernel_events`; ``None`` when there
     are none or they sum to zero (a CPU backend, or a trace without device activity)."""
+    return _kernel_time(_trace_kernels(events), calls)[0]
+
+
+def _trace_kernels(events):
+    """``(name, duration_us)`` of every device kernel in Chrome-trace ``events``."""
     from lattn_jax import benchmark
-    total = sum(dur for _, _, dur in benchmark.device_kernel_events(events))
-    return total / 1e3 / calls if total > 0 else None
+    return [(name, dur) for name, _, dur in benchmark.device_kernel_events(events)]
+
+
+def _kernel_time(kernels, calls):
+    """``(ms per call, breakdown)`` of ``(name, duration_us)`` kernel launches over ``calls``
+    calls (:func:`kernel_breakdown`); ``(None, None)`` when they sum to zero."""
+    total = sum(dur for _, dur in kernels)
+    if total <= 0:
+        return None, None
+    return total / 1e3 / calls, kernel_breakdown(kernels, calls)
 
 
 BREAKDOWN_TOP = 8  # kernels named per record; the rest are summed as "(other)"
@@ -268,13 +281,7 @@ def _kernel_ms_jax(f, args, kwargs):
     returns ``(ms, breakdown)`` (:func:`kernel_breakdown`; both ``None`` without a trace)."""
     from lattn_jax import benchmark
     events = benchmark.trace_events(lambda: f(*args, **kwargs), _ITERS.value)
-    if not events:
-        return None, None
-    kernels = [(name, dur) for name, _, dur in benchmark.device_kernel_events(events)]
-    total = sum(dur for _, dur in kernels)  # = device_ms_from_trace, from the same events
-    if total <= 0:
-        return None, None
-    return total / 1e3 / _ITERS.value, kernel_breakdown(kernels, _ITERS.value)
+    return _kernel_time(_trace_kernels(events), _ITERS.value)
 
 
 def _to_jax(inputs, op):
@@ -408,10 +415,7 @@ def _kernel_ms_torch(torch, fn):
     kernels = [(e.name, e.self_device_time_total) for e in prof.events()
                if e.device_type == DeviceType.CUDA
                and not getattr(e, "is_user_annotation", False)]
-    total_us = sum(dur for _, dur in kernels)
-    if total_us <= 0:
-        return None, None
-    return total_us / 1e3 / _ITERS.value, kernel_breakdown(kernels, _ITERS.value)
+    return _kernel_time(kernels, _ITERS.value)
 
 
 def run_fla():

@@ -159,12 +159,8 @@ class Trainer:
             shape = (value.shape[0] * processes,) + value.shape[1:]
             spec = sharding.logical_to_spec(_batch_names(value.ndim), shape, self.mesh,
                                             self.rules)
-            target = NamedSharding(self.mesh, spec)
-            if processes == 1:
-                out[key] = jax.make_array_from_callback(shape, target,
-                                                        lambda idx, v=value: v[idx])
-            else:
-                out[key] = jax.make_array_from_process_local_data(target, value, shape)
+            out[key] = jax.make_array_from_process_local_data(NamedSharding(self.mesh, spec),
+                                                              value, shape)
         return out
 
     # -- steps ---------------------------------------------------------------------------------
