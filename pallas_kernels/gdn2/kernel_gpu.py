@@ -188,6 +188,7 @@ NSUB = CHUNK // SUB
 QUAD = 4  # rows per quad of a diagonal block (_intra_grad_levels)
 
 _iota = pallas_gpu.iota
+_exp = pallas_gpu.exp
 _last = pallas_gpu.last_element
 _program_bh = pallas_gpu.program_batch_head
 _doc_inputs = pallas_gpu.doc_inputs
@@ -267,16 +268,16 @@ def _block_factors(gam, ref_row, block, size=SUB):
     rows = _iota((gam.shape[0], 1), 0)
     later = rows >= size * (block + 1)
     inside = (rows >= size * block) & (rows < size * (block + 1))
-    row_fac = jnp.where(later, jnp.exp(jnp.where(later, gam - ref_row[None, :], 0.0)), 0.0)
-    col_fac = jnp.where(inside, jnp.exp(jnp.where(inside, ref_row[None, :] - gam, 0.0)), 0.0)
+    row_fac = jnp.where(later, _exp(jnp.where(later, gam - ref_row[None, :], 0.0)), 0.0)
+    col_fac = jnp.where(inside, _exp(jnp.where(inside, ref_row[None, :] - gam, 0.0)), 0.0)
     return row_fac, col_fac
 
 
 def _decay_factors(gam, g_last, conn, last, conn_last):
     """``(E_in [C, BK], E_out [C, BK], e_all [BK])`` with the document masks applied."""
-    e_in = jnp.exp(gam)
-    e_out = jnp.exp(g_last[None, :] - gam)
-    e_all = jnp.exp(g_last)
+    e_in = _exp(gam)
+    e_out = _exp(g_last[None, :] - gam)
+    e_all = _exp(g_last)
     if conn is not None:
         e_in = e_in * conn[:, None]
         e_out = e_out * last[:, None]
@@ -291,8 +292,8 @@ def _column_block_factors(k_ref, gam_ref, g_rows, b, h, t0, j):
     <= 0 within a chunk and need no mask."""
     jsl = pl.ds(t0 + SUB * j, SUB)
     ref_row = gam_ref[b, t0 + SUB * j + SUB - 1, h, :][None, :]
-    return (jnp.exp(g_rows - ref_row),
-            k_ref[b, jsl, h, :].astype(F32) * jnp.exp(ref_row - gam_ref[b, jsl, h, :]))
+    return (_exp(g_rows - ref_row),
+            k_ref[b, jsl, h, :].astype(F32) * _exp(ref_row - gam_ref[b, jsl, h, :]))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -344,7 +345,7 @@ def _intra_grad_levels(cfg, dms, xs, k_ref, gam_ref, g_blk, b, h, r0):
         qsl = pl.ds(r0 + m, nq, stride=QUAD)
         valid = rows % QUAD >= m
         g_m = _expand_quads(gam_ref[b, qsl, h, :])
-        e = jnp.where(valid, jnp.exp(jnp.where(valid, g_blk - g_m, 0.0)), 0.0)
+        e = jnp.where(valid, _exp(jnp.where(valid, g_blk - g_m, 0.0)), 0.0)
         ye = _expand_quads(k_ref[b, qsl, h, :].astype(F32)) * e
         at = (c2 == (r2 // QUAD) * QUAD + m) & (r2 % QUAD >= m)
         xe = jnp.zeros_like(g_blk)
@@ -401,7 +402,7 @@ def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
 
     def column(jj, carry):  # column jj of the row, stored as soon as it is summed
         j = t - i_sub + jj
-        dec = k_ref[b, j, hsl, :].astype(F32) * jnp.exp(g_i - gam_ref[b, j, hsl, :])
+        dec = k_ref[b, j, hsl, :].astype(F32) * _exp(g_i - gam_ref[b, j, hsl, :])
         mkd_ref[b, hsl, n, i, jj] = jnp.sum(x_k * dec, axis=1)
         mqd_ref[b, hsl, n, i, jj] = jnp.sum(x_q * dec, axis=1)
         return carry
@@ -474,13 +475,13 @@ def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_r
         doc_i = doc_rows(isl)
         dmq = same_doc(scale * mm_nt(do_ref[b, isl, h, :], vn_c, mdt), doc_i, doc_c)
         dmk = same_doc(-mm_nt(dr_ref[b, isl, h, :], vn_c, mdt), doc_i, doc_c)
-        row_fac = jnp.exp(gam_ref[b, isl, h, :] - ref_c)
+        row_fac = _exp(gam_ref[b, isl, h, :] - ref_c)
         return (dy + _intra_dot(dmq, q_ref[b, isl, h, :].astype(F32) * row_fac, ((0,), (0,)),
                                 cfg)
                 + _intra_dot(dmk, kr_ref[b, isl, h, :].astype(F32) * row_fac, ((0,), (0,)),
                              cfg))
 
-    dk = jnp.exp(ref_c - g_c) * jax.lax.fori_loop(c + 1, NSUB, y_side, zero)
+    dk = _exp(ref_c - g_c) * jax.lax.fori_loop(c + 1, NSUB, y_side, zero)
 
     # The diagonal block.
     rows, cols = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
@@ -667,13 +668,13 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
         def key_block(kb, acc, i=i):
             ksl = pl.ds(kb * bk, bk)
             ref_row = gam_ref[b, t0 + SUB * i, h, ksl][None, :]  # r_i: block i's first row
-            row_fac = jnp.exp(gam_ref[b, rows(i), h, ksl] - ref_row)
+            row_fac = _exp(gam_ref[b, rows(i), h, ksl] - ref_row)
             xk = _scaled(k_ref[b, rows(i), h, ksl].astype(F32), ks_ref, b, rows(i), h, ksl,
                          mdt) * row_fac  # kr rows
             xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
 
             def products(j):  # the Mk and Mq tiles of column block j < i
-                decay = jnp.exp(ref_row - gam_ref[b, rows(j), h, ksl])  # e^{r_i - gamma_j}
+                decay = _exp(ref_row - gam_ref[b, rows(j), h, ksl])  # e^{r_i - gamma_j}
                 y = k_ref[b, rows(j), h, ksl].astype(F32) * decay
                 return _intra_dot(xk, y, ((1,), (1,)), cfg), _intra_dot(xq, y, ((1,), (1,)), cfg)
 
