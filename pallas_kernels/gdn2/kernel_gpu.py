@@ -170,6 +170,7 @@ AUTO_SELECT = True
 TUNING = {
     "prepare": (1, 3),
     "prepare_k": 16,
+    "prepare_loop": "rows",
     "wu": (4, 3),
     "forward": (4, 2),
     "backward_state": (4, 2),
@@ -230,7 +231,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 block_v=block_v, block_k=block_k, prepare_k=prepare_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
-                intra_heads=intra_heads(heads))
+                intra_heads=intra_heads(heads), prepare_loop=TUNING.get("prepare_loop", "rows"))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -376,8 +377,10 @@ def intra_heads(heads: int, tuning=None) -> int:
     return n
 
 
-def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, mkd_ref, mqd_ref, *, cfg):
-    """The ``intra`` kernel: the diagonal 16 x 16 blocks of Mk and Mq, one row at a time.
+def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, conn_ref, last_ref, mkd_ref, mqd_ref,
+                         qg_ref, kg_ref, krg_ref, *, cfg):
+    """The ``intra`` kernel: the diagonal 16 x 16 blocks of Mk and Mq, one row at a time, and
+    the token's decay-scaled rows.
 
     One program per token t (row i of its chunk) and group of ``cfg["intra_heads"]`` heads
     writes row i of the diagonal blocks: ``sum_c X_ic k_jc exp(gamma_ic - gamma_jc)`` for the
@@ -385,8 +388,13 @@ def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
     steps over ``[heads, K]`` rows (FLA's token-parallel KDA intra kernel has this shape), each
     column stored as soon as it is summed (no register tile to assemble); the columns j > i are
     not written (uninitialised: ``prepare``, the only reader, masks them). The exponents are
-    <= 0 (j <= i and g <= 0), so nothing is masked; fp32 elementwise. Document masks are
-    applied by ``prepare``. Tiny programs with few registers: many resident per SM.
+    <= 0 (j <= i and g <= 0), so nothing is masked; fp32 elementwise. Document masks of the
+    blocks are applied by ``prepare``.
+
+    It also writes the token's rows of ``qg = q E_in``, ``kg = k E_out`` and ``krg = kr E_in``
+    (``E_in = exp(gamma_t) conn_t``, ``E_out = exp(gamma_C - gamma_t) last_t``: the factors of
+    :func:`_decay_factors` for one row), since it loads q, k and kr anyway: ``wu`` then reads
+    krg instead of q, k and fp32 gamma. Tiny programs with few registers: many resident per SM.
     """
     tp = cfg["n_chunks"] * CHUNK
     tok = pl.program_id(0)
@@ -396,9 +404,18 @@ def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
     n, i = t // CHUNK, t % CHUNK
     i_sub = i % SUB
     g_i = gam_ref[b, t, hsl, :]  # [nh, K]
-    x_k = _scaled(k_ref[b, t, hsl, :].astype(F32), ks_ref, b, t, hsl, slice(None),
-                  cfg["mm_dtype"])  # kr_t = k_t ks_t
+    k_t = k_ref[b, t, hsl, :].astype(F32)
+    x_k = _scaled(k_t, ks_ref, b, t, hsl, slice(None), cfg["mm_dtype"])  # kr_t = k_t ks_t
     x_q = q_ref[b, t, hsl, :].astype(F32)
+
+    e_in = _exp(g_i)
+    e_out = _exp(gam_ref[b, n * CHUNK + CHUNK - 1, hsl, :] - g_i)
+    if conn_ref is not None:
+        e_in = e_in * conn_ref[b, t]
+        e_out = e_out * last_ref[b, t]
+    qg_ref[b, t, hsl, :] = (x_q * e_in).astype(qg_ref.dtype)
+    kg_ref[b, t, hsl, :] = (k_t * e_out).astype(kg_ref.dtype)
+    krg_ref[b, t, hsl, :] = (x_k * e_in).astype(krg_ref.dtype)
 
     def column(jj, carry):  # column jj of the row, stored as soon as it is summed
         j = t - i_sub + jj
@@ -410,22 +427,29 @@ def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, mkd_ref, mqd_ref, *, cfg
     jax.lax.fori_loop(0, i_sub + 1, column, 0)
 
 
-def _intra(cfg, q, k, ks, gam):
-    """``(Mk_diag, Mq_diag)``, fp32 ``[B, H, N, C, SUB]``, from :func:`_intra_tokens_kernel`
-    (a program per token and group of ``cfg["intra_heads"]`` heads) on q, k ``[B, Tp, H, K]``
-    (operand dtype), the read-key scale ks (``[B, Tp, H, 1 or K]``: kr = k ks) and gamma (fp32
-    ``[B, Tp, H, K]``). Row i holds columns ``j <= i mod 16`` only; the others are unwritten
-    (uninitialised; NaN in interpret mode), so readers must mask them as ``prepare`` does."""
-    bsz, _, heads, _ = k.shape
+def _intra(cfg, q, k, ks, gam, docs):
+    """:func:`_intra_tokens_kernel` (a program per token and group of ``cfg["intra_heads"]``
+    heads) on q, k ``[B, Tp, H, K]`` (operand dtype), the read-key scale ks (``[B, Tp, H, 1 or
+    K]``: kr = k ks), gamma (fp32 ``[B, Tp, H, K]``) and the document masks ``docs``.
+
+    Returns ``{ref name: array}``: ``mkd_ref`` and ``mqd_ref``, the diagonal blocks of Mk and Mq
+    (fp32 ``[B, H, N, C, SUB]``; row i holds columns ``j <= i mod 16`` only, the others are
+    unwritten (uninitialised; NaN in interpret mode), so readers must mask them as ``prepare``
+    does); ``qg_ref``, ``kg_ref`` (k's dtype) and ``krg_ref`` (operand dtype), ``[B, Tp, H,
+    K]``."""
+    bsz, tp, heads, dk = k.shape
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
-    outs = _pallas(
+    tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
+    _, conn, last = docs if docs else (None, None, None)
+    return _pallas(
         _intra_tokens_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("gam_ref", gam)],
-        outputs=[("mkd_ref", mats), ("mqd_ref", mats)],
-        grid=(bsz * cfg["n_chunks"] * CHUNK, heads // cfg["intra_heads"]), tune="intra_token",
+        inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("gam_ref", gam),
+                ("conn_ref", conn), ("last_ref", last)],
+        outputs=[("mkd_ref", mats), ("mqd_ref", mats), ("qg_ref", tok_k), ("kg_ref", tok_k),
+                 ("krg_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), cfg["mm_dtype"]))],
+        grid=(bsz * tp, heads // cfg["intra_heads"]), tune="intra_token",
         name="channelwise_intra",
     )
-    return outs["mkd_ref"], outs["mqd_ref"]
 
 
 def _grad_blocks_kernel(q_ref, k_ref, kr_ref, gam_ref, doc_ref, conn_ref, last_ref, do_ref,
@@ -654,40 +678,64 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
     r16, c16 = _iota((SUB, SUB), 0), _iota((SUB, SUB), 1)
     zero = jnp.zeros((SUB, SUB), F32)
 
-    # 1. Off-diagonal blocks of Mk and Mq, row block by row block; Mq out.
-    mk = {}
+    # 1. Off-diagonal blocks of Mk and Mq; Mq out.
     for i in range(NSUB):
         mq_ref[b, h, n, blk(i), blk(i)] = masked(
             mqd_ref[b, h, n, blk(i), :], with_mask(r16 >= c16, same_doc(i, i))
         ).astype(mq_ref.dtype)
         for j in range(i + 1, NSUB):
             mq_ref[b, h, n, blk(i), blk(j)] = zero.astype(mq_ref.dtype)
-        if not i:
-            continue
-
-        def key_block(kb, acc, i=i):
+    pairs = [(i, j) for i in range(1, NSUB) for j in range(i)]
+    if cfg["prepare_loop"] == "keys":
+        def key_block(kb, acc):
             ksl = pl.ds(kb * bk, bk)
-            ref_row = gam_ref[b, t0 + SUB * i, h, ksl][None, :]  # r_i: block i's first row
-            row_fac = _exp(gam_ref[b, rows(i), h, ksl] - ref_row)
-            xk = _scaled(k_ref[b, rows(i), h, ksl].astype(F32), ks_ref, b, rows(i), h, ksl,
-                         mdt) * row_fac  # kr rows
-            xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
+            ref = {i: gam_ref[b, t0 + SUB * i, h, ksl][None, :] for i in range(1, NSUB)}
+            gam = {i: gam_ref[b, rows(i), h, ksl] for i in range(NSUB)}
+            kraw = {i: k_ref[b, rows(i), h, ksl].astype(F32) for i in range(NSUB)}
+            # Column factors k_j e^{r_{j+1} - gamma_j} (exponent <= 0), times the per-channel
+            # e^{r_i - r_{j+1}} (<= 0) for the later row blocks i > j + 1.
+            ycol = {j: kraw[j] * _exp(ref[j + 1] - gam[j]) for j in range(NSUB - 1)}
+            out = []
+            for i in range(1, NSUB):
+                row_fac = _exp(gam[i] - ref[i])
+                xk = _scaled(kraw[i], ks_ref, b, rows(i), h, ksl, mdt) * row_fac
+                xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
+                for j in range(i):
+                    y = ycol[j] if j + 1 == i else ycol[j] * _exp(ref[i] - ref[j + 1])
+                    out.append(_intra_dot(xk, y, ((1,), (1,)), cfg))
+                    out.append(_intra_dot(xq, y, ((1,), (1,)), cfg))
+            return tuple(a + o for a, o in zip(acc, out))
 
-            def products(j):  # the Mk and Mq tiles of column block j < i
-                decay = _exp(ref_row - gam_ref[b, rows(j), h, ksl])  # e^{r_i - gamma_j}
-                y = k_ref[b, rows(j), h, ksl].astype(F32) * decay
-                return _intra_dot(xk, y, ((1,), (1,)), cfg), _intra_dot(xq, y, ((1,), (1,)), cfg)
+        acc = jax.lax.fori_loop(0, nkb, key_block, tuple(zero for _ in range(2 * len(pairs))))
+        sums = {p: (acc[2 * x], acc[2 * x + 1]) for x, p in enumerate(pairs)}
+    else:
+        sums = {}
+        for i in range(1, NSUB):
+            def key_block(kb, acc, i=i):
+                ksl = pl.ds(kb * bk, bk)
+                ref_row = gam_ref[b, t0 + SUB * i, h, ksl][None, :]  # r_i: block i's first row
+                row_fac = _exp(gam_ref[b, rows(i), h, ksl] - ref_row)
+                xk = _scaled(k_ref[b, rows(i), h, ksl].astype(F32), ks_ref, b, rows(i), h, ksl,
+                             mdt) * row_fac  # kr rows
+                xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
 
-            out = [products(j) for j in range(i)]
-            return (tuple(a + out[j][0] for j, a in enumerate(acc[0])),
-                    tuple(a + out[j][1] for j, a in enumerate(acc[1])))
+                def products(j):  # the Mk and Mq tiles of column block j < i
+                    decay = _exp(ref_row - gam_ref[b, rows(j), h, ksl])  # e^{r_i - gamma_j}
+                    y = k_ref[b, rows(j), h, ksl].astype(F32) * decay
+                    return (_intra_dot(xk, y, ((1,), (1,)), cfg),
+                            _intra_dot(xq, y, ((1,), (1,)), cfg))
 
-        zeros = tuple(zero for _ in range(i))
-        mk_i, mq_i = jax.lax.fori_loop(0, nkb, key_block, (zeros, zeros))
-        for j in range(i):
-            mq_ref[b, h, n, blk(i), blk(j)] = masked(mq_i[j], same_doc(i, j)).astype(
-                mq_ref.dtype)
-            mk[i, j] = masked(mk_i[j], same_doc(i, j))
+                out = [products(j) for j in range(i)]
+                return (tuple(a + out[j][0] for j, a in enumerate(acc[0])),
+                        tuple(a + out[j][1] for j, a in enumerate(acc[1])))
+
+            zeros = tuple(zero for _ in range(i))
+            mk_i, mq_i = jax.lax.fori_loop(0, nkb, key_block, (zeros, zeros))
+            sums.update({(i, j): (mk_i[j], mq_i[j]) for j in range(i)})
+    mk = {}
+    for (i, j), (mk_ij, mq_ij) in sums.items():
+        mq_ref[b, h, n, blk(i), blk(j)] = masked(mq_ij, same_doc(i, j)).astype(mq_ref.dtype)
+        mk[i, j] = masked(mk_ij, same_doc(i, j))
 
     # 2. A = (I + Mk)^{-1}: the diagonal blocks by row-wise forward substitution (the four
     # blocks in lockstep, A_ii - I built row by row) ...
@@ -719,36 +767,27 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
             a_ref[b, h, n, blk(i), blk(j)] = amat.get((i, j), zero).astype(a_ref.dtype)
 
 
-def _wu_kernel(q_ref, k_ref, ks_ref, v_ref, vs_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
-               w_ref, u_ref, qg_ref, kg_ref, e_ref, *, cfg):
-    """The ``wu`` kernel: ``W = A (kr E_in)``, ``U = A vw`` (the WY representation, paper 1
-    Eqs. 18-24; FLA's ``recompute_w_u``; ``kr = k ks`` and ``vw = v vs`` formed here by
-    :func:`_scaled`), ``qg = q E_in``, ``kg = k E_out`` and ``e_all`` of one
+def _wu_kernel(krg_ref, v_ref, vs_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
+               w_ref, u_ref, e_ref, *, cfg):
+    """The ``wu`` kernel: ``W = A krg`` (``krg = kr E_in`` from :func:`_intra_tokens_kernel`)
+    and ``U = A vw`` (the WY representation, paper 1 Eqs. 18-24; FLA's ``recompute_w_u``;
+    ``vw = v vs`` formed here by :func:`_scaled`), and ``e_all = exp(gamma_C) conn_C``, of one
     chunk on whole ``[C, BK]`` / ``[C, BV]`` tiles, with A from :func:`_prepare_kernel`
     (operand dtype; one ``[C, C] x [C, BK]`` tensor-core product per key or value block, fp32
-    accumulation). ``E_in = exp(gamma)``, ``E_out = exp(gamma_last - gamma)``, ``e_all =
-    exp(gamma_last)`` with the document masks of :func:`_decay_factors`. One program per
-    (chunk, batch * head)."""
+    accumulation). One program per (chunk, batch * head)."""
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
     t0 = n * CHUNK
     tsl = pl.ds(t0, CHUNK)
     mdt = cfg["mm_dtype"]
     bk, bv = cfg["block_k"], cfg["block_v"]
-    _, conn, last = _load_docs(cfg, doc_ref, conn_ref, last_ref, b, tsl)
-    conn_last = _conn_last(conn)
+    conn_last = None if conn_ref is None else conn_ref[b, t0 + CHUNK - 1]
     amat = a_ref[b, h, n, :, :]
     for kb in range(cfg["dk"] // bk):
         ksl = pl.ds(kb * bk, bk)
-        gam = gam_ref[b, tsl, h, ksl]
-        g_last = gam_ref[b, t0 + CHUNK - 1, h, ksl]
-        e_in, e_out, e_all = _decay_factors(gam, g_last, conn, last, conn_last)
-        qg_ref[b, tsl, h, ksl] = (q_ref[b, tsl, h, ksl].astype(F32) * e_in).astype(qg_ref.dtype)
-        k = k_ref[b, tsl, h, ksl].astype(F32)
-        kg_ref[b, tsl, h, ksl] = (k * e_out).astype(kg_ref.dtype)
-        e_ref[b, h, n, ksl] = e_all
-        krg = _scaled(k, ks_ref, b, tsl, h, ksl, mdt) * e_in
-        w_ref[b, tsl, h, ksl] = mm(amat, krg, mdt).astype(w_ref.dtype)
+        e_all = _exp(gam_ref[b, t0 + CHUNK - 1, h, ksl])
+        e_ref[b, h, n, ksl] = e_all if conn_last is None else e_all * conn_last
+        w_ref[b, tsl, h, ksl] = mm(amat, krg_ref[b, tsl, h, ksl], mdt).astype(w_ref.dtype)
     for vb in range(cfg["dv"] // bv):
         vsl = pl.ds(vb * bv, bv)
         vw = _scaled(v_ref[b, tsl, h, vsl].astype(F32), vs_ref, b, tsl, h, vsl, mdt)
@@ -763,7 +802,7 @@ def _prepare(cfg, q, k, v, ks, vs, gam, docs, *, save_a):
     ``[B, Tp, H, K or V]``), ``mq_ref`` and (``save_a``) ``a_ref`` (operand dtype,
     ``[B, H, N, C, C]``, zero above the diagonal) and
     ``e_ref`` (fp32 ``[B, H, N, K]``)."""
-    mkd, mqd = _intra(cfg, q, k, ks, gam)
+    intra = _intra(cfg, q, k, ks, gam, docs)
     bsz, tp, heads, dk = k.shape
     dv = v.shape[-1]
     nc = cfg["n_chunks"]
@@ -771,27 +810,25 @@ def _prepare(cfg, q, k, v, ks, vs, gam, docs, *, save_a):
     # _chunk_dr) rounds them to it before its product, so storing them rounded changes nothing
     # but halves their HBM traffic for half-precision inputs.
     mats = jax.ShapeDtypeStruct((bsz, heads, nc, CHUNK, CHUNK), cfg["mm_dtype"])
-    tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
     outs = _pallas(
         _prepare_kernel, cfg,
         inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("gam_ref", gam)]
-        + _doc_inputs(docs) + [("mkd_ref", mkd), ("mqd_ref", mqd)],
+        + _doc_inputs(docs) + [("mkd_ref", intra["mkd_ref"]), ("mqd_ref", intra["mqd_ref"])],
         outputs=[("a_ref", mats), ("mq_ref", mats)],
         grid=(nc, bsz * heads), tune="prepare", name="channelwise_prepare",
     )
     outs.update(_pallas(
         _wu_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("v_ref", v), ("vs_ref", vs),
-                ("gam_ref", gam)] + _doc_inputs(docs) + [("a_ref", outs["a_ref"])],
+        inputs=[("krg_ref", intra["krg_ref"]), ("v_ref", v), ("vs_ref", vs), ("gam_ref", gam)]
+        + _doc_inputs(docs) + [("a_ref", outs["a_ref"])],
         outputs=[
-            ("w_ref", tok_k),
+            ("w_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), v.dtype)),
-            ("qg_ref", tok_k),
-            ("kg_ref", tok_k),
             ("e_ref", jax.ShapeDtypeStruct((bsz, heads, nc, dk), F32)),
         ],
         grid=(nc, bsz * heads), tune="wu", name="channelwise_wu",
     ))
+    outs["qg_ref"], outs["kg_ref"] = intra["qg_ref"], intra["kg_ref"]
     if not save_a:
         del outs["a_ref"]
     return outs
