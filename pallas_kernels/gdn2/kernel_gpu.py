@@ -153,8 +153,9 @@ AUTO_SELECT = True
 # loop, 3.06 unrolled; 2 stages 1.517; FLA's fused inter + solve kernel: 1 warp, 3 stages,
 # BK 32); wu 4 warps, 3 stages (8x3, 4x1, 8x1 within 0.5%); grad_blocks 4 warps 2 stages and
 # backward_chunk 4 warps 3 stages (KDA fwd+bwd 10.11 -> 9.56 ms wall,
-# tune-kda-backward-launches-h200-2026-11-30.md). forward / backward_state are unswept since the
-# intra split (8 warps were within 0.3% before it; forward 4x3 / 8x3: +0.9% / +2% fwd+bwd).
+# tune-kda-backward-launches-h200-2026-11-30.md); forward 4 warps 3 stages and gamma 8 warps 2
+# stages (KDA fwd 2.106 -> 1.981 ms wall in the sweep's confirmation, fwd+bwd flat,
+# tune-kda-forward-launches-h200-2026-11-30.md); backward_state unswept since the intra split.
 # History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a
 # 16-step column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then
 # 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches
@@ -170,9 +171,8 @@ AUTO_SELECT = True
 TUNING = {
     "prepare": (1, 3),
     "prepare_k": 16,
-    "prepare_loop": "rows",
     "wu": (4, 3),
-    "forward": (4, 2),
+    "forward": (4, 3),
     "backward_state": (4, 2),
     "backward_chunk": (4, 3),
     "block_v": None,
@@ -181,7 +181,7 @@ TUNING = {
     "intra_token_heads": 2,
     "intra_token": (1, 3),
     "grad_blocks": (4, 2),
-    "gamma": (4, 1),
+    "gamma": (8, 2),
 }
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
@@ -231,7 +231,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 block_v=block_v, block_k=block_k, prepare_k=prepare_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
-                intra_heads=intra_heads(heads), prepare_loop=TUNING.get("prepare_loop", "rows"))
+                intra_heads=intra_heads(heads))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -618,21 +618,24 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
     Row block i holds rows ``16 i .. 16 i + 15`` of the chunk; tiles are loaded from and stored
     to the refs at those row offsets (Triton cannot slice registers, but refs slice freely).
 
-    1. Off-diagonal blocks (i > j) of Mk and Mq, row block by row block, summed over key
-       blocks of ``BK = cfg["prepare_k"]`` channels, with reference r_i = gamma at the FIRST
-       row of block i (gamma is non-increasing, so ``gamma_i <= r_i <= gamma_j`` for every row
-       of block i and every row of an earlier block j)::
+    1. Off-diagonal blocks (i > j) of Mk and Mq, summed over key blocks of ``BK =
+       cfg["prepare_k"]`` channels (the loop; all six block pairs inside it, each row block's
+       tiles loaded once per key block), with r_i = gamma at the FIRST row of block i (gamma
+       is non-increasing, so ``gamma_i <= r_i <= gamma_j`` for every row of block i and every
+       row of an earlier block j)::
 
-           Mk_ij = (kr_i e^{gamma_i - r_i}) (k_j e^{r_i - gamma_j})^T,  Mq_ij likewise (q_i)
+           Mk_ij = (kr_i e^{gamma_i - r_i}) (k_j e^{r_{j+1} - gamma_j} e^{r_i - r_{j+1}})^T
 
-       Both exponents are <= 0 in a chunk: no masks, no overflow, an exact factorisation. Six
-       block pairs, twelve ``[16, BK] x [BK, 16]`` products per key block by
-       :func:`_intra_dot` (IEEE fp32 for fp32 inputs; TF32 or the input dtype for half inputs,
-       ``TUNING["intra_tf32"]``), the column blocks of a row block unrolled (a loop over them
-       with selects into the accumulators: 1.554 ms against 1.465 for intra + prepare + wu at
-       S1 on the H200, key blocks of 16, channelwise-forms-h200-2026-11-30b.md). Masks per
-       tile: same document (doc ids of the tile's rows and columns). Mq's tiles go out
-       masked, in the operand dtype: the diagonal tile from ``intra`` (``mqd`` rows
+       and Mq_ij likewise (q_i). Every exponent is <= 0 in a chunk: no masks, no overflow, an
+       exact factorisation; the column factor ``k_j e^{r_{j+1} - gamma_j}`` serves every i > j
+       (times the per-channel ``e^{r_i - r_{j+1}}`` for i > j + 1). Twelve ``[16, BK] x [BK,
+       16]`` products per key block by :func:`_intra_dot` (IEEE fp32 for fp32 inputs; TF32 or
+       the input dtype for half inputs, ``TUNING["intra_tf32"]``). (Until 2026-11-30 the row
+       blocks were the outer loop, one key-block loop per row block: intra + prepare + wu
+       1.201 ms against 1.169 at S1 on the H200, channelwise-forms-h200-2026-11-30c.md; a
+       loop over the column blocks with selects into the accumulators was slower still.)
+       Masks per tile: same document (doc ids of the tile's rows and columns). Mq's tiles go
+       out masked, in the operand dtype: the diagonal tile from ``intra`` (``mqd`` rows
        ``16 i ..``, loaded directly; inclusive lower and same document, which also drops the
        columns ``intra`` leaves unwritten), zeros above the diagonal (the output is
        uninitialised).
@@ -648,8 +651,8 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
        and the backward.
 
     The inverse runs after all products, so that its tiles do not stay live through the
-    product loops (registers: 244 per thread at 1 warp, no spills, estimated with
-    ``experiments/kernel_registers.py`` at S1).
+    product loop (registers: 255 per thread at 1 warp, no spills, estimated with
+    ``experiments/kernel_registers.py`` and Triton 3.6 at S1; ``prepare_k`` 32 spills).
     """
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)
@@ -685,57 +688,35 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
         ).astype(mq_ref.dtype)
         for j in range(i + 1, NSUB):
             mq_ref[b, h, n, blk(i), blk(j)] = zero.astype(mq_ref.dtype)
+    # Key blocks outermost: each row block's tiles are loaded once per key block and the six
+    # block pairs' products are independent work for the one warp.
     pairs = [(i, j) for i in range(1, NSUB) for j in range(i)]
-    if cfg["prepare_loop"] == "keys":
-        def key_block(kb, acc):
-            ksl = pl.ds(kb * bk, bk)
-            ref = {i: gam_ref[b, t0 + SUB * i, h, ksl][None, :] for i in range(1, NSUB)}
-            gam = {i: gam_ref[b, rows(i), h, ksl] for i in range(NSUB)}
-            kraw = {i: k_ref[b, rows(i), h, ksl].astype(F32) for i in range(NSUB)}
-            # Column factors k_j e^{r_{j+1} - gamma_j} (exponent <= 0), times the per-channel
-            # e^{r_i - r_{j+1}} (<= 0) for the later row blocks i > j + 1.
-            ycol = {j: kraw[j] * _exp(ref[j + 1] - gam[j]) for j in range(NSUB - 1)}
-            out = []
-            for i in range(1, NSUB):
-                row_fac = _exp(gam[i] - ref[i])
-                xk = _scaled(kraw[i], ks_ref, b, rows(i), h, ksl, mdt) * row_fac
-                xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
-                for j in range(i):
-                    y = ycol[j] if j + 1 == i else ycol[j] * _exp(ref[i] - ref[j + 1])
-                    out.append(_intra_dot(xk, y, ((1,), (1,)), cfg))
-                    out.append(_intra_dot(xq, y, ((1,), (1,)), cfg))
-            return tuple(a + o for a, o in zip(acc, out))
 
-        acc = jax.lax.fori_loop(0, nkb, key_block, tuple(zero for _ in range(2 * len(pairs))))
-        sums = {p: (acc[2 * x], acc[2 * x + 1]) for x, p in enumerate(pairs)}
-    else:
-        sums = {}
+    def key_block(kb, acc):
+        ksl = pl.ds(kb * bk, bk)
+        ref = {i: gam_ref[b, t0 + SUB * i, h, ksl][None, :] for i in range(1, NSUB)}  # r_i
+        gam = {i: gam_ref[b, rows(i), h, ksl] for i in range(NSUB)}
+        kraw = {i: k_ref[b, rows(i), h, ksl].astype(F32) for i in range(NSUB)}
+        # Column factors k_j e^{r_{j+1} - gamma_j}, times the per-channel e^{r_i - r_{j+1}}
+        # for row blocks i > j + 1 (both exponents <= 0): e^{r_i - gamma_j} with three
+        # [16, BK] exponentials instead of six.
+        ycol = {j: kraw[j] * _exp(ref[j + 1] - gam[j]) for j in range(NSUB - 1)}
+        out = []
         for i in range(1, NSUB):
-            def key_block(kb, acc, i=i):
-                ksl = pl.ds(kb * bk, bk)
-                ref_row = gam_ref[b, t0 + SUB * i, h, ksl][None, :]  # r_i: block i's first row
-                row_fac = _exp(gam_ref[b, rows(i), h, ksl] - ref_row)
-                xk = _scaled(k_ref[b, rows(i), h, ksl].astype(F32), ks_ref, b, rows(i), h, ksl,
-                             mdt) * row_fac  # kr rows
-                xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
+            row_fac = _exp(gam[i] - ref[i])  # e^{gamma_i - r_i}
+            xk = _scaled(kraw[i], ks_ref, b, rows(i), h, ksl, mdt) * row_fac  # kr rows
+            xq = q_ref[b, rows(i), h, ksl].astype(F32) * row_fac
+            for j in range(i):
+                y = ycol[j] if j + 1 == i else ycol[j] * _exp(ref[i] - ref[j + 1])
+                out += [_intra_dot(xk, y, ((1,), (1,)), cfg), _intra_dot(xq, y, ((1,), (1,)), cfg)]
+        return tuple(a + o for a, o in zip(acc, out))
 
-                def products(j):  # the Mk and Mq tiles of column block j < i
-                    decay = _exp(ref_row - gam_ref[b, rows(j), h, ksl])  # e^{r_i - gamma_j}
-                    y = k_ref[b, rows(j), h, ksl].astype(F32) * decay
-                    return (_intra_dot(xk, y, ((1,), (1,)), cfg),
-                            _intra_dot(xq, y, ((1,), (1,)), cfg))
-
-                out = [products(j) for j in range(i)]
-                return (tuple(a + out[j][0] for j, a in enumerate(acc[0])),
-                        tuple(a + out[j][1] for j, a in enumerate(acc[1])))
-
-            zeros = tuple(zero for _ in range(i))
-            mk_i, mq_i = jax.lax.fori_loop(0, nkb, key_block, (zeros, zeros))
-            sums.update({(i, j): (mk_i[j], mq_i[j]) for j in range(i)})
+    acc = jax.lax.fori_loop(0, nkb, key_block, tuple(zero for _ in range(2 * len(pairs))))
     mk = {}
-    for (i, j), (mk_ij, mq_ij) in sums.items():
-        mq_ref[b, h, n, blk(i), blk(j)] = masked(mq_ij, same_doc(i, j)).astype(mq_ref.dtype)
-        mk[i, j] = masked(mk_ij, same_doc(i, j))
+    for x, (i, j) in enumerate(pairs):
+        mq_ref[b, h, n, blk(i), blk(j)] = masked(acc[2 * x + 1], same_doc(i, j)).astype(
+            mq_ref.dtype)
+        mk[i, j] = masked(acc[2 * x], same_doc(i, j))
 
     # 2. A = (I + Mk)^{-1}: the diagonal blocks by row-wise forward substitution (the four
     # blocks in lockstep, A_ii - I built row by row) ...
