@@ -13,9 +13,8 @@ kernels form those products themselves (:func:`_scaled`: fp32, rounded once to t
 dtype), so no separate pass over k and v runs before them; the backward forms ``kr`` in XLA for
 its kernels and applies the products' chain rule to dkr and dvw (dk, dv and the scales'
 gradients). (Until 2026-11-30 XLA formed ``kr`` and ``vw`` before the kernels: 125 us of the KDA
-forward at S1, H200. The fold is unmeasured on a GPU as of that day; the forward's outputs are
-bitwise those of the earlier form in interpret mode. GDN-2's per-channel gates are read by
-three kernels instead of once by XLA: its saving is less certain.) Inside, the
+forward at S1, H200; the fold took the KDA / GDN-2 forward from 2.162 / 2.279 to 2.008 / 2.205
+ms, ``kernels-h200-2026-11-30.md``, tenth run.) Inside, the
 ``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
 returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
 
@@ -60,18 +59,23 @@ of Mk and Mq by ``[16, BK] x [BK, 16]`` products with the reference at the first
 block (both exponents <= 0, no masks), ``intra``'s diagonal tiles loaded directly, the diagonal
 blocks of A by row-wise forward substitution in fp32 and the rest by block forward substitution
 (16 ``[16, 16]`` products); ~0.5M multiply-adds per chunk and head at K = 128. ``wu`` then
-forms W and U from A on whole ``[C, BK]`` tiles. (Until 2026-11-30, 09:30 UTC, one kernel
-did both on whole ``[C, C]`` fp32 tiles: masked ``[C, BK] x [BK, C]`` products, 8x the useful
-FLOPs, ~5.9M multiply-adds, 255 registers with spills at 8 warps; 1.86 ms at S1 against 0.53 +
-0.40 ms for ``prepare`` + ``wu`` now, H200, ``channelwise-forms-h200-2026-11-30b.md``.)
+forms W and U from A on whole ``[C, BK]`` tiles, reading ``krg = kr E_in`` that ``intra`` wrote
+(with qg and kg: each token's decay-scaled rows, formed where q, k and kr are loaded anyway;
+until 2026-11-30, 11:15 UTC, ``wu`` formed them from q, k and fp32 gamma: 0.381 ms against
+0.182 now, ``intra`` 0.441 -> 0.504, KDA forward 1.932 -> 1.742 ms at S1). (Until 2026-11-30,
+09:30 UTC, one kernel did both on whole ``[C, C]`` fp32 tiles: masked ``[C, BK] x [BK, C]``
+products, 8x the useful FLOPs, ~5.9M multiply-adds, 255 registers with spills at 8 warps; 1.86
+ms at S1 against 0.53 + 0.40 ms for ``prepare`` + ``wu`` then and 0.46 + 0.18 now, H200,
+``channelwise-forms-h200-2026-11-30b.md``, ``kernels-h200-2026-11-30.md``.)
 
 Kernels (grid in brackets):
 
 * ``gamma`` [chunks, B*H]: the within-chunk cumsum of g (fp32 ``[B, Tp, H, K]``).
 * ``intra`` [B*T, H/nh]: the diagonal 16 x 16 blocks of Mk and Mq (fp32 ``[B, H, N, C, 16]``,
   row i holding its block's columns j <= i mod 16; the columns after it are not written and
-  hold whatever the buffer held, NaN in interpret mode: ``prepare`` masks them), one program per
-  token and group of nh heads (:func:`intra_heads`).
+  hold whatever the buffer held, NaN in interpret mode: ``prepare`` masks them), and the
+  token's rows of ``qg = q E_in``, ``kg = k E_out`` (input dtype) and ``krg = kr E_in``
+  (operand dtype), one program per token and group of nh heads (:func:`intra_heads`).
 * ``prepare`` [chunks, B*H] (:func:`_prepare_kernel`): Mk and Mq from 16 x 16 sub-blocks (the
   off-diagonal ones by products over key blocks of ``BK`` channels, ``intra``'s diagonal ones
   loaded), A by forward substitution; A and Mq out (``[B, H, N, C, C]`` in the tensor-core
@@ -114,13 +118,12 @@ rounding. Requires ``g <= 0`` (a decay), as every form of these ops documents.
 
 All kernels also run under ``interpret=True`` (Pallas interpret mode) on any backend; the test
 suite checks them that way on CPU. Status: verified in interpret mode (fp32 to rounding; bf16
-within the GPU gates) and on the H200 (2026-11-30, up to commit cae3e6b: ``pytest -m gpu
-tests/pallas_kernels/kernel_gpu_channelwise_test.py``, 8 passed: KDA and GDN-2, bf16 against
-the fp32 reference, packed and not, head dims 64 and 128; ``benchmarks/results/
-kernels-h200-2026-11-30.md``, seventh and eighth runs), so ``"auto"`` picks them on a GPU
-(:data:`AUTO_SELECT`). The later fold of kr and vw into the forward kernels (``_scaled``) is
-verified in interpret mode (forward outputs bitwise those of the earlier form) and lowers to
-Triton for sm_90a, but has not run on a GPU yet. In the 350M KDA hybrid they train 6.4x
+within the GPU gates) and on the H200 (2026-11-30, session 24, the kernels of commit 771c2ac
+less its launch change: ``pytest -m gpu tests/pallas_kernels/kernel_gpu_channelwise_test.py``,
+8 passed: KDA and GDN-2, bf16 against the fp32 reference, packed and not, head dims 64 and 128;
+with the final launches the benchmark's correctness gate, ``benchmarks/results/
+kernels-h200-2026-11-30.md``, twelfth to fourteenth runs), so ``"auto"`` picks them on a GPU
+(:data:`AUTO_SELECT`). In the 350M KDA hybrid they train 6.4x
 faster than the chunked JAX form (``benchmarks/results/train-throughput-h200-2026-11-29.md``).
 """
 
@@ -156,18 +159,21 @@ AUTO_SELECT = True
 # tune-kda-backward-launches-h200-2026-11-30.md); forward 4 warps 3 stages and gamma 8 warps 2
 # stages (KDA fwd 2.106 -> 1.981 ms wall in the sweep's confirmation, fwd+bwd flat,
 # tune-kda-forward-launches-h200-2026-11-30.md); backward_state unswept since the intra split.
-# History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a
-# 16-step column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then
-# 13.43 -> 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches
-# (tune-kda-options-h200-2026-11-30.md); KDA forward 3.22 -> 2.16 ms (summed kernel time) from
-# prepare on 16 x 16 sub-blocks plus the separate wu kernel (2.51 -> 1.47 ms with intra) and
-# intra storing each column as summed (0.63 -> 0.53 ms). Losing forms deleted: XLA's cumsum of
-# g outside the custom_vjp (gamma kernel: 13.425 -> 12.875 ms); the intra_grad kernel plus
-# backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210, 10.33 at 4 warps); the
-# forward intra as a per-block column loop (1.056 ms) or quad levels (1.312), against 0.627
-# token-parallel (4 heads, 4 warps); a products kernel for prepare's off-diagonal blocks; prepare
-# on whole [C, C] tiles (2.507 ms with intra), the sub-block form with W and U in the same kernel
-# (1.875), the gamma-kernel removal with a direct [C, C] diagonal layout (prepare 1.86 -> 3.42).
+# History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a 16-step
+# column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then 13.43 -> 10.25
+# ms from the gamma kernel + grad_blocks + 4-warp launches (tune-kda-options-h200-2026-11-30.md);
+# KDA forward 3.22 -> 2.16 ms (summed kernel time) from prepare on 16 x 16 sub-blocks plus the
+# separate wu kernel (2.51 -> 1.47 ms with intra) and intra storing each column as summed (0.63 ->
+# 0.53 ms); then (session 24, kernel time) 2.16 -> 1.64 ms from the kr/vw fold, exp2, intra writing
+# qg/kg/krg, prepare over key blocks and the forward/gamma launches (kernels-h200-2026-11-30.md,
+# ninth to twelfth runs). Losing forms deleted: XLA's cumsum of g outside the custom_vjp (gamma
+# kernel: 13.425 -> 12.875 ms); the intra_grad kernel plus backward_chunk's off-diagonal loop
+# (grad_blocks: 12.875 -> 12.210, 10.33 at 4 warps); the forward intra as a per-block column loop
+# (1.056 ms) or quad levels (1.312), against 0.627 token-parallel (4 heads, 4 warps); a products
+# kernel for prepare's off-diagonal blocks; prepare on whole [C, C] tiles (2.507 ms with intra), the
+# sub-block form with W and U in the same kernel (1.875), the gamma-kernel removal with a direct
+# [C, C] diagonal layout (prepare 1.86 -> 3.42); prepare with row blocks outermost (1.201 ms with
+# intra and wu against 1.169, channelwise-forms-h200-2026-11-30c.md).
 TUNING = {
     "prepare": (1, 3),
     "prepare_k": 16,
