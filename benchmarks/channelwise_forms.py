@@ -6,7 +6,9 @@ stages of ``pallas_kernels/gdn2/kernel_gpu.py`` and times them under ``TUNING`` 
 
 * ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``kernel_gpu._intra``, the
   token-parallel kernel) with ``intra_token_heads`` heads per program at most and the
-  ``intra_token`` launch;
+  ``intra_token`` launch; since 2026-11-30 (commit cd67293) the kernel also writes each token's
+  qg, kg and krg rows, which its time includes (not comparable with earlier intra rows) but
+  the comparison leaves out (only Mk and Mq's diagonal blocks are compared);
 * ``prepare``: ``kernel_gpu._prepare`` (``intra``, then the ``prepare`` kernel on 16 x 16
   sub-blocks and the ``wu`` kernel) under the ``prepare`` launch and key-block width
   (``prepare_k``) and the ``wu`` launch.

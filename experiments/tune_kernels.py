@@ -24,8 +24,9 @@ H and at most this cap, as that module's ``intra_heads`` resolves it), ``block_v
 (``None`` means ``min(dim, 64)``, as that module's ``block_widths`` resolves them),
 ``prepare_k`` (the key-block width of the ``prepare`` kernel's products, on 16 x 16
 sub-blocks; ``None`` means block_k), and ``(num_warps, num_stages)`` of ``gamma``,
-``intra_token`` (the launch of the ``intra`` kernel), ``prepare``, ``wu`` (the kernel forming W,
-U, qg, kg and e_all from prepare's A), ``forward``, ``grad_blocks``, ``backward_state`` and
+``intra_token`` (the launch of the ``intra`` kernel, which also writes qg, kg and krg),
+``prepare``, ``wu`` (the kernel forming W, U and e_all from prepare's A and intra's krg),
+``forward``, ``grad_blocks``, ``backward_state`` and
 ``backward_chunk`` (a pair, or a dict of pairs per key head dim, as for gdn). Every
 configuration runs all eight kernels (gamma, intra, prepare, wu and forward in the forward, then
 grad_blocks, backward_state and backward_chunk); caps that resolve to the same heads per program

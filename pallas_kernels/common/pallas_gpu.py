@@ -250,9 +250,9 @@ def exp(x: jax.Array) -> jax.Array:
 
     Pallas' Triton lowering takes fp32 ``exp`` to libdevice's ``__nv_expf`` (an accurate
     range-reduced sequence of ~10 instructions) but ``exp2`` to ``__nv_exp2f``, the single
-    ``ex2.approx`` instruction (2 ulp) that Triton's own ``tl.exp`` uses. The product adds a
-    relative error of ``|x log2 e| * 2**-24`` (6e-6 at x = -100, where the result is ~4e-44);
-    the kernels only exponentiate non-positive log-decay differences.
+    ``ex2.approx`` instruction (2 ulp) that Triton's own ``tl.exp`` uses. Rounding the product
+    (and log2 e) adds a relative error of about ``|x| * 2**-24`` (5e-6 at x = -80, where the
+    result is ~2e-35); the kernels only exponentiate non-positive log-decay differences.
     """
     return jnp.exp2(x * LOG2_E)
 

@@ -74,14 +74,14 @@ Kernels (grid in brackets):
 * ``intra`` [B*T, H/nh]: the diagonal 16 x 16 blocks of Mk and Mq (fp32 ``[B, H, N, C, 16]``,
   row i holding its block's columns j <= i mod 16; the columns after it are not written and
   hold whatever the buffer held, NaN in interpret mode: ``prepare`` masks them), and the
-  token's rows of ``qg = q E_in``, ``kg = k E_out`` (input dtype) and ``krg = kr E_in``
-  (operand dtype), one program per token and group of nh heads (:func:`intra_heads`).
+  token's rows of ``qg = q E_in``, ``kg = k E_out`` and ``krg = kr E_in`` (operand dtype,
+  ``[B, Tp, H, K]``), one program per token and group of nh heads (:func:`intra_heads`).
 * ``prepare`` [chunks, B*H] (:func:`_prepare_kernel`): Mk and Mq from 16 x 16 sub-blocks (the
   off-diagonal ones by products over key blocks of ``BK`` channels, ``intra``'s diagonal ones
   loaded), A by forward substitution; A and Mq out (``[B, H, N, C, C]`` in the tensor-core
   operand dtype, to which every consumer rounds them).
-* ``wu`` [chunks, B*H] (:func:`_wu_kernel`): ``W = A (kr E_in)``, ``U = A vw``, ``qg = q E_in``,
-  ``kg = k E_out`` (input dtype) and e_all (fp32 ``[B, H, N, K]``).
+* ``wu`` [chunks, B*H] (:func:`_wu_kernel`): ``W = A krg`` (krg from ``intra``), ``U = A vw``
+  (operand dtype) and e_all (fp32 ``[B, H, N, K]``).
 * ``forward`` [B*H, V/BV]: the sequential pass with the fp32 state ``[K, BV]`` in registers;
   writes O, the final state, and (for the backward) Vn and every chunk's entry state S_0.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; with dS the gradient of the chunk's exit
@@ -150,11 +150,14 @@ AUTO_SELECT = True
 # (intra_heads), intra_token its launch. A launch may also be a dict {key head dim: pair}
 # (launch_for). Swept on the H200 at S1 with experiments/tune_kernels.py --op=kda and
 # benchmarks/channelwise_forms.py (benchmarks/results/tune-kda-h200-2026-11-29.md, -11-30.md,
-# channelwise-forms-h200-2026-11-30b.md): block_k 64 (32: -0.4%); intra 2 heads per program at
-# 1 warp, 3 stages (0.532 ms; 4 heads 4 warps 0.646, FLA's choice is the same); prepare 1 warp,
-# 3 stages, prepare_k 16 (1.465 ms with intra and wu; prepare_k 32 1.578 with the columns as a
-# loop, 3.06 unrolled; 2 stages 1.517; FLA's fused inter + solve kernel: 1 warp, 3 stages,
-# BK 32); wu 4 warps, 3 stages (8x3, 4x1, 8x1 within 0.5%); grad_blocks 4 warps 2 stages and
+# channelwise-forms-h200-2026-11-30b.md, -30c.md): block_k 64 (32: -0.4%); intra 2 heads per
+# program at 1 warp, 3 stages (0.521 ms with its qg/kg/krg rows, -30c; 4 heads 1 warp 0.567,
+# 4 heads 4 warps 0.649, FLA's choice); prepare 1 warp, 3 stages, prepare_k 16 (the key-block
+# loop outermost, -30c: 1.169 ms with intra and wu; 2 stages 1.228, 1 stage 1.356, 2 warps
+# 1.674 or worse; prepare_k 32 is untimed in this form, where it spills per kernel_registers.py; in
+# the earlier row-block form, -30b: 1.465, prepare_k 32 1.578 with the columns as a loop, 3.06
+# unrolled; FLA's fused inter + solve kernel: 1 warp, 3 stages, BK 32); wu 4 warps, 3 stages
+# (-30c, now only W and U: 4x2 .. 8x3 within 1.5%); grad_blocks 4 warps 2 stages and
 # backward_chunk 4 warps 3 stages (KDA fwd+bwd 10.11 -> 9.56 ms wall,
 # tune-kda-backward-launches-h200-2026-11-30.md); forward 4 warps 3 stages and gamma 8 warps 2
 # stages (KDA fwd 2.106 -> 1.981 ms wall in the sweep's confirmation, fwd+bwd flat,
@@ -400,7 +403,8 @@ def _intra_tokens_kernel(q_ref, k_ref, ks_ref, gam_ref, conn_ref, last_ref, mkd_
     It also writes the token's rows of ``qg = q E_in``, ``kg = k E_out`` and ``krg = kr E_in``
     (``E_in = exp(gamma_t) conn_t``, ``E_out = exp(gamma_C - gamma_t) last_t``: the factors of
     :func:`_decay_factors` for one row), since it loads q, k and kr anyway: ``wu`` then reads
-    krg instead of q, k and fp32 gamma. Tiny programs with few registers: many resident per SM.
+    krg instead of q, k and gamma's ``[C, K]`` tiles (only gamma's last row per chunk, for
+    e_all). Tiny programs with few registers: many resident per SM.
     """
     tp = cfg["n_chunks"] * CHUNK
     tok = pl.program_id(0)
@@ -442,8 +446,16 @@ def _intra(cfg, q, k, ks, gam, docs):
     (fp32 ``[B, H, N, C, SUB]``; row i holds columns ``j <= i mod 16`` only, the others are
     unwritten (uninitialised; NaN in interpret mode), so readers must mask them as ``prepare``
     does); ``qg_ref``, ``kg_ref`` (k's dtype) and ``krg_ref`` (operand dtype), ``[B, Tp, H,
-    K]``."""
+    K]``.
+
+    Raises:
+      ValueError: if the arrays' length ``Tp`` is not the configuration's padded length
+        ``n_chunks * 64`` (the kernel decodes token indices from it).
+    """
     bsz, tp, heads, dk = k.shape
+    if tp != cfg["n_chunks"] * CHUNK:  # the kernel decodes (b, t) from the padded length
+        raise ValueError(f"_intra: sequence length {tp} is not the padded length "
+                         f"{cfg['n_chunks'] * CHUNK} of the configuration")
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
     _, conn, last = docs if docs else (None, None, None)
@@ -754,8 +766,7 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
             a_ref[b, h, n, blk(i), blk(j)] = amat.get((i, j), zero).astype(a_ref.dtype)
 
 
-def _wu_kernel(krg_ref, v_ref, vs_ref, gam_ref, doc_ref, conn_ref, last_ref, a_ref,
-               w_ref, u_ref, e_ref, *, cfg):
+def _wu_kernel(krg_ref, v_ref, vs_ref, gam_ref, conn_ref, a_ref, w_ref, u_ref, e_ref, *, cfg):
     """The ``wu`` kernel: ``W = A krg`` (``krg = kr E_in`` from :func:`_intra_tokens_kernel`)
     and ``U = A vw`` (the WY representation, paper 1 Eqs. 18-24; FLA's ``recompute_w_u``;
     ``vw = v vs`` formed here by :func:`_scaled`), and ``e_all = exp(gamma_C) conn_C``, of one
@@ -806,8 +817,8 @@ def _prepare(cfg, q, k, v, ks, vs, gam, docs, *, save_a):
     )
     outs.update(_pallas(
         _wu_kernel, cfg,
-        inputs=[("krg_ref", intra["krg_ref"]), ("v_ref", v), ("vs_ref", vs), ("gam_ref", gam)]
-        + _doc_inputs(docs) + [("a_ref", outs["a_ref"])],
+        inputs=[("krg_ref", intra["krg_ref"]), ("v_ref", v), ("vs_ref", vs), ("gam_ref", gam),
+                ("conn_ref", docs[1] if docs else None), ("a_ref", outs["a_ref"])],
         outputs=[
             ("w_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), v.dtype)),

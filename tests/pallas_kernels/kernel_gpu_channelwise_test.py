@@ -316,6 +316,63 @@ def _prepare_outputs(prepare_k, *, dtype, dim, packed, decay, seq_len=65, heads=
     return {name[:-len("_ref")]: x for name, x in outs.items()}
 
 
+class DecayRowsTest(parameterized.TestCase):
+    """``intra``'s decay-scaled rows against float64 NumPy on the same inputs, in Pallas
+    interpret mode: ``qg = q E_in``, ``kg = k E_out``, ``krg = kr E_in`` with ``E_in =
+    exp(gamma_t) conn_t``, ``E_out = exp(gamma_C - gamma_t) last_t`` and ``kr = k ks`` rounded
+    to the operand dtype (T = 65 padded to 128, packed documents with boundaries inside and at
+    the end of chunks, per-channel read-key scales). ``wu``'s W = A krg is checked through the
+    op in ``InterpretTest``; these rows reach it only through W and the state pass."""
+
+    @parameterized.named_parameters(
+        ("fp32_packed", jnp.float32, True, 1e-5),
+        ("fp32_unpacked", jnp.float32, False, 1e-5),
+        ("bf16_packed", jnp.bfloat16, True, 2.0 ** -8),
+    )
+    def test_rows_match_numpy(self, dtype, packed, rtol):
+        heads, dim, seq_len, chunk = 2, 64, 65, kernel_gpu.CHUNK
+        padded = -(-seq_len // chunk) * chunk
+        inputs, _ = _inputs(5, 2, seq_len, heads, heads, dim, dtype=dtype, decay=3.0)
+
+        def pad(x):
+            return jnp.pad(x, ((0, 0), (0, padded - seq_len)) + ((0, 0),) * (x.ndim - 2))
+
+        q, k, ks, g = (pad(inputs[n]) for n in ("q", "k", "b", "g"))
+        gam = jnp.cumsum(g.reshape(2, -1, chunk, heads, dim), axis=2).reshape(g.shape)
+        docs = pallas_gpu.docs_from_segment_ids(_packed_segment_ids(), padded) if packed else ()
+        cfg = kernel_gpu._config(batch=2, heads=heads, n_chunks=padded // chunk, dk=dim, dv=dim,
+                                 scale=dim ** -0.5, has_docs=packed, mm_dtype=dtype,
+                                 interpret=True, return_residual=False)
+        outs = jax.jit(lambda *xs: kernel_gpu._intra(cfg, *xs, docs))(q, k, ks, gam)
+
+        f64 = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731
+        gam64 = f64(gam)
+        g_last = np.repeat(gam64.reshape(2, -1, chunk, heads, dim)[:, :, -1:], chunk, axis=2)
+        e_in = np.exp(gam64)
+        e_out = np.exp(g_last.reshape(gam64.shape) - gam64)
+        if packed:
+            e_in = e_in * f64(docs[1])[:, :, None, None]
+            e_out = e_out * f64(docs[2])[:, :, None, None]
+        kr = f64((k.astype(jnp.float32) * ks.astype(jnp.float32)).astype(dtype))
+        want = {"qg": f64(q) * e_in, "kg": f64(k) * e_out, "krg": kr * e_in}
+        for name, expected in want.items():
+            got = outs[name + "_ref"]
+            self.assertEqual((got.shape, got.dtype), (q.shape, jnp.dtype(dtype)), name)
+            np.testing.assert_allclose(f64(got), expected, rtol=rtol,
+                                       atol=rtol * np.max(np.abs(expected)), err_msg=name)
+        if packed:  # the masks matter here: tokens of a new document do not see S_0
+            self.assertGreater(np.sum(f64(docs[1]) == 0), 0)
+
+    def test_unpadded_length_is_an_error(self):
+        inputs, _ = _inputs(1, 1, 64, 1, 1, 64)
+        cfg = kernel_gpu._config(batch=1, heads=1, n_chunks=2, dk=64, dv=64, scale=0.125,
+                                 has_docs=False, mm_dtype=jnp.float32, interpret=True,
+                                 return_residual=False)
+        with self.assertRaisesRegex(ValueError, "padded length 128"):
+            kernel_gpu._intra(cfg, inputs["q"], inputs["k"], inputs["beta"][..., None],
+                              inputs["g"], ())
+
+
 class PrepareWidthsTest(parameterized.TestCase):
     """``prepare``'s key-block width (``TUNING["prepare_k"]``) changes only the order of its
     sums: outputs with the default width (16) against the whole key head dim in one block, in
@@ -346,7 +403,7 @@ class PrepareWidthsTest(parameterized.TestCase):
             a, e = (np.asarray(x[name], np.float32) for x in (got, want))
             self.assertEqual((a.shape, got[name].dtype), (e.shape, want[name].dtype), name)
             self.assertTrue(np.all(np.isfinite(a)), name)
-            if name in ("qg", "kg", "e"):  # sanity: wu's elementwise outputs (no prepare_k)
+            if name in ("qg", "kg", "e"):  # intra's and wu's elementwise outputs (no prepare_k)
                 np.testing.assert_array_equal(a, e, err_msg=name)
             elif dtype == jnp.float32:
                 # fp32 to rounding: max difference relative to the largest entry.
