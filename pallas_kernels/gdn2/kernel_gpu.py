@@ -458,11 +458,10 @@ def _intra(cfg, q, k, ks, gam, docs):
                          f"{cfg['n_chunks'] * CHUNK} of the configuration")
     mats = jax.ShapeDtypeStruct((bsz, heads, cfg["n_chunks"], CHUNK, SUB), F32)
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)
-    _, conn, last = docs if docs else (None, None, None)
     return _pallas(
         _intra_tokens_kernel, cfg,
-        inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("gam_ref", gam),
-                ("conn_ref", conn), ("last_ref", last)],
+        inputs=[("q_ref", q), ("k_ref", k), ("ks_ref", ks), ("gam_ref", gam)]
+        + _doc_inputs(docs)[1:],  # conn and last
         outputs=[("mkd_ref", mats), ("mqd_ref", mats), ("qg_ref", tok_k), ("kg_ref", tok_k),
                  ("krg_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), cfg["mm_dtype"]))],
         grid=(bsz * tp, heads // cfg["intra_heads"]), tune="intra_token",
@@ -817,8 +816,8 @@ def _prepare(cfg, q, k, v, ks, vs, gam, docs, *, save_a):
     )
     outs.update(_pallas(
         _wu_kernel, cfg,
-        inputs=[("krg_ref", intra["krg_ref"]), ("v_ref", v), ("vs_ref", vs), ("gam_ref", gam),
-                ("conn_ref", docs[1] if docs else None), ("a_ref", outs["a_ref"])],
+        inputs=[("krg_ref", intra["krg_ref"]), ("v_ref", v), ("vs_ref", vs), ("gam_ref", gam)]
+        + _doc_inputs(docs)[1:2] + [("a_ref", outs["a_ref"])],  # conn only
         outputs=[
             ("w_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dk), k.dtype)),
             ("u_ref", jax.ShapeDtypeStruct((bsz, tp, heads, dv), v.dtype)),
