@@ -68,6 +68,9 @@ def bundled_wikitext_data(seq_len: int, batch_size: int) -> ml_collections.Confi
         seq_len=seq_len,
         batch_size=batch_size,
         val_fraction=0.05,
+        # A corpus with its own validation split (experiments/build_corpus.py writes one):
+        # --config.data.val_paths="('/data/open_offline/prose-llama2/validation',)".
+        val_paths=config_dict.placeholder(tuple),
         seed=0,
         shuffle=True,  # reshuffle the train windows every epoch (False: corpus order)
         max_val_batches=config_dict.placeholder(int),

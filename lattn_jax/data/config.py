@@ -60,7 +60,12 @@ class DataConfig:
         batch_size: global batch size (examples per step over all processes); must be divisible by
             ``jax.process_count()`` (checked when the pipeline is built).
         val_fraction: fraction of DOCUMENTS held out for validation, in ``(0, 1)``; at least one
-            document is always held out and at least one kept for training.
+            document is always held out and at least one kept for training. Not used when
+            ``val_paths`` is given.
+        val_paths: ``None`` (validation documents are split off ``paths``), or files/directories
+            of their own holding the validation documents (read like ``paths``; e.g. the
+            ``validation`` token-shard directory of a corpus built by
+            ``experiments/build_corpus.py``); then every document of ``paths`` is trained on.
         seed: seed of the document split and of the window shuffle.
         shuffle: shuffle the train windows (reshuffled every epoch); ``False`` reads them in
             stream order (documents still in the seeded split order).
@@ -81,6 +86,7 @@ class DataConfig:
     seq_len: int
     batch_size: int
     val_fraction: float = 0.01
+    val_paths: tuple[str, ...] | None = None
     seed: int = 0
     max_val_batches: int | None = None
     shuffle: bool = True
@@ -99,6 +105,21 @@ class DataConfig:
         for path in paths:
             if not os.path.exists(path):
                 raise FileNotFoundError(f"data.paths: no such file or directory: {path}")
+        if self.val_paths is not None:
+            val_paths = self.val_paths
+            if isinstance(val_paths, (str, os.PathLike)):
+                val_paths = (val_paths,)
+            try:
+                val_paths = tuple(os.fspath(p) for p in val_paths)
+            except TypeError as e:
+                raise ValueError(f"data.val_paths: expected a sequence of paths or None, got "
+                                 f"{self.val_paths!r}") from e
+            if not val_paths:
+                raise ValueError("data.val_paths: give at least one path, or None")
+            for path in val_paths:
+                if not os.path.exists(path):
+                    raise FileNotFoundError(f"data.val_paths: no such file or directory: {path}")
+            object.__setattr__(self, "val_paths", val_paths)
 
         _check_choice("format", self.format, _FORMATS)
         _check_choice("doc_split", self.doc_split, _DOC_SPLITS)
@@ -136,6 +157,11 @@ class DataConfig:
         if not isinstance(self.shuffle, bool):
             raise ValueError(f"data.shuffle: expected True or False, got {self.shuffle!r}")
         resolved_format(self)  # token-shard directories: all or none, each with a manifest
+        if self.val_paths is not None:
+            try:
+                resolved_format(dataclasses.replace(self, paths=self.val_paths, val_paths=None))
+            except (ValueError, FileNotFoundError) as e:
+                raise type(e)(str(e).replace("data.paths", "data.val_paths")) from e
 
 
 def resolved_format(config: DataConfig) -> str:

@@ -486,11 +486,20 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
     tokenizer = tokenizers.make_tokenizer(config.tokenizer, config.tokenizer_path)
     read_stats = sources.ReadStats()
     corpus = _load_corpus(config, tokenizer, read_stats)
+    if config.val_paths is None:
+        val_corpus = corpus
+        train_idx, val_idx = split_documents(corpus.num_documents, config.val_fraction,
+                                             config.seed)
+    else:
+        val_config = dataclasses.replace(config, paths=config.val_paths, val_paths=None)
+        val_corpus = _load_corpus(val_config, tokenizer, read_stats)
+        # Every document of each corpus, in a seeded order (as split_documents orders them).
+        train_idx = np.random.default_rng(config.seed).permutation(corpus.num_documents)
+        val_idx = np.random.default_rng(config.seed).permutation(val_corpus.num_documents)
     if (read_stats.empty_documents or read_stats.malformed_lines or read_stats.invalid_utf8):
         logging.warning("data: %s", read_stats.summary())
-    train_idx, val_idx = split_documents(corpus.num_documents, config.val_fraction, config.seed)
     train_source = PackedWindowSource(corpus, train_idx, config.seq_len, tokenizer.eos_id)
-    val_source = PackedWindowSource(corpus, val_idx, config.seq_len, tokenizer.eos_id)
+    val_source = PackedWindowSource(val_corpus, val_idx, config.seq_len, tokenizer.eos_id)
     for name, source in (("train", train_source), ("validation", val_source)):
         if len(source) < shard.shard_count:
             raise ValueError(

@@ -25,7 +25,7 @@ from lattn_jax.data import shards
 from lattn_jax.data import sources
 from lattn_jax.data import tokenizers
 
-__all__ = ["prepare_corpus"]
+__all__ = ["prepare_corpus", "tokenizer_pool"]
 
 _worker_tokenizer = None
 
@@ -106,10 +106,22 @@ def _totals(entries: list[dict]) -> dict:
     return totals
 
 
+def tokenizer_pool(kind: str, path: str | None, workers: int):
+    """A pool of ``workers`` tokenizer processes for ``prepare_corpus(..., pool=...)``.
+
+    Starting the processes costs seconds (each imports the tokenizer); a caller that prepares
+    many small inputs with one tokenizer starts one pool and passes it to every call. Use it as a
+    context manager (``with tokenizer_pool(...) as pool:``) so that it is terminated after use.
+    """
+    context = multiprocessing.get_context("spawn")  # no fork of a (possibly) threaded parent
+    return context.Pool(workers, initializer=_init_worker, initargs=(kind, path))
+
+
 def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "sentencepiece",
                    tokenizer_path: str | None = None, fmt: str = "auto",
                    text_field: str = "text", doc_split: str = "blank_line", workers: int = 0,
-                   chunk_docs: int = 256, progress: bool = True, print_fn=print) -> dict:
+                   chunk_docs: int = 256, progress: bool = True, print_fn=print,
+                   pool=None) -> dict:
     """Tokenizes ``inputs`` into token shards in ``output_dir``; returns the manifest.
 
     Args:
@@ -124,6 +136,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         chunk_docs: documents per task sent to a worker.
         progress: show a tqdm progress bar (documents, tokens/s).
         print_fn: where the per-shard summary lines go.
+        pool: a ``tokenizer_pool`` of the same tokenizer to use instead of starting one
+            (``workers`` is then the number of its processes); the caller terminates it.
 
     Returns:
         The manifest dict (also written to ``<output_dir>/manifest.json``).
@@ -156,11 +170,10 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
 
     manifest = {"format": shards.FORMAT, "version": shards.VERSION, "dtype": dtype.name,
                 "tokenizer": tok.describe(), "options": options, "shards": [], "totals": {}}
-    pool = None
-    if workers > 0:
-        context = multiprocessing.get_context("spawn")  # no fork of a (possibly) threaded parent
-        pool = context.Pool(workers, initializer=_init_worker, initargs=(tok.kind, tok.path))
-    else:
+    own_pool = pool is None and workers > 0
+    if own_pool:
+        pool = tokenizer_pool(tok.kind, tok.path, workers)
+    elif pool is None:
         global _worker_tokenizer
         _worker_tokenizer = tok
     bar = tqdm.tqdm(unit="doc", disable=not progress, dynamic_ncols=True, smoothing=0.1)
@@ -202,7 +215,7 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                      f"tokens; {stats.summary()}")
     finally:
         bar.close()
-        if pool is not None:
+        if own_pool:
             pool.terminate()
             pool.join()
     manifest["totals"] = _totals(manifest["shards"])
