@@ -42,7 +42,7 @@ from lattn_jax.data.corpora import recipe as recipe_lib
 from lattn_jax.data.corpora.extractors import common as extract_common
 from lattn_jax.data.corpora.extractors import get_extractor
 
-__all__ = ["BuildError", "build_corpus", "read_eval_items"]
+__all__ = ["BuildError", "build_corpus", "read_eval_items", "summary_markdown"]
 
 SPLITS = ("train", "validation")
 
@@ -428,7 +428,8 @@ def _assemble(recipe: recipe_lib.Recipe, mixture: recipe_lib.Mixture,
         split_manifests[split] = manifest
     corpus = shards.open_corpus([os.path.join(root, "train")])
     info = {
-        "recipe": recipe.name, "mixture": mixture.name, "description": mixture.description,
+        "name": name, "recipe": recipe.name, "mixture": mixture.name,
+        "description": mixture.description,
         "tokenizer": split_manifests["train"]["tokenizer"],
         "totals": {split: split_manifests[split]["totals"] for split in SPLITS},
         "tokens_by_kind": dict(collections.Counter(
@@ -446,12 +447,56 @@ def _assemble(recipe: recipe_lib.Recipe, mixture: recipe_lib.Mixture,
     info["fingerprint"] = hashlib.sha256(
         json.dumps(info["shard_sha256"], sort_keys=True).encode()).hexdigest()
     _write_json(os.path.join(root, "corpus.json"), info)
+    with open(os.path.join(root, "corpus.md"), "w", encoding="utf-8") as f:
+        f.write(summary_markdown(info))
     totals = info["totals"]
     print_fn(f"[mixture] {name}: train {totals['train']['documents']:,} documents "
              f"{totals['train']['tokens']:,} tokens; validation "
              f"{totals['validation']['documents']:,} documents {totals['validation']['tokens']:,} "
              f"tokens; fingerprint {info['fingerprint'][:16]}")
     return info
+
+
+def summary_markdown(info: dict) -> str:
+    """A Markdown summary of one ``corpus.json``: totals, length distribution, contamination and
+    one row per source (package, version, license, documents and tokens)."""
+    t = info["totals"]
+    tok = info["tokenizer"]
+    lines = [f"# {info['name']} (recipe {info['recipe']})", "", info["description"], "",
+             f"- tokenizer: {tok['name']} (vocabulary {tok['vocab_size']}, sha256 "
+             f"{tok['sha256'][:16]}...)",
+             f"- train: {t['train']['documents']:,} documents, {t['train']['tokens']:,} tokens; "
+             f"validation: {t['validation']['documents']:,} documents, "
+             f"{t['validation']['tokens']:,} tokens",
+             "- tokens by kind: " + ", ".join(f"{k} {v:,}" for k, v in
+                                              info["tokens_by_kind"].items() if v),
+             f"- fingerprint (sha256 over the shard files' sha256): {info['fingerprint']}", ""]
+    hist = info["train_length_distribution"]
+    lines += ["## Train document lengths (tokens)", "",
+              "| p10 | p50 | p90 | p99 | max | docs > 8K | tokens in docs > 8K | docs > 16K | "
+              "tokens in docs > 16K |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+              f"| {hist['quantiles']['p10']:,} | {hist['quantiles']['p50']:,} | "
+              f"{hist['quantiles']['p90']:,} | {hist['quantiles']['p99']:,} | {hist['max']:,} | "
+              f"{hist['docs_over_8192']:,} | {hist['tokens_in_docs_over_8192']:,} "
+              f"({hist['token_share_in_docs_over_8192']:.1%}) | {hist['docs_over_16384']:,} | "
+              f"{hist['tokens_in_docs_over_16384']:,} "
+              f"({hist['token_share_in_docs_over_16384']:.1%}) |", ""]
+    lines += ["## Contamination check (13-gram overlap with evaluation sets)", "",
+              "| set | items | items < 8 words (unchecked) | items found in training text | "
+              "training paragraphs dropped |", "|---|---:|---:|---:|---:|"]
+    for name, c in info["contamination"].items():
+        lines.append(f"| {name} | {c['items']:,} | {c['uncheckable_items']:,} | "
+                     f"{c['items_found_in_training_text']:,} | "
+                     f"{c['training_paragraphs_dropped']:,} |")
+    lines += ["", "## Sources", "",
+              "| source | kind | package | version | license | weight | train docs | "
+              "train tokens | val tokens |", "|---|---|---|---|---|---:|---:|---:|---:|"]
+    for name, v in info["sources"].items():
+        p = v["package"]
+        lines.append(f"| {name} | {v['kind']} | {p['registry']}: {p['name']} | {p['version']} | "
+                     f"{p['license']} | {v['weight']:g} | {v['train_documents']:,} | "
+                     f"{v['train_tokens']:,} | {v['validation_tokens']:,} |")
+    return "\n".join(lines) + "\n"
 
 
 def build_corpus(recipe: recipe_lib.Recipe, output_dir: str, *,

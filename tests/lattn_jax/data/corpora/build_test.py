@@ -107,6 +107,9 @@ def test_build_is_deterministic_and_documented(packages, tmp_path):
     assert info["tokens_by_kind"]["code"] > 0 and prose["tokens_by_kind"].get("code", 0) == 0
     with open(tmp_path / "a" / "prose-byte" / "corpus.json") as f:
         assert json.load(f)["fingerprint"] == prose["fingerprint"]
+    summary = (tmp_path / "a" / "mixed-byte" / "corpus.md").read_text()
+    assert "# mixed-byte (recipe test)" in summary
+    assert "| lib-code | code | local: lib | 1.0 | CC0-1.0 | 0.5 |" in summary
     # The manifests are ordinary token-shard manifests; the train and validation documents differ.
     train = shards.open_corpus([str(tmp_path / "a" / "prose-byte" / "train")])
     val = shards.open_corpus([str(tmp_path / "a" / "prose-byte" / "validation")])
