@@ -366,9 +366,13 @@ def _tokenizer_file(spec: recipe_lib.TokenizerSpec, cache_dir: str, work: str) -
 def _tokenize(work: str, spec: recipe_lib.TokenizerSpec, tokenizer_path: str | None, split: str,
               unit: str, jsonl: str, workers: int, pool) -> str:
     out = os.path.join(work, "tokens", spec.name, split, unit)
-    prepare.prepare_corpus([jsonl], out, tokenizer=spec.kind, tokenizer_path=tokenizer_path,
-                           fmt="jsonl", workers=workers, progress=False, print_fn=lambda *_: None,
-                           pool=pool)
+    try:
+        prepare.prepare_corpus([jsonl], out, tokenizer=spec.kind, tokenizer_path=tokenizer_path,
+                               fmt="jsonl", workers=workers, progress=False,
+                               print_fn=lambda *_: None, pool=pool)
+    except OSError as e:
+        raise BuildError(f"source {unit}: tokenizing its {split} split with {spec.name}: "
+                         f"{e}") from e
     return out
 
 

@@ -1,7 +1,9 @@
 """End-to-end tests of the corpus builder on small local packages: determinism, manifests,
 resume after a failure, and training-pipeline use of the result."""
 
+import builtins
 import dataclasses
+import errno
 import io
 import json
 import tarfile
@@ -153,6 +155,26 @@ def test_failed_source_is_named_and_build_resumes(packages, tmp_path):
     assert finished.stat().st_mtime_ns == mtime  # the finished source was not redone
     for name in reference:
         assert resumed[name]["fingerprint"] == reference[name]["fingerprint"]
+
+
+def test_disk_full_names_source_and_resumes(packages, tmp_path, monkeypatch):
+    books, lib = packages
+    recipe = _recipe(books, lib)
+    reference = _build(recipe, tmp_path / "ref")
+
+    def full_disk_open(path, mode="r", *args, **kwargs):
+        if "w" in mode and str(path).endswith("lib-docstrings.jsonl.tmp"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(build, "open", full_disk_open, raising=False)
+    with pytest.raises(build.BuildError, match="source lib-docstrings: .*No space left"):
+        _build(recipe, tmp_path / "out")
+    monkeypatch.undo()
+    assert (tmp_path / "out" / "work" / "extracted" / "books.jsonl").is_file()
+    assert not list((tmp_path / "out" / "work" / "extracted").glob("*.tmp"))
+    resumed = _build(recipe, tmp_path / "out")
+    assert resumed["mixed-byte"]["fingerprint"] == reference["mixed-byte"]["fingerprint"]
 
 
 def test_extractor_failure_names_source(packages, tmp_path):
