@@ -51,6 +51,10 @@ class BuildError(RuntimeError):
     """A build step failed; the message names the source (or stage) and the cause."""
 
 
+# Bumped whenever the cleaning rules change, so that a resumed build cleans again.
+CLEAN_VERSION = 2
+
+
 def _fingerprint(obj) -> str:
     return hashlib.sha256(repr(obj).encode("utf-8")).hexdigest()[:16]
 
@@ -248,7 +252,7 @@ def _clean(recipe: recipe_lib.Recipe, work: str, eval_paths: Sequence[str], prin
                  else [os.path.join(top, rel) for rel in _relative_files(top)])
         eval_files += [(os.path.relpath(f, top) if f != top else os.path.basename(f),
                         fetch.sha256_file(f)) for f in files]
-    key = _fingerprint((extracted, recipe.val_fraction, recipe.minhash_threshold,
+    key = _fingerprint((CLEAN_VERSION, extracted, recipe.val_fraction, recipe.minhash_threshold,
                         recipe.num_perm, recipe.eval_ngram, [s.min_words for s in recipe.sources],
                         sorted(eval_files)))
     if os.path.isfile(report_path) and _read_json(report_path).get("key") == key:
@@ -266,15 +270,23 @@ def _clean(recipe: recipe_lib.Recipe, work: str, eval_paths: Sequence[str], prin
         os.makedirs(os.path.join(out_dir, split), exist_ok=True)
     for source in recipe.sources:
         counts = collections.Counter()
+        extracted_path = os.path.join(work, "extracted", f"{source.name}.jsonl")
+        boilerplate = (clean.frequent_short_paragraphs(r["text"] for r in _read_jsonl(
+            extracted_path)) if source.kind != "code" else set())
         outs = {split: open(os.path.join(out_dir, split, f"{source.name}.jsonl.tmp"), "w",
                             encoding="utf-8") for split in SPLITS}
         try:
-            for record in _read_jsonl(os.path.join(work, "extracted", f"{source.name}.jsonl")):
+            for record in _read_jsonl(extracted_path):
                 counts["documents_in"] += 1
                 counts["chars_in"] += len(record["text"])
                 kept = []
-                for p in clean.paragraphs(record["text"]):
-                    counts["paragraphs_in"] += 1
+                paras = clean.paragraphs(record["text"])
+                counts["paragraphs_in"] += len(paras)
+                if boilerplate:
+                    before = len(paras)
+                    paras = clean.drop_menus(paras, boilerplate)
+                    counts["paragraphs_menu"] += before - len(paras)
+                for p in paras:
                     if source.kind != "code":
                         if not clean.keep_paragraph(p):
                             counts["paragraphs_few_letters"] += 1

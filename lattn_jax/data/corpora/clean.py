@@ -7,7 +7,9 @@ Everything here is deterministic: the same documents in the same order give the 
 - Paragraph deduplication (prose only): a paragraph of at least ``min_chars`` characters seen
   before, anywhere in the corpus (exact match after normalisation), is dropped: the repeated
   boilerplate of generated documentation (javadoc's "Methods inherited from class
-  java.lang.Object", Sphinx footers, license blurbs). Shorter paragraphs (headings, labels) stay.
+  java.lang.Object", Sphinx footers, license blurbs). Shorter paragraphs (headings, labels) stay,
+  except runs of three or more short paragraphs that each recur on at least half of one
+  source's documents (its navigation menus).
 - Document quality (Gopher rules, Rae et al. 2021, appendix A.1.1, adapted to technical text):
   at least ``min_words`` words and at most 20M (whole books stay whole); mean word length in
   [2.5, 12]; at least 60% of words with a letter; at most 10% of words ``#``/``...``-like
@@ -35,7 +37,9 @@ __all__ = [
     "ParagraphDeduper",
     "doc_fraction",
     "document_quality",
+    "drop_menus",
     "english_fraction",
+    "frequent_short_paragraphs",
     "keep_paragraph",
     "length_histogram",
     "paragraphs",
@@ -130,6 +134,53 @@ class ParagraphDeduper:
             return False
         self._seen.add(h)
         return True
+
+
+def frequent_short_paragraphs(texts: Iterable[str], *, max_chars: int = 40,
+                              min_count: int = 20, min_doc_share: float = 0.5) -> set[str]:
+    """Short paragraphs that recur on most documents of one source: navigation boilerplate.
+
+    Generated documentation repeats its short menu lines on every page ("Language", "Containers
+    library", "Class List by Category"); ``ParagraphDeduper`` keeps short paragraphs (headings),
+    so these are found per source instead: a paragraph of fewer than ``max_chars`` characters
+    that occurs in at least ``min_doc_share`` of the source's documents, and at least ``min_count``
+    times.
+
+    Args:
+        texts: the source's documents.
+        max_chars: only paragraphs shorter than this are considered.
+        min_count: minimum number of documents it occurs in.
+        min_doc_share: minimum fraction of the source's documents it occurs in.
+
+    Returns:
+        The set of such paragraphs (exact strings).
+    """
+    doc_count: collections.Counter = collections.Counter()
+    documents = 0
+    for text in texts:
+        documents += 1
+        doc_count.update({p for p in paragraphs(text) if len(p) < max_chars})
+    limit = max(min_count, min_doc_share * documents)
+    return {p for p, c in doc_count.items() if c >= limit}
+
+
+def drop_menus(paras: Sequence[str], frequent: set[str], min_run: int = 3) -> list[str]:
+    """``paras`` without the runs of at least ``min_run`` consecutive ``frequent`` paragraphs.
+
+    A menu is several frequent short lines in a row; a frequent heading ("DESCRIPTION",
+    "Parameters:") stands alone between content paragraphs and is kept.
+    """
+    out, run = [], []
+    for p in list(paras) + [None]:
+        if p is not None and p in frequent:
+            run.append(p)
+            continue
+        if len(run) < min_run:
+            out += run
+        run = []
+        if p is not None:
+            out.append(p)
+    return out
 
 
 def word_ngrams(words: Sequence[str], n: int) -> Iterable[tuple[str, ...]]:

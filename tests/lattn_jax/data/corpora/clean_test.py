@@ -94,3 +94,21 @@ def test_length_histogram():
     assert hist["docs_over_16384"] == 1
     assert hist["tokens_in_docs_over_8192"] == 20000
     assert hist["token_share_in_docs_over_8192"] == pytest.approx(20000 / 20900, abs=1e-4)
+
+
+def test_frequent_short_paragraphs_are_navigation_not_headings():
+    pages = [f"Language\n\nContainers library\n\nParameters\n\nPage {i} says something."
+             if i % 3 == 0 else f"Language\n\nContainers library\n\nPage {i} text."
+             for i in range(60)]
+    found = clean.frequent_short_paragraphs(pages, min_count=20, min_doc_share=0.5)
+    assert found == {"Language", "Containers library"}  # "Parameters" is on a third of them
+    assert clean.frequent_short_paragraphs(pages[:10], min_count=20) == set()  # too few pages
+
+
+def test_drop_menus_keeps_lone_headings():
+    frequent = {"Language", "Containers library", "Algorithms library", "NAME"}
+    paras = ["Language", "Containers library", "Algorithms library", "NAME", "ls - list",
+             "NAME", "text", "Language", "Containers library", "more"]
+    # The first run of four goes; the lone NAME heading and the run of two stay.
+    assert clean.drop_menus(paras, frequent) == [
+        "ls - list", "NAME", "text", "Language", "Containers library", "more"]
