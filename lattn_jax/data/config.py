@@ -92,34 +92,9 @@ class DataConfig:
     shuffle: bool = True
 
     def __post_init__(self):
-        paths = self.paths
-        if isinstance(paths, (str, os.PathLike)):
-            paths = (paths,)
-        try:
-            paths = tuple(os.fspath(p) for p in paths)
-        except TypeError as e:
-            raise ValueError(f"data.paths: expected a sequence of paths, got {self.paths!r}") from e
-        object.__setattr__(self, "paths", paths)
-        if not paths:
-            raise ValueError("data.paths: at least one file or directory is required")
-        for path in paths:
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"data.paths: no such file or directory: {path}")
+        object.__setattr__(self, "paths", _existing_paths("paths", self.paths))
         if self.val_paths is not None:
-            val_paths = self.val_paths
-            if isinstance(val_paths, (str, os.PathLike)):
-                val_paths = (val_paths,)
-            try:
-                val_paths = tuple(os.fspath(p) for p in val_paths)
-            except TypeError as e:
-                raise ValueError(f"data.val_paths: expected a sequence of paths or None, got "
-                                 f"{self.val_paths!r}") from e
-            if not val_paths:
-                raise ValueError("data.val_paths: give at least one path, or None")
-            for path in val_paths:
-                if not os.path.exists(path):
-                    raise FileNotFoundError(f"data.val_paths: no such file or directory: {path}")
-            object.__setattr__(self, "val_paths", val_paths)
+            object.__setattr__(self, "val_paths", _existing_paths("val_paths", self.val_paths))
 
         _check_choice("format", self.format, _FORMATS)
         _check_choice("doc_split", self.doc_split, _DOC_SPLITS)
@@ -188,6 +163,26 @@ def resolved_format(config: DataConfig) -> str:
                 f"text sources or read with data.format={config.format!r}: {config.paths}")
         return "tokens"
     return config.format
+
+
+def _existing_paths(name: str, value) -> tuple[str, ...]:
+    """``value`` (one path or a sequence of them) as a non-empty tuple of existing paths.
+
+    Raises:
+        ValueError: not paths, or none (the message starts with ``data.<name>``).
+        FileNotFoundError: a path does not exist (named).
+    """
+    paths = (value,) if isinstance(value, (str, os.PathLike)) else value
+    try:
+        paths = tuple(os.fspath(p) for p in paths)
+    except TypeError as e:
+        raise ValueError(f"data.{name}: expected a sequence of paths, got {value!r}") from e
+    if not paths:
+        raise ValueError(f"data.{name}: at least one file or directory is required")
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"data.{name}: no such file or directory: {path}")
+    return paths
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:

