@@ -191,6 +191,7 @@ class InterpretTest(parameterized.TestCase):
             limit = 2e-2 if name in ("g", "beta") else 8e-3
             self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
 
+    @pytest.mark.slow  # ~35 s on 2 cores; head dim 128 and GVA each run in CI (cases above)
     def test_kda_head_dim_128_gva(self):
         # K = V = 128: two key blocks in wu and backward_chunk (eight in prepare), two value
         # blocks.
@@ -246,6 +247,7 @@ class InterpretTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "k_scale must be a float array, got int32"):
             run(jnp.ones(beta.shape, jnp.int32), beta)
 
+    @pytest.mark.slow  # ~45 s on 2 cores; bf16 inputs and the scale paths each run in CI
     def test_scales_bf16(self):
         # bf16 inputs, where the in-kernel kr = k ks and vw = v vs round once to bf16: the
         # outputs equal those of v pre-scaled by XLA with a unit v_scale (the same rounding), a

@@ -165,6 +165,7 @@ class InterpretTest(parameterized.TestCase):
         # Log-decays down to about -20 per token: exponents must be masked before exp.
         self.check(op, seq_len=96, decay=8.0, seed=2)
 
+    @pytest.mark.slow  # ~40 s on 2 cores; SplitForwardInterpretTest's GVA + head dim 128 runs in CI
     def test_gva_and_head_dim_128(self):
         # Two value heads per key head, K = V = 128 (two key blocks in the gradient kernel),
         # with the value blocks of 64 that many-program shapes get (auto_block_v gives these
