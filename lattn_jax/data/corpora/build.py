@@ -266,8 +266,9 @@ def _clean(recipe: recipe_lib.Recipe, work: str, eval_paths: Sequence[str], prin
     near = clean.NearDuplicateIndex(recipe.minhash_threshold, recipe.num_perm)
     exact: set[int] = set()
     report = {"key": key, "eval_files": sorted(eval_files), "sources": {}}
-    for split in SPLITS:
-        os.makedirs(os.path.join(out_dir, split), exist_ok=True)
+    for split in SPLITS:  # a new pass: nothing of an earlier one (mixture subsets too) stays
+        shutil.rmtree(os.path.join(out_dir, split), ignore_errors=True)
+        os.makedirs(os.path.join(out_dir, split))
     for source in recipe.sources:
         counts = collections.Counter()
         extracted_path = os.path.join(work, "extracted", f"{source.name}.jsonl")
@@ -345,17 +346,25 @@ def _unit(source: str, weight: float) -> str:
 
 
 def _subset(work: str, split: str, source: str, weight: float) -> str:
-    """The clean JSONL of ``source`` restricted to a ``weight`` fraction of its documents."""
+    """The clean JSONL of ``source`` restricted to a ``weight`` fraction of its documents.
+
+    The subset is kept with the sha256 of the file it was taken from (``<subset>.key``) and made
+    again when that file changed (a later cleaning pass).
+    """
     full = os.path.join(work, "clean", split, f"{source}.jsonl")
     if weight >= 1.0:
         return full
     path = os.path.join(work, "clean", split, f"{_unit(source, weight)}.jsonl")
-    if not os.path.isfile(path):
+    key = fetch.sha256_file(full)
+    if not (os.path.isfile(path) and os.path.isfile(path + ".key")
+            and open(path + ".key", encoding="utf-8").read() == key):
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             for record in _read_jsonl(full):
                 if clean.doc_fraction("mixture:" + record["id"]) < weight:
                     f.write(json.dumps(record, ensure_ascii=False) + "\n")
         os.replace(path + ".tmp", path)
+        with open(path + ".key", "w", encoding="utf-8") as f:
+            f.write(key)
     return path
 
 

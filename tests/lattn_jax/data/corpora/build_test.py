@@ -157,6 +157,18 @@ def test_failed_source_is_named_and_build_resumes(packages, tmp_path):
         assert resumed[name]["fingerprint"] == reference[name]["fingerprint"]
 
 
+def test_changed_recipe_rebuilds_like_a_fresh_build(packages, tmp_path):
+    # A new cleaning pass in an old output directory (here: another split fraction) must leave
+    # nothing stale behind, mixture subsets included.
+    books, lib = packages
+    _build(_recipe(books, lib), tmp_path / "out")
+    changed = _recipe(books, lib, val_fraction=0.5)
+    again = _build(changed, tmp_path / "out")
+    fresh = _build(changed, tmp_path / "fresh")
+    for name in fresh:
+        assert again[name]["fingerprint"] == fresh[name]["fingerprint"]
+
+
 def test_disk_full_names_source_and_resumes(packages, tmp_path, monkeypatch):
     books, lib = packages
     recipe = _recipe(books, lib)
