@@ -13,6 +13,7 @@ complete; an interrupted run therefore resumes at the first unfinished shard.
 """
 
 import collections
+import functools
 import multiprocessing
 import os
 import time
@@ -106,6 +107,20 @@ def _totals(entries: list[dict]) -> dict:
     return totals
 
 
+@functools.lru_cache(maxsize=4)
+def _cached_tokenizer(kind: str, path: str | None, size: int, mtime_ns: int):
+    return tokenizers.make_tokenizer(kind, path)
+
+
+def _main_tokenizer(kind: str, path: str | None) -> tokenizers.Tokenizer:
+    """The tokenizer of this process, built once per file (building a GGUF vocabulary takes
+    seconds, and a corpus build prepares hundreds of small inputs with one tokenizer)."""
+    if path is None or not os.path.isfile(path):
+        return tokenizers.make_tokenizer(kind, path)  # raises the usual errors
+    stat = os.stat(path)
+    return _cached_tokenizer(kind, os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
+
+
 def tokenizer_pool(kind: str, path: str | None, workers: int):
     """A pool of ``workers`` tokenizer processes for ``prepare_corpus(..., pool=...)``.
 
@@ -152,7 +167,7 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         raise ValueError(f"workers must be >= 0 and chunk_docs >= 1, got {workers}, {chunk_docs}")
     if fmt not in ("auto", "text", "jsonl", "parquet"):
         raise ValueError(f"format: expected auto, text, jsonl or parquet, got {fmt!r}")
-    tok = tokenizers.make_tokenizer(tokenizer, tokenizer_path)
+    tok = _main_tokenizer(tokenizer, tokenizer_path)
     files = sources.list_files(inputs)
     os.makedirs(output_dir, exist_ok=True)
     dtype = shards.token_dtype(tok.vocab_size)
