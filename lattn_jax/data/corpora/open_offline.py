@@ -12,7 +12,7 @@ Mixtures (weights are the fraction of a source's documents taken):
 
 - ``prose``: every general and technical prose source, whole.
 - ``mixed``: ``prose`` plus Python source code of thirteen PyPI packages, taken at weight 0.5
-  (about a quarter of the mixture's tokens; ``corpus.json``'s ``tokens_by_kind`` gives the exact
+  (about a fifth of the mixture's tokens; ``corpus.json``'s ``tokens_by_kind`` gives the exact
   share of a build).
 """
 
