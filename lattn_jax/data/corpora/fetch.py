@@ -138,16 +138,17 @@ def fetch_package(package: recipe_lib.Package, cache_dir: str, *, source: str = 
     if os.path.isdir(directory):
         for name in sorted(os.listdir(directory)):
             path = os.path.join(directory, name)
-            if not name.endswith(".part") and sha256_file(path) == package.sha256:
+            if not name.endswith(".part") and sha256_file(path) == package.sha256.lower():
                 return path
     os.makedirs(directory, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=directory, suffix=".part") as tmp:
         path = _download(package, tmp, what, timeout)
         digest = sha256_file(path)
-        if digest != package.sha256:
+        if digest != package.sha256.lower():
             raise FetchError(f"{what}: sha256 of {os.path.basename(path)} is {digest}, the recipe "
-                             f"pins {package.sha256} (the registry serves another file under "
-                             "this version: re-pin it in the recipe after checking)")
+                             f"pins {package.sha256} (for a new pin, check the file and pin "
+                             "this digest; for an old one, the registry now serves another file "
+                             "under this version)")
         final = os.path.join(directory, os.path.basename(path))
         os.replace(path, final)
     return final

@@ -107,6 +107,8 @@ def split_directory(directory: str, out_dir: str, *, name: str | None = None,
     if piece_bytes < 1 << 20:
         raise ValueError(f"piece_bytes must be at least 1 MiB, got {piece_bytes}")
     name = name or os.path.basename(os.path.normpath(directory))
+    if not os.path.isdir(directory):
+        raise ValueError(f"--directory: no such directory: {directory}")
     files = _files(directory)
     if not files:
         raise ValueError(f"{directory}: no file to pack")
@@ -178,8 +180,15 @@ def join_pieces(manifest_path: str, dest: str) -> dict:
         PieceError: a piece is missing or its sha256 differs, the stream is corrupt, or an
             unpacked file's size or sha256 differs from the manifest (each named).
     """
-    with open(manifest_path, encoding="utf-8") as f:
-        manifest = json.load(f)
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise PieceError(f"{manifest_path}: unreadable pieces manifest: {e}") from e
+    if not (isinstance(manifest, dict)
+            and {"name", "pieces", "files"} <= set(manifest)):
+        raise PieceError(f"{manifest_path} is not a pieces manifest (no name/pieces/files; "
+                         "give the <name>.pieces.json that --mode=split wrote)")
     where = os.path.dirname(os.path.abspath(manifest_path))
     paths = []
     for piece in manifest["pieces"]:
@@ -199,8 +208,10 @@ def join_pieces(manifest_path: str, dest: str) -> dict:
                 for member in tar:
                     rel = member.name
                     if (not member.isfile() or not rel.startswith(manifest["name"] + "/")
-                            or ".." in rel.split("/")):
-                        raise PieceError(f"{manifest_path}: unexpected archive member {rel!r}")
+                            or ".." in rel.split("/")
+                            or rel[len(manifest["name"]) + 1:] not in manifest["files"]):
+                        raise PieceError(f"{manifest_path}: archive member {rel!r} is not "
+                                         "listed in the manifest")
                     out = os.path.join(dest, rel)
                     os.makedirs(os.path.dirname(out), exist_ok=True)
                     with open(out, "wb") as f:

@@ -106,6 +106,16 @@ class Source:
                              f"{self.kind!r}")
         if not self.files:
             raise ValueError(f"source {self.name}: files is empty")
+        from lattn_jax.data.corpora import extractors  # imported here: no cycle at import time
+        if self.extractor not in extractors.EXTRACTORS:
+            raise ValueError(f"source {self.name}: unknown extractor {self.extractor!r}; known: "
+                             f"{', '.join(sorted(extractors.EXTRACTORS))}")
+
+    def key(self) -> tuple:
+        """What decides this source's extracted documents (not its description or license)."""
+        p = self.package
+        return (self.name, p.registry, p.name, p.version, p.sha256, p.filename, self.extractor,
+                self.files, self.exclude, self.unpack, self.options)
 
     def selects(self, path: str) -> bool:
         """Whether the extractor is called on ``path`` (relative to the unpacked package)."""
@@ -131,6 +141,12 @@ class Mixture:
     weights: Mapping[str, float]
     description: str = ""
 
+    def __post_init__(self):
+        if not _NAME.match(self.name):
+            raise ValueError(f"mixture name {self.name!r}: use lower case, digits and _.-")
+        if not self.weights:
+            raise ValueError(f"mixture {self.name}: no sources")
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenizerSpec:
@@ -147,6 +163,14 @@ class TokenizerSpec:
     kind: str
     package: Package | None = None
     file_glob: str = ""
+
+    def __post_init__(self):
+        from lattn_jax.data import tokenizers  # imported here: no cycle at import time
+        if not _NAME.match(self.name):
+            raise ValueError(f"tokenizer name {self.name!r}: use lower case, digits and _.-")
+        if self.kind not in tokenizers.KINDS:
+            raise ValueError(f"tokenizer {self.name}: unknown kind {self.kind!r}; known: "
+                             f"{', '.join(tokenizers.KINDS)}")
 
 
 @dataclasses.dataclass(frozen=True)

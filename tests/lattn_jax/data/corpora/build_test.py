@@ -4,6 +4,7 @@ resume after a failure, and training-pipeline use of the result."""
 import builtins
 import dataclasses
 import errno
+import os
 import io
 import json
 import tarfile
@@ -226,3 +227,45 @@ def test_eval_items_read_every_format(tmp_path):
     assert [name for name, _ in items] == ["piqa", "wiki.test.raw", "wiki.test.raw"]
     with pytest.raises(FileNotFoundError, match="--eval_data"):
         list(build.read_eval_items([str(tmp_path / "none")]))
+
+
+def test_recipe_mistakes_are_refused_when_written(packages):
+    books, _ = packages
+    with pytest.raises(ValueError, match="source b: unknown extractor 'dict'; known: "):
+        recipe_lib.Source("b", books, "dict", ("x",), "general")
+    with pytest.raises(ValueError, match="mixture name '../out'"):
+        recipe_lib.Mixture("../out", {"b": 1.0})
+    with pytest.raises(ValueError, match="mixture m: no sources"):
+        recipe_lib.Mixture("m", {})
+    with pytest.raises(ValueError, match="tokenizer t: unknown kind 'spm'"):
+        recipe_lib.TokenizerSpec("t", "spm")
+
+
+def test_bad_paths_are_refused_before_anything_is_fetched(packages, tmp_path):
+    books, lib = packages
+    recipe = _recipe(books, lib)
+    with pytest.raises(FileNotFoundError, match="--eval_data: no such file or directory"):
+        _build(recipe, tmp_path / "out", eval_data=[str(tmp_path / "none")])
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(build.BuildError, match="--output_dir: .* is not a directory"):
+        _build(recipe, tmp_path / "file")
+
+
+def test_metadata_edits_and_weight_changes_leave_nothing_stale(packages, tmp_path):
+    books, lib = packages
+    recipe = _recipe(books, lib)
+    first = _build(recipe, tmp_path / "out")
+    assert [f for f, _ in first["prose-byte"]["contamination_eval_files"]] == ["wiki.test.raw"]
+    extracted = tmp_path / "out" / "work" / "extracted" / "books.jsonl"
+    mtime = extracted.stat().st_mtime_ns
+    relabelled = dataclasses.replace(recipe, sources=tuple(
+        dataclasses.replace(s, description="new words") for s in recipe.sources))
+    again = _build(relabelled, tmp_path / "out")
+    assert extracted.stat().st_mtime_ns == mtime  # a description is not worth re-extracting
+    assert again["mixed-byte"]["fingerprint"] == first["mixed-byte"]["fingerprint"]
+    quarter = dataclasses.replace(recipe, mixtures=(recipe_lib.Mixture(
+        "mixed", {"books": 1.0, "lib-docstrings": 1.0, "lib-code": 0.25}),))
+    _build(quarter, tmp_path / "out")
+    names = sorted(os.listdir(tmp_path / "out" / "mixed-byte" / "train"))
+    assert "lib-code@0.25.tokens.bin" in names and "lib-code@0.5.tokens.bin" not in names

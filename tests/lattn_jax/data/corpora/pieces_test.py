@@ -65,3 +65,11 @@ def test_join_names_damaged_and_missing_pieces(tmp_path):
     second.unlink()
     with pytest.raises(pieces.PieceError, match="missing piece"):
         pieces.join_pieces(path, str(tmp_path / "out"))
+
+
+def test_join_refuses_a_manifest_of_another_kind(tmp_path):
+    (tmp_path / "corpus.json").write_text(json.dumps({"fingerprint": "x"}))
+    with pytest.raises(pieces.PieceError, match="is not a pieces manifest"):
+        pieces.join_pieces(str(tmp_path / "corpus.json"), str(tmp_path / "out"))
+    with pytest.raises(ValueError, match="--directory: no such directory"):
+        pieces.split_directory(str(tmp_path / "nope"), str(tmp_path / "p"))
