@@ -463,9 +463,9 @@ def _assemble(recipe: recipe_lib.Recipe, mixture: recipe_lib.Mixture,
         "description": mixture.description,
         "tokenizer": split_manifests["train"]["tokenizer"],
         "totals": {split: split_manifests[split]["totals"] for split in SPLITS},
-        "tokens_by_kind": dict(collections.Counter(
-            {k: sum(v["train_tokens"] + v["validation_tokens"] for v in per_source.values()
-                    if v["kind"] == k) for k in ("general", "technical", "code")})),
+        "tokens_by_kind": {k: sum(v["train_tokens"] + v["validation_tokens"]
+                                  for v in per_source.values() if v["kind"] == k)
+                           for k in ("general", "technical", "code")},
         "sources": per_source,
         "train_length_distribution": clean.length_histogram(corpus.doc_len),
         "contamination": report["contamination"],
