@@ -23,7 +23,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
-from lattn_jax import assets  # noqa: E402
 from lattn_jax.data.corpora import build  # noqa: E402
 from lattn_jax.data.corpora import recipe as recipe_lib  # noqa: E402
 
@@ -44,15 +43,14 @@ flags.mark_flags_as_required(["output_dir"])
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    wikitext = os.path.join(assets.asset_path(assets.WIKITEXT2_DIR), "wiki.test.raw")
     if _WORKERS.value < 0:
         sys.exit(f"error: --workers must be >= 0, got {_WORKERS.value}")
     try:
         recipe = recipe_lib.get_recipe(_RECIPE.value)
         results = build.build_corpus(
             recipe, _OUTPUT_DIR.value, mixtures=_MIXTURES.value, tokenizers=_TOKENIZERS.value,
-            cache_dir=_CACHE_DIR.value, eval_data=[wikitext, *_EVAL_DATA.value],
-            workers=_WORKERS.value)
+            cache_dir=_CACHE_DIR.value,
+            eval_data=[build.bundled_wikitext_test(), *_EVAL_DATA.value], workers=_WORKERS.value)
     except (build.BuildError, ValueError, FileNotFoundError, OSError) as e:
         sys.exit(f"error: {e}")
     for name, info in results.items():

@@ -44,7 +44,8 @@ from lattn_jax.data.corpora import recipe as recipe_lib
 from lattn_jax.data.corpora.extractors import common as extract_common
 from lattn_jax.data.corpora.extractors import get_extractor
 
-__all__ = ["BuildError", "build_corpus", "read_eval_items", "summary_markdown"]
+__all__ = ["BuildError", "build_corpus", "bundled_wikitext_test", "read_eval_items",
+           "summary_markdown"]
 
 SPLITS = ("train", "validation")
 
@@ -211,6 +212,11 @@ def _eval_file_items(path: str, set_name: str) -> Iterator[tuple[str, str]]:
             yield set_name, doc
     else:
         yield set_name, text
+
+
+def bundled_wikitext_test() -> str:
+    """Path of the bundled WikiText-2 test split, always part of the contamination check."""
+    return os.path.join(assets.asset_path(assets.WIKITEXT2_DIR), "wiki.test.raw")
 
 
 def read_eval_items(paths: Sequence[str]) -> Iterator[tuple[str, str]]:
@@ -562,7 +568,7 @@ def build_corpus(recipe: recipe_lib.Recipe, output_dir: str, *,
         if os.path.exists(path) and not os.path.isdir(path):
             raise BuildError(f"{flag}: {path} exists and is not a directory")
     if eval_data is None:
-        eval_data = [os.path.join(assets.asset_path(assets.WIKITEXT2_DIR), "wiki.test.raw")]
+        eval_data = [bundled_wikitext_test()]
     for path in eval_data:  # checked before anything is fetched
         if not os.path.exists(path):
             raise FileNotFoundError(f"--eval_data: no such file or directory: {path}")
