@@ -230,9 +230,9 @@ class LanguageModel(nnx.Module):
 
     def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
                  route: bool = True, state: Optional[Sequence[Any]] = None,
-                 return_state: bool = False,
-                 last_logits_only: bool = False) -> Union[Array, Tuple[Array, List[Any]]]:
-        """Computes next-token logits, optionally continuing from per-layer decoding states.
+                 return_state: bool = False, last_logits_only: bool = False,
+                 return_hidden: bool = False) -> Union[Array, Tuple[Array, List[Any]]]:
+        """Computes next-token logits (or the head's input), optionally continuing from states.
 
         Args:
           tokens: int ``[B, T]`` token ids.
@@ -250,10 +250,18 @@ class LanguageModel(nnx.Module):
           last_logits_only: compute the final norm and the LM head on the last position only
             and return logits ``[B, 1, S]`` (a prefill needs just the next token's logits; at
             ``T = 1M`` the full fp32 ``[B, T, S]`` logits would take ``4 T S`` bytes per row).
+          return_hidden: return the LM head's input instead of the logits: the final-normed
+            hidden states ``[B, T, D]`` (``[B, 1, D]`` with ``last_logits_only``) in the compute
+            dtype ``model_config.dtype``, with ``logits == hidden @ head_kernel()`` up to the
+            fp32 cast. For losses that apply the head chunk by chunk
+            (:func:`lattn_jax.halo.losses.chunked_cross_entropy`,
+            :func:`lattn_jax.halo.losses.chunked_forward_kl`) so that the fp32 ``[B, T, S]``
+            logits never exist.
 
         Returns:
-          fp32 logits ``[B, T, S]`` (``[B, 1, S]`` with ``last_logits_only``), or
-          ``(logits, new_states)`` with ``return_state``.
+          fp32 logits ``[B, T, S]`` (``[B, 1, S]`` with ``last_logits_only``), or the hidden
+          states ``[B, T, D]`` in the compute dtype with ``return_hidden``; as
+          ``(logits_or_hidden, new_states)`` with ``return_state``.
 
         Raises:
           ValueError: if ``state`` does not have one entry per layer (and from the mixers, on a
@@ -291,6 +299,9 @@ class LanguageModel(nnx.Module):
         if last_logits_only:
             h = h[:, -1:]  # [B, 1, D]
         h = self.final_norm(h)
+        if return_hidden:
+            h = h.astype(self.dtype)  # [B, T, D] the LM head's input
+            return (h, new_states) if return_state else h
         if self.head is None:
             logits = jnp.einsum("btd,sd->bts", h, self.embed[...].astype(self.dtype))
         else:
@@ -298,6 +309,19 @@ class LanguageModel(nnx.Module):
         if return_state:
             return logits.astype(jnp.float32), new_states
         return logits.astype(jnp.float32)
+
+    def head_kernel(self) -> Array:
+        """The LM head as one ``[D, S]`` matrix in the compute dtype ``model_config.dtype``.
+
+        ``embed.T`` when the head is tied to the embedding (``self.head is None``), else the
+        head :class:`~lattn_jax.layers.Dense`'s ``kernel`` (stored ``[D, S]``), both cast from
+        ``param_dtype``; ``model(x) == model(x, return_hidden=True) @ head_kernel()`` up to the
+        fp32 cast of the logits. Differentiable: gradients flow back to the embedding (tied) or
+        the head's kernel.
+        """
+        if self.head is None:
+            return self.embed[...].astype(self.dtype).T  # [D, S]
+        return self.head.kernel[...].astype(self.dtype)  # [D, S]
 
     def _attn_res_stack(self, h: Array, segment_ids: Optional[Array], route: bool,
                         states: Optional[Sequence[Any]] = None,
