@@ -68,7 +68,7 @@ def peak_flops_per_device(device: Optional[jax.Device] = None,
     return None
 
 
-def _matmul_params(params: PyTree, tie_embeddings: bool) -> int:
+def matmul_params(params: PyTree, tie_embeddings: bool) -> int:
     """Weights that are multiplied by every token: 2-D ``kernel`` leaves except convolutions,
     plus the embedding when it doubles as the LM head. ``params`` is a plain pytree or an
     ``nnx.State`` (whose leaf paths end in ``.value``)."""
@@ -123,7 +123,7 @@ def flops_per_token(model_config: config_lib.ModelConfig, params: PyTree, seq_le
       seq_len: ``T`` of the training windows.
       training: count forward + backward.
     """
-    forward = 2.0 * _matmul_params(params, model_config.tie_embeddings)
+    forward = 2.0 * matmul_params(params, model_config.tie_embeddings)
     for name in model_config.layer_pattern:
         forward += mixer_flops_per_token(model_config, name, seq_len)
     return 3.0 * forward if training else forward

@@ -32,6 +32,7 @@ from flax import nnx
 
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
+from lattn_jax import flops as flops_lib
 from lattn_jax import model as model_lib
 from lattn_jax import optim
 from lattn_jax import train as train_lib
@@ -78,21 +79,44 @@ def _write_metrics(workdir: str, record: Mapping[str, Any]) -> None:
                             for k, v in record.items()}) + "\n")
 
 
+def _micro_batches(batch: Batch, n: int) -> Batch:
+    """``[B, ...]`` arrays -> ``[n, B / n, ...]`` (micro-batch ``i`` takes rows ``i, i + n,
+    ...``)."""
+    def split(x):
+        x = x.reshape((x.shape[0] // n, n) + x.shape[1:])
+        return jnp.moveaxis(x, 1, 0)
+    return {k: split(v) for k, v in batch.items()}
+
+
+def _block(tree) -> None:
+    jax.block_until_ready(tree)
+
+
 def train_loop(*, workdir: str, init_params: PyTree,
                loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
                optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
                batches: Iterator[Batch], frozen: PyTree = None,
                print_fn: Callable[[str], None] = print,
-               deadline: Optional[float] = None) -> Dict[str, Any]:
+               deadline: Optional[float] = None, micro_batch_size: Optional[int] = None,
+               flops_per_token: Optional[float] = None) -> Dict[str, Any]:
     """Trains ``init_params`` on ``loss_fn``, resuming from ``<workdir>/checkpoints``.
 
     Resume order: the newest checkpoint in ``workdir`` (params, optimizer state, step and, for a
-    grain iterator, its position), else ``init_params`` at step 0.
+    grain iterator, its position), else ``init_params`` at step 0. The step's loss stays on the
+    device until a log step, so the host never waits on the device between log steps (the next
+    batch is read and copied while the device runs the current step).
+
+    Throughput: every log line reports tokens/s over the steps since the previous log line
+    (the first step, which compiles, is timed on its own as ``first_step_s``), and, with
+    ``flops_per_token``, the model FLOP utilisation ``MFU = flops_per_token x tokens/s /
+    peak`` (peak: :func:`lattn_jax.flops.peak_flops_per_device`, the bf16 dense rate). Every
+    invocation appends its totals to ``<workdir>/throughput.jsonl``.
 
     Args:
-      workdir: the stage's directory (checkpoints, ``metrics.jsonl``).
+      workdir: the stage's directory (checkpoints, ``metrics.jsonl``, ``throughput.jsonl``).
       init_params: the trainable pure-dict parameters at step 0.
-      loss_fn: ``(params, frozen, batch) -> fp32 scalar``, differentiated w.r.t. ``params``.
+      loss_fn: ``(params, frozen, batch) -> fp32 scalar`` (a token mean),
+        differentiated w.r.t. ``params``.
       optim_cfg: the optimizer (``optim.make_optimizer``; HALO: AdamW (0.9, 0.95), wd 0,
         clip 1, warm-up 50, cosine to ``min_lr_ratio``).
       train_cfg: ``total_steps``, ``checkpoint_every``, ``keep_checkpoints``, ``log_every``,
@@ -102,10 +126,20 @@ def train_loop(*, workdir: str, init_params: PyTree,
       print_fn: progress lines.
       deadline: a ``time.time()`` value; the first step that ends after it is the last of this
         run (checkpointed, resumable), as with ``max_steps_per_run``.
+      micro_batch_size: rows per forward/backward pass (gradient accumulation over
+        ``B / micro_batch_size`` passes in a ``lax.scan``; ``None``: the whole batch). The loss
+        and gradients are the mean over the equal-sized micro-batches, equal to the one-pass
+        token mean when every micro-batch holds the same number of weighted tokens (HALO's
+        packed windows: all of them).
+      flops_per_token: model FLOPs per trained token of one step (teacher forward included),
+        for the MFU; ``None``: tokens/s only.
 
     Returns:
       ``{"params", "step", "losses" (this run's per-step losses), "resumed_from", "complete"
-      (``step == total_steps``)}``.
+      (``step == total_steps``), "throughput" (this run's totals)}``.
+
+    Raises:
+      ValueError: ``micro_batch_size`` does not divide the batch.
     """
     os.makedirs(workdir, exist_ok=True)
     tx = optim.make_optimizer(optim_cfg, train_cfg.total_steps)
@@ -126,44 +160,120 @@ def train_loop(*, workdir: str, init_params: PyTree,
         state = jax.jit(init_state)(init_params)
         resumed_from = -1
 
+    def loss_and_grads(params, frozen, batch):
+        rows = batch["inputs"].shape[0]
+        if micro_batch_size is None or micro_batch_size >= rows:
+            return jax.value_and_grad(loss_fn)(params, frozen, batch)
+        if rows % micro_batch_size:
+            raise ValueError(f"micro_batch_size={micro_batch_size} does not divide the batch "
+                             f"of {rows} rows")
+        n = rows // micro_batch_size
+        grad_fn = jax.value_and_grad(loss_fn)
+
+        def body(carry, micro):
+            loss, grads = carry
+            loss_i, grads_i = grad_fn(params, frozen, micro)
+            grads = jax.tree_util.tree_map(lambda a, g: a + g.astype(a.dtype), grads, grads_i)
+            return (loss + loss_i, grads), None
+
+        zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.promote_types(
+            p.dtype, jnp.float32)), params)
+        (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                        _micro_batches(batch, n))
+        return loss / n, jax.tree_util.tree_map(lambda g, p: (g / n).astype(p.dtype), grads,
+                                                params)
+
     @jax.jit
     def step_fn(state, frozen, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"], frozen, batch)
+        loss, grads = loss_and_grads(state["params"], frozen, batch)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
         metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
                    "lr": schedule(state["step"])}
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
+    peak = None if flops_per_token is None else flops_lib.peak_flops_per_device()
+
     step = int(state["step"])
     stop_at = train_cfg.total_steps
     if train_cfg.max_steps_per_run is not None:
         stop_at = min(stop_at, step + train_cfg.max_steps_per_run)
+    pending: List[jax.Array] = []  # this run's losses, on the device until a log step
     run_losses: List[float] = []
     last_saved = resumed_from
-    t0 = time.perf_counter()
+    tokens_per_step = None
+    first_step_s = None
+    timed_steps, timed_s = 0, 0.0
+    t_run = time.perf_counter()
+    t_window, window_steps = None, 0
+
+    def next_batch():
+        return {k: jnp.asarray(v) for k, v in next(batches).items()}
+
+    batch = next_batch() if step < stop_at else None
     while step < stop_at:
-        batch = {k: jnp.asarray(v) for k, v in next(batches).items()}
+        if tokens_per_step is None:
+            tokens_per_step = int(np.prod(batch["inputs"].shape))
+        t_step = time.perf_counter()
         state, metrics = step_fn(state, frozen, batch)
         step += 1
-        run_losses.append(float(metrics["loss"]))
-        if step % train_cfg.log_every == 0 or step == stop_at:
+        pending.append(metrics["loss"])
+        if first_step_s is None:  # compile + first step, timed alone
+            _block(metrics["loss"])
+            first_step_s = time.perf_counter() - t_step
+            t_window, window_steps = time.perf_counter(), 0
+        else:
+            window_steps += 1
+        log_now = step % train_cfg.log_every == 0 or step == stop_at
+        save_now = step % train_cfg.checkpoint_every == 0 or step == stop_at
+        stop_now = deadline is not None and time.time() >= deadline and step < stop_at
+        # The next batch is read while the device runs this step, except before a save: the
+        # data iterator's saved position must be the state's step.
+        batch = next_batch() if step < stop_at and not (save_now or stop_now) else None
+        if log_now or save_now or stop_now:
+            run_losses.extend(float(x) for x in jax.device_get(pending))
+            pending = []
+            now = time.perf_counter()
             rec = {"step": step, "loss": run_losses[-1], "grad_norm": metrics["grad_norm"],
-                   "lr": metrics["lr"], "time": time.perf_counter() - t0}
-            _write_metrics(workdir, rec)
-            print_fn(f"step {step:6d}  loss {rec['loss']:.5f}  lr {float(rec['lr']):.2e}  "
-                     f"grad_norm {float(rec['grad_norm']):.3f}")
-        if step % train_cfg.checkpoint_every == 0 or step == stop_at:
-            ckpt.save(step, state, data_iter)
-            last_saved = step
-        if deadline is not None and time.time() >= deadline and step < stop_at:
+                   "lr": metrics["lr"], "time": now - t_run}
+            if window_steps:
+                window_s = now - t_window
+                timed_steps, timed_s = timed_steps + window_steps, timed_s + window_s
+                rec["tokens_per_s"] = window_steps * tokens_per_step / window_s
+                if peak:
+                    rec["mfu"] = flops_per_token * rec["tokens_per_s"] / peak
+            if log_now:
+                _write_metrics(workdir, rec)
+                extra = (f"  {rec['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in rec else "")
+                extra += f"  MFU {rec['mfu']:.1%}" if "mfu" in rec else ""
+                print_fn(f"step {step:6d}  loss {rec['loss']:.5f}  lr {float(rec['lr']):.2e}  "
+                         f"grad_norm {float(rec['grad_norm']):.3f}{extra}")
+            if save_now or stop_now:
+                ckpt.save(step, state, data_iter)
+                last_saved = step
+            if batch is None and step < stop_at and not stop_now:
+                batch = next_batch()
+            t_window, window_steps = time.perf_counter(), 0  # saving is not timed
+        if stop_now:
             print_fn(f"deadline reached at step {step}; checkpointing (run again to resume)")
             break
     if last_saved != step and step > 0:
         ckpt.save(step, state, data_iter)
     ckpt.close()
+    throughput = {"started_step": resumed_from if resumed_from >= 0 else 0, "step": step,
+                  "tokens_per_step": tokens_per_step, "first_step_s": first_step_s,
+                  "timed_steps": timed_steps, "timed_s": timed_s,
+                  "tokens_per_s": (timed_steps * tokens_per_step / timed_s) if timed_s else None,
+                  "flops_per_token": flops_per_token, "peak_flops": peak,
+                  "wall_s": time.perf_counter() - t_run}
+    if throughput["tokens_per_s"] and peak and flops_per_token:
+        throughput["mfu"] = flops_per_token * throughput["tokens_per_s"] / peak
+    if tokens_per_step is not None:
+        with open(os.path.join(workdir, "throughput.jsonl"), "a") as f:
+            f.write(json.dumps(throughput) + "\n")
     return {"params": state["params"], "step": step, "losses": run_losses,
-            "resumed_from": resumed_from, "complete": step >= train_cfg.total_steps}
+            "resumed_from": resumed_from, "complete": step >= train_cfg.total_steps,
+            "throughput": throughput}
 
 
 def latest_params(workdir: str, init_params: PyTree, optim_cfg: config_lib.OptimConfig,
@@ -239,14 +349,20 @@ def run_stage1(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_par
                student_cfg: config_lib.ModelConfig, optim_cfg: config_lib.OptimConfig,
                train_cfg: config_lib.TrainConfig, batches: Iterator[Batch],
                print_fn: Callable[[str], None] = print,
-               deadline: Optional[float] = None) -> Dict[str, Any]:
-    """Stage 1 in ``workdir`` (resumable, ``deadline`` as in :func:`train_loop`); returns
+               deadline: Optional[float] = None, micro_batch_size: Optional[int] = None,
+               seq_len: Optional[int] = None) -> Dict[str, Any]:
+    """Stage 1 in ``workdir`` (resumable; ``deadline``, ``micro_batch_size`` as in
+    :func:`train_loop`; ``seq_len`` given: MFU logged, :func:`stage_flops_per_token`); returns
     :func:`train_loop`'s result."""
     init = stage1_init(teacher_cfg, teacher_params, student_cfg, seed=train_cfg.seed)
+    flops = None if seq_len is None else stage_flops_per_token(
+        "stage1", seq_len, teacher_cfg=teacher_cfg, teacher_params=teacher_params,
+        student_cfg=student_cfg, student_params=init)
     return train_loop(workdir=workdir, init_params=init,
                       loss_fn=stage1_loss_fn(teacher_cfg, student_cfg), optim_cfg=optim_cfg,
                       train_cfg=train_cfg, batches=batches, frozen=teacher_params,
-                      print_fn=print_fn, deadline=deadline)
+                      print_fn=print_fn, deadline=deadline, micro_batch_size=micro_batch_size,
+                      flops_per_token=flops)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,31 +383,42 @@ def stage2_loss_fn(teacher_cfg: config_lib.ModelConfig, student_cfg: config_lib.
                    *, temperature: float = 1.0, chunk_size: Optional[int] = None
                    ) -> Callable[[PyTree, PyTree, Batch], jax.Array]:
     """``(student_params, teacher_params, batch) -> KL(teacher || student)`` (spec §3.3),
-    masked by ``batch["weights"]`` when present, vocabularies truncated to the shared width."""
+    masked by ``batch["weights"]`` when present, vocabularies truncated to the shared width.
+
+    Both models stop at their final norm (``return_hidden``); the LM heads and the KL run in
+    token chunks (:func:`losses.chunked_forward_kl`), so ``[tokens, vocab]`` fp32 logits
+    exist for one chunk at a time, in the backward pass too. ``chunk_size`` ``None``: 2048.
+    """
     teacher_fn = language_model_fn(teacher_cfg)
     student_fn = language_model_fn(student_cfg)
+    chunk = 2048 if chunk_size is None else chunk_size
 
     def loss_fn(params, teacher_params, batch):
-        t_logits = jax.lax.stop_gradient(
-            teacher_fn(jax.lax.stop_gradient(teacher_params))(batch["inputs"]))
-        s_logits = student_fn(params)(batch["inputs"])
-        return losses.forward_kl(t_logits, s_logits, batch.get("weights"),
-                                 temperature=temperature, chunk_size=chunk_size)
+        teacher = teacher_fn(jax.lax.stop_gradient(teacher_params))
+        t_hidden = jax.lax.stop_gradient(teacher(batch["inputs"], return_hidden=True))
+        t_head = jax.lax.stop_gradient(teacher.head_kernel())
+        student = student_fn(params)
+        s_hidden = student(batch["inputs"], return_hidden=True)
+        return losses.chunked_forward_kl(t_hidden, t_head, s_hidden, student.head_kernel(),
+                                         batch.get("weights"), temperature=temperature,
+                                         chunk_size=chunk)
 
     return loss_fn
 
 
-def stage3_loss_fn(student_cfg: config_lib.ModelConfig
+def stage3_loss_fn(student_cfg: config_lib.ModelConfig, *, chunk_size: Optional[int] = None
                    ) -> Callable[[PyTree, PyTree, Batch], jax.Array]:
-    """``(params, _, batch) -> token-mean next-token cross-entropy`` (spec §3.4)."""
+    """``(params, _, batch) -> token-mean next-token cross-entropy`` (spec §3.4), the LM head
+    and the cross-entropy in token chunks (:func:`losses.chunked_cross_entropy`;
+    ``chunk_size`` ``None``: 2048)."""
     student_fn = language_model_fn(student_cfg)
+    chunk = 2048 if chunk_size is None else chunk_size
 
     def loss_fn(params, _, batch):
-        logits = student_fn(params)(batch["inputs"])
-        weights = batch.get("weights")
-        if weights is None:
-            weights = jnp.ones(batch["targets"].shape, jnp.float32)
-        return train_lib.cross_entropy_loss(logits, batch["targets"], weights)[0]
+        student = student_fn(params)
+        hidden = student(batch["inputs"], return_hidden=True)
+        return losses.chunked_cross_entropy(hidden, student.head_kernel(), batch["targets"],
+                                            batch.get("weights"), chunk_size=chunk)[0]
 
     return loss_fn
 
@@ -302,28 +429,82 @@ def run_stage2(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_par
                batches: Iterator[Batch], temperature: float = 1.0,
                kl_chunk_size: Optional[int] = None,
                print_fn: Callable[[str], None] = print,
-               deadline: Optional[float] = None) -> Dict[str, Any]:
-    """Stage 2 in ``workdir`` (resumable, ``deadline`` as in :func:`train_loop`); returns
+               deadline: Optional[float] = None, micro_batch_size: Optional[int] = None,
+               seq_len: Optional[int] = None) -> Dict[str, Any]:
+    """Stage 2 in ``workdir`` (resumable; ``deadline``, ``micro_batch_size`` as in
+    :func:`train_loop`; ``seq_len`` given: MFU logged, :func:`stage_flops_per_token`); returns
     :func:`train_loop`'s result."""
     init = stage2_init(teacher_cfg, teacher_params, student_cfg, stage1_params,
                        seed=train_cfg.seed)
+    flops = None if seq_len is None else stage_flops_per_token(
+        "stage2", seq_len, teacher_cfg=teacher_cfg, teacher_params=teacher_params,
+        student_cfg=student_cfg, student_params=init)
     return train_loop(workdir=workdir, init_params=init,
                       loss_fn=stage2_loss_fn(teacher_cfg, student_cfg, temperature=temperature,
                                              chunk_size=kl_chunk_size),
                       optim_cfg=optim_cfg, train_cfg=train_cfg, batches=batches,
-                      frozen=teacher_params, print_fn=print_fn, deadline=deadline)
+                      frozen=teacher_params, print_fn=print_fn, deadline=deadline,
+                      micro_batch_size=micro_batch_size, flops_per_token=flops)
 
 
 def run_stage3(*, workdir: str, student_cfg: config_lib.ModelConfig, init_params: PyTree,
                optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
                batches: Iterator[Batch], print_fn: Callable[[str], None] = print,
-               deadline: Optional[float] = None) -> Dict[str, Any]:
-    """Stage 3 in ``workdir`` (resumable, ``deadline`` as in :func:`train_loop`) from the
-    Stage-2 params; returns :func:`train_loop`'s result."""
+               deadline: Optional[float] = None, micro_batch_size: Optional[int] = None,
+               ce_chunk_size: Optional[int] = None,
+               seq_len: Optional[int] = None) -> Dict[str, Any]:
+    """Stage 3 in ``workdir`` (resumable; ``deadline``, ``micro_batch_size`` as in
+    :func:`train_loop`; ``seq_len`` given: MFU logged) from the Stage-2 params; returns
+    :func:`train_loop`'s result."""
+    flops = None if seq_len is None else stage_flops_per_token(
+        "stage3", seq_len, student_cfg=student_cfg, student_params=init_params)
     return train_loop(workdir=workdir, init_params=init_params,
-                      loss_fn=stage3_loss_fn(student_cfg), optim_cfg=optim_cfg,
-                      train_cfg=train_cfg, batches=batches, print_fn=print_fn,
-                      deadline=deadline)
+                      loss_fn=stage3_loss_fn(student_cfg, chunk_size=ce_chunk_size),
+                      optim_cfg=optim_cfg, train_cfg=train_cfg, batches=batches,
+                      print_fn=print_fn, deadline=deadline, micro_batch_size=micro_batch_size,
+                      flops_per_token=flops)
+
+
+def stage_flops_per_token(stage: str, seq_len: int, *,
+                          teacher_cfg: Optional[config_lib.ModelConfig] = None,
+                          teacher_params: Optional[PyTree] = None,
+                          student_cfg: Optional[config_lib.ModelConfig] = None,
+                          student_params: Optional[PyTree] = None) -> float:
+    """Model FLOPs per trained token of one HALO step (:mod:`lattn_jax.flops` conventions:
+    ``2 x`` matmul weights per token forward, the mixers' token-mixing work, causal attention
+    halved, backward ``= 2 x`` forward).
+
+    * ``stage1``: the teacher's blocks forward (no LM head: Stage 1 never needs logits) plus
+      every layer's Lightning student forward and backward (``student_params`` is Stage 1's
+      ``{"mixers": {l: ...}}``, ``student_cfg`` the all-Lightning config);
+    * ``stage2``: the whole teacher forward (LM head included) plus the student's forward and
+      backward;
+    * ``stage3``: the student's forward and backward.
+
+    Raises:
+      ValueError: an unknown ``stage`` or a missing model.
+    """
+    if stage == "stage1":
+        if teacher_cfg is None or student_cfg is None:
+            raise ValueError("stage1 FLOPs need the teacher and the student config")
+        names = teacher_cfg.layer_pattern
+        teacher = 2.0 * flops_lib.matmul_params(teacher_params["blocks"], False)
+        teacher += sum(flops_lib.mixer_flops_per_token(teacher_cfg, n, seq_len) for n in names)
+        students = 2.0 * flops_lib.matmul_params(student_params, False)
+        students += len(names) * flops_lib.mixer_flops_per_token(student_cfg, "lightning",
+                                                                 seq_len)
+        return teacher + 3.0 * students
+    if stage not in ("stage2", "stage3"):
+        raise ValueError(f"no FLOP model for stage {stage!r}")
+    if student_cfg is None:
+        raise ValueError(f"{stage} FLOPs need the student config and params")
+    total = flops_lib.flops_per_token(student_cfg, student_params, seq_len, training=True)
+    if stage == "stage2":
+        if teacher_cfg is None:
+            raise ValueError("stage2 FLOPs need the teacher")
+        total += flops_lib.flops_per_token(teacher_cfg, teacher_params, seq_len,
+                                           training=False)
+    return total
 
 
 # ---------------------------------------------------------------------------------------------

@@ -99,5 +99,101 @@ class StagesTest(absltest.TestCase):
         self.assertNotAlmostEqual(cal["losses"]["None"], cal["losses"]["2.0"], places=6)
 
 
+def grain_batches(seed=0):
+    """A checkpointable (grain) iterator of packed byte-level windows over the bundled text:
+    resuming restores its position, as the pipeline's data does."""
+    from lattn_jax import assets
+    from lattn_jax import data as data_lib
+    ds = data_lib.build_datasets(data_lib.DataConfig(
+        paths=(assets.asset_path("corpus/wikitext-2-raw/wiki.valid.raw"),),
+        tokenizer="byte", seq_len=16, batch_size=4, val_fraction=0.05, seed=seed,
+        shuffle=True))
+    return ds.train_iter
+
+
+class ResumeTest(absltest.TestCase):
+    """Each stage cut mid-way and resumed gives the losses of the same stage run in one go."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.teacher_cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(),
+                                              layer_pattern=("attn",) * 2, vocab_size=257)
+        cls.teacher_params = stages.random_teacher(cls.teacher_cfg, seed=0)
+        cls.stage1_cfg = stages.stage1_student_config(cls.teacher_cfg)
+        cls.student_cfg = hypenet.hypenet_config(cls.teacher_cfg, [1])
+
+    def _check(self, run, steps=6, cut=3, **kw):
+        whole = run(self.create_tempdir().full_path, train_cfg(steps), grain_batches(), **kw)
+        workdir = self.create_tempdir().full_path
+        first = run(workdir, train_cfg(steps, max_steps_per_run=cut), grain_batches(), **kw)
+        second = run(workdir, train_cfg(steps), grain_batches(), **kw)
+        self.assertEqual((first["step"], second["resumed_from"], second["step"]),
+                         (cut, cut, steps))
+        np.testing.assert_allclose(first["losses"] + second["losses"], whole["losses"],
+                                   rtol=1e-6, atol=0)
+        # A cut run differs from the whole one if the data or the state were not restored.
+        self.assertLen(set(np.round(whole["losses"], 6)), steps)
+
+    def test_stage1_resumes_exactly(self):
+        def run(workdir, tcfg, data):
+            return stages.run_stage1(
+                workdir=workdir, teacher_cfg=self.teacher_cfg,
+                teacher_params=self.teacher_params, student_cfg=self.stage1_cfg,
+                optim_cfg=optim_cfg(3e-3), train_cfg=tcfg, batches=data,
+                print_fn=lambda s: None, seq_len=16)
+        self._check(run)
+
+    def test_stage2_and_stage3_resume_exactly(self):
+        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
+
+        def run2(workdir, tcfg, data):
+            return stages.run_stage2(
+                workdir=workdir, teacher_cfg=self.teacher_cfg,
+                teacher_params=self.teacher_params, student_cfg=self.student_cfg,
+                stage1_params=s1, optim_cfg=optim_cfg(3e-3), train_cfg=tcfg, batches=data,
+                kl_chunk_size=24, micro_batch_size=2, print_fn=lambda s: None, seq_len=16)
+        self._check(run2)
+        init = stages.stage2_init(self.teacher_cfg, self.teacher_params, self.student_cfg, s1)
+
+        def run3(workdir, tcfg, data):
+            return stages.run_stage3(
+                workdir=workdir, student_cfg=self.student_cfg, init_params=init,
+                optim_cfg=optim_cfg(3e-3), train_cfg=tcfg, batches=data, micro_batch_size=2,
+                ce_chunk_size=24, print_fn=lambda s: None, seq_len=16)
+        self._check(run3)
+
+    def test_micro_batches_give_the_whole_batch_step(self):
+        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
+        outs = []
+        for micro in (None, 1, 2):
+            outs.append(stages.run_stage2(
+                workdir=self.create_tempdir().full_path, teacher_cfg=self.teacher_cfg,
+                teacher_params=self.teacher_params, student_cfg=self.student_cfg,
+                stage1_params=s1, optim_cfg=optim_cfg(3e-3), train_cfg=train_cfg(3),
+                batches=grain_batches(), micro_batch_size=micro, print_fn=lambda s: None))
+        for out in outs[1:]:
+            np.testing.assert_allclose(out["losses"], outs[0]["losses"], rtol=2e-5)
+
+    def test_flops_per_token(self):
+        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
+        student = stages.stage2_init(self.teacher_cfg, self.teacher_params, self.student_cfg,
+                                     s1)
+        t = 16
+        d, h, dh, kv, f, v = 32, 4, 8, 2, 48, 257
+        attn_proj = d * (h * dh + 2 * kv * dh) + h * dh * d  # q, k, v, o
+        mlp = 3 * d * f
+        teacher_fwd = 2 * (2 * (attn_proj + mlp) + v * d) + 2 * (2.0 * t * dh * h)
+        got = stages.stage_flops_per_token("stage2", t, teacher_cfg=self.teacher_cfg,
+                                           teacher_params=self.teacher_params,
+                                           student_cfg=self.student_cfg,
+                                           student_params=student)
+        student_train = stages.stage_flops_per_token("stage3", t, student_cfg=self.student_cfg,
+                                                     student_params=student)
+        self.assertAlmostEqual(got - student_train, teacher_fwd)
+        with self.assertRaisesRegex(ValueError, "stage4"):
+            stages.stage_flops_per_token("stage4", t)
+
+
 if __name__ == "__main__":
     absltest.main()
