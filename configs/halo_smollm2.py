@@ -75,8 +75,9 @@ def get_config(arg=None):
             report=dict(dtype="float32", param_dtype="float32", perplexity_window=64,
                         perplexity_max_docs=2, perplexity_batch_size=4, csr_tasks=("piqa",),
                         csr_limit=4, csr_batch_size=4, csr_bucket=64, csr_max_len=256,
-                        niah_tasks=("niah_single_1",), niah_lengths=(384,),
-                        niah_depths=(50.0,), niah_samples=1, niah_max_new_tokens=8,
+                        niah_tasks=("niah_single_1",), niah_lengths=(448, 640),
+                        niah_depths=(25.0, 75.0), niah_samples=1, niah_max_new_tokens=8,
+                        niah_batch_tokens=900, niah_short_max_len=448,
                         speed_lengths=(128,), speed_decode_tokens=4, speed_repeats=1))
         cfg.select.update(synthetic_recall=2, max_new_tokens=4, max_val_batches=2)
         cfg.calibrate.max_batches = 2

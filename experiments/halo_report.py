@@ -9,7 +9,10 @@ Usage::
 The page (:func:`lattn_jax.halo.report.render_markdown`) has the hardware and versions, the
 commands (``pipeline.jsonl``), the token budget, losses and wall time of every stage, the layer
 selection, the calibration of ``a`` and the teacher-versus-student tables of
-``report/report.json``.
+``report/report.json``: every accuracy as ``mean ± binomial SE`` (commonsense per task and their
+mean; NIAH per task and length), the NIAH summary (means over 2K-8K and 16K-64K per task and over
+the tasks, the student/teacher ratio at 2K-8K) and the NIAH length x depth grids, then the speed
+and state memory rows. Errors: a missing workdir exits with a message naming it.
 """
 
 import os

@@ -411,11 +411,17 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
     ``report.MEASUREMENTS``), ``data_dir`` (laid out as ``shared/data``: ``eval/`` for the
     commonsense tasks, ``niah/PaulGrahamEssays`` for the essay haystacks), ``perplexity_file``
     (``None``: the bundled WikiText-2 raw test text), ``perplexity_window``,
-    ``perplexity_max_docs`` (``None``: all), ``perplexity_batch_size``, ``csr_tasks``,
-    ``csr_limit`` (documents per task), ``csr_seed``, ``csr_batch_size``, ``csr_bucket`` (padding
-    multiple of the requests), ``csr_max_len``, ``niah_tasks``, ``niah_lengths``,
-    ``niah_depths`` (percent), ``niah_samples`` (per cell), ``niah_max_new_tokens``,
-    ``niah_seed``, ``speed_lengths``, ``speed_decode_tokens``, ``speed_repeats``.
+    ``perplexity_max_docs`` (``None``: all), ``perplexity_batch_size`` (windows per batch: 16 x
+    2K tokens, 6.4 GB of fp32 logits at SmolLM2's 49K vocabulary), ``csr_tasks``, ``csr_limit``
+    (documents per task: 1,000, all of a smaller set; the seeded subsample of
+    ``tasks.load_task`` that the selection stage's held-out probe avoids), ``csr_seed``,
+    ``csr_batch_size``, ``csr_bucket`` (padding multiple of the requests), ``csr_max_len``,
+    ``niah_tasks``, ``niah_lengths`` (tokens), ``niah_depths`` (percent), ``niah_samples`` (per
+    cell: 5 depths x 20 = 100 prompts per task and length), ``niah_max_new_tokens`` (48: a UUID
+    answer of single_3 is 33-38 SmolLM2 tokens), ``niah_seed``, ``niah_batch_tokens`` (prompt
+    tokens per NIAH batch: 4 rows at 64K, 128 at 2K), ``niah_short_max_len`` (the short/long
+    split of the NIAH means: the teacher's 8K training context), ``speed_lengths``,
+    ``speed_decode_tokens``, ``speed_repeats``.
     """
     if data_dir is None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -425,11 +431,13 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
         measurements=report_lib.MEASUREMENTS, data_dir=data_dir,
         perplexity_file=None, perplexity_window=2048, perplexity_max_docs=None,
         perplexity_batch_size=16,
-        csr_tasks=("piqa", "hellaswag", "arc_easy", "winogrande"), csr_limit=500, csr_seed=1234,
-        csr_batch_size=64, csr_bucket=256, csr_max_len=2048,
-        niah_tasks=("niah_single_2",), niah_lengths=(2048, 4096, 8192, 16384, 32768),
-        niah_depths=(10.0, 50.0, 90.0), niah_samples=2, niah_max_new_tokens=32, niah_seed=42,
-        speed_lengths=(8192, 32768), speed_decode_tokens=128, speed_repeats=3,
+        csr_tasks=("piqa", "hellaswag", "arc_easy", "arc_challenge", "winogrande"),
+        csr_limit=1000, csr_seed=1234, csr_batch_size=64, csr_bucket=256, csr_max_len=2048,
+        niah_tasks=("niah_single_1", "niah_single_2", "niah_single_3"),
+        niah_lengths=(2048, 4096, 8192, 16384, 32768, 65536),
+        niah_depths=(10.0, 30.0, 50.0, 70.0, 90.0), niah_samples=20, niah_max_new_tokens=48,
+        niah_seed=42, niah_batch_tokens=262144, niah_short_max_len=8192,
+        speed_lengths=(32768, 131072), speed_decode_tokens=128, speed_repeats=3,
     )
 
 

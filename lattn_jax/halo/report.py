@@ -16,18 +16,25 @@ interruption. Measurements, in this order:
 2. ``perplexity``: sliding-window perplexity (:mod:`lattn_jax.eval.perplexity`, disjoint windows
    of ``perplexity_window`` tokens) of the WikiText-2 raw test text.
 3. ``commonsense``: the zero-shot tasks of :mod:`lattn_jax.eval.tasks` (lm-eval prompts,
-   ``acc``/``acc_norm``) on ``csr_limit`` documents each (the seeded subsample of
-   :func:`lattn_jax.eval.tasks.load_task`), read from ``<data_dir>/eval``.
+   ``acc``/``acc_norm``, each with its binomial standard error ``sqrt(p (1 - p) / n)``) on
+   ``csr_limit`` documents each (the seeded subsample of
+   :func:`lattn_jax.eval.tasks.load_task`; ARC from its Test files), read from
+   ``<data_dir>/eval``; the page adds the mean over the tasks (``acc_norm``, ``acc`` where a
+   task has none) with SE ``sqrt(sum SE_i^2) / n_tasks``.
 4. ``niah``: RULER needles (:mod:`lattn_jax.eval.niah`: ``niah_single_*`` and the multi-key
    ``niah_multikey_1``) over ``niah_lengths x niah_depths`` with ``niah_samples`` prompts per
-   cell, greedy decoding of ``niah_max_new_tokens`` tokens. The prompts are built once for both
-   models, and every prompt is left-padded to the longest length (the padding is a separate
-   document that no token attends to), so that each model compiles one prefill and one
-   decoding step for the whole grid.
+   cell, greedy decoding of ``niah_max_new_tokens`` tokens, scored with ``string_match_all``.
+   The prompts (and their token ids) are built once for both models
+   (:class:`lattn_jax.eval.niah.SampleBuilder`). The prompts of one length, all tasks
+   together, are decoded in batches of ``niah_batch_size(L, count, niah_batch_tokens)`` rows
+   (:class:`NiahDecoder`: the first ``min n_i`` tokens of every row prefilled with the plain
+   causal forward, the rest of each prompt fed as decoding steps, so no padding and no
+   attention mask), so
+   each model compiles one prefill and one chunk of decoding steps per length. Per task and
+   length: the mean and its binomial SE; the means over the lengths up to
+   ``niah_short_max_len`` (2K-8K, the teacher's trained context) and above it (16K-64K).
 
-Both models are evaluated with ``use_segment_ids`` on: a prefill with segment ids keeps left
-padding out of the prompt; calls without segment ids (scoring, the timed prefill) are the plain
-causal forward.
+Calls without segment ids (scoring, the prefills) are the plain causal forward.
 
 Shapes are kept few on purpose (one compiled program per shape): perplexity windows are padded to
 the window, commonsense requests to a multiple of ``csr_bucket``.
@@ -37,6 +44,7 @@ metrics and timings, the selection, the calibration and this report) into the re
 ``benchmarks/results/halo-<model>-<date>.md``.
 """
 
+import dataclasses
 import datetime
 import inspect
 import json
@@ -69,6 +77,7 @@ MODELS = ("teacher", "student")
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 DEFAULT_PERPLEXITY_FILE = "corpus/wikitext-2-raw/wiki.test.raw"  # bundled asset
+NIAH_DECODE_CHUNK = 16  # NIAH decoding steps per compiled call (NiahDecoder.chunk)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,73 +309,386 @@ def measure_speed(decoder: Decoder, prompt: Sequence[int], *, decode_tokens: int
 
 
 # ---------------------------------------------------------------------------------------------
+# Standard errors
+# ---------------------------------------------------------------------------------------------
+
+def binomial_se(p: float, n: int) -> float:
+    """The standard error ``sqrt(p (1 - p) / n)`` of a mean of ``n`` 0/1 outcomes (``nan`` for
+    ``n < 1``)."""
+    return math.sqrt(p * (1.0 - p) / n) if n >= 1 else float("nan")
+
+
+def with_se(metrics: Mapping[str, Any]) -> Dict[str, Any]:
+    """``metrics`` of a multiple-choice task (``acc``/``acc_norm`` in [0, 1] and ``n``
+    documents) with ``acc_se``/``acc_norm_se``, their binomial standard errors, added."""
+    out = dict(metrics)
+    for key in ("acc", "acc_norm"):
+        if key in out:
+            out[f"{key}_se"] = binomial_se(out[key], int(out["n"]))
+    return out
+
+
+def csr_mean(result: Mapping[str, Mapping[str, Any]],
+             tasks: Optional[Sequence[str]] = None) -> Tuple[float, float]:
+    """``(mean, SE)`` over the tasks of one model's commonsense result of ``acc_norm`` (``acc``
+    where a task has no ``acc_norm``, e.g. WinoGrande), SE ``sqrt(sum SE_i^2) / n_tasks``
+    (:func:`mean_with_se`; each ``SE_i`` the stored one or :func:`binomial_se`)."""
+    means, ses = [], []
+    for task in (tasks if tasks is not None else sorted(result)):
+        r = result[task]
+        key = "acc_norm" if "acc_norm" in r else "acc"
+        means.append(float(r[key]))
+        ses.append(r.get(f"{key}_se", binomial_se(float(r[key]), int(r.get("n", 0)))))
+    return mean_with_se(means, ses)
+
+
+def mean_with_se(means: Sequence[float], ses: Sequence[float]) -> Tuple[float, float]:
+    """``(mean, SE)`` of the unweighted mean of independent estimates: ``sum(means) / k`` and
+    ``sqrt(sum(se_i^2)) / k`` (``(nan, nan)`` for none)."""
+    if not means:
+        return float("nan"), float("nan")
+    k = len(means)
+    return float(sum(means) / k), math.sqrt(sum(s * s for s in ses)) / k
+
+
+# ---------------------------------------------------------------------------------------------
 # NIAH
 # ---------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NiahPrompt:
+    """One NIAH prompt: the :class:`lattn_jax.eval.niah.Sample` and its token ids (int32
+    ``[sample.num_tokens]``, no BOS)."""
+
+    sample: niah.Sample
+    ids: np.ndarray
+
 
 def niah_samples(tokenizer, *, tasks: Sequence[str], lengths: Sequence[int],
                  depths: Sequence[float], samples_per_cell: int,
                  essay_words: Optional[Sequence[str]], max_new_tokens: int,
-                 seed: int = 42) -> Dict[str, List[List[niah.Sample]]]:
-    """The prompts of :func:`lattn_jax.eval.niah.run` (same seeds and order), built once.
+                 seed: int = 42, check: bool = True) -> Dict[str, List[List[NiahPrompt]]]:
+    """The prompts of :func:`lattn_jax.eval.niah.run` (same seeds and order) with their ids.
 
-    Each search for the largest haystack starts from the previous sample's size (scaled to the
-    length), which gives the same prompts with a few tokenizations each.
+    Every sample is the one :func:`lattn_jax.eval.niah.make_sample` gives, built by
+    :class:`lattn_jax.eval.niah.SampleBuilder` (cached token pieces instead of a tokenization
+    per haystack size tried: 1,800 prompts of 2K-64K tokens in seconds with SmolLM2's GGUF
+    tokenizer instead of about ten minutes). Each search for the largest haystack starts from
+    the previous sample's size (scaled to the length).
+
+    Args:
+      tokenizer: the model's tokenizer.
+      tasks, lengths, depths: the grid (:data:`lattn_jax.eval.niah.ALL_TASKS`, tokens,
+        percent).
+      samples_per_cell: prompts per (task, length, depth).
+      essay_words: :func:`lattn_jax.eval.niah.load_essays` (for all tasks but single_1).
+      max_new_tokens: room left for the answer.
+      seed: key/value seed, one ``random.Random(seed)`` per task.
+      check: compare the ids of the first prompt of every (task, length) with
+        ``tokenizer.encode`` (one full tokenization each).
 
     Returns:
-      ``{task: [per length: [samples, depth-major]]}``.
+      ``{task: [per length: [NiahPrompt, depth-major]]}``.
+
+    Raises:
+      ValueError: an unknown task, a bad depth, or a length too short for the prompt.
+      RuntimeError: if a checked prompt's ids differ from ``tokenizer.encode`` (a bug).
     """
+    builder = niah.SampleBuilder(tokenizer, essay_words)
     out = {}
     for task in tasks:
         rng = random.Random(seed)
         per_length, hint, previous = [], None, None
         for length in lengths:
-            samples = []
+            prompts = []
             if hint is not None:  # the haystack grows about in proportion to the length
                 hint = max(1, int(hint * (length - max_new_tokens) / (previous - max_new_tokens)))
             previous = length
             for d in depths:
                 for _ in range(samples_per_cell):
-                    s = niah.make_sample(task, tokenizer, length, d, rng, essay_words,
-                                         max_new_tokens, start_units=hint)
+                    s, ids = builder.make_sample(task, length, d, rng, max_new_tokens,
+                                                 start_units=hint)
                     hint = s.haystack_units
-                    samples.append(s)
-            per_length.append(samples)
+                    prompts.append(NiahPrompt(sample=s, ids=ids))
+            if check and builder.exact and prompts:
+                s = prompts[0].sample
+                if prompts[0].ids.tolist() != tokenizer.encode(s.prompt):
+                    raise RuntimeError(f"{task} @ {length}: the piecewise token ids of a prompt "
+                                       f"differ from the tokenizer's ({tokenizer!r})")
+            per_length.append(prompts)
         out[task] = per_length
     return out
 
 
-def niah_scores(generate_fn: Callable[[List[int]], List[int]], tokenizer,
-                samples: Mapping[str, List[List[niah.Sample]]], *, lengths: Sequence[int],
-                depths: Sequence[float], samples_per_cell: int) -> Dict[str, Any]:
-    """Scores one model on prebuilt NIAH samples, in :func:`lattn_jax.eval.niah.run`'s format.
+def niah_batch_size(length: int, count: int, batch_tokens: int) -> int:
+    """Rows per batch for ``count`` prompts of ``length`` tokens: at most
+    ``batch_tokens // length`` (at least 1), spread evenly over the fewest batches.
+
+    Raises:
+      ValueError: for ``batch_tokens < 1`` (``report.niah_batch_tokens``).
+    """
+    if batch_tokens < 1:
+        raise ValueError(f"report.niah_batch_tokens must be >= 1, got {batch_tokens}")
+    most = max(1, batch_tokens // length)
+    batches = max(1, -(-count // most))
+    return max(1, -(-count // batches))
+
+
+class NiahDecoder:
+    """Batched greedy decoding of prompts of about the same length, with the decoding states.
+
+    A batch of ``B`` prompts of ``n_i`` tokens is prefilled on the first ``P = min n_i`` tokens
+    of every row (the plain causal forward: no padding, no mask, the flash kernel on a GPU),
+    then decoded in ``T == 1`` steps that feed each row the rest of its own prompt
+    (``n_i - P`` tokens) before its own greedy tokens, so a row's answer starts right after its
+    prompt. A row therefore gets exactly the tokens of its prompt prefilled and decoded alone up
+    to floating-point rounding (the prefill computes the ``n_i - P`` last prompt positions as
+    decoding steps). Unlike left padding with segment ids, this needs no ``[B, T, T]`` mask,
+    which cuDNN turns into a dense bias (8.6 GB per 64K-token row in bf16). Steps run
+    ``chunk`` at a time on the device (a ``lax.scan``); a batch stops once every row has its
+    ``max_new_tokens`` tokens or its stop token.
+
+    One prefill is compiled per ``(B, P, capacity)`` and one chunk of steps per
+    ``(B, capacity, rest width)``: callers keep these fixed per length.
 
     Args:
-      generate_fn: ``prompt ids -> generated ids`` (greedy).
+      model: a ``LanguageModel`` (its parameters are captured as they are now).
+      chunk: decoding steps per compiled call (>= 1).
+
+    Raises:
+      ValueError: for ``chunk < 1``.
+    """
+
+    def __init__(self, model: model_lib.LanguageModel, *, chunk: int = 16):
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        self.chunk = int(chunk)
+        graphdef, self._params = nnx.split(model)
+        kw = ({"last_logits_only": True}
+              if "last_logits_only" in inspect.signature(type(model).__call__).parameters else {})
+
+        def prefill(params, tokens, capacity):
+            m = nnx.merge(graphdef, params)
+            logits, states = m(tokens, return_state=True, **kw)
+            nxt = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)  # [B]
+            return nxt, model_lib.LanguageModel.grow_state(states, capacity)
+
+        def steps(params, prev, rest, rest_len, start, states, n):
+            m = nnx.merge(graphdef, params)
+            width = rest.shape[1]
+
+            def body(carry, j):
+                prev, states = carry
+                s = start + j
+                forced = jax.lax.dynamic_index_in_dim(rest, jnp.clip(s, 0, width - 1), axis=1,
+                                                      keepdims=False)  # [B]
+                token = jnp.where(s < rest_len, forced, prev)
+                logits, states = m(token[:, None], state=states, return_state=True)
+                nxt = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+                return (nxt, states), nxt
+
+            (prev, states), out = jax.lax.scan(body, (prev, states),
+                                               jnp.arange(n, dtype=jnp.int32))
+            return out.T, prev, states  # [B, n]
+
+        self._prefill = jax.jit(prefill, static_argnums=(2,))
+        # The states are donated: the steps update the KV caches in place.
+        self._steps = jax.jit(steps, static_argnums=(6,), donate_argnums=(5,))
+
+    def generate(self, prompts: Sequence[Sequence[int]], *, batch_size: int, capacity: int,
+                 max_new_tokens: int, stop_id: Optional[int] = None,
+                 prefix_len: Optional[int] = None,
+                 width: Optional[int] = None) -> Tuple[List[List[int]], Dict[str, Any]]:
+        """Greedy continuations of ``prompts`` (at most ``max_new_tokens`` each, the stop token
+        and what follows it dropped), in order.
+
+        Args:
+          prompts: token-id sequences (int), each non-empty.
+          batch_size: rows per batch ``B``; a last, smaller batch is filled with copies of its
+            first prompt (answers dropped).
+          capacity: KV-cache slots per row, at least ``max n_i + max_new_tokens + chunk - 2``
+            (the decoding runs whole chunks).
+          max_new_tokens: answer tokens per prompt (>= 1).
+          stop_id: a token that ends a row's answer (excluded), or ``None``.
+          prefix_len: the prefill length ``P`` (default ``min n_i``; at most that).
+          width: the width of the per-row rest of the prompts (default ``max n_i - P``; at
+            least that), a static shape.
+
+        Returns:
+          ``(answers, stats)``: ``answers[i]`` the generated ids of ``prompts[i]``; ``stats``
+          ``{"batches", "batch_size", "prefix_len", "rest_width", "steps", "prefill_s",
+          "decode_s"}`` (seconds of wall time, each call waited for).
+
+        Raises:
+          ValueError: for no prompts, an empty prompt, ``max_new_tokens < 1``,
+            ``batch_size < 1``, or a ``capacity``, ``prefix_len`` or ``width`` that does not fit
+            the prompts.
+        """
+        if not prompts:
+            raise ValueError("no prompts to generate from")
+        lens = [len(p) for p in prompts]
+        if min(lens) < 1 or max_new_tokens < 1 or batch_size < 1:
+            raise ValueError(f"need non-empty prompts, max_new_tokens >= 1 and batch_size >= 1, "
+                             f"got prompt lengths {min(lens)}..{max(lens)}, {max_new_tokens=}, "
+                             f"{batch_size=}")
+        p0 = min(lens) if prefix_len is None else int(prefix_len)
+        rest_w = max(max(lens) - p0, 1) if width is None else int(width)
+        need = max(lens) + max_new_tokens + self.chunk - 2
+        if not 1 <= p0 <= min(lens) or rest_w < max(lens) - p0 or capacity < need:
+            raise ValueError(f"prompts of {min(lens)}..{max(lens)} tokens with {max_new_tokens} "
+                             f"new tokens in chunks of {self.chunk} need 1 <= prefix_len <= "
+                             f"{min(lens)}, width >= {max(lens) - p0} and capacity >= {need}; "
+                             f"got {p0}, {rest_w}, {capacity}")
+        answers: List[List[int]] = [[] for _ in prompts]
+        stats = {"batches": 0, "batch_size": batch_size, "prefix_len": p0,
+                 "rest_width": rest_w, "steps": 0, "prefill_s": 0.0, "decode_s": 0.0}
+        for b0 in range(0, len(prompts), batch_size):
+            idx = list(range(b0, min(b0 + batch_size, len(prompts))))
+            rows = idx + [idx[0]] * (batch_size - len(idx))
+            tokens = np.stack([np.asarray(prompts[i][:p0], np.int32) for i in rows])
+            rest = np.zeros((batch_size, rest_w), np.int32)
+            rest_len = np.zeros((batch_size,), np.int32)
+            for j, i in enumerate(rows):
+                tail = np.asarray(prompts[i][p0:], np.int32)
+                rest[j, :len(tail)] = tail
+                rest_len[j] = len(tail)
+            t0 = time.perf_counter()
+            first, states = self._prefill(self._params, jnp.asarray(tokens), int(capacity))
+            first = np.asarray(first)  # waits for the prefill
+            t1 = time.perf_counter()
+            # Step s feeds position P + s; row j's k-th new token comes out of step
+            # rest_len[j] + k - 1 (the prefill's token when that is -1).
+            need_steps = int(rest_len.max()) + max_new_tokens - 1
+            outs = [first[:, None]]
+            prev, rest_d, len_d, done_steps = jnp.asarray(first), jnp.asarray(rest), \
+                jnp.asarray(rest_len), 0
+            while done_steps < need_steps:
+                out, prev, states = self._steps(self._params, prev, rest_d, len_d,
+                                                jnp.int32(done_steps), states, self.chunk)
+                outs.append(np.asarray(out))
+                done_steps += self.chunk
+                if stop_id is not None and self._all_stopped(outs, rest_len[:len(idx)],
+                                                             stop_id, done_steps):
+                    break
+            stats["decode_s"] += time.perf_counter() - t1
+            stats["prefill_s"] += t1 - t0
+            stats["steps"] += done_steps
+            stats["batches"] += 1
+            del states
+            seq = np.concatenate(outs, axis=1)  # [B, 1 + steps]: column c = step c - 1
+            for j, i in enumerate(idx):
+                gen = seq[j, rest_len[j]:rest_len[j] + max_new_tokens].tolist()
+                if stop_id is not None and stop_id in gen:
+                    gen = gen[:gen.index(stop_id)]
+                answers[i] = gen
+        return answers, stats
+
+    @staticmethod
+    def _all_stopped(outs, rest_len, stop_id, steps) -> bool:
+        """Whether every row has emitted ``stop_id`` after its prompt within ``steps`` steps."""
+        seq = np.concatenate(outs, axis=1)
+        return all(stop_id in seq[j, r:].tolist() for j, r in enumerate(rest_len))
+
+
+def niah_scores(answers: Mapping[str, List[List[List[int]]]], tokenizer,
+                prompts: Mapping[str, List[List[NiahPrompt]]], *, lengths: Sequence[int],
+                depths: Sequence[float], samples_per_cell: int,
+                short_max_len: int) -> Dict[str, Any]:
+    """Scores one model's answers to the NIAH prompts (RULER ``string_match_all``).
+
+    Args:
+      answers: ``{task: [per length: [generated ids per prompt]]}``, in the order of
+        ``prompts``.
       tokenizer: decodes the answers.
-      samples: from :func:`niah_samples`.
+      prompts: from :func:`niah_samples`.
+      lengths, depths, samples_per_cell: the grid.
+      short_max_len: lengths up to this (tokens) form the ``"short"`` group, longer ones the
+        ``"long"`` group.
 
     Returns:
-      ``{task: {"grid" [lengths x depths], "lengths", "depths", "mean", "per_length",
-      "examples"}}`` (``string_match_all`` scores in ``[0, 1]``).
+      ``{task: {"grid" [lengths x depths] (cell means), "lengths", "depths", "n_per_cell",
+      "per_length" {length: mean}, "per_length_se" {length: binomial SE}, "per_length_n",
+      "short"/"long" {"lengths", "mean", "se"} (mean of the per-length means, SE
+      ``sqrt(sum SE^2) / k``; ``None`` for a group without lengths), "mean", "mean_se" (all
+      lengths), "examples"}}``; scores in ``[0, 1]``.
     """
     out = {}
-    for task, per_length in samples.items():
+    for task, per_length in prompts.items():
         grid = np.zeros((len(lengths), len(depths)))
-        examples = []
+        means, ses, examples = [], [], []
         for li, batch in enumerate(per_length):
-            for k, s in enumerate(batch):
-                text = tokenizer.decode(generate_fn(tokenizer.encode(s.prompt)))
-                grid[li, k // samples_per_cell] += (niah.string_match_all(text, [s.value])
-                                                    / samples_per_cell)
+            scores = []
+            for k, (p, ids) in enumerate(zip(batch, answers[task][li])):
+                text = tokenizer.decode(list(ids))
+                score = niah.string_match_all(text, [p.sample.value])
+                scores.append(score)
+                grid[li, k // samples_per_cell] += score / samples_per_cell
                 if len(examples) < 3 or (k == 0 and lengths[li] == max(lengths)):
-                    examples.append({"length": lengths[li], "depth": s.depth,
-                                     "value": s.value, "answer": text})
+                    examples.append({"length": lengths[li], "depth": p.sample.depth,
+                                     "value": p.sample.value, "answer": text})
+            means.append(float(np.mean(scores)))
+            ses.append(binomial_se(means[-1], len(scores)))
+        groups = {}
+        for name, keep in (("short", lambda n: n <= short_max_len),
+                           ("long", lambda n: n > short_max_len)):
+            sel = [i for i, n in enumerate(lengths) if keep(n)]
+            if sel:
+                m, se = mean_with_se([means[i] for i in sel], [ses[i] for i in sel])
+                groups[name] = {"lengths": [lengths[i] for i in sel], "mean": m, "se": se}
+            else:
+                groups[name] = None
+        mean, mean_se = mean_with_se(means, ses)
         out[task] = {"grid": grid.tolist(), "lengths": list(lengths), "depths": list(depths),
-                     "mean": float(grid.mean()),
-                     "per_length": {str(n): float(grid[i].mean())
-                                    for i, n in enumerate(lengths)},
-                     "examples": examples}
+                     "n_per_cell": samples_per_cell,
+                     "per_length": {str(n): means[i] for i, n in enumerate(lengths)},
+                     "per_length_se": {str(n): ses[i] for i, n in enumerate(lengths)},
+                     "per_length_n": {str(n): len(per_length[i]) for i, n in enumerate(lengths)},
+                     **groups, "mean": mean, "mean_se": mean_se, "examples": examples}
     return out
+
+
+def niah_answers(decoder: NiahDecoder, prompts: Mapping[str, List[List[NiahPrompt]]], *,
+                 lengths: Sequence[int], max_new_tokens: int, batch_tokens: int,
+                 stop_id: Optional[int], print_fn: Callable[[str], None] = print
+                 ) -> Tuple[Dict[str, List[List[List[int]]]], Dict[str, Any]]:
+    """Every prompt's greedy answer, the prompts of each length (all tasks) batched together.
+
+    Per length ``L``: one prefill shape (:func:`niah_batch_size` rows of the shortest prompt's
+    length) and one decoding shape (capacity ``L + chunk``).
+
+    Args:
+      decoder: the model's :class:`NiahDecoder`.
+      prompts: ``{task: [per length: [NiahPrompt]]}`` (:func:`niah_samples`); a prompt of
+        length index ``i`` has at most ``lengths[i] - max_new_tokens`` tokens.
+      lengths: the target lengths in tokens, one per inner list.
+      max_new_tokens: answer tokens per prompt.
+      batch_tokens: ``report.niah_batch_tokens``, prompt tokens per batch.
+      stop_id: ends an answer (excluded), e.g. the EOS id; ``None`` for none.
+      print_fn: one progress line per length.
+
+    Returns:
+      ``(answers {task: [per length: [ids]]}, stats {str(L): NiahDecoder stats})``.
+    """
+    answers = {task: [None] * len(lengths) for task in prompts}
+    stats = {}
+    for li, length in enumerate(lengths):
+        flat = [(task, p) for task in prompts for p in prompts[task][li]]
+        if not flat:
+            continue
+        b = niah_batch_size(length, len(flat), batch_tokens)
+        out, st = decoder.generate([p.ids for _, p in flat], batch_size=b,
+                                   capacity=length + decoder.chunk,
+                                   max_new_tokens=max_new_tokens, stop_id=stop_id)
+        stats[str(length)] = st
+        k = 0
+        for task in prompts:
+            n = len(prompts[task][li])
+            answers[task][li] = out[k:k + n]
+            k += n
+        print_fn(f"niah @ {length:,}: {len(flat)} prompts in {st['batches']} batches of "
+                 f"{b}, prefill {st['prefill_s']:.1f} s, decode {st['decode_s']:.1f} s "
+                 f"({st['steps']} steps)")
+    return answers, stats
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,6 +716,39 @@ def _speed_prompt(tokenizer, options, length: int) -> List[int]:
     return ids[:want]
 
 
+def check_options(options) -> None:
+    """Raises ``ValueError`` naming the first bad ``config.report`` option.
+
+    Checks: ``measurements`` (from :data:`MEASUREMENTS`), ``niah_tasks`` (from
+    :data:`lattn_jax.eval.niah.ALL_TASKS`), ``niah_lengths`` (above ``niah_max_new_tokens``),
+    ``niah_depths`` (percent in [0, 100]), ``niah_samples``, ``niah_max_new_tokens`` and
+    ``niah_batch_tokens`` (>= 1), ``speed_lengths`` (above ``niah_max_new_tokens``),
+    ``csr_limit`` (``None`` or >= 1) and ``perplexity_batch_size`` / ``csr_batch_size`` (>= 1).
+    """
+    unknown = sorted(set(options.measurements) - set(MEASUREMENTS))
+    if unknown:
+        raise ValueError(f"report.measurements: unknown {unknown}; choose from {MEASUREMENTS}")
+    m = options.niah_max_new_tokens
+    problems = [
+        ("niah_tasks", [t for t in options.niah_tasks if t not in niah.ALL_TASKS],
+         f"unknown tasks; choose from {niah.ALL_TASKS}"),
+        ("niah_lengths", [n for n in options.niah_lengths if int(n) <= m],
+         f"lengths must exceed niah_max_new_tokens={m}"),
+        ("niah_depths", [d for d in options.niah_depths if not 0 <= d <= 100],
+         "depths are percentages in [0, 100]"),
+        ("speed_lengths", [n for n in options.speed_lengths if int(n) <= m],
+         f"lengths must exceed niah_max_new_tokens={m} (the prompt is length - that)"),
+    ]
+    for key in ("niah_samples", "niah_max_new_tokens", "niah_batch_tokens",
+                "perplexity_batch_size", "csr_batch_size"):
+        problems.append((key, [options[key]] if options[key] < 1 else [], "must be >= 1"))
+    if options.csr_limit is not None and options.csr_limit < 1:
+        problems.append(("csr_limit", [options.csr_limit], "must be None (all) or >= 1"))
+    for key, bad, why in problems:
+        if bad:
+            raise ValueError(f"report.{key}: {bad}: {why}")
+
+
 def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]],
                tokenizer, meta: Mapping[str, Any], print_fn: Callable[[str], None] = print,
                should_stop: Optional[Callable[[], bool]] = None) -> Dict[str, Any]:
@@ -402,23 +757,21 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     Args:
       options: the ``config.report`` section (see ``lattn_jax.halo.experiment.base_config``).
       stage_dir: where ``report.json`` and ``report.md`` go.
-      models: ``{"teacher": (LanguageModel, description), "student": (...)}``, each model with
-        ``use_segment_ids`` on (left padding in prefills).
+      models: ``{"teacher": (LanguageModel, description), "student": (...)}``.
       tokenizer: the teacher's tokenizer.
       meta: recorded as is (model descriptions, calibration, sources).
       print_fn: progress lines.
       should_stop: asked before each measurement; ``True`` ends the run early (resumable).
 
     Returns:
-      The report dict (also in ``<stage_dir>/report.json``), with ``"complete"``.
+      The report dict (also in ``<stage_dir>/report.json``), with ``"complete"``; run details
+      (the NIAH prompt building and per-length prefill/decode times) under ``"details"``.
 
     Raises:
-      ValueError: an unknown measurement or model.
+      ValueError: an unknown measurement or model, or a bad option (:func:`check_options`).
       FileNotFoundError: a missing evaluation file or essay directory.
     """
-    unknown = sorted(set(options.measurements) - set(MEASUREMENTS))
-    if unknown:
-        raise ValueError(f"report.measurements: unknown {unknown}; choose from {MEASUREMENTS}")
+    check_options(options)
     bad = sorted(set(models) - set(MODELS))
     if bad:
         raise ValueError(f"unknown models {bad}; expected {MODELS}")
@@ -443,11 +796,14 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
                 break
             model = models[name][0]
             t0 = time.perf_counter()
+            details: Dict[str, Any] = {}
             result = _measure(measurement, name, model, tokenizer, options, decoders, cache,
-                              print_fn)
+                              print_fn, details)
             seconds = time.perf_counter() - t0
             report["results"].setdefault(measurement, {})[name] = result
             report["seconds"][f"{measurement}/{name}"] = seconds
+            if details:
+                report.setdefault("details", {}).setdefault(measurement, {})[name] = details
             report["updated"] = _now()
             _write_json(path, report)
             with open(os.path.join(stage_dir, REPORT_MD), "w") as f:
@@ -461,9 +817,11 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     return report
 
 
-def _measure(measurement, name, model, tokenizer, options, decoders, cache, print_fn):
+def _measure(measurement, name, model, tokenizer, options, decoders, cache, print_fn,
+             details):
+    """One measurement of one model; run details (timings) go into ``details``."""
     pad = tokenizer.eos_id
-    if measurement in ("speed", "niah") and name not in decoders:
+    if measurement == "speed" and name not in decoders:
         decoders[name] = Decoder(model, pad)
     if measurement == "speed":
         out = {}
@@ -499,14 +857,14 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
                          for c, x in d.requests]
                 cache[key] = (docs, pairs)
             docs, pairs = cache[key]
-            out[task] = runner.score_task(scorer, task, docs, pairs)
+            out[task] = with_se(runner.score_task(scorer, task, docs, pairs))
         return out
     if measurement == "niah":
-        lengths = tuple(options.niah_lengths)
+        lengths = tuple(int(n) for n in options.niah_lengths)
         m = options.niah_max_new_tokens
         if "niah" not in cache:
             words = None
-            if any(t not in ("niah_single_1",) for t in options.niah_tasks):
+            if any(t != "niah_single_1" for t in options.niah_tasks):
                 words = niah.load_essays(os.path.join(options.data_dir, "niah",
                                                       "PaulGrahamEssays"))
             t0 = time.perf_counter()
@@ -514,17 +872,17 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
                 tokenizer, tasks=options.niah_tasks, lengths=lengths,
                 depths=options.niah_depths, samples_per_cell=options.niah_samples,
                 essay_words=words, max_new_tokens=m, seed=options.niah_seed)
-            print_fn(f"niah: built the prompts in {time.perf_counter() - t0:.1f} s")
-        padded = max(lengths) - m
-        capacity = padded + max(options.speed_decode_tokens, m)
-        decoder = decoders[name]
-
-        def generate_fn(ids):
-            return decoder.generate(ids, padded_len=padded, capacity=capacity,
-                                    max_new_tokens=m, stop_id=tokenizer.eos_id)
-
-        return niah_scores(generate_fn, tokenizer, cache["niah"], lengths=lengths,
-                           depths=options.niah_depths, samples_per_cell=options.niah_samples)
+            cache["niah_build_s"] = time.perf_counter() - t0
+            n = sum(len(b) for per_length in cache["niah"].values() for b in per_length)
+            print_fn(f"niah: built {n} prompts in {cache['niah_build_s']:.1f} s")
+        answers, stats = niah_answers(NiahDecoder(model, chunk=NIAH_DECODE_CHUNK), cache["niah"],
+                                      lengths=lengths, max_new_tokens=m,
+                                      batch_tokens=options.niah_batch_tokens,
+                                      stop_id=tokenizer.eos_id, print_fn=print_fn)
+        details["niah"] = {"build_s": cache["niah_build_s"], "per_length": stats}
+        return niah_scores(answers, tokenizer, cache["niah"], lengths=lengths,
+                           depths=options.niah_depths, samples_per_cell=options.niah_samples,
+                           short_max_len=options.niah_short_max_len)
     raise ValueError(f"unknown measurement {measurement!r}")
 
 
@@ -532,9 +890,13 @@ def _summary(measurement: str, result: Mapping[str, Any]) -> str:
     if measurement == "perplexity":
         return f"token perplexity {result['token_perplexity']:.3f}"
     if measurement == "commonsense":
-        return ", ".join(f"{t} {r.get('acc_norm', r['acc']):.3f}" for t, r in result.items())
+        mean, se = csr_mean(result)
+        return ", ".join([f"{t} {r.get('acc_norm', r['acc']):.3f}" for t, r in result.items()]
+                         + [f"mean {mean:.3f} ± {se:.3f}"])
     if measurement == "niah":
-        return ", ".join(f"{t} {r['per_length']}" for t, r in result.items())
+        return ", ".join(f"{t} " + ", ".join(
+            f"{_span(r[g]['lengths'])} {r[g]['mean']:.2f}" for g in ("short", "long") if r.get(g))
+            for t, r in result.items())
     return ", ".join(f"{n}: prefill {r['prefill_s'] * 1e3:.1f} ms, decode "
                      f"{r['decode_s_per_token'] * 1e3:.2f} ms/token, state "
                      f"{r['state_bytes']['total'] / 2 ** 20:.1f} MiB" for n, r in result.items())
@@ -561,8 +923,15 @@ def _mib(n: Optional[int]) -> str:
 def results_markdown(report: Mapping[str, Any]) -> str:
     """Markdown tables of a report dict: one row per metric, a column per model.
 
+    Accuracies are shown as ``mean ± SE`` (binomial standard errors; the SE of a mean over
+    tasks or lengths is ``sqrt(sum SE_i^2) / k``). NIAH: ``string_match_all`` per task and
+    length, a summary table (the means over the lengths up to ``niah_short_max_len`` and above
+    it, per task and over the tasks, and the student/teacher ratio of the short means with a
+    delta-method SE), and a lengths x depths grid per task and model.
+
     Args:
-      report: the dict written by :func:`run_report` (any subset of its measurements).
+      report: the dict written by :func:`run_report` (any subset of its measurements; reports
+        written before the SE fields existed render without them where ``n`` is unknown).
     """
     res = report.get("results", {})
     names = [m for m in MODELS if any(m in r for r in res.values())]
@@ -585,28 +954,36 @@ def results_markdown(report: Mapping[str, Any]) -> str:
     tasks = sorted({t for r in csr.values() for t in r})
     for t in tasks:
         for metric in ("acc", "acc_norm"):
-            vals = [csr.get(n, {}).get(t, {}).get(metric) for n in names]
-            if all(v is None for v in vals):
+            vals = [csr.get(n, {}).get(t) for n in names]
+            if all(v is None or metric not in v for v in vals):
                 continue
             n_docs = next(r[t]["n"] for r in csr.values() if t in r)
             chance = next(r[t].get(f"{metric}_chance") for r in csr.values() if t in r)
             row(f"{t} (n={n_docs}, chance {_fmt(chance, 3)})", metric,
-                [_fmt(v, 3) for v in vals])
+                [_pm(v.get(metric), v.get(f"{metric}_se", _se_of(v.get(metric), v.get("n"))))
+                 if v is not None else "–" for v in vals])
     if tasks:
         means = []
         for n in names:
-            vals = [csr[n][t].get("acc_norm", csr[n][t]["acc"]) for t in tasks
-                    if t in csr.get(n, {})]
-            means.append(_fmt(float(np.mean(vals)), 3) if vals else "–")
-        row("commonsense", "mean of acc_norm (acc where none)", means)
+            done = [t for t in tasks if t in csr.get(n, {})]
+            means.append(_pm(*csr_mean(csr[n], done)) if done else "–")
+        row(f"commonsense ({len(tasks)} tasks)", "mean of acc_norm (acc where none)", means)
     nh = res.get("niah", {})
-    for task in sorted({t for r in nh.values() for t in r}):
-        lengths = next(r[task]["lengths"] for r in nh.values() if task in r)
-        for length in lengths:
-            row(task, f"string_match_all @ {length:,}",
-                [_fmt(nh.get(n, {}).get(task, {}).get("per_length", {}).get(str(length)), 2)
-                 for n in names])
-        row(task, "mean", [_fmt(nh.get(n, {}).get(task, {}).get("mean"), 3) for n in names])
+    short_max = int(report.get("options", {}).get("niah_short_max_len") or 8192)
+    niah_tasks = sorted({t for r in nh.values() for t in r})
+    for task in niah_tasks:
+        any_r = next(r[task] for r in nh.values() if task in r)
+        for length in any_r["lengths"]:
+            n_len = any_r.get("per_length_n", {}).get(str(length))
+            tag = f"{task} (n={n_len} per length)" if n_len else task
+            row(tag, f"string_match_all @ {length:,}",
+                [_pm(*_niah_length(nh.get(n, {}).get(task), length)) for n in names])
+        for group in ("short", "long"):
+            g = _niah_group(any_r, group, short_max)
+            if g is not None:
+                row(task, f"mean {_span(g[0])}",
+                    [_pm(*(_niah_group(nh[n][task], group, short_max) or (None, None, None))[1:])
+                     if task in nh.get(n, {}) else "–" for n in names])
     sp = res.get("speed", {})
     for length in sorted({int(k) for r in sp.values() for k in r}):
         def get(n, *keys):
@@ -632,17 +1009,133 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         row(tag, "device peak so far (MiB)",
             [_mib(get(n, "device_memory", "peak_bytes_in_use")) for n in names])
     out = "\n".join(lines) + "\n"
-    for task in sorted({t for r in nh.values() for t in r}):
+    if niah_tasks:
+        out += "\n" + _niah_summary(nh, names, niah_tasks, short_max)
+    for task in niah_tasks:
         for n in names:
             r = nh.get(n, {}).get(task)
             if r is None:
                 continue
-            out += (f"\n{task}, {n} (string_match_all; rows: length in tokens, columns: depth "
-                    f"%)\n\n| length | " + " | ".join(f"{d:g}%" for d in r["depths"])
+            per_cell = f", {r['n_per_cell']} prompts per cell" if r.get("n_per_cell") else ""
+            out += (f"\n{task}, {n} (string_match_all{per_cell}; rows: length in tokens, "
+                    f"columns: depth %)\n\n| length | "
+                    + " | ".join(f"{d:g}%" for d in r["depths"])
                     + " |\n|---:|" + "---:|" * len(r["depths"]) + "\n")
             for length, grid_row in zip(r["lengths"], r["grid"]):
                 out += f"| {length:,} | " + " | ".join(f"{v:.2f}" for v in grid_row) + " |\n"
     return out
+
+
+def _pm(mean: Optional[float], se: Optional[float], digits: int = 3) -> str:
+    """``"0.652 ± 0.015"`` (just the mean where the SE is unknown, ``–`` for no mean)."""
+    if mean is None:
+        return "–"
+    if se is None or (isinstance(se, float) and math.isnan(se)):
+        return _fmt(float(mean), digits)
+    return f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
+def _se_of(p: Optional[float], n: Optional[int]) -> Optional[float]:
+    return None if p is None or not n else binomial_se(float(p), int(n))
+
+
+def _span(lengths: Sequence[int]) -> str:
+    return f"{min(lengths):,}–{max(lengths):,}" if len(lengths) > 1 else f"{lengths[0]:,}"
+
+
+def _niah_length(r: Optional[Mapping[str, Any]], length: int
+                 ) -> Tuple[Optional[float], Optional[float]]:
+    """``(mean, SE)`` of one task's score at one length (SE ``None`` if ``n`` is unknown)."""
+    if r is None or str(length) not in r.get("per_length", {}):
+        return None, None
+    p = r["per_length"][str(length)]
+    se = r.get("per_length_se", {}).get(str(length))
+    if se is None:
+        se = _se_of(p, r.get("per_length_n", {}).get(str(length)))
+    return p, se
+
+
+def _niah_group(r: Mapping[str, Any], group: str, short_max: int
+                ) -> Optional[Tuple[List[int], float, Optional[float]]]:
+    """``(lengths, mean, SE)`` of a task's ``"short"`` (``<= short_max``) or ``"long"``
+    lengths, from the stored group or the per-length values; ``None`` for no such length."""
+    if r.get(group):
+        return r[group]["lengths"], r[group]["mean"], r[group]["se"]
+    sel = [n for n in r["lengths"] if (n <= short_max) == (group == "short")]
+    if not sel:
+        return None
+    vals = [_niah_length(r, n) for n in sel]
+    if any(se is None for _, se in vals):
+        return sel, float(np.mean([p for p, _ in vals])), None
+    return (sel, *mean_with_se([p for p, _ in vals], [se for _, se in vals]))
+
+
+def _ratio(num: Optional[Tuple], den: Optional[Tuple]) -> str:
+    """``num / den`` of two ``(mean, SE)`` with the delta-method SE."""
+    if num is None or den is None or not den[0]:
+        return "–"
+    r = num[0] / den[0]
+    if num[1] is None or den[1] is None:
+        return _fmt(r, 3)
+    rel = (num[1] / num[0]) ** 2 if num[0] else 0.0
+    return _pm(r, abs(r) * math.sqrt(rel + (den[1] / den[0]) ** 2))
+
+
+def _niah_summary(nh: Mapping[str, Any], names: Sequence[str], tasks: Sequence[str],
+                  short_max: int) -> str:
+    """The NIAH summary table: per task and over the tasks, the short and long means per
+    model and the student/teacher ratio of the short means."""
+    groups = {}  # (model, task) -> {group: (lengths, mean, se)}
+    for n in names:
+        for t in tasks:
+            if t in nh.get(n, {}):
+                groups[n, t] = {g: _niah_group(nh[n][t], g, short_max) for g in ("short", "long")}
+    spans = {}
+    for g in ("short", "long"):
+        found = [v[g][0] for v in groups.values() if v[g] is not None]
+        if found:
+            spans[g] = _span(found[0])
+    head = ["task"]
+    for g in ("short", "long"):
+        if g in spans:
+            head += [f"{n} {spans[g]}" for n in names]
+            if g == "short" and set(names) == set(MODELS):
+                head.append(f"student / teacher {spans[g]}")
+    lines = ["NIAH summary (string_match_all, mean ± SE over the lengths of each span)", "",
+             "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+
+    def cells(per_model):  # per_model: {name: {group: (mean, se) or None}}
+        out = []
+        for g in ("short", "long"):
+            if g not in spans:
+                continue
+            out += [_pm(*per_model[n][g]) if per_model.get(n, {}).get(g) else "–"
+                    for n in names]
+            if g == "short" and set(names) == set(MODELS):
+                out.append(_ratio(per_model.get("student", {}).get(g),
+                                  per_model.get("teacher", {}).get(g)))
+        return out
+
+    for t in tasks:
+        per_model = {n: {g: groups[n, t][g][1:] if groups[n, t][g] else None
+                         for g in ("short", "long")}
+                     for n in names if (n, t) in groups}
+        lines.append(f"| {t} | " + " | ".join(cells(per_model)) + " |")
+    if len(tasks) > 1:
+        per_model = {}
+        for n in names:
+            per_model[n] = {}
+            for g in ("short", "long"):
+                vals = [groups[n, t][g] for t in tasks if (n, t) in groups]
+                if len(vals) == len(tasks) and all(v is not None for v in vals):
+                    ses = [v[2] for v in vals]
+                    per_model[n][g] = (mean_with_se([v[1] for v in vals], ses)
+                                       if all(s is not None for s in ses)
+                                       else (float(np.mean([v[1] for v in vals])), None))
+                else:
+                    per_model[n][g] = None
+        lines.append(f"| mean of {len(tasks)} tasks | " + " | ".join(cells(per_model)) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _ms(seconds: Optional[float]) -> Optional[float]:

@@ -2,8 +2,13 @@
 
 import os
 import random
+import re
+import zlib
 
+import numpy as np
 from absl.testing import absltest, parameterized
+
+from configs import halo_smollm2
 
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import niah
@@ -12,6 +17,33 @@ ESSAYS = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared
                       "PaulGrahamEssays")
 WORDS = ("Startups are hard. Most of them fail! Why do they fail? Because founders give up. "
          "Persistence matters more than brilliance. " * 40).split()
+
+
+GGUF = os.environ.get("SMOLLM2_GGUF") or halo_smollm2.smollm2_gguf_path()
+
+
+class WordTokenizer(tok_lib.ByteTokenizer):
+    """GPT-2-like pre-tokens (``" ?word"``, ``" ?punctuation"``, whitespace runs), one id each:
+    multi-character tokens whose counts add up over pieces like a byte-level BPE's."""
+
+    _PRE = re.compile(r" ?\w+| ?[^\w\s]+|\s+(?!\S)|\s+")
+
+    def encode(self, text):
+        return [zlib.crc32(m.encode()) % 5000 for m in self._PRE.findall(text)]
+
+
+class PairTokenizer(tok_lib.ByteTokenizer):
+    """One id per two bytes: not additive over pieces of odd length."""
+
+    def encode(self, text):
+        b = text.encode()
+        return [int.from_bytes(b[i:i + 2], "big") for i in range(0, len(b), 2)]
+
+
+def _after_draws(task, seed):
+    rng = random.Random(seed)
+    niah._draw_needles(task, rng)
+    return rng.random()
 
 
 class NiahTest(parameterized.TestCase):
@@ -61,6 +93,61 @@ class NiahTest(parameterized.TestCase):
                 s = niah.make_sample(task, tok, 2048, 50.0, random.Random(3), WORDS,
                                      start_units=hint)
                 self.assertEqual(s, ref, msg=f"{task=} {hint=}")
+
+    @parameterized.parameters("byte", "words")
+    def test_sample_builder_gives_make_samples_prompts_and_ids(self, kind):
+        tok = tok_lib.ByteTokenizer() if kind == "byte" else WordTokenizer()
+        builder = niah.SampleBuilder(tok, WORDS)
+        self.assertTrue(builder.exact)
+        draw = random.Random(11)
+        for task in niah.ALL_TASKS:
+            for _ in range(6):
+                length = draw.randint(700 if kind == "byte" else 200, 5000)
+                depth = draw.choice([0.0, 100.0, round(draw.uniform(0, 100), 1)])
+                seed = draw.randrange(1000)
+                ref = niah.make_sample(task, tok, length, depth, random.Random(seed), WORDS, 16)
+                for hint in (None, ref.haystack_units, ref.haystack_units + draw.randint(1, 9),
+                             max(1, ref.haystack_units - draw.randint(1, 9))):
+                    rng = random.Random(seed)
+                    s, ids = builder.make_sample(task, length, depth, rng, 16, hint)
+                    msg = f"{task=} {length=} {depth=} {hint=}"
+                    self.assertEqual(s, ref, msg=msg)
+                    self.assertEqual(ids.dtype, np.int32)
+                    self.assertEqual(ids.tolist(), tok.encode(s.prompt), msg=msg)
+                    # The key and value draws leave rng where make_sample leaves it.
+                    self.assertEqual(rng.random(), _after_draws(task, seed))
+
+    def test_sample_builder_falls_back_where_pieces_do_not_add_up(self):
+        tok = PairTokenizer()
+        builder = niah.SampleBuilder(tok, WORDS)
+        self.assertFalse(builder.exact)  # "abc" + " d" is not "abc d" in byte pairs
+        for task in ("niah_single_1", "niah_single_2"):
+            ref = niah.make_sample(task, tok, 800, 40.0, random.Random(2), WORDS, 16)
+            s, ids = builder.make_sample(task, 800, 40.0, random.Random(2), 16)
+            self.assertEqual(s, ref)
+            self.assertEqual(ids.tolist(), tok.encode(s.prompt))
+
+    def test_piece_tokenizer(self):
+        tok = WordTokenizer()
+        pieces = niah.PieceTokenizer(tok)
+        for text in ("a b\nc d", " lead and  double  spaces\n end ", "", "x", "one. Two!\n\nThree"):
+            np.testing.assert_array_equal(pieces.encode(text), tok.encode(text))
+            self.assertEqual(pieces.count(text), len(tok.encode(text)))
+        self.assertTrue(pieces.matches(["a b", "c  d"]))
+        self.assertFalse(niah.PieceTokenizer(PairTokenizer()).matches(["abc d"]))
+
+    @absltest.skipIf(not (GGUF and os.path.isdir(ESSAYS)), "no SmolLM2 GGUF or essays")
+    def test_sample_builder_with_the_smollm2_tokenizer(self):
+        tok = tok_lib.make_tokenizer("gguf", GGUF)
+        words = niah.load_essays(ESSAYS)
+        builder = niah.SampleBuilder(tok, words)
+        self.assertTrue(builder.exact)
+        for task in niah.ALL_TASKS:
+            for length, depth in ((1500, 0.0), (3000, 63.0), (4096, 100.0)):
+                ref = niah.make_sample(task, tok, length, depth, random.Random(length), words, 48)
+                s, ids = builder.make_sample(task, length, depth, random.Random(length), 48)
+                self.assertEqual(s, ref, msg=f"{task=} {length=}")
+                self.assertEqual(ids.tolist(), tok.encode(s.prompt))
 
     def test_scorer_accepts_right_value_and_rejects_wrong_one(self):
         self.assertEqual(niah.string_match_all(" 1234567. The end", ["1234567"]), 1.0)

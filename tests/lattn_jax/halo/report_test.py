@@ -2,13 +2,17 @@
 
 import dataclasses
 import json
+import math
 import os
+import random
 import time
 
+import numpy as np
 from absl.testing import absltest
 
 from configs import halo_smollm2
 from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import niah
 from lattn_jax.halo import experiment
 from lattn_jax.halo import hypenet
 from lattn_jax.halo import loaders
@@ -59,9 +63,18 @@ class ReportStageTest(absltest.TestCase):
         for name in ("teacher", "student"):
             ppl = rep["results"]["perplexity"][name]
             self.assertBetween(ppl["token_perplexity"], 1.0, 257.0 * 1.5)
-            grid = rep["results"]["niah"][name]["niah_single_1"]["grid"]
-            self.assertEqual(len(grid), 1)
-            self.assertBetween(grid[0][0], 0.0, 1.0)
+            r = rep["results"]["niah"][name]["niah_single_1"]
+            self.assertEqual(np.shape(r["grid"]), (2, 2))  # lengths (448, 640) x 2 depths
+            self.assertTrue(np.all((np.asarray(r["grid"]) >= 0) & (np.asarray(r["grid"]) <= 1)))
+            self.assertEqual(r["per_length_n"], {"448": 2, "640": 2})
+            p = r["per_length"]["640"]
+            self.assertAlmostEqual(r["per_length_se"]["640"], math.sqrt(p * (1 - p) / 2))
+            self.assertEqual(r["short"]["lengths"], [448])  # niah_short_max_len=448
+            self.assertEqual(r["long"]["lengths"], [640])
+            # niah_batch_tokens=900: 2 rows of 448 tokens, 1 row of 640 (2 batches).
+            stats = rep["details"]["niah"][name]["niah"]["per_length"]
+            self.assertEqual((stats["448"]["batch_size"], stats["448"]["batches"]), (2, 1))
+            self.assertEqual((stats["640"]["batch_size"], stats["640"]["batches"]), (1, 2))
         self.assertEqual(rep["meta"]["attention_layers"], [1])
         self.assertEqual(rep["meta"]["student_params"], "stage2")  # no stage3 checkpoint
         # Measurements already in report.json are not repeated.
@@ -71,7 +84,9 @@ class ReportStageTest(absltest.TestCase):
         page = report_lib.render_markdown(workdir)
         self.assertIn("| stage1 | per-layer MSE", page)
         self.assertIn("| perplexity (wiki.test.raw, window 64) | token_perplexity |", page)
-        self.assertIn("niah_single_1, student", page)
+        self.assertIn("niah_single_1, student (string_match_all, 1 prompts per cell", page)
+        self.assertIn("NIAH summary", page)
+        self.assertIn("| niah_single_1 (n=2 per length) | string_match_all @ 640 |", page)
         with open(os.path.join(workdir, "report", report_lib.REPORT_MD)) as f:
             self.assertIn("token_perplexity", f.read())
 
@@ -104,6 +119,9 @@ class MeasurementsTest(absltest.TestCase):
             piqa = rep["results"]["commonsense"][name]["piqa"]
             self.assertEqual(piqa["n"], 4)
             self.assertBetween(piqa["acc"], 0.0, 1.0)
+            for key in ("acc", "acc_norm"):
+                self.assertAlmostEqual(piqa[f"{key}_se"],
+                                       math.sqrt(piqa[key] * (1 - piqa[key]) / 4))
         # KV cache: 2 (teacher) vs 1 (student) attention layers of [1, 124, 2, 8] fp32 k and v;
         # the student's Lightning layer holds an fp32 [1, 4, 8, 8] state.
         kv_layer = 2 * 124 * 2 * 8 * 4
@@ -115,6 +133,163 @@ class MeasurementsTest(absltest.TestCase):
         md = report_lib.results_markdown(rep)
         self.assertIn("| speed @ 128 | state: KV cache (MiB) |", md)
         self.assertIn("| piqa (n=4, chance 0.500) | acc |", md)
+        piqa = rep["results"]["commonsense"]["teacher"]["piqa"]
+        self.assertIn(f"| {piqa['acc']:.3f} ± {piqa['acc_se']:.3f} |", md)
+        self.assertIn("| commonsense (1 tasks) | mean of acc_norm (acc where none) | ", md)
+
+
+def tiny_models(seed=0):
+    """A random 2-layer teacher and its HypeNet student (Lightning + NoPE attention with
+    logit scaling), fp32, with segment ids on as in the report."""
+    cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(), use_segment_ids=True,
+                              layer_pattern=("attn",) * 2)
+    params = stages.random_teacher(cfg, seed=seed)
+    student_cfg = hypenet.hypenet_config(cfg, [1])
+    student_cfg = dataclasses.replace(
+        student_cfg, use_segment_ids=True,
+        attention=dataclasses.replace(student_cfg.attention, logit_scaling_base=50.0))
+    return {"teacher": loaders.build_model(cfg, params),
+            "student": loaders.build_model(student_cfg,
+                                           hypenet.convert(params, cfg, student_cfg))}
+
+
+class NiahDecoderTest(absltest.TestCase):
+
+    def test_batched_answers_equal_batch_one_generation(self):
+        rng = np.random.default_rng(0)
+        m, cap = 7, 80
+        # Two "lengths" of 6 and 3 prompts, of random lengths (so rows of one batch differ).
+        lengths = (48, 64)
+        prompts = {}
+        for task in ("niah_single_1", "niah_single_2"):
+            prompts[task] = []
+            for length, count in zip(lengths, (3, 2)):
+                row = []
+                for _ in range(count):
+                    ids = rng.integers(0, 61, int(rng.integers(length - 30, length - m + 1)))
+                    row.append(report_lib.NiahPrompt(sample=None, ids=ids.astype(np.int32)))
+                prompts[task].append(row)
+        for name, model in tiny_models().items():
+            ref_decoder = report_lib.Decoder(model, pad_id=0)
+
+            def alone(ids, stop):  # batch 1, left-padded (its own document): one shape
+                return ref_decoder.generate(ids.tolist(), padded_len=max(lengths) - m,
+                                            capacity=cap, max_new_tokens=m, stop_id=stop)
+
+            ref = {t: [[alone(p.ids, None) for p in row] for row in rows]
+                   for t, rows in prompts.items()}
+            # A stop token that occurs in some answers, not as their first token.
+            stop = ref["niah_single_1"][0][0][2]
+            ref_stop = {t: [[alone(p.ids, stop) for p in row] for row in rows]
+                        for t, rows in prompts.items()}
+            self.assertTrue(any(len(a) < m for rows in ref_stop.values() for row in rows
+                                for a in row))
+            decoder = report_lib.NiahDecoder(model, chunk=3)
+            # 150 tokens per batch: rows of 3 at length 48 (6 prompts: 2 batches), 2 at 64
+            # (4 prompts: 2 batches); the chunks run past some rows' last needed step.
+            for stop_id, want in ((None, ref), (stop, ref_stop)):
+                got, stats = report_lib.niah_answers(
+                    decoder, prompts, lengths=lengths, max_new_tokens=m, batch_tokens=150,
+                    stop_id=stop_id, print_fn=lambda s: None)
+                self.assertEqual(got, want, msg=f"{name} {stop_id=}")
+                self.assertEqual((stats["48"]["batches"], stats["48"]["batch_size"]), (2, 3))
+                self.assertEqual((stats["64"]["batches"], stats["64"]["batch_size"]), (2, 2))
+                self.assertEqual(stats["48"]["prefix_len"],
+                                 min(len(p.ids) for rows in prompts.values() for p in rows[0]))
+
+    def test_generate_checks_its_arguments(self):
+        decoder = report_lib.NiahDecoder(tiny_models()["teacher"], chunk=4)
+        ids = [np.arange(10), np.arange(12)]
+        with self.assertRaisesRegex(ValueError, "capacity >= 17"):
+            decoder.generate(ids, batch_size=2, capacity=16, max_new_tokens=3)
+        with self.assertRaisesRegex(ValueError, "prefix_len <= 10"):
+            decoder.generate(ids, batch_size=2, capacity=40, max_new_tokens=3, prefix_len=11)
+        with self.assertRaisesRegex(ValueError, "no prompts"):
+            decoder.generate([], batch_size=2, capacity=40, max_new_tokens=3)
+        with self.assertRaisesRegex(ValueError, "chunk must be >= 1"):
+            report_lib.NiahDecoder(tiny_models()["teacher"], chunk=0)
+
+    def test_batch_size(self):
+        self.assertEqual(report_lib.niah_batch_size(65536, 300, 262144), 4)
+        self.assertEqual(report_lib.niah_batch_size(2048, 300, 262144), 100)  # 3 x 100, not 128
+        self.assertEqual(report_lib.niah_batch_size(32768, 300, 262144), 8)  # 38 batches
+        self.assertEqual(report_lib.niah_batch_size(131072, 5, 65536), 1)
+        self.assertEqual(report_lib.niah_batch_size(1024, 3, 262144), 3)
+        with self.assertRaisesRegex(ValueError, "report.niah_batch_tokens"):
+            report_lib.niah_batch_size(1024, 3, 0)
+
+
+class StandardErrorTest(absltest.TestCase):
+
+    def test_hand_checked_values(self):
+        # 0.652 * 0.348 / 1000 = 2.26896e-4 -> 0.0150631.
+        self.assertAlmostEqual(report_lib.binomial_se(0.652, 1000), 0.0150631, places=7)
+        self.assertEqual(report_lib.binomial_se(1.0, 20), 0.0)
+        self.assertTrue(math.isnan(report_lib.binomial_se(0.5, 0)))
+        # sqrt(.03^2 + .04^2) / 2 = .025.
+        mean, se = report_lib.mean_with_se([0.5, 0.7], [0.03, 0.04])
+        self.assertAlmostEqual(mean, 0.6)
+        self.assertAlmostEqual(se, 0.025)
+        out = report_lib.with_se({"acc": 0.25, "acc_norm": 0.5, "n": 400, "acc_chance": 0.25})
+        self.assertAlmostEqual(out["acc_se"], math.sqrt(0.25 * 0.75 / 400))  # 0.021651
+        self.assertAlmostEqual(out["acc_norm_se"], 0.025)  # sqrt(.25 / 400)
+        mean, se = report_lib.csr_mean({"arc_easy": out, "winogrande": {"acc": 0.6, "n": 1000}})
+        self.assertAlmostEqual(mean, 0.55)  # acc_norm of arc_easy, acc of winogrande
+        self.assertAlmostEqual(se, math.sqrt(0.025 ** 2 + 0.24 / 1000) / 2)
+
+    def test_niah_scores_on_random_answers(self):
+        rng = random.Random(5)
+        tok = tok_lib.ByteTokenizer()
+        lengths, depths, per_cell = (512, 1024, 4096), (10.0, 50.0, 90.0), 4
+        prompts, answers, hits = {}, {}, {}
+        for task in ("niah_single_1", "niah_single_3"):
+            prompts[task], answers[task], hits[task] = [], [], []
+            for length in lengths:
+                row_p, row_a, row_h = [], [], []
+                for d in depths:
+                    for _ in range(per_cell):
+                        value = str(rng.randint(10 ** 6, 10 ** 7 - 1))
+                        hit = rng.random() < 0.6
+                        sample = niah.Sample(task=task, prompt="", value=value, key="k",
+                                             depth=d, length=length, needle_char=0,
+                                             context_chars=(0, 0), num_tokens=0)
+                        row_p.append(report_lib.NiahPrompt(sample=sample, ids=np.zeros(1)))
+                        row_a.append(tok.encode(f" {value if hit else '42'}. The end"))
+                        row_h.append(float(hit))
+                prompts[task].append(row_p)
+                answers[task].append(row_a)
+                hits[task].append(row_h)
+        out = report_lib.niah_scores(answers, tok, prompts, lengths=lengths, depths=depths,
+                                     samples_per_cell=per_cell, short_max_len=1024)
+        for task in prompts:
+            h = np.asarray(hits[task])  # [lengths, depths * per_cell]
+            r = out[task]
+            np.testing.assert_allclose(r["grid"], h.reshape(3, 3, per_cell).mean(-1))
+            p = h.mean(1)
+            se = np.sqrt(p * (1 - p) / h.shape[1])
+            for i, n in enumerate(lengths):
+                self.assertAlmostEqual(r["per_length"][str(n)], p[i])
+                self.assertAlmostEqual(r["per_length_se"][str(n)], se[i])
+                self.assertEqual(r["per_length_n"][str(n)], 12)
+            self.assertEqual(r["short"]["lengths"], [512, 1024])
+            self.assertAlmostEqual(r["short"]["mean"], (p[0] + p[1]) / 2)
+            self.assertAlmostEqual(r["short"]["se"], math.sqrt(se[0] ** 2 + se[1] ** 2) / 2)
+            self.assertEqual(r["long"]["lengths"], [4096])
+            self.assertAlmostEqual(r["long"]["se"], se[2])
+            self.assertAlmostEqual(r["mean_se"], math.sqrt(np.sum(se ** 2)) / 3)
+
+    def test_bad_options_are_named(self):
+        base = halo_smollm2.get_config("tiny").report
+        for key, value, pattern in (("niah_tasks", ("niah_single_9",), "report.niah_tasks"),
+                                    ("niah_depths", (50.0, 120.0), "report.niah_depths"),
+                                    ("niah_lengths", (8,), "report.niah_lengths"),
+                                    ("niah_batch_tokens", 0, "report.niah_batch_tokens"),
+                                    ("measurements", ("speed", "vibes"), "report.measurements")):
+            options = base.copy_and_resolve_references()
+            options[key] = value
+            with self.assertRaisesRegex(ValueError, pattern):
+                report_lib.check_options(options)
+        report_lib.check_options(base)
 
 
 class MarkdownTest(absltest.TestCase):
@@ -157,9 +332,20 @@ class MarkdownTest(absltest.TestCase):
                                   "started": "2026-11-30T10:00:00", "wall_s": 300.0,
                                   "stages": {"stage1": 42.0}, "status": "deadline"}],
               jsonl=True)
-        niah_res = {"grid": [[1.0, 0.5], [0.0, 0.0]], "lengths": [2048, 32768],
+        # niah_single_2 as reports wrote it before the SE fields (n unknown: no SE shown).
+        niah_old = {"grid": [[1.0, 0.5], [0.0, 0.0]], "lengths": [2048, 16384],
                     "depths": [10.0, 90.0], "mean": 0.375,
-                    "per_length": {"2048": 0.75, "32768": 0.0}, "examples": []}
+                    "per_length": {"2048": 0.75, "16384": 0.0}, "examples": []}
+
+        def niah_new(short, long):  # 100 prompts per length
+            ses = [math.sqrt(p * (1 - p) / 100) for p in (short, long)]
+            return {"grid": [[short, short], [long, long]], "lengths": [2048, 16384],
+                    "depths": [10.0, 90.0], "n_per_cell": 50,
+                    "per_length": {"2048": short, "16384": long},
+                    "per_length_se": {"2048": ses[0], "16384": ses[1]},
+                    "per_length_n": {"2048": 100, "16384": 100},
+                    "short": {"lengths": [2048], "mean": short, "se": ses[0]},
+                    "long": {"lengths": [16384], "mean": long, "se": ses[1]}, "examples": []}
         speed = {"prompt_tokens": 8160, "capacity": 8288, "prefill_s": 0.0125,
                  "prefill_tokens_per_s": 652800.0, "decode_s_per_token": 0.004,
                  "decode_tokens_per_s": 250.0,
@@ -177,10 +363,14 @@ class MarkdownTest(absltest.TestCase):
                                    "window": 2048}
                                for n, p in (("teacher", 12.5), ("student", 15.25))},
                 "commonsense": {n: {"piqa": {"acc": a, "acc_norm": a, "acc_chance": 0.5,
-                                             "acc_norm_chance": 0.5, "n": 500}}
-                                for n, a in (("teacher", 0.625), ("student", 0.5))},
-                "niah": {"teacher": {"niah_single_2": niah_res},
-                         "student": {"niah_single_2": niah_res}},
+                                             "acc_norm_chance": 0.5, "n": 500},
+                                    "winogrande": {"acc": w, "acc_chance": 0.5, "n": 1000}}
+                                for n, a, w in (("teacher", 0.625, 0.607),
+                                                ("student", 0.5, 0.5))},
+                "niah": {"teacher": {"niah_single_1": niah_new(0.9, 0.2),
+                                     "niah_single_2": niah_old},
+                         "student": {"niah_single_1": niah_new(0.6, 0.1),
+                                     "niah_single_2": niah_old}},
                 "speed": {"teacher": {"8192": speed}, "student": {"8192": speed}}},
             "seconds": {"perplexity/teacher": 3.5}})
         page = report_lib.render_markdown(workdir)
@@ -198,8 +388,30 @@ class MarkdownTest(absltest.TestCase):
         self.assertIn("Training tokens in all: 10,485,760.", page)
         self.assertIn("| perplexity (wiki.test.raw, window 2048) | token_perplexity | 12.500 | "
                       "15.250 |", page)
-        self.assertIn("| piqa (n=500, chance 0.500) | acc_norm | 0.625 | 0.500 |", page)
-        self.assertIn("| niah_single_2 | string_match_all @ 32,768 | 0.00 | 0.00 |", page)
+        # SE by hand: sqrt(.625 * .375 / 500) = .02165, sqrt(.5 * .5 / 500) = .02236.
+        self.assertIn("| piqa (n=500, chance 0.500) | acc_norm | 0.625 ± 0.022 | 0.500 ± 0.022 |",
+                      page)
+        # sqrt(.607 * .393 / 1000) = .01545, sqrt(.25 / 1000) = .01581; no acc_norm row.
+        self.assertIn("| winogrande (n=1000, chance 0.500) | acc | 0.607 ± 0.015 | "
+                      "0.500 ± 0.016 |", page)
+        self.assertNotIn("| winogrande (n=1000, chance 0.500) | acc_norm |", page)
+        # Mean of piqa acc_norm and winogrande acc: (.625 + .607) / 2 = .616, SE
+        # sqrt(.02165^2 + .01545^2) / 2 = .01330; student .5, sqrt(.0005 + .00025) / 2 = .01369.
+        self.assertIn("| commonsense (2 tasks) | mean of acc_norm (acc where none) | "
+                      "0.616 ± 0.013 | 0.500 ± 0.014 |", page)
+        # NIAH, SE sqrt(p (1 - p) / 100): .9 -> .030, .6 -> .049.
+        self.assertIn("| niah_single_1 (n=100 per length) | string_match_all @ 2,048 | "
+                      "0.900 ± 0.030 | 0.600 ± 0.049 |", page)
+        self.assertIn("| niah_single_1 | mean 16,384 | 0.200 ± 0.040 | 0.100 ± 0.030 |", page)
+        self.assertIn("| niah_single_2 | string_match_all @ 16,384 | 0.000 | 0.000 |", page)
+        # Summary: ratio .6 / .9 = .667, SE .667 * sqrt((.049 / .6)^2 + (.03 / .9)^2) = .059;
+        # over the two tasks (no SE for the old one): (.9 + .75) / 2, (.6 + .75) / 2, ...
+        self.assertIn("| task | teacher 2,048 | student 2,048 | student / teacher 2,048 | "
+                      "teacher 16,384 | student 16,384 |", page)
+        self.assertIn("| niah_single_1 | 0.900 ± 0.030 | 0.600 ± 0.049 | 0.667 ± 0.059 | "
+                      "0.200 ± 0.040 | 0.100 ± 0.030 |", page)
+        self.assertIn("| mean of 2 tasks | 0.825 | 0.675 | 0.818 | 0.100 | 0.050 |", page)
+        self.assertIn("niah_single_1, teacher (string_match_all, 50 prompts per cell;", page)
         self.assertIn("| 2,048 | 1.00 | 0.50 |", page)
         self.assertIn("| speed @ 8,192 | decode (ms/token) | 4.00 | 4.00 |", page)
         self.assertIn("| speed @ 8,192 | state: total (MiB) | 3.0 | 3.0 |", page)
