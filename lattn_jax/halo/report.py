@@ -1188,6 +1188,62 @@ def _stage_rows(config: Mapping[str, Any], workdir: str) -> List[str]:
     return rows
 
 
+def stage_throughput(workdir: str, stage: str) -> Optional[Dict[str, Any]]:
+    """One training stage's throughput over all its invocations (``throughput.jsonl``).
+
+    Returns:
+      ``None`` if the stage never ran, else ``{"invocations", "timed_steps", "timed_s",
+      "tokens_per_step", "tokens_per_s", "flops_per_token", "peak_flops", "mfu" (or None),
+      "first_step_s" (each invocation's first step: compile + one step), "median_window_mfu",
+      "median_window_tokens_per_s"}``.
+    """
+    runs = read_jsonl(os.path.join(workdir, stage, "throughput.jsonl"))
+    if not runs:
+        return None
+    steps = sum(r.get("timed_steps") or 0 for r in runs)
+    secs = sum(r.get("timed_s") or 0.0 for r in runs)
+    per_step = next((r["tokens_per_step"] for r in runs if r.get("tokens_per_step")), None)
+    flops = next((r["flops_per_token"] for r in runs if r.get("flops_per_token")), None)
+    peak = next((r["peak_flops"] for r in runs if r.get("peak_flops")), None)
+    tps = steps * per_step / secs if secs and per_step else None
+    windows = [m for m in read_jsonl(os.path.join(workdir, stage, "metrics.jsonl"))
+               if "tokens_per_s" in m]
+    return {"invocations": len(runs), "timed_steps": steps, "timed_s": secs,
+            "tokens_per_step": per_step, "tokens_per_s": tps, "flops_per_token": flops,
+            "peak_flops": peak, "mfu": (flops * tps / peak) if tps and flops and peak else None,
+            "first_step_s": [r.get("first_step_s") for r in runs],
+            "median_window_tokens_per_s": (statistics.median(m["tokens_per_s"] for m in windows)
+                                           if windows else None),
+            "median_window_mfu": (statistics.median(m["mfu"] for m in windows if "mfu" in m)
+                                  if any("mfu" in m for m in windows) else None)}
+
+
+def throughput_rows(workdir: str) -> List[str]:
+    """The markdown table of :func:`stage_throughput` for stage 1, 2 and 3."""
+    rows = ["| stage | tokens / step | GFLOP / token | timed steps | tokens/s | MFU | "
+            "median window tokens/s | median window MFU | first step of each invocation (s) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for stage in ("stage1", "stage2", "stage3"):
+        t = stage_throughput(workdir, stage)
+        if t is None:
+            rows.append(f"| {stage} | – | – | – | – | – | – | – | – |")
+            continue
+
+        def pct(x):
+            return "–" if x is None else f"{x:.1%}"
+
+        def num(x):
+            return "–" if x is None else f"{x:,.0f}"
+
+        gflop = "–" if t["flops_per_token"] is None else f"{t['flops_per_token'] / 1e9:.3f}"
+        first = ", ".join("–" if x is None else f"{x:.1f}" for x in t["first_step_s"])
+        rows.append(f"| {stage} | {num(t['tokens_per_step'])} | {gflop} | {t['timed_steps']} | "
+                    f"{num(t['tokens_per_s'])} | {pct(t['mfu'])} | "
+                    f"{num(t['median_window_tokens_per_s'])} | {pct(t['median_window_mfu'])} | "
+                    f"{first} |")
+    return rows
+
+
 def _wall(workdir: str, stage: str) -> str:
     runs = read_jsonl(os.path.join(workdir, stage, "timing.jsonl"))
     return f"{sum(r.get('wall_s', 0.0) for r in runs):.0f}" if runs else "–"
@@ -1258,7 +1314,15 @@ def render_markdown(workdir: str, *, title: Optional[str] = None) -> str:
                 * config.get(st, {}).get("train", {}).get("total_steps", 0)
                 for st in ("stage1", "stage2", "stage3"))
     lines += ["", f"Training tokens in all: {total:,}.", ""]
-    lines += ["## Layer selection", ""]
+    lines += ["## Throughput of the training stages", "",
+              "From `<stage>/throughput.jsonl` (one line per invocation): tokens/s over the "
+              "timed steps (every step but each invocation's first, which compiles; checkpoint "
+              "saves not timed); MFU = model FLOPs per token (`stages.stage_flops_per_token`: "
+              "teacher forward + student forward and backward, causal attention halved) x "
+              "tokens/s / the device's bf16 dense peak. The median window is the median over "
+              "the logged windows of `metrics.jsonl`.", ""]
+    lines += throughput_rows(workdir)
+    lines += ["", "## Layer selection", ""]
     if sel:
         lines += [f"Kept as softmax attention (NoPE + gate in the student): "
                   f"**{sel['attention_layers']}**; CSR metric: {sel.get('csr_metric')}; "

@@ -322,6 +322,17 @@ class MarkdownTest(absltest.TestCase):
         write("stage1/metrics.jsonl", [{"step": 10, "loss": 0.5}, {"step": 300, "loss": 0.125}],
               jsonl=True)
         write("stage1/timing.jsonl", [{"wall_s": 30.0}, {"wall_s": 12.0}], jsonl=True)
+        # Two invocations: 9 + 3 timed steps of 16,384 tokens in 2 + 1 s, 1e9 FLOP per token
+        # on a 1e15 FLOP/s device: 65,536 tokens/s, MFU 6.6%.
+        write("stage1/throughput.jsonl", [
+            {"tokens_per_step": 16384, "timed_steps": 9, "timed_s": 2.0, "first_step_s": 20.5,
+             "flops_per_token": 1e9, "peak_flops": 1e15},
+            {"tokens_per_step": 16384, "timed_steps": 3, "timed_s": 1.0, "first_step_s": 4.0,
+             "flops_per_token": 1e9, "peak_flops": 1e15}], jsonl=True)
+        write("stage1/metrics.jsonl", [{"step": 10, "loss": 0.5, "tokens_per_s": 60000.0,
+                                        "mfu": 0.06},
+                                       {"step": 300, "loss": 0.125, "tokens_per_s": 70000.0,
+                                        "mfu": 0.07}], jsonl=True)
         write("stage1/done.json", {})
         write("select/selection.json", {"attention_layers": [1], "csr": [0.5, 0.4, 0.5],
                                         "recall": [1.0, 0.5, 0.9], "scores": [0.0, 5.0, 50.0],
@@ -383,6 +394,9 @@ class MarkdownTest(absltest.TestCase):
         self.assertIn("| stage3 | next-token CE, long windows | 16384 x 1 x 40 | 655,360 |",
                       page)
         self.assertIn("| stage2 |", page)
+        self.assertIn("| stage1 | 16,384 | 1.000 | 12 | 65,536 | 6.6% | 65,000 | 6.5% | "
+                      "20.5, 4.0 |", page)
+        self.assertIn("| stage2 | – | – | – | – | – | – | – | – |", page)
         self.assertIn("| 1 **(attn)** | 0.4000 | 0.500 | 5.000 |", page)
         self.assertIn("Chosen: a = 500.0.", page)
         self.assertIn("Training tokens in all: 10,485,760.", page)
