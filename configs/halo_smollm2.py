@@ -79,7 +79,12 @@ def get_config(arg=None):
                         niah_depths=(25.0, 75.0), niah_samples=1, niah_max_new_tokens=8,
                         niah_batch_tokens=900, niah_short_max_len=448,
                         speed_lengths=(128,), speed_decode_tokens=4, speed_repeats=1))
-        cfg.select.update(synthetic_recall=2, max_new_tokens=4, max_val_batches=2)
+        # The real probes, tiny: 4 held-out items per CSR task, 2 essay NIAH prompts of 512
+        # bytes (report.data_dir's eval/ and niah/ files).
+        cfg.select.update(csr_items_per_task=4, csr_batch_size=8, csr_bucket=256,
+                          csr_max_len=512, recall_tasks=("niah_single_2",),
+                          recall_lengths=(512,), recall_depths=(50.0,), recall_prompts=2,
+                          recall_batch_size=2, recall_bucket=256)
         cfg.calibrate.max_batches = 2
         return cfg
     path = smollm2_gguf_path()

@@ -350,20 +350,119 @@ def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
     """The single-replacement sweep, the HALO scores and the kept attention layers.
 
     All ``L`` single-replacement models run on one :class:`selection.ReplacementSweep` (one
-    compiled forward, loss, prefill and decoding step for the whole sweep).
+    compiled program per input shape for the whole sweep). Probes (``config.select``):
+
+    * CSR, ``csr_probe``: ``"heldout"`` (default): lm-eval ``acc_norm`` of ``csr_tasks`` on
+      items the report never scores (ARC-Easy/Challenge *Dev*, HellaSwag validation items
+      outside the report's seeded subsets), ``csr_items_per_task`` each, scored in batches
+      (:class:`selection.CsrProbe`), ``C_l`` = the mean over tasks; ``"items"``: ``acc_norm``
+      on the ``csr_items`` JSONL (per item); ``"proxy"``: ``exp(-CE)`` on validation windows.
+    * Recall, ``recall_probe``: ``"niah"`` (default): RULER ``recall_tasks`` prompts at
+      ``recall_lengths`` (``recall_prompts`` per task and length), scored teacher-forced
+      (:class:`selection.RecallProbe`): ``R_l`` = the mean per-token probability of the gold
+      needle value (continuous, so layers do not tie as lm-eval's discrete ``contains`` did),
+      with the discrete accuracy (every answer token the argmax) recorded beside it;
+      ``"synthetic"`` / ``"items"``: greedy ``contains`` on built-in or ``recall_items``
+      prompts.
+
+    Data come from ``select.data_dir`` (``None``: ``report.data_dir``). The teacher itself
+    (``evaluate_teacher``) is measured too, for reference. Each layer's record goes to
+    ``sweep.jsonl`` under a fingerprint of the probe settings (resumable; records of other
+    settings are ignored), and ``selection.json`` gets the per-layer metrics, the scores, the
+    ranking, the kept layers and a notice when equal scores at the cut decide the choice.
+
+    Raises:
+      ConfigError: an unknown probe name or an inconsistent option (named).
+      FileNotFoundError: a missing data file (named).
     """
+    import hashlib
+
     sel = config.select
-    s1 = _stage1_params(config, workdir, teacher_cfg, teacher_params)
-    ds = data_for(config, sel)
+    csr_probes, recall_probes = ("heldout", "items", "proxy"), ("niah", "synthetic", "items")
+    csr_mode, recall_mode = sel.get("csr_probe", "heldout"), sel.get("recall_probe", "niah")
+    if csr_mode not in csr_probes:
+        raise config_lib.ConfigError(f"select.csr_probe={csr_mode!r}; choose from "
+                                     f"{', '.join(csr_probes)}")
+    if recall_mode not in recall_probes:
+        raise config_lib.ConfigError(f"select.recall_probe={recall_mode!r}; choose from "
+                                     f"{', '.join(recall_probes)}")
+    for key, mode, needed in (("csr_items", csr_mode, "items"),
+                              ("recall_items", recall_mode, "items")):
+        probe_key = key.split("_")[0] + "_probe"
+        if bool(sel.get(key)) != (mode == needed):
+            raise config_lib.ConfigError(
+                f"select.{probe_key}={mode!r} with select.{key}={sel.get(key)!r}: set both "
+                f"({probe_key}='items' and the file) or neither")
+    data_dir = sel.get("data_dir") or config.report.data_dir
+    ds = data_for(config, sel) if (csr_mode == "proxy" or tokenizer is None) else None
     tokenizer = tokenizer or ds.tokenizer
-    csr_items = selection.read_jsonl(sel.csr_items) if sel.csr_items else None
-    recall_items = (selection.read_jsonl(sel.recall_items) if sel.recall_items else
-                    selection.synthetic_recall_items(
-                        sel.synthetic_recall, filler_repeats=sel.synthetic_filler_repeats,
-                        seed=0))
-    val = list(ds.val_batches)[:sel.max_val_batches]
-    full = [b for b in val if np.shape(b["inputs"])[0] == sel.batch_size]
-    val = full or val[:1]  # a partial last batch would compile a second program
+    info: Dict[str, Any] = {"data_dir": data_dir}
+
+    # CSR probe.
+    if csr_mode == "heldout":
+        exclude = [(None if lim is None else int(lim), int(seed_))
+                   for lim, seed_ in sel.csr_exclude]
+        if "hellaswag" in tuple(config.report.csr_tasks):  # the report's own subset
+            lim = config.report.csr_limit
+            exclude.append((None if lim is None else int(lim), int(config.report.csr_seed)))
+        held = selection.heldout_csr_items(
+            os.path.join(data_dir, "eval"), tasks=tuple(sel.csr_tasks),
+            per_task=sel.csr_items_per_task, seed=sel.csr_seed, hellaswag_exclude=exclude)
+        csr_probe = selection.CsrProbe({t: h.docs for t, h in held.items()}, tokenizer,
+                                       batch_size=sel.csr_batch_size, bucket=sel.csr_bucket,
+                                       max_len=sel.csr_max_len)
+        info.update(
+            csr_metric="acc_norm (lm-eval, as the report) on held-out items, mean over tasks",
+            csr_items={t: len(h.docs) for t, h in held.items()},
+            csr_sources={t: h.source for t, h in held.items()},
+            csr_item_indices={t: list(h.indices) for t, h in held.items()},
+            hellaswag_excluded_subsets=[list(e) for e in exclude],
+            csr_tokens_per_layer=csr_probe.prepared.tokens,
+            csr_shapes=csr_probe.prepared.shapes)
+    elif csr_mode == "items":
+        csr_items = selection.read_jsonl(sel.csr_items)
+        info.update(csr_metric="acc_norm on select.csr_items (per item)",
+                    csr_items={"items": len(csr_items)})
+    else:
+        val = list(ds.val_batches)[:sel.max_val_batches]
+        full = [b for b in val if np.shape(b["inputs"])[0] == sel.batch_size]
+        val = full or val[:1]  # a partial last batch would compile a second program
+        info.update(csr_metric="exp(-val_ce) proxy", csr_items={"val_batches": len(val)})
+
+    # Recall probe.
+    if recall_mode == "niah":
+        prompts = selection.niah_recall_prompts(
+            tokenizer, tasks=tuple(sel.recall_tasks), lengths=tuple(sel.recall_lengths),
+            depths=tuple(sel.recall_depths), count=sel.recall_prompts, seed=sel.recall_seed,
+            essays_dir=os.path.join(data_dir, "niah", "PaulGrahamEssays"),
+            answer_room=sel.recall_answer_room)
+        recall_probe = selection.RecallProbe(prompts, batch_size=sel.recall_batch_size,
+                                             bucket=sel.recall_bucket)
+        info.update(
+            recall_metric="teacher-forced mean per-token probability of the gold answer "
+                          "tokens (' ' + needle value) after RULER's answer prefix, mean over "
+                          "prompts; continuous so that layers do not tie (a discrete contains "
+                          "accuracy tied 23 of 30 layers at the same score)",
+            recall_accuracy_metric="fraction of prompts whose answer tokens are all the "
+                                   "argmax under teacher forcing",
+            recall_items=recall_probe.num_items,
+            recall_tokens_per_layer=recall_probe.prepared.tokens,
+            recall_shapes=recall_probe.prepared.shapes)
+    else:
+        recall_items = (selection.read_jsonl(sel.recall_items) if recall_mode == "items" else
+                        selection.synthetic_recall_items(
+                            sel.synthetic_recall, filler_repeats=sel.synthetic_filler_repeats,
+                            seed=0))
+        info.update(recall_metric="greedy contains (discrete)",
+                    recall_accuracy_metric="greedy contains",
+                    recall_items={recall_mode: len(recall_items)})
+    info["score_recall"] = "recall"
+    print_fn(f"select: CSR {info['csr_metric']}, items {info['csr_items']}; recall "
+             f"{recall_mode}, items {info['recall_items']}; padded tokens per layer "
+             f"{info.get('csr_tokens_per_layer', '?')} (CSR) + "
+             f"{info.get('recall_tokens_per_layer', '?')} (recall)")
+
+    s1 = _stage1_params(config, workdir, teacher_cfg, teacher_params)
     model = selection.build_sweep_model(teacher_cfg, teacher_params,
                                         student_config(config, teacher_cfg, ()), s1["mixers"])
     sweep_model = selection.ReplacementSweep(model, pad_id=tokenizer.eos_id,
@@ -371,35 +470,69 @@ def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
 
     def evaluate_layer(layer):
         sweep_model.select(layer)
-        if csr_items is not None:
-            csr = selection.acc_norm(sweep_model.logits, tokenizer, csr_items)
+        out: Dict[str, Any] = {}
+        if csr_mode == "heldout":
+            c = csr_probe.evaluate(sweep_model.target_logprobs)
+            out.update(csr=c["csr"], csr_per_task=c["per_task"])
+        elif csr_mode == "items":
+            out["csr"] = selection.acc_norm(sweep_model.logits, tokenizer, csr_items)
         else:  # proxy: per-token likelihood exp(-CE) on validation windows
             total = count = 0.0
             for b in val:
-                t, c = sweep_model.loss_sums(b)
-                total, count = total + t, count + c
-            csr = math.exp(-total / max(count, 1.0))
-        recall = selection.recall_contains(sweep_model.generator, tokenizer, recall_items,
-                                           max_new_tokens=sel.max_new_tokens,
-                                           batch_size=sel.recall_batch_size)
-        return csr, recall
+                t, n = sweep_model.loss_sums(b)
+                total, count = total + t, count + n
+            out["csr"] = math.exp(-total / max(count, 1.0))
+        if recall_mode == "niah":
+            r = recall_probe.evaluate(sweep_model.target_logprobs)
+            out.update(recall=r["recall"], recall_accuracy=r["accuracy"],
+                       recall_by_cell=r["recall_by_cell"],
+                       recall_accuracy_by_cell=r["accuracy_by_cell"])
+        else:
+            out["recall"] = out["recall_accuracy"] = selection.recall_contains(
+                sweep_model.generator, tokenizer, recall_items,
+                max_new_tokens=sel.max_new_tokens, batch_size=sel.recall_batch_size)
+        return out
 
+    num_layers = teacher_cfg.num_layers
+    settings = {k: v for k, v in _to_dict(sel).items() if k != "data_dir"}
+    settings.update(data_dir=os.path.abspath(data_dir),
+                    report_hellaswag_subset=[config.report.csr_limit, config.report.csr_seed])
+    probe = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()
+                           ).hexdigest()[:16]
+    layers = ([-1] if sel.get("evaluate_teacher", True) else []) + list(range(num_layers))
     try:
-        csr, recall = selection.sweep(teacher_cfg.num_layers, evaluate_layer,
-                                      os.path.join(stage_dir, "sweep.jsonl"), print_fn,
-                                      should_stop=_expired(deadline))
+        recs = selection.sweep_records(layers, evaluate_layer,
+                                       os.path.join(stage_dir, "sweep.jsonl"), print_fn,
+                                       should_stop=_expired(deadline), probe=probe)
     except selection.Interrupted as e:
         print_fn(f"select: {e}; run again to resume")
         return {"complete": False}
+    per_layer = [recs[i] for i in range(num_layers)]
+    csr = np.array([r["csr"] for r in per_layer])
+    recall = np.array([r["recall"] for r in per_layer])
     scores = selection.halo_scores(csr, recall)
     k = sel.num_attention if sel.num_attention is not None else \
-        hypenet.attention_layer_count(teacher_cfg.num_layers)
+        hypenet.attention_layer_count(num_layers)
+    tie = selection.cut_tie(scores, k)
     result = {"attention_layers": selection.select_attention_layers(scores, k),
               "ranking": selection.rank_layers(scores), "scores": scores.tolist(),
               "csr": csr.tolist(), "recall": recall.tolist(),
-              "csr_metric": "acc_norm" if csr_items is not None else "exp(-val_ce) proxy"}
+              "recall_accuracy": [r.get("recall_accuracy") for r in per_layer],
+              "num_attention": k, "tie_at_cut": tie["tie"], "cut_scores": tie["cut_scores"],
+              "tied_layers_at_cut": tie["tied_layers"], "notice": tie["notice"],
+              "probe": probe}
+    for key in ("csr_per_task", "recall_by_cell", "recall_accuracy_by_cell"):
+        if key in per_layer[0]:
+            names = list(per_layer[0][key])
+            result[key] = {n: [r[key][n] for r in per_layer] for n in names}
+    if -1 in recs:
+        result["teacher"] = {k_: v for k_, v in recs[-1].items()
+                             if k_ not in ("layer", "probe")}
+    result.update(info)
     with open(os.path.join(stage_dir, "selection.json"), "w") as f:
         json.dump(result, f, indent=2)
+    if tie["notice"]:
+        print_fn(f"select: {tie['notice']}")
     print_fn(f"attention layers: {result['attention_layers']}")
     return result
 
@@ -493,10 +626,27 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         hypenet=dict(attention_layers=None, tie_embeddings=None,
                      lightning_implementation="auto", dtype="float32"),
         stage1=stage("stage1"),
-        select=dict(seq_len=s1_len, batch_size=s1_batch, num_attention=None, csr_items=None,
-                    recall_items=None, synthetic_recall=20, synthetic_filler_repeats=4,
-                    max_new_tokens=12, max_val_batches=8, recall_batch_size=32,
-                    recall_bucket=64),
+        # The layer sweep's probes (see _select). data_dir None: report.data_dir. CSR:
+        # held-out acc_norm (ARC Dev, HellaSwag val minus the report's subsets and the
+        # csr_exclude (limit, seed) subsets), per_task items each, batched (csr_batch_size rows
+        # padded to a multiple of csr_bucket, at most csr_max_len tokens). Recall: RULER
+        # recall_tasks at recall_lengths, recall_prompts per task and length (depths cycled),
+        # teacher-forced (recall_batch_size rows padded to a multiple of recall_bucket;
+        # recall_answer_room tokens kept for the answer). The legacy probes ("proxy",
+        # "synthetic", "items") read seq_len, batch_size, max_val_batches, synthetic_recall,
+        # synthetic_filler_repeats, max_new_tokens and csr_items / recall_items.
+        select=dict(seq_len=s1_len, batch_size=s1_batch, num_attention=None,
+                    data_dir=config_dict.placeholder(str), evaluate_teacher=True,
+                    csr_probe="heldout", csr_tasks=("arc_easy", "arc_challenge", "hellaswag"),
+                    csr_items_per_task=200, csr_seed=0, csr_exclude=((1000, 1234),),
+                    csr_batch_size=64, csr_bucket=256, csr_max_len=1024,
+                    recall_probe="niah", recall_tasks=("niah_single_2", "niah_multikey_1"),
+                    recall_lengths=(2048, 4096), recall_depths=(10.0, 35.0, 60.0, 85.0),
+                    recall_prompts=32, recall_seed=4321, recall_answer_room=16,
+                    recall_batch_size=8, recall_bucket=64,
+                    csr_items=config_dict.placeholder(str),
+                    recall_items=config_dict.placeholder(str), synthetic_recall=20,
+                    synthetic_filler_repeats=4, max_new_tokens=12, max_val_batches=8),
         stage2=stage("stage2", temperature=1.0, kl_chunk_size=512),
         stage3=stage("stage3"),
         calibrate=dict(seq_len=s3_len, batch_size=1, max_batches=8,

@@ -1,6 +1,12 @@
-"""HALO layer-selection score against the authors' sweep logs (spec §5) and the evaluators."""
+"""HALO layer-selection score against the authors' sweep logs (spec §5), the evaluators, and the
+sweep's probes (held-out batched acc_norm, teacher-forced NIAH recall) on a hand-built model in
+which exactly one layer retrieves."""
 
+import bz2
 import dataclasses
+import json
+import os
+import random
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +14,11 @@ import numpy as np
 from absl.testing import absltest
 from flax import nnx
 
+from lattn_jax import config as config_lib
+from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import scoring
+from lattn_jax.eval import tasks as tasks_lib
+from lattn_jax.halo import experiment
 from lattn_jax.halo import hypenet
 from lattn_jax.halo import loaders
 from lattn_jax.halo import selection
@@ -172,6 +183,420 @@ class StateDecodingTest(absltest.TestCase):
         self.assertLen(selection.read_jsonl(path), 2)
         csr, _ = selection.sweep(3, lambda layer: (2.0, 1.0), path, print_fn=lambda s: None)
         np.testing.assert_allclose(csr, [1.0, 1.0, 2.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep's probes
+# ---------------------------------------------------------------------------------------------
+
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _words(rng, n, min_len=2, max_len=7):
+    """``n`` random lowercase words (no digits: the retrieval test's needle is the only one)."""
+    return ["".join(rng.choice(_LETTERS) for _ in range(rng.randint(min_len, max_len)))
+            for _ in range(n)]
+
+
+def write_probe_data(root, *, n_arc=12, n_hellaswag=40, seed=0):
+    """A tiny ``shared/data`` layout: ARC Dev and Test files (different questions), a HellaSwag
+    validation file in the llama.cpp rendering, and a digit-free essay haystack."""
+    rng = random.Random(seed)
+    arc_dir = os.path.join(root, "eval", "arc")
+    os.makedirs(arc_dir, exist_ok=True)
+    for name in ("Easy", "Challenge"):
+        for split in ("Dev", "Test"):
+            with open(os.path.join(arc_dir, f"ARC-{name}-{split}.jsonl"), "w") as f:
+                for i in range(n_arc):
+                    labels = ["A", "B", "C", "D"][:rng.choice([3, 4])] if i % 3 else ["1", "2",
+                                                                                      "3"]
+                    q = {"stem": f"{split} {name} q{i}: " + " ".join(_words(rng, 6)) + "?",
+                         "choices": [{"label": lab, "text": " ".join(_words(rng, 2))}
+                                     for lab in labels]}
+                    f.write(json.dumps({"question": q, "answerKey": rng.choice(labels)}) + "\n")
+    hs_dir = os.path.join(root, "eval", "hellaswag")
+    os.makedirs(hs_dir, exist_ok=True)
+    lines = []
+    for i in range(n_hellaswag):
+        lines += [f"Activity {i}: " + " ".join(_words(rng, 8)), str(rng.randrange(4))]
+        lines += [" ".join(_words(rng, rng.randint(2, 5))) for _ in range(4)]
+    with bz2.open(os.path.join(hs_dir, "hellaswag_val_full.txt.bz2"), "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    essays = os.path.join(root, "niah", "PaulGrahamEssays")
+    os.makedirs(essays, exist_ok=True)
+    text = " ".join(w + ("." if rng.random() < 0.12 else "") for w in _words(rng, 2000))
+    with open(os.path.join(essays, "essay.txt"), "w") as f:
+        f.write(text)
+    return root
+
+
+class HeldOutItemsTest(absltest.TestCase):
+
+    def test_items_are_disjoint_from_the_report(self):
+        root = write_probe_data(self.create_tempdir().full_path)
+        eval_dir = os.path.join(root, "eval")
+        report_subsets = ((10, 1234), (7, 42))
+        held = selection.heldout_csr_items(eval_dir, per_task=20, seed=5,
+                                           hellaswag_exclude=report_subsets)
+        self.assertEqual(list(held), list(selection.HELDOUT_CSR_TASKS))
+        # HellaSwag: none of the report's seeded subsets (load_task's documents).
+        hs = held["hellaswag"]
+        self.assertLen(hs.docs, 20)
+        for limit, seed in report_subsets:
+            self.assertEmpty(set(hs.indices) & set(tasks_lib.subset_indices(40, limit, seed)))
+            report_docs = tasks_lib.load_task("hellaswag", eval_dir, limit, seed)
+            self.assertEmpty(set(hs.docs) & set(report_docs))
+        all_hs = tasks_lib.load_task("hellaswag", eval_dir)
+        self.assertEqual(list(hs.docs), [all_hs[i] for i in hs.indices])
+        # ARC: the Dev files; the report's Test items never appear. load_arc_split("Test") is
+        # tasks.load_task's ARC (same prompt format).
+        for task in ("arc_easy", "arc_challenge"):
+            self.assertTrue(held[task].source.endswith("-Dev.jsonl"))
+            self.assertLen(held[task].docs, 12)  # fewer than per_task: all of them
+            test_docs = tasks_lib.load_task(task, eval_dir)
+            self.assertEqual(selection.load_arc_split(eval_dir, task, "Test")[1], test_docs)
+            self.assertEmpty(set(held[task].docs) & set(test_docs))
+            self.assertTrue(all(d.requests[0][0].startswith("Question: Dev")
+                                for d in held[task].docs))
+        # Seeded: the same items again, others with another seed.
+        again = selection.heldout_csr_items(eval_dir, per_task=20, seed=5,
+                                            hellaswag_exclude=report_subsets)
+        self.assertEqual(again["hellaswag"].indices, hs.indices)
+        other = selection.heldout_csr_items(eval_dir, tasks=("hellaswag",), per_task=20, seed=6,
+                                            hellaswag_exclude=report_subsets)
+        self.assertNotEqual(other["hellaswag"].indices, hs.indices)
+
+    def test_bad_options_and_missing_files(self):
+        root = self.create_tempdir().full_path
+        with self.assertRaisesRegex(ValueError, "select.csr_tasks.*piqa"):
+            selection.heldout_csr_items(root, tasks=("piqa",))
+        with self.assertRaisesRegex(FileNotFoundError, "ARC-Easy-Dev.jsonl"):
+            selection.heldout_csr_items(root, tasks=("arc_easy",))
+        with self.assertRaisesRegex(ValueError, "select.recall_tasks"):
+            selection.niah_recall_prompts(tok_lib.make_tokenizer("byte"), tasks=("niah_x",),
+                                          lengths=(256,), depths=(50.0,), count=1, seed=0)
+        with self.assertRaisesRegex(FileNotFoundError, "PaulGrahamEssays|essays"):
+            selection.niah_recall_prompts(tok_lib.make_tokenizer("byte"),
+                                          tasks=("niah_single_2",), lengths=(256,),
+                                          depths=(50.0,), count=1, seed=0,
+                                          essays_dir=os.path.join(root, "none"))
+
+    def test_the_real_hellaswag_probe_avoids_the_report_subset(self):
+        eval_dir = os.path.join(experiment.report_defaults()["data_dir"], "eval")
+        if not os.path.exists(os.path.join(eval_dir, "hellaswag")):
+            self.skipTest(f"no {eval_dir}")
+        held = selection.heldout_csr_items(eval_dir, per_task=200,
+                                           hellaswag_exclude=((1000, 1234),))
+        report_docs = tasks_lib.load_task("hellaswag", eval_dir, limit=1000, seed=1234)
+        self.assertLen(held["hellaswag"].docs, 200)
+        self.assertEmpty(set(held["hellaswag"].docs) & set(report_docs))
+        for task in ("arc_easy", "arc_challenge"):
+            self.assertEmpty(set(held[task].docs) & set(tasks_lib.load_task(task, eval_dir)))
+
+
+def byte_teacher(seed=0):
+    """A random untied byte-level teacher (vocab 257) with a wide init."""
+    cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(tie=False), vocab_size=257,
+                              init_std=0.3)
+    return cfg, stages.random_teacher(cfg, seed=seed)
+
+
+def random_docs(rng, n, trailing_space=False):
+    """Multiple-choice docs with random contexts and 2-4 continuations of varied lengths."""
+    docs = []
+    for _ in range(n):
+        ctx = " ".join(_words(rng, rng.randint(1, 6))) + (" " if trailing_space else "")
+        conts = [" " + " ".join(_words(rng, rng.randint(1, 4)))
+                 for _ in range(rng.randint(2, 4))]
+        docs.append(tasks_lib.Doc(requests=tuple((ctx, c) for c in conts),
+                                  gold=rng.randrange(len(conts)), choices=tuple(conts)))
+    return docs
+
+
+class BatchedScoringTest(absltest.TestCase):
+
+    def test_batched_acc_norm_equals_the_per_item_reference(self):
+        cfg, params = byte_teacher()
+        model = loaders.build_model(cfg, params)
+        forward = compiled_forward(model)  # one jitted program per shape, shared below
+        scorer = selection.logits_scorer(forward)
+        tok = tok_lib.make_tokenizer("byte")
+        rng = random.Random(3)
+        docs = random_docs(rng, 9)
+        # The report's Scorer and the probe's batches (4 rows; left truncation at 40 tokens for
+        # the longest rows) give the same log-likelihoods.
+        requests = [scoring.encode_pair(tok, c, x) for d in docs for c, x in d.requests]
+        ref = scoring.Scorer(model, max_len=40, batch_size=4, bucket=64).loglikelihood(requests)
+        prepared = selection.prepare_continuations(requests, batch_size=4, bucket=64,
+                                                   max_len=40)
+        self.assertGreater(len(prepared.batches), 4)
+        self.assertEqual([s[:2] for s in prepared.shapes], [(4, 40)])  # one program
+        got = selection.continuation_loglikelihoods(scorer, prepared)
+        np.testing.assert_allclose([g[0] for g in got], [r[0] for r in ref], rtol=1e-5,
+                                   atol=1e-4)
+        self.assertEqual([g[1] for g in got], [r[1] for r in ref])
+        # acc_norm of the batched probe == the per-item, batch-1 selection.acc_norm (contexts
+        # without trailing spaces: both split the tokens alike and divide by the same length).
+        probe = selection.CsrProbe({"task_a": docs[:5], "task_b": docs[5:]}, tok,
+                                   batch_size=4, bucket=64, max_len=512)
+        out = probe.evaluate(scorer)
+        for name, part in (("task_a", docs[:5]), ("task_b", docs[5:])):
+            items = [{"context": d.requests[0][0], "choices": list(d.choices), "label": d.gold}
+                     for d in part]
+            self.assertAlmostEqual(out["per_task"][name], selection.acc_norm(forward, tok, items))
+        self.assertAlmostEqual(out["csr"], np.mean(list(out["per_task"].values())))
+        self.assertEqual(probe.num_items, {"task_a": 5, "task_b": 4})
+        # And against lm-eval's rule spelled out per item (trailing spaces move to the
+        # continuation; normalised by the choice's characters).
+        docs = random_docs(rng, 6, trailing_space=True)
+        out = selection.CsrProbe({"t": docs}, tok, batch_size=4, bucket=64).evaluate(scorer)
+        correct = []
+        for d in docs:
+            lls = []
+            for c, x in d.requests:
+                ctx, cont = scoring.encode_pair(tok, c, x)
+                lp = selection._logprobs(forward, ctx + cont)[len(ctx) - 1:]
+                lls.append(float(np.sum(lp, dtype=np.float64)))
+            lens = np.array([len(ch) for ch in d.choices], np.float64)
+            correct.append(float(np.argmax(np.array(lls) / lens) == d.gold))
+        self.assertAlmostEqual(out["per_task"]["t"], np.mean(correct))
+
+    def test_sweep_target_logprobs_read_the_head_at_the_positions(self):
+        cfg, params = byte_teacher(seed=4)
+        s1_cfg = stages.stage1_student_config(cfg)
+        s1 = stages.stage1_init(cfg, params, s1_cfg, seed=5)
+        sweep = selection.ReplacementSweep(
+            selection.build_sweep_model(cfg, params, s1_cfg, s1["mixers"]), bucket=8)
+        rng = np.random.default_rng(1)
+        tokens = rng.integers(0, 257, size=(3, 24))
+        positions = rng.integers(0, 24, size=(3, 5))
+        targets = rng.integers(0, 257, size=(3, 5))
+        for layer in (-1, 1):
+            sweep.select(layer)
+            lp, greedy = sweep.target_logprobs(tokens, positions, targets)
+            ref_lp, ref_greedy = selection.logits_scorer(sweep.logits)(tokens, positions,
+                                                                       targets)
+            self.assertEqual(lp.dtype, np.float32)
+            np.testing.assert_allclose(lp, ref_lp, **tolerances.fwd_tol(jnp.float32))
+            np.testing.assert_array_equal(greedy, ref_greedy)
+
+    def test_continuous_recall_by_hand(self):
+        # A bigram model: logits[b, t] = log q[tokens[b, t]], q's rows are distributions.
+        q = np.array([[0.5, 0.25, 0.125, 0.125],
+                      [0.1, 0.2, 0.3, 0.4],
+                      [0.25, 0.25, 0.25, 0.25],
+                      [0.7, 0.1, 0.1, 0.1]], np.float32)
+        table = jnp.log(jnp.asarray(q))
+        scorer = selection.logits_scorer(lambda tokens: table[tokens])
+
+        def prompt(ctx, ans, cell="t"):
+            return selection.RecallPrompt(task=cell, length=8, depth=50.0, value="",
+                                          context_ids=tuple(ctx), answer_ids=tuple(ans))
+
+        prompts = [prompt([2, 3, 0], [0, 1]),  # p = q[0, 0], q[0, 1] = 0.5, 0.25 (argmax: yes, no)
+                   prompt([1], [3, 0, 0]),  # q[1, 3], q[3, 0], q[0, 0] = 0.4, 0.7, 0.5 (all argmax)
+                   prompt([1, 2, 2, 1, 1], [2], "u")]  # q[1, 2] = 0.3 (no)
+        probe = selection.RecallProbe(prompts, batch_size=2, bucket=4)
+        self.assertLen(probe.prepared.batches, 2)  # a padding row in the second
+        out = probe.evaluate(scorer)
+        expected = [(0.5 + 0.25) / 2, (0.4 + 0.7 + 0.5) / 3, 0.3]
+        self.assertAlmostEqual(out["recall"], np.mean(expected), places=6)
+        self.assertAlmostEqual(out["accuracy"], 1.0 / 3.0)
+        self.assertAlmostEqual(out["recall_by_cell"]["u@8"], 0.3, places=6)
+        self.assertAlmostEqual(out["recall_by_cell"]["t@8"], np.mean(expected[:2]), places=6)
+        self.assertEqual(probe.num_items, {"t@8": 2, "u@8": 1})
+
+    def test_niah_prompts_end_with_the_answer_prefix(self):
+        root = write_probe_data(self.create_tempdir().full_path)
+        tok = tok_lib.make_tokenizer("byte")
+        prompts = selection.niah_recall_prompts(
+            tok, tasks=("niah_single_2", "niah_multikey_1"), lengths=(768, 1024),
+            depths=(10.0, 90.0), count=3, seed=7,
+            essays_dir=os.path.join(root, "niah", "PaulGrahamEssays"))
+        self.assertLen(prompts, 12)
+        for p in prompts:
+            self.assertEqual(tok.decode(p.answer_ids), " " + p.value)
+            self.assertTrue(tok.decode(p.context_ids).endswith("mentioned in the provided "
+                                                               "text is"))
+            self.assertLessEqual(len(p.context_ids) + len(p.answer_ids) - 1, p.length)
+            self.assertIn(p.value, tok.decode(p.context_ids))
+        self.assertEqual([p.depth for p in prompts[:3]], [10.0, 90.0, 10.0])
+        # One padded shape per length.
+        probe = selection.RecallProbe(prompts, batch_size=3, bucket=64)
+        self.assertEqual({s[1] for s in probe.prepared.shapes}, {768, 1024})
+
+
+class SweepRecordsTest(absltest.TestCase):
+
+    def test_records_resume_under_the_same_probe_only(self):
+        path = self.create_tempfile().full_path
+        calls = []
+
+        def evaluate(layer):
+            calls.append(layer)
+            return {"csr": 0.5, "recall": 0.25 * layer, "recall_accuracy": 1.0}
+
+        quiet = dict(print_fn=lambda s: None)
+        recs = selection.sweep_records([-1, 0, 1], evaluate, path, probe="a", **quiet)
+        self.assertEqual(recs[1], {"layer": 1, "csr": 0.5, "recall": 0.25,
+                                   "recall_accuracy": 1.0, "probe": "a"})
+        selection.sweep_records([-1, 0, 1], evaluate, path, probe="a", **quiet)
+        self.assertEqual(calls, [-1, 0, 1])
+        selection.sweep_records([0], evaluate, path, probe="b", **quiet)
+        self.assertEqual(calls, [-1, 0, 1, 0])
+
+    def test_cut_tie(self):
+        self.assertTrue(selection.cut_tie([50.0, 0.0, 50.0, 1.0], 1)["tie"])
+        tie = selection.cut_tie([50.0, 0.0, 50.0, 1.0], 1)
+        self.assertEqual(tie["tied_layers"], [0, 2])
+        self.assertIn("by index order", tie["notice"])
+        self.assertFalse(selection.cut_tie([50.0, 0.0, 50.0, 1.0], 2)["tie"])
+        self.assertIsNone(selection.cut_tie([3.0, 2.0], 2)["cut_scores"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The key test: the probes single out the one layer that retrieves
+# ---------------------------------------------------------------------------------------------
+
+RETRIEVER = 2
+_DIGITS = np.arange(ord("0"), ord("9") + 1)  # byte ids of "0".."9"
+
+
+def retrieval_teacher():
+    """A 4-layer RoPE teacher in which only layer :data:`RETRIEVER` reads the context.
+
+    Byte vocabulary, ``d_model = 64``; residual dims: 0 a constant, 1 "is a digit", 2..11 the
+    digit's one-hot, 12..21 the retrieved digits, 32..63 random per-token features. Every
+    MLP's output projection and every other layer's attention output projection is zero, so
+    those layers (and their Stage-1 students, which copy ``W_o``) leave the residual alone.
+    Layer :data:`RETRIEVER`'s head 0 is a content-addressed lookup: a constant query and a
+    "digit" key in the lowest-frequency RoPE pair (dims 7 / 15, angle ``1e6^(-7/8)`` per
+    token: position-independent over the prompt) put all attention on the earlier digits,
+    their one-hot values are copied to dims 12..21, and the LM head turns those into digit
+    logits. With the needle value the only digits in a prompt, the teacher gives each of
+    its digits a high probability wherever the needle is; the Lightning student of that
+    layer decays by ``e^(-1/4)`` per token in head 0 and keeps only the last few answer digits.
+    """
+    cfg = config_lib.ModelConfig(
+        vocab_size=257, d_model=64, layer_pattern=("attn",) * 4, mlp_hidden=32,
+        tie_embeddings=False, norm_eps=1e-6, use_segment_ids=False,
+        attention=config_lib.AttentionConfig(num_heads=4, num_kv_heads=2, head_dim=16,
+                                             rope_theta=1e6, qk_norm=False))
+    params = jax.tree_util.tree_map(np.array, stages.random_teacher(cfg, seed=0))
+    rng = np.random.default_rng(0)
+    embed = np.zeros((257, 64), np.float32)
+    embed[:, 0] = 1.0
+    embed[_DIGITS, 1] = 1.0
+    embed[_DIGITS, 2 + np.arange(10)] = 1.0
+    embed[:, 32:] = 0.5 * rng.standard_normal((257, 32))
+    params["embed"] = embed
+    dh, low = 16, 7  # q | k | v columns: [0, 64) | [64, 96) | [96, 128)
+    for layer, block in params["blocks"].items():
+        block["mlp"]["fc2"]["kernel"][:] = 0.0
+        out = block["mixer"]["out_proj"]["kernel"]
+        out[:] = 0.0
+        if layer != RETRIEVER:
+            continue
+        qkv = block["mixer"]["qkv_proj"]["kernel"]  # [64, 128]; heads 1-3 stay random
+        qkv[:, :dh] = qkv[:, 64:64 + dh] = qkv[:, 96:96 + dh] = 0.0
+        qkv[0, low] = 3.5  # query of head 0: the constant
+        qkv[1, 64 + low] = 3.5  # key of KV head 0: "is a digit"
+        qkv[2 + np.arange(10), 96 + np.arange(10)] = 1.0  # value: the digit's one-hot
+        out[np.arange(10), 12 + np.arange(10)] = 1.0  # head 0 -> retrieved dims
+    head = 0.02 * rng.standard_normal((64, 257)).astype(np.float32)
+    head[12 + np.arange(10), _DIGITS] = 10.0
+    params["head"]["kernel"] = head
+    return cfg, params
+
+
+class SelectionSeparatesLayersTest(absltest.TestCase):
+
+    def test_only_the_retrieval_layer_scores(self):
+        root = write_probe_data(self.create_tempdir().full_path, n_arc=6, n_hellaswag=12)
+        tok = tok_lib.make_tokenizer("byte")
+        cfg, params = retrieval_teacher()
+        # Stage-1 students as the pipeline initialises them (lightning_from_attention).
+        s1_cfg = stages.stage1_student_config(cfg)
+        s1 = stages.stage1_init(cfg, params, s1_cfg, seed=3)
+        sweep = selection.ReplacementSweep(
+            selection.build_sweep_model(cfg, params, s1_cfg, s1["mixers"]), bucket=64)
+        held = selection.heldout_csr_items(os.path.join(root, "eval"), per_task=4,
+                                           hellaswag_exclude=((4, 1234),))
+        csr_probe = selection.CsrProbe({t: h.docs for t, h in held.items()}, tok,
+                                       batch_size=16, bucket=256, max_len=256)
+        prompts = selection.niah_recall_prompts(
+            tok, tasks=("niah_single_2",), lengths=(512,), depths=(25.0, 75.0), count=4,
+            seed=1, essays_dir=os.path.join(root, "niah", "PaulGrahamEssays"))
+        self.assertTrue(all(sum(ch.isdigit() for ch in tok.decode(p.context_ids)) == 7
+                            for p in prompts))  # the needle's digits only
+        recall_probe = selection.RecallProbe(prompts, batch_size=4, bucket=64)
+
+        def evaluate(layer):
+            sweep.select(layer)
+            c = csr_probe.evaluate(sweep.target_logprobs)
+            r = recall_probe.evaluate(sweep.target_logprobs)
+            return {"csr": c["csr"], "recall": r["recall"], "recall_accuracy": r["accuracy"]}
+
+        recs = selection.sweep_records([-1, 0, 1, 2, 3], evaluate, print_fn=lambda s: None)
+        teacher = recs[-1]
+        csr = [recs[i]["csr"] for i in range(4)]
+        recall = [recs[i]["recall"] for i in range(4)]
+        self.assertGreater(teacher["recall"], 0.1)  # the teacher retrieves the needle digits
+        for layer in range(4):
+            if layer != RETRIEVER:  # replacing a layer that does nothing changes nothing
+                self.assertEqual(recall[layer], teacher["recall"])
+                self.assertEqual(csr[layer], teacher["csr"])
+        self.assertLess(recall[RETRIEVER], 0.5 * teacher["recall"])
+        scores = selection.halo_scores(csr, recall)
+        ranking = selection.rank_layers(scores)
+        self.assertEqual(ranking[0], RETRIEVER)
+        others = [scores[i] for i in range(4) if i != RETRIEVER]
+        self.assertGreater(scores[RETRIEVER], max(others))
+        self.assertEqual(selection.select_attention_layers(scores, 1), [RETRIEVER])
+        self.assertFalse(selection.cut_tie(scores, 1)["tie"])
+
+
+class SelectStageTest(absltest.TestCase):
+
+    def test_select_writes_the_probe_results_and_resumes(self):
+        from configs import halo_smollm2
+
+        root = write_probe_data(self.create_tempdir().full_path)
+        workdir = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.teacher.random_model.num_layers = 2  # compiles dominate: fewer layers
+        cfg.stage1.train.total_steps = 1
+        cfg.report.update(data_dir=root, csr_tasks=("hellaswag",), csr_limit=5, csr_seed=3)
+        cfg.select.update(num_attention=1, csr_exclude=((10, 1234),), csr_bucket=128,
+                          csr_max_len=128)
+        quiet = dict(print_fn=lambda s: None)
+        experiment.run(cfg, workdir, "stage1", **quiet)
+        out = experiment.run(cfg, workdir, "select", **quiet)
+        with open(os.path.join(workdir, "select", "selection.json")) as f:
+            sel = json.load(f)
+        self.assertEqual(sel["attention_layers"], out["attention_layers"])
+        for key in ("csr", "recall", "recall_accuracy", "scores"):
+            self.assertLen(sel[key], 2)
+        np.testing.assert_allclose(sel["scores"], selection.halo_scores(sel["csr"],
+                                                                        sel["recall"]))
+        self.assertEqual(sel["attention_layers"], [sel["ranking"][0]])
+        self.assertEqual(sel["csr_items"], {"arc_easy": 4, "arc_challenge": 4, "hellaswag": 4})
+        self.assertEqual(sel["recall_items"], {"niah_single_2@512": 2})
+        self.assertIn("acc_norm", sel["csr_metric"])
+        self.assertIn("probability", sel["recall_metric"])
+        self.assertIn(sel["tie_at_cut"], (True, False))
+        self.assertContainsSubset({"csr", "recall", "recall_accuracy"}, set(sel["teacher"]))
+        # The report's own HellaSwag subset is excluded as well as csr_exclude's.
+        self.assertEqual(sel["hellaswag_excluded_subsets"], [[10, 1234], [5, 3]])
+        for limit, seed in sel["hellaswag_excluded_subsets"]:
+            self.assertEmpty(set(sel["csr_item_indices"]["hellaswag"])
+                             & set(tasks_lib.subset_indices(40, limit, seed)))
+        # Resumed: nothing evaluated again.
+        path = os.path.join(workdir, "select", "sweep.jsonl")
+        self.assertLen(selection.read_jsonl(path), 3)  # the teacher and 2 layers
+        again = experiment.run(cfg, workdir, "select", **quiet)
+        self.assertLen(selection.read_jsonl(path), 3)
+        self.assertEqual(again["scores"], sel["scores"])
 
 
 if __name__ == "__main__":
