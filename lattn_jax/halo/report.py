@@ -3,7 +3,7 @@
 :func:`run_report` measures both models (spec ``hypenet-halo.md`` §4) and writes
 ``report.json`` and ``report.md`` in its directory after every measurement; a run that finds a
 measurement of a model there (with the same options) skips it, so the stage resumes after an
-interruption. Measurements, in this order:
+interruption. Measurements (run in the order ``options.measurements`` lists them):
 
 1. ``speed``: batch 1, per context length ``L`` in ``speed_lengths``: the prefill of a prompt of
    ``P = L - niah_max_new_tokens`` tokens of real text (median wall time of ``speed_repeats``
@@ -785,7 +785,7 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     report["meta"] = dict(meta, hardware=hardware())
     decoders: Dict[str, Decoder] = {}
     cache: Dict[str, Any] = {}
-    order = [m for m in MEASUREMENTS if m in options.measurements]
+    order = list(dict.fromkeys(options.measurements))  # the options' order
     complete = True
     for measurement in order:
         for name in models:
