@@ -1167,14 +1167,23 @@ def _stage_rows(config: Mapping[str, Any], workdir: str) -> List[str]:
     if sel:
         selection = read_json(os.path.join(workdir, "select", "selection.json")) or {}
         layers = len(selection.get("csr", ()))
-        per_layer = sel.get("seq_len", 0) * sel.get("batch_size", 0) * (
-            sel.get("max_val_batches") or 0)
-        tokens = f"{layers * per_layer:,} (eval)" if layers and not sel.get("csr_items") else "–"
-        rows.append(f"| select | single-replacement sweep over {layers or '?'} layers | "
-                    f"{sel.get('seq_len')} x {sel.get('batch_size')} x "
-                    f"{sel.get('max_val_batches')} val batches + {sel.get('synthetic_recall')} "
-                    f"recall prompts per layer | {tokens} | – | – | – | "
-                    f"{_wall(workdir, 'select')} | {_complete(workdir, 'select')} |")
+        if "csr_tokens_per_layer" in selection:  # the held-out / NIAH probes
+            per_layer = selection["csr_tokens_per_layer"] + selection["recall_tokens_per_layer"]
+            evals = layers + (1 if "teacher" in selection else 0)
+            what = (f"{selection.get('csr_items', '?')} held-out CSR items + "
+                    f"{selection.get('recall_items', '?')} NIAH recall prompts per layer")
+            tokens = f"{evals * per_layer:,} (eval, {evals} models)"
+        else:
+            per_layer = sel.get("seq_len", 0) * sel.get("batch_size", 0) * (
+                sel.get("max_val_batches") or 0)
+            what = (f"{sel.get('seq_len')} x {sel.get('batch_size')} x "
+                    f"{sel.get('max_val_batches')} val batches + "
+                    f"{sel.get('synthetic_recall')} recall prompts per layer")
+            tokens = (f"{layers * per_layer:,} (eval)" if layers and not sel.get("csr_items")
+                      else "–")
+        rows.append(f"| select | single-replacement sweep over {layers or '?'} layers | {what} | "
+                    f"{tokens} | – | – | – | {_wall(workdir, 'select')} | "
+                    f"{_complete(workdir, 'select')} |")
     cal = config.get("calibrate", {})
     if cal:
         n = len(cal.get("candidates", ()))
@@ -1186,6 +1195,37 @@ def _stage_rows(config: Mapping[str, Any], workdir: str) -> List[str]:
         rows.append(f"| report | teacher vs student | – | – | – | – | – | "
                     f"{_wall(workdir, 'report')} | {_complete(workdir, 'report')} |")
     return rows
+
+
+def selection_lines(sel: Mapping[str, Any]) -> List[str]:
+    """The markdown of ``select/selection.json``: the kept layers, the metrics, every layer's
+    scores (and the teacher's probe values), and whether a tie at the cut decided the choice."""
+    recall_metric = sel.get("recall_metric", "greedy `contains` on the recall items")
+    lines = [f"Kept as softmax attention (NoPE + gate in the student): "
+             f"**{sel['attention_layers']}**.", "",
+             f"* CSR: {sel.get('csr_metric')}.", f"* Recall: {recall_metric}."]
+    if sel.get("recall_accuracy_metric"):
+        lines.append(f"* Recall accuracy (reported, not scored): "
+                     f"{sel['recall_accuracy_metric']}.")
+    if "ranking" in sel:
+        lines.append(f"* Ranking (descending score): {sel['ranking']}.")
+    if "cut_scores" in sel:
+        lines.append(f"* Scores at the cut (rank k, k + 1): {sel['cut_scores']}; "
+                     f"{sel.get('notice') or 'no tie decides the choice'}.")
+    acc = sel.get("recall_accuracy")
+    has_acc = acc is not None and any(a is not None for a in acc)
+    lines += ["", "| layer | csr | recall | " + ("recall accuracy | " if has_acc else "")
+              + "score |", "|---:|---:|---:|" + ("---:|" if has_acc else "") + "---:|"]
+    teacher = sel.get("teacher")
+    if teacher:
+        extra = f" {teacher.get('recall_accuracy') or 0:.3f} |" if has_acc else ""
+        lines.append(f"| teacher (no replacement) | {teacher['csr']:.4f} | "
+                     f"{teacher['recall']:.4f} |{extra} – |")
+    for i, (c, r, sc) in enumerate(zip(sel["csr"], sel["recall"], sel["scores"])):
+        mark = " **(attn)**" if i in sel["attention_layers"] else ""
+        extra = (f" {acc[i]:.3f} |" if acc[i] is not None else " – |") if has_acc else ""
+        lines.append(f"| {i}{mark} | {c:.4f} | {r:.4f} |{extra} {sc:.3f} |")
+    return lines
 
 
 def stage_throughput(workdir: str, stage: str) -> Optional[Dict[str, Any]]:
@@ -1324,13 +1364,7 @@ def render_markdown(workdir: str, *, title: Optional[str] = None) -> str:
     lines += throughput_rows(workdir)
     lines += ["", "## Layer selection", ""]
     if sel:
-        lines += [f"Kept as softmax attention (NoPE + gate in the student): "
-                  f"**{sel['attention_layers']}**; CSR metric: {sel.get('csr_metric')}; "
-                  f"recall: greedy `contains` on the recall items.", "",
-                  "| layer | csr | recall | score |", "|---:|---:|---:|---:|"]
-        for i, (c, r, s) in enumerate(zip(sel["csr"], sel["recall"], sel["scores"])):
-            mark = " **(attn)**" if i in sel["attention_layers"] else ""
-            lines.append(f"| {i}{mark} | {c:.4f} | {r:.3f} | {s:.3f} |")
+        lines += selection_lines(sel)
     else:
         lines.append("No selection (attention layers set in the config, or select not run).")
     lines += ["", "## Calibration of the logit scaling base a", ""]

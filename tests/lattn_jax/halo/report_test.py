@@ -336,7 +336,12 @@ class MarkdownTest(absltest.TestCase):
         write("stage1/done.json", {})
         write("select/selection.json", {"attention_layers": [1], "csr": [0.5, 0.4, 0.5],
                                         "recall": [1.0, 0.5, 0.9], "scores": [0.0, 5.0, 50.0],
-                                        "csr_metric": "exp(-val_ce) proxy"})
+                                        "csr_metric": "exp(-val_ce) proxy",
+                                        "recall_accuracy": [0.75, 0.25, None],
+                                        "ranking": [2, 1, 0], "cut_scores": [50.0, 5.0],
+                                        "notice": None,
+                                        "teacher": {"csr": 0.55, "recall": 0.95,
+                                                    "recall_accuracy": 0.5}})
         write("calibrate/calibration.json", {"best": 500.0,
                                              "losses": {"None": 3.25, "500.0": 3.125}})
         write("pipeline.jsonl", [{"command": "python experiments/halo_pipeline.py --x=1",
@@ -397,7 +402,11 @@ class MarkdownTest(absltest.TestCase):
         self.assertIn("| stage1 | 16,384 | 1.000 | 12 | 65,536 | 6.6% | 65,000 | 6.5% | "
                       "20.5, 4.0 |", page)
         self.assertIn("| stage2 | – | – | – | – | – | – | – | – |", page)
-        self.assertIn("| 1 **(attn)** | 0.4000 | 0.500 | 5.000 |", page)
+        self.assertIn("| 1 **(attn)** | 0.4000 | 0.5000 | 0.250 | 5.000 |", page)
+        self.assertIn("| 2 | 0.5000 | 0.9000 | – | 50.000 |", page)
+        self.assertIn("| teacher (no replacement) | 0.5500 | 0.9500 | 0.500 | – |", page)
+        self.assertIn("* Scores at the cut (rank k, k + 1): [50.0, 5.0]; no tie decides the "
+                      "choice.", page)
         self.assertIn("Chosen: a = 500.0.", page)
         self.assertIn("Training tokens in all: 10,485,760.", page)
         self.assertIn("| perplexity (wiki.test.raw, window 2048) | token_perplexity | 12.500 | "
