@@ -18,7 +18,7 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   of 4 rows. bf16 compute, fp32 master weights and moments; the LM heads and the KL / CE in
   token chunks of 4,096. The selection's probes: held-out ARC Dev / HellaSwag items and NIAH
   retrieval at 2K and 4K (``lattn_jax.halo.selection``). Calibration of ``a`` over None, 500,
-  1000 on 4 validation windows of 16K. The report: WikiText-2 test perplexity at 2K, five
+  1000 on 2 validation windows of 16K. The report: WikiText-2 test perplexity at 2K, five
   commonsense tasks on up to 1,000 items, NIAH single-1/2/3 at 2K-64K (5 depths x 20 samples),
   prefill/decode at 32K and 128K. ``corpus=<dir>`` names the mixture's directory (default
   :data:`DEFAULT_CORPUS`).
@@ -90,9 +90,11 @@ def _h200(path, data, corpus):
     cfg.stage2.kl_chunk_size = 4096
     cfg.stage3.ce_chunk_size = 4096
     cfg.stage3.micro_batch_size = 4
-    cfg.calibrate.max_batches = 4
+    cfg.calibrate.max_batches = 2
     # Cheapest and most important first, so that a window cut short keeps them.
     cfg.report.measurements = ("perplexity", "commonsense", "niah", "speed")
+    cfg.report.niah_batch_tokens = 524_288  # 8 rows of 64K: half the decoding loops
+    cfg.report.perplexity_batch_size = 32
     return cfg
 
 
