@@ -11,10 +11,11 @@ that order). A stage that finished (``<workdir>/<stage>/done.json``) is skipped 
 to run it again). With
 ``--deadline_s`` the run ends cleanly once that many seconds have passed since it started: a
 training stage checkpoints after the step that crosses the deadline, the layer sweep and the
-report stop between layers / measurements, and no new stage starts after the deadline (or
-when less than ``--min_stage_s`` is left). Each stage prints its wall time; every invocation
-appends its command line, per-stage times and exit status to ``<workdir>/pipeline.jsonl``
-(:func:`lattn_jax.halo.report.render_markdown` lists them as the page's commands).
+report stop between layers / measurements (NIAH: between (model, task, length) parts), and no
+new stage starts after the deadline (or when less than ``--min_stage_s`` is left). Each stage
+prints its wall time; every invocation appends its command line, per-stage times and exit status
+to ``<workdir>/pipeline.jsonl`` (:func:`lattn_jax.halo.report.render_markdown` lists them as the
+page's commands).
 
 The teacher is loaded once for all stages. Compiled programs go to a persistent cache in
 ``<workdir>/jax_cache`` (``--compilation_cache=''`` turns it off), so that a run split over two

@@ -14,13 +14,15 @@
 6. ``report``: the teacher against the final student (Stage-3 params if there are any, else
    Stage 2's; the calibrated ``a`` if ``calibrate`` ran): perplexity, commonsense tasks, NIAH,
    decode speed and memory (:mod:`lattn_jax.halo.report`), written to ``report/report.json``
-   and ``report/report.md`` after every measurement (resumable per measurement and model).
+   and ``report/report.md`` after every measurement (resumable per measurement and model;
+   NIAH per (model, task, length) part, in ``report/niah_parts.jsonl``).
 
 Every invocation appends ``{"started", "wall_s", "complete"}`` to ``<stage>/timing.jsonl``; a
 stage that finished writes ``<stage>/done.json`` (its summary), which
 ``experiments/halo_pipeline.py`` uses to skip it. ``deadline`` (a ``time.time()`` value) ends
 a stage early and cleanly: training stages checkpoint after the step that crosses it, the sweep
-and the report stop between layers / measurements; run the stage again to resume.
+and the report stop between layers / measurements / NIAH parts; run the stage again to
+resume.
 
 The config (a ``ConfigDict``, see ``configs/halo_smollm2.py``) has sections ``teacher``, ``data``,
 ``hypenet``, ``stage1``, ``select``, ``stage2``, ``stage3``, ``calibrate`` and ``report``; the

@@ -25,12 +25,20 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
    ``niah_multikey_1``) over ``niah_lengths x niah_depths`` with ``niah_samples`` prompts per
    cell, greedy decoding of ``niah_max_new_tokens`` tokens, scored with ``string_match_all``.
    The prompts (and their token ids) are built once for both models
-   (:class:`lattn_jax.eval.niah.SampleBuilder`). The prompts of one length, all tasks
-   together, are decoded in batches of ``niah_batch_size(L, count, niah_batch_tokens)`` rows
-   (:class:`NiahDecoder`: the first ``min n_i`` tokens of every row prefilled with the plain
-   causal forward, the rest of each prompt fed as decoding steps, so no padding and no
-   attention mask), so
-   each model compiles one prefill and one chunk of decoding steps per length. Per task and
+   (:class:`lattn_jax.eval.niah.SampleBuilder`). The unit of work is a *part*: the
+   ``len(niah_depths) x niah_samples`` prompts of one (model, task, length), decoded in
+   batches of ``niah_batch_size(L, count, niah_batch_tokens)`` rows (:class:`NiahDecoder`: the
+   first ``P`` tokens of every row prefilled with the plain causal forward, the rest of each
+   prompt fed as decoding steps, so no padding and no attention mask). ``P`` and the width of
+   the rest are fixed per length over all tasks, so each model compiles one prefill and one
+   chunk of decoding steps per length, and a part's answers do not depend on which other
+   parts ran in the same process. After each part its accuracy is printed and its answers
+   are appended to ``<stage_dir>/niah_parts.jsonl`` (:func:`niah_answers`); a run that finds
+   parts of the same options there skips them and scores the measurement from that file, so
+   an interrupted NIAH measurement loses at most the part it was decoding and resumes
+   with the same result as an uninterrupted run. (A part per task costs a few more batches
+   than batching a length's tasks together when a part's count is not a multiple of the rows
+   per batch: 84 instead of 77 batches per model on the ``h200`` grid.) Per task and
    length: the mean and its binomial SE; the means over the lengths up to
    ``niah_short_max_len`` (2K-8K, the teacher's trained context) and above it (16K-64K).
 
@@ -46,6 +54,7 @@ metrics and timings, the selection, the calibration and this report) into the re
 
 import dataclasses
 import datetime
+import hashlib
 import inspect
 import json
 import math
@@ -76,6 +85,7 @@ MEASUREMENTS = ("speed", "perplexity", "commonsense", "niah")
 MODELS = ("teacher", "student")
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
+NIAH_PARTS = "niah_parts.jsonl"  # one line per finished NIAH (model, task, length)
 DEFAULT_PERPLEXITY_FILE = "corpus/wikitext-2-raw/wiki.test.raw"  # bundled asset
 NIAH_DECODE_CHUNK = 16  # NIAH decoding steps per compiled call (NiahDecoder.chunk)
 
@@ -617,11 +627,8 @@ def niah_scores(answers: Mapping[str, List[List[List[int]]]], tokenizer,
         grid = np.zeros((len(lengths), len(depths)))
         means, ses, examples = [], [], []
         for li, batch in enumerate(per_length):
-            scores = []
-            for k, (p, ids) in enumerate(zip(batch, answers[task][li])):
-                text = tokenizer.decode(list(ids))
-                score = niah.string_match_all(text, [p.sample.value])
-                scores.append(score)
+            scores, texts = niah_part_scores(answers[task][li], tokenizer, batch)
+            for k, (p, score, text) in enumerate(zip(batch, scores, texts)):
                 grid[li, k // samples_per_cell] += score / samples_per_cell
                 if len(examples) < 3 or (k == 0 and lengths[li] == max(lengths)):
                     examples.append({"length": lengths[li], "depth": p.sample.depth,
@@ -647,14 +654,72 @@ def niah_scores(answers: Mapping[str, List[List[List[int]]]], tokenizer,
     return out
 
 
+def niah_part_scores(answers: Sequence[Sequence[int]], tokenizer,
+                     prompts: Sequence[NiahPrompt]) -> Tuple[List[float], List[str]]:
+    """``(scores, texts)`` of one part's answers: ``string_match_all`` in {0, 1} against each
+    prompt's needle value, and the decoded answers (one per prompt, in order)."""
+    texts = [tokenizer.decode(list(ids)) for ids in answers]
+    return ([niah.string_match_all(t, [p.sample.value]) for p, t in zip(prompts, texts)],
+            texts)
+
+
+def options_fingerprint(options: Mapping[str, Any]) -> str:
+    """A 16-hex-digit digest of the report options (a JSON-able dict), stored with every NIAH
+    part so that parts measured under other options are not read back."""
+    text = json.dumps(options, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def append_jsonl(path: str, record: Mapping[str, Any]) -> None:
+    """Appends ``record`` as one line of ``path`` and syncs it to disk.
+
+    A line left half-written by a crash is closed with a newline first, so it stays one
+    unparsable line (:func:`read_jsonl` skips it) instead of swallowing this record.
+    """
+    line = json.dumps(record, default=str) + "\n"
+    with open(path, "a+b") as f:
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                line = "\n" + line
+        f.write(line.encode())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_niah_parts(path: str, *, model: str, fingerprint: str
+                    ) -> Dict[Tuple[str, int], Dict[str, Any]]:
+    """The finished NIAH parts of ``model`` in ``path`` (:data:`NIAH_PARTS`) measured under
+    the options with this :func:`options_fingerprint`.
+
+    Returns:
+      ``{(task, length): record}`` (the last record of a part wins; ``{}`` without the file),
+      each record ``{"model", "task", "length", "fingerprint", "n", "accuracy", "se", "answers"
+      [n lists of token ids], "stats" (:meth:`NiahDecoder.generate`), "time"}``.
+    """
+    out = {}
+    for rec in read_jsonl(path):
+        if (rec.get("model") == model and rec.get("fingerprint") == fingerprint
+                and isinstance(rec.get("answers"), list) and "task" in rec and "length" in rec):
+            out[str(rec["task"]), int(rec["length"])] = rec
+    return out
+
+
 def niah_answers(decoder: NiahDecoder, prompts: Mapping[str, List[List[NiahPrompt]]], *,
                  lengths: Sequence[int], max_new_tokens: int, batch_tokens: int,
-                 stop_id: Optional[int], print_fn: Callable[[str], None] = print
-                 ) -> Tuple[Dict[str, List[List[List[int]]]], Dict[str, Any]]:
-    """Every prompt's greedy answer, the prompts of each length (all tasks) batched together.
+                 stop_id: Optional[int], print_fn: Callable[[str], None] = print,
+                 done: Optional[Mapping[Tuple[str, int], Sequence[Sequence[int]]]] = None,
+                 on_part: Optional[Callable[[str, int, List[List[int]], Dict[str, Any]],
+                                            None]] = None,
+                 should_stop: Optional[Callable[[], bool]] = None
+                 ) -> Tuple[Dict[str, List[Optional[List[List[int]]]]], Dict[str, Any]]:
+    """Every prompt's greedy answer, one part (task, length) after the other.
 
-    Per length ``L``: one prefill shape (:func:`niah_batch_size` rows of the shortest prompt's
-    length) and one decoding shape (capacity ``L + chunk``).
+    Per length ``L``: the prefill length ``P`` (the shortest prompt of ``L`` over all tasks)
+    and the width of the rest (the longest minus ``P``) are shared by the tasks, the rows per
+    batch are :func:`niah_batch_size` of the part's prompt count and the cache capacity is
+    ``L + chunk``: one prefill shape and one decoding shape per length while the parts of a
+    length have equal counts, and a part's answers are the same whichever parts are skipped.
 
     Args:
       decoder: the model's :class:`NiahDecoder`.
@@ -664,30 +729,53 @@ def niah_answers(decoder: NiahDecoder, prompts: Mapping[str, List[List[NiahPromp
       max_new_tokens: answer tokens per prompt.
       batch_tokens: ``report.niah_batch_tokens``, prompt tokens per batch.
       stop_id: ends an answer (excluded), e.g. the EOS id; ``None`` for none.
-      print_fn: one progress line per length.
+      print_fn: one progress line per decoded part when there is no ``on_part``.
+      done: ``{(task, length): answers}`` of parts answered before (e.g. read back with
+        :func:`read_niah_parts`); they are not decoded again.
+      on_part: called as ``on_part(task, length, answers, stats)`` right after each decoded
+        part (to log and store it; then nothing is printed here).
+      should_stop: asked before each part to decode; ``True`` ends the run there.
 
     Returns:
-      ``(answers {task: [per length: [ids]]}, stats {str(L): NiahDecoder stats})``.
+      ``(answers {task: [per length: [ids] or None]}, stats {str(L): {task: NiahDecoder
+      stats}})``; ``None`` marks a part left undone by ``should_stop``; parts taken from
+      ``done`` have no stats.
+
+    Raises:
+      ValueError: if a part in ``done`` has another number of answers than prompts, or a part
+        to decode has no prompts (:meth:`NiahDecoder.generate`).
     """
-    answers = {task: [None] * len(lengths) for task in prompts}
-    stats = {}
+    done = dict(done or {})
+    answers: Dict[str, List[Optional[List[List[int]]]]] = {
+        task: [None] * len(lengths) for task in prompts}
+    stats: Dict[str, Any] = {}
     for li, length in enumerate(lengths):
-        flat = [(task, p) for task in prompts for p in prompts[task][li]]
-        if not flat:
-            continue
-        b = niah_batch_size(length, len(flat), batch_tokens)
-        out, st = decoder.generate([p.ids for _, p in flat], batch_size=b,
-                                   capacity=length + decoder.chunk,
-                                   max_new_tokens=max_new_tokens, stop_id=stop_id)
-        stats[str(length)] = st
-        k = 0
+        lens = [len(p.ids) for task in prompts for p in prompts[task][li]] or [1]
+        p0, width = min(lens), max(max(lens) - min(lens), 1)
         for task in prompts:
-            n = len(prompts[task][li])
-            answers[task][li] = out[k:k + n]
-            k += n
-        print_fn(f"niah @ {length:,}: {len(flat)} prompts in {st['batches']} batches of "
-                 f"{b}, prefill {st['prefill_s']:.1f} s, decode {st['decode_s']:.1f} s "
-                 f"({st['steps']} steps)")
+            part = prompts[task][li]
+            if (task, length) in done:
+                got = [list(a) for a in done[task, length]]
+                if len(got) != len(part):
+                    raise ValueError(f"niah part {task} @ {length}: {len(got)} answers read "
+                                     f"back for {len(part)} prompts")
+                answers[task][li] = got
+                continue
+            if should_stop is not None and should_stop():
+                return answers, stats
+            b = niah_batch_size(length, len(part), batch_tokens)
+            out, st = decoder.generate([p.ids for p in part], batch_size=b,
+                                       capacity=length + decoder.chunk,
+                                       max_new_tokens=max_new_tokens, stop_id=stop_id,
+                                       prefix_len=p0, width=width)
+            answers[task][li] = out
+            stats.setdefault(str(length), {})[task] = st
+            if on_part is not None:
+                on_part(task, length, out, st)
+            else:
+                print_fn(f"niah {task} @ {length:,}: {len(part)} prompts in {st['batches']} "
+                         f"batches of {b}, prefill {st['prefill_s']:.1f} s, decode "
+                         f"{st['decode_s']:.1f} s ({st['steps']} steps)")
     return answers, stats
 
 
@@ -756,16 +844,18 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
 
     Args:
       options: the ``config.report`` section (see ``lattn_jax.halo.experiment.base_config``).
-      stage_dir: where ``report.json`` and ``report.md`` go.
+      stage_dir: where ``report.json``, ``report.md`` and :data:`NIAH_PARTS` (the finished
+        NIAH parts, :func:`niah_answers`) go.
       models: ``{"teacher": (LanguageModel, description), "student": (...)}``.
       tokenizer: the teacher's tokenizer.
       meta: recorded as is (model descriptions, calibration, sources).
-      print_fn: progress lines.
-      should_stop: asked before each measurement; ``True`` ends the run early (resumable).
+      print_fn: progress lines (one per measurement and model, one per NIAH part).
+      should_stop: asked before each measurement and each NIAH part; ``True`` ends the run
+        early (resumable: the NIAH parts already done stay in :data:`NIAH_PARTS`).
 
     Returns:
       The report dict (also in ``<stage_dir>/report.json``), with ``"complete"``; run details
-      (the NIAH prompt building and per-length prefill/decode times) under ``"details"``.
+      (the NIAH prompt building and per-part prefill/decode times) under ``"details"``.
 
     Raises:
       ValueError: an unknown measurement or model, or a bad option (:func:`check_options`).
@@ -785,6 +875,8 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     report["meta"] = dict(meta, hardware=hardware())
     decoders: Dict[str, Decoder] = {}
     cache: Dict[str, Any] = {}
+    parts = {"parts_path": os.path.join(stage_dir, NIAH_PARTS),
+             "fingerprint": options_fingerprint(opts), "should_stop": should_stop}
     order = list(dict.fromkeys(options.measurements))  # the options' order
     complete = True
     for measurement in order:
@@ -798,7 +890,10 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
             t0 = time.perf_counter()
             details: Dict[str, Any] = {}
             result = _measure(measurement, name, model, tokenizer, options, decoders, cache,
-                              print_fn, details)
+                              print_fn, details, **parts)
+            if result is None:  # should_stop between NIAH parts
+                complete = False
+                break
             seconds = time.perf_counter() - t0
             report["results"].setdefault(measurement, {})[name] = result
             report["seconds"][f"{measurement}/{name}"] = seconds
@@ -818,8 +913,9 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
 
 
 def _measure(measurement, name, model, tokenizer, options, decoders, cache, print_fn,
-             details):
-    """One measurement of one model; run details (timings) go into ``details``."""
+             details, *, parts_path, fingerprint, should_stop):
+    """One measurement of one model (``None`` if ``should_stop`` cut the NIAH parts short);
+    run details (timings) go into ``details``; the NIAH parts go to ``parts_path``."""
     pad = tokenizer.eos_id
     if measurement == "speed" and name not in decoders:
         decoders[name] = Decoder(model, pad)
@@ -875,12 +971,41 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
             cache["niah_build_s"] = time.perf_counter() - t0
             n = sum(len(b) for per_length in cache["niah"].values() for b in per_length)
             print_fn(f"niah: built {n} prompts in {cache['niah_build_s']:.1f} s")
-        answers, stats = niah_answers(NiahDecoder(model, chunk=NIAH_DECODE_CHUNK), cache["niah"],
-                                      lengths=lengths, max_new_tokens=m,
-                                      batch_tokens=options.niah_batch_tokens,
-                                      stop_id=tokenizer.eos_id, print_fn=print_fn)
-        details["niah"] = {"build_s": cache["niah_build_s"], "per_length": stats}
-        return niah_scores(answers, tokenizer, cache["niah"], lengths=lengths,
+        prompts = cache["niah"]
+        done = read_niah_parts(parts_path, model=name, fingerprint=fingerprint)
+        done = {k: r for k, r in done.items() if k[0] in prompts and k[1] in lengths}
+        if done:
+            print_fn(f"niah / {name}: {len(done)} of {len(prompts) * len(lengths)} parts read "
+                     f"back from {parts_path}")
+
+        def on_part(task, length, out, st):
+            scores, _ = niah_part_scores(out, tokenizer, prompts[task][lengths.index(length)])
+            acc = float(np.mean(scores))
+            se = binomial_se(acc, len(scores))
+            append_jsonl(parts_path, {"model": name, "task": task, "length": length,
+                                      "fingerprint": fingerprint, "n": len(scores),
+                                      "accuracy": acc, "se": se, "answers": out, "stats": st,
+                                      "time": _now()})
+            print_fn(f"niah / {name} / {task} @ {length:,}: {acc:.3f} ± {se:.3f} "
+                     f"({len(scores)} prompts, {st['batches']} batches of {st['batch_size']}, "
+                     f"prefill {st['prefill_s']:.1f} s, decode {st['decode_s']:.1f} s)")
+
+        got, stats = niah_answers(
+            NiahDecoder(model, chunk=NIAH_DECODE_CHUNK), prompts, lengths=lengths,
+            max_new_tokens=m, batch_tokens=options.niah_batch_tokens, stop_id=tokenizer.eos_id,
+            print_fn=print_fn, done={k: r["answers"] for k, r in done.items()},
+            on_part=on_part, should_stop=should_stop)
+        if any(a is None for per_length in got.values() for a in per_length):
+            return None  # stopped between parts
+        # The result is scored from the file: the parts read back and the ones just written.
+        parts = read_niah_parts(parts_path, model=name, fingerprint=fingerprint)
+        missing = [f"{t} @ {n}" for t in prompts for n in lengths if (t, n) not in parts]
+        if missing:
+            raise RuntimeError(f"niah / {name}: parts {missing} missing from {parts_path}")
+        answers = {t: [parts[t, n]["answers"] for n in lengths] for t in prompts}
+        details["niah"] = {"build_s": cache["niah_build_s"], "per_part": stats,
+                           "parts_read_back": sorted(f"{t} @ {n}" for t, n in done)}
+        return niah_scores(answers, tokenizer, prompts, lengths=lengths,
                            depths=options.niah_depths, samples_per_cell=options.niah_samples,
                            short_max_len=options.niah_short_max_len)
     raise ValueError(f"unknown measurement {measurement!r}")

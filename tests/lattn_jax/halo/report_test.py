@@ -5,7 +5,9 @@ import json
 import math
 import os
 import random
+import re
 import time
+from unittest import mock
 
 import numpy as np
 from absl.testing import absltest
@@ -72,9 +74,16 @@ class ReportStageTest(absltest.TestCase):
             self.assertEqual(r["short"]["lengths"], [448])  # niah_short_max_len=448
             self.assertEqual(r["long"]["lengths"], [640])
             # niah_batch_tokens=900: 2 rows of 448 tokens, 1 row of 640 (2 batches).
-            stats = rep["details"]["niah"][name]["niah"]["per_length"]
-            self.assertEqual((stats["448"]["batch_size"], stats["448"]["batches"]), (2, 1))
-            self.assertEqual((stats["640"]["batch_size"], stats["640"]["batches"]), (1, 2))
+            stats = rep["details"]["niah"][name]["niah"]["per_part"]
+            self.assertEqual((stats["448"]["niah_single_1"]["batch_size"],
+                              stats["448"]["niah_single_1"]["batches"]), (2, 1))
+            self.assertEqual((stats["640"]["niah_single_1"]["batch_size"],
+                              stats["640"]["niah_single_1"]["batches"]), (1, 2))
+        # One line per finished NIAH part (model, task, length).
+        parts = report_lib.read_jsonl(os.path.join(workdir, "report", report_lib.NIAH_PARTS))
+        self.assertEqual(sorted((r["model"], r["length"]) for r in parts),
+                         [("student", 448), ("student", 640), ("teacher", 448),
+                          ("teacher", 640)])
         self.assertEqual(rep["meta"]["attention_layers"], [1])
         self.assertEqual(rep["meta"]["student_params"], "stage2")  # no stage3 checkpoint
         # Measurements already in report.json are not repeated.
@@ -138,11 +147,11 @@ class MeasurementsTest(absltest.TestCase):
         self.assertIn("| commonsense (1 tasks) | mean of acc_norm (acc where none) | ", md)
 
 
-def tiny_models(seed=0):
+def tiny_models(seed=0, vocab_size=61):
     """A random 2-layer teacher and its HypeNet student (Lightning + NoPE attention with
     logit scaling), fp32, with segment ids on as in the report."""
     cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(), use_segment_ids=True,
-                              layer_pattern=("attn",) * 2)
+                              layer_pattern=("attn",) * 2, vocab_size=vocab_size)
     params = stages.random_teacher(cfg, seed=seed)
     student_cfg = hypenet.hypenet_config(cfg, [1])
     student_cfg = dataclasses.replace(
@@ -158,12 +167,13 @@ class NiahDecoderTest(absltest.TestCase):
     def test_batched_answers_equal_batch_one_generation(self):
         rng = np.random.default_rng(0)
         m, cap = 7, 80
-        # Two "lengths" of 6 and 3 prompts, of random lengths (so rows of one batch differ).
+        # Two "lengths" of 4 and 3 prompts per task, of random lengths (so rows of one batch
+        # differ).
         lengths = (48, 64)
         prompts = {}
         for task in ("niah_single_1", "niah_single_2"):
             prompts[task] = []
-            for length, count in zip(lengths, (3, 2)):
+            for length, count in zip(lengths, (4, 3)):
                 row = []
                 for _ in range(count):
                     ids = rng.integers(0, 61, int(rng.integers(length - 30, length - m + 1)))
@@ -185,17 +195,36 @@ class NiahDecoderTest(absltest.TestCase):
             self.assertTrue(any(len(a) < m for rows in ref_stop.values() for row in rows
                                 for a in row))
             decoder = report_lib.NiahDecoder(model, chunk=3)
-            # 150 tokens per batch: rows of 3 at length 48 (6 prompts: 2 batches), 2 at 64
-            # (4 prompts: 2 batches); the chunks run past some rows' last needed step.
+            # One part per (task, length), 150 tokens per batch: at length 48, 4 prompts in 2
+            # batches of 2 (at most 3 rows); at 64, 3 prompts in 2 batches of 2 (the second
+            # filled with a copy); the chunks run past some rows' last needed step.
             for stop_id, want in ((None, ref), (stop, ref_stop)):
                 got, stats = report_lib.niah_answers(
                     decoder, prompts, lengths=lengths, max_new_tokens=m, batch_tokens=150,
                     stop_id=stop_id, print_fn=lambda s: None)
                 self.assertEqual(got, want, msg=f"{name} {stop_id=}")
-                self.assertEqual((stats["48"]["batches"], stats["48"]["batch_size"]), (2, 3))
-                self.assertEqual((stats["64"]["batches"], stats["64"]["batch_size"]), (2, 2))
-                self.assertEqual(stats["48"]["prefix_len"],
-                                 min(len(p.ids) for rows in prompts.values() for p in rows[0]))
+                for task in prompts:
+                    st48, st64 = stats["48"][task], stats["64"][task]
+                    self.assertEqual((st48["batches"], st48["batch_size"]), (2, 2))
+                    self.assertEqual((st64["batches"], st64["batch_size"]), (2, 2))
+                    # The prefill length and rest width are shared by the tasks of a length.
+                    self.assertEqual(st48["prefix_len"], min(len(p.ids) for rows in
+                                                             prompts.values() for p in rows[0]))
+                    self.assertEqual(st64["rest_width"], stats["64"]["niah_single_1"]
+                                     ["rest_width"])
+            # Parts given as done are not decoded; should_stop leaves the rest undone (None).
+            parts = []
+            got, stats = report_lib.niah_answers(
+                decoder, prompts, lengths=lengths, max_new_tokens=m, batch_tokens=150,
+                stop_id=None, done={("niah_single_1", 48): ref["niah_single_1"][0]},
+                on_part=lambda t, n, a, st: parts.append((t, n, a)),
+                should_stop=lambda: len(parts) >= 2)
+            self.assertEqual([(t, n) for t, n, _ in parts],
+                             [("niah_single_2", 48), ("niah_single_1", 64)])
+            self.assertEqual(got["niah_single_1"], ref["niah_single_1"])
+            self.assertEqual(got["niah_single_2"], [ref["niah_single_2"][0], None])
+            self.assertEqual(sorted(stats), ["48", "64"])
+            self.assertNotIn("niah_single_1", stats["48"])
 
     def test_generate_checks_its_arguments(self):
         decoder = report_lib.NiahDecoder(tiny_models()["teacher"], chunk=4)
@@ -217,6 +246,126 @@ class NiahDecoderTest(absltest.TestCase):
         self.assertEqual(report_lib.niah_batch_size(1024, 3, 262144), 3)
         with self.assertRaisesRegex(ValueError, "report.niah_batch_tokens"):
             report_lib.niah_batch_size(1024, 3, 0)
+
+
+def write_essays(data_dir, words=3000, seed=0):
+    """A tiny ``niah/PaulGrahamEssays`` haystack: random lowercase words and periods."""
+    rng = random.Random(seed)
+    essays = os.path.join(data_dir, "niah", "PaulGrahamEssays")
+    os.makedirs(essays, exist_ok=True)
+    text = " ".join("".join(rng.choice("abcdefghij") for _ in range(rng.randint(2, 7)))
+                    + ("." if rng.random() < 0.1 else "") for _ in range(words))
+    with open(os.path.join(essays, "essay.txt"), "w") as f:
+        f.write(text)
+
+
+class NiahResumeTest(absltest.TestCase):
+
+    def test_a_cut_run_resumes_per_part_with_the_same_result(self):
+        data_dir = self.create_tempdir().full_path
+        write_essays(data_dir)
+        options = halo_smollm2.get_config("tiny").report
+        # 2 models x 2 tasks x 1 length: 4 parts of 2 prompts (2 depths x 1 sample).
+        options.update(data_dir=data_dir, measurements=("niah",),
+                       niah_tasks=("niah_single_1", "niah_single_2"), niah_lengths=(448,))
+        tiny = tiny_models(vocab_size=257)  # byte tokens
+        models = {"student": (tiny["student"], "tiny student"),
+                  "teacher": (tiny["teacher"], "tiny teacher")}
+        tok = tok_lib.ByteTokenizer()
+        real_generate = report_lib.NiahDecoder.generate
+        calls = []
+
+        def run(stage_dir, cut_at=None, **kw):
+            """run_report; NiahDecoder.generate raises on its ``cut_at``-th call."""
+            lines = []
+
+            def generate(decoder, prompts, **kwargs):
+                calls.append(len(prompts))
+                if len(calls) == cut_at:
+                    raise RuntimeError("machine lost")
+                answers, stats = real_generate(decoder, prompts, **kwargs)
+                # The random models repeat one token; answer the needle (the prompt's first
+                # 7-digit number) for some prompts (a parity of their ids), so that parts
+                # differ.
+                for i, ids in enumerate(prompts):
+                    if int(np.sum(np.asarray(ids) * np.arange(len(ids)))) % 2:
+                        answers[i] = tok.encode(re.search(r"\d{7}", tok.decode(ids)).group())
+                return answers, stats
+
+            calls.clear()
+            with mock.patch.object(report_lib.NiahDecoder, "generate", generate):
+                rep = report_lib.run_report(options=options, stage_dir=stage_dir, models=models,
+                                            tokenizer=tok, meta={}, print_fn=lines.append,
+                                            **kw)
+            # The per-part lines and the read-back notices (not the per-model summaries).
+            return rep, [s for s in lines if s.startswith("niah /") and (" @ " in s or
+                                                                         "read back" in s)]
+
+        def parts(stage_dir):
+            return [(r["model"], r["task"], r["length"], r["answers"]) for r in
+                    report_lib.read_jsonl(os.path.join(stage_dir, report_lib.NIAH_PARTS))]
+
+        ref_dir, cut_dir = self.create_tempdir().full_path, self.create_tempdir().full_path
+        ref, ref_lines = run(ref_dir)
+        self.assertTrue(ref["complete"])
+        self.assertLen(calls, 4)
+        self.assertRegex(ref_lines[0], r"^niah / student / niah_single_1 @ 448: "
+                                       r"\d\.\d{3} ± \d\.\d{3} \(2 prompts, 1 batches of 2")
+        self.assertLen(parts(ref_dir), 4)
+        # The parts are told apart by their answers (some needles found, some not).
+        accuracy = [r["accuracy"] for r in report_lib.read_jsonl(
+            os.path.join(ref_dir, report_lib.NIAH_PARTS))]
+        self.assertGreater(len(set(accuracy)), 1, msg=accuracy)
+
+        # The machine is lost while decoding the second part: the first one is on disk.
+        with self.assertRaisesRegex(RuntimeError, "machine lost"):
+            run(cut_dir, cut_at=2)
+        self.assertEqual([p[:3] for p in parts(cut_dir)], [("student", "niah_single_1", 448)])
+        self.assertEqual(parts(cut_dir)[0], parts(ref_dir)[0])
+        # A deadline between parts: the student's second part and the teacher's first, then
+        # a clean stop before the teacher's second.
+        path = os.path.join(cut_dir, report_lib.NIAH_PARTS)
+        rep, lines = run(cut_dir, should_stop=lambda: len(report_lib.read_jsonl(path)) >= 3)
+        self.assertFalse(rep["complete"])
+        self.assertLen(calls, 2)
+        self.assertIn("student", rep["results"]["niah"])
+        self.assertNotIn("teacher", rep["results"]["niah"])
+        self.assertRegex(lines[0], r"^niah / student: 1 of 2 parts read back from ")
+        self.assertEqual([s.split(":")[0] for s in lines[1:]],
+                         ["niah / student / niah_single_2 @ 448",
+                          "niah / teacher / niah_single_1 @ 448"])
+        # The last run decodes only the part left and gives the uninterrupted run's result.
+        rep, lines = run(cut_dir)
+        self.assertTrue(rep["complete"])
+        self.assertLen(calls, 1)
+        self.assertEqual([s.split(":")[0] for s in lines],
+                         ["niah / teacher", "niah / teacher / niah_single_2 @ 448"])
+        self.assertEqual(rep["details"]["niah"]["teacher"]["niah"]["parts_read_back"],
+                         ["niah_single_1 @ 448"])
+        self.assertEqual(rep["results"]["niah"], ref["results"]["niah"])
+        self.assertCountEqual(parts(cut_dir), parts(ref_dir))
+
+        # Other options: the parts on disk are not read back.
+        options.niah_max_new_tokens = 6
+        rep, lines = run(cut_dir, should_stop=lambda: bool(calls))
+        self.assertFalse(rep["complete"])
+        self.assertLen(calls, 1)
+        self.assertEqual(rep["results"], {})
+        self.assertNotIn("read back", " ".join(lines))
+
+    def test_parts_file_survives_a_half_written_line(self):
+        path = os.path.join(self.create_tempdir().full_path, report_lib.NIAH_PARTS)
+        record = {"model": "student", "task": "niah_single_1", "length": 448,
+                  "fingerprint": "f", "answers": [[1, 2], []]}
+        report_lib.append_jsonl(path, record)
+        with open(path, "a") as f:
+            f.write('{"model": "teacher", "task": "niah_')  # cut mid-line
+        report_lib.append_jsonl(path, dict(record, task="niah_single_2"))
+        got = report_lib.read_niah_parts(path, model="student", fingerprint="f")
+        self.assertEqual(sorted(got), [("niah_single_1", 448), ("niah_single_2", 448)])
+        self.assertEqual(got["niah_single_1", 448]["answers"], [[1, 2], []])
+        self.assertEqual(report_lib.read_niah_parts(path, model="student", fingerprint="g"), {})
+        self.assertEqual(report_lib.read_niah_parts(path, model="teacher", fingerprint="f"), {})
 
 
 class StandardErrorTest(absltest.TestCase):
