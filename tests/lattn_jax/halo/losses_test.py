@@ -175,8 +175,8 @@ class ChunkedLossesTest(parameterized.TestCase):
             np.testing.assert_allclose(a, e, rtol=1e-5)
         self.assertEqual(float(out[2]), float(np.sum(x["weights"])))
         grads = jax.jit(jax.grad(lambda h, w: chunked(h, w)[0], argnums=(0, 1)))(x["sh"], x["sw"])
-        ref_grads = jax.jit(jax.grad(lambda h, w: plain(h, w)[0], argnums=(0, 1)))(x["sh"],
-                                                                                  x["sw"])
+        ref_grads = jax.jit(jax.grad(lambda h, w: plain(h, w)[0], argnums=(0, 1)))(
+            x["sh"], x["sw"])
         _assert_grads_close(grads, ref_grads, 1e-5, "d/d(hidden, head)")
         # Masked positions get no gradient.
         masked = np.asarray(x["weights"]) == 0
@@ -196,10 +196,14 @@ class ChunkedLossesTest(parameterized.TestCase):
         # values with fp32 accumulation, so the value matches the fp32 reference on the same
         # (upcast) values up to summation order; the gradients are rounded to bf16.
         x = _inputs(4, dtype=jnp.bfloat16)
-        kl = lambda sh, sw: losses.chunked_forward_kl(x["th"], x["tw"], sh, sw, x["weights"],
-                                                      chunk_size=8)
-        kl_ref = lambda sh, sw: losses.forward_kl(_f32(x["th"]) @ _f32(x["tw"]), sh @ sw,
-                                                  x["weights"])
+
+        def kl(sh, sw):
+            return losses.chunked_forward_kl(x["th"], x["tw"], sh, sw, x["weights"],
+                                             chunk_size=8)
+
+        def kl_ref(sh, sw):
+            return losses.forward_kl(_f32(x["th"]) @ _f32(x["tw"]), sh @ sw, x["weights"])
+
         value, grads = jax.jit(jax.value_and_grad(kl, argnums=(0, 1)))(x["sh"], x["sw"])
         ref, ref_grads = jax.jit(jax.value_and_grad(kl_ref, argnums=(0, 1)))(_f32(x["sh"]),
                                                                              _f32(x["sw"]))
@@ -208,9 +212,13 @@ class ChunkedLossesTest(parameterized.TestCase):
         np.testing.assert_allclose(value, ref, rtol=1e-4)
         _assert_grads_close(grads, ref_grads, 2e-2, "bf16 KL d/d(student hidden, head)")
 
-        ce = lambda h, w: losses.chunked_cross_entropy(h, w, x["targets"], x["weights"],
-                                                       chunk_size=8)[0]
-        ce_ref = lambda h, w: train_lib.cross_entropy_loss(h @ w, x["targets"], x["weights"])[0]
+        def ce(h, w):
+            return losses.chunked_cross_entropy(h, w, x["targets"], x["weights"],
+                                                chunk_size=8)[0]
+
+        def ce_ref(h, w):
+            return train_lib.cross_entropy_loss(h @ w, x["targets"], x["weights"])[0]
+
         value, grads = jax.jit(jax.value_and_grad(ce, argnums=(0, 1)))(x["sh"], x["sw"])
         ref, ref_grads = jax.jit(jax.value_and_grad(ce_ref, argnums=(0, 1)))(_f32(x["sh"]),
                                                                              _f32(x["sw"]))
@@ -320,6 +328,7 @@ class ReturnHiddenTest(parameterized.TestCase):
         grads = nnx.grad(loss)(model)
         g = grads["embed"] if tie else grads["head"]["kernel"]
         self.assertGreater(float(jnp.max(jnp.abs(g[...]))), 0.0)
+
 
 if __name__ == "__main__":
     absltest.main()
