@@ -293,9 +293,9 @@ def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", ti
     config = ml_collections.ConfigDict()
     config.model = paper1_model(linear, stack, num_layers, size="tiny" if tiny else size,
                                 mlp_hidden=None if tiny else mlp_hidden, routing=routing)
-    # Mesh axes (data x fsdp x tensor, -1 = the remaining devices), overridable on the command
-    # line: --config.mesh.fsdp=8.
-    config.mesh = dict(data=-1, fsdp=1, tensor=1)
+    # Mesh axes (data x fsdp x context x tensor, -1 = the remaining devices), overridable on the
+    # command line: --config.mesh.fsdp=8.
+    config.mesh = dict(data=-1, fsdp=1, context=1, tensor=1)
     if tiny:
         total, warmup = 60, 6
         config.data = bundled_wikitext_data(seq_len=128, batch_size=8)

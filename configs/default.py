@@ -57,8 +57,9 @@ def get_config(arg=None):
         weight_decay=0.1, grad_clip=1.0)
     # 200 steps x 16 x 128 tokens = 410k tokens, about 0.7 epochs of the training split: about
     # 5 minutes on an idle 2-core CPU, ending about 1 nat below the unigram entropy.
-    # Mesh axes (data x fsdp x tensor); -1 takes the remaining devices. One device: no mesh.
-    config.mesh = dict(data=-1, fsdp=1, tensor=1)
+    # Mesh axes (data x fsdp x context x tensor); -1 takes the remaining devices; context splits
+    # each sequence over devices (BUILD.md "Context parallelism"). One device: no mesh.
+    config.mesh = dict(data=-1, fsdp=1, context=1, tensor=1)
     config.train = common.train_section(total_steps=200, eval_every=50, checkpoint_every=50,
                                         keep_checkpoints=2, log_every=10, seed=0)
     return config

@@ -43,6 +43,8 @@ _PPL_FILES = flags.DEFINE_list("perplexity_files", ["lm/wikitext-2-raw/wiki.test
 _PPL_DOCS = flags.DEFINE_integer("perplexity_max_docs", None, "Documents per perplexity file.")
 _PPL_WINDOW = flags.DEFINE_integer("perplexity_window", 2048, "Perplexity window (tokens).")
 _PPL_STRIDE = flags.DEFINE_integer("perplexity_stride", 2048, "Perplexity stride (tokens).")
+_CONTEXT = flags.DEFINE_integer("context", 1, "Split every sequence over this many devices "
+                                "(context parallelism); the other devices split the batch.")
 flags.mark_flags_as_required(["checkpoint"])
 
 
@@ -58,7 +60,7 @@ def main(argv):
             niah_depths=tuple(float(x) for x in _DEPTHS.value),
             niah_samples=_NIAH_SAMPLES.value, perplexity_files=tuple(_PPL_FILES.value),
             perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
-            perplexity_stride=_PPL_STRIDE.value)
+            perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)
         restored = restore.load(_CHECKPOINT.value, _STEP.value)
         print(f"jax {jax.__version__}, devices {jax.devices()}; {_CHECKPOINT.value} step "
               f"{restored.step}, layers {list(restored.config.model.layer_pattern)}")

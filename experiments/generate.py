@@ -7,9 +7,11 @@ Usage::
 
 Prompts of different lengths are batched with left padding; padding never enters any layer's
 state (``lattn_jax/eval/generate.py``). Greedy unless ``--temperature > 0``; a row stops at EOS
-or at ``--stop_token`` ids.
+or at ``--stop_token`` ids. ``--context=N`` splits the prefill of each prompt over N devices
+(context parallelism; prompts are padded to a multiple of N).
 """
 
+import math
 import os
 import sys
 
@@ -17,6 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags, logging  # noqa: E402
 
+from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax import context_parallel  # noqa: E402
+from lattn_jax import sharding  # noqa: E402
 from lattn_jax.eval import generate as gen_lib  # noqa: E402
 from lattn_jax.eval import restore  # noqa: E402
 
@@ -29,6 +34,8 @@ _TOP_K = flags.DEFINE_integer("top_k", 0, "Keep the k most likely tokens (0 = al
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass (1 = all).")
 _STOP = flags.DEFINE_list("stop_token", [], "Extra stop token ids (EOS always stops).")
 _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
+_CONTEXT = flags.DEFINE_integer("context", 1, "Split the prompts' prefill over this many devices "
+                                "(context parallelism); the other devices split the batch.")
 flags.mark_flags_as_required(["checkpoint", "prompt"])
 
 
@@ -50,10 +57,14 @@ def main(argv):
         if outside:
             raise ValueError(f"--stop_token: {outside} outside the model's vocabulary "
                              f"[0, {vocab})")
-        generator = gen_lib.Generator(restored.model, pad_id=tok.eos_id)
+        mesh = context_parallel.evaluation_mesh(_CONTEXT.value)
+        generator = gen_lib.Generator(context_parallel.replicate(restored.model, mesh),
+                                      pad_id=tok.eos_id, bucket=math.lcm(16, _CONTEXT.value))
         prompt_ids = [tok.encode(p) for p in _PROMPTS.value]
-        out = generator.generate(prompt_ids, max_new_tokens=_MAX_NEW.value, sampling=sampling,
-                                 stop_tokens=[tok.eos_id] + stop, seed=_SEED.value)
+        with sharding.activate(mesh, config_lib.DEFAULT_AXIS_RULES):
+            out = generator.generate(prompt_ids, max_new_tokens=_MAX_NEW.value,
+                                     sampling=sampling, stop_tokens=[tok.eos_id] + stop,
+                                     seed=_SEED.value)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     for prompt, p_ids, ids in zip(_PROMPTS.value, prompt_ids, out.tokens):

@@ -7,8 +7,9 @@ Usage::
         --config.train.total_steps=1000 --config.model.d_model=256
 
 Running it again with the same ``--workdir`` resumes from the newest checkpoint there. On
-several devices, ``--config.mesh.data/fsdp/tensor`` shape the mesh (default: data parallel over
-all devices); multi-host launches are in BUILD.md ("Multi-host training").
+several devices, ``--config.mesh.data/fsdp/context/tensor`` shape the mesh (default: data
+parallel over all devices; ``context`` splits each sequence, BUILD.md "Context parallelism");
+multi-host launches are in BUILD.md ("Multi-host training").
 """
 
 import os

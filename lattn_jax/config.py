@@ -13,6 +13,8 @@ import dataclasses
 import typing
 from typing import Any, Mapping, Optional, Tuple
 
+import numpy as np
+
 from lattn_jax.data.config import DataConfig
 
 # Names a layer pattern may use. The mapping from name to module lives in
@@ -54,8 +56,9 @@ REMAT_POLICIES: Tuple[str, ...] = (
 NONFINITE_POLICIES: Tuple[str, ...] = ("stop", "skip")
 
 # Mesh axis names, outermost first: data parallel, fully-sharded data parallel (parameters and
-# optimizer state sharded, batch sharded too), tensor parallel (heads / MLP hidden / vocabulary).
-MESH_AXES: Tuple[str, ...] = ("data", "fsdp", "tensor")
+# optimizer state sharded, batch sharded too), context parallel (the sequence axis of the
+# activations; ``lattn_jax.context_parallel``), tensor parallel (heads / MLP hidden / vocabulary).
+MESH_AXES: Tuple[str, ...] = ("data", "fsdp", "context", "tensor")
 
 # The logical -> mesh axis rules (STYLE item 14, MaxText ``logical_axis_rules``): every parameter
 # and every constrained activation names its dimensions with the logical names on the left
@@ -72,7 +75,7 @@ DEFAULT_AXIS_RULES: Tuple[Tuple[str, Any], ...] = (
     ("vector", None),           # norm scales, biases, per-head decay parameters, gains
     # activations
     ("act_batch", ("data", "fsdp")),
-    ("act_len", None),
+    ("act_len", "context"),     # T of every activation (context parallelism)
     ("act_embed", None),
     ("act_heads", "tensor"),
     ("act_vocab", "tensor"),
@@ -957,49 +960,59 @@ def _normalise_rules(rules) -> Tuple[Tuple[str, Any], ...]:
 class MeshConfig:
     """The device mesh and the logical -> mesh axis rules (STYLE items 14, 21-24).
 
-    The mesh has the axes ``MESH_AXES = ("data", "fsdp", "tensor")``; their product must equal
-    the number of devices, and one of them may be ``-1`` (all the remaining devices). A mesh of
-    one device runs the plain single-device path (no shardings at all).
+    The mesh has the axes ``MESH_AXES = ("data", "fsdp", "context", "tensor")``; their product
+    must equal the number of devices, and one of them may be ``-1`` (all the remaining devices).
+    A mesh of one device runs the plain single-device path (no shardings at all).
 
     Attributes:
       data: data-parallel replicas (the batch is split, parameters are replicated).
       fsdp: fully-sharded data parallelism (the batch is split and parameters and optimizer
         state are sharded along ``D``).
+      context: context parallelism: the sequence axis of every activation is split into
+        ``context`` contiguous shards; linear-attention layers pass their recurrent state
+        between shards and softmax layers gather keys and values
+        (:mod:`lattn_jax.context_parallel`). The sequence length must be a multiple of it.
       tensor: tensor parallelism (heads, MLP hidden and vocabulary split).
       rules: ``(logical_name, mesh_axes)`` pairs, :data:`DEFAULT_AXIS_RULES` by default.
     """
 
     data: int = -1
     fsdp: int = 1
+    context: int = 1
     tensor: int = 1
     rules: Tuple[Tuple[str, Any], ...] = DEFAULT_AXIS_RULES
 
     def __post_init__(self):
-        sizes = (self.data, self.fsdp, self.tensor)
+        sizes = self.sizes()
         for name, value in zip(MESH_AXES, sizes):
             _require(value == -1 or value >= 1,
                      f"mesh.{name} must be >= 1 or -1 (all remaining devices), got {value}")
         _require(sizes.count(-1) <= 1, f"at most one mesh axis may be -1, got {sizes}")
         object.__setattr__(self, "rules", _normalise_rules(self.rules))
 
-    def shape(self, num_devices: int) -> Tuple[int, int, int]:
-        """The mesh shape for ``num_devices`` devices (resolving ``-1``).
+    def sizes(self) -> Tuple[int, ...]:
+        """The configured sizes in :data:`MESH_AXES` order (``-1`` unresolved)."""
+        return tuple(getattr(self, name) for name in MESH_AXES)
+
+    def shape(self, num_devices: int) -> Tuple[int, ...]:
+        """The mesh shape for ``num_devices`` devices (resolving ``-1``), in ``MESH_AXES`` order.
 
         Raises:
           ConfigError: if the axes do not multiply to ``num_devices``.
         """
-        sizes = [self.data, self.fsdp, self.tensor]
+        sizes = list(self.sizes())
+        described = ", ".join(f"{n}={v}" for n, v in zip(MESH_AXES, sizes))
         known = 1
         for value in sizes:
             known *= value if value != -1 else 1
         if -1 in sizes:
             _require(num_devices % known == 0,
-                     f"mesh data={self.data}, fsdp={self.fsdp}, tensor={self.tensor} does not "
-                     f"divide the {num_devices} devices")
+                     f"mesh {described} does not divide the {num_devices} devices")
             sizes[sizes.index(-1)] = num_devices // known
-        _require(sizes[0] * sizes[1] * sizes[2] == num_devices,
-                 f"mesh data x fsdp x tensor = {sizes[0]} x {sizes[1]} x {sizes[2]} needs "
-                 f"{sizes[0] * sizes[1] * sizes[2]} devices, but there are {num_devices}")
+        total = int(np.prod(sizes))
+        _require(total == num_devices,
+                 f"mesh {' x '.join(MESH_AXES)} = {' x '.join(map(str, sizes))} needs "
+                 f"{total} devices, but there are {num_devices}")
         return tuple(sizes)
 
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from lattn_jax import context_parallel
 from lattn_jax.typing import Array
 from pallas_kernels.common import validation
 
@@ -293,7 +294,8 @@ def conv_silu(conv: "ShortConv", x: Array, segment_ids: Optional[Array],
       ``(SiLU(conv(x)), new_conv_state)``; the new state holds the last ``W - 1`` inputs of the
       row's last document (earlier documents zeroed, :func:`carry_conv_state`).
     """
-    y, new_conv_state = conv(x, segment_ids=segment_ids, conv_state=conv_state)
+    # Under context parallelism each shard receives its halo from the previous shard.
+    y, new_conv_state = context_parallel.short_conv(conv, x, segment_ids, conv_state)
     return jax.nn.silu(y), carry_conv_state(new_conv_state, segment_ids)
 
 

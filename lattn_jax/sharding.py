@@ -11,7 +11,8 @@ MaxText's ``logical_axis_rules``):
 * kernels run inside ``shard_map`` with specs derived from the same names
   (:func:`shard_map_op`: batch and heads are independent in every mixer op);
 * one rules table, ``MeshConfig.rules`` (default ``config.DEFAULT_AXIS_RULES``), maps logical
-  names to the mesh axes ``("data", "fsdp", "tensor")``.
+  names to the mesh axes ``("data", "fsdp", "context", "tensor")``; the sequence axis
+  (``act_len``) goes to ``context``, whose layers run in :mod:`lattn_jax.context_parallel`.
 
 A dimension that the mapped mesh axes do not divide stays replicated (e.g. 2 key heads on a
 4-way tensor axis), so any config runs on any mesh; the cost is only efficiency.
@@ -112,7 +113,7 @@ def param_logical_axes(params: PyTree) -> PyTree:
 
 def make_mesh(mesh_config: config_lib.MeshConfig,
               devices: Optional[Sequence[Any]] = None) -> jax.sharding.Mesh:
-    """The ``("data", "fsdp", "tensor")`` mesh over ``devices`` (default: all devices).
+    """The ``MESH_AXES`` (``data, fsdp, context, tensor``) mesh over ``devices`` (default: all).
 
     Raises:
       ConfigError: if the mesh shape does not match the number of devices.
@@ -231,6 +232,18 @@ def active_mesh() -> Optional[jax.sharding.Mesh]:
     """The mesh made current by :func:`activate`, or ``None``."""
     active = _ACTIVE.get()
     return None if active is None else active[0]
+
+
+def rule_axes(name: str) -> Tuple[str, ...]:
+    """The mesh axes the active rules map logical name ``name`` to; () without a mesh.
+
+    Raises:
+      ValueError: if the active rules have no entry for ``name``.
+    """
+    active = _ACTIVE.get()
+    if active is None:
+        return ()
+    return _mesh_axes_for(name, dict(active[1]))
 
 
 def spec_for(names: Names, shape: Sequence[int]) -> Optional[P]:

@@ -35,6 +35,7 @@ from jax.sharding import NamedSharding
 
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import data as data_lib
 from lattn_jax import flops as flops_lib
 from lattn_jax import model as model_lib
@@ -309,16 +310,19 @@ def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh
     """The run's mesh from ``config.mesh``, or ``None`` on a single device.
 
     Raises:
-      ConfigError: if the mesh does not fit the devices or the batch does not split over it.
+      ConfigError: if the mesh does not fit the devices, the batch does not split over it, or
+        the sequence does not split over ``mesh.context``.
     """
     num_devices = jax.device_count()
-    data, fsdp, tensor = config.mesh.shape(num_devices)
+    shape = dict(zip(config_lib.MESH_AXES, config.mesh.shape(num_devices)))
     if num_devices == 1:
         return None
+    data, fsdp, context = shape["data"], shape["fsdp"], shape["context"]
     if config.data.batch_size % (data * fsdp):
         raise config_lib.ConfigError(
             f"data.batch_size={config.data.batch_size} must be a multiple of mesh data x fsdp "
             f"= {data} x {fsdp}")
+    context_parallel.check_sequence_length(config.data.seq_len, context, config.model)
     return sharding.make_mesh(config.mesh)
 
 

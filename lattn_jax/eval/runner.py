@@ -9,12 +9,16 @@ PNG per NIAH task (``niah_single_2.png``, ...). Task names: :data:`lattn_jax.eva
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from lattn_jax import assets
+from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import model as model_lib
+from lattn_jax import sharding
 from lattn_jax.data import sources as data_sources
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import generate as gen_lib
@@ -51,6 +55,9 @@ class EvalOptions:
       perplexity_stride: new tokens per window (``== window``: disjoint windows).
       route: evaluate with the cross-layer routing contributions (spec §8: the training forward).
       seed: subsampling seed.
+      context: split every sequence over this many devices (context parallelism,
+        :mod:`lattn_jax.context_parallel`; the remaining devices split the batch). Padded
+        lengths become multiples of it, so ``max_len`` must be one.
     """
 
     data_dir: str
@@ -67,6 +74,7 @@ class EvalOptions:
     perplexity_stride: int = 2048
     route: bool = True
     seed: int = 1234
+    context: int = 1
 
 
 def expand_tasks(names: Sequence[str]) -> List[str]:
@@ -148,11 +156,22 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
       perplexity from :func:`lattn_jax.eval.perplexity.evaluate` (one entry per file).
 
     Raises:
-      ValueError: unknown task. FileNotFoundError: a missing data file.
+      ValueError: unknown task, a ``context`` that does not divide the devices or
+        ``max_len``. FileNotFoundError: a missing data file.
     """
     names = expand_tasks(task_names)
+    mesh = context_parallel.evaluation_mesh(options.context)
+    if options.max_len % options.context:
+        raise ValueError(f"max_len={options.max_len} is not a multiple of context="
+                         f"{options.context}")
+    model = context_parallel.replicate(model, mesh)
+    with sharding.activate(mesh, config_lib.DEFAULT_AXIS_RULES):
+        return _run(model, tokenizer, names, options, log)
+
+
+def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
     scorer = scoring.Scorer(model, max_len=options.max_len, batch_size=options.batch_size,
-                            route=options.route)
+                            bucket=math.lcm(32, options.context), route=options.route)
     results: Dict[str, dict] = {}
     eval_dir = os.path.join(options.data_dir, "eval")
     for name in [n for n in names if n in tasks_lib.TASK_NAMES]:
@@ -164,8 +183,8 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
     niah_tasks = [n for n in names if n in niah.TASKS]
     if niah_tasks:
         t0 = time.time()
-        generator = gen_lib.Generator(model, pad_id=tokenizer.eos_id, bucket=64,
-                                      route=options.route)
+        generator = gen_lib.Generator(model, pad_id=tokenizer.eos_id,
+                                      bucket=math.lcm(64, options.context), route=options.route)
 
         def generate_fn(prompts, n):
             out = []

@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import layers
 from lattn_jax.typing import Array
 from pallas_kernels.common import validation
@@ -274,7 +275,14 @@ class Attention(nnx.Module):
                              f"{capacity}, {used} slots already filled")
 
     def _attend(self, q: Array, k: Array, v: Array, segment_ids: Optional[Array]) -> Array:
-        """Training path: causal, block-diagonal attention within the call, ``[B, T, H, dh]``."""
+        """Training path: causal, block-diagonal attention within the call, ``[B, T, H, dh]``.
+
+        Under context parallelism (:mod:`lattn_jax.context_parallel`) the sequence is split
+        over devices and keys/values are gathered (online softmax in fp32, XLA).
+        """
+        if context_parallel.is_active(q.shape[1]):
+            return context_parallel.attention(q, k, v, segment_ids,
+                                              scale=1.0 / math.sqrt(self.head_dim))
         mask = None
         if segment_ids is not None:
             doc = validation.document_index(segment_ids)

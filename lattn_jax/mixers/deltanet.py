@@ -20,6 +20,7 @@ S_{t-1}^T k_t)`` (the op's beta-scaled residual, spec §4.1) and the post-conv v
 ``route_in`` (value-space CLER) adds ``gamma * r_src`` to the value target before the kernel.
 """
 
+import functools
 import math
 from typing import Optional, Tuple, Union
 
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import layers
 from lattn_jax import routing
 from lattn_jax.typing import Array
@@ -115,9 +117,10 @@ class DeltaNet(nnx.Module):
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
         beta = jax.nn.sigmoid(beta_logit.astype(jnp.float32))  # [B, T, H] fp32
         target = routing.value_target(self, v, route_in)  # [B, T, H, V]
-        o, recurrent, u = gdr.delta_rule(
-            q, k, target, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
+        o, recurrent, u = context_parallel.linear_recurrence(
+            functools.partial(gdr.delta_rule, chunk_size=cfg.chunk_size,
+                              implementation=cfg.implementation, return_residual=True),
+            q, k, target, (beta,), ("bth",), segment_ids=segment_ids,
             initial_state=None if state is None else state.recurrent,
             output_final_state=return_state,
             return_residual=True)  # [B, T, H, V], fp32 [B, H, K, V], [B, T, H, V]

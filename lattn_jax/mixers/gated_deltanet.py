@@ -29,6 +29,7 @@ S_{t-1}^T k_t)`` (the op's decay-adjusted, beta-scaled residual, spec §4.1) and
 the value target before the kernel.
 """
 
+import functools
 import math
 from typing import Optional, Tuple, Union
 
@@ -37,6 +38,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import layers
 from lattn_jax import routing
 from lattn_jax import sharding
@@ -151,19 +153,29 @@ class GatedDeltaNet(nnx.Module):
         beta, g = self.gates(beta_logit, a)  # [B, T, H] each, fp32
         target = routing.value_target(self, v, route_in)  # [B, T, H, V]
 
-        def op(q, k, v, g, beta, segment_ids, initial_state):
-            return gdr.gated_delta_rule(
-                q, k, v, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
-                implementation=cfg.implementation, initial_state=initial_state,
-                output_final_state=return_state, return_residual=True)
+        initial_state = None if state is None else state.recurrent
+        if context_parallel.is_active(t):
+            # The sequence is split over the context axis: the state passes between shards.
+            o, recurrent, u = context_parallel.linear_recurrence(
+                functools.partial(gdr.gated_delta_rule, chunk_size=cfg.chunk_size,
+                                  implementation=cfg.implementation, return_residual=True),
+                q, k, target, (g, beta), ("bth", "bth"), segment_ids=segment_ids,
+                initial_state=initial_state, output_final_state=return_state,
+                return_residual=True)
+        else:
+            def op(q, k, v, g, beta, segment_ids, initial_state):
+                return gdr.gated_delta_rule(
+                    q, k, v, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
+                    implementation=cfg.implementation, initial_state=initial_state,
+                    output_final_state=return_state, return_residual=True)
 
-        # Batch rows and heads are independent: on a mesh each shard runs the op on its block.
-        op = sharding.shard_map_op(
-            op, in_names=(sharding.ACT_BTHK,) * 3 + (sharding.ACT_BTH,) * 2
-            + (sharding.ACT_BT, sharding.ACT_BHKV),
-            out_names=(sharding.ACT_BTHK, sharding.ACT_BHKV, sharding.ACT_BTHK))
-        o, recurrent, u = op(q, k, target, g, beta, segment_ids,
-                             None if state is None else state.recurrent)
+            # Batch rows and heads are independent: on a mesh each shard runs the op on its
+            # block.
+            op = sharding.shard_map_op(
+                op, in_names=(sharding.ACT_BTHK,) * 3 + (sharding.ACT_BTH,) * 2
+                + (sharding.ACT_BT, sharding.ACT_BHKV),
+                out_names=(sharding.ACT_BTHK, sharding.ACT_BHKV, sharding.ACT_BTHK))
+            o, recurrent, u = op(q, k, target, g, beta, segment_ids, initial_state)
         # [B, T, H, V], fp32 [B, H, K, V] (or None), [B, T, H, V]
         z = z.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)
         o = self.o_norm(o) * jax.nn.silu(z.astype(jnp.float32)).astype(o.dtype)

@@ -31,6 +31,7 @@ inverse-softplus init (as KDA). The 20-layer 350M hybrid with 14 such layers has
 parameters, the authors' logged 296.235M (spec §2.6).
 """
 
+import functools
 import math
 from typing import Optional, Tuple, Union
 
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import layers
 from lattn_jax.mixers import kda
 from lattn_jax.typing import Array
@@ -148,9 +150,10 @@ class GatedDeltaNet2(nnx.Module):
         write = jax.nn.sigmoid(w_logit.astype(jnp.float32)).reshape(b, t, h, dv)  # [B, T, H, V]
         a = self.f_up(self.f_down(x)).reshape(b, t, hk, dk)
         g = jnp.repeat(self.log_decay(a), group, axis=2)  # [B, T, H, K] fp32
-        o, recurrent = gdn2_ops.gdn2(
-            q, k, v, g, erase, write, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
+        o, recurrent = context_parallel.linear_recurrence(
+            functools.partial(gdn2_ops.gdn2, chunk_size=cfg.chunk_size,
+                              implementation=cfg.implementation),
+            q, k, v, (g, erase, write), ("bthk", "bthk", "bthv"), segment_ids=segment_ids,
             initial_state=None if state is None else state.recurrent,
             output_final_state=return_state)  # [B, T, H, V], fp32 [B, H, K, V]
         z = self.g_up(self.g_down(x)).astype(jnp.float32) + self.g_up_bias[...].astype(

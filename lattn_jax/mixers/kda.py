@@ -24,6 +24,7 @@ Init (KDA ``reset_parameters``): linears ``N(0, 0.02^2)``, ``g_out_bias = 0``,
 1,783,880 parameters with its input RMSNorm (spec §2.4).
 """
 
+import functools
 import math
 from typing import Optional, Tuple, Union
 
@@ -32,6 +33,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import layers
 from lattn_jax.typing import Array, PRNGKey
 from pallas_kernels.kda import api as kda_ops
@@ -156,9 +158,10 @@ class KimiDeltaAttention(nnx.Module):
         f = self.f_out_proj(f_hidden).reshape(b, t, cfg.num_v_heads, cfg.head_k_dim)
         g = self.log_decay(f)  # [B, T, H, K] fp32
         beta = jax.nn.sigmoid(beta_logit.astype(jnp.float32))  # [B, T, H] fp32
-        o, recurrent = kda_ops.kda(
-            q, k, v, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
+        o, recurrent = context_parallel.linear_recurrence(
+            functools.partial(kda_ops.kda, chunk_size=cfg.chunk_size,
+                              implementation=cfg.implementation),
+            q, k, v, (g, beta), ("bthk", "bth"), segment_ids=segment_ids,
             initial_state=None if state is None else state.recurrent,
             output_final_state=return_state)  # [B, T, H, V], fp32 [B, H, K, V]
         gate = self.g_out_proj(g_hidden).astype(jnp.float32) + self.g_out_bias[...].astype(

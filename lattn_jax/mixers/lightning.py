@@ -20,6 +20,7 @@ Init (from scratch; HypeNet converts these weights from Qwen3): ``W_q, W_k, W_v`
 ``N(0, (0.02 / sqrt(2 L))^2)`` (this codebase's output-projection rule), norms 1.
 """
 
+import functools
 import math
 from typing import NamedTuple, Optional, Tuple, Union
 
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import layers
 from lattn_jax.typing import Array
 from pallas_kernels.simple_gla import api as sg
@@ -177,9 +179,11 @@ class LightningAttention(nnx.Module):
         # GQA: K/V head j serves query heads j*g' .. j*g' + g' - 1 (repeat_interleave).
         k = jnp.repeat(k, h // g, axis=2)  # [B, T, H, dh]
         v = jnp.repeat(v, h // g, axis=2)
-        o, recurrent = sg.lightning_attention(
-            q, k, v, self.log_decay(), scale=self.scale, segment_ids=segment_ids,
-            chunk_size=self.cfg.chunk_size, implementation=self.cfg.implementation,
+        o, recurrent = context_parallel.linear_recurrence(
+            functools.partial(sg.lightning_attention, scale=self.scale,
+                              chunk_size=self.cfg.chunk_size,
+                              implementation=self.cfg.implementation),
+            q, k, v, (self.log_decay(),), ("h",), segment_ids=segment_ids,
             initial_state=None if state is None else state.recurrent,
             output_final_state=return_state)  # [B, T, H, dh] fp32 math, fp32 [B, H, dh, dh]
         o = o.reshape(b, t, h * dh)

@@ -15,6 +15,7 @@ layer, from the normalised stream ``x``:
   projection ``H V -> D``.
 """
 
+import functools
 import math
 from typing import Optional, Tuple, Union
 
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
 from lattn_jax import layers
 from lattn_jax.typing import Array
 from pallas_kernels.simple_gla import api as sg
@@ -101,9 +103,10 @@ class LinearAttention(nnx.Module):
             qkv, conv_state = layers.conv_silu(
                 self.conv, qkv, segment_ids, None if state is None else state.conv_state)
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
-        o, recurrent = sg.linear_attention(
-            q, k, v, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
-            implementation=cfg.implementation,
+        o, recurrent = context_parallel.linear_recurrence(
+            functools.partial(sg.linear_attention, chunk_size=cfg.chunk_size,
+                              implementation=cfg.implementation),
+            q, k, v, (), (), segment_ids=segment_ids,
             initial_state=None if state is None else state.recurrent,
             output_final_state=return_state)  # [B, T, H, V], fp32 [B, H, K, V]
         y = self.out_proj(self.o_norm(o).reshape(b, t, self.v_dim))

@@ -105,7 +105,7 @@ class LogicalAxesTest(absltest.TestCase):
             sharding.logical_axes_for(("blocks", "0", "mixer", "new_thing"), 2)
 
     def test_spec_drops_mesh_axes_that_do_not_divide(self):
-        mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 2, "tensor": 4})
+        mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 2, "context": 1, "tensor": 4})
         rules = config_lib.DEFAULT_AXIS_RULES
         self.assertEqual(sharding.logical_to_spec(("embed", "mlp"), (64, 128), mesh, rules),
                          jax.sharding.PartitionSpec("fsdp", "tensor"))
@@ -117,6 +117,12 @@ class LogicalAxesTest(absltest.TestCase):
                          jax.sharding.PartitionSpec(("data", "fsdp"), None, None))
         self.assertEqual(sharding.logical_to_spec(sharding.ACT_BTD, (2, 4, 16), mesh, rules),
                          jax.sharding.PartitionSpec("data", None, None))
+        # The sequence goes to the context axis when it is larger than 1 and divides T.
+        mesh = types.SimpleNamespace(shape={"data": 2, "fsdp": 1, "context": 4, "tensor": 1})
+        self.assertEqual(sharding.logical_to_spec(sharding.ACT_BTD, (2, 8, 16), mesh, rules),
+                         jax.sharding.PartitionSpec("data", "context", None))
+        self.assertEqual(sharding.logical_to_spec(sharding.ACT_BTD, (2, 1, 16), mesh, rules),
+                         jax.sharding.PartitionSpec("data", None, None))  # one decoding step
 
     def test_constrain_and_shard_map_are_identities_without_a_mesh(self):
         x = np.ones((2, 3, 4), np.float32)
@@ -125,8 +131,9 @@ class LogicalAxesTest(absltest.TestCase):
         np.testing.assert_array_equal(op(x)[0], 2 * x)
 
     def test_mesh_config(self):
-        self.assertEqual(config_lib.MeshConfig().shape(8), (8, 1, 1))
-        self.assertEqual(config_lib.MeshConfig(data=-1, tensor=2).shape(8), (4, 1, 2))
+        self.assertEqual(config_lib.MeshConfig().shape(8), (8, 1, 1, 1))
+        self.assertEqual(config_lib.MeshConfig(data=-1, tensor=2).shape(8), (4, 1, 1, 2))
+        self.assertEqual(config_lib.MeshConfig(data=2, context=-1).shape(8), (2, 1, 4, 1))
         with self.assertRaisesRegex(config_lib.ConfigError, "needs 8 devices"):
             config_lib.MeshConfig(data=2, fsdp=2, tensor=2).shape(4)
         with self.assertRaisesRegex(config_lib.ConfigError, "unknown mesh axes"):

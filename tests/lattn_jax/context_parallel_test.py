@@ -1,0 +1,128 @@
+"""Context parallelism (``mesh.context``) against one device, on 8 simulated CPU devices.
+
+The multi-device checks run in subprocesses (``context_parallel_worker.py``) because the number
+of simulated devices must be set before JAX initialises. Tolerance: the issue's 1e-5, as
+``max |a - b| / max |b|`` per array in fp32 (the split changes only the order of fp32 sums).
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import numpy as np
+from absl.testing import absltest
+
+from lattn_jax import config as config_lib
+from lattn_jax import context_parallel
+
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "context_parallel_worker.py")
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_TOL = 1e-5
+
+
+def run_worker(mode: str, devices: int = 8) -> dict:
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
+    proc = subprocess.run([sys.executable, _WORKER, mode], env=env, cwd=_ROOT,
+                          capture_output=True, text=True, timeout=900)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode or not lines:
+        raise AssertionError(f"worker {mode} failed:\n{proc.stderr[-4000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+class ContextParallelTest(absltest.TestCase):
+
+    def assert_small(self, errors: dict, where: str):
+        for name, err in errors.items():
+            self.assertLessEqual(err, _TOL, f"{where}: {name} differs by {err:.2e}")
+
+    def test_every_linear_op_matches_one_device_for_context_2_4_8(self):
+        out = run_worker("ops")
+        ops = ("gdn", "deltanet", "kda", "gdn2", "simple_gla", "lightning", "linear_attention")
+        self.assertEqual(sorted(out), sorted(f"{op}/context{n}" for op in ops for n in (2, 4, 8)))
+        for key, errors in out.items():
+            # outputs, final state, and gradients of q, k, v, every gate and the initial state
+            self.assertIn("final_state", errors)
+            self.assertIn("d_initial_state", errors)
+            self.assert_small(errors, key)
+        self.assertIn("d_gate2", out["gdn2/context8"])  # the value-side write gate
+        self.assertIn("u", out["gdn/context4"])  # the routing residual
+
+    def test_every_mixer_module_matches_one_device_on_data_2_x_context_4(self):
+        # Short convolutions (halo), softmax attention (gathered keys, RoPE / NoPE + logit
+        # scaling), prefill states, parameter gradients: a replicated parameter's gradient is
+        # the single-device one, not multiplied by the context size.
+        out = run_worker("mixers")
+        self.assertEqual(sorted(out), sorted(("gdn", "deltanet", "kda", "gdn2", "linear_attn",
+                                              "lightning", "attn", "attn_nope")))
+        for name, errors in out.items():
+            self.assertIn("d_x", errors)
+            self.assertTrue(any(k.startswith("state") for k in errors), name)
+            self.assert_small(errors, name)
+        self.assertIn("d['conv']['kernel'].value", out["gdn"])
+        self.assertIn("d['A_log'].value", out["gdn"])
+
+    def test_hybrid_model_loss_and_gradients_on_data_2_x_context_2_x_tensor_2(self):
+        out = run_worker("model")
+        self.assertEqual(out["mesh"], {"data": 2, "fsdp": 1, "context": 2, "tensor": 2})
+        self.assertEqual(out["inputs_spec"], "('data', 'context')")
+        np.testing.assert_allclose(out["loss8"], out["loss1"], rtol=_TOL)
+        self.assertGreater(len(out["grad_rel"]), 10)
+        self.assert_small(out["grad_rel"], "gradient")
+
+    def test_scoring_and_generation_prefill_on_data_2_x_context_4(self):
+        out = run_worker("eval")
+        self.assertEqual(out["mesh"], {"data": 2, "fsdp": 1, "context": 4, "tensor": 1})
+        self.assertLessEqual(out["logprob_rel"], _TOL)
+        self.assertTrue(out["tokens_equal"], out["tokens"])
+
+    def test_gdn_layer_moves_states_not_activations(self):
+        # Compiled forward + backward of a GDN layer (H 4, K V 8, conv over 64 channels, one
+        # row) under context 4, at T = 256 and 512.
+        out = run_worker("hlo", devices=4)
+        heads, dk, dv, channels, halo = 4, 8, 8, 64, 3
+        state_bytes = 4 * heads * dk * max(dk, dv)
+        for t, ops in out.items():
+            kinds = {op["kind"] for op in ops}
+            self.assertNotIn("all-gather", kinds, f"T={t}")
+            permutes = [op for op in ops if op["kind"] == "collective-permute"]
+            # Hillis-Steele over 4 shards: 2 steps of (M, X) forward, their transposes backward,
+            # plus the entry-state shift, the conv halo and the boundary segment ids.
+            self.assertGreaterEqual(len(permutes), 6, f"T={t}")
+            for op in permutes:
+                self.assertLessEqual(op["bytes"], max(state_bytes, 4 * halo * channels),
+                                     op["line"])
+
+        # Cross-device all-reduces (the parameter gradients' sum over shards) carry parameter
+        # sizes; the compiler's one-device groups ({{0},{1},...}) move nothing.
+        def crossing(ops):
+            return sorted(op["bytes"] for op in ops if op["kind"] == "all-reduce"
+                          and not re.fullmatch(r"\{(\{\d+\},?)+\}", op["groups"]))
+        self.assertTrue(crossing(out["256"]))
+        self.assertEqual(crossing(out["256"]), crossing(out["512"]))
+        # Independent of T: the same messages at both lengths.
+        sizes = {t: sorted(op["bytes"] for op in ops if op["kind"] == "collective-permute")
+                 for t, ops in out.items()}
+        self.assertEqual(sizes["256"], sizes["512"])
+        self.assertEqual(context_parallel.halo_bytes(heads, dk, dv, 4),
+                         2 * 4 * heads * dk * (dk + dv))
+
+    def test_sequence_length_must_split(self):
+        model = config_lib.ModelConfig(layer_pattern=("gdn",))
+        context_parallel.check_sequence_length(4096, 8, model)
+        with self.assertRaisesRegex(config_lib.ConfigError, "data.seq_len=100 .*mesh.context=8"):
+            context_parallel.check_sequence_length(100, 8, model)
+        with self.assertRaisesRegex(config_lib.ConfigError, "halo"):
+            context_parallel.check_sequence_length(16, 8, model)
+        with self.assertRaisesRegex(config_lib.ConfigError, "mesh.context must be >= 1"):
+            config_lib.MeshConfig(context=0)
+        with self.assertRaisesRegex(ValueError, "context=3 does not divide the 1 devices"):
+            context_parallel.evaluation_mesh(3)
+        self.assertIsNone(context_parallel.evaluation_mesh(1))
+
+
+if __name__ == "__main__":
+    absltest.main()
