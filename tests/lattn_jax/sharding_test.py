@@ -43,7 +43,7 @@ def run_worker(mode: str, directory: str, devices: int) -> dict:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def run_processes(n: int = 2, devices: int = 2) -> list:
+def run_processes(n: int = 2, devices: int = 2, mesh: str = "fsdp") -> list:
     """Runs the worker's ``process`` mode as ``n`` processes of one JAX distributed run."""
     with socket.socket() as sock:
         sock.bind(("localhost", 0))
@@ -51,7 +51,7 @@ def run_processes(n: int = 2, devices: int = 2) -> list:
     procs = []
     for pid in range(n):
         env = dict(os.environ, JAX_PLATFORMS="cpu", LATTN_PROCESS_ID=str(pid),
-                   LATTN_PORT=str(port),
+                   LATTN_PORT=str(port), LATTN_MESH=mesh,
                    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}")
         procs.append(subprocess.Popen([sys.executable, _WORKER, "process", "-"], env=env,
                                       cwd=_ROOT, stdout=subprocess.PIPE,
@@ -232,6 +232,19 @@ class MultiProcessTest(absltest.TestCase):
             np.testing.assert_allclose(out["loss2"], out["loss1"], **fwd)
             np.testing.assert_allclose(out["total2"], out["total1"], **fwd)
             self.assertEqual(out["count2"], out["count1"])
+            for name, err in out["grad_max_rel"].items():
+                self.assertLess(err, rtol, name)
+
+    def test_context_parallel_inside_each_process(self):
+        # data 2 across the two processes x context 2 over each process's devices: every
+        # process places its own rows, the sequences split over its two devices.
+        results = run_processes(mesh="context")
+        fwd = tolerances.fwd_tol(np.float32)
+        rtol = tolerances.grad_tol(np.float32)["rtol"]
+        for out in results:
+            self.assertEqual(out["mesh"], {"data": 2, "fsdp": 1, "context": 2, "tensor": 1})
+            np.testing.assert_allclose(out["loss2"], out["loss1"], **fwd)
+            np.testing.assert_allclose(out["total2"], out["total1"], **fwd)
             for name, err in out["grad_max_rel"].items():
                 self.assertLess(err, rtol, name)
 

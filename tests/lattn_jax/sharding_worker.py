@@ -140,8 +140,9 @@ def run_restore(directory: str) -> dict:
 
 def run_process(directory: str) -> dict:
     """One of two processes (``LATTN_PROCESS_ID`` 0/1, coordinator on ``localhost:
-    LATTN_PORT``), each with 2 CPU devices: a data x fsdp = 2 x 2 mesh over both, each process
-    feeding its own 4 of the 8 rows (as the data pipeline does), two micro-batches per step.
+    LATTN_PORT``), each with 2 CPU devices: a data x fsdp = 2 x 2 mesh over both (or data x
+    context with ``LATTN_MESH=context``), each process feeding its own 4 of the 8 rows (as the
+    data pipeline does), two micro-batches per step.
     Compared with this process's one-device one-pass step on all 8 rows."""
     del directory
     from jax.experimental import multihost_utils
@@ -155,7 +156,10 @@ def run_process(directory: str) -> dict:
     loss1, grads1 = jax.jit(single.loss_and_grads)(state["params"], single.put_batch(b))
     total1, count1 = single.eval_step(state["params"], b)
 
-    cfg = tiny_config(config_lib.MeshConfig(data=2, fsdp=2, tensor=1), batch_size=8,
+    # LATTN_MESH=context: data 2 (one replica per process) x context 2 (each process's two
+    # devices split every sequence; the documents of batch() cross the shard edge).
+    axes = dict(fsdp=2) if os.environ.get("LATTN_MESH", "fsdp") == "fsdp" else dict(context=2)
+    cfg = tiny_config(config_lib.MeshConfig(data=2, tensor=1, **axes), batch_size=8,
                       micro_batch_size=1)
     mesh = sharding.make_mesh(cfg.mesh)
     multi = train.Trainer(cfg, mesh)
@@ -166,7 +170,8 @@ def run_process(directory: str) -> dict:
     grads2 = multihost_utils.process_allgather(grads2, tiled=True)
     total2, count2 = multi.eval_step(state2["params"], local)
     return {"process": pid, "processes": jax.process_count(), "devices": jax.device_count(),
-            "accum_steps": multi.accum_steps, "loss1": float(loss1), "loss2": float(loss2),
+            "mesh": dict(mesh.shape), "accum_steps": multi.accum_steps,
+            "loss1": float(loss1), "loss2": float(loss2),
             "total1": float(total1), "total2": float(total2),
             "count1": float(count1), "count2": float(count2),
             "grad_max_rel": {k: float(np.max(np.abs(a - np.asarray(flat(grads2)[k])))
