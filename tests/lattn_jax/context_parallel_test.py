@@ -79,6 +79,19 @@ class ContextParallelTest(absltest.TestCase):
         self.assertLessEqual(out["logprob_rel"], _TOL)
         self.assertTrue(out["tokens_equal"], out["tokens"])
 
+    def test_context_path_exports_for_cuda_with_the_pallas_kernels(self):
+        # The GPU program of a bf16 GDN / attention / KDA hybrid's gradient under context 2 and
+        # 4: lowered for CUDA (the Triton kernels inside the shard_map), not run.
+        out = run_worker("export", devices=4)
+        for n in (2, 4):
+            got = out[str(n)]
+            self.assertEqual((got["nr_devices"], got["platforms"]), (n, ["cuda"]))
+            for kernel in ("gdn_forward", "gdn_backward_chunk", "channelwise_forward",
+                           "channelwise_backward_chunk"):
+                self.assertIn(kernel, got["kernels"], n)
+            self.assertGreater(got["collective_permutes"], 0)
+            self.assertEqual(got["all_gathers"], 3)  # the softmax layer's k, v and segment ids
+
     def test_gdn_layer_moves_states_not_activations(self):
         # Compiled forward + backward of a GDN layer (H 4, K V 8, conv over 64 channels, one
         # row) under context 4, at T = 256 and 512.

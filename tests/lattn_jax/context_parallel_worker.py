@@ -19,6 +19,10 @@ Modes:
   ``eval``: a hybrid language model's scoring log-probabilities (``Scorer``) and greedy
     generation from prompts of different lengths (``Generator``: context-parallel prefill, then
     decoding) under ``evaluation_mesh(4)`` (data 2 x context 4) against one device.
+  ``export``: ``jax.export`` for CUDA of a bf16 GDN / attention / KDA hybrid's gradient under
+    context 2 and 4 (the Pallas GPU kernels inside the shard_map, as ``implementation="auto"``
+    picks them on a GPU; on a host without one the backend is reported as "gpu" for the
+    lowering): platforms, device count, kernel names and collectives of the exported module.
   ``hlo``: the compiled forward + backward of a GDN layer under context 4 at two sequence
     lengths: its collectives (kind, bytes, replica groups) read from the HLO text.
 """
@@ -249,6 +253,45 @@ def run_eval() -> dict:
             "tokens_equal": tokens == ref_tokens, "tokens": [list(map(int, t)) for t in tokens]}
 
 
+def run_export() -> dict:
+    from unittest import mock
+
+    from lattn_jax import model as model_lib
+
+    small = dict(num_k_heads=2, num_v_heads=4, head_k_dim=64, head_v_dim=64, chunk_size=64)
+    cfg = config_lib.ModelConfig(
+        vocab_size=64, d_model=256, mlp_hidden=256, layer_pattern=("gdn", "attn", "kda"),
+        dtype="bfloat16", gdn=config_lib.GatedDeltaNetConfig(**small),
+        kda=config_lib.KDAConfig(**small),
+        attention=config_lib.AttentionConfig(num_heads=4, num_kv_heads=2))
+    on_gpu = jax.default_backend() == "gpu"
+    out = {"backend": jax.default_backend(), "jax": jax.__version__}
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+        graphdef, params = nnx.split(model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0)))
+        tokens = jax.ShapeDtypeStruct((1, 512), jnp.int32)
+
+        def loss(params, tokens, segment_ids):
+            logits = nnx.merge(graphdef, params)(tokens, segment_ids=segment_ids)
+            return jnp.mean(jax.nn.logsumexp(logits.astype(jnp.float32), axis=-1))
+
+        for n in (2, 4):
+            mesh_cfg = config_lib.MeshConfig(data=1, context=n)
+            mesh = sharding.make_mesh(mesh_cfg, jax.devices("cpu")[:n])
+            with sharding.activate(mesh, mesh_cfg.rules):
+                exported = jax.export.export(
+                    jax.jit(jax.grad(loss)), platforms=["cuda"],
+                    disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+                        "__gpu$xla.gpu.triton")])(params, tokens, tokens)
+            text = exported.mlir_module()
+            out[str(n)] = {
+                "nr_devices": exported.nr_devices, "platforms": list(exported.platforms),
+                "kernels": sorted(set(re.findall(r'name = "([a-z0-9_]+)"', text))),
+                "collective_permutes": text.count("stablehlo.collective_permute"),
+                "all_gathers": text.count("stablehlo.all_gather")}
+    out["real_gpu"] = on_gpu
+    return out
+
+
 _COLLECTIVE = re.compile(
     r"=\s*(.*?)\s+(all-gather|all-reduce|collective-permute|all-to-all|"
     r"reduce-scatter)(?:-start)?\(")
@@ -294,5 +337,5 @@ def run_hlo() -> dict:
 if __name__ == "__main__":
     mode = sys.argv[1]
     result = {"ops": run_ops, "mixers": run_mixers, "model": run_model, "eval": run_eval,
-              "hlo": run_hlo}[mode]()
+              "export": run_export, "hlo": run_hlo}[mode]()
     print("RESULT " + json.dumps(result))
