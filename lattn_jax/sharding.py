@@ -124,6 +124,32 @@ def make_mesh(mesh_config: config_lib.MeshConfig,
     return jax.make_mesh(shape, config_lib.MESH_AXES, axis_types=types, devices=devices)
 
 
+def abstract_mesh(mesh_config: config_lib.MeshConfig, num_devices: int,
+                  device_kind: str = "NVIDIA H200",
+                  platform: str = "gpu") -> jax.sharding.AbstractMesh:
+    """The ``MESH_AXES`` mesh of ``num_devices`` devices that are described, not present.
+
+    For lowering or exporting a program for a machine this one is not (``jax.export`` for N
+    GPUs from a host with one GPU or none): :func:`activate` enters it as JAX's abstract mesh,
+    and the Pallas GPU kernels read their target from its ``device_kind``. Give the jitted
+    function abstract arguments (``jax.ShapeDtypeStruct``) and shardings on this mesh.
+
+    Raises:
+      ConfigError: if the mesh does not fit ``num_devices``.
+      NotImplementedError: on a JAX without abstract devices.
+    """
+    from jax._src import mesh as mesh_lib  # AbstractDevice has no public name yet
+
+    device_cls = getattr(mesh_lib, "AbstractDevice", None)
+    if device_cls is None:
+        raise NotImplementedError(f"jax {jax.__version__} has no abstract devices")
+    shape = mesh_config.shape(num_devices)
+    device = device_cls(device_kind=device_kind, num_cores=None, platform=platform)
+    return jax.sharding.AbstractMesh(shape, config_lib.MESH_AXES,
+                                     axis_types=(jax.sharding.AxisType.Auto,) * len(shape),
+                                     abstract_device=device)
+
+
 def _mesh_axes_for(name: Optional[str], rules: Mapping[str, Any]) -> Tuple[str, ...]:
     if name is None:
         return ()
@@ -221,8 +247,12 @@ def activate(mesh: Optional[jax.sharding.Mesh], rules: Rules) -> Iterator[None]:
         yield
         return
     token = _ACTIVE.set((mesh, tuple(rules)))
+    # An AbstractMesh (devices described, not present: lowering or exporting for a machine
+    # this one is not, e.g. jax.export for N GPUs) is entered as the abstract mesh.
+    enter = (jax.sharding.use_abstract_mesh if isinstance(mesh, jax.sharding.AbstractMesh)
+             else jax.set_mesh)
     try:
-        with jax.set_mesh(mesh):
+        with enter(mesh):
             yield
     finally:
         _ACTIVE.reset(token)
