@@ -150,10 +150,7 @@ class StateDecodingTest(absltest.TestCase):
 
     def test_sweep_model_is_each_single_replacement_model(self):
         cfg, params = random_teacher(seed=2)
-        s1_cfg = stages.stage1_student_config(cfg)
-        s1 = stages.stage1_init(cfg, params, s1_cfg, seed=3)
-        sweep = selection.ReplacementSweep(
-            selection.build_sweep_model(cfg, params, s1_cfg, s1["mixers"]), bucket=8)
+        s1, sweep = stage1_sweep(cfg, params, seed=3)
         tokens = np.random.default_rng(0).integers(0, 61, size=(2, 13))
         prompts = [[5, 9, 2], [11, 3, 8, 60, 1, 17, 4]]
         for layer in (-1, 2):
@@ -294,6 +291,16 @@ class HeldOutItemsTest(absltest.TestCase):
             self.assertEmpty(set(held[task].docs) & set(tasks_lib.load_task(task, eval_dir)))
 
 
+def stage1_sweep(cfg, params, seed, bucket=8):
+    """``(stage-1 state, ReplacementSweep)`` as the pipeline builds them (Lightning layers
+    initialised from the teacher's attention)."""
+    s1_cfg = stages.stage1_student_config(cfg)
+    s1 = stages.stage1_init(cfg, params, s1_cfg, seed=seed)
+    sweep = selection.ReplacementSweep(
+        selection.build_sweep_model(cfg, params, s1_cfg, s1["mixers"]), bucket=bucket)
+    return s1, sweep
+
+
 def byte_teacher(seed=0):
     """A random untied byte-level teacher (vocab 257) with a wide init."""
     cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(tie=False), vocab_size=257,
@@ -363,10 +370,7 @@ class BatchedScoringTest(absltest.TestCase):
 
     def test_sweep_target_logprobs_read_the_head_at_the_positions(self):
         cfg, params = byte_teacher(seed=4)
-        s1_cfg = stages.stage1_student_config(cfg)
-        s1 = stages.stage1_init(cfg, params, s1_cfg, seed=5)
-        sweep = selection.ReplacementSweep(
-            selection.build_sweep_model(cfg, params, s1_cfg, s1["mixers"]), bucket=8)
+        _, sweep = stage1_sweep(cfg, params, seed=5)
         rng = np.random.default_rng(1)
         tokens = rng.integers(0, 257, size=(3, 24))
         positions = rng.integers(0, 24, size=(3, 5))
@@ -516,10 +520,7 @@ class SelectionSeparatesLayersTest(absltest.TestCase):
         tok = tok_lib.make_tokenizer("byte")
         cfg, params = retrieval_teacher()
         # Stage-1 students as the pipeline initialises them (lightning_from_attention).
-        s1_cfg = stages.stage1_student_config(cfg)
-        s1 = stages.stage1_init(cfg, params, s1_cfg, seed=3)
-        sweep = selection.ReplacementSweep(
-            selection.build_sweep_model(cfg, params, s1_cfg, s1["mixers"]), bucket=64)
+        _, sweep = stage1_sweep(cfg, params, seed=3, bucket=64)
         held = selection.heldout_csr_items(os.path.join(root, "eval"), per_task=4,
                                            hellaswag_exclude=((4, 1234),))
         csr_probe = selection.CsrProbe({t: h.docs for t, h in held.items()}, tok,
