@@ -87,6 +87,11 @@ def main(argv):
         train.train_and_evaluate(config, _WORKDIR.value)
     except (config_lib.ConfigError, FileNotFoundError, train.NonFiniteError) as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        # Ctrl-C outside the training loop (data, compilation set-up), or a second Ctrl-C in it:
+        # one line, the shell's status for SIGINT. (One Ctrl-C in the loop saves and returns.)
+        print("interrupted (Ctrl-C); nothing saved since the last checkpoint", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

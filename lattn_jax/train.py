@@ -11,8 +11,8 @@ Stages, in order:
 4. the loop: a jit-compiled train step (token-mean cross-entropy, clipped AdamW or Muon, a
    NaN/inf guard), periodic validation, metrics (loss, LR, gradient norm, tokens/s, step time,
    MFU) to stdout, ``<workdir>/metrics.jsonl`` and TensorBoard, a tqdm bar, periodic async
-   checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption), and a final
-   evaluation and checkpoint.
+   checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption) or Ctrl-C
+   (SIGINT; a second Ctrl-C stops at once), and a final evaluation and checkpoint.
 """
 
 import dataclasses
@@ -21,6 +21,7 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterable, Optional
@@ -357,30 +358,44 @@ class MetricsWriter:
 
 
 class _PreemptionWatcher:
-    """Turns SIGTERM into a flag the loop polls, so that it can save before exiting.
+    """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop polls, so that it can save before
+    exiting.
 
-    Installed only from the main thread (Python's rule for signal handlers); the previous
-    handler is restored on exit. In a multi-process run the processes also agree on the step
+    The first Ctrl-C asks for a save at the end of the current step and puts back the previous
+    SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``, nothing
+    saved). Installed only from the main thread (Python's rule for signal handlers); the previous
+    handlers are restored on exit. In a multi-process run the processes also agree on the step
     through orbax / JAX's preemption sync point.
     """
 
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
     def __init__(self, enabled: bool):
         self.requested = False
-        self._previous = None
+        self.signal_name = None
+        self._previous = {}
         self._enabled = enabled and threading.current_thread() is threading.main_thread()
 
     def __enter__(self):
         if self._enabled:
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame):
-        del signum, frame
+        del frame
         self.requested = True
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
+            print("\nCtrl-C: saving a checkpoint after this step (Ctrl-C again to stop at once, "
+                  "without saving)", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc):
         if self._enabled:
-            signal.signal(signal.SIGTERM, self._previous)
+            for signum, previous in self._previous.items():
+                signal.signal(signum, previous)
         return False
 
 
@@ -447,7 +462,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
       ``unigram_entropy``, ``step``, ``resumed_from`` (-1 for a fresh start) and ``preempted``
-      (the run stopped early on SIGTERM after saving).
+      (the run stopped early on SIGTERM or SIGINT after saving).
 
     Raises:
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing.
@@ -612,8 +627,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             if last_saved != step:
                 save(step)
             ckpt.wait()
-            why = ("SIGTERM (preemption)" if preempted else
-                   f"train.max_steps_per_run={tcfg.max_steps_per_run}")
+            if preempted:
+                why = {"SIGINT": "SIGINT (Ctrl-C)", "SIGTERM": "SIGTERM (preemption)"}.get(
+                    watcher.signal_name, "a preemption notice")
+            else:
+                why = f"train.max_steps_per_run={tcfg.max_steps_per_run}"
             print_fn(f"Stopping at step {step} of {tcfg.total_steps} ({why}); checkpoint "
                      f"saved, run again to resume.")
             return {"train_loss": last_train_loss, "val_loss": val_loss,
