@@ -7,8 +7,11 @@ Usage::
     python experiments/evaluate.py --checkpoint=runs/default --tasks=hellaswag,piqa,niah_single_2 \
         --limit=50 --niah_lengths=1024,2048
 
-Writes ``results.json``, ``results.md`` (scores beside chance) and ``niah_single_<k>.png``
-heatmaps to ``--output_dir`` (default ``<checkpoint>/eval``). Task definitions:
+Checks every requested task's data files first (one error lists all missing ones; nothing is
+scored). Merges the results into ``results.json`` under ``--output_dir`` (default
+``<checkpoint>/eval``): tasks of earlier runs are kept, re-run tasks replaced, each entry with its
+checkpoint ``step``; rewrites ``results.md`` (scores with binomial standard errors beside chance)
+and writes ``niah_single_<k>.png`` heatmaps. Task definitions:
 ``lattn_jax/eval/tasks.py``, ``niah.py``, ``perplexity.py``. Nothing is downloaded: data comes
 from ``--data_dir``.
 """
@@ -33,7 +36,11 @@ _DATA_DIR = flags.DEFINE_string("data_dir", os.path.join(_ROOT, "..", "shared", 
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where results go (default <ckpt>/eval).")
 _LIMIT = flags.DEFINE_integer("limit", None, "Documents per zero-shot task (subsample).")
 _MAX_LEN = flags.DEFINE_integer("max_len", 2048, "Scoring context window (tokens).")
-_BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per forward pass.")
+_BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per forward pass (zero-shot, NIAH).")
+_PPL_BATCH = flags.DEFINE_integer(
+    "perplexity_batch_size", runner.EvalOptions.perplexity_batch_size,
+    "Perplexity windows per forward pass (fp32 logits: batch x window x vocab x 4 bytes; the "
+    "result does not depend on it).")
 _LENGTHS = flags.DEFINE_list("niah_lengths", ["1024", "2048", "4096", "8192", "16384", "32768",
                                               "65536", "131072", "262144"], "NIAH lengths.")
 _DEPTHS = flags.DEFINE_list("niah_depths", ["0", "25", "50", "75", "100"], "NIAH depths (%).")
@@ -56,7 +63,8 @@ def main(argv):
         names = runner.expand_tasks(_TASKS.value)
         options = runner.EvalOptions(
             data_dir=_DATA_DIR.value, limit=_LIMIT.value, max_len=_MAX_LEN.value,
-            batch_size=_BATCH.value, niah_lengths=tuple(int(x) for x in _LENGTHS.value),
+            batch_size=_BATCH.value, perplexity_batch_size=_PPL_BATCH.value,
+            niah_lengths=tuple(int(x) for x in _LENGTHS.value),
             niah_depths=tuple(float(x) for x in _DEPTHS.value),
             niah_samples=_NIAH_SAMPLES.value, perplexity_files=tuple(_PPL_FILES.value),
             perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
@@ -68,10 +76,16 @@ def main(argv):
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     out = _OUTPUT_DIR.value or os.path.join(_CHECKPOINT.value, "eval")
-    header = f"# Evaluation of {_CHECKPOINT.value} (step {restored.step})"
-    for path in runner.write_results(results, out, header):
+    for r in results.values():
+        r["step"] = restored.step  # merged files may hold tasks of several runs
+    header = f"# Evaluation of {_CHECKPOINT.value}"
+    try:
+        paths = runner.write_results(results, out, header)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
+    for path in paths:
         print(f"wrote {path}")
-    print(runner.markdown(results, header))
+    print(runner.markdown(results, header + f" (step {restored.step}, this run)"))
 
 
 if __name__ == "__main__":

@@ -1,16 +1,20 @@
 """One entry point for every evaluation: zero-shot tasks, NIAH and perplexity, to JSON + markdown.
 
-``run_evaluation(model, tokenizer, tasks, options)`` returns a results dict;
-``write_results(results, output_dir)`` writes ``results.json``, ``results.md`` and one NIAH heatmap
-PNG per NIAH task (``niah_single_2.png``, ...). Task names: :data:`lattn_jax.eval.tasks.TASK_NAMES`,
-:data:`lattn_jax.eval.niah.TASKS` and ``"perplexity"``; groups ``"zeroshot"``, ``"niah"`` and
-``"all"`` expand to their members.
+``run_evaluation(model, tokenizer, tasks, options)`` first checks that the data files of every
+requested task exist (:func:`check_data`: one error listing all missing files, before anything is
+scored), then returns a results dict; ``write_results(results, output_dir)`` merges it into
+``results.json`` (earlier tasks are kept, re-run tasks replaced; written atomically) and writes
+``results.md`` and one NIAH heatmap PNG per NIAH task (``niah_single_2.png``, ...). Accuracies
+carry their binomial standard error (``acc_stderr``, :func:`.tasks.binomial_stderr`). Task
+names: :data:`lattn_jax.eval.tasks.TASK_NAMES`, :data:`lattn_jax.eval.niah.TASKS` and
+``"perplexity"``; groups ``"zeroshot"``, ``"niah"`` and ``"all"`` expand to their members.
 """
 
 import dataclasses
 import json
 import math
 import os
+import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -43,7 +47,11 @@ class EvalOptions:
       data_dir: directory laid out as ``shared/data`` (``eval/``, ``niah/``, ``lm/``).
       limit: documents per zero-shot task (random subsample, fixed seed); ``None``: all.
       max_len: context window for log-likelihood scoring (left truncation).
-      batch_size: sequences per forward pass.
+      batch_size: sequences per forward pass (zero-shot tasks and NIAH).
+      perplexity_batch_size: windows per forward pass of the ``perplexity`` task. Its windows
+        are ``perplexity_window`` tokens long, so the fp32 logits of one pass take
+        ``batch * window * vocab * 4`` bytes (1 GiB at batch 2, 2048 tokens and LLaMA-2's 32,000
+        tokens; log-softmax doubles it); the result does not depend on it.
       niah_lengths: NIAH target lengths in tokens.
       niah_depths: NIAH needle depths in percent.
       niah_samples: prompts per (length, depth) cell.
@@ -64,6 +72,7 @@ class EvalOptions:
     limit: Optional[int] = None
     max_len: int = 2048
     batch_size: int = 16
+    perplexity_batch_size: int = 2
     niah_lengths: Tuple[int, ...] = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
     niah_depths: Tuple[float, ...] = (0.0, 25.0, 50.0, 75.0, 100.0)
     niah_samples: int = 1
@@ -96,6 +105,43 @@ def expand_tasks(names: Sequence[str]) -> List[str]:
             if m not in out:
                 out.append(m)
     return out
+
+
+def _perplexity_path(f: str, data_dir: str) -> str:
+    path = f if os.path.isabs(f) else os.path.join(data_dir, f)
+    if not os.path.isfile(path) and f.startswith("lm/wikitext-2-raw/"):
+        # The WikiText-2 raw splits ship in the package (lattn_jax/assets/corpus).
+        bundled = assets.asset_path("corpus/wikitext-2-raw/" + os.path.basename(f))
+        if os.path.isfile(bundled):
+            return bundled
+    return path
+
+
+def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
+    """Checks that every file the tasks read exists, before anything is scored.
+
+    Raises:
+      ValueError: an unknown task. FileNotFoundError: listing every missing file, with the
+        task that needs it.
+    """
+    missing = []
+    eval_dir = os.path.join(options.data_dir, "eval")
+    for name in expand_tasks(task_names):
+        if name in tasks_lib.TASK_NAMES:
+            missing += [f"{name}: {p}" for p in tasks_lib.missing_files(name, eval_dir)]
+        elif name in niah.TASKS and name != "niah_single_1":
+            essays = os.path.join(options.data_dir, "niah", "PaulGrahamEssays")
+            if not (os.path.isdir(essays) and any(f.endswith(".txt") for f in os.listdir(essays))):
+                missing.append(f"{name}: {essays}/*.txt")
+        elif name == "perplexity":
+            missing += [f"perplexity: {p}" for p in
+                        (_perplexity_path(f, options.data_dir) for f in options.perplexity_files)
+                        if not os.path.isfile(p)]
+    if missing:
+        raise FileNotFoundError(
+            "evaluation data missing (nothing was scored; set --data_dir to a directory laid out "
+            "as shared/data, e.g. written by experiments/fetch_eval_data.py):\n  "
+            + "\n  ".join(missing))
 
 
 def read_documents(path: str, max_docs: Optional[int]) -> List[str]:
@@ -160,6 +206,7 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
         ``max_len``. FileNotFoundError: a missing data file.
     """
     names = expand_tasks(task_names)
+    check_data(names, options)
     mesh = context_parallel.evaluation_mesh(options.context)
     if options.max_len % options.context:
         raise ValueError(f"max_len={options.max_len} is not a multiple of context="
@@ -204,13 +251,13 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
             log(f"{t}: mean {res[t]['mean']:.3f} per length {res[t]['per_length']}")
         log(f"niah: {time.time() - t0:.0f} s")
     if "perplexity" in names:
+        ppl_scorer = scoring.Scorer(model, max_len=options.perplexity_window,
+                                    batch_size=options.perplexity_batch_size,
+                                    bucket=math.lcm(32, options.context), route=options.route)
         for f in options.perplexity_files:
-            path = f if os.path.isabs(f) else os.path.join(options.data_dir, f)
-            if not os.path.isfile(path) and f.startswith("lm/wikitext-2-raw/"):
-                # The WikiText-2 raw splits ship in the package (lattn_jax/assets/corpus).
-                path = assets.asset_path("corpus/wikitext-2-raw/" + os.path.basename(f))
+            path = _perplexity_path(f, options.data_dir)
             docs = read_documents(path, options.perplexity_max_docs)
-            res = ppl_lib.evaluate(scorer, tokenizer, docs, max_len=options.perplexity_window,
+            res = ppl_lib.evaluate(ppl_scorer, tokenizer, docs, max_len=options.perplexity_window,
                                    stride=options.perplexity_stride)
             res["token_perplexity_chance"] = float(tokenizer.vocab_size)
             results[f"perplexity:{os.path.basename(path)}"] = res
@@ -221,7 +268,7 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
 def markdown(results: Dict[str, dict], header: str = "") -> str:
     """A markdown report: one table for scores vs chance, one length x depth table per NIAH task."""
     lines = [header, ""] if header else []
-    lines += ["| task | metric | value | chance | n |", "|---|---|---:|---:|---:|"]
+    lines += ["| task | metric | value | stderr | chance | n |", "|---|---|---:|---:|---:|---:|"]
     for name, r in results.items():
         if name in tasks_lib.TASK_NAMES:
             for m in ("acc", "acc_norm", "perplexity"):
@@ -230,14 +277,16 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
                     if m == "perplexity":
                         chance = "vocab size"
                     chance = f"{chance:.4f}" if isinstance(chance, float) else chance
-                    lines.append(f"| {name} | {m} | {r[m]:.4f} | {chance} | {r['n']} |")
+                    se = r.get(f"{m}_stderr")
+                    se = f"{se:.4f}" if isinstance(se, float) else ""
+                    lines.append(f"| {name} | {m} | {r[m]:.4f} | {se} | {chance} | {r['n']} |")
         elif name in niah.TASKS:
-            lines.append(f"| {name} | string_match_all (mean) | {r['mean']:.4f} | 0.0000 | "
+            lines.append(f"| {name} | string_match_all (mean) | {r['mean']:.4f} | | 0.0000 | "
                          f"{len(r['lengths']) * len(r['depths'])} cells |")
         elif name.startswith("perplexity:"):
             for m in ("token_perplexity", "word_perplexity", "bits_per_byte"):
                 chance = f"{r['token_perplexity_chance']:.0f}" if m == "token_perplexity" else ""
-                lines.append(f"| {name} | {m} | {r[m]:.4f} | {chance} | {r['tokens']} tokens |")
+                lines.append(f"| {name} | {m} | {r[m]:.4f} | | {chance} | {r['tokens']} tokens |")
     for name, r in results.items():
         if name not in niah.TASKS:
             continue
@@ -250,14 +299,51 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _write_atomic(path: str, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def merge_results(output_dir: str, results: Dict[str, dict]) -> Dict[str, dict]:
+    """``results.json`` of ``output_dir`` (if any) updated with ``results``: tasks not re-run
+    keep their earlier entries, re-run tasks are replaced.
+
+    Raises:
+      ValueError: an existing ``results.json`` that is not a JSON object.
+    """
+    path = os.path.join(output_dir, "results.json")
+    merged: Dict[str, dict] = {}
+    if os.path.isfile(path):
+        with open(path) as f:
+            try:
+                merged = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not valid JSON ({e}); move it away") from e
+        if not isinstance(merged, dict):
+            raise ValueError(f"{path} does not hold a JSON object; move it away")
+    merged.update(results)
+    return merged
+
+
 def write_results(results: Dict[str, dict], output_dir: str, header: str = "") -> List[str]:
-    """Writes ``results.json``, ``results.md`` and ``<niah task>.png``; returns the paths."""
+    """Merges ``results`` into ``results.json`` (:func:`merge_results`), writes ``results.md``
+    for the merged results and ``<niah task>.png`` for the new ones; returns the paths.
+
+    Both files are replaced atomically (written beside and renamed), so an interrupted run leaves
+    the earlier files intact.
+    """
     os.makedirs(output_dir, exist_ok=True)
     paths = [os.path.join(output_dir, "results.json"), os.path.join(output_dir, "results.md")]
-    with open(paths[0], "w") as f:
-        json.dump(results, f, indent=2)
-    with open(paths[1], "w") as f:
-        f.write(markdown(results, header))
+    merged = merge_results(output_dir, results)
+    _write_atomic(paths[0], json.dumps(merged, indent=2))
+    _write_atomic(paths[1], markdown(merged, header))
     for name, r in results.items():
         if name in niah.TASKS:
             paths.append(os.path.join(output_dir, f"{name}.png"))

@@ -37,6 +37,11 @@ Metrics (lm-eval ``ConfigurableTask.process_results``):
 * LAMBADA (OpenAI detokenised test set, Radford et al. 2019): ``acc`` = every token of the last
   word is the greedy choice; ``perplexity = exp(-mean_doc ll(last word))``.
 
+Every accuracy ``p`` over ``n`` documents comes with its binomial standard error
+``acc_stderr = sqrt(p (1 - p) / n)`` (lm-eval reports the same quantity with ``n - 1``), so that
+a score can be read against chance: PIQA at 0.40 with ``n = 20`` is 0.40 +- 0.11, within one
+standard error of two of the chance level 0.50.
+
 Chance: ``mean_doc 1 / num_choices`` for multiple choice (BoolQ's majority class, "yes", is
 62.2% of its validation set); 0 for LAMBADA accuracy and the vocabulary size for its perplexity.
 
@@ -191,6 +196,32 @@ LOADERS: Dict[str, Callable[[str], List[Doc]]] = {
     "openbookqa": load_openbookqa,
     "boolq": load_boolq,
 }
+# The files each task reads, relative to the data directory's ``eval/`` (checked before scoring).
+TASK_FILES: Dict[str, Tuple[Tuple[str, str], ...]] = {
+    "hellaswag": (("hellaswag", "hellaswag_val_full.txt.bz2"),),
+    "piqa": (("piqa", "valid.jsonl"), ("piqa", "valid-labels.lst")),
+    "winogrande": (("winogrande", "winogrande_dev.llmfoundry.jsonl"),),
+    "arc_easy": (("arc", "ARC-Easy-Test.jsonl"),),
+    "arc_challenge": (("arc", "ARC-Challenge-Test.jsonl"),),
+    "lambada_openai": (("lambada", "lambada_test.jsonl"),),
+    "openbookqa": (("openbookqa", "test.tsv"),),
+    "boolq": (("boolq", "val.jsonl"),),
+}
+
+
+def missing_files(name: str, data_dir: str) -> List[str]:
+    """The files task ``name`` reads under ``data_dir`` (laid out as ``shared/data/eval``) that
+    are not there.
+
+    Raises:
+      ValueError: for an unknown task name.
+    """
+    if name not in TASK_FILES:
+        raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")
+    paths = [os.path.join(data_dir, *parts) for parts in TASK_FILES[name]]
+    return [p for p in paths if not os.path.isfile(p)]
+
+
 METRICS = {"winogrande": ("acc",), "boolq": ("acc",), "lambada_openai": ("acc", "perplexity")}
 
 
@@ -304,7 +335,8 @@ def process_results(name: str, docs: Sequence[Doc],
 
     Returns:
       ``{metric: value, metric + "_chance": value, "n": count}`` with the metrics of
-      :data:`METRICS` (default ``acc`` and ``acc_norm``).
+      :data:`METRICS` (default ``acc`` and ``acc_norm``), and ``metric + "_stderr"`` (the
+      binomial standard error :func:`binomial_stderr`) for every accuracy.
     """
     metrics = METRICS.get(name, ("acc", "acc_norm"))
     out: Dict[str, float] = {"n": len(docs)}
@@ -312,6 +344,7 @@ def process_results(name: str, docs: Sequence[Doc],
         lls = np.array([r[0][0] for r in results])
         out["acc"] = float(np.mean([r[0][1] for r in results]))
         out["perplexity"] = float(math.exp(-lls.mean()))
+        out["acc_stderr"] = binomial_stderr(out["acc"], len(docs))
         out["acc_chance"] = 0.0
         return out
     acc, acc_norm = [], []
@@ -322,8 +355,15 @@ def process_results(name: str, docs: Sequence[Doc],
         acc_norm.append(float(np.argmax(lls / lens) == doc.gold))
     chance = float(np.mean([1.0 / len(d.requests) for d in docs]))
     out["acc"] = float(np.mean(acc))
+    out["acc_stderr"] = binomial_stderr(out["acc"], len(docs))
     out["acc_chance"] = chance
     if "acc_norm" in metrics:
         out["acc_norm"] = float(np.mean(acc_norm))
+        out["acc_norm_stderr"] = binomial_stderr(out["acc_norm"], len(docs))
         out["acc_norm_chance"] = chance
     return out
+
+
+def binomial_stderr(p: float, n: int) -> float:
+    """Standard error ``sqrt(p (1 - p) / n)`` of an accuracy ``p`` measured on ``n`` documents."""
+    return math.sqrt(p * (1.0 - p) / n) if n > 0 else float("nan")

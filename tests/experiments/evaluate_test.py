@@ -39,5 +39,15 @@ class EvaluateBinaryTest(parameterized.TestCase):
         self.assertNotIn("Traceback", result.stderr)
 
 
+class EvaluateFlagsTest(absltest.TestCase):
+
+    def test_perplexity_is_batched_memory_safely_by_default(self):
+        # Issue 32, trap 6: batch 16 of 2048-token windows took 8.7 GB on a CPU.
+        result = run("evaluate.py", "--helpfull")
+        self.assertIn("--perplexity_batch_size", result.stdout)
+        flag = result.stdout.split("--perplexity_batch_size")[1].split("--")[0]
+        self.assertIn("(default: '2')", " ".join(flag.split()))
+
+
 if __name__ == "__main__":
     absltest.main()

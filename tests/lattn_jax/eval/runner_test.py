@@ -1,11 +1,20 @@
 """``lattn_jax.eval.runner``: held-out documents for perplexity."""
 
+import json
+import math
 import os
+import shutil
 import tempfile
 
+import jax.numpy as jnp
+import numpy as np
 from absl.testing import absltest
+from flax import nnx
 
+from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import perplexity as ppl_lib
 from lattn_jax.eval import runner
+from lattn_jax.eval import scoring
 
 
 class ReadDocumentsTest(absltest.TestCase):
@@ -39,6 +48,106 @@ class ReadDocumentsTest(absltest.TestCase):
         missing = os.path.join(self.tmp, "nope.txt")
         with self.assertRaisesRegex(FileNotFoundError, "nope.txt"):
             runner.read_documents(missing, None)
+
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "testdata", "eval_data")
+
+
+class Bigram(nnx.Module):
+    """``logits[b, t] = table[tokens[b, t]]`` over bytes: a model that runs in milliseconds."""
+
+    def __init__(self, seed=0, vocab=257):
+        table = np.random.default_rng(seed).normal(size=(vocab, vocab)) * 2
+        self.table = nnx.Param(jnp.asarray(table, jnp.float32))
+
+    def __call__(self, tokens, route=True):
+        return jnp.take(self.table[...], tokens, axis=0)
+
+
+def _options(data_dir, **kw):
+    return runner.EvalOptions(data_dir=data_dir, max_len=1024, batch_size=2, **kw)
+
+
+class PreflightTest(absltest.TestCase):
+    """Issue 32, trap 4: every requested task's files are checked before anything is scored."""
+
+    def test_missing_second_task_fails_before_scoring_the_first(self):
+        data = tempfile.mkdtemp()
+        shutil.copytree(os.path.join(FIXTURES, "eval", "piqa"), os.path.join(data, "eval", "piqa"))
+        logged = []
+        with self.assertRaises(FileNotFoundError) as ctx:
+            runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["piqa", "hellaswag"],
+                                  _options(data), log=logged.append)
+        self.assertIn("hellaswag_val_full.txt.bz2", str(ctx.exception))
+        self.assertNotIn("valid.jsonl", str(ctx.exception))
+        self.assertEqual(logged, [])  # piqa was not scored
+
+    def test_every_missing_file_is_listed(self):
+        data = tempfile.mkdtemp()
+        with self.assertRaises(FileNotFoundError) as ctx:
+            runner.check_data(["piqa", "arc_easy", "niah_single_2"], _options(data))
+        for name in ("valid.jsonl", "valid-labels.lst", "ARC-Easy-Test.jsonl",
+                     "PaulGrahamEssays"):
+            self.assertIn(name, str(ctx.exception))
+
+    def test_complete_fixture_layout_passes(self):
+        runner.check_data(runner.expand_tasks(["zeroshot", "niah"]), _options(FIXTURES))
+
+
+class StandardErrorTest(absltest.TestCase):
+    """Issue 32, trap 4: every accuracy has its binomial standard error sqrt(p (1 - p) / n)."""
+
+    def test_results_and_markdown_carry_standard_errors(self):
+        results = runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["piqa", "arc_easy"],
+                                        _options(FIXTURES), log=lambda *a: None)
+        for task in ("piqa", "arc_easy"):
+            r = results[task]
+            for m in ("acc", "acc_norm"):
+                self.assertAlmostEqual(r[f"{m}_stderr"],
+                                       math.sqrt(r[m] * (1 - r[m]) / r["n"]), places=12)
+        table = runner.markdown({"piqa": dict(results["piqa"], acc=0.4, acc_stderr=0.1095)})
+        self.assertIn("| stderr |", table)
+        self.assertIn("| 0.4000 | 0.1095 |", table)
+
+
+class MergeResultsTest(absltest.TestCase):
+    """Issue 32, trap 4: results.json keeps earlier tasks and replaces re-run ones."""
+
+    def test_runs_merge_per_task(self):
+        out = tempfile.mkdtemp()
+        runner.write_results({"piqa": {"acc": 0.4, "acc_stderr": 0.1, "acc_chance": 0.5,
+                                       "n": 20}}, out)
+        runner.write_results({"boolq": {"acc": 0.6, "acc_stderr": 0.1, "acc_chance": 0.5,
+                                        "n": 20}}, out)
+        runner.write_results({"piqa": {"acc": 0.55, "acc_stderr": 0.1, "acc_chance": 0.5,
+                                       "n": 20}}, out)
+        with open(os.path.join(out, "results.json")) as f:
+            merged = json.load(f)
+        self.assertEqual(set(merged), {"piqa", "boolq"})
+        self.assertEqual(merged["piqa"]["acc"], 0.55)
+        self.assertEqual(merged["boolq"]["acc"], 0.6)
+        with open(os.path.join(out, "results.md")) as f:
+            md = f.read()
+        self.assertIn("| boolq |", md)
+        self.assertIn("0.5500", md)
+        self.assertEqual([f for f in os.listdir(out) if f.startswith(".")], [])  # no temp left
+
+
+class PerplexityBatchTest(absltest.TestCase):
+    """Issue 32, trap 6: perplexity is batched memory-safely by default, same numbers."""
+
+    def test_default_perplexity_batch_is_small(self):
+        self.assertLessEqual(runner.EvalOptions(data_dir="x").perplexity_batch_size, 2)
+
+    def test_batch_size_does_not_change_perplexity(self):
+        docs = runner.read_documents(
+            os.path.join(FIXTURES, "lm", "wikitext-2-raw", "wiki.test.raw"), None)
+        tok = tok_lib.ByteTokenizer()
+        got = [ppl_lib.evaluate(scoring.Scorer(Bigram(), max_len=64, batch_size=b, bucket=32),
+                                tok, docs, max_len=64, stride=48) for b in (1, 2, 16)]
+        for r in got[1:]:
+            self.assertAlmostEqual(r["token_perplexity"], got[0]["token_perplexity"], places=4)
+            self.assertEqual(r["tokens"], got[0]["tokens"])
 
 
 if __name__ == "__main__":
