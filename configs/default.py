@@ -49,17 +49,22 @@ def get_config(arg=None):
                  chunk_size=64, implementation="auto", norm_eps=1e-5),
     )
     config.data = common.bundled_wikitext_data(seq_len=128, batch_size=16)
+    # The warm-up is a tenth of the run (20 of the 200 steps), so a shorter run
+    # (--config.train.total_steps=20) still warms up and decays; --config.optim.warmup_steps
+    # sets it outright.
+    total_steps = config_dict.FieldReference(200)
     # Every optimizer option is listed (common.optim_section), so any can be overridden, e.g.
     # --config.optim.name=muon.
     config.optim = common.optim_section(
-        name="adamw", learning_rate=3e-3, min_lr_ratio=0.1, warmup_steps=20, schedule="wsd",
-        decay_fraction=0.2, decay_shape="minus_sqrt", b1=0.9, b2=0.95, eps=1e-8,
-        weight_decay=0.1, grad_clip=1.0)
+        name="adamw", learning_rate=3e-3, min_lr_ratio=0.1, warmup_steps=total_steps // 10,
+        schedule="wsd", decay_fraction=0.2, decay_shape="minus_sqrt", b1=0.9, b2=0.95,
+        eps=1e-8, weight_decay=0.1, grad_clip=1.0)
     # 200 steps x 16 x 128 tokens = 410k tokens, about 0.7 epochs of the training split: about
     # 5 minutes on an idle 2-core CPU, ending about 1 nat below the unigram entropy.
     # Mesh axes (data x fsdp x context x tensor); -1 takes the remaining devices; context splits
     # each sequence over devices (BUILD.md "Context parallelism"). One device: no mesh.
     config.mesh = dict(data=-1, fsdp=1, context=1, tensor=1)
-    config.train = common.train_section(total_steps=200, eval_every=50, checkpoint_every=50,
-                                        keep_checkpoints=2, log_every=10, seed=0)
+    config.train = common.train_section(total_steps=total_steps, eval_every=50,
+                                        checkpoint_every=50, keep_checkpoints=2, log_every=10,
+                                        seed=0)
     return config

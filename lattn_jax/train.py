@@ -307,6 +307,32 @@ def accumulation_steps(config: config_lib.ExperimentConfig,
     return config.data.batch_size // rows
 
 
+def schedule_warning(ocfg: config_lib.OptimConfig, total_steps: int) -> Optional[str]:
+    """A warning when the warm-up leaves the learning rate no (or too little) room to decay.
+
+    WSD decays over the last ``optim.decay_fraction`` of the run and cosine over everything
+    after the warm-up (:func:`lattn_jax.optim.learning_rate_schedule`); a warm-up reaching into
+    that window shortens the decay, and one as long as the run ends it at the peak LR.
+
+    Returns:
+      One line naming the options, or ``None`` when the schedule decays as configured.
+    """
+    warmup = ocfg.warmup_steps
+    if warmup >= total_steps:
+        return (f"optim.warmup_steps={warmup} >= train.total_steps={total_steps}: the learning "
+                f"rate never decays (the run ends at the peak, {ocfg.learning_rate:g}); lower "
+                f"--config.optim.warmup_steps or raise --config.train.total_steps")
+    if ocfg.schedule == "cosine":
+        return None
+    wanted = max(int(round(ocfg.decay_fraction * total_steps)), 1)
+    if total_steps - wanted >= warmup:
+        return None
+    return (f"optim.warmup_steps={warmup} with train.total_steps={total_steps}: the warm-up "
+            f"leaves {total_steps - warmup} of the {wanted} decay steps "
+            f"(optim.decay_fraction={ocfg.decay_fraction:g}); lower --config.optim.warmup_steps "
+            f"or raise --config.train.total_steps")
+
+
 def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh]:
     """The run's mesh from ``config.mesh``, or ``None`` on a single device.
 
@@ -527,6 +553,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     ocfg = config.optim
     print_fn(f"optimizer: {ocfg.name}, peak lr {ocfg.learning_rate:g}, {ocfg.schedule} schedule, "
              f"warmup {ocfg.warmup_steps}, {config.train.total_steps} steps")
+    warning = schedule_warning(ocfg, config.train.total_steps)
+    if warning:
+        print_fn(f"warning: {warning}")
 
     metrics_writer = MetricsWriter(workdir, tensorboard=tcfg.tensorboard)
     step = int(state["step"])

@@ -8,7 +8,9 @@ import tempfile
 
 from absl.testing import absltest
 
+from configs import default as default_config
 from lattn_jax import checkpoint as checkpoint_lib
+from lattn_jax import config as config_lib
 from lattn_jax import train
 from tests.lattn_jax.train_test import tiny_experiment, write_corpus
 
@@ -54,6 +56,31 @@ class InterruptTest(_TmpTest):
             self.assertTrue(watcher.requested)
             with self.assertRaises(KeyboardInterrupt):
                 os.kill(os.getpid(), signal.SIGINT)
+
+
+class ShortRunScheduleTest(absltest.TestCase):
+
+    def test_warns_when_the_warm_up_leaves_no_room_for_decay(self):
+        wsd = config_lib.OptimConfig(warmup_steps=20, schedule="wsd", decay_fraction=0.2)
+        self.assertIsNone(train.schedule_warning(wsd, 200))
+        text = train.schedule_warning(wsd, 20)
+        self.assertRegex(text, r"optim.warmup_steps=20 .*train.total_steps=20.* never decays")
+        self.assertRegex(train.schedule_warning(wsd, 22),
+                         r"2 of the 4 decay steps")  # warm-up ends at 20, decay wanted from 18
+        cosine = config_lib.OptimConfig(warmup_steps=20, schedule="cosine")
+        self.assertIsNone(train.schedule_warning(cosine, 21))
+        self.assertIsNotNone(train.schedule_warning(cosine, 20))
+
+    def test_default_config_scales_the_warm_up_with_the_run(self):
+        config = default_config.get_config()
+        self.assertEqual((config.train.total_steps, config.optim.warmup_steps), (200, 20))
+        config.train.total_steps = 20
+        self.assertEqual(config.optim.warmup_steps, 2)
+        exp = config_lib.experiment_from_config_dict(config)
+        self.assertIsNone(train.schedule_warning(exp.optim, exp.train.total_steps))
+        config.optim.warmup_steps = 5  # an explicit override still wins
+        config.train.total_steps = 300
+        self.assertEqual(config.optim.warmup_steps, 5)
 
 
 if __name__ == "__main__":
