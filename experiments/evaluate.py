@@ -16,6 +16,7 @@ and writes ``niah_single_<k>.png`` heatmaps. Task definitions:
 from ``--data_dir``.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -45,8 +46,11 @@ _LENGTHS = flags.DEFINE_list("niah_lengths", ["1024", "2048", "4096", "8192", "1
                                               "65536", "131072", "262144"], "NIAH lengths.")
 _DEPTHS = flags.DEFINE_list("niah_depths", ["0", "25", "50", "75", "100"], "NIAH depths (%).")
 _NIAH_SAMPLES = flags.DEFINE_integer("niah_samples", 1, "NIAH prompts per (length, depth).")
-_PPL_FILES = flags.DEFINE_list("perplexity_files", ["lm/wikitext-2-raw/wiki.test.raw"],
-                               "Held-out text files (relative to --data_dir or absolute).")
+_PPL_FILES = flags.DEFINE_list(
+    "perplexity_files", list(runner.EvalOptions.perplexity_files),
+    f"What --tasks=perplexity scores: {runner.VALIDATION!r} (the documents the checkpoint's run "
+    "held out for validation) and/or text files (relative to --data_dir or absolute); a file the "
+    "run trained on (config data.paths) is flagged as a training perplexity.")
 _PPL_DOCS = flags.DEFINE_integer("perplexity_max_docs", None, "Documents per perplexity file.")
 _PPL_WINDOW = flags.DEFINE_integer("perplexity_window", 2048, "Perplexity window (tokens).")
 _PPL_STRIDE = flags.DEFINE_integer("perplexity_stride", 2048, "Perplexity stride (tokens).")
@@ -69,7 +73,9 @@ def main(argv):
             niah_samples=_NIAH_SAMPLES.value, perplexity_files=tuple(_PPL_FILES.value),
             perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
             perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)
+        runner.check_data(names, options)  # before the (slow) restore
         restored = restore.load(_CHECKPOINT.value, _STEP.value)
+        options = dataclasses.replace(options, training_data=restored.config.data)
         print(f"jax {jax.__version__}, devices {jax.devices()}; {_CHECKPOINT.value} step "
               f"{restored.step}, layers {list(restored.config.model.layer_pattern)}")
         results = runner.run_evaluation(restored.model, restored.tokenizer, names, options)

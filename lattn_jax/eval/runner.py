@@ -11,6 +11,7 @@ names: :data:`lattn_jax.eval.tasks.TASK_NAMES`, :data:`lattn_jax.eval.niah.TASKS
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -18,11 +19,15 @@ import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from absl import logging
+
 from lattn_jax import assets
 from lattn_jax import config as config_lib
 from lattn_jax import context_parallel
 from lattn_jax import model as model_lib
 from lattn_jax import sharding
+from lattn_jax.data import config as data_config_lib
+from lattn_jax.data import pipeline as data_pipeline
 from lattn_jax.data import sources as data_sources
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import generate as gen_lib
@@ -37,6 +42,8 @@ GROUPS = {
     "all": tasks_lib.TASK_NAMES + niah.TASKS + ("perplexity",),
 }
 ALL_TASKS = tasks_lib.TASK_NAMES + niah.TASKS + ("perplexity",)
+# ``perplexity_files`` entry for the documents the run held out for validation.
+VALIDATION = "validation"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,13 +63,20 @@ class EvalOptions:
       niah_depths: NIAH needle depths in percent.
       niah_samples: prompts per (length, depth) cell.
       niah_max_new_tokens: generated answer tokens.
-      perplexity_files: text files scored by the ``perplexity`` task, relative to ``data_dir``
-        or absolute.
+      perplexity_files: what the ``perplexity`` task scores: ``"validation"`` (default), the
+        documents the checkpoint's run held out for validation (:func:`validation_documents`;
+        needs ``training_data``), and/or text files, relative to ``data_dir`` or absolute. A
+        file among the run's training paths is scored but flagged (``trained_on`` in its result,
+        a warning): its perplexity is a training perplexity. The default config trains on both
+        bundled WikiText-2 files (valid and test), so ``lm/wikitext-2-raw/wiki.test.raw`` is not
+        held out for it.
       perplexity_max_docs: score only the first this many documents of each file.
       perplexity_window: window length in tokens.
       perplexity_stride: new tokens per window (``== window``: disjoint windows).
       route: evaluate with the cross-layer routing contributions (spec §8: the training forward).
       seed: subsampling seed.
+      training_data: the checkpoint's ``config.data`` (``restore.load(...).config.data``); needed
+        for ``"validation"`` and the trained-on check.
       context: split every sequence over this many devices (context parallelism,
         :mod:`lattn_jax.context_parallel`; the remaining devices split the batch). Padded
         lengths become multiples of it, so ``max_len`` must be one.
@@ -77,12 +91,13 @@ class EvalOptions:
     niah_depths: Tuple[float, ...] = (0.0, 25.0, 50.0, 75.0, 100.0)
     niah_samples: int = 1
     niah_max_new_tokens: int = 32
-    perplexity_files: Tuple[str, ...] = ("lm/wikitext-2-raw/wiki.test.raw",)
+    perplexity_files: Tuple[str, ...] = (VALIDATION,)
     perplexity_max_docs: Optional[int] = None
     perplexity_window: int = 2048
     perplexity_stride: int = 2048
     route: bool = True
     seed: int = 1234
+    training_data: Optional[data_config_lib.DataConfig] = None
     context: int = 1
 
 
@@ -135,13 +150,64 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
                 missing.append(f"{name}: {essays}/*.txt")
         elif name == "perplexity":
             missing += [f"perplexity: {p}" for p in
-                        (_perplexity_path(f, options.data_dir) for f in options.perplexity_files)
+                        (_perplexity_path(f, options.data_dir) for f in options.perplexity_files
+                         if f != VALIDATION)
                         if not os.path.isfile(p)]
     if missing:
         raise FileNotFoundError(
             "evaluation data missing (nothing was scored; set --data_dir to a directory laid out "
             "as shared/data, e.g. written by experiments/fetch_eval_data.py):\n  "
             + "\n  ".join(missing))
+
+
+def validation_documents(data: data_config_lib.DataConfig) -> List[str]:
+    """The documents a run held out for validation, as text, in corpus order.
+
+    With ``data.val_paths`` every document of those paths; otherwise the documents of
+    ``data.paths`` that :func:`lattn_jax.data.pipeline.split_documents` (``val_fraction``,
+    ``seed``) keeps out of training, read as the pipeline reads them.
+
+    Raises:
+      ValueError: token-shard data (no text to read back; score text files instead).
+    """
+    paths = data.val_paths if data.val_paths is not None else data.paths
+    if data_config_lib.resolved_format(dataclasses.replace(data, paths=paths,
+                                                           val_paths=None)) == "tokens":
+        raise ValueError(f"perplexity {VALIDATION!r}: the run reads token shards "
+                         f"({', '.join(paths)}), whose text cannot be recovered; pass held-out "
+                         "text files with --perplexity_files")
+    docs = list(data_sources.read_documents(paths, fmt=data.format, text_field=data.text_field,
+                                            doc_split=data.doc_split))
+    if data.val_paths is not None:
+        return docs
+    _, val_idx = data_pipeline.split_documents(len(docs), data.val_fraction, data.seed)
+    return [docs[i] for i in sorted(val_idx)]
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def trained_on(path: str, data: Optional[data_config_lib.DataConfig]) -> bool:
+    """Whether the run of ``data`` trains on the file ``path``: it is one of the files of
+    ``data.paths``, or a byte-identical copy of one (e.g. ``shared/data``'s WikiText-2 files,
+    which equal the bundled ones)."""
+    if data is None:
+        return False
+    try:
+        files = [f for f in data_sources.list_files(data.paths) if os.path.isfile(f)]
+    except (OSError, ValueError):
+        return False
+    real = os.path.realpath(path)
+    if real in {os.path.realpath(f) for f in files}:
+        return True
+    size = os.path.getsize(path)
+    same_size = [f for f in files if os.path.getsize(f) == size]
+    return bool(same_size) and _sha256(path) in {_sha256(f) for f in same_size}
 
 
 def read_documents(path: str, max_docs: Optional[int]) -> List[str]:
@@ -207,6 +273,10 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
     """
     names = expand_tasks(task_names)
     check_data(names, options)
+    if ("perplexity" in names and VALIDATION in options.perplexity_files
+            and options.training_data is None):
+        raise ValueError(f"perplexity {VALIDATION!r} scores the documents the run held out; it "
+                         "needs the checkpoint's data config (EvalOptions.training_data)")
     mesh = context_parallel.evaluation_mesh(options.context)
     if options.max_len % options.context:
         raise ValueError(f"max_len={options.max_len} is not a multiple of context="
@@ -255,11 +325,23 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
                                     batch_size=options.perplexity_batch_size,
                                     bucket=math.lcm(32, options.context), route=options.route)
         for f in options.perplexity_files:
-            path = _perplexity_path(f, options.data_dir)
-            docs = read_documents(path, options.perplexity_max_docs)
+            if f == VALIDATION:
+                path, seen = VALIDATION, False
+                docs = validation_documents(options.training_data)
+                docs = docs[:options.perplexity_max_docs] if options.perplexity_max_docs else docs
+            else:
+                path = _perplexity_path(f, options.data_dir)
+                docs = read_documents(path, options.perplexity_max_docs)
+                seen = trained_on(path, options.training_data)
+                if seen:
+                    message = (f"warning: the checkpoint trains on {path} (config.data.paths); "
+                               "its perplexity is a training perplexity, not a held-out one")
+                    logging.warning(message)
+                    log(message)
             res = ppl_lib.evaluate(ppl_scorer, tokenizer, docs, max_len=options.perplexity_window,
                                    stride=options.perplexity_stride)
             res["token_perplexity_chance"] = float(tokenizer.vocab_size)
+            res["trained_on"] = seen
             results[f"perplexity:{os.path.basename(path)}"] = res
             log(f"perplexity {path}: {res}")
     return results
@@ -284,9 +366,10 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
             lines.append(f"| {name} | string_match_all (mean) | {r['mean']:.4f} | | 0.0000 | "
                          f"{len(r['lengths']) * len(r['depths'])} cells |")
         elif name.startswith("perplexity:"):
+            label = f"{name} (trained on!)" if r.get("trained_on") else name
             for m in ("token_perplexity", "word_perplexity", "bits_per_byte"):
                 chance = f"{r['token_perplexity_chance']:.0f}" if m == "token_perplexity" else ""
-                lines.append(f"| {name} | {m} | {r[m]:.4f} | | {chance} | {r['tokens']} tokens |")
+                lines.append(f"| {label} | {m} | {r[m]:.4f} | | {chance} | {r['tokens']} tokens |")
     for name, r in results.items():
         if name not in niah.TASKS:
             continue

@@ -11,6 +11,9 @@ import numpy as np
 from absl.testing import absltest
 from flax import nnx
 
+from lattn_jax.data import config as data_config
+from lattn_jax.data import pipeline
+from lattn_jax.data import sources as data_sources
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import perplexity as ppl_lib
 from lattn_jax.eval import runner
@@ -148,6 +151,61 @@ class PerplexityBatchTest(absltest.TestCase):
         for r in got[1:]:
             self.assertAlmostEqual(r["token_perplexity"], got[0]["token_perplexity"], places=4)
             self.assertEqual(r["tokens"], got[0]["tokens"])
+
+
+class HeldOutPerplexityTest(absltest.TestCase):
+    """Issue 32, trap 5: perplexity defaults to text the checkpoint did not train on."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = tempfile.mkdtemp()
+        articles = "".join(f" = Article {i} = \n \n Text of article {i} , number {i} . \n \n"
+                           for i in range(10))
+        self.corpus = os.path.join(self.tmp, "wiki.corpus.raw")
+        with open(self.corpus, "w") as f:
+            f.write(articles)
+        self.data = data_config.DataConfig(paths=(self.corpus,), doc_split="wikitext",
+                                           tokenizer="byte", seq_len=16, batch_size=2,
+                                           val_fraction=0.3, seed=3)
+
+    def test_default_is_the_runs_validation_documents(self):
+        self.assertEqual(runner.EvalOptions(data_dir="x").perplexity_files, ("validation",))
+
+    def test_validation_documents_are_the_pipelines_held_out_split(self):
+        docs = runner.validation_documents(self.data)
+        all_docs = list(data_sources.read_documents((self.corpus,), doc_split="wikitext"))
+        train_idx, val_idx = pipeline.split_documents(len(all_docs), 0.3, 3)
+        self.assertEqual(docs, [all_docs[i] for i in sorted(val_idx)])
+        self.assertEqual(len(docs), 3)
+        self.assertFalse(set(docs) & {all_docs[i] for i in train_idx})
+
+    def test_validation_perplexity_runs_and_training_files_are_flagged(self):
+        logged = []
+        options = _options(self.tmp, perplexity_files=("validation", self.corpus),
+                           perplexity_window=32, perplexity_stride=32, training_data=self.data)
+        results = runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["perplexity"],
+                                        options, log=logged.append)
+        self.assertEqual(results["perplexity:validation"]["documents"], 3)
+        self.assertFalse(results["perplexity:validation"]["trained_on"])
+        self.assertTrue(results["perplexity:wiki.corpus.raw"]["trained_on"])
+        self.assertTrue(any("trains on" in str(m) and "wiki.corpus.raw" in str(m)
+                            for m in logged))
+        self.assertIn("trained on", runner.markdown(results))
+
+    def test_a_copy_of_a_training_file_is_flagged(self):
+        # shared/data's WikiText-2 files are byte-identical to the bundled training corpus.
+        copy = os.path.join(tempfile.mkdtemp(), "copy.txt")
+        shutil.copyfile(self.corpus, copy)
+        self.assertTrue(runner.trained_on(copy, self.data))
+        with open(copy, "a") as f:
+            f.write("more\n")
+        self.assertFalse(runner.trained_on(copy, self.data))
+        self.assertFalse(runner.trained_on(copy, None))
+
+    def test_validation_needs_the_runs_data_config(self):
+        with self.assertRaisesRegex(ValueError, "validation"):
+            runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["perplexity"],
+                                  _options(self.tmp), log=lambda *a: None)
 
 
 if __name__ == "__main__":
