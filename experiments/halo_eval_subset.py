@@ -75,6 +75,11 @@ def main(argv):
             raise ValueError(f"--limit must be 0 (full files) or positive, got {_LIMIT.value}")
         src_eval, dst_eval = (os.path.join(_SRC.value, "eval"),
                               os.path.join(_DST.value, "eval"))
+        missing = [p for t in _TASKS.value for p in tasks_lib.missing_files(t, src_eval)]
+        if missing:
+            raise FileNotFoundError(f"--src={_SRC.value} is not laid out as shared/data "
+                                    f"(experiments/fetch_eval_data.py writes it); missing: "
+                                    f"{', '.join(missing)}")
         if _LIMIT.value == 0:
             written = copy_full(_TASKS.value, src_eval, dst_eval)
         else:

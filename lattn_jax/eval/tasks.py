@@ -85,8 +85,9 @@ class Doc:
 def _path(data_dir: str, *parts: str) -> str:
     path = os.path.join(data_dir, *parts)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"evaluation file not found: {path} (set --data_dir to the "
-                                f"directory laid out as shared/data/eval)")
+        raise FileNotFoundError(f"evaluation file not found: {path} (the data directory must "
+                                f"be laid out as shared/data; experiments/fetch_eval_data.py "
+                                f"writes it)")
     return path
 
 
