@@ -9,6 +9,10 @@ Usage (FineWeb-Edu Parquet files, LLaMA-2 SentencePiece, 16 tokenizer processes)
 
 One shard per input file (text, JSONL plain/.gz/.zst, Parquet); running it again skips the shards
 already finished. The shard format is described in ``lattn_jax/data/shards.py``.
+
+Bad input: malformed JSONL lines and records without ``--text_field`` are skipped and counted (the
+run stops once they exceed ``--max_bad_fraction`` of the records read), and a file that looks
+binary is refused, naming it (``lattn_jax/data/prepare.py``).
 """
 
 import os
@@ -36,6 +40,10 @@ _DOC_SPLIT = flags.DEFINE_enum("doc_split", "blank_line",
 _WORKERS = flags.DEFINE_integer("workers", os.cpu_count() or 1,
                                 "Tokenizer processes (0: in the main process).")
 _CHUNK_DOCS = flags.DEFINE_integer("chunk_docs", 256, "Documents per task sent to a worker.")
+_MAX_BAD_FRACTION = flags.DEFINE_float(
+    "max_bad_fraction", 0.01, "Bad records (malformed JSONL lines, records without "
+    "--text_field) are skipped and counted; stop once they exceed this fraction of the records "
+    f"read (of at least {prepare.MIN_RECORDS}).")
 flags.mark_flags_as_required(["input", "output_dir"])
 
 
@@ -48,14 +56,15 @@ def main(argv):
             _INPUT.value, _OUTPUT_DIR.value, tokenizer=_TOKENIZER.value,
             tokenizer_path=_TOKENIZER_PATH.value, fmt=_FORMAT.value,
             text_field=_TEXT_FIELD.value, doc_split=_DOC_SPLIT.value, workers=_WORKERS.value,
-            chunk_docs=_CHUNK_DOCS.value)
+            chunk_docs=_CHUNK_DOCS.value, max_bad_fraction=_MAX_BAD_FRACTION.value)
     except (ValueError, FileNotFoundError, sources.DataFileError) as e:
         sys.exit(f"error: {e}")
     totals = manifest["totals"]
     print(f"{_OUTPUT_DIR.value}: {totals['shards']} shards, {totals['documents']:,} documents, "
           f"{totals['tokens']:,} tokens ({manifest['tokenizer']['name']}); skipped "
-          f"{totals.get('empty_documents', 0)} empty documents and "
-          f"{totals.get('malformed_lines', 0)} malformed JSON lines; replaced "
+          f"{totals.get('empty_documents', 0)} empty documents, "
+          f"{totals.get('malformed_lines', 0)} malformed JSON lines and "
+          f"{totals.get('missing_field', 0)} records without the text field; replaced "
           f"{totals.get('invalid_utf8', 0)} invalid UTF-8 sequences")
 
 

@@ -7,6 +7,16 @@ flight, so memory stays bounded whatever the file size). The manifest records th
 file and sha256), every source file (path, size, mtime, sha256) and the document, token and
 bad-input counts of every shard.
 
+Bad input has one policy. Invalid UTF-8 is replaced and counted, empty documents are skipped
+and counted, and *bad records* (JSONL lines that are not a JSON object, records without a string
+in ``text_field``) are skipped and counted alike; the run stops, with one line naming
+``--max_bad_fraction``, as soon as the bad records exceed that fraction of the records read so
+far (counting at least ``MIN_RECORDS``, so up to 10 bad records always pass at the default 1%).
+A wrong ``--text_field`` therefore stops after 11 records, not after tokenizing the corpus. A file
+read as text or JSONL whose first 64 KiB look binary (NUL bytes, or over 10% invalid UTF-8 or
+control characters, ``sources.sniff_binary``) is refused before reading, naming it. Messages name
+``prepare_data.py``'s flags (``--input``, ``--text_field``, ``--format``).
+
 Re-running with the same output directory skips every shard whose source file is unchanged (same
 path and sha256; the hash is recomputed only if size or mtime changed) and whose files are
 complete; an interrupted run therefore resumes at the first unfinished shard.
@@ -26,7 +36,12 @@ from lattn_jax.data import shards
 from lattn_jax.data import sources
 from lattn_jax.data import tokenizers
 
-__all__ = ["prepare_corpus", "tokenizer_pool"]
+__all__ = ["MIN_RECORDS", "prepare_corpus", "tokenizer_pool"]
+
+# Bad records may be up to ``max_bad_fraction`` of at least this many records.
+MIN_RECORDS = 1000
+# prepare_data.py's flags, as messages name them.
+_FLAG_NAMES = sources.OptionNames(paths="--input", text_field="--text_field", format="--format")
 
 _worker_tokenizer = None
 
@@ -107,6 +122,32 @@ def _totals(entries: list[dict]) -> dict:
     return totals
 
 
+class _BadRecordLimit:
+    """Stops a run (``ValueError``) once its bad records exceed ``max_fraction`` of its records.
+
+    ``done`` holds the counters of the shards finished (or kept) earlier in the run; ``check``
+    is the ``on_skip`` of the reader of the current shard.
+    """
+
+    def __init__(self, max_fraction: float, text_field: str):
+        self.max_fraction, self.text_field = max_fraction, text_field
+        self.done = sources.ReadStats()
+
+    def check(self, current: sources.ReadStats) -> None:
+        bad = self.done.bad_records + current.bad_records
+        records = self.done.records + current.records
+        if bad <= self.max_fraction * max(records, MIN_RECORDS):
+            return
+        malformed = self.done.malformed_lines + current.malformed_lines
+        missing = self.done.missing_field + current.missing_field
+        first = (current.examples or self.done.examples or ["?"])[0]
+        raise ValueError(
+            f"stopped: {bad} of the {records} records read so far are bad ({malformed} not "
+            f"JSON objects, {missing} without a string in --text_field={self.text_field!r}), "
+            f"more than --max_bad_fraction={self.max_fraction:g} allows (of at least "
+            f"{MIN_RECORDS} records); first: {first}")
+
+
 @functools.lru_cache(maxsize=4)
 def _cached_tokenizer(kind: str, path: str | None, size: int, mtime_ns: int):
     return tokenizers.make_tokenizer(kind, path)
@@ -136,7 +177,7 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                    tokenizer_path: str | None = None, fmt: str = "auto",
                    text_field: str = "text", doc_split: str = "blank_line", workers: int = 0,
                    chunk_docs: int = 256, progress: bool = True, print_fn=print,
-                   pool=None) -> dict:
+                   pool=None, max_bad_fraction: float = 0.01) -> dict:
     """Tokenizes ``inputs`` into token shards in ``output_dir``; returns the manifest.
 
     Args:
@@ -153,22 +194,28 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         print_fn: where the per-shard summary lines go.
         pool: a ``tokenizer_pool`` of the same tokenizer to use instead of starting one
             (``workers`` is then the number of its processes); the caller terminates it.
+        max_bad_fraction: stop once the bad records (malformed JSONL lines, records without
+            ``text_field``) exceed this fraction of the records read (of at least
+            ``MIN_RECORDS``); they are skipped and counted below it.
 
     Returns:
         The manifest dict (also written to ``<output_dir>/manifest.json``).
 
     Raises:
         FileNotFoundError: an input or the tokenizer file is missing (named).
-        sources.DataFileError: an input cannot be read (named).
-        ValueError: bad options, a JSONL/Parquet source without ``text_field``, or an
-            ``output_dir`` holding shards of another tokenizer.
+        sources.DataFileError: an input cannot be read, or looks binary (named).
+        ValueError: bad options, too many bad records, a Parquet source without
+            ``text_field``, or an ``output_dir`` holding shards of another tokenizer.
     """
     if workers < 0 or chunk_docs < 1:
-        raise ValueError(f"workers must be >= 0 and chunk_docs >= 1, got {workers}, {chunk_docs}")
+        raise ValueError(f"--workers must be >= 0 and --chunk_docs >= 1, got {workers}, "
+                         f"{chunk_docs}")
     if fmt not in ("auto", "text", "jsonl", "parquet"):
-        raise ValueError(f"format: expected auto, text, jsonl or parquet, got {fmt!r}")
+        raise ValueError(f"--format: expected auto, text, jsonl or parquet, got {fmt!r}")
+    if not 0 <= max_bad_fraction <= 1:
+        raise ValueError(f"--max_bad_fraction must be in [0, 1], got {max_bad_fraction}")
     tok = _main_tokenizer(tokenizer, tokenizer_path)
-    files = sources.list_files(inputs)
+    files = sources.list_files(inputs, _FLAG_NAMES)
     os.makedirs(output_dir, exist_ok=True)
     dtype = shards.token_dtype(tok.vocab_size)
     options = {"format": fmt, "text_field": text_field, "doc_split": doc_split}
@@ -193,6 +240,7 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         _worker_tokenizer = tok
     bar = tqdm.tqdm(unit="doc", disable=not progress, dynamic_ncols=True, smoothing=0.1)
     start, done_tokens = time.perf_counter(), 0
+    limit = _BadRecordLimit(max_bad_fraction, text_field)
     try:
         for index, path in enumerate(files):
             name = f"shard-{index:05d}"
@@ -201,11 +249,22 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             if (old and old["source"] == path and old["source_sha256"] == info["source_sha256"]
                     and _is_complete(output_dir, old, dtype)):
                 manifest["shards"].append({**old, **info})
+                limit.done.merge(sources.ReadStats(**{
+                    k: v for k, v in old["read_stats"].items()
+                    if k in sources.ReadStats.__dataclass_fields__}))
                 print_fn(f"{name}: {path} unchanged, skipped ({old['tokens']:,} tokens)")
                 continue
+            kind = sources.file_format(path, fmt)
+            if kind in ("text", "jsonl"):
+                reason = sources.sniff_binary(path)
+                if reason:
+                    raise sources.DataFileError(
+                        f"{path} looks binary, not text ({reason}); prepare_data.py reads UTF-8 "
+                        f"text, JSONL (plain, .gz, .zst) and Parquet (--format={fmt})")
             stats = sources.ReadStats()
             docs = sources.read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
-                                     stats=stats)
+                                     stats=stats, skip_missing_field=True, on_skip=limit.check,
+                                     names=_FLAG_NAMES)
             writer = shards.ShardWriter(output_dir, name, dtype)
             try:
                 chunks = _chunks(docs, chunk_docs)
@@ -222,6 +281,7 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             except BaseException:
                 writer.abort()
                 raise
+            limit.done.merge(stats)
             entry = {**writer.finish(), **info, "read_stats": stats.counters()}
             manifest["shards"].append(entry)
             manifest["totals"] = _totals(manifest["shards"])

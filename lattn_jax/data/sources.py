@@ -24,21 +24,30 @@ counted in a ``ReadStats`` (which ``build_datasets`` and ``prepare_data`` report
   ``ReadStats.examples``);
 - a JSONL record or Parquet file without ``text_field``, or with a non-string value there:
   ``ValueError`` naming the file (and line), because it means ``data.text_field`` is wrong.
+  ``read_jsonl(..., skip_missing_field=True)`` skips and counts such records instead
+  (``missing_field``), and ``on_skip`` lets the caller stop once too many were skipped: this is
+  what ``prepare_corpus`` does, with its own threshold.
+
+Messages name the options the way the caller's user wrote them: ``OptionNames`` (the training
+config's ``data.paths``/``data.text_field``/``data.format`` by default; ``prepare_data.py``
+passes its flags). ``sniff_binary`` tells binary files from text by their first bytes.
 """
 
+import codecs
 import dataclasses
 import gzip
 import io
 import json
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from absl import logging
 
 __all__ = [
     "DATA_EXTENSIONS",
     "DataFileError",
+    "OptionNames",
     "ReadStats",
     "WIKITEXT_TITLE",
     "decode_utf8",
@@ -49,6 +58,7 @@ __all__ = [
     "read_jsonl",
     "read_parquet",
     "read_text",
+    "sniff_binary",
     "split_text",
 ]
 
@@ -71,6 +81,22 @@ class DataFileError(OSError):
     """A data file exists but cannot be read or decoded (the message names the file)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class OptionNames:
+    """How messages name the options given to the readers.
+
+    The defaults are the training config's fields; a tool passes its own flag names (e.g.
+    ``OptionNames(paths="--input", text_field="--text_field", format="--format")``).
+    """
+
+    paths: str = "data.paths"
+    text_field: str = "data.text_field"
+    format: str = "data.format"
+
+
+_CONFIG_NAMES = OptionNames()
+
+
 @dataclasses.dataclass
 class ReadStats:
     """Counters of what the readers saw, including the bad input they skipped or repaired.
@@ -82,6 +108,8 @@ class ReadStats:
         invalid_utf8: invalid UTF-8 byte sequences replaced by U+FFFD.
         invalid_utf8_files: files that had at least one of them.
         malformed_lines: JSONL lines skipped because they are not a JSON object.
+        missing_field: JSONL records skipped because ``text_field`` is absent or not a string
+            (only with ``read_jsonl(..., skip_missing_field=True)``; otherwise they raise).
         examples: the first few ``"<file>:<line>: <problem>"`` messages, for reports.
     """
 
@@ -91,6 +119,7 @@ class ReadStats:
     invalid_utf8: int = 0
     invalid_utf8_files: int = 0
     malformed_lines: int = 0
+    missing_field: int = 0
     examples: list[str] = dataclasses.field(default_factory=list)
 
     def note(self, message: str) -> None:
@@ -102,7 +131,7 @@ class ReadStats:
     def merge(self, other: "ReadStats") -> None:
         """Adds ``other``'s counters (and examples, up to the cap) to this one."""
         for field in ("files", "documents", "empty_documents", "invalid_utf8",
-                      "invalid_utf8_files", "malformed_lines"):
+                      "invalid_utf8_files", "malformed_lines", "missing_field"):
             setattr(self, field, getattr(self, field) + getattr(other, field))
         room = _MAX_EXAMPLES - len(self.examples)
         self.examples.extend(other.examples[:max(room, 0)])
@@ -113,11 +142,23 @@ class ReadStats:
         out.pop("examples")
         return out
 
+    @property
+    def bad_records(self) -> int:
+        """Records skipped as unusable: malformed JSONL lines plus records without the text."""
+        return self.malformed_lines + self.missing_field
+
+    @property
+    def records(self) -> int:
+        """Every record (document) met: the ones yielded, the empty ones and the bad ones."""
+        return self.documents + self.empty_documents + self.bad_records
+
     def summary(self) -> str:
         """One line: documents read and every kind of bad input met."""
+        missing = (f", {self.missing_field} records without the text field"
+                   if self.missing_field else "")
         return (f"{self.documents} documents from {self.files} files; skipped "
-                f"{self.empty_documents} empty documents and {self.malformed_lines} malformed "
-                f"JSON lines; replaced {self.invalid_utf8} invalid UTF-8 sequences in "
+                f"{self.empty_documents} empty documents{missing} and {self.malformed_lines} "
+                f"malformed JSON lines; replaced {self.invalid_utf8} invalid UTF-8 sequences in "
                 f"{self.invalid_utf8_files} files")
 
 
@@ -156,12 +197,12 @@ def file_format(path: str, fmt: str = "auto") -> str:
     return "text"
 
 
-def list_files(paths: Sequence[str]) -> list[str]:
+def list_files(paths: Sequence[str], names: OptionNames = _CONFIG_NAMES) -> list[str]:
     """Expands ``paths`` into a list of data files, in a deterministic order.
 
     Files are kept in the order given. A directory contributes its files (recursively, sorted by
     relative path, hidden files and directories skipped) whose names end in one of
-    ``DATA_EXTENSIONS``.
+    ``DATA_EXTENSIONS``. Messages name the option ``names.paths``.
 
     Raises:
         FileNotFoundError: a path does not exist, or a directory holds no data file.
@@ -180,11 +221,11 @@ def list_files(paths: Sequence[str]) -> list[str]:
                     if not n.startswith(".") and n.lower().endswith(DATA_EXTENSIONS))
             if not found:
                 raise FileNotFoundError(
-                    f"data.paths: directory {path} holds no data file (looked for "
+                    f"{names.paths}: directory {path} holds no data file (looked for "
                     f"{', '.join(DATA_EXTENSIONS)})")
             files.extend(sorted(found, key=lambda f: os.path.relpath(f, path)))
         else:
-            raise FileNotFoundError(f"data.paths: no such file or directory: {path}")
+            raise FileNotFoundError(f"{names.paths}: no such file or directory: {path}")
     return files
 
 
@@ -247,6 +288,40 @@ def _open_binary(path: str):
     return open(path, "rb")
 
 
+_SNIFF_BYTES = 1 << 16
+_MAX_NOT_TEXT = 0.1  # share of non-text bytes (invalid UTF-8, C0 controls) of a text file's head
+_TEXT_CONTROLS = frozenset(b"\t\n\r\f\v\x1b")
+
+
+def sniff_binary(path: str, size: int = _SNIFF_BYTES) -> str | None:
+    """Why ``path`` looks like binary data rather than text, or ``None`` if it looks like text.
+
+    Looks at the first ``size`` bytes (after decompressing ``.gz``/``.zst``): binary if they
+    hold a NUL byte (UTF-8 text never does; UTF-16 and every binary format do), or if more than
+    10% of them are invalid UTF-8 or C0 control characters (Latin-1 prose stays far below).
+
+    Raises:
+        DataFileError: the file cannot be read or decompressed (named).
+    """
+    with _reading(path):
+        with _open_binary(path) as f:
+            head = f.read(size)
+    if not head:
+        return None
+    nul = head.count(0)
+    if nul:
+        return f"{nul} NUL bytes in its first {len(head):,} bytes"
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    text = decoder.decode(head, final=False)  # a character cut at the end is not an error
+    invalid = text.count(_REPLACEMENT) - head.count(_REPLACEMENT_UTF8)
+    controls = sum(1 for c in text if c < " " and ord(c) not in _TEXT_CONTROLS)
+    share = (invalid + controls) / len(head)
+    if share > _MAX_NOT_TEXT:
+        return (f"{share:.0%} of its first {len(head):,} bytes are invalid UTF-8 or control "
+                "characters")
+    return None
+
+
 def read_text(path: str, doc_split: str, stats: ReadStats | None = None) -> Iterator[str]:
     """Yields the documents of one UTF-8 text file (``.gz``/``.zst`` are decompressed).
 
@@ -279,18 +354,30 @@ def read_text(path: str, doc_split: str, stats: ReadStats | None = None) -> Iter
     stats.files += 1
 
 
-def read_jsonl(path: str, text_field: str = "text",
-               stats: ReadStats | None = None) -> Iterator[str]:
+def read_jsonl(path: str, text_field: str = "text", stats: ReadStats | None = None, *,
+               skip_missing_field: bool = False,
+               on_skip: Callable[[ReadStats], None] | None = None,
+               names: OptionNames = _CONFIG_NAMES) -> Iterator[str]:
     """Yields ``record[text_field]`` for every record of a JSONL file (plain, ``.gz``, ``.zst``).
 
     Blank lines are ignored. Records whose text is empty or whitespace-only are skipped and
     counted; lines that are not a JSON object are skipped, counted and logged with file and line.
     The text is otherwise kept as is.
 
+    Args:
+        path: the file.
+        text_field: the key of the text.
+        stats: counters to update.
+        skip_missing_field: skip, count (``missing_field``) and log a record without a string
+            ``text_field``, like a malformed line, instead of raising.
+        on_skip: called with ``stats`` after every skipped bad record (malformed or, with
+            ``skip_missing_field``, without text); it may raise to stop reading.
+        names: how messages name the options (``names.text_field``).
+
     Raises:
         DataFileError: the file cannot be read or decompressed.
-        ValueError: a record lacks ``text_field`` or has a non-string value there; the message
-            names the file and line number.
+        ValueError: a record lacks ``text_field`` or has a non-string value there (unless
+            ``skip_missing_field``); the message names the file and line number.
     """
     stats = ReadStats() if stats is None else stats
     bad_utf8 = 0
@@ -306,19 +393,29 @@ def read_jsonl(path: str, text_field: str = "text",
                 except json.JSONDecodeError as e:
                     stats.malformed_lines += 1
                     stats.note(f"{path}:{lineno}: skipped a line that is not valid JSON ({e})")
+                    if on_skip is not None:
+                        on_skip(stats)
                     continue
                 if not isinstance(record, dict):
                     stats.malformed_lines += 1
                     stats.note(f"{path}:{lineno}: skipped a JSON {type(record).__name__}, "
                                "expected an object")
+                    if on_skip is not None:
+                        on_skip(stats)
                     continue
-                if text_field not in record:
-                    raise ValueError(
-                        f"{path}:{lineno}: record has no field {text_field!r} (data.text_field)")
-                text = record[text_field]
+                text = record.get(text_field)
                 if not isinstance(text, str):
-                    raise ValueError(f"{path}:{lineno}: field {text_field!r} is "
-                                     f"{type(text).__name__}, expected str")
+                    problem = (f"record has no field {text_field!r}" if text_field not in record
+                               else f"field {text_field!r} is {type(text).__name__}, "
+                               "expected str")
+                    problem += f" ({names.text_field}={text_field!r})"
+                    if not skip_missing_field:
+                        raise ValueError(f"{path}:{lineno}: {problem}")
+                    stats.missing_field += 1
+                    stats.note(f"{path}:{lineno}: skipped: {problem}")
+                    if on_skip is not None:
+                        on_skip(stats)
+                    continue
                 text, replaced = _repair_surrogates(text, stats)
                 bad_utf8 += replaced
                 if text.strip():
@@ -344,8 +441,8 @@ def _repair_surrogates(text: str, stats: ReadStats) -> tuple[str, int]:
         return fixed, replaced
 
 
-def read_parquet(path: str, text_field: str = "text",
-                 stats: ReadStats | None = None) -> Iterator[str]:
+def read_parquet(path: str, text_field: str = "text", stats: ReadStats | None = None, *,
+                 names: OptionNames = _CONFIG_NAMES) -> Iterator[str]:
     """Yields the ``text_field`` column of a Parquet file, one row group at a time.
 
     Only that column is read (FineWeb-Edu files also hold ids, URLs, scores, ...). Values are
@@ -366,7 +463,7 @@ def read_parquet(path: str, text_field: str = "text",
         schema = pf.schema_arrow
         if text_field not in schema.names:
             raise ValueError(f"{path}: Parquet file has no column {text_field!r} "
-                             f"(data.text_field); columns: {', '.join(schema.names)}")
+                             f"({names.text_field}); columns: {', '.join(schema.names)}")
         kind = schema.field(text_field).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
                 or pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
@@ -420,7 +517,10 @@ def _is_codec_error(exc: BaseException) -> bool:
 
 
 def read_file(path: str, *, fmt: str = "auto", text_field: str = "text",
-              doc_split: str = "blank_line", stats: ReadStats | None = None) -> Iterator[str]:
+              doc_split: str = "blank_line", stats: ReadStats | None = None,
+              skip_missing_field: bool = False,
+              on_skip: Callable[[ReadStats], None] | None = None,
+              names: OptionNames = _CONFIG_NAMES) -> Iterator[str]:
     """Yields the non-empty documents of one file, whatever its format.
 
     Args:
@@ -429,6 +529,8 @@ def read_file(path: str, *, fmt: str = "auto", text_field: str = "text",
         text_field: JSONL key / Parquet column holding the text.
         doc_split: how plain text is cut into documents (see ``split_text``).
         stats: counters to update.
+        skip_missing_field, on_skip: the bad-record policy of JSONL files (see ``read_jsonl``).
+        names: how messages name the options.
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -436,15 +538,16 @@ def read_file(path: str, *, fmt: str = "auto", text_field: str = "text",
         ValueError: unknown ``fmt``, or a missing ``text_field`` (see the readers).
     """
     if not os.path.exists(path):
-        raise FileNotFoundError(f"data.paths: no such file or directory: {path}")
+        raise FileNotFoundError(f"{names.paths}: no such file or directory: {path}")
     kind = file_format(path, fmt)
     if kind == "jsonl":
-        return read_jsonl(path, text_field, stats)
+        return read_jsonl(path, text_field, stats, skip_missing_field=skip_missing_field,
+                          on_skip=on_skip, names=names)
     if kind == "parquet":
-        return read_parquet(path, text_field, stats)
+        return read_parquet(path, text_field, stats, names=names)
     if kind == "text":
         return read_text(path, doc_split, stats)
-    raise ValueError(f"data.format: unknown format {fmt!r} for {path}")
+    raise ValueError(f"{names.format}: unknown format {fmt!r} for {path}")
 
 
 def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str = "text",

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 from absl.testing import absltest
 import numpy as np
@@ -111,6 +112,83 @@ class PrepareCorpusTest(absltest.TestCase):
         # The shards finished before the bad file are kept and listed.
         self.assertLen(shards.read_manifest(os.path.join(self.root, "y"))["shards"], 3)
 
+    def test_records_without_the_text_field_are_skipped_and_counted(self):
+        # Like a malformed line: skipped, counted, reported; not fatal after the tokenizing.
+        with open(os.path.join(self.inputs, "d.jsonl"), "w", encoding="utf-8") as f:
+            f.write(json.dumps({"body": "no text here"}) + "\n")
+            f.write(json.dumps({"text": None}) + "\n")
+            f.write(json.dumps({"text": "The last speech."}) + "\n")
+        manifest = self._prepare(os.path.join(self.root, "out"), tokenizer="byte")
+        totals = manifest["totals"]
+        self.assertEqual((totals["documents"], totals["missing_field"],
+                          totals["malformed_lines"]), (91, 2, 1))
+        self.assertIn("2 records without the text field", self.messages[-1])
+
+    def test_too_many_bad_records_stop_early_naming_the_flags(self):
+        path = os.path.join(self.root, "wrong_field.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            for i in range(5000):
+                f.write(json.dumps({"content": f"document {i}"}) + "\n")
+        read = []
+        real_read_file = sources.read_file
+
+        def counting_read_file(*args, **kwargs):
+            for doc in real_read_file(*args, **kwargs):
+                read.append(doc)
+                yield doc
+
+        out = os.path.join(self.root, "out")
+        with mock.patch.object(sources, "read_file", counting_read_file):
+            with self.assertRaises(ValueError) as cm:
+                prepare.prepare_corpus([path], out, tokenizer="byte", progress=False,
+                                       print_fn=self.messages.append)
+        message = str(cm.exception)
+        self.assertIn("--max_bad_fraction=0.01", message)
+        self.assertIn("--text_field='text'", message)
+        self.assertIn("wrong_field.jsonl:1", message)
+        self.assertNotIn("data.text_field", message)
+        # It stopped after a few records, not at the end of the file.
+        self.assertRegex(message, r"11 of the 11 records")
+        self.assertEqual(read, [])
+        self.assertFalse(os.path.exists(os.path.join(out, "shard-00000.tokens")))
+
+    def test_bad_fraction_threshold(self):
+        path = os.path.join(self.root, "some_bad.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            for i in range(2000):
+                f.write((json.dumps({"text": f"document {i}"}) if i % 20 else "{oops") + "\n")
+        with self.assertRaisesRegex(ValueError, r"of the \d+ records read .* more than "
+                                    r"--max_bad_fraction=0.01"):
+            prepare.prepare_corpus([path], os.path.join(self.root, "a"), tokenizer="byte",
+                                   progress=False, print_fn=self.messages.append)
+        manifest = prepare.prepare_corpus([path], os.path.join(self.root, "b"),
+                                          tokenizer="byte", progress=False,
+                                          print_fn=self.messages.append, max_bad_fraction=0.1)
+        self.assertEqual((manifest["totals"]["documents"],
+                          manifest["totals"]["malformed_lines"]), (1900, 100))
+
+    def test_binary_input_is_refused(self):
+        rng = np.random.default_rng(0)
+        noise = rng.integers(0, 256, 200_000, dtype=np.uint8).tobytes()
+        for name in ("noise.txt", "noise.jsonl", "noise.jsonl.gz"):
+            path = os.path.join(self.root, name)
+            with (gzip.open if name.endswith(".gz") else open)(path, "wb") as f:
+                f.write(noise)
+            with self.assertRaisesRegex(sources.DataFileError,
+                                        rf"{name} looks binary, not text \(.*NUL"):
+                prepare.prepare_corpus([path], os.path.join(self.root, "o-" + name),
+                                       tokenizer="byte", progress=False)
+        # Mostly invalid UTF-8 without NUL bytes (e.g. a UTF-16 or Latin-1 mangle of binary).
+        path = os.path.join(self.root, "high.txt")
+        with open(path, "wb") as f:
+            f.write(bytes(rng.integers(0x80, 0x100, 20_000, dtype=np.uint8)))
+        with self.assertRaisesRegex(sources.DataFileError, r"high\.txt looks binary.*UTF-8"):
+            prepare.prepare_corpus([path], os.path.join(self.root, "high"), tokenizer="byte",
+                                   progress=False)
+        # Text with a little bad UTF-8 (the setUp files) is still read, with replacements.
+        manifest = self._prepare(os.path.join(self.root, "ok"), tokenizer="byte")
+        self.assertEqual(manifest["totals"]["invalid_utf8"], 1)
+
 
 class PrepareDataBinaryTest(absltest.TestCase):
 
@@ -128,9 +206,29 @@ class PrepareDataBinaryTest(absltest.TestCase):
         result = subprocess.run(cmd[:2] + ["--input=/no/such.jsonl", f"--output_dir={root}/o"],
                                 capture_output=True, text=True, cwd=ROOT, timeout=120)
         self.assertNotEqual(result.returncode, 0)
-        self.assertIn("error: data.paths: no such file or directory: /no/such.jsonl",
+        self.assertIn("error: --input: no such file or directory: /no/such.jsonl",
                       result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+    def test_messages_name_the_tools_flags(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        src = os.path.join(root, "p.jsonl")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"body": f"doc {i}"}) + "\n" for i in range(50)))
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"),
+               f"--input={src}", f"--output_dir={root}/out", "--tokenizer=byte", "--workers=0"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        error = result.stderr.strip().splitlines()[-1]
+        self.assertRegex(error, r"^error: .*--text_field='text'.*--max_bad_fraction=0\.01.*"
+                                r"p\.jsonl:1: .*no field 'text'")
+        self.assertNotIn("data.", error)
+        self.assertNotIn("Traceback", result.stderr)
+        result = subprocess.run(cmd + ["--text_field=body"], capture_output=True, text=True,
+                                cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("1 shards, 50 documents", result.stdout)
+        self.assertIn("0 records without the text field", result.stdout)
 
 
 if __name__ == "__main__":

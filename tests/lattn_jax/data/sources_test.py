@@ -6,6 +6,7 @@ import os
 import tempfile
 
 from absl.testing import absltest
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import zstandard
@@ -19,6 +20,12 @@ def _write(path, text, mode="w", newline=None):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, mode, encoding="utf-8", newline=newline) as f:
         f.write(text)
+    return path
+
+
+def _write_bytes(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
     return path
 
 
@@ -226,12 +233,48 @@ class BadInputTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"n\.jsonl:1: record has no field 'text'"):
             list(sources.read_jsonl(path, "text"))
 
+    def test_records_without_text_can_be_skipped(self):
+        # The training readers raise naming data.text_field; prepare_data skips, counts and
+        # checks after each skip (on_skip), naming its own flag.
+        lines = [json.dumps({"body": "x"}), json.dumps({"text": self.docs[0]}),
+                 json.dumps({"text": 3}), "{oops"]
+        path = _write(os.path.join(self.root, "s.jsonl"), "\n".join(lines) + "\n")
+        with self.assertRaisesRegex(ValueError, r"no field 'text' \(data\.text_field='text'\)"):
+            list(sources.read_file(path))
+        stats, seen = sources.ReadStats(), []
+        names = sources.OptionNames(text_field="--text_field")
+        docs = list(sources.read_file(path, stats=stats, skip_missing_field=True, names=names,
+                                      on_skip=lambda s: seen.append(s.bad_records)))
+        self.assertEqual(docs, self.docs[:1])
+        self.assertEqual((stats.missing_field, stats.malformed_lines, stats.records), (2, 1, 4))
+        self.assertEqual(seen, [1, 2, 3])
+        self.assertEqual(stats.examples[0],
+                         f"{path}:1: skipped: record has no field 'text' (--text_field='text')")
+        self.assertIn("2 records without the text field", stats.summary())
+
+    def test_sniff_binary(self):
+        rng = np.random.default_rng(0)
+        noise = _write_bytes(os.path.join(self.root, "n.txt"),
+                             rng.integers(0, 256, 4096, dtype=np.uint8).tobytes())
+        self.assertRegex(sources.sniff_binary(noise), r"NUL bytes in its first 4,096 bytes")
+        utf16 = _write_bytes(os.path.join(self.root, "u.txt"), self.docs[0].encode("utf-16"))
+        self.assertRegex(sources.sniff_binary(utf16), "NUL")
+        high = _write_bytes(os.path.join(self.root, "h.txt"), bytes(range(0x80, 0x100)) * 8)
+        self.assertRegex(sources.sniff_binary(high), "invalid UTF-8")
+        prose = "Il était une fois un roi qui avait trois filles; la plus jeune était très belle. "
+        latin1 = _write_bytes(os.path.join(self.root, "l.txt"), (prose * 200).encode("latin-1"))
+        self.assertIsNone(sources.sniff_binary(latin1))
+        # A multi-byte character cut by the 64 KiB window is not counted as invalid.
+        cut = _write_bytes(os.path.join(self.root, "c.txt"), "é".encode() * 40_000)
+        self.assertIsNone(sources.sniff_binary(cut, size=3))
+        self.assertIsNone(sources.sniff_binary(_write_bytes(os.path.join(self.root, "e"), b"")))
+
     def test_read_stats_merge(self):
         a = sources.ReadStats(files=1, documents=2, malformed_lines=1, examples=["x"])
         a.merge(sources.ReadStats(files=2, documents=3, invalid_utf8=4, examples=["y"]))
         self.assertEqual(a.counters(), {"files": 3, "documents": 5, "empty_documents": 0,
                                         "invalid_utf8": 4, "invalid_utf8_files": 0,
-                                        "malformed_lines": 1})
+                                        "malformed_lines": 1, "missing_field": 0})
         self.assertEqual(a.examples, ["x", "y"])
 
 
