@@ -6,7 +6,8 @@ Usage::
     python experiments/train.py --config=configs/default.py:pattern=pure --workdir=runs/pure \
         --config.train.total_steps=1000 --config.model.d_model=256
 
-Running it again with the same ``--workdir`` resumes from the newest checkpoint there. On
+Running it again with the same ``--workdir`` resumes from the newest readable checkpoint there
+(``--step=N`` picks an older one). On
 several devices, ``--config.mesh.data/fsdp/context/tensor`` shape the mesh (default: data
 parallel over all devices; ``context`` splits each sequence, BUILD.md "Context parallelism");
 multi-host launches are in BUILD.md ("Multi-host training").
@@ -21,6 +22,7 @@ import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from lattn_jax import checkpoint as checkpoint_lib  # noqa: E402
 from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax import sharding  # noqa: E402
 from lattn_jax import train  # noqa: E402
@@ -28,6 +30,9 @@ from lattn_jax import train  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
+_STEP = flags.DEFINE_integer(
+    "step", None, "Resume from this checkpoint step instead of the newest (the newer ones are "
+    "renamed <step>.after-step-<N>-<time> in <workdir>/checkpoints, not deleted).")
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Multi-process: host:port of process 0. Unset: detected from "
     "the cluster environment (SLURM, Open MPI, TPU pod) or single-process.")
@@ -84,8 +89,9 @@ def main(argv):
         print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "
               f"devices {jax.devices()}")
     try:
-        train.train_and_evaluate(config, _WORKDIR.value)
-    except (config_lib.ConfigError, FileNotFoundError, train.NonFiniteError) as e:
+        train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
+    except (config_lib.ConfigError, FileNotFoundError, train.NonFiniteError,
+            checkpoint_lib.CheckpointError) as e:  # one line each, no traceback
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         # Ctrl-C outside the training loop (data, compilation set-up), or a second Ctrl-C in it:

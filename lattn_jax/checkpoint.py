@@ -11,19 +11,41 @@ Retention: the ``keep`` newest checkpoints, plus (``keep_best``) the one with th
 ``val_loss`` among those saved with metrics. Saves are asynchronous by default: ``save`` returns
 once the arrays are copied off the devices, and the files are written in the background.
 
+Unreadable checkpoints: :meth:`Checkpointer.restore_latest` tries the newest step and, if it
+cannot be read (a truncated array file, a missing ``_METADATA``, a missing data-iterator file,
+...), reports it in one line and falls back to the next older step. Nothing is deleted: the
+writer (``set_aside=True``, the trainer) renames an unreadable step's directory to
+``<step>.unreadable-<time>``, out of orbax's listing, so that the run can save that step again.
+
 Restoring onto another mesh or device count: the arrays are saved with their global shapes, and
 ``restore`` reads them into the shardings of ``abstract_state`` (``jax.ShapeDtypeStruct`` leaves
 with a ``sharding``), whatever the mesh they were saved from.
 """
 
 import os
-from typing import Any, Dict, Optional
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import grain
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from lattn_jax.typing import PyTree
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read, or none can (the message is one line naming the steps and
+    reasons). A ``ValueError``: the binaries report bad inputs of that type in one line."""
+
+
+def describe_error(error: BaseException, limit: int = 240) -> str:
+    """``error`` as one short line: the type and the first line of the message of the innermost
+    exception it was raised from (orbax wraps tensorstore's precise reason)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class Checkpointer:
@@ -93,6 +115,92 @@ class Checkpointer:
             items["data_iter"] = grain.checkpoint.CheckpointRestore(data_iter)
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         return restored["state"]
+
+    def restore_step(self, step: int, abstract_state: PyTree, data_iter: Any = None) -> PyTree:
+        """:meth:`restore`, with an unreadable checkpoint reported as one line.
+
+        Raises:
+          FileNotFoundError: if no checkpoint exists at ``step``.
+          CheckpointError: if it cannot be read (naming the step and the reason).
+        """
+        if step not in self.manager.all_steps():
+            steps = ", ".join(map(str, sorted(self.manager.all_steps()))) or "none"
+            raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} "
+                                    f"(steps: {steps})")
+        try:
+            missing = self._missing_metadata(step)
+            if missing:
+                raise FileNotFoundError(missing)
+            return self.restore(step, abstract_state, data_iter)
+        except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore raise many types
+            why = missing or describe_error(e)
+            raise CheckpointError(f"checkpoint at step {step} in {self.directory} is "
+                                  f"unreadable ({why})") from e
+
+    def restore_latest(self, abstract_state: PyTree, data_iter: Any = None, *,
+                       report: Callable[[str], None] = print,
+                       set_aside: bool = False) -> Tuple[int, PyTree]:
+        """Restores the newest readable checkpoint, falling back past unreadable ones.
+
+        Each unreadable step costs one ``report`` line naming the step and the reason. With
+        ``set_aside`` (only the process that writes the run), the unreadable steps newer than
+        the one restored are renamed ``<step>.unreadable-<time>`` (kept, never deleted), so that
+        the resumed run can save those steps again. When no step can be read nothing is
+        renamed: the cause may be the code or the target rather than the files.
+
+        Args:
+          abstract_state: as for :meth:`restore`.
+          data_iter: as for :meth:`restore`; restored with the same step's state.
+          report: where the one-line notices go.
+          set_aside: rename the unreadable steps newer than the restored one.
+
+        Returns:
+          ``(step, state)``.
+
+        Raises:
+          FileNotFoundError: if there is no checkpoint at all.
+          CheckpointError: if no checkpoint can be read (every step's reason, in one line).
+        """
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        failures = []
+        for step in steps:
+            missing = self._missing_metadata(step)
+            try:
+                if missing:
+                    raise FileNotFoundError(missing)
+                state = self.restore(step, abstract_state, data_iter)
+            except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore raise many types
+                failures.append((step, missing or describe_error(e)))
+                continue
+            for bad, why in failures:
+                aside = f", set aside as {self.set_aside(bad, 'unreadable')}" if set_aside else ""
+                report(f"checkpoint at step {bad} in {self.directory} is unreadable ({why})"
+                       f"{aside}; falling back to step {step}")
+            return step, state
+        raise CheckpointError(
+            f"no readable checkpoint in {self.directory}: " + "; ".join(
+                f"step {step} ({why})" for step, why in failures) +
+            ". Move the directory away or use a new --workdir.")
+
+    def _missing_metadata(self, step: int) -> Optional[str]:
+        """What orbax's own error would misreport (a missing ``_METADATA`` surfaces as a pytree
+        structure mismatch), or ``None``."""
+        path = os.path.join(self.directory, str(step), "state", "_METADATA")
+        return None if os.path.exists(path) else "state/_METADATA is missing"
+
+    def set_aside(self, step: int, why: str) -> str:
+        """Renames step ``step``'s directory to ``<step>.<why>-<time>`` (out of orbax's
+        listing; nothing is deleted) and returns the new name."""
+        name = f"{step}.{why}-{time.strftime('%Y%m%d-%H%M%S')}"
+        target, n = os.path.join(self.directory, name), 1
+        while os.path.exists(target):
+            n += 1
+            target = os.path.join(self.directory, f"{name}-{n}")
+        os.rename(os.path.join(self.directory, str(step)), target)
+        self.manager.reload()
+        return os.path.basename(target)
 
     def all_steps(self):
         return self.manager.all_steps()

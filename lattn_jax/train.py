@@ -476,14 +476,21 @@ def _diff(a, b, prefix):
 
 
 def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
-                       *, print_fn: Callable[[str], None] = tqdm.tqdm.write) -> Dict[str, float]:
+                       *, print_fn: Callable[[str], None] = tqdm.tqdm.write,
+                       step: Optional[int] = None) -> Dict[str, float]:
     """Trains ``config`` in ``workdir``, resuming from its newest checkpoint if there is one.
+
+    An unreadable newest checkpoint is reported in one line, renamed
+    ``<step>.unreadable-<time>`` (kept) and the next older one restored
+    (:meth:`~lattn_jax.checkpoint.Checkpointer.restore_latest`).
 
     Args:
       config: a validated :class:`~lattn_jax.config.ExperimentConfig`.
       workdir: directory for checkpoints, ``metrics.jsonl``, ``tensorboard/`` and
         ``config.json``.
       print_fn: where the human-readable progress lines go (default: above the progress bar).
+      step: resume from this checkpoint step instead of the newest; the newer steps are renamed
+        ``<step>.after-step-<step>-<time>`` (kept, out of the way of this run's saves).
 
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
@@ -491,7 +498,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       (the run stopped early on SIGTERM or SIGINT after saving).
 
     Raises:
-      FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing.
+      FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing, or
+        there is no checkpoint at ``step``.
+      CheckpointError: no checkpoint can be read, or the one at ``step`` cannot.
       ValueError: invalid or inconsistent options, named by their dotted path.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
@@ -529,11 +538,23 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                                        async_save=tcfg.async_checkpoints, cleanup_tmp=True)
     try:
         latest = ckpt.latest_step()
+        if step is not None and step not in ckpt.all_steps():
+            ckpt.restore_step(step, None)  # raises FileNotFoundError listing the steps
         _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
         trainer = Trainer(config, mesh)
         train_iter = datasets.train_iter
         if latest is not None:
-            state = ckpt.restore(latest, trainer.abstract_state(), train_iter)
+            writer = jax.process_index() == 0
+            if step is None:
+                latest, state = ckpt.restore_latest(trainer.abstract_state(), train_iter,
+                                                    report=print_fn, set_aside=writer)
+            else:
+                state = ckpt.restore_step(step, trainer.abstract_state(), train_iter)
+                latest = step
+                # The steps after it would collide with this run's saves: kept, renamed.
+                for newer in sorted(s for s in ckpt.all_steps() if s > step):
+                    name = ckpt.set_aside(newer, f"after-step-{step}") if writer else "?"
+                    print_fn(f"step {newer}: set aside as {name} (resuming from --step {step})")
             print_fn(f"Resuming from the checkpoint at step {latest} in {ckpt.directory} "
                      f"(data iterator restored)")
             resumed_from = latest

@@ -10,7 +10,8 @@ model with the parameters of the requested step.
 import dataclasses
 import json
 import os
-from typing import Optional
+import sys
+from typing import Callable, Optional
 
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
@@ -36,6 +37,10 @@ class Restored:
     step: int
 
 
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
 def load_config(workdir: str) -> config_lib.ExperimentConfig:
     """The run's config from ``<workdir>/config.json``.
 
@@ -51,29 +56,32 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
         return config_lib.experiment_from_config_dict(json.load(f))
 
 
-def load(workdir: str, step: Optional[int] = None) -> Restored:
-    """Restores the model of ``step`` (default: the newest checkpoint) from ``workdir``.
+def load(workdir: str, step: Optional[int] = None, *,
+         report: Callable[[str], None] = _stderr) -> Restored:
+    """Restores the model of ``step`` (default: the newest readable checkpoint) from ``workdir``.
 
     Args:
       workdir: a training workdir.
-      step: a checkpoint step; ``None`` takes the newest.
+      step: a checkpoint step; ``None`` takes the newest readable one (an unreadable newer one
+        is reported in one line through ``report`` and skipped, not moved).
+      report: where that line goes (default: stderr).
 
     Returns:
       A :class:`Restored`.
 
     Raises:
       FileNotFoundError: no config.json, no checkpoint, or no checkpoint at ``step``.
+      CheckpointError: no checkpoint can be read.
       ValueError: the saved config or parameters do not match the code.
     """
     config = load_config(workdir)
     ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False)
     try:
-        if step is None:
-            step = ckpt.latest_step()
-            if step is None:
-                raise FileNotFoundError(f"no checkpoint in {ckpt.directory}")
         trainer = train_lib.Trainer(config)
-        state = ckpt.restore(step, trainer.abstract_state())
+        if step is None:
+            step, state = ckpt.restore_latest(trainer.abstract_state(), report=report)
+        else:
+            state = ckpt.restore_step(step, trainer.abstract_state())
     finally:
         ckpt.close()
     model = trainer.model(state["params"])

@@ -2,15 +2,19 @@
 back, the run directory records each invocation, and a run directory does not depend on where
 the clone lives."""
 
+import glob
 import os
+import shutil
 import signal
 import tempfile
 
+import numpy as np
 from absl.testing import absltest
 
 from configs import default as default_config
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
+from lattn_jax import data as data_lib
 from lattn_jax import train
 from tests.lattn_jax.train_test import tiny_experiment, write_corpus
 
@@ -81,6 +85,105 @@ class ShortRunScheduleTest(absltest.TestCase):
         config.optim.warmup_steps = 5  # an explicit override still wins
         config.train.total_steps = 300
         self.assertEqual(config.optim.warmup_steps, 5)
+
+
+def _truncate_arrays(step_dir):
+    for path in glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*")):
+        with open(path, "r+b") as f:
+            f.truncate(os.path.getsize(path) // 2)
+
+
+CORRUPTIONS = {
+    "truncated array file": _truncate_arrays,
+    "missing _METADATA": lambda d: os.remove(os.path.join(d, "state", "_METADATA")),
+    "missing data-iterator file": lambda d: os.remove(
+        os.path.join(d, "data_iter", "process_0-of-1.json")),
+}
+
+
+class CorruptCheckpointTest(_TmpTest):
+
+    def _save_two(self, workdir, cfg):
+        """Checkpoints at steps 1 and 2 of ``cfg``'s state and data iterator; returns the
+        trainer and the iterator's next batch after step 1's save."""
+        trainer = train.Trainer(cfg)
+        ds = data_lib.build_datasets(cfg.data)
+        state = trainer.init_state(0)
+        ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False)
+        next(ds.train_iter)
+        ckpt.save(1, state, ds.train_iter)
+        expected = next(ds.train_iter)
+        ckpt.save(2, state, ds.train_iter)
+        ckpt.close()
+        return trainer, expected
+
+    def test_each_corruption_gives_one_line_and_the_previous_step(self):
+        cfg = tiny_experiment(self.corpus)
+        base = os.path.join(self.tmp, "base")
+        trainer, expected = self._save_two(base, cfg)
+        for name, corrupt in CORRUPTIONS.items():
+            with self.subTest(name):
+                workdir = os.path.join(self.tmp, name.replace(" ", "_"))
+                shutil.copytree(base, workdir)
+                corrupt(os.path.join(workdir, "checkpoints", "2"))
+                lines = []
+                ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False)
+                it = data_lib.build_datasets(cfg.data).train_iter
+                step, state = ckpt.restore_latest(trainer.abstract_state(), it,
+                                                  report=lines.append)
+                ckpt.close()
+                self.assertEqual(step, 1)
+                self.assertEqual(len(lines), 1, lines)
+                self.assertRegex(lines[0], r"^checkpoint at step 2 .* is unreadable \(.+\); "
+                                           r"falling back to step 1$")
+                self.assertNotIn("\n", lines[0])
+                np.testing.assert_array_equal(next(it)["inputs"], expected["inputs"])
+                self.assertTrue(os.path.isdir(os.path.join(workdir, "checkpoints", "2")))
+
+    def test_training_resumes_from_the_previous_step_and_sets_the_bad_one_aside(self):
+        workdir = os.path.join(self.tmp, "w")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=4, checkpoint_every=2,
+                                                 keep_checkpoints=3), workdir,
+                                 print_fn=lambda s: None)
+        _truncate_arrays(os.path.join(workdir, "checkpoints", "4"))
+        lines = []
+        out = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=4,
+                                                       checkpoint_every=2, keep_checkpoints=3),
+                                       workdir, print_fn=lines.append)
+        self.assertEqual(out["resumed_from"], 2)
+        self.assertEqual(out["step"], 4)
+        bad = [line for line in lines if "step 4" in line and "unreadable" in line]
+        self.assertEqual(len(bad), 1, lines)
+        self.assertRegex(bad[0], r"OUT_OF_RANGE.*\), set aside as 4\.unreadable-.*; falling back "
+                                 r"to step 2$")
+        names = os.listdir(os.path.join(workdir, "checkpoints"))
+        self.assertIn("4", names)  # saved again by this run
+        self.assertTrue([n for n in names if n.startswith("4.unreadable")], names)  # kept
+
+        # --step: resume from an older step; the newer one is kept under another name.
+        lines.clear()
+        out = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=4,
+                                                       checkpoint_every=2, keep_checkpoints=3),
+                                       workdir, print_fn=lines.append, step=2)
+        self.assertEqual((out["resumed_from"], out["step"]), (2, 4))
+        names = os.listdir(os.path.join(workdir, "checkpoints"))
+        self.assertTrue([n for n in names if n.startswith("4.after-step-2")], names)
+        with self.assertRaisesRegex(FileNotFoundError, r"no checkpoint for step 3 .*steps: 2, 4"):
+            train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=4), workdir,
+                                     print_fn=lines.append, step=3)
+
+    def test_all_checkpoints_unreadable_is_one_line_and_nothing_moves(self):
+        cfg = tiny_experiment(self.corpus)
+        workdir = os.path.join(self.tmp, "all")
+        trainer, _ = self._save_two(workdir, cfg)
+        for step in ("1", "2"):
+            os.remove(os.path.join(workdir, "checkpoints", step, "state", "_METADATA"))
+        ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False, cleanup_tmp=True)
+        with self.assertRaisesRegex(checkpoint_lib.CheckpointError,
+                                    r"^no readable checkpoint in .*: step 2 .*; step 1 "):
+            ckpt.restore_latest(trainer.abstract_state(), set_aside=True, report=print)
+        ckpt.close()
+        self.assertEqual(sorted(os.listdir(os.path.join(workdir, "checkpoints"))), ["1", "2"])
 
 
 if __name__ == "__main__":
