@@ -10,17 +10,19 @@ Stages, in order:
    one (restoring the data iterator too, onto the current mesh), else start from scratch;
 4. the loop: a jit-compiled train step (token-mean cross-entropy, clipped AdamW or Muon, a
    NaN/inf guard), periodic validation, metrics (loss, LR, gradient norm, tokens/s, step time,
-   MFU) to stdout, ``<workdir>/metrics.jsonl`` and TensorBoard, a tqdm bar, periodic async
+   MFU) to stdout, ``<workdir>/metrics.jsonl``, ``loss.png`` and TensorBoard, a tqdm bar, async
    checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption) or Ctrl-C
    (SIGINT; a second Ctrl-C stops at once), and a final evaluation and checkpoint.
 """
 
 import dataclasses
 import functools
+import importlib.metadata
 import json
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -425,6 +427,112 @@ class _PreemptionWatcher:
         return False
 
 
+CONSOLE_LOG = "console.log"
+INVOCATIONS = "invocations.jsonl"
+LOSS_PLOT = "loss.png"
+_VERSIONED_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy",
+                       "ml-collections", "sentencepiece", "tensorboardX", "matplotlib",
+                       "lattn-jax")
+
+
+def _utc_now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _git_state() -> Optional[Dict[str, Any]]:
+    """``{"commit", "dirty"}`` of the git checkout holding this package, or ``None`` (not a
+    checkout, or no git)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        return subprocess.run(("git", "-C", root) + args, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": commit, "dirty": dirty}
+
+
+def _versions() -> Dict[str, Optional[str]]:
+    out = {"python": sys.version.split()[0]}
+    for name in _VERSIONED_PACKAGES:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def record_invocation(workdir: str, config: config_lib.ExperimentConfig,
+                      argv: Optional[list] = None) -> Dict[str, Any]:
+    """Appends this invocation to ``<workdir>/invocations.jsonl`` and returns the record: UTC
+    time, command line (``argv``, default ``sys.argv``), working directory, git commit (and
+    whether the checkout had uncommitted changes; ``None`` outside a checkout), package versions,
+    device summary and the config as run."""
+    devices = jax.devices()
+    record = {
+        "time": _utc_now(),
+        "argv": list(sys.argv if argv is None else argv),
+        "cwd": os.getcwd(),
+        "git": _git_state(),
+        "versions": _versions(),
+        "devices": {"backend": jax.default_backend(), "count": len(devices),
+                    "kinds": sorted({d.device_kind for d in devices}),
+                    "processes": jax.process_count()},
+        "config": _config_dict(config),
+    }
+    with open(os.path.join(workdir, INVOCATIONS), "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+def plot_losses(workdir: str) -> Optional[str]:
+    """Writes ``<workdir>/loss.png``: training and validation loss against the step, from
+    ``metrics.jsonl`` (a step logged twice keeps its last record, as after a resume from an
+    older step). Returns the path, or ``None`` when there is nothing to plot."""
+    from matplotlib.backends import backend_agg  # imported here: only the writer plots
+    from matplotlib import figure
+
+    curves = {"train_loss": {}, "val_loss": {}}
+    try:
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            for line in f:
+                record = json.loads(line)
+                for key, curve in curves.items():
+                    if key in record:
+                        curve[record["step"]] = record[key]
+    except (OSError, ValueError):
+        return None
+    if not any(curves.values()):
+        return None
+    fig = figure.Figure(figsize=(7, 4.5), dpi=100)
+    backend_agg.FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for key, label, style in (("train_loss", "train", "-"), ("val_loss", "validation", "o-")):
+        steps = sorted(curves[key])
+        if steps:
+            ax.plot(steps, [curves[key][s] for s in steps], style, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(os.path.basename(os.path.abspath(workdir)))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = os.path.join(workdir, LOSS_PLOT)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _config_dict(config: config_lib.ExperimentConfig) -> Dict[str, Any]:
+    """The config as JSON-ready nested dicts (as in ``config.json``)."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
 # Data options that may change between a run and its resumption: they do not move the
 # iterator's windows. Every other data option changes which batch comes next.
 _RESUMABLE_DATA_OPTIONS = ("max_val_batches",)
@@ -437,14 +545,15 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     """Refuses to resume a checkpoint written with a different model or data stream.
 
     The model options must match for the parameters to load, and the data options for the
-    restored iterator position to mean the same batches. ``config.json`` is (re)written only
-    when there is no checkpoint yet or the check passes.
+    restored iterator position to mean the same batches. ``config.json`` is written when the
+    run starts (no checkpoint yet) and then kept: each invocation's own config is in
+    ``invocations.jsonl`` (:func:`record_invocation`).
 
     Raises:
       ConfigError: naming every option that differs from the saved run.
     """
     path = os.path.join(workdir, "config.json")
-    current = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    current = _config_dict(config)
     if has_checkpoint and os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
@@ -462,8 +571,9 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
             raise config_lib.ConfigError(
                 f"workdir {workdir} holds a checkpoint of a different run; options that "
                 f"differ: {', '.join(diffs)}. Use a new --workdir or the saved settings.")
-    with open(path, "w") as f:
-        json.dump(current, f, indent=2)
+    if not (has_checkpoint and os.path.exists(path)):
+        with open(path, "w") as f:
+            json.dump(current, f, indent=2)
 
 
 def _diff(a, b, prefix):
@@ -486,8 +596,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
 
     Args:
       config: a validated :class:`~lattn_jax.config.ExperimentConfig`.
-      workdir: directory for checkpoints, ``metrics.jsonl``, ``tensorboard/`` and
-        ``config.json``.
+      workdir: the run directory: ``checkpoints/``, ``metrics.jsonl``, ``tensorboard/``,
+        ``loss.png`` (train and validation curves, redrawn at every validation),
+        ``config.json`` (the run's first config), and per invocation (appended)
+        ``invocations.jsonl`` (command line, git commit, package versions, devices, config) and
+        ``console.log`` (the progress lines).
       print_fn: where the human-readable progress lines go (default: above the progress bar).
       step: resume from this checkpoint step instead of the newest; the newer steps are renamed
         ``<step>.after-step-<step>-<time>`` (kept, out of the way of this run's saves).
@@ -508,9 +621,29 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
     os.makedirs(workdir, exist_ok=True)
-    tcfg = config.train
     if jax.process_index() != 0:
-        print_fn = _silent
+        return _train_and_evaluate(config, workdir, _silent, step)
+    record_invocation(workdir, config)
+    log_path = os.path.join(workdir, CONSOLE_LOG)
+    with open(log_path, "a") as f:
+        f.write(f"==== {_utc_now()}  {' '.join(sys.argv)}\n")
+
+    def logged(line: str) -> None:
+        print_fn(line)
+        with open(log_path, "a") as f:
+            f.write(line + "\n")
+
+    try:
+        return _train_and_evaluate(config, workdir, logged, step)
+    except BaseException as e:
+        with open(log_path, "a") as f:
+            f.write(f"stopped: {checkpoint_lib.describe_error(e)}\n")
+        raise
+
+
+def _train_and_evaluate(config, workdir, print_fn, step):
+    """:func:`train_and_evaluate` after the workdir is made and the invocation recorded."""
+    tcfg = config.train
 
     # -- data --------------------------------------------------------------------------------
     try:
@@ -592,6 +725,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     def run_eval(step):
         loss = trainer.evaluate(state["params"], datasets.val_batches)
         metrics_writer.write(step, val_loss=loss)
+        if metrics_writer.enabled:
+            plot_losses(workdir)
         return loss
 
     def save(step, metrics=None):

@@ -2,11 +2,15 @@
 back, the run directory records each invocation, and a run directory does not depend on where
 the clone lives."""
 
+import dataclasses
 import glob
+import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
+from unittest import mock
 
 import numpy as np
 from absl.testing import absltest
@@ -184,6 +188,55 @@ class CorruptCheckpointTest(_TmpTest):
             ckpt.restore_latest(trainer.abstract_state(), set_aside=True, report=print)
         ckpt.close()
         self.assertEqual(sorted(os.listdir(os.path.join(workdir, "checkpoints"))), ["1", "2"])
+
+
+class RunRecordTest(_TmpTest):
+
+    def test_run_directory_records_each_invocation_and_plots_the_losses(self):
+        workdir = os.path.join(self.tmp, "w")
+        seen = {}
+
+        def watch(line):
+            if line.startswith("step     2  val_loss"):
+                seen["png_at_validation"] = os.path.exists(os.path.join(workdir, "loss.png"))
+
+        argv = ["experiments/train.py", "--config=configs/default.py", f"--workdir={workdir}"]
+        lines = []
+        cfg = tiny_experiment(self.corpus, total_steps=4, eval_every=2, checkpoint_every=2)
+        cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=4))
+        with mock.patch.object(sys, "argv", argv):
+            train.train_and_evaluate(cfg, workdir, print_fn=lambda s: (lines.append(s),
+                                                                       watch(s)))
+        # The short-run warning (trap 10) is printed.
+        self.assertTrue(any(line.startswith("warning: optim.warmup_steps=4 >= train.total_steps"
+                                            "=4") for line in lines), lines)
+        self.assertTrue(seen["png_at_validation"])
+        with open(os.path.join(workdir, "loss.png"), "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        with open(os.path.join(workdir, "config.json")) as f:
+            config_json = f.read()
+
+        resumed_argv = argv + ["--config.train.total_steps=6"]
+        with mock.patch.object(sys, "argv", resumed_argv):
+            train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=6, eval_every=2,
+                                                     checkpoint_every=2),
+                                     workdir, print_fn=lambda s: None)
+        with open(os.path.join(workdir, "config.json")) as f:
+            self.assertEqual(f.read(), config_json)  # the run's first config, not rewritten
+        with open(os.path.join(workdir, "invocations.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        self.assertEqual([r["argv"] for r in records], [argv, resumed_argv])
+        first = records[0]
+        self.assertRegex(first["git"]["commit"], r"^[0-9a-f]{40}$")
+        for package in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy"):
+            self.assertIn(package, first["versions"])
+        self.assertEqual(first["devices"]["backend"], "cpu")
+        self.assertEqual(records[1]["config"]["train"]["total_steps"], 6)
+        with open(os.path.join(workdir, "console.log")) as f:
+            log = f.read()
+        self.assertEqual(log.count("final: step"), 2, log)  # appended, not overwritten
+        self.assertIn(" ".join(resumed_argv), log)
+        self.assertIn("Resuming from the checkpoint at step 4", log)
 
 
 if __name__ == "__main__":
