@@ -56,8 +56,10 @@ def bundled_wikitext_data(seq_len: int, batch_size: int) -> ml_collections.Confi
     """
     return ml_collections.ConfigDict(dict(
         # A tuple, so that it can be overridden: --config.data.paths="('/data/a.txt',)".
-        paths=(assets.asset_path("corpus/wikitext-2-raw/wiki.valid.raw"),
-               assets.asset_path("corpus/wikitext-2-raw/wiki.test.raw")),
+        # Bundled files by name, resolved in the package at run time (lattn_jax.assets), so
+        # that a run directory's config.json does not depend on where the clone lives.
+        paths=(assets.BUNDLED + assets.WIKITEXT2_DIR + "/wiki.valid.raw",
+               assets.BUNDLED + assets.WIKITEXT2_DIR + "/wiki.test.raw"),
         format="auto",  # per file: .jsonl / .jsonl.gz / .json.gz are JSONL, the rest text
         text_field="text",
         doc_split="wikitext",

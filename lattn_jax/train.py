@@ -40,6 +40,7 @@ from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
 from lattn_jax import context_parallel
 from lattn_jax import data as data_lib
+from lattn_jax.data import config as data_config_lib
 from lattn_jax import flops as flops_lib
 from lattn_jax import model as model_lib
 from lattn_jax import optim
@@ -529,8 +530,12 @@ def plot_losses(workdir: str) -> Optional[str]:
 
 
 def _config_dict(config: config_lib.ExperimentConfig) -> Dict[str, Any]:
-    """The config as JSON-ready nested dicts (as in ``config.json``)."""
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    """The config as JSON-ready nested dicts, as ``config.json`` stores it: bundled files by
+    name (``"bundled:..."``), user paths as given (:func:`lattn_jax.data.config.portable_dict`),
+    so that a run directory does not depend on where the clone lives."""
+    values = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    values["data"] = data_config_lib.portable_dict(values["data"])
+    return values
 
 
 # Data options that may change between a run and its resumption: they do not move the
@@ -562,7 +567,9 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
         current_model = {k: v for k, v in current["model"].items()
                          if k not in _RESUMABLE_MODEL_OPTIONS}
         diffs = _diff(saved_model, current_model, "model.")
-        saved_data = {k: v for k, v in saved.get("data", {}).items()
+        # Older config.json files hold absolute paths to bundled files (of the clone where the
+        # run started): compared by name, as a run's identity excludes where the clone lives.
+        saved_data = {k: v for k, v in data_config_lib.portable_dict(saved.get("data", {})).items()
                       if k not in _RESUMABLE_DATA_OPTIONS}
         current_data = {k: v for k, v in current["data"].items()
                         if k not in _RESUMABLE_DATA_OPTIONS}

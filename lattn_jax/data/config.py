@@ -8,17 +8,25 @@ tokens, and a document-level train/validation split (99/1 by default).
 itself in ``__post_init__``: a bad option raises ``ValueError`` naming the option, and a missing
 data or tokenizer file raises ``FileNotFoundError`` naming the option and the file, before any
 tokenization or training starts.
+
+Bundled files are named ``"bundled:<path below lattn_jax/assets>"`` (``configs/common.py``'s
+WikiText-2 text, the default tokenizer) and resolved to this package's files here; a run
+directory stores the names (:func:`portable_dict`), so that it does not depend on where the
+clone lives. Restoring a model for evaluation needs no training data:
+:func:`unchecked_data_paths`.
 """
 
+import contextlib
 import dataclasses
 import numbers
 import os
-from typing import Literal
+from typing import Any, Dict, Iterator, Literal
 
 from lattn_jax import assets
 from lattn_jax.data import shards
 
-__all__ = ["DataConfig", "DocSplit", "Format", "TokenizerKind", "resolved_format"]
+__all__ = ["DataConfig", "DocSplit", "Format", "TokenizerKind", "portable_dict", "resolved_format",
+           "unchecked_data_paths"]
 
 Format = Literal["auto", "text", "jsonl", "parquet", "tokens"]
 DocSplit = Literal["wikitext", "blank_line", "line", "file"]
@@ -27,6 +35,36 @@ TokenizerKind = Literal["sentencepiece", "huggingface", "gguf", "byte"]
 _FORMATS = ("auto", "text", "jsonl", "parquet", "tokens")
 _DOC_SPLITS = ("wikitext", "blank_line", "line", "file")
 _TOKENIZERS = ("sentencepiece", "huggingface", "gguf", "byte")
+_PATH_OPTIONS = ("paths", "val_paths", "tokenizer_path")
+_check_data_paths = True
+
+
+@contextlib.contextmanager
+def unchecked_data_paths() -> Iterator[None]:
+    """Within it, a ``DataConfig`` accepts ``paths``/``val_paths`` that do not exist (kept as
+    given; bundled names still resolved). For restoring a model from a run directory when the
+    training corpus is elsewhere: only the tokenizer is needed, and it is still checked."""
+    global _check_data_paths
+    previous, _check_data_paths = _check_data_paths, False
+    try:
+        yield
+    finally:
+        _check_data_paths = previous
+
+
+def portable_dict(values: Dict[str, Any]) -> Dict[str, Any]:
+    """A data section (``dataclasses.asdict`` of a :class:`DataConfig`, or a saved
+    ``config.json``'s) with bundled files as names (``"bundled:..."``, also for absolute paths
+    into another clone's assets) and other paths as given: what a run directory stores, and
+    what run identity compares."""
+    out = dict(values)
+    for key in _PATH_OPTIONS:
+        value = out.get(key)
+        if isinstance(value, (list, tuple)):
+            out[key] = [assets.portable(p) if isinstance(p, str) else p for p in value]
+        elif isinstance(value, str):
+            out[key] = assets.portable(value)
+    return out
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -40,6 +78,8 @@ class DataConfig:
             ``LICENSE.md`` next to the data is not read). A file named explicitly is read whatever
             its extension. A directory holding a ``manifest.json`` is a token-shard directory
             written by ``experiments/prepare_data.py``. A single string is wrapped in a tuple.
+            ``"bundled:<relative path>"`` names a file of ``lattn_jax/assets`` (resolved here to
+            its absolute path; so is ``tokenizer_path``).
         format: ``"text"``, ``"jsonl"``, ``"parquet"``, ``"tokens"`` (token-shard directories),
             or ``"auto"``: token shards if every path is a token-shard directory, else per file by
             name (``.jsonl[.gz|.zst]``/``.json.gz``/``.json.zst`` are JSONL, ``.parquet`` is
@@ -115,7 +155,10 @@ class DataConfig:
                                  f"{self.tokenizer!r} (a tokenizer.json or .gguf file)")
             if path is None:
                 path = assets.asset_path(assets.LLAMA2_TOKENIZER)
-            path = os.fspath(path)
+            try:
+                path = assets.resolve(path)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(f"data.tokenizer_path: {e}") from e
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"data.tokenizer_path: no such file: {path}")
             object.__setattr__(self, "tokenizer_path", path)
@@ -131,6 +174,8 @@ class DataConfig:
                              f"{self.val_fraction!r}")
         if not isinstance(self.shuffle, bool):
             raise ValueError(f"data.shuffle: expected True or False, got {self.shuffle!r}")
+        if not _check_data_paths:
+            return
         resolved_format(self)  # token-shard directories: all or none, each with a manifest
         if self.val_paths is not None:
             try:
@@ -166,7 +211,8 @@ def resolved_format(config: DataConfig) -> str:
 
 
 def _existing_paths(name: str, value) -> tuple[str, ...]:
-    """``value`` (one path or a sequence of them) as a non-empty tuple of existing paths.
+    """``value`` (one path or a sequence of them) as a non-empty tuple of existing paths,
+    bundled names resolved (existence not checked within :func:`unchecked_data_paths`).
 
     Raises:
         ValueError: not paths, or none (the message starts with ``data.<name>``).
@@ -179,8 +225,12 @@ def _existing_paths(name: str, value) -> tuple[str, ...]:
         raise ValueError(f"data.{name}: expected a sequence of paths, got {value!r}") from e
     if not paths:
         raise ValueError(f"data.{name}: at least one file or directory is required")
+    try:
+        paths = tuple(assets.resolve(p) for p in paths)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"data.{name}: {e}") from e
     for path in paths:
-        if not os.path.exists(path):
+        if _check_data_paths and not os.path.exists(path):
             raise FileNotFoundError(f"data.{name}: no such file or directory: {path}")
     return paths
 

@@ -17,6 +17,7 @@ from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
 from lattn_jax import train as train_lib
+from lattn_jax.data import config as data_config_lib
 from lattn_jax.data import tokenizers as tok_lib
 
 
@@ -44,15 +45,21 @@ def _stderr(line: str) -> None:
 def load_config(workdir: str) -> config_lib.ExperimentConfig:
     """The run's config from ``<workdir>/config.json``.
 
+    Bundled files are resolved in this package (``"bundled:..."`` names, or absolute paths
+    into the assets of the clone that wrote the run); ``data.paths`` and ``data.val_paths``
+    need not exist.
+
     Raises:
-      FileNotFoundError: if the workdir or its config.json is missing.
+      FileNotFoundError: if the workdir or its config.json, or the tokenizer, is missing.
       ValueError: if the saved config does not validate.
     """
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no config.json in checkpoint directory {workdir} (expected a "
                                 f"workdir written by experiments/train.py)")
-    with open(path) as f:
+    with open(path) as f, data_config_lib.unchecked_data_paths():
+        # The training corpus need not exist here (another machine, a copied run): restoring
+        # needs the model config and the tokenizer only.
         return config_lib.experiment_from_config_dict(json.load(f))
 
 

@@ -16,10 +16,12 @@ import numpy as np
 from absl.testing import absltest
 
 from configs import default as default_config
+from lattn_jax import assets
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
 from lattn_jax import train
+from lattn_jax.eval import restore
 from tests.lattn_jax.train_test import tiny_experiment, write_corpus
 
 
@@ -237,6 +239,52 @@ class RunRecordTest(_TmpTest):
         self.assertEqual(log.count("final: step"), 2, log)  # appended, not overwritten
         self.assertIn(" ".join(resumed_argv), log)
         self.assertIn("Resuming from the checkpoint at step 4", log)
+
+
+class RelocatableRunTest(_TmpTest):
+
+    def _config(self, **train_overrides):
+        cfg = tiny_experiment(self.corpus, **train_overrides)
+        data = data_lib.DataConfig(
+            paths=("bundled:corpus/wikitext-2-raw/wiki.valid.raw", self.corpus),
+            doc_split="wikitext", tokenizer="sentencepiece", seq_len=32, batch_size=4,
+            val_fraction=0.1, max_val_batches=1)
+        model = dataclasses.replace(cfg.model, vocab_size=32000)
+        return dataclasses.replace(cfg, data=data, model=model)
+
+    def test_a_moved_run_resumes_and_restores_without_the_training_corpus(self):
+        cfg = self._config(total_steps=2, checkpoint_every=2, eval_every=2)
+        self.assertEqual(cfg.data.paths[0],
+                         assets.asset_path("corpus/wikitext-2-raw/wiki.valid.raw"))
+        workdir = os.path.join(self.tmp, "run")
+        train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        with open(os.path.join(workdir, "config.json")) as f:
+            text = f.read()
+        self.assertNotIn(assets.ASSETS_DIR, text)
+        saved = json.loads(text)["data"]
+        self.assertEqual(saved["paths"], ["bundled:corpus/wikitext-2-raw/wiki.valid.raw",
+                                          self.corpus])  # user paths as given
+        self.assertEqual(saved["tokenizer_path"], "bundled:" + assets.LLAMA2_TOKENIZER)
+
+        # A run directory from a clone that has since moved, written before bundled names
+        # (config.json holds absolute paths into the old clone's package).
+        moved = os.path.join(self.tmp, "moved")
+        shutil.copytree(workdir, moved)
+        with open(os.path.join(moved, "config.json"), "w") as f:
+            f.write(text.replace("bundled:", "/gone/old-clone/lattn_jax/assets/"))
+        lines = []
+        out = train.train_and_evaluate(self._config(total_steps=4, checkpoint_every=2,
+                                                    eval_every=2),
+                                       moved, print_fn=lines.append)
+        self.assertEqual((out["resumed_from"], out["step"]), (2, 4), lines)
+
+        # Evaluation and generation need the tokenizer and model config, not the corpus.
+        os.remove(self.corpus)
+        for run, step in ((workdir, 2), (moved, 4)):
+            restored = restore.load(run)
+            self.assertEqual(restored.step, step)
+            self.assertEqual(restored.tokenizer.vocab_size, 32000)
+            self.assertEqual(restored.config.data.paths[1], self.corpus)
 
 
 if __name__ == "__main__":
