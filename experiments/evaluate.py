@@ -2,8 +2,9 @@
 
 Usage::
 
+    python experiments/fetch_eval_data.py    # once: the data, to the default --data_dir
     python experiments/evaluate.py --checkpoint=runs/default --tasks=all \
-        --data_dir=../shared/data --output_dir=runs/default/eval
+        --output_dir=runs/default/eval
     python experiments/evaluate.py --checkpoint=runs/default --tasks=hellaswag,piqa,niah_single_2 \
         --limit=50 --niah_lengths=1024,2048
 
@@ -12,8 +13,8 @@ scored). Merges the results into ``results.json`` under ``--output_dir`` (defaul
 ``<checkpoint>/eval``): tasks of earlier runs are kept, re-run tasks replaced, each entry with its
 checkpoint ``step``; rewrites ``results.md`` (scores with binomial standard errors beside chance)
 and writes ``niah_single_<k>.png`` heatmaps. Task definitions:
-``lattn_jax/eval/tasks.py``, ``niah.py``, ``perplexity.py``. Nothing is downloaded: data comes
-from ``--data_dir``.
+``lattn_jax/eval/tasks.py``, ``niah.py``, ``perplexity.py``. Nothing is downloaded here: data
+comes from ``--data_dir``, which ``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
 """
 
 import dataclasses
@@ -25,15 +26,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
-from lattn_jax.eval import restore, runner  # noqa: E402
+from lattn_jax.eval import fetch, restore, runner  # noqa: E402
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to evaluate.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
 _TASKS = flags.DEFINE_list("tasks", ["zeroshot"], f"Tasks or groups: {runner.ALL_TASKS}, "
                            f"{tuple(runner.GROUPS)}.")
-_DATA_DIR = flags.DEFINE_string("data_dir", os.path.join(_ROOT, "..", "shared", "data"),
-                                "Directory laid out as shared/data (eval/, niah/, lm/).")
+_DATA_DIR = flags.DEFINE_string(
+    "data_dir", fetch.DEFAULT_DATA_DIR, "Directory laid out as eval/, niah/, lm/ (written by "
+    "experiments/fetch_eval_data.py; default $LATTN_DATA_DIR, else ~/.cache/lattn_jax/data).")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where results go (default <ckpt>/eval).")
 _LIMIT = flags.DEFINE_integer("limit", None, "Documents per zero-shot task (subsample).")
 _MAX_LEN = flags.DEFINE_integer("max_len", 2048, "Scoring context window (tokens).")
@@ -73,7 +74,8 @@ def main(argv):
             niah_samples=_NIAH_SAMPLES.value, perplexity_files=tuple(_PPL_FILES.value),
             perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
             perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)
-        runner.check_data(names, options)  # before the (slow) restore
+        restore.load_config(_CHECKPOINT.value)  # a bad --checkpoint is reported first
+        runner.check_data(names, options)  # then missing data, before the (slow) restore
         restored = restore.load(_CHECKPOINT.value, _STEP.value)
         options = dataclasses.replace(options, training_data=restored.config.data)
         print(f"jax {jax.__version__}, devices {jax.devices()}; {_CHECKPOINT.value} step "
