@@ -153,6 +153,11 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
                         (_perplexity_path(f, options.data_dir) for f in options.perplexity_files
                          if f != VALIDATION)
                         if not os.path.isfile(p)]
+            data = options.training_data
+            if VALIDATION in options.perplexity_files and data is not None:
+                held_out = data.val_paths if data.val_paths is not None else data.paths
+                missing += [f"perplexity {VALIDATION!r} (the run's held-out documents): {p}"
+                            for p in held_out if not os.path.exists(p)]
     if missing:
         raise FileNotFoundError(
             "evaluation data missing (nothing was scored; set --data_dir to a directory laid out "

@@ -1,5 +1,6 @@
 """``lattn_jax.eval.runner``: held-out documents for perplexity."""
 
+import dataclasses
 import json
 import math
 import os
@@ -201,6 +202,16 @@ class HeldOutPerplexityTest(absltest.TestCase):
             f.write("more\n")
         self.assertFalse(runner.trained_on(copy, self.data))
         self.assertFalse(runner.trained_on(copy, None))
+
+    def test_validation_needs_the_runs_corpus_before_scoring(self):
+        # A run restored elsewhere (restore.load_config does not require data.paths to exist).
+        with data_config.unchecked_data_paths():
+            moved = dataclasses.replace(self.data, paths=("/no/such/corpus.raw",))
+        options = _options(self.tmp, training_data=moved)
+        with self.assertRaisesRegex(FileNotFoundError, "held-out documents.*/no/such/corpus"):
+            runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["piqa", "perplexity"],
+                                  dataclasses.replace(options, data_dir=FIXTURES),
+                                  log=lambda *a: None)
 
     def test_validation_needs_the_runs_data_config(self):
         with self.assertRaisesRegex(ValueError, "validation"):
