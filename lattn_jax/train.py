@@ -390,11 +390,11 @@ class _PreemptionWatcher:
     """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop polls, so that it can save before
     exiting.
 
-    The first Ctrl-C asks for a save at the end of the current step and puts back the previous
-    SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``, nothing
-    saved). Installed only from the main thread (Python's rule for signal handlers); the previous
-    handlers are restored on exit. In a multi-process run the processes also agree on the step
-    through orbax / JAX's preemption sync point.
+    The first Ctrl-C asks for a save at the end of the current step and installs Python's
+    default SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``,
+    nothing saved). Installed only from the main thread (Python's rule for signal handlers);
+    the previous handlers are restored on exit. In a multi-process run the processes also agree
+    on the step through orbax / JAX's preemption sync point.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -417,7 +417,9 @@ class _PreemptionWatcher:
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
         if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, self._previous[signal.SIGINT])
+            # Python's own Ctrl-C handler (whatever was installed before, e.g. SIG_IGN by a
+            # library), so that the next Ctrl-C raises KeyboardInterrupt at once.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             print("\nCtrl-C: saving a checkpoint after this step (Ctrl-C again to stop at once, "
                   "without saving)", file=sys.stderr, flush=True)
 

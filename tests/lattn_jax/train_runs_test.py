@@ -61,11 +61,15 @@ class InterruptTest(_TmpTest):
         ckpt.close()
 
     def test_a_second_sigint_exits_at_once(self):
+        # Whatever handler was there before (SIG_IGN here), the second Ctrl-C interrupts.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.addCleanup(signal.signal, signal.SIGINT, previous)
         with train._PreemptionWatcher(True) as watcher:
             os.kill(os.getpid(), signal.SIGINT)
             self.assertTrue(watcher.requested)
             with self.assertRaises(KeyboardInterrupt):
                 os.kill(os.getpid(), signal.SIGINT)
+        self.assertEqual(signal.getsignal(signal.SIGINT), signal.SIG_IGN)  # restored on exit
 
 
 class ShortRunScheduleTest(absltest.TestCase):
