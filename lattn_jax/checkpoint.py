@@ -22,7 +22,11 @@ Restoring onto another mesh or device count: the arrays are saved with their glo
 with a ``sharding``), whatever the mesh they were saved from.
 """
 
+import gc
+import logging
 import os
+import sys
+import tempfile
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -46,6 +50,59 @@ def describe_error(error: BaseException, limit: int = 240) -> str:
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
     return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+class _QuietFailedReads:
+    """Holds back what a checkpoint read writes to stderr (file descriptor 2), and drops it if
+    the read fails: orbax reads the arrays in parallel and, when one read fails, the others
+    still in flight end in hundreds of tracebacks ("Event loop is closed", "Future exception was
+    never retrieved", "Exception ignored in: <coroutine ...>"), printed from tensorstore's
+    threads and the garbage collector. The one-line report replaces them. After a successful
+    read the held-back output (warnings) is written out.
+
+    Usage: ``with _QuietFailedReads() as quiet: ...; quiet.failed = True``.
+    """
+
+    DRAIN_SECONDS = 1.0  # for the reads still in flight to finish and print into the void
+
+    def __init__(self):
+        self.failed = False
+
+    def __enter__(self):
+        self._logger = logging.getLogger("asyncio")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.CRITICAL + 1)
+        self._saved_fd = None
+        try:
+            sys.stderr.flush()
+            self._held = tempfile.TemporaryFile()
+            self._saved_fd = os.dup(2)
+            os.dup2(self._held.fileno(), 2)
+        except (OSError, ValueError, AttributeError):  # no usable fd 2: nothing to hold back
+            self._saved_fd = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.failed or exc[0] is not None:
+            gc.collect()
+            time.sleep(self.DRAIN_SECONDS)
+            gc.collect()
+        self._logger.setLevel(self._level)
+        if self._saved_fd is None:
+            return False
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(self._saved_fd, 2)
+        os.close(self._saved_fd)
+        if not self.failed and exc[0] is None:
+            self._held.seek(0)
+            text = self._held.read()
+            if text:
+                os.write(2, text)
+        self._held.close()
+        return False
 
 
 class Checkpointer:
@@ -127,15 +184,16 @@ class Checkpointer:
             steps = ", ".join(map(str, sorted(self.manager.all_steps()))) or "none"
             raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory} "
                                     f"(steps: {steps})")
-        try:
-            missing = self._missing_metadata(step)
-            if missing:
-                raise FileNotFoundError(missing)
-            return self.restore(step, abstract_state, data_iter)
-        except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore raise many types
-            why = missing or describe_error(e)
-            raise CheckpointError(f"checkpoint at step {step} in {self.directory} is "
-                                  f"unreadable ({why})") from e
+        why = self._missing_metadata(step)
+        if not why:
+            with _QuietFailedReads() as quiet:
+                try:
+                    return self.restore(step, abstract_state, data_iter)
+                except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore raise many types
+                    quiet.failed = True
+                    why = describe_error(e)
+        raise CheckpointError(f"checkpoint at step {step} in {self.directory} is unreadable "
+                              f"({why})")
 
     def restore_latest(self, abstract_state: PyTree, data_iter: Any = None, *,
                        report: Callable[[str], None] = print,
@@ -166,13 +224,16 @@ class Checkpointer:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
         failures = []
         for step in steps:
-            missing = self._missing_metadata(step)
-            try:
-                if missing:
-                    raise FileNotFoundError(missing)
-                state = self.restore(step, abstract_state, data_iter)
-            except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore raise many types
-                failures.append((step, missing or describe_error(e)))
+            why = self._missing_metadata(step)
+            if not why:
+                with _QuietFailedReads() as quiet:
+                    try:
+                        state = self.restore(step, abstract_state, data_iter)
+                    except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore: many types
+                        quiet.failed = True
+                        why = describe_error(e)
+            if why:
+                failures.append((step, why))
                 continue
             for bad, why in failures:
                 aside = f", set aside as {self.set_aside(bad, 'unreadable')}" if set_aside else ""

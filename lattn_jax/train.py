@@ -822,7 +822,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 save(step)
             ckpt.wait()
             if preempted:
-                why = {"SIGINT": "SIGINT (Ctrl-C)", "SIGTERM": "SIGTERM (preemption)"}.get(
+                why = {"SIGINT": "Ctrl-C, SIGINT", "SIGTERM": "SIGTERM (preemption)"}.get(
                     watcher.signal_name, "a preemption notice")
             else:
                 why = f"train.max_steps_per_run={tcfg.max_steps_per_run}"

@@ -97,6 +97,27 @@ class ShortRunScheduleTest(absltest.TestCase):
         self.assertEqual(config.optim.warmup_steps, 5)
 
 
+class _stderr_fd:
+    """Captures what is written to file descriptor 2 (also from threads and C code)."""
+
+    def __enter__(self):
+        sys.stderr.flush()
+        self._file = tempfile.TemporaryFile()
+        self._saved = os.dup(2)
+        os.dup2(self._file.fileno(), 2)
+        return self
+
+    def __exit__(self, *exc):
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)
+        os.close(self._saved)
+        return False
+
+    def text(self):
+        self._file.seek(0)
+        return self._file.read().decode(errors="replace")
+
+
 def _truncate_arrays(step_dir):
     for path in glob.glob(os.path.join(step_dir, "state", "ocdbt.process_0", "d", "*")):
         with open(path, "r+b") as f:
@@ -139,9 +160,11 @@ class CorruptCheckpointTest(_TmpTest):
                 lines = []
                 ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False)
                 it = data_lib.build_datasets(cfg.data).train_iter
-                step, state = ckpt.restore_latest(trainer.abstract_state(), it,
-                                                  report=lines.append)
+                with _stderr_fd() as stderr:
+                    step, state = ckpt.restore_latest(trainer.abstract_state(), it,
+                                                      report=lines.append)
                 ckpt.close()
+                self.assertEqual(stderr.text(), "")  # no orbax/asyncio tracebacks
                 self.assertEqual(step, 1)
                 self.assertEqual(len(lines), 1, lines)
                 self.assertRegex(lines[0], r"^checkpoint at step 2 .* is unreadable \(.+\); "
