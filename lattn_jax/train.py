@@ -6,8 +6,10 @@ Stages, in order:
 2. mesh, model and optimizer: the ``("data", "fsdp", "tensor")`` mesh from ``config.mesh`` (none
    on one device); the NNX model is split into a static graph and a pytree of parameters; the
    train state is the pytree ``{"params", "opt_state", "step"}``, created sharded;
-3. checkpoint order: resume from the newest checkpoint in ``<workdir>/checkpoints`` if there is
-   one (restoring the data iterator too, onto the current mesh), else start from scratch;
+3. checkpoint order: resume from the newest readable checkpoint in ``<workdir>/checkpoints``
+   (or ``step``) if there is one (restoring the data iterator too, onto the current mesh; an
+   unreadable newer one is reported in one line and renamed, never deleted), else start from
+   scratch;
 4. the loop: a jit-compiled train step (token-mean cross-entropy, clipped AdamW or Muon, a
    NaN/inf guard), periodic validation, metrics (loss, LR, gradient norm, tokens/s, step time,
    MFU) to stdout, ``<workdir>/metrics.jsonl``, ``loss.png`` and TensorBoard, a tqdm bar, async
