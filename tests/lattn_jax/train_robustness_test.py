@@ -17,7 +17,7 @@ from absl.testing import absltest
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import data as data_lib
 from lattn_jax import train
-from tests.lattn_jax.train_test import tiny_experiment, write_corpus
+from tests.lattn_jax.train_test import CorpusTestCase, tiny_experiment
 
 
 def step_losses(workdir):
@@ -79,17 +79,7 @@ class CheckpointerTest(absltest.TestCase):
         ckpt.close()
 
 
-class GuardAndResumeTest(absltest.TestCase):
-
-    def setUp(self):
-        super().setUp()
-        self._tmp = tempfile.TemporaryDirectory()
-        self.tmp = self._tmp.name
-        self.corpus = write_corpus(self.tmp)
-
-    def tearDown(self):
-        self._tmp.cleanup()
-        super().tearDown()
+class GuardAndResumeTest(CorpusTestCase):
 
     def test_skip_policy_keeps_the_previous_parameters(self):
         cfg = tiny_experiment(self.corpus, nonfinite_policy="skip")

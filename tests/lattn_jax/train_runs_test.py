@@ -22,23 +22,10 @@ from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
 from lattn_jax import train
 from lattn_jax.eval import restore
-from tests.lattn_jax.train_test import tiny_experiment, write_corpus
+from tests.lattn_jax.train_test import CorpusTestCase, tiny_experiment
 
 
-class _TmpTest(absltest.TestCase):
-
-    def setUp(self):
-        super().setUp()
-        self._tmp = tempfile.TemporaryDirectory()
-        self.tmp = self._tmp.name
-        self.corpus = write_corpus(self.tmp)
-
-    def tearDown(self):
-        self._tmp.cleanup()
-        super().tearDown()
-
-
-class InterruptTest(_TmpTest):
+class InterruptTest(CorpusTestCase):
 
     def test_sigint_saves_a_checkpoint_like_sigterm(self):
         workdir = os.path.join(self.tmp, "w")
@@ -132,7 +119,7 @@ CORRUPTIONS = {
 }
 
 
-class CorruptCheckpointTest(_TmpTest):
+class CorruptCheckpointTest(CorpusTestCase):
 
     def _save_two(self, workdir, cfg):
         """Checkpoints at steps 1 and 2 of ``cfg``'s state and data iterator; returns the
@@ -219,7 +206,7 @@ class CorruptCheckpointTest(_TmpTest):
         self.assertEqual(sorted(os.listdir(os.path.join(workdir, "checkpoints"))), ["1", "2"])
 
 
-class RunRecordTest(_TmpTest):
+class RunRecordTest(CorpusTestCase):
 
     def test_run_directory_records_each_invocation_and_plots_the_losses(self):
         workdir = os.path.join(self.tmp, "w")
@@ -268,7 +255,7 @@ class RunRecordTest(_TmpTest):
         self.assertIn("Resuming from the checkpoint at step 4", log)
 
 
-class RelocatableRunTest(_TmpTest):
+class RelocatableRunTest(CorpusTestCase):
 
     def _config(self, **train_overrides):
         cfg = tiny_experiment(self.corpus, **train_overrides)

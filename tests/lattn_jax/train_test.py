@@ -52,7 +52,9 @@ def _leaf(tree, path):
     return tree
 
 
-class TrainTest(absltest.TestCase):
+class CorpusTestCase(absltest.TestCase):
+    """A test case with a fresh temporary directory ``self.tmp`` holding a small corpus
+    (``self.corpus``, from :func:`write_corpus`)."""
 
     def setUp(self):
         super().setUp()
@@ -63,6 +65,9 @@ class TrainTest(absltest.TestCase):
     def tearDown(self):
         self._tmp.cleanup()
         super().tearDown()
+
+
+class TrainTest(CorpusTestCase):
 
     def test_train_steps_lower_the_loss_on_a_fixed_batch(self):
         cfg = tiny_experiment(self.corpus)
