@@ -274,7 +274,7 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
                 errors.append(f"{url}: got {len(data)} bytes, sha256 {digest[:12]}..., expected "
                               f"{entry.size} bytes, sha256 {entry.sha256[:12]}...")
                 continue
-            _write_atomic(dst, data)
+            write_atomic(dst, data)
             status[entry.path] = "replaced" if existed else "fetched"
             log(f"{status[entry.path]} {entry.path} ({entry.size:,} bytes) from {url}")
             break
@@ -286,9 +286,14 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
     return status
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
+def write_atomic(path: str, data) -> None:
+    """Writes ``data`` (bytes, or str as UTF-8) to ``path`` through a temporary file in the same
+    folder and a rename, so a reader never sees a half-written file; creates the folder."""
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".",
+                               prefix=f".{os.path.basename(path)}.")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

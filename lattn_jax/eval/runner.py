@@ -15,7 +15,6 @@ import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -30,6 +29,7 @@ from lattn_jax.data import config as data_config_lib
 from lattn_jax.data import pipeline as data_pipeline
 from lattn_jax.data import sources as data_sources
 from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import fetch
 from lattn_jax.eval import generate as gen_lib
 from lattn_jax.eval import niah
 from lattn_jax.eval import perplexity as ppl_lib
@@ -387,18 +387,6 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: str, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=f".{os.path.basename(path)}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def merge_results(output_dir: str, results: Dict[str, dict]) -> Dict[str, dict]:
     """``results.json`` of ``output_dir`` (if any) updated with ``results``: tasks not re-run
     keep their earlier entries, re-run tasks are replaced.
@@ -430,8 +418,8 @@ def write_results(results: Dict[str, dict], output_dir: str, header: str = "") -
     os.makedirs(output_dir, exist_ok=True)
     paths = [os.path.join(output_dir, "results.json"), os.path.join(output_dir, "results.md")]
     merged = merge_results(output_dir, results)
-    _write_atomic(paths[0], json.dumps(merged, indent=2))
-    _write_atomic(paths[1], markdown(merged, header))
+    fetch.write_atomic(paths[0], json.dumps(merged, indent=2))
+    fetch.write_atomic(paths[1], markdown(merged, header))
     for name, r in results.items():
         if name in niah.TASKS:
             paths.append(os.path.join(output_dir, f"{name}.png"))
