@@ -80,14 +80,44 @@ def evaluate(scorer: scoring.Scorer, tokenizer: tok_lib.Tokenizer, documents: Se
     """
     if not documents:
         raise ValueError("no documents to score")
-    nll, n_tok, n_words, n_bytes = 0.0, 0, 0, 0
-    windows = []
+    ids, n_words, n_bytes = [], 0, 0
     for doc in documents:
-        ids = tokenizer.encode(doc)
-        windows += rolling_windows(ids, tokenizer.eos_id, max_len, stride)
-        n_tok += len(ids)
+        ids.append(tokenizer.encode(doc))
         n_words += len(re.split(r"\s+", doc))
         n_bytes += len(doc.encode("utf-8"))
+    nll, n_tok = token_nll(scorer, ids, tokenizer.eos_id, max_len=max_len, stride=stride)
+    return {"token_perplexity": math.exp(nll / n_tok), "word_perplexity": math.exp(nll / n_words),
+            "byte_perplexity": math.exp(nll / n_bytes),
+            "bits_per_byte": nll / (n_bytes * math.log(2)), "tokens": n_tok, "words": n_words,
+            "bytes": n_bytes, "documents": len(documents)}
+
+
+def token_nll(scorer: scoring.Scorer, documents: Sequence[Sequence[int]], prefix_id: int, *,
+              max_len: int, stride: int) -> Tuple[float, int]:
+    """Summed negative log-likelihood (nats, fp64 sum) of tokenised documents.
+
+    Each document is scored on its own in :func:`rolling_windows` (``prefix_id`` before its
+    first token), the windows batched ``scorer.batch_size`` at a time and padded to a multiple
+    of ``scorer.bucket``.
+
+    Args:
+      scorer: computes token log-probabilities.
+      documents: the documents' ids, each non-empty.
+      prefix_id: the token fed before every document (EOS for our models).
+      max_len, stride: the window (see :func:`rolling_windows`).
+
+    Returns:
+      ``(nll, tokens)``: the summed NLL and the number of scored tokens.
+
+    Raises:
+      ValueError: a document with no tokens, or a bad ``stride``.
+    """
+    windows = []
+    n_tok = 0
+    for ids in documents:
+        windows += rolling_windows(ids, prefix_id, max_len, stride)
+        n_tok += len(ids)
+    nll = 0.0
     bs = scorer.batch_size
     for i in range(0, len(windows), bs):
         chunk = windows[i:i + bs]
@@ -100,7 +130,22 @@ def evaluate(scorer: scoring.Scorer, tokenizer: tok_lib.Tokenizer, documents: Se
         lp, _ = scorer.token_logprobs(inputs, targets)
         for r, (inp, _, k) in enumerate(chunk):
             nll -= float(lp[r, len(inp) - k:len(inp)].sum(dtype=np.float64))
-    return {"token_perplexity": math.exp(nll / n_tok), "word_perplexity": math.exp(nll / n_words),
-            "byte_perplexity": math.exp(nll / n_bytes),
-            "bits_per_byte": nll / (n_bytes * math.log(2)), "tokens": n_tok, "words": n_words,
-            "bytes": n_bytes, "documents": len(documents)}
+    return nll, n_tok
+
+
+def evaluate_tokens(scorer: scoring.Scorer, documents: Sequence[Sequence[int]], prefix_id: int,
+                    *, max_len: int, stride: int) -> Dict[str, float]:
+    """Token perplexity ``exp(NLL / tokens)`` of tokenised documents (e.g. a token-shard
+    corpus's validation split), windows as in :func:`evaluate`.
+
+    Returns:
+      ``{"token_perplexity", "nll_per_token", "tokens", "documents"}`` (NLL in nats).
+
+    Raises:
+      ValueError: no document, an empty document or a bad ``stride``.
+    """
+    if not len(documents):
+        raise ValueError("no documents to score")
+    nll, n_tok = token_nll(scorer, documents, prefix_id, max_len=max_len, stride=stride)
+    return {"token_perplexity": math.exp(nll / n_tok), "nll_per_token": nll / n_tok,
+            "tokens": n_tok, "documents": len(documents)}

@@ -35,6 +35,7 @@ runs); it is loaded once per process. With
 tokenizer, so ``--config.teacher.path`` alone moves both.
 """
 
+import copy
 import dataclasses
 import datetime
 import json
@@ -362,6 +363,19 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
     # The student first: a run cut short by its time budget keeps the converted model's numbers.
     models = {"student": (loaders.build_model(s_cfg, params), meta["student"]),
               "teacher": (loaders.build_model(t_cfg, teacher_params), meta["teacher"])}
+    if tuple(r.get("stage2_measurements") or ()) and source != "stage2":
+        # The ablation of Stage 3: the student as Stage 2 left it.
+        optim2, train2 = _stage_cfgs(config.stage2)
+        params2 = stages.latest_params(os.path.join(workdir, "stage2"),
+                                       _stage2_student(config, workdir, teacher_cfg)[1], optim2,
+                                       train2.total_steps)
+        meta["student_stage2"] = (f"the same HypeNet after Stage 2 (before Stage 3), logit "
+                                  f"scaling a = {a}; measured on {list(r.stage2_measurements)}")
+        models["student_stage2"] = (loaders.build_model(s_cfg, params2),
+                                    meta["student_stage2"])
+    if "corpus_perplexity" in r.measurements and not tuple(r.corpus_perplexity_paths or ()):
+        r = copy.deepcopy(r)  # the data's validation directories, not the caller's config
+        r.corpus_perplexity_paths = tuple(config.data.get("val_paths") or ())
     rep = report_lib.run_report(options=r, stage_dir=stage_dir, models=models,
                                 tokenizer=tokenizer, meta=meta, print_fn=print_fn,
                                 should_stop=_expired(deadline))
@@ -584,14 +598,18 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
     answer of single_3 is 33-38 SmolLM2 tokens), ``niah_seed``, ``niah_batch_tokens`` (prompt
     tokens per NIAH batch: 4 rows at 64K, 128 at 2K), ``niah_short_max_len`` (the short/long
     split of the NIAH means: the teacher's 8K training context), ``speed_lengths``,
-    ``speed_decode_tokens``, ``speed_repeats``.
+    ``speed_decode_tokens``, ``speed_repeats``, ``corpus_perplexity_paths`` (empty: the
+    data's ``val_paths`` when they are token directories), ``corpus_perplexity_tokens``,
+    ``stage2_measurements`` (what the Stage-2 student is also measured on; empty: nothing).
     """
     if data_dir is None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         data_dir = os.path.join(root, "..", "shared", "data")
     return dict(
         dtype="bfloat16", param_dtype="bfloat16",
-        measurements=report_lib.MEASUREMENTS, data_dir=data_dir,
+        # corpus_perplexity is opt-in: it needs the corpus as token directories.
+        measurements=tuple(m for m in report_lib.MEASUREMENTS if m != "corpus_perplexity"),
+        data_dir=data_dir,
         perplexity_file=None, perplexity_window=2048, perplexity_max_docs=None,
         perplexity_batch_size=16,
         csr_tasks=("piqa", "hellaswag", "arc_easy", "arc_challenge", "winogrande"),
@@ -601,6 +619,7 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
         niah_depths=(10.0, 30.0, 50.0, 70.0, 90.0), niah_samples=20, niah_max_new_tokens=48,
         niah_seed=42, niah_batch_tokens=262144, niah_short_max_len=8192,
         speed_lengths=(32768, 131072), speed_decode_tokens=128, speed_repeats=3,
+        corpus_perplexity_paths=(), corpus_perplexity_tokens=262144, stage2_measurements=(),
     )
 
 

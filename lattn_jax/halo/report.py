@@ -15,6 +15,11 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
    also covers everything run before).
 2. ``perplexity``: sliding-window perplexity (:mod:`lattn_jax.eval.perplexity`, disjoint windows
    of ``perplexity_window`` tokens) of the WikiText-2 raw test text.
+   ``corpus_perplexity``: the same windows over the first ``corpus_perplexity_tokens`` tokens of
+   the distillation corpus's validation split (token-shard directories
+   ``corpus_perplexity_paths``; documents in order, the last one cut), each document scored on
+   its own after one EOS. Beside WikiText-2 it separates the student's in-distribution gap
+   from the gap that comes from the corpus being unlike the evaluation text.
 3. ``commonsense``: the zero-shot tasks of :mod:`lattn_jax.eval.tasks` (lm-eval prompts,
    ``acc``/``acc_norm``, each with its binomial standard error ``sqrt(p (1 - p) / n)``) on
    ``csr_limit`` documents each (the seeded subsample of
@@ -41,6 +46,10 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
    per batch: 84 instead of 77 batches per model on the ``h200`` grid.) Per task and
    length: the mean and its binomial SE; the means over the lengths up to
    ``niah_short_max_len`` (2K-8K, the teacher's trained context) and above it (16K-64K).
+
+Models: ``teacher`` and ``student`` get every measurement; ``student_stage2`` (the student
+after Stage 2, before the long-context Stage 3, when the caller passes it) gets only those in
+``stage2_measurements``: the ablation that shows what Stage 3 does to them.
 
 Calls without segment ids (scoring, the prefills) are the plain causal forward.
 
@@ -81,8 +90,9 @@ from lattn_jax.eval import scoring
 from lattn_jax.eval import tasks as tasks_lib
 from lattn_jax.mixers import attention as attention_lib
 
-MEASUREMENTS = ("speed", "perplexity", "commonsense", "niah")
-MODELS = ("teacher", "student")
+MEASUREMENTS = ("speed", "perplexity", "corpus_perplexity", "commonsense", "niah")
+MODELS = ("teacher", "student", "student_stage2")
+MAIN_MODELS = ("teacher", "student")  # the two that every measurement covers
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 NIAH_PARTS = "niah_parts.jsonl"  # one line per finished NIAH (model, task, length)
@@ -827,6 +837,16 @@ def check_options(options) -> None:
         ("speed_lengths", [n for n in options.speed_lengths if int(n) <= m],
          f"lengths must exceed niah_max_new_tokens={m} (the prompt is length - that)"),
     ]
+    if "corpus_perplexity" in options.measurements:
+        problems.append(("corpus_perplexity_paths",
+                         [] if tuple(options.get("corpus_perplexity_paths") or ()) else [None],
+                         "name the corpus's validation token directories"))
+        problems.append(("corpus_perplexity_tokens",
+                         [] if int(options.get("corpus_perplexity_tokens") or 0) >= 1
+                         else [options.get("corpus_perplexity_tokens")], "must be >= 1"))
+    problems.append(("stage2_measurements",
+                     sorted(set(options.get("stage2_measurements") or ()) - set(MEASUREMENTS)),
+                     f"unknown; choose from {MEASUREMENTS}"))
     for key in ("niah_samples", "niah_max_new_tokens", "niah_batch_tokens",
                 "perplexity_batch_size", "csr_batch_size"):
         problems.append((key, [options[key]] if options[key] < 1 else [], "must be >= 1"))
@@ -846,7 +866,8 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
       options: the ``config.report`` section (see ``lattn_jax.halo.experiment.base_config``).
       stage_dir: where ``report.json``, ``report.md`` and :data:`NIAH_PARTS` (the finished
         NIAH parts, :func:`niah_answers`) go.
-      models: ``{"teacher": (LanguageModel, description), "student": (...)}``.
+      models: ``{"teacher": (LanguageModel, description), "student": (...)}``, optionally
+        ``"student_stage2"`` (measured on ``options.stage2_measurements`` only).
       tokenizer: the teacher's tokenizer.
       meta: recorded as is (model descriptions, calibration, sources).
       print_fn: progress lines (one per measurement and model, one per NIAH part).
@@ -878,10 +899,15 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     parts = {"parts_path": os.path.join(stage_dir, NIAH_PARTS),
              "fingerprint": options_fingerprint(opts), "should_stop": should_stop}
     order = list(dict.fromkeys(options.measurements))  # the options' order
+    stage2_only = tuple(options.get("stage2_measurements") or ())
+
+    def wanted(measurement, name):
+        return name in MAIN_MODELS or measurement in stage2_only
+
     complete = True
     for measurement in order:
         for name in models:
-            if name in report["results"].get(measurement, {}):
+            if name in report["results"].get(measurement, {}) or not wanted(measurement, name):
                 continue
             if should_stop is not None and should_stop():
                 complete = False
@@ -907,7 +933,8 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
         if not complete:
             break
     report["complete"] = complete and all(
-        name in report["results"].get(m, {}) for m in order for name in models)
+        name in report["results"].get(m, {}) for m in order for name in models
+        if wanted(m, name))
     _write_json(path, report)
     return report
 
@@ -938,6 +965,21 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
                                max_len=options.perplexity_window,
                                stride=options.perplexity_window)
         res["file"] = os.path.basename(_perplexity_path(options))
+        res["window"] = options.perplexity_window
+        return res
+    if measurement == "corpus_perplexity":
+        if "corpus_docs" not in cache:
+            cache["corpus_docs"] = corpus_documents(options.corpus_perplexity_paths,
+                                                    int(options.corpus_perplexity_tokens))
+        scorer = scoring.Scorer(model, max_len=options.perplexity_window,
+                                batch_size=options.perplexity_batch_size,
+                                bucket=options.perplexity_window)
+        res = ppl_lib.evaluate_tokens(scorer, cache["corpus_docs"], tokenizer.eos_id,
+                                      max_len=options.perplexity_window,
+                                      stride=options.perplexity_window)
+        res["paths"] = [os.path.basename(os.path.dirname(os.path.abspath(p))) + "/"
+                        + os.path.basename(os.path.abspath(p))
+                        for p in options.corpus_perplexity_paths]
         res["window"] = options.perplexity_window
         return res
     if measurement == "commonsense":
@@ -1011,8 +1053,29 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
     raise ValueError(f"unknown measurement {measurement!r}")
 
 
+def corpus_documents(paths: Sequence[str], max_tokens: int) -> List[np.ndarray]:
+    """The first ``max_tokens`` tokens of token-shard directories ``paths``, as documents.
+
+    Documents are taken in the corpus's order; the last one is cut so that the total is
+    exactly ``max_tokens`` (or the corpus's size where it is smaller).
+
+    Raises:
+      FileNotFoundError / ValueError: as :func:`lattn_jax.data.shards.open_corpus`.
+    """
+    from lattn_jax.data import shards
+    corpus = shards.open_corpus(list(paths))
+    docs, total = [], 0
+    for i in range(corpus.num_documents):
+        if total >= max_tokens:
+            break
+        ids = np.asarray(corpus.document(i), np.int64)[:max_tokens - total]
+        docs.append(ids.tolist())
+        total += len(ids)
+    return docs
+
+
 def _summary(measurement: str, result: Mapping[str, Any]) -> str:
-    if measurement == "perplexity":
+    if measurement in ("perplexity", "corpus_perplexity"):
         return f"token perplexity {result['token_perplexity']:.3f}"
     if measurement == "commonsense":
         mean, se = csr_mean(result)
@@ -1075,6 +1138,13 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         for metric in ("token_perplexity", "word_perplexity", "bits_per_byte"):
             row(f"perplexity ({where})", metric,
                 [_fmt(ppl.get(n, {}).get(metric), 3) for n in names])
+    cppl = res.get("corpus_perplexity", {})
+    if cppl:
+        any_r = next(iter(cppl.values()))
+        where = (f"{', '.join(any_r.get('paths', []))}, first {any_r.get('tokens', 0):,} tokens,"
+                 f" window {any_r.get('window', '')}")
+        row(f"corpus perplexity ({where})", "token_perplexity",
+            [_fmt(cppl.get(n, {}).get("token_perplexity"), 3) for n in names])
     csr = res.get("commonsense", {})
     tasks = sorted({t for r in csr.values() for t in r})
     for t in tasks:
@@ -1224,7 +1294,7 @@ def _niah_summary(nh: Mapping[str, Any], names: Sequence[str], tasks: Sequence[s
     for g in ("short", "long"):
         if g in spans:
             head += [f"{n} {spans[g]}" for n in names]
-            if g == "short" and set(names) == set(MODELS):
+            if g == "short" and set(MAIN_MODELS) <= set(names):
                 head.append(f"student / teacher {spans[g]}")
     lines = ["NIAH summary (string_match_all, mean ± SE over the lengths of each span)", "",
              "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
@@ -1236,7 +1306,7 @@ def _niah_summary(nh: Mapping[str, Any], names: Sequence[str], tasks: Sequence[s
                 continue
             out += [_pm(*per_model[n][g]) if per_model.get(n, {}).get(g) else "–"
                     for n in names]
-            if g == "short" and set(names) == set(MODELS):
+            if g == "short" and set(MAIN_MODELS) <= set(names):
                 out.append(_ratio(per_model.get("student", {}).get(g),
                                   per_model.get("teacher", {}).get(g)))
         return out

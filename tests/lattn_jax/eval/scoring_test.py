@@ -128,6 +128,21 @@ class PerplexityTest(absltest.TestCase):
         self.assertAlmostEqual(out["bits_per_byte"], nll / (len(text) * math.log(2)), places=4)
         np.testing.assert_allclose(out["word_perplexity"], math.exp(nll / 3), rtol=1e-5)
 
+    def test_perplexity_of_token_documents_scores_each_document_on_its_own(self):
+        model, logp = bigram()
+        scorer = scoring.Scorer(model, max_len=8, batch_size=4, bucket=4)
+        rng = np.random.default_rng(3)
+        docs = [rng.integers(1, 257, size=n).tolist() for n in (5, 19, 1, 8)]
+        out = perplexity.evaluate_tokens(scorer, docs, 0, max_len=8, stride=8)
+        # By hand: every document after one prefix token 0, no context across documents.
+        nll = -sum(logp[a, b] for d in docs for a, b in zip([0] + d[:-1], d))
+        self.assertEqual(out["tokens"], 33)
+        self.assertEqual(out["documents"], 4)
+        self.assertAlmostEqual(out["nll_per_token"], nll / 33, places=4)
+        self.assertAlmostEqual(out["token_perplexity"], math.exp(nll / 33), places=3)
+        with self.assertRaisesRegex(ValueError, "empty document"):
+            perplexity.evaluate_tokens(scorer, [[3], []], 0, max_len=8, stride=8)
+
 
 if __name__ == "__main__":
     absltest.main()

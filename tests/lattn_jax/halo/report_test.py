@@ -162,6 +162,55 @@ def tiny_models(seed=0, vocab_size=61):
                                            hypenet.convert(params, cfg, student_cfg))}
 
 
+class CorpusPerplexityTest(absltest.TestCase):
+
+    def test_stage2_student_gets_only_its_measurements_and_corpus_ppl_is_exact(self):
+        from lattn_jax.data import prepare
+        src = self.create_tempdir()
+        rng = random.Random(5)
+        docs = ["".join(rng.choice("abcdefgh ,.") for _ in range(n)) for n in (30, 17, 44, 9)]
+        src.create_file("valid.txt", content="\n\n".join(docs) + "\n")
+        corpus_dir = self.create_tempdir().full_path
+        prepare.prepare_corpus([src.full_path], corpus_dir, tokenizer="byte", progress=False,
+                               print_fn=lambda s: None)
+        models = tiny_models(vocab_size=257)
+        stage2 = tiny_models(seed=1, vocab_size=257)["student"]  # any other student
+        named = {"teacher": (models["teacher"], "t"), "student": (models["student"], "s"),
+                 "student_stage2": (stage2, "s2")}
+        options = halo_smollm2.get_config("tiny").report
+        options.update(measurements=("perplexity", "corpus_perplexity"), perplexity_max_docs=1,
+                       stage2_measurements=("corpus_perplexity",),
+                       corpus_perplexity_paths=(corpus_dir,), corpus_perplexity_tokens=60)
+        stage_dir = self.create_tempdir().full_path
+        rep = report_lib.run_report(options=options, stage_dir=stage_dir, models=named,
+                                    tokenizer=tok_lib.ByteTokenizer(), meta={}, **QUIET)
+        self.assertTrue(rep["complete"])
+        self.assertEqual(set(rep["results"]["perplexity"]), {"teacher", "student"})
+        self.assertEqual(set(rep["results"]["corpus_perplexity"]),
+                         {"teacher", "student", "student_stage2"})
+        # By hand: the first 60 bytes are documents 1 (30) and 2 (17) and 13 bytes of the
+        # third, each scored alone after EOS; the window (64) holds every document whole.
+        tok = tok_lib.ByteTokenizer()
+        cut = [tok.encode(docs[0]), tok.encode(docs[1]), tok.encode(docs[2])[:13]]
+        for name, model in (("teacher", models["teacher"]), ("student_stage2", stage2)):
+            nll = 0.0
+            for ids in cut:
+                x = np.array([[tok.eos_id] + ids[:-1]], np.int32)
+                logits = np.asarray(model(x), np.float64)[0]
+                logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+                nll -= logp[np.arange(len(ids)), ids].sum()
+            got = rep["results"]["corpus_perplexity"][name]
+            self.assertEqual(got["tokens"], 60)
+            self.assertEqual(got["documents"], 3)
+            self.assertAlmostEqual(got["nll_per_token"], nll / 60, places=4)
+        md = report_lib.results_markdown(rep)
+        self.assertIn("| measurement | metric | teacher | student | student_stage2 |", md)
+        self.assertRegex(md, r"\| corpus perplexity \(.*first 60 tokens, window 64\) \| "
+                             r"token_perplexity \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \|")
+        self.assertRegex(md, r"\| perplexity \(.*\) \| token_perplexity \| [0-9.]+ \| "
+                             r"[0-9.]+ \| – \|")
+
+
 class NiahDecoderTest(absltest.TestCase):
 
     def test_batched_answers_equal_batch_one_generation(self):
@@ -433,7 +482,11 @@ class StandardErrorTest(absltest.TestCase):
                                     ("niah_depths", (50.0, 120.0), "report.niah_depths"),
                                     ("niah_lengths", (8,), "report.niah_lengths"),
                                     ("niah_batch_tokens", 0, "report.niah_batch_tokens"),
-                                    ("measurements", ("speed", "vibes"), "report.measurements")):
+                                    ("measurements", ("speed", "vibes"), "report.measurements"),
+                                    ("stage2_measurements", ("vibes",),
+                                     "report.stage2_measurements"),
+                                    ("measurements", ("corpus_perplexity",),
+                                     "report.corpus_perplexity_paths")):
             options = base.copy_and_resolve_references()
             options[key] = value
             with self.assertRaisesRegex(ValueError, pattern):
