@@ -2,6 +2,7 @@
 
 from unittest import mock
 
+import pytest
 from absl.testing import absltest
 
 from benchmarks import channelwise_forms
@@ -10,6 +11,7 @@ from pallas_kernels.gdn2 import kernel_gpu
 
 class ChannelwiseFormsTest(absltest.TestCase):
 
+    @pytest.mark.slow  # benchmark tooling, ~19 s on 2 cores
     def test_variants_agree_and_records_are_complete(self):
         # Two variants per stage on a small shape: every variant computes the same sums (prepare
         # with prepare_k 32 in another order). The fp32 sums differ by fp32 rounding at most, but

@@ -63,6 +63,7 @@ class BenchTrainTest(absltest.TestCase):
             with self.assertRaisesRegex(ValueError, "expected section.key=value"):
                 bench_train.experiment_config("gdn_pure", "adamw", tiny=True, overrides=[bad])
 
+    @pytest.mark.slow  # benchmark tooling, ~20-40 s on 2 cores
     def test_tiny_sweep_times_every_configuration(self):
         # Two presets keep the test short: the hybrid has both kinds of layer; test_presets
         # checks the third preset's configuration.
@@ -87,6 +88,7 @@ class BenchTrainTest(absltest.TestCase):
 @pytest.mark.entry
 class BenchInferenceTest(absltest.TestCase):
 
+    @pytest.mark.slow  # benchmark tooling, ~20-40 s on 2 cores
     def test_tiny_sweep_times_every_configuration(self):
         out = os.path.join(self.create_tempdir().full_path, "inference")
         # Two layers (the hybrid: one Lightning, one softmax layer): compiles dominate.
@@ -113,6 +115,7 @@ class BenchInferenceTest(absltest.TestCase):
         _check_outputs(self, out, payload,
                        [f"| {m} | {c} |" for m in bench_inference.MODELS for c in (64, 128)])
 
+    @pytest.mark.slow  # benchmark tooling, ~20 s on 2 cores
     def test_out_of_memory_and_time_budget_are_recorded_and_the_sweep_goes_on(self):
         calls = []
         real = bench.time_calls

@@ -19,6 +19,7 @@ def _run(script, *args):
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
+@pytest.mark.slow  # ~11 s on 2 cores (subprocesses)
 def test_unknown_recipe_and_mixture_are_one_line_errors(tmp_path):
     done = _run("build_corpus.py", "--recipe=nope", f"--output_dir={tmp_path}")
     assert done.returncode != 0

@@ -12,6 +12,7 @@ from absl.testing import absltest
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from lattn_jax.data import prepare
 from lattn_jax.data import shards
@@ -210,6 +211,7 @@ class PrepareDataBinaryTest(absltest.TestCase):
                       result.stderr)
         self.assertNotIn("Traceback", result.stderr)
 
+    @pytest.mark.slow  # ~9 s on 2 cores (subprocesses)
     def test_messages_name_the_tools_flags(self):
         root = self.enterContext(tempfile.TemporaryDirectory())
         src = os.path.join(root, "p.jsonl")

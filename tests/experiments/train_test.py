@@ -22,16 +22,25 @@ class TrainBinaryTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("missing_file", "--config.data.paths=('/no/such/file.txt',)",
          "error: data.paths: no such file or directory: /no/such/file.txt"),
+        ("option_typo", "--config.train.total_step=20",
+         "error: unknown config option 'train.total_step'. Did you mean \"total_steps\""),
+    )
+    def test_bad_option_gives_one_clear_line(self, flag, message):
+        self.check_one_clear_line(flag, message)
+
+    @pytest.mark.slow  # ~12 s per case on 2 cores (a subprocess each); two cases run in CI
+    @parameterized.named_parameters(
         ("unknown_mixer", "--config.model.layer_pattern=('gdn','foo')",
          "error: model.layer_pattern[1]='foo' is not a known mixer"),
         ("width", "--config.model.d_model=130",
          "error: model.d_model=130 is not divisible by model.attention.num_heads=4"),
-        ("option_typo", "--config.train.total_step=20",
-         "error: unknown config option 'train.total_step'. Did you mean \"total_steps\""),
         ("chunk_size", "--config.model.gdn.chunk_size=48",
          "error: model.gdn.chunk_size must be a positive power of two, got 48"),
     )
-    def test_bad_option_gives_one_clear_line(self, flag, message):
+    def test_more_bad_options_give_one_clear_line(self, flag, message):
+        self.check_one_clear_line(flag, message)
+
+    def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn(message, result.stderr)

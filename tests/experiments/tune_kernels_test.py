@@ -43,6 +43,7 @@ def _kda_launch_table(program, args, tuning):
 @pytest.mark.entry
 class TuneKernelsTest(absltest.TestCase):
 
+    @pytest.mark.slow  # tuning tool, ~13 s on 2 cores
     def test_tiny_sweep_records_every_configuration_and_restores_tuning(self):
         before = dict(kernel_gpu.TUNING)
         out = os.path.join(self.create_tempdir().full_path, "tune")
@@ -190,6 +191,7 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaises(tune_kernels.LaunchCheckUnavailable):
             tune_kernels.check_launches({"other_kernel": []}, tuning, shape, "fwdbwd")
 
+    @pytest.mark.slow  # tuning tool, ~17 s on 2 cores
     def test_kda_sweep_tunes_the_channelwise_kernels_and_restores_tuning(self):
         before, gdn_before = dict(channelwise_gpu.TUNING), dict(kernel_gpu.TUNING)
         out = os.path.join(self.create_tempdir().full_path, "tune")

@@ -41,6 +41,7 @@ class ContextParallelTest(absltest.TestCase):
         for name, err in errors.items():
             self.assertLessEqual(err, _TOL, f"{where}: {name} differs by {err:.2e}")
 
+    @pytest.mark.slow  # ~130 s on 2 cores; the HLO check of a GDN layer under context 4 runs in CI
     def test_every_linear_op_matches_one_device_for_context_2_4_8(self):
         out = run_worker("ops")
         ops = ("gdn", "deltanet", "kda", "gdn2", "simple_gla", "lightning", "linear_attention")
@@ -68,6 +69,7 @@ class ContextParallelTest(absltest.TestCase):
         self.assertIn("d['conv']['kernel'].value", out["gdn"])
         self.assertIn("d['A_log'].value", out["gdn"])
 
+    @pytest.mark.slow  # ~45 s on 2 cores (a 3-axis mesh through the Trainer)
     def test_hybrid_model_loss_and_gradients_on_data_2_x_context_2_x_tensor_2(self):
         out = run_worker("model")
         self.assertEqual(out["mesh"], {"data": 2, "fsdp": 1, "context": 2, "tensor": 2})
@@ -76,12 +78,14 @@ class ContextParallelTest(absltest.TestCase):
         self.assertGreater(len(out["grad_rel"]), 10)
         self.assert_small(out["grad_rel"], "gradient")
 
+    @pytest.mark.slow  # ~30 s on 2 cores
     def test_scoring_and_generation_prefill_on_data_2_x_context_4(self):
         out = run_worker("eval")
         self.assertEqual(out["mesh"], {"data": 2, "fsdp": 1, "context": 4, "tensor": 1})
         self.assertLessEqual(out["logprob_rel"], _TOL)
         self.assertTrue(out["tokens_equal"], out["tokens"])
 
+    @pytest.mark.slow  # ~35 s on 2 cores (CUDA lowering of three mixers)
     def test_context_path_exports_for_cuda_with_the_pallas_kernels(self):
         # The GPU program of a bf16 GDN / attention / KDA hybrid's gradient under context 2 and
         # 4: lowered for CUDA (the Triton kernels inside the shard_map), not run.

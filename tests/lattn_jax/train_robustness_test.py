@@ -81,6 +81,7 @@ class CheckpointerTest(absltest.TestCase):
 
 class GuardAndResumeTest(CorpusTestCase):
 
+    @pytest.mark.slow  # ~16 s on 2 cores; the killed/preempted resume test runs in CI
     def test_skip_policy_keeps_the_previous_parameters(self):
         cfg = tiny_experiment(self.corpus, nonfinite_policy="skip")
         # No warm-up: a skipped step does not advance the optimizer's own step count, so with

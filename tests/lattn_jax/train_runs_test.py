@@ -13,6 +13,7 @@ import tempfile
 from unittest import mock
 
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 from configs import default as default_config
@@ -266,6 +267,7 @@ class RelocatableRunTest(CorpusTestCase):
         model = dataclasses.replace(cfg.model, vocab_size=32000)
         return dataclasses.replace(cfg, data=data, model=model)
 
+    @pytest.mark.slow  # ~21 s on 2 cores
     def test_a_moved_run_resumes_and_restores_without_the_training_corpus(self):
         cfg = self._config(total_steps=2, checkpoint_every=2, eval_every=2)
         self.assertEqual(cfg.data.paths[0],

@@ -16,6 +16,7 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from pallas_kernels import gdn2 as gdn2_lib
 from pallas_kernels import kda as kda_lib
@@ -199,6 +200,7 @@ class Gdn2Test(parameterized.TestCase):
             if start + n == o.shape[1]:
                 tolerances.assert_rel_err(state[row], want_s[i], FWD_REL, f"{what} final_state")
 
+    @pytest.mark.slow  # ~12 s on 2 cores
     def test_channel_uniform_gates_equal_kda(self):
         # GDN-2 with b = beta 1_K and w = beta 1_V is KDA (Eqs. 21-24 vs. 18-20). The two
         # references are written independently, so this also cross-checks them.

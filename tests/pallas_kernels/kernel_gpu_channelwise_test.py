@@ -121,6 +121,7 @@ class InterpretTest(parameterized.TestCase):
     def check(self, op, **kwargs):
         _check_against_reference(op, **kwargs)
 
+    @pytest.mark.slow  # ~19 s on 2 cores; GDN-2's ragged-length case runs in CI
     def test_kda_ragged_length_initial_state_gva(self):
         # T = 65: one full chunk and a one-token tail; two value heads per key head.
         self.check("kda", seq_len=65, key_heads=1, heads=2)
@@ -139,6 +140,7 @@ class InterpretTest(parameterized.TestCase):
                                   jnp.int32)
         self.check(op, batch=2, seq_len=100, segment_ids=segment_ids, seed=2)
 
+    @pytest.mark.slow  # ~30 s on 2 cores; KDA head dim 128 packed with strong decay runs in CI
     @parameterized.parameters("kda", "gdn2")
     def test_strong_decay(self, op):
         # Per-channel log-decays down to about -20 per token and below: exponents must stay
@@ -147,6 +149,7 @@ class InterpretTest(parameterized.TestCase):
         self.assertLess(float(jnp.min(inputs["g"])), -20.0)
         self.check(op, seq_len=96, decay=10.0, seed=3)
 
+    @pytest.mark.slow  # ~18 s on 2 cores
     def test_token_parallel_intra_head_groups(self):
         # Twelve heads under a cap of 8: the token-parallel intra kernel runs four heads per
         # program (the largest power of two dividing 12 within the cap); GVA with two key heads.
@@ -223,6 +226,7 @@ class InterpretTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "chunk_size=32"):
             gdn2_ops.gdn2(*gdn2_args, chunk_size=32, implementation="pallas_interpret")
 
+    @pytest.mark.slow  # ~20 s on 2 cores; bf16 inputs run in CI
     def test_scale_shapes(self):
         # The read-key / write-value scales are per head ([B, T, H], KDA's beta) or per channel
         # (shaped like k / v, GDN-2's b and w); a per-head scale equals its broadcast per-channel

@@ -205,6 +205,7 @@ class InterpretTest(parameterized.TestCase):
                                                implementation="chunked")
         np.testing.assert_allclose(u_kernel, u_chunked, **tolerances.fwd_tol(jnp.float32))
 
+    @pytest.mark.slow  # ~10 s on 2 cores
     def test_qk_l2norm_option_normalises_first(self):
         # Raw (unnormalised) q, k with use_qk_l2norm equal pre-normalised q, k without it,
         # in value and in gradient w.r.t. the raw inputs (checked against the chunked form).

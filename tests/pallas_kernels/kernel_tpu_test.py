@@ -136,10 +136,12 @@ class InterpretTest(parameterized.TestCase):
         # No decay; T = 65: one full chunk and a one-token tail; K = V = 128.
         self.check("deltanet", seq_len=65, key_heads=1, heads=1, dim=128, seed=2)
 
+    @pytest.mark.slow  # ~17 s on 2 cores
     def test_lightning_ragged(self):
         # The delta rule off (fixed per-head decay), batch of two rows.
         self.check("lightning", seq_len=65, batch=2, key_heads=1, heads=2, seed=3)
 
+    @pytest.mark.slow  # ~13 s on 2 cores
     def test_kda_ragged_strong_decay(self):
         # Per-channel log-decays down to about -20 per token: the exponents of the intra-chunk
         # matrices must stay <= 0 (sub-block reference points) and be masked before exp.

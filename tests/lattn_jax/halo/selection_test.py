@@ -11,6 +11,7 @@ import random
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest
 from flax import nnx
 
@@ -148,6 +149,7 @@ class StateDecodingTest(absltest.TestCase):
                                             bucket=8)
         self.assertEqual(decoded, full)
 
+    @pytest.mark.slow  # ~21 s on 2 cores; the retrieval-layer ranking test runs in CI
     def test_sweep_model_is_each_single_replacement_model(self):
         cfg, params = random_teacher(seed=2)
         s1, sweep = stage1_sweep(cfg, params, seed=3)

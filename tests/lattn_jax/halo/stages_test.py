@@ -4,6 +4,7 @@ import dataclasses
 import time
 
 import numpy as np
+import pytest
 from absl.testing import absltest
 
 from lattn_jax import config as config_lib
@@ -75,6 +76,7 @@ class StagesTest(absltest.TestCase):
         self.assertEqual((second["resumed_from"], second["step"], second["complete"]),
                          (1, 3, True))
 
+    @pytest.mark.slow  # ~24 s on 2 cores; the stages' exact-resume test runs in CI
     def test_stage2_and_stage3_losses_fall(self):
         s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
         student_cfg = hypenet.hypenet_config(self.teacher_cfg, [1])
