@@ -101,6 +101,7 @@ def _h200(path, data, corpus):
                                "niah")
     # Stage 3's ablation: the Stage-2 student's perplexities (WikiText-2 and the corpus).
     cfg.report.stage2_measurements = ("perplexity", "corpus_perplexity")
+    cfg.report.corpus_perplexity_paths = (os.path.join(corpus, "validation"),)
     cfg.report.niah_batch_tokens = 524_288  # 8 rows of 64K: half the decoding loops
     cfg.report.perplexity_batch_size = 32
     return cfg

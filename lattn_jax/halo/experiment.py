@@ -35,7 +35,6 @@ runs); it is loaded once per process. With
 tokenizer, so ``--config.teacher.path`` alone moves both.
 """
 
-import copy
 import dataclasses
 import datetime
 import json
@@ -373,9 +372,6 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                                   f"scaling a = {a}; measured on {list(r.stage2_measurements)}")
         models["student_stage2"] = (loaders.build_model(s_cfg, params2),
                                     meta["student_stage2"])
-    if "corpus_perplexity" in r.measurements and not tuple(r.corpus_perplexity_paths or ()):
-        r = copy.deepcopy(r)  # the data's validation directories, not the caller's config
-        r.corpus_perplexity_paths = tuple(config.data.get("val_paths") or ())
     rep = report_lib.run_report(options=r, stage_dir=stage_dir, models=models,
                                 tokenizer=tokenizer, meta=meta, print_fn=print_fn,
                                 should_stop=_expired(deadline))
@@ -598,8 +594,8 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
     answer of single_3 is 33-38 SmolLM2 tokens), ``niah_seed``, ``niah_batch_tokens`` (prompt
     tokens per NIAH batch: 4 rows at 64K, 128 at 2K), ``niah_short_max_len`` (the short/long
     split of the NIAH means: the teacher's 8K training context), ``speed_lengths``,
-    ``speed_decode_tokens``, ``speed_repeats``, ``corpus_perplexity_paths`` (empty: the
-    data's ``val_paths`` when they are token directories), ``corpus_perplexity_tokens``,
+    ``speed_decode_tokens``, ``speed_repeats``, ``corpus_perplexity_paths`` (the corpus's
+    validation token directories; needed by ``corpus_perplexity``), ``corpus_perplexity_tokens``,
     ``stage2_measurements`` (what the Stage-2 student is also measured on; empty: nothing).
     """
     if data_dir is None:

@@ -19,9 +19,15 @@ class ConfigTest(absltest.TestCase):
                     halo_smollm2.get_config("tiny"), halo_smollm2.get_config("h200")):
             self.assertEqual(cfg.stage2.temperature, 1.0)
             self.assertEqual(cfg.stage1.optim.weight_decay, 0.0)
-            self.assertEqual(set(cfg.report.measurements), set(report.MEASUREMENTS))
+            # Every measurement; the corpus's perplexity where the data are token directories.
+            self.assertEqual(set(cfg.report.measurements) | {"corpus_perplexity"},
+                             set(report.MEASUREMENTS))
+            report.check_options(cfg.report)
         self.assertEqual(experiment.STAGES[-1], "report")
         cfg = halo_smollm2.get_config("h200")
+        self.assertIn("corpus_perplexity", cfg.report.measurements)
+        self.assertEqual(tuple(cfg.report.stage2_measurements),
+                         ("perplexity", "corpus_perplexity"))
         # The report's perplexity text (WikiText-2 test) is not trained on: the open corpus.
         self.assertEqual(cfg.data.paths, (f"{halo_smollm2.DEFAULT_CORPUS}/train",))
         self.assertEqual(cfg.data.val_paths, (f"{halo_smollm2.DEFAULT_CORPUS}/validation",))
