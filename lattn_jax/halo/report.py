@@ -1189,7 +1189,8 @@ def results_markdown(report: Mapping[str, Any]) -> str:
 
         tag = f"speed @ {length:,}"
         row(tag, "prompt tokens / cache capacity",
-            [f"{get(n, 'prompt_tokens')} / {get(n, 'capacity')}" for n in names])
+            [f"{get(n, 'prompt_tokens')} / {get(n, 'capacity')}"
+             if get(n, "prompt_tokens") is not None else "–" for n in names])
         row(tag, "prefill (ms)", [_fmt(_ms(get(n, "prefill_s")), 1) for n in names])
         row(tag, "prefill (tokens/s)", [_fmt(get(n, "prefill_tokens_per_s"), 0)
                                         for n in names])
@@ -1205,7 +1206,7 @@ def results_markdown(report: Mapping[str, Any]) -> str:
             [_mib(get(n, "device_memory", "peak_bytes_in_use")) for n in names])
     out = "\n".join(lines) + "\n"
     if niah_tasks:
-        out += "\n" + _niah_summary(nh, names, niah_tasks, short_max)
+        out += "\n" + _niah_summary(nh, [n for n in names if n in nh], niah_tasks, short_max)
     for task in niah_tasks:
         for n in names:
             r = nh.get(n, {}).get(task)
