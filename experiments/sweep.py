@@ -23,7 +23,8 @@ rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invoca
 its command line and outcome to ``<root>/sweep.jsonl``. ``--export=<dir>`` then copies the
 records and results, without checkpoints, to ``<dir>`` (a sweep continues on another machine
 from a copy of them as its ``--root``). Compiled programs are shared through a persistent cache
-in ``<root>/jax_cache`` (``--compilation_cache=''`` turns it off).
+in ``<root>/jax_cache`` (``--compilation_cache=''``: the environment's
+``JAX_COMPILATION_CACHE_DIR``, if any).
 
 Exit status: 0 when every selected run is finished or failed, 3 when the call stopped before
 that (deadline, ``--max_runs``, SIGTERM or Ctrl-C: run the same command again), 1 on a bad flag
@@ -66,7 +67,8 @@ _OVERRIDE = flags.DEFINE_multi_string("override", [], "field=value: an extra --c
                                       "for every run (this machine's settings, e.g. "
                                       "train.micro_batch_size=8; not in the run names).")
 _CACHE = flags.DEFINE_string("compilation_cache", None, "Persistent compilation cache of the "
-                             "trainers (default <root>/jax_cache; '' disables it).")
+                             "trainers (default <root>/jax_cache; '' leaves "
+                             "JAX_COMPILATION_CACHE_DIR as the environment has it).")
 _EXPORT = flags.DEFINE_string("export", None, "Copy the records and results (no checkpoints) "
                               "here at the end.")
 flags.mark_flags_as_required(["config", "root"])
@@ -125,6 +127,10 @@ def main(argv):
         if _REPORT_ONLY.value:
             _log(f"wrote {sweep_report.write(sweep_report.build(config, root))['md']}")
         return
+    clashes = sweep.conflicts(runs, root, config.get("local_args") or ())
+    if clashes:
+        sys.exit("error: run directories under --root hold runs of other settings (use another "
+                 "--root, or the settings they were run with):\n  " + "\n  ".join(clashes))
     env = dict(os.environ)
     cache = os.path.join(root, "jax_cache") if _CACHE.value is None else _CACHE.value
     if cache:

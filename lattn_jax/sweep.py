@@ -15,6 +15,9 @@ a training config and a grid; :func:`expand` turns it into :class:`Run` s, each 
                   the training config's argument string.
     seed_axis     str or None: the axis holding seeds; runs that differ only in it form a group
                   (:attr:`Run.group`), whose results the report averages
+    local_args    (name, ...): arguments that may differ between machines (e.g. ``corpus``, a
+                  path), left out when a run directory's recorded definition is compared with
+                  the grid's (:func:`conflicts`)
 
 (``references``, ``claims`` and ``scan`` are read by :mod:`lattn_jax.sweep_report`.)
 
@@ -761,6 +764,46 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             for r in runs):
         summary.status = "incomplete"
     return summary
+
+
+def _arg_dict(arg: str) -> Dict[str, str]:
+    return dict(part.partition("=")[::2] for part in arg.split(",") if part)
+
+
+def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) -> List[str]:
+    """Runs whose directory holds a run of other settings (a changed fixed argument or
+    override under the same run name, e.g. another ``muon_lr`` into the same root).
+
+    Skipping such a finished run, or resuming such a partial one (the trainer compares only
+    the model and data options), would mix two experiments under one name.
+
+    Args:
+      runs: the runs about to be run.
+      root: the sweep directory.
+      local_args: argument names not compared (machine-local paths).
+
+    Returns:
+      One line per conflicting run: its name and what differs (recorded -> now).
+    """
+    out = []
+    for run in runs:
+        try:
+            with open(os.path.join(run_dir(root, run), RUN_RECORD)) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        old_arg, new_arg = _arg_dict(record.get("arg", "")), _arg_dict(run.arg)
+        diffs = [f"argument {k}: {old_arg.get(k)!r} -> {new_arg.get(k)!r}"
+                 for k in sorted(set(old_arg) | set(new_arg))
+                 if k not in local_args and old_arg.get(k) != new_arg.get(k)]
+        old_overrides = {k: v for k, v in record.get("overrides", [])}
+        new_overrides = json.loads(json.dumps(dict(run.overrides)))
+        diffs += [f"override {k}: {old_overrides.get(k)!r} -> {new_overrides.get(k)!r}"
+                  for k in sorted(set(old_overrides) | set(new_overrides))
+                  if old_overrides.get(k) != new_overrides.get(k)]
+        if diffs:
+            out.append(f"{run.name}: {'; '.join(diffs)}")
+    return out
 
 
 def recorded_runs(root: str) -> List[Run]:

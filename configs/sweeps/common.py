@@ -3,7 +3,7 @@
 
 A sweep config's ``get_config(arg)`` returns the ConfigDict that ``experiments/sweep.py`` and
 :mod:`lattn_jax.sweep` read (``name``, ``train_config``, ``arg``, ``overrides``, ``grid``,
-``seed_axis``, and for the report ``references``, ``claims``, ``scan``).
+``seed_axis``, ``local_args``, and for the report ``references``, ``claims``, ``scan``).
 """
 
 import ml_collections
@@ -58,4 +58,6 @@ def sweep_config(*, name, train_config, arg, grid, tiny, seed_axis="seed", refer
     config.references = tuple(references)
     config.claims = tuple(claims)
     config.scan = scan
+    # The corpus path may differ between machines (a sweep continued elsewhere).
+    config.local_args = ("corpus",)
     return config

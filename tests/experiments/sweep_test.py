@@ -138,6 +138,16 @@ class SweepBinaryTest(absltest.TestCase):
         out = self.sweep("--override=micro_batch")
         self.assertIn("error: --override='micro_batch': expected field=value", out.stderr)
         self.assertNotIn("Traceback", out.stderr)
+        # A run directory recorded with other settings under the same name.
+        os.makedirs(os.path.join(self.root, "runs", REF))
+        with open(os.path.join(self.root, "runs", REF, sweep.RUN_RECORD), "w") as f:
+            json.dump({"name": REF, "arg": "arch=softmax,opt=adamw,tiny=True",
+                       "overrides": []}, f)
+        out = self.sweep(f"--only={REF}")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("error: run directories under --root hold runs of other settings", out.stderr)
+        self.assertIn(f"{REF}: argument opt: 'adamw' -> 'muon'; override data.batch_size: None "
+                      f"-> 2", out.stderr)
 
 
 if __name__ == "__main__":

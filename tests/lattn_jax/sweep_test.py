@@ -305,6 +305,17 @@ class ExecuteTest(absltest.TestCase):
         self.assertLen(aside, 1)
         self.assertEqual([r.name for r in sweep.recorded_runs(self.root)], [run.name])
 
+    def test_changed_settings_under_the_same_name_conflict(self):
+        runs, _ = self._execute(("ok",))
+        self.assertEqual(sweep.conflicts(runs, self.root), [])
+        changed = sweep.expand(_config(
+            grid=((("fake.mode", ("ok",)),),), seed_axis=None,
+            arg=(("size", "small"), ("corpus", "/elsewhere"), ("lr", 0.1)),
+            overrides=(("train.tensorboard", True),)))
+        self.assertEqual(sweep.conflicts(changed, self.root, local_args=("corpus",)), [
+            "fake.mode=ok: argument lr: None -> '0.1'; override train.tensorboard: False -> "
+            "True"])
+
     def test_export_copies_records_not_checkpoints(self):
         runs, _ = self._execute(("ok",))
         out = os.path.join(self.root, "export")
