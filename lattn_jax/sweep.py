@@ -285,6 +285,8 @@ def command(run: Run, *, config_path: str, workdir: str, train_script: str,
 
 @enum.unique
 class Status(enum.Enum):
+    """A run's status (:func:`run_state`; the module docstring gives the rules)."""
+
     FINISHED = "finished"
     PARTIAL = "partial"
     FAILED = "failed"

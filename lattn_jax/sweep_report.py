@@ -103,7 +103,21 @@ class Group:
 
 @dataclasses.dataclass
 class Report:
-    """Everything the results page shows (:func:`build`)."""
+    """Everything the results page shows (:func:`build`).
+
+    Attributes:
+      name: the sweep's name; root: its directory.
+      entries: every run (the grid's in grid order, then recorded ones outside the grid).
+      groups: the seed groups in order of first appearance; ranking: those with a finished
+        run, by mean final validation loss (best first).
+      spread: the pooled seed-to-seed standard deviation (nats/token), or ``None``;
+        spread_groups: how many groups it pools.
+      close_pairs: ``(better, worse, gap)`` neighbours in the ranking closer than 3 ``spread``;
+        needs_seed: their groups with a single finished seed.
+      references, claims, scan: the config's, evaluated (module docstring).
+      invocations: the records of ``<root>/sweep.jsonl`` (command line, start, wall time,
+        outcome of every sweep call).
+    """
 
     name: str
     root: str
@@ -405,7 +419,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str) -> 
 
 
 def markdown(report: Report) -> str:
-    """The results page (Markdown)."""
+    """The results page (Markdown): commands, ranking, runs (with failed runs' error lines),
+    seeds, one section per paper reference (with Spearman's rank correlation), the paper's
+    conclusions, the scan, failed runs, and the curves."""
     counts = {s: 0 for s in sweep.Status}
     for e in report.entries:
         counts[e.state.status] += 1
