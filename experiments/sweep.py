@@ -114,6 +114,10 @@ def main(argv):
         sys.exit(f"error: train_config: no such file: {config_path}")
     extra = _overrides()
     os.makedirs(root, exist_ok=True)
+    try:  # the report's options (references, claims, scan) are checked before anything runs
+        paths = sweep_report.write(sweep_report.build(config, root))
+    except sweep.SweepConfigError as e:
+        sys.exit(f"error: {e}")
     if _DRY_RUN.value or _REPORT_ONLY.value:
         if _DRY_RUN.value:
             for run in runs:
@@ -125,7 +129,7 @@ def main(argv):
                 _log(f"{run.name}: {state.status.value} (step {state.step})\n  "
                      + " ".join(shlex.quote(c) for c in cmd))
         if _REPORT_ONLY.value:
-            _log(f"wrote {sweep_report.write(sweep_report.build(config, root))['md']}")
+            _log(f"wrote {paths['md']}")
         return
     clashes = sweep.conflicts(runs, root, config.get("local_args") or ())
     if clashes:
@@ -153,7 +157,10 @@ def main(argv):
          + f"); deadline {_DEADLINE.value} s")
 
     def report(*_):
-        sweep_report.write(sweep_report.build(config, root))
+        try:
+            sweep_report.write(sweep_report.build(config, root))
+        except Exception as e:  # noqa: BLE001 - a failed table must not stop the runs
+            _log(f"sweep: results not written: {type(e).__name__}: {e}")
 
     summary = sweep.ExecutionSummary(status="error")
     try:

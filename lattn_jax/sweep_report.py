@@ -283,7 +283,11 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
 def _claims(config: Mapping[str, Any], groups: Sequence[Group],
             spread: Optional[float]) -> List[Dict[str, Any]]:
     out = []
-    for claim in config.get("claims") or ():
+    for i, claim in enumerate(config.get("claims") or ()):
+        missing = [k for k in ("claim", "better", "worse") if not claim.get(k)]
+        if missing:
+            raise sweep.SweepConfigError(f"claims[{i}]: {', '.join(missing)} missing (a claim "
+                                         f"is dict(claim, source, better, worse, paper))")
         better, worse = _match(groups, claim["better"]), _match(groups, claim["worse"])
         ours = None
         if better is not None and worse is not None and None not in (better.mean, worse.mean):
@@ -306,6 +310,8 @@ def _scan(config: Mapping[str, Any], groups: Sequence[Group]) -> Optional[Dict[s
     scan = config.get("scan")
     if not scan:
         return None
+    if not scan.get("axis"):
+        raise sweep.SweepConfigError("scan: axis missing (scan is dict(axis, by))")
     axis, by = scan["axis"], tuple(scan.get("by") or ())
     blocks: Dict[Tuple, Dict[str, Any]] = {}
     for g in groups:
@@ -353,7 +359,7 @@ def build(config: Mapping[str, Any], root: str) -> Report:
       the grid does not hold.
 
     Raises:
-      SweepConfigError: for a bad grid or reference option.
+      SweepConfigError: for a bad grid, reference, claim or scan option, naming it.
     """
     runs = sweep.expand(config)
     names = {r.name for r in runs}

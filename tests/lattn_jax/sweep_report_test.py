@@ -174,6 +174,17 @@ class BuildTest(absltest.TestCase):
         self.assertEqual(data["needs_second_seed"], ["arch=softmax,opt=muon"])
         self.assertGreater(os.path.getsize(paths["png"]), 10_000)
 
+    def test_bad_report_options_are_named(self):
+        cases = [(dict(references=(dict(metric="loss", values=()),)),
+                  r"references\[0\].metric='loss'; choose from final_val_loss"),
+                 (dict(claims=(dict(claim="x", better="arch=gdn"),)),
+                  r"claims\[0\]: worse missing"),
+                 (dict(scan=dict(by=("opt",))), r"scan: axis missing")]
+        for changes, message in cases:
+            with self.subTest(message):
+                with self.assertRaisesRegex(sweep.SweepConfigError, message):
+                    sweep_report.build(dict(self.config, **changes), self.root)
+
     def test_scan(self):
         config = dict(name="scan", train_config="x.py", seed_axis=None,
                       grid=((("arch", ("a", "b")), ("opt", ("adamw",)),
