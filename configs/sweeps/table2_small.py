@@ -15,10 +15,11 @@ The small member of the 350M family (``configs/common.py``, ``PAPER1_SIZES["smal
   the softmax layers of GDN and GDN-2 hybrids only, as at 350M (spec §2-§3);
 * depth quartered: the 350M layer counts (softmax, DeltaNet, KDA 24; GDN 22; GDN-2 20) / 4,
   rounded to the hybrid period of 3, give 6 layers for every architecture; hybrids keep the
-  2:1 pattern [lin, lin, attn] x 2. (d/L goes from 43 to 85: at ~16M parameters and d 512,
-  keeping 24/4 layers is what holds the heads at 64 wide; the paper's parameter matching to
-  +-2% by layer count needs finer depth steps than 6 layers allow, so the counts below differ
-  by up to +11.5% from softmax.)
+  2:1 pattern [lin, lin, attn] x 2. The aspect ratio d/L goes from 43 to 85: a narrower
+  model with the 350M head layout would have less than one 64-wide GDN key head (d/4 keys),
+  and d 512 with 8 layers already has 21-23M non-embedding parameters. The paper matched
+  parameters to +-2% by layer count (24 / 22 / 20); 6 layers leave no such step, so the
+  counts below differ by up to +11.5% from softmax.
 
 Parameter counts, from our model code (``nnx.eval_shape`` of the built model; tested against
 :data:`PARAMS` in ``tests/configs/sweeps_test.py``); non-embedding = all but the token
@@ -39,8 +40,9 @@ embedding and the LM head (2 x 32000 x 512 = 32,768,000):
 Recipe (spec §5), scaled: the same schedule shape (linear warm-up over 0.7% of the steps, as
 200 of 28,610; WSD with a minus_sqrt cool-down over the last 20% to 0.1x), weight decay 0.1,
 clip 1.0, betas (0.9, 0.95), seq 4096; the batch 128 x 4096 = 524,288 tokens -> 16 x 4096 =
-65,536 (DeepSeek-LLM's compute-optimal batch, 0.292 C^0.3271 with C = 6 N D, gives 0.62M
-tokens at 350M / 15B and 75K here, so both batches sit at ~0.85x of it); 5,400 steps =
+65,536 (DeepSeek-LLM's compute-optimal batch, 0.292 C^0.3271 with C = 6 N D, N the
+non-embedding parameters, gives 0.62M tokens at 350M / 15B and 75K here, so both batches sit
+at ~0.85x of it); 5,400 steps =
 353.9M tokens for every run, >= 20 per non-embedding parameter of each (the prose mixture
 has 140.7M training tokens: 2.5 epochs, reshuffled each epoch). Muon's Adam-routed group runs
 at ``lr x 1.5e-3 / 3.6e-4`` (tied, as in transformer-pp-350m-muon.sbatch). Validation: the
