@@ -591,6 +591,9 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
 
     Returns:
       An :class:`Attempt`, also appended as the ``end`` record of ``sweep_attempts.jsonl``.
+
+    Raises:
+      OSError: if the command cannot be started (no such interpreter or script).
     """
     os.makedirs(workdir, exist_ok=True)
     attempts_path = os.path.join(workdir, ATTEMPTS)
