@@ -7,6 +7,7 @@ A config file defines ``get_config(arg=None)`` returning an ``ml_collections.Con
 
 import ast
 import dataclasses
+import os
 import typing
 
 import ml_collections
@@ -99,6 +100,16 @@ PAPER1_SIZES = {
         attention=dict(num_heads=16, num_kv_heads=8, head_dim=128),
         heads=dict(gdn=(8, 64, 16, 64), deltanet=(8, 64, 8, 128)),
         chunk_size=64),
+    # The small member of the 350M family (configs/sweeps/table2_small.py): every width halved
+    # (d, F, and the number of query/KV/linear heads), head dims kept at 64 / 128 (the GPU
+    # kernels' sizes), so F/d, the GQA ratio and the key/value widths per d are the 350M ones;
+    # depth SMALL_NUM_LAYERS. 15.4M-17.5M non-embedding parameters.
+    "small": dict(
+        d_model=512, mlp_linear=1408, mlp_dense=1280,
+        attention=dict(num_heads=8, num_kv_heads=2, head_dim=64),
+        heads=dict(gdn=(2, 64, 4, 64), deltanet=(2, 64, 2, 128), kda=(2, 64, 4, 64),
+                   gdn2=(2, 64, 4, 64)),
+        chunk_size=64),
     "tiny": dict(
         d_model=64, mlp_linear=176, mlp_dense=160,
         attention=dict(num_heads=4, num_kv_heads=2, head_dim=16),
@@ -112,6 +123,9 @@ PAPER1_SIZES = {
 OUTPUT_GATE_HOSTS = ("gdn", "gdn2")
 
 TINY_LAYERS = 6  # keeps the [lin, lin, attn] x 2 hybrid structure
+# Depth of the "small" size for every architecture: the 350M layer counts (24 / 22 / 20) divided
+# by 4 and rounded to the [lin, lin, attn] period, so every hybrid has 2 softmax layers.
+SMALL_NUM_LAYERS = 6
 
 
 def paper1_model(linear, stack, num_layers, *, size="350m", mlp_hidden=None,
@@ -250,7 +264,13 @@ BUDGETS = {
     # 1.3B/40B: 9,765,625 samples at GBS 512 = 19,073 it; warm-up 25,600 samples = 50 it
     # (the launchers' sample-based warm-up; not stated for this launcher in the spec).
     "40b": dict(total_steps=19_073, warmup_steps=50, batch_size=512, eval_every=500),
+    # The "small" size (configs/sweeps/table2_small.py): GBS 16 x 4096 = 65,536 tokens, 5,400
+    # steps = 353.9M tokens (>= 20 per non-embedding parameter of every small preset), warm-up
+    # 0.7% of the steps as 200 of 28,610; "small_scan" is the learning-rate scan's quarter.
+    "small": dict(total_steps=5_400, warmup_steps=38, batch_size=16, eval_every=200),
+    "small_scan": dict(total_steps=1_350, warmup_steps=9, batch_size=16, eval_every=150),
 }
+SMALL_BUDGETS = ("small", "small_scan")
 
 
 def train_section(**values) -> ml_collections.ConfigDict:
@@ -275,22 +295,67 @@ def train_section(**values) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(section)
 
 
+def corpus_data(corpus: str, seq_len: int, batch_size: int) -> ml_collections.ConfigDict:
+    """Data section for a corpus directory with ``train/`` and ``validation/`` token shards.
+
+    ``experiments/build_corpus.py`` writes one per mixture and tokenizer (e.g.
+    ``/data/open/prose-llama2``); every training document is trained on and the validation
+    split is the corpus's own. The keys are those of :func:`bundled_wikitext_data`, so the same
+    command-line overrides apply.
+
+    Args:
+      corpus: the mixture directory (its ``train`` and ``validation`` subdirectories are read).
+      seq_len: tokens per row.
+      batch_size: rows per step.
+    """
+    data = bundled_wikitext_data(seq_len=seq_len, batch_size=batch_size)
+    data.paths = (os.path.join(corpus, "train"),)
+    data.val_paths = (os.path.join(corpus, "validation"),)
+    return data
+
+
 def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", tiny=False,
-                      learning_rate=None, mlp_hidden=None,
-                      routing=None) -> ml_collections.ConfigDict:
+                      learning_rate=None, mlp_hidden=None, routing=None, corpus=None,
+                      seed=42) -> ml_collections.ConfigDict:
     """A complete paper-1 experiment ConfigDict (model, data, optim, train).
 
     Full runs use seq 4096, seed 42, eval every 500 (100 for 1B) steps over 10 batches, 1% of
     the documents held out (spec §5.4, §6, §7). The data section points at the bundled
     WikiText-2 text; point ``--config.data.paths`` at the tokenised FineWeb-Edu JSONL for a real
-    run. ``tiny=True`` keeps the structure (stack, gates, routing, optimizer) and shrinks the
-    model (:data:`PAPER1_SIZES` ``"tiny"``), data (128 tokens x 8) and run (60 steps) to CPU size.
+    run, or give ``corpus``. ``tiny=True`` keeps the structure (stack, gates, routing,
+    optimizer) and shrinks the model (:data:`PAPER1_SIZES` ``"tiny"``), data (128 tokens x 8)
+    and run (60 steps) to CPU size.
+
+    ``size="small"`` goes with a budget of :data:`SMALL_BUDGETS` (and only with those): GBS 16 x
+    4096, the whole validation split at every evaluation (a ``corpus``'s is 11-12 batches),
+    one checkpoint kept (no best one: the sweep reads the best validation loss from the
+    metrics), and under Muon the Adam group's LR tied to the Muon LR (``learning_rate x 1.5e-3
+    / 3.6e-4``, as in transformer-pp-350m-muon.sbatch, spec §5.1; the recipe's 1.5e-3 at the
+    recipe's 3.6e-4), so that one ``learning_rate`` scales the whole recipe.
+
+    Args:
+      linear, stack, num_layers, size, mlp_hidden, routing: the model (:func:`paper1_model`).
+      opt: ``"adamw"`` or ``"muon"``.
+      budget: a key of :data:`BUDGETS`.
+      tiny: the CPU-sized variant.
+      learning_rate: peak LR (of the Muon group under Muon); ``None``: :data:`DEFAULT_LR`.
+      corpus: a directory with ``train/`` and ``validation/`` token shards
+        (:func:`corpus_data`); ``None``: the bundled WikiText-2 text.
+      seed: ``train.seed`` (initialisation) and, except for ``tiny`` runs (whose validation
+        documents are split off the bundled text by ``data.seed``), ``data.seed`` (the window
+        order; a ``corpus``'s validation tokens do not depend on it).
 
     Raises:
-      ConfigArgError: for an unknown budget, optimizer, size or mixer.
+      ConfigArgError: for an unknown budget, optimizer, size or mixer, or a budget that does not
+        go with the size.
     """
     if budget not in BUDGETS:
         raise ConfigArgError(f"budget={budget!r}; choose from {', '.join(BUDGETS)}")
+    if (size == "small") != (budget in SMALL_BUDGETS):
+        raise ConfigArgError(
+            f"budget={budget!r} does not go with size={size!r}: size=small takes budget "
+            f"{' or '.join(SMALL_BUDGETS)}, the other sizes take "
+            f"{', '.join(b for b in BUDGETS if b not in SMALL_BUDGETS)}")
     b = BUDGETS[budget]
     config = ml_collections.ConfigDict()
     config.model = paper1_model(linear, stack, num_layers, size="tiny" if tiny else size,
@@ -300,22 +365,37 @@ def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", ti
     config.mesh = dict(data=-1, fsdp=1, context=1, tensor=1)
     if tiny:
         total, warmup = 60, 6
-        config.data = bundled_wikitext_data(seq_len=128, batch_size=8)
+        if corpus:
+            config.data = corpus_data(corpus, seq_len=128, batch_size=8)
+        else:
+            config.data = bundled_wikitext_data(seq_len=128, batch_size=8)
         config.data.max_val_batches = 4
         lr = 3e-3 if learning_rate is None else learning_rate
         config.optim = paper1_optim(opt, warmup_steps=warmup, learning_rate=lr,
                                     adamw_learning_rate=3e-3)
         config.train = train_section(total_steps=total, eval_every=30, checkpoint_every=30,
-                                     keep_checkpoints=1, log_every=10, seed=42)
+                                     keep_checkpoints=1, log_every=10, seed=seed)
         return config
     total = b["total_steps"]
-    config.data = bundled_wikitext_data(seq_len=4096, batch_size=b["batch_size"])
-    config.data.val_fraction = 0.01
-    config.data.seed = 42
+    if corpus:
+        config.data = corpus_data(corpus, seq_len=4096, batch_size=b["batch_size"])
+    else:
+        config.data = bundled_wikitext_data(seq_len=4096, batch_size=b["batch_size"])
+        config.data.val_fraction = 0.01
+    config.data.seed = seed
+    if size == "small":
+        # The whole validation split (prose-llama2: 779,463 tokens, 12 batches) every time.
+        config.data.max_val_batches = None if corpus else 10
+        config.optim = paper1_optim(opt, warmup_steps=b["warmup_steps"],
+                                    learning_rate=learning_rate, adamw_learning_rate=None)
+        config.train = train_section(total_steps=total, eval_every=b["eval_every"],
+                                     checkpoint_every=1000, keep_checkpoints=1,
+                                     keep_best_checkpoint=False, log_every=10, seed=seed)
+        return config
     config.data.max_val_batches = 10
     config.optim = paper1_optim(opt, warmup_steps=b["warmup_steps"],
                                 learning_rate=learning_rate)
     config.train = train_section(total_steps=total, eval_every=b["eval_every"],
                                  checkpoint_every=b["eval_every"], keep_checkpoints=2,
-                                 log_every=10, seed=42)
+                                 log_every=10, seed=seed)
     return config

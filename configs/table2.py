@@ -21,7 +21,11 @@ Launch (from the repository root)::
 
 Arguments: ``arch`` (softmax | deltanet | gdn | kda | gdn2), ``stack`` (hybrid | pure; dense
 for softmax, the default there), ``opt`` (adamw | muon), ``tiny`` (CPU-sized smoke run),
-``num_layers`` (override ``L``; e.g. 20 for the AdamW KDA launcher's default, spec §3), ``lr``.
+``num_layers`` (override ``L``; e.g. 20 for the AdamW KDA launcher's default, spec §3), ``lr``,
+``size`` (350m | small: the scaled-down member of configs/sweeps/table2_small.py, 6 layers for
+every architecture), ``budget`` (15b for 350m; small | small_scan for small), ``corpus`` (a
+directory with train/ and validation/ token shards, e.g. /data/open/prose-llama2), ``seed``
+(default 42, the paper's; initialisation and window order).
 """
 
 from configs import common
@@ -42,9 +46,12 @@ def get_config(arg=None):
       ConfigArgError: for an unknown argument or value, or softmax with a linear stack.
     """
     arg = common.parse_arg(arg, arch="gdn", stack=None, opt="muon", tiny=False,
-                           num_layers=None, lr=None)
+                           num_layers=None, lr=None, size="350m", budget=None, corpus=None,
+                           seed=42)
     if arg.arch not in LAYERS:
         raise common.ConfigArgError(f"arch={arg.arch!r}; choose from {', '.join(LAYERS)}")
+    if arg.size not in ("350m", "small"):
+        raise common.ConfigArgError(f"size={arg.size!r}; choose 350m or small")
     if arg.arch == "softmax":
         stack = arg.stack or "dense"
         if stack != "dense":
@@ -55,6 +62,9 @@ def get_config(arg=None):
         if stack not in ("hybrid", "pure"):
             raise common.ConfigArgError(f"stack={stack!r}; choose hybrid or pure")
         linear = arg.arch
+    default_layers = common.SMALL_NUM_LAYERS if arg.size == "small" else LAYERS[arg.arch]
+    budget = arg.budget or ("small" if arg.size == "small" else "15b")
     return common.paper1_experiment(
-        linear=linear, stack=stack, num_layers=arg.num_layers or LAYERS[arg.arch], opt=arg.opt,
-        budget="15b", tiny=arg.tiny, learning_rate=arg.lr)
+        linear=linear, stack=stack, num_layers=arg.num_layers or default_layers, opt=arg.opt,
+        budget=budget, size=arg.size, tiny=arg.tiny, learning_rate=arg.lr, corpus=arg.corpus,
+        seed=arg.seed)

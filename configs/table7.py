@@ -28,9 +28,13 @@ Launch::
     python experiments/train.py --config=configs/table7.py:host=gdn,route=clvr,tiny \\
         --workdir=/tmp/t7-clvr-tiny
 
-Arguments: ``host`` (gdn | deltanet), ``budget`` (1b | 15b), ``route`` (see above), ``rank``
-(``P_l`` rank, default full), ``normalize`` (RMS-normalise the routed input, cler_h/clvr only),
-``tiny``.
+Arguments: ``host`` (gdn | deltanet), ``budget`` (1b | 15b; small | small_scan with
+``size=small``), ``route`` (see above), ``rank`` (``P_l`` rank, default full), ``normalize``
+(RMS-normalise the routed input, cler_h/clvr only), ``tiny``, ``size`` (350m | small: the
+6-layer d = 512 member of configs/sweeps/table2_small.py, its hybrids' 4 linear layers routed;
+full-rank ``P_l`` 256 -> 512 adds 4 x 131,072 = 524,288, matched by ``wide`` F 1464 (+516,096)
+and ``hidden_state`` rank 128), ``lr`` (peak Muon LR; default the recipe's 3.6e-4), ``corpus``
+(train/ and validation/ token shards), ``seed`` (default 42).
 """
 
 from configs import common
@@ -39,6 +43,11 @@ ROUTES = ("none", "cler_h", "clvr", "error_value", "surprise_gate", "hidden_stat
           "attn_res")
 NUM_LAYERS = 20
 WIDE_MLP = 2936  # spec §9.4: FFN-width control, +7.37M params at 20 layers
+# size=small: F 1408 -> 1464 over 6 layers adds 6 x 3 x 512 x 56 = 516,096 parameters, the
+# multiple of 8 nearest the full-rank P_l's 4 x 256 x 512 = 524,288 (the 350M control's F 2936
+# is likewise 8 x 367); the self-transform's rank 128 x (512 + 512) is the same budget.
+SMALL_WIDE_MLP = 1464
+SMALL_HIDDEN_STATE_RANK = 128
 
 VARIANTS = tuple(
     [f"host={h},budget={b},route={r}" for h in ("gdn", "deltanet") for b in ("1b", "15b")
@@ -54,24 +63,34 @@ def get_config(arg=None):
     Raises:
       ConfigArgError: for an unknown argument or value.
     """
-    arg = common.parse_arg(arg, host="gdn", budget="15b", route="clvr", rank=None,
-                           normalize=False, tiny=False)
+    arg = common.parse_arg(arg, host="gdn", budget=None, route="clvr", rank=None,
+                           normalize=False, tiny=False, size="350m", lr=None, corpus=None,
+                           seed=42)
     if arg.host not in ("gdn", "deltanet"):
         raise common.ConfigArgError(f"host={arg.host!r}; choose gdn or deltanet")
-    if arg.budget not in ("1b", "15b"):
-        raise common.ConfigArgError(f"budget={arg.budget!r}; choose 1b or 15b")
+    if arg.size not in ("350m", "small"):
+        raise common.ConfigArgError(f"size={arg.size!r}; choose 350m or small")
+    small = arg.size == "small"
+    budgets = common.SMALL_BUDGETS if small else ("1b", "15b")
+    budget = arg.budget or budgets[0 if small else 1]
+    if budget not in budgets:
+        raise common.ConfigArgError(f"budget={budget!r} with size={arg.size}; choose "
+                                    f"{' or '.join(budgets)}")
     if arg.route not in ROUTES:
         raise common.ConfigArgError(f"route={arg.route!r}; choose from {', '.join(ROUTES)}")
     routing, mlp_hidden = None, None
     if arg.route == "attn_res":
         routing = dict(attn_res=True)
     elif arg.route == "wide":
-        mlp_hidden = WIDE_MLP
+        mlp_hidden = SMALL_WIDE_MLP if small else WIDE_MLP
     elif arg.route != "none":
         rank = arg.rank
         if rank is None and arg.route == "hidden_state":
-            rank = 256  # 256 x (1024 + 1024) = 512 x 1024: the full-rank CLVR budget
+            # 256 x (1024 + 1024) = 512 x 1024: the full-rank CLVR budget (small: 128 x 1024).
+            rank = SMALL_HIDDEN_STATE_RANK if small else 256
         routing = dict(mode=arg.route, rank=rank, normalize_input=arg.normalize)
     return common.paper1_experiment(
-        linear=arg.host, stack="hybrid", num_layers=NUM_LAYERS, opt="muon", budget=arg.budget,
-        tiny=arg.tiny, mlp_hidden=mlp_hidden, routing=routing)
+        linear=arg.host, stack="hybrid",
+        num_layers=common.SMALL_NUM_LAYERS if small else NUM_LAYERS, opt="muon", budget=budget,
+        size=arg.size, tiny=arg.tiny, mlp_hidden=mlp_hidden, routing=routing,
+        learning_rate=arg.lr, corpus=arg.corpus, seed=arg.seed)

@@ -1,0 +1,63 @@
+"""Shared pieces of the small-scale paper-1 sweeps (``table2_small``, ``lr_scan_small``,
+``table7_small``): the fixed training-config arguments, seeds, the tiny CPU variant.
+
+A sweep config's ``get_config(arg)`` returns the ConfigDict that ``experiments/sweep.py`` and
+:mod:`lattn_jax.sweep` read (``name``, ``train_config``, ``arg``, ``overrides``, ``grid``,
+``seed_axis``, ``local_args``, and for the report ``references``, ``claims``, ``scan``).
+"""
+
+import ml_collections
+
+from configs import common
+
+# The paper's seed (spec §5.4: --seed 42), then the second one.
+SEEDS = (42, 43)
+
+# Every sweep run: no TensorBoard event files (metrics.jsonl holds the same scalars).
+OVERRIDES = (("train.tensorboard", False),)
+
+# tiny: the CPU variant for tests; the paper-1 "tiny" model (d 64, 6 layers) for 4 steps of
+# 2 x 32 bytes of the bundled WikiText-2 text (a checkpoint and an evaluation every 2 steps).
+TINY_OVERRIDES = (
+    ("train.total_steps", 4), ("train.eval_every", 2), ("train.checkpoint_every", 2),
+    ("train.log_every", 1), ("optim.warmup_steps", 1), ("data.seq_len", 32),
+    ("data.batch_size", 2), ("data.tokenizer", "byte"), ("model.vocab_size", 257),
+    ("data.max_val_batches", 2))
+
+
+def fixed_arg(corpus, tiny, **values):
+    """The fixed part of every run's argument string: ``size=small``, ``values``, and
+    ``corpus`` (``tiny`` instead: the CPU model on the bundled text).
+
+    Raises:
+      ConfigArgError: when a full-size sweep has no ``corpus``.
+    """
+    pairs = [("size", "small")] + list(values.items())
+    if tiny:
+        return tuple(pairs + [("tiny", True)])
+    if not corpus:
+        raise common.ConfigArgError(
+            "corpus=<dir> is required: the mixture directory with train/ and validation/ "
+            "token shards (experiments/build_corpus.py), e.g. corpus=/data/open/prose-llama2")
+    if "," in str(corpus):
+        raise common.ConfigArgError(f"corpus={corpus!r}: the path may not hold ','")
+    return tuple(pairs + [("corpus", corpus)])
+
+
+def sweep_config(*, name, train_config, arg, grid, tiny, seed_axis="seed", references=(),
+                 claims=(), scan=None) -> ml_collections.ConfigDict:
+    """A sweep ConfigDict (:mod:`lattn_jax.sweep`) with :data:`OVERRIDES` (and, for ``tiny``,
+    :data:`TINY_OVERRIDES`)."""
+    config = ml_collections.ConfigDict()
+    config.name = name + ("_tiny" if tiny else "")
+    config.train_config = train_config
+    config.arg = tuple(arg)
+    config.overrides = OVERRIDES + (TINY_OVERRIDES if tiny else ())
+    config.grid = tuple(grid)
+    config.seed_axis = seed_axis
+    config.references = tuple(references)
+    config.claims = tuple(claims)
+    config.scan = scan
+    # The corpus path may differ between machines (a sweep continued elsewhere).
+    config.local_args = ("corpus",)
+    return config

@@ -1,0 +1,193 @@
+"""Runs a sweep's training runs one after another, resumably, then writes its results table.
+
+Usage::
+
+    python experiments/sweep.py --config=configs/sweeps/lr_scan_small.py:corpus=/data/prose-llama2 \
+        --root=runs/lr_scan --deadline_s=540
+    python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2 \
+        --only=arch=gdn,opt=muon          # CPU smoke run of a subset
+    python experiments/sweep.py --config=... --root=runs/lr_scan --report_only
+
+Each run is ``experiments/train.py --config=<train_config>:<arg> --workdir=<root>/runs/<name>
+--config.<field>=<value>...`` in a subprocess, so a crash, an OOM or a bad option ends that run
+(reported in the table with its error line), not the sweep. The same command again continues:
+finished runs are skipped, failed ones too (``--retry_failed`` runs them again), a partial one
+resumes from its checkpoint (:mod:`lattn_jax.sweep`). ``--deadline_s`` ends the call cleanly:
+no run starts with less than ``--min_run_s`` left, and the running trainer gets SIGTERM (the
+trainer has no time limit of its own; SIGTERM is its preemption signal: it saves a checkpoint
+after the current step and exits) ``--stop_margin_s`` before the deadline; SIGTERM or Ctrl-C
+to the sweep does the same at once.
+
+After every run, and at the end, ``<root>/results.{md,csv,json}`` and ``curves.png`` are
+rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation appends
+its command line and outcome to ``<root>/sweep.jsonl``. ``--export=<dir>`` then copies the
+records and results, without checkpoints, to ``<dir>`` (a sweep continues on another machine
+from a copy of them as its ``--root``). Compiled programs are shared through a persistent cache
+in ``<root>/jax_cache`` (``--compilation_cache=''``: the environment's
+``JAX_COMPILATION_CACHE_DIR``, if any).
+
+Exit status: 0 when every selected run is finished or failed, 3 when the call stopped before
+that (deadline, ``--max_runs``, SIGTERM or Ctrl-C: run the same command again), 1 on a bad flag
+or sweep config (one line naming it).
+"""
+
+import datetime
+import json
+import os
+import shlex
+import signal
+import sys
+import threading
+import time
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, _ROOT)
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from lattn_jax import sweep  # noqa: E402
+from lattn_jax import sweep_report  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.",
+                                          lock_config=True)
+_ROOT_DIR = flags.DEFINE_string("root", None, "Sweep directory (runs in <root>/runs/<name>).")
+_ONLY = flags.DEFINE_multi_string("only", [], "Run only the runs matching this filter: "
+                                  "axis=glob conditions joined by commas (all must hold), or a "
+                                  "glob on the run name; repeat for alternatives.")
+_MAX_RUNS = flags.DEFINE_integer("max_runs", None, "Start at most this many runs.")
+_DEADLINE = flags.DEFINE_float("deadline_s", None, "End cleanly this many seconds after start.")
+_MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run with less time than this left.")
+_MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
+                             "the deadline (and SIGKILL this long after SIGTERM).")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root>.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each selected run's status and command.")
+_RETRY = flags.DEFINE_bool("retry_failed", False, "Run failed runs again.")
+_OVERRIDE = flags.DEFINE_multi_string("override", [], "field=value: an extra --config.<field> "
+                                      "for every run (this machine's settings, e.g. "
+                                      "train.micro_batch_size=8; not in the run names).")
+_CACHE = flags.DEFINE_string("compilation_cache", None, "Persistent compilation cache of the "
+                             "trainers (default <root>/jax_cache; '' leaves "
+                             "JAX_COMPILATION_CACHE_DIR as the environment has it).")
+_EXPORT = flags.DEFINE_string("export", None, "Copy the records and results (no checkpoints) "
+                              "here at the end.")
+flags.mark_flags_as_required(["config", "root"])
+
+EXIT_STOPPED = 3
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _overrides():
+    out = []
+    for text in _OVERRIDE.value:
+        field, sep, value = text.partition("=")
+        if not sep or not field.strip():
+            sys.exit(f"error: --override={text!r}: expected field=value "
+                     f"(e.g. train.micro_batch_size=8)")
+        out.append((field.strip(), value))
+    return out
+
+
+def parse_flags(argv):
+    """Parses flags; a bad sweep config or argument string ends with its one-line message
+    (config_flags embeds the config's traceback in the error; its last line says what)."""
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 - all of these are user input errors
+        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+        sys.exit(f"error: {lines[-1] if lines else type(e).__name__}")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config, root = _CONFIG.value, _ROOT_DIR.value
+    try:
+        runs = sweep.select(sweep.expand(config), _ONLY.value)
+    except sweep.SweepConfigError as e:
+        sys.exit(f"error: {e}")
+    config_path = os.path.join(_ROOT, config.train_config)
+    if not os.path.isfile(config_path):
+        sys.exit(f"error: train_config: no such file: {config_path}")
+    extra = _overrides()
+    os.makedirs(root, exist_ok=True)
+    try:  # the report's options (references, claims, scan) are checked before anything runs
+        paths = sweep_report.write(sweep_report.build(config, root))
+    except sweep.SweepConfigError as e:
+        sys.exit(f"error: {e}")
+    if _DRY_RUN.value or _REPORT_ONLY.value:
+        if _DRY_RUN.value:
+            for run in runs:
+                workdir = sweep.run_dir(root, run)
+                state = sweep.run_state(workdir)
+                cmd = sweep.command(run, config_path=config_path, workdir=workdir,
+                                    train_script=os.path.join(_ROOT, "experiments", "train.py"),
+                                    extra_overrides=extra)
+                _log(f"{run.name}: {state.status.value} (step {state.step})\n  "
+                     + " ".join(shlex.quote(c) for c in cmd))
+        if _REPORT_ONLY.value:
+            _log(f"wrote {paths['md']}")
+        return
+    clashes = sweep.conflicts(runs, root, config.get("local_args") or ())
+    if clashes:
+        sys.exit("error: run directories under --root hold runs of other settings (use another "
+                 "--root, or the settings they were run with):\n  " + "\n  ".join(clashes))
+    env = dict(os.environ)
+    cache = os.path.join(root, "jax_cache") if _CACHE.value is None else _CACHE.value
+    if cache:
+        env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(cache)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        del frame
+        stop.set()
+        _log(f"sweep: {signal.Signals(signum).name}; stopping after the current run's "
+             f"checkpoint")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    t0, started = time.time(), datetime.datetime.now(datetime.timezone.utc)
+    deadline = None if _DEADLINE.value is None else t0 + _DEADLINE.value
+    states = [sweep.run_state(sweep.run_dir(root, r)).status for r in runs]
+    _log(f"sweep {config.get('name', '')}: {len(runs)} run(s) selected ("
+         + ", ".join(f"{states.count(s)} {s.value}" for s in sweep.Status if s in states)
+         + f"); deadline {_DEADLINE.value} s")
+
+    def report(*_):
+        try:
+            sweep_report.write(sweep_report.build(config, root))
+        except Exception as e:  # noqa: BLE001 - a failed table must not stop the runs
+            _log(f"sweep: results not written: {type(e).__name__}: {e}")
+
+    summary = sweep.ExecutionSummary(status="error")
+    try:
+        summary = sweep.execute(
+            runs, root, config_path=config_path, cwd=_ROOT,
+            train_script=os.path.join(_ROOT, "experiments", "train.py"), extra_overrides=extra,
+            env=env, deadline=deadline, min_run_s=_MIN_RUN.value,
+            stop_margin_s=_MARGIN.value, max_runs=_MAX_RUNS.value,
+            retry_failed=_RETRY.value, stop=stop, print_fn=_log, after_run=report)
+    finally:
+        record = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+                  "started": started.isoformat(timespec="seconds"),
+                  "wall_s": round(time.time() - t0, 1), "status": summary.status,
+                  "launched": summary.launched}
+        with open(os.path.join(root, sweep_report.SWEEP_LOG), "a") as f:
+            f.write(json.dumps(record) + "\n")
+        paths = sweep_report.write(sweep_report.build(config, root))
+        _log(f"sweep: {summary.status} after {time.time() - t0:.0f} s; {len(summary.launched)} "
+             f"run(s) launched; results in {paths['md']}")
+        if _EXPORT.value:
+            n = sweep.export(root, _EXPORT.value, extra_files=(
+                sweep_report.SWEEP_LOG, sweep_report.RESULTS_MD, sweep_report.RESULTS_CSV,
+                sweep_report.RESULTS_JSON, sweep_report.CURVES_PNG))
+            _log(f"exported {n} files to {_EXPORT.value}")
+    if summary.status != "complete":
+        sys.exit(EXIT_STOPPED)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,872 @@
+"""Sweeps: a grid of training runs, run one after another, resumable, each in its own directory.
+
+A sweep config (``configs/sweeps/<name>.py``, ``get_config(arg)`` returning a ConfigDict) names
+a training config and a grid; :func:`expand` turns it into :class:`Run` s, each of which is one
+``experiments/train.py`` invocation::
+
+    name          str: the sweep's name (results pages are titled with it)
+    train_config  str: the training config file, relative to the repository root
+    arg           ((key, value), ...): the training config's argument string, fixed part
+    overrides     ((field, value), ...): ``--config.<field>=<value>`` for every run
+    grid          (block, ...): the union of the blocks' runs, in this order; a block is
+                  ((axis, values), ...) and yields the product of its axes' values (the last
+                  axis varies fastest). An axis with a dot (``optim.learning_rate``) is a config
+                  field (a ``--config.`` override); one without (``arch``) is an argument of
+                  the training config's argument string.
+    seed_axis     str or None: the axis holding seeds; runs that differ only in it form a group
+                  (:attr:`Run.group`), whose results the report averages
+    local_args    (name, ...): arguments that may differ between machines (e.g. ``corpus``, a
+                  path), left out when a run directory's recorded definition is compared with
+                  the grid's (:func:`conflicts`)
+
+(``references``, ``claims`` and ``scan`` are read by :mod:`lattn_jax.sweep_report`.)
+
+A run is named by its axis values in grid order (``arch=gdn,stack=hybrid,opt=muon,seed=42``)
+and lives in ``<root>/runs/<name>/``: the trainer's own files (``metrics.jsonl``,
+``console.log``, ``invocations.jsonl``, ``config.json``, ``checkpoints/``, ``loss.png``) plus
+the sweep's: ``sweep_run.json`` (the run's definition and command), ``sweep_attempts.jsonl``
+(one ``start`` and one ``end`` record per attempt: time, return code, who stopped it, the error
+line) and ``sweep.log`` (the trainer's stdout and stderr, every attempt).
+
+Status (:func:`run_state`), from those files alone (no checkpoint needed to tell a finished run):
+
+* finished: ``console.log`` ends an invocation with ``final: step N``, N the run's
+  ``train.total_steps`` (printed after the final evaluation and checkpoint);
+* failed: the last attempt ended with the trainer's own error (exit status > 0, not 130 = Ctrl-C,
+  not stopped by the sweep); the error line is kept;
+* partial: anything else that started (stopped at the deadline, on SIGTERM or Ctrl-C, killed by
+  a signal, or the sweep itself died mid-run); the next attempt resumes from the newest
+  checkpoint through the trainer's own resume, or starts over when there is none;
+* not started: no run directory.
+
+:func:`execute` runs a list of runs in order, each as a subprocess (a crash, an OOM or a bad
+option ends that run, never the sweep), skipping finished (and, unless asked, failed) runs, and
+stops cleanly at a deadline: the running trainer receives SIGTERM, its preemption signal (it
+finishes the step, saves a checkpoint and exits), ``stop_margin_s`` before the deadline.
+"""
+
+import calendar
+import collections
+import dataclasses
+import enum
+import fnmatch
+import itertools
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+RUNS_DIR = "runs"
+RUN_RECORD = "sweep_run.json"
+ATTEMPTS = "sweep_attempts.jsonl"
+RUN_LOG = "sweep.log"
+# Exit status of the trainer after a second Ctrl-C (KeyboardInterrupt): an interruption, not a
+# failure of the run.
+_EXIT_INTERRUPTED = 130
+_FINAL_LINE = re.compile(r"^final: step (\d+)\b", re.MULTILINE)
+_PARAMS_LINE = re.compile(r"^model: ([\d,]+) parameters", re.MULTILINE)
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
+
+
+class SweepConfigError(ValueError):
+    """A sweep config that cannot be expanded; the message names the bad option."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Grid expansion and run names
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One training run of a sweep.
+
+    Attributes:
+      name: the axis values in grid order, ``axis=value`` joined by commas; the run
+        directory's name.
+      values: ``((axis, value), ...)`` of the run's grid block, in axis order.
+      arg: the training config's argument string (the fixed ``arg`` and the argument axes).
+      overrides: ``((field, value), ...)``: the fixed overrides, then the field axes.
+      group: ``name`` without the seed axis (runs that differ only in their seed share it).
+      seed: the value of the seed axis, or ``None`` when the run's block has none.
+    """
+
+    name: str
+    values: Tuple[Tuple[str, Any], ...]
+    arg: str
+    overrides: Tuple[Tuple[str, Any], ...]
+    group: str
+    seed: Any = None
+
+    def value(self, axis: str, default: Any = None) -> Any:
+        """This run's value of ``axis`` (``default`` when its block has no such axis)."""
+        return dict(self.values).get(axis, default)
+
+
+def format_value(value: Any) -> str:
+    """The text of a value in run names, argument strings and ``--config.`` flags.
+
+    Floats use the shortest text that reads back as the same float (``0.0036``, ``1e-05``);
+    tuples and lists their Python literal; everything else ``str``.
+    """
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return repr(tuple(value))
+    return str(value)
+
+
+def _pairs(value: Any, option: str) -> Tuple[Tuple[str, Any], ...]:
+    """``((key, value), ...)`` from a config option (a tuple of pairs, or ``None``)."""
+    if value is None:
+        return ()
+    try:
+        pairs = tuple((str(k), v) for k, v in value)
+    except (TypeError, ValueError):
+        raise SweepConfigError(f"{option} must be a tuple of (name, value) pairs, got "
+                               f"{value!r}") from None
+    return pairs
+
+
+def values_name(values: Sequence[Tuple[str, Any]]) -> str:
+    """``((axis, value), ...)`` -> ``"axis=value,..."`` (:func:`format_value`): run and group
+    names."""
+    return ",".join(f"{axis}={format_value(v)}" for axis, v in values)
+
+
+def expand(config: Mapping[str, Any]) -> List[Run]:
+    """The runs of a sweep config, in grid order (module docstring: the config's options).
+
+    Args:
+      config: the sweep ConfigDict (or a mapping with the same keys).
+
+    Returns:
+      One :class:`Run` per grid point; blocks in order, each block's product with its last
+      axis varying fastest.
+
+    Raises:
+      SweepConfigError: naming the option: a missing ``train_config`` or ``grid``, a block or
+        axis that is not a (name, values) pair, an empty axis, an axis given twice in a block,
+        an argument value holding a comma (the argument string's separator) or a value
+        holding ``/`` (run names are directory names), or two runs with the same name.
+    """
+    if not config.get("train_config"):
+        raise SweepConfigError("train_config: the training config file is missing")
+    fixed_arg = _pairs(config.get("arg"), "arg")
+    fixed_overrides = _pairs(config.get("overrides"), "overrides")
+    seed_axis = config.get("seed_axis")
+    grid = config.get("grid")
+    if not grid:
+        raise SweepConfigError("grid: no blocks (a tuple of blocks of (axis, values) pairs)")
+    runs, seen = [], {}
+    for b, block in enumerate(grid):
+        axes = _pairs(block, f"grid[{b}]")
+        if not axes:
+            raise SweepConfigError(f"grid[{b}]: a block needs at least one (axis, values) pair")
+        names = [axis for axis, _ in axes]
+        if len(set(names)) != len(names):
+            raise SweepConfigError(f"grid[{b}]: an axis appears twice in {names}")
+        for axis, values in axes:
+            if not isinstance(values, (tuple, list)) or not values:
+                raise SweepConfigError(f"grid[{b}] axis {axis!r}: values must be a non-empty "
+                                       f"tuple, got {values!r}")
+            for v in values:
+                text = format_value(v)
+                if "/" in text:
+                    raise SweepConfigError(f"grid[{b}] axis {axis!r}: value {text!r} holds '/' "
+                                           f"(run names are directory names)")
+                if "." not in axis and "," in text:
+                    raise SweepConfigError(f"grid[{b}] axis {axis!r}: value {text!r} holds ',', "
+                                           f"the argument string's separator")
+        for combo in itertools.product(*[values for _, values in axes]):
+            values = tuple(zip(names, combo))
+            arg = dict(fixed_arg)
+            overrides = dict(fixed_overrides)
+            for axis, v in values:
+                (overrides if "." in axis else arg)[axis] = v
+            name = values_name(values)
+            if name in seen:
+                raise SweepConfigError(f"grid[{b}]: run {name!r} is already in grid[{seen[name]}]")
+            seen[name] = b
+            group_values = [(a, v) for a, v in values if a != seed_axis]
+            runs.append(Run(
+                name=name, values=values,
+                arg=",".join(f"{k}={format_value(v)}" for k, v in arg.items()),
+                overrides=tuple(overrides.items()), group=values_name(group_values),
+                seed=dict(values).get(seed_axis) if seed_axis else None))
+    return runs
+
+
+def parse_filter(text: str) -> List[Tuple[Optional[str], str]]:
+    """``"arch=gdn,opt=mu*"`` -> ``[("arch", "gdn"), ("opt", "mu*")]``; a part without ``=`` is
+    a pattern on the whole run name (``(None, pattern)``). Patterns are shell globs."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        key, sep, pattern = part.partition("=")
+        out.append((key.strip(), pattern.strip()) if sep else (None, part))
+    return out
+
+
+def matches(run: Run, conditions: Sequence[Tuple[Optional[str], str]]) -> bool:
+    """Whether ``run`` meets every condition of :func:`parse_filter` (an axis the run does not
+    have never matches)."""
+    values = {axis: format_value(v) for axis, v in run.values}
+    for key, pattern in conditions:
+        if key is None:
+            if not fnmatch.fnmatchcase(run.name, pattern):
+                return False
+        elif key not in values or not fnmatch.fnmatchcase(values[key], pattern):
+            return False
+    return True
+
+
+def select(runs: Sequence[Run], only: Sequence[str] = ()) -> List[Run]:
+    """The runs matching any of the ``only`` filters (all runs when there are none), in order.
+
+    Raises:
+      SweepConfigError: for a filter that names an axis no run has (a typo), naming it.
+    """
+    if not only:
+        return list(runs)
+    axes = {axis for run in runs for axis, _ in run.values}
+    filters = []
+    for text in only:
+        conditions = parse_filter(text)
+        unknown = sorted({k for k, _ in conditions if k is not None and k not in axes})
+        if unknown:
+            raise SweepConfigError(f"--only={text!r}: no axis {', '.join(unknown)}; the axes are "
+                                   f"{', '.join(sorted(axes))}")
+        filters.append(conditions)
+    return [run for run in runs if any(matches(run, c) for c in filters)]
+
+
+def run_dir(root: str, run: Run) -> str:
+    """``<root>/runs/<run name>``."""
+    return os.path.join(root, RUNS_DIR, run.name)
+
+
+def command(run: Run, *, config_path: str, workdir: str, train_script: str,
+            python: str = sys.executable,
+            extra_overrides: Sequence[Tuple[str, Any]] = ()) -> List[str]:
+    """The ``experiments/train.py`` command line of ``run``.
+
+    Args:
+      run: the run.
+      config_path: the training config file.
+      workdir: the run directory.
+      train_script: path of ``experiments/train.py``.
+      python: the interpreter.
+      extra_overrides: ``(field, value)`` pairs appended after the run's own (this machine's
+        settings, e.g. ``train.micro_batch_size``; not part of the run's name).
+
+    Returns:
+      ``[python, train_script, --config=<path>[:<arg>], --workdir=<dir>, --config.<f>=<v>...]``.
+    """
+    config = config_path + (f":{run.arg}" if run.arg else "")
+    cmd = [python, train_script, f"--config={config}", f"--workdir={workdir}"]
+    for field, value in tuple(run.overrides) + tuple(extra_overrides):
+        cmd.append(f"--config.{field}={format_value(value)}")
+    return cmd
+
+
+# ------------------------------------------------------------------------------------------------
+# Run directories: status and metrics
+# ------------------------------------------------------------------------------------------------
+
+@enum.unique
+class Status(enum.Enum):
+    """A run's status (:func:`run_state`; the module docstring gives the rules)."""
+
+    FINISHED = "finished"
+    PARTIAL = "partial"
+    FAILED = "failed"
+    NOT_STARTED = "not started"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunState:
+    """What a run directory says about its run (:func:`run_state`).
+
+    Attributes:
+      status: a :class:`Status`.
+      step: the newest checkpoint step (0 when there is none).
+      total_steps: ``train.total_steps`` of the newest trainer invocation (``None`` before the
+        trainer recorded one).
+      error: the error line of a failed run's last attempt, else ``None``.
+      attempts: sweep attempts started so far.
+    """
+
+    status: Status
+    step: int = 0
+    total_steps: Optional[int] = None
+    error: Optional[str] = None
+    attempts: int = 0
+
+
+def read_jsonl(path: str) -> List[Dict[str, Any]]:
+    """The records of a JSON-lines file; a torn last line (a killed writer) is skipped."""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def last_config(workdir: str) -> Optional[Dict[str, Any]]:
+    """The config of the newest trainer invocation (``invocations.jsonl``), else
+    ``config.json``, else ``None``."""
+    invocations = read_jsonl(os.path.join(workdir, "invocations.jsonl"))
+    if invocations and isinstance(invocations[-1].get("config"), dict):
+        return invocations[-1]["config"]
+    try:
+        with open(os.path.join(workdir, "config.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def checkpoint_steps(workdir: str) -> List[int]:
+    """Steps of the checkpoints in ``<workdir>/checkpoints`` (orbax step directories; set-aside
+    and temporary ones are not steps), ascending."""
+    try:
+        names = os.listdir(os.path.join(workdir, "checkpoints"))
+    except FileNotFoundError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def _finished_step(workdir: str) -> Optional[int]:
+    """The step of the newest ``final: step N`` line in ``console.log``, or ``None``."""
+    found = _FINAL_LINE.findall(_read_text(os.path.join(workdir, "console.log")))
+    return int(found[-1]) if found else None
+
+
+def _attempt_failed(end: Mapping[str, Any]) -> bool:
+    rc = end.get("returncode")
+    return (rc is not None and rc > 0 and rc != _EXIT_INTERRUPTED
+            and not end.get("stopped_by"))
+
+
+def run_state(workdir: str) -> RunState:
+    """The status of the run in ``workdir`` (module docstring: the rules).
+
+    Args:
+      workdir: a run directory (need not exist).
+
+    Returns:
+      A :class:`RunState`.
+    """
+    if not os.path.isdir(workdir):
+        return RunState(Status.NOT_STARTED)
+    attempts = read_jsonl(os.path.join(workdir, ATTEMPTS))
+    starts = sum(1 for a in attempts if a.get("event") == "start")
+    config = last_config(workdir)
+    total = None
+    if config:
+        total = config.get("train", {}).get("total_steps")
+    steps = checkpoint_steps(workdir)
+    step = steps[-1] if steps else 0
+    final = _finished_step(workdir)
+    if final is not None and (total is None or final >= total):
+        return RunState(Status.FINISHED, max(step, final), total, None, starts)
+    if attempts and attempts[-1].get("event") == "end" and _attempt_failed(attempts[-1]):
+        return RunState(Status.FAILED, step, total, attempts[-1].get("error"), starts)
+    return RunState(Status.PARTIAL, step, total, None, starts)
+
+
+@dataclasses.dataclass
+class RunResult:
+    """A run's metrics, from the files the trainer writes (:func:`collect`).
+
+    Attributes:
+      final_val_loss: validation loss at ``train.total_steps`` (nats/token; ``None`` until the
+        run finished).
+      best_val_loss, best_val_step: the lowest validation loss of any evaluation, and its step.
+      last_val_loss, last_val_step: the newest evaluation.
+      final_train_loss: the last logged training loss (mean over its logging window).
+      step: the newest logged step; total_steps: ``train.total_steps``.
+      tokens_per_step: ``data.batch_size x data.seq_len``; tokens: ``step x tokens_per_step``.
+      tokens_per_sec, mfu: medians over the logged windows (the trainer leaves each
+        invocation's compilation out of its first window; the median also drops the windows
+        that include an evaluation).
+      params: all parameters (the trainer's ``model:`` line); non_embedding_params: without the
+        token embedding and the LM head (one matrix when they are tied).
+      wall_s: wall time of the sweep's attempts (trainer start-up, compilation and
+        evaluations included); without attempt records, first invocation to last metric.
+      val_curve, train_curve: ``[(tokens, loss), ...]`` by step.
+    """
+
+    final_val_loss: Optional[float] = None
+    best_val_loss: Optional[float] = None
+    best_val_step: Optional[int] = None
+    last_val_loss: Optional[float] = None
+    last_val_step: Optional[int] = None
+    final_train_loss: Optional[float] = None
+    step: int = 0
+    total_steps: Optional[int] = None
+    tokens_per_step: Optional[int] = None
+    tokens: Optional[int] = None
+    tokens_per_sec: Optional[float] = None
+    mfu: Optional[float] = None
+    params: Optional[int] = None
+    non_embedding_params: Optional[int] = None
+    wall_s: Optional[float] = None
+    val_curve: List[Tuple[int, float]] = dataclasses.field(default_factory=list)
+    train_curve: List[Tuple[int, float]] = dataclasses.field(default_factory=list)
+
+
+def _median(values: Sequence[float]) -> Optional[float]:
+    values = sorted(values)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+
+
+def collect(workdir: str) -> RunResult:
+    """A run's metrics from ``metrics.jsonl``, ``console.log``, ``invocations.jsonl`` and the
+    sweep's attempt records (any of them may be missing: those fields stay ``None``).
+
+    A step logged more than once (a resume from an older checkpoint replays steps) keeps its
+    newest record, as the trainer's ``loss.png`` does.
+
+    Args:
+      workdir: the run directory.
+
+    Returns:
+      A :class:`RunResult`.
+    """
+    out = RunResult()
+    config = last_config(workdir) or {}
+    train_cfg, data_cfg, model_cfg = (config.get(k, {}) for k in ("train", "data", "model"))
+    out.total_steps = train_cfg.get("total_steps")
+    if data_cfg.get("batch_size") and data_cfg.get("seq_len"):
+        out.tokens_per_step = int(data_cfg["batch_size"]) * int(data_cfg["seq_len"])
+    train, val = {}, {}
+    for record in read_jsonl(os.path.join(workdir, "metrics.jsonl")):
+        step = record.get("step")
+        if step is None:
+            continue
+        if "train_loss" in record:
+            train[step] = record
+        if "val_loss" in record:
+            val[step] = record
+    per_step = out.tokens_per_step or 1
+    if val:
+        steps = sorted(val)
+        out.val_curve = [(s * per_step, float(val[s]["val_loss"])) for s in steps]
+        best = min(steps, key=lambda s: val[s]["val_loss"])
+        out.best_val_loss, out.best_val_step = float(val[best]["val_loss"]), best
+        out.last_val_loss, out.last_val_step = float(val[steps[-1]]["val_loss"]), steps[-1]
+        if out.total_steps is not None and steps[-1] >= out.total_steps:
+            out.final_val_loss = out.last_val_loss
+    if train:
+        steps = sorted(train)
+        out.train_curve = [(s * per_step, float(train[s]["train_loss"])) for s in steps]
+        out.final_train_loss = float(train[steps[-1]]["train_loss"])
+        out.tokens_per_sec = _median([r["tokens_per_sec"] for r in train.values()
+                                      if r.get("tokens_per_sec")])
+        out.mfu = _median([r["mfu"] for r in train.values() if r.get("mfu") is not None])
+    out.step = max(list(train) + list(val) + [0])
+    if out.tokens_per_step:
+        out.tokens = out.step * out.tokens_per_step
+    found = _PARAMS_LINE.findall(_read_text(os.path.join(workdir, "console.log")))
+    if found:
+        out.params = int(found[-1].replace(",", ""))
+        vocab, width = model_cfg.get("vocab_size"), model_cfg.get("d_model")
+        if vocab and width:
+            embeddings = vocab * width * (1 if model_cfg.get("tie_embeddings") else 2)
+            out.non_embedding_params = out.params - embeddings
+    ends = [a for a in read_jsonl(os.path.join(workdir, ATTEMPTS)) if a.get("event") == "end"]
+    if ends:
+        out.wall_s = sum(float(a.get("wall_s", 0.0)) for a in ends)
+    else:
+        invocations = read_jsonl(os.path.join(workdir, "invocations.jsonl"))
+        times = [r["time"] for r in list(train.values()) + list(val.values())]
+        if invocations and times:
+            start = calendar.timegm(time.strptime(invocations[0]["time"], "%Y-%m-%dT%H:%M:%SZ"))
+            out.wall_s = max(times) - start
+    return out
+
+
+def error_line(lines: Sequence[str]) -> Optional[str]:
+    """The line that says why a trainer stopped, from the end of its output.
+
+    The newest ``error: ...`` line (the trainer's one-line errors), else the newest
+    ``SomethingError: ...`` line (an uncaught exception's last traceback line), else the last
+    non-empty line; ``None`` for no output.
+    """
+    stripped = [line.strip() for line in lines if line.strip()]
+    for line in reversed(stripped):
+        if line.startswith("error: "):
+            return line
+    for line in reversed(stripped):
+        if _EXCEPTION_LINE.match(line):
+            return line
+    return stripped[-1] if stripped else None
+
+
+# ------------------------------------------------------------------------------------------------
+# Execution
+# ------------------------------------------------------------------------------------------------
+
+def _append_jsonl(path: str, record: Mapping[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _has_trainer_records(workdir: str) -> bool:
+    return any(os.path.exists(os.path.join(workdir, n))
+               for n in ("metrics.jsonl", "console.log", "invocations.jsonl"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """One trainer subprocess of a run (:func:`launch`).
+
+    Attributes:
+      returncode: the trainer's exit status (negative: killed by that signal).
+      wall_s: seconds from start to exit.
+      stopped_by: ``"deadline"`` or ``"interrupt"`` when the sweep sent the trainer SIGTERM,
+        else ``None``.
+      error: :func:`error_line` of its output when it exited non-zero, else ``None``.
+    """
+
+    returncode: int
+    wall_s: float
+    stopped_by: Optional[str]
+    error: Optional[str]
+
+
+def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[str, str]] = None,
+           deadline: Optional[float] = None, stop_margin_s: float = 30.0,
+           stop: Optional[threading.Event] = None, print_fn: Callable[[str], None] = print,
+           prefix: str = "") -> Attempt:
+    """Runs one trainer subprocess, recording the attempt in ``workdir``.
+
+    Its stdout and stderr go to ``<workdir>/sweep.log`` and, each line behind ``prefix``, to
+    ``print_fn``. At ``deadline - stop_margin_s`` (``deadline`` a ``time.time()`` value), or
+    when ``stop`` is set, the trainer receives SIGTERM (it saves a checkpoint after the current
+    step and exits); if it is still running ``stop_margin_s`` later it is killed.
+
+    Args:
+      cmd: the command line.
+      workdir: the run directory (made if missing).
+      cwd: the trainer's working directory.
+      env: its environment (default: this process's).
+      deadline: see above; ``None``: no deadline.
+      stop_margin_s: seconds before the deadline at which SIGTERM is sent, and the grace period
+        before SIGKILL.
+      stop: an event another thread (a signal handler) sets to stop the run early.
+      print_fn: where the trainer's lines are echoed.
+      prefix: put before each echoed line.
+
+    Returns:
+      An :class:`Attempt`, also appended as the ``end`` record of ``sweep_attempts.jsonl``.
+
+    Raises:
+      OSError: if the command cannot be started (no such interpreter or script).
+    """
+    os.makedirs(workdir, exist_ok=True)
+    attempts_path = os.path.join(workdir, ATTEMPTS)
+    t0 = time.time()
+    _append_jsonl(attempts_path, {"event": "start", "time": _utc(t0), "command": list(cmd)})
+    tail = collections.deque(maxlen=200)
+    with open(os.path.join(workdir, RUN_LOG), "a") as log:
+        log.write(f"==== {_utc(t0)}  {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(list(cmd), cwd=cwd, env=None if env is None else dict(env),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", bufsize=1)
+
+        def pump():
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                tail.append(line)
+                print_fn(prefix + line.rstrip("\n"))
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        stopped_by, signalled_at = None, None
+        while True:
+            try:
+                proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.time()
+            if signalled_at is None:
+                if stop is not None and stop.is_set():
+                    stopped_by = "interrupt"
+                elif deadline is not None and now >= deadline - stop_margin_s:
+                    stopped_by = "deadline"
+                if stopped_by:
+                    print_fn(f"{prefix}sweep: {stopped_by}; SIGTERM to the trainer (it saves a "
+                             f"checkpoint and exits)")
+                    proc.send_signal(signal.SIGTERM)
+                    signalled_at = now
+            elif now - signalled_at > stop_margin_s:
+                print_fn(f"{prefix}sweep: the trainer did not exit {stop_margin_s:g} s after "
+                         f"SIGTERM; killed")
+                proc.kill()
+                signalled_at = float("inf")
+        reader.join(timeout=10)
+    wall = time.time() - t0
+    rc = proc.returncode
+    error = None
+    if rc != 0:
+        error = error_line(list(tail))
+        if rc < 0:
+            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
+            error = f"killed by {name}" + (f" (last line: {error})" if error else "")
+    attempt = Attempt(returncode=rc, wall_s=wall, stopped_by=stopped_by, error=error)
+    _append_jsonl(attempts_path, {"event": "end", "time": _utc(time.time()),
+                                  **dataclasses.asdict(attempt)})
+    return attempt
+
+
+@dataclasses.dataclass
+class ExecutionSummary:
+    """What one :func:`execute` call did.
+
+    Attributes:
+      status: ``"complete"`` (every selected run is finished or failed), ``"deadline"``,
+        ``"interrupted"`` or ``"max_runs"`` (stopped before the rest), or ``"incomplete"``
+        (every run was tried, and some trainer stopped early by itself, e.g. at
+        ``train.max_steps_per_run``).
+      launched: names of the runs started or resumed, in order.
+      skipped: ``{name: reason}`` of the runs left alone (finished, failed before).
+    """
+
+    status: str = "complete"
+    launched: List[str] = dataclasses.field(default_factory=list)
+    skipped: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: str, cwd: str,
+            python: str = sys.executable, extra_overrides: Sequence[Tuple[str, Any]] = (),
+            env: Optional[Mapping[str, str]] = None, deadline: Optional[float] = None,
+            min_run_s: float = 0.0, stop_margin_s: float = 30.0, max_runs: Optional[int] = None,
+            retry_failed: bool = False, stop: Optional[threading.Event] = None,
+            print_fn: Callable[[str], None] = print,
+            after_run: Optional[Callable[[Run, Attempt], None]] = None) -> ExecutionSummary:
+    """Runs ``runs`` in order, one trainer subprocess at a time, resumably.
+
+    Finished runs are skipped; failed ones too unless ``retry_failed``; a partial one resumes
+    (the trainer restores its newest checkpoint). A run directory with trainer records but no
+    checkpoint (a run stopped before its first save) is renamed ``<name>.restarted-<time>``
+    (kept) and the run starts over in a clean one. No run starts after ``stop`` is set, after
+    ``max_runs`` launches, or with less than ``min_run_s`` seconds left before ``deadline``;
+    a running one is stopped as :func:`launch` says.
+
+    Args:
+      runs: the runs (:func:`expand`, :func:`select`).
+      root: the sweep directory (runs go to ``<root>/runs/<name>``).
+      config_path, train_script, python, extra_overrides: :func:`command`'s.
+      cwd: the trainers' working directory (the repository root).
+      env: the trainers' environment.
+      deadline: ``time.time()`` by which the call must end; ``None``: none.
+      min_run_s: do not start a run with less time than this left.
+      stop_margin_s: :func:`launch`'s.
+      max_runs: start at most this many runs; ``None``: no limit.
+      retry_failed: run failed runs again (resuming from their checkpoints).
+      stop: set by a signal handler to end the sweep after the current run's checkpoint.
+      print_fn: progress lines.
+      after_run: called after every launched run (e.g. to rewrite the results).
+
+    Returns:
+      An :class:`ExecutionSummary`.
+    """
+    summary = ExecutionSummary()
+    for run in runs:
+        workdir = run_dir(root, run)
+        state = run_state(workdir)
+        if state.status == Status.FINISHED:
+            summary.skipped[run.name] = "finished"
+            print_fn(f"--- {run.name}: finished, skipped")
+            continue
+        if state.status == Status.FAILED and not retry_failed:
+            summary.skipped[run.name] = f"failed: {state.error}"
+            print_fn(f"--- {run.name}: failed before ({state.error}); skipped "
+                     f"(--retry_failed runs it again)")
+            continue
+        if stop is not None and stop.is_set():
+            summary.status = "interrupted"
+            break
+        if max_runs is not None and len(summary.launched) >= max_runs:
+            summary.status = "max_runs"
+            break
+        if deadline is not None and deadline - time.time() < max(min_run_s, stop_margin_s):
+            summary.status = "deadline"
+            print_fn(f"--- {run.name}: not started, {max(deadline - time.time(), 0):.0f} s "
+                     f"left before the deadline")
+            break
+        if state.status != Status.NOT_STARTED and state.step == 0 and (
+                _has_trainer_records(workdir)):
+            aside = f"{workdir}.restarted-{time.strftime('%Y%m%dT%H%M%S')}"
+            os.replace(workdir, aside)
+            print_fn(f"--- {run.name}: no checkpoint to resume from; earlier records kept in "
+                     f"{aside}")
+            state = RunState(Status.NOT_STARTED)
+        cmd = command(run, config_path=config_path, workdir=workdir, train_script=train_script,
+                      python=python, extra_overrides=extra_overrides)
+        os.makedirs(workdir, exist_ok=True)
+        with open(os.path.join(workdir, RUN_RECORD), "w") as f:
+            json.dump({"name": run.name, "values": [list(p) for p in run.values],
+                       "group": run.group, "seed": run.seed, "arg": run.arg,
+                       "overrides": [list(p) for p in run.overrides], "command": cmd},
+                      f, indent=2)
+        how = (f"resuming from step {state.step}" if state.step
+               else "starting" if state.status == Status.NOT_STARTED else "starting over")
+        print_fn(f"--- {run.name}: {how}")
+        summary.launched.append(run.name)
+        attempt = launch(cmd, workdir, cwd=cwd, env=env, deadline=deadline,
+                         stop_margin_s=stop_margin_s, stop=stop, print_fn=print_fn,
+                         prefix=f"[{run.name}] ")
+        after = run_state(workdir)
+        tail = f": {attempt.error}" if attempt.error else ""
+        print_fn(f"--- {run.name}: {after.status.value} after {attempt.wall_s:.0f} s (exit "
+                 f"{attempt.returncode}){tail}")
+        if after_run is not None:
+            after_run(run, attempt)
+        if attempt.stopped_by == "deadline":
+            summary.status = "deadline"
+            break
+        if attempt.stopped_by == "interrupt" or (stop is not None and stop.is_set()):
+            summary.status = "interrupted"
+            break
+    if summary.status == "complete" and any(
+            run_state(run_dir(root, r)).status not in (Status.FINISHED, Status.FAILED)
+            for r in runs):
+        summary.status = "incomplete"
+    return summary
+
+
+def _arg_dict(arg: str) -> Dict[str, str]:
+    return dict(part.partition("=")[::2] for part in arg.split(",") if part)
+
+
+def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) -> List[str]:
+    """Runs whose directory holds a run of other settings (a changed fixed argument or
+    override under the same run name, e.g. another ``muon_lr`` into the same root).
+
+    Skipping such a finished run, or resuming such a partial one (the trainer compares only
+    the model and data options), would mix two experiments under one name.
+
+    Args:
+      runs: the runs about to be run.
+      root: the sweep directory.
+      local_args: argument names not compared (machine-local paths).
+
+    Returns:
+      One line per conflicting run: its name and what differs (recorded -> now).
+    """
+    out = []
+    for run in runs:
+        try:
+            with open(os.path.join(run_dir(root, run), RUN_RECORD)) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        old_arg, new_arg = _arg_dict(record.get("arg", "")), _arg_dict(run.arg)
+        diffs = [f"argument {k}: {old_arg.get(k)!r} -> {new_arg.get(k)!r}"
+                 for k in sorted(set(old_arg) | set(new_arg))
+                 if k not in local_args and old_arg.get(k) != new_arg.get(k)]
+        old_overrides = {k: v for k, v in record.get("overrides", [])}
+        new_overrides = json.loads(json.dumps(dict(run.overrides)))
+        diffs += [f"override {k}: {old_overrides.get(k)!r} -> {new_overrides.get(k)!r}"
+                  for k in sorted(set(old_overrides) | set(new_overrides))
+                  if old_overrides.get(k) != new_overrides.get(k)]
+        if diffs:
+            out.append(f"{run.name}: {'; '.join(diffs)}")
+    return out
+
+
+def recorded_runs(root: str) -> List[Run]:
+    """Runs found in ``<root>/runs/*/sweep_run.json`` (e.g. of an earlier grid of the same
+    sweep), sorted by name; directories set aside (``.restarted-``) are not runs."""
+    out = []
+    base = os.path.join(root, RUNS_DIR)
+    try:
+        names = sorted(os.listdir(base))
+    except FileNotFoundError:
+        return out
+    for name in names:
+        try:
+            with open(os.path.join(base, name, RUN_RECORD)) as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if record.get("name") != name:
+            continue
+        out.append(Run(name=name, values=tuple(tuple(p) for p in record.get("values", [])),
+                       arg=record.get("arg", ""),
+                       overrides=tuple(tuple(p) for p in record.get("overrides", [])),
+                       group=record.get("group", name), seed=record.get("seed")))
+    return out
+
+
+# Per-run files that make up its record (everything but checkpoints and TensorBoard events).
+RECORD_FILES = (RUN_RECORD, ATTEMPTS, RUN_LOG, "metrics.jsonl", "console.log",
+                "invocations.jsonl", "config.json", "loss.png")
+
+
+def export(root: str, out_dir: str, extra_files: Sequence[str] = ()) -> int:
+    """Copies the sweep's records, not its checkpoints, from ``root`` to ``out_dir``.
+
+    For every run directory under ``<root>/runs`` (set-aside ones included) the
+    :data:`RECORD_FILES` it has, plus ``extra_files`` of the root (e.g. the results files):
+    enough for :mod:`lattn_jax.sweep_report` to rebuild the table, and for a later sweep
+    started from a copy of them to skip the finished runs. Copying a finished sweep's records
+    back into a fresh ``--root`` on another machine is how a sweep continues there.
+
+    Returns:
+      The number of files copied.
+    """
+    copied = 0
+    base = os.path.join(root, RUNS_DIR)
+    names = sorted(os.listdir(base)) if os.path.isdir(base) else []
+    for name in names:
+        for file in RECORD_FILES:
+            src = os.path.join(base, name, file)
+            if os.path.isfile(src):
+                dst = os.path.join(out_dir, RUNS_DIR, name, file)
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                shutil.copy2(src, dst)
+                copied += 1
+    for file in extra_files:
+        src = os.path.join(root, file)
+        if os.path.isfile(src):
+            os.makedirs(out_dir, exist_ok=True)
+            shutil.copy2(src, os.path.join(out_dir, file))
+            copied += 1
+    return copied

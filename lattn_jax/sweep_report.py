@@ -1,0 +1,664 @@
+"""The results of a sweep: table, ranking, seed spread, the paper's numbers, loss curves.
+
+:func:`build` reads every run directory of a sweep (:mod:`lattn_jax.sweep`: the grid's runs
+and any other run recorded under the same root) and :func:`write` turns it into
+``<root>/results.md``, ``results.csv`` (one row per run), ``results.json`` and ``curves.png``.
+
+Runs that differ only in their seed form a group; a group's score is the mean final validation
+loss of its finished seeds, and the ranking orders groups by it. The seed-to-seed spread is the
+pooled standard deviation of the final losses within groups of two or more finished seeds,
+``sigma = sqrt(sum (x - group mean)^2 / sum (n - 1))``; two groups next to each other in the
+ranking whose gap is below ``3 sigma`` are a close pair, and their groups with a single seed
+need a second one (the page prints the ``--only`` filters).
+
+The sweep config may carry (all optional):
+
+* ``references``: the paper's numbers, each a dict ``name``, ``source`` (spec section),
+  ``metric`` (ours to compare: ``final_val_loss``, ``best_val_loss``, ``tokens_per_sec``),
+  ``values`` (``(filter, paper value)`` pairs, a filter in ``--only`` syntax picking a group;
+  when several groups match, the one with the lowest final loss), ``inverse`` (True when the
+  paper's value rises as our metric falls, e.g. an accuracy against our loss), ``normalise_to``
+  (a filter: our metric divided by that group's, for the paper's relative columns) and
+  ``note``. For each, the page puts ours beside the paper's, both ranked from the best (rank 1:
+  lowest loss, highest tokens/s; ties share their average rank), and gives the Spearman rank
+  correlation of the two rankings (+1 = the same order);
+* ``claims``: the paper's conclusions as ``dict(claim, source, better, worse, paper)``: the
+  ``better`` group (filter) has the lower final loss than ``worse``, by ``paper`` nats in the
+  paper; the page says whether ours agrees, and whether our gap exceeds ``3 sigma``;
+* ``scan``: ``dict(axis, by)``: a learning-rate (or any) scan; per combination of the ``by``
+  axes, the mean final loss over the other axes for each value of ``axis`` and the best one
+  (flagged when it lies at the edge of the scanned values).
+"""
+
+import csv
+import dataclasses
+import datetime
+import io
+import json
+import math
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from lattn_jax import sweep
+
+SWEEP_LOG = "sweep.jsonl"
+RESULTS_MD, RESULTS_CSV, RESULTS_JSON, CURVES_PNG = (
+    "results.md", "results.csv", "results.json", "curves.png")
+_METRICS = ("final_val_loss", "best_val_loss", "tokens_per_sec")
+_HIGHER_IS_BETTER = ("tokens_per_sec",)
+
+
+@dataclasses.dataclass
+class Entry:
+    """One run in the report: its definition, status and metrics.
+
+    Attributes:
+      run: the :class:`~lattn_jax.sweep.Run`.
+      state: its :class:`~lattn_jax.sweep.RunState`.
+      result: its :class:`~lattn_jax.sweep.RunResult`.
+      in_grid: whether the current grid holds it (else it was recorded under the root by an
+        earlier grid).
+    """
+
+    run: sweep.Run
+    state: sweep.RunState
+    result: sweep.RunResult
+    in_grid: bool = True
+
+
+@dataclasses.dataclass
+class Group:
+    """Runs that differ only in their seed.
+
+    Attributes:
+      name: the run names without the seed axis.
+      values: the non-seed axis values.
+      entries: the group's runs.
+      losses: final validation losses of the finished runs (nats/token).
+      mean, sd: their mean and sample standard deviation (``sd`` needs two).
+      best_val_loss: the mean of the finished runs' lowest validation losses.
+      tokens_per_sec, mfu: means over the runs that logged them.
+      tokens: tokens of a finished run; params, non_embedding_params: of any run.
+    """
+
+    name: str
+    values: Tuple[Tuple[str, Any], ...]
+    entries: List[Entry] = dataclasses.field(default_factory=list)
+    losses: List[float] = dataclasses.field(default_factory=list)
+    mean: Optional[float] = None
+    sd: Optional[float] = None
+    best_val_loss: Optional[float] = None
+    tokens_per_sec: Optional[float] = None
+    mfu: Optional[float] = None
+    tokens: Optional[int] = None
+    params: Optional[int] = None
+    non_embedding_params: Optional[int] = None
+
+    def metric(self, name: str) -> Optional[float]:
+        """``final_val_loss`` (the mean), ``best_val_loss`` or ``tokens_per_sec``."""
+        return self.mean if name == "final_val_loss" else getattr(self, name)
+
+
+@dataclasses.dataclass
+class Report:
+    """Everything the results page shows (:func:`build`).
+
+    Attributes:
+      name: the sweep's name; root: its directory.
+      entries: every run (the grid's in grid order, then recorded ones outside the grid).
+      groups: the seed groups in order of first appearance; ranking: those with a finished
+        run, by mean final validation loss (best first).
+      spread: the pooled seed-to-seed standard deviation (nats/token), or ``None``;
+        spread_groups: how many groups it pools.
+      close_pairs: ``(better, worse, gap)`` neighbours in the ranking closer than 3 ``spread``;
+        needs_seed: their groups with a single finished seed.
+      references, claims, scan: the config's, evaluated (module docstring).
+      invocations: the records of ``<root>/sweep.jsonl`` (command line, start, wall time,
+        outcome of every sweep call).
+    """
+
+    name: str
+    root: str
+    entries: List[Entry]
+    groups: List[Group]
+    ranking: List[Group]
+    spread: Optional[float]
+    spread_groups: int
+    close_pairs: List[Tuple[str, str, float]]
+    needs_seed: List[str]
+    references: List[Dict[str, Any]]
+    claims: List[Dict[str, Any]]
+    scan: Optional[Dict[str, Any]]
+    invocations: List[Dict[str, Any]]
+
+
+# ------------------------------------------------------------------------------------------------
+# Statistics
+# ------------------------------------------------------------------------------------------------
+
+def rank(values: Sequence[float]) -> np.ndarray:
+    """Ranks 1..n of ``values`` (ascending), ties sharing their average rank."""
+    x = np.asarray(values, dtype=np.float64)
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(1, len(x) + 1)
+    for v in np.unique(x):
+        tied = x == v
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    """Spearman's rank correlation of two equally long sequences: the Pearson correlation of
+    their average ranks. ``None`` for fewer than 2 pairs or a constant sequence.
+
+    Raises:
+      ValueError: if the lengths differ.
+    """
+    if len(x) != len(y):
+        raise ValueError(f"spearman: {len(x)} values against {len(y)}")
+    if len(x) < 2:
+        return None
+    rx, ry = rank(x), rank(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denom = math.sqrt(float(np.sum(rx * rx) * np.sum(ry * ry)))
+    return None if denom == 0 else float(np.sum(rx * ry) / denom)
+
+
+def seed_spread(groups: Sequence[Group]) -> Tuple[Optional[float], int]:
+    """Pooled within-group standard deviation of the final losses (module docstring), and the
+    number of groups it pools; ``(None, 0)`` when no group has two finished seeds."""
+    num, dof, used = 0.0, 0, 0
+    for g in groups:
+        if len(g.losses) >= 2:
+            x = np.asarray(g.losses)
+            num += float(np.sum((x - x.mean()) ** 2))
+            dof += len(x) - 1
+            used += 1
+    return (math.sqrt(num / dof), used) if dof else (None, 0)
+
+
+def close_pairs(ranking: Sequence[Group], spread: Optional[float],
+                factor: float = 3.0) -> List[Tuple[str, str, float]]:
+    """Neighbours in ``ranking`` whose gap in mean final loss is below ``factor x spread``, as
+    ``(better, worse, gap)``; every pair of groups that close is made of such neighbours."""
+    if spread is None:
+        return []
+    out = []
+    for a, b in zip(ranking, ranking[1:]):
+        gap = b.mean - a.mean
+        if gap < factor * spread:
+            out.append((a.name, b.name, gap))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Building the report
+# ------------------------------------------------------------------------------------------------
+
+def _groups(entries: Sequence[Entry], seed_axis: Optional[str]) -> List[Group]:
+    by_name: Dict[str, Group] = {}
+    for e in entries:
+        g = by_name.get(e.run.group)
+        if g is None:
+            values = tuple((a, v) for a, v in e.run.values if a != seed_axis)
+            g = by_name[e.run.group] = Group(name=e.run.group, values=values)
+        g.entries.append(e)
+    for g in by_name.values():
+        finished = [e for e in g.entries if e.state.status == sweep.Status.FINISHED
+                    and e.result.final_val_loss is not None]
+        g.losses = [e.result.final_val_loss for e in finished]
+        if g.losses:
+            g.mean = float(np.mean(g.losses))
+            g.sd = float(np.std(g.losses, ddof=1)) if len(g.losses) > 1 else None
+            best = [e.result.best_val_loss for e in finished if e.result.best_val_loss is not None]
+            g.best_val_loss = float(np.mean(best)) if best else None
+            g.tokens = finished[0].result.tokens
+        tps = [e.result.tokens_per_sec for e in g.entries if e.result.tokens_per_sec]
+        mfu = [e.result.mfu for e in g.entries if e.result.mfu is not None]
+        g.tokens_per_sec = float(np.mean(tps)) if tps else None
+        g.mfu = float(np.mean(mfu)) if mfu else None
+        for e in g.entries:
+            if e.result.params is not None:
+                g.params, g.non_embedding_params = e.result.params, e.result.non_embedding_params
+                break
+    return list(by_name.values())
+
+
+def _match(groups: Sequence[Group], text: str) -> Optional[Group]:
+    """The group a filter picks: of the matching ones with a final loss, the lowest; else the
+    first matching one; ``None`` if none matches."""
+    conditions = sweep.parse_filter(text)
+    found = [g for g in groups if sweep.matches(g, conditions)]
+    scored = [g for g in found if g.mean is not None]
+    if scored:
+        return min(scored, key=lambda g: g.mean)
+    return found[0] if found else None
+
+
+def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict[str, Any]]:
+    out = []
+    for i, ref in enumerate(config.get("references") or ()):
+        metric = ref.get("metric", "final_val_loss")
+        if metric not in _METRICS:
+            raise sweep.SweepConfigError(f"references[{i}].metric={metric!r}; choose from "
+                                         f"{', '.join(_METRICS)}")
+        base = None
+        if ref.get("normalise_to"):
+            g = _match(groups, ref["normalise_to"])
+            base = g.metric(metric) if g is not None else None
+        rows = []
+        for text, paper in ref.get("values", ()):
+            g = _match(groups, text)
+            ours = g.metric(metric) if g is not None else None
+            if ours is not None and ref.get("normalise_to"):
+                ours = ours / base if base else None
+            rows.append({"filter": text, "group": g.name if g else None, "paper": paper,
+                         "ours": ours})
+        pairs = [(r["ours"], r["paper"]) for r in rows
+                 if r["ours"] is not None and r["paper"] is not None]
+        # Ranks count from the best: the lowest loss, the highest tokens/s; the paper's values
+        # go the same way as ours unless ``inverse``.
+        ours_sign = -1.0 if metric in _HIGHER_IS_BETTER else 1.0
+        paper_sign = -ours_sign if ref.get("inverse") else ours_sign
+        ours_key = [ours_sign * p[0] for p in pairs]
+        paper_key = [paper_sign * p[1] for p in pairs]
+        rho = spearman(ours_key, paper_key) if pairs else None
+        ours_rank = rank(ours_key) if pairs else []
+        paper_rank = rank(paper_key) if pairs else []
+        k = 0
+        for r in rows:
+            if r["ours"] is not None and r["paper"] is not None:
+                r["ours_rank"], r["paper_rank"] = float(ours_rank[k]), float(paper_rank[k])
+                k += 1
+        out.append({"name": ref.get("name", f"reference {i}"), "source": ref.get("source", ""),
+                    "metric": metric, "inverse": bool(ref.get("inverse")),
+                    "normalise_to": ref.get("normalise_to"), "note": ref.get("note", ""),
+                    "rows": rows, "spearman": rho, "n": len(pairs)})
+    return out
+
+
+def _claims(config: Mapping[str, Any], groups: Sequence[Group],
+            spread: Optional[float]) -> List[Dict[str, Any]]:
+    out = []
+    for i, claim in enumerate(config.get("claims") or ()):
+        missing = [k for k in ("claim", "better", "worse") if not claim.get(k)]
+        if missing:
+            raise sweep.SweepConfigError(f"claims[{i}]: {', '.join(missing)} missing (a claim "
+                                         f"is dict(claim, source, better, worse, paper))")
+        better, worse = _match(groups, claim["better"]), _match(groups, claim["worse"])
+        ours = None
+        if better is not None and worse is not None and None not in (better.mean, worse.mean):
+            ours = better.mean - worse.mean
+        if ours is None:
+            verdict = "not run yet"
+        else:
+            verdict = "holds" if ours < 0 else "does not hold"
+            if spread is not None and abs(ours) < 3 * spread:
+                verdict += f" (gap below 3 sigma = {3 * spread:.4f})"
+            elif spread is None:
+                verdict += " (no seed spread yet)"
+        out.append({"claim": claim["claim"], "source": claim.get("source", ""),
+                    "better": claim["better"], "worse": claim["worse"],
+                    "paper": claim.get("paper"), "ours": ours, "verdict": verdict})
+    return out
+
+
+def _scan(config: Mapping[str, Any], groups: Sequence[Group]) -> Optional[Dict[str, Any]]:
+    scan = config.get("scan")
+    if not scan:
+        return None
+    if not scan.get("axis"):
+        raise sweep.SweepConfigError("scan: axis missing (scan is dict(axis, by))")
+    axis, by = scan["axis"], tuple(scan.get("by") or ())
+    blocks: Dict[Tuple, Dict[str, Any]] = {}
+    for g in groups:
+        values = dict(g.values)
+        if axis not in values:
+            continue
+        key = tuple((b, values.get(b)) for b in by)
+        others = tuple((a, v) for a, v in g.values if a != axis and a not in by)
+        block = blocks.setdefault(key, {"cells": {}, "points": [], "columns": []})
+        if values[axis] not in block["points"]:
+            block["points"].append(values[axis])
+        if others not in block["columns"]:
+            block["columns"].append(others)
+        block["cells"][(values[axis], others)] = g.mean
+    out = []
+    for key, block in blocks.items():
+        points = sorted(block["points"], key=lambda v: (not isinstance(v, (int, float)), v))
+        rows, complete = [], []
+        for p in points:
+            cells = [block["cells"].get((p, c)) for c in block["columns"]]
+            have = [c for c in cells if c is not None]
+            mean = float(np.mean(have)) if have else None
+            rows.append({"value": p, "cells": cells, "mean": mean, "n": len(have)})
+            if have and len(have) == len(cells):
+                complete.append((mean, p))
+        candidates = complete or [(r["mean"], r["value"]) for r in rows if r["mean"] is not None]
+        best = min(candidates, key=lambda t: t[0])[1] if candidates else None
+        edge = best is not None and len(points) > 1 and best in (points[0], points[-1])
+        columns = [sweep.values_name(c) or "-" for c in block["columns"]]
+        out.append({"by": [list(k) for k in key], "columns": columns, "rows": rows,
+                    "best": best, "edge": edge, "complete": bool(complete)})
+    return {"axis": axis, "by": list(by), "blocks": out}
+
+
+def build(config: Mapping[str, Any], root: str) -> Report:
+    """Reads every run of the sweep under ``root``.
+
+    Args:
+      config: the sweep config (:func:`lattn_jax.sweep.expand`'s options, plus the optional
+        ``references``, ``claims`` and ``scan`` of the module docstring).
+      root: the sweep directory.
+
+    Returns:
+      A :class:`Report`: the grid's runs in grid order, then runs recorded under the root that
+      the grid does not hold.
+
+    Raises:
+      SweepConfigError: for a bad grid, reference, claim or scan option, naming it.
+    """
+    runs = sweep.expand(config)
+    names = {r.name for r in runs}
+    extra = [r for r in sweep.recorded_runs(root) if r.name not in names]
+    entries = []
+    for run, in_grid in [(r, True) for r in runs] + [(r, False) for r in extra]:
+        workdir = sweep.run_dir(root, run)
+        entries.append(Entry(run=run, state=sweep.run_state(workdir),
+                             result=sweep.collect(workdir), in_grid=in_grid))
+    groups = _groups(entries, config.get("seed_axis"))
+    ranking = sorted([g for g in groups if g.mean is not None], key=lambda g: g.mean)
+    spread, used = seed_spread(groups)
+    pairs = close_pairs(ranking, spread)
+    by_name = {g.name: g for g in groups}
+    needs = []
+    for a, b, _ in pairs:
+        for name in (a, b):
+            if len(by_name[name].losses) < 2 and name not in needs:
+                needs.append(name)
+    return Report(
+        name=config.get("name", os.path.basename(os.path.abspath(root))), root=root,
+        entries=entries, groups=groups, ranking=ranking, spread=spread, spread_groups=used,
+        close_pairs=pairs, needs_seed=needs, references=_references(config, groups),
+        claims=_claims(config, groups, spread), scan=_scan(config, groups),
+        invocations=sweep.read_jsonl(os.path.join(root, SWEEP_LOG)))
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing it
+# ------------------------------------------------------------------------------------------------
+
+def _f(value: Optional[float], fmt: str = ".4f") -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def _tokens(n: Optional[int]) -> str:
+    if n is None:
+        return ""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n:,}"
+
+
+def _params(n: Optional[int]) -> str:
+    return "" if n is None else f"{n / 1e6:.2f}M"
+
+
+def _pct(x: Optional[float]) -> str:
+    return "" if x is None else f"{100 * x:.1f}%"
+
+
+def _wall(s: Optional[float]) -> str:
+    return "" if s is None else (f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min")
+
+
+def _md_cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str) -> List[str]:
+    out = ["| " + " | ".join(header) + " |",
+           "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+    out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def markdown(report: Report) -> str:
+    """The results page (Markdown): commands, ranking, runs (with failed runs' error lines),
+    seeds, one section per paper reference (with Spearman's rank correlation), the paper's
+    conclusions, the scan, failed runs, and the curves."""
+    counts = {s: 0 for s in sweep.Status}
+    for e in report.entries:
+        counts[e.state.status] += 1
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    lines = [f"# {report.name}: sweep results", "",
+             f"- Generated {now} from `{os.path.abspath(report.root)}` "
+             f"({len(report.entries)} runs: " + ", ".join(
+                 f"{n} {s.value}" for s, n in counts.items() if n) + ").",
+             "- Losses are validation cross-entropy in nats/token; \"final\" is the evaluation "
+             "at the last step, \"best\" the lowest of all evaluations; tokens/s and MFU are "
+             "medians over the trainer's logging windows; wall time includes start-up, "
+             "compilation and evaluations.", ""]
+    if report.invocations:
+        lines += ["## Commands", ""]
+        for inv in report.invocations:
+            lines.append(f"- {inv.get('started', '')} ({_wall(inv.get('wall_s'))}, "
+                         f"{inv.get('status', '')}): `{inv.get('command', '')}`")
+        lines.append("")
+    if report.ranking:
+        lines += ["## Ranking", ""]
+        best = report.ranking[0].mean
+        rows = []
+        for i, g in enumerate(report.ranking, 1):
+            sd = f" ± {g.sd:.4f}" if g.sd is not None else ""
+            rows.append([i, g.name, len(g.losses), f"{g.mean:.4f}{sd}", f"{g.mean - best:+.4f}",
+                         _f(g.best_val_loss), _tokens(g.tokens),
+                         _f(g.tokens_per_sec, ",.0f"), _pct(g.mfu), _params(g.params),
+                         _params(g.non_embedding_params)])
+        lines += _table(["rank", "group", "seeds", "final val", "Δ best", "best val", "tokens",
+                         "tokens/s", "MFU", "params", "non-emb."], rows, "rlrrrrrrrrr")
+        lines.append("")
+    lines += ["## Runs", ""]
+    rows = []
+    for e in report.entries:
+        r, s = e.result, e.state
+        progress = f"{r.step}/{s.total_steps}" if s.total_steps else (str(r.step) if r.step else "")
+        rows.append([e.run.name + ("" if e.in_grid else " (not in this grid)"), s.status.value,
+                     progress, _f(r.final_val_loss), _f(r.best_val_loss),
+                     _f(r.final_train_loss), _tokens(r.tokens), _f(r.tokens_per_sec, ",.0f"),
+                     _pct(r.mfu), _params(r.params), _params(r.non_embedding_params),
+                     _wall(r.wall_s), s.error or ""])
+    lines += _table(["run", "status", "step", "final val", "best val", "final train", "tokens",
+                     "tokens/s", "MFU", "params", "non-emb.", "wall", "error"], rows,
+                    "llrrrrrrrrrrl")
+    lines.append("")
+    lines += ["## Seeds", ""]
+    if report.spread is None:
+        lines.append("No group has two finished seeds yet, so there is no seed-to-seed spread.")
+    else:
+        plural = "s" if report.spread_groups > 1 else ""
+        lines.append(f"Seed-to-seed spread (pooled standard deviation of the final loss over "
+                     f"{report.spread_groups} group{plural} with two or more seeds): "
+                     f"sigma = {report.spread:.4f} nats; 3 sigma = {3 * report.spread:.4f}.")
+        if report.close_pairs:
+            lines += ["", "Neighbours in the ranking closer than 3 sigma:", ""]
+            lines += [f"- {a} vs {b}: gap {gap:.4f}" for a, b, gap in report.close_pairs]
+        else:
+            lines += ["", "No two neighbours in the ranking are closer than 3 sigma."]
+        if report.needs_seed:
+            lines += ["", "Second seeds needed (with the config's second seed in its grid, e.g. "
+                      "`seeds=2`):", "",
+                      "```", " ".join(f"--only='{n}'" for n in report.needs_seed), "```"]
+    lines.append("")
+    for ref in report.references:
+        lines += [f"## Paper: {ref['name']}", "", f"Source: {ref['source']}."]
+        if ref["note"]:
+            lines += ["", ref["note"]]
+        lines.append("")
+        metric = ref["metric"] + (" (relative)" if ref["normalise_to"] else "")
+        fmt = ".3f" if ref["normalise_to"] else (",.0f" if ref["metric"] == "tokens_per_sec"
+                                                 else ".4f")
+        rows = [[r["filter"], r["paper"], _f(r["ours"], fmt), _f(r.get("paper_rank"), "g"),
+                 _f(r.get("ours_rank"), "g")] for r in ref["rows"]]
+        lines += _table(["paper row", "paper", f"ours: {metric}", "paper rank", "our rank"],
+                        rows, "lrrrr")
+        rho = "n/a (fewer than 2 rows)" if ref["spearman"] is None else f"{ref['spearman']:+.3f}"
+        lines += ["", f"Spearman rank correlation over {ref['n']} rows: {rho}"
+                  + (" (the paper's values inverted: higher is better there)"
+                     if ref["inverse"] else "") + ".", ""]
+    if report.claims:
+        lines += ["## The paper's conclusions", ""]
+        rows = [[c["claim"], c["source"], _f(c["paper"], "+.4f"), _f(c["ours"], "+.4f"),
+                 c["verdict"]] for c in report.claims]
+        lines += _table(["claim (Δ = better - worse, final val loss)", "source", "paper Δ",
+                         "ours Δ", "ours"], rows, "llrrl")
+        lines.append("")
+    if report.scan:
+        scan = report.scan
+        lines += [f"## Scan of {scan['axis']}", ""]
+        for block in scan["blocks"]:
+            title = ", ".join(f"{k}={sweep.format_value(v)}" for k, v in block["by"]) or "all"
+            lines += [f"### {title}", ""]
+            rows = [[sweep.format_value(r["value"])] + [_f(c) for c in r["cells"]]
+                    + [_f(r["mean"]), r["n"]] for r in block["rows"]]
+            lines += _table([scan["axis"]] + block["columns"] + ["mean", "n"], rows,
+                            "l" + "r" * (len(block["columns"]) + 2))
+            if block["best"] is not None:
+                note = " (at the edge of the scan: extend it)" if block["edge"] else ""
+                note += "" if block["complete"] else " (from incomplete rows)"
+                lines += ["", f"Best {scan['axis']}: {sweep.format_value(block['best'])}{note}."]
+            lines.append("")
+    failed = [e for e in report.entries if e.state.status == sweep.Status.FAILED]
+    if failed:
+        lines += ["## Failed runs", ""]
+        lines += [f"- {e.run.name}: `{e.state.error}` (log: "
+                  f"`runs/{e.run.name}/{sweep.RUN_LOG}`)" for e in failed]
+        lines.append("")
+    lines += ["## Loss curves", "", f"![validation and training loss against tokens]"
+              f"({CURVES_PNG})", ""]
+    return "\n".join(lines)
+
+
+_CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps",
+               "final_val_loss", "best_val_loss", "best_val_step", "last_val_loss",
+               "final_train_loss", "tokens", "tokens_per_sec", "mfu", "params",
+               "non_embedding_params", "wall_s", "error")
+
+
+def _run_row(e: Entry) -> Dict[str, Any]:
+    r = e.result
+    return {"run": e.run.name, "group": e.run.group, "seed": e.run.seed, "in_grid": e.in_grid,
+            "status": e.state.status.value, "step": r.step, "total_steps": e.state.total_steps,
+            "final_val_loss": r.final_val_loss, "best_val_loss": r.best_val_loss,
+            "best_val_step": r.best_val_step, "last_val_loss": r.last_val_loss,
+            "final_train_loss": r.final_train_loss, "tokens": r.tokens,
+            "tokens_per_sec": r.tokens_per_sec, "mfu": r.mfu, "params": r.params,
+            "non_embedding_params": r.non_embedding_params, "wall_s": r.wall_s,
+            "error": e.state.error}
+
+
+def csv_text(report: Report) -> str:
+    """One row per run (:data:`_CSV_FIELDS`)."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=_CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for e in report.entries:
+        writer.writerow({k: "" if v is None else v for k, v in _run_row(e).items()})
+    return buf.getvalue()
+
+
+def json_dict(report: Report) -> Dict[str, Any]:
+    """The report as JSON-ready data (runs, groups in ranking order, seeds, references, claims,
+    scan, commands)."""
+    groups = [{"group": g.name, "seeds": len(g.losses), "final_val_loss": g.mean,
+               "final_val_loss_sd": g.sd, "best_val_loss": g.best_val_loss,
+               "tokens_per_sec": g.tokens_per_sec, "mfu": g.mfu, "tokens": g.tokens,
+               "params": g.params, "non_embedding_params": g.non_embedding_params,
+               "rank": report.ranking.index(g) + 1 if g in report.ranking else None}
+              for g in report.groups]
+    return {"sweep": report.name, "root": os.path.abspath(report.root),
+            "runs": [_run_row(e) for e in report.entries], "groups": groups,
+            "seed_spread": report.spread, "seed_spread_groups": report.spread_groups,
+            "close_pairs": [list(p) for p in report.close_pairs],
+            "needs_second_seed": report.needs_seed, "references": report.references,
+            "claims": report.claims, "scan": report.scan, "commands": report.invocations}
+
+
+def plot_curves(report: Report, path: str) -> Optional[str]:
+    """Writes the validation (left) and training (right) loss of every run against tokens;
+    one colour per group, one line style per seed. Returns ``path``, or ``None`` when no run
+    has logged a loss."""
+    from matplotlib import figure  # imported here: only the report plots
+    from matplotlib import ticker
+    from matplotlib.backends import backend_agg
+
+    entries = [e for e in report.entries if e.result.val_curve or e.result.train_curve]
+    if not entries:
+        return None
+    fig = figure.Figure(figsize=(14, 6.5), dpi=100)
+    backend_agg.FigureCanvasAgg(fig)
+    ax_val, ax_train = fig.subplots(1, 2)
+    group_names = list(dict.fromkeys(e.run.group for e in entries))
+    styles = ("-", "--", ":", "-.")
+    finals = [e.result.last_val_loss for e in entries if e.result.last_val_loss is not None]
+    top = (min(finals) + 1.5) if finals else None
+    for e in entries:
+        g = group_names.index(e.run.group)
+        seeds = [x.run.seed for x in entries if x.run.group == e.run.group]
+        style = styles[seeds.index(e.run.seed) % len(styles)]
+        colour = f"C{g % 10}"
+        width = 1.0 + (g // 10) * 0.8  # beyond ten groups, colours repeat with a wider line
+        for ax, curve, marker in ((ax_val, e.result.val_curve, "o"),
+                                  (ax_train, e.result.train_curve, None)):
+            if curve:
+                x, y = zip(*curve)
+                ax.plot(x, y, style, color=colour, lw=width, marker=marker, ms=2,
+                        label=e.run.name)
+    for ax, title in ((ax_val, "validation loss"), (ax_train, "training loss")):
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("loss (nats/token)")
+        ax.set_title(f"{report.name}: {title}")
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+        ax.grid(alpha=0.3)
+        if top is not None:
+            low = min(finals) - 0.1
+            ax.set_ylim(low, top)
+    handles, labels = ax_val.get_legend_handles_labels()
+    if not handles:
+        handles, labels = ax_train.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    rows = math.ceil(len(labels) / 3)
+    fig.subplots_adjust(bottom=min(0.1 + 0.025 * rows, 0.6), top=0.93, wspace=0.2)
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def _write_atomic(path: str, text: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write(report: Report, out_dir: Optional[str] = None) -> Dict[str, str]:
+    """Writes ``results.md``, ``results.csv``, ``results.json`` and ``curves.png`` (each
+    replaced atomically) to ``out_dir`` (default: the sweep root).
+
+    Returns:
+      ``{"md", "csv", "json", "png"}`` paths (``png`` absent when nothing was logged yet).
+    """
+    out_dir = out_dir or report.root
+    os.makedirs(out_dir, exist_ok=True)
+    paths = {"md": os.path.join(out_dir, RESULTS_MD), "csv": os.path.join(out_dir, RESULTS_CSV),
+             "json": os.path.join(out_dir, RESULTS_JSON)}
+    _write_atomic(paths["md"], markdown(report))
+    _write_atomic(paths["csv"], csv_text(report))
+    _write_atomic(paths["json"], json.dumps(json_dict(report), indent=1, default=str) + "\n")
+    png = plot_curves(report, os.path.join(out_dir, CURVES_PNG))
+    if png:
+        paths["png"] = png
+    return paths

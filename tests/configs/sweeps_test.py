@@ -1,0 +1,137 @@
+"""The sweep configs (configs/sweeps/): every run of every grid is a valid training config
+(argument string and overrides applied as the trainer would take them), the small presets have
+the parameter counts their docstrings give (model code, under ``jax.eval_shape``), the recipe
+is the paper's scaled as documented, and missing arguments are named."""
+
+import importlib
+import os
+
+import jax
+from absl.testing import absltest, parameterized
+from flax import nnx
+
+from configs import common
+from configs.sweeps import lr_scan_small, table2_small, table7_small
+from lattn_jax import config as config_lib
+from lattn_jax import model as model_lib
+from lattn_jax import sweep
+
+EMBEDDINGS = 2 * 32000 * 512  # untied token embedding and LM head at d 512
+
+
+def build(run, train_config):
+    """The validated ExperimentConfig of a run: its argument string and overrides applied to
+    a locked ConfigDict (an unknown field raises, as on the command line)."""
+    module = importlib.import_module(train_config[:-3].replace("/", "."))
+    cd = module.get_config(run.arg)
+    cd.lock()
+    cd.update_from_flattened_dict(dict(run.overrides))
+    return config_lib.experiment_from_config_dict(cd)
+
+
+def count(cfg):
+    abstract = nnx.eval_shape(lambda: model_lib.LanguageModel(cfg.model, rngs=nnx.Rngs(0)))
+    return sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(abstract, nnx.Param)))
+
+
+class SweepConfigsTest(parameterized.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.corpus = self.create_tempdir().full_path
+        for split in ("train", "validation"):
+            os.makedirs(os.path.join(self.corpus, split))
+
+    def _variants(self):
+        c = self.corpus
+        return [
+            (table2_small, f"corpus={c},adamw_lr=0.003,muon_lr=0.0036", 20),
+            (table2_small, f"corpus={c},adamw_lr=0.003,muon_lr=0.0036,seeds=2", 36),
+            (table2_small, "tiny", 6),
+            (lr_scan_small, f"corpus={c}", 16),
+            (lr_scan_small, "tiny", 8),
+            (table7_small, f"corpus={c},muon_lr=0.0036", 16),
+            (table7_small, f"corpus={c},muon_lr=0.0036,controls=False", 8),
+            (table7_small, "tiny", 4),
+        ]
+
+    def test_every_run_builds(self):
+        for module, arg, n in self._variants():
+            with self.subTest(f"{module.__name__}:{arg}"):
+                config = module.get_config(arg)
+                runs = sweep.expand(config)
+                self.assertLen(runs, n)
+                for run in runs:
+                    cfg = build(run, config.train_config)
+                    self.assertEqual(cfg.train.seed, run.value("seed", 42))
+                    if "tiny" in arg:
+                        self.assertEqual((cfg.train.total_steps, cfg.data.tokenizer), (4, "byte"))
+                    else:
+                        self.assertEqual(cfg.data.paths, (os.path.join(self.corpus, "train"),))
+                        self.assertEqual(cfg.data.val_paths,
+                                         (os.path.join(self.corpus, "validation"),))
+                        self.assertEqual(cfg.data.seed, cfg.train.seed)
+                        self.assertFalse(cfg.train.tensorboard)
+
+    def test_table2_small_params_recipe_and_tokens(self):
+        config = table2_small.get_config(f"corpus={self.corpus},adamw_lr=0.003,muon_lr=0.0036")
+        seen = set()
+        for run in sweep.expand(config):
+            cfg = build(run, config.train_config)
+            model = (run.value("arch"), run.value("stack"))
+            opt, data, train = cfg.optim, cfg.data, cfg.train
+            # Spec §5 scaled: seq 4096, GBS 16, WSD minus_sqrt over 20% to 0.1x, wd 0.1.
+            self.assertEqual((data.seq_len, data.batch_size, train.total_steps,
+                              opt.warmup_steps), (4096, 16, 5400, 38))
+            self.assertEqual((opt.schedule, opt.decay_shape, opt.decay_fraction,
+                              opt.min_lr_ratio, opt.weight_decay, opt.grad_clip),
+                             ("wsd", "minus_sqrt", 0.2, 0.1, 0.1, 1.0))
+            self.assertEqual((opt.name, opt.learning_rate),
+                             (run.value("opt"), {"adamw": 0.003, "muon": 0.0036}[opt.name]))
+            self.assertIsNone(opt.adamw_learning_rate)  # tied under Muon
+            self.assertIsNone(data.max_val_batches)
+            self.assertEqual(cfg.model.d_model, 512)
+            self.assertLen(cfg.model.layer_pattern, common.SMALL_NUM_LAYERS)
+            if model in seen:
+                continue
+            seen.add(model)
+            n = count(cfg)
+            self.assertEqual((n, n - EMBEDDINGS), table2_small.PARAMS[model], model)
+            tokens = train.total_steps * data.batch_size * data.seq_len
+            self.assertGreaterEqual(tokens / (n - EMBEDDINGS), 20.0, model)
+        self.assertEqual(seen, set(table2_small.PARAMS))
+
+    def test_table7_small_params(self):
+        config = table7_small.get_config(f"corpus={self.corpus},muon_lr=0.0036")
+        host = table2_small.PARAMS[("gdn", "hybrid")][0]
+        for run in sweep.expand(config):
+            if run.seed != 42:
+                continue
+            cfg = build(run, config.train_config)
+            self.assertEqual(cfg.model.layer_pattern, ("gdn", "gdn", "attn") * 2)
+            self.assertEqual((cfg.optim.name, cfg.optim.learning_rate), ("muon", 0.0036))
+            self.assertEqual(count(cfg) - host, table7_small.ADDED_PARAMS[run.value("route")],
+                             run.name)
+
+    def test_lr_scan_budget(self):
+        config = lr_scan_small.get_config(f"corpus={self.corpus}")
+        cfg = build(sweep.expand(config)[0], config.train_config)
+        self.assertEqual((cfg.train.total_steps, cfg.optim.warmup_steps, cfg.train.eval_every),
+                         (1350, 9, 150))
+        self.assertEqual(config.scan.axis, "lr")
+
+    @parameterized.named_parameters(
+        ("table2_lrs", table2_small, "corpus=/c", r"adamw_lr= and muon_lr= required"),
+        ("table2_corpus", table2_small, "adamw_lr=1e-3,muon_lr=1e-3", r"corpus=<dir> is required"),
+        ("table2_seeds", table2_small, "tiny,seeds=3", r"seeds=3; choose 1 or 2"),
+        ("table7_lr", table7_small, "corpus=/c", r"muon_lr= required"),
+        ("scan_corpus", lr_scan_small, None, r"corpus=<dir> is required"),
+        ("scan_typo", lr_scan_small, "corpsu=/c", r"unknown config argument 'corpsu'"),
+    )
+    def test_missing_argument_is_named(self, module, arg, message):
+        with self.assertRaisesRegex(common.ConfigArgError, message):
+            module.get_config(arg)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,154 @@
+"""experiments/sweep.py end to end with the real trainer (a one-layer tiny model, 6 steps on the
+bundled text): a run stopped half-way resumes to the same final loss as an uninterrupted one,
+a failing run is reported with its error line while the others finish, a second call skips
+what is done, and the table is rebuilt from the run directories alone."""
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from absl.testing import absltest
+
+from lattn_jax import sweep
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+# Three runs of one tiny model that differ only in train.nonfinite_policy: "stop" and "skip"
+# train identically (no step is non-finite), "bogus" is refused by the config check.
+SWEEP_CONFIG = textwrap.dedent('''
+    import ml_collections
+
+    def get_config(arg=None):
+        return ml_collections.ConfigDict(dict(
+            name="entry", train_config="configs/table2.py",
+            arg=(("arch", "softmax"), ("opt", "muon"), ("tiny", True)),
+            overrides=(("model.layer_pattern", ("attn",)), ("train.total_steps", 6),
+                       ("train.eval_every", 3), ("train.checkpoint_every", 3),
+                       ("train.log_every", 1), ("optim.warmup_steps", 1),
+                       ("data.seq_len", 32), ("data.batch_size", 2),
+                       ("data.tokenizer", "byte"), ("model.vocab_size", 257),
+                       ("data.max_val_batches", 2), ("train.tensorboard", False)),
+            grid=((("train.nonfinite_policy", ("stop", "skip", "bogus")),),),
+            seed_axis=None))
+''')
+REF, RESUMED, BAD = (f"train.nonfinite_policy={p}" for p in ("stop", "skip", "bogus"))
+
+
+@pytest.mark.entry
+class SweepBinaryTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        tmp = self.create_tempdir().full_path
+        self.config = os.path.join(tmp, "entry_sweep.py")
+        with open(self.config, "w") as f:
+            f.write(SWEEP_CONFIG)
+        self.root = os.path.join(tmp, "root")
+
+    def sweep(self, *flags):
+        env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true")  # compile time (CPU)
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+               f"--config={self.config}", f"--root={self.root}", *flags]
+        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
+                              timeout=600)
+
+    def state(self, name):
+        return sweep.run_state(os.path.join(self.root, "runs", name))
+
+    def result(self, name):
+        return sweep.collect(os.path.join(self.root, "runs", name))
+
+    def test_resume_failure_skip_and_table(self):
+        # About 35 s on 2 cores: three trainer starts (the first compiles; the others hit the
+        # sweep's compilation cache), the failing run's config check, two calls that only read.
+        out = self.sweep(f"--only={REF}")
+        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+        self.assertEqual(self.state(REF).status, sweep.Status.FINISHED)
+
+        # Stopped half-way (the trainer's own limit): partial, exit 3 ("run it again").
+        out = self.sweep(f"--only={RESUMED}", "--override=train.max_steps_per_run=3")
+        self.assertEqual(out.returncode, 3, out.stdout[-3000:] + out.stderr[-3000:])
+        state = self.state(RESUMED)
+        self.assertEqual((state.status, state.step), (sweep.Status.PARTIAL, 3))
+
+        # The whole grid: the finished run is skipped, the partial one resumes from step 3,
+        # the bad one fails and the sweep still completes.
+        out = self.sweep()
+        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+        self.assertIn(f"--- {REF}: finished, skipped", out.stdout)
+        self.assertIn(f"--- {RESUMED}: resuming from step 3", out.stdout)
+        self.assertIn("Resuming from the checkpoint at step 3", out.stdout)
+        error = "error: train.nonfinite_policy='bogus'; choose from stop, skip"
+        self.assertEqual((self.state(BAD).status, self.state(BAD).error),
+                         (sweep.Status.FAILED, error))
+        ref, resumed = self.result(REF), self.result(RESUMED)
+        self.assertEqual((ref.step, resumed.step), (6, 6))
+        np.testing.assert_allclose(resumed.final_val_loss, ref.final_val_loss, rtol=1e-6)
+        np.testing.assert_allclose([loss for _, loss in resumed.train_curve],
+                                   [loss for _, loss in ref.train_curve], rtol=1e-6)
+
+        with open(os.path.join(self.root, "results.md")) as f:
+            md = f.read()
+        self.assertIn(f"| {BAD} | failed |", md)
+        self.assertIn(error, md)
+        with open(os.path.join(self.root, "results.csv")) as f:
+            rows = {r["run"]: r for r in csv.DictReader(f)}
+        self.assertEqual([rows[n]["status"] for n in (REF, RESUMED, BAD)],
+                         ["finished", "finished", "failed"])
+        self.assertTrue(os.path.exists(os.path.join(self.root, "curves.png")))
+
+        # Again, exporting the records: nothing is launched.
+        attempts = [len(sweep.read_jsonl(os.path.join(self.root, "runs", n, sweep.ATTEMPTS)))
+                    for n in (REF, RESUMED, BAD)]
+        export = os.path.join(os.path.dirname(self.root), "export")
+        out = self.sweep(f"--export={export}")
+        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+        self.assertIn(f"--- {BAD}: failed before ({error}); skipped", out.stdout)
+        self.assertEqual(attempts, [
+            len(sweep.read_jsonl(os.path.join(self.root, "runs", n, sweep.ATTEMPTS)))
+            for n in (REF, RESUMED, BAD)])
+        with open(os.path.join(self.root, "sweep.jsonl")) as f:
+            statuses = [json.loads(line)["status"] for line in f]
+        self.assertEqual(statuses, ["complete", "incomplete", "complete", "complete"])
+
+        # The table from the exported records alone (no checkpoints): the same runs.
+        self.assertFalse(os.path.exists(os.path.join(export, "runs", REF, "checkpoints")))
+        shutil.rmtree(self.root)
+        self.root = export
+        os.remove(os.path.join(export, "results.csv"))
+        out = self.sweep("--report_only")
+        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+        with open(os.path.join(export, "results.csv")) as f:
+            rebuilt = {r["run"]: r for r in csv.DictReader(f)}
+        for name in (REF, RESUMED, BAD):
+            for key in ("status", "final_val_loss", "best_val_loss", "tokens", "params"):
+                self.assertEqual(rebuilt[name][key], rows[name][key], (name, key))
+
+    def test_bad_flags_give_one_line(self):
+        out = self.sweep("--only=arch=gdn")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("error: --only='arch=gdn': no axis arch; the axes are "
+                      "train.nonfinite_policy", out.stderr)
+        out = self.sweep("--override=micro_batch")
+        self.assertIn("error: --override='micro_batch': expected field=value", out.stderr)
+        self.assertNotIn("Traceback", out.stderr)
+        # A run directory recorded with other settings under the same name.
+        os.makedirs(os.path.join(self.root, "runs", REF))
+        with open(os.path.join(self.root, "runs", REF, sweep.RUN_RECORD), "w") as f:
+            json.dump({"name": REF, "arg": "arch=softmax,opt=adamw,tiny=True",
+                       "overrides": []}, f)
+        out = self.sweep(f"--only={REF}")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("error: run directories under --root hold runs of other settings", out.stderr)
+        self.assertIn(f"{REF}: argument opt: 'adamw' -> 'muon'; override data.batch_size: None "
+                      f"-> 2", out.stderr)
+
+
+if __name__ == "__main__":
+    absltest.main()

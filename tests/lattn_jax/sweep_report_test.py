@@ -1,0 +1,211 @@
+"""Sweep results (lattn_jax/sweep_report.py): rank statistics, seed spread, the table built
+from run directories (finished, partial, failed and not-started runs), the paper's numbers,
+conclusions, a scan, and the files written."""
+
+import csv
+import json
+import os
+
+import numpy as np
+from absl.testing import absltest
+
+from lattn_jax import sweep
+from lattn_jax import sweep_report
+
+
+def write_run(root, run, *, final=None, partial_at=None, error=None, total=10, tps=1000.0,
+              params=5000):
+    """Writes the files the trainer and the sweep leave in a run directory: a finished run
+    (``final``: its last validation loss), a partial one (``partial_at``: the checkpoint step)
+    or a failed one (``error``)."""
+    workdir = sweep.run_dir(root, run)
+    os.makedirs(workdir, exist_ok=True)
+
+    def append(name, *records):
+        with open(os.path.join(workdir, name), "a") as f:
+            for r in records:
+                f.write((json.dumps(r) if isinstance(r, dict) else r) + "\n")
+
+    with open(os.path.join(workdir, sweep.RUN_RECORD), "w") as f:
+        json.dump({"name": run.name, "values": [list(p) for p in run.values],
+                   "group": run.group, "seed": run.seed, "arg": run.arg, "overrides": []}, f)
+    append(sweep.ATTEMPTS, {"event": "start"})
+    if error:
+        append(sweep.ATTEMPTS, {"event": "end", "returncode": 1, "wall_s": 3.0, "error": error})
+        return
+    append("invocations.jsonl", {"time": "2026-01-01T00:00:00Z", "config": {
+        "train": {"total_steps": total}, "data": {"batch_size": 4, "seq_len": 8},
+        "model": {"vocab_size": 100, "d_model": 8, "tie_embeddings": False}}})
+    append("console.log", f"model: {params:,} parameters, layers ['gdn'], d_model 8")
+    last = partial_at or total
+    for step in range(1, last + 1):
+        loss = (final or 3.0) + (total - step) * 0.1
+        append("metrics.jsonl", {"step": step, "time": float(step), "train_loss": loss + 0.05,
+                                 "tokens_per_sec": tps, "mfu": 0.25})
+        if step % 5 == 0:
+            append("metrics.jsonl", {"step": step, "time": float(step), "val_loss": loss})
+    os.makedirs(os.path.join(workdir, "checkpoints", str(last)))
+    if partial_at is None:
+        append("console.log", f"final: step {total}  train_loss 1  val_loss {final}")
+    append(sweep.ATTEMPTS, {"event": "end", "returncode": 0, "wall_s": 60.0})
+
+
+class StatisticsTest(absltest.TestCase):
+
+    def test_rank_and_spearman(self):
+        np.testing.assert_array_equal(sweep_report.rank([3.0, 1.0, 3.0, 2.0]), [3.5, 1, 3.5, 2])
+        # 1 - 6 sum d^2 / (n (n^2 - 1)) without ties: d = (0, 1, -1, 0) -> 1 - 12/60 = 0.8.
+        self.assertAlmostEqual(sweep_report.spearman([1, 2, 3, 4], [10, 30, 20, 40]), 0.8)
+        self.assertAlmostEqual(sweep_report.spearman([1, 2, 3], [3, 2, 1]), -1.0)
+        # Ties: the Pearson correlation of the average ranks.
+        rx, ry = np.array([1, 2.5, 2.5, 4]), np.array([1, 2, 3, 4])
+        want = np.corrcoef(rx, ry)[0, 1]
+        self.assertAlmostEqual(sweep_report.spearman([1, 2, 2, 5], [7, 8, 9, 10]), want)
+        self.assertIsNone(sweep_report.spearman([1], [2]))
+        self.assertIsNone(sweep_report.spearman([1, 1], [2, 3]))
+        with self.assertRaisesRegex(ValueError, "2 values against 3"):
+            sweep_report.spearman([1, 2], [1, 2, 3])
+
+    def test_seed_spread_and_close_pairs(self):
+        a = sweep_report.Group("a", (), losses=[3.00, 3.02], mean=3.01)
+        b = sweep_report.Group("b", (), losses=[3.10, 3.14], mean=3.12)
+        c = sweep_report.Group("c", (), losses=[3.13], mean=3.13)
+        spread, used = sweep_report.seed_spread([a, b, c])
+        # (0.01^2 * 2 + 0.02^2 * 2) / 2 = 0.0005
+        self.assertAlmostEqual(spread, np.sqrt(0.0005))
+        self.assertEqual(used, 2)
+        pairs = sweep_report.close_pairs([a, b, c], spread)
+        self.assertEqual([(x, y) for x, y, _ in pairs], [("b", "c")])  # 0.11 > 3 sigma = 0.067
+        self.assertEqual(sweep_report.seed_spread([c]), (None, 0))
+        self.assertEqual(sweep_report.close_pairs([a, b], None), [])
+
+
+class BuildTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.create_tempdir().full_path
+        self.config = dict(
+            name="demo", train_config="configs/table2.py", arg=(("size", "small"),),
+            grid=((("arch", ("gdn", "softmax", "kda")), ("opt", ("adamw", "muon")),
+                   ("seed", (42, 43))),),
+            seed_axis="seed",
+            references=(
+                dict(name="losses", source="spec §9.3", metric="final_val_loss",
+                     values=(("arch=gdn,opt=muon", 2.70), ("arch=softmax,opt=muon", 2.72),
+                             ("arch=gdn,opt=adamw", 2.85), ("arch=kda,opt=muon", 2.90))),
+                dict(name="speed", source="Table 2", metric="tokens_per_sec",
+                     normalise_to="arch=gdn,opt=muon",
+                     values=(("arch=gdn,opt=muon", 1.0), ("arch=softmax,opt=muon", 0.8)))),
+            claims=(dict(claim="muon beats adamw (gdn)", source="§9.3", paper=-0.15,
+                         better="arch=gdn,opt=muon", worse="arch=gdn,opt=adamw"),
+                    dict(claim="gdn beats softmax (muon)", source="§9.3", paper=-0.01,
+                         better="arch=gdn,opt=muon", worse="arch=softmax,opt=muon"),
+                    dict(claim="kda beats gdn", source="x", paper=None,
+                         better="arch=kda,opt=adamw", worse="arch=gdn,opt=adamw")))
+        runs = {r.name: r for r in sweep.expand(self.config)}
+        write_run(self.root, runs["arch=gdn,opt=muon,seed=42"], final=3.00, tps=2000.0)
+        write_run(self.root, runs["arch=gdn,opt=muon,seed=43"], final=3.02, tps=2000.0)
+        write_run(self.root, runs["arch=gdn,opt=adamw,seed=42"], final=3.20)
+        write_run(self.root, runs["arch=softmax,opt=muon,seed=42"], final=3.03, tps=1500.0)
+        write_run(self.root, runs["arch=softmax,opt=adamw,seed=42"], partial_at=5)
+        write_run(self.root, runs["arch=kda,opt=adamw,seed=42"],
+                  error="error: model.kda.chunk_size must be a positive power of two, got 48")
+        # A run of an earlier grid of the same sweep, recorded under the root.
+        old = sweep.Run(name="arch=gdn2,opt=muon,seed=42", values=(
+            ("arch", "gdn2"), ("opt", "muon"), ("seed", 42)), arg="", overrides=(),
+            group="arch=gdn2,opt=muon", seed=42)
+        write_run(self.root, old, final=3.50)
+        self.report = sweep_report.build(self.config, self.root)
+
+    def test_statuses_ranking_and_spread(self):
+        statuses = {e.run.name: e.state.status for e in self.report.entries}
+        self.assertEqual(statuses["arch=softmax,opt=adamw,seed=42"], sweep.Status.PARTIAL)
+        self.assertEqual(statuses["arch=kda,opt=adamw,seed=42"], sweep.Status.FAILED)
+        self.assertEqual(statuses["arch=kda,opt=muon,seed=43"], sweep.Status.NOT_STARTED)
+        self.assertLen(self.report.entries, 13)  # 12 in the grid + 1 recorded
+        self.assertFalse(self.report.entries[-1].in_grid)
+        self.assertEqual([g.name for g in self.report.ranking],
+                         ["arch=gdn,opt=muon", "arch=softmax,opt=muon", "arch=gdn,opt=adamw",
+                          "arch=gdn2,opt=muon"])
+        self.assertAlmostEqual(self.report.ranking[0].mean, 3.01)
+        self.assertAlmostEqual(self.report.spread, np.std([3.00, 3.02], ddof=1))
+        # softmax (3.03) is 0.02 behind gdn (3.01) < 3 sigma = 0.042: it needs a second seed.
+        self.assertEqual(self.report.needs_seed, ["arch=softmax,opt=muon"])
+
+    def test_references_and_claims(self):
+        losses, speed = self.report.references
+        self.assertEqual([r["ours"] for r in losses["rows"]][:3], [3.01, 3.03, 3.20])
+        self.assertIsNone(losses["rows"][3]["ours"])  # kda muon: not run
+        self.assertEqual(losses["n"], 3)
+        self.assertAlmostEqual(losses["spearman"], 1.0)
+        self.assertEqual([r["ours"] for r in speed["rows"]], [1.0, 0.75])
+        # Ranked from the best: the fastest first, ours and the paper's alike.
+        self.assertEqual([(r["paper_rank"], r["ours_rank"]) for r in speed["rows"]],
+                         [(1, 1), (2, 2)])
+        self.assertEqual([r["paper_rank"] for r in losses["rows"][:3]], [1, 2, 3])
+        verdicts = [c["verdict"] for c in self.report.claims]
+        self.assertEqual(verdicts[0], "holds")
+        self.assertTrue(verdicts[1].startswith("holds (gap below 3 sigma"), verdicts[1])
+        self.assertEqual(verdicts[2], "not run yet")
+        self.assertAlmostEqual(self.report.claims[0]["ours"], 3.01 - 3.20)
+
+    def test_written_files(self):
+        paths = sweep_report.write(self.report)
+        self.assertEqual(sorted(paths), ["csv", "json", "md", "png"])
+        with open(paths["md"]) as f:
+            md = f.read()
+        self.assertIn("| arch=kda,opt=adamw,seed=42 | failed |", md)
+        self.assertIn("error: model.kda.chunk_size must be a positive power of two, got 48", md)
+        self.assertIn("| 1 | arch=gdn,opt=muon | 2 | 3.0100 ± 0.0141 | +0.0000 |", md)
+        self.assertIn("Spearman rank correlation over 3 rows: +1.000.", md)
+        self.assertIn("--only='arch=softmax,opt=muon'", md)
+        self.assertIn("arch=gdn2,opt=muon,seed=42 (not in this grid)", md)
+        with open(paths["csv"]) as f:
+            rows = list(csv.DictReader(f))
+        self.assertLen(rows, 13)
+        first = rows[0]
+        self.assertEqual((first["run"], first["status"], first["final_val_loss"],
+                          first["tokens"], first["non_embedding_params"]),
+                         ("arch=gdn,opt=adamw,seed=42", "finished", "3.2", "320",
+                          str(5000 - 2 * 100 * 8)))
+        with open(paths["json"]) as f:
+            data = json.load(f)
+        self.assertEqual(data["needs_second_seed"], ["arch=softmax,opt=muon"])
+        self.assertGreater(os.path.getsize(paths["png"]), 10_000)
+
+    def test_bad_report_options_are_named(self):
+        cases = [(dict(references=(dict(metric="loss", values=()),)),
+                  r"references\[0\].metric='loss'; choose from final_val_loss"),
+                 (dict(claims=(dict(claim="x", better="arch=gdn"),)),
+                  r"claims\[0\]: worse missing"),
+                 (dict(scan=dict(by=("opt",))), r"scan: axis missing")]
+        for changes, message in cases:
+            with self.subTest(message):
+                with self.assertRaisesRegex(sweep.SweepConfigError, message):
+                    sweep_report.build(dict(self.config, **changes), self.root)
+
+    def test_scan(self):
+        config = dict(name="scan", train_config="x.py", seed_axis=None,
+                      grid=((("arch", ("a", "b")), ("opt", ("adamw",)),
+                             ("lr", (1e-3, 3e-3, 1e-2))),),
+                      scan=dict(axis="lr", by=("opt",)))
+        losses = {("a", 1e-3): 3.3, ("a", 3e-3): 3.1, ("a", 1e-2): 3.4,
+                  ("b", 1e-3): 3.2, ("b", 3e-3): 3.0}  # b at 1e-2 not run
+        for run in sweep.expand(config):
+            key = (run.value("arch"), run.value("lr"))
+            if key in losses:
+                write_run(os.path.join(self.root, "scan"), run, final=losses[key])
+        root = os.path.join(self.root, "scan")
+        scan = sweep_report.build(config, root).scan
+        block = scan["blocks"][0]
+        self.assertEqual(block["by"], [["opt", "adamw"]])
+        self.assertEqual(block["columns"], ["arch=a", "arch=b"])
+        self.assertEqual([r["mean"] for r in block["rows"]], [3.25, 3.05, 3.4])
+        self.assertEqual((block["best"], block["edge"], block["complete"]), (3e-3, False, True))
+        md = sweep_report.markdown(sweep_report.build(config, root))
+        self.assertIn("Best lr: 0.003.", md)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1,0 +1,334 @@
+"""Sweeps (lattn_jax/sweep.py): grid expansion and filters, run status and metrics from run
+directories, and the sequential runner (skip, resume, failure, deadline) with a stand-in
+trainer (a few lines of Python that write the trainer's files; the real trainer is run by
+tests/experiments/sweep_test.py)."""
+
+import json
+import os
+import textwrap
+import threading
+import time
+
+from absl.testing import absltest
+
+from lattn_jax import sweep
+
+# A stand-in for experiments/train.py: it writes what the trainer writes (invocations.jsonl,
+# console.log with the "model:" and "final:" lines, metrics.jsonl, checkpoints/<step>) and
+# resumes from its newest checkpoint. --config.fake.mode: ok | fail (the trainer's one-line
+# error, exit 1) | slow (40 steps of 0.05 s; SIGTERM saves a checkpoint and exits 0, as the
+# trainer's preemption handler does).
+FAKE_TRAINER = textwrap.dedent('''
+    import json, os, signal, sys, time
+    args = sys.argv[1:]
+    workdir = [a.split("=", 1)[1] for a in args if a.startswith("--workdir=")][0]
+    opts = dict(a[len("--config."):].split("=", 1) for a in args if a.startswith("--config."))
+    mode = opts.get("fake.mode", "ok")
+    total = int(opts.get("train.total_steps", "40" if mode == "slow" else "4"))
+    if mode == "fail":
+        print("error: fake.mode='fail'; choose ok or slow", file=sys.stderr)
+        sys.exit(1)
+    os.makedirs(os.path.join(workdir, "checkpoints"), exist_ok=True)
+    steps = sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")))
+    step = steps[-1] if steps else 0
+    config = {"train": {"total_steps": total}, "data": {"batch_size": 2, "seq_len": 8},
+              "model": {"vocab_size": 10, "d_model": 4, "tie_embeddings": False}}
+    with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
+        f.write(json.dumps({"time": "2026-01-01T00:00:00Z", "config": config}) + "\\n")
+    log = open(os.path.join(workdir, "console.log"), "a")
+    log.write("model: 1,000 parameters, layers ['gdn'], d_model 4, backend cpu\\n")
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    metrics = open(os.path.join(workdir, "metrics.jsonl"), "a")
+    while step < total:
+        step += 1
+        metrics.write(json.dumps({"step": step, "time": time.time(), "train_loss": 10.0 / step,
+                                  "tokens_per_sec": 100.0 * step}) + "\\n")
+        if step % 2 == 0 or step == total:
+            metrics.write(json.dumps({"step": step, "time": time.time(),
+                                      "val_loss": 11.0 / step}) + "\\n")
+            os.makedirs(os.path.join(workdir, "checkpoints", str(step)), exist_ok=True)
+        metrics.flush()
+        if mode == "slow":
+            time.sleep(0.05)
+        if stop:
+            os.makedirs(os.path.join(workdir, "checkpoints", str(step)), exist_ok=True)
+            print(f"Stopping at step {step} of {total}", flush=True)
+            sys.exit(0)
+    print(f"step {step} done", flush=True)
+    log.write(f"final: step {step}  train_loss {10.0 / step:.4f}  val_loss {11.0 / step:.4f}\\n")
+''')
+
+
+def _config(**changes):
+    config = dict(
+        name="demo", train_config="configs/table2.py", arg=(("size", "small"),),
+        overrides=(("train.tensorboard", False),),
+        grid=((("arch", ("gdn", "softmax")), ("optim.learning_rate", (1e-3, 3e-3)),
+               ("seed", (42, 43))),
+              (("arch", ("kda",)), ("optim.learning_rate", (1e-3,)), ("seed", (42,)))),
+        seed_axis="seed")
+    config.update(changes)
+    return config
+
+
+class ExpandTest(absltest.TestCase):
+
+    def test_blocks_in_order_last_axis_fastest(self):
+        runs = sweep.expand(_config())
+        self.assertEqual([r.name for r in runs[:3]], [
+            "arch=gdn,optim.learning_rate=0.001,seed=42",
+            "arch=gdn,optim.learning_rate=0.001,seed=43",
+            "arch=gdn,optim.learning_rate=0.003,seed=42"])
+        self.assertLen(runs, 9)
+        self.assertEqual(runs[-1].name, "arch=kda,optim.learning_rate=0.001,seed=42")
+
+    def test_arguments_and_overrides_are_split_by_the_dot(self):
+        run = sweep.expand(_config())[1]
+        self.assertEqual(run.arg, "size=small,arch=gdn,seed=43")
+        self.assertEqual(run.overrides, (("train.tensorboard", False),
+                                         ("optim.learning_rate", 1e-3)))
+        self.assertEqual(run.group, "arch=gdn,optim.learning_rate=0.001")
+        self.assertEqual(run.seed, 43)
+        self.assertEqual(run.value("arch"), "gdn")
+
+    def test_format_value(self):
+        values = (3.6e-4, 1e-5, 3, True, None, "gdn", ("gdn", "attn"))
+        self.assertEqual([sweep.format_value(v) for v in values],
+                         ["0.00036", "1e-05", "3", "True", "None", "gdn", "('gdn', 'attn')"])
+
+    def test_command(self):
+        run = sweep.expand(_config())[0]
+        cmd = sweep.command(run, config_path="/r/configs/table2.py", workdir="/w/x",
+                            train_script="/r/experiments/train.py", python="py",
+                            extra_overrides=(("train.micro_batch_size", "8"),))
+        self.assertEqual(cmd, [
+            "py", "/r/experiments/train.py",
+            "--config=/r/configs/table2.py:size=small,arch=gdn,seed=42", "--workdir=/w/x",
+            "--config.train.tensorboard=False", "--config.optim.learning_rate=0.001",
+            "--config.train.micro_batch_size=8"])
+
+    def test_bad_configs_name_the_option(self):
+        cases = [
+            (dict(grid=()), r"grid: no blocks"),
+            (dict(train_config=""), r"train_config"),
+            (dict(grid=((("arch", ()),),)), r"grid\[0\] axis 'arch': values must be"),
+            (dict(grid=((("arch", ("a",)), ("arch", ("b",))),)), r"grid\[0\]: an axis appears"),
+            (dict(grid=((("arch", ("a,b",)),),)), r"holds ','"),
+            (dict(grid=((("corpus", ("/data/x",)),),)), r"holds '/'"),
+            (dict(grid=((("arch", ("a",)),), (("arch", ("a",)),))),
+             r"grid\[1\]: run 'arch=a' is already in grid\[0\]"),
+            (dict(arg="size=small"), r"arg must be a tuple of \(name, value\) pairs"),
+        ]
+        for changes, message in cases:
+            with self.subTest(message):
+                with self.assertRaisesRegex(sweep.SweepConfigError, message):
+                    sweep.expand(_config(**changes))
+
+
+class SelectTest(absltest.TestCase):
+
+    def test_filters(self):
+        runs = sweep.expand(_config())
+
+        def names(*only):
+            return [r.name for r in sweep.select(runs, only)]
+
+        self.assertLen(names(), 9)
+        self.assertEqual(names("arch=gdn,seed=43"), [
+            "arch=gdn,optim.learning_rate=0.001,seed=43",
+            "arch=gdn,optim.learning_rate=0.003,seed=43"])
+        # Repeated filters are alternatives; globs on values and on the whole name.
+        self.assertLen(names("arch=kda", "arch=soft*,optim.learning_rate=0.003"), 3)
+        self.assertEqual(names("*kda*"), ["arch=kda,optim.learning_rate=0.001,seed=42"])
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"--only='opt=muon': no axis opt"):
+            names("opt=muon")
+
+
+class RunDirTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.dir = self.create_tempdir().full_path
+
+    def _write(self, name, lines):
+        with open(os.path.join(self.dir, name), "a") as f:
+            for line in lines:
+                f.write((json.dumps(line) if isinstance(line, dict) else line) + "\n")
+
+    def _invocation(self, total=4):
+        self._write("invocations.jsonl", [{"time": "2026-01-01T00:00:00Z", "config": {
+            "train": {"total_steps": total}, "data": {"batch_size": 2, "seq_len": 8},
+            "model": {"vocab_size": 10, "d_model": 4, "tie_embeddings": False}}}])
+
+    def test_not_started(self):
+        self.assertEqual(sweep.run_state(os.path.join(self.dir, "none")).status,
+                         sweep.Status.NOT_STARTED)
+
+    def test_partial_failed_finished(self):
+        self._write(sweep.ATTEMPTS, [{"event": "start"}])
+        self.assertEqual(sweep.run_state(self.dir).status, sweep.Status.PARTIAL)  # sweep died
+        self._write(sweep.ATTEMPTS, [{"event": "end", "returncode": 1,
+                                      "error": "error: bad option"}])
+        state = sweep.run_state(self.dir)
+        self.assertEqual((state.status, state.error, state.attempts),
+                         (sweep.Status.FAILED, "error: bad option", 1))
+        # Killed by a signal, stopped by the sweep, Ctrl-C twice: resumable, not failed.
+        for end in ({"returncode": -9}, {"returncode": -15, "stopped_by": "deadline"},
+                    {"returncode": 130}, {"returncode": 1, "stopped_by": "interrupt"}):
+            self._write(sweep.ATTEMPTS, [{"event": "start"}, {"event": "end", **end}])
+            self.assertEqual(sweep.run_state(self.dir).status, sweep.Status.PARTIAL, end)
+        os.makedirs(os.path.join(self.dir, "checkpoints", "2"))
+        os.makedirs(os.path.join(self.dir, "checkpoints", "3.orbax-checkpoint-tmp-1"))
+        self._invocation(total=4)
+        self._write("console.log", ["final: step 2  train_loss 1.0  val_loss 1.0"])
+        state = sweep.run_state(self.dir)
+        self.assertEqual((state.status, state.step, state.total_steps),
+                         (sweep.Status.PARTIAL, 2, 4))  # finished an earlier, shorter run
+        self._write("console.log", ["final: step 4  train_loss 1.0  val_loss 1.0"])
+        self.assertEqual(sweep.run_state(self.dir).status, sweep.Status.FINISHED)
+
+    def test_collect(self):
+        self._invocation(total=4)
+        self._write("console.log", ["model: 1,000 parameters, layers ['gdn'], d_model 4"])
+        self._write("metrics.jsonl", [
+            {"step": 1, "time": 10.0, "train_loss": 5.0},
+            {"step": 2, "time": 11.0, "train_loss": 4.0, "tokens_per_sec": 100.0, "mfu": 0.2},
+            {"step": 2, "time": 11.0, "val_loss": 4.5},
+            {"step": 3, "time": 12.0, "train_loss": 3.0, "tokens_per_sec": 300.0, "mfu": 0.4},
+            # resumed from step 2: step 3 again (its newest record counts)
+            {"step": 3, "time": 13.0, "train_loss": 3.5, "tokens_per_sec": 200.0, "mfu": 0.3},
+            {"step": 4, "time": 14.0, "train_loss": 2.0, "tokens_per_sec": 10.0, "mfu": 0.01},
+            {"step": 4, "time": 14.0, "val_loss": 4.7},
+            "{\"step\": 5, \"tim",  # torn last line
+        ])
+        self._write(sweep.ATTEMPTS, [{"event": "start"}, {"event": "end", "wall_s": 5.0},
+                                     {"event": "start"}, {"event": "end", "wall_s": 7.0}])
+        r = sweep.collect(self.dir)
+        self.assertEqual((r.final_val_loss, r.best_val_loss, r.best_val_step, r.last_val_step),
+                         (4.7, 4.5, 2, 4))
+        self.assertEqual((r.final_train_loss, r.step, r.tokens, r.tokens_per_step),
+                         (2.0, 4, 64, 16))
+        self.assertEqual((r.tokens_per_sec, r.mfu), (100.0, 0.2))  # medians of 100, 200, 10
+        self.assertEqual((r.params, r.non_embedding_params), (1000, 1000 - 2 * 10 * 4))
+        self.assertEqual(r.wall_s, 12.0)
+        self.assertEqual(r.val_curve, [(32, 4.5), (64, 4.7)])
+        self.assertEqual(r.train_curve[2], (48, 3.5))
+
+    def test_error_line(self):
+        self.assertEqual(sweep.error_line(["a\n", "error: x bad\n", "shutting down\n"]),
+                         "error: x bad")
+        self.assertEqual(sweep.error_line([
+            "Traceback (most recent call last):\n", "  File 'x.py'\n",
+            "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory\n", "\n"]),
+            "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory")
+        self.assertEqual(sweep.error_line(["Segmentation fault\n"]), "Segmentation fault")
+        self.assertIsNone(sweep.error_line([]))
+
+
+class ExecuteTest(absltest.TestCase):
+    """The runner with the stand-in trainer: a few seconds in all."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.create_tempdir().full_path
+        self.trainer = os.path.join(self.root, "fake_train.py")
+        with open(self.trainer, "w") as f:
+            f.write(FAKE_TRAINER)
+        self.lines = []
+
+    def _execute(self, modes, **kwargs):
+        config = _config(grid=((("fake.mode", modes),),), seed_axis=None)
+        runs = sweep.expand(config)
+        return runs, sweep.execute(runs, self.root, config_path="cfg.py",
+                                   train_script=self.trainer, cwd=self.root,
+                                   print_fn=self.lines.append, **kwargs)
+
+    def test_failure_does_not_stop_the_sweep_and_finished_runs_are_skipped(self):
+        runs, summary = self._execute(("fail", "ok"))
+        self.assertEqual(summary.status, "complete")
+        self.assertEqual(summary.launched, [r.name for r in runs])
+        failed, ok = (sweep.run_state(sweep.run_dir(self.root, r)) for r in runs)
+        self.assertEqual((failed.status, failed.error),
+                         (sweep.Status.FAILED, "error: fake.mode='fail'; choose ok or slow"))
+        self.assertEqual(ok.status, sweep.Status.FINISHED)
+        self.assertEqual(sweep.collect(sweep.run_dir(self.root, runs[1])).final_val_loss, 11 / 4)
+        with open(os.path.join(sweep.run_dir(self.root, runs[0]), sweep.RUN_LOG)) as f:
+            self.assertIn("error: fake.mode='fail'", f.read())
+        # Again: nothing runs; the failed run is retried only when asked.
+        _, summary = self._execute(("fail", "ok"))
+        self.assertEqual((summary.launched, sorted(summary.skipped.values())),
+                         ([], ["failed: error: fake.mode='fail'; choose ok or slow",
+                               "finished"]))
+        _, summary = self._execute(("fail", "ok"), retry_failed=True)
+        self.assertEqual(summary.launched, [runs[0].name])
+
+    def test_deadline_stops_the_trainer_and_the_next_call_resumes(self):
+        runs, summary = self._execute(("slow",), deadline=time.time() + 1.5, stop_margin_s=0.5)
+        workdir = sweep.run_dir(self.root, runs[0])
+        state = sweep.run_state(workdir)
+        self.assertEqual((summary.status, state.status), ("deadline", sweep.Status.PARTIAL))
+        self.assertGreater(state.step, 0)
+        attempts = sweep.read_jsonl(os.path.join(workdir, sweep.ATTEMPTS))
+        self.assertEqual((attempts[-1]["stopped_by"], attempts[-1]["returncode"]),
+                         ("deadline", 0))
+        resumed_from = state.step
+        _, summary = self._execute(("ok",), max_runs=1)
+        self.assertEqual(summary.status, "complete")
+        self.assertIn("--- fake.mode=ok: starting", self.lines)
+        # The "slow" run is not in this grid: run it again through its own grid.
+        _, summary = self._execute(("slow",))
+        self.assertEqual(summary.status, "complete")
+        self.assertIn(f"--- fake.mode=slow: resuming from step {resumed_from}", self.lines)
+        self.assertEqual(sweep.run_state(workdir).status, sweep.Status.FINISHED)
+
+    def test_stop_event_and_max_runs(self):
+        stop = threading.Event()
+        stop.set()
+        _, summary = self._execute(("ok",), stop=stop)
+        self.assertEqual((summary.status, summary.launched), ("interrupted", []))
+        _, summary = self._execute(("ok", "slow"), max_runs=1)
+        self.assertEqual((summary.status, len(summary.launched)), ("max_runs", 1))
+
+    def test_run_without_checkpoint_starts_over_in_a_clean_directory(self):
+        config = _config(grid=((("fake.mode", ("ok",)),),), seed_axis=None)
+        run = sweep.expand(config)[0]
+        workdir = sweep.run_dir(self.root, run)
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 1, "train_loss": 99.0}) + "\n")
+        with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
+            f.write(json.dumps({"event": "start"}) + "\n")
+        self._execute(("ok",))
+        self.assertEqual(sweep.collect(workdir).train_curve[0], (16, 10.0))
+        aside = [n for n in os.listdir(os.path.dirname(workdir)) if ".restarted-" in n]
+        self.assertLen(aside, 1)
+        self.assertEqual([r.name for r in sweep.recorded_runs(self.root)], [run.name])
+
+    def test_changed_settings_under_the_same_name_conflict(self):
+        runs, _ = self._execute(("ok",))
+        self.assertEqual(sweep.conflicts(runs, self.root), [])
+        changed = sweep.expand(_config(
+            grid=((("fake.mode", ("ok",)),),), seed_axis=None,
+            arg=(("size", "small"), ("corpus", "/elsewhere"), ("lr", 0.1)),
+            overrides=(("train.tensorboard", True),)))
+        self.assertEqual(sweep.conflicts(changed, self.root, local_args=("corpus",)), [
+            "fake.mode=ok: argument lr: None -> '0.1'; override train.tensorboard: False -> "
+            "True"])
+
+    def test_export_copies_records_not_checkpoints(self):
+        runs, _ = self._execute(("ok",))
+        out = os.path.join(self.root, "export")
+        with open(os.path.join(self.root, "results.md"), "w") as f:
+            f.write("# demo\n")
+        n = sweep.export(self.root, out, extra_files=("results.md", "missing.csv"))
+        copied = os.path.join(out, sweep.RUNS_DIR, runs[0].name)
+        self.assertEqual(sorted(os.listdir(copied)), sorted(
+            [sweep.RUN_RECORD, sweep.ATTEMPTS, sweep.RUN_LOG, "metrics.jsonl", "console.log",
+             "invocations.jsonl"]))
+        self.assertEqual(n, 7)
+        self.assertEqual(sweep.run_state(copied).status, sweep.Status.FINISHED)
+
+
+if __name__ == "__main__":
+    absltest.main()
