@@ -359,6 +359,9 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                    f"a = {a}; {r.dtype} compute, {r.param_dtype} params",
         "student_params": source, "logit_scaling_base": a, "attention_layers": attn,
     }
+    if config.teacher.path:  # the teacher's file, for report.teacher_report's check
+        meta["teacher_id"] = (f"{os.path.basename(config.teacher.path)} sha256:"
+                              f"{_sha256(config.teacher.path)}")
     # The student first: a run cut short by its time budget keeps the converted model's numbers.
     models = {"student": (loaders.build_model(s_cfg, params), meta["student"]),
               "teacher": (loaders.build_model(t_cfg, teacher_params), meta["teacher"])}
@@ -377,6 +380,15 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                                 should_stop=_expired(deadline))
     return {"complete": rep["complete"], "report": os.path.join(stage_dir,
                                                                 report_lib.REPORT_JSON)}
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _expired(deadline: Optional[float]) -> Optional[Callable[[], bool]]:
@@ -596,7 +608,9 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
     split of the NIAH means: the teacher's 8K training context), ``speed_lengths``,
     ``speed_decode_tokens``, ``speed_repeats``, ``corpus_perplexity_paths`` (the corpus's
     validation token directories; needed by ``corpus_perplexity``), ``corpus_perplexity_tokens``,
-    ``stage2_measurements`` (what the Stage-2 student is also measured on; empty: nothing).
+    ``stage2_measurements`` (what the Stage-2 student is also measured on; empty: nothing),
+    ``teacher_report`` (an earlier run's ``report.json`` whose teacher results are reused:
+    same teacher file and options, ``report.reusable_teacher_results``; ``None``: measure).
     """
     if data_dir is None:
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -616,6 +630,7 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
         niah_seed=42, niah_batch_tokens=262144, niah_short_max_len=8192,
         speed_lengths=(32768, 131072), speed_decode_tokens=128, speed_repeats=3,
         corpus_perplexity_paths=(), corpus_perplexity_tokens=262144, stage2_measurements=(),
+        teacher_report=None,
     )
 
 
@@ -663,7 +678,8 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
     report_section = report_defaults()
     report_section.update(report or {})
     # None-valued options as typed placeholders, so that the command line can set them.
-    for key, kind in (("perplexity_file", str), ("perplexity_max_docs", int)):
+    for key, kind in (("perplexity_file", str), ("perplexity_max_docs", int),
+                      ("teacher_report", str)):
         if report_section[key] is None:
             report_section[key] = config_dict.placeholder(kind)
     cfg = dict(

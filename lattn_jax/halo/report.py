@@ -51,6 +51,11 @@ Models: ``teacher`` and ``student`` get every measurement; ``student_stage2`` (t
 after Stage 2, before the long-context Stage 3, when the caller passes it) gets only those in
 ``stage2_measurements``: the ablation that shows what Stage 3 does to them.
 
+The teacher does not change from one conversion to the next: with ``teacher_report`` naming
+the ``report.json`` of an earlier run that measured the same teacher under the same options,
+its teacher results are copied (each marked ``reused_from``) instead of measured again
+(:func:`reusable_teacher_results`).
+
 Calls without segment ids (scoring, the prefills) are the plain causal forward.
 
 Shapes are kept few on purpose (one compiled program per shape): perplexity windows are padded to
@@ -70,6 +75,7 @@ import math
 import os
 import platform
 import random
+import re
 import statistics
 import sys
 import time
@@ -673,6 +679,60 @@ def niah_part_scores(answers: Sequence[Sequence[int]], tokenizer,
             texts)
 
 
+# Options that do not change a teacher's results (what is measured and for whom; where this
+# machine keeps the same data files).
+REUSE_IGNORED_OPTIONS = ("measurements", "stage2_measurements", "teacher_report", "data_dir",
+                         "corpus_perplexity_paths")
+
+
+def _same_teacher(meta: Mapping[str, Any], other: Mapping[str, Any]) -> Tuple[bool, str, str]:
+    """``(same, this, other)``: the teachers' ``teacher_id`` (file name and sha256) where both
+    reports have one, else their descriptions with directories dropped (reports written
+    before ``teacher_id``)."""
+    if meta.get("teacher_id") and other.get("teacher_id"):
+        a, b = str(meta["teacher_id"]), str(other["teacher_id"])
+    else:
+        a, b = (re.sub(r"(?<=\s)/\S*/", "", str(m.get("teacher"))) for m in (meta, other))
+    return a == b and a != "None", a, b
+
+
+def reusable_teacher_results(path: str, options: Mapping[str, Any],
+                             meta: Mapping[str, Any]) -> Dict[str, Any]:
+    """The teacher's results of the earlier report ``path``, to copy into this one.
+
+    Args:
+      path: an earlier run's ``report.json``.
+      options: this report's options (a JSON-able dict).
+      meta: this report's meta (``teacher_id``, else ``teacher``, identifies the teacher).
+
+    Returns:
+      ``{measurement: result}`` for every measurement the earlier report has of its teacher,
+      each with ``reused_from`` (the path and the earlier report's ``updated`` time).
+
+    Raises:
+      FileNotFoundError: no report at ``path``.
+      ValueError: the earlier report measured another teacher, or under other options (the
+        differing option names are listed; :data:`REUSE_IGNORED_OPTIONS` are not compared).
+    """
+    other = read_json(path)
+    if not other:
+        raise FileNotFoundError(f"report.teacher_report: no report at {path}")
+    mine = {k: v for k, v in options.items() if k not in REUSE_IGNORED_OPTIONS}
+    theirs = {k: v for k, v in other.get("options", {}).items()
+              if k not in REUSE_IGNORED_OPTIONS}
+    differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if differ:
+        raise ValueError(f"report.teacher_report={path}: measured under other options: "
+                         f"{', '.join(differ)}")
+    same, key, their_key = _same_teacher(meta, other.get("meta", {}))
+    if not same:
+        raise ValueError(f"report.teacher_report={path}: another teacher ({their_key!r}, "
+                         f"this run's is {key!r})")
+    source = {"path": path, "updated": other.get("updated")}
+    return {m: dict(r["teacher"], reused_from=source)
+            for m, r in other.get("results", {}).items() if "teacher" in r}
+
+
 def options_fingerprint(options: Mapping[str, Any]) -> str:
     """A 16-hex-digit digest of the report options (a JSON-able dict), stored with every NIAH
     part so that parts measured under other options are not read back."""
@@ -894,6 +954,13 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
             print_fn("report options changed: measuring everything again")
         report = {"options": opts, "results": {}, "seconds": {}, "started": _now()}
     report["meta"] = dict(meta, hardware=hardware())
+    if options.get("teacher_report") and "teacher" in models:
+        reused = reusable_teacher_results(options.teacher_report, opts, meta)
+        for measurement in dict.fromkeys(options.measurements):
+            done = report["results"].setdefault(measurement, {})
+            if measurement in reused and "teacher" not in done:
+                done["teacher"] = reused[measurement]
+                print_fn(f"{measurement} / teacher: reused from {options.teacher_report}")
     decoders: Dict[str, Decoder] = {}
     cache: Dict[str, Any] = {}
     parts = {"parts_path": os.path.join(stage_dir, NIAH_PARTS),
@@ -1205,6 +1272,14 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         row(tag, "device peak so far (MiB)",
             [_mib(get(n, "device_memory", "peak_bytes_in_use")) for n in names])
     out = "\n".join(lines) + "\n"
+    reused = sorted({(m, r["teacher"]["reused_from"].get("path"),
+                      r["teacher"]["reused_from"].get("updated"))
+                     for m, r in res.items() if "reused_from" in r.get("teacher", {})})
+    if reused:
+        out += ("\nThe teacher's results of " + ", ".join(m for m, _, _ in reused)
+                + " are reused from " + "; ".join(sorted({f"`{p}` (updated {u})"
+                                                          for _, p, u in reused}))
+                + ", measured under the same options.\n")
     if niah_tasks:
         out += "\n" + _niah_summary(nh, [n for n in names if n in nh], niah_tasks, short_max)
     for task in niah_tasks:

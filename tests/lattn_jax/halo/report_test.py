@@ -211,6 +211,71 @@ class CorpusPerplexityTest(absltest.TestCase):
                              r"[0-9.]+ \| – \|")
 
 
+class TeacherReuseTest(absltest.TestCase):
+
+    def test_teacher_results_are_reused_only_for_the_same_teacher_and_options(self):
+        models = tiny_models(vocab_size=257)
+        named = {"teacher": (models["teacher"], "t"), "student": (models["student"], "s")}
+        options = halo_smollm2.get_config("tiny").report
+        options.update(measurements=("perplexity",), perplexity_max_docs=1)
+        meta = {"teacher": "random /a/b/tiny.gguf: 2 layers", "teacher_id": "tiny sha256:1"}
+        first = self.create_tempdir().full_path
+        rep1 = report_lib.run_report(options=options, stage_dir=first, models=named,
+                                     tokenizer=tok_lib.ByteTokenizer(), meta=meta, **QUIET)
+        source = os.path.join(first, report_lib.REPORT_JSON)
+        # Another run: another student, the same teacher; the teacher is not measured again.
+        other_student = tiny_models(seed=1, vocab_size=257)["student"]
+        again = options.copy_and_resolve_references()
+        # Where the data live and what the Stage-2 student gets are not compared.
+        again.update(teacher_report=source, data_dir="/elsewhere",
+                     stage2_measurements=("perplexity",))
+        second = self.create_tempdir().full_path
+        lines = []
+        rep2 = report_lib.run_report(
+            options=again, stage_dir=second, tokenizer=tok_lib.ByteTokenizer(),
+            models={"teacher": (models["teacher"], "t"), "student": (other_student, "s2")},
+            meta=meta, print_fn=lines.append)
+        self.assertTrue(rep2["complete"])
+        t1 = rep1["results"]["perplexity"]["teacher"]
+        t2 = rep2["results"]["perplexity"]["teacher"]
+        self.assertEqual(t2["reused_from"]["path"], source)
+        self.assertEqual(t2["token_perplexity"], t1["token_perplexity"])
+        self.assertNotIn("perplexity/teacher", rep2["seconds"])  # not measured
+        self.assertIn("perplexity/student", rep2["seconds"])
+        self.assertNotEqual(rep2["results"]["perplexity"]["student"]["token_perplexity"],
+                            rep1["results"]["perplexity"]["student"]["token_perplexity"])
+        self.assertIn(f"perplexity / teacher: reused from {source}", lines)
+        self.assertIn("The teacher's results of perplexity are reused from",
+                      report_lib.results_markdown(rep2))
+        # Other options, or another teacher: one error naming why.
+        changed = again.copy_and_resolve_references()
+        changed.perplexity_window = 32
+        with self.assertRaisesRegex(ValueError, "other options: perplexity_window"):
+            report_lib.run_report(options=changed, stage_dir=self.create_tempdir().full_path,
+                                  models=named, tokenizer=tok_lib.ByteTokenizer(), meta=meta,
+                                  **QUIET)
+        with self.assertRaisesRegex(ValueError, "another teacher"):
+            report_lib.run_report(options=again, stage_dir=self.create_tempdir().full_path,
+                                  models=named, tokenizer=tok_lib.ByteTokenizer(),
+                                  meta=dict(meta, teacher_id="tiny sha256:2"), **QUIET)
+
+    def test_the_committed_h200_report_is_reusable_by_the_h200_config(self):
+        # The next issue-27 run reuses the teacher of the 2026-12-02 run: same options (the
+        # data's machine paths aside) and the same GGUF (the report predates teacher_id).
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+        path = os.path.join(root, "benchmarks", "results", "halo-smollm2-2026-12-02", "report",
+                            "report.json")
+        options = report_lib._options_dict(halo_smollm2.get_config("h200").report)
+        meta = {"teacher": "gguf /somewhere/else/SmolLM2-135M-Instruct.Q4_1.gguf: 30 softmax "
+                           "attention layers (RoPE), bfloat16 compute, bfloat16 params",
+                "teacher_id": "SmolLM2-135M-Instruct.Q4_1.gguf sha256:abc"}
+        got = report_lib.reusable_teacher_results(path, options, meta)
+        self.assertEqual(set(got), {"perplexity", "corpus_perplexity", "commonsense", "speed",
+                                    "niah"})
+        self.assertAlmostEqual(got["perplexity"]["token_perplexity"], 20.834, places=3)
+
+
 class NiahDecoderTest(absltest.TestCase):
 
     def test_batched_answers_equal_batch_one_generation(self):
