@@ -145,15 +145,29 @@ def _unique_tiny():
     return out
 
 
+def _unique_full():
+    """Every full variant, grouped by model config (the optimizer and the token budget do not
+    change the parameters): one ``(name, [(module, variant), ...])`` case per model."""
+    groups = {}
+    for name, m, v in FULL:
+        groups.setdefault(_load(m, v).model, []).append((name, m, v))
+    return [(g[0][0], [(m, v) for _, m, v in g]) for g in groups.values()]
+
+
 class PresetTest(parameterized.TestCase):
 
-    @parameterized.named_parameters(*FULL)
-    def test_param_count_matches_spec(self, module, variant):
-        cfg = _load(module, variant)
+    @parameterized.named_parameters(*_unique_full())
+    def test_param_count_matches_spec(self, variants):
+        # One model built per distinct config; every variant sharing it is held to its own
+        # spec count (spec §3).
+        cfg = _load(*variants[0])
         abstract = nnx.eval_shape(lambda: model_lib.LanguageModel(cfg.model, rngs=nnx.Rngs(0)))
         n = sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(abstract, nnx.Param)))
-        want = _expected(module, variant)
-        self.assertLess(abs(n - want) / want, 1e-3, f"{n:,} params, spec {want:,.0f}")
+        for module, variant in variants:
+            with self.subTest(f"{module}:{variant}"):
+                self.assertEqual(_load(module, variant).model, cfg.model)
+                want = _expected(module, variant)
+                self.assertLess(abs(n - want) / want, 1e-3, f"{n:,} params, spec {want:,.0f}")
 
     @parameterized.named_parameters(*_unique_tiny())
     def test_tiny_variant_runs_a_forward(self, module, variant):

@@ -64,6 +64,9 @@ class SweepBinaryTest(absltest.TestCase):
     def result(self, name):
         return sweep.collect(os.path.join(self.root, "runs", name))
 
+    # ~45 s on 2 cores (three trainer subprocesses); the library's grid, skip, failure and
+    # table tests run in CI.
+    @pytest.mark.slow
     def test_resume_failure_skip_and_table(self):
         # About 35 s on 2 cores: three trainer starts (the first compiles; the others hit the
         # sweep's compilation cache), the failing run's config check, two calls that only read.

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from absl.testing import absltest, parameterized
 from flax import nnx
 
@@ -566,6 +567,7 @@ class TrainWithMuonTest(absltest.TestCase):
         self._tmp.cleanup()
         super().tearDown()
 
+    @pytest.mark.slow  # ~15-38 s on 2 cores; the Muon step's numpy references run in CI
     def test_muon_training_lowers_the_loss_and_checkpoints(self):
         trainer = train.Trainer(self.cfg)
         state = trainer.init_state(0)

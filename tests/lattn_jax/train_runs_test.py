@@ -161,6 +161,7 @@ class CorruptCheckpointTest(CorpusTestCase):
                 np.testing.assert_array_equal(next(it)["inputs"], expected["inputs"])
                 self.assertTrue(os.path.isdir(os.path.join(workdir, "checkpoints", "2")))
 
+    @pytest.mark.slow  # ~30 s on 2 cores; each corruption's one-line error runs in CI
     def test_training_resumes_from_the_previous_step_and_sets_the_bad_one_aside(self):
         workdir = os.path.join(self.tmp, "w")
         train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=4, checkpoint_every=2,
@@ -209,6 +210,7 @@ class CorruptCheckpointTest(CorpusTestCase):
 
 class RunRecordTest(CorpusTestCase):
 
+    @pytest.mark.slow  # ~18 s on 2 cores
     def test_run_directory_records_each_invocation_and_plots_the_losses(self):
         workdir = os.path.join(self.tmp, "w")
         seen = {}

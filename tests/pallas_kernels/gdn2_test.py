@@ -253,6 +253,7 @@ class Gdn2Test(parameterized.TestCase):
                     a, e, tolerances.fwd_tol(jnp.bfloat16)["rtol"], f"bf16 {impl} C={cs} {name}"
                 )
 
+    @pytest.mark.slow  # ~15 s on 2 cores
     def test_extreme_gates_are_finite(self):
         # One batch row per regime: g = -20 per token with saturated gates b = w = 1
         # (sigmoid(30)); g = -20 with b = 1, w ~ 0; g = 0 with b ~ 0 (no erase: linear

@@ -174,6 +174,7 @@ class InterpretTest(parameterized.TestCase):
             with self.assertRaisesRegex(ValueError, why + "0$"):
                 kda_ops.kda(*args, implementation="pallas_interpret")
 
+    @pytest.mark.slow  # ~21 s on 2 cores; packed documents of both ops run in CI
     def test_kda_head_dim_128_packed_strong_decay(self):
         # K = 128 (two key blocks in wu, the gamma kernel and backward_chunk; grad_blocks
         # over the whole K), packed documents with boundaries inside 16-row blocks, and
