@@ -25,7 +25,7 @@ exists for that smoke run.
 Usage (H200)::
 
     python benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon \
-        --out=benchmarks/results/profile-gdn-pure-h200-<date>
+        --out=benchmarks/results/profile-train-step-gdn-pure-h200-<date>
 """
 
 import argparse
