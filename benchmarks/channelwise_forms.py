@@ -1,7 +1,7 @@
 r"""Times variants of the per-channel-decay (KDA / GDN-2) forward kernels one stage at a time.
 
-The whole-op tables (``experiments/bench_kernels.py``) and the launch sweep
-(``experiments/tune_kernels.py``) time a pass end to end; this binary isolates two forward
+The whole-op tables (``benchmarks/bench_kernels.py``) and the launch sweep
+(``benchmarks/tune_kernels.py``) time a pass end to end; this binary isolates two forward
 stages of ``pallas_kernels/gdn2/kernel_gpu.py`` and times them under ``TUNING`` variants:
 
 * ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``kernel_gpu._intra``, the
@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from lattn_jax import benchmark as bench  # noqa: E402
+from benchmarks import common as bench  # noqa: E402
 from pallas_kernels.gdn2 import kernel_gpu  # noqa: E402
 
 # (label, TUNING overrides) per stage; the first of each stage is the comparison baseline.

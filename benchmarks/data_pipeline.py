@@ -36,8 +36,8 @@ import grain  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 
+from benchmarks import common as bench  # noqa: E402
 from lattn_jax import assets  # noqa: E402
-from lattn_jax import benchmark as bench  # noqa: E402
 from lattn_jax.data import config as config_lib  # noqa: E402
 from lattn_jax.data import pipeline  # noqa: E402
 from lattn_jax.data import prepare  # noqa: E402

@@ -45,8 +45,8 @@ import sys
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
+from benchmarks import common as bench  # noqa: E402  (imports jax; starts no backend)
 from benchmarks import train_throughput as tt  # noqa: E402
-from lattn_jax import benchmark as bench  # noqa: E402  (imports jax; starts no backend)
 
 RUNS = ("1dev", "1dev_repeat", "dp", "fsdp", "tp", "restore_1dev")
 _MESH = {"dp": (-1, 1, 1), "fsdp": (1, -1, 1), "tp": (1, 1, -1)}

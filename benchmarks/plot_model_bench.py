@@ -1,10 +1,10 @@
 """Plots of the model-level benchmarks (issue 10), from their JSON results.
 
-* :func:`plot_train` (``experiments/bench_train.py``): iteration time, the softmax / GDN
+* :func:`plot_train` (``benchmarks/bench_train.py``): iteration time, the softmax / GDN
   iteration-time ratios against the paper's 3.51x (pure) and 2.16x (hybrid), and peak memory,
   against the sequence length; the paper's 32K points (Fig. 6: 3.37, 1.56, 0.96 s, measured on
   other hardware) are drawn as hollow markers.
-* :func:`plot_inference` (``experiments/bench_inference.py``): prefill time per input token,
+* :func:`plot_inference` (``benchmarks/bench_inference.py``): prefill time per input token,
   decode time per output token, the dense / hybrid ratios against the paper's 3.4x (prefill) and
   3.0x (decode) at 512K, and memory, against the context (log-log); "out of memory" and skipped
   measurements are marked on the top edge of the panels.

@@ -1,7 +1,7 @@
 r"""Where a training step's time goes: one preset's step split into parts and kernel classes.
 
 Issue 7 asks for > 40% MFU on GDN pure; ``benchmarks/train_throughput.py`` measures the MFU, this
-binary explains it. For a Table 2 preset (``experiments/bench_train.py``'s presets, the
+binary explains it. For a Table 2 preset (``benchmarks/bench_train.py``'s presets, the
 trainer's own jitted step with its optimizer, bf16 compute and fp32 master weights) on one
 device it reports, in ms per step:
 
@@ -25,7 +25,7 @@ exists for that smoke run.
 Usage (H200)::
 
     python benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon \
-        --out=benchmarks/results/profile-gdn-pure-h200-<date>
+        --out=benchmarks/results/profile-train-step-gdn-pure-h200-<date>
 """
 
 import argparse
@@ -41,8 +41,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from experiments import bench_train  # noqa: E402
-from lattn_jax import benchmark as bench  # noqa: E402
+from benchmarks import bench_train  # noqa: E402
+from benchmarks import common as bench  # noqa: E402
 from lattn_jax import flops as flops_lib  # noqa: E402
 from lattn_jax import sharding  # noqa: E402
 from lattn_jax import train as train_lib  # noqa: E402

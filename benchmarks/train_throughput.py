@@ -30,7 +30,7 @@ import time
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
-from lattn_jax import benchmark as bench  # noqa: E402  (imports jax; starts no backend)
+from benchmarks import common as bench  # noqa: E402  (imports jax; starts no backend)
 # name -> (table2 config argument, paper Table 2 speed relative to GDN pure, Muon; None: n/a)
 PRESETS = {
     "softmax_dense": ("arch=softmax,stack=dense", 0.797),

@@ -101,16 +101,17 @@ from pallas_kernels.common.pallas_gpu import mm, mm_nt, mm_tn
 F32 = jnp.float32
 # Triton launch parameters per kernel: (num_warps, num_stages), the value-block width of the
 # sequential kernels (None: :func:`auto_block_v`) and the key-block width of backward_chunk
-# (None: the whole K). Swept on the H200 with experiments/tune_kernels.py
-# (benchmarks/results/tune-gdn-h200-2026-11-29.md): block_v is the only knob that moved the
-# objective beyond noise, and only where few programs run (see auto_block_v).
+# (None: the whole K). Swept on the H200 with benchmarks/tune_kernels.py
+# (benchmarks/results/history/tune-gdn-h200-2026-11-29.md): block_v is the only knob that moved
+# the objective beyond noise, and only where few programs run (see auto_block_v).
 # split_forward: run the forward as forward_state (sequential) + forward_output (parallel)
 # instead of the single forward kernel (module docstring); not yet measured on the GPU, so off.
 # forward_state / forward_output are those two kernels' launch parameters (unswept guesses:
 # forward's for the sequential kernel, prepare's for the loop-free parallel one).
 # segments: P, the segments each row is cut into (None: num_segments, by occupancy; 1: never).
 # A launch entry may also be a dict {head dim K: (num_warps, num_stages)} (launch_for): the
-# gradient kernel wants 4 warps at K = 64 and 8 at K = 128 (tune-backward-h200-2026-11-29.md).
+# gradient kernel wants 4 warps at K = 64 and 8 at K = 128
+# (benchmarks/results/history/tune-backward-h200-2026-11-29.md).
 TUNING = {
     "prepare": (4, 1),
     "forward": (4, 2),
@@ -138,10 +139,10 @@ GRAD_BLOCK_V = 64
 MIN_SEQUENTIAL_PROGRAMS = 128
 # Sequence parallelism (num_segments): rows are cut into segments until the sequential kernels
 # run SEGMENT_TARGET_PROGRAMS programs, each segment at least MIN_SEGMENT_CHUNKS chunks long.
-# Measured on the H200 (benchmarks/results/tune-segments-h200-2026-11-29.md), kernel fwd+bwd:
-# one 32K row with 8 heads of 64 (8 programs) 2.2x faster at P=16 (1.52 ms) than uncut (3.36
-# ms), 2.0x at P=32; S2 (32 programs) 1.17x at P=4, 1.20x at P=8. B=8 x 4K x 8 heads of 64 (64
-# programs) gains nothing in the kernel benchmark (1.26 ms uncut, 1.39 ms at P=4), but the
+# Measured on the H200 (benchmarks/results/history/tune-segments-h200-2026-11-29.md), kernel
+# fwd+bwd: one 32K row with 8 heads of 64 (8 programs) 2.2x faster at P=16 (1.52 ms) than uncut
+# (3.36 ms), 2.0x at P=32; S2 (32 programs) 1.17x at P=4, 1.20x at P=8. B=8 x 4K x 8 heads of 64
+# (64 programs) gains nothing in the kernel benchmark (1.26 ms uncut, 1.39 ms at P=4), but the
 # 350M GDN trainer step at that shape takes 0.1542 s uncut and 0.1461 s at P=2 or 4
 # (train-h200-2026-11-29.md), so it is cut too.
 SEGMENT_TARGET_PROGRAMS = 128

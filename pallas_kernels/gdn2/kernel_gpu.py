@@ -66,7 +66,7 @@ until 2026-11-30, 11:15 UTC, ``wu`` formed them from q, k and fp32 gamma: 0.381 
 09:30 UTC, one kernel did both on whole ``[C, C]`` fp32 tiles: masked ``[C, BK] x [BK, C]``
 products, 8x the useful FLOPs, ~5.9M multiply-adds, 255 registers with spills at 8 warps; 1.86
 ms at S1 against 0.53 + 0.40 ms for ``prepare`` + ``wu`` then and 0.46 + 0.18 now, H200,
-``channelwise-forms-h200-2026-11-30b.md``, ``kernels-h200-2026-11-30.md``.)
+``history/channelwise-forms-h200-2026-11-30b.md``, ``kernels-h200-2026-11-30.md``.)
 
 Kernels (grid in brackets):
 
@@ -124,7 +124,8 @@ less its launch change: ``pytest -m gpu tests/pallas_kernels/kernel_gpu_channelw
 with the final launches the benchmark's correctness gate, ``benchmarks/results/
 kernels-h200-2026-11-30.md``, twelfth to fourteenth runs), so ``"auto"`` picks them on a GPU
 (:data:`AUTO_SELECT`). In the 350M KDA hybrid they train 6.4x
-faster than the chunked JAX form (``benchmarks/results/train-throughput-h200-2026-11-29.md``).
+faster than the chunked JAX form
+(``benchmarks/results/history/train-throughput-h200-2026-11-29.md``).
 """
 
 import functools
@@ -148,35 +149,37 @@ AUTO_SELECT = True
 # intra_tf32: decay-scaled intra-chunk products of half-precision inputs in TF32 (else in the
 # input dtype); intra_token_heads: the cap (>= 1) on heads per program of the intra kernel
 # (intra_heads), intra_token its launch. A launch may also be a dict {key head dim: pair}
-# (launch_for). Swept on the H200 at S1 with experiments/tune_kernels.py --op=kda and
-# benchmarks/channelwise_forms.py (benchmarks/results/tune-kda-h200-2026-11-29.md, -11-30.md,
-# channelwise-forms-h200-2026-11-30b.md, -30c.md): block_k 64 (32: -0.4%); intra 2 heads per
-# program at 1 warp, 3 stages (0.521 ms with its qg/kg/krg rows, -30c; 4 heads 1 warp 0.567,
-# 4 heads 4 warps 0.649, FLA's choice); prepare 1 warp, 3 stages, prepare_k 16 (the key-block
+# (launch_for). Swept on the H200 at S1 with benchmarks/tune_kernels.py --op=kda and
+# benchmarks/channelwise_forms.py (benchmarks/results/history/tune-kda-h200-2026-11-29.md,
+# -11-30.md, history/channelwise-forms-h200-2026-11-30b.md, -30c.md): block_k 64 (32: -0.4%); intra
+# 2 heads per program at 1 warp, 3 stages (0.521 ms with its qg/kg/krg rows, -30c; 4 heads 1 warp
+# 0.567, 4 heads 4 warps 0.649, FLA's choice); prepare 1 warp, 3 stages, prepare_k 16 (the key-block
 # loop outermost, -30c: 1.169 ms with intra and wu; 2 stages 1.228, 1 stage 1.356, 2 warps
 # 1.674 or worse; prepare_k 32 is untimed in this form, where it spills per kernel_registers.py; in
 # the earlier row-block form, -30b: 1.465, prepare_k 32 1.578 with the columns as a loop, 3.06
 # unrolled; FLA's fused inter + solve kernel: 1 warp, 3 stages, BK 32); wu 4 warps, 3 stages
 # (-30c, now only W and U: 4x2 .. 8x3 within 1.5%); grad_blocks 4 warps 2 stages and
 # backward_chunk 4 warps 3 stages (KDA fwd+bwd 10.11 -> 9.56 ms wall,
-# tune-kda-backward-launches-h200-2026-11-30.md); forward 4 warps 3 stages and gamma 8 warps 2
-# stages (KDA fwd 2.106 -> 1.981 ms wall in the sweep's confirmation, fwd+bwd flat,
-# tune-kda-forward-launches-h200-2026-11-30.md); backward_state unswept since the intra split.
+# history/tune-kda-backward-launches-h200-2026-11-30.md); forward 4 warps 3 stages and gamma 8 warps
+# 2 stages (KDA fwd 2.106 -> 1.981 ms wall in the sweep's confirmation, fwd+bwd flat,
+# history/tune-kda-forward-launches-h200-2026-11-30.md); backward_state unswept since the intra
+# split.
 # History (H200, S1, 2026-11-30): the backward's diagonal blocks as quad levels instead of a 16-step
-# column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (tune-kda-h200-2026-11-30.md); then 13.43 -> 10.25
-# ms from the gamma kernel + grad_blocks + 4-warp launches (tune-kda-options-h200-2026-11-30.md);
-# KDA forward 3.22 -> 2.16 ms (summed kernel time) from prepare on 16 x 16 sub-blocks plus the
-# separate wu kernel (2.51 -> 1.47 ms with intra) and intra storing each column as summed (0.63 ->
-# 0.53 ms); then (session 24, kernel time) 2.16 -> 1.64 ms from the kr/vw fold, exp2, intra writing
-# qg/kg/krg, prepare over key blocks and the forward/gamma launches (kernels-h200-2026-11-30.md,
-# ninth to twelfth runs). Losing forms deleted: XLA's cumsum of g outside the custom_vjp (gamma
-# kernel: 13.425 -> 12.875 ms); the intra_grad kernel plus backward_chunk's off-diagonal loop
-# (grad_blocks: 12.875 -> 12.210, 10.33 at 4 warps); the forward intra as a per-block column loop
-# (1.056 ms) or quad levels (1.312), against 0.627 token-parallel (4 heads, 4 warps); a products
-# kernel for prepare's off-diagonal blocks; prepare on whole [C, C] tiles (2.507 ms with intra), the
-# sub-block form with W and U in the same kernel (1.875), the gamma-kernel removal with a direct
-# [C, C] diagonal layout (prepare 1.86 -> 3.42); prepare with row blocks outermost (1.201 ms with
-# intra and wu against 1.169, channelwise-forms-h200-2026-11-30c.md).
+# column loop, KDA fwd+bwd 24.2 -> 13.5 ms wall (history/tune-kda-h200-2026-11-30.md); then 13.43 ->
+# 10.25 ms from the gamma kernel + grad_blocks + 4-warp launches
+# (history/tune-kda-options-h200-2026-11-30.md); KDA forward 3.22 -> 2.16 ms (summed kernel time)
+# from prepare on 16 x 16 sub-blocks plus the separate wu kernel (2.51 -> 1.47 ms with intra) and
+# intra storing each column as summed (0.63 -> 0.53 ms); then (session 24, kernel time) 2.16 -> 1.64
+# ms from the kr/vw fold, exp2, intra writing qg/kg/krg, prepare over key blocks and the
+# forward/gamma launches (kernels-h200-2026-11-30.md, ninth to twelfth runs). Losing forms deleted:
+# XLA's cumsum of g outside the custom_vjp (gamma kernel: 13.425 -> 12.875 ms); the intra_grad
+# kernel plus backward_chunk's off-diagonal loop (grad_blocks: 12.875 -> 12.210, 10.33 at 4 warps);
+# the forward intra as a per-block column loop (1.056 ms) or quad levels (1.312), against 0.627
+# token-parallel (4 heads, 4 warps); a products kernel for prepare's off-diagonal blocks; prepare on
+# whole [C, C] tiles (2.507 ms with intra), the sub-block form with W and U in the same kernel
+# (1.875), the gamma-kernel removal with a direct [C, C] diagonal layout (prepare 1.86 -> 3.42);
+# prepare with row blocks outermost (1.201 ms with intra and wu against 1.169,
+# history/channelwise-forms-h200-2026-11-30c.md).
 TUNING = {
     "prepare": (1, 3),
     "prepare_k": 16,
@@ -649,7 +652,7 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
        16]`` products per key block by :func:`_intra_dot` (IEEE fp32 for fp32 inputs; TF32 or
        the input dtype for half inputs, ``TUNING["intra_tf32"]``). (Until 2026-11-30 the row
        blocks were the outer loop, one key-block loop per row block: intra + prepare + wu
-       1.201 ms against 1.169 at S1 on the H200, channelwise-forms-h200-2026-11-30c.md; a
+       1.201 ms against 1.169 at S1 on the H200, history/channelwise-forms-h200-2026-11-30c.md; a
        loop over the column blocks with selects into the accumulators was slower still.)
        Masks per tile: same document (doc ids of the tile's rows and columns). Mq's tiles go
        out masked, in the operand dtype: the diagonal tile from ``intra`` (``mqd`` rows
@@ -669,7 +672,7 @@ def _prepare_kernel(q_ref, k_ref, ks_ref, gam_ref, doc_ref, conn_ref, last_ref, 
 
     The inverse runs after all products, so that its tiles do not stay live through the
     product loop (registers: 255 per thread at 1 warp, no spills, estimated with
-    ``experiments/kernel_registers.py`` and Triton 3.6 at S1; ``prepare_k`` 32 spills).
+    ``benchmarks/kernel_registers.py`` and Triton 3.6 at S1; ``prepare_k`` 32 spills).
     """
     n = pl.program_id(0)
     b, h = _program_bh(cfg, 1)

@@ -16,9 +16,9 @@ import pytest
 from absl.testing import absltest
 from flax import nnx
 
-from experiments import bench_inference
-from experiments import bench_train
-from lattn_jax import benchmark as bench
+from benchmarks import bench_inference
+from benchmarks import bench_train
+from benchmarks import common as bench
 from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
 from tests import tolerances

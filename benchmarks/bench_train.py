@@ -25,8 +25,8 @@ at the end (``benchmarks/plot_model_bench.py``).
 
 Usage::
 
-    python experiments/bench_train.py --out=benchmarks/results/train-h200-<date>
-    python experiments/bench_train.py --tiny --out=/tmp/bench-train-tiny     # CPU smoke run
+    python benchmarks/bench_train.py --out=benchmarks/results/train-h200-<date>
+    python benchmarks/bench_train.py --tiny --out=/tmp/bench-train-tiny     # CPU smoke run
 """
 
 import argparse
@@ -46,8 +46,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from benchmarks import common as bench  # noqa: E402
 from configs import table2  # noqa: E402
-from lattn_jax import benchmark as bench  # noqa: E402
 from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax import flops as flops_lib  # noqa: E402
 from lattn_jax import train as train_lib  # noqa: E402
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> dict:
       ``"error: ..."``; times in seconds, memory in bytes.
     """
     budget = bench.TimeBudget(args.time_budget_s)
-    env = bench.environment(["experiments/bench_train.py"] + list(args.argv))
+    env = bench.environment(["benchmarks/bench_train.py"] + list(args.argv))
     print(f"bench_train on {env['device_kind']} ({env['backend']}), jax {env['jax']}",
           flush=True)
     settings = dict(presets=args.presets, lengths=args.lengths,

@@ -24,7 +24,7 @@ packed with 16 documents of pseudo-random lengths; fla gets ``cu_seqlens``, JAX 
 
 Usage (on the GPU machine, after installing the peers' wheels from ../shared/tools/gpu-wheels.sh)::
 
-    python experiments/bench_kernels.py --ops=gdn,deltanet,lightning,kda,gdn2 \
+    python benchmarks/bench_kernels.py --ops=gdn,deltanet,lightning,kda,gdn2 \
         --shapes=S1,S2,P1 --out=benchmarks/results/kernels-h200-<date>
 
 writes ``<out>.json`` (one record per peer, op, shape and pass) and ``<out>.md`` (the tables).
@@ -33,7 +33,7 @@ On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
 (fla, jla) are skipped with a message::
 
-    python experiments/bench_kernels.py --peers=ours,chunked --shapes=S1,S2,P1 \
+    python benchmarks/bench_kernels.py --peers=ours,chunked --shapes=S1,S2,P1 \
         --out=benchmarks/results/kernels-tpu-<chip>-<date>
 """
 
@@ -48,6 +48,10 @@ import time
 
 import numpy as np
 from absl import app, flags
+
+# The repository root, so that `python benchmarks/bench_kernels.py` finds the benchmarks
+# package (its helpers are imported where they are used; the fla worker never needs them).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _OPS = flags.DEFINE_list("ops", ["gdn", "deltanet", "lightning", "kda", "gdn2"], "Ops to time.")
 _SHAPES = flags.DEFINE_list("shapes", ["S1", "S2", "P1"], "Shapes: S1, S2, P1 or BxTxH.")
@@ -215,9 +219,9 @@ def _jax_passes(fn, names):
 
 def _time_jax(f, args, kwargs):
     """``(median, min)`` wall ms per call, each call followed by ``block_until_ready``."""
-    from lattn_jax import benchmark
-    times = np.asarray(benchmark.time_calls(lambda: f(*args, **kwargs), warmup=_WARMUP.value,
-                                            iters=_ITERS.value)) * 1e3
+    from benchmarks import common
+    times = np.asarray(common.time_calls(lambda: f(*args, **kwargs), warmup=_WARMUP.value,
+                                         iters=_ITERS.value)) * 1e3
     return float(np.median(times)), float(np.min(times))
 
 
@@ -225,22 +229,22 @@ def _time_jax_loop(f, args, kwargs):
     """Wall ms per call of ``--iters`` calls dispatched back to back with one sync (§5.4's
     secondary metric: launch gaps and XLA glue count, the per-call host sync does not)."""
     import jax
-    from lattn_jax import benchmark
+    from benchmarks import common
     jax.block_until_ready(f(*args, **kwargs))
-    return benchmark.time_back_to_back(lambda: f(*args, **kwargs), _ITERS.value) * 1e3
+    return common.time_back_to_back(lambda: f(*args, **kwargs), _ITERS.value) * 1e3
 
 
 def device_ms_from_trace(events, calls):
     """Device kernel time per call (ms) from Chrome-trace ``events`` of ``calls`` calls: the
-    summed durations of :func:`lattn_jax.benchmark.device_kernel_events`; ``None`` when there
+    summed durations of :func:`benchmarks.common.device_kernel_events`; ``None`` when there
     are none or they sum to zero (a CPU backend, or a trace without device activity)."""
     return _kernel_time(_trace_kernels(events), calls)[0]
 
 
 def _trace_kernels(events):
     """``(name, duration_us)`` of every device kernel in Chrome-trace ``events``."""
-    from lattn_jax import benchmark
-    return [(name, dur) for name, _, dur in benchmark.device_kernel_events(events)]
+    from benchmarks import common
+    return [(name, dur) for name, _, dur in common.device_kernel_events(events)]
 
 
 def _kernel_time(kernels, calls):
@@ -279,8 +283,8 @@ def _kernel_ms_jax(f, args, kwargs):
     """§5.4's primary metric for JAX: the summed device durations of every kernel of one call
     (Pallas kernels and XLA glue alike), from a ``jax.profiler`` trace of ``--iters`` calls;
     returns ``(ms, breakdown)`` (:func:`kernel_breakdown`; both ``None`` without a trace)."""
-    from lattn_jax import benchmark
-    events = benchmark.trace_events(lambda: f(*args, **kwargs), _ITERS.value)
+    from benchmarks import common
+    events = common.trace_events(lambda: f(*args, **kwargs), _ITERS.value)
     return _kernel_time(_trace_kernels(events), _ITERS.value)
 
 

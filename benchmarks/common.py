@@ -1,5 +1,7 @@
-"""Helpers shared by the model-level benchmarks (``experiments/bench_train.py``,
-``experiments/bench_inference.py``; protocol in ../shared/BENCHMARKS.md §5).
+"""Helpers shared by the benchmark binaries in ``benchmarks/`` (model level: ``bench_train.py``,
+``bench_inference.py``; kernels: ``bench_kernels.py``, ``tune_kernels.py``,
+``channelwise_forms.py``; trainer and data: ``train_throughput.py``, ``multi_gpu.py``,
+``profile_train_step.py``, ``data_pipeline.py``; protocol in ../shared/BENCHMARKS.md §5).
 
 * :func:`environment`: date (UTC), hardware, package versions and the command line of a run;
 * :func:`compile_concurrently`: ahead-of-time compilation of many lowered functions in a thread

@@ -1,4 +1,4 @@
-"""The kernel launch-parameter sweep (experiments/tune_kernels.py): CPU smoke runs in Pallas
+"""The kernel launch-parameter sweep (benchmarks/tune_kernels.py): CPU smoke runs in Pallas
 interpret mode on a tiny shape (GDN's kernels, and with --op=kda the per-channel-decay kernels of
 pallas_kernels/gdn2/kernel_gpu.py), TUNING restored afterwards, the launch check on traced
 programs, and clear errors for bad options."""
@@ -18,8 +18,8 @@ import pytest
 from absl import app
 from absl.testing import absltest
 
-from experiments import tune_kernels
-from lattn_jax import benchmark as bench
+from benchmarks import common as bench
+from benchmarks import tune_kernels
 from pallas_kernels.gated_delta_rule import kernel_gpu
 from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
 
@@ -622,7 +622,7 @@ class TuneKernelsTest(absltest.TestCase):
             tune_kernels.parse_knobs("split_forward=yes")
         # The binary: one line on stderr, no traceback.
         result = subprocess.run(
-            [sys.executable, os.path.join(ROOT, "experiments", "tune_kernels.py"),
+            [sys.executable, os.path.join(ROOT, "benchmarks", "tune_kernels.py"),
              "--knobs=block_x"], capture_output=True, text=True, cwd=ROOT, timeout=120)
         self.assertEqual(result.returncode, 2)
         self.assertIn("error: --knobs: unknown knob 'block_x'", result.stderr)

@@ -52,7 +52,7 @@ TUNING is read when the op is traced, and JAX caches traced jaxprs of the op's i
 ``jax.clear_caches()`` and its jaxpr is checked: each ``pallas_call`` must carry the
 configuration's ``(num_warps, num_stages)`` and grid (in ``--interpret`` mode, where launch
 parameters are not staged, on an untimed ``interpret=False`` twin). The programs of one knob's
-candidates are compiled concurrently (``lattn_jax.benchmark.compile_concurrently``); a forward
+candidates are compiled concurrently (``benchmarks.common.compile_concurrently``); a forward
 program shared by several configurations (the backward knobs do not change it) is measured once.
 The original TUNING is restored (and the caches cleared) on exit.
 
@@ -83,30 +83,30 @@ measured. To finish a cut-short sweep, run again with ``--start`` set to the bes
 
 Usage (on the GPU machine)::
 
-    python experiments/tune_kernels.py --shapes=S1,S2 --time_budget_s=150 \
+    python benchmarks/tune_kernels.py --shapes=S1,S2 --time_budget_s=150 \
         --out=benchmarks/results/tune-gdn-h200-<date>
 
 Only the split forward and its launch parameters (the rest swept on 2026-11-29)::
 
-    python experiments/tune_kernels.py --shapes=S1,S2 --time_budget_s=300 \
+    python benchmarks/tune_kernels.py --shapes=S1,S2 --time_budget_s=300 \
         --knobs=split_forward,block_v,forward_state,forward_output \
         --out=benchmarks/results/tune-gdn-split-h200-<date>
 
 KDA (the per-channel-decay kernels of ``pallas_kernels/gdn2/kernel_gpu.py``; ``--op=gdn2`` for
 GDN-2)::
 
-    python experiments/tune_kernels.py --op=kda --shapes=S1,S2 --time_budget_s=300 \
+    python benchmarks/tune_kernels.py --op=kda --shapes=S1,S2 --time_budget_s=300 \
         --out=benchmarks/results/tune-kda-h200-<date>
 
 Only the prepare kernel (its launch and key-block width) and the wu kernel's launch::
 
-    python experiments/tune_kernels.py --op=kda --shapes=S1,S2 --time_budget_s=300 \
+    python benchmarks/tune_kernels.py --op=kda --shapes=S1,S2 --time_budget_s=300 \
         --knobs=prepare,prepare_k,wu \
         --out=benchmarks/results/tune-kda-prepare-h200-<date>
 
 CPU smoke run (Pallas interpret mode; the launch parameters are ignored there)::
 
-    python experiments/tune_kernels.py --interpret --shapes=1,128,2,64 --iters=1 --warmup=0 \
+    python benchmarks/tune_kernels.py --interpret --shapes=1,128,2,64 --iters=1 --warmup=0 \
         --knobs=block_v=32/64,forward=4x2/8x1 --check_shape=1,64,1,64 --out=/tmp/tune
 
 writes ``<out>.json`` (environment, settings, every configuration tried with its knobs, per-shape
@@ -134,7 +134,7 @@ import jax  # noqa: E402
 import jax.extend.core  # noqa: E402,F401 - jax.extend.core.Jaxpr/ClosedJaxpr below
 import jax.numpy as jnp  # noqa: E402
 
-from lattn_jax import benchmark as bench  # noqa: E402
+from benchmarks import common as bench  # noqa: E402
 from pallas_kernels import gated_delta_rule as gdr  # noqa: E402
 from pallas_kernels import gdn2 as gdn2_ops  # noqa: E402
 from pallas_kernels import kda as kda_ops  # noqa: E402
@@ -934,7 +934,7 @@ class Sweep:
       plan: ``{knob: [values]}`` in sweep order.
       baseline: the module's TUNING when the sweep began.
       trials: every configuration tried, in order (see :meth:`payload`).
-      budget: the run's :class:`lattn_jax.benchmark.TimeBudget`.
+      budget: the run's :class:`benchmarks.common.TimeBudget`.
     """
 
     def __init__(self, fv: flags.FlagValues, argv: Sequence[str], baseline: Mapping[str, Any]):
@@ -1169,7 +1169,7 @@ class Sweep:
         Returns:
           :meth:`payload`, also written to ``<out>.json``/``<out>.md`` after every knob.
         """
-        self.env = bench.environment(["experiments/tune_kernels.py"] + self.argv)
+        self.env = bench.environment(["benchmarks/tune_kernels.py"] + self.argv)
         self.log(f"device {self.env['device_kind']} ({self.env['backend']}), jax "
                  f"{self.env['jax']}; op {self.op} ({FAMILIES[self.op].path}); shapes "
                  f"{self.shapes}; implementation {self.impl}")

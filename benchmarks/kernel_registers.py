@@ -26,9 +26,9 @@ Hopper wgmma instructions.
 
 Usage::
 
-    python experiments/kernel_registers.py --op=gdn --shape=8,4096,16,128 --pass=fwdbwd
-    python experiments/kernel_registers.py --op=kda --shape=8,4096,16,128   # or gdn2, deltanet
-    python experiments/kernel_registers.py --tuning='{"backward_chunk": [8, 2]}'
+    python benchmarks/kernel_registers.py --op=gdn --shape=8,4096,16,128 --pass=fwdbwd
+    python benchmarks/kernel_registers.py --op=kda --shape=8,4096,16,128   # or gdn2, deltanet
+    python benchmarks/kernel_registers.py --tuning='{"backward_chunk": [8, 2]}'
 """
 
 import json

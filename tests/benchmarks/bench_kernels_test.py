@@ -1,9 +1,9 @@
-"""experiments/bench_kernels.py's CPU-testable parts: the kernel-time parse and the report."""
+"""benchmarks/bench_kernels.py's CPU-testable parts: the kernel-time parse and the report."""
 
 import numpy as np
 from absl.testing import absltest
 
-from experiments import bench_kernels
+from benchmarks import bench_kernels
 
 
 def _trace(durations_us, device="/device:GPU:0 (H200)"):

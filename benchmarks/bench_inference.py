@@ -51,8 +51,8 @@ the end (``benchmarks/plot_model_bench.py``).
 
 Usage::
 
-    python experiments/bench_inference.py --out=benchmarks/results/inference-h200-<date>
-    python experiments/bench_inference.py --tiny --out=/tmp/bench-inference-tiny   # CPU smoke
+    python benchmarks/bench_inference.py --out=benchmarks/results/inference-h200-<date>
+    python benchmarks/bench_inference.py --tiny --out=/tmp/bench-inference-tiny   # CPU smoke
 """
 
 import argparse
@@ -73,7 +73,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from lattn_jax import benchmark as bench  # noqa: E402
+from benchmarks import common as bench  # noqa: E402
 from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax import flops as flops_lib  # noqa: E402
 from lattn_jax import model as model_lib  # noqa: E402
@@ -318,7 +318,7 @@ def run(args: argparse.Namespace) -> dict:
       seconds, memory in bytes.
     """
     budget = bench.TimeBudget(args.time_budget_s)
-    env = bench.environment(["experiments/bench_inference.py"] + list(args.argv))
+    env = bench.environment(["benchmarks/bench_inference.py"] + list(args.argv))
     print(f"bench_inference on {env['device_kind']} ({env['backend']}), jax {env['jax']}",
           flush=True)
     settings = {k: getattr(args, k) for k in (
