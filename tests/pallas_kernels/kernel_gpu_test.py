@@ -153,15 +153,29 @@ class InterpretTest(parameterized.TestCase):
         # T = 65: one full chunk and a one-token tail chunk (padded inside the op).
         self.check(op, seq_len=65)
 
-    @parameterized.parameters("gdn", "simple_gla", "deltanet", "linear_attn")
+    @parameterized.parameters("gdn", "deltanet")  # with and without decay
     def test_packed_documents(self, op):
+        self.check_packed(op)
+
+    @pytest.mark.slow  # ~8 s each on 2 cores; GDN and DeltaNet run in CI
+    @parameterized.parameters("simple_gla", "linear_attn")
+    def test_packed_documents_more_ops(self, op):
+        self.check_packed(op)
+
+    def check_packed(self, op):
         # One row of five documents, boundaries inside and on chunk edges (10, 40, 43, 64).
         lengths = [10, 30, 3, 21, 36]
         segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None], jnp.int32)
         self.check(op, seq_len=sum(lengths), segment_ids=segment_ids, seed=1)
 
-    @parameterized.parameters("gdn", "simple_gla")
-    def test_strong_decay(self, op):
+    def test_strong_decay(self):
+        self.check_strong_decay("gdn")
+
+    @pytest.mark.slow  # ~8 s on 2 cores; GDN runs in CI
+    def test_strong_decay_simple_gla(self):
+        self.check_strong_decay("simple_gla")
+
+    def check_strong_decay(self, op):
         # Log-decays down to about -20 per token: exponents must be masked before exp.
         self.check(op, seq_len=96, decay=8.0, seed=2)
 
@@ -296,8 +310,15 @@ class SegmentsInterpretTest(parameterized.TestCase):
         jax.clear_caches()
         self.addCleanup(jax.clear_caches)
 
-    @parameterized.parameters(("gdn", 4), ("simple_gla", 2), ("deltanet", 2))
-    def test_packed_rows_with_initial_state(self, op, segments):
+    def test_packed_rows_with_initial_state(self):
+        self.check_packed_rows("gdn", 4)
+
+    @pytest.mark.slow  # ~12 s each on 2 cores; GDN at 4 segments runs in CI
+    @parameterized.parameters(("simple_gla", 2), ("deltanet", 2))
+    def test_packed_rows_with_initial_state_more_ops(self, op, segments):
+        self.check_packed_rows(op, segments)
+
+    def check_packed_rows(self, op, segments):
         # T = 300: 5 chunks padded to 8 (two per segment at P = 4); documents of 60, 100, 75
         # and 65 tokens, so boundaries fall inside segments and chunks.
         segment_ids = jnp.asarray(np.repeat(np.arange(4), [60, 100, 75, 65])[None], jnp.int32)

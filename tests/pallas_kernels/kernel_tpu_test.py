@@ -124,6 +124,7 @@ class InterpretTest(parameterized.TestCase):
             np.testing.assert_allclose(got[2][name] / scale, want[2][name] / scale,
                                        err_msg=f"{op} d{name}", **gtol)
 
+    @pytest.mark.slow  # ~30 s on 2 cores under load; the other TPU interpret checks run in CI
     def test_gdn_packed_strong_decay_gva(self):
         # T = 256 (four chunks), five documents with boundaries inside and on chunk edges,
         # log-decays down to about -20 per token, two value heads per key head.
