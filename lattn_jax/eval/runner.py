@@ -11,7 +11,6 @@ names: :data:`lattn_jax.eval.tasks.TASK_NAMES`, :data:`lattn_jax.eval.niah.TASKS
 """
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -189,14 +188,6 @@ def validation_documents(data: data_config_lib.DataConfig) -> List[str]:
     return [docs[i] for i in sorted(val_idx)]
 
 
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def trained_on(path: str, data: Optional[data_config_lib.DataConfig]) -> bool:
     """Whether the run of ``data`` trains on the file ``path``: it is one of the files of
     ``data.paths``, or a byte-identical copy of one (e.g. ``shared/data``'s WikiText-2 files,
@@ -212,7 +203,7 @@ def trained_on(path: str, data: Optional[data_config_lib.DataConfig]) -> bool:
         return True
     size = os.path.getsize(path)
     same_size = [f for f in files if os.path.getsize(f) == size]
-    return bool(same_size) and _sha256(path) in {_sha256(f) for f in same_size}
+    return bool(same_size) and fetch.sha256_of(path) in {fetch.sha256_of(f) for f in same_size}
 
 
 def read_documents(path: str, max_docs: Optional[int]) -> List[str]:

@@ -49,6 +49,7 @@ import numpy as np
 from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
 from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import fetch
 from lattn_jax.halo import hypenet
 from lattn_jax.halo import loaders
 from lattn_jax.halo import report as report_lib
@@ -361,7 +362,7 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
     }
     if config.teacher.path:  # the teacher's file, for report.teacher_report's check
         meta["teacher_id"] = (f"{os.path.basename(config.teacher.path)} sha256:"
-                              f"{_sha256(config.teacher.path)}")
+                              f"{fetch.sha256_of(config.teacher.path)}")
     # The student first: a run cut short by its time budget keeps the converted model's numbers.
     models = {"student": (loaders.build_model(s_cfg, params), meta["student"]),
               "teacher": (loaders.build_model(t_cfg, teacher_params), meta["teacher"])}
@@ -380,15 +381,6 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                                 should_stop=_expired(deadline))
     return {"complete": rep["complete"], "report": os.path.join(stage_dir,
                                                                 report_lib.REPORT_JSON)}
-
-
-def _sha256(path: str) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _expired(deadline: Optional[float]) -> Optional[Callable[[], bool]]:
