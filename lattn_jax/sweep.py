@@ -62,6 +62,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from lattn_jax.eval import fetch
+
 RUNS_DIR = "runs"
 RUN_RECORD = "sweep_run.json"
 ATTEMPTS = "sweep_attempts.jsonl"
@@ -313,19 +315,7 @@ class RunState:
     attempts: int = 0
 
 
-def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    """The records of a JSON-lines file; a torn last line (a killed writer) is skipped."""
-    out = []
-    try:
-        with open(path) as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    except FileNotFoundError:
-        pass
-    return out
+read_jsonl = fetch.read_jsonl  # a torn last line (a killed writer) is skipped
 
 
 def _read_text(path: str) -> str:

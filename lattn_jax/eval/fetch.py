@@ -27,6 +27,7 @@ Layout (``data_dir``)::
 
 import dataclasses
 import hashlib
+import json
 import os
 import tempfile
 import urllib.request
@@ -284,6 +285,22 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
         raise FetchError(f"{len(failures)} file(s) not obtained with the pinned checksum:\n  "
                          + "\n  ".join(failures))
     return status
+
+
+def read_jsonl(path: str) -> List[dict]:
+    """The records of a JSON-lines run record (``[]`` if the file does not exist). Lines that
+    do not parse, such as a torn last line left by a killed writer, are skipped."""
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    return out
 
 
 def write_atomic(path: str, data) -> None:

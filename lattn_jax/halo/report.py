@@ -88,6 +88,7 @@ from flax import nnx
 
 from lattn_jax import assets
 from lattn_jax import model as model_lib
+from lattn_jax.eval import fetch
 from lattn_jax.eval import generate as gen_lib
 from lattn_jax.eval import niah
 from lattn_jax.eval import perplexity as ppl_lib
@@ -130,20 +131,7 @@ def read_json(path: str, default: Any = None) -> Any:
         return json.load(f)
 
 
-def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    """The records of a JSONL file (``[]`` if it does not exist; unparsable lines skipped)."""
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue
-    return out
+read_jsonl = fetch.read_jsonl  # the run records' reader, shared with the sweep
 
 
 def device_memory() -> Dict[str, Optional[int]]:
