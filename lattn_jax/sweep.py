@@ -56,6 +56,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -430,11 +431,7 @@ class RunResult:
 
 
 def _median(values: Sequence[float]) -> Optional[float]:
-    values = sorted(values)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else 0.5 * (values[mid - 1] + values[mid])
+    return statistics.median(values) if values else None
 
 
 def collect(workdir: str) -> RunResult:
