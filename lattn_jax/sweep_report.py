@@ -40,6 +40,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+from scipy import stats
 
 from lattn_jax import sweep
 
@@ -140,31 +141,22 @@ class Report:
 
 def rank(values: Sequence[float]) -> np.ndarray:
     """Ranks 1..n of ``values`` (ascending), ties sharing their average rank."""
-    x = np.asarray(values, dtype=np.float64)
-    order = np.argsort(x, kind="mergesort")
-    ranks = np.empty(len(x))
-    ranks[order] = np.arange(1, len(x) + 1)
-    for v in np.unique(x):
-        tied = x == v
-        ranks[tied] = ranks[tied].mean()
-    return ranks
+    return stats.rankdata(np.asarray(values, dtype=np.float64), method="average")
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
     """Spearman's rank correlation of two equally long sequences: the Pearson correlation of
-    their average ranks. ``None`` for fewer than 2 pairs or a constant sequence.
+    their average ranks (``scipy.stats.spearmanr``). ``None`` for fewer than 2 pairs or a
+    constant sequence.
 
     Raises:
       ValueError: if the lengths differ.
     """
     if len(x) != len(y):
         raise ValueError(f"spearman: {len(x)} values against {len(y)}")
-    if len(x) < 2:
+    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
         return None
-    rx, ry = rank(x), rank(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denom = math.sqrt(float(np.sum(rx * rx) * np.sum(ry * ry)))
-    return None if denom == 0 else float(np.sum(rx * ry) / denom)
+    return float(stats.spearmanr(x, y).statistic)
 
 
 def seed_spread(groups: Sequence[Group]) -> Tuple[Optional[float], int]:
