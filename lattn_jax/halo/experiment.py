@@ -328,11 +328,11 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
         return result
 
     return _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, cfg,
-                   params, source, print_fn, deadline)
+                   abstract, params, source, print_fn, deadline)
 
 
 def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, student_cfg,
-            params, source, print_fn, deadline):
+            abstract, params, source, print_fn, deadline):
     """The report stage: both models in ``config.report``'s dtypes, the calibrated ``a``."""
     r = config.report
     cal = report_lib.read_json(os.path.join(workdir, "calibrate", "calibration.json"))
@@ -369,8 +369,7 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
     if tuple(r.get("stage2_measurements") or ()) and source != "stage2":
         # The ablation of Stage 3: the student as Stage 2 left it.
         optim2, train2 = _stage_cfgs(config.stage2)
-        params2 = stages.latest_params(os.path.join(workdir, "stage2"),
-                                       _stage2_student(config, workdir, teacher_cfg)[1], optim2,
+        params2 = stages.latest_params(os.path.join(workdir, "stage2"), abstract, optim2,
                                        train2.total_steps)
         meta["student_stage2"] = (f"the same HypeNet after Stage 2 (before Stage 3), logit "
                                   f"scaling a = {a}; measured on {list(r.stage2_measurements)}")
