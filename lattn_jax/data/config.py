@@ -18,6 +18,7 @@ clone lives. Restoring a model for evaluation needs no training data:
 
 import contextlib
 import dataclasses
+import math
 import numbers
 import os
 from typing import Any, Dict, Iterator, Literal
@@ -110,6 +111,15 @@ class DataConfig:
         shuffle: shuffle the train windows (reshuffled every epoch); ``False`` reads them in
             stream order (documents still in the seeded split order).
         max_val_batches: cap on the number of validation batches, ``None`` for all of them.
+        source_weights: ``None``, or ``{shard name: weight}`` for token-shard corpora: how many
+            times each named shard's training documents enter the training order (the shard
+            names of ``manifest.json``; ``experiments/build_corpus.py`` names them after their
+            sources, e.g. ``{"gutenberg": 4.0, "gcide": 0.5}``). A weight ``w > 0`` keeps every
+            document ``floor(w)`` times plus a seeded ``w - floor(w)`` fraction of them once more
+            (``w < 1`` keeps that fraction only); the weighted order is permuted with ``seed``.
+            Unnamed shards keep weight 1; validation documents are never reweighted. This is
+            upsampling as in data-mixture recipes: a weight of 4 means four epochs of that
+            source per pass over the training split.
 
     Raises:
         ValueError: an option has a bad value; the message starts with ``data.<option>``.
@@ -130,6 +140,7 @@ class DataConfig:
     seed: int = 0
     max_val_batches: int | None = None
     shuffle: bool = True
+    source_weights: Dict[str, float] | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "paths", _existing_paths("paths", self.paths))
@@ -174,9 +185,15 @@ class DataConfig:
                              f"{self.val_fraction!r}")
         if not isinstance(self.shuffle, bool):
             raise ValueError(f"data.shuffle: expected True or False, got {self.shuffle!r}")
+        if self.source_weights is not None:
+            object.__setattr__(self, "source_weights", _source_weights(self.source_weights))
         if not _check_data_paths:
             return
-        resolved_format(self)  # token-shard directories: all or none, each with a manifest
+        fmt = resolved_format(self)  # token-shard directories: all or none, with a manifest
+        if self.source_weights is not None and fmt != "tokens":
+            raise ValueError("data.source_weights: only token-shard corpora (data.format "
+                             "'tokens') have named shards to weight; data.paths are read as "
+                             f"{fmt!r}")
         if self.val_paths is not None:
             try:
                 resolved_format(dataclasses.replace(self, paths=self.val_paths, val_paths=None))
@@ -208,6 +225,29 @@ def resolved_format(config: DataConfig) -> str:
                 f"text sources or read with data.format={config.format!r}: {config.paths}")
         return "tokens"
     return config.format
+
+
+def _source_weights(value) -> Dict[str, float]:
+    """``value`` as a plain ``{name: weight}`` dict of finite weights > 0.
+
+    Raises:
+        ValueError: not a mapping of names to positive numbers (``data.source_weights`` named).
+    """
+    items = value.items() if hasattr(value, "items") else None
+    if items is None:
+        raise ValueError(f"data.source_weights: expected a mapping {{shard name: weight}}, got "
+                         f"{value!r}")
+    out = {}
+    for name, weight in items:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"data.source_weights: shard names must be non-empty strings, got "
+                             f"{name!r}")
+        if (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
+                or not math.isfinite(weight) or weight <= 0):
+            raise ValueError(f"data.source_weights: the weight of {name!r} must be a finite "
+                             f"number > 0, got {weight!r}")
+        out[name] = float(weight)
+    return out
 
 
 def _existing_paths(name: str, value) -> tuple[str, ...]:

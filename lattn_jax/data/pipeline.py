@@ -41,6 +41,9 @@ With ``jax.process_count() > 1`` each process keeps every ``process_count``-th w
 (``grain.sharding.ShardByJaxProcess``) after dropping the few windows that do not divide evenly,
 and yields its ``batch_size // process_count`` rows of each global batch.
 
+Mixture weights: with token shards, ``data.source_weights`` repeats (or subsamples) the
+training documents of named shards before the stream is packed (:func:`weighted_documents`).
+
 Sources: text, JSONL and Parquet files are read and tokenized when the pipeline is built and
 held in memory (int32), which suits small corpora. A large corpus is tokenized once by
 ``experiments/prepare_data.py`` into token shards (``lattn_jax.data.shards``) and given as
@@ -77,6 +80,7 @@ __all__ = [
     "tokenize_documents",
     "unigram_cross_entropy",
     "unigram_entropy",
+    "weighted_documents",
 ]
 
 # Keys of every example/batch; all int32 except "weights" (float32).
@@ -355,6 +359,50 @@ def split_documents(num_documents: int, val_fraction: float,
     return order[num_val:], order[:num_val]
 
 
+def weighted_documents(corpus: shards.TokenCorpus, order: np.ndarray,
+                       source_weights: dict[str, float], seed: int) -> np.ndarray:
+    """The training order with every named shard's documents repeated ``weight`` times.
+
+    A document of a shard with weight ``w`` appears ``floor(w)`` times, plus once more for a
+    seeded ``round((w - floor(w)) * n)`` of the shard's ``n`` documents in ``order``; documents of
+    unnamed shards appear once. The result is permuted with ``seed`` (so repeats are spread over
+    the stream). Tokens of a shard in one pass: about ``w`` times its tokens.
+
+    Args:
+        corpus: a token-shard corpus (``shard_names`` set).
+        order: int ``[M]``, the training documents (indices into ``corpus``).
+        source_weights: ``{shard name: weight > 0}``.
+        seed: seed of the fractional choice and of the permutation.
+
+    Returns:
+        int64 ``[M']``: document indices, each of ``order`` zero or more times.
+
+    Raises:
+        ValueError: ``corpus`` has no shard names (documents read from text), or a name in
+            ``source_weights`` is not one of its shards with tokens (the message lists them).
+    """
+    if corpus.shard_names is None:
+        raise ValueError("data.source_weights: the corpus was read from text files, which have "
+                         "no named shards; prepare token shards (experiments/prepare_data.py)")
+    names = list(corpus.shard_names)
+    unknown = sorted(set(source_weights) - set(names))
+    if unknown:
+        raise ValueError(f"data.source_weights: no shard with tokens is named "
+                         f"{', '.join(map(repr, unknown))}; the shards are "
+                         f"{', '.join(sorted(set(names)))}")
+    order = np.asarray(order, np.int64)
+    rng = np.random.default_rng([int(seed), 0x5eed])
+    shard_weight = np.array([source_weights.get(n, 1.0) for n in names], np.float64)
+    weight = shard_weight[corpus.doc_shard[order]]
+    whole = np.floor(weight).astype(np.int64)
+    parts = [np.repeat(order, whole)]
+    for shard in np.flatnonzero(shard_weight != np.floor(shard_weight)):
+        docs = order[corpus.doc_shard[order] == shard]
+        extra = int(round((shard_weight[shard] - np.floor(shard_weight[shard])) * len(docs)))
+        parts.append(rng.choice(docs, size=extra, replace=False))
+    return rng.permutation(np.concatenate(parts))
+
+
 def pack_documents(documents: Sequence[np.ndarray], eos_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Concatenates documents into one stream, each followed by ``eos_id``.
 
@@ -496,6 +544,11 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
         # Every document of each corpus, in a seeded order (as split_documents orders them).
         train_idx = np.random.default_rng(config.seed).permutation(corpus.num_documents)
         val_idx = np.random.default_rng(config.seed).permutation(val_corpus.num_documents)
+    if config.source_weights is not None:
+        before = int(corpus.doc_len[train_idx].sum())
+        train_idx = weighted_documents(corpus, train_idx, config.source_weights, config.seed)
+        logging.info("data: source_weights %s: %d -> %d training tokens per pass",
+                     config.source_weights, before, int(corpus.doc_len[train_idx].sum()))
     if (read_stats.empty_documents or read_stats.malformed_lines or read_stats.invalid_utf8):
         logging.warning("data: %s", read_stats.summary())
     train_source = PackedWindowSource(corpus, train_idx, config.seq_len, tokenizer.eos_id)

@@ -205,6 +205,8 @@ class TokenCorpus:
         doc_len: int64 ``[D]``, length of every document (> 0).
         tokenizer: the tokenizer description from the manifest (``None`` in memory).
         read_stats: summed ``read_stats`` counters of the manifests.
+        shard_names: every shard's ``name`` in its manifest (``experiments/build_corpus.py``
+            names a shard after its source, e.g. ``"gutenberg"``), ``None`` in memory.
     """
 
     shards: list[np.ndarray]
@@ -213,6 +215,7 @@ class TokenCorpus:
     doc_len: np.ndarray
     tokenizer: dict | None = None
     read_stats: dict = dataclasses.field(default_factory=dict)
+    shard_names: list[str] | None = None
 
     @property
     def num_documents(self) -> int:
@@ -244,7 +247,7 @@ def open_corpus(directories: Sequence[str]) -> TokenCorpus:
         ValueError: a malformed manifest or shard, or directories made with different
             tokenizers (named).
     """
-    shards, doc_shard, doc_start, doc_len = [], [], [], []
+    shards, doc_shard, doc_start, doc_len, shard_names = [], [], [], [], []
     tokenizer, stats = None, {}
     for directory in directories:
         manifest = read_manifest(directory)
@@ -275,6 +278,7 @@ def open_corpus(directories: Sequence[str]) -> TokenCorpus:
                 continue
             index = len(shards)
             shards.append(MappedTokens(token_path, dtype, entry["tokens"]))
+            shard_names.append(str(entry["name"]))
             n = len(offsets) - 1
             doc_shard.append(np.full((n,), index, np.int32))
             doc_start.append(offsets[:-1])
@@ -283,4 +287,4 @@ def open_corpus(directories: Sequence[str]) -> TokenCorpus:
         raise ValueError(f"no tokens in {', '.join(directories)}")
     return TokenCorpus(shards=shards, doc_shard=np.concatenate(doc_shard),
                        doc_start=np.concatenate(doc_start), doc_len=np.concatenate(doc_len),
-                       tokenizer=tokenizer, read_stats=stats)
+                       tokenizer=tokenizer, read_stats=stats, shard_names=shard_names)

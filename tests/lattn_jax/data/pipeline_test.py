@@ -372,6 +372,89 @@ class TokenShardPipelineTest(absltest.TestCase):
             pipeline.build_datasets(self._config((broken,)))
 
 
+class SourceWeightsTest(absltest.TestCase):
+    """``data.source_weights``: named shards repeated or subsampled in the training order."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.root = tempfile.mkdtemp()
+        text_dir = os.path.join(cls.root, "text")
+        os.makedirs(text_dir)
+        rng = np.random.default_rng(7)
+        for i in range(3):  # shard-0000i: 20 paragraphs of random lengths each
+            paragraphs = corpus.shakespeare_paragraphs(20, start=20 * i)
+            cut = [p[:int(rng.integers(min(20, len(p)), len(p) + 1))] for p in paragraphs]
+            with open(os.path.join(text_dir, f"part{i}.txt"), "w", encoding="utf-8") as f:
+                f.write("\n\n".join(cut) + "\n")
+        cls.text_dir = text_dir
+        cls.shard_dir = os.path.join(cls.root, "shards")
+        prepare.prepare_corpus([text_dir], cls.shard_dir, tokenizer="byte", workers=0,
+                               progress=False, print_fn=lambda _: None)
+        cls.corpus = shards.open_corpus([cls.shard_dir])
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.root)
+        super().tearDownClass()
+
+    def _config(self, **overrides):
+        kwargs = dict(paths=(self.shard_dir,), tokenizer="byte", seq_len=32, batch_size=4,
+                      val_fraction=0.1, seed=3)
+        kwargs.update(overrides)
+        return config_lib.DataConfig(**kwargs)
+
+    def test_shard_names_from_manifest(self):
+        self.assertEqual(self.corpus.shard_names, ["shard-00000", "shard-00001", "shard-00002"])
+
+    def test_documents_repeated_by_weight(self):
+        order = np.random.default_rng(0).permutation(self.corpus.num_documents)[:50]
+        weights = {"shard-00000": 3.0, "shard-00001": 0.5, "shard-00002": 1.5}
+        got = pipeline.weighted_documents(self.corpus, order, weights, seed=11)
+        counts = np.bincount(got, minlength=self.corpus.num_documents)
+        for shard, w in enumerate((3.0, 0.5, 1.5)):
+            docs = order[self.corpus.doc_shard[order] == shard]
+            c = counts[docs]
+            self.assertTrue(np.all((c == np.floor(w)) | (c == np.floor(w) + 1)), f"{shard=}")
+            self.assertEqual(int((c > np.floor(w)).sum()), round((w - np.floor(w)) * len(docs)),
+                             f"{shard=}")
+        outside = np.setdiff1d(np.arange(self.corpus.num_documents), order)
+        self.assertTrue(np.all(counts[outside] == 0))
+        # Seeded: the same order again; another seed picks another order.
+        np.testing.assert_array_equal(
+            got, pipeline.weighted_documents(self.corpus, order, weights, seed=11))
+        self.assertFalse(np.array_equal(
+            got, pipeline.weighted_documents(self.corpus, order, weights, seed=12)))
+
+    def test_pipeline_trains_on_weighted_stream(self):
+        plain = pipeline.build_datasets(self._config())
+        weighted = pipeline.build_datasets(self._config(source_weights={"shard-00001": 4.0}))
+        # Train tokens (each document with its EOS): shard 1's training documents count 4 times.
+        train_idx, _ = pipeline.split_documents(self.corpus.num_documents, 0.1, 3)
+        in_shard1 = train_idx[self.corpus.doc_shard[train_idx] == 1]
+        self.assertNotEmpty(in_shard1)
+        extra = 3 * int((self.corpus.doc_len[in_shard1] + 1).sum())
+        self.assertEqual(weighted.stats.train_tokens, plain.stats.train_tokens + extra)
+        # Validation is never reweighted.
+        _assert_batches_equal(self, list(plain.val_batches), list(weighted.val_batches))
+
+    def test_bad_weights_name_the_option(self):
+        for bad in ({"shard-00000": 0}, {"shard-00000": -1.0}, {"shard-00000": float("nan")},
+                    {"shard-00000": "2"}, {"": 2.0}, [("shard-00000", 2.0)]):
+            with self.subTest(bad=bad), self.assertRaisesRegex(ValueError,
+                                                               "data.source_weights"):
+                self._config(source_weights=bad)
+
+    def test_unknown_shard_lists_the_shards(self):
+        with self.assertRaisesRegex(ValueError, "no shard with tokens is named 'gutenberg'; "
+                                                "the shards are shard-00000, shard-00001"):
+            pipeline.build_datasets(self._config(source_weights={"gutenberg": 2.0}))
+
+    def test_text_sources_are_refused(self):
+        with self.assertRaisesRegex(ValueError, "data.source_weights: only token-shard"):
+            self._config(paths=(self.text_dir,), source_weights={"shard-00000": 2.0})
+
+
 class ResumeTest(parameterized.TestCase):
     """Stop after k batches, checkpoint, restore into a rebuilt pipeline: same next n batches."""
 
