@@ -669,6 +669,9 @@ def niah_part_scores(answers: Sequence[Sequence[int]], tokenizer,
 
 # Options that do not change a teacher's results (what is measured and for whom; where this
 # machine keeps the same data files).
+# Keys of a model's result that are not tasks or lengths: where a reused result came from.
+RESULT_MARKERS = ("reused_from",)
+
 REUSE_IGNORED_OPTIONS = ("measurements", "stage2_measurements", "teacher_report", "data_dir",
                          "corpus_perplexity_paths")
 
@@ -1201,7 +1204,7 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         row(f"corpus perplexity ({where})", "token_perplexity",
             [_fmt(cppl.get(n, {}).get("token_perplexity"), 3) for n in names])
     csr = res.get("commonsense", {})
-    tasks = sorted({t for r in csr.values() for t in r})
+    tasks = sorted({t for r in csr.values() for t in r if t not in RESULT_MARKERS})
     for t in tasks:
         for metric in ("acc", "acc_norm"):
             vals = [csr.get(n, {}).get(t) for n in names]
@@ -1220,7 +1223,7 @@ def results_markdown(report: Mapping[str, Any]) -> str:
         row(f"commonsense ({len(tasks)} tasks)", "mean of acc_norm (acc where none)", means)
     nh = res.get("niah", {})
     short_max = int(report.get("options", {}).get("niah_short_max_len") or 8192)
-    niah_tasks = sorted({t for r in nh.values() for t in r})
+    niah_tasks = sorted({t for r in nh.values() for t in r if t not in RESULT_MARKERS})
     for task in niah_tasks:
         any_r = next(r[task] for r in nh.values() if task in r)
         for length in any_r["lengths"]:
@@ -1235,7 +1238,7 @@ def results_markdown(report: Mapping[str, Any]) -> str:
                     [_pm(*(_niah_group(nh[n][task], group, short_max) or (None, None, None))[1:])
                      if task in nh.get(n, {}) else "–" for n in names])
     sp = res.get("speed", {})
-    for length in sorted({int(k) for r in sp.values() for k in r}):
+    for length in sorted({int(k) for r in sp.values() for k in r if k not in RESULT_MARKERS}):
         def get(n, *keys):
             r = sp.get(n, {}).get(str(length))
             for k in keys:

@@ -275,6 +275,32 @@ class TeacherReuseTest(absltest.TestCase):
                                     "niah"})
         self.assertAlmostEqual(got["perplexity"]["token_perplexity"], 20.834, places=3)
 
+    def test_reused_teacher_results_render(self):
+        # The 2026-12-02b run crashed here: the first page written after the teacher's results
+        # were reused (before any student result) took ``reused_from`` for a commonsense task.
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+        path = os.path.join(root, "benchmarks", "results", "halo-smollm2-2026-12-02", "report",
+                            "report.json")
+        with open(path) as f:
+            report = json.load(f)
+        plain = report_lib.results_markdown(report)
+        for results in report["results"].values():
+            results["teacher"] = dict(results["teacher"],
+                                      reused_from={"path": path, "updated": "then"})
+        reused = report_lib.results_markdown(report)
+        # The marker is no task, length or metric: the same tables, and a note of the reuse.
+        note = re.search(r"\nThe teacher's results of [^\n]* are reused from `([^`]*)`[^\n]*\n",
+                         reused)
+        self.assertIsNotNone(note)
+        self.assertEqual(note.group(1), path)
+        self.assertEqual(reused.replace(note.group(0), ""), plain)
+        for results in report["results"].values():
+            results.pop("student", None)
+            results.pop("student_stage2", None)
+        teacher_only = report_lib.results_markdown(report)
+        self.assertIn("0.452 ± 0.007", teacher_only)  # the teacher's commonsense mean
+
 
 class NiahDecoderTest(absltest.TestCase):
 
