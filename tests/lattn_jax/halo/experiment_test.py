@@ -42,6 +42,10 @@ class ConfigTest(absltest.TestCase):
         self.assertEqual(cfg.stage3.seq_len, 16_384)
         other = halo_smollm2.get_config("h200,corpus=/x/y")
         self.assertEqual(other.data.paths, ("/x/y/train",))
+        # General prose up-weighted (the 2026-12-02b run); prose_weights=False reads it once.
+        self.assertEqual(dict(cfg.data.source_weights), halo_smollm2.H200_SOURCE_WEIGHTS)
+        self.assertTrue(all(w > 1 for w in halo_smollm2.H200_SOURCE_WEIGHTS.values()))
+        self.assertIsNone(halo_smollm2.get_config("h200,prose_weights=False").data.source_weights)
         cfg = halo_qwen3_1p7b.get_config()
         self.assertEqual((cfg.stage3.seq_len, cfg.stage3.train.total_steps), (16_384, 500))
         self.assertEqual(cfg.stage3.optim.min_lr_ratio, 1.0)
