@@ -23,7 +23,7 @@ ms, ``kernels-h200-2026-11-30.md``, tenth run.) Inside, the
 returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
 
 Chunk form (C = 64 tokens per chunk, entry state S_0 in R^{K x V}, gamma [C, K] the fp32
-within-chunk cumsum of g; the algebra of :func:`pallas_kernels.gdn2.chunked.
+within-chunk cumsum of g; the algebra of :func:`pallas_kernels.common.channelwise_chunked.
 channelwise_delta_chunked`)::
 
     Mk_ij = sum_c kr_ic k_jc exp(gamma_ic - gamma_jc)    (j < i, same document)
@@ -1105,9 +1105,10 @@ def channelwise_delta_pallas(
     key ``kr_t = k_t * k_scale_t`` and the write value ``vw_t = v_t * v_scale_t`` (KDA: both
     scales beta_t; GDN-2: the erase gate b_t and the write gate w_t), each product formed in
     fp32 inside the kernels and rounded once to the operand dtype (no separate XLA pass over k
-    and v); the same result as :func:`pallas_kernels.gdn2.chunked.channelwise_delta_chunked`
-    given ``kr`` and ``vw``. Gradients w.r.t. q, k, v, g, both scales and ``initial_state``
-    come from the kernels' ``custom_vjp``.
+    and v); the same result as
+    :func:`pallas_kernels.common.channelwise_chunked.channelwise_delta_chunked` given ``kr`` and
+    ``vw``. Gradients w.r.t. q, k, v, g, both scales and ``initial_state`` come from the
+    kernels' ``custom_vjp``.
 
     Args:
       q: queries ``[B, T, H, K]`` (already expanded to the value heads), bf16/fp16/fp32.
