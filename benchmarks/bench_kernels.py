@@ -69,7 +69,7 @@ _TUNING = flags.DEFINE_string(
     'JSON overrides of the kernels\' launch parameters before timing, e.g. '
     '\'{"scalar": {"backward_chunk": [8, 1], "block_k": 64}, "channelwise": {"prepare": [8, 1]}}\' '
     "(scalar: pallas_kernels/gated_delta_rule/kernel_gpu.TUNING; channelwise: "
-    "pallas_kernels/gdn2/kernel_gpu.TUNING). Recorded with every record.")
+    "pallas_kernels/common/channelwise_gpu.TUNING). Recorded with every record.")
 _CHUNKED_SHAPES = flags.DEFINE_list(
     "chunked_shapes", ["S1"], "Shapes at which the chunked JAX form is timed (it is slow).")
 _FLA_CACHE = flags.DEFINE_string(
@@ -339,8 +339,8 @@ def _apply_tuning():
     """Applies ``--tuning`` to the kernel modules' TUNING dicts; returns what was applied."""
     if not _TUNING.value:
         return None
+    from pallas_kernels.common import channelwise_gpu
     from pallas_kernels.gated_delta_rule import kernel_gpu as scalar_gpu
-    from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
     overrides = json.loads(_TUNING.value)
     modules = {"scalar": scalar_gpu, "channelwise": channelwise_gpu}
     for family, values in overrides.items():
@@ -539,8 +539,8 @@ def markdown(records, versions, command):
              "Times in ms per call; ratios > 1 mean ours is faster. R = roofline floor of "
              "BENCHMARKS.md §3; %R = R / t_ours (kernel time). `ours` is each op's `auto` dispatch "
              "(on a GPU: the Pallas GPU kernels for all five, KDA and GDN2 since "
-             "gdn2.kernel_gpu.AUTO_SELECT was switched on on 2026-11-29; on a TPU: the Pallas "
-             "TPU kernels for all five). The floors R are H200 floors; on a TPU recompute "
+             "common.channelwise_gpu.AUTO_SELECT was switched on on 2026-11-29; on a TPU: the "
+             "Pallas TPU kernels for all five). The floors R are H200 floors; on a TPU recompute "
              "them from the chip's peak FLOP/s and HBM bandwidth (BUILD.md).", ""]
     gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "ours"}
     lines += ["Correctness gate (ours vs the fp32 reference, relative RMS error):", ""]

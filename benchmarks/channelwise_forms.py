@@ -2,21 +2,21 @@ r"""Times variants of the per-channel-decay (KDA / GDN-2) forward kernels one st
 
 The whole-op tables (``benchmarks/bench_kernels.py``) and the launch sweep
 (``benchmarks/tune_kernels.py``) time a pass end to end; this binary isolates two forward
-stages of ``pallas_kernels/gdn2/kernel_gpu.py`` and times them under ``TUNING`` variants:
+stages of ``pallas_kernels/common/channelwise_gpu.py`` and times them under ``TUNING`` variants:
 
-* ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``kernel_gpu._intra``, the
+* ``intra``: the diagonal 16 x 16 blocks of Mk and Mq (``channelwise_gpu._intra``, the
   token-parallel kernel) with ``intra_token_heads`` heads per program at most and the
   ``intra_token`` launch; since 2026-11-30 (commit cd67293) the kernel also writes each token's
   qg, kg and krg rows, which its time includes (not comparable with earlier intra rows) but
   the comparison leaves out (only Mk and Mq's diagonal blocks are compared);
-* ``prepare``: ``kernel_gpu._prepare`` (``intra``, then the ``prepare`` kernel on 16 x 16
+* ``prepare``: ``channelwise_gpu._prepare`` (``intra``, then the ``prepare`` kernel on 16 x 16
   sub-blocks and the ``wu`` kernel) under the ``prepare`` launch and key-block width
   (``prepare_k``) and the ``wu`` launch.
 
 (Until 2026-11-30 the stages also compared kernel forms: the column loop and quad levels of
 ``intra``, a ``products`` kernel for prepare's off-diagonal blocks, prepare on whole
 ``[64, 64]`` tiles, prepare with W and U in the same kernel, its column blocks as a loop; those
-lost on the H200 and were deleted, see the history above ``kernel_gpu.TUNING``.)
+lost on the H200 and were deleted, see the history above ``channelwise_gpu.TUNING``.)
 
 Each variant is a set of TUNING overrides; every variant's outputs are compared with the first
 variant of its stage (max abs difference over the entries the stage defines, which should be
@@ -52,7 +52,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 from benchmarks import common as bench  # noqa: E402
-from pallas_kernels.gdn2 import kernel_gpu  # noqa: E402
+from pallas_kernels.common import channelwise_gpu  # noqa: E402
 
 # (label, TUNING overrides) per stage; the first of each stage is the comparison baseline.
 VARIANTS = {
@@ -83,8 +83,8 @@ def parse_shape(text):
         shape = ()
     if len(shape) != 4 or min(shape) < 1 or shape[3] not in (64, 128):
         raise ValueError(f"--shape: expected B,T,H,D with D in 64/128, got {text!r}")
-    if shape[1] % kernel_gpu.CHUNK:
-        raise ValueError(f"--shape: T = {shape[1]} is not a multiple of {kernel_gpu.CHUNK}")
+    if shape[1] % channelwise_gpu.CHUNK:
+        raise ValueError(f"--shape: T = {shape[1]} is not a multiple of {channelwise_gpu.CHUNK}")
     return shape
 
 
@@ -121,23 +121,24 @@ def make_inputs(shape, seed=0):
     beta = jax.nn.sigmoid(jax.random.normal(ks[2], (bsz, seq_len, heads, 1)))
     v = jax.random.normal(ks[3], (bsz, seq_len, heads, dim)).astype(bf)
     g = jax.nn.log_sigmoid(jax.random.normal(ks[4], (bsz, seq_len, heads, dim)))
-    n = seq_len // kernel_gpu.CHUNK
-    gam = jnp.cumsum(g.reshape(bsz, n, kernel_gpu.CHUNK, heads, dim), axis=2)
+    n = seq_len // channelwise_gpu.CHUNK
+    gam = jnp.cumsum(g.reshape(bsz, n, channelwise_gpu.CHUNK, heads, dim), axis=2)
     return q, k, v, beta, gam.reshape(g.shape)
 
 
 def _stage_fn(stage, shape, interpret):
     bsz, seq_len, heads, dim = shape
-    cfg = kernel_gpu._config(batch=bsz, heads=heads, n_chunks=seq_len // kernel_gpu.CHUNK,
-                             dk=dim, dv=dim, scale=dim ** -0.5, has_docs=False,
-                             mm_dtype=jnp.bfloat16, interpret=interpret, return_residual=False)
+    cfg = channelwise_gpu._config(
+        batch=bsz, heads=heads, n_chunks=seq_len // channelwise_gpu.CHUNK, dk=dim, dv=dim,
+        scale=dim ** -0.5, has_docs=False, mm_dtype=jnp.bfloat16, interpret=interpret,
+        return_residual=False)
     if stage == "intra":
         def intra(q, k, v, beta, gam):  # the diagonal blocks (the decay-scaled rows aside)
-            outs = kernel_gpu._intra(cfg, q, k, beta, gam, ())
+            outs = channelwise_gpu._intra(cfg, q, k, beta, gam, ())
             return outs["mkd_ref"], outs["mqd_ref"]
 
         return jax.jit(intra)
-    return jax.jit(lambda q, k, v, beta, gam: kernel_gpu._prepare(
+    return jax.jit(lambda q, k, v, beta, gam: channelwise_gpu._prepare(
         cfg, q, k, v, beta, beta, gam, (), save_a=False))
 
 
@@ -147,8 +148,8 @@ def _written(stage, leaves):
     memory), so those are zeroed before outputs are compared."""
     if stage != "intra":
         return leaves
-    rows = jnp.arange(kernel_gpu.CHUNK)[:, None] % kernel_gpu.SUB
-    keep = jnp.arange(kernel_gpu.SUB)[None, :] <= rows
+    rows = jnp.arange(channelwise_gpu.CHUNK)[:, None] % channelwise_gpu.SUB
+    keep = jnp.arange(channelwise_gpu.SUB)[None, :] <= rows
     return [jnp.where(keep, x, 0) for x in leaves]
 
 
@@ -159,7 +160,7 @@ def time_variants(stage, shape, iters, interpret=False):
     for index, (label, overrides) in enumerate(VARIANTS[stage]):
         rec = dict(stage=stage, variant=label, tuning=overrides)
         try:
-            with mock.patch.dict(kernel_gpu.TUNING, overrides):
+            with mock.patch.dict(channelwise_gpu.TUNING, overrides):
                 f = _stage_fn(stage, shape, interpret)
                 out = jax.block_until_ready(f(*inputs))
                 times = bench.time_calls(lambda: f(*inputs), warmup=2, iters=iters)

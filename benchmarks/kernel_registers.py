@@ -51,8 +51,8 @@ from jax._src.interpreters import mlir as jax_mlir  # noqa: E402
 from jax._src.lib.mlir import ir  # noqa: E402
 from jaxlib.triton import dialect as tt_dialect  # noqa: E402
 
+from pallas_kernels.common import channelwise_gpu  # noqa: E402
 from pallas_kernels.gated_delta_rule import kernel_gpu  # noqa: E402
-from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu  # noqa: E402
 
 CAPABILITY = 90  # H200 (sm_90a)
 

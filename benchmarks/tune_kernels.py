@@ -14,7 +14,7 @@ value-block width ``block_v`` of the sequential kernels (``forward`` or ``forwar
 change the program: such candidates count as the same configuration and are not re-measured.
 
 ``--op=kda`` and ``--op=gdn2`` tune the per-channel-decay kernels of
-``pallas_kernels/gdn2/kernel_gpu.TUNING`` (one module serves Kimi Delta Attention and Gated
+``pallas_kernels/common/channelwise_gpu.TUNING`` (one module serves Kimi Delta Attention and Gated
 DeltaNet-2, arXiv 2607.07953, Eqs. 18-24), timed through the op named: ``intra_tf32`` (the
 decay-scaled intra-chunk products of bf16 inputs in TF32, else in bf16),
 ``intra_token_heads`` (an int >= 1: the cap on heads per program of the forward ``intra``
@@ -92,8 +92,8 @@ Only the split forward and its launch parameters (the rest swept on 2026-11-29):
         --knobs=split_forward,block_v,forward_state,forward_output \
         --out=benchmarks/results/tune-gdn-split-h200-<date>
 
-KDA (the per-channel-decay kernels of ``pallas_kernels/gdn2/kernel_gpu.py``; ``--op=gdn2`` for
-GDN-2)::
+KDA (the per-channel-decay kernels of ``pallas_kernels/common/channelwise_gpu.py``; ``--op=gdn2``
+for GDN-2)::
 
     python benchmarks/tune_kernels.py --op=kda --shapes=S1,S2 --time_budget_s=300 \
         --out=benchmarks/results/tune-kda-h200-<date>
@@ -138,8 +138,9 @@ from benchmarks import common as bench  # noqa: E402
 from pallas_kernels import gated_delta_rule as gdr  # noqa: E402
 from pallas_kernels import gdn2 as gdn2_ops  # noqa: E402
 from pallas_kernels import kda as kda_ops  # noqa: E402
+from pallas_kernels.common import channelwise_gpu  # noqa: E402
 from pallas_kernels.gated_delta_rule import kernel_gpu  # noqa: E402
-from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu  # noqa: E402
+from pallas_kernels.gdn2 import kernel_gpu as gdn2_kernel_gpu  # noqa: E402
 from pallas_kernels.kda import kernel_gpu as kda_kernel_gpu  # noqa: E402
 
 SHAPES = {"S1": (8, 4096, 16, 128), "S2": (1, 32768, 16, 128)}
@@ -167,7 +168,7 @@ CHUNK = kernel_gpu.CHUNK
 INTERPRET_NOTE = ("Interpret mode (--interpret): the launch parameters are ignored and the timings "
                   "say nothing about GPU speed; this run only checks the sweep machinery.")
 
-# The per-channel-decay kernels (pallas_kernels/gdn2/kernel_gpu.py), serving KDA and GDN-2.
+# The per-channel-decay kernels (pallas_kernels/common/channelwise_gpu.py), serving KDA and GDN-2.
 CW_BOOL_KNOBS = ("intra_tf32",)
 CW_INT_KNOBS = ("intra_token_heads",)  # ints >= 1
 # prepare_k: the key-block width of the prepare kernel's products (16 x 16 sub-blocks); a power
@@ -216,7 +217,7 @@ class Family:
     grads: Tuple[str, ...]  # names of the VJP's outputs, in input order
 
 
-_CW_PATH = "pallas_kernels/gdn2/kernel_gpu.py"
+_CW_PATH = "pallas_kernels/common/channelwise_gpu.py"
 _CW_INPUTS = "bf16 q/k/v, unit-norm k, scale K^-0.5, fp32 per-channel g = logsigmoid(N(0, 1))"
 FAMILIES = {
     "gdn": Family(kernel_gpu, "pallas_kernels/gated_delta_rule/kernel_gpu.py",
@@ -246,8 +247,8 @@ def _define_flags(fv: flags.FlagValues) -> None:
     flags.DEFINE_enum("op", "gdn", OPS,
                       "Which kernels to tune: gdn (pallas_kernels/gated_delta_rule/"
                       "kernel_gpu.py, timed through gated_delta_rule), or kda / gdn2 (the "
-                      "per-channel-decay kernels of pallas_kernels/gdn2/kernel_gpu.py, timed "
-                      "through that op).", flag_values=fv)
+                      "per-channel-decay kernels of pallas_kernels/common/channelwise_gpu.py, "
+                      "timed through that op).", flag_values=fv)
     flags.DEFINE_string("shapes", "S1,S2",
                         "Comma-separated shapes: S1, S2, or B,T,H,D runs (e.g. S1,1,128,2,64).",
                         flag_values=fv)
@@ -531,7 +532,7 @@ def effective(tuning: Mapping[str, Any], shape: Shape, op: str = "gdn") -> Tunin
       pair, or a dict per head dim), ``split_forward`` as a bool, and ``None`` as the launch of
       the forward kernels the configuration does not run (``forward`` when split,
       ``forward_state``/``forward_output`` otherwise). For kda/gdn2, ``None`` block widths
-      resolved to ``min(D, 64)`` (gdn2/kernel_gpu.py's ``_config``), launches by its
+      resolved to ``min(D, 64)`` (common/channelwise_gpu.py's ``_config``), launches by its
       ``launch_for``, ``intra_tf32`` as a bool, ``intra_token_heads`` as the heads per
       program of the ``intra`` kernel at H (its ``intra_heads``), and a ``None`` prepare_k
       resolved to block_k (as its ``_config`` resolves it).
@@ -665,13 +666,13 @@ def _gdn_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
 
 
 def channelwise_pass_kernels(pass_: str) -> Tuple[str, ...]:
-    """The kernels (pallas_call names less ``channelwise_``) a pass of gdn2/kernel_gpu.py runs:
+    """The kernels (pallas_call names less ``channelwise_``) a pass of channelwise_gpu.py runs:
     ``pass_`` is ``"fwd"`` or ``"fwdbwd"``; the same under every configuration."""
     return CW_FWD_KERNELS if pass_ == "fwd" else CW_KERNELS
 
 
 def _channelwise_grids(eff: Mapping[str, Any], shape: Shape) -> Dict[str, tuple]:
-    """The grids of gdn2/kernel_gpu.py's kernels (``_gamma``, ``_intra``, ``_prepare``'s
+    """The grids of channelwise_gpu.py's kernels (``_gamma``, ``_intra``, ``_prepare``'s
     prepare and wu, ``_forward``, ``_grad_blocks``, ``_backward_state``, ``_backward_chunk``) at
     ``shape`` under the effective values ``eff``."""
     batch, seq_len, heads, dim = shape
@@ -711,7 +712,7 @@ def check_launches(table: Mapping[str, List[dict]], tuning: Mapping[str, Any], s
       check_launch: also compare ``(num_warps, num_stages)`` (off for interpret-mode programs,
         which stage none).
       op: ``--op``: the ``gdn_*`` kernels of gated_delta_rule/kernel_gpu.py, or (kda, gdn2) the
-        ``channelwise_*`` kernels of gdn2/kernel_gpu.py.
+        ``channelwise_*`` kernels of common/channelwise_gpu.py.
 
     Raises:
       LaunchCheckUnavailable: when the program holds none of this family's kernels by name, or
@@ -758,8 +759,8 @@ def set_tuning(tuning: Mapping[str, Any], op: str = "gdn") -> None:
 
     Args:
       tuning: the full TUNING dict to install (copied).
-      op: ``--op``: ``gated_delta_rule/kernel_gpu.TUNING`` for gdn, ``gdn2/kernel_gpu.TUNING``
-        for kda and gdn2.
+      op: ``--op``: ``gated_delta_rule/kernel_gpu.TUNING`` for gdn,
+        ``common/channelwise_gpu.TUNING`` for kda and gdn2.
     """
     module = FAMILIES[op].module
     module.TUNING.clear()
@@ -886,14 +887,14 @@ def _kernel_op(q, k, v, g, beta):
 
 
 def _kda_kernel_op(q, k, v, g, beta):
-    """:func:`_kernel_op` for KDA (gdn2/kernel_gpu.py's kernels through kda/kernel_gpu.py)."""
+    """:func:`_kernel_op` for KDA (channelwise_gpu.py's kernels through kda/kernel_gpu.py)."""
     return kda_kernel_gpu.kda_pallas(q, k, v, g, beta, scale=q.shape[-1] ** -0.5,
                                      return_residual=False, interpret=False)[0]
 
 
 def _gdn2_kernel_op(q, k, v, g, b, w):
-    """:func:`_kernel_op` for GDN-2 (gdn2/kernel_gpu.py)."""
-    return channelwise_gpu.gdn2_pallas(q, k, v, g, b, w, scale=q.shape[-1] ** -0.5,
+    """:func:`_kernel_op` for GDN-2 (channelwise_gpu.py's kernels through gdn2/kernel_gpu.py)."""
+    return gdn2_kernel_gpu.gdn2_pallas(q, k, v, g, b, w, scale=q.shape[-1] ** -0.5,
                                        return_residual=False, interpret=False)[0]
 
 
@@ -1561,7 +1562,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Optional[dict]:
     """Parses ``argv`` (without the program name; ``None``: ``sys.argv[1:]``) and runs the sweep.
 
     The TUNING of the ``--op``'s kernel module (``gated_delta_rule/kernel_gpu.py`` for gdn,
-    ``gdn2/kernel_gpu.py`` for kda and gdn2) is restored, and JAX's caches cleared, whatever
+    ``common/channelwise_gpu.py`` for kda and gdn2) is restored, and JAX's caches cleared, whatever
     happens.
 
     Returns:

@@ -289,7 +289,7 @@ def _check_dt_init(cfg, section: str) -> None:
 
 
 # "pallas" forces the Pallas GPU kernel (an error naming the reason where it cannot run);
-# "auto" picks it where supported (for KDA/GDN-2 gated by gdn2.kernel_gpu.AUTO_SELECT, on).
+# "auto" picks it where supported (for KDA/GDN-2 gated by common.channelwise_gpu.AUTO_SELECT, on).
 _CHANNEL_IMPLEMENTATIONS = ("auto", "chunked", "reference", "associative_scan", "pallas")
 
 

@@ -11,8 +11,9 @@ GDN/DeltaNet/KDA use ``kr = beta k``, ``vw = beta v``; GDN-2 uses ``kr = b * k``
 With the delta rule off (``delta=False``: ``u_t = v_t``) it is simple GLA / Lightning.
 
 Chunk form (C tokens per chunk, entry state S_0 in R^{K x V}, gamma the within-chunk cumsum of g
-computed in fp32 by XLA; the same algebra as ``gdn2/chunked.py::channelwise_delta_chunked`` and
-the module docstring of ``gated_delta_rule/kernel_gpu.py``)::
+computed in fp32 by XLA; the same algebra as
+``common/channelwise_chunked.py::channelwise_delta_chunked`` and the module docstring of
+``gated_delta_rule/kernel_gpu.py``)::
 
     M_ij = sum_c kr_ic k_jc exp(gamma_ic - gamma_jc)          (j < i, same document)
     P_ij = scale sum_c q_ic k_jc exp(gamma_ic - gamma_jc)     (j <= i, same document)

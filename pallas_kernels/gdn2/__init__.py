@@ -10,6 +10,3 @@ from pallas_kernels.gdn2.api import gdn2  # noqa: F401
 from pallas_kernels.gdn2.associative import gdn2_associative  # noqa: F401
 from pallas_kernels.gdn2.chunked import gdn2_chunked  # noqa: F401
 from pallas_kernels.gdn2.reference import gdn2_reference  # noqa: F401
-
-# The generic per-channel-decay chunk form shared with KDA (read key and write value given).
-from pallas_kernels.gdn2.chunked import channelwise_delta_chunked  # noqa: F401

@@ -17,10 +17,10 @@ Implementations (``implementation=``):
 * ``"pallas_tpu"`` (default for ``None``/``"auto"`` on a TPU where supported): the Pallas TPU
   (Mosaic) kernels in ``kernel_tpu.py``, forward and backward; on other backends they run in
   Pallas TPU interpret mode (slow; tests);
-* ``"pallas"``: the chunked Pallas GPU (Triton) kernels in ``gdn2/kernel_gpu.py``, forward and
-  backward (``custom_vjp``); ``"pallas_interpret"`` runs them in Pallas interpret mode on any
-  backend (slow; tests). ``"auto"`` picks them on a GPU (switch:
-  ``pallas_kernels.gdn2.kernel_gpu.AUTO_SELECT``);
+* ``"pallas"``: the chunked Pallas GPU (Triton) kernels in ``common/channelwise_gpu.py``
+  (entered through ``kernel_gpu.py``), forward and backward (``custom_vjp``);
+  ``"pallas_interpret"`` runs them in Pallas interpret mode on any backend (slow; tests).
+  ``"auto"`` picks them on a GPU (switch: ``pallas_kernels.common.channelwise_gpu.AUTO_SELECT``);
 * ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
 * ``"associative_scan"``: the exact ``O(T K^3)`` parallel form in ``associative.py``.
 
@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import common
-from pallas_kernels.common import pallas_gpu, pallas_tpu
+from pallas_kernels.common import channelwise_gpu, pallas_gpu, pallas_tpu
 from pallas_kernels.gdn2 import associative
 from pallas_kernels.gdn2 import chunked
 from pallas_kernels.gdn2 import kernel_tpu
@@ -94,7 +94,7 @@ def _forward(q, k, v, g, b, w, scale, initial_state, segment_ids, *, implementat
 @functools.partial(jax.jit, static_argnames=("scale", "interpret", "return_residual"))
 def _forward_pallas(q, k, v, g, b, w, initial_state, segment_ids, *, scale, interpret,
                     return_residual):
-    """The Pallas GPU kernels (``gdn2/kernel_gpu.py``) in the input dtype; GVA heads expanded."""
+    """The Pallas GPU kernels (``kernel_gpu.py``) in the input dtype; GVA heads expanded."""
     q, k = common.expand_key_heads(q, k, v.shape[2], dtype=None)
     return kernel_gpu.gdn2_pallas(
         q, k, v, g, b, w, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
@@ -168,8 +168,8 @@ def gdn2(
             ``"pallas_tpu"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
             ``"auto"`` runs the Pallas TPU kernels on a TPU when K and V are 64 or 128, the
             chunk size is 64 or 128 and ``T`` fills a chunk, the Pallas GPU kernels on a GPU
-            under the same conditions (chunk size 64; ``gdn2.kernel_gpu.AUTO_SELECT``), and
-            the chunked form otherwise.
+            under the same conditions (chunk size 64; ``common.channelwise_gpu.AUTO_SELECT``),
+            and the chunked form otherwise.
             ``"pallas"`` runs the Pallas GPU kernels (K, V in {64, 128}, chunk size 64);
             ``"pallas_interpret"`` runs them in Pallas interpret mode anywhere; ``"pallas_tpu"``
             runs the TPU kernels, in TPU interpret mode off a TPU.
@@ -191,7 +191,7 @@ def gdn2(
     impl = pallas_tpu.choose_implementation(
         "gdn2", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (q.shape[-1], v.shape[-1]),
         chunk_size, q.shape[1],
-        fallback=kernel_gpu.choose_implementation,
+        fallback=channelwise_gpu.choose_implementation,
     )
     if scale is None:
         scale = q.shape[-1] ** -0.5

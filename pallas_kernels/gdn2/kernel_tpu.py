@@ -8,9 +8,9 @@ log-decay g_t, an erase gate b_t in (0,1)^K and a write gate w_t in (0,1)^V::
 
 is the generic delta rule of :mod:`pallas_kernels.common.delta_tpu` with a per-channel decay,
 read key ``kr = b * k`` and write value ``vw = w * v`` (the same chunk form as
-``gdn2/chunked.py::channelwise_delta_chunked``). The kernels, grids and the backward are
-documented in ``delta_tpu``. On a non-TPU backend the same kernels run in Pallas TPU interpret
-mode (slow; tests).
+``common/channelwise_chunked.py::channelwise_delta_chunked``). The kernels, grids and the
+backward are documented in ``delta_tpu``. On a non-TPU backend the same kernels run in Pallas
+TPU interpret mode (slow; tests).
 """
 
 from typing import Optional, Tuple

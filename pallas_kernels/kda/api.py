@@ -15,10 +15,10 @@ Implementations (``implementation=``):
 * ``"pallas_tpu"`` (default for ``None``/``"auto"`` on a TPU where supported): the Pallas TPU
   (Mosaic) kernels in ``kernel_tpu.py``, forward and backward; on other backends they run in
   Pallas TPU interpret mode (slow; tests);
-* ``"pallas"``: the chunked Pallas GPU (Triton) kernels in ``gdn2/kernel_gpu.py``, forward and
-  backward (``custom_vjp``); ``"pallas_interpret"`` runs them in Pallas interpret mode on any
-  backend (slow; tests). ``"auto"`` picks them on a GPU (switch:
-  ``pallas_kernels.gdn2.kernel_gpu.AUTO_SELECT``);
+* ``"pallas"``: the chunked Pallas GPU (Triton) kernels in ``common/channelwise_gpu.py``
+  (entered through ``kernel_gpu.py``), forward and backward (``custom_vjp``);
+  ``"pallas_interpret"`` runs them in Pallas interpret mode on any backend (slow; tests).
+  ``"auto"`` picks them on a GPU (switch: ``pallas_kernels.common.channelwise_gpu.AUTO_SELECT``);
 * ``"reference"``: the token-serial ``lax.scan`` in ``reference.py`` (ground truth, slow);
 * ``"associative_scan"``: the exact ``O(T K^3)`` parallel form in ``associative.py``.
 
@@ -48,12 +48,11 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import common
-from pallas_kernels.common import pallas_gpu, pallas_tpu
+from pallas_kernels.common import channelwise_gpu, pallas_gpu, pallas_tpu
 from pallas_kernels.kda import associative
 from pallas_kernels.kda import chunked
 from pallas_kernels.kda import kernel_tpu
 from pallas_kernels.kda import kernel_gpu
-from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
 from pallas_kernels.kda import reference
 
 # Concrete forms of this op, best first: None/"auto" resolve to the first entry.
@@ -92,7 +91,7 @@ def _forward(q, k, v, g, beta, scale, initial_state, segment_ids, *, implementat
 @functools.partial(jax.jit, static_argnames=("scale", "interpret", "return_residual"))
 def _forward_pallas(q, k, v, g, beta, initial_state, segment_ids, *, scale, interpret,
                     return_residual):
-    """The Pallas GPU kernels (``gdn2/kernel_gpu.py``) in the input dtype; GVA heads expanded."""
+    """The Pallas GPU kernels (``kernel_gpu.py``) in the input dtype; GVA heads expanded."""
     q, k = common.expand_key_heads(q, k, v.shape[2], dtype=None)
     return kernel_gpu.kda_pallas(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
@@ -165,8 +164,8 @@ def kda(
             ``"pallas_tpu"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
             ``"auto"`` runs the Pallas TPU kernels on a TPU when K and V are 64 or 128, the
             chunk size is 64 or 128 and ``T`` fills a chunk, the Pallas GPU kernels on a GPU
-            under the same conditions (chunk size 64; ``gdn2.kernel_gpu.AUTO_SELECT``), and
-            the chunked form otherwise.
+            under the same conditions (chunk size 64; ``common.channelwise_gpu.AUTO_SELECT``),
+            and the chunked form otherwise.
             ``"pallas"`` runs the Pallas GPU kernels (K, V in {64, 128}, chunk size 64);
             ``"pallas_interpret"`` runs them in Pallas interpret mode anywhere; ``"pallas_tpu"``
             runs the TPU kernels, in TPU interpret mode off a TPU.

@@ -14,8 +14,8 @@ Per chunk of C tokens with entry state S_0 and gamma_i in R^K the within-chunk c
     S_C  = Diag(e^{gamma_C}) S_0 + sum_j (e^{gamma_C - gamma_j} * k_j) u_j^T
 
 This is the GDN-2 chunk form with ``b = beta 1_K`` and ``w = beta 1_V``, so the computation is
-shared: see :func:`pallas_kernels.gdn2.chunked.channelwise_delta_chunked` for the numerics
-(masking before exp, exact document boundaries, padding, memory).
+shared: see :func:`pallas_kernels.common.channelwise_chunked.channelwise_delta_chunked` for the
+numerics (masking before exp, exact document boundaries, padding, memory).
 """
 
 from typing import Optional, Tuple
@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.gdn2 import chunked as gdn2_chunked
+from pallas_kernels.common import channelwise_chunked
 
 
 def kda_chunked(
@@ -63,7 +63,7 @@ def kda_chunked(
     f32 = jnp.float32
     k = k.astype(f32)
     beta = beta.astype(f32)[..., None]  # [B, T, H, 1]
-    return gdn2_chunked.channelwise_delta_chunked(
+    return channelwise_chunked.channelwise_delta_chunked(
         q, k, beta * k, beta * v.astype(f32), g,
         scale=scale, initial_state=initial_state, segment_ids=segment_ids,
         chunk_size=chunk_size,

@@ -6,16 +6,16 @@ per-key-channel log-decay g_t in R^K::
     S~_t = Diag(exp g_t) S_{t-1},  u_t = beta_t (v_t - S~_t^T k_t),  S_t = S~_t + k_t u_t^T,
     o_t  = scale S_t^T q_t,
 
-is the per-channel-decay delta rule of :mod:`pallas_kernels.gdn2.kernel_gpu` with read key
-``kr = beta k`` and write value ``vw = beta v`` (GDN-2 with ``b = beta 1_K``, ``w = beta 1_V``).
-The kernels, their numerics and the backward are documented there.
+is the per-channel-decay delta rule of :mod:`pallas_kernels.common.channelwise_gpu` with read
+key ``kr = beta k`` and write value ``vw = beta v`` (GDN-2 with ``b = beta 1_K``,
+``w = beta 1_V``). The kernels, their numerics and the backward are documented there.
 """
 
 from typing import Optional, Tuple
 
 import jax
 
-from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
+from pallas_kernels.common import channelwise_gpu
 
 
 def kda_pallas(
@@ -33,8 +33,8 @@ def kda_pallas(
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array]]:
     """KDA on the Pallas GPU kernels (forward and ``custom_vjp`` backward).
 
-    :func:`pallas_kernels.gdn2.kernel_gpu.channelwise_delta_pallas` with ``kr = beta k`` and
-    ``vw = beta v`` (formed in fp32 in the kernels and rounded once to the operand dtype; dbeta
+    :func:`pallas_kernels.common.channelwise_gpu.channelwise_delta_pallas` with ``kr = beta k``
+    and ``vw = beta v`` (formed in fp32 in the kernels and rounded once to the operand dtype; dbeta
     from their ``custom_vjp``).
 
     Args:

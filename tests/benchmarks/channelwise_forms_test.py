@@ -6,7 +6,7 @@ import pytest
 from absl.testing import absltest
 
 from benchmarks import channelwise_forms
-from pallas_kernels.gdn2 import kernel_gpu
+from pallas_kernels.common import channelwise_gpu
 
 
 class ChannelwiseFormsTest(absltest.TestCase):
@@ -55,7 +55,7 @@ class ChannelwiseFormsTest(absltest.TestCase):
             labels = [label for label, _ in variants]
             self.assertLen(set(labels), len(labels), stage)
             for label, overrides in variants:
-                self.assertLessEqual(set(overrides), set(kernel_gpu.TUNING), (stage, label))
+                self.assertLessEqual(set(overrides), set(channelwise_gpu.TUNING), (stage, label))
 
     def test_bad_shape_names_the_flag(self):
         for text in ("8,4096,16", "8,4096,16,96", "a,b,c,d", "1,100,2,64"):

@@ -1,6 +1,6 @@
 """The kernel launch-parameter sweep (benchmarks/tune_kernels.py): CPU smoke runs in Pallas
 interpret mode on a tiny shape (GDN's kernels, and with --op=kda the per-channel-decay kernels of
-pallas_kernels/gdn2/kernel_gpu.py), TUNING restored afterwards, the launch check on traced
+pallas_kernels/common/channelwise_gpu.py), TUNING restored afterwards, the launch check on traced
 programs, and clear errors for bad options."""
 
 import contextlib
@@ -20,12 +20,12 @@ from absl.testing import absltest
 
 from benchmarks import common as bench
 from benchmarks import tune_kernels
+from pallas_kernels.common import channelwise_gpu
 from pallas_kernels.gated_delta_rule import kernel_gpu
-from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SHAPE = (1, 128, 2, 64)  # B, T, H, D: two kernel chunks
-CW_PATH = "pallas_kernels/gdn2/kernel_gpu.py"
+CW_PATH = "pallas_kernels/common/channelwise_gpu.py"
 
 
 def _kda_launch_table(program, args, tuning):
@@ -196,7 +196,7 @@ class TuneKernelsTest(absltest.TestCase):
         before, gdn_before = dict(channelwise_gpu.TUNING), dict(kernel_gpu.TUNING)
         out = os.path.join(self.create_tempdir().full_path, "tune")
         # Two values and no compile beyond the baseline's (the suite's time): block_v=64 is the
-        # baseline's effective width (None -> min(D, 64), as gdn2/kernel_gpu._config resolves
+        # baseline's effective width (None -> min(D, 64), as channelwise_gpu._config resolves
         # it), block_v=128 is wider than D = 64. The check at the sweep shape reuses the
         # baseline's compiled programs and compares against kda's fp32 reference.
         # At H = 1 the intra kernel runs one head per program whatever the cap (>= 1), so
@@ -251,7 +251,7 @@ class TuneKernelsTest(absltest.TestCase):
         self.assertEqual(scope["TUNING"], before)
 
     def test_traced_channelwise_program_carries_the_tuning(self):
-        # As test_traced_program_carries_the_tuning, for gdn2/kernel_gpu.py (trace only).
+        # As test_traced_program_carries_the_tuning, for common/channelwise_gpu.py (trace only).
         before = dict(channelwise_gpu.TUNING)
         shape = (1, 128, 1, 64)
         args = tune_kernels.make_inputs(shape, seed=0, op="kda")
@@ -512,7 +512,7 @@ class TuneKernelsTest(absltest.TestCase):
         with self.assertRaisesRegex(
                 app.UsageError, r"^--knobs: 'split_forward' is a knob of --op=gdn only "
                 r"\(pallas_kernels/gated_delta_rule/kernel_gpu.py\), not of --op=kda "
-                r"\(pallas_kernels/gdn2/kernel_gpu.py\); choose from intra_tf32, "
+                r"\(pallas_kernels/common/channelwise_gpu.py\); choose from intra_tf32, "
                 r"intra_token_heads, block_v, block_k, prepare_k, gamma, intra_token, prepare, "
                 r"wu, forward, grad_blocks, backward_state, backward_chunk$"):
             tune_kernels.main(["--op=kda", "--knobs=block_v,split_forward", "--interpret"])

@@ -1,8 +1,8 @@
 """The Pallas GPU kernels of the per-channel-decay delta rule (KDA, GDN-2) against fp32 references.
 
-``InterpretTest`` runs the kernels of ``pallas_kernels/gdn2/kernel_gpu.py`` in Pallas interpret
-mode (``implementation="pallas_interpret"``) on whatever backend runs the suite, with fp32
-inputs, so every product is fp32 and the kernels must match the token-serial references
+``InterpretTest`` runs the kernels of ``pallas_kernels/common/channelwise_gpu.py`` in Pallas
+interpret mode (``implementation="pallas_interpret"``) on whatever backend runs the suite, with
+fp32 inputs, so every product is fp32 and the kernels must match the token-serial references
 (``kda/reference.py``, ``gdn2/reference.py``) to fp32 rounding: outputs, final state, the
 residual u and all gradients (q, k, v, g, beta / b, w, initial_state); one case runs bf16
 inputs there too (bf16 operands, A and Mq stored in bf16) against the GPU gates.
@@ -26,8 +26,8 @@ from absl.testing import absltest, parameterized
 
 from pallas_kernels import gdn2 as gdn2_ops
 from pallas_kernels import kda as kda_ops
-from pallas_kernels.common import pallas_gpu
-from pallas_kernels.gdn2 import kernel_gpu
+from pallas_kernels.common import channelwise_gpu, pallas_gpu
+from pallas_kernels.gdn2 import kernel_gpu as gdn2_kernel
 from pallas_kernels.gdn2 import reference as gdn2_reference
 from pallas_kernels.kda import kernel_gpu as kda_kernel
 from pallas_kernels.kda import reference as kda_reference
@@ -59,11 +59,11 @@ def _inputs(seed, batch, seq_len, key_heads, heads, dim, *, dtype=jnp.float32, d
 
 @contextlib.contextmanager
 def _tuning(overrides):
-    """``kernel_gpu.TUNING`` with ``overrides``; the ops' jitted traces read TUNING, so JAX's
+    """``channelwise_gpu.TUNING`` with ``overrides``; the ops' jitted traces read TUNING, so JAX's
     caches are cleared on entry and exit."""
     jax.clear_caches()
     try:
-        with mock.patch.dict(kernel_gpu.TUNING, overrides):
+        with mock.patch.dict(channelwise_gpu.TUNING, overrides):
             yield
     finally:
         jax.clear_caches()
@@ -153,9 +153,9 @@ class InterpretTest(parameterized.TestCase):
     def test_token_parallel_intra_head_groups(self):
         # Twelve heads under a cap of 8: the token-parallel intra kernel runs four heads per
         # program (the largest power of two dividing 12 within the cap); GVA with two key heads.
-        self.assertEqual([kernel_gpu.intra_heads(h, {"intra_token_heads": 8})
+        self.assertEqual([channelwise_gpu.intra_heads(h, {"intra_token_heads": 8})
                           for h in (1, 2, 5, 6, 12, 16)], [1, 2, 1, 2, 4, 8])
-        self.assertEqual([kernel_gpu.intra_heads(h, {"intra_token_heads": 2})
+        self.assertEqual([channelwise_gpu.intra_heads(h, {"intra_token_heads": 2})
                           for h in (1, 5, 6, 16)], [1, 1, 2, 2])
         with _tuning({"intra_token_heads": 8}):
             self.check("kda", seq_len=80, key_heads=2, heads=12, seed=7)
@@ -167,7 +167,7 @@ class InterpretTest(parameterized.TestCase):
                         'kernel) must be an int >= 1, got ')
         for bad in (0, -2, None, "four"):
             with self.assertRaisesRegex(ValueError, why + re.escape(repr(bad))):
-                kernel_gpu.intra_heads(4, {"intra_token_heads": bad})
+                channelwise_gpu.intra_heads(4, {"intra_token_heads": bad})
         inputs, _ = _inputs(0, 1, 64, 1, 1, 64)
         args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
         with _tuning({"intra_token_heads": 0}):
@@ -205,14 +205,15 @@ class InterpretTest(parameterized.TestCase):
         inputs, _ = _inputs(0, 1, 64, 1, 1, 64)
         args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
         gdn2_args = [inputs[n] for n in ("q", "k", "v", "g", "b", "w")]
-        self.assertTrue(kernel_gpu.AUTO_SELECT)  # on since the H200 GPU tests passed
+        self.assertTrue(channelwise_gpu.AUTO_SELECT)  # on since the H200 GPU tests passed
         on_gpu = jax.default_backend() == "gpu"
         for implementation in (None, "auto"):
-            self.assertEqual(kernel_gpu.choose_implementation(
+            self.assertEqual(channelwise_gpu.choose_implementation(
                 "kda", implementation, ("chunked", "reference"), args[:3], (64, 64), 64, 64),
                 "pallas" if on_gpu else "chunked")
-        with mock.patch.object(kernel_gpu, "AUTO_SELECT", False):  # the switch holds "auto" back
-            self.assertEqual(kernel_gpu.choose_implementation(
+        # The switch holds "auto" back.
+        with mock.patch.object(channelwise_gpu, "AUTO_SELECT", False):
+            self.assertEqual(channelwise_gpu.choose_implementation(
                 "kda", "auto", ("chunked", "reference"), args[:3], (64, 64), 64, 64), "chunked")
         if jax.default_backend() != "gpu":
             with self.assertRaisesRegex(ValueError, "need a GPU backend"):
@@ -236,8 +237,8 @@ class InterpretTest(parameterized.TestCase):
         q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
 
         def run(ks, vs):
-            return kernel_gpu.channelwise_delta_pallas(q, k, v, g, ks, vs, scale=0.125,
-                                                       interpret=True)
+            return channelwise_gpu.channelwise_delta_pallas(q, k, v, g, ks, vs, scale=0.125,
+                                                            interpret=True)
 
         per_head = run(beta, beta)
         per_channel = run(jnp.broadcast_to(beta[..., None], k.shape),
@@ -264,8 +265,8 @@ class InterpretTest(parameterized.TestCase):
         seg = jnp.asarray(np.repeat(np.arange(2), [33, 47])[None], jnp.int32)
 
         def run(v, ks, vs):
-            return kernel_gpu.channelwise_delta_pallas(q, k, v, g, ks, vs, scale=0.125,
-                                                       segment_ids=seg, interpret=True)
+            return channelwise_gpu.channelwise_delta_pallas(q, k, v, g, ks, vs, scale=0.125,
+                                                            segment_ids=seg, interpret=True)
 
         got = run(v, beta, beta)
         vw = (v.astype(jnp.float32) * beta[..., None]).astype(v.dtype)
@@ -298,12 +299,12 @@ def _packed_segment_ids(rows=_PACKED_ROWS):
 
 
 def _prepare_outputs(prepare_k, *, dtype, dim, packed, decay, seq_len=65, heads=2, seed=11):
-    """Every output of ``kernel_gpu._prepare`` (``intra``, ``prepare`` and ``wu``, A saved) in
+    """Every output of ``channelwise_gpu._prepare`` (``intra``, ``prepare`` and ``wu``, A saved) in
     Pallas interpret mode under ``TUNING["prepare_k"] = prepare_k``, on random inputs:
     ``{name: array}`` (w, u, a, mq, qg, kg, e). Two batch rows, packed documents
     (:data:`_PACKED_ROWS`) if ``packed``, log-decays scaled by ``decay``."""
     inputs, _ = _inputs(seed, 2, seq_len, heads, heads, dim, dtype=dtype, decay=decay)
-    chunk = kernel_gpu.CHUNK
+    chunk = channelwise_gpu.CHUNK
     padded = -(-seq_len // chunk) * chunk
 
     def pad(x):
@@ -314,11 +315,11 @@ def _prepare_outputs(prepare_k, *, dtype, dim, packed, decay, seq_len=65, heads=
     g = pad(inputs["g"])
     gam = jnp.cumsum(g.reshape(2, padded // chunk, chunk, heads, dim), axis=2).reshape(g.shape)
     docs = (pallas_gpu.docs_from_segment_ids(_packed_segment_ids(), padded) if packed else ())
-    with mock.patch.dict(kernel_gpu.TUNING, {"prepare_k": prepare_k}):
-        cfg = kernel_gpu._config(batch=2, heads=heads, n_chunks=padded // chunk, dk=dim, dv=dim,
-                                 scale=dim ** -0.5, has_docs=packed, mm_dtype=dtype,
-                                 interpret=True, return_residual=False)
-    fn = jax.jit(lambda *xs: kernel_gpu._prepare(cfg, *xs, docs, save_a=True))
+    with mock.patch.dict(channelwise_gpu.TUNING, {"prepare_k": prepare_k}):
+        cfg = channelwise_gpu._config(batch=2, heads=heads, n_chunks=padded // chunk, dk=dim,
+                                      dv=dim, scale=dim ** -0.5, has_docs=packed, mm_dtype=dtype,
+                                      interpret=True, return_residual=False)
+    fn = jax.jit(lambda *xs: channelwise_gpu._prepare(cfg, *xs, docs, save_a=True))
     outs = fn(q, k, v, ks, vs, gam)
     return {name[:-len("_ref")]: x for name, x in outs.items()}
 
@@ -337,7 +338,7 @@ class DecayRowsTest(parameterized.TestCase):
         ("bf16_packed", jnp.bfloat16, True, 2.0 ** -8),
     )
     def test_rows_match_numpy(self, dtype, packed, rtol):
-        heads, dim, seq_len, chunk = 2, 64, 65, kernel_gpu.CHUNK
+        heads, dim, seq_len, chunk = 2, 64, 65, channelwise_gpu.CHUNK
         padded = -(-seq_len // chunk) * chunk
         inputs, _ = _inputs(5, 2, seq_len, heads, heads, dim, dtype=dtype, decay=3.0)
 
@@ -347,10 +348,10 @@ class DecayRowsTest(parameterized.TestCase):
         q, k, ks, g = (pad(inputs[n]) for n in ("q", "k", "b", "g"))
         gam = jnp.cumsum(g.reshape(2, -1, chunk, heads, dim), axis=2).reshape(g.shape)
         docs = pallas_gpu.docs_from_segment_ids(_packed_segment_ids(), padded) if packed else ()
-        cfg = kernel_gpu._config(batch=2, heads=heads, n_chunks=padded // chunk, dk=dim, dv=dim,
-                                 scale=dim ** -0.5, has_docs=packed, mm_dtype=dtype,
-                                 interpret=True, return_residual=False)
-        outs = jax.jit(lambda *xs: kernel_gpu._intra(cfg, *xs, docs))(q, k, ks, gam)
+        cfg = channelwise_gpu._config(batch=2, heads=heads, n_chunks=padded // chunk, dk=dim,
+                                      dv=dim, scale=dim ** -0.5, has_docs=packed, mm_dtype=dtype,
+                                      interpret=True, return_residual=False)
+        outs = jax.jit(lambda *xs: channelwise_gpu._intra(cfg, *xs, docs))(q, k, ks, gam)
 
         f64 = lambda x: np.asarray(jnp.asarray(x, jnp.float32), np.float64)  # noqa: E731
         gam64 = f64(gam)
@@ -372,12 +373,12 @@ class DecayRowsTest(parameterized.TestCase):
 
     def test_unpadded_length_is_an_error(self):
         inputs, _ = _inputs(1, 1, 64, 1, 1, 64)
-        cfg = kernel_gpu._config(batch=1, heads=1, n_chunks=2, dk=64, dv=64, scale=0.125,
-                                 has_docs=False, mm_dtype=jnp.float32, interpret=True,
-                                 return_residual=False)
+        cfg = channelwise_gpu._config(batch=1, heads=1, n_chunks=2, dk=64, dv=64, scale=0.125,
+                                      has_docs=False, mm_dtype=jnp.float32, interpret=True,
+                                      return_residual=False)
         with self.assertRaisesRegex(ValueError, "padded length 128"):
-            kernel_gpu._intra(cfg, inputs["q"], inputs["k"], inputs["beta"][..., None],
-                              inputs["g"], ())
+            channelwise_gpu._intra(cfg, inputs["q"], inputs["k"], inputs["beta"][..., None],
+                                   inputs["g"], ())
 
 
 class PrepareWidthsTest(parameterized.TestCase):
@@ -437,9 +438,10 @@ class PrepareWidthsTest(parameterized.TestCase):
         config = dict(batch=1, heads=1, n_chunks=1, dk=64, dv=64, scale=0.125, has_docs=False,
                       mm_dtype=jnp.float32, interpret=True, return_residual=False)
         with _tuning({"prepare_k": 32}):
-            self.assertEqual(kernel_gpu._config(**config)["prepare_k"], 32)
+            self.assertEqual(channelwise_gpu._config(**config)["prepare_k"], 32)
         with _tuning({"prepare_k": None}):  # None: block_k
-            self.assertEqual(kernel_gpu._config(**config)["prepare_k"], 64)  # (None: min(K, 64))
+            # (None: min(K, 64))
+            self.assertEqual(channelwise_gpu._config(**config)["prepare_k"], 64)
 
 
 class TritonLoweringTest(parameterized.TestCase):
@@ -454,7 +456,7 @@ class TritonLoweringTest(parameterized.TestCase):
         segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
         names = ("q", "k", "v", "g") + (("beta",) if op == "kda" else ("b", "w"))
         args = [inputs[n] for n in names]
-        fn = kda_kernel.kda_pallas if op == "kda" else kernel_gpu.gdn2_pallas
+        fn = kda_kernel.kda_pallas if op == "kda" else gdn2_kernel.gdn2_pallas
 
         def fwdbwd_gpu(*args):
             def f(*args):

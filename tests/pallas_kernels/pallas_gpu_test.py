@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 
-from pallas_kernels.common import pallas_gpu
-from pallas_kernels.gdn2 import kernel_gpu as channelwise_gpu
+from pallas_kernels.common import channelwise_gpu, pallas_gpu
 
 
 class UnitLowerInverseTest(absltest.TestCase):
