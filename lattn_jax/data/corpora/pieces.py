@@ -15,6 +15,7 @@ import json
 import lzma
 import os
 import tarfile
+from collections.abc import Sequence
 
 from lattn_jax.data.corpora import fetch
 
@@ -78,33 +79,49 @@ class _PieceWriter(io.RawIOBase):
 
 
 def split_directory(directory: str, out_dir: str, *, name: str | None = None,
-                    piece_bytes: int = DEFAULT_PIECE_BYTES, preset: int = 6) -> dict:
+                    piece_bytes: int = DEFAULT_PIECE_BYTES, preset: int = 6,
+                    files: Sequence[str] | None = None, stem: str | None = None) -> dict:
     """Packs ``directory`` into xz-compressed tar pieces of at most ``piece_bytes`` bytes.
 
     Args:
         directory: what to pack (its files, recursively; the archive's paths are relative to
             it and start with ``name/``).
-        out_dir: where the pieces and ``<name>.pieces.json`` go (created).
-        name: the archive's stem (default: the directory's base name).
+        out_dir: where the pieces and ``<stem>.pieces.json`` go (created).
+        name: the directory's name in the archive (default: its base name); ``join_pieces``
+            unpacks to ``<dest>/<name>/``.
         piece_bytes: maximum size of one piece in bytes (at least 1 MiB).
         preset: xz preset (0-9).
+        files: only these files (``/``-separated paths relative to ``directory``; default:
+            every file). Pieces of several subsets with the same ``name`` joined into one
+            ``dest`` rebuild the directory piece by piece (``experiments/generate_corpus.py``
+            sends each run's new shards so).
+        stem: the file names' stem, ``<stem>.tar.xz.NNN`` and ``<stem>.pieces.json`` (default:
+            ``name``).
 
     Returns:
-        The pieces manifest (also written to ``<out_dir>/<name>.pieces.json``).
+        The pieces manifest (also written to ``<out_dir>/<stem>.pieces.json``).
 
     Raises:
-        ValueError: ``piece_bytes`` below 1 MiB or ``directory`` holds no file.
+        ValueError: ``piece_bytes`` below 1 MiB, ``directory`` holds no file, or a file of
+            ``files`` is not in it.
     """
     if piece_bytes < 1 << 20:
         raise ValueError(f"piece_bytes must be at least 1 MiB, got {piece_bytes}")
     name = name or os.path.basename(os.path.normpath(directory))
     if not os.path.isdir(directory):
         raise ValueError(f"--directory: no such directory: {directory}")
-    files = fetch.relative_files(directory)
+    if files is None:
+        files = fetch.relative_files(directory)
+    else:
+        files = sorted(set(files))
+        missing = [f for f in files if not os.path.isfile(os.path.join(directory, f))]
+        if missing:
+            raise ValueError(f"{directory}: no such file(s) to pack: {', '.join(missing[:5])}")
     if not files:
         raise ValueError(f"{directory}: no file to pack")
     os.makedirs(out_dir, exist_ok=True)
-    stem = f"{name}.tar.xz"
+    label = stem or name
+    stem = f"{label}.tar.xz"
     for old in os.listdir(out_dir):
         if old.startswith(stem + "."):
             os.remove(os.path.join(out_dir, old))
@@ -125,10 +142,10 @@ def split_directory(directory: str, out_dir: str, *, name: str | None = None,
     manifest = {"name": name, "archive": stem, "piece_bytes": piece_bytes,
                 "pieces": writer.pieces, "sha256": writer.whole.hexdigest(),
                 "bytes": sum(p["bytes"] for p in writer.pieces), "files": listing}
-    tmp = os.path.join(out_dir, f"{name}.pieces.json.tmp")
+    tmp = os.path.join(out_dir, f"{label}.pieces.json.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(out_dir, f"{name}.pieces.json"))
+    os.replace(tmp, os.path.join(out_dir, f"{label}.pieces.json"))
     return manifest
 
 

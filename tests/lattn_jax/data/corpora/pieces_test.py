@@ -73,3 +73,24 @@ def test_join_refuses_a_manifest_of_another_kind(tmp_path):
         pieces.join_pieces(str(tmp_path / "corpus.json"), str(tmp_path / "out"))
     with pytest.raises(ValueError, match="--directory: no such directory"):
         pieces.split_directory(str(tmp_path / "nope"), str(tmp_path / "p"))
+
+
+def test_a_subset_under_its_own_stem_joins_into_the_same_directory(tmp_path):
+    src = tmp_path / "gen"
+    files = _tree(str(src))
+    first = pieces.split_directory(str(src), str(tmp_path / "p"), files=["corpus.json"],
+                                   stem="gen.part1", preset=0)
+    second = pieces.split_directory(str(src), str(tmp_path / "p"),
+                                    files=["train/a.offsets.npy", "corpus.json"],
+                                    stem="gen.part2", preset=0)
+    assert (first["name"], first["archive"]) == ("gen", "gen.part1.tar.xz")
+    assert sorted(second["files"]) == ["corpus.json", "train/a.offsets.npy"]
+    assert (tmp_path / "p" / "gen.part1.pieces.json").exists()
+    assert (tmp_path / "p" / "gen.part2.tar.xz.000").exists()
+    for stem in ("gen.part1", "gen.part2"):
+        pieces.join_pieces(str(tmp_path / "p" / f"{stem}.pieces.json"), str(tmp_path / "out"))
+    for rel in ("corpus.json", "train/a.offsets.npy"):
+        assert (tmp_path / "out" / "gen" / rel).read_bytes() == files[rel]
+    assert not (tmp_path / "out" / "gen" / "train" / "a.tokens.bin").exists()
+    with pytest.raises(ValueError, match="no such file"):
+        pieces.split_directory(str(src), str(tmp_path / "p"), files=["nope.bin"])
