@@ -7,6 +7,9 @@ Layout (each folder has a ``LICENSE.md`` with origin, sha256 and license):
 - ``corpus/tinyshakespeare/input.txt``: tiny shakespeare (public-domain text, MIT repository).
 - ``tokenizers/llama2/tokenizer.model``: the LLaMA-2 SentencePiece model (Llama 2 Community
   License Agreement).
+- ``topics/vital_articles_l4_en.txt``: titles of the English Wikipedia's Level-4 Vital Articles
+  without WikiText-2's test articles, one per line (the topics of teacher-generated text,
+  ``experiments/generate_corpus.py``).
 
 Example::
 
@@ -23,8 +26,8 @@ import os
 import re
 from typing import Optional
 
-__all__ = ["ASSETS_DIR", "BUNDLED", "LLAMA2_TOKENIZER", "TINYSHAKESPEARE", "WIKITEXT2_DIR",
-           "asset_path", "bundled_name", "portable", "resolve"]
+__all__ = ["ASSETS_DIR", "BUNDLED", "LLAMA2_TOKENIZER", "TINYSHAKESPEARE", "VITAL_TOPICS",
+           "WIKITEXT2_DIR", "asset_path", "bundled_name", "portable", "resolve"]
 
 ASSETS_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -32,6 +35,7 @@ ASSETS_DIR = os.path.dirname(os.path.abspath(__file__))
 LLAMA2_TOKENIZER = "tokenizers/llama2/tokenizer.model"
 WIKITEXT2_DIR = "corpus/wikitext-2-raw"
 TINYSHAKESPEARE = "corpus/tinyshakespeare/input.txt"
+VITAL_TOPICS = "topics/vital_articles_l4_en.txt"
 
 
 def asset_path(relative: str) -> str:
