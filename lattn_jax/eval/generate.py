@@ -18,7 +18,8 @@ masks the pad slots of the KV cache for the whole generation. A padded row there
 exactly the tokens of the same prompt generated alone (``tests/lattn_jax/eval/generate_test.py``).
 
 Sampling (:func:`sample_logits`): greedy (``temperature == 0``), or temperature, then top-k, then
-top-p (nucleus; Holtzman et al. 2020) filtering of the fp32 logits before a categorical draw.
+top-p (nucleus; Holtzman et al. 2020, :func:`nucleus_mask`) filtering of the fp32 logits before a
+categorical draw.
 Generation of a row stops after it emits a stop token (kept in its output) or after
 ``max_new_tokens``.
 """
@@ -88,15 +89,45 @@ def sample_logits(logits: Array, rng: Array, sampling: SamplingConfig) -> Array:
         kth = jax.lax.top_k(logits, sampling.top_k)[0][:, -1:]  # [B, 1]
         logits = jnp.where(logits < kth, neg, logits)
     if sampling.top_p < 1.0:
-        order = jnp.argsort(-logits, axis=-1)  # [B, S]
-        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly more likely tokens
-        keep_sorted = before < sampling.top_p
-        keep = jnp.zeros_like(keep_sorted).at[
-            jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
-        logits = jnp.where(keep, logits, neg)
+        logits = jnp.where(nucleus_mask(logits, sampling.top_p), logits, neg)
     return jax.random.categorical(rng, logits, axis=-1).astype(jnp.int32)
+
+
+def nucleus_mask(logits: Array, top_p: float) -> Array:
+    """The tokens of the top-``p`` nucleus (Holtzman et al. 2020), without sorting.
+
+    The nucleus is the smallest set of most likely tokens whose probability reaches ``top_p``:
+    every token with ``p_i >= tau``, where ``tau`` is the largest probability such that
+    ``sum(p_j for p_j >= tau) >= top_p`` (a token whose more likely tokens already hold
+    ``top_p`` is out). ``tau`` is found by bisection on the int32 bit patterns of the fp32
+    probabilities (monotonic for non-negative floats): 32 masked fp32 sums over ``[B, S]``
+    instead of a sort of every row, which costs about 20x less on CPU at ``S = 49152``
+    (SmolLM2's vocabulary) and reads ``[B, S]`` 32 times on a GPU. Tokens tied with ``tau``
+    are all kept. Up to fp32 rounding of the masses this is the sorted rule "keep a token if
+    the mass of the tokens before it, in descending order, is below ``top_p``".
+
+    Args:
+      logits: fp32 ``[B, S]`` (``-inf`` / very negative entries get probability 0).
+      top_p: the nucleus mass in ``(0, 1)``.
+
+    Returns:
+      bool ``[B, S]``, at least the most likely token of each row.
+    """
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [B, S]
+    bits = jax.lax.bitcast_convert_type(probs, jnp.int32)
+
+    def body(_, bounds):
+        # Invariant: the mass of {bits >= lo} reaches top_p, the mass of {bits >= hi} does not.
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        mass = jnp.sum(jnp.where(bits >= mid[:, None], probs, 0.0), axis=-1)  # fp32 [B]
+        ok = mass >= top_p
+        return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+    lo = jnp.zeros(bits.shape[:1], jnp.int32)
+    hi = jnp.max(bits, axis=-1) + 1
+    lo, _ = jax.lax.fori_loop(0, 32, body, (lo, hi))  # hi - lo <= 2^31 halves 32 times
+    return bits >= lo[:, None]  # lo <= the row's largest bits: its top token stays
 
 
 def left_align(tokens: np.ndarray, mask: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:

@@ -146,6 +146,25 @@ class SamplingTest(absltest.TestCase):
         self.assertEqual(counts[2] + counts[3], 0)
         np.testing.assert_allclose(counts[0] / 2000, 0.5 / 0.8, atol=0.05)
 
+    def test_nucleus_mask_equals_the_sorted_rule(self):
+        # fp64 reference: sort descending, keep a token if the mass before it is below p.
+        rng = np.random.default_rng(0)
+        for scale, p in ((0.5, 0.9), (2.0, 0.5), (2.0, 0.95), (6.0, 0.9), (6.0, 0.3)):
+            logits = rng.standard_normal((16, 1000)) * scale
+            probs = np.exp(logits - logits.max(1, keepdims=True))
+            probs /= probs.sum(1, keepdims=True)
+            order = np.argsort(-probs, axis=1)
+            sorted_p = np.take_along_axis(probs, order, axis=1)
+            keep_sorted = np.cumsum(sorted_p, axis=1) - sorted_p < p
+            expected = np.zeros_like(keep_sorted)
+            np.put_along_axis(expected, order, keep_sorted, axis=1)
+            got = gen_lib.nucleus_mask(jnp.asarray(logits, jnp.float32), p)
+            np.testing.assert_array_equal(got, expected, err_msg=f"{scale=} {p=}")
+        # -inf logits (a top-k filter before) are never kept; a certain token is kept alone.
+        logits = jnp.array([[0.0, -jnp.inf, 1.0, -jnp.inf], [50.0, 0.0, 0.0, 0.0]])
+        np.testing.assert_array_equal(gen_lib.nucleus_mask(logits, 0.99),
+                                      [[True, False, True, False], [True, False, False, False]])
+
     def test_bad_config(self):
         with self.assertRaisesRegex(ValueError, "top_p"):
             gen_lib.SamplingConfig(top_p=0.0)
