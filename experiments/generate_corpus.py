@@ -1,0 +1,146 @@
+"""Samples documents from a teacher into a token-shard directory, for ``data.paths``.
+
+Usage (SmolLM2-135M-Instruct on a GPU: bf16, the bundled Vital Article topics, 3 expository
+templates; the same command again continues where it stopped)::
+
+    python experiments/generate_corpus.py --model=SmolLM2-135M-Instruct.Q4_1.gguf \
+        --output_dir=/data/gen/teacher-smollm2 --batch_size=512 --samples_per_prompt=4 \
+        --max_tokens=30000000 --deadline_s=480 --eval_data=../shared/data/eval
+    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:h200 ... \
+        --config.data.paths="('/data/open/prose-smollm2/train','/data/gen/teacher-smollm2')" \
+        --config.data.source_weights="{'teacher': 1.0}"
+
+``--model`` is a GGUF file (its own tokenizer and chat template) or a lattn-jax training workdir.
+Every (topic, template) prompt is wrapped in the chat format (``--chat_format=auto``: the GGUF's
+``tokenizer.chat_template``) and sampled ``--samples_per_prompt`` times; a document is the
+continuation only, without its stop token. Short documents (``--min_tokens``) and documents
+sharing a word 13-gram with an evaluation set (the bundled WikiText-2 test split plus
+``--eval_data``, the corpus builder's check) are dropped and counted in ``manifest.json``. Shards
+are written as batches finish; ``--max_documents`` / ``--max_tokens`` / ``--deadline_s`` stop
+cleanly. ``--pieces_dir`` also packs this run's new shards and the manifest into ``tar.xz``
+pieces of at most ``--piece_mib`` MiB (join them, in run order, with ``experiments/
+corpus_pieces.py --mode=join``). The library: ``lattn_jax/data/generated.py`` (the plan,
+filters, resume; defaults explained there) and ``lattn_jax/halo/teacher_corpus.py`` (the model).
+
+Exit status: 0 when the plan or the budget is done, 3 when ``--deadline_s`` stopped the run (run
+the same command again), 1 on an error (one line on stderr, naming the flag).
+"""
+
+import os
+import shlex
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+
+from lattn_jax import assets  # noqa: E402
+from lattn_jax.data import generated  # noqa: E402
+from lattn_jax.data.corpora import build  # noqa: E402
+from lattn_jax.halo import teacher_corpus  # noqa: E402
+
+_D = generated.GenerationOptions()
+_MODEL = flags.DEFINE_string("model", None, "A GGUF file or a lattn-jax training workdir.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (workdirs; default the newest).")
+_DTYPE = flags.DEFINE_enum("dtype", "auto", teacher_corpus.DTYPES, "Compute and parameter "
+                           "dtype; auto: bfloat16 on a GPU, float32 on CPU.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "The token-shard directory (resumed).")
+_TOPICS = flags.DEFINE_string("topics", assets.BUNDLED + assets.VITAL_TOPICS,
+                              "Topics file, one per line (UTF-8).")
+_EXCLUDE = flags.DEFINE_string("exclude_topics", None, "Topics to drop, one per line "
+                               "(exact match, case-insensitive).")
+_TEMPLATES = flags.DEFINE_multi_string("template", list(_D.templates), "Prompt template with "
+                                       "{topic} (repeat for several).")
+_CHAT = flags.DEFINE_string("chat_format", "auto", "auto (the GGUF's chat template, else "
+                            "none), gguf, chatml or none.")
+_SYSTEM = flags.DEFINE_string("system_prompt", None, "System message (default: the template's).")
+_INT_FLAGS = {name: flags.DEFINE_integer(name, getattr(_D, name), help_) for name, help_ in (
+    ("samples_per_prompt", "Samples of every (topic, template) prompt, each in its own batch."),
+    ("seed", "Seed of the item order and of each batch's sampling."),
+    ("batch_size", "Rows per batch (one compiled shape)."),
+    ("prompt_len", "Prompts are left-padded to this many tokens; longer ones are dropped."),
+    ("max_new_tokens", "The most tokens generated per document."),
+    ("min_tokens", "Documents with fewer tokens are dropped."),
+    ("top_k", "Keep the k most likely tokens (0: all)."))}
+_TEMPERATURE = flags.DEFINE_float("temperature", _D.temperature, "Sampling temperature (> 0).")
+_TOP_P = flags.DEFINE_float("top_p", _D.top_p, "Nucleus sampling mass.")
+_DROP_UNFINISHED = flags.DEFINE_bool("drop_unfinished", False, "Drop documents that hit "
+                                     "--max_new_tokens (default: keep them).")
+_SOURCE = flags.DEFINE_string("source_name", _D.source_name, "The shards' name (for "
+                              "data.source_weights).")
+_DECODE_CHUNK = flags.DEFINE_integer("decode_chunk", 16, "Decode steps per compiled call.")
+_MAX_DOCS = flags.DEFINE_integer("max_documents", None, "Stop at this many kept documents.")
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", None, "Stop at this many kept tokens.")
+_DEADLINE = flags.DEFINE_float("deadline_s", None, "Stop after the batch that ends this many "
+                               "seconds after the start.")
+_EVAL_DATA = flags.DEFINE_multi_string("eval_data", [], "Evaluation sets for the 13-gram "
+                                       "check, besides the bundled WikiText-2 test split.")
+_DECONTAMINATE = flags.DEFINE_bool("decontaminate", True, "Drop documents that share an "
+                                   "n-gram with an evaluation set.")
+_RESUME = flags.DEFINE_string("resume_manifest", None, "manifest.json of an earlier run of this "
+                              "plan elsewhere: its batches count as done.")
+_PIECES = flags.DEFINE_string("pieces_dir", None, "Also pack this run's new shards into "
+                              "compressed pieces here.")
+_PIECE_MIB = flags.DEFINE_integer("piece_mib", 16, "Largest piece, MiB.")
+_CACHE = flags.DEFINE_string("compilation_cache", None, "Persistent JAX compilation cache.")
+flags.mark_flags_as_required(["model", "output_dir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    logging.set_verbosity(logging.WARNING)
+    start = time.time()
+    try:
+        for flag, value in (("decode_chunk", _DECODE_CHUNK.value), ("piece_mib", _PIECE_MIB.value),
+                            ("deadline_s", _DEADLINE.value)):
+            if value is not None and value <= 0:
+                raise ValueError(f"--{flag} must be > 0, got {value}")
+        options = generated.GenerationOptions(
+            templates=_TEMPLATES.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
+            drop_unfinished=_DROP_UNFINISHED.value, source_name=_SOURCE.value,
+            **{k: f.value for k, f in _INT_FLAGS.items()})
+        if _CHAT.value not in generated.CHAT_FORMATS:
+            raise ValueError(f"--chat_format: expected one of "
+                             f"{', '.join(generated.CHAT_FORMATS)}, got {_CHAT.value!r}")
+        topics = generated.load_topics(assets.resolve(_TOPICS.value), _EXCLUDE.value)
+        decon = (generated.Decontaminator([build.bundled_wikitext_test(), *_EVAL_DATA.value])
+                 if _DECONTAMINATE.value else None)
+        if _CACHE.value:
+            jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE.value))
+        loaded = teacher_corpus.load_model(_MODEL.value, step=_STEP.value, dtype=_DTYPE.value)
+        chat = generated.ChatFormat.make(_CHAT.value, loaded.chat_template, _SYSTEM.value)
+        sampler = teacher_corpus.Sampler(
+            loaded.model, pad_id=loaded.tokenizer.eos_id, **options.sampling(),
+            stop_tokens=generated.stop_token_ids(loaded.tokenizer, chat),
+            decode_chunk=_DECODE_CHUNK.value)
+        result = generated.generate_corpus(
+            sampler, loaded.tokenizer, topics, _OUTPUT_DIR.value, options=options, chat=chat,
+            model=loaded.info, decontaminator=decon, max_documents=_MAX_DOCS.value,
+            max_tokens=_MAX_TOKENS.value, resume_manifest=_RESUME.value,
+            deadline=start + _DEADLINE.value if _DEADLINE.value else None,
+            run_info={"command": shlex.join(sys.argv), **teacher_corpus.device_info()})
+        if _PIECES.value:
+            packed = generated.pack_new_shards(
+                _OUTPUT_DIR.value, result["new_files"], _PIECES.value,
+                new_batches=result["new_batches"], piece_bytes=_PIECE_MIB.value << 20)
+            print(f"pieces: {len(packed['pieces'])} of {packed['bytes'] / 2**20:.1f} MiB in "
+                  f"{_PIECES.value} ({packed['archive']}; join in run order)")
+    except (ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
+    counts = result["manifest"]["generation"]["counts"]
+    print(f"{result['status']}: this run {result['generated_tokens']:,} tokens generated in "
+          f"{result['seconds']:.0f} s, {result['tokens_per_s']:,.0f} tokens/s while sampling "
+          f"({result['tokens_per_s_after_first_batch'] or 0:,.0f} after the first batch); "
+          f"{_OUTPUT_DIR.value}: {counts['batches_done']}/{counts['batches_total']} batches, "
+          f"{counts['kept_documents']:,} documents, {counts['kept_tokens']:,} tokens (dropped: "
+          f"{counts['dropped_short']} short, {counts['dropped_unfinished']} unfinished, "
+          f"{counts['dropped_contaminated']} contaminated)")
+    if result["status"] == "deadline":
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    app.run(main)
