@@ -55,7 +55,7 @@ class GenerateCorpusTest(absltest.TestCase):
         # The pieces hold this run's shards and the manifest, and join back into the directory.
         done = pieces.join_pieces(f"{self.root}/p1/gen.000000-000002.pieces.json",
                                   f"{self.root}/joined")
-        self.assertEqual(done["files"], 5)
+        self.assertEqual(done["files"], 7)  # 2 shards of 3 files, the manifest
         self.assertEqual(shards.open_corpus([f"{self.root}/joined/gen"]).num_documents, docs)
 
     def _check_errors(self, cases):

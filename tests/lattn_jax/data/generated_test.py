@@ -135,7 +135,7 @@ class GeneratedTest(absltest.TestCase):
         expected = []
         for entry in manifest["shards"]:
             self.assertEqual(entry["name"], "teacher")
-            for topic, template, sample in entry["prompts"]:
+            for topic, template, sample in generated.read_prompts(out, entry):
                 name = topics.topics[topic]
                 expected.append("x" * 40 if name == "rambling" else
                                 f"{name} is a topic; seed {entry['batch_seed']}.")
@@ -178,7 +178,7 @@ class GeneratedTest(absltest.TestCase):
                                  for e in mb["shards"]])
         self.assertEqual(ma["totals"], mb["totals"])
         for e in ma["shards"]:
-            for key in ("token_file", "offsets_file"):
+            for key in ("token_file", "offsets_file", "prompts_file"):
                 with open(os.path.join(a, e[key]), "rb") as fa, \
                         open(os.path.join(b, e[key]), "rb") as fb:
                     self.assertEqual(fa.read(), fb.read(), e[key])

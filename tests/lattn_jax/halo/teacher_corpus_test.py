@@ -158,7 +158,8 @@ class TeacherCorpusTest(absltest.TestCase):
                 expected_items.append(list(item))
         self.assertEqual([corpus.document(i).tolist() for i in range(corpus.num_documents)],
                          expected)
-        self.assertEqual([i for e in manifest["shards"] for i in e["prompts"]], expected_items)
+        self.assertEqual([i for e in manifest["shards"]
+                          for i in generated.read_prompts(out, e).tolist()], expected_items)
         self.assertEqual(corpus.num_documents, 6)
 
         # Interrupted after the first batch, then run again: the same shards.
@@ -176,7 +177,7 @@ class TeacherCorpusTest(absltest.TestCase):
         self.assertEqual([e["batch"] for e in shards.read_manifest(cut)["shards"]], [0])
         self.assertEqual(self.generate(cut)["new_batches"], [1])
         for e in manifest["shards"]:
-            for key in ("token_file", "offsets_file"):
+            for key in ("token_file", "offsets_file", "prompts_file"):
                 with open(os.path.join(out, e[key]), "rb") as a, \
                         open(os.path.join(cut, e[key]), "rb") as b:
                     self.assertEqual(a.read(), b.read(), e[key])
