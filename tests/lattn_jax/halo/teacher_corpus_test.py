@@ -8,12 +8,15 @@ import os
 
 import gguf
 import numpy as np
+import pytest
 from absl.testing import absltest
 
+from lattn_jax import train
 from lattn_jax.data import generated
 from lattn_jax.data import shards
 from lattn_jax.eval import generate as gen_lib
 from lattn_jax.halo import teacher_corpus
+from tests.lattn_jax import train_test
 
 SMOLLM2_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -193,6 +196,38 @@ class TeacherCorpusTest(absltest.TestCase):
                                                 "float32"):
             teacher_corpus.load_model(self.gguf, dtype="float16")
         self.assertEqual(teacher_corpus.resolve_dtype("auto"), "float32")  # CPU
+
+
+class CheckpointTest(train_test.CorpusTestCase):
+
+    @pytest.mark.slow  # about a minute on 2 cores: trains a tiny hybrid 2 steps, samples it
+    def test_a_training_workdir_is_a_teacher(self):
+        workdir = os.path.join(self.tmp, "run")
+        train.train_and_evaluate(
+            train_test.tiny_experiment(self.corpus, total_steps=2, eval_every=2,
+                                       checkpoint_every=2, log_every=1), workdir)
+        loaded = teacher_corpus.load_model(workdir, dtype="float32")
+        info = loaded.info
+        self.assertEqual((info["kind"], info["file"], info["step"], info["layers"]),
+                         ("checkpoint", "run", 2, ["gdn", "attn"]))
+        self.assertLen(info["sha256"], 64)
+        self.assertIsNone(loaded.chat_template)
+        chat = generated.ChatFormat.make("auto", loaded.chat_template)
+        options = generated.GenerationOptions(templates=("{topic} is",), batch_size=2,
+                                              prompt_len=16, max_new_tokens=5, min_tokens=1)
+        sampler = teacher_corpus.Sampler(
+            loaded.model, pad_id=loaded.tokenizer.eos_id, **options.sampling(),
+            stop_tokens=generated.stop_token_ids(loaded.tokenizer, chat))
+        path = os.path.join(self.tmp, "topics.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("The sea\nA river\n")
+        out = os.path.join(self.tmp, "gen")
+        generated.generate_corpus(sampler, loaded.tokenizer, generated.load_topics(path), out,
+                                  options=options, chat=chat, model=info,
+                                  print_fn=lambda line: None)
+        manifest = shards.read_manifest(out)
+        self.assertEqual(manifest["tokenizer"]["name"], "byte")
+        self.assertEqual(manifest["generation"]["counts"]["rows"], 2)
 
 
 if __name__ == "__main__":
