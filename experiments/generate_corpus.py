@@ -4,11 +4,14 @@ Usage (SmolLM2-135M-Instruct on a GPU: bf16, the bundled Vital Article topics, 3
 templates; the same command again continues where it stopped)::
 
     python experiments/generate_corpus.py --model=SmolLM2-135M-Instruct.Q4_1.gguf \
-        --output_dir=/data/gen/teacher-smollm2 --batch_size=512 --samples_per_prompt=4 \
+        --output_dir=/data/gen/teacher-smollm2 --batch_size=1024 --samples_per_prompt=4 \
         --max_tokens=30000000 --deadline_s=480 --eval_data=../shared/data/eval
-    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:h200 ... \
+    # HALO on the corpus plus the generated text, read twice per pass (the dict replaces the
+    # config's own source_weights):
+    python experiments/halo_pipeline.py --workdir=runs/halo_gen \
+        --config=configs/halo_smollm2.py:h200,corpus=/data/open/prose-smollm2 \
         --config.data.paths="('/data/open/prose-smollm2/train','/data/gen/teacher-smollm2')" \
-        --config.data.source_weights="{'teacher': 1.0}"
+        --config.data.source_weights="{'teacher': 2.0}"
 
 ``--model`` is a GGUF file (its own tokenizer and chat template) or a lattn-jax training workdir.
 Every (topic, template) prompt is wrapped in the chat format (``--chat_format=auto``: the GGUF's
