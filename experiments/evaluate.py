@@ -1,4 +1,4 @@
-"""Evaluates a trained checkpoint: zero-shot tasks, needle in a haystack, perplexity.
+"""Evaluates a model: zero-shot tasks, needle in a haystack, perplexity.
 
 Usage::
 
@@ -7,14 +7,20 @@ Usage::
         --output_dir=runs/default/eval
     python experiments/evaluate.py --checkpoint=runs/default --tasks=hellaswag,piqa,niah_single_2 \
         --limit=50 --niah_lengths=1024,2048
+    python experiments/evaluate.py --checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf --tasks=piqa \
+        --limit=100 --output_dir=/tmp/smollm2-eval
 
-Checks every requested task's data files first (one error lists all missing ones; nothing is
-scored). Merges the results into ``results.json`` under ``--output_dir`` (default
-``<checkpoint>/eval``): tasks of earlier runs are kept, re-run tasks replaced, each entry with its
-checkpoint ``step``; rewrites ``results.md`` (scores with binomial standard errors beside chance)
-and writes ``niah_single_<k>.png`` heatmaps. Task definitions:
-``lattn_jax/eval/tasks.py``, ``niah.py``, ``perplexity.py``. Nothing is downloaded here: data
-comes from ``--data_dir``, which ``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
+``--checkpoint`` is a lattn-jax training workdir, a Hugging Face checkpoint directory or a
+``.gguf`` file (``lattn_jax.eval.restore.load_model``). ``--limit=N`` scores the first N documents
+of each zero-shot task, as lm-evaluation-harness ``--limit`` does; ``--sample_items=N`` scores a
+random subset of N drawn with ``--sample_seed``. Checks the model path and every requested task's
+data files first (one error lists all missing ones; nothing is scored). Merges the results into
+``results.json`` under ``--output_dir`` (default ``<checkpoint>/eval``; required for a GGUF file):
+tasks of earlier runs are kept, re-run tasks replaced, each entry with its checkpoint ``step``;
+rewrites ``results.md`` (scores with binomial standard errors beside chance) and writes
+``niah_single_<k>.png`` heatmaps. Task definitions: ``lattn_jax/eval/tasks.py``, ``niah.py``,
+``perplexity.py``. Nothing is downloaded here: data comes from ``--data_dir``, which
+``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
 """
 
 import dataclasses
@@ -28,15 +34,22 @@ from absl import app, flags, logging  # noqa: E402
 
 from lattn_jax.eval import fetch, restore, runner  # noqa: E402
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to evaluate.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", None, "What to evaluate: a lattn-jax training workdir, a Hugging Face checkpoint "
+    "directory (config.json, safetensors, tokenizer.json) or a .gguf file.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step of a workdir (default: the newest).")
 _TASKS = flags.DEFINE_list("tasks", ["zeroshot"], f"Tasks or groups: {runner.ALL_TASKS}, "
                            f"{tuple(runner.GROUPS)}.")
 _DATA_DIR = flags.DEFINE_string(
     "data_dir", fetch.DEFAULT_DATA_DIR, "Directory laid out as eval/, niah/, lm/ (written by "
     "experiments/fetch_eval_data.py; default $LATTN_DATA_DIR, else ~/.cache/lattn_jax/data).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Where results go (default <ckpt>/eval).")
-_LIMIT = flags.DEFINE_integer("limit", None, "Documents per zero-shot task (subsample).")
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "Where results go (default <checkpoint>/eval; required for a GGUF file).")
+_LIMIT = flags.DEFINE_integer("limit", None, "The first N documents of every zero-shot task (as "
+                              "lm-evaluation-harness --limit).")
+_SAMPLE = flags.DEFINE_integer("sample_items", None, "Instead of --limit: a random subset of N "
+                               "documents per zero-shot task, drawn with --sample_seed.")
+_SAMPLE_SEED = flags.DEFINE_integer("sample_seed", 1234, "The seed of --sample_items.")
 _MAX_LEN = flags.DEFINE_integer("max_len", 2048, "Scoring context window (tokens).")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per forward pass (zero-shot, NIAH).")
 _PPL_BATCH = flags.DEFINE_integer(
@@ -60,6 +73,22 @@ _CONTEXT = flags.DEFINE_integer("context", 1, "Split every sequence over this ma
 flags.mark_flags_as_required(["checkpoint"])
 
 
+def _check_kind_flags(kind, names, options):
+    """Flags that do not fit an HF or GGUF model fail before anything is loaded."""
+    if kind == "lattn_jax":
+        return
+    what = restore.model_kind_name(kind)
+    if _STEP.value is not None:
+        raise ValueError(f"--step applies to lattn-jax training workdirs; {_CHECKPOINT.value} is "
+                         f"a {what}")
+    if kind == "gguf" and _OUTPUT_DIR.value is None:
+        raise ValueError(f"--output_dir is required when --checkpoint is a {what}")
+    if "perplexity" in names and runner.VALIDATION in options.perplexity_files:
+        raise ValueError(f"--perplexity_files={runner.VALIDATION} scores the documents a "
+                         f"training run held out; a {what} has none: pass text files, e.g. "
+                         "--perplexity_files=lm/wikitext-2-raw/wiki.test.raw")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -67,25 +96,27 @@ def main(argv):
     try:
         names = runner.expand_tasks(_TASKS.value)
         options = runner.EvalOptions(
-            data_dir=_DATA_DIR.value, limit=_LIMIT.value, max_len=_MAX_LEN.value,
+            data_dir=_DATA_DIR.value, limit=_LIMIT.value, sample_items=_SAMPLE.value,
+            seed=_SAMPLE_SEED.value, max_len=_MAX_LEN.value,
             batch_size=_BATCH.value, perplexity_batch_size=_PPL_BATCH.value,
             niah_lengths=tuple(int(x) for x in _LENGTHS.value),
             niah_depths=tuple(float(x) for x in _DEPTHS.value),
             niah_samples=_NIAH_SAMPLES.value, perplexity_files=tuple(_PPL_FILES.value),
             perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
             perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)
-        restore.load_config(_CHECKPOINT.value)  # a bad --checkpoint is reported first
+        kind = restore.model_kind(_CHECKPOINT.value)  # a bad --checkpoint is reported first
+        _check_kind_flags(kind, names, options)
         runner.check_data(names, options)  # then missing data, before the (slow) restore
-        restored = restore.load(_CHECKPOINT.value, _STEP.value)
-        options = dataclasses.replace(options, training_data=restored.config.data)
-        print(f"jax {jax.__version__}, devices {jax.devices()}; {_CHECKPOINT.value} step "
-              f"{restored.step}, layers {list(restored.config.model.layer_pattern)}")
+        restored = restore.load_model(_CHECKPOINT.value, _STEP.value)
+        options = dataclasses.replace(options, training_data=restored.training_data)
+        print(f"jax {jax.__version__}, devices {jax.devices()}; {_CHECKPOINT.value} "
+              f"({restored.describe()}), layers {list(restored.model_config.layer_pattern)}")
         results = runner.run_evaluation(restored.model, restored.tokenizer, names, options)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError, ImportError) as e:
         sys.exit(f"error: {e}")
     out = _OUTPUT_DIR.value or os.path.join(_CHECKPOINT.value, "eval")
     for r in results.values():
-        r["step"] = restored.step  # merged files may hold tasks of several runs
+        r["step"] = restored.step  # merged files may hold tasks of several runs (None: HF/GGUF)
     header = f"# Evaluation of {_CHECKPOINT.value}"
     try:
         paths = runner.write_results(results, out, header)
@@ -93,7 +124,7 @@ def main(argv):
         sys.exit(f"error: {e}")
     for path in paths:
         print(f"wrote {path}")
-    print(runner.markdown(results, header + f" (step {restored.step}, this run)"))
+    print(runner.markdown(results, header + f" ({restored.describe()}, this run)"))
 
 
 if __name__ == "__main__":

@@ -271,6 +271,8 @@ class GGUFTokenizer(Tokenizer):
     Args:
         path: the ``.gguf`` file (only its metadata is read; tensors are memory-mapped, not
             loaded).
+        reader: the file's ``gguf.GGUFReader`` if the caller already opened it (parsing the
+            metadata of a 49k-token vocabulary takes seconds; the model loader shares its own).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -280,13 +282,13 @@ class GGUFTokenizer(Tokenizer):
 
     kind = "gguf"
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, *, reader=None):
         import gguf  # optional dependency (setup.cfg extra "data")
 
         path = _check_file(path, "GGUF file")
         self.path = path
         try:
-            reader = gguf.GGUFReader(path, "r")
+            reader = reader if reader is not None else gguf.GGUFReader(path, "r")
         except Exception as e:  # noqa: BLE001 - gguf raises ValueError/struct.error/...
             raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
         model = _gguf_field(reader, "tokenizer.ggml.model", path)

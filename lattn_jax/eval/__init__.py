@@ -9,6 +9,9 @@ Modules:
   read from local files, with lm-eval prompts and metrics;
 * ``niah``: RULER needle-in-a-haystack single-1/2/3 over a length x depth grid;
 * ``perplexity``: sliding-window perplexity of held-out text;
-* ``restore``: a model and tokenizer from a training workdir;
-* ``runner``: all of the above to JSON + markdown (``experiments/evaluate.py``).
+* ``restore``: a model and tokenizer from a training workdir, a Hugging Face directory or a GGUF
+  file (``load_model``);
+* ``runner``: all of the above to JSON + markdown (``experiments/evaluate.py``);
+* ``lm_eval_adapter``: the ``lattn_jax`` model of lm-evaluation-harness (needs the ``lmeval``
+  extra; imported on demand, not here).
 """

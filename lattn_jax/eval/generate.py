@@ -20,12 +20,13 @@ exactly the tokens of the same prompt generated alone (``tests/lattn_jax/eval/ge
 Sampling (:func:`sample_logits`): greedy (``temperature == 0``), or temperature, then top-k, then
 top-p (nucleus; Holtzman et al. 2020, :func:`nucleus_mask`) filtering of the fp32 logits before a
 categorical draw.
-Generation of a row stops after it emits a stop token (kept in its output) or after
-``max_new_tokens``.
+Generation of a row stops after it emits a stop token (kept in its output), after
+``max_new_tokens``, or when an optional ``stop_fn`` says so (checked on the host after each
+compiled decode call, e.g. for stop *strings* such as lm-evaluation-harness's ``until``).
 """
 
 import dataclasses
-from typing import List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -167,7 +168,8 @@ class GenerationOutput:
 
     Attributes:
       tokens: per row, the generated ids (up to and including the first stop token).
-      finished: per row, whether it stopped on a stop token (else it hit ``max_new_tokens``).
+      finished: per row, whether it stopped on a stop token or by ``stop_fn`` (else it hit
+        ``max_new_tokens``).
       prompt_lengths: per row, the number of real prompt tokens.
     """
 
@@ -298,7 +300,9 @@ class Generator:
 
     def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                  sampling: SamplingConfig = SamplingConfig(),
-                 stop_tokens: Sequence[int] = (), seed: int = 0) -> GenerationOutput:
+                 stop_tokens: Sequence[int] = (), seed: int = 0,
+                 stop_fn: Optional[Callable[[int, List[int]], bool]] = None
+                 ) -> GenerationOutput:
         """Generates continuations of a batch of prompts.
 
         Args:
@@ -308,6 +312,11 @@ class Generator:
           sampling: greedy by default.
           stop_tokens: ids that end a row (the stop token is kept in its output).
           seed: PRNG seed of the sampling.
+          stop_fn: optional ``stop_fn(row, tokens) -> bool``, called on the host with a row's
+            generated ids so far after each compiled decode call (every ``decode_chunk`` tokens;
+            after the first token too); ``True`` ends the row there, keeping those tokens (the
+            caller cuts them, e.g. at a stop string). A row's tokens do not depend on when
+            other rows end, so ending early only saves compute.
 
         Returns:
           A :class:`GenerationOutput`.
@@ -329,17 +338,20 @@ class Generator:
             tokens[i, t - len(p):] = p
             mask[i, t - len(p):] = True
         return self.generate_padded(tokens, mask, max_new_tokens=max_new_tokens,
-                                    sampling=sampling, stop_tokens=stop_tokens, seed=seed)
+                                    sampling=sampling, stop_tokens=stop_tokens, seed=seed,
+                                    stop_fn=stop_fn)
 
     def generate_padded(self, tokens: np.ndarray, mask: np.ndarray, *, max_new_tokens: int,
                         sampling: SamplingConfig = SamplingConfig(),
-                        stop_tokens: Sequence[int] = (), seed: int = 0) -> GenerationOutput:
+                        stop_tokens: Sequence[int] = (), seed: int = 0,
+                        stop_fn: Optional[Callable[[int, List[int]], bool]] = None
+                        ) -> GenerationOutput:
         """:meth:`generate` for an already padded batch.
 
         Args:
           tokens: int ``[B, T]``; each row's real tokens are contiguous, padded on either side.
           mask: bool ``[B, T]``, ``True`` on real tokens.
-          max_new_tokens, sampling, stop_tokens, seed: as for :meth:`generate`.
+          max_new_tokens, sampling, stop_tokens, seed, stop_fn: as for :meth:`generate`.
 
         Returns:
           A :class:`GenerationOutput`.
@@ -372,6 +384,9 @@ class Generator:
                 i += 1
                 if done.all() or i == max_new_tokens:
                     break
+            if stop_fn is not None and not (done.all() or i == max_new_tokens):
+                for r in np.flatnonzero(~done):
+                    done[r] = bool(stop_fn(int(r), out[r, :n_out[r]].tolist()))
             if done.all() or i == max_new_tokens:
                 break
             new, states, rng = self._steps(self.params, jnp.asarray(pending[:, -1]), states,

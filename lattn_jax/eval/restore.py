@@ -1,17 +1,31 @@
-"""Loads a trained model and its tokenizer from a training workdir, for evaluation.
+"""Loads a model and its tokenizer for evaluation: a training workdir, an HF directory, a GGUF file.
 
 ``lattn_jax.train.train_and_evaluate`` writes ``<workdir>/config.json`` (the resolved
 :class:`~lattn_jax.config.ExperimentConfig`) and orbax checkpoints under
-``<workdir>/checkpoints/<step>`` (:mod:`lattn_jax.checkpoint`). This module rebuilds the config,
+``<workdir>/checkpoints/<step>`` (:mod:`lattn_jax.checkpoint`). :func:`load` rebuilds the config,
 restores the train state through :class:`~lattn_jax.checkpoint.Checkpointer` and returns the NNX
 model with the parameters of the requested step.
+
+:func:`load_model` is the one entry point of the evaluators (``experiments/evaluate.py``, the
+lm-evaluation-harness adapter :mod:`lattn_jax.eval.lm_eval_adapter`): given a path it tells the
+three kinds of model apart (:func:`model_kind`) and loads
+
+* a lattn-jax training workdir (``config.json`` of an ``ExperimentConfig``) with :func:`load`;
+* a Hugging Face Llama / Qwen3 directory (``config.json`` with a ``model_type``, safetensors
+  weights and ``tokenizer.json``) with :func:`lattn_jax.halo.loaders.load_hf`;
+* a llama.cpp ``.gguf`` file (recognised by its ``GGUF`` magic bytes) with
+  :func:`lattn_jax.halo.loaders.load_gguf`, tokenizer from its metadata.
+
+HF and GGUF models are rebuilt in fp32 with ``use_segment_ids`` on, so that left-padded batched
+generation keeps the padding in its own segment (:mod:`lattn_jax.eval.generate`); scoring calls,
+which pass no segment ids, are unchanged by it. Nothing is downloaded: every path is local.
 """
 
 import dataclasses
 import json
 import os
 import sys
-from typing import Callable, Optional
+from typing import Callable, Literal, Optional
 
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
@@ -19,6 +33,15 @@ from lattn_jax import model as model_lib
 from lattn_jax import train as train_lib
 from lattn_jax.data import config as data_config_lib
 from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.halo import loaders
+
+ModelKind = Literal["lattn_jax", "hf", "gguf"]
+# What the evaluators accept, for error messages.
+ACCEPTED = ("a lattn-jax training workdir (config.json + checkpoints/), a Hugging Face checkpoint "
+            "directory (config.json with a model_type, safetensors, tokenizer.json) or a .gguf "
+            "file")
+_KIND_NAMES = {"lattn_jax": "lattn-jax training workdir", "hf": "Hugging Face directory",
+               "gguf": "GGUF file"}
 
 
 @dataclasses.dataclass
@@ -27,15 +50,36 @@ class Restored:
 
     Attributes:
       model: the :class:`~lattn_jax.model.LanguageModel` with the checkpoint's parameters.
-      tokenizer: the run's tokenizer (``config.data.tokenizer`` / ``tokenizer_path``).
-      config: the run's :class:`~lattn_jax.config.ExperimentConfig`.
-      step: the checkpoint's step.
+      tokenizer: the run's tokenizer (``config.data.tokenizer`` / ``tokenizer_path``), or the
+        HF directory's ``tokenizer.json`` / the GGUF file's vocabulary.
+      config: the run's :class:`~lattn_jax.config.ExperimentConfig`; ``None`` for HF and GGUF
+        models.
+      step: the checkpoint's step; ``None`` for HF and GGUF models.
+      kind: ``"lattn_jax"``, ``"hf"`` or ``"gguf"`` (:func:`model_kind`).
+      path: what was loaded.
     """
 
     model: model_lib.LanguageModel
     tokenizer: tok_lib.Tokenizer
-    config: config_lib.ExperimentConfig
-    step: int
+    config: Optional[config_lib.ExperimentConfig]
+    step: Optional[int]
+    kind: ModelKind = "lattn_jax"
+    path: str = ""
+
+    @property
+    def model_config(self) -> config_lib.ModelConfig:
+        """The model's :class:`~lattn_jax.config.ModelConfig`."""
+        return self.model.config
+
+    @property
+    def training_data(self):
+        """The run's ``config.data`` (:class:`~lattn_jax.data.config.DataConfig`); ``None`` for
+        HF and GGUF models, whose training data is unknown."""
+        return None if self.config is None else self.config.data
+
+    def describe(self) -> str:
+        """One line for logs and report headers: ``"step 200"`` or ``"GGUF file"``."""
+        return f"step {self.step}" if self.kind == "lattn_jax" else model_kind_name(self.kind)
 
 
 def _stderr(line: str) -> None:
@@ -93,4 +137,106 @@ def load(workdir: str, step: Optional[int] = None, *,
         ckpt.close()
     model = trainer.model(state["params"])
     tokenizer = tok_lib.make_tokenizer(config.data.tokenizer, config.data.tokenizer_path)
-    return Restored(model=model, tokenizer=tokenizer, config=config, step=int(step))
+    return Restored(model=model, tokenizer=tokenizer, config=config, step=int(step),
+                    kind="lattn_jax", path=workdir)
+
+
+def model_kind(path: str) -> ModelKind:
+    """Which kind of model ``path`` holds, checked without loading any weights.
+
+    A file is a GGUF file if it starts with the magic bytes ``GGUF``; a directory is a Hugging
+    Face checkpoint if its ``config.json`` has a ``model_type`` (its ``tokenizer.json`` must be
+    there too), else a lattn-jax training workdir (its ``config.json`` must validate).
+
+    Args:
+      path: a local file or directory.
+
+    Returns:
+      ``"gguf"``, ``"hf"`` or ``"lattn_jax"``.
+
+    Raises:
+      FileNotFoundError: ``path`` does not exist, a directory without ``config.json``, or an HF
+        directory without ``tokenizer.json`` (each message names the path).
+      ValueError: a file that is not GGUF, a ``config.json`` that is not a JSON object, or a
+        lattn-jax config that does not validate.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such checkpoint: {path} (expected {ACCEPTED})")
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"GGUF":
+            raise ValueError(f"{path} is a file but not a GGUF file (it starts with {magic!r}, "
+                             f"not b'GGUF'); expected {ACCEPTED}")
+        return "gguf"
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"no config.json in checkpoint directory {path} (expected "
+                                f"{ACCEPTED})")
+    try:
+        with open(config_path) as f:
+            raw = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config_path} is not valid JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise ValueError(f"{config_path} does not hold a JSON object")
+    if "model_type" in raw:
+        tokenizer = os.path.join(path, "tokenizer.json")
+        if not os.path.isfile(tokenizer):
+            raise FileNotFoundError(f"{tokenizer}: no such file (the Hugging Face checkpoint's "
+                                    f"tokenizer; evaluation needs it)")
+        return "hf"
+    load_config(path)  # a lattn-jax workdir: its config must validate
+    return "lattn_jax"
+
+
+def model_kind_name(kind: ModelKind) -> str:
+    """``"lattn-jax training workdir"``, ``"Hugging Face directory"`` or ``"GGUF file"``.
+
+    Raises:
+      KeyError: for a kind other than those of :func:`model_kind`.
+    """
+    return _KIND_NAMES[kind]
+
+
+def load_model(path: str, step: Optional[int] = None, *,
+               report: Callable[[str], None] = _stderr) -> Restored:
+    """Loads a model and its tokenizer from any of the three kinds of :func:`model_kind`.
+
+    Args:
+      path: a lattn-jax training workdir, a Hugging Face checkpoint directory or a ``.gguf``
+        file (local; nothing is downloaded).
+      step: a checkpoint step of a training workdir (``None``: the newest readable one); must
+        be ``None`` for HF and GGUF models.
+      report: where :func:`load` reports a skipped unreadable checkpoint (default: stderr).
+
+    Returns:
+      A :class:`Restored`. HF and GGUF models come as fp32 all-attention
+      :class:`~lattn_jax.model.LanguageModel` s (:mod:`lattn_jax.halo.loaders`) with
+      ``use_segment_ids`` on (padding-safe batched generation), ``config=None`` and
+      ``step=None``.
+
+    Raises:
+      FileNotFoundError, ValueError: from :func:`model_kind` (a bad path), a ``step`` given for
+        an HF or GGUF model, and from the loaders (an unsupported architecture, a missing
+        tensor, no checkpoint at ``step``; each names the file).
+      ImportError: the ``gguf`` / ``safetensors`` package that the file needs is not installed
+        (the message says which extra installs it).
+      CheckpointError: no checkpoint of a workdir can be read.
+    """
+    kind = model_kind(path)
+    if kind == "lattn_jax":
+        return load(path, step, report=report)
+    if step is not None:
+        raise ValueError(f"step={step}: a checkpoint step applies to lattn-jax training workdirs "
+                         f"only; {path} is a {model_kind_name(kind)}")
+    try:
+        teacher = loaders.load_gguf(path) if kind == "gguf" else loaders.load_hf(path)
+    except ModuleNotFoundError as e:
+        raise ImportError(f"reading {path} needs the {e.name!r} package: pip install "
+                          f"'lattn-jax[halo]' (or '.[data]' for gguf alone)") from e
+    if teacher.tokenizer is None:  # model_kind checked tokenizer.json; GGUF always has one
+        raise FileNotFoundError(f"{path}: no tokenizer found next to the weights")
+    cfg = dataclasses.replace(teacher.model_config, use_segment_ids=True)
+    return Restored(model=loaders.build_model(cfg, teacher.params), tokenizer=teacher.tokenizer,
+                    config=None, step=None, kind=kind, path=path)

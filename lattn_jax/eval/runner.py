@@ -51,7 +51,12 @@ class EvalOptions:
 
     Attributes:
       data_dir: directory laid out as ``shared/data`` (``eval/``, ``niah/``, ``lm/``).
-      limit: documents per zero-shot task (random subsample, fixed seed); ``None``: all.
+      limit: the first ``limit`` documents of every zero-shot task, in file order, as
+        lm-evaluation-harness ``--limit N`` keeps them (so results compare item by item with
+        the harness's); ``None``: all.
+      sample_items: instead, a random subset of this many documents per zero-shot task, drawn
+        with ``seed`` and kept in file order (:func:`lattn_jax.eval.tasks.subset_indices`);
+        ``None``: no sampling. Exclusive with ``limit``.
       max_len: context window for log-likelihood scoring (left truncation).
       batch_size: sequences per forward pass (zero-shot tasks and NIAH).
       perplexity_batch_size: windows per forward pass of the ``perplexity`` task. Its windows
@@ -73,16 +78,20 @@ class EvalOptions:
       perplexity_window: window length in tokens.
       perplexity_stride: new tokens per window (``== window``: disjoint windows).
       route: evaluate with the cross-layer routing contributions (spec §8: the training forward).
-      seed: subsampling seed.
+      seed: the seed of ``sample_items``.
       training_data: the checkpoint's ``config.data`` (``restore.load(...).config.data``); needed
         for ``"validation"`` and the trained-on check.
       context: split every sequence over this many devices (context parallelism,
         :mod:`lattn_jax.context_parallel`; the remaining devices split the batch). Padded
         lengths become multiples of it, so ``max_len`` must be one.
+
+    Raises:
+      ValueError: ``limit`` or ``sample_items`` below 1, or both given.
     """
 
     data_dir: str
     limit: Optional[int] = None
+    sample_items: Optional[int] = None
     max_len: int = 2048
     batch_size: int = 16
     perplexity_batch_size: int = 2
@@ -98,6 +107,16 @@ class EvalOptions:
     seed: int = 1234
     training_data: Optional[data_config_lib.DataConfig] = None
     context: int = 1
+
+    def __post_init__(self):
+        for name in ("limit", "sample_items"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive number of documents, got {value}")
+        if self.limit is not None and self.sample_items is not None:
+            raise ValueError(f"limit={self.limit} (the first N documents, as lm-evaluation-"
+                             f"harness --limit) and sample_items={self.sample_items} (a seeded "
+                             f"random subset) are exclusive; give one")
 
 
 def expand_tasks(names: Sequence[str]) -> List[str]:
@@ -289,7 +308,8 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
     eval_dir = os.path.join(options.data_dir, "eval")
     for name in [n for n in names if n in tasks_lib.TASK_NAMES]:
         t0 = time.time()
-        docs = tasks_lib.load_task(name, eval_dir, options.limit, options.seed)
+        docs = tasks_lib.load_task(name, eval_dir, options.sample_items, options.seed)
+        docs = docs[:options.limit]  # the first N (None: all), as the harness's --limit
         pairs = [scoring.encode_pair(tokenizer, c, x) for d in docs for c, x in d.requests]
         results[name] = score_task(scorer, name, docs, pairs)
         log(f"{name}: {results[name]} ({time.time() - t0:.0f} s)")

@@ -424,7 +424,7 @@ def load_gguf(path: str, *, with_tokenizer: bool = True) -> Teacher:
     tokenizer = None
     if with_tokenizer:
         from lattn_jax import data as data_lib
-        tokenizer = data_lib.GGUFTokenizer(path)
+        tokenizer = data_lib.GGUFTokenizer(path, reader=reader)  # the metadata parsed once
     return Teacher(model_config=cfg, params=params, family=arch, path=path, tokenizer=tokenizer)
 
 

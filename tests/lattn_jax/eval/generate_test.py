@@ -89,6 +89,25 @@ class PaddingTest(absltest.TestCase):
         self.assertEqual(out.tokens[0], first[:2])
         self.assertEqual(out.finished, [True])
 
+    def test_stop_fn_ends_a_row_after_a_decode_call(self):
+        # stop_fn (e.g. the harness's stop strings) is checked after each compiled call: row 0
+        # ends after the call in which it reaches 3 tokens (1 + 4 = 5 tokens, decode_chunk 4);
+        # its tokens are the first of the full generation, and row 1 is not affected.
+        model = tiny_model(PATTERNS["hybrid"], seed=3)
+        g = gen_lib.Generator(model, bucket=8, decode_chunk=4)
+        prompts = [[5, 9, 2], [11, 3, 8, 60, 1, 17, 4]]
+        full = g.generate(prompts, max_new_tokens=12).tokens
+        seen = []
+
+        def stop_fn(row, tokens):
+            seen.append((row, len(tokens)))
+            return row == 0 and len(tokens) >= 3
+
+        out = g.generate(prompts, max_new_tokens=12, stop_fn=stop_fn)
+        self.assertEqual(out.tokens, [full[0][:5], full[1]])
+        self.assertEqual(out.finished, [True, False])
+        self.assertEqual(seen, [(0, 1), (1, 1), (0, 5), (1, 5), (1, 9)])
+
     def test_decode_chunk_does_not_change_the_tokens(self):
         # Several tokens per compiled call (a scan on the device) draw the same random numbers
         # in the same order as one call per token: greedy and sampled outputs, stop tokens and

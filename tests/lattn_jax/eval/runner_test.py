@@ -19,6 +19,7 @@ from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import perplexity as ppl_lib
 from lattn_jax.eval import runner
 from lattn_jax.eval import scoring
+from lattn_jax.eval import tasks
 
 
 class ReadDocumentsTest(absltest.TestCase):
@@ -112,6 +113,52 @@ class StandardErrorTest(absltest.TestCase):
         table = runner.markdown({"piqa": dict(results["piqa"], acc=0.4, acc_stderr=0.1095)})
         self.assertIn("| stderr |", table)
         self.assertIn("| 0.4000 | 0.1095 |", table)
+
+
+class LimitTest(absltest.TestCase):
+    """Issue 33: ``limit`` keeps the first N documents (lm-evaluation-harness ``--limit``),
+    ``sample_items`` a seeded random subset."""
+
+    HARNESS_DATA = os.path.join(os.path.dirname(__file__), "testdata", "harness_data")
+
+    def _piqa(self, **kw):
+        scored = []
+
+        class Recording(scoring.Scorer):
+            def loglikelihood(self, requests):
+                scored.extend(requests)
+                return super().loglikelihood(requests)
+
+        original = scoring.Scorer
+        scoring.Scorer = Recording
+        self.addCleanup(setattr, scoring, "Scorer", original)
+        result = runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["piqa"],
+                                       _options(self.HARNESS_DATA, **kw), log=lambda *a: None)
+        return result["piqa"], scored
+
+    def _pairs(self, docs):
+        tok = tok_lib.ByteTokenizer()
+        return [scoring.encode_pair(tok, c, x) for d in docs for c, x in d.requests]
+
+    def test_limit_is_the_first_n_documents(self):
+        docs = tasks.load_task("piqa", os.path.join(self.HARNESS_DATA, "eval"))
+        result, scored = self._piqa(limit=7)
+        self.assertEqual(result["n"], 7)
+        self.assertEqual(scored, self._pairs(docs[:7]))
+
+    def test_sample_items_is_the_seeded_subset(self):
+        eval_dir = os.path.join(self.HARNESS_DATA, "eval")
+        result, scored = self._piqa(sample_items=7, seed=3)
+        self.assertEqual(result["n"], 7)
+        self.assertEqual(scored, self._pairs(tasks.load_task("piqa", eval_dir, limit=7, seed=3)))
+        self.assertNotEqual(scored, self._pairs(tasks.load_task("piqa", eval_dir)[:7]))
+
+    def test_bad_limits_name_the_option(self):
+        with self.assertRaisesRegex(ValueError, "limit=5 .* and sample_items=5 .* are exclusive"):
+            _options("x", limit=5, sample_items=5)
+        for name in ("limit", "sample_items"):
+            with self.assertRaisesRegex(ValueError, f"{name} must be a positive number"):
+                _options("x", **{name: 0})
 
 
 class MergeResultsTest(absltest.TestCase):

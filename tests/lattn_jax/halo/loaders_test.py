@@ -63,6 +63,7 @@ def torch_logits(model, tokens):
 
 class HFLoaderTest(absltest.TestCase):
 
+    @pytest.mark.interop
     @needs_torch
     def test_tiny_llama_and_qwen3_match_transformers(self):
         tokens = np.random.default_rng(0).integers(0, 97, size=(2, 11))
@@ -100,6 +101,7 @@ class HFLoaderTest(absltest.TestCase):
 
 
 @pytest.mark.slow
+@pytest.mark.interop
 class GGUFLoaderTest(absltest.TestCase):
 
     @needs_torch

@@ -1,0 +1,227 @@
+"""lm-evaluation-harness runs our models (issue 33): the ``lattn_jax`` adapter against our evaluator
+and against the harness's own Hugging Face backend.
+
+* On a tiny random hybrid model (GDN + attention), the adapter's per-request log-likelihoods on
+  local PIQA and LAMBADA items equal our evaluator's (1e-5, other batch sizes), its rolling
+  log-likelihoods equal our perplexity windows (which are the harness's windows), and its greedy
+  generations equal :class:`~lattn_jax.eval.generate.Generator`'s, cut at the ``until`` strings.
+* Local harness task files (the harness's ``piqa`` and ``lambada_openai`` with local data) run
+  through ``lm_eval.simple_evaluate`` with ``model="lattn_jax"`` on a tiny GGUF file give our
+  evaluator's acc / acc_norm (and LAMBADA perplexity) on the first 20 items; the same through
+  the command line (``python -m lattn_jax.eval.lm_eval_adapter``).
+
+SmolLM2 against the harness's HF backend: ``lm_eval_smollm2_test.py``. Marked ``interop``;
+skipped with the reason without lm-eval (``pip install -e ".[lmeval]"``). Nothing is
+downloaded: the tasks read local files, the hub is offline.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+from absl.testing import absltest
+from flax import nnx
+
+from lattn_jax import config as config_lib
+from lattn_jax import model as model_lib
+from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import generate as gen_lib
+from lattn_jax.eval import perplexity as ppl_lib
+from lattn_jax.eval import restore
+from lattn_jax.eval import runner
+from lattn_jax.eval import scoring
+from lattn_jax.eval import tasks as tasks_lib
+from tests.lattn_jax.eval import fixtures
+
+# No hub access from the harness or `datasets` (local task files only).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+EVAL_DIR = os.path.join(fixtures.HARNESS_DATA, "eval")
+
+
+def _have(*modules):
+    return all(importlib.util.find_spec(m) for m in modules)
+
+
+_LM_EVAL = _have("lm_eval")
+needs_lm_eval = absltest.skipUnless(
+    _LM_EVAL, "needs lm-evaluation-harness: pip install -e '.[lmeval]'")
+
+if _LM_EVAL:
+    from lm_eval.api import instance as lm_instance
+
+    from lattn_jax.eval import lm_eval_adapter
+
+
+def _requests(kind, args):
+    return [lm_instance.Instance(request_type=kind, doc={}, arguments=a, idx=i)
+            for i, a in enumerate(args)]
+
+
+def tiny_hybrid(seed=0):
+    """A random 2-layer GDN + attention model over the byte tokenizer's 257 ids."""
+    cfg = config_lib.ModelConfig(
+        vocab_size=257, d_model=32, layer_pattern=("gdn", "attn"), mlp_hidden=48,
+        attention=config_lib.AttentionConfig(num_heads=4, num_kv_heads=2),
+        gdn=config_lib.GatedDeltaNetConfig(num_k_heads=2, num_v_heads=4, head_k_dim=8,
+                                           head_v_dim=8, chunk_size=16))
+    return model_lib.LanguageModel(cfg, rngs=nnx.Rngs(seed))
+
+
+@pytest.mark.interop
+@needs_lm_eval
+class AdapterMatchesEvaluatorTest(absltest.TestCase):
+    """The adapter's three request types against our evaluator's code paths."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.model = tiny_hybrid()
+        cls.tok = tok_lib.ByteTokenizer()
+        # Other batch sizes and buckets than the evaluator's below (8 and 32): padding and
+        # batching must not change scores.
+        cls.lm = lm_eval_adapter.LattnJaxLM.from_model(
+            cls.model, cls.tok, batch_size=3, max_length=256, bucket=64)
+        cls.docs = {"piqa": tasks_lib.load_task("piqa", EVAL_DIR)[:12],
+                    "lambada_openai": tasks_lib.load_task("lambada_openai", EVAL_DIR)[:8]}
+
+    def test_loglikelihoods_equal_the_evaluators_on_piqa_and_lambada(self):
+        scorer = scoring.Scorer(self.model, max_len=256, batch_size=8)
+        for name, docs in self.docs.items():
+            with self.subTest(task=name):
+                args = [r for d in docs for r in d.requests]
+                ours = scorer.loglikelihood([scoring.encode_pair(self.tok, c, x)
+                                             for c, x in args])
+                theirs = self.lm.loglikelihood(_requests("loglikelihood", args))
+                np.testing.assert_allclose([ll for ll, _ in theirs], [ll for ll, _ in ours],
+                                           rtol=1e-5, atol=1e-5)
+                self.assertEqual([g for _, g in theirs], [g for _, g in ours])
+                # The same through our task metrics (perplexity: exp of a mean of the above).
+                grouped = [theirs[2 * i:2 * i + 2] for i in range(len(docs))] \
+                    if name == "piqa" else [[r] for r in theirs]
+                got = tasks_lib.process_results(name, docs, grouped)
+                want = runner.score_task(scorer, name, docs,
+                                         [scoring.encode_pair(self.tok, c, x) for c, x in args])
+                self.assertEqual(sorted(got), sorted(want))
+                np.testing.assert_allclose([got[k] for k in sorted(got)],
+                                           [want[k] for k in sorted(want)], rtol=1e-5, atol=0)
+
+    def test_empty_context_uses_the_prefix_token(self):
+        ctx, cont = self.lm.encode_request("", " water")
+        self.assertEqual((ctx, cont), ([self.tok.eos_id], self.tok.encode(" water")))
+        self.assertEqual(self.lm.encode_request("Question: x\nAnswer: ", "yes"),
+                         scoring.encode_pair(self.tok, "Question: x\nAnswer:", " yes"))
+
+    def test_rolling_windows_are_the_harness_windows_and_sum_to_our_nll(self):
+        from lm_eval import utils as lm_utils
+
+        ids = list(range(3, 40))
+        for max_len in (1, 5, 8, 37, 64):
+            ours = [(inp[:len(inp) - k + 1], tgt[len(tgt) - k:])
+                    for inp, tgt, k in ppl_lib.rolling_windows(ids, 0, max_len, max_len)]
+            harness = [lm_utils.make_disjoint_window(w) for w in lm_utils.get_rolling_token_windows(
+                token_list=ids, prefix_token=0, max_seq_len=max_len, context_len=1)]
+            self.assertEqual(ours, [(list(a), list(b)) for a, b in harness], msg=f"{max_len=}")
+        texts = [d.requests[0][0] + d.requests[0][1] for d in self.docs["lambada_openai"][:4]]
+        lm = lm_eval_adapter.LattnJaxLM.from_model(self.model, self.tok, batch_size=3,
+                                                   max_length=64)
+        rolling = lm.loglikelihood_rolling(_requests("loglikelihood_rolling",
+                                                     [(t,) for t in texts]))
+        scorer = scoring.Scorer(self.model, max_len=64, batch_size=4)
+        for text, ll in zip(texts, rolling):
+            nll, n = ppl_lib.token_nll(scorer, [self.tok.encode(text)], self.tok.eos_id,
+                                       max_len=64, stride=64)
+            self.assertGreater(n, 64)  # several windows
+            np.testing.assert_allclose(ll, -nll, rtol=1e-5, atol=1e-5)
+
+    def test_greedy_generations_equal_the_generators(self):
+        prompts = [d.requests[0][0][-60:] for d in self.docs["lambada_openai"][:5]]
+        generator = gen_lib.Generator(self.model, pad_id=self.tok.eos_id, bucket=8)
+        ids = [self.tok.encode(p) for p in prompts]
+        out = generator.generate(ids, max_new_tokens=12, stop_tokens=[self.tok.eos_id])
+        ref = [gen_lib.continuation_text(self.tok, p, [t for t in toks if t != self.tok.eos_id])
+               for p, toks in zip(ids, out.tokens)]
+        kw = {"until": [], "max_gen_toks": 12, "do_sample": False}
+        got = self.lm.generate_until(_requests("generate_until", [(p, kw) for p in prompts]))
+        self.assertEqual(got, ref)
+        # A stop string (taken from row 1's own text) cuts that row there and no other row.
+        stop = ref[1][3:6]
+        self.assertTrue(stop)
+        kw = {"until": [stop], "max_gen_toks": 12}
+        got = self.lm.generate_until(_requests("generate_until", [(p, kw) for p in prompts]))
+        self.assertEqual(got, [r.split(stop)[0] for r in ref])
+
+    def test_bad_arguments_name_the_argument(self):
+        make = lm_eval_adapter.LattnJaxLM.from_model
+        with self.assertRaisesRegex(ValueError, r"unknown model argument\(s\) \['chekpoint'\]"):
+            make(self.model, self.tok, chekpoint="x")
+        with self.assertRaisesRegex(ValueError, "batch_size='auto' is not supported"):
+            make(self.model, self.tok, batch_size="auto")
+        with self.assertRaisesRegex(ValueError, "max_length must be an integer >= 1, got 'x'"):
+            make(self.model, self.tok, max_length="x")
+        with self.assertRaisesRegex(ValueError, "give the model as --model_args checkpoint=PATH"):
+            lm_eval_adapter.LattnJaxLM()
+        with self.assertRaisesRegex(FileNotFoundError, "no such checkpoint: /no/such.gguf"):
+            lm_eval_adapter.LattnJaxLM(checkpoint="/no/such.gguf")
+        with self.assertRaisesRegex(ValueError, r"generation argument\(s\) \['num_beams'\]"):
+            self.lm.generate_until(_requests("generate_until", [("a", {"num_beams": 2})]))
+        with self.assertRaisesRegex(ValueError, "max_gen_toks=256 leaves no room"):
+            self.lm.generate_until(_requests("generate_until", [("a", {"max_gen_toks": 256})]))
+
+
+@pytest.mark.interop
+@needs_lm_eval
+class HarnessRunTest(absltest.TestCase):
+    """Local harness task files, run by the harness with ``model="lattn_jax"`` on a GGUF file."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.tmp = tempfile.mkdtemp(prefix="lmeval-adapter-")
+        cls.gguf = fixtures.write_tiny_gguf(os.path.join(cls.tmp, "tiny.gguf"))
+        cls.task_dir = os.path.join(cls.tmp, "tasks")
+        fixtures.write_harness_tasks(cls.task_dir)
+
+    def test_simple_evaluate_gives_our_evaluators_metrics_on_20_items(self):
+        import lm_eval
+        from lm_eval import tasks as lm_tasks
+
+        manager = lm_tasks.TaskManager(include_path=self.task_dir, include_defaults=False)
+        out = lm_eval.simple_evaluate(
+            model="lattn_jax", model_args=f"checkpoint={self.gguf},max_length=512",
+            tasks=["piqa_local", "lambada_local"], task_manager=manager, limit=20,
+            batch_size=4, log_samples=False, bootstrap_iters=0)
+        harness = out["results"]
+        self.assertEqual(out["config"]["lattn_jax_kind"], "gguf")
+        restored = restore.load_model(self.gguf)
+        ours = runner.run_evaluation(
+            restored.model, restored.tokenizer, ["piqa", "lambada_openai"],
+            runner.EvalOptions(data_dir=fixtures.HARNESS_DATA, limit=20, max_len=512,
+                               batch_size=4), log=lambda *a: None)
+        print("harness:", harness, "\nours:", ours)
+        self.assertEqual(ours["piqa"]["n"], 20)
+        self.assertEqual(harness["piqa_local"]["acc,none"], ours["piqa"]["acc"])
+        self.assertEqual(harness["piqa_local"]["acc_norm,none"], ours["piqa"]["acc_norm"])
+        self.assertEqual(harness["lambada_local"]["acc,none"], ours["lambada_openai"]["acc"])
+        np.testing.assert_allclose(harness["lambada_local"]["perplexity,none"],
+                                   ours["lambada_openai"]["perplexity"], rtol=1e-5)
+
+    def test_command_line(self):
+        cmd = [sys.executable, "-m", "lattn_jax.eval.lm_eval_adapter", "--model", "lattn_jax",
+               "--model_args", f"checkpoint={self.gguf}", "--include_path", self.task_dir,
+               "--tasks", "piqa_local", "--limit", "4", "--batch_size", "4"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                                env=dict(os.environ, HF_HUB_OFFLINE="1",
+                                         HF_DATASETS_OFFLINE="1", JAX_PLATFORMS="cpu"))
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertRegex(result.stdout, r"\|piqa_local\|.*\|acc\s*\|")
+
+
+if __name__ == "__main__":
+    absltest.main()

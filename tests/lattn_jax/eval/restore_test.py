@@ -1,0 +1,84 @@
+"""``restore.model_kind`` / ``load_model``: one loader for training workdirs, HF directories and
+GGUF files (issue 33); every bad path gives one error naming it."""
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+
+from lattn_jax.eval import restore
+from lattn_jax.halo import loaders
+from tests.lattn_jax.eval import fixtures
+
+
+class ModelKindTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.create_tempdir().full_path
+
+    def path(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def write(self, name, content, mode="w"):
+        os.makedirs(os.path.dirname(self.path(name)), exist_ok=True)
+        with open(self.path(name), mode) as f:
+            f.write(content)
+        return self.path(name)
+
+    def test_each_kind_is_recognised(self):
+        self.assertEqual(restore.model_kind(self.write("m.gguf", b"GGUF\x03\x00", "wb")), "gguf")
+        self.write("hf/config.json", json.dumps({"model_type": "llama"}))
+        self.write("hf/tokenizer.json", "{}")
+        self.assertEqual(restore.model_kind(self.path("hf")), "hf")
+
+    def test_bad_paths_are_named(self):
+        with self.assertRaisesRegex(FileNotFoundError, "no such checkpoint: .*/none \\(expected "
+                                                       "a lattn-jax training workdir"):
+            restore.model_kind(self.path("none"))
+        with self.assertRaisesRegex(ValueError, "notes.txt is a file but not a GGUF file"):
+            restore.model_kind(self.write("notes.txt", "hello"))
+        os.makedirs(self.path("empty"))
+        with self.assertRaisesRegex(FileNotFoundError, "no config.json in checkpoint directory "
+                                                       ".*/empty"):
+            restore.model_kind(self.path("empty"))
+        self.write("hf/config.json", json.dumps({"model_type": "llama"}))
+        with self.assertRaisesRegex(FileNotFoundError, "hf/tokenizer.json: no such file"):
+            restore.model_kind(self.path("hf"))
+        self.write("bad/config.json", "{not json")
+        with self.assertRaisesRegex(ValueError, "bad/config.json is not valid JSON"):
+            restore.model_kind(self.path("bad"))
+        # A config.json without model_type is a training workdir's, and must validate.
+        self.write("run/config.json", json.dumps({"model": {"vocab_size": "many"}}))
+        with self.assertRaises(ValueError):
+            restore.model_kind(self.path("run"))
+
+
+class LoadModelTest(absltest.TestCase):
+
+    def test_gguf_file(self):
+        path = fixtures.write_tiny_gguf(os.path.join(self.create_tempdir().full_path, "t.gguf"))
+        restored = restore.load_model(path)
+        self.assertEqual((restored.kind, restored.step, restored.config, restored.path),
+                         ("gguf", None, None, path))
+        self.assertIsNone(restored.training_data)
+        self.assertEqual(restored.describe(), "GGUF file")
+        # Padding-safe batched generation: the padding is its own segment.
+        self.assertTrue(restored.model_config.use_segment_ids)
+        tok = restored.tokenizer
+        self.assertEqual((tok.vocab_size, tok.bos_id, tok.eos_id), (268, 266, 267))
+        ids = tok.encode("Question: the water?\nAnswer: the")
+        self.assertEqual(tok.decode(ids), "Question: the water?\nAnswer: the")
+        teacher = loaders.load_gguf(path)
+        ref = loaders.build_model(teacher.model_config, teacher.params)
+        np.testing.assert_array_equal(np.asarray(restored.model(jnp.asarray([ids]))),
+                                      np.asarray(ref(jnp.asarray([ids]))))
+        with self.assertRaisesRegex(ValueError, "step=3: a checkpoint step applies to lattn-jax "
+                                                "training workdirs only; .*t.gguf is a GGUF file"):
+            restore.load_model(path, 3)
+
+
+if __name__ == "__main__":
+    absltest.main()
