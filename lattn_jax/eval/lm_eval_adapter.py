@@ -175,7 +175,7 @@ class LattnJaxLM(lm_model.LM):
         self._max_gen_toks = _int_option("max_gen_toks", max_gen_toks)
         self._bucket = _int_option("bucket", bucket)
         self._route = _flag("route", route)
-        self._seed = int(seed)
+        self._seed = _int_option("seed", seed, minimum=0)
         if device is not None:
             _log.info("lattn_jax: device=%s is ignored; JAX runs on its default backend", device)
         del max_batch_size  # fixed batches
@@ -186,8 +186,8 @@ class LattnJaxLM(lm_model.LM):
         self.model: model_lib.LanguageModel = restored.model
         self.tokenizer: tok_lib.Tokenizer = restored.tokenizer
         if prefix_token_id is not None:
-            prefix = int(prefix_token_id)
-            if not 0 <= prefix < self.model.config.vocab_size:
+            prefix = _int_option("prefix_token_id", prefix_token_id, minimum=0)
+            if prefix >= self.model.config.vocab_size:
                 raise ValueError(f"lattn_jax: prefix_token_id={prefix_token_id!r} is outside "
                                  f"the vocabulary [0, {self.model.config.vocab_size})")
         elif restored.kind == "lattn_jax" or self.tokenizer.bos_id is None:

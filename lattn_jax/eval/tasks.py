@@ -29,9 +29,11 @@ Metrics (lm-eval ``ConfigurableTask.process_results``):
 
 * ``acc``: ``argmax_i ll_i == gold``;
 * ``acc_norm``: ``argmax_i ll_i / len(choice_i) == gold`` with ``len`` the length of the choice
-  string without the leading space, as lm-eval computes it (``len(str)``: characters, which
-  equal UTF-8 bytes for these ASCII datasets; lm-eval's documentation calls it byte-length
-  normalisation);
+  string without the leading space, as lm-eval computes it: ``len(str)``, characters, not UTF-8
+  bytes (lm-eval's documentation calls it byte-length normalisation; its separate ``acc_bytes``
+  metric divides by bytes). The two differ on non-ASCII choices (curly quotes, accents, ...):
+  62 of PIQA's 3,676 choices, 199 of HellaSwag's 40,168, 28 of ARC-Easy's 9,501 and 27 of
+  ARC-Challenge's 4,687; OpenBookQA's 2,000 are all ASCII;
 * WinoGrande partial scoring (Sakaguchi et al. 2020; lm-eval ``winogrande``): the two options
   fill the blank in the *context*, and the shared suffix is scored given each;
 * LAMBADA (OpenAI detokenised test set, Radford et al. 2019): ``acc`` = every token of the last
@@ -233,7 +235,9 @@ def load_task(name: str, data_dir: str, limit: Optional[int] = None,
     Args:
       name: one of :data:`TASK_NAMES`.
       data_dir: directory laid out as ``shared/data/eval``.
-      limit: keep a random subsample of this many documents (fixed ``seed``; ``None``: all).
+      limit: keep a random subsample of this many documents, in file order (fixed ``seed``;
+        ``None``: all). This is ``EvalOptions.sample_items`` (``--sample_items``) and HALO's
+        ``csr_limit``; the harness's ``--limit``, the first N, is ``load_task(...)[:N]``.
       seed: subsampling seed.
 
     Raises:

@@ -165,6 +165,10 @@ class AdapterMatchesEvaluatorTest(absltest.TestCase):
             make(self.model, self.tok, batch_size="auto")
         with self.assertRaisesRegex(ValueError, "max_length must be an integer >= 1, got 'x'"):
             make(self.model, self.tok, max_length="x")
+        with self.assertRaisesRegex(ValueError, "seed must be an integer >= 0, got 'x'"):
+            make(self.model, self.tok, seed="x")
+        with self.assertRaisesRegex(ValueError, "prefix_token_id=257 is outside the vocabulary"):
+            make(self.model, self.tok, prefix_token_id=257)
         with self.assertRaisesRegex(ValueError, "give the model as --model_args checkpoint=PATH"):
             lm_eval_adapter.LattnJaxLM()
         with self.assertRaisesRegex(FileNotFoundError, "no such checkpoint: /no/such.gguf"):
