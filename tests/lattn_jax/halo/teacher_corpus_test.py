@@ -88,7 +88,7 @@ def write_tiny_gguf(path, seed=0, *, d=32, layers=2, heads=4, kv_heads=2, head_d
 
 
 class Interrupted(Exception):
-    pass
+    """Raised by a test's generate function to stop a run mid-way."""
 
 
 class TeacherCorpusTest(absltest.TestCase):
