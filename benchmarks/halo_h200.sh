@@ -4,11 +4,13 @@
 # download there. Run from the repository root on the GPU machine.
 #
 # Here (the development machine), once:
-#   benchmarks/halo_h200.sh pack <corpus dir> <gguf> <wheels dir> <eval data dir> <out dir>
+#   benchmarks/halo_h200.sh pack <corpus dir> <gguf> <wheels dir> <eval data dir> <out dir> \
+#       [<teacher text dir>]
 # writes <out dir>/bundle.tar.part<k> (pieces of 52 MiB: one per call) and bundle.tar.sha256.
 # The bundle holds the corpus as experiments/corpus_pieces.py pieces (sha256-checked on join),
 # the GGUF teacher, the wheels the GPU image lacks and the evaluation data
-# (experiments/halo_eval_subset.py).
+# (experiments/halo_eval_subset.py), and, if given, a token-shard directory of text the teacher
+# wrote (experiments/generate_corpus.py), which `start` passes as the config's teacher_text.
 #
 # There, one call per piece (the piece carried in an ignored folder of the checkout):
 #   benchmarks/halo_h200.sh receive <carried piece files...>   # kept outside the checkout
@@ -41,10 +43,15 @@ case "$cmd" in
   pack)
     corpus=${1:?corpus dir}; gguf=${2:?gguf}; wheels=${3:?wheels dir}; evaldata=${4:?eval dir}
     out=${5:?out dir}
+    teacher_text=${6:-}
     stage=$(mktemp -d)
     mkdir -p "$stage/bundle" "$out"
     python3 experiments/corpus_pieces.py --mode=split --directory="$corpus" \
         --pieces_dir="$stage/bundle/pieces" --piece_mib=4096
+    if [[ -n "$teacher_text" ]]; then
+      python3 experiments/corpus_pieces.py --mode=split --directory="$teacher_text" \
+          --pieces_dir="$stage/bundle/teacher_pieces" --piece_mib=4096
+    fi
     cp "$gguf" "$stage/bundle/$GGUF_NAME"
     cp -r "$wheels" "$stage/bundle/whl"
     cp -r "$evaldata" "$stage/bundle/halo_data"
@@ -72,10 +79,17 @@ case "$cmd" in
     python3 experiments/corpus_pieces.py --mode=join --manifest="$manifest" \
         --output_dir="$XFER/corpus"
     name=$(basename "$manifest" .pieces.json)
+    config="configs/halo_smollm2.py:h200,corpus=$XFER/corpus/$name"
+    if compgen -G "$XFER/bundle/teacher_pieces/*.pieces.json" > /dev/null; then
+      manifest=$(ls "$XFER"/bundle/teacher_pieces/*.pieces.json)
+      python3 experiments/corpus_pieces.py --mode=join --manifest="$manifest" \
+          --output_dir="$XFER/corpus"
+      config="$config,teacher_text=$XFER/corpus/$(basename "$manifest" .pieces.json)"
+    fi
     mkdir -p "$WORK"
     # shellcheck disable=SC2086
     setsid nohup env PYTHONUNBUFFERED=1 python3 experiments/halo_pipeline.py \
-        --config="configs/halo_smollm2.py:h200,corpus=$XFER/corpus/$name" --workdir="$WORK" \
+        --config="$config" --workdir="$WORK" \
         --config.teacher.path="$XFER/bundle/$GGUF_NAME" \
         --config.report.data_dir="$XFER/bundle/halo_data" ${HALO_FLAGS:-} \
         > "$WORK.log" 2>&1 < /dev/null &

@@ -114,9 +114,10 @@ class DataConfig:
         source_weights: ``None``, or ``{shard name: weight}`` for token-shard corpora: how many
             times each named shard's training documents enter the training order (the shard
             names of ``manifest.json``; ``experiments/build_corpus.py`` names them after their
-            sources, e.g. ``{"gutenberg": 4.0, "gcide": 0.5}``). A weight ``w > 0`` keeps every
+            sources, e.g. ``{"gutenberg": 4.0, "gcide": 0.5}``). A weight ``w >= 0`` keeps every
             document ``floor(w)`` times plus a seeded ``w - floor(w)`` fraction of them once more
-            (``w < 1`` keeps that fraction only); the weighted order is permuted with ``seed``.
+            (``w < 1`` keeps that fraction only; ``w = 0`` leaves the shard out of training, e.g.
+            one stage of a multi-stage recipe); the weighted order is permuted with ``seed``.
             Unnamed shards keep weight 1; validation documents are never reweighted. This is
             upsampling as in data-mixture recipes: a weight of 4 means four epochs of that
             source per pass over the training split.
@@ -228,10 +229,11 @@ def resolved_format(config: DataConfig) -> str:
 
 
 def _source_weights(value) -> Dict[str, float]:
-    """``value`` as a plain ``{name: weight}`` dict of finite weights > 0.
+    """``value`` as a plain ``{name: weight}`` dict of finite weights >= 0.
 
     Raises:
-        ValueError: not a mapping of names to positive numbers (``data.source_weights`` named).
+        ValueError: not a mapping of names to non-negative numbers (``data.source_weights``
+            named).
     """
     items = value.items() if hasattr(value, "items") else None
     if items is None:
@@ -243,9 +245,9 @@ def _source_weights(value) -> Dict[str, float]:
             raise ValueError(f"data.source_weights: shard names must be non-empty strings, got "
                              f"{name!r}")
         if (isinstance(weight, bool) or not isinstance(weight, numbers.Real)
-                or not math.isfinite(weight) or weight <= 0):
+                or not math.isfinite(weight) or weight < 0):
             raise ValueError(f"data.source_weights: the weight of {name!r} must be a finite "
-                             f"number > 0, got {weight!r}")
+                             f"number >= 0, got {weight!r}")
         out[name] = float(weight)
     return out
 

@@ -371,15 +371,16 @@ def weighted_documents(corpus: shards.TokenCorpus, order: np.ndarray,
     Args:
         corpus: a token-shard corpus (``shard_names`` set).
         order: int ``[M]``, the training documents (indices into ``corpus``).
-        source_weights: ``{shard name: weight > 0}``.
+        source_weights: ``{shard name: weight >= 0}`` (0: the shard's documents are left out).
         seed: seed of the fractional choice and of the permutation.
 
     Returns:
         int64 ``[M']``: document indices, each of ``order`` zero or more times.
 
     Raises:
-        ValueError: ``corpus`` has no shard names (documents read from text), or a name in
-            ``source_weights`` is not one of its shards with tokens (the message lists them).
+        ValueError: ``corpus`` has no shard names (documents read from text), a name in
+            ``source_weights`` is not one of its shards with tokens (the message lists them), or
+            the weights leave no training document.
     """
     if corpus.shard_names is None:
         raise ValueError("data.source_weights: the corpus was read from text files, which have "
@@ -400,7 +401,10 @@ def weighted_documents(corpus: shards.TokenCorpus, order: np.ndarray,
         docs = order[corpus.doc_shard[order] == shard]
         extra = int(round((shard_weight[shard] - np.floor(shard_weight[shard])) * len(docs)))
         parts.append(rng.choice(docs, size=extra, replace=False))
-    return rng.permutation(np.concatenate(parts))
+    out = np.concatenate(parts)
+    if not len(out):
+        raise ValueError(f"data.source_weights: {source_weights} leaves no training document")
+    return rng.permutation(out)
 
 
 def pack_documents(documents: Sequence[np.ndarray], eos_id: int) -> tuple[np.ndarray, np.ndarray]:

@@ -136,8 +136,10 @@ def _load_teacher(config):
 
 
 def data_for(config, section) -> data_lib.Datasets:
-    """The data pipeline of one stage: ``config.data`` with the stage's seq_len/batch_size (and,
-    for ``tokenizer == "gguf"`` without a ``tokenizer_path``, the teacher's GGUF file).
+    """The data pipeline of one stage: ``config.data`` with the stage's seq_len/batch_size, its
+    ``data_seed`` and ``source_weights`` where set (the stage's own mixture: they replace
+    ``data.seed`` and ``data.source_weights``), and, for ``tokenizer == "gguf"`` without a
+    ``tokenizer_path``, the teacher's GGUF file.
 
     Raises:
       ConfigError: an unknown ``data`` option. FileNotFoundError / ValueError: from the pipeline.
@@ -146,6 +148,8 @@ def data_for(config, section) -> data_lib.Datasets:
     values.update(seq_len=section.seq_len, batch_size=section.batch_size)
     if section.get("data_seed") is not None:  # each stage its own window order
         values["seed"] = section.data_seed
+    if section.get("source_weights") is not None:  # each stage its own mixture
+        values["source_weights"] = _to_dict(section.source_weights)
     if values.get("tokenizer") == "gguf" and not values.get("tokenizer_path"):
         values["tokenizer_path"] = config.teacher.path
     return data_lib.build_datasets(_build(data_lib.DataConfig, values, "data"))
@@ -658,10 +662,13 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
             train=dict(total_steps=steps, checkpoint_every=min(checkpoint_every, steps),
                        keep_checkpoints=2, log_every=min(log_every, steps), seed=0,
                        max_steps_per_run=None),
-            # Rows per forward/backward pass (gradient accumulation; None: the whole batch) and
-            # the seed of this stage's window order (None: data.seed).
+            # Rows per forward/backward pass (gradient accumulation; None: the whole batch), the
+            # seed of this stage's window order (None: data.seed) and its mixture ({shard name:
+            # weight}, replacing data.source_weights; None: data.source_weights. A dict on the
+            # command line: --config.stage2.source_weights="{'teacher': 3.0}").
             micro_batch_size=config_dict.placeholder(int),
             data_seed=config_dict.placeholder(int),
+            source_weights=config_dict.placeholder(object),
             **extra)
 
     s1_len, s1_batch, _ = stage_lengths["stage1"]

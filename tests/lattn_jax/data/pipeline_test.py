@@ -438,8 +438,20 @@ class SourceWeightsTest(absltest.TestCase):
         # Validation is never reweighted.
         _assert_batches_equal(self, list(plain.val_batches), list(weighted.val_batches))
 
+    def test_zero_weight_leaves_a_shard_out(self):
+        order = np.random.default_rng(1).permutation(self.corpus.num_documents)
+        got = pipeline.weighted_documents(self.corpus, order, {"shard-00001": 0.0}, seed=5)
+        shard_of = self.corpus.doc_shard[got]
+        self.assertNotIn(1, shard_of)
+        # Every other document exactly once.
+        others = order[self.corpus.doc_shard[order] != 1]
+        np.testing.assert_array_equal(np.sort(got), np.sort(others))
+        with self.assertRaisesRegex(ValueError, "data.source_weights: .* leaves no training"):
+            pipeline.weighted_documents(
+                self.corpus, order, {n: 0.0 for n in self.corpus.shard_names}, seed=5)
+
     def test_bad_weights_name_the_option(self):
-        for bad in ({"shard-00000": 0}, {"shard-00000": -1.0}, {"shard-00000": float("nan")},
+        for bad in ({"shard-00000": -1.0}, {"shard-00000": float("nan")},
                     {"shard-00000": "2"}, {"": 2.0}, [("shard-00000", 2.0)]):
             with self.subTest(bad=bad), self.assertRaisesRegex(ValueError,
                                                                "data.source_weights"):

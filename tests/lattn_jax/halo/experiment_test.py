@@ -8,8 +8,12 @@ from absl.testing import absltest
 
 from configs import halo_qwen3_1p7b
 from configs import halo_smollm2
+from lattn_jax.data import pipeline
+from lattn_jax.data import prepare
+from lattn_jax.data import shards
 from lattn_jax.halo import experiment
 from lattn_jax.halo import report
+from tests.lattn_jax.data import corpus
 
 
 class ConfigTest(absltest.TestCase):
@@ -46,9 +50,45 @@ class ConfigTest(absltest.TestCase):
         self.assertEqual(dict(cfg.data.source_weights), halo_smollm2.H200_SOURCE_WEIGHTS)
         self.assertTrue(all(w > 1 for w in halo_smollm2.H200_SOURCE_WEIGHTS.values()))
         self.assertIsNone(halo_smollm2.get_config("h200,prose_weights=False").data.source_weights)
+        self.assertIsNone(cfg.stage2.source_weights)
+        # Teacher-written text: Stages 1-2 read it, Stage 3 (16K windows) leaves it out.
+        gen = halo_smollm2.get_config("h200,teacher_text=/g/t")
+        self.assertEqual(gen.data.paths, (f"{halo_smollm2.DEFAULT_CORPUS}/train", "/g/t"))
+        for stage, w in (("stage1", 3.0), ("stage2", 3.0), ("stage3", 0.0)):
+            self.assertEqual(dict(gen[stage].source_weights),
+                             {**halo_smollm2.H200_SOURCE_WEIGHTS, "teacher": w})
         cfg = halo_qwen3_1p7b.get_config()
         self.assertEqual((cfg.stage3.seq_len, cfg.stage3.train.total_steps), (16_384, 500))
         self.assertEqual(cfg.stage3.optim.min_lr_ratio, 1.0)
+
+
+class StageDataTest(absltest.TestCase):
+    """``data_for``: a stage's ``source_weights`` replace ``data.source_weights`` for it alone."""
+
+    def test_stage_mixture(self):
+        root = self.create_tempdir().full_path
+        text = os.path.join(root, "text")
+        os.makedirs(text)
+        paragraphs = corpus.shakespeare_paragraphs(60)
+        for i in range(2):  # shards shard-00000 and shard-00001: 30 paragraphs each
+            with open(os.path.join(text, f"part{i}.txt"), "w", encoding="utf-8") as f:
+                f.write("\n\n".join(paragraphs[30 * i:30 * (i + 1)]) + "\n")
+        shard_dir = os.path.join(root, "shards")
+        prepare.prepare_corpus([text], shard_dir, tokenizer="byte", workers=0, progress=False,
+                               print_fn=lambda _: None)
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.data.update(paths=(shard_dir,), format="tokens", tokenizer="byte", val_fraction=0.1,
+                        source_weights={"shard-00000": 2.0})
+        cfg.stage2.source_weights = {"shard-00001": 0.0}
+        docs = shards.open_corpus([shard_dir])
+        train_idx, _ = pipeline.split_documents(docs.num_documents, 0.1, cfg.data.seed)
+        tokens = [int((docs.doc_len[train_idx[docs.doc_shard[train_idx] == k]] + 1).sum())
+                  for k in (0, 1)]
+        self.assertTrue(all(tokens))
+        # Stage 1 follows data.source_weights; Stage 2 its own (shard 1 out, shard 0 once).
+        self.assertEqual(experiment.data_for(cfg, cfg.stage1).stats.train_tokens,
+                         2 * tokens[0] + tokens[1])
+        self.assertEqual(experiment.data_for(cfg, cfg.stage2).stats.train_tokens, tokens[0])
 
 
 @pytest.mark.entry
