@@ -21,10 +21,12 @@ to the sweep does the same at once.
 After every run, and at the end, ``<root>/results.{md,csv,json}`` and ``curves.png`` are
 rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation appends
 its command line and outcome to ``<root>/sweep.jsonl``. ``--export=<dir>`` then copies the
-records and results, without checkpoints, to ``<dir>`` (a sweep continues on another machine
-from a copy of them as its ``--root``). Compiled programs are shared through a persistent cache
-in ``<root>/jax_cache`` (``--compilation_cache=''``: the environment's
-``JAX_COMPILATION_CACHE_DIR``, if any).
+records and results, without checkpoints, to ``<dir>``: the results files as they are, the
+runs' records as ``records.tar.gz`` (``--noexport_archive``: a ``runs/`` tree; run names hold
+``=`` and ``,``, which the GPU machine's return folder refuses). A sweep continues on another
+machine from them: ``tar xzf records.tar.gz -C <new root>``. Compiled programs are shared
+through a persistent cache in ``<root>/jax_cache`` (``--compilation_cache=''``: the
+environment's ``JAX_COMPILATION_CACHE_DIR``, if any).
 
 Exit status: 0 when every selected run is finished or failed, 3 when the call stopped before
 that (deadline, ``--max_runs``, SIGTERM or Ctrl-C: run the same command again), 1 on a bad flag
@@ -71,6 +73,9 @@ _CACHE = flags.DEFINE_string("compilation_cache", None, "Persistent compilation 
                              "JAX_COMPILATION_CACHE_DIR as the environment has it).")
 _EXPORT = flags.DEFINE_string("export", None, "Copy the records and results (no checkpoints) "
                               "here at the end.")
+_EXPORT_ARCHIVE = flags.DEFINE_bool("export_archive", True, "--export: the runs' records as "
+                                    "one records.tar.gz (run names hold '=' and ','), not a "
+                                    "runs/ tree.")
 flags.mark_flags_as_required(["config", "root"])
 
 EXIT_STOPPED = 3
@@ -183,7 +188,8 @@ def main(argv):
         if _EXPORT.value:
             n = sweep.export(root, _EXPORT.value, extra_files=(
                 sweep_report.SWEEP_LOG, sweep_report.RESULTS_MD, sweep_report.RESULTS_CSV,
-                sweep_report.RESULTS_JSON, sweep_report.CURVES_PNG))
+                sweep_report.RESULTS_JSON, sweep_report.CURVES_PNG),
+                archive=_EXPORT_ARCHIVE.value)
             _log(f"exported {n} files to {_EXPORT.value}")
     if summary.status != "complete":
         sys.exit(EXIT_STOPPED)

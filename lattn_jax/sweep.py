@@ -59,6 +59,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -827,7 +828,11 @@ RECORD_FILES = (RUN_RECORD, ATTEMPTS, RUN_LOG, "metrics.jsonl", "console.log",
                 "invocations.jsonl", "config.json", "loss.png")
 
 
-def export(root: str, out_dir: str, extra_files: Sequence[str] = ()) -> int:
+RECORDS_ARCHIVE = "records.tar.gz"
+
+
+def export(root: str, out_dir: str, extra_files: Sequence[str] = (),
+           archive: bool = False) -> int:
     """Copies the sweep's records, not its checkpoints, from ``root`` to ``out_dir``.
 
     For every run directory under ``<root>/runs`` (set-aside ones included) the
@@ -836,24 +841,38 @@ def export(root: str, out_dir: str, extra_files: Sequence[str] = ()) -> int:
     started from a copy of them to skip the finished runs. Copying a finished sweep's records
     back into a fresh ``--root`` on another machine is how a sweep continues there.
 
+    Args:
+      root: the sweep's ``--root``.
+      out_dir: where the copies go (created).
+      extra_files: files of ``root`` copied as they are (missing ones are skipped).
+      archive: write the run records as one ``<out_dir>/records.tar.gz`` (members
+        ``runs/<run name>/<file>``; unpack with ``tar xzf records.tar.gz -C <new root>``)
+        instead of a ``runs/`` tree. Run names hold ``=`` and ``,``, which some transfer
+        channels (the GPU machine's return folder) refuse in file names.
+
     Returns:
-      The number of files copied.
+      The number of files copied (into the archive or not).
     """
     copied = 0
     base = os.path.join(root, RUNS_DIR)
     names = sorted(os.listdir(base)) if os.path.isdir(base) else []
-    for name in names:
-        for file in RECORD_FILES:
-            src = os.path.join(base, name, file)
-            if os.path.isfile(src):
-                dst = os.path.join(out_dir, RUNS_DIR, name, file)
-                os.makedirs(os.path.dirname(dst), exist_ok=True)
-                shutil.copy2(src, dst)
-                copied += 1
+    records = [(os.path.join(base, name, file), os.path.join(RUNS_DIR, name, file))
+               for name in names for file in RECORD_FILES
+               if os.path.isfile(os.path.join(base, name, file))]
+    os.makedirs(out_dir, exist_ok=True)
+    if archive:
+        with tarfile.open(os.path.join(out_dir, RECORDS_ARCHIVE), "w:gz") as tar:
+            for src, member in records:
+                tar.add(src, arcname=member)
+    else:
+        for src, member in records:
+            dst = os.path.join(out_dir, member)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copy2(src, dst)
+    copied += len(records)
     for file in extra_files:
         src = os.path.join(root, file)
         if os.path.isfile(src):
-            os.makedirs(out_dir, exist_ok=True)
             shutil.copy2(src, os.path.join(out_dir, file))
             copied += 1
     return copied

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 
 import numpy as np
@@ -121,6 +122,11 @@ class SweepBinaryTest(absltest.TestCase):
         self.assertEqual(statuses, ["complete", "incomplete", "complete", "complete"])
 
         # The table from the exported records alone (no checkpoints): the same runs.
+        self.assertEqual(sorted(os.listdir(export)), [
+            "curves.png", "records.tar.gz", "results.csv", "results.json", "results.md",
+            "sweep.jsonl"])
+        with tarfile.open(os.path.join(export, "records.tar.gz")) as tar:
+            tar.extractall(export)
         self.assertFalse(os.path.exists(os.path.join(export, "runs", REF, "checkpoints")))
         shutil.rmtree(self.root)
         self.root = export

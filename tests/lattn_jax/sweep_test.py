@@ -5,6 +5,7 @@ tests/experiments/sweep_test.py)."""
 
 import json
 import os
+import tarfile
 import textwrap
 import threading
 import time
@@ -328,6 +329,21 @@ class ExecuteTest(absltest.TestCase):
              "invocations.jsonl"]))
         self.assertEqual(n, 7)
         self.assertEqual(sweep.run_state(copied).status, sweep.Status.FINISHED)
+        # As one archive: the same files, unpacked into a fresh root.
+        packed = os.path.join(self.root, "packed")
+        self.assertEqual(sweep.export(self.root, packed, extra_files=("results.md",),
+                                      archive=True), 7)
+        self.assertEqual(sorted(os.listdir(packed)), ["records.tar.gz", "results.md"])
+        fresh = os.path.join(self.root, "fresh")
+        with tarfile.open(os.path.join(packed, "records.tar.gz")) as tar:
+            tar.extractall(fresh)
+        unpacked = os.path.join(fresh, sweep.RUNS_DIR, runs[0].name)
+        self.assertEqual(sorted(os.listdir(unpacked)), sorted(os.listdir(copied)))
+        for file in os.listdir(copied):
+            with open(os.path.join(copied, file), "rb") as a, \
+                    open(os.path.join(unpacked, file), "rb") as b:
+                self.assertEqual(a.read(), b.read(), file)
+        self.assertEqual(sweep.run_state(unpacked).status, sweep.Status.FINISHED)
 
 
 if __name__ == "__main__":
