@@ -30,6 +30,10 @@
   ops, module-level jitted references) of nearly every file. On the 2-core CI machine this cut
   the wall time of ``-n 2`` runs by about 10-15 % (tests/lattn_jax 279 -> 252 s,
   tests/pallas_kernels 317 -> 264 s).
+* After the run, the tests marked ``interop`` (lm-evaluation-harness, ``transformers``, the
+  SmolLM2 GGUF file) are listed with their outcomes, skip reasons included, and counted in one
+  line, ``interop: N passed, N skipped, N failed``: they skip when an optional package is
+  missing, and the CI log has to show that they ran.
 """
 
 import atexit
@@ -88,3 +92,40 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling  # pylint: disable=import-outside-toplevel
     return LoadFileScheduling(config, log)
 
+
+_INTEROP_RANK = {"passed": 0, "skipped": 1, "failed": 2}
+_interop_outcomes = {}  # nodeid -> (outcome, skip reason)
+
+
+def pytest_runtest_logreport(report):
+    """Keeps the worst outcome of each ``interop`` test over its phases and subtests."""
+    if "interop" not in report.keywords:
+        return
+    subtest = getattr(report, "context", None) is not None
+    if report.failed:
+        outcome, reason = "failed", ""
+    elif report.skipped and not subtest:
+        longrepr = report.longrepr
+        outcome = "skipped"
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else ""
+    elif report.when == "call" and not subtest:
+        outcome, reason = "passed", ""
+    else:
+        return
+    old = _interop_outcomes.get(report.nodeid)
+    if old is None or _INTEROP_RANK[outcome] > _INTEROP_RANK[old[0]]:
+        _interop_outcomes[report.nodeid] = (outcome, reason)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Lists the ``interop`` tests that ran (under xdist: on the controller) and counts them."""
+    if not _interop_outcomes or hasattr(terminalreporter.config, "workerinput"):
+        return
+    terminalreporter.write_sep("=", "interop tests (lm-evaluation-harness, transformers, "
+                                    "SmolLM2 GGUF)")
+    for nodeid, (outcome, reason) in sorted(_interop_outcomes.items()):
+        why = f" - {reason}" if reason else ""
+        terminalreporter.write_line(f"{outcome.upper()} {nodeid}{why}")
+    counts = {k: sum(o == k for o, _ in _interop_outcomes.values()) for k in _INTEROP_RANK}
+    terminalreporter.write_line(f"interop: {counts['passed']} passed, {counts['skipped']} "
+                                f"skipped, {counts['failed']} failed")
