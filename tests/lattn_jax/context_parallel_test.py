@@ -18,21 +18,16 @@ from absl.testing import absltest
 
 from lattn_jax import config as config_lib
 from lattn_jax import context_parallel
+from tests.lattn_jax import sharding_worker
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "context_parallel_worker.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _TOL = 1e-5
 
 
-def _xla_flags(devices: int) -> str:
-    """The suite's ``XLA_FLAGS`` (``tests/conftest.py``) plus ``devices`` simulated CPU devices."""
-    inherited = os.environ.get("XLA_FLAGS", "")
-    return f"{inherited} --xla_force_host_platform_device_count={devices}".strip()
-
-
 def run_worker(mode: str, devices: int = 8) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=_xla_flags(devices))
+               XLA_FLAGS=sharding_worker.worker_xla_flags(devices))
     proc = subprocess.run([sys.executable, _WORKER, mode], env=env, cwd=_ROOT,
                           capture_output=True, text=True, timeout=900)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]

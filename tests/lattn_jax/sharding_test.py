@@ -32,15 +32,9 @@ _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sharding_wor
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _xla_flags(devices: int) -> str:
-    """The suite's ``XLA_FLAGS`` (``tests/conftest.py``) plus ``devices`` simulated CPU devices."""
-    inherited = os.environ.get("XLA_FLAGS", "")
-    return f"{inherited} --xla_force_host_platform_device_count={devices}".strip()
-
-
 def run_worker(mode: str, directory: str, devices: int) -> dict:
     env = dict(os.environ, JAX_PLATFORMS="cpu",
-               XLA_FLAGS=_xla_flags(devices))
+               XLA_FLAGS=sharding_worker.worker_xla_flags(devices))
     proc = subprocess.run([sys.executable, _WORKER, mode, directory], env=env, cwd=_ROOT,
                           capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
@@ -58,7 +52,7 @@ def run_processes(n: int = 2, devices: int = 2, mesh: str = "fsdp") -> list:
     for pid in range(n):
         env = dict(os.environ, JAX_PLATFORMS="cpu", LATTN_PROCESS_ID=str(pid),
                    LATTN_PORT=str(port), LATTN_MESH=mesh,
-                   XLA_FLAGS=_xla_flags(devices))
+                   XLA_FLAGS=sharding_worker.worker_xla_flags(devices))
         procs.append(subprocess.Popen([sys.executable, _WORKER, "process", "-"], env=env,
                                       cwd=_ROOT, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))

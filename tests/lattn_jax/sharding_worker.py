@@ -35,6 +35,13 @@ jax.config.update("jax_disable_most_optimizations", True)
 jax.config.update("jax_default_matmul_precision", "highest")
 
 
+def worker_xla_flags(devices: int) -> str:
+    """``XLA_FLAGS`` for a worker process: the suite's own (``tests/conftest.py``) plus
+    ``devices`` simulated CPU devices (also used by ``context_parallel_test``)."""
+    inherited = os.environ.get("XLA_FLAGS", "")
+    return f"{inherited} --xla_force_host_platform_device_count={devices}".strip()
+
+
 def tiny_config(mesh: config_lib.MeshConfig, batch_size: int = 4,
                 micro_batch_size=None) -> config_lib.ExperimentConfig:
     """GDN + softmax attention with every head count divisible by the 2-way tensor axis."""
