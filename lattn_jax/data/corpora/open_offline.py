@@ -365,8 +365,8 @@ HARDEN_DOC = _deb(
     "77ffacb6f8af4afbdf39f3de6040a710ae6ffcc40e2fab5b5d312dfb11d28d94",
     "GPL-2+")
 IMAGEMAGICK_6_DOC = _deb(
-    "imagemagick-6-doc", "8:6.9.11.60+dfsg-1.6+deb12u15",
-    "f5696d112254ac0b5f7bba6c309e05d7005faa5320557631ed1da1a136b9e10f",
+    "imagemagick-6-doc", "8:6.9.11.60+dfsg-1.6+deb12u16",
+    "342a9f8f8e48b80741275ea3a00a2a551481a99312f053a28a7798133369ad65",
     "ImageMagick licence (Apache-2.0-like)")
 KICAD_DOC_EN = _deb(
     "kicad-doc-en", "6.0.11+dfsg-1",

@@ -57,6 +57,11 @@ class ConfigTest(absltest.TestCase):
         for stage, w in (("stage1", 3.0), ("stage2", 3.0), ("stage3", 0.0)):
             self.assertEqual(dict(gen[stage].source_weights),
                              {**halo_smollm2.H200_SOURCE_WEIGHTS, "teacher": w})
+        gen = halo_smollm2.get_config("h200,teacher_text=/g/t,teacher_weight=7.5")
+        self.assertEqual(gen.stage2.source_weights["teacher"], 7.5)
+        self.assertEqual(gen.stage3.source_weights["teacher"], 0.0)
+        with self.assertRaisesRegex(ValueError, "teacher_weight"):
+            halo_smollm2.get_config("h200,teacher_text=/g/t,teacher_weight=0")
         cfg = halo_qwen3_1p7b.get_config()
         self.assertEqual((cfg.stage3.seq_len, cfg.stage3.train.total_steps), (16_384, 500))
         self.assertEqual(cfg.stage3.optim.min_lr_ratio, 1.0)
