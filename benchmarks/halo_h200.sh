@@ -75,6 +75,13 @@ unpack_tar() {  # <name>: joins $XFER/<name>.tar.part*, checks its sha256 and un
       && tar xf "$name.tar" && rm "$name.tar" "$name".tar.part*)
 }
 
+install_wheels() {  # once: a second install would replace modules under a running generation
+  [[ -f "$SITE/.installed" ]] && return 0
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$SITE" "$XFER"/bundle/whl/*.whl
+  touch "$SITE/.installed"
+}
+
 alive() {  # <pid file>: whether the process it names runs
   [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2> /dev/null
 }
@@ -112,8 +119,7 @@ case "$cmd" in
     ;;
   generate)
     unpack_tar model
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "$XFER"/bundle/whl/*.whl
+    install_wheels
     mkdir -p "$XFER/decon" "$WORK" "$(dirname "$GEN_DIR")"
     tar xJf "$XFER/bundle/decon.tar.xz" -C "$XFER/decon"
     # shellcheck disable=SC2086
@@ -136,8 +142,7 @@ case "$cmd" in
     if [[ ! -d "$XFER/bundle/whl" ]]; then  # `generate` did not run: the model tar too
       unpack_tar model
     fi
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target "$SITE" "$XFER"/bundle/whl/*.whl
+    install_wheels
     manifest=$(ls "$XFER"/bundle/pieces/*.pieces.json)
     python3 experiments/corpus_pieces.py --mode=join --manifest="$manifest" \
         --output_dir="$XFER/corpus"
