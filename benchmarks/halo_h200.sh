@@ -143,6 +143,7 @@ case "$cmd" in
       unpack_tar model
     fi
     install_wheels
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
     manifest=$(ls "$XFER"/bundle/pieces/*.pieces.json)
     python3 experiments/corpus_pieces.py --mode=join --manifest="$manifest" \
         --output_dir="$XFER/corpus"
