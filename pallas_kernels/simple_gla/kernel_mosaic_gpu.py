@@ -1,0 +1,310 @@
+"""Chunk-boundary state pass of scalar-decay linear attention, a Pallas Mosaic GPU kernel (Hopper).
+
+A first Mosaic GPU (``plgpu``) kernel, written as groundwork for issue 29; nothing dispatches to
+it yet. It computes the states that enter every chunk of 64 tokens (the ``h`` of FLA's
+``chunk_fwd_h``, ``fla/ops/common/chunk_h.py``) and the final state, for simple GLA, Lightning
+attention and plain linear attention (``g = None``). Per batch row, value head and chunk ``c``,
+with the chunk-local inclusive cumulative log-decay ``G_i = g_{c,0} + ... + g_{c,i}`` and
+``G_L`` its last entry::
+
+    S_{c+1} = keep_c exp(G_L) S_c + k_c^T (last_c * exp(G_L - G) * v_c)     (state [K, V], fp32)
+
+which is the token recurrence ``S_t = exp(g_t) S_{t-1} + k_t v_t^T`` of
+:func:`pallas_kernels.simple_gla.reference.simple_gla_reference` summed over one chunk (paper
+"Linear Attention Architectures", arXiv 2607.07953, Eqs. 4-10; GLA, arXiv 2312.06635, Sec. 4).
+With packed documents, ``last_c`` (1 on the tokens of the chunk's last document) and ``keep_c``
+(1 when no document starts inside the chunk) make the chunk form exact: a document start resets
+the state, so only the last document's tokens reach the next chunk, and the incoming state only
+when the chunk has no start.
+
+Kernel structure (see ``pallas_kernels/common/MOSAIC_GPU.md``): one CTA per ``(b, h, 64 value
+columns)`` and two warpgroups. The memory warpgroup streams ``k``, ``v`` and the gate vectors of
+each chunk into a two-stage SMEM ring with TMA copies (``copy_gmem_to_smem``, one barrier per
+stage, one "free" barrier per stage back from the consumer). The state warpgroup keeps ``S``
+(``[K, 64]`` fp32) as a WGMMA accumulator in registers through the chunk loop: per chunk it
+stores ``S`` (the state entering the chunk) to HBM through an fp32 SMEM tile, scales the value
+tile by its per-row decay into a swizzled 16-bit SMEM tile, runs one ``wgmma``
+``k^T v_decayed`` (``k^T`` read as a transposed SMEM operand, fp32 accumulator) and adds
+``keep exp(G_L) S``.
+
+CPU testing: jax 0.10.2's Mosaic GPU interpreter (``InterpretGPUParams``, not yet exported from
+``plgpu`` there) simulates TMA, barriers, warpgroups and ``wgmma``, but cannot evaluate
+``plgpu.load`` with a layout, ``plgpu.layout_cast`` or ``plgpu.broadcasted_iota(..., layout=)``;
+real lowering needs exactly those for the 64-entry gate vectors, and its ``wgmma`` cannot read
+a transposed SMEM ref (``ref.T``; neither can the interpreter at jax's main branch of
+2026-08). So when interpreting, :func:`_load_rows` / :func:`_load_tile` read plainly instead of
+with a WGMMA layout, and ``k^T`` is copied into an SMEM scratch instead of passed as
+``k_s.T``; everything else (TMA ring, barriers, warpgroups, ``wgmma`` with its fp32
+accumulator, gate and document math) is the same code on both paths. The lowering test
+(``jax.jit(...).trace(...).lower(lowering_platforms=("cuda",))``) covers the other branch.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.common import pallas_gpu
+
+CHUNK = 64
+BLOCK_V = 64  # value columns per CTA: the state tile is [K, BLOCK_V] fp32 in registers
+STAGES = 2  # depth of the TMA input ring
+SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_WGMMA = plgpu.Layout.WGMMA
+_ROWS = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a [64 * m, n] WGMMA tile
+
+
+def interpret_params():
+    """``InterpretGPUParams`` for Mosaic GPU interpret mode on CPU (jax 0.10.x and 0.11.x).
+
+    jax 0.11 exports the class as ``plgpu.InterpretGPUParams``; jax 0.10.2 has it only in
+    ``jax._src.pallas.mosaic_gpu.interpret.params``.
+
+    Raises:
+        NotImplementedError: on a jax without the Mosaic GPU interpreter.
+    """
+    cls = getattr(plgpu, "InterpretGPUParams", None)
+    if cls is None:
+        try:
+            from jax._src.pallas.mosaic_gpu.interpret import params as gpu_interpret
+        except ImportError as e:  # pragma: no cover - depends on the installed jax
+            raise NotImplementedError("this jax has no Mosaic GPU interpret mode") from e
+        cls = gpu_interpret.InterpretGPUParams
+    return cls(detect_races=True)
+
+
+def _swizzled_smem(shape, dtype):
+    """SMEM tile tiled and swizzled for TMA and WGMMA (the minor dim is the last dim)."""
+    dtype = jnp.dtype(dtype)
+    swizzle = plgpu.find_swizzle(shape[-1] * dtype.itemsize * 8)
+    tiling = plgpu.TilingTransform((8, swizzle // dtype.itemsize))
+    return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(swizzle)))
+
+
+def _load_rows(ref, interpret: bool):
+    """A ``[C]`` fp32 SMEM vector as one value per row of a WGMMA tile (see module docstring)."""
+    if interpret:
+        return ref[...]
+    return plgpu.load(ref, (), layout=_ROWS)
+
+
+def _load_tile(ref, interpret: bool):
+    """A 2-D SMEM tile in the WGMMA register layout."""
+    if interpret:
+        return ref[...]
+    return plgpu.load(ref, (), layout=_WGMMA)
+
+
+def _zeros_acc(shape, interpret: bool):
+    zeros = jnp.zeros(shape, jnp.float32)
+    return zeros if interpret else plgpu.layout_cast(zeros, _WGMMA)
+
+
+def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
+                       group: int, has_h0: bool, interpret: bool):
+    """Kernel body; refs are GMEM. ``rest`` = ``[h0_ref,] h_ref, ht_ref`` then the scratch."""
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    (h_ref, ht_ref, k_s, v_s, g_s, last_s, conn_s, vd_s, state_s, in_bar, in_free, io_bar,
+     done, *kt_s) = rest
+    kt_s = kt_s[0] if interpret else None
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = k_s.shape[-1]
+
+    @pl.when(wg == 1)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def issue(n, slot):
+            rows = pl.ds(n * CHUNK, CHUNK)
+            bar = in_bar.at[slot]
+            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h, cols], v_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
+
+        for n in range(min(STAGES, num_chunks)):
+            issue(n, n)
+
+        @pl.loop(STAGES, num_chunks)
+        def _refill(n):
+            slot = lax.rem(n, STAGES)
+            plgpu.barrier_wait(in_free.at[slot])  # chunk n - STAGES was consumed
+            issue(n, slot)
+
+        for n in range(max(num_chunks - STAGES, 0), num_chunks):  # observe the last releases
+            plgpu.barrier_wait(in_free.at[n % STAGES])
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        if has_h0:
+            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
+            plgpu.barrier_wait(io_bar)
+            s0 = _load_tile(state_s, interpret)
+        else:
+            s0 = _zeros_acc((dk, BLOCK_V), interpret)
+
+        def step(n, s):
+            slot = lax.rem(n, STAGES)
+            # The state entering chunk n goes to HBM (fp32) while the chunk's inputs land.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # state_s of chunk n - 1 was read
+            state_s[...] = s
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(state_s, h_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(in_bar.at[slot])
+            g = _load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
+            g_last = g_s[slot, CHUNK - 1]
+            # exp(G_L - G_i) <= 1 for every i (g <= 0), so no overflow; tokens before the chunk's
+            # last document start do not reach the next chunk (last = 0).
+            k_decay = jnp.exp(g_last - g) * _load_rows(last_s.at[slot], interpret)
+            s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]  # 0 if a document starts inside
+            v = _load_tile(v_s.at[slot], interpret).astype(jnp.float32)
+            vd_s[...] = (v * lax.broadcast_in_dim(k_decay, v.shape, [0])).astype(vd_s.dtype)
+            plgpu.commit_smem()
+
+            if interpret:  # the interpreter's wgmma cannot read a transposed ref: copy k^T
+                kt_s[...] = k_s[slot].T
+                k_t = kt_s
+            else:
+                k_t = k_s.at[slot].T
+
+            def product(acc):
+                plgpu.wgmma(acc, k_t, vd_s)  # k^T (decayed v), fp32 accumulation
+                return acc[...]
+
+            # A fresh accumulator plus the decayed state, not pl.run_state(ACC.init(...)): the
+            # 0.10.2 interpreter has no rule for run_state. The barrier keeps the add after the
+            # accumulator read, which waits for the wgmma.
+            kv = lax.optimization_barrier(pl.run_scoped(product, plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s * s_decay + kv
+
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        state_s[...] = s
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+def unsupported_reason(k: jax.Array, v: jax.Array) -> Optional[str]:
+    """Why :func:`chunk_states_mosaic` cannot take these inputs, or ``None`` when it can."""
+    if k.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        return f"head dims must be in {SUPPORTED_HEAD_DIMS}, got {k.shape=} {v.shape=}"
+    if k.dtype not in SUPPORTED_DTYPES or v.dtype != k.dtype:
+        return f"k and v must share a 16-bit dtype (wgmma operands), got {k.dtype=} {v.dtype=}"
+    return None
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def chunk_states_mosaic(
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array]:
+    """States entering every chunk of 64 tokens, and the final state, by a Mosaic GPU kernel.
+
+    Args:
+        k: keys ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (grouped value heads: value head
+            ``h`` reads key head ``h // (H // Hk)``).
+        v: values ``[B, T, H, V]``, same dtype as ``k``. ``K, V`` in {64, 128}.
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (no decay).
+        initial_state: ``[B, H, K, V]`` state before the first token (read as fp32), or
+            ``None`` for zeros; it applies to the first document of each row only.
+        segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
+        interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(h, final_state)``, fp32: ``h`` ``[B, H, N, K, V]`` with ``N = ceil(T / 64)``, the
+        state entering chunk ``n`` (the state after token ``64 n - 1``, ``initial_state`` for
+        ``n = 0``), and ``final_state`` ``[B, H, K, V]``, the state after token ``T - 1``.
+        The states equal :func:`pallas_kernels.simple_gla.reference.simple_gla_reference`'s
+        up to the 16-bit rounding of ``exp(G_L - G) v`` before the fp32-accumulated product.
+
+    Raises:
+        ValueError: on mismatched shapes, unsupported head dims or dtypes (see
+            :func:`unsupported_reason`), or ``H`` not a multiple of ``Hk``.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    if v.shape[:2] != (batch, seq_len) or heads % kv_heads:
+        raise ValueError(f"need k [B, T, Hk, K], v [B, T, H, V] with H % Hk == 0: {k.shape=} "
+                         f"{v.shape=}")
+    reason = unsupported_reason(k, v)
+    if reason is not None:
+        raise ValueError(reason)
+    if g is not None and g.shape != (batch, seq_len, heads):
+        raise ValueError(f"g must be [B, T, H] = {(batch, seq_len, heads)}, got {g.shape=}")
+    if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
+        raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
+                         f"{initial_state.shape=}")
+    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
+        raise ValueError(f"segment_ids must be [B, T] = {(batch, seq_len)}, got "
+                         f"{segment_ids.shape=}")
+
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    pad = padded - seq_len
+    # Padding tokens have k = v = 0 and g = 0: they leave the state unchanged.
+    k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
+    gf = jnp.zeros((batch, padded, heads), jnp.float32)
+    if g is not None:
+        gf = jnp.pad(g.astype(jnp.float32), ((0, 0), (0, pad), (0, 0)))
+    # Chunk-local inclusive cumsum, head-major so a chunk's gates are one contiguous TMA row.
+    gc = jnp.cumsum(gf.reshape(batch, num_chunks, CHUNK, heads), axis=2)
+    gc = jnp.moveaxis(gc.reshape(batch, padded, heads), 1, 2)  # [B, H, Tp]
+    if segment_ids is None:
+        last = conn = jnp.ones((batch, padded), jnp.float32)
+    else:
+        _, conn, last = pallas_gpu.docs_from_segment_ids(segment_ids, padded)  # [B, Tp] each
+
+    has_h0 = initial_state is not None
+    kernel = functools.partial(_state_pass_kernel, num_chunks=num_chunks,
+                               group=heads // kv_heads, has_h0=has_h0, interpret=interpret)
+    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    call = plgpu.kernel(
+        kernel,
+        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), jnp.float32),
+                  jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
+        scratch_types=[
+            _swizzled_smem((STAGES, CHUNK, dk), k.dtype),  # k_s
+            _swizzled_smem((STAGES, CHUNK, BLOCK_V), v.dtype),  # v_s
+            vec, vec, vec,  # g_s, last_s, conn_s
+            _swizzled_smem((CHUNK, BLOCK_V), v.dtype),  # vd_s: exp(G_L - G) v, the wgmma operand
+            _swizzled_smem((dk, BLOCK_V), jnp.float32),  # state_s: staging of h, h0, final state
+            plgpu.Barrier(num_arrivals=5, num_barriers=STAGES),  # in_bar: a stage's 5 copies landed
+            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
+            plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+        ] + ([plgpu.SMEM((dk, CHUNK), k.dtype)] if interpret else []),  # kt_s: k^T, interpret only
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=interpret_params() if interpret else None,
+        kernel_name="simple_gla_chunk_states",
+    )
+    args = [k, v, gc, last, conn] + ([initial_state.astype(jnp.float32)] if has_h0 else [])
+    with jax.named_scope("simple_gla_chunk_states_mosaic"):
+        h, final_state = call(*args)
+    return h, final_state

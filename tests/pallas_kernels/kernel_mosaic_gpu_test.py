@@ -1,0 +1,113 @@
+"""The Mosaic GPU (``plgpu``) chunk-state kernel of the scalar-decay family, tested on CPU.
+
+``pallas_kernels/simple_gla/kernel_mosaic_gpu.py`` is groundwork for issue 29 (not dispatched).
+``InterpretTest`` runs it in jax's Mosaic GPU interpret mode (``InterpretGPUParams`` with race
+detection: TMA copies, barriers, two warpgroups and ``wgmma`` simulated on CPU) and checks the
+state entering every chunk and the final state against the fp32 token-serial reference
+(:func:`pallas_kernels.simple_gla.reference.simple_gla_reference`, run on prefixes of whole
+chunks). Inputs are bf16, rounded once before the reference; the kernel adds one rounding (the
+decayed values enter ``wgmma`` in bf16), so the gate is the relative RMS error (< 5e-3, the
+GPU kernels' state gate in BUILD.md) plus ``assert_allclose`` at the bf16 forward tolerance.
+``LoweringTest`` lowers the kernel for CUDA on the CPU host, which runs the Pallas-to-Mosaic-GPU
+lowering (layouts, swizzles, ``wgmma`` operand checks) on the branch interpret mode replaces.
+
+A failing interpreted kernel may hang instead of raising (an exception inside one warpgroup's
+callback leaves the other waiting on a barrier); run a single test to see its traceback.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+from pallas_kernels.simple_gla import reference
+from tests import tolerances
+
+
+def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, packed, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    k = (jax.random.normal(keys[0], (batch, seq_len, kv_heads, dk)) * dk ** -0.5)
+    v = jax.random.normal(keys[1], (batch, seq_len, heads, dv))
+    g = None
+    if decay is not None:  # log-decay in [-decay, 0]: decay = 5 forgets within a few tokens
+        g = -decay * jax.random.uniform(keys[2], (batch, seq_len, heads))
+    state = jax.random.normal(keys[3], (batch, heads, dk, dv)) if h0 else None
+    seg = None
+    if packed:  # documents of 70, 30 and the rest: a start inside chunk 1, another at its end
+        seg = jnp.asarray(np.repeat([3, 4, 3], [70, 30, seq_len - 100])[None].repeat(batch, 0),
+                          jnp.int32)
+    return k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), g, state, seg
+
+
+def _reference_chunk_states(k, v, g, state, seg):
+    """``[B, H, N, K, V]`` states entering each chunk and the final state, from the scan."""
+    heads = v.shape[2]
+    kf = jnp.repeat(k.astype(jnp.float32), heads // k.shape[2], axis=2)  # GVA by repetition
+    vf = v.astype(jnp.float32)
+    seq_len = k.shape[1]
+    starts = []
+    for n in range(-(-seq_len // kmg.CHUNK)):
+        t = n * kmg.CHUNK
+        if t == 0:
+            starts.append(jnp.zeros(kf.shape[:1] + (heads,) + (kf.shape[-1], vf.shape[-1]))
+                          if state is None else state)
+            continue
+        _, s = reference.simple_gla_reference(
+            kf[:, :t], kf[:, :t], vf[:, :t], None if g is None else g[:, :t], scale=1.0,
+            initial_state=state, segment_ids=None if seg is None else seg[:, :t])
+        starts.append(s)
+    _, final = reference.simple_gla_reference(kf, kf, vf, g, scale=1.0, initial_state=state,
+                                              segment_ids=seg)
+    return jnp.stack(starts, axis=2), final
+
+
+class InterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, h0, packed
+        ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, False),
+        ("gva_h0_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, True),
+        ("strong_decay_h0_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, False),
+    )
+    def test_chunk_states_match_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                          h0, packed):
+        k, v, g, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
+                                      h0=h0, packed=packed)
+        h, final = kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg,
+                                           interpret=True)
+        want_h, want_final = _reference_chunk_states(k, v, g, state, seg)
+        self.assertEqual(h.shape, want_h.shape)
+        self.assertEqual((h.dtype, final.dtype), (jnp.float32, jnp.float32))
+        for got, want in ((h, want_h), (final, want_final)):
+            self.assertLess(tolerances.rel_err(got, want), 5e-3)
+            np.testing.assert_allclose(got, want, **tolerances.fwd_tol(jnp.bfloat16))
+
+
+class LoweringTest(parameterized.TestCase):
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128))
+    def test_lowers_for_cuda(self, dk, dv):
+        k, v, g, state, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True, packed=True)
+
+        def fn(k, v, g, state, seg):
+            return kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg)
+
+        lowered = jax.jit(fn).trace(k, v, g, state, seg).lower(lowering_platforms=("cuda",))
+        self.assertIn("mosaic_gpu", lowered.as_text())
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_what_the_kernel_cannot_run(self):
+        k, v, g, _, _ = _inputs(1, 64, 1, 1, 64, 64, decay=0.1, h0=False, packed=False)
+        with self.assertRaisesRegex(ValueError, "16-bit dtype"):
+            kmg.chunk_states_mosaic(k.astype(jnp.float32), v.astype(jnp.float32), g)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            kmg.chunk_states_mosaic(k[..., :32], v, g)
+        with self.assertRaisesRegex(ValueError, "g must be"):
+            kmg.chunk_states_mosaic(k, v, g[:, :32])
+
+
+if __name__ == "__main__":
+    absltest.main()
