@@ -33,9 +33,10 @@
 # Paths there: XFER (default /tmp/xfer), WORK (default /tmp/halo_h200), SITE (default
 # /tmp/site). The pipeline is experiments/halo_pipeline.py; its log is $WORK.log and its
 # per-invocation record $WORK/pipeline.jsonl; the generation's log is $WORK.gen.log, its
-# manifest is copied to $WORK/teacher_text/manifest.json. Extra pipeline flags: HALO_FLAGS;
-# extra generation flags: GEN_FLAGS. SHOW_S: seconds `generate` and `start` wait before showing
-# the log (45, 30).
+# manifest is copied to $WORK/teacher_text/manifest.json. Extra config arguments, appended to
+# configs/halo_smollm2.py:h200,... (e.g. stage2_len=2048): CONFIG_ARGS. Extra pipeline flags:
+# HALO_FLAGS; extra generation flags: GEN_FLAGS. SHOW_S: seconds `generate` and `start` wait
+# before showing the log (45, 30).
 set -euo pipefail
 cmd=${1:?usage: halo_h200.sh pack|receive|generate|start|wait|collect ...}
 shift
@@ -184,6 +185,7 @@ case "$cmd" in
       echo "driver: teacher text $text, read $weight times per pass in Stages 1 and 2"
       config="$config,teacher_text=$text,teacher_weight=$weight"
     fi
+    config="$config${CONFIG_ARGS:+,$CONFIG_ARGS}"
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
     # shellcheck disable=SC2086
     exec python3 "$PIPELINE" --config="$config" --workdir="$WORK" \
@@ -198,8 +200,9 @@ case "$cmd" in
     done
     if alive "$WORK.gen.pid"; then echo "generation: running"; tail -n 3 "$WORK.gen.log"; fi
     alive "$WORK.driver.pid" && echo "pipeline: running" || echo "pipeline: not running"
-    [[ -f "$WORK.log" ]] && { grep -E '^(===|pipeline:|driver:)|/ (student|teacher|student_stage2):|niah / .* @ ' \
-        "$WORK.log" | tail -n 60 || true; tail -n 8 "$WORK.log"; }
+    pattern='^(===|pipeline:|driver:)|/ (student|teacher|student_stage2):|niah / .* @ '
+    [[ -f "$WORK.log" ]] && { grep -E "$pattern" "$WORK.log" | tail -n 60 || true
+                              tail -n 8 "$WORK.log"; }
     collect
     ;;
   collect)

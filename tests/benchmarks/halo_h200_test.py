@@ -138,14 +138,14 @@ class HaloH200ScriptTest(absltest.TestCase):
         self.assertIn("work/teacher_text/manifest.json", listing)
         self.assertIn("work/report/args.json", listing)
 
-    def test_without_teacher_text(self):
+    def test_without_teacher_text_with_config_args(self):
         packed = self.pack()
         for name in ("model.tar.part0", "model.tar.sha256", "data.tar.part0", "data.tar.sha256"):
             self.sh("receive", f"{packed}/{name}")
-        self.sh("start")
+        self.sh("start", env={"CONFIG_ARGS": "stage2_len=2048"})
         self.assertEqual(self.recorded_args()["config"],
                          f"configs/halo_smollm2.py:h200,corpus={self.env['XFER']}/corpus/"
-                         f"tiny-corpus")
+                         f"tiny-corpus,stage2_len=2048")
 
     def test_corrupt_piece_stops_start(self):
         packed = self.pack()

@@ -28,7 +28,7 @@ class ConfigTest(absltest.TestCase):
                              set(report.MEASUREMENTS))
             report.check_options(cfg.report)
         self.assertEqual(experiment.STAGES[-1], "report")
-        cfg = halo_smollm2.get_config("h200")
+        cfg = cfg_h200 = halo_smollm2.get_config("h200")
         self.assertIn("corpus_perplexity", cfg.report.measurements)
         self.assertEqual(tuple(cfg.report.stage2_measurements),
                          ("perplexity", "corpus_perplexity"))
@@ -62,6 +62,13 @@ class ConfigTest(absltest.TestCase):
         self.assertEqual(gen.stage3.source_weights["teacher"], 0.0)
         with self.assertRaisesRegex(ValueError, "teacher_weight"):
             halo_smollm2.get_config("h200,teacher_text=/g/t,teacher_weight=0")
+        # Stage 2 at longer windows: the same tokens per step and steps, Stage 1 and 3 unchanged.
+        long2 = halo_smollm2.get_config("h200,stage2_len=2048")
+        self.assertEqual((long2.stage2.seq_len, long2.stage2.batch_size), (2048, 24))
+        self.assertEqual(long2.stage2.train.total_steps, cfg_h200.stage2.train.total_steps)
+        self.assertEqual(long2.stage3.seq_len, 16_384)
+        with self.assertRaisesRegex(ValueError, "stage2_len"):
+            halo_smollm2.get_config("h200,stage2_len=768")
         cfg = halo_qwen3_1p7b.get_config()
         self.assertEqual((cfg.stage3.seq_len, cfg.stage3.train.total_steps), (16_384, 500))
         self.assertEqual(cfg.stage3.optim.min_lr_ratio, 1.0)
