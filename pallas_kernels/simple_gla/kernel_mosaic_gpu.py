@@ -201,6 +201,40 @@ def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunk
     plgpu.barrier_wait(done)
 
 
+def _pad_time(x, num_chunks):
+    """Zero-pads axis 1 (time) of ``x`` to ``num_chunks * CHUNK``."""
+    pad = num_chunks * CHUNK - x.shape[1]
+    return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+
+
+def _chunk_cumsum(g, shape, num_chunks):
+    """fp32 ``[B, H, Tp]`` chunk-local inclusive cumsum of ``g`` (``[B, T, H]`` or ``None``).
+
+    Head-major, so one chunk's gates are one contiguous TMA row; padding tokens get ``g = 0``.
+    """
+    batch, _, heads = shape
+    padded = num_chunks * CHUNK
+    gf = jnp.zeros((batch, padded, heads), jnp.float32)
+    if g is not None:
+        gf = _pad_time(g.astype(jnp.float32), num_chunks)
+    gc = jnp.cumsum(gf.reshape(batch, num_chunks, CHUNK, heads), axis=2)
+    return jnp.moveaxis(gc.reshape(batch, padded, heads), 1, 2)  # [B, H, Tp]
+
+
+def _doc_vectors(segment_ids, batch, num_chunks):
+    """fp32 ``(doc, conn, last)`` ``[B, Tp]`` (see :func:`pallas_gpu.docs_from_segment_ids`).
+
+    ``doc`` is the document index (exact in fp32 below 2**24 tokens), ``conn`` is 1 on the tokens
+    of the document that was open before the chunk, ``last`` 1 on the chunk's last document.
+    """
+    padded = num_chunks * CHUNK
+    if segment_ids is None:
+        ones = jnp.ones((batch, padded), jnp.float32)
+        return jnp.zeros((batch, padded), jnp.float32), ones, ones
+    doc, conn, last = pallas_gpu.docs_from_segment_ids(segment_ids, padded)
+    return doc.astype(jnp.float32), conn, last
+
+
 def unsupported_reason(k: jax.Array, v: jax.Array) -> Optional[str]:
     """Why :func:`chunk_states_mosaic` cannot take these inputs, or ``None`` when it can."""
     if k.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] not in SUPPORTED_HEAD_DIMS:
@@ -261,21 +295,10 @@ def chunk_states_mosaic(
                          f"{segment_ids.shape=}")
 
     num_chunks = -(-seq_len // CHUNK)
-    padded = num_chunks * CHUNK
-    pad = padded - seq_len
     # Padding tokens have k = v = 0 and g = 0: they leave the state unchanged.
-    k = jnp.pad(k, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    v = jnp.pad(v, ((0, 0), (0, pad), (0, 0), (0, 0)))
-    gf = jnp.zeros((batch, padded, heads), jnp.float32)
-    if g is not None:
-        gf = jnp.pad(g.astype(jnp.float32), ((0, 0), (0, pad), (0, 0)))
-    # Chunk-local inclusive cumsum, head-major so a chunk's gates are one contiguous TMA row.
-    gc = jnp.cumsum(gf.reshape(batch, num_chunks, CHUNK, heads), axis=2)
-    gc = jnp.moveaxis(gc.reshape(batch, padded, heads), 1, 2)  # [B, H, Tp]
-    if segment_ids is None:
-        last = conn = jnp.ones((batch, padded), jnp.float32)
-    else:
-        _, conn, last = pallas_gpu.docs_from_segment_ids(segment_ids, padded)  # [B, Tp] each
+    k, v = _pad_time(k, num_chunks), _pad_time(v, num_chunks)
+    gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    _, conn, last = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
 
     has_h0 = initial_state is not None
     kernel = functools.partial(_state_pass_kernel, num_chunks=num_chunks,
@@ -308,3 +331,242 @@ def chunk_states_mosaic(
     with jax.named_scope("simple_gla_chunk_states_mosaic"):
         h, final_state = call(*args)
     return h, final_state
+
+
+_COLS = plgpu.Layout.WGMMA.reduce(0)  # one value per column of a [64 * m, n] WGMMA tile
+
+
+def _load_cols(ref, interpret: bool):
+    """A ``[C]`` fp32 SMEM vector as one value per column of a WGMMA tile."""
+    if interpret:
+        return ref[...]
+    return plgpu.load(ref, (), layout=_COLS)
+
+
+def _iota(shape, dim: int, interpret: bool):
+    """int32 ``broadcasted_iota`` in the WGMMA layout (plain when interpreting)."""
+    if interpret:
+        return lax.broadcasted_iota(jnp.int32, shape, dim)
+    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=_WGMMA)
+
+
+def _transposed(ref, scratch, interpret: bool):
+    """``ref^T`` as a ``wgmma`` operand: a transposed view, or a copy into ``scratch``."""
+    if interpret:  # the 0.10.2 interpreter's wgmma cannot read a transposed ref
+        scratch[...] = ref[...].T
+        plgpu.commit_smem()
+        return scratch
+    return plgpu.transpose_ref(ref, (1, 0))
+
+
+def _lhs_operand(x, scratch, interpret: bool):
+    """A 16-bit register tile as the left ``wgmma`` operand (via ``scratch`` when interpreting).
+
+    The 0.10.2 interpreter's ``wgmma`` takes SMEM refs only; on the GPU the operand stays in
+    registers.
+    """
+    if interpret:
+        scratch[...] = x
+        plgpu.commit_smem()
+        return scratch
+    return x
+
+
+def _output_kernel(q_ref, k_ref, v_ref, h_ref, g_ref, doc_ref, conn_ref, o_ref, q_s, k_s, v_s,
+                   h_s, g_row_s, g_col_s, doc_row_s, doc_col_s, conn_s, o_s, in_bar, *shim,
+                   group: int, scale: float, interpret: bool):
+    """Kernel body of :func:`chunk_output_mosaic`: one chunk of one ``(b, h)`` per CTA."""
+    n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    hk = lax.div(h, group)  # GVA: value head h reads key head h // group
+    rows = pl.ds(n * CHUNK, CHUNK)
+    dv = v_s.shape[-1]
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, in_bar)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
+    plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_s, in_bar)
+    plgpu.copy_gmem_to_smem(h_ref.at[b, h, n], h_s, in_bar)
+    # Row and column views of one vector need different register layouts: separate copies.
+    plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_row_s, in_bar)
+    plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_col_s, in_bar)
+    plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s, in_bar)
+    plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s, in_bar)
+    plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s, in_bar)
+    plgpu.barrier_wait(in_bar)
+    kt_s, p_s = shim if interpret else (None, None)  # SMEM copies, interpret only
+    k_t = _transposed(k_s, kt_s, interpret)
+
+    def products(a_acc, qs_acc):  # issued together: one wait for both
+        plgpu.wgmma(a_acc, q_s, k_t)  # q k^T, [C, C]
+        plgpu.wgmma(qs_acc, q_s, h_s)  # q S_c, [C, V]
+        return a_acc[...], qs_acc[...]
+
+    # The barrier keeps the arithmetic below after the accumulator reads (jla's pitfall).
+    a, qs = lax.optimization_barrier(
+        pl.run_scoped(products, plgpu.ACC((CHUNK, CHUNK)), plgpu.ACC((CHUNK, dv))))
+    g_i, g_j = _load_rows(g_row_s, interpret), _load_cols(g_col_s, interpret)
+    d_i, d_j = _load_rows(doc_row_s, interpret), _load_cols(doc_col_s, interpret)
+    i, j = _iota((CHUNK, CHUNK), 0, interpret), _iota((CHUNK, CHUNK), 1, interpret)
+
+    def by_row(x, shape):
+        return lax.broadcast_in_dim(x, shape, [0])
+
+    def by_col(x):
+        return lax.broadcast_in_dim(x, (CHUNK, CHUNK), [1])
+
+    # Causal, same document. Masking the exponent keeps exp(G_i - G_j) <= 1 (no overflow for
+    # j > i, where G_i - G_j >= 0).
+    mask = (j <= i) & (by_row(d_i, a.shape) == by_col(d_j))
+    decay = jnp.exp(jnp.where(mask, by_row(g_i, a.shape) - by_col(g_j), -jnp.inf))
+    p = (a * decay).astype(v_s.dtype)  # 16-bit, the left wgmma operand from registers
+
+    def intra(acc):
+        plgpu.wgmma(acc, _lhs_operand(p, p_s, interpret), v_s)  # P v, [C, V]
+        return acc[...]
+
+    pv = lax.optimization_barrier(pl.run_scoped(intra, plgpu.ACC((CHUNK, dv))))
+    # The incoming state reaches token i only if its document was open before the chunk.
+    row_scale = jnp.exp(g_i) * _load_rows(conn_s, interpret)
+    o = scale * (qs * by_row(row_scale, qs.shape) + pv)
+    o_s[...] = o.astype(o_s.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h])
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def chunk_output_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    h: jax.Array,
+    *,
+    scale: float,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Outputs of every chunk from the states entering it, by a Mosaic GPU kernel.
+
+    The counterpart of FLA's ``chunk_fwd_o`` (``fla/ops/common/chunk_o.py``). For token ``t`` of
+    chunk ``c``, with ``G`` the chunk-local inclusive cumulative log-decay (fp32)::
+
+        o_t = scale * ( conn_t exp(G_t) S_c^T q_t
+                        + sum_{s <= t in chunk c, doc(s) = doc(t)} (q_t . k_s) exp(G_t - G_s) v_s )
+
+    where ``conn_t`` is 1 when ``t`` belongs to the document that was open before the chunk (no
+    document starts in the chunk at or before ``t``). This is the chunk form of
+    :func:`pallas_kernels.simple_gla.reference.simple_gla_reference` (GLA, arXiv 2312.06635,
+    Sec. 4; paper "Linear Attention Architectures", arXiv 2607.07953, Eqs. 4-10).
+
+    One CTA per ``(chunk, value head, batch row)``, one warpgroup: TMA loads of the chunk's
+    ``q, k, v``, ``S_c`` and gate/document vectors; ``wgmma`` for ``q k^T`` and ``q S_c``
+    (issued together), the causal, same-document, decayed mask in fp32 registers, then
+    ``wgmma`` of the masked scores (16-bit, from registers) with ``v``; fp32 accumulation.
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
+            query/key head ``h // (H // Hk)``).
+        k: keys ``[B, T, Hk, K]``, same dtype.
+        v: values ``[B, T, H, V]``, same dtype. ``K, V`` in {64, 128}.
+        g: log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (no decay).
+        h: ``[B, H, N, K, V]`` states entering each chunk (``N = ceil(T / 64)``), e.g. from
+            :func:`chunk_states_mosaic`; rounded to the input dtype (the ``wgmma`` operand).
+        scale: read-out scale (static).
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``o`` ``[B, T, H, V]`` in the input dtype.
+
+    Raises:
+        ValueError: on mismatched shapes, unsupported head dims or dtypes (see
+            :func:`unsupported_reason`), or ``H`` not a multiple of ``Hk``.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    num_chunks = -(-seq_len // CHUNK)
+    if q.shape != k.shape or q.dtype != k.dtype:
+        raise ValueError(f"q and k must match: {q.shape=} {k.shape=} {q.dtype=} {k.dtype=}")
+    if v.shape[:2] != (batch, seq_len) or heads % kv_heads:
+        raise ValueError(f"need k [B, T, Hk, K], v [B, T, H, V] with H % Hk == 0: {k.shape=} "
+                         f"{v.shape=}")
+    reason = unsupported_reason(k, v)
+    if reason is not None:
+        raise ValueError(reason)
+    if g is not None and g.shape != (batch, seq_len, heads):
+        raise ValueError(f"g must be [B, T, H] = {(batch, seq_len, heads)}, got {g.shape=}")
+    if h.shape != (batch, heads, num_chunks, dk, dv):
+        raise ValueError(f"h must be [B, H, N, K, V] = {(batch, heads, num_chunks, dk, dv)}, "
+                         f"got {h.shape=}")
+    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
+        raise ValueError(f"segment_ids must be [B, T] = {(batch, seq_len)}, got "
+                         f"{segment_ids.shape=}")
+
+    padded = num_chunks * CHUNK
+    q, k, v = (_pad_time(x, num_chunks) for x in (q, k, v))
+    gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    doc, conn, _ = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    vec = plgpu.SMEM((CHUNK,), jnp.float32)
+    call = plgpu.kernel(
+        functools.partial(_output_kernel, group=heads // kv_heads, scale=float(scale),
+                          interpret=interpret),
+        out_type=jax.ShapeDtypeStruct((batch, padded, heads, dv), v.dtype),
+        scratch_types=[
+            _swizzled_smem((CHUNK, dk), q.dtype),  # q_s
+            _swizzled_smem((CHUNK, dk), k.dtype),  # k_s
+            _swizzled_smem((CHUNK, dv), v.dtype),  # v_s
+            _swizzled_smem((dk, dv), v.dtype),  # h_s: S_c in 16 bits
+            vec, vec, vec, vec, vec,  # g_row_s, g_col_s, doc_row_s, doc_col_s, conn_s
+            _swizzled_smem((CHUNK, dv), v.dtype),  # o_s: staging of the output tile
+            plgpu.Barrier(num_arrivals=9),  # in_bar: the 9 input copies landed
+        ] + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
+              _swizzled_smem((CHUNK, CHUNK), v.dtype)] if interpret else []),  # p_s: P
+        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        grid_names=("n", "h", "b"),
+        compiler_params=plgpu.CompilerParams(),
+        interpret=interpret_params() if interpret else None,
+        kernel_name="simple_gla_chunk_output",
+    )
+    with jax.named_scope("simple_gla_chunk_output_mosaic"):
+        o = call(q, k, v, h.astype(v.dtype), gc, doc, conn)
+    return o[:, :seq_len]
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def simple_gla_fwd_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array]:
+    """Forward of scalar-decay linear attention: :func:`chunk_states_mosaic` then
+    :func:`chunk_output_mosaic`.
+
+    Args:
+        q, k: ``[B, T, Hk, K]``, bf16 or fp16 (GVA when ``Hk < H``).
+        v: ``[B, T, H, V]``, same dtype; ``K, V`` in {64, 128}.
+        g: log-decay ``[B, T, H]`` (``<= 0``) or ``None``.
+        scale: read-out scale (static); ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` or ``None`` (zeros); first document of each row only.
+        segment_ids: optional int ``[B, T]`` (packed documents).
+        interpret: Mosaic GPU interpret mode (CPU, tests).
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in the input dtype and ``final_state``
+        ``[B, H, K, V]`` fp32, as :func:`pallas_kernels.simple_gla.reference.simple_gla_reference`
+        (which runs ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t``).
+
+    Raises:
+        ValueError: as :func:`chunk_states_mosaic` and :func:`chunk_output_mosaic`.
+    """
+    if scale is None:
+        scale = k.shape[-1] ** -0.5
+    h, final_state = chunk_states_mosaic(k, v, g, initial_state=initial_state,
+                                         segment_ids=segment_ids, interpret=interpret)
+    o = chunk_output_mosaic(q, k, v, g, h, scale=scale, segment_ids=segment_ids,
+                            interpret=interpret)
+    return o, final_state

@@ -1,0 +1,112 @@
+"""The Mosaic GPU (``plgpu``) forward of the scalar-decay family, tested on CPU.
+
+``simple_gla_fwd_mosaic`` (``pallas_kernels/simple_gla/kernel_mosaic_gpu.py``, groundwork for
+issue 29, not dispatched) runs the chunk-state kernel and then the chunk-output kernel.
+``InterpretTest`` runs both in jax's Mosaic GPU interpret mode (``InterpretGPUParams`` with race
+detection) and checks ``o`` and the final state against the fp32 token-serial reference
+(:func:`pallas_kernels.simple_gla.reference.simple_gla_reference`) on bf16 inputs, rounded once
+before the reference. The kernels add 16-bit roundings of wgmma operands (the decayed values,
+the chunk states ``S_c``, the masked scores) and of ``o`` itself, all with fp32 accumulation, so
+the gate is the relative RMS error (< 5e-3, the GPU kernels' gate in BUILD.md) plus
+``assert_allclose`` at the bf16 forward tolerance. ``LoweringTest`` lowers the forward for CUDA
+on the CPU host (the Pallas-to-Mosaic-GPU lowering of the layout branch that interpret mode
+replaces).
+
+A failing interpreted kernel may hang instead of raising; run a single test to see its traceback.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+from pallas_kernels.simple_gla import reference
+from tests import tolerances
+
+
+def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, docs, seed=0):
+    """bf16 ``q, k, v``, fp32 ``g``, ``h0`` and ``segment_ids`` (documents of lengths ``docs``)."""
+    keys = jax.random.split(jax.random.key(seed), 5)
+    q = jax.random.normal(keys[0], (batch, seq_len, kv_heads, dk))
+    k = jax.random.normal(keys[1], (batch, seq_len, kv_heads, dk)) * dk ** -0.5
+    v = jax.random.normal(keys[2], (batch, seq_len, heads, dv))
+    g = None
+    if decay is not None:  # log-decay in [-decay, 0]: decay = 5 forgets within a few tokens
+        g = -decay * jax.random.uniform(keys[3], (batch, seq_len, heads))
+    state = jax.random.normal(keys[4], (batch, heads, dk, dv)) if h0 else None
+    seg = None
+    if docs is not None:
+        lengths = list(docs) + [seq_len - sum(docs)]
+        ids = np.repeat(np.arange(len(lengths)) % 2 + 3, lengths)  # ids 3, 4, 3, ...
+        seg = jnp.asarray(ids[None].repeat(batch, 0), jnp.int32)
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    return q, k, v, g, state, seg
+
+
+def _reference(q, k, v, g, state, seg, scale):
+    heads = v.shape[2]
+    qf, kf = (jnp.repeat(x.astype(jnp.float32), heads // x.shape[2], axis=2) for x in (q, k))
+    return reference.simple_gla_reference(qf, kf, v.astype(jnp.float32), g, scale=scale,
+                                          initial_state=state, segment_ids=seg)
+
+
+class InterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, h0, document lengths (the rest is one more document)
+        ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, None),
+        # starts at 64 (a chunk boundary), 100 (inside chunk 1) and 130 (inside chunk 2)
+        ("gva_h0_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, (64, 36, 30)),
+        ("strong_decay_h0_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None),
+        # starts at 10 and 70: chunk 0's incoming state reaches its first 10 tokens only
+        ("packed_decay_h0_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.2, True, (10, 60)),
+    )
+    def test_forward_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                       docs):
+        q, k, v, g, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
+                                         h0=h0, docs=docs)
+        scale = dk ** -0.5
+        o, final = kmg.simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=state,
+                                             segment_ids=seg, interpret=True)
+        want_o, want_final = _reference(q, k, v, g, state, seg, scale)
+        self.assertEqual((o.shape, o.dtype), (want_o.shape, jnp.bfloat16))
+        self.assertEqual((final.shape, final.dtype), (want_final.shape, jnp.float32))
+        for got, want in ((o, want_o), (final, want_final)):
+            self.assertLess(tolerances.rel_err(got, want), 5e-3)
+            np.testing.assert_allclose(np.asarray(got, np.float32), want,
+                                       **tolerances.fwd_tol(jnp.bfloat16))
+
+
+class LoweringTest(parameterized.TestCase):
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128))
+    def test_forward_lowers_for_cuda(self, dk, dv):
+        q, k, v, g, state, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True,
+                                         docs=(70, 30))
+
+        def fn(q, k, v, g, state, seg):
+            return kmg.simple_gla_fwd_mosaic(q, k, v, g, initial_state=state, segment_ids=seg)
+
+        lowered = jax.jit(fn).trace(q, k, v, g, state, seg).lower(lowering_platforms=("cuda",))
+        text = lowered.as_text()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 2)  # states, then output
+        self.assertIn("simple_gla_chunk_output", text)
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_what_the_output_kernel_cannot_run(self):
+        q, k, v, g, _, _ = _inputs(1, 64, 1, 1, 64, 64, decay=0.1, h0=False, docs=None)
+        h = jnp.zeros((1, 1, 1, 64, 64), jnp.float32)
+        with self.assertRaisesRegex(ValueError, "q and k must match"):
+            kmg.chunk_output_mosaic(q[..., :32], k, v, g, h, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "h must be"):
+            kmg.chunk_output_mosaic(q, k, v, g, h[:, :, :, :32], scale=1.0)
+        with self.assertRaisesRegex(ValueError, "16-bit dtype"):
+            kmg.chunk_output_mosaic(q.astype(jnp.float32), k.astype(jnp.float32),
+                                    v.astype(jnp.float32), g, h, scale=1.0)
+
+
+if __name__ == "__main__":
+    absltest.main()
