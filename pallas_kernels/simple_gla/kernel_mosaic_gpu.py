@@ -1,11 +1,13 @@
-"""Chunk-boundary state pass of scalar-decay linear attention, a Pallas Mosaic GPU kernel (Hopper).
+"""Forward of scalar-decay linear attention as Pallas Mosaic GPU kernels (Hopper).
 
-A first Mosaic GPU (``plgpu``) kernel, written as groundwork for issue 29; nothing dispatches to
-it yet. It computes the states that enter every chunk of 64 tokens (the ``h`` of FLA's
-``chunk_fwd_h``, ``fla/ops/common/chunk_h.py``) and the final state, for simple GLA, Lightning
-attention and plain linear attention (``g = None``). Per batch row, value head and chunk ``c``,
-with the chunk-local inclusive cumulative log-decay ``G_i = g_{c,0} + ... + g_{c,i}`` and
-``G_L`` its last entry::
+The first Mosaic GPU (``plgpu``) kernels, written as groundwork for issue 29; nothing dispatches
+to them yet. :func:`simple_gla_fwd_mosaic` runs the chunk-state pass below and then the
+chunk-output kernel (:func:`chunk_output_mosaic`, FLA's ``chunk_fwd_o``; its equation and
+structure are in its docstring). The state pass computes the states that enter every chunk
+of 64 tokens (the ``h`` of FLA's ``chunk_fwd_h``, ``fla/ops/common/chunk_h.py``) and the final
+state, for simple GLA, Lightning attention and plain linear attention (``g = None``). Per batch
+row, value head and chunk ``c``, with the chunk-local inclusive cumulative log-decay
+``G_i = g_{c,0} + ... + g_{c,i}`` and ``G_L`` its last entry::
 
     S_{c+1} = keep_c exp(G_L) S_c + k_c^T (last_c * exp(G_L - G) * v_c)     (state [K, V], fp32)
 
@@ -35,7 +37,10 @@ a transposed SMEM ref (``ref.T``; neither can the interpreter at jax's main bran
 2026-08). So when interpreting, :func:`_load_rows` / :func:`_load_tile` read plainly instead of
 with a WGMMA layout, and ``k^T`` is copied into an SMEM scratch instead of passed as
 ``k_s.T``; everything else (TMA ring, barriers, warpgroups, ``wgmma`` with its fp32
-accumulator, gate and document math) is the same code on both paths. The lowering test
+accumulator, gate and document math) is the same code on both paths. The output kernel adds
+two such shims: :func:`_iota` (``broadcasted_iota`` with a layout) and :func:`_lhs_operand`
+(the interpreter's ``wgmma`` takes no register operand, so the masked scores go through an SMEM
+scratch there). The lowering test
 (``jax.jit(...).trace(...).lower(lowering_platforms=("cuda",))``) covers the other branch.
 """
 
