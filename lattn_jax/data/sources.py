@@ -214,10 +214,10 @@ def list_files(paths: Sequence[str], names: OptionNames = _CONFIG_NAMES) -> list
             files.append(path)
         elif os.path.isdir(path):
             found = []
-            for root, dirs, names in os.walk(path):
+            for root, dirs, file_names in os.walk(path):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 found.extend(
-                    os.path.join(root, n) for n in names
+                    os.path.join(root, n) for n in file_names
                     if not n.startswith(".") and n.lower().endswith(DATA_EXTENSIONS))
             if not found:
                 raise FileNotFoundError(

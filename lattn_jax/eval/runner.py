@@ -86,7 +86,8 @@ class EvalOptions:
         lengths become multiples of it, so ``max_len`` must be one.
 
     Raises:
-      ValueError: ``limit`` or ``sample_items`` below 1, or both given.
+      ValueError: ``limit``, ``sample_items`` or ``perplexity_max_docs`` below 1, or ``limit``
+        and ``sample_items`` both given.
     """
 
     data_dir: str
@@ -109,7 +110,7 @@ class EvalOptions:
     context: int = 1
 
     def __post_init__(self):
-        for name in ("limit", "sample_items"):
+        for name in ("limit", "sample_items", "perplexity_max_docs"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive number of documents, got {value}")

@@ -50,6 +50,12 @@ class EvaluateBinaryTest(parameterized.TestCase):
          ["--checkpoint=/tmp", "--tasks=piqa", "--limit=5", "--sample_items=5"],
          "error: limit=5 (the first N documents, as lm-evaluation-harness --limit) and "
          "sample_items=5 (a seeded random subset) are exclusive; give one"),
+        ("bad_niah_lengths", "evaluate.py",
+         ["--checkpoint=/tmp", "--tasks=niah", "--niah_lengths=1024,1k"],
+         "error: --niah_lengths: expected comma-separated integers, got '1024,1k'"),
+        ("negative_perplexity_max_docs", "evaluate.py",
+         ["--checkpoint=/tmp", "--tasks=perplexity", "--perplexity_max_docs=-3"],
+         "error: perplexity_max_docs must be a positive number of documents, got -3"),
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
          "error: no config.json in checkpoint directory /no/such/run"),

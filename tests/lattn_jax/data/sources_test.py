@@ -81,6 +81,14 @@ class ReadDocumentsTest(absltest.TestCase):
                                     "data.paths: no such file or directory: /no/such/file"):
             list(sources.read_documents(["/no/such/file"]))
 
+    def test_directory_without_data_files_names_option_and_directory(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        _write(os.path.join(root, "README.md"), "not data\n")
+        _write(os.path.join(root, "sub", "loss.png"), "not data either\n")
+        with self.assertRaisesRegex(FileNotFoundError,
+                                    f"^data.paths: directory {root} holds no data file"):
+            list(sources.read_documents([root]))
+
 
 def _jsonl_bytes(records) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
