@@ -238,7 +238,8 @@ def select(runs: Sequence[Run], only: Sequence[str] = ()) -> List[Run]:
     """The runs matching any of the ``only`` filters (all runs when there are none), in order.
 
     Raises:
-      SweepConfigError: for a filter that names an axis no run has (a typo), naming it.
+      SweepConfigError: for a filter that names an axis no run has, or that matches no run (a
+        typo in a value), naming it and the values its axes take.
     """
     if not only:
         return list(runs)
@@ -250,6 +251,14 @@ def select(runs: Sequence[Run], only: Sequence[str] = ()) -> List[Run]:
         if unknown:
             raise SweepConfigError(f"--only={text!r}: no axis {', '.join(unknown)}; the axes are "
                                    f"{', '.join(sorted(axes))}")
+        if runs and not any(matches(run, conditions) for run in runs):
+            named = sorted({k for k, _ in conditions if k is not None})
+            taken = "; ".join(
+                f"{k}: " + ", ".join(sorted({format_value(v) for run in runs
+                                              for a, v in run.values if a == k}))
+                for k in named)
+            raise SweepConfigError(f"--only={text!r} matches no run of the grid"
+                                   + (f" ({taken})" if taken else ""))
         filters.append(conditions)
     return [run for run in runs if any(matches(run, c) for c in filters)]
 

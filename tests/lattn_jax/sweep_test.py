@@ -144,6 +144,14 @@ class SelectTest(absltest.TestCase):
         self.assertEqual(names("*kda*"), ["arch=kda,optim.learning_rate=0.001,seed=42"])
         with self.assertRaisesRegex(sweep.SweepConfigError, r"--only='opt=muon': no axis opt"):
             names("opt=muon")
+        # A filter that matches nothing is a typo in a value: an error naming the values, not
+        # an empty sweep reported as complete.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"--only='arch=gdnn' matches no run of the grid "
+                                    r"\(arch: gdn, kda, softmax\)"):
+            names("arch=gdnn")
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"--only='\*mamba\*' matches no"):
+            names("arch=gdn", "*mamba*")
 
 
 class RunDirTest(absltest.TestCase):
