@@ -41,38 +41,6 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process: this proc
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def parse_flags(argv):
-    """Parses flags; a bad config file, argument string or override ends with one line.
-
-    Everything that can fail here comes from the command line (a typo in a ``--config.*``
-    option, an unknown ``file.py:arg`` variant, a value of the wrong type), so no traceback.
-    """
-    try:
-        return flags.FLAGS(argv)
-    except Exception as e:  # noqa: BLE001 - all of these are user input errors
-        sys.exit(f"error: {_describe(e, argv)}")
-
-
-def _describe(error, argv=()) -> str:
-    """One line for an error raised while parsing flags (ml_collections nests and embeds them)."""
-    # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
-    while error.args and isinstance(error.args[0], BaseException):
-        error = error.args[0]
-    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
-    if isinstance(error, KeyError):
-        key, _, hint = str(text).partition("\n")
-        key = key.strip("'\"")
-        # Name the whole dotted option as typed (ml_collections reports only its last part).
-        typed = [a.split("=", 1)[0][2:] for a in argv
-                 if a.startswith("--config.") and a.split("=", 1)[0].endswith("." + key)]
-        text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
-        text += f". {hint.strip()}" if hint.strip() else ""
-    if "Traceback (most recent call last)" in text:  # config_flags embeds the config's traceback
-        head = text.split(":", 1)[0]
-        text = f"{head}: {text.strip().splitlines()[-1]}"
-    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -101,4 +69,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    app.run(main, flags_parser=config_lib.parse_flags)

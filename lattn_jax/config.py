@@ -10,10 +10,12 @@ dotted path (for example ``model.attention.num_heads``).
 """
 
 import dataclasses
+import sys
 import typing
 from typing import Any, Mapping, Optional, Tuple
 
 import numpy as np
+from absl import flags
 
 from lattn_jax.data.config import DataConfig
 
@@ -1068,3 +1070,54 @@ def experiment_from_config_dict(config: Any) -> ExperimentConfig:
         if section not in values:
             raise ConfigError(f"config has no {section!r} section")
     return _build(ExperimentConfig, values, "")
+
+
+def parse_flags(argv):
+    """Parses absl flags for a binary (``app.run(main, flags_parser=parse_flags)``).
+
+    Everything that can fail here comes from the command line (a typo in a ``--config.*``
+    option, an unknown ``file.py:arg`` variant, a value of the wrong type), so a failure ends the
+    process with one line, ``error: <what>`` (:func:`describe_flag_error`), and no traceback.
+
+    Args:
+      argv: the command line, ``sys.argv`` as absl passes it.
+
+    Returns:
+      The remaining arguments (absl's ``FLAGS(argv)``).
+
+    Raises:
+      SystemExit: on any flag or config error.
+    """
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 - all of these are user input errors
+        sys.exit(f"error: {describe_flag_error(e, argv)}")
+
+
+def describe_flag_error(error, argv=()) -> str:
+    """One line for an error raised while parsing flags (ml_collections nests and embeds them).
+
+    Args:
+      error: the exception ``flags.FLAGS(argv)`` raised.
+      argv: the command line, to name a mistyped ``--config.a.b`` option in full.
+
+    Returns:
+      The message: an unknown override as ``unknown config option a.b`` (with ml_collections'
+      "did you mean" hint), a config file's own error as its last traceback line.
+    """
+    # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
+    while error.args and isinstance(error.args[0], BaseException):
+        error = error.args[0]
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    if isinstance(error, KeyError):
+        key, _, hint = str(text).partition("\n")
+        key = key.strip("'\"")
+        # Name the whole dotted option as typed (ml_collections reports only its last part).
+        typed = [a.split("=", 1)[0][2:] for a in argv
+                 if a.startswith("--config.") and a.split("=", 1)[0].endswith("." + key)]
+        text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
+        text += f". {hint.strip()}" if hint.strip() else ""
+    if "Traceback (most recent call last)" in text:  # config_flags embeds the config's traceback
+        head = text.split(":", 1)[0]
+        text = f"{head}: {text.strip().splitlines()[-1]}"
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())

@@ -253,10 +253,9 @@ def select(runs: Sequence[Run], only: Sequence[str] = ()) -> List[Run]:
                                    f"{', '.join(sorted(axes))}")
         if runs and not any(matches(run, conditions) for run in runs):
             named = sorted({k for k, _ in conditions if k is not None})
-            taken = "; ".join(
-                f"{k}: " + ", ".join(sorted({format_value(v) for run in runs
-                                              for a, v in run.values if a == k}))
-                for k in named)
+            values = {k: sorted({format_value(v) for run in runs for a, v in run.values
+                                 if a == k}) for k in named}
+            taken = "; ".join(f"{k}: {', '.join(v)}" for k, v in values.items())
             raise SweepConfigError(f"--only={text!r} matches no run of the grid"
                                    + (f" ({taken})" if taken else ""))
         filters.append(conditions)

@@ -61,6 +61,31 @@ class TeacherTest(absltest.TestCase):
                            print_fn=lambda s: None)
 
 
+class BadConfigTest(absltest.TestCase):
+
+    def test_config_typos_give_one_line(self):
+        # A mistyped variant and a mistyped override: one line naming it, as train.py does.
+        cases = {"halo_pipeline.py": ("--config=configs/halo_smollm2.py:tni",
+                                      "unknown config argument 'tni'; known: tiny, h200"),
+                 "halo.py": ("--config.stage2.seqlen=3",
+                             "unknown config option 'stage2.seqlen'. Did you mean \"seq_len\"")}
+        running = {}
+        for binary, (flag, _) in cases.items():
+            extra = [] if flag.startswith("--config=") else [
+                "--config=configs/halo_smollm2.py:tiny", "--stage=stage1"]
+            cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *extra, flag,
+                   f"--workdir={self.create_tempdir().full_path}"]
+            running[binary] = subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        for binary, proc in running.items():
+            _, err = proc.communicate(timeout=300)
+            self.assertNotEqual(proc.returncode, 0, binary)
+            lines = [line for line in err.splitlines() if line.strip()]
+            self.assertLen(lines, 1, (binary, err))
+            self.assertTrue(lines[0].startswith("error: "), (binary, lines[0]))
+            self.assertIn(cases[binary][1], lines[0])
+
+
 class ReadmeTest(absltest.TestCase):
 
     def test_halo_section_has_the_teacher_package_the_tiny_variant_and_the_outputs(self):
