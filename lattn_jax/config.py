@@ -1069,6 +1069,10 @@ def experiment_from_config_dict(config: Any) -> ExperimentConfig:
     for section in ("model", "data"):
         if section not in values:
             raise ConfigError(f"config has no {section!r} section")
+    # ``train`` first: configs derive optim fields from train.total_steps (the default's warm-up
+    # is a tenth of it), so a bad total_steps must be named itself, not through warmup_steps.
+    order = ["train"] + [k for k in values if k != "train"]
+    values = {k: values[k] for k in order if k in values}
     return _build(ExperimentConfig, values, "")
 
 

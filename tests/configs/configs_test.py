@@ -72,6 +72,14 @@ class BadInputTest(absltest.TestCase):
         with self.assertRaisesRegex(FileNotFoundError, r"data\.paths.*/nonexistent/corpus\.txt"):
             config_lib.experiment_from_config_dict(c)
 
+    def test_bad_total_steps_is_named_itself(self):
+        # The default's warm-up is derived from total_steps: the error names total_steps, not
+        # the warm-up the user never set.
+        c = self._config()
+        c.train.total_steps = -5
+        with self.assertRaisesRegex(ValueError, r"^train\.total_steps must be >= 1, got -5"):
+            config_lib.experiment_from_config_dict(c)
+
     def test_unknown_option(self):
         c = self._config().to_dict()
         c["model"]["d_modle"] = 12
