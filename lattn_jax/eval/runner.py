@@ -365,9 +365,18 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
 
 
 def markdown(results: Dict[str, dict], header: str = "") -> str:
-    """A markdown report: one table for scores vs chance, one length x depth table per NIAH task."""
+    """A markdown report: one table for scores vs chance, one length x depth table per NIAH task.
+
+    Results that carry a checkpoint ``step`` (``evaluate.py`` sets it; a merged file may hold
+    tasks of several checkpoints) get a ``step`` column, so a score of an older checkpoint than
+    the newest (a damaged newest one is skipped with a warning) shows which it is.
+    """
+    steps = any(r.get("step") is not None for r in results.values())
     lines = [header, ""] if header else []
-    lines += ["| task | metric | value | stderr | chance | n |", "|---|---|---:|---:|---:|---:|"]
+    lines += ["| task | metric | value | stderr | chance | n |" + (" step |" if steps else ""),
+              "|---|---|---:|---:|---:|---:|" + ("---:|" if steps else "")]
+    start = len(lines)
+    row_task = []
     for name, r in results.items():
         if name in tasks_lib.TASK_NAMES:
             for m in ("acc", "acc_norm", "perplexity"):
@@ -379,14 +388,21 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
                     se = r.get(f"{m}_stderr")
                     se = f"{se:.4f}" if isinstance(se, float) else ""
                     lines.append(f"| {name} | {m} | {r[m]:.4f} | {se} | {chance} | {r['n']} |")
+                    row_task.append(name)
         elif name in niah.TASKS:
             lines.append(f"| {name} | string_match_all (mean) | {r['mean']:.4f} | | 0.0000 | "
                          f"{len(r['lengths']) * len(r['depths'])} cells |")
+            row_task.append(name)
         elif name.startswith("perplexity:"):
             label = f"{name} (trained on!)" if r.get("trained_on") else name
             for m in ("token_perplexity", "word_perplexity", "bits_per_byte"):
                 chance = f"{r['token_perplexity_chance']:.0f}" if m == "token_perplexity" else ""
                 lines.append(f"| {label} | {m} | {r[m]:.4f} | | {chance} | {r['tokens']} tokens |")
+                row_task.append(name)
+    if steps:
+        for i, name in enumerate(row_task):
+            step = results[name].get("step")
+            lines[start + i] += f" {'' if step is None else step} |"
     for name, r in results.items():
         if name not in niah.TASKS:
             continue

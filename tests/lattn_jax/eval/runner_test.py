@@ -113,6 +113,16 @@ class StandardErrorTest(absltest.TestCase):
         table = runner.markdown({"piqa": dict(results["piqa"], acc=0.4, acc_stderr=0.1095)})
         self.assertIn("| stderr |", table)
         self.assertIn("| 0.4000 | 0.1095 |", table)
+        self.assertNotIn("step", table)  # no checkpoint step recorded: no column
+        # Merged results of two checkpoints: each row says which step it scored.
+        table = runner.markdown({"piqa": dict(results["piqa"], step=150),
+                                 "arc_easy": dict(results["arc_easy"], step=200)})
+        self.assertIn("| chance | n | step |", table)
+        rows = [line for line in table.splitlines() if line.startswith(("| piqa", "| arc_easy"))]
+        self.assertLen(rows, 4)
+        for row in rows:
+            self.assertTrue(row.endswith(" 150 |" if row.startswith("| piqa") else " 200 |"),
+                            row)
 
 
 class LimitTest(absltest.TestCase):
