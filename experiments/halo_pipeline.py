@@ -86,6 +86,7 @@ def main(argv):
          f"{_DEADLINE.value} s")
     times, status = {}, "complete"
     try:
+        experiment.check_eval_data(_CONFIG.value, workdir, stages)  # before hours of training
         for stage in stages:
             if experiment.is_done(workdir, stage):
                 times[stage] = "done before"
@@ -122,6 +123,9 @@ def main(argv):
                 f.write(report_lib.render_markdown(workdir))
             _log(f"wrote {_MARKDOWN.value}")
     _log(f"pipeline: {status} after {time.time() - t_start:.1f} s; stage times {times}")
+    if status == "complete" and "report" in stages:
+        _log(f"report: {os.path.join(workdir, 'report', 'report.md')}; the results page: "
+             f"python experiments/halo_report.py --workdir={workdir}")
     if status.startswith("error"):
         sys.exit(status)
     if status == "deadline":

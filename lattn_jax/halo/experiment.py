@@ -41,7 +41,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -215,6 +215,40 @@ def _final_params(config, workdir, init):
 def is_done(workdir: str, stage: str) -> bool:
     """Whether ``stage`` finished in ``workdir`` (its ``done.json`` exists)."""
     return os.path.exists(os.path.join(workdir, stage, DONE_FILE))
+
+
+def check_eval_data(config, workdir: str, stages: Sequence[str]) -> None:
+    """Checks, before any stage runs, the evaluation files that ``select`` and ``report`` read.
+
+    A stage already done in ``workdir`` needs nothing. ``select`` reads ``<data_dir>/eval`` (its
+    CSR probe) and ``<data_dir>/niah/PaulGrahamEssays`` (its NIAH recall probe), ``data_dir``
+    being ``select.data_dir`` or else ``report.data_dir``; ``report`` reads
+    ``<report.data_dir>/eval`` and, when it measures ``niah``, the essays.
+
+    Raises:
+      FileNotFoundError: naming the missing directory, the option that points at it and how to
+        get the files.
+    """
+    needs = []
+    if "select" in stages and not is_done(workdir, "select"):
+        sel = config.select
+        key = "select.data_dir" if sel.get("data_dir") else "report.data_dir"
+        data_dir = sel.get("data_dir") or config.report.data_dir
+        needs.append((key, data_dir, "eval"))
+        if sel.get("recall_probe", "niah") == "niah" and tuple(sel.get("recall_tasks") or ()):
+            needs.append((key, data_dir, os.path.join("niah", "PaulGrahamEssays")))
+    if "report" in stages and not is_done(workdir, "report"):
+        data_dir = config.report.data_dir
+        needs.append(("report.data_dir", data_dir, "eval"))
+        if "niah" in tuple(config.report.measurements):
+            needs.append(("report.data_dir", data_dir, os.path.join("niah", "PaulGrahamEssays")))
+    for key, data_dir, sub in needs:
+        path = os.path.join(data_dir, sub)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(
+                f"{key}={data_dir}: no directory {path} (the evaluation files, laid out as "
+                f"shared/data); get them with experiments/fetch_eval_data.py (or a smaller copy "
+                f"with experiments/halo_eval_subset.py) and pass --config.{key}=<dir>")
 
 
 def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = print,

@@ -86,6 +86,41 @@ class BadConfigTest(absltest.TestCase):
             self.assertIn(cases[binary][1], lines[0])
 
 
+class EvalDataCheckTest(absltest.TestCase):
+
+    def test_missing_eval_files_stop_the_pipeline_before_stage1(self):
+        workdir = self.create_tempdir().full_path
+        empty = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.report.data_dir = empty
+        with self.assertRaisesRegex(FileNotFoundError,
+                                    rf"^report\.data_dir={empty}: no directory {empty}/eval .*"
+                                    r"fetch_eval_data\.py"):
+            experiment.check_eval_data(cfg, workdir, experiment.STAGES)
+        # Only the stages still to run count: with select and report done, nothing is needed.
+        for stage in ("select", "report"):
+            os.makedirs(os.path.join(workdir, stage))
+            with open(os.path.join(workdir, stage, experiment.DONE_FILE), "w") as f:
+                f.write("{}")
+        experiment.check_eval_data(cfg, workdir, experiment.STAGES)
+        # select.data_dir, when set, is the one named; the essays are checked too.
+        os.makedirs(os.path.join(empty, "eval"))
+        os.remove(os.path.join(workdir, "select", experiment.DONE_FILE))
+        cfg.select.data_dir = empty
+        with self.assertRaisesRegex(FileNotFoundError,
+                                    rf"^select\.data_dir={empty}: no directory "
+                                    rf"{empty}/niah/PaulGrahamEssays"):
+            experiment.check_eval_data(cfg, workdir, experiment.STAGES)
+        # The pipeline checks before it trains: one line, nothing run.
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}/run",
+               f"--config.report.data_dir={self.create_tempdir().full_path}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("report.data_dir=", result.stderr.strip().splitlines()[-1])
+        self.assertNotIn("=== stage1: start", result.stdout + result.stderr)
+
+
 class ReadmeTest(absltest.TestCase):
 
     def test_halo_section_has_the_teacher_package_the_tiny_variant_and_the_outputs(self):
