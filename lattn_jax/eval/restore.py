@@ -97,6 +97,9 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
       FileNotFoundError: if the workdir or its config.json, or the tokenizer, is missing.
       ValueError: if the saved config does not validate.
     """
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(f"no such checkpoint directory: {workdir} (expected a workdir "
+                                f"written by experiments/train.py)")
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no config.json in checkpoint directory {workdir} (expected a "

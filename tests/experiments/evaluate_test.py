@@ -58,7 +58,7 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "error: perplexity_max_docs must be a positive number of documents, got -3"),
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
-         "error: no config.json in checkpoint directory /no/such/run"),
+         "error: no such checkpoint directory: /no/such/run (expected a workdir"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),
         ("bad_stop_token", "generate.py",

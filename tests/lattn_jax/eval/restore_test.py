@@ -44,6 +44,13 @@ class ModelKindTest(absltest.TestCase):
         with self.assertRaisesRegex(FileNotFoundError, "no config.json in checkpoint directory "
                                                        ".*/empty"):
             restore.model_kind(self.path("empty"))
+        # Loading a training workdir: a missing directory is said to be missing, an existing
+        # one without config.json is said to lack it.
+        with self.assertRaisesRegex(FileNotFoundError, "no such checkpoint directory: .*/none"):
+            restore.load(self.path("none"))
+        with self.assertRaisesRegex(FileNotFoundError, "no config.json in checkpoint directory "
+                                                       ".*/empty"):
+            restore.load(self.path("empty"))
         self.write("hf/config.json", json.dumps({"model_type": "llama"}))
         with self.assertRaisesRegex(FileNotFoundError, "hf/tokenizer.json: no such file"):
             restore.model_kind(self.path("hf"))
