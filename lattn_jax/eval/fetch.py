@@ -254,6 +254,8 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
         raise ValueError(f"unknown data group(s) {unknown}; choose from {', '.join(GROUPS)}")
     status: Dict[str, str] = {}
     failures: List[str] = []
+    transport: List[str] = []  # the errors of URLs that delivered no bytes at all
+    delivered = False  # whether any URL delivered bytes (right or wrong)
     for entry in files:
         if entry.group not in groups:
             continue
@@ -269,7 +271,9 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
                 data = fetcher(url)
             except Exception as e:  # noqa: BLE001 (any transport error: try the next URL)
                 errors.append(f"{url}: {type(e).__name__}: {e}")
+                transport.append(errors[-1])
                 continue
+            delivered = True
             digest = hashlib.sha256(data).hexdigest()
             if len(data) != entry.size or digest != entry.sha256:
                 errors.append(f"{url}: got {len(data)} bytes, sha256 {digest[:12]}..., expected "
@@ -281,6 +285,10 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
             break
         else:
             failures.append(f"{entry.path}:\n    " + "\n    ".join(errors))
+    if failures and not delivered:  # nothing reachable: one line, not one per file and URL
+        raise FetchError(f"no URL could be reached for {len(failures)} file(s) (first error: "
+                         f"{transport[0]}); without network access, pass a local copy of the "
+                         f"layout with --mirror=file:///path/to/data")
     if failures:
         raise FetchError(f"{len(failures)} file(s) not obtained with the pinned checksum:\n  "
                          + "\n  ".join(failures))

@@ -140,6 +140,17 @@ class FetchTest(absltest.TestCase):
         self.assertTrue(fetcher.urls)
         self.assertTrue(all(u.startswith("file://" + mirror + "/niah/") for u in fetcher.urls))
 
+    def test_no_network_gives_one_line_with_the_mirror_hint(self):
+        def offline(url):
+            raise OSError(f"[Errno -3] Temporary failure in name resolution: {url}")
+
+        with self.assertRaises(fetch.FetchError) as ctx:
+            fetch.fetch(self.out, self.files, fetcher=offline, log=lambda *a: None)
+        message = str(ctx.exception)
+        self.assertEqual(len(message.splitlines()), 1)
+        self.assertRegex(message, rf"^no URL could be reached for {len(self.files)} file\(s\) "
+                                  r"\(first error: .*name resolution.*--mirror=file://")
+
     def test_unknown_group(self):
         with self.assertRaisesRegex(ValueError, "unknown data group"):
             fetch.fetch(self.out, self.files, groups=["evals"])
