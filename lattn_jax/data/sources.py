@@ -567,10 +567,17 @@ def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str =
 
     Raises:
         FileNotFoundError: see ``list_files``.
-        DataFileError: a file cannot be read (named in the message).
+        DataFileError: a file cannot be read, or a text/JSONL file looks binary (``sniff_binary``:
+            an image or archive given as text), named in the message.
         ValueError: a JSONL record or Parquet file without ``text_field``, or an unknown
             ``fmt``/``doc_split``.
     """
     for path in list_files(paths):
+        if file_format(path, fmt) in ("text", "jsonl"):
+            reason = sniff_binary(path)
+            if reason:
+                raise DataFileError(f"{_CONFIG_NAMES.paths}: {path} looks binary, not text "
+                                    f"({reason}); the data pipeline reads UTF-8 text, JSONL "
+                                    f"(plain, .gz, .zst), Parquet and token shards")
         yield from read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
                              stats=stats)

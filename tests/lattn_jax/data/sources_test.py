@@ -81,6 +81,16 @@ class ReadDocumentsTest(absltest.TestCase):
                                     "data.paths: no such file or directory: /no/such/file"):
             list(sources.read_documents(["/no/such/file"]))
 
+    def test_binary_file_given_as_text_is_refused(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        png = os.path.join(root, "loss.txt")  # an image saved under a text name
+        rng = np.random.default_rng(0)
+        with open(png, "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\n" + rng.integers(0, 256, 4096, np.uint8).tobytes())
+        with self.assertRaisesRegex(sources.DataFileError,
+                                    f"^data.paths: {png} looks binary, not text"):
+            list(sources.read_documents([png]))
+
     def test_directory_without_data_files_names_option_and_directory(self):
         root = self.enterContext(tempfile.TemporaryDirectory())
         _write(os.path.join(root, "README.md"), "not data\n")
