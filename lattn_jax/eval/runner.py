@@ -372,11 +372,13 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
     the newest (a damaged newest one is skipped with a warning) shows which it is.
     """
     steps = any(r.get("step") is not None for r in results.values())
+
+    def step(r):  # the step cell of a row, when the table has the column
+        return f" {'' if r.get('step') is None else r['step']} |" if steps else ""
+
     lines = [header, ""] if header else []
     lines += ["| task | metric | value | stderr | chance | n |" + (" step |" if steps else ""),
               "|---|---|---:|---:|---:|---:|" + ("---:|" if steps else "")]
-    start = len(lines)
-    row_task = []
     for name, r in results.items():
         if name in tasks_lib.TASK_NAMES:
             for m in ("acc", "acc_norm", "perplexity"):
@@ -387,22 +389,17 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
                     chance = f"{chance:.4f}" if isinstance(chance, float) else chance
                     se = r.get(f"{m}_stderr")
                     se = f"{se:.4f}" if isinstance(se, float) else ""
-                    lines.append(f"| {name} | {m} | {r[m]:.4f} | {se} | {chance} | {r['n']} |")
-                    row_task.append(name)
+                    lines.append(f"| {name} | {m} | {r[m]:.4f} | {se} | {chance} | {r['n']} |"
+                                 + step(r))
         elif name in niah.TASKS:
             lines.append(f"| {name} | string_match_all (mean) | {r['mean']:.4f} | | 0.0000 | "
-                         f"{len(r['lengths']) * len(r['depths'])} cells |")
-            row_task.append(name)
+                         f"{len(r['lengths']) * len(r['depths'])} cells |" + step(r))
         elif name.startswith("perplexity:"):
             label = f"{name} (trained on!)" if r.get("trained_on") else name
             for m in ("token_perplexity", "word_perplexity", "bits_per_byte"):
                 chance = f"{r['token_perplexity_chance']:.0f}" if m == "token_perplexity" else ""
-                lines.append(f"| {label} | {m} | {r[m]:.4f} | | {chance} | {r['tokens']} tokens |")
-                row_task.append(name)
-    if steps:
-        for i, name in enumerate(row_task):
-            step = results[name].get("step")
-            lines[start + i] += f" {'' if step is None else step} |"
+                lines.append(f"| {label} | {m} | {r[m]:.4f} | | {chance} | {r['tokens']} tokens |"
+                             + step(r))
     for name, r in results.items():
         if name not in niah.TASKS:
             continue

@@ -249,6 +249,28 @@ def unsupported_reason(k: jax.Array, v: jax.Array) -> Optional[str]:
     return None
 
 
+def _check_kv_gates(k, v, g, segment_ids) -> None:
+    """The checks both kernels share: ``k [B, T, Hk, K]``, ``v [B, T, H, V]`` with
+    ``H % Hk == 0``, a supported dtype and head dims, ``g [B, T, H]``, ``segment_ids [B, T]``.
+
+    Raises:
+        ValueError: naming the argument and the shape it needs.
+    """
+    batch, seq_len, kv_heads, _ = k.shape
+    heads = v.shape[2]
+    if v.shape[:2] != (batch, seq_len) or heads % kv_heads:
+        raise ValueError(f"need k [B, T, Hk, K], v [B, T, H, V] with H % Hk == 0: {k.shape=} "
+                         f"{v.shape=}")
+    reason = unsupported_reason(k, v)
+    if reason is not None:
+        raise ValueError(reason)
+    if g is not None and g.shape != (batch, seq_len, heads):
+        raise ValueError(f"g must be [B, T, H] = {(batch, seq_len, heads)}, got {g.shape=}")
+    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
+        raise ValueError(f"segment_ids must be [B, T] = {(batch, seq_len)}, got "
+                         f"{segment_ids.shape=}")
+
+
 @functools.partial(jax.jit, static_argnames=("interpret",))
 def chunk_states_mosaic(
     k: jax.Array,
@@ -284,20 +306,10 @@ def chunk_states_mosaic(
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
-    if v.shape[:2] != (batch, seq_len) or heads % kv_heads:
-        raise ValueError(f"need k [B, T, Hk, K], v [B, T, H, V] with H % Hk == 0: {k.shape=} "
-                         f"{v.shape=}")
-    reason = unsupported_reason(k, v)
-    if reason is not None:
-        raise ValueError(reason)
-    if g is not None and g.shape != (batch, seq_len, heads):
-        raise ValueError(f"g must be [B, T, H] = {(batch, seq_len, heads)}, got {g.shape=}")
+    _check_kv_gates(k, v, g, segment_ids)
     if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
         raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
                          f"{initial_state.shape=}")
-    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
-        raise ValueError(f"segment_ids must be [B, T] = {(batch, seq_len)}, got "
-                         f"{segment_ids.shape=}")
 
     num_chunks = -(-seq_len // CHUNK)
     # Padding tokens have k = v = 0 and g = 0: they leave the state unchanged.
@@ -491,20 +503,10 @@ def chunk_output_mosaic(
     num_chunks = -(-seq_len // CHUNK)
     if q.shape != k.shape or q.dtype != k.dtype:
         raise ValueError(f"q and k must match: {q.shape=} {k.shape=} {q.dtype=} {k.dtype=}")
-    if v.shape[:2] != (batch, seq_len) or heads % kv_heads:
-        raise ValueError(f"need k [B, T, Hk, K], v [B, T, H, V] with H % Hk == 0: {k.shape=} "
-                         f"{v.shape=}")
-    reason = unsupported_reason(k, v)
-    if reason is not None:
-        raise ValueError(reason)
-    if g is not None and g.shape != (batch, seq_len, heads):
-        raise ValueError(f"g must be [B, T, H] = {(batch, seq_len, heads)}, got {g.shape=}")
+    _check_kv_gates(k, v, g, segment_ids)
     if h.shape != (batch, heads, num_chunks, dk, dv):
         raise ValueError(f"h must be [B, H, N, K, V] = {(batch, heads, num_chunks, dk, dv)}, "
                          f"got {h.shape=}")
-    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
-        raise ValueError(f"segment_ids must be [B, T] = {(batch, seq_len)}, got "
-                         f"{segment_ids.shape=}")
 
     padded = num_chunks * CHUNK
     q, k, v = (_pad_time(x, num_chunks) for x in (q, k, v))

@@ -23,25 +23,7 @@ from absl.testing import absltest, parameterized
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
-
-
-def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, docs, seed=0):
-    """bf16 ``q, k, v``, fp32 ``g``, ``h0`` and ``segment_ids`` (documents of lengths ``docs``)."""
-    keys = jax.random.split(jax.random.key(seed), 5)
-    q = jax.random.normal(keys[0], (batch, seq_len, kv_heads, dk))
-    k = jax.random.normal(keys[1], (batch, seq_len, kv_heads, dk)) * dk ** -0.5
-    v = jax.random.normal(keys[2], (batch, seq_len, heads, dv))
-    g = None
-    if decay is not None:  # log-decay in [-decay, 0]: decay = 5 forgets within a few tokens
-        g = -decay * jax.random.uniform(keys[3], (batch, seq_len, heads))
-    state = jax.random.normal(keys[4], (batch, heads, dk, dv)) if h0 else None
-    seg = None
-    if docs is not None:
-        lengths = list(docs) + [seq_len - sum(docs)]
-        ids = np.repeat(np.arange(len(lengths)) % 2 + 3, lengths)  # ids 3, 4, 3, ...
-        seg = jnp.asarray(ids[None].repeat(batch, 0), jnp.int32)
-    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
-    return q, k, v, g, state, seg
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 
 def _reference(q, k, v, g, state, seg, scale):
@@ -64,8 +46,8 @@ class InterpretTest(parameterized.TestCase):
     )
     def test_forward_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
                                        docs):
-        q, k, v, g, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
-                                         h0=h0, docs=docs)
+        q, k, v, g, state, seg = kmg_test.inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                 decay=decay, h0=h0, docs=docs)
         scale = dk ** -0.5
         o, final = kmg.simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=state,
                                              segment_ids=seg, interpret=True)
@@ -82,8 +64,8 @@ class LoweringTest(parameterized.TestCase):
 
     @parameterized.product(dk=(64, 128), dv=(64, 128))
     def test_forward_lowers_for_cuda(self, dk, dv):
-        q, k, v, g, state, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True,
-                                         docs=(70, 30))
+        q, k, v, g, state, seg = kmg_test.inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True,
+                                                 docs=(70, 30))
 
         def fn(q, k, v, g, state, seg):
             return kmg.simple_gla_fwd_mosaic(q, k, v, g, initial_state=state, segment_ids=seg)
@@ -97,7 +79,7 @@ class LoweringTest(parameterized.TestCase):
 class ValidationTest(absltest.TestCase):
 
     def test_rejects_what_the_output_kernel_cannot_run(self):
-        q, k, v, g, _, _ = _inputs(1, 64, 1, 1, 64, 64, decay=0.1, h0=False, docs=None)
+        q, k, v, g, _, _ = kmg_test.inputs(1, 64, 1, 1, 64, 64, decay=0.1, h0=False, docs=None)
         h = jnp.zeros((1, 1, 1, 64, 64), jnp.float32)
         with self.assertRaisesRegex(ValueError, "q and k must match"):
             kmg.chunk_output_mosaic(q[..., :32], k, v, g, h, scale=1.0)

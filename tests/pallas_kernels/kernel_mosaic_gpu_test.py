@@ -25,19 +25,31 @@ from pallas_kernels.simple_gla import reference
 from tests import tolerances
 
 
-def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, packed, seed=0):
-    keys = jax.random.split(jax.random.key(seed), 4)
-    k = (jax.random.normal(keys[0], (batch, seq_len, kv_heads, dk)) * dk ** -0.5)
-    v = jax.random.normal(keys[1], (batch, seq_len, heads, dv))
+def inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, docs, seed=0):
+    """bf16 ``q, k, v``, fp32 ``g``, ``h0`` and ``segment_ids`` (documents of lengths ``docs``)."""
+    keys = jax.random.split(jax.random.key(seed), 5)
+    q = jax.random.normal(keys[0], (batch, seq_len, kv_heads, dk))
+    k = jax.random.normal(keys[1], (batch, seq_len, kv_heads, dk)) * dk ** -0.5
+    v = jax.random.normal(keys[2], (batch, seq_len, heads, dv))
     g = None
     if decay is not None:  # log-decay in [-decay, 0]: decay = 5 forgets within a few tokens
-        g = -decay * jax.random.uniform(keys[2], (batch, seq_len, heads))
-    state = jax.random.normal(keys[3], (batch, heads, dk, dv)) if h0 else None
+        g = -decay * jax.random.uniform(keys[3], (batch, seq_len, heads))
+    state = jax.random.normal(keys[4], (batch, heads, dk, dv)) if h0 else None
     seg = None
-    if packed:  # documents of 70, 30 and the rest: a start inside chunk 1, another at its end
-        seg = jnp.asarray(np.repeat([3, 4, 3], [70, 30, seq_len - 100])[None].repeat(batch, 0),
-                          jnp.int32)
-    return k.astype(jnp.bfloat16), v.astype(jnp.bfloat16), g, state, seg
+    if docs is not None:
+        lengths = list(docs) + [seq_len - sum(docs)]
+        ids = np.repeat(np.arange(len(lengths)) % 2 + 3, lengths)  # ids 3, 4, 3, ...
+        seg = jnp.asarray(ids[None].repeat(batch, 0), jnp.int32)
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    return q, k, v, g, state, seg
+
+
+def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, packed, seed=0):
+    """``k, v, g, h0, segment_ids`` of :func:`inputs`; ``packed``: documents of 70, 30 and the
+    rest (a start inside chunk 1, another at its end)."""
+    _, k, v, g, state, seg = inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay, h0=h0,
+                                    docs=(70, 30) if packed else None, seed=seed)
+    return k, v, g, state, seg
 
 
 def _reference_chunk_states(k, v, g, state, seg):
