@@ -57,7 +57,13 @@ _OPS = flags.DEFINE_list("ops", ["gdn", "deltanet", "lightning", "kda", "gdn2"],
 _SHAPES = flags.DEFINE_list("shapes", ["S1", "S2", "P1"], "Shapes: S1, S2, P1 or BxTxH.")
 _PASSES = flags.DEFINE_list("passes", ["fwd", "fwdbwd"], "Passes: fwd, fwdbwd.")
 _PEERS = flags.DEFINE_list("peers", ["ours", "chunked", "jla", "fla"],
-                           "Implementations: ours (auto dispatch), chunked, jla, fla.")
+                           "Implementations: ours (auto dispatch), chunked, jla, fla, and "
+                           "mosaic (our Mosaic GPU forward of issue 29, not dispatched yet: "
+                           "lightning forward only, Hopper or newer).")
+
+# What the Mosaic GPU kernels (pallas_kernels/simple_gla/kernel_mosaic_gpu.py) cover so far.
+_MOSAIC_OPS = ("lightning",)
+_MOSAIC_PASSES = ("fwd",)
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -162,6 +168,16 @@ def _jax_fn(op, peer, segment_ids):
                                          scale=q.shape[-1] ** -0.5, segment_ids=segment_ids,
                                          **gates)
             return o[0]
+        return fn
+    if peer == "mosaic":
+        from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+
+        def fn(q, k, v, **gates):
+            if op not in _MOSAIC_OPS:
+                raise NotImplementedError(f"no Mosaic GPU kernel for {op} yet")
+            g = jnp.broadcast_to(gates["g_gamma"], q.shape[:3])
+            return kmg.simple_gla_fwd_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
+                                             segment_ids=segment_ids)[0]
         return fn
     impl = None if peer == "ours" else "chunked"
     kw = dict(segment_ids=segment_ids, implementation=impl)
@@ -304,8 +320,9 @@ def _rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def correctness_gate(op, peer):
-    """Relative RMS errors of o and each gradient against the fp32 reference (§5.5)."""
+def correctness_gate(op, peer, fwd_only=False):
+    """Relative RMS errors of o and each gradient (of o only if ``fwd_only``) against the fp32
+    reference (§5.5)."""
     import jax
     import jax.numpy as jnp
     batch, seq_len, heads = _shape(_GATE_SHAPE.value)
@@ -320,8 +337,8 @@ def correctness_gate(op, peer):
     want_g = ref_passes["fwdbwd"](*f32, do.astype(jnp.float32), **gates)
     passes = _jax_passes(_jax_fn(op, peer, seg), names)
     got_o = passes["fwd"](q, k, v, do, **gates)
-    got_g = passes["fwdbwd"](q, k, v, do, **gates)
     errs = {"o": _rel(got_o.astype(jnp.float32), want_o)}
+    got_g = () if fwd_only else passes["fwdbwd"](q, k, v, do, **gates)
     for name, a, b in zip(("q", "k", "v") + names, got_g, want_g):
         errs["d" + name] = _rel(jnp.asarray(a, jnp.float32), b)
     limits = {"o": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3}
@@ -360,15 +377,21 @@ def run_jax(records):
     tuning = _apply_tuning()
     import jax
     peers = [p for p in _PEERS.value if p != "fla"]
-    if _on_tpu() and "jla" in peers:
-        print("skipping peer jla: its kernels are Mosaic GPU only (backend is tpu)", flush=True)
-        peers.remove("jla")
+    for gpu_only in ("jla", "mosaic"):
+        if _on_tpu() and gpu_only in peers:
+            print(f"skipping peer {gpu_only}: its kernels are Mosaic GPU only (backend is tpu)",
+                  flush=True)
+            peers.remove(gpu_only)
     for op in _OPS.value:
         for peer in peers:
             gate_ok, errs = (True, {})
-            if peer == "ours":
+            if peer == "mosaic" and op not in _MOSAIC_OPS:
+                print(f"skipping peer mosaic for {op}: its Mosaic GPU kernel is not written "
+                      f"yet (covered: {', '.join(_MOSAIC_OPS)})", flush=True)
+                continue
+            if peer in ("ours", "mosaic"):
                 try:
-                    gate_ok, errs = correctness_gate(op, peer)
+                    gate_ok, errs = correctness_gate(op, peer, fwd_only=peer == "mosaic")
                 except Exception as e:  # noqa: BLE001 - recorded, never silent
                     gate_ok, errs = False, {"error": repr(e)[:300]}
                 print(f"gate {op} {peer}: {'green' if gate_ok else 'RED'} {errs}", flush=True)
@@ -382,6 +405,10 @@ def run_jax(records):
                 names = () if op == "lightning" else tuple(gates)
                 passes = _jax_passes(_jax_fn(op, peer, seg), names)
                 for pas in _PASSES.value:
+                    if peer == "mosaic" and pas not in _MOSAIC_PASSES:
+                        print(f"skipping peer mosaic {pas}: no Mosaic GPU backward yet",
+                              flush=True)
+                        continue
                     rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,
                                                                     _DIM.value], pass_=pas,
                                gate=gate_ok, gate_errors=errs, tuning=tuning)
@@ -583,8 +610,41 @@ def markdown(records, versions, command):
                     f"{fmt(recs['fla'].get('ms'))} | {fmt(recs['jla'].get('ms'))} | "
                     f"{fmt(recs['chunked'].get('ms'))} | {ratio('fla')} | {ratio('jla')} | "
                     f"{fmt(floor)} | {pct} |")
+    lines += mosaic_lines(records)
     lines += breakdown_lines(records)
     return "\n".join(lines) + "\n"
+
+
+def mosaic_lines(records):
+    """Markdown lines comparing the ``mosaic`` peer (our Mosaic GPU kernels of issue 29, not
+    dispatched yet) with ``ours`` (the dispatched kernels) and jla, on kernel time where both
+    have one (:func:`peer_ratio`); ``[]`` without mosaic records."""
+    latest = {(r["op"], r["shape"], r["pass_"], r["peer"]): r for r in records}
+    keys = [k[:3] for k in latest if k[3] == "mosaic"]
+    if not keys:
+        return []
+
+    def fmt(x):
+        return "–" if x is None else f"{x:.3f}"
+
+    lines = ["", "Our Mosaic GPU kernels (peer `mosaic`, issue 29; not dispatched yet), against "
+                 "the dispatched kernels and jla. Ratios > 1 mean the Mosaic GPU kernel is "
+                 "faster.", ""]
+    gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "mosaic"}
+    for op, errs in gates.items():
+        lines.append(f"- gate, {op} (mosaic vs the fp32 reference): " + ", ".join(
+            f"{k} {v:.2e}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in (errs or {}).items()))
+    lines += ["", "| op | shape | pass | mosaic kernel | ours kernel | jla kernel | mosaic wall "
+                  "| ours/mosaic | jla/mosaic |", "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    for op, shape, pas in keys:
+        m = latest[(op, shape, pas, "mosaic")]
+        o = latest.get((op, shape, pas, "ours"), {})
+        j = latest.get((op, shape, pas, "jla"), {})
+        lines.append(f"| {op} | {shape} | {pas} | {fmt(m.get('kernel_ms'))} | "
+                     f"{fmt(o.get('kernel_ms'))} | {fmt(j.get('kernel_ms'))} | "
+                     f"{fmt(m.get('ms'))} | {peer_ratio(m, o)} | {peer_ratio(m, j)} |")
+    return lines
 
 
 def breakdown_lines(records):

@@ -20,6 +20,8 @@
 #       # experiments/generate_corpus.py (the teacher writes expository text; GEN_DEADLINE_S,
 #       # default 240 s, GEN_MAX_TOKENS, default 40M) in the background, while the data
 #       # pieces arrive in the next calls
+#   benchmarks/halo_h200.sh prepare    # instead of `generate`: unpacks the model tar and
+#       # installs the wheels into $SITE only (to run GPU tests or benchmarks before `start`)
 #   benchmarks/halo_h200.sh start      # after the last data piece: unpacks it and starts, in
 #       # its own session, a driver that waits for the generation, then runs the pipeline
 #   benchmarks/halo_h200.sh wait <seconds>   # waits, then copies the run's small files to $OUT
@@ -38,7 +40,7 @@
 # HALO_FLAGS; extra generation flags: GEN_FLAGS. SHOW_S: seconds `generate` and `start` wait
 # before showing the log (45, 30).
 set -euo pipefail
-cmd=${1:?usage: halo_h200.sh pack|receive|generate|start|wait|collect ...}
+cmd=${1:?usage: halo_h200.sh pack|receive|generate|prepare|start|wait|collect ...}
 shift
 XFER=${XFER:-/tmp/xfer}
 WORK=${WORK:-/tmp/halo_h200}
@@ -135,6 +137,11 @@ case "$cmd" in
     echo "generation started: pid $!, log $WORK.gen.log"
     sleep "${SHOW_S:-45}"
     tail -n 5 "$WORK.gen.log"
+    ;;
+  prepare)
+    unpack_tar model
+    install_wheels
+    echo "wheels installed in $SITE: export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH}"
     ;;
   start)
     if compgen -G "$XFER/data.tar.part*" > /dev/null; then

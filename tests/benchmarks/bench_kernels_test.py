@@ -112,6 +112,19 @@ class MarkdownTest(absltest.TestCase):
         self.assertEqual(ratio(dict(ms=2.0, kernel_ms=1.5), dict(ms=3.0, kernel_ms=3.0)),
                          "2.00")
 
+    def test_mosaic_peer_gets_its_own_table(self):
+        rec = dict(op="lightning", shape="S1", pass_="fwd")
+        records = [dict(rec, peer="ours", ms=0.9, kernel_ms=0.8, gate_errors={"o": 2e-3}),
+                   dict(rec, peer="jla", ms=0.5, kernel_ms=0.45),
+                   dict(rec, peer="mosaic", ms=0.7, kernel_ms=0.6, gate_errors={"o": 3e-3})]
+        md = bench_kernels.markdown(records, {"date": "2026-12-02", "gpu": "H200"}, "cmd")
+        row = [line for line in md.splitlines() if line.startswith("| lightning | S1 | fwd")]
+        self.assertLen(row, 2)  # the main table's row and the Mosaic GPU table's row
+        cells = [c.strip() for c in row[1].strip("|").split("|")]
+        self.assertEqual(cells[3:], ["0.600", "0.800", "0.450", "0.700", "1.33", "0.75"])
+        self.assertIn("- gate, lightning (mosaic vs the fp32 reference): o 3.00e-03", md)
+        self.assertNotIn("mosaic kernel", bench_kernels.markdown(records[:2], {"date": "d"}, "c"))
+
 
 if __name__ == "__main__":
     absltest.main()

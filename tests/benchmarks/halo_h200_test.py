@@ -138,9 +138,20 @@ class HaloH200ScriptTest(absltest.TestCase):
         self.assertIn("work/teacher_text/manifest.json", listing)
         self.assertIn("work/report/args.json", listing)
 
-    def test_without_teacher_text_with_config_args(self):
+    def test_prepare_then_start_with_config_args(self):
+        # `prepare` unpacks the model tar and installs the wheels (for GPU tests before the run);
+        # `start` then finds them in place and unpacks only the data tar.
         packed = self.pack()
-        for name in ("model.tar.part0", "model.tar.sha256", "data.tar.part0", "data.tar.sha256"):
+        for name in ("model.tar.part0", "model.tar.sha256"):
+            self.sh("receive", f"{packed}/{name}")
+        self.assertIn("wheels installed", self.sh("prepare"))
+        probe = subprocess.run([sys.executable, "-c",
+                                "import lattn_probe; print(lattn_probe.VALUE)"],
+                               capture_output=True, text=True,
+                               env=dict(self.env, PYTHONPATH=self.env["SITE"]))
+        self.assertEqual(probe.stdout.strip(), "7", probe.stderr)
+        self.assertFalse(os.path.exists(f"{self.env['XFER']}/model.tar.part0"))
+        for name in ("data.tar.part0", "data.tar.sha256"):
             self.sh("receive", f"{packed}/{name}")
         self.sh("start", env={"CONFIG_ARGS": "stage2_len=2048"})
         self.assertEqual(self.recorded_args()["config"],

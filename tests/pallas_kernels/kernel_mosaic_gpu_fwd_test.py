@@ -10,7 +10,9 @@ the chunk states ``S_c``, the masked scores) and of ``o`` itself, all with fp32 
 the gate is the relative RMS error (< 5e-3, the GPU kernels' gate in BUILD.md) plus
 ``assert_allclose`` at the bf16 forward tolerance. ``LoweringTest`` lowers the forward for CUDA
 on the CPU host (the Pallas-to-Mosaic-GPU lowering of the layout branch that interpret mode
-replaces).
+replaces). ``GpuTest`` (marked ``gpu``; skipped without a Hopper-or-newer GPU) compiles the real
+kernels and checks them against the same reference at longer rows (packed documents, GVA, strong
+decay, a partial last chunk, every K, V in {64, 128}).
 
 A failing interpreted kernel may hang instead of raising; run a single test to see its traceback.
 """
@@ -18,6 +20,7 @@ A failing interpreted kernel may hang instead of raising; run a single test to s
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
@@ -58,6 +61,50 @@ class InterpretTest(parameterized.TestCase):
             self.assertLess(tolerances.rel_err(got, want), 5e-3)
             np.testing.assert_allclose(np.asarray(got, np.float32), want,
                                        **tolerances.fwd_tol(jnp.bfloat16))
+
+
+def _hopper_or_newer():
+    """Whether the default backend is a CUDA GPU of compute capability 9.0 or newer."""
+    if jax.default_backend() != "gpu":
+        return False
+    cc = getattr(jax.devices()[0], "compute_capability", None)
+    try:
+        return cc is not None and float(cc) >= 9.0
+    except ValueError:
+        return False
+
+
+@pytest.mark.gpu
+class GpuTest(parameterized.TestCase):
+    """The compiled Mosaic GPU kernels (wgmma, TMA) on bf16 inputs against the fp32 reference."""
+
+    def setUp(self):
+        super().setUp()
+        if not _hopper_or_newer():
+            self.skipTest("needs a Hopper-or-newer NVIDIA GPU (Mosaic GPU kernels)")
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, h0, document lengths (the rest is one more document)
+        ("plain_T2048_K128_V128", 2, 2048, 4, 4, 128, 128, None, False, None),
+        ("gva_h0_packed_T4096_K128_V128", 2, 4096, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999, 1200)),
+        ("strong_decay_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None),
+        ("packed_T3000_K128_V64", 1, 3000, 3, 3, 128, 64, 0.2, False, (10, 54, 500, 2000)),
+        ("decay_h0_T4096_K64_V64", 1, 4096, 2, 2, 64, 64, 0.02, True, None),
+    )
+    def test_forward_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                       docs):
+        q, k, v, g, state, seg = kmg_test.inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                 decay=decay, h0=h0, docs=docs, seed=3)
+        scale = dk ** -0.5
+        o, final = kmg.simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=state,
+                                             segment_ids=seg)
+        want_o, want_final = _reference(q, k, v, g, state, seg, scale)
+        self.assertEqual((o.shape, o.dtype), (want_o.shape, jnp.bfloat16))
+        self.assertEqual((final.shape, final.dtype), (want_final.shape, jnp.float32))
+        for name, got, want in (("o", o, want_o), ("final_state", final, want_final)):
+            err = tolerances.rel_err(got, want)
+            self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
 
 
 class LoweringTest(parameterized.TestCase):
