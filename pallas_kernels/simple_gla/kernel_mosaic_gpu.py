@@ -45,6 +45,7 @@ scratch there). The lowering test
 """
 
 import functools
+import inspect
 from typing import Optional, Tuple
 
 import jax
@@ -91,18 +92,31 @@ def _swizzled_smem(shape, dtype):
     return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(swizzle)))
 
 
+# jax 0.10.x's ``plgpu.load(src, idx, *, layout)`` needs the index; from 0.11 passing it is
+# deprecated (index the ref with ``ref.at[...]`` instead) and it may be left out.
+_LOAD_IDX = inspect.signature(plgpu.load).parameters.get("idx")
+_LOAD_NEEDS_IDX = _LOAD_IDX is not None and _LOAD_IDX.default is inspect.Parameter.empty
+
+
+def _load(ref, layout):
+    """The whole ``ref`` (SMEM) as a register value in ``layout``, on jax 0.10 and 0.11."""
+    if _LOAD_NEEDS_IDX:
+        return plgpu.load(ref, (), layout=layout)
+    return plgpu.load(ref, layout=layout)
+
+
 def _load_rows(ref, interpret: bool):
     """A ``[C]`` fp32 SMEM vector as one value per row of a WGMMA tile (see module docstring)."""
     if interpret:
         return ref[...]
-    return plgpu.load(ref, (), layout=_ROWS)
+    return _load(ref, _ROWS)
 
 
 def _load_tile(ref, interpret: bool):
     """A 2-D SMEM tile in the WGMMA register layout."""
     if interpret:
         return ref[...]
-    return plgpu.load(ref, (), layout=_WGMMA)
+    return _load(ref, _WGMMA)
 
 
 def _zeros_acc(shape, interpret: bool):
@@ -357,7 +371,7 @@ def _load_cols(ref, interpret: bool):
     """A ``[C]`` fp32 SMEM vector as one value per column of a WGMMA tile."""
     if interpret:
         return ref[...]
-    return plgpu.load(ref, (), layout=_COLS)
+    return _load(ref, _COLS)
 
 
 def _iota(shape, dim: int, interpret: bool):
@@ -373,7 +387,7 @@ def _transposed(ref, scratch, interpret: bool):
         scratch[...] = ref[...].T
         plgpu.commit_smem()
         return scratch
-    return plgpu.transpose_ref(ref, (1, 0))
+    return ref.transpose((1, 0))  # plgpu.transpose_ref is deprecated in jax 0.11
 
 
 def _lhs_operand(x, scratch, interpret: bool):
