@@ -37,7 +37,8 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
    prompt fed as decoding steps, so no padding and no attention mask). ``P`` and the width of
    the rest are fixed per length over all tasks, so each model compiles one prefill and one
    chunk of decoding steps per length, and a part's answers do not depend on which other
-   parts ran in the same process. After each part its accuracy is printed and its answers
+   parts ran in the same process. On an accelerator those programs are compiled for every
+   length at once before the first part, in a thread pool (:meth:`NiahDecoder.precompile`). After each part its accuracy is printed and its answers
    are appended to ``<stage_dir>/niah_parts.jsonl`` (:func:`niah_answers`); a run that finds
    parts of the same options there skips them and scores the measurement from that file, so
    an interrupted NIAH measurement loses at most the part it was decoding and resumes
@@ -66,8 +67,10 @@ metrics and timings, the selection, the calibration and this report) into the re
 (``experiments/halo_report.py`` writes it to ``<workdir>/halo-<model>-<date>.md`` by default).
 """
 
+import concurrent.futures
 import dataclasses
 import datetime
+import functools
 import hashlib
 import inspect
 import json
@@ -508,6 +511,50 @@ class NiahDecoder:
         self._prefill = jax.jit(prefill, static_argnums=(2,))
         # The states are donated: the steps update the KV caches in place.
         self._steps = jax.jit(steps, static_argnums=(6,), donate_argnums=(5,))
+        # Executables compiled ahead of time by :meth:`precompile`, by shape.
+        self._compiled: Dict[Tuple[Any, ...], Any] = {}
+
+    def precompile(self, shapes: Sequence[Tuple[int, int, int, int]], *,
+                   max_workers: Optional[int] = None,
+                   print_fn: Callable[[str], None] = print) -> float:
+        """Compiles the prefill and decoding-step programs of ``shapes`` ahead of time, in a
+        thread pool, so that their XLA compilations overlap (NIAH compiles one prefill and one
+        step program per length; one after the other they took 26-52 s per length on the H200
+        for SmolLM2-135M's student, 2026-12-02d). :meth:`generate` then runs these executables
+        for those shapes and compiles any other shape on first use, as before.
+
+        Args:
+          shapes: ``(batch_size, prefix_len, capacity, width)`` per program pair, as
+            :meth:`generate` will be called (``width`` is the rest-of-prompt width).
+          max_workers: compiling threads (``None``: ``os.cpu_count()``).
+          print_fn: one line per program that fails to compile (it is then compiled on first
+            use by ``jax.jit``, which raises the error there if it is real).
+
+        Returns:
+          wall seconds spent lowering and compiling.
+        """
+        t0 = time.perf_counter()
+        jobs = {}
+        workers = max(1, max_workers or os.cpu_count() or 1)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            for b, p0, capacity, width in dict.fromkeys(tuple(int(x) for x in s)
+                                                          for s in shapes):
+                tokens = jax.ShapeDtypeStruct((b, p0), jnp.int32)
+                low = self._prefill.lower(self._params, tokens, capacity)
+                jobs[pool.submit(low.compile)] = ("prefill", b, p0, capacity)
+                first, states = low.out_info
+                row = jax.ShapeDtypeStruct((b,), jnp.int32)
+                low = self._steps.lower(self._params, first, jax.ShapeDtypeStruct(
+                    (b, width), jnp.int32), row, jax.ShapeDtypeStruct((), jnp.int32), states,
+                    self.chunk)
+                jobs[pool.submit(low.compile)] = ("steps", b, capacity, width)
+            for future in concurrent.futures.as_completed(jobs):
+                try:
+                    self._compiled[jobs[future]] = future.result()
+                except Exception as e:  # noqa: BLE001 - compiled again on first use instead
+                    print_fn(f"niah: ahead-of-time compilation of {jobs[future]} failed "
+                             f"({type(e).__name__}: {str(e)[:200]}); compiling it on first use")
+        return time.perf_counter() - t0
 
     def generate(self, prompts: Sequence[Sequence[int]], *, batch_size: int, capacity: int,
                  max_new_tokens: int, stop_id: Optional[int] = None,
@@ -567,7 +614,14 @@ class NiahDecoder:
                 rest[j, :len(tail)] = tail
                 rest_len[j] = len(tail)
             t0 = time.perf_counter()
-            first, states = self._prefill(self._params, jnp.asarray(tokens), int(capacity))
+            prefill = self._compiled.get(("prefill", batch_size, p0, int(capacity)))
+            if prefill is not None:
+                first, states = prefill(self._params, jnp.asarray(tokens))
+            else:
+                first, states = self._prefill(self._params, jnp.asarray(tokens), int(capacity))
+            steps = self._compiled.get(("steps", batch_size, int(capacity), rest_w))
+            if steps is None:
+                steps = functools.partial(self._steps, n=self.chunk)
             first = np.asarray(first)  # waits for the prefill
             t1 = time.perf_counter()
             # Step s feeds position P + s; row j's k-th new token comes out of step
@@ -577,8 +631,8 @@ class NiahDecoder:
             prev, rest_d, len_d, done_steps = jnp.asarray(first), jnp.asarray(rest), \
                 jnp.asarray(rest_len), 0
             while done_steps < need_steps:
-                out, prev, states = self._steps(self._params, prev, rest_d, len_d,
-                                                jnp.int32(done_steps), states, self.chunk)
+                out, prev, states = steps(self._params, prev, rest_d, len_d,
+                                          jnp.int32(done_steps), states)
                 outs.append(np.asarray(out))
                 done_steps += self.chunk
                 if stop_id is not None and self._all_stopped(outs, rest_len[:len(idx)],
@@ -772,7 +826,8 @@ def niah_answers(decoder: NiahDecoder, prompts: Mapping[str, List[List[NiahPromp
                  done: Optional[Mapping[Tuple[str, int], Sequence[Sequence[int]]]] = None,
                  on_part: Optional[Callable[[str, int, List[List[int]], Dict[str, Any]],
                                             None]] = None,
-                 should_stop: Optional[Callable[[], bool]] = None
+                 should_stop: Optional[Callable[[], bool]] = None,
+                 precompile: bool = False
                  ) -> Tuple[Dict[str, List[Optional[List[List[int]]]]], Dict[str, Any]]:
     """Every prompt's greedy answer, one part (task, length) after the other.
 
@@ -796,6 +851,8 @@ def niah_answers(decoder: NiahDecoder, prompts: Mapping[str, List[List[NiahPromp
       on_part: called as ``on_part(task, length, answers, stats)`` right after each decoded
         part (to log and store it; then nothing is printed here).
       should_stop: asked before each part to decode; ``True`` ends the run there.
+      precompile: first compile every part's programs at once
+        (:meth:`NiahDecoder.precompile`; the answers are the same).
 
     Returns:
       ``(answers {task: [per length: [ids] or None]}, stats {str(L): {task: NiahDecoder
@@ -810,9 +867,24 @@ def niah_answers(decoder: NiahDecoder, prompts: Mapping[str, List[List[NiahPromp
     answers: Dict[str, List[Optional[List[List[int]]]]] = {
         task: [None] * len(lengths) for task in prompts}
     stats: Dict[str, Any] = {}
-    for li, length in enumerate(lengths):
+
+    def shared_shape(li):  # the prefill length and rest width of length index li
         lens = [len(p.ids) for task in prompts for p in prompts[task][li]] or [1]
-        p0, width = min(lens), max(max(lens) - min(lens), 1)
+        return min(lens), max(max(lens) - min(lens), 1)
+
+    if precompile:
+        shapes = []
+        for li, length in enumerate(lengths):
+            p0, width = shared_shape(li)
+            shapes += [(niah_batch_size(length, len(prompts[task][li]), batch_tokens), p0,
+                        length + decoder.chunk, width)
+                       for task in prompts if (task, length) not in done and prompts[task][li]]
+        if shapes:
+            seconds = decoder.precompile(shapes, print_fn=print_fn)
+            print_fn(f"niah: compiled {len(set(shapes))} prefill and step program pairs ahead "
+                     f"of time in {seconds:.1f} s")
+    for li, length in enumerate(lengths):
+        p0, width = shared_shape(li)
         for task in prompts:
             part = prompts[task][li]
             if (task, length) in done:
@@ -1094,7 +1166,7 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
             NiahDecoder(model, chunk=NIAH_DECODE_CHUNK), prompts, lengths=lengths,
             max_new_tokens=m, batch_tokens=options.niah_batch_tokens, stop_id=tokenizer.eos_id,
             print_fn=print_fn, done={k: r["answers"] for k, r in done.items()},
-            on_part=on_part, should_stop=should_stop)
+            on_part=on_part, should_stop=should_stop, precompile=jax.default_backend() != "cpu")
         if any(a is None for per_length in got.values() for a in per_length):
             return None  # stopped between parts
         # The result is scored from the file: the parts read back and the ones just written.

@@ -366,6 +366,29 @@ class NiahDecoderTest(absltest.TestCase):
             self.assertEqual(sorted(stats), ["48", "64"])
             self.assertNotIn("niah_single_1", stats["48"])
 
+    def test_precompiled_programs_give_the_same_answers(self):
+        rng = np.random.default_rng(1)
+        m, lengths = 5, (40, 56)
+        prompts = {task: [[report_lib.NiahPrompt(sample=None, ids=rng.integers(
+            0, 61, int(rng.integers(n - 20, n - m + 1))).astype(np.int32)) for _ in range(3)]
+            for n in lengths] for task in ("niah_single_1", "niah_single_2")}
+        model = tiny_models()["student"]
+        kw = dict(lengths=lengths, max_new_tokens=m, batch_tokens=100, stop_id=None)
+        want, _ = report_lib.niah_answers(report_lib.NiahDecoder(model, chunk=3), prompts,
+                                          print_fn=lambda s: None, **kw)
+        decoder = report_lib.NiahDecoder(model, chunk=3)
+        lines = []
+        with mock.patch.object(decoder, "_prefill", wraps=decoder._prefill) as prefill, \
+                mock.patch.object(decoder, "_steps", wraps=decoder._steps) as steps:
+            got, _ = report_lib.niah_answers(decoder, prompts, print_fn=lines.append,
+                                             precompile=True, **kw)
+            # Every part ran the executables compiled ahead of time, never the jit functions.
+            self.assertEqual((prefill.call_count, steps.call_count), (0, 0))
+        self.assertEqual(got, want)
+        # One prefill and one step program per length: the tasks of a length share them.
+        self.assertLen(decoder._compiled, 4)
+        self.assertTrue(any("compiled 2 prefill and step program pairs" in s for s in lines))
+
     def test_generate_checks_its_arguments(self):
         decoder = report_lib.NiahDecoder(tiny_models()["teacher"], chunk=4)
         ids = [np.arange(10), np.arange(12)]
