@@ -8,7 +8,9 @@
    top ``floor(L / 4)`` layers, written to ``select/selection.json`` (resumable per layer);
 3. ``stage2``: KL distillation of the HypeNet student (attention layers from
    ``config.hypenet.attention_layers`` or ``select/selection.json``) (resumable);
-4. ``stage3``: long-context cross-entropy fine-tuning from the Stage-2 params (resumable);
+4. ``stage3``: long-context cross-entropy fine-tuning from the Stage-2 params, with
+   ``stage3.kl_weight > 0`` plus the teacher's KL on each window's first ``stage3.kl_len``
+   positions (resumable);
 5. ``calibrate``: the validation loss for each candidate ``a`` of the logit scaling, written to
    ``calibrate/calibration.json``;
 6. ``report``: the teacher against the final student (Stage-3 params if there are any, else
@@ -349,7 +351,10 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
                                 print_fn=print_fn, deadline=deadline,
                                 micro_batch_size=config.stage3.get("micro_batch_size"),
                                 ce_chunk_size=config.stage3.get("ce_chunk_size"),
-                                seq_len=config.stage3.seq_len)
+                                seq_len=config.stage3.seq_len, teacher_cfg=teacher_cfg,
+                                teacher_params=teacher_params,
+                                kl_weight=config.stage3.get("kl_weight", 0.0),
+                                kl_len=config.stage3.get("kl_len"))
         return train_summary(out)
 
     params, source = _final_params(config, workdir, abstract)
@@ -745,7 +750,9 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
                     recall_items=config_dict.placeholder(str), synthetic_recall=20,
                     synthetic_filler_repeats=4, max_new_tokens=12, max_val_batches=8),
         stage2=stage("stage2", temperature=1.0, kl_chunk_size=512),
-        stage3=stage("stage3", ce_chunk_size=2048),
+        # kl_weight > 0: Stage 3's loss is CE + kl_weight x KL(teacher || student) on each
+        # window's first kl_len positions (the teacher's context; stages.stage3_loss_fn).
+        stage3=stage("stage3", ce_chunk_size=2048, kl_weight=0.0, kl_len=8192),
         calibrate=dict(seq_len=s3_len, batch_size=1, max_batches=8,
                        candidates=tuple(calibrate_candidates)),
         report=report_section,

@@ -8,7 +8,9 @@
 * Stage 2 (:func:`run_stage2`, spec §3.3): the HypeNet student (Stage-1 Lightning layers at the
   recurrent positions, the teacher's attention, NoPE + gate, at the selected ones) is trained end
   to end on ``KL(teacher || student)`` at temperature 1 (:func:`losses.forward_kl`).
-* Stage 3 (:func:`run_stage3`, spec §3.4): next-token cross-entropy on long windows.
+* Stage 3 (:func:`run_stage3`, spec §3.4): next-token cross-entropy on long windows;
+  optionally (``kl_weight > 0``, not in HALO) plus the teacher's forward KL on each
+  window's first ``kl_len`` positions (:func:`stage3_loss_fn`).
 * :func:`calibrate_logit_scaling` (spec §1.6, §3.7): the validation loss of the final model for
   each candidate ``a`` of ``s_t = log_a(t + a)``, the best one chosen.
 
@@ -406,21 +408,102 @@ def stage2_loss_fn(teacher_cfg: config_lib.ModelConfig, student_cfg: config_lib.
     return loss_fn
 
 
-def stage3_loss_fn(student_cfg: config_lib.ModelConfig, *, chunk_size: Optional[int] = None
+def check_stage3_kl(teacher_cfg: Optional[config_lib.ModelConfig], kl_weight: float,
+                    kl_len: Optional[int]) -> None:
+    """Checks Stage 3's teacher-KL options (:func:`stage3_loss_fn`).
+
+    Raises:
+      ValueError: naming the option, if ``kl_weight`` is not a number ``>= 0``, ``kl_len`` is
+        given and is not an int ``>= 1``, or ``kl_weight > 0`` without ``teacher_cfg`` or
+        ``kl_len``.
+    """
+    if isinstance(kl_weight, bool) or not isinstance(kl_weight, (int, float, np.number)) \
+            or not kl_weight >= 0:
+        raise ValueError(f"kl_weight must be a number >= 0, got {kl_weight!r}")
+    if kl_len is not None and (isinstance(kl_len, bool)
+                               or not isinstance(kl_len, (int, np.integer)) or kl_len < 1):
+        raise ValueError(f"kl_len must be an int >= 1, got {kl_len!r}")
+    if kl_weight > 0:
+        if teacher_cfg is None:
+            raise ValueError(f"kl_weight={kl_weight} > 0 needs teacher_cfg (the teacher whose "
+                             f"KL anchors Stage 3)")
+        if kl_len is None:
+            raise ValueError(f"kl_weight={kl_weight} > 0 needs kl_len (the positions of each "
+                             f"window the KL covers, e.g. the teacher's context)")
+
+
+def stage3_loss_fn(student_cfg: config_lib.ModelConfig, *, chunk_size: Optional[int] = None,
+                   teacher_cfg: Optional[config_lib.ModelConfig] = None,
+                   kl_weight: float = 0.0, kl_len: Optional[int] = None
                    ) -> Callable[[PyTree, PyTree, Batch], jax.Array]:
-    """``(params, _, batch) -> token-mean next-token cross-entropy`` (spec §3.4), the LM head
-    and the cross-entropy in token chunks (:func:`losses.chunked_cross_entropy`;
-    ``chunk_size`` ``None``: 2048)."""
+    """``(params, teacher_params, batch) -> loss`` of Stage 3 (spec §3.4), fp32 scalar in nats
+    per token.
+
+    ``kl_weight == 0`` (HALO): ``loss = CE``, the token-mean next-token cross-entropy over every
+    position of the ``[B, T]`` windows (``batch["inputs"]``, ``batch["targets"]``, optional
+    ``batch["weights"]``); the second argument is ignored (no teacher forward).
+
+    ``kl_weight = w > 0`` (an anchor to the teacher, not in HALO)::
+
+        loss = CE(positions t < T) + w * KL(teacher || student)(positions t < K),
+        K = min(kl_len, T)
+
+    the KL the token mean of :func:`losses.chunked_forward_kl` at temperature 1 over the first
+    ``K`` positions of every window (masked by ``weights[:, :K]``). The teacher is causal, so
+    its logits there are those of the teacher run on ``inputs[:, :K]`` alone: only that prefix
+    is run (under ``stop_gradient``, as in :func:`stage2_loss_fn`). The intent: CE over the
+    whole long window teaches long context, the KL keeps the student near the teacher where the
+    teacher is valid (its training context, ``kl_len``).
+
+    Both the CE and the KL compute the LM heads in token chunks of ``chunk_size`` (``None``:
+    2048; :func:`losses.chunked_cross_entropy`, :func:`losses.chunked_forward_kl`), so the
+    student's head runs twice on the first ``K`` positions.
+
+    Args:
+      student_cfg: the student.
+      chunk_size: tokens per LM-head chunk.
+      teacher_cfg: the teacher (needed when ``kl_weight > 0``).
+      kl_weight: ``w >= 0``.
+      kl_len: ``K``'s bound (``>= 1``; needed when ``kl_weight > 0``); ``kl_len > T`` covers
+        the whole window.
+
+    Raises:
+      ValueError: the options, as :func:`check_stage3_kl`.
+    """
+    check_stage3_kl(teacher_cfg, kl_weight, kl_len)
     student_fn = language_model_fn(student_cfg)
     chunk = 2048 if chunk_size is None else chunk_size
 
-    def loss_fn(params, _, batch):
-        student = student_fn(params)
-        hidden = student(batch["inputs"], return_hidden=True)
-        return losses.chunked_cross_entropy(hidden, student.head_kernel(), batch["targets"],
-                                            batch.get("weights"), chunk_size=chunk)[0]
+    if not kl_weight > 0:
+        def loss_fn(params, _, batch):
+            student = student_fn(params)
+            hidden = student(batch["inputs"], return_hidden=True)
+            return losses.chunked_cross_entropy(hidden, student.head_kernel(), batch["targets"],
+                                                batch.get("weights"), chunk_size=chunk)[0]
 
-    return loss_fn
+        return loss_fn
+
+    teacher_fn = language_model_fn(teacher_cfg)
+    weight = float(kl_weight)
+
+    def loss_with_kl(params, teacher_params, batch):
+        student = student_fn(params)
+        hidden = student(batch["inputs"], return_hidden=True)  # [B, T, D_S]
+        head = student.head_kernel()
+        weights = batch.get("weights")
+        ce = losses.chunked_cross_entropy(hidden, head, batch["targets"], weights,
+                                          chunk_size=chunk)[0]
+        k = min(int(kl_len), batch["inputs"].shape[1])
+        teacher = teacher_fn(jax.lax.stop_gradient(teacher_params))
+        t_hidden = jax.lax.stop_gradient(
+            teacher(batch["inputs"][:, :k], return_hidden=True))  # [B, K, D_T]
+        t_head = jax.lax.stop_gradient(teacher.head_kernel())
+        kl = losses.chunked_forward_kl(t_hidden, t_head, hidden[:, :k], head,
+                                       None if weights is None else weights[:, :k],
+                                       chunk_size=chunk)
+        return ce + weight * kl
+
+    return loss_with_kl
 
 
 def run_stage2(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_params: PyTree,
@@ -452,15 +535,39 @@ def run_stage3(*, workdir: str, student_cfg: config_lib.ModelConfig, init_params
                batches: Iterator[Batch], print_fn: Callable[[str], None] = print,
                deadline: Optional[float] = None, micro_batch_size: Optional[int] = None,
                ce_chunk_size: Optional[int] = None,
-               seq_len: Optional[int] = None) -> Dict[str, Any]:
+               seq_len: Optional[int] = None,
+               teacher_cfg: Optional[config_lib.ModelConfig] = None,
+               teacher_params: Optional[PyTree] = None, kl_weight: float = 0.0,
+               kl_len: Optional[int] = None) -> Dict[str, Any]:
     """Stage 3 in ``workdir`` (resumable; ``deadline``, ``micro_batch_size`` as in
     :func:`train_loop`; ``seq_len`` given: MFU logged) from the Stage-2 params; returns
-    :func:`train_loop`'s result."""
-    flops = None if seq_len is None else stage_flops_per_token(
-        "stage3", seq_len, student_cfg=student_cfg, student_params=init_params)
-    return train_loop(workdir=workdir, init_params=init_params,
-                      loss_fn=stage3_loss_fn(student_cfg, chunk_size=ce_chunk_size),
+    :func:`train_loop`'s result.
+
+    ``kl_weight > 0`` adds the teacher's KL on each window's first ``kl_len`` positions
+    (:func:`stage3_loss_fn`): the teacher (``teacher_cfg``, ``teacher_params``) is then passed
+    to every step and its forward on that prefix counted in the MFU
+    (:func:`stage_flops_per_token`'s ``teacher_len``); ``kl_weight == 0`` never uses it. The
+    logged loss is the sum ``CE + kl_weight x KL`` (:func:`train_loop` logs one scalar).
+
+    Raises:
+      ValueError: a bad KL option (:func:`check_stage3_kl`) or ``kl_weight > 0`` without
+        ``teacher_params``.
+    """
+    loss_fn = stage3_loss_fn(student_cfg, chunk_size=ce_chunk_size, teacher_cfg=teacher_cfg,
+                             kl_weight=kl_weight, kl_len=kl_len)
+    use_teacher = kl_weight > 0
+    if use_teacher and teacher_params is None:
+        raise ValueError(f"kl_weight={kl_weight} > 0 needs teacher_params")
+    flops = None
+    if seq_len is not None:
+        flops = stage_flops_per_token(
+            "stage3", seq_len, student_cfg=student_cfg, student_params=init_params,
+            teacher_cfg=teacher_cfg if use_teacher else None,
+            teacher_params=teacher_params if use_teacher else None,
+            teacher_len=min(kl_len, seq_len) if use_teacher else None)
+    return train_loop(workdir=workdir, init_params=init_params, loss_fn=loss_fn,
                       optim_cfg=optim_cfg, train_cfg=train_cfg, batches=batches,
+                      frozen=teacher_params if use_teacher else None,
                       print_fn=print_fn, deadline=deadline, micro_batch_size=micro_batch_size,
                       flops_per_token=flops)
 
@@ -469,7 +576,8 @@ def stage_flops_per_token(stage: str, seq_len: int, *,
                           teacher_cfg: Optional[config_lib.ModelConfig] = None,
                           teacher_params: Optional[PyTree] = None,
                           student_cfg: Optional[config_lib.ModelConfig] = None,
-                          student_params: Optional[PyTree] = None) -> float:
+                          student_params: Optional[PyTree] = None,
+                          teacher_len: Optional[int] = None) -> float:
     """Model FLOPs per trained token of one HALO step (:mod:`lattn_jax.flops` conventions:
     ``2 x`` matmul weights per token forward, the mixers' token-mixing work, causal attention
     halved, backward ``= 2 x`` forward).
@@ -479,11 +587,19 @@ def stage_flops_per_token(stage: str, seq_len: int, *,
       ``{"mixers": {l: ...}}``, ``student_cfg`` the all-Lightning config);
     * ``stage2``: the whole teacher forward (LM head included) plus the student's forward and
       backward;
-    * ``stage3``: the student's forward and backward.
+    * ``stage3``: the student's forward and backward; with ``teacher_len`` ``K`` (Stage 3's
+      teacher KL on each window's first ``K`` positions), plus the teacher's forward on that
+      prefix, spread over the window's ``seq_len`` tokens: ``(K / seq_len) x`` the teacher's
+      forward FLOPs per token at length ``K`` (causal attention at ``K``). The student's second
+      LM-head pass on the prefix (the KL's) is not counted, like any recomputation.
 
     Raises:
-      ValueError: an unknown ``stage`` or a missing model.
+      ValueError: an unknown ``stage``, a missing model, or ``teacher_len`` outside ``stage3``
+        or not in ``[1, seq_len]``.
     """
+    if teacher_len is not None and (stage != "stage3" or not 1 <= teacher_len <= seq_len):
+        raise ValueError(f"teacher_len={teacher_len} is for stage3 only, in [1, seq_len="
+                         f"{seq_len}] (got stage {stage!r})")
     if stage == "stage1":
         if teacher_cfg is None or student_cfg is None:
             raise ValueError("stage1 FLOPs need the teacher and the student config")
@@ -504,6 +620,11 @@ def stage_flops_per_token(stage: str, seq_len: int, *,
             raise ValueError("stage2 FLOPs need the teacher")
         total += flops_lib.flops_per_token(teacher_cfg, teacher_params, seq_len,
                                            training=False)
+    if stage == "stage3" and teacher_len is not None:
+        if teacher_cfg is None:
+            raise ValueError("stage3 FLOPs with teacher_len need the teacher")
+        total += (teacher_len / seq_len) * flops_lib.flops_per_token(
+            teacher_cfg, teacher_params, teacher_len, training=False)
     return total
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+from unittest import mock
 
 import pytest
 from absl.testing import absltest
@@ -72,6 +73,39 @@ class ConfigTest(absltest.TestCase):
         cfg = halo_qwen3_1p7b.get_config()
         self.assertEqual((cfg.stage3.seq_len, cfg.stage3.train.total_steps), (16_384, 500))
         self.assertEqual(cfg.stage3.optim.min_lr_ratio, 1.0)
+
+
+class Stage3TeacherKLConfigTest(absltest.TestCase):
+    """``stage3.kl_weight`` / ``kl_len``: off by default, set by ``:h200,stage3_kl=...``, and
+    passed to ``stages.run_stage3`` with the teacher."""
+
+    def test_h200_arguments(self):
+        for cfg in (halo_smollm2.get_config("tiny"), halo_smollm2.get_config("h200")):
+            self.assertEqual((cfg.stage3.kl_weight, cfg.stage3.kl_len), (0.0, 8192))
+        cfg = halo_smollm2.get_config("h200,stage3_kl=0.5,stage3_kl_len=4096")
+        self.assertEqual((cfg.stage3.kl_weight, cfg.stage3.kl_len), (0.5, 4096))
+        self.assertEqual(cfg.stage3.seq_len, 16_384)  # the CE's window is unchanged
+        self.assertEqual(halo_smollm2.get_config("h200,stage3_kl=1").stage3.kl_weight, 1.0)
+        for arg, name in (("stage3_kl=-0.5", "stage3_kl"), ("stage3_kl_len=0", "stage3_kl_len"),
+                          ("stage3_kl=0.5,stage3_kl_len=-8", "stage3_kl_len")):
+            with self.assertRaisesRegex(ValueError, name):
+                halo_smollm2.get_config("h200," + arg)
+
+    def test_run_passes_the_options_and_the_teacher(self):
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.hypenet.attention_layers = (1,)
+        cfg.stage3.kl_weight, cfg.stage3.kl_len = 0.25, 32
+        workdir = self.create_tempdir().full_path
+        with mock.patch.object(experiment.stages, "latest_params", return_value={}), \
+                mock.patch.object(experiment.stages, "run_stage3",
+                                  return_value={"losses": [], "step": 0,
+                                                "complete": False}) as run3:
+            experiment.run(cfg, workdir, "stage3", print_fn=lambda s: None)
+        kw = run3.call_args.kwargs
+        teacher_cfg, teacher_params, _ = experiment.load_teacher(cfg)
+        self.assertEqual((kw["kl_weight"], kw["kl_len"]), (0.25, 32))
+        self.assertIs(kw["teacher_cfg"], teacher_cfg)
+        self.assertIs(kw["teacher_params"], teacher_params)
 
 
 class StageDataTest(absltest.TestCase):

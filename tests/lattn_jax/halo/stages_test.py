@@ -2,13 +2,17 @@
 
 import dataclasses
 import time
+from unittest import mock
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import absltest
 
 from lattn_jax import config as config_lib
 from lattn_jax.halo import hypenet
+from lattn_jax.halo import losses
 from lattn_jax.halo import stages
 from tests.lattn_jax.halo import hypenet_test
 
@@ -101,6 +105,137 @@ class StagesTest(absltest.TestCase):
         self.assertNotAlmostEqual(cal["losses"]["None"], cal["losses"]["2.0"], places=6)
 
 
+class Stage3TeacherKLTest(absltest.TestCase):
+    """Stage 3's optional teacher KL on each window's first ``kl_len`` positions."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.teacher_cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(),
+                                              layer_pattern=("attn",) * 2)
+        cls.teacher_params = stages.random_teacher(cls.teacher_cfg, seed=0)
+        cls.student_cfg = hypenet.hypenet_config(cls.teacher_cfg, [1])
+        stage1_cfg = stages.stage1_student_config(cls.teacher_cfg)
+        s1 = stages.stage1_init(cls.teacher_cfg, cls.teacher_params, stage1_cfg, seed=1)
+        # Stage-1 Lightning layer with a perturbed Stage-2 student: it differs from the teacher.
+        params = stages.stage2_init(cls.teacher_cfg, cls.teacher_params, cls.student_cfg, s1)
+        leaves, tree = jax.tree_util.tree_flatten(params)
+        keys = jax.random.split(jax.random.key(7), len(leaves))
+        cls.params = jax.tree_util.tree_unflatten(tree, [
+            x + 0.05 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+        rng = np.random.default_rng(3)
+        seq = rng.integers(0, cls.teacher_cfg.vocab_size, size=(2, 17))
+        cls.batch = {"inputs": jnp.asarray(seq[:, :-1]), "targets": jnp.asarray(seq[:, 1:]),
+                     "weights": jnp.asarray((rng.random((2, 16)) > 0.2).astype(np.float32)
+                                            * rng.uniform(0.5, 1.5, (2, 16)), jnp.float32)}
+
+    def _plain(self, weight, kl_len):
+        """The loss from full-vocabulary fp32 logits, no chunks: CE + weight x KL."""
+        student_fn = stages.language_model_fn(self.student_cfg)
+        teacher_fn = stages.language_model_fn(self.teacher_cfg)
+        b = self.batch
+        w = b["weights"]
+        k = min(kl_len, b["inputs"].shape[1])
+        t_logits = teacher_fn(self.teacher_params)(b["inputs"][:, :k]).astype(jnp.float32)
+
+        def loss(params):
+            logits = student_fn(params)(b["inputs"]).astype(jnp.float32)  # [B, T, V]
+            log_ps = jax.nn.log_softmax(logits, axis=-1)
+            nll = -jnp.take_along_axis(log_ps, b["targets"][..., None], axis=-1)[..., 0]
+            ce = jnp.sum(nll * w) / jnp.sum(w)
+            log_pt = jax.nn.log_softmax(t_logits, axis=-1)
+            kl_tok = jnp.sum(jnp.exp(log_pt) * (log_pt - log_ps[:, :k]), axis=-1)  # [B, K]
+            kl = jnp.sum(kl_tok * w[:, :k]) / jnp.sum(w[:, :k])
+            return ce + weight * kl
+
+        return loss
+
+    def _assert_grads_close(self, got, want, rtol):
+        for (path, g), r in zip(jax.tree_util.tree_flatten_with_path(got)[0],
+                                jax.tree_util.tree_leaves(want)):
+            scale = float(jnp.max(jnp.abs(r))) + 1e-12
+            err = float(jnp.max(jnp.abs(g - r)))
+            self.assertLessEqual(err, rtol * scale, jax.tree_util.keystr(path))
+
+    def test_weight_zero_is_the_plain_cross_entropy_without_the_teacher(self):
+        student_fn = stages.language_model_fn(self.student_cfg)
+
+        def today(params, _, batch):  # stage3_loss_fn before the KL option
+            student = student_fn(params)
+            hidden = student(batch["inputs"], return_hidden=True)
+            return losses.chunked_cross_entropy(hidden, student.head_kernel(), batch["targets"],
+                                                batch.get("weights"), chunk_size=7)[0]
+
+        with mock.patch.object(stages, "language_model_fn",
+                               wraps=stages.language_model_fn) as built:
+            loss_fn = stages.stage3_loss_fn(self.student_cfg, chunk_size=7,
+                                            teacher_cfg=self.teacher_cfg, kl_weight=0.0,
+                                            kl_len=8)
+        built.assert_called_once_with(self.student_cfg)  # no teacher model
+        # The second argument is never read: a teacher would fail on it.
+        got = jax.value_and_grad(loss_fn)(self.params, "no teacher", self.batch)
+        want = jax.value_and_grad(today)(self.params, None, self.batch)
+        self.assertEqual(float(got[0]), float(want[0]))
+        for g, r in zip(jax.tree_util.tree_leaves(got[1]), jax.tree_util.tree_leaves(want[1])):
+            np.testing.assert_array_equal(g, r)
+
+    def test_loss_and_grads_match_the_plain_computation(self):
+        for weight, kl_len in ((0.7, 10), (2.0, 100)):  # a prefix; longer than the window
+            loss_fn = stages.stage3_loss_fn(self.student_cfg, chunk_size=7,
+                                            teacher_cfg=self.teacher_cfg, kl_weight=weight,
+                                            kl_len=kl_len)
+            loss, grads = jax.jit(jax.value_and_grad(loss_fn))(
+                self.params, self.teacher_params, self.batch)
+            want, want_grads = jax.jit(jax.value_and_grad(self._plain(weight, kl_len)))(
+                self.params)
+            np.testing.assert_allclose(float(loss), float(want), rtol=1e-5)
+            self._assert_grads_close(grads, want_grads, rtol=1e-5)
+        # The KL term is there and not negligible.
+        ce = jax.jit(self._plain(0.0, 10))(self.params)
+        self.assertGreater(float(want) - float(ce), 1e-2)
+
+    def test_the_teacher_on_the_prefix_is_the_teacher_on_the_window(self):
+        teacher = stages.language_model_fn(self.teacher_cfg)(self.teacher_params)
+        tokens = self.batch["inputs"]
+        full = teacher(tokens, return_hidden=True)
+        np.testing.assert_allclose(teacher(tokens[:, :9], return_hidden=True), full[:, :9],
+                                   rtol=1e-5, atol=1e-5)
+
+    def test_bad_options_are_named(self):
+        for kw, name in ((dict(kl_weight=-0.1), "kl_weight"),
+                         (dict(kl_weight=float("nan")), "kl_weight"),
+                         (dict(kl_weight=0.5, kl_len=8), "teacher_cfg"),
+                         (dict(kl_weight=0.5, teacher_cfg=self.teacher_cfg), "kl_len"),
+                         (dict(kl_weight=0.5, teacher_cfg=self.teacher_cfg, kl_len=0),
+                          "kl_len")):
+            with self.assertRaisesRegex(ValueError, name):
+                stages.stage3_loss_fn(self.student_cfg, **kw)
+        with self.assertRaisesRegex(ValueError, "teacher_params"):
+            stages.run_stage3(workdir="unused", student_cfg=self.student_cfg,
+                              init_params=self.params, optim_cfg=optim_cfg(1e-3),
+                              train_cfg=train_cfg(1), batches=iter(()),
+                              teacher_cfg=self.teacher_cfg, kl_weight=0.5, kl_len=8)
+
+    def test_run_stage3_passes_the_teacher_only_with_a_weight(self):
+        kw = dict(workdir="unused", student_cfg=self.student_cfg, init_params=self.params,
+                  optim_cfg=optim_cfg(1e-3), train_cfg=train_cfg(1), batches=iter(()),
+                  teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params, seq_len=16,
+                  kl_len=8)
+        with mock.patch.object(stages, "train_loop") as loop:
+            stages.run_stage3(kl_weight=0.0, **kw)
+            off = loop.call_args.kwargs
+            stages.run_stage3(kl_weight=0.5, **kw)
+            on = loop.call_args.kwargs
+        self.assertIsNone(off["frozen"])
+        self.assertIs(on["frozen"], self.teacher_params)
+        self.assertEqual(off["flops_per_token"], stages.stage_flops_per_token(
+            "stage3", 16, student_cfg=self.student_cfg, student_params=self.params))
+        self.assertEqual(on["flops_per_token"], stages.stage_flops_per_token(
+            "stage3", 16, student_cfg=self.student_cfg, student_params=self.params,
+            teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params, teacher_len=8))
+        self.assertGreater(on["flops_per_token"], off["flops_per_token"])
+
+
 def grain_batches(seed=0):
     """A checkpointable (grain) iterator of packed byte-level windows over the bundled text:
     resuming restores its position, as the pipeline's data does."""
@@ -165,6 +300,18 @@ class ResumeTest(absltest.TestCase):
                 ce_chunk_size=24, print_fn=lambda s: None, seq_len=16)
         self._check(run3)
 
+    def test_stage3_with_the_teacher_kl_resumes_exactly(self):
+        init = stages.stage2_init(self.teacher_cfg, self.teacher_params, self.student_cfg, None)
+
+        def run3(workdir, tcfg, data):
+            return stages.run_stage3(
+                workdir=workdir, student_cfg=self.student_cfg, init_params=init,
+                optim_cfg=optim_cfg(3e-3), train_cfg=tcfg, batches=data, micro_batch_size=2,
+                ce_chunk_size=24, print_fn=lambda s: None, seq_len=16,
+                teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
+                kl_weight=0.5, kl_len=8)
+        self._check(run3)
+
     def test_micro_batches_give_the_whole_batch_step(self):
         s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
         outs = []
@@ -193,6 +340,20 @@ class ResumeTest(absltest.TestCase):
         student_train = stages.stage_flops_per_token("stage3", t, student_cfg=self.student_cfg,
                                                      student_params=student)
         self.assertAlmostEqual(got - student_train, teacher_fwd)
+        # Stage 3 with the teacher's KL on the first k positions: its forward at length k,
+        # for k of every t tokens.
+        k = 4
+        teacher_prefix = 2 * (2 * (attn_proj + mlp) + v * d) + 2 * (2.0 * k * dh * h)
+        with_kl = stages.stage_flops_per_token("stage3", t, teacher_cfg=self.teacher_cfg,
+                                               teacher_params=self.teacher_params,
+                                               student_cfg=self.student_cfg,
+                                               student_params=student, teacher_len=k)
+        self.assertAlmostEqual(with_kl - student_train, teacher_prefix * k / t)
+        with self.assertRaisesRegex(ValueError, "teacher_len"):
+            stages.stage_flops_per_token("stage2", t, teacher_cfg=self.teacher_cfg,
+                                         teacher_params=self.teacher_params,
+                                         student_cfg=self.student_cfg,
+                                         student_params=student, teacher_len=k)
         with self.assertRaisesRegex(ValueError, "stage4"):
             stages.stage_flops_per_token("stage4", t)
 
