@@ -1,4 +1,4 @@
-"""Forward of scalar-decay linear attention as Pallas Mosaic GPU kernels (Hopper).
+"""Scalar-decay linear attention as Pallas Mosaic GPU kernels (Hopper): forward, backward state.
 
 The first Mosaic GPU (``plgpu``) kernels, written as groundwork for issue 29; nothing dispatches
 to them yet. :func:`simple_gla_fwd_mosaic` runs the chunk-state pass below and then the
@@ -42,6 +42,10 @@ two such shims: :func:`_iota` (``broadcasted_iota`` with a layout) and :func:`_l
 (the interpreter's ``wgmma`` takes no register operand, so the masked scores go through an SMEM
 scratch there). The lowering test
 (``jax.jit(...).trace(...).lower(lowering_platforms=("cuda",))``) covers the other branch.
+
+Backward: :func:`chunk_dstates_mosaic` is the reverse state pass (FLA's ``chunk_bwd_dh``), the
+state kernel's mirror in reverse chunk order; its derivation is in its docstring. The parameter
+gradients (``dq, dk, dv, dg``) from ``h`` and ``dh`` are not written yet.
 """
 
 import functools
@@ -254,28 +258,37 @@ def _doc_vectors(segment_ids, batch, num_chunks):
     return doc.astype(jnp.float32), conn, last
 
 
-def unsupported_reason(k: jax.Array, v: jax.Array) -> Optional[str]:
-    """Why :func:`chunk_states_mosaic` cannot take these inputs, or ``None`` when it can."""
+def unsupported_reason(k: jax.Array, v: jax.Array, names=("k", "v")) -> Optional[str]:
+    """Why :func:`chunk_states_mosaic` cannot take these inputs, or ``None`` when it can.
+
+    ``names`` are the argument names used in the message (``("q", "do")`` for
+    :func:`chunk_dstates_mosaic`, where ``q`` takes the place of ``k`` and ``do`` of ``v``).
+    """
+    a, b = names
     if k.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        return f"head dims must be in {SUPPORTED_HEAD_DIMS}, got {k.shape=} {v.shape=}"
+        return (f"head dims must be in {SUPPORTED_HEAD_DIMS}, got {a}.shape={k.shape} "
+                f"{b}.shape={v.shape}")
     if k.dtype not in SUPPORTED_DTYPES or v.dtype != k.dtype:
-        return f"k and v must share a 16-bit dtype (wgmma operands), got {k.dtype=} {v.dtype=}"
+        return (f"{a} and {b} must share a 16-bit dtype (wgmma operands), got "
+                f"{a}.dtype={k.dtype} {b}.dtype={v.dtype}")
     return None
 
 
-def _check_kv_gates(k, v, g, segment_ids) -> None:
-    """The checks both kernels share: ``k [B, T, Hk, K]``, ``v [B, T, H, V]`` with
+def _check_kv_gates(k, v, g, segment_ids, names=("k", "v")) -> None:
+    """The checks the kernels share: ``k [B, T, Hk, K]``, ``v [B, T, H, V]`` with
     ``H % Hk == 0``, a supported dtype and head dims, ``g [B, T, H]``, ``segment_ids [B, T]``.
+    ``names`` name ``k`` and ``v`` in the messages.
 
     Raises:
         ValueError: naming the argument and the shape it needs.
     """
     batch, seq_len, kv_heads, _ = k.shape
     heads = v.shape[2]
+    a, b = names
     if v.shape[:2] != (batch, seq_len) or heads % kv_heads:
-        raise ValueError(f"need k [B, T, Hk, K], v [B, T, H, V] with H % Hk == 0: {k.shape=} "
-                         f"{v.shape=}")
-    reason = unsupported_reason(k, v)
+        raise ValueError(f"need {a} [B, T, Hk, K], {b} [B, T, H, V] with H % Hk == 0: "
+                         f"{a}.shape={k.shape} {b}.shape={v.shape}")
+    reason = unsupported_reason(k, v, names)
     if reason is not None:
         raise ValueError(reason)
     if g is not None and g.shape != (batch, seq_len, heads):
@@ -591,3 +604,215 @@ def simple_gla_fwd_mosaic(
     o = chunk_output_mosaic(q, k, v, g, h, scale=scale, segment_ids=segment_ids,
                             interpret=interpret)
     return o, final_state
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward: the reverse state pass.
+
+
+def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, group: int,
+                        scale: float, has_dht: bool, interpret: bool):
+    """Kernel body of :func:`chunk_dstates_mosaic`; refs are GMEM.
+
+    ``rest`` = ``[dht_ref,] dh_ref, dh0_ref`` then the scratch. The mirror of
+    :func:`_state_pass_kernel` in reverse chunk order, with ``q`` for ``k`` and ``do`` for ``v``.
+    """
+    rest = list(rest)
+    dht_ref = rest.pop(0) if has_dht else None
+    (dh_ref, dh0_ref, q_s, do_s, g_s, conn_s, dod_s, state_s, in_bar, in_free, io_bar, done,
+     *qt_s) = rest
+    qt_s = qt_s[0] if interpret else None
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads query head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = q_s.shape[-1]
+
+    @pl.when(wg == 1)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def issue(i, slot):  # step i reads chunk N - 1 - i
+            rows = pl.ds((num_chunks - 1 - i) * CHUNK, CHUNK)
+            bar = in_bar.at[slot]
+            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h, cols], do_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
+
+        for i in range(min(STAGES, num_chunks)):
+            issue(i, i)
+
+        @pl.loop(STAGES, num_chunks)
+        def _refill(i):
+            slot = lax.rem(i, STAGES)
+            plgpu.barrier_wait(in_free.at[slot])  # step i - STAGES consumed the slot
+            issue(i, slot)
+
+        for i in range(max(num_chunks - STAGES, 0), num_chunks):  # observe the last releases
+            plgpu.barrier_wait(in_free.at[i % STAGES])
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        if has_dht:
+            plgpu.copy_gmem_to_smem(dht_ref.at[b, h, :, cols], state_s, io_bar)
+            plgpu.barrier_wait(io_bar)
+            d0 = _load_tile(state_s, interpret)
+        else:
+            d0 = _zeros_acc((dk, BLOCK_V), interpret)
+
+        def step(i, d):
+            n = num_chunks - 1 - i
+            slot = lax.rem(i, STAGES)
+            plgpu.barrier_wait(in_bar.at[slot])
+            g = _load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
+            g_last = g_s[slot, CHUNK - 1]
+            # The incoming state reaches token t as conn_t exp(G_t) S (exp(G_t) <= 1).
+            q_decay = jnp.exp(g) * _load_rows(conn_s.at[slot], interpret)
+            d_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]  # keep: 0 if a document starts
+            do = _load_tile(do_s.at[slot], interpret).astype(jnp.float32)
+            dod_s[...] = (do * lax.broadcast_in_dim(q_decay, do.shape, [0])).astype(dod_s.dtype)
+            plgpu.commit_smem()
+            q_t = _transposed(q_s.at[slot], qt_s, interpret)
+
+            def product(acc):
+                plgpu.wgmma(acc, q_t, dod_s)  # q^T (decayed do), fp32 accumulation
+                return acc[...]
+
+            # Fresh accumulator plus the decayed carry (no run_state in the 0.10.2 interpreter);
+            # the barrier keeps the add after the accumulator read (jla's pitfall).
+            qdo = lax.optimization_barrier(pl.run_scoped(product, plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])
+            d = d * d_decay + scale * qdo
+            # dS entering chunk n goes to HBM (fp32); the store of step i - 1 must have read
+            # state_s first.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            state_s[...] = d
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(state_s, dh_ref.at[b, h, n, :, cols])
+            return d
+
+        d = lax.fori_loop(0, num_chunks, step, d0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        state_s[...] = d
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(state_s, dh0_ref.at[b, h, :, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def chunk_dstates_mosaic(
+    q: jax.Array,
+    do: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    scale: float,
+    final_state_grad: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array]:
+    """Gradients w.r.t. the state entering every chunk, by a reverse Mosaic GPU state pass.
+
+    The backward counterpart of :func:`chunk_states_mosaic` (FLA's ``chunk_bwd_dh``,
+    ``fla/ops/common/chunk_h.py``). Derivation: in the chunk form of the forward (see the module
+    docstring and :func:`chunk_output_mosaic`), the state ``S_n`` entering chunk ``n`` reaches
+    the loss only through chunk ``n``'s outputs,
+    ``o_t = scale (conn_t exp(G_t) S_n^T q_t + intra-chunk terms)``, and the state leaving
+    it, ``S_{n+1} = keep_n exp(G_L) S_n + (terms without S_n)``. With ``dS_n = dL/dS_n``
+    (``[K, V]``), ``do_t = dL/do_t``, ``G`` the chunk-local inclusive cumulative log-decay and
+    ``G_L`` its last entry, the chain rule gives::
+
+        dS_N = dht                                  (the gradient of the final state, or 0)
+        dS_n = keep_n exp(G_L) dS_{n+1} + scale * q_n^T (conn_n * exp(G) * do_n)     (fp32)
+
+    where ``q_n [64, K]`` and ``do_n [64, V]`` are chunk ``n``'s rows, ``conn_t`` is 1 on the
+    tokens of the document open before the chunk and ``keep_n`` (``conn`` of the chunk's last
+    token) is 0 when a document starts inside the chunk: a reset cuts the incoming state off
+    from every later token, so its gradient stops there too. This is the reverse of the token
+    recurrence ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t`` of
+    :func:`pallas_kernels.simple_gla.reference.simple_gla_reference` (GLA, arXiv 2312.06635,
+    Sec. 4; paper "Linear Attention Architectures", arXiv 2607.07953, Eqs. 4-10). ``dS_n``
+    does not depend on ``k`` or ``v``. ``dS_0`` is the gradient w.r.t. ``initial_state``
+    (which the forward applies to the first document only, through chunk 0's ``conn``).
+
+    Kernel structure, as :func:`chunk_states_mosaic`'s in reverse: one CTA per ``(b, h, 64
+    value columns)``, two warpgroups. The memory warpgroup streams ``q``, ``do`` and the gate
+    and ``conn`` vectors of chunks ``N - 1, ..., 0`` into a two-stage TMA ring. The state
+    warpgroup keeps ``dS`` (``[K, 64]`` fp32) in registers; per chunk it scales ``do`` by
+    ``conn exp(G)`` into a swizzled 16-bit SMEM tile, runs one ``wgmma`` ``q^T (decayed do)``
+    (``q^T`` a transposed SMEM operand; a copy when interpreting), adds
+    ``keep exp(G_L) dS`` and stores the result (``dS_n``) to HBM through an fp32 SMEM tile.
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
+            query head ``h // (H // Hk)``).
+        do: output gradient ``[B, T, H, V]``, same dtype as ``q``. ``K, V`` in {64, 128}.
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (no decay).
+        scale: read-out scale of the forward (static).
+        final_state_grad: ``[B, H, K, V]`` gradient w.r.t. the final state (read as fp32), or
+            ``None`` for zeros.
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(dh, dh0)``, fp32: ``dh`` ``[B, H, N, K, V]`` with ``N = ceil(T / 64)``, the gradient
+        w.r.t. the state entering chunk ``n`` (``h[:, :, n]`` of :func:`chunk_states_mosaic`),
+        and ``dh0`` ``[B, H, K, V]``, the gradient w.r.t. ``initial_state`` (equal to
+        ``dh[:, :, 0]``). Exact up to the 16-bit rounding of ``conn exp(G) do`` before the
+        fp32-accumulated product.
+
+    Raises:
+        ValueError: on mismatched shapes, unsupported head dims or dtypes (see
+            :func:`unsupported_reason`), ``H`` not a multiple of ``Hk``, or a
+            ``final_state_grad`` that is not ``[B, H, K, V]``.
+    """
+    batch, seq_len, kv_heads, dk = q.shape
+    heads, dv = do.shape[2], do.shape[3]
+    _check_kv_gates(q, do, g, segment_ids, names=("q", "do"))
+    if final_state_grad is not None and final_state_grad.shape != (batch, heads, dk, dv):
+        raise ValueError(f"final_state_grad must be [B, H, K, V] = {(batch, heads, dk, dv)}, "
+                         f"got {final_state_grad.shape=}")
+
+    num_chunks = -(-seq_len // CHUNK)
+    # Padding tokens have q = do = 0 and g = 0: they pass dS through unchanged.
+    q, do = _pad_time(q, num_chunks), _pad_time(do, num_chunks)
+    gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    _, conn, _ = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
+
+    has_dht = final_state_grad is not None
+    kernel = functools.partial(_dstate_pass_kernel, num_chunks=num_chunks,
+                               group=heads // kv_heads, scale=float(scale), has_dht=has_dht,
+                               interpret=interpret)
+    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    call = plgpu.kernel(
+        kernel,
+        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), jnp.float32),
+                  jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
+        scratch_types=[
+            _swizzled_smem((STAGES, CHUNK, dk), q.dtype),  # q_s
+            _swizzled_smem((STAGES, CHUNK, BLOCK_V), do.dtype),  # do_s
+            vec, vec,  # g_s, conn_s
+            _swizzled_smem((CHUNK, BLOCK_V), do.dtype),  # dod_s: conn exp(G) do, wgmma operand
+            _swizzled_smem((dk, BLOCK_V), jnp.float32),  # state_s: staging of dht, dh, dh0
+            plgpu.Barrier(num_arrivals=4, num_barriers=STAGES),  # in_bar: a stage's 4 copies
+            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
+            plgpu.Barrier(num_arrivals=1),  # io_bar: dht landed
+            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+        ] + ([plgpu.SMEM((dk, CHUNK), q.dtype)] if interpret else []),  # qt_s: q^T, interpret
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=interpret_params() if interpret else None,
+        kernel_name="simple_gla_chunk_dstates",
+    )
+    args = [q, do, gc, conn] + ([final_state_grad.astype(jnp.float32)] if has_dht else [])
+    with jax.named_scope("simple_gla_chunk_dstates_mosaic"):
+        dh, dh0 = call(*args)
+    return dh, dh0

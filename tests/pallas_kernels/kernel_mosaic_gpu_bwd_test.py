@@ -1,0 +1,153 @@
+"""The Mosaic GPU (``plgpu``) reverse state pass of the scalar-decay family, tested on CPU.
+
+``chunk_dstates_mosaic`` (``pallas_kernels/simple_gla/kernel_mosaic_gpu.py``, groundwork for
+issue 29, not dispatched) returns the gradient of the loss w.r.t. the state entering every
+chunk of 64 tokens and w.r.t. ``initial_state``. ``InterpretTest`` runs it in jax's Mosaic GPU
+interpret mode (``InterpretGPUParams`` with race detection) against an independent reference:
+``jax.vjp`` of the fp32 token-serial forward
+(:func:`pallas_kernels.simple_gla.reference.simple_gla_reference`) for the loss
+``L = sum(o * do) + sum(final_state * dht)``. For chunk ``n`` the reference restarts the
+forward at token ``64 n`` from a free state ``S`` (see :func:`_reference_dstates`) and
+differentiates w.r.t. ``S``; ``dh0`` is the vjp of the whole forward w.r.t. ``initial_state``.
+Inputs are bf16, rounded once before the reference; the kernel adds one rounding (the decayed
+``do`` enters ``wgmma`` in bf16), so the gate is the relative RMS error (< 5e-3, the GPU
+kernels' state gate in BUILD.md) plus ``assert_allclose`` at the bf16 forward tolerance.
+``LoweringTest`` lowers the kernel for CUDA on the CPU host (the layout branch that interpret
+mode replaces).
+
+A failing interpreted kernel may hang instead of raising; run a single test (under ``timeout``)
+to see its traceback.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+from pallas_kernels.simple_gla import reference
+from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+
+def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, dht, docs, seed=0):
+    """bf16 ``q, do``, fp32 ``g``, ``dht`` (or ``None``) and ``segment_ids``."""
+    q, _, _, g, _, seg = kmg_test.inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
+                                         h0=False, docs=docs, seed=seed)
+    keys = jax.random.split(jax.random.key(seed + 1), 2)
+    do = jax.random.normal(keys[0], (batch, seq_len, heads, dv)).astype(jnp.bfloat16)
+    final_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    return q, do, g, final_grad, seg
+
+
+def _loss_fn(q, do, g, dht, seg, scale):
+    """``S -> sum(o * do) + sum(final * dht)`` of the fp32 reference started from state ``S``."""
+    def loss(state):
+        kf = jnp.zeros_like(q)  # dL/dS does not depend on k, v (the forward is affine in S)
+        vf = jnp.zeros_like(do)
+        o, final = reference.simple_gla_reference(q, kf, vf, g, scale=scale,
+                                                  initial_state=state, segment_ids=seg)
+        out = jnp.sum(o * do)
+        return out if dht is None else out + jnp.sum(final * dht)
+    return loss
+
+
+def _reference_dstates(q, do, g, dht, seg, scale):
+    """``dh [B, H, N, K, V]`` and ``dh0 [B, H, K, V]`` by ``jax.vjp`` of the fp32 reference.
+
+    ``dh[:, :, n]`` is the gradient w.r.t. the state the forward stores for chunk ``n``: the
+    state after token ``64 n - 1``, which reaches the later tokens through the decay and only
+    until the next document start. The reference runs tokens ``[64 n - 1, T)`` from a free
+    state ``S``, with token ``64 n - 1`` replaced by a dummy (``q = k = v = 0``, ``g = 0``, its
+    own segment id) so that the state after it is ``S`` and a document starting at ``64 n``
+    resets it, as in the full forward. ``dL/dS`` at ``S = 0`` is exact: ``L`` is affine in
+    ``S``.
+    """
+    batch, seq_len, heads, dv = do.shape
+    dk = q.shape[-1]
+    qf = jnp.repeat(q.astype(jnp.float32), heads // q.shape[2], axis=2)  # GVA by repetition
+    dof = do.astype(jnp.float32)
+    gf = jnp.zeros((batch, seq_len, heads), jnp.float32) if g is None else g
+    sf = jnp.zeros((batch, seq_len), jnp.int32) if seg is None else seg
+    zero_state = jnp.zeros((batch, heads, dk, dv), jnp.float32)
+    dh = []
+    for n in range(-(-seq_len // kmg.CHUNK)):
+        t = n * kmg.CHUNK
+        prev = max(t - 1, 0)  # the dummy shares the segment id of token 64 n - 1 (or token 0)
+
+        def with_dummy(x, fill):
+            return jnp.concatenate([jnp.full_like(x[:, :1], fill), x[:, t:]], axis=1)
+
+        loss = _loss_fn(with_dummy(qf, 0.0), with_dummy(dof, 0.0), with_dummy(gf, 0.0), dht,
+                        jnp.concatenate([sf[:, prev:prev + 1], sf[:, t:]], axis=1), scale)
+        dh.append(jax.grad(loss)(zero_state))
+    _, vjp = jax.vjp(_loss_fn(qf, dof, g, dht, seg, scale), zero_state)
+    (dh0,) = vjp(jnp.ones((), jnp.float32))
+    return jnp.stack(dh, axis=2), dh0
+
+
+class InterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, dht, document lengths (the rest is one more document)
+        ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, None),
+        # starts at 64 (a chunk boundary), 65 (just after it), 100 (inside chunk 1) and 129
+        ("gva_dht_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, (64, 1, 35, 29)),
+        ("strong_decay_dht_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None),
+        # starts at 10 and 70: only the first 10 (64..69) tokens of chunk 0 (1) see its state
+        ("packed_decay_dht_T192_K64_V64", 1, 192, 1, 1, 64, 64, 0.2, True, (10, 60)),
+    )
+    def test_dstates_match_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, dht,
+                                     docs):
+        q, do, g, final_grad, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                            decay=decay, dht=dht, docs=docs)
+        scale = dk ** -0.5
+        dh, dh0 = kmg.chunk_dstates_mosaic(q, do, g, scale=scale, final_state_grad=final_grad,
+                                           segment_ids=seg, interpret=True)
+        want_dh, want_dh0 = _reference_dstates(q, do, g, final_grad, seg, scale)
+        self.assertEqual((dh.shape, dh0.shape), (want_dh.shape, want_dh0.shape))
+        self.assertEqual((dh.dtype, dh0.dtype), (jnp.float32, jnp.float32))
+        for name, got, want in (("dh", dh, want_dh), ("dh0", dh0, want_dh0)):
+            err = tolerances.rel_err(got, want)
+            self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
+            np.testing.assert_allclose(got, want, **tolerances.fwd_tol(jnp.bfloat16))
+
+
+class LoweringTest(parameterized.TestCase):
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128))
+    def test_dstates_lower_for_cuda(self, dk, dv):
+        q, do, g, final_grad, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, dht=True,
+                                            docs=(70, 30))
+
+        def fn(q, do, g, final_grad, seg):
+            return kmg.chunk_dstates_mosaic(q, do, g, scale=dk ** -0.5,
+                                            final_state_grad=final_grad, segment_ids=seg)
+
+        lowered = jax.jit(fn).trace(q, do, g, final_grad, seg).lower(
+            lowering_platforms=("cuda",))
+        text = lowered.as_text()
+        self.assertIn("mosaic_gpu", text)
+        self.assertIn("simple_gla_chunk_dstates", text)
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_what_the_kernel_cannot_run(self):
+        q, do, g, final_grad, _ = _inputs(1, 64, 2, 1, 64, 64, decay=0.1, dht=True, docs=None)
+        with self.assertRaisesRegex(ValueError, "q and do must share a 16-bit dtype"):
+            kmg.chunk_dstates_mosaic(q.astype(jnp.float32), do.astype(jnp.float32), g,
+                                     scale=1.0)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            kmg.chunk_dstates_mosaic(q[..., :32], do, g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "g must be"):
+            kmg.chunk_dstates_mosaic(q, do, g[:, :32], scale=1.0)
+        with self.assertRaisesRegex(ValueError, "H % Hk == 0"):
+            kmg.chunk_dstates_mosaic(q.repeat(2, axis=2), do[:, :, :1].repeat(3, axis=2), g,
+                                     scale=1.0)
+        with self.assertRaisesRegex(ValueError, "final_state_grad must be"):
+            kmg.chunk_dstates_mosaic(q, do, g, scale=1.0, final_state_grad=final_grad[:, :1])
+
+
+if __name__ == "__main__":
+    absltest.main()
