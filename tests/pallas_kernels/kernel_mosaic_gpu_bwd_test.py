@@ -13,7 +13,8 @@ Inputs are bf16, rounded once before the reference; the kernel adds one rounding
 ``do`` enters ``wgmma`` in bf16), so the gate is the relative RMS error (< 5e-3, the GPU
 kernels' state gate in BUILD.md) plus ``assert_allclose`` at the bf16 forward tolerance.
 ``LoweringTest`` lowers the kernel for CUDA on the CPU host (the layout branch that interpret
-mode replaces).
+mode replaces). ``GpuTest`` (marked ``gpu``; skipped without a Hopper-or-newer GPU) compiles the
+real kernel and checks it against the same reference on longer rows.
 
 A failing interpreted kernel may hang instead of raising; run a single test (under ``timeout``)
 to see its traceback.
@@ -22,11 +23,13 @@ to see its traceback.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from absl.testing import absltest, parameterized
 
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gpu_fwd_test as kmg_fwd_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 
@@ -111,6 +114,35 @@ class InterpretTest(parameterized.TestCase):
             err = tolerances.rel_err(got, want)
             self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
             np.testing.assert_allclose(got, want, **tolerances.fwd_tol(jnp.bfloat16))
+
+
+@pytest.mark.gpu
+class GpuTest(parameterized.TestCase):
+    """The compiled kernel (wgmma, TMA) on bf16 inputs against the fp32 reference."""
+
+    def setUp(self):
+        super().setUp()
+        if not kmg_fwd_test._hopper_or_newer():
+            self.skipTest("needs a Hopper-or-newer NVIDIA GPU (Mosaic GPU kernels)")
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, dht, document lengths (the rest is one more document)
+        ("gva_dht_packed_T768_K128_V128", 2, 768, 4, 2, 128, 128, 0.05, True,
+         (64, 1, 200, 300)),
+        ("strong_decay_partial_T1000_K64_V128", 1, 1000, 2, 1, 64, 128, 5.0, True, None),
+        ("packed_T640_K128_V64", 1, 640, 3, 3, 128, 64, 0.2, False, (10, 54, 500)),
+    )
+    def test_dstates_match_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, dht,
+                                     docs):
+        q, do, g, final_grad, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                            decay=decay, dht=dht, docs=docs, seed=5)
+        scale = dk ** -0.5
+        dh, dh0 = kmg.chunk_dstates_mosaic(q, do, g, scale=scale, final_state_grad=final_grad,
+                                           segment_ids=seg)
+        want_dh, want_dh0 = _reference_dstates(q, do, g, final_grad, seg, scale)
+        for name, got, want in (("dh", dh, want_dh), ("dh0", dh0, want_dh0)):
+            err = tolerances.rel_err(got, want)
+            self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
 
 
 class LoweringTest(parameterized.TestCase):
