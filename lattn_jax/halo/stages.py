@@ -22,6 +22,7 @@ position). Master weights and moments are fp32 (spec §6 item 3: the original is
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
@@ -413,13 +414,13 @@ def check_stage3_kl(teacher_cfg: Optional[config_lib.ModelConfig], kl_weight: fl
     """Checks Stage 3's teacher-KL options (:func:`stage3_loss_fn`).
 
     Raises:
-      ValueError: naming the option, if ``kl_weight`` is not a number ``>= 0``, ``kl_len`` is
-        given and is not an int ``>= 1``, or ``kl_weight > 0`` without ``teacher_cfg`` or
-        ``kl_len``.
+      ValueError: naming the option, if ``kl_weight`` is not a finite number ``>= 0``,
+        ``kl_len`` is given and is not an int ``>= 1``, or ``kl_weight > 0`` without
+        ``teacher_cfg`` or ``kl_len``.
     """
     if isinstance(kl_weight, bool) or not isinstance(kl_weight, (int, float, np.number)) \
-            or not kl_weight >= 0:
-        raise ValueError(f"kl_weight must be a number >= 0, got {kl_weight!r}")
+            or not 0 <= kl_weight < math.inf:
+        raise ValueError(f"kl_weight must be a finite number >= 0, got {kl_weight!r}")
     if kl_len is not None and (isinstance(kl_len, bool)
                                or not isinstance(kl_len, (int, np.integer)) or kl_len < 1):
         raise ValueError(f"kl_len must be an int >= 1, got {kl_len!r}")
