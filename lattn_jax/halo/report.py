@@ -1484,6 +1484,11 @@ def _stage_rows(config: Mapping[str, Any], workdir: str) -> List[str]:
     what = {"stage1": "per-layer MSE to the attention outputs (Lightning students)",
             "stage2": "forward KL from the teacher, whole student",
             "stage3": "next-token CE, long windows"}
+    s3 = config.get("stage3") or {}
+    if (s3.get("kl_weight") or 0) > 0:  # stages.stage3_loss_fn: CE + w x KL on a prefix
+        what["stage3"] += (f", + {s3['kl_weight']:g} x forward KL from the teacher on each "
+                           f"window's first {s3.get('kl_len')} positions (the logged loss is "
+                           f"the sum)")
     for stage in ("stage1", "stage2", "stage3"):
         sec = config.get(stage, {})
         if not sec:

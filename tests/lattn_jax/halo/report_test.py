@@ -610,6 +610,22 @@ class StandardErrorTest(absltest.TestCase):
 
 class MarkdownTest(absltest.TestCase):
 
+    def test_stage3_row_names_the_teacher_kl(self):
+        # With stage3.kl_weight > 0 the logged Stage-3 loss is CE + w x KL: the page says so.
+        workdir = self.create_tempdir().full_path
+        stage3 = {"seq_len": 16384, "batch_size": 8, "optim": {"learning_rate": 1e-5},
+                  "train": {"total_steps": 538}}
+        for kl, want in (({}, "| stage3 | next-token CE, long windows |"),
+                         ({"kl_weight": 0.0, "kl_len": 8192},
+                          "| stage3 | next-token CE, long windows |"),
+                         ({"kl_weight": 0.5, "kl_len": 8192},
+                          "| stage3 | next-token CE, long windows, + 0.5 x forward KL from "
+                          "the teacher on each window's first 8192 positions (the logged "
+                          "loss is the sum) |")):
+            with open(os.path.join(workdir, "config.json"), "w") as f:
+                json.dump({"stage3": dict(stage3, **kl)}, f)
+            self.assertIn(want, report_lib.render_markdown(workdir))
+
     def test_page_from_hand_made_json(self):
         workdir = self.create_tempdir().full_path
 
