@@ -38,8 +38,9 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
    the rest are fixed per length over all tasks, so each model compiles one prefill and one
    chunk of decoding steps per length, and a part's answers do not depend on which other
    parts ran in the same process. On an accelerator those programs are compiled for every
-   length at once before the first part, in a thread pool (:meth:`NiahDecoder.precompile`). After each part its accuracy is printed and its answers
-   are appended to ``<stage_dir>/niah_parts.jsonl`` (:func:`niah_answers`); a run that finds
+   length at once before the first part, in a thread pool (:meth:`NiahDecoder.precompile`).
+   After each part its accuracy is printed and its answers are appended to
+   ``<stage_dir>/niah_parts.jsonl`` (:func:`niah_answers`); a run that finds
    parts of the same options there skips them and scores the measurement from that file, so
    an interrupted NIAH measurement loses at most the part it was decoding and resumes
    with the same result as an uninterrupted run. (A part per task costs a few more batches
@@ -537,8 +538,8 @@ class NiahDecoder:
         jobs = {}
         workers = max(1, max_workers or os.cpu_count() or 1)
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            for b, p0, capacity, width in dict.fromkeys(tuple(int(x) for x in s)
-                                                          for s in shapes):
+            unique = dict.fromkeys(tuple(int(x) for x in s) for s in shapes)
+            for b, p0, capacity, width in unique:
                 tokens = jax.ShapeDtypeStruct((b, p0), jnp.int32)
                 low = self._prefill.lower(self._params, tokens, capacity)
                 jobs[pool.submit(low.compile)] = ("prefill", b, p0, capacity)
