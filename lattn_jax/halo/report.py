@@ -880,7 +880,8 @@ def niah_answers(decoder: NiahDecoder, prompts: Mapping[str, List[List[NiahPromp
             shapes += [(niah_batch_size(length, len(prompts[task][li]), batch_tokens), p0,
                         length + decoder.chunk, width)
                        for task in prompts if (task, length) not in done and prompts[task][li]]
-        if shapes:
+        # Past the deadline nothing will be decoded: compiling would only overrun it.
+        if shapes and not (should_stop is not None and should_stop()):
             seconds = decoder.precompile(shapes, print_fn=print_fn)
             print_fn(f"niah: compiled {len(set(shapes))} prefill and step program pairs ahead "
                      f"of time in {seconds:.1f} s")

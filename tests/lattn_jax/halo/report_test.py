@@ -389,6 +389,20 @@ class NiahDecoderTest(absltest.TestCase):
         self.assertLen(decoder._compiled, 4)
         self.assertTrue(any("compiled 2 prefill and step program pairs" in s for s in lines))
 
+    def test_no_precompilation_once_the_deadline_has_passed(self):
+        # should_stop already True: nothing is decoded, so nothing is compiled either (on the
+        # H200 that compilation is tens of seconds past the report's deadline).
+        prompts = {"niah_single_1": [[report_lib.NiahPrompt(sample=None, ids=np.arange(
+            30, dtype=np.int32))]]}
+        decoder = report_lib.NiahDecoder(tiny_models()["student"], chunk=3)
+        with mock.patch.object(decoder, "precompile") as precompile:
+            got, stats = report_lib.niah_answers(
+                decoder, prompts, lengths=(40,), max_new_tokens=5, batch_tokens=100,
+                stop_id=None, print_fn=lambda s: None, should_stop=lambda: True,
+                precompile=True)
+        precompile.assert_not_called()
+        self.assertEqual((got, stats), ({"niah_single_1": [None]}, {}))
+
     def test_generate_checks_its_arguments(self):
         decoder = report_lib.NiahDecoder(tiny_models()["teacher"], chunk=4)
         ids = [np.arange(10), np.arange(12)]
