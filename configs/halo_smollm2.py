@@ -36,8 +36,9 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   window with the same 49,152 tokens per step and the same steps (the 2026-12-02c page's first
   lever: after Stage 2 the student has seen no position beyond 512, and perplexity is measured
   at 2,048; measured 2026-12-02d at 2,048: the Stage-2 student's WikiText-2 gap fell from
-  +47.5% to +36.2%, the final student's stayed at +25.8%). ``stage3_kl=<w>`` (a float >= 0, default 0: HALO's plain cross-entropy, else
-  ``ValueError``) adds to Stage 3's loss ``w x KL(teacher || student)`` on the first
+  +47.5% to +36.2%, the final student's stayed at +25.8%). ``stage3_kl=<w>`` (a finite
+  float >= 0, default 0: HALO's plain cross-entropy, else ``ValueError``) adds to Stage 3's
+  loss ``w x KL(teacher || student)`` on the first
   ``stage3_kl_len=<T>`` positions of every 16K window (an int >= 1, default 8192, the teacher's
   training context; else ``ValueError``), the cross-entropy still over the whole window
   (``config.stage3.kl_weight`` and ``kl_len``, :func:`lattn_jax.halo.stages.stage3_loss_fn`).
@@ -161,8 +162,8 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
     cfg.stage3.ce_chunk_size = 4096
     # Stage 3 anchored to the teacher on its 8K context (the 2026-12-02d finding, docstring).
     if isinstance(stage3_kl, bool) or not isinstance(stage3_kl, (int, float)) \
-            or not stage3_kl >= 0:
-        raise ValueError(f"stage3_kl must be a number >= 0, got {stage3_kl!r}")
+            or not 0 <= stage3_kl < float("inf"):
+        raise ValueError(f"stage3_kl must be a finite number >= 0, got {stage3_kl!r}")
     if isinstance(stage3_kl_len, bool) or not isinstance(stage3_kl_len, int) \
             or stage3_kl_len < 1:
         raise ValueError(f"stage3_kl_len must be an int >= 1, got {stage3_kl_len!r}")

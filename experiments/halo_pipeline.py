@@ -87,6 +87,7 @@ def main(argv):
     times, status = {}, "complete"
     try:
         experiment.check_eval_data(_CONFIG.value, workdir, stages)  # before hours of training
+        experiment.check_options(_CONFIG.value, workdir, stages)
         for stage in stages:
             if experiment.is_done(workdir, stage):
                 times[stage] = "done before"

@@ -253,6 +253,27 @@ def check_eval_data(config, workdir: str, stages: Sequence[str]) -> None:
                 f"with experiments/halo_eval_subset.py) and pass --config.{key}=<dir>")
 
 
+def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
+    """Checks, before any stage runs, the options that only a later stage reads, so that a bad
+    value stops the run before hours of training rather than at that stage: Stage 3's
+    teacher KL (``stage3.kl_weight``, ``stage3.kl_len``;
+    :func:`lattn_jax.halo.stages.check_stage3_kl_options`) and the report's options
+    (:func:`lattn_jax.halo.report.check_options`). A stage already done in ``workdir`` is not
+    checked.
+
+    Raises:
+      ValueError: naming the first bad option.
+    """
+    def to_run(stage):
+        return stage in stages_to_run and not is_done(workdir, stage)
+
+    if to_run("stage3"):
+        stages.check_stage3_kl_options(config.stage3.get("kl_weight", 0.0),
+                                       config.stage3.get("kl_len"), prefix="stage3.")
+    if to_run("report"):
+        report_lib.check_options(config.report)
+
+
 def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = print,
         deadline: Optional[float] = None) -> Dict[str, Any]:
     """Runs one HALO stage in ``<workdir>/<stage>``.
@@ -275,6 +296,7 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
+    check_options(config, workdir, (stage,))
     start, t0 = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
     stage_dir = os.path.join(workdir, stage)
     os.makedirs(stage_dir, exist_ok=True)

@@ -38,8 +38,9 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
    the rest are fixed per length over all tasks, so each model compiles one prefill and one
    chunk of decoding steps per length, and a part's answers do not depend on which other
    parts ran in the same process. On an accelerator those programs are compiled for every
-   length at once before the first part, in a thread pool (:meth:`NiahDecoder.precompile`). After each part its accuracy is printed and its answers
-   are appended to ``<stage_dir>/niah_parts.jsonl`` (:func:`niah_answers`); a run that finds
+   length at once before the first part, in a thread pool (:meth:`NiahDecoder.precompile`).
+   After each part its accuracy is printed and its answers are appended to
+   ``<stage_dir>/niah_parts.jsonl`` (:func:`niah_answers`); a run that finds
    parts of the same options there skips them and scores the measurement from that file, so
    an interrupted NIAH measurement loses at most the part it was decoding and resumes
    with the same result as an uninterrupted run. (A part per task costs a few more batches
@@ -537,8 +538,8 @@ class NiahDecoder:
         jobs = {}
         workers = max(1, max_workers or os.cpu_count() or 1)
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
-            for b, p0, capacity, width in dict.fromkeys(tuple(int(x) for x in s)
-                                                          for s in shapes):
+            unique = dict.fromkeys(tuple(int(x) for x in s) for s in shapes)
+            for b, p0, capacity, width in unique:
                 tokens = jax.ShapeDtypeStruct((b, p0), jnp.int32)
                 low = self._prefill.lower(self._params, tokens, capacity)
                 jobs[pool.submit(low.compile)] = ("prefill", b, p0, capacity)
@@ -879,7 +880,8 @@ def niah_answers(decoder: NiahDecoder, prompts: Mapping[str, List[List[NiahPromp
             shapes += [(niah_batch_size(length, len(prompts[task][li]), batch_tokens), p0,
                         length + decoder.chunk, width)
                        for task in prompts if (task, length) not in done and prompts[task][li]]
-        if shapes:
+        # Past the deadline nothing will be decoded: compiling would only overrun it.
+        if shapes and not (should_stop is not None and should_stop()):
             seconds = decoder.precompile(shapes, print_fn=print_fn)
             print_fn(f"niah: compiled {len(set(shapes))} prefill and step program pairs ahead "
                      f"of time in {seconds:.1f} s")
@@ -1484,6 +1486,11 @@ def _stage_rows(config: Mapping[str, Any], workdir: str) -> List[str]:
     what = {"stage1": "per-layer MSE to the attention outputs (Lightning students)",
             "stage2": "forward KL from the teacher, whole student",
             "stage3": "next-token CE, long windows"}
+    s3 = config.get("stage3") or {}
+    if (s3.get("kl_weight") or 0) > 0:  # stages.stage3_loss_fn: CE + w x KL on a prefix
+        what["stage3"] += (f", + {s3['kl_weight']:g} x forward KL from the teacher on each "
+                           f"window's first {s3.get('kl_len')} positions (the logged loss is "
+                           f"the sum)")
     for stage in ("stage1", "stage2", "stage3"):
         sec = config.get(stage, {})
         if not sec:

@@ -22,6 +22,7 @@ position). Master weights and moments are fp32 (spec §6 item 3: the original is
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
@@ -408,28 +409,43 @@ def stage2_loss_fn(teacher_cfg: config_lib.ModelConfig, student_cfg: config_lib.
     return loss_fn
 
 
+def check_stage3_kl_options(kl_weight: float, kl_len: Optional[int], *,
+                            prefix: str = "") -> None:
+    """Checks Stage 3's teacher-KL values alone (no teacher needed: a config check before any
+    stage runs, :func:`lattn_jax.halo.experiment.check_options`).
+
+    Args:
+      kl_weight, kl_len: as :func:`stage3_loss_fn`.
+      prefix: put before the option names in the messages (e.g. ``"stage3."``).
+
+    Raises:
+      ValueError: naming the option, if ``kl_weight`` is not a finite number ``>= 0``,
+        ``kl_len`` is given and is not an int ``>= 1``, or ``kl_weight > 0`` without
+        ``kl_len``.
+    """
+    if isinstance(kl_weight, bool) or not isinstance(kl_weight, (int, float, np.number)) \
+            or not 0 <= kl_weight < math.inf:
+        raise ValueError(f"{prefix}kl_weight must be a finite number >= 0, got {kl_weight!r}")
+    if kl_len is not None and (isinstance(kl_len, bool)
+                               or not isinstance(kl_len, (int, np.integer)) or kl_len < 1):
+        raise ValueError(f"{prefix}kl_len must be an int >= 1, got {kl_len!r}")
+    if kl_weight > 0 and kl_len is None:
+        raise ValueError(f"{prefix}kl_weight={kl_weight} > 0 needs {prefix}kl_len (the "
+                         f"positions of each window the KL covers, e.g. the teacher's context)")
+
+
 def check_stage3_kl(teacher_cfg: Optional[config_lib.ModelConfig], kl_weight: float,
                     kl_len: Optional[int]) -> None:
     """Checks Stage 3's teacher-KL options (:func:`stage3_loss_fn`).
 
     Raises:
-      ValueError: naming the option, if ``kl_weight`` is not a number ``>= 0``, ``kl_len`` is
-        given and is not an int ``>= 1``, or ``kl_weight > 0`` without ``teacher_cfg`` or
-        ``kl_len``.
+      ValueError: naming the option, as :func:`check_stage3_kl_options`, or ``kl_weight > 0``
+        without ``teacher_cfg``.
     """
-    if isinstance(kl_weight, bool) or not isinstance(kl_weight, (int, float, np.number)) \
-            or not kl_weight >= 0:
-        raise ValueError(f"kl_weight must be a number >= 0, got {kl_weight!r}")
-    if kl_len is not None and (isinstance(kl_len, bool)
-                               or not isinstance(kl_len, (int, np.integer)) or kl_len < 1):
-        raise ValueError(f"kl_len must be an int >= 1, got {kl_len!r}")
-    if kl_weight > 0:
-        if teacher_cfg is None:
-            raise ValueError(f"kl_weight={kl_weight} > 0 needs teacher_cfg (the teacher whose "
-                             f"KL anchors Stage 3)")
-        if kl_len is None:
-            raise ValueError(f"kl_weight={kl_weight} > 0 needs kl_len (the positions of each "
-                             f"window the KL covers, e.g. the teacher's context)")
+    check_stage3_kl_options(kl_weight, kl_len)
+    if kl_weight > 0 and teacher_cfg is None:
+        raise ValueError(f"kl_weight={kl_weight} > 0 needs teacher_cfg (the teacher whose "
+                         f"KL anchors Stage 3)")
 
 
 def stage3_loss_fn(student_cfg: config_lib.ModelConfig, *, chunk_size: Optional[int] = None,

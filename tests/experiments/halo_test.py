@@ -86,6 +86,40 @@ class BadConfigTest(absltest.TestCase):
             self.assertIn(cases[binary][1], lines[0])
 
 
+class OptionsCheckTest(absltest.TestCase):
+    """Options that only Stage 3 or the report read are checked before Stage 1 runs."""
+
+    def test_bad_later_options_stop_the_pipeline_before_stage1(self):
+        workdir = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("tiny")
+        experiment.check_options(cfg, workdir, experiment.STAGES)
+        for key, value, name in (("kl_weight", -1.0, "stage3.kl_weight"),
+                                 ("kl_weight", float("inf"), "stage3.kl_weight"),
+                                 ("kl_len", 0, "stage3.kl_len")):
+            bad = halo_smollm2.get_config("tiny")
+            bad.stage3[key] = value
+            with self.assertRaisesRegex(ValueError, rf"^{name}"):
+                experiment.check_options(bad, workdir, experiment.STAGES)
+            # Not checked when Stage 3 is not to run.
+            experiment.check_options(bad, workdir, ("stage1", "select", "stage2"))
+        bad = halo_smollm2.get_config("tiny")
+        bad.report.niah_tasks = ("niah_single_9",)
+        with self.assertRaisesRegex(ValueError, r"^report\.niah_tasks"):
+            experiment.check_options(bad, workdir, experiment.STAGES)
+        # The pipeline: one line naming the option, and no stage run.
+        data = self.create_tempdir().full_path
+        for sub in ("eval", "niah/PaulGrahamEssays"):
+            os.makedirs(os.path.join(data, sub))
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}/run",
+               f"--config.report.data_dir={data}", "--config.stage3.kl_weight=-1"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertEqual(result.stderr.strip().splitlines()[-1],
+                         "error: stage3.kl_weight must be a finite number >= 0, got -1.0")
+        self.assertFalse(os.path.exists(os.path.join(workdir, "run", "stage1")))
+
+
 class EvalDataCheckTest(absltest.TestCase):
 
     def test_missing_eval_files_stop_the_pipeline_before_stage1(self):

@@ -86,7 +86,8 @@ class Stage3TeacherKLConfigTest(absltest.TestCase):
         self.assertEqual((cfg.stage3.kl_weight, cfg.stage3.kl_len), (0.5, 4096))
         self.assertEqual(cfg.stage3.seq_len, 16_384)  # the CE's window is unchanged
         self.assertEqual(halo_smollm2.get_config("h200,stage3_kl=1").stage3.kl_weight, 1.0)
-        for arg, name in (("stage3_kl=-0.5", "stage3_kl"), ("stage3_kl_len=0", "stage3_kl_len"),
+        for arg, name in (("stage3_kl=-0.5", "stage3_kl"), ("stage3_kl=1e999", "stage3_kl"),
+                          ("stage3_kl_len=0", "stage3_kl_len"),
                           ("stage3_kl=0.5,stage3_kl_len=-8", "stage3_kl_len")):
             with self.assertRaisesRegex(ValueError, name):
                 halo_smollm2.get_config("h200," + arg)

@@ -389,6 +389,20 @@ class NiahDecoderTest(absltest.TestCase):
         self.assertLen(decoder._compiled, 4)
         self.assertTrue(any("compiled 2 prefill and step program pairs" in s for s in lines))
 
+    def test_no_precompilation_once_the_deadline_has_passed(self):
+        # should_stop already True: nothing is decoded, so nothing is compiled either (on the
+        # H200 that compilation is tens of seconds past the report's deadline).
+        prompts = {"niah_single_1": [[report_lib.NiahPrompt(sample=None, ids=np.arange(
+            30, dtype=np.int32))]]}
+        decoder = report_lib.NiahDecoder(tiny_models()["student"], chunk=3)
+        with mock.patch.object(decoder, "precompile") as precompile:
+            got, stats = report_lib.niah_answers(
+                decoder, prompts, lengths=(40,), max_new_tokens=5, batch_tokens=100,
+                stop_id=None, print_fn=lambda s: None, should_stop=lambda: True,
+                precompile=True)
+        precompile.assert_not_called()
+        self.assertEqual((got, stats), ({"niah_single_1": [None]}, {}))
+
     def test_generate_checks_its_arguments(self):
         decoder = report_lib.NiahDecoder(tiny_models()["teacher"], chunk=4)
         ids = [np.arange(10), np.arange(12)]
@@ -609,6 +623,22 @@ class StandardErrorTest(absltest.TestCase):
 
 
 class MarkdownTest(absltest.TestCase):
+
+    def test_stage3_row_names_the_teacher_kl(self):
+        # With stage3.kl_weight > 0 the logged Stage-3 loss is CE + w x KL: the page says so.
+        workdir = self.create_tempdir().full_path
+        stage3 = {"seq_len": 16384, "batch_size": 8, "optim": {"learning_rate": 1e-5},
+                  "train": {"total_steps": 538}}
+        for kl, want in (({}, "| stage3 | next-token CE, long windows |"),
+                         ({"kl_weight": 0.0, "kl_len": 8192},
+                          "| stage3 | next-token CE, long windows |"),
+                         ({"kl_weight": 0.5, "kl_len": 8192},
+                          "| stage3 | next-token CE, long windows, + 0.5 x forward KL from "
+                          "the teacher on each window's first 8192 positions (the logged "
+                          "loss is the sum) |")):
+            with open(os.path.join(workdir, "config.json"), "w") as f:
+                json.dump({"stage3": dict(stage3, **kl)}, f)
+            self.assertIn(want, report_lib.render_markdown(workdir))
 
     def test_page_from_hand_made_json(self):
         workdir = self.create_tempdir().full_path

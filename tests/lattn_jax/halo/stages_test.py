@@ -204,6 +204,8 @@ class Stage3TeacherKLTest(absltest.TestCase):
     def test_bad_options_are_named(self):
         for kw, name in ((dict(kl_weight=-0.1), "kl_weight"),
                          (dict(kl_weight=float("nan")), "kl_weight"),
+                         (dict(kl_weight=float("inf"), teacher_cfg=self.teacher_cfg, kl_len=8),
+                          "kl_weight"),
                          (dict(kl_weight=0.5, kl_len=8), "teacher_cfg"),
                          (dict(kl_weight=0.5, teacher_cfg=self.teacher_cfg), "kl_len"),
                          (dict(kl_weight=0.5, teacher_cfg=self.teacher_cfg, kl_len=0),
