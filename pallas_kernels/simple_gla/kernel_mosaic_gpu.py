@@ -1126,7 +1126,7 @@ def simple_gla_bwd_mosaic(
     if scale is None:
         scale = k.shape[-1] ** -0.5
     batch, seq_len, kv_heads, dk = k.shape
-    heads, dv = v.shape[2], v.shape[3]
+    heads = v.shape[2]
     group = heads // max(kv_heads, 1)
     h, final_state = chunk_states_mosaic(k, v, g, initial_state=initial_state,
                                          segment_ids=segment_ids, interpret=interpret)

@@ -11,7 +11,8 @@ dk, dv, dg`` and ``dh0``. Inputs are bf16, rounded once before the reference; th
 16-bit roundings of their ``wgmma`` operands and of ``dq, dk, dv``, so the gates are FLA's
 (BUILD.md): relative RMS error < 8e-3 for ``dq, dk, dv, dh0`` and < 2e-2 for ``dg``.
 ``LoweringTest`` lowers the backward for CUDA on the CPU host (the layout branch that interpret
-mode replaces).
+mode replaces). ``GpuTest`` (marked ``gpu``; skipped without a Hopper-or-newer GPU) compiles the
+real kernels and checks them against the same reference on longer rows; it has not run yet.
 
 A failing interpreted kernel may hang instead of raising; run a single test (under ``timeout``)
 to see its traceback.
@@ -19,11 +20,13 @@ to see its traceback.
 
 import jax
 import jax.numpy as jnp
+import pytest
 from absl.testing import absltest, parameterized
 
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gpu_fwd_test as kmg_fwd_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 
@@ -83,6 +86,39 @@ class InterpretTest(parameterized.TestCase):
             self.assertEqual(x.shape, w.shape, msg=name)
             err = tolerances.rel_err(x, w)
             print(f"{self.id()} {name}: relative RMS error {err:.2e}")
+            self.assertLess(err, gate, msg=f"{name}: relative RMS error {err:.2e}")
+
+
+@pytest.mark.gpu
+class GpuTest(parameterized.TestCase):
+    """The compiled kernels (wgmma, TMA) on bf16 inputs against the fp32 reference."""
+
+    def setUp(self):
+        super().setUp()
+        if not kmg_fwd_test._hopper_or_newer():
+            self.skipTest("needs a Hopper-or-newer NVIDIA GPU (Mosaic GPU kernels)")
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, h0, dht, document lengths (the rest is one more document)
+        ("gva_h0_dht_packed_T768_K128_V128", 2, 768, 4, 2, 128, 128, 0.05, True, True,
+         (64, 1, 200, 300)),
+        ("strong_decay_partial_T1000_K64_V128", 1, 1000, 2, 1, 64, 128, 5.0, False, True, None),
+        ("packed_T640_K128_V64", 1, 640, 3, 3, 128, 64, 0.2, True, False, (10, 54, 500)),
+    )
+    def test_grads_match_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                   dht, docs):
+        q, k, v, g, do, state, final_grad, seg = _inputs(
+            batch, seq_len, heads, kv_heads, dk, dv, decay=decay, h0=h0, dht=dht, docs=docs,
+            seed=5)
+        scale = dk ** -0.5
+        got = kmg.simple_gla_bwd_mosaic(q, k, v, g, do, scale=scale, initial_state=state,
+                                        final_state_grad=final_grad, segment_ids=seg)
+        want = _reference_grads(q, k, v, g, do, state, final_grad, seg, scale)
+        for name, x, w, gate in zip(("dq", "dk", "dv", "dg", "dh0"), got, want,
+                                    (8e-3, 8e-3, 8e-3, 2e-2, 8e-3)):
+            if x is None:
+                continue
+            err = tolerances.rel_err(x, w)
             self.assertLess(err, gate, msg=f"{name}: relative RMS error {err:.2e}")
 
 
