@@ -1,4 +1,4 @@
-"""Scalar-decay linear attention as Pallas Mosaic GPU kernels (Hopper): forward, backward state.
+"""Scalar-decay linear attention as Pallas Mosaic GPU kernels (Hopper): forward and backward.
 
 The first Mosaic GPU (``plgpu``) kernels, written as groundwork for issue 29; nothing dispatches
 to them yet. :func:`simple_gla_fwd_mosaic` runs the chunk-state pass below and then the
@@ -45,7 +45,8 @@ scratch there). The lowering test
 
 Backward: :func:`chunk_dstates_mosaic` is the reverse state pass (FLA's ``chunk_bwd_dh``), the
 state kernel's mirror in reverse chunk order; its derivation is in its docstring. The parameter
-gradients (``dq, dk, dv, dg``) from ``h`` and ``dh`` are not written yet.
+gradients ``dq, dk, dv`` come from :func:`chunk_grads_mosaic` (one CTA per chunk, like the output
+kernel), and :func:`simple_gla_bwd_mosaic` composes the backward (``dg`` in XLA, exact).
 """
 
 import functools
@@ -816,3 +817,341 @@ def chunk_dstates_mosaic(
     with jax.named_scope("simple_gla_chunk_dstates_mosaic"):
         dh, dh0 = call(*args)
     return dh, dh0
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward: the parameter gradients of every chunk.
+
+
+def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, conn_ref,
+                  last_ref, dq_ref, dk_ref, dv_ref, q_s, k_s, v_s, do_s, h_s, dhn_s, g_row_s,
+                  g_col_s, doc_row_s, doc_col_s, conn_s, last_s, ds_s, p_s, sk_s, sv_s, in_bar,
+                  *shim, group: int, scale: float, interpret: bool):
+    """Kernel body of :func:`chunk_grads_mosaic`: one chunk of one ``(b, h)`` per CTA.
+
+    ``shim`` (interpret only): SMEM scratch for the transposed operands ``k^T, v^T, S_c^T,
+    dS'^T, dA^T, P^T`` (see :func:`_transposed`).
+    """
+    n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    rows = pl.ds(n * CHUNK, CHUNK)
+    dk, dv = k_s.shape[-1], v_s.shape[-1]
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, in_bar)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
+    plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_s, in_bar)
+    plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s, in_bar)
+    plgpu.copy_gmem_to_smem(h_ref.at[b, h, n], h_s, in_bar)
+    plgpu.copy_gmem_to_smem(dhn_ref.at[b, h, n], dhn_s, in_bar)
+    # Row and column views of one vector need different register layouts: separate copies.
+    plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_row_s, in_bar)
+    plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_col_s, in_bar)
+    plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s, in_bar)
+    plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s, in_bar)
+    plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s, in_bar)
+    plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s, in_bar)
+    plgpu.barrier_wait(in_bar)
+    kt_s, vt_s, ht_s, dhnt_s, dst_s, pt_s = shim if interpret else (None,) * 6
+
+    def scores(a_acc, dp_acc):  # issued together: one wait for both
+        plgpu.wgmma(a_acc, q_s, _transposed(k_s, kt_s, interpret))  # A = q k^T, [C, C]
+        plgpu.wgmma(dp_acc, do_s, _transposed(v_s, vt_s, interpret))  # dP = do v^T, [C, C]
+        return a_acc[...], dp_acc[...]
+
+    # The barrier keeps the arithmetic below after the accumulator reads (jla's pitfall).
+    a, dp = lax.optimization_barrier(
+        pl.run_scoped(scores, plgpu.ACC((CHUNK, CHUNK)), plgpu.ACC((CHUNK, CHUNK))))
+    g_i, g_j = _load_rows(g_row_s, interpret), _load_cols(g_col_s, interpret)
+    d_i, d_j = _load_rows(doc_row_s, interpret), _load_cols(doc_col_s, interpret)
+    i, j = _iota((CHUNK, CHUNK), 0, interpret), _iota((CHUNK, CHUNK), 1, interpret)
+
+    def by_row(x, shape):
+        return lax.broadcast_in_dim(x, shape, [0])
+
+    def by_col(x):
+        return lax.broadcast_in_dim(x, (CHUNK, CHUNK), [1])
+
+    # Row t, column s: causal, same document, exp(G_t - G_s) <= 1 (masked in the exponent).
+    mask = (j <= i) & (by_row(d_i, a.shape) == by_col(d_j))
+    decay = scale * jnp.exp(jnp.where(mask, by_row(g_i, a.shape) - by_col(g_j), -jnp.inf))
+    ds_s[...] = (dp * decay).astype(ds_s.dtype)  # dA_ts = scale (do_t . v_s) exp(G_t - G_s)
+    p_s[...] = (a * decay).astype(p_s.dtype)  # P_ts = scale (q_t . k_s) exp(G_t - G_s)
+    plgpu.commit_smem()
+
+    g_last = g_row_s[CHUNK - 1]
+    # The incoming state reaches token t as conn_t exp(G_t); token s reaches the state leaving
+    # the chunk as last_s exp(G_L - G_s) (both <= 1).
+    in_scale = jnp.exp(g_i) * _load_rows(conn_s, interpret)
+    out_scale = jnp.exp(g_last - g_i) * _load_rows(last_s, interpret)
+
+    def store(x, stage, out_ref):
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous store read the stage
+        stage[...] = x
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(stage, out_ref.at[b, rows, h])
+
+    def dq_products(intra, inter):
+        plgpu.wgmma(intra, ds_s, k_s)  # dA k, [C, K]
+        plgpu.wgmma(inter, do_s, _transposed(h_s, ht_s, interpret))  # do S_c^T, [C, K]
+        return intra[...], inter[...]
+
+    intra, inter = lax.optimization_barrier(
+        pl.run_scoped(dq_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
+    store(intra + scale * inter * by_row(in_scale, inter.shape), sk_s, dq_ref)
+
+    def dk_products(intra, state):
+        plgpu.wgmma(intra, _transposed(ds_s, dst_s, interpret), q_s)  # dA^T q, [C, K]
+        plgpu.wgmma(state, v_s, _transposed(dhn_s, dhnt_s, interpret))  # v dS'^T, [C, K]
+        return intra[...], state[...]
+
+    intra, state = lax.optimization_barrier(
+        pl.run_scoped(dk_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
+    store(intra + state * by_row(out_scale, state.shape), sk_s, dk_ref)
+
+    def dv_products(intra, state):
+        plgpu.wgmma(intra, _transposed(p_s, pt_s, interpret), do_s)  # P^T do, [C, V]
+        plgpu.wgmma(state, k_s, dhn_s)  # k dS', [C, V]
+        return intra[...], state[...]
+
+    intra, state = lax.optimization_barrier(
+        pl.run_scoped(dv_products, plgpu.ACC((CHUNK, dv)), plgpu.ACC((CHUNK, dv))))
+    store(intra + state * by_row(out_scale, state.shape), sv_s, dv_ref)
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def chunk_grads_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    h: jax.Array,
+    dh: jax.Array,
+    do: jax.Array,
+    *,
+    scale: float,
+    final_state_grad: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-value-head ``dq, dk, dv`` of every chunk from the stored states, by a Mosaic GPU kernel.
+
+    The counterpart of FLA's ``chunk_bwd_dqkwg`` and ``chunk_bwd_dv``
+    (``fla/ops/common/chunk_o.py``) for the scalar-decay family; ``dg`` follows from its outputs
+    in :func:`simple_gla_bwd_mosaic`. Derivation: chunk ``c`` of the forward (see
+    :func:`chunk_output_mosaic` and :func:`chunk_states_mosaic`) is, with ``G`` the chunk-local
+    inclusive cumulative log-decay, ``G_L`` its last entry, ``S = S_c`` the state entering the
+    chunk and ``S'`` the state leaving it::
+
+        o_t = scale ( conn_t exp(G_t) S^T q_t
+                      + sum_{s <= t, doc(s) = doc(t)} (q_t . k_s) exp(G_t - G_s) v_s )
+        S'  = keep exp(G_L) S + sum_s last_s exp(G_L - G_s) k_s v_s^T
+
+    ``q, k`` enter only there, so with ``do_t = dL/do_t`` and ``dS' = dL/dS'`` (the gradient of
+    the state entering chunk ``c + 1``, i.e. ``dh[:, :, c + 1]`` of
+    :func:`chunk_dstates_mosaic`, or ``final_state_grad`` for the last chunk), and the masked
+    matrices (row ``t``, column ``s``, causal and same document)
+    ``dA_ts = scale (do_t . v_s) exp(G_t - G_s)`` and ``P_ts = scale (q_t . k_s) exp(G_t - G_s)``::
+
+        dq_t = scale conn_t exp(G_t) S do_t + sum_s dA_ts k_s                 (dq = dA k + ...)
+        dk_s = sum_t dA_ts q_t + last_s exp(G_L - G_s) dS' v_s                (dk = dA^T q + ...)
+        dv_s = sum_t P_ts do_t + last_s exp(G_L - G_s) dS'^T k_s              (dv = P^T do + ...)
+
+    The gradient w.r.t. ``S`` itself is :func:`chunk_dstates_mosaic`'s. These are the gradients
+    of :func:`pallas_kernels.simple_gla.reference.simple_gla_reference` (the chunk form is
+    exact; GLA, arXiv 2312.06635, Sec. 4 and App. on the backward).
+
+    Kernel structure, as :func:`chunk_output_mosaic`: one CTA per ``(chunk, value head, batch
+    row)``, one warpgroup, twelve TMA copies on one barrier (``q, k, v, do``, ``S_c`` and ``dS'``
+    rounded to the input dtype, row and column copies of the gate and document vectors, ``conn``,
+    ``last``). ``wgmma`` (16-bit operands, fp32 accumulators) computes ``q k^T`` and ``do v^T``
+    as one group; the causal, same-document decay is applied in the exponent and ``dA``, ``P``
+    go to swizzled 16-bit SMEM tiles; then three groups of two products each give ``dq``, ``dk``
+    and ``dv`` (``dA^T``, ``P^T``, ``k^T``, ``v^T``, ``S^T`` and ``dS'^T`` are transposed SMEM
+    operands, copies when interpreting). Each gradient leaves through an fp32 SMEM tile.
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
+            query/key head ``h // (H // Hk)``).
+        k: keys ``[B, T, Hk, K]``, same dtype.
+        v: values ``[B, T, H, V]``, same dtype. ``K, V`` in {64, 128}.
+        g: log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (no decay).
+        h: ``[B, H, N, K, V]`` states entering each chunk (``N = ceil(T / 64)``), from
+            :func:`chunk_states_mosaic`; rounded to the input dtype (a ``wgmma`` operand).
+        dh: ``[B, H, N, K, V]`` gradients w.r.t. those states, from
+            :func:`chunk_dstates_mosaic`; shifted by one chunk here (``dS'``) and rounded to the
+            input dtype.
+        do: output gradient ``[B, T, H, V]``, same dtype as ``v``.
+        scale: read-out scale of the forward (static).
+        final_state_grad: ``[B, H, K, V]`` gradient w.r.t. the final state (``dS'`` of the last
+            chunk), or ``None`` for zeros.
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(dq, dk, dv)``, fp32, **per value head**: ``dq, dk`` ``[B, T, H, K]`` (with GVA the
+        gradients of the key heads are the sums over each group of ``H // Hk`` value heads,
+        done in XLA by :func:`simple_gla_bwd_mosaic`; fp32 so that ``dg`` can be formed from
+        them), ``dv`` ``[B, T, H, V]``. Exact up to the 16-bit rounding of the ``wgmma``
+        operands (``S_c``, ``dS'``, ``dA``, ``P``) with fp32 accumulation.
+
+    Raises:
+        ValueError: on mismatched shapes, unsupported head dims or dtypes (see
+            :func:`unsupported_reason`), ``H`` not a multiple of ``Hk``, or ``h``, ``dh``,
+            ``do``, ``final_state_grad`` of the wrong shape.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    num_chunks = -(-seq_len // CHUNK)
+    if q.shape != k.shape or q.dtype != k.dtype:
+        raise ValueError(f"q and k must match: {q.shape=} {k.shape=} {q.dtype=} {k.dtype=}")
+    if do.shape != v.shape or do.dtype != v.dtype:
+        raise ValueError(f"do and v must match: {do.shape=} {v.shape=} {do.dtype=} {v.dtype=}")
+    _check_kv_gates(k, v, g, segment_ids)
+    for name, x in (("h", h), ("dh", dh)):
+        if x.shape != (batch, heads, num_chunks, dk, dv):
+            raise ValueError(f"{name} must be [B, H, N, K, V] = "
+                             f"{(batch, heads, num_chunks, dk, dv)}, got {name}.shape={x.shape}")
+    if final_state_grad is not None and final_state_grad.shape != (batch, heads, dk, dv):
+        raise ValueError(f"final_state_grad must be [B, H, K, V] = {(batch, heads, dk, dv)}, "
+                         f"got {final_state_grad.shape=}")
+
+    padded = num_chunks * CHUNK
+    # Padding tokens have q = k = v = do = 0 and g = 0: they contribute nothing.
+    q, k, v, do = (_pad_time(x, num_chunks) for x in (q, k, v, do))
+    gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    doc, conn, last = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    dht = (jnp.zeros((batch, heads, 1, dk, dv), jnp.float32) if final_state_grad is None
+           else final_state_grad.astype(jnp.float32)[:, :, None])
+    dh_next = jnp.concatenate([dh[:, :, 1:], dht], axis=2)  # dS' of every chunk
+    vec = plgpu.SMEM((CHUNK,), jnp.float32)
+    shim = [plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s
+            plgpu.SMEM((dv, CHUNK), v.dtype),  # vt_s
+            plgpu.SMEM((dv, dk), v.dtype),  # ht_s
+            plgpu.SMEM((dv, dk), v.dtype),  # dhnt_s
+            plgpu.SMEM((CHUNK, CHUNK), v.dtype),  # dst_s
+            plgpu.SMEM((CHUNK, CHUNK), v.dtype)]  # pt_s
+    f32 = jnp.float32
+    call = plgpu.kernel(
+        functools.partial(_grads_kernel, group=heads // kv_heads, scale=float(scale),
+                          interpret=interpret),
+        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),
+                  jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),
+                  jax.ShapeDtypeStruct((batch, padded, heads, dv), f32)),
+        scratch_types=[
+            _swizzled_smem((CHUNK, dk), q.dtype),  # q_s
+            _swizzled_smem((CHUNK, dk), k.dtype),  # k_s
+            _swizzled_smem((CHUNK, dv), v.dtype),  # v_s
+            _swizzled_smem((CHUNK, dv), v.dtype),  # do_s
+            _swizzled_smem((dk, dv), v.dtype),  # h_s: S_c in 16 bits
+            _swizzled_smem((dk, dv), v.dtype),  # dhn_s: dS' in 16 bits
+            vec, vec, vec, vec, vec, vec,  # g_row_s, g_col_s, doc_row_s, doc_col_s, conn_s, last_s
+            _swizzled_smem((CHUNK, CHUNK), v.dtype),  # ds_s: masked dA
+            _swizzled_smem((CHUNK, CHUNK), v.dtype),  # p_s: masked P
+            _swizzled_smem((CHUNK, dk), f32),  # sk_s: staging of dq, then dk
+            _swizzled_smem((CHUNK, dv), f32),  # sv_s: staging of dv
+            plgpu.Barrier(num_arrivals=12),  # in_bar: the 12 input copies landed
+        ] + (shim if interpret else []),
+        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        grid_names=("n", "h", "b"),
+        compiler_params=plgpu.CompilerParams(),
+        interpret=interpret_params() if interpret else None,
+        kernel_name="simple_gla_chunk_grads",
+    )
+    with jax.named_scope("simple_gla_chunk_grads_mosaic"):
+        dq, dk_, dv_ = call(q, k, v, do, h.astype(v.dtype), dh_next.astype(v.dtype), gc, doc,
+                            conn, last)
+    return dq[:, :seq_len], dk_[:, :seq_len], dv_[:, :seq_len]
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def simple_gla_bwd_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    do: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    final_state_grad: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+):
+    """Backward of scalar-decay linear attention from three Mosaic GPU kernels and XLA.
+
+    :func:`chunk_states_mosaic` recomputes the states ``h`` entering every chunk (and the
+    final state), :func:`chunk_dstates_mosaic` gives their gradients ``dh`` and ``dh0``, and
+    :func:`chunk_grads_mosaic` the per-value-head ``dq, dk, dv``. XLA then sums ``dq, dk`` over
+    each GVA group (fp32) and forms ``dg`` exactly, in fp32, from the kernels' outputs.
+
+    ``dg`` derivation: ``g`` enters the chunk form (see :func:`chunk_grads_mosaic`) only through
+    ``G_t = g_{c,0} + ... + g_{c,t}``, in the factors ``exp(G_t - G_s)`` (intra-chunk scores
+    and values reaching the state leaving the chunk), ``exp(G_t)`` (the incoming state read by
+    token ``t``) and ``exp(G_L)`` (the incoming state carried through the chunk). Each factor's
+    derivative is the term it multiplies, with ``+`` for the ``G`` of the later token and ``-``
+    for the earlier one; grouping the terms by the gradients that contain them gives, per value
+    head and chunk::
+
+        dL/dG_t = q_t . dq_t - k_t . dk_t + [t = L] <S', dS'>
+        dg_t    = sum_{u >= t in the chunk} dL/dG_u                        (fp32, reverse cumsum)
+
+    where ``dq, dk`` are :func:`chunk_grads_mosaic`'s (per value head, before the group sum),
+    ``S'`` the state leaving the chunk (``h[:, :, c + 1]``, the final state for the last one)
+    and ``dS'`` its gradient. The ``[t = L]`` term collects ``keep exp(G_L) <S, dS'>`` and
+    ``sum_s k_s . (last_s exp(G_L - G_s) dS' v_s)``, which sum to ``<S', dS'>`` because
+    ``S' = keep exp(G_L) S + sum_s last_s exp(G_L - G_s) k_s v_s^T``. Document resets need no
+    extra term: the masks already remove every factor that spans a document start, so ``g`` at
+    a start gets zero gradient (it multiplies the reset state), as in the reference. FLA forms
+    ``dg`` the same way (``chunk_bwd_dqkwg`` plus a reverse ``chunk_local_cumsum``).
+
+    Args:
+        q, k: ``[B, T, Hk, K]``, bf16 or fp16 (GVA when ``Hk < H``).
+        v: ``[B, T, H, V]``, same dtype; ``K, V`` in {64, 128}.
+        g: log-decay ``[B, T, H]`` (``<= 0``) or ``None``.
+        do: gradient of ``o`` ``[B, T, H, V]``, same dtype as ``v``.
+        scale: read-out scale (static); ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` or ``None`` (zeros), as in the forward.
+        final_state_grad: ``[B, H, K, V]`` gradient of the final state, or ``None`` (zeros).
+        segment_ids: optional int ``[B, T]`` (packed documents).
+        interpret: Mosaic GPU interpret mode (CPU, tests).
+
+    Returns:
+        ``(dq, dk, dv, dg, dh0)``: ``dq, dk`` ``[B, T, Hk, K]`` and ``dv`` ``[B, T, H, V]`` in
+        the input dtype, ``dg`` ``[B, T, H]`` fp32 (``None`` when ``g`` is ``None``), ``dh0``
+        ``[B, H, K, V]`` fp32 (``None`` when ``initial_state`` is ``None``).
+
+    Raises:
+        ValueError: as the three kernels.
+    """
+    if scale is None:
+        scale = k.shape[-1] ** -0.5
+    batch, seq_len, kv_heads, dk = k.shape
+    heads = v.shape[2]
+    group = heads // max(kv_heads, 1)
+    h, final_state = chunk_states_mosaic(k, v, g, initial_state=initial_state,
+                                         segment_ids=segment_ids, interpret=interpret)
+    dh, dh0 = chunk_dstates_mosaic(q, do, g, scale=scale, final_state_grad=final_state_grad,
+                                   segment_ids=segment_ids, interpret=interpret)
+    dq, dk_, dv_ = chunk_grads_mosaic(q, k, v, g, h, dh, do, scale=scale,
+                                      final_state_grad=final_state_grad,
+                                      segment_ids=segment_ids, interpret=interpret)
+    dg = None
+    if g is not None:
+        num_chunks = h.shape[2]
+        f32 = jnp.float32
+        qf, kf = (jnp.repeat(x.astype(f32), group, axis=2) for x in (q, k))
+        dgt = jnp.sum(qf * dq - kf * dk_, axis=-1)  # [B, T, H]
+        dgt = _pad_time(dgt, num_chunks).reshape(batch, num_chunks, CHUNK, heads)
+        dht = (jnp.zeros_like(final_state) if final_state_grad is None
+               else final_state_grad.astype(f32))
+        h_next = jnp.concatenate([h[:, :, 1:], final_state[:, :, None]], axis=2)
+        dh_next = jnp.concatenate([dh[:, :, 1:], dht[:, :, None]], axis=2)
+        boundary = jnp.einsum("bhnkv,bhnkv->bnh", h_next, dh_next,
+                              precision=lax.Precision.HIGHEST)  # <S', dS'> per chunk
+        dgt = dgt.at[:, :, CHUNK - 1].add(boundary)
+        dg = jnp.flip(jnp.cumsum(jnp.flip(dgt, 2), axis=2), 2)  # reverse cumsum in the chunk
+        dg = dg.reshape(batch, num_chunks * CHUNK, heads)[:, :seq_len]
+    dq = dq.reshape(batch, seq_len, kv_heads, group, dk).sum(3)  # GVA: sum over the group
+    dk_ = dk_.reshape(batch, seq_len, kv_heads, group, dk).sum(3)
+    return (dq.astype(q.dtype), dk_.astype(k.dtype), dv_.astype(v.dtype), dg,
+            dh0 if initial_state is not None else None)
