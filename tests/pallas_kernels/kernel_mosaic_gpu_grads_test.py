@@ -60,6 +60,11 @@ def _reference_grads(q, k, v, g, do, state, dht, seg, scale):
     return vjp((do.astype(f32), dfinal))
 
 
+# Slow and out of CI: about half of the runs of these three cases in one process hang in the
+# Mosaic GPU interpreter (jax 0.10.2; pallas_kernels/common/MOSAIC_GPU.md, "Interpreter hang
+# seen"), which would stall the CI job rather than fail it. Run them one at a time under
+# `timeout`: pytest -m slow tests/pallas_kernels/kernel_mosaic_gpu_grads_test.py -k <case>.
+@pytest.mark.slow
 class InterpretTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
