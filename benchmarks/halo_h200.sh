@@ -78,6 +78,14 @@ unpack_tar() {  # <name>: joins $XFER/<name>.tar.part*, checks its sha256 and un
       && tar xf "$name.tar" && rm "$name.tar" "$name".tar.part*)
 }
 
+unpack_model() {  # the model tar, unless `prepare` or `generate` already unpacked it
+  if [[ -d "$XFER/bundle/whl" ]] && ! compgen -G "$XFER/model.tar.part*" > /dev/null; then
+    echo "model tar: already unpacked in $XFER/bundle"
+    return 0
+  fi
+  unpack_tar model
+}
+
 install_wheels() {  # once: a second install would replace modules under a running generation
   [[ -f "$SITE/.installed" ]] && return 0
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -121,7 +129,7 @@ case "$cmd" in
     ls -la "$XFER"
     ;;
   generate)
-    unpack_tar model
+    unpack_model
     install_wheels
     mkdir -p "$XFER/decon" "$WORK" "$(dirname "$GEN_DIR")"
     tar xJf "$XFER/bundle/decon.tar.xz" -C "$XFER/decon"
@@ -139,7 +147,7 @@ case "$cmd" in
     tail -n 5 "$WORK.gen.log"
     ;;
   prepare)
-    unpack_tar model
+    unpack_model
     install_wheels
     echo "wheels installed in $SITE: export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH}"
     ;;

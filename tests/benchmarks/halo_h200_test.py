@@ -145,6 +145,7 @@ class HaloH200ScriptTest(absltest.TestCase):
         for name in ("model.tar.part0", "model.tar.sha256"):
             self.sh("receive", f"{packed}/{name}")
         self.assertIn("wheels installed", self.sh("prepare"))
+        self.assertIn("already unpacked", self.sh("prepare"))  # a second call is harmless
         probe = subprocess.run([sys.executable, "-c",
                                 "import lattn_probe; print(lattn_probe.VALUE)"],
                                capture_output=True, text=True,
