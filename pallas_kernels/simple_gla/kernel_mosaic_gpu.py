@@ -129,6 +129,23 @@ def _zeros_acc(shape, interpret: bool):
     return zeros if interpret else plgpu.layout_cast(zeros, _WGMMA)
 
 
+def _ring_producer(issue, num_chunks: int, in_free) -> None:
+    """The memory warpgroup of a ``STAGES``-deep TMA ring over ``num_chunks`` steps:
+    ``issue(i, slot)`` starts step ``i``'s copies into ``slot``; a slot is refilled once the
+    consumer arrives on ``in_free[slot]``, and the last releases are observed before leaving."""
+    for i in range(min(STAGES, num_chunks)):
+        issue(i, i)
+
+    @pl.loop(STAGES, num_chunks)
+    def _refill(i):
+        slot = lax.rem(i, STAGES)
+        plgpu.barrier_wait(in_free.at[slot])  # step i - STAGES consumed the slot
+        issue(i, slot)
+
+    for i in range(max(num_chunks - STAGES, 0), num_chunks):  # observe the last releases
+        plgpu.barrier_wait(in_free.at[i % STAGES])
+
+
 def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
                        group: int, has_h0: bool, interpret: bool):
     """Kernel body; refs are GMEM. ``rest`` = ``[h0_ref,] h_ref, ht_ref`` then the scratch."""
@@ -156,17 +173,7 @@ def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunk
             plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
 
-        for n in range(min(STAGES, num_chunks)):
-            issue(n, n)
-
-        @pl.loop(STAGES, num_chunks)
-        def _refill(n):
-            slot = lax.rem(n, STAGES)
-            plgpu.barrier_wait(in_free.at[slot])  # chunk n - STAGES was consumed
-            issue(n, slot)
-
-        for n in range(max(num_chunks - STAGES, 0), num_chunks):  # observe the last releases
-            plgpu.barrier_wait(in_free.at[n % STAGES])
+        _ring_producer(issue, num_chunks, in_free)
 
     @pl.when(wg == 0)
     def _state():
@@ -388,6 +395,30 @@ def _load_cols(ref, interpret: bool):
     return _load(ref, _COLS)
 
 
+def _by_row(x, shape):
+    """``x`` ``[C]`` broadcast along the rows of ``shape`` (one value per row)."""
+    return lax.broadcast_in_dim(x, shape, [0])
+
+
+def _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret: bool):
+    """``(D, G_i)``: ``D`` ``[C, C]`` fp32, ``D_ij = exp(G_i - G_j)`` where ``j <= i`` in the
+    same document, else 0, from the chunk-local gate cumsum ``G`` and document ids, each given
+    as a row copy and a column copy in SMEM (the two views need different register layouts);
+    ``G_i`` ``[C]``, the gate cumsum in the row layout (the callers' state terms use it).
+    Masking the exponent keeps ``D <= 1`` (no overflow for ``j > i``, where
+    ``G_i - G_j >= 0``)."""
+    shape = (CHUNK, CHUNK)
+    g_i, g_j = _load_rows(g_row_s, interpret), _load_cols(g_col_s, interpret)
+    d_i, d_j = _load_rows(doc_row_s, interpret), _load_cols(doc_col_s, interpret)
+    i, j = _iota(shape, 0, interpret), _iota(shape, 1, interpret)
+
+    def by_col(x):
+        return lax.broadcast_in_dim(x, shape, [1])
+
+    mask = (j <= i) & (_by_row(d_i, shape) == by_col(d_j))
+    return jnp.exp(jnp.where(mask, _by_row(g_i, shape) - by_col(g_j), -jnp.inf)), g_i
+
+
 def _iota(shape, dim: int, interpret: bool):
     """int32 ``broadcasted_iota`` in the WGMMA layout (plain when interpreting)."""
     if interpret:
@@ -447,20 +478,7 @@ def _output_kernel(q_ref, k_ref, v_ref, h_ref, g_ref, doc_ref, conn_ref, o_ref, 
     # The barrier keeps the arithmetic below after the accumulator reads (jla's pitfall).
     a, qs = lax.optimization_barrier(
         pl.run_scoped(products, plgpu.ACC((CHUNK, CHUNK)), plgpu.ACC((CHUNK, dv))))
-    g_i, g_j = _load_rows(g_row_s, interpret), _load_cols(g_col_s, interpret)
-    d_i, d_j = _load_rows(doc_row_s, interpret), _load_cols(doc_col_s, interpret)
-    i, j = _iota((CHUNK, CHUNK), 0, interpret), _iota((CHUNK, CHUNK), 1, interpret)
-
-    def by_row(x, shape):
-        return lax.broadcast_in_dim(x, shape, [0])
-
-    def by_col(x):
-        return lax.broadcast_in_dim(x, (CHUNK, CHUNK), [1])
-
-    # Causal, same document. Masking the exponent keeps exp(G_i - G_j) <= 1 (no overflow for
-    # j > i, where G_i - G_j >= 0).
-    mask = (j <= i) & (by_row(d_i, a.shape) == by_col(d_j))
-    decay = jnp.exp(jnp.where(mask, by_row(g_i, a.shape) - by_col(g_j), -jnp.inf))
+    decay, g_i = _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret)
     p = (a * decay).astype(v_s.dtype)  # 16-bit, the left wgmma operand from registers
 
     def intra(acc):
@@ -470,7 +488,7 @@ def _output_kernel(q_ref, k_ref, v_ref, h_ref, g_ref, doc_ref, conn_ref, o_ref, 
     pv = lax.optimization_barrier(pl.run_scoped(intra, plgpu.ACC((CHUNK, dv))))
     # The incoming state reaches token i only if its document was open before the chunk.
     row_scale = jnp.exp(g_i) * _load_rows(conn_s, interpret)
-    o = scale * (qs * by_row(row_scale, qs.shape) + pv)
+    o = scale * (qs * _by_row(row_scale, qs.shape) + pv)
     o_s[...] = o.astype(o_s.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h])
@@ -641,17 +659,7 @@ def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, 
             plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
 
-        for i in range(min(STAGES, num_chunks)):
-            issue(i, i)
-
-        @pl.loop(STAGES, num_chunks)
-        def _refill(i):
-            slot = lax.rem(i, STAGES)
-            plgpu.barrier_wait(in_free.at[slot])  # step i - STAGES consumed the slot
-            issue(i, slot)
-
-        for i in range(max(num_chunks - STAGES, 0), num_chunks):  # observe the last releases
-            plgpu.barrier_wait(in_free.at[i % STAGES])
+        _ring_producer(issue, num_chunks, in_free)
 
     @pl.when(wg == 0)
     def _state():
@@ -860,19 +868,9 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, c
     # The barrier keeps the arithmetic below after the accumulator reads (jla's pitfall).
     a, dp = lax.optimization_barrier(
         pl.run_scoped(scores, plgpu.ACC((CHUNK, CHUNK)), plgpu.ACC((CHUNK, CHUNK))))
-    g_i, g_j = _load_rows(g_row_s, interpret), _load_cols(g_col_s, interpret)
-    d_i, d_j = _load_rows(doc_row_s, interpret), _load_cols(doc_col_s, interpret)
-    i, j = _iota((CHUNK, CHUNK), 0, interpret), _iota((CHUNK, CHUNK), 1, interpret)
-
-    def by_row(x, shape):
-        return lax.broadcast_in_dim(x, shape, [0])
-
-    def by_col(x):
-        return lax.broadcast_in_dim(x, (CHUNK, CHUNK), [1])
-
-    # Row t, column s: causal, same document, exp(G_t - G_s) <= 1 (masked in the exponent).
-    mask = (j <= i) & (by_row(d_i, a.shape) == by_col(d_j))
-    decay = scale * jnp.exp(jnp.where(mask, by_row(g_i, a.shape) - by_col(g_j), -jnp.inf))
+    # Row t, column s: causal, same document, scale exp(G_t - G_s).
+    decay, g_i = _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret)
+    decay = scale * decay
     ds_s[...] = (dp * decay).astype(ds_s.dtype)  # dA_ts = scale (do_t . v_s) exp(G_t - G_s)
     p_s[...] = (a * decay).astype(p_s.dtype)  # P_ts = scale (q_t . k_s) exp(G_t - G_s)
     plgpu.commit_smem()
@@ -896,7 +894,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, c
 
     intra, inter = lax.optimization_barrier(
         pl.run_scoped(dq_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
-    store(intra + scale * inter * by_row(in_scale, inter.shape), sk_s, dq_ref)
+    store(intra + scale * inter * _by_row(in_scale, inter.shape), sk_s, dq_ref)
 
     def dk_products(intra, state):
         plgpu.wgmma(intra, _transposed(ds_s, dst_s, interpret), q_s)  # dA^T q, [C, K]
@@ -905,7 +903,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, c
 
     intra, state = lax.optimization_barrier(
         pl.run_scoped(dk_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
-    store(intra + state * by_row(out_scale, state.shape), sk_s, dk_ref)
+    store(intra + state * _by_row(out_scale, state.shape), sk_s, dk_ref)
 
     def dv_products(intra, state):
         plgpu.wgmma(intra, _transposed(p_s, pt_s, interpret), do_s)  # P^T do, [C, V]
@@ -914,7 +912,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, c
 
     intra, state = lax.optimization_barrier(
         pl.run_scoped(dv_products, plgpu.ACC((CHUNK, dv)), plgpu.ACC((CHUNK, dv))))
-    store(intra + state * by_row(out_scale, state.shape), sv_s, dv_ref)
+    store(intra + state * _by_row(out_scale, state.shape), sv_s, dv_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
