@@ -63,25 +63,9 @@ class InterpretTest(parameterized.TestCase):
                                        **tolerances.fwd_tol(jnp.bfloat16))
 
 
-def _hopper_or_newer():
-    """Whether the default backend is a CUDA GPU of compute capability 9.0 or newer."""
-    if jax.default_backend() != "gpu":
-        return False
-    cc = getattr(jax.devices()[0], "compute_capability", None)
-    try:
-        return cc is not None and float(cc) >= 9.0
-    except ValueError:
-        return False
-
-
 @pytest.mark.gpu
-class GpuTest(parameterized.TestCase):
+class GpuTest(kmg_test.HopperTestCase):
     """The compiled Mosaic GPU kernels (wgmma, TMA) on bf16 inputs against the fp32 reference."""
-
-    def setUp(self):
-        super().setUp()
-        if not _hopper_or_newer():
-            self.skipTest("needs a Hopper-or-newer NVIDIA GPU (Mosaic GPU kernels)")
 
     @parameterized.named_parameters(
         # B, T, H, Hk, K, V, decay, h0, document lengths (the rest is one more document)

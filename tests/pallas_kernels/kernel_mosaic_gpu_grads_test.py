@@ -26,7 +26,6 @@ from absl.testing import absltest, parameterized
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
-from tests.pallas_kernels import kernel_mosaic_gpu_fwd_test as kmg_fwd_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 
@@ -95,13 +94,8 @@ class InterpretTest(parameterized.TestCase):
 
 
 @pytest.mark.gpu
-class GpuTest(parameterized.TestCase):
+class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernels (wgmma, TMA) on bf16 inputs against the fp32 reference."""
-
-    def setUp(self):
-        super().setUp()
-        if not kmg_fwd_test._hopper_or_newer():
-            self.skipTest("needs a Hopper-or-newer NVIDIA GPU (Mosaic GPU kernels)")
 
     @parameterized.named_parameters(
         # B, T, H, Hk, K, V, decay, h0, dht, document lengths (the rest is one more document)

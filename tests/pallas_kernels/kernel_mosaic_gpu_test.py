@@ -44,6 +44,27 @@ def inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, docs, seed=0):
     return q, k, v, g, state, seg
 
 
+def hopper_or_newer():
+    """Whether the default backend is a CUDA GPU of compute capability 9.0 or newer."""
+    if jax.default_backend() != "gpu":
+        return False
+    cc = getattr(jax.devices()[0], "compute_capability", None)
+    try:
+        return cc is not None and float(cc) >= 9.0
+    except ValueError:
+        return False
+
+
+class HopperTestCase(parameterized.TestCase):
+    """Base of the ``gpu``-marked tests of the compiled kernels: skipped without a
+    Hopper-or-newer NVIDIA GPU."""
+
+    def setUp(self):
+        super().setUp()
+        if not hopper_or_newer():
+            self.skipTest("needs a Hopper-or-newer NVIDIA GPU (Mosaic GPU kernels)")
+
+
 def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, packed, seed=0):
     """``k, v, g, h0, segment_ids`` of :func:`inputs`; ``packed``: documents of 70, 30 and the
     rest (a start inside chunk 1, another at its end)."""

@@ -39,16 +39,20 @@ def train_cfg(steps, **kw):
                                   **kw)
 
 
+def two_layer_teacher():
+    """``(config, params)`` of a random tiny teacher with two attention layers (the stages'
+    programs compile per layer): Stage 2/3's student is then one Lightning and one attention
+    layer, still a hybrid."""
+    cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(), layer_pattern=("attn",) * 2)
+    return cfg, stages.random_teacher(cfg, seed=0)
+
+
 class StagesTest(absltest.TestCase):
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        # Two attention layers (the stages' programs compile per layer): Stage 2/3's student is
-        # then one Lightning and one attention layer, still a hybrid.
-        cls.teacher_cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(),
-                                              layer_pattern=("attn",) * 2)
-        cls.teacher_params = stages.random_teacher(cls.teacher_cfg, seed=0)
+        cls.teacher_cfg, cls.teacher_params = two_layer_teacher()
         cls.stage1_cfg = stages.stage1_student_config(cls.teacher_cfg)
 
     def test_stage1_loss_falls_and_resumes(self):
@@ -111,9 +115,7 @@ class Stage3TeacherKLTest(absltest.TestCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.teacher_cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(),
-                                              layer_pattern=("attn",) * 2)
-        cls.teacher_params = stages.random_teacher(cls.teacher_cfg, seed=0)
+        cls.teacher_cfg, cls.teacher_params = two_layer_teacher()
         cls.student_cfg = hypenet.hypenet_config(cls.teacher_cfg, [1])
         stage1_cfg = stages.stage1_student_config(cls.teacher_cfg)
         s1 = stages.stage1_init(cls.teacher_cfg, cls.teacher_params, stage1_cfg, seed=1)
