@@ -58,12 +58,12 @@ _SHAPES = flags.DEFINE_list("shapes", ["S1", "S2", "P1"], "Shapes: S1, S2, P1 or
 _PASSES = flags.DEFINE_list("passes", ["fwd", "fwdbwd"], "Passes: fwd, fwdbwd.")
 _PEERS = flags.DEFINE_list("peers", ["ours", "chunked", "jla", "fla"],
                            "Implementations: ours (auto dispatch), chunked, jla, fla, and "
-                           "mosaic (our Mosaic GPU forward of issue 29, not dispatched yet: "
-                           "lightning forward only, Hopper or newer).")
+                           "mosaic (our Mosaic GPU kernels of issue 29, not dispatched yet: "
+                           "lightning only, Hopper or newer).")
 
 # What the Mosaic GPU kernels (pallas_kernels/simple_gla/kernel_mosaic_gpu.py) cover so far.
 _MOSAIC_OPS = ("lightning",)
-_MOSAIC_PASSES = ("fwd",)
+_MOSAIC_PASSES = ("fwd", "fwdbwd")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -176,8 +176,8 @@ def _jax_fn(op, peer, segment_ids):
             if op not in _MOSAIC_OPS:  # run_jax skips these; a direct caller gets told
                 raise ValueError(f"peer mosaic covers {', '.join(_MOSAIC_OPS)}, not {op}")
             g = jnp.broadcast_to(gates["g_gamma"], q.shape[:3])
-            return kmg.simple_gla_fwd_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
-                                             segment_ids=segment_ids)[0]
+            return kmg.simple_gla_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
+                                         segment_ids=segment_ids)[0]
         return fn
     impl = None if peer == "ours" else "chunked"
     kw = dict(segment_ids=segment_ids, implementation=impl)
@@ -391,7 +391,7 @@ def run_jax(records):
                 continue
             if peer in ("ours", "mosaic"):
                 try:
-                    gate_ok, errs = correctness_gate(op, peer, fwd_only=peer == "mosaic")
+                    gate_ok, errs = correctness_gate(op, peer)
                 except Exception as e:  # noqa: BLE001 - recorded, never silent
                     gate_ok, errs = False, {"error": repr(e)[:300]}
                 print(f"gate {op} {peer}: {'green' if gate_ok else 'RED'} {errs}", flush=True)

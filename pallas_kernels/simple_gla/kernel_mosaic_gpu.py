@@ -151,8 +151,8 @@ def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunk
     """Kernel body; refs are GMEM. ``rest`` = ``[h0_ref,] h_ref, ht_ref`` then the scratch."""
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
-    (h_ref, ht_ref, k_s, v_s, g_s, last_s, conn_s, vd_s, state_s, in_bar, in_free, io_bar,
-     done, *kt_s) = rest
+    (h_ref, ht_ref, k_s, v_s, g_s, last_s, conn_s, vd_s, state_s, hst_s, in_bar, in_free,
+     io_bar, done, *kt_s) = rest
     kt_s = kt_s[0] if interpret else None
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
@@ -187,11 +187,12 @@ def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunk
 
         def step(n, s):
             slot = lax.rem(n, STAGES)
-            # The state entering chunk n goes to HBM (fp32) while the chunk's inputs land.
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # state_s of chunk n - 1 was read
-            state_s[...] = s
+            # The state entering chunk n goes to HBM (in h's dtype) while the chunk's inputs
+            # land.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # hst_s of chunk n - 1 was read
+            hst_s[...] = s.astype(hst_s.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(state_s, h_ref.at[b, h, n, :, cols])
+            plgpu.copy_smem_to_gmem(hst_s, h_ref.at[b, h, n, :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
             g = _load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
             g_last = g_s[slot, CHUNK - 1]
@@ -266,6 +267,19 @@ def _doc_vectors(segment_ids, batch, num_chunks):
     return doc.astype(jnp.float32), conn, last
 
 
+def _check_states_dtype(states_dtype, input_dtype):
+    """``states_dtype`` as a ``jnp.dtype``: fp32 or ``input_dtype``.
+
+    Raises:
+        ValueError: naming ``states_dtype`` when it is neither.
+    """
+    states_dtype = jnp.dtype(states_dtype)
+    if states_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(input_dtype)):
+        raise ValueError(f"states_dtype must be float32 or the input dtype {input_dtype}, got "
+                         f"{states_dtype}")
+    return states_dtype
+
+
 def unsupported_reason(k: jax.Array, v: jax.Array, names=("k", "v")) -> Optional[str]:
     """Why :func:`chunk_states_mosaic` cannot take these inputs, or ``None`` when it can.
 
@@ -306,7 +320,7 @@ def _check_kv_gates(k, v, g, segment_ids, names=("k", "v")) -> None:
                          f"{segment_ids.shape=}")
 
 
-@functools.partial(jax.jit, static_argnames=("interpret",))
+@functools.partial(jax.jit, static_argnames=("states_dtype", "interpret"))
 def chunk_states_mosaic(
     k: jax.Array,
     v: jax.Array,
@@ -314,6 +328,7 @@ def chunk_states_mosaic(
     *,
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
+    states_dtype=jnp.float32,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """States entering every chunk of 64 tokens, and the final state, by a Mosaic GPU kernel.
@@ -326,12 +341,17 @@ def chunk_states_mosaic(
         initial_state: ``[B, H, K, V]`` state before the first token (read as fp32), or
             ``None`` for zeros; it applies to the first document of each row only.
         segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
+        states_dtype: dtype of the stored ``h`` (static): fp32 (default), or the input dtype
+            when ``h`` only feeds ``wgmma`` operands (:func:`chunk_output_mosaic`,
+            :func:`chunk_grads_mosaic`), which halves the bytes written and saves a conversion
+            pass. The carried state is fp32 in registers either way.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
-        ``(h, final_state)``, fp32: ``h`` ``[B, H, N, K, V]`` with ``N = ceil(T / 64)``, the
-        state entering chunk ``n`` (the state after token ``64 n - 1``, ``initial_state`` for
-        ``n = 0``), and ``final_state`` ``[B, H, K, V]``, the state after token ``T - 1``.
+        ``(h, final_state)``: ``h`` ``[B, H, N, K, V]`` in ``states_dtype`` with
+        ``N = ceil(T / 64)``, the state entering chunk ``n`` (the state after token
+        ``64 n - 1``, ``initial_state`` for ``n = 0``), and ``final_state`` ``[B, H, K, V]``
+        fp32, the state after token ``T - 1``.
         The states equal :func:`pallas_kernels.simple_gla.reference.simple_gla_reference`'s
         up to the 16-bit rounding of ``exp(G_L - G) v`` before the fp32-accumulated product.
 
@@ -342,6 +362,7 @@ def chunk_states_mosaic(
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
     _check_kv_gates(k, v, g, segment_ids)
+    states_dtype = _check_states_dtype(states_dtype, k.dtype)
     if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
         raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
                          f"{initial_state.shape=}")
@@ -358,14 +379,15 @@ def chunk_states_mosaic(
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     call = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), jnp.float32),
+        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
                   jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
         scratch_types=[
             _swizzled_smem((STAGES, CHUNK, dk), k.dtype),  # k_s
             _swizzled_smem((STAGES, CHUNK, BLOCK_V), v.dtype),  # v_s
             vec, vec, vec,  # g_s, last_s, conn_s
             _swizzled_smem((CHUNK, BLOCK_V), v.dtype),  # vd_s: exp(G_L - G) v, the wgmma operand
-            _swizzled_smem((dk, BLOCK_V), jnp.float32),  # state_s: staging of h, h0, final state
+            _swizzled_smem((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
+            _swizzled_smem((dk, BLOCK_V), states_dtype),  # hst_s: staging of h
             plgpu.Barrier(num_arrivals=5, num_barriers=STAGES),  # in_bar: a stage's 5 copies landed
             plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
             plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
@@ -618,8 +640,10 @@ def simple_gla_fwd_mosaic(
     """
     if scale is None:
         scale = k.shape[-1] ** -0.5
+    # h only feeds chunk_output_mosaic's wgmma: stored in the input dtype (no fp32 round trip).
     h, final_state = chunk_states_mosaic(k, v, g, initial_state=initial_state,
-                                         segment_ids=segment_ids, interpret=interpret)
+                                         segment_ids=segment_ids, states_dtype=v.dtype,
+                                         interpret=interpret)
     o = chunk_output_mosaic(q, k, v, g, h, scale=scale, segment_ids=segment_ids,
                             interpret=interpret)
     return o, final_state
@@ -630,7 +654,7 @@ def simple_gla_fwd_mosaic(
 
 
 def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, group: int,
-                        scale: float, has_dht: bool, interpret: bool):
+                        scale: float, has_dht: bool, leaving: bool, interpret: bool):
     """Kernel body of :func:`chunk_dstates_mosaic`; refs are GMEM.
 
     ``rest`` = ``[dht_ref,] dh_ref, dh0_ref`` then the scratch. The mirror of
@@ -638,8 +662,8 @@ def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, 
     """
     rest = list(rest)
     dht_ref = rest.pop(0) if has_dht else None
-    (dh_ref, dh0_ref, q_s, do_s, g_s, conn_s, dod_s, state_s, in_bar, in_free, io_bar, done,
-     *qt_s) = rest
+    (dh_ref, dh0_ref, q_s, do_s, g_s, conn_s, dod_s, state_s, dhst_s, in_bar, in_free, io_bar,
+     done, *qt_s) = rest
     qt_s = qt_s[0] if interpret else None
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     hk = lax.div(h, group)  # GVA: value head h reads query head h // group
@@ -671,9 +695,18 @@ def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, 
         else:
             d0 = _zeros_acc((dk, BLOCK_V), interpret)
 
+        def store(d, n):
+            # dh[n] goes to HBM (in dh's dtype); the store of step i - 1 must have read dhst_s.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            dhst_s[...] = d.astype(dhst_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(dhst_s, dh_ref.at[b, h, n, :, cols])
+
         def step(i, d):
             n = num_chunks - 1 - i
             slot = lax.rem(i, STAGES)
+            if leaving:  # the gradient of the state leaving chunk n: dS_{n+1}, before the update
+                store(d, n)
             plgpu.barrier_wait(in_bar.at[slot])
             g = _load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
             g_last = g_s[slot, CHUNK - 1]
@@ -694,12 +727,8 @@ def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, 
             qdo = lax.optimization_barrier(pl.run_scoped(product, plgpu.ACC((dk, BLOCK_V))))
             plgpu.barrier_arrive(in_free.at[slot])
             d = d * d_decay + scale * qdo
-            # dS entering chunk n goes to HBM (fp32); the store of step i - 1 must have read
-            # state_s first.
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            state_s[...] = d
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(state_s, dh_ref.at[b, h, n, :, cols])
+            if not leaving:  # the gradient of the state entering chunk n: dS_n
+                store(d, n)
             return d
 
         d = lax.fori_loop(0, num_chunks, step, d0)
@@ -714,7 +743,7 @@ def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, 
     plgpu.barrier_wait(done)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "leaving", "interpret"))
 def chunk_dstates_mosaic(
     q: jax.Array,
     do: jax.Array,
@@ -723,6 +752,8 @@ def chunk_dstates_mosaic(
     scale: float,
     final_state_grad: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
+    states_dtype=jnp.float32,
+    leaving: bool = False,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """Gradients w.r.t. the state entering every chunk, by a reverse Mosaic GPU state pass.
@@ -755,7 +786,8 @@ def chunk_dstates_mosaic(
     warpgroup keeps ``dS`` (``[K, 64]`` fp32) in registers; per chunk it scales ``do`` by
     ``conn exp(G)`` into a swizzled 16-bit SMEM tile, runs one ``wgmma`` ``q^T (decayed do)``
     (``q^T`` a transposed SMEM operand; a copy when interpreting), adds
-    ``keep exp(G_L) dS`` and stores the result (``dS_n``) to HBM through an fp32 SMEM tile.
+    ``keep exp(G_L) dS`` and stores ``dS_n`` (or, with ``leaving``, ``dS_{n+1}`` before the
+    update) to HBM through an SMEM tile of ``states_dtype``.
 
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
@@ -766,14 +798,21 @@ def chunk_dstates_mosaic(
         final_state_grad: ``[B, H, K, V]`` gradient w.r.t. the final state (read as fp32), or
             ``None`` for zeros.
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        states_dtype: dtype of the stored ``dh`` (static): fp32 (default) or the input dtype
+            (when ``dh`` only feeds ``wgmma`` operands, as in :func:`simple_gla_bwd_mosaic`).
+        leaving: static; ``False`` (default) stores the gradient w.r.t. the state *entering*
+            chunk ``n`` at ``dh[:, :, n]``; ``True`` stores the gradient w.r.t. the state
+            *leaving* it (``dS_{n+1}``, ``final_state_grad`` or zeros for the last chunk), the
+            ``dS'`` operand of :func:`chunk_grads_mosaic`, with no shift pass in XLA.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
-        ``(dh, dh0)``, fp32: ``dh`` ``[B, H, N, K, V]`` with ``N = ceil(T / 64)``, the gradient
-        w.r.t. the state entering chunk ``n`` (``h[:, :, n]`` of :func:`chunk_states_mosaic`),
-        and ``dh0`` ``[B, H, K, V]``, the gradient w.r.t. ``initial_state`` (equal to
-        ``dh[:, :, 0]``). Exact up to the 16-bit rounding of ``conn exp(G) do`` before the
-        fp32-accumulated product.
+        ``(dh, dh0)``: ``dh`` ``[B, H, N, K, V]`` in ``states_dtype`` with ``N = ceil(T / 64)``,
+        the gradient w.r.t. the state entering chunk ``n`` (``h[:, :, n]`` of
+        :func:`chunk_states_mosaic`), or leaving it with ``leaving``; ``dh0`` ``[B, H, K, V]``
+        fp32, the gradient w.r.t. ``initial_state`` (``dS_0``). Exact up to the 16-bit
+        rounding of ``conn exp(G) do`` before the fp32-accumulated product (and of the stored
+        ``dh`` with a 16-bit ``states_dtype``).
 
     Raises:
         ValueError: on mismatched shapes, unsupported head dims or dtypes (see
@@ -783,6 +822,7 @@ def chunk_dstates_mosaic(
     batch, seq_len, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
     _check_kv_gates(q, do, g, segment_ids, names=("q", "do"))
+    states_dtype = _check_states_dtype(states_dtype, q.dtype)
     if final_state_grad is not None and final_state_grad.shape != (batch, heads, dk, dv):
         raise ValueError(f"final_state_grad must be [B, H, K, V] = {(batch, heads, dk, dv)}, "
                          f"got {final_state_grad.shape=}")
@@ -796,18 +836,19 @@ def chunk_dstates_mosaic(
     has_dht = final_state_grad is not None
     kernel = functools.partial(_dstate_pass_kernel, num_chunks=num_chunks,
                                group=heads // kv_heads, scale=float(scale), has_dht=has_dht,
-                               interpret=interpret)
+                               leaving=leaving, interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     call = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), jnp.float32),
+        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
                   jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
         scratch_types=[
             _swizzled_smem((STAGES, CHUNK, dk), q.dtype),  # q_s
             _swizzled_smem((STAGES, CHUNK, BLOCK_V), do.dtype),  # do_s
             vec, vec,  # g_s, conn_s
             _swizzled_smem((CHUNK, BLOCK_V), do.dtype),  # dod_s: conn exp(G) do, wgmma operand
-            _swizzled_smem((dk, BLOCK_V), jnp.float32),  # state_s: staging of dht, dh, dh0
+            _swizzled_smem((dk, BLOCK_V), jnp.float32),  # state_s: staging of dht, dh0
+            _swizzled_smem((dk, BLOCK_V), states_dtype),  # dhst_s: staging of dh
             plgpu.Barrier(num_arrivals=4, num_barriers=STAGES),  # in_bar: a stage's 4 copies
             plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
             plgpu.Barrier(num_arrivals=1),  # io_bar: dht landed
@@ -923,11 +964,10 @@ def chunk_grads_mosaic(
     v: jax.Array,
     g: Optional[jax.Array],
     h: jax.Array,
-    dh: jax.Array,
+    dh_next: jax.Array,
     do: jax.Array,
     *,
     scale: float,
-    final_state_grad: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
@@ -945,8 +985,8 @@ def chunk_grads_mosaic(
         S'  = keep exp(G_L) S + sum_s last_s exp(G_L - G_s) k_s v_s^T
 
     ``q, k`` enter only there, so with ``do_t = dL/do_t`` and ``dS' = dL/dS'`` (the gradient of
-    the state entering chunk ``c + 1``, i.e. ``dh[:, :, c + 1]`` of
-    :func:`chunk_dstates_mosaic`, or ``final_state_grad`` for the last chunk), and the masked
+    the state leaving chunk ``c``: ``dh_next[:, :, c]`` from :func:`chunk_dstates_mosaic` with
+    ``leaving=True``, the final state's gradient for the last chunk), and the masked
     matrices (row ``t``, column ``s``, causal and same document)
     ``dA_ts = scale (do_t . v_s) exp(G_t - G_s)`` and ``P_ts = scale (q_t . k_s) exp(G_t - G_s)``::
 
@@ -974,14 +1014,13 @@ def chunk_grads_mosaic(
         v: values ``[B, T, H, V]``, same dtype. ``K, V`` in {64, 128}.
         g: log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (no decay).
         h: ``[B, H, N, K, V]`` states entering each chunk (``N = ceil(T / 64)``), from
-            :func:`chunk_states_mosaic`; rounded to the input dtype (a ``wgmma`` operand).
-        dh: ``[B, H, N, K, V]`` gradients w.r.t. those states, from
-            :func:`chunk_dstates_mosaic`; shifted by one chunk here (``dS'``) and rounded to the
-            input dtype.
+            :func:`chunk_states_mosaic`; rounded to the input dtype (a ``wgmma`` operand) unless
+            already in it.
+        dh_next: ``[B, H, N, K, V]`` gradients w.r.t. the states leaving each chunk (``dS'``),
+            from :func:`chunk_dstates_mosaic` with ``leaving=True``; rounded to the input dtype
+            unless already in it.
         do: output gradient ``[B, T, H, V]``, same dtype as ``v``.
         scale: read-out scale of the forward (static).
-        final_state_grad: ``[B, H, K, V]`` gradient w.r.t. the final state (``dS'`` of the last
-            chunk), or ``None`` for zeros.
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
@@ -994,8 +1033,8 @@ def chunk_grads_mosaic(
 
     Raises:
         ValueError: on mismatched shapes, unsupported head dims or dtypes (see
-            :func:`unsupported_reason`), ``H`` not a multiple of ``Hk``, or ``h``, ``dh``,
-            ``do``, ``final_state_grad`` of the wrong shape.
+            :func:`unsupported_reason`), ``H`` not a multiple of ``Hk``, or ``h``, ``dh_next``,
+            ``do`` of the wrong shape.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -1005,22 +1044,16 @@ def chunk_grads_mosaic(
     if do.shape != v.shape or do.dtype != v.dtype:
         raise ValueError(f"do and v must match: {do.shape=} {v.shape=} {do.dtype=} {v.dtype=}")
     _check_kv_gates(k, v, g, segment_ids)
-    for name, x in (("h", h), ("dh", dh)):
+    for name, x in (("h", h), ("dh_next", dh_next)):
         if x.shape != (batch, heads, num_chunks, dk, dv):
             raise ValueError(f"{name} must be [B, H, N, K, V] = "
                              f"{(batch, heads, num_chunks, dk, dv)}, got {name}.shape={x.shape}")
-    if final_state_grad is not None and final_state_grad.shape != (batch, heads, dk, dv):
-        raise ValueError(f"final_state_grad must be [B, H, K, V] = {(batch, heads, dk, dv)}, "
-                         f"got {final_state_grad.shape=}")
 
     padded = num_chunks * CHUNK
     # Padding tokens have q = k = v = do = 0 and g = 0: they contribute nothing.
     q, k, v, do = (_pad_time(x, num_chunks) for x in (q, k, v, do))
     gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
     doc, conn, last = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
-    dht = (jnp.zeros((batch, heads, 1, dk, dv), jnp.float32) if final_state_grad is None
-           else final_state_grad.astype(jnp.float32)[:, :, None])
-    dh_next = jnp.concatenate([dh[:, :, 1:], dht], axis=2)  # dS' of every chunk
     vec = plgpu.SMEM((CHUNK,), jnp.float32)
     shim = [plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s
             plgpu.SMEM((dv, CHUNK), v.dtype),  # vt_s
@@ -1057,7 +1090,7 @@ def chunk_grads_mosaic(
     )
     with jax.named_scope("simple_gla_chunk_grads_mosaic"):
         dq, dk_, dv_ = call(q, k, v, do, h.astype(v.dtype), dh_next.astype(v.dtype), gc, doc,
-                            conn, last)
+                            conn, last)  # astype is free when h, dh_next are 16-bit already
     return dq[:, :seq_len], dk_[:, :seq_len], dv_[:, :seq_len]
 
 
@@ -1126,12 +1159,16 @@ def simple_gla_bwd_mosaic(
     batch, seq_len, kv_heads, dk = k.shape
     heads = v.shape[2]
     group = heads // max(kv_heads, 1)
+    # h and dS' only feed wgmma operands (and the dg boundary term below): stored in the input
+    # dtype, dS' already shifted by the reverse pass (leaving=True), so no conversion or shift
+    # pass runs in XLA. The forward's chunk_states_mosaic call is identical, so XLA keeps one.
     h, final_state = chunk_states_mosaic(k, v, g, initial_state=initial_state,
-                                         segment_ids=segment_ids, interpret=interpret)
-    dh, dh0 = chunk_dstates_mosaic(q, do, g, scale=scale, final_state_grad=final_state_grad,
-                                   segment_ids=segment_ids, interpret=interpret)
-    dq, dk_, dv_ = chunk_grads_mosaic(q, k, v, g, h, dh, do, scale=scale,
-                                      final_state_grad=final_state_grad,
+                                         segment_ids=segment_ids, states_dtype=v.dtype,
+                                         interpret=interpret)
+    dh_next, dh0 = chunk_dstates_mosaic(q, do, g, scale=scale, final_state_grad=final_state_grad,
+                                        segment_ids=segment_ids, states_dtype=v.dtype,
+                                        leaving=True, interpret=interpret)
+    dq, dk_, dv_ = chunk_grads_mosaic(q, k, v, g, h, dh_next, do, scale=scale,
                                       segment_ids=segment_ids, interpret=interpret)
     dg = None
     if g is not None:
@@ -1140,12 +1177,13 @@ def simple_gla_bwd_mosaic(
         qf, kf = (jnp.repeat(x.astype(f32), group, axis=2) for x in (q, k))
         dgt = jnp.sum(qf * dq - kf * dk_, axis=-1)  # [B, T, H]
         dgt = _pad_time(dgt, num_chunks).reshape(batch, num_chunks, CHUNK, heads)
-        dht = (jnp.zeros_like(final_state) if final_state_grad is None
-               else final_state_grad.astype(f32))
-        h_next = jnp.concatenate([h[:, :, 1:], final_state[:, :, None]], axis=2)
-        dh_next = jnp.concatenate([dh[:, :, 1:], dht[:, :, None]], axis=2)
-        boundary = jnp.einsum("bhnkv,bhnkv->bnh", h_next, dh_next,
-                              precision=lax.Precision.HIGHEST)  # <S', dS'> per chunk
+        # <S', dS'> per chunk: S' = h[c + 1] (16-bit, as stored) for c < N - 1, the fp32 final
+        # state for the last chunk; products and sums in fp32.
+        inner = jnp.sum(h[:, :, 1:].astype(f32) * dh_next[:, :, :-1].astype(f32), axis=(3, 4))
+        last_dht = (jnp.zeros_like(final_state) if final_state_grad is None
+                    else final_state_grad.astype(f32))
+        last_term = jnp.sum(final_state * last_dht, axis=(2, 3))  # [B, H]
+        boundary = jnp.moveaxis(jnp.concatenate([inner, last_term[:, :, None]], axis=2), 1, 2)
         dgt = dgt.at[:, :, CHUNK - 1].add(boundary)
         dg = jnp.flip(jnp.cumsum(jnp.flip(dgt, 2), axis=2), 2)  # reverse cumsum in the chunk
         dg = dg.reshape(batch, num_chunks * CHUNK, heads)[:, :seq_len]
@@ -1153,3 +1191,67 @@ def simple_gla_bwd_mosaic(
     dk_ = dk_.reshape(batch, seq_len, kv_heads, group, dk).sum(3)
     return (dq.astype(q.dtype), dk_.astype(k.dtype), dv_.astype(v.dtype), dg,
             dh0 if initial_state is not None else None)
+
+
+def simple_gla_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array] = None,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array]:
+    """Differentiable scalar-decay linear attention on the Mosaic GPU kernels.
+
+    ``o_t = scale q_t^T S_t``, ``S_t = exp(g_t) S_{t-1} + k_t v_t^T`` (reset at document
+    starts), as :func:`simple_gla_fwd_mosaic`, with a ``jax.custom_vjp`` whose backward is
+    :func:`simple_gla_bwd_mosaic` (states recomputed, not saved: the residuals are the inputs).
+
+    Args:
+        q, k: ``[B, T, Hk, K]`` bf16 or fp16; v: ``[B, T, H, V]`` same dtype; ``K, V`` in
+            {64, 128}.
+        g: log-decay ``[B, T, H]`` (``<= 0``, fp32 preferred) or ``None``.
+        scale: static read-out scale; ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` or ``None``.
+        segment_ids: optional int ``[B, T]``; not differentiated.
+        interpret: Mosaic GPU interpret mode (CPU, tests).
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in the input dtype, ``final_state``
+        ``[B, H, K, V]`` fp32. Gradients flow to ``q, k, v, g, initial_state``, each in its
+        own dtype.
+
+    Raises:
+        ValueError: as the kernels (shapes, dtypes, head dims).
+    """
+    if scale is None:
+        scale = k.shape[-1] ** -0.5
+    return _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, float(scale), interpret)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
+def _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret):
+    return simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,
+                                 segment_ids=segment_ids, interpret=interpret)
+
+
+def _simple_gla_mosaic_fwd(q, k, v, g, initial_state, segment_ids, scale, interpret):
+    out = _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret)
+    return out, (q, k, v, g, initial_state, segment_ids)
+
+
+def _simple_gla_mosaic_bwd(scale, interpret, residuals, cotangents):
+    q, k, v, g, initial_state, segment_ids = residuals
+    do, dht = cotangents
+    dq, dk, dv, dg, dh0 = simple_gla_bwd_mosaic(
+        q, k, v, g, do.astype(v.dtype), scale=scale, initial_state=initial_state,
+        final_state_grad=dht, segment_ids=segment_ids, interpret=interpret)
+    dg = None if g is None else dg.astype(g.dtype)
+    dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
+    return dq, dk, dv, dg, dh0, None
+
+
+_simple_gla_mosaic.defvjp(_simple_gla_mosaic_fwd, _simple_gla_mosaic_bwd)

@@ -91,28 +91,42 @@ def _reference_dstates(q, do, g, dht, seg, scale):
 class InterpretTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
-        # B, T, H, Hk, K, V, decay, dht, document lengths (the rest is one more document)
-        ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, None),
+        # B, T, H, Hk, K, V, decay, dht, document lengths (the rest is one more document),
+        # leaving (store the gradient of the state leaving each chunk), dtype of the stored dh
+        ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, None, False, jnp.float32),
         # starts at 64 (a chunk boundary), 65 (just after it), 100 (inside chunk 1) and 129
-        ("gva_dht_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, (64, 1, 35, 29)),
-        ("strong_decay_dht_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None),
+        ("gva_dht_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, (64, 1, 35, 29),
+         False, jnp.float32),
+        ("strong_decay_dht_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None, False,
+         jnp.float32),
         # starts at 10 and 70: only the first 10 (64..69) tokens of chunk 0 (1) see its state
-        ("packed_decay_dht_T192_K64_V64", 1, 192, 1, 1, 64, 64, 0.2, True, (10, 60)),
+        ("packed_decay_dht_T192_K64_V64", 1, 192, 1, 1, 64, 64, 0.2, True, (10, 60), False,
+         jnp.float32),
+        # what simple_gla_bwd_mosaic uses: dS' per chunk (shifted by one, dht last), in bf16
+        ("leaving_bf16_gva_dht_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+         (64, 1, 35, 29), True, jnp.bfloat16),
+        ("leaving_packed_decay_T192_K64_V64", 1, 192, 1, 1, 64, 64, 0.2, False, (10, 60), True,
+         jnp.float32),
     )
     def test_dstates_match_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, dht,
-                                     docs):
+                                     docs, leaving, states_dtype):
         q, do, g, final_grad, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                             decay=decay, dht=dht, docs=docs)
         scale = dk ** -0.5
         dh, dh0 = kmg.chunk_dstates_mosaic(q, do, g, scale=scale, final_state_grad=final_grad,
-                                           segment_ids=seg, interpret=True)
+                                           segment_ids=seg, states_dtype=states_dtype,
+                                           leaving=leaving, interpret=True)
         want_dh, want_dh0 = _reference_dstates(q, do, g, final_grad, seg, scale)
+        if leaving:  # chunk n holds dS_{n+1}; the last holds dht (zeros without one)
+            last = (jnp.zeros_like(want_dh0) if final_grad is None else final_grad)[:, :, None]
+            want_dh = jnp.concatenate([want_dh[:, :, 1:], last], axis=2)
         self.assertEqual((dh.shape, dh0.shape), (want_dh.shape, want_dh0.shape))
-        self.assertEqual((dh.dtype, dh0.dtype), (jnp.float32, jnp.float32))
+        self.assertEqual((dh.dtype, dh0.dtype), (jnp.dtype(states_dtype), jnp.float32))
         for name, got, want in (("dh", dh, want_dh), ("dh0", dh0, want_dh0)):
             err = tolerances.rel_err(got, want)
             self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
-            np.testing.assert_allclose(got, want, **tolerances.fwd_tol(jnp.bfloat16))
+            np.testing.assert_allclose(got.astype(jnp.float32), want,
+                                       **tolerances.fwd_tol(jnp.bfloat16))
 
 
 @pytest.mark.gpu
@@ -141,14 +155,16 @@ class GpuTest(kmg_test.HopperTestCase):
 
 class LoweringTest(parameterized.TestCase):
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128))
-    def test_dstates_lower_for_cuda(self, dk, dv):
+    @parameterized.product(dk=(64, 128), dv=(64, 128), leaving=(False, True))
+    def test_dstates_lower_for_cuda(self, dk, dv, leaving):
         q, do, g, final_grad, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, dht=True,
                                             docs=(70, 30))
+        states_dtype = jnp.bfloat16 if leaving else jnp.float32  # the two combinations in use
 
         def fn(q, do, g, final_grad, seg):
             return kmg.chunk_dstates_mosaic(q, do, g, scale=dk ** -0.5,
-                                            final_state_grad=final_grad, segment_ids=seg)
+                                            final_state_grad=final_grad, segment_ids=seg,
+                                            states_dtype=states_dtype, leaving=leaving)
 
         lowered = jax.jit(fn).trace(q, do, g, final_grad, seg).lower(
             lowering_platforms=("cuda",))

@@ -98,33 +98,38 @@ def _reference_chunk_states(k, v, g, state, seg):
 class InterpretTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
-        # B, T, H, Hk, K, V, decay, h0, packed
-        ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, False),
-        ("gva_h0_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, True),
-        ("strong_decay_h0_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, False),
+        # B, T, H, Hk, K, V, decay, h0, packed, dtype of the stored states h
+        ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, False, jnp.float32),
+        ("gva_h0_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, True, jnp.float32),
+        ("strong_decay_h0_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, False, jnp.float32),
+        # h stored in bf16 (what the forward and backward use): one more rounding of h
+        ("bf16_states_gva_h0_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, True,
+         jnp.bfloat16),
     )
     def test_chunk_states_match_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay,
-                                          h0, packed):
+                                          h0, packed, states_dtype):
         k, v, g, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
                                       h0=h0, packed=packed)
         h, final = kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg,
-                                           interpret=True)
+                                           states_dtype=states_dtype, interpret=True)
         want_h, want_final = _reference_chunk_states(k, v, g, state, seg)
         self.assertEqual(h.shape, want_h.shape)
-        self.assertEqual((h.dtype, final.dtype), (jnp.float32, jnp.float32))
+        self.assertEqual((h.dtype, final.dtype), (jnp.dtype(states_dtype), jnp.float32))
         for got, want in ((h, want_h), (final, want_final)):
             self.assertLess(tolerances.rel_err(got, want), 5e-3)
-            np.testing.assert_allclose(got, want, **tolerances.fwd_tol(jnp.bfloat16))
+            np.testing.assert_allclose(got.astype(jnp.float32), want,
+                                       **tolerances.fwd_tol(jnp.bfloat16))
 
 
 class LoweringTest(parameterized.TestCase):
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128))
-    def test_lowers_for_cuda(self, dk, dv):
+    @parameterized.product(dk=(64, 128), dv=(64, 128), states_dtype=(jnp.float32, jnp.bfloat16))
+    def test_lowers_for_cuda(self, dk, dv, states_dtype):
         k, v, g, state, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True, packed=True)
 
         def fn(k, v, g, state, seg):
-            return kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg)
+            return kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg,
+                                           states_dtype=states_dtype)
 
         lowered = jax.jit(fn).trace(k, v, g, state, seg).lower(lowering_platforms=("cuda",))
         self.assertIn("mosaic_gpu", lowered.as_text())
@@ -140,6 +145,8 @@ class ValidationTest(absltest.TestCase):
             kmg.chunk_states_mosaic(k[..., :32], v, g)
         with self.assertRaisesRegex(ValueError, "g must be"):
             kmg.chunk_states_mosaic(k, v, g[:, :32])
+        with self.assertRaisesRegex(ValueError, "states_dtype must be float32 or the input"):
+            kmg.chunk_states_mosaic(k, v, g, states_dtype=jnp.float16)
 
 
 if __name__ == "__main__":
