@@ -873,9 +873,9 @@ def chunk_dstates_mosaic(
 
 
 def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, conn_ref,
-                  last_ref, dq_ref, dk_ref, dv_ref, q_s, k_s, v_s, do_s, h_s, dhn_s, g_row_s,
-                  g_col_s, doc_row_s, doc_col_s, conn_s, last_s, ds_s, p_s, sk_s, sv_s, in_bar,
-                  *shim, group: int, scale: float, interpret: bool):
+                  last_ref, dq_ref, dk_ref, dv_ref, dgt_ref, bnd_ref, q_s, k_s, v_s, do_s, h_s,
+                  dhn_s, g_row_s, g_col_s, doc_row_s, doc_col_s, conn_s, last_s, ds_s, p_s, sk_s,
+                  sv_s, dgt_s, bnd_s, in_bar, *shim, group: int, scale: float, interpret: bool):
     """Kernel body of :func:`chunk_grads_mosaic`: one chunk of one ``(b, h)`` per CTA.
 
     ``shim`` (interpret only): SMEM scratch for the transposed operands ``k^T, v^T, S_c^T,
@@ -935,7 +935,11 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, c
 
     intra, inter = lax.optimization_barrier(
         pl.run_scoped(dq_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
-    store(intra + scale * inter * _by_row(in_scale, inter.shape), sk_s, dq_ref)
+    dq = intra + scale * inter * _by_row(in_scale, inter.shape)
+    # dL/dG_t = q_t . dq_t - k_t . dk_t + [t = L] <S', dS'> (see simple_gla_bwd_mosaic), fp32
+    # row sums of the fp32 gradients before they are rounded for the store.
+    dgt = jnp.sum(_load_tile(q_s, interpret).astype(jnp.float32) * dq, axis=1)
+    store(dq.astype(sk_s.dtype), sk_s, dq_ref)
 
     def dk_products(intra, state):
         plgpu.wgmma(intra, _transposed(ds_s, dst_s, interpret), q_s)  # dA^T q, [C, K]
@@ -944,7 +948,26 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, c
 
     intra, state = lax.optimization_barrier(
         pl.run_scoped(dk_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
-    store(intra + state * _by_row(out_scale, state.shape), sk_s, dk_ref)
+    dk_state = state * _by_row(out_scale, state.shape)  # last_s exp(G_L - G_s) dS' v_s
+    dk_total = intra + dk_state
+    k_f = _load_tile(k_s, interpret).astype(jnp.float32)
+    dgt = dgt - jnp.sum(k_f * dk_total, axis=1)
+    # <S', dS'> with S' = keep exp(G_L) S_c + sum_s last_s exp(G_L - G_s) k_s v_s^T: the second
+    # part is sum_s k_s . dk_state_s; the first, keep exp(G_L) <S_c, dS'>, is summed as the row
+    # sums of 64-row slices of S_c * dS'. Per-row partials; XLA adds the chunk's 64 of them.
+    bnd = jnp.sum(k_f * dk_state, axis=1)
+    carry = jnp.exp(g_last) * conn_s[CHUNK - 1]  # keep exp(G_L)
+    for r in range(0, dk, CHUNK):
+        rows_r = pl.ds(r, CHUNK)
+        s_c = _load_tile(h_s.at[rows_r], interpret).astype(jnp.float32)
+        ds_next = _load_tile(dhn_s.at[rows_r], interpret).astype(jnp.float32)
+        bnd = bnd + carry * jnp.sum(s_c * ds_next, axis=1)
+    store(dk_total.astype(sk_s.dtype), sk_s, dk_ref)
+    dgt_s[...] = dgt
+    bnd_s[...] = bnd
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dgt_s, dgt_ref.at[b, h, rows])
+    plgpu.copy_smem_to_gmem(bnd_s, bnd_ref.at[b, h, rows])
 
     def dv_products(intra, state):
         plgpu.wgmma(intra, _transposed(p_s, pt_s, interpret), do_s)  # P^T do, [C, V]
@@ -953,7 +976,7 @@ def _grads_kernel(q_ref, k_ref, v_ref, do_ref, h_ref, dhn_ref, g_ref, doc_ref, c
 
     intra, state = lax.optimization_barrier(
         pl.run_scoped(dv_products, plgpu.ACC((CHUNK, dv)), plgpu.ACC((CHUNK, dv))))
-    store(intra + state * _by_row(out_scale, state.shape), sv_s, dv_ref)
+    store((intra + state * _by_row(out_scale, state.shape)).astype(sv_s.dtype), sv_s, dv_ref)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -1005,7 +1028,16 @@ def chunk_grads_mosaic(
     as one group; the causal, same-document decay is applied in the exponent and ``dA``, ``P``
     go to swizzled 16-bit SMEM tiles; then three groups of two products each give ``dq``, ``dk``
     and ``dv`` (``dA^T``, ``P^T``, ``k^T``, ``v^T``, ``S^T`` and ``dS'^T`` are transposed SMEM
-    operands, copies when interpreting). Each gradient leaves through an fp32 SMEM tile.
+    operands, copies when interpreting). Each gradient leaves through an SMEM tile of its output
+    dtype. The gate gradient's per-token terms are formed in fp32 before any rounding (as FLA's
+    ``chunk_bwd_dqkwg`` does): ``dgt_t = q_t . dq_t - k_t . dk_t`` and the boundary term
+    ``<S', dS'>``, which the kernel never sees as such (it holds ``S_c``, not ``S'``), from
+    ``S' = keep exp(G_L) S_c + sum_s last_s exp(G_L - G_s) k_s v_s^T``::
+
+        <S', dS'> = keep exp(G_L) <S_c, dS'> + sum_s k_s . (last_s exp(G_L - G_s) dS' v_s)
+
+    the second sum's terms being the state part of ``dk_s``. Its per-row partials leave as
+    ``bnd`` and are summed per chunk here.
 
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
@@ -1025,11 +1057,14 @@ def chunk_grads_mosaic(
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
-        ``(dq, dk, dv)``, fp32, **per value head**: ``dq, dk`` ``[B, T, H, K]`` (with GVA the
-        gradients of the key heads are the sums over each group of ``H // Hk`` value heads,
-        done in XLA by :func:`simple_gla_bwd_mosaic`; fp32 so that ``dg`` can be formed from
-        them), ``dv`` ``[B, T, H, V]``. Exact up to the 16-bit rounding of the ``wgmma``
-        operands (``S_c``, ``dS'``, ``dA``, ``P``) with fp32 accumulation.
+        ``(dq, dk, dv, dgt, boundary)``. ``dq, dk`` ``[B, T, H, K]`` **per value head**: in the
+        input dtype without GVA (``H == Hk``), fp32 with it (the key heads' gradients are the
+        sums over each group of ``H // Hk`` value heads, done in XLA by
+        :func:`simple_gla_bwd_mosaic`). ``dv`` ``[B, T, H, V]`` in the input dtype. ``dgt``
+        ``[B, H, N * 64]`` fp32, ``q_t . dq_t - k_t . dk_t`` per value head (0 on padding), and
+        ``boundary`` ``[B, H, N]`` fp32, ``<S', dS'>`` per chunk: with them
+        ``dL/dG_t = dgt_t + [t = L] boundary``. Exact up to the 16-bit rounding of the
+        ``wgmma`` operands (``S_c``, ``dS'``, ``dA``, ``P``) with fp32 accumulation.
 
     Raises:
         ValueError: on mismatched shapes, unsupported head dims or dtypes (see
@@ -1055,6 +1090,8 @@ def chunk_grads_mosaic(
     gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
     doc, conn, last = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
     vec = plgpu.SMEM((CHUNK,), jnp.float32)
+    # dq, dk leave in the input dtype unless GVA sums them over a group (fp32 then, in XLA).
+    dqk_dtype = k.dtype if heads == kv_heads else jnp.float32
     shim = [plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s
             plgpu.SMEM((dv, CHUNK), v.dtype),  # vt_s
             plgpu.SMEM((dv, dk), v.dtype),  # ht_s
@@ -1065,9 +1102,11 @@ def chunk_grads_mosaic(
     call = plgpu.kernel(
         functools.partial(_grads_kernel, group=heads // kv_heads, scale=float(scale),
                           interpret=interpret),
-        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),
-                  jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),
-                  jax.ShapeDtypeStruct((batch, padded, heads, dv), f32)),
+        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), dqk_dtype),
+                  jax.ShapeDtypeStruct((batch, padded, heads, dk), dqk_dtype),
+                  jax.ShapeDtypeStruct((batch, padded, heads, dv), v.dtype),
+                  jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dgt
+                  jax.ShapeDtypeStruct((batch, heads, padded), f32)),  # bnd
         scratch_types=[
             _swizzled_smem((CHUNK, dk), q.dtype),  # q_s
             _swizzled_smem((CHUNK, dk), k.dtype),  # k_s
@@ -1078,8 +1117,9 @@ def chunk_grads_mosaic(
             vec, vec, vec, vec, vec, vec,  # g_row_s, g_col_s, doc_row_s, doc_col_s, conn_s, last_s
             _swizzled_smem((CHUNK, CHUNK), v.dtype),  # ds_s: masked dA
             _swizzled_smem((CHUNK, CHUNK), v.dtype),  # p_s: masked P
-            _swizzled_smem((CHUNK, dk), f32),  # sk_s: staging of dq, then dk
-            _swizzled_smem((CHUNK, dv), f32),  # sv_s: staging of dv
+            _swizzled_smem((CHUNK, dk), dqk_dtype),  # sk_s: staging of dq, then dk
+            _swizzled_smem((CHUNK, dv), v.dtype),  # sv_s: staging of dv
+            vec, vec,  # dgt_s, bnd_s: staging of the per-row dg terms
             plgpu.Barrier(num_arrivals=12),  # in_bar: the 12 input copies landed
         ] + (shim if interpret else []),
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
@@ -1089,9 +1129,10 @@ def chunk_grads_mosaic(
         kernel_name="simple_gla_chunk_grads",
     )
     with jax.named_scope("simple_gla_chunk_grads_mosaic"):
-        dq, dk_, dv_ = call(q, k, v, do, h.astype(v.dtype), dh_next.astype(v.dtype), gc, doc,
-                            conn, last)  # astype is free when h, dh_next are 16-bit already
-    return dq[:, :seq_len], dk_[:, :seq_len], dv_[:, :seq_len]
+        dq, dk_, dv_, dgt, bnd = call(q, k, v, do, h.astype(v.dtype), dh_next.astype(v.dtype),
+                                      gc, doc, conn, last)  # astype: free when 16-bit already
+    boundary = jnp.sum(bnd.reshape(batch, heads, num_chunks, CHUNK), axis=-1)
+    return dq[:, :seq_len], dk_[:, :seq_len], dv_[:, :seq_len], dgt, boundary
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "interpret"))
@@ -1111,9 +1152,11 @@ def simple_gla_bwd_mosaic(
     """Backward of scalar-decay linear attention from three Mosaic GPU kernels and XLA.
 
     :func:`chunk_states_mosaic` recomputes the states ``h`` entering every chunk (and the
-    final state), :func:`chunk_dstates_mosaic` gives their gradients ``dh`` and ``dh0``, and
-    :func:`chunk_grads_mosaic` the per-value-head ``dq, dk, dv``. XLA then sums ``dq, dk`` over
-    each GVA group (fp32) and forms ``dg`` exactly, in fp32, from the kernels' outputs.
+    final state; stored in the input dtype), :func:`chunk_dstates_mosaic` gives the gradients
+    ``dS'`` of the states leaving every chunk (input dtype) and ``dh0``, and
+    :func:`chunk_grads_mosaic` the per-value-head ``dq, dk, dv`` and the fp32 per-token terms of
+    ``dg``. XLA then sums ``dq, dk`` over each GVA group (fp32) and reverse-cumsums ``dg``
+    within each chunk (fp32).
 
     ``dg`` derivation: ``g`` enters the chunk form (see :func:`chunk_grads_mosaic`) only through
     ``G_t = g_{c,0} + ... + g_{c,t}``, in the factors ``exp(G_t - G_s)`` (intra-chunk scores
@@ -1126,9 +1169,10 @@ def simple_gla_bwd_mosaic(
         dL/dG_t = q_t . dq_t - k_t . dk_t + [t = L] <S', dS'>
         dg_t    = sum_{u >= t in the chunk} dL/dG_u                        (fp32, reverse cumsum)
 
-    where ``dq, dk`` are :func:`chunk_grads_mosaic`'s (per value head, before the group sum),
-    ``S'`` the state leaving the chunk (``h[:, :, c + 1]``, the final state for the last one)
-    and ``dS'`` its gradient. The ``[t = L]`` term collects ``keep exp(G_L) <S, dS'>`` and
+    where ``dq, dk`` are :func:`chunk_grads_mosaic`'s (per value head, before the group sum and
+    before rounding: the kernel forms these terms in fp32), ``S'`` the state leaving the chunk
+    (``h[:, :, c + 1]``, the final state for the last one) and ``dS'`` its gradient. The
+    ``[t = L]`` term collects ``keep exp(G_L) <S, dS'>`` and
     ``sum_s k_s . (last_s exp(G_L - G_s) dS' v_s)``, which sum to ``<S', dS'>`` because
     ``S' = keep exp(G_L) S + sum_s last_s exp(G_L - G_s) k_s v_s^T``. Document resets need no
     extra term: the masks already remove every factor that spans a document start, so ``g`` at
@@ -1168,27 +1212,20 @@ def simple_gla_bwd_mosaic(
     dh_next, dh0 = chunk_dstates_mosaic(q, do, g, scale=scale, final_state_grad=final_state_grad,
                                         segment_ids=segment_ids, states_dtype=v.dtype,
                                         leaving=True, interpret=interpret)
-    dq, dk_, dv_ = chunk_grads_mosaic(q, k, v, g, h, dh_next, do, scale=scale,
-                                      segment_ids=segment_ids, interpret=interpret)
+    dq, dk_, dv_, dgt, boundary = chunk_grads_mosaic(q, k, v, g, h, dh_next, do, scale=scale,
+                                                     segment_ids=segment_ids,
+                                                     interpret=interpret)
     dg = None
     if g is not None:
         num_chunks = h.shape[2]
-        f32 = jnp.float32
-        qf, kf = (jnp.repeat(x.astype(f32), group, axis=2) for x in (q, k))
-        dgt = jnp.sum(qf * dq - kf * dk_, axis=-1)  # [B, T, H]
-        dgt = _pad_time(dgt, num_chunks).reshape(batch, num_chunks, CHUNK, heads)
-        # <S', dS'> per chunk: S' = h[c + 1] (16-bit, as stored) for c < N - 1, the fp32 final
-        # state for the last chunk; products and sums in fp32.
-        inner = jnp.sum(h[:, :, 1:].astype(f32) * dh_next[:, :, :-1].astype(f32), axis=(3, 4))
-        last_dht = (jnp.zeros_like(final_state) if final_state_grad is None
-                    else final_state_grad.astype(f32))
-        last_term = jnp.sum(final_state * last_dht, axis=(2, 3))  # [B, H]
-        boundary = jnp.moveaxis(jnp.concatenate([inner, last_term[:, :, None]], axis=2), 1, 2)
-        dgt = dgt.at[:, :, CHUNK - 1].add(boundary)
-        dg = jnp.flip(jnp.cumsum(jnp.flip(dgt, 2), axis=2), 2)  # reverse cumsum in the chunk
-        dg = dg.reshape(batch, num_chunks * CHUNK, heads)[:, :seq_len]
-    dq = dq.reshape(batch, seq_len, kv_heads, group, dk).sum(3)  # GVA: sum over the group
-    dk_ = dk_.reshape(batch, seq_len, kv_heads, group, dk).sum(3)
+        dgt = dgt.reshape(batch, heads, num_chunks, CHUNK)
+        # dg_t = sum_{u >= t in the chunk} dL/dG_u; the boundary term sits at u = L, so every
+        # token of the chunk gets it.
+        dg = jnp.flip(jnp.cumsum(jnp.flip(dgt, 3), axis=3), 3) + boundary[..., None]
+        dg = jnp.moveaxis(dg.reshape(batch, heads, num_chunks * CHUNK), 1, 2)[:, :seq_len]
+    if group > 1:  # GVA: fp32 per-value-head gradients summed over each group
+        dq = dq.reshape(batch, seq_len, kv_heads, group, dk).sum(3)
+        dk_ = dk_.reshape(batch, seq_len, kv_heads, group, dk).sum(3)
     return (dq.astype(q.dtype), dk_.astype(k.dtype), dv_.astype(v.dtype), dg,
             dh0 if initial_state is not None else None)
 

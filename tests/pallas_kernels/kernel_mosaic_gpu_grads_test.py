@@ -94,6 +94,10 @@ class InterpretTest(parameterized.TestCase):
         ("gva_h0_dht_packed_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.1, True, True,
          (64, 1, 35, 29)),
         ("strong_decay_dht_T65_K128_V64", 1, 65, 1, 1, 128, 64, 5.0, True, True, None),
+        # the only case whose dg needs keep exp(G_L) <S_c, dS'> (a nonzero state entering a
+        # chunk whose leaving state matters, with mild decay and no reset), over both 64-row
+        # halves of a K = 128 state
+        ("mild_decay_h0_dht_T192_K128_V64", 1, 192, 1, 1, 128, 64, 0.02, True, True, None),
     )
     def test_grads_match_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
                                    dht, docs):
