@@ -566,7 +566,9 @@ def markdown(records, versions, command):
              "Times in ms per call; ratios > 1 mean ours is faster. R = roofline floor of "
              "BENCHMARKS.md §3; %R = R / t_ours (kernel time). `ours` is each op's `auto` dispatch "
              "(on a GPU: the Pallas GPU kernels for all five, KDA and GDN2 since "
-             "common.channelwise_gpu.AUTO_SELECT was switched on on 2026-11-29; on a TPU: the "
+             "common.channelwise_gpu.AUTO_SELECT was switched on on 2026-11-29, and for "
+             "lightning the Mosaic GPU kernels on compute capability 9.0+ since "
+             "common.mosaic_gpu.AUTO_SELECT of 2026-12-02; on a TPU: the "
              "Pallas TPU kernels for all five). The floors R are H200 floors; on a TPU recompute "
              "them from the chip's peak FLOP/s and HBM bandwidth (BUILD.md).", ""]
     gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "ours"}

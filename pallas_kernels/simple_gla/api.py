@@ -20,7 +20,12 @@ is unscaled and can be carried between calls unchanged.
 
 Implementations (``implementation=``):
 
-* ``"pallas"`` (default for ``None``/``"auto"`` on a GPU where supported): the Pallas GPU kernels
+* ``"mosaic_gpu"`` (default for ``None``/``"auto"`` on a Hopper-or-newer GPU where supported:
+  16-bit ``q, k, v`` of one dtype, K and V 64 or 128, chunk size 64, ``T >= 64``): the Pallas
+  Mosaic GPU kernels (``kernel_mosaic_gpu.py``, wgmma and TMA), differentiable through their own
+  backward kernels; ``"mosaic_gpu_interpret"`` runs them in Mosaic GPU interpret mode (tests).
+  The decision is :func:`pallas_kernels.common.mosaic_gpu.choose_implementation`'s, logged;
+* ``"pallas"`` (default for ``None``/``"auto"`` on other GPUs where supported): the Pallas GPU kernels
   of the scalar-decay family (``gated_delta_rule/kernel_gpu.py``) with the delta rule off;
   ``"pallas_interpret"`` runs them in Pallas interpret mode on any backend;
 * ``"pallas_tpu"`` (default for ``None``/``"auto"`` on a TPU where supported): the Pallas TPU
@@ -58,9 +63,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import common
-from pallas_kernels.common import pallas_gpu, pallas_tpu
+from pallas_kernels.common import mosaic_gpu, pallas_gpu, pallas_tpu
 from pallas_kernels.gated_delta_rule import kernel_gpu, kernel_tpu
 from pallas_kernels.simple_gla import chunked
+from pallas_kernels.simple_gla import kernel_mosaic_gpu
 from pallas_kernels.simple_gla import reference
 
 # Concrete forms of this op, best first: None/"auto" resolve to the first entry.
@@ -161,9 +167,13 @@ def simple_gla(
             (exactly, also inside a chunk).
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
             clipped to ``T`` when ``T`` is shorter (one unpadded chunk).
-        implementation: ``None``/``"auto"``, ``"pallas"``, ``"pallas_interpret"``,
-            ``"pallas_tpu"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``;
-            ``"auto"`` picks the kernels on a GPU when K and V are 64 or 128, the chunk size is
+        implementation: ``None``/``"auto"``, ``"mosaic_gpu"``, ``"mosaic_gpu_interpret"``,
+            ``"pallas"``, ``"pallas_interpret"``, ``"pallas_tpu"``, ``"chunked"``,
+            ``"reference"`` or ``"associative_scan"``; ``"auto"`` picks the Mosaic GPU kernels
+            on a GPU of compute capability 9.0 or newer when ``q, k, v`` share a 16-bit dtype,
+            K and V are 64 or 128, the chunk size is 64 and ``T >= 64`` (see
+            :func:`pallas_kernels.common.mosaic_gpu.choose_implementation`), else the Triton
+            kernels on a GPU when K and V are 64 or 128, the chunk size is
             64 and ``T >= 64``, and the TPU kernels on a TPU when K and V are 64 or 128, the
             chunk size 64 or 128 and ``T`` fills a chunk (see
             :func:`pallas_kernels.common.pallas_gpu.choose_implementation` and
@@ -178,17 +188,25 @@ def simple_gla(
         ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
             non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
             of two, an unknown ``implementation``, or an explicit ``"pallas"`` that cannot run
-            the call (no GPU, head dims other than 64/128, another chunk size), with the reason.
+            the call (no GPU, head dims other than 64/128, another chunk size), or an explicit
+            ``"mosaic_gpu"`` that cannot (no Hopper GPU, inputs not one 16-bit dtype), with
+            the reason.
     """
     _validate(q, k, v, g, initial_state, segment_ids, chunk_size)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
     impl = pallas_tpu.choose_implementation(
         "simple_gla", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv), chunk_size,
-        seq_len, fallback=pallas_gpu.choose_implementation,
+        seq_len, fallback=mosaic_gpu.choose_implementation,
     )
     if scale is None:
         scale = dk ** -0.5
+    if impl in mosaic_gpu.MOSAIC_IMPLEMENTATIONS:
+        o, final_state = kernel_mosaic_gpu.simple_gla_mosaic(
+            q, k, v, None if g is None else g.astype(jnp.float32), scale=float(scale),
+            initial_state=None if initial_state is None else initial_state.astype(jnp.float32),
+            segment_ids=segment_ids, interpret=impl == "mosaic_gpu_interpret")
+        return o, (final_state if output_final_state else None)
     if impl == "pallas_tpu":
         o, final_state = _forward_tpu(q, k, v, g, initial_state, segment_ids,
                                       scale=float(scale), chunk_size=chunk_size)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
 
+from pallas_kernels.common import mosaic_gpu
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
@@ -46,13 +47,8 @@ def inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, docs, seed=0):
 
 def hopper_or_newer():
     """Whether the default backend is a CUDA GPU of compute capability 9.0 or newer."""
-    if jax.default_backend() != "gpu":
-        return False
-    cc = getattr(jax.devices()[0], "compute_capability", None)
-    try:
-        return cc is not None and float(cc) >= 9.0
-    except ValueError:
-        return False
+    cc = mosaic_gpu.compute_capability()
+    return cc is not None and cc >= mosaic_gpu.MIN_COMPUTE_CAPABILITY
 
 
 class HopperTestCase(parameterized.TestCase):

@@ -1,0 +1,139 @@
+"""Dispatch to the Pallas Mosaic GPU kernels (Hopper and newer), issue 29.
+
+The ops whose kernels exist in Mosaic GPU (``plgpu``) form, so far the scalar-decay family
+(:mod:`pallas_kernels.simple_gla.kernel_mosaic_gpu`: simple GLA, Lightning Attention, plain
+linear attention), resolve ``implementation=`` here first. This is the one place that decides
+between Mosaic GPU, the Pallas Triton kernels (:func:`pallas_kernels.common.pallas_gpu.
+choose_implementation`, which A100-class GPUs keep using) and the chunked form. Each decision
+is logged once per op and reason.
+
+``None``/``"auto"`` picks ``"mosaic_gpu"`` when :data:`AUTO_SELECT` is on, the default backend
+is a CUDA GPU of compute capability 9.0 or newer, ``q, k, v`` share a 16-bit dtype (wgmma has
+no IEEE fp32), ``K`` and ``V`` are 64 or 128, the chunk size is 64 and ``T`` fills a chunk.
+Otherwise it logs the reason and hands over to the Triton dispatch. An explicit
+``"mosaic_gpu"`` that cannot run raises a ``ValueError`` with the reason.
+``"mosaic_gpu_interpret"`` runs the same kernels in jax's Mosaic GPU interpret mode on any
+backend. It is slow and meant for tests; ``pallas_kernels/common/MOSAIC_GPU.md`` lists its
+caveats.
+
+Measured (H200, Lightning, bf16, kernel time; ``benchmarks/results/
+mosaic-gpu-h200-2026-12-02b.md``): forward+backward 1.51x faster than the Triton kernels at
+S1 and 1.70x at S2/P1. The forward alone is 1.44x faster at S2/P1 but 0.76x at S1.
+"""
+
+import logging
+from typing import Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.common import pallas_gpu, validation
+
+MOSAIC_IMPLEMENTATIONS = ("mosaic_gpu", "mosaic_gpu_interpret")
+# "auto" tries the Mosaic GPU kernels first on Hopper-or-newer GPUs; off: straight to Triton.
+AUTO_SELECT = True
+MIN_COMPUTE_CAPABILITY = (9, 0)
+SUPPORTED_HEAD_DIMS = (64, 128)
+KERNEL_CHUNK_SIZE = 64
+_logged = set()
+
+
+def compute_capability() -> Optional[tuple]:
+    """``(major, minor)`` of the first default-backend device when it is a CUDA GPU, else
+    ``None`` (CPU, TPU, ROCm, or a device that does not report one)."""
+    if jax.default_backend() != "gpu":
+        return None
+    cc = getattr(jax.devices()[0], "compute_capability", None)
+    if not cc:
+        return None
+    try:
+        major, minor = (int(x) for x in str(cc).split(".")[:2])
+    except ValueError:
+        return None
+    return major, minor
+
+
+def unsupported_reason(arrays: Sequence[jax.Array], head_dims: Sequence[int], chunk_size: int,
+                       interpret: bool) -> Optional[str]:
+    """Why the Mosaic GPU kernels cannot run this call, or ``None`` when they can.
+
+    Args:
+      arrays: ``q, k, v``: they must share one 16-bit dtype (the ``wgmma`` operands).
+      head_dims: ``(K, V)``, each 64 or 128.
+      chunk_size: the requested chunk size (the kernels use 64).
+      interpret: whether the kernels run in Mosaic GPU interpret mode (any backend).
+    """
+    if not interpret:
+        cc = compute_capability()
+        if cc is None:
+            return (f"the Mosaic GPU kernels need a CUDA GPU, the default backend is "
+                    f"{jax.default_backend()!r}")
+        if cc < MIN_COMPUTE_CAPABILITY:
+            return (f"the Mosaic GPU kernels need compute capability "
+                    f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer "
+                    f"(Hopper), this GPU has {cc[0]}.{cc[1]}")
+    for d in head_dims:
+        if d not in SUPPORTED_HEAD_DIMS:
+            return f"head dim {d} is not one of the Mosaic GPU head dims {SUPPORTED_HEAD_DIMS}"
+    if chunk_size != KERNEL_CHUNK_SIZE:
+        return f"chunk_size={chunk_size}; the Mosaic GPU kernels use {KERNEL_CHUNK_SIZE}"
+    dtypes = {jnp.dtype(a.dtype) for a in arrays}
+    half = {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)}
+    if len(dtypes) != 1 or not dtypes <= half:
+        return (f"q, k, v dtypes {sorted(map(str, dtypes))} are not one 16-bit dtype (the "
+                f"Mosaic GPU kernels' wgmma operands)")
+    return None
+
+
+def _log_once(op: str, message: str) -> None:
+    key = (op, message)
+    if key not in _logged:
+        _logged.add(key)
+        logging.info("%s: %s", op, message)
+
+
+def choose_implementation(
+    op: str,
+    implementation: Optional[str],
+    concrete: Sequence[str],
+    arrays: Sequence[jax.Array],
+    head_dims: Sequence[int],
+    chunk_size: int,
+    seq_len: int,
+) -> str:
+    """Resolves ``implementation=`` for an op that has Mosaic GPU kernels.
+
+    Args and return as :func:`pallas_kernels.common.pallas_gpu.choose_implementation`, to
+    which every case other than ``"mosaic_gpu"``, ``"mosaic_gpu_interpret"`` and a Mosaic
+    GPU choice by ``"auto"`` is handed.
+
+    Raises:
+      ValueError: for an unknown name, or a kernel implementation that cannot run this call,
+        with the reason.
+    """
+    if implementation in MOSAIC_IMPLEMENTATIONS:
+        reason = unsupported_reason(arrays, head_dims, chunk_size,
+                                    interpret=implementation == "mosaic_gpu_interpret")
+        if reason is not None:
+            raise ValueError(f"{op}: implementation={implementation!r} cannot run this call: "
+                             f"{reason}. Use implementation='auto'.")
+        return implementation
+    if implementation is None or implementation == "auto":
+        if not AUTO_SELECT:
+            reason = "mosaic_gpu.AUTO_SELECT is off"
+        else:
+            reason = unsupported_reason(arrays, head_dims, chunk_size, interpret=False)
+            if reason is None and seq_len < KERNEL_CHUNK_SIZE:
+                reason = f"T={seq_len} is shorter than one kernel chunk ({KERNEL_CHUNK_SIZE})"
+        if reason is None:
+            cc = compute_capability()
+            _log_once(op, f"using the Mosaic GPU kernels (compute capability {cc[0]}.{cc[1]})")
+            return "mosaic_gpu"
+        if jax.default_backend() == "gpu":
+            _log_once(op, f"not using the Mosaic GPU kernels: {reason}")
+    elif implementation not in tuple(concrete) + pallas_gpu.PALLAS_IMPLEMENTATIONS:
+        validation.resolve_implementation(
+            implementation,
+            tuple(concrete) + pallas_gpu.PALLAS_IMPLEMENTATIONS + MOSAIC_IMPLEMENTATIONS)
+    return pallas_gpu.choose_implementation(op, implementation, concrete, arrays, head_dims,
+                                            chunk_size, seq_len)

@@ -1,0 +1,155 @@
+"""``implementation=`` dispatch to the Mosaic GPU kernels (``pallas_kernels/common/mosaic_gpu.py``).
+
+``DispatchTest`` checks the decision itself on the CPU host: the GPU's compute capability is
+patched, so every branch ("auto" on Hopper, on Ampere, with fp32 inputs, with the switch off,
+for a short sequence; explicit names that cannot run; unknown names) is exercised without a
+GPU. ``ApiTest`` runs ``simple_gla`` / ``lightning_attention`` with
+``implementation="mosaic_gpu_interpret"`` (the same kernels in Mosaic GPU interpret mode)
+against the fp32 token-serial reference on bf16 inputs, so the wiring (GVA, scale, decay,
+``initial_state``, ``segment_ids``, ``output_final_state``) is checked end to end; the
+gradient case is marked ``slow`` (the interpreter can hang when several two-warpgroup
+kernels share a process, see ``pallas_kernels/common/MOSAIC_GPU.md``).
+"""
+
+from unittest import mock
+
+import jax
+import jax.numpy as jnp
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels import simple_gla as sg
+from pallas_kernels.common import mosaic_gpu
+from pallas_kernels.simple_gla import reference
+from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+
+def _qkv(dtype=jnp.bfloat16, seq_len=128, dk=64, dv=64):
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (1, seq_len, 2, dk)).astype(dtype)
+    k = jax.random.normal(keys[1], (1, seq_len, 2, dk)).astype(dtype)
+    v = jax.random.normal(keys[2], (1, seq_len, 4, dv)).astype(dtype)
+    return q, k, v
+
+
+def _choose(implementation, arrays, head_dims=(64, 64), chunk_size=64, seq_len=128):
+    return mosaic_gpu.choose_implementation("simple_gla", implementation, ("chunked",),
+                                            arrays, head_dims, chunk_size, seq_len)
+
+
+class DispatchTest(parameterized.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        mosaic_gpu._logged.clear()
+
+    def _on(self, cc):
+        return mock.patch.object(mosaic_gpu, "compute_capability", return_value=cc)
+
+    def test_auto_picks_mosaic_on_hopper_and_logs_it(self):
+        with self._on((9, 0)), self.assertLogs(level="INFO") as logs:
+            self.assertEqual(_choose(None, _qkv()), "mosaic_gpu")
+            self.assertEqual(_choose("auto", _qkv(jnp.float16)), "mosaic_gpu")
+        self.assertIn("using the Mosaic GPU kernels (compute capability 9.0)",
+                      "\n".join(logs.output))
+
+    @parameterized.named_parameters(
+        ("ampere", (8, 0), {}, "compute capability 9.0 or newer"),
+        ("fp32_inputs", (9, 0), dict(dtype=jnp.float32), "not one 16-bit dtype"),
+        ("head_dim_32", (9, 0), dict(dk=32), "head dim 32"),
+        ("short_sequence", (9, 0), dict(seq_len=40), "shorter than one kernel chunk"),
+    )
+    def test_auto_hands_over_to_the_triton_dispatch(self, cc, kw, reason):
+        q, k, v = _qkv(**kw)
+        with self._on(cc), mock.patch.object(jax, "default_backend", return_value="gpu"), \
+                self.assertLogs(level="INFO") as logs:
+            got = _choose(None, (q, k, v), head_dims=(q.shape[-1], v.shape[-1]),
+                          seq_len=q.shape[1])
+        self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
+        self.assertIn(reason, "\n".join(logs.output))
+
+    def test_switch_off_hands_over(self):
+        with self._on((9, 0)), mock.patch.object(mosaic_gpu, "AUTO_SELECT", False):
+            self.assertEqual(_choose(None, _qkv()), "chunked")  # CPU: Triton falls back too
+
+    def test_cpu_auto_is_unchanged(self):
+        self.assertEqual(_choose(None, _qkv()), "chunked")
+
+    def test_explicit_mosaic_that_cannot_run_raises_with_the_reason(self):
+        with self.assertRaisesRegex(ValueError, "mosaic_gpu.*cannot run this call.*CUDA GPU"):
+            _choose("mosaic_gpu", _qkv())
+        with self._on((8, 6)), self.assertRaisesRegex(ValueError, "this GPU has 8.6"):
+            _choose("mosaic_gpu", _qkv())
+        with self.assertRaisesRegex(ValueError, "not one 16-bit dtype"):
+            _choose("mosaic_gpu_interpret", _qkv(jnp.float32))
+        with self.assertRaisesRegex(ValueError, "chunk_size=128"):
+            _choose("mosaic_gpu_interpret", _qkv(), chunk_size=128)
+        self.assertEqual(_choose("mosaic_gpu_interpret", _qkv()), "mosaic_gpu_interpret")
+
+    def test_unknown_name_lists_the_mosaic_names(self):
+        with self.assertRaisesRegex(ValueError, "mosaic_gpu_interpret"):
+            _choose("mosaic", _qkv())
+        self.assertEqual(_choose("pallas_interpret", _qkv()), "pallas_interpret")
+
+    def test_public_op_rejects_explicit_mosaic_on_cpu(self):
+        q, k, v = _qkv()
+        with self.assertRaisesRegex(ValueError, "simple_gla: implementation='mosaic_gpu'"):
+            sg.simple_gla(q, k, v, None, implementation="mosaic_gpu")
+
+
+class ApiTest(parameterized.TestCase):
+
+    def _reference(self, q, k, v, g, state, seg, scale):
+        heads = v.shape[2]
+        qr, kr = (jnp.repeat(x.astype(jnp.float32), heads // q.shape[2], axis=2) for x in (q, k))
+        return reference.simple_gla_reference(qr, kr, v.astype(jnp.float32), g, scale=scale,
+                                              initial_state=state, segment_ids=seg)
+
+    def test_simple_gla_forward_matches_reference(self):
+        q, k, v, g, state, seg = kmg_test.inputs(1, 150, 2, 1, 64, 128, decay=0.1, h0=True,
+                                                 docs=(64, 1, 35))
+        o, final = sg.simple_gla(q, k, v, g, initial_state=state, segment_ids=seg,
+                                 output_final_state=True, implementation="mosaic_gpu_interpret")
+        want_o, want_final = self._reference(q, k, v, g, state, seg, 64 ** -0.5)
+        self.assertEqual((o.dtype, final.dtype), (jnp.bfloat16, jnp.float32))
+        self.assertLess(tolerances.rel_err(o, want_o), 5e-3)
+        self.assertLess(tolerances.rel_err(final, want_final), 5e-3)
+
+    def test_lightning_forward_matches_reference(self):
+        q, k, v, _, _, _ = kmg_test.inputs(2, 100, 2, 2, 64, 64, decay=None, h0=False,
+                                           docs=None, seed=1)
+        log_decay = sg.lightning_log_decay(2)
+        o, final = sg.lightning_attention(q, k, v, log_decay, scale=0.3,
+                                          implementation="mosaic_gpu_interpret")
+        self.assertIsNone(final)
+        g = jnp.broadcast_to(log_decay, v.shape[:3])
+        want_o, _ = self._reference(q, k, v, g, None, None, 0.3)
+        self.assertLess(tolerances.rel_err(o, want_o), 5e-3)
+
+    @pytest.mark.slow
+    def test_lightning_gradients_match_reference(self):
+        q, k, v, _, state, seg = kmg_test.inputs(1, 130, 2, 1, 64, 64, decay=None, h0=True,
+                                                 docs=(70,), seed=2)
+        log_decay = sg.lightning_log_decay(2)
+        do = jax.random.normal(jax.random.key(9), v.shape)
+
+        def loss(impl):
+            def f(q, k, v, log_decay, state):
+                o, final = sg.lightning_attention(q, k, v, log_decay, initial_state=state,
+                                                  segment_ids=seg, output_final_state=True,
+                                                  implementation=impl)
+                return jnp.sum(o.astype(jnp.float32) * do) + jnp.sum(final ** 2) * 0.01
+            return f
+
+        got = jax.grad(loss("mosaic_gpu_interpret"), argnums=range(5))(q, k, v, log_decay, state)
+        want = jax.grad(loss("reference"), argnums=range(5))(q, k, v, log_decay, state)
+        for name, x, w in zip(("dq", "dk", "dv", "dlog_decay", "dh0"), got, want):
+            self.assertEqual(x.dtype, w.dtype, msg=name)
+            err = tolerances.rel_err(x, w)
+            self.assertLess(err, 2e-2 if name == "dlog_decay" else 8e-3,
+                            msg=f"{name}: relative RMS error {err:.2e}")
+
+
+if __name__ == "__main__":
+    absltest.main()
