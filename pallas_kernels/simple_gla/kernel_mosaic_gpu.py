@@ -147,14 +147,21 @@ def _ring_producer(issue, num_chunks: int, in_free) -> None:
 
 
 def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
-                       group: int, has_h0: bool, interpret: bool):
-    """Kernel body; refs are GMEM. ``rest`` = ``[h0_ref,] h_ref, ht_ref`` then the scratch."""
+                       group: int, has_h0: bool, pieces: int, store_h: bool, interpret: bool):
+    """Kernel body; refs are GMEM. ``rest`` = ``[h0_ref,] [h_ref,] ht_ref`` then the scratch.
+
+    With ``pieces = P > 1`` the inputs are ``P`` pieces of ``num_chunks`` chunks per row,
+    reshaped into ``B * P`` rows (grid axis ``b`` is ``row * P + piece``); ``h0`` and ``ht``
+    are per piece and ``h`` is written at the row's global chunk index.
+    """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
-    (h_ref, ht_ref, k_s, v_s, g_s, last_s, conn_s, vd_s, state_s, hst_s, in_bar, in_free,
+    h_ref = rest.pop(0) if store_h else None
+    (ht_ref, k_s, v_s, g_s, last_s, conn_s, vd_s, state_s, hst_s, in_bar, in_free,
      io_bar, done, *kt_s) = rest
     kt_s = kt_s[0] if interpret else None
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    b_out, n_base = lax.div(b, pieces), lax.rem(b, pieces) * num_chunks  # h's row, 1st chunk
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
     wg = lax.axis_index("wg")
@@ -187,12 +194,13 @@ def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunk
 
         def step(n, s):
             slot = lax.rem(n, STAGES)
-            # The state entering chunk n goes to HBM (in h's dtype) while the chunk's inputs
-            # land.
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # hst_s of chunk n - 1 was read
-            hst_s[...] = s.astype(hst_s.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(hst_s, h_ref.at[b, h, n, :, cols])
+            if store_h:
+                # The state entering chunk n goes to HBM (in h's dtype) while the chunk's
+                # inputs land.
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # hst_s of chunk n - 1 was read
+                hst_s[...] = s.astype(hst_s.dtype)
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(hst_s, h_ref.at[b_out, h, n_base + n, :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
             g = _load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
             g_last = g_s[slot, CHUNK - 1]
@@ -320,7 +328,7 @@ def _check_kv_gates(k, v, g, segment_ids, names=("k", "v")) -> None:
                          f"{segment_ids.shape=}")
 
 
-@functools.partial(jax.jit, static_argnames=("states_dtype", "interpret"))
+@functools.partial(jax.jit, static_argnames=("states_dtype", "pieces", "interpret"))
 def chunk_states_mosaic(
     k: jax.Array,
     v: jax.Array,
@@ -329,6 +337,7 @@ def chunk_states_mosaic(
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
     states_dtype=jnp.float32,
+    pieces: Optional[int] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """States entering every chunk of 64 tokens, and the final state, by a Mosaic GPU kernel.
@@ -345,6 +354,13 @@ def chunk_states_mosaic(
             when ``h`` only feeds ``wgmma`` operands (:func:`chunk_output_mosaic`,
             :func:`chunk_grads_mosaic`), which halves the bytes written and saves a conversion
             pass. The carried state is fp32 in registers either way.
+        pieces: static; the number of sequence pieces ``P`` the pass runs in parallel per row
+            (``None``: chosen by :func:`_num_pieces` when ``B * H * V / 64`` CTAs would leave
+            the GPU idle, e.g. ``P = 4`` at B 1, H 16, V 128, T 32K). With ``P > 1`` a first
+            launch computes each piece's state from zero (no ``h`` stored), an XLA scan over
+            the pieces gives their entry states (exact: a piece maps ``S`` to
+            ``A_p S + F_p``, ``A_p`` the product of its chunks' ``keep exp(G_L)``), and a
+            second launch stores ``h``. It must divide ``ceil(T / 64)``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -368,19 +384,114 @@ def chunk_states_mosaic(
                          f"{initial_state.shape=}")
 
     num_chunks = -(-seq_len // CHUNK)
+    pieces = _num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
     # Padding tokens have k = v = 0 and g = 0: they leave the state unchanged.
     k, v = _pad_time(k, num_chunks), _pad_time(v, num_chunks)
     gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
     _, conn, last = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    h0 = None if initial_state is None else initial_state.astype(jnp.float32)
+    run = functools.partial(_states_call, group=heads // kv_heads, pieces=pieces,
+                            states_dtype=states_dtype, interpret=interpret)
+    with jax.named_scope("simple_gla_chunk_states_mosaic"):
+        if pieces == 1:
+            return run(k, v, gc, last, conn, h0, store_h=True)
+        # Sequence split (rows with few CTAs): pass 1 gives each piece's state from zero, a scan
+        # over the pieces their entry states (the state map of a piece is affine:
+        # S -> A_p S + F_p with a scalar A_p per head), pass 2 the stored states.
+        kp, vp, lastp, connp = (_split_rows(x, pieces) for x in (k, v, last, conn))
+        gp = _split_head_major(gc, pieces)
+        (f_local,) = run(kp, vp, gp, lastp, connp, None, store_h=False)
+        decay = _piece_decay(gc, conn, pieces)  # [B, H, P]
+        entries = _scan_pieces(f_local.reshape(batch, pieces, heads, dk, dv), decay, h0,
+                               reverse=False)
+        h, finals = run(kp, vp, gp, lastp, connp,
+                        entries.reshape(batch * pieces, heads, dk, dv), store_h=True)
+        return h, finals.reshape(batch, pieces, heads, dk, dv)[:, -1]
 
-    has_h0 = initial_state is not None
-    kernel = functools.partial(_state_pass_kernel, num_chunks=num_chunks,
-                               group=heads // kv_heads, has_h0=has_h0, interpret=interpret)
+
+# Rows with fewer CTAs than this run as sequence pieces (the H200 has 132 SMs; these kernels
+# fit two CTAs per SM).
+TARGET_CTAS = 132
+MAX_PIECES = 8
+
+
+def _num_pieces(pieces: Optional[int], ctas: int, num_chunks: int) -> int:
+    """How many sequence pieces a state pass runs: ``pieces`` if given (it must divide the chunk
+    count), else the largest ``P <= MAX_PIECES`` dividing ``num_chunks`` with
+    ``ctas * P <= TARGET_CTAS`` and at least 4 chunks per piece.
+
+    Raises:
+        ValueError: naming ``pieces`` when it is not a positive divisor of the chunk count.
+    """
+    if pieces is not None:
+        if pieces < 1 or num_chunks % pieces:
+            raise ValueError(f"pieces={pieces} must be a positive divisor of the chunk count "
+                             f"{num_chunks}")
+        return pieces
+    best = 1
+    for p in range(2, MAX_PIECES + 1):
+        if num_chunks % p == 0 and ctas * p <= TARGET_CTAS and num_chunks // p >= 4:
+            best = p
+    return best
+
+
+def _split_rows(x, pieces):
+    """``[B, Tp, ...]`` to ``[B * P, Tp / P, ...]``: each row as ``P`` rows of consecutive
+    chunks (a free reshape). The gate and document vectors are formed on whole rows first, so
+    ``conn`` of a piece's first chunk still says whether the previous piece's state reaches
+    it."""
+    return x.reshape((x.shape[0] * pieces, x.shape[1] // pieces) + x.shape[2:])
+
+
+def _split_head_major(x, pieces):
+    """``[B, H, Tp]`` (the head-major gate cumsum) to ``[B * P, H, Tp / P]``."""
+    b, hh, tp = x.shape
+    x = x.reshape(b, hh, pieces, tp // pieces).transpose(0, 2, 1, 3)
+    return x.reshape(b * pieces, hh, tp // pieces)
+
+
+def _piece_decay(gc, conn, pieces):
+    """``[B, H, P]`` fp32: the scalar each piece multiplies an incoming state by,
+    ``prod over its chunks of keep_c exp(G_L,c)`` (0 if a document starts in the piece)."""
+    b, hh, tp = gc.shape
+    g_last = gc.reshape(b, hh, pieces, -1, CHUNK)[..., -1]  # [B, H, P, Nq]: G_L per chunk
+    keep = conn.reshape(b, 1, pieces, -1, CHUNK)[..., -1]  # [B, 1, P, Nq]
+    return jnp.exp(jnp.sum(g_last, axis=-1)) * jnp.prod(keep, axis=-1)
+
+
+def _scan_pieces(local, decay, start, *, reverse: bool):
+    """Entry states of the pieces, ``[B, P, H, K, V]`` fp32, from ``local`` (each piece's state
+    map applied to zero, ``[B, P, H, K, V]``), ``decay`` ``[B, H, P]`` and ``start`` (the state
+    entering the first piece, or ``None`` for zeros). ``reverse`` scans from the last piece
+    (the backward's state gradients: piece ``p`` receives ``decay[p + 1] X + local[p + 1]``)."""
+    num = local.shape[1]
+    x = jnp.zeros_like(local[:, 0]) if start is None else start.astype(jnp.float32)
+    entries = [None] * num
+    order = range(num - 1, -1, -1) if reverse else range(num)
+    for p in order:
+        entries[p] = x
+        x = decay[:, :, p, None, None] * x + local[:, p]
+    return jnp.stack(entries, axis=1)
+
+
+def _states_call(k, v, gc, last, conn, h0, *, group, pieces, states_dtype, store_h, interpret):
+    """One launch of the forward state pass over ``[B * P]`` rows of pieces (see
+    :func:`_state_pass_kernel`). Returns ``(h, ht)`` (``h`` ``[B, H, P * Nq, K, V]`` in
+    ``states_dtype``, ``ht`` ``[B * P, H, K, V]`` fp32), or ``(ht,)`` without ``store_h``."""
+    rows, tq, _, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    num_chunks = tq // CHUNK
+    has_h0 = h0 is not None
+    kernel = functools.partial(_state_pass_kernel, num_chunks=num_chunks, group=group,
+                               has_h0=has_h0, pieces=pieces, store_h=store_h,
+                               interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    h_type = jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk, dv),
+                                  states_dtype)
+    ht_type = jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32)
     call = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
-                  jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
+        out_type=(h_type, ht_type) if store_h else (ht_type,),
         scratch_types=[
             _swizzled_smem((STAGES, CHUNK, dk), k.dtype),  # k_s
             _swizzled_smem((STAGES, CHUNK, BLOCK_V), v.dtype),  # v_s
@@ -393,7 +504,7 @@ def chunk_states_mosaic(
             plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
             plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
         ] + ([plgpu.SMEM((dk, CHUNK), k.dtype)] if interpret else []),  # kt_s: k^T, interpret only
-        grid=(batch, heads, dv // BLOCK_V),
+        grid=(rows, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
         num_threads=2,
         thread_name="wg",
@@ -401,10 +512,7 @@ def chunk_states_mosaic(
         interpret=interpret_params() if interpret else None,
         kernel_name="simple_gla_chunk_states",
     )
-    args = [k, v, gc, last, conn] + ([initial_state.astype(jnp.float32)] if has_h0 else [])
-    with jax.named_scope("simple_gla_chunk_states_mosaic"):
-        h, final_state = call(*args)
-    return h, final_state
+    return call(k, v, gc, last, conn, *([h0] if has_h0 else []))
 
 
 _COLS = plgpu.Layout.WGMMA.reduce(0)  # one value per column of a [64 * m, n] WGMMA tile
@@ -654,18 +762,22 @@ def simple_gla_fwd_mosaic(
 
 
 def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, group: int,
-                        scale: float, has_dht: bool, leaving: bool, interpret: bool):
+                        scale: float, has_dht: bool, leaving: bool, pieces: int, store_dh: bool,
+                        interpret: bool):
     """Kernel body of :func:`chunk_dstates_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[dht_ref,] dh_ref, dh0_ref`` then the scratch. The mirror of
-    :func:`_state_pass_kernel` in reverse chunk order, with ``q`` for ``k`` and ``do`` for ``v``.
+    ``rest`` = ``[dht_ref,] [dh_ref,] dh0_ref`` then the scratch. The mirror of
+    :func:`_state_pass_kernel` in reverse chunk order, with ``q`` for ``k`` and ``do`` for ``v``,
+    and the same sequence pieces (``dht`` and ``dh0`` per piece, ``dh`` at global chunks).
     """
     rest = list(rest)
     dht_ref = rest.pop(0) if has_dht else None
-    (dh_ref, dh0_ref, q_s, do_s, g_s, conn_s, dod_s, state_s, dhst_s, in_bar, in_free, io_bar,
+    dh_ref = rest.pop(0) if store_dh else None
+    (dh0_ref, q_s, do_s, g_s, conn_s, dod_s, state_s, dhst_s, in_bar, in_free, io_bar,
      done, *qt_s) = rest
     qt_s = qt_s[0] if interpret else None
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    b_out, n_base = lax.div(b, pieces), lax.rem(b, pieces) * num_chunks  # dh's row, 1st chunk
     hk = lax.div(h, group)  # GVA: value head h reads query head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
     wg = lax.axis_index("wg")
@@ -696,11 +808,13 @@ def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, 
             d0 = _zeros_acc((dk, BLOCK_V), interpret)
 
         def store(d, n):
+            if not store_dh:
+                return
             # dh[n] goes to HBM (in dh's dtype); the store of step i - 1 must have read dhst_s.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             dhst_s[...] = d.astype(dhst_s.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(dhst_s, dh_ref.at[b, h, n, :, cols])
+            plgpu.copy_smem_to_gmem(dhst_s, dh_ref.at[b_out, h, n_base + n, :, cols])
 
         def step(i, d):
             n = num_chunks - 1 - i
@@ -743,7 +857,8 @@ def _dstate_pass_kernel(q_ref, do_ref, g_ref, conn_ref, *rest, num_chunks: int, 
     plgpu.barrier_wait(done)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "leaving", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "leaving", "pieces",
+                                             "interpret"))
 def chunk_dstates_mosaic(
     q: jax.Array,
     do: jax.Array,
@@ -754,6 +869,7 @@ def chunk_dstates_mosaic(
     segment_ids: Optional[jax.Array] = None,
     states_dtype=jnp.float32,
     leaving: bool = False,
+    pieces: Optional[int] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """Gradients w.r.t. the state entering every chunk, by a reverse Mosaic GPU state pass.
@@ -804,6 +920,8 @@ def chunk_dstates_mosaic(
             chunk ``n`` at ``dh[:, :, n]``; ``True`` stores the gradient w.r.t. the state
             *leaving* it (``dS_{n+1}``, ``final_state_grad`` or zeros for the last chunk), the
             ``dS'`` operand of :func:`chunk_grads_mosaic`, with no shift pass in XLA.
+        pieces: static; sequence pieces run in parallel per row, as in
+            :func:`chunk_states_mosaic` (``None``: chosen the same way), scanned in reverse.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -828,20 +946,52 @@ def chunk_dstates_mosaic(
                          f"got {final_state_grad.shape=}")
 
     num_chunks = -(-seq_len // CHUNK)
+    pieces = _num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
     # Padding tokens have q = do = 0 and g = 0: they pass dS through unchanged.
     q, do = _pad_time(q, num_chunks), _pad_time(do, num_chunks)
     gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
     _, conn, _ = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
+    dht = None if final_state_grad is None else final_state_grad.astype(jnp.float32)
+    run = functools.partial(_dstates_call, group=heads // kv_heads, scale=float(scale),
+                            leaving=leaving, pieces=pieces, states_dtype=states_dtype,
+                            interpret=interpret)
+    with jax.named_scope("simple_gla_chunk_dstates_mosaic"):
+        if pieces == 1:
+            return run(q, do, gc, conn, dht, store_dh=True)
+        # Sequence split, as chunk_states_mosaic's in reverse: pass 1 gives each piece's dS at
+        # its start from a zero gradient at its end, a reverse scan the gradient at each
+        # piece's end (piece p + 1 maps X to A_{p+1} X + D_{p+1}), pass 2 the stored dh.
+        qp, dop, connp = (_split_rows(x, pieces) for x in (q, do, conn))
+        gp = _split_head_major(gc, pieces)
+        (d_local,) = run(qp, dop, gp, connp, None, store_dh=False)
+        decay = _piece_decay(gc, conn, pieces)  # [B, H, P]
+        ends = _scan_pieces(d_local.reshape(batch, pieces, heads, dk, dv), decay, dht,
+                            reverse=True)
+        dh, starts = run(qp, dop, gp, connp, ends.reshape(batch * pieces, heads, dk, dv),
+                         store_dh=True)
+        return dh, starts.reshape(batch, pieces, heads, dk, dv)[:, 0]
 
-    has_dht = final_state_grad is not None
-    kernel = functools.partial(_dstate_pass_kernel, num_chunks=num_chunks,
-                               group=heads // kv_heads, scale=float(scale), has_dht=has_dht,
-                               leaving=leaving, interpret=interpret)
+
+def _dstates_call(q, do, gc, conn, dht, *, group, scale, leaving, pieces, states_dtype,
+                  store_dh, interpret):
+    """One launch of the reverse state pass over ``[B * P]`` rows of pieces (see
+    :func:`_dstate_pass_kernel`). Returns ``(dh, dS_start)`` (``dh`` ``[B, H, P * Nq, K, V]``
+    in ``states_dtype``, ``dS_start`` ``[B * P, H, K, V]`` fp32, the gradient at each piece's
+    start), or ``(dS_start,)`` without ``store_dh``."""
+    rows, tq, _, dk = q.shape
+    heads, dv = do.shape[2], do.shape[3]
+    num_chunks = tq // CHUNK
+    has_dht = dht is not None
+    kernel = functools.partial(_dstate_pass_kernel, num_chunks=num_chunks, group=group,
+                               scale=scale, has_dht=has_dht, leaving=leaving, pieces=pieces,
+                               store_dh=store_dh, interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    dh_type = jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk, dv),
+                                   states_dtype)
+    start_type = jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32)
     call = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
-                  jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
+        out_type=(dh_type, start_type) if store_dh else (start_type,),
         scratch_types=[
             _swizzled_smem((STAGES, CHUNK, dk), q.dtype),  # q_s
             _swizzled_smem((STAGES, CHUNK, BLOCK_V), do.dtype),  # do_s
@@ -854,7 +1004,7 @@ def chunk_dstates_mosaic(
             plgpu.Barrier(num_arrivals=1),  # io_bar: dht landed
             plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
         ] + ([plgpu.SMEM((dk, CHUNK), q.dtype)] if interpret else []),  # qt_s: q^T, interpret
-        grid=(batch, heads, dv // BLOCK_V),
+        grid=(rows, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
         num_threads=2,
         thread_name="wg",
@@ -862,10 +1012,7 @@ def chunk_dstates_mosaic(
         interpret=interpret_params() if interpret else None,
         kernel_name="simple_gla_chunk_dstates",
     )
-    args = [q, do, gc, conn] + ([final_state_grad.astype(jnp.float32)] if has_dht else [])
-    with jax.named_scope("simple_gla_chunk_dstates_mosaic"):
-        dh, dh0 = call(*args)
-    return dh, dh0
+    return call(q, do, gc, conn, *([dht] if has_dht else []))
 
 
 # ----------------------------------------------------------------------------------------------

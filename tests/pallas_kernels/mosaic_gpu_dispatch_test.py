@@ -98,6 +98,30 @@ class DispatchTest(parameterized.TestCase):
             sg.simple_gla(q, k, v, None, implementation="mosaic_gpu")
 
 
+class ApiLoweringTest(absltest.TestCase):
+    """What ``"auto"`` builds on a Hopper GPU, lowered for CUDA on the CPU host (the compute
+    capability and backend are patched): the op runs the Mosaic GPU kernels, forward and
+    backward, and nothing else of the GPU kind."""
+
+    def test_auto_lightning_value_and_grad_lowers_to_the_mosaic_kernels(self):
+        q, k, v, _, state, seg = kmg_test.inputs(1, 256, 2, 1, 64, 64, decay=None, h0=True,
+                                                 docs=(70,))
+        log_decay = sg.lightning_log_decay(2)
+
+        def loss(q, k, v, state):
+            o, final = sg.lightning_attention(q, k, v, log_decay, initial_state=state,
+                                              segment_ids=seg, output_final_state=True)
+            return jnp.sum(o.astype(jnp.float32)) + jnp.sum(final)
+
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
+            text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))).trace(
+                q, k, v, state).lower(lowering_platforms=("cuda",)).as_text()
+        for name in ("simple_gla_chunk_states", "simple_gla_chunk_output",
+                     "simple_gla_chunk_dstates", "simple_gla_chunk_grads"):
+            self.assertIn(name, text)
+        self.assertNotIn("gdn_forward", text)  # the Triton kernels' names
+
+
 class ApiTest(parameterized.TestCase):
 
     def _reference(self, q, k, v, g, state, seg, scale):
@@ -106,6 +130,10 @@ class ApiTest(parameterized.TestCase):
         return reference.simple_gla_reference(qr, kr, v.astype(jnp.float32), g, scale=scale,
                                               initial_state=state, segment_ids=seg)
 
+    # Slow (out of CI): each interpreted two-warpgroup launch can hang the Mosaic GPU
+    # interpreter (MOSAIC_GPU.md, "Interpreter hang seen"), and these tests make several; a
+    # 2026-12-02 run of the CPU subset hung in one such test after 70 had passed.
+    @pytest.mark.slow
     def test_simple_gla_forward_matches_reference(self):
         q, k, v, g, state, seg = kmg_test.inputs(1, 150, 2, 1, 64, 128, decay=0.1, h0=True,
                                                  docs=(64, 1, 35))
@@ -116,6 +144,7 @@ class ApiTest(parameterized.TestCase):
         self.assertLess(tolerances.rel_err(o, want_o), 5e-3)
         self.assertLess(tolerances.rel_err(final, want_final), 5e-3)
 
+    @pytest.mark.slow
     def test_lightning_forward_matches_reference(self):
         q, k, v, _, _, _ = kmg_test.inputs(2, 100, 2, 2, 64, 64, decay=None, h0=False,
                                            docs=None, seed=1)
