@@ -25,8 +25,8 @@ Implementations (``implementation=``):
   Mosaic GPU kernels (``kernel_mosaic_gpu.py``, wgmma and TMA), differentiable through their own
   backward kernels; ``"mosaic_gpu_interpret"`` runs them in Mosaic GPU interpret mode (tests).
   The decision is :func:`pallas_kernels.common.mosaic_gpu.choose_implementation`'s, logged;
-* ``"pallas"`` (default for ``None``/``"auto"`` on other GPUs where supported): the Pallas GPU kernels
-  of the scalar-decay family (``gated_delta_rule/kernel_gpu.py``) with the delta rule off;
+* ``"pallas"`` (default for ``None``/``"auto"`` on other GPUs where supported): the Pallas GPU
+  kernels of the scalar-decay family (``gated_delta_rule/kernel_gpu.py``) with the delta rule off;
   ``"pallas_interpret"`` runs them in Pallas interpret mode on any backend;
 * ``"pallas_tpu"`` (default for ``None``/``"auto"`` on a TPU where supported): the Pallas TPU
   kernels of the same family (``gated_delta_rule/kernel_tpu.py``) with the delta rule off; on

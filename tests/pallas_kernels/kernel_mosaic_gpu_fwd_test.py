@@ -36,6 +36,11 @@ def _reference(q, k, v, g, state, seg, scale):
                                           initial_state=state, segment_ids=seg)
 
 
+# Slow (out of CI): interpreted Mosaic GPU kernels can hang instead of failing (a warpgroup
+# thread blocks in the interpreter's barrier callback; MOSAIC_GPU.md, "Interpreter hang seen").
+# On 2026-12-02 the CPU subset of these files hung twice in five runs on the 2-core host, which
+# would stall CI. Run them one at a time under `timeout`: pytest -m slow <file> -k <case>.
+@pytest.mark.slow
 class InterpretTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
