@@ -21,7 +21,6 @@ mosaic-gpu-h200-2026-12-02b.md``): forward+backward 1.51x faster than the Triton
 S1 and 1.70x at S2/P1. The forward alone is 1.44x faster at S2/P1 but 0.76x at S1.
 """
 
-import logging
 from typing import Optional, Sequence
 
 import jax
@@ -35,7 +34,6 @@ AUTO_SELECT = True
 MIN_COMPUTE_CAPABILITY = (9, 0)
 SUPPORTED_HEAD_DIMS = (64, 128)
 KERNEL_CHUNK_SIZE = 64
-_logged = set()
 
 
 def compute_capability() -> Optional[tuple]:
@@ -85,13 +83,6 @@ def unsupported_reason(arrays: Sequence[jax.Array], head_dims: Sequence[int], ch
     return None
 
 
-def _log_once(op: str, message: str) -> None:
-    key = (op, message)
-    if key not in _logged:
-        _logged.add(key)
-        logging.info("%s: %s", op, message)
-
-
 def choose_implementation(
     op: str,
     implementation: Optional[str],
@@ -114,23 +105,21 @@ def choose_implementation(
     if implementation in MOSAIC_IMPLEMENTATIONS:
         reason = unsupported_reason(arrays, head_dims, chunk_size,
                                     interpret=implementation == "mosaic_gpu_interpret")
-        if reason is not None:
-            raise ValueError(f"{op}: implementation={implementation!r} cannot run this call: "
-                             f"{reason}. Use implementation='auto'.")
-        return implementation
+        return validation.require_runnable(op, implementation, reason, "'auto'")
     if implementation is None or implementation == "auto":
         if not AUTO_SELECT:
             reason = "mosaic_gpu.AUTO_SELECT is off"
         else:
-            reason = unsupported_reason(arrays, head_dims, chunk_size, interpret=False)
-            if reason is None and seq_len < KERNEL_CHUNK_SIZE:
-                reason = f"T={seq_len} is shorter than one kernel chunk ({KERNEL_CHUNK_SIZE})"
+            reason = validation.auto_kernel_reason(
+                unsupported_reason(arrays, head_dims, chunk_size, interpret=False), seq_len,
+                KERNEL_CHUNK_SIZE)
         if reason is None:
             cc = compute_capability()
-            _log_once(op, f"using the Mosaic GPU kernels (compute capability {cc[0]}.{cc[1]})")
+            validation.log_once(
+                op, f"using the Mosaic GPU kernels (compute capability {cc[0]}.{cc[1]})")
             return "mosaic_gpu"
         if jax.default_backend() == "gpu":
-            _log_once(op, f"not using the Mosaic GPU kernels: {reason}")
+            validation.log_once(op, f"not using the Mosaic GPU kernels: {reason}")
     elif implementation not in tuple(concrete) + pallas_gpu.PALLAS_IMPLEMENTATIONS:
         validation.resolve_implementation(
             implementation,

@@ -12,7 +12,6 @@
   the chunked form on a reason (logged once), and an explicit ``"pallas"`` raises it.
 """
 
-import logging
 from typing import Optional, Sequence
 
 import jax
@@ -30,7 +29,6 @@ _HIGHEST = jax.lax.Precision.HIGHEST
 SUPPORTED_HEAD_DIMS = (64, 128)
 KERNEL_CHUNK_SIZE = 64
 INVERSE_BLOCK = 16  # diagonal-block rows of the blocked triangular inverse
-_logged = set()
 
 
 def compiler_params(num_warps: int, num_stages: int = 1):
@@ -204,14 +202,11 @@ def choose_implementation(
     if implementation in PALLAS_IMPLEMENTATIONS:
         reason = unsupported_reason(arrays, head_dims, chunk_size,
                                     interpret=implementation == "pallas_interpret")
-        if reason is not None:
-            raise ValueError(f"{op}: implementation={implementation!r} cannot run this call: "
-                             f"{reason}. Use implementation='auto' or 'chunked'.")
-        return implementation
+        return validation.require_runnable(op, implementation, reason, "'auto' or 'chunked'")
     if implementation is None or implementation == "auto":
-        reason = unsupported_reason(arrays, head_dims, chunk_size, interpret=False)
-        if reason is None and seq_len < KERNEL_CHUNK_SIZE:
-            reason = f"T={seq_len} is shorter than one kernel chunk ({KERNEL_CHUNK_SIZE})"
+        reason = validation.auto_kernel_reason(
+            unsupported_reason(arrays, head_dims, chunk_size, interpret=False), seq_len,
+            KERNEL_CHUNK_SIZE)
         if reason is None:
             return "pallas"
         if jax.default_backend() == "gpu":
@@ -223,10 +218,7 @@ def choose_implementation(
 
 def log_fallback(op: str, reason: str) -> None:
     """Logs (once per op and reason) that ``implementation="auto"`` fell back to chunked."""
-    key = (op, reason)
-    if key not in _logged:
-        _logged.add(key)
-        logging.info("%s: using the chunked form instead of the Pallas kernel: %s", op, reason)
+    validation.log_once(op, f"using the chunked form instead of the Pallas kernel: {reason}")
 
 
 def matmul_dtype(*arrays: jax.Array):

@@ -13,7 +13,6 @@
   the MXU), half-precision operands at the MXU's native bf16 rate.
 """
 
-import logging
 from typing import Callable, Optional, Sequence
 
 import jax
@@ -28,7 +27,6 @@ SUPPORTED_HEAD_DIMS = (64, 128)
 # blocks of the triangular inverse, small enough for a [C, C] fp32 tile in VMEM.
 SUPPORTED_CHUNK_SIZES = (64, 128)
 _HIGHEST = jax.lax.Precision.HIGHEST
-_logged = set()
 
 
 def on_tpu() -> bool:
@@ -126,21 +124,15 @@ def choose_implementation(
         call (with the reason).
     """
     if implementation in TPU_IMPLEMENTATIONS:
-        reason = unsupported_reason(arrays, head_dims, chunk_size)
-        if reason is not None:
-            raise ValueError(f"{op}: implementation={implementation!r} cannot run this call: "
-                             f"{reason}. Use implementation='auto' or 'chunked'.")
-        return implementation
+        return validation.require_runnable(op, implementation,
+                                           unsupported_reason(arrays, head_dims, chunk_size),
+                                           "'auto' or 'chunked'")
     if (implementation is None or implementation == "auto") and on_tpu():
-        reason = unsupported_reason(arrays, head_dims, chunk_size)
-        if reason is None and seq_len < chunk_size:
-            reason = f"T={seq_len} is shorter than one kernel chunk ({chunk_size})"
+        reason = validation.auto_kernel_reason(unsupported_reason(arrays, head_dims, chunk_size),
+                                               seq_len, chunk_size)
         if reason is None:
             return "pallas_tpu"
-        key = (op, reason)
-        if key not in _logged:
-            _logged.add(key)
-            logging.info("%s: using the chunked form instead of the TPU kernels: %s", op, reason)
+        validation.log_once(op, f"using the chunked form instead of the TPU kernels: {reason}")
         return concrete[0]
     extended = tuple(concrete) + TPU_IMPLEMENTATIONS
     if fallback is not None:

@@ -5,10 +5,13 @@ the boundary with one ``ValueError`` that names the offending argument and its s
 deep inside a ``lax.scan``.
 """
 
+import logging
 from typing import Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+
+_logged = set()  # (op, message) pairs already logged by log_once
 
 # Names accepted by the ``implementation=`` argument of every op. ``None`` and ``"auto"`` pick the
 # best available form for the backend; kernels register further names as they land.
@@ -105,6 +108,37 @@ def check_chunk_size(chunk_size: int) -> None:
     """Raises ``ValueError`` unless ``chunk_size`` is a positive power of two."""
     if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size=}")
+
+
+def log_once(op: str, message: str) -> None:
+    """Logs ``"<op>: <message>"`` at INFO level, once per op and message (the kernel
+    dispatchers' decisions, so that a training loop does not repeat them every step)."""
+    if (op, message) not in _logged:
+        _logged.add((op, message))
+        logging.info("%s: %s", op, message)
+
+
+def require_runnable(op: str, implementation: str, reason: Optional[str], instead: str) -> str:
+    """Returns ``implementation`` when ``reason`` is ``None`` (an explicitly named kernel can
+    run this call).
+
+    Raises:
+        ValueError: ``"<op>: implementation=... cannot run this call: <reason>. Use
+            implementation=<instead>."`` otherwise.
+    """
+    if reason is not None:
+        raise ValueError(f"{op}: implementation={implementation!r} cannot run this call: "
+                         f"{reason}. Use implementation={instead}.")
+    return implementation
+
+
+def auto_kernel_reason(reason: Optional[str], seq_len: int, chunk_size: int) -> Optional[str]:
+    """Why ``"auto"`` should not pick a kernel: ``reason``, or, when there is none, that ``T`` is
+    shorter than one kernel chunk (such calls, e.g. decode steps, are cheaper in the chunked
+    form); ``None`` when the kernel should run."""
+    if reason is None and seq_len < chunk_size:
+        return f"T={seq_len} is shorter than one kernel chunk ({chunk_size})"
+    return reason
 
 
 def resolve_implementation(implementation: Optional[str], supported: Sequence[str]) -> str:

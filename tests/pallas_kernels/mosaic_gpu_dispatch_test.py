@@ -19,7 +19,7 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from pallas_kernels import simple_gla as sg
-from pallas_kernels.common import mosaic_gpu
+from pallas_kernels.common import mosaic_gpu, validation
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
@@ -42,7 +42,7 @@ class DispatchTest(parameterized.TestCase):
 
     def setUp(self):
         super().setUp()
-        mosaic_gpu._logged.clear()
+        validation._logged.clear()
 
     def _on(self, cc):
         return mock.patch.object(mosaic_gpu, "compute_capability", return_value=cc)
