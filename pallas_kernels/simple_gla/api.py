@@ -202,9 +202,8 @@ def simple_gla(
     if scale is None:
         scale = dk ** -0.5
     if impl in mosaic_gpu.MOSAIC_IMPLEMENTATIONS:
-        o, final_state = kernel_mosaic_gpu.simple_gla_mosaic(
-            q, k, v, None if g is None else g.astype(jnp.float32), scale=float(scale),
-            initial_state=None if initial_state is None else initial_state.astype(jnp.float32),
+        o, final_state = kernel_mosaic_gpu.simple_gla_mosaic(  # g, h0 read as fp32 there
+            q, k, v, g, scale=float(scale), initial_state=initial_state,
             segment_ids=segment_ids, interpret=impl == "mosaic_gpu_interpret")
         return o, (final_state if output_final_state else None)
     if impl == "pallas_tpu":
