@@ -28,7 +28,8 @@ def parse_arg(arg, **defaults):
     strings; a bare name sets that flag to ``True``.
 
     Raises:
-      ValueError: for a key that is not in ``defaults``.
+      ConfigArgError (a ValueError): for a key that is not in ``defaults``, or a value whose
+        type does not match the default's (``stage2_len=abc``), naming the argument.
     """
     out = ml_collections.ConfigDict(defaults)
     if not arg:
@@ -43,9 +44,15 @@ def parse_arg(arg, **defaults):
             out[key] = True
             continue
         try:
-            out[key] = ast.literal_eval(value)
+            parsed = ast.literal_eval(value)
         except (ValueError, SyntaxError):
-            out[key] = value
+            parsed = value
+        try:
+            out[key] = parsed
+        except TypeError:
+            raise ConfigArgError(
+                f"config argument {key}={value!r}: expected type "
+                f"{type(defaults[key]).__name__} (the default is {defaults[key]!r})") from None
     return out
 
 

@@ -228,6 +228,17 @@ class PresetTest(parameterized.TestCase):
         with self.assertRaisesRegex(common.ConfigArgError, r"unknown config argument 'hosst'"):
             _load("table7", "hosst=gdn")
 
+    def test_mistyped_value_is_named(self):
+        from configs import common, halo_smollm2
+        # Was ml_collections' TypeError; a string where the default is a number.
+        with self.assertRaisesRegex(common.ConfigArgError,
+                                    r"stage2_len='abc': expected type int \(the default is 512"):
+            halo_smollm2.get_config("h200,stage2_len=abc")
+        with self.assertRaisesRegex(common.ConfigArgError, r"stage3_kl='x': expected type float"):
+            halo_smollm2.get_config("h200,stage3_kl=x")
+        cfg = halo_smollm2.get_config("h200,stage3_kl=1,stage2_len=2048")
+        self.assertEqual((cfg.stage3.kl_weight, cfg.stage2.seq_len), (1.0, 2048))
+
 
 @pytest.mark.slow
 @pytest.mark.entry
