@@ -61,6 +61,24 @@ from lattn_jax.halo import stages
 STAGES = ("stage1", "select", "stage2", "stage3", "calibrate", "report")
 DONE_FILE = "done.json"
 TIMING_FILE = "timing.jsonl"
+OPTIONS_FILE = "options.json"
+
+# The config sections that decide what each stage computes (:func:`check_resume`). ``report``
+# is absent: the report records its own options and re-measures what they change.
+STAGE_SECTIONS = {
+    "stage1": ("teacher", "data", "hypenet", "stage1"),
+    "select": ("teacher", "data", "hypenet", "select"),
+    "stage2": ("teacher", "data", "hypenet", "stage2"),
+    "stage3": ("teacher", "data", "hypenet", "stage3"),
+    "calibrate": ("calibrate",),
+}
+# Keys that may change between invocations of one stage without changing its result: where the
+# files are on this machine, how often to log and save, how many steps one invocation runs,
+# which kernel implementation computes the same math.
+RESUME_FREE_KEYS = frozenset({
+    "path", "paths", "val_paths", "tokenizer_path", "data_dir", "teacher_report",
+    "log_every", "checkpoint_every", "keep_checkpoints", "max_steps_per_run",
+    "lightning_implementation", "implementation"})
 
 # Teachers loaded in this process, by (kind, path, dtype, random model): a pipeline that runs
 # several stages in one process reads and dequantizes the checkpoint once.
@@ -259,11 +277,14 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
     teacher KL (``stage3.kl_weight``, ``stage3.kl_len``;
     :func:`lattn_jax.halo.stages.check_stage3_kl_options`) and the report's options
     (:func:`lattn_jax.halo.report.check_options`). A stage already done in ``workdir`` is not
-    checked.
+    checked. Then every stage in ``stages_to_run``, done or started, against the options it ran
+    with (:func:`check_resume`).
 
     Raises:
-      ValueError: naming the first bad option.
+      ValueError: naming the first bad option, or a stage that ran with other options.
     """
+    check_resume(config, workdir, stages_to_run)
+
     def to_run(stage):
         return stage in stages_to_run and not is_done(workdir, stage)
 
@@ -272,6 +293,66 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
                                        config.stage3.get("kl_len"), prefix="stage3.")
     if to_run("report"):
         report_lib.check_options(config.report)
+
+
+def _flat_options(config, stage: str) -> Dict[str, Any]:
+    """``{"section.key...": value}`` of the sections in :data:`STAGE_SECTIONS` for ``stage``,
+    without :data:`RESUME_FREE_KEYS`, values as JSON would write them."""
+    out: Dict[str, Any] = {}
+
+    def walk(prefix, value):
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                if k not in RESUME_FREE_KEYS:
+                    walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            out[prefix] = json.loads(json.dumps(value, default=str))
+
+    for name in STAGE_SECTIONS.get(stage, ()):
+        if name in config:
+            walk(name, _to_dict(config[name]))
+    return out
+
+
+def check_resume(config, workdir: str, stages_to_check: Sequence[str]) -> None:
+    """Refuses to resume, or to reuse as done, a stage that ran with other options.
+
+    Each stage that starts in ``workdir`` writes ``<stage>/options.json``: the options that
+    decide its result (:data:`STAGE_SECTIONS`, without :data:`RESUME_FREE_KEYS`). A later
+    invocation with other values for them would either continue the checkpoints under a changed
+    objective, or (for a stage already done) skip it and build the next stages on a result the
+    current config does not describe. Both fail here, before anything runs. A stage directory
+    without ``options.json`` (written before this check existed) is not checked.
+
+    Raises:
+      ValueError: naming the stage, the first differing options (recorded -> now) and the two
+        ways out: a new ``--workdir``, or deleting ``<stage>/options.json`` to accept the change.
+    """
+    for stage in stages_to_check:
+        path = os.path.join(workdir, stage, OPTIONS_FILE)
+        if stage not in STAGE_SECTIONS or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            recorded = json.load(f)
+        now = _flat_options(config, stage)
+        changed = sorted(k for k in set(recorded) | set(now)
+                         if recorded.get(k, "<absent>") != now.get(k, "<absent>"))
+        if changed:
+            shown = ", ".join(f"{k}: {recorded.get(k, '<absent>')!r} -> "
+                              f"{now.get(k, '<absent>')!r}" for k in changed[:5])
+            more = f" (and {len(changed) - 5} more)" if len(changed) > 5 else ""
+            state = "is done" if is_done(workdir, stage) else "has started"
+            raise ValueError(
+                f"{stage} {state} in {workdir} with other options: {shown}{more}. Use a new "
+                f"--workdir, or delete {path} to continue with the changed options")
+
+
+def _record_options(config, workdir: str, stage: str) -> None:
+    """Writes ``<stage>/options.json`` (:func:`check_resume`) unless it exists."""
+    path = os.path.join(workdir, stage, OPTIONS_FILE)
+    if stage in STAGE_SECTIONS and not os.path.exists(path):
+        with open(path, "w") as f:
+            json.dump(_flat_options(config, stage), f, indent=2, sort_keys=True)
 
 
 def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = print,
@@ -300,6 +381,7 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     start, t0 = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
     stage_dir = os.path.join(workdir, stage)
     os.makedirs(stage_dir, exist_ok=True)
+    _record_options(config, workdir, stage)
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=2) if hasattr(config, "to_json_best_effort")
                 else json.dumps(_to_dict(config), indent=2, default=str))

@@ -138,6 +138,44 @@ class StageDataTest(absltest.TestCase):
         self.assertEqual(experiment.data_for(cfg, cfg.stage2).stats.train_tokens, tokens[0])
 
 
+class ResumeOptionsTest(absltest.TestCase):
+    """``check_resume``: a stage that ran with other options is neither resumed nor reused."""
+
+    def test_changed_options_are_refused_and_free_keys_are_not(self):
+        workdir = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+        for stage in ("stage1", "stage2"):
+            os.makedirs(os.path.join(workdir, stage))
+            experiment._record_options(cfg, workdir, stage)
+        recorded = json.load(open(os.path.join(workdir, "stage2", experiment.OPTIONS_FILE)))
+        self.assertEqual(recorded["stage2.seq_len"], 2048)
+        self.assertNotIn("teacher.path", recorded)  # a path: free to move between machines
+        experiment.check_resume(cfg, workdir, experiment.STAGES)  # same options: fine
+        # Where the files are, how often to save, which kernels: free to change.
+        moved = halo_smollm2.get_config("h200,stage2_len=2048,corpus=/elsewhere")
+        moved.teacher.path = "/other/teacher.gguf"
+        moved.stage2.train.checkpoint_every = 7
+        moved.hypenet.lightning_implementation = "pallas"
+        experiment.check_resume(moved, workdir, experiment.STAGES)
+        # Stage 2 started at 512-token windows would continue at 2,048: refused, named.
+        other = halo_smollm2.get_config("h200,stage2_len=512")
+        with self.assertRaisesRegex(ValueError, r"stage2 has started in .* stage2\.batch_size: "
+                                                r"24 -> 96, stage2\.seq_len: 2048 -> 512"):
+            experiment.check_resume(other, workdir, ("stage2",))
+        # A done stage 2 would be skipped and reused: refused too; check_options runs it.
+        with open(os.path.join(workdir, "stage2", experiment.DONE_FILE), "w") as f:
+            f.write("{}")
+        with self.assertRaisesRegex(ValueError, r"stage2 is done in .*delete .*options\.json"):
+            experiment.check_options(other, workdir, experiment.STAGES)
+        # Stage 3's options do not touch stages 1-2 (a Stage-3 rerun keeps them).
+        kl = halo_smollm2.get_config("h200,stage2_len=2048,stage3_kl=1.0")
+        experiment.check_resume(kl, workdir, experiment.STAGES)
+        # Deleting the record accepts the change; nothing else was touched.
+        os.remove(os.path.join(workdir, "stage2", experiment.OPTIONS_FILE))
+        experiment.check_resume(other, workdir, experiment.STAGES)
+        self.assertTrue(os.path.exists(os.path.join(workdir, "stage2", experiment.DONE_FILE)))
+
+
 @pytest.mark.entry
 @pytest.mark.slow  # ~40 s on 2 cores; each stage's loss and resume is in stages_test.py
 class PipelineTest(absltest.TestCase):
