@@ -49,7 +49,7 @@ from lattn_jax import train as train_lib  # noqa: E402
 
 # Kernel classes, first match wins (lower-cased substrings of the device kernel's name).
 CLASSES = (
-    ("pallas mixer", ("gdn_", "channelwise_", "lightning_", "deltanet_")),
+    ("pallas mixer", ("gdn_", "channelwise_", "lightning_", "deltanet_", "simple_gla_")),
     ("attention", ("fmha", "flash", "cudnn", "attention")),
     ("matmul", ("gemm", "cutlass", "cublas", "nvjet", "xmma", "sm90_", "wgmma", "triton_dot",
                 "__dot", "dot_")),

@@ -116,8 +116,23 @@ def load_teacher(config) -> Tuple[config_lib.ModelConfig, Any, Any]:
         # host (numpy) tree would be copied to the device at every step. Its matrices in the
         # compute dtype (half the bytes read per step in bf16; the matmuls run in that dtype
         # anyway); vectors (norm weights) stay as loaded.
-        _TEACHERS[key] = (cfg, jax.device_put(_matrices_in(params, cfg.dtype)), tokenizer)
+        _TEACHERS[key] = (cfg, teacher_on_device(params, cfg.dtype), tokenizer)
     return _TEACHERS[key]
+
+
+def teacher_on_device(params, dtype: str):
+    """The frozen teacher's params as the training stages take them: 2-D floating leaves (the
+    matrices) cast to the compute ``dtype``, the others (norm weights) unchanged, all put on the
+    default device (:func:`load_teacher`; ``benchmarks/profile_halo_step.py``).
+
+    Args:
+      params: the teacher's pure-dict params (numpy or jax arrays).
+      dtype: the compute dtype, e.g. ``"bfloat16"``.
+
+    Returns:
+      The same tree of device arrays.
+    """
+    return jax.device_put(_matrices_in(params, dtype))
 
 
 def _matrices_in(params, dtype: str):
@@ -175,7 +190,12 @@ def data_for(config, section) -> data_lib.Datasets:
     return data_lib.build_datasets(_build(data_lib.DataConfig, values, "data"))
 
 
-def _stage_cfgs(section) -> Tuple[config_lib.OptimConfig, config_lib.TrainConfig]:
+def stage_cfgs(section) -> Tuple[config_lib.OptimConfig, config_lib.TrainConfig]:
+    """``(OptimConfig, TrainConfig)`` of a training section (``config.stage1``/``2``/``3``).
+
+    Raises:
+      ConfigError: an unknown ``optim`` or ``train`` option (named).
+    """
     return (_build(config_lib.OptimConfig, _to_dict(section.optim), "optim"),
             _build(config_lib.TrainConfig, _to_dict(section.train), "train"))
 
@@ -191,7 +211,7 @@ def student_config(config, teacher_cfg, attention_layers, **kw) -> config_lib.Mo
 def _stage1_params(config, workdir, teacher_cfg, teacher_params):
     s1_cfg = student_config(config, teacher_cfg, ())
     init = stages.stage1_init(teacher_cfg, teacher_params, s1_cfg)
-    optim_cfg, train_cfg = _stage_cfgs(config.stage1)
+    optim_cfg, train_cfg = stage_cfgs(config.stage1)
     return stages.latest_params(os.path.join(workdir, "stage1"), init, optim_cfg,
                                 train_cfg.total_steps)
 
@@ -220,8 +240,8 @@ def _final_params(config, workdir, init):
     Raises:
       FileNotFoundError: neither stage has a checkpoint.
     """
-    optim3, train3 = _stage_cfgs(config.stage3)
-    optim2, train2 = _stage_cfgs(config.stage2)
+    optim3, train3 = stage_cfgs(config.stage3)
+    optim2, train2 = stage_cfgs(config.stage2)
     for stage, optim_cfg, train_cfg in (("stage3", optim3, train3), ("stage2", optim2, train2)):
         try:
             params = stages.latest_params(os.path.join(workdir, stage), init, optim_cfg,
@@ -413,7 +433,7 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
 
     if stage == "stage1":
         ds = data_for(config, config.stage1)
-        optim_cfg, train_cfg = _stage_cfgs(config.stage1)
+        optim_cfg, train_cfg = stage_cfgs(config.stage1)
         out = stages.run_stage1(workdir=stage_dir, teacher_cfg=teacher_cfg,
                                 teacher_params=teacher_params,
                                 student_cfg=student_config(config, teacher_cfg, ()),
@@ -429,7 +449,7 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
 
     if stage == "stage2":
         ds = data_for(config, config.stage2)
-        optim_cfg, train_cfg = _stage_cfgs(config.stage2)
+        optim_cfg, train_cfg = stage_cfgs(config.stage2)
         cfg = student_config(config, teacher_cfg,
                              _attention_layers(config, workdir, teacher_cfg.num_layers))
         s1 = _stage1_params(config, workdir, teacher_cfg, teacher_params)
@@ -444,12 +464,12 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
         return train_summary(out)
 
     cfg, abstract = _stage2_student(config, workdir, teacher_cfg)
-    optim2, train2 = _stage_cfgs(config.stage2)
+    optim2, train2 = stage_cfgs(config.stage2)
     if stage == "stage3":
         params2 = stages.latest_params(os.path.join(workdir, "stage2"), abstract, optim2,
                                        train2.total_steps)
         ds = data_for(config, config.stage3)
-        optim_cfg, train_cfg = _stage_cfgs(config.stage3)
+        optim_cfg, train_cfg = stage_cfgs(config.stage3)
         out = stages.run_stage3(workdir=stage_dir, student_cfg=cfg, init_params=params2,
                                 optim_cfg=optim_cfg, train_cfg=train_cfg, batches=ds.train_iter,
                                 print_fn=print_fn, deadline=deadline,
@@ -515,7 +535,7 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
               "teacher": (loaders.build_model(t_cfg, teacher_params), meta["teacher"])}
     if tuple(r.get("stage2_measurements") or ()) and source != "stage2":
         # The ablation of Stage 3: the student as Stage 2 left it.
-        optim2, train2 = _stage_cfgs(config.stage2)
+        optim2, train2 = stage_cfgs(config.stage2)
         params2 = stages.latest_params(os.path.join(workdir, "stage2"), abstract, optim2,
                                        train2.total_steps)
         meta["student_stage2"] = (f"the same HypeNet after Stage 2 (before Stage 3), logit "

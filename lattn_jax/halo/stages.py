@@ -25,7 +25,8 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import (Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional,
+                    Sequence)
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +96,88 @@ def _block(tree) -> None:
     jax.block_until_ready(tree)
 
 
+class TrainStep(NamedTuple):
+    """What :func:`make_train_step` builds (the pieces of :func:`train_loop`'s step).
+
+    Attributes:
+      tx: the optimizer (``optim.make_optimizer``).
+      schedule: the learning-rate schedule, ``step -> lr``.
+      init_state: ``params -> {"params", "opt_state", "step" (int32 0)}``.
+      loss_and_grads: ``(params, frozen, batch) -> (fp32 loss, grads)`` (micro-batched).
+      step: the jitted ``(state, frozen, batch) -> (state, {"loss", "grad_norm", "lr"})``.
+    """
+    tx: optax.GradientTransformation
+    schedule: Callable[[jax.Array], jax.Array]
+    init_state: Callable[[PyTree], PyTree]
+    loss_and_grads: Callable[[PyTree, PyTree, Batch], Any]
+    step: Callable[[PyTree, PyTree, Batch], Any]
+
+
+def make_train_step(loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
+                    optim_cfg: config_lib.OptimConfig, total_steps: int, *,
+                    micro_batch_size: Optional[int] = None) -> TrainStep:
+    """The jitted training step of :func:`train_loop` (and of ``benchmarks/profile_halo_step.py``,
+    which times it).
+
+    ``step(state, frozen, batch)``: ``loss, grads = loss_and_grads(params, frozen, batch)``
+    (one pass, or the mean over ``B / micro_batch_size`` micro-batches in a ``lax.scan``,
+    gradients accumulated in fp32 and cast back to the params' dtype), then
+    ``tx.update`` + ``optax.apply_updates`` and ``step + 1``; metrics ``loss``,
+    ``grad_norm = optax.global_norm(grads)`` and ``lr = schedule(step)``. The state is not
+    donated.
+
+    Args:
+      loss_fn: ``(params, frozen, batch) -> fp32 scalar``, differentiated w.r.t. ``params``.
+      optim_cfg: the optimizer (``optim.make_optimizer``, ``optim.learning_rate_schedule``).
+      total_steps: the schedule's length.
+      micro_batch_size: rows per forward/backward pass (``None``: the whole batch).
+
+    Returns:
+      A :class:`TrainStep`. Its ``loss_and_grads`` raises ``ValueError`` (at trace time) when
+      ``micro_batch_size`` does not divide the batch's rows.
+    """
+    tx = optim.make_optimizer(optim_cfg, total_steps)
+    schedule = optim.learning_rate_schedule(optim_cfg, total_steps)
+
+    def init_state(params):
+        return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+
+    def loss_and_grads(params, frozen, batch):
+        rows = batch["inputs"].shape[0]
+        if micro_batch_size is None or micro_batch_size >= rows:
+            return jax.value_and_grad(loss_fn)(params, frozen, batch)
+        if rows % micro_batch_size:
+            raise ValueError(f"micro_batch_size={micro_batch_size} does not divide the batch "
+                             f"of {rows} rows")
+        n = rows // micro_batch_size
+        grad_fn = jax.value_and_grad(loss_fn)
+
+        def body(carry, micro):
+            loss, grads = carry
+            loss_i, grads_i = grad_fn(params, frozen, micro)
+            grads = jax.tree_util.tree_map(lambda a, g: a + g.astype(a.dtype), grads, grads_i)
+            return (loss + loss_i, grads), None
+
+        zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.promote_types(
+            p.dtype, jnp.float32)), params)
+        (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
+                                        _micro_batches(batch, n))
+        return loss / n, jax.tree_util.tree_map(lambda g, p: (g / n).astype(p.dtype), grads,
+                                                params)
+
+    @jax.jit
+    def step_fn(state, frozen, batch):
+        loss, grads = loss_and_grads(state["params"], frozen, batch)
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+                   "lr": schedule(state["step"])}
+        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
+
+    return TrainStep(tx=tx, schedule=schedule, init_state=init_state,
+                     loss_and_grads=loss_and_grads, step=step_fn)
+
+
 def train_loop(*, workdir: str, init_params: PyTree,
                loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
                optim_cfg: config_lib.OptimConfig, train_cfg: config_lib.TrainConfig,
@@ -145,11 +228,9 @@ def train_loop(*, workdir: str, init_params: PyTree,
       ValueError: ``micro_batch_size`` does not divide the batch.
     """
     os.makedirs(workdir, exist_ok=True)
-    tx = optim.make_optimizer(optim_cfg, train_cfg.total_steps)
-    schedule = optim.learning_rate_schedule(optim_cfg, train_cfg.total_steps)
-
-    def init_state(params):
-        return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    train_step = make_train_step(loss_fn, optim_cfg, train_cfg.total_steps,
+                                 micro_batch_size=micro_batch_size)
+    init_state, step_fn = train_step.init_state, train_step.step
 
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,
                                        cleanup_tmp=True)
@@ -162,38 +243,6 @@ def train_loop(*, workdir: str, init_params: PyTree,
     else:
         state = jax.jit(init_state)(init_params)
         resumed_from = -1
-
-    def loss_and_grads(params, frozen, batch):
-        rows = batch["inputs"].shape[0]
-        if micro_batch_size is None or micro_batch_size >= rows:
-            return jax.value_and_grad(loss_fn)(params, frozen, batch)
-        if rows % micro_batch_size:
-            raise ValueError(f"micro_batch_size={micro_batch_size} does not divide the batch "
-                             f"of {rows} rows")
-        n = rows // micro_batch_size
-        grad_fn = jax.value_and_grad(loss_fn)
-
-        def body(carry, micro):
-            loss, grads = carry
-            loss_i, grads_i = grad_fn(params, frozen, micro)
-            grads = jax.tree_util.tree_map(lambda a, g: a + g.astype(a.dtype), grads, grads_i)
-            return (loss + loss_i, grads), None
-
-        zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.promote_types(
-            p.dtype, jnp.float32)), params)
-        (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
-                                        _micro_batches(batch, n))
-        return loss / n, jax.tree_util.tree_map(lambda g, p: (g / n).astype(p.dtype), grads,
-                                                params)
-
-    @jax.jit
-    def step_fn(state, frozen, batch):
-        loss, grads = loss_and_grads(state["params"], frozen, batch)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
-                   "lr": schedule(state["step"])}
-        return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
     peak = None if flops_per_token is None else flops_lib.peak_flops_per_device()
 

