@@ -27,6 +27,12 @@
 #   benchmarks/halo_h200.sh wait <seconds>   # waits, then copies the run's small files to $OUT
 # Without `generate`, `start` runs the pipeline at once (with the bundled teacher text if any).
 #
+# The machine is released after about 30 s without a call, and the run with it (2026-12-02e lost
+# its NIAH that way; 12-02 stop 42 lost a whole run). So: issue the transfer calls together, one
+# message, and chain `start` with the first wait in one call (`... start && halo_h200.sh wait
+# 540`), which leaves two gaps in a 25-minute run. `wait` copies the small files to $OUT on every
+# call, so what a lost machine had written is kept up to its last `wait`.
+#
 # The generated text joins Stages 1 and 2 (config argument teacher_text) read TEACHER_WEIGHT
 # times per pass. TEACHER_WEIGHT=auto (default) keeps the share of the 2026-12-02 plan, three
 # readings of 40,116,931 tokens per pass (43% of what Stages 1 and 2 read): the weight is
