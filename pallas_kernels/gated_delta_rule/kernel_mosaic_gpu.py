@@ -59,12 +59,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
+from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.gated_delta_rule import chunked
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 
-CHUNK = sg.CHUNK
-BLOCK_V = sg.BLOCK_V  # value columns per CTA: the state tile is [K, BLOCK_V] fp32 in registers
-STAGES = sg.STAGES  # depth of the TMA input ring
+CHUNK = mgl.CHUNK
+BLOCK_V = mgl.BLOCK_V  # value columns per CTA: the state tile is [K, BLOCK_V] fp32 in registers
+STAGES = mgl.STAGES  # depth of the TMA input ring
 
 
 def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
@@ -101,7 +102,7 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
             plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
 
-        sg._ring_producer(issue, num_chunks, in_free)
+        mgl.ring_producer(issue, num_chunks, in_free)
 
     @pl.when(wg == 0)
     def _state():
@@ -109,9 +110,9 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
         if has_h0:
             plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
             plgpu.barrier_wait(io_bar)
-            s0 = sg._load_tile(state_s, interpret)
+            s0 = mgl.load_tile(state_s, interpret)
         else:
-            s0 = sg._zeros_acc((dk, BLOCK_V), interpret)
+            s0 = mgl.zeros_acc((dk, BLOCK_V), interpret)
 
         def step(n, s):
             slot = lax.rem(n, STAGES)
@@ -133,19 +134,19 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
 
             # The barrier keeps the subtraction after the accumulator read (jla's pitfall).
             ws = lax.optimization_barrier(pl.run_scoped(w_state, plgpu.ACC((CHUNK, BLOCK_V))))
-            vn = sg._load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # v_new, fp32
-            g = sg._load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
+            vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # v_new, fp32
+            g = mgl.load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
             g_last = g_s[slot, CHUNK - 1]
             # exp(G_L - G_i) <= 1 (g <= 0); tokens before the chunk's last document start do not
             # reach the next chunk (last = 0).
-            k_decay = jnp.exp(g_last - g) * sg._load_rows(last_s.at[slot], interpret)
+            k_decay = jnp.exp(g_last - g) * mgl.load_rows(last_s.at[slot], interpret)
             s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]  # 0 if a document starts inside
             vn_s[...] = vn.astype(vn_s.dtype)
-            vd_s[...] = (vn * sg._by_row(k_decay, vn.shape)).astype(vd_s.dtype)
+            vd_s[...] = (vn * mgl.by_row(k_decay, vn.shape)).astype(vd_s.dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(vn_s, vn_ref.at[b, rows, h, cols])
 
-            k_t = sg._transposed(k_s.at[slot], kt_s, interpret)  # k^T (a copy if interpreting)
+            k_t = mgl.transposed(k_s.at[slot], kt_s, interpret)  # k^T (a copy if interpreting)
 
             def update(acc):
                 plgpu.wgmma(acc, k_t, vd_s)  # K^T (decayed v_new), fp32 accumulation
@@ -181,7 +182,7 @@ def _check_delta_inputs(k, w, u, g, segment_ids) -> None:
     if w.shape != (batch, seq_len, heads, dk) or w.dtype != k.dtype:
         raise ValueError(f"w must be [B, T, H, K] = {(batch, seq_len, heads, dk)} in k's dtype "
                          f"{k.dtype}, got {w.shape=} {w.dtype=}")
-    sg._check_kv_gates(k, u, g, segment_ids, names=("k", "u"))
+    mgl.check_kv_gates(k, u, g, segment_ids, names=("k", "u"))
 
 
 @functools.partial(jax.jit, static_argnames=("states_dtype", "interpret"))
@@ -246,7 +247,7 @@ def chunk_delta_h_mosaic(
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = u.shape[2], u.shape[3]
     _check_delta_inputs(k, w, u, g, segment_ids)
-    states_dtype = sg._check_states_dtype(states_dtype, k.dtype)
+    states_dtype = mgl.check_states_dtype(states_dtype, k.dtype)
     if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
         raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
                          f"{initial_state.shape=}")
@@ -254,16 +255,16 @@ def chunk_delta_h_mosaic(
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     # Padding tokens have k = w = u = 0 and g = 0: v_new = 0 there, the state is unchanged.
-    k, w, u = (sg._pad_time(x, num_chunks) for x in (k, w, u))
-    gc = sg._chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
-    _, conn, last = sg._doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    k, w, u = (mgl.pad_time(x, num_chunks) for x in (k, w, u))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
     has_h0 = initial_state is not None
     share = states_dtype == jnp.dtype(k.dtype)
     kernel = functools.partial(_delta_state_kernel, num_chunks=num_chunks,
                                group=heads // kv_heads, has_h0=has_h0, share_operand=share,
                                interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
-    swz = sg._swizzled_smem
+    swz = mgl.swizzled_smem
     call = plgpu.kernel(
         kernel,
         out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
@@ -289,7 +290,7 @@ def chunk_delta_h_mosaic(
         num_threads=2,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(),
-        interpret=sg.interpret_params() if interpret else None,
+        interpret=mgl.interpret_params() if interpret else None,
         kernel_name="gdn_chunk_delta_h",
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
@@ -351,7 +352,7 @@ def gated_delta_rule_fwd_mosaic(
         scale = dk ** -0.5
     if beta.shape != (batch, seq_len, heads):
         raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
-    sg._check_kv_gates(k, v, g, segment_ids)
+    mgl.check_kv_gates(k, v, g, segment_ids)
     with jax.named_scope("gdn_wy_prepare"):
         # W and U per value head in fp32 (GVA keys repeated, as FLA's repeat_interleave), then
         # rounded once to the input dtype: they are TMA inputs and wgmma operands.
