@@ -82,65 +82,14 @@ def gated_delta_rule_chunked(
         initial_state = jnp.zeros((batch, heads, dk, dv), f32)
 
     def to_chunks(x):  # [B, T, H, ...] -> [B, H, N, C, ...]; zero padding is inert (beta = 0).
-        x = common.pad_time(x.astype(f32), chunk)
-        x = x.reshape((batch, n_chunks, chunk, heads) + x.shape[3:])
-        return jnp.moveaxis(x, 3, 1)
+        return _to_chunks(x, chunk)
 
-    with jax.named_scope("gdn_chunk_prepare"):
-        q_c = to_chunks(q) * scale  # [B, H, N, C, K]
-        k_c = to_chunks(k)  # [B, H, N, C, K]
-        v_c = to_chunks(v)  # [B, H, N, C, V]
-        beta_c = to_chunks(beta)  # [B, H, N, C]
-
-        idx = jnp.arange(chunk)
-        causal = idx[:, None] >= idx[None, :]  # [C, C], i >= j (inclusive)
-        if segment_ids is None:
-            connected = last_doc = None
-        else:
-            # Pad with the last document index so padding tokens join the row's last document.
-            doc = common.document_index(segment_ids)
-            doc = jnp.pad(doc, ((0, 0), (0, padded_len - seq_len)), mode="edge")
-            doc = doc.reshape(batch, 1, n_chunks, chunk)  # [B, 1, N, C]
-            causal = causal & (doc[..., :, None] == doc[..., None, :])  # [B, 1, N, C, C]
-            # Document running at the chunk start: the one of the previous chunk's last token.
-            prev_doc = jnp.concatenate([doc[..., :1, :1], doc[..., :-1, -1:]], axis=-2)
-            connected = doc == prev_doc  # [B, 1, N, C]: token i still sees S_0
-            last_doc = doc == doc[..., -1:]  # [B, 1, N, C]: token i contributes to S_C
-
-        if g is None:
-            # DeltaNet: gamma == 0, so every decay factor is 1 (or a mask).
-            decay_ij = causal.astype(f32)
-            decay_in = jnp.ones_like(beta_c)  # e^{gamma_i}
-            decay_out = jnp.ones_like(beta_c)  # e^{gamma_C - gamma_i}
-            decay_all = jnp.ones(beta_c.shape[:-1], f32)  # e^{gamma_C}
-        else:
-            g_c = to_chunks(g)  # [B, H, N, C], fp32
-            gamma = jnp.cumsum(g_c, axis=-1)  # [B, H, N, C], non-increasing
-            # gamma_i - gamma_j as a segment sum, sum_{j < s <= i} g_s (0 for i <= j), rather
-            # than a difference of cumsums: no cancellation of large |gamma| under strong decay
-            # (in the value or, through the cumsum transpose, in dg), the diagonal is exactly 0
-            # with no gradient path, and the exponent is never positive above the diagonal, so
-            # exp cannot overflow there (masking before exp, without -inf log-decays).
-            lower = idx[:, None] > idx[None, :]  # [C, C], i > j
-            seg = jnp.cumsum(jnp.where(lower, g_c[..., :, None], 0.0), axis=-2)  # [B, H, N, C, C]
-            decay_ij = jnp.where(causal, jnp.exp(seg), 0.0)  # Gamma * tril_incl (* same doc)
-            decay_in = jnp.exp(gamma)  # e^{gamma_i}
-            decay_out = jnp.exp(seg[..., -1, :])  # e^{gamma_C - gamma_i}
-            decay_all = jnp.exp(gamma[..., -1])  # e^{gamma_C}
-        if connected is not None:
-            decay_in = decay_in * connected
-            decay_out = decay_out * last_doc
-            decay_all = decay_all * connected[..., -1]
+    q_c = to_chunks(q) * scale  # [B, H, N, C, K]
+    k_c = to_chunks(k)  # [B, H, N, C, K]
+    big_u, big_w, decay_ij, decay_in, decay_out, decay_all = _chunk_wy(
+        k_c, to_chunks(v), None if g is None else to_chunks(g), to_chunks(beta), segment_ids)
 
     with jax.named_scope("gdn_chunk_wy"):
-        kk = jnp.einsum("bhnik,bhnjk->bhnij", k_c, k_c, precision=_HIGHEST)
-        strict = jnp.tril(beta_c[..., :, None] * kk * decay_ij, -1)  # [B, H, N, C, C]
-        # (I + strict) x = rhs, solved for both U (from V) and W (from K) at once.
-        rhs = jnp.concatenate(
-            [beta_c[..., None] * v_c, (beta_c * decay_in)[..., None] * k_c], axis=-1
-        )  # [B, H, N, C, V + K]
-        sol = linalg.solve_unit_lower(strict, rhs)
-        big_u, big_w = sol[..., :dv], sol[..., dv:]  # [B, H, N, C, V], [B, H, N, C, K]
         attn = jnp.einsum("bhnik,bhnjk->bhnij", q_c, k_c, precision=_HIGHEST) * decay_ij
         q_in = q_c * decay_in[..., None]  # [B, H, N, C, K]
         k_out = k_c * decay_out[..., None]  # [B, H, N, C, K]
@@ -168,3 +117,133 @@ def gated_delta_rule_chunked(
         return x[:, :seq_len]
 
     return from_chunks(o), final_state, from_chunks(u)
+
+
+def _to_chunks(x, chunk):
+    """``[B, T, H, ...]`` to fp32 ``[B, H, N, C, ...]``, zero-padded to ``N * C`` tokens."""
+    x = common.pad_time(x.astype(jnp.float32), chunk)
+    batch, padded_len, heads = x.shape[:3]
+    x = x.reshape((batch, padded_len // chunk, chunk, heads) + x.shape[3:])
+    return jnp.moveaxis(x, 3, 1)
+
+
+def _chunk_wy(k_c, v_c, g_c, beta_c, segment_ids):
+    """The decay factors and the WY/UT factors of every chunk (module docstring), fp32.
+
+    Args:
+        k_c: keys ``[B, H, N, C, K]`` fp32 (padding tokens zero).
+        v_c: values ``[B, H, N, C, V]`` fp32.
+        g_c: log-decay ``[B, H, N, C]`` fp32, or ``None`` (DeltaNet).
+        beta_c: write strengths ``[B, H, N, C]`` fp32 (0 on padding, which makes it inert).
+        segment_ids: optional int ``[B, T]`` with ``T <= N * C``; padding tokens join the
+            row's last document.
+
+    Returns:
+        ``(U, W, decay_ij, decay_in, decay_out, decay_all)``: ``U = T diag(beta) V``
+        ``[B, H, N, C, V]``, ``W = T diag(beta e_in) K`` ``[B, H, N, C, K]``,
+        ``Gamma * tril_incl`` (same document) ``[B, H or 1, N, C, C]``, ``e_in = e^gamma``
+        (times the ``connected`` mask) ``[B, H, N, C]``, ``e_out = e^{gamma_C - gamma}``
+        (times ``last_doc``) ``[B, H, N, C]`` and ``e_all = e^{gamma_C}`` (times the last
+        token's ``connected``) ``[B, H or 1, N]``.
+    """
+    f32 = jnp.float32
+    batch, _, n_chunks, chunk = beta_c.shape
+    padded_len = n_chunks * chunk
+    with jax.named_scope("gdn_chunk_prepare"):
+        idx = jnp.arange(chunk)
+        causal = idx[:, None] >= idx[None, :]  # [C, C], i >= j (inclusive)
+        if segment_ids is None:
+            connected = last_doc = None
+        else:
+            # Pad with the last document index so padding tokens join the row's last document.
+            doc = common.document_index(segment_ids)
+            doc = jnp.pad(doc, ((0, 0), (0, padded_len - segment_ids.shape[1])), mode="edge")
+            doc = doc.reshape(batch, 1, n_chunks, chunk)  # [B, 1, N, C]
+            causal = causal & (doc[..., :, None] == doc[..., None, :])  # [B, 1, N, C, C]
+            # Document running at the chunk start: the one of the previous chunk's last token.
+            prev_doc = jnp.concatenate([doc[..., :1, :1], doc[..., :-1, -1:]], axis=-2)
+            connected = doc == prev_doc  # [B, 1, N, C]: token i still sees S_0
+            last_doc = doc == doc[..., -1:]  # [B, 1, N, C]: token i contributes to S_C
+
+        if g_c is None:
+            # DeltaNet: gamma == 0, so every decay factor is 1 (or a mask).
+            decay_ij = causal.astype(f32)
+            decay_in = jnp.ones_like(beta_c)  # e^{gamma_i}
+            decay_out = jnp.ones_like(beta_c)  # e^{gamma_C - gamma_i}
+            decay_all = jnp.ones(beta_c.shape[:-1], f32)  # e^{gamma_C}
+        else:
+            gamma = jnp.cumsum(g_c, axis=-1)  # [B, H, N, C], non-increasing
+            # gamma_i - gamma_j as a segment sum, sum_{j < s <= i} g_s (0 for i <= j), rather
+            # than a difference of cumsums: no cancellation of large |gamma| under strong decay
+            # (in the value or, through the cumsum transpose, in dg), the diagonal is exactly 0
+            # with no gradient path, and the exponent is never positive above the diagonal, so
+            # exp cannot overflow there (masking before exp, without -inf log-decays).
+            lower = idx[:, None] > idx[None, :]  # [C, C], i > j
+            seg = jnp.cumsum(jnp.where(lower, g_c[..., :, None], 0.0), axis=-2)  # [B, H, N, C, C]
+            decay_ij = jnp.where(causal, jnp.exp(seg), 0.0)  # Gamma * tril_incl (* same doc)
+            decay_in = jnp.exp(gamma)  # e^{gamma_i}
+            decay_out = jnp.exp(seg[..., -1, :])  # e^{gamma_C - gamma_i}
+            decay_all = jnp.exp(gamma[..., -1])  # e^{gamma_C}
+        if connected is not None:
+            decay_in = decay_in * connected
+            decay_out = decay_out * last_doc
+            decay_all = decay_all * connected[..., -1]
+
+    with jax.named_scope("gdn_chunk_wy"):
+        dv = v_c.shape[-1]
+        kk = jnp.einsum("bhnik,bhnjk->bhnij", k_c, k_c, precision=_HIGHEST)
+        strict = jnp.tril(beta_c[..., :, None] * kk * decay_ij, -1)  # [B, H, N, C, C]
+        # (I + strict) x = rhs, solved for both U (from V) and W (from K) at once.
+        rhs = jnp.concatenate(
+            [beta_c[..., None] * v_c, (beta_c * decay_in)[..., None] * k_c], axis=-1
+        )  # [B, H, N, C, V + K]
+        sol = linalg.solve_unit_lower(strict, rhs)
+        big_u, big_w = sol[..., :dv], sol[..., dv:]  # [B, H, N, C, V], [B, H, N, C, K]
+    return big_u, big_w, decay_ij, decay_in, decay_out, decay_all
+
+
+def wy_representation(
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    beta: jax.Array,
+    *,
+    segment_ids: Optional[jax.Array] = None,
+    chunk_size: int = 64,
+) -> Tuple[jax.Array, jax.Array]:
+    """The per-chunk WY/UT factors ``W`` and ``U`` of the chunk form (module docstring).
+
+    Per chunk of ``chunk_size`` tokens (FLA's ``recompute_w_u_fwd``), in fp32::
+
+        T = (I + strict_tril(diag(beta) (K K^T) * Gamma))^{-1}
+        W = T diag(beta * e_in) K,    U = T diag(beta) V
+
+    with ``e_in = e^gamma`` zeroed on tokens of a document that starts inside the chunk, and
+    ``Gamma`` masked to pairs in the same document. The state pass is then
+    ``u = U - W S_0``, ``S_C = e_all S_0 + (e_out K)^T u`` (see
+    :func:`gated_delta_rule_chunked`), which the Mosaic GPU kernels run.
+
+    Args:
+        k: keys ``[B, T, H, K]`` (already expanded to the value heads), any float dtype.
+        v: values ``[B, T, H, V]``.
+        g: log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        beta: write strengths ``[B, T, H]``.
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        chunk_size: chunk length C (not clipped to ``T``: the time axis is zero-padded to a
+            multiple of C, and padding tokens have ``beta = 0``, so ``W = U = 0`` there).
+
+    Returns:
+        ``(w, u)`` fp32, ``[B, Tp, H, K]`` and ``[B, Tp, H, V]`` with ``Tp`` the padded length.
+    """
+    def to_chunks(x):
+        return _to_chunks(x, chunk_size)
+
+    big_u, big_w, *_ = _chunk_wy(to_chunks(k), to_chunks(v),
+                                 None if g is None else to_chunks(g), to_chunks(beta),
+                                 segment_ids)
+
+    def from_chunks(x):  # [B, H, N, C, D] -> [B, Tp, H, D]
+        b, h, n, c, d = x.shape
+        return jnp.moveaxis(x, 1, 3).reshape(b, n * c, h, d)
+
+    return from_chunks(big_w), from_chunks(big_u)

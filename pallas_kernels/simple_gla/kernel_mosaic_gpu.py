@@ -50,7 +50,6 @@ kernel), and :func:`simple_gla_bwd_mosaic` composes the backward (``dg`` in XLA,
 """
 
 import functools
-import inspect
 from typing import Optional, Tuple
 
 import jax
@@ -59,91 +58,32 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from pallas_kernels.common import pallas_gpu
+from pallas_kernels.common import mosaic_gpu_lib
 
-CHUNK = 64
-BLOCK_V = 64  # value columns per CTA: the state tile is [K, BLOCK_V] fp32 in registers
-STAGES = 2  # depth of the TMA input ring
-SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-_WGMMA = plgpu.Layout.WGMMA
-_ROWS = plgpu.Layout.WGMMA.reduce(1)  # one value per row of a [64 * m, n] WGMMA tile
-
-
-def interpret_params():
-    """``InterpretGPUParams`` for Mosaic GPU interpret mode on CPU (jax 0.10.x and 0.11.x).
-
-    jax 0.11 exports the class as ``plgpu.InterpretGPUParams``; jax 0.10.2 has it only in
-    ``jax._src.pallas.mosaic_gpu.interpret.params``.
-
-    Raises:
-        NotImplementedError: on a jax without the Mosaic GPU interpreter.
-    """
-    cls = getattr(plgpu, "InterpretGPUParams", None)
-    if cls is None:
-        try:
-            from jax._src.pallas.mosaic_gpu.interpret import params as gpu_interpret
-        except ImportError as e:  # pragma: no cover - depends on the installed jax
-            raise NotImplementedError("this jax has no Mosaic GPU interpret mode") from e
-        cls = gpu_interpret.InterpretGPUParams
-    return cls(detect_races=True)
-
-
-def _swizzled_smem(shape, dtype):
-    """SMEM tile tiled and swizzled for TMA and WGMMA (the minor dim is the last dim)."""
-    dtype = jnp.dtype(dtype)
-    swizzle = plgpu.find_swizzle(shape[-1] * dtype.itemsize * 8)
-    tiling = plgpu.TilingTransform((8, swizzle // dtype.itemsize))
-    return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(swizzle)))
-
-
-# jax 0.10.x's ``plgpu.load(src, idx, *, layout)`` needs the index; from 0.11 passing it is
-# deprecated (index the ref with ``ref.at[...]`` instead) and it may be left out.
-_LOAD_IDX = inspect.signature(plgpu.load).parameters.get("idx")
-_LOAD_NEEDS_IDX = _LOAD_IDX is not None and _LOAD_IDX.default is inspect.Parameter.empty
-
-
-def _load(ref, layout):
-    """The whole ``ref`` (SMEM) as a register value in ``layout``, on jax 0.10 and 0.11."""
-    if _LOAD_NEEDS_IDX:
-        return plgpu.load(ref, (), layout=layout)
-    return plgpu.load(ref, layout=layout)
-
-
-def _load_rows(ref, interpret: bool):
-    """A ``[C]`` fp32 SMEM vector as one value per row of a WGMMA tile (see module docstring)."""
-    if interpret:
-        return ref[...]
-    return _load(ref, _ROWS)
-
-
-def _load_tile(ref, interpret: bool):
-    """A 2-D SMEM tile in the WGMMA register layout."""
-    if interpret:
-        return ref[...]
-    return _load(ref, _WGMMA)
-
-
-def _zeros_acc(shape, interpret: bool):
-    zeros = jnp.zeros(shape, jnp.float32)
-    return zeros if interpret else plgpu.layout_cast(zeros, _WGMMA)
-
-
-def _ring_producer(issue, num_chunks: int, in_free) -> None:
-    """The memory warpgroup of a ``STAGES``-deep TMA ring over ``num_chunks`` steps:
-    ``issue(i, slot)`` starts step ``i``'s copies into ``slot``; a slot is refilled once the
-    consumer arrives on ``in_free[slot]``, and the last releases are observed before leaving."""
-    for i in range(min(STAGES, num_chunks)):
-        issue(i, i)
-
-    @pl.loop(STAGES, num_chunks)
-    def _refill(i):
-        slot = lax.rem(i, STAGES)
-        plgpu.barrier_wait(in_free.at[slot])  # step i - STAGES consumed the slot
-        issue(i, slot)
-
-    for i in range(max(num_chunks - STAGES, 0), num_chunks):  # observe the last releases
-        plgpu.barrier_wait(in_free.at[i % STAGES])
+CHUNK = mosaic_gpu_lib.CHUNK
+BLOCK_V = mosaic_gpu_lib.BLOCK_V  # value columns per CTA: the state tile is [K, BLOCK_V] fp32
+STAGES = mosaic_gpu_lib.STAGES  # depth of the TMA input ring
+SUPPORTED_HEAD_DIMS = mosaic_gpu_lib.SUPPORTED_HEAD_DIMS
+SUPPORTED_DTYPES = mosaic_gpu_lib.SUPPORTED_DTYPES
+# Shared Mosaic GPU helpers (pallas_kernels.common.mosaic_gpu_lib), under this module's short
+# names.
+_swizzled_smem = mosaic_gpu_lib.swizzled_smem
+_load_rows = mosaic_gpu_lib.load_rows
+_load_tile = mosaic_gpu_lib.load_tile
+_zeros_acc = mosaic_gpu_lib.zeros_acc
+_ring_producer = mosaic_gpu_lib.ring_producer
+_pad_time = mosaic_gpu_lib.pad_time
+_chunk_cumsum = mosaic_gpu_lib.chunk_cumsum
+_doc_vectors = mosaic_gpu_lib.doc_vectors
+_check_states_dtype = mosaic_gpu_lib.check_states_dtype
+_check_kv_gates = mosaic_gpu_lib.check_kv_gates
+_load_cols = mosaic_gpu_lib.load_cols
+_by_row = mosaic_gpu_lib.by_row
+_iota = mosaic_gpu_lib.iota
+_transposed = mosaic_gpu_lib.transposed
+_lhs_operand = mosaic_gpu_lib.lhs_operand
+interpret_params = mosaic_gpu_lib.interpret_params
+unsupported_reason = mosaic_gpu_lib.unsupported_reason
 
 
 def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
@@ -239,93 +179,6 @@ def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunk
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
     plgpu.barrier_wait(done)
-
-
-def _pad_time(x, num_chunks):
-    """Zero-pads axis 1 (time) of ``x`` to ``num_chunks * CHUNK``."""
-    pad = num_chunks * CHUNK - x.shape[1]
-    return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
-
-
-def _chunk_cumsum(g, shape, num_chunks):
-    """fp32 ``[B, H, Tp]`` chunk-local inclusive cumsum of ``g`` (``[B, T, H]`` or ``None``).
-
-    Head-major, so one chunk's gates are one contiguous TMA row; padding tokens get ``g = 0``.
-    """
-    batch, _, heads = shape
-    padded = num_chunks * CHUNK
-    gf = jnp.zeros((batch, padded, heads), jnp.float32)
-    if g is not None:
-        gf = _pad_time(g.astype(jnp.float32), num_chunks)
-    gc = jnp.cumsum(gf.reshape(batch, num_chunks, CHUNK, heads), axis=2)
-    return jnp.moveaxis(gc.reshape(batch, padded, heads), 1, 2)  # [B, H, Tp]
-
-
-def _doc_vectors(segment_ids, batch, num_chunks):
-    """fp32 ``(doc, conn, last)`` ``[B, Tp]`` (see :func:`pallas_gpu.docs_from_segment_ids`).
-
-    ``doc`` is the document index (exact in fp32 below 2**24 tokens), ``conn`` is 1 on the tokens
-    of the document that was open before the chunk, ``last`` 1 on the chunk's last document.
-    """
-    padded = num_chunks * CHUNK
-    if segment_ids is None:
-        ones = jnp.ones((batch, padded), jnp.float32)
-        return jnp.zeros((batch, padded), jnp.float32), ones, ones
-    doc, conn, last = pallas_gpu.docs_from_segment_ids(segment_ids, padded)
-    return doc.astype(jnp.float32), conn, last
-
-
-def _check_states_dtype(states_dtype, input_dtype):
-    """``states_dtype`` as a ``jnp.dtype``: fp32 or ``input_dtype``.
-
-    Raises:
-        ValueError: naming ``states_dtype`` when it is neither.
-    """
-    states_dtype = jnp.dtype(states_dtype)
-    if states_dtype not in (jnp.dtype(jnp.float32), jnp.dtype(input_dtype)):
-        raise ValueError(f"states_dtype must be float32 or the input dtype {input_dtype}, got "
-                         f"{states_dtype}")
-    return states_dtype
-
-
-def unsupported_reason(k: jax.Array, v: jax.Array, names=("k", "v")) -> Optional[str]:
-    """Why :func:`chunk_states_mosaic` cannot take these inputs, or ``None`` when it can.
-
-    ``names`` are the argument names used in the message (``("q", "do")`` for
-    :func:`chunk_dstates_mosaic`, where ``q`` takes the place of ``k`` and ``do`` of ``v``).
-    """
-    a, b = names
-    if k.shape[-1] not in SUPPORTED_HEAD_DIMS or v.shape[-1] not in SUPPORTED_HEAD_DIMS:
-        return (f"head dims must be in {SUPPORTED_HEAD_DIMS}, got {a}.shape={k.shape} "
-                f"{b}.shape={v.shape}")
-    if k.dtype not in SUPPORTED_DTYPES or v.dtype != k.dtype:
-        return (f"{a} and {b} must share a 16-bit dtype (wgmma operands), got "
-                f"{a}.dtype={k.dtype} {b}.dtype={v.dtype}")
-    return None
-
-
-def _check_kv_gates(k, v, g, segment_ids, names=("k", "v")) -> None:
-    """The checks the kernels share: ``k [B, T, Hk, K]``, ``v [B, T, H, V]`` with
-    ``H % Hk == 0``, a supported dtype and head dims, ``g [B, T, H]``, ``segment_ids [B, T]``.
-    ``names`` name ``k`` and ``v`` in the messages.
-
-    Raises:
-        ValueError: naming the argument and the shape it needs.
-    """
-    batch, seq_len, kv_heads, _ = k.shape
-    heads = v.shape[2]
-    a, b = names
-    if v.shape[:2] != (batch, seq_len) or heads % kv_heads:
-        raise ValueError(f"need {a} [B, T, Hk, K], {b} [B, T, H, V] with H % Hk == 0: "
-                         f"{a}.shape={k.shape} {b}.shape={v.shape}")
-    reason = unsupported_reason(k, v, names)
-    if reason is not None:
-        raise ValueError(reason)
-    if g is not None and g.shape != (batch, seq_len, heads):
-        raise ValueError(f"g must be [B, T, H] = {(batch, seq_len, heads)}, got {g.shape=}")
-    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
-        raise ValueError(f"segment_ids must be [B, T] = {(batch, seq_len)}, got "
-                         f"{segment_ids.shape=}")
 
 
 @functools.partial(jax.jit, static_argnames=("states_dtype", "pieces", "interpret"))
@@ -515,21 +368,6 @@ def _states_call(k, v, gc, last, conn, h0, *, group, pieces, states_dtype, store
     return call(k, v, gc, last, conn, *([h0] if has_h0 else []))
 
 
-_COLS = plgpu.Layout.WGMMA.reduce(0)  # one value per column of a [64 * m, n] WGMMA tile
-
-
-def _load_cols(ref, interpret: bool):
-    """A ``[C]`` fp32 SMEM vector as one value per column of a WGMMA tile."""
-    if interpret:
-        return ref[...]
-    return _load(ref, _COLS)
-
-
-def _by_row(x, shape):
-    """``x`` ``[C]`` broadcast along the rows of ``shape`` (one value per row)."""
-    return lax.broadcast_in_dim(x, shape, [0])
-
-
 def _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret: bool):
     """``(D, G_i)``: ``D`` ``[C, C]`` fp32, ``D_ij = exp(G_i - G_j)`` where ``j <= i`` in the
     same document, else 0, from the chunk-local gate cumsum ``G`` and document ids, each given
@@ -547,35 +385,6 @@ def _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret: bool):
 
     mask = (j <= i) & (_by_row(d_i, shape) == by_col(d_j))
     return jnp.exp(jnp.where(mask, _by_row(g_i, shape) - by_col(g_j), -jnp.inf)), g_i
-
-
-def _iota(shape, dim: int, interpret: bool):
-    """int32 ``broadcasted_iota`` in the WGMMA layout (plain when interpreting)."""
-    if interpret:
-        return lax.broadcasted_iota(jnp.int32, shape, dim)
-    return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=_WGMMA)
-
-
-def _transposed(ref, scratch, interpret: bool):
-    """``ref^T`` as a ``wgmma`` operand: a transposed view, or a copy into ``scratch``."""
-    if interpret:  # the 0.10.2 interpreter's wgmma cannot read a transposed ref
-        scratch[...] = ref[...].T
-        plgpu.commit_smem()
-        return scratch
-    return ref.transpose((1, 0))  # plgpu.transpose_ref is deprecated in jax 0.11
-
-
-def _lhs_operand(x, scratch, interpret: bool):
-    """A 16-bit register tile as the left ``wgmma`` operand (via ``scratch`` when interpreting).
-
-    The 0.10.2 interpreter's ``wgmma`` takes SMEM refs only; on the GPU the operand stays in
-    registers.
-    """
-    if interpret:
-        scratch[...] = x
-        plgpu.commit_smem()
-        return scratch
-    return x
 
 
 def _output_kernel(q_ref, k_ref, v_ref, h_ref, g_ref, doc_ref, conn_ref, o_ref, q_s, k_s, v_s,

@@ -1,0 +1,369 @@
+"""Gated DeltaNet / DeltaNet forward on Pallas Mosaic GPU kernels (Hopper), issue 29.
+
+Nothing dispatches here yet (``implementation="auto"`` keeps GDN on the Triton kernels of
+``kernel_gpu.py``). The forward, :func:`gated_delta_rule_fwd_mosaic`, is the chunk form of
+:func:`pallas_kernels.gated_delta_rule.chunked.gated_delta_rule_chunked` (paper "Linear Attention
+Architectures", arXiv 2607.07953, Sec. 3.2, Eqs. 14-17; FLA's ``chunk_gated_delta_rule``,
+``fla/ops/gated_delta_rule/chunk.py``) in three stages:
+
+1. **WY preparation** in XLA (fp32): :func:`pallas_kernels.gated_delta_rule.chunked.
+   wy_representation` gives, per chunk of 64 tokens with ``G`` the chunk-local inclusive cumsum
+   of the log-decay, ``T = (I + strict_tril(diag(beta) (K K^T) * Gamma))^{-1}``,
+   ``W = T diag(beta conn e^G) K`` and ``U = T diag(beta) V``; both are rounded to the input
+   dtype (they are ``wgmma`` operands and TMA inputs). No new kernel yet (a Mosaic GPU ``prep``
+   kernel is planned in ``pallas_kernels/common/MOSAIC_GPU.md``, Sec. 3).
+2. **The delta state pass** (:func:`chunk_delta_h_mosaic`, FLA's ``chunk_gated_delta_rule_fwd_h``),
+   a Mosaic GPU kernel: per batch row, value head and 64 value columns, sequentially over
+   chunks ``c`` with entry state ``S_c`` (``[K, V]`` fp32)::
+
+       v_new_c = U_c - W_c S_c                                            ([64, V], fp32)
+       S_{c+1} = keep_c e^{G_L} S_c + K_c^T (last_c * e^{G_L - G} * v_new_c)
+
+   ``keep_c`` is 0 when a document starts inside the chunk and ``last_c`` is 1 on the tokens of
+   the chunk's last document, exactly as in the scalar-decay state pass
+   (:func:`pallas_kernels.simple_gla.kernel_mosaic_gpu.chunk_states_mosaic`); the rows of ``W``
+   of tokens that do not see ``S_c`` are already zero (``conn`` in ``W``, and ``T`` is masked
+   to same-document pairs), so ``v_new = U`` there.
+3. **The output** (:func:`pallas_kernels.simple_gla.kernel_mosaic_gpu.chunk_output_mosaic`,
+   FLA's ``chunk_fwd_o``) with ``v_new`` in place of ``v``::
+
+       o_t = scale ( conn_t e^{G_t} S_c^T q_t
+                     + sum_{s <= t in chunk c, doc(s) = doc(t)} (q_t . k_s) e^{G_t - G_s} v_new_s )
+
+   which is the GDN read-out of the chunk form (``O = scale [diag(e_in) Q S_0 + (Q K^T * D) Vn]``
+   in ``kernel_gpu.py``'s notation): the same gates, the same causal same-document mask, the
+   same ``conn`` factor; only ``v`` becomes ``v_new``. So the simple-GLA kernel is reused as is.
+
+Kernel structure of the state pass (as the scalar-decay one, see
+``pallas_kernels/common/MOSAIC_GPU.md``): one CTA per ``(b, h, 64 value columns)``, two
+warpgroups. The memory warpgroup streams each chunk's ``k`` (key head ``h // group``), ``w``,
+``u`` (value head ``h``) and the gate, ``last`` and ``conn`` vectors into a two-stage SMEM ring
+with TMA copies. The state warpgroup keeps ``S`` (``[K, 64]`` fp32) in registers; per chunk it
+stores ``S`` (the state entering the chunk) to HBM through a 16-bit SMEM tile that is also the
+right operand of ``wgmma(W, S)``, forms ``v_new = U - W S`` in fp32, stores ``v_new`` (input
+dtype) through another SMEM tile, writes ``last e^{G_L - G} v_new`` to a swizzled 16-bit tile
+and adds ``wgmma(K^T, that)`` to ``keep e^{G_L} S``. The delta state map is affine in ``S`` but
+with a ``[K, K]`` matrix (``keep e^{G_L} I - (e_out K)^T W``), not a scalar, so the sequence
+pieces of the scalar-decay pass are not carried over (the Triton kernels' ``segments`` show how).
+
+CPU testing as in the scalar-decay module: interpret mode (``k^T`` copied into SMEM, plain
+vector loads) and lowering for CUDA; see that module's docstring.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
+
+CHUNK = mgl.CHUNK
+BLOCK_V = mgl.BLOCK_V  # value columns per CTA: the state tile is [K, BLOCK_V] fp32 in registers
+STAGES = mgl.STAGES  # depth of the TMA input ring
+
+
+def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
+                        group: int, has_h0: bool, share_operand: bool, interpret: bool):
+    """Kernel body of :func:`chunk_delta_h_mosaic`; refs are GMEM.
+
+    ``rest`` = ``[h0_ref,] h_ref, vn_ref, ht_ref`` then the scratch. With ``share_operand``
+    (``h`` stored in the input dtype) the staging tile of ``h`` is also the ``wgmma`` operand
+    ``S`` of ``W S``; otherwise ``S`` gets its own 16-bit tile.
+    """
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    (h_ref, vn_ref, ht_ref, k_s, w_s, u_s, g_s, last_s, conn_s, vd_s, vn_s, state_s, hst_s,
+     in_bar, in_free, io_bar, done, *extra) = rest
+    sb_s = hst_s if share_operand else extra.pop(0)  # S in 16 bits, the right operand of W S
+    kt_s = extra.pop(0) if interpret else None
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = k_s.shape[-1]
+
+    @pl.when(wg == 1)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def issue(n, slot):
+            rows = pl.ds(n * CHUNK, CHUNK)
+            bar = in_bar.at[slot]
+            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], w_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(u_ref.at[b, rows, h, cols], u_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
+
+        mgl.ring_producer(issue, num_chunks, in_free)
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        if has_h0:
+            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
+            plgpu.barrier_wait(io_bar)
+            s0 = mgl.load_tile(state_s, interpret)
+        else:
+            s0 = mgl.zeros_acc((dk, BLOCK_V), interpret)
+
+        def step(n, s):
+            slot = lax.rem(n, STAGES)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            # The stores of chunk n - 1 (h, v_new) must have read their tiles; the wgmma of
+            # chunk n - 1 that read sb_s finished when its accumulator was read.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            hst_s[...] = s.astype(hst_s.dtype)
+            if not share_operand:
+                sb_s[...] = s.astype(sb_s.dtype)
+            plgpu.commit_smem()
+            # The state entering chunk n goes to HBM while the chunk's inputs land.
+            plgpu.copy_smem_to_gmem(hst_s, h_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(in_bar.at[slot])
+
+            def w_state(acc):
+                plgpu.wgmma(acc, w_s.at[slot], sb_s)  # W S, [C, 64], fp32 accumulation
+                return acc[...]
+
+            # The barrier keeps the subtraction after the accumulator read (jla's pitfall).
+            ws = lax.optimization_barrier(pl.run_scoped(w_state, plgpu.ACC((CHUNK, BLOCK_V))))
+            vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # v_new, fp32
+            g = mgl.load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
+            g_last = g_s[slot, CHUNK - 1]
+            # exp(G_L - G_i) <= 1 (g <= 0); tokens before the chunk's last document start do not
+            # reach the next chunk (last = 0).
+            k_decay = jnp.exp(g_last - g) * mgl.load_rows(last_s.at[slot], interpret)
+            s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]  # 0 if a document starts inside
+            vn_s[...] = vn.astype(vn_s.dtype)
+            vd_s[...] = (vn * mgl.by_row(k_decay, vn.shape)).astype(vd_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(vn_s, vn_ref.at[b, rows, h, cols])
+
+            k_t = mgl.transposed(k_s.at[slot], kt_s, interpret)  # k^T (a copy if interpreting)
+
+            def update(acc):
+                plgpu.wgmma(acc, k_t, vd_s)  # K^T (decayed v_new), fp32 accumulation
+                return acc[...]
+
+            # A fresh accumulator plus the decayed state (no run_state in the 0.10.2
+            # interpreter); the barrier keeps the add after the accumulator read.
+            kv = lax.optimization_barrier(pl.run_scoped(update, plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s * s_decay + kv
+
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        state_s[...] = s
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+def _check_delta_inputs(k, w, u, g, segment_ids) -> None:
+    """``k [B, T, Hk, K]``, ``w [B, T, H, K]``, ``u [B, T, H, V]`` (``H % Hk == 0``), one 16-bit
+    dtype, K and V in {64, 128}, ``g [B, T, H]``, ``segment_ids [B, T]``.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads = u.shape[2]
+    if w.shape != (batch, seq_len, heads, dk) or w.dtype != k.dtype:
+        raise ValueError(f"w must be [B, T, H, K] = {(batch, seq_len, heads, dk)} in k's dtype "
+                         f"{k.dtype}, got {w.shape=} {w.dtype=}")
+    mgl.check_kv_gates(k, u, g, segment_ids, names=("k", "u"))
+
+
+@functools.partial(jax.jit, static_argnames=("states_dtype", "interpret"))
+def chunk_delta_h_mosaic(
+    k: jax.Array,
+    w: jax.Array,
+    u: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    states_dtype=jnp.float32,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, jax.Array]:
+    """The delta-rule state pass: states entering every chunk, ``v_new`` and the final state.
+
+    The counterpart of FLA's ``chunk_gated_delta_rule_fwd_h`` (``fla/ops/common/chunk_delta_h.py``)
+    as a Mosaic GPU kernel (module docstring). Per batch row, value head and chunk ``c`` of 64
+    tokens, with ``G`` the chunk-local inclusive cumulative log-decay (fp32) and ``G_L`` its last
+    entry::
+
+        v_new_c = U_c - W_c S_c
+        S_{c+1} = keep_c e^{G_L} S_c + K_c^T (last_c * e^{G_L - G} * v_new_c)     (fp32)
+
+    from ``S_0 = initial_state``; ``keep_c`` (0 when a document starts inside chunk ``c``) and
+    ``last_c`` (1 on the tokens of its last document) come from ``segment_ids``, as in
+    :func:`pallas_kernels.simple_gla.kernel_mosaic_gpu.chunk_states_mosaic`. This is the chunk
+    form of the token recurrence ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)``,
+    ``S_t = e^{g_t} S_{t-1} + k_t u_t^T`` of
+    :func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference` when ``w, u``
+    are :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation`'s ``W, U`` (then
+    ``v_new`` is the per-token residual ``u_t``).
+
+    Args:
+        k: keys ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads key
+            head ``h // (H // Hk)``).
+        w: ``W = T diag(beta conn e^G) K`` ``[B, T, H, K]`` per value head, k's dtype.
+        u: ``U = T diag(beta) V`` ``[B, T, H, V]``, k's dtype. ``K, V`` in {64, 128}.
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        initial_state: ``[B, H, K, V]`` state before the first token (read as fp32), or
+            ``None`` for zeros; it applies to the first document of each row only.
+        segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
+        states_dtype: dtype of the stored ``h`` (static): fp32 (default) or the input dtype
+            (when ``h`` only feeds ``wgmma`` operands, as in
+            :func:`gated_delta_rule_fwd_mosaic`). The carried state is fp32 in registers
+            either way; the ``W S`` product reads it rounded to the input dtype.
+        interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(h, v_new, final_state)``: ``h`` ``[B, H, N, K, V]`` in ``states_dtype``
+        (``N = ceil(T / 64)``; head-major like ``chunk_states_mosaic``'s, the layout
+        ``chunk_output_mosaic`` reads; FLA's is ``[B, N, H, K, V]``), the state entering chunk
+        ``n``; ``v_new`` ``[B, T, H, V]`` in the input dtype; ``final_state`` ``[B, H, K, V]``
+        fp32, the state after token ``T - 1``. Exact up to the 16-bit rounding of the ``wgmma``
+        operands (``W``, ``U``, ``S`` in ``W S``, ``last e^{G_L - G} v_new``) with fp32
+        accumulation.
+
+    Raises:
+        ValueError: on mismatched shapes, unsupported head dims or dtypes, ``H`` not a multiple
+            of ``Hk``, a bad ``initial_state`` shape or ``states_dtype``.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = u.shape[2], u.shape[3]
+    _check_delta_inputs(k, w, u, g, segment_ids)
+    states_dtype = mgl.check_states_dtype(states_dtype, k.dtype)
+    if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
+        raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
+                         f"{initial_state.shape=}")
+
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    # Padding tokens have k = w = u = 0 and g = 0: v_new = 0 there, the state is unchanged.
+    k, w, u = (mgl.pad_time(x, num_chunks) for x in (k, w, u))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    has_h0 = initial_state is not None
+    share = states_dtype == jnp.dtype(k.dtype)
+    kernel = functools.partial(_delta_state_kernel, num_chunks=num_chunks,
+                               group=heads // kv_heads, has_h0=has_h0, share_operand=share,
+                               interpret=interpret)
+    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    swz = mgl.swizzled_smem
+    call = plgpu.kernel(
+        kernel,
+        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
+                  jax.ShapeDtypeStruct((batch, padded, heads, dv), u.dtype),
+                  jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
+        scratch_types=[
+            swz((STAGES, CHUNK, dk), k.dtype),  # k_s
+            swz((STAGES, CHUNK, dk), w.dtype),  # w_s
+            swz((STAGES, CHUNK, BLOCK_V), u.dtype),  # u_s
+            vec, vec, vec,  # g_s, last_s, conn_s
+            swz((CHUNK, BLOCK_V), u.dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
+            swz((CHUNK, BLOCK_V), u.dtype),  # vn_s: staging of v_new
+            swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
+            swz((dk, BLOCK_V), states_dtype),  # hst_s: staging of h (and S of W S if 16-bit)
+            plgpu.Barrier(num_arrivals=6, num_barriers=STAGES),  # in_bar: a stage's 6 copies
+            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
+            plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+        ] + ([] if share else [swz((dk, BLOCK_V), k.dtype)])  # sb_s: S, operand of W S
+        + ([plgpu.SMEM((dk, CHUNK), k.dtype)] if interpret else []),  # kt_s: k^T, interpret
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name="gdn_chunk_delta_h",
+    )
+    h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
+    with jax.named_scope("gdn_chunk_delta_h_mosaic"):
+        h, vn, final_state = call(k, w, u, gc, last, conn, *h0)
+    return h, vn[:, :seq_len], final_state
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "return_residual", "interpret"))
+def gated_delta_rule_fwd_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    beta: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    return_residual: bool = False,
+    interpret: bool = False,
+):
+    """Forward of Gated DeltaNet (``g``) or DeltaNet (``g=None``): XLA WY preparation, then
+    :func:`chunk_delta_h_mosaic` and the scalar-decay :func:`pallas_kernels.simple_gla.
+    kernel_mosaic_gpu.chunk_output_mosaic` on ``v_new`` (module docstring).
+
+    Computes, per batch row and value head (paper arXiv 2607.07953, Eqs. 15-17)::
+
+        u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t),   S_t = e^{g_t} S_{t-1} + k_t u_t^T,
+        o_t = scale * S_t^T q_t
+
+    with the state reset to zero at document starts.
+
+    Args:
+        q, k: ``[B, T, Hk, K]``, bf16 or fp16 (GVA when ``Hk < H``: value head ``h`` reads
+            query/key head ``h // (H // Hk)``); used as given (L2-normalise them beforehand).
+        v: ``[B, T, H, V]``, same dtype; ``K, V`` in {64, 128}.
+        g: log-decay ``[B, T, H]`` (natural log, ``<= 0``; fp32 preferred) or ``None``.
+        beta: write strengths ``[B, T, H]`` in ``(0, 1)``, any float dtype (used in fp32).
+        scale: read-out scale (static); ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` or ``None`` (zeros); first document of each row only.
+        segment_ids: optional int ``[B, T]`` (packed documents).
+        return_residual: also return ``v_new`` (the residual ``u`` of the reference).
+        interpret: Mosaic GPU interpret mode (CPU, tests).
+
+    Returns:
+        ``(o, final_state)``, or ``(o, final_state, v_new)`` with ``return_residual``: ``o`` and
+        ``v_new`` ``[B, T, H, V]`` in the input dtype, ``final_state`` ``[B, H, K, V]`` fp32, as
+        :func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference` up to the
+        16-bit rounding of ``W``, ``U``, ``v_new``, the chunk states and ``o``.
+
+    Raises:
+        ValueError: on a ``beta`` that is not ``[B, T, H]``, and as
+            :func:`chunk_delta_h_mosaic` and ``chunk_output_mosaic``.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads = v.shape[2]
+    if scale is None:
+        scale = dk ** -0.5
+    if beta.shape != (batch, seq_len, heads):
+        raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
+    mgl.check_kv_gates(k, v, g, segment_ids)
+    with jax.named_scope("gdn_wy_prepare"):
+        # W and U per value head in fp32 (GVA keys repeated, as FLA's repeat_interleave), then
+        # rounded once to the input dtype: they are TMA inputs and wgmma operands.
+        k_heads = jnp.repeat(k, heads // kv_heads, axis=2)
+        w, u = chunked.wy_representation(k_heads, v, g, beta, segment_ids=segment_ids,
+                                         chunk_size=CHUNK)
+        w, u = w[:, :seq_len].astype(k.dtype), u[:, :seq_len].astype(v.dtype)
+    # h only feeds chunk_output_mosaic's wgmma: stored in the input dtype.
+    h, v_new, final_state = chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,
+                                                 segment_ids=segment_ids,
+                                                 states_dtype=v.dtype, interpret=interpret)
+    o = sg.chunk_output_mosaic(q, k, v_new, g, h, scale=scale, segment_ids=segment_ids,
+                               interpret=interpret)
+    return (o, final_state, v_new) if return_residual else (o, final_state)
