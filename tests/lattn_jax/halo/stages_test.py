@@ -1,6 +1,8 @@
 """HALO stages on tiny data: each stage's loss falls, and a stage resumes from its checkpoint."""
 
 import dataclasses
+import json
+import os
 import time
 from unittest import mock
 
@@ -275,6 +277,31 @@ class ResumeTest(absltest.TestCase):
                                    rtol=1e-6, atol=0)
         # A cut run differs from the whole one if the data or the state were not restored.
         self.assertLen(set(np.round(whole["losses"], 6)), steps)
+
+    def test_resume_drops_the_metrics_logged_after_the_checkpoint(self):
+        # A run killed after logging steps 4-5 past its checkpoint at 3: the resumed run logs
+        # steps 4-6 again, and metrics.jsonl has each step once, in order.
+        def run(workdir, tcfg, data):
+            return stages.run_stage1(
+                workdir=workdir, teacher_cfg=self.teacher_cfg,
+                teacher_params=self.teacher_params, student_cfg=self.stage1_cfg,
+                optim_cfg=optim_cfg(3e-3), train_cfg=tcfg, batches=data,
+                print_fn=lambda s: None, seq_len=16)
+
+        def cfg(**kw):
+            return config_lib.TrainConfig(total_steps=6, checkpoint_every=3, log_every=1, **kw)
+
+        workdir = self.create_tempdir().full_path
+        run(workdir, cfg(max_steps_per_run=3), grain_batches())
+        path = os.path.join(workdir, "metrics.jsonl")
+        with open(path, "a") as f:
+            for step in (4, 5):
+                f.write(json.dumps({"step": step, "loss": 123.0}) + "\n")
+        run(workdir, cfg(), grain_batches())
+        with open(path) as f:
+            records = [json.loads(ln) for ln in f]
+        self.assertEqual([r["step"] for r in records], [1, 2, 3, 4, 5, 6])
+        self.assertNotIn(123.0, [r["loss"] for r in records])
 
     def test_stage1_resumes_exactly(self):
         def run(workdir, tcfg, data):
