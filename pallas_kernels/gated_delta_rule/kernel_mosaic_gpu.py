@@ -1,4 +1,4 @@
-"""Gated DeltaNet / DeltaNet forward on Pallas Mosaic GPU kernels (Hopper), issue 29.
+"""Gated DeltaNet / DeltaNet on Pallas Mosaic GPU kernels (Hopper): forward, reverse state pass.
 
 Nothing dispatches here yet (``implementation="auto"`` keeps GDN on the Triton kernels of
 ``kernel_gpu.py``). The forward, :func:`gated_delta_rule_fwd_mosaic`, is the chunk form of
@@ -45,6 +45,12 @@ dtype) through another SMEM tile, writes ``last e^{G_L - G} v_new`` to a swizzle
 and adds ``wgmma(K^T, that)`` to ``keep e^{G_L} S``. The delta state map is affine in ``S`` but
 with a ``[K, K]`` matrix (``keep e^{G_L} I - (e_out K)^T W``), not a scalar, so the sequence
 pieces of the scalar-decay pass are not carried over (the Triton kernels' ``segments`` show how).
+
+Backward (started): :func:`chunk_delta_dh_mosaic` is the reverse delta state pass (FLA's
+``chunk_gated_delta_rule_bwd_dhu``, ``kernel_gpu.py``'s ``_backward_state``): the gradients of
+the states leaving every chunk, the total ``v_new`` gradient and ``dh0``, same kernel structure
+in reverse chunk order. The parameter gradients (``dq, dk, dv, dbeta, dg`` from ``h``, ``dh``,
+``v_new``, ``dv_new``) and a ``custom_vjp`` are not written yet.
 
 CPU testing as in the scalar-decay module: interpret mode (``k^T`` copied into SMEM, plain
 vector loads) and lowering for CUDA; see that module's docstring.
