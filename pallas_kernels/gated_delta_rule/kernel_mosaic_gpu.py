@@ -1,4 +1,4 @@
-"""Gated DeltaNet / DeltaNet forward on Pallas Mosaic GPU kernels (Hopper), issue 29.
+"""Gated DeltaNet / DeltaNet on Pallas Mosaic GPU kernels (Hopper): forward, reverse state pass.
 
 Nothing dispatches here yet (``implementation="auto"`` keeps GDN on the Triton kernels of
 ``kernel_gpu.py``). The forward, :func:`gated_delta_rule_fwd_mosaic`, is the chunk form of
@@ -45,6 +45,12 @@ dtype) through another SMEM tile, writes ``last e^{G_L - G} v_new`` to a swizzle
 and adds ``wgmma(K^T, that)`` to ``keep e^{G_L} S``. The delta state map is affine in ``S`` but
 with a ``[K, K]`` matrix (``keep e^{G_L} I - (e_out K)^T W``), not a scalar, so the sequence
 pieces of the scalar-decay pass are not carried over (the Triton kernels' ``segments`` show how).
+
+Backward (started): :func:`chunk_delta_dh_mosaic` is the reverse delta state pass (FLA's
+``chunk_gated_delta_rule_bwd_dhu``, ``kernel_gpu.py``'s ``_backward_state``): the gradients of
+the states leaving every chunk, the total ``v_new`` gradient and ``dh0``, same kernel structure
+in reverse chunk order. The parameter gradients (``dq, dk, dv, dbeta, dg`` from ``h``, ``dh``,
+``v_new``, ``dv_new``) and a ``custom_vjp`` are not written yet.
 
 CPU testing as in the scalar-decay module: interpret mode (``k^T`` copied into SMEM, plain
 vector loads) and lowering for CUDA; see that module's docstring.
@@ -367,3 +373,281 @@ def gated_delta_rule_fwd_mosaic(
     o = sg.chunk_output_mosaic(q, k, v_new, g, h, scale=scale, segment_ids=segment_ids,
                                interpret=interpret)
     return (o, final_state, v_new) if return_residual else (o, final_state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward: the reverse delta state pass.
+
+
+def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, conn_ref, *rest,
+                         num_chunks: int, group: int, scale: float, has_dht: bool,
+                         fp32_states: bool, interpret: bool):
+    """Kernel body of :func:`chunk_delta_dh_mosaic`; refs are GMEM.
+
+    ``rest`` = ``[dht_ref,] dh_ref, dvn_ref, dh0_ref`` then the scratch. ``ds_s`` (``dS`` in 16
+    bits) is the right operand of ``K dS``; it is also the staging tile of ``dh`` when ``dh`` is
+    stored in the input dtype, while fp32 ``dh`` goes out through ``state_s``.
+    """
+    rest = list(rest)
+    dht_ref = rest.pop(0) if has_dht else None
+    (dh_ref, dvn_ref, dh0_ref, q_s, k_s, w_s, do_s, dvl_s, g_s, last_s, conn_s, dod_s, dvn_s,
+     dvneg_s, state_s, ds_s, in_bar, in_free, io_bar, done, *shim) = rest
+    qt_s, wt_s = shim if interpret else (None, None)
+    dhst_s = state_s if fp32_states else ds_s  # staging of the stored dh
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = q_s.shape[-1]
+
+    @pl.when(wg == 1)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def issue(i, slot):  # step i reads chunk N - 1 - i
+            rows = pl.ds((num_chunks - 1 - i) * CHUNK, CHUNK)
+            bar = in_bar.at[slot]
+            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], w_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h, cols], do_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(dvl_ref.at[b, rows, h, cols], dvl_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
+
+        mgl.ring_producer(issue, num_chunks, in_free)
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        if has_dht:
+            plgpu.copy_gmem_to_smem(dht_ref.at[b, h, :, cols], state_s, io_bar)
+            plgpu.barrier_wait(io_bar)
+            d0 = mgl.load_tile(state_s, interpret)
+        else:
+            d0 = mgl.zeros_acc((dk, BLOCK_V), interpret)
+
+        def step(i, d):
+            n = num_chunks - 1 - i
+            slot = lax.rem(i, STAGES)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            # The stores of step i - 1 (dh, dv_new) must have read their tiles; its wgmma
+            # reading ds_s, dvneg_s and dod_s finished when their accumulators were read.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            ds_s[...] = d.astype(ds_s.dtype)
+            if fp32_states:
+                state_s[...] = d
+            plgpu.commit_smem()
+            # dS', the gradient of the state leaving chunk n, goes to HBM as dh[n].
+            plgpu.copy_smem_to_gmem(dhst_s, dh_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(in_bar.at[slot])
+
+            def k_dstate(acc):
+                plgpu.wgmma(acc, k_s.at[slot], ds_s)  # K dS', [C, 64], fp32 accumulation
+                return acc[...]
+
+            # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
+            kds = lax.optimization_barrier(pl.run_scoped(k_dstate, plgpu.ACC((CHUNK, BLOCK_V))))
+            g = mgl.load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
+            g_last = g_s[slot, CHUNK - 1]
+            # Token s reaches the state leaving the chunk as last_s e^{G_L - G_s} (<= 1); the
+            # incoming state reaches token t as conn_t e^{G_t}.
+            k_decay = jnp.exp(g_last - g) * mgl.load_rows(last_s.at[slot], interpret)
+            q_decay = scale * jnp.exp(g) * mgl.load_rows(conn_s.at[slot], interpret)
+            d_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]  # keep: 0 if a document starts
+            dvl = mgl.load_tile(dvl_s.at[slot], interpret).astype(jnp.float32)
+            dvn = dvl + kds * mgl.by_row(k_decay, kds.shape)  # total dv_new, fp32
+            do = mgl.load_tile(do_s.at[slot], interpret).astype(jnp.float32)
+            dvn_s[...] = dvn.astype(dvn_s.dtype)
+            dvneg_s[...] = (-dvn).astype(dvneg_s.dtype)
+            dod_s[...] = (do * mgl.by_row(q_decay, do.shape)).astype(dod_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(dvn_s, dvn_ref.at[b, rows, h, cols])
+            q_t = mgl.transposed(q_s.at[slot], qt_s, interpret)  # copies if interpreting
+            w_t = mgl.transposed(w_s.at[slot], wt_s, interpret)
+
+            def update(acc):
+                plgpu.wgmma(acc, q_t, dod_s)  # scale Q^T (conn e^G do)
+                plgpu.wgmma(acc, w_t, dvneg_s)  # - W^T dv_new, same accumulator
+                return acc[...]
+
+            # A fresh accumulator plus the decayed carry (no run_state in the 0.10.2
+            # interpreter); the barrier keeps the add after the accumulator read.
+            upd = lax.optimization_barrier(pl.run_scoped(update, plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])
+            return d * d_decay + upd
+
+        d = lax.fori_loop(0, num_chunks, step, d0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        state_s[...] = d
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(state_s, dh0_ref.at[b, h, :, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "interpret"))
+def chunk_delta_dh_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    w: jax.Array,
+    do: jax.Array,
+    dv_local: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    scale: float,
+    final_state_grad: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    states_dtype=jnp.float32,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, jax.Array]:
+    """The reverse delta state pass: state gradients of every chunk, total ``dv_new``, ``dh0``.
+
+    The backward of :func:`chunk_delta_h_mosaic` with the read-out, as a Mosaic GPU kernel: the
+    counterpart of FLA's ``chunk_gated_delta_rule_bwd_dhu`` (``fla/ops/common/chunk_delta_h.py``)
+    and of ``_backward_state_kernel`` in :mod:`pallas_kernels.gated_delta_rule.kernel_gpu`
+    (the Triton reverse pass; same terms, same masks). In the chunk form (module docstring;
+    ``kernel_gpu.py``'s "Backward algebra"), per batch row, value head and chunk ``c`` of 64
+    tokens with entry state ``S_c``, ``G`` the chunk-local inclusive cumulative log-decay (fp32)
+    and ``G_L`` its last entry::
+
+        v_new_c = U_c - W_c S_c
+        o_c     = scale (diag(conn e^G) Q_c S_c + (Q_c K_c^T * D) v_new_c)
+        S_{c+1} = keep_c e^{G_L} S_c + (diag(last e^{G_L - G}) K_c)^T v_new_c
+
+    so with ``dS'_c = dL/dS_{c+1}`` (the gradient of the state *leaving* chunk ``c``;
+    ``final_state_grad`` for the last chunk) the chain rule runs, for ``c = N - 1, ..., 0``::
+
+        dv_new_c = dv_local_c + diag(last e^{G_L - G}) K_c dS'_c                   ([64, V])
+        dS'_{c-1} = keep_c e^{G_L} dS'_c + scale (diag(conn e^G) Q_c)^T do_c - W_c^T dv_new_c
+
+    (all fp32), where ``dv_local_c = dL/dv_new_c`` through the chunk's own read-out, i.e.
+    ``scale (Q_c K_c^T * D)^T do_c``, plus any direct cotangent of the returned residual
+    ``v_new`` (``kernel_gpu.py``'s ``dvn_in``): the caller forms it (it needs the ``[C, C]``
+    mask, a parallel per-chunk product). ``D_ts = e^{G_t - G_s}`` on causal same-document
+    pairs; ``conn_t`` is 1 on the tokens of the document open before the chunk, ``last_s`` 1
+    on the chunk's last document, ``keep_c = conn`` of its last token (0 when a document starts
+    inside the chunk). ``W``'s rows already carry ``conn`` (``W = T diag(beta conn e^G) K``), so
+    ``-W^T dv_new`` needs no mask. ``dS'_{-1}`` is the gradient w.r.t. ``initial_state``, which
+    reaches only the first document. ``dv_new`` is the total gradient of ``v_new``, from
+    which the caller gets ``dU`` (``= dv_new``) and ``dW = -dv_new S_c^T``; the per-chunk
+    ``dS'`` gives ``dk += last e^{G_L - G} v_new dS'^T`` etc. (``kernel_gpu.py``'s
+    ``_backward_chunk_kernel``). All are per value head; GVA sums over a group are the
+    caller's.
+
+    Kernel structure, :func:`chunk_delta_h_mosaic`'s in reverse chunk order: one CTA per
+    ``(b, h, 64 value columns)``, two warpgroups. The memory warpgroup streams ``q``, ``k``
+    (key head ``h // group``), ``w``, ``do``, ``dv_local`` (value head ``h``) and the gate,
+    ``last`` and ``conn`` vectors of chunks ``N - 1, ..., 0`` into a two-stage TMA ring (8
+    copies per stage). The state warpgroup keeps ``dS'`` (``[K, 64]`` fp32) in registers; per
+    chunk it stores it as ``dh[c]`` through an SMEM tile (the 16-bit one is also the right
+    operand of ``wgmma(K, dS')``), forms ``dv_new`` in fp32 (the ``last e^{G_L - G}`` row
+    factor is applied to the fp32 product, not to ``K``), stores it (input dtype), and adds
+    ``wgmma(Q^T, scale conn e^G do) + wgmma(W^T, -dv_new)`` (one accumulator; ``Q^T``,
+    ``W^T`` transposed SMEM operands, copies when interpreting) to ``keep e^{G_L} dS'``.
+    SMEM at K = V = 128: about 200 KB.
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
+            query/key head ``h // (H // Hk)``).
+        k: keys ``[B, T, Hk, K]``, q's shape and dtype.
+        w: ``W = T diag(beta conn e^G) K`` ``[B, T, H, K]`` per value head, q's dtype (the
+            forward's operand, :func:`chunk_delta_h_mosaic`).
+        do: output gradient ``[B, T, H, V]``, q's dtype. ``K, V`` in {64, 128}.
+        dv_local: ``[B, T, H, V]``, q's dtype: the gradient of ``v_new`` through the chunk's
+            own read-out (and the residual's cotangent), see above.
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        scale: read-out scale of the forward (static).
+        final_state_grad: ``[B, H, K, V]`` gradient w.r.t. the final state (read as fp32), or
+            ``None`` for zeros.
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        states_dtype: dtype of the stored ``dh`` (static): fp32 (default) or the input dtype
+            (when ``dh`` only feeds ``wgmma`` operands). The carried ``dS'`` is fp32 in
+            registers either way; ``K dS'`` reads it rounded to the input dtype.
+        interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(dh, dv_new, dh0)``: ``dh`` ``[B, H, N, K, V]`` in ``states_dtype`` (the layout of
+        the forward's ``h``; ``N = ceil(T / 64)``), ``dh[:, :, c]`` the gradient w.r.t. the
+        state *leaving* chunk ``c`` (paired with ``h[:, :, c]``, the state entering it, as in
+        FLA and ``kernel_gpu.py``; ``final_state_grad`` or zeros for the last chunk);
+        ``dv_new`` ``[B, T, H, V]`` in the input dtype, the total gradient of ``v_new``;
+        ``dh0`` ``[B, H, K, V]`` fp32, the gradient w.r.t. ``initial_state``. Exact up to the
+        16-bit rounding of the ``wgmma`` operands (``dS'`` in ``K dS'``,
+        ``scale conn e^G do``, ``dv_new``) with fp32 accumulation.
+
+    Raises:
+        ValueError: on mismatched shapes or dtypes of ``q, k, w, do, dv_local``, unsupported
+            head dims or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``,
+            ``segment_ids`` or ``final_state_grad`` shape, or a ``states_dtype`` that is
+            neither fp32 nor the input dtype.
+    """
+    batch, seq_len, kv_heads, dk = q.shape
+    heads, dv = do.shape[2], do.shape[3]
+    mgl.check_kv_gates(q, do, g, segment_ids, names=("q", "do"))
+    if k.shape != q.shape or k.dtype != q.dtype:
+        raise ValueError(f"k must have q's shape {q.shape} and dtype {q.dtype}, got {k.shape=} "
+                         f"{k.dtype=}")
+    if w.shape != (batch, seq_len, heads, dk) or w.dtype != q.dtype:
+        raise ValueError(f"w must be [B, T, H, K] = {(batch, seq_len, heads, dk)} in q's dtype "
+                         f"{q.dtype}, got {w.shape=} {w.dtype=}")
+    if dv_local.shape != do.shape or dv_local.dtype != do.dtype:
+        raise ValueError(f"dv_local must have do's shape {do.shape} and dtype {do.dtype}, got "
+                         f"{dv_local.shape=} {dv_local.dtype=}")
+    states_dtype = mgl.check_states_dtype(states_dtype, q.dtype)
+    if final_state_grad is not None and final_state_grad.shape != (batch, heads, dk, dv):
+        raise ValueError(f"final_state_grad must be [B, H, K, V] = {(batch, heads, dk, dv)}, "
+                         f"got {final_state_grad.shape=}")
+
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    # Padding tokens have q = k = w = do = dv_local = 0 and g = 0: dv_new = 0 there and dS'
+    # passes through unchanged.
+    q, k, w, do, dv_local = (mgl.pad_time(x, num_chunks) for x in (q, k, w, do, dv_local))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    has_dht = final_state_grad is not None
+    fp32_states = states_dtype == jnp.dtype(jnp.float32)
+    kernel = functools.partial(_delta_dstate_kernel, num_chunks=num_chunks,
+                               group=heads // kv_heads, scale=float(scale), has_dht=has_dht,
+                               fp32_states=fp32_states, interpret=interpret)
+    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    swz = mgl.swizzled_smem
+    call = plgpu.kernel(
+        kernel,
+        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
+                  jax.ShapeDtypeStruct((batch, padded, heads, dv), do.dtype),
+                  jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
+        scratch_types=[
+            swz((STAGES, CHUNK, dk), q.dtype),  # q_s
+            swz((STAGES, CHUNK, dk), k.dtype),  # k_s
+            swz((STAGES, CHUNK, dk), w.dtype),  # w_s
+            swz((STAGES, CHUNK, BLOCK_V), do.dtype),  # do_s
+            swz((STAGES, CHUNK, BLOCK_V), do.dtype),  # dvl_s
+            vec, vec, vec,  # g_s, last_s, conn_s
+            swz((CHUNK, BLOCK_V), do.dtype),  # dod_s: scale conn e^G do, the wgmma operand
+            swz((CHUNK, BLOCK_V), do.dtype),  # dvn_s: staging of dv_new
+            swz((CHUNK, BLOCK_V), do.dtype),  # dvneg_s: -dv_new, the wgmma operand
+            swz((dk, BLOCK_V), jnp.float32),  # state_s: dht, dh0 (and fp32 dh) staging
+            swz((dk, BLOCK_V), q.dtype),  # ds_s: dS' in 16 bits (operand; 16-bit dh staging)
+            plgpu.Barrier(num_arrivals=8, num_barriers=STAGES),  # in_bar: a stage's 8 copies
+            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
+            plgpu.Barrier(num_arrivals=1),  # io_bar: dht landed
+            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+        ] + ([plgpu.SMEM((dk, CHUNK), q.dtype)] * 2 if interpret else []),  # qt_s, wt_s
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name="gdn_chunk_delta_dh",
+    )
+    dht = () if final_state_grad is None else (final_state_grad.astype(jnp.float32),)
+    with jax.named_scope("gdn_chunk_delta_dh_mosaic"):
+        dh, dvn, dh0 = call(q, k, w, do, dv_local, gc, last, conn, *dht)
+    return dh, dvn[:, :seq_len], dh0

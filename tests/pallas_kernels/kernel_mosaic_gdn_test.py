@@ -1,8 +1,9 @@
-"""The Mosaic GPU (``plgpu``) forward of Gated DeltaNet / DeltaNet, tested on CPU and the H200.
+"""The Mosaic GPU (``plgpu``) kernels of Gated DeltaNet / DeltaNet, tested on CPU and the H200.
 
 ``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py`` (issue 29, not dispatched) has the delta
-state pass :func:`chunk_delta_h_mosaic` and the forward :func:`gated_delta_rule_fwd_mosaic` (XLA
-WY preparation, the state pass, then the scalar-decay output kernel on ``v_new``).
+state pass :func:`chunk_delta_h_mosaic`, the forward :func:`gated_delta_rule_fwd_mosaic` (XLA
+WY preparation, the state pass, then the scalar-decay output kernel on ``v_new``) and the reverse
+delta state pass :func:`chunk_delta_dh_mosaic` (the first backward kernel).
 ``StatePassInterpretTest`` and ``ForwardInterpretTest`` run them in jax's Mosaic GPU interpret
 mode (``InterpretGPUParams`` with race detection) and check, against the fp32 token-serial
 reference (:func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`, run on
@@ -11,8 +12,12 @@ reference's residual ``u``), the final state and ``o``, on bf16 inputs rounded o
 reference (``q, k`` L2-normalised first). The kernels add 16-bit roundings of ``W``, ``U``, the
 states and ``v_new`` (fp32 accumulation), so the gate is the relative RMS error (< 5e-3, the GPU
 kernels' gate in BUILD.md) plus ``assert_allclose`` at the bf16 forward tolerance.
-``LoweringTest`` lowers for CUDA on the CPU host; ``GpuTest`` (marked ``gpu``) compiles the real
-kernels at realistic rows.
+``DeltaDhInterpretTest`` runs the reverse delta state pass :func:`chunk_delta_dh_mosaic` and
+checks ``dh`` (gradients of the states leaving each chunk), the total ``dv_new`` gradient and
+``dh0`` against ``jax.vjp`` of a small fp32 chunk form written here (:func:`_chunk_form`, with
+additive perturbations of the chunk states and of ``v_new``), which ``ChunkFormTest`` checks
+against the token-serial reference (relative RMS < 1e-4). ``LoweringTest`` lowers for CUDA on
+the CPU host; ``GpuTest`` (marked ``gpu``) compiles the real kernels at realistic rows.
 
 A failing interpreted kernel may hang instead of raising; run one test at a time under
 ``timeout`` (``pallas_kernels/common/MOSAIC_GPU.md``, "Interpreter hang seen").
@@ -24,6 +29,7 @@ import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
+from pallas_kernels import common
 from pallas_kernels.gated_delta_rule import chunked, reference
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from tests import tolerances
@@ -153,6 +159,184 @@ class ForwardInterpretTest(parameterized.TestCase):
             _assert_close(self, name, got, want)
 
 
+# ----------------------------------------------------------------------------------------------
+# The reverse delta state pass (chunk_delta_dh_mosaic).
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+def _pad_chunks(x, n_chunks):
+    pad = n_chunks * kgd.CHUNK - x.shape[1]
+    return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
+
+
+def _chunk_gates(g, seg, shape, n_chunks):
+    """Per chunk ``(gam [B, C, H], conn [B, C], last [B, C], dmat [B, C, C, H])``, fp32, from
+    ``common.document_index`` (test-side, not the kernels' ``doc_vectors``)."""
+    batch, seq_len, heads = shape
+    gf = _pad_chunks(jnp.zeros(shape) if g is None else g.astype(jnp.float32), n_chunks)
+    seg = jnp.zeros((batch, seq_len), jnp.int32) if seg is None else seg
+    doc = jnp.pad(common.document_index(seg), ((0, 0), (0, n_chunks * kgd.CHUNK - seq_len)),
+                  mode="edge")
+    causal = jnp.tril(jnp.ones((kgd.CHUNK, kgd.CHUNK), bool))
+    for n in range(n_chunks):
+        sl = slice(n * kgd.CHUNK, (n + 1) * kgd.CHUNK)
+        gam = jnp.cumsum(gf[:, sl], axis=1)
+        dc = doc[:, sl]
+        prev = dc[:, :1] if n == 0 else doc[:, n * kgd.CHUNK - 1:n * kgd.CHUNK]
+        mask = (causal[None] & (dc[:, :, None] == dc[:, None, :]))[..., None]  # [B, t, s, 1]
+        expo = jnp.where(mask, gam[:, :, None, :] - gam[:, None, :, :], 0.0)
+        yield (gam, (dc == prev).astype(jnp.float32), (dc == dc[:, -1:]).astype(jnp.float32),
+               jnp.where(mask, jnp.exp(expo), 0.0))
+
+
+def _chunk_form(q, k, w, u, g, seg, h0, e, f, scale):
+    """fp32 chunk form of the GDN forward with additive perturbations ``e`` and ``f``.
+
+    ``q, k, w`` ``[B, T, H, K]`` and ``u, f`` ``[B, T, H, V]`` fp32 (value heads), ``h0``
+    ``[B, H, K, V]``; ``e`` ``[B, H, N, K, V]`` is added to the state leaving chunk ``n`` and
+    ``f`` to ``v_new``. Returns ``(o, final_state)``. Written from the chunk equations
+    (``kernel_gpu.py``'s module docstring); ``ChunkFormTest`` checks it against the token-serial
+    reference, so ``jax.vjp`` of it w.r.t. ``(h0, e, f)`` at zero perturbations gives the
+    reverse pass's ``dh0``, ``dh`` (the gradients of the states leaving each chunk) and the
+    total ``dv_new`` by autodiff, not by the hand-derived recursion the kernel runs.
+    """
+    seq_len, n_chunks = k.shape[1], e.shape[2]
+    q, k, w, u, f = (_pad_chunks(x, n_chunks) for x in (q, k, w, u, f))
+    s, outs = h0, []
+    for n, (gam, conn, last, dmat) in enumerate(_chunk_gates(g, seg, k.shape[:1] + (seq_len,)
+                                                             + k.shape[2:3], n_chunks)):
+        sl = slice(n * kgd.CHUNK, (n + 1) * kgd.CHUNK)
+        vn = u[:, sl] - jnp.einsum("bthk,bhkv->bthv", w[:, sl], s, precision=_HI) + f[:, sl]
+        e_in = conn[:, :, None] * jnp.exp(gam)  # [B, C, H]
+        qk = jnp.einsum("bthk,bshk->btsh", q[:, sl], k[:, sl], precision=_HI) * dmat
+        o = (jnp.einsum("bthk,bhkv->bthv", q[:, sl] * e_in[..., None], s, precision=_HI)
+             + jnp.einsum("btsh,bshv->bthv", qk, vn, precision=_HI))
+        outs.append(scale * o)
+        e_out = last[:, :, None] * jnp.exp(gam[:, -1:] - gam)  # [B, C, H]
+        keep = conn[:, -1:] * jnp.exp(gam[:, -1])  # [B, H]
+        s = (keep[..., None, None] * s
+             + jnp.einsum("bthk,bthv->bhkv", k[:, sl] * e_out[..., None], vn, precision=_HI)
+             + e[:, :, n])
+    return jnp.concatenate(outs, axis=1)[:, :seq_len], s
+
+
+def _dv_local(q, k, g, seg, do, scale):
+    """``scale (Q K^T * D)^T dO`` per chunk (fp32): ``v_new``'s gradient through its own
+    chunk's read-out, the kernel's ``dv_local`` input."""
+    seq_len = k.shape[1]
+    n_chunks = -(-seq_len // kgd.CHUNK)
+    q, k, do = (_pad_chunks(x, n_chunks) for x in (q, k, do))
+    out = []
+    for n, (_, _, _, dmat) in enumerate(_chunk_gates(g, seg, k.shape[:1] + (seq_len,)
+                                                     + k.shape[2:3], n_chunks)):
+        sl = slice(n * kgd.CHUNK, (n + 1) * kgd.CHUNK)
+        qk = jnp.einsum("bthk,bshk->btsh", q[:, sl], k[:, sl], precision=_HI) * dmat
+        out.append(scale * jnp.einsum("btsh,bthv->bshv", qk, do[:, sl], precision=_HI))
+    return jnp.concatenate(out, axis=1)[:, :seq_len]
+
+
+def _reference_dh(q, k, w, g, seg, do, dht, scale):
+    """``(dh, dv_new, dh0)`` of the chunk form by ``jax.vjp`` (fp32; ``dht=None``: zeros)."""
+    batch, seq_len, heads, dk = k.shape
+    dv = do.shape[-1]
+    n_chunks = -(-seq_len // kgd.CHUNK)
+    u = jnp.zeros((batch, seq_len, heads, dv))  # the gradients do not depend on U
+
+    def fn(h0, e, f):
+        return _chunk_form(q, k, w, u, g, seg, h0, e, f, scale)
+
+    _, vjp = jax.vjp(fn, jnp.zeros((batch, heads, dk, dv)),
+                     jnp.zeros((batch, heads, n_chunks, dk, dv)), u)
+    dht = jnp.zeros((batch, heads, dk, dv)) if dht is None else dht
+    dh0, dh, dvn = vjp((do.astype(jnp.float32), dht))
+    return dh, dvn, dh0
+
+
+def _dh_inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, dht, docs, seed=0):
+    """bf16 kernel inputs ``q, k`` (``Hk`` heads), ``w``, ``do``, ``dv_local``, fp32 ``g``,
+    ``dht``, ``segment_ids``, and the fp32 value-head ``qf, kf, wf, dof`` the reference reads
+    (the same rounded values)."""
+    q, k, v, g, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
+                                       h0=False, docs=docs, seed=seed)
+    w, _ = _wy(k, v, g, beta, seg)
+    keys = jax.random.split(jax.random.key(seed + 7), 2)
+    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
+    state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    scale = dk ** -0.5
+    qf, kf, wf, dof = _expand(q, heads), _expand(k, heads), w.astype(jnp.float32), do.astype(
+        jnp.float32)
+    dvl = _dv_local(qf, kf, g, seg, dof, scale).astype(jnp.bfloat16)
+    return (q, k, w, do, dvl, g, state_grad, seg), (qf, kf, wf, dof), scale
+
+
+# B, T, H, Hk, K, V, decay (None: DeltaNet), dht, document lengths (the rest one more document)
+_DH_CASES = (
+    ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.1, False, None),
+    # starts at 64 (a chunk boundary), 100 (inside chunk 1) and 130 (inside the partial chunk 2)
+    ("gva_dht_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, (64, 36, 30)),
+    # T = 65, K = 128, V = 64 (strong decay, dht) hung in the interpreter in 3 of 3 runs (0 %
+    # CPU, MOSAIC_GPU.md Sec. 5), so the strong-decay cases split K = 128 and the partial chunk.
+    ("strong_decay_dht_T128_K128_V64", 2, 128, 1, 1, 128, 64, 5.0, True, None),
+    ("strong_decay_dht_partial_T65_K64_V64", 2, 65, 1, 1, 64, 64, 5.0, True, None),
+    ("deltanet_dht_T100_K64_V64", 1, 100, 1, 1, 64, 64, None, True, None),
+    ("gva_packed_T192_K128_V128", 1, 192, 2, 1, 128, 128, 0.1, True, (70, 30)),
+)
+
+
+class ChunkFormTest(parameterized.TestCase):
+    """The test-side chunk form (:func:`_chunk_form`) equals the token-serial reference, so its
+    autodiff gradients are a valid reference for the reverse pass."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_packed_partial_T150", 1, 150, 2, 1, 64, 64, 0.02, (64, 36, 30)),
+        ("strong_decay_h0_T65", 1, 65, 1, 1, 64, 64, 5.0, None),
+        ("deltanet_packed_T130", 1, 130, 1, 1, 64, 64, None, (10, 60)),
+    )
+    def test_chunk_form_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                          docs):
+        q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                               decay=decay, h0=True, docs=docs)
+        qf, kf, vf = _expand(q, heads), _expand(k, heads), v.astype(jnp.float32)
+        w, u = chunked.wy_representation(kf, vf, g, beta, segment_ids=seg)
+        n_chunks = -(-seq_len // kgd.CHUNK)
+        o, final = _chunk_form(qf, kf, w[:, :seq_len], u[:, :seq_len], g, seg, state,
+                               jnp.zeros((batch, heads, n_chunks, dk, dv)),
+                               jnp.zeros_like(vf), 0.125)
+        want_o, want_final, _ = _reference(q, k, v, g, beta, state, seg, 0.125)
+        self.assertLess(tolerances.rel_err(o, want_o), 1e-4)
+        self.assertLess(tolerances.rel_err(final, want_final), 1e-4)
+
+
+@pytest.mark.slow
+class DeltaDhInterpretTest(parameterized.TestCase):
+
+    def _check(self, batch, seq_len, heads, kv_heads, dk, dv, decay, dht, docs,
+               states_dtype=jnp.bfloat16):
+        args, (qf, kf, wf, dof), scale = _dh_inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                    decay=decay, dht=dht, docs=docs)
+        q, k, w, do, dvl, g, state_grad, seg = args
+        dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                                 final_state_grad=state_grad, segment_ids=seg,
+                                                 states_dtype=states_dtype, interpret=True)
+        want_dh, want_dvn, want_dh0 = _reference_dh(qf, kf, wf, g, seg, dof, state_grad, scale)
+        n_chunks = -(-seq_len // kgd.CHUNK)
+        self.assertEqual((dh.shape, dh.dtype),
+                         ((batch, heads, n_chunks, dk, dv), jnp.dtype(states_dtype)))
+        self.assertEqual((dvn.shape, dvn.dtype), (do.shape, do.dtype))
+        self.assertEqual((dh0.shape, dh0.dtype), ((batch, heads, dk, dv), jnp.float32))
+        for name, got, want in (("dh", dh, want_dh), ("dv_new", dvn, want_dvn),
+                                ("dh0", dh0, want_dh0)):
+            _assert_close(self, name, got, want, allclose=False)
+
+    @parameterized.named_parameters(*_DH_CASES)
+    def test_chunk_delta_dh_matches_autodiff(self, *case):
+        self._check(*case)
+
+    def test_fp32_states(self):
+        self._check(1, 150, 2, 1, 64, 128, 0.02, True, (64, 36, 30), states_dtype=jnp.float32)
+
+
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernels (wgmma, TMA) on bf16 inputs against the fp32 reference."""
@@ -200,6 +384,27 @@ class GpuTest(kmg_test.HopperTestCase):
                                 ("final_state", final, want_final)):
             _assert_close(self, name, got, want, allclose=False)
 
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), dht, document lengths (the rest one more)
+        ("gva_dht_packed_T4096_K128_V128", 1, 4096, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999, 1200)),
+        ("strong_decay_dht_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None),
+        ("packed_T3000_K128_V64", 1, 3000, 2, 2, 128, 64, 0.2, False, (10, 54, 500, 2000)),
+        ("deltanet_dht_packed_T2048_K64_V64", 1, 2048, 2, 2, 64, 64, None, True, (300, 700)),
+        ("fp32_states_T1000_K128_V128", 1, 1000, 2, 2, 128, 128, 0.1, True, None, jnp.float32),
+    )
+    def test_chunk_delta_dh_matches_autodiff(self, batch, seq_len, heads, kv_heads, dk, dv,
+                                             decay, dht, docs, states_dtype=jnp.bfloat16):
+        args, (qf, kf, wf, dof), scale = _dh_inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                    decay=decay, dht=dht, docs=docs, seed=9)
+        q, k, w, do, dvl, g, state_grad, seg = args
+        dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                                 final_state_grad=state_grad, segment_ids=seg,
+                                                 states_dtype=states_dtype)
+        want = _reference_dh(qf, kf, wf, g, seg, dof, state_grad, scale)
+        for name, got, w_ in zip(("dh", "dv_new", "dh0"), (dh, dvn, dh0), want):
+            _assert_close(self, name, got, w_, allclose=False)
+
 
 class LoweringTest(parameterized.TestCase):
 
@@ -230,6 +435,19 @@ class LoweringTest(parameterized.TestCase):
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertIn("gdn_chunk_delta_h", text)
 
+    @parameterized.product(dk=(64, 128), dv=(64, 128), states_dtype=(jnp.bfloat16, jnp.float32))
+    def test_chunk_delta_dh_lowers_for_cuda(self, dk, dv, states_dtype):
+        args, _, scale = _dh_inputs(1, 200, 2, 1, dk, dv, decay=0.2, dht=True, docs=(70, 30))
+
+        def fn(q, k, w, do, dvl, g, state_grad, seg):
+            return kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                             final_state_grad=state_grad, segment_ids=seg,
+                                             states_dtype=states_dtype)
+
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn("gdn_chunk_delta_dh", text)
+
 
 class ValidationTest(absltest.TestCase):
 
@@ -247,6 +465,23 @@ class ValidationTest(absltest.TestCase):
             kgd.gated_delta_rule_fwd_mosaic(q, k, v, g, beta[:, :, :1])
         with self.assertRaisesRegex(ValueError, "head dims"):
             kgd.gated_delta_rule_fwd_mosaic(q, k, v[..., :32], g, beta)
+
+    def test_chunk_delta_dh_rejects_what_it_cannot_run(self):
+        args, _, _ = _dh_inputs(1, 64, 2, 1, 64, 64, decay=0.1, dht=False, docs=None)
+        q, k, w, do, dvl, g, _, _ = args
+        with self.assertRaisesRegex(ValueError, "k must have"):
+            kgd.chunk_delta_dh_mosaic(q, k[:, :32], w, do, dvl, g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "w must be"):
+            kgd.chunk_delta_dh_mosaic(q, k, w[:, :, :1], do, dvl, g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "dv_local must have"):
+            kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl.astype(jnp.float32), g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "final_state_grad must be"):
+            kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=1.0,
+                                      final_state_grad=jnp.zeros((1, 2, 64, 32)))
+        with self.assertRaisesRegex(ValueError, "states_dtype must be"):
+            kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=1.0, states_dtype=jnp.float16)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            kgd.chunk_delta_dh_mosaic(q, k, w, do[..., :32], dvl[..., :32], g, scale=1.0)
 
 
 if __name__ == "__main__":
