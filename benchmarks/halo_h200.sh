@@ -24,14 +24,17 @@
 #       # installs the wheels into $SITE only (to run GPU tests or benchmarks before `start`)
 #   benchmarks/halo_h200.sh start      # after the last data piece: unpacks it and starts, in
 #       # its own session, a driver that waits for the generation, then runs the pipeline
-#   benchmarks/halo_h200.sh wait <seconds>   # waits, then copies the run's small files to $OUT
+#   benchmarks/halo_h200.sh wait <seconds>   # waits and shows the log; once the run has
+#       # ended (or with COLLECT=1), copies its small files to $OUT
 # Without `generate`, `start` runs the pipeline at once (with the bundled teacher text if any).
 #
 # The machine is released after about 30 s without a call, and the run with it (2026-12-02e lost
 # its NIAH that way; 12-02 stop 42 lost a whole run). So: issue the transfer calls together, one
 # message, and chain `start` with the first wait in one call (`... start && halo_h200.sh wait
-# 540`), which leaves two gaps in a 25-minute run. `wait` copies the small files to $OUT on every
-# call, so what a lost machine had written is kept up to its last `wait`.
+# 540`), which leaves two gaps in a 25-minute run. Send each next `wait` the moment the last
+# returns. A `wait` that finds the run going brings no files back (they would lengthen the gap:
+# 2026-12-03 lost its machine right after a wait that returned 4.8 MB), only the log's tail in
+# its output; the wait that finds the run ended copies them to $OUT.
 #
 # The generated text joins Stages 1 and 2 (config argument teacher_text) read TEACHER_WEIGHT
 # times per pass. TEACHER_WEIGHT=auto (default) keeps the share of the 2026-12-02 plan, three
@@ -180,7 +183,6 @@ case "$cmd" in
     echo "driver started: pid $!, log $WORK.log"
     sleep "${SHOW_S:-30}"
     tail -n 20 "$WORK.log"
-    collect
     ;;
   _run)  # the driver (started by `start`): waits for the generation, then runs the pipeline
     name=$(basename "$(ls "$XFER"/bundle/pieces/*.pieces.json)" .pieces.json)
@@ -224,7 +226,14 @@ case "$cmd" in
     pattern='^(===|pipeline:|driver:)|/ (student|teacher|student_stage2):|niah / .* @ '
     [[ -f "$WORK.log" ]] && { grep -E "$pattern" "$WORK.log" | tail -n 60 || true
                               tail -n 8 "$WORK.log"; }
-    collect
+    # Files brought back lengthen the gap before the next call (2026-12-03: the machine was
+    # released right after a wait that returned 4.8 MB): while the run goes on, the log lines
+    # above are the record, and the files come back with the wait that finds it ended.
+    if alive "$WORK.driver.pid" && [[ "${COLLECT:-0}" != 1 ]]; then
+      echo "files left on the machine until the run ends (COLLECT=1 brings them now)"
+    else
+      collect
+    fi
     ;;
   collect)
     collect

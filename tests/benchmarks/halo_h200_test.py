@@ -107,6 +107,32 @@ class HaloH200ScriptTest(absltest.TestCase):
         with open(os.path.join(self.root, "work", "report", "args.json")) as f:
             return json.load(f)
 
+    def test_wait_brings_files_back_only_once_the_run_ended(self):
+        # A wait that returns files lengthens the gap before the next call, and the machine is
+        # released after 30 s idle: while the run goes on, no files unless COLLECT=1.
+        release = os.path.join(self.root, "release")
+        with open(self.stand_in, "w") as f:
+            f.write("import os, time\nprint('stand-in pipeline: waiting', flush=True)\n"
+                    f"while not os.path.exists({release!r}):\n    time.sleep(0.1)\n"
+                    + STAND_IN)
+        packed = self.pack()
+        self.sh("receive", f"{packed}/model.tar.part0", f"{packed}/model.tar.sha256")
+        self.sh("receive", f"{packed}/data.tar.part0", f"{packed}/data.tar.sha256")
+        self.sh("start")
+        self.assertEqual(os.listdir(self.out), [])
+        shown = self.sh("wait", "1")
+        self.assertIn("pipeline: running", shown)
+        self.assertIn("files left on the machine", shown)
+        self.assertEqual(os.listdir(self.out), [])
+        self.sh("wait", "1", env={"COLLECT": "1"})
+        self.assertIn("halo.log", os.listdir(self.out))
+        for name in os.listdir(self.out):
+            os.remove(os.path.join(self.out, name))
+        open(release, "w").close()
+        shown = self.sh("wait", "60")
+        self.assertIn("pipeline: not running", shown)
+        self.assertCountEqual(os.listdir(self.out), ["halo.log", "halo_outputs.tgz"])
+
     def test_bundled_teacher_text_and_its_weight(self):
         # Teacher text written elsewhere travels in the data tar; its weight keeps the plan's
         # share: 3 x 40,116,931 tokens per pass / its kept tokens.
