@@ -59,11 +59,13 @@ _PASSES = flags.DEFINE_list("passes", ["fwd", "fwdbwd"], "Passes: fwd, fwdbwd.")
 _PEERS = flags.DEFINE_list("peers", ["ours", "chunked", "jla", "fla"],
                            "Implementations: ours (auto dispatch), chunked, jla, fla, and "
                            "mosaic (our Mosaic GPU kernels of issue 29, not dispatched yet: "
-                           "lightning only, Hopper or newer).")
+                           "lightning forward and backward, gdn and deltanet forward; Hopper "
+                           "or newer).")
 
-# What the Mosaic GPU kernels (pallas_kernels/simple_gla/kernel_mosaic_gpu.py) cover so far.
-_MOSAIC_OPS = ("lightning",)
-_MOSAIC_PASSES = ("fwd", "fwdbwd")
+# What the Mosaic GPU kernels (pallas_kernels/simple_gla/kernel_mosaic_gpu.py and
+# pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py) cover so far: op -> passes.
+_MOSAIC_PASSES = {"lightning": ("fwd", "fwdbwd"), "gdn": ("fwd",), "deltanet": ("fwd",)}
+_MOSAIC_OPS = tuple(_MOSAIC_PASSES)
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -170,11 +172,16 @@ def _jax_fn(op, peer, segment_ids):
             return o[0]
         return fn
     if peer == "mosaic":
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
         from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
 
         def fn(q, k, v, **gates):
             if op not in _MOSAIC_OPS:  # run_jax skips these; a direct caller gets told
                 raise ValueError(f"peer mosaic covers {', '.join(_MOSAIC_OPS)}, not {op}")
+            if op in ("gdn", "deltanet"):  # forward only: no custom_vjp yet
+                return gdr_mosaic.gated_delta_rule_fwd_mosaic(
+                    q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
+                    segment_ids=segment_ids)[0]
             g = jnp.broadcast_to(gates["g_gamma"], q.shape[:3])
             return kmg.simple_gla_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
                                          segment_ids=segment_ids)[0]
@@ -391,7 +398,8 @@ def run_jax(records):
                 continue
             if peer in ("ours", "mosaic"):
                 try:
-                    gate_ok, errs = correctness_gate(op, peer)
+                    fwd_only = peer == "mosaic" and "fwdbwd" not in _MOSAIC_PASSES[op]
+                    gate_ok, errs = correctness_gate(op, peer, fwd_only=fwd_only)
                 except Exception as e:  # noqa: BLE001 - recorded, never silent
                     gate_ok, errs = False, {"error": repr(e)[:300]}
                 print(f"gate {op} {peer}: {'green' if gate_ok else 'RED'} {errs}", flush=True)
@@ -405,8 +413,8 @@ def run_jax(records):
                 names = () if op == "lightning" else tuple(gates)
                 passes = _jax_passes(_jax_fn(op, peer, seg), names)
                 for pas in _PASSES.value:
-                    if peer == "mosaic" and pas not in _MOSAIC_PASSES:
-                        print(f"skipping peer mosaic {pas}: no Mosaic GPU backward yet",
+                    if peer == "mosaic" and pas not in _MOSAIC_PASSES[op]:
+                        print(f"skipping peer mosaic {op} {pas}: no Mosaic GPU backward yet",
                               flush=True)
                         continue
                     rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,
