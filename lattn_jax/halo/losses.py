@@ -12,9 +12,16 @@
 Fused head + loss (:func:`chunked_forward_kl`, :func:`chunked_cross_entropy`): the same two
 losses computed from the LM head's input ``[B, T, D]`` and the head ``[D, S]``
 (``LanguageModel(..., return_hidden=True)`` and ``LanguageModel.head_kernel()``), ``chunk_size``
-tokens at a time under ``jax.checkpoint``, so the fp32 ``[B T, S]`` logits are never stored, in
-the forward or for the backward (at ``S = 49,152`` and ``B T = 49,152`` they would take 9.7 GB
-per model).
+tokens at a time, so the fp32 ``[B T, S]`` logits are never stored (at ``S = 49,152`` and
+``B T = 49,152`` they would take 9.7 GB per model). Under differentiation each chunk's gradient
+is formed in the same pass as its loss (the loss is a sum over tokens, so ``dL/dz`` of a chunk
+needs only that chunk's softmax): the logits cotangent ``dz`` (fp32) is rounded to the matmul's
+dtype and multiplied by the head (hidden gradient) and the hidden states (head gradient, fp32
+accumulation), and the backward pass only scales the stored gradients by the incoming
+cotangent. Four ``[C, D] x [D, S]``-sized matmuls per chunk (KL: two logits, two gradients),
+against six for recomputing the logits in a checkpointed backward, whose logits cotangent was
+moreover fp32 and ran the two gradient matmuls in fp32 (TF32 on Hopper: 23 of the 78 ms of the
+Stage-2 head at the SmolLM2 shape, ``benchmarks/results/profile-halo-stage2-2026-12-03.md``).
 """
 
 import functools
@@ -23,6 +30,7 @@ from typing import Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lattn_jax.typing import Array
 
@@ -155,13 +163,15 @@ def chunked_cross_entropy(hidden: Array, head: Array, targets: Array,
     (the authors use cut-cross-entropy, spec §3.4), without storing those logits.
 
     The ``N = B T`` tokens are split into ``ceil(N / chunk_size)`` equal chunks of at most
-    ``chunk_size`` tokens (the last padded with weight-0 tokens) and reduced by ``lax.scan``
-    whose body is under ``jax.checkpoint``: each chunk's logits are computed by one matmul
-    ``jnp.dot(h, W, preferred_element_type=float32)`` (bf16 operands stay bf16, accumulation is
-    fp32), reduced to a scalar, and recomputed in the backward pass. Memory: about
-    ``chunk_size x S x 4`` bytes of fp32 logits per live chunk (plus same-sized XLA
-    temporaries) instead of ``N x S x 4``; cost: one extra ``[C, D] x [D, S]`` matmul per chunk
-    in the backward.
+    ``chunk_size`` tokens (the last padded with weight-0 tokens) and reduced by ``lax.scan``:
+    each chunk's logits are computed by one matmul ``jnp.dot(h, W,
+    preferred_element_type=float32)`` (bf16 operands stay bf16, accumulation is fp32) and
+    reduced to a scalar. Under differentiation the same pass forms the chunk's gradients
+    (module docstring): ``dz_n = w_n (softmax(z_n) - onehot(y_n))`` in fp32, rounded to the
+    matmul dtype, then ``dh = dz W^T`` and ``dW += h^T dz`` (fp32 accumulation); ``dw_n =
+    CE_n``. Memory: about ``chunk_size x S x 4`` bytes of fp32 logits per live chunk (plus
+    same-sized XLA temporaries) instead of ``N x S x 4``, and the stored ``[N, D]`` fp32
+    hidden gradient.
 
     Args:
       hidden: ``[B, T, D]`` any float dtype: the LM head's input
@@ -175,7 +185,8 @@ def chunked_cross_entropy(hidden: Array, head: Array, targets: Array,
 
     Returns:
       ``(mean, sum, count)`` fp32 scalars (nats per token, nats, weighted token count).
-      Gradients flow to ``hidden`` and ``head`` (and ``weights``).
+      Gradients flow to ``hidden`` and ``head`` (in their dtypes; with bf16 operands they are
+      those of bf16-rounded ``dz``) and to ``weights``.
 
     Raises:
       ValueError: naming the argument, if ``hidden`` is not float ``[B, T, D]``, ``head`` not
@@ -194,25 +205,67 @@ def chunked_cross_entropy(hidden: Array, head: Array, targets: Array,
          else weights.reshape(-1).astype(jnp.float32))  # [N]
     count = jnp.sum(w)
     chunk, num_chunks = _chunk_layout(n, chunk_size)
-    cdt = jnp.result_type(hidden.dtype, head.dtype)
-    xs = (_chunks(hidden.reshape(n, d), chunk, num_chunks),  # [N/C, C, D]
-          _chunks(targets.reshape(n), chunk, num_chunks),  # [N/C, C]
-          _chunks(w, chunk, num_chunks))  # [N/C, C]
-    head32 = head.astype(jnp.float32)  # the scan's gradient accumulator for head is fp32
-
-    @functools.partial(jax.checkpoint, prevent_cse=False)
-    def chunk_sum(head32, h, y, wc):
-        z = jnp.dot(h.astype(cdt), head32.astype(cdt),
-                    preferred_element_type=jnp.float32)  # [C, S] fp32
-        lse = jax.nn.logsumexp(z, axis=-1)  # [C]
-        target = jnp.take_along_axis(z, y[:, None].astype(jnp.int32), axis=-1)[:, 0]  # [C]
-        return jnp.sum((lse - target) * wc)
-
-    def body(total, x):
-        return total + chunk_sum(head32, *x), None
-
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
+    static = (chunk, num_chunks, jnp.result_type(hidden.dtype, head.dtype), hidden.dtype,
+              head.dtype)
+    total = _ce_total(static, hidden.reshape(n, d), head, targets.reshape(n).astype(jnp.int32),
+                      w)
     return total / jnp.maximum(count, 1.0), total, count
+
+
+def _ce_chunks(static, hidden, head, targets, w, with_grad):
+    """Scan of :func:`chunked_cross_entropy` over ``[N, D]`` tokens: the CE sum and, if
+    ``with_grad``, the per-token CE ``[N]``, ``d sum / d hidden`` ``[N, D]`` fp32 and
+    ``d sum / d head`` ``[D, S]`` fp32."""
+    chunk, num_chunks, cdt = static[:3]
+    n, d = hidden.shape
+    head_c = head.astype(cdt)  # [D, S]
+    xs = (_chunks(hidden, chunk, num_chunks),  # [N/C, C, D]
+          _chunks(targets, chunk, num_chunks),  # [N/C, C]
+          _chunks(w, chunk, num_chunks))  # [N/C, C]
+
+    def body(carry, x):
+        h, y, wc = x
+        h = h.astype(cdt)
+        z = jnp.dot(h, head_c, preferred_element_type=jnp.float32)  # [C, S] fp32
+        lse = jax.nn.logsumexp(z, axis=-1)  # [C]
+        hit = jnp.arange(z.shape[-1])[None, :] == y[:, None]  # [C, S]
+        target = jnp.sum(jnp.where(hit, z, 0.0), axis=-1)  # [C]
+        ce = lse - target
+        total = carry[0] + jnp.sum(ce * wc)
+        if not with_grad:
+            return (total,), None
+        dz = wc[:, None] * (jnp.exp(z - lse[:, None]) - hit)  # [C, S] fp32
+        dz = dz.astype(cdt)
+        dh = jnp.dot(dz, head_c.T, preferred_element_type=jnp.float32)  # [C, D]
+        dw = carry[1] + jnp.dot(h.T, dz, preferred_element_type=jnp.float32)  # [D, S]
+        return (total, dw), (ce, dh)
+
+    if not with_grad:
+        (total,), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32),), xs)
+        return total
+    init = (jnp.zeros((), jnp.float32), jnp.zeros(head.shape, jnp.float32))
+    (total, dw), (ce, dh) = jax.lax.scan(body, init, xs)
+    return total, ce.reshape(-1)[:n], dh.reshape(-1, d)[:n], dw
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _ce_total(static, hidden, head, targets, w):
+    return _ce_chunks(static, hidden, head, targets, w, with_grad=False)
+
+
+def _ce_total_fwd(static, hidden, head, targets, w):
+    total, ce, dh, dw = _ce_chunks(static, hidden, head, targets, w, with_grad=True)
+    return total, (ce, dh, dw)
+
+
+def _ce_total_bwd(static, res, ct):
+    ce, dh, dw = res
+    hidden_dtype, head_dtype = static[3:]
+    return ((ct * dh).astype(hidden_dtype), (ct * dw).astype(head_dtype),
+            np.zeros(ce.shape, jax.dtypes.float0), ct * ce)
+
+
+_ce_total.defvjp(_ce_total_fwd, _ce_total_bwd)
 
 
 def chunked_forward_kl(teacher_hidden: Array, teacher_head: Array, student_hidden: Array,
@@ -228,13 +281,15 @@ def chunked_forward_kl(teacher_hidden: Array, teacher_head: Array, student_hidde
     divided by ``B T`` when ``weights`` is ``None``), without storing those logits.
 
     The ``N = B T`` tokens are split into ``ceil(N / chunk_size)`` equal chunks of at most
-    ``chunk_size`` tokens (the last padded with weight-0 tokens) and reduced by ``lax.scan``
-    whose body is under ``jax.checkpoint``: each chunk's logits are computed by
-    ``jnp.dot(h, W, preferred_element_type=float32)`` (bf16 operands stay bf16, accumulation is
-    fp32), reduced to a scalar, and recomputed in the backward pass. Memory: about
+    ``chunk_size`` tokens (the last padded with weight-0 tokens) and reduced by ``lax.scan``:
+    each chunk's logits are computed by ``jnp.dot(h, W, preferred_element_type=float32)``
+    (bf16 operands stay bf16, accumulation is fp32) and reduced to a scalar. Under
+    differentiation the same pass forms the student's gradients (module docstring):
+    ``dz_n = w_n (p_S(.|n) - p_T(.|n)) / tau`` in fp32, rounded to the student's matmul dtype,
+    then ``dh = dz W_S^T`` and ``dW_S += h^T dz`` (fp32 accumulation). Memory: about
     ``2 x chunk_size x S x 4`` bytes of fp32 logits per live chunk (teacher and student, plus
-    same-sized XLA temporaries) instead of ``2 x N x S x 4``; cost: the teacher's and the
-    student's chunk matmuls are recomputed in the backward.
+    same-sized XLA temporaries) instead of ``2 x N x S x 4``, and the stored ``[N, D_S]`` fp32
+    hidden gradient.
 
     Args:
       teacher_hidden: ``[B, T, D_T]`` any float dtype, the teacher's LM-head input; under
@@ -248,7 +303,9 @@ def chunked_forward_kl(teacher_hidden: Array, teacher_head: Array, student_hidde
       chunk_size: maximum tokens per chunk (``>= 1``).
 
     Returns:
-      fp32 scalar (nats per token); differentiable in ``student_hidden`` and ``student_head``.
+      fp32 scalar (nats per token); differentiable in ``student_hidden`` and ``student_head``
+      (gradients in their dtypes; with bf16 operands they are those of bf16-rounded ``dz``) and
+      in ``weights``; the teacher's inputs get zero gradients.
 
     Raises:
       ValueError: naming the argument, if a hidden array is not float ``[B, T, D]``, a head not
@@ -267,31 +324,76 @@ def chunked_forward_kl(teacher_hidden: Array, teacher_head: Array, student_hidde
         raise ValueError(f"temperature must be > 0, got {temperature}")
     chunk_size = _check_chunk_size(chunk_size)
     n = b * t
-    vocab = min(teacher_head.shape[1], student_head.shape[1])
     w = (jnp.ones((n,), jnp.float32) if weights is None
          else weights.reshape(-1).astype(jnp.float32))  # [N]
     chunk, num_chunks = _chunk_layout(n, chunk_size)
-    t_dt = jnp.result_type(teacher_hidden.dtype, teacher_head.dtype)
-    s_dt = jnp.result_type(student_hidden.dtype, student_head.dtype)
-    t_head = jax.lax.stop_gradient(teacher_head[:, :vocab]).astype(t_dt)  # [D_T, V]
-    s_head32 = student_head[:, :vocab].astype(jnp.float32)  # [D_S, V] fp32 grad accumulator
-    t_hidden = jax.lax.stop_gradient(teacher_hidden).reshape(n, teacher_hidden.shape[-1])
+    static = (chunk, num_chunks, float(temperature),
+              jnp.result_type(teacher_hidden.dtype, teacher_head.dtype),
+              jnp.result_type(student_hidden.dtype, student_head.dtype),
+              student_hidden.dtype, student_head.dtype, (n, teacher_hidden.shape[-1]),
+              teacher_hidden.dtype, tuple(teacher_head.shape), teacher_head.dtype)
+    total = _kl_total(static, jax.lax.stop_gradient(teacher_hidden).reshape(n, -1),
+                      jax.lax.stop_gradient(teacher_head),
+                      student_hidden.reshape(n, -1), student_head, w)
+    return total / jnp.maximum(jnp.sum(w), 1.0)
+
+
+def _kl_chunks(static, t_hidden, t_head, s_hidden, s_head, w, with_grad):
+    """Scan of :func:`chunked_forward_kl` over ``[N, D]`` tokens: the weighted KL sum and, if
+    ``with_grad``, the per-token KL ``[N]``, ``d sum / d s_hidden`` ``[N, D_S]`` fp32 and
+    ``d sum / d s_head`` ``[D_S, S_S]`` fp32 (zero beyond the shared vocabulary)."""
+    chunk, num_chunks, tau, t_dt, s_dt = static[:5]
+    n, d_s = s_hidden.shape
+    vocab = min(t_head.shape[1], s_head.shape[1])
+    t_w = t_head[:, :vocab].astype(t_dt)  # [D_T, V]
+    s_w = s_head[:, :vocab].astype(s_dt)  # [D_S, V]
     xs = (_chunks(t_hidden, chunk, num_chunks),  # [N/C, C, D_T]
-          _chunks(student_hidden.reshape(n, student_hidden.shape[-1]), chunk,
-                  num_chunks),  # [N/C, C, D_S]
+          _chunks(s_hidden, chunk, num_chunks),  # [N/C, C, D_S]
           _chunks(w, chunk, num_chunks))  # [N/C, C]
 
-    @functools.partial(jax.checkpoint, prevent_cse=False)
-    def chunk_sum(t_head, s_head32, th, sh, wc):
-        t_logits = jnp.dot(th.astype(t_dt), t_head,
-                           preferred_element_type=jnp.float32)  # [C, V] fp32
-        s_logits = jnp.dot(sh.astype(s_dt), s_head32.astype(s_dt),
-                           preferred_element_type=jnp.float32)  # [C, V] fp32
-        kl = _token_kl(jax.lax.stop_gradient(t_logits), s_logits, temperature)  # [C]
-        return jnp.sum(kl * wc)
+    def body(carry, x):
+        th, sh, wc = x
+        sh = sh.astype(s_dt)
+        t_logits = jnp.dot(th.astype(t_dt), t_w, preferred_element_type=jnp.float32)  # [C, V]
+        s_logits = jnp.dot(sh, s_w, preferred_element_type=jnp.float32)  # [C, V] fp32
+        log_pt = jax.nn.log_softmax(t_logits / tau, axis=-1)
+        log_ps = jax.nn.log_softmax(s_logits / tau, axis=-1)
+        p_t = jnp.exp(log_pt)
+        kl = jnp.sum(p_t * (log_pt - log_ps), axis=-1)  # [C]
+        total = carry[0] + jnp.sum(kl * wc)
+        if not with_grad:
+            return (total,), None
+        dz = ((wc / tau)[:, None] * (jnp.exp(log_ps) - p_t)).astype(s_dt)  # [C, V]
+        dh = jnp.dot(dz, s_w.T, preferred_element_type=jnp.float32)  # [C, D_S]
+        dw = carry[1] + jnp.dot(sh.T, dz, preferred_element_type=jnp.float32)  # [D_S, V]
+        return (total, dw), (kl, dh)
 
-    def body(total, x):
-        return total + chunk_sum(t_head, s_head32, *x), None
+    if not with_grad:
+        (total,), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32),), xs)
+        return total
+    init = (jnp.zeros((), jnp.float32), jnp.zeros((d_s, vocab), jnp.float32))
+    (total, dw), (kl, dh) = jax.lax.scan(body, init, xs)
+    dw = jnp.pad(dw, ((0, 0), (0, s_head.shape[1] - vocab)))  # [D_S, S_S]
+    return total, kl.reshape(-1)[:n], dh.reshape(-1, d_s)[:n], dw
 
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), xs)
-    return total / jnp.maximum(jnp.sum(w), 1.0)
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _kl_total(static, t_hidden, t_head, s_hidden, s_head, w):
+    return _kl_chunks(static, t_hidden, t_head, s_hidden, s_head, w, with_grad=False)
+
+
+def _kl_total_fwd(static, t_hidden, t_head, s_hidden, s_head, w):
+    total, kl, dh, dw = _kl_chunks(static, t_hidden, t_head, s_hidden, s_head, w,
+                                   with_grad=True)
+    return total, (kl, dh, dw)
+
+
+def _kl_total_bwd(static, res, ct):
+    kl, dh, dw = res
+    s_hidden_dtype, s_head_dtype, t_hidden_shape, t_hidden_dtype, t_head_shape, t_head_dtype = (
+        static[5:])
+    return (jnp.zeros(t_hidden_shape, t_hidden_dtype), jnp.zeros(t_head_shape, t_head_dtype),
+            (ct * dh).astype(s_hidden_dtype), (ct * dw).astype(s_head_dtype), ct * kl)
+
+
+_kl_total.defvjp(_kl_total_fwd, _kl_total_bwd)

@@ -225,6 +225,50 @@ class ChunkedLossesTest(parameterized.TestCase):
         np.testing.assert_allclose(value, ref, rtol=1e-4)
         _assert_grads_close(grads, ref_grads, 2e-2, "bf16 CE d/d(hidden, head)")
 
+    def test_weights_gradients_match_plain(self):
+        # The fused backward returns d/d weights too: the per-token KL / CE (through the mean's
+        # normaliser as well), as the plain losses on full logits give.
+        x = _inputs(7)
+        kl_grad = jax.grad(lambda w: losses.chunked_forward_kl(
+            x["th"], x["tw"], x["sh"], x["sw"], w, temperature=1.3, chunk_size=5))(x["weights"])
+        kl_ref = jax.grad(lambda w: losses.forward_kl(
+            x["th"] @ x["tw"], x["sh"] @ x["sw"], w, temperature=1.3))(x["weights"])
+        _assert_grads_close([kl_grad], [kl_ref], 1e-5, "KL d/d weights")
+        ce_grad = jax.grad(lambda w: losses.chunked_cross_entropy(
+            x["sh"], x["sw"], x["targets"], w, chunk_size=5)[0])(x["weights"])
+        ce_ref = jax.grad(lambda w: train_lib.cross_entropy_loss(
+            x["sh"] @ x["sw"], x["targets"], w)[0])(x["weights"])
+        _assert_grads_close([ce_grad], [ce_ref], 1e-5, "CE d/d weights")
+
+    def test_gradient_program_matmuls(self):
+        # Each chunk's gradient is formed with its loss: the value-and-grad program holds the
+        # KL's four head-sized matmuls (two logits, two gradients) and the CE's three, none
+        # recomputed, and with bf16 inputs every one of them takes bf16 operands (the logits
+        # cotangent is rounded before its matmuls; an fp32 cotangent would run them in fp32).
+        x = _inputs(8, dtype=jnp.bfloat16)
+
+        def dots(jaxpr):
+            found = []
+            for eqn in jaxpr.eqns:
+                if eqn.primitive.name == "dot_general":
+                    found.append(tuple(v.aval.dtype for v in eqn.invars))
+                for param in eqn.params.values():
+                    for sub in param if isinstance(param, (list, tuple)) else [param]:
+                        sub = getattr(sub, "jaxpr", sub)
+                        if hasattr(sub, "eqns"):
+                            found += dots(sub)
+            return found
+
+        kl = jax.make_jaxpr(jax.value_and_grad(lambda sh, sw: losses.chunked_forward_kl(
+            x["th"], x["tw"], sh, sw, x["weights"], chunk_size=8), argnums=(0, 1)))
+        ce = jax.make_jaxpr(jax.value_and_grad(lambda h, w: losses.chunked_cross_entropy(
+            h, w, x["targets"], x["weights"], chunk_size=8)[0], argnums=(0, 1)))
+        for name, fn, count in (("kl", kl, 4), ("ce", ce, 3)):
+            found = dots(fn(x["sh"], x["sw"]).jaxpr)
+            self.assertLen(found, count, name)
+            for operands in found:
+                self.assertEqual(operands, (jnp.bfloat16, jnp.bfloat16), name)
+
     def test_no_full_logits_in_the_gradient_program(self):
         # The backward recomputes each chunk's logits: no value in the traced value-and-grad
         # program (scan and checkpoint bodies included) is as large as [N, S].
