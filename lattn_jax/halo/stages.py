@@ -123,7 +123,8 @@ class TrainStep(NamedTuple):
       schedule: the learning-rate schedule, ``step -> lr``.
       init_state: ``params -> {"params", "opt_state", "step" (int32 0)}``.
       loss_and_grads: ``(params, frozen, batch) -> (fp32 loss, grads)`` (micro-batched).
-      step: the jitted ``(state, frozen, batch) -> (state, {"loss", "grad_norm", "lr"})``.
+      step: the jitted ``(state, frozen, batch) -> (state, {"loss", "grad_norm", "lr", ...})``,
+        plus the loss's terms when ``loss_fn`` has ``with_terms`` (:func:`make_train_step`).
     """
     tx: optax.GradientTransformation
     schedule: Callable[[jax.Array], jax.Array]
@@ -142,8 +143,10 @@ def make_train_step(loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
     (one pass, or the mean over ``B / micro_batch_size`` micro-batches in a ``lax.scan``,
     gradients accumulated in fp32 and cast back to the params' dtype), then
     ``tx.update`` + ``optax.apply_updates`` and ``step + 1``; metrics ``loss``,
-    ``grad_norm = optax.global_norm(grads)`` and ``lr = schedule(step)``. The state is not
-    donated.
+    ``grad_norm = optax.global_norm(grads)`` and ``lr = schedule(step)``, and, when ``loss_fn``
+    has an attribute ``with_terms`` (``(params, frozen, batch) -> (loss, {name: fp32 scalar})``,
+    the same loss with its parts, e.g. Stage 3's ``ce`` and ``kl``), those parts (the mean over
+    micro-batches, as the loss). The state is not donated.
 
     Args:
       loss_fn: ``(params, frozen, batch) -> fp32 scalar``, differentiated w.r.t. ``params``.
@@ -161,35 +164,52 @@ def make_train_step(loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
     def init_state(params):
         return {"params": params, "opt_state": tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
-    def loss_and_grads(params, frozen, batch):
+    with_terms = getattr(loss_fn, "with_terms", None)
+    if with_terms is None:
+        def with_terms(params, frozen, batch):
+            return loss_fn(params, frozen, batch), {}
+    grad_fn = jax.value_and_grad(with_terms, has_aux=True)
+
+    def loss_terms_and_grads(params, frozen, batch):
         rows = batch["inputs"].shape[0]
         if micro_batch_size is None or micro_batch_size >= rows:
-            return jax.value_and_grad(loss_fn)(params, frozen, batch)
+            (loss, terms), grads = grad_fn(params, frozen, batch)
+            return loss, terms, grads
         if rows % micro_batch_size:
             raise ValueError(f"micro_batch_size={micro_batch_size} does not divide the batch "
                              f"of {rows} rows")
         n = rows // micro_batch_size
-        grad_fn = jax.value_and_grad(loss_fn)
 
         def body(carry, micro):
-            loss, grads = carry
-            loss_i, grads_i = grad_fn(params, frozen, micro)
+            loss, terms, grads = carry
+            (loss_i, terms_i), grads_i = grad_fn(params, frozen, micro)
             grads = jax.tree_util.tree_map(lambda a, g: a + g.astype(a.dtype), grads, grads_i)
-            return (loss + loss_i, grads), None
+            terms = jax.tree_util.tree_map(lambda a, t: a + t.astype(jnp.float32), terms,
+                                           terms_i)
+            return (loss + loss_i, terms, grads), None
 
         zeros = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.promote_types(
             p.dtype, jnp.float32)), params)
-        (loss, grads), _ = jax.lax.scan(body, (jnp.zeros((), jnp.float32), zeros),
-                                        _micro_batches(batch, n))
-        return loss / n, jax.tree_util.tree_map(lambda g, p: (g / n).astype(p.dtype), grads,
-                                                params)
+        first = _micro_batches(batch, n)
+        term_shapes = jax.eval_shape(with_terms, params, frozen,
+                                     jax.tree_util.tree_map(lambda x: x[0], first))[1]
+        term_zeros = jax.tree_util.tree_map(lambda t: jnp.zeros(t.shape, jnp.float32),
+                                            term_shapes)
+        (loss, terms, grads), _ = jax.lax.scan(
+            body, (jnp.zeros((), jnp.float32), term_zeros, zeros), first)
+        return (loss / n, jax.tree_util.tree_map(lambda t: t / n, terms),
+                jax.tree_util.tree_map(lambda g, p: (g / n).astype(p.dtype), grads, params))
+
+    def loss_and_grads(params, frozen, batch):
+        loss, _, grads = loss_terms_and_grads(params, frozen, batch)
+        return loss, grads
 
     @jax.jit
     def step_fn(state, frozen, batch):
-        loss, grads = loss_and_grads(state["params"], frozen, batch)
+        loss, terms, grads = loss_terms_and_grads(state["params"], frozen, batch)
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
         params = optax.apply_updates(state["params"], updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads),
+        metrics = {**terms, "loss": loss, "grad_norm": optax.global_norm(grads),
                    "lr": schedule(state["step"])}
         return {"params": params, "opt_state": opt_state, "step": state["step"] + 1}, metrics
 
@@ -313,6 +333,9 @@ def train_loop(*, workdir: str, init_params: PyTree,
             now = time.perf_counter()
             rec = {"step": step, "loss": run_losses[-1], "grad_norm": metrics["grad_norm"],
                    "lr": metrics["lr"], "time": now - t_run}
+            terms = {k: float(v) for k, v in metrics.items()
+                     if k not in ("loss", "grad_norm", "lr")}  # this step's, as grad_norm
+            rec.update(terms)
             if window_steps:
                 window_s = now - t_window
                 timed_steps, timed_s = timed_steps + window_steps, timed_s + window_s
@@ -323,8 +346,10 @@ def train_loop(*, workdir: str, init_params: PyTree,
                 _write_metrics(workdir, rec)
                 extra = (f"  {rec['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in rec else "")
                 extra += f"  MFU {rec['mfu']:.1%}" if "mfu" in rec else ""
-                print_fn(f"step {step:6d}  loss {rec['loss']:.5f}  lr {float(rec['lr']):.2e}  "
-                         f"grad_norm {float(rec['grad_norm']):.3f}{extra}")
+                parts = "".join(f"  {k} {v:.5f}" for k, v in terms.items())
+                print_fn(f"step {step:6d}  loss {rec['loss']:.5f}{parts}  "
+                         f"lr {float(rec['lr']):.2e}  grad_norm {float(rec['grad_norm']):.3f}"
+                         f"{extra}")
             if save_now or stop_now:
                 ckpt.save(step, state, data_iter)
                 last_saved = step
@@ -543,7 +568,8 @@ def stage3_loss_fn(student_cfg: config_lib.ModelConfig, *, chunk_size: Optional[
     its logits there are those of the teacher run on ``inputs[:, :K]`` alone: only that prefix
     is run (under ``stop_gradient``, as in :func:`stage2_loss_fn`). The intent: CE over the
     whole long window teaches long context, the KL keeps the student near the teacher where the
-    teacher is valid (its training context, ``kl_len``).
+    teacher is valid (its training context, ``kl_len``). The returned function's attribute
+    ``with_terms`` gives ``(loss, {"ce", "kl"})``, which :func:`train_loop` logs apart.
 
     Both the CE and the KL compute the LM heads in token chunks of ``chunk_size`` (``None``:
     2048; :func:`losses.chunked_cross_entropy`, :func:`losses.chunked_forward_kl`), so the
@@ -576,7 +602,7 @@ def stage3_loss_fn(student_cfg: config_lib.ModelConfig, *, chunk_size: Optional[
     teacher_fn = language_model_fn(teacher_cfg)
     weight = float(kl_weight)
 
-    def loss_with_kl(params, teacher_params, batch):
+    def loss_terms(params, teacher_params, batch):
         student = student_fn(params)
         hidden = student(batch["inputs"], return_hidden=True)  # [B, T, D_S]
         head = student.head_kernel()
@@ -591,8 +617,12 @@ def stage3_loss_fn(student_cfg: config_lib.ModelConfig, *, chunk_size: Optional[
         kl = losses.chunked_forward_kl(t_hidden, t_head, hidden[:, :k], head,
                                        None if weights is None else weights[:, :k],
                                        chunk_size=chunk)
-        return ce + weight * kl
+        return ce + weight * kl, {"ce": ce, "kl": kl}
 
+    def loss_with_kl(params, teacher_params, batch):
+        return loss_terms(params, teacher_params, batch)[0]
+
+    loss_with_kl.with_terms = loss_terms  # logged apart by train_loop (make_train_step)
     return loss_with_kl
 
 

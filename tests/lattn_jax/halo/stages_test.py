@@ -198,6 +198,40 @@ class Stage3TeacherKLTest(absltest.TestCase):
         ce = jax.jit(self._plain(0.0, 10))(self.params)
         self.assertGreater(float(want) - float(ce), 1e-2)
 
+    def test_train_loop_logs_the_terms(self):
+        # with_terms gives the two parts of the loss; the step's metrics (one pass or the mean
+        # over micro-batches) and the logged record carry them, and ce + w kl is the loss.
+        weight = 0.7
+        loss_fn = stages.stage3_loss_fn(self.student_cfg, chunk_size=7,
+                                        teacher_cfg=self.teacher_cfg, kl_weight=weight,
+                                        kl_len=10)
+        loss, terms = loss_fn.with_terms(self.params, self.teacher_params, self.batch)
+        self.assertEqual(set(terms), {"ce", "kl"})
+        self.assertGreater(float(terms["kl"]), 1e-2)
+        np.testing.assert_allclose(float(terms["ce"]) + weight * float(terms["kl"]),
+                                   float(loss), rtol=1e-6)
+        for micro in (None, 1):
+            train_step = stages.make_train_step(loss_fn, optim_cfg(1e-3), 4,
+                                                micro_batch_size=micro)
+            _, metrics = train_step.step(train_step.init_state(self.params),
+                                         self.teacher_params, self.batch)
+            self.assertEqual(set(metrics), {"loss", "grad_norm", "lr", "ce", "kl"})
+            np.testing.assert_allclose(float(metrics["ce"]) + weight * float(metrics["kl"]),
+                                       float(metrics["loss"]), rtol=1e-5)
+            if micro is None:
+                np.testing.assert_allclose(float(metrics["loss"]), float(loss), rtol=1e-5)
+        workdir = self.create_tempdir().full_path
+        lines = []
+        batches = iter([self.batch] * 2)
+        stages.run_stage3(workdir=workdir, student_cfg=self.student_cfg, init_params=self.params,
+                          optim_cfg=optim_cfg(1e-3), train_cfg=train_cfg(2), batches=batches,
+                          teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
+                          kl_weight=weight, kl_len=10, print_fn=lines.append)
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            rec = [json.loads(line) for line in f][-1]
+        np.testing.assert_allclose(rec["ce"] + weight * rec["kl"], rec["loss"], rtol=1e-5)
+        self.assertTrue(any(" ce " in line and " kl " in line for line in lines), lines)
+
     def test_the_teacher_on_the_prefix_is_the_teacher_on_the_window(self):
         teacher = stages.language_model_fn(self.teacher_cfg)(self.teacher_params)
         tokens = self.batch["inputs"]
