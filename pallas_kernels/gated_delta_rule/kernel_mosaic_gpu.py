@@ -6,12 +6,16 @@ Nothing dispatches here yet (``implementation="auto"`` keeps GDN on the Triton k
 Architectures", arXiv 2607.07953, Sec. 3.2, Eqs. 14-17; FLA's ``chunk_gated_delta_rule``,
 ``fla/ops/gated_delta_rule/chunk.py``) in three stages:
 
-1. **WY preparation** in XLA (fp32): :func:`pallas_kernels.gated_delta_rule.chunked.
-   wy_representation` gives, per chunk of 64 tokens with ``G`` the chunk-local inclusive cumsum
-   of the log-decay, ``T = (I + strict_tril(diag(beta) (K K^T) * Gamma))^{-1}``,
-   ``W = T diag(beta conn e^G) K`` and ``U = T diag(beta) V``; both are rounded to the input
-   dtype (they are ``wgmma`` operands and TMA inputs). No new kernel yet (a Mosaic GPU ``prep``
-   kernel is planned in ``pallas_kernels/common/MOSAIC_GPU.md``, Sec. 3).
+1. **WY preparation** (:func:`chunk_wy_mosaic`, FLA's ``chunk_scaled_dot_kkt_fwd`` +
+   ``solve_tril`` + ``recompute_w_u_fwd``), a Mosaic GPU kernel: per chunk of 64 tokens and
+   value head, with ``G`` the chunk-local inclusive cumsum of the log-decay (fp32),
+   ``T = (I + strict_tril(diag(beta) (K K^T) * Gamma))^{-1}`` (masked to same-document pairs),
+   ``W = T diag(beta conn e^G) K`` and ``U = T diag(beta) V``, in the input dtype (they are
+   ``wgmma`` operands and TMA inputs of the state pass). ``K K^T``, the inverse (doubling
+   merges of its diagonal blocks, fp16 operands) and the two products (the fp32 left factor
+   split into ``hi + lo``) run on the tensor cores; see its docstring. With
+   ``wy_implementation="xla"`` the forward uses the fp32 XLA form
+   :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` instead, rounded once.
 2. **The delta state pass** (:func:`chunk_delta_h_mosaic`, FLA's ``chunk_gated_delta_rule_fwd_h``),
    a Mosaic GPU kernel: per batch row, value head and 64 value columns, sequentially over
    chunks ``c`` with entry state ``S_c`` (``[K, V]`` fp32)::
