@@ -312,7 +312,7 @@ def chunk_delta_h_mosaic(
 # ----------------------------------------------------------------------------------------------
 # WY preparation: W and U of every chunk (K K^T, the unit-lower inverse, the two products).
 
-MERGE_DTYPE = jnp.float16  # operand dtype of the inverse's merge products (module docstring)
+MERGE_DTYPE = jnp.float16  # operand dtype of the inverse's merge products (chunk_wy_mosaic)
 WY_IMPLEMENTATIONS = ("mosaic", "xla")
 
 
