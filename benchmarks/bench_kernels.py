@@ -66,6 +66,11 @@ _PEERS = flags.DEFINE_list("peers", ["ours", "chunked", "jla", "fla"],
 # pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py) cover so far: op -> passes.
 _MOSAIC_PASSES = {"lightning": ("fwd", "fwdbwd"), "gdn": ("fwd",), "deltanet": ("fwd",)}
 _MOSAIC_OPS = tuple(_MOSAIC_PASSES)
+_MOSAIC_WY = flags.DEFINE_enum(
+    "mosaic_wy", "mosaic", ["mosaic", "xla"],
+    "Peer mosaic, gdn and deltanet: how the forward forms the WY factors W, U "
+    "(gated_delta_rule_fwd_mosaic's wy_implementation): mosaic, the chunk_wy_mosaic kernel; "
+    "xla, the fp32 XLA form of before 2026-12-03 (for comparison).")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -181,7 +186,7 @@ def _jax_fn(op, peer, segment_ids):
             if op in ("gdn", "deltanet"):  # forward only: no custom_vjp yet
                 return gdr_mosaic.gated_delta_rule_fwd_mosaic(
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
-                    segment_ids=segment_ids)[0]
+                    segment_ids=segment_ids, wy_implementation=_MOSAIC_WY.value)[0]
             g = jnp.broadcast_to(gates["g_gamma"], q.shape[:3])
             return kmg.simple_gla_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
                                          segment_ids=segment_ids)[0]
@@ -420,6 +425,8 @@ def run_jax(records):
                     rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,
                                                                     _DIM.value], pass_=pas,
                                gate=gate_ok, gate_errors=errs, tuning=tuning)
+                    if peer == "mosaic" and op in ("gdn", "deltanet"):
+                        rec["mosaic_wy"] = _MOSAIC_WY.value
                     try:
                         fn = passes[pas]
                         rec["ms"], rec["ms_min"] = _time_jax(fn, (q, k, v, do), gates)

@@ -1,9 +1,11 @@
 """The Mosaic GPU (``plgpu``) kernels of Gated DeltaNet / DeltaNet, tested on CPU and the H200.
 
 ``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py`` (issue 29, not dispatched) has the delta
-state pass :func:`chunk_delta_h_mosaic`, the forward :func:`gated_delta_rule_fwd_mosaic` (XLA
-WY preparation, the state pass, then the scalar-decay output kernel on ``v_new``) and the reverse
-delta state pass :func:`chunk_delta_dh_mosaic` (the first backward kernel).
+state pass :func:`chunk_delta_h_mosaic`, the forward :func:`gated_delta_rule_fwd_mosaic` (the WY
+preparation, by default the kernel :func:`chunk_wy_mosaic` (tested on its own in
+``kernel_mosaic_gdn_wy_test.py``) or XLA with ``wy_implementation="xla"``, the state pass, then
+the scalar-decay output kernel on ``v_new``) and the reverse delta state pass
+:func:`chunk_delta_dh_mosaic` (the first backward kernel).
 ``StatePassInterpretTest`` and ``ForwardInterpretTest`` run them in jax's Mosaic GPU interpret
 mode (``InterpretGPUParams`` with race detection) and check, against the fp32 token-serial
 reference (:func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`, run on
@@ -141,16 +143,23 @@ class StatePassInterpretTest(parameterized.TestCase):
 
 @pytest.mark.slow
 class ForwardInterpretTest(parameterized.TestCase):
+    """The whole forward; W and U from :func:`kgd.chunk_wy_mosaic` (the default) except in the
+    ``xla_wy`` cases."""
 
-    @parameterized.named_parameters(*_CPU_CASES)
+    @parameterized.named_parameters(
+        *_CPU_CASES,
+        ("xla_wy_gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+         (64, 36, 30), "xla"),
+        ("xla_wy_deltanet_h0_T100_K64_V64", 1, 100, 1, 1, 64, 64, None, True, None, "xla"),
+    )
     def test_forward_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
-                                       docs):
+                                       docs, wy_implementation="mosaic"):
         q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                                decay=decay, h0=h0, docs=docs)
         scale = dk ** -0.5
         o, final, v_new = kgd.gated_delta_rule_fwd_mosaic(
             q, k, v, g, beta, scale=scale, initial_state=state, segment_ids=seg,
-            return_residual=True, interpret=True)
+            return_residual=True, wy_implementation=wy_implementation, interpret=True)
         want_o, want_final, want_u = _reference(q, k, v, g, beta, state, seg, scale)
         self.assertEqual((o.shape, o.dtype), (want_o.shape, jnp.bfloat16))
         self.assertEqual((final.shape, final.dtype), (want_final.shape, jnp.float32))
@@ -408,18 +417,22 @@ class GpuTest(kmg_test.HopperTestCase):
 
 class LoweringTest(parameterized.TestCase):
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128))
-    def test_forward_lowers_for_cuda(self, dk, dv):
+    @parameterized.product(dk=(64, 128), dv=(64, 128), wy_implementation=("mosaic", "xla"))
+    def test_forward_lowers_for_cuda(self, dk, dv, wy_implementation):
         q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True,
                                                docs=(70, 30))
 
         def fn(q, k, v, g, beta, state, seg):
             return kgd.gated_delta_rule_fwd_mosaic(q, k, v, g, beta, initial_state=state,
-                                                   segment_ids=seg)
+                                                   segment_ids=seg,
+                                                   wy_implementation=wy_implementation)
 
         text = (jax.jit(fn).trace(q, k, v, g, beta, state, seg)
                 .lower(lowering_platforms=("cuda",)).as_text())
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 2)  # delta state pass, output
+        mosaic_wy = wy_implementation == "mosaic"
+        # (WY preparation,) delta state pass, output
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 2 + mosaic_wy)
+        self.assertEqual("gdn_chunk_wy" in text, mosaic_wy)
         self.assertIn("gdn_chunk_delta_h", text)
         self.assertIn("simple_gla_chunk_output", text)
 
