@@ -1,0 +1,224 @@
+"""The chunk-local gradient kernel of the Gated DeltaNet Mosaic GPU backward, on CPU and the H200.
+
+``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu_bwd.py`` (issue 29, not dispatched) has
+:func:`chunk_delta_grads_mosaic`: ``dq``, ``dk`` through ``q . k`` and the state, ``dw`` and the
+gate gradient through the read-out and the state update, with the WY factors ``W, U`` held
+fixed. The reference is ``jax.vjp`` of a small fp32 chunk form written here
+(:func:`_chunk_form`: ``v_new = U - W S + f``, the read-out and the state update per chunk of
+64, with an additive perturbation ``e`` of each chunk's leaving state), taken w.r.t.
+``q, k, w, g`` (and ``e, f``, which give the kernel's ``dh`` and ``dv_new`` inputs). Its
+primal also gives the kernel's ``h`` and ``v_new`` inputs. ``ChunkFormTest`` (CI) checks the
+chunk form against the token-serial reference
+(:func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`) to 1e-4, so the
+reference gradients come from autodiff of a form checked against the recurrence, not from the
+hand-derived equations the kernel runs. The kernel reads ``h``, ``dh``, ``v_new``, ``dv_new``
+rounded to bf16 (as the GPU pipeline stores them) and rounds ``dA`` once more, so the gate is a
+relative RMS error (< 5e-3; ``dg`` < 2e-2 as for the simple-GLA backward).
+
+``GradsInterpretTest`` (marked ``slow``: interpreted Mosaic GPU kernels can hang instead of
+failing, ``pallas_kernels/common/MOSAIC_GPU.md``) runs the kernel in interpret mode;
+``LoweringTest`` exports it for CUDA on the CPU host with ``jax.export``; ``GpuTest`` (marked
+``gpu``) runs the compiled kernel on a Hopper GPU. Run the interpreted cases one at a time
+under ``timeout``: ``pytest -m slow tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py -k <case>``.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
+from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gdn_test as gdn_test
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+_HI = jax.lax.Precision.HIGHEST
+C = kbwd.CHUNK
+
+
+def _chunk_form(q, k, w, u, g, seg, h0, e, f, scale):
+    """fp32 chunk form of the GDN forward with perturbations ``e`` (states) and ``f`` (v_new).
+
+    ``q, k, w`` ``[B, T, H, K]`` and ``u, f`` ``[B, T, H, V]`` fp32 per value head, ``g``
+    ``[B, T, H]`` or ``None``, ``h0`` ``[B, H, K, V]``, ``e`` ``[B, H, N, K, V]`` added to the
+    state leaving chunk ``n``. Returns ``((o, final_state), (h, v_new))``: ``h``
+    ``[B, H, N, K, V]`` the states entering each chunk and ``v_new`` ``[B, T, H, V]``.
+    """
+    seq_len, n_chunks = k.shape[1], e.shape[2]
+    q, k, w, u, f = (gdn_test._pad_chunks(x, n_chunks) for x in (q, k, w, u, f))
+    gates = gdn_test._chunk_gates(g, seg, (k.shape[0], seq_len, k.shape[2]), n_chunks)
+    s, outs, states, vns = h0, [], [], []
+    for n, (gam, conn, last, dmat) in enumerate(gates):
+        sl = slice(n * C, (n + 1) * C)
+        states.append(s)
+        vn = u[:, sl] - jnp.einsum("bthk,bhkv->bthv", w[:, sl], s, precision=_HI) + f[:, sl]
+        vns.append(vn)
+        e_in = conn[:, :, None] * jnp.exp(gam)  # [B, C, H]
+        qk = jnp.einsum("bthk,bshk->btsh", q[:, sl], k[:, sl], precision=_HI) * dmat
+        o = (jnp.einsum("bthk,bhkv->bthv", q[:, sl] * e_in[..., None], s, precision=_HI)
+             + jnp.einsum("btsh,bshv->bthv", qk, vn, precision=_HI))
+        outs.append(scale * o)
+        e_out = last[:, :, None] * jnp.exp(gam[:, -1:] - gam)  # [B, C, H]
+        keep = conn[:, -1:] * jnp.exp(gam[:, -1])  # [B, H]
+        s = (keep[..., None, None] * s
+             + jnp.einsum("bthk,bthv->bhkv", k[:, sl] * e_out[..., None], vn, precision=_HI)
+             + e[:, :, n])
+    o = jnp.concatenate(outs, axis=1)[:, :seq_len]
+    v_new = jnp.concatenate(vns, axis=1)[:, :seq_len]
+    return (o, s), (jnp.stack(states, axis=2), v_new)
+
+
+def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0):
+    """Kernel inputs (bf16 where the GPU pipeline stores 16 bits) and the fp32 reference
+    gradients ``(dq, dk, dw, dg)`` (``dq, dk`` summed over GVA groups; ``dg`` ``None`` for
+    DeltaNet) by ``jax.vjp`` of :func:`_chunk_form`."""
+    q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                    decay=decay, h0=h0, docs=docs, seed=seed)
+    w, u = gdn_test._wy(k, v, g, beta, seg)
+    keys = jax.random.split(jax.random.key(seed + 11), 2)
+    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
+    state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    scale = dk ** -0.5
+    n_chunks = -(-seq_len // C)
+    qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)
+    wf, uf = w.astype(jnp.float32), u.astype(jnp.float32)
+    h0f = jnp.zeros((batch, heads, dk, dv)) if state is None else state
+    e0 = jnp.zeros((batch, heads, n_chunks, dk, dv))
+    f0 = jnp.zeros((batch, seq_len, heads, dv))
+
+    def fn(qf, kf, wf, gf, e, f):  # gf is unused for DeltaNet (g None): its gradient is 0
+        return _chunk_form(qf, kf, wf, uf, None if g is None else gf, seg, h0f, e, f, scale)
+
+    gf = jnp.zeros((batch, seq_len, heads)) if g is None else g
+    _, vjp, (h, v_new) = jax.vjp(fn, qf, kf, wf, gf, e0, f0, has_aux=True)
+    dht_ = jnp.zeros((batch, heads, dk, dv)) if state_grad is None else state_grad
+    dq, dk_, dw, dg, dh, dvn = vjp((do.astype(jnp.float32), dht_))
+    dq, dk_ = (kbwd._group_sum(x, kv_heads) for x in (dq, dk_))
+    bf = jnp.bfloat16
+    args = (q, k, v_new.astype(bf), do, dvn.astype(bf), g, h.astype(bf), dh.astype(bf))
+    want = (dq, dk_, dw, None if g is None else dg)
+    return args, seg, scale, want
+
+
+def _check(test, got, want):
+    dq, dk, dw, dg = got
+    for name, x, y in (("dq", dq, want[0]), ("dk", dk, want[1]), ("dw", dw, want[2])):
+        test.assertEqual((x.shape, x.dtype), (y.shape, jnp.float32), msg=name)
+        err = tolerances.rel_err(x, y)
+        test.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
+    if want[3] is None:
+        test.assertIsNone(dg)
+    else:
+        test.assertEqual((dg.shape, dg.dtype), (want[3].shape, jnp.float32))
+        err = tolerances.rel_err(dg, want[3])
+        test.assertLess(err, 2e-2, msg=f"dg: relative RMS error {err:.2e}")
+
+
+class ChunkFormTest(parameterized.TestCase):
+    """:func:`_chunk_form` (whose ``jax.vjp`` is the reference) equals the token-serial
+    reference, and its ``h`` and ``v_new`` are the reference's chunk states and residuals."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_packed_partial_T150", 1, 150, 2, 1, 64, 64, 0.02, (64, 36, 30)),
+        ("strong_decay_h0_T65", 1, 65, 1, 1, 64, 64, 5.0, None),
+        ("deltanet_packed_T130", 1, 130, 1, 1, 64, 64, None, (10, 60)),
+    )
+    def test_chunk_form_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                          docs):
+        q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                        decay=decay, h0=True, docs=docs)
+        qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)
+        vf = v.astype(jnp.float32)
+        w, u = chunked.wy_representation(kf, vf, g, beta, segment_ids=seg)
+        n_chunks = -(-seq_len // C)
+        (o, final), (h, v_new) = _chunk_form(
+            qf, kf, w[:, :seq_len], u[:, :seq_len], g, seg, state,
+            jnp.zeros((batch, heads, n_chunks, dk, dv)), jnp.zeros_like(vf), 0.125)
+        want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, 0.125)
+        want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
+        for got, want in ((o, want_o), (final, want_final), (v_new, want_u), (h, want_h)):
+            self.assertLess(tolerances.rel_err(got, want), 1e-4)
+
+
+# B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths (the rest one more)
+_CPU_CASES = (
+    ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.1, False, False, None),
+    # starts at 64 (a chunk boundary), 100 (inside chunk 1) and 130 (inside the partial chunk 2)
+    ("gva_h0_dht_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, True,
+     (64, 36, 30)),
+    ("strong_decay_dht_T128_K128_V64", 1, 128, 1, 1, 128, 64, 5.0, False, True, None),
+    ("strong_decay_h0_partial_T65_K64_V64", 2, 65, 1, 1, 64, 64, 5.0, True, False, None),
+    ("deltanet_h0_packed_T100_K64_V64", 1, 100, 1, 1, 64, 64, None, True, True, (10, 60)),
+    ("gva_packed_T192_K128_V128", 1, 192, 4, 2, 128, 128, 0.1, True, True, (70, 30)),
+)
+
+
+# Slow (out of CI): see the module docstring. The mark is on the class: absl's parameterized
+# copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class GradsInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_CPU_CASES)
+    def test_chunk_delta_grads_matches_autodiff(self, *case):
+        args, seg, scale, want = _case(*case)
+        got = kbwd.chunk_delta_grads_mosaic(*args, scale=scale, segment_ids=seg, interpret=True)
+        _check(self, got, want)
+
+
+@pytest.mark.gpu
+class GpuTest(kmg_test.HopperTestCase):
+    """The compiled kernel (wgmma, TMA) on bf16 inputs against the fp32 autodiff reference."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999)),
+        ("strong_decay_dht_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, False, True,
+         None),
+        ("packed_T1500_K128_V64", 1, 1500, 2, 2, 128, 64, 0.2, True, False, (10, 54, 500)),
+        ("deltanet_dht_packed_T1024_K64_V64", 1, 1024, 2, 2, 64, 64, None, True, True,
+         (300, 200)),
+    )
+    def test_chunk_delta_grads_matches_autodiff(self, *case):
+        args, seg, scale, want = _case(*case, seed=5)
+        got = kbwd.chunk_delta_grads_mosaic(*args, scale=scale, segment_ids=seg)
+        _check(self, got, want)
+
+
+class LoweringTest(parameterized.TestCase):
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128), gated=(True, False))
+    def test_chunk_delta_grads_exports_for_cuda(self, dk, dv, gated):
+        args, seg, scale, _ = _case(1, 200, 2, 1, dk, dv, 0.2 if gated else None, True, True,
+                                    (70, 30))
+
+        def fn(*a):
+            return kbwd.chunk_delta_grads_mosaic(*a[:-1], scale=scale, segment_ids=a[-1])
+
+        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, seg)
+        text = exported.mlir_module()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn("gdn_chunk_grads", text)
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_what_the_kernel_cannot_run(self):
+        args, _, _, _ = _case(1, 64, 2, 1, 64, 64, 0.1, False, False, None)
+        q, k, vn, do, dvn, g, h, dh = args
+        with self.assertRaisesRegex(ValueError, "q and k must match"):
+            kbwd.chunk_delta_grads_mosaic(q[..., :32], k, vn, do, dvn, g, h, dh, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "dv_new must have"):
+            kbwd.chunk_delta_grads_mosaic(q, k, vn, do, dvn.astype(jnp.float32), g, h, dh,
+                                          scale=1.0)
+        with self.assertRaisesRegex(ValueError, "dh must be"):
+            kbwd.chunk_delta_grads_mosaic(q, k, vn, do, dvn, g, h, dh[:, :1], scale=1.0)
+        with self.assertRaisesRegex(ValueError, "g must be"):
+            kbwd.chunk_delta_grads_mosaic(q, k, vn, do, dvn, g[:, :, :1], h, dh, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            kbwd.chunk_delta_grads_mosaic(q, k, vn[..., :32], do[..., :32], dvn[..., :32], g,
+                                          h[..., :32], dh[..., :32], scale=1.0)
+
+
+if __name__ == "__main__":
+    absltest.main()
