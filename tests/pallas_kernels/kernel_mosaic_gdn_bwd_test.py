@@ -13,7 +13,7 @@ chunk form against the token-serial reference
 reference gradients come from autodiff of a form checked against the recurrence, not from the
 hand-derived equations the kernel runs. The kernel reads ``h``, ``dh``, ``v_new``, ``dv_new``
 rounded to bf16 (as the GPU pipeline stores them) and rounds ``dA`` once more, so the gate is a
-relative RMS error (< 5e-3; ``dg`` < 2e-2 as for the simple-GLA backward).
+relative RMS error (< 5e-3; ``dg`` < 1e-2).
 
 ``GradsInterpretTest`` (marked ``slow``: interpreted Mosaic GPU kernels can hang instead of
 failing, ``pallas_kernels/common/MOSAIC_GPU.md``) runs the kernel in interpret mode;
@@ -112,7 +112,7 @@ def _check(test, got, want):
     else:
         test.assertEqual((dg.shape, dg.dtype), (want[3].shape, jnp.float32))
         err = tolerances.rel_err(dg, want[3])
-        test.assertLess(err, 2e-2, msg=f"dg: relative RMS error {err:.2e}")
+        test.assertLess(err, 1e-2, msg=f"dg: relative RMS error {err:.2e}")
 
 
 class ChunkFormTest(parameterized.TestCase):
@@ -143,7 +143,7 @@ class ChunkFormTest(parameterized.TestCase):
 
 # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths (the rest one more)
 _CPU_CASES = (
-    ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.1, False, False, None),
+    ("h0_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.02, True, True, None),
     # starts at 64 (a chunk boundary), 100 (inside chunk 1) and 130 (inside the partial chunk 2)
     ("gva_h0_dht_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, True,
      (64, 36, 30)),
