@@ -86,6 +86,131 @@ def _copy_vectors(g_ref, doc_ref, b, h, rows, vecs, bar):
 
 
 # ----------------------------------------------------------------------------------------------
+# Stage 1: dv_local, v_new's gradient through its own chunk's read-out.
+
+
+def _dv_local_kernel(q_ref, k_ref, do_ref, g_ref, doc_ref, dvl_ref, q_s, k_s, do_s, g_row_s,
+                     g_col_s, doc_row_s, doc_col_s, out_s, in_bar, *shim, group: int,
+                     scale: float, interpret: bool):
+    """Kernel body of :func:`chunk_dv_local_mosaic`: one chunk of one ``(b, h)`` per CTA.
+
+    ``shim`` (interpret only): SMEM scratch for ``q^T`` and for ``P^T`` as a ``wgmma`` operand.
+    """
+    n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    rows = pl.ds(n * CHUNK, CHUNK)
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, in_bar)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
+    plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s, in_bar)
+    _copy_vectors(g_ref, doc_ref, b, h, rows, (g_row_s, g_col_s, doc_row_s, doc_col_s), in_bar)
+    plgpu.barrier_wait(in_bar)
+    qt_s, pt_s = shim if interpret else (None, None)
+
+    def scores(acc):
+        plgpu.wgmma(acc, k_s, mgl.transposed(q_s, qt_s, interpret))  # K Q^T = (Q K^T)^T
+        return acc[...]
+
+    # The barrier keeps the arithmetic below after the accumulator read (jla's pitfall).
+    kq = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC((CHUNK, CHUNK))))
+    decay_t, _ = _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret,
+                                    transpose=True)
+    pt = (kq * (scale * decay_t)).astype(do_s.dtype)  # P^T, 16-bit: the left wgmma operand
+
+    def product(acc):
+        plgpu.wgmma(acc, mgl.lhs_operand(pt, pt_s, interpret), do_s)  # P^T dO, [C, V]
+        return acc[...]
+
+    dvl = lax.optimization_barrier(pl.run_scoped(product, plgpu.ACC((CHUNK, do_s.shape[-1]))))
+    out_s[...] = dvl.astype(out_s.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_s, dvl_ref.at[b, rows, h])
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def chunk_dv_local_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    do: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    scale: float,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """``dv_local = scale (Q K^T * D)^T dO`` per chunk: ``v_new``'s gradient through (b).
+
+    The counterpart of FLA's ``chunk_bwd_dv_local`` (``fla/ops/common/chunk_o.py``), stage 1 of
+    the module docstring: from (b), with ``v_new`` held fixed elsewhere,
+    ``dL/dv_new_s = scale sum_{t >= s, doc(t) = doc(s)} e^{G_t - G_s} (q_t . k_s) do_t``
+    within the chunk. It is the ``dv_local`` input of
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_dh_mosaic`, which adds
+    the state path ``diag(last e^{G_L - G}) K dS'`` (plus any cotangent of the returned
+    residual, which the caller adds to this output first).
+
+    Kernel structure (as :func:`pallas_kernels.simple_gla.kernel_mosaic_gpu.chunk_output_mosaic`):
+    one CTA per ``(chunk, value head, batch row)``, one warpgroup, seven TMA copies on one
+    barrier (``q, k`` of the key head, ``do``, row and column copies of the gate and document
+    vectors). ``wgmma`` forms ``K Q^T`` (the transpose of the scores, so no ``[C, C]`` transpose
+    is needed), the transposed decay ``D^T`` is applied with the mask in the exponent, and
+    ``P^T`` (16-bit, a register operand on the GPU) times ``dO`` is the output, stored in
+    ``do``'s dtype through a swizzled SMEM tile.
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0``.
+        k: keys ``[B, T, Hk, K]``, q's shape and dtype.
+        do: output gradient ``[B, T, H, V]``, q's dtype. ``K, V`` in {64, 128}.
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        scale: read-out scale of the forward (static).
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``dv_local`` ``[B, T, H, V]`` in ``do``'s dtype. Exact up to the 16-bit rounding of
+        ``P^T`` (fp32 accumulation) and of the output.
+
+    Raises:
+        ValueError: on mismatched shapes or dtypes, unsupported head dims or dtypes, ``H`` not
+            a multiple of ``Hk``, or ``g``, ``segment_ids`` of the wrong shape.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = do.shape[2], do.shape[3]
+    if q.shape != k.shape or q.dtype != k.dtype:
+        raise ValueError(f"q and k must match: {q.shape=} {k.shape=} {q.dtype=} {k.dtype=}")
+    mgl.check_kv_gates(k, do, g, segment_ids, names=("k", "do"))
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    q, k, do = (mgl.pad_time(x, num_chunks) for x in (q, k, do))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
+    vec = plgpu.SMEM((CHUNK,), jnp.float32)
+    swz = mgl.swizzled_smem
+    shim = [plgpu.SMEM((dk, CHUNK), q.dtype),  # qt_s
+            plgpu.SMEM((CHUNK, CHUNK), do.dtype)]  # pt_s
+    call = plgpu.kernel(
+        functools.partial(_dv_local_kernel, group=heads // kv_heads, scale=float(scale),
+                          interpret=interpret),
+        out_type=jax.ShapeDtypeStruct((batch, padded, heads, dv), do.dtype),
+        scratch_types=[
+            swz((CHUNK, dk), q.dtype),  # q_s
+            swz((CHUNK, dk), k.dtype),  # k_s
+            swz((CHUNK, dv), do.dtype),  # do_s
+            vec, vec, vec, vec,  # g_row_s, g_col_s, doc_row_s, doc_col_s
+            swz((CHUNK, dv), do.dtype),  # out_s: staging of dv_local
+            plgpu.Barrier(num_arrivals=7),  # in_bar: the 7 input copies landed
+        ] + (shim if interpret else []),
+        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        grid_names=("n", "h", "b"),
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name="gdn_chunk_dv_local",
+    )
+    with jax.named_scope("gdn_chunk_dv_local_mosaic"):
+        dvl = call(q, k, do, gc, doc)
+    return dvl[:, :seq_len]
+
+
+# ----------------------------------------------------------------------------------------------
 # Stage 3: dq, dk, dw and the gate terms of every chunk.
 
 

@@ -115,6 +115,21 @@ def _check(test, got, want):
         test.assertLess(err, 1e-2, msg=f"dg: relative RMS error {err:.2e}")
 
 
+def _dv_local_case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0):
+    """bf16 ``q, k, do``, fp32 ``g``, ``segment_ids``, ``scale`` and the fp32 reference
+    ``scale (Q K^T * D)^T dO`` per chunk (``gdn_test._dv_local``, checked against autodiff by
+    ``ChunkFormTest.test_dv_local_is_the_read_out_part_of_dv_new``)."""
+    del h0, dht
+    q, k, v, g, _, _, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                             decay=decay, h0=False, docs=docs, seed=seed)
+    key = jax.random.split(jax.random.key(seed + 11), 2)[0]  # _case's do
+    do = jax.random.normal(key, v.shape).astype(jnp.bfloat16)
+    scale = dk ** -0.5
+    want = gdn_test._dv_local(gdn_test._expand(q, heads), gdn_test._expand(k, heads), g, seg,
+                              do.astype(jnp.float32), scale)
+    return (q, k, do, g), seg, scale, want
+
+
 class ChunkFormTest(parameterized.TestCase):
     """:func:`_chunk_form` (whose ``jax.vjp`` is the reference) equals the token-serial
     reference, and its ``h`` and ``v_new`` are the reference's chunk states and residuals."""
@@ -141,6 +156,29 @@ class ChunkFormTest(parameterized.TestCase):
             self.assertLess(tolerances.rel_err(got, want), 1e-4)
 
 
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_partial_T150", 1, 150, 2, 1, 64, 64, 0.02, True, True, (64, 36, 30)),
+        ("deltanet_dht_T100", 1, 100, 1, 1, 64, 64, None, False, True, None),
+    )
+    def test_dv_local_is_the_read_out_part_of_dv_new(self, *case):
+        """``dv_new`` (autodiff) = ``dv_local`` + ``diag(last e^{G_L - G}) K dS'``: the
+        reference of ``chunk_dv_local_mosaic`` is the read-out part of autodiff's ``dv_new``."""
+        args, seg, _, _ = _case(*case)
+        q, k, _, _, dvn, g, _, dh = args  # dvn, dh: bf16 copies of the autodiff values
+        _, _, _, want_dvl = _dv_local_case(*case)
+        batch, seq_len, heads = dvn.shape[:3]
+        n_chunks = -(-seq_len // C)
+        kf = gdn_test._pad_chunks(gdn_test._expand(k, heads), n_chunks)
+        gates = gdn_test._chunk_gates(g, seg, (batch, seq_len, heads), n_chunks)
+        state = []
+        for n, (gam, _, last, _) in enumerate(gates):
+            e_out = last[:, :, None] * jnp.exp(gam[:, -1:] - gam)  # [B, C, H]
+            kd = jnp.einsum("bthk,bhkv->bthv", kf[:, n * C:(n + 1) * C],
+                            dh[:, :, n].astype(jnp.float32), precision=_HI)
+            state.append(kd * e_out[..., None])
+        state = jnp.concatenate(state, axis=1)[:, :seq_len]
+        self.assertLess(tolerances.rel_err(want_dvl + state, dvn), 5e-3)
+
 # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths (the rest one more)
 _CPU_CASES = (
     ("h0_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.02, True, True, None),
@@ -166,6 +204,15 @@ class GradsInterpretTest(parameterized.TestCase):
         _check(self, got, want)
 
 
+    @parameterized.named_parameters(*_CPU_CASES)
+    def test_chunk_dv_local_matches_reference(self, *case):
+        (q, k, do, g), seg, scale, want = _dv_local_case(*case)
+        got = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
+                                         interpret=True)
+        self.assertEqual((got.shape, got.dtype), (do.shape, do.dtype))
+        err = tolerances.rel_err(got, want)
+        self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
+
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernel (wgmma, TMA) on bf16 inputs against the fp32 autodiff reference."""
@@ -184,6 +231,18 @@ class GpuTest(kmg_test.HopperTestCase):
         got = kbwd.chunk_delta_grads_mosaic(*args, scale=scale, segment_ids=seg)
         _check(self, got, want)
 
+    @parameterized.named_parameters(
+        ("gva_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, False, False,
+         (700, 1, 64, 999)),
+        ("strong_decay_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, False, False, None),
+        ("deltanet_T1024_K128_V64", 1, 1024, 2, 2, 128, 64, None, False, False, None),
+    )
+    def test_chunk_dv_local_matches_reference(self, *case):
+        (q, k, do, g), seg, scale, want = _dv_local_case(*case, seed=5)
+        got = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg)
+        err = tolerances.rel_err(got, want)
+        self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
+
 
 class LoweringTest(parameterized.TestCase):
 
@@ -199,6 +258,19 @@ class LoweringTest(parameterized.TestCase):
         text = exported.mlir_module()
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertIn("gdn_chunk_grads", text)
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128), gated=(True, False))
+    def test_chunk_dv_local_exports_for_cuda(self, dk, dv, gated):
+        (q, k, do, g), seg, scale, _ = _dv_local_case(1, 200, 2, 1, dk, dv,
+                                                      0.2 if gated else None, False, False,
+                                                      (70, 30))
+
+        def fn(q, k, do, g, seg):
+            return kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg)
+
+        text = jax.export.export(jax.jit(fn), platforms=["cuda"])(q, k, do, g, seg).mlir_module()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn("gdn_chunk_dv_local", text)
 
 
 class ValidationTest(absltest.TestCase):
@@ -218,6 +290,15 @@ class ValidationTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "head dims"):
             kbwd.chunk_delta_grads_mosaic(q, k, vn[..., :32], do[..., :32], dvn[..., :32], g,
                                           h[..., :32], dh[..., :32], scale=1.0)
+
+    def test_dv_local_rejects_what_the_kernel_cannot_run(self):
+        (q, k, do, g), _, _, _ = _dv_local_case(1, 64, 2, 1, 64, 64, 0.1, False, False, None)
+        with self.assertRaisesRegex(ValueError, "q and k must match"):
+            kbwd.chunk_dv_local_mosaic(q, k[:, :32], do, g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "16-bit dtype"):
+            kbwd.chunk_dv_local_mosaic(q, k, do.astype(jnp.float32), g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            kbwd.chunk_dv_local_mosaic(q, k, do[..., :32], g, scale=1.0)
 
 
 if __name__ == "__main__":
