@@ -155,7 +155,6 @@ class ChunkFormTest(parameterized.TestCase):
         for got, want in ((o, want_o), (final, want_final), (v_new, want_u), (h, want_h)):
             self.assertLess(tolerances.rel_err(got, want), 1e-4)
 
-
     @parameterized.named_parameters(
         ("gva_h0_dht_packed_partial_T150", 1, 150, 2, 1, 64, 64, 0.02, True, True, (64, 36, 30)),
         ("deltanet_dht_T100", 1, 100, 1, 1, 64, 64, None, False, True, None),
@@ -178,6 +177,7 @@ class ChunkFormTest(parameterized.TestCase):
             state.append(kd * e_out[..., None])
         state = jnp.concatenate(state, axis=1)[:, :seq_len]
         self.assertLess(tolerances.rel_err(want_dvl + state, dvn), 5e-3)
+
 
 # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths (the rest one more)
 _CPU_CASES = (
@@ -203,7 +203,6 @@ class GradsInterpretTest(parameterized.TestCase):
         got = kbwd.chunk_delta_grads_mosaic(*args, scale=scale, segment_ids=seg, interpret=True)
         _check(self, got, want)
 
-
     @parameterized.named_parameters(*_CPU_CASES)
     def test_chunk_dv_local_matches_reference(self, *case):
         (q, k, do, g), seg, scale, want = _dv_local_case(*case)
@@ -212,6 +211,7 @@ class GradsInterpretTest(parameterized.TestCase):
         self.assertEqual((got.shape, got.dtype), (do.shape, do.dtype))
         err = tolerances.rel_err(got, want)
         self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
+
 
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
