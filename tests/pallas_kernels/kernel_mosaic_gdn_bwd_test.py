@@ -28,6 +28,7 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
 from tests import tolerances
 from tests.pallas_kernels import kernel_mosaic_gdn_test as gdn_test
@@ -211,6 +212,66 @@ class GradsInterpretTest(parameterized.TestCase):
         self.assertEqual((got.shape, got.dtype), (do.shape, do.dtype))
         err = tolerances.rel_err(got, want)
         self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
+
+
+def _pipeline_dq(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
+    """``(dq, dh0)`` of the Mosaic GPU pipeline: XLA WY factors, the forward state pass, then
+    ``dv_local``, the reverse state pass and the chunk-local gradients. ``q`` does not enter
+    the WY factors, so this ``dq`` is already the whole gradient of ``q``."""
+    w, u = gdn_test._wy(k, v, g, beta, seg)
+    h, v_new, _ = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=state, segment_ids=seg,
+                                           states_dtype=q.dtype, interpret=interpret)
+    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
+                                     interpret=interpret)
+    dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                             final_state_grad=dht, segment_ids=seg,
+                                             states_dtype=q.dtype, interpret=interpret)
+    dq, _, _, _ = kbwd.chunk_delta_grads_mosaic(q, k, v_new, do, dvn, g, h, dh, scale=scale,
+                                                segment_ids=seg, interpret=interpret)
+    return dq, dh0
+
+
+def _chunked_dq(q, k, v, g, beta, state, seg, do, dht, scale):
+    """``(dq, dh0)`` by ``jax.vjp`` of the XLA chunk form ``chunked.gated_delta_rule_chunked``
+    (fp32), ``dq`` summed over GVA groups."""
+    heads = v.shape[2]
+    kf, vf = gdn_test._expand(k, heads), v.astype(jnp.float32)
+
+    def fn(qf, h0):
+        o, final, _ = chunked.gated_delta_rule_chunked(qf, kf, vf, g, beta, scale=scale,
+                                                       initial_state=h0, segment_ids=seg)
+        return o, final
+
+    h0 = jnp.zeros(v.shape[:1] + (heads, k.shape[3], v.shape[3])) if state is None else state
+    _, vjp = jax.vjp(fn, gdn_test._expand(q, heads), h0)
+    dq, dh0 = vjp((do.astype(jnp.float32), jnp.zeros_like(h0) if dht is None else dht))
+    return kbwd._group_sum(dq, q.shape[2]), dh0
+
+
+@pytest.mark.slow
+class PipelineInterpretTest(parameterized.TestCase):
+    """The four backward-side kernels composed (with the forward state pass) give the chunk
+    form's ``dq`` and ``dh0``: checks the contracts between them (``h`` entering, ``dh``
+    leaving each chunk, total ``dv_new``), not only each kernel alone."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
+         (64, 36, 30)),
+        ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+    )
+    def test_dq_matches_chunked_vjp(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                    dht, docs):
+        q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                        decay=decay, h0=h0, docs=docs)
+        keys = jax.random.split(jax.random.key(3), 2)
+        do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
+        state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+        scale = dk ** -0.5
+        dq, dh0 = _pipeline_dq(q, k, v, g, beta, state, seg, do, state_grad, scale, True)
+        want_dq, want_dh0 = _chunked_dq(q, k, v, g, beta, state, seg, do, state_grad, scale)
+        for name, got, want in (("dq", dq, want_dq), ("dh0", dh0, want_dh0)):
+            err = tolerances.rel_err(got, want)
+            self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
 
 
 @pytest.mark.gpu
