@@ -1,25 +1,29 @@
-"""The chunk-local gradient kernel of the Gated DeltaNet Mosaic GPU backward, on CPU and the H200.
+"""The Gated DeltaNet Mosaic GPU backward kernels of ``kernel_mosaic_gpu_bwd.py``, on CPU and GPU.
 
 ``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu_bwd.py`` (issue 29, not dispatched) has
-:func:`chunk_delta_grads_mosaic`: ``dq``, ``dk`` through ``q . k`` and the state, ``dw`` and the
+:func:`chunk_delta_grads_mosaic` (``dq``, ``dk`` through ``q . k`` and the state, ``dw`` and the
 gate gradient through the read-out and the state update, with the WY factors ``W, U`` held
-fixed. The reference is ``jax.vjp`` of a small fp32 chunk form written here
-(:func:`_chunk_form`: ``v_new = U - W S + f``, the read-out and the state update per chunk of
-64, with an additive perturbation ``e`` of each chunk's leaving state), taken w.r.t.
-``q, k, w, g`` (and ``e, f``, which give the kernel's ``dh`` and ``dv_new`` inputs). Its
-primal also gives the kernel's ``h`` and ``v_new`` inputs. ``ChunkFormTest`` (CI) checks the
-chunk form against the token-serial reference
-(:func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`) to 1e-4, so the
-reference gradients come from autodiff of a form checked against the recurrence, not from the
-hand-derived equations the kernel runs. The kernel reads ``h``, ``dh``, ``v_new``, ``dv_new``
-rounded to bf16 (as the GPU pipeline stores them) and rounds ``dA`` once more, so the gate is a
-relative RMS error (< 5e-3; ``dg`` < 1e-2).
+fixed) and :func:`chunk_dv_local_mosaic` (``scale (Q K^T * D)^T dO`` per chunk). The reference
+of the first is ``jax.vjp`` of a small fp32 chunk form written here (:func:`_chunk_form`:
+``v_new = U - W S + f``, the read-out and the state update per chunk of 64, with an additive
+perturbation ``e`` of each chunk's leaving state), taken w.r.t. ``q, k, w, g`` (and ``e, f``,
+which give the kernel's ``dh`` and ``dv_new`` inputs); its primal also gives the kernel's ``h``
+and ``v_new`` inputs. ``ChunkFormTest`` (CI) checks the chunk form against the token-serial
+reference (:func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`) to
+1e-4, so the reference gradients come from autodiff of a form checked against the recurrence,
+not from the hand-derived equations the kernel runs; it also checks that the ``dv_local``
+formula is the read-out part of autodiff's ``dv_new``. The kernel reads ``h``, ``dh``,
+``v_new``, ``dv_new`` rounded to bf16 (as the GPU pipeline stores them) and rounds ``dA`` once
+more, so the gate is a relative RMS error (< 5e-3; ``dg`` < 1e-2).
+``PipelineInterpretTest`` composes the forward state pass, ``dv_local``, the reverse state pass
+and the gradient kernel and compares ``dq`` and ``dh0`` with ``jax.vjp`` of the XLA chunk form
+:func:`pallas_kernels.gated_delta_rule.chunked.gated_delta_rule_chunked`.
 
-``GradsInterpretTest`` (marked ``slow``: interpreted Mosaic GPU kernels can hang instead of
-failing, ``pallas_kernels/common/MOSAIC_GPU.md``) runs the kernel in interpret mode;
-``LoweringTest`` exports it for CUDA on the CPU host with ``jax.export``; ``GpuTest`` (marked
-``gpu``) runs the compiled kernel on a Hopper GPU. Run the interpreted cases one at a time
-under ``timeout``: ``pytest -m slow tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py -k <case>``.
+The interpreted classes are marked ``slow`` (interpreted Mosaic GPU kernels can hang instead of
+failing, ``pallas_kernels/common/MOSAIC_GPU.md``); ``LoweringTest`` exports the kernels for CUDA
+on the CPU host with ``jax.export``; ``GpuTest`` (marked ``gpu``) runs the compiled kernels on a
+Hopper GPU. Run the interpreted cases one at a time under ``timeout`` when debugging:
+``pytest -m slow tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py -k <case>``.
 """
 
 import jax
@@ -303,6 +307,25 @@ class GpuTest(kmg_test.HopperTestCase):
         got = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg)
         err = tolerances.rel_err(got, want)
         self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999)),
+        ("deltanet_partial_T1000_K64_V64", 2, 1000, 2, 2, 64, 64, None, False, True, None),
+    )
+    def test_pipeline_dq_matches_chunked_vjp(self, batch, seq_len, heads, kv_heads, dk, dv,
+                                             decay, h0, dht, docs):
+        q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                        decay=decay, h0=h0, docs=docs, seed=7)
+        keys = jax.random.split(jax.random.key(3), 2)
+        do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
+        state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+        scale = dk ** -0.5
+        got = _pipeline_dq(q, k, v, g, beta, state, seg, do, state_grad, scale, False)
+        want = _chunked_dq(q, k, v, g, beta, state, seg, do, state_grad, scale)
+        for name, x, y in zip(("dq", "dh0"), got, want):
+            err = tolerances.rel_err(x, y)
+            self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
 
 
 class LoweringTest(parameterized.TestCase):
