@@ -218,10 +218,15 @@ class GradsInterpretTest(parameterized.TestCase):
         self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
 
 
-def _pipeline_dq(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
-    """``(dq, dh0)`` of the Mosaic GPU pipeline: XLA WY factors, the forward state pass, then
-    ``dv_local``, the reverse state pass and the chunk-local gradients. ``q`` does not enter
-    the WY factors, so this ``dq`` is already the whole gradient of ``q``."""
+def _pipeline_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
+    """All gradients of the Mosaic GPU pipeline, with the WY backward done by ``jax.vjp`` of
+    :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` in XLA (fp32).
+
+    The kernels: the forward state pass, then ``dv_local``, the reverse state pass and the
+    chunk-local gradients. Returns fp32 ``(dq, dk, dv, dg, dbeta, dh0)`` (``dg`` ``None`` for
+    DeltaNet); ``dq, dk`` per key head.
+    """
+    heads, seq_len = v.shape[2], v.shape[1]
     w, u = gdn_test._wy(k, v, g, beta, seg)
     h, v_new, _ = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=state, segment_ids=seg,
                                            states_dtype=q.dtype, interpret=interpret)
@@ -230,52 +235,81 @@ def _pipeline_dq(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
                                              final_state_grad=dht, segment_ids=seg,
                                              states_dtype=q.dtype, interpret=interpret)
-    dq, _, _, _ = kbwd.chunk_delta_grads_mosaic(q, k, v_new, do, dvn, g, h, dh, scale=scale,
-                                                segment_ids=seg, interpret=interpret)
-    return dq, dh0
+    dq, dk, dw, dg = kbwd.chunk_delta_grads_mosaic(q, k, v_new, do, dvn, g, h, dh,
+                                                   scale=scale, segment_ids=seg,
+                                                   interpret=interpret)
+
+    def wy(kf, vf, gf, bf):  # the WY factors, w.r.t. which dw and dU = dv_new are taken
+        return chunked.wy_representation(kf, vf, None if g is None else gf, bf,
+                                         segment_ids=seg)
+
+    gf = jnp.zeros(beta.shape) if g is None else g
+    (w_p, _), vjp = jax.vjp(wy, gdn_test._expand(k, heads), v.astype(jnp.float32), gf, beta)
+    pad = ((0, 0), (0, w_p.shape[1] - seq_len), (0, 0), (0, 0))
+    dk_wy, dv, dg_wy, dbeta = vjp((jnp.pad(dw, pad), jnp.pad(dvn.astype(jnp.float32), pad)))
+    dk = dk + kbwd._group_sum(dk_wy, k.shape[2])
+    dg = None if g is None else dg + dg_wy
+    return dq, dk, dv, dg, dbeta, dh0
 
 
-def _chunked_dq(q, k, v, g, beta, state, seg, do, dht, scale):
-    """``(dq, dh0)`` by ``jax.vjp`` of the XLA chunk form ``chunked.gated_delta_rule_chunked``
-    (fp32), ``dq`` summed over GVA groups."""
+def _chunked_grads(q, k, v, g, beta, state, seg, do, dht, scale):
+    """``(dq, dk, dv, dg, dbeta, dh0)`` by ``jax.vjp`` of the XLA chunk form
+    ``chunked.gated_delta_rule_chunked`` (fp32), ``dq, dk`` summed over GVA groups."""
     heads = v.shape[2]
-    kf, vf = gdn_test._expand(k, heads), v.astype(jnp.float32)
 
-    def fn(qf, h0):
-        o, final, _ = chunked.gated_delta_rule_chunked(qf, kf, vf, g, beta, scale=scale,
-                                                       initial_state=h0, segment_ids=seg)
+    def fn(qf, kf, vf, gf, bf, h0):
+        o, final, _ = chunked.gated_delta_rule_chunked(
+            qf, kf, vf, None if g is None else gf, bf, scale=scale, initial_state=h0,
+            segment_ids=seg)
         return o, final
 
     h0 = jnp.zeros(v.shape[:1] + (heads, k.shape[3], v.shape[3])) if state is None else state
-    _, vjp = jax.vjp(fn, gdn_test._expand(q, heads), h0)
-    dq, dh0 = vjp((do.astype(jnp.float32), jnp.zeros_like(h0) if dht is None else dht))
-    return kbwd._group_sum(dq, q.shape[2]), dh0
+    gf = jnp.zeros(beta.shape) if g is None else g
+    _, vjp = jax.vjp(fn, gdn_test._expand(q, heads), gdn_test._expand(k, heads),
+                     v.astype(jnp.float32), gf, beta, h0)
+    dq, dk, dv, dg, dbeta, dh0 = vjp((do.astype(jnp.float32),
+                                      jnp.zeros_like(h0) if dht is None else dht))
+    dq, dk = (kbwd._group_sum(x, q.shape[2]) for x in (dq, dk))
+    return dq, dk, dv, None if g is None else dg, dbeta, dh0
+
+
+_GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def _check_pipeline(test, got, want):
+    for name, x, y in zip(_GRAD_NAMES, got, want):
+        if y is None:
+            continue
+        err = tolerances.rel_err(x, y)
+        test.assertLess(err, 1e-2 if name in ("dg", "dbeta") else 5e-3,
+                        msg=f"{name}: relative RMS error {err:.2e}")
+
+
+def _pipeline_inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0):
+    """``(q, k, v, g, beta, h0, segment_ids, do, dht, scale)`` for the pipeline tests."""
+    q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                    decay=decay, h0=h0, docs=docs, seed=seed)
+    keys = jax.random.split(jax.random.key(seed + 3), 2)
+    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
+    state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    return q, k, v, g, beta, state, seg, do, state_grad, dk ** -0.5
 
 
 @pytest.mark.slow
 class PipelineInterpretTest(parameterized.TestCase):
-    """The four backward-side kernels composed (with the forward state pass) give the chunk
-    form's ``dq`` and ``dh0``: checks the contracts between them (``h`` entering, ``dh``
-    leaving each chunk, total ``dv_new``), not only each kernel alone."""
+    """The four backward-side kernels composed (with the forward state pass) and an XLA WY
+    backward give every gradient of the chunk form: checks the contracts between the kernels
+    (``h`` entering, ``dh`` leaving each chunk, total ``dv_new``, what ``dw``, ``dk`` and
+    ``dg`` leave to the WY backward), not only each kernel alone."""
 
     @parameterized.named_parameters(
         ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
          (64, 36, 30)),
         ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
     )
-    def test_dq_matches_chunked_vjp(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
-                                    dht, docs):
-        q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
-                                                        decay=decay, h0=h0, docs=docs)
-        keys = jax.random.split(jax.random.key(3), 2)
-        do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
-        state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
-        scale = dk ** -0.5
-        dq, dh0 = _pipeline_dq(q, k, v, g, beta, state, seg, do, state_grad, scale, True)
-        want_dq, want_dh0 = _chunked_dq(q, k, v, g, beta, state, seg, do, state_grad, scale)
-        for name, got, want in (("dq", dq, want_dq), ("dh0", dh0, want_dh0)):
-            err = tolerances.rel_err(got, want)
-            self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
+    def test_grads_match_chunked_vjp(self, *case):
+        args = _pipeline_inputs(*case)
+        _check_pipeline(self, _pipeline_grads(*args, True), _chunked_grads(*args))
 
 
 @pytest.mark.gpu
@@ -313,19 +347,9 @@ class GpuTest(kmg_test.HopperTestCase):
          (700, 1, 64, 999)),
         ("deltanet_partial_T1000_K64_V64", 2, 1000, 2, 2, 64, 64, None, False, True, None),
     )
-    def test_pipeline_dq_matches_chunked_vjp(self, batch, seq_len, heads, kv_heads, dk, dv,
-                                             decay, h0, dht, docs):
-        q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
-                                                        decay=decay, h0=h0, docs=docs, seed=7)
-        keys = jax.random.split(jax.random.key(3), 2)
-        do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
-        state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
-        scale = dk ** -0.5
-        got = _pipeline_dq(q, k, v, g, beta, state, seg, do, state_grad, scale, False)
-        want = _chunked_dq(q, k, v, g, beta, state, seg, do, state_grad, scale)
-        for name, x, y in zip(("dq", "dh0"), got, want):
-            err = tolerances.rel_err(x, y)
-            self.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
+    def test_pipeline_grads_match_chunked_vjp(self, *case):
+        args = _pipeline_inputs(*case, seed=7)
+        _check_pipeline(self, _pipeline_grads(*args, False), _chunked_grads(*args))
 
 
 class LoweringTest(parameterized.TestCase):
