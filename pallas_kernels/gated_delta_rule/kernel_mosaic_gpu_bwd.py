@@ -31,6 +31,12 @@ chunk, with ``W, U`` the WY factors, is::
     o_t   = scale ( conn_t e^{G_t} S^T q_t + sum_s D_ts (q_t . k_s) v_new_s )          (b)
     S'    = keep e^{G_L} S + sum_s last_s e^{G_L - G_s} k_s v_new_s^T                  (c)
 
+Status (2026-12-03): CPU only, not run on a GPU. Tested
+(``tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py``) in interpret mode against ``jax.vjp``
+of fp32 chunk forms, including the composed pipeline (forward state pass, stages 1-3 and an
+XLA WY backward by ``jax.vjp`` of ``chunked.wy_representation``) against every gradient of
+``chunked.gated_delta_rule_chunked``, and exported for CUDA at K, V in {64, 128}.
+
 CPU testing as in the other Mosaic GPU modules (``pallas_kernels/common/MOSAIC_GPU.md``):
 interpret mode with the ``interpret`` shims of :mod:`pallas_kernels.common.mosaic_gpu_lib`
 (transposed operands copied into SMEM scratch, plain vector loads), and lowering for CUDA.

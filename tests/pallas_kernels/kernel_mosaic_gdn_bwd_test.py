@@ -306,6 +306,10 @@ class PipelineInterpretTest(parameterized.TestCase):
         ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
          (64, 36, 30)),
         ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+        ("strong_decay_h0_dht_packed_T128_K64_V128", 1, 128, 2, 2, 64, 128, 5.0, True, True,
+         (10, 60)),
+        ("gva_h0_dht_packed_T192_K128_V128", 1, 192, 2, 1, 128, 128, 0.1, True, True,
+         (70, 30)),
     )
     def test_grads_match_chunked_vjp(self, *case):
         args = _pipeline_inputs(*case)
