@@ -1,0 +1,417 @@
+"""The Gated DeltaNet Mosaic GPU backward kernels of ``kernel_mosaic_gpu_bwd.py``, on CPU and GPU.
+
+``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu_bwd.py`` (issue 29, not dispatched) has
+:func:`chunk_delta_grads_mosaic` (``dq``, ``dk`` through ``q . k`` and the state, ``dw`` and the
+gate gradient through the read-out and the state update, with the WY factors ``W, U`` held
+fixed) and :func:`chunk_dv_local_mosaic` (``scale (Q K^T * D)^T dO`` per chunk). The reference
+of the first is ``jax.vjp`` of a small fp32 chunk form written here (:func:`_chunk_form`:
+``v_new = U - W S + f``, the read-out and the state update per chunk of 64, with an additive
+perturbation ``e`` of each chunk's leaving state), taken w.r.t. ``q, k, w, g`` (and ``e, f``,
+which give the kernel's ``dh`` and ``dv_new`` inputs); its primal also gives the kernel's ``h``
+and ``v_new`` inputs. ``ChunkFormTest`` (CI) checks the chunk form against the token-serial
+reference (:func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`) to
+1e-4, so the reference gradients come from autodiff of a form checked against the recurrence,
+not from the hand-derived equations the kernel runs; it also checks that the ``dv_local``
+formula is the read-out part of autodiff's ``dv_new``. The kernel reads ``h``, ``dh``,
+``v_new``, ``dv_new`` rounded to bf16 (as the GPU pipeline stores them) and rounds ``dA`` once
+more, so the gate is a relative RMS error (< 5e-3; ``dg`` < 1e-2).
+``PipelineInterpretTest`` composes the forward state pass, ``dv_local``, the reverse state pass
+and the gradient kernel and compares ``dq`` and ``dh0`` with ``jax.vjp`` of the XLA chunk form
+:func:`pallas_kernels.gated_delta_rule.chunked.gated_delta_rule_chunked`.
+
+The interpreted classes are marked ``slow`` (interpreted Mosaic GPU kernels can hang instead of
+failing, ``pallas_kernels/common/MOSAIC_GPU.md``); ``LoweringTest`` exports the kernels for CUDA
+on the CPU host with ``jax.export``; ``GpuTest`` (marked ``gpu``) runs the compiled kernels on a
+Hopper GPU. Run the interpreted cases one at a time under ``timeout`` when debugging:
+``pytest -m slow tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py -k <case>``.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
+from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gdn_test as gdn_test
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+_HI = jax.lax.Precision.HIGHEST
+C = kbwd.CHUNK
+
+
+def _chunk_form(q, k, w, u, g, seg, h0, e, f, scale):
+    """fp32 chunk form of the GDN forward with perturbations ``e`` (states) and ``f`` (v_new).
+
+    ``q, k, w`` ``[B, T, H, K]`` and ``u, f`` ``[B, T, H, V]`` fp32 per value head, ``g``
+    ``[B, T, H]`` or ``None``, ``h0`` ``[B, H, K, V]``, ``e`` ``[B, H, N, K, V]`` added to the
+    state leaving chunk ``n``. Returns ``((o, final_state), (h, v_new))``: ``h``
+    ``[B, H, N, K, V]`` the states entering each chunk and ``v_new`` ``[B, T, H, V]``.
+    """
+    seq_len, n_chunks = k.shape[1], e.shape[2]
+    q, k, w, u, f = (gdn_test._pad_chunks(x, n_chunks) for x in (q, k, w, u, f))
+    gates = gdn_test._chunk_gates(g, seg, (k.shape[0], seq_len, k.shape[2]), n_chunks)
+    s, outs, states, vns = h0, [], [], []
+    for n, (gam, conn, last, dmat) in enumerate(gates):
+        sl = slice(n * C, (n + 1) * C)
+        states.append(s)
+        vn = u[:, sl] - jnp.einsum("bthk,bhkv->bthv", w[:, sl], s, precision=_HI) + f[:, sl]
+        vns.append(vn)
+        e_in = conn[:, :, None] * jnp.exp(gam)  # [B, C, H]
+        qk = jnp.einsum("bthk,bshk->btsh", q[:, sl], k[:, sl], precision=_HI) * dmat
+        o = (jnp.einsum("bthk,bhkv->bthv", q[:, sl] * e_in[..., None], s, precision=_HI)
+             + jnp.einsum("btsh,bshv->bthv", qk, vn, precision=_HI))
+        outs.append(scale * o)
+        e_out = last[:, :, None] * jnp.exp(gam[:, -1:] - gam)  # [B, C, H]
+        keep = conn[:, -1:] * jnp.exp(gam[:, -1])  # [B, H]
+        s = (keep[..., None, None] * s
+             + jnp.einsum("bthk,bthv->bhkv", k[:, sl] * e_out[..., None], vn, precision=_HI)
+             + e[:, :, n])
+    o = jnp.concatenate(outs, axis=1)[:, :seq_len]
+    v_new = jnp.concatenate(vns, axis=1)[:, :seq_len]
+    return (o, s), (jnp.stack(states, axis=2), v_new)
+
+
+def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0):
+    """Kernel inputs (bf16 where the GPU pipeline stores 16 bits) and the fp32 reference
+    gradients ``(dq, dk, dw, dg)`` (``dq, dk`` summed over GVA groups; ``dg`` ``None`` for
+    DeltaNet) by ``jax.vjp`` of :func:`_chunk_form`."""
+    q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                    decay=decay, h0=h0, docs=docs, seed=seed)
+    w, u = gdn_test._wy(k, v, g, beta, seg)
+    keys = jax.random.split(jax.random.key(seed + 11), 2)
+    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
+    state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    scale = dk ** -0.5
+    n_chunks = -(-seq_len // C)
+    qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)
+    wf, uf = w.astype(jnp.float32), u.astype(jnp.float32)
+    h0f = jnp.zeros((batch, heads, dk, dv)) if state is None else state
+    e0 = jnp.zeros((batch, heads, n_chunks, dk, dv))
+    f0 = jnp.zeros((batch, seq_len, heads, dv))
+
+    def fn(qf, kf, wf, gf, e, f):  # gf is unused for DeltaNet (g None): its gradient is 0
+        return _chunk_form(qf, kf, wf, uf, None if g is None else gf, seg, h0f, e, f, scale)
+
+    gf = jnp.zeros((batch, seq_len, heads)) if g is None else g
+    _, vjp, (h, v_new) = jax.vjp(fn, qf, kf, wf, gf, e0, f0, has_aux=True)
+    dht_ = jnp.zeros((batch, heads, dk, dv)) if state_grad is None else state_grad
+    dq, dk_, dw, dg, dh, dvn = vjp((do.astype(jnp.float32), dht_))
+    dq, dk_ = (kbwd._group_sum(x, kv_heads) for x in (dq, dk_))
+    bf = jnp.bfloat16
+    args = (q, k, v_new.astype(bf), do, dvn.astype(bf), g, h.astype(bf), dh.astype(bf))
+    want = (dq, dk_, dw, None if g is None else dg)
+    return args, seg, scale, want
+
+
+def _check(test, got, want):
+    dq, dk, dw, dg = got
+    for name, x, y in (("dq", dq, want[0]), ("dk", dk, want[1]), ("dw", dw, want[2])):
+        test.assertEqual((x.shape, x.dtype), (y.shape, jnp.float32), msg=name)
+        err = tolerances.rel_err(x, y)
+        test.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
+    if want[3] is None:
+        test.assertIsNone(dg)
+    else:
+        test.assertEqual((dg.shape, dg.dtype), (want[3].shape, jnp.float32))
+        err = tolerances.rel_err(dg, want[3])
+        test.assertLess(err, 1e-2, msg=f"dg: relative RMS error {err:.2e}")
+
+
+def _dv_local_case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0):
+    """bf16 ``q, k, do``, fp32 ``g``, ``segment_ids``, ``scale`` and the fp32 reference
+    ``scale (Q K^T * D)^T dO`` per chunk (``gdn_test._dv_local``, checked against autodiff by
+    ``ChunkFormTest.test_dv_local_is_the_read_out_part_of_dv_new``)."""
+    del h0, dht
+    q, k, v, g, _, _, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                             decay=decay, h0=False, docs=docs, seed=seed)
+    key = jax.random.split(jax.random.key(seed + 11), 2)[0]  # _case's do
+    do = jax.random.normal(key, v.shape).astype(jnp.bfloat16)
+    scale = dk ** -0.5
+    want = gdn_test._dv_local(gdn_test._expand(q, heads), gdn_test._expand(k, heads), g, seg,
+                              do.astype(jnp.float32), scale)
+    return (q, k, do, g), seg, scale, want
+
+
+class ChunkFormTest(parameterized.TestCase):
+    """:func:`_chunk_form` (whose ``jax.vjp`` is the reference) equals the token-serial
+    reference, and its ``h`` and ``v_new`` are the reference's chunk states and residuals."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_packed_partial_T150", 1, 150, 2, 1, 64, 64, 0.02, (64, 36, 30)),
+        ("strong_decay_h0_T65", 1, 65, 1, 1, 64, 64, 5.0, None),
+        ("deltanet_packed_T130", 1, 130, 1, 1, 64, 64, None, (10, 60)),
+    )
+    def test_chunk_form_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                          docs):
+        q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                        decay=decay, h0=True, docs=docs)
+        qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)
+        vf = v.astype(jnp.float32)
+        w, u = chunked.wy_representation(kf, vf, g, beta, segment_ids=seg)
+        n_chunks = -(-seq_len // C)
+        (o, final), (h, v_new) = _chunk_form(
+            qf, kf, w[:, :seq_len], u[:, :seq_len], g, seg, state,
+            jnp.zeros((batch, heads, n_chunks, dk, dv)), jnp.zeros_like(vf), 0.125)
+        want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, 0.125)
+        want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
+        for got, want in ((o, want_o), (final, want_final), (v_new, want_u), (h, want_h)):
+            self.assertLess(tolerances.rel_err(got, want), 1e-4)
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_partial_T150", 1, 150, 2, 1, 64, 64, 0.02, True, True, (64, 36, 30)),
+        ("deltanet_dht_T100", 1, 100, 1, 1, 64, 64, None, False, True, None),
+    )
+    def test_dv_local_is_the_read_out_part_of_dv_new(self, *case):
+        """``dv_new`` (autodiff) = ``dv_local`` + ``diag(last e^{G_L - G}) K dS'``: the
+        reference of ``chunk_dv_local_mosaic`` is the read-out part of autodiff's ``dv_new``."""
+        args, seg, _, _ = _case(*case)
+        q, k, _, _, dvn, g, _, dh = args  # dvn, dh: bf16 copies of the autodiff values
+        _, _, _, want_dvl = _dv_local_case(*case)
+        batch, seq_len, heads = dvn.shape[:3]
+        n_chunks = -(-seq_len // C)
+        kf = gdn_test._pad_chunks(gdn_test._expand(k, heads), n_chunks)
+        gates = gdn_test._chunk_gates(g, seg, (batch, seq_len, heads), n_chunks)
+        state = []
+        for n, (gam, _, last, _) in enumerate(gates):
+            e_out = last[:, :, None] * jnp.exp(gam[:, -1:] - gam)  # [B, C, H]
+            kd = jnp.einsum("bthk,bhkv->bthv", kf[:, n * C:(n + 1) * C],
+                            dh[:, :, n].astype(jnp.float32), precision=_HI)
+            state.append(kd * e_out[..., None])
+        state = jnp.concatenate(state, axis=1)[:, :seq_len]
+        self.assertLess(tolerances.rel_err(want_dvl + state, dvn), 5e-3)
+
+
+# B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths (the rest one more)
+_CPU_CASES = (
+    ("h0_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.02, True, True, None),
+    # starts at 64 (a chunk boundary), 100 (inside chunk 1) and 130 (inside the partial chunk 2)
+    ("gva_h0_dht_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, True,
+     (64, 36, 30)),
+    ("strong_decay_dht_T128_K128_V64", 1, 128, 1, 1, 128, 64, 5.0, False, True, None),
+    ("strong_decay_h0_partial_T65_K64_V64", 2, 65, 1, 1, 64, 64, 5.0, True, False, None),
+    ("deltanet_h0_packed_T100_K64_V64", 1, 100, 1, 1, 64, 64, None, True, True, (10, 60)),
+    ("gva_packed_T192_K128_V128", 1, 192, 4, 2, 128, 128, 0.1, True, True, (70, 30)),
+)
+
+
+# Slow (out of CI): see the module docstring. The mark is on the class: absl's parameterized
+# copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class GradsInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_CPU_CASES)
+    def test_chunk_delta_grads_matches_autodiff(self, *case):
+        args, seg, scale, want = _case(*case)
+        got = kbwd.chunk_delta_grads_mosaic(*args, scale=scale, segment_ids=seg, interpret=True)
+        _check(self, got, want)
+
+    @parameterized.named_parameters(*_CPU_CASES)
+    def test_chunk_dv_local_matches_reference(self, *case):
+        (q, k, do, g), seg, scale, want = _dv_local_case(*case)
+        got = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
+                                         interpret=True)
+        self.assertEqual((got.shape, got.dtype), (do.shape, do.dtype))
+        err = tolerances.rel_err(got, want)
+        self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
+
+
+def _pipeline_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
+    """All gradients of the Mosaic GPU pipeline, with the WY backward done by ``jax.vjp`` of
+    :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` in XLA (fp32).
+
+    The kernels: the forward state pass, then ``dv_local``, the reverse state pass and the
+    chunk-local gradients. Returns fp32 ``(dq, dk, dv, dg, dbeta, dh0)`` (``dg`` ``None`` for
+    DeltaNet); ``dq, dk`` per key head.
+    """
+    heads, seq_len = v.shape[2], v.shape[1]
+    w, u = gdn_test._wy(k, v, g, beta, seg)
+    h, v_new, _ = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=state, segment_ids=seg,
+                                           states_dtype=q.dtype, interpret=interpret)
+    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
+                                     interpret=interpret)
+    dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                             final_state_grad=dht, segment_ids=seg,
+                                             states_dtype=q.dtype, interpret=interpret)
+    dq, dk, dw, dg = kbwd.chunk_delta_grads_mosaic(q, k, v_new, do, dvn, g, h, dh,
+                                                   scale=scale, segment_ids=seg,
+                                                   interpret=interpret)
+
+    def wy(kf, vf, gf, bf):  # the WY factors, w.r.t. which dw and dU = dv_new are taken
+        return chunked.wy_representation(kf, vf, None if g is None else gf, bf,
+                                         segment_ids=seg)
+
+    gf = jnp.zeros(beta.shape) if g is None else g
+    (w_p, _), vjp = jax.vjp(wy, gdn_test._expand(k, heads), v.astype(jnp.float32), gf, beta)
+    pad = ((0, 0), (0, w_p.shape[1] - seq_len), (0, 0), (0, 0))
+    dk_wy, dv, dg_wy, dbeta = vjp((jnp.pad(dw, pad), jnp.pad(dvn.astype(jnp.float32), pad)))
+    dk = dk + kbwd._group_sum(dk_wy, k.shape[2])
+    dg = None if g is None else dg + dg_wy
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def _chunked_grads(q, k, v, g, beta, state, seg, do, dht, scale):
+    """``(dq, dk, dv, dg, dbeta, dh0)`` by ``jax.vjp`` of the XLA chunk form
+    ``chunked.gated_delta_rule_chunked`` (fp32), ``dq, dk`` summed over GVA groups."""
+    heads = v.shape[2]
+
+    def fn(qf, kf, vf, gf, bf, h0):
+        o, final, _ = chunked.gated_delta_rule_chunked(
+            qf, kf, vf, None if g is None else gf, bf, scale=scale, initial_state=h0,
+            segment_ids=seg)
+        return o, final
+
+    h0 = jnp.zeros(v.shape[:1] + (heads, k.shape[3], v.shape[3])) if state is None else state
+    gf = jnp.zeros(beta.shape) if g is None else g
+    _, vjp = jax.vjp(fn, gdn_test._expand(q, heads), gdn_test._expand(k, heads),
+                     v.astype(jnp.float32), gf, beta, h0)
+    dq, dk, dv, dg, dbeta, dh0 = vjp((do.astype(jnp.float32),
+                                      jnp.zeros_like(h0) if dht is None else dht))
+    dq, dk = (kbwd._group_sum(x, q.shape[2]) for x in (dq, dk))
+    return dq, dk, dv, None if g is None else dg, dbeta, dh0
+
+
+_GRAD_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def _check_pipeline(test, got, want):
+    for name, x, y in zip(_GRAD_NAMES, got, want):
+        if y is None:
+            continue
+        err = tolerances.rel_err(x, y)
+        test.assertLess(err, 1e-2 if name in ("dg", "dbeta") else 5e-3,
+                        msg=f"{name}: relative RMS error {err:.2e}")
+
+
+def _pipeline_inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0):
+    """``(q, k, v, g, beta, h0, segment_ids, do, dht, scale)`` for the pipeline tests."""
+    q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                    decay=decay, h0=h0, docs=docs, seed=seed)
+    keys = jax.random.split(jax.random.key(seed + 3), 2)
+    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
+    state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    return q, k, v, g, beta, state, seg, do, state_grad, dk ** -0.5
+
+
+@pytest.mark.slow
+class PipelineInterpretTest(parameterized.TestCase):
+    """The four backward-side kernels composed (with the forward state pass) and an XLA WY
+    backward give every gradient of the chunk form: checks the contracts between the kernels
+    (``h`` entering, ``dh`` leaving each chunk, total ``dv_new``, what ``dw``, ``dk`` and
+    ``dg`` leave to the WY backward), not only each kernel alone."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
+         (64, 36, 30)),
+        ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+        ("strong_decay_h0_dht_packed_T128_K64_V128", 1, 128, 2, 2, 64, 128, 5.0, True, True,
+         (10, 60)),
+        ("gva_h0_dht_packed_T192_K128_V128", 1, 192, 2, 1, 128, 128, 0.1, True, True,
+         (70, 30)),
+    )
+    def test_grads_match_chunked_vjp(self, *case):
+        args = _pipeline_inputs(*case)
+        _check_pipeline(self, _pipeline_grads(*args, True), _chunked_grads(*args))
+
+
+@pytest.mark.gpu
+class GpuTest(kmg_test.HopperTestCase):
+    """The compiled kernel (wgmma, TMA) on bf16 inputs against the fp32 autodiff reference."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999)),
+        ("strong_decay_dht_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, False, True,
+         None),
+        ("packed_T1500_K128_V64", 1, 1500, 2, 2, 128, 64, 0.2, True, False, (10, 54, 500)),
+        ("deltanet_dht_packed_T1024_K64_V64", 1, 1024, 2, 2, 64, 64, None, True, True,
+         (300, 200)),
+    )
+    def test_chunk_delta_grads_matches_autodiff(self, *case):
+        args, seg, scale, want = _case(*case, seed=5)
+        got = kbwd.chunk_delta_grads_mosaic(*args, scale=scale, segment_ids=seg)
+        _check(self, got, want)
+
+    @parameterized.named_parameters(
+        ("gva_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, False, False,
+         (700, 1, 64, 999)),
+        ("strong_decay_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, False, False, None),
+        ("deltanet_T1024_K128_V64", 1, 1024, 2, 2, 128, 64, None, False, False, None),
+    )
+    def test_chunk_dv_local_matches_reference(self, *case):
+        (q, k, do, g), seg, scale, want = _dv_local_case(*case, seed=5)
+        got = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg)
+        err = tolerances.rel_err(got, want)
+        self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999)),
+        ("deltanet_partial_T1000_K64_V64", 2, 1000, 2, 2, 64, 64, None, False, True, None),
+    )
+    def test_pipeline_grads_match_chunked_vjp(self, *case):
+        args = _pipeline_inputs(*case, seed=7)
+        _check_pipeline(self, _pipeline_grads(*args, False), _chunked_grads(*args))
+
+
+class LoweringTest(parameterized.TestCase):
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128), gated=(True, False))
+    def test_chunk_delta_grads_exports_for_cuda(self, dk, dv, gated):
+        args, seg, scale, _ = _case(1, 200, 2, 1, dk, dv, 0.2 if gated else None, True, True,
+                                    (70, 30))
+
+        def fn(*a):
+            return kbwd.chunk_delta_grads_mosaic(*a[:-1], scale=scale, segment_ids=a[-1])
+
+        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, seg)
+        text = exported.mlir_module()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn("gdn_chunk_grads", text)
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128), gated=(True, False))
+    def test_chunk_dv_local_exports_for_cuda(self, dk, dv, gated):
+        (q, k, do, g), seg, scale, _ = _dv_local_case(1, 200, 2, 1, dk, dv,
+                                                      0.2 if gated else None, False, False,
+                                                      (70, 30))
+
+        def fn(q, k, do, g, seg):
+            return kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg)
+
+        text = jax.export.export(jax.jit(fn), platforms=["cuda"])(q, k, do, g, seg).mlir_module()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn("gdn_chunk_dv_local", text)
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_what_the_kernel_cannot_run(self):
+        args, _, _, _ = _case(1, 64, 2, 1, 64, 64, 0.1, False, False, None)
+        q, k, vn, do, dvn, g, h, dh = args
+        with self.assertRaisesRegex(ValueError, "q and k must match"):
+            kbwd.chunk_delta_grads_mosaic(q[..., :32], k, vn, do, dvn, g, h, dh, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "dv_new must have"):
+            kbwd.chunk_delta_grads_mosaic(q, k, vn, do, dvn.astype(jnp.float32), g, h, dh,
+                                          scale=1.0)
+        with self.assertRaisesRegex(ValueError, "dh must be"):
+            kbwd.chunk_delta_grads_mosaic(q, k, vn, do, dvn, g, h, dh[:, :1], scale=1.0)
+        with self.assertRaisesRegex(ValueError, "g must be"):
+            kbwd.chunk_delta_grads_mosaic(q, k, vn, do, dvn, g[:, :, :1], h, dh, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            kbwd.chunk_delta_grads_mosaic(q, k, vn[..., :32], do[..., :32], dvn[..., :32], g,
+                                          h[..., :32], dh[..., :32], scale=1.0)
+
+    def test_dv_local_rejects_what_the_kernel_cannot_run(self):
+        (q, k, do, g), _, _, _ = _dv_local_case(1, 64, 2, 1, 64, 64, 0.1, False, False, None)
+        with self.assertRaisesRegex(ValueError, "q and k must match"):
+            kbwd.chunk_dv_local_mosaic(q, k[:, :32], do, g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "16-bit dtype"):
+            kbwd.chunk_dv_local_mosaic(q, k, do.astype(jnp.float32), g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            kbwd.chunk_dv_local_mosaic(q, k, do[..., :32], g, scale=1.0)
+
+
+if __name__ == "__main__":
+    absltest.main()
