@@ -316,6 +316,45 @@ MERGE_DTYPE = jnp.float16  # operand dtype of the inverse's merge products (chun
 WY_IMPLEMENTATIONS = ("mosaic", "xla")
 
 
+def wy_inverse(a, l_s, x_s, y_s, interpret: bool):
+    """``X = (I + A)^{-1}`` (fp32, ``[64, 64]``, WGMMA layout) of a strictly lower ``A`` (fp32).
+
+    In-kernel helper of :func:`chunk_wy_mosaic` and of the WY backward
+    (:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd`). By doubling: the 2 x 2
+    diagonal blocks are exact (``I - A`` there), then blocks of ``s/2`` merge into blocks of
+    ``s`` (``s = 4, ..., 64``): ``X <- X - (X A)|_s X``, where ``|_s`` keeps the lower-left
+    quarter of each ``s``-block (for a block-diagonal ``X``, ``(X A)`` there is ``X_22 A_21``,
+    so this is ``[[X_11, 0], [-X_22 A_21 X_11, X_22]]``). Ten ``wgmma``s with operands in
+    :data:`MERGE_DTYPE`: ``l_s`` holds ``A`` (the right operand of every ``X A``), ``x_s`` the
+    running ``X`` (left of ``X A``, right of ``Y X``); ``y_s`` is the interpret-mode copy of the
+    register operand ``Y`` (``None`` on the GPU). Both tiles are swizzled ``[64, 64]``.
+    """
+    sq = (CHUNK, CHUNK)
+    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+    x = jnp.where(i == j, 1.0, 0.0) - jnp.where(lax.div(i, 2) == lax.div(j, 2), a, 0.0)
+    l_s[...] = a.astype(l_s.dtype)
+    for size in (4, 8, 16, 32, 64):
+        half = size // 2
+        x_s[...] = x.astype(x_s.dtype)
+        plgpu.commit_smem()
+
+        def left(acc):
+            plgpu.wgmma(acc, x_s, l_s)  # X A, [C, C]
+            return acc[...]
+
+        xa = lax.optimization_barrier(pl.run_scoped(left, plgpu.ACC(sq)))
+        quarter = ((lax.div(i, size) == lax.div(j, size)) & (lax.rem(i, size) >= half)
+                   & (lax.rem(j, size) < half))
+        y = jnp.where(quarter, xa, 0.0).astype(x_s.dtype)
+
+        def right(acc, y=y):
+            plgpu.wgmma(acc, mgl.lhs_operand(y, y_s, interpret), x_s)  # Y X, [C, C]
+            return acc[...]
+
+        x = x - lax.optimization_barrier(pl.run_scoped(right, plgpu.ACC(sq)))
+    return x
+
+
 def _wy_kernel(k_ref, v_ref, g_ref, beta_ref, doc_ref, conn_ref, w_ref, u_ref, k_s, v_s,
                g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s, doc_col_s, conn_s, l_s, x_s,
                in_bar, *shim, group: int, interpret: bool):
@@ -362,31 +401,7 @@ def _wy_kernel(k_ref, v_ref, g_ref, beta_ref, doc_ref, conn_ref, w_ref, u_ref, k
     strict = (j < i) & (mgl.by_row(d_i, sq) == by_col(d_j))
     decay = jnp.exp(jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
     a = kk * mgl.by_row(b_i, sq) * decay
-    # X = (I + A)^{-1} by doubling: the 2 x 2 diagonal blocks are exact (I - A there), then
-    # blocks of s/2 merge into blocks of s: X <- X - (X A)|_s X, where |_s keeps the lower-left
-    # quarter of each s-block (for a block-diagonal X, (X A) there is X_22 A_21, so this is
-    # [[X_11, 0], [-X_22 A_21 X_11, X_22]]).
-    x = jnp.where(i == j, 1.0, 0.0) - jnp.where(lax.div(i, 2) == lax.div(j, 2), a, 0.0)
-    l_s[...] = a.astype(l_s.dtype)
-    for size in (4, 8, 16, 32, 64):
-        half = size // 2
-        x_s[...] = x.astype(x_s.dtype)
-        plgpu.commit_smem()
-
-        def left(acc):
-            plgpu.wgmma(acc, x_s, l_s)  # X A, [C, C]
-            return acc[...]
-
-        xa = lax.optimization_barrier(pl.run_scoped(left, plgpu.ACC(sq)))
-        quarter = ((lax.div(i, size) == lax.div(j, size)) & (lax.rem(i, size) >= half)
-                   & (lax.rem(j, size) < half))
-        y = jnp.where(quarter, xa, 0.0).astype(x_s.dtype)
-
-        def right(acc, y=y):
-            plgpu.wgmma(acc, mgl.lhs_operand(y, y_s, interpret), x_s)  # Y X, [C, C]
-            return acc[...]
-
-        x = x - lax.optimization_barrier(pl.run_scoped(right, plgpu.ACC(sq)))
+    x = wy_inverse(a, l_s, x_s, y_s, interpret)  # X = (I + A)^{-1} by doubling, fp16 merges
 
     def product(t, rhs_s, out_shape):
         """``t @ rhs`` with ``t`` (fp32 registers) split into two 16-bit terms hi + lo."""
