@@ -1,0 +1,330 @@
+"""Gated DeltaNet / DeltaNet backward on Pallas Mosaic GPU (Hopper): the WY backward.
+
+Nothing dispatches here yet. Stage 4 of the backward in
+:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd` (FLA's ``prepare_wy_repr_bwd``,
+``fla/ops/gated_delta_rule/wy_fast.py``; paper "Gated Delta Networks", arXiv 2412.06464,
+Sec. 3.3 and its chunkwise algorithm; paper "Linear Attention Architectures", arXiv 2607.07953,
+Sec. 3.2, Eqs. 15-17): the gradients of ``k``, ``v``, ``beta`` and the gate through the WY
+factors ``W``, ``U`` that :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic`
+forms, given their cotangents ``dW`` (``dw`` of
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_delta_grads_mosaic`) and
+``dU = dv_new`` (the reverse state pass's total ``v_new`` gradient, since ``v_new = U - W S``).
+
+Math, per batch row, value head and chunk of ``C = 64`` tokens, with ``G`` the chunk-local
+inclusive cumulative log-decay (fp32; 0 for DeltaNet), ``conn_t`` 1 on the tokens of the
+document open before the chunk, ``M_ij = [j < i, doc(j) = doc(i)]`` and
+``E_ij = e^{G_i - G_j} M_ij``::
+
+    A  = diag(beta) (K K^T) * E,   X = (I + A)^{-1},   Dw = diag(beta conn e^G),   Db = diag(beta)
+    W  = X Dw K,   U = X Db V
+
+Differentiating (``dX`` for ``dL/dX`` etc.; ``d(X) = -X d(A) X`` gives ``dA = -X^T dX X^T``)::
+
+    dX   = dW (Dw K)^T + dU (Db V)^T = (dW K^T) Dw + (dU V^T) Db     (Dw, Db scale columns)
+    Y    = X^T dW,   Z = X^T dU                                  (d(Dw K) = Y, d(Db V) = Z)
+    dA   = -X^T dX X^T, kept on M (A's entries off M are constants 0)
+    R    = dA * diag(beta) E         (dL/d(K K^T) on M, row i scaled by beta_i)
+    dk   = Dw Y + R K + R^T K                                     (through Dw K and K K^T)
+    dv   = Db Z
+    dbeta_i = sum_j dA_ij (k_i . k_j) E_ij + conn_i e^{G_i} (k_i . Y_i) + (v_i . Z_i)
+    dL/dG_i = sum_j P_ij - sum_j P_ji + Dw_ii (k_i . Y_i),   P = dA * A = R * (K K^T)
+            = k_i . (R K)_i - k_i . (R^T K)_i + Dw_ii (k_i . Y_i)
+
+(``A_ij`` carries ``e^{G_i}`` and ``e^{-G_j}``; ``sum_i R_ij (k_i . k_j) = k_j . (R^T K)_j``, so
+no column sum is needed.) ``dg``, the gradient of the per-token log-decay, is the reverse
+cumulative sum of ``dL/dG`` inside each chunk (``G_t = sum_{s <= t} g_s``), done in XLA as in
+``chunk_delta_grads_mosaic``. These are exactly what ``jax.vjp`` of
+:func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` gives (the tests check that).
+
+Choice: the kernel **recomputes** ``X`` with the forward's in-kernel inverse
+(:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.wy_inverse`, the shared helper of
+``chunk_wy_mosaic``) rather than reading an ``X`` the forward stored: 10 ``[64, 64]``
+products per chunk against 8 KB (bf16) or 16 KB (fp32) per chunk and head written and read
+back, a residual the ``custom_vjp`` would have to keep alive, and a different forward kernel;
+``K K^T`` is needed here anyway.
+
+Status (2026-12-03): CPU only, not run on a GPU. Tested in interpret mode against ``jax.vjp``
+of ``chunked.wy_representation`` and composed with the other Mosaic stages against
+``jax.vjp`` of ``chunked.gated_delta_rule_chunked``
+(``tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py``), and exported for CUDA.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
+
+CHUNK = mgl.CHUNK
+
+
+def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_ref, dk_ref,
+                   dv_ref, db_ref, dg_ref, k_s, v_s, dw_s, du_s, g_row_s, g_col_s, b_row_s,
+                   b_col_s, doc_row_s, doc_col_s, c_row_s, c_col_s, l_s, x_s, xh_s, xl_s, wh_s,
+                   wl_s, uh_s, ul_s, sh_s, sl_s, db_s, dg_s, in_bar, *shim, group: int,
+                   interpret: bool):
+    """Kernel body of :func:`chunk_wy_bwd_mosaic`: one chunk of one ``(b, h)`` per CTA.
+
+    ``shim`` (interpret only): SMEM copies of what the GPU reads as transposed views (``k^T``,
+    ``v^T`` and two ``[64, 64]`` tiles) or from registers (the merge's ``Y``, the 16-bit halves
+    of ``dW``, ``dU`` and two ``[64, 64]`` tiles).
+    """
+    n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    hk = lax.div(h, group)  # GVA: value head h reads key head h // group
+    rows = pl.ds(n * CHUNK, CHUNK)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
+    plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_s, in_bar)
+    plgpu.copy_gmem_to_smem(dw_ref.at[b, rows, h], dw_s, in_bar)
+    plgpu.copy_gmem_to_smem(du_ref.at[b, rows, h], du_s, in_bar)
+    # Row and column views of one vector need different register layouts: separate copies.
+    for ref, row_s, col_s in ((g_ref.at[b, h], g_row_s, g_col_s),
+                              (beta_ref.at[b, h], b_row_s, b_col_s),
+                              (doc_ref.at[b], doc_row_s, doc_col_s),
+                              (conn_ref.at[b], c_row_s, c_col_s)):
+        plgpu.copy_gmem_to_smem(ref.at[rows], row_s, in_bar)
+        plgpu.copy_gmem_to_smem(ref.at[rows], col_s, in_bar)
+    plgpu.barrier_wait(in_bar)
+    if interpret:
+        kt_s, vt_s, t1_s, t2_s, y_s, p1_s, p2_s, p3_s, p4_s, q1_s, q2_s = shim
+    else:
+        kt_s = vt_s = t1_s = t2_s = y_s = p1_s = p2_s = p3_s = p4_s = q1_s = q2_s = None
+    sq = (CHUNK, CHUNK)
+    dtype = k_s.dtype
+    f32 = jnp.float32
+
+    def matmul(terms, shape):
+        """Sum of ``wgmma(lhs, rhs)`` over ``terms`` (one fp32 accumulator); the barrier keeps
+        the arithmetic after the accumulator read (jla's pitfall)."""
+        def body(acc):
+            for lhs, rhs in terms:
+                plgpu.wgmma(acc, lhs, rhs)
+            return acc[...]
+
+        return lax.optimization_barrier(pl.run_scoped(body, plgpu.ACC(shape)))
+
+    def split(x):
+        """fp32 ``x`` as two 16-bit terms ``hi + lo`` (about 16 significant bits together)."""
+        hi = x.astype(dtype)
+        return hi, (x - hi.astype(f32)).astype(dtype)
+
+    def by_col(x):
+        return lax.broadcast_in_dim(x, sq, [1])
+
+    def lhs(x, scratch):
+        return mgl.lhs_operand(x, scratch, interpret)
+
+    def tr(ref, scratch):
+        return mgl.transposed(ref, scratch, interpret)
+
+    kk = matmul([(k_s, tr(k_s, kt_s))], sq)  # K K^T
+    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+    g_i, g_j = mgl.load_rows(g_row_s, interpret), mgl.load_cols(g_col_s, interpret)
+    b_i, b_j = mgl.load_rows(b_row_s, interpret), mgl.load_cols(b_col_s, interpret)
+    d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
+    c_i, c_j = mgl.load_rows(c_row_s, interpret), mgl.load_cols(c_col_s, interpret)
+    # E_ij = e^{G_i - G_j} on M (j < i, same document), masked in the exponent (E <= 1).
+    strict = (j < i) & (mgl.by_row(d_i, sq) == by_col(d_j))
+    decay = jnp.exp(jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+    beta_decay = mgl.by_row(b_i, sq) * decay  # beta_i E_ij
+    a = kk * beta_decay
+    x = kgd.wy_inverse(a, l_s, x_s, y_s, interpret)  # X = (I + A)^{-1}, as the forward
+    # X as hi + lo in SMEM: X^T is a left (Y, Z, dA) and a right (dX X^T) operand below.
+    xh, xl = split(x)
+    xh_s[...] = xh
+    xl_s[...] = xl
+    # dW, dU (fp32 from HBM) as hi + lo: left operands from registers, right ones from SMEM.
+    wh, wl = split(mgl.load_tile(dw_s, interpret))
+    uh, ul = split(mgl.load_tile(du_s, interpret))
+    wh_s[...] = wh
+    wl_s[...] = wl
+    uh_s[...] = uh
+    ul_s[...] = ul
+    plgpu.commit_smem()
+
+    # dX = (dW K^T) Dw + (dU V^T) Db: the scalings go on the columns in fp32.
+    k_t, v_t = tr(k_s, kt_s), tr(v_s, vt_s)
+    dx_w = matmul([(lhs(wh, p1_s), k_t), (lhs(wl, p2_s), k_t)], sq)
+    dx_u = matmul([(lhs(uh, p3_s), v_t), (lhs(ul, p4_s), v_t)], sq)
+    w_col = b_j * c_j * jnp.exp(g_j)  # Dw, columns
+    dx = dx_w * by_col(w_col) + dx_u * by_col(b_j)
+    # Y = X^T dW, Z = X^T dU (hi hi + lo hi + hi lo).
+    xt_h, xt_l = tr(xh_s, t1_s), tr(xl_s, t2_s)
+    y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], wh_s.shape)
+    z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], uh_s.shape)
+    # dX X^T, then dA = -X^T (dX X^T), kept on M.
+    dxh, dxl = split(dx)
+    dxh_op, dxl_op = lhs(dxh, q1_s), lhs(dxl, q2_s)
+    dxxt = matmul([(dxh_op, xt_h), (dxl_op, xt_h), (dxh_op, xt_l)], sq)
+    sh, sl = split(dxxt)
+    sh_s[...] = sh
+    sl_s[...] = sl
+    plgpu.commit_smem()
+    da = matmul([(xt_h, sh_s), (xt_l, sh_s), (xt_h, sl_s)], sq)
+    # acc * -1, not -acc: jla saw a negated fresh accumulator read as zeros (MOSAIC_GPU.md).
+    da = jnp.where(strict, da * jnp.float32(-1.0), 0.0)
+    r = da * beta_decay  # dL/d(K K^T) on M
+    db_a = jnp.sum(da * kk * decay, axis=1)  # sum_j dA_ij (k_i . k_j) E_ij
+    rh, rl = split(r)
+    sh_s[...] = rh  # the dA product has read sh_s, sl_s (its accumulator was read)
+    sl_s[...] = rl
+    plgpu.commit_smem()
+    rk = matmul([(lhs(rh, q1_s), k_s), (lhs(rl, q2_s), k_s)], wh_s.shape)  # R K
+    rtk = matmul([(tr(sh_s, t1_s), k_s), (tr(sl_s, t2_s), k_s)], wh_s.shape)  # R^T K
+
+    k_f = mgl.load_tile(k_s, interpret).astype(f32)
+    v_f = mgl.load_tile(v_s, interpret).astype(f32)
+    e_i = c_i * jnp.exp(g_i)  # conn e^G, rows
+    w_row = b_i * e_i  # Dw, rows
+    dk = mgl.by_row(w_row, y_w.shape) * y_w + rk + rtk
+    dv = mgl.by_row(b_i, z_u.shape) * z_u
+    kdy = jnp.sum(k_f * y_w, axis=1)  # dL/dDw_ii
+    vdz = jnp.sum(v_f * z_u, axis=1)  # dL/dDb_ii
+    dbeta = db_a + e_i * kdy + vdz
+    dg = jnp.sum(k_f * (rk - rtk), axis=1) + w_row * kdy  # dL/dG
+    dw_s[...] = dk  # dw_s, du_s were read into registers above: now the output staging
+    du_s[...] = dv
+    db_s[...] = dbeta
+    dg_s[...] = dg
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(dw_s, dk_ref.at[b, rows, h])
+    plgpu.copy_smem_to_gmem(du_s, dv_ref.at[b, rows, h])
+    plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, h, rows])
+    plgpu.copy_smem_to_gmem(dg_s, dg_ref.at[b, h, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def chunk_wy_bwd_mosaic(
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    beta: jax.Array,
+    dw: jax.Array,
+    du: jax.Array,
+    *,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
+    """``dk``, ``dv``, ``dbeta`` and ``dg`` through the WY factors ``W``, ``U`` (module docstring).
+
+    The counterpart of FLA's ``prepare_wy_repr_bwd`` (``fla/ops/gated_delta_rule/wy_fast.py``)
+    and of ``jax.vjp`` of :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation`, as
+    a Mosaic GPU kernel: the backward of
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic`, stage 4 of
+    :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`. In the composed GDN backward,
+    ``dk`` is added to ``chunk_delta_grads_mosaic``'s ``dk`` and ``dg`` to its ``dg`` (both are
+    gradients of the same per-token inputs); ``dv`` and ``dbeta`` are the whole gradients.
+
+    One CTA per ``(chunk, value head, batch row)``, one warpgroup, twelve TMA copies on one
+    barrier (``k`` of key head ``h // group``, ``v``, ``dW`` and ``dU`` in fp32, row and column
+    copies of the gate, ``beta``, document and ``conn`` vectors). On the tensor cores (fp32
+    accumulation): ``K K^T``; ``X`` recomputed by the forward's doubling inverse (10 fp16
+    products); then ``dW K^T``, ``dU V^T``, ``Y = X^T dW``, ``Z = X^T dU``, ``dX X^T``,
+    ``X^T (dX X^T)``, ``R K`` and ``R^T K``. Every operand that is not an input (``X``, ``dW``,
+    ``dU``, ``dX``, ``dX X^T``, ``R``) is split into two 16-bit terms ``hi + lo``; products of
+    two such operands use three terms (``hi hi + lo hi + hi lo``), so about 16 significant
+    bits reach the fp32 accumulators: 26 ``wgmma``s after the inverse. ``X^T`` and ``R^T`` are
+    transposed SMEM views. The gate and ``beta`` terms are row sums in fp32 registers;
+    ``dL/dG`` needs no column sum (``sum_i R_ij (k_i . k_j) = k_j . (R^T K)_j``). SMEM at
+    K = V = 128: about 210 KB (one CTA per SM; the fp32 ``dW``, ``dU`` tiles stage ``dk``,
+    ``dv`` on the way out).
+
+    Args:
+        k: keys ``[B, T, Hk, K]``, bf16 or fp16, L2-normalised (as for ``chunk_wy_mosaic``);
+            ``H % Hk == 0``.
+        v: values ``[B, T, H, V]``, k's dtype. ``K, V`` in {64, 128}.
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        beta: write strengths ``[B, T, H]``, any float dtype (read as fp32).
+        dw: ``dL/dW`` ``[B, T, H, K]``, any float dtype (read as fp32; the hi/lo split keeps
+            about 16 bits; with fp16 inputs the terms are fp16, so very large or tiny gradients
+            lose range).
+        du: ``dL/dU`` ``[B, T, H, V]``, any float dtype (read as fp32): ``dv_new``.
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(dk, dv, dbeta, dg)``, fp32: ``dk`` ``[B, T, Hk, K]`` (summed over each GVA group),
+        ``dv`` ``[B, T, H, V]``, ``dbeta`` ``[B, T, H]`` and ``dg`` ``[B, T, H]``, the gradient
+        w.r.t. the per-token log-decay ``g`` (the in-chunk reverse cumsum of ``dL/dG`` already
+        applied), or ``None`` when ``g`` is ``None``.
+
+    Raises:
+        ValueError: on mismatched shapes, unsupported head dims or dtypes, ``H`` not a
+            multiple of ``Hk``, or a ``g``, ``beta``, ``dw``, ``du`` or ``segment_ids`` of the
+            wrong shape.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    mgl.check_kv_gates(k, v, g, segment_ids)
+    if beta.shape != (batch, seq_len, heads):
+        raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
+    for name, x, d in (("dw", dw, dk), ("du", du, dv)):
+        if x.shape != (batch, seq_len, heads, d):
+            raise ValueError(f"{name} must be [B, T, H, {d}] = {(batch, seq_len, heads, d)}, "
+                             f"got {name}.shape={x.shape}")
+
+    f32 = jnp.float32
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    # Padding tokens have k = v = dW = dU = 0, beta = 0 and g = 0: they contribute nothing.
+    k, v = mgl.pad_time(k, num_chunks), mgl.pad_time(v, num_chunks)
+    dw, du = (mgl.pad_time(x.astype(f32), num_chunks) for x in (dw, du))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(f32), num_chunks), 1, 2)  # [B, H, Tp]
+    doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    vec = plgpu.SMEM((CHUNK,), f32)
+    swz = mgl.swizzled_smem
+    dtype = k.dtype
+    sq_t = swz((CHUNK, CHUNK), dtype)
+    shim = [plgpu.SMEM((dk, CHUNK), dtype),  # kt_s
+            plgpu.SMEM((dv, CHUNK), dtype),  # vt_s
+            plgpu.SMEM((CHUNK, CHUNK), dtype),  # t1_s: X^T hi, then R^T hi
+            plgpu.SMEM((CHUNK, CHUNK), dtype),  # t2_s: X^T lo, then R^T lo
+            swz((CHUNK, CHUNK), kgd.MERGE_DTYPE),  # y_s: the merges' Y
+            swz((CHUNK, dk), dtype), swz((CHUNK, dk), dtype),  # p1_s, p2_s: dW hi, lo
+            swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # p3_s, p4_s: dU hi, lo
+            sq_t, sq_t]  # q1_s, q2_s: dX hi, lo, then R hi, lo
+    call = plgpu.kernel(
+        functools.partial(_wy_bwd_kernel, group=heads // kv_heads, interpret=interpret),
+        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),  # dk per value head
+                  jax.ShapeDtypeStruct((batch, padded, heads, dv), f32),  # dv
+                  jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dbeta
+                  jax.ShapeDtypeStruct((batch, heads, padded), f32)),  # dL/dG
+        scratch_types=[
+            swz((CHUNK, dk), dtype),  # k_s
+            swz((CHUNK, dv), dtype),  # v_s
+            swz((CHUNK, dk), f32),  # dw_s: dW, then the staging of dk
+            swz((CHUNK, dv), f32),  # du_s: dU, then the staging of dv
+            vec, vec, vec, vec, vec, vec, vec, vec,  # g, beta, doc, conn (rows, columns)
+            swz((CHUNK, CHUNK), kgd.MERGE_DTYPE),  # l_s: A for the inverse
+            swz((CHUNK, CHUNK), kgd.MERGE_DTYPE),  # x_s: the inverse's running X
+            sq_t, sq_t,  # xh_s, xl_s: X hi, lo
+            swz((CHUNK, dk), dtype), swz((CHUNK, dk), dtype),  # wh_s, wl_s: dW hi, lo
+            swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # uh_s, ul_s: dU hi, lo
+            sq_t, sq_t,  # sh_s, sl_s: dX X^T hi, lo, then R hi, lo
+            vec, vec,  # db_s, dg_s: staging of dbeta, dL/dG
+            plgpu.Barrier(num_arrivals=12),  # in_bar: the 12 input copies landed
+        ] + (shim if interpret else []),
+        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        grid_names=("n", "h", "b"),
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name="gdn_chunk_wy_bwd",
+    )
+    with jax.named_scope("gdn_chunk_wy_bwd_mosaic"):
+        dk_, dv_, dbeta, dgc = call(k, v, dw, du, gc, beta_hm, doc, conn)
+        dk_ = kbwd._group_sum(dk_[:, :seq_len], kv_heads)
+        dbeta = jnp.moveaxis(dbeta, 1, 2)[:, :seq_len]
+        dg = None
+        if g is not None:
+            dgc = dgc.reshape(batch, heads, num_chunks, CHUNK)
+            dgc = jnp.flip(jnp.cumsum(jnp.flip(dgc, -1), axis=-1), -1)  # dL/dg_t, in-chunk
+            dg = jnp.moveaxis(dgc.reshape(batch, heads, padded), 1, 2)[:, :seq_len]
+    return dk_, dv_[:, :seq_len], dbeta, dg
