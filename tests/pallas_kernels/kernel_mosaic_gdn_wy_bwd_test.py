@@ -1,0 +1,200 @@
+"""The Gated DeltaNet WY backward Mosaic GPU kernel ``chunk_wy_bwd_mosaic``, on CPU and GPU.
+
+``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu_wy_bwd.py`` (issue 29, not dispatched) gives
+``dk``, ``dv``, ``dbeta`` and ``dg`` through the WY factors ``W, U`` from their cotangents. The
+reference is ``jax.vjp`` of the fp32 XLA form
+:func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` w.r.t. ``k`` (repeated to the
+value heads, then summed over each GVA group), ``v``, ``g`` and ``beta``, on the same bf16
+inputs and random fp32 cotangents. The kernel keeps about 16 significant bits in every
+computed ``wgmma`` operand (hi + lo splits), so the gate is a relative RMS error of 1e-3
+(measured 5e-6 to 1.1e-4 on random keys).
+
+``PipelineInterpretTest`` runs the whole GDN backward on Mosaic stages only (the forward's
+``chunk_wy_mosaic`` and state pass, ``dv_local``, the reverse state pass, the chunk-local
+gradients and this kernel) against every gradient of ``jax.vjp`` of
+:func:`pallas_kernels.gated_delta_rule.chunked.gated_delta_rule_chunked`.
+
+The interpreted classes are marked ``slow`` (interpreted Mosaic GPU kernels can hang instead of
+failing, ``pallas_kernels/common/MOSAIC_GPU.md``); ``LoweringTest`` exports the kernel for CUDA
+with ``jax.export``; ``GpuTest`` (marked ``gpu``) runs the compiled kernels on a Hopper GPU.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
+from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as bwd_test
+from tests.pallas_kernels import kernel_mosaic_gdn_test as gdn_test
+from tests.pallas_kernels import kernel_mosaic_gdn_wy_test as wy_test
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+_MAX_ERR = 1e-3
+_NAMES = ("dk", "dv", "dbeta", "dg")
+
+
+def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, docs, correlated, seed=0):
+    """Kernel inputs ``(k, v, g, beta, dw, du)``, ``segment_ids`` and the fp32 reference
+    ``(dk, dv, dbeta, dg)`` by ``jax.vjp`` of ``chunked.wy_representation``."""
+    k, v, g, beta, seg = wy_test._inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
+                                         docs=docs, correlated=correlated, seed=seed)
+    keys = jax.random.split(jax.random.key(seed + 21), 2)
+    dw = jax.random.normal(keys[0], (batch, seq_len, heads, dk))
+    du = jax.random.normal(keys[1], (batch, seq_len, heads, dv))
+
+    def wy(kf, vf, gf, bf):
+        return chunked.wy_representation(kf, vf, None if g is None else gf, bf,
+                                         segment_ids=seg)
+
+    gf = jnp.zeros(beta.shape) if g is None else g
+    (w_p, _), vjp = jax.vjp(wy, gdn_test._expand(k, heads), v.astype(jnp.float32), gf, beta)
+    pad = ((0, 0), (0, w_p.shape[1] - seq_len), (0, 0), (0, 0))
+    dk_, dv_, dg, dbeta = vjp((jnp.pad(dw, pad), jnp.pad(du, pad)))
+    want = (kbwd._group_sum(dk_, kv_heads), dv_, dbeta, None if g is None else dg)
+    return (k, v, g, beta, dw, du), seg, want
+
+
+def _check(test, got, want, max_err=_MAX_ERR):
+    for name, x, y in zip(_NAMES, got, want):
+        if y is None:
+            test.assertIsNone(x, msg=name)
+            continue
+        test.assertEqual((x.shape, x.dtype), (y.shape, jnp.float32), msg=name)
+        err = tolerances.rel_err(x, y)
+        test.assertLess(err, max_err, msg=f"{name}: relative RMS error {err:.2e}")
+
+
+# B, T, H, Hk, K, V, decay (None: DeltaNet), document lengths (the rest one more), correlated
+_CPU_CASES = (
+    ("plain_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.1, None, 0.0),
+    # starts at 64 (a chunk boundary), 100 (inside chunk 1) and 130 (inside the partial chunk 2)
+    ("gva_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, (64, 36, 30), 0.0),
+    ("strong_decay_partial_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, None, 0.0),
+    ("packed_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.2, (10, 60), 0.0),
+    ("deltanet_packed_T100_K64_V64", 1, 100, 1, 1, 64, 64, None, (10, 60), 0.0),
+    ("gva_packed_T192_K128_V128", 1, 192, 4, 2, 128, 128, 0.1, (70, 30), 0.0),
+    ("correlated_T128_K128_V128", 1, 128, 2, 1, 128, 128, 0.01, None, 3.0),
+    ("correlated_deltanet_packed_T150_K64_V64", 1, 150, 1, 1, 64, 64, None, (40,), 3.0),
+)
+
+
+# Slow (out of CI): see the module docstring. The mark is on the class: absl's parameterized
+# copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class WyBwdInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_CPU_CASES)
+    def test_chunk_wy_bwd_matches_autodiff(self, *case):
+        args, seg, want = _case(*case)
+        got = kwb.chunk_wy_bwd_mosaic(*args, segment_ids=seg, interpret=True)
+        _check(self, got, want)
+
+
+def _mosaic_pipeline_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
+    """All gradients of the GDN backward on Mosaic stages only: ``chunk_wy_mosaic`` and the
+    forward state pass (the residuals ``h``, ``v_new``), ``dv_local``, the reverse state pass,
+    the chunk-local gradients and the WY backward. ``dk`` and ``dg`` are the sums of the
+    chunk-local and the WY parts (both are gradients of the per-token ``k`` and ``g``).
+    Returns fp32 ``(dq, dk, dv, dg, dbeta, dh0)`` as ``bwd_test._pipeline_grads``."""
+    w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=seg, interpret=interpret)
+    h, v_new, _ = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=state, segment_ids=seg,
+                                           states_dtype=q.dtype, interpret=interpret)
+    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
+                                     interpret=interpret)
+    dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                             final_state_grad=dht, segment_ids=seg,
+                                             states_dtype=q.dtype, interpret=interpret)
+    dq, dk, dw, dg = kbwd.chunk_delta_grads_mosaic(q, k, v_new, do, dvn, g, h, dh,
+                                                   scale=scale, segment_ids=seg,
+                                                   interpret=interpret)
+    dk_wy, dv, dbeta, dg_wy = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, dvn, segment_ids=seg,
+                                                      interpret=interpret)
+    return dq, dk + dk_wy, dv, None if g is None else dg + dg_wy, dbeta, dh0
+
+
+@pytest.mark.slow
+class PipelineInterpretTest(parameterized.TestCase):
+    """The whole GDN backward on Mosaic kernels matches ``jax.vjp`` of the XLA chunk form
+    (same gates as ``kernel_mosaic_gdn_bwd_test.PipelineInterpretTest``)."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
+         (64, 36, 30)),
+        ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+        ("strong_decay_h0_dht_packed_T128_K64_V128", 1, 128, 2, 2, 64, 128, 5.0, True, True,
+         (10, 60)),
+    )
+    def test_grads_match_chunked_vjp(self, *case):
+        args = bwd_test._pipeline_inputs(*case)
+        bwd_test._check_pipeline(self, _mosaic_pipeline_grads(*args, True),
+                                 bwd_test._chunked_grads(*args))
+
+
+@pytest.mark.gpu
+class GpuTest(kmg_test.HopperTestCase):
+    """The compiled kernel (wgmma, TMA) against the fp32 autodiff reference."""
+
+    @parameterized.named_parameters(
+        ("gva_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, (700, 1, 64, 999), 0.0),
+        ("strong_decay_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, None, 0.0),
+        ("deltanet_packed_T1024_K128_V64", 1, 1024, 2, 2, 128, 64, None, (300, 200), 0.0),
+        ("correlated_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.01, (300,), 3.0),
+    )
+    def test_chunk_wy_bwd_matches_autodiff(self, *case):
+        args, seg, want = _case(*case, seed=5)
+        _check(self, kwb.chunk_wy_bwd_mosaic(*args, segment_ids=seg), want)
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999)),
+        ("deltanet_partial_T1000_K64_V64", 2, 1000, 2, 2, 64, 64, None, False, True, None),
+    )
+    def test_mosaic_pipeline_grads_match_chunked_vjp(self, *case):
+        args = bwd_test._pipeline_inputs(*case, seed=7)
+        bwd_test._check_pipeline(self, _mosaic_pipeline_grads(*args, False),
+                                 bwd_test._chunked_grads(*args))
+
+
+class LoweringTest(parameterized.TestCase):
+    """The kernel exports for CUDA on any host: the whole Pallas-to-Mosaic-GPU lowering runs
+    (layouts, swizzles, ``wgmma`` operand shapes and dtypes, transposed views); ptxas runs on
+    the GPU only."""
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+    def test_chunk_wy_bwd_exports_for_cuda(self, dk, dv, deltanet):
+        args, seg, _ = _case(1, 200, 2, 1, dk, dv, None if deltanet else 0.2, (70, 30), 0.0)
+
+        def fn(k, v, g, beta, dw, du, seg):
+            return kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, segment_ids=seg)
+
+        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, seg)
+        text = exported.mlir_module()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn("gdn_chunk_wy_bwd", text)
+        shapes = [a.shape for a in exported.out_avals if a is not None]
+        self.assertEqual(shapes[:3], [(1, 200, 1, dk), (1, 200, 2, dv), (1, 200, 2)])
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_what_the_kernel_cannot_run(self):
+        (k, v, g, beta, dw, du), _, _ = _case(1, 64, 2, 1, 64, 64, 0.1, None, 0.0)
+        with self.assertRaisesRegex(ValueError, "dw must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw[..., :32], du)
+        with self.assertRaisesRegex(ValueError, "du must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du[:, :32])
+        with self.assertRaisesRegex(ValueError, "beta must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta[..., :1], dw, du)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            kwb.chunk_wy_bwd_mosaic(k, v[..., :32], g, beta, dw, du[..., :32])
+        with self.assertRaisesRegex(ValueError, "16-bit dtype"):
+            kwb.chunk_wy_bwd_mosaic(k, v.astype(jnp.float32), g, beta, dw, du)
+
+
+if __name__ == "__main__":
+    absltest.main()
