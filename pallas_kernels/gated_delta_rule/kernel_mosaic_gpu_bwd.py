@@ -15,8 +15,9 @@ algorithm; paper "Linear Attention Architectures", arXiv 2607.07953, Sec. 3.2, E
    states ``h``, ``dS'``, ``v_new``, ``do`` and ``dv_new``. Here: :func:`chunk_delta_grads_mosaic`.
 4. The WY backward (FLA's ``prepare_wy_repr_bwd``): from ``dw`` and ``dU = dv_new`` through
    ``W = T diag(beta conn e^G) K``, ``U = T diag(beta) V`` and the unit-lower inverse ``T``
-   to ``dk``, ``dv``, ``dbeta`` and the rest of ``dg``. Not written yet (nor the
-   ``custom_vjp`` that composes the stages).
+   to ``dk``, ``dv``, ``dbeta`` and the rest of ``dg``. Here:
+   :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd.chunk_wy_bwd_mosaic`. The
+   ``custom_vjp`` that composes the stages is not written yet.
 
 Notation (as in :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu`): per batch row, value
 head ``h`` and chunk ``c`` of ``C = 64`` tokens, ``G`` is the chunk-local inclusive cumulative
