@@ -230,7 +230,7 @@ def chunk_wy_bwd_mosaic(
     ``X^T (dX X^T)``, ``R K`` and ``R^T K``. Every operand that is not an input (``X``, ``dW``,
     ``dU``, ``dX``, ``dX X^T``, ``R``) is split into two 16-bit terms ``hi + lo``; products of
     two such operands use three terms (``hi hi + lo hi + hi lo``), so about 16 significant
-    bits reach the fp32 accumulators: 26 ``wgmma``s after the inverse. ``X^T`` and ``R^T`` are
+    bits reach the fp32 accumulators: 20 ``wgmma``s after the inverse. ``X^T`` and ``R^T`` are
     transposed SMEM views. The gate and ``beta`` terms are row sums in fp32 registers;
     ``dL/dG`` needs no column sum (``sum_i R_ij (k_i . k_j) = k_j . (R^T K)_j``). SMEM at
     K = V = 128: about 210 KB (one CTA per SM; the fp32 ``dW``, ``dU`` tiles stage ``dk``,
