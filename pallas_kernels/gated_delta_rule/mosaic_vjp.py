@@ -1,0 +1,164 @@
+"""Differentiable Gated DeltaNet / DeltaNet on the Mosaic GPU kernels (Hopper).
+
+:func:`gated_delta_rule_mosaic` wraps the forward stages of
+:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu` (``chunk_wy_mosaic``,
+``chunk_delta_h_mosaic``, the scalar-decay ``chunk_output_mosaic``) in a ``jax.custom_vjp``
+whose backward chains the four backward stages (paper arXiv 2412.06464, Sec. 3.3; paper arXiv
+2607.07953, Sec. 3.2, Eqs. 15-17; FLA's ``chunk_gated_delta_rule_bwd``,
+``fla/ops/gated_delta_rule/chunk.py``):
+
+1. :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_dv_local_mosaic`,
+2. :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_dh_mosaic` (the reverse
+   state pass: ``dS'`` of every chunk, total ``dv_new``, ``dh0``),
+3. :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_delta_grads_mosaic`
+   (``dq``, the state/score part of ``dk``, ``dw``, the explicit part of ``dg``),
+4. :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd.chunk_wy_bwd_mosaic`
+   (``dk``, ``dv``, ``dbeta`` and the rest of ``dg`` through ``W, U``),
+
+exactly as ``tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py``'s whole-backward pipeline
+test: ``dk`` and ``dg`` are the sums of the stage-3 and stage-4 parts (both are gradients of
+the per-token ``k`` and ``g``; each kernel already applies its in-chunk reverse cumsum of
+``dL/dG`` and its GVA group sum), ``dU = dv_new``.
+
+Nothing dispatches here (``api.py`` is unchanged).
+
+Status (2026-12-03): CPU only, not run on a GPU. Tested in interpret mode against ``jax.vjp``
+of ``chunked.gated_delta_rule_chunked`` and exported for CUDA with its backward
+(``tests/pallas_kernels/kernel_mosaic_gdn_vjp_test.py``).
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
+from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
+
+
+def gated_delta_rule_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    beta: jax.Array,
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    output_final_state: bool = False,
+    interpret: bool = False,
+) -> Tuple[jax.Array, Optional[jax.Array]]:
+    """Differentiable Gated DeltaNet (``g``) or DeltaNet (``g=None``) on Mosaic GPU kernels.
+
+    Computes, per batch row and value head (paper arXiv 2607.07953, Eqs. 15-17; as
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.gated_delta_rule_fwd_mosaic`)::
+
+        u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t),   S_t = e^{g_t} S_{t-1} + k_t u_t^T,
+        o_t = scale * S_t^T q_t
+
+    with the state reset to zero at document starts, and a ``jax.custom_vjp`` whose backward
+    chains the four Mosaic backward stages (module docstring). Per chunk ``c`` (notation of
+    :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`)::
+
+        dv_new_c = dv_local_c + diag(last e^{G_L - G}) K_c dS'_c
+        dS'_{c-1} = keep_c e^{G_L} dS'_c + scale (diag(conn e^G) Q_c)^T do_c - W_c^T dv_new_c
+        dU = dv_new,   dW = -dv_new S_c^T
+        dk = dk_(b,c) + dk_WY,   dg = dg_(b,c) + dg_WY,   dv, dbeta from the WY backward
+
+    Residuals (saved by the forward, not recomputed): the inputs plus ``W`` ``[B, T, H, K]``
+    and ``v_new`` ``[B, T, H, V]`` (input dtype) and the chunk-entry states ``h``
+    ``[B, H, ceil(T / 64), K, V]`` (input dtype): per token and value head
+    ``2 (K + V + K V / 64)`` bytes in bf16, 1,024 bytes at K = V = 128 (four times ``v``).
+    ``U`` is not kept (the backward needs only ``dU``); the WY backward recomputes the inverse
+    ``T`` from ``k``, ``g``, ``beta`` (``kernel_mosaic_gpu_wy_bwd``'s docstring says why).
+
+    Args:
+        q, k: ``[B, T, Hk, K]``, bf16 or fp16 (GVA when ``Hk < H``: value head ``h`` reads
+            query/key head ``h // (H // Hk)``); used as given (L2-normalise them beforehand).
+        v: ``[B, T, H, V]``, same dtype; ``K, V`` in {64, 128}.
+        g: log-decay ``[B, T, H]`` (natural log, ``<= 0``; fp32 preferred) or ``None``
+            (DeltaNet).
+        beta: write strengths ``[B, T, H]`` in ``(0, 1)``, any float dtype (used in fp32).
+        scale: read-out scale (static); ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` or ``None`` (zeros); first document of each row only.
+        segment_ids: optional int ``[B, T]`` (packed documents); not differentiated.
+        output_final_state: whether to return the state after the last token (static); when
+            ``False`` the backward runs with a zero final-state gradient.
+        interpret: Mosaic GPU interpret mode (CPU, tests).
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in the input dtype, ``final_state``
+        ``[B, H, K, V]`` fp32 if ``output_final_state`` else ``None``. Gradients flow to
+        ``q, k, v, g, beta, initial_state``, each in its own dtype (``None`` for ``g`` when
+        ``g`` is ``None``; computed in fp32 and rounded once).
+
+    Raises:
+        ValueError: on a ``beta`` that is not ``[B, T, H]``, and as the kernels (shapes,
+            dtypes, head dims, ``H`` not a multiple of ``Hk``).
+    """
+    batch, seq_len, _, dk = k.shape
+    heads = v.shape[2]
+    if scale is None:
+        scale = dk ** -0.5
+    if beta.shape != (batch, seq_len, heads):
+        raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
+    mgl.check_kv_gates(k, v, g, segment_ids)
+    o, final_state = _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, float(scale),
+                                 bool(output_final_state), interpret)
+    return o, (final_state if output_final_state else None)
+
+
+def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, interpret):
+    """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages."""
+    w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, interpret=interpret)
+    # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype.
+    h, v_new, final_state = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,
+                                                     segment_ids=segment_ids,
+                                                     states_dtype=v.dtype, interpret=interpret)
+    o = sg.chunk_output_mosaic(q, k, v_new, g, h, scale=scale, segment_ids=segment_ids,
+                               interpret=interpret)
+    return (o, final_state), (w, h, v_new)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
+                interpret):
+    del output_final_state
+    return _forward(q, k, v, g, beta, initial_state, segment_ids, scale, interpret)[0]
+
+
+def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
+                    interpret):
+    del output_final_state
+    out, (w, h, v_new) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
+                                  interpret)
+    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new)
+
+
+def _gdn_mosaic_bwd(scale, output_final_state, interpret, residuals, cotangents):
+    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new = residuals
+    do, dht = cotangents
+    do = do.astype(v.dtype)
+    dht = dht.astype(jnp.float32) if output_final_state else None
+    seg = segment_ids
+    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
+                                     interpret=interpret)
+    dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                             final_state_grad=dht, segment_ids=seg,
+                                             states_dtype=v.dtype, interpret=interpret)
+    dq, dk, dw, dg = kbwd.chunk_delta_grads_mosaic(q, k, v_new, do, dvn, g, h, dh, scale=scale,
+                                                   segment_ids=seg, interpret=interpret)
+    dk_wy, dv, dbeta, dg_wy = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, dvn, segment_ids=seg,
+                                                      interpret=interpret)
+    dg = None if g is None else (dg + dg_wy).astype(g.dtype)
+    dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
+    return (dq.astype(q.dtype), (dk + dk_wy).astype(k.dtype), dv.astype(v.dtype), dg,
+            dbeta.astype(beta.dtype), dh0, None)
+
+
+_gdn_mosaic.defvjp(_gdn_mosaic_fwd, _gdn_mosaic_bwd)

@@ -1,0 +1,133 @@
+"""``gated_delta_rule_mosaic``, the differentiable Mosaic GPU Gated DeltaNet / DeltaNet op.
+
+``pallas_kernels/gated_delta_rule/mosaic_vjp.py`` wraps the Mosaic forward stages in a
+``jax.custom_vjp`` whose backward chains the four Mosaic backward stages. The reference is
+``jax.vjp`` of the fp32 XLA chunk form
+:func:`pallas_kernels.gated_delta_rule.chunked.gated_delta_rule_chunked` on the same bf16
+inputs (``q, k`` repeated to the value heads, their gradients summed over each GVA group),
+with the same random cotangents of ``o`` and of the final state; every gradient must be within
+a relative RMS error of 5e-3 (``dg``, ``dbeta`` 1e-2: the pipeline tests' gates).
+
+``InterpretTest`` is marked ``slow`` (interpreted Mosaic GPU kernels can hang instead of
+failing, ``pallas_kernels/common/MOSAIC_GPU.md``); ``LoweringTest`` exports the op and its
+gradient for CUDA with ``jax.export``; ``GpuTest`` (marked ``gpu``) runs the compiled kernels
+on a Hopper GPU.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.gated_delta_rule import mosaic_vjp
+from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as bwd_test
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
+
+
+def _op_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
+    """``(dq, dk, dv, dg, dbeta, dh0)`` by ``jax.vjp`` of ``gated_delta_rule_mosaic``."""
+
+    def fn(q, k, v, g, beta, h0):
+        return mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, scale=scale,
+                                                  initial_state=h0, segment_ids=seg,
+                                                  output_final_state=True,
+                                                  interpret=interpret)
+
+    (o, final), vjp = jax.vjp(fn, q, k, v, g, beta, state)
+    if dht is None:
+        dht = jnp.zeros_like(final)
+    return o, final, vjp((do.astype(o.dtype), dht))
+
+
+def _check(test, case_args, interpret):
+    q, k, v, g, beta, state, seg, do, dht, scale = case_args
+    _, _, got = _op_grads(*case_args, interpret)
+    want = bwd_test._chunked_grads(*case_args)
+    for name, x, y, inp in zip(_NAMES, got, want, (q, k, v, g, beta, state)):
+        if inp is None:
+            test.assertIsNone(x, msg=name)
+            continue
+        test.assertEqual((x.shape, x.dtype), (inp.shape, inp.dtype), msg=name)
+        err = tolerances.rel_err(x.astype(jnp.float32), y)
+        test.assertLess(err, 1e-2 if name in ("dg", "dbeta") else 5e-3,
+                        msg=f"{name}: relative RMS error {err:.2e}")
+
+
+# Slow (out of CI): see the module docstring. The mark is on the class: absl's parameterized
+# copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class InterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths
+        ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
+         (64, 36, 30)),
+        ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+    )
+    def test_vjp_matches_chunked_vjp(self, *case):
+        _check(self, bwd_test._pipeline_inputs(*case), True)
+
+
+@pytest.mark.gpu
+class GpuTest(kmg_test.HopperTestCase):
+    """The compiled kernels (wgmma, TMA) under ``jax.vjp`` against the fp32 autodiff
+    reference."""
+
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999)),
+        ("deltanet_partial_T1000_K64_V64", 2, 1000, 2, 2, 64, 64, None, False, True, None),
+        ("strong_decay_h0_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, False,
+         (10, 54, 500)),
+    )
+    def test_vjp_matches_chunked_vjp(self, *case):
+        _check(self, bwd_test._pipeline_inputs(*case, seed=11), False)
+
+
+class LoweringTest(parameterized.TestCase):
+    """The op and its backward export for CUDA on any host (the whole Pallas-to-Mosaic-GPU
+    lowering of the three forward and four backward kernels runs)."""
+
+    @parameterized.product(dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+    def test_grad_exports_for_cuda(self, dk, dv, deltanet):
+        q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
+            1, 200, 2, 1, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
+
+        def loss(q, k, v, g, beta, h0, seg):
+            o, final = mosaic_vjp.gated_delta_rule_mosaic(
+                q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
+                output_final_state=True)
+            return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
+
+        argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
+        fn = jax.jit(jax.grad(loss, argnums=argnums))
+        exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
+        text = exported.mlir_module()
+        # forward: WY, state pass, read-out; backward: dv_local, reverse pass, grads, WY bwd
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+        self.assertIn("gdn_chunk_wy_bwd", text)
+        want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
+        self.assertEqual([a.shape for a in exported.out_avals], want)
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_bad_beta(self):
+        q, k, v, g, beta, *_ = bwd_test._pipeline_inputs(1, 64, 2, 1, 64, 64, 0.1, False, False,
+                                                         None)
+        with self.assertRaisesRegex(ValueError, "beta must be"):
+            mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta[..., :1])
+
+    def test_final_state_only_on_request(self):
+        q, k, v, g, beta, *_ = bwd_test._pipeline_inputs(1, 64, 2, 1, 64, 64, 0.1, False, False,
+                                                         None)
+        out = jax.eval_shape(lambda *a: mosaic_vjp.gated_delta_rule_mosaic(*a), q, k, v, g, beta)
+        self.assertEqual(out[0].shape, v.shape)
+        self.assertIsNone(out[1])
+
+
+if __name__ == "__main__":
+    absltest.main()
