@@ -42,36 +42,9 @@ _HI = jax.lax.Precision.HIGHEST
 C = kbwd.CHUNK
 
 
-def _chunk_form(q, k, w, u, g, seg, h0, e, f, scale):
-    """fp32 chunk form of the GDN forward with perturbations ``e`` (states) and ``f`` (v_new).
-
-    ``q, k, w`` ``[B, T, H, K]`` and ``u, f`` ``[B, T, H, V]`` fp32 per value head, ``g``
-    ``[B, T, H]`` or ``None``, ``h0`` ``[B, H, K, V]``, ``e`` ``[B, H, N, K, V]`` added to the
-    state leaving chunk ``n``. Returns ``((o, final_state), (h, v_new))``: ``h``
-    ``[B, H, N, K, V]`` the states entering each chunk and ``v_new`` ``[B, T, H, V]``.
-    """
-    seq_len, n_chunks = k.shape[1], e.shape[2]
-    q, k, w, u, f = (gdn_test._pad_chunks(x, n_chunks) for x in (q, k, w, u, f))
-    gates = gdn_test._chunk_gates(g, seg, (k.shape[0], seq_len, k.shape[2]), n_chunks)
-    s, outs, states, vns = h0, [], [], []
-    for n, (gam, conn, last, dmat) in enumerate(gates):
-        sl = slice(n * C, (n + 1) * C)
-        states.append(s)
-        vn = u[:, sl] - jnp.einsum("bthk,bhkv->bthv", w[:, sl], s, precision=_HI) + f[:, sl]
-        vns.append(vn)
-        e_in = conn[:, :, None] * jnp.exp(gam)  # [B, C, H]
-        qk = jnp.einsum("bthk,bshk->btsh", q[:, sl], k[:, sl], precision=_HI) * dmat
-        o = (jnp.einsum("bthk,bhkv->bthv", q[:, sl] * e_in[..., None], s, precision=_HI)
-             + jnp.einsum("btsh,bshv->bthv", qk, vn, precision=_HI))
-        outs.append(scale * o)
-        e_out = last[:, :, None] * jnp.exp(gam[:, -1:] - gam)  # [B, C, H]
-        keep = conn[:, -1:] * jnp.exp(gam[:, -1])  # [B, H]
-        s = (keep[..., None, None] * s
-             + jnp.einsum("bthk,bthv->bhkv", k[:, sl] * e_out[..., None], vn, precision=_HI)
-             + e[:, :, n])
-    o = jnp.concatenate(outs, axis=1)[:, :seq_len]
-    v_new = jnp.concatenate(vns, axis=1)[:, :seq_len]
-    return (o, s), (jnp.stack(states, axis=2), v_new)
+# fp32 chunk form of the GDN forward with perturbations ``e`` (states) and ``f`` (v_new), also
+# returning ``(h, v_new)``: ``((o, final_state), (h, v_new))``.
+_chunk_form = gdn_test.chunk_form_with_residuals
 
 
 def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0):

@@ -210,13 +210,22 @@ def _chunk_form(q, k, w, u, g, seg, h0, e, f, scale):
     reverse pass's ``dh0``, ``dh`` (the gradients of the states leaving each chunk) and the
     total ``dv_new`` by autodiff, not by the hand-derived recursion the kernel runs.
     """
+    return chunk_form_with_residuals(q, k, w, u, g, seg, h0, e, f, scale)[0]
+
+
+def chunk_form_with_residuals(q, k, w, u, g, seg, h0, e, f, scale):
+    """:func:`_chunk_form` that also returns what the backward kernels read: ``((o,
+    final_state), (h, v_new))`` with ``h`` ``[B, H, N, K, V]`` the states entering each chunk
+    and ``v_new`` ``[B, T, H, V]`` (``kernel_mosaic_gdn_bwd_test.py``)."""
     seq_len, n_chunks = k.shape[1], e.shape[2]
     q, k, w, u, f = (_pad_chunks(x, n_chunks) for x in (q, k, w, u, f))
-    s, outs = h0, []
+    s, outs, states, vns = h0, [], [], []
     for n, (gam, conn, last, dmat) in enumerate(_chunk_gates(g, seg, k.shape[:1] + (seq_len,)
                                                              + k.shape[2:3], n_chunks)):
         sl = slice(n * kgd.CHUNK, (n + 1) * kgd.CHUNK)
+        states.append(s)
         vn = u[:, sl] - jnp.einsum("bthk,bhkv->bthv", w[:, sl], s, precision=_HI) + f[:, sl]
+        vns.append(vn)
         e_in = conn[:, :, None] * jnp.exp(gam)  # [B, C, H]
         qk = jnp.einsum("bthk,bshk->btsh", q[:, sl], k[:, sl], precision=_HI) * dmat
         o = (jnp.einsum("bthk,bhkv->bthv", q[:, sl] * e_in[..., None], s, precision=_HI)
@@ -227,7 +236,9 @@ def _chunk_form(q, k, w, u, g, seg, h0, e, f, scale):
         s = (keep[..., None, None] * s
              + jnp.einsum("bthk,bthv->bhkv", k[:, sl] * e_out[..., None], vn, precision=_HI)
              + e[:, :, n])
-    return jnp.concatenate(outs, axis=1)[:, :seq_len], s
+    o = jnp.concatenate(outs, axis=1)[:, :seq_len]
+    v_new = jnp.concatenate(vns, axis=1)[:, :seq_len]
+    return (o, s), (jnp.stack(states, axis=2), v_new)
 
 
 def _dv_local(q, k, g, seg, do, scale):
