@@ -21,7 +21,8 @@ and the gradient kernel and compares ``dq`` and ``dh0`` with ``jax.vjp`` of the 
 
 The interpreted classes are marked ``slow`` (interpreted Mosaic GPU kernels can hang instead of
 failing, ``pallas_kernels/common/MOSAIC_GPU.md``); ``LoweringTest`` exports the kernels for CUDA
-on the CPU host with ``jax.export``; ``GpuTest`` (marked ``gpu``) runs the compiled kernels on a
+on the CPU host with ``jax.export`` (two variants per kernel; ``LoweringSlowTest``, ``slow``,
+the other six); ``GpuTest`` (marked ``gpu``) runs the compiled kernels on a
 Hopper GPU. Run the interpreted cases one at a time under ``timeout`` when debugging:
 ``pytest -m slow tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py -k <case>``.
 """
@@ -329,33 +330,62 @@ class GpuTest(kmg_test.HopperTestCase):
         _check_pipeline(self, _pipeline_grads(*args, False), _chunked_grads(*args))
 
 
+def _check_chunk_delta_grads_exports(test, dk, dv, gated):
+    args, seg, scale, _ = _case(1, 200, 2, 1, dk, dv, 0.2 if gated else None, True, True,
+                                (70, 30))
+
+    def fn(*a):
+        return kbwd.chunk_delta_grads_mosaic(*a[:-1], scale=scale, segment_ids=a[-1])
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_grads", text)
+
+
+def _check_chunk_dv_local_exports(test, dk, dv, gated):
+    (q, k, do, g), seg, scale, _ = _dv_local_case(1, 200, 2, 1, dk, dv, 0.2 if gated else None,
+                                                  False, False, (70, 30))
+
+    def fn(q, k, do, g, seg):
+        return kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg)
+
+    text = jax.export.export(jax.jit(fn), platforms=["cuda"])(q, k, do, g, seg).mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_dv_local", text)
+
+
+# Export variants: CI keeps two per kernel (K = V = 64 without gates, K = V = 128 gated);
+# LoweringSlowTest runs the other six.
+_EXPORT_CI, _EXPORT_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64, gated=False), dict(dk=128, dv=128, gated=True)],
+    dk=(64, 128), dv=(64, 128), gated=(True, False))
+
+
 class LoweringTest(parameterized.TestCase):
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128), gated=(True, False))
-    def test_chunk_delta_grads_exports_for_cuda(self, dk, dv, gated):
-        args, seg, scale, _ = _case(1, 200, 2, 1, dk, dv, 0.2 if gated else None, True, True,
-                                    (70, 30))
+    @parameterized.named_parameters(*_EXPORT_CI)
+    def test_chunk_delta_grads_exports_for_cuda(self, **variant):
+        _check_chunk_delta_grads_exports(self, **variant)
 
-        def fn(*a):
-            return kbwd.chunk_delta_grads_mosaic(*a[:-1], scale=scale, segment_ids=a[-1])
+    @parameterized.named_parameters(*_EXPORT_CI)
+    def test_chunk_dv_local_exports_for_cuda(self, **variant):
+        _check_chunk_dv_local_exports(self, **variant)
 
-        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, seg)
-        text = exported.mlir_module()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-        self.assertIn("gdn_chunk_grads", text)
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128), gated=(True, False))
-    def test_chunk_dv_local_exports_for_cuda(self, dk, dv, gated):
-        (q, k, do, g), seg, scale, _ = _dv_local_case(1, 200, 2, 1, dk, dv,
-                                                      0.2 if gated else None, False, False,
-                                                      (70, 30))
+# Slow (out of CI): the other K, V and gate combinations of LoweringTest (0.2 to 3 s each, 11 s
+# for the 12). The mark is on the class: absl's parameterized copies of a method do not keep a
+# method-level mark.
+@pytest.mark.slow
+class LoweringSlowTest(parameterized.TestCase):
 
-        def fn(q, k, do, g, seg):
-            return kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg)
+    @parameterized.named_parameters(*_EXPORT_SLOW)
+    def test_chunk_delta_grads_exports_for_cuda(self, **variant):
+        _check_chunk_delta_grads_exports(self, **variant)
 
-        text = jax.export.export(jax.jit(fn), platforms=["cuda"])(q, k, do, g, seg).mlir_module()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-        self.assertIn("gdn_chunk_dv_local", text)
+    @parameterized.named_parameters(*_EXPORT_SLOW)
+    def test_chunk_dv_local_exports_for_cuda(self, **variant):
+        _check_chunk_dv_local_exports(self, **variant)
 
 
 class ValidationTest(absltest.TestCase):

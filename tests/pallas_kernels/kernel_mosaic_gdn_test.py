@@ -19,7 +19,8 @@ checks ``dh`` (gradients of the states leaving each chunk), the total ``dv_new``
 ``dh0`` against ``jax.vjp`` of a small fp32 chunk form written here (:func:`_chunk_form`, with
 additive perturbations of the chunk states and of ``v_new``), which ``ChunkFormTest`` checks
 against the token-serial reference (relative RMS < 1e-4). ``LoweringTest`` lowers for CUDA on
-the CPU host; ``GpuTest`` (marked ``gpu``) compiles the real kernels at realistic rows.
+the CPU host (two variants per kernel; ``LoweringSlowTest``, ``slow``, the others);
+``GpuTest`` (marked ``gpu``) compiles the real kernels at realistic rows.
 
 A failing interpreted kernel may hang instead of raising; run one test at a time under
 ``timeout`` (``pallas_kernels/common/MOSAIC_GPU.md``, "Interpreter hang seen").
@@ -426,51 +427,94 @@ class GpuTest(kmg_test.HopperTestCase):
             _assert_close(self, name, got, w_, allclose=False)
 
 
+def _check_forward_lowers(test, dk, dv, wy_implementation):
+    q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True,
+                                           docs=(70, 30))
+
+    def fn(q, k, v, g, beta, state, seg):
+        return kgd.gated_delta_rule_fwd_mosaic(q, k, v, g, beta, initial_state=state,
+                                               segment_ids=seg,
+                                               wy_implementation=wy_implementation)
+
+    text = (jax.jit(fn).trace(q, k, v, g, beta, state, seg)
+            .lower(lowering_platforms=("cuda",)).as_text())
+    mosaic_wy = wy_implementation == "mosaic"
+    # (WY preparation,) delta state pass, output
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 2 + mosaic_wy)
+    test.assertEqual("gdn_chunk_wy" in text, mosaic_wy)
+    test.assertIn("gdn_chunk_delta_h", text)
+    test.assertIn("simple_gla_chunk_output", text)
+
+
+def _check_fp32_states_deltanet_lowers(test, dk, dv):
+    _, k, v, _, beta, _, _ = _inputs(2, 130, 2, 2, dk, dv, decay=None, h0=False, docs=None)
+    w, u = _wy(k, v, None, beta, None)
+
+    def fn(k, w, u):
+        return kgd.chunk_delta_h_mosaic(k, w, u, None, states_dtype=jnp.float32)
+
+    text = jax.jit(fn).trace(k, w, u).lower(lowering_platforms=("cuda",)).as_text()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_delta_h", text)
+
+
+def _check_chunk_delta_dh_lowers(test, dk, dv, states_dtype):
+    args, _, scale = _dh_inputs(1, 200, 2, 1, dk, dv, decay=0.2, dht=True, docs=(70, 30))
+
+    def fn(q, k, w, do, dvl, g, state_grad, seg):
+        return kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                         final_state_grad=state_grad, segment_ids=seg,
+                                         states_dtype=states_dtype)
+
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_delta_dh", text)
+
+
+# Lowering variants: CI keeps two per kernel (K = V = 64 and K = V = 128, each with one of the
+# options), LoweringSlowTest runs the other ones.
+_FWD_CI, _FWD_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64, wy_implementation="xla"), dict(dk=128, dv=128, wy_implementation="mosaic")],
+    dk=(64, 128), dv=(64, 128), wy_implementation=("mosaic", "xla"))
+_FP32_DELTANET_CI, _FP32_DELTANET_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64), dict(dk=128, dv=128)], dk=(64, 128), dv=(64, 128))
+_DH_LOWER_CI, _DH_LOWER_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64, states_dtype=jnp.float32), dict(dk=128, dv=128, states_dtype=jnp.bfloat16)],
+    dk=(64, 128), dv=(64, 128), states_dtype=(jnp.bfloat16, jnp.float32))
+
+
 class LoweringTest(parameterized.TestCase):
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128), wy_implementation=("mosaic", "xla"))
-    def test_forward_lowers_for_cuda(self, dk, dv, wy_implementation):
-        q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True,
-                                               docs=(70, 30))
+    @parameterized.named_parameters(*_FWD_CI)
+    def test_forward_lowers_for_cuda(self, **variant):
+        _check_forward_lowers(self, **variant)
 
-        def fn(q, k, v, g, beta, state, seg):
-            return kgd.gated_delta_rule_fwd_mosaic(q, k, v, g, beta, initial_state=state,
-                                                   segment_ids=seg,
-                                                   wy_implementation=wy_implementation)
+    @parameterized.named_parameters(*_FP32_DELTANET_CI)
+    def test_fp32_states_deltanet_lowers_for_cuda(self, **variant):
+        _check_fp32_states_deltanet_lowers(self, **variant)
 
-        text = (jax.jit(fn).trace(q, k, v, g, beta, state, seg)
-                .lower(lowering_platforms=("cuda",)).as_text())
-        mosaic_wy = wy_implementation == "mosaic"
-        # (WY preparation,) delta state pass, output
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 2 + mosaic_wy)
-        self.assertEqual("gdn_chunk_wy" in text, mosaic_wy)
-        self.assertIn("gdn_chunk_delta_h", text)
-        self.assertIn("simple_gla_chunk_output", text)
+    @parameterized.named_parameters(*_DH_LOWER_CI)
+    def test_chunk_delta_dh_lowers_for_cuda(self, **variant):
+        _check_chunk_delta_dh_lowers(self, **variant)
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128))
-    def test_fp32_states_deltanet_lowers_for_cuda(self, dk, dv):
-        _, k, v, _, beta, _, _ = _inputs(2, 130, 2, 2, dk, dv, decay=None, h0=False, docs=None)
-        w, u = _wy(k, v, None, beta, None)
 
-        def fn(k, w, u):
-            return kgd.chunk_delta_h_mosaic(k, w, u, None, states_dtype=jnp.float32)
+# Slow (out of CI): the other K, V and option combinations of LoweringTest; each lowers every
+# layout of the kernels again (0.4 to 3 s a variant, 12 s for the 14 on a 2-core machine). The
+# mark is on the class: absl's parameterized copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class LoweringSlowTest(parameterized.TestCase):
 
-        text = jax.jit(fn).trace(k, w, u).lower(lowering_platforms=("cuda",)).as_text()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-        self.assertIn("gdn_chunk_delta_h", text)
+    @parameterized.named_parameters(*_FWD_SLOW)
+    def test_forward_lowers_for_cuda(self, **variant):
+        _check_forward_lowers(self, **variant)
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128), states_dtype=(jnp.bfloat16, jnp.float32))
-    def test_chunk_delta_dh_lowers_for_cuda(self, dk, dv, states_dtype):
-        args, _, scale = _dh_inputs(1, 200, 2, 1, dk, dv, decay=0.2, dht=True, docs=(70, 30))
+    @parameterized.named_parameters(*_FP32_DELTANET_SLOW)
+    def test_fp32_states_deltanet_lowers_for_cuda(self, **variant):
+        _check_fp32_states_deltanet_lowers(self, **variant)
 
-        def fn(q, k, w, do, dvl, g, state_grad, seg):
-            return kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
-                                             final_state_grad=state_grad, segment_ids=seg,
-                                             states_dtype=states_dtype)
-
-        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-        self.assertIn("gdn_chunk_delta_dh", text)
+    @parameterized.named_parameters(*_DH_LOWER_SLOW)
+    def test_chunk_delta_dh_lowers_for_cuda(self, **variant):
+        _check_chunk_delta_dh_lowers(self, **variant)
 
 
 class ValidationTest(absltest.TestCase):

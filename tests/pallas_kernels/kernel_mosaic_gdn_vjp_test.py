@@ -10,7 +10,8 @@ a relative RMS error of 5e-3 (``dg``, ``dbeta`` 1e-2: the pipeline tests' gates)
 
 ``InterpretTest`` is marked ``slow`` (interpreted Mosaic GPU kernels can hang instead of
 failing, ``pallas_kernels/common/MOSAIC_GPU.md``); ``LoweringTest`` exports the op and its
-gradient for CUDA with ``jax.export``; ``GpuTest`` (marked ``gpu``) runs the compiled kernels
+gradient for CUDA with ``jax.export`` (two variants; ``LoweringSlowTest``, ``slow``, the other
+six); ``GpuTest`` (marked ``gpu``) runs the compiled kernels
 on a Hopper GPU.
 """
 
@@ -87,30 +88,52 @@ class GpuTest(kmg_test.HopperTestCase):
         _check(self, bwd_test._pipeline_inputs(*case, seed=11), False)
 
 
+def _check_grad_exports(test, dk, dv, deltanet):
+    q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
+        1, 200, 2, 1, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
+
+    def loss(q, k, v, g, beta, h0, seg):
+        o, final = mosaic_vjp.gated_delta_rule_mosaic(
+            q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
+            output_final_state=True)
+        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
+
+    argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
+    fn = jax.jit(jax.grad(loss, argnums=argnums))
+    exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
+    text = exported.mlir_module()
+    # forward: WY, state pass, read-out; backward: dv_local, reverse pass, grads, WY bwd
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+    test.assertIn("gdn_chunk_wy_bwd", text)
+    want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
+    test.assertEqual([a.shape for a in exported.out_avals], want)
+
+
+# Export variants: CI keeps two (K = V = 64 DeltaNet, K = V = 128 gated); LoweringSlowTest runs
+# the other six.
+_EXPORT_CI, _EXPORT_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64, deltanet=True), dict(dk=128, dv=128, deltanet=False)],
+    dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+
+
 class LoweringTest(parameterized.TestCase):
     """The op and its backward export for CUDA on any host (the whole Pallas-to-Mosaic-GPU
     lowering of the three forward and four backward kernels runs)."""
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128), deltanet=(False, True))
-    def test_grad_exports_for_cuda(self, dk, dv, deltanet):
-        q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
-            1, 200, 2, 1, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
+    @parameterized.named_parameters(*_EXPORT_CI)
+    def test_grad_exports_for_cuda(self, **variant):
+        _check_grad_exports(self, **variant)
 
-        def loss(q, k, v, g, beta, h0, seg):
-            o, final = mosaic_vjp.gated_delta_rule_mosaic(
-                q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
-                output_final_state=True)
-            return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
 
-        argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
-        fn = jax.jit(jax.grad(loss, argnums=argnums))
-        exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
-        text = exported.mlir_module()
-        # forward: WY, state pass, read-out; backward: dv_local, reverse pass, grads, WY bwd
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
-        self.assertIn("gdn_chunk_wy_bwd", text)
-        want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
-        self.assertEqual([a.shape for a in exported.out_avals], want)
+# Slow (out of CI): the other K, V and gate combinations of LoweringTest (1.9 to 2.4 s each,
+# 13 s for the 6: seven kernels each). The mark is on the class: absl's parameterized copies
+# of a method do not keep a method-level mark.
+@pytest.mark.slow
+class LoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_EXPORT_SLOW)
+    def test_grad_exports_for_cuda(self, **variant):
+        _check_grad_exports(self, **variant)
 
 
 class ValidationTest(absltest.TestCase):

@@ -17,7 +17,8 @@ gradients and this kernel) against every gradient of ``jax.vjp`` of
 
 The interpreted classes are marked ``slow`` (interpreted Mosaic GPU kernels can hang instead of
 failing, ``pallas_kernels/common/MOSAIC_GPU.md``); ``LoweringTest`` exports the kernel for CUDA
-with ``jax.export``; ``GpuTest`` (marked ``gpu``) runs the compiled kernels on a Hopper GPU.
+with ``jax.export`` (two variants; ``LoweringSlowTest``, ``slow``, the other six); ``GpuTest``
+(marked ``gpu``) runs the compiled kernels on a Hopper GPU.
 """
 
 import jax
@@ -165,24 +166,46 @@ class GpuTest(kmg_test.HopperTestCase):
                                  bwd_test._chunked_grads(*args))
 
 
+def _check_chunk_wy_bwd_exports(test, dk, dv, deltanet):
+    args, seg, _ = _case(1, 200, 2, 1, dk, dv, None if deltanet else 0.2, (70, 30), 0.0)
+
+    def fn(k, v, g, beta, dw, du, seg):
+        return kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, segment_ids=seg)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_wy_bwd", text)
+    shapes = [a.shape for a in exported.out_avals if a is not None]
+    test.assertEqual(shapes[:3], [(1, 200, 1, dk), (1, 200, 2, dv), (1, 200, 2)])
+
+
+# Export variants: CI keeps two (K = V = 64 DeltaNet, K = V = 128 gated); LoweringSlowTest runs
+# the other six.
+_EXPORT_CI, _EXPORT_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64, deltanet=True), dict(dk=128, dv=128, deltanet=False)],
+    dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+
+
 class LoweringTest(parameterized.TestCase):
     """The kernel exports for CUDA on any host: the whole Pallas-to-Mosaic-GPU lowering runs
     (layouts, swizzles, ``wgmma`` operand shapes and dtypes, transposed views); ptxas runs on
     the GPU only."""
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128), deltanet=(False, True))
-    def test_chunk_wy_bwd_exports_for_cuda(self, dk, dv, deltanet):
-        args, seg, _ = _case(1, 200, 2, 1, dk, dv, None if deltanet else 0.2, (70, 30), 0.0)
+    @parameterized.named_parameters(*_EXPORT_CI)
+    def test_chunk_wy_bwd_exports_for_cuda(self, **variant):
+        _check_chunk_wy_bwd_exports(self, **variant)
 
-        def fn(k, v, g, beta, dw, du, seg):
-            return kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, segment_ids=seg)
 
-        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, seg)
-        text = exported.mlir_module()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-        self.assertIn("gdn_chunk_wy_bwd", text)
-        shapes = [a.shape for a in exported.out_avals if a is not None]
-        self.assertEqual(shapes[:3], [(1, 200, 1, dk), (1, 200, 2, dv), (1, 200, 2)])
+# Slow (out of CI): the other K, V and gate combinations of LoweringTest (0.8 to 2.2 s each,
+# 7 s for the 6). The mark is on the class: absl's parameterized copies of a method do not
+# keep a method-level mark.
+@pytest.mark.slow
+class LoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_EXPORT_SLOW)
+    def test_chunk_wy_bwd_exports_for_cuda(self, **variant):
+        _check_chunk_wy_bwd_exports(self, **variant)
 
 
 class ValidationTest(absltest.TestCase):

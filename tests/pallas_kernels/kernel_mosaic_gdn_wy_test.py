@@ -14,7 +14,8 @@ Sec. 6). The rows of ``W`` of tokens that do not see the entering state must be 
 token-serial reference by ``ForwardInterpretTest`` in ``kernel_mosaic_gdn_test.py`` (it uses
 ``wy_implementation="mosaic"``, the default), and here on correlated keys against the XLA
 path's error. ``LoweringTest`` exports the kernel for CUDA on
-the CPU host (``jax.export``); ``GpuTest`` (marked ``gpu``) runs the compiled kernel.
+the CPU host (``jax.export``; two variants, ``LoweringSlowTest`` (``slow``) the other six);
+``GpuTest`` (marked ``gpu``) runs the compiled kernel.
 
 Interpreted tests are ``slow`` (out of CI) like the other Mosaic GPU interpret tests; this
 kernel has one warpgroup and no barrier between warpgroups, so the interpreter hang of
@@ -140,24 +141,44 @@ class WyInterpretTest(parameterized.TestCase):
         _assert_forward_no_worse(self, q, k, v, g, beta, None, seg, interpret=True)
 
 
+def _check_chunk_wy_exports(test, dk, dv, deltanet):
+    k, v, g, beta, seg = _inputs(1, 200, 2, 1, dk, dv, decay=None if deltanet else 0.2,
+                                 docs=(70, 30))
+
+    def fn(k, v, g, beta, seg):
+        return kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=seg)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(k, v, g, beta, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_wy", text)
+    test.assertEqual([a.shape for a in exported.out_avals], [(1, 200, 2, dk), (1, 200, 2, dv)])
+
+
+# Export variants: CI keeps two (K = V = 64 DeltaNet, K = V = 128 gated); LoweringSlowTest runs
+# the other six.
+_EXPORT_CI, _EXPORT_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64, deltanet=True), dict(dk=128, dv=128, deltanet=False)],
+    dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+
+
 class LoweringTest(parameterized.TestCase):
     """The kernel exports for CUDA on any host: the whole Pallas-to-Mosaic-GPU lowering runs
     (layouts, swizzles, ``wgmma`` operand shapes and dtypes); ptxas runs on the GPU only."""
 
-    @parameterized.product(dk=(64, 128), dv=(64, 128), deltanet=(False, True))
-    def test_chunk_wy_exports_for_cuda(self, dk, dv, deltanet):
-        k, v, g, beta, seg = _inputs(1, 200, 2, 1, dk, dv, decay=None if deltanet else 0.2,
-                                     docs=(70, 30))
+    @parameterized.named_parameters(*_EXPORT_CI)
+    def test_chunk_wy_exports_for_cuda(self, **variant):
+        _check_chunk_wy_exports(self, **variant)
 
-        def fn(k, v, g, beta, seg):
-            return kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=seg)
 
-        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(k, v, g, beta, seg)
-        text = exported.mlir_module()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-        self.assertIn("gdn_chunk_wy", text)
-        self.assertEqual([a.shape for a in exported.out_avals],
-                         [(1, 200, 2, dk), (1, 200, 2, dv)])
+# Slow (out of CI): the other K, V and gate combinations of LoweringTest. The mark is on the
+# class: absl's parameterized copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class LoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_EXPORT_SLOW)
+    def test_chunk_wy_exports_for_cuda(self, **variant):
+        _check_chunk_wy_exports(self, **variant)
 
 
 class ValidationTest(absltest.TestCase):

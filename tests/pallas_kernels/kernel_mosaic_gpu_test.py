@@ -15,6 +15,8 @@ A failing interpreted kernel may hang instead of raising (an exception inside on
 callback leaves the other waiting on a barrier); run a single test to see its traceback.
 """
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,6 +62,36 @@ class HopperTestCase(parameterized.TestCase):
         super().setUp()
         if not hopper_or_newer():
             self.skipTest("needs a Hopper-or-newer NVIDIA GPU (Mosaic GPU kernels)")
+
+
+def split_variants(ci, **axes):
+    """The product of ``axes`` (name -> values), split into the variants ``ci`` (dicts of one
+    value per axis) and the rest, both as ``parameterized.named_parameters`` entries (named
+    ``dk64_dv128_gated``, ``dk64_dv64_no_deltanet``, ``dk128_dv128_float32``, ...).
+
+    The CUDA lowering tests of the Mosaic GDN kernels keep ``ci`` (two variants per kernel) in
+    CI and run the rest in a ``slow`` class: every variant lowers all layouts of the kernel
+    again (0.2 to 3 s each, one process on a 2-core machine)."""
+
+    def label(name, value):
+        if isinstance(value, bool):
+            return name if value else f"no_{name}"
+        if isinstance(value, int):
+            return f"{name}{value}"
+        if isinstance(value, str):
+            return value
+        return jnp.dtype(value).name
+
+    every = [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    for variant in ci:
+        if variant not in every:
+            raise ValueError(f"CI variant {variant} is not in the product of {axes}")
+
+    def named(variants):
+        return [dict(testcase_name="_".join(label(n, v) for n, v in variant.items()), **variant)
+                for variant in variants]
+
+    return named(ci), named([v for v in every if v not in ci])
 
 
 def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, packed, seed=0):
