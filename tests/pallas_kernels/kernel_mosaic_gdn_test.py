@@ -17,9 +17,10 @@ kernels' gate in BUILD.md) plus ``assert_allclose`` at the bf16 forward toleranc
 ``DeltaDhInterpretTest`` runs the reverse delta state pass :func:`chunk_delta_dh_mosaic` and
 checks ``dh`` (gradients of the states leaving each chunk), the total ``dv_new`` gradient and
 ``dh0`` against ``jax.vjp`` of a small fp32 chunk form written here (:func:`_chunk_form`, with
-additive perturbations of the chunk states and of ``v_new``), which ``ChunkFormTest`` checks
-against the token-serial reference (relative RMS < 1e-4). ``LoweringTest`` lowers for CUDA on
-the CPU host (two variants per kernel; ``LoweringSlowTest``, ``slow``, the others);
+additive perturbations of the chunk states and of ``v_new``), which ``ChunkFormTest`` (in
+``kernel_mosaic_gdn_bwd_test.py``) checks against the token-serial reference (relative RMS
+< 1e-4). ``LoweringTest`` lowers for CUDA on the CPU host (two variants per kernel;
+``LoweringSlowTest``, ``slow``, the others);
 ``GpuTest`` (marked ``gpu``) compiles the real kernels at realistic rows.
 
 A failing interpreted kernel may hang instead of raising; run one test at a time under
@@ -206,8 +207,9 @@ def _chunk_form(q, k, w, u, g, seg, h0, e, f, scale):
     ``q, k, w`` ``[B, T, H, K]`` and ``u, f`` ``[B, T, H, V]`` fp32 (value heads), ``h0``
     ``[B, H, K, V]``; ``e`` ``[B, H, N, K, V]`` is added to the state leaving chunk ``n`` and
     ``f`` to ``v_new``. Returns ``(o, final_state)``. Written from the chunk equations
-    (``kernel_gpu.py``'s module docstring); ``ChunkFormTest`` checks it against the token-serial
-    reference, so ``jax.vjp`` of it w.r.t. ``(h0, e, f)`` at zero perturbations gives the
+    (``kernel_gpu.py``'s module docstring); ``ChunkFormTest``
+    (``kernel_mosaic_gdn_bwd_test.py``) checks it against the token-serial reference, so
+    ``jax.vjp`` of it w.r.t. ``(h0, e, f)`` at zero perturbations gives the
     reverse pass's ``dh0``, ``dh`` (the gradients of the states leaving each chunk) and the
     total ``dv_new`` by autodiff, not by the hand-derived recursion the kernel runs.
     """
@@ -305,28 +307,9 @@ _DH_CASES = (
 )
 
 
-class ChunkFormTest(parameterized.TestCase):
-    """The test-side chunk form (:func:`_chunk_form`) equals the token-serial reference, so its
-    autodiff gradients are a valid reference for the reverse pass."""
-
-    @parameterized.named_parameters(
-        ("gva_h0_packed_partial_T150", 1, 150, 2, 1, 64, 64, 0.02, (64, 36, 30)),
-        ("strong_decay_h0_T65", 1, 65, 1, 1, 64, 64, 5.0, None),
-        ("deltanet_packed_T130", 1, 130, 1, 1, 64, 64, None, (10, 60)),
-    )
-    def test_chunk_form_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay,
-                                          docs):
-        q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv,
-                                               decay=decay, h0=True, docs=docs)
-        qf, kf, vf = _expand(q, heads), _expand(k, heads), v.astype(jnp.float32)
-        w, u = chunked.wy_representation(kf, vf, g, beta, segment_ids=seg)
-        n_chunks = -(-seq_len // kgd.CHUNK)
-        o, final = _chunk_form(qf, kf, w[:, :seq_len], u[:, :seq_len], g, seg, state,
-                               jnp.zeros((batch, heads, n_chunks, dk, dv)),
-                               jnp.zeros_like(vf), 0.125)
-        want_o, want_final, _ = _reference(q, k, v, g, beta, state, seg, 0.125)
-        self.assertLess(tolerances.rel_err(o, want_o), 1e-4)
-        self.assertLess(tolerances.rel_err(final, want_final), 1e-4)
+# The chunk form above is checked against the token-serial reference (values and final state)
+# by ``ChunkFormTest`` in ``kernel_mosaic_gdn_bwd_test.py``, whose reverse-pass references are
+# its ``jax.vjp``.
 
 
 @pytest.mark.slow
