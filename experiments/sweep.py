@@ -136,6 +136,13 @@ def main(argv):
         if _REPORT_ONLY.value:
             _log(f"wrote {paths['md']}")
         return
+    done = (sweep.Status.FINISHED,) + (() if _RETRY.value else (sweep.Status.FAILED,))
+    missing = sweep.missing_local_paths(  # only the runs this call would launch
+        [r for r in runs if sweep.run_state(sweep.run_dir(root, r)).status not in done],
+        config.get("local_args") or ())
+    if missing:
+        sys.exit(f"error: --config argument {', '.join(missing)}: no such file or directory on "
+                 f"this machine (every run would fail reading it)")
     clashes = sweep.conflicts(runs, root, config.get("local_args") or ())
     if clashes:
         sys.exit("error: run directories under --root hold runs of other settings (use another "

@@ -807,6 +807,29 @@ def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) ->
     return out
 
 
+def missing_local_paths(runs: Sequence[Run], local_args: Sequence[str] = ()) -> List[str]:
+    """The machine-local path arguments of ``runs`` that do not exist on this machine.
+
+    A missing corpus makes every run fail the same way a few seconds in (2026-12-03: 16 runs,
+    each with ``error: data.paths: no such file or directory``); the sweep binary checks these
+    first and ends with one error instead.
+
+    Args:
+      runs: the runs about to be run.
+      local_args: argument names holding machine-local paths (the config's ``local_args``).
+
+    Returns:
+      One ``name=value`` per distinct missing path, in the order first met.
+    """
+    out = []
+    for run in runs:
+        for name, value in _arg_dict(run.arg).items():
+            item = f"{name}={value}"
+            if name in local_args and not os.path.exists(value) and item not in out:
+                out.append(item)
+    return out
+
+
 def recorded_runs(root: str) -> List[Run]:
     """Runs found in ``<root>/runs/*/sweep_run.json`` (e.g. of an earlier grid of the same
     sweep), sorted by name; directories set aside (``.restarted-``) are not runs."""

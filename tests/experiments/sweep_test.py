@@ -158,6 +158,18 @@ class SweepBinaryTest(absltest.TestCase):
         self.assertIn(f"{REF}: argument opt: 'adamw' -> 'muon'; override data.batch_size: None "
                       f"-> 2", out.stderr)
 
+    def test_missing_corpus_is_one_error_before_any_run(self):
+        missing = os.path.join(self.root, "no_corpus")
+        with open(self.config, "w") as f:
+            f.write(SWEEP_CONFIG.replace('("tiny", True)),', f'("tiny", True), ("corpus", '
+                                         f'{missing!r})), local_args=("corpus",),'))
+        out = self.sweep()
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertIn(f"error: --config argument corpus={missing}: no such file or directory",
+                      out.stderr)
+        self.assertNotIn("Traceback", out.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.root, "runs")))
+
 
 if __name__ == "__main__":
     absltest.main()

@@ -325,6 +325,20 @@ class ExecuteTest(absltest.TestCase):
             "fake.mode=ok: argument lr: None -> '0.1'; override train.tensorboard: False -> "
             "True"])
 
+    def test_missing_local_paths(self):
+        present = self.create_tempdir().full_path
+        runs = sweep.expand(_config(
+            grid=((("lr", (0.1, 0.2)),),), seed_axis=None,
+            arg=(("size", "small"), ("corpus", os.path.join(present, "absent")),
+                 ("tokenizer", os.path.join(present, "absent_too")))))
+        # Each missing path once, and only for the arguments named local.
+        self.assertEqual(sweep.missing_local_paths(runs, ("corpus",)),
+                         [f"corpus={os.path.join(present, 'absent')}"])
+        self.assertEqual(sweep.missing_local_paths(runs), [])
+        here = sweep.expand(_config(grid=((("lr", (0.1,)),),), seed_axis=None,
+                                    arg=(("corpus", present),)))
+        self.assertEqual(sweep.missing_local_paths(here, ("corpus",)), [])
+
     def test_export_copies_records_not_checkpoints(self):
         runs, _ = self._execute(("ok",))
         out = os.path.join(self.root, "export")
