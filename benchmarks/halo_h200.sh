@@ -28,13 +28,15 @@
 #       # ended (or with COLLECT=1), copies its small files to $OUT
 # Without `generate`, `start` runs the pipeline at once (with the bundled teacher text if any).
 #
-# The machine is released after about 30 s without a call, and the run with it (2026-12-02e lost
-# its NIAH that way; 12-02 stop 42 lost a whole run). So: issue the transfer calls together, one
-# message, and chain `start` with the first wait in one call (`... start && halo_h200.sh wait
-# 540`), which leaves two gaps in a 25-minute run. Send each next `wait` the moment the last
-# returns. A `wait` that finds the run going brings no files back (they would lengthen the gap:
-# 2026-12-03 lost its machine right after a wait that returned 4.8 MB), only the log's tail in
-# its output; the wait that finds the run ended copies them to $OUT.
+# The machine is released after about 30 s without a call, and the run with it. Four runs were
+# lost between two messages (12-02 stop 42; 12-03; 12-03b, whose wait brought back no files, so
+# the gap is the turnaround between a reply and the next message, not the transfer). Calls sent
+# in ONE message run back to back, about 5 s apart (12-03b's transfer calls). So send the whole
+# run as one message: the transfer calls, `... start && halo_h200.sh wait 540`, then as many
+# `halo_h200.sh wait 590` calls as cover the rest (a 25-minute run: two; add a third for
+# margin). A `wait` returns as soon as the run ends, so a spare one costs seconds. A `wait` that
+# finds the run going brings no files back, only the log's tail in its output (COLLECT=1 forces
+# them); the wait that finds it ended copies them to $OUT.
 #
 # The generated text joins Stages 1 and 2 (config argument teacher_text) read TEACHER_WEIGHT
 # times per pass. TEACHER_WEIGHT=auto (default) keeps the share of the 2026-12-02 plan, three
