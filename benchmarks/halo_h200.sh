@@ -27,6 +27,11 @@
 #   benchmarks/halo_h200.sh wait <seconds>   # waits and shows the log; once the run has
 #       # ended (or with COLLECT=1), copies its small files to $OUT
 # Without `generate`, `start` runs the pipeline at once (with the bundled teacher text if any).
+# BRANCH_FLAGS (pipeline flags, e.g. another --config.stage3.optim.learning_rate): once the
+# pipeline has finished, the driver copies its workdir without stage3, calibrate and report to
+# $WORK-$BRANCH_NAME (default "branch") and runs stage3, calibrate and report there with
+# HALO_FLAGS then BRANCH_FLAGS (the later value of a flag wins): two Stage-3 settings from one
+# Stage 2 in one window. Both workdirs' small files come back.
 #
 # The machine is released after about 30 s without a call, and the run with it. Four runs were
 # lost between two messages (12-02 stop 42; 12-03; 12-03b, whose wait brought back no files, so
@@ -63,10 +68,16 @@ PIPELINE=${PIPELINE:-experiments/halo_pipeline.py}  # (a stand-in for tests of t
 PLAN_TEACHER_TOKENS=40116931   # the 2026-12-02 teacher text (teacher-corpus-h200-2026-12-02.md)
 PLAN_TEACHER_WEIGHT=3
 
+branch_dir() {  # the second Stage 3's workdir (BRANCH_FLAGS); `collect` takes every $WORK-*
+  echo "$WORK-${BRANCH_NAME:-branch}"
+}
+
 collect() {  # the run's small files (no checkpoints, no compilation cache) into $OUT
   [[ -n "${OUT:-}" ]] || return 0
-  if [[ -d "$WORK" ]]; then
-    (cd "$(dirname "$WORK")" && find "$(basename "$WORK")" -path '*/jax_cache' -prune -o \
+  local dirs=() d
+  for d in "$WORK" "$WORK"-*; do [[ -d "$d" ]] && dirs+=("$(basename "$d")"); done
+  if (( ${#dirs[@]} )); then
+    (cd "$(dirname "$WORK")" && find "${dirs[@]}" -path '*/jax_cache' -prune -o \
         -type f \( -name '*.json' -o -name '*.jsonl' -o -name '*.md' -o -name '*.png' \) \
         -size -4M -print | tar czf "$OUT/halo_outputs.tgz" -T -)
   fi
@@ -180,7 +191,8 @@ case "$cmd" in
           --output_dir="$XFER/corpus"
     fi
     mkdir -p "$WORK"
-    setsid nohup "$0" _run > "$WORK.log" 2>&1 < /dev/null &
+    : > "$WORK.log"  # before the driver: its own redirection may come after the tail below
+    setsid nohup "$0" _run >> "$WORK.log" 2>&1 < /dev/null &
     echo $! > "$WORK.driver.pid"
     echo "driver started: pid $!, log $WORK.log"
     sleep "${SHOW_S:-30}"
@@ -212,10 +224,23 @@ case "$cmd" in
     fi
     config="$config${CONFIG_ARGS:+,$CONFIG_ARGS}"
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+    common=(--config="$config" --config.teacher.path="$XFER/bundle/$GGUF_NAME"
+            --config.report.data_dir="$XFER/bundle/halo_data")
+    if [[ -z "${BRANCH_FLAGS:-}" ]]; then
+      # shellcheck disable=SC2086
+      exec python3 "$PIPELINE" "${common[@]}" --workdir="$WORK" ${HALO_FLAGS:-}
+    fi
     # shellcheck disable=SC2086
-    exec python3 "$PIPELINE" --config="$config" --workdir="$WORK" \
-        --config.teacher.path="$XFER/bundle/$GGUF_NAME" \
-        --config.report.data_dir="$XFER/bundle/halo_data" ${HALO_FLAGS:-}
+    python3 "$PIPELINE" "${common[@]}" --workdir="$WORK" ${HALO_FLAGS:-}
+    branch=$(branch_dir)
+    echo "=== branch: $branch, from $WORK's stages before stage3, with: $BRANCH_FLAGS"
+    rm -rf "$branch" && mkdir -p "$branch"
+    for path in "$WORK"/*; do  # copies, not links: the pipeline rewrites its top-level files
+      case $(basename "$path") in stage3|calibrate|report) ;; *) cp -a "$path" "$branch/" ;; esac
+    done
+    # shellcheck disable=SC2086
+    exec python3 "$PIPELINE" "${common[@]}" --workdir="$branch" \
+        --stages=stage3,calibrate,report ${HALO_FLAGS:-} $BRANCH_FLAGS
     ;;
   wait)
     seconds=${1:?seconds}

@@ -24,6 +24,10 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "halo_h200.sh")
 STAND_IN = """\
 import json, os, sys
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+for stage in ([] if "stages" in args else ["stage2", "stage3"]):
+    os.makedirs(os.path.join(args["workdir"], stage), exist_ok=True)
+    with open(os.path.join(args["workdir"], stage, "done.json"), "w") as f:
+        json.dump({"stage": stage}, f)
 os.makedirs(os.path.join(args["workdir"], "report"), exist_ok=True)
 with open(os.path.join(args["workdir"], "report", "args.json"), "w") as f:
     json.dump(args, f)
@@ -184,6 +188,35 @@ class HaloH200ScriptTest(absltest.TestCase):
         self.assertEqual(self.recorded_args()["config"],
                          f"configs/halo_smollm2.py:h200,corpus={self.env['XFER']}/corpus/"
                          f"tiny-corpus,stage2_len=2048")
+
+    def test_branch_runs_a_second_stage3_from_the_same_stage2(self):
+        packed = self.pack()
+        self.sh("receive", f"{packed}/model.tar.part0", f"{packed}/model.tar.sha256")
+        self.sh("receive", f"{packed}/data.tar.part0", f"{packed}/data.tar.sha256")
+        self.sh("start", env={"HALO_FLAGS": "--config.stage3.optim.learning_rate=1e-4 "
+                                            "--config.report.teacher_report=t.json",
+                              "BRANCH_FLAGS": "--config.stage3.optim.learning_rate=3e-4",
+                              "BRANCH_NAME": "lr3e-4"})
+        main = self.recorded_args()
+        self.assertEqual(main["config.stage3.optim.learning_rate"], "1e-4")
+        self.assertNotIn("stages", main)
+        branch = f"{self.env['WORK']}-lr3e-4"
+        with open(os.path.join(branch, "report", "args.json")) as f:
+            args = json.load(f)
+        # HALO_FLAGS first, BRANCH_FLAGS after: the branch's value is the one the flag keeps.
+        self.assertEqual((args["workdir"], args["stages"], args["config.report.teacher_report"],
+                          args["config.stage3.optim.learning_rate"]),
+                         (branch, "stage3,calibrate,report", "t.json", "3e-4"))
+        self.assertEqual(args["config"], main["config"])
+        # Stage 2 was copied, the main run's Stage 3 and report were not.
+        self.assertTrue(os.path.exists(os.path.join(branch, "stage2", "done.json")))
+        self.assertFalse(os.path.exists(os.path.join(branch, "stage3")))
+        listing = subprocess.run(["tar", "tzf", f"{self.out}/halo_outputs.tgz"],
+                                 capture_output=True, text=True, check=True).stdout.split()
+        self.assertIn("work/report/args.json", listing)
+        self.assertIn("work-lr3e-4/report/args.json", listing)
+        with open(f"{self.out}/halo.log") as f:
+            self.assertIn("=== branch:", f.read())
 
     def test_corrupt_piece_stops_start(self):
         packed = self.pack()
