@@ -24,6 +24,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from lattn_jax import checkpoint as checkpoint_lib  # noqa: E402
 from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax import data  # noqa: E402
 from lattn_jax import sharding  # noqa: E402
 from lattn_jax import train  # noqa: E402
 
@@ -58,7 +59,7 @@ def main(argv):
               f"devices {jax.devices()}")
     try:
         train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
-    except (config_lib.ConfigError, FileNotFoundError, train.NonFiniteError,
+    except (config_lib.ConfigError, FileNotFoundError, data.DataFileError, train.NonFiniteError,
             checkpoint_lib.CheckpointError) as e:  # one line each, no traceback
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:

@@ -40,6 +40,14 @@ class TrainBinaryTest(parameterized.TestCase):
     def test_more_bad_options_give_one_clear_line(self, flag, message):
         self.check_one_clear_line(flag, message)
 
+    @pytest.mark.slow  # ~12 s on 2 cores (a subprocess)
+    def test_binary_data_file_gives_one_clear_line(self):
+        path = os.path.join(self.create_tempdir().full_path, "binary.txt")
+        with open(path, "wb") as f:
+            f.write(bytes(range(256)) * 64)
+        self.check_one_clear_line(f"--config.data.paths=('{path}',)",
+                                  f"error: data.paths: {path} looks binary")
+
     def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
         self.assertNotEqual(result.returncode, 0)
