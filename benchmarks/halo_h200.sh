@@ -31,7 +31,11 @@
 # pipeline has finished, the driver copies its workdir without stage3, calibrate and report to
 # $WORK-$BRANCH_NAME (default "branch") and runs stage3, calibrate and report there with
 # HALO_FLAGS then BRANCH_FLAGS (the later value of a flag wins): two Stage-3 settings from one
-# Stage 2 in one window. Both workdirs' small files come back.
+# Stage 2 in one window. Both workdirs' small files come back. BRANCH_FROM (stage2, stage3,
+# the default, calibrate or report; `start` refuses anything else) is the branch's first
+# stage: the copy leaves out that stage and every later one, and the branch reruns them. So
+# BRANCH_FROM=stage2 BRANCH_FLAGS="--config.hypenet.attention_layers=(3,7,11,15,19,23,27)" is
+# the selection's ablation (evenly spaced attention layers) from the same Stage 1.
 #
 # The machine is released after about 30 s without a call, and the run with it. Four runs were
 # lost between two messages (12-02 stop 42; 12-03; 12-03b, whose wait brought back no files, so
@@ -70,6 +74,17 @@ PLAN_TEACHER_WEIGHT=3
 
 branch_dir() {  # the second Stage 3's workdir (BRANCH_FLAGS); `collect` takes every $WORK-*
   echo "$WORK-${BRANCH_NAME:-branch}"
+}
+
+branch_stages() {  # the stages the branch reruns: BRANCH_FROM (default stage3) to report
+  case ${BRANCH_FROM:-stage3} in
+    stage2) echo stage2,stage3,calibrate,report ;;
+    stage3) echo stage3,calibrate,report ;;
+    calibrate) echo calibrate,report ;;
+    report) echo report ;;
+    *) echo "BRANCH_FROM=${BRANCH_FROM}: must be stage2, stage3, calibrate or report" >&2
+       return 1 ;;
+  esac
 }
 
 collect() {  # the run's small files (no checkpoints, no compilation cache) into $OUT
@@ -174,6 +189,7 @@ case "$cmd" in
     echo "wheels installed in $SITE: export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH}"
     ;;
   start)
+    if [[ -n "${BRANCH_FLAGS:-}" ]]; then branch_stages > /dev/null; fi  # a bad BRANCH_FROM
     if compgen -G "$XFER/data.tar.part*" > /dev/null; then
       unpack_tar data
     fi
@@ -233,14 +249,15 @@ case "$cmd" in
     # shellcheck disable=SC2086
     python3 "$PIPELINE" "${common[@]}" --workdir="$WORK" ${HALO_FLAGS:-}
     branch=$(branch_dir)
-    echo "=== branch: $branch, from $WORK's stages before stage3, with: $BRANCH_FLAGS"
+    stages=$(branch_stages)
+    echo "=== branch: $branch, from $WORK's stages before ${stages%%,*}, with: $BRANCH_FLAGS"
     rm -rf "$branch" && mkdir -p "$branch"
     for path in "$WORK"/*; do  # copies, not links: the pipeline rewrites its top-level files
-      case $(basename "$path") in stage3|calibrate|report) ;; *) cp -a "$path" "$branch/" ;; esac
+      [[ ",$stages," == *",$(basename "$path"),"* ]] || cp -a "$path" "$branch/"
     done
     # shellcheck disable=SC2086
     exec python3 "$PIPELINE" "${common[@]}" --workdir="$branch" \
-        --stages=stage3,calibrate,report ${HALO_FLAGS:-} $BRANCH_FLAGS
+        --stages="$stages" ${HALO_FLAGS:-} $BRANCH_FLAGS
     ;;
   wait)
     seconds=${1:?seconds}

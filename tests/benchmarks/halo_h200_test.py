@@ -24,7 +24,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "halo_h200.sh")
 STAND_IN = """\
 import json, os, sys
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
-for stage in ([] if "stages" in args else ["stage2", "stage3"]):
+for stage in ([] if "stages" in args else ["stage1", "stage2", "stage3"]):
     os.makedirs(os.path.join(args["workdir"], stage), exist_ok=True)
     with open(os.path.join(args["workdir"], stage, "done.json"), "w") as f:
         json.dump({"stage": stage}, f)
@@ -217,6 +217,38 @@ class HaloH200ScriptTest(absltest.TestCase):
         self.assertIn("work-lr3e-4/report/args.json", listing)
         with open(f"{self.out}/halo.log") as f:
             self.assertIn("=== branch:", f.read())
+
+    def test_branch_from_stage2_reruns_stage2_with_the_branch_flags(self):
+        # The selection's ablation: evenly spaced attention layers from the same Stage 1.
+        packed = self.pack()
+        self.sh("receive", f"{packed}/model.tar.part0", f"{packed}/model.tar.sha256")
+        self.sh("receive", f"{packed}/data.tar.part0", f"{packed}/data.tar.sha256")
+        self.sh("start", env={"BRANCH_FROM": "stage2", "BRANCH_NAME": "even",
+                              "BRANCH_FLAGS": "--config.hypenet.attention_layers=(3,7,11)"})
+        self.sh("wait", "60")
+        branch = f"{self.env['WORK']}-even"
+        with open(os.path.join(branch, "report", "args.json")) as f:
+            args = json.load(f)
+        self.assertEqual((args["stages"], args["config.hypenet.attention_layers"]),
+                         ("stage2,stage3,calibrate,report", "(3,7,11)"))
+        self.assertTrue(os.path.exists(os.path.join(branch, "stage1", "done.json")))
+        for stage in ("stage2", "stage3"):  # not copied: the branch reruns them
+            self.assertFalse(os.path.exists(os.path.join(branch, stage)), stage)
+        with open(f"{self.out}/halo.log") as f:
+            self.assertIn("stages before stage2, with: --config.hypenet.attention_layers",
+                          f.read())
+
+    def test_bad_branch_from_stops_start_before_the_driver(self):
+        packed = self.pack()
+        self.sh("receive", f"{packed}/model.tar.part0", f"{packed}/model.tar.sha256")
+        self.sh("receive", f"{packed}/data.tar.part0", f"{packed}/data.tar.sha256")
+        result = subprocess.run(["bash", SCRIPT, "start"], capture_output=True, text=True,
+                                cwd=ROOT, timeout=600,
+                                env=dict(self.env, BRANCH_FROM="stage1", BRANCH_FLAGS="--x=1"))
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("BRANCH_FROM=stage1: must be stage2, stage3, calibrate or report",
+                      result.stderr)
+        self.assertFalse(os.path.exists(f"{self.env['WORK']}.driver.pid"))
 
     def test_corrupt_piece_stops_start(self):
         packed = self.pack()
