@@ -56,7 +56,8 @@ after Stage 2, before the long-context Stage 3, when the caller passes it) gets 
 The teacher does not change from one conversion to the next: with ``teacher_report`` naming
 the ``report.json`` of an earlier run that measured the same teacher under the same options,
 its teacher results are copied (each marked ``reused_from``) instead of measured again
-(:func:`reusable_teacher_results`).
+(:func:`reusable_teacher_results`), except a result lacking a field this code records
+(:data:`REUSE_REQUIRED_FIELDS`: ``position_nll`` of ``perplexity``), which is measured anew.
 
 Calls without segment ids (scoring, the prefills) are the plain causal forward.
 
@@ -727,6 +728,10 @@ def niah_part_scores(answers: Sequence[Sequence[int]], tokenizer,
 # Keys of a model's result that are not tasks or lengths: where a reused result came from.
 RESULT_MARKERS = ("reused_from",)
 
+# Fields that this code writes into a measurement's result: a reused teacher result (from
+# ``teacher_report``) that lacks one was measured by older code and is measured anew.
+REUSE_REQUIRED_FIELDS = {"perplexity": ("position_nll",)}
+
 REUSE_IGNORED_OPTIONS = ("measurements", "stage2_measurements", "teacher_report", "data_dir",
                          "corpus_perplexity_paths")
 
@@ -1024,6 +1029,12 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
         for measurement in dict.fromkeys(options.measurements):
             done = report["results"].setdefault(measurement, {})
             if measurement in reused and "teacher" not in done:
+                missing = [k for k in REUSE_REQUIRED_FIELDS.get(measurement, ())
+                           if k not in reused[measurement]]
+                if missing:
+                    print_fn(f"{measurement} / teacher: not reused from {options.teacher_report}"
+                             f" (it lacks {', '.join(missing)}): measuring it anew")
+                    continue
                 done["teacher"] = reused[measurement]
                 print_fn(f"{measurement} / teacher: reused from {options.teacher_report}")
     decoders: Dict[str, Decoder] = {}
@@ -1247,7 +1258,10 @@ def results_markdown(report: Mapping[str, Any]) -> str:
     tasks or lengths is ``sqrt(sum SE_i^2) / k``). NIAH: ``string_match_all`` per task and
     length, a summary table (the means over the lengths up to ``niah_short_max_len`` and above
     it, per task and over the tasks, and the student/teacher ratio of the short means with a
-    delta-method SE), and a lengths x depths grid per task and model.
+    delta-method SE), and a lengths x depths grid per task and model. Perplexity per position
+    bucket (``position_nll``, :mod:`lattn_jax.eval.perplexity`): one row per bucket, a column
+    per model that has it, and the student/teacher perplexity ratio; no table for reports
+    written before the buckets.
 
     Args:
       report: the dict written by :func:`run_report` (any subset of its measurements; reports
@@ -1345,6 +1359,7 @@ def results_markdown(report: Mapping[str, Any]) -> str:
                 + " are reused from " + "; ".join(sorted({f"`{p}` (updated {u})"
                                                           for _, p, u in reused}))
                 + ", measured under the same options.\n")
+    out += _position_table(ppl, names)
     if niah_tasks:
         out += "\n" + _niah_summary(nh, [n for n in names if n in nh], niah_tasks, short_max)
     for task in niah_tasks:
@@ -1359,6 +1374,32 @@ def results_markdown(report: Mapping[str, Any]) -> str:
                     + " |\n|---:|" + "---:|" * len(r["depths"]) + "\n")
             for length, grid_row in zip(r["lengths"], r["grid"]):
                 out += f"| {length:,} | " + " | ".join(f"{v:.2f}" for v in grid_row) + " |\n"
+    return out
+
+
+def _position_table(ppl: Mapping[str, Any], names: Sequence[str]) -> str:
+    """The perplexity per position bucket (``position_nll``) of the models that have it, and
+    the student/teacher ratio; ``""`` where no model has it (reports before the buckets)."""
+    have = [n for n in names if ppl.get(n, {}).get("position_nll")]
+    if not have:
+        return ""
+    first = ppl[have[0]]
+    buckets = {n: {(b["start"], b["stop"]): b for b in ppl[n]["position_nll"]} for n in have}
+
+    def get(n, key):
+        return (buckets.get(n, {}).get(key) or {}).get("perplexity")
+
+    out = (f"\nPerplexity by position in the window ({first.get('file', '')}, window "
+           f"{first.get('window', '')}): exp(mean token NLL) of the tokens at 0-based positions "
+           "[start, stop) of their scoring window.\n\n| positions | tokens | "
+           + " | ".join(f"{n} ppl" for n in have) + " | student / teacher |\n|---|---:|"
+           + "---:|" * (len(have) + 1) + "\n")
+    for b in first["position_nll"]:
+        key = (b["start"], b["stop"])
+        t, s = get("teacher", key), get("student", key)
+        ratio = _fmt(s / t, 3) if t and s is not None else "–"
+        out += (f"| [{b['start']:,}, {b['stop']:,}) | {b['tokens']:,} | "
+                + " | ".join(_fmt(get(n, key), 3) for n in have) + f" | {ratio} |\n")
     return out
 
 

@@ -143,6 +143,84 @@ class PerplexityTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "empty document"):
             perplexity.evaluate_tokens(scorer, [[3], []], 0, max_len=8, stride=8)
 
+    def test_position_buckets_against_a_hand_computation(self):
+        model, logp = bigram(seed=4)
+        scorer = scoring.Scorer(model, max_len=8, batch_size=3, bucket=4)
+        rng = np.random.default_rng(7)
+        docs = [rng.integers(1, 257, size=n).tolist() for n in (5, 19, 1, 8, 26)]
+        edges = (0, 1, 3, 8)
+        for stride in (8, 3):
+            out = perplexity.evaluate_tokens(scorer, docs, 0, max_len=8, stride=stride,
+                                             position_buckets=edges)
+            # By hand: document token i (0-based) is predicted from token i - 1 (the bigram),
+            # at window position i for i < 8, else i - (end - 8) where ``end`` is the end of
+            # the first window past i (windows end at 8, 8 + stride, ... and at the document).
+            nll_sum, count = np.zeros(3), np.zeros(3, int)
+            for d in docs:
+                for i, (a, b) in enumerate(zip([0] + d[:-1], d)):
+                    end = min(8 + -(-(i + 1 - 8) // stride) * stride, len(d))
+                    pos = i if i < 8 else i - (end - 8)
+                    k = np.searchsorted(edges, pos, side="right") - 1
+                    nll_sum[k] -= logp[a, b]
+                    count[k] += 1
+            got = out["position_nll"]
+            self.assertEqual([(b["start"], b["stop"]) for b in got], [(0, 1), (1, 3), (3, 8)])
+            self.assertEqual([b["tokens"] for b in got], count.tolist())
+            self.assertEqual(sum(b["tokens"] for b in got), out["tokens"])
+            for b, s, n in zip(got, nll_sum, count):
+                self.assertAlmostEqual(b["mean_nll"], s / n, places=4)
+                self.assertAlmostEqual(b["perplexity"], math.exp(s / n), places=3)
+            weighted = sum(b["mean_nll"] * b["tokens"] for b in got) / out["tokens"]
+            self.assertAlmostEqual(weighted, out["nll_per_token"], places=9)
+            self.assertAlmostEqual(weighted, math.log(out["token_perplexity"]), places=9)
+
+    def test_position_buckets_follow_a_position_dependent_loss(self):
+
+        class PositionScorer:  # log p = -(1 + t / 10) + noise at window position t
+            batch_size, bucket = 2, 8
+
+            def token_logprobs(self, inputs, targets):
+                t = np.arange(inputs.shape[1])
+                noise = np.random.default_rng(int(inputs.sum())).uniform(-0.01, 0.01,
+                                                                         inputs.shape)
+                return (-(1 + t / 10) + noise).astype(np.float32), None
+
+        tok = tok_lib.ByteTokenizer()
+        rng = np.random.default_rng(1)
+        texts = ["".join(rng.choice(list("abc d"), size=n)) for n in (100, 64, 33, 7)]
+        out = perplexity.evaluate(PositionScorer(), tok, texts, max_len=64, stride=64)
+        got = out["position_nll"]
+        self.assertEqual([(b["start"], b["stop"]) for b in got],
+                         [(0, 2), (2, 8), (8, 16), (16, 32), (32, 64)])  # the default
+        # Documents of 100, 64, 33 and 7 tokens; the 100's second window reads tokens 36..99
+        # and scores 64..99 at positions 28..63: [0, 2) has 2 + 2 + 2 + 2 tokens and
+        # [32, 64) has (32 + 32) + 32 + 1.
+        self.assertEqual([b["tokens"] for b in got], [8, 23, 24, 52, 97])
+        self.assertEqual(sum(b["tokens"] for b in got), out["tokens"])
+        means = [b["mean_nll"] for b in got]
+        self.assertEqual(means, sorted(means))
+        expected = {}  # tokens per position: i < 64 at i, later ones at the window's end
+        for x in texts:
+            for i in range(len(x)):
+                t = i if i < 64 else i - (len(x) - 64)
+                expected[t] = expected.get(t, 0) + 1
+        for b in got:  # the mean of 1 + t / 10 over the bucket's tokens, within the noise
+            n = sum(expected.get(t, 0) for t in range(b["start"], b["stop"]))
+            mean = sum((1 + t / 10) * expected.get(t, 0) for t in range(b["start"], b["stop"]))
+            self.assertAlmostEqual(b["mean_nll"], mean / n, delta=0.01)
+        self.assertAlmostEqual(sum(b["mean_nll"] * b["tokens"] for b in got) / out["tokens"],
+                               math.log(out["token_perplexity"]), places=9)
+
+    def test_position_buckets_are_checked(self):
+        self.assertEqual(perplexity.default_position_buckets(2048),
+                         (0, 64, 256, 512, 1024, 2048))
+        self.assertEqual(perplexity.check_position_buckets(None, 8), (0, 1, 2, 4, 8))
+        scorer = scoring.Scorer(bigram()[0], max_len=8, batch_size=2, bucket=4)
+        for bad in ((0, 4), (1, 8), (0, 4, 4, 8), (0, 2.5, 8), (8,), (0, 9)):
+            with self.assertRaisesRegex(ValueError, "position_buckets"):
+                perplexity.evaluate_tokens(scorer, [[3, 4]], 0, max_len=8, stride=8,
+                                           position_buckets=bad)
+
 
 if __name__ == "__main__":
     absltest.main()

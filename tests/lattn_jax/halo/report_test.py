@@ -259,6 +259,38 @@ class TeacherReuseTest(absltest.TestCase):
                                   models=named, tokenizer=tok_lib.ByteTokenizer(),
                                   meta=dict(meta, teacher_id="tiny sha256:2"), **QUIET)
 
+    def test_a_reused_teacher_result_without_position_nll_is_measured_anew(self):
+        # Reports before the position buckets: their teacher perplexity lacks position_nll.
+        models = tiny_models(vocab_size=257)
+        named = {"teacher": (models["teacher"], "t"), "student": (models["student"], "s")}
+        options = halo_smollm2.get_config("tiny").report
+        options.update(measurements=("perplexity",), perplexity_max_docs=1)
+        meta = {"teacher": "random /a/b/tiny.gguf: 2 layers", "teacher_id": "tiny sha256:1"}
+        first = self.create_tempdir().full_path
+        rep1 = report_lib.run_report(options=options, stage_dir=first, models=named,
+                                     tokenizer=tok_lib.ByteTokenizer(), meta=meta, **QUIET)
+        source = os.path.join(first, report_lib.REPORT_JSON)
+        old = report_lib.read_json(source)
+        del old["results"]["perplexity"]["teacher"]["position_nll"]
+        report_lib._write_json(source, old)
+        again = options.copy_and_resolve_references()
+        again.teacher_report = source
+        lines = []
+        rep2 = report_lib.run_report(options=again, stage_dir=self.create_tempdir().full_path,
+                                     models=named, tokenizer=tok_lib.ByteTokenizer(),
+                                     meta=meta, print_fn=lines.append)
+        self.assertTrue(rep2["complete"])
+        self.assertIn(f"perplexity / teacher: not reused from {source} (it lacks "
+                      "position_nll): measuring it anew", lines)
+        t1 = rep1["results"]["perplexity"]["teacher"]
+        t2 = rep2["results"]["perplexity"]["teacher"]
+        self.assertNotIn("reused_from", t2)
+        self.assertIn("perplexity/teacher", rep2["seconds"])  # measured
+        self.assertEqual(t2["position_nll"], t1["position_nll"])
+        self.assertAlmostEqual(t2["token_perplexity"], t1["token_perplexity"], places=9)
+        self.assertIn("Perplexity by position in the window",
+                      report_lib.results_markdown(rep2))
+
     def test_the_committed_h200_report_is_reusable_by_the_h200_config(self):
         # The next issue-27 run reuses the teacher of the 2026-12-02 run: same options (the
         # data's machine paths aside) and the same GGUF (the report predates teacher_id).
@@ -623,6 +655,49 @@ class StandardErrorTest(absltest.TestCase):
 
 
 class MarkdownTest(absltest.TestCase):
+
+    def test_position_table(self):
+        def ppl(means, tokens=(60, 30, 10)):
+            buckets = [{"start": a, "stop": b, "tokens": n, "mean_nll": m,
+                        "perplexity": None if m is None else math.exp(m)}
+                       for (a, b), n, m in zip(((0, 64), (64, 1024), (1024, 2048)), tokens,
+                                               means)]
+            return {"token_perplexity": 20.0, "word_perplexity": 40.0, "bits_per_byte": 0.9,
+                    "file": "wiki.test.raw", "window": 2048, "position_nll": buckets}
+
+        report = {"results": {"perplexity": {
+            "teacher": ppl([3.0, 2.5, math.log(20.0)]),
+            "student": ppl([3.1, 2.5 + math.log(1.5), math.log(30.0)]),
+            "student_stage2": ppl([3.2, 2.7, None], tokens=(60, 30, 0))}}}
+        md = report_lib.results_markdown(report)
+        table = md[md.index("\nPerplexity by position"):]
+        self.assertEqual(table.splitlines()[2:], [
+            "",
+            "| positions | tokens | teacher ppl | student ppl | student_stage2 ppl "
+            "| student / teacher |",
+            "|---|---:|---:|---:|---:|---:|",
+            f"| [0, 64) | 60 | 20.086 | 22.198 | 24.533 | {math.exp(0.1):.3f} |",
+            "| [64, 1,024) | 30 | 12.182 | 18.274 | 14.880 | 1.500 |",
+            "| [1,024, 2,048) | 10 | 20.000 | 30.000 | – | 1.500 |"])
+        # A teacher reused from a report before the buckets: its column is left out.
+        del report["results"]["perplexity"]["teacher"]["position_nll"]
+        md = report_lib.results_markdown(report)
+        self.assertIn("| positions | tokens | student ppl | student_stage2 ppl "
+                      "| student / teacher |", md)
+        self.assertIn("| [64, 1,024) | 30 | 18.274 | 14.880 | – |", md)
+
+    def test_committed_reports_render_without_the_position_table(self):
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+        results = os.path.join(root, "benchmarks", "results")
+        workdirs = sorted(d for d in os.listdir(results)
+                          if os.path.exists(os.path.join(results, d, "report", "report.json")))
+        self.assertNotEmpty(workdirs)
+        for d in workdirs:
+            page = report_lib.render_markdown(os.path.join(results, d))
+            self.assertIn("## Teacher versus converted student", page)
+            self.assertIn("token_perplexity", page)
+            self.assertNotIn("Perplexity by position", page)
 
     def test_stage3_row_names_the_teacher_kl(self):
         # With stage3.kl_weight > 0 the logged Stage-3 loss is CE + w x KL: the page says so.
