@@ -1745,6 +1745,13 @@ def render_markdown(workdir: str, *, title: Optional[str] = None) -> str:
               "the logged windows of `metrics.jsonl`.", ""]
     lines += throughput_rows(workdir)
     lines += ["", "## Layer selection", ""]
+    override = (config.get("hypenet") or {}).get("attention_layers")
+    if sel and override is not None and list(override) != list(sel["attention_layers"]):
+        # A run from a copied workdir (halo_h200.sh BRANCH_FROM=stage2, the selection's
+        # ablation) trains other layers than the selection it carries: say which.
+        lines += [f"**This run's student does not use the selection below:** "
+                  f"`config.hypenet.attention_layers` = {list(override)} overrides the "
+                  f"selected {list(sel['attention_layers'])}.", ""]
     if sel:
         lines += selection_lines(sel)
     else:

@@ -715,6 +715,28 @@ class MarkdownTest(absltest.TestCase):
                 json.dump({"stage3": dict(stage3, **kl)}, f)
             self.assertIn(want, report_lib.render_markdown(workdir))
 
+    def test_selection_section_names_an_attention_layers_override(self):
+        # The selection's ablation (halo_h200.sh BRANCH_FROM=stage2) carries the selection but
+        # trains the layers of config.hypenet.attention_layers: the page must not pass them off
+        # as the selection's.
+        workdir = self.create_tempdir().full_path
+        os.makedirs(os.path.join(workdir, "select"))
+        sel = {"attention_layers": [2, 5], "csr": [0.3] * 6, "recall": [0.5] * 6,
+               "scores": [1.0, 2.0, 9.0, 0.5, 0.1, 8.0]}
+        with open(os.path.join(workdir, "select", "selection.json"), "w") as f:
+            json.dump(sel, f)
+        notice = "**This run's student does not use the selection below:**"
+        for layers, shown in (([1, 3], True), ([2, 5], False), (None, False)):
+            with open(os.path.join(workdir, "config.json"), "w") as f:
+                json.dump({"hypenet": {"attention_layers": layers}}, f)
+            page = report_lib.render_markdown(workdir)
+            self.assertEqual(notice in page, shown, layers)
+            self.assertIn("Kept as softmax attention (NoPE + gate in the student): **[2, 5]**",
+                          page)
+            if shown:
+                self.assertIn("`config.hypenet.attention_layers` = [1, 3] overrides the "
+                              "selected [2, 5]", page)
+
     def test_page_from_hand_made_json(self):
         workdir = self.create_tempdir().full_path
 
