@@ -48,11 +48,9 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     # Bad options and missing files end the run with one line naming them, without a traceback.
     try:
-        config = config_lib.experiment_from_config_dict(_CONFIG.value)
+        config = config_lib.experiment_from_config_dict(config_lib.config_flag_value(_CONFIG))
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    except OSError as e:  # ml_collections: the --config file itself could not be loaded
-        sys.exit(f"error: cannot load --config: {str(e).strip().splitlines()[-1].strip()}")
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     if jax.process_index() == 0:
         print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "

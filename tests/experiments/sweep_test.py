@@ -158,6 +158,31 @@ class SweepBinaryTest(absltest.TestCase):
         self.assertIn(f"{REF}: argument opt: 'adamw' -> 'muon'; override data.batch_size: None "
                       f"-> 2", out.stderr)
 
+    def test_config_file_and_field_errors_are_one_readable_line(self):
+        cases = [([f"--config={os.path.join(self.root, 'nope.py')}"],
+                  "error: cannot load --config: [Errno 2] No such file or directory: "
+                  f"'{os.path.join(self.root, 'nope.py')}'"),
+                 (["--config.train_confg=x"],  # was '\\'train_confg\\'\\nDid you mean ...'
+                  "error: unknown config option 'train_confg'. Did you mean \"train_config\" "
+                  "instead of \"train_confg\"?"),
+                 (["--config=configs/sweeps/table2_small.py:bad_arg=1"],
+                  "error: flag --config=configs/sweeps/table2_small.py: unknown config argument "
+                  "'bad_arg'; known: corpus, adamw_lr, muon_lr, seeds, tiny"),
+                 (["--config=configs/sweeps/lr_scan_small.py:corpus"],
+                  "error: flag --config=configs/sweeps/lr_scan_small.py: config argument "
+                  "'corpus' needs a value: corpus=... (the default is None)")]
+        running = []
+        for flags_, want in cases:
+            cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                   f"--config={self.config}", f"--root={self.root}", *flags_]
+            running.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True, cwd=ROOT), want))
+        for proc, want in running:
+            _, err = proc.communicate(timeout=300)
+            self.assertEqual(proc.returncode, 1, err)
+            self.assertEqual(err.strip().splitlines(), [want])
+        self.assertFalse(os.path.exists(self.root))
+
     def test_missing_corpus_is_one_error_before_any_run(self):
         missing = os.path.join(self.root, "no_corpus")
         with open(self.config, "w") as f:
