@@ -1157,3 +1157,4 @@ def config_flag_value(holder, flag: str = "--config"):
         getattr(value, "keys", None)  # a file that failed to load raises on first attribute use
     except OSError as e:
         sys.exit(f"error: cannot load {flag}: {str(e).strip().splitlines()[-1].strip()}")
+    return value
