@@ -33,7 +33,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
 _STEP = flags.DEFINE_integer(
     "step", None, "Resume from this checkpoint step instead of the newest (the newer ones are "
-    "renamed <step>.after-step-<N>-<time> in <workdir>/checkpoints, not deleted).")
+    "renamed <step>.after-step-<N>-<time> in <workdir>/checkpoints, not deleted).",
+    lower_bound=0)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Multi-process: host:port of process 0. Unset: detected from "
     "the cluster environment (SLURM, Open MPI, TPU pod) or single-process.")
