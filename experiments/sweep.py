@@ -119,11 +119,13 @@ def main(argv):
     if not os.path.isfile(config_path):
         sys.exit(f"error: train_config: no such file: {config_path}")
     extra = _overrides()
-    os.makedirs(root, exist_ok=True)
     try:  # the report's options (references, claims, scan) are checked before anything runs
-        paths = sweep_report.write(sweep_report.build(config, root))
+        sweep.check_root(root, config)  # another sweep's root: refused, nothing touched
+        report = sweep_report.build(config, root)
     except sweep.SweepConfigError as e:
         sys.exit(f"error: {e}")
+    os.makedirs(root, exist_ok=True)
+    paths = sweep_report.write(report)
     if _DRY_RUN.value or _REPORT_ONLY.value:
         if _DRY_RUN.value:
             for run in runs:

@@ -183,6 +183,30 @@ class SweepBinaryTest(absltest.TestCase):
             self.assertEqual(err.strip().splitlines(), [want])
         self.assertFalse(os.path.exists(self.root))
 
+    def test_another_sweeps_root_is_refused_and_left_alone(self):
+        def run(config, *flags_):
+            cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                   f"--config={config}", f"--root={self.root}", *flags_]
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+        out = run(self.config, "--report_only")  # sweep "entry" records itself in the root
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(os.path.join(self.root, "results.json")) as f:
+            before = f.read()
+        for flags_ in (["--report_only"], ["--dry_run"], []):
+            out = run("configs/sweeps/table7_small.py:tiny", *flags_)
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertEqual(out.stderr.strip().splitlines(), [
+                f"error: --root {self.root} holds the results of sweep 'entry', not "
+                f"'table7_small_tiny' (its results.json); use another --root for "
+                f"'table7_small_tiny'"])
+        with open(os.path.join(self.root, "results.json")) as f:
+            self.assertEqual(f.read(), before)  # the report was not overwritten
+        self.assertEqual(sorted(os.listdir(self.root)),
+                         ["results.csv", "results.json", "results.md"])  # nothing launched
+        out = run(self.config, "--dry_run", "--retry_failed")  # the same sweep again: fine
+        self.assertEqual(out.returncode, 0, out.stderr)
+
     def test_missing_corpus_is_one_error_before_any_run(self):
         missing = os.path.join(self.root, "no_corpus")
         with open(self.config, "w") as f:
