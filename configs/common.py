@@ -25,11 +25,12 @@ def parse_arg(arg, **defaults):
     """Parses ``"a=1,b=x,flag"`` into a ConfigDict, starting from ``defaults``.
 
     Values are read as Python literals when possible (``1``, ``0.5``, ``True``), else kept as
-    strings; a bare name sets that flag to ``True``.
+    strings; a bare name sets that flag (a ``bool`` default) to ``True``.
 
     Raises:
-      ConfigArgError (a ValueError): for a key that is not in ``defaults``, or a value whose
-        type does not match the default's (``stage2_len=abc``), naming the argument.
+      ConfigArgError (a ValueError): for a key that is not in ``defaults``, a value whose
+        type does not match the default's (``stage2_len=abc``), or a bare name whose default is
+        not a ``bool`` (``corpus`` for ``corpus=<dir>``: it needs a value), naming the argument.
     """
     out = ml_collections.ConfigDict(defaults)
     if not arg:
@@ -41,6 +42,9 @@ def parse_arg(arg, **defaults):
             raise ConfigArgError(
                 f"unknown config argument {key!r}; known: {', '.join(defaults)}")
         if not sep:
+            if not isinstance(defaults[key], bool):  # ``corpus`` for ``corpus=<dir>``
+                raise ConfigArgError(f"config argument {key!r} needs a value: {key}=... (the "
+                                     f"default is {defaults[key]!r})")
             out[key] = True
             continue
         try:

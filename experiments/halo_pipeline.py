@@ -75,6 +75,7 @@ def main(argv):
     if unknown:
         sys.exit(f"error: unknown stage(s) {unknown}; choose from {experiment.STAGES}")
     stages = [s for s in experiment.STAGES if s in _STAGES.value]
+    config = config_lib.config_flag_value(_CONFIG)  # a missing file: one line, before any file
     workdir = _WORKDIR.value
     os.makedirs(workdir, exist_ok=True)
     cache = os.path.join(workdir, "jax_cache") if _CACHE.value is None else _CACHE.value
@@ -86,8 +87,8 @@ def main(argv):
          f"{_DEADLINE.value} s")
     times, status = {}, "complete"
     try:
-        experiment.check_eval_data(_CONFIG.value, workdir, stages)  # before hours of training
-        experiment.check_options(_CONFIG.value, workdir, stages)
+        experiment.check_eval_data(config, workdir, stages)  # before hours of training
+        experiment.check_options(config, workdir, stages)
         for stage in stages:
             if experiment.is_done(workdir, stage):
                 times[stage] = "done before"
@@ -99,7 +100,7 @@ def main(argv):
                 break
             _log(f"=== {stage}: start at {time.time() - t_start:.1f} s")
             t0 = time.perf_counter()
-            out = experiment.run(_CONFIG.value, workdir, stage, print_fn=_log,
+            out = experiment.run(config, workdir, stage, print_fn=_log,
                                  deadline=deadline)
             times[stage] = round(time.perf_counter() - t0, 1)
             _log(f"=== {stage}: {times[stage]} s ({'complete' if out['complete'] else 'stopped'}"

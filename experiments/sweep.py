@@ -48,6 +48,7 @@ sys.path.insert(0, _ROOT)
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax import sweep  # noqa: E402
 from lattn_jax import sweep_report  # noqa: E402
 
@@ -97,19 +98,19 @@ def _overrides():
 
 
 def parse_flags(argv):
-    """Parses flags; a bad sweep config or argument string ends with its one-line message
-    (config_flags embeds the config's traceback in the error; its last line says what)."""
-    try:
-        return flags.FLAGS(argv)
-    except Exception as e:  # noqa: BLE001 - all of these are user input errors
-        lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-        sys.exit(f"error: {lines[-1] if lines else type(e).__name__}")
+    """Parses flags; a bad sweep config, argument string or ``--config.<field>`` ends with one
+    readable line (:func:`lattn_jax.config.parse_flags`, shared with ``train.py``).
+
+    Raises:
+      SystemExit: on any flag or config error.
+    """
+    return config_lib.parse_flags(argv)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config, root = _CONFIG.value, _ROOT_DIR.value
+    config, root = config_lib.config_flag_value(_CONFIG), _ROOT_DIR.value
     try:
         runs = sweep.select(sweep.expand(config), _ONLY.value)
     except sweep.SweepConfigError as e:
@@ -118,11 +119,13 @@ def main(argv):
     if not os.path.isfile(config_path):
         sys.exit(f"error: train_config: no such file: {config_path}")
     extra = _overrides()
-    os.makedirs(root, exist_ok=True)
     try:  # the report's options (references, claims, scan) are checked before anything runs
-        paths = sweep_report.write(sweep_report.build(config, root))
+        sweep.check_root(root, config)  # another sweep's root: refused, nothing touched
+        report = sweep_report.build(config, root)
     except sweep.SweepConfigError as e:
         sys.exit(f"error: {e}")
+    os.makedirs(root, exist_ok=True)
+    paths = sweep_report.write(report)
     if _DRY_RUN.value or _REPORT_ONLY.value:
         if _DRY_RUN.value:
             for run in runs:

@@ -33,7 +33,8 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config fil
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints and metrics.")
 _STEP = flags.DEFINE_integer(
     "step", None, "Resume from this checkpoint step instead of the newest (the newer ones are "
-    "renamed <step>.after-step-<N>-<time> in <workdir>/checkpoints, not deleted).")
+    "renamed <step>.after-step-<N>-<time> in <workdir>/checkpoints, not deleted).",
+    lower_bound=0)
 _COORDINATOR = flags.DEFINE_string(
     "coordinator_address", None, "Multi-process: host:port of process 0. Unset: detected from "
     "the cluster environment (SLURM, Open MPI, TPU pod) or single-process.")
@@ -48,11 +49,9 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     # Bad options and missing files end the run with one line naming them, without a traceback.
     try:
-        config = config_lib.experiment_from_config_dict(_CONFIG.value)
+        config = config_lib.experiment_from_config_dict(config_lib.config_flag_value(_CONFIG))
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
-    except OSError as e:  # ml_collections: the --config file itself could not be loaded
-        sys.exit(f"error: cannot load --config: {str(e).strip().splitlines()[-1].strip()}")
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     if jax.process_index() == 0:
         print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "

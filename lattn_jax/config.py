@@ -10,6 +10,7 @@ dotted path (for example ``model.attention.num_heads``).
 """
 
 import dataclasses
+import re
 import sys
 import typing
 from typing import Any, Mapping, Optional, Tuple
@@ -1124,4 +1125,36 @@ def describe_flag_error(error, argv=()) -> str:
     if "Traceback (most recent call last)" in text:  # config_flags embeds the config's traceback
         head = text.split(":", 1)[0]
         text = f"{head}: {text.strip().splitlines()[-1]}"
+    # The traceback's last line starts with the exception's class ("configs.common.ConfigArgError:
+    # unknown config argument ..."): the user sees what was wrong, not the class.
+    text = _EXCEPTION_PREFIX.sub("", text)
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+# "flag --config=x.py: pkg.mod.SomeError: message" -> "flag --config=x.py: message".
+_EXCEPTION_PREFIX = re.compile(r"(?:(?<=: )|^)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
+
+
+def config_flag_value(holder, flag: str = "--config"):
+    """The value of a ``config_flags.DEFINE_config_file`` flag, or one error line and exit.
+
+    When ml_collections cannot load the config file (no such file, a directory, unreadable), the
+    flag's value raises an ``OSError`` with a ~35-line report on its first use; binaries read the
+    value through this, before they create any file, so that a missing file is one line.
+
+    Args:
+      holder: the ``FlagHolder`` that ``DEFINE_config_file`` returned.
+      flag: the option's name, as the message shows it.
+
+    Returns:
+      The loaded ``ConfigDict``.
+
+    Raises:
+      SystemExit: ``error: cannot load --config: [Errno 2] No such file or directory: '<path>'``.
+    """
+    try:
+        value = holder.value
+        getattr(value, "keys", None)  # a file that failed to load raises on first attribute use
+    except OSError as e:
+        sys.exit(f"error: cannot load {flag}: {str(e).strip().splitlines()[-1].strip()}")
+    return value

@@ -808,6 +808,33 @@ def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) ->
     return out
 
 
+def check_root(root: str, config: Mapping[str, Any]) -> None:
+    """Refuses a ``root`` that already holds another sweep (the name its results record).
+
+    Two sweeps in one root overwrite each other's results pages and mix their groups in one
+    ranking (the report lists every run under the root); ``train.py`` refuses the analogous
+    workdir of another run. The same sweep again (to resume, ``--retry_failed``) passes.
+
+    Args:
+      root: the sweep directory (need not exist).
+      config: the sweep config about to run; its ``name`` (default: the root's base name, as
+        :func:`lattn_jax.sweep_report.build` uses) is compared with ``<root>/results.json``.
+
+    Raises:
+      SweepConfigError: naming both sweeps and the root.
+    """
+    try:
+        with open(os.path.join(root, "results.json")) as f:
+            recorded = json.load(f).get("sweep")
+    except (OSError, ValueError, AttributeError):
+        return
+    name = config.get("name", os.path.basename(os.path.abspath(root)))
+    if recorded is not None and recorded != name:
+        raise SweepConfigError(
+            f"--root {root} holds the results of sweep {recorded!r}, not {name!r} (its "
+            f"results.json); use another --root for {name!r}")
+
+
 def missing_local_paths(runs: Sequence[Run], local_args: Sequence[str] = ()) -> List[str]:
     """The machine-local path arguments of ``runs`` that do not exist on this machine.
 

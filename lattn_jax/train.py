@@ -625,12 +625,21 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing, or
         there is no checkpoint at ``step``.
       CheckpointError: no checkpoint can be read, or the one at ``step`` cannot.
-      ValueError: invalid or inconsistent options, named by their dotted path.
+      ValueError: invalid or inconsistent options, named by their dotted path (a negative
+        ``step`` too). ``step`` is checked before ``workdir`` is created or written to.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
+    if step is not None:  # refused before anything is written (a fresh workdir stays absent)
+        if step < 0:
+            raise config_lib.ConfigError(f"--step={step}: a checkpoint step is >= 0")
+        steps = checkpoint_lib.saved_steps(workdir)
+        if step not in steps:
+            raise FileNotFoundError(
+                f"no checkpoint for step {step} in {os.path.join(workdir, 'checkpoints')} "
+                f"(steps: {', '.join(map(str, steps)) or 'none'})")
     os.makedirs(workdir, exist_ok=True)
     if jax.process_index() != 0:
         return _train_and_evaluate(config, workdir, _silent, step)

@@ -179,8 +179,9 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
                             for p in held_out if not os.path.exists(p)]
     if missing:
         raise FileNotFoundError(
-            "evaluation data missing (nothing was scored; set --data_dir to a directory laid out "
-            "as shared/data, e.g. written by experiments/fetch_eval_data.py):\n  "
+            f"evaluation data missing under --data_dir={options.data_dir} (nothing was scored; "
+            f"set --data_dir to a directory with eval/, niah/ and lm/, as "
+            f"experiments/fetch_eval_data.py writes it):\n  "
             + "\n  ".join(missing))
 
 

@@ -228,6 +228,17 @@ class PresetTest(parameterized.TestCase):
         with self.assertRaisesRegex(common.ConfigArgError, r"unknown config argument 'hosst'"):
             _load("table7", "hosst=gdn")
 
+    def test_argument_without_value_says_it_needs_one(self):
+        from configs import common
+        # Was ml_collections' bool-cast TypeError (a bare name set the str field to True).
+        with self.assertRaisesRegex(common.ConfigArgError,
+                                    r"config argument 'pattern' needs a value: pattern=\.\.\."):
+            _load("default", "pattern")
+        # A None default (corpus=<dir>) too: it was read as corpus=True, "no such file True".
+        with self.assertRaisesRegex(common.ConfigArgError, r"'corpus' needs a value"):
+            common.parse_arg("corpus", corpus=None, tiny=False)
+        self.assertTrue(common.parse_arg("tiny", corpus=None, tiny=False).tiny)  # a bool flag
+
     def test_mistyped_value_is_named(self):
         from configs import common, halo_smollm2
         # Was ml_collections' TypeError; a string where the default is a number.

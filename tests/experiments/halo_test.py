@@ -84,6 +84,18 @@ class BadConfigTest(absltest.TestCase):
             self.assertLen(lines, 1, (binary, err))
             self.assertTrue(lines[0].startswith("error: "), (binary, lines[0]))
             self.assertIn(cases[binary][1], lines[0])
+            self.assertNotIn("Error:", lines[0])  # not "configs.common.ConfigArgError: ..."
+
+    def test_missing_config_file_is_one_line_and_writes_nothing(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/nope.py", f"--workdir={workdir}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         ["error: cannot load --config: [Errno 2] No such file or directory: "
+                          "'configs/nope.py'"])
+        self.assertFalse(os.path.exists(workdir))  # was made, with a pipeline.jsonl record
 
 
 class OptionsCheckTest(absltest.TestCase):

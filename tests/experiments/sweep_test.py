@@ -158,6 +158,55 @@ class SweepBinaryTest(absltest.TestCase):
         self.assertIn(f"{REF}: argument opt: 'adamw' -> 'muon'; override data.batch_size: None "
                       f"-> 2", out.stderr)
 
+    def test_config_file_and_field_errors_are_one_readable_line(self):
+        cases = [([f"--config={os.path.join(self.root, 'nope.py')}"],
+                  "error: cannot load --config: [Errno 2] No such file or directory: "
+                  f"'{os.path.join(self.root, 'nope.py')}'"),
+                 (["--config.train_confg=x"],  # was '\\'train_confg\\'\\nDid you mean ...'
+                  "error: unknown config option 'train_confg'. Did you mean \"train_config\" "
+                  "instead of \"train_confg\"?"),
+                 (["--config=configs/sweeps/table2_small.py:bad_arg=1"],
+                  "error: flag --config=configs/sweeps/table2_small.py: unknown config argument "
+                  "'bad_arg'; known: corpus, adamw_lr, muon_lr, seeds, tiny"),
+                 (["--config=configs/sweeps/lr_scan_small.py:corpus"],
+                  "error: flag --config=configs/sweeps/lr_scan_small.py: config argument "
+                  "'corpus' needs a value: corpus=... (the default is None)")]
+        running = []
+        for flags_, want in cases:
+            cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                   f"--config={self.config}", f"--root={self.root}", *flags_]
+            running.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True, cwd=ROOT), want))
+        for proc, want in running:
+            _, err = proc.communicate(timeout=300)
+            self.assertEqual(proc.returncode, 1, err)
+            self.assertEqual(err.strip().splitlines(), [want])
+        self.assertFalse(os.path.exists(self.root))
+
+    def test_another_sweeps_root_is_refused_and_left_alone(self):
+        def run(config, *flags_):
+            cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                   f"--config={config}", f"--root={self.root}", *flags_]
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+        out = run(self.config, "--report_only")  # sweep "entry" records itself in the root
+        self.assertEqual(out.returncode, 0, out.stderr)
+        with open(os.path.join(self.root, "results.json")) as f:
+            before = f.read()
+        for flags_ in (["--report_only"], ["--dry_run"], []):
+            out = run("configs/sweeps/table7_small.py:tiny", *flags_)
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertEqual(out.stderr.strip().splitlines(), [
+                f"error: --root {self.root} holds the results of sweep 'entry', not "
+                f"'table7_small_tiny' (its results.json); use another --root for "
+                f"'table7_small_tiny'"])
+        with open(os.path.join(self.root, "results.json")) as f:
+            self.assertEqual(f.read(), before)  # the report was not overwritten
+        self.assertEqual(sorted(os.listdir(self.root)),
+                         ["results.csv", "results.json", "results.md"])  # nothing launched
+        out = run(self.config, "--dry_run", "--retry_failed")  # the same sweep again: fine
+        self.assertEqual(out.returncode, 0, out.stderr)
+
     def test_missing_corpus_is_one_error_before_any_run(self):
         missing = os.path.join(self.root, "no_corpus")
         with open(self.config, "w") as f:

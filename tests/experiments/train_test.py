@@ -48,6 +48,18 @@ class TrainBinaryTest(parameterized.TestCase):
         self.check_one_clear_line(f"--config.data.paths=('{path}',)",
                                   f"error: data.paths: {path} looks binary")
 
+    @parameterized.named_parameters(
+        ("absent", "--step=5", "error: no checkpoint for step 5 in {}/checkpoints (steps: none)"),
+        ("negative", "--step=-5", "error: flag --step=-5: -5 is not a non-negative integer"),
+    )
+    def test_bad_step_on_a_fresh_workdir_is_one_line_and_writes_nothing(self, flag, message):
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        result = run_train("--workdir=" + workdir, flag)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        # No orbax "cannot schedule new futures" traceback after it, no files left behind.
+        self.assertEqual(result.stderr.strip().splitlines(), [message.format(workdir)])
+        self.assertFalse(os.path.exists(workdir))
+
     def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
         self.assertNotEqual(result.returncode, 0)

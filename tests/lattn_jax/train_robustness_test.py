@@ -75,6 +75,22 @@ class CheckpointerTest(absltest.TestCase):
             time.sleep(0.1)
         self.assertFalse(os.path.exists(partial))
 
+    def test_close_waits_for_the_start_up_cleanup(self):
+        # orbax's close() did not wait for it: a run refused right after opening exited with the
+        # cleanup thread running ("cannot schedule new futures after interpreter shutdown").
+        partial = os.path.join(self.tmp, "checkpoints", "3.orbax-checkpoint-tmp-1700000000")
+        os.makedirs(os.path.join(partial, "state"))
+        ckpt = checkpoint_lib.Checkpointer(self.tmp, cleanup_tmp=True)
+        ckpt.close()
+        self.assertFalse(os.path.exists(partial))  # done by the time close() returns
+
+    def test_saved_steps_reads_the_directory_names_only(self):
+        self.assertEqual(checkpoint_lib.saved_steps(self.tmp), [])
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "checkpoints")))  # not created
+        for name in ("10", "2", "4.orbax-checkpoint-tmp-1700000000", "6.unreadable-20261203"):
+            os.makedirs(os.path.join(self.tmp, "checkpoints", name))
+        self.assertEqual(checkpoint_lib.saved_steps(self.tmp), [2, 10])
+
     def test_keeps_the_newest_and_the_best(self):
         ckpt = checkpoint_lib.Checkpointer(self.tmp, keep=1, keep_best=True, async_save=False)
         for step, val_loss in [(1, 3.0), (2, 1.0), (3, 2.0), (4, None)]:

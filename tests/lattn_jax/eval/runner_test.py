@@ -94,6 +94,9 @@ class PreflightTest(absltest.TestCase):
         for name in ("valid.jsonl", "valid-labels.lst", "ARC-Easy-Test.jsonl",
                      "PaulGrahamEssays"):
             self.assertIn(name, str(ctx.exception))
+        # The first line names the option and the directory it was given (not "shared/data").
+        self.assertIn(f"evaluation data missing under --data_dir={data} (nothing was scored",
+                      str(ctx.exception).splitlines()[0])
 
     def test_complete_fixture_layout_passes(self):
         runner.check_data(runner.expand_tasks(["zeroshot", "niah"]), _options(FIXTURES))
