@@ -77,6 +77,12 @@ def main(argv):
     stages = [s for s in experiment.STAGES if s in _STAGES.value]
     config = config_lib.config_flag_value(_CONFIG)  # a missing file: one line, before any file
     workdir = _WORKDIR.value
+    if not os.path.exists(workdir):  # refused input leaves no workdir behind; an existing
+        try:                         # workdir records the refusal in pipeline.jsonl (below)
+            experiment.check_eval_data(config, workdir, stages)
+            experiment.check_options(config, workdir, stages)
+        except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
+            sys.exit(f"error: {e}")
     os.makedirs(workdir, exist_ok=True)
     cache = os.path.join(workdir, "jax_cache") if _CACHE.value is None else _CACHE.value
     if cache:

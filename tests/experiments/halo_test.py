@@ -129,7 +129,13 @@ class OptionsCheckTest(absltest.TestCase):
         self.assertNotEqual(result.returncode, 0)
         self.assertEqual(result.stderr.strip().splitlines()[-1],
                          "error: stage3.kl_weight must be a finite number >= 0, got -1.0")
-        self.assertFalse(os.path.exists(os.path.join(workdir, "run", "stage1")))
+        self.assertFalse(os.path.exists(os.path.join(workdir, "run")))
+        # An existing workdir keeps a record of the refused invocation.
+        os.makedirs(os.path.join(workdir, "run"))
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertNotEqual(result.returncode, 0)
+        with open(os.path.join(workdir, "run", "pipeline.jsonl")) as f:
+            self.assertIn("error: stage3.kl_weight", f.read())
 
 
 class EvalDataCheckTest(absltest.TestCase):
@@ -165,6 +171,7 @@ class EvalDataCheckTest(absltest.TestCase):
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("report.data_dir=", result.stderr.strip().splitlines()[-1])
         self.assertNotIn("=== stage1: start", result.stdout + result.stderr)
+        self.assertFalse(os.path.exists(f"{workdir}/run"))  # a fresh workdir is not made
 
 
 class ReadmeTest(absltest.TestCase):
