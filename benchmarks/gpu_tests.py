@@ -13,11 +13,23 @@ Each worker runs ``pytest -v -p no:cacheprovider -m <marker> <its node ids>`` wi
 ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (the workers share one GPU's memory); its output goes to
 ``<out>/worker-<k>.log``.
 
-Outputs: ``<out>/summary.json`` (``{"counts": {...}, "tests": {node id: outcome}, ...}``,
-outcomes ``passed``, ``failed``, ``error``, ``skipped``, ``xfailed``, ``xpassed`` and
-``not run``) and ``<out>/summary.md``; a short summary on stdout. Exit status: 0 if every
-collected test ran and none failed, 1 if any failed or errored, 2 if none failed but some did
-not run (deadline), 3 if collection failed or found nothing.
+Each worker runs in its own process group: at the deadline SIGINT (then SIGKILL after
+``--grace_s``) goes to the whole group, so processes a test started stop with it, and a
+SIGTERM or SIGINT to this binary stops every worker group before it exits. Run it from the
+directory pytest takes as its rootdir (the repository root): the collected node ids are
+relative to it, and the binary refuses ids whose files it cannot find.
+
+Outcomes per test: ``passed``, ``failed``, ``error`` (a setup or teardown error; a test that
+passed and then failed its teardown is ``error``), ``skipped``, ``xfailed``, ``xpassed``,
+``worker died`` (its worker exited with a status other than pytest's 0 or 1 before the test's
+verdict, without being stopped at the deadline) and ``not run`` (its worker was stopped at the
+deadline first).
+
+Outputs: ``<out>/summary.json`` (``{"counts": {...}, "tests": {node id: outcome},
+"worker_exit": [...], ...}``) and ``<out>/summary.md``; a short summary on stdout. Exit status:
+0 if every collected test ran and none failed, 1 if any failed, errored or lost its worker, 2 if
+none failed but some did not run (deadline), 3 if collection failed or found nothing (one line;
+pytest's full output in ``<out>/collect.log``).
 
 Usage (on the GPU machine; ``$OUT`` comes back from a ``run`` call)::
 
@@ -25,7 +37,9 @@ Usage (on the GPU machine; ``$OUT`` comes back from a ``run`` call)::
         tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py \
         tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py
 
-Raises (as a one-line error, exit 3): a ``--jobs`` or ``--deadline_s`` below 1, no paths.
+Raises (as a one-line error, exit 3): a ``--jobs`` below 1 or a ``--deadline_s`` not above 0,
+no paths, a failed or empty collection, node ids whose files are not under the current
+directory.
 """
 
 import json
@@ -35,7 +49,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from absl import app, flags
 
@@ -48,10 +62,15 @@ _MARKER = flags.DEFINE_string("marker", "gpu", "pytest -m expression selecting t
 _OUT = flags.DEFINE_string("out", None,
                            "Output folder (default: $OUT/gpu_tests, else ./gpu_tests).")
 
-# pytest -v: "path::Class::test_name PASSED   [ 50%]" (xdist-free, one test per line).
-_RESULT = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# pytest -v: "path::Class::test_name[param id] PASSED   [ 50%]" (one test per line; a
+# parametrised id may hold spaces, so the verdict is the last such word of the line).
+# A verdict may carry a reason ("SKIPPED (no GPU)", "XFAIL (bug)") before the progress.
+_RESULT = re.compile(r"^(.*::.*) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)"
+                     r"(?: \(.*\))?(?:\s+\[\s*\d+%\])?\s*$")
 _OUTCOME = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "SKIPPED": "skipped",
             "XFAIL": "xfailed", "XPASS": "xpassed"}
+# When a test has several verdicts (call, then teardown), the worst one is its outcome.
+_RANK = {"failed": 3, "error": 2}
 
 
 def collect(paths: Sequence[str], marker: str) -> List[str]:
@@ -64,8 +83,11 @@ def collect(paths: Sequence[str], marker: str) -> List[str]:
                            "-p", "no:cacheprovider", "-m", marker, *paths],
                           capture_output=True, text=True, check=False)
     if proc.returncode not in (0, 5):
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise RuntimeError(f"pytest --collect-only failed (exit {proc.returncode}):\n{tail}")
+        lines = (proc.stdout + proc.stderr).strip().splitlines()
+        first = next((ln for ln in lines if ln.startswith(("ERROR", "E "))), lines[-1:] or [""])
+        first = first if isinstance(first, str) else first[0]
+        raise RuntimeError(f"pytest --collect-only failed (exit {proc.returncode}): "
+                           f"{first.strip()}", proc.stdout + proc.stderr)
     return [line.strip() for line in proc.stdout.splitlines() if "::" in line]
 
 
@@ -76,22 +98,34 @@ def split_round_robin(items: Sequence[str], jobs: int) -> List[List[str]]:
 
 
 def parse_log(text: str) -> Dict[str, str]:
-    """``{node id: outcome}`` from a ``pytest -v`` log (the first verdict of a test wins, so a
-    teardown ERROR after a PASSED keeps ``passed``; pytest prints that error in the summary)."""
+    """``{node id: outcome}`` from a ``pytest -v`` log. A test with several verdicts (a
+    ``PASSED`` call, then a teardown ``ERROR``) gets the worst: ``failed`` over ``error`` over
+    the first other one."""
     out: Dict[str, str] = {}
     for line in text.splitlines():
         m = _RESULT.match(line.strip())
-        if m and m.group(1) not in out:
-            out[m.group(1)] = _OUTCOME[m.group(2)]
+        if not m:
+            continue
+        node, outcome = m.group(1), _OUTCOME[m.group(2)]
+        if node not in out or _RANK.get(outcome, 0) > _RANK.get(out[node], 0):
+            out[node] = outcome
     return out
 
 
-def summarise(tests: Sequence[str], logs: Sequence[str]) -> Dict[str, object]:
-    """Per-test outcomes (``not run`` where no log has a verdict) and their counts."""
-    seen: Dict[str, str] = {}
-    for text in logs:
-        seen.update(parse_log(text))
-    outcomes = {t: seen.get(t, "not run") for t in tests}
+def summarise(groups: Sequence[Sequence[str]], logs: Sequence[str],
+              stopped: Sequence[bool], exit_codes: Sequence[Optional[int]]) -> Dict[str, object]:
+    """Per-test outcomes and their counts, worker by worker.
+
+    A test with no verdict in its worker's log is ``not run`` if the worker was stopped at the
+    deadline, else ``worker died`` (the worker ended with a status other than pytest's 0, "all
+    passed", or 1, "some failed", before reaching it).
+    """
+    outcomes: Dict[str, str] = {}
+    for group, text, was_stopped, code in zip(groups, logs, stopped, exit_codes):
+        seen = parse_log(text)
+        missing = "not run" if was_stopped or code in (0, 1) else "worker died"
+        for t in group:
+            outcomes[t] = seen.get(t, missing)
     counts: Dict[str, int] = {}
     for o in outcomes.values():
         counts[o] = counts.get(o, 0) + 1
@@ -99,10 +133,37 @@ def summarise(tests: Sequence[str], logs: Sequence[str]) -> Dict[str, object]:
 
 
 def exit_status(counts: Dict[str, int]) -> int:
-    """0 all ran and none failed; 1 a failure or error; 2 some never ran."""
-    if counts.get("failed", 0) or counts.get("error", 0):
+    """0 all ran and none failed; 1 a failure, error or lost worker; 2 some never ran."""
+    if counts.get("failed", 0) or counts.get("error", 0) or counts.get("worker died", 0):
         return 1
     return 2 if counts.get("not run", 0) else 0
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    """``sig`` to the worker's process group (the worker and what its tests started)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> List[subprocess.Popen]:
+    """SIGINT to every running worker's group (pytest then prints its lines), SIGKILL to the
+    groups after ``grace_s``; returns the workers that were still running."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        _signal_group(p, signal.SIGINT)
+    end = time.monotonic() + grace_s
+    for p in running:
+        try:
+            p.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:  # processes a test left behind in a finished worker's group, too
+        _signal_group(p, signal.SIGKILL)
+        if p.poll() is None:
+            p.wait()
+    return running
 
 
 def _markdown(summary: Dict[str, object], command: str) -> str:
@@ -112,6 +173,10 @@ def _markdown(summary: Dict[str, object], command: str) -> str:
              "| test | outcome |", "|---|---|"]
     lines += [f"| `{t}` | {o} |" for t, o in summary["tests"].items()]
     return "\n".join(lines) + "\n"
+
+
+def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise SystemExit(128 + signum)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -127,51 +192,66 @@ def main(argv: Sequence[str]) -> int:
         print(f"gpu_tests.py: {problem}", file=sys.stderr)
         return 3
     out = _OUT.value or os.path.join(os.environ.get("OUT", "."), "gpu_tests")
-    os.makedirs(out, exist_ok=True)
     start = time.monotonic()
     try:
         tests = collect(paths, _MARKER.value)
     except RuntimeError as e:
-        print(f"gpu_tests.py: {e}", file=sys.stderr)
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "collect.log"), "w", encoding="utf-8") as f:
+            f.write(e.args[1])
+        print(f"gpu_tests.py: {e.args[0]} (all of it: {os.path.join(out, 'collect.log')})",
+              file=sys.stderr)
         return 3
     if not tests:
         print(f"gpu_tests.py: no test under {paths} matches -m {_MARKER.value!r}",
               file=sys.stderr)
         return 3
+    elsewhere = sorted({t.split("::")[0] for t in tests
+                        if not os.path.exists(t.split("::")[0])})
+    if elsewhere:
+        print(f"gpu_tests.py: pytest names {elsewhere[0]} relative to its rootdir, which is "
+              f"not the current directory {os.getcwd()}: run from the rootdir "
+              f"(the repository root)", file=sys.stderr)
+        return 3
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):  # an earlier run's worker logs would mislead
+        if re.fullmatch(r"worker-\d+\.log|summary\.(json|md)|collect\.log", name):
+            os.remove(os.path.join(out, name))
     groups = split_round_robin(tests, _JOBS.value)
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
     procs, files = [], []
-    for k, group in enumerate(groups):
-        f = open(os.path.join(out, f"worker-{k}.log"), "w")  # pylint: disable=consider-using-with
-        files.append(f)
-        procs.append(subprocess.Popen(  # pylint: disable=consider-using-with
-            [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m",
-             _MARKER.value, *group], stdout=f, stderr=subprocess.STDOUT, env=env))
-    print(f"{len(tests)} tests over {len(procs)} workers; deadline {_DEADLINE.value:.0f} s",
-          flush=True)
-    deadline = start + _DEADLINE.value
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    interrupted = [p for p in procs if p.poll() is None]
-    for p in interrupted:
-        p.send_signal(signal.SIGINT)
-    grace_end = time.monotonic() + _GRACE.value
-    for p in interrupted:
-        try:
-            p.wait(timeout=max(0.0, grace_end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-    for f in files:
-        f.close()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        for k, group in enumerate(groups):
+            f = open(os.path.join(out, f"worker-{k}.log"), "w")  # noqa: SIM115
+            files.append(f)
+            procs.append(subprocess.Popen(  # its own process group: see _stop
+                [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m",
+                 _MARKER.value, *group], stdout=f, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True))
+        print(f"{len(tests)} tests over {len(procs)} workers; deadline {_DEADLINE.value:.0f} s",
+              flush=True)
+        deadline = start + _DEADLINE.value
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        interrupted = _stop(procs, _GRACE.value)
+    except BaseException:  # SIGTERM, Ctrl-C: no worker outlives this binary
+        _stop(procs, 0.0)
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for f in files:
+            f.close()
     logs = []
     for k in range(len(groups)):
         with open(os.path.join(out, f"worker-{k}.log"), encoding="utf-8", errors="replace") as f:
             logs.append(f.read())
-    summary = summarise(tests, logs)
+    stopped = [p in interrupted for p in procs]
+    exit_codes = [p.returncode for p in procs]
+    summary = summarise(groups, logs, stopped, exit_codes)
     summary.update(wall_s=time.monotonic() - start, jobs=len(procs),
-                   interrupted_workers=len(interrupted), deadline_s=_DEADLINE.value,
-                   marker=_MARKER.value, paths=paths)
+                   interrupted_workers=len(interrupted), worker_exit=exit_codes,
+                   deadline_s=_DEADLINE.value, marker=_MARKER.value, paths=paths)
     command = " ".join([os.path.relpath(__file__)] + sys.argv[1:])
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(dict(summary, command=command), f, indent=1)
@@ -181,7 +261,7 @@ def main(argv: Sequence[str]) -> int:
     print("counts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
           + f"; {summary['wall_s']:.1f} s; {len(interrupted)} workers stopped at the deadline")
     for t, o in summary["tests"].items():
-        if o in ("failed", "error"):
+        if o in ("failed", "error", "worker died"):
             print(f"{o.upper()}: {t}")
     return exit_status(counts)
 

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 from absl.testing import absltest
 
@@ -19,6 +20,9 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_tests.py")
 
 TESTS = textwrap.dedent("""\
+    import os
+    import subprocess
+    import sys
     import time
     import pytest
 
@@ -27,14 +31,30 @@ TESTS = textwrap.dedent("""\
     def test_a_passes():
         assert sum(range(4)) == 6
 
-    def test_b_fails():
-        assert sum(range(4)) == 7
+    @pytest.mark.parametrize("name", ["a b", "g h]"])
+    def test_b_fails(name):
+        assert name == "a b"
 
     def test_c_skips():
         pytest.skip("no accelerator")
 
     def test_d_sleeps():
+        # A child that the deadline must stop with its worker (its pid goes to a file).
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        with open("child.pid", "w") as f:
+            f.write(str(child.pid))
         time.sleep(60)
+
+    @pytest.fixture
+    def broken_teardown():
+        yield
+        raise RuntimeError("teardown")
+
+    def test_e_teardown_error(broken_teardown):
+        pass
+
+    def test_f_kills_its_worker():
+        os._exit(7)
     """)
 
 
@@ -57,23 +77,32 @@ class GpuTestsTest(absltest.TestCase):
 
     def test_outcomes_deadline_and_exit_status(self):
         root = self._tree()
-        proc, out = self._run(root, "--jobs=2", "--deadline_s=8", "--grace_s=10")
+        # 3 workers, round-robin over a, b[a b], b[g h]], c, d, e, f:
+        # worker 0: a, c, f (f ends it: "worker died"); worker 1: b[a b], d (stopped at the
+        # deadline); worker 2: b[g h]], e.
+        proc, out = self._run(root, "--jobs=3", "--deadline_s=8", "--grace_s=10")
         self.assertEqual(proc.returncode, 1, proc.stdout + proc.stderr)
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
         name = "stand_in_test.py::test_{}"
         self.assertEqual(summary["tests"], {
-            name.format("a_passes"): "passed", name.format("b_fails"): "failed",
-            name.format("c_skips"): "skipped", name.format("d_sleeps"): "not run"})
-        self.assertEqual(summary["counts"],
-                         {"passed": 1, "failed": 1, "skipped": 1, "not run": 1})
-        self.assertEqual(summary["jobs"], 2)
-        self.assertEqual(summary["interrupted_workers"], 1)
-        self.assertIn("FAILED: stand_in_test.py::test_b_fails", proc.stdout)
-        for k in range(2):
-            self.assertTrue(os.path.exists(os.path.join(out, f"worker-{k}.log")))
+            name.format("a_passes"): "passed", name.format("b_fails[a b]"): "passed",
+            name.format("b_fails[g h]]"): "failed", name.format("c_skips"): "skipped",
+            name.format("d_sleeps"): "not run", name.format("e_teardown_error"): "error",
+            name.format("f_kills_its_worker"): "worker died"})
+        self.assertEqual((summary["jobs"], summary["interrupted_workers"]), (3, 1))
+        self.assertEqual(summary["worker_exit"][0], 7)
+        self.assertIn("FAILED: stand_in_test.py::test_b_fails[g h]]", proc.stdout)
+        self.assertIn("WORKER DIED: stand_in_test.py::test_f_kills_its_worker", proc.stdout)
         with open(os.path.join(out, "summary.md")) as f:
             self.assertIn("| `stand_in_test.py::test_d_sleeps` | not run |", f.read())
+        # The sleeping test's child was stopped with its worker's process group.
+        with open(os.path.join(root, "child.pid")) as f:
+            child = int(f.read())
+        with self.assertRaises(ProcessLookupError):
+            for _ in range(50):  # a killed child may take a moment to be reaped by init
+                os.kill(child, 0)
+                time.sleep(0.1)
 
     def test_all_pass_exits_zero_and_nothing_collected_exits_three(self):
         root = self._tree("import pytest\n\n@pytest.mark.gpu\ndef test_ok():\n"
@@ -88,6 +117,27 @@ class GpuTestsTest(absltest.TestCase):
         proc, _ = self._run(root, "--jobs=0")
         self.assertEqual(proc.returncode, 3)
         self.assertIn("--jobs=0 must be at least 1", proc.stderr)
+        # Run from another directory than pytest's rootdir: refused, nothing run.
+        sub = os.path.join(root, "sub")
+        os.makedirs(sub)
+        result = subprocess.run([sys.executable, SCRIPT, f"--out={root}/o2",
+                                 "../stand_in_test.py"], cwd=sub, capture_output=True,
+                                text=True, timeout=120, check=False)
+        self.assertEqual(result.returncode, 3, result.stderr)
+        self.assertIn("relative to its rootdir", result.stderr)
+        self.assertFalse(os.path.exists(f"{root}/o2"))
+        # A collection error: one line, pytest's whole output in collect.log.
+        with open(os.path.join(root, "broken_test.py"), "w") as f:
+            f.write("def test_x(:\n")
+        out = os.path.join(root, "o3")
+        proc = subprocess.run([sys.executable, SCRIPT, f"--out={out}", "broken_test.py"],
+                              cwd=root, capture_output=True, text=True, timeout=120,
+                              check=False)
+        self.assertEqual(proc.returncode, 3)
+        self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+        self.assertIn("pytest --collect-only failed", proc.stderr)
+        with open(os.path.join(out, "collect.log")) as f:
+            self.assertIn("SyntaxError", f.read())
 
     def test_split_and_parse(self):
         self.assertEqual(gpu_tests.split_round_robin(list("abcde"), 2),
@@ -95,12 +145,23 @@ class GpuTestsTest(absltest.TestCase):
         self.assertEqual(gpu_tests.split_round_robin(list("ab"), 8), [["a"], ["b"]])
         log = ("f.py::T::test_x PASSED                [ 50%]\n"
                "f.py::T::test_x ERROR                 [ 50%]\n"
-               "f.py::T::test_y[a-1] FAILED           [100%]\n"
-               "FAILED f.py::T::test_y[a-1] - assert 0\n")
-        self.assertEqual(gpu_tests.parse_log(log),
-                         {"f.py::T::test_x": "passed", "f.py::T::test_y[a-1]": "failed"})
+               "f.py::T::test_y[a 1] FAILED           [100%]\n"
+               "f.py::T::test_z SKIPPED (no gpu)      [100%]\n"
+               "FAILED f.py::T::test_y[a 1] - assert 0\n")
+        self.assertEqual(gpu_tests.parse_log(log), {"f.py::T::test_x": "error",
+                                                    "f.py::T::test_y[a 1]": "failed",
+                                                    "f.py::T::test_z": "skipped"})
         self.assertEqual(gpu_tests.exit_status({"passed": 3, "not run": 1}), 2)
         self.assertEqual(gpu_tests.exit_status({"passed": 3, "error": 1, "not run": 1}), 1)
+        self.assertEqual(gpu_tests.exit_status({"passed": 3, "worker died": 1}), 1)
+        groups = [["a", "b"], ["c"]]
+        self.assertEqual(
+            gpu_tests.summarise(groups, ["a::t PASSED", ""], [True, False], [2, 3])["tests"],
+            {"a": "not run", "b": "not run", "c": "worker died"})
+        groups = [["a::t", "b::t"], ["c::t"]]
+        self.assertEqual(
+            gpu_tests.summarise(groups, ["a::t PASSED", ""], [True, False], [2, 1])["tests"],
+            {"a::t": "passed", "b::t": "not run", "c::t": "not run"})
 
 
 if __name__ == "__main__":
