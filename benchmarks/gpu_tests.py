@@ -53,14 +53,22 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import app, flags
 
-_JOBS = flags.DEFINE_integer("jobs", 8, "Parallel pytest processes (>= 1).")
-_DEADLINE = flags.DEFINE_float("deadline_s", 280.0,
-                               "Seconds from the start until every worker gets SIGINT (> 0).")
-_GRACE = flags.DEFINE_float("grace_s", 15.0,
-                            "Seconds a worker gets after SIGINT to print its lines, then SIGKILL.")
-_MARKER = flags.DEFINE_string("marker", "gpu", "pytest -m expression selecting the tests.")
-_OUT = flags.DEFINE_string("out", None,
-                           "Output folder (default: $OUT/gpu_tests, else ./gpu_tests).")
+_JOBS = _DEADLINE = _GRACE = _MARKER = _OUT = None  # flags, defined by _define_flags
+
+
+def _define_flags() -> None:
+    """Defines the binary's flags; only when run as a program, so that importing the module
+    (its tests) cannot clash with another module's ``--out`` in the same process."""
+    global _JOBS, _DEADLINE, _GRACE, _MARKER, _OUT  # pylint: disable=global-statement
+    _JOBS = flags.DEFINE_integer("jobs", 8, "Parallel pytest processes (>= 1).")
+    _DEADLINE = flags.DEFINE_float("deadline_s", 280.0,
+                                   "Seconds from the start until every worker gets SIGINT (> 0).")
+    _GRACE = flags.DEFINE_float("grace_s", 15.0, "Seconds a worker gets after SIGINT to print "
+                                "its lines, then SIGKILL.")
+    _MARKER = flags.DEFINE_string("marker", "gpu", "pytest -m expression selecting the tests.")
+    _OUT = flags.DEFINE_string("out", None,
+                               "Output folder (default: $OUT/gpu_tests, else ./gpu_tests).")
+
 
 # pytest -v: "path::Class::test_name[param id] PASSED   [ 50%]" (one test per line; a
 # parametrised id may hold spaces, so the verdict is the last such word of the line).
@@ -267,4 +275,5 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -187,10 +187,16 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
 
 
 def get_config(arg=None):
-    arg = common.parse_arg(arg, tiny=False, h200=False, corpus=DEFAULT_CORPUS,
-                           prose_weights=True, teacher_text="",
-                           teacher_weight=H200_TEACHER_WEIGHT, stage2_len=512,
-                           stage3_kl=0.0, stage3_kl_len=8192)
+    h200_only = dict(corpus=DEFAULT_CORPUS, prose_weights=True, teacher_text="",
+                     teacher_weight=H200_TEACHER_WEIGHT, stage2_len=512, stage3_kl=0.0,
+                     stage3_kl_len=8192)
+    arg = common.parse_arg(arg, tiny=False, h200=False, **h200_only)
+    if arg.tiny and arg.h200:
+        raise common.ConfigArgError("config arguments tiny and h200 exclude each other")
+    ignored = [k for k, v in h200_only.items() if arg[k] != v]
+    if ignored and not arg.h200:  # they would be ignored: refuse instead
+        raise common.ConfigArgError(f"config argument(s) {', '.join(ignored)} apply to the "
+                                    f"h200 variant only (configs/halo_smollm2.py:h200,...)")
     data = common.bundled_wikitext_data(seq_len=512, batch_size=8).to_dict()
     data.update(shuffle=False, val_fraction=0.05)
     if arg.tiny:

@@ -239,6 +239,19 @@ class PresetTest(parameterized.TestCase):
             common.parse_arg("corpus", corpus=None, tiny=False)
         self.assertTrue(common.parse_arg("tiny", corpus=None, tiny=False).tiny)  # a bool flag
 
+    def test_halo_h200_only_arguments_are_refused_elsewhere(self):
+        from configs import common, halo_smollm2
+        # They were silently ignored: tiny,stage2_len=7 ran the whole tiny pipeline.
+        for arg, name in (("tiny,stage2_len=7", "stage2_len"),
+                          ("tiny,stage3_kl=-1,teacher_weight=0", "teacher_weight, stage3_kl"),
+                          ("tiny,corpus=/nonexistent", "corpus")):
+            with self.assertRaisesRegex(common.ConfigArgError,
+                                        rf"argument\(s\) {name} apply to the h200 variant"):
+                halo_smollm2.get_config(arg)
+        with self.assertRaisesRegex(common.ConfigArgError, "tiny and h200 exclude each other"):
+            halo_smollm2.get_config("tiny,h200")
+        self.assertEqual(halo_smollm2.get_config("tiny,stage2_len=512").stage2.seq_len, 32)
+
     def test_mistyped_value_is_named(self):
         from configs import common, halo_smollm2
         # Was ml_collections' TypeError; a string where the default is a number.
