@@ -79,6 +79,7 @@ def main(argv):
     workdir = _WORKDIR.value
     if not os.path.exists(workdir):  # refused input leaves no workdir behind; an existing
         try:                         # workdir records the refusal in pipeline.jsonl (below)
+            experiment.check_inputs(config, workdir, stages)
             experiment.check_eval_data(config, workdir, stages)
             experiment.check_options(config, workdir, stages)
         except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
@@ -93,7 +94,8 @@ def main(argv):
          f"{_DEADLINE.value} s")
     times, status = {}, "complete"
     try:
-        experiment.check_eval_data(config, workdir, stages)  # before hours of training
+        experiment.check_inputs(config, workdir, stages)  # before hours of training
+        experiment.check_eval_data(config, workdir, stages)
         experiment.check_options(config, workdir, stages)
         for stage in stages:
             if experiment.is_done(workdir, stage):

@@ -48,6 +48,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 import jax
 import numpy as np
 
+from lattn_jax import assets
 from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
 from lattn_jax.data import tokenizers as tok_lib
@@ -255,6 +256,34 @@ def _final_params(config, workdir, init):
 def is_done(workdir: str, stage: str) -> bool:
     """Whether ``stage`` finished in ``workdir`` (its ``done.json`` exists)."""
     return os.path.exists(os.path.join(workdir, stage, DONE_FILE))
+
+
+def check_inputs(config, workdir: str, stages: Sequence[str]) -> None:
+    """Checks, before any stage runs, the teacher file and the training data files.
+
+    Every stage not yet done in ``workdir`` reads the teacher (``teacher.path``, unless
+    ``teacher.kind`` is ``"random"``); the training stages and ``calibrate`` read
+    ``data.paths`` (files or directories).
+
+    Raises:
+      FileNotFoundError: naming the option and the missing path.
+    """
+    todo = [s for s in stages if not is_done(workdir, s)]
+    if not todo:
+        return
+    t = config.teacher
+    if t.kind != "random" and t.path and not os.path.exists(t.path):
+        raise FileNotFoundError(f"teacher.path={t.path}: no such file")
+    if any(s in todo for s in ("stage1", "stage2", "stage3", "calibrate")):
+        for path in tuple(config.data.get("paths") or ()):
+            try:
+                found = os.path.exists(assets.resolve(path))  # "bundled:..." names too
+            except FileNotFoundError:
+                found = False
+            if not found:
+                raise FileNotFoundError(f"data.paths: no such file or directory {path} (for "
+                                        f"configs/halo_smollm2.py:h200, the corpus=<dir> "
+                                        f"config argument names its parent)")
 
 
 def check_eval_data(config, workdir: str, stages: Sequence[str]) -> None:

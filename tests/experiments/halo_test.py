@@ -98,6 +98,29 @@ class BadConfigTest(absltest.TestCase):
         self.assertFalse(os.path.exists(workdir))  # was made, with a pipeline.jsonl record
 
 
+class InputsCheckTest(absltest.TestCase):
+    """A missing teacher file or corpus stops the pipeline before it makes the workdir."""
+
+    def test_missing_teacher_or_data_is_one_line_and_writes_nothing(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        cfg = halo_smollm2.get_config("tiny")
+        experiment.check_inputs(cfg, workdir, experiment.STAGES)  # the bundled text exists
+        cfg.teacher.kind, cfg.teacher.path = "gguf", "/nonexistent/teacher.gguf"
+        with self.assertRaisesRegex(FileNotFoundError,
+                                    r"^teacher\.path=/nonexistent/teacher\.gguf: no such file"):
+            experiment.check_inputs(cfg, workdir, experiment.STAGES)
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+               "--config.data.paths=('/nonexistent/train',)"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         ["error: data.paths: no such file or directory /nonexistent/train (for "
+                          "configs/halo_smollm2.py:h200, the corpus=<dir> config argument names "
+                          "its parent)"])
+        self.assertFalse(os.path.exists(workdir))
+
+
 class OptionsCheckTest(absltest.TestCase):
     """Options that only Stage 3 or the report read are checked before Stage 1 runs."""
 
