@@ -36,6 +36,8 @@
 # stage: the copy leaves out that stage and every later one, and the branch reruns them. So
 # BRANCH_FROM=stage2 BRANCH_FLAGS="--config.hypenet.attention_layers=(3,7,11,15,19,23,27)" is
 # the selection's ablation (evenly spaced attention layers) from the same Stage 1.
+# HALO_FLAGS and BRANCH_FLAGS are split on spaces: no space inside a flag's value
+# ("('perplexity','commonsense')", not "('perplexity', 'commonsense')").
 #
 # The machine is released after about 30 s without a call, and the run with it. Four runs were
 # lost between two messages (12-02 stop 42; 12-03; 12-03b, whose wait brought back no files, so
@@ -189,7 +191,11 @@ case "$cmd" in
     echo "wheels installed in $SITE: export PYTHONPATH=$SITE\${PYTHONPATH:+:\$PYTHONPATH}"
     ;;
   start)
-    if [[ -n "${BRANCH_FLAGS:-}" ]]; then branch_stages > /dev/null; fi  # a bad BRANCH_FROM
+    if [[ -n "${BRANCH_FLAGS:-}" ]]; then branch_stages > /dev/null  # a bad BRANCH_FROM
+    elif [[ -n "${BRANCH_FROM:-}${BRANCH_NAME:-}" ]]; then
+      echo "BRANCH_FROM/BRANCH_NAME given without BRANCH_FLAGS: no branch would run" >&2
+      exit 1
+    fi
     if compgen -G "$XFER/data.tar.part*" > /dev/null; then
       unpack_tar data
     fi

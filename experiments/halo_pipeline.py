@@ -52,9 +52,10 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "HALO config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the pipeline's stages.")
 _STAGES = flags.DEFINE_list("stages", list(experiment.STAGES), "Stages to run, in order.")
-_DEADLINE = flags.DEFINE_float("deadline_s", None, "Stop cleanly after this many seconds.")
+_DEADLINE = flags.DEFINE_float("deadline_s", None, "Stop cleanly after this many seconds (> 0).")
+flags.register_validator("deadline_s", lambda v: v is None or v > 0, "must be above 0 seconds")
 _MIN_STAGE = flags.DEFINE_float("min_stage_s", 0.0, "Do not start a stage with less than this "
-                                "many seconds left before the deadline.")
+                                "many seconds left before the deadline.", lower_bound=0.0)
 _MARKDOWN = flags.DEFINE_string("markdown", None, "Also render the results page here.")
 _CACHE = flags.DEFINE_string("compilation_cache", None, "Persistent compilation cache "
                              "directory (default <workdir>/jax_cache; '' disables it).")

@@ -58,9 +58,13 @@ _ROOT_DIR = flags.DEFINE_string("root", None, "Sweep directory (runs in <root>/r
 _ONLY = flags.DEFINE_multi_string("only", [], "Run only the runs matching this filter: "
                                   "axis=glob conditions joined by commas (all must hold), or a "
                                   "glob on the run name; repeat for alternatives.")
-_MAX_RUNS = flags.DEFINE_integer("max_runs", None, "Start at most this many runs.")
-_DEADLINE = flags.DEFINE_float("deadline_s", None, "End cleanly this many seconds after start.")
-_MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run with less time than this left.")
+_MAX_RUNS = flags.DEFINE_integer("max_runs", None, "Start at most this many runs (>= 1).",
+                                 lower_bound=1)
+_DEADLINE = flags.DEFINE_float("deadline_s", None, "End cleanly this many seconds after start "
+                               "(> 0).")
+flags.register_validator("deadline_s", lambda v: v is None or v > 0, "must be above 0 seconds")
+_MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run with less time than this left.",
+                              lower_bound=0.0)
 _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
                              "the deadline (and SIGKILL this long after SIGTERM).")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root>.")

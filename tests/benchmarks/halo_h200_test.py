@@ -249,6 +249,12 @@ class HaloH200ScriptTest(absltest.TestCase):
         self.assertIn("BRANCH_FROM=stage1: must be stage2, stage3, calibrate or report",
                       result.stderr)
         self.assertFalse(os.path.exists(f"{self.env['WORK']}.driver.pid"))
+        # BRANCH_FROM without BRANCH_FLAGS would run no branch: refused too.
+        result = subprocess.run(["bash", SCRIPT, "start"], capture_output=True, text=True,
+                                cwd=ROOT, timeout=600, env=dict(self.env, BRANCH_FROM="stage2"))
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("without BRANCH_FLAGS: no branch would run", result.stderr)
+        self.assertFalse(os.path.exists(f"{self.env['WORK']}.driver.pid"))
 
     def test_corrupt_piece_stops_start(self):
         packed = self.pack()

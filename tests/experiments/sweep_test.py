@@ -170,7 +170,10 @@ class SweepBinaryTest(absltest.TestCase):
                   "'bad_arg'; known: corpus, adamw_lr, muon_lr, seeds, tiny"),
                  (["--config=configs/sweeps/lr_scan_small.py:corpus"],
                   "error: flag --config=configs/sweeps/lr_scan_small.py: config argument "
-                  "'corpus' needs a value: corpus=... (the default is None)")]
+                  "'corpus' needs a value: corpus=... (the default is None)"),
+                 (["--deadline_s=-1"],  # was accepted: the root made, exit 3 ("run again")
+                  "error: flag --deadline_s=-1.0: must be above 0 seconds"),
+                 (["--max_runs=0"], "error: flag --max_runs=0: 0 is not a positive integer")]
         running = []
         for flags_, want in cases:
             cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
