@@ -37,6 +37,10 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if not os.path.isdir(_WORKDIR.value):
         sys.exit(f"error: no such workdir: {_WORKDIR.value}")
+    if not os.path.exists(os.path.join(_WORKDIR.value, "config.json")):
+        # Every HALO stage writes config.json first; a sweep root or an empty folder would
+        # render as "HALO conversion of None".
+        sys.exit(f"error: {_WORKDIR.value} is not a HALO workdir (no config.json)")
     text = report_lib.render_markdown(_WORKDIR.value, title=_TITLE.value)
     out = _OUTPUT.value
     if out is None:

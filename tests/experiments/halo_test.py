@@ -28,13 +28,21 @@ class HaloReportTest(absltest.TestCase):
 
     def test_default_output_is_under_the_workdir(self):
         workdir = self.create_tempdir().full_path
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_report.py"),
+               f"--workdir={workdir}"]
+        # Not a HALO workdir (no config.json): one line, no page ("HALO conversion of None").
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip(),
+                         f"error: {workdir} is not a HALO workdir (no config.json)")
+        self.assertEqual(os.listdir(workdir), [])
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump({}, f)
         os.makedirs(os.path.join(workdir, "report"))
         with open(os.path.join(workdir, "report", "report.json"), "w") as f:
             json.dump({"updated": "1999-01-02T00:00:00+00:00"}, f)
         in_repo = os.path.join(ROOT, "benchmarks", "results", "halo-smollm2-1999-01-02.md")
         self.addCleanup(lambda: os.path.exists(in_repo) and os.remove(in_repo))
-        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_report.py"),
-               f"--workdir={workdir}"]
         result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
         expected = os.path.join(workdir, "halo-smollm2-1999-01-02.md")
