@@ -104,6 +104,14 @@ class BadConfigTest(absltest.TestCase):
                          ["error: cannot load --config: [Errno 2] No such file or directory: "
                           "'configs/nope.py'"])
         self.assertFalse(os.path.exists(workdir))  # was made, with a pipeline.jsonl record
+        # A training config instead of a HALO one: was a 34-line AttributeError traceback.
+        cmd[2] = "--config=configs/default.py"
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
+        self.assertIn("error: --config is not a HALO config: it has no teacher, stage1",
+                      result.stderr)
+        self.assertFalse(os.path.exists(workdir))
 
 
 class InputsCheckTest(absltest.TestCase):
