@@ -51,7 +51,8 @@ from lattn_jax.halo import report as report_lib  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file("config", None, "HALO config file.",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory of the pipeline's stages.")
-_STAGES = flags.DEFINE_list("stages", list(experiment.STAGES), "Stages to run, in order.")
+_STAGES = flags.DEFINE_list("stages", list(experiment.STAGES),
+                            "Stages to run (always in pipeline order, whatever the order given).")
 _DEADLINE = flags.DEFINE_float("deadline_s", None, "Stop cleanly after this many seconds (> 0).")
 flags.register_validator("deadline_s", lambda v: v is None or v > 0, "must be above 0 seconds")
 _MIN_STAGE = flags.DEFINE_float("min_stage_s", 0.0, "Do not start a stage with less than this "
