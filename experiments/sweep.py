@@ -123,6 +123,10 @@ def main(argv):
     if not os.path.isfile(config_path):
         sys.exit(f"error: train_config: no such file: {config_path}")
     extra = _overrides()
+    bad = sweep.unknown_override_fields(runs, config_path, extra)
+    if bad:  # before anything is made: each run would fail on it a few seconds in
+        sys.exit(f"error: --override or the sweep's overrides: {'; '.join(bad[:3])}"
+                 + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
     try:  # the report's options (references, claims, scan) are checked before anything runs
         sweep.check_root(root, config)  # another sweep's root: refused, nothing touched
         report = sweep_report.build(config, root)

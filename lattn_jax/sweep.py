@@ -858,6 +858,62 @@ def missing_local_paths(runs: Sequence[Run], local_args: Sequence[str] = ()) -> 
     return out
 
 
+def unknown_override_fields(runs: Sequence[Run], config_path: str,
+                            extra_overrides: Sequence[Tuple[str, Any]] = ()) -> List[str]:
+    """The override fields of ``runs`` that their training config does not have.
+
+    A misspelled ``--override`` (``train.total_stepz``) made every run fail a few seconds in,
+    each leaving a run directory; the sweep binary checks the fields first. The training config
+    file is loaded here (its ``get_config(arg)``, once per distinct argument string); only the
+    field's existence is checked, its value is the trainer's to parse.
+
+    Args:
+      runs: the runs about to be run.
+      config_path: the training config file (``sweep.train_config``).
+      extra_overrides: ``(field, value)`` pairs added to every run (``--override``).
+
+    Returns:
+      One line per distinct problem, in the order first met: ``"<field>: no such field in
+      <file> (<n> of <N> runs, e.g. <file>:<arg>)"`` or, when ``get_config`` itself raises,
+      ``"<file>:<arg>: <error>"``.
+    """
+    import importlib.util  # pylint: disable=import-outside-toplevel
+
+    spec = importlib.util.spec_from_file_location("_sweep_train_config", config_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    name = os.path.basename(config_path)
+    configs: Dict[str, Any] = {}
+    errors: List[str] = []
+    bad: Dict[str, List[Any]] = {}  # field -> [runs that lack it, the first one's arg]
+    for run in runs:
+        if run.arg not in configs:
+            try:
+                configs[run.arg] = module.get_config(run.arg or None)
+            except Exception as e:  # noqa: BLE001 - reported as one line
+                configs[run.arg] = None
+                errors.append(f"{name}:{run.arg}: {e}")
+        cfg = configs[run.arg]
+        if cfg is None:
+            continue
+        for field, _ in tuple(run.overrides) + tuple(extra_overrides):
+            node = cfg
+            for part in field.split("."):
+                try:
+                    node = node[part]
+                except (KeyError, AttributeError, TypeError, IndexError):
+                    node = _MISSING
+                    break
+            if node is _MISSING:
+                bad.setdefault(field, [0, run.arg])[0] += 1
+    lines = [f"{field}: no such field in {name} ({n} of {len(runs)} runs, e.g. {name}:{arg})"
+             for field, (n, arg) in bad.items()]
+    return errors + lines
+
+
+_MISSING = object()
+
+
 def recorded_runs(root: str) -> List[Run]:
     """Runs found in ``<root>/runs/*/sweep_run.json`` (e.g. of an earlier grid of the same
     sweep), sorted by name; directories set aside (``.restarted-``) are not runs."""

@@ -140,6 +140,14 @@ class SweepBinaryTest(absltest.TestCase):
                 self.assertEqual(rebuilt[name][key], rows[name][key], (name, key))
 
     def test_bad_flags_give_one_line(self):
+        # A misspelled override field: every run would fail on it; refused before the root.
+        out = self.sweep("--override=train.total_stepz=3")
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertRegex(out.stderr, r"error: --override or the sweep's overrides: "
+                                     r"train\.total_stepz: no such field in \S+\.py \((\d+) of "
+                                     r"\1 runs, e\.g\. ")
+        self.assertFalse(os.path.exists(self.root))
         out = self.sweep("--only=arch=gdn")
         self.assertEqual(out.returncode, 1)
         self.assertIn("error: --only='arch=gdn': no axis arch; the axes are "
