@@ -195,6 +195,7 @@ def main(argv):
             retry_failed=_RETRY.value, stop=stop, print_fn=_log, after_run=report)
     finally:
         record = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+                  "sweep": sweep.sweep_name(config, root),  # sweep.check_root reads it
                   "started": started.isoformat(timespec="seconds"),
                   "wall_s": round(time.time() - t0, 1), "status": summary.status,
                   "launched": summary.launched}

@@ -808,31 +808,50 @@ def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) ->
     return out
 
 
+def sweep_name(config: Mapping[str, Any], root: str) -> str:
+    """The sweep's name: ``config.name``, else the root's base name (as
+    :func:`lattn_jax.sweep_report.build` names it)."""
+    return config.get("name", os.path.basename(os.path.abspath(root)))
+
+
 def check_root(root: str, config: Mapping[str, Any]) -> None:
-    """Refuses a ``root`` that already holds another sweep (the name its results record).
+    """Refuses a ``root`` that already holds another sweep.
 
     Two sweeps in one root overwrite each other's results pages and mix their groups in one
     ranking (the report lists every run under the root); ``train.py`` refuses the analogous
-    workdir of another run. The same sweep again (to resume, ``--retry_failed``) passes.
+    workdir of another run. The same sweep again (to resume, ``--retry_failed``) passes. The
+    root's sweep is the name ``<root>/results.json`` records, and, should that file be gone,
+    the names of the invocations in ``<root>/sweep.jsonl`` (recorded since 2026-12-03; older
+    lines have none).
 
     Args:
       root: the sweep directory (need not exist).
-      config: the sweep config about to run; its ``name`` (default: the root's base name, as
-        :func:`lattn_jax.sweep_report.build` uses) is compared with ``<root>/results.json``.
+      config: the sweep config about to run (:func:`sweep_name`).
 
     Raises:
-      SweepConfigError: naming both sweeps and the root.
+      SweepConfigError: naming both sweeps, the root and the file that names the other one.
     """
+    name = sweep_name(config, root)
+    recorded = []
     try:
         with open(os.path.join(root, "results.json")) as f:
-            recorded = json.load(f).get("sweep")
+            recorded.append((json.load(f).get("sweep"), "results.json"))
     except (OSError, ValueError, AttributeError):
-        return
-    name = config.get("name", os.path.basename(os.path.abspath(root)))
-    if recorded is not None and recorded != name:
-        raise SweepConfigError(
-            f"--root {root} holds the results of sweep {recorded!r}, not {name!r} (its "
-            f"results.json); use another --root for {name!r}")
+        pass
+    try:
+        with open(os.path.join(root, "sweep.jsonl")) as f:
+            for line in f:
+                try:
+                    recorded.append((json.loads(line).get("sweep"), "sweep.jsonl"))
+                except (ValueError, AttributeError):
+                    continue
+    except OSError:
+        pass
+    for other, source in recorded:
+        if other is not None and other != name:
+            raise SweepConfigError(
+                f"--root {root} holds the results of sweep {other!r}, not {name!r} (its "
+                f"{source}); use another --root for {name!r}")
 
 
 def missing_local_paths(runs: Sequence[Run], local_args: Sequence[str] = ()) -> List[str]:

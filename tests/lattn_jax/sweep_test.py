@@ -127,6 +127,28 @@ class ExpandTest(absltest.TestCase):
                     sweep.expand(_config(**changes))
 
 
+class CheckRootTest(absltest.TestCase):
+
+    def test_another_sweeps_name_in_results_or_in_the_invocation_log_is_refused(self):
+        root = self.create_tempdir().full_path
+        sweep.check_root(root, {"name": "a"})  # empty root
+        with open(os.path.join(root, "sweep.jsonl"), "w") as f:
+            f.write(json.dumps({"command": "python sweep.py", "status": "complete"}) + "\n")
+            f.write(json.dumps({"command": "python sweep.py", "sweep": "a"}) + "\n")
+        sweep.check_root(root, {"name": "a"})  # lines without a name (older) and its own
+        # results.json deleted, runs/ left: the invocation log still names the sweep.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"holds the results of sweep 'a', not 'b' \(its "
+                                    r"sweep\.jsonl\)"):
+            sweep.check_root(root, {"name": "b"})
+        with open(os.path.join(root, "results.json"), "w") as f:
+            json.dump({"sweep": "a"}, f)
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"\(its results\.json\)"):
+            sweep.check_root(root, {"name": "b"})
+        # No config name: the root's base name, as the report names it.
+        self.assertEqual(sweep.sweep_name({}, os.path.join(root, "lr_scan")), "lr_scan")
+
+
 class SelectTest(absltest.TestCase):
 
     def test_filters(self):
