@@ -85,6 +85,7 @@ def main(argv):
     workdir = _WORKDIR.value
     if not os.path.exists(workdir):  # refused input leaves no workdir behind; an existing
         try:                         # workdir records the refusal in pipeline.jsonl (below)
+            experiment.check_prerequisites(config, workdir, stages)
             experiment.check_inputs(config, workdir, stages)
             experiment.check_eval_data(config, workdir, stages)
             experiment.check_options(config, workdir, stages)
@@ -100,7 +101,8 @@ def main(argv):
          f"{_DEADLINE.value} s")
     times, status = {}, "complete"
     try:
-        experiment.check_inputs(config, workdir, stages)  # before hours of training
+        experiment.check_prerequisites(config, workdir, stages)  # before hours of training
+        experiment.check_inputs(config, workdir, stages)
         experiment.check_eval_data(config, workdir, stages)
         experiment.check_options(config, workdir, stages)
         for stage in stages:

@@ -258,6 +258,33 @@ def is_done(workdir: str, stage: str) -> bool:
     return os.path.exists(os.path.join(workdir, stage, DONE_FILE))
 
 
+def check_prerequisites(config, workdir: str, stages: Sequence[str]) -> None:
+    """Checks, before any stage runs, that every stage to run finds the stages it reads.
+
+    ``select`` and ``stage2`` read Stage 1's Lightning layers; ``stage2``, ``stage3``,
+    ``calibrate`` and ``report`` build the student from the selection (unless
+    ``hypenet.attention_layers`` is set); ``stage3``, ``calibrate`` and ``report`` read a Stage-2
+    (or Stage-3) checkpoint. A stage counts as there if it is among ``stages`` (the pipeline runs
+    them in its own order) or its directory exists in ``workdir`` (done, or with checkpoints).
+
+    Raises:
+      ValueError: naming the stage to run and what it lacks.
+    """
+    there = set(stages) | {s for s in STAGES if os.path.isdir(os.path.join(workdir, s))}
+    selection = () if config.hypenet.get("attention_layers") is not None else ("select",)
+    needs = {"select": ("stage1",), "stage2": ("stage1",) + selection,
+             "stage3": ("stage2",) + selection, "calibrate": ("stage2",) + selection,
+             "report": ("stage2",) + selection}
+    for stage in stages:
+        if is_done(workdir, stage):
+            continue
+        lacking = [s for s in needs.get(stage, ()) if s not in there]
+        if lacking:
+            raise ValueError(f"--stages: {stage} needs {', '.join(lacking)}, which "
+                             f"{'is' if len(lacking) == 1 else 'are'} neither among the stages "
+                             f"to run nor in {workdir}")
+
+
 def check_inputs(config, workdir: str, stages: Sequence[str]) -> None:
     """Checks, before any stage runs, the teacher file and the training data files.
 

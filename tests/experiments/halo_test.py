@@ -137,6 +137,30 @@ class InputsCheckTest(absltest.TestCase):
         self.assertFalse(os.path.exists(workdir))
 
 
+class PrerequisitesCheckTest(absltest.TestCase):
+
+    def test_a_stage_without_the_stages_it_reads_is_refused_before_anything_runs(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "w")
+        cfg = halo_smollm2.get_config("tiny")
+        experiment.check_prerequisites(cfg, workdir, experiment.STAGES)  # the whole pipeline
+        with self.assertRaisesRegex(ValueError, r"^--stages: report needs stage2, select, "
+                                                r"which are neither among"):
+            experiment.check_prerequisites(cfg, workdir, ("stage1", "report"))
+        with self.assertRaisesRegex(ValueError, r"^--stages: select needs stage1, which is"):
+            experiment.check_prerequisites(cfg, workdir, ("select",))
+        # The selection's ablation: attention layers set, select not needed; stage1 on disk.
+        os.makedirs(os.path.join(workdir, "stage1"))
+        cfg.hypenet.attention_layers = (1,)
+        experiment.check_prerequisites(cfg, workdir, ("stage2", "stage3", "calibrate", "report"))
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}-fresh",
+               "--stages=report,stage1"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("error: --stages: report needs stage2, select", result.stderr)
+        self.assertFalse(os.path.exists(f"{workdir}-fresh"))  # stage1 did not run first
+
+
 class OptionsCheckTest(absltest.TestCase):
     """Options that only Stage 3 or the report read are checked before Stage 1 runs."""
 
