@@ -9,27 +9,30 @@ tests passed, failed, were skipped or never ran.
 
 Collection: ``pytest --collect-only -q -m <marker> <paths>`` in the current directory. Tests
 go to workers round-robin in collection order, so a file's slow tests spread over the workers.
-Each worker runs ``pytest -v -p no:cacheprovider -m <marker> <its node ids>`` with
-``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (the workers share one GPU's memory); its output goes to
-``<out>/worker-<k>.log``.
+Each worker runs ``pytest -v -p no:cacheprovider -p benchmarks.gpu_tests_plugin -m <marker>
+<its node ids>`` with ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (the workers share one GPU's
+memory); its output goes to ``<out>/worker-<k>.log`` and the plugin writes every test phase's
+report to ``<out>/worker-<k>.jsonl`` as it happens. The outcomes come from those records, not
+from the log, so nothing a test prints can fake or hide a verdict.
 
 Each worker runs in its own process group: at the deadline SIGINT (then SIGKILL after
-``--grace_s``) goes to the whole group, so processes a test started stop with it, and a
-SIGTERM or SIGINT to this binary stops every worker group before it exits. Run it from the
-directory pytest takes as its rootdir (the repository root): the collected node ids are
-relative to it, and the binary refuses ids whose files it cannot find.
+``--grace_s``) goes to the whole group, so processes a test started stop with it (unless it
+started its own session). A SIGTERM or SIGINT to this binary stops every worker group, writes
+the summary of what ran, and exits 143 or 130. Run it from the directory pytest takes as its
+rootdir (the repository root): the collected node ids are relative to it, and the binary
+refuses ids whose files it cannot find. An ``--out`` folder's files of an earlier run are
+removed first.
 
-Outcomes per test: ``passed``, ``failed``, ``error`` (a setup or teardown error; a test that
-passed and then failed its teardown is ``error``), ``skipped``, ``xfailed``, ``xpassed``,
-``worker died`` (its worker exited with a status other than pytest's 0 or 1 before the test's
-verdict, without being stopped at the deadline) and ``not run`` (its worker was stopped at the
-deadline first).
+Outcomes per test: ``passed``, ``failed`` (a strict xpass included), ``error`` (a setup or
+teardown error, also after a passing call), ``skipped``, ``xfailed``, ``xpassed``, ``not run``
+(its worker was stopped, at the deadline or by a signal, before its verdict) and ``worker died``
+(its worker ended on its own without a verdict for it: ``os._exit``, a crash).
 
 Outputs: ``<out>/summary.json`` (``{"counts": {...}, "tests": {node id: outcome},
 "worker_exit": [...], ...}``) and ``<out>/summary.md``; a short summary on stdout. Exit status:
 0 if every collected test ran and none failed, 1 if any failed, errored or lost its worker, 2 if
 none failed but some did not run (deadline), 3 if collection failed or found nothing (one line;
-pytest's full output in ``<out>/collect.log``).
+pytest's full output in ``<out>/collect.log``), 130 / 143 after SIGINT / SIGTERM.
 
 Usage (on the GPU machine; ``$OUT`` comes back from a ``run`` call)::
 
@@ -37,9 +40,9 @@ Usage (on the GPU machine; ``$OUT`` comes back from a ``run`` call)::
         tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py \
         tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py
 
-Raises (as a one-line error, exit 3): a ``--jobs`` below 1 or a ``--deadline_s`` not above 0,
-no paths, a failed or empty collection, node ids whose files are not under the current
-directory.
+Raises (as a one-line error, exit 3): a ``--jobs`` below 1, a ``--deadline_s`` not above 0, a
+negative ``--grace_s``, no paths, a failed or empty collection, node ids whose files are not
+under the current directory.
 """
 
 import json
@@ -49,7 +52,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from absl import app, flags
 
@@ -70,14 +73,7 @@ def _define_flags() -> None:
                                "Output folder (default: $OUT/gpu_tests, else ./gpu_tests).")
 
 
-# pytest -v: "path::Class::test_name[param id] PASSED   [ 50%]" (one test per line; a
-# parametrised id may hold spaces, so the verdict is the last such word of the line).
-# A verdict may carry a reason ("SKIPPED (no GPU)", "XFAIL (bug)") before the progress.
-_RESULT = re.compile(r"^(.*::.*) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)"
-                     r"(?: \(.*\))?(?:\s+\[\s*\d+%\])?\s*$")
-_OUTCOME = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "SKIPPED": "skipped",
-            "XFAIL": "xfailed", "XPASS": "xpassed"}
-# When a test has several verdicts (call, then teardown), the worst one is its outcome.
+# When a test has several phase outcomes (call, then teardown), the worst one is its outcome.
 _RANK = {"failed": 3, "error": 2}
 
 
@@ -105,35 +101,59 @@ def split_round_robin(items: Sequence[str], jobs: int) -> List[List[str]]:
     return [list(items[k::n]) for k in range(n)]
 
 
-def parse_log(text: str) -> Dict[str, str]:
-    """``{node id: outcome}`` from a ``pytest -v`` log. A test with several verdicts (a
-    ``PASSED`` call, then a teardown ``ERROR``) gets the worst: ``failed`` over ``error`` over
-    the first other one."""
-    out: Dict[str, str] = {}
-    for line in text.splitlines():
-        m = _RESULT.match(line.strip())
-        if not m:
-            continue
-        node, outcome = m.group(1), _OUTCOME[m.group(2)]
-        if node not in out or _RANK.get(outcome, 0) > _RANK.get(out[node], 0):
-            out[node] = outcome
+def outcome_of(phases: Sequence[Mapping[str, object]]) -> Optional[str]:
+    """A test's outcome from its phase reports (``benchmarks/gpu_tests_plugin.py`` lines, in
+    order), or ``None`` when it has no verdict yet (its call never reported).
+
+    ``failed``: the call failed (a strict xpass included); ``error``: setup or teardown failed
+    (also after a passing call); ``skipped`` / ``xfailed``: skipped in setup or call, without or
+    with an xfail mark; ``xpassed``: a non-strict xfail that passed; else ``passed``.
+    """
+    verdict = None
+    for p in phases:
+        when, outcome, xfail = p.get("when"), p.get("outcome"), bool(p.get("wasxfail"))
+        if outcome == "failed":
+            this = "failed" if when == "call" else "error"
+        elif outcome == "skipped":
+            this = "xfailed" if xfail else "skipped"
+        elif when == "call":
+            this = "xpassed" if xfail else "passed"
+        else:
+            continue  # a passing setup or teardown decides nothing
+        if verdict is None or _RANK.get(this, 0) > _RANK.get(verdict, 0):
+            verdict = this
+    return verdict
+
+
+def read_records(path: str) -> Dict[str, List[Dict[str, object]]]:
+    """``{node id: [phase reports]}`` from a worker's record file (a torn last line, from a
+    worker killed mid-write, is skipped)."""
+    out: Dict[str, List[Dict[str, object]]] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                out.setdefault(rec["nodeid"], []).append(rec)
+    except FileNotFoundError:
+        pass
     return out
 
 
-def summarise(groups: Sequence[Sequence[str]], logs: Sequence[str],
-              stopped: Sequence[bool], exit_codes: Sequence[Optional[int]]) -> Dict[str, object]:
+def summarise(groups: Sequence[Sequence[str]], records: Sequence[Mapping[str, list]],
+              stopped: Sequence[bool]) -> Dict[str, object]:
     """Per-test outcomes and their counts, worker by worker.
 
-    A test with no verdict in its worker's log is ``not run`` if the worker was stopped at the
-    deadline, else ``worker died`` (the worker ended with a status other than pytest's 0, "all
-    passed", or 1, "some failed", before reaching it).
+    A test without a verdict in its worker's record is ``not run`` if the worker was stopped
+    (deadline or signal), else ``worker died``: the worker ended on its own without reaching it.
     """
     outcomes: Dict[str, str] = {}
-    for group, text, was_stopped, code in zip(groups, logs, stopped, exit_codes):
-        seen = parse_log(text)
-        missing = "not run" if was_stopped or code in (0, 1) else "worker died"
+    for group, rec, was_stopped in zip(groups, records, stopped):
+        missing = "not run" if was_stopped else "worker died"
         for t in group:
-            outcomes[t] = seen.get(t, missing)
+            outcomes[t] = outcome_of(rec.get(t, [])) or missing
     counts: Dict[str, int] = {}
     for o in outcomes.values():
         counts[o] = counts.get(o, 0) + 1
@@ -187,6 +207,9 @@ def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
     raise SystemExit(128 + signum)
 
 
+_OWN_FILES = r"worker-\d+\.(log|jsonl)|summary\.(json|md)|collect\.log"
+
+
 def main(argv: Sequence[str]) -> int:
     paths = list(argv[1:])
     problem = None
@@ -196,10 +219,16 @@ def main(argv: Sequence[str]) -> int:
         problem = f"--jobs={_JOBS.value} must be at least 1"
     elif not _DEADLINE.value > 0:
         problem = f"--deadline_s={_DEADLINE.value} must be above 0"
+    elif not _GRACE.value >= 0:
+        problem = f"--grace_s={_GRACE.value} must be at least 0"
     if problem:
         print(f"gpu_tests.py: {problem}", file=sys.stderr)
         return 3
     out = _OUT.value or os.path.join(os.environ.get("OUT", "."), "gpu_tests")
+    if os.path.isdir(out):  # an earlier run's files would pass for this run's
+        for name in os.listdir(out):
+            if re.fullmatch(_OWN_FILES, name):
+                os.remove(os.path.join(out, name))
     start = time.monotonic()
     try:
         tests = collect(paths, _MARKER.value)
@@ -222,44 +251,41 @@ def main(argv: Sequence[str]) -> int:
               f"(the repository root)", file=sys.stderr)
         return 3
     os.makedirs(out, exist_ok=True)
-    for name in os.listdir(out):  # an earlier run's worker logs would mislead
-        if re.fullmatch(r"worker-\d+\.log|summary\.(json|md)|collect\.log", name):
-            os.remove(os.path.join(out, name))
     groups = split_round_robin(tests, _JOBS.value)
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    procs, files = [], []
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for -p benchmarks...
+    pythonpath = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    procs, files, interrupted, signalled = [], [], [], None
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         for k, group in enumerate(groups):
             f = open(os.path.join(out, f"worker-{k}.log"), "w")  # noqa: SIM115
             files.append(f)
+            env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=pythonpath,
+                       GPU_TESTS_RECORD=os.path.join(out, f"worker-{k}.jsonl"))
             procs.append(subprocess.Popen(  # its own process group: see _stop
-                [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m",
-                 _MARKER.value, *group], stdout=f, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True))
+                [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
+                 "-p", "benchmarks.gpu_tests_plugin", "-m", _MARKER.value, *group],
+                stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         print(f"{len(tests)} tests over {len(procs)} workers; deadline {_DEADLINE.value:.0f} s",
               flush=True)
         deadline = start + _DEADLINE.value
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
             time.sleep(0.5)
         interrupted = _stop(procs, _GRACE.value)
-    except BaseException:  # SIGTERM, Ctrl-C: no worker outlives this binary
-        _stop(procs, 0.0)
-        raise
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, SIGTERM: stop, then summarise
+        signalled = 130 if isinstance(e, KeyboardInterrupt) else (e.code or 1)
+        interrupted = _stop(procs, 0.0)
     finally:
         signal.signal(signal.SIGTERM, previous)
         for f in files:
             f.close()
-    logs = []
-    for k in range(len(groups)):
-        with open(os.path.join(out, f"worker-{k}.log"), encoding="utf-8", errors="replace") as f:
-            logs.append(f.read())
-    stopped = [p in interrupted for p in procs]
-    exit_codes = [p.returncode for p in procs]
-    summary = summarise(groups, logs, stopped, exit_codes)
+    records = [read_records(os.path.join(out, f"worker-{k}.jsonl")) for k in range(len(procs))]
+    stopped = [p in interrupted or signalled is not None for p in procs]
+    summary = summarise(groups[:len(procs)], records, stopped)
     summary.update(wall_s=time.monotonic() - start, jobs=len(procs),
-                   interrupted_workers=len(interrupted), worker_exit=exit_codes,
-                   deadline_s=_DEADLINE.value, marker=_MARKER.value, paths=paths)
+                   interrupted_workers=len(interrupted), worker_exit=[p.returncode for p in procs],
+                   signalled=signalled, deadline_s=_DEADLINE.value, marker=_MARKER.value,
+                   paths=paths)
     command = " ".join([os.path.relpath(__file__)] + sys.argv[1:])
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(dict(summary, command=command), f, indent=1)
@@ -267,11 +293,12 @@ def main(argv: Sequence[str]) -> int:
         f.write(_markdown(summary, command))
     counts = summary["counts"]
     print("counts: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-          + f"; {summary['wall_s']:.1f} s; {len(interrupted)} workers stopped at the deadline")
+          + f"; {summary['wall_s']:.1f} s; {len(interrupted)} workers stopped"
+          + (f" by a signal (exit {signalled})" if signalled is not None else " at the deadline"))
     for t, o in summary["tests"].items():
         if o in ("failed", "error", "worker died"):
             print(f"{o.upper()}: {t}")
-    return exit_status(counts)
+    return signalled if signalled is not None else exit_status(counts)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,9 @@
 # before showing the log (45, 30).
 set -euo pipefail
 cmd=${1:?usage: halo_h200.sh pack|receive|generate|prepare|start|wait|collect ...}
+# Whitespace alone is no flag (BRANCH_FLAGS=' ' would rerun the main run's stages as a branch).
+BRANCH_FLAGS=${BRANCH_FLAGS:-}
+if [[ -z "${BRANCH_FLAGS//[[:space:]]/}" ]]; then BRANCH_FLAGS=""; fi
 shift
 XFER=${XFER:-/tmp/xfer}
 WORK=${WORK:-/tmp/halo_h200}

@@ -251,7 +251,8 @@ class HaloH200ScriptTest(absltest.TestCase):
         self.assertFalse(os.path.exists(f"{self.env['WORK']}.driver.pid"))
         # BRANCH_FROM without BRANCH_FLAGS would run no branch: refused too.
         result = subprocess.run(["bash", SCRIPT, "start"], capture_output=True, text=True,
-                                cwd=ROOT, timeout=600, env=dict(self.env, BRANCH_FROM="stage2"))
+                                cwd=ROOT, timeout=600,
+                                env=dict(self.env, BRANCH_FROM="stage2", BRANCH_FLAGS=" \t"))
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("without BRANCH_FLAGS: no branch would run", result.stderr)
         self.assertFalse(os.path.exists(f"{self.env['WORK']}.driver.pid"))
