@@ -123,7 +123,7 @@ def main(argv):
     if not os.path.isfile(config_path):
         sys.exit(f"error: train_config: no such file: {config_path}")
     extra = _overrides()
-    bad = sweep.unknown_override_fields(runs, config_path, extra)
+    bad = sweep.bad_override_fields(runs, config_path, extra)
     if bad:  # before anything is made: each run would fail on it a few seconds in
         sys.exit(f"error: --override or the sweep's overrides: {'; '.join(bad[:3])}"
                  + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))

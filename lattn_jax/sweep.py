@@ -877,14 +877,15 @@ def missing_local_paths(runs: Sequence[Run], local_args: Sequence[str] = ()) -> 
     return out
 
 
-def unknown_override_fields(runs: Sequence[Run], config_path: str,
-                            extra_overrides: Sequence[Tuple[str, Any]] = ()) -> List[str]:
-    """The override fields of ``runs`` that their training config does not have.
+def bad_override_fields(runs: Sequence[Run], config_path: str,
+                        extra_overrides: Sequence[Tuple[str, Any]] = ()) -> List[str]:
+    """The override fields of ``runs`` that their training config lacks or cannot take.
 
     A misspelled ``--override`` (``train.total_stepz``) made every run fail a few seconds in,
     each leaving a run directory; the sweep binary checks the fields first. The training config
-    file is loaded here (its ``get_config(arg)``, once per distinct argument string); only the
-    field's existence is checked, its value is the trainer's to parse.
+    file is loaded here (its ``get_config(arg)``, once per distinct argument string); each field
+    must exist, and its value must parse as the field's type (int, float, bool, tuple) the way
+    ml_collections' config flags parse it; other values are the trainer's to check.
 
     Args:
       runs: the runs about to be run.
@@ -893,8 +894,9 @@ def unknown_override_fields(runs: Sequence[Run], config_path: str,
 
     Returns:
       One line per distinct problem, in the order first met: ``"<field>: no such field in
-      <file> (<n> of <N> runs, e.g. <file>:<arg>)"`` or, when ``get_config`` itself raises,
-      ``"<file>:<arg>: <error>"``.
+      <file> (<n> of <N> runs, e.g. <file>:<arg>)"`` (or ``is a section, not a field``, or
+      ``cannot take '<value>' (<type>: ...)`` for an int, float, bool or tuple field) or, when
+      ``get_config`` itself raises, ``"<file>:<arg>: <error>"``.
     """
     import importlib.util  # pylint: disable=import-outside-toplevel
 
@@ -904,7 +906,7 @@ def unknown_override_fields(runs: Sequence[Run], config_path: str,
     name = os.path.basename(config_path)
     configs: Dict[str, Any] = {}
     errors: List[str] = []
-    bad: Dict[str, List[Any]] = {}  # field -> [runs that lack it, the first one's arg]
+    bad: Dict[Tuple[str, str], List[Any]] = {}  # (field, problem) -> [runs, first run's arg]
     for run in runs:
         if run.arg not in configs:
             try:
@@ -915,7 +917,7 @@ def unknown_override_fields(runs: Sequence[Run], config_path: str,
         cfg = configs[run.arg]
         if cfg is None:
             continue
-        for field, _ in tuple(run.overrides) + tuple(extra_overrides):
+        for field, value in tuple(run.overrides) + tuple(extra_overrides):
             node = cfg
             for part in field.split("."):
                 try:
@@ -924,10 +926,36 @@ def unknown_override_fields(runs: Sequence[Run], config_path: str,
                     node = _MISSING
                     break
             if node is _MISSING:
-                bad.setdefault(field, [0, run.arg])[0] += 1
-    lines = [f"{field}: no such field in {name} ({n} of {len(runs)} runs, e.g. {name}:{arg})"
-             for field, (n, arg) in bad.items()]
+                problem = "no such field"
+            else:
+                problem = _override_value_problem(node, format_value(value))
+            if problem:
+                bad.setdefault((field, problem), [0, run.arg])[0] += 1
+    lines = [f"{field}: {problem} in {name} ({n} of {len(runs)} runs, e.g. {name}:{arg})"
+             for (field, problem), (n, arg) in bad.items()]
     return errors + lines
+
+
+def _override_value_problem(current: Any, text: str) -> Optional[str]:
+    """Why the trainer's ``--config.<field>=<text>`` would fail on a field now holding
+    ``current``, or ``None``: a section (a ConfigDict) is not a value, and int, float, bool and
+    tuple fields parse ``text`` with the parsers ml_collections' config flags use."""
+    import ml_collections  # pylint: disable=import-outside-toplevel
+    from absl import flags as absl_flags  # pylint: disable=import-outside-toplevel
+    from ml_collections.config_flags import tuple_parser  # pylint: disable=import-outside-toplevel
+
+    if isinstance(current, ml_collections.ConfigDict):
+        return "is a section, not a field"
+    parsers = ((bool, absl_flags.BooleanParser()), (int, absl_flags.IntegerParser()),
+               (float, absl_flags.FloatParser()), (tuple, tuple_parser.TupleParser()))
+    for kind, parser in parsers:
+        if isinstance(current, kind):
+            try:
+                parser.parse(text)
+            except (ValueError, SyntaxError, TypeError) as e:
+                return f"cannot take {text!r} ({kind.__name__}: {str(e).strip()[:80]})"
+            return None
+    return None
 
 
 _MISSING = object()

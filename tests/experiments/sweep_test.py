@@ -148,6 +148,14 @@ class SweepBinaryTest(absltest.TestCase):
                                      r"train\.total_stepz: no such field in \S+\.py \((\d+) of "
                                      r"\1 runs, e\.g\. ")
         self.assertFalse(os.path.exists(self.root))
+        # A value the field's type cannot take, and a whole section: the same, before the root.
+        for override, want in (("train.total_steps=abc", "train.total_steps: cannot take 'abc' "
+                                                         "(int: "),
+                               ("train=3", "train: is a section, not a field in ")):
+            out = self.sweep(f"--override={override}")
+            self.assertEqual(out.returncode, 1, out.stderr)
+            self.assertIn(want, out.stderr)
+            self.assertFalse(os.path.exists(self.root))
         out = self.sweep("--only=arch=gdn")
         self.assertEqual(out.returncode, 1)
         self.assertIn("error: --only='arch=gdn': no axis arch; the axes are "
