@@ -45,6 +45,7 @@ negative ``--grace_s``, no paths, a failed or empty collection, node ids whose f
 under the current directory.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -55,6 +56,10 @@ import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from absl import app, flags
+
+# The repository root, so that `python benchmarks/gpu_tests.py` finds lattn_jax.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lattn_jax.eval import fetch  # noqa: E402  pylint: disable=wrong-import-position
 
 _JOBS = _DEADLINE = _GRACE = _MARKER = _OUT = None  # flags, defined by _define_flags
 
@@ -88,8 +93,8 @@ def collect(paths: Sequence[str], marker: str) -> List[str]:
                           capture_output=True, text=True, check=False)
     if proc.returncode not in (0, 5):
         lines = (proc.stdout + proc.stderr).strip().splitlines()
-        first = next((ln for ln in lines if ln.startswith(("ERROR", "E "))), lines[-1:] or [""])
-        first = first if isinstance(first, str) else first[0]
+        first = next((ln for ln in lines if ln.startswith(("ERROR", "E "))),
+                     lines[-1] if lines else "")
         raise RuntimeError(f"pytest --collect-only failed (exit {proc.returncode}): "
                            f"{first.strip()}", proc.stdout + proc.stderr)
     return [line.strip() for line in proc.stdout.splitlines() if "::" in line]
@@ -126,19 +131,11 @@ def outcome_of(phases: Sequence[Mapping[str, object]]) -> Optional[str]:
 
 
 def read_records(path: str) -> Dict[str, List[Dict[str, object]]]:
-    """``{node id: [phase reports]}`` from a worker's record file (a torn last line, from a
-    worker killed mid-write, is skipped)."""
+    """``{node id: [phase reports]}`` from a worker's record file (``fetch.read_jsonl``: a torn
+    last line, from a worker killed mid-write, is skipped; no file, no records)."""
     out: Dict[str, List[Dict[str, object]]] = {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                out.setdefault(rec["nodeid"], []).append(rec)
-    except FileNotFoundError:
-        pass
+    for rec in fetch.read_jsonl(path):
+        out.setdefault(rec["nodeid"], []).append(rec)
     return out
 
 
@@ -169,10 +166,8 @@ def exit_status(counts: Dict[str, int]) -> int:
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     """``sig`` to the worker's process group (the worker and what its tests started)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> List[subprocess.Popen]:
@@ -183,10 +178,8 @@ def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> List[subprocess.
         _signal_group(p, signal.SIGINT)
     end = time.monotonic() + grace_s
     for p in running:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL below
             p.wait(timeout=max(0.0, end - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
     for p in procs:  # processes a test left behind in a finished worker's group, too
         _signal_group(p, signal.SIGKILL)
         if p.poll() is None:

@@ -83,14 +83,16 @@ def main(argv):
         sys.exit(f"error: --config is not a HALO config: it has no {', '.join(absent)} "
                  f"section(s) (see configs/halo_smollm2.py)")
     workdir = _WORKDIR.value
-    if not os.path.exists(workdir):  # refused input leaves no workdir behind; an existing
-        try:                         # workdir records the refusal in pipeline.jsonl (below)
-            experiment.check_prerequisites(config, workdir, stages)
-            experiment.check_inputs(config, workdir, stages)
-            experiment.check_eval_data(config, workdir, stages)
-            experiment.check_options(config, workdir, stages)
-        except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
-            sys.exit(f"error: {e}")
+    refused = None  # checked before hours of training, and before the workdir is made
+    try:
+        experiment.check_prerequisites(config, workdir, stages)
+        experiment.check_inputs(config, workdir, stages)
+        experiment.check_eval_data(config, workdir, stages)
+        experiment.check_options(config, workdir, stages)
+    except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
+        refused = f"error: {e}"
+        if not os.path.exists(workdir):  # nothing left behind; an existing workdir records
+            sys.exit(refused)            # the refusal in pipeline.jsonl (below)
     os.makedirs(workdir, exist_ok=True)
     cache = os.path.join(workdir, "jax_cache") if _CACHE.value is None else _CACHE.value
     if cache:
@@ -99,13 +101,9 @@ def main(argv):
     deadline = None if _DEADLINE.value is None else t_start + _DEADLINE.value
     _log(f"jax {jax.__version__}, devices {jax.devices()}; stages {stages}; deadline "
          f"{_DEADLINE.value} s")
-    times, status = {}, "complete"
+    times, status = {}, refused or "complete"
     try:
-        experiment.check_prerequisites(config, workdir, stages)  # before hours of training
-        experiment.check_inputs(config, workdir, stages)
-        experiment.check_eval_data(config, workdir, stages)
-        experiment.check_options(config, workdir, stages)
-        for stage in stages:
+        for stage in ([] if refused else stages):
             if experiment.is_done(workdir, stage):
                 times[stage] = "done before"
                 _log(f"=== {stage}: already done, skipped")

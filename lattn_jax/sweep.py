@@ -48,9 +48,11 @@ finishes the step, saves a checkpoint and exits), ``stop_margin_s`` before the d
 
 import calendar
 import collections
+import contextlib
 import dataclasses
 import enum
 import fnmatch
+import importlib.util
 import itertools
 import json
 import os
@@ -64,6 +66,10 @@ import tarfile
 import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import ml_collections
+from absl import flags as absl_flags
+from ml_collections.config_flags import tuple_parser
 
 from lattn_jax.eval import fetch
 
@@ -833,20 +839,11 @@ def check_root(root: str, config: Mapping[str, Any]) -> None:
     """
     name = sweep_name(config, root)
     recorded = []
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # none, or not a record
         with open(os.path.join(root, "results.json")) as f:
             recorded.append((json.load(f).get("sweep"), "results.json"))
-    except (OSError, ValueError, AttributeError):
-        pass
-    try:
-        with open(os.path.join(root, "sweep.jsonl")) as f:
-            for line in f:
-                try:
-                    recorded.append((json.loads(line).get("sweep"), "sweep.jsonl"))
-                except (ValueError, AttributeError):
-                    continue
-    except OSError:
-        pass
+    recorded += [(r.get("sweep"), "sweep.jsonl")
+                 for r in read_jsonl(os.path.join(root, "sweep.jsonl")) if isinstance(r, dict)]
     for other, source in recorded:
         if other is not None and other != name:
             raise SweepConfigError(
@@ -898,8 +895,6 @@ def bad_override_fields(runs: Sequence[Run], config_path: str,
       ``cannot take '<value>' (<type>: ...)`` for an int, float, bool or tuple field) or, when
       ``get_config`` itself raises, ``"<file>:<arg>: <error>"``.
     """
-    import importlib.util  # pylint: disable=import-outside-toplevel
-
     spec = importlib.util.spec_from_file_location("_sweep_train_config", config_path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -940,10 +935,6 @@ def _override_value_problem(current: Any, text: str) -> Optional[str]:
     """Why the trainer's ``--config.<field>=<text>`` would fail on a field now holding
     ``current``, or ``None``: a section (a ConfigDict) is not a value, and int, float, bool and
     tuple fields parse ``text`` with the parsers ml_collections' config flags use."""
-    import ml_collections  # pylint: disable=import-outside-toplevel
-    from absl import flags as absl_flags  # pylint: disable=import-outside-toplevel
-    from ml_collections.config_flags import tuple_parser  # pylint: disable=import-outside-toplevel
-
     if isinstance(current, ml_collections.ConfigDict):
         return "is a section, not a field"
     parsers = ((bool, absl_flags.BooleanParser()), (int, absl_flags.IntegerParser()),

@@ -213,7 +213,8 @@ class CorpusPerplexityTest(absltest.TestCase):
 
 class TeacherReuseTest(absltest.TestCase):
 
-    def test_teacher_results_are_reused_only_for_the_same_teacher_and_options(self):
+    def _first_report(self):
+        """A tiny teacher and student measured once (perplexity): the report to reuse."""
         models = tiny_models(vocab_size=257)
         named = {"teacher": (models["teacher"], "t"), "student": (models["student"], "s")}
         options = halo_smollm2.get_config("tiny").report
@@ -223,6 +224,10 @@ class TeacherReuseTest(absltest.TestCase):
         rep1 = report_lib.run_report(options=options, stage_dir=first, models=named,
                                      tokenizer=tok_lib.ByteTokenizer(), meta=meta, **QUIET)
         source = os.path.join(first, report_lib.REPORT_JSON)
+        return models, named, options, meta, rep1, source
+
+    def test_teacher_results_are_reused_only_for_the_same_teacher_and_options(self):
+        models, named, options, meta, rep1, source = self._first_report()
         # Another run: another student, the same teacher; the teacher is not measured again.
         other_student = tiny_models(seed=1, vocab_size=257)["student"]
         again = options.copy_and_resolve_references()
@@ -261,15 +266,7 @@ class TeacherReuseTest(absltest.TestCase):
 
     def test_a_reused_teacher_result_without_position_nll_is_measured_anew(self):
         # Reports before the position buckets: their teacher perplexity lacks position_nll.
-        models = tiny_models(vocab_size=257)
-        named = {"teacher": (models["teacher"], "t"), "student": (models["student"], "s")}
-        options = halo_smollm2.get_config("tiny").report
-        options.update(measurements=("perplexity",), perplexity_max_docs=1)
-        meta = {"teacher": "random /a/b/tiny.gguf: 2 layers", "teacher_id": "tiny sha256:1"}
-        first = self.create_tempdir().full_path
-        rep1 = report_lib.run_report(options=options, stage_dir=first, models=named,
-                                     tokenizer=tok_lib.ByteTokenizer(), meta=meta, **QUIET)
-        source = os.path.join(first, report_lib.REPORT_JSON)
+        models, named, options, meta, rep1, source = self._first_report()
         old = report_lib.read_json(source)
         del old["results"]["perplexity"]["teacher"]["position_nll"]
         report_lib._write_json(source, old)
