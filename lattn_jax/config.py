@@ -764,6 +764,12 @@ class OptimConfig:
         orthogonalisation) or ``"muon"`` (plain Muon).
       muon_beta2: EMA rate of the NorMuon second moment (paper: 0.95, no bias correction).
       muon_eps: floor of the NorMuon second moment (paper: 1e-8).
+      flatten: run the AdamW updates (all of ``name="adamw"``, the AdamW group of ``"muon"``)
+        on raveled flat vectors with ``optax.flatten`` (two groups, decayed and not, see
+        ``lattn_jax.optim.adamw_transform``) instead of leaf by leaf: the same result from fewer,
+        larger kernels (timed by ``benchmarks/bench_optimizer.py``). The optimizer state's layout changes (a checkpoint restores only
+        with the setting that wrote it), the parameters must share one dtype, and it is refused
+        when parameters are sharded (fsdp / tensor meshes). Muon leaves stay per matrix.
     """
 
     name: str = "adamw"
@@ -792,6 +798,7 @@ class OptimConfig:
     muon_variant: str = "normuon"
     muon_beta2: float = 0.95
     muon_eps: float = 1e-8
+    flatten: bool = False
 
     def __post_init__(self):
         _require(self.name in ("adamw", "muon"),
@@ -861,6 +868,8 @@ class OptimConfig:
             self.muon_variant in ("normuon", "muon"),
             f"optim.muon_variant={self.muon_variant!r}; choose normuon or muon",
         )
+        _require(isinstance(self.flatten, bool),
+                 f"optim.flatten must be True or False, got {self.flatten!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,11 @@
     biases, convolution weights and every 0-D/1-D parameter get AdamW with its own peak LR,
     schedule floor and weight decay (:func:`adamw_group_settings`).
 
+  With ``optim.flatten`` every AdamW update (the whole ``adamw`` optimizer, or the AdamW group of
+  ``muon``) runs on raveled fp32 vectors (:func:`adamw_transform`, ``optax.flatten``) instead of
+  leaf by leaf: the same arithmetic in a few large kernels instead of several small kernels per
+  leaf. Muon leaves stay per matrix.
+
 Layout convention. Flax ``Dense`` kernels are ``[in, out]`` (``y = x @ W``), the transpose of
 PyTorch's ``[out, in]`` weights that the authors' Muon code (NVIDIA Emerging-Optimizers v0.2.0)
 sees. Everything shape-dependent below (fan-in/fan-out scale, the NorMuon reduction axis) is
@@ -475,6 +480,135 @@ def scale_by_normuon_recipe(cfg: config_lib.OptimConfig) -> optax.GradientTransf
 
 
 # -------------------------------------------------------------------------------------------
+# AdamW, leaf by leaf or on flat vectors
+# -------------------------------------------------------------------------------------------
+
+# Group labels of the flattened AdamW (see adamw_transform).
+DECAY = "decay"
+NO_DECAY = "no_decay"
+
+
+def _flatten_group(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``optax.flatten(inner)`` that also accepts a tree without leaves and refuses mixed dtypes.
+
+    ``optax.flatten`` concatenates the leaves into one vector (``concatenate`` fails on none,
+    and would silently promote mixed dtypes, e.g. bf16 moments to fp32). A group of
+    ``optax.multi_transform`` can be empty (a model without 1-D parameters has no ``no_decay``
+    leaf): then the state is ``optax.EmptyState()`` and the updates pass through unchanged.
+
+    Raises:
+      ValueError: (at ``init``) the leaves do not all have one dtype.
+    """
+    flat = optax.flatten(inner)
+
+    def init_fn(params):
+        leaves = jax.tree_util.tree_leaves(params)
+        if not leaves:
+            return optax.EmptyState()
+        dtypes = sorted({str(jnp.result_type(x)) for x in leaves})
+        if len(dtypes) > 1:
+            raise ValueError(f"optim.flatten=True ravels the parameters into one vector, which "
+                             f"needs one dtype; got {dtypes}. Set optim.flatten=False")
+        return flat.init(params)
+
+    def update_fn(updates, state, params=None):
+        if not jax.tree_util.tree_leaves(updates):
+            return updates, state
+        return flat.update(updates, state, params)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def decay_labels(params: PyTree) -> PyTree:
+    """``"decay"`` for leaves that get weight decay (2+ dims, :func:`weight_decay_mask`), else
+    ``"no_decay"``; a pytree of strings with the structure of ``params`` (leaves need ``ndim``)."""
+    return jax.tree_util.tree_map(lambda p: DECAY if jnp.ndim(p) >= 2 else NO_DECAY, params)
+
+
+def adamw_transform(learning_rate: optax.ScalarOrSchedule, *, b1: float, b2: float, eps: float,
+                    weight_decay: float, flatten: bool = False
+                    ) -> optax.GradientTransformation:
+    """Bias-corrected AdamW with decoupled weight decay on 2+-dim leaves only.
+
+    Per fp32 leaf ``p`` with gradient ``g`` at step ``t = 1, 2, ...`` (``lr_t`` the schedule at
+    ``t - 1``; ``wd = weight_decay`` if ``p.ndim >= 2`` else ``0``)::
+
+        m <- b1 m + (1 - b1) g;   v <- b2 v + (1 - b2) g^2
+        p <- p - lr_t * (m / (1 - b1^t) / (sqrt(v / (1 - b2^t)) + eps) + wd * p)
+
+    ``flatten=False``: ``optax.adamw(..., mask=weight_decay_mask)``, state per leaf (``mu``,
+    ``nu`` of each leaf's shape and dtype).
+
+    ``flatten=True``: the same update on flat vectors. A leaf mask cannot be expressed on one
+    raveled vector, so the leaves are split by :func:`decay_labels` with
+    ``optax.multi_transform`` into two groups, each wrapped in ``optax.flatten``:
+    ``"decay"`` (``optax.adamw`` with ``weight_decay``, no mask) and ``"no_decay"``
+    (``optax.adam``, i.e. AdamW without the decay term, which is what the masked leaves get).
+    Chosen over one vector with an elementwise 0/1 decay mask because the mask would be an
+    ``[N]`` array either baked into the program as a constant or carried in the state (4 more
+    bytes per parameter read every step), and would need our own decay transform; the two groups
+    are stock optax transforms, so the arithmetic per element is optax's own and the only cost
+    is a second (small: norm scales and biases) flat group. With ``weight_decay == 0`` there is
+    one group, ``optax.flatten(optax.adam(...))`` (the decay term is zero everywhere).
+    Both groups step their own count, in lockstep, so bias correction and the schedule are
+    unchanged. State: ``mu``/``nu`` are ``[N_group]`` vectors of the leaves' common dtype.
+    Under a mesh these vectors match no parameter, so ``sharding.state_shardings`` replicates
+    them (see :func:`check_flatten_sharding`).
+
+    Args:
+      learning_rate: a float or an ``optax`` schedule ``step -> lr``.
+      b1, b2, eps: Adam's moment rates and denominator floor.
+      weight_decay: decoupled decay rate (times ``lr_t``) of 2+-dim leaves.
+      flatten: update flat vectors instead of leaf by leaf.
+
+    Returns:
+      An optax ``GradientTransformation``; its ``update`` needs ``params`` when
+      ``weight_decay > 0``.
+
+    Raises:
+      ValueError: (at ``init``, ``flatten=True``) the parameter leaves (of one group) do not all
+        have one dtype.
+    """
+    if not flatten:
+        return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                           mask=weight_decay_mask)
+    adam = _flatten_group(optax.adam(learning_rate, b1=b1, b2=b2, eps=eps))
+    if weight_decay == 0:
+        return adam
+    decayed = _flatten_group(optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps,
+                                         weight_decay=weight_decay))
+    return optax.multi_transform({DECAY: decayed, NO_DECAY: adam}, decay_labels)
+
+
+def check_flatten_sharding(cfg: config_lib.OptimConfig, param_shardings: PyTree) -> None:
+    """Refuses ``optim.flatten`` when parameters are sharded (FSDP / tensor parallel meshes).
+
+    The flat AdamW moments are ``[N]`` vectors that correspond to no parameter, so
+    ``sharding.state_shardings`` replicates them, and raveling sharded parameters gathers them:
+    every device would hold the whole optimizer state. Replicated parameters (one device, pure
+    data parallelism) are fine.
+
+    Args:
+      cfg: optimizer settings.
+      param_shardings: pytree of ``jax.sharding.Sharding`` (anything with
+        ``is_fully_replicated``), one per parameter.
+
+    Raises:
+      ConfigError: ``cfg.flatten`` and some parameter sharding is not fully replicated.
+    """
+    if not cfg.flatten:
+        return
+    sharded = [jax.tree_util.keystr(path) for path, s in
+               jax.tree_util.tree_flatten_with_path(param_shardings)[0]
+               if not s.is_fully_replicated]
+    if sharded:
+        raise config_lib.ConfigError(
+            f"optim.flatten=True keeps the AdamW state as whole flat vectors, replicated on "
+            f"every device, but {len(sharded)} parameters are sharded (e.g. {sharded[0]}); set "
+            f"optim.flatten=False with fsdp or tensor parallelism")
+
+
+# -------------------------------------------------------------------------------------------
 # The optimizer
 # -------------------------------------------------------------------------------------------
 
@@ -496,6 +630,12 @@ def make_optimizer(cfg: config_lib.OptimConfig, total_steps: int) -> optax.Gradi
     Both groups share the warm-up and schedule shape; clipping is on the global norm of ALL
     gradients before the split (Megatron ChainedOptimizer).
 
+    ``cfg.flatten``: every AdamW update above runs on flat vectors (:func:`adamw_transform`):
+    the ``adamw`` optimizer, or the ``"adamw"`` group of ``muon`` (nested inside its
+    ``multi_transform``; Muon leaves stay per matrix). The clipping still sees every gradient
+    leaf and the schedules are the same; only the optimizer state's layout changes, so a
+    checkpoint restores only into the setting that wrote it.
+
     Args:
       cfg: optimizer settings.
       total_steps: total optimizer steps (for the schedule).
@@ -504,15 +644,16 @@ def make_optimizer(cfg: config_lib.OptimConfig, total_steps: int) -> optax.Gradi
       An optax ``GradientTransformation``; its ``update`` needs ``params``.
 
     Raises:
-      ValueError: unknown ``cfg.name`` (``OptimConfig`` already rejects it).
+      ValueError: unknown ``cfg.name`` (``OptimConfig`` already rejects it); with
+        ``cfg.flatten``, at ``init``, parameters of more than one dtype.
     """
     parts = []
     if cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(cfg.grad_clip))
     schedule = learning_rate_schedule(cfg, total_steps)
     if cfg.name == ADAMW:
-        parts.append(optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                                 weight_decay=cfg.weight_decay, mask=weight_decay_mask))
+        parts.append(adamw_transform(schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay, flatten=cfg.flatten))
     elif cfg.name == MUON:
         adam = adamw_group_settings(cfg)
         adam_schedule = learning_rate_schedule(cfg, total_steps, peak=adam.learning_rate,
@@ -522,8 +663,8 @@ def make_optimizer(cfg: config_lib.OptimConfig, total_steps: int) -> optax.Gradi
             optax.add_decayed_weights(cfg.weight_decay),
             optax.scale_by_learning_rate(schedule),
         )
-        adamw_tx = optax.adamw(adam_schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                               weight_decay=adam.weight_decay, mask=weight_decay_mask)
+        adamw_tx = adamw_transform(adam_schedule, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                                   weight_decay=adam.weight_decay, flatten=cfg.flatten)
         parts.append(optax.multi_transform({MUON: muon_tx, ADAMW: adamw_tx}, param_labels))
     else:
         raise ValueError(f"optim.name={cfg.name!r}; choose adamw or muon")
