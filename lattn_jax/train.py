@@ -114,6 +114,7 @@ class Trainer:
         else:
             self.state_shardings = sharding.state_shardings(self._abstract_state, mesh,
                                                             self.rules)
+            optim.check_flatten_sharding(config.optim, self.state_shardings["params"])
             self._train_step_jit = jax.jit(self._train_step, donate_argnums=(0,),
                                            out_shardings=(self.state_shardings, None))
             self._init_jit = jax.jit(self._init_fn, out_shardings=self.state_shardings)
@@ -547,14 +548,18 @@ def _config_dict(config: config_lib.ExperimentConfig) -> Dict[str, Any]:
 _RESUMABLE_DATA_OPTIONS = ("max_val_batches",)
 # Model options that change how the same parameters are computed with, not the parameters.
 _RESUMABLE_MODEL_OPTIONS = ("dtype", "remat", "remat_policy", "split_projections")
+# Optimizer options that change the optimizer state's pytree (a checkpoint restores only into
+# the layout that wrote it), with their values for a config.json older than the option.
+_STATE_LAYOUT_OPTIM_OPTIONS = {"flatten": False}
 
 
 def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
                              has_checkpoint: bool) -> None:
     """Refuses to resume a checkpoint written with a different model or data stream.
 
-    The model options must match for the parameters to load, and the data options for the
-    restored iterator position to mean the same batches. ``config.json`` is written when the
+    The model options must match for the parameters to load, the data options for the
+    restored iterator position to mean the same batches, and ``optim.flatten`` for the optimizer
+    state to load (it changes the state's layout). ``config.json`` is written when the
     run starts (no checkpoint yet) and then kept: each invocation's own config is in
     ``invocations.jsonl`` (:func:`record_invocation`).
 
@@ -578,6 +583,9 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
         current_data = {k: v for k, v in current["data"].items()
                         if k not in _RESUMABLE_DATA_OPTIONS}
         diffs += _diff(saved_data, current_data, "data.")
+        saved_optim = saved.get("optim", {})
+        diffs += _diff({k: saved_optim.get(k, d) for k, d in _STATE_LAYOUT_OPTIM_OPTIONS.items()},
+                       {k: current["optim"][k] for k in _STATE_LAYOUT_OPTIM_OPTIONS}, "optim.")
         if diffs:
             raise config_lib.ConfigError(
                 f"workdir {workdir} holds a checkpoint of a different run; options that "

@@ -209,6 +209,22 @@ class ResumeChecksTest(absltest.TestCase):
         with self.assertRaisesRegex(config_lib.ConfigError, r"data\.seq_len \(32 -> 16\)"):
             train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
 
+    def test_flat_optimizer_trains_resumes_and_refuses_a_layout_change(self):
+        def cfg(flatten, total_steps):
+            base = tiny_experiment(self.corpus, total_steps=total_steps)
+            optim_cfg = config_lib.OptimConfig(**{**base.optim.__dict__, "flatten": flatten})
+            return config_lib.ExperimentConfig(model=base.model, data=base.data,
+                                               optim=optim_cfg, train=base.train)
+
+        workdir = os.path.join(self.tmp, "f")
+        first = train.train_and_evaluate(cfg(True, 1), workdir, print_fn=lambda s: None)
+        self.assertTrue(np.isfinite(first["val_loss"]))
+        second = train.train_and_evaluate(cfg(True, 2), workdir, print_fn=lambda s: None)
+        self.assertEqual(second["resumed_from"], 1)
+        # The optimizer state's layout differs: one line naming the option, not orbax's error.
+        with self.assertRaisesRegex(config_lib.ConfigError, r"optim\.flatten \(True -> False\)"):
+            train.train_and_evaluate(cfg(False, 3), workdir, print_fn=lambda s: None)
+
     def test_config_json_without_checkpoint_does_not_block_a_new_run(self):
         workdir = os.path.join(self.tmp, "e")
         os.makedirs(workdir)
