@@ -766,10 +766,11 @@ class OptimConfig:
       muon_eps: floor of the NorMuon second moment (paper: 1e-8).
       flatten: run the AdamW updates (all of ``name="adamw"``, the AdamW group of ``"muon"``)
         on raveled flat vectors with ``optax.flatten`` (two groups, decayed and not, see
-        ``lattn_jax.optim.adamw_transform``) instead of leaf by leaf: the same result from fewer,
-        larger kernels (timed by ``benchmarks/bench_optimizer.py``). The optimizer state's layout changes (a checkpoint restores only
-        with the setting that wrote it), the parameters must share one dtype, and it is refused
-        when parameters are sharded (fsdp / tensor meshes). Muon leaves stay per matrix.
+        ``lattn_jax.optim.adamw_transform``) instead of leaf by leaf: the same result from
+        fewer, larger kernels (timed by ``benchmarks/bench_optimizer.py``). The optimizer
+        state's layout changes (a checkpoint restores only with the setting that wrote it),
+        the parameters must share one dtype, and it is refused when parameters are sharded
+        (fsdp / tensor meshes). Muon leaves stay per matrix.
     """
 
     name: str = "adamw"
