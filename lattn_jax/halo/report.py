@@ -1549,7 +1549,12 @@ def _stage_rows(config: Mapping[str, Any], workdir: str) -> List[str]:
                     f"{sec.get('optim', {}).get('learning_rate')} | {first} | {last} | "
                     f"{_wall(workdir, stage)} | {_complete(workdir, stage)} |")
     sel = config.get("select", {})
-    if sel:
+    override = (config.get("hypenet") or {}).get("attention_layers")
+    if sel and override is not None and not os.path.isdir(os.path.join(workdir, "select")):
+        # The selection's ablation as its own pipeline (--stages without select).
+        rows.append(f"| select | not run: `hypenet.attention_layers` = {list(override)} set "
+                    f"in the config | – | – | – | – | – | – | – |")
+    elif sel:
         selection = read_json(os.path.join(workdir, "select", "selection.json")) or {}
         layers = len(selection.get("csr", ()))
         if "csr_tokens_per_layer" in selection:  # the held-out / NIAH probes

@@ -683,7 +683,7 @@ class MarkdownTest(absltest.TestCase):
                       "| student / teacher |", md)
         self.assertIn("| [64, 1,024) | 30 | 18.274 | 14.880 | – |", md)
 
-    def test_committed_reports_render_without_the_position_table(self):
+    def test_committed_reports_render_with_the_position_table_where_measured(self):
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
             os.path.abspath(__file__)))))
         results = os.path.join(root, "benchmarks", "results")
@@ -694,7 +694,10 @@ class MarkdownTest(absltest.TestCase):
             page = report_lib.render_markdown(os.path.join(results, d))
             self.assertIn("## Teacher versus converted student", page)
             self.assertIn("token_perplexity", page)
-            self.assertNotIn("Perplexity by position", page)
+            with open(os.path.join(results, d, "report", "report.json")) as f:
+                ppl = json.load(f)["results"].get("perplexity", {})
+            measured = any("position_nll" in r for r in ppl.values())
+            self.assertEqual("Perplexity by position" in page, measured, d)
 
     def test_stage3_row_names_the_teacher_kl(self):
         # With stage3.kl_weight > 0 the logged Stage-3 loss is CE + w x KL: the page says so.
@@ -733,6 +736,23 @@ class MarkdownTest(absltest.TestCase):
             if shown:
                 self.assertIn("`config.hypenet.attention_layers` = [1, 3] overrides the "
                               "selected [2, 5]", page)
+
+    def test_stage_table_says_select_did_not_run_when_the_config_sets_the_layers(self):
+        # The selection's ablation as its own pipeline (--stages without select): no select
+        # directory, attention layers from the config.
+        workdir = self.create_tempdir().full_path
+        config = {"select": {"seq_len": 512, "batch_size": 32, "max_val_batches": 8,
+                             "synthetic_recall": 20},
+                  "hypenet": {"attention_layers": [3, 7, 11]}}
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump(config, f)
+        page = report_lib.render_markdown(workdir)
+        self.assertIn("| select | not run: `hypenet.attention_layers` = [3, 7, 11] set in the "
+                      "config |", page)
+        self.assertNotIn("single-replacement sweep over ? layers", page)
+        # With a select directory (a branch from a copied workdir) the sweep row stays.
+        os.makedirs(os.path.join(workdir, "select"))
+        self.assertIn("| select | single-replacement sweep over", report_lib.render_markdown(workdir))
 
     def test_page_from_hand_made_json(self):
         workdir = self.create_tempdir().full_path
