@@ -752,7 +752,8 @@ class MarkdownTest(absltest.TestCase):
         self.assertNotIn("single-replacement sweep over ? layers", page)
         # With a select directory (a branch from a copied workdir) the sweep row stays.
         os.makedirs(os.path.join(workdir, "select"))
-        self.assertIn("| select | single-replacement sweep over", report_lib.render_markdown(workdir))
+        self.assertIn("| select | single-replacement sweep over",
+                      report_lib.render_markdown(workdir))
 
     def test_page_from_hand_made_json(self):
         workdir = self.create_tempdir().full_path
