@@ -162,13 +162,23 @@ class HloIndex:
                     out.append(inst)
         return out
 
+    def _in_repo(self, f: Frame) -> bool:
+        path = os.path.normpath(f.file)
+        return (path.startswith(os.path.normpath(self.root) + os.sep)
+                and "site-packages" not in path)
+
+    def callers(self, inst: Instruction, depth: int = 3) -> List[str]:
+        """``path:line`` of up to ``depth`` frames of ``inst`` in this repository after
+        :meth:`frame` (its callers, innermost first): where a generic helper's line (a dense
+        layer's matmul) was called from. ``[]`` without frames there."""
+        mine = [f for f in inst.frames if self._in_repo(f)]
+        return [f"{short_path(f.file, self.root)}:{f.line}" for f in mine[1:1 + depth]]
+
     def frame(self, inst: Instruction) -> Optional[Frame]:
         """The frame that locates ``inst``: its innermost frame in this repository (a file under
         ``root`` and not in ``site-packages``), else its innermost frame; ``None`` without one."""
         for f in inst.frames:
-            path = os.path.normpath(f.file)
-            if (path.startswith(os.path.normpath(self.root) + os.sep)
-                    and "site-packages" not in path):
+            if self._in_repo(f):
                 return f
         return inst.frames[0] if inst.frames else None
 
@@ -180,9 +190,10 @@ class HloIndex:
     def attribute(self, name: str, max_sources: int = 5) -> Optional[dict]:
         """Where instruction ``name`` comes from; ``None`` if the module has no such instruction.
 
-        Returns a dict: ``hlo_op`` (``name``), ``opcode``, ``op_name`` and ``source``
-        (``path:line``) of the instruction itself, or of its called computation's root when the
-        instruction has no metadata of its own (``""`` when neither has); ``sources``: up to
+        Returns a dict: ``hlo_op`` (``name``), ``opcode``, ``op_name``, ``source``
+        (``path:line``) and ``callers`` (:meth:`callers`) of the instruction itself, or of its
+        called computation's root when the instruction has no metadata of its own (``""`` /
+        ``[]`` when neither has); ``sources``: up to
         ``max_sources`` ``{"source", "op_name", "ops"}`` of its fused instructions grouped by
         source line and op name, most instructions first (``[]`` for an unfused instruction).
         """
@@ -201,7 +212,8 @@ class HloIndex:
         sources = [dict(source=s, op_name=o, ops=k)
                    for (s, o), k in sorted(groups.items(), key=lambda kv: (-kv[1], kv[0]))]
         return dict(hlo_op=name, opcode=inst.opcode, op_name=main.op_name,
-                    source=self.source(main), sources=sources[:max_sources])
+                    source=self.source(main), callers=self.callers(main),
+                    sources=sources[:max_sources])
 
 
 def _table_rows(lines: Sequence[str], start: int) -> Tuple[Dict[int, str], int]:

@@ -28,7 +28,7 @@ def _inner(z):
 
 def _f(x, y):
     z = jnp.concatenate([x, y], axis=0)  # CONCAT
-    return _inner(z), z.T @ z
+    return _inner(z), z.T @ z  # CALL
 
 
 def _compiled_text():
@@ -85,6 +85,7 @@ class HloSourceTest(absltest.TestCase):
         # The frames run innermost first: _inner's line, then _f's call of it.
         self.assertEqual(fusions[0].frames[0].function, "_inner")
         self.assertEqual([f.function for f in fusions[0].frames[:2]], ["_inner", "_f"])
+        self.assertEqual(attr["callers"][0], f"{REL}:{_line_of('CALL')}")
 
     def test_hand_written_module(self):
         index = hlo_source.parse_hlo(HAND_WRITTEN, root="/repo")
@@ -136,6 +137,7 @@ ENTRY %main (p: f32[4]) -> f32[4] {
         inst = index.instructions["sine.1"]
         self.assertEqual([f.line for f in inst.frames], [1000, 226])
         self.assertEqual(index.source(inst), "lattn_jax/layers.py:226")  # the repo's frame
+        self.assertEqual(index.callers(inst), [])
         self.assertEqual(hlo_source.short_path(inst.frames[0].file, "/repo"),
                          "flax/linen/module.py")
 
