@@ -163,9 +163,12 @@ def time_back_to_back(fn: Callable[[], Any], iters: int) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def device_kernel_events(events: Sequence[Mapping[str, Any]]
-                         ) -> List[Tuple[str, float, float]]:
-    """``(name, start, duration)`` (µs) of every device kernel in Chrome-trace ``events``.
+def device_kernel_events(events: Sequence[Mapping[str, Any]], with_args: bool = False
+                         ) -> List[Tuple]:
+    """``(name, start, duration)`` (µs) of every device kernel in Chrome-trace ``events``;
+    ``(name, start, duration, args)`` with ``with_args`` (the event's ``args`` dict, ``{}`` if
+    absent: on a GPU, jax.profiler's kernel events carry the launching HLO instruction there,
+    e.g. ``hlo_op`` and ``hlo_module``).
 
     Keeps the complete events (``ph == "X"``) on processes whose name holds ``/device:GPU``
     (jax.profiler's device planes), and of those only the ``Stream #...`` threads where the trace
@@ -182,8 +185,11 @@ def device_kernel_events(events: Sequence[Mapping[str, Any]]
         name = threads.get((e["pid"], e.get("tid")))
         return name is None or name.startswith("Stream")
 
-    return [(e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0))) for e in events
-            if e.get("ph") == "X" and e.get("pid") in gpu and on_stream(e)]
+    kernels = [e for e in events if e.get("ph") == "X" and e.get("pid") in gpu and on_stream(e)]
+    if with_args:
+        return [(e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0)),
+                 dict(e.get("args") or {})) for e in kernels]
+    return [(e.get("name", ""), float(e.get("ts", 0)), float(e.get("dur", 0))) for e in kernels]
 
 
 def busy_time(intervals: Sequence[Tuple[float, float]]) -> float:

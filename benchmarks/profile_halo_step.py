@@ -32,7 +32,9 @@ It reports, in ms per step:
 * from a ``jax.profiler`` trace of ``--trace_steps`` whole steps (``profile_train_step``'s
   helpers): summed kernel time per step by class (Pallas / Mosaic mixer kernels, attention,
   matmul, copies, other XLA fusions), the device-busy fraction of the synced step and the
-  ``--top`` longest kernels by name;
+  ``--top`` longest kernels by name with their source lines, and the longest HLO instructions
+  when the trace names each launch's instruction (``profile_train_step.add_sources`` on the
+  step's optimized HLO);
 * hardware, versions, the command and the date.
 
 Everything is compiled once, concurrently (``benchmarks.common.compile_concurrently``), before
@@ -323,6 +325,7 @@ def run(args: argparse.Namespace) -> dict:
     times["step"] = bench.time_calls(one_step, warmup=1, iters=args.iters)
     step_async_s = bench.time_back_to_back(one_step, args.iters)
     events = bench.trace_events(one_step, args.trace_steps)
+    hlo_text = pts.step_hlo_text(step_exe)
     loss = float(jax.device_get(one_step()["loss"]))
 
     tokens = b["rows"] * b["length"]
@@ -356,6 +359,7 @@ def run(args: argparse.Namespace) -> dict:
         device_busy_fraction=busy / ms["step"] if classes else None,
         longest_kernels=[dict(name=n, cls=c, ms_per_step=t, calls_per_step=k)
                          for n, c, t, k in longest])
+    pts.add_sources(payload, events, args.trace_steps, hlo_text, args.top)
     return payload
 
 
@@ -404,11 +408,7 @@ def markdown(payload: dict) -> str:
         total = payload["kernel_ms_per_step"]
         for k, v in sorted(classes.items(), key=lambda kv: -kv[1]):
             lines.append(f"| {k} | {v:.2f} | {100 * v / total:.1f}% |")
-        lines += ["", "| longest kernels | class | ms per step | calls per step |",
-                  "|---|---|---:|---:|"]
-        for r in payload["longest_kernels"]:
-            lines.append(f"| `{r['name'][:80]}` | {r['cls']} | {r['ms_per_step']:.3f} | "
-                         f"{r['calls_per_step']:.0f} |")
+        lines += [""] + pts.kernel_tables(payload)
     else:
         lines.append("No device kernels in the trace (a CPU backend): no class table.")
     lines += ["", "Compile (concurrent) s: " + ", ".join(

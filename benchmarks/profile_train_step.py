@@ -15,7 +15,11 @@ device it reports, in ms per step:
   kernel class (Pallas mixer kernels, matmuls, attention, collectives, copies, other XLA
   fusions), the device-busy fraction of the step's wall time (the union of the kernels'
   intervals, so concurrent streams count once; idle = host dispatch, syncs, gaps), and the
-  longest kernels by name;
+  longest kernels by name, each with its source line (:func:`add_sources`: the HLO instruction
+  that launched it, from the trace's ``hlo_op`` event arg, else the instruction the kernel is
+  named after, located in the step's optimized HLO by ``benchmarks/hlo_source.py``) and,
+  when the trace names the launching instructions, the longest HLO instructions (XLA reuses
+  one kernel for identical instructions, so one kernel name can stand for many);
 * the model FLOPs of a step (``lattn_jax.flops``) and the MFU of ``step`` and of ``fwd_bwd``.
 
 Each part is compiled before it is timed (compilation is excluded). On a CPU backend the
@@ -31,8 +35,10 @@ Usage (H200)::
 import argparse
 import collections
 import os
+import re
 import sys
 import time
+from typing import Any, List, Mapping, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -43,6 +49,7 @@ import optax  # noqa: E402
 
 from benchmarks import bench_train  # noqa: E402
 from benchmarks import common as bench  # noqa: E402
+from benchmarks import hlo_source  # noqa: E402
 from lattn_jax import flops as flops_lib  # noqa: E402
 from lattn_jax import sharding  # noqa: E402
 from lattn_jax import train as train_lib  # noqa: E402
@@ -84,6 +91,222 @@ def kernel_breakdown(events, steps: int, top: int = 25):
     longest = [(n, classify(n), us / 1e3 / steps, calls[n] / steps)
                for n, us in by_name.most_common(top)]
     return classes, busy, longest
+
+
+_HLO_KEY_RE = re.compile(r"\b(hlo_op|hlo_module)=([^,#\s]+)")
+
+
+def hlo_op_of(args: Mapping[str, Any]) -> Optional[Tuple[str, str]]:
+    """``(hlo_module, hlo_op)`` of a device kernel event's ``args``, or ``None``.
+
+    XLA:GPU runs each kernel under the annotation ``XlaModule:#hlo_module=M,...#`` ::
+    ``Thunk:#name=<op name>,hlo_op=<instruction>#`` and jax.profiler's CUPTI collector turns its
+    ``key=value`` pairs into the kernel event's stats, which the Chrome trace writes as ``args``:
+    ``hlo_op`` names the HLO instruction that launched the kernel even when XLA reuses one kernel
+    (one name) for several identical instructions. Also accepted: the raw annotation text in any
+    string arg (``...hlo_op=fusion.3...``). ``hlo_module`` is ``""`` when absent.
+    """
+    op, module = args.get("hlo_op"), args.get("hlo_module")
+    if not op:
+        for value in args.values():
+            if isinstance(value, str) and "hlo_op=" in value:
+                found = dict(_HLO_KEY_RE.findall(value))
+                op, module = found.get("hlo_op"), module or found.get("hlo_module")
+                break
+    if not op or not isinstance(op, str):
+        return None
+    return (str(module or ""), op)
+
+
+def instruction_breakdown(events, steps: int, top: Optional[int] = 25) -> List[dict]:
+    """The ``top`` (``None``: all) longest HLO instructions of Chrome-trace ``events`` of
+    ``steps`` steps.
+
+    Groups the device kernel launches (:func:`benchmarks.common.device_kernel_events`) by the
+    instruction that launched them (:func:`hlo_op_of`); launches without one are left out.
+
+    Returns:
+      ``[{"hlo_module", "hlo_op", "kernel" (the kernel name with the most time), "kernels"
+      (names, most time first), "cls", "ms_per_step", "calls_per_step", "trace_op_name" (the
+      annotation's op name, ``""`` if absent)}]``, longest first; ``[]`` when no launch names
+      its instruction (a CPU backend, or a trace format without ``hlo_op``).
+    """
+    time, calls = collections.Counter(), collections.Counter()
+    kernels = collections.defaultdict(collections.Counter)
+    op_names = {}
+    for name, _, dur, args in bench.device_kernel_events(events, with_args=True):
+        key = hlo_op_of(args)
+        if key is None:
+            continue
+        time[key] += dur
+        calls[key] += 1
+        kernels[key][name] += dur
+        if isinstance(args.get("name"), str):
+            op_names.setdefault(key, args["name"])
+    rows = []
+    for key, us in time.most_common(top):
+        names = [n for n, _ in kernels[key].most_common()]
+        rows.append(dict(hlo_module=key[0], hlo_op=key[1], kernel=names[0], kernels=names,
+                         cls=classify(names[0]), ms_per_step=us / 1e3 / steps,
+                         calls_per_step=calls[key] / steps,
+                         trace_op_name=op_names.get(key, "")))
+    return rows
+
+
+def _source_text(attr: Optional[Mapping[str, Any]], more: int = 0) -> str:
+    """``"<op> at <path:line> < <caller path:line> (<op name tail>)"`` of
+    :meth:`HloIndex.attribute`'s dict (the first caller in the repository, if any), with
+    ``"; +N other lines"`` for ``more``; ``""`` for ``None`` or no op name and no source."""
+    if not attr or not (attr.get("op_name") or attr.get("source")):
+        return ""
+    op = attr["op_name"].split("/")[-1] if attr.get("op_name") else attr.get("opcode", "")
+    text = f"{op} at {attr['source'] or '?'}"
+    if attr.get("callers"):
+        text += f" < {attr['callers'][0]}"
+    tail = hlo_source.op_tail(attr.get("op_name", ""), 3)
+    if tail and tail != op:
+        text += f" ({tail})"
+    if more:
+        text += f"; +{more} other line{'s' if more > 1 else ''}"
+    return text
+
+
+def source_attribution(events, steps: int, longest, hlo_text: Optional[str],
+                       top: int = 25) -> dict:
+    """Attributes the longest kernels and the longest HLO instructions to source lines.
+
+    Args:
+      events: the Chrome-trace events :func:`kernel_breakdown` read.
+      steps: steps in the trace.
+      longest: :func:`kernel_breakdown`'s ``[(name, class, ms, calls)]``.
+      hlo_text: the traced executable's optimized HLO (``Compiled.as_text()``), or ``None``.
+      top: instructions listed.
+
+    Returns:
+      ``{"kernels": {kernel name: {"source", "op_name", "hlo_ops" (up to 8, most time first),
+      "n_hlo_ops", "via"}}, "instructions": [:func:`instruction_breakdown` rows plus
+      "opcode", "op_name", "source", "sources"], "hlo_module", "per_instruction" (whether the
+      trace named the launching instructions), "error"}``. ``via`` is ``"trace"`` (the launches'
+      ``hlo_op``), ``"name"`` (the HLO instruction the kernel is named after: a kernel XLA reuses
+      for identical instructions then stands for its first one only) or ``""`` (no source).
+      Source strings are :func:`_source_text`'s; a kernel not named after an instruction and
+      without ``hlo_op`` (cuBLAS, cuDNN, Pallas without a trace's ``hlo_op``) gets ``""``.
+      Never raises for a bad ``hlo_text``: ``error`` says why the HLO was not read.
+    """
+    index, error = None, None
+    if hlo_text:
+        try:
+            index = hlo_source.parse_hlo(hlo_text)
+        except Exception as e:  # noqa: BLE001 -- the profile stands without sources
+            error = f"{type(e).__name__}: {e}"
+    else:
+        error = "no HLO text"
+
+    def attribute(module, op):
+        if index is None or (module and index.module and module != index.module):
+            return None
+        return index.attribute(op)
+
+    instructions = instruction_breakdown(events, steps, top=None)
+    by_kernel = collections.defaultdict(list)  # kernel -> [(ms, module, op, name)] (trace)
+    for r in instructions:
+        for k in r["kernels"]:
+            by_kernel[k].append((r["ms_per_step"], r["hlo_module"], r["hlo_op"],
+                                 r["trace_op_name"]))
+    kernels = {}
+    for name, *_ in longest:
+        ops, via = sorted(by_kernel.get(name, ()), reverse=True), "trace"
+        if ops:
+            attrs = [attribute(m, o) or dict(op_name=t, source="", opcode="")
+                     for _, m, o, t in ops]
+            op_list = [o for _, _, o, _ in ops]
+        elif index is not None:
+            insts = index.kernel_instructions(name)
+            attrs = [index.attribute(i.name) for i in insts]
+            op_list, via = [i.name for i in insts], "name"
+        else:
+            attrs, op_list, via = [], [], ""
+        known = [a for a in attrs if a and (a["op_name"] or a["source"])]
+        if not known and not ops:
+            via = ""
+        lines = {a["source"] for a in known}
+        main = known[0] if known else None
+        kernels[name] = dict(source=_source_text(main, len(lines) - 1 if main else 0),
+                             op_name=main["op_name"] if main else "", hlo_ops=op_list[:8],
+                             n_hlo_ops=len(op_list), via=via)
+    rows = []
+    for r in instructions[:top]:
+        a = attribute(r["hlo_module"], r["hlo_op"]) or {}
+        rows.append(dict(r, opcode=a.get("opcode", ""), op_name=a.get("op_name", ""),
+                         source=_source_text(a) or r["trace_op_name"],
+                         sources=a.get("sources", [])))
+    return dict(kernels=kernels, instructions=rows,
+                hlo_module=index.module if index is not None else None,
+                per_instruction=bool(instructions), error=error)
+
+
+def add_sources(payload: dict, events, steps: int, hlo_text: Optional[str], top: int) -> None:
+    """Adds :func:`source_attribution` to a report's ``payload`` in place: each
+    ``payload["longest_kernels"]`` row gains ``source``, ``op_name``, ``hlo_ops``, ``n_hlo_ops``
+    and ``source_via``; ``payload["longest_hlo_instructions"]`` (``[]`` without ``hlo_op`` in
+    the trace) and ``payload["source_attribution"]`` (``hlo_module``, ``per_instruction``,
+    ``error``) are set."""
+    longest = [(r["name"], r["cls"], r["ms_per_step"], r["calls_per_step"])
+               for r in payload["longest_kernels"]]
+    att = source_attribution(events, steps, longest, hlo_text, top)
+    for r in payload["longest_kernels"]:
+        k = att["kernels"].get(r["name"], {})
+        r.update(source=k.get("source", ""), op_name=k.get("op_name", ""),
+                 hlo_ops=k.get("hlo_ops", []), n_hlo_ops=k.get("n_hlo_ops", 0),
+                 source_via=k.get("via", ""))
+    payload["longest_hlo_instructions"] = att["instructions"]
+    payload["source_attribution"] = {k: att[k] for k in ("hlo_module", "per_instruction",
+                                                         "error")}
+
+
+def kernel_tables(payload: Mapping[str, Any]) -> List[str]:
+    """Markdown lines: the longest-kernels table (with a ``source`` column when the payload has
+    sources, :func:`add_sources`) and, when the trace named the launching instructions, the
+    ``longest HLO instructions`` table."""
+    with_src = any("source" in r for r in payload["longest_kernels"])
+    lines = ["| longest kernels | class | ms per step | calls per step |"
+             + (" source |" if with_src else ""),
+             "|---|---|---:|---:|" + ("---|" if with_src else "")]
+    for r in payload["longest_kernels"]:
+        line = (f"| `{r['name'][:80]}` | {r['cls']} | {r['ms_per_step']:.3f} | "
+                f"{r['calls_per_step']:.0f} |")
+        if with_src:
+            src = r.get("source", "")
+            if r.get("n_hlo_ops", 0) > 1:
+                src += f" [{r['n_hlo_ops']} HLO instructions]"
+            line += f" {_md_cell(src)} |"
+        lines.append(line)
+    att = payload.get("source_attribution") or {}
+    if with_src:
+        note = (f"Sources from the step's optimized HLO (module `{att.get('hlo_module')}`)"
+                if att.get("hlo_module") else
+                f"No HLO sources ({att.get('error') or 'no HLO text'})")
+        note += ("; kernels attributed per launch by the trace's `hlo_op`." if
+                 att.get("per_instruction") else
+                 "; the trace names no launching instruction (`hlo_op`): a kernel is attributed "
+                 "to the instruction it is named after, and one XLA reuses for identical "
+                 "instructions stands for the first of them only.")
+        lines += ["", note]
+    rows = payload.get("longest_hlo_instructions") or []
+    if rows:
+        lines += ["", "| longest HLO instructions | kernel | ms per step | launches per step "
+                  "| source |", "|---|---|---:|---:|---|"]
+        for r in rows:
+            extra = len(r["kernels"]) - 1
+            kernel = f"`{r['kernel'][:60]}`" + (f" (+{extra})" if extra else "")
+            lines.append(f"| `{r['hlo_op']}` | {kernel} | {r['ms_per_step']:.3f} | "
+                         f"{r['calls_per_step']:.0f} | {_md_cell(r['source'])} |")
+    return lines
+
+
+def _md_cell(text: str) -> str:
+    """``text`` safe in a markdown table cell (``|`` escaped)."""
+    return text.replace("|", "\\|")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -154,6 +377,7 @@ def run(args: argparse.Namespace) -> dict:
 
         times["step"] = bench.time_calls(step, warmup=max(args.warmup, 1), iters=args.iters)
         events = bench.trace_events(step, args.trace_steps)
+        hlo_text = step_hlo_text(lambda: trainer._train_step_jit.lower(holder["state"], batch))
     ms = {k: float(np.median(v)) * 1e3 for k, v in times.items()}
     payload["ms"] = ms
     payload["mfu"] = None if peak is None else {
@@ -165,7 +389,20 @@ def run(args: argparse.Namespace) -> dict:
     payload["device_busy_fraction"] = busy / ms["step"] if classes else None
     payload["longest_kernels"] = [dict(name=n, cls=c, ms_per_step=t, calls_per_step=k)
                                   for n, c, t, k in longest]
+    add_sources(payload, events, args.trace_steps, hlo_text, args.top)
     return payload
+
+
+def step_hlo_text(lower) -> Optional[str]:
+    """The optimized HLO text of ``lower().compile()`` (``lower``: a zero-argument callable
+    returning a ``jax.stages.Lowered``, or a ``jax.stages.Compiled`` itself); ``None`` if it
+    fails (printed: the profile stands without sources)."""
+    try:
+        compiled = lower if hasattr(lower, "as_text") else lower().compile()
+        return compiled.as_text()
+    except Exception as e:  # noqa: BLE001
+        print(f"no HLO text for the sources: {type(e).__name__}: {e}")
+        return None
 
 
 def markdown(payload: dict) -> str:
@@ -194,11 +431,7 @@ def markdown(payload: dict) -> str:
         total = payload["kernel_ms_per_step"]
         for k, v in sorted(classes.items(), key=lambda kv: -kv[1]):
             lines.append(f"| {k} | {v:.2f} | {100 * v / total:.1f}% |")
-        lines += ["", "| longest kernels | class | ms per step | calls per step |",
-                  "|---|---|---:|---:|"]
-        for r in payload["longest_kernels"]:
-            lines.append(f"| `{r['name'][:80]}` | {r['cls']} | {r['ms_per_step']:.3f} | "
-                         f"{r['calls_per_step']:.0f} |")
+        lines += [""] + kernel_tables(payload)
     else:
         lines.append("No device kernels in the trace (a CPU backend): no class table.")
     return "\n".join(lines) + "\n"

@@ -35,6 +35,10 @@ class ProfileHaloStepTest(absltest.TestCase):
         self.assertEqual(payload["failed_parts"], {})
         self.assertTrue(math.isfinite(payload["final_loss"]))
         self.assertEqual(payload["device_ms_per_step_by_class"], {})  # CPU: no device plane
+        # The step's optimized HLO was read for the kernels' sources (none to attribute here).
+        self.assertEqual(payload["source_attribution"]["error"], None)
+        self.assertTrue(payload["source_attribution"]["hlo_module"])
+        self.assertEqual(payload["longest_hlo_instructions"], [])
         # The step's FLOPs are the pipeline's (run_stage2's) for the tiny config's shapes.
         config = halo_smollm2.get_config("tiny")
         teacher_cfg, teacher_params, _ = experiment.load_teacher(config)
