@@ -79,7 +79,7 @@ STAGE_SECTIONS = {
 RESUME_FREE_KEYS = frozenset({
     "path", "paths", "val_paths", "tokenizer_path", "data_dir", "teacher_report",
     "log_every", "checkpoint_every", "keep_checkpoints", "max_steps_per_run",
-    "lightning_implementation", "implementation"})
+    "lightning_implementation", "implementation", "split_projections"})
 
 # Teachers loaded in this process, by (kind, path, dtype, random model): a pipeline that runs
 # several stages in one process reads and dequantizes the checkpoint once.
@@ -206,7 +206,8 @@ def student_config(config, teacher_cfg, attention_layers, **kw) -> config_lib.Mo
     h = config.hypenet
     return hypenet.hypenet_config(teacher_cfg, attention_layers, tie_embeddings=h.tie_embeddings,
                                   lightning_implementation=h.lightning_implementation,
-                                  dtype=h.dtype, **kw)
+                                  dtype=h.dtype, split_projections=h.get("split_projections"),
+                                  **kw)
 
 
 def _stage1_params(config, workdir, teacher_cfg, teacher_params):
@@ -909,8 +910,13 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         data=data,
         # dtype: compute dtype of teacher and student (params and Adam moments stay fp32, a
         # deliberate departure from the authors' pure-bf16 training, spec §6 item 3).
+        # split_projections (ModelConfig.split_projections): the fused projections' column
+        # blocks (SwiGLU gate/up, attention q/gate/k/v) as separate products, the same values;
+        # the backward then never concatenates their cotangents into one activation-sized
+        # buffer (the Stage-2 step had 30 [24, 2048, 3072] and 7 [24, 2048, 1536] bf16
+        # concatenates, about 0.14 ms each on the H200: profile-halo-stage2-2026-12-03b.md).
         hypenet=dict(attention_layers=config_dict.placeholder(tuple), tie_embeddings=None,
-                     lightning_implementation="auto", dtype="float32"),
+                     lightning_implementation="auto", dtype="float32", split_projections=True),
         stage1=stage("stage1"),
         # The layer sweep's probes (see _select). data_dir None: report.data_dir. CSR:
         # held-out acc_norm (ARC Dev, HellaSwag val minus the report's subsets and the

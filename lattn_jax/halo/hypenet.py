@@ -37,7 +37,8 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
                    tie_embeddings: Optional[bool] = None,
                    lightning_implementation: str = "auto",
                    dtype: Optional[str] = None,
-                   param_dtype: Optional[str] = None) -> config_lib.ModelConfig:
+                   param_dtype: Optional[str] = None,
+                   split_projections: Optional[bool] = None) -> config_lib.ModelConfig:
     """The HypeNet student configuration for a (Llama/Qwen3-like, all-``"attn"``) teacher.
 
     Args:
@@ -52,6 +53,9 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
         the authors' loaders force (spec §6 item 11).
       lightning_implementation: ``LightningConfig.implementation``.
       dtype, param_dtype: override the teacher's dtypes.
+      split_projections: ``ModelConfig.split_projections`` (the fused projections' column
+        blocks as separate products: same values, no cotangent concatenate in the backward);
+        ``None`` keeps the teacher's.
 
     Returns:
       A validated :class:`~lattn_jax.config.ModelConfig`: Lightning heads = teacher query heads
@@ -76,6 +80,8 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
         use_segment_ids=False,
         dtype=dtype or teacher.dtype,
         param_dtype=param_dtype or teacher.param_dtype,
+        split_projections=(teacher.split_projections if split_projections is None
+                           else bool(split_projections)),
         attention=dataclasses.replace(att, output_gate=attention_gate,
                                       logit_scaling_base=logit_scaling_base),
         lightning=config_lib.LightningConfig(

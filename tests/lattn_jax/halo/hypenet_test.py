@@ -2,6 +2,7 @@
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
@@ -70,6 +71,38 @@ class ConversionTest(absltest.TestCase):
         self.assertLess(abs(float(np.std(gate)) - 0.02), 0.005)
         logits = loaders.build_model(student_cfg, out)(jnp.zeros((1, 5), jnp.int32))
         self.assertTrue(np.isfinite(np.asarray(logits)).all())
+
+    def test_split_projections_same_student_loss_and_gradients(self):
+        # hypenet.split_projections (on in the HALO configs) forms the gated attention's
+        # q/gate/k/v blocks and the MLP's gate/up blocks as separate products: the same params,
+        # the same loss and, up to fp32 rounding, the same gradients as one product then split.
+        cfg = tiny_teacher_config(qk_norm=False)
+        teacher = stages.random_teacher(cfg, seed=2)
+        rng = np.random.default_rng(5)
+        tokens = jnp.asarray(rng.integers(0, 61, size=(2, 11)))
+        targets = jnp.asarray(rng.integers(0, 61, size=(2, 11)))
+        self.assertFalse(cfg.split_projections)
+        results = []
+        for split in (None, True):
+            student_cfg = hypenet.hypenet_config(cfg, [1, 3], split_projections=split)
+            self.assertEqual(student_cfg.split_projections, bool(split))
+            params = hypenet.convert(teacher, cfg, student_cfg, seed=3)
+            model = loaders.build_model(student_cfg, params)
+            self.assertEqual(model.blocks[1].mixer.qkv_proj.split_products, bool(split))
+            self.assertEqual(model.blocks[0].mlp.fc1.split_products, bool(split))
+
+            def loss(p, student_cfg=student_cfg):
+                logits = loaders.build_model(student_cfg, p)(tokens)
+                logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+                return -jnp.mean(jnp.take_along_axis(logp, targets[..., None], -1))
+
+            results.append(jax.value_and_grad(loss)(params))
+        (l0, g0), (l1, g1) = results
+        np.testing.assert_allclose(l1, l0, rtol=1e-6)
+        leaves0, leaves1 = jax.tree_util.tree_leaves(g0), jax.tree_util.tree_leaves(g1)
+        self.assertLen(leaves1, len(leaves0))
+        for a, b in zip(leaves1, leaves0):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6 * float(np.max(np.abs(b))))
 
     def test_errors(self):
         cfg = tiny_teacher_config()
