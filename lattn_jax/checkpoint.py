@@ -31,6 +31,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import grain
+import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
@@ -185,6 +186,36 @@ class Checkpointer:
             items["data_iter"] = grain.checkpoint.CheckpointRestore(data_iter)
         restored = self.manager.restore(step, args=ocp.args.Composite(**items))
         return restored["state"]
+
+    def restore_part(self, step: int, abstract_part: Dict[str, PyTree]) -> Dict[str, PyTree]:
+        """Restores only some top-level entries of the state saved at ``step``.
+
+        E.g. ``{"params": abstract_params}`` reads the parameters of a ``{"params", "opt_state",
+        "step"}`` state without knowing the optimizer state's layout (orbax's
+        ``PyTreeRestore(partial_restore=True)``).
+
+        Args:
+          step: a saved step.
+          abstract_part: ``{key: pytree of jax.ShapeDtypeStruct}`` for some keys of the saved
+            state; a leaf without a ``sharding`` lands on the default device.
+
+        Returns:
+          ``{key: restored pytree}`` for the keys of ``abstract_part``.
+
+        Raises:
+          FileNotFoundError: if no checkpoint exists at ``step``.
+          ValueError: from orbax, if a requested entry does not match the saved one.
+        """
+        if step not in self.manager.all_steps():
+            raise FileNotFoundError(f"no checkpoint for step {step} in {self.directory}")
+        default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        restore_args = jax.tree_util.tree_map(
+            lambda a: ocp.ArrayRestoreArgs(sharding=getattr(a, "sharding", None) or default,
+                                           dtype=a.dtype), abstract_part)
+        args = ocp.args.PyTreeRestore(item=abstract_part, restore_args=restore_args,
+                                      partial_restore=True)
+        restored = self.manager.restore(step, args=ocp.args.Composite(state=args))
+        return {k: restored["state"][k] for k in abstract_part}
 
     def restore_step(self, step: int, abstract_state: PyTree, data_iter: Any = None) -> PyTree:
         """:meth:`restore`, with an unreadable checkpoint reported as one line.

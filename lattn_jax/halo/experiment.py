@@ -80,6 +80,9 @@ RESUME_FREE_KEYS = frozenset({
     "path", "paths", "val_paths", "tokenizer_path", "data_dir", "teacher_report",
     "log_every", "checkpoint_every", "keep_checkpoints", "max_steps_per_run",
     "lightning_implementation", "implementation", "split_projections"})
+# Keys a finished stage's result does not depend on, though resuming a started one does: the
+# optimizer state's layout (the next stages read only the params, stages.latest_params).
+DONE_FREE_KEYS = frozenset({"flatten"})
 
 # Teachers loaded in this process, by (kind, path, dtype, random model): a pipeline that runs
 # several stages in one process reads and dequantizes the checkpoint once.
@@ -213,9 +216,7 @@ def student_config(config, teacher_cfg, attention_layers, **kw) -> config_lib.Mo
 def _stage1_params(config, workdir, teacher_cfg, teacher_params):
     s1_cfg = student_config(config, teacher_cfg, ())
     init = stages.stage1_init(teacher_cfg, teacher_params, s1_cfg)
-    optim_cfg, train_cfg = stage_cfgs(config.stage1)
-    return stages.latest_params(os.path.join(workdir, "stage1"), init, optim_cfg,
-                                train_cfg.total_steps)
+    return stages.latest_params(os.path.join(workdir, "stage1"), init)
 
 
 def _attention_layers(config, workdir, num_layers):
@@ -242,12 +243,9 @@ def _final_params(config, workdir, init):
     Raises:
       FileNotFoundError: neither stage has a checkpoint.
     """
-    optim3, train3 = stage_cfgs(config.stage3)
-    optim2, train2 = stage_cfgs(config.stage2)
-    for stage, optim_cfg, train_cfg in (("stage3", optim3, train3), ("stage2", optim2, train2)):
+    for stage in ("stage3", "stage2"):
         try:
-            params = stages.latest_params(os.path.join(workdir, stage), init, optim_cfg,
-                                          train_cfg.total_steps)
+            params = stages.latest_params(os.path.join(workdir, stage), init)
         except FileNotFoundError:
             continue
         return params, stage
@@ -399,7 +397,8 @@ def check_resume(config, workdir: str, stages_to_check: Sequence[str]) -> None:
     invocation with other values for them would either continue the checkpoints under a changed
     objective, or (for a stage already done) skip it and build the next stages on a result the
     current config does not describe. Both fail here, before anything runs. A stage directory
-    without ``options.json`` (written before this check existed) is not checked.
+    without ``options.json`` (written before this check existed) is not checked. A done stage
+    may differ in :data:`DONE_FREE_KEYS` (``optim.flatten``: only its params are read later).
 
     Raises:
       ValueError: naming the stage, the first differing options (recorded -> now) and the two
@@ -414,6 +413,8 @@ def check_resume(config, workdir: str, stages_to_check: Sequence[str]) -> None:
         now = _flat_options(config, stage)
         changed = sorted(k for k in set(recorded) | set(now)
                          if recorded.get(k, "<absent>") != now.get(k, "<absent>"))
+        if is_done(workdir, stage):
+            changed = [k for k in changed if k.rsplit(".", 1)[-1] not in DONE_FREE_KEYS]
         if changed:
             shown = ", ".join(f"{k}: {recorded.get(k, '<absent>')!r} -> "
                               f"{now.get(k, '<absent>')!r}" for k in changed[:5])
@@ -521,10 +522,8 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
         return train_summary(out)
 
     cfg, abstract = _stage2_student(config, workdir, teacher_cfg)
-    optim2, train2 = stage_cfgs(config.stage2)
     if stage == "stage3":
-        params2 = stages.latest_params(os.path.join(workdir, "stage2"), abstract, optim2,
-                                       train2.total_steps)
+        params2 = stages.latest_params(os.path.join(workdir, "stage2"), abstract)
         ds = data_for(config, config.stage3)
         optim_cfg, train_cfg = stage_cfgs(config.stage3)
         out = stages.run_stage3(workdir=stage_dir, student_cfg=cfg, init_params=params2,
@@ -592,9 +591,7 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
               "teacher": (loaders.build_model(t_cfg, teacher_params), meta["teacher"])}
     if tuple(r.get("stage2_measurements") or ()) and source != "stage2":
         # The ablation of Stage 3: the student as Stage 2 left it.
-        optim2, train2 = stage_cfgs(config.stage2)
-        params2 = stages.latest_params(os.path.join(workdir, "stage2"), abstract, optim2,
-                                       train2.total_steps)
+        params2 = stages.latest_params(os.path.join(workdir, "stage2"), abstract)
         meta["student_stage2"] = (f"the same HypeNet after Stage 2 (before Stage 3), logit "
                                   f"scaling a = {a}; measured on {list(r.stage2_measurements)}")
         models["student_stage2"] = (loaders.build_model(s_cfg, params2),

@@ -378,9 +378,19 @@ def train_loop(*, workdir: str, init_params: PyTree,
             "throughput": throughput}
 
 
-def latest_params(workdir: str, init_params: PyTree, optim_cfg: config_lib.OptimConfig,
-                  total_steps: int) -> PyTree:
+def latest_params(workdir: str, init_params: PyTree) -> PyTree:
     """The params of the newest checkpoint of a finished stage in ``workdir``.
+
+    Only the params are read (:meth:`Checkpointer.restore_part`), so the optimizer state's
+    layout (``optim.flatten``) of the stage that wrote them does not matter.
+
+    Args:
+      workdir: the stage's directory (``<workdir>/<stage>``).
+      init_params: params (or ``jax.ShapeDtypeStruct`` leaves) with the saved params'
+        structure, shapes and dtypes.
+
+    Returns:
+      The restored params pytree.
 
     Raises:
       FileNotFoundError: there is no checkpoint in ``workdir`` (run that stage first).
@@ -390,12 +400,12 @@ def latest_params(workdir: str, init_params: PyTree, optim_cfg: config_lib.Optim
     if latest is None:
         ckpt.close()
         raise FileNotFoundError(f"{ckpt.directory}: no checkpoint; run the previous stage first")
-    tx = optim.make_optimizer(optim_cfg, total_steps)
-    abstract = jax.eval_shape(lambda p: {"params": p, "opt_state": tx.init(p),
-                                         "step": jnp.zeros((), jnp.int32)}, init_params)
-    state = ckpt.restore(latest, abstract)
-    ckpt.close()
-    return state["params"]
+    abstract = jax.eval_shape(lambda p: p, init_params)
+    try:
+        params = ckpt.restore_part(latest, {"params": abstract})["params"]
+    finally:
+        ckpt.close()
+    return params
 
 
 # ---------------------------------------------------------------------------------------------

@@ -176,6 +176,34 @@ class ResumeOptionsTest(absltest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(workdir, "stage2", experiment.DONE_FILE)))
 
 
+    def test_optimizer_layout_is_free_for_a_done_stage_only(self):
+        # optim.flatten changes the optimizer state's layout: a started stage cannot resume
+        # under the other layout, but a done one is only read for its params.
+        workdir = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+        os.makedirs(os.path.join(workdir, "stage2"))
+        experiment._record_options(cfg, workdir, "stage2")
+        self.assertTrue(cfg.stage2.optim.flatten)
+        unflat = halo_smollm2.get_config("h200,stage2_len=2048")
+        unflat.stage2.optim.flatten = False
+        with self.assertRaisesRegex(ValueError, r"stage2 has started in .*"
+                                                r"stage2\.optim\.flatten: True -> False"):
+            experiment.check_resume(unflat, workdir, ("stage2",))
+        with open(os.path.join(workdir, "stage2", experiment.DONE_FILE), "w") as f:
+            f.write("{}")
+        experiment.check_resume(unflat, workdir, ("stage2",))
+        # A record from before the option existed (key absent) is the same case.
+        path = os.path.join(workdir, "stage2", experiment.OPTIONS_FILE)
+        recorded = json.load(open(path))
+        del recorded["stage2.optim.flatten"]
+        with open(path, "w") as f:
+            json.dump(recorded, f)
+        experiment.check_resume(cfg, workdir, ("stage2",))
+        unflat.stage2.seq_len = 512  # other keys still count
+        with self.assertRaisesRegex(ValueError, r"stage2 is done in .*stage2\.seq_len"):
+            experiment.check_resume(unflat, workdir, ("stage2",))
+
+
 @pytest.mark.entry
 @pytest.mark.slow  # ~40 s on 2 cores; each stage's loss and resume is in stages_test.py
 class PipelineTest(absltest.TestCase):

@@ -425,3 +425,28 @@ class ResumeTest(absltest.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class LatestParamsTest(absltest.TestCase):
+    """``latest_params`` reads only the params, whatever optimizer state was saved with them."""
+
+    def test_params_restore_whatever_the_optimizer_layout(self):
+        from lattn_jax import checkpoint as checkpoint_lib
+        from lattn_jax import optim
+        rng = np.random.default_rng(7)
+        params = {"blocks": {"0": {"w": jnp.asarray(rng.normal(size=(6, 4)), jnp.float32),
+                                   "scale": jnp.asarray(rng.normal(size=(4,)), jnp.float32)}},
+                  "embed": jnp.asarray(rng.normal(size=(9, 6)), jnp.float32)}
+        for flatten in (False, True):
+            workdir = self.create_tempdir().full_path
+            cfg = config_lib.OptimConfig(name="adamw", learning_rate=1e-3, warmup_steps=1,
+                                         weight_decay=0.1, flatten=flatten)
+            tx = optim.make_optimizer(cfg, 10)
+            ckpt = checkpoint_lib.Checkpointer(workdir, keep=2)
+            ckpt.save(5, {"params": params, "opt_state": tx.init(params),
+                          "step": jnp.asarray(5, jnp.int32)})
+            ckpt.close()
+            got = stages.latest_params(workdir, jax.tree_util.tree_map(jnp.zeros_like, params))
+            jax.tree_util.tree_map(np.testing.assert_array_equal, got, params)
+        with self.assertRaisesRegex(FileNotFoundError, "no checkpoint"):
+            stages.latest_params(self.create_tempdir().full_path, params)
