@@ -41,6 +41,15 @@ def main(argv):
         # Every HALO stage writes config.json first; a sweep root or an empty folder would
         # render as "HALO conversion of None".
         sys.exit(f"error: {_WORKDIR.value} is not a HALO workdir (no config.json)")
+    config_path = os.path.join(_WORKDIR.value, "config.json")
+    try:
+        config = report_lib.read_json(config_path, None)
+    except ValueError as e:
+        sys.exit(f"error: {config_path} is not valid JSON: {e}")
+    if not isinstance(config, dict) or "teacher" not in config:
+        # A train.py workdir also has a config.json (model/data/optim/train), but no teacher.
+        sys.exit(f"error: {_WORKDIR.value} is not a HALO workdir "
+                 f"(its config.json has no 'teacher' section)")
     text = report_lib.render_markdown(_WORKDIR.value, title=_TITLE.value)
     out = _OUTPUT.value
     if out is None:
@@ -48,9 +57,12 @@ def main(argv):
                                                 report_lib.REPORT_JSON), {}) or {}
         date = (rep.get("updated") or rep.get("started") or "undated")[:10]
         out = os.path.join(_WORKDIR.value, f"{_NAME.value}-{date}.md")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    with open(out, "w") as f:
-        f.write(text)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            f.write(text)
+    except OSError as e:
+        sys.exit(f"error: cannot write --output={out}: {e.strerror or e}")
     print(f"wrote {out}")
 
 

@@ -36,8 +36,16 @@ class HaloReportTest(absltest.TestCase):
         self.assertEqual(result.stderr.strip(),
                          f"error: {workdir} is not a HALO workdir (no config.json)")
         self.assertEqual(os.listdir(workdir), [])
+        # A train.py workdir (config.json without a teacher) is not one either.
         with open(os.path.join(workdir, "config.json"), "w") as f:
-            json.dump({}, f)
+            json.dump({"model": {}, "optim": {}, "train": {}}, f)
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip(), f"error: {workdir} is not a HALO workdir "
+                         f"(its config.json has no 'teacher' section)")
+        self.assertEqual(os.listdir(workdir), ["config.json"])
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump({"teacher": {}}, f)
         os.makedirs(os.path.join(workdir, "report"))
         with open(os.path.join(workdir, "report", "report.json"), "w") as f:
             json.dump({"updated": "1999-01-02T00:00:00+00:00"}, f)
@@ -55,6 +63,15 @@ class HaloReportTest(absltest.TestCase):
                                 cwd=ROOT, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertTrue(os.path.isfile(elsewhere))
+        # An unwritable --output: one line naming it, no traceback.
+        blocker = os.path.join(workdir, "config.json")  # a file, so not a folder to write in
+        bad = os.path.join(blocker, "page.md")
+        result = subprocess.run(cmd + [f"--output={bad}"], capture_output=True, text=True,
+                                cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1)
+        self.assertTrue(result.stderr.strip().startswith(f"error: cannot write --output={bad}"),
+                        result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
 
 
 class TeacherTest(absltest.TestCase):
