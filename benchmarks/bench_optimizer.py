@@ -245,8 +245,8 @@ def run(*, config_arg: str = "h200,stage2_len=2048", stage: str = "stage2",
     for name in names:
         if name not in (optim.ADAMW, optim.MUON):
             raise ValueError(f"names: {name!r}; choose adamw or muon")
-    if any(not float(wd) >= 0 for wd in weight_decays):
-        raise ValueError(f"weight_decays must be >= 0, got {list(weight_decays)}")
+    if any(not 0 <= float(wd) < float("inf") for wd in weight_decays):
+        raise ValueError(f"weight_decays must be finite and >= 0, got {list(weight_decays)}")
     abstract, base_cfg, total_steps, layers = student_setup(config_arg, stage,
                                                             attention_layers, tiny)
     leaves = jax.tree_util.tree_leaves(abstract)
@@ -355,7 +355,30 @@ def main(argv: Sequence[str]) -> int:
     try:
         layers = None if f["attention_layers"] is None else [int(i) for i in
                                                              f["attention_layers"]]
+    except ValueError:
+        print(f"bench_optimizer.py: --attention_layers={','.join(f['attention_layers'])}: "
+              f"need comma-separated integers", file=sys.stderr)
+        return 3
+    try:
         wds = [float(w) for w in f["weight_decays"]]
+    except ValueError:
+        print(f"bench_optimizer.py: --weight_decays={','.join(f['weight_decays'])}: need "
+              f"comma-separated numbers", file=sys.stderr)
+        return 3
+    # Before the (long) run: a report that cannot be written is an error now, not a traceback
+    # at the end.
+    out_dir = os.path.dirname(os.path.abspath(f["out"]))
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        print(f"bench_optimizer.py: --out={f['out']}: cannot create {out_dir}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return 3
+    if not os.access(out_dir, os.W_OK):
+        print(f"bench_optimizer.py: --out={f['out']}: {out_dir} is not writable",
+              file=sys.stderr)
+        return 3
+    try:
         payload = run(config_arg=f["config_arg"], stage=f["stage"], attention_layers=layers,
                       names=f["names"], weight_decays=wds, warmup=f["warmup"],
                       iters=f["iters"], rounds=f["rounds"], trace_calls=f["trace_calls"],
@@ -363,6 +386,9 @@ def main(argv: Sequence[str]) -> int:
                       argv=sys.argv)
     except (ValueError, config_lib.ConfigError) as e:
         print(f"bench_optimizer.py: {e}", file=sys.stderr)
+        return 3
+    except OSError as e:
+        print(f"bench_optimizer.py: --out={f['out']}: {e}", file=sys.stderr)
         return 3
     return 1 if payload["gate_failed"] else 0
 

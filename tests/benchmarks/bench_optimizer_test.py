@@ -45,6 +45,7 @@ class BenchOptimizerTest(absltest.TestCase):
     def test_bad_arguments(self):
         for kwargs in (dict(iters=0), dict(rounds=0), dict(warmup=-1), dict(hbm_tbps=0.0),
                        dict(names=("sgd",)), dict(weight_decays=(-0.1,)),
+                       dict(weight_decays=(float("inf"),)), dict(weight_decays=(float("nan"),)),
                        dict(stage="stage4")):
             with self.assertRaises(ValueError, msg=str(kwargs)):
                 bo.run(tiny=True, log=lambda s: None, **kwargs)
@@ -52,12 +53,28 @@ class BenchOptimizerTest(absltest.TestCase):
     def test_flags(self):  # ~6 s: the binary's own flag handling, before anything is built
         out = f"--out={self.create_tempdir().full_path}/opt"
         for flags, want in (([], "--out is required"),
-                            ([out, "--weight_decays=x", "--iters=0"], "could not convert")):
+                            ([out, "--weight_decays=x", "--iters=0"],
+                             "bench_optimizer.py: --weight_decays=x: need comma-separated numbers")):
             proc = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True,
                                   text=True, timeout=120, check=False,
                                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
             self.assertEqual(proc.returncode, 3, (flags, proc.stderr[-2000:]))
             self.assertIn(want, proc.stderr, flags)
+
+    def test_flags_name_the_option(self):  # ~6 s: refused before anything is built
+        blocker = self.create_tempfile("file").full_path  # a file: no folder can be made in it
+        for flags, want in (
+                ([f"--out={blocker}/sub/opt", "--iters=0"],
+                 f"bench_optimizer.py: --out={blocker}/sub/opt: cannot create {blocker}/sub"),
+                ([f"--out={self.create_tempdir().full_path}/opt", "--attention_layers=1,x"],
+                 "bench_optimizer.py: --attention_layers=1,x: need comma-separated integers")):
+            proc = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True,
+                                  text=True, timeout=120, check=False,
+                                  env={**os.environ, "JAX_PLATFORMS": "cpu"})
+            self.assertEqual(proc.returncode, 3, (flags, proc.stderr[-2000:]))
+            err = proc.stderr.strip()
+            self.assertTrue(err.startswith(want), (flags, err))
+            self.assertEqual(len(err.splitlines()), 1, (flags, err))
 
 
 if __name__ == "__main__":
