@@ -95,6 +95,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--attention_layers", type=bench.int_list, default=None,
                    help=f"comma-separated (default {','.join(map(str, ATTENTION_LAYERS))})")
     p.add_argument("--lightning_implementation", default=None,
+                   choices=config_lib._CHANNEL_IMPLEMENTATIONS,
                    help="LightningConfig.implementation (default: the config's, auto)")
     p.add_argument("--micro_batch_size", type=int, default=None,
                    help="rows per pass (default: the config's stage micro_batch_size)")
@@ -118,6 +119,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--stage3_kl must be a finite number >= 0, got {args.stage3_kl}")
     if args.stage3_kl and args.stage != "stage3":
         p.error("--stage3_kl is for --stage=stage3")
+    if args.config_arg is not None:
+        try:
+            halo_smollm2.get_config(args.config_arg)
+        except ValueError as e:
+            p.error(f"--config_arg={args.config_arg}: {e}")
     return args
 
 
@@ -178,6 +184,10 @@ def build(args: argparse.Namespace):
     if layers is None:
         layers = TINY_ATTENTION_LAYERS if args.tiny else ATTENTION_LAYERS
     layers = tuple(layers)
+    bad = [i for i in layers if not 0 <= i < teacher_cfg.num_layers]
+    if bad:
+        raise ValueError(f"--attention_layers: {bad} outside the teacher's layers "
+                         f"[0, {teacher_cfg.num_layers})")
     config.hypenet.attention_layers = layers
     rows = args.batch or section.batch_size
     length = args.seq_len or section.seq_len
@@ -422,8 +432,18 @@ def main(argv=None) -> dict:
     when ``--out`` is given. Returns the payload."""
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.out and os.path.exists(args.out) and not os.path.isdir(args.out):
+        sys.exit(f"profile_halo_step.py: error: --out={args.out} is a file, not a directory")
+    if args.out:
+        try:  # before the run: an unwritable --out is an error now, not at the end
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as e:
+            sys.exit(f"profile_halo_step.py: error: --out={args.out}: {e.strerror or e}")
     t0 = time.perf_counter()
-    payload = run(args)
+    try:
+        payload = run(args)
+    except ValueError as e:  # ConfigError too: a flag value the config refuses
+        sys.exit(f"profile_halo_step.py: error: {e}")
     payload["wall_s"] = time.perf_counter() - t0
     md = markdown(payload)
     print(md)

@@ -58,6 +58,21 @@ class ProfileHaloStepTest(absltest.TestCase):
             with self.assertRaises(SystemExit, msg=flags):
                 phs.parse_args(flags)
         self.assertEqual(phs.parse_args(["--attention_layers=3,5"]).attention_layers, [3, 5])
+        for flags in (["--lightning_implementation=bogus"], ["--config_arg=bogus"]):
+            with self.assertRaises(SystemExit, msg=flags):
+                phs.parse_args(flags)
+
+    def test_bad_values_are_one_line_naming_the_flag(self):  # ~2 s: refused before compiling
+        with tempfile.NamedTemporaryFile() as f:
+            cases = ((["--out=" + f.name], f"--out={f.name} is a file, not a directory"),
+                     (["--attention_layers=99"], "--attention_layers: [99] outside the "
+                                                 "teacher's layers [0, 4)"),
+                     (["--batch=3", "--micro_batch_size=2"],
+                      "--micro_batch_size=2 does not divide --batch=3"))
+            for flags, want in cases:
+                with self.assertRaises(SystemExit, msg=flags) as cm:
+                    phs.main(["--tiny", "--iters=1", "--trace_steps=1", *flags])
+                self.assertEqual(str(cm.exception.code), f"profile_halo_step.py: error: {want}")
 
     @pytest.mark.interop
     def test_smollm2_shape_is_the_gguf_teachers(self):
