@@ -54,7 +54,8 @@ class BenchOptimizerTest(absltest.TestCase):
         out = f"--out={self.create_tempdir().full_path}/opt"
         for flags, want in (([], "--out is required"),
                             ([out, "--weight_decays=x", "--iters=0"],
-                             "bench_optimizer.py: --weight_decays=x: need comma-separated numbers")):
+                             "bench_optimizer.py: --weight_decays=x: need comma-separated "
+                             "numbers")):
             proc = subprocess.run([sys.executable, SCRIPT, *flags], capture_output=True,
                                   text=True, timeout=120, check=False,
                                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
