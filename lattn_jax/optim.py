@@ -497,7 +497,7 @@ def _flatten_group(inner: optax.GradientTransformation) -> optax.GradientTransfo
     leaf): then the state is ``optax.EmptyState()`` and the updates pass through unchanged.
 
     Raises:
-      ValueError: (at ``init``) the leaves do not all have one dtype.
+      ConfigError: (a ``ValueError``; at ``init``) the leaves do not all have one dtype.
     """
     flat = optax.flatten(inner)
 
@@ -507,8 +507,10 @@ def _flatten_group(inner: optax.GradientTransformation) -> optax.GradientTransfo
             return optax.EmptyState()
         dtypes = sorted({str(jnp.result_type(x)) for x in leaves})
         if len(dtypes) > 1:
-            raise ValueError(f"optim.flatten=True ravels the parameters into one vector, which "
-                             f"needs one dtype; got {dtypes}. Set optim.flatten=False")
+            # A ConfigError (a ValueError): the binaries print it as one line, no traceback.
+            raise config_lib.ConfigError(
+                f"optim.flatten=True ravels the parameters into one vector, which "
+                f"needs one dtype; got {dtypes}. Set optim.flatten=False")
         return flat.init(params)
 
     def update_fn(updates, state, params=None):
