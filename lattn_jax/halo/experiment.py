@@ -389,7 +389,8 @@ def _flat_options(config, stage: str) -> Dict[str, Any]:
     return out
 
 
-def check_resume(config, workdir: str, stages_to_check: Sequence[str]) -> None:
+def check_resume(config, workdir: str, stages_to_check: Sequence[str],
+                 rerun: Sequence[str] = ()) -> None:
     """Refuses to resume, or to reuse as done, a stage that ran with other options.
 
     Each stage that starts in ``workdir`` writes ``<stage>/options.json``: the options that
@@ -398,7 +399,9 @@ def check_resume(config, workdir: str, stages_to_check: Sequence[str]) -> None:
     objective, or (for a stage already done) skip it and build the next stages on a result the
     current config does not describe. Both fail here, before anything runs. A stage directory
     without ``options.json`` (written before this check existed) is not checked. A done stage
-    may differ in :data:`DONE_FREE_KEYS` (``optim.flatten``: only its params are read later).
+    may differ in :data:`DONE_FREE_KEYS` (``optim.flatten``: only its params are read later),
+    unless it is in ``rerun``: a done stage run again restores its whole checkpoint, optimizer
+    state included, which the other layout cannot read.
 
     Raises:
       ValueError: naming the stage, the first differing options (recorded -> now) and the two
@@ -413,13 +416,19 @@ def check_resume(config, workdir: str, stages_to_check: Sequence[str]) -> None:
         now = _flat_options(config, stage)
         changed = sorted(k for k in set(recorded) | set(now)
                          if recorded.get(k, "<absent>") != now.get(k, "<absent>"))
-        if is_done(workdir, stage):
+        if is_done(workdir, stage) and stage not in rerun:
             changed = [k for k in changed if k.rsplit(".", 1)[-1] not in DONE_FREE_KEYS]
         if changed:
             shown = ", ".join(f"{k}: {recorded.get(k, '<absent>')!r} -> "
                               f"{now.get(k, '<absent>')!r}" for k in changed[:5])
             more = f" (and {len(changed) - 5} more)" if len(changed) > 5 else ""
             state = "is done" if is_done(workdir, stage) else "has started"
+            if all(k.rsplit(".", 1)[-1] in DONE_FREE_KEYS for k in changed):
+                # The optimizer state's layout: deleting options.json would not help.
+                raise ValueError(
+                    f"{stage} {state} in {workdir} with other options: {shown}; its checkpoint "
+                    f"holds the optimizer state in the recorded layout, so run it with the "
+                    f"recorded value or use a new --workdir")
             raise ValueError(
                 f"{stage} {state} in {workdir} with other options: {shown}{more}. Use a new "
                 f"--workdir, or delete {path} to continue with the changed options")
@@ -456,6 +465,8 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
     check_options(config, workdir, (stage,))
+    # Run again, a done stage restores its optimizer state too: optim.flatten must match.
+    check_resume(config, workdir, (stage,), rerun=(stage,))
     start, t0 = datetime.datetime.now(datetime.timezone.utc), time.perf_counter()
     stage_dir = os.path.join(workdir, stage)
     os.makedirs(stage_dir, exist_ok=True)

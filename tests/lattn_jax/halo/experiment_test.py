@@ -175,7 +175,6 @@ class ResumeOptionsTest(absltest.TestCase):
         experiment.check_resume(other, workdir, experiment.STAGES)
         self.assertTrue(os.path.exists(os.path.join(workdir, "stage2", experiment.DONE_FILE)))
 
-
     def test_optimizer_layout_is_free_for_a_done_stage_only(self):
         # optim.flatten changes the optimizer state's layout: a started stage cannot resume
         # under the other layout, but a done one is only read for its params.
@@ -202,6 +201,23 @@ class ResumeOptionsTest(absltest.TestCase):
         unflat.stage2.seq_len = 512  # other keys still count
         with self.assertRaisesRegex(ValueError, r"stage2 is done in .*stage2\.seq_len"):
             experiment.check_resume(unflat, workdir, ("stage2",))
+
+    def test_rerunning_a_done_stage_needs_its_layout(self):
+        # halo.py --stage=stage2 on a done stage restores its whole checkpoint (optimizer state
+        # included): under the other optim.flatten that was an orbax "Structure mismatch".
+        workdir = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+        os.makedirs(os.path.join(workdir, "stage2"))
+        experiment._record_options(cfg, workdir, "stage2")
+        with open(os.path.join(workdir, "stage2", experiment.DONE_FILE), "w") as f:
+            f.write("{}")
+        unflat = halo_smollm2.get_config("h200,stage2_len=2048")
+        unflat.stage2.optim.flatten = False
+        experiment.check_resume(unflat, workdir, ("stage2",))  # reused as done: fine
+        with self.assertRaisesRegex(ValueError, r"stage2 is done in .*stage2\.optim\.flatten: "
+                                                r"True -> False; .*run it with the recorded"):
+            experiment.run(unflat, workdir, "stage2", print_fn=lambda s: None)
+        self.assertFalse(os.path.exists(os.path.join(workdir, "config.json")))  # nothing ran
 
 
 @pytest.mark.entry
