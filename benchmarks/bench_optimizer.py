@@ -35,6 +35,7 @@ Usage (H200, from the repository root)::
         --out=benchmarks/results/optimizer-flatten-h200-<date>
 """
 
+import dataclasses
 import os
 import sys
 import time
@@ -191,7 +192,7 @@ def gate(cfg: config_lib.OptimConfig, total_steps: int, params, grads, steps: in
     (the same start and gradients)."""
     out = []
     for flat in (False, True):
-        c = config_lib.OptimConfig(**{**cfg.__dict__, "flatten": flat})
+        c = dataclasses.replace(cfg, flatten=flat)
         tx = optim.make_optimizer(c, total_steps)
         fn = make_update(tx, donate=False)
         p, s = params, tx.init(params)
@@ -259,13 +260,13 @@ def run(*, config_arg: str = "h200,stage2_len=2048", stage: str = "stage2",
     settings = []
     for name in (list(names) or [base_cfg.name]):
         for wd in (list(weight_decays) or [base_cfg.weight_decay]):
-            settings.append(config_lib.OptimConfig(
-                **{**base_cfg.__dict__, "name": name, "weight_decay": float(wd)}))
+            settings.append(dataclasses.replace(
+                base_cfg, name=name, weight_decay=float(wd)))
     variants = []
     for cfg in settings:
         for flat in (False, True):
             label = f"{cfg.name} wd={cfg.weight_decay:g} flatten={flat}"
-            v = Variant(label, config_lib.OptimConfig(**{**cfg.__dict__, "flatten": flat}),
+            v = Variant(label, dataclasses.replace(cfg, flatten=flat),
                         total_steps, params, grads)
             log(f"compiled {label} in {v.compile_s:.1f} s")
             variants.append(v)
@@ -295,7 +296,7 @@ def run(*, config_arg: str = "h200,stage2_len=2048", stage: str = "stage2",
         "settings": dict(config_arg=config_arg, stage=stage, attention_layers=list(layers),
                          warmup=warmup, iters=iters, rounds=rounds, trace_calls=trace_calls,
                          hbm_tbps=hbm_tbps, tiny=tiny, seed=seed, total_steps=total_steps,
-                         optim=base_cfg.__dict__),
+                         optim=dataclasses.asdict(base_cfg)),
         "num_params": num_params, "num_leaves": len(leaves), "floor_ms": floor_ms,
         "gate_atol": GATE_ATOL, "gate_failed": bool(bad), "results": results,
     }

@@ -124,14 +124,18 @@ def muon_cfg(**kw):
     return config_lib.OptimConfig(**base)
 
 
-def run_steps(cfg, params, grads_list, total_steps=100):
+def run_steps_with_state(cfg, params, grads_list, total_steps=100):
     tx = optim.make_optimizer(cfg, total_steps)
     state = tx.init(params)
     update = jax.jit(tx.update)
     for grads in grads_list:
         updates, state = update(grads, state, params)
         params = optax.apply_updates(params, updates)
-    return params
+    return params, state
+
+
+def run_steps(cfg, params, grads_list, total_steps=100):
+    return run_steps_with_state(cfg, params, grads_list, total_steps)[0]
 
 
 # -------------------------------------------------------------------------------------------
@@ -551,16 +555,6 @@ class OptimConfigTest(parameterized.TestCase):
 # -------------------------------------------------------------------------------------------
 # optim.flatten: AdamW on flat vectors
 # -------------------------------------------------------------------------------------------
-
-
-def run_steps_with_state(cfg, params, grads_list, total_steps):
-    tx = optim.make_optimizer(cfg, total_steps)
-    state = tx.init(params)
-    update = jax.jit(tx.update)
-    for grads in grads_list:
-        updates, state = update(grads, state, params)
-        params = optax.apply_updates(params, updates)
-    return params, state
 
 
 def assert_trees_close(got, want):
