@@ -210,6 +210,8 @@ def source_attribution(events, steps: int, longest, hlo_text: Optional[str],
     instructions = instruction_breakdown(events, steps, top=None)
     by_kernel = collections.defaultdict(list)  # kernel -> [(ms, module, op, name)] (trace)
     for r in instructions:
+        if is_command_buffer(r["hlo_op"]):
+            continue  # a CUDA graph of many instructions: attribute its kernels by name
         for k in r["kernels"]:
             by_kernel[k].append((r["ms_per_step"], r["hlo_module"], r["hlo_op"],
                                  r["trace_op_name"]))
@@ -240,9 +242,19 @@ def source_attribution(events, steps: int, longest, hlo_text: Optional[str],
         rows.append(dict(r, opcode=a.get("opcode", ""), op_name=a.get("op_name", ""),
                          source=_source_text(a) or r["trace_op_name"],
                          sources=a.get("sources", [])))
+    total = sum(r["ms_per_step"] for r in instructions)
+    in_buffers = sum(r["ms_per_step"] for r in instructions if is_command_buffer(r["hlo_op"]))
     return dict(kernels=kernels, instructions=rows,
                 hlo_module=index.module if index is not None else None,
-                per_instruction=bool(instructions), error=error)
+                per_instruction=bool(instructions), error=error,
+                command_buffer_fraction=in_buffers / total if total else 0.0)
+
+
+def is_command_buffer(hlo_op: str) -> bool:
+    """Whether a trace's ``hlo_op`` is an XLA GPU command buffer (a CUDA graph that launches
+    the kernels of many HLO instructions, ``command_buffer_<n>``) rather than one
+    instruction."""
+    return hlo_op.startswith("command_buffer")
 
 
 def add_sources(payload: dict, events, steps: int, hlo_text: Optional[str], top: int) -> None:
@@ -261,7 +273,7 @@ def add_sources(payload: dict, events, steps: int, hlo_text: Optional[str], top:
                  source_via=k.get("via", ""))
     payload["longest_hlo_instructions"] = att["instructions"]
     payload["source_attribution"] = {k: att[k] for k in ("hlo_module", "per_instruction",
-                                                         "error")}
+                                                         "error", "command_buffer_fraction")}
 
 
 def kernel_tables(payload: Mapping[str, Any]) -> List[str]:
@@ -291,6 +303,13 @@ def kernel_tables(payload: Mapping[str, Any]) -> List[str]:
                  "; the trace names no launching instruction (`hlo_op`): a kernel is attributed "
                  "to the instruction it is named after, and one XLA reuses for identical "
                  "instructions stands for the first of them only.")
+        share = att.get("command_buffer_fraction") or 0.0
+        if share > 0:
+            note += (f" {share:.0%} of the traced kernel time was launched from XLA command "
+                     "buffers (CUDA graphs, `command_buffer_<n>`), whose kernels are attributed "
+                     "by name as above; for per-launch sources run with "
+                     "`XLA_FLAGS=--xla_gpu_enable_command_buffer=` (no command buffers; the "
+                     "step's time may change a little).")
         lines += ["", note]
     rows = payload.get("longest_hlo_instructions") or []
     if rows:

@@ -150,6 +150,34 @@ class ProfileTrainStepTest(absltest.TestCase):
         att = pts.source_attribution(_trace(KERNELS, other), 1, longest, STEP_HLO)
         self.assertEqual(att["instructions"][0]["source"], "")
 
+    def test_command_buffer_launches_fall_back_to_kernel_names(self):
+        # XLA GPU launches most kernels of a step from command buffers (CUDA graphs): the
+        # trace's hlo_op then names the buffer, not the instruction. Such kernels are found by
+        # their names, and the buffer's share of the kernel time is reported.
+        rng = np.random.default_rng(3)
+        durs = rng.uniform(10.0, 400.0, size=len(KERNELS))
+        kernels = [(n, float(d)) for (n, _), d in zip(KERNELS, durs)]
+        args = [dict(hlo_op="command_buffer_1316", hlo_module="jit_step")] * 3 + [
+            dict(hlo_op="wrapped_concatenate.76", hlo_module="jit_step")]
+        events = _trace(kernels, args)
+        _, _, longest = pts.kernel_breakdown(events, steps=1)
+        att = pts.source_attribution(events, 1, longest, STEP_HLO)
+        fusion = att["kernels"]["loop_multiply_fusion_44"]
+        self.assertEqual((fusion["via"], fusion["hlo_ops"]), ("name", ["loop_multiply_fusion.44"]))
+        self.assertTrue(fusion["source"].startswith("mul at lattn_jax/layers.py:226"))
+        concat = att["kernels"]["wrapped_concatenate_76"]
+        self.assertEqual((concat["via"], concat["hlo_ops"]), ("trace", ["wrapped_concatenate.76"]))
+        self.assertAlmostEqual(att["command_buffer_fraction"],
+                               float(np.sum(durs[:3]) / np.sum(durs)))
+        self.assertTrue(pts.is_command_buffer("command_buffer_1"))
+        self.assertFalse(pts.is_command_buffer("loop_multiply_fusion.44"))
+        payload = dict(longest_kernels=[dict(name=n, cls=c, ms_per_step=t, calls_per_step=k)
+                                        for n, c, t, k in longest])
+        pts.add_sources(payload, events, 1, STEP_HLO, top=25)
+        text = "\n".join(pts.kernel_tables(payload))
+        self.assertIn(f"{att['command_buffer_fraction']:.0%} of the traced kernel time", text)
+        self.assertIn("--xla_gpu_enable_command_buffer=", text)
+
     def test_markdown_tables_with_sources(self):
         events = _trace(KERNELS, KERNEL_ARGS)
         _, _, longest = pts.kernel_breakdown(events, steps=1)
