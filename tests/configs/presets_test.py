@@ -263,6 +263,29 @@ class PresetTest(parameterized.TestCase):
         cfg = halo_smollm2.get_config("h200,stage3_kl=1,stage2_len=2048")
         self.assertEqual((cfg.stage3.kl_weight, cfg.stage2.seq_len), (1.0, 2048))
 
+    def test_halo_token_budget_scales_every_stage(self):
+        from configs import common, halo_smollm2
+        base = halo_smollm2.get_config("h200,stage2_len=2048")
+        more = halo_smollm2.get_config("h200,stage2_len=2048,tokens=224000000")
+
+        def tokens(cfg, stage):
+            c = cfg[stage]
+            return c.seq_len * c.batch_size * c.train.total_steps
+
+        for stage, share in halo_smollm2.H200_SHARES.items():
+            # Each stage gets at least its share, in whole steps (less than one step over).
+            step = more[stage].seq_len * more[stage].batch_size
+            self.assertBetween(tokens(more, stage) - 224_000_000 * share, 0, step)
+            self.assertBetween(tokens(base, stage) - 160_000_000 * share, 0, step)
+            self.assertEqual(more[stage].seq_len, base[stage].seq_len)
+        self.assertGreaterEqual(sum(tokens(base, s) for s in halo_smollm2.H200_SHARES),
+                                160_000_000)
+        with self.assertRaisesRegex(ValueError, r"tokens must be an int >= 1,000,000.*got 5"):
+            halo_smollm2.get_config("h200,tokens=5")
+        with self.assertRaisesRegex(common.ConfigArgError, r"argument\(s\) tokens apply to the "
+                                                           r"h200 variant"):
+            halo_smollm2.get_config("tiny,tokens=224000000")
+
 
 @pytest.mark.slow
 @pytest.mark.entry
