@@ -102,6 +102,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--stage3_kl", type=float, default=None,
                    help="stage 3's teacher-KL weight (config.stage3.kl_weight; default: the "
                         "config's, 0 for h200)")
+    p.add_argument("--split_projections", type=_on_off, default=None,
+                   help="on or off: hypenet.split_projections (default: the config's, on for "
+                        "h200), for the ablation of the split SwiGLU / q-k-v products")
+    p.add_argument("--flatten", type=_on_off, default=None,
+                   help="on or off: the stage's optim.flatten (default: the config's, on)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--trace_steps", type=int, default=3, help="whole steps under the profiler")
     p.add_argument("--top", type=int, default=25, help="longest kernels listed")
@@ -135,7 +140,18 @@ def halo_config(args: argparse.Namespace):
         config.hypenet.lightning_implementation = args.lightning_implementation
     if args.stage3_kl is not None:
         config.stage3.kl_weight = float(args.stage3_kl)
+    if getattr(args, "split_projections", None) is not None:
+        config.hypenet.split_projections = args.split_projections
+    if getattr(args, "flatten", None) is not None:
+        config[args.stage].optim.flatten = args.flatten
     return config
+
+
+def _on_off(text: str) -> bool:
+    """``"on"`` -> True, ``"off"`` -> False (argparse type); else ``ArgumentTypeError``."""
+    if text not in ("on", "off"):
+        raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+    return text == "on"
 
 
 def make_teacher(config, tiny: bool, seed: int):

@@ -58,9 +58,20 @@ class ProfileHaloStepTest(absltest.TestCase):
             with self.assertRaises(SystemExit, msg=flags):
                 phs.parse_args(flags)
         self.assertEqual(phs.parse_args(["--attention_layers=3,5"]).attention_layers, [3, 5])
-        for flags in (["--lightning_implementation=bogus"], ["--config_arg=bogus"]):
+        for flags in (["--lightning_implementation=bogus"], ["--config_arg=bogus"],
+                      ["--split_projections=yes"], ["--flatten=1"]):
             with self.assertRaises(SystemExit, msg=flags):
                 phs.parse_args(flags)
+
+    def test_ablation_switches_reach_the_config(self):
+        args = phs.parse_args(["--split_projections=off", "--flatten=off", "--stage=stage3"])
+        config = phs.halo_config(args)
+        self.assertIs(config.hypenet.split_projections, False)
+        self.assertIs(config.stage3.optim.flatten, False)
+        self.assertIs(config.stage2.optim.flatten, True)  # only the profiled stage
+        default = phs.halo_config(phs.parse_args([]))
+        self.assertIs(default.hypenet.split_projections, True)
+        self.assertIs(default.stage2.optim.flatten, True)
 
     def test_bad_values_are_one_line_naming_the_flag(self):  # ~2 s: refused before compiling
         with tempfile.NamedTemporaryFile() as f:
