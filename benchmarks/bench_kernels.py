@@ -59,13 +59,25 @@ _PASSES = flags.DEFINE_list("passes", ["fwd", "fwdbwd"], "Passes: fwd, fwdbwd.")
 _PEERS = flags.DEFINE_list("peers", ["ours", "chunked", "jla", "fla"],
                            "Implementations: ours (auto dispatch), chunked, jla, fla, and "
                            "mosaic (our Mosaic GPU kernels of issue 29, not dispatched yet: "
-                           "lightning forward and backward, gdn and deltanet forward; Hopper "
+                           "lightning, gdn and deltanet, forward and backward; Hopper "
                            "or newer).")
 
 # What the Mosaic GPU kernels (pallas_kernels/simple_gla/kernel_mosaic_gpu.py and
 # pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py) cover so far: op -> passes.
-_MOSAIC_PASSES = {"lightning": ("fwd", "fwdbwd"), "gdn": ("fwd",), "deltanet": ("fwd",)}
+# gdn / deltanet fwdbwd: the custom_vjp op mosaic_vjp.gated_delta_rule_mosaic (its backward's
+# gpu tests first passed on the H200 on 2026-12-03), with the mosaic WY only.
+_MOSAIC_PASSES = {"lightning": ("fwd", "fwdbwd"), "gdn": ("fwd", "fwdbwd"),
+                  "deltanet": ("fwd", "fwdbwd")}
 _MOSAIC_OPS = tuple(_MOSAIC_PASSES)
+def _mosaic_passes(op: str) -> tuple:
+    """The passes the ``mosaic`` peer runs for ``op``: :data:`_MOSAIC_PASSES`, forward only for
+    gdn / deltanet with ``--mosaic_wy=xla`` (a forward-only comparison path)."""
+    passes = _MOSAIC_PASSES.get(op, ())
+    if op in ("gdn", "deltanet") and _MOSAIC_WY.value == "xla":
+        return tuple(p for p in passes if p == "fwd")
+    return passes
+
+
 _MOSAIC_WY = flags.DEFINE_enum(
     "mosaic_wy", "mosaic", ["mosaic", "xla"],
     "Peer mosaic, gdn and deltanet: how the forward forms the WY factors W, U "
@@ -178,15 +190,20 @@ def _jax_fn(op, peer, segment_ids):
         return fn
     if peer == "mosaic":
         from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
+        from pallas_kernels.gated_delta_rule import mosaic_vjp
         from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
 
         def fn(q, k, v, **gates):
             if op not in _MOSAIC_OPS:  # run_jax skips these; a direct caller gets told
                 raise ValueError(f"peer mosaic covers {', '.join(_MOSAIC_OPS)}, not {op}")
-            if op in ("gdn", "deltanet"):  # forward only: no custom_vjp yet
+            if op in ("gdn", "deltanet") and _MOSAIC_WY.value == "xla":  # forward only
                 return gdr_mosaic.gated_delta_rule_fwd_mosaic(
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
-                    segment_ids=segment_ids, wy_implementation=_MOSAIC_WY.value)[0]
+                    segment_ids=segment_ids, wy_implementation="xla")[0]
+            if op in ("gdn", "deltanet"):
+                return mosaic_vjp.gated_delta_rule_mosaic(
+                    q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
+                    segment_ids=segment_ids)[0]
             g = jnp.broadcast_to(gates["g_gamma"], q.shape[:3])
             return kmg.simple_gla_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
                                          segment_ids=segment_ids)[0]
@@ -403,7 +420,7 @@ def run_jax(records):
                 continue
             if peer in ("ours", "mosaic"):
                 try:
-                    fwd_only = peer == "mosaic" and "fwdbwd" not in _MOSAIC_PASSES[op]
+                    fwd_only = peer == "mosaic" and "fwdbwd" not in _mosaic_passes(op)
                     gate_ok, errs = correctness_gate(op, peer, fwd_only=fwd_only)
                 except Exception as e:  # noqa: BLE001 - recorded, never silent
                     gate_ok, errs = False, {"error": repr(e)[:300]}
@@ -418,8 +435,9 @@ def run_jax(records):
                 names = () if op == "lightning" else tuple(gates)
                 passes = _jax_passes(_jax_fn(op, peer, seg), names)
                 for pas in _PASSES.value:
-                    if peer == "mosaic" and pas not in _MOSAIC_PASSES[op]:
-                        print(f"skipping peer mosaic {op} {pas}: no Mosaic GPU backward yet",
+                    if peer == "mosaic" and pas not in _mosaic_passes(op):
+                        print(f"skipping peer mosaic {op} {pas}: no Mosaic GPU backward "
+                              f"{'with --mosaic_wy=xla' if op in _MOSAIC_OPS else 'yet'}",
                               flush=True)
                         continue
                     rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,

@@ -112,6 +112,17 @@ class MarkdownTest(absltest.TestCase):
         self.assertEqual(ratio(dict(ms=2.0, kernel_ms=1.5), dict(ms=3.0, kernel_ms=3.0)),
                          "2.00")
 
+    def test_mosaic_passes_follow_the_wy_flag(self):
+        from absl import flags
+        from absl.testing import flagsaver
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        self.assertEqual(bench_kernels._mosaic_passes("gdn"), ("fwd", "fwdbwd"))
+        self.assertEqual(bench_kernels._mosaic_passes("kda"), ())
+        with flagsaver.flagsaver(mosaic_wy="xla"):  # the XLA WY path has no backward
+            self.assertEqual(bench_kernels._mosaic_passes("deltanet"), ("fwd",))
+            self.assertEqual(bench_kernels._mosaic_passes("lightning"), ("fwd", "fwdbwd"))
+
     def test_mosaic_peer_gets_its_own_table(self):
         rec = dict(op="lightning", shape="S1", pass_="fwd")
         records = [dict(rec, peer="ours", ms=0.9, kernel_ms=0.8, gate_errors={"o": 2e-3}),
