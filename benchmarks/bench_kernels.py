@@ -69,6 +69,8 @@ _PEERS = flags.DEFINE_list("peers", ["ours", "chunked", "jla", "fla"],
 _MOSAIC_PASSES = {"lightning": ("fwd", "fwdbwd"), "gdn": ("fwd", "fwdbwd"),
                   "deltanet": ("fwd", "fwdbwd")}
 _MOSAIC_OPS = tuple(_MOSAIC_PASSES)
+
+
 def _mosaic_passes(op: str) -> tuple:
     """The passes the ``mosaic`` peer runs for ``op``: :data:`_MOSAIC_PASSES`, forward only for
     gdn / deltanet with ``--mosaic_wy=xla`` (a forward-only comparison path)."""

@@ -137,6 +137,7 @@ class HaloH200ScriptTest(absltest.TestCase):
         self.assertIn("pipeline: not running", shown)
         self.assertCountEqual(os.listdir(self.out), ["halo.log", "halo_outputs.tgz"])
 
+    @pytest.mark.slow  # ~11 s; the CI keeps the script's receive/start/wait tests
     def test_bundled_teacher_text_and_its_weight(self):
         # Teacher text written elsewhere travels in the data tar; its weight keeps the plan's
         # share: 3 x 40,116,931 tokens per pass / its kept tokens.

@@ -202,6 +202,7 @@ class SweepBinaryTest(absltest.TestCase):
             self.assertEqual(err.strip().splitlines(), [want])
         self.assertFalse(os.path.exists(self.root))
 
+    @pytest.mark.slow  # ~19 s of binaries; the CI keeps the one-line flag and config errors
     def test_another_sweeps_root_is_refused_and_left_alone(self):
         def run(config, *flags_):
             cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),

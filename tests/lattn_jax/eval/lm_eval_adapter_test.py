@@ -216,6 +216,8 @@ class HarnessRunTest(absltest.TestCase):
         np.testing.assert_allclose(harness["lambada_local"]["perplexity,none"],
                                    ours["lambada_openai"]["perplexity"], rtol=1e-5)
 
+    # ~25 s: a subprocess of lm_eval's CLI; test_simple_evaluate_* covers the harness in CI.
+    @pytest.mark.slow
     def test_command_line(self):
         cmd = [sys.executable, "-m", "lattn_jax.eval.lm_eval_adapter", "--model", "lattn_jax",
                "--model_args", f"checkpoint={self.gguf}", "--include_path", self.task_dir,
