@@ -487,6 +487,48 @@ def string_match_all(prediction: str, references: Sequence[str]) -> float:
     return sum(r.lower() in prediction.lower() for r in references) / len(references)
 
 
+# How a greedy answer relates to the needle's value (:func:`answer_mode`), in table order.
+ANSWER_MODES = ("value_first", "value_later", "partial_value", "no_value")
+
+
+def answer_mode(prediction: str, value: str) -> str:
+    """Which of :data:`ANSWER_MODES` a greedy answer is, for one needle ``value``.
+
+    Separates the ways a NIAH answer misses (case-folded, as :func:`string_match_all`):
+
+    * ``value_first``: the answer starts with the value, after whitespace and ``:``/``"``/``'``
+      (a hit);
+    * ``value_later``: the value appears later in the answer (a hit under
+      ``string_match_all``, after some other text);
+    * ``partial_value``: no whole value, but the answer holds its first half or more (at least
+      4 characters): the model retrieved the needle and then miscopied it, or ran out of
+      decoding steps;
+    * ``no_value``: not even the value's first half: the model did not retrieve it, or wrote
+      something else first and never came back to it.
+
+    Args:
+      prediction: the decoded answer.
+      value: the needle value (7-digit number or UUID).
+
+    Returns:
+      One of :data:`ANSWER_MODES`.
+
+    Raises:
+      ValueError: an empty ``value``.
+    """
+    if not value:
+        raise ValueError("answer_mode needs a non-empty needle value")
+    text, gold = prediction.lower(), value.lower()
+    if text.lstrip(" \t\n:\"'").startswith(gold):
+        return "value_first"
+    if gold in text:
+        return "value_later"
+    half = max(4, -(-len(gold) // 2))
+    if len(gold) > half and gold[:half] in text:
+        return "partial_value"
+    return "no_value"
+
+
 def run(generate_fn, tokenizer: tok_lib.Tokenizer, *, tasks: Sequence[str],
         lengths: Sequence[int], depths: Sequence[float], samples_per_cell: int = 1,
         essay_words: Optional[Sequence[str]] = None, max_new_tokens: int = 32,

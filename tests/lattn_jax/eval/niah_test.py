@@ -182,5 +182,26 @@ class NiahTest(parameterized.TestCase):
         self.assertGreater(len(words), 100_000)
 
 
+class AnswerModeTest(absltest.TestCase):
+
+    def test_modes_of_hand_made_answers(self):
+        rng = random.Random(7)
+        for task in ("niah_single_2", "niah_single_3"):
+            value = niah.needle_value(task, rng)
+            half = value[:-(-len(value) // 2)]
+            cases = {f" {value}. It is": "value_first", f': "{value.upper()}"': "value_first",
+                     f" the number is {value}": "value_later",
+                     f" {half} and more": "partial_value",
+                     f" {value[-len(half):]}": "no_value",  # its second half only
+                     " the uuid for brave-anchor.": "no_value"}
+            for answer, want in cases.items():
+                self.assertEqual(niah.answer_mode(answer, value), want, (task, answer))
+                # A hit exactly when string_match_all scores one.
+                self.assertEqual(want.startswith("value_"),
+                                 niah.string_match_all(answer, [value]) == 1.0, answer)
+        with self.assertRaisesRegex(ValueError, "non-empty needle value"):
+            niah.answer_mode("x", "")
+
+
 if __name__ == "__main__":
     absltest.main()
