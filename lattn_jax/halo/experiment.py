@@ -335,7 +335,7 @@ def check_eval_data(config, workdir: str, stages: Sequence[str]) -> None:
     if "report" in stages and not is_done(workdir, "report"):
         data_dir = config.report.data_dir
         needs.append(("report.data_dir", data_dir, "eval"))
-        if "niah" in tuple(config.report.measurements):
+        if {"niah", "niah_forced"} & set(config.report.measurements):
             needs.append(("report.data_dir", data_dir, os.path.join("niah", "PaulGrahamEssays")))
     for key, data_dir, sub in needs:
         path = os.path.join(data_dir, sub)
@@ -840,8 +840,10 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
         data_dir = os.path.join(root, "..", "shared", "data")
     return dict(
         dtype="bfloat16", param_dtype="bfloat16",
-        # corpus_perplexity is opt-in: it needs the corpus as token directories.
-        measurements=tuple(m for m in report_lib.MEASUREMENTS if m != "corpus_perplexity"),
+        # corpus_perplexity is opt-in: it needs the corpus as token directories; niah_forced
+        # (a diagnosis of the NIAH misses) too.
+        measurements=tuple(m for m in report_lib.MEASUREMENTS
+                           if m not in ("corpus_perplexity", "niah_forced")),
         data_dir=data_dir,
         perplexity_file=None, perplexity_window=2048, perplexity_max_docs=None,
         perplexity_batch_size=16,

@@ -49,6 +49,15 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
    length: the mean and its binomial SE; the means over the lengths up to
    ``niah_short_max_len`` (2K-8K, the teacher's trained context) and above it (16K-64K).
 
+5. ``niah_forced``: the same NIAH prompts up to ``niah_short_max_len`` (inside the teacher's
+   context), teacher-forced with the gold answer ``" " + value`` (tokenised on its own after
+   the prompt's ids): per prompt the probability of the answer's first token and whether it
+   is the argmax, and the mean probability of the other answer tokens given the gold ones
+   before them and whether all of them are argmaxes (:func:`niah_forced_scores`). A greedy
+   answer that misses the value (``niah``) either did not rank the value's first token first
+   or lost the value later; this separates the two, and a low first-token probability with
+   high later ones means the model can copy the value but does not start with it.
+
 Models: ``teacher`` and ``student`` get every measurement; ``student_stage2`` (the student
 after Stage 2, before the long-context Stage 3, when the caller passes it) gets only those in
 ``stage2_measurements``: the ablation that shows what Stage 3 does to them.
@@ -103,7 +112,7 @@ from lattn_jax.eval import scoring
 from lattn_jax.eval import tasks as tasks_lib
 from lattn_jax.mixers import attention as attention_lib
 
-MEASUREMENTS = ("speed", "perplexity", "corpus_perplexity", "commonsense", "niah")
+MEASUREMENTS = ("speed", "perplexity", "corpus_perplexity", "commonsense", "niah", "niah_forced")
 MODELS = ("teacher", "student", "student_stage2")
 MAIN_MODELS = ("teacher", "student")  # the two that every measurement covers
 REPORT_JSON = "report.json"
@@ -724,6 +733,65 @@ def niah_part_scores(answers: Sequence[Sequence[int]], tokenizer,
             texts)
 
 
+def niah_forced_scores(scorer: scoring.Scorer, tokenizer, prompts: Sequence[NiahPrompt], *,
+                       rows_per_batch: int, bucket: int = 256) -> Dict[str, Any]:
+    """Teacher-forced NIAH answers: how likely the gold value is, token by token.
+
+    Per prompt with ids ``c`` and gold answer ids ``a_1 .. a_n`` (``tokenizer.encode(" " +
+    value)``, appended to ``c``): ``p_1 = p(a_1 | c)`` and whether ``a_1`` is the argmax, and
+    for ``n > 1`` the mean ``(1 / (n - 1)) sum_{j >= 2} p(a_j | c, a_<j)`` and whether every
+    ``a_j`` (``j >= 2``) is the argmax. Softmax in fp32 (:meth:`lattn_jax.eval.scoring.Scorer.
+    token_logprobs`), means in fp64.
+
+    Args:
+      scorer: the model's scorer (its ``token_logprobs`` on right-padded rows).
+      tokenizer: encodes the answers.
+      prompts: one (task, length) cell of :func:`niah_samples`.
+      rows_per_batch: rows per forward pass (every batch padded to it: one shape per cell).
+      bucket: row lengths are padded to a multiple of this.
+
+    Returns:
+      ``{"n", "first_prob", "first_greedy", "rest_prob", "rest_greedy", "answer_tokens"}``:
+      means over the prompts (``rest_*`` over prompts with ``n > 1``; ``None`` if none),
+      ``answer_tokens`` the mean ``n``.
+
+    Raises:
+      ValueError: no prompts, ``rows_per_batch < 1``, or an empty answer.
+    """
+    if not prompts or rows_per_batch < 1:
+        raise ValueError(f"niah_forced_scores needs prompts and rows_per_batch >= 1, got "
+                         f"{len(prompts)} prompts, {rows_per_batch=}")
+    rows = []
+    for p in prompts:
+        answer = list(tokenizer.encode(" " + p.sample.value))
+        if not answer:
+            raise ValueError(f"the answer {p.sample.value!r} encodes to no tokens")
+        ids = [int(t) for t in p.ids] + answer
+        rows.append((ids[:-1], ids[1:], len(answer)))
+    width = -(-max(len(r[0]) for r in rows) // bucket) * bucket
+    first_p, first_g, rest_p, rest_g = [], [], [], []
+    for start in range(0, len(rows), rows_per_batch):
+        chunk = rows[start:start + rows_per_batch]
+        inputs = np.zeros((rows_per_batch, width), np.int32)
+        targets = np.zeros((rows_per_batch, width), np.int32)
+        for r, (inp, tgt, _) in enumerate(chunk):
+            inputs[r, :len(inp)], targets[r, :len(tgt)] = inp, tgt
+        lp, greedy = scorer.token_logprobs(inputs, targets)
+        for r, (inp, _, n) in enumerate(chunk):
+            at = slice(len(inp) - n, len(inp))  # the answer's n target positions
+            probs = np.exp(lp[r, at].astype(np.float64))
+            first_p.append(probs[0])
+            first_g.append(bool(greedy[r, at][0]))
+            if n > 1:
+                rest_p.append(float(probs[1:].mean()))
+                rest_g.append(bool(greedy[r, at][1:].all()))
+    return {"n": len(rows), "first_prob": float(np.mean(first_p)),
+            "first_greedy": float(np.mean(first_g)),
+            "rest_prob": float(np.mean(rest_p)) if rest_p else None,
+            "rest_greedy": float(np.mean(rest_g)) if rest_g else None,
+            "answer_tokens": float(np.mean([r[2] for r in rows]))}
+
+
 # Options that do not change a teacher's results (what is measured and for whom; where this
 # machine keeps the same data files).
 # Keys of a model's result that are not tasks or lengths: where a reused result came from.
@@ -1143,7 +1211,7 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
             docs, pairs = cache[key]
             out[task] = with_se(runner.score_task(scorer, task, docs, pairs))
         return out
-    if measurement == "niah":
+    if measurement in ("niah", "niah_forced"):
         lengths = tuple(int(n) for n in options.niah_lengths)
         m = options.niah_max_new_tokens
         if "niah" not in cache:
@@ -1160,6 +1228,20 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
             n = sum(len(b) for per_length in cache["niah"].values() for b in per_length)
             print_fn(f"niah: built {n} prompts in {cache['niah_build_s']:.1f} s")
         prompts = cache["niah"]
+    if measurement == "niah_forced":
+        # As many tokens per forward pass as the perplexity's batches (full fp32 logits).
+        budget = options.perplexity_batch_size * options.perplexity_window
+        out = {}
+        for task, per_length in prompts.items():
+            out[task] = {}
+            for length, cell in zip(lengths, per_length):
+                if length > options.niah_short_max_len:
+                    continue
+                scorer = scoring.Scorer(model, max_len=length, batch_size=1, bucket=256)
+                out[task][str(length)] = niah_forced_scores(
+                    scorer, tokenizer, cell, rows_per_batch=max(1, budget // length))
+        return out
+    if measurement == "niah":
         done = read_niah_parts(parts_path, model=name, fingerprint=fingerprint)
         done = {k: r for k, r in done.items() if k[0] in prompts and k[1] in lengths}
         if done:
@@ -1227,6 +1309,10 @@ def _summary(measurement: str, result: Mapping[str, Any]) -> str:
         mean, se = csr_mean(result)
         return ", ".join([f"{t} {r.get('acc_norm', r['acc']):.3f}" for t, r in result.items()]
                          + [f"mean {mean:.3f} ± {se:.3f}"])
+    if measurement == "niah_forced":
+        return ", ".join(f"{t} @ {int(n):,}: first token p {r['first_prob']:.2f} (argmax "
+                         f"{r['first_greedy']:.2f})" for t, per in result.items()
+                         for n, r in per.items())
     if measurement == "niah":
         return ", ".join(f"{t} " + ", ".join(
             f"{_span(r[g]['lengths'])} {r[g]['mean']:.2f}" for g in ("short", "long") if r.get(g))
@@ -1365,6 +1451,7 @@ def results_markdown(report: Mapping[str, Any]) -> str:
     out += _position_table(ppl, names)
     if niah_tasks:
         out += "\n" + _niah_summary(nh, [n for n in names if n in nh], niah_tasks, short_max)
+    out += _niah_forced_table(res.get("niah_forced", {}), names)
     for task in niah_tasks:
         for n in names:
             r = nh.get(n, {}).get(task)
@@ -1378,6 +1465,35 @@ def results_markdown(report: Mapping[str, Any]) -> str:
             for length, grid_row in zip(r["lengths"], r["grid"]):
                 out += f"| {length:,} | " + " | ".join(f"{v:.2f}" for v in grid_row) + " |\n"
     return out
+
+
+def _niah_forced_table(forced: Mapping[str, Any], names: Sequence[str]) -> str:
+    """The ``niah_forced`` table: per task and length, each model's mean probability of the
+    answer's first token (argmax fraction) and of the later tokens; ``""`` without results."""
+    names = [n for n in names if n in forced]
+    if not names:
+        return ""
+    cells = sorted({(t, int(n)) for m in names for t, per in forced[m].items()
+                    if t not in RESULT_MARKERS for n in per})
+    lines = ["", "NIAH answers under teacher forcing (`niah_forced`): mean probability of the "
+             "gold answer's first token (in brackets: the fraction of prompts where it is the "
+             "argmax) and of its later tokens given the gold ones before them (in brackets: "
+             "all of them argmax)", "",
+             "| task | length | "
+             + " | ".join(f"{n} first token | {n} later tokens" for n in names) + " |",
+             "|---|---:|" + "---:|---:|" * len(names)]
+    for task, length in cells:
+        vals = []
+        for n in names:
+            r = forced[n].get(task, {}).get(str(length))
+            if r is None:
+                vals += ["–", "–"]
+                continue
+            vals.append(f"{r['first_prob']:.3f} ({r['first_greedy']:.2f})")
+            vals.append("–" if r.get("rest_prob") is None else
+                        f"{r['rest_prob']:.3f} ({r['rest_greedy']:.2f})")
+        lines.append(f"| {task} | {length:,} | " + " | ".join(vals) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def _position_table(ppl: Mapping[str, Any], names: Sequence[str]) -> str:

@@ -574,6 +574,66 @@ class NiahResumeTest(absltest.TestCase):
         self.assertEqual(report_lib.read_niah_parts(path, model="teacher", fingerprint="f"), {})
 
 
+class NiahForcedTest(absltest.TestCase):
+
+    def test_forced_scores_equal_a_direct_forward_and_render(self):
+        import jax
+        import jax.numpy as jnp
+        from lattn_jax.eval import scoring
+        model = tiny_models(seed=3, vocab_size=257)["student"]
+        tok = tok_lib.ByteTokenizer()
+        prompts = report_lib.niah_samples(tok, tasks=["niah_single_1"], lengths=[448],
+                                          depths=[20.0, 80.0], samples_per_cell=2,
+                                          essay_words=None, max_new_tokens=8, seed=9)
+        cell = prompts["niah_single_1"][0]
+        # 4 prompts in batches of 3: a padded last batch.
+        got = report_lib.niah_forced_scores(scoring.Scorer(model, max_len=448, batch_size=1),
+                                            tok, cell, rows_per_batch=3, bucket=64)
+        first_p, first_g, rest_p, rest_g = [], [], [], []
+        for p in cell:  # one unpadded fp32 forward per prompt
+            answer = tok.encode(" " + p.sample.value)
+            ids = list(p.ids) + answer
+            logits = model(jnp.asarray([ids[:-1]], jnp.int32))[0].astype(jnp.float32)
+            probs = np.asarray(jax.nn.softmax(logits, axis=-1), np.float64)
+            at = np.arange(len(p.ids) - 1, len(ids) - 1)
+            tp = probs[at, answer]
+            argmax = probs[at].argmax(-1) == np.asarray(answer)
+            first_p.append(tp[0])
+            first_g.append(argmax[0])
+            rest_p.append(tp[1:].mean())
+            rest_g.append(argmax[1:].all())
+        self.assertEqual((got["n"], got["answer_tokens"]), (4, 8.0))  # " " + 7 digits, bytes
+        np.testing.assert_allclose(got["first_prob"], np.mean(first_p), rtol=2e-4)
+        np.testing.assert_allclose(got["rest_prob"], np.mean(rest_p), rtol=2e-4)
+        self.assertEqual(got["first_greedy"], np.mean(first_g))
+        self.assertEqual(got["rest_greedy"], np.mean(rest_g))
+        md = report_lib.results_markdown({"results": {"niah_forced": {
+            "student": {"niah_single_1": {"448": got}}}}})
+        self.assertIn(f"| niah_single_1 | 448 | {got['first_prob']:.3f} "
+                      f"({got['first_greedy']:.2f}) | {got['rest_prob']:.3f} "
+                      f"({got['rest_greedy']:.2f}) |", md)
+        with self.assertRaisesRegex(ValueError, "rows_per_batch >= 1"):
+            report_lib.niah_forced_scores(None, tok, cell, rows_per_batch=0)
+
+    def test_measurement_covers_the_short_lengths_only(self):
+        data_dir = self.create_tempdir().full_path
+        models = {k: (m, k) for k, m in tiny_models(seed=1, vocab_size=257).items()}
+        options = halo_smollm2.get_config("tiny").report
+        options.update(data_dir=data_dir, measurements=("niah_forced",))
+        rep = report_lib.run_report(options=options, stage_dir=self.create_tempdir().full_path,
+                                    models=models, tokenizer=tok_lib.ByteTokenizer(), meta={},
+                                    **QUIET)
+        self.assertTrue(rep["complete"])
+        short = [str(n) for n in options.niah_lengths if n <= options.niah_short_max_len]
+        self.assertNotEqual(short, [str(n) for n in options.niah_lengths])  # 640 is left out
+        for name in ("teacher", "student"):
+            per = rep["results"]["niah_forced"][name]["niah_single_1"]
+            self.assertEqual(sorted(per), short)
+            self.assertEqual(per[short[0]]["n"],
+                             len(options.niah_depths) * options.niah_samples)
+            self.assertBetween(per[short[0]]["first_prob"], 0.0, 1.0)
+
+
 class StandardErrorTest(absltest.TestCase):
 
     def test_hand_checked_values(self):
