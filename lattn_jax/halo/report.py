@@ -690,21 +690,26 @@ def niah_scores(answers: Mapping[str, List[List[List[int]]]], tokenizer,
       "per_length" {length: mean}, "per_length_se" {length: binomial SE}, "per_length_n",
       "short"/"long" {"lengths", "mean", "se"} (mean of the per-length means, SE
       ``sqrt(sum SE^2) / k``; ``None`` for a group without lengths), "mean", "mean_se" (all
-      lengths), "examples"}}``; scores in ``[0, 1]``.
+      lengths), "examples", "answer_modes" {length: {mode: count}}
+      (:func:`lattn_jax.eval.niah.answer_mode`: how each answer hits or misses)}}``; scores in
+      ``[0, 1]``.
     """
     out = {}
     for task, per_length in prompts.items():
         grid = np.zeros((len(lengths), len(depths)))
-        means, ses, examples = [], [], []
+        means, ses, examples, modes = [], [], [], {}
         for li, batch in enumerate(per_length):
             scores, texts = niah_part_scores(answers[task][li], tokenizer, batch)
+            counts = dict.fromkeys(niah.ANSWER_MODES, 0)
             for k, (p, score, text) in enumerate(zip(batch, scores, texts)):
+                counts[niah.answer_mode(text, p.sample.value)] += 1
                 grid[li, k // samples_per_cell] += score / samples_per_cell
                 if len(examples) < 3 or (k == 0 and lengths[li] == max(lengths)):
                     examples.append({"length": lengths[li], "depth": p.sample.depth,
                                      "value": p.sample.value, "answer": text})
             means.append(float(np.mean(scores)))
             ses.append(binomial_se(means[-1], len(scores)))
+            modes[str(lengths[li])] = counts
         groups = {}
         for name, keep in (("short", lambda n: n <= short_max_len),
                            ("long", lambda n: n > short_max_len)):
@@ -720,7 +725,8 @@ def niah_scores(answers: Mapping[str, List[List[List[int]]]], tokenizer,
                      "per_length": {str(n): means[i] for i, n in enumerate(lengths)},
                      "per_length_se": {str(n): ses[i] for i, n in enumerate(lengths)},
                      "per_length_n": {str(n): len(per_length[i]) for i, n in enumerate(lengths)},
-                     **groups, "mean": mean, "mean_se": mean_se, "examples": examples}
+                     **groups, "mean": mean, "mean_se": mean_se, "examples": examples,
+                     "answer_modes": modes}
     return out
 
 
@@ -1451,6 +1457,7 @@ def results_markdown(report: Mapping[str, Any]) -> str:
     out += _position_table(ppl, names)
     if niah_tasks:
         out += "\n" + _niah_summary(nh, [n for n in names if n in nh], niah_tasks, short_max)
+    out += _niah_modes_table(nh, names, niah_tasks)
     out += _niah_forced_table(res.get("niah_forced", {}), names)
     for task in niah_tasks:
         for n in names:
@@ -1465,6 +1472,31 @@ def results_markdown(report: Mapping[str, Any]) -> str:
             for length, grid_row in zip(r["lengths"], r["grid"]):
                 out += f"| {length:,} | " + " | ".join(f"{v:.2f}" for v in grid_row) + " |\n"
     return out
+
+
+def _niah_modes_table(nh: Mapping[str, Any], names: Sequence[str],
+                      tasks: Sequence[str]) -> str:
+    """The NIAH answer modes (``answer_modes`` of :func:`niah_scores`) per task, length and
+    model, as ``value first / value later / partial value / no value`` counts; ``""`` when
+    no model has them (reports written before them)."""
+    rows = []
+    for task in tasks:
+        have = [n for n in names if "answer_modes" in nh.get(n, {}).get(task, {})]
+        if not have:
+            continue
+        lengths = sorted({int(k) for n in have for k in nh[n][task]["answer_modes"]})
+        for length in lengths:
+            vals = []
+            for n in names:
+                c = nh.get(n, {}).get(task, {}).get("answer_modes", {}).get(str(length))
+                vals.append(" / ".join(str(c[m]) for m in niah.ANSWER_MODES) if c else "–")
+            rows.append(f"| {task} | {length:,} | " + " | ".join(vals) + " |")
+    if not rows:
+        return ""
+    head = ["", "NIAH answer modes (counts: value first / value later / part of the value / "
+                "no value; `lattn_jax.eval.niah.answer_mode`)", "",
+            "| task | length | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+    return "\n".join(head + rows) + "\n"
 
 
 def _niah_forced_table(forced: Mapping[str, Any], names: Sequence[str]) -> str:

@@ -692,6 +692,17 @@ class StandardErrorTest(absltest.TestCase):
             self.assertEqual(r["long"]["lengths"], [4096])
             self.assertAlmostEqual(r["long"]["se"], se[2])
             self.assertAlmostEqual(r["mean_se"], math.sqrt(np.sum(se ** 2)) / 3)
+            # Hits start with the value, misses hold none of it.
+            for i, n in enumerate(lengths):
+                hit_count = int(h[i].sum())
+                self.assertEqual(r["answer_modes"][str(n)],
+                                 dict(value_first=hit_count, value_later=0, partial_value=0,
+                                      no_value=h.shape[1] - hit_count))
+        md = report_lib.results_markdown({"options": {"niah_tasks": list(prompts)},
+                                          "results": {"niah": {"student": out}}})
+        c = out["niah_single_3"]["answer_modes"]["4096"]
+        self.assertIn(f"| niah_single_3 | 4,096 | {c['value_first']} / 0 / 0 / {c['no_value']} |",
+                      md)
 
     def test_bad_options_are_named(self):
         base = halo_smollm2.get_config("tiny").report
