@@ -523,7 +523,7 @@ def chunk_output_mosaic(
     return o[:, :seq_len]
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "forward", "interpret"))
 def simple_gla_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -533,10 +533,13 @@ def simple_gla_fwd_mosaic(
     scale: Optional[float] = None,
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
+    forward: str = "two_pass",
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """Forward of scalar-decay linear attention: :func:`chunk_states_mosaic` then
-    :func:`chunk_output_mosaic`.
+    :func:`chunk_output_mosaic` (``forward="two_pass"``), or the one fused kernel
+    :func:`simple_gla_fused_fwd_mosaic` (``forward="fused"``; same results up to rounding
+    order, no chunk states in HBM).
 
     Args:
         q, k: ``[B, T, Hk, K]``, bf16 or fp16 (GVA when ``Hk < H``).
@@ -545,6 +548,7 @@ def simple_gla_fwd_mosaic(
         scale: read-out scale (static); ``None`` means ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` or ``None`` (zeros); first document of each row only.
         segment_ids: optional int ``[B, T]`` (packed documents).
+        forward: static, ``"two_pass"`` (default) or ``"fused"`` (see above).
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -553,10 +557,16 @@ def simple_gla_fwd_mosaic(
         (which runs ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t``).
 
     Raises:
-        ValueError: as :func:`chunk_states_mosaic` and :func:`chunk_output_mosaic`.
+        ValueError: as :func:`chunk_states_mosaic` and :func:`chunk_output_mosaic` (or
+            :func:`simple_gla_fused_fwd_mosaic`), or for an unknown ``forward``.
     """
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
     if scale is None:
         scale = k.shape[-1] ** -0.5
+    if forward == "fused":
+        return simple_gla_fused_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,
+                                           segment_ids=segment_ids, interpret=interpret)
     # h only feeds chunk_output_mosaic's wgmma: stored in the input dtype (no fp32 round trip).
     h, final_state = chunk_states_mosaic(k, v, g, initial_state=initial_state,
                                          segment_ids=segment_ids, states_dtype=v.dtype,
@@ -564,6 +574,318 @@ def simple_gla_fwd_mosaic(
     o = chunk_output_mosaic(q, k, v, g, h, scale=scale, segment_ids=segment_ids,
                             interpret=interpret)
     return o, final_state
+
+
+# ----------------------------------------------------------------------------------------------
+# Fused forward: the state pass and the chunk outputs in one kernel.
+
+FORWARDS = ("two_pass", "fused")  # simple_gla_fwd_mosaic's forward= choices
+
+
+def _causal_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret: bool):
+    """:func:`_intra_chunk_decay`, with the document refs optional (``None``: one document, so
+    the mask is ``j <= i`` alone and no document vectors are read)."""
+    if doc_row_s is not None:
+        return _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret)
+    shape = (CHUNK, CHUNK)
+    g_i, g_j = _load_rows(g_row_s, interpret), _load_cols(g_col_s, interpret)
+    mask = _iota(shape, 1, interpret) <= _iota(shape, 0, interpret)
+    diff = _by_row(g_i, shape) - lax.broadcast_in_dim(g_j, shape, [1])
+    return jnp.exp(jnp.where(mask, diff, -jnp.inf)), g_i
+
+
+def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group: int,
+                      scale: float, packed: bool, has_h0: bool, store_h: bool, interpret: bool):
+    """Kernel body of :func:`simple_gla_fused_fwd_mosaic`; refs are GMEM.
+
+    ``rest`` = ``[doc_ref, conn_ref, last_ref,] [h0_ref,] o_ref, ht_ref, [h_ref,]`` then the
+    scratch (see :func:`simple_gla_fused_fwd_mosaic` for the schedule).
+    """
+    rest = list(rest)
+    doc_ref, conn_ref, last_ref = (rest.pop(0) for _ in range(3)) if packed else (None,) * 3
+    h0_ref = rest.pop(0) if has_h0 else None
+    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    h_ref = rest.pop(0) if store_h else None
+    q_s, k_s, v_s, g_row_s, g_col_s = (rest.pop(0) for _ in range(5))
+    if packed:
+        doc_row_s, doc_col_s, conn_s, last_s = (rest.pop(0) for _ in range(4))
+    else:
+        doc_row_s = doc_col_s = conn_s = last_s = None
+    (vd_s, s_pub, o_s, state_s, in_bar, in_free, s_ready, s_free, io_bar, done, *shim) = rest
+    kt_state_s, kt_out_s, p_s = shim if interpret else (None, None, None)  # interpret only
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = k_s.shape[-1]
+
+    @pl.when(wg == 2)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def issue(n, slot):
+            rows = pl.ds(n * CHUNK, CHUNK)
+            bar = in_bar.at[slot]
+            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h, cols], v_s.at[slot], bar)
+            # Row and column views of one vector need different register layouts: two copies.
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_row_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_col_s.at[slot], bar)
+            if packed:
+                plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
+
+        _ring_producer(issue, num_chunks, in_free)  # in_free takes one arrival per consumer
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        if has_h0:
+            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
+            plgpu.barrier_wait(io_bar)
+            s0 = _load_tile(state_s, interpret)
+        else:
+            s0 = _zeros_acc((dk, BLOCK_V), interpret)
+
+        def step(n, s):
+            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            plgpu.barrier_wait(in_bar.at[slot])
+
+            @pl.when(n >= 2)
+            def _():  # the output warpgroup has read the state published for chunk n - 2
+                plgpu.barrier_wait(s_free.at[half])
+
+            if store_h:  # at most one h store in flight: chunk n - 2's has read s_pub[half]
+                plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            # Publish S_n (the state entering chunk n) in 16 bits for the output warpgroup.
+            s_pub.at[half][...] = s.astype(s_pub.dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(s_ready.at[half])
+            if store_h:
+                plgpu.copy_smem_to_gmem(s_pub.at[half], h_ref.at[b, h, n, :, cols])
+            # The state update, as _state_pass_kernel: exp(G_L - G_i) <= 1 (g <= 0).
+            g_last = g_row_s[slot, CHUNK - 1]
+            k_decay = jnp.exp(g_last - _load_rows(g_row_s.at[slot], interpret))
+            s_decay = jnp.exp(g_last)
+            if packed:  # only the last document reaches the next chunk; a start drops S_n
+                k_decay = k_decay * _load_rows(last_s.at[slot], interpret)
+                s_decay = s_decay * conn_s[slot, CHUNK - 1]
+            v = _load_tile(v_s.at[slot], interpret).astype(jnp.float32)
+            vd_s[...] = (v * _by_row(k_decay, v.shape)).astype(vd_s.dtype)
+            plgpu.commit_smem()
+            k_t = _transposed(k_s.at[slot], kt_state_s, interpret)
+
+            def product(acc):
+                plgpu.wgmma(acc, k_t, vd_s)  # k^T (decayed v), fp32 accumulation
+                return acc[...]
+
+            kv = lax.optimization_barrier(pl.run_scoped(product, plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s * s_decay + kv
+
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        for n in range(max(num_chunks - 2, 0), num_chunks):  # the last releases of s_pub
+            plgpu.barrier_wait(s_free.at[n % 2])
+        state_s[...] = s  # h0 landed before the loop; no store has read state_s
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 1)
+    def _output():
+        plgpu.set_max_registers(232, action="increase")
+
+        def step(n, carry):
+            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            plgpu.barrier_wait(in_bar.at[slot])
+            k_t = _transposed(k_s.at[slot], kt_out_s, interpret)
+
+            def scores(acc):
+                plgpu.wgmma(acc, q_s.at[slot], k_t)  # q k^T, [C, C]: needs no state
+                return acc[...]
+
+            # The barrier keeps the arithmetic below after the accumulator read.
+            a = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC((CHUNK, CHUNK))))
+            decay, g_i = _causal_decay(g_row_s.at[slot], g_col_s.at[slot],
+                                       None if not packed else doc_row_s.at[slot],
+                                       None if not packed else doc_col_s.at[slot], interpret)
+            p = (a * decay).astype(v_s.dtype)  # 16-bit, the left wgmma operand from registers
+            # The incoming state reaches token i only if its document was open before the chunk.
+            row_scale = jnp.exp(g_i)
+            if packed:
+                row_scale = row_scale * _load_rows(conn_s.at[slot], interpret)
+            plgpu.barrier_wait(s_ready.at[half])  # S_n published
+
+            def products(qs_acc, pv_acc):  # issued together: one wait for both
+                plgpu.wgmma(qs_acc, q_s.at[slot], s_pub.at[half])  # q S_n, [C, V]
+                plgpu.wgmma(pv_acc, _lhs_operand(p, p_s, interpret), v_s.at[slot])  # P v
+                return qs_acc[...], pv_acc[...]
+
+            qs, pv = lax.optimization_barrier(pl.run_scoped(
+                products, plgpu.ACC((CHUNK, BLOCK_V)), plgpu.ACC((CHUNK, BLOCK_V))))
+            plgpu.barrier_arrive(s_free.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            o = scale * (qs * _by_row(row_scale, qs.shape) + pv)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # o_s[half] of chunk n - 2 was read
+            o_s.at[half][...] = o.astype(o_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, pl.ds(n * CHUNK, CHUNK), h, cols])
+            return carry
+
+        lax.fori_loop(0, num_chunks, step, None)
+        plgpu.wait_smem_to_gmem(0)
+
+    # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "store_h", "interpret"))
+def simple_gla_fused_fwd_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    scale: Optional[float] = None,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    store_h: bool = False,
+    interpret: bool = False,
+):
+    """Forward of scalar-decay linear attention as ONE Mosaic GPU kernel (state pass + output).
+
+    Same math, inputs and results as :func:`simple_gla_fwd_mosaic` (which runs
+    :func:`chunk_states_mosaic` and then :func:`chunk_output_mosaic`), without the HBM round
+    trip of the chunk states. Per batch row, value head and chunk ``c`` of 64 tokens, with
+    ``G_i = g_{c,0} + ... + g_{c,i}`` the chunk-local inclusive cumulative log-decay (fp32),
+    ``G_L`` its last entry and ``S_c`` ``[K, V]`` fp32 the state entering the chunk::
+
+        o_c     = scale * ( diag(conn_c exp(G)) q_c S_c
+                            + (q_c k_c^T ⊙ M_c ⊙ exp(G_i - G_j)) v_c )
+        S_{c+1} = keep_c exp(G_L) S_c + k_c^T (last_c * exp(G_L - G) * v_c)
+
+    with ``M_c`` the causal (``j <= i``), same-document mask, ``conn_c`` 1 on the tokens of the
+    document open before the chunk, ``last_c`` 1 on the chunk's last document and ``keep_c`` 1
+    when no document starts inside the chunk: the chunk form of the token recurrence
+    ``S_t = exp(g_t) S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t`` of
+    :func:`pallas_kernels.simple_gla.reference.simple_gla_reference` (GLA, arXiv 2312.06635,
+    Sec. 4; paper "Linear Attention Architectures", arXiv 2607.07953, Eqs. 4-10; FLA's
+    ``chunk_fwd_h`` + ``chunk_fwd_o``).
+
+    Schedule (the warp-specialised structure of jla's ``sg_fused_fwd``, in our ``[K, V]`` state
+    layout): one CTA per ``(b, h, 64 value columns)`` walks the chunks in order with three
+    warpgroups.
+
+    * WG2 (memory, 40 registers) streams ``q``, ``k``, ``v[:, 64 cols]`` and the gate (row and
+      column copies) and document vectors of each chunk into a 2-stage TMA ring; a stage is
+      refilled when both consumers have released it.
+    * WG0 (state, 232 registers) keeps ``S`` ``[K, 64]`` fp32 as a WGMMA accumulator in
+      registers. Per chunk it publishes ``S_c`` in the input dtype to a 2-slot SMEM tile
+      (``s_ready``/``s_free`` barriers per slot), then forms ``exp(G_L - G) last v`` in SMEM and
+      adds ``wgmma(k^T, ·)`` to ``keep exp(G_L) S``.
+    * WG1 (output, 232 registers) computes the scores ``q k^T`` and their causal, decayed,
+      same-document mask while WG0 updates the state (the scores need no state), waits for
+      ``S_c``, issues ``q S_c`` and ``P v`` (``P`` a 16-bit register operand) together and
+      stores ``o`` through a 2-slot SMEM tile (at most one TMA store in flight).
+
+    Each published ``S_c`` is the state :func:`chunk_states_mosaic` would store in the input
+    dtype; with ``store_h`` WG0 also sends it to HBM by TMA (for a backward that reuses it).
+    No sequence split (``pieces``): at few ``B * H * V / 64`` CTAs the two-pass forward, whose
+    state pass splits rows, may be faster.
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
+            query/key head ``h // (H // Hk)``).
+        k: keys ``[B, T, Hk, K]``, same dtype.
+        v: values ``[B, T, H, V]``, same dtype. ``K, V`` in {64, 128}.
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (no decay).
+        scale: read-out scale (static); ``None`` means ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` state before the first token (read as fp32), or
+            ``None`` for zeros; it applies to the first document of each row only.
+        segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
+        store_h: static; also return the states entering every chunk.
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(o, final_state)``, or ``(o, final_state, h)`` with ``store_h``: ``o`` ``[B, T, H, V]``
+        in the input dtype, ``final_state`` ``[B, H, K, V]`` fp32 (the state after token
+        ``T - 1``), ``h`` ``[B, H, N, K, V]`` in the input dtype (``N = ceil(T / 64)``, the state
+        entering chunk ``n``). Equal to :func:`pallas_kernels.simple_gla.reference.simple_gla_reference`
+        up to the 16-bit rounding of the ``wgmma`` operands (``exp(G_L - G) v``, ``S_c``, the
+        masked scores) with fp32 accumulation, and of ``o``.
+
+    Raises:
+        ValueError: on mismatched shapes (``q`` and ``k``, ``g``, ``segment_ids``,
+            ``initial_state``), unsupported head dims or dtypes (see :func:`unsupported_reason`),
+            or ``H`` not a multiple of ``Hk``.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    if q.shape != k.shape or q.dtype != k.dtype:
+        raise ValueError(f"q and k must match: {q.shape=} {k.shape=} {q.dtype=} {k.dtype=}")
+    _check_kv_gates(k, v, g, segment_ids)
+    if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
+        raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
+                         f"{initial_state.shape=}")
+    if scale is None:
+        scale = dk ** -0.5
+
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    # Padding tokens have q = k = v = 0 and g = 0: they leave the state unchanged.
+    q, k, v = (_pad_time(x, num_chunks) for x in (q, k, v))
+    gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    packed = segment_ids is not None
+    docs = list(_doc_vectors(segment_ids, batch, num_chunks)) if packed else []  # doc, conn, last
+    has_h0 = initial_state is not None
+    h0 = [initial_state.astype(jnp.float32)] if has_h0 else []
+    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), v.dtype),
+                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]
+    if store_h:
+        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), v.dtype))
+    n_copies = 5 + 4 * packed
+    shim = [plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_state_s: k^T for WG0
+            plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_out_s: k^T for WG1
+            _swizzled_smem((CHUNK, CHUNK), v.dtype)]  # p_s: the masked scores
+    call = plgpu.kernel(
+        functools.partial(_fused_fwd_kernel, num_chunks=num_chunks, group=heads // kv_heads,
+                          scale=float(scale), packed=packed, has_h0=has_h0, store_h=store_h,
+                          interpret=interpret),
+        out_type=tuple(out_type),
+        scratch_types=[
+            _swizzled_smem((STAGES, CHUNK, dk), q.dtype),  # q_s
+            _swizzled_smem((STAGES, CHUNK, dk), k.dtype),  # k_s
+            _swizzled_smem((STAGES, CHUNK, BLOCK_V), v.dtype),  # v_s
+            vec, vec,  # g_row_s, g_col_s
+        ] + ([vec] * 4 if packed else []) + [  # doc_row_s, doc_col_s, conn_s, last_s
+            _swizzled_smem((CHUNK, BLOCK_V), v.dtype),  # vd_s: exp(G_L - G) last v (WG0)
+            _swizzled_smem((2, dk, BLOCK_V), v.dtype),  # s_pub: S_c in 16 bits, 2 slots
+            _swizzled_smem((2, CHUNK, BLOCK_V), v.dtype),  # o_s: staging of o, 2 slots
+            _swizzled_smem((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
+            plgpu.Barrier(num_arrivals=n_copies, num_barriers=STAGES),  # in_bar: stage landed
+            plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),  # in_free: WG0 and WG1 done
+            plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S_c published
+            plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: WG1 read S_c
+            plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+            plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
+        ] + (shim if interpret else []),
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=interpret_params() if interpret else None,
+        kernel_name="simple_gla_fused_fwd",
+    )
+    with jax.named_scope("simple_gla_fused_fwd_mosaic"):
+        outs = call(q, k, v, gc, *docs, *h0)
+    o, final_state = outs[0][:, :seq_len], outs[1]
+    return (o, final_state, outs[2]) if store_h else (o, final_state)
 
 
 # ----------------------------------------------------------------------------------------------
