@@ -3,7 +3,9 @@
 The first Mosaic GPU (``plgpu``) kernels, written as groundwork for issue 29; nothing dispatches
 to them yet. :func:`simple_gla_fwd_mosaic` runs the chunk-state pass below and then the
 chunk-output kernel (:func:`chunk_output_mosaic`, FLA's ``chunk_fwd_o``; its equation and
-structure are in its docstring). The state pass computes the states that enter every chunk
+structure are in its docstring); with ``forward="fused"`` it runs both in one kernel instead,
+:func:`simple_gla_fused_fwd_mosaic` (three warpgroups: memory, state, output; the chunk states
+never reach HBM). The state pass computes the states that enter every chunk
 of 64 tokens (the ``h`` of FLA's ``chunk_fwd_h``, ``fla/ops/common/chunk_h.py``) and the final
 state, for simple GLA, Lightning attention and plain linear attention (``g = None``). Per batch
 row, value head and chunk ``c``, with the chunk-local inclusive cumulative log-decay
@@ -84,6 +86,9 @@ _transposed = mosaic_gpu_lib.transposed
 _lhs_operand = mosaic_gpu_lib.lhs_operand
 interpret_params = mosaic_gpu_lib.interpret_params
 unsupported_reason = mosaic_gpu_lib.unsupported_reason
+# simple_gla_fwd_mosaic's forward= choices: chunk_states_mosaic + chunk_output_mosaic, or the
+# one kernel simple_gla_fused_fwd_mosaic.
+FORWARDS = ("two_pass", "fused")
 
 
 def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
@@ -579,8 +584,6 @@ def simple_gla_fwd_mosaic(
 # ----------------------------------------------------------------------------------------------
 # Fused forward: the state pass and the chunk outputs in one kernel.
 
-FORWARDS = ("two_pass", "fused")  # simple_gla_fwd_mosaic's forward= choices
-
 
 def _causal_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret: bool):
     """:func:`_intra_chunk_decay`, with the document refs optional (``None``: one document, so
@@ -814,9 +817,11 @@ def simple_gla_fused_fwd_mosaic(
         ``(o, final_state)``, or ``(o, final_state, h)`` with ``store_h``: ``o`` ``[B, T, H, V]``
         in the input dtype, ``final_state`` ``[B, H, K, V]`` fp32 (the state after token
         ``T - 1``), ``h`` ``[B, H, N, K, V]`` in the input dtype (``N = ceil(T / 64)``, the state
-        entering chunk ``n``). Equal to :func:`pallas_kernels.simple_gla.reference.simple_gla_reference`
-        up to the 16-bit rounding of the ``wgmma`` operands (``exp(G_L - G) v``, ``S_c``, the
-        masked scores) with fp32 accumulation, and of ``o``.
+        entering chunk ``n``, bitwise the ``h`` of :func:`chunk_states_mosaic` with
+        ``states_dtype`` the input dtype). Equal to
+        :func:`pallas_kernels.simple_gla.reference.simple_gla_reference` up to the 16-bit
+        rounding of the ``wgmma`` operands (``exp(G_L - G) v``, ``S_c``, the masked scores)
+        with fp32 accumulation, and of ``o``.
 
     Raises:
         ValueError: on mismatched shapes (``q`` and ``k``, ``g``, ``segment_ids``,
@@ -1517,6 +1522,7 @@ def simple_gla_mosaic(
     scale: Optional[float] = None,
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
+    forward: str = "two_pass",
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """Differentiable scalar-decay linear attention on the Mosaic GPU kernels.
@@ -1532,6 +1538,8 @@ def simple_gla_mosaic(
         scale: static read-out scale; ``None`` means ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` or ``None``.
         segment_ids: optional int ``[B, T]``; not differentiated.
+        forward: static, the forward kernels: ``"two_pass"`` (default) or ``"fused"`` (see
+            :func:`simple_gla_fwd_mosaic`); the backward is the same either way.
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -1540,25 +1548,29 @@ def simple_gla_mosaic(
         own dtype.
 
     Raises:
-        ValueError: as the kernels (shapes, dtypes, head dims).
+        ValueError: as the kernels (shapes, dtypes, head dims), or for an unknown ``forward``.
     """
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
     if scale is None:
         scale = k.shape[-1] ** -0.5
-    return _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, float(scale), interpret)
+    return _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, float(scale), interpret,
+                              forward)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7))
-def _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
+def _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret, forward):
     return simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=initial_state,
-                                 segment_ids=segment_ids, interpret=interpret)
+                                 segment_ids=segment_ids, forward=forward, interpret=interpret)
 
 
-def _simple_gla_mosaic_fwd(q, k, v, g, initial_state, segment_ids, scale, interpret):
-    out = _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret)
+def _simple_gla_mosaic_fwd(q, k, v, g, initial_state, segment_ids, scale, interpret, forward):
+    out = _simple_gla_mosaic(q, k, v, g, initial_state, segment_ids, scale, interpret, forward)
     return out, (q, k, v, g, initial_state, segment_ids)
 
 
-def _simple_gla_mosaic_bwd(scale, interpret, residuals, cotangents):
+def _simple_gla_mosaic_bwd(scale, interpret, forward, residuals, cotangents):
+    del forward  # the backward recomputes the states with chunk_states_mosaic either way
     q, k, v, g, initial_state, segment_ids = residuals
     do, dht = cotangents
     dq, dk, dv, dg, dh0 = simple_gla_bwd_mosaic(

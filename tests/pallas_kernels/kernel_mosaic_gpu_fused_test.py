@@ -1,0 +1,221 @@
+"""The fused Mosaic GPU (``plgpu``) forward of the scalar-decay family, tested on CPU.
+
+``simple_gla_fused_fwd_mosaic`` (``pallas_kernels/simple_gla/kernel_mosaic_gpu.py``, issue 29)
+runs the chunk-state pass and the chunk outputs in one kernel with three warpgroups (memory,
+state, output); ``simple_gla_fwd_mosaic(forward="fused")`` and
+``simple_gla_mosaic(forward="fused")`` select it. ``InterpretTest`` runs it in jax's Mosaic GPU
+interpret mode (``InterpretGPUParams`` with race detection, so the ``s_ready``/``s_free``
+handshake of the published state and the two-consumer TMA ring are checked for races) and
+checks ``o`` and the final state against the fp32 token-serial reference
+(:func:`pallas_kernels.simple_gla.reference.simple_gla_reference`) on bf16 inputs, rounded once
+before the reference: relative RMS < 5e-3 (BUILD.md's gate for the GPU kernels) plus
+``assert_allclose`` at the bf16 forward tolerance, as ``kernel_mosaic_gpu_fwd_test``. With
+``store_h`` the chunk states must equal ``chunk_states_mosaic``'s bitwise (same fp32 arithmetic,
+same rounding to the input dtype). ``LoweringTest`` lowers the kernel for CUDA on the CPU host
+(the layout branch interpret mode replaces), in CI. ``GpuTest`` (marked ``gpu``; skipped
+without a Hopper-or-newer GPU) compiles the kernel and checks it against the reference and
+against the two-pass forward at longer rows.
+
+A failing interpreted kernel may hang instead of raising; run a single test to see its traceback.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gpu_fwd_test as fwd_test
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+
+def _check_against_reference(test, o, final, want_o, want_final, *, allclose=True):
+    test.assertEqual((o.shape, o.dtype), (want_o.shape, jnp.bfloat16))
+    test.assertEqual((final.shape, final.dtype), (want_final.shape, jnp.float32))
+    for name, got, want in (("o", o, want_o), ("final_state", final, want_final)):
+        err = tolerances.rel_err(got, want)
+        test.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
+        if allclose:
+            np.testing.assert_allclose(np.asarray(got, np.float32), want,
+                                       **tolerances.fwd_tol(jnp.bfloat16), err_msg=name)
+
+
+# Slow (out of CI), as the other interpreted Mosaic GPU kernels: the interpreter can hang
+# instead of failing (MOSAIC_GPU.md, "Interpreter hang seen"), and this kernel has three
+# warpgroups. Run them one at a time under `timeout`: pytest -m slow <file> -k <case>.
+@pytest.mark.slow
+class InterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, h0, document lengths (the rest is one more document)
+        ("no_decay_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, None),
+        # starts at 64 (a chunk boundary), 100 (inside chunk 1) and 130 (inside the partial
+        # last chunk 2)
+        ("gva_h0_packed_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, (64, 36, 30)),
+        ("strong_decay_h0_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None),
+        # starts at 10 and 70: chunk 0's incoming state reaches its first 10 tokens only
+        ("packed_decay_h0_T128_K64_V64", 1, 128, 1, 1, 64, 64, 0.2, True, (10, 60)),
+        # GVA 4:2 at K = V = 128 (two value blocks), no decay, a start at 100
+        ("gva4_2_no_decay_packed_T192_K128_V128", 1, 192, 4, 2, 128, 128, None, False, (100,)),
+    )
+    def test_forward_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                       docs):
+        q, k, v, g, state, seg = kmg_test.inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                 decay=decay, h0=h0, docs=docs)
+        scale = dk ** -0.5
+        o, final = kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, scale=scale, initial_state=state,
+                                                   segment_ids=seg, interpret=True)
+        want_o, want_final = fwd_test._reference(q, k, v, g, state, seg, scale)
+        _check_against_reference(self, o, final, want_o, want_final)
+
+    def test_store_h_equals_state_pass(self):
+        """``store_h`` returns the states ``chunk_states_mosaic`` stores in bf16, bitwise, and
+        the same ``o`` and final state as without it; through ``simple_gla_fwd_mosaic``'s
+        ``forward="fused"`` the outputs are the same again."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 150, 2, 1, 64, 64, decay=0.1, h0=True,
+                                                 docs=(64, 1, 35))
+        o, final, h = kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, initial_state=state,
+                                                      segment_ids=seg, store_h=True,
+                                                      interpret=True)
+        want_h, want_final = kmg.chunk_states_mosaic(k, v, g, initial_state=state,
+                                                     segment_ids=seg, states_dtype=v.dtype,
+                                                     interpret=True)
+        self.assertEqual((h.shape, h.dtype), (want_h.shape, want_h.dtype))
+        np.testing.assert_array_equal(np.asarray(h, np.float32), np.asarray(want_h, np.float32))
+        np.testing.assert_allclose(final, want_final, rtol=1e-6, atol=1e-6)
+        o2, final2 = kmg.simple_gla_fwd_mosaic(q, k, v, g, initial_state=state, segment_ids=seg,
+                                               forward="fused", interpret=True)
+        np.testing.assert_array_equal(np.asarray(o, np.float32), np.asarray(o2, np.float32))
+        np.testing.assert_array_equal(final, final2)
+
+
+class LoweringTest(parameterized.TestCase):
+    """CUDA lowering on the CPU host (CI): the WGMMA-layout branch of every helper, the three
+    warpgroups' register budgets as requested, the SMEM tiles' swizzles and the 16-bit
+    register operand ``P``."""
+
+    @parameterized.named_parameters(
+        # K, V, decay, h0, documents, store_h
+        ("k64_v64_packed_h0_store_h", 64, 64, 0.2, True, (70, 30), True),
+        ("k128_v128_no_decay", 128, 128, None, False, None, False),
+        ("k64_v128_decay", 64, 128, 0.2, False, None, False),
+        ("k128_v64_packed_h0", 128, 64, 0.2, True, (70, 30), False),
+    )
+    def test_fused_forward_lowers_for_cuda(self, dk, dv, decay, h0, docs, store_h):
+        q, k, v, g, state, seg = kmg_test.inputs(1, 200, 2, 1, dk, dv, decay=decay, h0=h0,
+                                                 docs=docs)
+
+        def fn(q, k, v, g, state, seg):
+            return kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, initial_state=state,
+                                                   segment_ids=seg, store_h=store_h)
+
+        lowered = jax.jit(fn).trace(q, k, v, g, state, seg).lower(lowering_platforms=("cuda",))
+        text = lowered.as_text()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)  # one kernel
+        self.assertIn("simple_gla_fused_fwd", text)
+
+    def test_custom_vjp_with_fused_forward_lowers_for_cuda(self):
+        """``jax.grad`` of ``simple_gla_mosaic(forward="fused")``: the fused forward plus the
+        backward's three kernels (state pass recomputed, reverse pass, gradients)."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 130, 2, 2, 64, 64, decay=0.2, h0=True,
+                                                 docs=(70,))
+
+        def loss(q, k, v, g, state):
+            o, final = kmg.simple_gla_mosaic(q, k, v, g, initial_state=state, segment_ids=seg,
+                                             forward="fused")
+            return jnp.sum(o.astype(jnp.float32)) + jnp.sum(final)
+
+        text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))).trace(
+            q, k, v, g, state).lower(lowering_platforms=("cuda",)).as_text()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 4)
+        self.assertIn("simple_gla_fused_fwd", text)
+        self.assertNotIn("simple_gla_chunk_output", text)
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_bad_inputs(self):
+        q, k, v, g, _, _ = kmg_test.inputs(1, 64, 2, 1, 64, 64, decay=0.1, h0=False, docs=None)
+        with self.assertRaisesRegex(ValueError, "q and k must match"):
+            kmg.simple_gla_fused_fwd_mosaic(q[..., :32], k, v, g)
+        with self.assertRaisesRegex(ValueError, "initial_state must be"):
+            kmg.simple_gla_fused_fwd_mosaic(q, k, v, g,
+                                            initial_state=jnp.zeros((1, 1, 64, 64)))
+        with self.assertRaisesRegex(ValueError, "16-bit dtype"):
+            kmg.simple_gla_fused_fwd_mosaic(q.astype(jnp.float32), k.astype(jnp.float32),
+                                            v.astype(jnp.float32), g)
+        with self.assertRaisesRegex(ValueError, "g must be"):
+            kmg.simple_gla_fused_fwd_mosaic(q, k, v, g[:, :, :1])
+        with self.assertRaisesRegex(ValueError, "forward must be one of"):
+            kmg.simple_gla_fwd_mosaic(q, k, v, g, forward="one_pass")
+        with self.assertRaisesRegex(ValueError, "forward must be one of"):
+            kmg.simple_gla_mosaic(q, k, v, g, forward="one_pass")
+
+
+@pytest.mark.gpu
+class GpuTest(kmg_test.HopperTestCase):
+    """The compiled fused kernel (three warpgroups, wgmma, TMA) on bf16 inputs: against the fp32
+    reference, the two-pass forward, and (``store_h``) the state pass."""
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay, h0, document lengths (the rest is one more document)
+        ("plain_T2048_K128_V128", 2, 2048, 4, 4, 128, 128, None, False, None),
+        ("gva_h0_packed_T4096_K128_V128", 2, 4096, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999, 1200)),
+        ("strong_decay_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None),
+        ("packed_T3000_K128_V64", 1, 3000, 3, 3, 128, 64, 0.2, False, (10, 54, 500, 2000)),
+        ("decay_h0_T4096_K64_V64", 1, 4096, 2, 2, 64, 64, 0.02, True, None),
+    )
+    def test_forward_matches_reference(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                       docs):
+        q, k, v, g, state, seg = kmg_test.inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                 decay=decay, h0=h0, docs=docs, seed=3)
+        scale = dk ** -0.5
+        o, final, h = kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, scale=scale,
+                                                      initial_state=state, segment_ids=seg,
+                                                      store_h=True)
+        want_o, want_final = fwd_test._reference(q, k, v, g, state, seg, scale)
+        _check_against_reference(self, o, final, want_o, want_final, allclose=False)
+        # The two-pass forward rounds the same states the same way: o within a bf16 ulp or so.
+        o2, final2 = kmg.simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=state,
+                                               segment_ids=seg)
+        self.assertLess(tolerances.rel_err(o, o2), 2e-3)
+        self.assertLess(tolerances.rel_err(final, final2), 1e-5)
+        want_h, _ = kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg,
+                                            states_dtype=v.dtype)
+        self.assertLess(tolerances.rel_err(h, want_h), 1e-3)
+
+    def test_benchmark_shape(self):
+        """B 8, T 4096, H 16, K = V = 128 (the issue-29 timing shape) against the two-pass
+        forward, with and without packed documents."""
+        for docs in (None, (1000, 37, 2000)):
+            q, k, v, g, state, seg = kmg_test.inputs(8, 4096, 16, 16, 128, 128, decay=0.05,
+                                                     h0=False, docs=docs, seed=5)
+            o, final = kmg.simple_gla_fwd_mosaic(q, k, v, g, segment_ids=seg, forward="fused")
+            o2, final2 = kmg.simple_gla_fwd_mosaic(q, k, v, g, segment_ids=seg)
+            self.assertLess(tolerances.rel_err(o, o2), 2e-3, msg=f"{docs=}")
+            self.assertLess(tolerances.rel_err(final, final2), 1e-5, msg=f"{docs=}")
+
+    def test_custom_vjp_grads_match_two_pass(self):
+        """``simple_gla_mosaic(forward="fused")``: same gradients as the two-pass forward (the
+        backward is shared), on a packed GVA row with ``h0``."""
+        q, k, v, g, state, seg = kmg_test.inputs(2, 2000, 4, 2, 128, 128, decay=0.05, h0=True,
+                                                 docs=(700, 1, 64), seed=4)
+        do = jax.random.normal(jax.random.key(9), v.shape).astype(v.dtype)
+
+        def grads(forward):
+            def fwd(q, k, v, g, h0):
+                return kmg.simple_gla_mosaic(q, k, v, g, initial_state=h0, segment_ids=seg,
+                                             forward=forward)
+            (o, final), vjp = jax.vjp(fwd, q, k, v, g, state)
+            return vjp((do, jnp.zeros_like(final)))
+
+        for name, x, w in zip(("dq", "dk", "dv", "dg", "dh0"), grads("fused"), grads("two_pass")):
+            err = tolerances.rel_err(x, w)
+            self.assertLess(err, 1e-6, msg=f"{name}: relative RMS error {err:.2e}")
+
+
+if __name__ == "__main__":
+    absltest.main()
