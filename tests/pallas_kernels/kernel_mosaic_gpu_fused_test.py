@@ -44,7 +44,14 @@ def _check_against_reference(test, o, final, want_o, want_final, *, allclose=Tru
 
 # Slow (out of CI), as the other interpreted Mosaic GPU kernels: the interpreter can hang
 # instead of failing (MOSAIC_GPU.md, "Interpreter hang seen"), and this kernel has three
-# warpgroups. Run them one at a time under `timeout`: pytest -m slow <file> -k <case>.
+# warpgroups. On the 2-core host `gva4_2_no_decay_packed_T192_K128_V128` hung 2 of 2 times at
+# 0 % CPU (faulthandler: the three warpgroup threads inside their nested XLA executions, two
+# XLA CPU threads blocked in the interpreter's `_barrier_wait` callback, so the pool had no
+# thread left for the warpgroup that would arrive), and ran in 25 s with the XLA CPU client's
+# thread pool enlarged: `PJRT_NPROC=8` (read by jaxlib's DefaultThreadPoolSize before the
+# backend starts; it must be in the environment, not set by a test). With it the whole class
+# passed in 44 s (2026-12-03):
+#   PJRT_NPROC=8 timeout 600 python -m pytest -q -m slow <this file>
 @pytest.mark.slow
 class InterpretTest(parameterized.TestCase):
 
