@@ -142,21 +142,21 @@ def lhs_operand(x, scratch, interpret: bool):
     return x
 
 
-def ring_producer(issue, num_chunks: int, in_free) -> None:
-    """The memory warpgroup of a ``STAGES``-deep TMA ring over ``num_chunks`` steps:
+def ring_producer(issue, num_chunks: int, in_free, stages: int = STAGES) -> None:
+    """The memory warpgroup of a ``stages``-deep TMA ring over ``num_chunks`` steps:
     ``issue(i, slot)`` starts step ``i``'s copies into ``slot``; a slot is refilled once the
     consumer arrives on ``in_free[slot]``, and the last releases are observed before leaving."""
-    for i in range(min(STAGES, num_chunks)):
+    for i in range(min(stages, num_chunks)):
         issue(i, i)
 
-    @pl.loop(STAGES, num_chunks)
+    @pl.loop(stages, num_chunks)
     def _refill(i):
-        slot = lax.rem(i, STAGES)
-        plgpu.barrier_wait(in_free.at[slot])  # step i - STAGES consumed the slot
+        slot = lax.rem(i, stages)
+        plgpu.barrier_wait(in_free.at[slot])  # step i - stages consumed the slot
         issue(i, slot)
 
-    for i in range(max(num_chunks - STAGES, 0), num_chunks):  # observe the last releases
-        plgpu.barrier_wait(in_free.at[i % STAGES])
+    for i in range(max(num_chunks - stages, 0), num_chunks):  # observe the last releases
+        plgpu.barrier_wait(in_free.at[i % stages])
 
 
 def pad_time(x, num_chunks):

@@ -598,7 +598,8 @@ def _causal_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret: bool):
 
 
 def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group: int,
-                      scale: float, packed: bool, has_h0: bool, store_h: bool, interpret: bool):
+                      scale: float, packed: bool, has_h0: bool, store_h: bool, stages: int,
+                      interpret: bool):
     """Kernel body of :func:`simple_gla_fused_fwd_mosaic`; refs are GMEM.
 
     ``rest`` = ``[doc_ref, conn_ref, last_ref,] [h0_ref,] o_ref, ht_ref, [h_ref,]`` then the
@@ -641,7 +642,7 @@ def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group:
                 plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
                 plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
 
-        _ring_producer(issue, num_chunks, in_free)  # in_free takes one arrival per consumer
+        _ring_producer(issue, num_chunks, in_free, stages)  # in_free: one arrival per consumer
 
     @pl.when(wg == 0)
     def _state():
@@ -654,7 +655,7 @@ def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group:
             s0 = _zeros_acc((dk, BLOCK_V), interpret)
 
         def step(n, s):
-            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            slot, half = lax.rem(n, stages), lax.rem(n, 2)
             plgpu.barrier_wait(in_bar.at[slot])
 
             @pl.when(n >= 2)
@@ -702,7 +703,7 @@ def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group:
         plgpu.set_max_registers(232, action="increase")
 
         def step(n, carry):
-            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            slot, half = lax.rem(n, stages), lax.rem(n, 2)
             plgpu.barrier_wait(in_bar.at[slot])
             k_t = _transposed(k_s.at[slot], kt_out_s, interpret)
 
@@ -746,7 +747,7 @@ def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group:
     plgpu.barrier_wait(done)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "store_h", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "store_h", "stages", "interpret"))
 def simple_gla_fused_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -757,6 +758,7 @@ def simple_gla_fused_fwd_mosaic(
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
     store_h: bool = False,
+    stages: int = STAGES,
     interpret: bool = False,
 ):
     """Forward of scalar-decay linear attention as ONE Mosaic GPU kernel (state pass + output).
@@ -811,6 +813,8 @@ def simple_gla_fused_fwd_mosaic(
             ``None`` for zeros; it applies to the first document of each row only.
         segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
         store_h: static; also return the states entering every chunk.
+        stages: static, the depth of the TMA input ring (2 by default; 3 fits the SMEM at
+            K = V = 128, about 211 KB against 171 KB; a tuning knob for the GPU).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -836,6 +840,8 @@ def simple_gla_fused_fwd_mosaic(
     if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
         raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
                          f"{initial_state.shape=}")
+    if stages < 2:
+        raise ValueError(f"stages must be >= 2, got {stages}")
     if scale is None:
         scale = dk ** -0.5
 
@@ -848,7 +854,7 @@ def simple_gla_fused_fwd_mosaic(
     docs = list(_doc_vectors(segment_ids, batch, num_chunks)) if packed else []  # doc, conn, last
     has_h0 = initial_state is not None
     h0 = [initial_state.astype(jnp.float32)] if has_h0 else []
-    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    vec = plgpu.SMEM((stages, CHUNK), jnp.float32)
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), v.dtype),
                 jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]
     if store_h:
@@ -860,20 +866,20 @@ def simple_gla_fused_fwd_mosaic(
     call = plgpu.kernel(
         functools.partial(_fused_fwd_kernel, num_chunks=num_chunks, group=heads // kv_heads,
                           scale=float(scale), packed=packed, has_h0=has_h0, store_h=store_h,
-                          interpret=interpret),
+                          stages=stages, interpret=interpret),
         out_type=tuple(out_type),
         scratch_types=[
-            _swizzled_smem((STAGES, CHUNK, dk), q.dtype),  # q_s
-            _swizzled_smem((STAGES, CHUNK, dk), k.dtype),  # k_s
-            _swizzled_smem((STAGES, CHUNK, BLOCK_V), v.dtype),  # v_s
+            _swizzled_smem((stages, CHUNK, dk), q.dtype),  # q_s
+            _swizzled_smem((stages, CHUNK, dk), k.dtype),  # k_s
+            _swizzled_smem((stages, CHUNK, BLOCK_V), v.dtype),  # v_s
             vec, vec,  # g_row_s, g_col_s
         ] + ([vec] * 4 if packed else []) + [  # doc_row_s, doc_col_s, conn_s, last_s
             _swizzled_smem((CHUNK, BLOCK_V), v.dtype),  # vd_s: exp(G_L - G) last v (WG0)
             _swizzled_smem((2, dk, BLOCK_V), v.dtype),  # s_pub: S_c in 16 bits, 2 slots
             _swizzled_smem((2, CHUNK, BLOCK_V), v.dtype),  # o_s: staging of o, 2 slots
             _swizzled_smem((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
-            plgpu.Barrier(num_arrivals=n_copies, num_barriers=STAGES),  # in_bar: stage landed
-            plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),  # in_free: WG0 and WG1 done
+            plgpu.Barrier(num_arrivals=n_copies, num_barriers=stages),  # in_bar: stage landed
+            plgpu.Barrier(num_arrivals=2, num_barriers=stages),  # in_free: WG0 and WG1 done
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S_c published
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: WG1 read S_c
             plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed

@@ -77,6 +77,15 @@ class InterpretTest(parameterized.TestCase):
         want_o, want_final = fwd_test._reference(q, k, v, g, state, seg, scale)
         _check_against_reference(self, o, final, want_o, want_final)
 
+    def test_three_stage_ring(self):
+        """``stages=3`` with 5 chunks (the ring refills slots 0 and 1), packed, with ``h0``."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 300, 1, 1, 64, 64, decay=0.1, h0=True,
+                                                 docs=(130,))
+        o, final = kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, initial_state=state,
+                                                   segment_ids=seg, stages=3, interpret=True)
+        want_o, want_final = fwd_test._reference(q, k, v, g, state, seg, 64 ** -0.5)
+        _check_against_reference(self, o, final, want_o, want_final)
+
     def test_store_h_equals_state_pass(self):
         """``store_h`` returns the states ``chunk_states_mosaic`` stores in bf16, bitwise, and
         the same ``o`` and final state as without it; through ``simple_gla_fwd_mosaic``'s
@@ -104,19 +113,20 @@ class LoweringTest(parameterized.TestCase):
     register operand ``P``."""
 
     @parameterized.named_parameters(
-        # K, V, decay, h0, documents, store_h
-        ("k64_v64_packed_h0_store_h", 64, 64, 0.2, True, (70, 30), True),
-        ("k128_v128_no_decay", 128, 128, None, False, None, False),
-        ("k64_v128_decay", 64, 128, 0.2, False, None, False),
-        ("k128_v64_packed_h0", 128, 64, 0.2, True, (70, 30), False),
+        # K, V, decay, h0, documents, store_h, stages
+        ("k64_v64_packed_h0_store_h", 64, 64, 0.2, True, (70, 30), True, 2),
+        ("k128_v128_no_decay_3_stages", 128, 128, None, False, None, False, 3),
+        ("k64_v128_decay", 64, 128, 0.2, False, None, False, 2),
+        ("k128_v64_packed_h0", 128, 64, 0.2, True, (70, 30), False, 2),
     )
-    def test_fused_forward_lowers_for_cuda(self, dk, dv, decay, h0, docs, store_h):
+    def test_fused_forward_lowers_for_cuda(self, dk, dv, decay, h0, docs, store_h, stages):
         q, k, v, g, state, seg = kmg_test.inputs(1, 200, 2, 1, dk, dv, decay=decay, h0=h0,
                                                  docs=docs)
 
         def fn(q, k, v, g, state, seg):
             return kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, initial_state=state,
-                                                   segment_ids=seg, store_h=store_h)
+                                                   segment_ids=seg, store_h=store_h,
+                                                   stages=stages)
 
         lowered = jax.jit(fn).trace(q, k, v, g, state, seg).lower(lowering_platforms=("cuda",))
         text = lowered.as_text()
@@ -155,6 +165,8 @@ class ValidationTest(absltest.TestCase):
                                             v.astype(jnp.float32), g)
         with self.assertRaisesRegex(ValueError, "g must be"):
             kmg.simple_gla_fused_fwd_mosaic(q, k, v, g[:, :, :1])
+        with self.assertRaisesRegex(ValueError, "stages must be"):
+            kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, stages=1)
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
             kmg.simple_gla_fwd_mosaic(q, k, v, g, forward="one_pass")
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
@@ -196,7 +208,7 @@ class GpuTest(kmg_test.HopperTestCase):
 
     def test_benchmark_shape(self):
         """B 8, T 4096, H 16, K = V = 128 (the issue-29 timing shape) against the two-pass
-        forward, with and without packed documents."""
+        forward, with and without packed documents, and with a 3-stage ring."""
         for docs in (None, (1000, 37, 2000)):
             q, k, v, g, state, seg = kmg_test.inputs(8, 4096, 16, 16, 128, 128, decay=0.05,
                                                      h0=False, docs=docs, seed=5)
@@ -204,6 +216,10 @@ class GpuTest(kmg_test.HopperTestCase):
             o2, final2 = kmg.simple_gla_fwd_mosaic(q, k, v, g, segment_ids=seg)
             self.assertLess(tolerances.rel_err(o, o2), 2e-3, msg=f"{docs=}")
             self.assertLess(tolerances.rel_err(final, final2), 1e-5, msg=f"{docs=}")
+            # A 3-stage ring changes the schedule only, not the arithmetic.
+            o3, final3 = kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, segment_ids=seg, stages=3)
+            np.testing.assert_array_equal(np.asarray(o3, np.float32), np.asarray(o, np.float32))
+            np.testing.assert_array_equal(final3, final)
 
     def test_custom_vjp_grads_match_two_pass(self):
         """``simple_gla_mosaic(forward="fused")``: same gradients as the two-pass forward (the
