@@ -747,7 +747,8 @@ def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group:
     plgpu.barrier_wait(done)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "store_h", "stages", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "store_h", "stages", "pieces",
+                                             "interpret"))
 def simple_gla_fused_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -759,6 +760,7 @@ def simple_gla_fused_fwd_mosaic(
     segment_ids: Optional[jax.Array] = None,
     store_h: bool = False,
     stages: int = STAGES,
+    pieces: Optional[int] = None,
     interpret: bool = False,
 ):
     """Forward of scalar-decay linear attention as ONE Mosaic GPU kernel (state pass + output).
@@ -799,8 +801,9 @@ def simple_gla_fused_fwd_mosaic(
 
     Each published ``S_c`` is the state :func:`chunk_states_mosaic` would store in the input
     dtype; with ``store_h`` WG0 also sends it to HBM by TMA (for a backward that reuses it).
-    No sequence split (``pieces``): at few ``B * H * V / 64`` CTAs the two-pass forward, whose
-    state pass splits rows, may be faster.
+    Rows with few CTAs run as sequence pieces, as :func:`chunk_states_mosaic`'s: the state pass
+    (without ``h``) gives each piece's state from zero, an XLA scan their entry states, and the
+    fused kernel runs the ``B * P`` pieces as rows from those states.
 
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
@@ -815,6 +818,10 @@ def simple_gla_fused_fwd_mosaic(
         store_h: static; also return the states entering every chunk.
         stages: static, the depth of the TMA input ring (2 by default; 3 fits the SMEM at
             K = V = 128, about 211 KB against 171 KB; a tuning knob for the GPU).
+        pieces: static; sequence pieces ``P`` per row (``None``: chosen by
+            :func:`_num_pieces`, 1 unless ``B * H * V / 64`` CTAs would leave the GPU idle).
+            It must divide ``ceil(T / 64)``. With ``P > 1`` and ``store_h`` XLA transposes ``h``
+            from per-piece rows (one extra pass over ``h``).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -830,7 +837,8 @@ def simple_gla_fused_fwd_mosaic(
     Raises:
         ValueError: on mismatched shapes (``q`` and ``k``, ``g``, ``segment_ids``,
             ``initial_state``), unsupported head dims or dtypes (see :func:`unsupported_reason`),
-            or ``H`` not a multiple of ``Hk``.
+            ``H`` not a multiple of ``Hk``, ``stages < 2``, or ``pieces`` not a positive
+            divisor of the chunk count.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -846,26 +854,68 @@ def simple_gla_fused_fwd_mosaic(
         scale = dk ** -0.5
 
     num_chunks = -(-seq_len // CHUNK)
-    padded = num_chunks * CHUNK
+    pieces = _num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
     # Padding tokens have q = k = v = 0 and g = 0: they leave the state unchanged.
     q, k, v = (_pad_time(x, num_chunks) for x in (q, k, v))
     gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
-    packed = segment_ids is not None
-    docs = list(_doc_vectors(segment_ids, batch, num_chunks)) if packed else []  # doc, conn, last
-    has_h0 = initial_state is not None
-    h0 = [initial_state.astype(jnp.float32)] if has_h0 else []
+    doc, conn, last = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    docs = [doc, conn, last] if segment_ids is not None else []  # none streamed without docs
+    h0 = None if initial_state is None else initial_state.astype(jnp.float32)
+    run = functools.partial(_fused_call, group=heads // kv_heads, scale=float(scale),
+                            store_h=store_h, stages=stages, interpret=interpret)
+    with jax.named_scope("simple_gla_fused_fwd_mosaic"):
+        if pieces == 1:
+            outs = run(q, k, v, gc, docs, h0)
+            o, final_state = outs[0], outs[1]
+            h = outs[2] if store_h else None
+        else:
+            # Sequence split, as chunk_states_mosaic's: the state pass gives each piece's state
+            # from zero, a scan over the pieces their entry states, then the fused kernel runs
+            # the pieces as rows, each from its entry state (exact: a piece's state map is
+            # affine). conn of a piece's first chunk gates the entry state as any other.
+            kp, vp, lastp, connp = (_split_rows(x, pieces) for x in (k, v, last, conn))
+            gp = _split_head_major(gc, pieces)
+            (f_local,) = _states_call(kp, vp, gp, lastp, connp, None, group=heads // kv_heads,
+                                      pieces=pieces, states_dtype=v.dtype, store_h=False,
+                                      interpret=interpret)
+            entries = _scan_pieces(f_local.reshape(batch, pieces, heads, dk, dv),
+                                   _piece_decay(gc, conn, pieces), h0, reverse=False)
+            outs = run(_split_rows(q, pieces), kp, vp, gp,
+                       [_split_rows(x, pieces) for x in docs],
+                       entries.reshape(batch * pieces, heads, dk, dv))
+            o = outs[0].reshape((batch, num_chunks * CHUNK) + outs[0].shape[2:])
+            final_state = outs[1].reshape(batch, pieces, heads, dk, dv)[:, -1]
+            h = None
+            if store_h:  # [B * P, H, N / P, K, V] -> [B, H, N, K, V]
+                h = outs[2].reshape((batch, pieces, heads) + outs[2].shape[2:])
+                h = jnp.swapaxes(h, 1, 2).reshape(batch, heads, num_chunks, dk, dv)
+    o = o[:, :seq_len]
+    return (o, final_state, h) if store_h else (o, final_state)
+
+
+def _fused_call(q, k, v, gc, docs, h0, *, group, scale, store_h, stages, interpret):
+    """One launch of the fused forward (:func:`_fused_fwd_kernel`) over the rows of padded
+    ``q, k`` ``[R, Tq, Hk, K]``, ``v`` ``[R, Tq, H, V]``, ``gc`` ``[R, H, Tq]``, ``docs`` (``[]``
+    or ``[doc, conn, last]``, ``[R, Tq]`` each) and ``h0`` (``[R, H, K, V]`` fp32 or ``None``).
+    Returns ``(o, ht)`` or ``(o, ht, h)`` with ``store_h``: ``o`` ``[R, Tq, H, V]``, ``ht``
+    ``[R, H, K, V]`` fp32, ``h`` ``[R, H, Tq / 64, K, V]`` in the input dtype."""
+    rows, padded, _, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    num_chunks = padded // CHUNK
+    packed = bool(docs)
+    has_h0 = h0 is not None
     vec = plgpu.SMEM((stages, CHUNK), jnp.float32)
-    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), v.dtype),
-                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]
+    out_type = [jax.ShapeDtypeStruct((rows, padded, heads, dv), v.dtype),
+                jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32)]
     if store_h:
-        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), v.dtype))
+        out_type.append(jax.ShapeDtypeStruct((rows, heads, num_chunks, dk, dv), v.dtype))
     n_copies = 5 + 4 * packed
     shim = [plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_state_s: k^T for WG0
             plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_out_s: k^T for WG1
             _swizzled_smem((CHUNK, CHUNK), v.dtype)]  # p_s: the masked scores
     call = plgpu.kernel(
-        functools.partial(_fused_fwd_kernel, num_chunks=num_chunks, group=heads // kv_heads,
-                          scale=float(scale), packed=packed, has_h0=has_h0, store_h=store_h,
+        functools.partial(_fused_fwd_kernel, num_chunks=num_chunks, group=group,
+                          scale=scale, packed=packed, has_h0=has_h0, store_h=store_h,
                           stages=stages, interpret=interpret),
         out_type=tuple(out_type),
         scratch_types=[
@@ -885,7 +935,7 @@ def simple_gla_fused_fwd_mosaic(
             plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
             plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
         ] + (shim if interpret else []),
-        grid=(batch, heads, dv // BLOCK_V),
+        grid=(rows, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
         num_threads=3,
         thread_name="wg",
@@ -893,10 +943,7 @@ def simple_gla_fused_fwd_mosaic(
         interpret=interpret_params() if interpret else None,
         kernel_name="simple_gla_fused_fwd",
     )
-    with jax.named_scope("simple_gla_fused_fwd_mosaic"):
-        outs = call(q, k, v, gc, *docs, *h0)
-    o, final_state = outs[0][:, :seq_len], outs[1]
-    return (o, final_state, outs[2]) if store_h else (o, final_state)
+    return call(q, k, v, gc, *docs, *([h0] if has_h0 else []))
 
 
 # ----------------------------------------------------------------------------------------------

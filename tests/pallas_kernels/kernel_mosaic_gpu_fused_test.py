@@ -11,7 +11,7 @@ checks ``o`` and the final state against the fp32 token-serial reference
 before the reference: relative RMS < 5e-3 (BUILD.md's gate for the GPU kernels) plus
 ``assert_allclose`` at the bf16 forward tolerance, as ``kernel_mosaic_gpu_fwd_test``. With
 ``store_h`` the chunk states must equal ``chunk_states_mosaic``'s bitwise (same fp32 arithmetic,
-same rounding to the input dtype). ``LoweringTest`` lowers the kernel for CUDA on the CPU host
+same rounding to the input dtype), also with a sequence split (``pieces``). ``LoweringTest`` lowers the kernel for CUDA on the CPU host
 (the layout branch interpret mode replaces), in CI. ``GpuTest`` (marked ``gpu``; skipped
 without a Hopper-or-newer GPU) compiles the kernel and checks it against the reference and
 against the two-pass forward at longer rows.
@@ -86,6 +86,22 @@ class InterpretTest(parameterized.TestCase):
         want_o, want_final = fwd_test._reference(q, k, v, g, state, seg, 64 ** -0.5)
         _check_against_reference(self, o, final, want_o, want_final)
 
+    def test_sequence_pieces(self):
+        """``pieces=2`` over 4 chunks (a GVA packed row with ``h0``; starts at 40 in piece 0 and
+        at 150 in piece 1, and one exactly at the piece boundary 128): ``o`` and the final state
+        against the reference, ``h`` bitwise the split state pass's."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 256, 2, 1, 64, 64, decay=0.05, h0=True,
+                                                 docs=(40, 88, 22))
+        scale = 64 ** -0.5
+        o, final, h = kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, scale=scale,
+                                                      initial_state=state, segment_ids=seg,
+                                                      store_h=True, pieces=2, interpret=True)
+        want_o, want_final = fwd_test._reference(q, k, v, g, state, seg, scale)
+        _check_against_reference(self, o, final, want_o, want_final)
+        want_h, _ = kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg,
+                                            states_dtype=v.dtype, pieces=2, interpret=True)
+        np.testing.assert_array_equal(np.asarray(h, np.float32), np.asarray(want_h, np.float32))
+
     def test_store_h_equals_state_pass(self):
         """``store_h`` returns the states ``chunk_states_mosaic`` stores in bf16, bitwise, and
         the same ``o`` and final state as without it; through ``simple_gla_fwd_mosaic``'s
@@ -133,6 +149,21 @@ class LoweringTest(parameterized.TestCase):
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)  # one kernel
         self.assertIn("simple_gla_fused_fwd", text)
 
+    def test_sequence_pieces_lower_for_cuda(self):
+        """``pieces=4``: the state pass without ``h``, then the fused kernel over the pieces."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 1024, 2, 1, 128, 128, decay=0.2, h0=True,
+                                                 docs=(300,))
+
+        def fn(q, k, v, g, state, seg):
+            return kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, initial_state=state,
+                                                   segment_ids=seg, pieces=4)
+
+        text = jax.jit(fn).trace(q, k, v, g, state, seg).lower(
+            lowering_platforms=("cuda",)).as_text()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 2)
+        self.assertIn("simple_gla_chunk_states", text)
+        self.assertIn("simple_gla_fused_fwd", text)
+
     def test_custom_vjp_with_fused_forward_lowers_for_cuda(self):
         """``jax.grad`` of ``simple_gla_mosaic(forward="fused")``: the fused forward plus the
         backward's three kernels (state pass recomputed, reverse pass, gradients)."""
@@ -167,6 +198,8 @@ class ValidationTest(absltest.TestCase):
             kmg.simple_gla_fused_fwd_mosaic(q, k, v, g[:, :, :1])
         with self.assertRaisesRegex(ValueError, "stages must be"):
             kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, stages=1)
+        with self.assertRaisesRegex(ValueError, "must be a positive divisor"):
+            kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, pieces=2)  # one chunk
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
             kmg.simple_gla_fwd_mosaic(q, k, v, g, forward="one_pass")
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
@@ -200,6 +233,23 @@ class GpuTest(kmg_test.HopperTestCase):
         # The two-pass forward rounds the same states the same way: o within a bf16 ulp or so.
         o2, final2 = kmg.simple_gla_fwd_mosaic(q, k, v, g, scale=scale, initial_state=state,
                                                segment_ids=seg)
+        self.assertLess(tolerances.rel_err(o, o2), 2e-3)
+        self.assertLess(tolerances.rel_err(final, final2), 1e-5)
+        want_h, _ = kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg,
+                                            states_dtype=v.dtype)
+        self.assertLess(tolerances.rel_err(h, want_h), 1e-3)
+
+    def test_sequence_pieces(self):
+        """A row with few CTAs (B 1, H 2, V 128: 4 CTAs) is split automatically (8 pieces of 16
+        chunks): against the reference and the two-pass forward (which splits the same way),
+        and ``h`` against the split state pass."""
+        q, k, v, g, state, seg = kmg_test.inputs(1, 8192, 2, 1, 128, 128, decay=0.02, h0=True,
+                                                 docs=(1000, 1048, 3000), seed=6)
+        o, final, h = kmg.simple_gla_fused_fwd_mosaic(q, k, v, g, initial_state=state,
+                                                      segment_ids=seg, store_h=True)
+        want_o, want_final = fwd_test._reference(q, k, v, g, state, seg, 128 ** -0.5)
+        _check_against_reference(self, o, final, want_o, want_final, allclose=False)
+        o2, final2 = kmg.simple_gla_fwd_mosaic(q, k, v, g, initial_state=state, segment_ids=seg)
         self.assertLess(tolerances.rel_err(o, o2), 2e-3)
         self.assertLess(tolerances.rel_err(final, final2), 1e-5)
         want_h, _ = kmg.chunk_states_mosaic(k, v, g, initial_state=state, segment_ids=seg,
