@@ -11,10 +11,10 @@ checks ``o`` and the final state against the fp32 token-serial reference
 before the reference: relative RMS < 5e-3 (BUILD.md's gate for the GPU kernels) plus
 ``assert_allclose`` at the bf16 forward tolerance, as ``kernel_mosaic_gpu_fwd_test``. With
 ``store_h`` the chunk states must equal ``chunk_states_mosaic``'s bitwise (same fp32 arithmetic,
-same rounding to the input dtype), also with a sequence split (``pieces``). ``LoweringTest`` lowers the kernel for CUDA on the CPU host
-(the layout branch interpret mode replaces), in CI. ``GpuTest`` (marked ``gpu``; skipped
-without a Hopper-or-newer GPU) compiles the kernel and checks it against the reference and
-against the two-pass forward at longer rows.
+same rounding to the input dtype), also with a sequence split (``pieces``). ``LoweringTest``
+lowers the kernel for CUDA on the CPU host (the layout branch interpret mode replaces), in CI.
+``GpuTest`` (marked ``gpu``; skipped without a Hopper-or-newer GPU) compiles the kernel and
+checks it against the reference and against the two-pass forward at longer rows.
 
 A failing interpreted kernel may hang instead of raising; run a single test to see its traceback.
 """
