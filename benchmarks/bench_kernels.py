@@ -85,6 +85,11 @@ _MOSAIC_WY = flags.DEFINE_enum(
     "Peer mosaic, gdn and deltanet: how the forward forms the WY factors W, U "
     "(gated_delta_rule_fwd_mosaic's wy_implementation): mosaic, the chunk_wy_mosaic kernel; "
     "xla, the fp32 XLA form of before 2026-12-03 (for comparison).")
+_MOSAIC_FORWARD = flags.DEFINE_string(
+    "mosaic_forward", None,
+    "Peer mosaic: the forward= of the Mosaic ops (simple_gla_mosaic: two_pass or fused; "
+    "gated_delta_rule_mosaic: three_pass, fused or fused_split); unset: each op's default. "
+    "Recorded with every mosaic record.")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -202,13 +207,14 @@ def _jax_fn(op, peer, segment_ids):
                 return gdr_mosaic.gated_delta_rule_fwd_mosaic(
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
                     segment_ids=segment_ids, wy_implementation="xla")[0]
+            forward = {} if _MOSAIC_FORWARD.value is None else {"forward": _MOSAIC_FORWARD.value}
             if op in ("gdn", "deltanet"):
                 return mosaic_vjp.gated_delta_rule_mosaic(
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
-                    segment_ids=segment_ids)[0]
+                    segment_ids=segment_ids, **forward)[0]
             g = jnp.broadcast_to(gates["g_gamma"], q.shape[:3])
             return kmg.simple_gla_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
-                                         segment_ids=segment_ids)[0]
+                                         segment_ids=segment_ids, **forward)[0]
         return fn
     impl = None if peer == "ours" else "chunked"
     kw = dict(segment_ids=segment_ids, implementation=impl)
@@ -447,6 +453,8 @@ def run_jax(records):
                                gate=gate_ok, gate_errors=errs, tuning=tuning)
                     if peer == "mosaic" and op in ("gdn", "deltanet"):
                         rec["mosaic_wy"] = _MOSAIC_WY.value
+                    if peer == "mosaic":
+                        rec["mosaic_forward"] = _MOSAIC_FORWARD.value
                     try:
                         fn = passes[pas]
                         rec["ms"], rec["ms_min"] = _time_jax(fn, (q, k, v, do), gates)
@@ -664,9 +672,12 @@ def mosaic_lines(records):
     def fmt(x):
         return "–" if x is None else f"{x:.3f}"
 
+    forwards = sorted({str(r.get("mosaic_forward")) for r in records if r["peer"] == "mosaic"
+                       and r.get("mosaic_forward")})
     lines = ["", "Our Mosaic GPU kernels (peer `mosaic`, issue 29; not dispatched yet), against "
                  "the dispatched kernels and jla. Ratios > 1 mean the Mosaic GPU kernel is "
-                 "faster.", ""]
+                 "faster." + (f" Forward: `{', '.join(forwards)}` (`--mosaic_forward`)."
+                              if forwards else ""), ""]
     gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "mosaic"}
     for op, errs in gates.items():
         lines.append(f"- gate, {op} (mosaic vs the fp32 reference): " + ", ".join(

@@ -119,6 +119,10 @@ class MarkdownTest(absltest.TestCase):
             flags.FLAGS.mark_as_parsed()
         self.assertEqual(bench_kernels._mosaic_passes("gdn"), ("fwd", "fwdbwd"))
         self.assertEqual(bench_kernels._mosaic_passes("kda"), ())
+        recs = [dict(peer="mosaic", op="lightning", shape="S1", pass_="fwd", ms=0.5,
+                     kernel_ms=0.2, gate_errors={}, mosaic_forward="fused")]
+        self.assertIn("Forward: `fused` (`--mosaic_forward`).",
+                      "\n".join(bench_kernels.mosaic_lines(recs)))
         with flagsaver.flagsaver(mosaic_wy="xla"):  # the XLA WY path has no backward
             self.assertEqual(bench_kernels._mosaic_passes("deltanet"), ("fwd",))
             self.assertEqual(bench_kernels._mosaic_passes("lightning"), ("fwd", "fwdbwd"))
