@@ -1,0 +1,355 @@
+"""Gated DeltaNet / DeltaNet forward: the delta state pass fused with the output (Mosaic GPU).
+
+:func:`chunk_delta_fused_fwd_mosaic` does in one kernel what
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_h_mosaic` (the delta state
+pass) and :func:`pallas_kernels.simple_gla.kernel_mosaic_gpu.chunk_output_mosaic` (the read-out
+on ``v_new``) do in two (issue 29). The three-pass forward writes the state entering every chunk
+``h`` (``[B, H, N, K, V]``) and ``v_new`` to HBM and reads both back in a second kernel (one CTA
+per chunk); here each CTA walks the chunks of one ``(b, h, 64 value columns)`` in order and forms
+the outputs from the state it already holds, so neither ``h`` nor ``v_new`` has to reach HBM
+(they are stored only when asked: ``store_h`` for the backward, ``store_v_new`` for the
+residual). Per chunk ``c`` with entry state ``S_c`` (``[K, V]`` fp32), ``G`` the chunk-local
+inclusive cumulative log-decay (fp32), ``G_L`` its last entry (paper "Linear Attention
+Architectures", arXiv 2607.07953, Sec. 3.2, Eqs. 15-17; FLA's ``chunk_gated_delta_rule_fwd``,
+``fla/ops/gated_delta_rule/chunk.py``: ``chunk_gated_delta_rule_fwd_h`` then ``chunk_fwd_o``)::
+
+    v_new_c = U_c - W_c S_c
+    o_c     = scale ( diag(conn e^G) Q_c S_c + (Q_c K_c^T * D) v_new_c )
+    S_{c+1} = keep_c e^{G_L} S_c + K_c^T (last_c * e^{G_L - G} * v_new_c)
+
+with ``D_ts = e^{G_t - G_s}`` on causal (``s <= t``) same-document pairs, ``conn_t`` 1 on the
+tokens of the document open before the chunk, ``last_s`` 1 on the chunk's last document and
+``keep_c`` (``conn`` of the chunk's last token) 0 when a document starts inside the chunk: the
+conventions of the two kernels it replaces, whose docstrings derive them. ``W, U`` are
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic`'s WY factors (rows of
+``W`` of tokens that do not see ``S_c`` are already zero).
+
+Kernel structure (two warpgroups, as the state passes; ``pallas_kernels/common/MOSAIC_GPU.md``):
+
+* the memory warpgroup (``setmaxnreg 40``) streams each chunk's ``q``, ``k`` (key head
+  ``h // group``), ``w``, ``u`` (value head ``h``, 64 value columns) and the gate (row and column
+  copies), document (row and column copies), ``last`` and ``conn`` vectors with TMA into a
+  two-stage SMEM ring (ten copies per stage, ``mosaic_gpu_lib.ring_producer``);
+* the compute warpgroup (``setmaxnreg 232``) keeps ``S`` (``[K, 64]`` fp32) in registers. Per
+  chunk it writes ``S`` in the input dtype to one SMEM tile (the right operand of both ``W S``
+  and ``Q S``; also the staging tile of ``h`` when ``store_h``), then issues three ``wgmma`` as
+  one group: ``W S``, ``Q S`` (``[64, 64]``) and ``Q K^T`` (``[64, 64]``, ``K^T`` a transposed
+  SMEM view). In fp32 registers: ``v_new = U - W S``, the decayed causal same-document mask
+  ``P = (Q K^T) * D`` (rounded to 16 bits, a register operand), ``last e^{G_L - G} v_new``.
+  ``v_new`` (input dtype) and its decayed copy go to SMEM, and a second group of two ``wgmma``
+  gives ``P v_new`` (``[64, 64]``) and ``K^T (decayed v_new)`` (``[K, 64]``, the state update,
+  ``K^T`` again the transposed view of the same ``k`` tile). Then
+  ``o = scale (Q S * conn e^G + P v_new)`` leaves through an SMEM tile by TMA, and
+  ``S <- keep e^{G_L} S + K^T (...)``.
+
+So the roundings are those of the three-pass forward (``S`` to the input dtype as the operand
+of ``W S`` and ``Q S``, ``v_new`` to the input dtype as the operand of ``P v_new``, ``P`` and
+``last e^{G_L - G} v_new`` to 16 bits; fp32 accumulation); only HBM traffic and the kernel
+count change.
+
+jla's fused forward (``jla.ops.mosaic_gpu.scalar_gate_fused``, MOSAIC_GPU.md Sec. 2) has a third
+warpgroup for the output (``P``, ``o``) beside the state warpgroup, and forms ``W, U`` inside the
+kernel from the gate-free inverse ``T0`` (``kkt_fwd``), so it does not read ``W, U`` at all.
+This kernel keeps our WY kernel's ``W, U`` and one compute warpgroup; the split into output and
+state warpgroups is the next step if the H200 shows the serial chain of this one is the limit.
+
+SMEM at K = V = 128 (bf16): the ring ``2 x 56`` KB, the ``S``, ``v_new``, decayed ``v_new`` and
+``o`` tiles 40 KB, the fp32 ``h0``/final-state tile 32 KB: about 187 KB, one CTA per SM.
+
+CPU testing as the other Mosaic GPU kernels: interpret mode (``k^T`` and ``P`` copied into SMEM,
+plain vector loads; ``mosaic_gpu_lib``'s shims) and lowering for CUDA.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+
+CHUNK = mgl.CHUNK
+BLOCK_V = mgl.BLOCK_V  # value columns per CTA: the state tile is [K, BLOCK_V] fp32 in registers
+STAGES = mgl.STAGES  # depth of the TMA input ring
+_IN_COPIES = 10  # TMA copies per ring stage (q, k, w, u, g x2, doc x2, last, conn)
+
+
+def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref, *rest,
+                  num_chunks: int, group: int, scale: float, has_h0: bool, store_v_new: bool,
+                  store_h: bool, interpret: bool):
+    """Kernel body of :func:`chunk_delta_fused_fwd_mosaic`; refs are GMEM.
+
+    ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
+    (interpret mode only) = ``kt_s`` (``k^T``), ``p_s`` (``P``), the SMEM copies of what the GPU
+    reads as a transposed view or from registers.
+    """
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    vn_ref = rest.pop(0) if store_v_new else None
+    h_ref = rest.pop(0) if store_h else None
+    (q_s, k_s, w_s, u_s, g_row_s, g_col_s, doc_row_s, doc_col_s, last_s, conn_s, sb_s, vn_s,
+     vd_s, o_s, state_s, in_bar, in_free, io_bar, done, *shim) = rest
+    kt_s, p_s = shim if interpret else (None, None)
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = k_s.shape[-1]
+    sq = (CHUNK, CHUNK)
+    tile = (CHUNK, BLOCK_V)
+
+    @pl.when(wg == 1)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+
+        def issue(n, slot):
+            rows = pl.ds(n * CHUNK, CHUNK)
+            bar = in_bar.at[slot]
+            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], w_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(u_ref.at[b, rows, h, cols], u_s.at[slot], bar)
+            # Row and column views of one vector need different register layouts: two copies.
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_row_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_col_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
+
+        mgl.ring_producer(issue, num_chunks, in_free)
+
+    @pl.when(wg == 0)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        if has_h0:
+            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
+            plgpu.barrier_wait(io_bar)
+            s0 = mgl.load_tile(state_s, interpret)
+        else:
+            s0 = mgl.zeros_acc((dk, BLOCK_V), interpret)
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+
+        def by_col(x):
+            return lax.broadcast_in_dim(x, sq, [1])
+
+        def step(n, s):
+            slot = lax.rem(n, STAGES)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            # The stores of chunk n - 1 (o, v_new, h) must have read their tiles; its wgmma
+            # that read sb_s, vn_s, vd_s finished when their accumulators were read.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            sb_s[...] = s.astype(sb_s.dtype)  # S_c in 16 bits: the operand of W S and Q S
+            plgpu.commit_smem()
+            if store_h:  # the state entering chunk n goes to HBM while the inputs land
+                plgpu.copy_smem_to_gmem(sb_s, h_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(in_bar.at[slot])
+            k_t = mgl.transposed(k_s.at[slot], kt_s, interpret)  # k^T (a copy if interpreting)
+
+            def first(ws_acc, qs_acc, qk_acc):  # issued together: one wait for the three
+                plgpu.wgmma(ws_acc, w_s.at[slot], sb_s)  # W S, [C, 64]
+                plgpu.wgmma(qs_acc, q_s.at[slot], sb_s)  # Q S, [C, 64]
+                plgpu.wgmma(qk_acc, q_s.at[slot], k_t)  # Q K^T, [C, C]
+                return ws_acc[...], qs_acc[...], qk_acc[...]
+
+            # The barrier keeps the arithmetic after the accumulator reads (jla's pitfall).
+            ws, qs, qk = lax.optimization_barrier(pl.run_scoped(
+                first, plgpu.ACC(tile), plgpu.ACC(tile), plgpu.ACC(sq)))
+            vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # v_new, fp32
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret)  # chunk-local cumsum, fp32
+            g_j = mgl.load_cols(g_col_s.at[slot], interpret)
+            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+            g_last = g_row_s[slot, CHUNK - 1]
+            # D_ij = e^{G_i - G_j} on causal same-document pairs; the exponent is masked before
+            # exp, so D <= 1 (no overflow above the diagonal, where G_i - G_j >= 0).
+            mask = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j))
+            decay = jnp.exp(jnp.where(mask, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+            p = (qk * decay).astype(vn_s.dtype)  # 16-bit, the left wgmma operand (registers)
+            # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); the entering state
+            # reaches token t as conn_t e^{G_t}; keep e^{G_L} is 0 if a document starts inside.
+            k_decay = jnp.exp(g_last - g_i) * mgl.load_rows(last_s.at[slot], interpret)
+            q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
+            s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]
+            vn_s[...] = vn.astype(vn_s.dtype)
+            vd_s[...] = (vn * mgl.by_row(k_decay, tile)).astype(vd_s.dtype)
+            plgpu.commit_smem()
+            if store_v_new:
+                plgpu.copy_smem_to_gmem(vn_s, vn_ref.at[b, rows, h, cols])
+
+            def second(pv_acc, kv_acc):  # issued together
+                plgpu.wgmma(pv_acc, mgl.lhs_operand(p, p_s, interpret), vn_s)  # P v_new
+                plgpu.wgmma(kv_acc, k_t, vd_s)  # K^T (decayed v_new), [K, 64]
+                return pv_acc[...], kv_acc[...]
+
+            pv, kv = lax.optimization_barrier(pl.run_scoped(
+                second, plgpu.ACC(tile), plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])  # the chunk's SMEM inputs are consumed
+            o = scale * (qs * mgl.by_row(q_decay, tile) + pv)
+            o_s[...] = o.astype(o_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h, cols])
+            # A fresh accumulator plus the decayed state (no run_state in the 0.10.2
+            # interpreter).
+            return s * s_decay + kv
+
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        state_s[...] = s
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+def check_fused_inputs(q, k, w, u, g, segment_ids, initial_state) -> None:
+    """The input contract of :func:`chunk_delta_fused_fwd_mosaic`.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = u.shape[2], u.shape[3]
+    mgl.check_kv_gates(k, u, g, segment_ids, names=("k", "u"))
+    if q.shape != k.shape or q.dtype != k.dtype:
+        raise ValueError(f"q must have k's shape {k.shape} and dtype {k.dtype}, got {q.shape=} "
+                         f"{q.dtype=}")
+    if w.shape != (batch, seq_len, heads, dk) or w.dtype != k.dtype:
+        raise ValueError(f"w must be [B, T, H, K] = {(batch, seq_len, heads, dk)} in k's dtype "
+                         f"{k.dtype}, got {w.shape=} {w.dtype=}")
+    if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
+        raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
+                         f"{initial_state.shape=}")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "interpret"))
+def chunk_delta_fused_fwd_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    w: jax.Array,
+    u: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    scale: float,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    store_v_new: bool = False,
+    store_h: bool = False,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
+    """The delta state pass and the output of every chunk in one Mosaic GPU kernel.
+
+    Per batch row, value head and chunk ``c`` of 64 tokens (module docstring; paper arXiv
+    2607.07953, Eqs. 15-17; FLA's ``chunk_gated_delta_rule_fwd_h`` + ``chunk_fwd_o``), with
+    ``G`` the chunk-local inclusive cumulative log-decay (fp32), ``G_L`` its last entry::
+
+        v_new_c = U_c - W_c S_c
+        o_c     = scale ( diag(conn e^G) Q_c S_c + (Q_c K_c^T * D) v_new_c )
+        S_{c+1} = keep_c e^{G_L} S_c + K_c^T (last_c * e^{G_L - G} * v_new_c)
+
+    from ``S_0 = initial_state``: the results of
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_h_mosaic` (with
+    ``states_dtype`` the input dtype) followed by
+    :func:`pallas_kernels.simple_gla.kernel_mosaic_gpu.chunk_output_mosaic` on ``v_new``, with
+    the same roundings, in one kernel that writes neither ``h`` nor ``v_new`` unless asked. With
+    ``W, U`` from :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic` this
+    is the Gated DeltaNet forward: ``o_t = scale S_t^T q_t`` of
+    :func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`, ``v_new`` its
+    residual ``u``.
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
+            query/key head ``h // (H // Hk)``); used as given (L2-normalise beforehand).
+        k: keys ``[B, T, Hk, K]``, q's shape and dtype.
+        w: ``W = T diag(beta conn e^G) K`` ``[B, T, H, K]`` per value head, k's dtype.
+        u: ``U = T diag(beta) V`` ``[B, T, H, V]``, k's dtype. ``K, V`` in {64, 128}.
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        scale: read-out scale (static).
+        initial_state: ``[B, H, K, V]`` state before the first token (read as fp32), or
+            ``None`` for zeros; it applies to the first document of each row only.
+        segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
+        store_v_new: also write ``v_new`` (static; the residual ``u`` of the routing layers and
+            of the backward).
+        store_h: also write the state entering every chunk (static; the backward's ``h``).
+        interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(o, final_state, v_new, h)``: ``o`` ``[B, T, H, V]`` in the input dtype;
+        ``final_state`` ``[B, H, K, V]`` fp32, the state after token ``T - 1``; ``v_new``
+        ``[B, T, H, V]`` in the input dtype, or ``None`` without ``store_v_new``; ``h``
+        ``[B, H, N, K, V]`` in the input dtype (``N = ceil(T / 64)``, the layout of
+        ``chunk_delta_h_mosaic``'s ``h``), or ``None`` without ``store_h``. Exact up to the
+        16-bit rounding of the ``wgmma`` operands (``W``, ``U``, ``S``, ``P``, ``v_new``,
+        ``last e^{G_L - G} v_new``) with fp32 accumulation.
+
+    Raises:
+        ValueError: on mismatched shapes or dtypes of ``q, k, w, u``, unsupported head dims or
+            dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``, ``segment_ids`` or
+            ``initial_state`` shape.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = u.shape[2], u.shape[3]
+    check_fused_inputs(q, k, w, u, g, segment_ids, initial_state)
+
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    # Padding tokens have q = k = w = u = 0 and g = 0: v_new = 0 and o = 0 there, the state is
+    # unchanged (they are the last tokens, so they reach no real token).
+    q, k, w, u = (mgl.pad_time(x, num_chunks) for x in (q, k, w, u))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    has_h0 = initial_state is not None
+    kernel = functools.partial(_fused_kernel, num_chunks=num_chunks, group=heads // kv_heads,
+                               scale=float(scale), has_h0=has_h0, store_v_new=store_v_new,
+                               store_h=store_h, interpret=interpret)
+    dtype = u.dtype
+    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
+                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
+    if store_v_new:
+        out_type.append(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype))
+    if store_h:
+        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
+    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    swz = mgl.swizzled_smem
+    call = plgpu.kernel(
+        kernel,
+        out_type=tuple(out_type),
+        scratch_types=[
+            swz((STAGES, CHUNK, dk), q.dtype),  # q_s
+            swz((STAGES, CHUNK, dk), k.dtype),  # k_s
+            swz((STAGES, CHUNK, dk), w.dtype),  # w_s
+            swz((STAGES, CHUNK, BLOCK_V), dtype),  # u_s
+            vec, vec, vec, vec, vec, vec,  # g_row_s, g_col_s, doc_row_s, doc_col_s, last_s, conn_s
+            swz((dk, BLOCK_V), dtype),  # sb_s: S in 16 bits (operand of W S, Q S; h staging)
+            swz((CHUNK, BLOCK_V), dtype),  # vn_s: v_new, operand of P v_new (and its staging)
+            swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
+            swz((CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile
+            swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
+            plgpu.Barrier(num_arrivals=_IN_COPIES, num_barriers=STAGES),  # in_bar: copies landed
+            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
+            plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+        ] + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
+              swz((CHUNK, CHUNK), dtype)] if interpret else []),  # p_s: P, interpret only
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name="gdn_chunk_delta_fused_fwd",
+    )
+    h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
+    with jax.named_scope("gdn_chunk_delta_fused_fwd_mosaic"):
+        outs = list(call(q, k, w, u, gc, doc, last, conn, *h0))
+    o, final_state = outs.pop(0), outs.pop(0)
+    v_new = outs.pop(0)[:, :seq_len] if store_v_new else None
+    h = outs.pop(0) if store_h else None
+    return o[:, :seq_len], final_state, v_new, h
