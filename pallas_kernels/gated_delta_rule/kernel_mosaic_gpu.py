@@ -38,6 +38,12 @@ Architectures", arXiv 2607.07953, Sec. 3.2, Eqs. 14-17; FLA's ``chunk_gated_delt
    in ``kernel_gpu.py``'s notation): the same gates, the same causal same-document mask, the
    same ``conn`` factor; only ``v`` becomes ``v_new``. So the simple-GLA kernel is reused as is.
 
+With ``forward="fused"``, stages 2 and 3 run as one kernel,
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`
+(one CTA per ``(b, h, 64 value columns)`` walking the chunks; the state entering a chunk feeds
+both ``W S`` and the read-out ``Q S`` from registers, so ``h`` never reaches HBM and ``v_new``
+only as the residual). Same equations and roundings; see that module.
+
 Kernel structure of the state pass (as the scalar-decay one, see
 ``pallas_kernels/common/MOSAIC_GPU.md``): one CTA per ``(b, h, 64 value columns)``, two
 warpgroups. The memory warpgroup streams each chunk's ``k`` (key head ``h // group``), ``w``,
@@ -71,6 +77,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 
 CHUNK = mgl.CHUNK
@@ -314,6 +321,10 @@ def chunk_delta_h_mosaic(
 
 MERGE_DTYPE = jnp.float16  # operand dtype of the inverse's merge products (chunk_wy_mosaic)
 WY_IMPLEMENTATIONS = ("mosaic", "xla")
+# How gated_delta_rule_fwd_mosaic runs the state pass and the output: two kernels
+# (chunk_delta_h_mosaic, then chunk_output_mosaic reading h back) or one
+# (kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic).
+FORWARDS = ("three_pass", "fused")
 
 
 def wy_inverse(a, l_s, x_s, y_s, interpret: bool):
@@ -538,7 +549,7 @@ def chunk_wy_mosaic(
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "return_residual", "wy_implementation",
-                                             "interpret"))
+                                             "forward", "interpret"))
 def gated_delta_rule_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -551,6 +562,7 @@ def gated_delta_rule_fwd_mosaic(
     segment_ids: Optional[jax.Array] = None,
     return_residual: bool = False,
     wy_implementation: str = "mosaic",
+    forward: str = "three_pass",
     interpret: bool = False,
 ):
     """Forward of Gated DeltaNet (``g``) or DeltaNet (``g=None``): the WY preparation
@@ -580,6 +592,12 @@ def gated_delta_rule_fwd_mosaic(
             :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` in XLA (GVA keys
             repeated first) rounded to the input dtype, kept for comparison (at B 8, T 4,096,
             H 16, K = V = 128 it took 4.7 ms of the forward's 5.1 ms on an H200).
+        forward: how the state pass and the output run after the WY preparation (static):
+            ``"three_pass"`` (default), :func:`chunk_delta_h_mosaic` (writes ``h`` and
+            ``v_new``) then ``chunk_output_mosaic`` (reads them back); ``"fused"``, one kernel,
+            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`
+            (``h`` never reaches HBM, ``v_new`` only with ``return_residual``). Same math and
+            roundings.
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -590,8 +608,8 @@ def gated_delta_rule_fwd_mosaic(
 
     Raises:
         ValueError: on a ``beta`` that is not ``[B, T, H]``, an unknown
-            ``wy_implementation``, and as :func:`chunk_wy_mosaic`, :func:`chunk_delta_h_mosaic`
-            and ``chunk_output_mosaic``.
+            ``wy_implementation`` or ``forward``, and as :func:`chunk_wy_mosaic`,
+            :func:`chunk_delta_h_mosaic` and ``chunk_output_mosaic`` (or the fused kernel).
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads = v.shape[2]
@@ -602,6 +620,8 @@ def gated_delta_rule_fwd_mosaic(
     if wy_implementation not in WY_IMPLEMENTATIONS:
         raise ValueError(f"wy_implementation must be one of {WY_IMPLEMENTATIONS}, got "
                          f"{wy_implementation!r}")
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
     if wy_implementation == "mosaic":
         w, u = chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, interpret=interpret)
@@ -613,6 +633,11 @@ def gated_delta_rule_fwd_mosaic(
             w, u = chunked.wy_representation(k_heads, v, g, beta, segment_ids=segment_ids,
                                              chunk_size=CHUNK)
             w, u = w[:, :seq_len].astype(k.dtype), u[:, :seq_len].astype(v.dtype)
+    if forward == "fused":
+        o, final_state, v_new, _ = kfused.chunk_delta_fused_fwd_mosaic(
+            q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+            store_v_new=return_residual, interpret=interpret)
+        return (o, final_state, v_new) if return_residual else (o, final_state)
     # h only feeds chunk_output_mosaic's wgmma: stored in the input dtype.
     h, v_new, final_state = chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,
                                                  segment_ids=segment_ids,

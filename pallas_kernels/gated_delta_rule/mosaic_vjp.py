@@ -2,7 +2,10 @@
 
 :func:`gated_delta_rule_mosaic` wraps the forward stages of
 :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu` (``chunk_wy_mosaic``,
-``chunk_delta_h_mosaic``, the scalar-decay ``chunk_output_mosaic``) in a ``jax.custom_vjp``
+``chunk_delta_h_mosaic``, the scalar-decay ``chunk_output_mosaic``; or, with
+``forward="fused"``, ``chunk_wy_mosaic`` and
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`,
+which stores ``h`` and ``v_new`` only when differentiated) in a ``jax.custom_vjp``
 whose backward chains the four backward stages (paper arXiv 2412.06464, Sec. 3.3; paper arXiv
 2607.07953, Sec. 3.2, Eqs. 15-17; FLA's ``chunk_gated_delta_rule_bwd``,
 ``fla/ops/gated_delta_rule/chunk.py``):
@@ -36,6 +39,7 @@ import jax.numpy as jnp
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 
@@ -51,6 +55,7 @@ def gated_delta_rule_mosaic(
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
     output_final_state: bool = False,
+    forward: str = "three_pass",
     interpret: bool = False,
 ) -> Tuple[jax.Array, Optional[jax.Array]]:
     """Differentiable Gated DeltaNet (``g``) or DeltaNet (``g=None``) on Mosaic GPU kernels.
@@ -89,6 +94,13 @@ def gated_delta_rule_mosaic(
         segment_ids: optional int ``[B, T]`` (packed documents); not differentiated.
         output_final_state: whether to return the state after the last token (static); when
             ``False`` the backward runs with a zero final-state gradient.
+        forward: how the forward runs its state pass and output (static), as
+            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.gated_delta_rule_fwd_mosaic`'s
+            ``forward``: ``"three_pass"`` (default) or ``"fused"``
+            (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`).
+            Under differentiation the fused kernel also stores ``h`` and ``v_new`` (the
+            residuals); without it (the primal alone) it stores neither. The backward is the
+            same either way.
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -98,8 +110,8 @@ def gated_delta_rule_mosaic(
         ``g`` is ``None``; computed in fp32 and rounded once).
 
     Raises:
-        ValueError: on a ``beta`` that is not ``[B, T, H]``, and as the kernels (shapes,
-            dtypes, head dims, ``H`` not a multiple of ``Hk``).
+        ValueError: on a ``beta`` that is not ``[B, T, H]``, an unknown ``forward``, and as
+            the kernels (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``).
     """
     batch, seq_len, _, dk = k.shape
     heads = v.shape[2]
@@ -107,15 +119,24 @@ def gated_delta_rule_mosaic(
         scale = dk ** -0.5
     if beta.shape != (batch, seq_len, heads):
         raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
+    if forward not in kgd.FORWARDS:
+        raise ValueError(f"forward must be one of {kgd.FORWARDS}, got {forward!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
     o, final_state = _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, float(scale),
-                                 bool(output_final_state), interpret)
+                                 bool(output_final_state), forward, interpret)
     return o, (final_state if output_final_state else None)
 
 
-def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, interpret):
-    """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages."""
+def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
+             residuals=True):
+    """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages (``None``
+    for ``h`` and ``v_new`` from the fused kernel without ``residuals``)."""
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, interpret=interpret)
+    if forward == "fused":
+        o, final_state, v_new, h = kfused.chunk_delta_fused_fwd_mosaic(
+            q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
+            store_v_new=residuals, store_h=residuals, interpret=interpret)
+        return (o, final_state), (w, h, v_new)
     # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype.
     h, v_new, final_state = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,
                                                      segment_ids=segment_ids,
@@ -125,22 +146,24 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, interpret):
     return (o, final_state), (w, h, v_new)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
 def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                interpret):
+                forward, interpret):
     del output_final_state
-    return _forward(q, k, v, g, beta, initial_state, segment_ids, scale, interpret)[0]
+    return _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
+                    residuals=False)[0]
 
 
 def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                    interpret):
+                    forward, interpret):
     del output_final_state
     out, (w, h, v_new) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
-                                  interpret)
+                                  forward, interpret)
     return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new)
 
 
-def _gdn_mosaic_bwd(scale, output_final_state, interpret, residuals, cotangents):
+def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, residuals, cotangents):
+    del forward  # the backward is the same for both forwards
     q, k, v, g, beta, initial_state, segment_ids, w, h, v_new = residuals
     do, dht = cotangents
     do = do.astype(v.dtype)
