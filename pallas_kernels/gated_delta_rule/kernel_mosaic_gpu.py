@@ -38,7 +38,7 @@ Architectures", arXiv 2607.07953, Sec. 3.2, Eqs. 14-17; FLA's ``chunk_gated_delt
    in ``kernel_gpu.py``'s notation): the same gates, the same causal same-document mask, the
    same ``conn`` factor; only ``v`` becomes ``v_new``. So the simple-GLA kernel is reused as is.
 
-With ``forward="fused"``, stages 2 and 3 run as one kernel,
+With ``forward="fused"`` (or ``"fused_split"``), stages 2 and 3 run as one kernel,
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`
 (one CTA per ``(b, h, 64 value columns)`` walking the chunks; the state entering a chunk feeds
 both ``W S`` and the read-out ``Q S`` from registers, so ``h`` never reaches HBM and ``v_new``
@@ -323,8 +323,9 @@ MERGE_DTYPE = jnp.float16  # operand dtype of the inverse's merge products (chun
 WY_IMPLEMENTATIONS = ("mosaic", "xla")
 # How gated_delta_rule_fwd_mosaic runs the state pass and the output: two kernels
 # (chunk_delta_h_mosaic, then chunk_output_mosaic reading h back) or one
-# (kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic).
-FORWARDS = ("three_pass", "fused")
+# (kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic; "fused_split" with the read-out on its
+# own warpgroup, split_output=True).
+FORWARDS = ("three_pass", "fused", "fused_split")
 
 
 def wy_inverse(a, l_s, x_s, y_s, interpret: bool):
@@ -596,8 +597,9 @@ def gated_delta_rule_fwd_mosaic(
             ``"three_pass"`` (default), :func:`chunk_delta_h_mosaic` (writes ``h`` and
             ``v_new``) then ``chunk_output_mosaic`` (reads them back); ``"fused"``, one kernel,
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`
-            (``h`` never reaches HBM, ``v_new`` only with ``return_residual``). Same math and
-            roundings.
+            (``h`` never reaches HBM, ``v_new`` only with ``return_residual``);
+            ``"fused_split"``, the same kernel with the read-out on its own warpgroup
+            (``split_output=True``). Same math and roundings.
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -633,10 +635,11 @@ def gated_delta_rule_fwd_mosaic(
             w, u = chunked.wy_representation(k_heads, v, g, beta, segment_ids=segment_ids,
                                              chunk_size=CHUNK)
             w, u = w[:, :seq_len].astype(k.dtype), u[:, :seq_len].astype(v.dtype)
-    if forward == "fused":
+    if forward != "three_pass":
         o, final_state, v_new, _ = kfused.chunk_delta_fused_fwd_mosaic(
             q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
-            store_v_new=return_residual, interpret=interpret)
+            store_v_new=return_residual, split_output=forward == "fused_split",
+            interpret=interpret)
         return (o, final_state, v_new) if return_residual else (o, final_state)
     # h only feeds chunk_output_mosaic's wgmma: stored in the input dtype.
     h, v_new, final_state = chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,

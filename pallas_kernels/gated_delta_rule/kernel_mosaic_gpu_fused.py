@@ -24,7 +24,8 @@ conventions of the two kernels it replaces, whose docstrings derive them. ``W, U
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic`'s WY factors (rows of
 ``W`` of tokens that do not see ``S_c`` are already zero).
 
-Kernel structure (two warpgroups, as the state passes; ``pallas_kernels/common/MOSAIC_GPU.md``):
+Kernel structure (by default two warpgroups, as the state passes;
+``pallas_kernels/common/MOSAIC_GPU.md``):
 
 * the memory warpgroup (``setmaxnreg 40``) streams each chunk's ``q``, ``k`` (key head
   ``h // group``), ``w``, ``u`` (value head ``h``, 64 value columns) and the gate (row and column
@@ -47,14 +48,31 @@ of ``W S`` and ``Q S``, ``v_new`` to the input dtype as the operand of ``P v_new
 ``last e^{G_L - G} v_new`` to 16 bits; fp32 accumulation); only HBM traffic and the kernel
 count change.
 
-jla's fused forward (``jla.ops.mosaic_gpu.scalar_gate_fused``, MOSAIC_GPU.md Sec. 2) has a third
-warpgroup for the output (``P``, ``o``) beside the state warpgroup, and forms ``W, U`` inside the
-kernel from the gate-free inverse ``T0`` (``kkt_fwd``), so it does not read ``W, U`` at all.
-This kernel keeps our WY kernel's ``W, U`` and one compute warpgroup; the split into output and
-state warpgroups is the next step if the H200 shows the serial chain of this one is the limit.
+With ``split_output=True`` (``forward="fused_split"`` in the callers) the read-out moves to its
+own warpgroup, as in jla's fused forward (``jla.ops.mosaic_gpu.scalar_gate_fused``,
+MOSAIC_GPU.md Sec. 2; FlashQLA's Hopper forward), so the state warpgroup runs only the serial
+chain. Three warpgroups:
 
-SMEM at K = V = 128 (bf16): the ring ``2 x 56`` KB, the ``S``, ``v_new``, decayed ``v_new`` and
-``o`` tiles 40 KB, the fp32 ``h0``/final-state tile 32 KB: about 187 KB, one CTA per SM.
+* the state warpgroup (``setmaxnreg 232``) publishes ``S_c`` (16 bits) in a double-buffered
+  SMEM tile, forms ``v_new = U - W S_c`` (one ``wgmma``), publishes it (double-buffered), signals
+  ``s_ready``, and adds ``K^T (last e^{G_L - G} v_new)`` to ``keep e^{G_L} S``. Before
+  overwriting a published tile it waits on ``s_free`` of the chunk two back;
+* the output warpgroup (``setmaxnreg 232``) computes ``Q K^T`` and the mask ``P`` while the state
+  warpgroup works, waits on ``s_ready``, issues ``Q S_c`` and ``P v_new`` as one group, signals
+  ``s_free`` and stores ``o`` through a double-buffered tile (one store left in flight);
+* the memory warpgroup (``setmaxnreg 40``) as above; a ring stage is released when both
+  consumers arrive on ``in_free``.
+
+The products and roundings are the same as with two warpgroups (interpreted, the results are
+equal). jla also forms ``W, U`` inside the kernel from the gate-free inverse ``T0`` of its
+``kkt_fwd`` (``v_new = T (diag(beta) (V - diag(conn e^G) K S))`` with
+``T = T0 * e^{G_i - G_j}``), so it never reads ``W, U``; here they come from
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic`.
+
+SMEM at K = V = 128 (bf16): the ring ``2 x 57.5`` KB, the fp32 ``h0``/final-state tile 32 KB,
+and the ``S``, ``v_new``, decayed ``v_new`` and ``o`` tiles: 40 KB (two warpgroups, about
+187 KB in all) or 72 KB double-buffered (split, about 219 KB of the 227 KB an SM allows). One
+CTA per SM either way.
 
 CPU testing as the other Mosaic GPU kernels: interpret mode (``k^T`` and ``P`` copied into SMEM,
 plain vector loads; ``mosaic_gpu_lib``'s shims) and lowering for CUDA.
@@ -77,6 +95,25 @@ STAGES = mgl.STAGES  # depth of the TMA input ring
 _IN_COPIES = 10  # TMA copies per ring stage (q, k, w, u, g x2, doc x2, last, conn)
 
 
+def _issuer(gmem, ring, in_bar, b, h, hk, cols):
+    """``issue(n, slot)`` of the memory warpgroup: the ten TMA copies of chunk ``n`` (``q, k``
+    of key head ``hk``; ``w`` and the value columns ``cols`` of ``u`` of value head ``h``; the
+    gate and document vectors twice, as row and column views need different register layouts;
+    ``last``, ``conn``) from ``gmem`` into ``ring[.][slot]``, on ``in_bar[slot]``."""
+    q_ref, k_ref, w_ref, u_ref, g_row, g_col, doc_row, doc_col, last_ref, conn_ref = gmem
+
+    def issue(n, slot):
+        rows = pl.ds(n * CHUNK, CHUNK)
+        srcs = (q_ref.at[b, rows, hk], k_ref.at[b, rows, hk], w_ref.at[b, rows, h],
+                u_ref.at[b, rows, h, cols], g_row.at[b, h, rows], g_col.at[b, h, rows],
+                doc_row.at[b, rows], doc_col.at[b, rows], last_ref.at[b, rows],
+                conn_ref.at[b, rows])
+        for src, dst in zip(srcs, ring, strict=True):
+            plgpu.copy_gmem_to_smem(src, dst.at[slot], in_bar.at[slot])
+
+    return issue
+
+
 def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref, *rest,
                   num_chunks: int, group: int, scale: float, has_h0: bool, store_v_new: bool,
                   store_h: bool, interpret: bool):
@@ -94,6 +131,8 @@ def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
     (q_s, k_s, w_s, u_s, g_row_s, g_col_s, doc_row_s, doc_col_s, last_s, conn_s, sb_s, vn_s,
      vd_s, o_s, state_s, in_bar, in_free, io_bar, done, *shim) = rest
     kt_s, p_s = shim if interpret else (None, None)
+    gmem = (q_ref, k_ref, w_ref, u_ref, g_ref, g_ref, doc_ref, doc_ref, last_ref, conn_ref)
+    ring = (q_s, k_s, w_s, u_s, g_row_s, g_col_s, doc_row_s, doc_col_s, last_s, conn_s)
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
@@ -105,23 +144,7 @@ def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
     @pl.when(wg == 1)
     def _memory():
         plgpu.set_max_registers(40, action="decrease")
-
-        def issue(n, slot):
-            rows = pl.ds(n * CHUNK, CHUNK)
-            bar = in_bar.at[slot]
-            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], w_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(u_ref.at[b, rows, h, cols], u_s.at[slot], bar)
-            # Row and column views of one vector need different register layouts: two copies.
-            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_row_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_col_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
-
-        mgl.ring_producer(issue, num_chunks, in_free)
+        mgl.ring_producer(_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks, in_free)
 
     @pl.when(wg == 0)
     def _compute():
@@ -209,6 +232,154 @@ def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
     plgpu.barrier_wait(done)
 
 
+def _split_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref, *rest,
+                  num_chunks: int, group: int, scale: float, has_h0: bool, store_v_new: bool,
+                  store_h: bool, interpret: bool):
+    """Kernel body of :func:`chunk_delta_fused_fwd_mosaic` with ``split_output``: three
+    warpgroups (state, output, memory); refs are GMEM.
+
+    ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
+    (interpret mode only) = ``kt0_s``, ``kt1_s`` (``k^T`` for the state and the output
+    warpgroup), ``p_s`` (``P``).
+    """
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    vn_ref = rest.pop(0) if store_v_new else None
+    h_ref = rest.pop(0) if store_h else None
+    (q_s, k_s, w_s, u_s, g_row_s, g_col_s, doc_row_s, doc_col_s, last_s, conn_s, sb_s, vn_s,
+     vd_s, o_s, state_s, in_bar, in_free, s_ready, s_free, io_bar, done, *shim) = rest
+    kt0_s, kt1_s, p_s = shim if interpret else (None, None, None)
+    gmem = (q_ref, k_ref, w_ref, u_ref, g_ref, g_ref, doc_ref, doc_ref, last_ref, conn_ref)
+    ring = (q_s, k_s, w_s, u_s, g_row_s, g_col_s, doc_row_s, doc_col_s, last_s, conn_s)
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = k_s.shape[-1]
+    sq = (CHUNK, CHUNK)
+    tile = (CHUNK, BLOCK_V)
+
+    @pl.when(wg == 2)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        mgl.ring_producer(_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks, in_free)
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        if has_h0:
+            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
+            plgpu.barrier_wait(io_bar)
+            s0 = mgl.load_tile(state_s, interpret)
+        else:
+            s0 = mgl.zeros_acc((dk, BLOCK_V), interpret)
+
+        def step(n, s):
+            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+
+            @pl.when(n >= 2)
+            def _():  # the output warpgroup has read the tiles published two chunks ago
+                plgpu.barrier_wait(s_free.at[half])
+
+            # This warpgroup's stores (h, v_new) of chunk n - 2 must have read their tiles.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            sb_s.at[half][...] = s.astype(sb_s.dtype)  # S_c in 16 bits, published
+            plgpu.commit_smem()
+            if store_h:
+                plgpu.copy_smem_to_gmem(sb_s.at[half], h_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(in_bar.at[slot])
+
+            def w_state(acc):
+                plgpu.wgmma(acc, w_s.at[slot], sb_s.at[half])  # W S, [C, 64]
+                return acc[...]
+
+            ws = lax.optimization_barrier(pl.run_scoped(w_state, plgpu.ACC(tile)))
+            vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # v_new, fp32
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret)
+            g_last = g_row_s[slot, CHUNK - 1]
+            k_decay = jnp.exp(g_last - g_i) * mgl.load_rows(last_s.at[slot], interpret)
+            s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]
+            vn_s.at[half][...] = vn.astype(vn_s.dtype)
+            vd_s[...] = (vn * mgl.by_row(k_decay, tile)).astype(vd_s.dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(s_ready.at[half])  # S_c and v_new published
+            if store_v_new:
+                plgpu.copy_smem_to_gmem(vn_s.at[half], vn_ref.at[b, rows, h, cols])
+            k_t = mgl.transposed(k_s.at[slot], kt0_s, interpret)
+
+            def update(acc):
+                plgpu.wgmma(acc, k_t, vd_s)  # K^T (decayed v_new), [K, 64]
+                return acc[...]
+
+            kv = lax.optimization_barrier(pl.run_scoped(update, plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s * s_decay + kv
+
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
+            plgpu.barrier_wait(s_free.at[n % 2])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        state_s[...] = s
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 1)
+    def _output():
+        plgpu.set_max_registers(232, action="increase")
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+
+        def by_col(x):
+            return lax.broadcast_in_dim(x, sq, [1])
+
+        def step(n, carry):
+            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            plgpu.barrier_wait(in_bar.at[slot])
+            k_t = mgl.transposed(k_s.at[slot], kt1_s, interpret)
+
+            def scores(acc):
+                plgpu.wgmma(acc, q_s.at[slot], k_t)  # Q K^T, [C, C], while S_c is formed
+                return acc[...]
+
+            qk = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret)
+            g_j = mgl.load_cols(g_col_s.at[slot], interpret)
+            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+            mask = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j))
+            decay = jnp.exp(jnp.where(mask, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+            p = (qk * decay).astype(vn_s.dtype)
+            q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
+            p_op = mgl.lhs_operand(p, p_s, interpret)
+            plgpu.barrier_wait(s_ready.at[half])
+
+            def read_out(qs_acc, pv_acc):  # issued together
+                plgpu.wgmma(qs_acc, q_s.at[slot], sb_s.at[half])  # Q S, [C, 64]
+                plgpu.wgmma(pv_acc, p_op, vn_s.at[half])  # P v_new, [C, 64]
+                return qs_acc[...], pv_acc[...]
+
+            qs, pv = lax.optimization_barrier(pl.run_scoped(
+                read_out, plgpu.ACC(tile), plgpu.ACC(tile)))
+            plgpu.barrier_arrive(s_free.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            o = scale * (qs * mgl.by_row(q_decay, tile) + pv)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # o_s[half] of chunk n - 2 was read
+            o_s.at[half][...] = o.astype(o_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
+            return carry
+
+        lax.fori_loop(0, num_chunks, step, 0)
+        plgpu.wait_smem_to_gmem(0)
+
+    # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
 def check_fused_inputs(q, k, w, u, g, segment_ids, initial_state) -> None:
     """The input contract of :func:`chunk_delta_fused_fwd_mosaic`.
 
@@ -229,7 +400,8 @@ def check_fused_inputs(q, k, w, u, g, segment_ids, initial_state) -> None:
                          f"{initial_state.shape=}")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "split_output",
+                                             "interpret"))
 def chunk_delta_fused_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -242,6 +414,7 @@ def chunk_delta_fused_fwd_mosaic(
     segment_ids: Optional[jax.Array] = None,
     store_v_new: bool = False,
     store_h: bool = False,
+    split_output: bool = False,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The delta state pass and the output of every chunk in one Mosaic GPU kernel.
@@ -278,6 +451,10 @@ def chunk_delta_fused_fwd_mosaic(
         store_v_new: also write ``v_new`` (static; the residual ``u`` of the routing layers and
             of the backward).
         store_h: also write the state entering every chunk (static; the backward's ``h``).
+        split_output: run the read-out on its own warpgroup (static; module docstring):
+            three warpgroups (state, output, memory) with ``S`` and ``v_new`` published
+            through double-buffered SMEM tiles, instead of two (compute, memory). Same
+            products, same roundings, same results.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -306,7 +483,8 @@ def chunk_delta_fused_fwd_mosaic(
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
     doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
     has_h0 = initial_state is not None
-    kernel = functools.partial(_fused_kernel, num_chunks=num_chunks, group=heads // kv_heads,
+    body = _split_kernel if split_output else _fused_kernel
+    kernel = functools.partial(body, num_chunks=num_chunks, group=heads // kv_heads,
                                scale=float(scale), has_h0=has_h0, store_v_new=store_v_new,
                                store_h=store_h, interpret=interpret)
     dtype = u.dtype
@@ -318,33 +496,42 @@ def chunk_delta_fused_fwd_mosaic(
         out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
+    pub = (2,) if split_output else ()  # published tiles: double-buffered between warpgroups
+    scratch = [
+        swz((STAGES, CHUNK, dk), q.dtype),  # q_s
+        swz((STAGES, CHUNK, dk), k.dtype),  # k_s
+        swz((STAGES, CHUNK, dk), w.dtype),  # w_s
+        swz((STAGES, CHUNK, BLOCK_V), dtype),  # u_s
+        vec, vec, vec, vec, vec, vec,  # g_row_s, g_col_s, doc_row_s, doc_col_s, last_s, conn_s
+        swz(pub + (dk, BLOCK_V), dtype),  # sb_s: S in 16 bits (operand of W S, Q S; h staging)
+        swz(pub + (CHUNK, BLOCK_V), dtype),  # vn_s: v_new, operand of P v_new (and staging)
+        swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
+        swz(pub + (CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile
+        swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
+        plgpu.Barrier(num_arrivals=_IN_COPIES, num_barriers=STAGES),  # in_bar: copies landed
+        # in_free: a stage may be refilled (released by each consuming warpgroup)
+        plgpu.Barrier(num_arrivals=2 if split_output else 1, num_barriers=STAGES),
+    ]
+    if split_output:
+        scratch += [plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S, v_new published
+                    plgpu.Barrier(num_arrivals=1, num_barriers=2)]  # s_free: both were read
+    scratch += [plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+                plgpu.Barrier(num_arrivals=3 if split_output else 2)]  # done: all finished
+    if interpret:  # SMEM copies of what the GPU reads as a transposed view or from registers
+        scratch += [plgpu.SMEM((dk, CHUNK), k.dtype)] * (2 if split_output else 1)  # k^T
+        scratch += [swz((CHUNK, CHUNK), dtype)]  # p_s: P
     call = plgpu.kernel(
         kernel,
         out_type=tuple(out_type),
-        scratch_types=[
-            swz((STAGES, CHUNK, dk), q.dtype),  # q_s
-            swz((STAGES, CHUNK, dk), k.dtype),  # k_s
-            swz((STAGES, CHUNK, dk), w.dtype),  # w_s
-            swz((STAGES, CHUNK, BLOCK_V), dtype),  # u_s
-            vec, vec, vec, vec, vec, vec,  # g_row_s, g_col_s, doc_row_s, doc_col_s, last_s, conn_s
-            swz((dk, BLOCK_V), dtype),  # sb_s: S in 16 bits (operand of W S, Q S; h staging)
-            swz((CHUNK, BLOCK_V), dtype),  # vn_s: v_new, operand of P v_new (and its staging)
-            swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
-            swz((CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile
-            swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
-            plgpu.Barrier(num_arrivals=_IN_COPIES, num_barriers=STAGES),  # in_bar: copies landed
-            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
-            plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
-            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
-        ] + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
-              swz((CHUNK, CHUNK), dtype)] if interpret else []),  # p_s: P, interpret only
+        scratch_types=scratch,
         grid=(batch, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
-        num_threads=2,
+        num_threads=3 if split_output else 2,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_delta_fused_fwd",
+        kernel_name="gdn_chunk_delta_fused_fwd_split" if split_output else
+        "gdn_chunk_delta_fused_fwd",
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
     with jax.named_scope("gdn_chunk_delta_fused_fwd_mosaic"):

@@ -3,7 +3,7 @@
 :func:`gated_delta_rule_mosaic` wraps the forward stages of
 :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu` (``chunk_wy_mosaic``,
 ``chunk_delta_h_mosaic``, the scalar-decay ``chunk_output_mosaic``; or, with
-``forward="fused"``, ``chunk_wy_mosaic`` and
+``forward="fused"`` or ``"fused_split"``, ``chunk_wy_mosaic`` and
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`,
 which stores ``h`` and ``v_new`` only when differentiated) in a ``jax.custom_vjp``
 whose backward chains the four backward stages (paper arXiv 2412.06464, Sec. 3.3; paper arXiv
@@ -96,7 +96,7 @@ def gated_delta_rule_mosaic(
             ``False`` the backward runs with a zero final-state gradient.
         forward: how the forward runs its state pass and output (static), as
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.gated_delta_rule_fwd_mosaic`'s
-            ``forward``: ``"three_pass"`` (default) or ``"fused"``
+            ``forward``: ``"three_pass"`` (default), ``"fused"`` or ``"fused_split"``
             (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`).
             Under differentiation the fused kernel also stores ``h`` and ``v_new`` (the
             residuals); without it (the primal alone) it stores neither. The backward is the
@@ -132,10 +132,11 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages (``None``
     for ``h`` and ``v_new`` from the fused kernel without ``residuals``)."""
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, interpret=interpret)
-    if forward == "fused":
+    if forward != "three_pass":
         o, final_state, v_new, h = kfused.chunk_delta_fused_fwd_mosaic(
             q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
-            store_v_new=residuals, store_h=residuals, interpret=interpret)
+            store_v_new=residuals, store_h=residuals, split_output=forward == "fused_split",
+            interpret=interpret)
         return (o, final_state), (w, h, v_new)
     # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype.
     h, v_new, final_state = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,

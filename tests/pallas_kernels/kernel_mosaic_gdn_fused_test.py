@@ -22,6 +22,9 @@
 * ``LoweringTest`` (CI) lowers the kernel, the forward and the op's gradient for CUDA on the
   CPU host (two variants each; ``LoweringSlowTest``, ``slow``, the others): the layout
   branch that interpret mode replaces.
+* Every check runs both kernel structures: two warpgroups (``forward="fused"``) and the
+  read-out on its own warpgroup (``split_output=True``, ``forward="fused_split"``; the
+  ``split_`` cases).
 * ``GpuTest`` (``gpu``) runs the compiled kernel on a Hopper GPU at realistic rows.
 
 A failing interpreted kernel may hang instead of raising; run one test at a time under
@@ -46,8 +49,8 @@ _assert_close = gdn_test._assert_close
 _VJP_NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def _check_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, *, seed=0,
-                  interpret=True, allclose=True):
+def _check_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
+                  split_output=False, *, seed=0, interpret=True, allclose=True):
     """The fused kernel (all stores on) against the token-serial reference."""
     q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                                     decay=decay, h0=h0, docs=docs, seed=seed)
@@ -55,7 +58,7 @@ def _check_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs
     scale = dk ** -0.5
     o, final, v_new, h = kfused.chunk_delta_fused_fwd_mosaic(
         q, k, w, u, g, scale=scale, initial_state=state, segment_ids=seg, store_v_new=True,
-        store_h=True, interpret=interpret)
+        store_h=True, split_output=split_output, interpret=interpret)
     want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
     test.assertEqual((o.shape, o.dtype), (v.shape, v.dtype))
@@ -67,10 +70,10 @@ def _check_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs
         _assert_close(test, name, got, want, allclose=allclose)
 
 
-def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, *, seed=0,
-                   interpret=True, exact=True):
-    """``gated_delta_rule_fwd_mosaic(forward="fused")`` against the three-pass forward (equal
-    when ``exact``, else within 1e-3 relative RMS) and the reference (5e-3)."""
+def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
+                   forward="fused", *, seed=0, interpret=True, exact=True):
+    """``gated_delta_rule_fwd_mosaic(forward=forward)`` (a fused one) against the three-pass
+    forward (equal when ``exact``, else within 1e-3 relative RMS) and the reference (5e-3)."""
     q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                                     decay=decay, h0=h0, docs=docs, seed=seed)
     scale = dk ** -0.5
@@ -80,7 +83,7 @@ def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, doc
             q, k, v, g, beta, scale=scale, initial_state=state, segment_ids=seg,
             return_residual=True, forward=forward, interpret=interpret)
 
-    fused, three = run("fused"), run("three_pass")
+    fused, three = run(forward), run("three_pass")
     want = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     for name, got, other, ref in zip(("o", "final_state", "v_new"), fused, three, want):
         test.assertEqual((got.shape, got.dtype), (other.shape, other.dtype), msg=name)
@@ -93,14 +96,14 @@ def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, doc
         _assert_close(test, name, got, ref, allclose=False)
 
 
-def _check_vjp(test, case_args, interpret):
-    """``jax.vjp`` of the op with ``forward="fused"`` against the fp32 chunk form's."""
+def _check_vjp(test, case_args, interpret, forward="fused"):
+    """``jax.vjp`` of the op with a fused ``forward`` against the fp32 chunk form's."""
     q, k, v, g, beta, state, seg, do, dht, scale = case_args
 
     def fn(q, k, v, g, beta, h0):
         return mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, scale=scale,
                                                   initial_state=h0, segment_ids=seg,
-                                                  output_final_state=True, forward="fused",
+                                                  output_final_state=True, forward=forward,
                                                   interpret=interpret)
 
     (o, final), vjp = jax.vjp(fn, q, k, v, g, beta, state)
@@ -122,8 +125,17 @@ def _check_vjp(test, case_args, interpret):
 @pytest.mark.slow
 class FusedInterpretTest(parameterized.TestCase):
 
-    # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, document lengths (the rest one more)
-    @parameterized.named_parameters(*gdn_test._CPU_CASES)
+    # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, document lengths (the rest one more),
+    # split_output (the read-out on its own warpgroup)
+    @parameterized.named_parameters(
+        *gdn_test._CPU_CASES,
+        ("split_gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+         (64, 36, 30), True),
+        ("split_strong_decay_h0_partial_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None,
+         True),
+        ("split_deltanet_h0_T100_K64_V64", 1, 100, 1, 1, 64, 64, None, True, None, True),
+        ("split_gva_packed_T192_K128_V128", 1, 192, 2, 1, 128, 128, 0.1, True, (70, 30), True),
+    )
     def test_fused_kernel_matches_reference(self, *case):
         _check_kernel(self, *case)
 
@@ -149,6 +161,8 @@ class FusedInterpretTest(parameterized.TestCase):
          (64, 36, 30)),
         ("strong_decay_h0_partial_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None),
         ("deltanet_packed_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, (10, 60)),
+        ("split_gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+         (64, 36, 30), "fused_split"),
     )
     def test_forward_fused_equals_three_pass(self, *case):
         _check_forward(self, *case)
@@ -162,9 +176,12 @@ class VjpInterpretTest(parameterized.TestCase):
         ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
          (64, 36, 30)),
         ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+        ("split_gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True,
+         True, (64, 36, 30), "fused_split"),
     )
     def test_vjp_fused_matches_chunked_vjp(self, *case):
-        _check_vjp(self, bwd_test._pipeline_inputs(*case), True)
+        *case, forward = case if isinstance(case[-1], str) else (*case, "fused")
+        _check_vjp(self, bwd_test._pipeline_inputs(*case), True, forward)
 
 
 @pytest.mark.gpu
@@ -179,6 +196,12 @@ class GpuTest(kmg_test.HopperTestCase):
         ("strong_decay_h0_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None),
         ("packed_T3000_K128_V64", 1, 3000, 3, 3, 128, 64, 0.2, False, (10, 54, 500, 2000)),
         ("deltanet_h0_packed_T2048_K64_V64", 1, 2048, 2, 2, 64, 64, None, True, (300, 700)),
+        ("split_gva_h0_packed_T4096_K128_V128", 1, 4096, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999, 1200), True),
+        ("split_strong_decay_h0_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True,
+         None, True),
+        ("split_deltanet_h0_packed_T2048_K64_V64", 1, 2048, 2, 2, 64, 64, None, True,
+         (300, 700), True),
     )
     def test_fused_kernel_matches_reference(self, *case):
         _check_kernel(self, *case, seed=5, interpret=False, allclose=False)
@@ -187,16 +210,19 @@ class GpuTest(kmg_test.HopperTestCase):
         ("gva_h0_packed_T4096_K128_V128", 2, 4096, 4, 2, 128, 128, 0.05, True,
          (700, 1, 64, 999, 1200)),
         ("deltanet_h0_partial_T1000_K128_V128", 1, 1000, 2, 2, 128, 128, None, True, None),
+        ("split_gva_h0_packed_T4096_K128_V128", 2, 4096, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999, 1200), "fused_split"),
     )
     def test_forward_fused_matches_three_pass(self, *case):
         _check_forward(self, *case, seed=3, interpret=False, exact=False)
 
-    def test_vjp_fused_matches_chunked_vjp(self):
+    @parameterized.parameters("fused", "fused_split")
+    def test_vjp_fused_matches_chunked_vjp(self, forward):
         _check_vjp(self, bwd_test._pipeline_inputs(1, 2048, 4, 2, 128, 128, 0.05, True, True,
-                                                   (700, 1, 64, 999), seed=11), False)
+                                                   (700, 1, 64, 999), seed=11), False, forward)
 
 
-def _check_kernel_lowers(test, dk, dv, stores):
+def _check_kernel_lowers(test, dk, dv, stores, split_output):
     q, k, v, g, beta, state, seg = gdn_test._inputs(1, 200, 2, 1, dk, dv, decay=0.2, h0=True,
                                                     docs=(70, 30))
     w, u = gdn_test._wy(k, v, g, beta, seg)
@@ -204,15 +230,17 @@ def _check_kernel_lowers(test, dk, dv, stores):
     def fn(q, k, w, u, g, state, seg):
         return kfused.chunk_delta_fused_fwd_mosaic(q, k, w, u, g, scale=0.1,
                                                    initial_state=state, segment_ids=seg,
-                                                   store_v_new=stores, store_h=stores)
+                                                   store_v_new=stores, store_h=stores,
+                                                   split_output=split_output)
 
     text = (jax.jit(fn).trace(q, k, w, u, g, state, seg)
             .lower(lowering_platforms=("cuda",)).as_text())
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-    test.assertIn("gdn_chunk_delta_fused_fwd", text)
+    test.assertIn("gdn_chunk_delta_fused_fwd_split" if split_output
+                  else "gdn_chunk_delta_fused_fwd", text)
 
 
-def _check_forward_lowers(test, dk, dv, deltanet):
+def _check_forward_lowers(test, dk, dv, deltanet, forward):
     q, k, v, g, beta, state, seg = gdn_test._inputs(1, 200, 2, 1, dk, dv,
                                                     decay=None if deltanet else 0.2, h0=True,
                                                     docs=(70, 30))
@@ -220,7 +248,7 @@ def _check_forward_lowers(test, dk, dv, deltanet):
     def fn(q, k, v, g, beta, state, seg):
         return kgd.gated_delta_rule_fwd_mosaic(q, k, v, g, beta, initial_state=state,
                                                segment_ids=seg, return_residual=True,
-                                               forward="fused")
+                                               forward=forward)
 
     text = (jax.jit(fn).trace(q, k, v, g, beta, state, seg)
             .lower(lowering_platforms=("cuda",)).as_text())
@@ -232,14 +260,14 @@ def _check_forward_lowers(test, dk, dv, deltanet):
     test.assertNotIn("simple_gla_chunk_output", text)
 
 
-def _check_grad_exports(test, dk, dv, deltanet):
+def _check_grad_exports(test, dk, dv, deltanet, forward):
     q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
         1, 200, 2, 1, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
 
     def loss(q, k, v, g, beta, h0, seg):
         o, final = mosaic_vjp.gated_delta_rule_mosaic(
             q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
-            output_final_state=True, forward="fused")
+            output_final_state=True, forward=forward)
         return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
 
     argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
@@ -257,14 +285,17 @@ def _check_grad_exports(test, dk, dv, deltanet):
 # Lowering variants: CI keeps two per check (K = V = 64 and K = V = 128, each with one of the
 # options), LoweringSlowTest runs the other ones.
 _KERNEL_CI, _KERNEL_SLOW = kmg_test.split_variants(
-    [dict(dk=64, dv=64, stores=False), dict(dk=128, dv=128, stores=True)],
-    dk=(64, 128), dv=(64, 128), stores=(False, True))
+    [dict(dk=64, dv=64, stores=False, split_output=False),
+     dict(dk=128, dv=128, stores=True, split_output=True)],
+    dk=(64, 128), dv=(64, 128), stores=(False, True), split_output=(False, True))
 _FWD_CI, _FWD_SLOW = kmg_test.split_variants(
-    [dict(dk=64, dv=64, deltanet=True), dict(dk=128, dv=128, deltanet=False)],
-    dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+    [dict(dk=64, dv=64, deltanet=True, forward="fused"),
+     dict(dk=128, dv=128, deltanet=False, forward="fused_split")],
+    dk=(64, 128), dv=(64, 128), deltanet=(False, True), forward=("fused", "fused_split"))
 _GRAD_CI, _GRAD_SLOW = kmg_test.split_variants(
-    [dict(dk=64, dv=64, deltanet=False), dict(dk=128, dv=128, deltanet=True)],
-    dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+    [dict(dk=64, dv=64, deltanet=False, forward="fused_split"),
+     dict(dk=128, dv=128, deltanet=True, forward="fused")],
+    dk=(64, 128), dv=(64, 128), deltanet=(False, True), forward=("fused", "fused_split"))
 
 
 class LoweringTest(parameterized.TestCase):
