@@ -76,6 +76,24 @@ CTA per SM either way.
 
 CPU testing as the other Mosaic GPU kernels: interpret mode (``k^T`` and ``P`` copied into SMEM,
 plain vector loads; ``mosaic_gpu_lib``'s shims) and lowering for CUDA.
+
+Not done, the next step for the prep (read from the jla 0.1.0 wheel, not measured here): jla's
+``kkt_fwd`` (0.097 ms at B 8, T 4,096, H 16, K = V = 128 on the H200, against 0.242 ms for
+``chunk_wy_mosaic``) computes only the gate-free inverse ``T0 = (I + A0)^{-1}``,
+``A0_ij = beta_i k_i . k_j`` (``j < i``, same document), stored ``[B, H, T, 64]`` in the input
+dtype. Per chunk and head it reads ``k`` (16 KB at K = 128) and writes ``T0`` (8 KB), where
+ours reads ``k, v`` and writes ``W, U`` (64 KB); it runs ``K K^T``, an fp32 forward
+substitution on the 16 x 16 diagonal blocks (``inline_mgpu``, CUDA cores) and two merges (four
+``[64, 64, 64]`` products), about 1.5 M multiply-adds, where ours runs ``K K^T``, five doubling
+merges from 2 x 2 blocks (ten products) and the ``hi + lo`` products of ``W`` and ``U`` (four
+``[64, 64, 128]``), about 5.2 M in 13 dependent ``wgmma`` groups; and it walks up to 8 chunks
+per CTA with the next chunk's keys prefetched. The gates and ``beta`` go on in the fused kernel
+(``Ag = T0 * e^{G_i - G_j} * beta_j``: exact, as ``e^G`` enters ``A`` as a diagonal
+similarity), which forms ``v_new = Ag (V - diag(conn e^G) K S)`` with one more
+``[64, 64] x [64, 64]`` product per chunk and value block, reading ``v`` and ``T0`` instead of
+``w`` and ``u``. The costs: ``Ag`` is one 16-bit operand (MOSAIC_GPU.md Sec. 6 measured 2.4e-3
+to 5.2e-3 on ``W`` for a single-rounded left factor, 1.66e-3 with ``hi + lo``), and our backward
+reads ``W`` (``mosaic_vjp``), so training would recompute it from ``T0`` or keep this path.
 """
 
 import functools
