@@ -33,7 +33,7 @@ hang too on a 2-core host: ``split_gva_packed_T192_K128_V128`` (three warpgroups
 pytest runs and as a plain script, with the signature recorded in MOSAIC_GPU.md (every
 warpgroup thread inside its nested XLA execution, two XLA threads blocked in the interpreter's
 ``_barrier_wait`` callback): XLA's CPU thread pool, one thread per core, is used up by blocking
-barrier callbacks. XLA sizes that pool from the ``NPROC`` environment variable when it is set;
+barrier callbacks. jaxlib sizes that pool from ``PJRT_NPROC`` (else ``NPROC``) when it is set;
 with ``NPROC=16`` the same case passed in 10 s, and the whole interpreted set of this file ran
 in one process. So run them as
 ``NPROC=16 python -m pytest -m slow tests/pallas_kernels/kernel_mosaic_gdn_fused_test.py``.
