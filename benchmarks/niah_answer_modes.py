@@ -63,6 +63,14 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--parts={entry}: expected <report dir>:<model>, model one of "
                     f"{', '.join(report_lib.MODELS)}")
         args.entries.append((directory, model))
+    if args.out:  # checked before minutes of decoding, not after
+        try:
+            out_dir = os.path.dirname(os.path.abspath(args.out))
+            os.makedirs(out_dir, exist_ok=True)
+            if not os.access(out_dir, os.W_OK):
+                raise PermissionError(f"{out_dir} is not writable")
+        except OSError as e:
+            p.error(f"--out={args.out}: cannot write there ({e})")
     return args
 
 
@@ -177,11 +185,13 @@ def main(argv=None) -> List[Dict[str, Any]]:
     text = markdown(rows, command)
     print(text)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out + ".json", "w") as f:
-            json.dump({"command": command, "rows": rows}, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(text)
+        try:
+            with open(args.out + ".json", "w") as f:
+                json.dump({"command": command, "rows": rows}, f, indent=1)
+            with open(args.out + ".md", "w") as f:
+                f.write(text)
+        except OSError as e:  # the table is on stdout above
+            sys.exit(f"niah_answer_modes.py: error: --out={args.out}: {e}")
     return rows
 
 

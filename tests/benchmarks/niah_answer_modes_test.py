@@ -1,5 +1,7 @@
 """Tests of benchmarks/niah_answer_modes.py on a hand-made report directory (byte tokenizer)."""
 
+import contextlib
+import io
 import json
 import os
 
@@ -70,6 +72,17 @@ class NiahAnswerModesTest(absltest.TestCase):
                 nam.main([f"--parts={entry}", "--tokenizer=byte"])
             self.assertIn(f"--parts={entry}: ", str(cm.exception.code))
             self.assertIn(want, str(cm.exception.code))
+
+    def test_unwritable_out_fails_before_decoding(self):
+        # --out under a file: one error naming --out, before any answers are decoded.
+        blocker = self.create_tempfile("file").full_path
+        err = io.StringIO()
+        with self.assertRaises(SystemExit), contextlib.redirect_stderr(err):
+            with absltest.mock.patch.object(nam, "answer_modes") as modes:
+                nam.main([f"--parts={self.dir}:student", "--tokenizer=byte",
+                          f"--out={blocker}/sub/modes"])
+        self.assertFalse(modes.called)
+        self.assertIn(f"--out={blocker}/sub/modes: cannot write there", err.getvalue())
 
 
 if __name__ == "__main__":
