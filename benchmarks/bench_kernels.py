@@ -410,6 +410,22 @@ def _apply_tuning():
     return overrides
 
 
+def _check_mosaic_forward():
+    """``--mosaic_forward`` against the forwards of the chosen Mosaic ops, before anything runs
+    (unchecked, a bad value failed only at each op's gate, after the other peers' timings)."""
+    if _MOSAIC_FORWARD.value is None or "mosaic" not in _PEERS.value:
+        return
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
+    from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
+    forwards = {"lightning": kmg.FORWARDS}
+    if _MOSAIC_WY.value != "xla":  # the XLA WY path takes no forward=
+        forwards.update(gdn=gdr_mosaic.FORWARDS, deltanet=gdr_mosaic.FORWARDS)
+    for op in _OPS.value:
+        if op in forwards and _MOSAIC_FORWARD.value not in forwards[op]:
+            raise app.UsageError(f"--mosaic_forward={_MOSAIC_FORWARD.value}: op {op} takes "
+                                 f"one of {', '.join(forwards[op])}")
+
+
 def run_jax(records):
     tuning = _apply_tuning()
     import jax
@@ -725,6 +741,7 @@ def main(argv):
         for rec in run_fla():
             print("FLA_RECORD " + json.dumps(rec), flush=True)
         return
+    _check_mosaic_forward()
     records = []
     command = "python " + " ".join(sys.argv)
     if "fla" in _PEERS.value and _on_tpu():

@@ -127,6 +127,25 @@ class MarkdownTest(absltest.TestCase):
             self.assertEqual(bench_kernels._mosaic_passes("deltanet"), ("fwd",))
             self.assertEqual(bench_kernels._mosaic_passes("lightning"), ("fwd", "fwdbwd"))
 
+    def test_bad_mosaic_forward_refused_before_running(self):
+        from absl import app, flags
+        from absl.testing import flagsaver
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["lightning"], mosaic_forward="bogus"):
+            with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                with self.assertRaisesRegex(app.UsageError, "--mosaic_forward=bogus: op "
+                                                            "lightning takes one of two_pass"):
+                    bench_kernels.main([])
+            self.assertFalse(run.called)
+        # GDN's forwards are not Lightning's; either op alone takes its own.
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["lightning", "gdn"],
+                                 mosaic_forward="three_pass"):
+            with self.assertRaisesRegex(app.UsageError, "op lightning"):
+                bench_kernels.main([])
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="three_pass"):
+            bench_kernels._check_mosaic_forward()
+
     def test_mosaic_peer_gets_its_own_table(self):
         rec = dict(op="lightning", shape="S1", pass_="fwd")
         records = [dict(rec, peer="ours", ms=0.9, kernel_ms=0.8, gate_errors={"o": 2e-3}),
