@@ -1028,7 +1028,8 @@ def check_options(options) -> None:
     :data:`lattn_jax.eval.niah.ALL_TASKS`), ``niah_lengths`` (above ``niah_max_new_tokens``),
     ``niah_depths`` (percent in [0, 100]), ``niah_samples``, ``niah_max_new_tokens`` and
     ``niah_batch_tokens`` (>= 1), ``speed_lengths`` (above ``niah_max_new_tokens``),
-    ``csr_limit`` (``None`` or >= 1) and ``perplexity_batch_size`` / ``csr_batch_size`` (>= 1).
+    ``csr_limit`` (``None`` or >= 1), ``perplexity_batch_size`` / ``csr_batch_size`` (>= 1)
+    and, with ``niah_forced``, ``niah_short_max_len`` (at least one NIAH length up to it).
     """
     unknown = sorted(set(options.measurements) - set(MEASUREMENTS))
     if unknown:
@@ -1054,6 +1055,14 @@ def check_options(options) -> None:
     problems.append(("stage2_measurements",
                      sorted(set(options.get("stage2_measurements") or ()) - set(MEASUREMENTS)),
                      f"unknown; choose from {MEASUREMENTS}"))
+    forced = "niah_forced" in (tuple(options.measurements)
+                               + tuple(options.get("stage2_measurements") or ()))
+    short_max = options.get("niah_short_max_len")
+    if forced and short_max is not None and not any(
+            int(n) <= short_max for n in options.niah_lengths):
+        problems.append(("niah_short_max_len", [short_max],
+                         f"niah_forced scores the niah_lengths up to it and none of "
+                         f"{tuple(options.niah_lengths)} is"))
     for key in ("niah_samples", "niah_max_new_tokens", "niah_batch_tokens",
                 "perplexity_batch_size", "csr_batch_size"):
         problems.append((key, [options[key]] if options[key] < 1 else [], "must be >= 1"))

@@ -714,12 +714,20 @@ class StandardErrorTest(absltest.TestCase):
                                     ("stage2_measurements", ("vibes",),
                                      "report.stage2_measurements"),
                                     ("measurements", ("corpus_perplexity",),
-                                     "report.corpus_perplexity_paths")):
+                                     "report.corpus_perplexity_paths"),
+                                    # niah_forced scores lengths <= niah_short_max_len only:
+                                    # none there would be an empty result, not an error.
+                                    ("niah_short_max_len", 100, "report.niah_short_max_len")):
             options = base.copy_and_resolve_references()
             options[key] = value
+            if key == "niah_short_max_len":
+                options.measurements = ("niah_forced",)
             with self.assertRaisesRegex(ValueError, pattern):
                 report_lib.check_options(options)
         report_lib.check_options(base)
+        short = base.copy_and_resolve_references()
+        short.niah_short_max_len = 100  # fine without niah_forced
+        report_lib.check_options(short)
 
 
 class MarkdownTest(absltest.TestCase):
