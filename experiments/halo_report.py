@@ -44,13 +44,16 @@ def main(argv):
     config_path = os.path.join(_WORKDIR.value, "config.json")
     try:
         config = report_lib.read_json(config_path, None)
-    except ValueError as e:
-        sys.exit(f"error: {config_path} is not valid JSON: {e}")
+    except report_lib.BadJsonError as e:
+        sys.exit(f"error: {e}")
     if not isinstance(config, dict) or "teacher" not in config:
         # A train.py workdir also has a config.json (model/data/optim/train), but no teacher.
         sys.exit(f"error: {_WORKDIR.value} is not a HALO workdir "
                  f"(its config.json has no 'teacher' section)")
-    text = report_lib.render_markdown(_WORKDIR.value, title=_TITLE.value)
+    try:  # a stage's JSON cut short (a run stopped mid-write): one line naming the file
+        text = report_lib.render_markdown(_WORKDIR.value, title=_TITLE.value)
+    except report_lib.BadJsonError as e:
+        sys.exit(f"error: {e}")
     out = _OUTPUT.value
     if out is None:
         rep = report_lib.read_json(os.path.join(_WORKDIR.value, "report",

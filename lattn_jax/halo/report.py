@@ -138,12 +138,23 @@ def _write_json(path: str, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+class BadJsonError(ValueError):
+    """A file :func:`read_json` read is not JSON (e.g. half written); the message names it."""
+
+
 def read_json(path: str, default: Any = None) -> Any:
-    """The JSON object in ``path``, or ``default`` if the file does not exist."""
+    """The JSON object in ``path``, or ``default`` if the file does not exist.
+
+    Raises:
+      BadJsonError: ``path`` exists but is not valid JSON.
+    """
     if not os.path.exists(path):
         return default
     with open(path) as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise BadJsonError(f"{path} is not valid JSON: {e}") from e
 
 
 read_jsonl = fetch.read_jsonl  # the run records' reader, shared with the sweep

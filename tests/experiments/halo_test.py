@@ -73,6 +73,25 @@ class HaloReportTest(absltest.TestCase):
                         result.stderr)
         self.assertNotIn("Traceback", result.stderr)
 
+    def test_half_written_report_json_is_one_line_naming_it(self):
+        workdir = self.create_tempdir().full_path
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump({"teacher": {}}, f)
+        os.makedirs(os.path.join(workdir, "report"))
+        report_json = os.path.join(workdir, "report", "report.json")
+        with open(report_json, "w") as f:
+            f.write('{"updated": "1999-01-02T00:00:00+00:00", "res')  # a run cut short
+        out = os.path.join(workdir, "page.md")
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "experiments", "halo_report.py"),
+             f"--workdir={workdir}", f"--output={out}"],
+            capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertTrue(result.stderr.strip().startswith(f"error: {report_json} is not valid "
+                                                         f"JSON"), result.stderr)
+        self.assertFalse(os.path.exists(out))
+
 
 class TeacherTest(absltest.TestCase):
 
