@@ -203,11 +203,11 @@ def _jax_fn(op, peer, segment_ids):
         def fn(q, k, v, **gates):
             if op not in _MOSAIC_OPS:  # run_jax skips these; a direct caller gets told
                 raise ValueError(f"peer mosaic covers {', '.join(_MOSAIC_OPS)}, not {op}")
+            forward = {} if _MOSAIC_FORWARD.value is None else {"forward": _MOSAIC_FORWARD.value}
             if op in ("gdn", "deltanet") and _MOSAIC_WY.value == "xla":  # forward only
                 return gdr_mosaic.gated_delta_rule_fwd_mosaic(
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
-                    segment_ids=segment_ids, wy_implementation="xla")[0]
-            forward = {} if _MOSAIC_FORWARD.value is None else {"forward": _MOSAIC_FORWARD.value}
+                    segment_ids=segment_ids, wy_implementation="xla", **forward)[0]
             if op in ("gdn", "deltanet"):
                 return mosaic_vjp.gated_delta_rule_mosaic(
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
@@ -417,9 +417,8 @@ def _check_mosaic_forward():
         return
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
     from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
-    forwards = {"lightning": kmg.FORWARDS}
-    if _MOSAIC_WY.value != "xla":  # the XLA WY path takes no forward=
-        forwards.update(gdn=gdr_mosaic.FORWARDS, deltanet=gdr_mosaic.FORWARDS)
+    forwards = {"lightning": kmg.FORWARDS, "gdn": gdr_mosaic.FORWARDS,
+                "deltanet": gdr_mosaic.FORWARDS}
     for op in _OPS.value:
         if op in forwards and _MOSAIC_FORWARD.value not in forwards[op]:
             raise app.UsageError(f"--mosaic_forward={_MOSAIC_FORWARD.value}: op {op} takes "

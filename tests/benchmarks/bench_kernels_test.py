@@ -145,6 +145,26 @@ class MarkdownTest(absltest.TestCase):
                 bench_kernels.main([])
         with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="three_pass"):
             bench_kernels._check_mosaic_forward()
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_wy="xla",
+                                 mosaic_forward="two_pass"):
+            with self.assertRaisesRegex(app.UsageError, "op gdn takes one of three_pass"):
+                bench_kernels._check_mosaic_forward()
+
+    def test_mosaic_forward_reaches_the_xla_wy_path(self):
+        # --mosaic_wy=xla's forward-only GDN call got no forward=, yet its records named it.
+        from absl import flags
+        from absl.testing import flagsaver
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        x = np.zeros((1, 64, 1, 64), np.float32)
+        with flagsaver.flagsaver(mosaic_wy="xla", mosaic_forward="fused_split"):
+            with absltest.mock.patch.object(gdr_mosaic, "gated_delta_rule_fwd_mosaic",
+                                            return_value=(x, None)) as fwd:
+                bench_kernels._jax_fn("gdn", "mosaic", None)(x, x, x, g=x[..., 0],
+                                                             beta=x[..., 0])
+        self.assertEqual(fwd.call_args.kwargs["forward"], "fused_split")
+        self.assertEqual(fwd.call_args.kwargs["wy_implementation"], "xla")
 
     def test_mosaic_peer_gets_its_own_table(self):
         rec = dict(op="lightning", shape="S1", pass_="fwd")
