@@ -413,8 +413,11 @@ def _apply_tuning():
 def _check_mosaic_forward():
     """``--mosaic_forward`` against the forwards of the chosen Mosaic ops, before anything runs
     (unchecked, a bad value failed only at each op's gate, after the other peers' timings)."""
-    if _MOSAIC_FORWARD.value is None or "mosaic" not in _PEERS.value:
+    if _MOSAIC_FORWARD.value is None:
         return
+    if "mosaic" not in _PEERS.value:  # it would be ignored: refuse instead
+        raise app.UsageError(f"--mosaic_forward={_MOSAIC_FORWARD.value} applies to peer mosaic "
+                             f"only (--peers={','.join(_PEERS.value)})")
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
     from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
     forwards = {"lightning": kmg.FORWARDS, "gdn": gdr_mosaic.FORWARDS,

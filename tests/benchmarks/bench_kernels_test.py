@@ -150,6 +150,16 @@ class MarkdownTest(absltest.TestCase):
             with self.assertRaisesRegex(app.UsageError, "op gdn takes one of three_pass"):
                 bench_kernels._check_mosaic_forward()
 
+    def test_mosaic_forward_without_the_mosaic_peer_is_refused(self):
+        from absl import app, flags
+        from absl.testing import flagsaver
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        with flagsaver.flagsaver(peers=["ours", "jla"], ops=["lightning"],
+                                 mosaic_forward="fused"):
+            with self.assertRaisesRegex(app.UsageError, "applies to peer mosaic only"):
+                bench_kernels._check_mosaic_forward()
+
     def test_mosaic_forward_reaches_the_xla_wy_path(self):
         # --mosaic_wy=xla's forward-only GDN call got no forward=, yet its records named it.
         from absl import flags
