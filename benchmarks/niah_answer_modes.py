@@ -116,8 +116,11 @@ def answer_modes(directory: str, model: str, tokenizer, data_dir: Optional[str],
     parts = report_lib.read_niah_parts(os.path.join(directory, report_lib.NIAH_PARTS),
                                        model=model, fingerprint=fingerprint)
     if not parts:
-        raise ValueError(f"{directory}:{model}: no NIAH answers of {model} under this report's "
-                         f"options in {report_lib.NIAH_PARTS}")
+        reused = opts.get("teacher_report") if model == "teacher" else None
+        hint = (f" (this report reused the teacher results of {reused}: give that report's "
+                f"directory)" if reused else "")
+        raise ValueError(f"no NIAH answers of {model} under this report's options in "
+                         f"{report_lib.NIAH_PARTS}{hint}")
     key = json.dumps([opts.get(k) for k in NIAH_OPTIONS])
     cache = prompt_cache if prompt_cache is not None else {}
     lengths = [int(n) for n in opts["niah_lengths"]]

@@ -73,6 +73,14 @@ class NiahAnswerModesTest(absltest.TestCase):
             self.assertIn(f"--parts={entry}: ", str(cm.exception.code))
             self.assertIn(want, str(cm.exception.code))
 
+    def test_reused_teacher_points_at_its_report(self):
+        with open(os.path.join(self.dir, report_lib.REPORT_JSON), "w") as f:
+            json.dump({"options": dict(OPTIONS, teacher_report="runs/old/report/report.json")}, f)
+        with self.assertRaises(SystemExit) as cm:
+            nam.main([f"--parts={self.dir}:teacher", "--tokenizer=byte"])
+        self.assertIn("reused the teacher results of runs/old/report/report.json",
+                      str(cm.exception.code))
+
     def test_unwritable_out_fails_before_decoding(self):
         # --out under a file: one error naming --out, before any answers are decoded.
         blocker = self.create_tempfile("file").full_path
