@@ -902,13 +902,15 @@ def read_niah_parts(path: str, *, model: str, fingerprint: str
     the options with this :func:`options_fingerprint`.
 
     Returns:
-      ``{(task, length): record}`` (the last record of a part wins; ``{}`` without the file),
+      ``{(task, length): record}`` (the last record of a part wins; ``{}`` without the file;
+      lines that are not such records, torn or not JSON objects, are skipped),
       each record ``{"model", "task", "length", "fingerprint", "n", "accuracy", "se", "answers"
       [n lists of token ids], "stats" (:meth:`NiahDecoder.generate`), "time"}``.
     """
     out = {}
     for rec in read_jsonl(path):
-        if (rec.get("model") == model and rec.get("fingerprint") == fingerprint
+        if (isinstance(rec, dict) and rec.get("model") == model
+                and rec.get("fingerprint") == fingerprint
                 and isinstance(rec.get("answers"), list) and "task" in rec and "length" in rec):
             out[str(rec["task"]), int(rec["length"])] = rec
     return out

@@ -573,6 +573,17 @@ class NiahResumeTest(absltest.TestCase):
         self.assertEqual(report_lib.read_niah_parts(path, model="student", fingerprint="g"), {})
         self.assertEqual(report_lib.read_niah_parts(path, model="teacher", fingerprint="f"), {})
 
+    def test_parts_file_skips_lines_that_are_not_records(self):
+        # JSON, but not an object (a hand edit, another tool's line): skipped, not a traceback.
+        path = os.path.join(self.create_tempdir().full_path, report_lib.NIAH_PARTS)
+        with open(path, "w") as f:
+            f.write('[1, 2]\n"x"\n3\nnull\n')
+        record = {"model": "student", "task": "niah_single_1", "length": 448,
+                  "fingerprint": "f", "answers": [[1, 2]]}
+        report_lib.append_jsonl(path, record)
+        got = report_lib.read_niah_parts(path, model="student", fingerprint="f")
+        self.assertEqual(list(got), [("niah_single_1", 448)])
+
 
 class NiahForcedTest(absltest.TestCase):
 
