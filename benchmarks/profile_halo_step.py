@@ -374,6 +374,9 @@ def run(args: argparse.Namespace) -> dict:
         student=dict(layer_pattern=list(s_cfg.layer_pattern), dtype=s_cfg.dtype,
                      param_dtype=s_cfg.param_dtype,
                      lightning_implementation=s_cfg.lightning.implementation),
+        # The switches in effect (settings has None where the config's default applied).
+        split_projections=bool(b["config"].hypenet.split_projections),
+        flatten=bool(b["config"][args.stage].optim.flatten),
         tokens_per_step=tokens, flops_per_token=flops,
         model_tflop_per_step=flops * tokens / 1e12, peak_flops=peak,
         ms=ms, ms_per_pass=per_pass, tokens_per_s=rates,
@@ -387,6 +390,9 @@ def run(args: argparse.Namespace) -> dict:
                          for n, c, t, k in longest])
     pts.add_sources(payload, events, args.trace_steps, hlo_text, args.top)
     return payload
+
+
+_ON_OFF = {True: "on", False: "off"}
 
 
 def markdown(payload: dict) -> str:
@@ -407,7 +413,9 @@ def markdown(payload: dict) -> str:
              f"{payload['attention_layers']}, Lightning `"
              f"{payload['student']['lightning_implementation']}`, "
              f"{payload['student']['dtype']} compute, {payload['student']['param_dtype']} "
-             f"params{' (tiny)' if s.get('tiny') else ''}. "
+             f"params{' (tiny)' if s.get('tiny') else ''}; split projections "
+             f"{_ON_OFF.get(payload.get('split_projections'), '?')}, optim.flatten "
+             f"{_ON_OFF.get(payload.get('flatten'), '?')}. "
              f"Model FLOPs {payload['flops_per_token'] / 1e6:.1f} MFLOP per token "
              f"(stages.stage_flops_per_token), {payload['model_tflop_per_step']:.2f} TFLOP per "
              f"step.", "",

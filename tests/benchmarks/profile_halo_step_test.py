@@ -28,6 +28,9 @@ class ProfileHaloStepTest(absltest.TestCase):
             with open(os.path.join(out, "profile_halo_stage2.md")) as f:
                 md = f.read()
         self.assertIn("| student_fwd_bwd |", md)
+        # The switches in effect are recorded (the tiny config's defaults: both on).
+        self.assertEqual((payload["split_projections"], payload["flatten"]), (True, True))
+        self.assertIn("split projections on, optim.flatten on.", md)
         for part in ("step", "step_async", "teacher_forward", "student_fwd_bwd", "kl_head",
                      "optimizer"):
             ms = payload["ms"][part]
