@@ -24,8 +24,9 @@ class ConfigTest(absltest.TestCase):
                     halo_smollm2.get_config("tiny"), halo_smollm2.get_config("h200")):
             self.assertEqual(cfg.stage2.temperature, 1.0)
             self.assertEqual(cfg.stage1.optim.weight_decay, 0.0)
-            # Every measurement; the corpus's perplexity where the data are token directories.
-            self.assertEqual(set(cfg.report.measurements) | {"corpus_perplexity"},
+            # Every measurement; the corpus's perplexity where the data are token directories,
+            # niah_forced (a diagnosis of the NIAH misses) opt-in outside h200.
+            self.assertEqual(set(cfg.report.measurements) | {"corpus_perplexity", "niah_forced"},
                              set(report.MEASUREMENTS))
             report.check_options(cfg.report)
         self.assertEqual(experiment.STAGES[-1], "report")
