@@ -108,6 +108,31 @@ def zeros_acc(shape, interpret: bool):
     return zeros if interpret else plgpu.layout_cast(zeros, _WGMMA)
 
 
+def entry_state(h0_src, state_s, io_bar, shape, interpret: bool):
+    """The fp32 state entering a row's first chunk, as a WGMMA accumulator value.
+
+    ``h0_src``: the row's ``[K, BLOCK_V]`` view of ``initial_state`` in GMEM (copied by TMA
+    into ``state_s``, fp32 SMEM, waited on ``io_bar``), or ``None`` for zeros of ``shape``.
+    """
+    if h0_src is None:
+        return zeros_acc(shape, interpret)
+    plgpu.copy_gmem_to_smem(h0_src, state_s, io_bar)
+    plgpu.barrier_wait(io_bar)
+    return load_tile(state_s, interpret)
+
+
+def store_state(s, state_s, dst, *, wait_stores: bool = True) -> None:
+    """Writes the fp32 state ``s`` to the GMEM view ``dst`` through ``state_s`` (fp32 SMEM)
+    and waits for the copy. ``wait_stores``: first wait until earlier SMEM -> GMEM copies have
+    read their sources (``state_s`` may be one of them); ``False`` where none can have."""
+    if wait_stores:
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    state_s[...] = s
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(state_s, dst)
+    plgpu.wait_smem_to_gmem(0)
+
+
 def iota(shape, dim: int, interpret: bool):
     """int32 ``broadcasted_iota`` in the WGMMA layout (plain when interpreting)."""
     if interpret:

@@ -124,12 +124,8 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
     @pl.when(wg == 0)
     def _state():
         plgpu.set_max_registers(232, action="increase")
-        if has_h0:
-            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
-            plgpu.barrier_wait(io_bar)
-            s0 = mgl.load_tile(state_s, interpret)
-        else:
-            s0 = mgl.zeros_acc((dk, BLOCK_V), interpret)
+        h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
+        s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
 
         def step(n, s):
             slot = lax.rem(n, STAGES)
@@ -176,11 +172,7 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
             return s * s_decay + kv
 
         s = lax.fori_loop(0, num_chunks, step, s0)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        state_s[...] = s
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
-        plgpu.wait_smem_to_gmem(0)
+        mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)

@@ -167,12 +167,8 @@ def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
     @pl.when(wg == 0)
     def _compute():
         plgpu.set_max_registers(232, action="increase")
-        if has_h0:
-            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
-            plgpu.barrier_wait(io_bar)
-            s0 = mgl.load_tile(state_s, interpret)
-        else:
-            s0 = mgl.zeros_acc((dk, BLOCK_V), interpret)
+        h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
+        s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
         def by_col(x):
@@ -239,11 +235,7 @@ def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
             return s * s_decay + kv
 
         s = lax.fori_loop(0, num_chunks, step, s0)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        state_s[...] = s
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
-        plgpu.wait_smem_to_gmem(0)
+        mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
@@ -286,12 +278,8 @@ def _split_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
     @pl.when(wg == 0)
     def _state():
         plgpu.set_max_registers(232, action="increase")
-        if has_h0:
-            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
-            plgpu.barrier_wait(io_bar)
-            s0 = mgl.load_tile(state_s, interpret)
-        else:
-            s0 = mgl.zeros_acc((dk, BLOCK_V), interpret)
+        h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
+        s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
 
         def step(n, s):
             slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
@@ -338,11 +326,7 @@ def _split_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
         s = lax.fori_loop(0, num_chunks, step, s0)
         for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
             plgpu.barrier_wait(s_free.at[n % 2])
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        state_s[...] = s
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
-        plgpu.wait_smem_to_gmem(0)
+        mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
 
     @pl.when(wg == 1)
     def _output():

@@ -130,12 +130,8 @@ def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunk
     @pl.when(wg == 0)
     def _state():
         plgpu.set_max_registers(232, action="increase")
-        if has_h0:
-            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
-            plgpu.barrier_wait(io_bar)
-            s0 = _load_tile(state_s, interpret)
-        else:
-            s0 = _zeros_acc((dk, BLOCK_V), interpret)
+        h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
+        s0 = mosaic_gpu_lib.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
 
         def step(n, s):
             slot = lax.rem(n, STAGES)
@@ -175,11 +171,7 @@ def _state_pass_kernel(k_ref, v_ref, g_ref, last_ref, conn_ref, *rest, num_chunk
             return s * s_decay + kv
 
         s = lax.fori_loop(0, num_chunks, step, s0)
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        state_s[...] = s
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
-        plgpu.wait_smem_to_gmem(0)
+        mosaic_gpu_lib.store_state(s, state_s, ht_ref.at[b, h, :, cols])
 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
@@ -647,12 +639,8 @@ def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group:
     @pl.when(wg == 0)
     def _state():
         plgpu.set_max_registers(232, action="increase")
-        if has_h0:
-            plgpu.copy_gmem_to_smem(h0_ref.at[b, h, :, cols], state_s, io_bar)
-            plgpu.barrier_wait(io_bar)
-            s0 = _load_tile(state_s, interpret)
-        else:
-            s0 = _zeros_acc((dk, BLOCK_V), interpret)
+        h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
+        s0 = mosaic_gpu_lib.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
 
         def step(n, s):
             slot, half = lax.rem(n, stages), lax.rem(n, 2)
@@ -693,10 +681,8 @@ def _fused_fwd_kernel(q_ref, k_ref, v_ref, g_ref, *rest, num_chunks: int, group:
         s = lax.fori_loop(0, num_chunks, step, s0)
         for n in range(max(num_chunks - 2, 0), num_chunks):  # the last releases of s_pub
             plgpu.barrier_wait(s_free.at[n % 2])
-        state_s[...] = s  # h0 landed before the loop; no store has read state_s
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(state_s, ht_ref.at[b, h, :, cols])
-        plgpu.wait_smem_to_gmem(0)
+        # h0 landed before the loop; no store has read state_s.
+        mosaic_gpu_lib.store_state(s, state_s, ht_ref.at[b, h, :, cols], wait_stores=False)
 
     @pl.when(wg == 1)
     def _output():
