@@ -541,6 +541,218 @@ def chunk_wy_mosaic(
     return w[:, :seq_len], u[:, :seq_len]
 
 
+# ----------------------------------------------------------------------------------------------
+# Gate-free WY inverse T0 (the split preparation of forward="fused_t0").
+
+
+def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_s, doc_col_s,
+                        l_s, x_s, t0_s, in_bar, *shim, group: int, interpret: bool):
+    """Kernel body of :func:`chunk_kkt_inverse_mosaic`: one chunk of one ``(b, h)`` per CTA.
+
+    ``shim`` (interpret mode only): ``kt_s`` (``k^T``) and ``y_s`` (the merge's left operand),
+    the SMEM copies of what the GPU reads as a transposed view or from registers.
+    """
+    n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    hk = lax.div(h, group)  # GVA: value head h reads key head h // group
+    rows = pl.ds(n * CHUNK, CHUNK)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
+    plgpu.copy_gmem_to_smem(beta_ref.at[b, h, rows], b_row_s, in_bar)
+    # Row and column views of one vector need different register layouts: separate copies.
+    plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s, in_bar)
+    plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s, in_bar)
+    plgpu.barrier_wait(in_bar)
+    kt_s, y_s = shim if interpret else (None, None)
+    sq = (CHUNK, CHUNK)
+
+    def gram(acc):
+        plgpu.wgmma(acc, k_s, mgl.transposed(k_s, kt_s, interpret))  # K K^T, [C, C]
+        return acc[...]
+
+    # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
+    kk = lax.optimization_barrier(pl.run_scoped(gram, plgpu.ACC(sq)))
+    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+    b_i = mgl.load_rows(b_row_s, interpret)
+    d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
+    # A0_ij = beta_i (k_i . k_j) on j < i in the same document, else 0 (no gates).
+    strict = (j < i) & (mgl.by_row(d_i, sq) == lax.broadcast_in_dim(d_j, sq, [1]))
+    a0 = jnp.where(strict, kk * mgl.by_row(b_i, sq), 0.0)
+    x = wy_inverse(a0, l_s, x_s, y_s, interpret)  # T0 = (I + A0)^{-1} by doubling
+    t0_s[...] = x.astype(t0_s.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(t0_s, t0_ref.at[b, rows, h])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _check_kkt_inputs(k, beta, segment_ids) -> None:
+    """``k [B, T, Hk, K]`` (16-bit, ``K`` in {64, 128}), ``beta [B, T, H]`` with
+    ``H % Hk == 0``, ``segment_ids [B, T]``.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    if beta.ndim != 3 or beta.shape[:2] != (batch, seq_len) or beta.shape[2] % kv_heads:
+        raise ValueError(f"beta must be [B, T, H] = ({batch}, {seq_len}, H) with H a multiple "
+                         f"of k's {kv_heads} key heads, got {beta.shape=}")
+    if dk not in mgl.SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dims must be in {mgl.SUPPORTED_HEAD_DIMS}, got {k.shape=}")
+    if k.dtype not in mgl.SUPPORTED_DTYPES:
+        raise ValueError(f"k must have a 16-bit dtype (wgmma operands), got {k.dtype=}")
+    if segment_ids is not None and segment_ids.shape != (batch, seq_len):
+        raise ValueError(f"segment_ids must be [B, T] = {(batch, seq_len)}, got "
+                         f"{segment_ids.shape=}")
+
+
+@functools.partial(jax.jit, static_argnames=("interpret",))
+def chunk_kkt_inverse_mosaic(
+    k: jax.Array,
+    beta: jax.Array,
+    *,
+    segment_ids: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """The gate-free WY inverse ``T0`` of every chunk of 64 tokens, by a Mosaic GPU kernel.
+
+    The first half of jla's split of the WY preparation (``kkt_fwd``; read from the jla 0.1.0
+    wheel, own code), the counterpart of FLA's ``chunk_scaled_dot_kkt_fwd`` + ``solve_tril``
+    without the gates. Per batch row, value head and chunk, with ``[.]`` the same-document
+    mask::
+
+        A0_ij = beta_i (k_i . k_j) [j < i, doc(j) = doc(i)]
+        T0    = (I + A0)^{-1}                                (unit lower-triangular, [64, 64])
+
+    The gated inverse of :func:`chunk_wy_mosaic` is ``T = (I + A)^{-1}`` with
+    ``A = Gamma A0 Gamma^{-1}``, ``Gamma = diag(e^G)`` (``G`` the chunk-local cumulative
+    log-decay): a diagonal similarity, so ``T = Gamma T0 Gamma^{-1}``, i.e.
+    ``T_ij = T0_ij e^{G_i - G_j}`` exactly, and the gates and ``beta`` can go on later, in
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`
+    (``forward="fused_t0"``). ``T0`` is zero above the diagonal and between documents (``A0``
+    is block-diagonal by document, and so is its inverse).
+
+    One CTA per ``(chunk, value head, batch row)``, one warpgroup, no ring, as
+    :func:`chunk_wy_mosaic` (about 40 KB of SMEM at K = 128). Four TMA copies on one barrier
+    (``k`` of key head ``h // group``, ``beta`` rows, row and column copies of the document
+    vector). ``K K^T`` on the tensor cores (fp32 accumulation, ``k^T`` a transposed SMEM view);
+    ``A0`` in fp32 registers; the inverse by :func:`wy_inverse` (the exact 2 x 2 diagonal
+    blocks, then five doubling merges, ten ``[64, 64, 64]`` products with fp16 operands,
+    :data:`MERGE_DTYPE`, fp32 accumulation; MOSAIC_GPU.md Sec. 6: about 1e-3 relative on
+    strongly correlated keys). ``T0`` leaves in the input dtype through an SMEM tile by TMA.
+    Not jla's algorithm: jla solves the 16 x 16 diagonal blocks by fp32 forward substitution
+    (``inline_mgpu``) and merges twice; this reuses the tested doubling of ``chunk_wy_mosaic``.
+    Per chunk and head it reads ``k`` and writes 8 KB (``chunk_wy_mosaic``: reads ``k, v``,
+    writes ``W, U``).
+
+    Args:
+        k: keys ``[B, T, Hk, K]``, bf16 or fp16, L2-normalised (the fp16 merge operands need
+            ``|T0_ij|`` below 65504); ``K`` in {64, 128}.
+        beta: write strengths ``[B, T, H]``, any float dtype (read as fp32); ``H % Hk == 0``
+            (value head ``h`` reads key head ``h // (H // Hk)``).
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``t0`` ``[B, T, H, 64]`` in k's dtype: row ``t`` holds ``T0[t, :]`` of token ``t``'s
+        chunk (column ``j`` is the chunk's token ``j``).
+
+    Raises:
+        ValueError: on a ``beta`` that is not ``[B, T, H]`` with ``H % Hk == 0``, an
+            unsupported head dim or dtype, or a ``segment_ids`` that is not ``[B, T]``.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    _check_kkt_inputs(k, beta, segment_ids)
+    heads = beta.shape[2]
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    # Padding tokens have k = 0 and beta = 0: their rows and columns of A0 are zero (T0 = I
+    # there; the rows are cut off below).
+    k = mgl.pad_time(k, num_chunks)
+    beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)  # [B, H, Tp]
+    doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
+    vec = plgpu.SMEM((CHUNK,), jnp.float32)
+    swz = mgl.swizzled_smem
+    call = plgpu.kernel(
+        functools.partial(_kkt_inverse_kernel, group=heads // kv_heads, interpret=interpret),
+        out_type=jax.ShapeDtypeStruct((batch, padded, heads, CHUNK), k.dtype),
+        scratch_types=[
+            swz((CHUNK, dk), k.dtype),  # k_s
+            vec, vec, vec,  # beta (rows), doc (rows, columns)
+            swz((CHUNK, CHUNK), MERGE_DTYPE),  # l_s: A0, the right operand of X A0
+            swz((CHUNK, CHUNK), MERGE_DTYPE),  # x_s: X, left of X A0 and right of Y X
+            swz((CHUNK, CHUNK), k.dtype),  # t0_s: staging of T0
+            plgpu.Barrier(num_arrivals=4),  # in_bar: the 4 input copies landed
+        ] + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
+              swz((CHUNK, CHUNK), MERGE_DTYPE)] if interpret else []),  # y_s: Y
+        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        grid_names=("n", "h", "b"),
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name="gdn_chunk_kkt_inverse",
+    )
+    with jax.named_scope("gdn_chunk_kkt_inverse_mosaic"):
+        t0 = call(k, beta_hm, doc)
+    return t0[:, :seq_len]
+
+
+def _chunked_heads(x, num_chunks):
+    """``[B, T, H, D]`` zero-padded in time to ``[B, N, 64, H, D]`` fp32."""
+    x = mgl.pad_time(x.astype(jnp.float32), num_chunks)
+    return x.reshape(x.shape[0], num_chunks, CHUNK, *x.shape[2:])
+
+
+def kkt_inverse_xla(k: jax.Array, beta: jax.Array, *,
+                    segment_ids: Optional[jax.Array] = None) -> jax.Array:
+    """fp32 ``T0 = (I + A0)^{-1}`` ``[B, T, H, 64]`` in XLA: :func:`chunk_kkt_inverse_mosaic`'s
+    equations with a triangular solve, unrounded (``forward="fused_t0"`` with
+    ``wy_implementation="xla"`` rounds it to the input dtype).
+
+    Raises:
+        ValueError: as :func:`chunk_kkt_inverse_mosaic`.
+    """
+    batch, seq_len, kv_heads, _ = k.shape
+    _check_kkt_inputs(k, beta, segment_ids)
+    heads = beta.shape[2]
+    num_chunks = -(-seq_len // CHUNK)
+    kc = _chunked_heads(jnp.repeat(k, heads // kv_heads, axis=2), num_chunks)  # [B, N, C, H, K]
+    bc = _chunked_heads(beta[..., None], num_chunks)[..., 0]  # [B, N, C, H]
+    doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)
+    doc = doc.reshape(batch, num_chunks, CHUNK)
+    kk = jnp.einsum("bnihk,bnjhk->bnhij", kc, kc, precision=lax.Precision.HIGHEST)
+    idx = jnp.arange(CHUNK)
+    strict = (idx[None, :] < idx[:, None]) & (doc[..., :, None] == doc[..., None, :])
+    a0 = jnp.where(strict[:, :, None], kk * jnp.moveaxis(bc, 2, 3)[..., None], 0.0)
+    eye = jnp.broadcast_to(jnp.eye(CHUNK, dtype=jnp.float32), a0.shape)
+    t0 = jax.scipy.linalg.solve_triangular(eye + a0, eye, lower=True, unit_diagonal=True)
+    t0 = jnp.moveaxis(t0, 2, 3)  # [B, N, C (row i), H, C (column j)]
+    return t0.reshape(batch, num_chunks * CHUNK, heads, CHUNK)[:, :seq_len]
+
+
+def w_from_t0(k: jax.Array, t0: jax.Array, g: Optional[jax.Array], beta: jax.Array, *,
+              segment_ids: Optional[jax.Array] = None) -> jax.Array:
+    """``W = T diag(beta conn e^G) K`` from the gate-free inverse, in XLA (fp32, rounded once).
+
+    With ``T = diag(e^G) T0 diag(e^{-G})`` (:func:`chunk_kkt_inverse_mosaic`), per chunk::
+
+        W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j
+
+    the ``W`` of :func:`chunk_wy_mosaic` (up to the rounding of ``T0``), which the Mosaic
+    backward reads (``mosaic_vjp``'s residual for ``forward="fused_t0"``). ``k [B, T, Hk, K]``,
+    ``t0 [B, T, H, 64]``, ``g [B, T, H]`` or ``None``, ``beta [B, T, H]``; returns
+    ``[B, T, H, K]`` in k's dtype.
+    """
+    batch, seq_len, kv_heads, _ = k.shape
+    heads = t0.shape[2]
+    num_chunks = -(-seq_len // CHUNK)
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    _, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
+    kc = _chunked_heads(jnp.repeat(k, heads // kv_heads, axis=2), num_chunks)  # [B, N, C, H, K]
+    col = _chunked_heads(beta[..., None], num_chunks)[..., 0]  # [B, N, C, H]
+    col = col * conn.reshape(batch, num_chunks, CHUNK, 1)
+    w = jnp.einsum("bnihj,bnjhk->bnihk", _chunked_heads(t0, num_chunks), kc * col[..., None],
+                   precision=lax.Precision.HIGHEST)
+    w = w.reshape(batch, num_chunks * CHUNK, heads, -1) * jnp.exp(jnp.moveaxis(gc, 1, 2))[..., None]
+    return w[:, :seq_len].astype(k.dtype)
+
+
 @functools.partial(jax.jit, static_argnames=("scale", "return_residual", "wy_implementation",
                                              "forward", "interpret"))
 def gated_delta_rule_fwd_mosaic(
