@@ -542,3 +542,325 @@ def chunk_delta_fused_fwd_mosaic(
     v_new = outs.pop(0)[:, :seq_len] if store_v_new else None
     h = outs.pop(0) if store_h else None
     return o[:, :seq_len], final_state, v_new, h
+
+
+# ----------------------------------------------------------------------------------------------
+# forward="fused_t0": v_new formed from v and the gate-free inverse T0 inside the kernel.
+
+_T0_IN_COPIES = 11  # TMA copies per ring stage (q, k, v, t0, g x2, beta, doc x2, last, conn)
+
+
+def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
+    """``issue(n, slot)`` of the memory warpgroup of :func:`_fused_t0_kernel`: the eleven TMA
+    copies of chunk ``n`` (``q, k`` of key head ``hk``; the value columns ``cols`` of ``v`` and
+    the ``T0`` rows of value head ``h``; the gate twice (row and column views), ``beta``
+    (column view), the document vector twice, ``last``, ``conn``)."""
+    (q_ref, k_ref, v_ref, t0_ref, g_row, g_col, beta_col, doc_row, doc_col, last_ref,
+     conn_ref) = gmem
+
+    def issue(n, slot):
+        rows = pl.ds(n * CHUNK, CHUNK)
+        srcs = (q_ref.at[b, rows, hk], k_ref.at[b, rows, hk], v_ref.at[b, rows, h, cols],
+                t0_ref.at[b, rows, h], g_row.at[b, h, rows], g_col.at[b, h, rows],
+                beta_col.at[b, h, rows], doc_row.at[b, rows], doc_col.at[b, rows],
+                last_ref.at[b, rows], conn_ref.at[b, rows])
+        for src, dst in zip(srcs, ring, strict=True):
+            plgpu.copy_gmem_to_smem(src, dst.at[slot], in_bar.at[slot])
+
+    return issue
+
+
+def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
+                     *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
+                     store_v_new: bool, store_h: bool, interpret: bool):
+    """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic`; refs are GMEM.
+
+    ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
+    (interpret mode only) = ``kt_s`` (``k^T``), ``p_s`` (``P``), ``hi_s``, ``lo_s`` (the two
+    terms of ``Ag``), the SMEM copies of what the GPU reads as a transposed view or from
+    registers.
+    """
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    vn_ref = rest.pop(0) if store_v_new else None
+    h_ref = rest.pop(0) if store_h else None
+    (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s, conn_s,
+     sb_s, x_s, vn_s, vd_s, o_s, state_s, in_bar, in_free, io_bar, done, *shim) = rest
+    kt_s, p_s, hi_s, lo_s = shim if interpret else (None,) * 4
+    gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
+            conn_ref)
+    ring = (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s,
+            conn_s)
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = k_s.shape[-1]
+    dtype = v_s.dtype
+    sq = (CHUNK, CHUNK)
+    tile = (CHUNK, BLOCK_V)
+
+    @pl.when(wg == 1)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        mgl.ring_producer(_t0_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks, in_free)
+
+    @pl.when(wg == 0)
+    def _compute():
+        plgpu.set_max_registers(232, action="increase")
+        h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
+        s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+
+        def by_col(x):
+            return lax.broadcast_in_dim(x, sq, [1])
+
+        def step(n, s):
+            slot = lax.rem(n, STAGES)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            # The stores of chunk n - 1 (o, v_new, h) must have read their tiles; its wgmma
+            # that read sb_s, x_s, vn_s, vd_s finished when their accumulators were read.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            sb_s[...] = s.astype(sb_s.dtype)  # S_c in 16 bits: the operand of K S and Q S
+            plgpu.commit_smem()
+            if store_h:  # the state entering chunk n goes to HBM while the inputs land
+                plgpu.copy_smem_to_gmem(sb_s, h_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(in_bar.at[slot])
+            k_t = mgl.transposed(k_s.at[slot], kt_s, interpret)  # k^T (a copy if interpreting)
+
+            def first(ks_acc, qs_acc, qk_acc):  # issued together: one wait for the three
+                plgpu.wgmma(ks_acc, k_s.at[slot], sb_s)  # K S, [C, 64]
+                plgpu.wgmma(qs_acc, q_s.at[slot], sb_s)  # Q S, [C, 64]
+                plgpu.wgmma(qk_acc, q_s.at[slot], k_t)  # Q K^T, [C, C]
+                return ks_acc[...], qs_acc[...], qk_acc[...]
+
+            # The barrier keeps the arithmetic after the accumulator reads (jla's pitfall).
+            ks, qs, qk = lax.optimization_barrier(pl.run_scoped(
+                first, plgpu.ACC(tile), plgpu.ACC(tile), plgpu.ACC(sq)))
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret)  # chunk-local cumsum, fp32
+            g_j = mgl.load_cols(g_col_s.at[slot], interpret)
+            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+            g_last = g_row_s[slot, CHUNK - 1]
+            # The entering state reaches token t as conn_t e^{G_t}: in the read-out and in the
+            # right-hand side X = V - diag(conn e^G) K S of the WY solve.
+            q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
+            x = (mgl.load_tile(v_s.at[slot], interpret).astype(jnp.float32)
+                 - ks * mgl.by_row(q_decay, tile))
+            x_s[...] = x.astype(x_s.dtype)  # 16-bit, the right operand of Ag X
+            plgpu.commit_smem()
+            # D_ij = e^{G_i - G_j} on causal same-document pairs (the exponent masked before
+            # exp, so D <= 1); Ag = T0 * D * beta_j is the gated inverse times diag(beta).
+            mask = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j))
+            decay = jnp.exp(jnp.where(mask, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+            t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
+            ag = t0 * decay * by_col(mgl.load_cols(b_col_s.at[slot], interpret))
+            hi = ag.astype(dtype)  # Ag as two 16-bit terms: only T0's own rounding remains
+            lo = (ag - hi.astype(jnp.float32)).astype(dtype)
+
+            def solve(acc):  # v_new = Ag X, [C, 64], one accumulator for hi and lo
+                plgpu.wgmma(acc, mgl.lhs_operand(hi, hi_s, interpret), x_s)
+                plgpu.wgmma(acc, mgl.lhs_operand(lo, lo_s, interpret), x_s)
+                return acc[...]
+
+            vn = lax.optimization_barrier(pl.run_scoped(solve, plgpu.ACC(tile)))  # fp32
+            p = (qk * decay).astype(vn_s.dtype)  # 16-bit, the left wgmma operand (registers)
+            # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); keep e^{G_L} is 0
+            # if a document starts inside the chunk.
+            k_decay = jnp.exp(g_last - g_i) * mgl.load_rows(last_s.at[slot], interpret)
+            s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]
+            vn_s[...] = vn.astype(vn_s.dtype)
+            vd_s[...] = (vn * mgl.by_row(k_decay, tile)).astype(vd_s.dtype)
+            plgpu.commit_smem()
+            if store_v_new:
+                plgpu.copy_smem_to_gmem(vn_s, vn_ref.at[b, rows, h, cols])
+
+            def second(pv_acc, kv_acc):  # issued together
+                plgpu.wgmma(pv_acc, mgl.lhs_operand(p, p_s, interpret), vn_s)  # P v_new
+                plgpu.wgmma(kv_acc, k_t, vd_s)  # K^T (decayed v_new), [K, 64]
+                return pv_acc[...], kv_acc[...]
+
+            pv, kv = lax.optimization_barrier(pl.run_scoped(
+                second, plgpu.ACC(tile), plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])
+            o = scale * (qs * mgl.by_row(q_decay, tile) + pv)
+            o_s[...] = o.astype(o_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h, cols])
+            return s * s_decay + kv
+
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
+
+    # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> None:
+    """The input contract of :func:`chunk_delta_fused_t0_fwd_mosaic`.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs.
+    """
+    batch, seq_len, _, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    mgl.check_kv_gates(k, v, g, segment_ids)
+    if q.shape != k.shape or q.dtype != k.dtype:
+        raise ValueError(f"q must have k's shape {k.shape} and dtype {k.dtype}, got {q.shape=} "
+                         f"{q.dtype=}")
+    if t0.shape != (batch, seq_len, heads, CHUNK) or t0.dtype != k.dtype:
+        raise ValueError(f"t0 must be [B, T, H, 64] = {(batch, seq_len, heads, CHUNK)} in k's "
+                         f"dtype {k.dtype}, got {t0.shape=} {t0.dtype=}")
+    if beta.shape != (batch, seq_len, heads):
+        raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
+    if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
+        raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
+                         f"{initial_state.shape=}")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "interpret"))
+def chunk_delta_fused_t0_fwd_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    t0: jax.Array,
+    g: Optional[jax.Array],
+    beta: jax.Array,
+    *,
+    scale: float,
+    initial_state: Optional[jax.Array] = None,
+    segment_ids: Optional[jax.Array] = None,
+    store_v_new: bool = False,
+    store_h: bool = False,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
+    """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
+    gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
+
+    Per batch row, value head and chunk ``c`` of 64 tokens with entry state ``S_c``, ``G`` the
+    chunk-local inclusive cumulative log-decay (fp32) and ``G_L`` its last entry (module
+    docstring, "fused_t0")::
+
+        Ag_ij   = T0_ij e^{G_i - G_j} beta_j        (causal same-document pairs, else 0)
+        v_new_c = Ag (V_c - diag(conn e^G) K_c S_c)
+        o_c     = scale ( diag(conn e^G) Q_c S_c + (Q_c K_c^T * D) v_new_c )
+        S_{c+1} = keep_c e^{G_L} S_c + K_c^T (last_c * e^{G_L - G} * v_new_c)
+
+    from ``S_0 = initial_state``, with ``T0`` from
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_kkt_inverse_mosaic`. As
+    ``T = (I + A)^{-1} = diag(e^G) T0 diag(e^{-G})``, ``Ag = T diag(beta)`` and
+    ``v_new = U - W S_c`` of :func:`chunk_delta_fused_fwd_mosaic` exactly (``U = T diag(beta)
+    V``, ``W = T diag(beta conn e^G) K``): the chunk form of the token recurrence
+    ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)``, ``S_t = e^{g_t} S_{t-1} + k_t u_t^T``,
+    ``o_t = scale S_t^T q_t`` of
+    :func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`
+    (paper arXiv 2607.07953, Eqs. 15-17).
+
+    Kernel structure: :func:`chunk_delta_fused_fwd_mosaic`'s two warpgroups (no split variant),
+    with eleven TMA copies per ring stage (``q, k, v`` (64 value columns), ``T0`` rows, gate
+    rows and columns, ``beta`` columns, document rows and columns, ``last``, ``conn``). Per
+    chunk the compute warpgroup issues ``K S``, ``Q S`` and ``Q K^T`` as one group; forms
+    ``X = V - diag(conn e^G) (K S)`` in fp32 and stores it in 16 bits to SMEM; forms ``Ag`` in
+    fp32 registers from ``T0`` and splits it into two 16-bit terms ``hi + lo`` (register
+    operands); one group of two ``wgmma`` gives ``v_new = hi X + lo X``; then the read-out
+    and the state update as in the ``W, U`` kernel. One dependent ``wgmma`` group more per
+    chunk than that kernel; at K = V = 128 (bf16) the ring is ``2 x 48.5`` KB and one more
+    ``[64, 64]`` tile (``X``), about 177 KB of SMEM.
+
+    Args:
+        q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
+            query/key head ``h // (H // Hk)``); used as given (L2-normalise beforehand).
+        k: keys ``[B, T, Hk, K]``, q's shape and dtype.
+        v: values ``[B, T, H, V]``, k's dtype. ``K, V`` in {64, 128}.
+        t0: the gate-free inverse ``[B, T, H, 64]`` in k's dtype (finite; zero above the
+            diagonal and between documents, as ``chunk_kkt_inverse_mosaic`` writes it).
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        beta: write strengths ``[B, T, H]``, any float dtype (read as fp32).
+        scale: read-out scale (static).
+        initial_state: ``[B, H, K, V]`` state before the first token (read as fp32), or
+            ``None`` for zeros; it applies to the first document of each row only.
+        segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
+        store_v_new: also write ``v_new`` (static; the residual ``u``).
+        store_h: also write the state entering every chunk (static; the backward's ``h``).
+        interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
+        16-bit roundings of the ``wgmma`` operands (``S``, ``X``, ``T0``'s storage, ``P``,
+        ``v_new``, ``last e^{G_L - G} v_new``; ``Ag`` is carried as ``hi + lo``) with fp32
+        accumulation.
+
+    Raises:
+        ValueError: on mismatched shapes or dtypes of ``q, k, v, t0``, unsupported head dims
+            or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``, ``beta``, ``segment_ids``
+            or ``initial_state`` shape.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state)
+
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    # Padding tokens have q = k = v = 0, T0 rows = 0, beta = 0 and g = 0: Ag is zero on their
+    # rows and columns, so v_new = 0 and o = 0 there and the state is unchanged.
+    q, k, v, t0 = (mgl.pad_time(x, num_chunks) for x in (q, k, v, t0))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)  # [B, H, Tp]
+    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    has_h0 = initial_state is not None
+    kernel = functools.partial(_fused_t0_kernel, num_chunks=num_chunks,
+                               group=heads // kv_heads, scale=float(scale), has_h0=has_h0,
+                               store_v_new=store_v_new, store_h=store_h, interpret=interpret)
+    dtype = v.dtype
+    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
+                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
+    if store_v_new:
+        out_type.append(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype))
+    if store_h:
+        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
+    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    swz = mgl.swizzled_smem
+    scratch = [
+        swz((STAGES, CHUNK, dk), q.dtype),  # q_s
+        swz((STAGES, CHUNK, dk), k.dtype),  # k_s
+        swz((STAGES, CHUNK, BLOCK_V), dtype),  # v_s
+        swz((STAGES, CHUNK, CHUNK), t0.dtype),  # t0_s
+        vec, vec, vec, vec, vec, vec, vec,  # g rows, g cols, beta cols, doc rows, doc cols,
+        # last, conn
+        swz((dk, BLOCK_V), dtype),  # sb_s: S in 16 bits (operand of K S, Q S; h staging)
+        swz((CHUNK, BLOCK_V), dtype),  # x_s: X = V - diag(conn e^G) K S, operand of Ag X
+        swz((CHUNK, BLOCK_V), dtype),  # vn_s: v_new, operand of P v_new (and staging)
+        swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
+        swz((CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile
+        swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
+        plgpu.Barrier(num_arrivals=_T0_IN_COPIES, num_barriers=STAGES),  # in_bar
+        plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
+        plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+        plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+    ]
+    if interpret:  # SMEM copies of what the GPU reads as a transposed view or from registers
+        scratch += [plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T
+                    swz((CHUNK, CHUNK), dtype),  # p_s: P
+                    swz((CHUNK, CHUNK), dtype),  # hi_s
+                    swz((CHUNK, CHUNK), dtype)]  # lo_s
+    call = plgpu.kernel(
+        kernel,
+        out_type=tuple(out_type),
+        scratch_types=scratch,
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name="gdn_chunk_delta_fused_t0_fwd",
+    )
+    h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
+    with jax.named_scope("gdn_chunk_delta_fused_t0_fwd_mosaic"):
+        outs = list(call(q, k, v, t0, gc, beta_hm, doc, last, conn, *h0))
+    o, final_state = outs.pop(0), outs.pop(0)
+    v_new = outs.pop(0)[:, :seq_len] if store_v_new else None
+    h = outs.pop(0) if store_h else None
+    return o[:, :seq_len], final_state, v_new, h
