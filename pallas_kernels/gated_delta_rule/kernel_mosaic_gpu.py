@@ -316,8 +316,10 @@ WY_IMPLEMENTATIONS = ("mosaic", "xla")
 # How gated_delta_rule_fwd_mosaic runs the state pass and the output: two kernels
 # (chunk_delta_h_mosaic, then chunk_output_mosaic reading h back) or one
 # (kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic; "fused_split" with the read-out on its
-# own warpgroup, split_output=True).
-FORWARDS = ("three_pass", "fused", "fused_split")
+# own warpgroup, split_output=True); "fused_t0" prepares only the gate-free inverse T0
+# (chunk_kkt_inverse_mosaic) and forms v_new from v and T0 inside the fused kernel
+# (kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic).
+FORWARDS = ("three_pass", "fused", "fused_split", "fused_t0")
 
 
 def wy_inverse(a, l_s, x_s, y_s, interpret: bool):
@@ -792,7 +794,8 @@ def gated_delta_rule_fwd_mosaic(
         initial_state: ``[B, H, K, V]`` or ``None`` (zeros); first document of each row only.
         segment_ids: optional int ``[B, T]`` (packed documents).
         return_residual: also return ``v_new`` (the residual ``u`` of the reference).
-        wy_implementation: how ``W`` and ``U`` are formed (static): ``"mosaic"`` (default),
+        wy_implementation: how ``W`` and ``U`` (``T0`` with ``forward="fused_t0"``) are
+            formed (static): ``"mosaic"`` (default),
             the kernel :func:`chunk_wy_mosaic`; ``"xla"``, the fp32
             :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` in XLA (GVA keys
             repeated first) rounded to the input dtype, kept for comparison (at B 8, T 4,096,
@@ -803,7 +806,13 @@ def gated_delta_rule_fwd_mosaic(
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`
             (``h`` never reaches HBM, ``v_new`` only with ``return_residual``);
             ``"fused_split"``, the same kernel with the read-out on its own warpgroup
-            (``split_output=True``). Same math and roundings.
+            (``split_output=True``). Same math and roundings. ``"fused_t0"``: the preparation
+            forms only the gate-free inverse ``T0`` (:func:`chunk_kkt_inverse_mosaic`; with
+            ``wy_implementation="xla"``, :func:`kkt_inverse_xla` rounded to the input dtype)
+            and
+            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`
+            forms ``v_new = (T0 * e^{G_i - G_j} * beta_j) (V - diag(conn e^G) K S)`` inside
+            (same math; ``T0`` rounded to the input dtype instead of ``W`` and ``U``).
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -829,6 +838,16 @@ def gated_delta_rule_fwd_mosaic(
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
+    if forward == "fused_t0":
+        if wy_implementation == "mosaic":
+            t0 = chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret)
+        else:
+            with jax.named_scope("gdn_kkt_inverse"):
+                t0 = kkt_inverse_xla(k, beta, segment_ids=segment_ids).astype(k.dtype)
+        o, final_state, v_new, _ = kfused.chunk_delta_fused_t0_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
+            segment_ids=segment_ids, store_v_new=return_residual, interpret=interpret)
+        return (o, final_state, v_new) if return_residual else (o, final_state)
     if wy_implementation == "mosaic":
         w, u = chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, interpret=interpret)
     else:
