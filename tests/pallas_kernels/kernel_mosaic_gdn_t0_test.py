@@ -1,0 +1,510 @@
+"""The split WY preparation of the Mosaic GPU GDN forward: ``T0`` and ``forward="fused_t0"``.
+
+``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py`` has
+:func:`chunk_kkt_inverse_mosaic`, the gate-free inverse ``T0 = (I + A0)^{-1}``
+(``A0_ij = beta_i k_i . k_j``, ``j < i``, same document) of every 64-token chunk, and
+``kernel_mosaic_gpu_fused.py`` has :func:`chunk_delta_fused_t0_fwd_mosaic`, the fused forward
+that reads ``v`` and ``T0`` and forms ``v_new = (T0 * e^{G_i - G_j} * beta_j)
+(V - diag(conn e^G) K S)`` itself; ``gated_delta_rule_fwd_mosaic`` and
+``mosaic_vjp.gated_delta_rule_mosaic`` run them as ``forward="fused_t0"`` (issue 29, not
+dispatched, not run on a GPU yet).
+
+* ``KktInverseInterpretTest`` (``slow``) runs the ``T0`` kernel in Mosaic GPU interpret mode
+  against a float64 numpy inverse per chunk (bf16 and fp16 keys, documents starting inside
+  chunks, a partial last chunk, GVA, strongly correlated keys) and checks that ``T0`` is exactly
+  zero above the diagonal and between documents.
+* ``FusedT0InterpretTest`` (``slow``) runs the ``T0`` kernel and the fused kernel (all stores
+  on) against the fp32 token-serial ``lax.scan`` reference
+  (:func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`):
+  ``kernel_mosaic_gdn_test.py``'s cases (packed documents with starts at, inside and after chunk
+  boundaries, strong decay, partial last chunk, GVA, ``initial_state``, DeltaNet) in bf16 and two
+  in fp16, with dtype-chosen gates (relative RMS; bf16 also ``assert_allclose`` at the bf16
+  forward tolerance). It also checks the whole forward with ``forward="fused_t0"`` against the
+  reference and the three-pass forward, with both ``wy_implementation``s.
+* ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the op with ``forward="fused_t0"`` (``W``
+  formed from ``T0`` in XLA for the unchanged backward) against ``jax.vjp`` of the fp32 chunk
+  form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
+* ``XlaFormTest`` (CI): the XLA helpers ``kkt_inverse_xla`` and ``w_from_t0`` against float64
+  and the fp32 WY factors of ``chunked.wy_representation``.
+* ``LoweringTest`` (CI) exports the ``T0`` kernel, the fused ``T0`` kernel, the forward and the
+  op's gradient for CUDA on the CPU host (``jax.export``; one variant each, about 1 to 3 s on 2
+  cores); ``LoweringSlowTest`` (``slow``) the other head dims and options.
+* ``GpuTest`` (``gpu``) runs the compiled kernels on a Hopper GPU at realistic rows.
+
+The interpreted kernels hang on a 2-core host unless XLA's CPU pool is larger (BUILD.md,
+MOSAIC_GPU.md Sec. 10): run them as
+``PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels import common
+from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+from pallas_kernels.gated_delta_rule import mosaic_vjp
+from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as bwd_test
+from tests.pallas_kernels import kernel_mosaic_gdn_fused_test as fused_test
+from tests.pallas_kernels import kernel_mosaic_gdn_test as gdn_test
+from tests.pallas_kernels import kernel_mosaic_gdn_wy_test as wy_test
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+C = kgd.CHUNK
+# Relative RMS gates against the fp32 / fp64 references, by input dtype. bf16: the GPU kernels'
+# forward gate (BUILD.md). fp16 carries three more mantissa bits; its gate is the bf16 one over
+# 2 (measured errors below 1e-3 on these cases).
+_FWD_GATE = {jnp.dtype(jnp.bfloat16): 5e-3, jnp.dtype(jnp.float16): 2.5e-3}
+# T0 against float64: its rounding to the input dtype (bf16: about 1e-3 relative RMS of the
+# off-diagonal part) plus the fp16 merges of the doubling (MOSAIC_GPU.md Sec. 6).
+_T0_GATE = {jnp.dtype(jnp.bfloat16): 2.5e-3, jnp.dtype(jnp.float16): 1.5e-3}
+
+
+def _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, dtype=jnp.bfloat16, *,
+            correlated=0.0, seed=0):
+    """``kernel_mosaic_gdn_test._inputs`` (``q, k`` L2-normalised) in ``dtype``; with
+    ``correlated``, the keys and ``beta`` of ``kernel_mosaic_gdn_wy_test._inputs``."""
+    q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                    decay=decay, h0=h0, docs=docs, seed=seed)
+    if correlated:
+        k, v, g, beta, seg = wy_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                             decay=decay, docs=docs, correlated=correlated,
+                                             seed=seed)
+    q, k, v = (x.astype(jnp.float32).astype(dtype) for x in (q, k, v))
+    return q, k, v, g, beta, state, seg
+
+
+def _t0_reference(k, beta, seg):
+    """float64 ``T0`` ``[B, T, H, 64]``: ``inv(I + A0)`` of every chunk (the last one as long
+    as it is), ``A0_ij = beta_i k_i . k_j`` on ``j < i`` in the same document."""
+    batch, seq_len, heads = beta.shape
+    kf = np.asarray(gdn_test._expand(k, heads), np.float64)
+    bf = np.asarray(beta, np.float64)
+    doc = (np.zeros((batch, seq_len), np.int64) if seg is None
+           else np.asarray(common.document_index(seg)))
+    out = np.zeros((batch, seq_len, heads, C))
+    for b in range(batch):
+        for start in range(0, seq_len, C):
+            rows = slice(start, min(start + C, seq_len))
+            n = rows.stop - rows.start
+            d = doc[b, rows]
+            strict = np.tril(np.ones((n, n), bool), -1) & (d[:, None] == d[None, :])
+            for h in range(heads):
+                kc = kf[b, rows, h]
+                a0 = np.where(strict, bf[b, rows, h][:, None] * (kc @ kc.T), 0.0)
+                out[b, rows, h, :n] = np.linalg.inv(np.eye(n) + a0)
+    return out
+
+
+def _check_t0(test, k, beta, seg, t0, gate=None):
+    """``t0`` (kernel or XLA) against float64: shape, dtype, relative RMS of ``T0 - I`` (the
+    unit diagonal would hide the error) and exact zeros outside causal same-document pairs.
+    Returns the relative RMS error and the max abs error."""
+    batch, seq_len, heads = beta.shape
+    test.assertEqual(t0.shape, (batch, seq_len, heads, C))
+    want = _t0_reference(k, beta, seg)
+    got = np.asarray(t0, np.float64)
+    eye = np.zeros_like(want)
+    idx = np.arange(seq_len)
+    eye[:, idx, :, idx % C] = 1.0
+    err = tolerances.rel_err(got - eye, want - eye)
+    gate = _T0_GATE[jnp.dtype(t0.dtype)] if gate is None else gate
+    test.assertLess(err, gate, msg=f"T0 - I: relative RMS error {err:.2e}")
+    np.testing.assert_array_equal(got[want == 0.0], 0.0)  # structure: exact zeros
+    return err, float(np.abs(got - want).max())
+
+
+def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
+                        dtype=jnp.bfloat16, *, seed=0, interpret=True, allclose=True):
+    """The ``T0`` kernel then the fused ``T0`` kernel (all stores on) against the token-serial
+    reference. Returns the relative RMS errors."""
+    q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                           docs, dtype, seed=seed)
+    scale = dk ** -0.5
+    t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=interpret)
+    o, final, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
+        q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
+        store_v_new=True, store_h=True, interpret=interpret)
+    want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
+    want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
+    test.assertEqual((o.shape, o.dtype), (v.shape, v.dtype))
+    test.assertEqual((final.shape, final.dtype), (want_final.shape, jnp.float32))
+    test.assertEqual((v_new.shape, v_new.dtype), (v.shape, v.dtype))
+    test.assertEqual((h.shape, h.dtype), (want_h.shape, v.dtype))
+    errs = {}
+    for name, got, want in (("o", o, want_o), ("final_state", final, want_final),
+                            ("v_new", v_new, want_u), ("h", h, want_h)):
+        gdn_test._assert_close(test, name, got, want, max_err=_FWD_GATE[jnp.dtype(dtype)],
+                               allclose=allclose and dtype == jnp.bfloat16)
+        errs[name] = tolerances.rel_err(got, want)
+    return errs
+
+
+def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
+                   wy_implementation="mosaic", *, seed=0, interpret=True):
+    """``gated_delta_rule_fwd_mosaic(forward="fused_t0")`` against the reference (5e-3) and
+    the three-pass forward (within 2e-3 relative RMS: different roundings, ``T0`` instead of
+    ``W, U``). Returns the errors against the reference and the three-pass forward."""
+    q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                           docs, seed=seed)
+    scale = dk ** -0.5
+
+    def run(forward):
+        return kgd.gated_delta_rule_fwd_mosaic(
+            q, k, v, g, beta, scale=scale, initial_state=state, segment_ids=seg,
+            return_residual=True, wy_implementation=wy_implementation, forward=forward,
+            interpret=interpret)
+
+    t0_fwd, three = run("fused_t0"), run("three_pass")
+    want = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
+    errs = {}
+    for name, got, other, ref in zip(("o", "final_state", "v_new"), t0_fwd, three, want):
+        test.assertEqual((got.shape, got.dtype), (other.shape, other.dtype), msg=name)
+        err = tolerances.rel_err(got, other)
+        test.assertLess(err, 2e-3, msg=f"{name} vs three-pass: relative RMS {err:.2e}")
+        gdn_test._assert_close(test, name, got, ref, allclose=False)
+        errs[name] = (tolerances.rel_err(got, ref), err)
+    return errs
+
+
+# B, T, H, Hk, K, V, decay (None: DeltaNet), h0, document lengths (the rest one more), dtype
+_T0_CASES = (
+    ("plain_T128_K64", 1, 128, 1, 1, 64, 64, 0.1, False, None, jnp.bfloat16, 0.0),
+    # starts at 64 (a chunk boundary), 100 (inside chunk 1) and 130 (inside the partial chunk 2)
+    ("gva_packed_partial_T150_K64", 1, 150, 2, 1, 64, 64, 0.02, False, (64, 36, 30),
+     jnp.bfloat16, 0.0),
+    ("gva_packed_T192_K128", 2, 192, 4, 2, 128, 64, 0.1, False, (70, 30), jnp.bfloat16, 0.0),
+    ("fp16_packed_partial_T100_K128", 1, 100, 1, 1, 128, 64, 0.1, False, (10, 60),
+     jnp.float16, 0.0),
+    # keys sharing one direction (k_i . k_j about 0.9), beta near 1: the inverse's hard case
+    ("correlated_T128_K128", 1, 128, 2, 1, 128, 64, 0.01, False, None, jnp.bfloat16, 3.0),
+    ("correlated_fp16_packed_T150_K64", 1, 150, 1, 1, 64, 64, None, False, (40,), jnp.float16,
+     3.0),
+)
+
+# The fused cases: kernel_mosaic_gdn_test's bf16 ones and two in fp16.
+_FUSED_CASES = tuple(gdn_test._CPU_CASES) + (
+    ("fp16_gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+     (64, 36, 30), jnp.float16),
+    ("fp16_deltanet_h0_T100_K128_V64", 1, 100, 1, 1, 128, 64, None, True, None, jnp.float16),
+)
+
+
+# Slow (out of CI): interpreted Mosaic GPU kernels (MOSAIC_GPU.md, "Interpreter hang seen";
+# run with PJRT_NPROC=8). The mark is on the class: absl's parameterized copies of a method do
+# not keep a method-level mark.
+@pytest.mark.slow
+class KktInverseInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_T0_CASES)
+    def test_t0_matches_float64(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
+                                dtype, correlated):
+        _, k, _, _, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                           docs, dtype, correlated=correlated)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
+        self.assertEqual(t0.dtype, k.dtype)
+        _check_t0(self, k, beta, seg, t0)
+
+
+@pytest.mark.slow
+class FusedT0InterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_FUSED_CASES)
+    def test_fused_t0_kernel_matches_reference(self, *case):
+        _check_fused_kernel(self, *case)
+
+    def test_optional_stores_change_nothing_else(self):
+        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 64, 0.05, True, (64, 36, 30))
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
+
+        def run(store):
+            return kfused.chunk_delta_fused_t0_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=0.125, initial_state=state, segment_ids=seg,
+                store_v_new=store, store_h=store, interpret=True)
+
+        bare, full = run(False), run(True)
+        self.assertIsNone(bare[2])
+        self.assertIsNone(bare[3])
+        for name, x, y in zip(("o", "final_state"), bare[:2], full[:2]):
+            np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32),
+                                          err_msg=name)
+
+    @parameterized.named_parameters(
+        ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+         (64, 36, 30)),
+        ("deltanet_packed_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, (10, 60)),
+        ("xla_t0_strong_decay_h0_partial_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None,
+         "xla"),
+    )
+    def test_forward_fused_t0_matches_reference_and_three_pass(self, *case):
+        _check_forward(self, *case)
+
+
+@pytest.mark.slow
+class VjpInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths
+        ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
+         (64, 36, 30)),
+        ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+    )
+    def test_vjp_fused_t0_matches_chunked_vjp(self, *case):
+        fused_test._check_vjp(self, bwd_test._pipeline_inputs(*case), True, "fused_t0")
+
+
+class XlaFormTest(parameterized.TestCase):
+    """The XLA helpers of ``forward="fused_t0"``: ``kkt_inverse_xla`` (the ``T0`` of
+    ``wy_implementation="xla"``) and ``w_from_t0`` (the backward's ``W``)."""
+
+    def test_kkt_inverse_xla_matches_float64(self):
+        _, k, _, _, beta, _, seg = _inputs(1, 150, 2, 1, 64, 64, 0.02, False, (64, 36, 30),
+                                           correlated=3.0)
+        t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg)
+        self.assertEqual(t0.dtype, jnp.float32)
+        _check_t0(self, k, beta, seg, t0, gate=1e-5)
+
+    @parameterized.parameters(0.05, None)
+    def test_w_from_t0_matches_wy_representation(self, decay):
+        # With the fp32 T0, W = e^{G_i} sum_j T0_ij beta_j conn_j k_j is the WY factor W.
+        _, k, v, g, beta, _, seg = _inputs(1, 150, 2, 1, 64, 64, decay, False, (64, 36, 30))
+        k32 = k.astype(jnp.float32)
+        t0 = kgd.kkt_inverse_xla(k32.astype(k.dtype), beta, segment_ids=seg)
+        w = kgd.w_from_t0(k32, t0, g, beta, segment_ids=seg)
+        want, _ = wy_test._reference(k, v, g, beta, seg)
+        self.assertEqual((w.shape, w.dtype), (want.shape, jnp.float32))
+        self.assertLess(tolerances.rel_err(w, want), 1e-5)
+
+
+def _check_t0_kernel_exports(test, dk):
+    _, k, _, _, beta, _, seg = _inputs(1, 200, 2, 1, dk, 64, 0.2, False, (70, 30))
+
+    def fn(k, beta, seg):
+        return kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(k, beta, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_kkt_inverse", text)
+    test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals],
+                     [((1, 200, 2, C), k.dtype)])
+
+
+def _check_fused_t0_kernel_exports(test, dk, dv, stores):
+    q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, 0.2, True, (70, 30))
+    t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+
+    def fn(q, k, v, t0, g, beta, state, seg):
+        return kfused.chunk_delta_fused_t0_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
+            store_v_new=stores, store_h=stores)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(q, k, v, t0, g, beta, state,
+                                                                   seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_delta_fused_t0_fwd", text)
+
+
+def _check_forward_exports(test, dk, dv, deltanet):
+    q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, None if deltanet else 0.2,
+                                           True, (70, 30))
+
+    def fn(q, k, v, g, beta, state, seg):
+        return kgd.gated_delta_rule_fwd_mosaic(q, k, v, g, beta, initial_state=state,
+                                               segment_ids=seg, return_residual=True,
+                                               forward="fused_t0")
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(q, k, v, g, beta, state, seg)
+    text = exported.mlir_module()
+    # T0, then the fused T0 kernel: no W, U preparation, no separate state pass or read-out.
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 2)
+    test.assertIn("gdn_chunk_kkt_inverse", text)
+    test.assertIn("gdn_chunk_delta_fused_t0_fwd", text)
+    test.assertNotIn("gdn_chunk_wy", text)
+    test.assertNotIn("gdn_chunk_delta_h", text)
+
+
+def _check_grad_exports(test, dk, dv, deltanet):
+    q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
+        1, 200, 2, 1, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
+
+    def loss(q, k, v, g, beta, h0, seg):
+        o, final = mosaic_vjp.gated_delta_rule_mosaic(
+            q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
+            output_final_state=True, forward="fused_t0")
+        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
+
+    argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
+    fn = jax.jit(jax.grad(loss, argnums=argnums))
+    exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
+    text = exported.mlir_module()
+    # forward: T0, fused T0; backward: dv_local, reverse pass, grads, WY bwd
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 6)
+    test.assertIn("gdn_chunk_kkt_inverse", text)
+    test.assertIn("gdn_chunk_delta_fused_t0_fwd", text)
+    want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
+    test.assertEqual([a.shape for a in exported.out_avals], want)
+
+
+# Export variants: CI keeps one per check, LoweringSlowTest runs the others.
+_T0_CI, _T0_SLOW = kmg_test.split_variants([dict(dk=128)], dk=(64, 128))
+_KERNEL_CI, _KERNEL_SLOW = kmg_test.split_variants(
+    [dict(dk=128, dv=128, stores=True)], dk=(64, 128), dv=(64, 128), stores=(False, True))
+_FWD_CI, _FWD_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64, deltanet=False)], dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+_GRAD_CI, _GRAD_SLOW = kmg_test.split_variants(
+    [dict(dk=64, dv=64, deltanet=False)], dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+
+
+class LoweringTest(parameterized.TestCase):
+    """The kernels export for CUDA on any host: the whole Pallas-to-Mosaic-GPU lowering runs
+    (layouts, swizzles, ``wgmma`` operand shapes and dtypes); ptxas runs on the GPU only."""
+
+    @parameterized.named_parameters(*_T0_CI)
+    def test_t0_kernel_exports_for_cuda(self, **variant):
+        _check_t0_kernel_exports(self, **variant)
+
+    @parameterized.named_parameters(*_KERNEL_CI)
+    def test_fused_t0_kernel_exports_for_cuda(self, **variant):
+        _check_fused_t0_kernel_exports(self, **variant)
+
+    @parameterized.named_parameters(*_FWD_CI)
+    def test_forward_fused_t0_exports_for_cuda(self, **variant):
+        _check_forward_exports(self, **variant)
+
+    @parameterized.named_parameters(*_GRAD_CI)
+    def test_grad_fused_t0_exports_for_cuda(self, **variant):
+        _check_grad_exports(self, **variant)
+
+
+# Slow (out of CI): the other K, V and option combinations of LoweringTest. The mark is on the
+# class: absl's parameterized copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class LoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_T0_SLOW)
+    def test_t0_kernel_exports_for_cuda(self, **variant):
+        _check_t0_kernel_exports(self, **variant)
+
+    @parameterized.named_parameters(*_KERNEL_SLOW)
+    def test_fused_t0_kernel_exports_for_cuda(self, **variant):
+        _check_fused_t0_kernel_exports(self, **variant)
+
+    @parameterized.named_parameters(*_FWD_SLOW)
+    def test_forward_fused_t0_exports_for_cuda(self, **variant):
+        _check_forward_exports(self, **variant)
+
+    @parameterized.named_parameters(*_GRAD_SLOW)
+    def test_grad_fused_t0_exports_for_cuda(self, **variant):
+        _check_grad_exports(self, **variant)
+
+
+class ValidationTest(absltest.TestCase):
+
+    def test_rejects_what_the_kernels_cannot_run(self):
+        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+        inverse = kgd.chunk_kkt_inverse_mosaic
+        with self.assertRaisesRegex(ValueError, "beta must be"):
+            inverse(k, beta[:, :32])
+        with self.assertRaisesRegex(ValueError, "beta must be"):
+            inverse(jnp.concatenate([k, k, k], axis=2), beta)  # H % Hk != 0
+        with self.assertRaisesRegex(ValueError, "16-bit dtype"):
+            inverse(k.astype(jnp.float32), beta)
+        with self.assertRaisesRegex(ValueError, "head dims"):
+            inverse(k[..., :32], beta)
+        with self.assertRaisesRegex(ValueError, "segment_ids must be"):
+            inverse(k, beta, segment_ids=jnp.zeros((1, 32), jnp.int32))
+        fused = kfused.chunk_delta_fused_t0_fwd_mosaic
+        with self.assertRaisesRegex(ValueError, "q must have"):
+            fused(q[:, :32], k, v, t0, g, beta, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "t0 must be"):
+            fused(q, k, v, t0[..., :32], g, beta, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "t0 must be"):
+            fused(q, k, v, t0.astype(jnp.float32), g, beta, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "beta must be"):
+            fused(q, k, v, t0, g, beta[:, :, :1], scale=1.0)
+        with self.assertRaisesRegex(ValueError, "16-bit dtype"):
+            fused(q, k, v.astype(jnp.float32), t0, g, beta, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "g must be"):
+            fused(q, k, v, t0, g[:, :, :1], beta, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "initial_state must be"):
+            fused(q, k, v, t0, g, beta, scale=1.0, initial_state=jnp.zeros((1, 2, 64, 32)))
+
+    def test_shapes_and_optional_stores(self):
+        q, k, v, g, beta, state, _ = _inputs(1, 100, 2, 1, 64, 64, 0.1, True, None)
+        t0 = jax.eval_shape(kgd.chunk_kkt_inverse_mosaic, k, beta)
+        self.assertEqual((t0.shape, t0.dtype), ((1, 100, 2, C), k.dtype))
+        t0 = jnp.zeros(t0.shape, t0.dtype)
+        for store_v_new, store_h in ((False, False), (True, False), (False, True)):
+            out = jax.eval_shape(
+                lambda *a, s0, sv=store_v_new, sh=store_h:
+                kfused.chunk_delta_fused_t0_fwd_mosaic(*a, scale=1.0, initial_state=s0,
+                                                       store_v_new=sv, store_h=sh),
+                q, k, v, t0, g, beta, s0=state)
+            self.assertEqual(out[0].shape, v.shape)
+            self.assertEqual((out[1].shape, out[1].dtype), ((1, 2, 64, 64), jnp.float32))
+            self.assertEqual(out[2] is None, not store_v_new)
+            self.assertEqual(out[3] is None, not store_h)
+            if store_h:
+                self.assertEqual((out[3].shape, out[3].dtype), ((1, 2, 2, 64, 64), v.dtype))
+        self.assertIn("fused_t0", kgd.FORWARDS)
+        two = jax.eval_shape(lambda *a: kgd.gated_delta_rule_fwd_mosaic(*a, forward="fused_t0"),
+                             q, k, v, g, beta)
+        self.assertLen(two, 2)
+
+
+@pytest.mark.gpu
+class GpuTest(kmg_test.HopperTestCase):
+    """The compiled kernels (wgmma, TMA) against the float64 / fp32 references."""
+
+    @parameterized.named_parameters(
+        ("gva_packed_T4096_K128", 2, 4096, 4, 2, 128, 64, 0.05, False,
+         (700, 1, 64, 999, 1200), jnp.bfloat16, 0.0),
+        ("fp16_packed_T3000_K64", 1, 3000, 3, 3, 64, 64, 0.2, False, (10, 54, 500, 2000),
+         jnp.float16, 0.0),
+        ("correlated_T2048_K128", 1, 2048, 4, 2, 128, 64, 0.01, False, (300,), jnp.bfloat16,
+         3.0),
+    )
+    def test_t0_matches_float64(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
+                                dtype, correlated):
+        _, k, _, _, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                           docs, dtype, correlated=correlated, seed=11)
+        _check_t0(self, k, beta, seg, kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg))
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, document lengths, dtype
+        ("plain_T2048_K128_V128", 2, 2048, 4, 4, 128, 128, 0.05, False, None, jnp.bfloat16),
+        ("gva_h0_packed_T4096_K128_V128", 1, 4096, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999, 1200), jnp.bfloat16),
+        ("strong_decay_h0_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None,
+         jnp.bfloat16),
+        ("deltanet_h0_packed_T2048_K64_V64", 1, 2048, 2, 2, 64, 64, None, True, (300, 700),
+         jnp.bfloat16),
+        ("fp16_packed_T3000_K128_V64", 1, 3000, 3, 3, 128, 64, 0.2, False, (10, 54, 500, 2000),
+         jnp.float16),
+    )
+    def test_fused_t0_kernel_matches_reference(self, *case):
+        _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False)
+
+    @parameterized.named_parameters(
+        ("gva_h0_packed_T4096_K128_V128", 2, 4096, 4, 2, 128, 128, 0.05, True,
+         (700, 1, 64, 999, 1200)),
+        ("deltanet_h0_partial_T1000_K128_V128", 1, 1000, 2, 2, 128, 128, None, True, None),
+    )
+    def test_forward_fused_t0_matches_reference_and_three_pass(self, *case):
+        _check_forward(self, *case, seed=3, interpret=False)
+
+    def test_vjp_fused_t0_matches_chunked_vjp(self):
+        fused_test._check_vjp(self, bwd_test._pipeline_inputs(1, 2048, 4, 2, 128, 128, 0.05,
+                                                              True, True, (700, 1, 64, 999),
+                                                              seed=11), False, "fused_t0")
+
+
+if __name__ == "__main__":
+    absltest.main()
