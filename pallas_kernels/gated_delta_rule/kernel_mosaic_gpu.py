@@ -42,7 +42,12 @@ With ``forward="fused"`` (or ``"fused_split"``), stages 2 and 3 run as one kerne
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`
 (one CTA per ``(b, h, 64 value columns)`` walking the chunks; the state entering a chunk feeds
 both ``W S`` and the read-out ``Q S`` from registers, so ``h`` never reaches HBM and ``v_new``
-only as the residual). Same equations and roundings; see that module.
+only as the residual). Same equations and roundings; see that module. With
+``forward="fused_t0"`` the preparation is split as jla splits it: :func:`chunk_kkt_inverse_mosaic`
+forms only the gate-free inverse ``T0 = (I + A0)^{-1}`` (``A0_ij = beta_i k_i . k_j``), and
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`
+forms ``v_new = (T0 * e^{G_i - G_j} * beta_j) (V - diag(conn e^G) K S)`` itself (that module's
+docstring derives it).
 
 Kernel structure of the state pass (as the scalar-decay one, see
 ``pallas_kernels/common/MOSAIC_GPU.md``): one CTA per ``(b, h, 64 value columns)``, two

@@ -67,7 +67,8 @@ The products and roundings are the same as with two warpgroups (interpreted, the
 equal). jla also forms ``W, U`` inside the kernel from the gate-free inverse ``T0`` of its
 ``kkt_fwd`` (``v_new = T (diag(beta) (V - diag(conn e^G) K S))`` with
 ``T = T0 * e^{G_i - G_j}``), so it never reads ``W, U``; here they come from
-:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic`.
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic`, except with
+``forward="fused_t0"`` (:func:`chunk_delta_fused_t0_fwd_mosaic`, below).
 
 SMEM at K = V = 128 (bf16): the ring ``2 x 57.5`` KB, the fp32 ``h0``/final-state tile 32 KB,
 and the ``S``, ``v_new``, decayed ``v_new`` and ``o`` tiles: 40 KB (two warpgroups, about
@@ -77,23 +78,49 @@ CTA per SM either way.
 CPU testing as the other Mosaic GPU kernels: interpret mode (``k^T`` and ``P`` copied into SMEM,
 plain vector loads; ``mosaic_gpu_lib``'s shims) and lowering for CUDA.
 
-Not done, the next step for the prep (read from the jla 0.1.0 wheel, not measured here): jla's
-``kkt_fwd`` (0.097 ms at B 8, T 4,096, H 16, K = V = 128 on the H200, against 0.242 ms for
-``chunk_wy_mosaic``) computes only the gate-free inverse ``T0 = (I + A0)^{-1}``,
-``A0_ij = beta_i k_i . k_j`` (``j < i``, same document), stored ``[B, H, T, 64]`` in the input
-dtype. Per chunk and head it reads ``k`` (16 KB at K = 128) and writes ``T0`` (8 KB), where
-ours reads ``k, v`` and writes ``W, U`` (64 KB); it runs ``K K^T``, an fp32 forward
-substitution on the 16 x 16 diagonal blocks (``inline_mgpu``, CUDA cores) and two merges (four
-``[64, 64, 64]`` products), about 1.5 M multiply-adds, where ours runs ``K K^T``, five doubling
-merges from 2 x 2 blocks (ten products) and the ``hi + lo`` products of ``W`` and ``U`` (four
-``[64, 64, 128]``), about 5.2 M in 13 dependent ``wgmma`` groups; and it walks up to 8 chunks
-per CTA with the next chunk's keys prefetched. The gates and ``beta`` go on in the fused kernel
-(``Ag = T0 * e^{G_i - G_j} * beta_j``: exact, as ``e^G`` enters ``A`` as a diagonal
-similarity), which forms ``v_new = Ag (V - diag(conn e^G) K S)`` with one more
-``[64, 64] x [64, 64]`` product per chunk and value block, reading ``v`` and ``T0`` instead of
-``w`` and ``u``. The costs: ``Ag`` is one 16-bit operand (MOSAIC_GPU.md Sec. 6 measured 2.4e-3
-to 5.2e-3 on ``W`` for a single-rounded left factor, 1.66e-3 with ``hi + lo``), and our backward
-reads ``W`` (``mosaic_vjp``), so training would recompute it from ``T0`` or keep this path.
+The split preparation (``forward="fused_t0"``; issue 29). jla's ``kkt_fwd`` (read from the
+jla 0.1.0 wheel, not measured here: 0.097 ms at B 8, T 4,096, H 16, K = V = 128 on the H200,
+against 0.242 ms for ``chunk_wy_mosaic``) computes only the gate-free inverse
+``T0 = (I + A0)^{-1}``, ``A0_ij = beta_i k_i . k_j`` (``j < i``, same document), and the gates
+and ``beta`` go on in the fused kernel. Now done here, in our own code:
+
+* :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_kkt_inverse_mosaic` writes
+  ``T0`` ``[B, T, H, 64]`` in the input dtype; per chunk and head it reads ``k`` and writes
+  8 KB (``chunk_wy_mosaic`` reads ``k, v`` and writes ``W, U``, 64 KB at K = V = 128). Unlike
+  jla it keeps ``chunk_wy_mosaic``'s inverse (``wy_inverse``: exact 2 x 2 blocks, five
+  doubling merges, ten ``[64, 64, 64]`` products with fp16 operands: about 3.1 M
+  multiply-adds with ``K K^T`` at K = 128, jla's about 1.6 M) instead of an fp32 forward substitution on 16 x 16
+  blocks, and one chunk per CTA (no prefetch of the next chunk's keys).
+* :func:`chunk_delta_fused_t0_fwd_mosaic` (two warpgroups, as :func:`_fused_kernel`) reads
+  ``v`` and ``T0`` instead of ``w`` and ``u``. The algebra, checked against the token-serial
+  reference (``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)``): inside a chunk,
+  ``(I + A) v_new = diag(beta) (V - diag(conn e^G) K S_c)`` with
+  ``A_ij = beta_i k_i . k_j e^{G_i - G_j}`` on causal same-document pairs; ``conn_t`` (1 on the
+  document open before the chunk, which is the one ``initial_state`` enters in chunk 0) is the
+  only place the entering state appears, and a document starting inside the chunk has its own
+  block of ``A`` (same-document mask) and no ``S_c`` term. As ``A = Gamma A0 Gamma^{-1}``
+  (``Gamma = diag(e^G)``), ``(I + A)^{-1} = Gamma T0 Gamma^{-1}``, so::
+
+      Ag_ij  = T0_ij e^{G_i - G_j} beta_j      (causal same-document pairs)
+      v_new  = Ag (V - diag(conn e^G) K S_c)
+
+  exactly (the gates enter ``A`` as a diagonal similarity). Per chunk and 64 value columns:
+  ``K S`` joins ``Q S`` and ``Q K^T`` in the first ``wgmma`` group; ``X = V - diag(conn e^G)
+  K S`` (fp32, then 16 bits in SMEM); ``Ag`` in fp32 registers split into ``hi + lo`` (two
+  16-bit register operands, so only ``T0``'s storage rounding remains of the left factor); one
+  more group ``v_new = hi X + lo X``; then the read-out and state update of
+  :func:`_fused_kernel`. One extra dependent ``wgmma`` group per chunk, against the ``W S``
+  of the ``W, U`` kernel that was free in the first group.
+* ``forward="fused_t0"`` in ``gated_delta_rule_fwd_mosaic`` and ``mosaic_vjp``; the backward
+  reads ``W``, which under differentiation is formed from ``T0`` in XLA
+  (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`,
+  ``W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j``, fp32 rounded once).
+
+Tested on CPU only (interpret mode against the fp32 ``lax.scan`` reference and float64, and
+CUDA export; ``tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``): errors on par with the
+``W, U`` kernels'. Not run on a GPU: nothing is known of its speed (the extra dependent group,
+the register pressure of ``Ag``, ``hi``, ``lo`` beside ``S``), and there is no
+``split_output`` variant.
 """
 
 import functools

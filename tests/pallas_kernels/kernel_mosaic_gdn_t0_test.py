@@ -147,8 +147,10 @@ def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0
 def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
                    wy_implementation="mosaic", *, seed=0, interpret=True):
     """``gated_delta_rule_fwd_mosaic(forward="fused_t0")`` against the reference (5e-3) and
-    the three-pass forward (within 2e-3 relative RMS: different roundings, ``T0`` instead of
-    ``W, U``). Returns the errors against the reference and the three-pass forward."""
+    no worse than the three-pass forward (its relative RMS error against the reference at most
+    10 % plus 1e-4 above the three-pass one's; the two differ from each other by about as much
+    as each from the reference, 2.3e-3 to 2.6e-3 on ``o``: different roundings, ``T0`` instead
+    of ``W, U``). Returns ``{name: (fused_t0 error, three-pass error)}``."""
     q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
                                            docs, seed=seed)
     scale = dk ** -0.5
@@ -164,10 +166,11 @@ def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, doc
     errs = {}
     for name, got, other, ref in zip(("o", "final_state", "v_new"), t0_fwd, three, want):
         test.assertEqual((got.shape, got.dtype), (other.shape, other.dtype), msg=name)
-        err = tolerances.rel_err(got, other)
-        test.assertLess(err, 2e-3, msg=f"{name} vs three-pass: relative RMS {err:.2e}")
         gdn_test._assert_close(test, name, got, ref, allclose=False)
-        errs[name] = (tolerances.rel_err(got, ref), err)
+        err, err_three = tolerances.rel_err(got, ref), tolerances.rel_err(other, ref)
+        test.assertLess(err, 1.1 * err_three + 1e-4,
+                        msg=f"{name}: relative RMS error {err:.2e} (three-pass {err_three:.2e})")
+        errs[name] = (err, err_three)
     return errs
 
 
