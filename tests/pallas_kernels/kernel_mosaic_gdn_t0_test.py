@@ -56,12 +56,13 @@ from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 C = kgd.CHUNK
 # Relative RMS gates against the fp32 / fp64 references, by input dtype. bf16: the GPU kernels'
-# forward gate (BUILD.md). fp16 carries three more mantissa bits; its gate is the bf16 one over
-# 2 (measured errors below 1e-3 on these cases).
-_FWD_GATE = {jnp.dtype(jnp.bfloat16): 5e-3, jnp.dtype(jnp.float16): 2.5e-3}
-# T0 against float64: its rounding to the input dtype (bf16: about 1e-3 relative RMS of the
-# off-diagonal part) plus the fp16 merges of the doubling (MOSAIC_GPU.md Sec. 6).
-_T0_GATE = {jnp.dtype(jnp.bfloat16): 2.5e-3, jnp.dtype(jnp.float16): 1.5e-3}
+# forward gate (BUILD.md); measured (interpreted, 2026-12-03) 1.7e-3 to 3.2e-3 on the six bf16
+# cases. fp16 carries three more mantissa bits: measured 2.4e-4 to 3.5e-4, gated at 1e-3.
+_FWD_GATE = {jnp.dtype(jnp.bfloat16): 5e-3, jnp.dtype(jnp.float16): 1e-3}
+# T0 - I against float64: its rounding to the input dtype plus the fp16 merges of the doubling
+# (MOSAIC_GPU.md Sec. 6). Measured: bf16 1.7e-3 (2.2e-3 on correlated keys), fp16 3.7e-4
+# (1.4e-3 on correlated keys, where the merges dominate).
+_T0_GATE = {jnp.dtype(jnp.bfloat16): 3e-3, jnp.dtype(jnp.float16): 2e-3}
 
 
 def _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, dtype=jnp.bfloat16, *,
