@@ -88,9 +88,11 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   ``T0`` ``[B, T, H, 64]`` in the input dtype; per chunk and head it reads ``k`` and writes
   8 KB (``chunk_wy_mosaic`` reads ``k, v`` and writes ``W, U``, 64 KB at K = V = 128). Unlike
   jla it keeps ``chunk_wy_mosaic``'s inverse (``wy_inverse``: exact 2 x 2 blocks, five
-  doubling merges, ten ``[64, 64, 64]`` products with fp16 operands: about 3.1 M
-  multiply-adds with ``K K^T`` at K = 128, jla's about 1.6 M) instead of an fp32 forward substitution on 16 x 16
-  blocks, and one chunk per CTA (no prefetch of the next chunk's keys).
+  doubling merges, ten ``[64, 64, 64]`` products with fp16 operands) and adds one Newton step
+  with split operands (``refine_inverse``, four products), so ``T0`` is its float64 value
+  rounded once to the input dtype (interpreted); about 4.2 M multiply-adds with ``K K^T`` at
+  K = 128, jla's fp32 forward substitution on 16 x 16 blocks and two merges about 1.6 M. One
+  chunk per CTA (no prefetch of the next chunk's keys).
 * :func:`chunk_delta_fused_t0_fwd_mosaic` (two warpgroups, as :func:`_fused_kernel`) reads
   ``v`` and ``T0`` instead of ``w`` and ``u``. The algebra, checked against the token-serial
   reference (``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)``): inside a chunk,

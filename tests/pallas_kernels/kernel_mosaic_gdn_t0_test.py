@@ -11,8 +11,9 @@ dispatched, not run on a GPU yet).
 
 * ``KktInverseInterpretTest`` (``slow``) runs the ``T0`` kernel in Mosaic GPU interpret mode
   against a float64 numpy inverse per chunk (bf16 and fp16 keys, documents starting inside
-  chunks, a partial last chunk, GVA, strongly correlated keys) and checks that ``T0`` is exactly
-  zero above the diagonal and between documents.
+  chunks, a partial last chunk, GVA, strongly correlated keys): within 10 % of the float64
+  inverse's own rounding to the input dtype, and exactly zero above the diagonal and between
+  documents.
 * ``FusedT0InterpretTest`` (``slow``) runs the ``T0`` kernel and the fused kernel (all stores
   on) against the fp32 token-serial ``lax.scan`` reference
   (:func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`):
@@ -59,10 +60,11 @@ C = kgd.CHUNK
 # forward gate (BUILD.md); measured (interpreted, 2026-12-03) 1.7e-3 to 3.2e-3 on the six bf16
 # cases. fp16 carries three more mantissa bits: measured 2.4e-4 to 3.5e-4, gated at 1e-3.
 _FWD_GATE = {jnp.dtype(jnp.bfloat16): 5e-3, jnp.dtype(jnp.float16): 1e-3}
-# T0 - I against float64: its rounding to the input dtype plus the fp16 merges of the doubling
-# (MOSAIC_GPU.md Sec. 6). Measured: bf16 1.7e-3 (2.2e-3 on correlated keys), fp16 3.7e-4
-# (1.4e-3 on correlated keys, where the merges dominate).
-_T0_GATE = {jnp.dtype(jnp.bfloat16): 3e-3, jnp.dtype(jnp.float16): 2e-3}
+# T0 - I against float64: at most 10 % above the error of the float64 inverse rounded to the
+# input dtype (the doubling's fp16 merges alone gave bf16 2.2e-3 and fp16 1.4e-3 on correlated
+# keys; with the Newton step the kernel's error equals the rounding's to three digits: bf16
+# 1.4e-3 to 1.7e-3, fp16 1.8e-4 to 2.0e-4).
+_T0_OVER_ROUNDING = 1.1
 
 
 def _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, dtype=jnp.bfloat16, *,
@@ -102,8 +104,9 @@ def _t0_reference(k, beta, seg):
 
 
 def _check_t0(test, k, beta, seg, t0, gate=None):
-    """``t0`` (kernel or XLA) against float64: shape, dtype, relative RMS of ``T0 - I`` (the
-    unit diagonal would hide the error) and exact zeros outside causal same-document pairs.
+    """``t0`` (kernel or XLA) against float64: shape, relative RMS of ``T0 - I`` (the unit
+    diagonal would hide the error) below ``gate`` (default: 1.1 times that of the float64
+    inverse rounded to ``t0``'s dtype) and exact zeros outside causal same-document pairs.
     Returns the relative RMS error and the max abs error."""
     batch, seq_len, heads = beta.shape
     test.assertEqual(t0.shape, (batch, seq_len, heads, C))
@@ -113,8 +116,10 @@ def _check_t0(test, k, beta, seg, t0, gate=None):
     idx = np.arange(seq_len)
     eye[:, idx, :, idx % C] = 1.0
     err = tolerances.rel_err(got - eye, want - eye)
-    gate = _T0_GATE[jnp.dtype(t0.dtype)] if gate is None else gate
-    test.assertLess(err, gate, msg=f"T0 - I: relative RMS error {err:.2e}")
+    if gate is None:
+        rounded = np.asarray(jnp.asarray(want, jnp.float32).astype(t0.dtype), np.float64)
+        gate = _T0_OVER_ROUNDING * tolerances.rel_err(rounded - eye, want - eye)
+    test.assertLess(err, gate, msg=f"T0 - I: relative RMS error {err:.2e} (gate {gate:.2e})")
     np.testing.assert_array_equal(got[want == 0.0], 0.0)  # structure: exact zeros
     return err, float(np.abs(got - want).max())
 
