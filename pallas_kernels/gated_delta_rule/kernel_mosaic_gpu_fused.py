@@ -795,8 +795,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
     fp32 registers from ``T0`` and splits it into two 16-bit terms ``hi + lo`` (register
     operands); one group of two ``wgmma`` gives ``v_new = hi X + lo X``; then the read-out
     and the state update as in the ``W, U`` kernel. One dependent ``wgmma`` group more per
-    chunk than that kernel; at K = V = 128 (bf16) the ring is ``2 x 48.5`` KB and one more
-    ``[64, 64]`` tile (``X``), about 177 KB of SMEM.
+    chunk than that kernel; at K = V = 128 (bf16) the ring is ``2 x 49.75`` KB and the tiles
+    80 KB (``S``, ``X``, ``v_new``, decayed ``v_new``, ``o``, the fp32 state), about 180 KB of
+    SMEM.
 
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
