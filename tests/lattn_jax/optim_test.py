@@ -557,13 +557,13 @@ class OptimConfigTest(parameterized.TestCase):
 # -------------------------------------------------------------------------------------------
 
 
-def assert_trees_close(got, want):
+def assert_trees_close(got, want, atol=2e-7):
     # The flat and per-leaf programs fuse differently (XLA CPU), so a few elements of Adam's
     # ratio differ in the last bit; times lr and through near-cancelling decay that is at most
     # ~1e-7 absolute on O(1) parameters (97% of the elements agree bit for bit).
     for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got),
                             jax.tree_util.tree_leaves(want)):
-        np.testing.assert_allclose(g, w, rtol=1e-6, atol=2e-7,
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=atol,
                                    err_msg=jax.tree_util.keystr(path))
 
 
@@ -587,7 +587,12 @@ class FlattenTest(parameterized.TestCase):
         want, want_state = run_steps_with_state(config_lib.OptimConfig(**base), params, grads, 8)
         got, got_state = run_steps_with_state(config_lib.OptimConfig(flatten=True, **base),
                                               params, grads, 8)
-        assert_trees_close(got, want)
+        # Muon leaves: clipping's global norm sums the leaves in another order, and the five
+        # fp32 Newton-Schulz iterations amplify that last-bit difference to ~1e-5 of the
+        # orthogonalised update; times lr 1e-2 over 8 steps, up to ~1e-6 absolute (2.6e-7 seen
+        # on 2026-12-03, over the Adam bound of 2e-7). A wrong flat layout moves parameters
+        # by ~1e-2 (the `moved` check below), far above either bound.
+        assert_trees_close(got, want, atol=1e-6 if kw["name"] == "muon" else 2e-7)
         moved = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(
             jax.tree_util.tree_leaves(want), jax.tree_util.tree_leaves(params)))
         self.assertGreater(moved, 1e-3)

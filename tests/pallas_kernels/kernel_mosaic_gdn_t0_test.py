@@ -34,7 +34,8 @@ dispatched, not run on a GPU yet).
 
 The interpreted kernels hang on a 2-core host unless XLA's CPU pool is larger (BUILD.md,
 MOSAIC_GPU.md Sec. 10): run them as
-``PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``.
+``PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow
+tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``.
 """
 
 import jax
@@ -44,7 +45,6 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from pallas_kernels import common
-from pallas_kernels.gated_delta_rule import chunked
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
 from pallas_kernels.gated_delta_rule import mosaic_vjp
@@ -312,8 +312,8 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores):
             q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
             store_v_new=stores, store_h=stores)
 
-    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(q, k, v, t0, g, beta, state,
-                                                                   seg)
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
+        q, k, v, t0, g, beta, state, seg)
     text = exported.mlir_module()
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
     test.assertIn("gdn_chunk_delta_fused_t0_fwd", text)
