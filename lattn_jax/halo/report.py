@@ -56,7 +56,11 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
    before them and whether all of them are argmaxes (:func:`niah_forced_scores`). A greedy
    answer that misses the value (``niah``) either did not rank the value's first token first
    or lost the value later; this separates the two, and a low first-token probability with
-   high later ones means the model can copy the value but does not start with it.
+   high later ones means the model can copy the value but does not start with it. The first
+   token is that of the gold string ``" " + value``: a model whose own answers begin another
+   way (SmolLM2-135M-Instruct answers single-3 with ``": <value>"``, 2026-12-03f) gives it a
+   low probability even when it answers right, so compare the first-token column between
+   models, never against 1.
 
 Models: ``teacher`` and ``student`` get every measurement; ``student_stage2`` (the student
 after Stage 2, before the long-context Stage 3, when the caller passes it) gets only those in
@@ -1532,7 +1536,10 @@ def _niah_forced_table(forced: Mapping[str, Any], names: Sequence[str]) -> str:
     lines = ["", "NIAH answers under teacher forcing (`niah_forced`): mean probability of the "
              "gold answer's first token (in brackets: the fraction of prompts where it is the "
              "argmax) and of its later tokens given the gold ones before them (in brackets: "
-             "all of them argmax)", "",
+             "all of them argmax). The gold answer is `\" \" + value`; a model that begins "
+             "its own answers otherwise (e.g. with `\": \"`) gives its first token a low "
+             "probability even when it answers right: compare that column between models",
+             "",
              "| task | length | "
              + " | ".join(f"{n} first token | {n} later tokens" for n in names) + " |",
              "|---|---:|" + "---:|---:|" * len(names)]
