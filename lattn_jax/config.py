@@ -10,6 +10,7 @@ dotted path (for example ``model.attention.num_heads``).
 """
 
 import dataclasses
+import math
 import re
 import sys
 import typing
@@ -462,6 +463,10 @@ class LightningConfig:
       chunk_size: chunk length ``C`` of the chunked form; a power of two.
       implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"`` or
         ``"pallas"`` (the Pallas GPU kernel; an error naming the reason where it cannot run).
+      alibi_max_bias: the ``b`` of the decays ``gamma_h = exp(-2^(-b (h + 1) / H))`` (HypeNet
+        and ALiBi: 8; the longest half-life is then ``ln 2 * 2^b`` = 177 tokens for a
+        power-of-two ``H``). Other values are an ablation outside the spec
+        (``pallas_kernels.simple_gla.lightning_log_decay``).
     """
 
     num_heads: int = 4
@@ -475,10 +480,17 @@ class LightningConfig:
     conv_width: int = 0
     chunk_size: int = 64
     implementation: str = "auto"
+    alibi_max_bias: float = 8.0
 
     def __post_init__(self):
         _require(
             self.num_heads >= 1, f"model.lightning.num_heads must be >= 1, got {self.num_heads}")
+        _require(
+            not isinstance(self.alibi_max_bias, bool)
+            and isinstance(self.alibi_max_bias, (int, float))
+            and math.isfinite(self.alibi_max_bias) and self.alibi_max_bias > 0,
+            f"model.lightning.alibi_max_bias must be a finite number > 0, got "
+            f"{self.alibi_max_bias!r}")
         _require(
             self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads == 0,
             f"model.lightning.num_heads={self.num_heads} must be a multiple of "

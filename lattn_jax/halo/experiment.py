@@ -83,6 +83,9 @@ RESUME_FREE_KEYS = frozenset({
 # Keys a finished stage's result does not depend on, though resuming a started one does: the
 # optimizer state's layout (the next stages read only the params, stages.latest_params).
 DONE_FREE_KEYS = frozenset({"flatten"})
+# Options added after runs were recorded, with the value those runs used implicitly: a recorded
+# ``options.json`` without the key equals a config that sets it to this value.
+ADDED_KEYS = {"hypenet.lightning_alibi_max_bias": 8.0}
 
 # Teachers loaded in this process, by (kind, path, dtype, random model): a pipeline that runs
 # several stages in one process reads and dequantizes the checkpoint once.
@@ -209,6 +212,8 @@ def student_config(config, teacher_cfg, attention_layers, **kw) -> config_lib.Mo
     h = config.hypenet
     return hypenet.hypenet_config(teacher_cfg, attention_layers, tie_embeddings=h.tie_embeddings,
                                   lightning_implementation=h.lightning_implementation,
+                                  lightning_alibi_max_bias=h.get("lightning_alibi_max_bias",
+                                                                 8.0),
                                   dtype=h.dtype, split_projections=h.get("split_projections"),
                                   **kw)
 
@@ -414,6 +419,7 @@ def check_resume(config, workdir: str, stages_to_check: Sequence[str],
         with open(path) as f:
             recorded = json.load(f)
         now = _flat_options(config, stage)
+        recorded = {**{k: v for k, v in ADDED_KEYS.items() if k in now}, **recorded}
         changed = sorted(k for k in set(recorded) | set(now)
                          if recorded.get(k, "<absent>") != now.get(k, "<absent>"))
         if is_done(workdir, stage) and stage not in rerun:
@@ -925,8 +931,11 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         # the backward then never concatenates their cotangents into one activation-sized
         # buffer (the Stage-2 step had 30 [24, 2048, 3072] and 7 [24, 2048, 1536] bf16
         # concatenates, about 0.14 ms each on the H200: profile-halo-stage2-2026-12-03b.md).
+        # lightning_alibi_max_bias: the b of the Lightning decays exp(-2^(-b (h + 1) / H));
+        # HypeNet's 8 (longest half-life 177 tokens); another value is an ablation.
         hypenet=dict(attention_layers=config_dict.placeholder(tuple), tie_embeddings=None,
-                     lightning_implementation="auto", dtype="float32", split_projections=True),
+                     lightning_implementation="auto", dtype="float32", split_projections=True,
+                     lightning_alibi_max_bias=8.0),
         stage1=stage("stage1"),
         # The layer sweep's probes (see _select). data_dir None: report.data_dir. CSR:
         # held-out acc_norm (ARC Dev, HellaSwag val minus the report's subsets and the

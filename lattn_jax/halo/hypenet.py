@@ -36,6 +36,7 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
                    logit_scaling_base: Optional[float] = None,
                    tie_embeddings: Optional[bool] = None,
                    lightning_implementation: str = "auto",
+                   lightning_alibi_max_bias: float = 8.0,
                    dtype: Optional[str] = None,
                    param_dtype: Optional[str] = None,
                    split_projections: Optional[bool] = None) -> config_lib.ModelConfig:
@@ -52,6 +53,8 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
       tie_embeddings: ``None`` keeps the teacher's; ``True`` ties the head to the embedding as
         the authors' loaders force (spec §6 item 11).
       lightning_implementation: ``LightningConfig.implementation``.
+      lightning_alibi_max_bias: ``LightningConfig.alibi_max_bias`` (HypeNet: 8; another value
+        is an ablation of the Lightning layers' longest memory, outside the spec).
       dtype, param_dtype: override the teacher's dtypes.
       split_projections: ``ModelConfig.split_projections`` (the fused projections' column
         blocks as separate products: same values, no cotangent concatenate in the backward);
@@ -88,7 +91,8 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
             num_heads=att.num_heads, num_kv_heads=att.num_heads,
             head_dim=teacher.attention_head_dim, rope_theta=att.rope_theta, qk_norm=True,
             output_norm=True, output_gate=True, scale="1/sqrt(d)", conv_width=0,
-            implementation=lightning_implementation),
+            implementation=lightning_implementation,
+            alibi_max_bias=lightning_alibi_max_bias),
     )
 
 

@@ -8,7 +8,8 @@ Per layer, from the normalised stream ``x`` (spec §1.5 items 1-10, §7 item 2):
   (rotate-half, base 1e6): HypeNet's "HyPE", RoPE in the linear layers and NoPE in softmax ones;
 * GQA: when ``G < H`` the K/V heads are repeated (head ``j`` serves heads ``j g .. j g + g - 1``);
 * the fixed per-head log-decay ``log(gamma_h) = -2^(-8 (h + 1) / H)`` (ALiBi slopes, same in every
-  layer, not a parameter), and in fp32 the decayed linear attention without normaliser
+  layer, not a parameter; ``LightningConfig.alibi_max_bias`` replaces the 8 as an ablation),
+  and in fp32 the decayed linear attention without normaliser
   ``S_t = gamma_h S_{t-1} + k_t v_t^T``, ``o_t = scale S_t^T q_t`` with ``scale = dh^-1/2``
   (``pallas_kernels.simple_gla.lightning_attention``; the scale multiplies the read-out, i.e. the
   q.k products, which is the same as scaling the keys);
@@ -115,13 +116,15 @@ class LightningAttention(nnx.Module):
                       "1": 1.0}[cfg.scale]
 
     def log_decay(self) -> Array:
-        """The fixed ``log(gamma_h) = -2^(-8 (h + 1) / H)``, fp32 ``[H]`` (spec §1.5 item 5).
+        """The fixed ``log(gamma_h) = -2^(-b (h + 1) / H)``, fp32 ``[H]`` (spec §1.5 item 5;
+        ``b = cfg.alibi_max_bias``, 8 in HypeNet).
 
         Behind an optimization barrier: the decay is a compile-time constant, and without the
         barrier XLA constant-folds the ops' ``[B, T, H]`` gate broadcasts and cumsums at compile
         time (over a minute per program at long T on the H200, 2026-11-29).
         """
-        return jax.lax.optimization_barrier(sg.lightning_log_decay(self.num_heads))
+        return jax.lax.optimization_barrier(
+            sg.lightning_log_decay(self.num_heads, max_bias=self.cfg.alibi_max_bias))
 
     def init_state(self, batch: int) -> LightningState:
         """Zero decoding state at position 0."""

@@ -301,23 +301,27 @@ def lightning_attention(
     )
 
 
-def _alibi_slopes(num_heads: int) -> list:
+def _alibi_slopes(num_heads: int, max_bias: float = 8.0) -> list:
     """ALiBi head slopes (Press et al. 2022), as HypeNet builds them (spec §1.5 item 5).
 
-    For a power of two ``n``: ``slope_h = 2^(-8 (h + 1) / n)``, ``h = 0 .. n - 1``. Otherwise the
-    standard ALiBi interleaving: the slopes of the largest power of two ``m < n``, followed by
-    the even-indexed slopes of ``2m`` heads, truncated to ``n - m`` entries.
+    For a power of two ``n``: ``slope_h = 2^(-b (h + 1) / n)``, ``h = 0 .. n - 1``, with the
+    ALiBi maximum bias ``b = max_bias`` (8 in ALiBi and HypeNet). Otherwise the standard ALiBi
+    interleaving: the slopes of the largest power of two ``m < n``, followed by the
+    even-indexed slopes of ``2m`` heads, truncated to ``n - m`` entries.
     """
     if num_heads & (num_heads - 1) == 0:
-        return [2.0 ** (-8.0 * (h + 1) / num_heads) for h in range(num_heads)]
+        return [2.0 ** (-max_bias * (h + 1) / num_heads) for h in range(num_heads)]
     closest = 2 ** math.floor(math.log2(num_heads))
-    return _alibi_slopes(closest) + _alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+    return (_alibi_slopes(closest, max_bias)
+            + _alibi_slopes(2 * closest, max_bias)[0::2][: num_heads - closest])
 
 
 def lightning_log_decay(
     num_heads: int,
     layer_idx: Optional[int] = None,
     num_layers: Optional[int] = None,
+    *,
+    max_bias: float = 8.0,
 ) -> jax.Array:
     """The fixed per-head log-decays ``log(gamma_h)`` of Lightning Attention.
 
@@ -328,7 +332,9 @@ def lightning_log_decay(
 
     (head 0 decays fastest; ALiBi interleaving for ``H`` not a power of two), identical for
     every layer. E.g. ``H = 16``: ``gamma_0 = exp(-2^-0.5) = 0.4931``, ``gamma_15 =
-    exp(-2^-8) = 0.99610``.
+    exp(-2^-8) = 0.99610``. ``max_bias`` replaces the 8 (``slope_h = 2^(-max_bias (h + 1) / H)``;
+    not in the spec: an ablation of the longest memory, whose half-life ``ln 2 / slope_{H-1}``
+    is ``ln 2 * 2^max_bias`` tokens for a power-of-two ``H``: 177 at 8, 2,839 at 12).
 
     MiniMax-01 (``layer_idx`` and ``num_layers`` given): the spec only notes that MiniMax
     "multiplies slopes by a layer-dependent factor" (§6 item 5) without giving it. We use the
@@ -343,13 +349,15 @@ def lightning_log_decay(
         num_heads: number of (value) heads ``H >= 1``.
         layer_idx: 0-based layer index for the MiniMax schedule, or ``None`` for HypeNet.
         num_layers: total number of layers for the MiniMax schedule, or ``None`` for HypeNet.
+        max_bias: ALiBi's maximum bias ``b`` (HypeNet and ALiBi: 8), a finite float > 0.
 
     Returns:
         fp32 ``[H]`` array of ``log(gamma_h) < 0`` (slopes computed in float64, then rounded).
 
     Raises:
-        ValueError: if ``num_heads < 1``, only one of ``layer_idx``/``num_layers`` is given, or
-            ``layer_idx`` is not in ``[0, num_layers)``.
+        ValueError: if ``num_heads < 1``, only one of ``layer_idx``/``num_layers`` is given,
+            ``layer_idx`` is not in ``[0, num_layers)``, or ``max_bias`` is not a finite
+            number > 0.
     """
     if not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive int, got {num_heads=}")
@@ -358,11 +366,14 @@ def lightning_log_decay(
             f"give both layer_idx and num_layers (MiniMax) or neither (HypeNet), got "
             f"{layer_idx=}, {num_layers=}"
         )
+    if (isinstance(max_bias, bool) or not isinstance(max_bias, (int, float))
+            or not math.isfinite(max_bias) or max_bias <= 0):
+        raise ValueError(f"max_bias must be a finite number > 0, got {max_bias!r}")
     factor = 1.0
     if layer_idx is not None:
         if not 0 <= layer_idx < num_layers:
             raise ValueError(f"layer_idx must be in [0, num_layers), got {layer_idx=}, "
                              f"{num_layers=}")
         factor = 1.0 + 1e-5 if num_layers == 1 else 1.0 - layer_idx / (num_layers - 1) + 1e-5
-    slopes = np.asarray(_alibi_slopes(num_heads), np.float64) * factor
+    slopes = np.asarray(_alibi_slopes(num_heads, float(max_bias)), np.float64) * factor
     return jnp.asarray(-slopes, jnp.float32)

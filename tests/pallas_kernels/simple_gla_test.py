@@ -438,6 +438,23 @@ class SimpleGlaTest(parameterized.TestCase):
         want12 = [2.0 ** -e for e in (1, 2, 3, 4, 5, 6, 7, 8, 0.5, 1.5, 2.5, 3.5)]
         np.testing.assert_allclose(sg.lightning_log_decay(12), -np.array(want12), rtol=1e-7)
 
+    def test_lightning_log_decay_max_bias(self):
+        # max_bias b replaces the 8: slope_h = 2^(-b (h + 1) / H). H = 8, b = 12: 2^-1.5 ..
+        # 2^-12, the longest half-life ln 2 * 2^12 = 2,839.1 tokens (177.4 at b = 8).
+        want8 = [2.0 ** -(1.5 * (h + 1)) for h in range(8)]
+        got = sg.lightning_log_decay(8, max_bias=12.0)
+        np.testing.assert_allclose(got, -np.array(want8), rtol=1e-7)
+        np.testing.assert_allclose(math.log(2) / -float(got[-1]), 2839.13, atol=0.05)
+        # H = 9, ALiBi interleaving at b = 12: the 8 slopes above, then the first of the
+        # 16-head slopes 2^(-12 / 16) = 2^-0.75.
+        np.testing.assert_allclose(sg.lightning_log_decay(9, max_bias=12),
+                                   -np.array(want8 + [2.0 ** -0.75]), rtol=1e-7)
+        np.testing.assert_array_equal(sg.lightning_log_decay(16, max_bias=8.0),
+                                      sg.lightning_log_decay(16))
+        for bad in (0, -1.0, float("nan"), float("inf"), True, "8"):
+            with self.subTest(max_bias=bad), self.assertRaisesRegex(ValueError, "max_bias"):
+                sg.lightning_log_decay(8, max_bias=bad)
+
     def test_lightning_log_decay_minimax_schedule(self):
         # slope_h * (1 - l / (L - 1) + 1e-5): the first layer keeps the ALiBi slopes, the last
         # one almost stops decaying; a one-layer model uses the factor 1 + 1e-5.

@@ -9,6 +9,7 @@ from absl.testing import absltest
 
 from configs import halo_qwen3_1p7b
 from configs import halo_smollm2
+from lattn_jax import config as config_lib
 from lattn_jax.data import pipeline
 from lattn_jax.data import prepare
 from lattn_jax.data import shards
@@ -175,6 +176,31 @@ class ResumeOptionsTest(absltest.TestCase):
         os.remove(os.path.join(workdir, "stage2", experiment.OPTIONS_FILE))
         experiment.check_resume(other, workdir, experiment.STAGES)
         self.assertTrue(os.path.exists(os.path.join(workdir, "stage2", experiment.DONE_FILE)))
+
+    def test_lightning_alibi_max_bias_reaches_the_student_and_is_checked(self):
+        workdir = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+        self.assertEqual(cfg.hypenet.lightning_alibi_max_bias, 8.0)
+        teacher = config_lib.ModelConfig(d_model=64, layer_pattern=("attn",) * 4)
+        self.assertEqual(experiment.student_config(cfg, teacher, (1,)).lightning.alibi_max_bias,
+                         8.0)
+        os.makedirs(os.path.join(workdir, "stage1"))
+        experiment._record_options(cfg, workdir, "stage1")
+        # A record from before the option existed resumes under the value it used (8)...
+        path = os.path.join(workdir, "stage1", experiment.OPTIONS_FILE)
+        recorded = json.load(open(path))
+        self.assertEqual(recorded.pop("hypenet.lightning_alibi_max_bias"), 8.0)
+        with open(path, "w") as f:
+            json.dump(recorded, f)
+        experiment.check_resume(cfg, workdir, ("stage1",))
+        # ...and refuses another one, which changes every Lightning layer's decays.
+        longer = halo_smollm2.get_config("h200,stage2_len=2048")
+        longer.hypenet.lightning_alibi_max_bias = 12.0
+        self.assertEqual(
+            experiment.student_config(longer, teacher, (1,)).lightning.alibi_max_bias, 12.0)
+        with self.assertRaisesRegex(ValueError, r"stage1 has started in .*hypenet\."
+                                                r"lightning_alibi_max_bias: 8\.0 -> 12\.0"):
+            experiment.check_resume(longer, workdir, ("stage1",))
 
     def test_optimizer_layout_is_free_for_a_done_stage_only(self):
         # optim.flatten changes the optimizer state's layout: a started stage cannot resume

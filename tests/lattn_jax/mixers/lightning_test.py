@@ -19,7 +19,7 @@ class LightningPropertiesTest(props.MixerPropertiesTest):
     MIXER = "lightning"
 
 
-def _lightning_np(module, x, segment_ids=None):
+def _lightning_np(module, x, segment_ids=None, max_bias=8.0):
     """fp64 Lightning Attention from spec ``hypenet-halo.md`` §1.5 items 1-10."""
     cfg = module.cfg
     p = props.np_params(module)
@@ -33,7 +33,7 @@ def _lightning_np(module, x, segment_ids=None):
     pos = np.broadcast_to(np.arange(t, dtype=np.float64), (b, t))
     q, k = props.np_rope(q, pos, cfg.rope_theta), props.np_rope(k, pos, cfg.rope_theta)
     k, v = np.repeat(k, h // g, axis=2), np.repeat(v, h // g, axis=2)
-    slopes = 2.0 ** (-8.0 * (np.arange(h) + 1) / h)
+    slopes = 2.0 ** (-max_bias * (np.arange(h) + 1) / h)
     log_gamma = np.broadcast_to(-slopes, (b, t, h))
     o = props.np_recurrence(q, k, v, scale=dh ** -0.5, log_decay=log_gamma)
     o = props.np_rms_norm(o.reshape(b, t, h * dh), p["o_norm"]["scale"], 1e-5)
@@ -81,6 +81,25 @@ class LightningTest(absltest.TestCase):
         x = jax.random.normal(jax.random.key(1), (2, props.T, props.D_MODEL))
         want = _lightning_np(module, np.asarray(x, np.float64))
         tolerances.assert_rel_err(props.call(module, x), want, 1e-5, "lightning vs numpy")
+
+    def test_alibi_max_bias_sets_the_decays(self):
+        # alibi_max_bias = 12 (an ablation, not HypeNet): the module's decays and its output
+        # follow the fp64 recurrence with slopes 2^(-12 (h + 1) / H); the default (8) does not.
+        base = props.tiny_config("lightning")
+        cfg = dataclasses.replace(base, lightning=dataclasses.replace(base.lightning,
+                                                                      alibi_max_bias=12.0))
+        module = lightning.LightningAttention(cfg, rngs=nnx.Rngs(0))
+        h = module.num_heads
+        np.testing.assert_allclose(module.log_decay(),
+                                   -(2.0 ** (-12.0 * (np.arange(h) + 1) / h)), rtol=1e-7)
+        x = jax.random.normal(jax.random.key(3), (2, props.T, props.D_MODEL))
+        got = props.call(module, x)
+        want = _lightning_np(module, np.asarray(x, np.float64), max_bias=12.0)
+        tolerances.assert_rel_err(got, want, 1e-5, "lightning (b = 12) vs numpy")
+        other = _lightning_np(module, np.asarray(x, np.float64))
+        self.assertGreater(np.abs(np.asarray(got, np.float64) - other).max(), 1e-3)
+        with self.assertRaisesRegex(config_lib.ConfigError, r"model\.lightning\.alibi_max_bias"):
+            config_lib.LightningConfig(alibi_max_bias=0.0)
 
     def test_z_proj_init_is_pytorch_default(self):
         module = lightning.LightningAttention(props.tiny_config("lightning"), rngs=nnx.Rngs(0))
