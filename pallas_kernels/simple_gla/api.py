@@ -56,6 +56,7 @@ Example::
 
 import functools
 import math
+import numbers
 from typing import Optional, Tuple
 
 import jax
@@ -349,7 +350,8 @@ def lightning_log_decay(
         num_heads: number of (value) heads ``H >= 1``.
         layer_idx: 0-based layer index for the MiniMax schedule, or ``None`` for HypeNet.
         num_layers: total number of layers for the MiniMax schedule, or ``None`` for HypeNet.
-        max_bias: ALiBi's maximum bias ``b`` (HypeNet and ALiBi: 8), a finite float > 0.
+        max_bias: ALiBi's maximum bias ``b`` (HypeNet and ALiBi: 8), a finite real > 0 small
+            enough that every slope stays > 0 in fp32.
 
     Returns:
         fp32 ``[H]`` array of ``log(gamma_h) < 0`` (slopes computed in float64, then rounded).
@@ -357,7 +359,7 @@ def lightning_log_decay(
     Raises:
         ValueError: if ``num_heads < 1``, only one of ``layer_idx``/``num_layers`` is given,
             ``layer_idx`` is not in ``[0, num_layers)``, or ``max_bias`` is not a finite
-            number > 0.
+            real > 0 or is so large that a slope underflows to 0 in fp32.
     """
     if not isinstance(num_heads, int) or num_heads < 1:
         raise ValueError(f"num_heads must be a positive int, got {num_heads=}")
@@ -366,8 +368,8 @@ def lightning_log_decay(
             f"give both layer_idx and num_layers (MiniMax) or neither (HypeNet), got "
             f"{layer_idx=}, {num_layers=}"
         )
-    if (isinstance(max_bias, bool) or not isinstance(max_bias, (int, float))
-            or not math.isfinite(max_bias) or max_bias <= 0):
+    if (isinstance(max_bias, (bool, np.bool_)) or not isinstance(max_bias, numbers.Real)
+            or not math.isfinite(float(max_bias)) or float(max_bias) <= 0):
         raise ValueError(f"max_bias must be a finite number > 0, got {max_bias!r}")
     factor = 1.0
     if layer_idx is not None:
@@ -376,4 +378,8 @@ def lightning_log_decay(
                              f"{num_layers=}")
         factor = 1.0 + 1e-5 if num_layers == 1 else 1.0 - layer_idx / (num_layers - 1) + 1e-5
     slopes = np.asarray(_alibi_slopes(num_heads, float(max_bias)), np.float64) * factor
+    if not np.all(slopes.astype(np.float32) > 0):
+        raise ValueError(f"max_bias={float(max_bias)!r} makes a slope 0 in fp32 (no decay): "
+                         f"the slowest slope is 2^-max_bias (times the MiniMax factor), so "
+                         f"max_bias must stay below about 149")
     return jnp.asarray(-slopes, jnp.float32)

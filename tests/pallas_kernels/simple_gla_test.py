@@ -451,9 +451,12 @@ class SimpleGlaTest(parameterized.TestCase):
                                    -np.array(want8 + [2.0 ** -0.75]), rtol=1e-7)
         np.testing.assert_array_equal(sg.lightning_log_decay(16, max_bias=8.0),
                                       sg.lightning_log_decay(16))
-        for bad in (0, -1.0, float("nan"), float("inf"), True, "8"):
+        for bad in (0, -1.0, float("nan"), float("inf"), True, "8", 150.0, 2000):
             with self.subTest(max_bias=bad), self.assertRaisesRegex(ValueError, "max_bias"):
                 sg.lightning_log_decay(8, max_bias=bad)
+        # NumPy scalars are numbers too.
+        np.testing.assert_array_equal(sg.lightning_log_decay(8, max_bias=np.float32(12)), got)
+        np.testing.assert_array_equal(sg.lightning_log_decay(8, max_bias=np.int64(12)), got)
 
     def test_lightning_log_decay_minimax_schedule(self):
         # slope_h * (1 - l / (L - 1) + 1e-5): the first layer keeps the ALiBi slopes, the last

@@ -198,9 +198,30 @@ class ResumeOptionsTest(absltest.TestCase):
         longer.hypenet.lightning_alibi_max_bias = 12.0
         self.assertEqual(
             experiment.student_config(longer, teacher, (1,)).lightning.alibi_max_bias, 12.0)
-        with self.assertRaisesRegex(ValueError, r"stage1 has started in .*hypenet\."
-                                                r"lightning_alibi_max_bias: 8\.0 -> 12\.0"):
+        with self.assertRaisesRegex(ValueError, r"stage1 ran in .* with hypenet\."
+                                                r"lightning_alibi_max_bias=8\.0"):
             experiment.check_resume(longer, workdir, ("stage1",))
+        # A later stage (or calibrate and the report) built on a Stage 1 of another value is
+        # refused too, though Stage 1 itself does not run (2026-12-03 newcomer pass: it ran).
+        for stages_now in (("stage2",), ("calibrate", "report")):
+            with self.subTest(stages=stages_now), self.assertRaisesRegex(
+                    ValueError, r"stage1 ran in .* every stage built on it must use the same "
+                                r"value \(now 12\.0\)"):
+                experiment.check_options(longer, workdir, stages_now)
+        # The evenly spaced ablation (other attention layers from the same Stage 1) is free.
+        even = halo_smollm2.get_config("h200,stage2_len=2048")
+        even.hypenet.attention_layers = (3, 7, 11, 15, 19, 23, 27)
+        experiment.check_options(even, workdir, ("stage2",))
+
+    def test_bad_lightning_alibi_max_bias_stops_before_anything_runs(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        for bad in (0.0, -1.0, float("nan"), float("inf"), 2000.0):
+            cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+            cfg.hypenet.lightning_alibi_max_bias = bad
+            with self.subTest(bad=bad), self.assertRaisesRegex(
+                    ValueError, r"^hypenet\.lightning_alibi_max_bias: max_bias"):
+                experiment.check_options(cfg, workdir, experiment.STAGES)
+        self.assertFalse(os.path.exists(workdir))
 
     def test_optimizer_layout_is_free_for_a_done_stage_only(self):
         # optim.flatten changes the optimizer state's layout: a started stage cannot resume

@@ -98,8 +98,12 @@ class LightningTest(absltest.TestCase):
         tolerances.assert_rel_err(got, want, 1e-5, "lightning (b = 12) vs numpy")
         other = _lightning_np(module, np.asarray(x, np.float64))
         self.assertGreater(np.abs(np.asarray(got, np.float64) - other).max(), 1e-3)
-        with self.assertRaisesRegex(config_lib.ConfigError, r"model\.lightning\.alibi_max_bias"):
-            config_lib.LightningConfig(alibi_max_bias=0.0)
+        for bad in (0.0, -2, float("nan"), 149.0, True):
+            with self.subTest(bad=bad), self.assertRaisesRegex(
+                    config_lib.ConfigError, r"model\.lightning\.alibi_max_bias"):
+                config_lib.LightningConfig(alibi_max_bias=bad)
+        self.assertEqual(config_lib.LightningConfig(alibi_max_bias=np.float32(12)).alibi_max_bias,
+                         12)
 
     def test_z_proj_init_is_pytorch_default(self):
         module = lightning.LightningAttention(props.tiny_config("lightning"), rngs=nnx.Rngs(0))
