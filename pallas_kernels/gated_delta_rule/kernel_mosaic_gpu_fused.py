@@ -727,6 +727,211 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     plgpu.barrier_wait(done)
 
 
+def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
+                     *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
+                     store_v_new: bool, store_h: bool, interpret: bool):
+    """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic` with ``split_output``: three
+    warpgroups (state, output, memory); refs are GMEM.
+
+    The output warpgroup forms, one chunk ahead of the state chain, the WY factors of the chunk
+    from ``T0``: ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` (``Ag`` as ``hi + lo`` register
+    operands, fp32 accumulation, one rounding to 16 bits) into the single-buffered ``w_s``,
+    ``u_s`` tiles (``w_ready`` / ``w_free``); the state warpgroup then runs the chain of
+    :func:`_split_kernel` (``v_new = U - W S_c``: one ``wgmma``). ``rest`` = ``[h0_ref,] o_ref,
+    ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim`` (interpret mode only) = ``kt0_s``,
+    ``kt1_s`` (``k^T`` for the state and the output warpgroup), ``p_s`` (``P``), ``hi_s``,
+    ``lo_s``, ``hiw_s``, ``low_s`` (the terms of ``Ag`` and of ``Ag diag(conn e^G)``).
+    """
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    vn_ref = rest.pop(0) if store_v_new else None
+    h_ref = rest.pop(0) if store_h else None
+    (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s, conn_s,
+     w_s, u_s, sb_s, vn_s, vd_s, o_s, state_s, in_bar, in_free, w_ready, w_free, s_ready,
+     s_free, io_bar, done, *shim) = rest
+    kt0_s, kt1_s, p_s, hi_s, lo_s, hiw_s, low_s = shim if interpret else (None,) * 7
+    gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
+            conn_ref)
+    ring = (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s,
+            conn_s)
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = k_s.shape[-1]
+    dtype = v_s.dtype
+    sq = (CHUNK, CHUNK)
+    tile = (CHUNK, BLOCK_V)
+
+    @pl.when(wg == 2)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        mgl.ring_producer(_t0_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks, in_free)
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
+        s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
+
+        def step(n, s):
+            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+
+            @pl.when(n >= 2)
+            def _():  # the output warpgroup has read the tiles published two chunks ago
+                plgpu.barrier_wait(s_free.at[half])
+
+            # This warpgroup's stores (h, v_new) of chunk n - 2 must have read their tiles.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            sb_s.at[half][...] = s.astype(sb_s.dtype)  # S_c in 16 bits, published
+            plgpu.commit_smem()
+            if store_h:
+                plgpu.copy_smem_to_gmem(sb_s.at[half], h_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(w_ready)  # W, U of chunk n (formed from T0 by the output wg)
+
+            def w_state(acc):
+                plgpu.wgmma(acc, w_s, sb_s.at[half])  # W S, [C, 64]
+                return acc[...]
+
+            ws = lax.optimization_barrier(pl.run_scoped(w_state, plgpu.ACC(tile)))
+            vn = mgl.load_tile(u_s, interpret).astype(jnp.float32) - ws  # v_new, fp32
+            plgpu.barrier_arrive(w_free)  # w_s and u_s may take the next chunk's factors
+            plgpu.barrier_wait(in_bar.at[slot])  # (already complete: W, U came from it)
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret)
+            g_last = g_row_s[slot, CHUNK - 1]
+            k_decay = jnp.exp(g_last - g_i) * mgl.load_rows(last_s.at[slot], interpret)
+            s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]
+            vn_s.at[half][...] = vn.astype(vn_s.dtype)
+            vd_s[...] = (vn * mgl.by_row(k_decay, tile)).astype(vd_s.dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(s_ready.at[half])  # S_c and v_new published
+            if store_v_new:
+                plgpu.copy_smem_to_gmem(vn_s.at[half], vn_ref.at[b, rows, h, cols])
+            k_t = mgl.transposed(k_s.at[slot], kt0_s, interpret)
+
+            def update(acc):
+                plgpu.wgmma(acc, k_t, vd_s)  # K^T (decayed v_new), [K, 64]
+                return acc[...]
+
+            kv = lax.optimization_barrier(pl.run_scoped(update, plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s * s_decay + kv
+
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
+            plgpu.barrier_wait(s_free.at[n % 2])
+        mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
+
+    @pl.when(wg == 1)
+    def _output():
+        plgpu.set_max_registers(232, action="increase")
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+
+        def by_col(x):
+            return lax.broadcast_in_dim(x, sq, [1])
+
+        def chunk_mask(slot):
+            """D_ij = e^{G_i - G_j} on causal same-document pairs (exponent masked before exp,
+            so D <= 1), and the rows of G."""
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret)
+            g_j = mgl.load_cols(g_col_s.at[slot], interpret)
+            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+            mask = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j))
+            return jnp.exp(jnp.where(mask, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf)), g_i
+
+        def prepare(m):
+            """W, U of chunk m from T0 into w_s, u_s; signals w_ready. Nothing here depends on
+            the state, so it runs while the state warpgroup works on chunk m - 1."""
+            slot = lax.rem(m, STAGES)
+            plgpu.barrier_wait(in_bar.at[slot])
+            decay, _ = chunk_mask(slot)
+            t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
+            ag = t0 * decay * by_col(mgl.load_cols(b_col_s.at[slot], interpret))  # T diag(beta)
+            hi = ag.astype(dtype)  # Ag as two 16-bit terms: only T0's own rounding remains
+            lo = (ag - hi.astype(jnp.float32)).astype(dtype)
+
+            def factor_u(acc):  # U = Ag V, [C, 64]
+                plgpu.wgmma(acc, mgl.lhs_operand(hi, hi_s, interpret), v_s.at[slot])
+                plgpu.wgmma(acc, mgl.lhs_operand(lo, lo_s, interpret), v_s.at[slot])
+                return acc[...]
+
+            u = lax.optimization_barrier(pl.run_scoped(factor_u, plgpu.ACC(tile)))
+            # W = Ag diag(conn e^G) K: the entering state reaches token j as conn_j e^{G_j}
+            # (<= 1), folded into the columns of the left factor so K is the TMA tile itself.
+            aw = ag * by_col(jnp.exp(mgl.load_cols(g_col_s.at[slot], interpret))
+                             * mgl.load_cols(conn_s.at[slot], interpret))
+            hiw = aw.astype(dtype)
+            low = (aw - hiw.astype(jnp.float32)).astype(dtype)
+
+            def factor_w(acc):  # W, [C, K]
+                plgpu.wgmma(acc, mgl.lhs_operand(hiw, hiw_s, interpret), k_s.at[slot])
+                plgpu.wgmma(acc, mgl.lhs_operand(low, low_s, interpret), k_s.at[slot])
+                return acc[...]
+
+            w = lax.optimization_barrier(pl.run_scoped(factor_w, plgpu.ACC((CHUNK, dk))))
+
+            @pl.when(m >= 1)
+            def _():  # the state warpgroup has read W, U of chunk m - 1
+                plgpu.barrier_wait(w_free)
+
+            w_s[...] = w.astype(w_s.dtype)  # rounded once to 16 bits, as chunk_wy_mosaic's
+            u_s[...] = u.astype(u_s.dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(w_ready)
+
+        def read_out(n):
+            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            k_t = mgl.transposed(k_s.at[slot], kt1_s, interpret)
+
+            def scores(acc):
+                plgpu.wgmma(acc, q_s.at[slot], k_t)  # Q K^T, [C, C], while S_c is formed
+                return acc[...]
+
+            qk = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
+            decay, g_i = chunk_mask(slot)
+            p = (qk * decay).astype(vn_s.dtype)
+            q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
+            p_op = mgl.lhs_operand(p, p_s, interpret)
+            plgpu.barrier_wait(s_ready.at[half])
+
+            def out(qs_acc, pv_acc):  # issued together
+                plgpu.wgmma(qs_acc, q_s.at[slot], sb_s.at[half])  # Q S, [C, 64]
+                plgpu.wgmma(pv_acc, p_op, vn_s.at[half])  # P v_new, [C, 64]
+                return qs_acc[...], pv_acc[...]
+
+            qs, pv = lax.optimization_barrier(pl.run_scoped(
+                out, plgpu.ACC(tile), plgpu.ACC(tile)))
+            plgpu.barrier_arrive(s_free.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            o = scale * (qs * mgl.by_row(q_decay, tile) + pv)
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # o_s (one tile) of chunk n - 1
+            o_s[...] = o.astype(o_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h, cols])
+
+        prepare(0)
+
+        def step(n, carry):
+            @pl.when(n + 1 < num_chunks)
+            def _():  # the factors of the next chunk, before this chunk's read-out
+                prepare(n + 1)
+
+            read_out(n)
+            return carry
+
+        lax.fori_loop(0, num_chunks, step, 0)
+        plgpu.barrier_wait(w_free)  # observe the last release
+        plgpu.wait_smem_to_gmem(0)
+
+    # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
 def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> None:
     """The input contract of :func:`chunk_delta_fused_t0_fwd_mosaic`.
 
@@ -749,7 +954,8 @@ def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> N
                          f"{initial_state.shape=}")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "split_output",
+                                             "interpret"))
 def chunk_delta_fused_t0_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -763,6 +969,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
     segment_ids: Optional[jax.Array] = None,
     store_v_new: bool = False,
     store_h: bool = False,
+    split_output: bool = False,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
@@ -814,6 +1021,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
         segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
         store_v_new: also write ``v_new`` (static; the residual ``u``).
         store_h: also write the state entering every chunk (static; the backward's ``h``).
+        split_output: three warpgroups (static; ``forward="fused_t0_split"``, below) instead
+            of two. Other roundings (``W``, ``U`` to 16 bits instead of ``X``), same equations.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -840,7 +1049,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)  # [B, H, Tp]
     doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
     has_h0 = initial_state is not None
-    kernel = functools.partial(_fused_t0_kernel, num_chunks=num_chunks,
+    kernel = functools.partial(_split_t0_kernel if split_output else _fused_t0_kernel,
+                               num_chunks=num_chunks,
                                group=heads // kv_heads, scale=float(scale), has_h0=has_h0,
                                store_v_new=store_v_new, store_h=store_h, interpret=interpret)
     dtype = v.dtype
@@ -852,40 +1062,65 @@ def chunk_delta_fused_t0_fwd_mosaic(
         out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
-    scratch = [
+    ring = [
         swz((STAGES, CHUNK, dk), q.dtype),  # q_s
         swz((STAGES, CHUNK, dk), k.dtype),  # k_s
         swz((STAGES, CHUNK, BLOCK_V), dtype),  # v_s
         swz((STAGES, CHUNK, CHUNK), t0.dtype),  # t0_s
         vec, vec, vec, vec, vec, vec, vec,  # g rows, g cols, beta cols, doc rows, doc cols,
         # last, conn
-        swz((dk, BLOCK_V), dtype),  # sb_s: S in 16 bits (operand of K S, Q S; h staging)
-        swz((CHUNK, BLOCK_V), dtype),  # x_s: X = V - diag(conn e^G) K S, operand of Ag X
-        swz((CHUNK, BLOCK_V), dtype),  # vn_s: v_new, operand of P v_new (and staging)
-        swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
-        swz((CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile
-        swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
-        plgpu.Barrier(num_arrivals=_T0_IN_COPIES, num_barriers=STAGES),  # in_bar
-        plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
-        plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
-        plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
     ]
-    if interpret:  # SMEM copies of what the GPU reads as a transposed view or from registers
-        scratch += [plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T
-                    swz((CHUNK, CHUNK), dtype),  # p_s: P
-                    swz((CHUNK, CHUNK), dtype),  # hi_s
-                    swz((CHUNK, CHUNK), dtype)]  # lo_s
+    if split_output:
+        scratch = ring + [
+            swz((CHUNK, dk), k.dtype),  # w_s: W of the next chunk (formed by the output wg)
+            swz((CHUNK, BLOCK_V), dtype),  # u_s: U of the next chunk
+            swz((2, dk, BLOCK_V), dtype),  # sb_s: S in 16 bits, published (double-buffered)
+            swz((2, CHUNK, BLOCK_V), dtype),  # vn_s: v_new, published (double-buffered)
+            swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
+            swz((CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (one)
+            swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
+            plgpu.Barrier(num_arrivals=_T0_IN_COPIES, num_barriers=STAGES),  # in_bar
+            plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),  # in_free: both consumers
+            plgpu.Barrier(num_arrivals=1),  # w_ready: W, U of the next chunk written
+            plgpu.Barrier(num_arrivals=1),  # w_free: W, U were read
+            plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S, v_new published
+            plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: both were read
+            plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+            plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
+        ]
+        if interpret:  # SMEM copies of what the GPU reads as a transposed view or registers
+            scratch += [plgpu.SMEM((dk, CHUNK), k.dtype)] * 2  # kt0_s, kt1_s: k^T
+            scratch += [swz((CHUNK, CHUNK), dtype)] * 5  # p_s, hi_s, lo_s, hiw_s, low_s
+    else:
+        scratch = ring + [
+            swz((dk, BLOCK_V), dtype),  # sb_s: S in 16 bits (operand of K S, Q S; h staging)
+            swz((CHUNK, BLOCK_V), dtype),  # x_s: X = V - diag(conn e^G) K S, operand of Ag X
+            swz((CHUNK, BLOCK_V), dtype),  # vn_s: v_new, operand of P v_new (and staging)
+            swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
+            swz((CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile
+            swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
+            plgpu.Barrier(num_arrivals=_T0_IN_COPIES, num_barriers=STAGES),  # in_bar
+            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
+            plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+        ]
+        if interpret:  # SMEM copies of what the GPU reads as a transposed view or registers
+            scratch += [plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T
+                        swz((CHUNK, CHUNK), dtype),  # p_s: P
+                        swz((CHUNK, CHUNK), dtype),  # hi_s
+                        swz((CHUNK, CHUNK), dtype)]  # lo_s
     call = plgpu.kernel(
         kernel,
         out_type=tuple(out_type),
         scratch_types=scratch,
         grid=(batch, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
-        num_threads=2,
+        num_threads=3 if split_output else 2,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_delta_fused_t0_fwd",
+        kernel_name="gdn_chunk_delta_fused_t0_fwd_split" if split_output else
+        "gdn_chunk_delta_fused_t0_fwd",
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
     with jax.named_scope("gdn_chunk_delta_fused_t0_fwd_mosaic"):
