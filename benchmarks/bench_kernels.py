@@ -88,7 +88,8 @@ _MOSAIC_WY = flags.DEFINE_enum(
 _MOSAIC_FORWARD = flags.DEFINE_string(
     "mosaic_forward", None,
     "Peer mosaic: the forward= of the Mosaic ops (simple_gla_mosaic: two_pass or fused; "
-    "gated_delta_rule_mosaic: three_pass, fused, fused_split or fused_t0); unset: each op's "
+    "gated_delta_rule_mosaic: three_pass, fused, fused_split, fused_t0 or fused_t0_split); "
+    "unset: each op's "
     "default. "
     "Recorded with every mosaic record.")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")

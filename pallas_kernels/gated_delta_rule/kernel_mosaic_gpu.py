@@ -323,8 +323,9 @@ WY_IMPLEMENTATIONS = ("mosaic", "xla")
 # (kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic; "fused_split" with the read-out on its
 # own warpgroup, split_output=True); "fused_t0" prepares only the gate-free inverse T0
 # (chunk_kkt_inverse_mosaic) and forms v_new from v and T0 inside the fused kernel
-# (kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic).
-FORWARDS = ("three_pass", "fused", "fused_split", "fused_t0")
+# (kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic); "fused_t0_split" is the same with
+# three warpgroups (split_output=True: W, U formed from T0 off the state chain).
+FORWARDS = ("three_pass", "fused", "fused_split", "fused_t0", "fused_t0_split")
 
 
 def wy_inverse(a, l_s, x_s, y_s, interpret: bool):
@@ -870,6 +871,9 @@ def gated_delta_rule_fwd_mosaic(
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`
             forms ``v_new = (T0 * e^{G_i - G_j} * beta_j) (V - diag(conn e^G) K S)`` inside
             (same math; ``T0`` rounded to the input dtype instead of ``W`` and ``U``).
+            ``"fused_t0_split"``: the same with three warpgroups (``split_output=True``; the
+            output warpgroup forms ``W, U`` from ``T0`` a chunk ahead, rounded to the input
+            dtype as the WY kernel's).
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:
@@ -895,7 +899,7 @@ def gated_delta_rule_fwd_mosaic(
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {FORWARDS}, got {forward!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
-    if forward == "fused_t0":
+    if forward in ("fused_t0", "fused_t0_split"):
         if wy_implementation == "mosaic":
             t0 = chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret)
         else:
@@ -903,7 +907,8 @@ def gated_delta_rule_fwd_mosaic(
                 t0 = kkt_inverse_xla(k, beta, segment_ids=segment_ids).astype(k.dtype)
         o, final_state, v_new, _ = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
-            segment_ids=segment_ids, store_v_new=return_residual, interpret=interpret)
+            segment_ids=segment_ids, store_v_new=return_residual,
+            split_output=forward == "fused_t0_split", interpret=interpret)
         return (o, final_state, v_new) if return_residual else (o, final_state)
     if wy_implementation == "mosaic":
         w, u = chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, interpret=interpret)

@@ -5,8 +5,9 @@
 ``chunk_delta_h_mosaic``, the scalar-decay ``chunk_output_mosaic``; or, with
 ``forward="fused"`` or ``"fused_split"``, ``chunk_wy_mosaic`` and
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`,
-which stores ``h`` and ``v_new`` only when differentiated; with ``forward="fused_t0"``,
-``chunk_kkt_inverse_mosaic`` and ``chunk_delta_fused_t0_fwd_mosaic``, ``W`` formed from
+which stores ``h`` and ``v_new`` only when differentiated; with ``forward="fused_t0"`` or
+``"fused_t0_split"``, ``chunk_kkt_inverse_mosaic`` and ``chunk_delta_fused_t0_fwd_mosaic``
+(``split_output`` for the latter), ``W`` formed from
 ``T0`` in XLA only when differentiated) in a ``jax.custom_vjp``
 whose backward chains the four backward stages (paper arXiv 2412.06464, Sec. 3.3; paper arXiv
 2607.07953, Sec. 3.2, Eqs. 15-17; FLA's ``chunk_gated_delta_rule_bwd``,
@@ -100,11 +101,13 @@ def gated_delta_rule_mosaic(
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.gated_delta_rule_fwd_mosaic`'s
             ``forward``: ``"three_pass"`` (default), ``"fused"`` or ``"fused_split"``
             (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`)
-            or ``"fused_t0"`` (``chunk_kkt_inverse_mosaic`` and
-            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`).
+            or ``"fused_t0"`` / ``"fused_t0_split"`` (``chunk_kkt_inverse_mosaic`` and
+            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`,
+            two or three warpgroups).
             Under differentiation the fused kernels also store ``h`` and ``v_new`` (the
-            residuals); without it (the primal alone) they store neither. ``"fused_t0"`` has
-            no ``W``: under differentiation it is formed from ``T0`` in XLA
+            residuals); without it (the primal alone) they store neither. ``"fused_t0"`` and
+            ``"fused_t0_split"`` have no ``W``: under differentiation it is formed from ``T0``
+            in XLA
             (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`, fp32 rounded
             once; ``T0``'s rounding to the input dtype enters it). The backward is the same
             for every forward.
@@ -139,12 +142,12 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages (``None``
     for ``h`` and ``v_new`` from the fused kernels without ``residuals``, and for ``w`` from
     ``"fused_t0"`` without them)."""
-    if forward == "fused_t0":
+    if forward in ("fused_t0", "fused_t0_split"):
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret)
         o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=residuals, store_h=residuals,
-            interpret=interpret)
+            split_output=forward == "fused_t0_split", interpret=interpret)
         # The backward reads W: formed from T0 in XLA (one [64, 64] x [64, K] product per
         # chunk and head, fp32, rounded once), only when differentiated.
         w = (kgd.w_from_t0(k, t0, g, beta, segment_ids=segment_ids) if residuals else None)
