@@ -125,16 +125,17 @@ def _check_t0(test, k, beta, seg, t0, gate=None):
 
 
 def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
-                        dtype=jnp.bfloat16, *, seed=0, interpret=True, allclose=True):
-    """The ``T0`` kernel then the fused ``T0`` kernel (all stores on) against the token-serial
-    reference. Returns the relative RMS errors."""
+                        dtype=jnp.bfloat16, *, seed=0, interpret=True, allclose=True,
+                        split_output=False):
+    """The ``T0`` kernel then the fused ``T0`` kernel (all stores on; three warpgroups with
+    ``split_output``) against the token-serial reference. Returns the relative RMS errors."""
     q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
                                            docs, dtype, seed=seed)
     scale = dk ** -0.5
     t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=interpret)
     o, final, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
-        store_v_new=True, store_h=True, interpret=interpret)
+        store_v_new=True, store_h=True, split_output=split_output, interpret=interpret)
     want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
     test.assertEqual((o.shape, o.dtype), (v.shape, v.dtype))
@@ -151,8 +152,9 @@ def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0
 
 
 def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
-                   wy_implementation="mosaic", *, seed=0, interpret=True):
-    """``gated_delta_rule_fwd_mosaic(forward="fused_t0")`` against the reference (5e-3) and
+                   wy_implementation="mosaic", *, seed=0, interpret=True, forward="fused_t0"):
+    """``gated_delta_rule_fwd_mosaic(forward=forward)`` (``"fused_t0"`` or
+    ``"fused_t0_split"``) against the reference (5e-3) and
     no worse than the three-pass forward (its relative RMS error against the reference at most
     10 % plus 1e-4 above the three-pass one's; the two differ from each other by about as much
     as each from the reference, 2.3e-3 to 2.6e-3 on ``o``: different roundings, ``T0`` instead
@@ -167,7 +169,7 @@ def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, doc
             return_residual=True, wy_implementation=wy_implementation, forward=forward,
             interpret=interpret)
 
-    t0_fwd, three = run("fused_t0"), run("three_pass")
+    t0_fwd, three = run(forward), run("three_pass")
     want = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     errs = {}
     for name, got, other, ref in zip(("o", "final_state", "v_new"), t0_fwd, three, want):
@@ -254,6 +256,45 @@ class FusedT0InterpretTest(parameterized.TestCase):
 
 
 @pytest.mark.slow
+class FusedT0SplitInterpretTest(parameterized.TestCase):
+    """``split_output=True`` (``forward="fused_t0_split"``): the same checks."""
+
+    @parameterized.named_parameters(*_FUSED_CASES)
+    def test_fused_t0_split_kernel_matches_reference(self, *case):
+        _check_fused_kernel(self, *case, split_output=True)
+
+    def test_optional_stores_change_nothing_else(self):
+        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 64, 0.05, True, (64, 36, 30))
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
+
+        def run(store):
+            return kfused.chunk_delta_fused_t0_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=0.125, initial_state=state, segment_ids=seg,
+                store_v_new=store, store_h=store, split_output=True, interpret=True)
+
+        bare, full = run(False), run(True)
+        self.assertIsNone(bare[2])
+        self.assertIsNone(bare[3])
+        for name, x, y in zip(("o", "final_state"), bare[:2], full[:2]):
+            np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32),
+                                          err_msg=name)
+
+    @parameterized.named_parameters(
+        ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+         (64, 36, 30)),
+        ("deltanet_packed_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, (10, 60)),
+        ("xla_t0_strong_decay_h0_partial_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None,
+         "xla"),
+    )
+    def test_forward_fused_t0_split_matches_reference_and_three_pass(self, *case):
+        _check_forward(self, *case, forward="fused_t0_split")
+
+    def test_vjp_fused_t0_split_matches_chunked_vjp(self):
+        fused_test._check_vjp(self, bwd_test._pipeline_inputs(
+            1, 150, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30)), True, "fused_t0_split")
+
+
+@pytest.mark.slow
 class VjpInterpretTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
@@ -303,30 +344,32 @@ def _check_t0_kernel_exports(test, dk):
                      [((1, 200, 2, C), k.dtype)])
 
 
-def _check_fused_t0_kernel_exports(test, dk, dv, stores):
+def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False):
     q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, 0.2, True, (70, 30))
     t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
 
     def fn(q, k, v, t0, g, beta, state, seg):
         return kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
-            store_v_new=stores, store_h=stores)
+            store_v_new=stores, store_h=stores, split_output=split_output)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
         q, k, v, t0, g, beta, state, seg)
     text = exported.mlir_module()
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-    test.assertIn("gdn_chunk_delta_fused_t0_fwd", text)
+    name = "gdn_chunk_delta_fused_t0_fwd" + ("_split" if split_output else "")
+    test.assertIn(name, text)
+    test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split" in text, split_output)
 
 
-def _check_forward_exports(test, dk, dv, deltanet):
+def _check_forward_exports(test, dk, dv, deltanet, forward="fused_t0"):
     q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, None if deltanet else 0.2,
                                            True, (70, 30))
 
     def fn(q, k, v, g, beta, state, seg):
         return kgd.gated_delta_rule_fwd_mosaic(q, k, v, g, beta, initial_state=state,
                                                segment_ids=seg, return_residual=True,
-                                               forward="fused_t0")
+                                               forward=forward)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(q, k, v, g, beta, state, seg)
     text = exported.mlir_module()
@@ -364,6 +407,8 @@ def _check_grad_exports(test, dk, dv, deltanet):
 _T0_CI, _T0_SLOW = kmg_test.split_variants([dict(dk=128)], dk=(64, 128))
 _KERNEL_CI, _KERNEL_SLOW = kmg_test.split_variants(
     [dict(dk=128, dv=128, stores=True)], dk=(64, 128), dv=(64, 128), stores=(False, True))
+_SPLIT_CI, _SPLIT_SLOW = kmg_test.split_variants(
+    [dict(dk=128, dv=128, stores=True)], dk=(64, 128), dv=(64, 128), stores=(False, True))
 _FWD_CI, _FWD_SLOW = kmg_test.split_variants(
     [dict(dk=64, dv=64, deltanet=False)], dk=(64, 128), dv=(64, 128), deltanet=(False, True))
 _GRAD_CI, _GRAD_SLOW = kmg_test.split_variants(
@@ -381,6 +426,10 @@ class LoweringTest(parameterized.TestCase):
     @parameterized.named_parameters(*_KERNEL_CI)
     def test_fused_t0_kernel_exports_for_cuda(self, **variant):
         _check_fused_t0_kernel_exports(self, **variant)
+
+    @parameterized.named_parameters(*_SPLIT_CI)
+    def test_fused_t0_split_kernel_exports_for_cuda(self, **variant):
+        _check_fused_t0_kernel_exports(self, **variant, split_output=True)
 
     @parameterized.named_parameters(*_FWD_CI)
     def test_forward_fused_t0_exports_for_cuda(self, **variant):
@@ -404,9 +453,17 @@ class LoweringSlowTest(parameterized.TestCase):
     def test_fused_t0_kernel_exports_for_cuda(self, **variant):
         _check_fused_t0_kernel_exports(self, **variant)
 
+    @parameterized.named_parameters(*_SPLIT_SLOW)
+    def test_fused_t0_split_kernel_exports_for_cuda(self, **variant):
+        _check_fused_t0_kernel_exports(self, **variant, split_output=True)
+
     @parameterized.named_parameters(*_FWD_SLOW)
     def test_forward_fused_t0_exports_for_cuda(self, **variant):
         _check_forward_exports(self, **variant)
+
+    @parameterized.named_parameters(*(_FWD_CI + _FWD_SLOW))
+    def test_forward_fused_t0_split_exports_for_cuda(self, **variant):
+        _check_forward_exports(self, **variant, forward="fused_t0_split")
 
     @parameterized.named_parameters(*_GRAD_SLOW)
     def test_grad_fused_t0_exports_for_cuda(self, **variant):
@@ -463,9 +520,37 @@ class ValidationTest(absltest.TestCase):
             if store_h:
                 self.assertEqual((out[3].shape, out[3].dtype), ((1, 2, 2, 64, 64), v.dtype))
         self.assertIn("fused_t0", kgd.FORWARDS)
+        self.assertIn("fused_t0_split", kgd.FORWARDS)
+        split = jax.eval_shape(
+            lambda *a, s0: kfused.chunk_delta_fused_t0_fwd_mosaic(
+                *a, scale=1.0, initial_state=s0, store_v_new=True, store_h=True,
+                split_output=True), q, k, v, t0, g, beta, s0=state)
+        self.assertEqual([(x.shape, x.dtype) for x in split],
+                         [(v.shape, v.dtype), ((1, 2, 64, 64), jnp.float32), (v.shape, v.dtype),
+                          ((1, 2, 2, 64, 64), v.dtype)])
         two = jax.eval_shape(lambda *a: kgd.gated_delta_rule_fwd_mosaic(*a, forward="fused_t0"),
                              q, k, v, g, beta)
         self.assertLen(two, 2)
+
+
+# GpuTest's fused-kernel cases (both layouts): B, T, H, Hk, K, V, decay (None: DeltaNet), h0,
+# document lengths, dtype.
+_GPU_KERNEL_CASES = (
+    ("plain_T2048_K128_V128", 2, 2048, 4, 4, 128, 128, 0.05, False, None, jnp.bfloat16),
+    ("gva_h0_packed_T4096_K128_V128", 1, 4096, 4, 2, 128, 128, 0.05, True,
+     (700, 1, 64, 999, 1200), jnp.bfloat16),
+    ("strong_decay_h0_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None,
+     jnp.bfloat16),
+    ("deltanet_h0_packed_T2048_K64_V64", 1, 2048, 2, 2, 64, 64, None, True, (300, 700),
+     jnp.bfloat16),
+    ("fp16_packed_T3000_K128_V64", 1, 3000, 3, 3, 128, 64, 0.2, False, (10, 54, 500, 2000),
+     jnp.float16),
+)
+_GPU_FORWARD_CASES = (
+    ("gva_h0_packed_T4096_K128_V128", 2, 4096, 4, 2, 128, 128, 0.05, True,
+     (700, 1, 64, 999, 1200)),
+    ("deltanet_h0_partial_T1000_K128_V128", 1, 1000, 2, 2, 128, 128, None, True, None),
+)
 
 
 @pytest.mark.gpu
@@ -486,26 +571,11 @@ class GpuTest(kmg_test.HopperTestCase):
                                            docs, dtype, correlated=correlated, seed=11)
         _check_t0(self, k, beta, seg, kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg))
 
-    @parameterized.named_parameters(
-        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, document lengths, dtype
-        ("plain_T2048_K128_V128", 2, 2048, 4, 4, 128, 128, 0.05, False, None, jnp.bfloat16),
-        ("gva_h0_packed_T4096_K128_V128", 1, 4096, 4, 2, 128, 128, 0.05, True,
-         (700, 1, 64, 999, 1200), jnp.bfloat16),
-        ("strong_decay_h0_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, None,
-         jnp.bfloat16),
-        ("deltanet_h0_packed_T2048_K64_V64", 1, 2048, 2, 2, 64, 64, None, True, (300, 700),
-         jnp.bfloat16),
-        ("fp16_packed_T3000_K128_V64", 1, 3000, 3, 3, 128, 64, 0.2, False, (10, 54, 500, 2000),
-         jnp.float16),
-    )
+    @parameterized.named_parameters(*_GPU_KERNEL_CASES)
     def test_fused_t0_kernel_matches_reference(self, *case):
         _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False)
 
-    @parameterized.named_parameters(
-        ("gva_h0_packed_T4096_K128_V128", 2, 4096, 4, 2, 128, 128, 0.05, True,
-         (700, 1, 64, 999, 1200)),
-        ("deltanet_h0_partial_T1000_K128_V128", 1, 1000, 2, 2, 128, 128, None, True, None),
-    )
+    @parameterized.named_parameters(*_GPU_FORWARD_CASES)
     def test_forward_fused_t0_matches_reference_and_three_pass(self, *case):
         _check_forward(self, *case, seed=3, interpret=False)
 
@@ -513,6 +583,20 @@ class GpuTest(kmg_test.HopperTestCase):
         fused_test._check_vjp(self, bwd_test._pipeline_inputs(1, 2048, 4, 2, 128, 128, 0.05,
                                                               True, True, (700, 1, 64, 999),
                                                               seed=11), False, "fused_t0")
+
+    @parameterized.named_parameters(*_GPU_KERNEL_CASES)
+    def test_fused_t0_split_kernel_matches_reference(self, *case):
+        _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False,
+                            split_output=True)
+
+    @parameterized.named_parameters(*_GPU_FORWARD_CASES)
+    def test_forward_fused_t0_split_matches_reference_and_three_pass(self, *case):
+        _check_forward(self, *case, seed=3, interpret=False, forward="fused_t0_split")
+
+    def test_vjp_fused_t0_split_matches_chunked_vjp(self):
+        fused_test._check_vjp(self, bwd_test._pipeline_inputs(1, 2048, 4, 2, 128, 128, 0.05,
+                                                              True, True, (700, 1, 64, 999),
+                                                              seed=11), False, "fused_t0_split")
 
 
 if __name__ == "__main__":
