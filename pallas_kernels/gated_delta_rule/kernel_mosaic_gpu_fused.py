@@ -118,11 +118,38 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`,
   ``W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j``, fp32 rounded once).
 
+* ``forward="fused_t0_split"`` (:func:`chunk_delta_fused_t0_fwd_mosaic` with
+  ``split_output=True``, :func:`_split_t0_kernel`): the three warpgroups of
+  :func:`_split_kernel`, with the ``T0`` algebra moved off the serial chain. Of
+  ``v_new = Ag V - Ag diag(conn e^G) K S_c`` only ``S_c`` depends on the state, and
+  ``Ag diag(conn e^G) K`` is the ``W`` of the ``W, U`` kernels, so the output warpgroup forms,
+  one chunk ahead (while the state warpgroup works on the chunk before)::
+
+      U = Ag V                    = hi V  + lo V     ([C, 64])
+      W = Ag diag(conn e^G) K     = hiw K + low K    ([C, K]; Ag's columns times conn_j e^{G_j})
+
+  (``hi + lo`` and ``hiw + low`` are 16-bit register splits of the fp32 ``Ag`` and
+  ``Ag diag(conn e^G)``, fp32 accumulation), rounds both once to the input dtype into one
+  ``w_s`` and one ``u_s`` tile (barriers ``w_ready``, ``w_free``), then reads out the chunk
+  before. The state warpgroup's chain is then :func:`_split_kernel`'s: ``S_c`` published,
+  ``v_new = U - W S_c`` (one ``wgmma``), ``v_new`` published, ``K^T (last e^{G_L - G} v_new)``.
+  So no ``Ag`` product stays on the chain; the price is the roundings of the ``W, U`` kernels
+  (``W``, ``U`` to 16 bits, here from the once-rounded ``T0``) instead of ``X``'s. The output
+  warpgroup's work per chunk: ``Q K^T``, ``U`` and ``W`` (four products), ``Q S`` and
+  ``P v_new``; the ``D`` mask is formed twice (for ``Ag`` of chunk ``n + 1`` and ``P`` of
+  chunk ``n``) rather than carried across iterations. SMEM at K = V = 128 (bf16): the ring
+  ``2 x 49.75`` KB; ``W`` 16 KB, ``U`` 8 KB; ``S`` and ``v_new`` double-buffered 32 + 16 KB,
+  decayed ``v_new`` 8 KB, ``o`` 8 KB (one tile: the output warpgroup waits for the previous
+  store before writing it), the fp32 state 32 KB: about 219.5 KB of the 227 KB an SM allows.
+  Registers (estimated, not compiled with ptxas): the state warpgroup holds what
+  :func:`_split_kernel`'s does; the output warpgroup's peak is in forming ``W``
+  (the ``[C, K]`` fp32 accumulator, 64 per thread, ``U`` 32, ``hiw, low`` 32), under its 232.
+
 Tested on CPU only (interpret mode against the fp32 ``lax.scan`` reference and float64, and
 CUDA export; ``tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``): errors on par with the
-``W, U`` kernels'. Not run on a GPU: nothing is known of its speed (the extra dependent group,
-the register pressure of ``Ag``, ``hi``, ``lo`` beside ``S``), and there is no
-``split_output`` variant.
+``W, U`` kernels'. Not run on a GPU: nothing is known of the speed of either layout (the
+two-warpgroup kernel's extra dependent group; the split kernel's output warpgroup, which must
+form ``W, U`` and read out within one step of the state chain to stay hidden).
 """
 
 import functools
@@ -994,7 +1021,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
     :func:`pallas_kernels.gated_delta_rule.reference.gated_delta_rule_reference`
     (paper arXiv 2607.07953, Eqs. 15-17).
 
-    Kernel structure: :func:`chunk_delta_fused_fwd_mosaic`'s two warpgroups (no split variant),
+    Kernel structure (default): :func:`chunk_delta_fused_fwd_mosaic`'s two warpgroups,
     with eleven TMA copies per ring stage (``q, k, v`` (64 value columns), ``T0`` rows, gate
     rows and columns, ``beta`` columns, document rows and columns, ``last``, ``conn``). Per
     chunk the compute warpgroup issues ``K S``, ``Q S`` and ``Q K^T`` as one group; forms
@@ -1005,6 +1032,14 @@ def chunk_delta_fused_t0_fwd_mosaic(
     chunk than that kernel; at K = V = 128 (bf16) the ring is ``2 x 49.75`` KB and the tiles
     80 KB (``S``, ``X``, ``v_new``, decayed ``v_new``, ``o``, the fp32 state), about 180 KB of
     SMEM.
+
+    With ``split_output=True`` (``forward="fused_t0_split"``; module docstring): three
+    warpgroups. The output warpgroup forms ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` of the
+    next chunk from ``T0`` (``Ag`` split into ``hi + lo``, fp32 accumulation, rounded once to
+    the input dtype) while the state warpgroup runs the chain of
+    :func:`chunk_delta_fused_fwd_mosaic`'s split layout (``v_new = U - W S_c``, one ``wgmma``),
+    then reads out the chunk before (``Q K^T``, ``P``, ``Q S``, ``P v_new``). About 219.5 KB of
+    SMEM at K = V = 128 (bf16).
 
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
@@ -1029,7 +1064,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
         16-bit roundings of the ``wgmma`` operands (``S``, ``X``, ``T0``'s storage, ``P``,
         ``v_new``, ``last e^{G_L - G} v_new``; ``Ag`` is carried as ``hi + lo``) with fp32
-        accumulation.
+        accumulation; with ``split_output``, ``W`` and ``U`` rounded to 16 bits in place of
+        ``X``.
 
     Raises:
         ValueError: on mismatched shapes or dtypes of ``q, k, v, t0``, unsupported head dims

@@ -22,14 +22,18 @@ dispatched, not run on a GPU yet).
   in fp16, with dtype-chosen gates (relative RMS; bf16 also ``assert_allclose`` at the bf16
   forward tolerance). It also checks the whole forward with ``forward="fused_t0"`` against the
   reference and the three-pass forward, with both ``wy_implementation``s.
+* ``FusedT0SplitInterpretTest`` (``slow``): the same kernel, forward and VJP checks with
+  ``split_output=True`` (``forward="fused_t0_split"``, three warpgroups, ``W, U`` formed from
+  ``T0`` by the output warpgroup).
 * ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the op with ``forward="fused_t0"`` (``W``
   formed from ``T0`` in XLA for the unchanged backward) against ``jax.vjp`` of the fp32 chunk
   form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
 * ``XlaFormTest`` (CI): the XLA helpers ``kkt_inverse_xla`` and ``w_from_t0`` against float64
   and the fp32 WY factors of ``chunked.wy_representation``.
 * ``LoweringTest`` (CI) exports the ``T0`` kernel, the fused ``T0`` kernel, the forward and the
-  op's gradient for CUDA on the CPU host (``jax.export``; one variant each, about 1 to 3 s on 2
-  cores); ``LoweringSlowTest`` (``slow``) the other head dims and options.
+  op's gradient for CUDA on the CPU host (``jax.export``; one variant each, about 1 to 5 s on 2
+  cores), and the split kernel; ``LoweringSlowTest`` (``slow``) the other head dims and options
+  and the forward with ``"fused_t0_split"``.
 * ``GpuTest`` (``gpu``) runs the compiled kernels on a Hopper GPU at realistic rows.
 
 The interpreted kernels hang on a 2-core host unless XLA's CPU pool is larger (BUILD.md,
