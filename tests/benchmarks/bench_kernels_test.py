@@ -151,26 +151,29 @@ class MarkdownTest(absltest.TestCase):
                 bench_kernels._check_mosaic_forward()
 
     def test_mosaic_forward_fused_t0_selects_the_t0_forward(self):
-        # fused_t0 (chunk_kkt_inverse_mosaic + the T0 fused kernel) is a GDN / DeltaNet forward
-        # only, and reaches the differentiable op as given.
+        # fused_t0 and fused_t0_split (chunk_kkt_inverse_mosaic + the T0 fused kernel, two or
+        # three warpgroups) are GDN / DeltaNet forwards only, and reach the differentiable op
+        # as given.
         from absl import app, flags
         from absl.testing import flagsaver
         from pallas_kernels.gated_delta_rule import mosaic_vjp
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
-        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn", "deltanet"],
-                                 mosaic_forward="fused_t0"):
-            bench_kernels._check_mosaic_forward()
-        with flagsaver.flagsaver(peers=["mosaic"], ops=["lightning"], mosaic_forward="fused_t0"):
-            with self.assertRaisesRegex(app.UsageError, "op lightning takes one of two_pass"):
+        for forward in ("fused_t0", "fused_t0_split"):
+            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn", "deltanet"],
+                                     mosaic_forward=forward):
                 bench_kernels._check_mosaic_forward()
-        x = np.zeros((1, 64, 1, 64), np.float32)
-        with flagsaver.flagsaver(mosaic_wy="mosaic", mosaic_forward="fused_t0"):
-            with absltest.mock.patch.object(mosaic_vjp, "gated_delta_rule_mosaic",
-                                            return_value=(x, None)) as op:
-                bench_kernels._jax_fn("gdn", "mosaic", None)(x, x, x, g=x[..., 0],
-                                                             beta=x[..., 0])
-        self.assertEqual(op.call_args.kwargs["forward"], "fused_t0")
+            with flagsaver.flagsaver(peers=["mosaic"], ops=["lightning"],
+                                     mosaic_forward=forward):
+                with self.assertRaisesRegex(app.UsageError, "op lightning takes one of two_pass"):
+                    bench_kernels._check_mosaic_forward()
+            x = np.zeros((1, 64, 1, 64), np.float32)
+            with flagsaver.flagsaver(mosaic_wy="mosaic", mosaic_forward=forward):
+                with absltest.mock.patch.object(mosaic_vjp, "gated_delta_rule_mosaic",
+                                                return_value=(x, None)) as op:
+                    bench_kernels._jax_fn("gdn", "mosaic", None)(x, x, x, g=x[..., 0],
+                                                                 beta=x[..., 0])
+            self.assertEqual(op.call_args.kwargs["forward"], forward)
 
     def test_mosaic_forward_without_the_mosaic_peer_is_refused(self):
         from absl import app, flags
