@@ -424,6 +424,9 @@ def _check_mosaic_forward():
     from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
     forwards = {"lightning": kmg.FORWARDS, "gdn": gdr_mosaic.FORWARDS,
                 "deltanet": gdr_mosaic.FORWARDS}
+    if not any(op in forwards for op in _OPS.value):  # it would apply to nothing: refuse
+        raise app.UsageError(f"--mosaic_forward={_MOSAIC_FORWARD.value} applies to ops "
+                             f"{', '.join(forwards)} only (--ops={','.join(_OPS.value)})")
     for op in _OPS.value:
         if op in forwards and _MOSAIC_FORWARD.value not in forwards[op]:
             raise app.UsageError(f"--mosaic_forward={_MOSAIC_FORWARD.value}: op {op} takes "

@@ -145,6 +145,13 @@ class MarkdownTest(absltest.TestCase):
                 bench_kernels.main([])
         with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="three_pass"):
             bench_kernels._check_mosaic_forward()
+        # An op with no Mosaic forward: the flag would apply to nothing (it exited 0 with an
+        # empty table, 2026-12-03 newcomer pass).
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["kda"], mosaic_forward="fused_t0"):
+            with self.assertRaisesRegex(app.UsageError, r"--mosaic_forward=fused_t0 applies to "
+                                                        r"ops lightning, gdn, deltanet only "
+                                                        r"\(--ops=kda\)"):
+                bench_kernels._check_mosaic_forward()
         with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_wy="xla",
                                  mosaic_forward="two_pass"):
             with self.assertRaisesRegex(app.UsageError, "op gdn takes one of three_pass"):
