@@ -145,6 +145,21 @@ def by_row(x, shape):
     return lax.broadcast_in_dim(x, shape, [0])
 
 
+def causal_decay(i, j, g_i, g_j, d_i, d_j):
+    """The chunk's decayed causal same-document mask ``D``, fp32 ``[C, C]``.
+
+    ``D_ts = e^{G_t - G_s}`` where ``s <= t`` and tokens ``t, s`` are in the same document, else
+    0 (arXiv 2607.07953 Sec. 3.2; FLA's ``chunk_fwd_o``). The exponent is masked before
+    ``exp``, so ``D <= 1`` and nothing overflows above the diagonal. ``i, j``: row and column
+    iotas ``[C, C]`` (:func:`iota`); ``g_i, d_i``: the chunk-local cumulative log-decay and the
+    document ids as rows (:func:`load_rows`), ``g_j, d_j`` as columns (:func:`load_cols`).
+    """
+    shape = i.shape
+    mask = (j <= i) & (by_row(d_i, shape) == lax.broadcast_in_dim(d_j, shape, [1]))
+    diff = by_row(g_i, shape) - lax.broadcast_in_dim(g_j, shape, [1])
+    return jnp.exp(jnp.where(mask, diff, -jnp.inf))
+
+
 def transposed(ref, scratch, interpret: bool):
     """``ref^T`` as a ``wgmma`` operand: a transposed view, or a copy into ``scratch``."""
     if interpret:  # the 0.10.2 interpreter's wgmma cannot read a transposed ref

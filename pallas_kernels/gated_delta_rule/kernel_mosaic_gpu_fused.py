@@ -227,9 +227,6 @@ def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
         s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
-        def by_col(x):
-            return lax.broadcast_in_dim(x, sq, [1])
-
         def step(n, s):
             slot = lax.rem(n, STAGES)
             rows = pl.ds(n * CHUNK, CHUNK)
@@ -260,8 +257,7 @@ def _fused_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
             g_last = g_row_s[slot, CHUNK - 1]
             # D_ij = e^{G_i - G_j} on causal same-document pairs; the exponent is masked before
             # exp, so D <= 1 (no overflow above the diagonal, where G_i - G_j >= 0).
-            mask = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j))
-            decay = jnp.exp(jnp.where(mask, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+            decay = mgl.causal_decay(i, j, g_i, g_j, d_i, d_j)
             p = (qk * decay).astype(vn_s.dtype)  # 16-bit, the left wgmma operand (registers)
             # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); the entering state
             # reaches token t as conn_t e^{G_t}; keep e^{G_L} is 0 if a document starts inside.
@@ -389,9 +385,6 @@ def _split_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
         plgpu.set_max_registers(232, action="increase")
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
-        def by_col(x):
-            return lax.broadcast_in_dim(x, sq, [1])
-
         def step(n, carry):
             slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
             rows = pl.ds(n * CHUNK, CHUNK)
@@ -407,8 +400,7 @@ def _split_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
             g_j = mgl.load_cols(g_col_s.at[slot], interpret)
             d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
             d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
-            mask = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j))
-            decay = jnp.exp(jnp.where(mask, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+            decay = mgl.causal_decay(i, j, g_i, g_j, d_i, d_j)
             p = (qk * decay).astype(vn_s.dtype)
             q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
             p_op = mgl.lhs_operand(p, p_s, interpret)
@@ -708,8 +700,7 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             plgpu.commit_smem()
             # D_ij = e^{G_i - G_j} on causal same-document pairs (the exponent masked before
             # exp, so D <= 1); Ag = T0 * D * beta_j is the gated inverse times diag(beta).
-            mask = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j))
-            decay = jnp.exp(jnp.where(mask, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+            decay = mgl.causal_decay(i, j, g_i, g_j, d_i, d_j)
             t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
             ag = t0 * decay * by_col(mgl.load_cols(b_col_s.at[slot], interpret))
             hi = ag.astype(dtype)  # Ag as two 16-bit terms: only T0's own rounding remains
@@ -866,8 +857,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             g_j = mgl.load_cols(g_col_s.at[slot], interpret)
             d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
             d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
-            mask = (j <= i) & (mgl.by_row(d_i, sq) == by_col(d_j))
-            return jnp.exp(jnp.where(mask, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf)), g_i
+            return mgl.causal_decay(i, j, g_i, g_j, d_i, d_j), g_i
 
         def prepare(m):
             """W, U of chunk m from T0 into w_s, u_s; signals w_ready. Nothing here depends on
