@@ -324,7 +324,7 @@ WY_IMPLEMENTATIONS = ("mosaic", "xla")
 # own warpgroup, split_output=True); "fused_t0" prepares only the gate-free inverse T0
 # (chunk_kkt_inverse_mosaic) and forms v_new from v and T0 inside the fused kernel
 # (kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic); "fused_t0_split" is the same with
-# three warpgroups (split_output=True: W, U formed from T0 off the state chain).
+# three warpgroups (split_output=True: jla's layout, Ag = T0 * D * beta formed off the chain).
 FORWARDS = ("three_pass", "fused", "fused_split", "fused_t0", "fused_t0_split")
 
 
@@ -872,8 +872,8 @@ def gated_delta_rule_fwd_mosaic(
             forms ``v_new = (T0 * e^{G_i - G_j} * beta_j) (V - diag(conn e^G) K S)`` inside
             (same math; ``T0`` rounded to the input dtype instead of ``W`` and ``U``).
             ``"fused_t0_split"``: the same with three warpgroups (``split_output=True``; the
-            output warpgroup forms ``W, U`` from ``T0`` a chunk ahead, rounded to the input
-            dtype as the WY kernel's).
+            output warpgroup forms ``Ag = T0 * e^{G_i - G_j} * beta_j`` a chunk ahead,
+            elementwise, rounded once to the input dtype).
         interpret: Mosaic GPU interpret mode (CPU, tests).
 
     Returns:

@@ -119,37 +119,56 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   ``W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j``, fp32 rounded once).
 
 * ``forward="fused_t0_split"`` (:func:`chunk_delta_fused_t0_fwd_mosaic` with
-  ``split_output=True``, :func:`_split_t0_kernel`): the three warpgroups of
-  :func:`_split_kernel`, with the ``T0`` algebra moved off the serial chain. Of
-  ``v_new = Ag V - Ag diag(conn e^G) K S_c`` only ``S_c`` depends on the state, and
-  ``Ag diag(conn e^G) K`` is the ``W`` of the ``W, U`` kernels, so the output warpgroup forms,
-  one chunk ahead (while the state warpgroup works on the chunk before)::
+  ``split_output=True``, :func:`_split_t0_kernel`): three warpgroups in jla's arrangement
+  (``fused_fwd_wy``, MOSAIC_GPU.md Sec. 2), written for our contracts. ``Ag`` needs no
+  product: it is ``T0`` times the mask ``D`` and ``beta_j``, elementwise. Per chunk ``n``:
 
-      U = Ag V                    = hi V  + lo V     ([C, 64])
-      W = Ag diag(conn e^G) K     = hiw K + low K    ([C, K]; Ag's columns times conn_j e^{G_j})
+  - the output warpgroup (``setmaxnreg 232``), one chunk ahead, waits for chunk ``n + 1``'s
+    stage, forms ``Ag = T0 * D * beta_j`` in fp32 registers and writes it, rounded once to the
+    input dtype, over ``T0`` in the ring stage (``t0_s[slot]``), then arrives on
+    ``ag_ready[slot]``; it then reads out chunk ``n`` as :func:`_split_kernel`'s output
+    warpgroup (``Q K^T`` and ``P`` while the state warpgroup works; on ``s_ready``, ``Q S_n``
+    and ``P v_new`` as one group; ``s_free``; ``o`` through a double-buffered tile). Three
+    products per chunk;
+  - the state warpgroup (``setmaxnreg 232``, ``S`` ``[K, 64]`` fp32 in registers) publishes
+    ``S_c`` in 16 bits (double-buffered; waits on ``s_free`` of the chunk two back), then::
 
-  (``hi + lo`` and ``hiw + low`` are 16-bit register splits of the fp32 ``Ag`` and
-  ``Ag diag(conn e^G)``, fp32 accumulation), rounds both once to the input dtype into one
-  ``w_s`` and one ``u_s`` tile (barriers ``w_ready``, ``w_free``), then reads out the chunk
-  before. The state warpgroup's chain is then :func:`_split_kernel`'s: ``S_c`` published,
-  ``v_new = U - W S_c`` (one ``wgmma``), ``v_new`` published, ``K^T (last e^{G_L - G} v_new)``.
-  So no ``Ag`` product stays on the chain; the price is the roundings of the ``W, U`` kernels
-  (``W``, ``U`` to 16 bits, here from the once-rounded ``T0``) instead of ``X``'s. The output
-  warpgroup's work per chunk: ``Q K^T``, ``U`` and ``W`` (four products), ``Q S`` and
-  ``P v_new``; the ``D`` mask is formed twice (for ``Ag`` of chunk ``n + 1`` and ``P`` of
-  chunk ``n``) rather than carried across iterations. SMEM at K = V = 128 (bf16): the ring
-  ``2 x 49.75`` KB; ``W`` 16 KB, ``U`` 8 KB; ``S`` and ``v_new`` double-buffered 32 + 16 KB,
-  decayed ``v_new`` 8 KB, ``o`` 8 KB (one tile: the output warpgroup waits for the previous
-  store before writing it), the fp32 state 32 KB: about 219.5 KB of the 227 KB an SM allows.
-  Registers (estimated, not compiled with ptxas): the state warpgroup holds what
-  :func:`_split_kernel`'s does; the output warpgroup's peak is in forming ``W``
-  (the ``[C, K]`` fp32 accumulator, 64 per thread, ``U`` 32, ``hiw, low`` 32), under its 232.
+        X      = V - diag(conn e^G) (K S_c)     (one wgmma; fp32, then 16 bits in SMEM)
+        v_new  = Ag X                          (one wgmma; Ag from SMEM, after ag_ready)
+        S_{c+1} = keep e^{G_L} S_c + K^T (last e^{G_L - G} v_new)   (one wgmma)
 
-Tested on CPU only (interpret mode against the fp32 ``lax.scan`` reference and float64, and
-CUDA export; ``tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``): errors on par with the
-``W, U`` kernels'. Not run on a GPU: nothing is known of the speed of either layout (the
-two-warpgroup kernel's extra dependent group; the split kernel's output warpgroup, which must
-form ``W, U`` and read out within one step of the state chain to stay hidden).
+    publishing ``v_new`` (double-buffered) and arriving on ``s_ready`` before the update; it
+    releases the stage (``in_free``, which also frees ``Ag``) after the update;
+  - the memory warpgroup as in :func:`_fused_t0_kernel` (eleven copies per stage); a stage is
+    refilled once both consumers arrived on ``in_free``, so ``Ag`` is double-buffered by the
+    two-stage ring with no tile of its own.
+
+  Three dependent products on the state chain (``K S``, ``Ag X``, ``K^T v_new``) against two
+  in ``forward="fused_split"`` (``W S``, ``K^T v_new``), and no ``W, U`` preparation kernel.
+  The roundings are the two-warpgroup kernel's except ``Ag``: one 16-bit rounding of the fp32
+  ``T0 * D * beta_j`` (of the once-rounded ``T0``) instead of the ``hi + lo`` pair. SMEM at
+  K = V = 128 (bf16): the ring ``2 x 49.75`` KB (``q, k`` 16 KB each, ``v`` 8, ``T0``/``Ag``
+  8, seven vectors); ``S`` 2 x 16 KB, ``X`` 8, ``v_new`` 2 x 8, decayed ``v_new`` 8, ``o``
+  2 x 8, the fp32 state 32: about 211.5 KB of the 227 KB an SM allows (one CTA per SM).
+  Registers (estimated, not compiled with ptxas): the state warpgroup holds ``S`` (64 fp32
+  per thread), the ``[K, 64]`` update accumulator (64) and ``[C, 64]`` tiles (32 each); the
+  output warpgroup's peak is ``Q K^T``, ``D`` and the two read-out accumulators (32 each),
+  both under 232.
+
+  It replaces a first three-warpgroup layout (2026-12-03 g) in which the output warpgroup
+  formed ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` (``Ag`` as ``hi + lo``, four products)
+  one chunk ahead and the state chain was ``fused_split``'s ``v_new = U - W S_c``. On the H200
+  (benchmarks/results/mosaic-gpu-h200-2026-12-03g.md; B 8, T 4,096, H 16, K = V = 128, bf16,
+  kernel ms) it took 0.637, against 0.422 for the two-warpgroup ``fused_t0`` kernel (plus
+  0.170 for ``T0``), 0.206 for ``fused_split``'s state and output kernel (plus 0.243 for
+  ``W, U``) and jla's ``fused_fwd_wy`` 0.221 (plus 0.097 for its ``kkt_fwd``): its output
+  warpgroup, seven products per chunk, had become the serial path.
+
+Tested on CPU (interpret mode against the fp32 ``lax.scan`` reference and float64, and CUDA
+export; ``tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``): errors on par with the ``W, U``
+kernels' (MOSAIC_GPU.md Sec. 11). The two-warpgroup ``fused_t0`` kernel and the first split
+layout were timed on the H200 (above); the present ``fused_t0_split`` layout has not yet run
+on a GPU.
 """
 
 import functools
@@ -749,16 +768,18 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
                      store_v_new: bool, store_h: bool, interpret: bool):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic` with ``split_output``: three
-    warpgroups (state, output, memory); refs are GMEM.
+    warpgroups (state, output, memory) in jla's arrangement (MOSAIC_GPU.md Sec. 2); refs are
+    GMEM.
 
-    The output warpgroup forms, one chunk ahead of the state chain, the WY factors of the chunk
-    from ``T0``: ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` (``Ag`` as ``hi + lo`` register
-    operands, fp32 accumulation, one rounding to 16 bits) into the single-buffered ``w_s``,
-    ``u_s`` tiles (``w_ready`` / ``w_free``); the state warpgroup then runs the chain of
-    :func:`_split_kernel` (``v_new = U - W S_c``: one ``wgmma``). ``rest`` = ``[h0_ref,] o_ref,
-    ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim`` (interpret mode only) = ``kt0_s``,
-    ``kt1_s`` (``k^T`` for the state and the output warpgroup), ``p_s`` (``P``), ``hi_s``,
-    ``lo_s``, ``hiw_s``, ``low_s`` (the terms of ``Ag`` and of ``Ag diag(conn e^G)``).
+    The output warpgroup forms ``Ag = T0 * D * beta_j`` of chunk ``n + 1`` elementwise in fp32
+    registers and writes it, rounded once to 16 bits, over ``T0`` in the ring stage
+    (``t0_s[slot]``; ``ag_ready[slot]``; the stage's ``in_free`` frees it), then reads out chunk
+    ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``). The state warpgroup per chunk: publishes
+    ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` to SMEM in 16 bits;
+    ``v_new = Ag X`` (``Ag`` from SMEM); publishes ``v_new``; ``K^T (last e^{G_L - G} v_new)``.
+    ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
+    (interpret mode only) = ``kt0_s``, ``kt1_s`` (``k^T`` for the state and the output
+    warpgroup), ``p_s`` (``P``).
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -766,9 +787,9 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     vn_ref = rest.pop(0) if store_v_new else None
     h_ref = rest.pop(0) if store_h else None
     (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s, conn_s,
-     w_s, u_s, sb_s, vn_s, vd_s, o_s, state_s, in_bar, in_free, w_ready, w_free, s_ready,
-     s_free, io_bar, done, *shim) = rest
-    kt0_s, kt1_s, p_s, hi_s, lo_s, hiw_s, low_s = shim if interpret else (None,) * 7
+     sb_s, x_s, vn_s, vd_s, o_s, state_s, in_bar, in_free, ag_ready, s_ready, s_free, io_bar,
+     done, *shim) = rest
+    kt0_s, kt1_s, p_s = shim if interpret else (None,) * 3
     gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
             conn_ref)
     ring = (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s,
@@ -803,22 +824,36 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
 
             # This warpgroup's stores (h, v_new) of chunk n - 2 must have read their tiles.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            sb_s.at[half][...] = s.astype(sb_s.dtype)  # S_c in 16 bits, published
+            sb_s.at[half][...] = s.astype(sb_s.dtype)  # S_c in 16 bits: published, and K S's
             plgpu.commit_smem()
             if store_h:
                 plgpu.copy_smem_to_gmem(sb_s.at[half], h_ref.at[b, h, n, :, cols])
-            plgpu.barrier_wait(w_ready)  # W, U of chunk n (formed from T0 by the output wg)
+            plgpu.barrier_wait(in_bar.at[slot])
 
-            def w_state(acc):
-                plgpu.wgmma(acc, w_s, sb_s.at[half])  # W S, [C, 64]
+            def state_in(acc):
+                plgpu.wgmma(acc, k_s.at[slot], sb_s.at[half])  # K S, [C, 64]
                 return acc[...]
 
-            ws = lax.optimization_barrier(pl.run_scoped(w_state, plgpu.ACC(tile)))
-            vn = mgl.load_tile(u_s, interpret).astype(jnp.float32) - ws  # v_new, fp32
-            plgpu.barrier_arrive(w_free)  # w_s and u_s may take the next chunk's factors
-            plgpu.barrier_wait(in_bar.at[slot])  # (already complete: W, U came from it)
-            g_i = mgl.load_rows(g_row_s.at[slot], interpret)
+            # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
+            ks = lax.optimization_barrier(pl.run_scoped(state_in, plgpu.ACC(tile)))
+            g_i = mgl.load_rows(g_row_s.at[slot], interpret)  # chunk-local cumsum, fp32
             g_last = g_row_s[slot, CHUNK - 1]
+            # The entering state reaches token t as conn_t e^{G_t} (<= 1): the right-hand side
+            # X = V - diag(conn e^G) K S of the WY solve, fp32, then 16 bits in SMEM.
+            q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
+            x = (mgl.load_tile(v_s.at[slot], interpret).astype(jnp.float32)
+                 - ks * mgl.by_row(q_decay, tile))
+            x_s[...] = x.astype(x_s.dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_wait(ag_ready.at[slot])  # Ag of chunk n, over T0 in the ring stage
+
+            def solve(acc):
+                plgpu.wgmma(acc, t0_s.at[slot], x_s)  # v_new = Ag X, [C, 64]
+                return acc[...]
+
+            vn = lax.optimization_barrier(pl.run_scoped(solve, plgpu.ACC(tile)))  # fp32
+            # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); keep e^{G_L} is 0
+            # if a document starts inside the chunk.
             k_decay = jnp.exp(g_last - g_i) * mgl.load_rows(last_s.at[slot], interpret)
             s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]
             vn_s.at[half][...] = vn.astype(vn_s.dtype)
@@ -834,7 +869,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 return acc[...]
 
             kv = lax.optimization_barrier(pl.run_scoped(update, plgpu.ACC((dk, BLOCK_V))))
-            plgpu.barrier_arrive(in_free.at[slot])
+            plgpu.barrier_arrive(in_free.at[slot])  # k, v, Ag (the stage) no longer read here
             return s * s_decay + kv
 
         s = lax.fori_loop(0, num_chunks, step, s0)
@@ -847,9 +882,6 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         plgpu.set_max_registers(232, action="increase")
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
-        def by_col(x):
-            return lax.broadcast_in_dim(x, sq, [1])
-
         def chunk_mask(slot):
             """D_ij = e^{G_i - G_j} on causal same-document pairs (exponent masked before exp,
             so D <= 1), and the rows of G."""
@@ -860,44 +892,19 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             return mgl.causal_decay(i, j, g_i, g_j, d_i, d_j), g_i
 
         def prepare(m):
-            """W, U of chunk m from T0 into w_s, u_s; signals w_ready. Nothing here depends on
-            the state, so it runs while the state warpgroup works on chunk m - 1."""
+            """Ag = T0 * D * beta_j of chunk m (elementwise, no product) over T0 in the ring
+            stage; signals ag_ready. Nothing here depends on the state, so it runs while the
+            state warpgroup works on chunk m - 1."""
             slot = lax.rem(m, STAGES)
             plgpu.barrier_wait(in_bar.at[slot])
             decay, _ = chunk_mask(slot)
+            beta_j = lax.broadcast_in_dim(mgl.load_cols(b_col_s.at[slot], interpret), sq, [1])
             t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
-            ag = t0 * decay * by_col(mgl.load_cols(b_col_s.at[slot], interpret))  # T diag(beta)
-            hi = ag.astype(dtype)  # Ag as two 16-bit terms: only T0's own rounding remains
-            lo = (ag - hi.astype(jnp.float32)).astype(dtype)
-
-            def factor_u(acc):  # U = Ag V, [C, 64]
-                plgpu.wgmma(acc, mgl.lhs_operand(hi, hi_s, interpret), v_s.at[slot])
-                plgpu.wgmma(acc, mgl.lhs_operand(lo, lo_s, interpret), v_s.at[slot])
-                return acc[...]
-
-            u = lax.optimization_barrier(pl.run_scoped(factor_u, plgpu.ACC(tile)))
-            # W = Ag diag(conn e^G) K: the entering state reaches token j as conn_j e^{G_j}
-            # (<= 1), folded into the columns of the left factor so K is the TMA tile itself.
-            aw = ag * by_col(jnp.exp(mgl.load_cols(g_col_s.at[slot], interpret))
-                             * mgl.load_cols(conn_s.at[slot], interpret))
-            hiw = aw.astype(dtype)
-            low = (aw - hiw.astype(jnp.float32)).astype(dtype)
-
-            def factor_w(acc):  # W, [C, K]
-                plgpu.wgmma(acc, mgl.lhs_operand(hiw, hiw_s, interpret), k_s.at[slot])
-                plgpu.wgmma(acc, mgl.lhs_operand(low, low_s, interpret), k_s.at[slot])
-                return acc[...]
-
-            w = lax.optimization_barrier(pl.run_scoped(factor_w, plgpu.ACC((CHUNK, dk))))
-
-            @pl.when(m >= 1)
-            def _():  # the state warpgroup has read W, U of chunk m - 1
-                plgpu.barrier_wait(w_free)
-
-            w_s[...] = w.astype(w_s.dtype)  # rounded once to 16 bits, as chunk_wy_mosaic's
-            u_s[...] = u.astype(u_s.dtype)
+            # T diag(beta), rounded once to 16 bits (jla: hi/lo splits did not change the
+            # end-to-end error). Only this warpgroup reads T0, and it reads it before the write.
+            t0_s.at[slot][...] = (t0 * decay * beta_j).astype(t0_s.dtype)
             plgpu.commit_smem()
-            plgpu.barrier_arrive(w_ready)
+            plgpu.barrier_arrive(ag_ready.at[slot])
 
         def read_out(n):
             slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
@@ -910,7 +917,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
 
             qk = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
             decay, g_i = chunk_mask(slot)
-            p = (qk * decay).astype(vn_s.dtype)
+            p = (qk * decay).astype(dtype)  # 16-bit, the left wgmma operand (registers)
             q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
             p_op = mgl.lhs_operand(p, p_s, interpret)
             plgpu.barrier_wait(s_ready.at[half])
@@ -925,23 +932,22 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             plgpu.barrier_arrive(s_free.at[half])
             plgpu.barrier_arrive(in_free.at[slot])
             o = scale * (qs * mgl.by_row(q_decay, tile) + pv)
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # o_s (one tile) of chunk n - 1
-            o_s[...] = o.astype(o_s.dtype)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # o_s[half] of chunk n - 2 was read
+            o_s.at[half][...] = o.astype(o_s.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h, cols])
+            plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
 
         prepare(0)
 
         def step(n, carry):
             @pl.when(n + 1 < num_chunks)
-            def _():  # the factors of the next chunk, before this chunk's read-out
+            def _():  # Ag of the next chunk, before this chunk's read-out
                 prepare(n + 1)
 
             read_out(n)
             return carry
 
         lax.fori_loop(0, num_chunks, step, 0)
-        plgpu.barrier_wait(w_free)  # observe the last release
         plgpu.wait_smem_to_gmem(0)
 
     # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
@@ -1024,12 +1030,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
     SMEM.
 
     With ``split_output=True`` (``forward="fused_t0_split"``; module docstring): three
-    warpgroups. The output warpgroup forms ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` of the
-    next chunk from ``T0`` (``Ag`` split into ``hi + lo``, fp32 accumulation, rounded once to
-    the input dtype) while the state warpgroup runs the chain of
-    :func:`chunk_delta_fused_fwd_mosaic`'s split layout (``v_new = U - W S_c``, one ``wgmma``),
-    then reads out the chunk before (``Q K^T``, ``P``, ``Q S``, ``P v_new``). About 219.5 KB of
-    SMEM at K = V = 128 (bf16).
+    warpgroups in jla's arrangement. The output warpgroup forms ``Ag = T0 * D * beta_j`` of the
+    next chunk elementwise (no product), rounded once to the input dtype, over ``T0`` in the
+    ring stage, then reads out the chunk before (``Q K^T``, ``P``, ``Q S_c``, ``P v_new``); the
+    state warpgroup runs ``X = V - diag(conn e^G) K S_c``, ``v_new = Ag X`` and the state update
+    (three ``wgmma`` per chunk). About 211.5 KB of SMEM at K = V = 128 (bf16).
 
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
@@ -1046,16 +1051,15 @@ def chunk_delta_fused_t0_fwd_mosaic(
         segment_ids: optional int ``[B, T]``; the state resets to zero wherever the id changes.
         store_v_new: also write ``v_new`` (static; the residual ``u``).
         store_h: also write the state entering every chunk (static; the backward's ``h``).
-        split_output: three warpgroups (static; ``forward="fused_t0_split"``, below) instead
-            of two. Other roundings (``W``, ``U`` to 16 bits instead of ``X``), same equations.
+        split_output: three warpgroups (static; ``forward="fused_t0_split"``, above) instead
+            of two. Same equations; ``Ag`` rounded once to 16 bits instead of ``hi + lo``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
         16-bit roundings of the ``wgmma`` operands (``S``, ``X``, ``T0``'s storage, ``P``,
         ``v_new``, ``last e^{G_L - G} v_new``; ``Ag`` is carried as ``hi + lo``) with fp32
-        accumulation; with ``split_output``, ``W`` and ``U`` rounded to 16 bits in place of
-        ``X``.
+        accumulation; with ``split_output``, ``Ag`` itself rounded once to 16 bits.
 
     Raises:
         ValueError: on mismatched shapes or dtypes of ``q, k, v, t0``, unsupported head dims
@@ -1098,17 +1102,16 @@ def chunk_delta_fused_t0_fwd_mosaic(
     ]
     if split_output:
         scratch = ring + [
-            swz((CHUNK, dk), k.dtype),  # w_s: W of the next chunk (formed by the output wg)
-            swz((CHUNK, BLOCK_V), dtype),  # u_s: U of the next chunk
             swz((2, dk, BLOCK_V), dtype),  # sb_s: S in 16 bits, published (double-buffered)
+            swz((CHUNK, BLOCK_V), dtype),  # x_s: X = V - diag(conn e^G) K S, operand of Ag X
             swz((2, CHUNK, BLOCK_V), dtype),  # vn_s: v_new, published (double-buffered)
             swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
-            swz((CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (one)
+            swz((2, CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (two)
             swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
             plgpu.Barrier(num_arrivals=_T0_IN_COPIES, num_barriers=STAGES),  # in_bar
-            plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),  # in_free: both consumers
-            plgpu.Barrier(num_arrivals=1),  # w_ready: W, U of the next chunk written
-            plgpu.Barrier(num_arrivals=1),  # w_free: W, U were read
+            # in_free: both consumers released the stage (for t0_s: Ag was read)
+            plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),
+            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # ag_ready: Ag over T0 written
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S, v_new published
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: both were read
             plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
@@ -1116,7 +1119,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
         ]
         if interpret:  # SMEM copies of what the GPU reads as a transposed view or registers
             scratch += [plgpu.SMEM((dk, CHUNK), k.dtype)] * 2  # kt0_s, kt1_s: k^T
-            scratch += [swz((CHUNK, CHUNK), dtype)] * 5  # p_s, hi_s, lo_s, hiw_s, low_s
+            scratch += [swz((CHUNK, CHUNK), dtype)]  # p_s: P
     else:
         scratch = ring + [
             swz((dk, BLOCK_V), dtype),  # sb_s: S in 16 bits (operand of K S, Q S; h staging)

@@ -23,8 +23,9 @@ dispatched, not run on a GPU yet).
   forward tolerance). It also checks the whole forward with ``forward="fused_t0"`` against the
   reference and the three-pass forward, with both ``wy_implementation``s.
 * ``FusedT0SplitInterpretTest`` (``slow``): the same kernel, forward and VJP checks with
-  ``split_output=True`` (``forward="fused_t0_split"``, three warpgroups, ``W, U`` formed from
-  ``T0`` by the output warpgroup).
+  ``split_output=True`` (``forward="fused_t0_split"``, three warpgroups in jla's layout: the
+  output warpgroup forms ``Ag`` from ``T0`` elementwise a chunk ahead, the state warpgroup
+  ``v_new = Ag X``).
 * ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the op with ``forward="fused_t0"`` (``W``
   formed from ``T0`` in XLA for the unchanged backward) against ``jax.vjp`` of the fp32 chunk
   form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
