@@ -124,9 +124,10 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   product: it is ``T0`` times the mask ``D`` and ``beta_j``, elementwise. Per chunk ``n``:
 
   - the output warpgroup (``setmaxnreg 232``), one chunk ahead, waits for chunk ``n + 1``'s
-    stage, forms ``Ag = T0 * D * beta_j`` in fp32 registers and writes it, rounded once to the
-    input dtype, over ``T0`` in the ring stage (``t0_s[slot]``), then arrives on
-    ``ag_ready[slot]``; it then reads out chunk ``n`` as :func:`_split_kernel`'s output
+    stage, forms the strictly lower part ``Ag_<`` of ``Ag = T0 * D * beta_j`` in fp32
+    registers and writes it, rounded once to the input dtype, over ``T0`` in the ring stage
+    (``t0_s[slot]``), then arrives on ``ag_ready[slot]``; it then reads out chunk ``n`` as
+    :func:`_split_kernel`'s output
     warpgroup (``Q K^T`` and ``P`` while the state warpgroup works; on ``s_ready``, ``Q S_n``
     and ``P v_new`` as one group; ``s_free``; ``o`` through a double-buffered tile). Three
     products per chunk;
@@ -134,7 +135,8 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
     ``S_c`` in 16 bits (double-buffered; waits on ``s_free`` of the chunk two back), then::
 
         X      = V - diag(conn e^G) (K S_c)     (one wgmma; fp32, then 16 bits in SMEM)
-        v_new  = Ag X                          (one wgmma; Ag from SMEM, after ag_ready)
+        v_new  = Ag_< X + diag(beta) X          (one wgmma, Ag_< from SMEM after ag_ready;
+                                                 the diagonal term in fp32 registers)
         S_{c+1} = keep e^{G_L} S_c + K^T (last e^{G_L - G} v_new)   (one wgmma)
 
     publishing ``v_new`` (double-buffered) and arriving on ``s_ready`` before the update; it
@@ -145,13 +147,19 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
 
   Three dependent products on the state chain (``K S``, ``Ag X``, ``K^T v_new``) against two
   in ``forward="fused_split"`` (``W S``, ``K^T v_new``), and no ``W, U`` preparation kernel.
-  The roundings are the two-warpgroup kernel's except ``Ag``: one 16-bit rounding of the fp32
-  ``T0 * D * beta_j`` (of the once-rounded ``T0``) instead of the ``hi + lo`` pair. SMEM at
+  ``T0``'s unit diagonal (``Ag_ii = beta_i``, ``D_ii = 1``) is taken exactly: the term
+  ``beta_i X_i``, most of ``v_new``, keeps neither ``Ag``'s nor ``X``'s rounding. The
+  roundings are otherwise the two-warpgroup kernel's except ``Ag_<``: one 16-bit rounding of
+  the fp32 ``T0 * D * beta_j`` (of the once-rounded ``T0``) instead of the ``hi + lo`` pair
+  (interpreted, on the eight kernel cases of the test file, the errors against the fp32
+  reference are 0.76 to 1.03 times the two-warpgroup kernel's; rounding the whole ``Ag``
+  once, diagonal included, gave 1.06 to 1.43 times: MOSAIC_GPU.md Sec. 11). SMEM at
   K = V = 128 (bf16): the ring ``2 x 49.75`` KB (``q, k`` 16 KB each, ``v`` 8, ``T0``/``Ag``
   8, seven vectors); ``S`` 2 x 16 KB, ``X`` 8, ``v_new`` 2 x 8, decayed ``v_new`` 8, ``o``
   2 x 8, the fp32 state 32: about 211.5 KB of the 227 KB an SM allows (one CTA per SM).
   Registers (estimated, not compiled with ptxas): the state warpgroup holds ``S`` (64 fp32
-  per thread), the ``[K, 64]`` update accumulator (64) and ``[C, 64]`` tiles (32 each); the
+  per thread), the ``[K, 64]`` update accumulator (64) and ``[C, 64]`` tiles (32 each; ``X``
+  stays live across ``Ag_< X`` for the diagonal term); the
   output warpgroup's peak is ``Q K^T``, ``D`` and the two read-out accumulators (32 each),
   both under 232.
 
@@ -771,12 +779,13 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     warpgroups (state, output, memory) in jla's arrangement (MOSAIC_GPU.md Sec. 2); refs are
     GMEM.
 
-    The output warpgroup forms ``Ag = T0 * D * beta_j`` of chunk ``n + 1`` elementwise in fp32
-    registers and writes it, rounded once to 16 bits, over ``T0`` in the ring stage
-    (``t0_s[slot]``; ``ag_ready[slot]``; the stage's ``in_free`` frees it), then reads out chunk
-    ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``). The state warpgroup per chunk: publishes
-    ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` to SMEM in 16 bits;
-    ``v_new = Ag X`` (``Ag`` from SMEM); publishes ``v_new``; ``K^T (last e^{G_L - G} v_new)``.
+    The output warpgroup forms ``Ag_<``, the strictly lower part of ``Ag = T0 * D * beta_j``,
+    of chunk ``n + 1`` elementwise in fp32 registers and writes it, rounded once to 16 bits,
+    over ``T0`` in the ring stage (``t0_s[slot]``; ``ag_ready[slot]``; the stage's ``in_free``
+    frees it), then reads out chunk ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``). The state
+    warpgroup per chunk: publishes ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` (fp32,
+    and to SMEM in 16 bits); ``v_new = Ag_< X + diag(beta) X`` (``Ag_<`` from SMEM, the unit
+    diagonal of ``T0`` in fp32); publishes ``v_new``; ``K^T (last e^{G_L - G} v_new)``.
     ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
     (interpret mode only) = ``kt0_s``, ``kt1_s`` (``k^T`` for the state and the output
     warpgroup), ``p_s`` (``P``).
@@ -852,6 +861,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 return acc[...]
 
             vn = lax.optimization_barrier(pl.run_scoped(solve, plgpu.ACC(tile)))  # fp32
+            # The unit diagonal of T0 in fp32: Ag_ii X_i = beta_i X_i, unrounded.
+            vn = vn + x * mgl.by_row(mgl.load_rows(b_col_s.at[slot], interpret), tile)
             # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); keep e^{G_L} is 0
             # if a document starts inside the chunk.
             k_decay = jnp.exp(g_last - g_i) * mgl.load_rows(last_s.at[slot], interpret)
@@ -892,17 +903,19 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             return mgl.causal_decay(i, j, g_i, g_j, d_i, d_j), g_i
 
         def prepare(m):
-            """Ag = T0 * D * beta_j of chunk m (elementwise, no product) over T0 in the ring
-            stage; signals ag_ready. Nothing here depends on the state, so it runs while the
-            state warpgroup works on chunk m - 1."""
+            """Ag_<, the strictly lower part of Ag = T0 * D * beta_j, of chunk m (elementwise,
+            no product) over T0 in the ring stage; signals ag_ready. Nothing here depends on
+            the state, so it runs while the state warpgroup works on chunk m - 1."""
             slot = lax.rem(m, STAGES)
             plgpu.barrier_wait(in_bar.at[slot])
             decay, _ = chunk_mask(slot)
             beta_j = lax.broadcast_in_dim(mgl.load_cols(b_col_s.at[slot], interpret), sq, [1])
             t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
-            # T diag(beta), rounded once to 16 bits (jla: hi/lo splits did not change the
-            # end-to-end error). Only this warpgroup reads T0, and it reads it before the write.
-            t0_s.at[slot][...] = (t0 * decay * beta_j).astype(t0_s.dtype)
+            # T diag(beta) below the diagonal, rounded once to 16 bits (jla: hi/lo splits did
+            # not change the end-to-end error); the diagonal beta_i is the state warpgroup's, in
+            # fp32. Only this warpgroup reads T0, and it reads it before the write.
+            ag = jnp.where(j < i, t0 * decay * beta_j, 0.0)
+            t0_s.at[slot][...] = ag.astype(t0_s.dtype)
             plgpu.commit_smem()
             plgpu.barrier_arrive(ag_ready.at[slot])
 
@@ -1030,11 +1043,13 @@ def chunk_delta_fused_t0_fwd_mosaic(
     SMEM.
 
     With ``split_output=True`` (``forward="fused_t0_split"``; module docstring): three
-    warpgroups in jla's arrangement. The output warpgroup forms ``Ag = T0 * D * beta_j`` of the
-    next chunk elementwise (no product), rounded once to the input dtype, over ``T0`` in the
-    ring stage, then reads out the chunk before (``Q K^T``, ``P``, ``Q S_c``, ``P v_new``); the
-    state warpgroup runs ``X = V - diag(conn e^G) K S_c``, ``v_new = Ag X`` and the state update
-    (three ``wgmma`` per chunk). About 211.5 KB of SMEM at K = V = 128 (bf16).
+    warpgroups in jla's arrangement. The output warpgroup forms the strictly lower part
+    ``Ag_<`` of ``Ag = T0 * D * beta_j`` of the next chunk elementwise (no product), rounded
+    once to the input dtype, over ``T0`` in the ring stage, then reads out the chunk before
+    (``Q K^T``, ``P``, ``Q S_c``, ``P v_new``); the state warpgroup runs
+    ``X = V - diag(conn e^G) K S_c``, ``v_new = Ag_< X + diag(beta) X`` (``T0``'s unit diagonal
+    in fp32) and the state update (three ``wgmma`` per chunk). About 211.5 KB of SMEM at
+    K = V = 128 (bf16).
 
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
@@ -1042,7 +1057,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
         k: keys ``[B, T, Hk, K]``, q's shape and dtype.
         v: values ``[B, T, H, V]``, k's dtype. ``K, V`` in {64, 128}.
         t0: the gate-free inverse ``[B, T, H, 64]`` in k's dtype (finite; zero above the
-            diagonal and between documents, as ``chunk_kkt_inverse_mosaic`` writes it).
+            diagonal and between documents, as ``chunk_kkt_inverse_mosaic`` writes it; unit
+            diagonal, which ``split_output`` takes as exactly 1 without reading it).
         g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
         beta: write strengths ``[B, T, H]``, any float dtype (read as fp32).
         scale: read-out scale (static).
@@ -1052,14 +1068,16 @@ def chunk_delta_fused_t0_fwd_mosaic(
         store_v_new: also write ``v_new`` (static; the residual ``u``).
         store_h: also write the state entering every chunk (static; the backward's ``h``).
         split_output: three warpgroups (static; ``forward="fused_t0_split"``, above) instead
-            of two. Same equations; ``Ag`` rounded once to 16 bits instead of ``hi + lo``.
+            of two. Same equations; ``Ag``'s strictly lower part rounded once to 16 bits
+            instead of ``hi + lo``, its diagonal ``beta`` applied in fp32.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
         16-bit roundings of the ``wgmma`` operands (``S``, ``X``, ``T0``'s storage, ``P``,
         ``v_new``, ``last e^{G_L - G} v_new``; ``Ag`` is carried as ``hi + lo``) with fp32
-        accumulation; with ``split_output``, ``Ag`` itself rounded once to 16 bits.
+        accumulation; with ``split_output``, ``Ag``'s strictly lower part rounded once to 16
+        bits and its diagonal term ``beta X`` unrounded.
 
     Raises:
         ValueError: on mismatched shapes or dtypes of ``q, k, v, t0``, unsupported head dims
