@@ -127,10 +127,9 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
     stage, forms the strictly lower part ``Ag_<`` of ``Ag = T0 * D * beta_j`` in fp32
     registers and writes it, rounded once to the input dtype, over ``T0`` in the ring stage
     (``t0_s[slot]``), then arrives on ``ag_ready[slot]``; it then reads out chunk ``n`` as
-    :func:`_split_kernel`'s output
-    warpgroup (``Q K^T`` and ``P`` while the state warpgroup works; on ``s_ready``, ``Q S_n``
-    and ``P v_new`` as one group; ``s_free``; ``o`` through a double-buffered tile). Three
-    products per chunk;
+    :func:`_split_kernel`'s output warpgroup (``Q K^T`` and ``P`` while the state warpgroup
+    works; on ``s_ready``, ``Q S_n`` and ``P v_new`` as one group; ``s_free``; ``o`` through
+    a double-buffered tile). Three products per chunk;
   - the state warpgroup (``setmaxnreg 232``, ``S`` ``[K, 64]`` fp32 in registers) publishes
     ``S_c`` in 16 bits (double-buffered; waits on ``s_free`` of the chunk two back), then::
 
@@ -159,9 +158,8 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   2 x 8, the fp32 state 32: about 211.5 KB of the 227 KB an SM allows (one CTA per SM).
   Registers (estimated, not compiled with ptxas): the state warpgroup holds ``S`` (64 fp32
   per thread), the ``[K, 64]`` update accumulator (64) and ``[C, 64]`` tiles (32 each; ``X``
-  stays live across ``Ag_< X`` for the diagonal term); the
-  output warpgroup's peak is ``Q K^T``, ``D`` and the two read-out accumulators (32 each),
-  both under 232.
+  stays live across ``Ag_< X`` for the diagonal term); the output warpgroup's peak is
+  ``Q K^T``, ``D`` and the two read-out accumulators (32 each), both under 232.
 
   It replaces a first three-warpgroup layout (2026-12-03 g) in which the output warpgroup
   formed ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` (``Ag`` as ``hi + lo``, four products)
