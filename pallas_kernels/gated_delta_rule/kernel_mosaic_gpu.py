@@ -596,43 +596,97 @@ def refine_inverse(x, a, l_s, x_s, y_s, z_s, interpret: bool):
     return x + lax.optimization_barrier(pl.run_scoped(correct, plgpu.ACC(sq)))
 
 
+# Chunks per CTA of chunk_kkt_inverse_mosaic (its docstring has the rule): at most
+# KKT_MAX_CHUNKS_PER_CTA, and no fewer than KKT_MIN_CTAS CTAs in the grid (4 per SM of the
+# 132-SM H200), so that small problems still fill the GPU.
+KKT_MAX_CHUNKS_PER_CTA = 8
+KKT_MIN_CTAS = 4 * 132
+
+
+def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
+    """The default ``chunks_per_cta`` of :func:`chunk_kkt_inverse_mosaic`: the largest of
+    8, 4, 2, 1 (at most ``num_chunks``) whose grid ``batch * heads * ceil(num_chunks / cpc)``
+    has at least :data:`KKT_MIN_CTAS` CTAs; 1 if none has."""
+    for cpc in (8, 4, 2):
+        if cpc <= max(num_chunks, 1) and batch * heads * (-(-num_chunks // cpc)) >= KKT_MIN_CTAS:
+            return cpc
+    return 1
+
+
 def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_s, doc_col_s,
-                        l_s, x_s, t0_s, in_bar, *shim, group: int, interpret: bool):
-    """Kernel body of :func:`chunk_kkt_inverse_mosaic`: one chunk of one ``(b, h)`` per CTA.
+                        l_s, x_s, t0_s, in_bar, *shim, group: int, num_chunks: int,
+                        chunks_per_cta: int, interpret: bool):
+    """Kernel body of :func:`chunk_kkt_inverse_mosaic`: ``chunks_per_cta`` consecutive chunks
+    of one ``(b, h)`` per CTA, one warpgroup.
+
+    The inputs of each chunk (``k``, ``beta``, two copies of the document vector) go by TMA
+    into a 2-slot ring (``k_s``, ``b_row_s``, ``doc_row_s``, ``doc_col_s``, ``in_bar``
+    indexed by slot): chunk ``c + 1``'s copies are issued before chunk ``c`` is computed, into
+    the slot chunk ``c - 1`` used. Every read of that slot by chunk ``c - 1`` happened before
+    chunk ``c - 1``'s ``commit_smem`` (a warpgroup barrier and an async-proxy fence): the
+    ``wgmma`` that read ``k_s`` finished when its accumulator was read, the vectors were loaded
+    into registers. ``T0`` leaves through a 2-slot staging tile ``t0_s``: before writing a slot,
+    the store issued from it two chunks earlier must have read it. Chunks past ``num_chunks``
+    (the partial last group) are skipped; they are the group's last, so the ring's barrier
+    phases of the earlier chunks are unaffected.
 
     ``shim`` (interpret mode only): ``kt_s`` (``k^T``), ``y_s`` and ``z_s`` (left operands of
     the merges and the refinement), the SMEM copies of what the GPU reads as a transposed view
     or from registers.
     """
-    n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    grp, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
-    rows = pl.ds(n * CHUNK, CHUNK)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
-    plgpu.copy_gmem_to_smem(beta_ref.at[b, h, rows], b_row_s, in_bar)
-    # Row and column views of one vector need different register layouts: separate copies.
-    plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s, in_bar)
-    plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s, in_bar)
-    plgpu.barrier_wait(in_bar)
+    first = grp * chunks_per_cta
     kt_s, y_s, z_s = shim if interpret else (None, None, None)
     sq = (CHUNK, CHUNK)
 
-    def gram(acc):
-        plgpu.wgmma(acc, k_s, mgl.transposed(k_s, kt_s, interpret))  # K K^T, [C, C]
-        return acc[...]
+    def issue(n, slot):
+        rows = pl.ds(n * CHUNK, CHUNK)
+        bar = in_bar.at[slot]
+        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(beta_ref.at[b, h, rows], b_row_s.at[slot], bar)
+        # Row and column views of one vector need different register layouts: separate copies.
+        plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s.at[slot], bar)
+        plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s.at[slot], bar)
 
-    # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
-    kk = lax.optimization_barrier(pl.run_scoped(gram, plgpu.ACC(sq)))
-    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
-    b_i = mgl.load_rows(b_row_s, interpret)
-    d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
-    # A0_ij = beta_i (k_i . k_j) on j < i in the same document, else 0 (no gates).
-    strict = (j < i) & (mgl.by_row(d_i, sq) == lax.broadcast_in_dim(d_j, sq, [1]))
-    a0 = jnp.where(strict, kk * mgl.by_row(b_i, sq), 0.0)
-    x = wy_inverse(a0, l_s, x_s, y_s, interpret)  # T0 = (I + A0)^{-1} by doubling
-    x = refine_inverse(x, a0, l_s, x_s, y_s, z_s, interpret)  # the fp16 merges' error squared
-    t0_s[...] = x.astype(t0_s.dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(t0_s, t0_ref.at[b, rows, h])
+    issue(first, 0)  # the group's first chunk exists (grid = ceil(num_chunks / cpc))
+
+    def step(c, carry):
+        n = first + c
+        slot = lax.rem(c, 2)
+
+        @pl.when((c + 1 < chunks_per_cta) & (n + 1 < num_chunks))
+        def _prefetch():
+            issue(n + 1, 1 - slot)
+
+        @pl.when(n < num_chunks)
+        def _compute():
+            plgpu.barrier_wait(in_bar.at[slot])
+            k_c = k_s.at[slot]
+
+            def gram(acc):
+                plgpu.wgmma(acc, k_c, mgl.transposed(k_c, kt_s, interpret))  # K K^T, [C, C]
+                return acc[...]
+
+            # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
+            kk = lax.optimization_barrier(pl.run_scoped(gram, plgpu.ACC(sq)))
+            i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+            b_i = mgl.load_rows(b_row_s.at[slot], interpret)
+            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+            # A0_ij = beta_i (k_i . k_j) on j < i in the same document, else 0 (no gates).
+            strict = (j < i) & (mgl.by_row(d_i, sq) == lax.broadcast_in_dim(d_j, sq, [1]))
+            a0 = jnp.where(strict, kk * mgl.by_row(b_i, sq), 0.0)
+            x = wy_inverse(a0, l_s, x_s, y_s, interpret)  # T0 = (I + A0)^{-1} by doubling
+            x = refine_inverse(x, a0, l_s, x_s, y_s, z_s, interpret)  # merges' error squared
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot read it
+            t0_s.at[slot][...] = x.astype(t0_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(t0_s.at[slot], t0_ref.at[b, pl.ds(n * CHUNK, CHUNK), h])
+
+        return carry
+
+    lax.fori_loop(0, chunks_per_cta, step, 0)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -656,12 +710,13 @@ def _check_kkt_inputs(k, beta, segment_ids) -> None:
                          f"{segment_ids.shape=}")
 
 
-@functools.partial(jax.jit, static_argnames=("interpret",))
+@functools.partial(jax.jit, static_argnames=("chunks_per_cta", "interpret"))
 def chunk_kkt_inverse_mosaic(
     k: jax.Array,
     beta: jax.Array,
     *,
     segment_ids: Optional[jax.Array] = None,
+    chunks_per_cta: Optional[int] = None,
     interpret: bool = False,
 ) -> jax.Array:
     """The gate-free WY inverse ``T0`` of every chunk of 64 tokens, by a Mosaic GPU kernel.
@@ -682,24 +737,27 @@ def chunk_kkt_inverse_mosaic(
     (``forward="fused_t0"``). ``T0`` is zero above the diagonal and between documents (``A0``
     is block-diagonal by document, and so is its inverse).
 
-    One CTA per ``(chunk, value head, batch row)``, one warpgroup, no ring, as
-    :func:`chunk_wy_mosaic` (about 40 KB of SMEM at K = 128). Four TMA copies on one barrier
-    (``k`` of key head ``h // group``, ``beta`` rows, row and column copies of the document
-    vector). ``K K^T`` on the tensor cores (fp32 accumulation, ``k^T`` a transposed SMEM view);
-    ``A0`` in fp32 registers; the inverse by :func:`wy_inverse` (the exact 2 x 2 diagonal
-    blocks, then five doubling merges, ten ``[64, 64, 64]`` products with fp16 operands,
+    One CTA per ``chunks_per_cta`` consecutive chunks of one ``(value head, batch row)``, one
+    warpgroup, grid ``(ceil(N / chunks_per_cta), H, B)``. Each chunk's inputs are four TMA copies on
+    one barrier (``k`` of key head ``h // group``, ``beta`` rows, row and column copies of the
+    document vector) into a 2-slot ring: chunk ``c + 1``'s copies are issued before chunk ``c`` is
+    computed, so their latency overlaps the inverse; ``T0`` leaves through a 2-slot staging tile
+    (about 66 KB of SMEM at K = 128: 2 x 16 KB of ``k``, 2 x 8 KB of staging, 16 KB of merge
+    operands). ``K K^T`` on the tensor cores (fp32 accumulation, ``k^T`` a transposed SMEM view);
+    ``A0`` in fp32 registers; the inverse by :func:`wy_inverse` (the exact 2 x 2 diagonal blocks,
+    then five doubling merges, ten ``[64, 64, 64]`` products with fp16 operands,
     :data:`MERGE_DTYPE`, fp32 accumulation: about 1e-3 relative on strongly correlated keys,
-    MOSAIC_GPU.md Sec. 6), then one Newton step, :func:`refine_inverse` (four more products,
-    ``A0 X`` with both factors split into fp16 ``hi + lo``), which squares that error. ``T0``
-    leaves in the input dtype through an SMEM tile by TMA. Interpreted, its error against a
-    float64 inverse equals that of the float64 inverse rounded to the input dtype (relative
-    RMS of ``T0 - I``: bf16 1.4e-3 to 1.7e-3, fp16 1.8e-4 to 2.0e-4, correlated keys
-    included; without the Newton step 2.2e-3 and 1.4e-3 on correlated keys). Not jla's
-    algorithm: jla solves the 16 x 16 diagonal blocks by fp32 forward substitution
-    (``inline_mgpu``) and merges twice (about 1.6 M multiply-adds with ``K K^T`` at K = 128);
-    this reuses the tested doubling of ``chunk_wy_mosaic`` and refines it (fourteen
-    ``[64, 64, 64]`` products, about 4.2 M). Per chunk and head it reads ``k`` and writes 8 KB
-    (``chunk_wy_mosaic``: reads ``k, v``, writes ``W, U``, 64 KB at K = V = 128).
+    MOSAIC_GPU.md Sec. 6), then one Newton step, :func:`refine_inverse` (four more products, ``A0
+    X`` with both factors split into fp16 ``hi + lo``), which squares that error. ``T0`` leaves in
+    the input dtype through the staging tile by TMA. Interpreted, its error against a float64
+    inverse equals that of the float64 inverse rounded to the input dtype (relative RMS of ``T0 -
+    I``: bf16 1.4e-3 to 1.7e-3, fp16 1.8e-4 to 2.0e-4, correlated keys included; without the Newton
+    step 2.2e-3 and 1.4e-3 on correlated keys). Not jla's algorithm: jla solves the 16 x 16 diagonal
+    blocks by fp32 forward substitution (``inline_mgpu``) and merges twice (about 1.6 M
+    multiply-adds with ``K K^T`` at K = 128); this reuses the tested doubling of ``chunk_wy_mosaic``
+    and refines it (fourteen ``[64, 64, 64]`` products, about 4.2 M). Per chunk and head it reads
+    ``k`` and writes 8 KB (``chunk_wy_mosaic``: reads ``k, v``, writes ``W, U``, 64 KB at K = V =
+    128).
 
     Args:
         k: keys ``[B, T, Hk, K]``, bf16 or fp16, L2-normalised (the fp16 merge operands need
@@ -707,6 +765,10 @@ def chunk_kkt_inverse_mosaic(
         beta: write strengths ``[B, T, H]``, any float dtype (read as fp32); ``H % Hk == 0``
             (value head ``h`` reads key head ``h // (H // Hk)``).
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        chunks_per_cta: chunks per CTA (static, >= 1; the last CTA of a row may get fewer).
+            ``None`` picks :func:`kkt_chunks_per_cta`: the largest of 8, 4, 2, 1 that leaves
+            at least :data:`KKT_MIN_CTAS` (4 per SM of an H200) CTAs in the grid, so small
+            problems keep enough CTAs (B 8, H 16, T 4096: 8 chunks per CTA, 1024 CTAs).
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -715,34 +777,42 @@ def chunk_kkt_inverse_mosaic(
 
     Raises:
         ValueError: on a ``beta`` that is not ``[B, T, H]`` with ``H % Hk == 0``, an
-            unsupported head dim or dtype, or a ``segment_ids`` that is not ``[B, T]``.
+            unsupported head dim or dtype, a ``segment_ids`` that is not ``[B, T]``, or a
+            ``chunks_per_cta`` below 1.
     """
     batch, seq_len, kv_heads, dk = k.shape
     _check_kkt_inputs(k, beta, segment_ids)
     heads = beta.shape[2]
     num_chunks = -(-seq_len // CHUNK)
+    if chunks_per_cta is None:
+        chunks_per_cta = kkt_chunks_per_cta(batch, heads, num_chunks)
+    if chunks_per_cta < 1:
+        raise ValueError(f"chunks_per_cta must be >= 1, got {chunks_per_cta=}")
+    chunks_per_cta = min(chunks_per_cta, num_chunks)
+    num_groups = -(-num_chunks // chunks_per_cta)
     padded = num_chunks * CHUNK
     # Padding tokens have k = 0 and beta = 0: their rows and columns of A0 are zero (T0 = I
     # there; the rows are cut off below).
     k = mgl.pad_time(k, num_chunks)
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)  # [B, H, Tp]
     doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
-    vec = plgpu.SMEM((CHUNK,), jnp.float32)
+    vec = plgpu.SMEM((2, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
     call = plgpu.kernel(
-        functools.partial(_kkt_inverse_kernel, group=heads // kv_heads, interpret=interpret),
+        functools.partial(_kkt_inverse_kernel, group=heads // kv_heads, num_chunks=num_chunks,
+                          chunks_per_cta=chunks_per_cta, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((batch, padded, heads, CHUNK), k.dtype),
         scratch_types=[
-            swz((CHUNK, dk), k.dtype),  # k_s
-            vec, vec, vec,  # beta (rows), doc (rows, columns)
+            swz((2, CHUNK, dk), k.dtype),  # k_s: the 2-slot ring of keys
+            vec, vec, vec,  # beta (rows), doc (rows, columns), 2 slots each
             swz((CHUNK, CHUNK), MERGE_DTYPE),  # l_s: A0, the right operand of X A0
             swz((CHUNK, CHUNK), MERGE_DTYPE),  # x_s: X, left of X A0 and right of Y X
-            swz((CHUNK, CHUNK), k.dtype),  # t0_s: staging of T0
-            plgpu.Barrier(num_arrivals=4),  # in_bar: the 4 input copies landed
+            swz((2, CHUNK, CHUNK), k.dtype),  # t0_s: 2-slot staging of T0
+            plgpu.Barrier(num_arrivals=4, num_barriers=2),  # in_bar: a slot's 4 copies landed
         ] + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
               swz((CHUNK, CHUNK), MERGE_DTYPE),  # y_s: Y, A_hi, X_hi
               swz((CHUNK, CHUNK), MERGE_DTYPE)] if interpret else []),  # z_s: A_lo
-        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        grid=(num_groups, heads, batch),  # groups first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,

@@ -1,0 +1,127 @@
+"""Several chunks per CTA in the ``T0`` kernel :func:`chunk_kkt_inverse_mosaic`.
+
+``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py``'s gate-free inverse
+``T0 = (I + A0)^{-1}`` walks ``chunks_per_cta`` consecutive chunks of one ``(b, h)`` per CTA,
+the next chunk's ``k``, ``beta`` and document vectors prefetched by TMA into a 2-slot ring
+(issue 29, MOSAIC_GPU.md Sec. 12; not run on a GPU yet).
+
+* ``ChunksPerCtaRuleTest`` (CI): the default ``chunks_per_cta`` rule and the argument check.
+* ``KktLoweringTest`` (CI): the kernel exports for CUDA on the CPU host with several chunks
+  per CTA, a partial last group included (about 2 s each on 2 cores).
+* ``KktGroupsInterpretTest`` (``slow``): interpreted, against the float64 inverse of
+  ``kernel_mosaic_gdn_t0_test`` (the same gate: 10 % above the float64 inverse's own rounding
+  to the input dtype, exact zeros above the diagonal and between documents) with 2, 3 and 8
+  chunks per CTA: partial last groups, a partial last chunk, documents packed across chunk
+  and group boundaries, GVA, fp16, correlated keys; and bit-equal to one chunk per CTA (each
+  chunk's arithmetic is unchanged by the grouping).
+
+Run the interpreted ones with a larger XLA CPU pool (MOSAIC_GPU.md Sec. 10):
+``PJRT_NPROC=8 timeout 1500 python -m pytest -q -m slow
+tests/pallas_kernels/kernel_mosaic_kkt_test.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+from tests.pallas_kernels import kernel_mosaic_gdn_t0_test as t0_test
+
+C = kgd.CHUNK
+
+
+class ChunksPerCtaRuleTest(absltest.TestCase):
+
+    def test_default_rule(self):
+        rule = kgd.kkt_chunks_per_cta
+        self.assertEqual(rule(8, 16, 64), 8)  # S1: B 8, H 16, T 4096 -> 1024 CTAs
+        self.assertEqual(rule(2, 16, 64), 2)  # 4 would leave 512 CTAs, 2 leaves 1024
+        self.assertEqual(rule(1, 16, 64), 1)  # even 2 would leave only 512 CTAs
+        self.assertEqual(rule(1, 1, 3), 1)  # tiny problems keep one chunk per CTA
+        self.assertEqual(rule(64, 32, 2), 2)  # never more chunks per CTA than chunks
+        for batch, heads, chunks in ((8, 16, 64), (1, 16, 64), (4, 8, 300), (64, 32, 2)):
+            cpc = rule(batch, heads, chunks)
+            self.assertIn(cpc, (1, 2, 4, 8))
+            if cpc > 1:
+                self.assertGreaterEqual(batch * heads * -(-chunks // cpc), kgd.KKT_MIN_CTAS)
+
+    def test_rejects_zero_chunks_per_cta(self):
+        k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+        beta = jnp.zeros((1, 128, 1), jnp.float32)
+        with self.assertRaisesRegex(ValueError, "chunks_per_cta"):
+            jax.eval_shape(lambda k, b: kgd.chunk_kkt_inverse_mosaic(k, b, chunks_per_cta=0),
+                           k, beta)
+
+
+def _export(test, dk, seq_len, chunks_per_cta):
+    _, k, _, _, beta, _, seg = t0_test._inputs(1, seq_len, 2, 1, dk, 64, 0.2, False, (70, 30))
+
+    def fn(k, beta, seg):
+        return kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
+                                            chunks_per_cta=chunks_per_cta)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(k, beta, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_kkt_inverse", text)
+    test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals],
+                     [((1, seq_len, 2, C), k.dtype)])
+
+
+class KktLoweringTest(parameterized.TestCase):
+    """Several chunks per CTA export for CUDA (layouts, swizzles, the ring's slot views)."""
+
+    @parameterized.named_parameters(
+        ("cpc2_T256_K128", 128, 256, 2),
+        ("cpc3_partial_group_T300_K64", 64, 300, 3),
+    )
+    def test_exports_for_cuda(self, dk, seq_len, chunks_per_cta):
+        _export(self, dk, seq_len, chunks_per_cta)
+
+
+# B, T, H, Hk, K, V, decay, h0, document lengths (the rest one more), dtype, correlated,
+# chunks per CTA.
+_GROUP_CASES = (
+    # 5 chunks in groups of 2: the last group has one chunk; starts at 64 (a chunk and group
+    # boundary), 100 (inside chunk 1), 200 (inside chunk 3, a document over the group boundary
+    # at 128) and 290 (inside the partial chunk 4)
+    ("cpc2_gva_packed_partial_T300_K64", 1, 300, 2, 1, 64, 64, 0.1, False, (64, 36, 100, 90),
+     jnp.bfloat16, 0.0, 2),
+    # 4 chunks in groups of 3 (the last group one chunk of 3); one document over chunks 0-2
+    ("cpc3_packed_T256_K128", 2, 256, 2, 2, 128, 64, 0.1, False, (150, 60), jnp.bfloat16, 0.0,
+     3),
+    # more chunks per CTA than chunks: one group of 3, the last chunk partial
+    ("cpc8_fp16_packed_partial_T150_K128", 1, 150, 1, 1, 128, 64, 0.1, False, (10, 100),
+     jnp.float16, 0.0, 8),
+    # keys sharing one direction, beta near 1, 2 chunks per CTA
+    ("cpc2_correlated_T256_K128", 1, 256, 1, 1, 128, 64, 0.01, False, (90,), jnp.bfloat16, 3.0,
+     2),
+)
+
+
+# Slow (out of CI): interpreted Mosaic GPU kernels. The mark is on the class: absl's
+# parameterized copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class KktGroupsInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_GROUP_CASES)
+    def test_t0_matches_float64_and_one_chunk_per_cta(self, batch, seq_len, heads, kv_heads, dk,
+                                                      dv, decay, h0, docs, dtype, correlated,
+                                                      chunks_per_cta):
+        _, k, _, _, beta, _, seg = t0_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                   decay, h0, docs, dtype,
+                                                   correlated=correlated)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
+                                          chunks_per_cta=chunks_per_cta, interpret=True)
+        self.assertEqual(t0.dtype, k.dtype)
+        err, max_err = t0_test._check_t0(self, k, beta, seg, t0)
+        print(f"T0 {self.id()}: relative RMS {err:.3e}, max abs {max_err:.3e}")
+        one = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, chunks_per_cta=1,
+                                           interpret=True)
+        np.testing.assert_array_equal(np.asarray(t0, np.float32), np.asarray(one, np.float32))
+
+
+if __name__ == "__main__":
+    absltest.main()
