@@ -596,6 +596,156 @@ def refine_inverse(x, a, l_s, x_s, y_s, z_s, interpret: bool):
     return x + lax.optimization_barrier(pl.run_scoped(correct, plgpu.ACC(sq)))
 
 
+# The T0 kernel's inverse works on 16-column blocks of the chunk: its SMEM operand tiles use
+# a 32-byte swizzle ([8, 16] 16-bit tiles), so every 16-row or 16-column slice is whole tiles.
+KKT_BLOCK = 16
+
+
+def _kkt_smem(shape, dtype):
+    """A 16-bit SMEM tile with 32-byte swizzle: sliceable in steps of :data:`KKT_BLOCK`."""
+    dtype = jnp.dtype(dtype)
+    tiling = plgpu.TilingTransform((8, 32 // dtype.itemsize))
+    return plgpu.SMEM(shape, dtype, transforms=(tiling, plgpu.SwizzleTransform(32)))
+
+
+def _blk(c, n=1):
+    """Rows or columns ``[16 c, 16 (c + n))``."""
+    return pl.ds(c * KKT_BLOCK, n * KKT_BLOCK)
+
+
+def _block_products(terms):
+    """``[sum of lhs @ rhs for (lhs, rhs) in t] for t in terms``: independent ``[64, 16]``
+    products, one accumulator each, issued together and read together (one wait)."""
+    def body(*accs):
+        for acc, t in zip(accs, terms):
+            for lhs, rhs in t:
+                plgpu.wgmma(acc, lhs, rhs)
+        return tuple(acc[...] for acc in accs)
+
+    shape = (CHUNK, KKT_BLOCK)
+    out = pl.run_scoped(body, *[plgpu.ACC(shape) for _ in terms])
+    # The barrier keeps the arithmetic after the accumulator reads (jla's pitfall).
+    return list(lax.optimization_barrier(tuple(out)))
+
+
+def kkt_block_inverse(a, l_s, x_s, y_s, interpret: bool):
+    """``X = (I + A)^{-1}`` of a strictly lower fp32 ``A`` (``[64, 64]``, WGMMA layout) as four
+    ``[64, 16]`` column blocks (fp32), with products restricted to where ``X`` can change.
+
+    :func:`wy_inverse`'s doubling (exact 2 x 2 diagonal blocks, then ``X <- X - (X A)|_s X``)
+    in column blocks ``c`` of 16 (rows and columns ``[16 c, 16 c + 16)``):
+
+    * ``s = 4, 8, 16`` (inside the 16 x 16 diagonal blocks): ``X`` is block-diagonal, so
+      column block ``c`` of ``X A`` restricted to the diagonal block needs only
+      ``X[:, c] A[c, c]``, and of ``Y X`` only ``Y[:, c] X[c, c]``: eight ``[64, 16, 16]``
+      products per level (four accumulators per ``wgmma`` batch), not two ``[64, 64, 64]``.
+    * ``s = 32``: for ``c = 0, 2`` (``u = c + 1``), ``Y_c = X[:, u] A[u, c]`` then
+      ``X[:, c] -= Y_c X[c, c]``: four ``[64, 16, 16]`` products.
+    * ``s = 64``: for ``c = 0, 1``, ``Y_c = (X[:, 32:] A[32:, c])`` on rows 32..63, then
+      ``X[:, 0] -= Y_0 X[0, 0] + Y_1 X[1, 0]`` and ``X[:, 1] -= Y_1 X[1, 1]``: two
+      ``[64, 16, 32]`` and three ``[64, 16, 16]`` products.
+
+    Same operand roundings as :func:`wy_inverse` (:data:`MERGE_DTYPE` operands, fp32
+    accumulation), about 0.57 M multiply-adds instead of 2.6 M. ``l_s`` (``A``), ``x_s``
+    (``X``) are ``[64, 64]`` 16-bit tiles with a 32-byte swizzle (:func:`_kkt_smem`);
+    ``y_s`` (the same) is the interpret-mode copy of the register operands ``Y`` (``None`` on
+    the GPU).
+    """
+    dt = MERGE_DTYPE
+    shape = (CHUNK, KKT_BLOCK)
+    i = mgl.iota(shape, 0, interpret)
+    j0 = mgl.iota(shape, 1, interpret)
+    l_s[...] = a.astype(dt)
+    xs = []
+    for c in range(4):
+        j = j0 + c * KKT_BLOCK
+        a_c = a[:, c * KKT_BLOCK:(c + 1) * KKT_BLOCK]
+        xs.append(jnp.where(i == j, 1.0, 0.0) - jnp.where(lax.div(i, 2) == lax.div(j, 2), a_c,
+                                                          0.0))
+
+    def store(c):
+        x_s.at[:, _blk(c)][...] = xs[c].astype(dt)
+
+    def lhs(y, c):
+        return mgl.lhs_operand(y, None if y_s is None else y_s.at[:, _blk(c)], interpret)
+
+    for size in (4, 8, 16):
+        half = size // 2
+        for c in range(4):
+            store(c)
+        plgpu.commit_smem()
+        xa = _block_products([[(x_s.at[:, _blk(c)], l_s.at[_blk(c), _blk(c)])]
+                              for c in range(4)])
+        ys = []
+        for c in range(4):
+            j = j0 + c * KKT_BLOCK
+            quarter = ((lax.div(i, size) == lax.div(j, size)) & (lax.rem(i, size) >= half)
+                       & (lax.rem(j, size) < half))
+            ys.append(jnp.where(quarter, xa[c], 0.0).astype(dt))
+        yx = _block_products([[(lhs(ys[c], c), x_s.at[_blk(c), _blk(c)])] for c in range(4)])
+        xs = [x - p for x, p in zip(xs, yx)]
+    # s = 32: the lower-left 16 x 16 block of each 32-block, columns 0 and 2.
+    for c in range(4):
+        store(c)
+    plgpu.commit_smem()
+    xa = _block_products([[(x_s.at[:, _blk(c + 1)], l_s.at[_blk(c + 1), _blk(c)])]
+                          for c in (0, 2)])
+    ys = [jnp.where(lax.div(i, KKT_BLOCK) == c + 1, p, 0.0).astype(dt)
+          for c, p in zip((0, 2), xa)]
+    yx = _block_products([[(lhs(y, c), x_s.at[_blk(c), _blk(c)])] for c, y in zip((0, 2), ys)])
+    xs[0], xs[2] = xs[0] - yx[0], xs[2] - yx[1]
+    # s = 64: the lower-left 32 x 32 block, columns 0 and 1.
+    for c in (0, 2):
+        store(c)
+    plgpu.commit_smem()
+    xa = _block_products([[(x_s.at[:, _blk(2, 2)], l_s.at[_blk(2, 2), _blk(c)])]
+                          for c in (0, 1)])
+    y0, y1 = (jnp.where(i >= 2 * KKT_BLOCK, p, 0.0).astype(dt) for p in xa)
+    y0_op, y1_op = lhs(y0, 0), lhs(y1, 1)
+    yx = _block_products([[(y0_op, x_s.at[_blk(0), _blk(0)]), (y1_op, x_s.at[_blk(1), _blk(0)])],
+                          [(y1_op, x_s.at[_blk(1), _blk(1)])]])
+    xs[0], xs[1] = xs[0] - yx[0], xs[1] - yx[1]
+    return xs
+
+
+def kkt_block_refine(xs, a, l_s, al_s, x_s, xl_s, interpret: bool):
+    """One Newton step (:func:`refine_inverse`'s) on the column blocks ``xs`` of
+    :func:`kkt_block_inverse`, with the products restricted by triangularity.
+
+    ``R = I - (I + A) X``, ``X <- X + X R``; ``A X`` with both factors split into fp16 terms
+    (``A_hi X_hi + A_hi X_lo + A_lo X_hi``), ``X R`` as ``X_hi R``. ``X`` and ``R`` are lower
+    triangular, so column block ``c`` of ``A X`` and of ``X R`` only needs rows (of the right
+    factor) from ``16 c``: products ``[64, 16, 64 - 16 c]`` (0.66 M multiply-adds instead of
+    1.05 M). All operands are SMEM tiles with a 32-byte swizzle: ``l_s`` (``A_hi``, as left by
+    :func:`kkt_block_inverse`), ``al_s`` (``A_lo``), ``x_s`` (``X_hi``), ``xl_s`` (``X_lo``,
+    then ``R``). Returns the refined column blocks (fp32).
+    """
+    dt = MERGE_DTYPE
+    shape = (CHUNK, KKT_BLOCK)
+    i, j0 = mgl.iota(shape, 0, interpret), mgl.iota(shape, 1, interpret)
+    a_hi = a.astype(dt)
+    al_s[...] = (a - a_hi.astype(jnp.float32)).astype(dt)  # l_s holds A_hi already
+    for c in range(4):
+        x_hi = xs[c].astype(dt)
+        x_s.at[:, _blk(c)][...] = x_hi
+        xl_s.at[:, _blk(c)][...] = (xs[c] - x_hi.astype(jnp.float32)).astype(dt)
+    plgpu.commit_smem()
+
+    def tail(c):  # rows (or columns) 16 c .. 63
+        return _blk(c, 4 - c)
+
+    ax = _block_products([[(l_s.at[:, tail(c)], x_s.at[tail(c), _blk(c)]),
+                           (l_s.at[:, tail(c)], xl_s.at[tail(c), _blk(c)]),
+                           (al_s.at[:, tail(c)], x_s.at[tail(c), _blk(c)])] for c in range(4)])
+    # R = I - X - A X; the products that read xl_s have finished (accumulators read).
+    for c in range(4):
+        eye = jnp.where(i == j0 + c * KKT_BLOCK, 1.0, 0.0)
+        xl_s.at[:, _blk(c)][...] = (eye - xs[c] - ax[c]).astype(dt)
+    plgpu.commit_smem()
+    xr = _block_products([[(x_s.at[:, tail(c)], xl_s.at[tail(c), _blk(c)])] for c in range(4)])
+    return [x + p for x, p in zip(xs, xr)]
+
+
 # Chunks per CTA of chunk_kkt_inverse_mosaic (its docstring has the rule): at most
 # KKT_MAX_CHUNKS_PER_CTA, and no fewer than KKT_MIN_CTAS CTAs in the grid (4 per SM of the
 # 132-SM H200), so that small problems still fill the GPU.
@@ -614,7 +764,7 @@ def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
 
 
 def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_s, doc_col_s,
-                        l_s, x_s, t0_s, in_bar, *shim, group: int, num_chunks: int,
+                        l_s, al_s, x_s, xl_s, t0_s, in_bar, *shim, group: int, num_chunks: int,
                         chunks_per_cta: int, interpret: bool):
     """Kernel body of :func:`chunk_kkt_inverse_mosaic`: ``chunks_per_cta`` consecutive chunks
     of one ``(b, h)`` per CTA, one warpgroup.
@@ -630,14 +780,13 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
     (the partial last group) are skipped; they are the group's last, so the ring's barrier
     phases of the earlier chunks are unaffected.
 
-    ``shim`` (interpret mode only): ``kt_s`` (``k^T``), ``y_s`` and ``z_s`` (left operands of
-    the merges and the refinement), the SMEM copies of what the GPU reads as a transposed view
-    or from registers.
+    ``shim`` (interpret mode only): ``kt_s`` (``k^T``) and ``y_s`` (left operands of the
+    merges), the SMEM copies of what the GPU reads as a transposed view or from registers.
     """
     grp, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
     first = grp * chunks_per_cta
-    kt_s, y_s, z_s = shim if interpret else (None, None, None)
+    kt_s, y_s = shim if interpret else (None, None)
     sq = (CHUNK, CHUNK)
 
     def issue(n, slot):
@@ -677,10 +826,11 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
             # A0_ij = beta_i (k_i . k_j) on j < i in the same document, else 0 (no gates).
             strict = (j < i) & (mgl.by_row(d_i, sq) == lax.broadcast_in_dim(d_j, sq, [1]))
             a0 = jnp.where(strict, kk * mgl.by_row(b_i, sq), 0.0)
-            x = wy_inverse(a0, l_s, x_s, y_s, interpret)  # T0 = (I + A0)^{-1} by doubling
-            x = refine_inverse(x, a0, l_s, x_s, y_s, z_s, interpret)  # merges' error squared
+            xs = kkt_block_inverse(a0, l_s, x_s, y_s, interpret)  # T0 by blocked doubling
+            xs = kkt_block_refine(xs, a0, l_s, al_s, x_s, xl_s, interpret)  # error squared
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot read it
-            t0_s.at[slot][...] = x.astype(t0_s.dtype)
+            for c in range(4):
+                t0_s.at[slot].at[:, _blk(c)][...] = xs[c].astype(t0_s.dtype)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(t0_s.at[slot], t0_ref.at[b, pl.ds(n * CHUNK, CHUNK), h])
 
@@ -738,26 +888,30 @@ def chunk_kkt_inverse_mosaic(
     is block-diagonal by document, and so is its inverse).
 
     One CTA per ``chunks_per_cta`` consecutive chunks of one ``(value head, batch row)``, one
-    warpgroup, grid ``(ceil(N / chunks_per_cta), H, B)``. Each chunk's inputs are four TMA copies on
-    one barrier (``k`` of key head ``h // group``, ``beta`` rows, row and column copies of the
-    document vector) into a 2-slot ring: chunk ``c + 1``'s copies are issued before chunk ``c`` is
-    computed, so their latency overlaps the inverse; ``T0`` leaves through a 2-slot staging tile
-    (about 66 KB of SMEM at K = 128: 2 x 16 KB of ``k``, 2 x 8 KB of staging, 16 KB of merge
-    operands). ``K K^T`` on the tensor cores (fp32 accumulation, ``k^T`` a transposed SMEM view);
-    ``A0`` in fp32 registers; the inverse by :func:`wy_inverse` (the exact 2 x 2 diagonal blocks,
-    then five doubling merges, ten ``[64, 64, 64]`` products with fp16 operands,
-    :data:`MERGE_DTYPE`, fp32 accumulation: about 1e-3 relative on strongly correlated keys,
-    MOSAIC_GPU.md Sec. 6), then one Newton step, :func:`refine_inverse` (four more products, ``A0
-    X`` with both factors split into fp16 ``hi + lo``), which squares that error. ``T0`` leaves in
-    the input dtype through the staging tile by TMA. Interpreted, its error against a float64
-    inverse equals that of the float64 inverse rounded to the input dtype (relative RMS of ``T0 -
-    I``: bf16 1.4e-3 to 1.7e-3, fp16 1.8e-4 to 2.0e-4, correlated keys included; without the Newton
-    step 2.2e-3 and 1.4e-3 on correlated keys). Not jla's algorithm: jla solves the 16 x 16 diagonal
-    blocks by fp32 forward substitution (``inline_mgpu``) and merges twice (about 1.6 M
-    multiply-adds with ``K K^T`` at K = 128); this reuses the tested doubling of ``chunk_wy_mosaic``
-    and refines it (fourteen ``[64, 64, 64]`` products, about 4.2 M). Per chunk and head it reads
-    ``k`` and writes 8 KB (``chunk_wy_mosaic``: reads ``k, v``, writes ``W, U``, 64 KB at K = V =
-    128).
+    warpgroup, grid ``(ceil(N / chunks_per_cta), H, B)``. Each chunk's inputs are four TMA
+    copies on one barrier (``k`` of key head ``h // group``, ``beta`` rows, row and column
+    copies of the document vector) into a 2-slot ring: chunk ``c + 1``'s copies are issued
+    before chunk ``c`` is computed, so their latency overlaps the inverse; ``T0`` leaves in
+    the input dtype through a 2-slot staging tile by TMA. SMEM about 81 KB at K = 128 (65 KB
+    at K = 64): 2 x 16 KB of ``k``, four 8 KB fp16 operand tiles, 2 x 8 KB of staging.
+    ``K K^T`` on the tensor cores (fp32 accumulation, ``k^T`` a transposed SMEM view); ``A0``
+    in fp32 registers; the inverse by :func:`kkt_block_inverse`: :func:`wy_inverse`'s
+    doubling (exact 2 x 2 diagonal blocks, merges 4 -> ... -> 64, fp16 operands,
+    :data:`MERGE_DTYPE`, fp32 accumulation), computed in four 16-column blocks with every
+    product restricted to the blocks it can change (the 16 x 16 diagonal blocks by
+    ``[64, 16, 16]`` products, then the 16 -> 32 -> 64 merges), then one Newton step,
+    :func:`kkt_block_refine` (``A0 X`` with both factors split into fp16 ``hi + lo``), with
+    products restricted by triangularity, which squares the merges' error. Multiply-adds per
+    chunk and head (issued ``wgmma`` sizes, M = 64): ``K K^T`` 0.52 M (K = 128), inverse
+    0.57 M, Newton step 0.66 M, in all 1.75 M at K = 128 (1.49 M at K = 64); the unrestricted
+    doubling and Newton step took 4.19 M (jla: about 1.6 M, its 16 x 16 diagonal blocks
+    solved by fp32 forward substitution in ``inline_mgpu``, which the interpreter cannot run,
+    and no Newton step). Interpreted, the error against a float64 inverse equals that of the
+    float64 inverse rounded to the input dtype (relative RMS of ``T0 - I``: bf16 1.4e-3 to
+    1.7e-3, fp16 1.8e-4 to 2.0e-4, correlated keys included; without the Newton step 2.2e-3
+    and 1.4e-3 on correlated keys); MOSAIC_GPU.md Sec. 12. Per chunk and head it reads ``k``
+    and writes 8 KB (``chunk_wy_mosaic``: reads ``k, v``, writes ``W, U``, 64 KB at
+    K = V = 128).
 
     Args:
         k: keys ``[B, T, Hk, K]``, bf16 or fp16, L2-normalised (the fp16 merge operands need
@@ -805,13 +959,14 @@ def chunk_kkt_inverse_mosaic(
         scratch_types=[
             swz((2, CHUNK, dk), k.dtype),  # k_s: the 2-slot ring of keys
             vec, vec, vec,  # beta (rows), doc (rows, columns), 2 slots each
-            swz((CHUNK, CHUNK), MERGE_DTYPE),  # l_s: A0, the right operand of X A0
-            swz((CHUNK, CHUNK), MERGE_DTYPE),  # x_s: X, left of X A0 and right of Y X
-            swz((2, CHUNK, CHUNK), k.dtype),  # t0_s: 2-slot staging of T0
+            _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE),  # l_s: A0 (A_hi), right of X A0, left of A X
+            _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE),  # al_s: A_lo
+            _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE),  # x_s: X (X_hi)
+            _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE),  # xl_s: X_lo, then R
+            _kkt_smem((2, CHUNK, CHUNK), k.dtype),  # t0_s: 2-slot staging of T0
             plgpu.Barrier(num_arrivals=4, num_barriers=2),  # in_bar: a slot's 4 copies landed
         ] + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
-              swz((CHUNK, CHUNK), MERGE_DTYPE),  # y_s: Y, A_hi, X_hi
-              swz((CHUNK, CHUNK), MERGE_DTYPE)] if interpret else []),  # z_s: A_lo
+              _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE)] if interpret else []),  # y_s: Y
         grid=(num_groups, heads, batch),  # groups first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
