@@ -708,17 +708,20 @@ def kkt_block_inverse(a, l_s, x_s, y_s, interpret: bool):
     return xs
 
 
-def kkt_block_refine(xs, a, l_s, al_s, x_s, xl_s, interpret: bool):
+def kkt_block_refine(xs, a, l_s, al_s, x_s, xl_s, interpret: bool, *, split_x: bool = True):
     """One Newton step (:func:`refine_inverse`'s) on the column blocks ``xs`` of
     :func:`kkt_block_inverse`, with the products restricted by triangularity.
 
     ``R = I - (I + A) X``, ``X <- X + X R``; ``A X`` with both factors split into fp16 terms
-    (``A_hi X_hi + A_hi X_lo + A_lo X_hi``), ``X R`` as ``X_hi R``. ``X`` and ``R`` are lower
-    triangular, so column block ``c`` of ``A X`` and of ``X R`` only needs rows (of the right
-    factor) from ``16 c``: products ``[64, 16, 64 - 16 c]`` (0.66 M multiply-adds instead of
-    1.05 M). All operands are SMEM tiles with a 32-byte swizzle: ``l_s`` (``A_hi``, as left by
-    :func:`kkt_block_inverse`), ``al_s`` (``A_lo``), ``x_s`` (``X_hi``), ``xl_s`` (``X_lo``,
-    then ``R``). Returns the refined column blocks (fp32).
+    (``A_hi X_hi + A_hi X_lo + A_lo X_hi``; without ``split_x`` only ``A_hi X_hi + A_lo X_hi``),
+    ``X R`` as ``X_hi R``. ``X`` and ``R`` are lower triangular, so column block ``c`` of
+    ``A X`` and of ``X R`` only needs rows (of the right factor) from ``16 c``: products
+    ``[64, 16, 64 - 16 c]`` (0.66 M multiply-adds instead of 1.05 M; 0.49 M without
+    ``split_x``). The ``A_lo`` term is what brings the error down to the output rounding (the
+    doubling's error comes mostly from ``A`` rounded to fp16); ``X_lo`` matters only for fp16
+    outputs (MOSAIC_GPU.md Sec. 12). All operands are SMEM tiles with a 32-byte swizzle:
+    ``l_s`` (``A_hi``, as left by :func:`kkt_block_inverse`), ``al_s`` (``A_lo``), ``x_s``
+    (``X_hi``), ``xl_s`` (``X_lo``, then ``R``). Returns the refined column blocks (fp32).
     """
     dt = MERGE_DTYPE
     shape = (CHUNK, KKT_BLOCK)
@@ -728,15 +731,17 @@ def kkt_block_refine(xs, a, l_s, al_s, x_s, xl_s, interpret: bool):
     for c in range(4):
         x_hi = xs[c].astype(dt)
         x_s.at[:, _blk(c)][...] = x_hi
-        xl_s.at[:, _blk(c)][...] = (xs[c] - x_hi.astype(jnp.float32)).astype(dt)
+        if split_x:
+            xl_s.at[:, _blk(c)][...] = (xs[c] - x_hi.astype(jnp.float32)).astype(dt)
     plgpu.commit_smem()
 
     def tail(c):  # rows (or columns) 16 c .. 63
         return _blk(c, 4 - c)
 
     ax = _block_products([[(l_s.at[:, tail(c)], x_s.at[tail(c), _blk(c)]),
-                           (l_s.at[:, tail(c)], xl_s.at[tail(c), _blk(c)]),
-                           (al_s.at[:, tail(c)], x_s.at[tail(c), _blk(c)])] for c in range(4)])
+                           (al_s.at[:, tail(c)], x_s.at[tail(c), _blk(c)])]
+                          + ([(l_s.at[:, tail(c)], xl_s.at[tail(c), _blk(c)])] if split_x else [])
+                          for c in range(4)])
     # R = I - X - A X; the products that read xl_s have finished (accumulators read).
     for c in range(4):
         eye = jnp.where(i == j0 + c * KKT_BLOCK, 1.0, 0.0)
@@ -827,7 +832,9 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
             strict = (j < i) & (mgl.by_row(d_i, sq) == lax.broadcast_in_dim(d_j, sq, [1]))
             a0 = jnp.where(strict, kk * mgl.by_row(b_i, sq), 0.0)
             xs = kkt_block_inverse(a0, l_s, x_s, y_s, interpret)  # T0 by blocked doubling
-            xs = kkt_block_refine(xs, a0, l_s, al_s, x_s, xl_s, interpret)  # error squared
+            # The merges' error squared; X_lo only for fp16 outputs (bf16 rounding hides it).
+            xs = kkt_block_refine(xs, a0, l_s, al_s, x_s, xl_s, interpret,
+                                  split_x=t0_s.dtype == jnp.float16)
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot read it
             for c in range(4):
                 t0_s.at[slot].at[:, _blk(c)][...] = xs[c].astype(t0_s.dtype)
@@ -900,16 +907,17 @@ def chunk_kkt_inverse_mosaic(
     :data:`MERGE_DTYPE`, fp32 accumulation), computed in four 16-column blocks with every
     product restricted to the blocks it can change (the 16 x 16 diagonal blocks by
     ``[64, 16, 16]`` products, then the 16 -> 32 -> 64 merges), then one Newton step,
-    :func:`kkt_block_refine` (``A0 X`` with both factors split into fp16 ``hi + lo``), with
-    products restricted by triangularity, which squares the merges' error. Multiply-adds per
-    chunk and head (issued ``wgmma`` sizes, M = 64): ``K K^T`` 0.52 M (K = 128), inverse
-    0.57 M, Newton step 0.66 M, in all 1.75 M at K = 128 (1.49 M at K = 64); the unrestricted
-    doubling and Newton step took 4.19 M (jla: about 1.6 M, its 16 x 16 diagonal blocks
-    solved by fp32 forward substitution in ``inline_mgpu``, which the interpreter cannot run,
-    and no Newton step). Interpreted, the error against a float64 inverse equals that of the
-    float64 inverse rounded to the input dtype (relative RMS of ``T0 - I``: bf16 1.4e-3 to
-    1.7e-3, fp16 1.8e-4 to 2.0e-4, correlated keys included; without the Newton step 2.2e-3
-    and 1.4e-3 on correlated keys); MOSAIC_GPU.md Sec. 12. Per chunk and head it reads ``k``
+    :func:`kkt_block_refine` (``A0 X`` as ``A_hi X_hi + A_lo X_hi``, plus ``A_hi X_lo`` for
+    fp16 outputs), with products restricted by triangularity, which squares the merges'
+    error. Multiply-adds per chunk and head (issued ``wgmma`` sizes, M = 64): ``K K^T``
+    0.52 M (K = 128), inverse 0.57 M, Newton step 0.49 M (fp16 0.66 M), in all 1.59 M at
+    K = 128 (fp16 1.75 M; K = 64: 1.33 M, 1.49 M); the unrestricted doubling and Newton step
+    took 4.19 M (jla: about 1.6 M, its 16 x 16 diagonal blocks solved by fp32 forward
+    substitution in ``inline_mgpu``, which the interpreter cannot run, and no Newton step).
+    Interpreted, the error against a float64 inverse is within 0.3 % of that of the float64
+    inverse rounded to the input dtype (relative RMS of ``T0 - I``: bf16 1.39e-3 to 1.68e-3,
+    fp16 1.79e-4 to 2.04e-4, correlated keys included; without the Newton step 2.2e-3 and
+    1.4e-3 on correlated keys); MOSAIC_GPU.md Sec. 12. Per chunk and head it reads ``k``
     and writes 8 KB (``chunk_wy_mosaic``: reads ``k, v``, writes ``W, U``, 64 KB at
     K = V = 128).
 

@@ -1,9 +1,12 @@
-"""Several chunks per CTA in the ``T0`` kernel :func:`chunk_kkt_inverse_mosaic`.
+"""Several chunks per CTA and the blocked inverse of the ``T0`` kernel
+:func:`chunk_kkt_inverse_mosaic`.
 
 ``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py``'s gate-free inverse
 ``T0 = (I + A0)^{-1}`` walks ``chunks_per_cta`` consecutive chunks of one ``(b, h)`` per CTA,
-the next chunk's ``k``, ``beta`` and document vectors prefetched by TMA into a 2-slot ring
-(issue 29, MOSAIC_GPU.md Sec. 12; not run on a GPU yet).
+the next chunk's ``k``, ``beta`` and document vectors prefetched by TMA into a 2-slot ring,
+and inverts in 16-column blocks with restricted products (``kkt_block_inverse``,
+``kkt_block_refine``; issue 29, MOSAIC_GPU.md Sec. 12; not run on a GPU yet). The six ``T0``
+cases of ``kernel_mosaic_gdn_t0_test.py`` (one chunk per CTA there) check the same kernel.
 
 * ``ChunksPerCtaRuleTest`` (CI): the default ``chunks_per_cta`` rule and the argument check.
 * ``KktLoweringTest`` (CI): the kernel exports for CUDA on the CPU host with several chunks
@@ -55,8 +58,9 @@ class ChunksPerCtaRuleTest(absltest.TestCase):
                            k, beta)
 
 
-def _export(test, dk, seq_len, chunks_per_cta):
-    _, k, _, _, beta, _, seg = t0_test._inputs(1, seq_len, 2, 1, dk, 64, 0.2, False, (70, 30))
+def _export(test, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16):
+    _, k, _, _, beta, _, seg = t0_test._inputs(1, seq_len, 2, 1, dk, 64, 0.2, False, (70, 30),
+                                               dtype)
 
     def fn(k, beta, seg):
         return kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
@@ -75,10 +79,11 @@ class KktLoweringTest(parameterized.TestCase):
 
     @parameterized.named_parameters(
         ("cpc2_T256_K128", 128, 256, 2),
-        ("cpc3_partial_group_T300_K64", 64, 300, 3),
+        # fp16: the Newton step's A X also has the A_hi X_lo term
+        ("cpc3_partial_group_fp16_T300_K64", 64, 300, 3, jnp.float16),
     )
-    def test_exports_for_cuda(self, dk, seq_len, chunks_per_cta):
-        _export(self, dk, seq_len, chunks_per_cta)
+    def test_exports_for_cuda(self, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16):
+        _export(self, dk, seq_len, chunks_per_cta, dtype)
 
 
 # B, T, H, Hk, K, V, decay, h0, document lengths (the rest one more), dtype, correlated,
