@@ -759,12 +759,15 @@ KKT_MIN_CTAS = 4 * 132
 
 
 def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
-    """The default ``chunks_per_cta`` of :func:`chunk_kkt_inverse_mosaic`: the largest of
-    8, 4, 2, 1 (at most ``num_chunks``) whose grid ``batch * heads * ceil(num_chunks / cpc)``
-    has at least :data:`KKT_MIN_CTAS` CTAs; 1 if none has."""
-    for cpc in (8, 4, 2):
-        if cpc <= max(num_chunks, 1) and batch * heads * (-(-num_chunks // cpc)) >= KKT_MIN_CTAS:
+    """The default ``chunks_per_cta`` of :func:`chunk_kkt_inverse_mosaic`: the largest power
+    of two up to :data:`KKT_MAX_CHUNKS_PER_CTA` (8) and ``num_chunks`` whose grid
+    ``batch * heads * ceil(num_chunks / cpc)`` has at least :data:`KKT_MIN_CTAS` CTAs; 1 if
+    none has."""
+    cpc = KKT_MAX_CHUNKS_PER_CTA
+    while cpc > 1:
+        if cpc <= num_chunks and batch * heads * (-(-num_chunks // cpc)) >= KKT_MIN_CTAS:
             return cpc
+        cpc //= 2
     return 1
 
 
