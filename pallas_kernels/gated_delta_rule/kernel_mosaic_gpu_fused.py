@@ -46,7 +46,14 @@ Kernel structure (by default two warpgroups, as the state passes;
 So the roundings are those of the three-pass forward (``S`` to the input dtype as the operand
 of ``W S`` and ``Q S``, ``v_new`` to the input dtype as the operand of ``P v_new``, ``P`` and
 ``last e^{G_L - G} v_new`` to 16 bits; fp32 accumulation); only HBM traffic and the kernel
-count change.
+count change. The order of the fp32 sums is not the same, though: the three-pass read-out
+(``chunk_output_mosaic``) forms ``Q S`` and ``P v_new`` for all value columns of a chunk in one
+``wgmma``, this kernel for 64, and neither ``wgmma`` nor the interpreter's ``np.matmul``
+(OpenBLAS: blocking and thread split depend on the width) fixes the summation order inside an
+element. So ``o`` can differ in the last bits when ``V > 64`` (interpreted: 1 bf16 ulp on 1 of
+38,400 elements in one test case, ``kernel_mosaic_gdn_fused_test._check_forward``);
+``v_new``, ``h`` and the final state come from the same 64-column products as in the three-pass
+state pass.
 
 With ``split_output=True`` (``forward="fused_split"`` in the callers) the read-out moves to its
 own warpgroup, as in jla's fused forward (``jla.ops.mosaic_gpu.scalar_gate_fused``,

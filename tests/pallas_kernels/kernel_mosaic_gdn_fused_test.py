@@ -14,8 +14,8 @@
   chunk, GVA, ``initial_state``, DeltaNet), with that file's gate (relative RMS < 5e-3 plus
   ``assert_allclose`` at the bf16 forward tolerance). It also checks that the optional stores
   change nothing else, and that the whole forward with ``forward="fused"`` equals the
-  three-pass forward exactly (interpreted, the same roundings give the same bits) and matches
-  the reference.
+  three-pass forward (``final_state`` and ``v_new`` exactly, ``o`` up to one ulp on a few
+  elements: :func:`_check_forward`) and matches the reference.
 * ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the differentiable op with
   ``forward="fused"`` (its forward stores ``h`` and ``v_new`` for the unchanged backward)
   against ``jax.vjp`` of the fp32 chunk form, with ``kernel_mosaic_gdn_vjp_test.py``'s gates.
@@ -78,10 +78,53 @@ def _check_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs
         _assert_close(test, name, got, want, allclose=allclose)
 
 
+# ``o`` of a fused forward against the three-pass one, interpreted: at most this many ulps of
+# the output dtype apart, on at most this fraction of the elements (see _check_forward).
+_O_MAX_ULPS, _O_MAX_FRACTION = 1, 1e-4
+
+
+def _ulp_distance(x, y):
+    """Elementwise distance of two float arrays of one 16- or 32-bit dtype in ulps (steps
+    between representable values; +0 and -0 are 0 apart)."""
+    def ordered(a):
+        a = np.asarray(a)
+        int_type = {2: np.int16, 4: np.int32}[a.dtype.itemsize]
+        bits = a.view(int_type).astype(np.int64)
+        return np.where(bits < 0, -(bits & np.iinfo(int_type).max), bits)
+    return np.abs(ordered(x) - ordered(y))
+
+
 def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
                    forward="fused", *, seed=0, interpret=True, exact=True):
     """``gated_delta_rule_fwd_mosaic(forward=forward)`` (a fused one) against the three-pass
-    forward (equal when ``exact``, else within 1e-3 relative RMS) and the reference (5e-3)."""
+    forward (when ``exact``: equal, but ``o`` within ``_O_MAX_ULPS`` on ``_O_MAX_FRACTION`` of
+    its elements; else within 1e-3 relative RMS) and the reference (5e-3).
+
+    Why ``o`` is not checked for equality. Both forwards round the same operands (the state
+    pass of both works on 64 value columns per CTA, so ``final_state`` and ``v_new`` come from
+    identical products and stay exactly equal), but the read-out's products differ in shape:
+    the fused kernels form ``Q S_c`` and ``P v_new`` for 64 value columns, the three-pass
+    read-out (``chunk_output_mosaic``, one CTA per chunk) for all ``dv`` columns at once.
+    Neither ``wgmma`` nor the interpreter fixes the order of the fp32 sum inside one output
+    element: the interpreter's ``wgmma`` is ``np.matmul`` (OpenBLAS sgemm), whose blocking and
+    thread split depend on the matrix width. Measured (2026-12-03, numpy 2.4.6, OpenBLAS
+    0.3.31, 2 cores): of random bf16 ``[64, 64] x [64, 128]`` products, 7.5 % of the elements
+    differ in the last fp32 bits from the same columns computed 64 at a time (2.0 % with
+    ``OPENBLAS_NUM_THREADS=1``). In ``gva_h0_packed_partial_T150_K64_V128`` (``dv`` 128, both
+    fused forwards) one element of ``Q S_c`` (chunk 0, head 1, token 47, column 83) is one
+    fp32 ulp apart (0.8835953 vs 0.8835952); there ``o`` nearly cancels (``scale (0.625
+    Q S - 0.552)``), and ``o`` rounds to bf16 one ulp apart: 5.0068e-06 vs 5.0366e-06
+    (2.98e-8), 1 of 38,400 elements, every other element equal. With a width-independent
+    ``np.matmul`` (one column at a time) patched into the interpreter, or with
+    ``OPENBLAS_NUM_THREADS=1``, all three outputs were equal; ``PJRT_NPROC`` (XLA's CPU
+    thread pool; 2, 8, 16) and the ``--xla_cpu_use_fusion_emitters`` flag did not change the
+    element; ``jax_disable_most_optimizations`` off (other roundings of the shared inputs
+    upstream) hid it. Only the inter-chunk part differs: with only ``Q S_c`` formed 64
+    columns at a time in the three-pass read-out, ``o`` was equal; with only ``P v_new`` so,
+    it was not. Seeds 0-5 of that case, both fused forwards: one element 1 ulp apart (seeds 0-3)
+    or none (4, 5); the bound allows 3 of its 38,400 (1e-4). Cases with
+    ``dv`` 64 compute identical products and stay equal.
+    """
     q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                                     decay=decay, h0=h0, docs=docs, seed=seed)
     scale = dk ** -0.5
@@ -95,7 +138,12 @@ def _check_forward(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, doc
     want = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     for name, got, other, ref in zip(("o", "final_state", "v_new"), fused, three, want):
         test.assertEqual((got.shape, got.dtype), (other.shape, other.dtype), msg=name)
-        if exact:
+        if exact and name == "o":
+            ulps = _ulp_distance(got, other)
+            test.assertLessEqual(int(ulps.max()), _O_MAX_ULPS, msg="o vs three-pass: ulps")
+            test.assertLessEqual(int(np.count_nonzero(ulps)), _O_MAX_FRACTION * ulps.size,
+                                 msg="o vs three-pass: elements not equal")
+        elif exact:
             np.testing.assert_array_equal(np.asarray(got, np.float32),
                                           np.asarray(other, np.float32), err_msg=name)
         else:
