@@ -1,8 +1,7 @@
 """``tests/ci_slow.py`` names tests that exist, and the conftest hook marks them ``slow``."""
 
-import ast
+import importlib
 import os
-import re
 
 from absl.testing import absltest
 
@@ -11,13 +10,11 @@ from tests.ci_slow import CI_SLOW_TESTS
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _test_methods(path):
-    """``{class name: {test method names}}`` of one test file, read with ``ast``."""
-    with open(os.path.join(_ROOT, path), encoding="utf-8") as f:
-        tree = ast.parse(f.read())
-    return {node.name: {m.name for m in node.body if isinstance(m, ast.FunctionDef)
-                        and m.name.startswith("test")}
-            for node in tree.body if isinstance(node, ast.ClassDef)}
+def _test_class(path, cls):
+    """The class ``cls`` of the test module at ``path`` (imported as pytest imports it, so in
+    a pytest run it is already loaded), or ``None``."""
+    module = importlib.import_module(path[:-len(".py")].replace("/", "."))
+    return getattr(module, cls, None)
 
 
 class CiSlowListTest(absltest.TestCase):
@@ -28,11 +25,14 @@ class CiSlowListTest(absltest.TestCase):
             with self.subTest(entry=entry):
                 path, cls, name = entry.split("::")
                 self.assertTrue(os.path.isfile(os.path.join(_ROOT, path)), path)
-                methods = _test_methods(path).get(cls)
-                self.assertIsNotNone(methods, f"no class {cls} in {path}")
-                # A parameterized case is the method's name plus "_<case name>".
-                self.assertTrue(any(name == m or re.fullmatch(re.escape(m) + r"_\w+", name)
-                                    for m in methods), f"no test {name} in {path}::{cls}")
+                test_class = _test_class(path, cls)
+                self.assertIsNotNone(test_class, f"no class {cls} in {path}")
+                # absl's parameterized cases are methods of the class under their full names
+                # (the method's name plus "_<case name>"), as pytest collects them: a
+                # misspelled or renamed case is caught, not only a missing method.
+                method = getattr(test_class, name, None)
+                self.assertTrue(name.startswith("test") and callable(method),
+                                f"no test {name} in {path}::{cls}")
 
     def test_the_hook_marks_the_listed_tests_slow(self):
         # The marks are visible on this run's items only through pytest; here the hook itself
