@@ -226,6 +226,28 @@ class KktInverseInterpretTest(parameterized.TestCase):
         _check_t0(self, k, beta, seg, t0)
 
 
+# Whole-forward cases of _check_forward, shared by the two-warpgroup and the split layouts.
+_FORWARD_CASES = (
+    ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True, (64, 36, 30)),
+    ("deltanet_packed_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, (10, 60)),
+    ("xla_t0_strong_decay_h0_partial_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None,
+     "xla"),
+)
+
+
+def _check_optional_stores(split_output):
+    """``fused_test._check_optional_stores`` for ``chunk_delta_fused_t0_fwd_mosaic``."""
+    q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 64, 0.05, True, (64, 36, 30))
+    t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
+
+    def run(store):
+        return kfused.chunk_delta_fused_t0_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=0.125, initial_state=state, segment_ids=seg,
+            store_v_new=store, store_h=store, split_output=split_output, interpret=True)
+
+    fused_test._check_optional_stores(run)
+
+
 @pytest.mark.slow
 class FusedT0InterpretTest(parameterized.TestCase):
 
@@ -234,28 +256,9 @@ class FusedT0InterpretTest(parameterized.TestCase):
         _check_fused_kernel(self, *case)
 
     def test_optional_stores_change_nothing_else(self):
-        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 64, 0.05, True, (64, 36, 30))
-        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
+        _check_optional_stores(split_output=False)
 
-        def run(store):
-            return kfused.chunk_delta_fused_t0_fwd_mosaic(
-                q, k, v, t0, g, beta, scale=0.125, initial_state=state, segment_ids=seg,
-                store_v_new=store, store_h=store, interpret=True)
-
-        bare, full = run(False), run(True)
-        self.assertIsNone(bare[2])
-        self.assertIsNone(bare[3])
-        for name, x, y in zip(("o", "final_state"), bare[:2], full[:2]):
-            np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32),
-                                          err_msg=name)
-
-    @parameterized.named_parameters(
-        ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
-         (64, 36, 30)),
-        ("deltanet_packed_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, (10, 60)),
-        ("xla_t0_strong_decay_h0_partial_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None,
-         "xla"),
-    )
+    @parameterized.named_parameters(*_FORWARD_CASES)
     def test_forward_fused_t0_matches_reference_and_three_pass(self, *case):
         _check_forward(self, *case)
 
@@ -269,28 +272,9 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
         _check_fused_kernel(self, *case, split_output=True)
 
     def test_optional_stores_change_nothing_else(self):
-        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 64, 0.05, True, (64, 36, 30))
-        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
+        _check_optional_stores(split_output=True)
 
-        def run(store):
-            return kfused.chunk_delta_fused_t0_fwd_mosaic(
-                q, k, v, t0, g, beta, scale=0.125, initial_state=state, segment_ids=seg,
-                store_v_new=store, store_h=store, split_output=True, interpret=True)
-
-        bare, full = run(False), run(True)
-        self.assertIsNone(bare[2])
-        self.assertIsNone(bare[3])
-        for name, x, y in zip(("o", "final_state"), bare[:2], full[:2]):
-            np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32),
-                                          err_msg=name)
-
-    @parameterized.named_parameters(
-        ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
-         (64, 36, 30)),
-        ("deltanet_packed_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, (10, 60)),
-        ("xla_t0_strong_decay_h0_partial_T65_K128_V64", 2, 65, 1, 1, 128, 64, 5.0, True, None,
-         "xla"),
-    )
+    @parameterized.named_parameters(*_FORWARD_CASES)
     def test_forward_fused_t0_split_matches_reference_and_three_pass(self, *case):
         _check_forward(self, *case, forward="fused_t0_split")
 
