@@ -55,6 +55,7 @@ import fnmatch
 import importlib.util
 import itertools
 import json
+import math
 import os
 import re
 import shutil
@@ -412,7 +413,9 @@ class RunResult:
     Attributes:
       final_val_loss: validation loss at ``train.total_steps`` (nats/token; ``None`` until the
         run finished).
-      best_val_loss, best_val_step: the lowest validation loss of any evaluation, and its step.
+      best_val_loss, best_val_step: the lowest finite validation loss of any evaluation, and
+        its step (``None`` if no evaluation was finite).
+      nonfinite_val_evals: how many evaluations gave a NaN or inf validation loss.
       last_val_loss, last_val_step: the newest evaluation.
       final_train_loss: the last logged training loss (mean over its logging window).
       step: the newest logged step; total_steps: ``train.total_steps``.
@@ -430,6 +433,7 @@ class RunResult:
     final_val_loss: Optional[float] = None
     best_val_loss: Optional[float] = None
     best_val_step: Optional[int] = None
+    nonfinite_val_evals: int = 0
     last_val_loss: Optional[float] = None
     last_val_step: Optional[int] = None
     final_train_loss: Optional[float] = None
@@ -482,8 +486,11 @@ def collect(workdir: str) -> RunResult:
     if val:
         steps = sorted(val)
         out.val_curve = [(s * per_step, float(val[s]["val_loss"])) for s in steps]
-        best = min(steps, key=lambda s: val[s]["val_loss"])
-        out.best_val_loss, out.best_val_step = float(val[best]["val_loss"]), best
+        finite = [s for s in steps if math.isfinite(float(val[s]["val_loss"]))]
+        out.nonfinite_val_evals = len(steps) - len(finite)
+        if finite:
+            best = min(finite, key=lambda s: float(val[s]["val_loss"]))
+            out.best_val_loss, out.best_val_step = float(val[best]["val_loss"]), best
         out.last_val_loss, out.last_val_step = float(val[steps[-1]]["val_loss"]), steps[-1]
         if out.total_steps is not None and steps[-1] >= out.total_steps:
             out.final_val_loss = out.last_val_loss

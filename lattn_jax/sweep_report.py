@@ -190,6 +190,22 @@ def close_pairs(ranking: Sequence[Group], spread: Optional[float],
 # Building the report
 # ------------------------------------------------------------------------------------------------
 
+def _nonfinite_note(r: "sweep.RunResult") -> str:
+    """The runs table's note on evaluations whose validation loss was NaN or inf."""
+    if not r.nonfinite_val_evals:
+        return ""
+    return (f"{r.nonfinite_val_evals} of {len(r.val_curve)} evaluations NaN/inf "
+            f"(best val: the finite ones)")
+
+
+def _loss_key(loss: float) -> Tuple[bool, float]:
+    """Sort key of a loss: lowest first, a NaN or inf (a diverged run, or one whose final
+    evaluation was not finite) after every finite one. A bare NaN key would leave ``sorted``
+    and ``min`` in an order that depends on where the NaN stands."""
+    finite = math.isfinite(loss)
+    return (not finite, loss if finite else 0.0)
+
+
 def _groups(entries: Sequence[Entry], seed_axis: Optional[str]) -> List[Group]:
     by_name: Dict[str, Group] = {}
     for e in entries:
@@ -330,7 +346,7 @@ def _scan(config: Mapping[str, Any], groups: Sequence[Group]) -> Optional[Dict[s
             if have and len(have) == len(cells):
                 complete.append((mean, p))
         candidates = complete or [(r["mean"], r["value"]) for r in rows if r["mean"] is not None]
-        best = min(candidates, key=lambda t: t[0])[1] if candidates else None
+        best = min(candidates, key=lambda t: _loss_key(t[0]))[1] if candidates else None
         edge = best is not None and len(points) > 1 and best in (points[0], points[-1])
         columns = [sweep.values_name(c) or "-" for c in block["columns"]]
         out.append({"by": [list(k) for k in key], "columns": columns, "rows": rows,
@@ -362,7 +378,7 @@ def build(config: Mapping[str, Any], root: str) -> Report:
         entries.append(Entry(run=run, state=sweep.run_state(workdir),
                              result=sweep.collect(workdir), in_grid=in_grid))
     groups = _groups(entries, config.get("seed_axis"))
-    ranking = sorted([g for g in groups if g.mean is not None], key=lambda g: g.mean)
+    ranking = sorted([g for g in groups if g.mean is not None], key=lambda g: _loss_key(g.mean))
     spread, used = seed_spread(groups)
     pairs = close_pairs(ranking, spread)
     by_name = {g.name: g for g in groups}
@@ -429,7 +445,7 @@ def markdown(report: Report) -> str:
              f"({len(report.entries)} runs: " + ", ".join(
                  f"{n} {s.value}" for s, n in counts.items() if n) + ").",
              "- Losses are validation cross-entropy in nats/token; \"final\" is the evaluation "
-             "at the last step, \"best\" the lowest of all evaluations; tokens/s and MFU are "
+             "at the last step, \"best\" the lowest finite one of all evaluations; tokens/s and MFU are "
              "medians over the trainer's logging windows; wall time includes start-up, "
              "compilation and evaluations.", ""]
     if report.invocations:
@@ -460,7 +476,7 @@ def markdown(report: Report) -> str:
                      progress, _f(r.final_val_loss), _f(r.best_val_loss),
                      _f(r.final_train_loss), _tokens(r.tokens), _f(r.tokens_per_sec, ",.0f"),
                      _pct(r.mfu), _params(r.params), _params(r.non_embedding_params),
-                     _wall(r.wall_s), s.error or ""])
+                     _wall(r.wall_s), "; ".join(filter(None, [s.error, _nonfinite_note(r)]))])
     lines += _table(["run", "status", "step", "final val", "best val", "final train", "tokens",
                      "tokens/s", "MFU", "params", "non-emb.", "wall", "error"], rows,
                     "llrrrrrrrrrrl")

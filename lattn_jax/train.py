@@ -28,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, Optional
+from typing import Any, Callable, Dict, Iterable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -61,10 +61,13 @@ def cross_entropy_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array
       weights: fp32 ``[B, T]`` (0 masks a position).
 
     Returns:
-      ``(mean_loss, sum_loss, sum_weights)`` fp32 scalars.
+      ``(mean_loss, sum_loss, sum_weights)`` fp32 scalars. A position of weight 0 adds
+      nothing to ``sum_loss``, also where its loss is NaN or inf (the all-zero padding rows of a
+      last validation batch; a plain ``sum(ce * weights)`` would turn ``0 x NaN`` into a NaN
+      validation loss).
     """
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [B, T]
-    total = jnp.sum(ce * weights)
+    total = jnp.sum(jnp.where(weights != 0, ce * weights, 0.0))
     count = jnp.sum(weights)
     return total / jnp.maximum(count, 1.0), total, count
 
@@ -172,11 +175,15 @@ class Trainer:
         return out
 
     # -- steps ---------------------------------------------------------------------------------
-    def loss(self, params: PyTree, batch: Batch):
+    def logits(self, params: PyTree, batch: Batch) -> jax.Array:
+        """fp32 ``[B, T, S]`` logits of ``batch["inputs"]`` (with its ``segment_ids``)."""
         model = self.model(params)
         logits = model(batch["inputs"], segment_ids=batch.get("segment_ids"))
-        logits = sharding.constrain(logits, sharding.ACT_BTS)
-        return cross_entropy_loss(logits, batch["targets"], batch["weights"])
+        return sharding.constrain(logits, sharding.ACT_BTS)
+
+    def loss(self, params: PyTree, batch: Batch):
+        return cross_entropy_loss(self.logits(params, batch), batch["targets"],
+                                  batch["weights"])
 
     def micro_batches(self, batch: Batch) -> Batch:
         """``[B, ...]`` arrays -> ``[n, B / n, ...]``, ``n = self.accum_steps``: micro-batch i
@@ -252,31 +259,75 @@ class Trainer:
         with sharding.activate(self.mesh, self.rules):
             return self._train_step_jit(state, self.put_batch(batch))
 
+    def _eval_counts(self, params: PyTree, batch: Batch):
+        ce = optax.softmax_cross_entropy_with_integer_labels(
+            self.logits(params, batch), batch["targets"])  # [B, T] fp32
+        weights = batch["weights"].astype(jnp.float32)
+        real = weights != 0
+        bad = ~jnp.isfinite(ce)
+        return (jnp.sum(jnp.where(real, ce * weights, 0.0)), jnp.sum(weights),
+                jnp.sum(real & bad, dtype=jnp.int32), jnp.sum(~real & bad, dtype=jnp.int32))
+
     def _eval_step(self, params: PyTree, batch: Batch):
         if self.accum_steps == 1:
-            _, total, count = self.loss(params, batch)
-            return total, count
+            return self._eval_counts(params, batch)
 
         def body(carry, micro):
-            _, total, count = self.loss(params, _constrain_batch(micro))
-            return (carry[0] + total, carry[1] + count), None
+            out = self._eval_counts(params, _constrain_batch(micro))
+            return tuple(a + b for a, b in zip(carry, out)), None
 
-        zero = jnp.zeros((), jnp.float32)
-        return jax.lax.scan(body, (zero, zero), self.micro_batches(batch))[0]
+        zero, izero = jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)
+        return jax.lax.scan(body, (zero, zero, izero, izero), self.micro_batches(batch))[0]
 
     def eval_step(self, params: PyTree, batch: Batch):
-        """``(sum of token losses, token count)`` of one batch."""
+        """One validation batch's sums.
+
+        Args:
+          params: the parameter tree.
+          batch: as for :meth:`loss_and_grads`; rows of weight 0 (padding) are left out.
+
+        Returns:
+          ``(total, count, nonfinite, nonfinite_padding)``: the sum of the weighted token
+          losses (fp32, nats; positions of weight 0 add nothing, also where their loss is not
+          finite), the sum of the weights (fp32), and int32 counts of the positions whose loss
+          is NaN or inf: those of nonzero weight (they make ``total`` non-finite) and those of
+          weight 0 (left out; counted so that a NaN there is seen, not hidden).
+        """
         with sharding.activate(self.mesh, self.rules):
             return self._eval_step_jit(params, self.put_batch(batch))
 
-    def evaluate(self, params: PyTree, batches: Iterable[Batch]) -> float:
-        """Token-mean validation loss (nats) over ``batches``; ``nan`` if there are none."""
-        total, count = 0.0, 0.0
+    def evaluate_counts(self, params: PyTree, batches: Iterable[Batch]) -> "EvalResult":
+        """:class:`EvalResult` over ``batches`` (loss ``nan`` if there are none)."""
+        total, count, nonfinite, padding = 0.0, 0.0, 0, 0
         for batch in batches:
-            t, c = self.eval_step(params, batch)
+            t, c, n, p = self.eval_step(params, batch)
             total += float(t)
             count += float(c)
-        return total / count if count else float("nan")
+            nonfinite += int(n)
+            padding += int(p)
+        return EvalResult(total / count if count else float("nan"), count, nonfinite, padding)
+
+    def evaluate(self, params: PyTree, batches: Iterable[Batch]) -> float:
+        """Token-mean validation loss (nats) over ``batches``; ``nan`` if there are none."""
+        return self.evaluate_counts(params, batches).loss
+
+
+class EvalResult(NamedTuple):
+    """A validation pass (:meth:`Trainer.evaluate_counts`).
+
+    Attributes:
+      loss: token-weighted mean loss in nats (``nan`` without tokens; non-finite if any token
+        of nonzero weight had a non-finite loss).
+      tokens: the sum of the weights.
+      nonfinite: positions of nonzero weight whose loss was NaN or inf.
+      nonfinite_padding: positions of weight 0 (padding rows) whose loss was NaN or inf; they
+        are left out of ``loss``.
+    """
+
+    loss: float
+    tokens: float
+    nonfinite: int
+    nonfinite_padding: int
 
 
 def _to_jax(batch: Batch) -> Batch:
@@ -751,8 +802,19 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     skipped = 0
 
     def run_eval(step):
-        loss = trainer.evaluate(state["params"], datasets.val_batches)
-        metrics_writer.write(step, val_loss=loss)
+        result = trainer.evaluate_counts(state["params"], datasets.val_batches)
+        loss = result.loss
+        counts = {}
+        if result.nonfinite:
+            counts["val_nonfinite_tokens"] = result.nonfinite
+            print_fn(f"warning: step {step}: {result.nonfinite} of {int(result.tokens)} "
+                     f"validation tokens have a NaN/inf loss (val_loss {loss})")
+        if result.nonfinite_padding:
+            counts["val_nonfinite_padding"] = result.nonfinite_padding
+            print_fn(f"warning: step {step}: {result.nonfinite_padding} padding positions "
+                     f"(weight 0) of the validation batches have a NaN/inf loss; they are left "
+                     f"out of val_loss")
+        metrics_writer.write(step, val_loss=loss, **counts)
         if metrics_writer.enabled:
             plot_losses(workdir)
         return loss

@@ -48,7 +48,7 @@ class SweepConfigsTest(parameterized.TestCase):
             (table2_small, f"corpus={c},adamw_lr=0.003,muon_lr=0.0036", 20),
             (table2_small, f"corpus={c},adamw_lr=0.003,muon_lr=0.0036,seeds=2", 36),
             (table2_small, "tiny", 6),
-            (lr_scan_small, f"corpus={c}", 16),
+            (lr_scan_small, f"corpus={c}", 18),
             (lr_scan_small, "tiny", 8),
             (table7_small, f"corpus={c},muon_lr=0.0036", 16),
             (table7_small, f"corpus={c},muon_lr=0.0036,controls=False", 8),

@@ -161,7 +161,7 @@ def run_process(directory: str) -> dict:
     single = train.Trainer(tiny_config(config_lib.MeshConfig(data=1), batch_size=8))
     state = single.init_state(0)
     loss1, grads1 = jax.jit(single.loss_and_grads)(state["params"], single.put_batch(b))
-    total1, count1 = single.eval_step(state["params"], b)
+    total1, count1, _, _ = single.eval_step(state["params"], b)
 
     # LATTN_MESH=context: data 2 (one replica per process) x context 2 (each process's two
     # devices split every sequence; the documents of batch() cross the shard edge).
@@ -175,7 +175,7 @@ def run_process(directory: str) -> dict:
     with sharding.activate(mesh, cfg.mesh.rules):
         loss2, grads2 = jax.jit(multi.loss_and_grads)(state2["params"], multi.put_batch(local))
     grads2 = multihost_utils.process_allgather(grads2, tiled=True)
-    total2, count2 = multi.eval_step(state2["params"], local)
+    total2, count2, _, _ = multi.eval_step(state2["params"], local)
     return {"process": pid, "processes": jax.process_count(), "devices": jax.device_count(),
             "mesh": dict(mesh.shape), "accum_steps": multi.accum_steps,
             "loss1": float(loss1), "loss2": float(loss2),

@@ -5,6 +5,7 @@ conclusions, a scan, and the files written."""
 import csv
 import json
 import os
+import shutil
 
 import numpy as np
 from absl.testing import absltest
@@ -14,10 +15,10 @@ from lattn_jax import sweep_report
 
 
 def write_run(root, run, *, final=None, partial_at=None, error=None, total=10, tps=1000.0,
-              params=5000):
+              params=5000, nan_evals=()):
     """Writes the files the trainer and the sweep leave in a run directory: a finished run
     (``final``: its last validation loss), a partial one (``partial_at``: the checkpoint step)
-    or a failed one (``error``)."""
+    or a failed one (``error``); evaluations at the steps in ``nan_evals`` record NaN."""
     workdir = sweep.run_dir(root, run)
     os.makedirs(workdir, exist_ok=True)
 
@@ -43,7 +44,8 @@ def write_run(root, run, *, final=None, partial_at=None, error=None, total=10, t
         append("metrics.jsonl", {"step": step, "time": float(step), "train_loss": loss + 0.05,
                                  "tokens_per_sec": tps, "mfu": 0.25})
         if step % 5 == 0:
-            append("metrics.jsonl", {"step": step, "time": float(step), "val_loss": loss})
+            val = float("nan") if step in nan_evals else loss
+            append("metrics.jsonl", {"step": step, "time": float(step), "val_loss": val})
     os.makedirs(os.path.join(workdir, "checkpoints", str(last)))
     if partial_at is None:
         append("console.log", f"final: step {total}  train_loss 1  val_loss {final}")
@@ -205,6 +207,46 @@ class BuildTest(absltest.TestCase):
         self.assertEqual((block["best"], block["edge"], block["complete"]), (3e-3, False, True))
         md = sweep_report.markdown(sweep_report.build(config, root))
         self.assertIn("Best lr: 0.003.", md)
+
+    def test_nan_evaluations(self):
+        """NaN validation losses (2026-12-03's scan: 4 of 16 runs had some, with finite
+        training losses) neither poison the best of a run, nor the ranking's order, nor the
+        scan's choice; they are named in the runs table."""
+        config = dict(name="nan", train_config="x.py", seed_axis=None,
+                      grid=((("arch", ("a", "b")), ("lr", (1e-3, 3e-3, 1e-2))),),
+                      scan=dict(axis="lr", by=()))
+        root = os.path.join(self.root, "nan")
+        nan = float("nan")
+        # lr 1e-3 comes first and its mean is NaN: a bare min() over (mean, lr) pairs keeps
+        # the first element whenever a comparison with NaN is False, so it would pick 1e-3.
+        finals = {("a", 1e-3): nan, ("b", 1e-3): 3.0, ("a", 3e-3): 3.2, ("b", 3e-3): 3.1,
+                  ("a", 1e-2): 3.6, ("b", 1e-2): 3.5}
+        for run in sweep.expand(config):
+            key = (run.value("arch"), run.value("lr"))
+            write_run(root, run, final=3.0 if key == ("a", 1e-3) else finals[key],
+                      nan_evals=(5, 10) if key == ("a", 1e-3) else ())
+        report = sweep_report.build(config, root)
+        results = {e.run.name: e.result for e in report.entries}
+        a = results["arch=a,lr=0.001"]
+        self.assertTrue(np.isnan(a.final_val_loss))
+        self.assertIsNone(a.best_val_loss)  # both evaluations NaN
+        self.assertEqual(a.nonfinite_val_evals, 2)
+        self.assertEqual(results["arch=b,lr=0.001"].best_val_loss, 3.0)
+        ranked = [g.name for g in report.ranking]
+        self.assertEqual(ranked[0], "arch=b,lr=0.001")
+        self.assertEqual(ranked[-1], "arch=a,lr=0.001")
+        block = report.scan["blocks"][0]
+        self.assertAlmostEqual(block["rows"][1]["mean"], 3.15)
+        self.assertEqual(block["best"], 3e-3)
+        md = sweep_report.markdown(report)
+        self.assertIn("2 of 2 evaluations NaN/inf", md)
+        # One NaN evaluation of two: the best is the finite one.
+        run = [r for r in sweep.expand(config) if r.name == "arch=b,lr=0.01"][0]
+        shutil.rmtree(sweep.run_dir(root, run))
+        write_run(root, run, final=3.5, nan_evals=(10,))
+        got = sweep.collect(sweep.run_dir(root, run))
+        self.assertEqual((got.best_val_loss, got.best_val_step, got.nonfinite_val_evals),
+                         (3.5 + 0.5, 5, 1))
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ class TrainTest(CorpusTestCase):
             self.assertEqual(trainer.accum_steps, {None: 1, 1: 4}[micro])
             params = trainer.init_state(0)["params"]
             loss, grads = jax.jit(trainer.loss_and_grads)(params, train._to_jax(batch))
-            total, count = trainer.eval_step(params, batch)
+            total, count, _, _ = trainer.eval_step(params, batch)
             results[micro] = (float(loss), grads, float(total), float(count))
         ref = results[None]
         self.assertEqual(ref[3], float(batch["weights"].sum()))
@@ -115,6 +115,47 @@ class TrainTest(CorpusTestCase):
             np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-5,
                                        atol=1e-6 * float(np.max(np.abs(r))),
                                        err_msg=jax.tree_util.keystr(path))
+
+    def test_evaluation_leaves_out_and_counts_nonfinite_padding(self):
+        """A NaN in a zero-weight padding row must not make the validation loss NaN (2026-12-03:
+        intermittent NaN val losses on the H200 with finite training losses), and is counted;
+        a NaN at a real position does make it NaN and is counted as such. Reference: the
+        weighted mean of the unpatched token losses over the real positions, from optax."""
+        import optax
+        for micro in (None, 1):
+            trainer = train.Trainer(tiny_experiment(self.corpus, micro_batch_size=micro))
+            params = trainer.init_state(0)["params"]
+            batch = next(data_lib.build_datasets(trainer.config.data).train_iter)
+            rng = np.random.default_rng(5)
+            weights = (rng.random(batch["weights"].shape) < 0.8).astype(np.float32)
+            weights[2] = 0.0  # an all-zero padding row, as data.pipeline pads the last batch
+            batch = dict(batch, weights=weights)
+            clean = np.asarray(jax.jit(trainer.logits)(params, train._to_jax(batch)))
+            ce = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
+                clean, batch["targets"]))
+            want = float(np.sum(ce * weights) / np.sum(weights))
+            pad = weights == 0  # [B, T]: row 2 and the scattered zero weights
+            original = trainer.logits
+            trainer.logits = lambda p, b: jnp.where(  # b: a micro-batch under micro=1
+                (b["weights"] == 0)[..., None], jnp.nan, original(p, b))
+            trainer._eval_step_jit = jax.jit(trainer._eval_step)
+            got = trainer.evaluate_counts(params, [batch])
+            self.assertAlmostEqual(got.loss, want, places=5)
+            self.assertEqual((got.tokens, got.nonfinite, got.nonfinite_padding),
+                             (float(weights.sum()), 0, int(pad.sum())))
+            if micro:
+                continue
+            real = np.argwhere(~pad)[0]
+            trainer.logits = lambda p, b: original(p, b).at[real[0], real[1], 0].set(jnp.inf)
+            trainer._eval_step_jit = jax.jit(trainer._eval_step)
+            got = trainer.evaluate_counts(params, [batch])
+            self.assertFalse(np.isfinite(got.loss))
+            self.assertEqual((got.nonfinite, got.nonfinite_padding), (1, 0))
+            # cross_entropy_loss, which training and HALO use, masks the same way.
+            _, total, count = train.cross_entropy_loss(
+                jnp.where(jnp.asarray(pad)[..., None], jnp.nan, jnp.asarray(clean)),
+                batch["targets"], jnp.asarray(weights))
+            self.assertAlmostEqual(float(total / count), want, places=5)
 
     def test_micro_batch_size_must_divide_the_batch(self):
         with self.assertRaisesRegex(config_lib.ConfigError,
