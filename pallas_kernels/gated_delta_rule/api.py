@@ -155,6 +155,9 @@ def gated_delta_rule(
         g: per-token log-decay ``[B, T, H]`` in natural-log units (the decay is
             ``alpha_t = exp(g_t)``, so ``g <= 0``), any float dtype (converted to fp32), or
             ``None`` for no decay (DeltaNet).
+            ``-inf`` (a hard reset) is allowed: every implementation but ``"reference"``
+            raises values under ``common.LOG_DECAY_FLOOR`` (-128) to it, a decay of 0 in
+            fp32 either way (:func:`pallas_kernels.common.floor_log_decay`).
         beta: write strengths ``[B, T, H]`` in ``(0, 1)``.
         scale: read-out scale; ``None`` means ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` state before the first token (fp32 recommended), or
@@ -201,6 +204,8 @@ def gated_delta_rule(
     )
     if scale is None:
         scale = dk ** -0.5
+    if impl != "reference" and g is not None:  # the token-serial ground truth takes g as is
+        g = common.floor_log_decay(g)
     if impl == "pallas_tpu":
         o, final_state, u = _forward_tpu(q, k, v, g, beta, initial_state, segment_ids,
                                          scale=float(scale), chunk_size=chunk_size)

@@ -150,6 +150,9 @@ def kda(
         v: values ``[B, T, H, V]``, any float dtype; ``H`` must be a multiple of ``HK``.
         g: per-key-channel log-decay ``[B, T, H, K]`` in natural-log units (the decay of key
             channel c is ``exp(g_t[c])``, so ``g <= 0``), any float dtype (converted to fp32).
+            ``-inf`` (a hard reset) is allowed: every implementation but ``"reference"``
+            raises values under ``common.LOG_DECAY_FLOOR`` (-128) to it, a decay of 0 in
+            fp32 either way (:func:`pallas_kernels.common.floor_log_decay`).
         beta: write strengths ``[B, T, H]`` in ``(0, 1)``.
         scale: read-out scale; ``None`` means ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` state before the first token (fp32 recommended), or
@@ -192,6 +195,8 @@ def kda(
     )
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if impl != "reference":  # the token-serial ground truth takes g as is
+        g = common.floor_log_decay(g)
     if impl == "pallas_tpu":
         o, final_state, u = _forward_tpu(q, k, v, g, beta, initial_state, segment_ids,
                                          scale=float(scale), chunk_size=chunk_size)

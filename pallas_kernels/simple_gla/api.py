@@ -158,6 +158,9 @@ def simple_gla(
         g: per-token log-decay ``[B, T, H]`` in natural-log units (the decay is
             ``exp(g_t)``, so ``g <= 0``), any float dtype (converted to fp32), or ``None`` for
             no decay (plain linear attention).
+            ``-inf`` (a hard reset) is allowed: every implementation but ``"reference"``
+            raises values under ``common.LOG_DECAY_FLOOR`` (-128) to it, a decay of 0 in
+            fp32 either way (:func:`pallas_kernels.common.floor_log_decay`).
         scale: read-out scale; ``None`` means ``K ** -0.5``.
         initial_state: ``[B, H, K, V]`` state before the first token (fp32 recommended), or
             ``None`` for zeros. With ``segment_ids`` it applies to the first document of each
@@ -202,6 +205,8 @@ def simple_gla(
     )
     if scale is None:
         scale = dk ** -0.5
+    if impl != "reference" and g is not None:  # the token-serial ground truth takes g as is
+        g = common.floor_log_decay(g)
     if impl in mosaic_gpu.MOSAIC_IMPLEMENTATIONS:
         o, final_state = kernel_mosaic_gpu.simple_gla_mosaic(  # g, h0 read as fp32 there
             q, k, v, g, scale=float(scale), initial_state=initial_state,
