@@ -99,6 +99,49 @@ class Dense(nnx.Module):
         return [jnp.einsum("...i,io->...o", x, w[:, a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+@jax.custom_vjp
+def swiglu(gate: Array, up: Array) -> Array:
+    """SwiGLU's gated product ``SiLU(gate) * up = gate * sigmoid(gate) * up`` (Shazeer 2020).
+
+    The forward is ``jax.nn.silu(gate) * up`` in the inputs' dtype (the same operations, hence
+    the same bits, as the plain expression). The backward is written out, from one read of
+    ``gate``, ``up`` and the cotangent, in fp32:
+
+        d up   = dy * gate * s,    d gate = dy * up * s * (1 + gate * (1 - s)),   s = sigmoid(gate)
+
+    rounded once to the inputs' dtypes. Autodiff of the plain expression stores ``SiLU(gate)``
+    as an extra activation and runs the backward as separate elementwise passes in the compute
+    dtype (2026-12-03 profile of HALO's Stage 2 on the H200: four fusions of 3.4-4.2 ms per step,
+    30 launches each, all memory-bound, 14.4 ms of a 204 ms step); here the forward is one pass
+    and the backward one pass with two outputs, and the gradients are rounded once instead of
+    after each bf16 product.
+
+    Args:
+      gate, up: ``[..., F]``, the same shape, float (bf16 in mixed precision).
+
+    Returns:
+      ``[..., F]`` in ``jnp.result_type(gate, up)``.
+    """
+    return jax.nn.silu(gate) * up
+
+
+def _swiglu_fwd(gate, up):
+    return swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(res, dy):
+    gate, up = res
+    g = gate.astype(jnp.float32)
+    s = jax.nn.sigmoid(g)
+    dy = dy.astype(jnp.float32)
+    d_up = dy * g * s
+    d_gate = dy * up.astype(jnp.float32) * s * (1.0 + g * (1.0 - s))
+    return d_gate.astype(gate.dtype), d_up.astype(up.dtype)
+
+
+swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
+
+
 class SwiGLU(nnx.Module):
     """SwiGLU MLP (Shazeer 2020): ``y = fc2(SiLU(gate) * up)`` with ``[gate; up] = fc1(x)``.
 
@@ -125,7 +168,7 @@ class SwiGLU(nnx.Module):
     def __call__(self, x: Array) -> Array:
         """``x``: ``[B, T, D]`` -> ``[B, T, D]``."""
         gate, up = self.fc1.split(x, 2)
-        return self.fc2(jax.nn.silu(gate) * up)
+        return self.fc2(swiglu(gate, up))
 
 
 def rope_frequencies(head_dim: int, theta: float) -> Array:
