@@ -43,6 +43,8 @@ anything is timed. Outputs: ``<out>/profile_halo_<stage>.json`` and ``.md``.
 Usage (H200, from the repository root)::
 
     python benchmarks/profile_halo_step.py --stage=stage2 --out=benchmarks/results/prof
+    # the same step with the forms two speed changes replaced (A/B in one session):
+    python benchmarks/profile_halo_step.py --stage=stage2 --baseline=swiglu,lse --out=...
 """
 
 import argparse
@@ -63,6 +65,7 @@ from benchmarks import profile_train_step as pts  # noqa: E402
 from configs import halo_smollm2  # noqa: E402
 from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax import flops as flops_lib  # noqa: E402
+from lattn_jax import layers  # noqa: E402
 from lattn_jax.data import pipeline as data_pipeline  # noqa: E402
 from lattn_jax.halo import experiment  # noqa: E402
 from lattn_jax.halo import loaders  # noqa: E402
@@ -81,6 +84,26 @@ ATTENTION_LAYERS = (7, 8, 16, 18, 23, 24, 28)
 TINY_ATTENTION_LAYERS = (1,)
 STAGES = ("stage1", "stage2", "stage3")
 PART_ORDER = ("teacher_forward", "student_fwd_bwd", "kl_head", "ce_head", "optimizer")
+
+
+_BASELINES = ("swiglu", "lse")
+
+
+def _baselines(text: str) -> tuple:
+    names = tuple(n for n in text.split(",") if n)
+    bad = [n for n in names if n not in _BASELINES]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown {bad}; choose from {', '.join(_BASELINES)}")
+    return names
+
+
+def use_baselines(names) -> None:
+    """Swaps the named speed changes back to the code they replaced, for this process: the
+    functions are looked up at trace time, so everything traced afterwards uses the old form."""
+    if "swiglu" in names:
+        layers.swiglu = lambda gate, up: jax.nn.silu(gate) * up
+    if "lse" in names:
+        losses.logsumexp_one_pass = lambda z: jax.nn.logsumexp(z.astype(jnp.float32), axis=-1)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -107,6 +130,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "h200), for the ablation of the split SwiGLU / q-k-v products")
     p.add_argument("--flatten", type=_on_off, default=None,
                    help="on or off: the stage's optim.flatten (default: the config's, on)")
+    p.add_argument("--baseline", type=_baselines, default=(),
+                   help="comma-separated, for same-session A/B of a speed change: swiglu (the "
+                        "autodiff silu(gate) * up instead of layers.swiglu's written-out "
+                        "backward), lse (jax.nn.logsumexp's two passes instead of "
+                        "losses.logsumexp_one_pass in the chunked KL / CE heads)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--trace_steps", type=int, default=3, help="whole steps under the profiler")
     p.add_argument("--top", type=int, default=25, help="longest kernels listed")
@@ -376,6 +404,7 @@ def run(args: argparse.Namespace) -> dict:
                      lightning_implementation=s_cfg.lightning.implementation),
         # The switches in effect (settings has None where the config's default applied).
         split_projections=bool(b["config"].hypenet.split_projections),
+        baseline=list(args.baseline),
         flatten=bool(b["config"][args.stage].optim.flatten),
         tokens_per_step=tokens, flops_per_token=flops,
         model_tflop_per_step=flops * tokens / 1e12, peak_flops=peak,
@@ -415,7 +444,8 @@ def markdown(payload: dict) -> str:
              f"{payload['student']['dtype']} compute, {payload['student']['param_dtype']} "
              f"params{' (tiny)' if s.get('tiny') else ''}; split projections "
              f"{_ON_OFF.get(payload.get('split_projections'), '?')}, optim.flatten "
-             f"{_ON_OFF.get(payload.get('flatten'), '?')}. "
+             f"{_ON_OFF.get(payload.get('flatten'), '?')}; baseline forms: "
+             f"{', '.join(payload.get('baseline') or []) or 'none'}. "
              f"Model FLOPs {payload['flops_per_token'] / 1e6:.1f} MFLOP per token "
              f"(stages.stage_flops_per_token), {payload['model_tflop_per_step']:.2f} TFLOP per "
              f"step.", "",
@@ -463,6 +493,7 @@ def main(argv=None) -> dict:
             os.makedirs(args.out, exist_ok=True)
         except OSError as e:
             sys.exit(f"profile_halo_step.py: error: --out={args.out}: {e.strerror or e}")
+    use_baselines(args.baseline)
     t0 = time.perf_counter()
     try:
         payload = run(args)

@@ -67,7 +67,9 @@ def cross_entropy_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array
       validation loss).
     """
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [B, T]
-    total = jnp.sum(jnp.where(weights != 0, ce * weights, 0.0))
+    # Drop only the non-finite losses of weight-0 positions: a mask on weights == 0 alone would
+    # also zero d total / d w there (ce, when finite), which the fused HALO heads must match.
+    total = jnp.sum(jnp.where(jnp.isfinite(ce) | (weights != 0), ce * weights, 0.0))
     count = jnp.sum(weights)
     return total / jnp.maximum(count, 1.0), total, count
 
@@ -265,7 +267,7 @@ class Trainer:
         weights = batch["weights"].astype(jnp.float32)
         real = weights != 0
         bad = ~jnp.isfinite(ce)
-        return (jnp.sum(jnp.where(real, ce * weights, 0.0)), jnp.sum(weights),
+        return (jnp.sum(jnp.where(real | ~bad, ce * weights, 0.0)), jnp.sum(weights),
                 jnp.sum(real & bad, dtype=jnp.int32), jnp.sum(~real & bad, dtype=jnp.int32))
 
     def _eval_step(self, params: PyTree, batch: Batch):

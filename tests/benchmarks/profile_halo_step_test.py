@@ -8,6 +8,8 @@ import os
 import tempfile
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from absl.testing import absltest
 
@@ -30,7 +32,7 @@ class ProfileHaloStepTest(absltest.TestCase):
         self.assertIn("| student_fwd_bwd |", md)
         # The switches in effect are recorded (the tiny config's defaults: both on).
         self.assertEqual((payload["split_projections"], payload["flatten"]), (True, True))
-        self.assertIn("split projections on, optim.flatten on.", md)
+        self.assertIn("split projections on, optim.flatten on; baseline forms: none.", md)
         for part in ("step", "step_async", "teacher_forward", "student_fwd_bwd", "kl_head",
                      "optimizer"):
             ms = payload["ms"][part]
@@ -75,6 +77,32 @@ class ProfileHaloStepTest(absltest.TestCase):
         default = phs.halo_config(phs.parse_args([]))
         self.assertIs(default.hypenet.split_projections, True)
         self.assertIs(default.stage2.optim.flatten, True)
+
+    def test_baseline_forms(self):
+        """--baseline swaps the written-out SwiGLU backward and the one-pass log-sum-exp back
+        to the forms they replaced (same-session A/B on the GPU)."""
+        self.assertEqual(phs.parse_args(["--baseline=swiglu,lse"]).baseline, ("swiglu", "lse"))
+        self.assertEqual(phs.parse_args([]).baseline, ())
+        with self.assertRaises(SystemExit):
+            phs.parse_args(["--baseline=swiglu,bogus"])
+        from lattn_jax import layers
+        from lattn_jax.halo import losses
+        saved = layers.swiglu, losses.logsumexp_one_pass
+        try:
+            phs.use_baselines(("swiglu", "lse"))
+            self.assertIsNot(layers.swiglu, saved[0])
+            self.assertIsNot(losses.logsumexp_one_pass, saved[1])
+            x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 8)), jnp.bfloat16)
+            # The baseline is autodiff of the plain expression: its bf16 gradient is the
+            # product rule evaluated in bf16, which the written-out fp32 backward is not.
+            grads = [jax.grad(lambda g: jnp.sum(f(g, x).astype(jnp.float32)))(x)
+                     for f in (layers.swiglu, saved[0])]
+            self.assertFalse(np.array_equal(np.asarray(grads[0]), np.asarray(grads[1])))
+            z = jnp.asarray(np.random.default_rng(1).standard_normal((2, 9)), jnp.float32)
+            np.testing.assert_allclose(np.asarray(losses.logsumexp_one_pass(z)),
+                                       np.asarray(jax.nn.logsumexp(z, axis=-1)), rtol=1e-6)
+        finally:
+            layers.swiglu, losses.logsumexp_one_pass = saved
 
     def test_bad_values_are_one_line_naming_the_flag(self):  # ~2 s: refused before compiling
         with tempfile.NamedTemporaryFile() as f:

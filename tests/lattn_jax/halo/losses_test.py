@@ -24,6 +24,27 @@ class LossesTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "shape"):
             losses.layer_mse(s, t[:1])
 
+    def test_logsumexp_one_pass_matches_float64(self):
+        rng = np.random.default_rng(11)
+        for shape, scale in (((5, 1000), 3.0), ((2, 3, 4099), 40.0), ((4, 7), 1e4)):
+            z = rng.standard_normal(shape) * scale
+            z[0, ..., 3] = -np.inf  # a masked entry
+            m = np.max(z, axis=-1, keepdims=True)
+            want = np.log(np.sum(np.exp(z - m), axis=-1)) + m[..., 0]
+            got = losses.logsumexp_one_pass(jnp.asarray(z, jnp.float32))
+            self.assertEqual((got.shape, got.dtype), (shape[:-1], jnp.float32))
+            # fp32 inputs: the rounding of z itself (2^-24 relative of |z|) bounds the error.
+            np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-6,
+                                       atol=4 * 2.0 ** -24 * scale * 5)
+        # A row of -inf is -inf (log 0), as jax.nn.logsumexp gives; no NaN from the identity.
+        self.assertEqual(float(losses.logsumexp_one_pass(jnp.full((1, 6), -jnp.inf))[0]),
+                         -np.inf)
+        # Its derivative is the softmax.
+        z = jnp.asarray(rng.standard_normal((3, 50)) * 4, jnp.float32)
+        g = jax.grad(lambda z: jnp.sum(losses.logsumexp_one_pass(z) * jnp.arange(1.0, 4.0)))(z)
+        want = jax.nn.softmax(z, axis=-1) * jnp.arange(1.0, 4.0)[:, None]
+        np.testing.assert_allclose(np.asarray(g), np.asarray(want), rtol=1e-5, atol=1e-7)
+
     def test_forward_kl_hand_computed(self):
         # p_T = (1/4, 3/4), p_S = (1/2, 1/2): KL = 1/4 ln(1/2) + 3/4 ln(3/2).
         kl1 = 0.25 * math.log(0.5) + 0.75 * math.log(1.5)
