@@ -202,8 +202,11 @@ def main(argv):
         with open(os.path.join(root, sweep_report.SWEEP_LOG), "a") as f:
             f.write(json.dumps(record) + "\n")
         paths = sweep_report.write(sweep_report.build(config, root))
+        failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
+        retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"
+                 if failed else "")
         _log(f"sweep: {summary.status} after {time.time() - t0:.0f} s; {len(summary.launched)} "
-             f"run(s) launched; results in {paths['md']}")
+             f"run(s) launched{retry}; results in {paths['md']}")
         if _EXPORT.value:
             n = sweep.export(root, _EXPORT.value, extra_files=(
                 sweep_report.SWEEP_LOG, sweep_report.RESULTS_MD, sweep_report.RESULTS_CSV,

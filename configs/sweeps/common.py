@@ -44,6 +44,47 @@ def fixed_arg(corpus, tiny, **values):
     return tuple(pairs + [("corpus", corpus)])
 
 
+def scan_rates(path: str) -> dict:
+    """Each optimizer's best learning rate from a finished scan's ``results.json``.
+
+    The file is what ``experiments/sweep.py`` writes for ``configs/sweeps/lr_scan_small.py``
+    (``lattn_jax.sweep_report``: its ``scan`` entry, one block per optimizer with the mean
+    final validation loss of every rate over the scanned models, and the best rate). Reading
+    it lets one message of GPU calls run the scan's last runs and then Table 2 / Table 7 at
+    the rates found, with no reply in between.
+
+    Args:
+      path: the scan's ``results.json``.
+
+    Returns:
+      ``{optimizer: rate}``, e.g. ``{"adamw": 0.001, "muon": 0.00036}``.
+
+    Raises:
+      ConfigArgError: naming ``rates_from`` and the file, if it is missing or unreadable, has
+        no ``lr`` scan by ``opt``, or a rate of the scan lacks a finished run of some model
+        (the scan is not complete: finish it first).
+    """
+    import json  # noqa: PLC0415 (only this helper reads files)
+    try:
+        with open(path) as f:
+            scan = json.load(f).get("scan")
+    except (OSError, ValueError) as e:
+        raise common.ConfigArgError(f"rates_from={path}: cannot read it ({e})") from None
+    if not scan or scan.get("axis") != "lr" or scan.get("by") != ["opt"]:
+        raise common.ConfigArgError(f"rates_from={path}: no learning-rate scan by optimizer "
+                                    f"(expected lr_scan_small's results.json)")
+    rates = {}
+    for block in scan["blocks"]:
+        opt = dict(block["by"])["opt"]
+        missing = [r["value"] for r in block["rows"] if r["n"] < len(block["columns"])]
+        if missing or block.get("best") is None:
+            raise common.ConfigArgError(
+                f"rates_from={path}: the {opt} scan is not complete (rates without a finished "
+                f"run of every model: {missing}); finish the scan first")
+        rates[opt] = float(block["best"])
+    return rates
+
+
 def sweep_config(*, name, train_config, arg, grid, tiny, seed_axis="seed", references=(),
                  claims=(), scan=None) -> ml_collections.ConfigDict:
     """A sweep ConfigDict (:mod:`lattn_jax.sweep`) with :data:`OVERRIDES` (and, for ``tiny``,

@@ -65,7 +65,8 @@ corpus=/tmp/corpus/prose-llama2,adamw_lr=0.003,muon_lr=0.0036 --root=/tmp/sweeps
     python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2
 
 Arguments: ``corpus`` (required unless ``tiny``), ``adamw_lr``, ``muon_lr`` (required unless
-``tiny``), ``seeds`` (1: seed 42, and 43 for the two spread groups; 2: both for every group),
+``tiny`` or ``rates_from``), ``rates_from`` (the finished scan's ``results.json``: both rates
+from it, :func:`configs.sweeps.common.scan_rates`), ``seeds`` (1: seed 42, and 43 for the two spread groups; 2: both for every group),
 ``tiny`` (CPU: softmax dense and GDN hybrid, both optimizers, 4 steps).
 """
 
@@ -188,9 +189,19 @@ def get_config(arg=None):
 
     Raises:
       ConfigArgError: for an unknown argument, a missing ``corpus``, ``adamw_lr`` or
-        ``muon_lr`` (full size), or ``seeds`` other than 1 or 2.
+        ``muon_lr`` (full size, without ``rates_from``), both ``rates_from`` and a rate, a
+        ``rates_from`` file that is not a complete scan, or ``seeds`` other than 1 or 2.
     """
-    arg = common.parse_arg(arg, corpus=None, adamw_lr=None, muon_lr=None, seeds=1, tiny=False)
+    arg = common.parse_arg(arg, corpus=None, adamw_lr=None, muon_lr=None, rates_from=None,
+                           seeds=1, tiny=False)
+    if arg.rates_from:
+        if arg.adamw_lr is not None or arg.muon_lr is not None:
+            raise common.ConfigArgError("rates_from= or adamw_lr= and muon_lr=, not both")
+        rates = sweeps_common.scan_rates(arg.rates_from)
+        if set(rates) != set(common.OPTIMIZERS):
+            raise common.ConfigArgError(f"rates_from={arg.rates_from}: scans {sorted(rates)}, "
+                                        f"not {list(common.OPTIMIZERS)}")
+        arg.adamw_lr, arg.muon_lr = rates["adamw"], rates["muon"]
     if arg.seeds not in (1, 2):
         raise common.ConfigArgError(f"seeds={arg.seeds!r}; choose 1 or 2")
     if arg.tiny:

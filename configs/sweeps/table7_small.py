@@ -31,7 +31,8 @@ Launch::
     python experiments/sweep.py --config=configs/sweeps/table7_small.py:\\
 corpus=/tmp/corpus/prose-llama2,muon_lr=0.0036 --root=/tmp/sweeps/table7 --deadline_s=540
 
-Arguments: ``corpus`` and ``muon_lr`` (required unless ``tiny``), ``controls`` (default
+Arguments: ``corpus`` and ``muon_lr`` (required unless ``tiny``; ``rates_from=<the finished
+scan's results.json>`` gives ``muon_lr``, :func:`configs.sweeps.common.scan_rates`), ``controls`` (default
 True), ``tiny`` (CPU: host and CLVR, two seeds, 4 steps).
 """
 
@@ -84,7 +85,12 @@ def get_config(arg=None):
       ConfigArgError: for an unknown argument, or a missing ``corpus`` or ``muon_lr`` (full
         size).
     """
-    arg = common.parse_arg(arg, corpus=None, muon_lr=None, controls=True, tiny=False)
+    arg = common.parse_arg(arg, corpus=None, muon_lr=None, rates_from=None, controls=True,
+                           tiny=False)
+    if arg.rates_from:
+        if arg.muon_lr is not None:
+            raise common.ConfigArgError("rates_from= or muon_lr=, not both")
+        arg.muon_lr = sweeps_common.scan_rates(arg.rates_from)["muon"]
     if arg.tiny:
         lr, blocks = arg.muon_lr or 3e-3, (CORE,)
     else:

@@ -114,6 +114,9 @@ class SweepBinaryTest(absltest.TestCase):
         out = self.sweep(f"--export={export}")
         self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
         self.assertIn(f"--- {BAD}: failed before ({error}); skipped", out.stdout)
+        # The last line says so too (2026-12-03b: a window lost a call to that skip).
+        self.assertIn("0 run(s) launched; 1 failed run(s) skipped, not retried "
+                      "(--retry_failed runs them)", out.stdout)
         self.assertEqual(attempts, [
             len(sweep.read_jsonl(os.path.join(self.root, "runs", n, sweep.ATTEMPTS)))
             for n in (REF, RESUMED, BAD)])
