@@ -44,7 +44,7 @@ Usage (H200, from the repository root)::
 
     python benchmarks/profile_halo_step.py --stage=stage2 --out=benchmarks/results/prof
     # the same step with the forms two speed changes replaced (A/B in one session):
-    python benchmarks/profile_halo_step.py --stage=stage2 --baseline=swiglu,lse --out=...
+    python benchmarks/profile_halo_step.py --stage=stage2 --baseline=swiglu,lse,rmsnorm --out=...
 """
 
 import argparse
@@ -86,7 +86,7 @@ STAGES = ("stage1", "stage2", "stage3")
 PART_ORDER = ("teacher_forward", "student_fwd_bwd", "kl_head", "ce_head", "optimizer")
 
 
-_BASELINES = ("swiglu", "lse")
+_BASELINES = ("swiglu", "lse", "rmsnorm")
 
 
 def _baselines(text: str) -> tuple:
@@ -104,6 +104,12 @@ def use_baselines(names) -> None:
         layers.swiglu = lambda gate, up: jax.nn.silu(gate) * up
     if "lse" in names:
         losses.logsumexp_one_pass = lambda z: jax.nn.logsumexp(z.astype(jnp.float32), axis=-1)
+    if "rmsnorm" in names:
+        def plain_rms_norm(x, scale, eps):
+            x32 = x.astype(jnp.float32)
+            r = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+            return ((x32 * r) * scale.astype(jnp.float32)).astype(x.dtype)
+        layers.rms_norm = plain_rms_norm
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -134,7 +140,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma-separated, for same-session A/B of a speed change: swiglu (the "
                         "autodiff silu(gate) * up instead of layers.swiglu's written-out "
                         "backward), lse (jax.nn.logsumexp's two passes instead of "
-                        "losses.logsumexp_one_pass in the chunked KL / CE heads)")
+                        "losses.logsumexp_one_pass in the chunked KL / CE heads), rmsnorm "
+                        "(autodiff of the RMSNorm expression instead of layers.rms_norm's "
+                        "written-out backward)")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--trace_steps", type=int, default=3, help="whole steps under the profiler")
     p.add_argument("--top", type=int, default=25, help="longest kernels listed")

@@ -5,6 +5,7 @@ Norm statistics are computed in fp32 whatever the activation dtype. Shapes use t
 ``lattn_jax.typing``.
 """
 
+import functools
 import math
 from typing import NamedTuple, Optional, Tuple
 
@@ -39,10 +40,54 @@ class RMSNorm(nnx.Module):
         self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
 
     def __call__(self, x: Array) -> Array:
-        """``x``: ``[..., dim]`` any float dtype -> same shape and dtype."""
-        x32 = x.astype(jnp.float32)
-        y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + self.eps)
-        return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+        """``x``: ``[..., dim]`` any float dtype -> same shape and dtype (:func:`rms_norm`)."""
+        return rms_norm(x, self.scale[...], self.eps)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def rms_norm(x: Array, scale: Array, eps: float) -> Array:
+    """``y = x r scale`` with ``r = 1 / sqrt(mean(x^2) + eps)`` over the last axis (Zhang &
+    Sennrich 2019), statistics and products in fp32, ``y`` rounded once to ``x.dtype``.
+
+    The backward is written out (fp32; ``xh = x r``, ``gs = dy scale``):
+
+        d x = r (gs - xh mean(gs xh)),     d scale = sum over all leading axes of dy xh
+
+    from ``x`` and ``r`` ([..., 1] fp32) saved by the forward. Autodiff of the same expression
+    keeps the fp32 ``x r`` ([..., dim], twice the bytes of a bf16 ``x``) for ``d scale``;
+    the 2026-12-03h profile of HALO's Stage 2 put the norms' reductions at 21 ms of a 204 ms
+    step. The forward is the same operations as before, hence the same bits.
+
+    Args:
+      x: ``[..., dim]`` any float dtype.
+      scale: ``[dim]`` any float dtype (fp32 master weights in mixed precision).
+      eps: added to the mean square (static).
+
+    Returns:
+      ``[..., dim]`` in ``x.dtype``; gradients in the dtypes of ``x`` and ``scale``.
+    """
+    return _rms_norm_fwd(x, scale, eps)[0]
+
+
+def _rms_norm_fwd(x, scale, eps):
+    x32 = x.astype(jnp.float32)
+    r = jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    y = ((x32 * r) * scale.astype(jnp.float32)).astype(x.dtype)
+    return y, (x, r, scale)
+
+
+def _rms_norm_bwd(eps, res, dy):
+    del eps
+    x, r, scale = res
+    xh = x.astype(jnp.float32) * r
+    dy32 = dy.astype(jnp.float32)
+    gs = dy32 * scale.astype(jnp.float32)
+    dx = r * (gs - xh * jnp.mean(gs * xh, axis=-1, keepdims=True))
+    d_scale = jnp.sum(dy32 * xh, axis=tuple(range(xh.ndim - 1)))  # no reshape: keeps sharding
+    return dx.astype(x.dtype), d_scale.astype(scale.dtype)
+
+
+rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 
 class Dense(nnx.Module):

@@ -79,19 +79,25 @@ class ProfileHaloStepTest(absltest.TestCase):
         self.assertIs(default.stage2.optim.flatten, True)
 
     def test_baseline_forms(self):
-        """--baseline swaps the written-out SwiGLU backward and the one-pass log-sum-exp back
-        to the forms they replaced (same-session A/B on the GPU)."""
-        self.assertEqual(phs.parse_args(["--baseline=swiglu,lse"]).baseline, ("swiglu", "lse"))
+        """--baseline swaps the written-out SwiGLU and RMSNorm backwards and the one-pass
+        log-sum-exp back to the forms they replaced (same-session A/B on the GPU)."""
+        self.assertEqual(phs.parse_args(["--baseline=swiglu,lse,rmsnorm"]).baseline,
+                         ("swiglu", "lse", "rmsnorm"))
         self.assertEqual(phs.parse_args([]).baseline, ())
         with self.assertRaises(SystemExit):
             phs.parse_args(["--baseline=swiglu,bogus"])
         from lattn_jax import layers
         from lattn_jax.halo import losses
-        saved = layers.swiglu, losses.logsumexp_one_pass
+        saved = layers.swiglu, losses.logsumexp_one_pass, layers.rms_norm
         try:
-            phs.use_baselines(("swiglu", "lse"))
+            phs.use_baselines(("swiglu", "lse", "rmsnorm"))
             self.assertIsNot(layers.swiglu, saved[0])
             self.assertIsNot(losses.logsumexp_one_pass, saved[1])
+            self.assertIsNot(layers.rms_norm, saved[2])
+            norm = layers.RMSNorm(8)
+            x32 = jnp.asarray(np.random.default_rng(2).standard_normal((3, 8)), jnp.float32)
+            np.testing.assert_array_equal(np.asarray(norm(x32)),
+                                          np.asarray(saved[2](x32, norm.scale[...], 1e-5)))
             x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 8)), jnp.bfloat16)
             # The baseline is autodiff of the plain expression: its bf16 gradient is the
             # product rule evaluated in bf16, which the written-out fp32 backward is not.
@@ -102,7 +108,7 @@ class ProfileHaloStepTest(absltest.TestCase):
             np.testing.assert_allclose(np.asarray(losses.logsumexp_one_pass(z)),
                                        np.asarray(jax.nn.logsumexp(z, axis=-1)), rtol=1e-6)
         finally:
-            layers.swiglu, losses.logsumexp_one_pass = saved
+            layers.swiglu, losses.logsumexp_one_pass, layers.rms_norm = saved
 
     def test_bad_values_are_one_line_naming_the_flag(self):  # ~2 s: refused before compiling
         with tempfile.NamedTemporaryFile() as f:

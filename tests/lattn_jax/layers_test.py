@@ -1,5 +1,5 @@
-"""lattn_jax.layers: apply_rope against a float64 NumPy rotate-half reference; swiglu and its
-hand-written backward against a float64 product-rule reference and fp32 autodiff."""
+"""lattn_jax.layers: apply_rope against a float64 NumPy rotate-half reference; swiglu and
+rms_norm with their hand-written backwards against float64 references and fp32 autodiff."""
 
 import jax
 import jax.numpy as jnp
@@ -92,6 +92,62 @@ class SwiGLUTest(parameterized.TestCase):
         want = f(lambda g, u: jax.nn.silu(g) * u)
         for a, b in zip(got, want):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def rms_norm_reference(x, scale, eps, dy):
+    """float64 RMSNorm and its vector-Jacobian product by the chain rule."""
+    x, s, d = (np.asarray(a, np.float64) for a in (x, scale, dy))
+    n = x.shape[-1]
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    y = x * r * s
+    gs = d * s
+    # d/dx_j of x_i r: r delta_ij - x_i x_j r^3 / n
+    dx = r * gs - x * r ** 3 * np.sum(gs * x, axis=-1, keepdims=True) / n
+    ds = np.sum((d * x * r).reshape(-1, n), axis=0)
+    return y, dx, ds
+
+
+class RMSNormTest(parameterized.TestCase):
+
+    @parameterized.parameters((jnp.float32, 1e-5), (jnp.bfloat16, 1.6e-2))
+    def test_matches_float64(self, dtype, rtol):
+        rng = np.random.default_rng(2)
+        x = jnp.asarray(rng.standard_normal((2, 7, 48)) * 3 + 0.5, dtype)
+        scale = jnp.asarray(rng.uniform(0.5, 1.5, 48), jnp.float32)
+        dy = jnp.asarray(rng.standard_normal((2, 7, 48)), dtype)
+        y, vjp = jax.vjp(lambda x, s: layers.rms_norm(x, s, 1e-5), x, scale)
+        dx, ds = vjp(dy)
+        self.assertEqual((y.dtype, dx.dtype, ds.dtype), (dtype, dtype, jnp.float32))
+        # The forward is the module's former expression, bit for bit.
+        x32 = x.astype(jnp.float32)
+        old = (x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + 1e-5)
+               * scale).astype(dtype)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(old))
+        want = rms_norm_reference(x, scale, 1e-5, dy)
+        for name, got, ref in (("y", y, want[0]), ("dx", dx, want[1]), ("d_scale", ds, want[2])):
+            np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=rtol,
+                                       atol=rtol * np.abs(ref).max(), err_msg=name)
+
+    def test_gradient_equals_autodiff_in_fp32(self):
+        rng = np.random.default_rng(3)
+        x = jnp.asarray(rng.standard_normal((3, 5, 16)), jnp.float32)
+        scale = jnp.asarray(rng.uniform(0.5, 1.5, 16), jnp.float32)
+
+        def plain(x, s):
+            r = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
+            return x * r * s
+
+        f = lambda fn: jax.grad(lambda x, s: jnp.sum(jnp.sin(fn(x, s))), argnums=(0, 1))(x, scale)
+        got = f(lambda x, s: layers.rms_norm(x, s, 1e-6))
+        for a, b in zip(got, f(plain)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+        # Through the module, with a jitted and a checkpointed (remat) caller.
+        norm = layers.RMSNorm(16, eps=1e-6)
+        norm.scale[...] = scale
+        g1 = jax.jit(jax.grad(lambda x: jnp.sum(jnp.sin(norm(x)))))(x)
+        g2 = jax.grad(jax.checkpoint(lambda x: jnp.sum(jnp.sin(norm(x)))))(x)
+        np.testing.assert_allclose(np.asarray(g1), np.asarray(f(plain)[0]), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(g2), np.asarray(g1), rtol=1e-6, atol=1e-7)
 
 
 if __name__ == "__main__":
