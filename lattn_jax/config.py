@@ -920,6 +920,12 @@ class TrainConfig:
         token mean over the whole batch (paper 1's GBS 128 on fewer devices, spec §5.4).
         ``None``: the whole batch in one pass. A batch that does not split so is a
         ``ConfigError`` when the trainer is built (``lattn_jax.train.accumulation_steps``).
+      loss_chunk_size: the training loss's LM head and cross-entropy fused and applied this
+        many tokens at a time (``lattn_jax.halo.losses.chunked_cross_entropy``): the
+        ``[B, T, S]`` fp32 logits are never stored, each chunk's gradient is formed with its
+        loss, and the logits are the fp32-accumulated ``h W`` (the plain head rounds them to
+        the compute dtype first). ``None``: the plain head and
+        :func:`lattn_jax.train.cross_entropy_loss`. Validation always uses the plain head.
     """
 
     total_steps: int = 1000
@@ -936,6 +942,7 @@ class TrainConfig:
     tensorboard: bool = True
     peak_flops_per_device: Optional[float] = None
     micro_batch_size: Optional[int] = None
+    loss_chunk_size: Optional[int] = None
 
     def __post_init__(self):
         _require(
@@ -958,6 +965,12 @@ class TrainConfig:
         _require(
             self.micro_batch_size is None or self.micro_batch_size >= 1,
             f"train.micro_batch_size must be >= 1 or None, got {self.micro_batch_size}",
+        )
+        _require(
+            self.loss_chunk_size is None or (isinstance(self.loss_chunk_size, int)
+                                             and not isinstance(self.loss_chunk_size, bool)
+                                             and self.loss_chunk_size >= 1),
+            f"train.loss_chunk_size must be an int >= 1 or None, got {self.loss_chunk_size!r}",
         )
 
 

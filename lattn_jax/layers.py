@@ -157,7 +157,7 @@ def swiglu(gate: Array, up: Array) -> Array:
     rounded once to the inputs' dtypes. Autodiff of the plain expression stores ``SiLU(gate)``
     as an extra activation and runs the backward as separate elementwise passes in the compute
     dtype (2026-12-03 profile of HALO's Stage 2 on the H200: four fusions of 3.4-4.2 ms per step,
-    30 launches each, all memory-bound, 14.4 ms of a 204 ms step); here the forward is one pass
+    29-30 launches each, all memory-bound, 14.4 ms of a 204 ms step); here the forward is one pass
     and the backward one pass with two outputs, and the gradients are rounded once instead of
     after each bf16 product.
 

@@ -445,8 +445,8 @@ def markdown(report: Report) -> str:
              f"({len(report.entries)} runs: " + ", ".join(
                  f"{n} {s.value}" for s, n in counts.items() if n) + ").",
              "- Losses are validation cross-entropy in nats/token; \"final\" is the evaluation "
-             "at the last step, \"best\" the lowest finite one of all evaluations; tokens/s and MFU are "
-             "medians over the trainer's logging windows; wall time includes start-up, "
+             "at the last step, \"best\" the lowest finite one of all evaluations; tokens/s "
+             "and MFU are medians over the trainer's logging windows; wall time includes start-up, "
              "compilation and evaluations.", ""]
     if report.invocations:
         lines += ["## Commands", ""]
@@ -593,6 +593,17 @@ def json_dict(report: Report) -> Dict[str, Any]:
             "claims": report.claims, "scan": report.scan, "commands": report.invocations}
 
 
+def _finite_or_null(x):
+    """``x`` with every NaN or inf float replaced by ``None`` (strict JSON has no NaN)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite_or_null(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite_or_null(v) for v in x]
+    return x
+
+
 def plot_curves(report: Report, path: str) -> Optional[str]:
     """Writes the validation (left) and training (right) loss of every run against tokens;
     one colour per group, one line style per seed. Returns ``path``, or ``None`` when no run
@@ -609,7 +620,8 @@ def plot_curves(report: Report, path: str) -> Optional[str]:
     ax_val, ax_train = fig.subplots(1, 2)
     group_names = list(dict.fromkeys(e.run.group for e in entries))
     styles = ("-", "--", ":", "-.")
-    finals = [e.result.last_val_loss for e in entries if e.result.last_val_loss is not None]
+    finals = [e.result.last_val_loss for e in entries
+              if e.result.last_val_loss is not None and math.isfinite(e.result.last_val_loss)]
     top = (min(finals) + 1.5) if finals else None
     for e in entries:
         g = group_names.index(e.run.group)
@@ -665,7 +677,8 @@ def write(report: Report, out_dir: Optional[str] = None) -> Dict[str, str]:
              "json": os.path.join(out_dir, RESULTS_JSON)}
     _write_atomic(paths["md"], markdown(report))
     _write_atomic(paths["csv"], csv_text(report))
-    _write_atomic(paths["json"], json.dumps(json_dict(report), indent=1, default=str) + "\n")
+    _write_atomic(paths["json"], json.dumps(_finite_or_null(json_dict(report)), indent=1,
+                                            default=str, allow_nan=False) + "\n")
     png = plot_curves(report, os.path.join(out_dir, CURVES_PNG))
     if png:
         paths["png"] = png

@@ -44,6 +44,7 @@ from lattn_jax import context_parallel
 from lattn_jax import data as data_lib
 from lattn_jax.data import config as data_config_lib
 from lattn_jax import flops as flops_lib
+from lattn_jax.halo import losses as halo_losses
 from lattn_jax import model as model_lib
 from lattn_jax import optim
 from lattn_jax import sharding
@@ -184,8 +185,18 @@ class Trainer:
         return sharding.constrain(logits, sharding.ACT_BTS)
 
     def loss(self, params: PyTree, batch: Batch):
-        return cross_entropy_loss(self.logits(params, batch), batch["targets"],
-                                  batch["weights"])
+        """``(mean, sum, count)`` of the batch's token losses (:func:`cross_entropy_loss`), or
+        with ``train.loss_chunk_size`` the fused head's (``losses.chunked_cross_entropy``)."""
+        chunk = self.config.train.loss_chunk_size
+        if chunk is None:
+            return cross_entropy_loss(self.logits(params, batch), batch["targets"],
+                                      batch["weights"])
+        model = self.model(params)
+        hidden = model(batch["inputs"], segment_ids=batch.get("segment_ids"),
+                       return_hidden=True)  # [B, T, D] compute dtype
+        return halo_losses.chunked_cross_entropy(
+            hidden, model.head_kernel(), batch["targets"],
+            batch["weights"].astype(jnp.float32), chunk_size=chunk)
 
     def micro_batches(self, batch: Batch) -> Batch:
         """``[B, ...]`` arrays -> ``[n, B / n, ...]``, ``n = self.accum_steps``: micro-batch i

@@ -2,13 +2,13 @@
 
 Softmax dense and GDN hybrid (the baseline and the paper's main architecture), each with AdamW
 at 3e-4, 1e-3, 3e-3, 1e-2 and with Muon at 1.2e-4, 3.6e-4, 1.2e-3, 3.6e-3, 1.2e-2:
-half-decade steps from the paper's 350M rates (spec §5.1-5.2) upward (Muon: and one below), since a model 16x smaller is expected to
-want larger ones (DeepSeek-LLM's fit 0.3118 C^-0.125 gives 1.2e-3 at 350M / 15B and 2.7e-3
-here; under Muon the Adam group's LR moves with the Muon LR, x 1.5e-3 / 3.6e-4, as in
-transformer-pp-350m-muon.sbatch). One seed (42). Why first: Table 2 then compares each
-optimizer at its own best rate, not at one shared or inherited rate (the issue points to the
-paper's Fig. 5; spec §10 item 10 records how the authors' own GDN / DeltaNet "Muon LR" runs
-all trained at 3.6e-4 through a launcher bug).
+half-decade steps from the paper's 350M rates (spec §5.1-5.2) upward (Muon: and one below),
+since a model 16x smaller is expected to want larger ones (DeepSeek-LLM's fit 0.3118
+C^-0.125 gives 1.2e-3 at 350M / 15B and 2.7e-3 here; under Muon the Adam group's LR moves
+with the Muon LR, x 1.5e-3 / 3.6e-4, as in transformer-pp-350m-muon.sbatch). One seed (42).
+Why first: Table 2 then compares each optimizer at its own best rate, not at one shared or
+inherited rate (the issue points to the paper's Fig. 5; spec §10 item 10 records how the
+authors' own GDN / DeltaNet "Muon LR" runs all trained at 3.6e-4 through a launcher bug).
 
 Each run is the Table 2 small preset (``configs/sweeps/table2_small.py``: d 512, 6 layers, GBS
 16 x 4096) for a quarter of its budget (``budget=small_scan``: 1,350 steps = 88.5M tokens,
@@ -18,8 +18,9 @@ at the edge of the scan (extend it then). The results page's "Scan of lr" sectio
 best rate per optimizer (mean final loss over the two models): pass them to table2_small as
 ``adamw_lr`` and ``muon_lr``, and the Muon one to table7_small as ``muon_lr``.
 
-Cost: 18 runs x 88.5M tokens. Measured on one H200 (2026-12-03, windows 1 and 2): 92-119 s
-per run including compilation and evaluations (1.12-1.24M tokens/s), about 30 minutes for all.
+Cost: 18 runs x 88.5M tokens. Measured on one H200 (2026-12-03, windows 1 and 2): 94-119 s
+per run including compilation and evaluations (1.12-1.24M tokens/s; a run resumed across two
+calls 128-139 s), about 30 minutes for all.
 
 Muon 1.2e-4 was added after window 2 (2026-12-03b): of the first four Muon rates the lowest,
 3.6e-4, was best for both models (mean 2.268 against 2.417 at 1.2e-3), at the scan's edge, so

@@ -46,7 +46,10 @@ at ~0.85x of it); 5,400 steps =
 353.9M tokens for every run, >= 20 per non-embedding parameter of each (the prose mixture
 has 140.7M training tokens: 2.5 epochs, reshuffled each epoch). Muon's Adam-routed group runs
 at ``lr x 1.5e-3 / 3.6e-4`` (tied, as in transformer-pp-350m-muon.sbatch). Validation: the
-corpus's whole validation split (779,463 tokens) every 200 steps and at the end.
+corpus's whole validation split (779,463 tokens) every 200 steps and at the end. The
+training loss's LM head runs fused in chunks of 8,192 tokens (``train.loss_chunk_size``,
+:data:`configs.sweeps.common.LOSS_CHUNK`): the same loss on fp32-accumulated logits, without
+storing the batch's 8.4 GB of fp32 logits.
 
 Seeds: 42 for every group, plus 43 for GDN hybrid + Muon and softmax dense + AdamW, which
 gives the seed-to-seed spread; the results page then names the neighbours in the ranking
@@ -66,8 +69,9 @@ corpus=/tmp/corpus/prose-llama2,adamw_lr=0.003,muon_lr=0.0036 --root=/tmp/sweeps
 
 Arguments: ``corpus`` (required unless ``tiny``), ``adamw_lr``, ``muon_lr`` (required unless
 ``tiny`` or ``rates_from``), ``rates_from`` (the finished scan's ``results.json``: both rates
-from it, :func:`configs.sweeps.common.scan_rates`), ``seeds`` (1: seed 42, and 43 for the two spread groups; 2: both for every group),
-``tiny`` (CPU: softmax dense and GDN hybrid, both optimizers, 4 steps).
+from it, :func:`configs.sweeps.common.scan_rates`), ``seeds`` (1: seed 42, and 43 for the two
+spread groups; 2: both for every group), ``tiny`` (CPU: softmax dense and GDN hybrid, both
+optimizers, 4 steps).
 """
 
 from configs import common
@@ -225,4 +229,4 @@ def get_config(arg=None):
     return sweeps_common.sweep_config(
         name="table2_small", train_config="configs/table2.py",
         arg=sweeps_common.fixed_arg(arg.corpus, arg.tiny), grid=grid, tiny=arg.tiny,
-        references=REFERENCES, claims=CLAIMS)
+        references=REFERENCES, claims=CLAIMS, overrides=sweeps_common.LOSS_CHUNK)

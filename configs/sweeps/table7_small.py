@@ -32,8 +32,8 @@ Launch::
 corpus=/tmp/corpus/prose-llama2,muon_lr=0.0036 --root=/tmp/sweeps/table7 --deadline_s=540
 
 Arguments: ``corpus`` and ``muon_lr`` (required unless ``tiny``; ``rates_from=<the finished
-scan's results.json>`` gives ``muon_lr``, :func:`configs.sweeps.common.scan_rates`), ``controls`` (default
-True), ``tiny`` (CPU: host and CLVR, two seeds, 4 steps).
+scan's results.json>`` gives ``muon_lr``, :func:`configs.sweeps.common.scan_rates`),
+``controls`` (default True), ``tiny`` (CPU: host and CLVR, two seeds, 4 steps).
 """
 
 from configs import common
@@ -104,4 +104,5 @@ def get_config(arg=None):
     return sweeps_common.sweep_config(
         name="table7_small", train_config="configs/table7.py",
         arg=sweeps_common.fixed_arg(arg.corpus, arg.tiny, host="gdn", lr=lr), grid=grid,
-        tiny=arg.tiny, references=REFERENCES, claims=CLAIMS)
+        tiny=arg.tiny, references=REFERENCES, claims=CLAIMS,
+        overrides=sweeps_common.LOSS_CHUNK)

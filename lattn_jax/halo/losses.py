@@ -277,7 +277,8 @@ def _ce_chunks(static, hidden, head, targets, w, with_grad):
         hit = jnp.arange(z.shape[-1])[None, :] == y[:, None]  # [C, S]
         target = jnp.sum(jnp.where(hit, z, 0.0), axis=-1)  # [C]
         ce = lse - target
-        total = carry[0] + jnp.sum(ce * wc)
+        # As train.cross_entropy_loss: a non-finite loss at a weight-0 position adds nothing.
+        total = carry[0] + jnp.sum(jnp.where(jnp.isfinite(ce) | (wc != 0), ce * wc, 0.0))
         if not with_grad:
             return (total,), None
         dz = wc[:, None] * (jnp.exp(z - lse[:, None]) - hit)  # [C, S] fp32
@@ -407,7 +408,7 @@ def _kl_chunks(static, t_hidden, t_head, s_hidden, s_head, w, with_grad):
         log_ps = s_logits - logsumexp_one_pass(s_logits)[:, None]
         p_t = jnp.exp(log_pt)
         kl = jnp.sum(p_t * (log_pt - log_ps), axis=-1)  # [C]
-        total = carry[0] + jnp.sum(kl * wc)
+        total = carry[0] + jnp.sum(jnp.where(jnp.isfinite(kl) | (wc != 0), kl * wc, 0.0))
         if not with_grad:
             return (total,), None
         dz = ((wc / tau)[:, None] * (jnp.exp(log_ps) - p_t)).astype(s_dt)  # [C, V]

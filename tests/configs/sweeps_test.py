@@ -141,6 +141,15 @@ class SweepConfigsTest(parameterized.TestCase):
             with self.assertRaisesRegex(common.ConfigArgError, message):
                 table2_small.get_config(f"corpus={c},{bad}")
 
+    def test_fused_loss_head_in_the_tables_only(self):
+        c = self.corpus
+        for config, want in ((table2_small.get_config(f"corpus={c},adamw_lr=1e-3,muon_lr=4e-4"),
+                              8192),
+                             (table7_small.get_config(f"corpus={c},muon_lr=4e-4"), 8192),
+                             (lr_scan_small.get_config(f"corpus={c}"), None)):
+            cfg = build(sweep.expand(config)[0], config.train_config)
+            self.assertEqual(cfg.train.loss_chunk_size, want, config.name)
+
     def test_lr_scan_budget(self):
         config = lr_scan_small.get_config(f"corpus={self.corpus}")
         cfg = build(sweep.expand(config)[0], config.train_config)

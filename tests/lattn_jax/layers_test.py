@@ -87,7 +87,10 @@ class SwiGLUTest(parameterized.TestCase):
     def test_gradient_equals_autodiff_in_fp32(self):
         rng = np.random.default_rng(1)
         gate, up = (jnp.asarray(rng.standard_normal((4, 33)) * 4, jnp.float32) for _ in range(2))
-        f = lambda fn: jax.grad(lambda g, u: jnp.sum(jnp.sin(fn(g, u))), argnums=(0, 1))(gate, up)
+
+        def f(fn):
+            return jax.grad(lambda g, u: jnp.sum(jnp.sin(fn(g, u))), argnums=(0, 1))(gate, up)
+
         got = f(layers.swiglu)
         want = f(lambda g, u: jax.nn.silu(g) * u)
         for a, b in zip(got, want):
@@ -137,7 +140,9 @@ class RMSNormTest(parameterized.TestCase):
             r = jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + 1e-6)
             return x * r * s
 
-        f = lambda fn: jax.grad(lambda x, s: jnp.sum(jnp.sin(fn(x, s))), argnums=(0, 1))(x, scale)
+        def f(fn):
+            return jax.grad(lambda x, s: jnp.sum(jnp.sin(fn(x, s))), argnums=(0, 1))(x, scale)
+
         got = f(lambda x, s: layers.rms_norm(x, s, 1e-6))
         for a, b in zip(got, f(plain)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

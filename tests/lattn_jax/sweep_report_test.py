@@ -240,6 +240,16 @@ class BuildTest(absltest.TestCase):
         self.assertEqual(block["best"], 3e-3)
         md = sweep_report.markdown(report)
         self.assertIn("2 of 2 evaluations NaN/inf", md)
+        # results.json is strict JSON: the NaN losses are null there.
+        paths = sweep_report.write(report)
+
+        def refuse(name):
+            raise ValueError(f"non-standard JSON constant {name}")
+
+        with open(paths["json"]) as f:
+            data = json.loads(f.read(), parse_constant=refuse)
+        runs = {r["run"]: r for r in data["runs"]}
+        self.assertIsNone(runs["arch=a,lr=0.001"]["final_val_loss"])
         # One NaN evaluation of two: the best is the finite one.
         run = [r for r in sweep.expand(config) if r.name == "arch=b,lr=0.01"][0]
         shutil.rmtree(sweep.run_dir(root, run))

@@ -157,6 +157,52 @@ class TrainTest(CorpusTestCase):
                 batch["targets"], jnp.asarray(weights))
             self.assertAlmostEqual(float(total / count), want, places=5)
 
+    def test_fused_loss_head_equals_the_plain_one(self):
+        """train.loss_chunk_size: the fused head's loss and gradients equal the plain head's
+        (fp32 model, so both form the same fp32 logits), with uneven chunks (7 tokens: the last
+        padded) and with gradient accumulation; a bad value is one ConfigError."""
+        import dataclasses
+        base = tiny_experiment(self.corpus)
+        base = dataclasses.replace(base, model=dataclasses.replace(base.model,
+                                                                   dtype="float32"))
+        batch = next(data_lib.build_datasets(base.data).train_iter)
+        rng = np.random.default_rng(4)
+        batch = dict(batch, weights=(rng.random(batch["weights"].shape) < 0.7).astype(
+            np.float32))
+        out = {}
+        for chunk in (None, 7):
+            for micro in (None, 1):
+                cfg = dataclasses.replace(base, train=dataclasses.replace(
+                    base.train, loss_chunk_size=chunk, micro_batch_size=micro))
+                trainer = train.Trainer(cfg)
+                params = trainer.init_state(0)["params"]
+                out[chunk, micro] = jax.jit(trainer.loss_and_grads)(params, train._to_jax(batch))
+        ref_loss, ref_grads = out[None, None]
+        for key in ((7, None), (7, 1), (None, 1)):
+            loss, grads = out[key]
+            np.testing.assert_allclose(float(loss), float(ref_loss), rtol=1e-6, err_msg=key)
+            for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
+                r = np.asarray(_leaf(ref_grads, path))
+                np.testing.assert_allclose(np.asarray(g), r, rtol=1e-4,
+                                           atol=1e-6 * np.abs(r).max() + 1e-9,
+                                           err_msg=f"{key} {jax.tree_util.keystr(path)}")
+        # The option does switch the head: in bf16 the plain head rounds the logits to bf16
+        # before the loss and the fused one does not, so the two losses differ, a little.
+        losses_bf16 = []
+        for chunk in (None, 7):
+            cfg = dataclasses.replace(tiny_experiment(self.corpus), train=dataclasses.replace(
+                base.train, loss_chunk_size=chunk))
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"))
+            trainer = train.Trainer(cfg)
+            params = trainer.init_state(0)["params"]
+            losses_bf16.append(float(jax.jit(trainer.loss_and_grads)(
+                params, train._to_jax(batch))[0]))
+        self.assertNotEqual(losses_bf16[0], losses_bf16[1])
+        np.testing.assert_allclose(losses_bf16[1], losses_bf16[0], rtol=1e-2)
+        for bad in (0, 2.5, True):
+            with self.assertRaisesRegex(config_lib.ConfigError, "train.loss_chunk_size"):
+                config_lib.TrainConfig(loss_chunk_size=bad)
+
     def test_micro_batch_size_must_divide_the_batch(self):
         with self.assertRaisesRegex(config_lib.ConfigError,
                                     r"data.batch_size=4 .*train.micro_batch_size"):
