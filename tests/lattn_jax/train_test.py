@@ -45,6 +45,14 @@ def tiny_experiment(path, **train_overrides):
                                        train=config_lib.TrainConfig(**tcfg))
 
 
+def batch_with_random_weights(config, seed, keep):
+    """The first training batch of ``config`` with each weight 1 with probability ``keep``,
+    else 0 (numpy ``default_rng(seed)``)."""
+    batch = next(data_lib.build_datasets(config.data).train_iter)
+    rng = np.random.default_rng(seed)
+    return dict(batch, weights=(rng.random(batch["weights"].shape) < keep).astype(np.float32))
+
+
 def _leaf(tree, path):
     """The leaf of ``tree`` at a ``tree_flatten_with_path`` path."""
     for key in path:
@@ -89,11 +97,7 @@ class TrainTest(CorpusTestCase):
         the token mean over the whole batch (random 0/1 weights make the rows' token counts
         unequal, so averaging per-micro-batch means would differ), the gradients match, and
         evaluation sums the same tokens."""
-        cfg = tiny_experiment(self.corpus)
-        batch = next(data_lib.build_datasets(cfg.data).train_iter)
-        rng = np.random.default_rng(3)
-        batch = dict(batch, weights=(rng.random(batch["weights"].shape) < 0.6).astype(
-            np.float32))
+        batch = batch_with_random_weights(tiny_experiment(self.corpus), 3, 0.6)
         results = {}
         for micro in (None, 1):
             trainer = train.Trainer(tiny_experiment(self.corpus, micro_batch_size=micro))
@@ -125,11 +129,9 @@ class TrainTest(CorpusTestCase):
         for micro in (None, 1):
             trainer = train.Trainer(tiny_experiment(self.corpus, micro_batch_size=micro))
             params = trainer.init_state(0)["params"]
-            batch = next(data_lib.build_datasets(trainer.config.data).train_iter)
-            rng = np.random.default_rng(5)
-            weights = (rng.random(batch["weights"].shape) < 0.8).astype(np.float32)
+            batch = batch_with_random_weights(trainer.config, 5, 0.8)
+            weights = batch["weights"]
             weights[2] = 0.0  # an all-zero padding row, as data.pipeline pads the last batch
-            batch = dict(batch, weights=weights)
             clean = np.asarray(jax.jit(trainer.logits)(params, train._to_jax(batch)))
             ce = np.asarray(optax.softmax_cross_entropy_with_integer_labels(
                 clean, batch["targets"]))
@@ -165,10 +167,7 @@ class TrainTest(CorpusTestCase):
         base = tiny_experiment(self.corpus)
         base = dataclasses.replace(base, model=dataclasses.replace(base.model,
                                                                    dtype="float32"))
-        batch = next(data_lib.build_datasets(base.data).train_iter)
-        rng = np.random.default_rng(4)
-        batch = dict(batch, weights=(rng.random(batch["weights"].shape) < 0.7).astype(
-            np.float32))
+        batch = batch_with_random_weights(base, 4, 0.7)
         out = {}
         for chunk in (None, 7):
             for micro in (None, 1):
