@@ -82,15 +82,20 @@ def get_config(arg=None):
     """Returns the sweep ConfigDict (see the module docstring for ``arg``).
 
     Raises:
-      ConfigArgError: for an unknown argument, or a missing ``corpus`` or ``muon_lr`` (full
-        size).
+      ConfigArgError: for an unknown argument, a missing ``corpus`` or ``muon_lr`` (full
+        size, without ``rates_from``), both ``rates_from`` and ``muon_lr``, or a ``rates_from``
+        file that is not a complete scan or has no Muon scan.
     """
     arg = common.parse_arg(arg, corpus=None, muon_lr=None, rates_from=None, controls=True,
                            tiny=False)
     if arg.rates_from:
         if arg.muon_lr is not None:
             raise common.ConfigArgError("rates_from= or muon_lr=, not both")
-        arg.muon_lr = sweeps_common.scan_rates(arg.rates_from)["muon"]
+        rates = sweeps_common.scan_rates(arg.rates_from)
+        if "muon" not in rates:
+            raise common.ConfigArgError(f"rates_from={arg.rates_from}: scans {sorted(rates)}, "
+                                        f"not muon")
+        arg.muon_lr = rates["muon"]
     if arg.tiny:
         lr, blocks = arg.muon_lr or 3e-3, (CORE,)
     else:

@@ -140,6 +140,15 @@ class SweepConfigsTest(parameterized.TestCase):
                              ("rates_from=/nonexistent.json", "cannot read it")):
             with self.assertRaisesRegex(common.ConfigArgError, message):
                 table2_small.get_config(f"corpus={c},{bad}")
+        # A scan without Muon: Table 7 (Muon only) is one ConfigArgError, not a KeyError.
+        data["scan"]["blocks"] = [b for b in data["scan"]["blocks"]
+                                  if dict(b["by"])["opt"] != "muon"]
+        adamw_only = os.path.join(self.create_tempdir().full_path, "results.json")
+        with open(adamw_only, "w") as f:
+            json.dump(data, f)
+        for get_config in (table2_small.get_config, table7_small.get_config):
+            with self.assertRaisesRegex(common.ConfigArgError, "not (muon|\\['adamw', 'muon'\\])"):
+                get_config(f"corpus={c},rates_from={adamw_only}")
 
     def test_fused_loss_head_in_the_tables_only(self):
         c = self.corpus
