@@ -60,11 +60,15 @@ def scan_rates(path: str) -> dict:
       ``{optimizer: rate}``, e.g. ``{"adamw": 0.001, "muon": 0.00036}``.
 
     Raises:
-      ConfigArgError: naming ``rates_from`` and the file, if it is missing or unreadable, has
+      ConfigArgError: naming ``rates_from`` and the file, if ``path`` is not a string (a name
+        that ``parse_arg`` read as a number or bool), if it is missing or unreadable, has
         no ``lr`` scan by ``opt``, or a rate of the scan lacks a finished run of some model
         (the scan is not complete: finish it first).
     """
     import json  # noqa: PLC0415 (only this helper reads files)
+    if not isinstance(path, str):  # parse_arg read "123" or "True" as a literal: open(1) is stdout
+        raise common.ConfigArgError(f"rates_from={path!r}: not a file name (give a path that "
+                                    f"does not read as a Python literal, e.g. ./{path})")
     try:
         with open(path) as f:
             scan = json.load(f).get("scan")

@@ -137,7 +137,10 @@ class SweepConfigsTest(parameterized.TestCase):
         run = sweep.expand(config7)[0]
         self.assertEqual(build(run, config7.train_config).optim.learning_rate, 0.00036)
         for bad, message in ((f"rates_from={done},adamw_lr=0.001", "not both"),
-                             ("rates_from=/nonexistent.json", "cannot read it")):
+                             ("rates_from=/nonexistent.json", "cannot read it"),
+                             # parse_arg reads these as literals; open(True) was stdout's fd.
+                             ("rates_from=True", "not a file name"),
+                             ("rates_from=123", "not a file name")):
             with self.assertRaisesRegex(common.ConfigArgError, message):
                 table2_small.get_config(f"corpus={c},{bad}")
         # A scan without Muon: Table 7 (Muon only) is one ConfigArgError, not a KeyError.
