@@ -44,7 +44,7 @@ def fixed_arg(corpus, tiny, **values):
     return tuple(pairs + [("corpus", corpus)])
 
 
-def scan_rates(path: str) -> dict:
+def scan_rates(path: str, tiny: bool = False) -> dict:
     """Each optimizer's best learning rate from a finished scan's ``results.json``.
 
     The file is what ``experiments/sweep.py`` writes for ``configs/sweeps/lr_scan_small.py``
@@ -53,17 +53,23 @@ def scan_rates(path: str) -> dict:
     it lets one message of GPU calls run the scan's last runs and then Table 2 / Table 7 at
     the rates found, with no reply in between.
 
+    A best rate at the edge of the scan is taken as it is (the scan's results page marks it).
+
     Args:
       path: the scan's ``results.json``.
+      tiny: the calling table is the ``tiny`` CPU variant: the file must come from
+        ``lr_scan_small_tiny``; otherwise from ``lr_scan_small`` (a tiny scan's rates never
+        feed a full-size table, nor the reverse).
 
     Returns:
       ``{optimizer: rate}``, e.g. ``{"adamw": 0.001, "muon": 0.00036}``.
 
     Raises:
       ConfigArgError: naming ``rates_from`` and the file, if ``path`` is not a string (a name
-        that ``parse_arg`` read as a number or bool), if it is missing or unreadable, has
-        no ``lr`` scan by ``opt``, or a rate of the scan lacks a finished run of some model
-        (the scan is not complete: finish it first).
+        that ``parse_arg`` read as a number or bool), if it is missing, unreadable or not a
+        JSON object, was written by another sweep, has no ``lr`` scan by ``opt``, or a rate of
+        the scan lacks a finished run of some model (the scan is not complete: finish it
+        first).
     """
     import json  # noqa: PLC0415 (only this helper reads files)
     if not isinstance(path, str):  # parse_arg read "123" or "True" as a literal: open(1) is stdout
@@ -71,9 +77,17 @@ def scan_rates(path: str) -> dict:
                                     f"does not read as a Python literal, e.g. ./{path})")
     try:
         with open(path) as f:
-            scan = json.load(f).get("scan")
+            data = json.load(f)
     except (OSError, ValueError) as e:
         raise common.ConfigArgError(f"rates_from={path}: cannot read it ({e})") from None
+    if not isinstance(data, dict):
+        raise common.ConfigArgError(f"rates_from={path}: not a sweep's results.json (a JSON "
+                                    f"{type(data).__name__}, not an object)")
+    want = "lr_scan_small" + ("_tiny" if tiny else "")
+    if data.get("sweep") != want:
+        raise common.ConfigArgError(f"rates_from={path}: written by sweep "
+                                    f"{data.get('sweep')!r}, not {want!r}")
+    scan = data.get("scan")
     if not scan or scan.get("axis") != "lr" or scan.get("by") != ["opt"]:
         raise common.ConfigArgError(f"rates_from={path}: no learning-rate scan by optimizer "
                                     f"(expected lr_scan_small's results.json)")

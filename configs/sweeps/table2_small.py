@@ -201,7 +201,7 @@ def get_config(arg=None):
     if arg.rates_from:
         if arg.adamw_lr is not None or arg.muon_lr is not None:
             raise common.ConfigArgError("rates_from= or adamw_lr= and muon_lr=, not both")
-        rates = sweeps_common.scan_rates(arg.rates_from)
+        rates = sweeps_common.scan_rates(arg.rates_from, tiny=bool(arg.tiny))
         if set(rates) != set(common.OPTIMIZERS):
             raise common.ConfigArgError(f"rates_from={arg.rates_from}: scans {sorted(rates)}, "
                                         f"not {list(common.OPTIMIZERS)}")

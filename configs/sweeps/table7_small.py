@@ -91,7 +91,7 @@ def get_config(arg=None):
     if arg.rates_from:
         if arg.muon_lr is not None:
             raise common.ConfigArgError("rates_from= or muon_lr=, not both")
-        rates = sweeps_common.scan_rates(arg.rates_from)
+        rates = sweeps_common.scan_rates(arg.rates_from, tiny=bool(arg.tiny))
         if "muon" not in rates:
             raise common.ConfigArgError(f"rates_from={arg.rates_from}: scans {sorted(rates)}, "
                                         f"not muon")

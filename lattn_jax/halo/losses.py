@@ -64,9 +64,12 @@ def logsumexp_one_pass(z: Array) -> Array:
         m = max(m1, m2),   s = s1 exp(m1 - m) + s2 exp(m2 - m)
 
     (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax", Alg. 3), which is
-    associative, so XLA may reduce in any order. The identity is ``(finfo.min, 0)``, finite so
-    that two identities merge to ``(finfo.min, 0)`` rather than ``exp(-inf + inf) = NaN``.
-    Exact in real arithmetic; in fp32 it differs from the two-pass form by rounding only.
+    associative, so XLA may reduce in any order. A pair with ``s = 0`` (the identity
+    ``(finfo.min, 0)``, and every ``-inf`` element, which enters as ``(-inf, 0)``) adds nothing
+    whatever its ``m``: its term is taken as 0 rather than ``0 x exp(-inf + inf) = NaN``, so
+    two ``-inf`` elements may also meet first. Exact in real arithmetic; in fp32 it differs from
+    the two-pass form by rounding only (for ``|z|`` near fp32's largest values, where the sum
+    rounds away, the derivative below is not a normalised softmax).
 
     Args:
       z: ``[..., S]`` fp32 (other floats are computed in fp32), finite: a row that is entirely
@@ -82,10 +85,15 @@ def logsumexp_one_pass(z: Array) -> Array:
 
     def merge(a, b):
         m = jnp.maximum(a[0], b[0])
-        return m, a[1] * jnp.exp(a[0] - m) + b[1] * jnp.exp(b[0] - m)
 
-    m, total = jax.lax.reduce((z, jnp.ones_like(z)), (jnp.float32(lowest), jnp.float32(0.0)),
-                              merge, (z.ndim - 1,))
+        def term(pair):
+            return jnp.where(pair[1] == 0, 0.0, pair[1] * jnp.exp(pair[0] - m))
+
+        return m, term(a) + term(b)
+
+    ones = jnp.where(z == -jnp.inf, 0.0, 1.0).astype(jnp.float32)
+    m, total = jax.lax.reduce((z, ones), (jnp.float32(lowest), jnp.float32(0.0)), merge,
+                              (z.ndim - 1,))
     return m + jnp.log(total)
 
 

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from absl.testing import absltest
 
 from benchmarks import profile_halo_step as phs
@@ -98,6 +99,16 @@ class ProfileHaloStepTest(absltest.TestCase):
             x32 = jnp.asarray(np.random.default_rng(2).standard_normal((3, 8)), jnp.float32)
             np.testing.assert_array_equal(np.asarray(norm(x32)),
                                           np.asarray(saved[2](x32, norm.scale[...], 1e-5)))
+            # The swaps reach the modules and the heads: their programs no longer hold the
+            # custom_vjp calls and the one-pass (variadic) reduction.
+            # (fresh lambdas: make_jaxpr caches traces by function)
+            self.assertNotIn("custom_vjp", str(jax.make_jaxpr(lambda x: norm(x))(x32)))
+            self.assertNotIn("custom_vjp", str(jax.make_jaxpr(layers.SwiGLU(
+                8, 16, std=0.02, out_std=0.02, rngs=nnx.Rngs(0)))(x32)))
+            h, w = jnp.ones((1, 4, 8)), jnp.ones((8, 16))
+            head = str(jax.make_jaxpr(lambda h: losses.chunked_cross_entropy(
+                h, w, jnp.zeros((1, 4), jnp.int32))[0])(h))
+            self.assertIn("reduce_max", head)
             x = jnp.asarray(np.random.default_rng(0).standard_normal((3, 8)), jnp.bfloat16)
             # The baseline is autodiff of the plain expression: its bf16 gradient is the
             # product rule evaluated in bf16, which the written-out fp32 backward is not.
@@ -109,6 +120,10 @@ class ProfileHaloStepTest(absltest.TestCase):
                                        np.asarray(jax.nn.logsumexp(z, axis=-1)), rtol=1e-6)
         finally:
             layers.swiglu, losses.logsumexp_one_pass, layers.rms_norm = saved
+        # And without the swaps, they do.
+        self.assertIn("custom_vjp", str(jax.make_jaxpr(lambda x: norm(x))(x32)))
+        self.assertNotIn("reduce_max", str(jax.make_jaxpr(lambda h: losses.chunked_cross_entropy(
+            h, w, jnp.zeros((1, 4), jnp.int32))[0])(h)))
 
     def test_bad_values_are_one_line_naming_the_flag(self):  # ~2 s: refused before compiling
         with tempfile.NamedTemporaryFile() as f:

@@ -152,6 +152,17 @@ class SweepConfigsTest(parameterized.TestCase):
         for get_config in (table2_small.get_config, table7_small.get_config):
             with self.assertRaisesRegex(common.ConfigArgError, "not (muon|\\['adamw', 'muon'\\])"):
                 get_config(f"corpus={c},rates_from={adamw_only}")
+        # Another sweep's file, a JSON list, and a full-size scan for a tiny table: refused.
+        for name, payload, arg, message in (
+                ("other", dict(data, sweep="table2_small"), f"corpus={c}",
+                 "written by sweep 'table2_small', not 'lr_scan_small'"),
+                ("list", [1, 2], f"corpus={c}", "not an object"),
+                ("full", data, "tiny", "not 'lr_scan_small_tiny'")):
+            path = os.path.join(self.create_tempdir().full_path, f"{name}.json")
+            with open(path, "w") as f:
+                json.dump(payload, f)
+            with self.assertRaisesRegex(common.ConfigArgError, message):
+                table2_small.get_config(f"{arg},rates_from={path}")
 
     def test_fused_loss_head_in_the_tables_only(self):
         c = self.corpus
