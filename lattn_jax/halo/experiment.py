@@ -86,13 +86,16 @@ RESUME_FREE_KEYS = frozenset({
 DONE_FREE_KEYS = frozenset({"flatten"})
 # Options added after runs were recorded, with the value those runs used implicitly: a recorded
 # ``options.json`` without the key equals a config that sets it to this value.
-ADDED_KEYS = {"hypenet.lightning_alibi_max_bias": 8.0}
-# Options every stage must share with the stages it builds on, whichever stages run: the
-# Lightning layers' decays (Stage 1 trains the layers under them; a later stage, calibrate or
-# the report with another value would use those weights under other decays).
+ADDED_KEYS = {"hypenet.lightning_alibi_max_bias": 8.0, "hypenet.attention_rope": False}
+# Options every recorded stage from the named one on must share, whichever stages run: the
+# Lightning layers' decays from Stage 1 on (Stage 1 trains the layers under them; a later
+# stage, calibrate or the report with another value would use those weights under other
+# decays); the attention layers' positions from Stage 2 on (Stage 1 trains no attention layer,
+# so a Stage 2 of either kind may follow one Stage 1: the ablation's branch).
 # (hypenet.attention_layers is not one: Stage 1 trains every layer, and a later stage may
 # choose other attention layers, e.g. the evenly spaced ablation.)
-CROSS_STAGE_KEYS = ("hypenet.lightning_alibi_max_bias",)
+CROSS_STAGE_KEYS = {"hypenet.lightning_alibi_max_bias": "stage1",
+                    "hypenet.attention_rope": "stage2"}
 
 # Teachers loaded in this process, by (kind, path, dtype, random model): a pipeline that runs
 # several stages in one process reads and dequantizes the checkpoint once.
@@ -221,6 +224,7 @@ def student_config(config, teacher_cfg, attention_layers, **kw) -> config_lib.Mo
                                   lightning_implementation=h.lightning_implementation,
                                   lightning_alibi_max_bias=h.get("lightning_alibi_max_bias",
                                                                  8.0),
+                                  attention_rope=bool(h.get("attention_rope", False)),
                                   dtype=h.dtype, split_projections=h.get("split_projections"),
                                   **kw)
 
@@ -438,7 +442,9 @@ def check_resume(config, workdir: str, stages_to_check: Sequence[str],
             continue
         with open(path) as f:
             recorded = {**ADDED_KEYS, **json.load(f)}
-        for key in CROSS_STAGE_KEYS:
+        for key, first in CROSS_STAGE_KEYS.items():
+            if STAGES.index(stage) < STAGES.index(first):
+                continue
             if key in now_all and recorded.get(key) != now_all[key]:
                 raise ValueError(
                     f"{stage} ran in {workdir} with {key}={recorded.get(key)!r}, and every "
@@ -969,9 +975,11 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         # concatenates, about 0.14 ms each on the H200: profile-halo-stage2-2026-12-03b.md).
         # lightning_alibi_max_bias: the b of the Lightning decays exp(-2^(-b (h + 1) / H));
         # HypeNet's 8 (longest half-life 177 tokens); another value is an ablation.
+        # attention_rope: keep RoPE in the student's attention layers instead of HypeNet's NoPE
+        # (an ablation of HyPE's position scheme, outside the paper; from Stage 2 on).
         hypenet=dict(attention_layers=config_dict.placeholder(tuple), tie_embeddings=None,
                      lightning_implementation="auto", dtype="float32", split_projections=True,
-                     lightning_alibi_max_bias=8.0),
+                     lightning_alibi_max_bias=8.0, attention_rope=False),
         stage1=stage("stage1"),
         # The layer sweep's probes (see _select). data_dir None: report.data_dir. CSR:
         # held-out acc_norm (ARC Dev, HellaSwag val minus the report's subsets and the

@@ -213,6 +213,40 @@ class ResumeOptionsTest(absltest.TestCase):
         even.hypenet.attention_layers = (3, 7, 11, 15, 19, 23, 27)
         experiment.check_options(even, workdir, ("stage2",))
 
+    def test_attention_rope_reaches_the_student_and_binds_from_stage2_on(self):
+        """hypenet.attention_rope (the HyPE ablation: RoPE kept in the attention layers) builds
+        "attn" instead of "attn_nope" layers; a Stage 2 of either kind may follow one Stage 1
+        (which trains no attention layer), but Stage 3, calibrate and the report must use
+        Stage 2's value."""
+        workdir = self.create_tempdir().full_path
+        teacher = config_lib.ModelConfig(d_model=64, layer_pattern=("attn",) * 4)
+        nope = halo_smollm2.get_config("h200,stage2_len=2048")
+        self.assertIs(nope.hypenet.attention_rope, False)
+        self.assertEqual(experiment.student_config(nope, teacher, (1,)).layer_pattern,
+                         ("lightning", "attn_nope", "lightning", "lightning"))
+        rope = halo_smollm2.get_config("h200,stage2_len=2048")
+        rope.hypenet.attention_rope = True
+        self.assertEqual(experiment.student_config(rope, teacher, (1,)).layer_pattern,
+                         ("lightning", "attn", "lightning", "lightning"))
+        # A Stage 1 recorded before the option existed (no key): Stage 2 may take either.
+        os.makedirs(os.path.join(workdir, "stage1"))
+        experiment._record_options(nope, workdir, "stage1")
+        path = os.path.join(workdir, "stage1", experiment.OPTIONS_FILE)
+        recorded = json.load(open(path))
+        self.assertIs(recorded.pop("hypenet.attention_rope"), False)
+        with open(path, "w") as f:
+            json.dump(recorded, f)
+        experiment.check_options(rope, workdir, ("stage2",))
+        # Once Stage 2 ran with RoPE, the later stages must keep it.
+        os.makedirs(os.path.join(workdir, "stage2"))
+        experiment._record_options(rope, workdir, "stage2")
+        experiment.check_options(rope, workdir, ("stage3", "calibrate", "report"))
+        for stages_now in (("stage3",), ("calibrate", "report")):
+            with self.subTest(stages=stages_now), self.assertRaisesRegex(
+                    ValueError, r"stage2 ran in .* with hypenet\.attention_rope=True, and every "
+                                r"stage built on it must use the same value \(now False\)"):
+                experiment.check_options(nope, workdir, stages_now)
+
     def test_bad_lightning_alibi_max_bias_stops_before_anything_runs(self):
         workdir = os.path.join(self.create_tempdir().full_path, "run")
         for bad in (0.0, -1.0, float("nan"), float("inf"), 2000.0):
