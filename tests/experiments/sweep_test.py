@@ -186,7 +186,7 @@ class SweepBinaryTest(absltest.TestCase):
                   "instead of \"train_confg\"?"),
                  (["--config=configs/sweeps/table2_small.py:bad_arg=1"],
                   "error: flag --config=configs/sweeps/table2_small.py: unknown config argument "
-                  "'bad_arg'; known: corpus, adamw_lr, muon_lr, seeds, tiny"),
+                  "'bad_arg'; known: corpus, adamw_lr, muon_lr, rates_from, seeds, tiny"),
                  (["--config=configs/sweeps/lr_scan_small.py:corpus"],
                   "error: flag --config=configs/sweeps/lr_scan_small.py: config argument "
                   "'corpus' needs a value: corpus=... (the default is None)"),
