@@ -68,9 +68,7 @@ def cross_entropy_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array
       validation loss).
     """
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, targets)  # [B, T]
-    # Drop only the non-finite losses of weight-0 positions: a mask on weights == 0 alone would
-    # also zero d total / d w there (ce, when finite), which the fused HALO heads must match.
-    total = jnp.sum(jnp.where(jnp.isfinite(ce) | (weights != 0), ce * weights, 0.0))
+    total = halo_losses.weighted_sum(ce, weights)
     count = jnp.sum(weights)
     return total / jnp.maximum(count, 1.0), total, count
 
@@ -276,9 +274,8 @@ class Trainer:
         ce = optax.softmax_cross_entropy_with_integer_labels(
             self.logits(params, batch), batch["targets"])  # [B, T] fp32
         weights = batch["weights"].astype(jnp.float32)
-        real = weights != 0
-        bad = ~jnp.isfinite(ce)
-        return (jnp.sum(jnp.where(real | ~bad, ce * weights, 0.0)), jnp.sum(weights),
+        real, bad = weights != 0, ~jnp.isfinite(ce)
+        return (halo_losses.weighted_sum(ce, weights), jnp.sum(weights),
                 jnp.sum(real & bad, dtype=jnp.int32), jnp.sum(~real & bad, dtype=jnp.int32))
 
     def _eval_step(self, params: PyTree, batch: Batch):

@@ -103,6 +103,29 @@ def scan_rates(path: str, tiny: bool = False) -> dict:
     return rates
 
 
+def apply_scan_rates(arg, optimizers) -> None:
+    """Sets ``arg.<opt>_lr`` for each of ``optimizers`` from ``arg.rates_from`` (a finished
+    scan's results.json, :func:`scan_rates`), if given; the tables' ``get_config`` call it.
+
+    Raises:
+      ConfigArgError: ``rates_from`` together with a rate given by hand, a scan without one of
+        ``optimizers``, or any of :func:`scan_rates`'s errors.
+    """
+    if not arg.rates_from:
+        return
+    names = [f"{o}_lr" for o in optimizers]
+    if any(arg[n] is not None for n in names):
+        raise common.ConfigArgError(f"rates_from= or {' and '.join(n + '=' for n in names)}, "
+                                    f"not both")
+    rates = scan_rates(arg.rates_from, tiny=bool(arg.tiny))
+    if any(o not in rates for o in optimizers):
+        wanted = list(optimizers) if len(optimizers) > 1 else optimizers[0]
+        raise common.ConfigArgError(f"rates_from={arg.rates_from}: scans {sorted(rates)}, "
+                                    f"not {wanted}")
+    for o, n in zip(optimizers, names):
+        arg[n] = rates[o]
+
+
 # Table 2 and Table 7 runs: the LM head and cross-entropy fused in chunks of this many tokens
 # (train.loss_chunk_size; 8 chunks of a 16 x 4096 batch, 1 GB of fp32 logits each at the
 # 32,000-token vocabulary, instead of 8.4 GB for the whole batch). The learning-rate scan ran

@@ -198,14 +198,7 @@ def get_config(arg=None):
     """
     arg = common.parse_arg(arg, corpus=None, adamw_lr=None, muon_lr=None, rates_from=None,
                            seeds=1, tiny=False)
-    if arg.rates_from:
-        if arg.adamw_lr is not None or arg.muon_lr is not None:
-            raise common.ConfigArgError("rates_from= or adamw_lr= and muon_lr=, not both")
-        rates = sweeps_common.scan_rates(arg.rates_from, tiny=bool(arg.tiny))
-        if set(rates) != set(common.OPTIMIZERS):
-            raise common.ConfigArgError(f"rates_from={arg.rates_from}: scans {sorted(rates)}, "
-                                        f"not {list(common.OPTIMIZERS)}")
-        arg.adamw_lr, arg.muon_lr = rates["adamw"], rates["muon"]
+    sweeps_common.apply_scan_rates(arg, common.OPTIMIZERS)
     if arg.seeds not in (1, 2):
         raise common.ConfigArgError(f"seeds={arg.seeds!r}; choose 1 or 2")
     if arg.tiny:

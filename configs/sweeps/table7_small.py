@@ -88,14 +88,7 @@ def get_config(arg=None):
     """
     arg = common.parse_arg(arg, corpus=None, muon_lr=None, rates_from=None, controls=True,
                            tiny=False)
-    if arg.rates_from:
-        if arg.muon_lr is not None:
-            raise common.ConfigArgError("rates_from= or muon_lr=, not both")
-        rates = sweeps_common.scan_rates(arg.rates_from, tiny=bool(arg.tiny))
-        if "muon" not in rates:
-            raise common.ConfigArgError(f"rates_from={arg.rates_from}: scans {sorted(rates)}, "
-                                        f"not muon")
-        arg.muon_lr = rates["muon"]
+    sweeps_common.apply_scan_rates(arg, ("muon",))
     if arg.tiny:
         lr, blocks = arg.muon_lr or 3e-3, (CORE,)
     else:

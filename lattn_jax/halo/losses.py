@@ -51,6 +51,20 @@ def layer_mse(student: Array, teacher: Array) -> Array:
     return jnp.mean(jnp.square(diff))
 
 
+def weighted_sum(values: Array, weights: Array) -> Array:
+    """``sum_n w_n x_n`` over all elements, where a position of weight 0 adds nothing even if
+    its ``x_n`` is NaN or inf (padding rows; ``0 x NaN`` would be NaN). Where ``x_n`` is finite
+    the sum and its gradients are those of ``sum(x * w)`` (``d/dw_n = x_n`` at weight 0 too).
+
+    Args:
+      values, weights: the same shape (``[N]`` or ``[B, T]``), float; fp32 in the losses.
+
+    Returns:
+      scalar in ``jnp.result_type(values, weights)``.
+    """
+    return jnp.sum(jnp.where(jnp.isfinite(values) | (weights != 0), values * weights, 0.0))
+
+
 @jax.custom_jvp
 def logsumexp_one_pass(z: Array) -> Array:
     """``log sum_v exp(z_v)`` over the last axis in one read of ``z`` (online log-sum-exp).
@@ -285,8 +299,7 @@ def _ce_chunks(static, hidden, head, targets, w, with_grad):
         hit = jnp.arange(z.shape[-1])[None, :] == y[:, None]  # [C, S]
         target = jnp.sum(jnp.where(hit, z, 0.0), axis=-1)  # [C]
         ce = lse - target
-        # As train.cross_entropy_loss: a non-finite loss at a weight-0 position adds nothing.
-        total = carry[0] + jnp.sum(jnp.where(jnp.isfinite(ce) | (wc != 0), ce * wc, 0.0))
+        total = carry[0] + weighted_sum(ce, wc)
         if not with_grad:
             return (total,), None
         dz = wc[:, None] * (jnp.exp(z - lse[:, None]) - hit)  # [C, S] fp32
@@ -416,7 +429,7 @@ def _kl_chunks(static, t_hidden, t_head, s_hidden, s_head, w, with_grad):
         log_ps = s_logits - logsumexp_one_pass(s_logits)[:, None]
         p_t = jnp.exp(log_pt)
         kl = jnp.sum(p_t * (log_pt - log_ps), axis=-1)  # [C]
-        total = carry[0] + jnp.sum(jnp.where(jnp.isfinite(kl) | (wc != 0), kl * wc, 0.0))
+        total = carry[0] + weighted_sum(kl, wc)
         if not with_grad:
             return (total,), None
         dz = ((wc / tau)[:, None] * (jnp.exp(log_ps) - p_t)).astype(s_dt)  # [C, V]
