@@ -634,10 +634,11 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
     decays = ("" if max_bias == 8.0 else
               f", ALiBi max bias {max_bias:g} instead of HypeNet's 8 (an ablation: longest "
               f"half-life {math.log(2) * 2.0 ** max_bias:,.0f} tokens)")
+    attn_kind = attention_form(s_cfg)
     meta = {
         "teacher": f"{config.teacher.kind} {config.teacher.path or ''}: {teacher_cfg.num_layers} "
                    f"softmax attention layers (RoPE), {r.dtype} compute, {r.param_dtype} params",
-        "student": f"HypeNet from {source}: attention (NoPE + output gate) at layers {attn}, "
+        "student": f"HypeNet from {source}: attention ({attn_kind}) at layers {attn}, "
                    f"Lightning elsewhere ({len(pattern) - len(attn)} layers{decays}); logit "
                    f"scaling a = {a}; {r.dtype} compute, {r.param_dtype} params",
         "student_params": source, "logit_scaling_base": a, "attention_layers": attn,
@@ -660,6 +661,24 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                                 should_stop=_expired(deadline))
     return {"complete": rep["complete"], "report": os.path.join(stage_dir,
                                                                 report_lib.REPORT_JSON)}
+
+
+def attention_form(student: config_lib.ModelConfig) -> str:
+    """How a HypeNet student's softmax-attention layers encode positions and gate, in words.
+
+    HypeNet's is ``"NoPE + output gate"`` (spec Sec. 3.1); ``hypenet.attention_rope=True``
+    (the ablation keeping the teacher's RoPE) gives ``"RoPE + output gate"``. Layer names:
+    ``"attn"`` has RoPE, ``"attn_nope"`` has none (``hypenet.hypenet_config``).
+
+    Raises:
+      ValueError: if the student has no attention layer, or both kinds.
+    """
+    kinds = {n for n in student.layer_pattern if n != "lightning"}
+    if len(kinds) != 1 or not kinds <= {"attn", "attn_nope"}:
+        raise ValueError(f"a HypeNet student has one kind of attention layer, 'attn' or "
+                         f"'attn_nope'; got {sorted(kinds)}")
+    return " + ".join(["RoPE" if kinds == {"attn"} else "NoPE"]
+                      + (["output gate"] if student.attention.output_gate else []))
 
 
 def _expired(deadline: Optional[float]) -> Optional[Callable[[], bool]]:

@@ -1764,11 +1764,13 @@ def _stage_rows(config: Mapping[str, Any], workdir: str) -> List[str]:
     return rows
 
 
-def selection_lines(sel: Mapping[str, Any]) -> List[str]:
+def selection_lines(sel: Mapping[str, Any], student_attention: str = "NoPE + gate") -> List[str]:
     """The markdown of ``select/selection.json``: the kept layers, the metrics, every layer's
-    scores (and the teacher's probe values), and whether a tie at the cut decided the choice."""
+    scores (and the teacher's probe values), and whether a tie at the cut decided the choice.
+    ``student_attention`` names the kept layers' form in the student (HypeNet's NoPE + gate, or
+    an ablation's, from the run's ``hypenet.attention_rope`` / ``attention_gate``)."""
     recall_metric = sel.get("recall_metric", "greedy `contains` on the recall items")
-    lines = [f"Kept as softmax attention (NoPE + gate in the student): "
+    lines = [f"Kept as softmax attention ({student_attention} in the student): "
              f"**{sel['attention_layers']}**.", "",
              f"* CSR: {sel.get('csr_metric')}.", f"* Recall: {recall_metric}."]
     if sel.get("recall_accuracy_metric"):
@@ -1938,7 +1940,10 @@ def render_markdown(workdir: str, *, title: Optional[str] = None) -> str:
                   f"`config.hypenet.attention_layers` = {list(override)} overrides the "
                   f"selected {list(sel['attention_layers'])}.", ""]
     if sel:
-        lines += selection_lines(sel)
+        hyp = config.get("hypenet", {}) or {}
+        lines += selection_lines(sel, " + ".join(
+            ["RoPE" if hyp.get("attention_rope") else "NoPE"]
+            + (["gate"] if hyp.get("attention_gate", True) else [])))
     else:
         lines.append("No selection (attention layers set in the config, or select not run).")
     lines += ["", "## Calibration of the logit scaling base a", ""]

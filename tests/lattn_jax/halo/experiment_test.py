@@ -1,5 +1,6 @@
 """The HALO driver end to end on the tiny config (random teacher, byte tokenizer)."""
 
+import dataclasses
 import json
 import os
 from unittest import mock
@@ -228,6 +229,15 @@ class ResumeOptionsTest(absltest.TestCase):
         rope.hypenet.attention_rope = True
         self.assertEqual(experiment.student_config(rope, teacher, (1,)).layer_pattern,
                          ("lightning", "attn", "lightning", "lightning"))
+        # The report's model line names the form the student has.
+        self.assertEqual(experiment.attention_form(
+            experiment.student_config(rope, teacher, (1, 3))), "RoPE + output gate")
+        self.assertEqual(experiment.attention_form(
+            experiment.student_config(nope, teacher, (1, 3))), "NoPE + output gate")
+        mixed = dataclasses.replace(experiment.student_config(rope, teacher, (1,)),
+                                    layer_pattern=("attn", "attn_nope", "lightning", "lightning"))
+        with self.assertRaisesRegex(ValueError, r"one kind of attention layer"):
+            experiment.attention_form(mixed)
         # A Stage 1 recorded before the option existed (no key): Stage 2 may take either.
         os.makedirs(os.path.join(workdir, "stage1"))
         experiment._record_options(nope, workdir, "stage1")

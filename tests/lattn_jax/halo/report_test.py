@@ -827,6 +827,23 @@ class MarkdownTest(absltest.TestCase):
                 self.assertIn("`config.hypenet.attention_layers` = [1, 3] overrides the "
                               "selected [2, 5]", page)
 
+    def test_selection_section_names_the_attention_form_of_an_ablation(self):
+        # hypenet.attention_rope=True (the ablation keeping the teacher's RoPE) must not be
+        # reported as HypeNet's NoPE attention.
+        workdir = self.create_tempdir().full_path
+        os.makedirs(os.path.join(workdir, "select"))
+        sel = {"attention_layers": [1, 4], "csr": [0.3] * 5, "recall": [0.5] * 5,
+               "scores": [1.0, 7.0, 0.2, 0.5, 6.0]}
+        with open(os.path.join(workdir, "select", "selection.json"), "w") as f:
+            json.dump(sel, f)
+        for hyp, want in (({"attention_rope": True}, "RoPE + gate"),
+                          ({"attention_rope": False}, "NoPE + gate"), ({}, "NoPE + gate")):
+            with open(os.path.join(workdir, "config.json"), "w") as f:
+                json.dump({"hypenet": hyp}, f)
+            page = report_lib.render_markdown(workdir)
+            self.assertIn(f"Kept as softmax attention ({want} in the student): **[1, 4]**",
+                          page, hyp)
+
     def test_stage_table_says_select_did_not_run_when_the_config_sets_the_layers(self):
         # The selection's ablation as its own pipeline (--stages without select): no select
         # directory, attention layers from the config.
