@@ -22,7 +22,8 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   of 4 rows. bf16 compute, fp32 master weights and moments; the LM heads and the KL / CE in
   token chunks of 4,096. The selection's probes: held-out ARC Dev / HellaSwag items and NIAH
   retrieval at 2K and 4K (``lattn_jax.halo.selection``). Calibration of ``a`` over None, 500,
-  1000 on 2 validation windows of 16K. The report: WikiText-2 test perplexity at 2K, the
+  1000 on 2 validation windows of 64K (four times Stage 3's window: the scaling is for positions
+  beyond training; the loss is also split at 16K and 32K). The report: WikiText-2 test perplexity at 2K, the
   corpus's validation perplexity at 2K (256K tokens; both also for the Stage-2 student, the
   ablation of Stage 3), five
   commonsense tasks on up to 1,000 items, NIAH single-1/2/3 at 2K-64K (5 depths x 20 samples),
@@ -141,6 +142,7 @@ H200_SOURCE_WEIGHTS = {
 # Measured (2026-12-02c, 13.6M generated tokens at weight 8.9, the same 43%): WikiText-2
 # perplexity unchanged (+25.6% vs +25.5%), NIAH at 2K-8K up (benchmarks/results/).
 TEACHER_SOURCE = "teacher"
+H200_CALIBRATE_LEN = 65_536
 H200_TEACHER_WEIGHT = 3.0
 
 
@@ -194,6 +196,12 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
     cfg.stage3.kl_len = stage3_kl_len
     cfg.stage3.micro_batch_size = 4
     cfg.calibrate.max_batches = 2
+    # The logit scaling is for positions beyond the training length (NoPE attention over more
+    # keys than Stage 3's 16K windows had): calibrated on 16K windows, every run through
+    # 2026-12-04 chose a = None, which a window inside the training length cannot contradict.
+    # 64K, the report's longest NIAH length; the calibration's table splits the loss at 16K,
+    # 32K (stages.doubling_buckets).
+    cfg.calibrate.seq_len = H200_CALIBRATE_LEN
     # Cheapest and most important first, so that a window cut short keeps them.
     # niah_forced (teacher-forced NIAH answers, seconds) before the greedy NIAH (minutes).
     cfg.report.measurements = ("perplexity", "corpus_perplexity", "commonsense", "speed",

@@ -596,10 +596,15 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
     if stage == "calibrate":
         ds = data_for(config, config.calibrate)
         batches = list(ds.val_batches)[:config.calibrate.max_batches]
-        result = stages.calibrate_logit_scaling(cfg, params, batches,
-                                                list(config.calibrate.candidates),
-                                                print_fn=print_fn)
+        # Buckets from Stage 3's window (the longest trained on), doubling up to the calibration
+        # window: where the scaling can help (beyond it) shows apart from where it cannot.
+        t_len = int(np.shape(batches[0]["inputs"])[1]) if batches else config.calibrate.seq_len
+        result = stages.calibrate_logit_scaling(
+            cfg, params, batches, list(config.calibrate.candidates), print_fn=print_fn,
+            position_buckets=stages.doubling_buckets(int(config.stage3.seq_len), t_len),
+            chunk_size=int(config.stage3.get("ce_chunk_size") or 4096))
         result["student_params"] = source
+        result["seq_len"] = t_len
         with open(os.path.join(stage_dir, "calibration.json"), "w") as f:
             json.dump(result, f, indent=2)
         print_fn(f"best a: {result['best']}")

@@ -1764,6 +1764,25 @@ def _stage_rows(config: Mapping[str, Any], workdir: str) -> List[str]:
     return rows
 
 
+def calibration_lines(cal: Mapping[str, Any]) -> List[str]:
+    """The markdown of ``calibrate/calibration.json``: the validation CE of each candidate ``a``
+    over the whole windows and, when recorded (``stages.calibrate_logit_scaling``'s
+    ``bucket_losses``), per position bucket, then the choice."""
+    buckets = cal.get("position_buckets") or []
+    per = cal.get("bucket_losses") or {}
+    split = len(buckets) > 1 and per
+    head = "| a | validation CE |" + "".join(f" [{a:,}, {b:,}) |" for a, b in buckets if split)
+    lines = [head, "|---|---:|" + "---:|" * (len(buckets) if split else 0)]
+    for a, loss in cal["losses"].items():
+        cells = "".join(f" {_fmt(v, 4)} |" for v in per.get(a, [None] * len(buckets))
+                        ) if split else ""
+        lines.append(f"| {a} | {loss:.4f} |{cells}")
+    if cal.get("seq_len"):
+        lines += ["", f"Windows of {cal['seq_len']:,} tokens; loss in nats per token"
+                  + (" (the buckets: 0-based positions in the window)." if split else ".")]
+    return lines + ["", f"Chosen: a = {cal['best']} (the lowest whole-window CE).", ""]
+
+
 def selection_lines(sel: Mapping[str, Any], student_attention: str = "NoPE + gate") -> List[str]:
     """The markdown of ``select/selection.json``: the kept layers, the metrics, every layer's
     scores (and the teacher's probe values), and whether a tie at the cut decided the choice.
@@ -1948,10 +1967,7 @@ def render_markdown(workdir: str, *, title: Optional[str] = None) -> str:
         lines.append("No selection (attention layers set in the config, or select not run).")
     lines += ["", "## Calibration of the logit scaling base a", ""]
     if cal:
-        lines += ["| a | validation CE |", "|---|---:|"]
-        for a, loss in cal["losses"].items():
-            lines.append(f"| {a} | {loss:.4f} |")
-        lines += ["", f"Chosen: a = {cal['best']}.", ""]
+        lines += calibration_lines(cal)
     else:
         lines += ["Not run (the student is evaluated without logit scaling).", ""]
     lines += ["## Teacher versus converted student", ""]

@@ -26,7 +26,7 @@ import math
 import os
 import time
 from typing import (Any, Callable, Dict, Iterator, List, Mapping, NamedTuple, Optional,
-                    Sequence)
+                    Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
@@ -39,7 +39,6 @@ from lattn_jax import config as config_lib
 from lattn_jax import flops as flops_lib
 from lattn_jax import model as model_lib
 from lattn_jax import optim
-from lattn_jax import train as train_lib
 from lattn_jax.halo import hypenet
 from lattn_jax.halo import loaders
 from lattn_jax.halo import losses
@@ -762,30 +761,76 @@ def stage_flops_per_token(stage: str, seq_len: int, *,
 # Calibration of a
 # ---------------------------------------------------------------------------------------------
 
+def doubling_buckets(train_len: int, seq_len: int) -> List[Tuple[int, int]]:
+    """Position buckets for :func:`calibrate_logit_scaling`: ``[0, L)``, ``[L, 2L)``,
+    ``[2L, 4L)``, ... up to ``seq_len`` (the last one cut there), ``L = train_len``.
+
+    ``L`` is the longest window the student was trained on (Stage 3's), so the first bucket is
+    in distribution and each later one twice as far beyond it.
+
+    Raises:
+      ValueError: if ``train_len`` or ``seq_len`` is not an int ``>= 1``.
+    """
+    for name, v in (("train_len", train_len), ("seq_len", seq_len)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+    edges = [0, min(train_len, seq_len)]
+    while edges[-1] < seq_len:
+        edges.append(min(2 * edges[-1], seq_len))
+    return list(zip(edges[:-1], edges[1:]))
+
+
 def calibrate_logit_scaling(student_cfg: config_lib.ModelConfig, params: PyTree,
                             batches: Sequence[Batch], candidates: Sequence[Optional[float]],
-                            print_fn: Callable[[str], None] = print) -> Dict[str, Any]:
+                            print_fn: Callable[[str], None] = print, *,
+                            position_buckets: Optional[Sequence[Tuple[int, int]]] = None,
+                            chunk_size: int = 4096) -> Dict[str, Any]:
     """Picks ``a`` of the inference-time logit scaling ``s_t = log_a(t + a)`` (spec §1.6, §3.7).
 
     The model is evaluated with ``AttentionConfig.logit_scaling_base = a`` for every candidate
     (``None`` = no scaling) on the same (long-context) batches; the lowest token-mean
-    cross-entropy wins.
+    cross-entropy over the whole windows wins (the paper: "choose a after training using
+    document loss"). The scaling exists for positions beyond the training length (NoPE
+    attention over more keys than it was trained on, spec §1.6 item 4), so the windows should
+    reach past it: the ``h200`` config calibrates on 64K windows, four times Stage 3's 16K.
+
+    The loss is also reported per position bucket ``[start, stop)`` (0-based positions within
+    the window; e.g. :func:`doubling_buckets`): ``CE_bucket = sum_{n in bucket} w_n CE_n /
+    sum w_n`` in nats, with ``CE_n`` from :func:`losses.chunked_cross_entropy` on the final
+    hidden states (fp32 logits per chunk of ``chunk_size`` tokens, never the whole window's).
 
     Args:
       student_cfg: the trained HypeNet config (its attention layers are NoPE).
       params: its params.
-      batches: evaluation batches with ``inputs``, ``targets`` and optional ``weights``.
+      batches: evaluation batches with ``inputs`` / ``targets`` int ``[B, T]`` and optional
+        ``weights`` ``[B, T]``, all of one ``T``.
       candidates: values of ``a`` (each ``> 1``) and/or ``None``.
+      position_buckets: disjoint ``(start, stop)`` pairs covering ``[0, T)`` in order; ``None``
+        is one bucket ``[(0, T)]``.
+      chunk_size: tokens per chunk of the fused head (``>= 1``).
 
     Returns:
-      ``{"best": a, "losses": {str(a): loss}}``.
+      ``{"best": a, "losses": {str(a): whole-window loss}, "position_buckets": [[start,
+      stop], ...], "bucket_losses": {str(a): [loss per bucket]}, "bucket_tokens": [weighted
+      token count per bucket]}`` (a bucket with no weight has loss ``None``).
 
     Raises:
-      ValueError: no candidates or no batches (or ``a <= 1``, from the config).
+      ValueError: no candidates or no batches, batches of different lengths, buckets that do
+        not tile ``[0, T)`` (or ``a <= 1``, from the config).
     """
     if not candidates or not batches:
         raise ValueError("calibration needs at least one candidate and one batch")
-    results = {}
+    lengths = {int(np.shape(b["inputs"])[1]) for b in batches}
+    if len(lengths) != 1:
+        raise ValueError(f"calibration batches must share one length T, got {sorted(lengths)}")
+    (t_len,) = lengths
+    buckets = [(0, t_len)] if position_buckets is None else [
+        (int(a), int(b)) for a, b in position_buckets]
+    if (not buckets or buckets[0][0] != 0 or buckets[-1][1] != t_len
+            or any(b <= a for a, b in buckets)
+            or any(buckets[i][1] != buckets[i + 1][0] for i in range(len(buckets) - 1))):
+        raise ValueError(f"position_buckets must tile [0, {t_len}) in order, got {buckets}")
+    results, per_bucket, tokens = {}, {}, None
     for a in candidates:
         cfg = dataclasses.replace(student_cfg, attention=dataclasses.replace(
             student_cfg.attention, logit_scaling_base=a))
@@ -793,16 +838,32 @@ def calibrate_logit_scaling(student_cfg: config_lib.ModelConfig, params: PyTree,
 
         @nnx.jit
         def eval_step(model, batch):
-            logits = model(batch["inputs"])
+            hidden = model(batch["inputs"], return_hidden=True)  # [B, T, D]
+            head = model.head_kernel()  # [D, S]
             w = batch.get("weights")
             w = jnp.ones(batch["targets"].shape, jnp.float32) if w is None else w
-            return train_lib.cross_entropy_loss(logits, batch["targets"], w)[1:]
+            sums, counts = [], []
+            for start, stop in buckets:
+                _, total, count = losses.chunked_cross_entropy(
+                    hidden[:, start:stop], head, batch["targets"][:, start:stop],
+                    w[:, start:stop], chunk_size=chunk_size)
+                sums.append(total)
+                counts.append(count)
+            return jnp.stack(sums), jnp.stack(counts)
 
-        total = count = 0.0
+        sums = np.zeros(len(buckets), np.float64)
+        counts = np.zeros(len(buckets), np.float64)
         for batch in batches:
-            t, c = eval_step(model, {k: jnp.asarray(v) for k, v in batch.items()})
-            total, count = total + float(t), count + float(c)
-        results[a] = total / max(count, 1.0)
-        print_fn(f"a={a}: loss {results[a]:.5f}")
+            s_b, c_b = eval_step(model, {k: jnp.asarray(v) for k, v in batch.items()})
+            sums, counts = sums + np.asarray(s_b, np.float64), counts + np.asarray(c_b, np.float64)
+        results[a] = float(sums.sum() / max(counts.sum(), 1.0))
+        per_bucket[a] = [float(s / c) if c > 0 else None for s, c in zip(sums, counts)]
+        tokens = [float(c) for c in counts]
+        shown = ", ".join(f"[{b0}, {b1}) {v:.5f}" for (b0, b1), v in zip(buckets, per_bucket[a])
+                          if v is not None)
+        print_fn(f"a={a}: loss {results[a]:.5f}" + (f" ({shown})" if len(buckets) > 1 else ""))
     best = min(results, key=results.get)
-    return {"best": best, "losses": {str(k): v for k, v in results.items()}}
+    return {"best": best, "losses": {str(k): v for k, v in results.items()},
+            "position_buckets": [list(b) for b in buckets],
+            "bucket_losses": {str(k): v for k, v in per_bucket.items()},
+            "bucket_tokens": tokens}

@@ -330,8 +330,14 @@ class PipelineTest(absltest.TestCase):
             self.assertEqual(json.load(f)["attention_layers"], sel["attention_layers"])
         self.assertLen(experiment.run(cfg, workdir, "stage2", **quiet)["losses"], 4)
         self.assertLen(experiment.run(cfg, workdir, "stage3", **quiet)["losses"], 4)
+        # Calibrated beyond Stage 3's window, as the h200 config does: two position buckets.
+        s3_len = cfg.stage3.seq_len
+        cfg.calibrate.seq_len = 2 * s3_len
         cal = experiment.run(cfg, workdir, "calibrate", **quiet)
         self.assertIn(cal["best"], (None, 500.0))
+        self.assertEqual(cal["position_buckets"], [[0, s3_len], [s3_len, 2 * s3_len]])
+        self.assertEqual(cal["seq_len"], 2 * s3_len)
+        self.assertTrue(all(v is not None for v in cal["bucket_losses"]["None"]))
         with self.assertRaisesRegex(ValueError, "unknown stage"):
             experiment.run(cfg, workdir, "stage4", **quiet)
 

@@ -827,6 +827,20 @@ class MarkdownTest(absltest.TestCase):
                 self.assertIn("`config.hypenet.attention_layers` = [1, 3] overrides the "
                               "selected [2, 5]", page)
 
+    def test_calibration_table_splits_the_loss_by_position_bucket(self):
+        cal = {"best": None, "seq_len": 65536,
+               "losses": {"None": 2.5, "500.0": 2.625},
+               "position_buckets": [[0, 16384], [16384, 32768], [32768, 65536]],
+               "bucket_losses": {"None": [2.25, 2.5, 2.75], "500.0": [2.5, 2.625, None]},
+               "bucket_tokens": [16384.0, 16384.0, 0.0]}
+        lines = "\n".join(report_lib.calibration_lines(cal))
+        self.assertIn("| a | validation CE | [0, 16,384) | [16,384, 32,768) | "
+                      "[32,768, 65,536) |\n|---|---:|---:|---:|---:|", lines)
+        self.assertIn("| None | 2.5000 | 2.2500 | 2.5000 | 2.7500 |", lines)
+        self.assertIn("| 500.0 | 2.6250 | 2.5000 | 2.6250 | – |", lines)
+        self.assertIn("Windows of 65,536 tokens", lines)
+        self.assertIn("Chosen: a = None (the lowest whole-window CE).", lines)
+
     def test_selection_section_names_the_attention_form_of_an_ablation(self):
         # hypenet.attention_rope=True (the ablation keeping the teacher's RoPE) must not be
         # reported as HypeNet's NoPE attention.
@@ -975,7 +989,10 @@ class MarkdownTest(absltest.TestCase):
         self.assertIn("| teacher (no replacement) | 0.5500 | 0.9500 | 0.500 | – |", page)
         self.assertIn("* Scores at the cut (rank k, k + 1): [50.0, 5.0]; no tie decides the "
                       "choice.", page)
-        self.assertIn("Chosen: a = 500.0.", page)
+        # A calibration.json written before the position buckets: one column.
+        self.assertIn("| a | validation CE |\n|---|---:|\n| None | 3.2500 |\n| 500.0 | 3.1250 |",
+                      page)
+        self.assertIn("Chosen: a = 500.0 (the lowest whole-window CE).", page)
         self.assertIn("Training tokens in all: 10,485,760.", page)
         self.assertIn("| perplexity (wiki.test.raw, window 2048) | token_perplexity | 12.500 | "
                       "15.250 |", page)

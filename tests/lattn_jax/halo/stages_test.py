@@ -14,6 +14,7 @@ from absl.testing import absltest
 
 from lattn_jax import config as config_lib
 from lattn_jax.halo import hypenet
+from lattn_jax.halo import loaders
 from lattn_jax.halo import losses
 from lattn_jax.halo import stages
 from tests.lattn_jax.halo import hypenet_test
@@ -109,6 +110,83 @@ class StagesTest(absltest.TestCase):
         self.assertIn(cal["best"], (None, 2.0, 500.0))
         self.assertLen(cal["losses"], 3)
         self.assertNotAlmostEqual(cal["losses"]["None"], cal["losses"]["2.0"], places=6)
+
+
+class CalibrationTest(absltest.TestCase):
+    """``calibrate_logit_scaling``'s per-position buckets against plain fp32 logits."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        teacher_cfg, teacher_params = two_layer_teacher()
+        cls.student_cfg = hypenet.hypenet_config(teacher_cfg, [1])
+        s1 = stages.stage1_init(teacher_cfg, teacher_params,
+                                stages.stage1_student_config(teacher_cfg), seed=2)
+        params = stages.stage2_init(teacher_cfg, teacher_params, cls.student_cfg, s1)
+        leaves, tree = jax.tree_util.tree_flatten(params)
+        keys = jax.random.split(jax.random.key(11), len(leaves))
+        # Perturbed so that the NoPE attention's logits are not the teacher's (random, not 0).
+        cls.params = jax.tree_util.tree_unflatten(tree, [
+            x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+        rng = np.random.default_rng(5)
+        seq = rng.integers(0, teacher_cfg.vocab_size, size=(2, 2, 25))
+        cls.batches = [{"inputs": s[:, :-1], "targets": s[:, 1:],
+                        "weights": (rng.random((2, 24)) > 0.25).astype(np.float32)
+                        * rng.uniform(0.5, 1.5, (2, 24)).astype(np.float32)} for s in seq]
+
+    def _plain(self, a, start, stop):
+        """Weighted mean CE of positions [start, stop) from the whole window's fp32 logits,
+        float64 sums over the batches (an independent path: no chunks, no hidden states)."""
+        cfg = dataclasses.replace(self.student_cfg, attention=dataclasses.replace(
+            self.student_cfg.attention, logit_scaling_base=a))
+        model = loaders.build_model(cfg, self.params)
+        total = count = 0.0
+        for b in self.batches:
+            logits = np.asarray(model(jnp.asarray(b["inputs"])), np.float64)
+            logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
+                -1, keepdims=True)) - logits.max(-1, keepdims=True)
+            nll = -np.take_along_axis(logp, b["targets"][..., None], -1)[..., 0]
+            w = b["weights"].astype(np.float64)
+            total += (w * nll)[:, start:stop].sum()
+            count += w[:, start:stop].sum()
+        return total / count
+
+    def test_buckets_equal_the_plain_loss_per_position_range(self):
+        buckets = stages.doubling_buckets(6, 24)
+        self.assertEqual(buckets, [(0, 6), (6, 12), (12, 24)])
+        cal = stages.calibrate_logit_scaling(
+            self.student_cfg, self.params, self.batches, [None, 2.0], print_fn=lambda s: None,
+            position_buckets=buckets, chunk_size=7)
+        self.assertEqual(cal["position_buckets"], [[0, 6], [6, 12], [12, 24]])
+        for a in (None, 2.0):
+            with self.subTest(a=a):
+                self.assertAlmostEqual(cal["losses"][str(a)], self._plain(a, 0, 24), places=4)
+                for (b0, b1), got in zip(buckets, cal["bucket_losses"][str(a)]):
+                    self.assertAlmostEqual(got, self._plain(a, b0, b1), places=4)
+        # a = 2 scales every query (s_0 = 1, s_23 = log2(25)): the losses must differ.
+        self.assertGreater(abs(cal["losses"]["None"] - cal["losses"]["2.0"]), 1e-4)
+        self.assertEqual(cal["best"], min((None, 2.0), key=lambda a: cal["losses"][str(a)]))
+        want_tokens = [sum(float(b["weights"][:, b0:b1].sum()) for b in self.batches)
+                       for b0, b1 in buckets]
+        np.testing.assert_allclose(cal["bucket_tokens"], want_tokens, rtol=1e-6)
+
+    def test_bad_buckets_and_lengths_are_refused(self):
+        for bad in ([(0, 6), (7, 24)], [(1, 24)], [(0, 12)], [(0, 6), (6, 6), (6, 24)]):
+            with self.subTest(bad=bad), self.assertRaisesRegex(
+                    ValueError, r"position_buckets must tile \[0, 24\)"):
+                stages.calibrate_logit_scaling(self.student_cfg, self.params, self.batches,
+                                               [None], position_buckets=bad)
+        short = dict(self.batches[0], inputs=self.batches[0]["inputs"][:, :20])
+        with self.assertRaisesRegex(ValueError, r"share one length T, got \[20, 24\]"):
+            stages.calibrate_logit_scaling(self.student_cfg, self.params,
+                                           [short, self.batches[1]], [None])
+        for bad in ((0, 8), (8, 0), (True, 8), (8.0, 8)):
+            with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, r"must be an int"):
+                stages.doubling_buckets(*bad)
+        self.assertEqual(stages.doubling_buckets(16384, 65536),
+                         [(0, 16384), (16384, 32768), (32768, 65536)])
+        self.assertEqual(stages.doubling_buckets(16384, 8192), [(0, 8192)])
+        self.assertEqual(stages.doubling_buckets(10, 35), [(0, 10), (10, 20), (20, 35)])
 
 
 class Stage3TeacherKLTest(absltest.TestCase):
