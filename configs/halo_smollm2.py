@@ -22,14 +22,14 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   of 4 rows. bf16 compute, fp32 master weights and moments; the LM heads and the KL / CE in
   token chunks of 4,096. The selection's probes: held-out ARC Dev / HellaSwag items and NIAH
   retrieval at 2K and 4K (``lattn_jax.halo.selection``). Calibration of ``a`` over None, 500,
-  1000 on 2 validation windows of 64K (four times Stage 3's window: the scaling is for positions
-  beyond training; the loss is also split at 16K and 32K). The report: WikiText-2 test perplexity at 2K, the
-  corpus's validation perplexity at 2K (256K tokens; both also for the Stage-2 student, the
-  ablation of Stage 3), five
-  commonsense tasks on up to 1,000 items, NIAH single-1/2/3 at 2K-64K (5 depths x 20 samples),
-  prefill/decode at 32K and 128K. ``corpus=<dir>`` names the mixture's directory (default
-  :data:`DEFAULT_CORPUS`); ``prose_weights=False`` reads every source once (the 2026-12-02
-  run's data). ``teacher_text=<dir>`` adds a token-shard directory of text the teacher wrote
+  1000 on 2 validation windows of 64K (four times Stage 3's window: the scaling is for
+  positions beyond training; the loss is also split at 16K and 32K). The report: WikiText-2
+  test perplexity at 2K, the corpus's validation perplexity at 2K (256K tokens; both also for
+  the Stage-2 student, the ablation of Stage 3), five commonsense tasks on up to 1,000 items,
+  NIAH single-1/2/3 at 2K-64K (5 depths x 20 samples), prefill/decode at 32K and 128K.
+  ``corpus=<dir>`` names the mixture's directory (default :data:`DEFAULT_CORPUS`);
+  ``prose_weights=False`` reads every source once (the 2026-12-02 run's data).
+  ``teacher_text=<dir>`` adds a token-shard directory of text the teacher wrote
   (``experiments/generate_corpus.py``, shards named ``teacher``) to Stages 1 and 2 only, read
   ``teacher_weight=<w>`` times per pass (default :data:`H200_TEACHER_WEIGHT`; > 0, else
   ``ValueError``); Stage 3 (16K windows) leaves it out, since its documents are at most 512
