@@ -27,6 +27,7 @@ from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax import data  # noqa: E402
 from lattn_jax import sharding  # noqa: E402
 from lattn_jax import train  # noqa: E402
+from pallas_kernels.common import validation  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                           lock_config=True)
@@ -59,7 +60,9 @@ def main(argv):
     try:
         train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
     except (config_lib.ConfigError, FileNotFoundError, data.DataFileError, train.NonFiniteError,
-            checkpoint_lib.CheckpointError) as e:  # one line each, no traceback
+            checkpoint_lib.CheckpointError,
+            # an explicitly named kernel / cuDNN on a machine or shapes it cannot run
+            validation.UnsupportedImplementationError) as e:  # one line each, no traceback
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:
         # Ctrl-C outside the training loop (data, compilation set-up), or a second Ctrl-C in it:

@@ -17,7 +17,9 @@ Stages, in order:
    (SIGINT; a second Ctrl-C stops at once), and a final evaluation and checkpoint.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import importlib.metadata
 import json
@@ -28,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, NamedTuple, Optional
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -615,7 +617,7 @@ _STATE_LAYOUT_OPTIM_OPTIONS = {"flatten": False}
 
 
 def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
-                             has_checkpoint: bool) -> None:
+                             has_checkpoint: bool) -> List[str]:
     """Refuses to resume a checkpoint written with a different model or data stream.
 
     The model options must match for the parameters to load, the data options for the
@@ -624,9 +626,19 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     run starts (no checkpoint yet) and then kept: each invocation's own config is in
     ``invocations.jsonl`` (:func:`record_invocation`).
 
+    Other optimizer options and ``train.total_steps`` may change on resume (raising
+    ``total_steps`` is how a finished run is continued), but the learning-rate schedule is then
+    recomputed for the new values from the resumed step on (warm-up share, WSD decay start),
+    so the rate can jump there: they are returned for the caller to report.
+
+    Returns:
+      ``"option (start -> now)"`` for every such option that differs from the saved run
+      (empty without a checkpoint).
+
     Raises:
       ConfigError: naming every option that differs from the saved run.
     """
+    changed: List[str] = []
     path = os.path.join(workdir, "config.json")
     current = _config_dict(config)
     if has_checkpoint and os.path.exists(path):
@@ -651,9 +663,16 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
             raise config_lib.ConfigError(
                 f"workdir {workdir} holds a checkpoint of a different run; options that "
                 f"differ: {', '.join(diffs)}. Use a new --workdir or the saved settings.")
+        changed = _diff({k: v for k, v in saved_optim.items()
+                         if k not in _STATE_LAYOUT_OPTIM_OPTIONS},
+                        {k: v for k, v in current["optim"].items()
+                         if k not in _STATE_LAYOUT_OPTIM_OPTIONS}, "optim.")
+        changed += _diff(saved.get("train", {}).get("total_steps"),
+                         current["train"]["total_steps"], "train.total_steps.")
     if not (has_checkpoint and os.path.exists(path)):
         with open(path, "w") as f:
             json.dump(current, f, indent=2)
+    return changed
 
 
 def _diff(a, b, prefix):
@@ -712,6 +731,46 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     os.makedirs(workdir, exist_ok=True)
     if jax.process_index() != 0:
         return _train_and_evaluate(config, workdir, _silent, step)
+    with _workdir_lock(workdir):
+        return _train_and_evaluate_logged(config, workdir, print_fn, step)
+
+
+WORKDIR_LOCK = ".train.lock"
+
+
+@contextlib.contextmanager
+def _workdir_lock(workdir: str):
+    """Holds an exclusive ``flock`` on ``<workdir>/.train.lock`` (it holds the owner's pid)
+    for the run: two runs on one workdir would interleave ``metrics.jsonl`` and save and delete
+    each other's checkpoints. The kernel drops the lock when the process ends, however it ends,
+    so a killed run leaves no stale lock.
+
+    Raises:
+      ConfigError: another process holds the lock (before anything is written).
+    """
+    path = os.path.join(workdir, WORKDIR_LOCK)
+    f = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            owner = f.read().strip() or "unknown"
+            raise config_lib.ConfigError(
+                f"workdir {workdir} is in use by another run (pid {owner}; {path}): wait for "
+                f"it to end or use another --workdir") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+    finally:
+        f.close()  # releases the lock
+
+
+def _train_and_evaluate_logged(config, workdir, print_fn, step):
+    """:func:`train_and_evaluate` on process 0, under the workdir lock: the invocation recorded,
+    the progress lines also in ``console.log``."""
     record_invocation(workdir, config)
     log_path = os.path.join(workdir, CONSOLE_LOG)
     with open(log_path, "a") as f:
@@ -762,7 +821,12 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         latest = ckpt.latest_step()
         if step is not None and step not in ckpt.all_steps():
             ckpt.restore_step(step, None)  # raises FileNotFoundError listing the steps
-        _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
+        changed = _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
+        if changed and jax.process_index() == 0:
+            print_fn(f"warning: resuming with optimizer/schedule options other than the run's "
+                     f"start ({', '.join(changed)}; the start's are in config.json): the "
+                     f"learning-rate schedule is recomputed for them from the resumed step on, "
+                     f"so the rate may jump there.")
         trainer = Trainer(config, mesh)
         train_iter = datasets.train_iter
         if latest is not None:
@@ -925,7 +989,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         if resumed_from >= tcfg.total_steps:
             print_fn(f"Training was already complete at step {step} (train.total_steps="
                      f"{tcfg.total_steps}); evaluating the restored model. Raise "
-                     f"--config.train.total_steps to continue training.")
+                     f"--config.train.total_steps to continue training (the LR schedule is "
+                     f"then recomputed for the new total).")
         val_loss = run_eval(step)
         if last_saved != step:
             save(step, {"val_loss": val_loss})

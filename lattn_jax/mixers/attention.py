@@ -100,8 +100,9 @@ def resolve_implementation(implementation: str, dtype, head_dim: int) -> str:
         return "xla" if reasons else "cudnn"
     if implementation == "cudnn":
         if reasons:
-            raise ValueError("model.attention.implementation='cudnn' is not supported here: "
-                             + "; ".join(reasons))
+            raise validation.UnsupportedImplementationError(
+                "model.attention.implementation='cudnn' is not supported here: "
+                + "; ".join(reasons))
         return "cudnn"
     if implementation == "xla":
         return "xla"

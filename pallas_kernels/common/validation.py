@@ -118,17 +118,23 @@ def log_once(op: str, message: str) -> None:
         logging.info("%s: %s", op, message)
 
 
+class UnsupportedImplementationError(ValueError):
+    """An explicitly named implementation (a GPU/TPU kernel, cuDNN) cannot run a call here: a
+    bad option for this machine or these shapes, reported in one line by the binaries."""
+
+
 def require_runnable(op: str, implementation: str, reason: Optional[str], instead: str) -> str:
     """Returns ``implementation`` when ``reason`` is ``None`` (an explicitly named kernel can
     run this call).
 
     Raises:
-        ValueError: ``"<op>: implementation=... cannot run this call: <reason>. Use
-            implementation=<instead>."`` otherwise.
+        UnsupportedImplementationError: (a ``ValueError``) ``"<op>: implementation=... cannot
+            run this call: <reason>. Use implementation=<instead>."`` otherwise.
     """
     if reason is not None:
-        raise ValueError(f"{op}: implementation={implementation!r} cannot run this call: "
-                         f"{reason}. Use implementation={instead}.")
+        raise UnsupportedImplementationError(
+            f"{op}: implementation={implementation!r} cannot run this call: {reason}. Use "
+            f"implementation={instead}.")
     return implementation
 
 

@@ -210,6 +210,16 @@ class PrepareDataBinaryTest(absltest.TestCase):
         self.assertIn("error: --input: no such file or directory: /no/such.jsonl",
                       result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+        a_file = os.path.join(root, "a_file")
+        with open(a_file, "w") as f:
+            f.write("kept\n")
+        result = subprocess.run(cmd[:3] + [f"--output_dir={a_file}"] + cmd[4:],
+                                capture_output=True, text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip(),
+                         f"error: --output_dir={a_file} exists and is not a directory")
+        with open(a_file) as f:
+            self.assertEqual(f.read(), "kept\n")
 
     @pytest.mark.slow  # ~9 s on 2 cores (subprocesses)
     def test_messages_name_the_tools_flags(self):

@@ -166,6 +166,16 @@ class SweepBinaryTest(absltest.TestCase):
         out = self.sweep("--override=micro_batch")
         self.assertIn("error: --override='micro_batch': expected field=value", out.stderr)
         self.assertNotIn("Traceback", out.stderr)
+        # A --root that is a file: one line, the file kept.
+        with open(self.root, "w") as f:
+            f.write("kept\n")
+        out = self.sweep("--report_only")
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertEqual(out.stderr.strip(),
+                         f"error: --root={self.root} exists and is not a directory")
+        with open(self.root) as f:
+            self.assertEqual(f.read(), "kept\n")
+        os.remove(self.root)
         # A run directory recorded with other settings under the same name.
         os.makedirs(os.path.join(self.root, "runs", REF))
         with open(os.path.join(self.root, "runs", REF, sweep.RUN_RECORD), "w") as f:

@@ -36,6 +36,9 @@ class TrainBinaryTest(parameterized.TestCase):
          "error: model.d_model=130 is not divisible by model.attention.num_heads=4"),
         ("chunk_size", "--config.model.gdn.chunk_size=48",
          "error: model.gdn.chunk_size must be a positive power of two, got 48"),
+        # An explicitly named GPU kernel on this CPU machine: raised while tracing the step.
+        ("gpu_kernel_on_cpu", "--config.model.gdn.implementation=pallas",
+         "error: gated_delta_rule: implementation='pallas' cannot run this call"),
     )
     def test_more_bad_options_give_one_clear_line(self, flag, message):
         self.check_one_clear_line(flag, message)

@@ -1,5 +1,6 @@
 """Training loop: loss goes down, checkpoints round-trip, interrupted runs resume exactly."""
 
+import fcntl
 import os
 import tempfile
 
@@ -294,6 +295,47 @@ class ResumeChecksTest(absltest.TestCase):
                                           train=cfg.train)
         with self.assertRaisesRegex(config_lib.ConfigError, r"data\.seq_len \(32 -> 16\)"):
             train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+
+    def test_a_workdir_in_use_is_refused_before_anything_is_written(self):
+        workdir = os.path.join(self.tmp, "busy")
+        os.makedirs(workdir)
+        # Another run's lock: a second open file description conflicts even in this process.
+        with open(os.path.join(workdir, train.WORKDIR_LOCK), "w") as held:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.write("4242\n")
+            held.flush()
+            with self.assertRaisesRegex(config_lib.ConfigError,
+                                        r"workdir .*busy is in use by another run \(pid 4242"):
+                train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                         print_fn=lambda s: None)
+            self.assertEqual(sorted(os.listdir(workdir)), [train.WORKDIR_LOCK])
+        # Released (the holder closed it, as a process's end does): the run goes ahead.
+        out = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                       print_fn=lambda s: None)
+        self.assertEqual(out["step"], 1)
+
+    def test_changed_schedule_options_are_reported_on_resume(self):
+        # Raising total_steps (how a finished run continues) or changing the LR recomputes the
+        # schedule from the resumed step on: allowed, but said in one line naming them.
+        workdir = os.path.join(self.tmp, "s")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=4), workdir,
+                                 print_fn=lambda s: None)
+        lines = []
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=4), workdir,
+                                 print_fn=lines.append)
+        self.assertFalse([x for x in lines if x.startswith("warning: resuming")], lines)
+        cfg = tiny_experiment(self.corpus, total_steps=5)
+        cfg = config_lib.ExperimentConfig(
+            model=cfg.model, data=cfg.data, train=cfg.train,
+            optim=config_lib.OptimConfig(**{**cfg.optim.__dict__, "learning_rate": 1e-3}))
+        lines = []
+        out = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual(out["step"], 5)
+        warned = [x for x in lines if x.startswith("warning: resuming")]
+        self.assertLen(warned, 1, lines)
+        self.assertIn("optim.learning_rate (0.003 -> 0.001), train.total_steps (4 -> 5)",
+                      warned[0])
+        self.assertIn("schedule is recomputed", warned[0])
 
     def test_flat_optimizer_trains_resumes_and_refuses_a_layout_change(self):
         def cfg(flatten, total_steps):
