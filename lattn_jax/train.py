@@ -714,7 +714,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         there is no checkpoint at ``step``.
       CheckpointError: no checkpoint can be read, or the one at ``step`` cannot.
       ValueError: invalid or inconsistent options, named by their dotted path (a negative
-        ``step`` too). ``step`` is checked before ``workdir`` is created or written to.
+        ``step`` too). ``step`` is checked before ``workdir`` is created or written to. Also
+        (``ConfigError``) when another process is training in ``workdir`` (its lock file
+        ``.train.lock``), before anything is written.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
     """
