@@ -654,6 +654,9 @@ class ModelConfig:
         _require(self.vocab_size >= 2, f"model.vocab_size must be >= 2, got {self.vocab_size}")
         _require(self.d_model >= 1, f"model.d_model must be >= 1, got {self.d_model}")
         _require(self.mlp_hidden >= 1, f"model.mlp_hidden must be >= 1, got {self.mlp_hidden}")
+        _require(not isinstance(self.layer_pattern, str),
+                 f"model.layer_pattern must be a tuple of mixer names, e.g. "
+                 f"({self.layer_pattern!r},), got the string {self.layer_pattern!r}")
         _require(len(self.layer_pattern) >= 1, "model.layer_pattern must name at least one layer")
         for i, name in enumerate(self.layer_pattern):
             _require(

@@ -65,6 +65,15 @@ class ModelTest(parameterized.TestCase):
         seg = jnp.array([[0] * 5 + [1] * 7])
         np.testing.assert_array_equal(forward(model, tokens, seg), forward(model, tokens))
 
+    def test_a_string_layer_pattern_is_refused_asking_for_a_tuple(self):
+        # "gdn" would otherwise be read letter by letter ('g' is not a known mixer).
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"model\.layer_pattern must be a tuple of mixer names, "
+                                    r"e\.g\. \('gdn',\), got the string 'gdn'"):
+            config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern="gdn", mlp_hidden=48)
+        self.assertEqual(config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=("gdn",),
+                                                mlp_hidden=48).layer_pattern, ("gdn",))
+
     def test_pallas_implementation_is_a_config_choice_with_a_named_error(self):
         # "pallas" is accepted by every linear mixer section; off a GPU the call names why it
         # cannot run instead of falling back silently; a misspelling is named at config time.
