@@ -51,8 +51,6 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
-    if os.path.exists(_OUTPUT_DIR.value) and not os.path.isdir(_OUTPUT_DIR.value):
-        sys.exit(f"error: --output_dir={_OUTPUT_DIR.value} exists and is not a directory")
     try:
         manifest = prepare.prepare_corpus(
             _INPUT.value, _OUTPUT_DIR.value, tokenizer=_TOKENIZER.value,

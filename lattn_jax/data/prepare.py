@@ -205,7 +205,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         FileNotFoundError: an input or the tokenizer file is missing (named).
         sources.DataFileError: an input cannot be read, or looks binary (named).
         ValueError: bad options, too many bad records, a Parquet source without
-            ``text_field``, or an ``output_dir`` holding shards of another tokenizer.
+            ``text_field``, an ``output_dir`` that is a file or holds shards of another
+            tokenizer.
     """
     if workers < 0 or chunk_docs < 1:
         raise ValueError(f"--workers must be >= 0 and --chunk_docs >= 1, got {workers}, "
@@ -214,6 +215,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         raise ValueError(f"--format: expected auto, text, jsonl or parquet, got {fmt!r}")
     if not 0 <= max_bad_fraction <= 1:
         raise ValueError(f"--max_bad_fraction must be in [0, 1], got {max_bad_fraction}")
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ValueError(f"--output_dir={output_dir} exists and is not a directory")
     tok = _main_tokenizer(tokenizer, tokenizer_path)
     files = sources.list_files(inputs, _FLAG_NAMES)
     os.makedirs(output_dir, exist_ok=True)
