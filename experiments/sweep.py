@@ -115,8 +115,6 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     config, root = config_lib.config_flag_value(_CONFIG), _ROOT_DIR.value
-    if os.path.exists(root) and not os.path.isdir(root):
-        sys.exit(f"error: --root={root} exists and is not a directory")
     try:
         runs = sweep.select(sweep.expand(config), _ONLY.value)
     except sweep.SweepConfigError as e:

@@ -842,8 +842,11 @@ def check_root(root: str, config: Mapping[str, Any]) -> None:
       config: the sweep config about to run (:func:`sweep_name`).
 
     Raises:
-      SweepConfigError: naming both sweeps, the root and the file that names the other one.
+      SweepConfigError: naming both sweeps, the root and the file that names the other one;
+        or a ``root`` that exists and is not a directory.
     """
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise SweepConfigError(f"--root={root} exists and is not a directory")
     name = sweep_name(config, root)
     recorded = []
     with contextlib.suppress(OSError, ValueError, AttributeError):  # none, or not a record
