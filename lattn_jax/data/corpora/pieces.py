@@ -21,7 +21,10 @@ from lattn_jax.data.corpora import fetch
 
 __all__ = ["PieceError", "join_pieces", "split_directory"]
 
-DEFAULT_PIECE_BYTES = 48 << 20  # with the repository (~8 MiB) and wheels, fits one 64 MiB call
+# With the repository (16 MiB of tracked files on 2026-12-04; 8 MiB on 12-01) and the wheels
+# (7.1 MiB), one piece fits a 64 MiB call. 48 MiB stopped fitting on 2026-12-04 (48 + 16.0 MiB
+# refused): 32 MiB leaves room for the tree to double.
+DEFAULT_PIECE_BYTES = 32 << 20
 
 
 class PieceError(RuntimeError):
