@@ -737,8 +737,11 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             break
         if deadline is not None and deadline - time.time() < max(min_run_s, stop_margin_s):
             summary.status = "deadline"
-            print_fn(f"--- {run.name}: not started, {max(deadline - time.time(), 0):.0f} s "
-                     f"left before the deadline")
+            where = ("not started" if state.status == Status.NOT_STARTED else
+                     f"{state.status.value} at step {state.step}/{state.total_steps or '?'}")
+            print_fn(f"--- {run.name}: {where}; not launched: "
+                     f"{max(deadline - time.time(), 0):.0f} s left before the deadline, "
+                     f"under --min_run_s {min_run_s:g} (or the stop margin)")
             break
         if state.status != Status.NOT_STARTED and state.step == 0 and (
                 _has_trainer_records(workdir)):

@@ -304,6 +304,13 @@ class ExecuteTest(absltest.TestCase):
         self.assertEqual((attempts[-1]["stopped_by"], attempts[-1]["returncode"]),
                          ("deadline", 0))
         resumed_from = state.step
+        # Too little time left for --min_run_s: the partial run is named as partial, not
+        # "not started" (2026-12-04: a window's last call printed that of a partial run).
+        _, summary = self._execute(("slow",), deadline=time.time() + 30, min_run_s=60)
+        self.assertEqual((summary.status, summary.launched), ("deadline", []))
+        self.assertIn(f"--- fake.mode=slow: partial at step {resumed_from}/40; not launched: ",
+                      self.lines[-1])
+        self.assertIn("under --min_run_s 60", self.lines[-1])
         _, summary = self._execute(("ok",), max_runs=1)
         self.assertEqual(summary.status, "complete")
         self.assertIn("--- fake.mode=ok: starting", self.lines)
