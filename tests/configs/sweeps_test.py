@@ -116,20 +116,23 @@ class SweepConfigsTest(parameterized.TestCase):
 
     def test_rates_from_the_scan(self):
         """rates_from= reads each optimizer's best rate from lr_scan_small's results.json
-        (here the real one of 2026-12-03b), and refuses an incomplete scan."""
-        real = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+        (here the real, finished one of 2026-12-04), and refuses an incomplete scan."""
+        done = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
             os.path.abspath(__file__)))), "sweeps", "lr_scan", "results.json")
         c = self.corpus
-        # As committed, Muon's 1.2e-4 runs are not yet done: refused, naming the rate.
-        with self.assertRaisesRegex(common.ConfigArgError, r"muon scan is not complete.*0\.00012"):
-            table2_small.get_config(f"corpus={c},rates_from={real}")
-        with open(real) as f:
+        with open(done) as f:
             data = json.load(f)
-        for block in data["scan"]["blocks"]:
-            block["rows"] = [r for r in block["rows"] if r["n"] == len(block["columns"])]
-        done = os.path.join(self.create_tempdir().full_path, "results.json")
-        with open(done, "w") as f:
-            json.dump(data, f)
+        # The same scan with one model's Muon 1.2e-4 run unfinished (as on 2026-12-03b):
+        # refused, naming the rate.
+        partial = json.loads(json.dumps(data))
+        muon = [b for b in partial["scan"]["blocks"] if dict(b["by"])["opt"] == "muon"][0]
+        row = [r for r in muon["rows"] if r["value"] == 0.00012][0]
+        row["n"], row["cells"][0] = row["n"] - 1, None
+        partial_path = os.path.join(self.create_tempdir().full_path, "results.json")
+        with open(partial_path, "w") as f:
+            json.dump(partial, f)
+        with self.assertRaisesRegex(common.ConfigArgError, r"muon scan is not complete.*0\.00012"):
+            table2_small.get_config(f"corpus={c},rates_from={partial_path}")
         config = table2_small.get_config(f"corpus={c},rates_from={done}")
         lrs = {dict(g)["opt"][0]: dict(g)["lr"][0] for g in config.grid}
         self.assertEqual(lrs, {"adamw": 0.001, "muon": 0.00036})
