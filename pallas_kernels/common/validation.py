@@ -18,26 +18,42 @@ _logged = set()  # (op, message) pairs already logged by log_once
 IMPLEMENTATIONS: Tuple[str, ...] = ("auto", "chunked", "reference")
 
 
-def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]]) -> None:
+def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]],
+                axes: Optional[Sequence[str]] = None) -> None:
     """Checks that ``x`` has ``len(expected)`` dims and matches every non-None entry.
 
     Args:
         name: the argument's name, used in the error message.
-        x: the array to check.
+        x: the array to check (only its static shape is read, so this costs nothing under
+            ``jit``).
         expected: the expected shape; ``None`` entries match any size.
+        axes: optional names of the axes, one per entry of ``expected``. With them, either
+            error reads ``"<name> must be [batch, seq_len, d_model=512], got (2, 16, 513)"``
+            (a fixed size shown as ``axis=size``); without them, as before, the rank error
+            gives the expected shape and the size error the first axis that differs.
 
     Raises:
         ValueError: if the rank or any fixed dimension differs.
     """
-    if x.ndim != len(expected):
+    shape = tuple(jnp.shape(x))
+    if axes is not None:
+        if len(axes) != len(expected):
+            raise ValueError(f"axes {tuple(axes)} do not match expected {tuple(expected)}")
+        if len(shape) != len(expected) or any(
+                want is not None and got != want for got, want in zip(shape, expected)):
+            spec = ", ".join(a if want is None else f"{a}={want}"
+                             for a, want in zip(axes, expected))
+            raise ValueError(f"{name} must be [{spec}], got {shape}")
+        return
+    if len(shape) != len(expected):
         raise ValueError(
             f"{name} must have rank {len(expected)} (shape {tuple(expected)}), "
-            f"got {name}.shape={x.shape}"
+            f"got {name}.shape={shape}"
         )
-    for axis, (got, want) in enumerate(zip(x.shape, expected)):
+    for axis, (got, want) in enumerate(zip(shape, expected)):
         if want is not None and got != want:
             raise ValueError(
-                f"{name}.shape={x.shape} does not match the expected shape {tuple(expected)} "
+                f"{name}.shape={shape} does not match the expected shape {tuple(expected)} "
                 f"(axis {axis}: got {got}, want {want})"
             )
 
