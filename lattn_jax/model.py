@@ -239,7 +239,9 @@ class LanguageModel(nnx.Module):
             checked here (they cannot be, under ``jit``): the embedding lookup (``jnp.take``,
             default ``"fill"`` mode) gives NaN embeddings, hence NaN logits, for an id
             ``>= vocab_size`` or ``< -vocab_size``, and wraps ``[-vocab_size, -1]`` to the last
-            rows. Check ids where they enter, on the host.
+            rows. Check ids where they enter, on the host (the trainer refuses at start-up a
+            ``model.vocab_size`` below the tokenizer's vocabulary, and token shards made with
+            another tokenizer).
           segment_ids: optional int ``[B, T]`` document ids of a packed window; used only when
             ``model_config.use_segment_ids`` is set, or whenever a ``state`` is given or
             returned (decoding uses them to keep padding out of every layer's state,
