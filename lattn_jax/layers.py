@@ -393,6 +393,34 @@ def conv_silu(conv: "ShortConv", x: Array, segment_ids: Optional[Array],
     return jax.nn.silu(y), carry_conv_state(new_conv_state, segment_ids)
 
 
+def check_mixer_input(x: Array, d_model: int, segment_ids: Optional[Array] = None) -> None:
+    """Checks a mixer's inputs up front (static shapes only: free under ``jit``).
+
+    Args:
+      x: should be ``[B, T, d_model]``.
+      d_model: the model width the mixer was built for.
+      segment_ids: ``None``, or should be ``[B, T]`` like ``x``.
+
+    Raises:
+      ValueError: ``"x must be [batch, seq_len, d_model=512], got (2, 16, 513)"`` on a wrong
+        rank or width, or ``"segment_ids must be [batch=2, seq_len=16] like x, got (2, 15)"``.
+    """
+    validation.check_shape("x", x, (None, None, d_model), axes=("batch", "seq_len", "d_model"))
+    check_segment_ids(segment_ids, jnp.shape(x)[:2], "x")
+
+
+def check_segment_ids(segment_ids: Optional[Array], batch_time: Tuple[int, int],
+                      like: str) -> None:
+    """Raises ``ValueError`` unless ``segment_ids`` is ``None`` or has the shape ``batch_time``
+    (``[B, T]`` of the argument named ``like``); static shapes only."""
+    if segment_ids is None:
+        return
+    b, t = batch_time
+    shape = tuple(jnp.shape(segment_ids))
+    if shape != (b, t):
+        raise ValueError(f"segment_ids must be [batch={b}, seq_len={t}] like {like}, got {shape}")
+
+
 def check_state_batch(state: Optional[NamedTuple], batch: int) -> None:
     """Raises ``ValueError`` if ``state`` was built for a different batch size."""
     if state is None:

@@ -235,7 +235,13 @@ class LanguageModel(nnx.Module):
         """Computes next-token logits (or the head's input), optionally continuing from states.
 
         Args:
-          tokens: int ``[B, T]`` token ids.
+          tokens: int ``[B, T]`` token ids, each in ``[0, vocab_size)``. The values are not
+            checked here (they cannot be, under ``jit``): the embedding lookup (``jnp.take``,
+            default ``"fill"`` mode) gives NaN embeddings, hence NaN logits, for an id
+            ``>= vocab_size`` or ``< -vocab_size``, and wraps ``[-vocab_size, -1]`` to the last
+            rows. Check ids where they enter, on the host (the trainer refuses at start-up a
+            ``model.vocab_size`` below the tokenizer's vocabulary, and token shards made with
+            another tokenizer).
           segment_ids: optional int ``[B, T]`` document ids of a packed window; used only when
             ``model_config.use_segment_ids`` is set, or whenever a ``state`` is given or
             returned (decoding uses them to keep padding out of every layer's state,
@@ -264,9 +270,13 @@ class LanguageModel(nnx.Module):
           ``(logits_or_hidden, new_states)`` with ``return_state``.
 
         Raises:
-          ValueError: if ``state`` does not have one entry per layer (and from the mixers, on a
-            state of another batch size or a full KV cache).
+          ValueError: if ``tokens`` is not an integer ``[B, T]`` array (``"tokens must be
+            integer token ids [batch, seq_len], got float32 (2, 16, 32)"``), ``segment_ids``
+            is given but not ``[B, T]`` like ``tokens`` (both static checks, made first), or
+            ``state`` does not have one entry per layer (and from the mixers, on a state of
+            another batch size or a full KV cache).
         """
+        _check_tokens(tokens, segment_ids)
         if not self.config.use_segment_ids and state is None and not return_state:
             segment_ids = None
         if state is not None and len(state) != len(self.blocks):
@@ -352,6 +362,18 @@ class LanguageModel(nnx.Module):
             contributions.append(c)
             side = block.next_side(side, signals)
         return routing.attn_res_combine(self.attn_res_final_query[...], contributions)
+
+
+def _check_tokens(tokens: Array, segment_ids: Optional[Array]) -> None:
+    """Raises ``ValueError`` unless ``tokens`` is an integer ``[B, T]`` array and
+    ``segment_ids`` is ``None`` or ``[B, T]`` (static shapes and dtypes: free under ``jit``;
+    the id values are not checked, see :meth:`LanguageModel.__call__`)."""
+    shape = tuple(jnp.shape(tokens))
+    dtype = getattr(tokens, "dtype", None)
+    if len(shape) != 2 or dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        got = type(tokens).__name__ if dtype is None else jnp.dtype(dtype).name
+        raise ValueError(f"tokens must be integer token ids [batch, seq_len], got {got} {shape}")
+    layers.check_segment_ids(segment_ids, shape, "tokens")
 
 
 def remat_policy(name: str):

@@ -164,7 +164,7 @@ class Attention(nnx.Module):
         self.implementation = resolve_implementation(cfg.implementation, self.dtype,
                                                      self.head_dim)
         param_dtype = jnp.dtype(model_config.param_dtype)
-        d = model_config.d_model
+        d = self.d_model = model_config.d_model
         q_width = self.num_heads * self.head_dim
         kv_width = self.num_kv_heads * self.head_dim
         gate_width = q_width if self.output_gate else 0
@@ -215,10 +215,13 @@ class Attention(nnx.Module):
           ``y`` ``[B, T, D]`` in the compute dtype, or ``(y, new_cache)`` if ``return_state``.
 
         Raises:
-          ValueError: if the cache's batch differs from ``x``'s, or the tokens do not fit in the
+          ValueError: if ``x`` is not ``[B, T, d_model]`` or ``segment_ids`` is not ``[B, T]``
+            like ``x`` (naming the argument and the expected shape; static shapes, checked
+            first); if the cache's batch differs from ``x``'s, or the tokens do not fit in the
             cache (checked when the lengths are concrete; under ``jit`` an overflowing write is
             clamped by ``dynamic_update_slice``, so size the cache for the whole generation).
         """
+        layers.check_mixer_input(x, self.d_model, segment_ids)
         b, t, _ = x.shape
         h, g, dh = self.num_heads, self.num_kv_heads, self.head_dim
         fresh = state is None and return_state  # a new cache of capacity T: flash path

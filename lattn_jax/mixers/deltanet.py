@@ -60,7 +60,7 @@ class DeltaNet(nnx.Module):
         self.cfg = cfg
         self.dtype = jnp.dtype(model_config.dtype)
         param_dtype = jnp.dtype(model_config.param_dtype)
-        d = model_config.d_model
+        d = self.d_model = model_config.d_model
         self.qk_dim = cfg.num_k_heads * cfg.head_k_dim
         self.v_dim = cfg.num_v_heads * cfg.head_v_dim
         width = 2 * self.qk_dim + self.v_dim + cfg.num_v_heads
@@ -105,10 +105,13 @@ class DeltaNet(nnx.Module):
           set).
 
         Raises:
-          ValueError: if ``state`` was built for another batch size, or ``route_in`` is given
+          ValueError: if ``x`` is not ``[B, T, d_model]`` or ``segment_ids`` is not ``[B, T]``
+            like ``x`` (naming the argument and the expected shape; static shapes, checked
+            first); if ``state`` was built for another batch size, or ``route_in`` is given
             without value-space CLER.
         """
         cfg = self.cfg
+        layers.check_mixer_input(x, self.d_model, segment_ids)
         b, t, _ = x.shape
         layers.check_state_batch(state, b)
         qkv, beta_logit = self.in_proj.split(x, [2 * self.qk_dim + self.v_dim])

@@ -75,7 +75,7 @@ class GatedDeltaNet2(nnx.Module):
         self.cfg = cfg
         self.dtype = jnp.dtype(model_config.dtype)
         param_dtype = jnp.dtype(model_config.param_dtype)
-        d = model_config.d_model
+        d = self.d_model = model_config.d_model
         std = model_config.init_std
         self.qk_dim = cfg.num_k_heads * cfg.head_k_dim
         self.v_dim = cfg.num_v_heads * cfg.head_v_dim
@@ -132,9 +132,12 @@ class GatedDeltaNet2(nnx.Module):
           ``y`` ``[B, T, D]`` in the compute dtype, or ``(y, new_state)`` if ``return_state``.
 
         Raises:
-          ValueError: if ``state`` was built for another batch size.
+          ValueError: if ``x`` is not ``[B, T, d_model]`` or ``segment_ids`` is not ``[B, T]``
+            like ``x`` (naming the argument and the expected shape; static shapes, checked
+            first); if ``state`` was built for another batch size.
         """
         cfg = self.cfg
+        layers.check_mixer_input(x, self.d_model, segment_ids)
         b, t, _ = x.shape
         hk, h, dk, dv = cfg.num_k_heads, cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
         layers.check_state_batch(state, b)

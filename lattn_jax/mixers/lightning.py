@@ -79,7 +79,7 @@ class LightningAttention(nnx.Module):
         self.head_dim = model_config.lightning_head_dim
         self.dtype = jnp.dtype(model_config.dtype)
         param_dtype = jnp.dtype(model_config.param_dtype)
-        d = model_config.d_model
+        d = self.d_model = model_config.d_model
         std = model_config.init_std
         dense = dict(rngs=rngs, dtype=self.dtype, param_dtype=param_dtype)
         q_width = self.num_heads * self.head_dim
@@ -157,8 +157,11 @@ class LightningAttention(nnx.Module):
           ``y`` ``[B, T, D]`` in the compute dtype, or ``(y, new_state)`` if ``return_state``.
 
         Raises:
-          ValueError: if ``state`` was built for another batch size.
+          ValueError: if ``x`` is not ``[B, T, d_model]`` or ``segment_ids`` is not ``[B, T]``
+            like ``x`` (naming the argument and the expected shape; static shapes, checked
+            first); if ``state`` was built for another batch size.
         """
+        layers.check_mixer_input(x, self.d_model, segment_ids)
         b, t, _ = x.shape
         h, g, dh = self.num_heads, self.num_kv_heads, self.head_dim
         layers.check_state_batch(state, b)

@@ -52,7 +52,7 @@ class LinearAttention(nnx.Module):
         self.cfg = cfg
         self.dtype = jnp.dtype(model_config.dtype)
         param_dtype = jnp.dtype(model_config.param_dtype)
-        d = model_config.d_model
+        d = self.d_model = model_config.d_model
         self.qk_dim = cfg.num_k_heads * cfg.head_k_dim
         self.v_dim = cfg.num_v_heads * cfg.head_v_dim
         width = 2 * self.qk_dim + self.v_dim + (cfg.num_v_heads if cfg.dead_beta_proj else 0)
@@ -91,9 +91,12 @@ class LinearAttention(nnx.Module):
           ``y`` ``[B, T, D]`` in the compute dtype, or ``(y, new_state)`` if ``return_state``.
 
         Raises:
-          ValueError: if ``state`` was built for another batch size.
+          ValueError: if ``x`` is not ``[B, T, d_model]`` or ``segment_ids`` is not ``[B, T]``
+            like ``x`` (naming the argument and the expected shape; static shapes, checked
+            first); if ``state`` was built for another batch size.
         """
         cfg = self.cfg
+        layers.check_mixer_input(x, self.d_model, segment_ids)
         b, t, _ = x.shape
         layers.check_state_batch(state, b)
         # The dead beta rows (if any) are dropped here, as in the authors' code.

@@ -18,26 +18,42 @@ _logged = set()  # (op, message) pairs already logged by log_once
 IMPLEMENTATIONS: Tuple[str, ...] = ("auto", "chunked", "reference")
 
 
-def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]]) -> None:
+def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]],
+                axes: Optional[Sequence[str]] = None) -> None:
     """Checks that ``x`` has ``len(expected)`` dims and matches every non-None entry.
 
     Args:
         name: the argument's name, used in the error message.
-        x: the array to check.
+        x: the array to check (only its static shape is read, so this costs nothing under
+            ``jit``).
         expected: the expected shape; ``None`` entries match any size.
+        axes: optional names of the axes, one per entry of ``expected``. With them, either
+            error reads ``"<name> must be [batch, seq_len, d_model=512], got (2, 16, 513)"``
+            (a fixed size shown as ``axis=size``); without them, as before, the rank error
+            gives the expected shape and the size error the first axis that differs.
 
     Raises:
         ValueError: if the rank or any fixed dimension differs.
     """
-    if x.ndim != len(expected):
+    shape = tuple(jnp.shape(x))
+    if axes is not None:
+        if len(axes) != len(expected):
+            raise ValueError(f"axes {tuple(axes)} do not match expected {tuple(expected)}")
+        if len(shape) != len(expected) or any(
+                want is not None and got != want for got, want in zip(shape, expected)):
+            spec = ", ".join(a if want is None else f"{a}={want}"
+                             for a, want in zip(axes, expected))
+            raise ValueError(f"{name} must be [{spec}], got {shape}")
+        return
+    if len(shape) != len(expected):
         raise ValueError(
             f"{name} must have rank {len(expected)} (shape {tuple(expected)}), "
-            f"got {name}.shape={x.shape}"
+            f"got {name}.shape={shape}"
         )
-    for axis, (got, want) in enumerate(zip(x.shape, expected)):
+    for axis, (got, want) in enumerate(zip(shape, expected)):
         if want is not None and got != want:
             raise ValueError(
-                f"{name}.shape={x.shape} does not match the expected shape {tuple(expected)} "
+                f"{name}.shape={shape} does not match the expected shape {tuple(expected)} "
                 f"(axis {axis}: got {got}, want {want})"
             )
 
@@ -58,13 +74,19 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size):
       ``dict(B=..., T=..., HK=..., H=..., K=..., V=...)``.
 
     Raises:
-      ValueError: naming the offending argument and its shape or dtype.
+      ValueError: naming the offending argument and its shape or dtype. When ``q.shape !=
+        k.shape``, the message names the one that disagrees with the other arguments carrying
+        that size (``v``, gates, ``initial_state``, ``segment_ids``), or both alike when none
+        does (e.g. ``"q.shape=(2, 8, 2, 7) and k.shape=(2, 8, 2, 8) differ: ..."``).
     """
     check_shape("q", q, (None, None, None, None))
     batch, seq_len, key_heads, dk = q.shape
     if seq_len < 1:
         raise ValueError(f"the time axis must hold at least one token, got {q.shape=}")
-    check_shape("k", k, (batch, seq_len, key_heads, dk))
+    check_shape("k", k, (None, None, None, None))
+    check_shape("v", v, (None, None, None, None))
+    if k.shape != q.shape:
+        raise ValueError(_q_k_mismatch(q, k, v, gates, initial_state, segment_ids))
     check_shape("v", v, (batch, seq_len, None, None))
     heads, dv = v.shape[2], v.shape[3]
     if heads % key_heads:
@@ -89,6 +111,37 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size):
             raise ValueError(f"segment_ids must have an integer dtype, got {segment_ids.dtype=}")
     check_chunk_size(chunk_size)
     return sizes
+
+
+def _q_k_mismatch(q, k, v, gates, initial_state, segment_ids) -> str:
+    """The message for ``q.shape != k.shape`` (both rank 4), naming the odd one out.
+
+    The other arguments that carry the first differing size (``v``, the gates, ``initial_state``
+    and ``segment_ids`` for ``B``, ``T`` and ``K``; nothing carries ``HK``) decide which of q
+    and k is wrong: if all of them agree with k, q is named first as the mismatch, and the other
+    way round; otherwise the message names both alike.
+    """
+    axis = next(i for i, (a, b) in enumerate(zip(q.shape, k.shape)) if a != b)
+    letter = ("B", "T", "HK", "K")[axis]
+    witnesses = []  # (name, size of `letter`) from the other arguments
+    layouts = [("v", v, "BTHV"), ("initial_state", initial_state, "BHKV"),
+               ("segment_ids", segment_ids, "BT")]
+    layouts += [(name, x, shape) for name, x, shape in gates]
+    for name, x, shape in layouts:
+        if x is not None and letter in tuple(shape) and jnp.ndim(x) == len(shape):
+            witnesses.append((name, jnp.shape(x)[list(shape).index(letter)]))
+    sizes = {size for _, size in witnesses}
+    others = ", ".join(f"{name} has {size}" for name, size in witnesses)
+    detail = (f"axis {axis} ({letter}): q has {q.shape[axis]}, k has {k.shape[axis]}"
+              + (f", {others}" if others else ""))
+    if sizes == {k.shape[axis]}:
+        return (f"q.shape={q.shape} does not match k.shape={k.shape}: q must be [B, T, HK, K] "
+                f"like k ({detail})")
+    if sizes == {q.shape[axis]}:
+        return (f"k.shape={k.shape} does not match q.shape={q.shape}: k must be [B, T, HK, K] "
+                f"like q ({detail})")
+    return (f"q.shape={q.shape} and k.shape={k.shape} differ: q and k must both be "
+            f"[B, T, HK, K] ({detail})")
 
 
 def expand_key_heads(q: jax.Array, k: jax.Array, heads: int, dtype=jnp.float32):

@@ -65,6 +65,29 @@ class ModelTest(parameterized.TestCase):
         seg = jnp.array([[0] * 5 + [1] * 7])
         np.testing.assert_array_equal(forward(model, tokens, seg), forward(model, tokens))
 
+    @parameterized.named_parameters(
+        ("float_tokens", "float", (2, 12), None, r"tokens must be integer token ids "
+         r"\[batch, seq_len\], got float32 \(2, 12\)"),
+        ("embeddings_as_tokens", "float", (2, 12, 32), None, r"tokens must be integer token ids "
+         r"\[batch, seq_len\], got float32 \(2, 12, 32\)"),
+        ("rank_1_tokens", "int", (12,), None, r"tokens must be .*\[batch, seq_len\], got int32 "
+         r"\(12,\)"),
+        ("short_segment_ids", "int", (2, 12), (2, 11), r"segment_ids must be \[batch=2, "
+         r"seq_len=12\] like tokens, got \(2, 11\)"),
+    )
+    def test_bad_input_shapes_name_the_argument(self, kind, shape, seg_shape, message):
+        # Checked on static shapes before any computation: an abstract model suffices.
+        model = nnx.eval_shape(lambda: model_lib.LanguageModel(tiny_config(PATTERNS["hybrid"]),
+                                                               rngs=nnx.Rngs(0)))
+        key = jax.random.key(4)
+        if kind == "float":
+            tokens = jax.random.normal(key, shape)
+        else:
+            tokens = jax.random.randint(key, shape, 1, 64)
+        seg = None if seg_shape is None else jax.random.randint(key, seg_shape, 0, 3)
+        with self.assertRaisesRegex(ValueError, message):
+            model(tokens, segment_ids=seg)
+
     def test_a_string_layer_pattern_is_refused_asking_for_a_tuple(self):
         # "gdn" would otherwise be read letter by letter ('g' is not a known mixer).
         with self.assertRaisesRegex(config_lib.ConfigError,

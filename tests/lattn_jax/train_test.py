@@ -1,5 +1,6 @@
 """Training loop: loss goes down, checkpoints round-trip, interrupted runs resume exactly."""
 
+import dataclasses
 import fcntl
 import os
 import tempfile
@@ -376,6 +377,18 @@ class ResumeChecksTest(absltest.TestCase):
             f.write("a single short document")
         with self.assertRaisesRegex(config_lib.ConfigError, r"^data: "):
             train.train_and_evaluate(tiny_experiment(path), os.path.join(self.tmp, "f"),
+                                     print_fn=lambda s: None)
+
+    def test_model_vocab_below_the_tokenizer_is_a_config_error(self):
+        # The corpus's ids (byte tokenizer: 257) must fit the embedding; out-of-range ids
+        # cannot be checked inside jit (jnp.take gives NaN rows for them).
+        config = tiny_experiment(self.corpus)
+        config = dataclasses.replace(config, model=dataclasses.replace(config.model,
+                                                                       vocab_size=200))
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"model\.vocab_size=200 is smaller than the tokenizer's "
+                                    r"vocabulary \(byte: 257\)"):
+            train.train_and_evaluate(config, os.path.join(self.tmp, "v"),
                                      print_fn=lambda s: None)
 
 

@@ -383,6 +383,18 @@ class GatedDeltaRuleTest(parameterized.TestCase):
         dict(testcase_name="q_wrong_rank", change=dict(q=(2, 8, 16)), match="q must have rank"),
         dict(testcase_name="k_mismatched_heads", change=dict(k=(2, 8, 1, 16)),
              match=r"k\.shape"),
+        # A q/k mismatch names q when q is the odd one out (k agrees with the other arguments),
+        # and both alike when nothing else carries the size (the first differing axis).
+        dict(testcase_name="q_short_head_dim", change=dict(q=(2, 8, 2, 8)),
+             match=r"^q\.shape=\(2, 8, 2, 8\) and k\.shape=\(2, 8, 2, 16\) differ: .*"
+                   r"axis 3 \(K\): q has 8, k has 16"),
+        dict(testcase_name="q_short_head_dim_with_state",
+             change=dict(q=(2, 8, 2, 8), initial_state=(2, 2, 16, 32)),
+             match=r"^q\.shape=\(2, 8, 2, 8\) does not match k\.shape=\(2, 8, 2, 16\): q must "
+                   r"be \[B, T, HK, K\] like k \(axis 3 \(K\): q has 8, k has 16, "
+                   r"initial_state has 16\)"),
+        dict(testcase_name="k_short_time", change=dict(k=(2, 7, 2, 16)),
+             match=r"^k\.shape=\(2, 7, 2, 16\) does not match q\.shape=\(2, 8, 2, 16\)"),
         dict(testcase_name="heads_not_multiple", change=dict(v=(2, 8, 3, 32), g=(2, 8, 3),
                                                              beta=(2, 8, 3)),
              match="multiple of the key heads"),

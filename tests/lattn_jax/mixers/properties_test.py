@@ -416,6 +416,23 @@ class MixerPropertiesTest(parameterized.TestCase):
         x = self._x(dtype)
         self._assert_close(call(full, x), call(grouped, x), dtype, "grouped vs repeated heads")
 
+    @parameterized.named_parameters(
+        ("rank_2", (2, T), None, rf"x must be \[batch, seq_len, d_model={D_MODEL}\], got "
+         rf"\(2, {T}\)"),
+        ("wide", (2, T, D_MODEL + 1), None, rf"x must be \[batch, seq_len, d_model={D_MODEL}\], "
+         rf"got \(2, {T}, {D_MODEL + 1}\)"),
+        ("short_segment_ids", (2, T, D_MODEL), (2, T - 1),
+         rf"segment_ids must be \[batch=2, seq_len={T}\] like x, got \(2, {T - 1}\)"),
+    )
+    def test_bad_input_shapes_name_the_argument(self, shape, seg_shape, message):
+        # Checked on static shapes before any computation: an abstract module suffices.
+        cfg = tiny_config(self.MIXER)
+        module = nnx.eval_shape(lambda: mixers.build_mixer(self.MIXER, cfg, rngs=nnx.Rngs(0)))
+        x = jax.random.normal(jax.random.key(5), shape)
+        seg = None if seg_shape is None else jax.random.randint(jax.random.key(6), seg_shape, 0, 3)
+        with self.assertRaisesRegex(ValueError, message):
+            module(x, segment_ids=seg)
+
 
 class RegistryCoverageTest(absltest.TestCase):
 
