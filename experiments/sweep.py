@@ -16,7 +16,11 @@ resumes from its checkpoint (:mod:`lattn_jax.sweep`). ``--deadline_s`` ends the 
 no run starts with less than ``--min_run_s`` left, and the running trainer gets SIGTERM (the
 trainer has no time limit of its own; SIGTERM is its preemption signal: it saves a checkpoint
 after the current step and exits) ``--stop_margin_s`` before the deadline; SIGTERM or Ctrl-C
-to the sweep does the same at once.
+to the sweep does the same at once. ``--reuse_from=<another sweep's root>`` (repeatable)
+copies the records of a finished run there whose training is identical (the same
+``get_config`` result and overrides, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
+``arch=gdn,stack=hybrid,opt=muon,...,seed=42``) instead of running it again; the runs table
+names the source.
 
 After every run, and at the end, ``<root>/results.{md,csv,json}`` and ``curves.png`` are
 rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation appends
@@ -70,6 +74,10 @@ _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root>.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each selected run's status and command.")
 _RETRY = flags.DEFINE_bool("retry_failed", False, "Run failed runs again.")
+_REUSE = flags.DEFINE_multi_string("reuse_from", [], "Another sweep's root: a run not started "
+                                   "here whose training is identical to a finished run there "
+                                   "(same get_config and overrides) gets its records instead "
+                                   "of a launch (e.g. Table 7's host from Table 2).")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "field=value: an extra --config.<field> "
                                       "for every run (this machine's settings, e.g. "
                                       "train.micro_batch_size=8; not in the run names).")
@@ -192,7 +200,8 @@ def main(argv):
             train_script=os.path.join(_ROOT, "experiments", "train.py"), extra_overrides=extra,
             env=env, deadline=deadline, min_run_s=_MIN_RUN.value,
             stop_margin_s=_MARGIN.value, max_runs=_MAX_RUNS.value,
-            retry_failed=_RETRY.value, stop=stop, print_fn=_log, after_run=report)
+            retry_failed=_RETRY.value, stop=stop, print_fn=_log, after_run=report,
+            reuse_from=_REUSE.value)
     finally:
         record = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
                   "sweep": sweep.sweep_name(config, root),  # sweep.check_root reads it
@@ -205,8 +214,9 @@ def main(argv):
         failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
         retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"
                  if failed else "")
+        reused = f", {len(summary.reused)} reused" if summary.reused else ""
         _log(f"sweep: {summary.status} after {time.time() - t0:.0f} s; {len(summary.launched)} "
-             f"run(s) launched{retry}; results in {paths['md']}")
+             f"run(s) launched{reused}{retry}; results in {paths['md']}")
         if _EXPORT.value:
             n = sweep.export(root, _EXPORT.value, extra_files=(
                 sweep_report.SWEEP_LOG, sweep_report.RESULTS_MD, sweep_report.RESULTS_CSV,

@@ -675,11 +675,14 @@ class ExecutionSummary:
         ``train.max_steps_per_run``).
       launched: names of the runs started or resumed, in order.
       skipped: ``{name: reason}`` of the runs left alone (finished, failed before).
+      reused: ``{name: source run directory}`` of the runs whose records were copied from an
+        identical finished run of another sweep (``reuse_from``; not run again).
     """
 
     status: str = "complete"
     launched: List[str] = dataclasses.field(default_factory=list)
     skipped: Dict[str, str] = dataclasses.field(default_factory=dict)
+    reused: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: str, cwd: str,
@@ -688,7 +691,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             min_run_s: float = 0.0, stop_margin_s: float = 30.0, max_runs: Optional[int] = None,
             retry_failed: bool = False, stop: Optional[threading.Event] = None,
             print_fn: Callable[[str], None] = print,
-            after_run: Optional[Callable[[Run, Attempt], None]] = None) -> ExecutionSummary:
+            after_run: Optional[Callable[[Run, Attempt], None]] = None,
+            reuse_from: Sequence[str] = ()) -> ExecutionSummary:
     """Runs ``runs`` in order, one trainer subprocess at a time, resumably.
 
     Finished runs are skipped; failed ones too unless ``retry_failed``; a partial one resumes
@@ -712,14 +716,33 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
       stop: set by a signal handler to end the sweep after the current run's checkpoint.
       print_fn: progress lines.
       after_run: called after every launched run (e.g. to rewrite the results).
+      reuse_from: other sweeps' roots: a run not started here whose training is identical to
+        a finished run there (:func:`identical_finished_run`) gets that run's records
+        (:func:`reuse_records`) instead of a launch, e.g. Table 7's host runs from Table 2's
+        GDN hybrid + Muon runs.
 
     Returns:
       An :class:`ExecutionSummary`.
     """
     summary = ExecutionSummary()
+    module_cache: Dict[str, Any] = {}
     for run in runs:
         workdir = run_dir(root, run)
         state = run_state(workdir)
+        if state.status == Status.NOT_STARTED and reuse_from:
+            cmd = command(run, config_path=config_path, workdir=workdir,
+                          train_script=train_script, python=python,
+                          extra_overrides=extra_overrides)
+            source = identical_finished_run(run, cmd, config_path, reuse_from, module_cache)
+            if source is not None:
+                reuse_records(source, workdir, run, cmd)
+                summary.reused[run.name] = source
+                print_fn(f"--- {run.name}: the same training as the finished run {source}; "
+                         f"its records copied, not run again")
+                if after_run is not None:
+                    after_run(run, Attempt(returncode=0, wall_s=0.0, stopped_by=None,
+                                           error=None))
+                continue
         if state.status == Status.FINISHED:
             summary.skipped[run.name] = "finished"
             print_fn(f"--- {run.name}: finished, skipped")
@@ -786,6 +809,117 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
 
 def _arg_dict(arg: str) -> Dict[str, str]:
     return dict(part.partition("=")[::2] for part in arg.split(",") if part)
+
+
+REUSED_KEY = "reused_from"  # in sweep_run.json: the run directory the records came from
+
+
+def _config_flags(cmd: Sequence[str]) -> List[str]:
+    return sorted(a for a in cmd if a.startswith("--config."))
+
+
+def _config_file(cmd: Sequence[str]) -> Optional[str]:
+    for a in cmd:
+        if a.startswith("--config="):
+            return a[len("--config="):].split(":", 1)[0]
+    return None
+
+
+def base_config(config_path: str, arg: str, cache: Dict[str, Any]) -> Optional[dict]:
+    """``get_config(arg)`` of the training config file ``config_path`` as a plain dict.
+
+    Args:
+      config_path: a training config file (``configs/table2.py``).
+      arg: its argument string.
+      cache: loaded modules by path (filled here).
+
+    Returns:
+      The dict, or ``None`` if the file cannot be loaded or ``get_config`` raises (the caller,
+      :func:`identical_finished_run`, then does not reuse).
+    """
+    try:
+        if config_path not in cache:
+            spec = importlib.util.spec_from_file_location(
+                f"_sweep_reuse_{len(cache)}", config_path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            cache[config_path] = module
+        return cache[config_path].get_config(arg or None).to_dict()
+    except Exception:  # noqa: BLE001 - an unloadable source is simply not reused
+        return None
+
+
+def identical_finished_run(run: Run, cmd: Sequence[str], config_path: str,
+                           roots: Sequence[str], cache: Optional[Dict[str, Any]] = None
+                           ) -> Optional[str]:
+    """A finished run under ``roots`` whose training is exactly ``run``'s, or ``None``.
+
+    Identical means: the training config file's ``get_config(arg)`` gives the same dict for
+    both runs (every model, data, optimizer and train field, the seed and the corpus path
+    included), and both commands pass the same ``--config.<field>=<value>`` overrides. The
+    config files may differ (``configs/table7.py:host=gdn,route=none,...`` and
+    ``configs/table2.py:arch=gdn,stack=hybrid,...`` build the same experiment); a source whose
+    config file is not found (recorded on another machine) is looked up in ``config_path``'s
+    directory by its base name. Runs that are not finished, or were themselves reused, are
+    not candidates.
+
+    Args:
+      run: the run about to be launched.
+      cmd: its trainer command (:func:`command`).
+      config_path: its training config file.
+      roots: other sweeps' root directories (missing ones are skipped).
+      cache: loaded config modules by path, shared between calls.
+
+    Returns:
+      The source run directory (absolute), the first match in ``roots`` order and name order.
+    """
+    cache = {} if cache is None else cache
+    flags_now = _config_flags(cmd)
+    mine = None
+    for root in roots:
+        for other in recorded_runs(root):
+            src = os.path.abspath(run_dir(root, other))
+            try:
+                with open(os.path.join(src, RUN_RECORD)) as f:
+                    record = json.load(f)
+            except (OSError, ValueError):
+                continue
+            if record.get(REUSED_KEY) or _config_flags(record.get("command", [])) != flags_now:
+                continue
+            if run_state(src).status != Status.FINISHED:
+                continue
+            other_file = _config_file(record.get("command", []))
+            if other_file is None:
+                continue
+            if not os.path.exists(other_file):
+                other_file = os.path.join(os.path.dirname(os.path.abspath(config_path)),
+                                          os.path.basename(other_file))
+            if mine is None:
+                mine = base_config(config_path, run.arg, cache)
+                if mine is None:
+                    return None
+            if base_config(other_file, other.arg, cache) == mine:
+                return src
+    return None
+
+
+def reuse_records(source: str, workdir: str, run: Run, cmd: Sequence[str]) -> None:
+    """Copies the finished run ``source``'s records (:data:`RECORD_FILES`, no checkpoints)
+    into ``workdir`` and writes ``run``'s own ``sweep_run.json`` naming the source
+    (``"reused_from"``), so that the run counts as finished with the source's metrics.
+
+    Raises:
+      OSError: if ``workdir`` cannot be written.
+    """
+    os.makedirs(workdir, exist_ok=True)
+    for name in RECORD_FILES:
+        if name != RUN_RECORD and os.path.exists(os.path.join(source, name)):
+            shutil.copy2(os.path.join(source, name), os.path.join(workdir, name))
+    with open(os.path.join(workdir, RUN_RECORD), "w") as f:
+        json.dump({"name": run.name, "values": [list(p) for p in run.values],
+                   "group": run.group, "seed": run.seed, "arg": run.arg,
+                   "overrides": [list(p) for p in run.overrides], "command": list(cmd),
+                   REUSED_KEY: source}, f, indent=2)
 
 
 def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) -> List[str]:

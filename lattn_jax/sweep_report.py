@@ -190,6 +190,21 @@ def close_pairs(ranking: Sequence[Group], spread: Optional[float],
 # Building the report
 # ------------------------------------------------------------------------------------------------
 
+def _reused_note(root: str, run: "sweep.Run") -> str:
+    """The runs table's note on a run whose records were copied from an identical finished run
+    of another sweep (``sweep.execute(..., reuse_from=...)``)."""
+    try:
+        with open(os.path.join(sweep.run_dir(root, run), sweep.RUN_RECORD)) as f:
+            source = json.load(f).get(sweep.REUSED_KEY)
+    except (OSError, ValueError):
+        return ""
+    if not source:
+        return ""
+    parts = os.path.normpath(source).split(os.sep)
+    where = "/".join(parts[-3:]) if len(parts) >= 3 else source
+    return f"the same training as {where} (its records; not run again)"
+
+
 def _nonfinite_note(r: "sweep.RunResult") -> str:
     """The runs table's note on evaluations whose validation loss was NaN or inf."""
     if not r.nonfinite_val_evals:
@@ -476,7 +491,8 @@ def markdown(report: Report) -> str:
                      progress, _f(r.final_val_loss), _f(r.best_val_loss),
                      _f(r.final_train_loss), _tokens(r.tokens), _f(r.tokens_per_sec, ",.0f"),
                      _pct(r.mfu), _params(r.params), _params(r.non_embedding_params),
-                     _wall(r.wall_s), "; ".join(filter(None, [s.error, _nonfinite_note(r)]))])
+                     _wall(r.wall_s), "; ".join(filter(None, [s.error, _nonfinite_note(r),
+                                                              _reused_note(report.root, e.run)]))])
     lines += _table(["run", "status", "step", "final val", "best val", "final train", "tokens",
                      "tokens/s", "MFU", "params", "non-emb.", "wall", "error"], rows,
                     "llrrrrrrrrrrl")

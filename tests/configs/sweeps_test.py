@@ -114,6 +114,28 @@ class SweepConfigsTest(parameterized.TestCase):
             self.assertEqual(count(cfg) - host, table7_small.ADDED_PARAMS[run.value("route")],
                              run.name)
 
+    def test_table7_host_runs_are_table2_runs(self):
+        """Table 7's host (route=none) builds exactly Table 2's GDN hybrid + Muon run of the
+        same seed, so `sweep.py --reuse_from=<table2 root>` copies those instead of running
+        them again; CLVR does not match."""
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        c = self.corpus
+        t2 = table2_small.get_config(f"corpus={c},adamw_lr=0.001,muon_lr=0.00036")
+        t7 = table7_small.get_config(f"corpus={c},muon_lr=0.00036")
+        runs2 = {r.name: r for r in sweep.expand(t2)}
+        runs7 = {r.name: r for r in sweep.expand(t7)}
+        cache = {}
+
+        def resolved(config, run):
+            return (sweep.base_config(os.path.join(repo, config.train_config), run.arg, cache),
+                    run.overrides)
+
+        for seed in (42, 43):
+            host = resolved(t2, runs2[f"arch=gdn,stack=hybrid,opt=muon,lr=0.00036,seed={seed}"])
+            self.assertIsNotNone(host[0])
+            self.assertEqual(resolved(t7, runs7[f"route=none,seed={seed}"]), host)
+            self.assertNotEqual(resolved(t7, runs7[f"route=clvr,seed={seed}"]), host)
+
     def test_rates_from_the_scan(self):
         """rates_from= reads each optimizer's best rate from lr_scan_small's results.json
         (here the real, finished one of 2026-12-04), and refuses an incomplete scan."""

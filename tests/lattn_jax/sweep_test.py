@@ -12,7 +12,7 @@ import time
 
 from absl.testing import absltest
 
-from lattn_jax import sweep
+from lattn_jax import sweep, sweep_report
 
 # A stand-in for experiments/train.py: it writes what the trainer writes (invocations.jsonl,
 # console.log with the "model:" and "final:" lines, metrics.jsonl, checkpoints/<step>) and
@@ -342,6 +342,65 @@ class ExecuteTest(absltest.TestCase):
         aside = [n for n in os.listdir(os.path.dirname(workdir)) if ".restarted-" in n]
         self.assertLen(aside, 1)
         self.assertEqual([r.name for r in sweep.recorded_runs(self.root)], [run.name])
+
+    def test_identical_finished_runs_of_another_sweep_are_reused_not_run(self):
+        # Two config files with different argument vocabularies; "host=gdn" in B builds the
+        # same experiment as "arch=gdn" in A (as Table 7's host and Table 2's GDN hybrid do).
+        files = {}
+        for name, key in (("a.py", "arch"), ("b.py", "host")):
+            files[name] = os.path.join(self.root, name)
+            with open(files[name], "w") as f:
+                f.write(textwrap.dedent(f"""
+                    import ml_collections
+                    def get_config(arg):
+                        kv = dict(p.split("=") for p in arg.split(","))
+                        return ml_collections.ConfigDict(
+                            {{"model": {{"kind": kv["{key}"]}}, "seed": int(kv["seed"]),
+                              "extra": kv.get("route", "none") == "clvr"}})
+                    """))
+
+        def execute(config_file, root, grid, **kwargs):
+            config = _config(arg=(("seed", 42),), grid=grid, seed_axis=None)
+            runs = sweep.expand(config)
+            return runs, sweep.execute(runs, root, config_path=files[config_file],
+                                       train_script=self.trainer, cwd=self.root,
+                                       print_fn=self.lines.append, **kwargs)
+
+        root_a = os.path.join(self.root, "table2")
+        runs_a, summary = execute("a.py", root_a, ((("arch", ("gdn", "softmax")),),))
+        self.assertLen(summary.launched, 2)
+        root_b = os.path.join(self.root, "table7")
+        grid_b = ((("host", ("gdn",)), ("route", ("none", "clvr"))),)
+        runs_b, summary = execute("b.py", root_b, grid_b, reuse_from=[root_a])
+        source = os.path.abspath(sweep.run_dir(root_a, runs_a[0]))
+        self.assertEqual(summary.reused, {"host=gdn,route=none": source})
+        self.assertEqual(summary.launched, ["host=gdn,route=clvr"])  # "extra" differs
+        reused = sweep.run_dir(root_b, runs_b[0])
+        self.assertEqual(sweep.run_state(reused).status, sweep.Status.FINISHED)
+        self.assertEqual(sweep.collect(reused).final_val_loss, 11 / 4)
+        with open(os.path.join(reused, sweep.RUN_RECORD)) as f:
+            record = json.load(f)
+        self.assertEqual((record["arg"], record[sweep.REUSED_KEY]),
+                         ("seed=42,host=gdn,route=none", source))
+        self.assertFalse(os.path.exists(os.path.join(reused, "checkpoints")))
+        page = sweep_report.markdown(sweep_report.build(
+            _config(arg=(("seed", 42),), grid=grid_b, seed_axis=None), root_b))
+        self.assertIn("the same training as table2/runs/arch=gdn (its records; not run again)",
+                      page)
+        # Another override, or the source unfinished: no reuse.
+        root_c = os.path.join(self.root, "other")
+        _, summary = execute("b.py", root_c, ((("host", ("gdn",)),),), reuse_from=[root_a],
+                             extra_overrides=(("train.total_steps", 6),))
+        self.assertEqual((summary.reused, len(summary.launched)), ({}, 1))
+        log = os.path.join(source, "console.log")
+        with open(log) as f:
+            kept = [line for line in f if not line.startswith("final:")]
+        with open(log, "w") as f:
+            f.writelines(kept)
+        self.assertEqual(sweep.run_state(source).status, sweep.Status.PARTIAL)
+        _, summary = execute("b.py", os.path.join(self.root, "d"), ((("host", ("gdn",)),),),
+                             reuse_from=[root_a])
+        self.assertEqual((summary.reused, len(summary.launched)), ({}, 1))
 
     def test_changed_settings_under_the_same_name_conflict(self):
         runs, _ = self._execute(("ok",))
