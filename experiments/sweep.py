@@ -16,7 +16,9 @@ resumes from its checkpoint (:mod:`lattn_jax.sweep`). ``--deadline_s`` ends the 
 no run starts with less than ``--min_run_s`` left, and the running trainer gets SIGTERM (the
 trainer has no time limit of its own; SIGTERM is its preemption signal: it saves a checkpoint
 after the current step and exits) ``--stop_margin_s`` before the deadline; SIGTERM or Ctrl-C
-to the sweep does the same at once. ``--reuse_from=<another sweep's root>`` (repeatable)
+to the sweep does the same at once; ``--finish_by_deadline`` (a machine's last call) also
+holds back a run that would not finish by then, by the finished runs' median wall time.
+``--reuse_from=<another sweep's root>`` (repeatable)
 copies the records of a finished run there whose training is identical (the same
 ``get_config`` result and overrides, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
 ``arch=gdn,stack=hybrid,opt=muon,...,seed=42``) instead of running it again; the runs table
@@ -74,6 +76,9 @@ _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root>.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each selected run's status and command.")
 _RETRY = flags.DEFINE_bool("retry_failed", False, "Run failed runs again.")
+_FINISH = flags.DEFINE_bool("finish_by_deadline", False, "Launch or resume only runs that the "
+                            "finished runs' median wall time says end before the deadline (a "
+                            "machine's last call: a run cut there is lost).")
 _REUSE = flags.DEFINE_multi_string("reuse_from", [], "Another sweep's root: a run not started "
                                    "here whose training is identical to a finished run there "
                                    "(same get_config and overrides) gets its records instead "
@@ -201,7 +206,7 @@ def main(argv):
             env=env, deadline=deadline, min_run_s=_MIN_RUN.value,
             stop_margin_s=_MARGIN.value, max_runs=_MAX_RUNS.value,
             retry_failed=_RETRY.value, stop=stop, print_fn=_log, after_run=report,
-            reuse_from=_REUSE.value)
+            reuse_from=_REUSE.value, finish_by_deadline=_FINISH.value)
     finally:
         record = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
                   "sweep": sweep.sweep_name(config, root),  # sweep.check_root reads it

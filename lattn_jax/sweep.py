@@ -692,7 +692,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             retry_failed: bool = False, stop: Optional[threading.Event] = None,
             print_fn: Callable[[str], None] = print,
             after_run: Optional[Callable[[Run, Attempt], None]] = None,
-            reuse_from: Sequence[str] = ()) -> ExecutionSummary:
+            reuse_from: Sequence[str] = (),
+            finish_by_deadline: bool = False) -> ExecutionSummary:
     """Runs ``runs`` in order, one trainer subprocess at a time, resumably.
 
     Finished runs are skipped; failed ones too unless ``retry_failed``; a partial one resumes
@@ -720,6 +721,10 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
         a finished run there (:func:`identical_finished_run`) gets that run's records
         (:func:`reuse_records`) instead of a launch, e.g. Table 7's host runs from Table 2's
         GDN hybrid + Muon runs.
+      finish_by_deadline: also launch or resume no run that :func:`estimated_run_s` says
+        would not finish ``stop_margin_s`` before ``deadline`` (for the last call on a machine,
+        where a run cut at the deadline is lost; without an estimate, only ``min_run_s``
+        applies).
 
     Returns:
       An :class:`ExecutionSummary`.
@@ -758,13 +763,22 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
         if max_runs is not None and len(summary.launched) >= max_runs:
             summary.status = "max_runs"
             break
+        where = ("not started" if state.status == Status.NOT_STARTED else
+                 f"{state.status.value} at step {state.step}/{state.total_steps or '?'}")
         if deadline is not None and deadline - time.time() < max(min_run_s, stop_margin_s):
             summary.status = "deadline"
-            where = ("not started" if state.status == Status.NOT_STARTED else
-                     f"{state.status.value} at step {state.step}/{state.total_steps or '?'}")
             print_fn(f"--- {run.name}: {where}; not launched: "
                      f"{max(deadline - time.time(), 0):.0f} s left before the deadline, "
                      f"under --min_run_s {min_run_s:g} (or the stop margin)")
+            break
+        need = estimated_run_s(root, runs, state) if finish_by_deadline else None
+        if deadline is not None and need is not None and (
+                deadline - time.time() - stop_margin_s < need):
+            summary.status = "deadline"
+            print_fn(f"--- {run.name}: {where}; not launched: "
+                     f"{max(deadline - time.time(), 0):.0f} s left before the deadline, it "
+                     f"needs about {need:.0f} s (--finish_by_deadline, with a "
+                     f"{stop_margin_s:g} s stop margin)")
             break
         if state.status != Status.NOT_STARTED and state.step == 0 and (
                 _has_trainer_records(workdir)):
@@ -805,6 +819,32 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             for r in runs):
         summary.status = "incomplete"
     return summary
+
+
+def estimated_run_s(root: str, runs: Sequence[Run], state: RunState) -> Optional[float]:
+    """Seconds a run in ``state`` needs to finish, from the runs of ``runs`` finished under
+    ``root``: the median of their wall times (:attr:`RunResult.wall_s`: start-up, compilation
+    and evaluations included) for a run not started, and for a partial one that median times
+    the share of steps left plus a tenth of it (its start-up, compilation and final
+    evaluation again).
+
+    Returns:
+      The estimate, or ``None`` when no run of ``runs`` has finished with a recorded wall time.
+    """
+    walls = []
+    for other in runs:
+        workdir = run_dir(root, other)
+        if run_state(workdir).status == Status.FINISHED:
+            wall = collect(workdir).wall_s
+            if wall:
+                walls.append(wall)
+    if not walls:
+        return None
+    full = statistics.median(walls)
+    if state.status == Status.NOT_STARTED or not state.step or not state.total_steps:
+        return full
+    left = max(state.total_steps - state.step, 0) / state.total_steps
+    return full * left + 0.1 * full
 
 
 def _arg_dict(arg: str) -> Dict[str, str]:

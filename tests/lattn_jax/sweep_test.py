@@ -320,6 +320,32 @@ class ExecuteTest(absltest.TestCase):
         self.assertIn(f"--- fake.mode=slow: resuming from step {resumed_from}", self.lines)
         self.assertEqual(sweep.run_state(workdir).status, sweep.Status.FINISHED)
 
+    def test_finish_by_deadline_holds_back_a_run_that_would_not_finish(self):
+        config = _config(grid=((("fake.mode", ("slow",)), ("train.total_steps", (8, 9, 10))),),
+                         seed_axis=None)
+        runs = sweep.expand(config)
+
+        def execute(**kwargs):
+            return sweep.execute(runs, self.root, config_path="cfg.py",
+                                 train_script=self.trainer, cwd=self.root,
+                                 print_fn=self.lines.append, stop_margin_s=0.5, **kwargs)
+
+        self.assertIsNone(sweep.estimated_run_s(self.root, runs, sweep.RunState(
+            sweep.Status.NOT_STARTED)))
+        self.assertLen(execute(max_runs=2).launched, 2)
+        walls = [sweep.collect(sweep.run_dir(self.root, r)).wall_s for r in runs[:2]]
+        full = (walls[0] + walls[1]) / 2
+        self.assertAlmostEqual(sweep.estimated_run_s(
+            self.root, runs, sweep.RunState(sweep.Status.NOT_STARTED)), full)
+        self.assertAlmostEqual(sweep.estimated_run_s(
+            self.root, runs, sweep.RunState(sweep.Status.PARTIAL, 5, 10)), 0.6 * full)
+        # Less time left than the median run needs: held back only with the flag.
+        summary = execute(deadline=time.time() + 0.5 + 0.25 * full, finish_by_deadline=True)
+        self.assertEqual((summary.status, summary.launched), ("deadline", []))
+        self.assertIn("needs about", self.lines[-1])
+        summary = execute(deadline=time.time() + 30, finish_by_deadline=True)
+        self.assertEqual((summary.status, summary.launched), ("complete", [runs[2].name]))
+
     def test_stop_event_and_max_runs(self):
         stop = threading.Event()
         stop.set()
