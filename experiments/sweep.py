@@ -18,9 +18,9 @@ trainer has no time limit of its own; SIGTERM is its preemption signal: it saves
 after the current step and exits) ``--stop_margin_s`` before the deadline; SIGTERM or Ctrl-C
 to the sweep does the same at once; ``--finish_by_deadline`` (a machine's last call) also
 holds back a run that would not finish by then, by the finished runs' median wall time.
-``--reuse_from=<another sweep's root>`` (repeatable)
-copies the records of a finished run there whose training is identical (the same
-``get_config`` result and overrides, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
+``--reuse_from=<another sweep's root>`` (repeatable) copies the records of a finished run there
+whose training is identical (the experiment config its trainer recorded at every invocation
+equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
 ``arch=gdn,stack=hybrid,opt=muon,...,seed=42``) instead of running it again; the runs table
 names the source.
 
@@ -81,8 +81,9 @@ _FINISH = flags.DEFINE_bool("finish_by_deadline", False, "Launch or resume only 
                             "machine's last call: a run cut there is lost).")
 _REUSE = flags.DEFINE_multi_string("reuse_from", [], "Another sweep's root: a run not started "
                                    "here whose training is identical to a finished run there "
-                                   "(same get_config and overrides) gets its records instead "
-                                   "of a launch (e.g. Table 7's host from Table 2).")
+                                   "(the experiment config its trainer recorded) gets its "
+                                   "records instead of a launch (e.g. Table 7's host from "
+                                   "Table 2).")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "field=value: an extra --config.<field> "
                                       "for every run (this machine's settings, e.g. "
                                       "train.micro_batch_size=8; not in the run names).")
@@ -136,6 +137,10 @@ def main(argv):
     if not os.path.isfile(config_path):
         sys.exit(f"error: train_config: no such file: {config_path}")
     extra = _overrides()
+    for other in _REUSE.value:
+        if os.path.realpath(other) == os.path.realpath(root):
+            sys.exit(f"error: --reuse_from={other} is --root itself (its runs would count twice "
+                     f"in the ranking): name another sweep's root")
     bad = sweep.bad_override_fields(runs, config_path, extra)
     if bad:  # before anything is made: each run would fail on it a few seconds in
         sys.exit(f"error: --override or the sweep's overrides: {'; '.join(bad[:3])}"
@@ -149,13 +154,18 @@ def main(argv):
     paths = sweep_report.write(report)
     if _DRY_RUN.value or _REPORT_ONLY.value:
         if _DRY_RUN.value:
+            reuse_cache = {}
             for run in runs:
                 workdir = sweep.run_dir(root, run)
                 state = sweep.run_state(workdir)
                 cmd = sweep.command(run, config_path=config_path, workdir=workdir,
                                     train_script=os.path.join(_ROOT, "experiments", "train.py"),
                                     extra_overrides=extra)
-                _log(f"{run.name}: {state.status.value} (step {state.step})\n  "
+                source = (sweep.identical_finished_run(run, config_path, _REUSE.value, extra,
+                                                       reuse_cache)
+                          if _REUSE.value and state.status == sweep.Status.NOT_STARTED else None)
+                reuse = f"; would reuse {source}" if source else ""
+                _log(f"{run.name}: {state.status.value} (step {state.step}){reuse}\n  "
                      + " ".join(shlex.quote(c) for c in cmd))
         if _REPORT_ONLY.value:
             _log(f"wrote {paths['md']}")

@@ -1117,6 +1117,25 @@ def experiment_from_config_dict(config: Any) -> ExperimentConfig:
     return _build(ExperimentConfig, values, "")
 
 
+def experiment_json_dict(config: ExperimentConfig) -> dict:
+    """The config as JSON-ready nested dicts, as a run's ``config.json`` and
+    ``invocations.jsonl`` store it (:mod:`lattn_jax.train`): bundled files by name
+    (``"bundled:..."``), user paths as given (:func:`lattn_jax.data.config.portable_dict`), so
+    that a run directory does not depend on where the clone lives.
+
+    Args:
+      config: a validated :class:`ExperimentConfig`.
+
+    Returns:
+      ``{"model": {...}, "data": {...}, "optim": {...}, "train": {...}, "mesh": {...}}``.
+    """
+    import json  # noqa: PLC0415 (only this helper serialises)
+    from lattn_jax.data import config as data_config  # noqa: PLC0415
+    values = json.loads(json.dumps(dataclasses.asdict(config), default=str))
+    values["data"] = data_config.portable_dict(values["data"])
+    return values
+
+
 def parse_flags(argv):
     """Parses absl flags for a binary (``app.run(main, flags_parser=parse_flags)``).
 

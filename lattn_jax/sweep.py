@@ -730,24 +730,17 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
       An :class:`ExecutionSummary`.
     """
     summary = ExecutionSummary()
-    module_cache: Dict[str, Any] = {}
+    summary.reused = reuse_identical_runs(runs, root, config_path=config_path,
+                                          train_script=train_script, python=python,
+                                          extra_overrides=extra_overrides, roots=reuse_from,
+                                          print_fn=print_fn)
     for run in runs:
         workdir = run_dir(root, run)
         state = run_state(workdir)
-        if state.status == Status.NOT_STARTED and reuse_from:
-            cmd = command(run, config_path=config_path, workdir=workdir,
-                          train_script=train_script, python=python,
-                          extra_overrides=extra_overrides)
-            source = identical_finished_run(run, cmd, config_path, reuse_from, module_cache)
-            if source is not None:
-                reuse_records(source, workdir, run, cmd)
-                summary.reused[run.name] = source
-                print_fn(f"--- {run.name}: the same training as the finished run {source}; "
-                         f"its records copied, not run again")
-                if after_run is not None:
-                    after_run(run, Attempt(returncode=0, wall_s=0.0, stopped_by=None,
-                                           error=None))
-                continue
+        if run.name in summary.reused:
+            if after_run is not None:
+                after_run(run, Attempt(returncode=0, wall_s=0.0, stopped_by=None, error=None))
+            continue
         if state.status == Status.FINISHED:
             summary.skipped[run.name] = "finished"
             print_fn(f"--- {run.name}: finished, skipped")
@@ -824,9 +817,14 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
 def estimated_run_s(root: str, runs: Sequence[Run], state: RunState) -> Optional[float]:
     """Seconds a run in ``state`` needs to finish, from the runs of ``runs`` finished under
     ``root``: the median of their wall times (:attr:`RunResult.wall_s`: start-up, compilation
-    and evaluations included) for a run not started, and for a partial one that median times
-    the share of steps left plus a tenth of it (its start-up, compilation and final
+    and evaluations included) for a run not started; for a partial one, that median times the
+    share of steps left, plus a tenth of the median (its start-up, compilation and final
     evaluation again).
+
+    Args:
+      root: the sweep directory.
+      runs: the sweep's runs (their finished ones give the median).
+      state: the run's :class:`RunState`.
 
     Returns:
       The estimate, or ``None`` when no run of ``runs`` has finished with a recorded wall time.
@@ -854,29 +852,41 @@ def _arg_dict(arg: str) -> Dict[str, str]:
 REUSED_KEY = "reused_from"  # in sweep_run.json: the run directory the records came from
 
 
-def _config_flags(cmd: Sequence[str]) -> List[str]:
-    return sorted(a for a in cmd if a.startswith("--config."))
+def _parse_override(current: Any, value: Any) -> Any:
+    """An override's value as the trainer's ``--config.<field>=<text>`` would set it: a text
+    value (``--override field=value``) parsed for an int, float, bool or tuple field with the
+    parsers of ml_collections' config flags; typed values (the grid's) as they are."""
+    if not isinstance(value, str):
+        return value
+    parsers = ((bool, absl_flags.BooleanParser()), (int, absl_flags.IntegerParser()),
+               (float, absl_flags.FloatParser()), (tuple, tuple_parser.TupleParser()))
+    for kind, parser in parsers:
+        if isinstance(current, kind):
+            return parser.parse(value)
+    return value
 
 
-def _config_file(cmd: Sequence[str]) -> Optional[str]:
-    for a in cmd:
-        if a.startswith("--config="):
-            return a[len("--config="):].split(":", 1)[0]
-    return None
+def resolved_config(config_path: str, arg: str, overrides: Sequence[Tuple[str, Any]],
+                    cache: Dict[str, Any]) -> Optional[dict]:
+    """The experiment config a run's trainer would record, without running it.
 
-
-def base_config(config_path: str, arg: str, cache: Dict[str, Any]) -> Optional[dict]:
-    """``get_config(arg)`` of the training config file ``config_path`` as a plain dict.
+    ``get_config(arg)`` of the training config file, the overrides applied as the trainer's
+    ``--config.<field>=<value>`` flags apply them, validated
+    (:func:`lattn_jax.config.experiment_from_config_dict`) and turned into the dict that the
+    trainer writes to ``config.json`` and ``invocations.jsonl``
+    (:func:`lattn_jax.config.experiment_json_dict`).
 
     Args:
-      config_path: a training config file (``configs/table2.py``).
+      config_path: the training config file (``configs/table2.py``).
       arg: its argument string.
-      cache: loaded modules by path (filled here).
+      overrides: ``(field, value)`` pairs, the grid's typed values or ``--override`` texts.
+      cache: loaded config modules by path (filled here).
 
     Returns:
-      The dict, or ``None`` if the file cannot be loaded or ``get_config`` raises (the caller,
-      :func:`identical_finished_run`, then does not reuse).
+      The dict, or ``None`` if the file cannot be loaded, ``get_config`` raises or an override
+      or value is refused (the caller, :func:`identical_finished_run`, then does not reuse).
     """
+    from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only for reuse)
     try:
         if config_path not in cache:
             spec = importlib.util.spec_from_file_location(
@@ -884,82 +894,149 @@ def base_config(config_path: str, arg: str, cache: Dict[str, Any]) -> Optional[d
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             cache[config_path] = module
-        return cache[config_path].get_config(arg or None).to_dict()
-    except Exception:  # noqa: BLE001 - an unloadable source is simply not reused
+        cd = cache[config_path].get_config(arg or None)
+        for field, value in overrides:
+            parent, _, leaf = field.rpartition(".")
+            node = cd
+            for part in filter(None, parent.split(".")):
+                node = node[part]
+            node[leaf] = _parse_override(node[leaf], value)
+        return config_lib.experiment_json_dict(config_lib.experiment_from_config_dict(cd))
+    except Exception:  # noqa: BLE001 - an unresolvable config is simply not reused
         return None
 
 
-def identical_finished_run(run: Run, cmd: Sequence[str], config_path: str,
-                           roots: Sequence[str], cache: Optional[Dict[str, Any]] = None
-                           ) -> Optional[str]:
-    """A finished run under ``roots`` whose training is exactly ``run``'s, or ``None``.
+def identical_finished_run(run: Run, config_path: str, roots: Sequence[str],
+                           extra_overrides: Sequence[Tuple[str, Any]] = (),
+                           cache: Optional[Dict[str, Any]] = None) -> Optional[str]:
+    """A finished run under ``roots`` that trained exactly what ``run`` would, or ``None``.
 
-    Identical means: the training config file's ``get_config(arg)`` gives the same dict for
-    both runs (every model, data, optimizer and train field, the seed and the corpus path
-    included), and both commands pass the same ``--config.<field>=<value>`` overrides. The
-    config files may differ (``configs/table7.py:host=gdn,route=none,...`` and
-    ``configs/table2.py:arch=gdn,stack=hybrid,...`` build the same experiment); a source whose
-    config file is not found (recorded on another machine) is looked up in ``config_path``'s
-    directory by its base name. Runs that are not finished, or were themselves reused, are
-    not candidates.
+    ``run``'s experiment config (:func:`resolved_config`: its config file, argument string,
+    the grid's overrides and ``extra_overrides``) must equal the config the source's trainer
+    recorded at every one of its invocations (``invocations.jsonl``): every model, data,
+    optimizer, train and mesh field, the seed and the corpus path included (the corpus is
+    compared by path, not by content). The config files may differ
+    (``configs/table7.py:host=gdn,route=none,...`` and ``configs/table2.py:arch=gdn,
+    stack=hybrid,...`` build the same experiment). Sources that are not finished or were
+    themselves reused are not candidates. The code version is not compared: the source may
+    come from an older commit (:func:`reuse_records` records it).
 
     Args:
       run: the run about to be launched.
-      cmd: its trainer command (:func:`command`).
       config_path: its training config file.
       roots: other sweeps' root directories (missing ones are skipped).
+      extra_overrides: the ``--override`` pairs of this call.
       cache: loaded config modules by path, shared between calls.
 
     Returns:
       The source run directory (absolute), the first match in ``roots`` order and name order.
     """
     cache = {} if cache is None else cache
-    flags_now = _config_flags(cmd)
     mine = None
     for root in roots:
         for other in recorded_runs(root):
             src = os.path.abspath(run_dir(root, other))
             try:
                 with open(os.path.join(src, RUN_RECORD)) as f:
-                    record = json.load(f)
+                    if json.load(f).get(REUSED_KEY):
+                        continue
             except (OSError, ValueError):
-                continue
-            if record.get(REUSED_KEY) or _config_flags(record.get("command", [])) != flags_now:
                 continue
             if run_state(src).status != Status.FINISHED:
                 continue
-            other_file = _config_file(record.get("command", []))
-            if other_file is None:
+            recorded = [r.get("config") for r in read_jsonl(os.path.join(src, "invocations.jsonl"))]
+            if not recorded:
                 continue
-            if not os.path.exists(other_file):
-                other_file = os.path.join(os.path.dirname(os.path.abspath(config_path)),
-                                          os.path.basename(other_file))
             if mine is None:
-                mine = base_config(config_path, run.arg, cache)
+                mine = resolved_config(config_path, run.arg,
+                                       tuple(run.overrides) + tuple(extra_overrides), cache)
                 if mine is None:
                     return None
-            if base_config(other_file, other.arg, cache) == mine:
+            if all(config == mine for config in recorded):
                 return src
     return None
 
 
+def reuse_identical_runs(runs: Sequence[Run], root: str, *, config_path: str,
+                         train_script: str, python: str = sys.executable,
+                         extra_overrides: Sequence[Tuple[str, Any]] = (),
+                         roots: Sequence[str] = (),
+                         print_fn: Callable[[str], None] = print) -> Dict[str, str]:
+    """Gives every run of ``runs`` not started under ``root`` the records of an identical
+    finished run under ``roots`` (:func:`identical_finished_run`, :func:`reuse_records`), all
+    before any launch (so a deadline or ``max_runs`` does not keep one from it).
+
+    Args:
+      runs: the sweep's runs.
+      root: this sweep's directory; it is skipped if ``roots`` names it (its own runs would
+        count twice in its ranking and seed spread).
+      config_path, train_script, python, extra_overrides: :func:`command`'s.
+      roots: other sweeps' root directories.
+      print_fn: one line per reused run.
+
+    Returns:
+      ``{run name: source run directory}``.
+    """
+    here = os.path.realpath(root)
+    roots = [r for r in roots if os.path.realpath(r) != here]
+    out: Dict[str, str] = {}
+    if not roots:
+        return out
+    cache: Dict[str, Any] = {}
+    for run in runs:
+        workdir = run_dir(root, run)
+        if run_state(workdir).status != Status.NOT_STARTED:
+            continue
+        source = identical_finished_run(run, config_path, roots, extra_overrides, cache)
+        if source is None:
+            continue
+        cmd = command(run, config_path=config_path, workdir=workdir, train_script=train_script,
+                      python=python, extra_overrides=extra_overrides)
+        reuse_records(source, workdir, run, cmd)
+        out[run.name] = source
+        print_fn(f"--- {run.name}: the same training as the finished run {source}; its "
+                 f"records copied, not run again")
+    return out
+
+
 def reuse_records(source: str, workdir: str, run: Run, cmd: Sequence[str]) -> None:
-    """Copies the finished run ``source``'s records (:data:`RECORD_FILES`, no checkpoints)
-    into ``workdir`` and writes ``run``'s own ``sweep_run.json`` naming the source
-    (``"reused_from"``), so that the run counts as finished with the source's metrics.
+    """Gives ``run`` the records of the finished run ``source`` (:data:`RECORD_FILES`, no
+    checkpoints) in ``workdir``, so that it counts as finished with the source's metrics.
+
+    The files are copied into a temporary directory that then replaces ``workdir`` (a copy cut
+    half-way never looks finished); ``run``'s own ``sweep_run.json`` names the source
+    (``"reused_from"``) and the git commit it was trained at (``"reused_commit"``). A
+    ``workdir`` that holds files already (none of a run: :func:`run_state` said not started)
+    is kept aside as ``<workdir>.restarted-<time>``.
+
+    Args:
+      source: a finished run's directory (:func:`identical_finished_run`).
+      workdir: ``run``'s directory under this sweep's root.
+      run: the run.
+      cmd: the trainer command it would have run (:func:`command`), recorded.
 
     Raises:
-      OSError: if ``workdir`` cannot be written.
+      OSError: if ``workdir`` or its temporary sibling cannot be written.
     """
-    os.makedirs(workdir, exist_ok=True)
+    invocations = read_jsonl(os.path.join(source, "invocations.jsonl"))
+    commit = invocations[-1].get("git") if invocations else None
+    tmp = f"{workdir}.reuse-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
     for name in RECORD_FILES:
         if name != RUN_RECORD and os.path.exists(os.path.join(source, name)):
-            shutil.copy2(os.path.join(source, name), os.path.join(workdir, name))
-    with open(os.path.join(workdir, RUN_RECORD), "w") as f:
+            shutil.copy2(os.path.join(source, name), os.path.join(tmp, name))
+    with open(os.path.join(tmp, RUN_RECORD), "w") as f:
         json.dump({"name": run.name, "values": [list(p) for p in run.values],
                    "group": run.group, "seed": run.seed, "arg": run.arg,
                    "overrides": [list(p) for p in run.overrides], "command": list(cmd),
-                   REUSED_KEY: source}, f, indent=2)
+                   REUSED_KEY: source, "reused_commit": commit}, f, indent=2)
+    if os.path.isdir(workdir):
+        if os.listdir(workdir):
+            os.replace(workdir, f"{workdir}.restarted-{time.strftime('%Y%m%dT%H%M%S')}")
+        else:
+            os.rmdir(workdir)
+    os.replace(tmp, workdir)
 
 
 def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) -> List[str]:

@@ -18,7 +18,6 @@ Stages, in order:
 """
 
 import contextlib
-import dataclasses
 import fcntl
 import functools
 import importlib.metadata
@@ -597,13 +596,7 @@ def plot_losses(workdir: str) -> Optional[str]:
     return path
 
 
-def _config_dict(config: config_lib.ExperimentConfig) -> Dict[str, Any]:
-    """The config as JSON-ready nested dicts, as ``config.json`` stores it: bundled files by
-    name (``"bundled:..."``), user paths as given (:func:`lattn_jax.data.config.portable_dict`),
-    so that a run directory does not depend on where the clone lives."""
-    values = json.loads(json.dumps(dataclasses.asdict(config), default=str))
-    values["data"] = data_config_lib.portable_dict(values["data"])
-    return values
+_config_dict = config_lib.experiment_json_dict  # what config.json and invocations.jsonl hold
 
 
 # Data options that may change between a run and its resumption: they do not move the

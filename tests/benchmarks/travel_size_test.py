@@ -28,7 +28,21 @@ class TravelSizeTest(absltest.TestCase):
     def test_tree_counts_tracked_and_untracked_but_not_ignored_files(self):
         tree, carried = travel_size.travel(self.repo, ["ignored/piece.000", "ignored"])
         self.assertEqual(tree, 1000 + 300 + len(b"/ignored/\n"))
-        self.assertEqual(carried, [("ignored/piece.000", 5000), ("ignored", 5007)])
+        self.assertEqual(carried, [("ignored/piece.000", 5000), ("ignored", 7)])  # no double count
+
+    def test_links_shared_and_tracked_carry_are_not_counted_twice(self):
+        os.symlink(os.path.join(self.repo, "ignored", "piece.000"),
+                   os.path.join(self.repo, "ignored", "link"))
+        os.makedirs(os.path.join(self.repo, "shared"))
+        with open(os.path.join(self.repo, "shared", "data"), "wb") as f:
+            f.write(os.urandom(40))
+        with open(os.path.join(self.repo, ".gitignore"), "a") as f:
+            f.write("/shared/\n")
+        tree, carried = travel_size.travel(
+            self.repo, ["ignored/link", "tracked.txt", "ignored", "ignored/piece.001"])
+        self.assertEqual(tree, 1000 + 300 + len(b"/ignored/\n/shared/\n") + 40)
+        self.assertEqual(carried, [("ignored/link", 0), ("tracked.txt", 0), ("ignored", 5007),
+                                   ("ignored/piece.001", 0)])
 
     def test_verdict_and_exit_status(self):
         out = io.StringIO()

@@ -117,7 +117,10 @@ class SweepConfigsTest(parameterized.TestCase):
     def test_table7_host_runs_are_table2_runs(self):
         """Table 7's host (route=none) builds exactly Table 2's GDN hybrid + Muon run of the
         same seed, so `sweep.py --reuse_from=<table2 root>` copies those instead of running
-        them again; CLVR does not match."""
+        them again; CLVR does not match. And sweep.resolved_config is what the trainer records:
+        the config that absl's --config flag and its --config.<field> overrides build."""
+        from ml_collections import config_flags  # noqa: PLC0415
+        from absl import flags  # noqa: PLC0415
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         c = self.corpus
         t2 = table2_small.get_config(f"corpus={c},adamw_lr=0.001,muon_lr=0.00036")
@@ -127,14 +130,28 @@ class SweepConfigsTest(parameterized.TestCase):
         cache = {}
 
         def resolved(config, run):
-            return (sweep.base_config(os.path.join(repo, config.train_config), run.arg, cache),
-                    run.overrides)
+            return sweep.resolved_config(os.path.join(repo, config.train_config), run.arg,
+                                         run.overrides, cache)
 
         for seed in (42, 43):
             host = resolved(t2, runs2[f"arch=gdn,stack=hybrid,opt=muon,lr=0.00036,seed={seed}"])
-            self.assertIsNotNone(host[0])
+            self.assertIsNotNone(host)
             self.assertEqual(resolved(t7, runs7[f"route=none,seed={seed}"]), host)
             self.assertNotEqual(resolved(t7, runs7[f"route=clvr,seed={seed}"]), host)
+        run = runs7["route=clvr,seed=43"]
+        cmd = sweep.command(run, config_path=os.path.join(repo, t7.train_config),
+                            workdir="/tmp/w", train_script="train.py",
+                            extra_overrides=(("train.log_every", "7"),))
+        argv = [cmd[0]] + [a for a in cmd[2:] if a.startswith("--config")]
+        values = flags.FlagValues()  # as experiments/train.py parses its command line
+        config_flags.DEFINE_config_file("config", flag_values=values, sys_argv=argv)
+        values(argv)
+        trainer = config_lib.experiment_json_dict(
+            config_lib.experiment_from_config_dict(values.config))
+        self.assertEqual(trainer["train"]["log_every"], 7)
+        self.assertEqual(sweep.resolved_config(os.path.join(repo, t7.train_config), run.arg,
+                                               tuple(run.overrides) + (("train.log_every", "7"),),
+                                               cache), trainer)
 
     def test_rates_from_the_scan(self):
         """rates_from= reads each optimizer's best rate from lr_scan_small's results.json

@@ -12,6 +12,7 @@ import time
 
 from absl.testing import absltest
 
+from configs.sweeps import table2_small, table7_small
 from lattn_jax import sweep, sweep_report
 
 # A stand-in for experiments/train.py: it writes what the trainer writes (invocations.jsonl,
@@ -370,63 +371,77 @@ class ExecuteTest(absltest.TestCase):
         self.assertEqual([r.name for r in sweep.recorded_runs(self.root)], [run.name])
 
     def test_identical_finished_runs_of_another_sweep_are_reused_not_run(self):
-        # Two config files with different argument vocabularies; "host=gdn" in B builds the
-        # same experiment as "arch=gdn" in A (as Table 7's host and Table 2's GDN hybrid do).
-        files = {}
-        for name, key in (("a.py", "arch"), ("b.py", "host")):
-            files[name] = os.path.join(self.root, name)
-            with open(files[name], "w") as f:
-                f.write(textwrap.dedent(f"""
-                    import ml_collections
-                    def get_config(arg):
-                        kv = dict(p.split("=") for p in arg.split(","))
-                        return ml_collections.ConfigDict(
-                            {{"model": {{"kind": kv["{key}"]}}, "seed": int(kv["seed"]),
-                              "extra": kv.get("route", "none") == "clvr"}})
-                    """))
+        # Table 7's host runs (route=none) build exactly Table 2's GDN hybrid + Muon runs
+        # (tests/configs/sweeps_test.py); here with the CPU variants, the stand-in trainer, and
+        # the config each source's trainer would record written into its invocations.
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        t2, t7 = table2_small.get_config("tiny"), table7_small.get_config("tiny")
+        file2, file7 = (os.path.join(repo, c.train_config) for c in (t2, t7))
+        runs2 = [r for r in sweep.expand(t2) if "stack=hybrid,opt=muon" in r.name]
+        runs7 = sweep.expand(t7)
+        root_a, root_b = (os.path.join(self.root, n) for n in ("table2", "table7"))
 
-        def execute(config_file, root, grid, **kwargs):
-            config = _config(arg=(("seed", 42),), grid=grid, seed_axis=None)
-            runs = sweep.expand(config)
-            return runs, sweep.execute(runs, root, config_path=files[config_file],
-                                       train_script=self.trainer, cwd=self.root,
-                                       print_fn=self.lines.append, **kwargs)
+        def execute(runs, root, config_path, **kwargs):
+            return sweep.execute(runs, root, config_path=config_path, train_script=self.trainer,
+                                 cwd=self.root, print_fn=self.lines.append, **kwargs)
 
-        root_a = os.path.join(self.root, "table2")
-        runs_a, summary = execute("a.py", root_a, ((("arch", ("gdn", "softmax")),),))
-        self.assertLen(summary.launched, 2)
-        root_b = os.path.join(self.root, "table7")
-        grid_b = ((("host", ("gdn",)), ("route", ("none", "clvr"))),)
-        runs_b, summary = execute("b.py", root_b, grid_b, reuse_from=[root_a])
-        source = os.path.abspath(sweep.run_dir(root_a, runs_a[0]))
-        self.assertEqual(summary.reused, {"host=gdn,route=none": source})
-        self.assertEqual(summary.launched, ["host=gdn,route=clvr"])  # "extra" differs
-        reused = sweep.run_dir(root_b, runs_b[0])
+        self.assertLen(execute(runs2, root_a, file2).launched, 2)
+        cache = {}
+        for run in runs2:  # what the real trainer records (its resolved config)
+            path = os.path.join(sweep.run_dir(root_a, run), "invocations.jsonl")
+            records = sweep.read_jsonl(path)
+            for r in records:
+                r["config"] = sweep.resolved_config(file2, run.arg, run.overrides, cache)
+                r["git"] = {"commit": "abc123", "dirty": False}
+            with open(path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        # The sweep's own root is never a source.
+        self.assertEqual(sweep.reuse_identical_runs(runs2, root_a, config_path=file2,
+                                                    train_script=self.trainer,
+                                                    roots=[root_a]), {})
+        summary = execute(runs7, root_b, file7, reuse_from=[root_a], max_runs=0)
+        sources = {n: os.path.basename(src) for n, src in summary.reused.items()}
+        self.assertEqual(sources, {"route=none,seed=42": runs2[0].name,
+                                   "route=none,seed=43": runs2[1].name})
+        self.assertEqual(summary.launched, [])  # reused before max_runs stopped the launches
+        reused = sweep.run_dir(root_b, runs7[0])
         self.assertEqual(sweep.run_state(reused).status, sweep.Status.FINISHED)
         self.assertEqual(sweep.collect(reused).final_val_loss, 11 / 4)
         with open(os.path.join(reused, sweep.RUN_RECORD)) as f:
             record = json.load(f)
-        self.assertEqual((record["arg"], record[sweep.REUSED_KEY]),
-                         ("seed=42,host=gdn,route=none", source))
+        self.assertEqual((record["arg"], record["reused_commit"]),
+                         (runs7[0].arg, {"commit": "abc123", "dirty": False}))
         self.assertFalse(os.path.exists(os.path.join(reused, "checkpoints")))
-        page = sweep_report.markdown(sweep_report.build(
-            _config(arg=(("seed", 42),), grid=grid_b, seed_axis=None), root_b))
-        self.assertIn("the same training as table2/runs/arch=gdn (its records; not run again)",
-                      page)
-        # Another override, or the source unfinished: no reuse.
-        root_c = os.path.join(self.root, "other")
-        _, summary = execute("b.py", root_c, ((("host", ("gdn",)),),), reuse_from=[root_a],
-                             extra_overrides=(("train.total_steps", 6),))
-        self.assertEqual((summary.reused, len(summary.launched)), ({}, 1))
+        self.assertFalse(os.path.exists(reused + ".reuse-tmp"))
+        page = sweep_report.markdown(sweep_report.build(t7, root_b))
+        self.assertIn(f"the same training as table2/runs/{runs2[0].name} (its records; not run "
+                      f"again)", page)
+        # Not reused: another override in this call; a reused run as the source (root_b's);
+        # a source resumed once with other settings; an unfinished source.
+        root_c = os.path.join(self.root, "c")
+        for kwargs in (dict(reuse_from=[root_a], extra_overrides=(("train.log_every", 3),)),
+                       dict(reuse_from=[root_b])):
+            self.assertEqual(execute(runs7[:1], root_c, file7, max_runs=0, **kwargs).reused,
+                             {})
+        source = sweep.run_dir(root_a, runs2[0])
+        path = os.path.join(source, "invocations.jsonl")
+        first = sweep.read_jsonl(path)[0]
+        changed = json.loads(json.dumps(first))
+        changed["config"]["train"]["log_every"] += 1
+        with open(path, "a") as f:
+            f.write(json.dumps(changed) + "\n")
+        summary = execute(runs7[:1], root_c, file7, max_runs=0, reuse_from=[root_a])
+        self.assertEqual(summary.reused, {})
+        with open(path, "w") as f:
+            f.write(json.dumps(first) + "\n")
         log = os.path.join(source, "console.log")
         with open(log) as f:
             kept = [line for line in f if not line.startswith("final:")]
         with open(log, "w") as f:
             f.writelines(kept)
         self.assertEqual(sweep.run_state(source).status, sweep.Status.PARTIAL)
-        _, summary = execute("b.py", os.path.join(self.root, "d"), ((("host", ("gdn",)),),),
-                             reuse_from=[root_a])
-        self.assertEqual((summary.reused, len(summary.launched)), ({}, 1))
+        summary = execute(runs7[:1], root_c, file7, max_runs=0, reuse_from=[root_a])
+        self.assertEqual(summary.reused, {})
 
     def test_changed_settings_under_the_same_name_conflict(self):
         runs, _ = self._execute(("ok",))

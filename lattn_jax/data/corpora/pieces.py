@@ -23,7 +23,7 @@ __all__ = ["PieceError", "join_pieces", "split_directory"]
 
 # With the repository (16 MiB of tracked files on 2026-12-04; 8 MiB on 12-01) and the wheels
 # (7.1 MiB), one piece fits a 64 MiB call. 48 MiB stopped fitting on 2026-12-04 (48 + 16.0 MiB
-# refused): 32 MiB leaves room for the tree to double.
+# refused): a 32 MiB piece alone leaves room for the tree to grow to 32 MiB.
 DEFAULT_PIECE_BYTES = 32 << 20
 
 
