@@ -716,7 +716,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       ValueError: invalid or inconsistent options, named by their dotted path (a negative
         ``step`` too). ``step`` is checked before ``workdir`` is created or written to. Also
         (``ConfigError``) when another process is training in ``workdir`` (its lock file
-        ``.train.lock``), before anything is written.
+        ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
+        (naming ``--workdir``, the path and the OS reason).
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
     """
@@ -730,7 +731,12 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             raise FileNotFoundError(
                 f"no checkpoint for step {step} in {os.path.join(workdir, 'checkpoints')} "
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
-    os.makedirs(workdir, exist_ok=True)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:  # e.g. a parent that cannot hold directories (/proc), no permission
+        raise config_lib.ConfigError(
+            f"--workdir={workdir}: cannot create the directory ({e.strerror}: {e.filename})"
+        ) from None
     if jax.process_index() != 0:
         return _train_and_evaluate(config, workdir, _silent, step)
     with _workdir_lock(workdir):

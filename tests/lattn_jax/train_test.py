@@ -371,6 +371,13 @@ class ResumeChecksTest(absltest.TestCase):
             train.train_and_evaluate(tiny_experiment(self.corpus), path,
                                      print_fn=lambda s: None)
 
+    def test_uncreatable_workdir_is_a_config_error_naming_the_flag_and_the_reason(self):
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^--workdir=/proc/nope/x: cannot create the directory "
+                                    r"\(No such file or directory: /proc/nope\)$"):
+            train.train_and_evaluate(tiny_experiment(self.corpus), "/proc/nope/x",
+                                     print_fn=lambda s: None)
+
     def test_too_small_corpus_is_a_config_error(self):
         path = os.path.join(self.tmp, "one.txt")
         with open(path, "w") as f:
