@@ -120,6 +120,40 @@ class EvalOptions:
                              f"random subset) are exclusive; give one")
 
 
+def parse_niah_grid(lengths: Sequence[str],
+                    depths: Sequence[str]) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
+    """The ``--niah_lengths`` and ``--niah_depths`` entries (strings) as numbers, checked.
+
+    Args:
+      lengths: NIAH target lengths in tokens, each a positive integer.
+      depths: needle depths in percent, each a number in [0, 100].
+
+    Returns:
+      ``(lengths, depths)`` for :class:`EvalOptions`.
+
+    Raises:
+      ValueError: naming the flag, its value and the first bad entry (one that is not a
+        positive integer, or not a number in [0, 100]).
+    """
+    def parse(flag, values, kind, ok, requirement):
+        out = []
+        for text in values:
+            try:
+                number = kind(text)
+            except ValueError:
+                number = None
+            if number is None or not ok(number):
+                raise ValueError(f"--{flag}={','.join(values)}: {text.strip()!r} is not "
+                                 f"{requirement}")
+            out.append(number)
+        return tuple(out)
+
+    return (parse("niah_lengths", lengths, int, lambda n: n >= 1,
+                  "a positive integer (a length in tokens)"),
+            parse("niah_depths", depths, float, lambda d: 0 <= d <= 100,
+                  "a number in [0, 100] (a depth in percent)"))
+
+
 def expand_tasks(names: Sequence[str]) -> List[str]:
     """Expands groups and checks names; keeps the first occurrence of each task.
 

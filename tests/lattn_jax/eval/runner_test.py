@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 
@@ -71,6 +72,25 @@ class Bigram(nnx.Module):
 
 def _options(data_dir, **kw):
     return runner.EvalOptions(data_dir=data_dir, max_len=1024, batch_size=2, **kw)
+
+
+class NiahGridTest(absltest.TestCase):
+
+    def test_flag_entries_are_parsed_and_a_bad_one_is_named(self):
+        self.assertEqual(runner.parse_niah_grid(["1024", " 2048"], ["0", "50", "100"]),
+                         ((1024, 2048), (0.0, 50.0, 100.0)))
+        for lengths, depths, message in (
+                (["1024", "0"], ["50"], "--niah_lengths=1024,0: '0' is not a positive integer "
+                                        "(a length in tokens)"),
+                (["-5"], ["50"], "--niah_lengths=-5: '-5' is not a positive integer"),
+                (["1024", "1k"], ["50"], "--niah_lengths=1024,1k: '1k' is not a positive"),
+                (["1.5"], ["50"], "--niah_lengths=1.5: '1.5' is not a positive integer"),
+                (["1024"], ["50", "150"], "--niah_depths=50,150: '150' is not a number in "
+                                          "[0, 100] (a depth in percent)"),
+                (["1024"], ["half"], "--niah_depths=half: 'half' is not a number")):
+            with self.subTest(message):
+                with self.assertRaisesRegex(ValueError, "^" + re.escape(message)):
+                    runner.parse_niah_grid(lengths, depths)
 
 
 class PreflightTest(absltest.TestCase):
