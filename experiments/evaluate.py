@@ -17,7 +17,9 @@ random subset of N drawn with ``--sample_seed``. Checks the model path and every
 data files first (one error lists all missing ones; nothing is scored). Merges the results into
 ``results.json`` under ``--output_dir`` (default ``<checkpoint>/eval``; required for a GGUF file):
 tasks of earlier runs are kept, re-run tasks replaced, each entry with its checkpoint ``step``;
-rewrites ``results.md`` (scores with binomial standard errors beside chance) and writes
+rewrites ``results.md`` (scores with binomial standard errors beside chance, 1 / number of
+choices, and the scored items' majority-answer rate, the fairer baseline on a ``--limit``
+subset or with unbalanced labels) and writes
 ``niah_single_<k>.png`` heatmaps. Task definitions: ``lattn_jax/eval/tasks.py``, ``niah.py``,
 ``perplexity.py``. Nothing is downloaded here: data comes from ``--data_dir``, which
 ``experiments/fetch_eval_data.py`` fills (pinned, checksummed).

@@ -137,10 +137,18 @@ class StandardErrorTest(absltest.TestCase):
         self.assertIn("| stderr |", table)
         self.assertIn("| 0.4000 | 0.1095 |", table)
         self.assertNotIn("step", table)  # no checkpoint step recorded: no column
+        # Beside chance, the scored items' majority-answer rate, and a note saying which is which.
+        piqa = results["piqa"]
+        self.assertIn(f"| {piqa['acc_chance']:.4f} | {piqa['acc_majority']:.4f} | {piqa['n']} |",
+                      table)
+        self.assertIn("chance: mean 1 / number of choices; majority: ", table)
+        older = {k: v for k, v in piqa.items() if not k.endswith("_majority")}  # older results
+        self.assertIn(f"| {piqa['acc_chance']:.4f} |  | {piqa['n']} |",
+                      runner.markdown({"piqa": older}))
         # Merged results of two checkpoints: each row says which step it scored.
         table = runner.markdown({"piqa": dict(results["piqa"], step=150),
                                  "arc_easy": dict(results["arc_easy"], step=200)})
-        self.assertIn("| chance | n | step |", table)
+        self.assertIn("| chance | majority | n | step |", table)
         rows = [line for line in table.splitlines() if line.startswith(("| piqa", "| arc_easy"))]
         self.assertLen(rows, 4)
         for row in rows:
