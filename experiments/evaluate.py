@@ -17,7 +17,9 @@ random subset of N drawn with ``--sample_seed``. Checks the model path and every
 data files first (one error lists all missing ones; nothing is scored). Merges the results into
 ``results.json`` under ``--output_dir`` (default ``<checkpoint>/eval``; required for a GGUF file):
 tasks of earlier runs are kept, re-run tasks replaced, each entry with its checkpoint ``step``;
-rewrites ``results.md`` (scores with binomial standard errors beside chance) and writes
+rewrites ``results.md`` (scores with binomial standard errors beside chance, 1 / number of
+choices, and the scored items' majority-answer rate, the fairer baseline on a ``--limit``
+subset or with unbalanced labels) and writes
 ``niah_single_<k>.png`` heatmaps. Task definitions: ``lattn_jax/eval/tasks.py``, ``niah.py``,
 ``perplexity.py``. Nothing is downloaded here: data comes from ``--data_dir``, which
 ``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
@@ -89,28 +91,18 @@ def _check_kind_flags(kind, names, options):
                          "--perplexity_files=lm/wikitext-2-raw/wiki.test.raw")
 
 
-def _numbers(flag, values, kind):
-    """``values`` as ``kind`` numbers; ValueError naming ``--flag`` for one that is not."""
-    try:
-        return tuple(kind(x) for x in values)
-    except ValueError:
-        what = "integers" if kind is int else "numbers"
-        raise ValueError(f"--{flag}: expected comma-separated {what}, got "
-                         f"{','.join(values)!r}") from None
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
     try:
         names = runner.expand_tasks(_TASKS.value)
+        lengths, depths = runner.parse_niah_grid(_LENGTHS.value, _DEPTHS.value)
         options = runner.EvalOptions(
             data_dir=_DATA_DIR.value, limit=_LIMIT.value, sample_items=_SAMPLE.value,
             seed=_SAMPLE_SEED.value, max_len=_MAX_LEN.value,
             batch_size=_BATCH.value, perplexity_batch_size=_PPL_BATCH.value,
-            niah_lengths=_numbers("niah_lengths", _LENGTHS.value, int),
-            niah_depths=_numbers("niah_depths", _DEPTHS.value, float),
+            niah_lengths=lengths, niah_depths=depths,
             niah_samples=_NIAH_SAMPLES.value, perplexity_files=tuple(_PPL_FILES.value),
             perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
             perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)

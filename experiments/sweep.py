@@ -73,7 +73,8 @@ _MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run with less time tha
                               lower_bound=0.0)
 _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
                              "the deadline (and SIGKILL this long after SIGTERM).")
-_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root>.")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root> "
+                                 "(an existing sweep directory).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each selected run's status and command.")
 _RETRY = flags.DEFINE_bool("retry_failed", False, "Run failed runs again.")
 _FINISH = flags.DEFINE_bool("finish_by_deadline", False, "Launch or resume only runs that the "
@@ -146,7 +147,8 @@ def main(argv):
         sys.exit(f"error: --override or the sweep's overrides: {'; '.join(bad[:3])}"
                  + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
     try:  # the report's options (references, claims, scan) are checked before anything runs
-        sweep.check_root(root, config)  # another sweep's root: refused, nothing touched
+        # another sweep's root, or a missing one for --report_only: refused, nothing touched
+        sweep.check_root(root, config, report_only=_REPORT_ONLY.value)
         report = sweep_report.build(config, root)
     except sweep.SweepConfigError as e:
         sys.exit(f"error: {e}")

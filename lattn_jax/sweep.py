@@ -1081,8 +1081,8 @@ def sweep_name(config: Mapping[str, Any], root: str) -> str:
     return config.get("name", os.path.basename(os.path.abspath(root)))
 
 
-def check_root(root: str, config: Mapping[str, Any]) -> None:
-    """Refuses a ``root`` that already holds another sweep.
+def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = False) -> None:
+    """Refuses a ``root`` that already holds another sweep (or, for ``report_only``, none).
 
     Two sweeps in one root overwrite each other's results pages and mix their groups in one
     ranking (the report lists every run under the root); ``train.py`` refuses the analogous
@@ -1092,15 +1092,22 @@ def check_root(root: str, config: Mapping[str, Any]) -> None:
     lines have none).
 
     Args:
-      root: the sweep directory (need not exist).
+      root: the sweep directory (need not exist, unless ``report_only``).
       config: the sweep config about to run (:func:`sweep_name`).
+      report_only: the call only rebuilds the results of an existing sweep
+        (``--report_only``): a ``root`` that does not exist is refused (a mistyped path would
+        otherwise be created, holding an empty report).
 
     Raises:
       SweepConfigError: naming both sweeps, the root and the file that names the other one;
-        or a ``root`` that exists and is not a directory.
+        a ``root`` that exists and is not a directory; or, for ``report_only``, a ``root``
+        that does not exist.
     """
     if os.path.exists(root) and not os.path.isdir(root):
         raise SweepConfigError(f"--root={root} exists and is not a directory")
+    if report_only and not os.path.exists(root):
+        raise SweepConfigError(f"--root={root}: no such directory (--report_only rebuilds the "
+                               f"results of an existing sweep; nothing was created)")
     name = sweep_name(config, root)
     recorded = []
     with contextlib.suppress(OSError, ValueError, AttributeError):  # none, or not a record

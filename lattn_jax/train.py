@@ -24,6 +24,7 @@ import importlib.metadata
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -686,6 +687,13 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     ``<step>.unreadable-<time>`` (kept) and the next older one restored
     (:meth:`~lattn_jax.checkpoint.Checkpointer.restore_latest`).
 
+    A call that fails with an exception (a refused option, missing data, ...; not Ctrl-C) in a
+    ``workdir`` it created, before it saved a checkpoint or wrote ``metrics.jsonl``, removes
+    that ``workdir`` again (its ``invocations.jsonl``, ``console.log``, ``config.json``, ...),
+    and the parent directories it created if they are empty (:func:`_remove_unused_workdir`):
+    a refused command leaves no files behind. A ``workdir`` that existed before the call is
+    never cleaned up.
+
     Args:
       config: a validated :class:`~lattn_jax.config.ExperimentConfig`.
       workdir: the run directory: ``checkpoints/``, ``metrics.jsonl``, ``tensorboard/``,
@@ -709,7 +717,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       ValueError: invalid or inconsistent options, named by their dotted path (a negative
         ``step`` too). ``step`` is checked before ``workdir`` is created or written to. Also
         (``ConfigError``) when another process is training in ``workdir`` (its lock file
-        ``.train.lock``), before anything is written.
+        ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
+        (naming ``--workdir``, the path and the OS reason).
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
     """
@@ -723,11 +732,55 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             raise FileNotFoundError(
                 f"no checkpoint for step {step} in {os.path.join(workdir, 'checkpoints')} "
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
-    os.makedirs(workdir, exist_ok=True)
+    created = _first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
+    try:
+        os.makedirs(workdir, exist_ok=True)
+    except OSError as e:  # e.g. a parent that cannot hold directories (/proc), no permission
+        raise config_lib.ConfigError(
+            f"--workdir={workdir}: cannot create the directory ({e.strerror}: {e.filename})"
+        ) from None
     if jax.process_index() != 0:
         return _train_and_evaluate(config, workdir, _silent, step)
     with _workdir_lock(workdir):
-        return _train_and_evaluate_logged(config, workdir, print_fn, step)
+        try:
+            return _train_and_evaluate_logged(config, workdir, print_fn, step)
+        except Exception:
+            if created is not None:
+                _remove_unused_workdir(workdir, created)
+            raise
+
+
+def _first_missing_dir(path: str) -> Optional[str]:
+    """The outermost of ``path`` and its parents that does not exist (absolute), or ``None``
+    when ``path`` exists: what ``os.makedirs(path)`` is about to create."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.lexists(path):
+        missing, parent = path, os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def _remove_unused_workdir(workdir: str, created: str) -> bool:
+    """After a failed call that created ``workdir`` (and its parents up to ``created``, from
+    :func:`_first_missing_dir`): removes ``workdir`` unless the call saved something of value (a
+    checkpoint entry in ``checkpoints/`` or ``metrics.jsonl``), then each created parent that is
+    empty. Best effort: an ``OSError`` stops it silently (the caller re-raises the call's own
+    error). Returns whether ``workdir`` was removed."""
+    checkpoints = os.path.join(workdir, "checkpoints")
+    if (os.path.lexists(os.path.join(workdir, "metrics.jsonl"))
+            or (os.path.isdir(checkpoints) and os.listdir(checkpoints))):
+        return False
+    try:
+        shutil.rmtree(workdir)
+        path = os.path.abspath(workdir)
+        while path != created and len(path) > len(created):
+            path = os.path.dirname(path)
+            os.rmdir(path)  # only an empty directory
+    except OSError:
+        pass
+    return not os.path.lexists(workdir)
 
 
 WORKDIR_LOCK = ".train.lock"

@@ -66,17 +66,11 @@ spec §6) and BOS for HF and GGUF models whose tokenizer has one (else EOS), as 
 
 import json
 import logging
+import os
 import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-
-try:
-    from lm_eval.api import model as lm_model
-    from lm_eval.api import registry as lm_registry
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError("lattn_jax.eval.lm_eval_adapter needs lm-evaluation-harness (lm-eval >= "
-                      "0.4.9): pip install 'lattn-jax[lmeval]'") from e
 
 from lattn_jax import model as model_lib
 from lattn_jax.data import tokenizers as tok_lib
@@ -84,6 +78,37 @@ from lattn_jax.eval import generate as gen_lib
 from lattn_jax.eval import perplexity as ppl_lib
 from lattn_jax.eval import restore
 from lattn_jax.eval import scoring
+
+# The console script of main() (setup.cfg [options.entry_points]).
+COMMAND = "lattn-lm-eval"
+
+
+def _import_lm_eval():
+    """``(lm_eval.api.model, lm_eval.api.registry)``.
+
+    Raises:
+      ImportError: lm-eval cannot be imported; one line naming the extra that installs it
+        (setup.cfg ``lmeval``) and the import's own error.
+    """
+    try:
+        from lm_eval.api import model  # pylint: disable=import-outside-toplevel
+        from lm_eval.api import registry  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise ImportError(
+            f"lattn_jax.eval.lm_eval_adapter needs lm-evaluation-harness, the package lm-eval "
+            f"({e}): pip install -e \".[lmeval]\" in the lattn-jax checkout (or pip install "
+            f"'lattn-jax[lmeval]')") from e
+    return model, registry
+
+
+try:
+    lm_model, lm_registry = _import_lm_eval()
+except ImportError as _error:
+    # The command line (python -m ..., or the console script importing main): one line and
+    # exit status 1, no traceback. An import from Python code gets the ImportError.
+    if __name__ == "__main__" or os.path.basename(sys.argv[0]) == COMMAND:
+        sys.exit(f"error: {_error}")
+    raise
 
 MODEL_NAME = "lattn_jax"
 DEFAULT_BATCH_SIZE = 16
@@ -453,6 +478,10 @@ def _cut(text: str, until: Sequence[str]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Runs the harness's command line with ``lattn_jax`` registered.
+
+    Without lm-eval installed, ``python -m lattn_jax.eval.lm_eval_adapter`` and ``lattn-lm-eval``
+    end while importing this module, with one line naming the extra to install (``pip install
+    -e ".[lmeval]"``) and exit status 1.
 
     Args:
       argv: the command line after the program name (default: ``sys.argv[1:]``); the options of

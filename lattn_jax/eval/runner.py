@@ -120,6 +120,40 @@ class EvalOptions:
                              f"random subset) are exclusive; give one")
 
 
+def parse_niah_grid(lengths: Sequence[str],
+                    depths: Sequence[str]) -> Tuple[Tuple[int, ...], Tuple[float, ...]]:
+    """The ``--niah_lengths`` and ``--niah_depths`` entries (strings) as numbers, checked.
+
+    Args:
+      lengths: NIAH target lengths in tokens, each a positive integer.
+      depths: needle depths in percent, each a number in [0, 100].
+
+    Returns:
+      ``(lengths, depths)`` for :class:`EvalOptions`.
+
+    Raises:
+      ValueError: naming the flag, its value and the first bad entry (one that is not a
+        positive integer, or not a number in [0, 100]).
+    """
+    def parse(flag, values, kind, ok, requirement):
+        out = []
+        for text in values:
+            try:
+                number = kind(text)
+            except ValueError:
+                number = None
+            if number is None or not ok(number):
+                raise ValueError(f"--{flag}={','.join(values)}: {text.strip()!r} is not "
+                                 f"{requirement}")
+            out.append(number)
+        return tuple(out)
+
+    return (parse("niah_lengths", lengths, int, lambda n: n >= 1,
+                  "a positive integer (a length in tokens)"),
+            parse("niah_depths", depths, float, lambda d: 0 <= d <= 100,
+                  "a number in [0, 100] (a depth in percent)"))
+
+
 def expand_tasks(names: Sequence[str]) -> List[str]:
     """Expands groups and checks names; keeps the first occurrence of each task.
 
@@ -368,6 +402,13 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
 def markdown(results: Dict[str, dict], header: str = "") -> str:
     """A markdown report: one table for scores vs chance, one length x depth table per NIAH task.
 
+    The ``chance`` column of a multiple-choice task is ``mean 1 / num_choices``; ``majority``
+    beside it is the share of the ``n`` scored items whose answer is their most common answer
+    choice (``acc_majority``, :func:`lattn_jax.eval.tasks.process_results`): the score of
+    always answering it, the fairer baseline on a ``--limit`` subset or with unbalanced labels
+    (BoolQ). A note under the table says so. Results without it (older ``results.json``
+    entries) leave the cell empty.
+
     Results that carry a checkpoint ``step`` (``evaluate.py`` sets it; a merged file may hold
     tasks of several checkpoints) get a ``step`` column, so a score of an older checkpoint than
     the newest (a damaged newest one is skipped with a warning) shows which it is.
@@ -378,8 +419,9 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
         return f" {'' if r.get('step') is None else r['step']} |" if steps else ""
 
     lines = [header, ""] if header else []
-    lines += ["| task | metric | value | stderr | chance | n |" + (" step |" if steps else ""),
-              "|---|---|---:|---:|---:|---:|" + ("---:|" if steps else "")]
+    lines += ["| task | metric | value | stderr | chance | majority | n |"
+              + (" step |" if steps else ""),
+              "|---|---|---:|---:|---:|---:|---:|" + ("---:|" if steps else "")]
     for name, r in results.items():
         if name in tasks_lib.TASK_NAMES:
             for m in ("acc", "acc_norm", "perplexity"):
@@ -390,17 +432,23 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
                     chance = f"{chance:.4f}" if isinstance(chance, float) else chance
                     se = r.get(f"{m}_stderr")
                     se = f"{se:.4f}" if isinstance(se, float) else ""
-                    lines.append(f"| {name} | {m} | {r[m]:.4f} | {se} | {chance} | {r['n']} |"
-                                 + step(r))
+                    majority = r.get(f"{m}_majority")
+                    majority = f"{majority:.4f}" if isinstance(majority, float) else ""
+                    lines.append(f"| {name} | {m} | {r[m]:.4f} | {se} | {chance} | {majority} "
+                                 f"| {r['n']} |" + step(r))
         elif name in niah.TASKS:
-            lines.append(f"| {name} | string_match_all (mean) | {r['mean']:.4f} | | 0.0000 | "
+            lines.append(f"| {name} | string_match_all (mean) | {r['mean']:.4f} | | 0.0000 | | "
                          f"{len(r['lengths']) * len(r['depths'])} cells |" + step(r))
         elif name.startswith("perplexity:"):
             label = f"{name} (trained on!)" if r.get("trained_on") else name
             for m in ("token_perplexity", "word_perplexity", "bits_per_byte"):
                 chance = f"{r['token_perplexity_chance']:.0f}" if m == "token_perplexity" else ""
-                lines.append(f"| {label} | {m} | {r[m]:.4f} | | {chance} | {r['tokens']} tokens |"
-                             + step(r))
+                lines.append(f"| {label} | {m} | {r[m]:.4f} | | {chance} | | {r['tokens']} "
+                             f"tokens |" + step(r))
+    if any(f"{m}_majority" in r for r in results.values() for m in ("acc", "acc_norm")):
+        lines += ["", "chance: mean 1 / number of choices; majority: the share of the n items "
+                      "whose answer is their most common answer choice (the score of always "
+                      "answering it)."]
     for name, r in results.items():
         if name not in niah.TASKS:
             continue

@@ -46,6 +46,9 @@ standard error of two of the chance level 0.50.
 
 Chance: ``mean_doc 1 / num_choices`` for multiple choice (BoolQ's majority class, "yes", is
 62.2% of its validation set); 0 for LAMBADA accuracy and the vocabulary size for its perplexity.
+Beside it, ``acc_majority``: the share of the scored documents whose gold answer is the most
+common gold index among them, i.e. the accuracy of always answering that choice; on a
+``--limit`` subset or a task with unbalanced labels (BoolQ) it is the fairer baseline.
 
 Deviations forced by the local files (SOURCES.md): HellaSwag comes from llama.cpp's text
 rendering of the validation set, whose context is ``activity_label + ": " + ctx`` with
@@ -55,6 +58,7 @@ from llm-foundry's schema files, which hold exactly lm-eval's partial contexts a
 """
 
 import bz2
+import collections
 import csv
 import dataclasses
 import json
@@ -340,8 +344,10 @@ def process_results(name: str, docs: Sequence[Doc],
 
     Returns:
       ``{metric: value, metric + "_chance": value, "n": count}`` with the metrics of
-      :data:`METRICS` (default ``acc`` and ``acc_norm``), and ``metric + "_stderr"`` (the
-      binomial standard error :func:`binomial_stderr`) for every accuracy.
+      :data:`METRICS` (default ``acc`` and ``acc_norm``), ``metric + "_stderr"`` (the
+      binomial standard error :func:`binomial_stderr`) for every accuracy, and for multiple
+      choice ``metric + "_majority"``: the share of ``docs`` whose ``gold`` is their most
+      common gold index (the accuracy of always answering it; BoolQ: the majority class).
     """
     metrics = METRICS.get(name, ("acc", "acc_norm"))
     out: Dict[str, float] = {"n": len(docs)}
@@ -359,13 +365,17 @@ def process_results(name: str, docs: Sequence[Doc],
         acc.append(float(np.argmax(lls) == doc.gold))
         acc_norm.append(float(np.argmax(lls / lens) == doc.gold))
     chance = float(np.mean([1.0 / len(d.requests) for d in docs]))
+    golds = collections.Counter(d.gold for d in docs)
+    majority = max(golds.values()) / len(docs) if docs else float("nan")
     out["acc"] = float(np.mean(acc))
     out["acc_stderr"] = binomial_stderr(out["acc"], len(docs))
     out["acc_chance"] = chance
+    out["acc_majority"] = majority
     if "acc_norm" in metrics:
         out["acc_norm"] = float(np.mean(acc_norm))
         out["acc_norm_stderr"] = binomial_stderr(out["acc_norm"], len(docs))
         out["acc_norm_chance"] = chance
+        out["acc_norm_majority"] = majority
     return out
 
 

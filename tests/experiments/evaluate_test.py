@@ -51,8 +51,8 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "error: limit=5 (the first N documents, as lm-evaluation-harness --limit) and "
          "sample_items=5 (a seeded random subset) are exclusive; give one"),
         ("bad_niah_lengths", "evaluate.py",
-         ["--checkpoint=/tmp", "--tasks=niah", "--niah_lengths=1024,1k"],
-         "error: --niah_lengths: expected comma-separated integers, got '1024,1k'"),
+         ["--checkpoint=/tmp", "--tasks=niah", "--niah_lengths=1024,0"],
+         "error: --niah_lengths=1024,0: '0' is not a positive integer (a length in tokens)"),
         ("negative_perplexity_max_docs", "evaluate.py",
          ["--checkpoint=/tmp", "--tasks=perplexity", "--perplexity_max_docs=-3"],
          "error: perplexity_max_docs must be a positive number of documents, got -3"),

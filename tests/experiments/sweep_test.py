@@ -202,7 +202,10 @@ class SweepBinaryTest(absltest.TestCase):
                   "'corpus' needs a value: corpus=... (the default is None)"),
                  (["--deadline_s=-1"],  # was accepted: the root made, exit 3 ("run again")
                   "error: flag --deadline_s=-1.0: must be above 0 seconds"),
-                 (["--max_runs=0"], "error: flag --max_runs=0: 0 is not a positive integer")]
+                 (["--max_runs=0"], "error: flag --max_runs=0: 0 is not a positive integer"),
+                 (["--report_only"],  # a mistyped root was created, holding an empty report
+                  f"error: --root={self.root}: no such directory (--report_only rebuilds the "
+                  f"results of an existing sweep; nothing was created)")]
         running = []
         for flags_, want in cases:
             cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
@@ -222,6 +225,7 @@ class SweepBinaryTest(absltest.TestCase):
                    f"--config={config}", f"--root={self.root}", *flags_]
             return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
 
+        os.makedirs(self.root)  # --report_only reads an existing root
         out = run(self.config, "--report_only")  # sweep "entry" records itself in the root
         self.assertEqual(out.returncode, 0, out.stderr)
         with open(os.path.join(self.root, "results.json")) as f:

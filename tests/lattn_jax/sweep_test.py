@@ -5,6 +5,7 @@ tests/experiments/sweep_test.py)."""
 
 import json
 import os
+import re
 import tarfile
 import textwrap
 import threading
@@ -146,6 +147,14 @@ class CheckRootTest(absltest.TestCase):
             json.dump({"sweep": "a"}, f)
         with self.assertRaisesRegex(sweep.SweepConfigError, r"\(its results\.json\)"):
             sweep.check_root(root, {"name": "b"})
+        # --report_only reads an existing sweep: a missing (mistyped) root is refused.
+        sweep.check_root(root, {"name": "a"}, report_only=True)
+        missing = os.path.join(root, "lr_scna")
+        want = f"--root={missing}: no such directory (--report_only rebuilds the results"
+        with self.assertRaisesRegex(sweep.SweepConfigError, "^" + re.escape(want)):
+            sweep.check_root(missing, {"name": "a"}, report_only=True)
+        self.assertFalse(os.path.exists(missing))
+        sweep.check_root(missing, {"name": "a"})  # a new sweep may start there
         # No config name: the root's base name, as the report names it.
         self.assertEqual(sweep.sweep_name({}, os.path.join(root, "lr_scan")), "lr_scan")
 

@@ -3,6 +3,7 @@
 import dataclasses
 import fcntl
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -371,6 +372,13 @@ class ResumeChecksTest(absltest.TestCase):
             train.train_and_evaluate(tiny_experiment(self.corpus), path,
                                      print_fn=lambda s: None)
 
+    def test_uncreatable_workdir_is_a_config_error_naming_the_flag_and_the_reason(self):
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^--workdir=/proc/nope/x: cannot create the directory "
+                                    r"\(No such file or directory: /proc/nope\)$"):
+            train.train_and_evaluate(tiny_experiment(self.corpus), "/proc/nope/x",
+                                     print_fn=lambda s: None)
+
     def test_too_small_corpus_is_a_config_error(self):
         path = os.path.join(self.tmp, "one.txt")
         with open(path, "w") as f:
@@ -388,8 +396,35 @@ class ResumeChecksTest(absltest.TestCase):
         with self.assertRaisesRegex(config_lib.ConfigError,
                                     r"model\.vocab_size=200 is smaller than the tokenizer's "
                                     r"vocabulary \(byte: 257\)"):
-            train.train_and_evaluate(config, os.path.join(self.tmp, "v"),
+            train.train_and_evaluate(config, os.path.join(self.tmp, "new", "v"),
                                      print_fn=lambda s: None)
+        # Refused after the workdir was set up: the workdir (invocations.jsonl, console.log,
+        # .train.lock) and the parent this call made are removed again.
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "new")))
+        # A workdir that existed before the call keeps what the call wrote there.
+        existing = os.path.join(self.tmp, "existing")
+        os.makedirs(existing)
+        with self.assertRaises(config_lib.ConfigError):
+            train.train_and_evaluate(config, existing, print_fn=lambda s: None)
+        self.assertEqual(sorted(os.listdir(existing)),
+                         [train.WORKDIR_LOCK, train.CONSOLE_LOG, train.INVOCATIONS])
+
+    def test_a_failed_fresh_workdir_with_saved_results_is_kept(self):
+        made = os.path.join(self.tmp, "made")
+        workdir = os.path.join(made, "w")
+        self.assertEqual(train._first_missing_dir(workdir), made)
+        self.assertIsNone(train._first_missing_dir(self.tmp))
+        for saved in ("metrics.jsonl", os.path.join("checkpoints", "3", "state")):
+            path = os.path.join(workdir, saved)
+            os.makedirs(os.path.dirname(path))
+            with open(path, "w") as f:
+                f.write("x\n")
+            self.assertFalse(train._remove_unused_workdir(workdir, made), saved)
+            self.assertTrue(os.path.exists(path))
+            shutil.rmtree(made)
+        os.makedirs(os.path.join(workdir, "checkpoints"))  # empty: nothing saved
+        self.assertTrue(train._remove_unused_workdir(workdir, made))
+        self.assertFalse(os.path.exists(made))
 
 
 class ScheduleTest(absltest.TestCase):

@@ -15,11 +15,15 @@ skipped with the reason without lm-eval (``pip install -e ".[lmeval]"``). Nothin
 downloaded: the tasks read local files, the hub is offline.
 """
 
+import contextlib
+import importlib
 import importlib.util
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -72,6 +76,41 @@ def tiny_hybrid(seed=0):
         gdn=config_lib.GatedDeltaNetConfig(num_k_heads=2, num_v_heads=4, head_k_dim=8,
                                            head_v_dim=8, chunk_size=16))
     return model_lib.LanguageModel(cfg, rngs=nnx.Rngs(seed))
+
+
+class WithoutLmEvalTest(absltest.TestCase):
+    """lm-eval missing (simulated in-process: ``sys.modules["lm_eval..."] = None``; nothing is
+    uninstalled): the command line ends with one line naming the extra, not a traceback."""
+
+    ADAPTER = "lattn_jax.eval.lm_eval_adapter"
+    WANT = (r"^error: lattn_jax\.eval\.lm_eval_adapter needs lm-evaluation-harness, the "
+            r"package lm-eval \(.*\): pip install -e \"\.\[lmeval\]\" in the lattn-jax "
+            r"checkout \(or pip install 'lattn-jax\[lmeval\]'\)$")
+
+    def without_lm_eval(self, argv0="python"):
+        stack = contextlib.ExitStack()
+        # restored on exit, the adapter module (imported by this file) too
+        stack.enter_context(mock.patch.dict(sys.modules, {
+            name: None for name in list(sys.modules) + ["lm_eval"]
+            if name == "lm_eval" or name.startswith("lm_eval.")}))
+        stack.enter_context(mock.patch.object(sys, "argv", [argv0]))
+        sys.modules.pop(self.ADAPTER, None)
+        return stack
+
+    def test_python_m_is_one_line_and_exit_status_1(self):
+        with self.without_lm_eval(), self.assertRaises(SystemExit) as stop:
+            runpy.run_module(self.ADAPTER, run_name="__main__")
+        self.assertIsInstance(stop.exception.code, str)  # sys.exit(message): status 1
+        self.assertRegex(stop.exception.code, self.WANT)
+        self.assertNotIn("\n", stop.exception.code)
+
+    def test_console_script_is_one_line_and_an_import_raises(self):
+        with self.without_lm_eval("/venv/bin/lattn-lm-eval"), \
+                self.assertRaises(SystemExit) as stop:
+            importlib.import_module(self.ADAPTER)  # the script's "from ... import main"
+        self.assertRegex(stop.exception.code, self.WANT)
+        with self.without_lm_eval(), self.assertRaisesRegex(ImportError, "pip install -e"):
+            importlib.import_module(self.ADAPTER)
 
 
 @pytest.mark.interop

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 
@@ -73,6 +74,25 @@ def _options(data_dir, **kw):
     return runner.EvalOptions(data_dir=data_dir, max_len=1024, batch_size=2, **kw)
 
 
+class NiahGridTest(absltest.TestCase):
+
+    def test_flag_entries_are_parsed_and_a_bad_one_is_named(self):
+        self.assertEqual(runner.parse_niah_grid(["1024", " 2048"], ["0", "50", "100"]),
+                         ((1024, 2048), (0.0, 50.0, 100.0)))
+        for lengths, depths, message in (
+                (["1024", "0"], ["50"], "--niah_lengths=1024,0: '0' is not a positive integer "
+                                        "(a length in tokens)"),
+                (["-5"], ["50"], "--niah_lengths=-5: '-5' is not a positive integer"),
+                (["1024", "1k"], ["50"], "--niah_lengths=1024,1k: '1k' is not a positive"),
+                (["1.5"], ["50"], "--niah_lengths=1.5: '1.5' is not a positive integer"),
+                (["1024"], ["50", "150"], "--niah_depths=50,150: '150' is not a number in "
+                                          "[0, 100] (a depth in percent)"),
+                (["1024"], ["half"], "--niah_depths=half: 'half' is not a number")):
+            with self.subTest(message):
+                with self.assertRaisesRegex(ValueError, "^" + re.escape(message)):
+                    runner.parse_niah_grid(lengths, depths)
+
+
 class PreflightTest(absltest.TestCase):
     """Issue 32, trap 4: every requested task's files are checked before anything is scored."""
 
@@ -117,10 +137,18 @@ class StandardErrorTest(absltest.TestCase):
         self.assertIn("| stderr |", table)
         self.assertIn("| 0.4000 | 0.1095 |", table)
         self.assertNotIn("step", table)  # no checkpoint step recorded: no column
+        # Beside chance, the scored items' majority-answer rate, and a note saying which is which.
+        piqa = results["piqa"]
+        self.assertIn(f"| {piqa['acc_chance']:.4f} | {piqa['acc_majority']:.4f} | {piqa['n']} |",
+                      table)
+        self.assertIn("chance: mean 1 / number of choices; majority: ", table)
+        older = {k: v for k, v in piqa.items() if not k.endswith("_majority")}  # older results
+        self.assertIn(f"| {piqa['acc_chance']:.4f} |  | {piqa['n']} |",
+                      runner.markdown({"piqa": older}))
         # Merged results of two checkpoints: each row says which step it scored.
         table = runner.markdown({"piqa": dict(results["piqa"], step=150),
                                  "arc_easy": dict(results["arc_easy"], step=200)})
-        self.assertIn("| chance | n | step |", table)
+        self.assertIn("| chance | majority | n | step |", table)
         rows = [line for line in table.splitlines() if line.startswith(("| piqa", "| arc_easy"))]
         self.assertLen(rows, 4)
         for row in rows:

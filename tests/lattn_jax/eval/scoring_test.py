@@ -65,6 +65,14 @@ class MetricsTest(absltest.TestCase):
         # ll(a) = -1 > ll(bbbb) = -2, but per character -1 < -0.5: acc 0, acc_norm 1.
         out = tasks.process_results("piqa", [doc], [[(-1.0, False), (-2.0, False)]])
         self.assertEqual((out["acc"], out["acc_norm"], out["acc_chance"]), (0.0, 1.0, 0.5))
+        self.assertEqual((out["acc_majority"], out["acc_norm_majority"]), (1.0, 1.0))
+
+    def test_majority_rate_of_the_scored_items_beside_chance(self):
+        # BoolQ-like labels, 3 of 4 items "yes" (index 1): always answering "yes" scores 0.75.
+        docs = [tasks.Doc(requests=(("q", " no"), ("q", " yes")), gold=g, choices=("no", "yes"))
+                for g in (1, 0, 1, 1)]
+        out = tasks.process_results("boolq", docs, [[(-1.0, False), (-2.0, False)]] * 4)
+        self.assertEqual((out["acc_chance"], out["acc_majority"], out["acc"]), (0.5, 0.75, 0.25))
 
     def test_lambada_metrics(self):
         docs = [tasks.Doc(requests=(("a b", " c"),), gold=0, choices=("c",))] * 2
