@@ -849,6 +849,13 @@ def _arg_dict(arg: str) -> Dict[str, str]:
     return dict(part.partition("=")[::2] for part in arg.split(",") if part)
 
 
+def _flag_parsers():
+    """``(type, parser)`` for the config-field kinds whose ``--config.<field>=<text>``
+    ml_collections' config flags parse (bool before int: a bool is an int)."""
+    return ((bool, absl_flags.BooleanParser()), (int, absl_flags.IntegerParser()),
+            (float, absl_flags.FloatParser()), (tuple, tuple_parser.TupleParser()))
+
+
 REUSED_KEY = "reused_from"  # in sweep_run.json: the run directory the records came from
 
 
@@ -858,9 +865,7 @@ def _parse_override(current: Any, value: Any) -> Any:
     parsers of ml_collections' config flags; typed values (the grid's) as they are."""
     if not isinstance(value, str):
         return value
-    parsers = ((bool, absl_flags.BooleanParser()), (int, absl_flags.IntegerParser()),
-               (float, absl_flags.FloatParser()), (tuple, tuple_parser.TupleParser()))
-    for kind, parser in parsers:
+    for kind, parser in _flag_parsers():
         if isinstance(current, kind):
             return parser.parse(value)
     return value
@@ -1208,9 +1213,7 @@ def _override_value_problem(current: Any, text: str) -> Optional[str]:
     tuple fields parse ``text`` with the parsers ml_collections' config flags use."""
     if isinstance(current, ml_collections.ConfigDict):
         return "is a section, not a field"
-    parsers = ((bool, absl_flags.BooleanParser()), (int, absl_flags.IntegerParser()),
-               (float, absl_flags.FloatParser()), (tuple, tuple_parser.TupleParser()))
-    for kind, parser in parsers:
+    for kind, parser in _flag_parsers():
         if isinstance(current, kind):
             try:
                 parser.parse(text)
