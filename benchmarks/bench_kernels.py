@@ -28,6 +28,10 @@ Usage (on the GPU machine, after installing the peers' wheels from ../shared/too
         --shapes=S1,S2,P1 --out=benchmarks/results/kernels-h200-<date>
 
 writes ``<out>.json`` (one record per peer, op, shape and pass) and ``<out>.md`` (the tables).
+With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_inverse`` and
+``--mosaic_t0_chunks_per_cta`` pick the variant of the ``T0`` kernel
+(``chunk_kkt_inverse_mosaic``; its time is the ``gdn_chunk_kkt_inverse*`` entry of each
+record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command.
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -92,6 +96,16 @@ _MOSAIC_FORWARD = flags.DEFINE_string(
     "unset: each op's "
     "default. "
     "Recorded with every mosaic record.")
+_MOSAIC_T0_INVERSE = flags.DEFINE_string(
+    "mosaic_t0_inverse", None,
+    "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0 or fused_t0_split: the "
+    "inverse= of the T0 kernel chunk_kkt_inverse_mosaic (doubling, the default, or "
+    "substitution: MOSAIC_GPU.md Sec. 13); unset: the default. Recorded with every mosaic "
+    "record.")
+_MOSAIC_T0_CPC = flags.DEFINE_integer(
+    "mosaic_t0_chunks_per_cta", None,
+    "Peer mosaic, as --mosaic_t0_inverse: the chunks_per_cta= of chunk_kkt_inverse_mosaic "
+    "(>= 1); unset: its rule kkt_chunks_per_cta (8 at S1). Recorded with every mosaic record.")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -433,8 +447,45 @@ def _check_mosaic_forward():
                                  f"one of {', '.join(forwards[op])}")
 
 
+def _apply_mosaic_t0():
+    """``--mosaic_t0_inverse`` and ``--mosaic_t0_chunks_per_cta`` against the forward and the
+    T0 kernel's choices, before anything runs (refused where they would be ignored); then set
+    ``kernel_mosaic_gpu.T0_OPTIONS``, the keyword arguments of ``chunk_kkt_inverse_mosaic`` at
+    the forwards' call sites (read at trace time: nothing is traced yet). Returns them."""
+    options = {}
+    if _MOSAIC_T0_INVERSE.value is not None:
+        options["inverse"] = _MOSAIC_T0_INVERSE.value
+    if _MOSAIC_T0_CPC.value is not None:
+        options["chunks_per_cta"] = _MOSAIC_T0_CPC.value
+    if not options:
+        return options
+    named = ", ".join(f"--mosaic_t0_{key}={value}"
+                      for key, value in options.items())
+    t0_forwards = ("fused_t0", "fused_t0_split")
+    if _MOSAIC_FORWARD.value not in t0_forwards:  # the T0 kernel would not run: refuse
+        raise app.UsageError(f"{named} applies to --mosaic_forward={' or '.join(t0_forwards)} "
+                             f"only (--mosaic_forward={_MOSAIC_FORWARD.value})")
+    if not any(op in ("gdn", "deltanet") for op in _OPS.value):
+        raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
+                             f"(--ops={','.join(_OPS.value)})")
+    if _MOSAIC_WY.value != "mosaic":  # T0 would come from kkt_inverse_xla
+        raise app.UsageError(f"{named} applies to --mosaic_wy=mosaic only "
+                             f"(--mosaic_wy={_MOSAIC_WY.value})")
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
+    if "inverse" in options and options["inverse"] not in gdr_mosaic.KKT_INVERSES:
+        raise app.UsageError(f"--mosaic_t0_inverse={options['inverse']}: the T0 kernel takes "
+                             f"one of {', '.join(gdr_mosaic.KKT_INVERSES)}")
+    if options.get("chunks_per_cta", 1) < 1:
+        raise app.UsageError(f"--mosaic_t0_chunks_per_cta={options['chunks_per_cta']}: must "
+                             f"be >= 1")
+    gdr_mosaic.T0_OPTIONS.clear()
+    gdr_mosaic.T0_OPTIONS.update(options)
+    return options
+
+
 def run_jax(records):
     tuning = _apply_tuning()
+    t0_options = _apply_mosaic_t0()
     import jax
     peers = [p for p in _PEERS.value if p != "fla"]
     for gpu_only in ("jla", "mosaic"):
@@ -478,6 +529,8 @@ def run_jax(records):
                         rec["mosaic_wy"] = _MOSAIC_WY.value
                     if peer == "mosaic":
                         rec["mosaic_forward"] = _MOSAIC_FORWARD.value
+                    if peer == "mosaic" and op in ("gdn", "deltanet") and t0_options:
+                        rec["mosaic_t0"] = t0_options
                     try:
                         fn = passes[pas]
                         rec["ms"], rec["ms_min"] = _time_jax(fn, (q, k, v, do), gates)
@@ -749,6 +802,7 @@ def main(argv):
             print("FLA_RECORD " + json.dumps(rec), flush=True)
         return
     _check_mosaic_forward()
+    _apply_mosaic_t0()  # refuse a bad value before anything runs (run_jax applies it again)
     records = []
     command = "python " + " ".join(sys.argv)
     if "fla" in _PEERS.value and _on_tpu():

@@ -613,6 +613,11 @@ def _blk(c, n=1):
     return pl.ds(c * KKT_BLOCK, n * KKT_BLOCK)
 
 
+def _cols(c):
+    """Python slice ``[16 c, 16 c + 16)`` (of an array value; :func:`_blk` is for refs)."""
+    return slice(c * KKT_BLOCK, (c + 1) * KKT_BLOCK)
+
+
 def _block_products(terms):
     """``[sum of lhs @ rhs for (lhs, rhs) in t] for t in terms``: independent ``[64, 16]``
     products, one accumulator each, issued together and read together (one wait)."""
@@ -684,6 +689,25 @@ def kkt_block_inverse(a, l_s, x_s, y_s, interpret: bool):
             ys.append(jnp.where(quarter, xa[c], 0.0).astype(dt))
         yx = _block_products([[(lhs(ys[c], c), x_s.at[_blk(c), _blk(c)])] for c in range(4)])
         xs = [x - p for x, p in zip(xs, yx)]
+    return kkt_block_merge(xs, l_s, x_s, y_s, interpret, rows=i)
+
+
+def kkt_block_merge(xs, l_s, x_s, y_s, interpret: bool, *, rows=None):
+    """The ``s = 32`` and ``s = 64`` merges of :func:`kkt_block_inverse`: from the column
+    blocks ``xs`` (``[64, 16]`` fp32) of the inverses of the 16 x 16 diagonal blocks of
+    ``I + A`` (zero elsewhere) to the column blocks of ``(I + A)^{-1}``. ``l_s`` must hold
+    ``A`` in :data:`MERGE_DTYPE`; ``x_s``, ``y_s`` as in :func:`kkt_block_inverse`; ``rows``
+    the row iota ``[64, 16]`` if the caller has it."""
+    dt = MERGE_DTYPE
+    i = mgl.iota((CHUNK, KKT_BLOCK), 0, interpret) if rows is None else rows
+    xs = list(xs)
+
+    def store(c):
+        x_s.at[:, _blk(c)][...] = xs[c].astype(dt)
+
+    def lhs(y, c):
+        return mgl.lhs_operand(y, None if y_s is None else y_s.at[:, _blk(c)], interpret)
+
     # s = 32: the lower-left 16 x 16 block of each 32-block, columns 0 and 2.
     for c in range(4):
         store(c)
@@ -706,6 +730,103 @@ def kkt_block_inverse(a, l_s, x_s, y_s, interpret: bool):
                           [(y1_op, x_s.at[_blk(1), _blk(1)])]])
     xs[0], xs[1] = xs[0] - yx[0], xs[1] - yx[1]
     return xs
+
+
+# Inverses of the 16 x 16 diagonal blocks by fp32 forward substitution (inverse="substitution"
+# of chunk_kkt_inverse_mosaic, MOSAIC_GPU.md Sec. 13). Rows of the fp32 SMEM buffer are padded
+# by KKT_SOLVE_PAD floats: at 256-byte rows the WGMMA layout's row-strided stores and loads hit
+# the same banks (jla measured 8-way conflicts there).
+KKT_SOLVE_PAD = 8
+
+
+def _kkt_diag_solve_mgpu(ctx, a, buf):
+    """``inline_mgpu`` body of :func:`kkt_diag_solve` (GPU).
+
+    ``a`` (fp32 ``[64, 64]``, WGMMA layout) goes to the plain fp32 SMEM view ``buf``; thread
+    ``t`` (of 128; threads ``t`` and ``t + 64`` compute the same column, only the first writes)
+    takes column ``l = t % 16`` of diagonal block ``b = t // 16 % 4`` and forms it row by row,
+    ``x_i = [i = l] - sum_{j < i} A[16 b + i, 16 b + j] x_j`` (16 rows, 120 fp32 ``fma`` from
+    zero: rows above ``l`` come out exactly zero, no branch), reading ``A`` as warp-broadcast
+    scalar loads (the threads of one block read the same address). After a barrier (every
+    read of ``A`` is done) it writes its 16 values over ``A`` at rows ``16 b + i``, column
+    ``t``; the caller masks everything outside the diagonal blocks.
+    """
+    import jax.experimental.mosaic.gpu as mgpu
+    from jax.experimental.mosaic.gpu import utils as mu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, memref
+    from jaxlib.mlir.dialects import math as mlir_math
+
+    del ctx
+    a.store_untiled(buf, optimized=False)
+    mu.warpgroup_barrier()  # A is in SMEM for every thread
+    f32, i32, index = ir.F32Type.get(), ir.IntegerType.get_signless(32), ir.IndexType.get()
+    tid = arith.remui(mu.thread_idx(), mu.c(128, i32))
+    col_i32 = arith.remui(tid, mu.c(CHUNK, i32))  # the column this thread forms
+    local = arith.remui(col_i32, mu.c(KKT_BLOCK, i32))  # its column inside the block
+    col = arith.index_cast(index, col_i32)
+    start = arith.index_cast(index, arith.subi(col_i32, local))  # first row of the block
+    zero, one = mu.c(0.0, f32), mu.c(1.0, f32)
+    rows = [arith.addi(start, mu.c(r, index)) for r in range(KKT_BLOCK)]
+    neg_x = []  # -x_j of the rows done so far
+    xs = []
+    for r in range(KKT_BLOCK):
+        acc = arith.select(arith.cmpi(arith.CmpIPredicate.eq, local, mu.c(r, i32)), one, zero)
+        for j in range(r):
+            a_rj = memref.load(buf, [rows[r], rows[j]])
+            acc = mlir_math.fma(a_rj, neg_x[j], acc)
+        xs.append(acc)
+        neg_x.append(arith.negf(acc))
+    mu.warpgroup_barrier()  # every read of A is done
+    with mu.when(arith.cmpi(arith.CmpIPredicate.ult, tid, mu.c(CHUNK, i32))):
+        for r in range(KKT_BLOCK):
+            memref.store(xs[r], buf, [rows[r], col])
+    mu.warpgroup_barrier()  # every column is written
+    return mgpu.FragmentedArray.load_untiled(buf, layout=mgpu.WGMMA_LAYOUT, optimized=False)
+
+
+def _kkt_diag_solve_xla(a):
+    """:func:`kkt_diag_solve` for interpret mode (the interpreter cannot run ``inline_mgpu``):
+    the same row-by-row fp32 substitution on the four blocks at once, ``[64, 64]`` fp32."""
+    blocks = jnp.stack([a[_cols(c), _cols(c)] for c in range(4)])  # [4, 16, 16]
+    eye = jnp.eye(KKT_BLOCK, dtype=jnp.float32)
+    rows = []
+    for r in range(KKT_BLOCK):
+        x_r = jnp.broadcast_to(eye[r], (4, KKT_BLOCK))
+        for j in range(r):
+            x_r = x_r - blocks[:, r, j:j + 1] * rows[j]
+        rows.append(x_r)
+    inv = jnp.stack(rows, axis=1)  # [4, 16 (row), 16 (column)]
+    x = jnp.zeros((CHUNK, CHUNK), jnp.float32)
+    for c in range(4):
+        x = x.at[_cols(c), _cols(c)].set(inv[c])
+    return x
+
+
+def kkt_diag_solve(a, solve_s, interpret: bool):
+    """Column blocks (four ``[64, 16]`` fp32) of the inverses of the 16 x 16 diagonal blocks
+    of ``I + A`` (``A`` strictly lower, fp32 ``[64, 64]``, WGMMA layout), zero elsewhere: the
+    input of :func:`kkt_block_merge`, in place of :func:`kkt_block_inverse`'s doubling levels
+    4, 8, 16 (six dependent ``wgmma`` rounds, 24 ``[64, 16, 16]`` products with fp16 operands).
+
+    On the GPU by fp32 forward substitution in ``inline_mgpu`` (:func:`_kkt_diag_solve_mgpu`:
+    one thread per column, 16 dependent rows, 120 ``fma``), through ``solve_s``, a fp32 SMEM
+    buffer ``[64, 64 + KKT_SOLVE_PAD]``; interpreted, the same substitution in plain ``jnp``
+    (``solve_s`` unused).
+    """
+    sq = (CHUNK, CHUNK)
+    if interpret:
+        x = _kkt_diag_solve_xla(a)
+    else:
+        solve = plgpu.inline_mgpu(
+            arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()),
+            return_type=plgpu.ShapeDtypeStruct(sq, jnp.float32, layout=plgpu.Layout.WGMMA),
+        )(_kkt_diag_solve_mgpu)
+        x = solve(a, solve_s.at[:, :CHUNK])
+    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+    # Outside the diagonal blocks the buffer still holds A.
+    x = jnp.where(lax.div(i, KKT_BLOCK) == lax.div(j, KKT_BLOCK), x, 0.0)
+    return [x[:, _cols(c)] for c in range(4)]
 
 
 def kkt_block_refine(xs, a, l_s, al_s, x_s, xl_s, interpret: bool, *, split_x: bool = True):
@@ -756,6 +877,16 @@ def kkt_block_refine(xs, a, l_s, al_s, x_s, xl_s, interpret: bool, *, split_x: b
 # 132-SM H200), so that small problems still fill the GPU.
 KKT_MAX_CHUNKS_PER_CTA = 8
 KKT_MIN_CTAS = 4 * 132
+# How chunk_kkt_inverse_mosaic inverts the 16 x 16 diagonal blocks of I + A0: "doubling" (the
+# default: kkt_block_inverse's merges 2 -> 4 -> 8 -> 16 on the tensor cores) or
+# "substitution" (kkt_diag_solve: fp32 forward substitution, MOSAIC_GPU.md Sec. 13).
+KKT_INVERSES = ("doubling", "substitution")
+# Keyword arguments of chunk_kkt_inverse_mosaic at the forwards' call sites
+# (gated_delta_rule_fwd_mosaic and mosaic_vjp's forward with forward="fused_t0" or
+# "fused_t0_split"): empty, the defaults. For timing variants only (benchmarks/bench_kernels.py
+# --mosaic_t0_inverse, --mosaic_t0_chunks_per_cta set it before anything is traced; it is read
+# at trace time, so a change after a function was traced does not reach it).
+T0_OPTIONS: dict = {}
 
 
 def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
@@ -773,7 +904,7 @@ def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
 
 def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_s, doc_col_s,
                         l_s, al_s, x_s, xl_s, t0_s, in_bar, *shim, group: int, num_chunks: int,
-                        chunks_per_cta: int, interpret: bool):
+                        chunks_per_cta: int, interpret: bool, inverse: str = "doubling"):
     """Kernel body of :func:`chunk_kkt_inverse_mosaic`: ``chunks_per_cta`` consecutive chunks
     of one ``(b, h)`` per CTA, one warpgroup.
 
@@ -788,13 +919,16 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
     (the partial last group) are skipped; they are the group's last, so the ring's barrier
     phases of the earlier chunks are unaffected.
 
-    ``shim`` (interpret mode only): ``kt_s`` (``k^T``) and ``y_s`` (left operands of the
-    merges), the SMEM copies of what the GPU reads as a transposed view or from registers.
+    ``shim``: in interpret mode ``kt_s`` (``k^T``) and ``y_s`` (left operands of the merges),
+    the SMEM copies of what the GPU reads as a transposed view or from registers; on the GPU
+    with ``inverse="substitution"``, ``solve_s``, the fp32 buffer of :func:`kkt_diag_solve`.
+    ``inverse`` (:data:`KKT_INVERSES`): how the 16 x 16 diagonal blocks are inverted.
     """
     grp, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
     first = grp * chunks_per_cta
-    kt_s, y_s = shim if interpret else (None, None)
+    kt_s, y_s = shim[:2] if interpret else (None, None)
+    solve_s = shim[0] if inverse == "substitution" and not interpret else None
     sq = (CHUNK, CHUNK)
 
     def issue(n, slot):
@@ -834,7 +968,12 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
             # A0_ij = beta_i (k_i . k_j) on j < i in the same document, else 0 (no gates).
             strict = (j < i) & (mgl.by_row(d_i, sq) == lax.broadcast_in_dim(d_j, sq, [1]))
             a0 = jnp.where(strict, kk * mgl.by_row(b_i, sq), 0.0)
-            xs = kkt_block_inverse(a0, l_s, x_s, y_s, interpret)  # T0 by blocked doubling
+            if inverse == "substitution":  # diagonal blocks by fp32 substitution, then merges
+                l_s[...] = a0.astype(l_s.dtype)
+                xs = kkt_diag_solve(a0, solve_s, interpret)
+                xs = kkt_block_merge(xs, l_s, x_s, y_s, interpret)
+            else:
+                xs = kkt_block_inverse(a0, l_s, x_s, y_s, interpret)  # T0 by blocked doubling
             # The merges' error squared; X_lo only for fp16 outputs (bf16 rounding hides it).
             xs = kkt_block_refine(xs, a0, l_s, al_s, x_s, xl_s, interpret,
                                   split_x=t0_s.dtype == jnp.float16)
@@ -870,13 +1009,14 @@ def _check_kkt_inputs(k, beta, segment_ids) -> None:
                          f"{segment_ids.shape=}")
 
 
-@functools.partial(jax.jit, static_argnames=("chunks_per_cta", "interpret"))
+@functools.partial(jax.jit, static_argnames=("chunks_per_cta", "inverse", "interpret"))
 def chunk_kkt_inverse_mosaic(
     k: jax.Array,
     beta: jax.Array,
     *,
     segment_ids: Optional[jax.Array] = None,
     chunks_per_cta: Optional[int] = None,
+    inverse: str = "doubling",
     interpret: bool = False,
 ) -> jax.Array:
     """The gate-free WY inverse ``T0`` of every chunk of 64 tokens, by a Mosaic GPU kernel.
@@ -934,6 +1074,13 @@ def chunk_kkt_inverse_mosaic(
             ``None`` picks :func:`kkt_chunks_per_cta`: the largest of 8, 4, 2, 1 that leaves
             at least :data:`KKT_MIN_CTAS` (4 per SM of an H200) CTAs in the grid, so small
             problems keep enough CTAs (B 8, H 16, T 4096: 8 chunks per CTA, 1024 CTAs).
+        inverse: how the 16 x 16 diagonal blocks of ``I + A0`` are inverted (static, one of
+            :data:`KKT_INVERSES`): ``"doubling"`` (default, above) or ``"substitution"``,
+            :func:`kkt_diag_solve`'s fp32 forward substitution (``inline_mgpu`` on the GPU,
+            one thread per column; plain ``jnp`` when interpreting), then the same 16 -> 32 ->
+            64 merges and Newton step: 7 dependent ``wgmma`` rounds per chunk instead of 13
+            and 22 ``wgmma`` instead of 46, for an fp32 SMEM buffer of 18 KB (about 99.5 KB
+            per CTA at K = 128, still two CTAs per SM); MOSAIC_GPU.md Sec. 13.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -942,11 +1089,13 @@ def chunk_kkt_inverse_mosaic(
 
     Raises:
         ValueError: on a ``beta`` that is not ``[B, T, H]`` with ``H % Hk == 0``, an
-            unsupported head dim or dtype, a ``segment_ids`` that is not ``[B, T]``, or a
-            ``chunks_per_cta`` below 1.
+            unsupported head dim or dtype, a ``segment_ids`` that is not ``[B, T]``, a
+            ``chunks_per_cta`` below 1 or an ``inverse`` not in :data:`KKT_INVERSES`.
     """
     batch, seq_len, kv_heads, dk = k.shape
     _check_kkt_inputs(k, beta, segment_ids)
+    if inverse not in KKT_INVERSES:
+        raise ValueError(f"inverse must be one of {KKT_INVERSES}, got {inverse!r}")
     heads = beta.shape[2]
     num_chunks = -(-seq_len // CHUNK)
     if chunks_per_cta is None:
@@ -965,7 +1114,8 @@ def chunk_kkt_inverse_mosaic(
     swz = mgl.swizzled_smem
     call = plgpu.kernel(
         functools.partial(_kkt_inverse_kernel, group=heads // kv_heads, num_chunks=num_chunks,
-                          chunks_per_cta=chunks_per_cta, interpret=interpret),
+                          chunks_per_cta=chunks_per_cta, interpret=interpret,
+                          inverse=inverse),
         out_type=jax.ShapeDtypeStruct((batch, padded, heads, CHUNK), k.dtype),
         scratch_types=[
             swz((2, CHUNK, dk), k.dtype),  # k_s: the 2-slot ring of keys
@@ -977,12 +1127,15 @@ def chunk_kkt_inverse_mosaic(
             _kkt_smem((2, CHUNK, CHUNK), k.dtype),  # t0_s: 2-slot staging of T0
             plgpu.Barrier(num_arrivals=4, num_barriers=2),  # in_bar: a slot's 4 copies landed
         ] + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
-              _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE)] if interpret else []),  # y_s: Y
+              _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE)] if interpret else [])  # y_s: Y
+        # solve_s: kkt_diag_solve's fp32 buffer, padded rows (GPU only)
+        + ([plgpu.SMEM((CHUNK, CHUNK + KKT_SOLVE_PAD), jnp.float32)]
+           if inverse == "substitution" and not interpret else []),
         grid=(num_groups, heads, batch),  # groups first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_kkt_inverse",
+        kernel_name="gdn_chunk_kkt_inverse" + ("_subst" if inverse == "substitution" else ""),
     )
     with jax.named_scope("gdn_chunk_kkt_inverse_mosaic"):
         t0 = call(k, beta_hm, doc)
@@ -1137,7 +1290,8 @@ def gated_delta_rule_fwd_mosaic(
     mgl.check_kv_gates(k, v, g, segment_ids)
     if forward in ("fused_t0", "fused_t0_split"):
         if wy_implementation == "mosaic":
-            t0 = chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret)
+            t0 = chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
+                                          **T0_OPTIONS)
         else:
             with jax.named_scope("gdn_kkt_inverse"):
                 t0 = kkt_inverse_xla(k, beta, segment_ids=segment_ids).astype(k.dtype)

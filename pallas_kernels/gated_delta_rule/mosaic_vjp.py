@@ -143,7 +143,8 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     for ``h`` and ``v_new`` from the fused kernels without ``residuals``, and for ``w`` from
     ``"fused_t0"`` without them)."""
     if forward in ("fused_t0", "fused_t0_split"):
-        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
+                                          **kgd.T0_OPTIONS)  # empty unless a benchmark sets it
         o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=residuals, store_h=residuals,

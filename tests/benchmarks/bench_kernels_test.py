@@ -182,6 +182,42 @@ class MarkdownTest(absltest.TestCase):
                                                                  beta=x[..., 0])
             self.assertEqual(op.call_args.kwargs["forward"], forward)
 
+    def test_mosaic_t0_flags_set_the_t0_options_or_are_refused(self):
+        # --mosaic_t0_inverse / --mosaic_t0_chunks_per_cta reach chunk_kkt_inverse_mosaic
+        # through kernel_mosaic_gpu.T0_OPTIONS, only where the T0 kernel runs.
+        from absl import app, flags
+        from absl.testing import flagsaver
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        self.addCleanup(gdr_mosaic.T0_OPTIONS.clear)
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"]):
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), {})
+            self.assertEqual(gdr_mosaic.T0_OPTIONS, {})
+        for forward in ("fused_t0", "fused_t0_split"):
+            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward=forward,
+                                     mosaic_t0_inverse="substitution",
+                                     mosaic_t0_chunks_per_cta=4):
+                want = {"inverse": "substitution", "chunks_per_cta": 4}
+                self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
+                self.assertEqual(gdr_mosaic.T0_OPTIONS, want)
+        refused = (
+            (dict(mosaic_forward="fused_split", mosaic_t0_inverse="substitution"),
+             r"--mosaic_t0_inverse=substitution applies to --mosaic_forward=fused_t0 or "
+             r"fused_t0_split only"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_inverse="bogus"),
+             "the T0 kernel takes one of doubling, substitution"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_chunks_per_cta=0), "must be >= 1"),
+            (dict(mosaic_forward="fused_t0", mosaic_wy="xla", mosaic_t0_chunks_per_cta=2),
+             "--mosaic_wy=mosaic only"),
+        )
+        for extra, message in refused:
+            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], **extra):
+                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                    with self.assertRaisesRegex(app.UsageError, message):
+                        bench_kernels.main([])
+                self.assertFalse(run.called)
+
     def test_mosaic_forward_without_the_mosaic_peer_is_refused(self):
         from absl import app, flags
         from absl.testing import flagsaver

@@ -542,23 +542,44 @@ _GPU_FORWARD_CASES = (
 )
 
 
+_GPU_T0_CASES = (
+    ("gva_packed_T4096_K128", 2, 4096, 4, 2, 128, 64, 0.05, False,
+     (700, 1, 64, 999, 1200), jnp.bfloat16, 0.0),
+    ("fp16_packed_T3000_K64", 1, 3000, 3, 3, 64, 64, 0.2, False, (10, 54, 500, 2000),
+     jnp.float16, 0.0),
+    ("correlated_T2048_K128", 1, 2048, 4, 2, 128, 64, 0.01, False, (300,), jnp.bfloat16,
+     3.0),
+)
+
+
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernels (wgmma, TMA) against the float64 / fp32 references."""
 
-    @parameterized.named_parameters(
-        ("gva_packed_T4096_K128", 2, 4096, 4, 2, 128, 64, 0.05, False,
-         (700, 1, 64, 999, 1200), jnp.bfloat16, 0.0),
-        ("fp16_packed_T3000_K64", 1, 3000, 3, 3, 64, 64, 0.2, False, (10, 54, 500, 2000),
-         jnp.float16, 0.0),
-        ("correlated_T2048_K128", 1, 2048, 4, 2, 128, 64, 0.01, False, (300,), jnp.bfloat16,
-         3.0),
-    )
+    @parameterized.named_parameters(*_GPU_T0_CASES)
     def test_t0_matches_float64(self, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
                                 dtype, correlated):
         _, k, _, _, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
                                            docs, dtype, correlated=correlated, seed=11)
         _check_t0(self, k, beta, seg, kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg))
+
+    @parameterized.named_parameters(
+        *_GPU_T0_CASES,
+        # 8 chunks per CTA (S1's), GVA, a partial last group and chunk, bf16 K 64
+        ("cpc8_gva_packed_partial_T3000_K64", 2, 3000, 4, 1, 64, 64, 0.1, False,
+         (100, 900, 64, 1), jnp.bfloat16, 0.0, 8),
+    )
+    def test_t0_substitution_matches_float64(self, batch, seq_len, heads, kv_heads, dk, dv,
+                                             decay, h0, docs, dtype, correlated,
+                                             chunks_per_cta=None):
+        # inverse="substitution" (MOSAIC_GPU.md Sec. 13): the inline_mgpu forward substitution
+        # runs only here (interpreted, its plain-jnp form runs instead).
+        _, k, _, _, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                           docs, dtype, correlated=correlated, seed=11)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
+                                          chunks_per_cta=chunks_per_cta, inverse="substitution")
+        self.assertEqual(t0.dtype, k.dtype)
+        _check_t0(self, k, beta, seg, t0)
 
     @parameterized.named_parameters(*_GPU_KERNEL_CASES)
     def test_fused_t0_kernel_matches_reference(self, *case):

@@ -17,6 +17,12 @@ cases of ``kernel_mosaic_gdn_t0_test.py`` (one chunk per CTA there) check the sa
   chunks per CTA: partial last groups, a partial last chunk, documents packed across chunk
   and group boundaries, GVA, fp16, correlated keys; and bit-equal to one chunk per CTA (each
   chunk's arithmetic is unchanged by the grouping).
+* ``inverse="substitution"`` (MOSAIC_GPU.md Sec. 13: the 16 x 16 diagonal blocks by fp32
+  forward substitution, ``inline_mgpu`` on the GPU): ``KktLoweringTest`` exports it (CI);
+  ``KktSubstitutionInterpretTest`` (``slow``, about 90 s) runs the six ``T0`` cases and the
+  four group cases above against float64 with the same gate (interpreted, the substitution is
+  its plain-``jnp`` form: the interpreter cannot run ``inline_mgpu``; the ``inline_mgpu`` code
+  itself is checked by ``kernel_mosaic_gdn_t0_test.GpuTest``).
 
 Run the interpreted ones with a larger XLA CPU pool (MOSAIC_GPU.md Sec. 10):
 ``PJRT_NPROC=8 timeout 1500 python -m pytest -q -m slow
@@ -50,6 +56,15 @@ class ChunksPerCtaRuleTest(absltest.TestCase):
             if cpc > 1:
                 self.assertGreaterEqual(batch * heads * -(-chunks // cpc), kgd.KKT_MIN_CTAS)
 
+    def test_rejects_unknown_inverse(self):
+        k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+        beta = jnp.zeros((1, 128, 1), jnp.float32)
+        with self.assertRaisesRegex(ValueError, "inverse must be one of"):
+            jax.eval_shape(lambda k, b: kgd.chunk_kkt_inverse_mosaic(k, b, inverse="lu"),
+                           k, beta)
+        self.assertEqual(kgd.KKT_INVERSES[0], "doubling")  # the default stays first
+        self.assertEqual(kgd.T0_OPTIONS, {})  # the forwards' call sites use the defaults
+
     def test_rejects_zero_chunks_per_cta(self):
         k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
         beta = jnp.zeros((1, 128, 1), jnp.float32)
@@ -58,18 +73,19 @@ class ChunksPerCtaRuleTest(absltest.TestCase):
                            k, beta)
 
 
-def _export(test, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16):
+def _export(test, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16, inverse="doubling"):
     _, k, _, _, beta, _, seg = t0_test._inputs(1, seq_len, 2, 1, dk, 64, 0.2, False, (70, 30),
                                                dtype)
 
     def fn(k, beta, seg):
         return kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
-                                            chunks_per_cta=chunks_per_cta)
+                                            chunks_per_cta=chunks_per_cta, inverse=inverse)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(k, beta, seg)
     text = exported.mlir_module()
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
     test.assertIn("gdn_chunk_kkt_inverse", text)
+    test.assertEqual("gdn_chunk_kkt_inverse_subst" in text, inverse == "substitution")
     test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals],
                      [((1, seq_len, 2, C), k.dtype)])
 
@@ -84,6 +100,16 @@ class KktLoweringTest(parameterized.TestCase):
     )
     def test_exports_for_cuda(self, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16):
         _export(self, dk, seq_len, chunks_per_cta, dtype)
+
+    @parameterized.named_parameters(
+        ("cpc2_T256_K128", 128, 256, 2),
+        ("cpc3_partial_group_fp16_T300_K64", 64, 300, 3, jnp.float16),
+    )
+    def test_substitution_exports_for_cuda(self, dk, seq_len, chunks_per_cta,
+                                           dtype=jnp.bfloat16):
+        # inverse="substitution": the inline_mgpu forward substitution (padded fp32 buffer, a
+        # strided view of it) lowers inside the chunk loop.
+        _export(self, dk, seq_len, chunks_per_cta, dtype, inverse="substitution")
 
 
 # B, T, H, Hk, K, V, decay, h0, document lengths (the rest one more), dtype, correlated,
@@ -126,6 +152,43 @@ class KktGroupsInterpretTest(parameterized.TestCase):
         one = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, chunks_per_cta=1,
                                            interpret=True)
         np.testing.assert_array_equal(np.asarray(t0, np.float32), np.asarray(one, np.float32))
+
+
+# Slow (out of CI): interpreted. inverse="substitution" (MOSAIC_GPU.md Sec. 13): the 16 x 16
+# diagonal blocks by fp32 forward substitution (interpreted: the plain-jnp form of the
+# inline_mgpu code, which the interpreter cannot run), then the same merges and Newton step.
+@pytest.mark.slow
+class KktSubstitutionInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*[(*case, None) for case in t0_test._T0_CASES])
+    def test_t0_cases_match_float64(self, *case):
+        _check_substitution(self, *case)
+
+    @parameterized.named_parameters(*_GROUP_CASES)
+    def test_group_cases_match_float64_and_one_chunk_per_cta(self, *case):
+        t0 = _check_substitution(self, *case)
+        *_, chunks_per_cta = case
+        batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, dtype, correlated = case[:11]
+        _, k, _, _, beta, _, seg = t0_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                   decay, h0, docs, dtype,
+                                                   correlated=correlated)
+        one = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, chunks_per_cta=1,
+                                           inverse="substitution", interpret=True)
+        np.testing.assert_array_equal(np.asarray(t0, np.float32), np.asarray(one, np.float32))
+
+
+def _check_substitution(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, dtype,
+                        correlated, chunks_per_cta):
+    """``inverse="substitution"`` against float64 (``t0_test._check_t0``'s gate and exact
+    zeros). Returns ``T0``."""
+    _, k, _, _, beta, _, seg = t0_test._inputs(batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                               h0, docs, dtype, correlated=correlated)
+    t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, chunks_per_cta=chunks_per_cta,
+                                      inverse="substitution", interpret=True)
+    test.assertEqual(t0.dtype, k.dtype)
+    err, max_err = t0_test._check_t0(test, k, beta, seg, t0)
+    print(f"T0 substitution {test.id()}: relative RMS {err:.3e}, max abs {max_err:.3e}")
+    return t0
 
 
 if __name__ == "__main__":
