@@ -83,12 +83,19 @@ def travel(repo: str, carry: Iterable[str]) -> Tuple[int, List[Tuple[str, int]]]
 
     Raises:
       FileNotFoundError: a carried path does not exist (named).
+      ValueError: a carried path is absolute or leads outside ``repo``.
+      subprocess.CalledProcessError: ``repo`` is not a git checkout.
     """
     seen = tree_files(repo)
     tree = _bytes(seen)
     carried = []
+    top = os.path.realpath(repo)
     for p in carry:
         full = os.path.join(repo, p)
+        inside = os.path.realpath(os.path.dirname(os.path.abspath(full)))
+        if os.path.isabs(p) or not (inside == top or inside.startswith(top + os.sep)):
+            raise ValueError(f"{p}: not a path inside the repository {repo} (carry names "
+                             f"paths relative to its root)")
         if not os.path.lexists(full):
             raise FileNotFoundError(f"{p}: no such file or folder under {repo}")
         new = _files(full) - seen
@@ -107,8 +114,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         tree, carried = travel(args.repo, args.carry)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: carry {e}", file=sys.stderr)
+        return 1
+    except subprocess.CalledProcessError:
+        print(f"error: --repo={args.repo}: not a git checkout", file=sys.stderr)
         return 1
     mib = 1 << 20
     print(f"tree (tracked and untracked-not-ignored files): {tree / mib:.2f} MiB")

@@ -91,12 +91,35 @@ def _check_kind_flags(kind, names, options):
                          "--perplexity_files=lm/wikitext-2-raw/wiki.test.raw")
 
 
+def _check_flags(names):
+    """Flags wrong on their own, refused before anything is loaded or scored (a bad value
+    found after the restore, or an --output_dir that cannot be written after the scoring,
+    cost the whole evaluation).
+
+    Raises:
+      ValueError: naming the flag and its value.
+    """
+    if not names:
+        raise ValueError(f"--tasks={','.join(_TASKS.value)}: no task given; choose from "
+                         f"{', '.join(runner.ALL_TASKS)} or a group ({', '.join(runner.GROUPS)})")
+    for holder, what in ((_NIAH_SAMPLES, "NIAH prompts per (length, depth)"),
+                         (_BATCH, "sequences per forward pass"), (_MAX_LEN, "tokens"),
+                         (_PPL_BATCH, "windows per forward pass"), (_PPL_WINDOW, "tokens"),
+                         (_PPL_STRIDE, "tokens"), (_CONTEXT, "devices")):
+        if holder.value is not None and holder.value < 1:
+            raise ValueError(f"--{holder.name}={holder.value}: not a positive integer ({what})")
+    out = _OUTPUT_DIR.value
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--output_dir={out} exists and is not a directory")
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
     try:
         names = runner.expand_tasks(_TASKS.value)
+        _check_flags(names)
         lengths, depths = runner.parse_niah_grid(_LENGTHS.value, _DEPTHS.value)
         options = runner.EvalOptions(
             data_dir=_DATA_DIR.value, limit=_LIMIT.value, sample_items=_SAMPLE.value,

@@ -142,6 +142,19 @@ def main(argv):
         if os.path.realpath(other) == os.path.realpath(root):
             sys.exit(f"error: --reuse_from={other} is --root itself (its runs would count twice "
                      f"in the ranking): name another sweep's root")
+        if not os.path.isdir(os.path.join(other, sweep.RUNS_DIR)):
+            what = ("is not a directory" if os.path.exists(other) and not os.path.isdir(other)
+                    else "does not exist" if not os.path.exists(other)
+                    else f"holds no {sweep.RUNS_DIR}/ (not a sweep's root)")
+            sys.exit(f"error: --reuse_from={other} {what}")
+    if _EXPORT.value:
+        export = os.path.realpath(_EXPORT.value)
+        if os.path.exists(export) and not os.path.isdir(export):
+            sys.exit(f"error: --export={_EXPORT.value} exists and is not a directory")
+        here = os.path.realpath(root)
+        if export == here or export.startswith(here + os.sep):
+            sys.exit(f"error: --export={_EXPORT.value} is inside --root={root}: name a "
+                     f"directory outside it")
     bad = sweep.bad_override_fields(runs, config_path, extra)
     if bad:  # before anything is made: each run would fail on it a few seconds in
         sys.exit(f"error: --override or the sweep's overrides: {'; '.join(bad[:3])}"
@@ -152,25 +165,23 @@ def main(argv):
         report = sweep_report.build(config, root)
     except sweep.SweepConfigError as e:
         sys.exit(f"error: {e}")
-    os.makedirs(root, exist_ok=True)
-    paths = sweep_report.write(report)
-    if _DRY_RUN.value or _REPORT_ONLY.value:
-        if _DRY_RUN.value:
-            reuse_cache = {}
-            for run in runs:
-                workdir = sweep.run_dir(root, run)
-                state = sweep.run_state(workdir)
-                cmd = sweep.command(run, config_path=config_path, workdir=workdir,
-                                    train_script=os.path.join(_ROOT, "experiments", "train.py"),
-                                    extra_overrides=extra)
-                source = (sweep.identical_finished_run(run, config_path, _REUSE.value, extra,
-                                                       reuse_cache)
-                          if _REUSE.value and state.status == sweep.Status.NOT_STARTED else None)
-                reuse = f"; would reuse {source}" if source else ""
-                _log(f"{run.name}: {state.status.value} (step {state.step}){reuse}\n  "
-                     + " ".join(shlex.quote(c) for c in cmd))
-        if _REPORT_ONLY.value:
-            _log(f"wrote {paths['md']}")
+    if _REPORT_ONLY.value:
+        _log(f"wrote {sweep_report.write(report)['md']}")
+        return
+    if _DRY_RUN.value:  # writes nothing
+        reuse_cache = {}
+        for run in runs:
+            workdir = sweep.run_dir(root, run)
+            state = sweep.run_state(workdir)
+            cmd = sweep.command(run, config_path=config_path, workdir=workdir,
+                                train_script=os.path.join(_ROOT, "experiments", "train.py"),
+                                extra_overrides=extra)
+            source = (sweep.identical_finished_run(run, config_path, _REUSE.value, extra,
+                                                   reuse_cache)
+                      if _REUSE.value and state.status == sweep.Status.NOT_STARTED else None)
+            reuse = f"; would reuse {source}" if source else ""
+            _log(f"{run.name}: {state.status.value} (step {state.step}){reuse}\n  "
+                 + " ".join(shlex.quote(c) for c in cmd))
         return
     done = (sweep.Status.FINISHED,) + (() if _RETRY.value else (sweep.Status.FAILED,))
     missing = sweep.missing_local_paths(  # only the runs this call would launch
@@ -183,6 +194,8 @@ def main(argv):
     if clashes:
         sys.exit("error: run directories under --root hold runs of other settings (use another "
                  "--root, or the settings they were run with):\n  " + "\n  ".join(clashes))
+    os.makedirs(root, exist_ok=True)  # every check passed: the root is this sweep's now
+    sweep_report.write(report)
     env = dict(os.environ)
     cache = os.path.join(root, "jax_cache") if _CACHE.value is None else _CACHE.value
     if cache:

@@ -60,6 +60,16 @@ class TravelSizeTest(absltest.TestCase):
         with contextlib.redirect_stderr(err):
             self.assertEqual(travel_size.main(["--repo", self.repo, "nope"]), 1)
         self.assertIn("error: carry nope: no such file or folder", err.getvalue())
+        for outside in ("..", "/etc/hostname"):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                self.assertEqual(travel_size.main(["--repo", self.repo, outside]), 1)
+            self.assertIn(f"error: carry {outside}: not a path inside the repository",
+                          err.getvalue())
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            self.assertEqual(travel_size.main(["--repo", self.create_tempdir().full_path]), 1)
+        self.assertIn("not a git checkout", err.getvalue())
 
 
 if __name__ == "__main__":

@@ -53,6 +53,14 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("bad_niah_lengths", "evaluate.py",
          ["--checkpoint=/tmp", "--tasks=niah", "--niah_lengths=1024,0"],
          "error: --niah_lengths=1024,0: '0' is not a positive integer (a length in tokens)"),
+        # Accepted, and scored nothing: a results.json of zeros replacing a real one.
+        ("zero_niah_samples", "evaluate.py",
+         ["--checkpoint=/tmp", "--tasks=niah_single_1", "--niah_samples=0"],
+         "error: --niah_samples=0: not a positive integer (NIAH prompts per (length, depth))"),
+        # Was a traceback after the scoring (the evaluation lost).
+        ("output_dir_is_a_file", "evaluate.py",
+         ["--checkpoint=/tmp", "--tasks=piqa", f"--output_dir={__file__}"],
+         f"error: --output_dir={__file__} exists and is not a directory"),
         ("negative_perplexity_max_docs", "evaluate.py",
          ["--checkpoint=/tmp", "--tasks=perplexity", "--perplexity_max_docs=-3"],
          "error: perplexity_max_docs must be a positive number of documents, got -3"),

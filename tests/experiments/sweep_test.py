@@ -205,7 +205,19 @@ class SweepBinaryTest(absltest.TestCase):
                  (["--max_runs=0"], "error: flag --max_runs=0: 0 is not a positive integer"),
                  (["--report_only"],  # a mistyped root was created, holding an empty report
                   f"error: --root={self.root}: no such directory (--report_only rebuilds the "
-                  f"results of an existing sweep; nothing was created)")]
+                  f"results of an existing sweep; nothing was created)"),
+                 # A mistyped --reuse_from was ignored (the runs ran again); a file, a traceback.
+                 ([f"--reuse_from={self.root}-typo"],
+                  f"error: --reuse_from={self.root}-typo does not exist"),
+                 ([f"--reuse_from={self.config}"],
+                  f"error: --reuse_from={self.config} is not a directory"),
+                 # --export was checked only after every run (a traceback at the window's end).
+                 ([f"--export={self.config}"],
+                  f"error: --export={self.config} exists and is not a directory"),
+                 ([f"--export={self.root}/out"],
+                  f"error: --export={self.root}/out is inside --root={self.root}: name a "
+                  f"directory outside it"),
+                 (["--dry_run"], None)]  # lists the runs and writes nothing (it wrote results)
         running = []
         for flags_, want in cases:
             cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
@@ -213,7 +225,11 @@ class SweepBinaryTest(absltest.TestCase):
             running.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                              text=True, cwd=ROOT), want))
         for proc, want in running:
-            _, err = proc.communicate(timeout=300)
+            out, err = proc.communicate(timeout=300)
+            if want is None:
+                self.assertEqual(proc.returncode, 0, err)
+                self.assertIn(": not started (step 0)", out + err)
+                continue
             self.assertEqual(proc.returncode, 1, err)
             self.assertEqual(err.strip().splitlines(), [want])
         self.assertFalse(os.path.exists(self.root))
