@@ -14,7 +14,7 @@ Stage 2 is what runs during training; it must deliver well above the training st
 
 Works offline. Example (the command behind ``benchmarks/results/data-pipeline-cpu-*.md``)::
 
-    python benchmarks/data_pipeline.py --corpus=../shared/data/lm --prepare_workers=0,1,2 \
+    python benchmarks/data_pipeline.py --corpus=../shared/data/lm --prepare_workers=0,1,2 \\
         --loader_workers=0,1,2 --json=/tmp/data_pipeline.json
 
 Prints a markdown table and writes the numbers, hardware and versions as JSON.

@@ -11,7 +11,7 @@
 
 The benchmarks call these at the end of a run; to redraw from saved results::
 
-    python benchmarks/plot_model_bench.py --train=benchmarks/results/train-h200-<date>.json \
+    python benchmarks/plot_model_bench.py --train=benchmarks/results/train-h200-<date>.json \\
         --inference=benchmarks/results/inference-h200-<date>.json
 
 writes ``<name>.png`` next to each JSON file.

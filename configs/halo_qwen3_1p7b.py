@@ -10,8 +10,8 @@ packing, no BOS, no shuffling (spec §3.5).
 
 Usage::
 
-    python experiments/halo.py --config=configs/halo_qwen3_1p7b.py --workdir=runs/hypenet2b \
-        --config.teacher.path=/models/Qwen3-1.7B --config.data.paths="('/data/fineweb',)" \
+    python experiments/halo.py --config=configs/halo_qwen3_1p7b.py --workdir=runs/hypenet2b \\
+        --config.teacher.path=/models/Qwen3-1.7B --config.data.paths="('/data/fineweb',)" \\
         --config.data.tokenizer_path=/models/Qwen3-1.7B/tokenizer.json --stage=stage1
 """
 

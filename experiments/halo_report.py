@@ -4,7 +4,7 @@ Usage::
 
     python experiments/halo_report.py --workdir=runs/halo_h200
     # -> runs/halo_h200/halo-smollm2-<date of the report>.md
-    python experiments/halo_report.py --workdir=runs/halo_h200 \
+    python experiments/halo_report.py --workdir=runs/halo_h200 \\
         --output=benchmarks/results/halo-smollm2-<date>.md     # a page to commit
 
 The page (:func:`lattn_jax.halo.report.render_markdown`) has the hardware and versions, the

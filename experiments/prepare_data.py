@@ -2,9 +2,9 @@
 
 Usage (FineWeb-Edu Parquet files, LLaMA-2 SentencePiece, 16 tokenizer processes)::
 
-    python experiments/prepare_data.py --input=/data/fineweb-edu/sample/10BT \
+    python experiments/prepare_data.py --input=/data/fineweb-edu/sample/10BT \\
         --output_dir=/data/fineweb-edu-llama2 --workers=16
-    python experiments/train.py --config=configs/default.py --workdir=runs/x \
+    python experiments/train.py --config=configs/default.py --workdir=runs/x \\
         --config.data.paths="('/data/fineweb-edu-llama2',)"
 
 One shard per input file (text, JSONL plain/.gz/.zst, Parquet); running it again skips the shards

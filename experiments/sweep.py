@@ -2,9 +2,10 @@
 
 Usage::
 
-    python experiments/sweep.py --config=configs/sweeps/lr_scan_small.py:corpus=/data/prose-llama2 \
+    python experiments/sweep.py \\
+        --config=configs/sweeps/lr_scan_small.py:corpus=/data/prose-llama2 \\
         --root=runs/lr_scan --deadline_s=540
-    python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2 \
+    python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2 \\
         --only=arch=gdn,opt=muon          # CPU smoke run of a subset
     python experiments/sweep.py --config=... --root=runs/lr_scan --report_only
 
@@ -138,6 +139,8 @@ def main(argv):
     if not os.path.isfile(config_path):
         sys.exit(f"error: train_config: no such file: {config_path}")
     extra = _overrides()
+    if _FINISH.value and _DEADLINE.value is None:
+        sys.exit("error: --finish_by_deadline needs --deadline_s (the deadline it plans to)")
     for other in _REUSE.value:
         if os.path.realpath(other) == os.path.realpath(root):
             sys.exit(f"error: --reuse_from={other} is --root itself (its runs would count twice "

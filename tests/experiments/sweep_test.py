@@ -217,6 +217,8 @@ class SweepBinaryTest(absltest.TestCase):
                  ([f"--export={self.root}/out"],
                   f"error: --export={self.root}/out is inside --root={self.root}: name a "
                   f"directory outside it"),
+                 (["--finish_by_deadline"],  # was silently a no-op
+                  "error: --finish_by_deadline needs --deadline_s (the deadline it plans to)"),
                  (["--dry_run"], None)]  # lists the runs and writes nothing (it wrote results)
         running = []
         for flags_, want in cases:

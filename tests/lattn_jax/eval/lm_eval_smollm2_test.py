@@ -16,7 +16,7 @@ Two tests, because the HF side costs as much as ours (both score the same 100 re
 * ``SmolLM2LiveParityTest`` (``slow``): both sides now; also checks the recorded file against the
   live HF backend. ``LATTN_WRITE_HF_REFERENCE=1`` rewrites the file from the live run::
 
-    LATTN_WRITE_HF_REFERENCE=1 python -m pytest -m slow \
+    LATTN_WRITE_HF_REFERENCE=1 python -m pytest -m slow \\
         tests/lattn_jax/eval/lm_eval_smollm2_test.py
 
 The reference's log-softmax runs in fp64 on its fp32 logits: torch's CPU ``log_softmax`` in fp32
