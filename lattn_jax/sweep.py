@@ -775,8 +775,7 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             break
         if state.status != Status.NOT_STARTED and state.step == 0 and (
                 _has_trainer_records(workdir)):
-            aside = f"{workdir}.restarted-{time.strftime('%Y%m%dT%H%M%S')}"
-            os.replace(workdir, aside)
+            aside = _set_aside(workdir)
             print_fn(f"--- {run.name}: no checkpoint to resume from; earlier records kept in "
                      f"{aside}")
             state = RunState(Status.NOT_STARTED)
@@ -845,6 +844,26 @@ def estimated_run_s(root: str, runs: Sequence[Run], state: RunState) -> Optional
     return full * left + 0.1 * full
 
 
+def _set_aside(workdir: str) -> str:
+    """Renames ``workdir`` to ``<workdir>.restarted-<time>`` (kept; not a run, see
+    :func:`recorded_runs`) and returns the new path."""
+    aside = f"{workdir}.restarted-{time.strftime('%Y%m%dT%H%M%S')}"
+    os.replace(workdir, aside)
+    return aside
+
+
+def _load_config_file(config_path: str):
+    """The training config file ``config_path`` as a fresh module (its ``get_config``).
+
+    Raises:
+      OSError, SyntaxError, or whatever the file raises while it is executed.
+    """
+    spec = importlib.util.spec_from_file_location("_sweep_train_config", config_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def _arg_dict(arg: str) -> Dict[str, str]:
     return dict(part.partition("=")[::2] for part in arg.split(",") if part)
 
@@ -894,11 +913,7 @@ def resolved_config(config_path: str, arg: str, overrides: Sequence[Tuple[str, A
     from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only for reuse)
     try:
         if config_path not in cache:
-            spec = importlib.util.spec_from_file_location(
-                f"_sweep_reuse_{len(cache)}", config_path)
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            cache[config_path] = module
+            cache[config_path] = _load_config_file(config_path)
         cd = cache[config_path].get_config(arg or None)
         for field, value in overrides:
             parent, _, leaf = field.rpartition(".")
@@ -1038,7 +1053,7 @@ def reuse_records(source: str, workdir: str, run: Run, cmd: Sequence[str]) -> No
                    REUSED_KEY: source, "reused_commit": commit}, f, indent=2)
     if os.path.isdir(workdir):
         if os.listdir(workdir):
-            os.replace(workdir, f"{workdir}.restarted-{time.strftime('%Y%m%dT%H%M%S')}")
+            _set_aside(workdir)
         else:
             os.rmdir(workdir)
     os.replace(tmp, workdir)
@@ -1171,9 +1186,7 @@ def bad_override_fields(runs: Sequence[Run], config_path: str,
       ``cannot take '<value>' (<type>: ...)`` for an int, float, bool or tuple field) or, when
       ``get_config`` itself raises, ``"<file>:<arg>: <error>"``.
     """
-    spec = importlib.util.spec_from_file_location("_sweep_train_config", config_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_config_file(config_path)
     name = os.path.basename(config_path)
     configs: Dict[str, Any] = {}
     errors: List[str] = []

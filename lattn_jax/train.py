@@ -551,7 +551,7 @@ def record_invocation(workdir: str, config: config_lib.ExperimentConfig,
         "devices": {"backend": jax.default_backend(), "count": len(devices),
                     "kinds": sorted({d.device_kind for d in devices}),
                     "processes": jax.process_count()},
-        "config": _config_dict(config),
+        "config": config_lib.experiment_json_dict(config),
     }
     with open(os.path.join(workdir, INVOCATIONS), "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -597,9 +597,6 @@ def plot_losses(workdir: str) -> Optional[str]:
     return path
 
 
-_config_dict = config_lib.experiment_json_dict  # what config.json and invocations.jsonl hold
-
-
 # Data options that may change between a run and its resumption: they do not move the
 # iterator's windows. Every other data option changes which batch comes next.
 _RESUMABLE_DATA_OPTIONS = ("max_val_batches",)
@@ -634,7 +631,7 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     """
     changed: List[str] = []
     path = os.path.join(workdir, "config.json")
-    current = _config_dict(config)
+    current = config_lib.experiment_json_dict(config)
     if has_checkpoint and os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
@@ -772,14 +769,12 @@ def _remove_unused_workdir(workdir: str, created: str) -> bool:
     if (os.path.lexists(os.path.join(workdir, "metrics.jsonl"))
             or (os.path.isdir(checkpoints) and os.listdir(checkpoints))):
         return False
-    try:
+    with contextlib.suppress(OSError):  # best effort: the caller re-raises the call's error
         shutil.rmtree(workdir)
         path = os.path.abspath(workdir)
         while path != created and len(path) > len(created):
             path = os.path.dirname(path)
             os.rmdir(path)  # only an empty directory
-    except OSError:
-        pass
     return not os.path.lexists(workdir)
 
 
