@@ -881,6 +881,13 @@ KKT_MIN_CTAS = 4 * 132
 # default: kkt_block_inverse's merges 2 -> 4 -> 8 -> 16 on the tensor cores) or
 # "substitution" (kkt_diag_solve: fp32 forward substitution, MOSAIC_GPU.md Sec. 13).
 KKT_INVERSES = ("doubling", "substitution")
+# Timing ablations of chunk_kkt_inverse_mosaic's per-chunk body (``stages``; MOSAIC_GPU.md
+# Sec. 14): "full" is the kernel; the others cut it short and store something that is NOT T0,
+# with the same grid, TMA ring, SMEM allocation and output store, so that the time each one
+# saves is the time of the work it removes: "no_refine" stores the inverse before the Newton
+# step, "gram" stores A0 (no inverse), "io" stores a product of the loaded beta and document
+# vectors (no wgmma; the k copies still land, since the barrier waits for them).
+KKT_STAGES = ("full", "no_refine", "gram", "io")
 # Keyword arguments of chunk_kkt_inverse_mosaic at the forwards' call sites
 # (gated_delta_rule_fwd_mosaic and mosaic_vjp's forward with forward="fused_t0" or
 # "fused_t0_split"): empty, the defaults. For timing variants only (benchmarks/bench_kernels.py
@@ -904,7 +911,8 @@ def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
 
 def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_s, doc_col_s,
                         l_s, al_s, x_s, xl_s, t0_s, in_bar, *shim, group: int, num_chunks: int,
-                        chunks_per_cta: int, interpret: bool, inverse: str = "doubling"):
+                        chunks_per_cta: int, interpret: bool, inverse: str = "doubling",
+                        stages: str = "full"):
     """Kernel body of :func:`chunk_kkt_inverse_mosaic`: ``chunks_per_cta`` consecutive chunks
     of one ``(b, h)`` per CTA, one warpgroup.
 
@@ -923,6 +931,7 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
     the SMEM copies of what the GPU reads as a transposed view or from registers; on the GPU
     with ``inverse="substitution"``, ``solve_s``, the fp32 buffer of :func:`kkt_diag_solve`.
     ``inverse`` (:data:`KKT_INVERSES`): how the 16 x 16 diagonal blocks are inverted.
+    ``stages`` (:data:`KKT_STAGES`): where a timing ablation cuts the chunk's work short.
     """
     grp, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
@@ -950,10 +959,23 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
         def _prefetch():
             issue(n + 1, 1 - slot)
 
+        def store_t0(xs):  # four [64, 16] fp32 column blocks out through the staging ring
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot read it
+            for c in range(4):
+                t0_s.at[slot].at[:, _blk(c)][...] = xs[c].astype(t0_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(t0_s.at[slot], t0_ref.at[b, pl.ds(n * CHUNK, CHUNK), h])
+
         @pl.when(n < num_chunks)
         def _compute():
             plgpu.barrier_wait(in_bar.at[slot])
             k_c = k_s.at[slot]
+            if stages == "io":  # no wgmma: a [64, 64] of the loaded vectors goes out
+                b_i = mgl.load_rows(b_row_s.at[slot], interpret)
+                d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+                x = mgl.by_row(b_i, sq) * lax.broadcast_in_dim(d_j, sq, [1])
+                store_t0([x[:, _cols(c)] for c in range(4)])
+                return
 
             def gram(acc):
                 plgpu.wgmma(acc, k_c, mgl.transposed(k_c, kt_s, interpret))  # K K^T, [C, C]
@@ -968,20 +990,20 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
             # A0_ij = beta_i (k_i . k_j) on j < i in the same document, else 0 (no gates).
             strict = (j < i) & (mgl.by_row(d_i, sq) == lax.broadcast_in_dim(d_j, sq, [1]))
             a0 = jnp.where(strict, kk * mgl.by_row(b_i, sq), 0.0)
+            if stages == "gram":
+                store_t0([a0[:, _cols(c)] for c in range(4)])
+                return
             if inverse == "substitution":  # diagonal blocks by fp32 substitution, then merges
                 l_s[...] = a0.astype(l_s.dtype)
                 xs = kkt_diag_solve(a0, solve_s, interpret)
                 xs = kkt_block_merge(xs, l_s, x_s, y_s, interpret)
             else:
                 xs = kkt_block_inverse(a0, l_s, x_s, y_s, interpret)  # T0 by blocked doubling
-            # The merges' error squared; X_lo only for fp16 outputs (bf16 rounding hides it).
-            xs = kkt_block_refine(xs, a0, l_s, al_s, x_s, xl_s, interpret,
-                                  split_x=t0_s.dtype == jnp.float16)
-            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot read it
-            for c in range(4):
-                t0_s.at[slot].at[:, _blk(c)][...] = xs[c].astype(t0_s.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(t0_s.at[slot], t0_ref.at[b, pl.ds(n * CHUNK, CHUNK), h])
+            if stages != "no_refine":
+                # The merges' error squared; X_lo only for fp16 outputs (bf16 rounding hides it).
+                xs = kkt_block_refine(xs, a0, l_s, al_s, x_s, xl_s, interpret,
+                                      split_x=t0_s.dtype == jnp.float16)
+            store_t0(xs)
 
         return carry
 
@@ -1009,7 +1031,8 @@ def _check_kkt_inputs(k, beta, segment_ids) -> None:
                          f"{segment_ids.shape=}")
 
 
-@functools.partial(jax.jit, static_argnames=("chunks_per_cta", "inverse", "interpret"))
+@functools.partial(jax.jit, static_argnames=("chunks_per_cta", "inverse", "stages",
+                                             "interpret"))
 def chunk_kkt_inverse_mosaic(
     k: jax.Array,
     beta: jax.Array,
@@ -1017,6 +1040,7 @@ def chunk_kkt_inverse_mosaic(
     segment_ids: Optional[jax.Array] = None,
     chunks_per_cta: Optional[int] = None,
     inverse: str = "doubling",
+    stages: str = "full",
     interpret: bool = False,
 ) -> jax.Array:
     """The gate-free WY inverse ``T0`` of every chunk of 64 tokens, by a Mosaic GPU kernel.
@@ -1081,6 +1105,12 @@ def chunk_kkt_inverse_mosaic(
             64 merges and Newton step: 7 dependent ``wgmma`` rounds per chunk instead of 13
             and 22 ``wgmma`` instead of 46, for an fp32 SMEM buffer of 18 KB (about 99.5 KB
             per CTA at K = 128, still two CTAs per SM); MOSAIC_GPU.md Sec. 13.
+        stages: a timing ablation (static, one of :data:`KKT_STAGES`; benchmarks only):
+            ``"full"`` (default) is the kernel above; ``"no_refine"`` returns the inverse
+            before the Newton step, ``"gram"`` returns ``A0`` itself, ``"io"`` returns
+            ``beta_i doc(j)`` (no ``wgmma``), each with the same grid, input copies, SMEM and
+            output store, so their times split the kernel's (MOSAIC_GPU.md Sec. 14). Only
+            ``"full"`` returns ``T0``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -1090,12 +1120,15 @@ def chunk_kkt_inverse_mosaic(
     Raises:
         ValueError: on a ``beta`` that is not ``[B, T, H]`` with ``H % Hk == 0``, an
             unsupported head dim or dtype, a ``segment_ids`` that is not ``[B, T]``, a
-            ``chunks_per_cta`` below 1 or an ``inverse`` not in :data:`KKT_INVERSES`.
+            ``chunks_per_cta`` below 1, an ``inverse`` not in :data:`KKT_INVERSES` or a
+            ``stages`` not in :data:`KKT_STAGES`.
     """
     batch, seq_len, kv_heads, dk = k.shape
     _check_kkt_inputs(k, beta, segment_ids)
     if inverse not in KKT_INVERSES:
         raise ValueError(f"inverse must be one of {KKT_INVERSES}, got {inverse!r}")
+    if stages not in KKT_STAGES:
+        raise ValueError(f"stages must be one of {KKT_STAGES}, got {stages!r}")
     heads = beta.shape[2]
     num_chunks = -(-seq_len // CHUNK)
     if chunks_per_cta is None:
@@ -1115,7 +1148,7 @@ def chunk_kkt_inverse_mosaic(
     call = plgpu.kernel(
         functools.partial(_kkt_inverse_kernel, group=heads // kv_heads, num_chunks=num_chunks,
                           chunks_per_cta=chunks_per_cta, interpret=interpret,
-                          inverse=inverse),
+                          inverse=inverse, stages=stages),
         out_type=jax.ShapeDtypeStruct((batch, padded, heads, CHUNK), k.dtype),
         scratch_types=[
             swz((2, CHUNK, dk), k.dtype),  # k_s: the 2-slot ring of keys
@@ -1135,7 +1168,8 @@ def chunk_kkt_inverse_mosaic(
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_kkt_inverse" + ("_subst" if inverse == "substitution" else ""),
+        kernel_name=("gdn_chunk_kkt_inverse" + ("_subst" if inverse == "substitution" else "")
+                     + ("" if stages == "full" else f"_abl_{stages}")),
     )
     with jax.named_scope("gdn_chunk_kkt_inverse_mosaic"):
         t0 = call(k, beta_hm, doc)

@@ -17,6 +17,9 @@ cases of ``kernel_mosaic_gdn_t0_test.py`` (one chunk per CTA there) check the sa
   chunks per CTA: partial last groups, a partial last chunk, documents packed across chunk
   and group boundaries, GVA, fp16, correlated keys; and bit-equal to one chunk per CTA (each
   chunk's arithmetic is unchanged by the grouping).
+* ``stages`` (MOSAIC_GPU.md Sec. 14, timing ablations): ``KktStagesTest`` (CI) exports every
+  stage for CUDA under its own kernel name and checks that the interpreted ``"gram"`` stage
+  stores ``A0`` (about 1 s).
 * ``inverse="substitution"`` (MOSAIC_GPU.md Sec. 13: the 16 x 16 diagonal blocks by fp32
   forward substitution, ``inline_mgpu`` on the GPU): ``KktLoweringTest`` exports it (CI);
   ``KktSubstitutionInterpretTest`` (``slow``, about 90 s) runs the six ``T0`` cases and the
@@ -65,6 +68,13 @@ class ChunksPerCtaRuleTest(absltest.TestCase):
         self.assertEqual(kgd.KKT_INVERSES[0], "doubling")  # the default stays first
         self.assertEqual(kgd.T0_OPTIONS, {})  # the forwards' call sites use the defaults
 
+    def test_rejects_unknown_stages(self):
+        k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+        beta = jnp.zeros((1, 128, 1), jnp.float32)
+        with self.assertRaisesRegex(ValueError, "stages must be one of .*'full'.*got 'kkt'"):
+            jax.eval_shape(lambda k, b: kgd.chunk_kkt_inverse_mosaic(k, b, stages="kkt"), k, beta)
+        self.assertEqual(kgd.KKT_STAGES[0], "full")  # the default stays first
+
     def test_rejects_zero_chunks_per_cta(self):
         k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
         beta = jnp.zeros((1, 128, 1), jnp.float32)
@@ -73,19 +83,22 @@ class ChunksPerCtaRuleTest(absltest.TestCase):
                            k, beta)
 
 
-def _export(test, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16, inverse="doubling"):
+def _export(test, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16, inverse="doubling",
+            stages="full"):
     _, k, _, _, beta, _, seg = t0_test._inputs(1, seq_len, 2, 1, dk, 64, 0.2, False, (70, 30),
                                                dtype)
 
     def fn(k, beta, seg):
         return kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
-                                            chunks_per_cta=chunks_per_cta, inverse=inverse)
+                                            chunks_per_cta=chunks_per_cta, inverse=inverse,
+                                            stages=stages)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(k, beta, seg)
     text = exported.mlir_module()
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
     test.assertIn("gdn_chunk_kkt_inverse", text)
     test.assertEqual("gdn_chunk_kkt_inverse_subst" in text, inverse == "substitution")
+    test.assertEqual(f"_abl_{stages}" in text, stages != "full")
     test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals],
                      [((1, seq_len, 2, C), k.dtype)])
 
@@ -110,6 +123,46 @@ class KktLoweringTest(parameterized.TestCase):
         # inverse="substitution": the inline_mgpu forward substitution (padded fp32 buffer, a
         # strided view of it) lowers inside the chunk loop.
         _export(self, dk, seq_len, chunks_per_cta, dtype, inverse="substitution")
+
+
+class KktStagesTest(parameterized.TestCase):
+    """The timing ablations of MOSAIC_GPU.md Sec. 14 (``stages``): each exports for CUDA under
+    its own kernel name, and the interpreted ``"gram"`` stores ``A0`` itself."""
+
+    @parameterized.named_parameters(
+        ("no_refine_cpc2_T256_K128", "no_refine", 128, 256, 2),
+        ("gram_cpc2_T256_K128", "gram", 128, 256, 2),
+        ("io_cpc2_T256_K128", "io", 128, 256, 2),
+        ("no_refine_subst_fp16_cpc3_T300_K64", "no_refine", 64, 300, 3, jnp.float16,
+         "substitution"),
+    )
+    def test_stage_exports_for_cuda(self, stages, dk, seq_len, chunks_per_cta,
+                                    dtype=jnp.bfloat16, inverse="doubling"):
+        _export(self, dk, seq_len, chunks_per_cta, dtype, inverse=inverse, stages=stages)
+
+    def test_gram_stage_stores_a0(self):
+        # 3 chunks (the last partial), GVA 2:1, two documents meeting inside chunk 1.
+        rng = np.random.default_rng(7)
+        batch, seq_len, heads, kv_heads, dk = 1, 150, 2, 1, 64
+        k = rng.standard_normal((batch, seq_len, kv_heads, dk))
+        k = jnp.asarray(k / np.linalg.norm(k, axis=-1, keepdims=True), jnp.bfloat16)
+        beta = jnp.asarray(rng.uniform(0.2, 1.0, (batch, seq_len, heads)), jnp.float32)
+        seg = jnp.asarray(np.repeat([3, 5], [70, 80])[None], jnp.int32)
+        out = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, stages="gram",
+                                           chunks_per_cta=2, interpret=True)
+        kf = np.asarray(k.astype(jnp.float32), np.float64)
+        b, s = np.asarray(beta, np.float64), np.asarray(seg)
+        want = np.zeros((batch, seq_len, heads, C))
+        for h in range(heads):
+            for i in range(seq_len):
+                for j in range(i - i % C, i):  # earlier tokens of i's chunk
+                    if s[0, i] == s[0, j]:
+                        want[0, i, h, j % C] = b[0, i, h] * kf[0, i, 0] @ kf[0, j, 0]
+        got = np.asarray(out.astype(jnp.float32), np.float64)
+        self.assertEqual(out.shape, (batch, seq_len, heads, C))
+        np.testing.assert_allclose(got, want, rtol=8e-3, atol=2e-3)  # bf16 output rounding
+        self.assertTrue(np.all(got[want == 0] == 0))  # masks exact: above the diagonal, docs
+        self.assertGreater(np.abs(want).max(), 0.1)
 
 
 # B, T, H, Hk, K, V, decay, h0, document lengths (the rest one more), dtype, correlated,

@@ -1,0 +1,263 @@
+r"""Where the ``T0`` kernel's time goes: its stage ablations timed in one run (issue 29).
+
+``chunk_kkt_inverse_mosaic`` (``pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py``) takes
+0.183 ms at S1 on the H200 against jla's 0.097 (2026-12-04), and replacing six of its
+dependent ``wgmma`` rounds by an fp32 substitution saved only 0.003 ms (2026-12-04b), so the
+cost is not where MOSAIC_GPU.md Sec. 13 estimated it. This binary times the kernel's
+``stages`` ablations (``kernel_mosaic_gpu.KKT_STAGES``: ``io`` loads and stores only,
+``gram`` adds ``K K^T`` and the ``A0`` masks, ``no_refine`` adds the inverse, ``full`` the
+Newton step), each with the same grid, TMA ring, SMEM and output store, so the differences
+between consecutive stages are the time of each part of the work (MOSAIC_GPU.md Sec. 14).
+
+Each variant ``<stages>:<inverse>[:<chunks per CTA>]`` is jitted, compiled, run once, then
+traced over ``--iters`` calls with ``jax.profiler`` (``benchmarks.common.trace_events``, the
+same kernel timing as ``bench_kernels.py``); its record has the ``T0`` kernel's own device time
+(the kernel named ``gdn_chunk_kkt_inverse*``), the call's total (XLA's padding and transposes
+too) and an estimate of cycles per chunk, ``kernel time x clock x CTA slots / chunk-heads``
+(``--sm_count`` x ``--ctas_per_sm`` slots at ``--clock_ghz``; the kernel keeps two CTAs per SM
+at K 128). The ``full`` variants are checked against a float64 inverse on the first batch row
+(relative RMS of ``T0 - I`` on the first ``--check_heads`` heads), so a broken build shows.
+A variant that does not fit what is left of ``--deadline_s`` (its estimate: the slowest
+finished variant's wall time) is skipped and reported as such.
+
+Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes) and ``<out>.md``
+(the table, with each stage's difference to the one before it). Usage, on the GPU machine::
+
+    python3 benchmarks/profile_t0.py --out=$OUT/t0_stages
+    python3 benchmarks/profile_t0.py --variants=full:doubling:8,full:doubling:4,full:doubling:1 \
+        --out=$OUT/t0_cpc
+
+Without a GPU (CPU) the kernels cannot run; ``--interpret`` runs them in Mosaic GPU interpret
+mode at a tiny shape, to check the binary itself (no kernel times: the CPU trace has none).
+"""
+
+import json
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from absl import app, flags
+
+if __name__ == "__main__":  # python benchmarks/profile_t0.py from the repository root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
+_SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
+_HEADS = flags.DEFINE_integer("heads", 16, "Value heads H.")
+_KV_HEADS = flags.DEFINE_integer("kv_heads", 16, "Key heads Hk (H % Hk == 0).")
+_DK = flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.")
+_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "k's dtype.")
+_DOCS = flags.DEFINE_integer("doc_len", 0, "If > 0, documents of this many tokens "
+                             "(segment_ids); 0: one document per row.")
+_VARIANTS = flags.DEFINE_list(
+    "variants", ["io:doubling", "gram:doubling", "no_refine:doubling", "full:doubling",
+                 "no_refine:substitution", "full:substitution"],
+    "Variants <stages>:<inverse>[:<chunks per CTA>] (stages in KKT_STAGES, inverse in "
+    "KKT_INVERSES; chunks per CTA default: the kernel's rule).")
+_ITERS = flags.DEFINE_integer("iters", 20, "Traced calls per variant.")
+_CHECK_HEADS = flags.DEFINE_integer("check_heads", 2, "Heads of batch row 0 checked against "
+                                    "float64 for the full variants (0: no check).")
+_SM_COUNT = flags.DEFINE_integer("sm_count", 132, "SMs, for the cycles estimate.")
+_CTAS_PER_SM = flags.DEFINE_integer("ctas_per_sm", 2, "Resident CTAs per SM, for the cycles "
+                                    "estimate.")
+_CLOCK_GHZ = flags.DEFINE_float("clock_ghz", 1.98, "SM clock, for the cycles estimate.")
+_DEADLINE_S = flags.DEFINE_float("deadline_s", None, "Wall-clock budget of the whole run.")
+_INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
+                               "this binary; use a tiny shape).")
+_OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
+
+KERNEL_PREFIX = "gdn_chunk_kkt_inverse"
+
+
+class VariantError(ValueError):
+    """A ``--variants`` entry that is not ``<stages>:<inverse>[:<chunks per CTA>]``."""
+
+
+def parse_variant(text: str) -> Tuple[str, str, Optional[int]]:
+    """``"gram:doubling:4"`` -> ``("gram", "doubling", 4)``; chunks per CTA ``None`` if absent.
+
+    Raises:
+      VariantError: naming the entry and what is wrong with it.
+    """
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+    parts = text.strip().split(":")
+    if len(parts) not in (2, 3):
+        raise VariantError(f"--variants entry {text!r}: expected <stages>:<inverse>[:<chunks "
+                           "per CTA>]")
+    stages, inverse = parts[0], parts[1]
+    if stages not in kgd.KKT_STAGES:
+        raise VariantError(f"--variants entry {text!r}: stages {stages!r} not in "
+                           f"{kgd.KKT_STAGES}")
+    if inverse not in kgd.KKT_INVERSES:
+        raise VariantError(f"--variants entry {text!r}: inverse {inverse!r} not in "
+                           f"{kgd.KKT_INVERSES}")
+    cpc = None
+    if len(parts) == 3:
+        try:
+            cpc = int(parts[2])
+        except ValueError:
+            cpc = 0
+        if cpc < 1:
+            raise VariantError(f"--variants entry {text!r}: chunks per CTA must be an int >= 1")
+    return stages, inverse, cpc
+
+
+def cycles_per_chunk(kernel_ms: float, chunk_heads: int, *, sm_count: int, ctas_per_sm: int,
+                     clock_ghz: float) -> float:
+    """Estimated SM cycles one CTA spends per chunk: ``kernel_ms`` of ``chunk_heads`` chunks
+    spread over ``sm_count x ctas_per_sm`` concurrent CTA slots at ``clock_ghz``."""
+    return kernel_ms * 1e-3 * clock_ghz * 1e9 * sm_count * ctas_per_sm / chunk_heads
+
+
+def t0_float64(k, beta, segment_ids, heads: int):
+    """float64 ``T0 = (I + A0)^{-1}`` of batch row 0, heads ``[0, heads)``: ``[T, heads, 64]``
+    laid out as the kernel's output (row ``t`` holds ``T0[t, :]`` of ``t``'s chunk)."""
+    import numpy as np
+    chunk = 64
+    k = np.asarray(k, np.float64)[0]  # [T, Hk, K]
+    beta = np.asarray(beta, np.float64)[0]  # [T, H]
+    seg = np.zeros(k.shape[0], np.int64) if segment_ids is None else np.asarray(segment_ids)[0]
+    group = beta.shape[1] // k.shape[1]
+    out = np.zeros((k.shape[0], heads, chunk))
+    for h in range(heads):
+        for c0 in range(0, k.shape[0], chunk):
+            rows = slice(c0, min(c0 + chunk, k.shape[0]))
+            kc, bc, sc = k[rows, h // group], beta[rows, h], seg[rows]
+            n = kc.shape[0]
+            a0 = np.tril(bc[:, None] * (kc @ kc.T), -1) * (sc[:, None] == sc[None, :])
+            out[rows, h, :n] = np.linalg.inv(np.eye(n) + a0)
+    return out
+
+
+def relative_rms(got, want) -> float:
+    """``rms(got - want) / rms(want - I)`` over ``[T, heads, 64]`` (the kernel gate's
+    measure, relative to the off-diagonal part)."""
+    import numpy as np
+    eye = np.zeros_like(want)
+    t = np.arange(want.shape[0])
+    eye[t, :, t % 64] = 1.0
+    return float(np.sqrt(np.mean((got - want) ** 2)) / np.sqrt(np.mean((want - eye) ** 2)))
+
+
+def render(records: Sequence[Dict], header: str) -> str:
+    """The markdown table of ``records`` (kernel ms, its difference to the previous record,
+    total ms, cycles per chunk, the full variants' error, compile s)."""
+    lines = [header, "", "| variant | T0 kernel ms | delta vs previous | call total ms | "
+             "cycles per chunk (est.) | rel. RMS vs float64 | compile s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    prev = None
+
+    def f(x, spec=".3f"):
+        return "–" if x is None else format(x, spec)
+
+    for r in records:
+        if r.get("skipped"):
+            lines.append(f"| {r['variant']} | skipped: {r['skipped']} | | | | | |")
+            continue
+        delta = (None if prev is None or r.get("kernel_ms") is None
+                 else r["kernel_ms"] - prev)
+        lines.append(f"| {r['variant']} | {f(r.get('kernel_ms'))} | "
+                     f"{'–' if delta is None else format(delta, '+.3f')} | "
+                     f"{f(r.get('total_ms'))} | {f(r.get('cycles_per_chunk'), ',.0f')} | "
+                     f"{f(r.get('rel_rms'), '.3e')} | {f(r.get('compile_s'), '.1f')} |")
+        prev = r.get("kernel_ms", prev)
+    return "\n".join(lines) + "\n"
+
+
+def _inputs(batch, seq_len, heads, kv_heads, dk, dtype, doc_len, seed=0):
+    import jax.numpy as jnp
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((batch, seq_len, kv_heads, dk)).astype(np.float32)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)  # the kernel's contract: L2-normalised keys
+    beta = rng.uniform(0.0, 1.0, (batch, seq_len, heads)).astype(np.float32)
+    seg = None
+    if doc_len > 0:
+        seg = jnp.asarray(np.broadcast_to(np.arange(seq_len) // doc_len, (batch, seq_len)),
+                          jnp.int32)
+    return jnp.asarray(k, dtype), jnp.asarray(beta), seg
+
+
+def main(argv: List[str]) -> None:
+    del argv
+    import jax
+    import numpy as np
+    from benchmarks import common
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+
+    try:
+        variants = [(text, *parse_variant(text)) for text in _VARIANTS.value]
+    except VariantError as e:
+        raise app.UsageError(str(e)) from None
+    if _HEADS.value % _KV_HEADS.value:
+        raise app.UsageError(f"--heads={_HEADS.value} must be a multiple of "
+                             f"--kv_heads={_KV_HEADS.value}")
+    dk = int(_DK.value)
+    k, beta, seg = _inputs(_BATCH.value, _SEQ_LEN.value, _HEADS.value, _KV_HEADS.value, dk,
+                           _DTYPE.value, _DOCS.value)
+    chunk_heads = _BATCH.value * _HEADS.value * -(-_SEQ_LEN.value // kgd.CHUNK)
+    budget = common.TimeBudget(_DEADLINE_S.value)
+    env = common.environment()
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+    jsonl = _OUT.value + ".jsonl"
+    open(jsonl, "w").close()
+    want = None
+    slowest = None
+    records = []
+    for text, stages, inverse, cpc in variants:
+        rec = dict(variant=text, stages=stages, inverse=inverse, chunks_per_cta=cpc,
+                   bthk=[_BATCH.value, _SEQ_LEN.value, _HEADS.value, _KV_HEADS.value, dk],
+                   dtype=_DTYPE.value, doc_len=_DOCS.value, date_utc=env["date_utc"],
+                   device=env["device_kind"], jax=env["jax"])
+        if not budget.allows(slowest):
+            rec["skipped"] = f"deadline ({budget.remaining():.0f} s left, last took {slowest:.0f})"
+        else:
+            t0 = time.perf_counter()
+            fn = jax.jit(lambda k, b, s, stages=stages, inverse=inverse, cpc=cpc:
+                         kgd.chunk_kkt_inverse_mosaic(k, b, segment_ids=s, chunks_per_cta=cpc,
+                                                      inverse=inverse, stages=stages,
+                                                      interpret=_INTERPRET.value))
+            compiled = fn.lower(k, beta, seg).compile()
+            rec["compile_s"] = time.perf_counter() - t0
+            out = jax.block_until_ready(compiled(k, beta, seg))
+            if stages == "full" and _CHECK_HEADS.value > 0:
+                heads = min(_CHECK_HEADS.value, _HEADS.value)
+                if want is None:
+                    want = t0_float64(np.asarray(k.astype(np.float32)), beta, seg, heads)
+                got = np.asarray(out[0, :, :heads].astype(np.float32), np.float64)
+                rec["rel_rms"] = relative_rms(got, want)
+            events = common.trace_events(lambda: compiled(k, beta, seg), _ITERS.value)
+            kernels = common.device_kernel_events(events)
+            own = sum(d for name, _, d in kernels if name.startswith(KERNEL_PREFIX))
+            total = sum(d for _, _, d in kernels)
+            if total > 0:
+                rec["kernel_ms"] = own / 1e3 / _ITERS.value
+                rec["total_ms"] = total / 1e3 / _ITERS.value
+                rec["kernel_names"] = sorted({n for n, _, _ in kernels
+                                              if n.startswith(KERNEL_PREFIX)})
+                rec["cycles_per_chunk"] = cycles_per_chunk(
+                    rec["kernel_ms"], chunk_heads, sm_count=_SM_COUNT.value,
+                    ctas_per_sm=_CTAS_PER_SM.value, clock_ghz=_CLOCK_GHZ.value)
+            wall = time.perf_counter() - t0
+            rec["wall_s"] = wall
+            slowest = wall if slowest is None else max(slowest, wall)
+        records.append(rec)
+        with open(jsonl, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(json.dumps(rec), flush=True)
+    header = (f"# T0 kernel stage ablations, {env['date_utc']}\n\n"
+              f"Device: {env['device_kind']} ({env['nvidia_smi']}); jax {env['jax']}.\n"
+              f"Command: `{env['command']}`\n\n"
+              f"Shape B {_BATCH.value}, T {_SEQ_LEN.value}, H {_HEADS.value}, "
+              f"Hk {_KV_HEADS.value}, K {dk}, {_DTYPE.value}, "
+              f"{'documents of ' + str(_DOCS.value) if _DOCS.value else 'one document per row'}"
+              f"; {_ITERS.value} traced calls per variant; cycles at {_CLOCK_GHZ.value} GHz over "
+              f"{_SM_COUNT.value} x {_CTAS_PER_SM.value} CTA slots.")
+    with open(_OUT.value + ".md", "w") as f:
+        f.write(render(records, header))
+    print(render(records, header))
+
+
+if __name__ == "__main__":
+    app.run(main)

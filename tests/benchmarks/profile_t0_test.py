@@ -1,0 +1,93 @@
+"""benchmarks/profile_t0.py: variant parsing, the float64 check, the cycles estimate, the
+table, and one interpreted run of the binary on CPU (the kernels' timing needs a GPU)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+from absl.testing import absltest
+
+from benchmarks import profile_t0
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+class ProfileT0Test(absltest.TestCase):
+
+    def test_parse_variant(self):
+        self.assertEqual(profile_t0.parse_variant("gram:doubling"), ("gram", "doubling", None))
+        self.assertEqual(profile_t0.parse_variant(" full:substitution:4"),
+                         ("full", "substitution", 4))
+        for bad, msg in (("gram", "expected"), ("kkt:doubling", "stages 'kkt'"),
+                         ("full:lu", "inverse 'lu'"), ("full:doubling:0", "chunks per CTA"),
+                         ("full:doubling:x", "chunks per CTA"), ("a:b:c:d", "expected")):
+            with self.assertRaisesRegex(profile_t0.VariantError, msg):
+                profile_t0.parse_variant(bad)
+
+    def test_cycles_per_chunk_matches_hand_computation(self):
+        # 0.183 ms over 8,192 chunk-heads on 132 x 2 slots at 1.98 GHz: 11,677 cycles.
+        got = profile_t0.cycles_per_chunk(0.183, 8 * 16 * 64, sm_count=132, ctas_per_sm=2,
+                                          clock_ghz=1.98)
+        self.assertAlmostEqual(got, 0.183e-3 * 1.98e9 * 264 / 8192, places=6)
+        self.assertAlmostEqual(got, 11677.0, delta=0.1)
+
+    def test_t0_float64_inverts_each_chunk_within_documents(self):
+        rng = np.random.default_rng(3)
+        t, heads = 100, 2
+        k = rng.standard_normal((1, t, 1, 8))
+        beta = rng.uniform(0.1, 1.0, (1, t, heads))
+        seg = np.repeat([0, 1], [40, 60])[None]
+        out = profile_t0.t0_float64(k, beta, seg, heads)
+        self.assertEqual(out.shape, (t, heads, 64))
+        for h in range(heads):
+            for c0, n in ((0, 64), (64, 36)):
+                kc, bc, sc = k[0, c0:c0 + n, 0], beta[0, c0:c0 + n, h], seg[0, c0:c0 + n]
+                m = np.eye(n) + np.tril(bc[:, None] * (kc @ kc.T), -1) * (sc[:, None] == sc)
+                np.testing.assert_allclose(m @ out[c0:c0 + n, h, :n], np.eye(n), atol=1e-9)
+                self.assertTrue(np.all(out[c0:c0 + n, h, n:] == 0))
+        self.assertTrue(np.all(out[45, 0, :40] == 0))  # token 45 is in the second document
+        self.assertEqual(profile_t0.relative_rms(out, out), 0.0)
+        noisy = out + 1e-3 * rng.standard_normal(out.shape)
+        self.assertGreater(profile_t0.relative_rms(noisy, out), 0.0)
+
+    def test_render_gives_each_stage_its_difference(self):
+        recs = [dict(variant="io:doubling", kernel_ms=0.05, total_ms=0.06),
+                dict(variant="gram:doubling", kernel_ms=0.08, total_ms=0.09),
+                dict(variant="full:doubling", skipped="deadline (3 s left, last took 9)"),
+                dict(variant="full:substitution", kernel_ms=0.18, rel_rms=1.6e-3)]
+        text = profile_t0.render(recs, "# head")
+        self.assertIn("| gram:doubling | 0.080 | +0.030 |", text)
+        self.assertIn("| full:doubling | skipped: deadline", text)
+        self.assertIn("| full:substitution | 0.180 | +0.100 |", text)  # skips don't reset
+        self.assertIn("1.600e-03", text)
+
+    def test_interpreted_run_writes_records_and_checks_the_full_variant(self):
+        out = self.create_tempdir().full_path + "/t0"
+        cmd = [sys.executable, "benchmarks/profile_t0.py", "--interpret", "--batch=1",
+               "--seq_len=100", "--heads=2", "--kv_heads=1", "--dk=64", "--doc_len=40",
+               "--iters=1", "--variants=gram:doubling,full:doubling:1", f"--out={out}"]
+        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        with open(out + ".jsonl") as f:
+            recs = [json.loads(line) for line in f]
+        self.assertEqual([r["variant"] for r in recs], ["gram:doubling", "full:doubling:1"])
+        self.assertEqual(recs[1]["chunks_per_cta"], 1)
+        self.assertLess(recs[1]["rel_rms"], 2e-3)  # bf16 output rounding, Sec. 13's level
+        self.assertNotIn("rel_rms", recs[0])  # only T0 is checked
+        with open(out + ".md") as f:
+            self.assertIn("| full:doubling:1 |", f.read())
+
+    def test_bad_variant_is_one_usage_line(self):
+        result = subprocess.run([sys.executable, "benchmarks/profile_t0.py", "--out=/tmp/x",
+                                 "--variants=gram:lu"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=120)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("inverse 'lu' not in", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
+
+if __name__ == "__main__":
+    absltest.main()
