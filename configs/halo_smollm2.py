@@ -58,6 +58,11 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   (177 at 8, 2,839 at 12). Another value is an ablation outside the paper; Stage 1 trains
   the Lightning layers under it, so it holds for a whole workdir (a stage run with another
   value than the stages recorded there is refused).
+  ``--config.hypenet.lightning_qk_norm=False`` drops the Lightning layers' per-head q/k RMSNorm
+  (HypeNet copies its Qwen3 teachers' trained QK norms; SmolLM2 has none, so HypeNet's layers
+  get new all-ones norms that discard the magnitudes of ``q`` and ``k`` its attention used): an
+  ablation, bound from Stage 1 on like the decays. Stage 1 alone measures it (its per-layer
+  MSE; 12-03f and 12-04-rope, with the norms: 0.5101 over the last quarter).
   ``--config.hypenet.attention_rope=True`` (default False, HypeNet's NoPE) keeps RoPE in the
   student's attention layers, an ablation of HyPE's position scheme (outside the paper): whether
   the flat 1.2x student/teacher perplexity beyond 256 tokens (12-03f) is what the NoPE

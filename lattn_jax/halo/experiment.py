@@ -86,7 +86,8 @@ RESUME_FREE_KEYS = frozenset({
 DONE_FREE_KEYS = frozenset({"flatten"})
 # Options added after runs were recorded, with the value those runs used implicitly: a recorded
 # ``options.json`` without the key equals a config that sets it to this value.
-ADDED_KEYS = {"hypenet.lightning_alibi_max_bias": 8.0, "hypenet.attention_rope": False}
+ADDED_KEYS = {"hypenet.lightning_alibi_max_bias": 8.0, "hypenet.attention_rope": False,
+              "hypenet.lightning_qk_norm": True}
 # Options every recorded stage from the named one on must share, whichever stages run: the
 # Lightning layers' decays from Stage 1 on (Stage 1 trains the layers under them; a later
 # stage, calibrate or the report with another value would use those weights under other
@@ -95,6 +96,7 @@ ADDED_KEYS = {"hypenet.lightning_alibi_max_bias": 8.0, "hypenet.attention_rope":
 # (hypenet.attention_layers is not one: Stage 1 trains every layer, and a later stage may
 # choose other attention layers, e.g. the evenly spaced ablation.)
 CROSS_STAGE_KEYS = {"hypenet.lightning_alibi_max_bias": "stage1",
+                    "hypenet.lightning_qk_norm": "stage1",
                     "hypenet.attention_rope": "stage2"}
 
 # Teachers loaded in this process, by (kind, path, dtype, random model): a pipeline that runs
@@ -224,6 +226,7 @@ def student_config(config, teacher_cfg, attention_layers, **kw) -> config_lib.Mo
                                   lightning_implementation=h.lightning_implementation,
                                   lightning_alibi_max_bias=h.get("lightning_alibi_max_bias",
                                                                  8.0),
+                                  lightning_qk_norm=bool(h.get("lightning_qk_norm", True)),
                                   attention_rope=bool(h.get("attention_rope", False)),
                                   dtype=h.dtype, split_projections=h.get("split_projections"),
                                   **kw)
@@ -1001,9 +1004,13 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         # HypeNet's 8 (longest half-life 177 tokens); another value is an ablation.
         # attention_rope: keep RoPE in the student's attention layers instead of HypeNet's NoPE
         # (an ablation of HyPE's position scheme, outside the paper; from Stage 2 on).
+        # lightning_qk_norm: HypeNet's per-head q/k RMSNorm in the Lightning layers (copied from
+        # a Qwen3 teacher; all ones for a teacher without QK norms, such as SmolLM2); False is
+        # an ablation for such teachers (from Stage 1 on, which trains the Lightning layers).
         hypenet=dict(attention_layers=config_dict.placeholder(tuple), tie_embeddings=None,
                      lightning_implementation="auto", dtype="float32", split_projections=True,
-                     lightning_alibi_max_bias=8.0, attention_rope=False),
+                     lightning_alibi_max_bias=8.0, attention_rope=False,
+                     lightning_qk_norm=True),
         stage1=stage("stage1"),
         # The layer sweep's probes (see _select). data_dir None: report.data_dir. CSR:
         # held-out acc_norm (ARC Dev, HellaSwag val minus the report's subsets and the

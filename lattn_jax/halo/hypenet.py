@@ -37,6 +37,7 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
                    tie_embeddings: Optional[bool] = None,
                    lightning_implementation: str = "auto",
                    lightning_alibi_max_bias: float = 8.0,
+                   lightning_qk_norm: bool = True,
                    dtype: Optional[str] = None,
                    param_dtype: Optional[str] = None,
                    split_projections: Optional[bool] = None) -> config_lib.ModelConfig:
@@ -55,6 +56,10 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
       lightning_implementation: ``LightningConfig.implementation``.
       lightning_alibi_max_bias: ``LightningConfig.alibi_max_bias`` (HypeNet: 8; another value
         is an ablation of the Lightning layers' longest memory, outside the spec).
+      lightning_qk_norm: ``LightningConfig.qk_norm`` (HypeNet: on, its Qwen3 teachers' trained
+        QK norms copied, spec §2.2). ``False`` is an ablation for teachers without QK norms
+        (SmolLM2, Llama): there HypeNet's layers get new all-ones norms, and the per-head
+        RMSNorm drops the magnitudes of ``q`` and ``k`` that the teacher's attention used.
       dtype, param_dtype: override the teacher's dtypes.
       split_projections: ``ModelConfig.split_projections`` (the fused projections' column
         blocks as separate products: same values, no cotangent concatenate in the backward);
@@ -89,7 +94,8 @@ def hypenet_config(teacher: config_lib.ModelConfig, attention_layers: Iterable[i
                                       logit_scaling_base=logit_scaling_base),
         lightning=config_lib.LightningConfig(
             num_heads=att.num_heads, num_kv_heads=att.num_heads,
-            head_dim=teacher.attention_head_dim, rope_theta=att.rope_theta, qk_norm=True,
+            head_dim=teacher.attention_head_dim, rope_theta=att.rope_theta,
+            qk_norm=bool(lightning_qk_norm),
             output_norm=True, output_gate=True, scale="1/sqrt(d)", conv_width=0,
             implementation=lightning_implementation,
             alibi_max_bias=lightning_alibi_max_bias),
@@ -134,19 +140,23 @@ def lightning_from_attention(mixer: Mapping, teacher: config_lib.ModelConfig,
 
     Returns:
       The Lightning mixer params (numpy fp32): ``q_proj``, ``k_proj``/``v_proj`` expanded to MHA,
-      ``q_norm``/``k_norm`` (teacher's or ones), ``o_norm`` ones, ``z_proj``, ``out_proj``.
+      ``q_norm``/``k_norm`` (teacher's or ones; absent when ``student.lightning.qk_norm`` is
+      off), ``o_norm`` ones, ``z_proj``, ``out_proj``.
     """
     att = teacher.attention
     q, _, k, v = split_qkv(mixer["qkv_proj"]["kernel"], teacher)
     h, dh, d = att.num_heads, teacher.attention_head_dim, teacher.d_model
     ones = np.ones((dh,), np.float32)
     bound = 1.0 / math.sqrt(d)
+    norms = {}
+    if student.lightning.qk_norm:
+        norms = {name: {"scale": np.asarray(mixer[name]["scale"]) if name in mixer else ones}
+                 for name in ("q_norm", "k_norm")}
     return {
         "q_proj": {"kernel": np.asarray(q)},
         "k_proj": {"kernel": expand_kv_heads(k, att.num_kv_heads, h)},
         "v_proj": {"kernel": expand_kv_heads(v, att.num_kv_heads, h)},
-        "q_norm": {"scale": np.asarray(mixer["q_norm"]["scale"]) if "q_norm" in mixer else ones},
-        "k_norm": {"scale": np.asarray(mixer["k_norm"]["scale"]) if "k_norm" in mixer else ones},
+        **norms,
         "o_norm": {"scale": np.ones((h * dh,), np.float32)},
         "z_proj": {"kernel": np.asarray(jax.random.uniform(key, (d, h * dh), jnp.float32,
                                                            -bound, bound))},

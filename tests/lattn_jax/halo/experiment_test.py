@@ -214,6 +214,31 @@ class ResumeOptionsTest(absltest.TestCase):
         even.hypenet.attention_layers = (3, 7, 11, 15, 19, 23, 27)
         experiment.check_options(even, workdir, ("stage2",))
 
+    def test_lightning_qk_norm_reaches_the_student_and_binds_from_stage1_on(self):
+        workdir = self.create_tempdir().full_path
+        teacher = config_lib.ModelConfig(d_model=64, layer_pattern=("attn",) * 4)
+        cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+        self.assertIs(cfg.hypenet.lightning_qk_norm, True)
+        self.assertTrue(experiment.student_config(cfg, teacher, (1,)).lightning.qk_norm)
+        plain = halo_smollm2.get_config("h200,stage2_len=2048")
+        plain.hypenet.lightning_qk_norm = False
+        self.assertFalse(experiment.student_config(plain, teacher, (1,)).lightning.qk_norm)
+        # A Stage 1 recorded before the option existed ran with the norms.
+        os.makedirs(os.path.join(workdir, "stage1"))
+        experiment._record_options(cfg, workdir, "stage1")
+        path = os.path.join(workdir, "stage1", experiment.OPTIONS_FILE)
+        recorded = json.load(open(path))
+        self.assertIs(recorded.pop("hypenet.lightning_qk_norm"), True)
+        with open(path, "w") as f:
+            json.dump(recorded, f)
+        experiment.check_options(cfg, workdir, ("stage2",))
+        # Every later stage reads Stage 1's Lightning weights: the other value is refused.
+        for stages_now in (("stage1",), ("stage2",), ("calibrate", "report")):
+            with self.subTest(stages=stages_now), self.assertRaisesRegex(
+                    ValueError, r"stage1 ran in .* with hypenet\.lightning_qk_norm=True, and "
+                                r"every stage built on it must use the same value \(now False\)"):
+                experiment.check_options(plain, workdir, stages_now)
+
     def test_attention_rope_reaches_the_student_and_binds_from_stage2_on(self):
         """hypenet.attention_rope (the HyPE ablation: RoPE kept in the attention layers) builds
         "attn" instead of "attn_nope" layers; a Stage 2 of either kind may follow one Stage 1

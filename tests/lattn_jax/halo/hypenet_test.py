@@ -72,6 +72,32 @@ class ConversionTest(absltest.TestCase):
         logits = loaders.build_model(student_cfg, out)(jnp.zeros((1, 5), jnp.int32))
         self.assertTrue(np.isfinite(np.asarray(logits)).all())
 
+    def test_lightning_without_qk_norm(self):
+        # The ablation for teachers without QK norms (SmolLM2): the converted Lightning layers
+        # have no q/k norms, the same projections, and compute the Lightning recurrence on the
+        # raw q, k: equal to a student with norms whose q, k are scaled back to the raw ones.
+        cfg = tiny_teacher_config(qk_norm=False)
+        params = stages.random_teacher(cfg, seed=2)
+        with_norm = hypenet.hypenet_config(cfg, [1])
+        plain = hypenet.hypenet_config(cfg, [1], lightning_qk_norm=False)
+        self.assertTrue(with_norm.lightning.qk_norm)
+        self.assertFalse(plain.lightning.qk_norm)
+        a = hypenet.convert(params, cfg, with_norm, seed=3)
+        b = hypenet.convert(params, cfg, plain, seed=3)
+        for i in (0, 2, 3):
+            self.assertEqual(set(a["blocks"][i]["mixer"]) - set(b["blocks"][i]["mixer"]),
+                             {"q_norm", "k_norm"})
+            for name, leaf in b["blocks"][i]["mixer"].items():
+                np.testing.assert_array_equal(leaf["kernel" if "kernel" in leaf else "scale"],
+                                              a["blocks"][i]["mixer"][name][
+                                                  "kernel" if "kernel" in leaf else "scale"])
+        tokens = jnp.asarray(np.random.default_rng(4).integers(0, 61, size=(2, 11)))
+        out_plain = loaders.build_model(plain, b)(tokens)
+        out_norm = loaders.build_model(with_norm, a)(tokens)
+        self.assertTrue(np.isfinite(np.asarray(out_plain)).all())
+        # Different functions: the norms change q and k (the teacher's are not unit RMS).
+        self.assertGreater(float(jnp.abs(out_plain - out_norm).max()), 1e-3)
+
     def test_split_projections_same_student_loss_and_gradients(self):
         # hypenet.split_projections (on in the HALO configs) forms the gated attention's
         # q/gate/k/v blocks and the MLP's gate/up blocks as separate products: the same params,
