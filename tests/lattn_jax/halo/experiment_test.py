@@ -19,6 +19,20 @@ from lattn_jax.halo import report
 from tests.lattn_jax.data import corpus
 
 
+def _record_stage1_without(config, workdir, key):
+    """Records ``config``'s Stage-1 options in ``workdir`` as a run from before option ``key``
+    existed (the key left out of ``options.json``); returns the value that was left out."""
+    os.makedirs(os.path.join(workdir, "stage1"))
+    experiment._record_options(config, workdir, "stage1")
+    path = os.path.join(workdir, "stage1", experiment.OPTIONS_FILE)
+    with open(path) as f:
+        recorded = json.load(f)
+    value = recorded.pop(key)
+    with open(path, "w") as f:
+        json.dump(recorded, f)
+    return value
+
+
 class ConfigTest(absltest.TestCase):
 
     def test_configs_load(self):
@@ -185,14 +199,9 @@ class ResumeOptionsTest(absltest.TestCase):
         teacher = config_lib.ModelConfig(d_model=64, layer_pattern=("attn",) * 4)
         self.assertEqual(experiment.student_config(cfg, teacher, (1,)).lightning.alibi_max_bias,
                          8.0)
-        os.makedirs(os.path.join(workdir, "stage1"))
-        experiment._record_options(cfg, workdir, "stage1")
         # A record from before the option existed resumes under the value it used (8)...
-        path = os.path.join(workdir, "stage1", experiment.OPTIONS_FILE)
-        recorded = json.load(open(path))
-        self.assertEqual(recorded.pop("hypenet.lightning_alibi_max_bias"), 8.0)
-        with open(path, "w") as f:
-            json.dump(recorded, f)
+        self.assertEqual(
+            _record_stage1_without(cfg, workdir, "hypenet.lightning_alibi_max_bias"), 8.0)
         experiment.check_resume(cfg, workdir, ("stage1",))
         # ...and refuses another one, which changes every Lightning layer's decays.
         longer = halo_smollm2.get_config("h200,stage2_len=2048")
@@ -224,13 +233,7 @@ class ResumeOptionsTest(absltest.TestCase):
         plain.hypenet.lightning_qk_norm = False
         self.assertFalse(experiment.student_config(plain, teacher, (1,)).lightning.qk_norm)
         # A Stage 1 recorded before the option existed ran with the norms.
-        os.makedirs(os.path.join(workdir, "stage1"))
-        experiment._record_options(cfg, workdir, "stage1")
-        path = os.path.join(workdir, "stage1", experiment.OPTIONS_FILE)
-        recorded = json.load(open(path))
-        self.assertIs(recorded.pop("hypenet.lightning_qk_norm"), True)
-        with open(path, "w") as f:
-            json.dump(recorded, f)
+        self.assertIs(_record_stage1_without(cfg, workdir, "hypenet.lightning_qk_norm"), True)
         experiment.check_options(cfg, workdir, ("stage2",))
         # Every later stage reads Stage 1's Lightning weights: the other value is refused.
         for stages_now in (("stage1",), ("stage2",), ("calibrate", "report")):
@@ -264,13 +267,7 @@ class ResumeOptionsTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"one kind of attention layer"):
             experiment.attention_form(mixed)
         # A Stage 1 recorded before the option existed (no key): Stage 2 may take either.
-        os.makedirs(os.path.join(workdir, "stage1"))
-        experiment._record_options(nope, workdir, "stage1")
-        path = os.path.join(workdir, "stage1", experiment.OPTIONS_FILE)
-        recorded = json.load(open(path))
-        self.assertIs(recorded.pop("hypenet.attention_rope"), False)
-        with open(path, "w") as f:
-            json.dump(recorded, f)
+        self.assertIs(_record_stage1_without(nope, workdir, "hypenet.attention_rope"), False)
         experiment.check_options(rope, workdir, ("stage2",))
         # Once Stage 2 ran with RoPE, the later stages must keep it.
         os.makedirs(os.path.join(workdir, "stage2"))
