@@ -190,6 +190,30 @@ class HaloH200ScriptTest(absltest.TestCase):
                          f"configs/halo_smollm2.py:h200,corpus={self.env['XFER']}/corpus/"
                          f"tiny-corpus,stage2_len=2048")
 
+    @pytest.mark.slow  # ~10 s
+    def test_a_second_start_in_another_workdir(self):
+        # A short run first (e.g. a Stage-1-only ablation, WORK=<another dir> and
+        # --stages=stage1), then the main run: the second `start` finds the tars unpacked and
+        # the wheels installed, joins the corpus again and runs in the default workdir.
+        packed = self.pack()
+        for name in ("model.tar.part0", "model.tar.sha256", "data.tar.part0",
+                     "data.tar.sha256"):
+            self.sh("receive", f"{packed}/{name}")
+        first = os.path.join(self.root, "qk")
+        short = {"WORK": first, "HALO_FLAGS": "--stages=stage1 "
+                 "--config.hypenet.lightning_qk_norm=False"}
+        self.sh("start", env=short)
+        self.sh("wait", "60", env=short)
+        with open(os.path.join(first, "report", "args.json")) as f:
+            args = json.load(f)
+        self.assertEqual(args["stages"], "stage1")
+        self.assertEqual(args["config.hypenet.lightning_qk_norm"], "False")
+        self.sh("start")
+        args = self.recorded_args()
+        self.assertNotIn("stages", args)
+        self.assertNotIn("config.hypenet.lightning_qk_norm", args)
+        self.assertTrue(os.path.exists(os.path.join(self.root, "work", "stage3", "done.json")))
+
     def test_branch_runs_a_second_stage3_from_the_same_stage2(self):
         packed = self.pack()
         self.sh("receive", f"{packed}/model.tar.part0", f"{packed}/model.tar.sha256")
