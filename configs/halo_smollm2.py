@@ -63,6 +63,11 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   get new all-ones norms that discard the magnitudes of ``q`` and ``k`` its attention used): an
   ablation, bound from Stage 1 on like the decays. Stage 1 alone measures it (its per-layer
   MSE; 12-03f and 12-04-rope, with the norms: 0.5101 over the last quarter).
+  ``--config.stage2.copied_lr_scale=<s>`` (default 1.0, the spec's one rate) trains what the
+  student copied from the teacher (embeddings, norms, MLPs, attention) at ``s`` times Stage 2's
+  rate and the Lightning mixers at the rate itself (an ablation outside the spec: 1e-3 on the
+  whole pretrained student is pretraining-scale; ``halo-smollm2-2026-12-04-audit.md`` Sec. 3
+  item 3 suggests ``s = 0.1``).
   ``--config.hypenet.attention_rope=True`` (default False, HypeNet's NoPE) keeps RoPE in the
   student's attention layers, an ablation of HyPE's position scheme (outside the paper): whether
   the flat 1.2x student/teacher perplexity beyond 256 tokens (12-03f) is what the NoPE

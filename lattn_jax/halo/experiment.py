@@ -87,7 +87,7 @@ DONE_FREE_KEYS = frozenset({"flatten"})
 # Options added after runs were recorded, with the value those runs used implicitly: a recorded
 # ``options.json`` without the key equals a config that sets it to this value.
 ADDED_KEYS = {"hypenet.lightning_alibi_max_bias": 8.0, "hypenet.attention_rope": False,
-              "hypenet.lightning_qk_norm": True}
+              "hypenet.lightning_qk_norm": True, "stage2.copied_lr_scale": 1.0}
 # Options every recorded stage from the named one on must share, whichever stages run: the
 # Lightning layers' decays from Stage 1 on (Stage 1 trains the layers under them; a later
 # stage, calibrate or the report with another value would use those weights under other
@@ -374,8 +374,9 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
     checked. Then every stage in ``stages_to_run``, done or started, against the options it ran
     with (:func:`check_resume`).
 
-    ``hypenet.lightning_alibi_max_bias`` is checked first, whatever runs: every student
-    stage builds its model from it.
+    ``hypenet.lightning_alibi_max_bias`` and ``stage2.copied_lr_scale`` are checked first,
+    whatever runs: every student stage builds its model from the first, and a bad second one
+    would otherwise stop the pipeline only after Stage 1 and the selection.
 
     Raises:
       ValueError: naming the first bad option, or a stage that ran with other options.
@@ -385,6 +386,10 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
         sg.lightning_log_decay(1, max_bias=max_bias)
     except ValueError as e:
         raise ValueError(f"hypenet.lightning_alibi_max_bias: {e}") from None
+    try:
+        stages.check_copied_lr_scale(config.stage2.get("copied_lr_scale", 1.0))
+    except ValueError as e:
+        raise ValueError(f"stage2.{e}") from None
     check_resume(config, workdir, stages_to_run)
 
     def to_run(stage):
@@ -576,7 +581,8 @@ def _run_stage(config, workdir, stage, stage_dir, print_fn, deadline):
                                 kl_chunk_size=config.stage2.kl_chunk_size, print_fn=print_fn,
                                 deadline=deadline,
                                 micro_batch_size=config.stage2.get("micro_batch_size"),
-                                seq_len=config.stage2.seq_len)
+                                seq_len=config.stage2.seq_len,
+                                copied_lr_scale=config.stage2.get("copied_lr_scale", 1.0))
         return train_summary(out)
 
     cfg, abstract = _stage2_student(config, workdir, teacher_cfg)
@@ -1033,7 +1039,10 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
                     csr_items=config_dict.placeholder(str),
                     recall_items=config_dict.placeholder(str), synthetic_recall=20,
                     synthetic_filler_repeats=4, max_new_tokens=12, max_val_batches=8),
-        stage2=stage("stage2", temperature=1.0, kl_chunk_size=512),
+        # copied_lr_scale: 1.0 is the spec's one rate for the whole student; another value
+        # trains what the student copied from the teacher (embeddings, norms, MLPs, attention)
+        # at that multiple of the Lightning mixers' rate (an ablation outside the spec).
+        stage2=stage("stage2", temperature=1.0, kl_chunk_size=512, copied_lr_scale=1.0),
         # kl_weight > 0: Stage 3's loss is CE + kl_weight x KL(teacher || student) on each
         # window's first kl_len positions (the teacher's context; stages.stage3_loss_fn).
         stage3=stage("stage3", ce_chunk_size=2048, kl_weight=0.0, kl_len=8192),

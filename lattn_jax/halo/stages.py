@@ -132,9 +132,64 @@ class TrainStep(NamedTuple):
     step: Callable[[PyTree, PyTree, Batch], Any]
 
 
+def scale_updates(scales: PyTree) -> optax.GradientTransformation:
+    """Multiplies each leaf's update by its float in ``scales`` (a tree of Python floats with
+    the params' structure): after AdamW with weight decay 0, a per-group learning rate
+    ``lr x scale`` (the schedule's shape is shared). Stateless."""
+    def update(updates, state, params=None):
+        del params
+        return jax.tree_util.tree_map(
+            lambda u, s: u if s == 1.0 else (u * s).astype(u.dtype), updates, scales), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def check_copied_lr_scale(copied_lr_scale: Any) -> None:
+    """Raises ``ValueError`` unless ``copied_lr_scale`` (Stage 2's
+    :func:`stage2_update_scales`) is a finite number > 0."""
+    if isinstance(copied_lr_scale, bool) or not isinstance(copied_lr_scale, (int, float)) \
+            or not 0 < copied_lr_scale < float("inf"):
+        raise ValueError(f"copied_lr_scale must be a finite number > 0, got {copied_lr_scale!r}")
+
+
+def stage2_update_scales(student_cfg: config_lib.ModelConfig, params: PyTree,
+                         copied_lr_scale: float) -> PyTree:
+    """Per-leaf update scales of Stage 2 with two learning-rate groups (outside the spec, which
+    trains the whole student at one rate, §3.3): 1.0 for the Lightning mixers
+    (``blocks[i]["mixer"]`` of every ``"lightning"`` layer, trained only since Stage 1), and
+    ``copied_lr_scale`` for everything the student copied from the teacher (embeddings and
+    head, norms, MLPs, the attention layers; the attention output gate, new in Stage 2, sits in
+    the attention's fused ``qkv_proj`` kernel and goes with it).
+
+    Args:
+      student_cfg: the HypeNet config (its ``layer_pattern``).
+      params: the student's pure-dict params (any leaf type; only the structure is read).
+      copied_lr_scale: a finite float > 0.
+
+    Returns:
+      A tree of Python floats with ``params``' structure.
+
+    Raises:
+      ValueError: ``copied_lr_scale`` not a finite number > 0.
+    """
+    check_copied_lr_scale(copied_lr_scale)
+    lightning_layers = {str(i) for i, name in enumerate(student_cfg.layer_pattern)
+                        if name == "lightning"}
+
+    def scale(path, leaf):
+        del leaf
+        names = [optim._key_name(k) for k in path]
+        new = (len(names) >= 3 and names[0] == "blocks" and names[1] in lightning_layers
+               and names[2] == "mixer")
+        return 1.0 if new else float(copied_lr_scale)
+
+    return jax.tree_util.tree_map_with_path(scale, params)
+
+
 def make_train_step(loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
                     optim_cfg: config_lib.OptimConfig, total_steps: int, *,
-                    micro_batch_size: Optional[int] = None) -> TrainStep:
+                    micro_batch_size: Optional[int] = None,
+                    update_scales: Optional[PyTree] = None) -> TrainStep:
     """The jitted training step of :func:`train_loop` (and of ``benchmarks/profile_halo_step.py``,
     which times it).
 
@@ -152,12 +207,18 @@ def make_train_step(loss_fn: Callable[[PyTree, PyTree, Batch], jax.Array],
       optim_cfg: the optimizer (``optim.make_optimizer``, ``optim.learning_rate_schedule``).
       total_steps: the schedule's length.
       micro_batch_size: rows per forward/backward pass (``None``: the whole batch).
+      update_scales: optional tree of floats with the params' structure, each leaf's update
+        multiplied by its float after the optimizer (:func:`scale_updates`; per-group learning
+        rates, e.g. :func:`stage2_update_scales`). ``None``: the optimizer alone (its state
+        then has the same structure as before this option existed).
 
     Returns:
       A :class:`TrainStep`. Its ``loss_and_grads`` raises ``ValueError`` (at trace time) when
       ``micro_batch_size`` does not divide the batch's rows.
     """
     tx = optim.make_optimizer(optim_cfg, total_steps)
+    if update_scales is not None:
+        tx = optax.chain(tx, scale_updates(update_scales))
     schedule = optim.learning_rate_schedule(optim_cfg, total_steps)
 
     def init_state(params):
@@ -222,7 +283,8 @@ def train_loop(*, workdir: str, init_params: PyTree,
                batches: Iterator[Batch], frozen: PyTree = None,
                print_fn: Callable[[str], None] = print,
                deadline: Optional[float] = None, micro_batch_size: Optional[int] = None,
-               flops_per_token: Optional[float] = None) -> Dict[str, Any]:
+               flops_per_token: Optional[float] = None,
+               update_scales: Optional[PyTree] = None) -> Dict[str, Any]:
     """Trains ``init_params`` on ``loss_fn``, resuming from ``<workdir>/checkpoints``.
 
     Resume order: the newest checkpoint in ``workdir`` (params, optimizer state, step and, for a
@@ -259,6 +321,7 @@ def train_loop(*, workdir: str, init_params: PyTree,
         packed windows: all of them).
       flops_per_token: model FLOPs per trained token of one step (teacher forward included),
         for the MFU; ``None``: tokens/s only.
+      update_scales: per-leaf update scales (:func:`make_train_step`); ``None``: none.
 
     Returns:
       ``{"params", "step", "losses" (this run's per-step losses), "resumed_from", "complete"
@@ -269,7 +332,7 @@ def train_loop(*, workdir: str, init_params: PyTree,
     """
     os.makedirs(workdir, exist_ok=True)
     train_step = make_train_step(loss_fn, optim_cfg, train_cfg.total_steps,
-                                 micro_batch_size=micro_batch_size)
+                                 micro_batch_size=micro_batch_size, update_scales=update_scales)
     init_state, step_fn = train_step.init_state, train_step.step
 
     ckpt = checkpoint_lib.Checkpointer(workdir, keep=train_cfg.keep_checkpoints,
@@ -642,12 +705,22 @@ def run_stage2(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_par
                kl_chunk_size: Optional[int] = None,
                print_fn: Callable[[str], None] = print,
                deadline: Optional[float] = None, micro_batch_size: Optional[int] = None,
-               seq_len: Optional[int] = None) -> Dict[str, Any]:
+               seq_len: Optional[int] = None, copied_lr_scale: float = 1.0) -> Dict[str, Any]:
     """Stage 2 in ``workdir`` (resumable; ``deadline``, ``micro_batch_size`` as in
     :func:`train_loop`; ``seq_len`` given: MFU logged, :func:`stage_flops_per_token`); returns
-    :func:`train_loop`'s result."""
+    :func:`train_loop`'s result. ``copied_lr_scale != 1`` trains what the student copied from
+    the teacher at ``copied_lr_scale`` times the Lightning mixers' rate
+    (:func:`stage2_update_scales`; 1.0: the spec's one rate).
+
+    Raises:
+      ValueError: ``copied_lr_scale`` not a finite number > 0.
+    """
+    check_copied_lr_scale(copied_lr_scale)
     init = stage2_init(teacher_cfg, teacher_params, student_cfg, stage1_params,
                        seed=train_cfg.seed)
+    scales = None
+    if copied_lr_scale != 1.0:
+        scales = stage2_update_scales(student_cfg, init, copied_lr_scale)
     flops = None if seq_len is None else stage_flops_per_token(
         "stage2", seq_len, teacher_cfg=teacher_cfg, teacher_params=teacher_params,
         student_cfg=student_cfg, student_params=init)
@@ -656,7 +729,8 @@ def run_stage2(*, workdir: str, teacher_cfg: config_lib.ModelConfig, teacher_par
                                              chunk_size=kl_chunk_size),
                       optim_cfg=optim_cfg, train_cfg=train_cfg, batches=batches,
                       frozen=teacher_params, print_fn=print_fn, deadline=deadline,
-                      micro_batch_size=micro_batch_size, flops_per_token=flops)
+                      micro_batch_size=micro_batch_size, flops_per_token=flops,
+                      update_scales=scales)
 
 
 def run_stage3(*, workdir: str, student_cfg: config_lib.ModelConfig, init_params: PyTree,

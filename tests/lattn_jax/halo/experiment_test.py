@@ -289,6 +289,24 @@ class ResumeOptionsTest(absltest.TestCase):
                 experiment.check_options(cfg, workdir, experiment.STAGES)
         self.assertFalse(os.path.exists(workdir))
 
+    def test_stage2_copied_lr_scale_is_checked_first_and_binds_stage2(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        for bad in (0.0, -1.0, float("nan"), float("inf")):  # ml_collections refuses a str
+            cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+            cfg.stage2.copied_lr_scale = bad
+            with self.subTest(bad=bad), self.assertRaisesRegex(
+                    ValueError, r"^stage2\.copied_lr_scale must be a finite number > 0"):
+                experiment.check_options(cfg, workdir, experiment.STAGES)
+        self.assertFalse(os.path.exists(workdir))
+        # A Stage 2 started at one rate for the whole student does not resume with two.
+        cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+        self.assertEqual(cfg.stage2.copied_lr_scale, 1.0)
+        os.makedirs(os.path.join(workdir, "stage2"))
+        experiment._record_options(cfg, workdir, "stage2")
+        cfg.stage2.copied_lr_scale = 0.1
+        with self.assertRaisesRegex(ValueError, r"stage2\.copied_lr_scale: 1\.0 -> 0\.1"):
+            experiment.check_resume(cfg, workdir, ("stage2",))
+
     def test_optimizer_layout_is_free_for_a_done_stage_only(self):
         # optim.flatten changes the optimizer state's layout: a started stage cannot resume
         # under the other layout, but a done one is only read for its params.

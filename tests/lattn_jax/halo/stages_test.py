@@ -366,6 +366,82 @@ def grain_batches(seed=0):
     return ds.train_iter
 
 
+class Stage2LearningRateGroupsTest(absltest.TestCase):
+    """``copied_lr_scale`` (an ablation outside the spec): the Lightning mixers at the stage's
+    rate, everything copied from the teacher at a multiple of it."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.teacher_cfg, cls.teacher_params = two_layer_teacher()
+        s1 = stages.stage1_init(cls.teacher_cfg, cls.teacher_params,
+                                stages.stage1_student_config(cls.teacher_cfg))
+        cls.student_cfg = hypenet.hypenet_config(cls.teacher_cfg, [1])  # layer 0 Lightning
+        cls.params = stages.stage2_init(cls.teacher_cfg, cls.teacher_params, cls.student_cfg, s1)
+
+    def test_labels(self):
+        scales = stages.stage2_update_scales(self.student_cfg, self.params, 0.1)
+        flat = {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): v
+                for path, v in jax.tree_util.tree_flatten_with_path(scales)[0]}
+        new = sorted(k for k, v in flat.items() if v == 1.0)
+        self.assertTrue(new)
+        self.assertTrue(all(k.startswith("blocks/0/mixer/") for k in new), new)
+        self.assertIn("blocks/0/mixer/z_proj/kernel", new)
+        copied = {k for k, v in flat.items() if v == 0.1}
+        self.assertEqual(copied, set(flat) - set(new))
+        for name in ("blocks/1/mixer/qkv_proj/kernel", "blocks/0/mlp", "embed"):
+            self.assertTrue(any(k.startswith(name) for k in copied), (name, sorted(copied)))
+        for bad in (0, -1.0, float("inf"), float("nan"), True, "0.1"):
+            with self.assertRaisesRegex(ValueError, "copied_lr_scale must be a finite number"):
+                stages.stage2_update_scales(self.student_cfg, self.params, bad)
+
+    def test_updates_of_the_copied_group_are_scaled(self):
+        # AdamW with weight decay 0: the update of a leaf is -lr m / (sqrt(v) + eps), so the
+        # scaled group's update is exactly scale x the one-rate update, the other group's the
+        # same (two updates from the same gradients: the first at rate 0, the warm-up's start).
+        loss_fn = stages.stage2_loss_fn(self.teacher_cfg, self.student_cfg, chunk_size=8)
+        scales = stages.stage2_update_scales(self.student_cfg, self.params, 0.1)
+        updates = []
+        for update_scales in (None, scales):
+            step = stages.make_train_step(loss_fn, optim_cfg(1e-3), 4,
+                                          update_scales=update_scales)
+            _, grads = step.loss_and_grads(self.params, self.teacher_params, next(batches()))
+            opt_state = step.tx.init(self.params)
+            for _ in range(2):
+                upd, opt_state = step.tx.update(grads, opt_state, self.params)
+            updates.append(upd)
+        seen = set()
+        for one_rate, grouped, scale in zip(*(jax.tree_util.tree_leaves(t)
+                                              for t in (*updates, scales))):
+            np.testing.assert_allclose(grouped, scale * np.asarray(one_rate), rtol=1e-6)
+            if np.abs(one_rate).max() > 0:
+                seen.add(scale)
+        self.assertEqual(seen, {1.0, 0.1})  # both groups move
+
+    def test_run_stage2_with_groups_resumes_and_refuses_a_bad_scale(self):
+        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params,
+                                stages.stage1_student_config(self.teacher_cfg))
+        kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
+                  student_cfg=self.student_cfg, stage1_params=s1, optim_cfg=optim_cfg(3e-3),
+                  kl_chunk_size=8, print_fn=lambda s: None, copied_lr_scale=0.25)
+        whole = stages.run_stage2(workdir=self.create_tempdir().full_path,
+                                  train_cfg=train_cfg(4), batches=batches(), **kw)
+        workdir = self.create_tempdir().full_path
+        first = stages.run_stage2(workdir=workdir, train_cfg=train_cfg(4, max_steps_per_run=2),
+                                  batches=batches(), **kw)
+        second = stages.run_stage2(workdir=workdir, train_cfg=train_cfg(4),
+                                   batches=batches(seed=0), **kw)
+        self.assertEqual(second["resumed_from"], 2)
+        self.assertLen(first["losses"] + second["losses"], 4)
+        one_rate = stages.run_stage2(workdir=self.create_tempdir().full_path,
+                                     train_cfg=train_cfg(4), batches=batches(),
+                                     **{**kw, "copied_lr_scale": 1.0})
+        self.assertNotAlmostEqual(whole["losses"][-1], one_rate["losses"][-1], places=6)
+        with self.assertRaisesRegex(ValueError, "copied_lr_scale"):
+            stages.run_stage2(workdir=self.create_tempdir().full_path, train_cfg=train_cfg(2),
+                              batches=batches(), **{**kw, "copied_lr_scale": 0.0})
+
+
 class ResumeTest(absltest.TestCase):
     """Each stage cut mid-way and resumed gives the losses of the same stage run in one go."""
 
