@@ -89,7 +89,9 @@ class ProfileT0Test(absltest.TestCase):
                 dict(variant="nobar:substitution", stages="nobar", inverse=s, kernel_ms=0.12,
                      rel_rms=1.7e-3),
                 dict(variant="nobar:substitution:4", stages="nobar", inverse=s,
-                     chunks_per_cta=4, kernel_ms=0.13)]
+                     chunks_per_cta=4, kernel_ms=0.13),
+                dict(variant="no_store:substitution", stages="no_store", inverse=s,
+                     error="error: TypeError: unexpected keyword")]
         text = profile_t0.render(recs, "# head")
         self.assertIn("| gram:doubling | 0.080 | +0.030 | – |", text)  # no full:doubling
         self.assertIn("| full:doubling | skipped: deadline", text)
@@ -97,6 +99,7 @@ class ProfileT0Test(absltest.TestCase):
         self.assertIn("| nobar:substitution | 0.120 | -0.060 | -0.060 |", text)
         self.assertIn("| nobar:substitution:4 | 0.130 | +0.010 | – |", text)  # other cpc
         self.assertIn("1.600e-03", text)
+        self.assertIn("| no_store:substitution | failed: error: TypeError: unexpected", text)
 
     def test_interpreted_run_writes_records_and_checks_the_full_variant(self):
         out = self.create_tempdir().full_path + "/t0"
@@ -117,6 +120,37 @@ class ProfileT0Test(absltest.TestCase):
         self.assertNotIn("rel_rms", recs[0])  # only T0 is checked
         with open(out + ".md") as f:
             self.assertIn("| full:doubling:1 |", f.read())
+
+    def test_static_counts_of_the_lowered_stages(self):
+        import jax
+        import jax.numpy as jnp
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+        k = jnp.zeros((1, 256, 1, 64), jnp.bfloat16)
+        beta = jnp.zeros((1, 256, 2), jnp.float32)
+        counts = {}
+        for stages in ("io", "gram", "full", "nobar"):
+            fn = jax.jit(lambda k, b, stages=stages: kgd.chunk_kkt_inverse_mosaic(
+                k, b, stages=stages, chunks_per_cta=2))
+            text = jax.export.export(fn, platforms=["cuda"])(k, beta).mlir_module()
+            counts[stages] = profile_t0.static_counts(profile_t0.mosaic_module_text(text))
+        # K 64: K K^T is 4 wgmma (k steps of 16); the inverse 35 and the Newton step 30 more.
+        self.assertEqual([counts[s]["wgmma"] for s in ("io", "gram", "full", "nobar")],
+                         [0, 4, 69, 69])
+        self.assertEqual(counts["io"]["tma_load"], 8)  # prologue + prefetch, 4 copies each
+        self.assertEqual(counts["full"]["tma_store"], 1)
+        self.assertEqual(counts["full"]["fence_proxy"], 8)  # commit_smem: 3 + 2 + 2 + 1
+        # The auto barriers: two per register -> SMEM store and one per TMA load issue.
+        self.assertGreater(counts["full"]["bar_sync"], 60)
+        self.assertEqual(counts["nobar"]["bar_sync"], 10)
+        self.assertLess(counts["io"]["ops"], counts["gram"]["ops"])
+        self.assertLess(counts["gram"]["ops"], counts["full"]["ops"])
+        text = profile_t0.render_static([dict(variant="full:doubling", static=counts["full"])],
+                                        "# h")
+        self.assertIn("| full:doubling | ", text)
+        with self.assertRaisesRegex(ValueError, "one mosaic_gpu custom call, found 0"):
+            profile_t0.mosaic_module_text(jax.export.export(jax.jit(jnp.sin),
+                                                            platforms=["cuda"])(beta)
+                                          .mlir_module())
 
     def test_deadline_watchdog_keeps_the_table(self):
         # A deadline that passes during the imports or the first (interpreted) compile: the
