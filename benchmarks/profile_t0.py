@@ -8,32 +8,49 @@ cost is not where MOSAIC_GPU.md Sec. 13 estimated it. This binary times the kern
 ``gram`` adds ``K K^T`` and the ``A0`` masks, ``no_refine`` adds the inverse, ``full`` the
 Newton step), each with the same grid, TMA ring, SMEM and output store, so the differences
 between consecutive stages are the time of each part of the work (MOSAIC_GPU.md Sec. 14).
+Two more do all of ``full``'s work: ``nobar`` without Pallas's automatic warpgroup barriers
+around each register -> SMEM store (``unsafe_no_auto_barriers``; it should still return
+``T0``, and is checked like ``full``), ``no_store`` with the TMA store of each CTA's last
+chunk only; the table gives every variant's difference to the ``full`` of its inverse too.
 
 Each variant ``<stages>:<inverse>[:<chunks per CTA>]`` is jitted, compiled, run once, then
 traced over ``--iters`` calls with ``jax.profiler`` (``benchmarks.common.trace_events``, the
 same kernel timing as ``bench_kernels.py``); its record has the ``T0`` kernel's own device time
 (the kernel named ``gdn_chunk_kkt_inverse*``), the call's total (XLA's padding and transposes
 too) and an estimate of cycles per chunk, ``kernel time x clock x CTA slots / chunk-heads``
-(``--sm_count`` x ``--ctas_per_sm`` slots at ``--clock_ghz``; the kernel keeps two CTAs per SM
-at K 128). The ``full`` variants are checked against a float64 inverse on the first batch row
-(relative RMS of ``T0 - I`` on the first ``--check_heads`` heads), so a broken build shows.
-A variant that does not fit what is left of ``--deadline_s`` (its estimate: the slowest
-finished variant's wall time) is skipped and reported as such.
+(``--sm_count`` x ``--ctas_per_sm`` slots at ``--clock_ghz``, or without it at the SM clock
+``nvidia-smi`` reads right after the variant's trace; the kernel keeps two CTAs per SM at
+K 128). The ``full`` and ``nobar`` variants are checked against a float64 inverse on the first
+batch row (relative RMS of ``T0 - I`` on the first ``--check_heads`` heads), so a broken build
+shows. A variant that does not fit what is left of ``--deadline_s`` (its estimate: the slowest
+finished variant's wall time) is skipped and reported as such; and if one variant is still
+compiling or running when ``--deadline_s`` is up (a slow compile), a watchdog writes the
+table of what finished, with that variant marked, and exits (status 3), so the call keeps
+its results.
 
 Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes) and ``<out>.md``
 (the table, with each stage's difference to the one before it). Usage, on the GPU machine::
 
     python3 benchmarks/profile_t0.py --out=$OUT/t0_stages
-    python3 benchmarks/profile_t0.py --variants=full:doubling:8,full:doubling:4,full:doubling:1 \
-        --out=$OUT/t0_cpc
+    python3 benchmarks/profile_t0.py --variants=io:doubling,full:doubling \
+        --chunks_per_cta=8,4,1 --out=$OUT/t0_cpc
 
 Without a GPU (CPU) the kernels cannot run; ``--interpret`` runs them in Mosaic GPU interpret
 mode at a tiny shape, to check the binary itself (no kernel times: the CPU trace has none).
+``--static`` (CPU, jax 0.10.2, seconds) times nothing: it exports each variant for CUDA and
+counts, in the serialized Mosaic GPU module (before LLVM, so an upper bound on what ptxas
+keeps; the chunk loop's body appears once, so per chunk but for the prologue's copies and the
+final wait), the synchronisation and tensor-core instructions: warpgroup barriers
+(``bar.sync``), ``wgmma``, ``wgmma.wait_group``, async-proxy fences (``commit_smem``), TMA
+loads and stores, SMEM loads and stores from registers, and all non-constant ops::
+
+    JAX_PLATFORMS=cpu python benchmarks/profile_t0.py --static --out=/tmp/t0_static
 """
 
 import json
 import os
 import sys
+import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -42,32 +59,57 @@ from absl import app, flags
 if __name__ == "__main__":  # python benchmarks/profile_t0.py from the repository root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-_BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
-_SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
-_HEADS = flags.DEFINE_integer("heads", 16, "Value heads H.")
-_KV_HEADS = flags.DEFINE_integer("kv_heads", 16, "Key heads Hk (H % Hk == 0).")
-_DK = flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.")
-_DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "k's dtype.")
-_DOCS = flags.DEFINE_integer("doc_len", 0, "If > 0, documents of this many tokens "
-                             "(segment_ids); 0: one document per row.")
-_VARIANTS = flags.DEFINE_list(
-    "variants", ["io:doubling", "gram:doubling", "no_refine:doubling", "full:doubling",
-                 "no_refine:substitution", "full:substitution"],
-    "Variants <stages>:<inverse>[:<chunks per CTA>] (stages in KKT_STAGES, inverse in "
-    "KKT_INVERSES; chunks per CTA default: the kernel's rule).")
-_ITERS = flags.DEFINE_integer("iters", 20, "Traced calls per variant.")
-_CHECK_HEADS = flags.DEFINE_integer("check_heads", 2, "Heads of batch row 0 checked against "
-                                    "float64 for the full variants (0: no check).")
-_SM_COUNT = flags.DEFINE_integer("sm_count", 132, "SMs, for the cycles estimate.")
-_CTAS_PER_SM = flags.DEFINE_integer("ctas_per_sm", 2, "Resident CTAs per SM, for the cycles "
-                                    "estimate.")
-_CLOCK_GHZ = flags.DEFINE_float("clock_ghz", 1.98, "SM clock, for the cycles estimate.")
-_DEADLINE_S = flags.DEFINE_float("deadline_s", None, "Wall-clock budget of the whole run.")
-_INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
-                               "this binary; use a tiny shape).")
-_OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
+DEFAULT_VARIANTS = ("io:doubling", "gram:doubling", "no_refine:doubling", "full:doubling",
+                    "nobar:doubling", "no_store:doubling", "no_refine:substitution",
+                    "full:substitution", "nobar:substitution")
+
+
+def _define_flags() -> None:
+    """Defines the flags (only when run as a program: ``bench_kernels.py`` defines some of
+    the same names in absl's global registry, and the tests import both modules)."""
+    global _BATCH, _SEQ_LEN, _HEADS, _KV_HEADS, _DK, _DTYPE
+    global _DOCS, _VARIANTS, _CHUNKS_PER_CTA, _ITERS, _CHECK_HEADS, _SM_COUNT
+    global _CTAS_PER_SM, _CLOCK_GHZ, _DEADLINE_S, _INTERPRET, _STATIC, _OUT
+    _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
+    _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
+    _HEADS = flags.DEFINE_integer("heads", 16, "Value heads H.")
+    _KV_HEADS = flags.DEFINE_integer("kv_heads", 16, "Key heads Hk (H % Hk == 0).")
+    _DK = flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.")
+    _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "k's dtype.")
+    _DOCS = flags.DEFINE_integer("doc_len", 0, "If > 0, documents of this many tokens "
+                                 "(segment_ids); 0: one document per row.")
+    _VARIANTS = flags.DEFINE_list(
+        "variants", list(DEFAULT_VARIANTS),
+        "Variants <stages>:<inverse>[:<chunks per CTA>] (stages in KKT_STAGES, inverse in "
+        "KKT_INVERSES; chunks per CTA default: --chunks_per_cta, else the kernel's rule).")
+    _CHUNKS_PER_CTA = flags.DEFINE_list(
+        "chunks_per_cta", [], "Chunks per CTA for each variant that names none: the variant is "
+        "run once per value (in this order); empty: once, with the kernel's rule.")
+    _ITERS = flags.DEFINE_integer("iters", 20, "Traced calls per variant (0: no trace, e.g. "
+                                  "under ncu, whose counters and jax.profiler's do not mix).")
+    _CHECK_HEADS = flags.DEFINE_integer("check_heads", 2, "Heads of batch row 0 checked against "
+                                        "float64 for the full variants (0: no check).")
+    _SM_COUNT = flags.DEFINE_integer("sm_count", 132, "SMs, for the cycles estimate.")
+    _CTAS_PER_SM = flags.DEFINE_integer("ctas_per_sm", 2, "Resident CTAs per SM, for the cycles "
+                                        "estimate.")
+    _CLOCK_GHZ = flags.DEFINE_float(
+        "clock_ghz", None, "SM clock (GHz) for the cycles estimate; default: nvidia-smi's "
+        "clocks.sm read right after each variant's trace, else 1.98.")
+    _DEADLINE_S = flags.DEFINE_float(
+        "deadline_s", None, "Wall-clock budget of the whole run, from the start of main: "
+        "variants that would not fit are skipped, and a variant still running at the deadline "
+        "ends the run (status 3) after the table of the finished ones is written.")
+    _INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
+                                   "this binary; use a tiny shape).")
+    _STATIC = flags.DEFINE_bool("static", False, "Count instructions in the lowered modules "
+                                "(CPU; no kernel runs; see the module docstring).")
+    _OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
+
 
 KERNEL_PREFIX = "gdn_chunk_kkt_inverse"
+DEFAULT_CLOCK_GHZ = 1.98  # the H200's boost clock (nvidia-smi clocks.max.sm 1980 MHz)
+CHECKED_STAGES = ("full", "nobar")  # the stages whose output is T0
+DEADLINE_EXIT = 3  # exit status when the watchdog ends a run at --deadline_s
 
 
 class VariantError(ValueError):
@@ -101,6 +143,117 @@ def parse_variant(text: str) -> Tuple[str, str, Optional[int]]:
         if cpc < 1:
             raise VariantError(f"--variants entry {text!r}: chunks per CTA must be an int >= 1")
     return stages, inverse, cpc
+
+
+def expand_variants(texts: Sequence[str], chunks_per_cta: Sequence[str]
+                    ) -> List[Tuple[str, str, str, Optional[int]]]:
+    """``(label, stages, inverse, chunks per CTA)`` per run: each entry of ``texts`` (see
+    :func:`parse_variant`) once per value of ``chunks_per_cta`` unless it names its own
+    (label ``<stages>:<inverse>:<cpc>`` then), once with the kernel's rule if that is empty.
+
+    Raises:
+      VariantError: on a malformed entry, or a ``chunks_per_cta`` value that is not an
+        int >= 1.
+    """
+    cpcs: List[Optional[int]] = []
+    for item in chunks_per_cta:
+        try:
+            value = int(item)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise VariantError(f"--chunks_per_cta entry {item!r}: must be an int >= 1")
+        cpcs.append(value)
+    runs = []
+    for text in texts:
+        stages, inverse, cpc = parse_variant(text)
+        label = text.strip()
+        if cpc is not None or not cpcs:
+            runs.append((label, stages, inverse, cpc))
+        else:
+            runs.extend((f"{label}:{v}", stages, inverse, v) for v in cpcs)
+    return runs
+
+
+def smi_clock_ghz(text: Optional[str]) -> Optional[float]:
+    """The first GPU's SM clock in GHz from ``nvidia-smi --query-gpu=clocks.sm`` output
+    (``"1980 MHz"``), ``None`` if there is none or it does not parse."""
+    if not text:
+        return None
+    try:
+        mhz = float(text.splitlines()[0].split(",")[0].strip().split()[0])
+    except (ValueError, IndexError):
+        return None
+    return mhz / 1e3 if mhz > 0 else None
+
+
+# What --static counts in the Mosaic GPU module (generic MLIR form, ops prefixed with
+# "stable_mosaic_gpu."): name -> regex.
+STATIC_PATTERNS = {
+    "bar_sync": r"bar\.sync \$0, 128;",
+    "wgmma": r"wgmma\.mma_async",
+    "wgmma_wait": r"nvvm\.wgmma\.wait\.group",
+    "fence_proxy": r"nvvm\.fence\.proxy",
+    "tma_load": r"cp\.async\.bulk\.tensor\.shared\.cluster\.global",
+    "tma_store": r"cp\.async\.bulk\.tensor\.global\.shared",
+    "mbarrier_wait": r"nvvm\.mbarrier\.try_wait",
+    "llvm_store": r"\"stable_mosaic_gpu\.llvm\.store\"",
+    "llvm_load": r"\"stable_mosaic_gpu\.llvm\.load\"",
+}
+
+
+def mosaic_module_text(exported_mlir: str) -> str:
+    """The Mosaic GPU kernel module (generic MLIR text) of the one ``mosaic_gpu_v2`` custom
+    call in ``exported_mlir`` (``jax.export``'s ``mlir_module()`` for CUDA).
+
+    Raises:
+      ValueError: if there is not exactly one such custom call.
+    """
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib import mosaic_gpu_dialect
+    from jax._src.lib.mlir import ir
+    ctx = jax_mlir.make_ir_context()
+    mosaic_gpu_dialect.register_dialect(ctx)
+    ctx.allow_unregistered_dialects = True
+    with ctx:
+        module = ir.Module.parse(exported_mlir)
+        blobs = []
+
+        def walk(op):
+            if op.operation.name == "stablehlo.custom_call" and "mosaic_gpu" in str(
+                    op.operation.attributes["call_target_name"]):
+                blobs.append(ir.DictAttr(op.operation.attributes["mhlo.backend_config"]))
+            for region in op.operation.regions:
+                for block in region.blocks:
+                    for inner in block.operations:
+                        walk(inner)
+
+        walk(module)
+        if len(blobs) != 1:
+            raise ValueError(f"expected one mosaic_gpu custom call, found {len(blobs)}")
+        raw = ir.StringAttr(blobs[0]["module"]).value_bytes
+        return str(ir.Module.parse(raw))
+
+
+def static_counts(module_text: str) -> Dict[str, int]:
+    """Counts of :data:`STATIC_PATTERNS` in a Mosaic GPU module's text, plus ``ops``: its
+    operations other than constants."""
+    import re
+    counts = {name: len(re.findall(pat, module_text)) for name, pat in STATIC_PATTERNS.items()}
+    ops = re.findall(r'"stable_mosaic_gpu\.([a-z_]+\.[a-z_.0-9]+)"', module_text)
+    counts["ops"] = sum(1 for op in ops if not op.endswith("constant"))
+    return counts
+
+
+def render_static(records: Sequence[Dict], header: str) -> str:
+    """The markdown table of ``--static`` records (one column per count)."""
+    names = list(STATIC_PATTERNS) + ["ops"]
+    lines = [header, "", "| variant | " + " | ".join(names) + " |",
+             "|---|" + "---:|" * len(names)]
+    for r in records:
+        lines.append(f"| {r['variant']} | " + " | ".join(str(r["static"][n]) for n in names)
+                     + " |")
+    return "\n".join(lines) + "\n"
 
 
 def cycles_per_chunk(kernel_ms: float, chunk_heads: int, *, sm_count: int, ctas_per_sm: int,
@@ -141,24 +294,32 @@ def relative_rms(got, want) -> float:
 
 
 def render(records: Sequence[Dict], header: str) -> str:
-    """The markdown table of ``records`` (kernel ms, its difference to the previous record,
-    total ms, cycles per chunk, the full variants' error, compile s)."""
-    lines = [header, "", "| variant | T0 kernel ms | delta vs previous | call total ms | "
-             "cycles per chunk (est.) | rel. RMS vs float64 | compile s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    """The markdown table of ``records`` (kernel ms, its difference to the previous record and
+    to the ``full`` record of the same inverse and chunks per CTA, total ms, cycles per chunk,
+    the checked variants' error, compile s)."""
+    lines = [header, "", "| variant | T0 kernel ms | delta vs previous | delta vs full | "
+             "call total ms | cycles per chunk (est.) | rel. RMS vs float64 | compile s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    full = {(r.get("inverse"), r.get("chunks_per_cta")): r["kernel_ms"] for r in records
+            if r.get("stages") == "full" and r.get("kernel_ms") is not None}
     prev = None
 
     def f(x, spec=".3f"):
         return "–" if x is None else format(x, spec)
 
     for r in records:
-        if r.get("skipped"):
-            lines.append(f"| {r['variant']} | skipped: {r['skipped']} | | | | | |")
+        if r.get("skipped") or r.get("error"):
+            why = f"skipped: {r['skipped']}" if r.get("skipped") else f"failed: {r['error']}"
+            lines.append(f"| {r['variant']} | {why} | | | | | | |")
             continue
         delta = (None if prev is None or r.get("kernel_ms") is None
                  else r["kernel_ms"] - prev)
+        ref = full.get((r.get("inverse"), r.get("chunks_per_cta")))
+        vs_full = (None if ref is None or r.get("kernel_ms") is None or r.get("stages") == "full"
+                   else r["kernel_ms"] - ref)
         lines.append(f"| {r['variant']} | {f(r.get('kernel_ms'))} | "
                      f"{'–' if delta is None else format(delta, '+.3f')} | "
+                     f"{'–' if vs_full is None else format(vs_full, '+.3f')} | "
                      f"{f(r.get('total_ms'))} | {f(r.get('cycles_per_chunk'), ',.0f')} | "
                      f"{f(r.get('rel_rms'), '.3e')} | {f(r.get('compile_s'), '.1f')} |")
         prev = r.get("kernel_ms", prev)
@@ -179,32 +340,141 @@ def _inputs(batch, seq_len, heads, kv_heads, dk, dtype, doc_len, seed=0):
     return jnp.asarray(k, dtype), jnp.asarray(beta), seg
 
 
-def main(argv: List[str]) -> None:
-    del argv
+def _header(env: Dict, dk: int) -> str:
+    return (f"# T0 kernel stage ablations, {env['date_utc']}\n\n"
+            f"Device: {env['device_kind']} ({env['nvidia_smi']}); jax {env['jax']}.\n"
+            f"Command: `{env['command']}`\n\n"
+            f"Shape B {_BATCH.value}, T {_SEQ_LEN.value}, H {_HEADS.value}, "
+            f"Hk {_KV_HEADS.value}, K {dk}, {_DTYPE.value}, "
+            f"{'documents of ' + str(_DOCS.value) if _DOCS.value else 'one document per row'}"
+            f"; {_ITERS.value} traced calls per variant; cycles per chunk over "
+            f"{_SM_COUNT.value} x {_CTAS_PER_SM.value} CTA slots at "
+            f"{_CLOCK_GHZ.value or 'the measured'} GHz (each record's clock_ghz).")
+
+
+def _write_table(records: Sequence[Dict], header: str) -> str:
+    text = render(records, header)
+    with open(_OUT.value + ".md", "w") as f:
+        f.write(text)
+    return text
+
+
+def _measure(rec: Dict, want, stages: str, inverse: str, cpc: Optional[int], k, beta, seg,
+             chunk_heads: int):
+    """Compiles, runs, checks (``want``: the float64 ``T0`` once computed, else ``None``) and
+    traces one variant, filling ``rec``; returns ``want``."""
     import jax
     import numpy as np
     from benchmarks import common
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+    t0 = time.perf_counter()
+    fn = jax.jit(lambda k, b, s, stages=stages, inverse=inverse, cpc=cpc:
+                 kgd.chunk_kkt_inverse_mosaic(k, b, segment_ids=s, chunks_per_cta=cpc,
+                                              inverse=inverse, stages=stages,
+                                              interpret=_INTERPRET.value))
+    compiled = fn.lower(k, beta, seg).compile()
+    rec["compile_s"] = time.perf_counter() - t0
+    out = jax.block_until_ready(compiled(k, beta, seg))
+    if stages in CHECKED_STAGES and _CHECK_HEADS.value > 0:
+        heads = min(_CHECK_HEADS.value, _HEADS.value)
+        if want is None:
+            want = t0_float64(np.asarray(k.astype(np.float32)), beta, seg, heads)
+        got = np.asarray(out[0, :, :heads].astype(np.float32), np.float64)
+        rec["rel_rms"] = relative_rms(got, want)
+    if _ITERS.value <= 0:
+        return want
+    events = common.trace_events(lambda: compiled(k, beta, seg), _ITERS.value)
+    kernels = common.device_kernel_events(events)
+    own = sum(d for name, _, d in kernels if name.startswith(KERNEL_PREFIX))
+    total = sum(d for _, _, d in kernels)
+    if total > 0:
+        smi = common.nvidia_smi("clocks.sm")
+        rec["sm_clock_smi"] = smi
+        clock = _CLOCK_GHZ.value or smi_clock_ghz(smi) or DEFAULT_CLOCK_GHZ
+        rec["clock_ghz"] = clock
+        rec["kernel_ms"] = own / 1e3 / _ITERS.value
+        rec["total_ms"] = total / 1e3 / _ITERS.value
+        rec["kernel_names"] = sorted({n for n, _, _ in kernels
+                                      if n.startswith(KERNEL_PREFIX)})
+        rec["cycles_per_chunk"] = cycles_per_chunk(
+            rec["kernel_ms"], chunk_heads, sm_count=_SM_COUNT.value,
+            ctas_per_sm=_CTAS_PER_SM.value, clock_ghz=clock)
+    return want
+
+
+def _static_main(variants, k, beta, seg, env: Dict, dk: int) -> None:
+    import jax
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+    records = []
+    for text, stages, inverse, cpc in variants:
+        fn = jax.jit(lambda k, b, s, stages=stages, inverse=inverse, cpc=cpc:
+                     kgd.chunk_kkt_inverse_mosaic(k, b, segment_ids=s, chunks_per_cta=cpc,
+                                                  inverse=inverse, stages=stages))
+        exported = jax.export.export(fn, platforms=["cuda"])(k, beta, seg)
+        records.append(dict(variant=text, stages=stages, inverse=inverse, chunks_per_cta=cpc,
+                            dk=dk, jax=env["jax"],
+                            static=static_counts(mosaic_module_text(exported.mlir_module()))))
+        print(json.dumps(records[-1]), flush=True)
+    header = (f"# T0 kernel: instructions in the lowered Mosaic GPU modules (static, "
+              f"{env['date_utc']})\n\nK {dk}, {_DTYPE.value}, jax {env['jax']}; one chunk-loop "
+              f"body per module, plus the first chunk's copies (4 bar.sync, 4 TMA loads) and "
+              f"the final wait (1 bar.sync).")
+    with open(_OUT.value + ".jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    text = render_static(records, header)
+    with open(_OUT.value + ".md", "w") as f:
+        f.write(text)
+    print(text)
+
+
+def main(argv: List[str]) -> None:
+    del argv
+    start = time.perf_counter()  # --deadline_s counts from here (imports included)
+    from benchmarks import common
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 
     try:
-        variants = [(text, *parse_variant(text)) for text in _VARIANTS.value]
+        variants = expand_variants(_VARIANTS.value, _CHUNKS_PER_CTA.value)
     except VariantError as e:
         raise app.UsageError(str(e)) from None
     if _HEADS.value % _KV_HEADS.value:
         raise app.UsageError(f"--heads={_HEADS.value} must be a multiple of "
                              f"--kv_heads={_KV_HEADS.value}")
     dk = int(_DK.value)
+    budget = common.TimeBudget(_DEADLINE_S.value, start=start)
     k, beta, seg = _inputs(_BATCH.value, _SEQ_LEN.value, _HEADS.value, _KV_HEADS.value, dk,
                            _DTYPE.value, _DOCS.value)
     chunk_heads = _BATCH.value * _HEADS.value * -(-_SEQ_LEN.value // kgd.CHUNK)
-    budget = common.TimeBudget(_DEADLINE_S.value)
     env = common.environment()
+    header = _header(env, dk)
+    if _STATIC.value:
+        _static_main(variants, k, beta, seg, env, dk)
+        return
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     jsonl = _OUT.value + ".jsonl"
     open(jsonl, "w").close()
     want = None
     slowest = None
-    records = []
+    records: List[Dict] = []
+    lock = threading.Lock()
+    running: Dict[str, Dict] = {}
+
+    def watchdog():  # the deadline passed with a variant still compiling or running
+        with lock:
+            rec = running.get("rec")
+            if rec is not None:
+                rec = dict(rec, skipped=f"still running at --deadline_s={_DEADLINE_S.value:.0f}"
+                           f" (after {time.perf_counter() - rec.pop('_t0'):.0f} s)")
+                with open(jsonl, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            print(_write_table(records + ([rec] if rec else []), header), flush=True)
+            os._exit(DEADLINE_EXIT)
+
+    timer = None
+    if _DEADLINE_S.value is not None:
+        timer = threading.Timer(max(budget.remaining(), 0.0), watchdog)
+        timer.daemon = True
+        timer.start()
     for text, stages, inverse, cpc in variants:
         rec = dict(variant=text, stages=stages, inverse=inverse, chunks_per_cta=cpc,
                    bthk=[_BATCH.value, _SEQ_LEN.value, _HEADS.value, _KV_HEADS.value, dk],
@@ -214,50 +484,29 @@ def main(argv: List[str]) -> None:
             rec["skipped"] = f"deadline ({budget.remaining():.0f} s left, last took {slowest:.0f})"
         else:
             t0 = time.perf_counter()
-            fn = jax.jit(lambda k, b, s, stages=stages, inverse=inverse, cpc=cpc:
-                         kgd.chunk_kkt_inverse_mosaic(k, b, segment_ids=s, chunks_per_cta=cpc,
-                                                      inverse=inverse, stages=stages,
-                                                      interpret=_INTERPRET.value))
-            compiled = fn.lower(k, beta, seg).compile()
-            rec["compile_s"] = time.perf_counter() - t0
-            out = jax.block_until_ready(compiled(k, beta, seg))
-            if stages == "full" and _CHECK_HEADS.value > 0:
-                heads = min(_CHECK_HEADS.value, _HEADS.value)
-                if want is None:
-                    want = t0_float64(np.asarray(k.astype(np.float32)), beta, seg, heads)
-                got = np.asarray(out[0, :, :heads].astype(np.float32), np.float64)
-                rec["rel_rms"] = relative_rms(got, want)
-            events = common.trace_events(lambda: compiled(k, beta, seg), _ITERS.value)
-            kernels = common.device_kernel_events(events)
-            own = sum(d for name, _, d in kernels if name.startswith(KERNEL_PREFIX))
-            total = sum(d for _, _, d in kernels)
-            if total > 0:
-                rec["kernel_ms"] = own / 1e3 / _ITERS.value
-                rec["total_ms"] = total / 1e3 / _ITERS.value
-                rec["kernel_names"] = sorted({n for n, _, _ in kernels
-                                              if n.startswith(KERNEL_PREFIX)})
-                rec["cycles_per_chunk"] = cycles_per_chunk(
-                    rec["kernel_ms"], chunk_heads, sm_count=_SM_COUNT.value,
-                    ctas_per_sm=_CTAS_PER_SM.value, clock_ghz=_CLOCK_GHZ.value)
+            with lock:
+                running["rec"] = dict(rec, _t0=t0)
+            result, status = common.guarded(_measure, rec, want, stages, inverse, cpc, k, beta,
+                                            seg, chunk_heads)
+            if status == common.OK:
+                want = result
+            else:  # the traceback went to stderr; the other variants still run
+                rec["error"] = status
             wall = time.perf_counter() - t0
             rec["wall_s"] = wall
             slowest = wall if slowest is None else max(slowest, wall)
-        records.append(rec)
-        with open(jsonl, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        with lock:
+            running.pop("rec", None)
+            records.append(rec)
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(rec) + "\n")
         print(json.dumps(rec), flush=True)
-    header = (f"# T0 kernel stage ablations, {env['date_utc']}\n\n"
-              f"Device: {env['device_kind']} ({env['nvidia_smi']}); jax {env['jax']}.\n"
-              f"Command: `{env['command']}`\n\n"
-              f"Shape B {_BATCH.value}, T {_SEQ_LEN.value}, H {_HEADS.value}, "
-              f"Hk {_KV_HEADS.value}, K {dk}, {_DTYPE.value}, "
-              f"{'documents of ' + str(_DOCS.value) if _DOCS.value else 'one document per row'}"
-              f"; {_ITERS.value} traced calls per variant; cycles at {_CLOCK_GHZ.value} GHz over "
-              f"{_SM_COUNT.value} x {_CTAS_PER_SM.value} CTA slots.")
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(render(records, header))
-    print(render(records, header))
+    with lock:
+        if timer is not None:
+            timer.cancel()
+        print(_write_table(records, header))
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)

@@ -886,8 +886,14 @@ KKT_INVERSES = ("doubling", "substitution")
 # with the same grid, TMA ring, SMEM allocation and output store, so that the time each one
 # saves is the time of the work it removes: "no_refine" stores the inverse before the Newton
 # step, "gram" stores A0 (no inverse), "io" stores a product of the loaded beta and document
-# vectors (no wgmma; the k copies still land, since the barrier waits for them).
-KKT_STAGES = ("full", "no_refine", "gram", "io")
+# vectors (no wgmma; the k copies still land, since the barrier waits for them). Two more do
+# all of "full"'s work: "no_store" writes and commits the staging tile as usual but issues the
+# TMA store only for a CTA's last chunk (the other chunks' rows of the output are left
+# unwritten), and "nobar" is "full" compiled with CompilerParams(unsafe_no_auto_barriers=True):
+# without the warpgroup barrier Pallas puts before and after every register -> SMEM store
+# (about 64 of the 82 bar.sync per chunk of the lowered doubling kernel, Sec. 14), relying on
+# the kernel's own commit_smem / wait_smem_to_gmem barriers; it should still return T0.
+KKT_STAGES = ("full", "no_refine", "gram", "io", "no_store", "nobar")
 # Keyword arguments of chunk_kkt_inverse_mosaic at the forwards' call sites
 # (gated_delta_rule_fwd_mosaic and mosaic_vjp's forward with forward="fused_t0" or
 # "fused_t0_split"): empty, the defaults. For timing variants only (benchmarks/bench_kernels.py
@@ -931,7 +937,8 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
     the SMEM copies of what the GPU reads as a transposed view or from registers; on the GPU
     with ``inverse="substitution"``, ``solve_s``, the fp32 buffer of :func:`kkt_diag_solve`.
     ``inverse`` (:data:`KKT_INVERSES`): how the 16 x 16 diagonal blocks are inverted.
-    ``stages`` (:data:`KKT_STAGES`): where a timing ablation cuts the chunk's work short.
+    ``stages`` (:data:`KKT_STAGES`): where a timing ablation cuts the chunk's work short
+    (``"no_store"``: which chunks' staging tiles go out; ``"nobar"`` is ``"full"``'s body).
     """
     grp, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
@@ -959,12 +966,21 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
         def _prefetch():
             issue(n + 1, 1 - slot)
 
+        if stages == "no_store":  # the TMA store only for the CTA's last chunk
+            last_chunk = (c + 1 == chunks_per_cta) | (n + 1 == num_chunks)
+
         def store_t0(xs):  # four [64, 16] fp32 column blocks out through the staging ring
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # the store from this slot read it
             for c in range(4):
                 t0_s.at[slot].at[:, _blk(c)][...] = xs[c].astype(t0_s.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(t0_s.at[slot], t0_ref.at[b, pl.ds(n * CHUNK, CHUNK), h])
+            if stages == "no_store":
+                @pl.when(last_chunk)
+                def _store_last():
+                    plgpu.copy_smem_to_gmem(t0_s.at[slot],
+                                            t0_ref.at[b, pl.ds(n * CHUNK, CHUNK), h])
+            else:
+                plgpu.copy_smem_to_gmem(t0_s.at[slot], t0_ref.at[b, pl.ds(n * CHUNK, CHUNK), h])
 
         @pl.when(n < num_chunks)
         def _compute():
@@ -1109,8 +1125,12 @@ def chunk_kkt_inverse_mosaic(
             ``"full"`` (default) is the kernel above; ``"no_refine"`` returns the inverse
             before the Newton step, ``"gram"`` returns ``A0`` itself, ``"io"`` returns
             ``beta_i doc(j)`` (no ``wgmma``), each with the same grid, input copies, SMEM and
-            output store, so their times split the kernel's (MOSAIC_GPU.md Sec. 14). Only
-            ``"full"`` returns ``T0``.
+            output store, so their times split the kernel's (MOSAIC_GPU.md Sec. 14).
+            ``"no_store"`` does all the work but the TMA stores of all chunks except each
+            CTA's last (the other rows of the result are undefined); ``"nobar"`` is
+            ``"full"`` compiled without Pallas's automatic warpgroup barriers around
+            register -> SMEM stores (``CompilerParams(unsafe_no_auto_barriers=True)``), which
+            should still return ``T0`` (check it). ``"full"`` returns ``T0``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -1166,7 +1186,8 @@ def chunk_kkt_inverse_mosaic(
            if inverse == "substitution" and not interpret else []),
         grid=(num_groups, heads, batch),  # groups first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=plgpu.CompilerParams(
+            **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_kkt_inverse" + ("_subst" if inverse == "substitution" else "")
                      + ("" if stages == "full" else f"_abl_{stages}")),

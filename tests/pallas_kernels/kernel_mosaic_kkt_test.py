@@ -18,8 +18,11 @@ cases of ``kernel_mosaic_gdn_t0_test.py`` (one chunk per CTA there) check the sa
   and group boundaries, GVA, fp16, correlated keys; and bit-equal to one chunk per CTA (each
   chunk's arithmetic is unchanged by the grouping).
 * ``stages`` (MOSAIC_GPU.md Sec. 14, timing ablations): ``KktStagesTest`` (CI) exports every
-  stage for CUDA under its own kernel name and checks that the interpreted ``"gram"`` stage
-  stores ``A0`` (about 1 s).
+  stage for CUDA under its own kernel name at K 128 and K 64, checks that ``"full"`` is the
+  default's jaxpr and that ``"nobar"``'s differs from it only in the auto-barrier flag and the
+  kernel name, and that the interpreted ``"gram"`` stage stores ``A0`` (about 1 s);
+  ``KktNoStoreInterpretTest`` (CI, about 4 s) checks that the interpreted ``"no_store"``
+  stores each CTA's last chunk as ``"full"`` does, and only that chunk.
 * ``inverse="substitution"`` (MOSAIC_GPU.md Sec. 13: the 16 x 16 diagonal blocks by fp32
   forward substitution, ``inline_mgpu`` on the GPU): ``KktLoweringTest`` exports it (CI);
   ``KktSubstitutionInterpretTest`` (``slow``, about 90 s) runs the six ``T0`` cases and the
@@ -133,12 +136,36 @@ class KktStagesTest(parameterized.TestCase):
         ("no_refine_cpc2_T256_K128", "no_refine", 128, 256, 2),
         ("gram_cpc2_T256_K128", "gram", 128, 256, 2),
         ("io_cpc2_T256_K128", "io", 128, 256, 2),
+        ("no_store_cpc2_T256_K128", "no_store", 128, 256, 2),
+        ("nobar_cpc2_T256_K128", "nobar", 128, 256, 2),
         ("no_refine_subst_fp16_cpc3_T300_K64", "no_refine", 64, 300, 3, jnp.float16,
          "substitution"),
+        ("gram_cpc3_T300_K64", "gram", 64, 300, 3),
+        ("io_fp16_cpc3_T300_K64", "io", 64, 300, 3, jnp.float16),
+        ("no_store_subst_cpc3_T300_K64", "no_store", 64, 300, 3, jnp.bfloat16, "substitution"),
+        ("nobar_subst_fp16_cpc3_T300_K64", "nobar", 64, 300, 3, jnp.float16, "substitution"),
     )
     def test_stage_exports_for_cuda(self, stages, dk, seq_len, chunks_per_cta,
                                     dtype=jnp.bfloat16, inverse="doubling"):
         _export(self, dk, seq_len, chunks_per_cta, dtype, inverse=inverse, stages=stages)
+
+    def test_full_is_the_default_and_nobar_only_drops_the_barriers(self):
+        k = jnp.zeros((1, 300, 1, 64), jnp.bfloat16)
+        beta = jnp.zeros((1, 300, 2), jnp.float32)
+        seg = jnp.zeros((1, 300), jnp.int32)
+        for inverse in kgd.KKT_INVERSES:
+            def jaxpr(**kw):
+                return str(jax.make_jaxpr(lambda k, b, s: kgd.chunk_kkt_inverse_mosaic(
+                    k, b, segment_ids=s, chunks_per_cta=3, **kw))(k, beta, seg))
+
+            default = jaxpr() if inverse == "doubling" else jaxpr(inverse=inverse)
+            self.assertEqual(jaxpr(inverse=inverse, stages="full"), default)
+            self.assertIn("unsafe_no_auto_barriers=False", default)
+            nobar = jaxpr(inverse=inverse, stages="nobar")
+            self.assertNotEqual(nobar, default)
+            self.assertEqual(nobar.replace("unsafe_no_auto_barriers=True",
+                                           "unsafe_no_auto_barriers=False")
+                             .replace("_abl_nobar", ""), default)
 
     def test_gram_stage_stores_a0(self):
         # 3 chunks (the last partial), GVA 2:1, two documents meeting inside chunk 1.
@@ -163,6 +190,27 @@ class KktStagesTest(parameterized.TestCase):
         np.testing.assert_allclose(got, want, rtol=8e-3, atol=2e-3)  # bf16 output rounding
         self.assertTrue(np.all(got[want == 0] == 0))  # masks exact: above the diagonal, docs
         self.assertGreater(np.abs(want).max(), 0.1)
+
+
+class KktNoStoreInterpretTest(absltest.TestCase):
+    """``stages="no_store"`` (interpreted, about 4 s): each CTA's last chunk goes out as
+    ``"full"``'s, and the others do not go out."""
+
+    def test_last_chunk_of_each_group_matches_full(self):
+        rng = np.random.default_rng(11)
+        seq_len, cpc = 5 * C - 20, 2  # groups of chunks (0, 1), (2, 3), (4): 4 partial
+        k = rng.standard_normal((1, seq_len, 1, 64))
+        k = jnp.asarray(k / np.linalg.norm(k, axis=-1, keepdims=True), jnp.bfloat16)
+        beta = jnp.asarray(rng.uniform(0.2, 1.0, (1, seq_len, 1)), jnp.float32)
+        full, no_store = (np.asarray(kgd.chunk_kkt_inverse_mosaic(
+            k, beta, chunks_per_cta=cpc, stages=stages, interpret=True).astype(jnp.float32))
+            for stages in ("full", "no_store"))
+        for n in (1, 3, 4):  # the last chunk of each group
+            rows = slice(n * C, min((n + 1) * C, seq_len))
+            np.testing.assert_array_equal(no_store[:, rows], full[:, rows])
+        for n in (0, 2):  # not stored: whatever the output buffer held, not T0
+            rows = slice(n * C, (n + 1) * C)
+            self.assertFalse(np.array_equal(no_store[:, rows], full[:, rows]))
 
 
 # B, T, H, Hk, K, V, decay, h0, document lengths (the rest one more), dtype, correlated,
