@@ -18,10 +18,10 @@ traced over ``--iters`` calls with ``jax.profiler`` (``benchmarks.common.trace_e
 same kernel timing as ``bench_kernels.py``); its record has the ``T0`` kernel's own device time
 (the kernel named ``gdn_chunk_kkt_inverse*``), the call's total (XLA's padding and transposes
 too) and an estimate of cycles per chunk, ``kernel time x clock x CTA slots / chunk-heads``
-(``--sm_count`` x ``--ctas_per_sm`` slots at ``--clock_ghz``, or without it at the SM clock
-``nvidia-smi`` reads right after the variant's trace; the kernel keeps two CTAs per SM at
-K 128). The ``full`` and ``nobar`` variants are checked against a float64 inverse on the first
-batch row (relative RMS of ``T0 - I`` on the first ``--check_heads`` heads), so a broken build
+(``--sm_count`` x ``--ctas_per_sm`` slots at ``--clock_ghz``, default the 1.98 GHz boost clock;
+``nvidia-smi``'s clock after each trace is recorded beside it but not used: between calls it
+can already show the idle clock; the kernel keeps two CTAs per SM at K 128). The ``full``
+and ``nobar`` variants are checked against a float64 inverse on the first batch row (relative RMS of ``T0 - I`` on the first ``--check_heads`` heads), so a broken build
 shows. A variant that does not fit what is left of ``--deadline_s`` (its estimate: the slowest
 finished variant's wall time) is skipped and reported as such; and if one variant is still
 compiling or running when ``--deadline_s`` is up (a slow compile), a watchdog writes the
@@ -93,8 +93,8 @@ def _define_flags() -> None:
     _CTAS_PER_SM = flags.DEFINE_integer("ctas_per_sm", 2, "Resident CTAs per SM, for the cycles "
                                         "estimate.")
     _CLOCK_GHZ = flags.DEFINE_float(
-        "clock_ghz", None, "SM clock (GHz) for the cycles estimate; default: nvidia-smi's "
-        "clocks.sm read right after each variant's trace, else 1.98.")
+        "clock_ghz", None, "SM clock (GHz) for the cycles estimate; default 1.98 (the boost "
+        "clock; nvidia-smi's clocks.sm after each trace is recorded as sm_clock_smi).")
     _DEADLINE_S = flags.DEFINE_float(
         "deadline_s", None, "Wall-clock budget of the whole run, from the start of main: "
         "variants that would not fit are skipped, and a variant still running at the deadline "
@@ -173,18 +173,6 @@ def expand_variants(texts: Sequence[str], chunks_per_cta: Sequence[str]
         else:
             runs.extend((f"{label}:{v}", stages, inverse, v) for v in cpcs)
     return runs
-
-
-def smi_clock_ghz(text: Optional[str]) -> Optional[float]:
-    """The first GPU's SM clock in GHz from ``nvidia-smi --query-gpu=clocks.sm`` output
-    (``"1980 MHz"``), ``None`` if there is none or it does not parse."""
-    if not text:
-        return None
-    try:
-        mhz = float(text.splitlines()[0].split(",")[0].strip().split()[0])
-    except (ValueError, IndexError):
-        return None
-    return mhz / 1e3 if mhz > 0 else None
 
 
 # What --static counts in the Mosaic GPU module (generic MLIR form, ops prefixed with
@@ -349,7 +337,7 @@ def _header(env: Dict, dk: int) -> str:
             f"{'documents of ' + str(_DOCS.value) if _DOCS.value else 'one document per row'}"
             f"; {_ITERS.value} traced calls per variant; cycles per chunk over "
             f"{_SM_COUNT.value} x {_CTAS_PER_SM.value} CTA slots at "
-            f"{_CLOCK_GHZ.value or 'the measured'} GHz (each record's clock_ghz).")
+            f"{_CLOCK_GHZ.value or DEFAULT_CLOCK_GHZ} GHz.")
 
 
 def _write_table(records: Sequence[Dict], header: str) -> str:
@@ -390,7 +378,9 @@ def _measure(rec: Dict, want, stages: str, inverse: str, cpc: Optional[int], k, 
     if total > 0:
         smi = common.nvidia_smi("clocks.sm")
         rec["sm_clock_smi"] = smi
-        clock = _CLOCK_GHZ.value or smi_clock_ghz(smi) or DEFAULT_CLOCK_GHZ
+        # The boost clock unless --clock_ghz says otherwise: nvidia-smi read after the trace
+        # may already show the idle clock (2026-12-04b read 345 MHz between calls), a 6x error.
+        clock = _CLOCK_GHZ.value or DEFAULT_CLOCK_GHZ
         rec["clock_ghz"] = clock
         rec["kernel_ms"] = own / 1e3 / _ITERS.value
         rec["total_ms"] = total / 1e3 / _ITERS.value

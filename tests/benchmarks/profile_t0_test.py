@@ -44,12 +44,6 @@ class ProfileT0Test(absltest.TestCase):
         self.assertEqual(len(profile_t0.expand_variants(profile_t0.DEFAULT_VARIANTS, [])),
                          len(profile_t0.DEFAULT_VARIANTS))  # the defaults all parse
 
-    def test_smi_clock(self):
-        self.assertEqual(profile_t0.smi_clock_ghz("1980 MHz"), 1.98)
-        self.assertEqual(profile_t0.smi_clock_ghz("1755 MHz\n1980 MHz"), 1.755)  # GPU 0
-        for text in (None, "", "[N/A]", "0 MHz"):
-            self.assertIsNone(profile_t0.smi_clock_ghz(text))
-
     def test_cycles_per_chunk_matches_hand_computation(self):
         # 0.183 ms over 8,192 chunk-heads on 132 x 2 slots at 1.98 GHz: 11,677 cycles.
         got = profile_t0.cycles_per_chunk(0.183, 8 * 16 * 64, sm_count=132, ctas_per_sm=2,
