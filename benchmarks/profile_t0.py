@@ -21,8 +21,9 @@ too) and an estimate of cycles per chunk, ``kernel time x clock x CTA slots / ch
 (``--sm_count`` x ``--ctas_per_sm`` slots at ``--clock_ghz``, default the 1.98 GHz boost clock;
 ``nvidia-smi``'s clock after each trace is recorded beside it but not used: between calls it
 can already show the idle clock; the kernel keeps two CTAs per SM at K 128). The ``full``
-and ``nobar`` variants are checked against a float64 inverse on the first batch row (relative RMS of ``T0 - I`` on the first ``--check_heads`` heads), so a broken build
-shows. A variant that does not fit what is left of ``--deadline_s`` (its estimate: the slowest
+and ``nobar`` variants are checked against a float64 inverse on the first batch row
+(relative RMS of ``T0 - I`` on the first ``--check_heads`` heads), so a broken build shows.
+A variant that does not fit what is left of ``--deadline_s`` (its estimate: the slowest
 finished variant's wall time) is skipped and reported as such; and if one variant is still
 compiling or running when ``--deadline_s`` is up (a slow compile), a watchdog writes the
 table of what finished, with that variant marked, and exits (status 3), so the call keeps
