@@ -279,25 +279,27 @@ class ResumeOptionsTest(absltest.TestCase):
                                 r"stage built on it must use the same value \(now False\)"):
                 experiment.check_options(nope, workdir, stages_now)
 
-    def test_bad_lightning_alibi_max_bias_stops_before_anything_runs(self):
+    def _assert_refused_up_front(self, section, key, bads, message):
+        """Each bad value of ``config.<section>.<key>`` stops check_options with ``message``
+        before any stage directory exists."""
         workdir = os.path.join(self.create_tempdir().full_path, "run")
-        for bad in (0.0, -1.0, float("nan"), float("inf"), 2000.0):
+        for bad in bads:
             cfg = halo_smollm2.get_config("h200,stage2_len=2048")
-            cfg.hypenet.lightning_alibi_max_bias = bad
-            with self.subTest(bad=bad), self.assertRaisesRegex(
-                    ValueError, r"^hypenet\.lightning_alibi_max_bias: max_bias"):
+            cfg[section][key] = bad
+            with self.subTest(bad=bad), self.assertRaisesRegex(ValueError, message):
                 experiment.check_options(cfg, workdir, experiment.STAGES)
         self.assertFalse(os.path.exists(workdir))
+        return workdir
+
+    def test_bad_lightning_alibi_max_bias_stops_before_anything_runs(self):
+        self._assert_refused_up_front(
+            "hypenet", "lightning_alibi_max_bias", (0.0, -1.0, float("nan"), float("inf"), 2000.0),
+            r"^hypenet\.lightning_alibi_max_bias: max_bias")
 
     def test_stage2_copied_lr_scale_is_checked_first_and_binds_stage2(self):
-        workdir = os.path.join(self.create_tempdir().full_path, "run")
-        for bad in (0.0, -1.0, float("nan"), float("inf")):  # ml_collections refuses a str
-            cfg = halo_smollm2.get_config("h200,stage2_len=2048")
-            cfg.stage2.copied_lr_scale = bad
-            with self.subTest(bad=bad), self.assertRaisesRegex(
-                    ValueError, r"^stage2\.copied_lr_scale must be a finite number > 0"):
-                experiment.check_options(cfg, workdir, experiment.STAGES)
-        self.assertFalse(os.path.exists(workdir))
+        workdir = self._assert_refused_up_front(  # (ml_collections itself refuses a str)
+            "stage2", "copied_lr_scale", (0.0, -1.0, float("nan"), float("inf")),
+            r"^stage2\.copied_lr_scale must be a finite number > 0")
         # A Stage 2 started at one rate for the whole student does not resume with two.
         cfg = halo_smollm2.get_config("h200,stage2_len=2048")
         self.assertEqual(cfg.stage2.copied_lr_scale, 1.0)
