@@ -1136,6 +1136,26 @@ def experiment_json_dict(config: ExperimentConfig) -> dict:
     return values
 
 
+def read_run_config_json(path: str) -> dict:
+    """A run's ``config.json`` (:func:`experiment_json_dict`'s form) as a dict.
+
+    Raises:
+      OSError: the file cannot be read.
+      ConfigError: naming ``path``, when it is not valid JSON (a truncated or hand-edited
+        file) or does not hold a JSON object.
+    """
+    import json  # noqa: PLC0415
+    with open(path) as f:
+        try:
+            values = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON ({e}); it is the run's recorded "
+                              f"config: restore it or use a new workdir") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path} does not hold a JSON object (the run's recorded config)")
+    return values
+
+
 def parse_flags(argv):
     """Parses absl flags for a binary (``app.run(main, flags_parser=parse_flags)``).
 
@@ -1152,10 +1172,43 @@ def parse_flags(argv):
     Raises:
       SystemExit: on any flag or config error.
     """
+    bare = bare_tuple_override(argv)
+    if bare:
+        sys.exit(f"error: {bare}")
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 - all of these are user input errors
         sys.exit(f"error: {describe_flag_error(e, argv)}")
+
+
+# Tuple-valued options whose command-line value ml_collections would take, written without
+# parentheses, as a one-element tuple of the whole string ("gdn" -> ("gdn",), "gdn,attn" ->
+# ("gdn,attn",)): a silent one-layer model, or an unhelpful unknown-mixer error.
+TUPLE_OPTIONS = ("layer_pattern",)
+
+
+def bare_tuple_override(argv) -> Optional[str]:
+    """The error for a ``--config.<...>.layer_pattern`` value that is not written as a tuple
+    (``"('gdn','gdn','attn')"``), or ``None`` when every such option is one.
+
+    Args:
+      argv: the command line (``--name=value`` and ``--name value`` forms).
+    """
+    args = list(argv)[1:]
+    for i, arg in enumerate(args):
+        if not arg.startswith("--config."):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if name.rsplit(".", 1)[-1] in TUPLE_OPTIONS and not value.strip().startswith(("(", "[")):
+            names = [v.strip() for v in value.split(",") if v.strip()]
+            example = ("(" + ",".join(repr(n) for n in names)
+                       + ("," if len(names) == 1 else "") + ")")
+            return (f"--{name}={value}: write a tuple of mixer names, e.g. "
+                    f"--{name}=\"{example}\"; without parentheses the whole value would be "
+                    f"read as one layer named {value!r}")
+    return None
 
 
 def describe_flag_error(error, argv=()) -> str:

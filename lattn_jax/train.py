@@ -633,8 +633,7 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     path = os.path.join(workdir, "config.json")
     current = config_lib.experiment_json_dict(config)
     if has_checkpoint and os.path.exists(path):
-        with open(path) as f:
-            saved = json.load(f)
+        saved = config_lib.read_run_config_json(path)
         saved_model = {k: v for k, v in saved.get("model", {}).items()
                        if k not in _RESUMABLE_MODEL_OPTIONS}
         current_model = {k: v for k, v in current["model"].items()

@@ -95,7 +95,7 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
 
     Raises:
       FileNotFoundError: if the workdir or its config.json, or the tokenizer, is missing.
-      ValueError: if the saved config does not validate.
+      ValueError: if the saved config is not valid JSON or does not validate (naming it).
     """
     if not os.path.isdir(workdir):
         raise FileNotFoundError(f"no such checkpoint directory: {workdir} (expected a workdir "
@@ -104,10 +104,11 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no config.json in checkpoint directory {workdir} (expected a "
                                 f"workdir written by experiments/train.py)")
-    with open(path) as f, data_config_lib.unchecked_data_paths():
+    values = config_lib.read_run_config_json(path)
+    with data_config_lib.unchecked_data_paths():
         # The training corpus need not exist here (another machine, a copied run): restoring
         # needs the model config and the tokenizer only.
-        return config_lib.experiment_from_config_dict(json.load(f))
+        return config_lib.experiment_from_config_dict(values)
 
 
 def load(workdir: str, step: Optional[int] = None, *,

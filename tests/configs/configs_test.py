@@ -87,5 +87,45 @@ class BadInputTest(absltest.TestCase):
             config_lib.experiment_from_config_dict(c)
 
 
+class CommandLineAndRunFileTest(absltest.TestCase):
+    """Bad input from the command line or a damaged run directory: one clear error naming it
+    (2026-12-04 newcomer pass: a bare --config.model.layer_pattern=gdn trained a one-layer
+    model without a word; a truncated config.json gave a JSON traceback without its path)."""
+
+    def test_layer_pattern_must_be_written_as_a_tuple(self):
+        check = config_lib.bare_tuple_override
+        msg = check(["train.py", "--config=c.py", "--config.model.layer_pattern=gdn"])
+        self.assertIn("--config.model.layer_pattern=gdn: write a tuple of mixer names", msg)
+        self.assertIn("--config.model.layer_pattern=\"('gdn',)\"", msg)
+        msg = check(["t", "--config.model.layer_pattern", "gdn, gdn,attn"])  # the spaced form
+        self.assertIn("\"('gdn','gdn','attn')\"", msg)
+        for fine in (["t", "--config.model.layer_pattern=('gdn','attn')"],
+                     ["t", "--config.model.layer_pattern= ['gdn']"],
+                     ["t", "--config.model.d_model=64", "--layer_pattern=gdn"],
+                     ["t", "--config=configs/default.py:pattern=pure"]):
+            self.assertIsNone(check(fine), fine)
+
+    def test_run_config_json_errors_name_the_file(self):
+        tmp = self.create_tempdir()
+        path = tmp.create_file("config.json", '{"model": ').full_path
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    f"^{path} is not valid JSON .*restore it or use a new"):
+            config_lib.read_run_config_json(path)
+        with open(path, "w") as f:
+            f.write("[1, 2]")
+        with self.assertRaisesRegex(config_lib.ConfigError, f"^{path} does not hold a JSON"):
+            config_lib.read_run_config_json(path)
+        with open(path, "w") as f:
+            f.write('{"model": {"d_model": 64}}')
+        self.assertEqual(config_lib.read_run_config_json(path), {"model": {"d_model": 64}})
+
+    def test_restore_names_a_corrupt_config_json(self):
+        from lattn_jax.eval import restore  # noqa: PLC0415
+        tmp = self.create_tempdir()
+        path = tmp.create_file("config.json", '{"model": ').full_path
+        with self.assertRaisesRegex(ValueError, f"^{path} is not valid JSON"):
+            restore.load_config(tmp.full_path)
+
+
 if __name__ == "__main__":
     absltest.main()
