@@ -78,10 +78,10 @@ def main(argv):
         sys.exit(f"error: unknown stage(s) {unknown}; choose from {experiment.STAGES}")
     stages = [s for s in experiment.STAGES if s in _STAGES.value]
     config = config_lib.config_flag_value(_CONFIG)  # a missing file: one line, before any file
-    absent = [k for k in ("teacher", *experiment.STAGES) if k not in config]
-    if absent:  # e.g. a training config (configs/default.py): it has no HALO sections
-        sys.exit(f"error: --config is not a HALO config: it has no {', '.join(absent)} "
-                 f"section(s) (see configs/halo_smollm2.py)")
+    try:  # e.g. a training config (configs/default.py): it has no HALO sections
+        experiment.check_halo_config(config)
+    except config_lib.ConfigError as e:
+        sys.exit(f"error: {e}")
     workdir = _WORKDIR.value
     refused = None  # checked before hours of training, and before the workdir is made
     try:

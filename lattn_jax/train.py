@@ -627,13 +627,20 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
       (empty without a checkpoint).
 
     Raises:
-      ConfigError: naming every option that differs from the saved run.
+      ConfigError: naming every option that differs from the saved run; or naming
+        ``<workdir>/config.json`` when it is not valid JSON or is another kind of run's (no
+        ``model`` section, e.g. a HALO pipeline's), which this run would overwrite.
     """
     changed: List[str] = []
     path = os.path.join(workdir, "config.json")
     current = config_lib.experiment_json_dict(config)
-    if has_checkpoint and os.path.exists(path):
-        saved = config_lib.read_run_config_json(path)
+    saved = config_lib.read_run_config_json(path) if os.path.exists(path) else None
+    if saved is not None and "model" not in saved:
+        raise config_lib.ConfigError(
+            f"{path} is not a training run's config (it has no 'model' section; "
+            f"{'a HALO workdir' if 'teacher' in saved else 'another kind of run'}): "
+            f"training would overwrite it. Use another --workdir")
+    if has_checkpoint and saved is not None:
         saved_model = {k: v for k, v in saved.get("model", {}).items()
                        if k not in _RESUMABLE_MODEL_OPTIONS}
         current_model = {k: v for k, v in current["model"].items()

@@ -562,7 +562,8 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
             raise ValueError(
                 f"the {name} split has {source.num_tokens} tokens, too few for "
                 f"{shard.shard_count} window(s) of data.seq_len + 1 = {config.seq_len + 1} "
-                "tokens (use more data, a smaller seq_len or a larger val_fraction)")
+                "tokens (use more data or a smaller seq_len"
+                + (", or a larger data.val_fraction)" if name == "validation" else ")"))
 
     train_ds = _shard(grain.MapDataset.source(train_source), shard)
     if config.shuffle:

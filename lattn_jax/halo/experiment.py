@@ -365,6 +365,30 @@ def check_eval_data(config, workdir: str, stages: Sequence[str]) -> None:
                 f"with experiments/halo_eval_subset.py) and pass --config.{key}=<dir>")
 
 
+def check_halo_config(config) -> None:
+    """Raises ``ConfigError`` unless ``config`` has the HALO sections (``teacher``,
+    ``hypenet`` and one per stage): e.g. a training config given to a HALO binary."""
+    absent = [k for k in ("teacher", "hypenet", *STAGES) if k not in config]
+    if absent:
+        raise config_lib.ConfigError(
+            f"--config is not a HALO config: it has no {', '.join(absent)} section(s) (see "
+            f"configs/halo_smollm2.py)")
+
+
+def check_workdir_kind(workdir: str) -> None:
+    """Raises ``ValueError`` when ``<workdir>/config.json`` exists but is not a HALO run's (no
+    ``teacher`` section, e.g. a training run's), which a stage would overwrite, or is not
+    valid JSON."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return
+    saved = config_lib.read_run_config_json(path)
+    if "teacher" not in saved:
+        kind = "a training run's" if "model" in saved else "another kind of run's"
+        raise ValueError(f"{path} is {kind} config, not a HALO pipeline's (no 'teacher' "
+                         f"section): a HALO stage would overwrite it. Use another --workdir")
+
+
 def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
     """Checks, before any stage runs, the options that only a later stage reads, so that a bad
     value stops the run before hours of training rather than at that stage: Stage 3's
@@ -374,13 +398,17 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
     checked. Then every stage in ``stages_to_run``, done or started, against the options it ran
     with (:func:`check_resume`).
 
-    ``hypenet.lightning_alibi_max_bias`` and ``stage2.copied_lr_scale`` are checked first,
+    First the config's kind (:func:`check_halo_config`) and the workdir's
+    (:func:`check_workdir_kind`); then ``hypenet.lightning_alibi_max_bias`` and
+    ``stage2.copied_lr_scale`` are checked,
     whatever runs: every student stage builds its model from the first, and a bad second one
     would otherwise stop the pipeline only after Stage 1 and the selection.
 
     Raises:
       ValueError: naming the first bad option, or a stage that ran with other options.
     """
+    check_halo_config(config)
+    check_workdir_kind(workdir)
     max_bias = config.hypenet.get("lightning_alibi_max_bias", 8.0)
     try:
         sg.lightning_log_decay(1, max_bias=max_bias)

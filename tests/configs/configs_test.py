@@ -119,6 +119,22 @@ class CommandLineAndRunFileTest(absltest.TestCase):
             f.write('{"model": {"d_model": 64}}')
         self.assertEqual(config_lib.read_run_config_json(path), {"model": {"d_model": 64}})
 
+    def test_training_refuses_to_overwrite_another_kind_of_run(self):
+        from lattn_jax import train as train_lib  # noqa: PLC0415
+        tmp = self.create_tempdir()
+        halo = '{"teacher": {"kind": "gguf"}, "stage1": {}}'
+        path = tmp.create_file("config.json", halo).full_path
+        config = config_lib.experiment_from_config_dict(
+            importlib.import_module("configs.default").get_config())
+        for has_checkpoint in (False, True):
+            with self.assertRaisesRegex(config_lib.ConfigError,
+                                        f"^{path} is not a training run's config .*a HALO "
+                                        f"workdir.*Use another --workdir"):
+                train_lib._check_resume_compatible(tmp.full_path, config,
+                                                   has_checkpoint=has_checkpoint)
+        with open(path) as f:
+            self.assertEqual(f.read(), halo)  # untouched
+
     def test_restore_names_a_corrupt_config_json(self):
         from lattn_jax.eval import restore  # noqa: PLC0415
         tmp = self.create_tempdir()

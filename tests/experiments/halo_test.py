@@ -145,7 +145,7 @@ class BadConfigTest(absltest.TestCase):
         result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
-        self.assertIn("error: --config is not a HALO config: it has no teacher, stage1",
+        self.assertIn("error: --config is not a HALO config: it has no teacher, hypenet, stage1",
                       result.stderr)
         self.assertFalse(os.path.exists(workdir))
 

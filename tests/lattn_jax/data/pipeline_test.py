@@ -80,6 +80,18 @@ class PipelineTest(absltest.TestCase):
         self.assertEqual(ds.stats.train_tokens + ds.stats.val_tokens,
                          sum(len(d) + 1 for d in self.docs))
 
+    def test_too_short_split_hints_only_what_helps_it(self):
+        # The corpus holds about 470 tokens, the validation fifth about 90: 200-token windows
+        # fit the train split, not the validation one (a larger val_fraction helps there); at
+        # 2,000 tokens the train split is too short, and a larger val_fraction would make it
+        # shorter still (2026-12-04 newcomer pass: the hint said so for both splits).
+        with self.assertRaisesRegex(ValueError, r"the validation split has \d+ tokens, too few "
+                                                r".*or a larger data\.val_fraction\)$"):
+            pipeline.build_datasets(self._config(seq_len=200, batch_size=1))
+        with self.assertRaisesRegex(ValueError, r"the train split has \d+ tokens, too few .*"
+                                                r"\(use more data or a smaller seq_len\)$"):
+            pipeline.build_datasets(self._config(seq_len=2000, batch_size=1))
+
     def test_deterministic_for_seed(self):
         a = _take(pipeline.build_datasets(self._config()).train_iter, 4)
         b = _take(pipeline.build_datasets(self._config()).train_iter, 4)

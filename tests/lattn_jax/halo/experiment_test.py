@@ -291,6 +291,33 @@ class ResumeOptionsTest(absltest.TestCase):
         self.assertFalse(os.path.exists(workdir))
         return workdir
 
+    def test_a_training_config_or_workdir_is_refused_before_anything_runs(self):
+        # 2026-12-04 newcomer pass: halo.py with configs/default.py ended in a 37-line
+        # traceback; a HALO stage in a training run's workdir replaced its config.json.
+        from configs import default  # noqa: PLC0415
+        workdir = self.create_tempdir().full_path
+        with self.assertRaisesRegex(
+                config_lib.ConfigError,
+                r"^--config is not a HALO config: it has no teacher, hypenet, stage1"):
+            experiment.check_options(default.get_config(), workdir, experiment.STAGES)
+        training = {"model": {"d_model": 64}, "data": {}, "optim": {}, "train": {}}
+        path = os.path.join(workdir, "config.json")
+        with open(path, "w") as f:
+            json.dump(training, f)
+        cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+        with self.assertRaisesRegex(ValueError, f"^{path} is a training run's config, not a "
+                                                f"HALO pipeline's .*Use another --workdir"):
+            experiment.check_options(cfg, workdir, experiment.STAGES)
+        with open(path) as f:
+            self.assertEqual(json.load(f), training)  # untouched
+        with open(path, "w") as f:
+            f.write('{"teacher": ')
+        with self.assertRaisesRegex(ValueError, "is not valid JSON"):
+            experiment.check_options(cfg, workdir, experiment.STAGES)
+        with open(path, "w") as f:
+            json.dump({"teacher": {}}, f)  # a HALO workdir's: accepted
+        experiment.check_options(cfg, workdir, experiment.STAGES)
+
     def test_bad_lightning_alibi_max_bias_stops_before_anything_runs(self):
         self._assert_refused_up_front(
             "hypenet", "lightning_alibi_max_bias", (0.0, -1.0, float("nan"), float("inf"), 2000.0),
