@@ -398,11 +398,10 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
     checked. Then every stage in ``stages_to_run``, done or started, against the options it ran
     with (:func:`check_resume`).
 
-    First the config's kind (:func:`check_halo_config`) and the workdir's
-    (:func:`check_workdir_kind`); then ``hypenet.lightning_alibi_max_bias`` and
-    ``stage2.copied_lr_scale`` are checked,
-    whatever runs: every student stage builds its model from the first, and a bad second one
-    would otherwise stop the pipeline only after Stage 1 and the selection.
+    First, whatever runs: the config's kind (:func:`check_halo_config`), the workdir's
+    (:func:`check_workdir_kind`), ``hypenet.lightning_alibi_max_bias`` (every student stage
+    builds its model from it) and ``stage2.copied_lr_scale`` (a bad value would otherwise stop
+    the pipeline only after Stage 1 and the selection).
 
     Raises:
       ValueError: naming the first bad option, or a stage that ran with other options.

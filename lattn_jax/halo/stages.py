@@ -135,13 +135,11 @@ class TrainStep(NamedTuple):
 def scale_updates(scales: PyTree) -> optax.GradientTransformation:
     """Multiplies each leaf's update by its float in ``scales`` (a tree of Python floats with
     the params' structure): after AdamW with weight decay 0, a per-group learning rate
-    ``lr x scale`` (the schedule's shape is shared). Stateless."""
-    def update(updates, state, params=None):
-        del params
-        return jax.tree_util.tree_map(
-            lambda u, s: u if s == 1.0 else (u * s).astype(u.dtype), updates, scales), state
-
-    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+    ``lr x scale`` (the schedule's shape is shared). ``optax.multi_transform`` of one
+    ``optax.scale`` per distinct value."""
+    values = sorted(set(jax.tree_util.tree_leaves(scales)))
+    return optax.multi_transform({repr(v): optax.scale(v) for v in values},
+                                 jax.tree_util.tree_map(repr, scales))
 
 
 def check_copied_lr_scale(copied_lr_scale: Any) -> None:
