@@ -195,6 +195,12 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
             cfg[stage].source_weights = {**(weights or {}), TEACHER_SOURCE: w}
     cfg.stage2.kl_chunk_size = 4096
     cfg.stage3.ce_chunk_size = 4096
+    # The selection's CSR probe: every ARC Dev item (570 Easy, 299 Challenge) and 570 held-out
+    # HellaSwag items, 1,439 in all (was 200 per task). With 600 items one flipped item moved
+    # a layer's score from 50 to 9 between runs of the same Stage 1 (12-03f, 12-04-rope,
+    # 12-04b: layer 26 replaced 17); the paper scores the full lm-eval sets. About 80 s more
+    # of the select stage; select.bootstrap_resamples reports the choice's stability.
+    cfg.select.csr_items_per_task = 570
     # Stage 3 anchored to the teacher on its 8K context (the 2026-12-02d finding, docstring).
     if isinstance(stage3_kl, bool) or not isinstance(stage3_kl, (int, float)) \
             or not 0 <= stage3_kl < float("inf"):
@@ -218,6 +224,11 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
                                "niah_forced", "niah")
     # Stage 3's ablation: the Stage-2 student's perplexities (WikiText-2 and the corpus).
     cfg.report.stage2_measurements = ("perplexity", "corpus_perplexity")
+    # The calibrated scaling acts at every position (12-04b: a = 1000 chose on 64K windows
+    # costs 0.046 nats on their first 16K): the final student without it on the perplexities
+    # and NIAH up to the teacher's 8K (about 25 s), so the report shows both sides of the trade.
+    cfg.report.unscaled_measurements = ("perplexity", "corpus_perplexity", "niah")
+    cfg.report.extra_models_niah_max_len = 8192
     cfg.report.corpus_perplexity_paths = (os.path.join(corpus, "validation"),)
     cfg.report.niah_batch_tokens = 524_288  # 8 rows of 64K: half the decoding loops
     cfg.report.perplexity_batch_size = 32

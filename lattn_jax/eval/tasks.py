@@ -333,6 +333,30 @@ def write_subset(name: str, src_dir: str, dst_dir: str, limit: Optional[int],
     return written
 
 
+def doc_accuracies(docs: Sequence[Doc], results: Sequence[Sequence[Tuple[float, bool]]]
+                   ) -> Tuple[np.ndarray, np.ndarray]:
+    """Per-document multiple-choice correctness, lm-eval's ``acc`` and ``acc_norm``.
+
+    ``acc_d = [argmax_i ll_i == gold]``, ``acc_norm_d = [argmax_i ll_i / len(choice_i) ==
+    gold]`` with ``len`` in characters (lm-eval ``multiple_choice`` task semantics; ties go to
+    the first choice, as ``np.argmax``).
+
+    Args:
+      docs: the documents (``choices`` and ``gold`` used).
+      results: per document, one ``(ll, is_greedy)`` per request (choice).
+
+    Returns:
+      ``(acc, acc_norm)``: float64 ``[len(docs)]`` arrays of 0.0 / 1.0.
+    """
+    acc, acc_norm = [], []
+    for doc, res in zip(docs, results):
+        lls = np.array([ll for ll, _ in res])
+        lens = np.array([float(len(c)) for c in doc.choices])
+        acc.append(float(np.argmax(lls) == doc.gold))
+        acc_norm.append(float(np.argmax(lls / lens) == doc.gold))
+    return np.asarray(acc, np.float64), np.asarray(acc_norm, np.float64)
+
+
 def process_results(name: str, docs: Sequence[Doc],
                     results: Sequence[Sequence[Tuple[float, bool]]]) -> Dict[str, float]:
     """Aggregates per-request ``(loglikelihood, is_greedy)`` into the task's metrics.
@@ -358,12 +382,7 @@ def process_results(name: str, docs: Sequence[Doc],
         out["acc_stderr"] = binomial_stderr(out["acc"], len(docs))
         out["acc_chance"] = 0.0
         return out
-    acc, acc_norm = [], []
-    for doc, res in zip(docs, results):
-        lls = np.array([ll for ll, _ in res])
-        lens = np.array([float(len(c)) for c in doc.choices])
-        acc.append(float(np.argmax(lls) == doc.gold))
-        acc_norm.append(float(np.argmax(lls / lens) == doc.gold))
+    acc, acc_norm = doc_accuracies(docs, results)
     chance = float(np.mean([1.0 / len(d.requests) for d in docs]))
     golds = collections.Counter(d.gold for d in docs)
     majority = max(golds.values()) / len(docs) if docs else float("nan")

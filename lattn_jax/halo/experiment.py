@@ -697,6 +697,14 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                                   f"scaling a = {a}; measured on {list(r.stage2_measurements)}")
         models["student_stage2"] = (loaders.build_model(s_cfg, params2),
                                     meta["student_stage2"])
+    if tuple(r.get("unscaled_measurements") or ()) and a is not None:
+        # What the calibrated scaling does inside the teacher's context: the same student
+        # without it (the scaling acts at every position, s_t = log_a(t + a)).
+        meta["student_unscaled"] = (f"the same final student without the logit scaling "
+                                    f"(a = None); measured on {list(r.unscaled_measurements)}")
+        models["student_unscaled"] = (
+            loaders.build_model(for_report(student_cfg, logit_scaling_base=None), params),
+            meta["student_unscaled"])
     rep = report_lib.run_report(options=r, stage_dir=stage_dir, models=models,
                                 tokenizer=tokenizer, meta=meta, print_fn=print_fn,
                                 should_stop=_expired(deadline))
@@ -856,7 +864,7 @@ def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
         out: Dict[str, Any] = {}
         if csr_mode == "heldout":
             c = csr_probe.evaluate(sweep_model.target_logprobs)
-            out.update(csr=c["csr"], csr_per_task=c["per_task"])
+            out.update(csr=c["csr"], csr_per_task=c["per_task"], csr_per_doc=c["per_doc"])
         elif csr_mode == "items":
             out["csr"] = selection.acc_norm(sweep_model.logits, tokenizer, csr_items)
         else:  # proxy: per-token likelihood exp(-CE) on validation windows
@@ -869,7 +877,8 @@ def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
             r = recall_probe.evaluate(sweep_model.target_logprobs)
             out.update(recall=r["recall"], recall_accuracy=r["accuracy"],
                        recall_by_cell=r["recall_by_cell"],
-                       recall_accuracy_by_cell=r["accuracy_by_cell"])
+                       recall_accuracy_by_cell=r["accuracy_by_cell"],
+                       recall_per_prompt=r["per_prompt"])
         else:
             out["recall"] = out["recall_accuracy"] = selection.recall_contains(
                 sweep_model.generator, tokenizer, recall_items,
@@ -877,7 +886,9 @@ def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
         return out
 
     num_layers = teacher_cfg.num_layers
-    settings = {k: v for k, v in _to_dict(sel).items() if k != "data_dir"}
+    # What changes a layer's record (not where the data live, not the bootstrap's draws).
+    settings = {k: v for k, v in _to_dict(sel).items()
+                if k not in ("data_dir", "bootstrap_resamples", "bootstrap_seed")}
     settings.update(data_dir=os.path.abspath(data_dir),
                     report_hellaswag_subset=[config.report.csr_limit, config.report.csr_seed])
     probe = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()
@@ -910,7 +921,24 @@ def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
             result[key] = {n: [r[key][n] for r in per_layer] for n in names}
     if -1 in recs:
         result["teacher"] = {k_: v for k_, v in recs[-1].items()
-                             if k_ not in ("layer", "probe")}
+                             if k_ not in ("layer", "probe", "csr_per_doc",
+                                           "recall_per_prompt")}
+    resamples = int(sel.get("bootstrap_resamples") or 0)
+    if resamples > 0 and all("csr_per_doc" in r and "recall_per_prompt" in r
+                             for r in per_layer):
+        tasks = list(per_layer[0]["csr_per_doc"])
+        boot = selection.bootstrap_selection(
+            {t: [r["csr_per_doc"][t] for r in per_layer] for t in tasks},
+            [r["recall_per_prompt"] for r in per_layer],
+            [p.cell for p in recall_probe.prompts], k, resamples=resamples,
+            seed=int(sel.get("bootstrap_seed") or 0))
+        result["bootstrap"] = boot
+        freq = boot["top_k_frequency"]
+        shown = ", ".join(f"{i}: {freq[i]:.2f}" for i in np.argsort(freq)[::-1]
+                          if freq[i] >= 0.05)
+        print_fn(f"select: bootstrap over the probes' items ({resamples} resamples): the "
+                 f"selected set in {boot['selected_frequency']:.1%} of them; each layer's "
+                 f"share in the top {k}: {shown}")
     result.update(info)
     with open(os.path.join(stage_dir, "selection.json"), "w") as f:
         json.dump(result, f, indent=2)
@@ -940,6 +968,10 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
     ``speed_decode_tokens``, ``speed_repeats``, ``corpus_perplexity_paths`` (the corpus's
     validation token directories; needed by ``corpus_perplexity``), ``corpus_perplexity_tokens``,
     ``stage2_measurements`` (what the Stage-2 student is also measured on; empty: nothing),
+    ``unscaled_measurements`` (what the final student without the calibrated logit scaling is
+    also measured on, when the calibration chose a scaling; empty: nothing),
+    ``extra_models_niah_max_len`` (the longest NIAH length of those two extra models; ``None``:
+    every length),
     ``teacher_report`` (an earlier run's ``report.json`` whose teacher results are reused:
     same teacher file and options, ``report.reusable_teacher_results``; ``None``: measure).
     """
@@ -963,7 +995,7 @@ def report_defaults(data_dir: Optional[str] = None) -> Dict[str, Any]:
         niah_seed=42, niah_batch_tokens=262144, niah_short_max_len=8192,
         speed_lengths=(32768, 131072), speed_decode_tokens=128, speed_repeats=3,
         corpus_perplexity_paths=(), corpus_perplexity_tokens=262144, stage2_measurements=(),
-        teacher_report=None,
+        unscaled_measurements=(), extra_models_niah_max_len=None, teacher_report=None,
     )
 
 
@@ -1019,7 +1051,7 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
     report_section.update(report or {})
     # None-valued options as typed placeholders, so that the command line can set them.
     for key, kind in (("perplexity_file", str), ("perplexity_max_docs", int),
-                      ("teacher_report", str)):
+                      ("teacher_report", str), ("extra_models_niah_max_len", int)):
         if report_section[key] is None:
             report_section[key] = config_dict.placeholder(kind)
     cfg = dict(
@@ -1054,6 +1086,8 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
         # recall_answer_room tokens kept for the answer). The legacy probes ("proxy",
         # "synthetic", "items") read seq_len, batch_size, max_val_batches, synthetic_recall,
         # synthetic_filler_repeats, max_new_tokens and csr_items / recall_items.
+        # bootstrap_resamples > 0 (heldout + niah probes): the selection's stability under
+        # the probes' item sampling (selection.bootstrap_selection; 0: not computed).
         select=dict(seq_len=s1_len, batch_size=s1_batch, num_attention=None,
                     data_dir=config_dict.placeholder(str), evaluate_teacher=True,
                     csr_probe="heldout", csr_tasks=("arc_easy", "arc_challenge", "hellaswag"),
@@ -1065,7 +1099,8 @@ def base_config(*, teacher_path: Optional[str], teacher_kind: str, data: Dict[st
                     recall_batch_size=8, recall_bucket=64,
                     csr_items=config_dict.placeholder(str),
                     recall_items=config_dict.placeholder(str), synthetic_recall=20,
-                    synthetic_filler_repeats=4, max_new_tokens=12, max_val_batches=8),
+                    synthetic_filler_repeats=4, max_new_tokens=12, max_val_batches=8,
+                    bootstrap_resamples=1000, bootstrap_seed=0),
         # copied_lr_scale: 1.0 is the spec's one rate for the whole student; another value
         # trains what the student copied from the teacher (embeddings, norms, MLPs, attention)
         # at that multiple of the Lightning mixers' rate (an ablation outside the spec).

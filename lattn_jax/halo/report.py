@@ -64,7 +64,12 @@ interruption. Measurements (run in the order ``options.measurements`` lists them
 
 Models: ``teacher`` and ``student`` get every measurement; ``student_stage2`` (the student
 after Stage 2, before the long-context Stage 3, when the caller passes it) gets only those in
-``stage2_measurements``: the ablation that shows what Stage 3 does to them.
+``stage2_measurements``: the ablation that shows what Stage 3 does to them; ``student_unscaled``
+(the final student without the calibrated logit scaling, when the caller passes it) gets only
+those in ``unscaled_measurements``: what the scaling, which acts at every position
+(``s_t = log_a(t + a)``, 1.16 at 2K for ``a = 1000``), costs or gains inside the teacher's
+context. These two extra models are measured on NIAH lengths up to
+``extra_models_niah_max_len`` only (``None``: all lengths).
 
 The teacher does not change from one conversion to the next: with ``teacher_report`` naming
 the ``report.json`` of an earlier run that measured the same teacher under the same options,
@@ -117,8 +122,11 @@ from lattn_jax.eval import tasks as tasks_lib
 from lattn_jax.mixers import attention as attention_lib
 
 MEASUREMENTS = ("speed", "perplexity", "corpus_perplexity", "commonsense", "niah", "niah_forced")
-MODELS = ("teacher", "student", "student_stage2")
+MODELS = ("teacher", "student", "student_stage2", "student_unscaled")
 MAIN_MODELS = ("teacher", "student")  # the two that every measurement covers
+# The other models and the option listing the measurements each gets.
+EXTRA_MODEL_MEASUREMENTS = {"student_stage2": "stage2_measurements",
+                            "student_unscaled": "unscaled_measurements"}
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 NIAH_PARTS = "niah_parts.jsonl"  # one line per finished NIAH (model, task, length)
@@ -824,7 +832,8 @@ RESULT_MARKERS = ("reused_from",)
 # Stage-2 student, trained on KL alone, scored 9.490 against the reused teacher's 9.781).
 REUSE_REQUIRED_FIELDS = {"perplexity": ("position_nll",), "corpus_perplexity": ("position_nll",)}
 
-REUSE_IGNORED_OPTIONS = ("measurements", "stage2_measurements", "teacher_report", "data_dir",
+REUSE_IGNORED_OPTIONS = ("measurements", "stage2_measurements", "unscaled_measurements",
+                         "extra_models_niah_max_len", "teacher_report", "data_dir",
                          "corpus_perplexity_paths")
 
 
@@ -1045,8 +1054,11 @@ def check_options(options) -> None:
     :data:`lattn_jax.eval.niah.ALL_TASKS`), ``niah_lengths`` (above ``niah_max_new_tokens``),
     ``niah_depths`` (percent in [0, 100]), ``niah_samples``, ``niah_max_new_tokens`` and
     ``niah_batch_tokens`` (>= 1), ``speed_lengths`` (above ``niah_max_new_tokens``),
-    ``csr_limit`` (``None`` or >= 1), ``perplexity_batch_size`` / ``csr_batch_size`` (>= 1)
-    and, with ``niah_forced``, ``niah_short_max_len`` (at least one NIAH length up to it).
+    ``csr_limit`` (``None`` or >= 1), ``perplexity_batch_size`` / ``csr_batch_size`` (>= 1),
+    ``stage2_measurements`` / ``unscaled_measurements`` (from :data:`MEASUREMENTS`),
+    ``extra_models_niah_max_len`` (``None`` or an int, with a NIAH length up to it when an
+    extra model measures NIAH) and, with ``niah_forced``, ``niah_short_max_len`` (at least one
+    NIAH length up to it).
     """
     unknown = sorted(set(options.measurements) - set(MEASUREMENTS))
     if unknown:
@@ -1069,11 +1081,22 @@ def check_options(options) -> None:
         problems.append(("corpus_perplexity_tokens",
                          [] if int(options.get("corpus_perplexity_tokens") or 0) >= 1
                          else [options.get("corpus_perplexity_tokens")], "must be >= 1"))
-    problems.append(("stage2_measurements",
-                     sorted(set(options.get("stage2_measurements") or ()) - set(MEASUREMENTS)),
-                     f"unknown; choose from {MEASUREMENTS}"))
-    forced = "niah_forced" in (tuple(options.measurements)
-                               + tuple(options.get("stage2_measurements") or ()))
+    for key in EXTRA_MODEL_MEASUREMENTS.values():
+        problems.append((key, sorted(set(options.get(key) or ()) - set(MEASUREMENTS)),
+                         f"unknown; choose from {MEASUREMENTS}"))
+    extra_max = options.get("extra_models_niah_max_len")
+    extra_niah = any(m in ("niah", "niah_forced") for key in EXTRA_MODEL_MEASUREMENTS.values()
+                     for m in (options.get(key) or ()))
+    problems.append(("extra_models_niah_max_len",
+                     [] if extra_max is None or (
+                         isinstance(extra_max, int) and not isinstance(extra_max, bool)
+                         and (not extra_niah
+                              or any(int(n) <= extra_max for n in options.niah_lengths)))
+                     else [extra_max],
+                     f"must be None (every NIAH length) or an int with at least one of "
+                     f"niah_lengths={tuple(options.niah_lengths)} up to it"))
+    forced = "niah_forced" in (tuple(options.measurements) + tuple(
+        m for key in EXTRA_MODEL_MEASUREMENTS.values() for m in (options.get(key) or ())))
     short_max = options.get("niah_short_max_len")
     if forced and short_max is not None and not any(
             int(n) <= short_max for n in options.niah_lengths):
@@ -1100,7 +1123,8 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
       stage_dir: where ``report.json``, ``report.md`` and :data:`NIAH_PARTS` (the finished
         NIAH parts, :func:`niah_answers`) go.
       models: ``{"teacher": (LanguageModel, description), "student": (...)}``, optionally
-        ``"student_stage2"`` (measured on ``options.stage2_measurements`` only).
+        ``"student_stage2"`` (measured on ``options.stage2_measurements`` only) and
+        ``"student_unscaled"`` (on ``options.unscaled_measurements`` only).
       tokenizer: the teacher's tokenizer.
       meta: recorded as is (model descriptions, calibration, sources).
       print_fn: progress lines (one per measurement and model, one per NIAH part).
@@ -1145,10 +1169,11 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     parts = {"parts_path": os.path.join(stage_dir, NIAH_PARTS),
              "fingerprint": options_fingerprint(opts), "should_stop": should_stop}
     order = list(dict.fromkeys(options.measurements))  # the options' order
-    stage2_only = tuple(options.get("stage2_measurements") or ())
+    extra = {name: tuple(options.get(key) or ())
+             for name, key in EXTRA_MODEL_MEASUREMENTS.items()}
 
     def wanted(measurement, name):
-        return name in MAIN_MODELS or measurement in stage2_only
+        return name in MAIN_MODELS or measurement in extra[name]
 
     complete = True
     for measurement in order:
@@ -1260,6 +1285,11 @@ def _measure(measurement, name, model, tokenizer, options, decoders, cache, prin
             n = sum(len(b) for per_length in cache["niah"].values() for b in per_length)
             print_fn(f"niah: built {n} prompts in {cache['niah_build_s']:.1f} s")
         prompts = cache["niah"]
+        cap = options.get("extra_models_niah_max_len")
+        if name not in MAIN_MODELS and cap is not None:  # the extra models' shorter list
+            keep = [i for i, n in enumerate(lengths) if n <= cap]
+            prompts = {t: [per_length[i] for i in keep] for t, per_length in prompts.items()}
+            lengths = tuple(lengths[i] for i in keep)
     if measurement == "niah_forced":
         # As many tokens per forward pass as the perplexity's batches (full fp32 logits).
         budget = options.perplexity_batch_size * options.perplexity_window
@@ -1800,19 +1830,30 @@ def selection_lines(sel: Mapping[str, Any], student_attention: str = "NoPE + gat
     if "cut_scores" in sel:
         lines.append(f"* Scores at the cut (rank k, k + 1): {sel['cut_scores']}; "
                      f"{sel.get('notice') or 'no tie decides the choice'}.")
+    boot = sel.get("bootstrap")
+    if boot:
+        sets = "; ".join(f"{layers} {share:.1%}" for layers, share in boot["sets"])
+        lines.append(f"* Stability (a paired bootstrap over the probes' items, "
+                     f"{boot['resamples']} resamples, `selection.bootstrap_selection`): the "
+                     f"selected set in {boot['selected_frequency']:.1%} of them; the most "
+                     f"frequent sets: {sets}. The table's last column: each layer's share of "
+                     f"the resamples that keep it.")
     acc = sel.get("recall_accuracy")
     has_acc = acc is not None and any(a is not None for a in acc)
     lines += ["", "| layer | csr | recall | " + ("recall accuracy | " if has_acc else "")
-              + "score |", "|---:|---:|---:|" + ("---:|" if has_acc else "") + "---:|"]
+              + "score |" + (" kept (bootstrap) |" if boot else ""),
+              "|---:|---:|---:|" + ("---:|" if has_acc else "") + "---:|"
+              + ("---:|" if boot else "")]
     teacher = sel.get("teacher")
     if teacher:
         extra = f" {teacher.get('recall_accuracy') or 0:.3f} |" if has_acc else ""
         lines.append(f"| teacher (no replacement) | {teacher['csr']:.4f} | "
-                     f"{teacher['recall']:.4f} |{extra} – |")
+                     f"{teacher['recall']:.4f} |{extra} – |" + (" – |" if boot else ""))
     for i, (c, r, sc) in enumerate(zip(sel["csr"], sel["recall"], sel["scores"])):
         mark = " **(attn)**" if i in sel["attention_layers"] else ""
         extra = (f" {acc[i]:.3f} |" if acc[i] is not None else " – |") if has_acc else ""
-        lines.append(f"| {i}{mark} | {c:.4f} | {r:.4f} |{extra} {sc:.3f} |")
+        kept = f" {boot['top_k_frequency'][i]:.2f} |" if boot else ""
+        lines.append(f"| {i}{mark} | {c:.4f} | {r:.4f} |{extra} {sc:.3f} |{kept}")
     return lines
 
 

@@ -108,6 +108,83 @@ def select_attention_layers(scores: Sequence[float], k: int) -> List[int]:
     return sorted(rank_layers(scores)[:k])
 
 
+def _resample_means(values: np.ndarray, ix: np.ndarray, resamples: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """``[B, L]``: the means of ``values[:, ix]`` (``values [L, N]``) over ``len(ix)`` items
+    drawn with replacement from ``ix``, the same draw for every layer (paired)."""
+    n = len(ix)
+    counts = rng.multinomial(n, np.full(n, 1.0 / n), size=resamples)  # [B, n]
+    return counts @ values[:, ix].T / n
+
+
+def bootstrap_selection(csr_per_doc: Mapping[str, Any], recall_per_prompt: Any,
+                        recall_cells: Sequence[str], k: int, *, resamples: int = 1000,
+                        seed: int = 0) -> Dict[str, Any]:
+    """How stable the selection is under the probes' item sampling (a paired bootstrap).
+
+    Each resample draws, with replacement and the same draw for every layer, the CSR items of
+    every task (``n_t`` of ``n_t``) and the recall prompts of every cell (``n_c`` of ``n_c``),
+    recomputes ``C_l`` (the mean over tasks of each task's mean ``acc_norm``) and ``R_l`` (the
+    mean over all prompts, each cell keeping its size), the scores
+    (:func:`halo_scores`) and the top ``k`` (:func:`select_attention_layers`). A layer's
+    frequency in the top ``k`` near 1 or 0 is decided by the probes; near 0.5 it is a coin
+    flip of which items were drawn.
+
+    Args:
+      csr_per_doc: ``{task: [L, n_t]}`` 0/1 ``acc_norm`` per layer and item.
+      recall_per_prompt: ``[L, P]`` per-prompt recall per layer.
+      recall_cells: ``[P]`` each prompt's cell (``"{task}@{length}"``); resampled within cells.
+      k: attention layers kept.
+      resamples: ``B`` (>= 1); seed: the generator's seed.
+
+    Returns:
+      ``{"resamples", "seed", "top_k_frequency": [L] floats, "selected": the full-data
+      selection, "selected_frequency": the share of resamples that pick exactly it,
+      "sets": [[layers, share], ...] the five most frequent sets}``.
+
+    Raises:
+      ValueError: shapes that disagree, no CSR task, ``resamples < 1`` or ``k`` outside
+        ``[0, L]``.
+    """
+    if resamples < 1:
+        raise ValueError(f"select.bootstrap_resamples must be >= 1, got {resamples}")
+    if not csr_per_doc:
+        raise ValueError("bootstrap_selection needs at least one CSR task")
+    csr = {t: np.asarray(v, np.float64) for t, v in csr_per_doc.items()}
+    recall = np.asarray(recall_per_prompt, np.float64)
+    num_layers = recall.shape[0] if recall.ndim == 2 else -1
+    bad = [t for t, v in csr.items() if v.ndim != 2 or v.shape[0] != num_layers]
+    if recall.ndim != 2 or bad or len(recall_cells) != recall.shape[1]:
+        raise ValueError(f"bootstrap_selection: recall must be [L, P] with P cells and every "
+                         f"CSR task [L, n]; got recall {recall.shape}, {len(recall_cells)} "
+                         f"cells, CSR {({t: v.shape for t, v in csr.items()})}")
+    if not 0 <= k <= num_layers:
+        raise ValueError(f"k={k} is outside [0, {num_layers}]")
+    rng = np.random.default_rng(seed)
+    c = np.zeros((resamples, num_layers))
+    for values in csr.values():  # the mean over tasks of each task's resampled mean
+        c += _resample_means(values, np.arange(values.shape[1]), resamples, rng)
+    c /= len(csr)
+    cells = np.asarray(list(recall_cells))
+    r = np.zeros((resamples, num_layers))  # the mean over all prompts, as RecallProbe's
+    for name in dict.fromkeys(recall_cells):
+        g = np.flatnonzero(cells == name)
+        r += _resample_means(recall, g, resamples, rng) * len(g) / len(cells)
+    freq = np.zeros(num_layers)
+    sets: Dict[Tuple[int, ...], int] = {}
+    for b in range(resamples):
+        chosen = tuple(select_attention_layers(halo_scores(c[b], r[b]), k))
+        freq[list(chosen)] += 1
+        sets[chosen] = sets.get(chosen, 0) + 1
+    full_c = np.mean([v.mean(axis=1) for v in csr.values()], axis=0)
+    selected = select_attention_layers(halo_scores(full_c, recall.mean(axis=1)), k)
+    top = sorted(sets.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+    return {"resamples": int(resamples), "seed": int(seed),
+            "top_k_frequency": (freq / resamples).tolist(), "selected": selected,
+            "selected_frequency": sets.get(tuple(selected), 0) / resamples,
+            "sets": [[list(s), n / resamples] for s, n in top]}
+
+
 # ---------------------------------------------------------------------------------------------
 # Evaluations
 # ---------------------------------------------------------------------------------------------
@@ -831,9 +908,11 @@ class CsrProbe:
         return {name: len(d) for name, d in self.docs.items()}
 
     def evaluate(self, scorer: TargetScorer) -> Dict[str, Any]:
-        """``{"csr": mean_task acc_norm, "per_task": {task: acc_norm}}`` (floats)."""
+        """``{"csr": mean_task acc_norm, "per_task": {task: acc_norm}, "per_doc": {task:
+        [0 or 1 per doc, acc_norm]}}`` (the per-doc values feed
+        :func:`bootstrap_selection`)."""
         results = continuation_loglikelihoods(scorer, self.prepared)
-        per_task = {}
+        per_task, per_doc_correct = {}, {}
         for name, task_docs in self.docs.items():
             start, _ = self._spans[name]
             per_doc, k = [], start
@@ -842,7 +921,10 @@ class CsrProbe:
                 k += len(doc.requests)
             metrics = tasks_lib.process_results(name, task_docs, per_doc)
             per_task[name] = float(metrics["acc_norm"])
-        return {"csr": float(np.mean(list(per_task.values()))), "per_task": per_task}
+            _, norm = tasks_lib.doc_accuracies(task_docs, per_doc)
+            per_doc_correct[name] = [int(x) for x in norm]
+        return {"csr": float(np.mean(list(per_task.values()))), "per_task": per_task,
+                "per_doc": per_doc_correct}
 
 
 # Needle-in-a-haystack recall, teacher-forced -------------------------------------------------
@@ -976,8 +1058,9 @@ class RecallProbe:
         return out
 
     def evaluate(self, scorer: TargetScorer) -> Dict[str, Any]:
-        """``{"recall", "accuracy", "recall_by_cell", "accuracy_by_cell"}`` (cells
-        ``"{task}@{length}"``), floats in ``[0, 1]``."""
+        """``{"recall", "accuracy", "recall_by_cell", "accuracy_by_cell", "per_prompt"}``
+        (cells ``"{task}@{length}"``; ``per_prompt``: each prompt's ``recall_i``, in the
+        prompts' order, for :func:`bootstrap_selection`), floats in ``[0, 1]``."""
         scores = score_continuations(scorer, self.prepared)
         probs = np.array([np.exp(lp.astype(np.float64)).mean() for lp, _ in scores])
         correct = np.array([float(g.all()) for _, g in scores])
@@ -985,7 +1068,8 @@ class RecallProbe:
         by_cell = {c: [i for i, x in enumerate(cells) if x == c] for c in dict.fromkeys(cells)}
         return {"recall": float(probs.mean()), "accuracy": float(correct.mean()),
                 "recall_by_cell": {c: float(probs[ix].mean()) for c, ix in by_cell.items()},
-                "accuracy_by_cell": {c: float(correct[ix].mean()) for c, ix in by_cell.items()}}
+                "accuracy_by_cell": {c: float(correct[ix].mean()) for c, ix in by_cell.items()},
+                "per_prompt": probs.tolist()}
 
 
 def cut_tie(scores: Sequence[float], k: int) -> Dict[str, Any]:

@@ -211,6 +211,114 @@ class CorpusPerplexityTest(absltest.TestCase):
                              r"[0-9.]+ \| – \|")
 
 
+class UnscaledStudentTest(absltest.TestCase):
+
+    def test_unscaled_student_gets_its_measurements_and_only_the_short_niah(self):
+        cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(), use_segment_ids=True,
+                                  layer_pattern=("attn",) * 2, vocab_size=257)
+        params = stages.random_teacher(cfg, seed=0)
+        base = dataclasses.replace(hypenet.hypenet_config(cfg, [1]), use_segment_ids=True)
+
+        def student(a):
+            s_cfg = dataclasses.replace(
+                base, attention=dataclasses.replace(base.attention, logit_scaling_base=a))
+            return loaders.build_model(s_cfg, hypenet.convert(params, cfg, s_cfg))
+
+        named = {"teacher": (loaders.build_model(cfg, params), "t"),
+                 "student": (student(50.0), "s"), "student_unscaled": (student(None), "u")}
+        options = halo_smollm2.get_config("tiny").report
+        options.update(measurements=("perplexity", "niah"), perplexity_max_docs=1,
+                       unscaled_measurements=("perplexity", "niah"),
+                       extra_models_niah_max_len=448)
+        stage_dir = self.create_tempdir().full_path
+        rep = report_lib.run_report(options=options, stage_dir=stage_dir, models=named,
+                                    tokenizer=tok_lib.ByteTokenizer(), meta={}, **QUIET)
+        self.assertTrue(rep["complete"])
+        ppl = rep["results"]["perplexity"]
+        self.assertEqual(set(ppl), {"teacher", "student", "student_unscaled"})
+        # The scaling acts inside the window (s_t = log_50(t + 50) > 1 for t > 0).
+        self.assertNotAlmostEqual(ppl["student"]["token_perplexity"],
+                                  ppl["student_unscaled"]["token_perplexity"], places=4)
+        # The unscaled model is the student without the scaling: measured as the student of
+        # another report, it scores the same.
+        alone = report_lib.run_report(
+            options=options, stage_dir=self.create_tempdir().full_path,
+            models={"student": (student(None), "u")}, tokenizer=tok_lib.ByteTokenizer(),
+            meta={}, **QUIET)
+        self.assertAlmostEqual(alone["results"]["perplexity"]["student"]["token_perplexity"],
+                               ppl["student_unscaled"]["token_perplexity"], places=5)
+        # NIAH: every length for the two main models, up to 448 for the extra one.
+        nh = rep["results"]["niah"]
+        for name in ("teacher", "student"):
+            self.assertEqual(nh[name]["niah_single_1"]["per_length_n"], {"448": 2, "640": 2})
+        self.assertEqual(nh["student_unscaled"]["niah_single_1"]["per_length_n"], {"448": 2})
+        parts = report_lib.read_jsonl(os.path.join(stage_dir, report_lib.NIAH_PARTS))
+        self.assertEqual(sorted((r["model"], r["length"]) for r in parts if
+                                r["model"] == "student_unscaled"), [("student_unscaled", 448)])
+        md = report_lib.results_markdown(rep)
+        self.assertIn("| measurement | metric | teacher | student | student_unscaled |", md)
+        self.assertRegex(md, r"\| niah_single_1 \(n=2 per length\) \| string_match_all @ 640 "
+                             r"\| [0-9.]+ ± [0-9.]+ \| [0-9.]+ ± [0-9.]+ \| – \|")
+
+    def test_bad_extra_model_options_are_named(self):
+        options = halo_smollm2.get_config("tiny").report
+        for update, name in ((dict(unscaled_measurements=("bogus",)), "unscaled_measurements"),
+                             (dict(unscaled_measurements=("niah",),
+                                   extra_models_niah_max_len=100), "extra_models_niah_max_len"),
+                             (dict(extra_models_niah_max_len=True),
+                              "extra_models_niah_max_len")):
+            bad = options.copy_and_resolve_references()
+            bad.update(**update)
+            with self.assertRaisesRegex(ValueError, name):
+                report_lib.check_options(bad)
+        fine = options.copy_and_resolve_references()
+        fine.update(unscaled_measurements=("niah",), extra_models_niah_max_len=448)
+        report_lib.check_options(fine)
+
+    def test_report_stage_adds_the_unscaled_student_only_when_a_is_calibrated(self):
+        workdir = self.create_tempdir().full_path
+        cfg = tiny_config(self.create_tempdir().full_path, ("perplexity",))
+        cfg.report.unscaled_measurements = ("perplexity",)
+        for stage in ("stage1", "stage2"):
+            self.assertTrue(experiment.run(cfg, workdir, stage, **QUIET)["complete"])
+        out = experiment.run(cfg, workdir, "report", **QUIET)  # no calibration: a = None
+        rep = report_lib.read_json(out["report"])
+        self.assertEqual(set(rep["results"]["perplexity"]), {"teacher", "student"})
+        os.makedirs(os.path.join(workdir, "calibrate"))
+        with open(os.path.join(workdir, "calibrate", "calibration.json"), "w") as f:
+            json.dump({"best": 50.0}, f)
+        os.remove(out["report"])
+        rep = report_lib.read_json(experiment.run(cfg, workdir, "report", **QUIET)["report"])
+        ppl = rep["results"]["perplexity"]
+        self.assertEqual(set(ppl), {"teacher", "student", "student_unscaled"})
+        self.assertIn("a = None", rep["meta"]["student_unscaled"])
+        self.assertIn("a = 50.0", rep["meta"]["student"])
+        self.assertNotAlmostEqual(ppl["student"]["token_perplexity"],
+                                  ppl["student_unscaled"]["token_perplexity"], places=4)
+
+
+class SelectionLinesTest(absltest.TestCase):
+
+    def test_the_bootstrap_column_and_line(self):
+        sel = {"attention_layers": [2], "csr": [0.5, 0.4, 0.5], "recall": [1.0, 0.5, 0.9],
+               "scores": [0.0, 5.0, 50.0], "recall_accuracy": [0.75, 0.25, 0.5],
+               "teacher": {"csr": 0.55, "recall": 0.95, "recall_accuracy": 0.5},
+               "bootstrap": {"resamples": 1000, "top_k_frequency": [0.0, 0.375, 0.625],
+                             "selected": [2], "selected_frequency": 0.625,
+                             "sets": [[[2], 0.625], [[1], 0.375]]}}
+        lines = report_lib.selection_lines(sel)
+        self.assertIn("| layer | csr | recall | recall accuracy | score | kept (bootstrap) |",
+                      lines)
+        self.assertIn("| 1 | 0.4000 | 0.5000 | 0.250 | 5.000 | 0.38 |", lines)
+        self.assertIn("| 2 **(attn)** | 0.5000 | 0.9000 | 0.500 | 50.000 | 0.62 |", lines)
+        self.assertIn("| teacher (no replacement) | 0.5500 | 0.9500 | 0.500 | – | – |", lines)
+        self.assertTrue(any("the selected set in 62.5% of them" in x and "[1] 37.5%" in x
+                            for x in lines))
+        del sel["bootstrap"]  # older selections: no column
+        self.assertIn("| layer | csr | recall | recall accuracy | score |",
+                      report_lib.selection_lines(sel))
+
+
 class TeacherReuseTest(absltest.TestCase):
 
     def _first_report(self):

@@ -369,6 +369,7 @@ class BatchedScoringTest(absltest.TestCase):
             lens = np.array([len(ch) for ch in d.choices], np.float64)
             correct.append(float(np.argmax(np.array(lls) / lens) == d.gold))
         self.assertAlmostEqual(out["per_task"]["t"], np.mean(correct))
+        self.assertEqual(out["per_doc"]["t"], [int(c) for c in correct])
 
     def test_sweep_target_logprobs_read_the_head_at_the_positions(self):
         cfg, params = byte_teacher(seed=4)
@@ -411,6 +412,7 @@ class BatchedScoringTest(absltest.TestCase):
         self.assertAlmostEqual(out["recall_by_cell"]["u@8"], 0.3, places=6)
         self.assertAlmostEqual(out["recall_by_cell"]["t@8"], np.mean(expected[:2]), places=6)
         self.assertEqual(probe.num_items, {"t@8": 2, "u@8": 1})
+        np.testing.assert_allclose(out["per_prompt"], expected, rtol=1e-6)
 
     def test_niah_prompts_end_with_the_answer_prefix(self):
         root = write_probe_data(self.create_tempdir().full_path)
@@ -559,6 +561,68 @@ class SelectionSeparatesLayersTest(absltest.TestCase):
         self.assertFalse(selection.cut_tie(scores, 1)["tie"])
 
 
+class BootstrapSelectionTest(absltest.TestCase):
+
+    def test_a_decisive_layer_is_always_kept_and_the_shares_sum_to_k(self):
+        rng = np.random.default_rng(0)
+        num_layers, n, prompts = 6, 80, 24
+        # Layer 2 keeps every CSR item right and loses recall on every prompt: score 50 in
+        # every resample. The others lose CSR on random items and recall a little.
+        base = rng.random(n) < 0.6
+        csr = np.array([base if layer == 2 else base & (rng.random(n) < 0.9)
+                        for layer in range(num_layers)], np.float64)
+        recall = 0.8 + 0.05 * rng.random((num_layers, prompts))
+        recall[2] = 0.1
+        cells = ["a@1"] * 12 + ["b@2"] * 12
+        out = selection.bootstrap_selection({"t": csr, "u": csr[:, :40]}, recall, cells, 2,
+                                            resamples=300, seed=1)
+        freq = np.array(out["top_k_frequency"])
+        self.assertEqual(freq[2], 1.0)
+        self.assertAlmostEqual(freq.sum(), 2.0)  # each resample keeps exactly k layers
+        self.assertTrue(np.all((freq >= 0) & (freq <= 1)))
+        # The full-data selection, as the select stage computes it.
+        c_full = (csr.mean(1) + csr[:, :40].mean(1)) / 2
+        self.assertEqual(out["selected"], selection.select_attention_layers(
+            selection.halo_scores(c_full, recall.mean(1)), 2))
+        self.assertLessEqual(sum(share for _, share in out["sets"]), 1.0 + 1e-12)
+        self.assertEqual(out["sets"][0][1], max(share for _, share in out["sets"]))
+        # Seeded: the same draws again; another seed, other draws of the noisy layers.
+        again = selection.bootstrap_selection({"t": csr, "u": csr[:, :40]}, recall, cells, 2,
+                                              resamples=300, seed=1)
+        self.assertEqual(again, out)
+
+    def test_resampled_means_have_the_bootstrap_mean_and_spread(self):
+        # Against the textbook values: E[mean*] = the sample mean, SD[mean*] = s / sqrt(n)
+        # with s the population-style SD of the sample (ddof=0).
+        rng = np.random.default_rng(3)
+        values = rng.random((2, 50))
+        draws = selection._resample_means(values, np.arange(50), 20000, rng)
+        self.assertEqual(draws.shape, (20000, 2))
+        se = values.std(axis=1) / np.sqrt(50)
+        for layer in range(2):
+            self.assertAlmostEqual(draws[:, layer].mean(), values[layer].mean(),
+                                   delta=4 * se[layer] / np.sqrt(2e4))
+        np.testing.assert_allclose(draws.std(0), se, rtol=0.03)
+        # Paired: both layers see the same draw (identical rows give identical means).
+        same = selection._resample_means(np.stack([values[0], values[0]]), np.arange(50), 100,
+                                         rng)
+        np.testing.assert_array_equal(same[:, 0], same[:, 1])
+
+    def test_bad_input(self):
+        csr = {"t": np.ones((3, 5))}
+        recall = np.ones((3, 4))
+        with self.assertRaisesRegex(ValueError, "bootstrap_resamples"):
+            selection.bootstrap_selection(csr, recall, ["a"] * 4, 1, resamples=0)
+        with self.assertRaisesRegex(ValueError, "recall must be"):
+            selection.bootstrap_selection(csr, recall, ["a"] * 3, 1)
+        with self.assertRaisesRegex(ValueError, "recall must be"):
+            selection.bootstrap_selection({"t": np.ones((2, 5))}, recall, ["a"] * 4, 1)
+        with self.assertRaisesRegex(ValueError, "outside"):
+            selection.bootstrap_selection(csr, recall, ["a"] * 4, 4)
+        with self.assertRaisesRegex(ValueError, "at least one CSR task"):
+            selection.bootstrap_selection({}, recall, ["a"] * 4, 1)
+
+
 class SelectStageTest(absltest.TestCase):
 
     def test_select_writes_the_probe_results_and_resumes(self):
@@ -589,6 +653,19 @@ class SelectStageTest(absltest.TestCase):
         self.assertIn("probability", sel["recall_metric"])
         self.assertIn(sel["tie_at_cut"], (True, False))
         self.assertContainsSubset({"csr", "recall", "recall_accuracy"}, set(sel["teacher"]))
+        # The bootstrap over the probes' items (4 + 4 + 4 CSR items, 2 prompts).
+        boot = sel["bootstrap"]
+        self.assertEqual(boot["resamples"], 1000)
+        self.assertEqual(boot["selected"], sel["attention_layers"])
+        self.assertAlmostEqual(sum(boot["top_k_frequency"]), 1.0)
+        recs = [r for r in selection.read_jsonl(os.path.join(workdir, "select", "sweep.jsonl"))
+                if r["layer"] >= 0]
+        for r in recs:
+            self.assertEqual({t: len(v) for t, v in r["csr_per_doc"].items()},
+                             sel["csr_items"])
+            self.assertAlmostEqual(np.mean([np.mean(v) for v in r["csr_per_doc"].values()]),
+                                   r["csr"])
+            self.assertAlmostEqual(np.mean(r["recall_per_prompt"]), r["recall"])
         # The report's own HellaSwag subset is excluded as well as csr_exclude's.
         self.assertEqual(sel["hellaswag_excluded_subsets"], [[10, 1234], [5, 3]])
         for limit, seed in sel["hellaswag_excluded_subsets"]:
