@@ -1174,6 +1174,41 @@ def _type_name(hint: Any) -> str:
     return getattr(origin or hint, "__name__", str(hint))
 
 
+# The kinds of config file, told apart by their sections: which binary takes each. A HALO
+# pipeline config (configs/halo_smollm2.py) has a teacher and a HypeNet student; a sweep config
+# (configs/sweeps/) names a training config and a grid.
+CONFIG_KINDS = {
+    "training": ("a training config (sections model, data, optim, train, mesh)",
+                 "experiments/train.py"),
+    "halo": ("a HALO pipeline config (sections teacher, hypenet and one per stage)",
+             "experiments/halo_pipeline.py (or experiments/halo.py, one stage at a time)"),
+    "sweep": ("a sweep config (train_config, grid)", "experiments/sweep.py"),
+}
+
+
+def config_kind(values: Mapping[str, Any]) -> Optional[str]:
+    """Which of :data:`CONFIG_KINDS` a config (ConfigDict or mapping) is, by its sections;
+    ``None`` when it is none of them."""
+    if "model" in values and "data" in values:
+        return "training"
+    if "teacher" in values and "hypenet" in values:
+        return "halo"
+    if "train_config" in values or "grid" in values:
+        return "sweep"
+    return None
+
+
+def describe_config_kind(values: Mapping[str, Any]) -> str:
+    """``"it is a HALO pipeline config (...), which experiments/halo_pipeline.py (...) takes"``
+    for a config of a known kind (:func:`config_kind`), ``""`` otherwise: the end of an error
+    for a config given to a binary of another kind."""
+    kind = config_kind(values)
+    if kind is None:
+        return ""
+    what, binary = CONFIG_KINDS[kind]
+    return f"it is {what}, which {binary} takes"
+
+
 def experiment_from_config_dict(config: Any) -> ExperimentConfig:
     """Converts a ``ConfigDict`` (or nested mapping) into a validated :class:`ExperimentConfig`.
 
@@ -1184,12 +1219,17 @@ def experiment_from_config_dict(config: Any) -> ExperimentConfig:
       The frozen, validated ``ExperimentConfig``.
 
     Raises:
-      ValueError: naming the option, for unknown options or invalid values.
+      ValueError: naming the option, for unknown options or invalid values; for a config of
+        another kind (a HALO pipeline's, a sweep's), naming its kind and the binary that takes
+        it.
     """
     values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for section in ("model", "data"):
         if section not in values:
-            raise ConfigError(f"config has no {section!r} section")
+            other = describe_config_kind(values)
+            raise ConfigError(f"config has no {section!r} section" + (
+                f": {other}, not a training config (experiments/train.py's, e.g. "
+                f"configs/default.py)" if other else ""))
     # ``train`` first: configs derive optim fields from train.total_steps (the default's warm-up
     # is a tenth of it), so a bad total_steps must be named itself, not through warmup_steps.
     order = ["train"] + [k for k in values if k != "train"]

@@ -86,6 +86,25 @@ class BadInputTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"unknown option\(s\) model\.d_modle"):
             config_lib.experiment_from_config_dict(c)
 
+    def test_a_config_of_another_kind_is_named(self):
+        # Newcomer pass: train.py with a HALO or sweep config said only "config has no 'model'
+        # section".
+        from configs import halo_smollm2
+        from configs.sweeps import table2_small
+        with self.assertRaisesRegex(
+                config_lib.ConfigError,
+                r"^config has no 'model' section: it is a HALO pipeline config \(sections "
+                r"teacher, hypenet and one per stage\), which experiments/halo_pipeline\.py "
+                r"\(or experiments/halo\.py, one stage at a time\) takes, not a training config "
+                r"\(experiments/train\.py's, e\.g\. configs/default\.py\)$"):
+            config_lib.experiment_from_config_dict(halo_smollm2.get_config("tiny"))
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^config has no 'model' section: it is a sweep config "
+                                    r"\(train_config, grid\), which experiments/sweep\.py takes"):
+            config_lib.experiment_from_config_dict(table2_small.get_config("tiny"))
+        with self.assertRaisesRegex(config_lib.ConfigError, r"^config has no 'model' section$"):
+            config_lib.experiment_from_config_dict({"data": {}})
+
     def test_sections_given_as_mappings_are_built_and_checked(self):
         # Newcomer pass: ModelConfig(gdn=dict(...)) kept the dict unchecked; a bad key or value
         # surfaced as an AttributeError when the model was built.
