@@ -13,8 +13,9 @@ Usage::
 ``--checkpoint`` is a lattn-jax training workdir, a Hugging Face checkpoint directory or a
 ``.gguf`` file (``lattn_jax.eval.restore.load_model``). ``--limit=N`` scores the first N documents
 of each zero-shot task, as lm-evaluation-harness ``--limit`` does; ``--sample_items=N`` scores a
-random subset of N drawn with ``--sample_seed``. Checks the model path and every requested task's
-data files first (one error lists all missing ones; nothing is scored). Merges the results into
+random subset of N drawn with ``--sample_seed``. Checks the model path, every requested task's
+data files (one error lists all missing ones) and an existing ``results.json`` in the output
+directory first; nothing is scored when one is wrong. Merges the results into
 ``results.json`` under ``--output_dir`` (default ``<checkpoint>/eval``; required for a GGUF file):
 tasks of earlier runs are kept, re-run tasks replaced, each entry with its checkpoint ``step``;
 rewrites ``results.md`` (scores with binomial standard errors beside chance, 1 / number of
@@ -117,9 +118,11 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
+    out = _OUTPUT_DIR.value or os.path.join(_CHECKPOINT.value, "eval")
     try:
         names = runner.expand_tasks(_TASKS.value)
         _check_flags(names)
+        runner.read_results(out)  # a damaged results.json now, not after the scoring
         lengths, depths = runner.parse_niah_grid(_LENGTHS.value, _DEPTHS.value)
         options = runner.EvalOptions(
             data_dir=_DATA_DIR.value, limit=_LIMIT.value, sample_items=_SAMPLE.value,
@@ -139,7 +142,6 @@ def main(argv):
         results = runner.run_evaluation(restored.model, restored.tokenizer, names, options)
     except (ValueError, FileNotFoundError, ImportError) as e:
         sys.exit(f"error: {e}")
-    out = _OUTPUT_DIR.value or os.path.join(_CHECKPOINT.value, "eval")
     for r in results.values():
         r["step"] = restored.step  # merged files may hold tasks of several runs (None: HF/GGUF)
     header = f"# Evaluation of {_CHECKPOINT.value}"

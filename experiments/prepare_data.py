@@ -11,8 +11,9 @@ One shard per input file (text, JSONL plain/.gz/.zst, Parquet); running it again
 already finished. The shard format is described in ``lattn_jax/data/shards.py``.
 
 Bad input: malformed JSONL lines and records without ``--text_field`` are skipped and counted (the
-run stops once they exceed ``--max_bad_fraction`` of the records read), and a file that looks
-binary is refused, naming it (``lattn_jax/data/prepare.py``).
+run stops once they exceed ``--max_bad_fraction`` of the records read), a ``--text_field`` that
+none of the records at a JSONL file's head has is refused before the file is read, and a file
+that looks binary is refused; each with one line naming it (``lattn_jax/data/prepare.py``).
 """
 
 import os

@@ -626,6 +626,14 @@ class ModelConfig:
       lightning: settings of ``"lightning"`` layers.
       linear_attn: settings of ``"linear_attn"`` layers.
       routing: cross-layer routing (CLER, CLER-H, CLVR, controls, AttnRes); off by default.
+
+    The sections (``attention`` to ``routing``) may also be given as mappings of their options,
+    ``ModelConfig(gdn=dict(chunk_size=32))``; they are built into their dataclasses and checked
+    here, as a config file's are.
+
+    Raises:
+      ConfigError: naming the option (``model.gdn.bogus``, ``model.d_model``) for an unknown
+        section key, a value of the wrong type, or an invalid or inconsistent value.
     """
 
     vocab_size: int = 32000
@@ -651,6 +659,7 @@ class ModelConfig:
     routing: RoutingConfig = dataclasses.field(default_factory=RoutingConfig)
 
     def __post_init__(self):
+        _build_sections(self, "model.")
         _require(self.vocab_size >= 2, f"model.vocab_size must be >= 2, got {self.vocab_size}")
         _require(self.d_model >= 1, f"model.d_model must be >= 1, got {self.d_model}")
         _require(self.mlp_hidden >= 1, f"model.mlp_hidden must be >= 1, got {self.mlp_hidden}")
@@ -1069,9 +1078,63 @@ class ExperimentConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     mesh: MeshConfig = dataclasses.field(default_factory=MeshConfig)
 
+    def __post_init__(self):
+        _build_sections(self, "")
+
+
+def _build_sections(obj, prefix: str) -> None:
+    """Turns the section fields of the dataclass ``obj`` given as mappings
+    (``ModelConfig(gdn=dict(chunk_size=32))``) into their dataclasses, validated as
+    :func:`_build` does, so that a bad key or value is named at construction rather than
+    surfacing as an ``AttributeError`` when the model is built.
+
+    Raises:
+      ConfigError: naming the option (``model.gdn.bogus``): an unknown key, a bad value, or a
+        section that is neither its dataclass nor a mapping.
+    """
+    hints = typing.get_type_hints(type(obj))
+    for field in dataclasses.fields(obj):
+        hint = hints[field.name]
+        if not dataclasses.is_dataclass(hint):
+            continue
+        value = getattr(obj, field.name)
+        if isinstance(value, hint):
+            continue
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{prefix}{field.name} must be a {hint.__name__} or a mapping of "
+                              f"its options, got {value!r}")
+        object.__setattr__(obj, field.name, _build(hint, value, f"{prefix}{field.name}."))
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` has the type that the dataclass field annotation ``hint`` names (a
+    number where a float goes; anything where the annotation is not a plain type)."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        return any(_matches(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, (bool, np.bool_))
+    if hint is int:
+        return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+    if hint is float:
+        return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    if hint is str:
+        return isinstance(value, str)
+    if origin is tuple:
+        return isinstance(value, (tuple, list))
+    return True
+
 
 def _build(cls, values: Mapping[str, Any], prefix: str):
-    """Builds dataclass ``cls`` from a mapping, recursing into nested dataclass fields."""
+    """Builds dataclass ``cls`` from a mapping, recursing into nested dataclass fields.
+
+    Raises:
+      ConfigError: naming the option: an unknown key, a section given a non-mapping, a value of
+        the wrong type (found when the dataclass's checks fail on it with a ``TypeError``), or
+        a value its checks refuse.
+    """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
@@ -1091,7 +1154,59 @@ def _build(cls, values: Mapping[str, Any], prefix: str):
             kwargs[name] = tuple(value)
         else:
             kwargs[name] = value
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except TypeError as e:  # a check compared a value of the wrong type ("4" >= 1)
+        for name, value in kwargs.items():
+            if not _matches(value, hints[name]):
+                raise ConfigError(f"{prefix}{name}={value!r} has the wrong type; expected "
+                                  f"{_type_name(hints[name])}") from e
+        raise
+
+
+def _type_name(hint: Any) -> str:
+    """``int``, ``float or None``, ``tuple``: a field annotation as messages name it."""
+    if typing.get_origin(hint) is typing.Union:
+        return " or ".join(_type_name(h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return "None"
+    origin = typing.get_origin(hint)
+    return getattr(origin or hint, "__name__", str(hint))
+
+
+# The kinds of config file, told apart by their sections: which binary takes each. A HALO
+# pipeline config (configs/halo_smollm2.py) has a teacher and a HypeNet student; a sweep config
+# (configs/sweeps/) names a training config and a grid.
+CONFIG_KINDS = {
+    "training": ("a training config (sections model, data, optim, train, mesh)",
+                 "experiments/train.py"),
+    "halo": ("a HALO pipeline config (sections teacher, hypenet and one per stage)",
+             "experiments/halo_pipeline.py (or experiments/halo.py, one stage at a time)"),
+    "sweep": ("a sweep config (train_config, grid)", "experiments/sweep.py"),
+}
+
+
+def config_kind(values: Mapping[str, Any]) -> Optional[str]:
+    """Which of :data:`CONFIG_KINDS` a config (ConfigDict or mapping) is, by its sections;
+    ``None`` when it is none of them."""
+    if "model" in values and "data" in values:
+        return "training"
+    if "teacher" in values and "hypenet" in values:
+        return "halo"
+    if "train_config" in values or "grid" in values:
+        return "sweep"
+    return None
+
+
+def describe_config_kind(values: Mapping[str, Any]) -> str:
+    """``"it is a HALO pipeline config (...), which experiments/halo_pipeline.py (...) takes"``
+    for a config of a known kind (:func:`config_kind`), ``""`` otherwise: the end of an error
+    for a config given to a binary of another kind."""
+    kind = config_kind(values)
+    if kind is None:
+        return ""
+    what, binary = CONFIG_KINDS[kind]
+    return f"it is {what}, which {binary} takes"
 
 
 def experiment_from_config_dict(config: Any) -> ExperimentConfig:
@@ -1104,12 +1219,17 @@ def experiment_from_config_dict(config: Any) -> ExperimentConfig:
       The frozen, validated ``ExperimentConfig``.
 
     Raises:
-      ValueError: naming the option, for unknown options or invalid values.
+      ValueError: naming the option, for unknown options or invalid values; for a config of
+        another kind (a HALO pipeline's, a sweep's), naming its kind and the binary that takes
+        it.
     """
     values = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for section in ("model", "data"):
         if section not in values:
-            raise ConfigError(f"config has no {section!r} section")
+            other = describe_config_kind(values)
+            raise ConfigError(f"config has no {section!r} section" + (
+                f": {other}, not a training config (experiments/train.py's, e.g. "
+                f"configs/default.py)" if other else ""))
     # ``train`` first: configs derive optim fields from train.total_steps (the default's warm-up
     # is a tenth of it), so a bad total_steps must be named itself, not through warmup_steps.
     order = ["train"] + [k for k in values if k != "train"]

@@ -164,12 +164,21 @@ def expand(config: Mapping[str, Any]) -> List[Run]:
       axis varying fastest.
 
     Raises:
-      SweepConfigError: naming the option: a missing ``train_config`` or ``grid``, a block or
+      SweepConfigError: naming the option: a missing ``train_config`` or ``grid`` (for a
+        config of another kind, a training or HALO config, naming its kind), a block or
         axis that is not a (name, values) pair, an empty axis, an axis given twice in a block,
         an argument value holding a comma (the argument string's separator) or a value
         holding ``/`` (run names are directory names), or two runs with the same name.
     """
     if not config.get("train_config"):
+        from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only for the error)
+        other = config_lib.describe_config_kind(config)
+        kind = config_lib.config_kind(config)
+        if other and kind != "sweep":
+            raise SweepConfigError(
+                f"--config is not a sweep config (configs/sweeps/; it has no train_config or "
+                f"grid): {other}" + ("; a sweep config names one as its train_config"
+                                     if kind == "training" else ""))
         raise SweepConfigError("train_config: the training config file is missing")
     fixed_arg = _pairs(config.get("arg"), "arg")
     fixed_overrides = _pairs(config.get("overrides"), "overrides")

@@ -381,15 +381,21 @@ def schedule_warning(ocfg: config_lib.OptimConfig, total_steps: int) -> Optional
 
     WSD decays over the last ``optim.decay_fraction`` of the run and cosine over everything
     after the warm-up (:func:`lattn_jax.optim.learning_rate_schedule`); a warm-up reaching into
-    that window shortens the decay, and one as long as the run ends it at the peak LR.
+    that window shortens the decay. A warm-up at least as long as the run is clamped to it: the
+    learning rate then rises over the whole run, to ``(T - 1) / T`` of the peak at the last of
+    its ``T`` steps (it never reaches the peak), and never decays.
 
     Returns:
       One line naming the options, or ``None`` when the schedule decays as configured.
     """
     warmup = ocfg.warmup_steps
     if warmup >= total_steps:
-        return (f"optim.warmup_steps={warmup} >= train.total_steps={total_steps}: the learning "
-                f"rate never decays (the run ends at the peak, {ocfg.learning_rate:g}); lower "
+        last = ocfg.learning_rate * (total_steps - 1) / total_steps
+        clamped = (f"the warm-up is clamped to the run's {total_steps} steps, so "
+                   if warmup > total_steps else "")
+        return (f"optim.warmup_steps={warmup} >= train.total_steps={total_steps}: {clamped}the "
+                f"learning rate rises linearly over the whole run, to {last:g} at the last step "
+                f"(the peak, {ocfg.learning_rate:g}, is never reached), and never decays; lower "
                 f"--config.optim.warmup_steps or raise --config.train.total_steps")
     if ocfg.schedule == "cosine":
         return None

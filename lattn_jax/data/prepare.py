@@ -12,7 +12,9 @@ and counted, and *bad records* (JSONL lines that are not a JSON object, records 
 in ``text_field``) are skipped and counted alike; the run stops, with one line naming
 ``--max_bad_fraction``, as soon as the bad records exceed that fraction of the records read so
 far (counting at least ``MIN_RECORDS``, so up to 10 bad records always pass at the default 1%).
-A wrong ``--text_field`` therefore stops after 11 records, not after tokenizing the corpus. A file
+A wrong ``--text_field`` is refused before a JSONL file is read, with one line naming the file
+and its first record's fields, when none of the records at its head has the field (more of them
+than the limit tolerates, or all of the file's), rather than after one warning per record. A file
 read as text or JSONL whose first 64 KiB look binary (NUL bytes, or over 10% invalid UTF-8 or
 control characters, ``sources.sniff_binary``) is refused before reading, naming it. Messages name
 ``prepare_data.py``'s flags (``--input``, ``--text_field``, ``--format``).
@@ -147,6 +149,37 @@ class _BadRecordLimit:
             f"more than --max_bad_fraction={self.max_fraction:g} allows (of at least "
             f"{MIN_RECORDS} records); first: {first}")
 
+    def tolerated(self) -> int:
+        """How many more records without the text field pass, were no good one read (at
+        most ``MIN_RECORDS``; each also counts as a record read)."""
+        done = self.done
+        n = 0
+        while n < MIN_RECORDS and (done.bad_records + n + 1
+                                   <= self.max_fraction * max(done.records + n + 1,
+                                                              MIN_RECORDS)):
+            n += 1
+        return n
+
+
+def _check_text_field(path: str, text_field: str, limit: _BadRecordLimit) -> None:
+    """Refuses a JSONL file, with one line, when ``--text_field`` names no field of it: no
+    record at its head has a string there, over more records than ``limit`` tolerates (the
+    read would stop there, after one warning per record) or over the whole file (the read
+    would make an empty shard).
+
+    Raises:
+        ValueError: naming ``--text_field``, the file and the first record's fields.
+        sources.DataFileError: the file cannot be read.
+    """
+    tolerated = limit.tolerated()
+    probe = sources.probe_text_field(path, text_field, tolerated + 1)
+    if probe.found or probe.missing == 0 or not (probe.ended or probe.missing > tolerated):
+        return
+    scope = "" if probe.ended else "first "
+    raise ValueError(
+        f"--text_field={text_field!r}: none of the {scope}{probe.missing} JSON records of {path} "
+        f"has a string in that field ({probe.first}); give the key that holds the text")
+
 
 @functools.lru_cache(maxsize=4)
 def _cached_tokenizer(kind: str, path: str | None, size: int, mtime_ns: int):
@@ -264,6 +297,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                     raise sources.DataFileError(
                         f"{path} looks binary, not text ({reason}); prepare_data.py reads UTF-8 "
                         f"text, JSONL (plain, .gz, .zst) and Parquet (--format={fmt})")
+            if kind == "jsonl":
+                _check_text_field(path, text_field, limit)
             stats = sources.ReadStats()
             docs = sources.read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
                                      stats=stats, skip_missing_field=True, on_skip=limit.check,

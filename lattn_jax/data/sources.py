@@ -47,12 +47,14 @@ from absl import logging
 __all__ = [
     "DATA_EXTENSIONS",
     "DataFileError",
+    "FieldProbe",
     "OptionNames",
     "ReadStats",
     "WIKITEXT_TITLE",
     "decode_utf8",
     "file_format",
     "list_files",
+    "probe_text_field",
     "read_documents",
     "read_file",
     "read_jsonl",
@@ -427,6 +429,62 @@ def read_jsonl(path: str, text_field: str = "text", stats: ReadStats | None = No
         stats.invalid_utf8_files += 1
         stats.note(f"{path}: replaced {bad_utf8} invalid UTF-8 sequence(s) by U+FFFD")
     stats.files += 1
+
+
+@dataclasses.dataclass(frozen=True)
+class FieldProbe:
+    """What :func:`probe_text_field` saw at the head of a JSONL file.
+
+    Attributes:
+        found: a record with a string in ``text_field`` was read.
+        missing: JSON object records before it (or before the end or the cap) without one.
+        ended: the file ended before a record with the field and before the cap.
+        first: ``"line N: <problem>; its fields: a, b"`` of the first record without it
+            (``""`` when ``missing == 0``).
+    """
+
+    found: bool
+    missing: int
+    ended: bool
+    first: str = ""
+
+
+def probe_text_field(path: str, text_field: str, max_missing: int) -> FieldProbe:
+    """Reads the head of a JSONL file up to the first record with a string in ``text_field``,
+    or ``max_missing`` JSON object records without one, whichever comes first.
+
+    Lines that are not a JSON object are passed over here (the reader reports them); nothing
+    is logged. ``prepare_data.py`` uses it to refuse a wrong ``--text_field`` with one line
+    before a file is read.
+
+    Raises:
+        DataFileError: the file cannot be read or decompressed.
+    """
+    missing, first = 0, ""
+    with _reading(path):
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, start=1):
+                if not raw.strip():
+                    continue
+                try:
+                    record = json.loads(decode_utf8(raw)[0])
+                except json.JSONDecodeError:
+                    continue
+                if not isinstance(record, dict):
+                    continue
+                text = record.get(text_field)
+                if isinstance(text, str):
+                    return FieldProbe(found=True, missing=missing, ended=False, first=first)
+                if not first:
+                    keys = list(record)
+                    shown = ", ".join(map(repr, keys[:12])) + (", ..." if len(keys) > 12 else "")
+                    problem = (f"no field {text_field!r}" if text_field not in record
+                               else f"field {text_field!r} is {type(text).__name__}")
+                    first = f"line {lineno}: {problem}; its fields: {shown or 'none'}"
+                missing += 1
+                if missing >= max_missing:
+                    return FieldProbe(found=False, missing=missing, ended=False, first=first)
+    return FieldProbe(found=False, missing=missing, ended=True, first=first)
 
 
 def _repair_surrogates(text: str, stats: ReadStats) -> tuple[str, int]:

@@ -483,15 +483,27 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     end while importing this module, with one line naming the extra to install (``pip install
     -e ".[lmeval]"``) and exit status 1.
 
+    Bad input ends the same way, as the experiment binaries do: a ``ValueError`` (our model
+    arguments and the harness's own checks, e.g. ``Tasks not found``), ``FileNotFoundError``
+    (a missing checkpoint) or ``ImportError`` (a package the model file needs) is printed as
+    ``error: <message>`` on one line, exit status 1, instead of the harness's traceback.
+
     Args:
       argv: the command line after the program name (default: ``sys.argv[1:]``); the options of
         ``lm_eval`` (``--model lattn_jax --model_args checkpoint=... --tasks ...``).
+
+    Raises:
+      SystemExit: on bad input (the one line), and from the harness's argument parser.
     """
     from lm_eval import __main__ as lm_eval_main  # pylint: disable=import-outside-toplevel
 
     if argv is not None:
         sys.argv = [sys.argv[0]] + list(argv)
-    lm_eval_main.cli_evaluate()
+    try:
+        lm_eval_main.cli_evaluate()
+    except (ValueError, FileNotFoundError, ImportError) as e:  # user input: one line each
+        text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        sys.exit(f"error: {text or type(e).__name__}")
 
 
 if __name__ == "__main__":

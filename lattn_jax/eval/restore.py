@@ -95,7 +95,8 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
 
     Raises:
       FileNotFoundError: if the workdir or its config.json, or the tokenizer, is missing.
-      ValueError: if the saved config is not valid JSON or does not validate (naming it).
+      ValueError: if the saved config is not valid JSON, is another kind of run's (a HALO
+        pipeline's: naming the binary that evaluates it), or does not validate (naming it).
     """
     if not os.path.isdir(workdir):
         raise FileNotFoundError(f"no such checkpoint directory: {workdir} (expected a workdir "
@@ -105,6 +106,19 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
         raise FileNotFoundError(f"no config.json in checkpoint directory {workdir} (expected a "
                                 f"workdir written by experiments/train.py)")
     values = config_lib.read_run_config_json(path)
+    kind = config_lib.config_kind(values)
+    if kind == "halo":
+        raise config_lib.ConfigError(
+            f"{path} is a HALO pipeline's config, not a training run's: {workdir} is a HALO "
+            f"workdir, whose student the pipeline's report stage evaluates "
+            f"(experiments/halo_pipeline.py --stages=report); expected a workdir written by "
+            f"experiments/train.py")
+    if "model" not in values:
+        other = config_lib.describe_config_kind(values)
+        raise config_lib.ConfigError(
+            f"{path} is not a training run's config (it has no 'model' section"
+            f"{'; ' + other if other else ''}); expected a workdir written by "
+            f"experiments/train.py")
     with data_config_lib.unchecked_data_paths():
         # The training corpus need not exist here (another machine, a copied run): restoring
         # needs the model config and the tokenizer only.

@@ -461,23 +461,36 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def read_results(output_dir: str) -> Dict[str, dict]:
+    """The earlier results in ``<output_dir>/results.json`` (``{}`` when there is none).
+
+    ``experiments/evaluate.py`` calls it before anything is scored, so that a damaged file is
+    reported before the evaluation rather than after it (when the new scores would be lost).
+
+    Raises:
+      ValueError: naming the file, when it is not valid JSON or does not hold a JSON object.
+    """
+    path = os.path.join(output_dir, "results.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        try:
+            results = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not valid JSON ({e}); move it away") from None
+    if not isinstance(results, dict):
+        raise ValueError(f"{path} does not hold a JSON object; move it away")
+    return results
+
+
 def merge_results(output_dir: str, results: Dict[str, dict]) -> Dict[str, dict]:
     """``results.json`` of ``output_dir`` (if any) updated with ``results``: tasks not re-run
     keep their earlier entries, re-run tasks are replaced.
 
     Raises:
-      ValueError: an existing ``results.json`` that is not a JSON object.
+      ValueError: an existing ``results.json`` that is not a JSON object (:func:`read_results`).
     """
-    path = os.path.join(output_dir, "results.json")
-    merged: Dict[str, dict] = {}
-    if os.path.isfile(path):
-        with open(path) as f:
-            try:
-                merged = json.load(f)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path} is not valid JSON ({e}); move it away") from e
-        if not isinstance(merged, dict):
-            raise ValueError(f"{path} does not hold a JSON object; move it away")
+    merged = read_results(output_dir)
     merged.update(results)
     return merged
 

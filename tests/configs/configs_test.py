@@ -86,6 +86,57 @@ class BadInputTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"unknown option\(s\) model\.d_modle"):
             config_lib.experiment_from_config_dict(c)
 
+    def test_a_config_of_another_kind_is_named(self):
+        # Newcomer pass: train.py with a HALO or sweep config said only "config has no 'model'
+        # section".
+        from configs import halo_smollm2
+        from configs.sweeps import table2_small
+        with self.assertRaisesRegex(
+                config_lib.ConfigError,
+                r"^config has no 'model' section: it is a HALO pipeline config \(sections "
+                r"teacher, hypenet and one per stage\), which experiments/halo_pipeline\.py "
+                r"\(or experiments/halo\.py, one stage at a time\) takes, not a training config "
+                r"\(experiments/train\.py's, e\.g\. configs/default\.py\)$"):
+            config_lib.experiment_from_config_dict(halo_smollm2.get_config("tiny"))
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^config has no 'model' section: it is a sweep config "
+                                    r"\(train_config, grid\), which experiments/sweep\.py takes"):
+            config_lib.experiment_from_config_dict(table2_small.get_config("tiny"))
+        with self.assertRaisesRegex(config_lib.ConfigError, r"^config has no 'model' section$"):
+            config_lib.experiment_from_config_dict({"data": {}})
+
+    def test_sections_given_as_mappings_are_built_and_checked(self):
+        # Newcomer pass: ModelConfig(gdn=dict(...)) kept the dict unchecked; a bad key or value
+        # surfaced as an AttributeError when the model was built.
+        m = config_lib.ModelConfig(gdn=dict(num_k_heads=2), kda={"gate_rank": 8},
+                                   routing=dict(mode="cler"), layer_pattern=("gdn",))
+        self.assertIsInstance(m.gdn, config_lib.GatedDeltaNetConfig)
+        self.assertEqual((m.gdn.num_k_heads, m.gdn.num_v_heads, m.kda.gate_rank), (2, 8, 8))
+        self.assertEqual(m.routing.mode, "cler")
+        for name in ("attention", "gdn", "deltanet", "kda", "gdn2", "lightning", "linear_attn",
+                     "routing"):
+            with self.assertRaisesRegex(config_lib.ConfigError,
+                                        rf"^unknown option\(s\) model\.{name}\.bogus; known"):
+                config_lib.ModelConfig(**{name: dict(bogus=1)})
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^model\.gdn\.chunk_size must be a positive power of two"):
+            config_lib.ModelConfig(gdn=dict(chunk_size=48))
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^model\.gdn\.num_k_heads='4' has the wrong type; "
+                                    r"expected int$"):
+            config_lib.ModelConfig(gdn=dict(num_k_heads="4"))
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^model\.attention\.rope_theta='x' has the wrong type; "
+                                    r"expected float or None$"):
+            config_lib.ModelConfig(attention=dict(rope_theta="x"))
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^model\.gdn must be a GatedDeltaNetConfig or a mapping"):
+            config_lib.ModelConfig(gdn=64)
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^unknown option\(s\) model\.lightning\.heads"):
+            config_lib.ExperimentConfig(model=dict(lightning=dict(heads=2)),
+                                        data=self._config().data.to_dict())
+
 
 class CommandLineAndRunFileTest(absltest.TestCase):
     """Bad input from the command line or a damaged run directory: one clear error naming it

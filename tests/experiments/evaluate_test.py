@@ -21,6 +21,11 @@ with open(FAKE_GGUF, "wb") as _f:
 NOT_GGUF = os.path.join(_TMP, "notes.txt")
 with open(NOT_GGUF, "w") as _f:
     _f.write("hello")
+# An output directory whose results.json was cut short (a full disk, an editor).
+DAMAGED_OUT = os.path.join(_TMP, "damaged-eval")
+os.makedirs(DAMAGED_OUT)
+with open(os.path.join(DAMAGED_OUT, "results.json"), "w") as _f:
+    _f.write('{"piqa": {"acc": 0.5')
 
 
 def run(binary, *flags):
@@ -61,6 +66,11 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("output_dir_is_a_file", "evaluate.py",
          ["--checkpoint=/tmp", "--tasks=piqa", f"--output_dir={__file__}"],
          f"error: --output_dir={__file__} exists and is not a directory"),
+        # Was found when the new scores were merged into it, after the scoring (scores lost).
+        # Reported before the model (a GGUF file, loaded next) is even read.
+        ("damaged_results_json", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--tasks=piqa", f"--output_dir={DAMAGED_OUT}"],
+         f"error: {DAMAGED_OUT}/results.json is not valid JSON ("),
         ("negative_perplexity_max_docs", "evaluate.py",
          ["--checkpoint=/tmp", "--tasks=perplexity", "--perplexity_max_docs=-3"],
          "error: perplexity_max_docs must be a positive number of documents, got -3"),

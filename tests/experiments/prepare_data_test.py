@@ -125,9 +125,67 @@ class PrepareCorpusTest(absltest.TestCase):
                           totals["malformed_lines"]), (91, 2, 1))
         self.assertIn("2 records without the text field", self.messages[-1])
 
+    def _prepare_counting_reads(self, inputs, out):
+        """``prepare_corpus`` of ``inputs``; returns ``(the error, the documents read)``."""
+        read = []
+        real_read_file = sources.read_file
+
+        def counting_read_file(*args, **kwargs):
+            for doc in real_read_file(*args, **kwargs):
+                read.append(doc)
+                yield doc
+
+        with mock.patch.object(sources, "read_file", counting_read_file):
+            with self.assertRaises(ValueError) as cm:
+                prepare.prepare_corpus(inputs, out, tokenizer="byte", progress=False,
+                                       print_fn=self.messages.append)
+        return str(cm.exception), read
+
+    def test_a_wrong_text_field_is_one_error_before_reading(self):
+        # Newcomer pass: 11 warnings, one per record, then the bad-record limit's error.
+        path = os.path.join(self.root, "wrong_field.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("{broken\n")  # passed over by the check (the reader reports such lines)
+            for i in range(5000):
+                f.write(json.dumps({"content": f"document {i}", "id": i}) + "\n")
+        out = os.path.join(self.root, "out")
+        with self.assertNoLogs(level="WARNING"):
+            message, read = self._prepare_counting_reads([path], out)
+        self.assertEqual(message, f"--text_field='text': none of the first 11 JSON records of "
+                                  f"{path} has a string in that field (line 2: no field 'text'; "
+                                  f"its fields: 'content', 'id'); give the key that holds the "
+                                  f"text")
+        self.assertEqual(read, [])
+        self.assertFalse(os.path.exists(os.path.join(out, "shard-00000.tokens")))
+        # A file with fewer records than the limit tolerates: was an empty shard.
+        small = os.path.join(self.root, "small", "few.jsonl")
+        os.makedirs(os.path.dirname(small))
+        with open(small, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"text": [f"doc {i}"]}) + "\n" for i in range(3)))
+        message, read = self._prepare_counting_reads([small], os.path.join(self.root, "o2"))
+        self.assertRegex(message, r"^--text_field='text': none of the 3 JSON records of .*"
+                                  r"few\.jsonl has a string in that field \(line 1: field 'text' "
+                                  r"is list; its fields: 'text'\)")
+
+    def test_leading_records_without_the_field_pass_within_the_limit(self):
+        # After 2000 good records, 20 more bad ones are within 1%: a file starting with 15
+        # records without the field is read, not refused as a wrong --text_field.
+        good, late = os.path.join(self.root, "a_good.jsonl"), os.path.join(self.root, "b.jsonl")
+        with open(good, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(2000)))
+        with open(late, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"meta": i}) + "\n" for i in range(15)))
+            f.write(json.dumps({"text": "the text"}) + "\n")
+        manifest = prepare.prepare_corpus([good, late], os.path.join(self.root, "out"),
+                                          tokenizer="byte", progress=False,
+                                          print_fn=self.messages.append)
+        self.assertEqual((manifest["totals"]["documents"], manifest["totals"]["missing_field"]),
+                         (2001, 15))
+
     def test_too_many_bad_records_stop_early_naming_the_flags(self):
         path = os.path.join(self.root, "wrong_field.jsonl")
         with open(path, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"text": "the one document with text"}) + "\n")
             for i in range(5000):
                 f.write(json.dumps({"content": f"document {i}"}) + "\n")
         read = []
@@ -146,11 +204,11 @@ class PrepareCorpusTest(absltest.TestCase):
         message = str(cm.exception)
         self.assertIn("--max_bad_fraction=0.01", message)
         self.assertIn("--text_field='text'", message)
-        self.assertIn("wrong_field.jsonl:1", message)
+        self.assertIn("wrong_field.jsonl:2", message)
         self.assertNotIn("data.text_field", message)
         # It stopped after a few records, not at the end of the file.
-        self.assertRegex(message, r"11 of the 11 records")
-        self.assertEqual(read, [])
+        self.assertRegex(message, r"11 of the 12 records")
+        self.assertEqual(read, ["the one document with text"])
         self.assertFalse(os.path.exists(os.path.join(out, "shard-00000.tokens")))
 
     def test_bad_fraction_threshold(self):
@@ -232,10 +290,12 @@ class PrepareDataBinaryTest(absltest.TestCase):
         result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
         self.assertEqual(result.returncode, 1, result.stderr)
         error = result.stderr.strip().splitlines()[-1]
-        self.assertRegex(error, r"^error: .*--text_field='text'.*--max_bad_fraction=0\.01.*"
-                                r"p\.jsonl:1: .*no field 'text'")
+        self.assertRegex(error, r"^error: --text_field='text': none of the first 11 JSON "
+                                r"records of .*p\.jsonl has a string in that field \(line 1: no "
+                                r"field 'text'; its fields: 'body'\)")
         self.assertNotIn("data.", error)
         self.assertNotIn("Traceback", result.stderr)
+        self.assertNotIn("skipped", result.stderr)  # was one warning per record
         result = subprocess.run(cmd + ["--text_field=body"], capture_output=True, text=True,
                                 cwd=ROOT, timeout=120)
         self.assertEqual(result.returncode, 0, result.stderr)

@@ -114,7 +114,7 @@ class ExpandTest(absltest.TestCase):
     def test_bad_configs_name_the_option(self):
         cases = [
             (dict(grid=()), r"grid: no blocks"),
-            (dict(train_config=""), r"train_config"),
+            (dict(train_config=""), r"^train_config: the training config file is missing$"),
             (dict(grid=((("arch", ()),),)), r"grid\[0\] axis 'arch': values must be"),
             (dict(grid=((("arch", ("a",)), ("arch", ("b",))),)), r"grid\[0\]: an axis appears"),
             (dict(grid=((("arch", ("a,b",)),),)), r"holds ','"),
@@ -127,6 +127,23 @@ class ExpandTest(absltest.TestCase):
             with self.subTest(message):
                 with self.assertRaisesRegex(sweep.SweepConfigError, message):
                     sweep.expand(_config(**changes))
+
+    def test_a_config_of_another_kind_is_named(self):
+        # Newcomer pass: "train_config: the training config file is missing" for a training
+        # config given to sweep.py.
+        from configs import default
+        with self.assertRaisesRegex(
+                sweep.SweepConfigError,
+                r"^--config is not a sweep config \(configs/sweeps/; it has no train_config or "
+                r"grid\): it is a training config \(sections model, data, optim, train, mesh\), "
+                r"which experiments/train\.py takes; a sweep config names one as its "
+                r"train_config$"):
+            sweep.expand(default.get_config())
+        halo = {"teacher": {}, "hypenet": {}, "stage1": {}}
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"it is a HALO pipeline config .*, which "
+                                    r"experiments/halo_pipeline\.py .* takes$"):
+            sweep.expand(halo)
 
 
 class CheckRootTest(absltest.TestCase):

@@ -21,6 +21,7 @@ from lattn_jax import assets
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
+from lattn_jax import optim
 from lattn_jax import train
 from lattn_jax.eval import restore
 from tests.lattn_jax.train_test import CorpusTestCase, tiny_experiment
@@ -67,6 +68,19 @@ class ShortRunScheduleTest(absltest.TestCase):
         self.assertIsNone(train.schedule_warning(wsd, 200))
         text = train.schedule_warning(wsd, 20)
         self.assertRegex(text, r"optim.warmup_steps=20 .*train.total_steps=20.* never decays")
+        # What the schedule does (it said "the run ends at the peak"): the warm-up clamped to
+        # the run, the last step's LR below the peak.
+        self.assertIn("rises linearly over the whole run, to 0.000285 at the last step (the "
+                      "peak, 0.0003, is never reached)", text)
+        self.assertNotIn("clamped", text)
+        sched = optim.learning_rate_schedule(wsd, 20)
+        self.assertAlmostEqual(float(sched(19)), 0.000285, places=9)
+        text = train.schedule_warning(dataclasses.replace(wsd, warmup_steps=50), 20)
+        self.assertIn("optim.warmup_steps=50 >= train.total_steps=20: the warm-up is clamped to "
+                      "the run's 20 steps, so the learning rate rises linearly over the whole "
+                      "run, to 0.000285 at the last step", text)
+        self.assertAlmostEqual(float(optim.learning_rate_schedule(
+            dataclasses.replace(wsd, warmup_steps=50), 20)(19)), 0.000285, places=9)
         self.assertRegex(train.schedule_warning(wsd, 22),
                          r"2 of the 4 decay steps")  # warm-up ends at 20, decay wanted from 18
         cosine = config_lib.OptimConfig(warmup_steps=20, schedule="cosine")

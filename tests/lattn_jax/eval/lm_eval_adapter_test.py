@@ -115,6 +115,35 @@ class WithoutLmEvalTest(absltest.TestCase):
 
 @pytest.mark.interop
 @needs_lm_eval
+class CommandLineErrorsTest(absltest.TestCase):
+    """lattn-lm-eval's bad input is one line and exit status 1, as the experiment binaries'
+    (newcomer pass: our one-line messages came wrapped in the harness's ~30-line traceback)."""
+
+    def test_a_missing_checkpoint_is_one_line(self):
+        with mock.patch.object(sys, "argv", ["lattn-lm-eval"]), \
+                self.assertRaises(SystemExit) as stop:
+            lm_eval_adapter.main(["--model", "lattn_jax", "--model_args",
+                                  "checkpoint=/no/such/run", "--tasks", "piqa"])
+        self.assertIsInstance(stop.exception.code, str)  # sys.exit(message): status 1
+        self.assertRegex(stop.exception.code,
+                         r"^error: no such checkpoint: /no/such/run \(expected a lattn-jax")
+        self.assertNotIn("\n", stop.exception.code)
+
+    def test_the_harness_errors_are_one_line_and_other_errors_keep_their_traceback(self):
+        from lm_eval import __main__ as lm_eval_main
+        with mock.patch.object(lm_eval_main, "cli_evaluate",
+                               side_effect=ValueError("Tasks not found:\n  piqa_typo")), \
+                self.assertRaises(SystemExit) as stop:
+            lm_eval_adapter.main()
+        self.assertEqual(stop.exception.code, "error: Tasks not found: piqa_typo")
+        with mock.patch.object(lm_eval_main, "cli_evaluate",
+                               side_effect=RuntimeError("a bug")), \
+                self.assertRaisesRegex(RuntimeError, "^a bug$"):
+            lm_eval_adapter.main()
+
+
+@pytest.mark.interop
+@needs_lm_eval
 class AdapterMatchesEvaluatorTest(absltest.TestCase):
     """The adapter's three request types against our evaluator's code paths."""
 

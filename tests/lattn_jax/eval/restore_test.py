@@ -57,6 +57,22 @@ class ModelKindTest(absltest.TestCase):
         self.write("bad/config.json", "{not json")
         with self.assertRaisesRegex(ValueError, "bad/config.json is not valid JSON"):
             restore.model_kind(self.path("bad"))
+        # Another kind of run's config.json: its kind and the binary that takes it (newcomer
+        # pass: "config has no 'model' section").
+        self.write("halo/config.json", json.dumps({"teacher": {}, "hypenet": {}, "stage1": {}}))
+        for load in (restore.model_kind, restore.load):
+            with self.assertRaisesRegex(
+                    ValueError, r"^.*/halo/config\.json is a HALO pipeline's config, not a "
+                                r"training run's: .*/halo is a HALO workdir, whose student the "
+                                r"pipeline's report stage evaluates \(experiments/"
+                                r"halo_pipeline\.py --stages=report\)"):
+                load(self.path("halo"))
+        self.write("sweep/config.json", json.dumps({"train_config": "configs/table2.py"}))
+        with self.assertRaisesRegex(ValueError, r"sweep/config\.json is not a training run's "
+                                                r"config \(it has no 'model' section; it is a "
+                                                r"sweep config .*, which experiments/sweep\.py "
+                                                r"takes\)"):
+            restore.model_kind(self.path("sweep"))
         # A config.json without model_type is a training workdir's, and must validate.
         self.write("run/config.json", json.dumps({"model": {"vocab_size": "many"}}))
         with self.assertRaises(ValueError):

@@ -226,6 +226,21 @@ class MergeResultsTest(absltest.TestCase):
         self.assertIn("0.5500", md)
         self.assertEqual([f for f in os.listdir(out) if f.startswith(".")], [])  # no temp left
 
+    def test_a_damaged_results_file_is_named_and_kept(self):
+        out = tempfile.mkdtemp()
+        self.assertEqual(runner.read_results(out), {})
+        path = os.path.join(out, "results.json")
+        for text, problem in (('{"piqa": {"acc": 0.5', "is not valid JSON"),
+                              ("[1, 2]", "does not hold a JSON object")):
+            with open(path, "w") as f:
+                f.write(text)
+            with self.assertRaisesRegex(ValueError, f"^{path} {problem}"):
+                runner.read_results(out)
+            with self.assertRaisesRegex(ValueError, f"^{path} {problem}"):
+                runner.write_results({"piqa": {"acc": 0.4, "n": 1}}, out)
+            with open(path) as f:
+                self.assertEqual(f.read(), text)  # not replaced
+
 
 class PerplexityBatchTest(absltest.TestCase):
     """Issue 32, trap 6: perplexity is batched memory-safely by default, same numbers."""
