@@ -1194,7 +1194,7 @@ def chunk_kkt_inverse_mosaic(
             merges' ``X A`` product takes ``A`` as ``A_hi + A_lo`` (two fp16 tiles, two
             ``wgmma`` into one accumulator), and for fp16 outputs ``X`` (``X_hi + X_lo``)
             and ``Y`` too, so the chunk has 5 dependent ``wgmma`` rounds instead of 7.
-            Interpreted, within 2.6 % of the float64 inverse's own rounding to the output
+            Interpreted, at most 1.025 times the float64 inverse's own rounding to the output
             dtype on the 10 test cases (bf16: A split only; fp16: all three); MOSAIC_GPU.md
             Sec. 15. Kernel name ``gdn_chunk_kkt_inverse_subst_split``.
         stages: a timing ablation (static, one of :data:`KKT_STAGES`; benchmarks only):
