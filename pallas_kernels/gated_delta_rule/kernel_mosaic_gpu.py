@@ -712,7 +712,10 @@ def kkt_block_merge(xs, l_s, x_s, y_s, interpret: bool, *, rows=None, al_s=None,
       ``Y X = Y_hi X_hi + Y_lo X_hi + Y_hi X_lo``. Needed for fp16 outputs only.
 
     Interpreted, the ``Y_lo`` register operands go through the column blocks of ``y_s`` that
-    the ``Y_hi`` of the same merge does not use.
+    the ``Y_hi`` of the same merge does not use. Returns the four column blocks (fp32).
+
+    Raises:
+        ValueError: if ``xl_s`` is given without ``al_s``.
     """
     dt = MERGE_DTYPE
     i = mgl.iota((CHUNK, KKT_BLOCK), 0, interpret) if rows is None else rows

@@ -33,7 +33,7 @@ cases of ``kernel_mosaic_gdn_t0_test.py`` (one chunk per CTA there) check the sa
   ``A`` as ``A_hi + A_lo``, and for fp16 outputs ``X`` and ``Y`` split too, extra ``wgmma``
   into the same accumulators): ``KktLoweringTest`` exports it (CI), ``ChunksPerCtaRuleTest``
   checks the argument, ``KktStagesTest`` that ``refine="newton"`` is the default's jaxpr;
-  ``KktSplitMergeInterpretTest`` (``slow``, about 70 s) runs the same ten cases against
+  ``KktSplitMergeInterpretTest`` (``slow``, about 25 s) runs the same ten cases against
   float64 with the same gate.
 
 Run the interpreted ones with a larger XLA CPU pool (MOSAIC_GPU.md Sec. 10):
@@ -308,7 +308,7 @@ class KktSubstitutionInterpretTest(parameterized.TestCase):
         np.testing.assert_array_equal(np.asarray(t0, np.float32), np.asarray(one, np.float32))
 
 
-# Slow (out of CI): interpreted, about 70 s with PJRT_NPROC=8. refine="split_merge" (MOSAIC_GPU.md
+# Slow (out of CI): interpreted, about 25 s with PJRT_NPROC=8. refine="split_merge" (MOSAIC_GPU.md
 # Sec. 15): the substitution, then merges whose X A product takes A as A_hi + A_lo (fp16
 # outputs: X and Y split too), no Newton step. Measured: 1.000 to 1.025 times the float64
 # inverse's own rounding (the gate is 1.1); without the splits 2.03e-3 on correlated_T128_K128
