@@ -28,8 +28,8 @@ Usage (on the GPU machine, after installing the peers' wheels from ../shared/too
         --shapes=S1,S2,P1 --out=benchmarks/results/kernels-h200-<date>
 
 writes ``<out>.json`` (one record per peer, op, shape and pass) and ``<out>.md`` (the tables).
-With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_inverse`` and
-``--mosaic_t0_chunks_per_cta`` pick the variant of the ``T0`` kernel
+With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_inverse``,
+``--mosaic_t0_refine`` and ``--mosaic_t0_chunks_per_cta`` pick the variant of the ``T0`` kernel
 (``chunk_kkt_inverse_mosaic``; its time is the ``gdn_chunk_kkt_inverse*`` entry of each
 record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command.
 
@@ -102,6 +102,12 @@ _MOSAIC_T0_INVERSE = flags.DEFINE_string(
     "inverse= of the T0 kernel chunk_kkt_inverse_mosaic (doubling, the default, or "
     "substitution: MOSAIC_GPU.md Sec. 13); unset: the default. Recorded with every mosaic "
     "record.")
+_MOSAIC_T0_REFINE = flags.DEFINE_string(
+    "mosaic_t0_refine", None,
+    "Peer mosaic, as --mosaic_t0_inverse: the refine= of chunk_kkt_inverse_mosaic (newton, "
+    "the default, or split_merge: hi/lo split merges and no Newton step, with "
+    "--mosaic_t0_inverse=substitution only; MOSAIC_GPU.md Sec. 15); unset: the default. "
+    "Recorded with every mosaic record.")
 _MOSAIC_T0_CPC = flags.DEFINE_integer(
     "mosaic_t0_chunks_per_cta", None,
     "Peer mosaic, as --mosaic_t0_inverse: the chunks_per_cta= of chunk_kkt_inverse_mosaic "
@@ -448,13 +454,16 @@ def _check_mosaic_forward():
 
 
 def _apply_mosaic_t0():
-    """``--mosaic_t0_inverse`` and ``--mosaic_t0_chunks_per_cta`` against the forward and the
-    T0 kernel's choices, before anything runs (refused where they would be ignored); then set
-    ``kernel_mosaic_gpu.T0_OPTIONS``, the keyword arguments of ``chunk_kkt_inverse_mosaic`` at
-    the forwards' call sites (read at trace time: nothing is traced yet). Returns them."""
+    """``--mosaic_t0_inverse``, ``--mosaic_t0_refine`` and ``--mosaic_t0_chunks_per_cta``
+    against the forward and the T0 kernel's choices, before anything runs (refused where
+    they would be ignored); then set ``kernel_mosaic_gpu.T0_OPTIONS``, the keyword arguments
+    of ``chunk_kkt_inverse_mosaic`` at the forwards' call sites (read at trace time: nothing
+    is traced yet). Returns them."""
     options = {}
     if _MOSAIC_T0_INVERSE.value is not None:
         options["inverse"] = _MOSAIC_T0_INVERSE.value
+    if _MOSAIC_T0_REFINE.value is not None:
+        options["refine"] = _MOSAIC_T0_REFINE.value
     if _MOSAIC_T0_CPC.value is not None:
         options["chunks_per_cta"] = _MOSAIC_T0_CPC.value
     if not options:
@@ -475,6 +484,14 @@ def _apply_mosaic_t0():
     if "inverse" in options and options["inverse"] not in gdr_mosaic.KKT_INVERSES:
         raise app.UsageError(f"--mosaic_t0_inverse={options['inverse']}: the T0 kernel takes "
                              f"one of {', '.join(gdr_mosaic.KKT_INVERSES)}")
+    if "refine" in options:
+        if options["refine"] not in gdr_mosaic.KKT_REFINES:
+            raise app.UsageError(f"--mosaic_t0_refine={options['refine']}: the T0 kernel takes "
+                                 f"one of {', '.join(gdr_mosaic.KKT_REFINES)}")
+        if (options["refine"] == "split_merge"
+                and options.get("inverse", gdr_mosaic.KKT_INVERSES[0]) != "substitution"):
+            raise app.UsageError("--mosaic_t0_refine=split_merge needs "
+                                 "--mosaic_t0_inverse=substitution")
     if options.get("chunks_per_cta", 1) < 1:
         raise app.UsageError(f"--mosaic_t0_chunks_per_cta={options['chunks_per_cta']}: must "
                              f"be >= 1")

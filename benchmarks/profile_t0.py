@@ -12,17 +12,22 @@ Two more do all of ``full``'s work: ``nobar`` without Pallas's automatic warpgro
 around each register -> SMEM store (``unsafe_no_auto_barriers``; it should still return
 ``T0``, and is checked like ``full``), ``no_store`` with the TMA store of each CTA's last
 chunk only; the table gives every variant's difference to the ``full`` of its inverse too.
+An inverse may name the kernel's ``refine`` after a ``+`` (``kernel_mosaic_gpu.KKT_REFINES``;
+default ``newton``): ``full:substitution+split_merge`` is the substitution with hi/lo split
+merges and no Newton step (MOSAIC_GPU.md Sec. 15), checked like ``full`` and compared with
+``full:substitution`` in the "delta vs full" column.
 
-Each variant ``<stages>:<inverse>[:<chunks per CTA>]`` is jitted, compiled, run once, then
-traced over ``--iters`` calls with ``jax.profiler`` (``benchmarks.common.trace_events``, the
-same kernel timing as ``bench_kernels.py``); its record has the ``T0`` kernel's own device time
-(the kernel named ``gdn_chunk_kkt_inverse*``), the call's total (XLA's padding and transposes
-too) and an estimate of cycles per chunk, ``kernel time x clock x CTA slots / chunk-heads``
-(``--sm_count`` x ``--ctas_per_sm`` slots at ``--clock_ghz``, default the 1.98 GHz boost clock;
-``nvidia-smi``'s clock after each trace is recorded beside it but not used: between calls it
-can already show the idle clock; the kernel keeps two CTAs per SM at K 128). The ``full``
-and ``nobar`` variants are checked against a float64 inverse on the first batch row
-(relative RMS of ``T0 - I`` on the first ``--check_heads`` heads), so a broken build shows.
+Each variant ``<stages>:<inverse>[+<refine>][:<chunks per CTA>]`` is jitted, compiled, run
+once, then traced over ``--iters`` calls with ``jax.profiler``
+(``benchmarks.common.trace_events``, the same kernel timing as ``bench_kernels.py``); its
+record has the ``T0`` kernel's own device time (the kernel named ``gdn_chunk_kkt_inverse*``),
+the call's total (XLA's padding and transposes too) and an estimate of cycles per chunk,
+``kernel time x clock x CTA slots / chunk-heads`` (``--sm_count`` x ``--ctas_per_sm`` slots
+at ``--clock_ghz``, default the 1.98 GHz boost clock; ``nvidia-smi``'s clock after each trace
+is recorded beside it but not used: between calls it can already show the idle clock; the
+kernel keeps two CTAs per SM at K 128). The ``full`` and ``nobar`` variants (of any inverse
+and refine) are checked against a float64 inverse on the first batch row (relative RMS of
+``T0 - I`` on the first ``--check_heads`` heads), so a broken build shows.
 A variant that does not fit what is left of ``--deadline_s`` (its estimate: the slowest
 finished variant's wall time) is skipped and reported as such; and if one variant is still
 compiling or running when ``--deadline_s`` is up (a slow compile), a watchdog writes the
@@ -62,7 +67,8 @@ if __name__ == "__main__":  # python benchmarks/profile_t0.py from the repositor
 
 DEFAULT_VARIANTS = ("io:doubling", "gram:doubling", "no_refine:doubling", "full:doubling",
                     "nobar:doubling", "no_store:doubling", "no_refine:substitution",
-                    "full:substitution", "nobar:substitution")
+                    "full:substitution", "nobar:substitution", "full:substitution+split_merge",
+                    "nobar:substitution+split_merge")
 
 
 def _define_flags() -> None:
@@ -81,8 +87,9 @@ def _define_flags() -> None:
                                  "(segment_ids); 0: one document per row.")
     _VARIANTS = flags.DEFINE_list(
         "variants", list(DEFAULT_VARIANTS),
-        "Variants <stages>:<inverse>[:<chunks per CTA>] (stages in KKT_STAGES, inverse in "
-        "KKT_INVERSES; chunks per CTA default: --chunks_per_cta, else the kernel's rule).")
+        "Variants <stages>:<inverse>[+<refine>][:<chunks per CTA>] (stages in KKT_STAGES, "
+        "inverse in KKT_INVERSES, refine in KKT_REFINES, default newton; chunks per CTA "
+        "default: --chunks_per_cta, else the kernel's rule).")
     _CHUNKS_PER_CTA = flags.DEFINE_list(
         "chunks_per_cta", [], "Chunks per CTA for each variant that names none: the variant is "
         "run once per value (in this order); empty: once, with the kernel's rule.")
@@ -114,27 +121,49 @@ DEADLINE_EXIT = 3  # exit status when the watchdog ends a run at --deadline_s
 
 
 class VariantError(ValueError):
-    """A ``--variants`` entry that is not ``<stages>:<inverse>[:<chunks per CTA>]``."""
+    """A ``--variants`` entry that is not ``<stages>:<inverse>[+<refine>][:<chunks per
+    CTA>]``."""
+
+
+def kernel_options(inverse: str) -> Dict[str, str]:
+    """``chunk_kkt_inverse_mosaic``'s keyword arguments for a variant's inverse field:
+    ``"substitution+split_merge"`` -> ``{"inverse": "substitution", "refine": "split_merge"}``,
+    ``"doubling"`` -> ``{"inverse": "doubling"}`` (``refine`` left at its default). No
+    checks (:func:`parse_variant` makes them)."""
+    base, _, refine = inverse.partition("+")
+    return dict(inverse=base, **({"refine": refine} if refine else {}))
 
 
 def parse_variant(text: str) -> Tuple[str, str, Optional[int]]:
     """``"gram:doubling:4"`` -> ``("gram", "doubling", 4)``; chunks per CTA ``None`` if absent.
+    The inverse field may carry a ``refine`` (``"full:substitution+split_merge"`` ->
+    ``("full", "substitution+split_merge", None)``; :func:`kernel_options` splits it).
 
     Raises:
-      VariantError: naming the entry and what is wrong with it.
+      VariantError: naming the entry and what is wrong with it (an unknown stage, inverse or
+        refine, ``split_merge`` with an inverse other than ``substitution``, a bad chunks per
+        CTA).
     """
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
     parts = text.strip().split(":")
     if len(parts) not in (2, 3):
-        raise VariantError(f"--variants entry {text!r}: expected <stages>:<inverse>[:<chunks "
-                           "per CTA>]")
+        raise VariantError(f"--variants entry {text!r}: expected <stages>:<inverse>[+<refine>]"
+                           "[:<chunks per CTA>]")
     stages, inverse = parts[0], parts[1]
     if stages not in kgd.KKT_STAGES:
         raise VariantError(f"--variants entry {text!r}: stages {stages!r} not in "
                            f"{kgd.KKT_STAGES}")
-    if inverse not in kgd.KKT_INVERSES:
-        raise VariantError(f"--variants entry {text!r}: inverse {inverse!r} not in "
+    options = kernel_options(inverse)
+    if options["inverse"] not in kgd.KKT_INVERSES:
+        raise VariantError(f"--variants entry {text!r}: inverse {options['inverse']!r} not in "
                            f"{kgd.KKT_INVERSES}")
+    refine = options.get("refine", kgd.KKT_REFINES[0])
+    if refine not in kgd.KKT_REFINES:
+        raise VariantError(f"--variants entry {text!r}: refine {refine!r} not in "
+                           f"{kgd.KKT_REFINES}")
+    if refine == "split_merge" and options["inverse"] != "substitution":
+        raise VariantError(f"--variants entry {text!r}: refine 'split_merge' needs inverse "
+                           "'substitution'")
     cpc = None
     if len(parts) == 3:
         try:
@@ -284,13 +313,18 @@ def relative_rms(got, want) -> float:
 
 def render(records: Sequence[Dict], header: str) -> str:
     """The markdown table of ``records`` (kernel ms, its difference to the previous record and
-    to the ``full`` record of the same inverse and chunks per CTA, total ms, cycles per chunk,
-    the checked variants' error, compile s)."""
+    to the ``full`` record of the same inverse (with the default ``refine``: a
+    ``substitution+split_merge`` variant is compared with ``full:substitution``) and chunks per
+    CTA, total ms, cycles per chunk, the checked variants' error, compile s)."""
     lines = [header, "", "| variant | T0 kernel ms | delta vs previous | delta vs full | "
              "call total ms | cycles per chunk (est.) | rel. RMS vs float64 | compile s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def is_ref(r):  # the full kernel with the default refine
+        return r.get("stages") == "full" and "+" not in (r.get("inverse") or "")
+
     full = {(r.get("inverse"), r.get("chunks_per_cta")): r["kernel_ms"] for r in records
-            if r.get("stages") == "full" and r.get("kernel_ms") is not None}
+            if is_ref(r) and r.get("kernel_ms") is not None}
     prev = None
 
     def f(x, spec=".3f"):
@@ -303,8 +337,8 @@ def render(records: Sequence[Dict], header: str) -> str:
             continue
         delta = (None if prev is None or r.get("kernel_ms") is None
                  else r["kernel_ms"] - prev)
-        ref = full.get((r.get("inverse"), r.get("chunks_per_cta")))
-        vs_full = (None if ref is None or r.get("kernel_ms") is None or r.get("stages") == "full"
+        ref = full.get(((r.get("inverse") or "").partition("+")[0], r.get("chunks_per_cta")))
+        vs_full = (None if ref is None or r.get("kernel_ms") is None or is_ref(r)
                    else r["kernel_ms"] - ref)
         lines.append(f"| {r['variant']} | {f(r.get('kernel_ms'))} | "
                      f"{'–' if delta is None else format(delta, '+.3f')} | "
@@ -357,10 +391,10 @@ def _measure(rec: Dict, want, stages: str, inverse: str, cpc: Optional[int], k, 
     from benchmarks import common
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
     t0 = time.perf_counter()
-    fn = jax.jit(lambda k, b, s, stages=stages, inverse=inverse, cpc=cpc:
+    fn = jax.jit(lambda k, b, s, stages=stages, options=kernel_options(inverse), cpc=cpc:
                  kgd.chunk_kkt_inverse_mosaic(k, b, segment_ids=s, chunks_per_cta=cpc,
-                                              inverse=inverse, stages=stages,
-                                              interpret=_INTERPRET.value))
+                                              stages=stages, interpret=_INTERPRET.value,
+                                              **options))
     compiled = fn.lower(k, beta, seg).compile()
     rec["compile_s"] = time.perf_counter() - t0
     out = jax.block_until_ready(compiled(k, beta, seg))
@@ -398,9 +432,9 @@ def _static_main(variants, k, beta, seg, env: Dict, dk: int) -> None:
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
     records = []
     for text, stages, inverse, cpc in variants:
-        fn = jax.jit(lambda k, b, s, stages=stages, inverse=inverse, cpc=cpc:
+        fn = jax.jit(lambda k, b, s, stages=stages, options=kernel_options(inverse), cpc=cpc:
                      kgd.chunk_kkt_inverse_mosaic(k, b, segment_ids=s, chunks_per_cta=cpc,
-                                                  inverse=inverse, stages=stages))
+                                                  stages=stages, **options))
         exported = jax.export.export(fn, platforms=["cuda"])(k, beta, seg)
         records.append(dict(variant=text, stages=stages, inverse=inverse, chunks_per_cta=cpc,
                             dk=dk, jax=env["jax"],

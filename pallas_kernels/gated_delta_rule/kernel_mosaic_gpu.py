@@ -692,43 +692,96 @@ def kkt_block_inverse(a, l_s, x_s, y_s, interpret: bool):
     return kkt_block_merge(xs, l_s, x_s, y_s, interpret, rows=i)
 
 
-def kkt_block_merge(xs, l_s, x_s, y_s, interpret: bool, *, rows=None):
+def kkt_block_merge(xs, l_s, x_s, y_s, interpret: bool, *, rows=None, al_s=None, xl_s=None):
     """The ``s = 32`` and ``s = 64`` merges of :func:`kkt_block_inverse`: from the column
     blocks ``xs`` (``[64, 16]`` fp32) of the inverses of the 16 x 16 diagonal blocks of
     ``I + A`` (zero elsewhere) to the column blocks of ``(I + A)^{-1}``. ``l_s`` must hold
     ``A`` in :data:`MERGE_DTYPE`; ``x_s``, ``y_s`` as in :func:`kkt_block_inverse`; ``rows``
-    the row iota ``[64, 16]`` if the caller has it."""
+    the row iota ``[64, 16]`` if the caller has it.
+
+    Each merge is ``Y = (X A)|_s`` (rows of the lower block), then ``X[:, c] -= Y X[c, c]``,
+    with :data:`MERGE_DTYPE` operands and fp32 accumulation. Optional hi/lo splits
+    (``refine="split_merge"`` of :func:`chunk_kkt_inverse_mosaic`, MOSAIC_GPU.md Sec. 15),
+    extra ``wgmma`` into the same accumulators, so no extra dependent round:
+
+    * ``al_s`` (a ``[64, 64]`` tile like ``l_s``, holding ``A_lo = fp16(A - A_hi)``, filled
+      and committed by the caller with ``l_s``): ``X A = X_hi A_hi + X_hi A_lo``. ``A``
+      rounded to fp16 is most of the merges' error on correlated keys.
+    * ``xl_s`` (the same kind of tile; this function stores ``X_lo = fp16(X - X_hi)`` in it
+      next to ``X_hi``; needs ``al_s``): also ``+ X_lo A_hi``, and
+      ``Y X = Y_hi X_hi + Y_lo X_hi + Y_hi X_lo``. Needed for fp16 outputs only.
+
+    Interpreted, the ``Y_lo`` register operands go through the column blocks of ``y_s`` that
+    the ``Y_hi`` of the same merge does not use. Returns the four column blocks (fp32).
+
+    Raises:
+        ValueError: if ``xl_s`` is given without ``al_s``.
+    """
     dt = MERGE_DTYPE
     i = mgl.iota((CHUNK, KKT_BLOCK), 0, interpret) if rows is None else rows
     xs = list(xs)
+    split_xy = xl_s is not None
+    if split_xy and al_s is None:
+        raise ValueError("kkt_block_merge: xl_s (the X and Y splits) needs al_s (A_lo)")
 
     def store(c):
-        x_s.at[:, _blk(c)][...] = xs[c].astype(dt)
+        x_hi = xs[c].astype(dt)
+        x_s.at[:, _blk(c)][...] = x_hi
+        if split_xy:
+            xl_s.at[:, _blk(c)][...] = (xs[c] - x_hi.astype(jnp.float32)).astype(dt)
 
     def lhs(y, c):
         return mgl.lhs_operand(y, None if y_s is None else y_s.at[:, _blk(c)], interpret)
+
+    def xa(cols, u_rows, c):  # X[:, cols] A[u_rows, c]: [(lhs, rhs), ...] into one accumulator
+        terms = [(x_s.at[:, cols], l_s.at[u_rows, _blk(c)])]
+        if al_s is not None:
+            terms.append((x_s.at[:, cols], al_s.at[u_rows, _blk(c)]))
+        if split_xy:
+            terms.append((xl_s.at[:, cols], l_s.at[u_rows, _blk(c)]))
+        return terms
+
+    def y_ops(p, keep, c, c_lo):  # Y = p on the rows ``keep``; operands Y_hi (, Y_lo)
+        if not split_xy:
+            return lhs(jnp.where(keep, p, 0.0).astype(dt), c), None
+        y = jnp.where(keep, p, 0.0)
+        y_hi = y.astype(dt)
+        return lhs(y_hi, c), lhs((y - y_hi.astype(jnp.float32)).astype(dt), c_lo)
+
+    def yx(y_op, y_lo_op, r, c):  # Y X[r, c]
+        terms = [(y_op, x_s.at[_blk(r), _blk(c)])]
+        if split_xy:
+            terms += [(y_lo_op, x_s.at[_blk(r), _blk(c)]), (y_op, xl_s.at[_blk(r), _blk(c)])]
+        return terms
 
     # s = 32: the lower-left 16 x 16 block of each 32-block, columns 0 and 2.
     for c in range(4):
         store(c)
     plgpu.commit_smem()
-    xa = _block_products([[(x_s.at[:, _blk(c + 1)], l_s.at[_blk(c + 1), _blk(c)])]
-                          for c in (0, 2)])
-    ys = [jnp.where(lax.div(i, KKT_BLOCK) == c + 1, p, 0.0).astype(dt)
-          for c, p in zip((0, 2), xa)]
-    yx = _block_products([[(lhs(y, c), x_s.at[_blk(c), _blk(c)])] for c, y in zip((0, 2), ys)])
-    xs[0], xs[2] = xs[0] - yx[0], xs[2] - yx[1]
+    xa_p = _block_products([xa(_blk(c + 1), _blk(c + 1), c) for c in (0, 2)])
+    if split_xy:
+        ops = [y_ops(p, lax.div(i, KKT_BLOCK) == c + 1, c, c + 1) for c, p in zip((0, 2), xa_p)]
+        yx_p = _block_products([yx(y, y_lo, c, c) for c, (y, y_lo) in zip((0, 2), ops)])
+    else:
+        ys = [jnp.where(lax.div(i, KKT_BLOCK) == c + 1, p, 0.0).astype(dt)
+              for c, p in zip((0, 2), xa_p)]
+        yx_p = _block_products([[(lhs(y, c), x_s.at[_blk(c), _blk(c)])]
+                                for c, y in zip((0, 2), ys)])
+    xs[0], xs[2] = xs[0] - yx_p[0], xs[2] - yx_p[1]
     # s = 64: the lower-left 32 x 32 block, columns 0 and 1.
     for c in (0, 2):
         store(c)
     plgpu.commit_smem()
-    xa = _block_products([[(x_s.at[:, _blk(2, 2)], l_s.at[_blk(2, 2), _blk(c)])]
-                          for c in (0, 1)])
-    y0, y1 = (jnp.where(i >= 2 * KKT_BLOCK, p, 0.0).astype(dt) for p in xa)
-    y0_op, y1_op = lhs(y0, 0), lhs(y1, 1)
-    yx = _block_products([[(y0_op, x_s.at[_blk(0), _blk(0)]), (y1_op, x_s.at[_blk(1), _blk(0)])],
-                          [(y1_op, x_s.at[_blk(1), _blk(1)])]])
-    xs[0], xs[1] = xs[0] - yx[0], xs[1] - yx[1]
+    xa_p = _block_products([xa(_blk(2, 2), _blk(2, 2), c) for c in (0, 1)])
+    if split_xy:
+        (y0_op, y0_lo), (y1_op, y1_lo) = (y_ops(p, i >= 2 * KKT_BLOCK, c, c + 2)
+                                          for c, p in zip((0, 1), xa_p))
+    else:
+        y0, y1 = (jnp.where(i >= 2 * KKT_BLOCK, p, 0.0).astype(dt) for p in xa_p)
+        (y0_op, y0_lo), (y1_op, y1_lo) = (lhs(y0, 0), None), (lhs(y1, 1), None)
+    yx_p = _block_products([yx(y0_op, y0_lo, 0, 0) + yx(y1_op, y1_lo, 1, 0),
+                            yx(y1_op, y1_lo, 1, 1)])
+    xs[0], xs[1] = xs[0] - yx_p[0], xs[1] - yx_p[1]
     return xs
 
 
@@ -881,6 +934,12 @@ KKT_MIN_CTAS = 4 * 132
 # default: kkt_block_inverse's merges 2 -> 4 -> 8 -> 16 on the tensor cores) or
 # "substitution" (kkt_diag_solve: fp32 forward substitution, MOSAIC_GPU.md Sec. 13).
 KKT_INVERSES = ("doubling", "substitution")
+# What brings chunk_kkt_inverse_mosaic's inverse from the merges' fp16 rounding down to the
+# output's (MOSAIC_GPU.md Sec. 15): "newton" (the default: kkt_block_refine, one Newton step,
+# two more dependent wgmma rounds) or "split_merge" (inverse="substitution" only: hi/lo splits
+# of the merges' fp16 operands, kkt_block_merge's al_s / xl_s, extra wgmma into the same
+# accumulators and no Newton step: A for bf16 outputs; A, X and Y for fp16 outputs).
+KKT_REFINES = ("newton", "split_merge")
 # Timing ablations of chunk_kkt_inverse_mosaic's per-chunk body (``stages``; MOSAIC_GPU.md
 # Sec. 14): "full" is the kernel; the others cut it short and store something that is NOT T0,
 # with the same grid, TMA ring, SMEM allocation and output store, so that the time each one
@@ -918,7 +977,7 @@ def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
 def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_s, doc_col_s,
                         l_s, al_s, x_s, xl_s, t0_s, in_bar, *shim, group: int, num_chunks: int,
                         chunks_per_cta: int, interpret: bool, inverse: str = "doubling",
-                        stages: str = "full"):
+                        stages: str = "full", refine: str = "newton"):
     """Kernel body of :func:`chunk_kkt_inverse_mosaic`: ``chunks_per_cta`` consecutive chunks
     of one ``(b, h)`` per CTA, one warpgroup.
 
@@ -937,6 +996,9 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
     the SMEM copies of what the GPU reads as a transposed view or from registers; on the GPU
     with ``inverse="substitution"``, ``solve_s``, the fp32 buffer of :func:`kkt_diag_solve`.
     ``inverse`` (:data:`KKT_INVERSES`): how the 16 x 16 diagonal blocks are inverted.
+    ``refine`` (:data:`KKT_REFINES`): the Newton step after the merges, or hi/lo splits in
+    them (``"split_merge"``, with the substitution only: ``al_s`` holds ``A_lo``, and for fp16
+    outputs ``xl_s`` holds ``X_lo``).
     ``stages`` (:data:`KKT_STAGES`): where a timing ablation cuts the chunk's work short
     (``"no_store"``: which chunks' staging tiles go out; ``"nobar"`` is ``"full"``'s body).
     """
@@ -1010,12 +1072,18 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
                 store_t0([a0[:, _cols(c)] for c in range(4)])
                 return
             if inverse == "substitution":  # diagonal blocks by fp32 substitution, then merges
-                l_s[...] = a0.astype(l_s.dtype)
+                a_hi = a0.astype(l_s.dtype)
+                l_s[...] = a_hi
+                if refine == "split_merge":  # A_hi + A_lo in the merges (+ X, Y splits: fp16)
+                    al_s[...] = (a0 - a_hi.astype(jnp.float32)).astype(al_s.dtype)
+                    split = dict(al_s=al_s, xl_s=xl_s if t0_s.dtype == jnp.float16 else None)
+                else:
+                    split = {}
                 xs = kkt_diag_solve(a0, solve_s, interpret)
-                xs = kkt_block_merge(xs, l_s, x_s, y_s, interpret)
+                xs = kkt_block_merge(xs, l_s, x_s, y_s, interpret, **split)
             else:
                 xs = kkt_block_inverse(a0, l_s, x_s, y_s, interpret)  # T0 by blocked doubling
-            if stages != "no_refine":
+            if stages != "no_refine" and refine == "newton":
                 # The merges' error squared; X_lo only for fp16 outputs (bf16 rounding hides it).
                 xs = kkt_block_refine(xs, a0, l_s, al_s, x_s, xl_s, interpret,
                                       split_x=t0_s.dtype == jnp.float16)
@@ -1047,7 +1115,7 @@ def _check_kkt_inputs(k, beta, segment_ids) -> None:
                          f"{segment_ids.shape=}")
 
 
-@functools.partial(jax.jit, static_argnames=("chunks_per_cta", "inverse", "stages",
+@functools.partial(jax.jit, static_argnames=("chunks_per_cta", "inverse", "stages", "refine",
                                              "interpret"))
 def chunk_kkt_inverse_mosaic(
     k: jax.Array,
@@ -1057,6 +1125,7 @@ def chunk_kkt_inverse_mosaic(
     chunks_per_cta: Optional[int] = None,
     inverse: str = "doubling",
     stages: str = "full",
+    refine: str = "newton",
     interpret: bool = False,
 ) -> jax.Array:
     """The gate-free WY inverse ``T0`` of every chunk of 64 tokens, by a Mosaic GPU kernel.
@@ -1121,6 +1190,16 @@ def chunk_kkt_inverse_mosaic(
             64 merges and Newton step: 7 dependent ``wgmma`` rounds per chunk instead of 13
             and 22 ``wgmma`` instead of 46, for an fp32 SMEM buffer of 18 KB (about 99.5 KB
             per CTA at K = 128, still two CTAs per SM); MOSAIC_GPU.md Sec. 13.
+        refine: what takes the merges' error (their :data:`MERGE_DTYPE` operands) down to
+            the output rounding (static, one of :data:`KKT_REFINES`): ``"newton"`` (default,
+            above: :func:`kkt_block_refine`, two more dependent ``wgmma`` rounds) or
+            ``"split_merge"`` (``inverse="substitution"`` only): no Newton step; instead the
+            merges' ``X A`` product takes ``A`` as ``A_hi + A_lo`` (two fp16 tiles, two
+            ``wgmma`` into one accumulator), and for fp16 outputs ``X`` (``X_hi + X_lo``)
+            and ``Y`` too, so the chunk has 5 dependent ``wgmma`` rounds instead of 7.
+            Interpreted, at most 1.025 times the float64 inverse's own rounding to the output
+            dtype on the 10 test cases (bf16: A split only; fp16: all three); MOSAIC_GPU.md
+            Sec. 15. Kernel name ``gdn_chunk_kkt_inverse_subst_split``.
         stages: a timing ablation (static, one of :data:`KKT_STAGES`; benchmarks only):
             ``"full"`` (default) is the kernel above; ``"no_refine"`` returns the inverse
             before the Newton step, ``"gram"`` returns ``A0`` itself, ``"io"`` returns
@@ -1140,8 +1219,9 @@ def chunk_kkt_inverse_mosaic(
     Raises:
         ValueError: on a ``beta`` that is not ``[B, T, H]`` with ``H % Hk == 0``, an
             unsupported head dim or dtype, a ``segment_ids`` that is not ``[B, T]``, a
-            ``chunks_per_cta`` below 1, an ``inverse`` not in :data:`KKT_INVERSES` or a
-            ``stages`` not in :data:`KKT_STAGES`.
+            ``chunks_per_cta`` below 1, an ``inverse`` not in :data:`KKT_INVERSES`, a
+            ``stages`` not in :data:`KKT_STAGES`, a ``refine`` not in :data:`KKT_REFINES`,
+            or ``refine="split_merge"`` with ``inverse="doubling"``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     _check_kkt_inputs(k, beta, segment_ids)
@@ -1149,6 +1229,11 @@ def chunk_kkt_inverse_mosaic(
         raise ValueError(f"inverse must be one of {KKT_INVERSES}, got {inverse!r}")
     if stages not in KKT_STAGES:
         raise ValueError(f"stages must be one of {KKT_STAGES}, got {stages!r}")
+    if refine not in KKT_REFINES:
+        raise ValueError(f"refine must be one of {KKT_REFINES}, got {refine!r}")
+    if refine == "split_merge" and inverse != "substitution":
+        raise ValueError(f"refine='split_merge' needs inverse='substitution' (the doubling's "
+                         f"diagonal levels would need their own splits), got {inverse=}")
     heads = beta.shape[2]
     num_chunks = -(-seq_len // CHUNK)
     if chunks_per_cta is None:
@@ -1168,7 +1253,8 @@ def chunk_kkt_inverse_mosaic(
     call = plgpu.kernel(
         functools.partial(_kkt_inverse_kernel, group=heads // kv_heads, num_chunks=num_chunks,
                           chunks_per_cta=chunks_per_cta, interpret=interpret,
-                          inverse=inverse, stages=stages),
+                          inverse=inverse, stages=stages,
+                          refine=refine),
         out_type=jax.ShapeDtypeStruct((batch, padded, heads, CHUNK), k.dtype),
         scratch_types=[
             swz((2, CHUNK, dk), k.dtype),  # k_s: the 2-slot ring of keys
@@ -1190,6 +1276,7 @@ def chunk_kkt_inverse_mosaic(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_kkt_inverse" + ("_subst" if inverse == "substitution" else "")
+                     + ("_split" if refine == "split_merge" else "")
                      + ("" if stages == "full" else f"_abl_{stages}")),
     )
     with jax.named_scope("gdn_chunk_kkt_inverse_mosaic"):

@@ -183,8 +183,9 @@ class MarkdownTest(absltest.TestCase):
             self.assertEqual(op.call_args.kwargs["forward"], forward)
 
     def test_mosaic_t0_flags_set_the_t0_options_or_are_refused(self):
-        # --mosaic_t0_inverse / --mosaic_t0_chunks_per_cta reach chunk_kkt_inverse_mosaic
-        # through kernel_mosaic_gpu.T0_OPTIONS, only where the T0 kernel runs.
+        # --mosaic_t0_inverse / --mosaic_t0_refine / --mosaic_t0_chunks_per_cta reach
+        # chunk_kkt_inverse_mosaic through kernel_mosaic_gpu.T0_OPTIONS, only where the T0
+        # kernel runs.
         from absl import app, flags
         from absl.testing import flagsaver
         from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
@@ -201,6 +202,12 @@ class MarkdownTest(absltest.TestCase):
                 want = {"inverse": "substitution", "chunks_per_cta": 4}
                 self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
                 self.assertEqual(gdr_mosaic.T0_OPTIONS, want)
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0",
+                                 mosaic_t0_inverse="substitution",
+                                 mosaic_t0_refine="split_merge"):
+            want = {"inverse": "substitution", "refine": "split_merge"}
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
+            self.assertEqual(gdr_mosaic.T0_OPTIONS, want)
         refused = (
             (dict(mosaic_forward="fused_split", mosaic_t0_inverse="substitution"),
              r"--mosaic_t0_inverse=substitution applies to --mosaic_forward=fused_t0 or "
@@ -208,6 +215,12 @@ class MarkdownTest(absltest.TestCase):
             (dict(mosaic_forward="fused_t0", mosaic_t0_inverse="bogus"),
              "the T0 kernel takes one of doubling, substitution"),
             (dict(mosaic_forward="fused_t0", mosaic_t0_chunks_per_cta=0), "must be >= 1"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_refine="lu"),
+             "the T0 kernel takes one of newton, split_merge"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_refine="split_merge"),
+             "--mosaic_t0_refine=split_merge needs --mosaic_t0_inverse=substitution"),
+            (dict(mosaic_forward="fused_split", mosaic_t0_refine="split_merge",
+                  mosaic_t0_inverse="substitution"), "applies to --mosaic_forward=fused_t0"),
             (dict(mosaic_forward="fused_t0", mosaic_wy="xla", mosaic_t0_chunks_per_cta=2),
              "--mosaic_wy=mosaic only"),
         )

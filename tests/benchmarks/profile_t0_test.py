@@ -21,8 +21,16 @@ class ProfileT0Test(absltest.TestCase):
         self.assertEqual(profile_t0.parse_variant("gram:doubling"), ("gram", "doubling", None))
         self.assertEqual(profile_t0.parse_variant(" full:substitution:4"),
                          ("full", "substitution", 4))
+        self.assertEqual(profile_t0.parse_variant("nobar:substitution+split_merge:2"),
+                         ("nobar", "substitution+split_merge", 2))
+        self.assertEqual(profile_t0.kernel_options("substitution+split_merge"),
+                         {"inverse": "substitution", "refine": "split_merge"})
+        self.assertEqual(profile_t0.kernel_options("doubling"), {"inverse": "doubling"})
         for bad, msg in (("gram", "expected"), ("kkt:doubling", "stages 'kkt'"),
                          ("full:lu", "inverse 'lu'"), ("full:doubling:0", "chunks per CTA"),
+                         ("full:substitution+lu", "refine 'lu'"),
+                         ("full:lu+split_merge", "inverse 'lu'"),
+                         ("full:doubling+split_merge", "needs inverse 'substitution'"),
                          ("full:doubling:x", "chunks per CTA"), ("a:b:c:d", "expected")):
             with self.assertRaisesRegex(profile_t0.VariantError, msg):
                 profile_t0.parse_variant(bad)
@@ -85,7 +93,9 @@ class ProfileT0Test(absltest.TestCase):
                 dict(variant="nobar:substitution:4", stages="nobar", inverse=s,
                      chunks_per_cta=4, kernel_ms=0.13),
                 dict(variant="no_store:substitution", stages="no_store", inverse=s,
-                     error="error: TypeError: unexpected keyword")]
+                     error="error: TypeError: unexpected keyword"),
+                dict(variant="full:substitution+split_merge", stages="full",
+                     inverse=s + "+split_merge", kernel_ms=0.10, rel_rms=1.7e-3)]
         text = profile_t0.render(recs, "# head")
         self.assertIn("| gram:doubling | 0.080 | +0.030 | – |", text)  # no full:doubling
         self.assertIn("| full:doubling | skipped: deadline", text)
@@ -94,6 +104,8 @@ class ProfileT0Test(absltest.TestCase):
         self.assertIn("| nobar:substitution:4 | 0.130 | +0.010 | – |", text)  # other cpc
         self.assertIn("1.600e-03", text)
         self.assertIn("| no_store:substitution | failed: error: TypeError: unexpected", text)
+        # refine="split_merge" is compared with the Newton kernel of its inverse
+        self.assertIn("| full:substitution+split_merge | 0.100 | -0.030 | -0.080 |", text)
 
     def test_interpreted_run_writes_records_and_checks_the_full_variant(self):
         out = self.create_tempdir().full_path + "/t0"
@@ -122,9 +134,11 @@ class ProfileT0Test(absltest.TestCase):
         k = jnp.zeros((1, 256, 1, 64), jnp.bfloat16)
         beta = jnp.zeros((1, 256, 2), jnp.float32)
         counts = {}
-        for stages in ("io", "gram", "full", "nobar"):
-            fn = jax.jit(lambda k, b, stages=stages: kgd.chunk_kkt_inverse_mosaic(
-                k, b, stages=stages, chunks_per_cta=2))
+        for stages in ("io", "gram", "full", "nobar", "full:substitution+split_merge"):
+            stage, _, inverse = stages.partition(":")
+            fn = jax.jit(lambda k, b, stage=stage, inverse=inverse: kgd.chunk_kkt_inverse_mosaic(
+                k, b, stages=stage, chunks_per_cta=2,
+                **(profile_t0.kernel_options(inverse) if inverse else {})))
             text = jax.export.export(fn, platforms=["cuda"])(k, beta).mlir_module()
             counts[stages] = profile_t0.static_counts(profile_t0.mosaic_module_text(text))
         # K 64: K K^T is 4 wgmma (k steps of 16); the inverse 35 and the Newton step 30 more.
@@ -136,6 +150,11 @@ class ProfileT0Test(absltest.TestCase):
         # The auto barriers: two per register -> SMEM store and one per TMA load issue.
         self.assertGreater(counts["full"]["bar_sync"], 60)
         self.assertEqual(counts["nobar"]["bar_sync"], 10)
+        # split_merge (K 64, bf16): K K^T 4, the merges 11 (a [64, 16, 32] product is two
+        # wgmma), 6 more for A_lo in the X A products; no Newton step: 3 commit_smem, 9 waits.
+        split = counts["full:substitution+split_merge"]
+        self.assertEqual((split["wgmma"], split["wgmma_wait"], split["fence_proxy"]),
+                         (4 + 11 + 6, 9, 3))
         self.assertLess(counts["io"]["ops"], counts["gram"]["ops"])
         self.assertLess(counts["gram"]["ops"], counts["full"]["ops"])
         text = profile_t0.render_static([dict(variant="full:doubling", static=counts["full"])],

@@ -581,6 +581,25 @@ class GpuTest(kmg_test.HopperTestCase):
         self.assertEqual(t0.dtype, k.dtype)
         _check_t0(self, k, beta, seg, t0)
 
+    @parameterized.named_parameters(
+        *_GPU_T0_CASES,
+        ("cpc8_gva_packed_partial_T3000_K64", 2, 3000, 4, 1, 64, 64, 0.1, False,
+         (100, 900, 64, 1), jnp.bfloat16, 0.0, 8),
+    )
+    def test_t0_split_merge_matches_float64(self, batch, seq_len, heads, kv_heads, dk, dv,
+                                            decay, h0, docs, dtype, correlated,
+                                            chunks_per_cta=None):
+        # refine="split_merge" (MOSAIC_GPU.md Sec. 15): hi/lo split merge operands instead of
+        # the Newton step; the same gate as the Newton kernels.
+        _, k, _, _, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
+                                           docs, dtype, correlated=correlated, seed=11)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
+                                          chunks_per_cta=chunks_per_cta, inverse="substitution",
+                                          refine="split_merge")
+        self.assertEqual(t0.dtype, k.dtype)
+        err, _ = _check_t0(self, k, beta, seg, t0)
+        print(f"T0 split_merge {self.id()}: relative RMS {err:.3e}")
+
     @parameterized.named_parameters(*_GPU_KERNEL_CASES)
     def test_fused_t0_kernel_matches_reference(self, *case):
         _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False)

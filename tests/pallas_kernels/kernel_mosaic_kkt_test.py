@@ -29,6 +29,12 @@ cases of ``kernel_mosaic_gdn_t0_test.py`` (one chunk per CTA there) check the sa
   four group cases above against float64 with the same gate (interpreted, the substitution is
   its plain-``jnp`` form: the interpreter cannot run ``inline_mgpu``; the ``inline_mgpu`` code
   itself is checked by ``kernel_mosaic_gdn_t0_test.GpuTest``).
+* ``refine="split_merge"`` (MOSAIC_GPU.md Sec. 15: no Newton step; the merges' ``X A`` takes
+  ``A`` as ``A_hi + A_lo``, and for fp16 outputs ``X`` and ``Y`` split too, extra ``wgmma``
+  into the same accumulators): ``KktLoweringTest`` exports it (CI), ``ChunksPerCtaRuleTest``
+  checks the argument, ``KktStagesTest`` that ``refine="newton"`` is the default's jaxpr;
+  ``KktSplitMergeInterpretTest`` (``slow``, about 25 s) runs the same ten cases against
+  float64 with the same gate.
 
 Run the interpreted ones with a larger XLA CPU pool (MOSAIC_GPU.md Sec. 10):
 ``PJRT_NPROC=8 timeout 1500 python -m pytest -q -m slow
@@ -71,6 +77,16 @@ class ChunksPerCtaRuleTest(absltest.TestCase):
         self.assertEqual(kgd.KKT_INVERSES[0], "doubling")  # the default stays first
         self.assertEqual(kgd.T0_OPTIONS, {})  # the forwards' call sites use the defaults
 
+    def test_rejects_unknown_or_unsupported_refine(self):
+        k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+        beta = jnp.zeros((1, 128, 1), jnp.float32)
+        for kw, msg in ((dict(refine="lu"), "refine must be one of"),
+                        (dict(refine="split_merge"), "needs inverse='substitution'")):
+            with self.assertRaisesRegex(ValueError, msg):
+                jax.eval_shape(lambda k, b, kw=kw: kgd.chunk_kkt_inverse_mosaic(k, b, **kw),
+                               k, beta)
+        self.assertEqual(kgd.KKT_REFINES[0], "newton")  # the default stays first
+
     def test_rejects_unknown_stages(self):
         k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
         beta = jnp.zeros((1, 128, 1), jnp.float32)
@@ -87,14 +103,14 @@ class ChunksPerCtaRuleTest(absltest.TestCase):
 
 
 def _export(test, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16, inverse="doubling",
-            stages="full"):
+            stages="full", refine="newton"):
     _, k, _, _, beta, _, seg = t0_test._inputs(1, seq_len, 2, 1, dk, 64, 0.2, False, (70, 30),
                                                dtype)
 
     def fn(k, beta, seg):
         return kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
                                             chunks_per_cta=chunks_per_cta, inverse=inverse,
-                                            stages=stages)
+                                            stages=stages, refine=refine)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(k, beta, seg)
     text = exported.mlir_module()
@@ -102,6 +118,7 @@ def _export(test, dk, seq_len, chunks_per_cta, dtype=jnp.bfloat16, inverse="doub
     test.assertIn("gdn_chunk_kkt_inverse", text)
     test.assertEqual("gdn_chunk_kkt_inverse_subst" in text, inverse == "substitution")
     test.assertEqual(f"_abl_{stages}" in text, stages != "full")
+    test.assertEqual("gdn_chunk_kkt_inverse_subst_split" in text, refine == "split_merge")
     test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals],
                      [((1, seq_len, 2, C), k.dtype)])
 
@@ -126,6 +143,18 @@ class KktLoweringTest(parameterized.TestCase):
         # inverse="substitution": the inline_mgpu forward substitution (padded fp32 buffer, a
         # strided view of it) lowers inside the chunk loop.
         _export(self, dk, seq_len, chunks_per_cta, dtype, inverse="substitution")
+
+    @parameterized.named_parameters(
+        ("cpc2_T256_K128", 128, 256, 2),
+        # fp16: X and Y split too (X_lo in xl_s, Y_lo a second register operand)
+        ("cpc3_partial_group_fp16_T300_K64", 64, 300, 3, jnp.float16),
+        ("nobar_cpc2_T256_K128", 128, 256, 2, jnp.bfloat16, "nobar"),
+    )
+    def test_split_merge_exports_for_cuda(self, dk, seq_len, chunks_per_cta,
+                                          dtype=jnp.bfloat16, stages="full"):
+        # refine="split_merge": A_lo (and X_lo) tiles, two to three wgmma per accumulator.
+        _export(self, dk, seq_len, chunks_per_cta, dtype, inverse="substitution",
+                stages=stages, refine="split_merge")
 
 
 class KktStagesTest(parameterized.TestCase):
@@ -160,6 +189,7 @@ class KktStagesTest(parameterized.TestCase):
 
             default = jaxpr() if inverse == "doubling" else jaxpr(inverse=inverse)
             self.assertEqual(jaxpr(inverse=inverse, stages="full"), default)
+            self.assertEqual(jaxpr(inverse=inverse, refine="newton"), default)
             self.assertIn("unsafe_no_auto_barriers=False", default)
             nobar = jaxpr(inverse=inverse, stages="nobar")
             self.assertNotEqual(nobar, default)
@@ -278,17 +308,43 @@ class KktSubstitutionInterpretTest(parameterized.TestCase):
         np.testing.assert_array_equal(np.asarray(t0, np.float32), np.asarray(one, np.float32))
 
 
+# Slow (out of CI): interpreted, about 25 s with PJRT_NPROC=8. refine="split_merge" (MOSAIC_GPU.md
+# Sec. 15): the substitution, then merges whose X A product takes A as A_hi + A_lo (fp16
+# outputs: X and Y split too), no Newton step. Measured: 1.000 to 1.025 times the float64
+# inverse's own rounding (the gate is 1.1); without the splits 2.03e-3 on correlated_T128_K128
+# (1.41 times) and 1.14e-3 on correlated_fp16_packed_T150_K64 (6.4 times).
+@pytest.mark.slow
+class KktSplitMergeInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*[(*case, None) for case in t0_test._T0_CASES])
+    def test_t0_cases_match_float64(self, *case):
+        _check_substitution(self, *case, refine="split_merge")
+
+    @parameterized.named_parameters(*_GROUP_CASES)
+    def test_group_cases_match_float64_and_one_chunk_per_cta(self, *case):
+        t0 = _check_substitution(self, *case, refine="split_merge")
+        batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, dtype, correlated = case[:11]
+        _, k, _, _, beta, _, seg = t0_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                   decay, h0, docs, dtype,
+                                                   correlated=correlated)
+        one = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, chunks_per_cta=1,
+                                           inverse="substitution", refine="split_merge",
+                                           interpret=True)
+        np.testing.assert_array_equal(np.asarray(t0, np.float32), np.asarray(one, np.float32))
+
+
 def _check_substitution(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, dtype,
-                        correlated, chunks_per_cta):
-    """``inverse="substitution"`` against float64 (``t0_test._check_t0``'s gate and exact
-    zeros). Returns ``T0``."""
+                        correlated, chunks_per_cta, refine="newton"):
+    """``inverse="substitution"`` (with ``refine``) against float64 (``t0_test._check_t0``'s
+    gate and exact zeros). Returns ``T0``."""
     _, k, _, _, beta, _, seg = t0_test._inputs(batch, seq_len, heads, kv_heads, dk, dv, decay,
                                                h0, docs, dtype, correlated=correlated)
     t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, chunks_per_cta=chunks_per_cta,
-                                      inverse="substitution", interpret=True)
+                                      inverse="substitution", refine=refine, interpret=True)
     test.assertEqual(t0.dtype, k.dtype)
     err, max_err = t0_test._check_t0(test, k, beta, seg, t0)
-    print(f"T0 substitution {test.id()}: relative RMS {err:.3e}, max abs {max_err:.3e}")
+    print(f"T0 substitution ({refine}) {test.id()}: relative RMS {err:.3e}, max abs "
+          f"{max_err:.3e}")
     return t0
 
 
