@@ -99,15 +99,15 @@ _MOSAIC_FORWARD = flags.DEFINE_string(
 _MOSAIC_T0_INVERSE = flags.DEFINE_string(
     "mosaic_t0_inverse", None,
     "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0 or fused_t0_split: the "
-    "inverse= of the T0 kernel chunk_kkt_inverse_mosaic (doubling, the default, or "
-    "substitution: MOSAIC_GPU.md Sec. 13); unset: the default. Recorded with every mosaic "
-    "record.")
+    "inverse= of the T0 kernel chunk_kkt_inverse_mosaic (substitution, the default since "
+    "2026-12-04d, or doubling: MOSAIC_GPU.md Sec. 13, 15); unset: the default. Recorded with "
+    "every mosaic record.")
 _MOSAIC_T0_REFINE = flags.DEFINE_string(
     "mosaic_t0_refine", None,
-    "Peer mosaic, as --mosaic_t0_inverse: the refine= of chunk_kkt_inverse_mosaic (newton, "
-    "the default, or split_merge: hi/lo split merges and no Newton step, with "
-    "--mosaic_t0_inverse=substitution only; MOSAIC_GPU.md Sec. 15); unset: the default. "
-    "Recorded with every mosaic record.")
+    "Peer mosaic, as --mosaic_t0_inverse: the refine= of chunk_kkt_inverse_mosaic (newton "
+    "or split_merge: hi/lo split merges and no Newton step, with the substitution only; "
+    "MOSAIC_GPU.md Sec. 15); unset: the inverse's default (split_merge for the "
+    "substitution, newton for the doubling). Recorded with every mosaic record.")
 _MOSAIC_T0_CPC = flags.DEFINE_integer(
     "mosaic_t0_chunks_per_cta", None,
     "Peer mosaic, as --mosaic_t0_inverse: the chunks_per_cta= of chunk_kkt_inverse_mosaic "
@@ -489,7 +489,7 @@ def _apply_mosaic_t0():
             raise app.UsageError(f"--mosaic_t0_refine={options['refine']}: the T0 kernel takes "
                                  f"one of {', '.join(gdr_mosaic.KKT_REFINES)}")
         if (options["refine"] == "split_merge"
-                and options.get("inverse", gdr_mosaic.KKT_INVERSES[0]) != "substitution"):
+                and options.get("inverse", gdr_mosaic.KKT_DEFAULT_INVERSE) != "substitution"):
             raise app.UsageError("--mosaic_t0_refine=split_merge needs "
                                  "--mosaic_t0_inverse=substitution")
     if options.get("chunks_per_cta", 1) < 1:

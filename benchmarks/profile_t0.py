@@ -128,10 +128,12 @@ class VariantError(ValueError):
 def kernel_options(inverse: str) -> Dict[str, str]:
     """``chunk_kkt_inverse_mosaic``'s keyword arguments for a variant's inverse field:
     ``"substitution+split_merge"`` -> ``{"inverse": "substitution", "refine": "split_merge"}``,
-    ``"doubling"`` -> ``{"inverse": "doubling"}`` (``refine`` left at its default). No
-    checks (:func:`parse_variant` makes them)."""
+    ``"doubling"`` -> ``{"inverse": "doubling", "refine": "newton"}``: without ``+`` the
+    Newton step, as the variant names of the 12-04b/c tables meant (the kernel's own default
+    became ``split_merge`` for the substitution on 2026-12-04d). No checks
+    (:func:`parse_variant` makes them)."""
     base, _, refine = inverse.partition("+")
-    return dict(inverse=base, **({"refine": refine} if refine else {}))
+    return dict(inverse=base, refine=refine or "newton")
 
 
 def parse_variant(text: str) -> Tuple[str, str, Optional[int]]:

@@ -930,13 +930,16 @@ def kkt_block_refine(xs, a, l_s, al_s, x_s, xl_s, interpret: bool, *, split_x: b
 # 132-SM H200), so that small problems still fill the GPU.
 KKT_MAX_CHUNKS_PER_CTA = 8
 KKT_MIN_CTAS = 4 * 132
-# How chunk_kkt_inverse_mosaic inverts the 16 x 16 diagonal blocks of I + A0: "doubling" (the
-# default: kkt_block_inverse's merges 2 -> 4 -> 8 -> 16 on the tensor cores) or
-# "substitution" (kkt_diag_solve: fp32 forward substitution, MOSAIC_GPU.md Sec. 13).
+# How chunk_kkt_inverse_mosaic inverts the 16 x 16 diagonal blocks of I + A0: "doubling"
+# (kkt_block_inverse's merges 2 -> 4 -> 8 -> 16 on the tensor cores) or "substitution"
+# (kkt_diag_solve: fp32 forward substitution, MOSAIC_GPU.md Sec. 13; the default since the H200
+# run of 2026-12-04d: with split merges 0.091 ms at S1 against the doubling's 0.183, Sec. 15).
 KKT_INVERSES = ("doubling", "substitution")
+KKT_DEFAULT_INVERSE = "substitution"
 # What brings chunk_kkt_inverse_mosaic's inverse from the merges' fp16 rounding down to the
-# output's (MOSAIC_GPU.md Sec. 15): "newton" (the default: kkt_block_refine, one Newton step,
-# two more dependent wgmma rounds) or "split_merge" (inverse="substitution" only: hi/lo splits
+# output's (MOSAIC_GPU.md Sec. 15): "newton" (the doubling's default: kkt_block_refine, one
+# Newton step, two more dependent wgmma rounds) or "split_merge" (the substitution's default;
+# inverse="substitution" only: hi/lo splits
 # of the merges' fp16 operands, kkt_block_merge's al_s / xl_s, extra wgmma into the same
 # accumulators and no Newton step: A for bf16 outputs; A, X and Y for fp16 outputs).
 KKT_REFINES = ("newton", "split_merge")
@@ -1123,9 +1126,9 @@ def chunk_kkt_inverse_mosaic(
     *,
     segment_ids: Optional[jax.Array] = None,
     chunks_per_cta: Optional[int] = None,
-    inverse: str = "doubling",
+    inverse: str = KKT_DEFAULT_INVERSE,
     stages: str = "full",
-    refine: str = "newton",
+    refine: Optional[str] = None,
     interpret: bool = False,
 ) -> jax.Array:
     """The gate-free WY inverse ``T0`` of every chunk of 64 tokens, by a Mosaic GPU kernel.
@@ -1154,7 +1157,9 @@ def chunk_kkt_inverse_mosaic(
     the input dtype through a 2-slot staging tile by TMA. SMEM about 81 KB at K = 128 (65 KB
     at K = 64): 2 x 16 KB of ``k``, four 8 KB fp16 operand tiles, 2 x 8 KB of staging.
     ``K K^T`` on the tensor cores (fp32 accumulation, ``k^T`` a transposed SMEM view); ``A0``
-    in fp32 registers; the inverse by :func:`kkt_block_inverse`: :func:`wy_inverse`'s
+    in fp32 registers; the inverse (by default the substitution and split merges of
+    ``inverse`` and ``refine`` below; what follows is ``inverse="doubling"``) by
+    :func:`kkt_block_inverse`: :func:`wy_inverse`'s
     doubling (exact 2 x 2 diagonal blocks, merges 4 -> ... -> 64, fp16 operands,
     :data:`MERGE_DTYPE`, fp32 accumulation), computed in four 16-column blocks with every
     product restricted to the blocks it can change (the 16 x 16 diagonal blocks by
@@ -1184,22 +1189,28 @@ def chunk_kkt_inverse_mosaic(
             at least :data:`KKT_MIN_CTAS` (4 per SM of an H200) CTAs in the grid, so small
             problems keep enough CTAs (B 8, H 16, T 4096: 8 chunks per CTA, 1024 CTAs).
         inverse: how the 16 x 16 diagonal blocks of ``I + A0`` are inverted (static, one of
-            :data:`KKT_INVERSES`): ``"doubling"`` (default, above) or ``"substitution"``,
+            :data:`KKT_INVERSES`): ``"substitution"`` (default since the H200 run of
+            2026-12-04d, MOSAIC_GPU.md Sec. 15) or ``"doubling"`` (above),
             :func:`kkt_diag_solve`'s fp32 forward substitution (``inline_mgpu`` on the GPU,
             one thread per column; plain ``jnp`` when interpreting), then the same 16 -> 32 ->
             64 merges and Newton step: 7 dependent ``wgmma`` rounds per chunk instead of 13
             and 22 ``wgmma`` instead of 46, for an fp32 SMEM buffer of 18 KB (about 99.5 KB
             per CTA at K = 128, still two CTAs per SM); MOSAIC_GPU.md Sec. 13.
         refine: what takes the merges' error (their :data:`MERGE_DTYPE` operands) down to
-            the output rounding (static, one of :data:`KKT_REFINES`): ``"newton"`` (default,
-            above: :func:`kkt_block_refine`, two more dependent ``wgmma`` rounds) or
+            the output rounding (static, one of :data:`KKT_REFINES`, or ``None``, the default:
+            ``"split_merge"`` with the substitution, ``"newton"`` with the doubling):
+            ``"newton"`` (above: :func:`kkt_block_refine`, two more dependent ``wgmma``
+            rounds) or
             ``"split_merge"`` (``inverse="substitution"`` only): no Newton step; instead the
             merges' ``X A`` product takes ``A`` as ``A_hi + A_lo`` (two fp16 tiles, two
             ``wgmma`` into one accumulator), and for fp16 outputs ``X`` (``X_hi + X_lo``)
             and ``Y`` too, so the chunk has 5 dependent ``wgmma`` rounds instead of 7.
             Interpreted, at most 1.025 times the float64 inverse's own rounding to the output
             dtype on the 10 test cases (bf16: A split only; fp16: all three); MOSAIC_GPU.md
-            Sec. 15. Kernel name ``gdn_chunk_kkt_inverse_subst_split``.
+            Sec. 15. Kernel name ``gdn_chunk_kkt_inverse_subst_split``. On the H200 at S1
+            (B 8, T 4096, H 16, K 128, bf16; 2026-12-04d) 0.091 ms against 0.179 with the
+            Newton step and 0.183 for the doubling (jla's ``kkt_fwd`` 0.097), relative RMS
+            1.671e-3 against float64 (the Newton step's 1.659e-3).
         stages: a timing ablation (static, one of :data:`KKT_STAGES`; benchmarks only):
             ``"full"`` (default) is the kernel above; ``"no_refine"`` returns the inverse
             before the Newton step, ``"gram"`` returns ``A0`` itself, ``"io"`` returns
@@ -1229,6 +1240,8 @@ def chunk_kkt_inverse_mosaic(
         raise ValueError(f"inverse must be one of {KKT_INVERSES}, got {inverse!r}")
     if stages not in KKT_STAGES:
         raise ValueError(f"stages must be one of {KKT_STAGES}, got {stages!r}")
+    if refine is None:  # each inverse's best (MOSAIC_GPU.md Sec. 15)
+        refine = "split_merge" if inverse == "substitution" else "newton"
     if refine not in KKT_REFINES:
         raise ValueError(f"refine must be one of {KKT_REFINES}, got {refine!r}")
     if refine == "split_merge" and inverse != "substitution":

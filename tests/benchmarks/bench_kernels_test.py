@@ -208,6 +208,10 @@ class MarkdownTest(absltest.TestCase):
             want = {"inverse": "substitution", "refine": "split_merge"}
             self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
             self.assertEqual(gdr_mosaic.T0_OPTIONS, want)
+        # split_merge alone: the default inverse is the substitution (2026-12-04d).
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0",
+                                 mosaic_t0_refine="split_merge"):
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), {"refine": "split_merge"})
         refused = (
             (dict(mosaic_forward="fused_split", mosaic_t0_inverse="substitution"),
              r"--mosaic_t0_inverse=substitution applies to --mosaic_forward=fused_t0 or "
@@ -217,7 +221,8 @@ class MarkdownTest(absltest.TestCase):
             (dict(mosaic_forward="fused_t0", mosaic_t0_chunks_per_cta=0), "must be >= 1"),
             (dict(mosaic_forward="fused_t0", mosaic_t0_refine="lu"),
              "the T0 kernel takes one of newton, split_merge"),
-            (dict(mosaic_forward="fused_t0", mosaic_t0_refine="split_merge"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_refine="split_merge",
+                  mosaic_t0_inverse="doubling"),
              "--mosaic_t0_refine=split_merge needs --mosaic_t0_inverse=substitution"),
             (dict(mosaic_forward="fused_split", mosaic_t0_refine="split_merge",
                   mosaic_t0_inverse="substitution"), "applies to --mosaic_forward=fused_t0"),

@@ -25,7 +25,10 @@ class ProfileT0Test(absltest.TestCase):
                          ("nobar", "substitution+split_merge", 2))
         self.assertEqual(profile_t0.kernel_options("substitution+split_merge"),
                          {"inverse": "substitution", "refine": "split_merge"})
-        self.assertEqual(profile_t0.kernel_options("doubling"), {"inverse": "doubling"})
+        self.assertEqual(profile_t0.kernel_options("doubling"),
+                         {"inverse": "doubling", "refine": "newton"})
+        self.assertEqual(profile_t0.kernel_options("substitution"),
+                         {"inverse": "substitution", "refine": "newton"})
         for bad, msg in (("gram", "expected"), ("kkt:doubling", "stages 'kkt'"),
                          ("full:lu", "inverse 'lu'"), ("full:doubling:0", "chunks per CTA"),
                          ("full:substitution+lu", "refine 'lu'"),
@@ -135,10 +138,11 @@ class ProfileT0Test(absltest.TestCase):
         beta = jnp.zeros((1, 256, 2), jnp.float32)
         counts = {}
         for stages in ("io", "gram", "full", "nobar", "full:substitution+split_merge"):
+            # Without an inverse: the doubling with the Newton step (the numbers below).
             stage, _, inverse = stages.partition(":")
             fn = jax.jit(lambda k, b, stage=stage, inverse=inverse: kgd.chunk_kkt_inverse_mosaic(
                 k, b, stages=stage, chunks_per_cta=2,
-                **(profile_t0.kernel_options(inverse) if inverse else {})))
+                **profile_t0.kernel_options(inverse or "doubling")))
             text = jax.export.export(fn, platforms=["cuda"])(k, beta).mlir_module()
             counts[stages] = profile_t0.static_counts(profile_t0.mosaic_module_text(text))
         # K 64: K K^T is 4 wgmma (k steps of 16); the inverse 35 and the Newton step 30 more.

@@ -32,7 +32,9 @@ cases of ``kernel_mosaic_gdn_t0_test.py`` (one chunk per CTA there) check the sa
 * ``refine="split_merge"`` (MOSAIC_GPU.md Sec. 15: no Newton step; the merges' ``X A`` takes
   ``A`` as ``A_hi + A_lo``, and for fp16 outputs ``X`` and ``Y`` split too, extra ``wgmma``
   into the same accumulators): ``KktLoweringTest`` exports it (CI), ``ChunksPerCtaRuleTest``
-  checks the argument, ``KktStagesTest`` that ``refine="newton"`` is the default's jaxpr;
+  checks the argument, ``KktStagesTest`` that each inverse's default ``refine`` is its
+  jaxpr (``split_merge`` for the substitution, the default inverse since the H200 run of
+  2026-12-04d; ``newton`` for the doubling);
   ``KktSplitMergeInterpretTest`` (``slow``, about 25 s) runs the same ten cases against
   float64 with the same gate.
 
@@ -81,11 +83,12 @@ class ChunksPerCtaRuleTest(absltest.TestCase):
         k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
         beta = jnp.zeros((1, 128, 1), jnp.float32)
         for kw, msg in ((dict(refine="lu"), "refine must be one of"),
-                        (dict(refine="split_merge"), "needs inverse='substitution'")):
+                        (dict(refine="split_merge", inverse="doubling"),
+                         "needs inverse='substitution'")):
             with self.assertRaisesRegex(ValueError, msg):
                 jax.eval_shape(lambda k, b, kw=kw: kgd.chunk_kkt_inverse_mosaic(k, b, **kw),
                                k, beta)
-        self.assertEqual(kgd.KKT_REFINES[0], "newton")  # the default stays first
+        self.assertEqual(kgd.KKT_DEFAULT_INVERSE, "substitution")
 
     def test_rejects_unknown_stages(self):
         k = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
@@ -187,9 +190,14 @@ class KktStagesTest(parameterized.TestCase):
                 return str(jax.make_jaxpr(lambda k, b, s: kgd.chunk_kkt_inverse_mosaic(
                     k, b, segment_ids=s, chunks_per_cta=3, **kw))(k, beta, seg))
 
-            default = jaxpr() if inverse == "doubling" else jaxpr(inverse=inverse)
+            # Each inverse's default refine: split merges for the substitution (the default
+            # inverse since 2026-12-04d), the Newton step for the doubling.
+            best = "split_merge" if inverse == "substitution" else "newton"
+            default = jaxpr(inverse=inverse)
             self.assertEqual(jaxpr(inverse=inverse, stages="full"), default)
-            self.assertEqual(jaxpr(inverse=inverse, refine="newton"), default)
+            self.assertEqual(jaxpr(inverse=inverse, refine=best), default)
+            if inverse == kgd.KKT_DEFAULT_INVERSE:
+                self.assertEqual(jaxpr(), default)
             self.assertIn("unsafe_no_auto_barriers=False", default)
             nobar = jaxpr(inverse=inverse, stages="nobar")
             self.assertNotEqual(nobar, default)
