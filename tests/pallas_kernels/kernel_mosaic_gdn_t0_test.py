@@ -221,7 +221,10 @@ class KktInverseInterpretTest(parameterized.TestCase):
                                 dtype, correlated):
         _, k, _, _, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
                                            docs, dtype, correlated=correlated)
-        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
+        # The doubling (Sec. 12); the default substitution with split merges has the same
+        # cases in kernel_mosaic_kkt_test.KktSplitMergeInterpretTest.
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, inverse="doubling",
+                                          interpret=True)
         self.assertEqual(t0.dtype, k.dtype)
         _check_t0(self, k, beta, seg, t0)
 
