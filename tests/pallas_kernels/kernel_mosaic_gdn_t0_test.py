@@ -463,7 +463,6 @@ class LoweringSlowTest(parameterized.TestCase):
         _check_grad_exports(self, **variant)
 
 
-
 def _check_stage_exports(test, stages, dk, dv, dtype=jnp.bfloat16, h0=True, docs=(70, 30)):
     q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, 0.2, h0, docs, dtype)
     t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
