@@ -143,7 +143,7 @@ class ProfileFwdTest(absltest.TestCase):
 
 @pytest.mark.slow
 class ProfileFwdInterpretTest(absltest.TestCase):
-    """One interpreted run of the binary (about 60 s on 2 cores with ``PJRT_NPROC=8``)."""
+    """One interpreted run of the binary (60 to 100 s on 2 shared cores, ``PJRT_NPROC=8``)."""
 
     def test_interpreted_run_writes_records_and_checks_full(self):
         out = self.create_tempdir().full_path + "/fwd"
