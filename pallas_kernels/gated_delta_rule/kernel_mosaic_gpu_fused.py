@@ -628,6 +628,20 @@ def chunk_delta_fused_fwd_mosaic(
 # forward="fused_t0": v_new formed from v and the gate-free inverse T0 inside the kernel.
 
 _T0_IN_COPIES = 11  # TMA copies per ring stage (q, k, v, t0, g x2, beta, doc x2, last, conn)
+# Timing ablations of the two-warpgroup fused_t0 kernel's per-chunk body (``stages`` of
+# chunk_delta_fused_t0_fwd_mosaic; MOSAIC_GPU.md Sec. 16), cumulative along the state chain:
+# "io" waits for each chunk's eleven copies (the memory warpgroup and ring unchanged), releases
+# the stage and stores the landed v tile as o (no wgmma, the state stays the entering one);
+# "v_new" adds S_c to SMEM, K S, X, Ag and v_new = Ag X (jla's u, w step; o = v_new, no state
+# update); "state" adds the decayed v_new and the update S <- keep e^{G_L} S + K^T (...) (the
+# whole serial chain, what a state warpgroup of a split kernel does; o = v_new); "full" is the
+# kernel (adds Q S, Q K^T, P and P v_new, the read-out). Two more do all of "full"'s work:
+# "no_store" issues the TMA store of o for each row's last chunk only (the other rows of o are
+# left unwritten), "nobar" is "full" compiled with CompilerParams(unsafe_no_auto_barriers=True)
+# (no warpgroup barriers around register -> SMEM stores; it should still return o). The grid,
+# warpgroups, ring, SMEM allocation and the final-state store are the same in all; every stage
+# but "full" and "nobar" writes something that is NOT the forward's o.
+FUSED_T0_STAGES = ("full", "io", "v_new", "state", "no_store", "nobar")
 
 
 def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
@@ -652,13 +666,14 @@ def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
 
 def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
-                     store_v_new: bool, store_h: bool, interpret: bool):
+                     store_v_new: bool, store_h: bool, interpret: bool, stages: str = "full"):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic`; refs are GMEM.
 
     ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
     (interpret mode only) = ``kt_s`` (``k^T``), ``p_s`` (``P``), ``hi_s``, ``lo_s`` (the two
     terms of ``Ag``), the SMEM copies of what the GPU reads as a transposed view or from
-    registers.
+    registers. ``stages`` (:data:`FUSED_T0_STAGES`): a timing ablation that cuts each chunk's
+    work short (``"full"``: the kernel; ``"nobar"`` only changes the compiler parameters).
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -692,9 +707,18 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
         s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+        output = stages not in ("v_new", "state")  # the read-out's products (Q S, Q K^T, P v)
 
         def by_col(x):
             return lax.broadcast_in_dim(x, sq, [1])
+
+        def store_o(rows, n):  # o_s (written and committed) to the output rows of chunk n
+            if stages == "no_store":  # the TMA store only for the row's last chunk
+                @pl.when(n + 1 == num_chunks)
+                def _store_last():
+                    plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h, cols])
+            else:
+                plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h, cols])
 
         def step(n, s):
             slot = lax.rem(n, STAGES)
@@ -702,6 +726,14 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             # The stores of chunk n - 1 (o, v_new, h) must have read their tiles; its wgmma
             # that read sb_s, x_s, vn_s, vd_s finished when their accumulators were read.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            if stages == "io":  # no wgmma, no state: the landed v tile goes out as o
+                plgpu.barrier_wait(in_bar.at[slot])
+                o = mgl.load_tile(v_s.at[slot], interpret)
+                plgpu.barrier_arrive(in_free.at[slot])
+                o_s[...] = o.astype(o_s.dtype)
+                plgpu.commit_smem()
+                store_o(rows, n)
+                return s
             sb_s[...] = s.astype(sb_s.dtype)  # S_c in 16 bits: the operand of K S and Q S
             plgpu.commit_smem()
             if store_h:  # the state entering chunk n goes to HBM while the inputs land
@@ -715,9 +747,16 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 plgpu.wgmma(qk_acc, q_s.at[slot], k_t)  # Q K^T, [C, C]
                 return ks_acc[...], qs_acc[...], qk_acc[...]
 
+            def first_ks(ks_acc):  # the state chain's K S alone (stages without the output)
+                plgpu.wgmma(ks_acc, k_s.at[slot], sb_s)
+                return ks_acc[...]
+
             # The barrier keeps the arithmetic after the accumulator reads (jla's pitfall).
-            ks, qs, qk = lax.optimization_barrier(pl.run_scoped(
-                first, plgpu.ACC(tile), plgpu.ACC(tile), plgpu.ACC(sq)))
+            if output:
+                ks, qs, qk = lax.optimization_barrier(pl.run_scoped(
+                    first, plgpu.ACC(tile), plgpu.ACC(tile), plgpu.ACC(sq)))
+            else:
+                ks = lax.optimization_barrier(pl.run_scoped(first_ks, plgpu.ACC(tile)))
             g_i = mgl.load_rows(g_row_s.at[slot], interpret)  # chunk-local cumsum, fp32
             g_j = mgl.load_cols(g_col_s.at[slot], interpret)
             d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
@@ -744,6 +783,27 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 return acc[...]
 
             vn = lax.optimization_barrier(pl.run_scoped(solve, plgpu.ACC(tile)))  # fp32
+            if stages == "v_new":  # no state update, no read-out: v_new goes out as o
+                o_s[...] = vn.astype(o_s.dtype)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(in_free.at[slot])
+                store_o(rows, n)
+                return s
+            if stages == "state":  # the state chain without the read-out: v_new goes out as o
+                k_decay = jnp.exp(g_last - g_i) * mgl.load_rows(last_s.at[slot], interpret)
+                s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]
+                vd_s[...] = (vn * mgl.by_row(k_decay, tile)).astype(vd_s.dtype)
+                o_s[...] = vn.astype(o_s.dtype)
+                plgpu.commit_smem()
+                store_o(rows, n)
+
+                def update(kv_acc):
+                    plgpu.wgmma(kv_acc, k_t, vd_s)  # K^T (decayed v_new), [K, 64]
+                    return kv_acc[...]
+
+                kv = lax.optimization_barrier(pl.run_scoped(update, plgpu.ACC((dk, BLOCK_V))))
+                plgpu.barrier_arrive(in_free.at[slot])
+                return s * s_decay + kv
             p = (qk * decay).astype(vn_s.dtype)  # 16-bit, the left wgmma operand (registers)
             # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); keep e^{G_L} is 0
             # if a document starts inside the chunk.
@@ -766,7 +826,7 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             o = scale * (qs * mgl.by_row(q_decay, tile) + pv)
             o_s[...] = o.astype(o_s.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_s, o_ref.at[b, rows, h, cols])
+            store_o(rows, n)
             return s * s_decay + kv
 
         s = lax.fori_loop(0, num_chunks, step, s0)
@@ -996,7 +1056,7 @@ def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> N
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "split_output",
-                                             "interpret"))
+                                             "interpret", "stages"))
 def chunk_delta_fused_t0_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1012,6 +1072,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
     store_h: bool = False,
     split_output: bool = False,
     interpret: bool = False,
+    stages: str = "full",
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
     gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
@@ -1076,6 +1137,16 @@ def chunk_delta_fused_t0_fwd_mosaic(
             of two. Same equations; ``Ag``'s strictly lower part rounded once to 16 bits
             instead of ``hi + lo``, its diagonal ``beta`` applied in fp32.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
+        stages: a timing ablation (static, one of :data:`FUSED_T0_STAGES`; benchmarks only,
+            two warpgroups, no ``store_v_new`` / ``store_h``): ``"full"`` (default) is the
+            kernel; ``"io"``, ``"v_new"`` and ``"state"`` cut each chunk's work short after the
+            loads, ``v_new`` and the state update, and return a first output that is NOT
+            ``o`` (the loaded ``v``, ``v_new``, ``v_new``; ``"io"`` and ``"v_new"`` also a final
+            state equal to the initial one); ``"no_store"`` stores ``o`` for each row's last
+            chunk only (the other rows are unwritten, arbitrary); ``"nobar"`` compiles
+            ``"full"`` with ``CompilerParams(unsafe_no_auto_barriers=True)``. Each has its own
+            kernel name (``gdn_chunk_delta_fused_t0_fwd_abl_<stages>``) so that a profile
+            lists it apart (MOSAIC_GPU.md Sec. 16).
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
@@ -1087,11 +1158,17 @@ def chunk_delta_fused_t0_fwd_mosaic(
     Raises:
         ValueError: on mismatched shapes or dtypes of ``q, k, v, t0``, unsupported head dims
             or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``, ``beta``, ``segment_ids``
-            or ``initial_state`` shape.
+            or ``initial_state`` shape; ``stages`` not in :data:`FUSED_T0_STAGES`, or other
+            than ``"full"`` with ``split_output``, ``store_v_new`` or ``store_h``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
     check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state)
+    if stages not in FUSED_T0_STAGES:
+        raise ValueError(f"stages must be one of {FUSED_T0_STAGES}, got {stages!r}")
+    if stages != "full" and (split_output or store_v_new or store_h):
+        raise ValueError(f"stages={stages!r} is an ablation of the two-warpgroup kernel without "
+                         f"extra outputs; got {split_output=}, {store_v_new=}, {store_h=}")
 
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
@@ -1105,7 +1182,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
     kernel = functools.partial(_split_t0_kernel if split_output else _fused_t0_kernel,
                                num_chunks=num_chunks,
                                group=heads // kv_heads, scale=float(scale), has_h0=has_h0,
-                               store_v_new=store_v_new, store_h=store_h, interpret=interpret)
+                               store_v_new=store_v_new, store_h=store_h, interpret=interpret,
+                               **({} if stages == "full" else {"stages": stages}))
     dtype = v.dtype
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
                 jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
@@ -1169,10 +1247,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
         grid_names=("b", "h", "v"),
         num_threads=3 if split_output else 2,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=plgpu.CompilerParams(
+            **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name="gdn_chunk_delta_fused_t0_fwd_split" if split_output else
-        "gdn_chunk_delta_fused_t0_fwd",
+        "gdn_chunk_delta_fused_t0_fwd" + ("" if stages == "full" else f"_abl_{stages}"),
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
     with jax.named_scope("gdn_chunk_delta_fused_t0_fwd_mosaic"):

@@ -35,6 +35,10 @@ dispatched, not run on a GPU yet).
   op's gradient for CUDA on the CPU host (``jax.export``; one variant each, about 1 to 5 s on 2
   cores), and the split kernel; ``LoweringSlowTest`` (``slow``) the other head dims and options
   and the forward with ``"fused_t0_split"``.
+* ``FusedT0StagesTest`` (CI): the two-warpgroup kernel's timing ablations (``stages``,
+  MOSAIC_GPU.md Sec. 16) export for CUDA under their own names and leave the default's jaxpr
+  alone; ``FusedT0StagesInterpretTest`` (``slow``) checks what ``io``, ``state`` and
+  ``no_store`` compute against ``full``.
 * ``GpuTest`` (``gpu``) runs the compiled kernels on a Hopper GPU at realistic rows.
 
 The interpreted kernels hang on a 2-core host unless XLA's CPU pool is larger (BUILD.md,
@@ -460,6 +464,103 @@ class LoweringSlowTest(parameterized.TestCase):
     @parameterized.named_parameters(*_GRAD_SLOW)
     def test_grad_fused_t0_exports_for_cuda(self, **variant):
         _check_grad_exports(self, **variant)
+
+
+def _check_stage_exports(test, stages, dk, dv, dtype=jnp.bfloat16, h0=True, docs=(70, 30)):
+    q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, 0.2, h0, docs, dtype)
+    t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+
+    def fn(q, k, v, t0, g, beta, state, seg):
+        return kfused.chunk_delta_fused_t0_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
+            stages=stages)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
+        q, k, v, t0, g, beta, state, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn(f"gdn_chunk_delta_fused_t0_fwd_abl_{stages}", text)
+    test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals[:2]],
+                     [((1, 200, 2, dv), dtype), ((1, 2, dk, dv), jnp.float32)])
+
+
+class FusedT0StagesTest(parameterized.TestCase):
+    """The timing ablations of MOSAIC_GPU.md Sec. 16 (``stages`` of the two-warpgroup
+    ``fused_t0`` kernel): each exports for CUDA under its own kernel name, ``"full"`` is the
+    default's jaxpr and ``"nobar"`` differs from it only in ``unsafe_no_auto_barriers`` and the
+    kernel name (CI, about 15 s)."""
+
+    @parameterized.named_parameters(
+        ("io_K128_V128", "io", 128, 128),
+        ("v_new_K128_V128", "v_new", 128, 128),
+        ("state_K128_V128", "state", 128, 128),
+        ("no_store_K128_V128", "no_store", 128, 128),
+        ("nobar_K128_V128", "nobar", 128, 128),
+        ("state_fp16_deltanet_K64_V64", "state", 64, 64, jnp.float16, False, None),
+        ("v_new_K64_V128", "v_new", 64, 128),
+    )
+    def test_stage_exports_for_cuda(self, stages, dk, dv, dtype=jnp.bfloat16, h0=True,
+                                    docs=(70, 30)):
+        _check_stage_exports(self, stages, dk, dv, dtype, h0, docs)
+
+    def test_full_is_the_default_and_nobar_only_drops_the_barriers(self):
+        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
+        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
+        for interpret in (False, True):
+            def jaxpr(**kw):
+                return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
+                    *a, scale=0.1, initial_state=state, segment_ids=seg, interpret=interpret,
+                    **kw))(q, k, v, t0, g, beta))
+
+            default = jaxpr()
+            self.assertEqual(jaxpr(stages="full"), default)
+            self.assertIn("unsafe_no_auto_barriers=False", default)
+            nobar = jaxpr(stages="nobar")
+            self.assertNotEqual(nobar, default)
+            self.assertEqual(nobar.replace("unsafe_no_auto_barriers=True",
+                                           "unsafe_no_auto_barriers=False")
+                             .replace("_abl_nobar", ""), default)
+            for stages in ("io", "v_new", "state", "no_store"):
+                self.assertNotEqual(jaxpr(stages=stages), default)
+
+    def test_rejects_unknown_or_combined_stages(self):
+        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
+        with self.assertRaisesRegex(ValueError, "stages must be one of"):
+            fn(q, k, v, t0, g, beta, scale=0.1, stages="gram")
+        for kw in (dict(split_output=True), dict(store_v_new=True), dict(store_h=True)):
+            with self.assertRaisesRegex(ValueError, "ablation of the two-warpgroup"):
+                fn(q, k, v, t0, g, beta, scale=0.1, stages="state", **kw)
+
+
+# Interpreted (slow; PJRT_NPROC=8 as the module docstring says): what the stages compute.
+@pytest.mark.slow
+class FusedT0StagesInterpretTest(absltest.TestCase):
+    """``"io"`` returns the loaded ``v`` and the initial state, ``"state"`` the ``v_new`` and
+    the final state of ``"full"`` (bit-equal: the same products and roundings), and
+    ``"no_store"`` the last chunk's ``o`` of ``"full"``."""
+
+    def test_stages_compute_what_they_say(self):
+        seq_len = 150  # three chunks, the last partial; GVA 2:1, h0, two documents
+        q, k, v, g, beta, state, seg = _inputs(1, seq_len, 2, 1, 64, 64, 0.2, True, (70, 30))
+        t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+
+        def run(stages, **kw):
+            return kfused.chunk_delta_fused_t0_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=64 ** -0.5, initial_state=state, segment_ids=seg,
+                interpret=True, stages=stages, **kw)
+
+        o_full, final_full, vn_full, _ = run("full", store_v_new=True)
+        o_io, final_io, _, _ = run("io")
+        np.testing.assert_array_equal(np.asarray(o_io), np.asarray(v))
+        np.testing.assert_array_equal(np.asarray(final_io), np.asarray(state))
+        o_state, final_state, _, _ = run("state")
+        np.testing.assert_array_equal(np.asarray(o_state), np.asarray(vn_full))
+        np.testing.assert_array_equal(np.asarray(final_state), np.asarray(final_full))
+        o_ns = run("no_store")[0]
+        last = slice(2 * C, seq_len)
+        np.testing.assert_array_equal(np.asarray(o_ns[:, last]), np.asarray(o_full[:, last]))
 
 
 class ValidationTest(absltest.TestCase):

@@ -1,0 +1,439 @@
+r"""Where the fused ``T0`` forward kernel's time goes: its stage ablations timed in one run.
+
+``chunk_delta_fused_t0_fwd_mosaic`` (two warpgroups; ``pallas_kernels/gated_delta_rule/
+kernel_mosaic_gpu_fused.py``) took 0.421 ms of the 0.528 ms GDN forward at S1 on the H200
+(2026-12-04, issue 29; target: the whole forward at 0.315 ms, so this kernel at about
+0.21 ms). MOSAIC_GPU.md Sec. 14 showed that estimates of per-step costs can be off tenfold,
+so this binary measures by ablation (Sec. 16): the kernel's ``stages``
+(``kernel_mosaic_gpu_fused.FUSED_T0_STAGES``), cumulative along the state chain: ``io`` (the
+memory warpgroup's eleven copies per chunk, the ring's waits and releases, ``o`` stored; no
+``wgmma``), ``v_new`` (+ ``S`` to SMEM, ``K S``, ``X``, ``Ag`` and ``v_new = Ag X``),
+``state`` (+ the state update: the whole serial chain), ``full`` (+ the read-out ``Q S``,
+``Q K^T``, ``P v_new``), and two variants that do all of ``full``'s work: ``no_store`` (the
+TMA store of ``o`` for each row's last chunk only) and ``nobar`` (without Pallas's automatic
+warpgroup barriers, ``unsafe_no_auto_barriers``). Each has the same grid, warpgroups, ring
+and SMEM, and its own kernel name, so consecutive differences are the time of each part of
+the work as the kernel runs it (overlaps included).
+
+Each variant is jitted, compiled, run once, then traced over ``--iters`` calls with
+``jax.profiler`` (``benchmarks.common.trace_events``, the kernel timing of
+``bench_kernels.py``); its record has the fused kernel's own device time (kernels named
+``gdn_chunk_delta_fused_t0_fwd*``), the call's total (XLA's padding, cumsum and transposes
+too) and cycles per chunk, ``kernel time x clock / (waves x chunks)``: each CTA walks the
+``N`` chunks of one ``(b, h, 64 value columns)`` in order and ``B H V / 64`` CTAs run in
+``ceil(CTAs / (--sm_count x --ctas_per_sm))`` waves (S1: 256 CTAs, one per SM, 2 waves), at
+``--clock_ghz`` (default the 1.98 GHz boost clock). ``T0`` is an input, formed once beforehand
+in XLA (``kernel_mosaic_gpu.kkt_inverse_xla``, rounded to the input dtype), so no ``T0``
+kernel is timed. ``full`` and ``nobar`` are checked against a float64 token-serial recurrence
+on batch row 0 (relative RMS of ``o`` on the first ``--check_heads`` heads; bf16 about 3e-3),
+so a broken build shows. The table's header gives the HBM-bytes and tensor-core floors of the
+shape (:func:`floors`). A variant that does not fit what is left of ``--deadline_s`` (its
+estimate: the slowest finished variant's wall time) is skipped; one still compiling or running
+at the deadline is marked, the table of the finished ones is written and the run exits with
+status 3.
+
+Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes) and ``<out>.md``.
+Usage, on the GPU machine::
+
+    python3 benchmarks/profile_fwd.py --deadline_s=80 --out=$OUT/fwd_stages
+
+Without a GPU, ``--interpret`` runs the variants in Mosaic GPU interpret mode at a tiny shape
+(checks of this binary; no kernel times), and ``--static`` (CPU, seconds) exports each variant
+for CUDA and counts instructions in the lowered Mosaic GPU module as ``profile_t0.py --static``
+does (one chunk-loop body per module: per chunk but for the prologue and epilogue)::
+
+    JAX_PLATFORMS=cpu python benchmarks/profile_fwd.py --static --out=/tmp/fwd_static
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+from typing import Dict, List, Optional, Sequence
+
+from absl import app, flags
+
+if __name__ == "__main__":  # python benchmarks/profile_fwd.py from the repository root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import profile_t0  # noqa: E402  (after the path set-up above)
+
+DEFAULT_VARIANTS = ("io", "v_new", "state", "full", "no_store", "nobar")
+KERNEL_PREFIX = "gdn_chunk_delta_fused_t0_fwd"
+CHECKED_STAGES = ("full", "nobar")  # the stages whose first output is o
+DEADLINE_EXIT = profile_t0.DEADLINE_EXIT
+DEFAULT_CLOCK_GHZ = profile_t0.DEFAULT_CLOCK_GHZ
+HBM_TB_S = 4.8  # H200 HBM3e peak, TB/s
+TENSOR_TFLOPS = 989.0  # H200 dense bf16 / fp16 peak with fp32 accumulation, TFLOP/s
+BLOCK_V = 64  # value columns per CTA (kernel_mosaic_gpu_fused.BLOCK_V)
+
+
+def _define_flags() -> None:
+    """Defines the flags (only when run as a program: other benchmark modules define some of
+    the same names in absl's global registry, and the tests import several of them)."""
+    global _BATCH, _SEQ_LEN, _HEADS, _KV_HEADS, _DK, _DV, _DTYPE, _DOCS, _VARIANTS, _ITERS
+    global _CHECK_HEADS, _SM_COUNT, _CTAS_PER_SM, _CLOCK_GHZ, _DEADLINE_S, _INTERPRET
+    global _STATIC, _OUT
+    _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
+    _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
+    _HEADS = flags.DEFINE_integer("heads", 16, "Value heads H.")
+    _KV_HEADS = flags.DEFINE_integer("kv_heads", 16, "Query/key heads Hk (H % Hk == 0).")
+    _DK = flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.")
+    _DV = flags.DEFINE_enum("dv", "128", ["64", "128"], "Value head dim V.")
+    _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "q, k, v dtype.")
+    _DOCS = flags.DEFINE_integer("doc_len", 0, "If > 0, documents of this many tokens "
+                                 "(segment_ids); 0: one document per row.")
+    _VARIANTS = flags.DEFINE_list("variants", list(DEFAULT_VARIANTS),
+                                  "Stages to time, in this order (FUSED_T0_STAGES).")
+    _ITERS = flags.DEFINE_integer("iters", 20, "Traced calls per variant (0: no trace).")
+    _CHECK_HEADS = flags.DEFINE_integer("check_heads", 2, "Heads of batch row 0 checked against "
+                                        "float64 for full and nobar (0: no check).")
+    _SM_COUNT = flags.DEFINE_integer("sm_count", 132, "SMs, for the waves and cycles.")
+    _CTAS_PER_SM = flags.DEFINE_integer("ctas_per_sm", 1, "Resident CTAs per SM (SMEM: one at "
+                                        "K = V = 128).")
+    _CLOCK_GHZ = flags.DEFINE_float("clock_ghz", None, "SM clock (GHz) for the cycles; default "
+                                    "1.98 (nvidia-smi's clocks.sm is recorded beside it).")
+    _DEADLINE_S = flags.DEFINE_float(
+        "deadline_s", None, "Wall-clock budget of the whole run, from the start of main: "
+        "variants that would not fit are skipped, and a variant still running at the deadline "
+        "ends the run (status 3) after the table of the finished ones is written.")
+    _INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
+                                   "this binary; use a tiny shape).")
+    _STATIC = flags.DEFINE_bool("static", False, "Count instructions in the lowered modules "
+                                "(CPU; no kernel runs).")
+    _OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
+
+
+class VariantError(ValueError):
+    """A ``--variants`` entry that is not one of ``FUSED_T0_STAGES``."""
+
+
+def parse_variants(texts: Sequence[str]) -> List[str]:
+    """The stripped ``--variants`` entries, in order.
+
+    Raises:
+      VariantError: naming an entry that is not in ``FUSED_T0_STAGES`` or is repeated.
+    """
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    out: List[str] = []
+    for text in texts:
+        stages = text.strip()
+        if stages not in kfused.FUSED_T0_STAGES:
+            raise VariantError(f"--variants entry {text!r}: not in {kfused.FUSED_T0_STAGES}")
+        if stages in out:
+            raise VariantError(f"--variants entry {text!r} is repeated")
+        out.append(stages)
+    return out
+
+
+def waves(batch: int, heads: int, dv: int, *, sm_count: int, ctas_per_sm: int) -> int:
+    """Waves of the kernel's ``batch x heads x dv / 64`` CTAs over ``sm_count x ctas_per_sm``
+    slots (each CTA walks all chunks of its row, so a wave lasts one CTA's whole loop)."""
+    ctas = batch * heads * (dv // BLOCK_V)
+    return -(-ctas // (sm_count * ctas_per_sm))
+
+
+def cycles_per_chunk(kernel_ms: float, num_chunks: int, num_waves: int, clock_ghz: float
+                     ) -> float:
+    """SM cycles one CTA spends per chunk: ``kernel_ms`` over ``num_waves`` waves of CTAs that
+    each walk ``num_chunks`` chunks, at ``clock_ghz``."""
+    return kernel_ms * 1e-3 * clock_ghz * 1e9 / (num_waves * num_chunks)
+
+
+def floors(batch: int, seq_len: int, heads: int, kv_heads: int, dk: int, dv: int,
+           itemsize: int = 2) -> Dict[str, float]:
+    """HBM-bytes and tensor-core floors of the fused ``T0`` kernel at a shape.
+
+    ``hbm_bytes``: what must cross HBM once: ``q, k`` (key heads), ``v``, ``T0``
+    (``[B, T, H, 64]``) and ``o`` in the input dtype, the fp32 gate cumsum and ``beta``
+    (head-major), three fp32 per-token document vectors and the fp32 final state, ``T``
+    padded to chunks of 64; the second value-column CTA of a ``(b, h)`` (grid minor axis,
+    launched beside the first) is assumed to read ``q, k, T0`` from L2. ``mac``: the
+    multiply-adds of the products as issued, per ``(b, h, chunk, 64 value columns)``
+    ``64 x 64 x (4 K + 3 x 64)`` (``K S``, ``Q S``, ``Q K^T``, ``K^T v_new``, ``Ag X`` as
+    ``hi + lo``, ``P v_new``). ``hbm_ms`` and ``tensor_ms`` at :data:`HBM_TB_S` and
+    :data:`TENSOR_TFLOPS`.
+    """
+    n = -(-seq_len // 64)
+    tp = n * 64
+    hbm = (2 * batch * tp * kv_heads * dk * itemsize  # q, k
+           + 2 * batch * tp * heads * dv * itemsize  # v, o
+           + batch * tp * heads * 64 * itemsize  # T0
+           + 2 * batch * heads * tp * 4  # gate cumsum, beta
+           + 3 * batch * tp * 4  # doc, last, conn
+           + batch * heads * dk * dv * 4)  # final state
+    mac = batch * heads * n * (dv // BLOCK_V) * 64 * 64 * (4 * dk + 3 * 64)
+    return dict(hbm_bytes=float(hbm), hbm_ms=hbm / HBM_TB_S / 1e9, mac=float(mac),
+                tensor_ms=2 * mac / TENSOR_TFLOPS / 1e9)
+
+
+def o_float64(q, k, v, g, beta, segment_ids, scale: float, heads: int):
+    """float64 ``o`` ``[T, heads, V]`` of batch row 0, heads ``[0, heads)``, by the token
+    recurrence ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)``,
+    ``S_t = e^{g_t} S_{t-1} + k_t u_t^T``, ``o_t = scale S_t^T q_t`` from ``S = 0``, the state
+    reset to zero where ``segment_ids`` changes (GVA: head ``h`` reads key head
+    ``h // (H / Hk)``); ``g`` ``None`` is DeltaNet (``g = 0``)."""
+    import numpy as np
+    q, k = (np.asarray(x, np.float64)[0] for x in (q, k))  # [T, Hk, K]
+    v = np.asarray(v, np.float64)[0]  # [T, H, V]
+    beta = np.asarray(beta, np.float64)[0]
+    g = np.zeros_like(beta) if g is None else np.asarray(g, np.float64)[0]
+    seq_len = k.shape[0]
+    seg = np.zeros(seq_len, np.int64) if segment_ids is None else np.asarray(segment_ids)[0]
+    group = v.shape[1] // k.shape[1]
+    out = np.zeros((seq_len, heads, v.shape[2]))
+    for h in range(heads):
+        s = np.zeros((k.shape[2], v.shape[2]))
+        for t in range(seq_len):
+            if t > 0 and seg[t] != seg[t - 1]:
+                s[:] = 0.0
+            kt, qt = k[t, h // group], q[t, h // group]
+            s *= np.exp(g[t, h])
+            u = beta[t, h] * (v[t, h] - s.T @ kt)
+            s += np.outer(kt, u)
+            out[t, h] = scale * (s.T @ qt)
+    return out
+
+
+def relative_rms(got, want) -> float:
+    """``rms(got - want) / rms(want)``."""
+    import numpy as np
+    return float(np.sqrt(np.mean((got - want) ** 2)) / np.sqrt(np.mean(want ** 2)))
+
+
+def render(records: Sequence[Dict], header: str) -> str:
+    """The markdown table of ``records``: kernel ms, its difference to the previous record and
+    to ``full``, the call's total, cycles per chunk, the checked variants' error, compile s."""
+    lines = [header, "", "| variant | fused kernel ms | delta vs previous | delta vs full | "
+             "call total ms | cycles per chunk | rel. RMS of o vs float64 | compile s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    full = next((r["kernel_ms"] for r in records if r.get("stages") == "full"
+                 and r.get("kernel_ms") is not None), None)
+    prev = None
+
+    def f(x, spec=".3f"):
+        return "–" if x is None else format(x, spec)
+
+    for r in records:
+        if r.get("skipped") or r.get("error"):
+            why = f"skipped: {r['skipped']}" if r.get("skipped") else f"failed: {r['error']}"
+            lines.append(f"| {r['variant']} | {why} | | | | | | |")
+            continue
+        ms = r.get("kernel_ms")
+        delta = None if prev is None or ms is None else ms - prev
+        vs_full = (None if full is None or ms is None or r.get("stages") == "full"
+                   else ms - full)
+        lines.append(f"| {r['variant']} | {f(ms)} | "
+                     f"{'–' if delta is None else format(delta, '+.3f')} | "
+                     f"{'–' if vs_full is None else format(vs_full, '+.3f')} | "
+                     f"{f(r.get('total_ms'))} | {f(r.get('cycles_per_chunk'), ',.0f')} | "
+                     f"{f(r.get('rel_rms'), '.3e')} | {f(r.get('compile_s'), '.1f')} |")
+        prev = ms if ms is not None else prev
+    return "\n".join(lines) + "\n"
+
+
+def _inputs(batch, seq_len, heads, kv_heads, dk, dv, dtype, doc_len, seed=0):
+    """``bench_kernels``'s GDN inputs: unit-norm ``q, k``, normal ``v``, ``g = logsigmoid(N(0,
+    1))``, ``beta = sigmoid(N(0, 1))`` (fp32), documents of ``doc_len`` tokens if > 0; and
+    ``T0`` from ``kkt_inverse_xla`` rounded to ``dtype``."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+    rng = np.random.default_rng(seed)
+
+    def unit(shape):
+        x = rng.standard_normal(shape).astype(np.float32)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    q = jnp.asarray(unit((batch, seq_len, kv_heads, dk)), dtype)
+    k = jnp.asarray(unit((batch, seq_len, kv_heads, dk)), dtype)
+    v = jnp.asarray(rng.standard_normal((batch, seq_len, heads, dv)).astype(np.float32), dtype)
+    g = jax.nn.log_sigmoid(jnp.asarray(rng.standard_normal((batch, seq_len, heads)),
+                                       jnp.float32))
+    beta = jax.nn.sigmoid(jnp.asarray(rng.standard_normal((batch, seq_len, heads)),
+                                      jnp.float32))
+    seg = None
+    if doc_len > 0:
+        seg = jnp.asarray(np.broadcast_to(np.arange(seq_len) // doc_len, (batch, seq_len)),
+                          jnp.int32)
+    t0 = jax.jit(lambda k, b, s: kgd.kkt_inverse_xla(k, b, segment_ids=s).astype(k.dtype))(
+        k, beta, seg)
+    return q, k, v, t0, g, beta, seg
+
+
+def _kernel_fn(stages: str, scale: float, interpret: bool):
+    import jax
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    return jax.jit(lambda q, k, v, t0, g, beta, seg: kfused.chunk_delta_fused_t0_fwd_mosaic(
+        q, k, v, t0, g, beta, scale=scale, segment_ids=seg, stages=stages,
+        interpret=interpret)[:2])
+
+
+def _header(env: Dict, shape: Dict) -> str:
+    fl = floors(**shape)
+    nw = waves(shape["batch"], shape["heads"], shape["dv"], sm_count=_SM_COUNT.value,
+               ctas_per_sm=_CTAS_PER_SM.value)
+    return (f"# Fused T0 forward kernel: stage ablations, {env['date_utc']}\n\n"
+            f"Device: {env['device_kind']} ({env['nvidia_smi']}); jax {env['jax']}.\n"
+            f"Command: `{env['command']}`\n\n"
+            f"Shape B {shape['batch']}, T {shape['seq_len']}, H {shape['heads']}, "
+            f"Hk {shape['kv_heads']}, K {shape['dk']}, V {shape['dv']}, {_DTYPE.value}, "
+            f"{'documents of ' + str(_DOCS.value) if _DOCS.value else 'one document per row'}"
+            f"; {_ITERS.value} traced calls per variant; cycles per chunk over {nw} wave(s) of "
+            f"CTAs ({_SM_COUNT.value} SMs x {_CTAS_PER_SM.value}) at "
+            f"{_CLOCK_GHZ.value or DEFAULT_CLOCK_GHZ} GHz. Floors: HBM "
+            f"{fl['hbm_bytes'] / 1e6:,.0f} MB = {fl['hbm_ms']:.3f} ms at {HBM_TB_S} TB/s; "
+            f"{fl['mac'] / 1e9:.1f} G multiply-adds = {fl['tensor_ms']:.3f} ms at "
+            f"{TENSOR_TFLOPS:.0f} TFLOP/s.")
+
+
+def _measure(rec: Dict, want, stages: str, args, scale: float, num_chunks: int,
+             num_waves: int):
+    """Compiles, runs, checks (``want``: the float64 ``o`` once computed, else ``None``) and
+    traces one variant, filling ``rec``; returns ``want``."""
+    import jax
+    import numpy as np
+    from benchmarks import common
+    t0 = time.perf_counter()
+    compiled = _kernel_fn(stages, scale, _INTERPRET.value).lower(*args).compile()
+    rec["compile_s"] = time.perf_counter() - t0
+    o, _ = jax.block_until_ready(compiled(*args))
+    if stages in CHECKED_STAGES and _CHECK_HEADS.value > 0:
+        heads = min(_CHECK_HEADS.value, _HEADS.value)
+        if want is None:
+            q, k, v, _, g, beta, seg = args
+            want = o_float64(*(np.asarray(x.astype(np.float32)) for x in (q, k, v)), g, beta,
+                             seg, scale, heads)
+        rec["rel_rms"] = relative_rms(np.asarray(o[0, :, :heads].astype(np.float32),
+                                                 np.float64), want)
+    if _ITERS.value <= 0:
+        return want
+    events = common.trace_events(lambda: compiled(*args), _ITERS.value)
+    kernels = common.device_kernel_events(events)
+    own = sum(d for name, _, d in kernels if name.startswith(KERNEL_PREFIX))
+    total = sum(d for _, _, d in kernels)
+    if total > 0:
+        rec["sm_clock_smi"] = common.nvidia_smi("clocks.sm")
+        clock = _CLOCK_GHZ.value or DEFAULT_CLOCK_GHZ
+        rec["clock_ghz"] = clock
+        rec["kernel_ms"] = own / 1e3 / _ITERS.value
+        rec["total_ms"] = total / 1e3 / _ITERS.value
+        rec["kernel_names"] = sorted({n for n, _, _ in kernels if n.startswith(KERNEL_PREFIX)})
+        rec["cycles_per_chunk"] = cycles_per_chunk(rec["kernel_ms"], num_chunks, num_waves,
+                                                   clock)
+    return want
+
+
+def _static_main(variants: Sequence[str], args, scale: float, env: Dict, shape: Dict) -> None:
+    import jax
+    records = []
+    for stages in variants:
+        exported = jax.export.export(_kernel_fn(stages, scale, False),
+                                     platforms=["cuda"])(*args)
+        text = profile_t0.mosaic_module_text(exported.mlir_module())
+        records.append(dict(variant=stages, stages=stages, jax=env["jax"], **shape,
+                            static=profile_t0.static_counts(text)))
+        print(json.dumps(records[-1]), flush=True)
+    header = (f"# Fused T0 forward kernel: instructions in the lowered Mosaic GPU modules "
+              f"(static, {env['date_utc']})\n\nK {shape['dk']}, V {shape['dv']}, "
+              f"{_DTYPE.value}, jax {env['jax']}; one chunk-loop body per module (both "
+              f"warpgroups' code, each once), plus the prologue and epilogue.")
+    with open(_OUT.value + ".jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    text = profile_t0.render_static(records, header)
+    with open(_OUT.value + ".md", "w") as f:
+        f.write(text)
+    print(text)
+
+
+def main(argv: List[str]) -> None:
+    del argv
+    start = time.perf_counter()  # --deadline_s counts from here (imports included)
+    from benchmarks import common
+    try:
+        variants = parse_variants(_VARIANTS.value)
+    except VariantError as e:
+        raise app.UsageError(str(e)) from None
+    if _HEADS.value % _KV_HEADS.value:
+        raise app.UsageError(f"--heads={_HEADS.value} must be a multiple of "
+                             f"--kv_heads={_KV_HEADS.value}")
+    shape = dict(batch=_BATCH.value, seq_len=_SEQ_LEN.value, heads=_HEADS.value,
+                 kv_heads=_KV_HEADS.value, dk=int(_DK.value), dv=int(_DV.value))
+    budget = common.TimeBudget(_DEADLINE_S.value, start=start)
+    args = _inputs(*shape.values(), _DTYPE.value, _DOCS.value)
+    scale = shape["dk"] ** -0.5
+    num_chunks = -(-shape["seq_len"] // 64)
+    num_waves = waves(shape["batch"], shape["heads"], shape["dv"], sm_count=_SM_COUNT.value,
+                      ctas_per_sm=_CTAS_PER_SM.value)
+    env = common.environment()
+    if _STATIC.value:
+        _static_main(variants, args, scale, env, shape)
+        return
+    header = _header(env, shape)
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+    jsonl = _OUT.value + ".jsonl"
+    open(jsonl, "w").close()
+    want = None
+    slowest = None
+    records: List[Dict] = []
+    lock = threading.Lock()
+    running: Dict[str, Dict] = {}
+
+    def write_table(recs):
+        text = render(recs, header)
+        with open(_OUT.value + ".md", "w") as f:
+            f.write(text)
+        return text
+
+    def watchdog():  # the deadline passed with a variant still compiling or running
+        with lock:
+            rec = running.get("rec")
+            if rec is not None:
+                rec = dict(rec, skipped=f"still running at --deadline_s={_DEADLINE_S.value:.0f}"
+                           f" (after {time.perf_counter() - rec.pop('_t0'):.0f} s)")
+                with open(jsonl, "a") as f:
+                    f.write(json.dumps(rec) + "\n")
+            print(write_table(records + ([rec] if rec else [])), flush=True)
+            os._exit(DEADLINE_EXIT)
+
+    timer: Optional[threading.Timer] = None
+    if _DEADLINE_S.value is not None:
+        timer = threading.Timer(max(budget.remaining(), 0.0), watchdog)
+        timer.daemon = True
+        timer.start()
+    for stages in variants:
+        rec = dict(variant=stages, stages=stages, **shape, dtype=_DTYPE.value,
+                   doc_len=_DOCS.value, date_utc=env["date_utc"], device=env["device_kind"],
+                   jax=env["jax"])
+        if not budget.allows(slowest):
+            rec["skipped"] = f"deadline ({budget.remaining():.0f} s left, last took {slowest:.0f})"
+        else:
+            t0 = time.perf_counter()
+            with lock:
+                running["rec"] = dict(rec, _t0=t0)
+            result, status = common.guarded(_measure, rec, want, stages, args, scale,
+                                            num_chunks, num_waves)
+            if status == common.OK:
+                want = result
+            else:  # the traceback went to stderr; the other variants still run
+                rec["error"] = status
+            wall = time.perf_counter() - t0
+            rec["wall_s"] = wall
+            slowest = wall if slowest is None else max(slowest, wall)
+        with lock:
+            running.pop("rec", None)
+            records.append(rec)
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+        print(json.dumps(rec), flush=True)
+    with lock:
+        if timer is not None:
+            timer.cancel()
+        print(write_table(records))
+
+
+if __name__ == "__main__":
+    _define_flags()
+    app.run(main)
