@@ -80,7 +80,10 @@ STAGE_SECTIONS = {
 RESUME_FREE_KEYS = frozenset({
     "path", "paths", "val_paths", "tokenizer_path", "data_dir", "teacher_report",
     "log_every", "checkpoint_every", "keep_checkpoints", "max_steps_per_run",
-    "lightning_implementation", "implementation", "split_projections"})
+    "lightning_implementation", "implementation", "split_projections",
+    # The selection's bootstrap reads the layers' records and changes none of them (a done
+    # select keeps its bootstrap; rerun the stage, which reuses sweep.jsonl, to redo it).
+    "bootstrap_resamples", "bootstrap_seed"})
 # Keys a finished stage's result does not depend on, though resuming a started one does: the
 # optimizer state's layout (the next stages read only the params, stages.latest_params).
 DONE_FREE_KEYS = frozenset({"flatten"})
@@ -400,8 +403,9 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
 
     First, whatever runs: the config's kind (:func:`check_halo_config`), the workdir's
     (:func:`check_workdir_kind`), ``hypenet.lightning_alibi_max_bias`` (every student stage
-    builds its model from it) and ``stage2.copied_lr_scale`` (a bad value would otherwise stop
-    the pipeline only after Stage 1 and the selection).
+    builds its model from it), ``stage2.copied_lr_scale`` (a bad value would otherwise stop
+    the pipeline only after Stage 1 and the selection) and ``select.bootstrap_resamples`` (an
+    int >= 0).
 
     Raises:
       ValueError: naming the first bad option, or a stage that ran with other options.
@@ -417,6 +421,10 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
         stages.check_copied_lr_scale(config.stage2.get("copied_lr_scale", 1.0))
     except ValueError as e:
         raise ValueError(f"stage2.{e}") from None
+    resamples = config.select.get("bootstrap_resamples", 0)
+    if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 0:
+        raise ValueError(f"select.bootstrap_resamples must be an int >= 0 (0: no bootstrap), "
+                         f"got {resamples!r}")
     check_resume(config, workdir, stages_to_run)
 
     def to_run(stage):
@@ -489,8 +497,9 @@ def check_resume(config, workdir: str, stages_to_check: Sequence[str],
         path = os.path.join(workdir, stage, OPTIONS_FILE)
         if stage not in STAGE_SECTIONS or not os.path.exists(path):
             continue
-        with open(path) as f:
-            recorded = json.load(f)
+        with open(path) as f:  # keys made resume-free after the record are not compared
+            recorded = {k: v for k, v in json.load(f).items()
+                        if k.rsplit(".", 1)[-1] not in RESUME_FREE_KEYS}
         now = _flat_options(config, stage)
         recorded = {**{k: v for k, v in ADDED_KEYS.items() if k in now}, **recorded}
         changed = sorted(k for k in set(recorded) | set(now)
@@ -924,8 +933,13 @@ def _select(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                              if k_ not in ("layer", "probe", "csr_per_doc",
                                            "recall_per_prompt")}
     resamples = int(sel.get("bootstrap_resamples") or 0)
-    if resamples > 0 and all("csr_per_doc" in r and "recall_per_prompt" in r
-                             for r in per_layer):
+    per_item = all("csr_per_doc" in r and "recall_per_prompt" in r for r in per_layer)
+    if resamples > 0 and not per_item:
+        print_fn("select: no bootstrap: it needs per-item records, which only the heldout CSR "
+                 "and niah recall probes write, and only since 2026-12-04 (layer records "
+                 "written before are reused as they are; delete select/sweep.jsonl to measure "
+                 "them again)")
+    if resamples > 0 and per_item:
         tasks = list(per_layer[0]["csr_per_doc"])
         boot = selection.bootstrap_selection(
             {t: [r["csr_per_doc"][t] for r in per_layer] for t in tasks},

@@ -1031,6 +1031,21 @@ def _options_dict(options) -> Dict[str, Any]:
     return json.loads(json.dumps(d, default=str))
 
 
+# Options that only say which (measurement, model) pairs are wanted: a resumed report with other
+# values measures what is missing and keeps what it has (each result is stored per pair).
+WHICH_OPTIONS = ("measurements", "stage2_measurements", "unscaled_measurements",
+                 "teacher_report")
+# Options added after reports were written, with the value those reports used implicitly.
+REPORT_ADDED_OPTIONS = {"unscaled_measurements": [], "extra_models_niah_max_len": None}
+
+
+def _result_options(opts: Mapping[str, Any]) -> Dict[str, Any]:
+    """The options a stored result depends on: ``opts`` without :data:`WHICH_OPTIONS`, with
+    :data:`REPORT_ADDED_OPTIONS` filled in where absent."""
+    out = {**REPORT_ADDED_OPTIONS, **opts}
+    return {k: v for k, v in out.items() if k not in WHICH_OPTIONS}
+
+
 def _perplexity_path(options) -> str:
     if options.perplexity_file:
         return options.perplexity_file
@@ -1055,7 +1070,8 @@ def check_options(options) -> None:
     ``niah_depths`` (percent in [0, 100]), ``niah_samples``, ``niah_max_new_tokens`` and
     ``niah_batch_tokens`` (>= 1), ``speed_lengths`` (above ``niah_max_new_tokens``),
     ``csr_limit`` (``None`` or >= 1), ``perplexity_batch_size`` / ``csr_batch_size`` (>= 1),
-    ``stage2_measurements`` / ``unscaled_measurements`` (from :data:`MEASUREMENTS`),
+    ``stage2_measurements`` / ``unscaled_measurements`` (from :data:`MEASUREMENTS` and among
+    ``measurements``),
     ``extra_models_niah_max_len`` (``None`` or an int, with a NIAH length up to it when an
     extra model measures NIAH) and, with ``niah_forced``, ``niah_short_max_len`` (at least one
     NIAH length up to it).
@@ -1084,6 +1100,10 @@ def check_options(options) -> None:
     for key in EXTRA_MODEL_MEASUREMENTS.values():
         problems.append((key, sorted(set(options.get(key) or ()) - set(MEASUREMENTS)),
                          f"unknown; choose from {MEASUREMENTS}"))
+        problems.append((key, sorted(set(options.get(key) or ()) & set(MEASUREMENTS)
+                                     - set(options.measurements)),
+                         f"not in report.measurements={tuple(options.measurements)} (the "
+                         f"report runs only those, for every model)"))
     extra_max = options.get("extra_models_niah_max_len")
     extra_niah = any(m in ("niah", "niah_forced") for key in EXTRA_MODEL_MEASUREMENTS.values()
                      for m in (options.get(key) or ()))
@@ -1146,10 +1166,15 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     path = os.path.join(stage_dir, REPORT_JSON)
     opts = _options_dict(options)
     report = read_json(path) or {}
-    if report.get("options") != opts:
+    if _result_options(report.get("options") or {}) != _result_options(opts):
         if report:
-            print_fn("report options changed: measuring everything again")
+            old = _result_options(report.get("options") or {})
+            new = _result_options(opts)
+            changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            print_fn(f"report options changed ({', '.join(changed)}): measuring everything "
+                     f"again")
         report = {"options": opts, "results": {}, "seconds": {}, "started": _now()}
+    report["options"] = opts
     report["meta"] = dict(meta, hardware=hardware())
     if options.get("teacher_report") and "teacher" in models:
         reused = reusable_teacher_results(options.teacher_report, opts, meta)
@@ -1167,7 +1192,8 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     decoders: Dict[str, Decoder] = {}
     cache: Dict[str, Any] = {}
     parts = {"parts_path": os.path.join(stage_dir, NIAH_PARTS),
-             "fingerprint": options_fingerprint(opts), "should_stop": should_stop}
+             "fingerprint": options_fingerprint(_result_options(opts)),
+             "should_stop": should_stop}
     order = list(dict.fromkeys(options.measurements))  # the options' order
     extra = {name: tuple(options.get(key) or ())
              for name, key in EXTRA_MODEL_MEASUREMENTS.items()}

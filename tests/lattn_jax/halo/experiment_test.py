@@ -192,6 +192,38 @@ class ResumeOptionsTest(absltest.TestCase):
         experiment.check_resume(other, workdir, experiment.STAGES)
         self.assertTrue(os.path.exists(os.path.join(workdir, "stage2", experiment.DONE_FILE)))
 
+    def test_the_selection_bootstrap_options_do_not_block_a_resume(self):
+        workdir = self.create_tempdir().full_path
+        cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+        os.makedirs(os.path.join(workdir, "select"))
+        experiment._record_options(cfg, workdir, "select")
+        path = os.path.join(workdir, "select", experiment.OPTIONS_FILE)
+        recorded = json.load(open(path))
+        self.assertEqual(recorded["select.csr_items_per_task"], 570)
+        # A record written before the bootstrap existed (2026-12-04 newcomer pass: refused).
+        with open(path, "w") as f:
+            json.dump({k: v for k, v in recorded.items() if "bootstrap" not in k}, f)
+        fewer = halo_smollm2.get_config("h200,stage2_len=2048")
+        fewer.select.bootstrap_resamples = 50
+        fewer.select.bootstrap_seed = 3
+        experiment.check_resume(fewer, workdir, ("select",))
+        # A record that has them, with other values: free too.
+        with open(path, "w") as f:
+            json.dump({**recorded, "select.bootstrap_resamples": 1000}, f)
+        experiment.check_resume(fewer, workdir, ("select",))
+        # What the layers' records depend on is still bound.
+        other = halo_smollm2.get_config("h200,stage2_len=2048")
+        other.select.csr_items_per_task = 200
+        with self.assertRaisesRegex(ValueError, r"select\.csr_items_per_task: 570 -> 200"):
+            experiment.check_resume(other, workdir, ("select",))
+        for bad in (-1, True):
+            bad_cfg = halo_smollm2.get_config("h200,stage2_len=2048")
+            bad_cfg.select.bootstrap_resamples = bad
+            with self.assertRaisesRegex(ValueError, r"select\.bootstrap_resamples must be an "
+                                                    r"int >= 0"):
+                experiment.check_options(bad_cfg, self.create_tempdir().full_path,
+                                         experiment.STAGES)
+
     def test_lightning_alibi_max_bias_reaches_the_student_and_is_checked(self):
         workdir = self.create_tempdir().full_path
         cfg = halo_smollm2.get_config("h200,stage2_len=2048")

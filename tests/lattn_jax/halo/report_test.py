@@ -274,6 +274,41 @@ class UnscaledStudentTest(absltest.TestCase):
         fine = options.copy_and_resolve_references()
         fine.update(unscaled_measurements=("niah",), extra_models_niah_max_len=448)
         report_lib.check_options(fine)
+        # Only what the report runs (2026-12-04 newcomer pass: niah_forced was dropped silently).
+        outside = options.copy_and_resolve_references()
+        outside.update(measurements=("niah",), unscaled_measurements=("niah_forced", "niah"))
+        with self.assertRaisesRegex(ValueError, r"report\.unscaled_measurements: "
+                                                r"\['niah_forced'\]: not in report\.measurements"):
+            report_lib.check_options(outside)
+
+    def test_a_resumed_report_measures_only_what_other_which_options_add(self):
+        models = tiny_models(vocab_size=257)
+        unscaled = tiny_models(vocab_size=257)["student"]  # any third model
+        named = {"teacher": (models["teacher"], "t"), "student": (models["student"], "s")}
+        options = halo_smollm2.get_config("tiny").report
+        options.update(measurements=("perplexity",), perplexity_max_docs=1)
+        stage_dir = self.create_tempdir().full_path
+        first = report_lib.run_report(options=options, stage_dir=stage_dir, models=named,
+                                      tokenizer=tok_lib.ByteTokenizer(), meta={}, **QUIET)
+        more = options.copy_and_resolve_references()
+        more.update(unscaled_measurements=("perplexity",))
+        lines = []
+        second = report_lib.run_report(
+            options=more, stage_dir=stage_dir,
+            models={**named, "student_unscaled": (unscaled, "u")},
+            tokenizer=tok_lib.ByteTokenizer(), meta={}, print_fn=lines.append)
+        self.assertEqual([x.split(":")[0] for x in lines], ["perplexity / student_unscaled"])
+        self.assertEqual(second["results"]["perplexity"]["student"],
+                         first["results"]["perplexity"]["student"])
+        self.assertEqual(second["options"]["unscaled_measurements"], ["perplexity"])
+        # An option a result depends on still measures everything again, and says which.
+        wider = more.copy_and_resolve_references()
+        wider.perplexity_window = 32
+        lines = []
+        report_lib.run_report(options=wider, stage_dir=stage_dir, models=named,
+                              tokenizer=tok_lib.ByteTokenizer(), meta={}, print_fn=lines.append)
+        self.assertIn("report options changed (perplexity_window): measuring everything again",
+                      lines)
 
     def test_report_stage_adds_the_unscaled_student_only_when_a_is_calibrated(self):
         workdir = self.create_tempdir().full_path

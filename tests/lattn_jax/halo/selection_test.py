@@ -677,6 +677,16 @@ class SelectStageTest(absltest.TestCase):
         again = experiment.run(cfg, workdir, "select", **quiet)
         self.assertLen(selection.read_jsonl(path), 3)
         self.assertEqual(again["scores"], sel["scores"])
+        # Records written before the per-item fields: reused, and the missing bootstrap said.
+        old = [{k: v for k, v in r.items() if k not in ("csr_per_doc", "recall_per_prompt")}
+               for r in selection.read_jsonl(path)]
+        with open(path, "w") as f:
+            f.write("".join(json.dumps(r) + "\n" for r in old))
+        lines = []
+        again = experiment.run(cfg, workdir, "select", print_fn=lines.append)
+        self.assertEqual(again["scores"], sel["scores"])
+        self.assertNotIn("bootstrap", again)
+        self.assertTrue(any(x.startswith("select: no bootstrap") for x in lines), lines)
 
 
 if __name__ == "__main__":
