@@ -114,6 +114,88 @@ class TimeBudget:
         return estimate_s is None or estimate_s <= self.remaining()
 
 
+def run_variants(variants: Sequence[Tuple[Dict[str, Any], Tuple[Any, ...]]],
+                 measure: Callable[..., Any], *, budget: TimeBudget, jsonl: str,
+                 table: Callable[[List[Dict[str, Any]]], str], deadline_exit: int
+                 ) -> List[Dict[str, Any]]:
+    """Measures kernel variants one after another under a deadline (the profilers' loop).
+
+    For each ``(rec, args)`` in order: skipped (``rec["skipped"]``) when the slowest variant so
+    far would not fit in ``budget``; else ``measure(rec, want, *args)`` under :func:`guarded`
+    (it fills ``rec``; ``want`` is the result of the last variant that succeeded, e.g. a float64
+    reference to reuse; an error goes to ``rec["error"]`` and the next variant runs), with its
+    wall time in ``rec["wall_s"]``. Each record is appended to ``jsonl`` and printed as JSON.
+    With a finite budget a watchdog thread fires when it runs out: it records the variant still
+    compiling or running as skipped, prints ``table(records)`` (which may also write a file)
+    and ends the process with status ``deadline_exit`` (``os._exit``: a compile cannot be
+    interrupted otherwise). Without the watchdog firing, ``table(records)`` is printed at the
+    end.
+
+    Args:
+      variants: ``(rec, args)`` pairs; ``rec`` a JSON-able dict that names the variant.
+      measure: ``measure(rec, want, *args) -> result``.
+      budget: the run's :class:`TimeBudget` (``budget_s`` ``None``: no deadline).
+      jsonl: the file the records are appended to (created by the caller).
+      table: renders records as the run's table.
+      deadline_exit: the exit status when the watchdog ends the run.
+
+    Returns:
+      The records, in order.
+    """
+    import threading
+
+    want = None
+    slowest: Optional[float] = None
+    records: List[Dict[str, Any]] = []
+    lock = threading.Lock()
+    running: Dict[str, Dict[str, Any]] = {}
+
+    def append(rec):
+        with open(jsonl, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+    def watchdog():  # the deadline passed with a variant still compiling or running
+        with lock:
+            rec = running.get("rec")
+            if rec is not None:
+                rec = dict(rec, skipped=f"still running at --deadline_s={budget.budget_s:.0f}"
+                                        f" (after {time.perf_counter() - rec.pop('_t0'):.0f} s)")
+                append(rec)
+            print(table(records + ([rec] if rec else [])), flush=True)
+            os._exit(deadline_exit)
+
+    timer = None
+    if budget.budget_s is not None:
+        timer = threading.Timer(max(budget.remaining(), 0.0), watchdog)
+        timer.daemon = True
+        timer.start()
+    for rec, args in variants:
+        if not budget.allows(slowest):
+            rec["skipped"] = f"deadline ({budget.remaining():.0f} s left, last took {slowest:.0f})"
+        else:
+            t0 = time.perf_counter()
+            with lock:
+                running["rec"] = dict(rec, _t0=t0)
+            result, status = guarded(measure, rec, want, *args)
+            if status == OK:
+                want = result
+            else:  # the traceback went to stderr; the other variants still run
+                rec["error"] = status
+            wall = time.perf_counter() - t0
+            rec["wall_s"] = wall
+            slowest = wall if slowest is None else max(slowest, wall)
+        with lock:
+            running.pop("rec", None)
+            records.append(rec)
+            append(rec)
+        print(json.dumps(rec), flush=True)
+    with lock:
+        if timer is not None:
+            timer.cancel()
+        print(table(records))
+    return records
+
+
 def scaled_estimate(previous_s: Optional[float], previous_size: Optional[float], size: float,
                     exponent: float) -> Optional[float]:
     """``previous_s * (size / previous_size) ** exponent``: the cost of a configuration

@@ -48,9 +48,8 @@ does (one chunk-loop body per module: per chunk but for the prologue and epilogu
 import json
 import os
 import sys
-import threading
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 from absl import app, flags
 
@@ -375,11 +374,6 @@ def main(argv: List[str]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     jsonl = _OUT.value + ".jsonl"
     open(jsonl, "w").close()
-    want = None
-    slowest = None
-    records: List[Dict] = []
-    lock = threading.Lock()
-    running: Dict[str, Dict] = {}
 
     def write_table(recs):
         text = render(recs, header)
@@ -387,51 +381,13 @@ def main(argv: List[str]) -> None:
             f.write(text)
         return text
 
-    def watchdog():  # the deadline passed with a variant still compiling or running
-        with lock:
-            rec = running.get("rec")
-            if rec is not None:
-                rec = dict(rec, skipped=f"still running at --deadline_s={_DEADLINE_S.value:.0f}"
-                           f" (after {time.perf_counter() - rec.pop('_t0'):.0f} s)")
-                with open(jsonl, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
-            print(write_table(records + ([rec] if rec else [])), flush=True)
-            os._exit(DEADLINE_EXIT)
-
-    timer: Optional[threading.Timer] = None
-    if _DEADLINE_S.value is not None:
-        timer = threading.Timer(max(budget.remaining(), 0.0), watchdog)
-        timer.daemon = True
-        timer.start()
-    for stages in variants:
-        rec = dict(variant=stages, stages=stages, **shape, dtype=_DTYPE.value,
-                   doc_len=_DOCS.value, date_utc=env["date_utc"], device=env["device_kind"],
-                   jax=env["jax"])
-        if not budget.allows(slowest):
-            rec["skipped"] = f"deadline ({budget.remaining():.0f} s left, last took {slowest:.0f})"
-        else:
-            t0 = time.perf_counter()
-            with lock:
-                running["rec"] = dict(rec, _t0=t0)
-            result, status = common.guarded(_measure, rec, want, stages, args, scale,
-                                            num_chunks, num_waves)
-            if status == common.OK:
-                want = result
-            else:  # the traceback went to stderr; the other variants still run
-                rec["error"] = status
-            wall = time.perf_counter() - t0
-            rec["wall_s"] = wall
-            slowest = wall if slowest is None else max(slowest, wall)
-        with lock:
-            running.pop("rec", None)
-            records.append(rec)
-            with open(jsonl, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-        print(json.dumps(rec), flush=True)
-    with lock:
-        if timer is not None:
-            timer.cancel()
-        print(write_table(records))
+    variants = [
+        (dict(variant=stages, stages=stages, **shape, dtype=_DTYPE.value, doc_len=_DOCS.value,
+              date_utc=env["date_utc"], device=env["device_kind"], jax=env["jax"]),
+         (stages, args, scale, num_chunks, num_waves))
+        for stages in variants]
+    common.run_variants(variants, _measure, budget=budget, jsonl=jsonl, table=write_table,
+                        deadline_exit=DEADLINE_EXIT)
 
 
 if __name__ == "__main__":

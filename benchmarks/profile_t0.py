@@ -56,7 +56,6 @@ loads and stores, SMEM loads and stores from registers, and all non-constant ops
 import json
 import os
 import sys
-import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -480,58 +479,16 @@ def main(argv: List[str]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
     jsonl = _OUT.value + ".jsonl"
     open(jsonl, "w").close()
-    want = None
-    slowest = None
-    records: List[Dict] = []
-    lock = threading.Lock()
-    running: Dict[str, Dict] = {}
-
-    def watchdog():  # the deadline passed with a variant still compiling or running
-        with lock:
-            rec = running.get("rec")
-            if rec is not None:
-                rec = dict(rec, skipped=f"still running at --deadline_s={_DEADLINE_S.value:.0f}"
-                           f" (after {time.perf_counter() - rec.pop('_t0'):.0f} s)")
-                with open(jsonl, "a") as f:
-                    f.write(json.dumps(rec) + "\n")
-            print(_write_table(records + ([rec] if rec else []), header), flush=True)
-            os._exit(DEADLINE_EXIT)
-
-    timer = None
-    if _DEADLINE_S.value is not None:
-        timer = threading.Timer(max(budget.remaining(), 0.0), watchdog)
-        timer.daemon = True
-        timer.start()
-    for text, stages, inverse, cpc in variants:
-        rec = dict(variant=text, stages=stages, inverse=inverse, chunks_per_cta=cpc,
-                   bthk=[_BATCH.value, _SEQ_LEN.value, _HEADS.value, _KV_HEADS.value, dk],
-                   dtype=_DTYPE.value, doc_len=_DOCS.value, date_utc=env["date_utc"],
-                   device=env["device_kind"], jax=env["jax"])
-        if not budget.allows(slowest):
-            rec["skipped"] = f"deadline ({budget.remaining():.0f} s left, last took {slowest:.0f})"
-        else:
-            t0 = time.perf_counter()
-            with lock:
-                running["rec"] = dict(rec, _t0=t0)
-            result, status = common.guarded(_measure, rec, want, stages, inverse, cpc, k, beta,
-                                            seg, chunk_heads)
-            if status == common.OK:
-                want = result
-            else:  # the traceback went to stderr; the other variants still run
-                rec["error"] = status
-            wall = time.perf_counter() - t0
-            rec["wall_s"] = wall
-            slowest = wall if slowest is None else max(slowest, wall)
-        with lock:
-            running.pop("rec", None)
-            records.append(rec)
-            with open(jsonl, "a") as f:
-                f.write(json.dumps(rec) + "\n")
-        print(json.dumps(rec), flush=True)
-    with lock:
-        if timer is not None:
-            timer.cancel()
-        print(_write_table(records, header))
+    variants = [
+        (dict(variant=text, stages=stages, inverse=inverse, chunks_per_cta=cpc,
+              bthk=[_BATCH.value, _SEQ_LEN.value, _HEADS.value, _KV_HEADS.value, dk],
+              dtype=_DTYPE.value, doc_len=_DOCS.value, date_utc=env["date_utc"],
+              device=env["device_kind"], jax=env["jax"]),
+         (stages, inverse, cpc, k, beta, seg, chunk_heads))
+        for text, stages, inverse, cpc in variants]
+    common.run_variants(variants, _measure, budget=budget, jsonl=jsonl,
+                        table=lambda recs: _write_table(recs, header),
+                        deadline_exit=DEADLINE_EXIT)
 
 
 if __name__ == "__main__":

@@ -273,6 +273,47 @@ class BookkeepingTest(absltest.TestCase):
         self.assertAlmostEqual(bench.scaled_estimate(1.5, 4, 8, 2.0), 6.0)
         self.assertAlmostEqual(bench.scaled_estimate(1.5, 4, 8, 0.0), 1.5)
 
+    def test_run_variants_passes_the_last_result_records_errors_and_skips(self):
+        now = [0.0]
+        budget = bench.TimeBudget(10.0, start=0.0, clock=lambda: now[0])
+        seen = []
+
+        def measure(rec, want, x):
+            seen.append((rec["variant"], want))
+            now[0] += 4.0  # the budget's clock; the walls below are real
+            if x is None:
+                raise ValueError("bad variant")
+            rec["value"] = x
+            return x
+
+        jsonl = self.create_tempdir().full_path + "/r.jsonl"
+        open(jsonl, "w").close()
+        tables = []
+        with mock.patch.object(bench.time, "perf_counter", side_effect=lambda: now[0]):
+            recs = bench.run_variants(
+                [({"variant": "a"}, (1,)), ({"variant": "b"}, (None,)),
+                 ({"variant": "c"}, (3,))],
+                measure, budget=bench.TimeBudget(None), jsonl=jsonl,
+                table=lambda r: tables.append(len(r)) or "table", deadline_exit=3)
+        # The failed variant's error is recorded and the last good result reaches the next.
+        self.assertEqual(seen, [("a", None), ("b", 1), ("c", 1)])
+        self.assertIn("ValueError", recs[1]["error"])
+        self.assertEqual([r.get("value") for r in recs], [1, None, 3])
+        self.assertEqual([r["wall_s"] for r in recs], [4.0, 4.0, 4.0])
+        self.assertEqual([json.loads(x)["variant"] for x in open(jsonl)], ["a", "b", "c"])
+        self.assertEqual(tables, [3])
+        # A budget that the slowest variant would overrun skips the rest (no watchdog: the
+        # budget's clock is a fake one that never reaches its end in real time).
+        now[0] = 0.0
+        with mock.patch.object(bench.time, "perf_counter", side_effect=lambda: now[0]), \
+                mock.patch("threading.Timer"):
+            recs = bench.run_variants(
+                [({"variant": "a"}, (1,)), ({"variant": "b"}, (2,)),
+                 ({"variant": "c"}, (3,))],
+                measure, budget=budget, jsonl=jsonl, table=lambda r: "", deadline_exit=3)
+        self.assertEqual([("skipped" in r) for r in recs], [False, False, True])
+        self.assertIn("deadline (2 s left, last took 4)", recs[2]["skipped"])
+
     def test_compile_concurrently_records_failures(self):
         def bad_lowering():
             raise jax.errors.JaxRuntimeError(OOM_MESSAGE)
