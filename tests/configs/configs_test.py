@@ -185,6 +185,12 @@ class CommandLineAndRunFileTest(absltest.TestCase):
                                                    has_checkpoint=has_checkpoint)
         with open(path) as f:
             self.assertEqual(f.read(), halo)  # untouched
+        # train_and_evaluate refuses before writing anything there (2026-12-04 newcomer pass:
+        # the lock file, invocations.jsonl, console.log and checkpoints/ came first).
+        before = sorted(os.listdir(tmp.full_path))
+        with self.assertRaisesRegex(config_lib.ConfigError, "a HALO workdir"):
+            train_lib.train_and_evaluate(config, tmp.full_path, print_fn=lambda s: None)
+        self.assertEqual(sorted(os.listdir(tmp.full_path)), before)
 
     def test_restore_names_a_corrupt_config_json(self):
         from lattn_jax.eval import restore  # noqa: PLC0415
