@@ -1086,16 +1086,22 @@ def _build_sections(obj, prefix: str) -> None:
     """Turns the section fields of the dataclass ``obj`` given as mappings
     (``ModelConfig(gdn=dict(chunk_size=32))``) into their dataclasses, validated as
     :func:`_build` does, so that a bad key or value is named at construction rather than
-    surfacing as an ``AttributeError`` when the model is built.
+    surfacing as an ``AttributeError`` when the model is built; checks the other fields'
+    types (:func:`_matches`).
 
     Raises:
-      ConfigError: naming the option (``model.gdn.bogus``): an unknown key, a bad value, or a
-        section that is neither its dataclass nor a mapping.
+      ConfigError: naming the option (``model.gdn.bogus``, ``model.d_model``): an unknown key,
+        a value of the wrong type, a bad value, or a section that is neither its dataclass nor
+        a mapping.
     """
     hints = typing.get_type_hints(type(obj))
     for field in dataclasses.fields(obj):
         hint = hints[field.name]
         if not dataclasses.is_dataclass(hint):
+            value = getattr(obj, field.name)
+            if not _matches(value, hint):  # ModelConfig(d_model="128"), tie_embeddings="no"
+                raise ConfigError(f"{prefix}{field.name}={value!r} has the wrong type; "
+                                  f"expected {_type_name(hint)}")
             continue
         value = getattr(obj, field.name)
         if isinstance(value, hint):
@@ -1132,8 +1138,8 @@ def _build(cls, values: Mapping[str, Any], prefix: str):
 
     Raises:
       ConfigError: naming the option: an unknown key, a section given a non-mapping, a value of
-        the wrong type (found when the dataclass's checks fail on it with a ``TypeError``), or
-        a value its checks refuse.
+        the wrong type for its field's annotation (:func:`_matches`: an int where a float goes
+        is fine, a bool or a float where an int goes is not), or a value its checks refuse.
     """
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
@@ -1154,14 +1160,11 @@ def _build(cls, values: Mapping[str, Any], prefix: str):
             kwargs[name] = tuple(value)
         else:
             kwargs[name] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as e:  # a check compared a value of the wrong type ("4" >= 1)
-        for name, value in kwargs.items():
-            if not _matches(value, hints[name]):
-                raise ConfigError(f"{prefix}{name}={value!r} has the wrong type; expected "
-                                  f"{_type_name(hints[name])}") from e
-        raise
+    for name, value in kwargs.items():  # before the checks: "no" is truthy, 3.5 compares
+        if not _matches(value, hints[name]):
+            raise ConfigError(f"{prefix}{name}={value!r} has the wrong type; expected "
+                              f"{_type_name(hints[name])}")
+    return cls(**kwargs)
 
 
 def _type_name(hint: Any) -> str:

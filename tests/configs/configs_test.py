@@ -132,6 +132,18 @@ class BadInputTest(absltest.TestCase):
         with self.assertRaisesRegex(config_lib.ConfigError,
                                     r"^model\.gdn must be a GatedDeltaNetConfig or a mapping"):
             config_lib.ModelConfig(gdn=64)
+        # Types are checked before the checks run (2026-12-04 newcomer pass: a truthy "no" tied
+        # the embeddings, 3.5 passed the >= 2 check), in sections and at the top level.
+        for kw, msg in ((dict(tie_embeddings="no"), r"model\.tie_embeddings='no'.*bool"),
+                        (dict(vocab_size=3.5), r"model\.vocab_size=3\.5.*int"),
+                        (dict(d_model="128"), r"model\.d_model='128'.*int"),
+                        (dict(gdn=dict(num_k_heads=4.0)), r"model\.gdn\.num_k_heads=4\.0.*int"),
+                        (dict(gdn=dict(chunk_size=True)), r"model\.gdn\.chunk_size=True.*int")):
+            with self.subTest(**{k: str(v) for k, v in kw.items()}), \
+                    self.assertRaisesRegex(config_lib.ConfigError, rf"^{msg}$"):
+                config_lib.ModelConfig(**kw)
+        self.assertEqual(config_lib.ModelConfig(attention=dict(rope_theta=10000)).attention
+                         .rope_theta, 10000)  # an int where a float goes is fine
         with self.assertRaisesRegex(config_lib.ConfigError,
                                     r"^unknown option\(s\) model\.lightning\.heads"):
             config_lib.ExperimentConfig(model=dict(lightning=dict(heads=2)),
