@@ -137,7 +137,11 @@ def main(argv):
         sys.exit(f"error: {e}")
     config_path = os.path.join(_ROOT, config.train_config)
     if not os.path.isfile(config_path):
-        sys.exit(f"error: train_config: no such file: {config_path}")
+        what = "a directory, not a file" if os.path.isdir(config_path) else "no such file"
+        sys.exit(f"error: train_config: {what}: {config_path}")
+    if not config_path.endswith(".py"):  # importlib finds no loader for it (a traceback)
+        sys.exit(f"error: train_config: {config_path} is not a Python config file (.py; "
+                 f"configs/, e.g. configs/table2.py)")
     extra = _overrides()
     if _FINISH.value and _DEADLINE.value is None:
         sys.exit("error: --finish_by_deadline needs --deadline_s (the deadline it plans to)")

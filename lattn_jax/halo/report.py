@@ -1539,6 +1539,11 @@ def results_markdown(report: Mapping[str, Any]) -> str:
     out += _position_table(ppl, names)
     if niah_tasks:
         out += "\n" + _niah_summary(nh, [n for n in names if n in nh], niah_tasks, short_max)
+        cap = (report.get("options") or {}).get("extra_models_niah_max_len")
+        capped = [n for n in names if n in nh and n not in MAIN_MODELS]
+        if cap is not None and capped:
+            out += (f"\n{', '.join(capped)}: NIAH at lengths up to {cap:,} only "
+                    f"(`report.extra_models_niah_max_len`); a dash is a length not measured.\n")
     out += _niah_modes_table(nh, names, niah_tasks)
     out += _niah_forced_table(res.get("niah_forced", {}), names)
     for task in niah_tasks:

@@ -217,6 +217,12 @@ class SweepBinaryTest(absltest.TestCase):
                  ([f"--export={self.root}/out"],
                   f"error: --export={self.root}/out is inside --root={self.root}: name a "
                   f"directory outside it"),
+                 # A train_config that is not a .py file: a traceback (newcomer 2026-12-04).
+                 (["--config.train_config=README.md"],
+                  f"error: train_config: {os.path.join(ROOT, 'README.md')} is not a Python "
+                  f"config file (.py; configs/, e.g. configs/table2.py)"),
+                 (["--config.train_config=configs"],
+                  f"error: train_config: a directory, not a file: {os.path.join(ROOT, 'configs')}"),
                  (["--finish_by_deadline"],  # was silently a no-op
                   "error: --finish_by_deadline needs --deadline_s (the deadline it plans to)"),
                  (["--dry_run"], None)]  # lists the runs and writes nothing (it wrote results)

@@ -257,6 +257,8 @@ class UnscaledStudentTest(absltest.TestCase):
                                 r["model"] == "student_unscaled"), [("student_unscaled", 448)])
         md = report_lib.results_markdown(rep)
         self.assertIn("| measurement | metric | teacher | student | student_unscaled |", md)
+        self.assertIn("student_unscaled: NIAH at lengths up to 448 only "
+                      "(`report.extra_models_niah_max_len`)", md)
         self.assertRegex(md, r"\| niah_single_1 \(n=2 per length\) \| string_match_all @ 640 "
                              r"\| [0-9.]+ ± [0-9.]+ \| [0-9.]+ ± [0-9.]+ \| – \|")
 
