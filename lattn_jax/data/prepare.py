@@ -323,6 +323,10 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             entry = {**writer.finish(), **info, "read_stats": stats.counters()}
             manifest["shards"].append(entry)
             manifest["totals"] = _totals(manifest["shards"])
+            # Until the last file is done the corpus is partial: shards.open_corpus refuses
+            # it (a failed run's directory would otherwise train on the files before the
+            # failure), and a rerun resumes.
+            manifest[shards.PENDING_KEY] = list(files[index + 1:])
             shards.write_manifest(output_dir, manifest)
             print_fn(f"{name}: {path}: {entry['documents']:,} documents, {entry['tokens']:,} "
                      f"tokens; {stats.summary()}")
@@ -332,5 +336,6 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             pool.terminate()
             pool.join()
     manifest["totals"] = _totals(manifest["shards"])
+    manifest.pop(shards.PENDING_KEY, None)
     shards.write_manifest(output_dir, manifest)
     return manifest

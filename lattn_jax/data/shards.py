@@ -79,6 +79,11 @@ def read_manifest(directory: str) -> dict:
     return manifest
 
 
+# The manifest key listing the input files a prepare_data run has not tokenized yet (present
+# only while it runs, or after it failed); a corpus with any is refused by open_corpus.
+PENDING_KEY = "pending_inputs"
+
+
 def write_manifest(directory: str, manifest: dict) -> None:
     """Writes ``manifest`` to ``<directory>/manifest.json`` atomically (temp file + rename)."""
     path = os.path.join(directory, MANIFEST)
@@ -244,13 +249,21 @@ def open_corpus(directories: Sequence[str]) -> TokenCorpus:
 
     Raises:
         FileNotFoundError: a manifest or a shard file listed in it is missing (named).
-        ValueError: a malformed manifest or shard, or directories made with different
-            tokenizers (named).
+        ValueError: a malformed manifest or shard, directories made with different
+            tokenizers (named), or a directory whose ``prepare_data`` run stopped before its
+            last input file (the manifest's :data:`PENDING_KEY`; named, with the way to
+            finish it).
     """
     shards, doc_shard, doc_start, doc_len, shard_names = [], [], [], [], []
     tokenizer, stats = None, {}
     for directory in directories:
         manifest = read_manifest(directory)
+        pending = manifest.get(PENDING_KEY) or []
+        if pending:
+            raise ValueError(
+                f"{directory}: its prepare_data.py run stopped before it finished ({len(pending)} "
+                f"input file(s) not tokenized, the first {pending[0]}); run prepare_data.py "
+                f"again with the same --output_dir to finish it")
         if tokenizer is None:
             tokenizer = manifest["tokenizer"]
         elif manifest["tokenizer"]["sha256"] != tokenizer["sha256"]:

@@ -48,6 +48,29 @@ class PrepareCorpusTest(absltest.TestCase):
         return prepare.prepare_corpus([self.inputs], out, progress=False,
                                       print_fn=self.messages.append, **kwargs)
 
+    def test_a_run_that_failed_midway_is_refused_until_finished(self):
+        # 2026-12-04 newcomer pass: a run that failed on its second file left a manifest of the
+        # first, and training read half the corpus without a word.
+        bad = os.path.join(self.inputs, "d.jsonl")
+        with open(bad, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"content": f"doc {i}"}) + "\n" for i in range(50)))
+        out = os.path.join(self.root, "out")
+        with self.assertRaisesRegex(ValueError, "text"):
+            self._prepare(out, tokenizer="byte")
+        manifest = shards.read_manifest(out)
+        self.assertEqual(len(manifest["shards"]), 3)  # a, b, c finished
+        self.assertEqual(manifest[shards.PENDING_KEY], [bad])
+        with self.assertRaisesRegex(ValueError, rf"^{out}: its prepare_data.py run stopped "
+                                                rf"before it finished \(1 input file\(s\) not "
+                                                rf"tokenized, the first {bad}\); run "):
+            shards.open_corpus([out])
+        # Fixed and run again: resumes (the three shards skipped), complete, readable.
+        os.remove(bad)
+        manifest = self._prepare(out, tokenizer="byte")
+        self.assertNotIn(shards.PENDING_KEY, manifest)
+        self.assertEqual(shards.open_corpus([out]).num_documents, manifest["totals"]["documents"])
+        self.assertTrue(any("unchanged, skipped" in m for m in self.messages))
+
     def test_shards_manifest_and_contents(self):
         out = os.path.join(self.root, "out")
         manifest = self._prepare(out)
