@@ -31,7 +31,9 @@ writes ``<out>.json`` (one record per peer, op, shape and pass) and ``<out>.md``
 With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_inverse``,
 ``--mosaic_t0_refine`` and ``--mosaic_t0_chunks_per_cta`` pick the variant of the ``T0`` kernel
 (``chunk_kkt_inverse_mosaic``; its time is the ``gdn_chunk_kkt_inverse*`` entry of each
-record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command.
+record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command. With
+``fused_t0_split``, ``--mosaic_t0_split_order=readout_first`` times the other order of the
+output warpgroup (Sec. 16).
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -112,6 +114,11 @@ _MOSAIC_T0_CPC = flags.DEFINE_integer(
     "mosaic_t0_chunks_per_cta", None,
     "Peer mosaic, as --mosaic_t0_inverse: the chunks_per_cta= of chunk_kkt_inverse_mosaic "
     "(>= 1); unset: its rule kkt_chunks_per_cta (8 at S1). Recorded with every mosaic record.")
+_MOSAIC_T0_SPLIT_ORDER = flags.DEFINE_string(
+    "mosaic_t0_split_order", None,
+    "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0_split: the split_order= of "
+    "chunk_delta_fused_t0_fwd_mosaic (prepare_first, the default, or readout_first: "
+    "MOSAIC_GPU.md Sec. 16); unset: the default. Recorded with every mosaic record.")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -458,7 +465,8 @@ def _apply_mosaic_t0():
     against the forward and the T0 kernel's choices, before anything runs (refused where
     they would be ignored); then set ``kernel_mosaic_gpu.T0_OPTIONS``, the keyword arguments
     of ``chunk_kkt_inverse_mosaic`` at the forwards' call sites (read at trace time: nothing
-    is traced yet). Returns them."""
+    is traced yet). Likewise ``--mosaic_t0_split_order`` (``fused_t0_split`` only) into
+    ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS``. Returns all of them in one dict."""
     options = {}
     if _MOSAIC_T0_INVERSE.value is not None:
         options["inverse"] = _MOSAIC_T0_INVERSE.value
@@ -466,10 +474,13 @@ def _apply_mosaic_t0():
         options["refine"] = _MOSAIC_T0_REFINE.value
     if _MOSAIC_T0_CPC.value is not None:
         options["chunks_per_cta"] = _MOSAIC_T0_CPC.value
-    if not options:
-        return options
+    split = {}
+    if _MOSAIC_T0_SPLIT_ORDER.value is not None:
+        split["split_order"] = _MOSAIC_T0_SPLIT_ORDER.value
+    if not options and not split:
+        return {}
     named = ", ".join(f"--mosaic_t0_{key}={value}"
-                      for key, value in options.items())
+                      for key, value in {**options, **split}.items())
     t0_forwards = ("fused_t0", "fused_t0_split")
     if _MOSAIC_FORWARD.value not in t0_forwards:  # the T0 kernel would not run: refuse
         raise app.UsageError(f"{named} applies to --mosaic_forward={' or '.join(t0_forwards)} "
@@ -477,7 +488,7 @@ def _apply_mosaic_t0():
     if not any(op in ("gdn", "deltanet") for op in _OPS.value):
         raise app.UsageError(f"{named} applies to ops gdn, deltanet only "
                              f"(--ops={','.join(_OPS.value)})")
-    if _MOSAIC_WY.value != "mosaic":  # T0 would come from kkt_inverse_xla
+    if options and _MOSAIC_WY.value != "mosaic":  # T0 would come from kkt_inverse_xla
         raise app.UsageError(f"{named} applies to --mosaic_wy=mosaic only "
                              f"(--mosaic_wy={_MOSAIC_WY.value})")
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
@@ -495,9 +506,20 @@ def _apply_mosaic_t0():
     if options.get("chunks_per_cta", 1) < 1:
         raise app.UsageError(f"--mosaic_t0_chunks_per_cta={options['chunks_per_cta']}: must "
                              f"be >= 1")
+    if split:
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+        if _MOSAIC_FORWARD.value != "fused_t0_split":
+            raise app.UsageError(f"--mosaic_t0_split_order applies to "
+                                 f"--mosaic_forward=fused_t0_split only "
+                                 f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
+        if split["split_order"] not in kfused.SPLIT_ORDERS:
+            raise app.UsageError(f"--mosaic_t0_split_order={split['split_order']}: takes one "
+                                 f"of {', '.join(kfused.SPLIT_ORDERS)}")
     gdr_mosaic.T0_OPTIONS.clear()
     gdr_mosaic.T0_OPTIONS.update(options)
-    return options
+    gdr_mosaic.SPLIT_T0_OPTIONS.clear()
+    gdr_mosaic.SPLIT_T0_OPTIONS.update(split)
+    return {**options, **split}
 
 
 def run_jax(records):

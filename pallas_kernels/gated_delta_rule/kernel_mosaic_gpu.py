@@ -962,6 +962,10 @@ KKT_STAGES = ("full", "no_refine", "gram", "io", "no_store", "nobar")
 # --mosaic_t0_inverse, --mosaic_t0_chunks_per_cta set it before anything is traced; it is read
 # at trace time, so a change after a function was traced does not reach it).
 T0_OPTIONS: dict = {}
+# Keyword arguments of chunk_delta_fused_t0_fwd_mosaic at the same call sites with
+# forward="fused_t0_split" only: empty, the defaults. For timing variants only
+# (benchmarks/bench_kernels.py --mosaic_t0_split_order sets split_order; read at trace time).
+SPLIT_T0_OPTIONS: dict = {}
 
 
 def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
@@ -1453,7 +1457,8 @@ def gated_delta_rule_fwd_mosaic(
         o, final_state, v_new, _ = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=return_residual,
-            split_output=forward == "fused_t0_split", interpret=interpret)
+            split_output=forward == "fused_t0_split", interpret=interpret,
+            **(SPLIT_T0_OPTIONS if forward == "fused_t0_split" else {}))
         return (o, final_state, v_new) if return_residual else (o, final_state)
     if wy_implementation == "mosaic":
         w, u = chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, interpret=interpret)

@@ -136,7 +136,10 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
     (``t0_s[slot]``), then arrives on ``ag_ready[slot]``; it then reads out chunk ``n`` as
     :func:`_split_kernel`'s output warpgroup (``Q K^T`` and ``P`` while the state warpgroup
     works; on ``s_ready``, ``Q S_n`` and ``P v_new`` as one group; ``s_free``; ``o`` through
-    a double-buffered tile). Three products per chunk;
+    a double-buffered tile). Three products per chunk. ``split_order="readout_first"``
+    (:data:`SPLIT_ORDERS`, a timing option) swaps the two: read-out of chunk ``n``, then
+    ``Ag`` of chunk ``n + 1``, so the read-out no longer waits for chunk ``n + 1``'s copies
+    (MOSAIC_GPU.md Sec. 16);
   - the state warpgroup (``setmaxnreg 232``, ``S`` ``[K, 64]`` fp32 in registers) publishes
     ``S_c`` in 16 bits (double-buffered; waits on ``s_free`` of the chunk two back), then::
 
@@ -642,6 +645,11 @@ _T0_IN_COPIES = 11  # TMA copies per ring stage (q, k, v, t0, g x2, beta, doc x2
 # warpgroups, ring, SMEM allocation and the final-state store are the same in all; every stage
 # but "full" and "nobar" writes something that is NOT the forward's o.
 FUSED_T0_STAGES = ("full", "io", "v_new", "state", "no_store", "nobar")
+# The order of the output warpgroup's two tasks per chunk in the three-warpgroup fused_t0_split
+# kernel (a timing choice; same arithmetic, same barriers): "prepare_first" (the default) forms
+# Ag of chunk n + 1, waiting for its stage, then reads out chunk n; "readout_first" reads out
+# chunk n (releasing its stage), then forms Ag of chunk n + 1 (MOSAIC_GPU.md Sec. 16).
+SPLIT_ORDERS = ("prepare_first", "readout_first")
 
 
 def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
@@ -839,7 +847,8 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
 
 def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
-                     store_v_new: bool, store_h: bool, interpret: bool):
+                     store_v_new: bool, store_h: bool, interpret: bool,
+                     split_order: str = "prepare_first"):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic` with ``split_output``: three
     warpgroups (state, output, memory) in jla's arrangement (MOSAIC_GPU.md Sec. 2); refs are
     GMEM.
@@ -847,7 +856,9 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     The output warpgroup forms ``Ag_<``, the strictly lower part of ``Ag = T0 * D * beta_j``,
     of chunk ``n + 1`` elementwise in fp32 registers and writes it, rounded once to 16 bits,
     over ``T0`` in the ring stage (``t0_s[slot]``; ``ag_ready[slot]``; the stage's ``in_free``
-    frees it), then reads out chunk ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``). The state
+    frees it), then reads out chunk ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``); with
+    ``split_order="readout_first"`` (:data:`SPLIT_ORDERS`) the read-out of chunk ``n`` comes
+    first (``Ag`` of chunk ``n`` was formed the step before, or before the loop). The state
     warpgroup per chunk: publishes ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` (fp32,
     and to SMEM in 16 bits); ``v_new = Ag_< X + diag(beta) X`` (``Ag_<`` from SMEM, the unit
     diagonal of ``T0`` in fp32); publishes ``v_new``; ``K^T (last e^{G_L - G} v_new)``.
@@ -1015,14 +1026,22 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
 
+        # Either order keeps every barrier's waits and arrivals: prepare(m) (which waits for
+        # chunk m's stage) always precedes read_out(m), which relies on that wait.
         prepare(0)
 
         def step(n, carry):
+            if split_order == "readout_first":
+                # Chunk n's read-out first: it releases chunk n's stage and s_free without
+                # waiting for chunk n + 1's copies, which were issued a read-out earlier.
+                read_out(n)
+
             @pl.when(n + 1 < num_chunks)
-            def _():  # Ag of the next chunk, before this chunk's read-out
+            def _():  # Ag of the next chunk
                 prepare(n + 1)
 
-            read_out(n)
+            if split_order == "prepare_first":
+                read_out(n)
             return carry
 
         lax.fori_loop(0, num_chunks, step, 0)
@@ -1056,7 +1075,7 @@ def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> N
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "split_output",
-                                             "interpret", "stages"))
+                                             "interpret", "stages", "split_order"))
 def chunk_delta_fused_t0_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1073,6 +1092,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
     split_output: bool = False,
     interpret: bool = False,
     stages: str = "full",
+    split_order: str = "prepare_first",
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
     gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
@@ -1147,6 +1167,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
             ``"full"`` with ``CompilerParams(unsafe_no_auto_barriers=True)``. Each has its own
             kernel name (``gdn_chunk_delta_fused_t0_fwd_abl_<stages>``) so that a profile
             lists it apart (MOSAIC_GPU.md Sec. 16).
+        split_order: with ``split_output`` only (static, one of :data:`SPLIT_ORDERS`; a
+            timing choice, same results): ``"prepare_first"`` (default) has the output
+            warpgroup form ``Ag`` of chunk ``n + 1`` before reading out chunk ``n``;
+            ``"readout_first"`` reads out chunk ``n`` first (kernel name
+            ``gdn_chunk_delta_fused_t0_fwd_split_ro``; MOSAIC_GPU.md Sec. 16).
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
@@ -1159,7 +1184,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
         ValueError: on mismatched shapes or dtypes of ``q, k, v, t0``, unsupported head dims
             or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``, ``beta``, ``segment_ids``
             or ``initial_state`` shape; ``stages`` not in :data:`FUSED_T0_STAGES`, or other
-            than ``"full"`` with ``split_output``, ``store_v_new`` or ``store_h``.
+            than ``"full"`` with ``split_output``, ``store_v_new`` or ``store_h``;
+            ``split_order`` not in :data:`SPLIT_ORDERS`, or other than ``"prepare_first"``
+            without ``split_output``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -1169,6 +1196,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
     if stages != "full" and (split_output or store_v_new or store_h):
         raise ValueError(f"stages={stages!r} is an ablation of the two-warpgroup kernel without "
                          f"extra outputs; got {split_output=}, {store_v_new=}, {store_h=}")
+    if split_order not in SPLIT_ORDERS:
+        raise ValueError(f"split_order must be one of {SPLIT_ORDERS}, got {split_order!r}")
+    if split_order != "prepare_first" and not split_output:
+        raise ValueError(f"split_order={split_order!r} orders the three-warpgroup kernel's "
+                         f"output warpgroup: it needs split_output=True")
 
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
@@ -1183,7 +1215,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
                                num_chunks=num_chunks,
                                group=heads // kv_heads, scale=float(scale), has_h0=has_h0,
                                store_v_new=store_v_new, store_h=store_h, interpret=interpret,
-                               **({} if stages == "full" else {"stages": stages}))
+                               **({} if stages == "full" else {"stages": stages}),
+                               **({} if split_order == "prepare_first" else
+                                  {"split_order": split_order}))
     dtype = v.dtype
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
                 jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
@@ -1250,7 +1284,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
         compiler_params=plgpu.CompilerParams(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_delta_fused_t0_fwd_split" if split_output else
+        kernel_name=("gdn_chunk_delta_fused_t0_fwd_split"
+                     + ("" if split_order == "prepare_first" else "_ro")) if split_output else
         "gdn_chunk_delta_fused_t0_fwd" + ("" if stages == "full" else f"_abl_{stages}"),
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)

@@ -148,7 +148,8 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=residuals, store_h=residuals,
-            split_output=forward == "fused_t0_split", interpret=interpret)
+            split_output=forward == "fused_t0_split", interpret=interpret,
+            **(kgd.SPLIT_T0_OPTIONS if forward == "fused_t0_split" else {}))  # as T0_OPTIONS
         # The backward reads W: formed from T0 in XLA (one [64, 64] x [64, K] product per
         # chunk and head, fp32, rounded once), only when differentiated.
         w = (kgd.w_from_t0(k, t0, g, beta, segment_ids=segment_ids) if residuals else None)

@@ -236,6 +236,40 @@ class MarkdownTest(absltest.TestCase):
                         bench_kernels.main([])
                 self.assertFalse(run.called)
 
+    def test_mosaic_t0_split_order_sets_the_split_options_or_is_refused(self):
+        # --mosaic_t0_split_order reaches chunk_delta_fused_t0_fwd_mosaic through
+        # kernel_mosaic_gpu.SPLIT_T0_OPTIONS, with --mosaic_forward=fused_t0_split only.
+        from absl import app, flags
+        from absl.testing import flagsaver
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        self.addCleanup(gdr_mosaic.SPLIT_T0_OPTIONS.clear)
+        self.addCleanup(gdr_mosaic.T0_OPTIONS.clear)
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0_split"):
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), {})
+            self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, {})
+        for wy in ("mosaic", "xla"):  # the order needs no T0 kernel
+            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_wy=wy,
+                                     mosaic_forward="fused_t0_split",
+                                     mosaic_t0_split_order="readout_first"):
+                want = {"split_order": "readout_first"}
+                self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
+                self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, want)
+                self.assertEqual(gdr_mosaic.T0_OPTIONS, {})
+        refused = (
+            (dict(mosaic_forward="fused_t0", mosaic_t0_split_order="readout_first"),
+             "--mosaic_t0_split_order applies to --mosaic_forward=fused_t0_split only"),
+            (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_order="bogus"),
+             "takes one of prepare_first, readout_first"),
+        )
+        for extra, message in refused:
+            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], **extra):
+                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                    with self.assertRaisesRegex(app.UsageError, message):
+                        bench_kernels.main([])
+                self.assertFalse(run.called)
+
     def test_mosaic_forward_without_the_mosaic_peer_is_refused(self):
         from absl import app, flags
         from absl.testing import flagsaver
