@@ -158,7 +158,7 @@ def parse_variant(text: str) -> Tuple[str, str, Optional[int]]:
     if options["inverse"] not in kgd.KKT_INVERSES:
         raise VariantError(f"--variants entry {text!r}: inverse {options['inverse']!r} not in "
                            f"{kgd.KKT_INVERSES}")
-    refine = options.get("refine", kgd.KKT_REFINES[0])
+    refine = options["refine"]
     if refine not in kgd.KKT_REFINES:
         raise VariantError(f"--variants entry {text!r}: refine {refine!r} not in "
                            f"{kgd.KKT_REFINES}")

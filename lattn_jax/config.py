@@ -1098,12 +1098,7 @@ def _build_sections(obj, prefix: str) -> None:
     for field in dataclasses.fields(obj):
         hint = hints[field.name]
         if not dataclasses.is_dataclass(hint):
-            value = getattr(obj, field.name)
-            if isinstance(value, str) and typing.get_origin(hint) is tuple:
-                continue  # its own check says more (layer_pattern="gdn": write ("gdn",))
-            if not _matches(value, hint):  # ModelConfig(d_model="128"), tie_embeddings="no"
-                raise ConfigError(f"{prefix}{field.name}={value!r} has the wrong type; "
-                                  f"expected {_type_name(hint)}")
+            _check_type(prefix + field.name, getattr(obj, field.name), hint)
             continue
         value = getattr(obj, field.name)
         if isinstance(value, hint):
@@ -1163,10 +1158,19 @@ def _build(cls, values: Mapping[str, Any], prefix: str):
         else:
             kwargs[name] = value
     for name, value in kwargs.items():  # before the checks: "no" is truthy, 3.5 compares
-        if not _matches(value, hints[name]):
-            raise ConfigError(f"{prefix}{name}={value!r} has the wrong type; expected "
-                              f"{_type_name(hints[name])}")
+        _check_type(prefix + name, value, hints[name])
     return cls(**kwargs)
+
+
+def _check_type(option: str, value: Any, hint: Any) -> None:
+    """Raises ``ConfigError`` naming ``option`` unless ``value`` fits the field annotation
+    ``hint`` (:func:`_matches`). A string for a tuple field is left to the field's own check,
+    which says more (``layer_pattern="gdn"``: write ``("gdn",)``)."""
+    if isinstance(value, str) and typing.get_origin(hint) is tuple:
+        return
+    if not _matches(value, hint):  # ModelConfig(d_model="128"), tie_embeddings="no"
+        raise ConfigError(f"{option}={value!r} has the wrong type; expected "
+                          f"{_type_name(hint)}")
 
 
 def _type_name(hint: Any) -> str:
