@@ -28,7 +28,8 @@ The teacher is loaded once for all stages. Compiled programs go to a persistent 
 invocations does not compile the same programs twice.
 
 Exit status: 0 when every requested stage is done, 3 when the deadline stopped the run (run the
-same command again), 1 on an error (named on stderr).
+same command again), 1 on an error (printed once, on stderr, naming the stage that failed;
+the last stdout line says where the run ended).
 """
 
 import datetime
@@ -102,8 +103,10 @@ def main(argv):
     _log(f"jax {jax.__version__}, devices {jax.devices()}; stages {stages}; deadline "
          f"{_DEADLINE.value} s")
     times, status = {}, refused or "complete"
+    failed = None  # the stage that raised, named in the one error line
     try:
         for stage in ([] if refused else stages):
+            failed = stage
             if experiment.is_done(workdir, stage):
                 times[stage] = "done before"
                 _log(f"=== {stage}: already done, skipped")
@@ -122,6 +125,7 @@ def main(argv):
             if not out["complete"]:
                 status = "deadline"
                 break
+        failed = None
     except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
         status = f"error: {e}"
     except BaseException as e:  # recorded, then re-raised with its traceback
@@ -138,12 +142,16 @@ def main(argv):
             with open(_MARKDOWN.value, "w") as f:
                 f.write(report_lib.render_markdown(workdir))
             _log(f"wrote {_MARKDOWN.value}")
-    _log(f"pipeline: {status} after {time.time() - t_start:.1f} s; stage times {times}")
+    # An error is printed once, on stderr by sys.exit, naming the stage that raised it; this
+    # line only says where the run ended (it repeated the message).
+    ended = ("error" + (f" in {failed}" if failed else " before any stage")
+             if status.startswith("error") else status)
+    _log(f"pipeline: {ended} after {time.time() - t_start:.1f} s; stage times {times}")
     if status == "complete" and "report" in stages:
         _log(f"report: {os.path.join(workdir, 'report', 'report.md')}; the results page: "
              f"python experiments/halo_report.py --workdir={workdir}")
     if status.startswith("error"):
-        sys.exit(status)
+        sys.exit(f"error: {failed} failed: {status[len('error: '):]}" if failed else status)
     if status == "deadline":
         sys.exit(EXIT_DEADLINE)
 

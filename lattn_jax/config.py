@@ -1285,6 +1285,39 @@ def read_run_config_json(path: str) -> dict:
     return values
 
 
+def saved_training_config(workdir: str, *, flag: str = "--workdir",
+                          consequence: str = "training would overwrite it") -> Optional[dict]:
+    """``<workdir>/config.json`` as a dict, refusing another kind of run's workdir.
+
+    The one check that a directory about to be written by a training binary is not another
+    kind of run's (a HALO pipeline's, :mod:`experiments.halo_pipeline`): ``train.py`` calls it
+    for ``--workdir``, ``sweep.py`` for ``--root`` (:func:`lattn_jax.sweep.check_root`), before
+    either writes anything there.
+
+    Args:
+      workdir: the directory (need not exist).
+      flag: the command-line option that named ``workdir`` (the message's advice).
+      consequence: what the caller would do to the directory (the message's reason).
+
+    Returns:
+      The recorded config, or ``None`` when ``<workdir>/config.json`` does not exist.
+
+    Raises:
+      ConfigError: naming ``<workdir>/config.json`` when it is not valid JSON, or is another
+        kind of run's (no ``model`` section; e.g. a HALO workdir's, with a ``teacher`` one);
+        and ``flag``.
+    """
+    import os  # noqa: PLC0415
+    path = os.path.join(workdir, "config.json")
+    saved = read_run_config_json(path) if os.path.exists(path) else None
+    if saved is not None and "model" not in saved:
+        raise ConfigError(
+            f"{path} is not a training run's config (it has no 'model' section; "
+            f"{'a HALO workdir' if 'teacher' in saved else 'another kind of run'}): "
+            f"{consequence}. Use another {flag}")
+    return saved
+
+
 def parse_flags(argv):
     """Parses absl flags for a binary (``app.run(main, flags_parser=parse_flags)``).
 

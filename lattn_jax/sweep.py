@@ -1129,14 +1129,28 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
 
     Raises:
       SweepConfigError: naming both sweeps, the root and the file that names the other one;
-        a ``root`` that exists and is not a directory; or, for ``report_only``, a ``root``
-        that does not exist.
+        a ``root`` that exists and is not a directory; for ``report_only``, a ``root`` that
+        does not exist; or a ``root`` that is another kind of run's directory (a HALO
+        pipeline's workdir: its ``config.json`` has no ``model`` section), by the check
+        ``train.py`` makes of its ``--workdir``
+        (:func:`lattn_jax.config.saved_training_config`), naming ``--report_only`` when set
+        and the file.
     """
     if os.path.exists(root) and not os.path.isdir(root):
         raise SweepConfigError(f"--root={root} exists and is not a directory")
     if report_only and not os.path.exists(root):
         raise SweepConfigError(f"--root={root}: no such directory (--report_only rebuilds the "
                                f"results of an existing sweep; nothing was created)")
+    if os.path.exists(os.path.join(root, "config.json")):  # e.g. a HALO pipeline's workdir
+        from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only for this check)
+        try:
+            config_lib.saved_training_config(
+                root, flag="--root (nothing was written)",
+                consequence=(f"--report_only would write the sweep's results files into "
+                             f"{root}" if report_only else
+                             f"the sweep would write its runs and results into {root}"))
+        except config_lib.ConfigError as e:
+            raise SweepConfigError(str(e)) from None
     name = sweep_name(config, root)
     recorded = []
     with contextlib.suppress(OSError, ValueError, AttributeError):  # none, or not a record

@@ -640,7 +640,7 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     changed: List[str] = []
     path = os.path.join(workdir, "config.json")
     current = config_lib.experiment_json_dict(config)
-    saved = _saved_training_config(workdir)
+    saved = config_lib.saved_training_config(workdir)
     if has_checkpoint and saved is not None:
         saved_model = {k: v for k, v in saved.get("model", {}).items()
                        if k not in _RESUMABLE_MODEL_OPTIONS}
@@ -671,23 +671,6 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
         with open(path, "w") as f:
             json.dump(current, f, indent=2)
     return changed
-
-
-def _saved_training_config(workdir: str) -> Optional[Dict[str, Any]]:
-    """``<workdir>/config.json`` as a dict (``None`` when absent).
-
-    Raises:
-      ConfigError: naming the file when it is not valid JSON or is another kind of run's (no
-        ``model`` section, e.g. a HALO pipeline's), which training would overwrite.
-    """
-    path = os.path.join(workdir, "config.json")
-    saved = config_lib.read_run_config_json(path) if os.path.exists(path) else None
-    if saved is not None and "model" not in saved:
-        raise config_lib.ConfigError(
-            f"{path} is not a training run's config (it has no 'model' section; "
-            f"{'a HALO workdir' if 'teacher' in saved else 'another kind of run'}): "
-            f"training would overwrite it. Use another --workdir")
-    return saved
 
 
 def _diff(a, b, prefix):
@@ -754,7 +737,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                 f"no checkpoint for step {step} in {os.path.join(workdir, 'checkpoints')} "
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
     if os.path.isdir(workdir):  # another kind of run's workdir: refused before any write
-        _saved_training_config(workdir)
+        config_lib.saved_training_config(workdir)
     created = _first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
     try:
         os.makedirs(workdir, exist_ok=True)

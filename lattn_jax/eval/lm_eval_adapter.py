@@ -68,10 +68,11 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import generate as gen_lib
@@ -120,11 +121,16 @@ _GEN_KEYS = frozenset(("until", "do_sample", "temperature", "top_k", "top_p") + 
 _log = logging.getLogger(__name__)
 
 
+class ModelArgumentError(config_lib.ConfigError):
+    """A bad ``--model_args`` value or generation argument of the ``lattn_jax`` model (a
+    ``ValueError``); the message names the argument. :func:`main` prints it as one line."""
+
+
 def _int_option(name: str, value: Any, minimum: int = 1) -> int:
     """An integer option (an int, or its decimal string) of at least ``minimum``.
 
     Raises:
-      ValueError: naming the option, for anything else.
+      ModelArgumentError: naming the option, for anything else.
     """
     number = None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -132,17 +138,34 @@ def _int_option(name: str, value: Any, minimum: int = 1) -> int:
     elif isinstance(value, str) and value.strip().isdigit():
         number = int(value)
     if number is None or number < minimum:
-        raise ValueError(f"lattn_jax: {name} must be an integer >= {minimum}, got {value!r}")
+        raise ModelArgumentError(f"lattn_jax: {name} must be an integer >= {minimum}, got "
+                                 f"{value!r}")
     return number
 
 
+def _number_option(name: str, value: Any, cast: Callable[[Any], Any]) -> Any:
+    """A numeric generation argument, ``cast(value)`` (``float`` or ``int``).
+
+    Raises:
+      ModelArgumentError: naming the argument, when ``cast`` cannot take ``value``.
+    """
+    try:
+        return cast(value)
+    except (TypeError, ValueError):
+        raise ModelArgumentError(f"lattn_jax: {name} must be a number, got {value!r}") from None
+
+
 def _flag(name: str, value: Any) -> bool:
-    """A boolean option given as a bool or as ``true``/``false``."""
+    """A boolean option given as a bool or as ``true``/``false``.
+
+    Raises:
+      ModelArgumentError: naming the option, for anything else.
+    """
     if isinstance(value, bool):
         return value
     if str(value).strip().lower() in ("true", "1", "false", "0"):
         return str(value).strip().lower() in ("true", "1")
-    raise ValueError(f"lattn_jax: {name} must be true or false, got {value!r}")
+    raise ModelArgumentError(f"lattn_jax: {name} must be true or false, got {value!r}")
 
 
 class LattnJaxLM(lm_model.LM):
@@ -169,9 +192,11 @@ class LattnJaxLM(lm_model.LM):
       **unknown: any other ``--model_args`` key is an error.
 
     Raises:
-      ValueError: no or both of ``checkpoint`` and ``restored``, an unknown argument, a bad
-        value (each message names the argument), and from :func:`restore.load_model`.
-      FileNotFoundError: from :func:`restore.load_model` (naming the path).
+      ModelArgumentError: (a ``ValueError``) no or both of ``checkpoint`` and ``restored``, an
+        unknown argument, a bad value (each message names the argument).
+      ConfigError, FileNotFoundError: a ``checkpoint`` that is not one (naming the path), from
+        :func:`restore.load_model`; its other errors (e.g. a ``ValueError`` of a loader) as
+        they are.
     """
 
     def __init__(self, checkpoint: Optional[str] = None, step: Optional[int] = None, *,
@@ -182,18 +207,21 @@ class LattnJaxLM(lm_model.LM):
                  seed: int = 0, **unknown):
         super().__init__()
         if unknown:
-            raise ValueError(f"lattn_jax: unknown model argument(s) {sorted(unknown)}; accepted: "
-                             "checkpoint, step, max_length, max_gen_toks, bucket, route, "
-                             "prefix_token_id, seed (and the harness's --batch_size)")
+            raise ModelArgumentError(
+                f"lattn_jax: unknown model argument(s) {sorted(unknown)}; accepted: "
+                "checkpoint, step, max_length, max_gen_toks, bucket, route, prefix_token_id, "
+                "seed (and the harness's --batch_size)")
         if checkpoint is None and restored is None:
-            raise ValueError("lattn_jax: give the model as --model_args checkpoint=PATH (a "
-                             "lattn-jax training workdir, a Hugging Face directory or a .gguf "
-                             "file)")
+            raise ModelArgumentError(
+                "lattn_jax: give the model as --model_args checkpoint=PATH (a lattn-jax "
+                "training workdir, a Hugging Face directory or a .gguf file)")
         if restored is not None and (checkpoint is not None or step is not None):
-            raise ValueError("lattn_jax: give checkpoint (and step) or restored, not both")
+            raise ModelArgumentError("lattn_jax: give checkpoint (and step) or restored, not "
+                                     "both")
         if isinstance(batch_size, str) and batch_size.strip().lower().startswith("auto"):
-            raise ValueError(f"lattn_jax: batch_size={batch_size!r} is not supported; give a "
-                             f"number of sequences per forward pass, e.g. --batch_size 16")
+            raise ModelArgumentError(
+                f"lattn_jax: batch_size={batch_size!r} is not supported; give a number of "
+                f"sequences per forward pass, e.g. --batch_size 16")
         self._batch_size = (DEFAULT_BATCH_SIZE if batch_size is None
                             else _int_option("batch_size", batch_size))
         self._max_length = _int_option("max_length", max_length)
@@ -213,8 +241,9 @@ class LattnJaxLM(lm_model.LM):
         if prefix_token_id is not None:
             prefix = _int_option("prefix_token_id", prefix_token_id, minimum=0)
             if prefix >= self.model.config.vocab_size:
-                raise ValueError(f"lattn_jax: prefix_token_id={prefix_token_id!r} is outside "
-                                 f"the vocabulary [0, {self.model.config.vocab_size})")
+                raise ModelArgumentError(
+                    f"lattn_jax: prefix_token_id={prefix_token_id!r} is outside the vocabulary "
+                    f"[0, {self.model.config.vocab_size})")
         elif restored.kind == "lattn_jax" or self.tokenizer.bos_id is None:
             prefix = self.tokenizer.eos_id
         else:
@@ -237,7 +266,7 @@ class LattnJaxLM(lm_model.LM):
           **options: the keyword arguments of :class:`LattnJaxLM` (``batch_size``, ...).
 
         Raises:
-          ValueError: as :class:`LattnJaxLM`.
+          ModelArgumentError: as :class:`LattnJaxLM`.
         """
         restored = restore.Restored(model=model, tokenizer=tokenizer, config=None, step=None,
                                     kind=kind, path="<in memory>")
@@ -374,29 +403,31 @@ class LattnJaxLM(lm_model.LM):
           ``do_sample``, a positive ``temperature``), as the harness normalises them.
 
         Raises:
-          ValueError: naming an argument we do not implement (``num_beams``, ...) or a bad
-            value.
+          ModelArgumentError: (a ``ValueError``) naming an argument we do not implement
+            (``num_beams``, ...) or a bad value.
         """
         kw = dict(gen_kwargs or {})
         unknown = sorted(set(kw) - _GEN_KEYS)
         if unknown:
-            raise ValueError(f"lattn_jax: generation argument(s) {unknown} are not supported "
-                             f"(supported: {', '.join(sorted(_GEN_KEYS))})")
+            raise ModelArgumentError(
+                f"lattn_jax: generation argument(s) {unknown} are not supported (supported: "
+                f"{', '.join(sorted(_GEN_KEYS))})")
         until = kw.get("until") or []
         until = [until] if isinstance(until, str) else list(until)
         if not all(isinstance(u, str) for u in until):
-            raise ValueError(f"lattn_jax: until must be a string or a list of strings, got "
-                             f"{kw.get('until')!r}")
+            raise ModelArgumentError(f"lattn_jax: until must be a string or a list of strings, "
+                                     f"got {kw.get('until')!r}")
         given = [k for k in _MAX_TOKEN_KEYS if kw.get(k) is not None]
         n = (_int_option(given[0], kw[given[0]]) if given else self._max_gen_toks)
-        temperature = float(kw.get("temperature") or 0.0)
+        temperature = _number_option("temperature", kw.get("temperature") or 0.0, float)
         do_sample = kw.get("do_sample")
         do_sample = temperature > 0.0 if do_sample is None else _flag("do_sample", do_sample)
         if not do_sample:
             return until, n, gen_lib.SamplingConfig()
         return until, n, gen_lib.SamplingConfig(
             temperature=temperature if temperature > 0.0 else 1.0,
-            top_k=int(kw.get("top_k") or 0), top_p=float(kw.get("top_p") or 1.0))
+            top_k=_number_option("top_k", kw.get("top_k") or 0, int),
+            top_p=_number_option("top_p", kw.get("top_p") or 1.0, float))
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> List[str]:
         """Generated continuations of ``(context, gen_kwargs)`` requests.
@@ -410,8 +441,8 @@ class LattnJaxLM(lm_model.LM):
           string (EOS ends a row and is not part of the text).
 
         Raises:
-          ValueError: from :meth:`generation_options`, or ``max_gen_toks >= max_length`` (no
-            room for the prompt).
+          ModelArgumentError: from :meth:`generation_options`, or ``max_gen_toks >=
+            max_length`` (no room for the prompt).
         """
         args = [tuple(r.args) for r in requests]
         groups: Dict[str, List[int]] = {}
@@ -421,8 +452,8 @@ class LattnJaxLM(lm_model.LM):
         for indices in groups.values():
             until, n, sampling = self.generation_options(args[indices[0]][1])
             if n >= self._max_length:
-                raise ValueError(f"lattn_jax: max_gen_toks={n} leaves no room for the prompt in "
-                                 f"max_length={self._max_length}")
+                raise ModelArgumentError(f"lattn_jax: max_gen_toks={n} leaves no room for the "
+                                         f"prompt in max_length={self._max_length}")
             prompts = {i: self._prompt_ids(args[i][0], self._max_length - n) for i in indices}
             for i, text in zip(indices, self._generate([prompts[i] for i in indices], n, until,
                                                        sampling)):
@@ -483,10 +514,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     end while importing this module, with one line naming the extra to install (``pip install
     -e ".[lmeval]"``) and exit status 1.
 
-    Bad input ends the same way, as the experiment binaries do: a ``ValueError`` (our model
-    arguments and the harness's own checks, e.g. ``Tasks not found``), ``FileNotFoundError``
-    (a missing checkpoint) or ``ImportError`` (a package the model file needs) is printed as
-    ``error: <message>`` on one line, exit status 1, instead of the harness's traceback.
+    Bad input ends the same way, as the experiment binaries do (:func:`_is_bad_input`): our
+    option checks' errors (:class:`ModelArgumentError` for ``--model_args`` and generation
+    arguments, ``ConfigError`` for a checkpoint that is not one), the harness's own
+    ``ValueError`` checks of its options (e.g. ``Tasks not found``), ``FileNotFoundError`` (a
+    missing checkpoint) and ``ImportError`` (a package the model file needs) are printed as
+    ``error: <message>`` on one line, exit status 1, instead of the harness's traceback. Any
+    other ``ValueError`` raised in or under our code (the model, the scorer, a loader, JAX
+    below them) is a failure, not bad input: it propagates with its traceback.
 
     Args:
       argv: the command line after the program name (default: ``sys.argv[1:]``); the options of
@@ -501,9 +536,48 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.argv = [sys.argv[0]] + list(argv)
     try:
         lm_eval_main.cli_evaluate()
-    except (ValueError, FileNotFoundError, ImportError) as e:  # user input: one line each
+    except (ValueError, FileNotFoundError, ImportError) as e:
+        if not _is_bad_input(e):
+            raise
         text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         sys.exit(f"error: {text or type(e).__name__}")
+
+
+# Top-level packages of this repository: a ValueError raised in or under their code (below
+# main) is not one of the harness's option checks.
+_OUR_PACKAGES = ("lattn_jax", "pallas_kernels")
+
+
+def _is_bad_input(error: BaseException) -> bool:
+    """Whether :func:`main` ends on ``error`` with one line (bad input) rather than re-raising.
+
+    Args:
+      error: an exception caught in :func:`main`; its traceback starts at ``main``'s frame.
+
+    Returns:
+      True for a ``ConfigError`` (our option checks, :class:`ModelArgumentError` included),
+      a ``FileNotFoundError`` or ``ImportError``, and a ``ValueError`` whose traceback holds
+      no frame of our packages below ``main``, nor that of an exception it was raised from
+      (the harness's own checks of its command line and tasks); False for any other
+      ``ValueError`` (raised in, or in a library called by, our model code, even when the
+      harness re-raised it as another one).
+    """
+    if isinstance(error, (config_lib.ConfigError, FileNotFoundError, ImportError)):
+        return True
+    tb = error.__traceback__
+    tb = tb.tb_next if tb is not None else None  # main's own frame
+    seen = {id(error)}
+    while True:
+        while tb is not None:
+            module = str(tb.tb_frame.f_globals.get("__name__", ""))
+            if module.split(".")[0] in _OUR_PACKAGES:
+                return False
+            tb = tb.tb_next
+        error = error.__cause__ or error.__context__
+        if error is None or id(error) in seen or isinstance(error, config_lib.ConfigError):
+            return True
+        seen.add(id(error))
+        tb = error.__traceback__
 
 
 if __name__ == "__main__":

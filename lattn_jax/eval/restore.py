@@ -175,8 +175,8 @@ def model_kind(path: str) -> ModelKind:
     Raises:
       FileNotFoundError: ``path`` does not exist, a directory without ``config.json``, or an HF
         directory without ``tokenizer.json`` (each message names the path).
-      ValueError: a file that is not GGUF, a ``config.json`` that is not a JSON object, or a
-        lattn-jax config that does not validate.
+      ConfigError: (a ``ValueError``) a file that is not GGUF, a ``config.json`` that is not
+        a JSON object, or a lattn-jax config that does not validate.
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such checkpoint: {path} (expected {ACCEPTED})")
@@ -184,8 +184,8 @@ def model_kind(path: str) -> ModelKind:
         with open(path, "rb") as f:
             magic = f.read(4)
         if magic != b"GGUF":
-            raise ValueError(f"{path} is a file but not a GGUF file (it starts with {magic!r}, "
-                             f"not b'GGUF'); expected {ACCEPTED}")
+            raise config_lib.ConfigError(f"{path} is a file but not a GGUF file (it starts with "
+                                         f"{magic!r}, not b'GGUF'); expected {ACCEPTED}")
         return "gguf"
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
@@ -195,9 +195,9 @@ def model_kind(path: str) -> ModelKind:
         with open(config_path) as f:
             raw = json.load(f)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{config_path} is not valid JSON ({e})") from e
+        raise config_lib.ConfigError(f"{config_path} is not valid JSON ({e})") from e
     if not isinstance(raw, dict):
-        raise ValueError(f"{config_path} does not hold a JSON object")
+        raise config_lib.ConfigError(f"{config_path} does not hold a JSON object")
     if "model_type" in raw:
         tokenizer = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tokenizer):
@@ -235,9 +235,11 @@ def load_model(path: str, step: Optional[int] = None, *,
       ``step=None``.
 
     Raises:
-      FileNotFoundError, ValueError: from :func:`model_kind` (a bad path), a ``step`` given for
-        an HF or GGUF model, and from the loaders (an unsupported architecture, a missing
-        tensor, no checkpoint at ``step``; each names the file).
+      FileNotFoundError: from :func:`model_kind` (a missing path or file).
+      ConfigError: (a ``ValueError``) from :func:`model_kind` (a file that is not a
+        checkpoint), and a ``step`` given for an HF or GGUF model.
+      ValueError: from the loaders (an unsupported architecture, a missing tensor, no
+        checkpoint at ``step``; each names the file).
       ImportError: the ``gguf`` / ``safetensors`` package that the file needs is not installed
         (the message says which extra installs it).
       CheckpointError: no checkpoint of a workdir can be read.
@@ -246,8 +248,9 @@ def load_model(path: str, step: Optional[int] = None, *,
     if kind == "lattn_jax":
         return load(path, step, report=report)
     if step is not None:
-        raise ValueError(f"step={step}: a checkpoint step applies to lattn-jax training workdirs "
-                         f"only; {path} is a {model_kind_name(kind)}")
+        raise config_lib.ConfigError(f"step={step}: a checkpoint step applies to lattn-jax "
+                                     f"training workdirs only; {path} is a "
+                                     f"{model_kind_name(kind)}")
     try:
         teacher = loaders.load_gguf(path) if kind == "gguf" else loaders.load_hf(path)
     except ModuleNotFoundError as e:

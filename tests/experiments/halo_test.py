@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import re
 import subprocess
 import sys
@@ -271,6 +272,54 @@ class EvalDataCheckTest(absltest.TestCase):
         self.assertIn("report.data_dir=", result.stderr.strip().splitlines()[-1])
         self.assertNotIn("=== stage1: start", result.stdout + result.stderr)
         self.assertFalse(os.path.exists(f"{workdir}/run"))  # a fresh workdir is not made
+
+
+class StageErrorTest(absltest.TestCase):
+    """A stage's error is printed once, naming the stage (it came twice, without it: in the
+    pipeline's last stdout line and again on stderr)."""
+
+    def test_a_failing_stage_is_one_line_naming_it_and_recorded(self):
+        rng = random.Random()
+        workdir = os.path.join(self.create_tempdir().full_path, f"run{rng.randrange(10**6)}")
+        os.makedirs(os.path.join(workdir, "stage1"))  # select's prerequisite, as if run
+        # Eval data laid out without the ARC Dev file: select (teacher loaded) fails reading it.
+        data = os.path.join(self.create_tempdir().full_path, f"data{rng.randrange(10**6)}")
+        for sub in ("eval", "niah/PaulGrahamEssays"):
+            os.makedirs(os.path.join(data, sub))
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+               f"--config.report.data_dir={data}", f"--config.select.data_dir={data}",
+               "--stages=select"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        message = (f"{data}/eval/arc/ARC-Easy-Dev.jsonl: no ARC Dev file (the selection's "
+                   f"held-out commonsense items; set select.data_dir or report.data_dir to the "
+                   f"directory laid out as shared/data)")
+        self.assertEqual(result.stderr.strip().splitlines(), [f"error: select failed: {message}"])
+        self.assertEqual((result.stdout + result.stderr).count(message), 1,
+                         result.stdout + result.stderr)
+        self.assertRegex(result.stdout.strip().splitlines()[-1],
+                         r"^pipeline: error in select after \d+\.\d s; stage times \{\}$")
+        with open(os.path.join(workdir, "pipeline.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+        self.assertEqual([(r["stages"], r["status"]) for r in records],
+                         [({}, f"error: {message}")])
+        self.assertTrue(records[0]["command"].endswith("--stages=select"), records[0])
+
+    def test_a_refusal_before_any_stage_is_printed_once(self):
+        workdir = self.create_tempdir().full_path  # existing: the refusal is recorded there
+        weight = -random.uniform(0.5, 9.5)
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+               f"--config.stage3.kl_weight={weight}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        message = f"stage3.kl_weight must be a finite number >= 0, got {weight}"
+        self.assertEqual(result.stderr.strip().splitlines(), [f"error: {message}"])
+        self.assertEqual((result.stdout + result.stderr).count(message), 1, result.stdout)
+        self.assertIn("pipeline: error before any stage after ", result.stdout)
+        with open(os.path.join(workdir, "pipeline.jsonl")) as f:
+            self.assertEqual(json.loads(f.read())["status"], f"error: {message}")
 
 
 class ReadmeTest(absltest.TestCase):

@@ -268,6 +268,40 @@ class SweepBinaryTest(absltest.TestCase):
         out = run(self.config, "--dry_run", "--retry_failed")  # the same sweep again: fine
         self.assertEqual(out.returncode, 0, out.stderr)
 
+    def test_a_halo_workdir_as_root_is_one_line_and_left_alone(self):
+        # --report_only into experiments/halo_pipeline.py's workdir wrote results.{md,csv,json}
+        # there; a sweep, its runs, sweep.jsonl and jax_cache. Refused as train.py refuses it.
+        rng = np.random.default_rng()
+        files = {"config.json": json.dumps({"teacher": {"kind": "gguf"}, "hypenet": {},
+                                            "stage1": {"steps": int(rng.integers(1, 99))}}),
+                 "pipeline.jsonl": json.dumps({"status": "deadline",
+                                               "wall_s": float(rng.random())}) + "\n"}
+        os.makedirs(self.root)
+        for name, text in files.items():
+            with open(os.path.join(self.root, name), "w") as f:
+                f.write(text)
+        config_json = os.path.join(self.root, "config.json")
+        running = []
+        for flags_, doing in ((["--report_only"], "--report_only would write the sweep's "
+                                                  "results files into"),
+                              ([], "the sweep would write its runs and results into"),
+                              (["--dry_run"], "the sweep would write its runs and results into")):
+            cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                   f"--config={self.config}", f"--root={self.root}", *flags_]
+            running.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True, cwd=ROOT), flags_, doing))
+        for proc, flags_, doing in running:
+            out, err = proc.communicate(timeout=300)
+            self.assertEqual(proc.returncode, 1, (flags_, out, err))
+            self.assertEqual(err.strip().splitlines(), [
+                f"error: {config_json} is not a training run's config (it has no 'model' "
+                f"section; a HALO workdir): {doing} {self.root}. Use another --root (nothing "
+                f"was written)"], flags_)
+        self.assertEqual(sorted(os.listdir(self.root)), sorted(files))
+        for name, text in files.items():
+            with open(os.path.join(self.root, name)) as f:
+                self.assertEqual(f.read(), text)
+
     def test_missing_corpus_is_one_error_before_any_run(self):
         missing = os.path.join(self.root, "no_corpus")
         with open(self.config, "w") as f:

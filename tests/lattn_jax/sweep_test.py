@@ -5,6 +5,7 @@ tests/experiments/sweep_test.py)."""
 
 import json
 import os
+import random
 import re
 import tarfile
 import textwrap
@@ -174,6 +175,39 @@ class CheckRootTest(absltest.TestCase):
         sweep.check_root(missing, {"name": "a"})  # a new sweep may start there
         # No config name: the root's base name, as the report names it.
         self.assertEqual(sweep.sweep_name({}, os.path.join(root, "lr_scan")), "lr_scan")
+
+    def test_a_halo_workdir_is_refused_by_trains_check_with_and_without_report_only(self):
+        # experiments/halo_pipeline.py's workdir (its config.json has a teacher section and no
+        # model one): --report_only wrote results.{md,csv,json} into it, a sweep its runs.
+        rng = random.Random(os.getpid())
+        root = self.create_tempdir().full_path
+        files = {"config.json": json.dumps({"teacher": {"kind": "gguf"}, "hypenet": {},
+                                            "stage1": {"steps": rng.randint(1, 99)}}),
+                 "pipeline.jsonl": json.dumps({"status": "complete",
+                                               "wall_s": rng.random()}) + "\n",
+                 os.path.join("stage1", "done.json"): json.dumps({"loss": rng.random()})}
+        for name, text in files.items():
+            os.makedirs(os.path.dirname(os.path.join(root, name)), exist_ok=True)
+            with open(os.path.join(root, name), "w") as f:
+                f.write(text)
+        path = re.escape(os.path.join(root, "config.json"))
+        for report_only, doing in ((True, "--report_only would write the sweep's results "
+                                          "files into "),
+                                   (False, "the sweep would write its runs and results into ")):
+            with self.assertRaisesRegex(
+                    sweep.SweepConfigError,
+                    f"^{path} is not a training run's config \\(it has no 'model' section; a "
+                    f"HALO workdir\\): {re.escape(doing + root)}\\. Use another --root "
+                    f"\\(nothing was written\\)$"):
+                sweep.check_root(root, {"name": "a"}, report_only=report_only)
+        for name, text in files.items():  # untouched, nothing added
+            with open(os.path.join(root, name)) as f:
+                self.assertEqual(f.read(), text)
+        self.assertEqual(sorted(os.listdir(root)), ["config.json", "pipeline.jsonl", "stage1"])
+        # A training run's config.json (a model section) is not another kind of run's.
+        with open(os.path.join(root, "config.json"), "w") as f:
+            json.dump({"model": {"d_model": rng.randint(8, 64)}}, f)
+        sweep.check_root(root, {"name": "a"}, report_only=True)
 
 
 class SelectTest(absltest.TestCase):

@@ -23,6 +23,7 @@ import runpy
 import subprocess
 import sys
 import tempfile
+import traceback
 from unittest import mock
 
 import numpy as np
@@ -140,6 +141,63 @@ class CommandLineErrorsTest(absltest.TestCase):
                                side_effect=RuntimeError("a bug")), \
                 self.assertRaisesRegex(RuntimeError, "^a bug$"):
             lm_eval_adapter.main()
+
+    def test_only_option_errors_are_one_line_a_models_valueerror_keeps_its_traceback(self):
+        # The harness, as far as the adapter sees it: the registered model built with
+        # --model_args, then asked for log-likelihoods (cli_evaluate -> simple_evaluate).
+        from lm_eval import __main__ as lm_eval_main
+        rng = np.random.default_rng()
+        model, tok = tiny_hybrid(int(rng.integers(1000))), tok_lib.ByteTokenizer()
+        context = "".join(chr(c) for c in rng.integers(97, 123, size=int(rng.integers(3, 20))))
+        requests = _requests("loglikelihood", [(context, " " + context[::-1])])
+
+        def harness(**model_args):
+            def cli_evaluate():
+                lm = lm_eval_adapter.LattnJaxLM.from_model(model, tok, **model_args)
+                return lm.loglikelihood(requests)
+            return mock.patch.object(lm_eval_main, "cli_evaluate", side_effect=cli_evaluate)
+
+        # A bad option: one line naming it (a ModelArgumentError, still a ValueError).
+        option = str(rng.choice(["max_length", "max_gen_toks", "bucket"]))
+        bad = str(rng.choice(["x", "-3", "0", "2.5"]))
+        with harness(**{option: bad}), self.assertRaises(SystemExit) as stop:
+            lm_eval_adapter.main()
+        self.assertEqual(stop.exception.code,
+                         f"error: lattn_jax: {option} must be an integer >= 1, got {bad!r}")
+
+        # A ValueError raised inside the model's forward (under jit): it reaches the caller
+        # with its traceback, which names the raising function (it was "error: <message>").
+        message = f"deep in the model: shapes {int(rng.integers(2, 64))} and 3 differ"
+
+        def broken_forward(self, *args, **kwargs):
+            raise ValueError(message)
+
+        raised = None
+        with harness(batch_size=int(rng.integers(1, 4))), \
+                mock.patch.object(model_lib.LanguageModel, "__call__", broken_forward):
+            try:  # not assertRaises: it drops the traceback
+                lm_eval_adapter.main()
+            except (ValueError, SystemExit) as e:
+                raised = e
+        self.assertIsInstance(raised, ValueError, f"not propagated: {raised!r}")
+        self.assertEqual(str(raised), message)
+        frames = [f.name for f in traceback.extract_tb(raised.__traceback__)]
+        self.assertEqual(frames[-1], "broken_forward", frames)
+        self.assertIn("loglikelihood", frames)
+
+        # A harness ValueError wrapping a model's (raise ... from e) keeps the traceback too.
+        def wrapped():
+            try:
+                lm_eval_adapter.LattnJaxLM.from_model(model, tok).loglikelihood(requests)
+            except ValueError as e:
+                raise ValueError("the harness's wrapper") from e
+
+        with mock.patch.object(lm_eval_main, "cli_evaluate", side_effect=wrapped), \
+                mock.patch.object(model_lib.LanguageModel, "__call__", broken_forward), \
+                self.assertRaisesRegex(ValueError, "^the harness's wrapper$"):
+            lm_eval_adapter.main()
+        self.assertTrue(issubclass(lm_eval_adapter.ModelArgumentError, ValueError))
+        self.assertNotIsInstance(raised, lm_eval_adapter.ModelArgumentError)
 
 
 @pytest.mark.interop
