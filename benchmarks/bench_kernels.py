@@ -32,8 +32,8 @@ With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_invers
 ``--mosaic_t0_refine`` and ``--mosaic_t0_chunks_per_cta`` pick the variant of the ``T0`` kernel
 (``chunk_kkt_inverse_mosaic``; its time is the ``gdn_chunk_kkt_inverse*`` entry of each
 record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command. With
-``fused_t0_split``, ``--mosaic_t0_split_order=readout_first`` times the other order of the
-output warpgroup (Sec. 16).
+``fused_t0_split``, ``--mosaic_t0_split_order=prepare_first`` times the other order of the
+output warpgroup (the default is ``readout_first``; Sec. 16).
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -117,8 +117,9 @@ _MOSAIC_T0_CPC = flags.DEFINE_integer(
 _MOSAIC_T0_SPLIT_ORDER = flags.DEFINE_string(
     "mosaic_t0_split_order", None,
     "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0_split: the split_order= of "
-    "chunk_delta_fused_t0_fwd_mosaic (prepare_first, the default, or readout_first: "
-    "MOSAIC_GPU.md Sec. 16); unset: the default. Recorded with every mosaic record.")
+    "chunk_delta_fused_t0_fwd_mosaic (readout_first, the default since 2026-12-04f, or "
+    "prepare_first: MOSAIC_GPU.md Sec. 16); unset: the default. Recorded with every mosaic "
+    "record.")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")

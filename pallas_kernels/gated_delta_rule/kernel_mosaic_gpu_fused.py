@@ -130,16 +130,17 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   (``fused_fwd_wy``, MOSAIC_GPU.md Sec. 2), written for our contracts. ``Ag`` needs no
   product: it is ``T0`` times the mask ``D`` and ``beta_j``, elementwise. Per chunk ``n``:
 
-  - the output warpgroup (``setmaxnreg 232``), one chunk ahead, waits for chunk ``n + 1``'s
-    stage, forms the strictly lower part ``Ag_<`` of ``Ag = T0 * D * beta_j`` in fp32
-    registers and writes it, rounded once to the input dtype, over ``T0`` in the ring stage
-    (``t0_s[slot]``), then arrives on ``ag_ready[slot]``; it then reads out chunk ``n`` as
+  - the output warpgroup (``setmaxnreg 232``) reads out chunk ``n`` as
     :func:`_split_kernel`'s output warpgroup (``Q K^T`` and ``P`` while the state warpgroup
     works; on ``s_ready``, ``Q S_n`` and ``P v_new`` as one group; ``s_free``; ``o`` through
-    a double-buffered tile). Three products per chunk. ``split_order="readout_first"``
-    (:data:`SPLIT_ORDERS`, a timing option) swaps the two: read-out of chunk ``n``, then
-    ``Ag`` of chunk ``n + 1``, so the read-out no longer waits for chunk ``n + 1``'s copies
-    (MOSAIC_GPU.md Sec. 16);
+    a double-buffered tile), then, one chunk ahead, waits for chunk ``n + 1``'s stage, forms
+    the strictly lower part ``Ag_<`` of ``Ag = T0 * D * beta_j`` in fp32 registers and writes
+    it, rounded once to the input dtype, over ``T0`` in the ring stage (``t0_s[slot]``), then
+    arrives on ``ag_ready[slot]``. Three products per chunk. That is
+    ``split_order="readout_first"`` (:data:`SPLIT_ORDERS`, the default since 2026-12-04f:
+    0.358 ms on the H200 at S1 against 0.520); ``"prepare_first"`` forms ``Ag`` of chunk
+    ``n + 1`` before reading out chunk ``n`` (a whole TMA round trip per chunk in the output
+    warpgroup, MOSAIC_GPU.md Sec. 16);
   - the state warpgroup (``setmaxnreg 232``, ``S`` ``[K, 64]`` fp32 in registers) publishes
     ``S_c`` in 16 bits (double-buffered; waits on ``s_free`` of the chunk two back), then::
 
@@ -646,10 +647,14 @@ _T0_IN_COPIES = 11  # TMA copies per ring stage (q, k, v, t0, g x2, beta, doc x2
 # but "full" and "nobar" writes something that is NOT the forward's o.
 FUSED_T0_STAGES = ("full", "io", "v_new", "state", "no_store", "nobar")
 # The order of the output warpgroup's two tasks per chunk in the three-warpgroup fused_t0_split
-# kernel (a timing choice; same arithmetic, same barriers): "prepare_first" (the default) forms
-# Ag of chunk n + 1, waiting for its stage, then reads out chunk n; "readout_first" reads out
-# chunk n (releasing its stage), then forms Ag of chunk n + 1 (MOSAIC_GPU.md Sec. 16).
-SPLIT_ORDERS = ("prepare_first", "readout_first")
+# kernel (a timing choice; same arithmetic, same barriers): "readout_first" (the default since
+# 2026-12-04f; H200, S1: 0.358 ms) reads out chunk n (releasing its stage), then forms Ag of
+# chunk n + 1; "prepare_first" (the default before; 0.520 ms) forms Ag of chunk n + 1, waiting
+# for its stage, then reads out chunk n (MOSAIC_GPU.md Sec. 16). Kernel names:
+# gdn_chunk_delta_fused_t0_fwd_split_ro and gdn_chunk_delta_fused_t0_fwd_split, as before.
+SPLIT_ORDERS = ("readout_first", "prepare_first")
+SPLIT_DEFAULT_ORDER = "readout_first"
+_SPLIT_ORDER_SUFFIX = {"readout_first": "_ro", "prepare_first": ""}
 
 
 def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
@@ -848,17 +853,18 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
 def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
                      store_v_new: bool, store_h: bool, interpret: bool,
-                     split_order: str = "prepare_first"):
+                     split_order: str = SPLIT_DEFAULT_ORDER):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic` with ``split_output``: three
     warpgroups (state, output, memory) in jla's arrangement (MOSAIC_GPU.md Sec. 2); refs are
     GMEM.
 
-    The output warpgroup forms ``Ag_<``, the strictly lower part of ``Ag = T0 * D * beta_j``,
-    of chunk ``n + 1`` elementwise in fp32 registers and writes it, rounded once to 16 bits,
-    over ``T0`` in the ring stage (``t0_s[slot]``; ``ag_ready[slot]``; the stage's ``in_free``
-    frees it), then reads out chunk ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``); with
-    ``split_order="readout_first"`` (:data:`SPLIT_ORDERS`) the read-out of chunk ``n`` comes
-    first (``Ag`` of chunk ``n`` was formed the step before, or before the loop). The state
+    The output warpgroup reads out chunk ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``), then
+    forms ``Ag_<``, the strictly lower part of ``Ag = T0 * D * beta_j``, of chunk ``n + 1``
+    elementwise in fp32 registers and writes it, rounded once to 16 bits, over ``T0`` in the
+    ring stage (``t0_s[slot]``; ``ag_ready[slot]``; the stage's ``in_free`` frees it); ``Ag``
+    of chunk 0 is formed before the loop. That is ``split_order="readout_first"`` (the
+    default, :data:`SPLIT_ORDERS`); with ``"prepare_first"`` ``Ag`` of chunk ``n + 1`` comes
+    before the read-out of chunk ``n``. The state
     warpgroup per chunk: publishes ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` (fp32,
     and to SMEM in 16 bits); ``v_new = Ag_< X + diag(beta) X`` (``Ag_<`` from SMEM, the unit
     diagonal of ``T0`` in fp32); publishes ``v_new``; ``K^T (last e^{G_L - G} v_new)``.
@@ -1092,7 +1098,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
     split_output: bool = False,
     interpret: bool = False,
     stages: str = "full",
-    split_order: str = "prepare_first",
+    split_order: str = SPLIT_DEFAULT_ORDER,
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
     gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
@@ -1129,10 +1135,10 @@ def chunk_delta_fused_t0_fwd_mosaic(
     SMEM.
 
     With ``split_output=True`` (``forward="fused_t0_split"``; module docstring): three
-    warpgroups in jla's arrangement. The output warpgroup forms the strictly lower part
-    ``Ag_<`` of ``Ag = T0 * D * beta_j`` of the next chunk elementwise (no product), rounded
-    once to the input dtype, over ``T0`` in the ring stage, then reads out the chunk before
-    (``Q K^T``, ``P``, ``Q S_c``, ``P v_new``); the state warpgroup runs
+    warpgroups in jla's arrangement. The output warpgroup reads out a chunk (``Q K^T``,
+    ``P``, ``Q S_c``, ``P v_new``), then forms the strictly lower part ``Ag_<`` of
+    ``Ag = T0 * D * beta_j`` of the next chunk elementwise (no product), rounded once to the
+    input dtype, over ``T0`` in the ring stage (``split_order`` below); the state warpgroup runs
     ``X = V - diag(conn e^G) K S_c``, ``v_new = Ag_< X + diag(beta) X`` (``T0``'s unit diagonal
     in fp32) and the state update (three ``wgmma`` per chunk). About 211.5 KB of SMEM at
     K = V = 128 (bf16).
@@ -1168,10 +1174,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
             kernel name (``gdn_chunk_delta_fused_t0_fwd_abl_<stages>``) so that a profile
             lists it apart (MOSAIC_GPU.md Sec. 16).
         split_order: with ``split_output`` only (static, one of :data:`SPLIT_ORDERS`; a
-            timing choice, same results): ``"prepare_first"`` (default) has the output
-            warpgroup form ``Ag`` of chunk ``n + 1`` before reading out chunk ``n``;
-            ``"readout_first"`` reads out chunk ``n`` first (kernel name
-            ``gdn_chunk_delta_fused_t0_fwd_split_ro``; MOSAIC_GPU.md Sec. 16).
+            timing choice, same results bit for bit): ``"readout_first"`` (default since
+            2026-12-04f) has the output warpgroup read out chunk ``n`` before forming ``Ag``
+            of chunk ``n + 1`` (kernel name ``gdn_chunk_delta_fused_t0_fwd_split_ro``);
+            ``"prepare_first"`` forms ``Ag`` first (``gdn_chunk_delta_fused_t0_fwd_split``;
+            MOSAIC_GPU.md Sec. 16).
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
@@ -1185,8 +1192,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
             or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``, ``beta``, ``segment_ids``
             or ``initial_state`` shape; ``stages`` not in :data:`FUSED_T0_STAGES`, or other
             than ``"full"`` with ``split_output``, ``store_v_new`` or ``store_h``;
-            ``split_order`` not in :data:`SPLIT_ORDERS`, or other than ``"prepare_first"``
-            without ``split_output``.
+            ``split_order`` not in :data:`SPLIT_ORDERS`, or other than the default
+            ``"readout_first"`` without ``split_output``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -1198,7 +1205,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
                          f"extra outputs; got {split_output=}, {store_v_new=}, {store_h=}")
     if split_order not in SPLIT_ORDERS:
         raise ValueError(f"split_order must be one of {SPLIT_ORDERS}, got {split_order!r}")
-    if split_order != "prepare_first" and not split_output:
+    if split_order != SPLIT_DEFAULT_ORDER and not split_output:
         raise ValueError(f"split_order={split_order!r} orders the three-warpgroup kernel's "
                          f"output warpgroup: it needs split_output=True")
 
@@ -1216,8 +1223,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
                                group=heads // kv_heads, scale=float(scale), has_h0=has_h0,
                                store_v_new=store_v_new, store_h=store_h, interpret=interpret,
                                **({} if stages == "full" else {"stages": stages}),
-                               **({} if split_order == "prepare_first" else
-                                  {"split_order": split_order}))
+                               **({"split_order": split_order} if split_output else {}))
     dtype = v.dtype
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
                 jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
@@ -1285,7 +1291,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_delta_fused_t0_fwd_split"
-                     + ("" if split_order == "prepare_first" else "_ro")) if split_output else
+                     + _SPLIT_ORDER_SUFFIX[split_order]) if split_output else
         "gdn_chunk_delta_fused_t0_fwd" + ("" if stages == "full" else f"_abl_{stages}"),
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)

@@ -135,7 +135,7 @@ def _check_t0(test, k, beta, seg, t0, gate=None):
 
 def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
                         dtype=jnp.bfloat16, *, seed=0, interpret=True, allclose=True,
-                        split_output=False, split_order="prepare_first"):
+                        split_output=False, split_order=kfused.SPLIT_DEFAULT_ORDER):
     """The ``T0`` kernel then the fused ``T0`` kernel (all stores on; three warpgroups with
     ``split_output``, in ``split_order``) against the token-serial reference. Returns the
     relative RMS errors."""
@@ -292,8 +292,8 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
             1, 150, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30)), True, "fused_t0_split")
 
     @parameterized.named_parameters(*_FUSED_CASES)
-    def test_fused_t0_split_readout_first_matches_reference(self, *case):
-        _check_fused_kernel(self, *case, split_output=True, split_order="readout_first")
+    def test_fused_t0_split_prepare_first_matches_reference(self, *case):
+        _check_fused_kernel(self, *case, split_output=True, split_order="prepare_first")
 
     def test_split_orders_give_identical_outputs(self):
         # The same arithmetic in another order of the output warpgroup's tasks: bit for bit.
@@ -359,7 +359,7 @@ def _check_t0_kernel_exports(test, dk):
 
 
 def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
-                                   split_order="prepare_first"):
+                                   split_order=kfused.SPLIT_DEFAULT_ORDER):
     q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, 0.2, True, (70, 30))
     t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
 
@@ -377,7 +377,7 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
     test.assertIn(name, text)
     test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split" in text, split_output)
     test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split_ro" in text,
-                     split_order == "readout_first")
+                     split_output and split_order == "readout_first")
 
 
 def _check_forward_exports(test, dk, dv, deltanet, forward="fused_t0"):
@@ -450,9 +450,9 @@ class LoweringTest(parameterized.TestCase):
         _check_fused_t0_kernel_exports(self, **variant, split_output=True)
 
     @parameterized.named_parameters(*_SPLIT_CI)
-    def test_fused_t0_split_readout_first_kernel_exports_for_cuda(self, **variant):
+    def test_fused_t0_split_prepare_first_kernel_exports_for_cuda(self, **variant):
         _check_fused_t0_kernel_exports(self, **variant, split_output=True,
-                                       split_order="readout_first")
+                                       split_order="prepare_first")
 
     @parameterized.named_parameters(*_FWD_CI)
     def test_forward_fused_t0_exports_for_cuda(self, **variant):
@@ -550,7 +550,7 @@ class FusedT0StagesTest(parameterized.TestCase):
             for stages in ("io", "v_new", "state", "no_store"):
                 self.assertNotEqual(jaxpr(stages=stages), default)
 
-    def test_split_order_prepare_first_is_the_default_and_readout_first_differs(self):
+    def test_split_order_readout_first_is_the_default_and_prepare_first_differs(self):
         q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
         t0 = jnp.zeros((1, 150, 2, C), k.dtype)
         for interpret in (False, True):
@@ -560,24 +560,28 @@ class FusedT0StagesTest(parameterized.TestCase):
                     split_output=True, **kw))(q, k, v, t0, g, beta))
 
             default = jaxpr()
-            self.assertEqual(jaxpr(split_order="prepare_first"), default)
-            readout_first = jaxpr(split_order="readout_first")
-            self.assertNotEqual(readout_first, default)
-            self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_ro", readout_first)
+            self.assertEqual(jaxpr(split_order="readout_first"), default)
+            self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_ro", default)
+            prepare_first = jaxpr(split_order="prepare_first")
+            self.assertNotEqual(prepare_first, default)
+            self.assertIn("gdn_chunk_delta_fused_t0_fwd_split", prepare_first)
+            self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split_ro", prepare_first)
 
     def test_split_t0_options_reach_the_split_forward(self):
         # kernel_mosaic_gpu.SPLIT_T0_OPTIONS (set by bench_kernels.py --mosaic_t0_split_order)
         # is read at trace time; a sequence length of its own keeps jit caches out of it.
         q, k, v, g, beta, state, seg = _inputs(1, 131, 2, 1, 64, 64, 0.2, True, (70, 30))
         self.addCleanup(kgd.SPLIT_T0_OPTIONS.clear)
-        kgd.SPLIT_T0_OPTIONS["split_order"] = "readout_first"
+        kgd.SPLIT_T0_OPTIONS["split_order"] = "prepare_first"
 
         def jaxpr(forward):
             return str(jax.make_jaxpr(lambda *a: kgd.gated_delta_rule_fwd_mosaic(
                 *a, scale=0.1, initial_state=state, segment_ids=seg,
                 forward=forward))(q, k, v, g, beta))
 
-        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_ro", jaxpr("fused_t0_split"))
+        split = jaxpr("fused_t0_split")
+        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split", split)
+        self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split_ro", split)  # not the default
         self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split", jaxpr("fused_t0"))
 
     def test_rejects_unknown_or_unsplit_split_order(self):
@@ -587,7 +591,7 @@ class FusedT0StagesTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "split_order must be one of"):
             fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_order="ahead")
         with self.assertRaisesRegex(ValueError, "needs split_output=True"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_order="readout_first")
+            fn(q, k, v, t0, g, beta, scale=0.1, split_order="prepare_first")
 
     def test_rejects_unknown_or_combined_stages(self):
         q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
@@ -789,9 +793,9 @@ class GpuTest(kmg_test.HopperTestCase):
                             split_output=True)
 
     @parameterized.named_parameters(*_GPU_KERNEL_CASES)
-    def test_fused_t0_split_readout_first_kernel_matches_reference(self, *case):
+    def test_fused_t0_split_prepare_first_kernel_matches_reference(self, *case):
         _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False,
-                            split_output=True, split_order="readout_first")
+                            split_output=True, split_order="prepare_first")
 
     @parameterized.named_parameters(*_GPU_FORWARD_CASES)
     def test_forward_fused_t0_split_matches_reference_and_three_pass(self, *case):
