@@ -676,8 +676,10 @@ SPLIT_STAGES = (2, 3)
 # fp32 state staging shares a RefUnion with the published S (h0 is loaded into registers
 # before the first S is written, with the automatic warpgroup barrier before that store; the
 # final state is written after the state warpgroup observed s_free of the last two chunks and
-# waited for its own h stores). 149.25 + 32 + 8 + 16 + 16 = 221.25 KB, checked by the CUDA
-# export (Mosaic GPU raises above 227 KB).
+# waited for its own h stores). 149.25 + 32 + 8 + 16 + 16 = 221.25 KB; Mosaic GPU's own count
+# (every buffer aligned to 1 KB, so each 0.5 or 0.75 KB vector takes 1 KB, plus the barriers)
+# is 220,256 bytes (215.1 KB) for two stages and 228,472 (223.1 KB) for three, checked by the
+# CUDA export (Mosaic GPU raises above 227 KB; LoweringTest).
 #
 # _SPLIT_PROTOCOL: why the split kernel cannot deadlock, in every order and at either ring
 # depth R >= 2. Waits (W) and arrivals (A) per chunk n, on barriers indexed by slot = n mod R
