@@ -143,7 +143,9 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
     warpgroup, MOSAIC_GPU.md Sec. 16); ``"prepare_mid"`` forms it between the state-free and
     the state-dependent halves of the read-out of chunk ``n``, so that the state warpgroup
     never waits for a read-out, and ``split_stages=3`` deepens the TMA ring to three stages
-    so that chunk ``n + 1``'s copies have landed by then (Sec. 17; not yet timed);
+    so that chunk ``n + 1``'s copies have landed by then; ``"state_ag"`` leaves the output
+    warpgroup the read-out only and has the state warpgroup form ``Ag`` of chunk ``n`` while
+    its ``K S`` product runs (Sec. 17; neither timed yet);
   - the state warpgroup (``setmaxnreg 232``, ``S`` ``[K, 64]`` fp32 in registers) publishes
     ``S_c`` in 16 bits (double-buffered; waits on ``s_free`` of the chunk two back), then::
 
@@ -658,11 +660,15 @@ FUSED_T0_STAGES = ("full", "io", "v_new", "state", "no_store", "nobar")
 # "prepare_mid" (2026-12-04f, not yet timed; MOSAIC_GPU.md Sec. 17) runs the state-free half of
 # chunk n's read-out (Q K^T, P), then Ag of chunk n + 1, then the state-dependent half (on
 # s_ready: Q S, P v_new, o), so Ag of chunk n + 1 no longer waits for a read-out; it is meant
-# for split_stages=3, with which chunk n + 1's copies are issued a chunk earlier. Kernel name
-# suffix _pm; split_stages=3 appends _s3.
-SPLIT_ORDERS = ("readout_first", "prepare_first", "prepare_mid")
+# for split_stages=3, with which chunk n + 1's copies are issued a chunk earlier. "state_ag"
+# (2026-12-04f, not yet timed) has the state warpgroup form Ag itself, while its K S product
+# runs, and leaves the output warpgroup the read-out only: the state warpgroup then never waits
+# for the output warpgroup except through the double-buffered s_free (and the ring's in_free).
+# Kernel name suffixes _pm and _sa; split_stages=3 appends _s3.
+SPLIT_ORDERS = ("readout_first", "prepare_first", "prepare_mid", "state_ag")
 SPLIT_DEFAULT_ORDER = "readout_first"
-_SPLIT_ORDER_SUFFIX = {"readout_first": "_ro", "prepare_first": "", "prepare_mid": "_pm"}
+_SPLIT_ORDER_SUFFIX = {"readout_first": "_ro", "prepare_first": "", "prepare_mid": "_pm",
+                       "state_ag": "_sa"}
 # Depths of the split kernel's TMA input ring (split_stages): 2 (the default, STAGES) or 3.
 SPLIT_STAGES = (2, 3)
 # SMEM of the split kernel at K = V = 128, bf16 (Mosaic GPU aligns every buffer to 1 KB; the
@@ -685,12 +691,15 @@ SPLIT_STAGES = (2, 3)
 # depth R >= 2. Waits (W) and arrivals (A) per chunk n, on barriers indexed by slot = n mod R
 # (in_bar, in_free, ag_ready) or half = n mod 2 (s_ready, s_free):
 #   memory  issue(n): n >= R: W in_free[n - R] (2 arrivals), then the copies arrive in_bar[n].
-#   state   step(n): n >= 2: W s_free[n - 2]; W in_bar[n]; W ag_ready[n]; A s_ready[n];
-#           A in_free[n].
+#   state   step(n): n >= 2: W s_free[n - 2]; W in_bar[n]; W ag_ready[n] (not with
+#           "state_ag", which forms Ag itself); A s_ready[n]; A in_free[n].
 #   output  prepare(m): W in_bar[m]; A ag_ready[m]. read_scores(n): no wait (prepare(n)
-#           waited for the stage). read_state(n): W s_ready[n]; A s_free[n]; A in_free[n].
-#           Program order: prepare(0), then per n: read_scores(n), prepare(n + 1) and
-#           read_state(n) in the order's sequence (prepare(n + 1) before or after either half).
+#           waited for the stage; "state_ag": W in_bar[n] instead). read_state(n):
+#           W s_ready[n]; A s_free[n]; A in_free[n]. Program order: prepare(0), then per n:
+#           read_scores(n), prepare(n + 1) and read_state(n) in the order's sequence
+#           (prepare(n + 1) before or after either half; "state_ag": no prepare).
+# (tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py runs this protocol, with the SMEM buffers
+# it guards, under random schedules: LoweringTest.test_split_protocol_cannot_deadlock.)
 # Induction on n: assume every event of chunks < n happened (state steps, output halves,
 # prepares up to prepare(n)). Then issue(n + 1) can happen (it waits for in_free of chunk
 # n + 1 - R <= n - 1), so prepare(n + 1) can (in_bar[n + 1]); state step(n) can run to its end
@@ -916,7 +925,9 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     of chunk 0 is formed before the loop. That is ``split_order="readout_first"`` (the
     default, :data:`SPLIT_ORDERS`); with ``"prepare_first"`` ``Ag`` of chunk ``n + 1`` comes
     before the read-out of chunk ``n``, with ``"prepare_mid"`` between its state-free half
-    (``read_scores``) and its state-dependent half (``read_state``). ``depth`` is the TMA
+    (``read_scores``) and its state-dependent half (``read_state``); with ``"state_ag"`` the
+    state warpgroup forms ``Ag`` of chunk ``n`` (``form_ag``) between issuing ``K S_c`` and
+    reading it, and the output warpgroup only reads out. ``depth`` is the TMA
     ring's (``split_stages``; with 3, ``vd_s`` is ``x_s`` and ``state_s`` shares a
     ``RefUnion`` with ``sb_s``, except when interpreting). The state
     warpgroup per chunk: publishes ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` (fp32,
@@ -956,6 +967,29 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     sq = (CHUNK, CHUNK)
     tile = (CHUNK, BLOCK_V)
 
+    def chunk_mask(slot, i, j):
+        """D_ij = e^{G_i - G_j} on causal same-document pairs (exponent masked before exp, so
+        D <= 1), and the rows of G; ``i, j``: the row and column iotas of a [C, C] tile."""
+        g_i = mgl.load_rows(g_row_s.at[slot], interpret)
+        g_j = mgl.load_cols(g_col_s.at[slot], interpret)
+        d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+        d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+        return mgl.causal_decay(i, j, g_i, g_j, d_i, d_j), g_i
+
+    def form_ag(slot, i, j):
+        """Ag_<, the strictly lower part of Ag = T0 * D * beta_j, of the chunk in ring stage
+        ``slot`` (elementwise, no product), written over T0 in the stage and committed for
+        the state warpgroup's wgmma. Nothing here depends on the state."""
+        decay, _ = chunk_mask(slot, i, j)
+        beta_j = lax.broadcast_in_dim(mgl.load_cols(b_col_s.at[slot], interpret), sq, [1])
+        t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
+        # T diag(beta) below the diagonal, rounded once to 16 bits (jla: hi/lo splits did not
+        # change the end-to-end error); the diagonal beta_i is the state warpgroup's, in fp32.
+        # Only the warpgroup that forms Ag reads T0, and it reads it before the write.
+        ag = jnp.where(j < i, t0 * decay * beta_j, 0.0)
+        t0_s.at[slot][...] = ag.astype(t0_s.dtype)
+        plgpu.commit_smem()
+
     @pl.when(wg == 2)
     def _memory():
         plgpu.set_max_registers(40, action="decrease")
@@ -967,6 +1001,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         plgpu.set_max_registers(232, action="increase")
         h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
         s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
+        if split_order == "state_ag":  # this warpgroup forms Ag (the iotas live in the loop)
+            i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
         def step(n, s):
             slot, half = lax.rem(n, depth), lax.rem(n, 2)
@@ -986,6 +1022,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
 
             def state_in(acc):
                 plgpu.wgmma(acc, k_s.at[slot], sb_s.at[half])  # K S, [C, 64]
+                if split_order == "state_ag":  # Ag of chunk n while K S is on the tensor cores
+                    form_ag(slot, i, j)
                 return acc[...]
 
             # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
@@ -999,7 +1037,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                  - ks * mgl.by_row(q_decay, tile))
             x_s[...] = x.astype(x_s.dtype)
             plgpu.commit_smem()
-            plgpu.barrier_wait(ag_ready.at[slot])  # Ag of chunk n, over T0 in the ring stage
+            if split_order != "state_ag":  # Ag of chunk n, over T0 in the ring stage
+                plgpu.barrier_wait(ag_ready.at[slot])
 
             def solve(acc):
                 plgpu.wgmma(acc, t0_s.at[slot], x_s)  # v_new = Ag X, [C, 64]
@@ -1038,30 +1077,13 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         plgpu.set_max_registers(232, action="increase")
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
-        def chunk_mask(slot):
-            """D_ij = e^{G_i - G_j} on causal same-document pairs (exponent masked before exp,
-            so D <= 1), and the rows of G."""
-            g_i = mgl.load_rows(g_row_s.at[slot], interpret)
-            g_j = mgl.load_cols(g_col_s.at[slot], interpret)
-            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
-            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
-            return mgl.causal_decay(i, j, g_i, g_j, d_i, d_j), g_i
-
         def prepare(m):
-            """Ag_<, the strictly lower part of Ag = T0 * D * beta_j, of chunk m (elementwise,
-            no product) over T0 in the ring stage; signals ag_ready. Nothing here depends on
-            the state, so it runs while the state warpgroup works on chunk m - 1."""
+            """Waits for chunk m's stage, forms Ag_< of chunk m over T0 (form_ag), signals
+            ag_ready. Nothing here depends on the state, so it runs while the state warpgroup
+            works on chunk m - 1."""
             slot = lax.rem(m, depth)
             plgpu.barrier_wait(in_bar.at[slot])
-            decay, _ = chunk_mask(slot)
-            beta_j = lax.broadcast_in_dim(mgl.load_cols(b_col_s.at[slot], interpret), sq, [1])
-            t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
-            # T diag(beta) below the diagonal, rounded once to 16 bits (jla: hi/lo splits did
-            # not change the end-to-end error); the diagonal beta_i is the state warpgroup's, in
-            # fp32. Only this warpgroup reads T0, and it reads it before the write.
-            ag = jnp.where(j < i, t0 * decay * beta_j, 0.0)
-            t0_s.at[slot][...] = ag.astype(t0_s.dtype)
-            plgpu.commit_smem()
+            form_ag(slot, i, j)
             plgpu.barrier_arrive(ag_ready.at[slot])
 
         def read_scores(n):
@@ -1075,7 +1097,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 return acc[...]
 
             qk = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
-            decay, g_i = chunk_mask(slot)
+            decay, g_i = chunk_mask(slot, i, j)
             p = (qk * decay).astype(dtype)  # 16-bit, the left wgmma operand (registers)
             q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
             return mgl.lhs_operand(p, p_s, interpret), q_decay
@@ -1105,9 +1127,16 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         # Every order keeps every barrier's waits and arrivals: prepare(m) (which waits for
         # chunk m's stage) always precedes read_scores(m), which relies on that wait. Why no
         # order can deadlock, at either ring depth: _SPLIT_PROTOCOL.
-        prepare(0)
+        if split_order != "state_ag":
+            prepare(0)
 
         def step(n, carry):
+            if split_order == "state_ag":
+                # Only the read-out here: the state warpgroup forms Ag; this warpgroup waits
+                # for the stage itself (prepare(n) did elsewhere).
+                plgpu.barrier_wait(in_bar.at[lax.rem(n, depth)])
+                read_state(n, *read_scores(n))
+                return carry
             if split_order == "readout_first":
                 # Chunk n's read-out first: it releases chunk n's stage and s_free without
                 # waiting for chunk n + 1's copies, which were issued a read-out earlier.
@@ -1260,7 +1289,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
             MOSAIC_GPU.md Sec. 16); ``"prepare_mid"`` forms it between the read-out's
             state-free half (``Q K^T``, ``P``) and its state-dependent half (``Q S_c``,
             ``P v_new``, ``o``; kernel name ``..._split_pm``; Sec. 17), so that the state
-            warpgroup never waits for a read-out; meant for ``split_stages=3``.
+            warpgroup never waits for a read-out; meant for ``split_stages=3``;
+            ``"state_ag"`` has the state warpgroup form ``Ag`` itself while its ``K S``
+            product runs, the output warpgroup only reads out (``..._split_sa``; Sec. 17).
         split_stages: with ``split_output`` only (static, one of :data:`SPLIT_STAGES`; a
             timing choice, same results bit for bit): the depth of the TMA input ring, 2
             (default) or 3. With 3 the decayed ``v_new`` reuses ``X``'s tile and the fp32

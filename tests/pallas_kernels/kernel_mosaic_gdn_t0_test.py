@@ -335,15 +335,15 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
             self, _inputs(1, 300, 2, 1, 64, 64, 0.05, True, (64, 36, 30, 100)), True)
 
     @parameterized.named_parameters(
-        ("prepare_mid_s3_gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
-         (64, 36, 30)),
-        ("prepare_mid_s3_fp16_deltanet_h0_T100_K128_V64", 1, 100, 1, 1, 128, 64, None, True,
-         None, jnp.float16),
-    )
-    def test_fused_t0_split_prepare_mid_s3_matches_reference(self, *case):
-        # Sec. 17's candidate against the fp32 token-serial reference (all stores on).
-        _check_fused_kernel(self, *case, split_output=True, split_order="prepare_mid",
-                            split_stages=3)
+        (f"{order}_s3_{name}", order, *case) for order in ("prepare_mid", "state_ag")
+        for name, *case in (
+            ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+             (64, 36, 30)),
+            ("fp16_deltanet_h0_T100_K128_V64", 1, 100, 1, 1, 128, 64, None, True, None,
+             jnp.float16)))
+    def test_fused_t0_split_sec17_s3_matches_reference(self, order, *case):
+        # Sec. 17's candidates against the fp32 token-serial reference (all stores on).
+        _check_fused_kernel(self, *case, split_output=True, split_order=order, split_stages=3)
 
 
 @pytest.mark.slow
@@ -421,6 +421,8 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
                      split_output and split_order == "readout_first")
     test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split_pm" in text,
                      split_output and split_order == "prepare_mid")
+    test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split_sa" in text,
+                     split_output and split_order == "state_ag")
     test.assertEqual("_s3" in text, split_output and split_stages == 3)
 
 
@@ -440,21 +442,25 @@ def _split_protocol(order, depth, num_chunks):
     state = []
     for n in range(num_chunks):
         state += [("W", "s_free", n - 2)] if n >= 2 else []
-        state += [("X", "pub", n), ("W", "in_bar", n), ("R", "ring", n), ("W", "ag_ready", n),
-                  ("R", "ag", n), ("A", "s_ready", n), ("E", "ag", n), ("E", "ring", n),
+        state += [("X", "pub", n), ("W", "in_bar", n), ("R", "ring", n)]
+        state += [("X", "ag", n)] if order == "state_ag" else [("W", "ag_ready", n)]
+        state += [("R", "ag", n), ("A", "s_ready", n), ("E", "ag", n), ("E", "ring", n),
                   ("A", "in_free", n)]
     state += [("W", "s_free", n) for n in range(max(num_chunks - 2, 0), num_chunks)]
 
     def prepare(m):
         return [("W", "in_bar", m), ("R", "ring", m), ("X", "ag", m), ("A", "ag_ready", m)]
 
-    output = prepare(0)
+    output = [] if order == "state_ag" else prepare(0)
     for n in range(num_chunks):
         nxt = prepare(n + 1) if n + 1 < num_chunks else []
         read_state = [("W", "s_ready", n), ("R", "pub", n), ("E", "pub", n), ("A", "s_free", n),
                       ("E", "ring", n), ("A", "in_free", n)]
-        output += (nxt + read_state if order in ("prepare_first", "prepare_mid") else
-                   read_state + nxt)  # read_scores(n): no barrier, reads ring n (held)
+        if order == "state_ag":  # the read-out only, after its own wait for the stage
+            output += [("W", "in_bar", n), ("R", "ring", n)] + read_state
+        else:  # read_scores(n): no barrier, reads ring n (held since prepare(n))
+            output += (nxt + read_state if order in ("prepare_first", "prepare_mid") else
+                       read_state + nxt)
     return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, output, memory)]
 
 
@@ -588,17 +594,23 @@ class LoweringTest(parameterized.TestCase):
         _check_fused_t0_kernel_exports(self, **variant, split_output=True,
                                        split_order="prepare_first")
 
-    @parameterized.named_parameters(
-        ("K128_V128_bf16_h0_docs", dict(dk=128, dv=128)),
-        ("K64_V64_fp16_deltanet", dict(dk=64, dv=64, dtype=jnp.float16, deltanet=True)),
-        ("K128_V64_no_gva", dict(dk=128, dv=64, kv_heads=2)),
+    @parameterized.product(
+        order=("prepare_mid", "state_ag"),
+        variant=(dict(dk=128, dv=128), dict(dk=64, dv=64, dtype=jnp.float16, deltanet=True),
+                 dict(dk=128, dv=64, kv_heads=2)),
     )
-    def test_fused_t0_split_prepare_mid_s3_kernel_exports_for_cuda(self, variant):
-        # Sec. 17's candidate (GVA with kv_heads=1: two value heads read one key head). At
+    def test_fused_t0_split_sec17_s3_kernel_exports_for_cuda(self, order, variant):
+        # Sec. 17's candidates with three stages: K = V = 128 bf16 (GVA: two value heads read
+        # one key head; h0, documents), K 64 fp16 DeltaNet, K 128 / V 64 without GVA. At
         # K = V = 128 bf16 the export also checks the 227 KB SMEM limit (Mosaic GPU raises
         # above it), which the three-stage ring meets only with its two aliases.
         _check_fused_t0_kernel_exports(self, **variant, stores=True, split_output=True,
-                                       split_order="prepare_mid", split_stages=3)
+                                       split_order=order, split_stages=3)
+
+    @parameterized.parameters("prepare_mid", "state_ag")
+    def test_fused_t0_split_sec17_s2_kernel_exports_for_cuda(self, order):
+        _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
+                                       split_order=order)
 
     def test_split_stages_3_fits_227_kb_only_with_its_aliases(self):
         # Mosaic GPU's own SMEM count (core._smem_tree_size, what it checks against 227 KB)
@@ -785,7 +797,7 @@ class FusedT0StagesTest(parameterized.TestCase):
         default = jaxpr()
         self.assertEqual(jaxpr(split_stages=2), default)
         for order, name in (("readout_first", "split_ro_s3"), ("prepare_first", "split_s3"),
-                            ("prepare_mid", "split_pm_s3")):
+                            ("prepare_mid", "split_pm_s3"), ("state_ag", "split_sa_s3")):
             self.assertIn(f"gdn_chunk_delta_fused_t0_fwd_{name}",
                           jaxpr(split_order=order, split_stages=3))
         prepare_mid = jaxpr(split_order="prepare_mid")
@@ -1014,15 +1026,16 @@ class GpuTest(kmg_test.HopperTestCase):
         _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False,
                             split_output=True, split_order="prepare_first")
 
-    @parameterized.named_parameters(*_GPU_KERNEL_CASES)
-    def test_fused_t0_split_prepare_mid_s3_kernel_matches_reference(self, *case):
-        # MOSAIC_GPU.md Sec. 17: the output warpgroup forms Ag between the read-out's halves,
-        # three-stage ring (RefUnion of S and the fp32 state staging; vd_s in x_s).
+    @parameterized.named_parameters(
+        (f"{order}_s3_{name}", order, *case) for order in ("prepare_mid", "state_ag")
+        for name, *case in _GPU_KERNEL_CASES)
+    def test_fused_t0_split_sec17_s3_kernel_matches_reference(self, order, *case):
+        # MOSAIC_GPU.md Sec. 17: prepare_mid (Ag between the read-out's halves) and state_ag
+        # (the state warpgroup forms Ag), three-stage ring (RefUnion of S and the fp32 state
+        # staging; vd_s in x_s).
         errs = _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False,
-                                   split_output=True, split_order="prepare_mid",
-                                   split_stages=3)
-        print(f"prepare_mid_s3 {self.id()}: " + ", ".join(f"{k} {v:.3e}"
-                                                          for k, v in errs.items()))
+                                   split_output=True, split_order=order, split_stages=3)
+        print(f"{order}_s3 {self.id()}: " + ", ".join(f"{k} {v:.3e}" for k, v in errs.items()))
 
     def test_fused_t0_split_orders_and_depths_are_bit_equal(self):
         # Same arithmetic, other schedules: bit for bit at a realistic row (documents, h0,
