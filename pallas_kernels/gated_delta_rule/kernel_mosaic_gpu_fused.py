@@ -947,7 +947,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
      conn_s) = ring
     if depth == STAGES:  # the two-stage layout: every tile of its own
         sb_s, x_s, vn_s, vd_s, o_s, state_s, *rest = rest
-    else:  # split_stages=3 (_split_t0_scratch): two aliases pay for the third stage
+    else:  # split_stages=3: two aliases pay for the third stage (SMEM note at SPLIT_STAGES)
         if interpret:  # the interpreter has no RefUnion: state_s apart (no SMEM limit there)
             sb_s, state_s, *rest = rest
         else:  # one RefUnion: S in 16 bits (the loop) and the fp32 h0 / final state (outside)
