@@ -32,8 +32,9 @@ With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_invers
 ``--mosaic_t0_refine`` and ``--mosaic_t0_chunks_per_cta`` pick the variant of the ``T0`` kernel
 (``chunk_kkt_inverse_mosaic``; its time is the ``gdn_chunk_kkt_inverse*`` entry of each
 record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command. With
-``fused_t0_split``, ``--mosaic_t0_split_order=readout_first`` times the other order of the
-output warpgroup (Sec. 16).
+``fused_t0_split``, ``--mosaic_t0_split_order=prepare_first`` (or ``prepare_mid``) times
+another order of the output warpgroup (the default is ``readout_first``; Sec. 16, 17) and
+``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17).
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -117,8 +118,14 @@ _MOSAIC_T0_CPC = flags.DEFINE_integer(
 _MOSAIC_T0_SPLIT_ORDER = flags.DEFINE_string(
     "mosaic_t0_split_order", None,
     "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0_split: the split_order= of "
-    "chunk_delta_fused_t0_fwd_mosaic (prepare_first, the default, or readout_first: "
-    "MOSAIC_GPU.md Sec. 16); unset: the default. Recorded with every mosaic record.")
+    "chunk_delta_fused_t0_fwd_mosaic (readout_first, the default since 2026-12-04f, "
+    "prepare_first or prepare_mid: MOSAIC_GPU.md Sec. 16, 17); unset: the default. Recorded "
+    "with every mosaic record.")
+_MOSAIC_T0_SPLIT_STAGES = flags.DEFINE_integer(
+    "mosaic_t0_split_stages", None,
+    "Peer mosaic, as --mosaic_t0_split_order: the split_stages= of "
+    "chunk_delta_fused_t0_fwd_mosaic, the depth of its TMA input ring (2, the default, or 3: "
+    "MOSAIC_GPU.md Sec. 17); unset: the default. Recorded with every mosaic record.")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -465,8 +472,9 @@ def _apply_mosaic_t0():
     against the forward and the T0 kernel's choices, before anything runs (refused where
     they would be ignored); then set ``kernel_mosaic_gpu.T0_OPTIONS``, the keyword arguments
     of ``chunk_kkt_inverse_mosaic`` at the forwards' call sites (read at trace time: nothing
-    is traced yet). Likewise ``--mosaic_t0_split_order`` (``fused_t0_split`` only) into
-    ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS``. Returns all of them in one dict."""
+    is traced yet). Likewise ``--mosaic_t0_split_order`` and ``--mosaic_t0_split_stages``
+    (``fused_t0_split`` only) into ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS``. Returns all of them
+    in one dict."""
     options = {}
     if _MOSAIC_T0_INVERSE.value is not None:
         options["inverse"] = _MOSAIC_T0_INVERSE.value
@@ -477,6 +485,8 @@ def _apply_mosaic_t0():
     split = {}
     if _MOSAIC_T0_SPLIT_ORDER.value is not None:
         split["split_order"] = _MOSAIC_T0_SPLIT_ORDER.value
+    if _MOSAIC_T0_SPLIT_STAGES.value is not None:
+        split["split_stages"] = _MOSAIC_T0_SPLIT_STAGES.value
     if not options and not split:
         return {}
     named = ", ".join(f"--mosaic_t0_{key}={value}"
@@ -509,12 +519,15 @@ def _apply_mosaic_t0():
     if split:
         from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
         if _MOSAIC_FORWARD.value != "fused_t0_split":
-            raise app.UsageError(f"--mosaic_t0_split_order applies to "
-                                 f"--mosaic_forward=fused_t0_split only "
+            flag = " and ".join(f"--mosaic_t0_{key}" for key in split)
+            raise app.UsageError(f"{flag} applies to --mosaic_forward=fused_t0_split only "
                                  f"(--mosaic_forward={_MOSAIC_FORWARD.value})")
-        if split["split_order"] not in kfused.SPLIT_ORDERS:
+        if split.get("split_order", kfused.SPLIT_DEFAULT_ORDER) not in kfused.SPLIT_ORDERS:
             raise app.UsageError(f"--mosaic_t0_split_order={split['split_order']}: takes one "
                                  f"of {', '.join(kfused.SPLIT_ORDERS)}")
+        if split.get("split_stages", kfused.STAGES) not in kfused.SPLIT_STAGES:
+            raise app.UsageError(f"--mosaic_t0_split_stages={split['split_stages']}: takes one "
+                                 f"of {', '.join(map(str, kfused.SPLIT_STAGES))}")
     gdr_mosaic.T0_OPTIONS.clear()
     gdr_mosaic.T0_OPTIONS.update(options)
     gdr_mosaic.SPLIT_T0_OPTIONS.clear()

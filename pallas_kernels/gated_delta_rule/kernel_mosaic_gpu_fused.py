@@ -130,16 +130,22 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   (``fused_fwd_wy``, MOSAIC_GPU.md Sec. 2), written for our contracts. ``Ag`` needs no
   product: it is ``T0`` times the mask ``D`` and ``beta_j``, elementwise. Per chunk ``n``:
 
-  - the output warpgroup (``setmaxnreg 232``), one chunk ahead, waits for chunk ``n + 1``'s
-    stage, forms the strictly lower part ``Ag_<`` of ``Ag = T0 * D * beta_j`` in fp32
-    registers and writes it, rounded once to the input dtype, over ``T0`` in the ring stage
-    (``t0_s[slot]``), then arrives on ``ag_ready[slot]``; it then reads out chunk ``n`` as
+  - the output warpgroup (``setmaxnreg 232``) reads out chunk ``n`` as
     :func:`_split_kernel`'s output warpgroup (``Q K^T`` and ``P`` while the state warpgroup
     works; on ``s_ready``, ``Q S_n`` and ``P v_new`` as one group; ``s_free``; ``o`` through
-    a double-buffered tile). Three products per chunk. ``split_order="readout_first"``
-    (:data:`SPLIT_ORDERS`, a timing option) swaps the two: read-out of chunk ``n``, then
-    ``Ag`` of chunk ``n + 1``, so the read-out no longer waits for chunk ``n + 1``'s copies
-    (MOSAIC_GPU.md Sec. 16);
+    a double-buffered tile), then, one chunk ahead, waits for chunk ``n + 1``'s stage, forms
+    the strictly lower part ``Ag_<`` of ``Ag = T0 * D * beta_j`` in fp32 registers and writes
+    it, rounded once to the input dtype, over ``T0`` in the ring stage (``t0_s[slot]``), then
+    arrives on ``ag_ready[slot]``. Three products per chunk. That is
+    ``split_order="readout_first"`` (:data:`SPLIT_ORDERS`, the default since 2026-12-04f:
+    0.358 ms on the H200 at S1 against 0.520); ``"prepare_first"`` forms ``Ag`` of chunk
+    ``n + 1`` before reading out chunk ``n`` (a whole TMA round trip per chunk in the output
+    warpgroup, MOSAIC_GPU.md Sec. 16); ``"prepare_mid"`` forms it between the state-free and
+    the state-dependent halves of the read-out of chunk ``n``, so that the state warpgroup
+    never waits for a read-out, and ``split_stages=3`` deepens the TMA ring to three stages
+    so that chunk ``n + 1``'s copies have landed by then; ``"state_ag"`` leaves the output
+    warpgroup the read-out only and has the state warpgroup form ``Ag`` of chunk ``n`` while
+    its ``K S`` product runs (Sec. 17; neither timed yet);
   - the state warpgroup (``setmaxnreg 232``, ``S`` ``[K, 64]`` fp32 in registers) publishes
     ``S_c`` in 16 bits (double-buffered; waits on ``s_free`` of the chunk two back), then::
 
@@ -646,10 +652,69 @@ _T0_IN_COPIES = 11  # TMA copies per ring stage (q, k, v, t0, g x2, beta, doc x2
 # but "full" and "nobar" writes something that is NOT the forward's o.
 FUSED_T0_STAGES = ("full", "io", "v_new", "state", "no_store", "nobar")
 # The order of the output warpgroup's two tasks per chunk in the three-warpgroup fused_t0_split
-# kernel (a timing choice; same arithmetic, same barriers): "prepare_first" (the default) forms
-# Ag of chunk n + 1, waiting for its stage, then reads out chunk n; "readout_first" reads out
-# chunk n (releasing its stage), then forms Ag of chunk n + 1 (MOSAIC_GPU.md Sec. 16).
-SPLIT_ORDERS = ("prepare_first", "readout_first")
+# kernel (a timing choice; same arithmetic, same barriers): "readout_first" (the default since
+# 2026-12-04f; H200, S1: 0.358 ms) reads out chunk n (releasing its stage), then forms Ag of
+# chunk n + 1; "prepare_first" (the default before; 0.520 ms) forms Ag of chunk n + 1, waiting
+# for its stage, then reads out chunk n (MOSAIC_GPU.md Sec. 16). Kernel names:
+# gdn_chunk_delta_fused_t0_fwd_split_ro and gdn_chunk_delta_fused_t0_fwd_split, as before.
+# "prepare_mid" (2026-12-04f, not yet timed; MOSAIC_GPU.md Sec. 17) runs the state-free half of
+# chunk n's read-out (Q K^T, P), then Ag of chunk n + 1, then the state-dependent half (on
+# s_ready: Q S, P v_new, o), so Ag of chunk n + 1 no longer waits for a read-out; it is meant
+# for split_stages=3, with which chunk n + 1's copies are issued a chunk earlier. "state_ag"
+# (2026-12-04f, not yet timed) has the state warpgroup form Ag itself, while its K S product
+# runs, and leaves the output warpgroup the read-out only: the state warpgroup then never waits
+# for the output warpgroup except through the double-buffered s_free (and the ring's in_free).
+# Kernel name suffixes _pm and _sa; split_stages=3 appends _s3.
+SPLIT_ORDERS = ("readout_first", "prepare_first", "prepare_mid", "state_ag")
+SPLIT_DEFAULT_ORDER = "readout_first"
+_SPLIT_ORDER_SUFFIX = {"readout_first": "_ro", "prepare_first": "", "prepare_mid": "_pm",
+                       "state_ag": "_sa"}
+# Depths of the split kernel's TMA input ring (split_stages): 2 (the default, STAGES) or 3.
+SPLIT_STAGES = (2, 3)
+# SMEM of the split kernel at K = V = 128, bf16 (Mosaic GPU aligns every buffer to 1 KB; the
+# limit is 227 KB = 232,448 bytes per block on the H100 / H200). One ring stage: q 16 KB, k 16,
+# v 8, T0 / Ag 8, seven fp32 [64] vectors 0.25 each (49.75 KB). Tiles: S in 16 bits 2 x 16 KB,
+# X 8, v_new 2 x 8, decayed v_new 8, o 2 x 8, the fp32 h0 / final state 32 (112 KB); barriers
+# 128 bytes. Two stages: 99.5 + 112 = 211.5 KB. Three stages need 149.25 + 112 = 261.25 KB, so
+# split_stages=3 aliases two pairs of tiles whose lifetimes are disjoint: the decayed v_new
+# takes X's tile (X is dead once the Ag X product was read, and the next X is written after
+# the state update's product was read: both in the state warpgroup's program order), and the
+# fp32 state staging shares a RefUnion with the published S (h0 is loaded into registers
+# before the first S is written, with the automatic warpgroup barrier before that store; the
+# final state is written after the state warpgroup observed s_free of the last two chunks and
+# waited for its own h stores). 149.25 + 32 + 8 + 16 + 16 = 221.25 KB; Mosaic GPU's own count
+# (every buffer aligned to 1 KB, so each 0.5 or 0.75 KB vector takes 1 KB, plus the barriers)
+# is 220,256 bytes (215.1 KB) for two stages and 228,472 (223.1 KB) for three, checked by the
+# CUDA export (Mosaic GPU raises above 227 KB; LoweringTest).
+#
+# _SPLIT_PROTOCOL: why the split kernel cannot deadlock, in every order and at either ring
+# depth R >= 2. Waits (W) and arrivals (A) per chunk n, on barriers indexed by slot = n mod R
+# (in_bar, in_free, ag_ready) or half = n mod 2 (s_ready, s_free):
+#   memory  issue(n): n >= R: W in_free[n - R] (2 arrivals), then the copies arrive in_bar[n].
+#   state   step(n): n >= 2: W s_free[n - 2]; W in_bar[n]; W ag_ready[n] (not with
+#           "state_ag", which forms Ag itself); A s_ready[n]; A in_free[n].
+#   output  prepare(m): W in_bar[m]; A ag_ready[m]. read_scores(n): no wait (prepare(n)
+#           waited for the stage; "state_ag": W in_bar[n] instead). read_state(n):
+#           W s_ready[n]; A s_free[n]; A in_free[n]. Program order: prepare(0), then per n:
+#           read_scores(n), prepare(n + 1) and read_state(n) in the order's sequence
+#           (prepare(n + 1) before or after either half; "state_ag": no prepare).
+# (tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py runs this protocol, with the SMEM buffers
+# it guards, under random schedules: LoweringTest.test_split_protocol_cannot_deadlock.)
+# Induction on n: assume every event of chunks < n happened (state steps, output halves,
+# prepares up to prepare(n)). Then issue(n + 1) can happen (it waits for in_free of chunk
+# n + 1 - R <= n - 1), so prepare(n + 1) can (in_bar[n + 1]); state step(n) can run to its end
+# (s_free of n - 2, in_bar[n], ag_ready[n] from prepare(n): none waits for anything of chunk
+# n); then read_state(n) can (s_ready[n]). Every wait of chunk n therefore names an arrival of
+# chunk n - 1 or earlier, of chunk n from a warpgroup that does not wait for chunk n in
+# between, or issue(n + 1), which needs only chunks <= n + 1 - R: the waits-for relation
+# strictly decreases (chunk, warpgroup) and has no cycle, whatever the output warpgroup's
+# order. No barrier slot is reused before its last use was observed: in_bar / in_free by the
+# ring (a slot is refilled after both consumers released it); s_ready[n mod 2] is arrived
+# again only after the state warpgroup waited s_free[n], which follows the output's
+# W s_ready[n]; s_free likewise; ag_ready[m mod R] is arrived again by prepare(m + R), which
+# comes after read_state(m + R - 2) (R = 2 and 3 and every order: prepare(m + R) is in step
+# m + R - 1 and follows read_state(m + R - 2) of step m + R - 2), whose W s_ready[m + R - 2]
+# follows the state warpgroup's W ag_ready[m] (m + R - 2 >= m).
 
 
 def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
@@ -848,17 +913,23 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
 def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
                      store_v_new: bool, store_h: bool, interpret: bool,
-                     split_order: str = "prepare_first"):
+                     split_order: str = SPLIT_DEFAULT_ORDER, depth: int = STAGES):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic` with ``split_output``: three
     warpgroups (state, output, memory) in jla's arrangement (MOSAIC_GPU.md Sec. 2); refs are
     GMEM.
 
-    The output warpgroup forms ``Ag_<``, the strictly lower part of ``Ag = T0 * D * beta_j``,
-    of chunk ``n + 1`` elementwise in fp32 registers and writes it, rounded once to 16 bits,
-    over ``T0`` in the ring stage (``t0_s[slot]``; ``ag_ready[slot]``; the stage's ``in_free``
-    frees it), then reads out chunk ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``); with
-    ``split_order="readout_first"`` (:data:`SPLIT_ORDERS`) the read-out of chunk ``n`` comes
-    first (``Ag`` of chunk ``n`` was formed the step before, or before the loop). The state
+    The output warpgroup reads out chunk ``n`` (``Q K^T``, ``P``, ``Q S_n``, ``P v_new``), then
+    forms ``Ag_<``, the strictly lower part of ``Ag = T0 * D * beta_j``, of chunk ``n + 1``
+    elementwise in fp32 registers and writes it, rounded once to 16 bits, over ``T0`` in the
+    ring stage (``t0_s[slot]``; ``ag_ready[slot]``; the stage's ``in_free`` frees it); ``Ag``
+    of chunk 0 is formed before the loop. That is ``split_order="readout_first"`` (the
+    default, :data:`SPLIT_ORDERS`); with ``"prepare_first"`` ``Ag`` of chunk ``n + 1`` comes
+    before the read-out of chunk ``n``, with ``"prepare_mid"`` between its state-free half
+    (``read_scores``) and its state-dependent half (``read_state``); with ``"state_ag"`` the
+    state warpgroup forms ``Ag`` of chunk ``n`` (``form_ag``) between issuing ``K S_c`` and
+    reading it, and the output warpgroup only reads out. ``depth`` is the TMA
+    ring's (``split_stages``; with 3, ``vd_s`` is ``x_s`` and ``state_s`` shares a
+    ``RefUnion`` with ``sb_s``, except when interpreting). The state
     warpgroup per chunk: publishes ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` (fp32,
     and to SMEM in 16 bits); ``v_new = Ag_< X + diag(beta) X`` (``Ag_<`` from SMEM, the unit
     diagonal of ``T0`` in fp32); publishes ``v_new``; ``K^T (last e^{G_L - G} v_new)``.
@@ -871,14 +942,22 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     o_ref, ht_ref = rest.pop(0), rest.pop(0)
     vn_ref = rest.pop(0) if store_v_new else None
     h_ref = rest.pop(0) if store_h else None
-    (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s, conn_s,
-     sb_s, x_s, vn_s, vd_s, o_s, state_s, in_bar, in_free, ag_ready, s_ready, s_free, io_bar,
-     done, *shim) = rest
+    ring, rest = tuple(rest[:_T0_IN_COPIES]), rest[_T0_IN_COPIES:]
+    (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s,
+     conn_s) = ring
+    if depth == STAGES:  # the two-stage layout: every tile of its own
+        sb_s, x_s, vn_s, vd_s, o_s, state_s, *rest = rest
+    else:  # split_stages=3: two aliases pay for the third stage (SMEM note at SPLIT_STAGES)
+        if interpret:  # the interpreter has no RefUnion: state_s apart (no SMEM limit there)
+            sb_s, state_s, *rest = rest
+        else:  # one RefUnion: S in 16 bits (the loop) and the fp32 h0 / final state (outside)
+            (sb_s, state_s), *rest = rest
+        x_s, vn_s, o_s, *rest = rest
+        vd_s = x_s  # X is dead once Ag X was read; the decayed v_new takes its tile
+    in_bar, in_free, ag_ready, s_ready, s_free, io_bar, done, *shim = rest
     kt0_s, kt1_s, p_s = shim if interpret else (None,) * 3
     gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
             conn_ref)
-    ring = (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s,
-            conn_s)
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
@@ -888,19 +967,45 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     sq = (CHUNK, CHUNK)
     tile = (CHUNK, BLOCK_V)
 
+    def chunk_mask(slot, i, j):
+        """D_ij = e^{G_i - G_j} on causal same-document pairs (exponent masked before exp, so
+        D <= 1), and the rows of G; ``i, j``: the row and column iotas of a [C, C] tile."""
+        g_i = mgl.load_rows(g_row_s.at[slot], interpret)
+        g_j = mgl.load_cols(g_col_s.at[slot], interpret)
+        d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
+        d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
+        return mgl.causal_decay(i, j, g_i, g_j, d_i, d_j), g_i
+
+    def form_ag(slot, i, j):
+        """Ag_<, the strictly lower part of Ag = T0 * D * beta_j, of the chunk in ring stage
+        ``slot`` (elementwise, no product), written over T0 in the stage and committed for
+        the state warpgroup's wgmma. Nothing here depends on the state."""
+        decay, _ = chunk_mask(slot, i, j)
+        beta_j = lax.broadcast_in_dim(mgl.load_cols(b_col_s.at[slot], interpret), sq, [1])
+        t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
+        # T diag(beta) below the diagonal, rounded once to 16 bits (jla: hi/lo splits did not
+        # change the end-to-end error); the diagonal beta_i is the state warpgroup's, in fp32.
+        # Only the warpgroup that forms Ag reads T0, and it reads it before the write.
+        ag = jnp.where(j < i, t0 * decay * beta_j, 0.0)
+        t0_s.at[slot][...] = ag.astype(t0_s.dtype)
+        plgpu.commit_smem()
+
     @pl.when(wg == 2)
     def _memory():
         plgpu.set_max_registers(40, action="decrease")
-        mgl.ring_producer(_t0_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks, in_free)
+        mgl.ring_producer(_t0_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks, in_free,
+                          stages=depth)
 
     @pl.when(wg == 0)
     def _state():
         plgpu.set_max_registers(232, action="increase")
         h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
         s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
+        if split_order == "state_ag":  # this warpgroup forms Ag (the iotas live in the loop)
+            i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
         def step(n, s):
-            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
             rows = pl.ds(n * CHUNK, CHUNK)
 
             @pl.when(n >= 2)
@@ -917,6 +1022,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
 
             def state_in(acc):
                 plgpu.wgmma(acc, k_s.at[slot], sb_s.at[half])  # K S, [C, 64]
+                if split_order == "state_ag":  # Ag of chunk n while K S is on the tensor cores
+                    form_ag(slot, i, j)
                 return acc[...]
 
             # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
@@ -930,7 +1037,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                  - ks * mgl.by_row(q_decay, tile))
             x_s[...] = x.astype(x_s.dtype)
             plgpu.commit_smem()
-            plgpu.barrier_wait(ag_ready.at[slot])  # Ag of chunk n, over T0 in the ring stage
+            if split_order != "state_ag":  # Ag of chunk n, over T0 in the ring stage
+                plgpu.barrier_wait(ag_ready.at[slot])
 
             def solve(acc):
                 plgpu.wgmma(acc, t0_s.at[slot], x_s)  # v_new = Ag X, [C, 64]
@@ -969,35 +1077,19 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         plgpu.set_max_registers(232, action="increase")
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
-        def chunk_mask(slot):
-            """D_ij = e^{G_i - G_j} on causal same-document pairs (exponent masked before exp,
-            so D <= 1), and the rows of G."""
-            g_i = mgl.load_rows(g_row_s.at[slot], interpret)
-            g_j = mgl.load_cols(g_col_s.at[slot], interpret)
-            d_i = mgl.load_rows(doc_row_s.at[slot], interpret)
-            d_j = mgl.load_cols(doc_col_s.at[slot], interpret)
-            return mgl.causal_decay(i, j, g_i, g_j, d_i, d_j), g_i
-
         def prepare(m):
-            """Ag_<, the strictly lower part of Ag = T0 * D * beta_j, of chunk m (elementwise,
-            no product) over T0 in the ring stage; signals ag_ready. Nothing here depends on
-            the state, so it runs while the state warpgroup works on chunk m - 1."""
-            slot = lax.rem(m, STAGES)
+            """Waits for chunk m's stage, forms Ag_< of chunk m over T0 (form_ag), signals
+            ag_ready. Nothing here depends on the state, so it runs while the state warpgroup
+            works on chunk m - 1."""
+            slot = lax.rem(m, depth)
             plgpu.barrier_wait(in_bar.at[slot])
-            decay, _ = chunk_mask(slot)
-            beta_j = lax.broadcast_in_dim(mgl.load_cols(b_col_s.at[slot], interpret), sq, [1])
-            t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
-            # T diag(beta) below the diagonal, rounded once to 16 bits (jla: hi/lo splits did
-            # not change the end-to-end error); the diagonal beta_i is the state warpgroup's, in
-            # fp32. Only this warpgroup reads T0, and it reads it before the write.
-            ag = jnp.where(j < i, t0 * decay * beta_j, 0.0)
-            t0_s.at[slot][...] = ag.astype(t0_s.dtype)
-            plgpu.commit_smem()
+            form_ag(slot, i, j)
             plgpu.barrier_arrive(ag_ready.at[slot])
 
-        def read_out(n):
-            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
-            rows = pl.ds(n * CHUNK, CHUNK)
+        def read_scores(n):
+            """The state-free half of chunk n's read-out: Q K^T, P = (Q K^T * D) in 16 bits
+            (the left operand of P v_new) and the rows' decay conn e^G."""
+            slot = lax.rem(n, depth)
             k_t = mgl.transposed(k_s.at[slot], kt1_s, interpret)
 
             def scores(acc):
@@ -1005,10 +1097,16 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 return acc[...]
 
             qk = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
-            decay, g_i = chunk_mask(slot)
+            decay, g_i = chunk_mask(slot, i, j)
             p = (qk * decay).astype(dtype)  # 16-bit, the left wgmma operand (registers)
             q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
-            p_op = mgl.lhs_operand(p, p_s, interpret)
+            return mgl.lhs_operand(p, p_s, interpret), q_decay
+
+        def read_state(n, p_op, q_decay):
+            """The state-dependent half: on s_ready, Q S_c and P v_new; releases s_free and
+            the stage; o to GMEM through the double-buffered o_s."""
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
             plgpu.barrier_wait(s_ready.at[half])
 
             def out(qs_acc, pv_acc):  # issued together
@@ -1026,22 +1124,36 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
 
-        # Either order keeps every barrier's waits and arrivals: prepare(m) (which waits for
-        # chunk m's stage) always precedes read_out(m), which relies on that wait.
-        prepare(0)
+        # Every order keeps every barrier's waits and arrivals: prepare(m) (which waits for
+        # chunk m's stage) always precedes read_scores(m), which relies on that wait. Why no
+        # order can deadlock, at either ring depth: _SPLIT_PROTOCOL.
+        if split_order != "state_ag":
+            prepare(0)
 
         def step(n, carry):
+            if split_order == "state_ag":
+                # Only the read-out here: the state warpgroup forms Ag; this warpgroup waits
+                # for the stage itself (prepare(n) did elsewhere).
+                plgpu.barrier_wait(in_bar.at[lax.rem(n, depth)])
+                read_state(n, *read_scores(n))
+                return carry
             if split_order == "readout_first":
                 # Chunk n's read-out first: it releases chunk n's stage and s_free without
                 # waiting for chunk n + 1's copies, which were issued a read-out earlier.
-                read_out(n)
+                read_state(n, *read_scores(n))
+            elif split_order == "prepare_mid":
+                # Only the state-free half first: Ag of chunk n + 1 is then formed before the
+                # wait for s_ready of chunk n, so the state warpgroup never waits on a read-out.
+                scores_n = read_scores(n)
 
             @pl.when(n + 1 < num_chunks)
             def _():  # Ag of the next chunk
                 prepare(n + 1)
 
             if split_order == "prepare_first":
-                read_out(n)
+                read_state(n, *read_scores(n))
+            elif split_order == "prepare_mid":
+                read_state(n, *scores_n)
             return carry
 
         lax.fori_loop(0, num_chunks, step, 0)
@@ -1075,7 +1187,8 @@ def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> N
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "split_output",
-                                             "interpret", "stages", "split_order"))
+                                             "interpret", "stages", "split_order",
+                                             "split_stages"))
 def chunk_delta_fused_t0_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1092,7 +1205,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
     split_output: bool = False,
     interpret: bool = False,
     stages: str = "full",
-    split_order: str = "prepare_first",
+    split_order: str = SPLIT_DEFAULT_ORDER,
+    split_stages: int = STAGES,
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
     gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
@@ -1129,10 +1243,10 @@ def chunk_delta_fused_t0_fwd_mosaic(
     SMEM.
 
     With ``split_output=True`` (``forward="fused_t0_split"``; module docstring): three
-    warpgroups in jla's arrangement. The output warpgroup forms the strictly lower part
-    ``Ag_<`` of ``Ag = T0 * D * beta_j`` of the next chunk elementwise (no product), rounded
-    once to the input dtype, over ``T0`` in the ring stage, then reads out the chunk before
-    (``Q K^T``, ``P``, ``Q S_c``, ``P v_new``); the state warpgroup runs
+    warpgroups in jla's arrangement. The output warpgroup reads out a chunk (``Q K^T``,
+    ``P``, ``Q S_c``, ``P v_new``), then forms the strictly lower part ``Ag_<`` of
+    ``Ag = T0 * D * beta_j`` of the next chunk elementwise (no product), rounded once to the
+    input dtype, over ``T0`` in the ring stage (``split_order`` below); the state warpgroup runs
     ``X = V - diag(conn e^G) K S_c``, ``v_new = Ag_< X + diag(beta) X`` (``T0``'s unit diagonal
     in fp32) and the state update (three ``wgmma`` per chunk). About 211.5 KB of SMEM at
     K = V = 128 (bf16).
@@ -1168,10 +1282,21 @@ def chunk_delta_fused_t0_fwd_mosaic(
             kernel name (``gdn_chunk_delta_fused_t0_fwd_abl_<stages>``) so that a profile
             lists it apart (MOSAIC_GPU.md Sec. 16).
         split_order: with ``split_output`` only (static, one of :data:`SPLIT_ORDERS`; a
-            timing choice, same results): ``"prepare_first"`` (default) has the output
-            warpgroup form ``Ag`` of chunk ``n + 1`` before reading out chunk ``n``;
-            ``"readout_first"`` reads out chunk ``n`` first (kernel name
-            ``gdn_chunk_delta_fused_t0_fwd_split_ro``; MOSAIC_GPU.md Sec. 16).
+            timing choice, same results bit for bit): ``"readout_first"`` (default since
+            2026-12-04f) has the output warpgroup read out chunk ``n`` before forming ``Ag``
+            of chunk ``n + 1`` (kernel name ``gdn_chunk_delta_fused_t0_fwd_split_ro``);
+            ``"prepare_first"`` forms ``Ag`` first (``gdn_chunk_delta_fused_t0_fwd_split``;
+            MOSAIC_GPU.md Sec. 16); ``"prepare_mid"`` forms it between the read-out's
+            state-free half (``Q K^T``, ``P``) and its state-dependent half (``Q S_c``,
+            ``P v_new``, ``o``; kernel name ``..._split_pm``; Sec. 17), so that the state
+            warpgroup never waits for a read-out; meant for ``split_stages=3``;
+            ``"state_ag"`` has the state warpgroup form ``Ag`` itself while its ``K S``
+            product runs, the output warpgroup only reads out (``..._split_sa``; Sec. 17).
+        split_stages: with ``split_output`` only (static, one of :data:`SPLIT_STAGES`; a
+            timing choice, same results bit for bit): the depth of the TMA input ring, 2
+            (default) or 3. With 3 the decayed ``v_new`` reuses ``X``'s tile and the fp32
+            state staging shares SMEM with the published ``S`` (221.25 KB at K = V = 128 in
+            bf16 against 211.5; kernel name suffix ``_s3``; Sec. 17).
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
@@ -1185,8 +1310,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
             or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``, ``beta``, ``segment_ids``
             or ``initial_state`` shape; ``stages`` not in :data:`FUSED_T0_STAGES`, or other
             than ``"full"`` with ``split_output``, ``store_v_new`` or ``store_h``;
-            ``split_order`` not in :data:`SPLIT_ORDERS`, or other than ``"prepare_first"``
-            without ``split_output``.
+            ``split_order`` not in :data:`SPLIT_ORDERS`, or other than the default
+            ``"readout_first"`` without ``split_output``; ``split_stages`` not in
+            :data:`SPLIT_STAGES`, or other than 2 without ``split_output``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -1198,7 +1324,12 @@ def chunk_delta_fused_t0_fwd_mosaic(
                          f"extra outputs; got {split_output=}, {store_v_new=}, {store_h=}")
     if split_order not in SPLIT_ORDERS:
         raise ValueError(f"split_order must be one of {SPLIT_ORDERS}, got {split_order!r}")
-    if split_order != "prepare_first" and not split_output:
+    if split_stages not in SPLIT_STAGES:
+        raise ValueError(f"split_stages must be one of {SPLIT_STAGES}, got {split_stages!r}")
+    if split_stages != STAGES and not split_output:
+        raise ValueError(f"split_stages={split_stages!r} is the ring depth of the "
+                         f"three-warpgroup kernel: it needs split_output=True")
+    if split_order != SPLIT_DEFAULT_ORDER and not split_output:
         raise ValueError(f"split_order={split_order!r} orders the three-warpgroup kernel's "
                          f"output warpgroup: it needs split_output=True")
 
@@ -1216,8 +1347,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
                                group=heads // kv_heads, scale=float(scale), has_h0=has_h0,
                                store_v_new=store_v_new, store_h=store_h, interpret=interpret,
                                **({} if stages == "full" else {"stages": stages}),
-                               **({} if split_order == "prepare_first" else
-                                  {"split_order": split_order}))
+                               **({"split_order": split_order, "depth": split_stages}
+                                  if split_output else {}))
     dtype = v.dtype
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
                 jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
@@ -1225,28 +1356,34 @@ def chunk_delta_fused_t0_fwd_mosaic(
         out_type.append(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype))
     if store_h:
         out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
-    vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
+    depth = split_stages if split_output else STAGES  # of the TMA input ring
+    vec = plgpu.SMEM((depth, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
     ring = [
-        swz((STAGES, CHUNK, dk), q.dtype),  # q_s
-        swz((STAGES, CHUNK, dk), k.dtype),  # k_s
-        swz((STAGES, CHUNK, BLOCK_V), dtype),  # v_s
-        swz((STAGES, CHUNK, CHUNK), t0.dtype),  # t0_s
+        swz((depth, CHUNK, dk), q.dtype),  # q_s
+        swz((depth, CHUNK, dk), k.dtype),  # k_s
+        swz((depth, CHUNK, BLOCK_V), dtype),  # v_s
+        swz((depth, CHUNK, CHUNK), t0.dtype),  # t0_s
         vec, vec, vec, vec, vec, vec, vec,  # g rows, g cols, beta cols, doc rows, doc cols,
         # last, conn
     ]
     if split_output:
-        scratch = ring + [
-            swz((2, dk, BLOCK_V), dtype),  # sb_s: S in 16 bits, published (double-buffered)
-            swz((CHUNK, BLOCK_V), dtype),  # x_s: X = V - diag(conn e^G) K S, operand of Ag X
-            swz((2, CHUNK, BLOCK_V), dtype),  # vn_s: v_new, published (double-buffered)
-            swz((CHUNK, BLOCK_V), dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
-            swz((2, CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (two)
-            swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
-            plgpu.Barrier(num_arrivals=_T0_IN_COPIES, num_barriers=STAGES),  # in_bar
+        sb = swz((2, dk, BLOCK_V), dtype)  # sb_s: S in 16 bits, published (double-buffered)
+        state = swz((dk, BLOCK_V), jnp.float32)  # state_s: staging of h0, final state
+        x = swz((CHUNK, BLOCK_V), dtype)  # x_s: X = V - diag(conn e^G) K S, operand of Ag X
+        vn = swz((2, CHUNK, BLOCK_V), dtype)  # vn_s: v_new, published (double-buffered)
+        vd = swz((CHUNK, BLOCK_V), dtype)  # vd_s: last e^{G_L - G} v_new, the wgmma operand
+        o_tiles = swz((2, CHUNK, BLOCK_V), dtype)  # o_s: staging of the output tile (two)
+        if depth == STAGES:
+            tiles = [sb, x, vn, vd, o_tiles, state]
+        else:  # a third stage fits in 227 KB only with two aliases (_SPLIT_SMEM)
+            tiles = ([sb, state] if interpret else [plgpu.RefUnion(sb, state)]) + [
+                x, vn, o_tiles]  # vd_s is x_s
+        scratch = ring + tiles + [
+            plgpu.Barrier(num_arrivals=_T0_IN_COPIES, num_barriers=depth),  # in_bar
             # in_free: both consumers released the stage (for t0_s: Ag was read)
-            plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),
-            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # ag_ready: Ag over T0 written
+            plgpu.Barrier(num_arrivals=2, num_barriers=depth),
+            plgpu.Barrier(num_arrivals=1, num_barriers=depth),  # ag_ready: Ag over T0 written
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S, v_new published
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: both were read
             plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
@@ -1284,8 +1421,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
         compiler_params=plgpu.CompilerParams(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=("gdn_chunk_delta_fused_t0_fwd_split"
-                     + ("" if split_order == "prepare_first" else "_ro")) if split_output else
+        kernel_name=("gdn_chunk_delta_fused_t0_fwd_split" + _SPLIT_ORDER_SUFFIX[split_order]
+                     + ("" if split_stages == STAGES else f"_s{split_stages}"))
+        if split_output else
         "gdn_chunk_delta_fused_t0_fwd" + ("" if stages == "full" else f"_abl_{stages}"),
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)

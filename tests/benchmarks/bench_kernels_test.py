@@ -252,16 +252,28 @@ class MarkdownTest(absltest.TestCase):
         for wy in ("mosaic", "xla"):  # the order needs no T0 kernel
             with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_wy=wy,
                                      mosaic_forward="fused_t0_split",
-                                     mosaic_t0_split_order="readout_first"):
-                want = {"split_order": "readout_first"}
+                                     mosaic_t0_split_order="prepare_first"):
+                want = {"split_order": "prepare_first"}
                 self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
                 self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, want)
                 self.assertEqual(gdr_mosaic.T0_OPTIONS, {})
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0_split",
+                                 mosaic_t0_split_order="prepare_mid", mosaic_t0_split_stages=3):
+            want = {"split_order": "prepare_mid", "split_stages": 3}
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
+            self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, want)
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0_split",
+                                 mosaic_t0_split_stages=3):  # the default order, three stages
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), {"split_stages": 3})
         refused = (
-            (dict(mosaic_forward="fused_t0", mosaic_t0_split_order="readout_first"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_split_order="prepare_first"),
              "--mosaic_t0_split_order applies to --mosaic_forward=fused_t0_split only"),
             (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_order="bogus"),
-             "takes one of prepare_first, readout_first"),
+             "takes one of readout_first, prepare_first, prepare_mid"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_split_stages=3),
+             "--mosaic_t0_split_stages applies to --mosaic_forward=fused_t0_split only"),
+            (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_stages=4),
+             "--mosaic_t0_split_stages=4: takes one of 2, 3"),
         )
         for extra, message in refused:
             with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], **extra):

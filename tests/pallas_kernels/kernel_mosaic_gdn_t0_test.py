@@ -26,6 +26,12 @@ dispatched, not run on a GPU yet).
   ``split_output=True`` (``forward="fused_t0_split"``, three warpgroups in jla's layout: the
   output warpgroup forms ``Ag`` from ``T0`` elementwise a chunk ahead, the state warpgroup
   ``v_new = Ag X``).
+  Also every ``split_order`` and ``split_stages`` (the three-stage ring of MOSAIC_GPU.md
+  Sec. 17) bit-equal to the default, and ``prepare_mid`` with three stages against the
+  reference. ``LoweringTest`` (CI) exports ``prepare_mid`` with three stages (K = V = 128
+  bf16 with ``h0`` and documents, which also checks the 227 KB SMEM limit; K 64 fp16
+  DeltaNet; K 128 / V 64) and runs a model of the three warpgroups' barrier protocol under
+  random schedules (no deadlock, no lapped phase, no buffer overwritten while read).
 * ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the op with ``forward="fused_t0"`` (``W``
   formed from ``T0`` in XLA for the unchanged backward) against ``jax.vjp`` of the fp32 chunk
   form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
@@ -46,6 +52,8 @@ MOSAIC_GPU.md Sec. 10): run them as
 ``PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow
 tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``.
 """
+
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -135,10 +143,11 @@ def _check_t0(test, k, beta, seg, t0, gate=None):
 
 def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
                         dtype=jnp.bfloat16, *, seed=0, interpret=True, allclose=True,
-                        split_output=False, split_order="prepare_first"):
+                        split_output=False, split_order=kfused.SPLIT_DEFAULT_ORDER,
+                        split_stages=kfused.STAGES):
     """The ``T0`` kernel then the fused ``T0`` kernel (all stores on; three warpgroups with
-    ``split_output``, in ``split_order``) against the token-serial reference. Returns the
-    relative RMS errors."""
+    ``split_output``, in ``split_order``, with a ``split_stages``-deep ring) against the
+    token-serial reference. Returns the relative RMS errors."""
     q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
                                            docs, dtype, seed=seed)
     scale = dk ** -0.5
@@ -146,7 +155,7 @@ def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0
     o, final, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
         store_v_new=True, store_h=True, split_output=split_output, interpret=interpret,
-        split_order=split_order)
+        split_order=split_order, split_stages=split_stages)
     want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
     test.assertEqual((o.shape, o.dtype), (v.shape, v.dtype))
@@ -244,6 +253,30 @@ _FORWARD_CASES = (
 )
 
 
+def _check_split_variants_bit_equal(test, inputs, interpret, variants=None):
+    """Every ``(split_order, split_stages)`` of ``variants`` (default: all) of the split kernel
+    (all stores on) gives the default's ``o``, final state, ``v_new`` and ``h`` bit for
+    bit."""
+    q, k, v, g, beta, state, seg = inputs
+    t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=interpret)
+
+    def run(**kw):
+        return kfused.chunk_delta_fused_t0_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=q.shape[-1] ** -0.5, initial_state=state,
+            segment_ids=seg, store_v_new=True, store_h=True, split_output=True,
+            interpret=interpret, **kw)
+
+    default = [np.asarray(x, np.float32) for x in run()]
+    if variants is None:
+        variants = [(order, depth) for order in kfused.SPLIT_ORDERS
+                    for depth in kfused.SPLIT_STAGES]
+    for order, depth in variants:
+        got = run(split_order=order, split_stages=depth)
+        for name, a, b in zip(("o", "final_state", "v_new", "h"), got, default, strict=True):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), b,
+                                          err_msg=f"{name}, {order}, {depth} stages")
+
+
 def _check_optional_stores(split_output):
     """``fused_test._check_optional_stores`` for ``chunk_delta_fused_t0_fwd_mosaic``."""
     q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 64, 0.05, True, (64, 36, 30))
@@ -292,20 +325,27 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
             1, 150, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30)), True, "fused_t0_split")
 
     @parameterized.named_parameters(*_FUSED_CASES)
-    def test_fused_t0_split_readout_first_matches_reference(self, *case):
-        _check_fused_kernel(self, *case, split_output=True, split_order="readout_first")
+    def test_fused_t0_split_prepare_first_matches_reference(self, *case):
+        _check_fused_kernel(self, *case, split_output=True, split_order="prepare_first")
 
-    def test_split_orders_give_identical_outputs(self):
-        # The same arithmetic in another order of the output warpgroup's tasks: bit for bit.
-        q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, 64, 64, 0.05, True, (64, 36, 30))
-        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=True)
-        outs = [kfused.chunk_delta_fused_t0_fwd_mosaic(
-            q, k, v, t0, g, beta, scale=0.125, initial_state=state, segment_ids=seg,
-            store_v_new=True, store_h=True, split_output=True, interpret=True,
-            split_order=order) for order in kfused.SPLIT_ORDERS]
-        for name, a, b in zip(("o", "final_state", "v_new", "h"), *outs):
-            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                                          err_msg=name)
+    def test_split_orders_and_depths_give_identical_outputs(self):
+        # The same arithmetic in another order of the output warpgroup's tasks, or with a
+        # three-stage ring (vd_s aliasing x_s; the RefUnion of sb_s and state_s is GPU-only):
+        # bit for bit. T 300: five chunks, so the three-stage ring wraps, the last one partial
+        # (44 tokens); documents start inside chunks (64, 36, 30, ...); h0; GVA.
+        _check_split_variants_bit_equal(
+            self, _inputs(1, 300, 2, 1, 64, 64, 0.05, True, (64, 36, 30, 100)), True)
+
+    @parameterized.named_parameters(
+        (f"{order}_s3_{name}", order, *case) for order in ("prepare_mid", "state_ag")
+        for name, *case in (
+            ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
+             (64, 36, 30)),
+            ("fp16_deltanet_h0_T100_K128_V64", 1, 100, 1, 1, 128, 64, None, True, None,
+             jnp.float16)))
+    def test_fused_t0_split_sec17_s3_matches_reference(self, order, *case):
+        # Sec. 17's candidates against the fp32 token-serial reference (all stores on).
+        _check_fused_kernel(self, *case, split_output=True, split_order=order, split_stages=3)
 
 
 @pytest.mark.slow
@@ -359,15 +399,18 @@ def _check_t0_kernel_exports(test, dk):
 
 
 def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
-                                   split_order="prepare_first"):
-    q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, 0.2, True, (70, 30))
+                                   split_order=kfused.SPLIT_DEFAULT_ORDER,
+                                   split_stages=kfused.STAGES, dtype=jnp.bfloat16,
+                                   deltanet=False, kv_heads=1):
+    q, k, v, g, beta, state, seg = _inputs(1, 200, 2, kv_heads, dk, dv,
+                                           None if deltanet else 0.2, True, (70, 30), dtype)
     t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
 
     def fn(q, k, v, t0, g, beta, state, seg):
         return kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
             store_v_new=stores, store_h=stores, split_output=split_output,
-            split_order=split_order)
+            split_order=split_order, split_stages=split_stages)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
         q, k, v, t0, g, beta, state, seg)
@@ -377,7 +420,106 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
     test.assertIn(name, text)
     test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split" in text, split_output)
     test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split_ro" in text,
-                     split_order == "readout_first")
+                     split_output and split_order == "readout_first")
+    test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split_pm" in text,
+                     split_output and split_order == "prepare_mid")
+    test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split_sa" in text,
+                     split_output and split_order == "state_ag")
+    test.assertEqual("_s3" in text, split_output and split_stages == 3)
+
+
+def _split_protocol(order, depth, num_chunks):
+    """The barrier waits (``"W"``) and arrivals (``"A"``) of ``_split_t0_kernel``'s three
+    warpgroups in program order, as ``(kind, name, chunk)`` (``kfused._SPLIT_PROTOCOL``; the
+    eleven TMA copies of a stage are one arrival on ``in_bar`` here, ``in_free`` takes two),
+    with the SMEM accesses they guard: ``"X"`` writes a buffer, ``"R"`` starts reading it
+    and ``"E"`` ends the read. Buffers: ``ring`` (a stage: ``q, k, v, T0`` and the vectors,
+    ``depth`` of them), ``ag`` (``Ag`` over ``T0`` in the stage) and ``pub`` (``S`` and
+    ``v_new`` published, two)."""
+    memory = []
+    for i in range(num_chunks):
+        memory += [("W", "in_free", i - depth)] if i >= depth else []
+        memory += [("X", "ring", i), ("A", "in_bar", i)]
+    memory += [("W", "in_free", i) for i in range(max(num_chunks - depth, 0), num_chunks)]
+    state = []
+    for n in range(num_chunks):
+        state += [("W", "s_free", n - 2)] if n >= 2 else []
+        state += [("X", "pub", n), ("W", "in_bar", n), ("R", "ring", n)]
+        state += [("X", "ag", n)] if order == "state_ag" else [("W", "ag_ready", n)]
+        state += [("R", "ag", n), ("A", "s_ready", n), ("E", "ag", n), ("E", "ring", n),
+                  ("A", "in_free", n)]
+    state += [("W", "s_free", n) for n in range(max(num_chunks - 2, 0), num_chunks)]
+
+    def prepare(m):
+        return [("W", "in_bar", m), ("R", "ring", m), ("X", "ag", m), ("A", "ag_ready", m)]
+
+    output = [] if order == "state_ag" else prepare(0)
+    for n in range(num_chunks):
+        nxt = prepare(n + 1) if n + 1 < num_chunks else []
+        read_state = [("W", "s_ready", n), ("R", "pub", n), ("E", "pub", n), ("A", "s_free", n),
+                      ("E", "ring", n), ("A", "in_free", n)]
+        if order == "state_ag":  # the read-out only, after its own wait for the stage
+            output += [("W", "in_bar", n), ("R", "ring", n)] + read_state
+        else:  # read_scores(n): no barrier, reads ring n (held since prepare(n))
+            output += (nxt + read_state if order in ("prepare_first", "prepare_mid") else
+                       read_state + nxt)
+    return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, output, memory)]
+
+
+def _check_split_protocol(test, seeds=100):
+    """Runs :func:`_split_protocol` under random schedules (every order, both ring depths, 1
+    to 7 chunks) on mbarriers with phase parity. Checked whenever an event is next in its
+    warpgroup, so under every schedule, not only the sampled ones: a wait must not find its
+    slot a full phase further (the parity back where it waited: it would hang on the GPU),
+    an arrival must not land before the slot's previous phase completed, a buffer must not
+    be written before the reads of its previous use ended (two readers of a stage, one of
+    the others) nor read before its write. Each sampled schedule must run to its end."""
+    arrivals = {"in_free": 2, "done": 3}
+    readers = {"ring": 2, "ag": 1, "pub": 1}
+    for order in kfused.SPLIT_ORDERS:
+        for depth in kfused.SPLIT_STAGES:
+            slots = {"in_bar": depth, "in_free": depth, "ag_ready": depth, "s_ready": 2,
+                     "s_free": 2, "done": 1, "ring": depth, "ag": depth, "pub": 2}
+            for num_chunks in range(1, 8):
+                for seed in range(seeds):
+                    rng = np.random.default_rng(seed)
+                    programs = _split_protocol(order, depth, num_chunks)
+                    pcs, count, written, ended = [0, 0, 0], {}, set(), {}
+                    while any(pc < len(p) for pc, p in zip(pcs, programs)):
+                        ready = []
+                        for wg, (pc, program) in enumerate(zip(pcs, programs)):
+                            if pc == len(program):
+                                continue
+                            kind, name, chunk = program[pc]
+                            where = (f"{order}, {depth} stages, {num_chunks} chunks, seed "
+                                     f"{seed}: {kind} {name}[{chunk}]")
+                            use = chunk // slots[name] + 1  # the phase of its slot
+                            done = count.get((name, chunk % slots[name]), 0) // arrivals.get(
+                                name, 1)
+                            before = chunk - slots[name]  # the slot's previous use
+                            if kind == "W":
+                                test.assertLessEqual(done, use, msg=f"{where}: lapped")
+                            elif kind == "A":
+                                test.assertEqual(done, use - 1, msg=f"{where}: early")
+                            elif kind == "X" and before >= 0:
+                                test.assertEqual(ended.get((name, before), 0), readers[name],
+                                                 msg=f"{where}: still read")
+                            elif kind == "R":
+                                test.assertIn((name, chunk), written, msg=f"{where}: unwritten")
+                            if kind != "W" or done == use:
+                                ready.append(wg)
+                        test.assertTrue(ready, msg=f"{order}, {depth} stages, {num_chunks} "
+                                        f"chunks, seed {seed}: deadlock at {pcs}")
+                        wg = ready[rng.integers(len(ready))]
+                        kind, name, chunk = programs[wg][pcs[wg]]
+                        if kind == "A":
+                            key = (name, chunk % slots[name])
+                            count[key] = count.get(key, 0) + 1
+                        elif kind == "X":
+                            written.add((name, chunk))
+                        elif kind == "E":
+                            ended[(name, chunk)] = ended.get((name, chunk), 0) + 1
+                        pcs[wg] += 1
 
 
 def _check_forward_exports(test, dk, dv, deltanet, forward="fused_t0"):
@@ -450,9 +592,70 @@ class LoweringTest(parameterized.TestCase):
         _check_fused_t0_kernel_exports(self, **variant, split_output=True)
 
     @parameterized.named_parameters(*_SPLIT_CI)
-    def test_fused_t0_split_readout_first_kernel_exports_for_cuda(self, **variant):
+    def test_fused_t0_split_prepare_first_kernel_exports_for_cuda(self, **variant):
         _check_fused_t0_kernel_exports(self, **variant, split_output=True,
-                                       split_order="readout_first")
+                                       split_order="prepare_first")
+
+    @parameterized.product(
+        order=("prepare_mid", "state_ag"),
+        variant=(dict(dk=128, dv=128), dict(dk=64, dv=64, dtype=jnp.float16, deltanet=True),
+                 dict(dk=128, dv=64, kv_heads=2)),
+    )
+    def test_fused_t0_split_sec17_s3_kernel_exports_for_cuda(self, order, variant):
+        # Sec. 17's candidates with three stages: K = V = 128 bf16 (GVA: two value heads read
+        # one key head; h0, documents), K 64 fp16 DeltaNet, K 128 / V 64 without GVA. At
+        # K = V = 128 bf16 the export also checks the 227 KB SMEM limit (Mosaic GPU raises
+        # above it), which the three-stage ring meets only with its two aliases.
+        _check_fused_t0_kernel_exports(self, **variant, stores=True, split_output=True,
+                                       split_order=order, split_stages=3)
+
+    @parameterized.parameters("prepare_mid", "state_ag")
+    def test_fused_t0_split_sec17_s2_kernel_exports_for_cuda(self, order):
+        _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
+                                       split_order=order)
+
+    def test_split_stages_3_fits_227_kb_only_with_its_aliases(self):
+        # Mosaic GPU's own SMEM count (core._smem_tree_size, what it checks against 227 KB)
+        # of the split kernel at K = V = 128 bf16: the three-stage ring with its aliases below
+        # the limit, by the third stage's 49.75 KB less the two aliases' 40 KB.
+        from jax.experimental.mosaic.gpu import core as mgpu_core
+        sizes = []
+        count = mgpu_core._smem_tree_size
+
+        def spy(buffers):
+            sizes.append(count(buffers))
+            return sizes[-1]
+
+        self.enter_context(absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy))
+        for depth in kfused.SPLIT_STAGES:
+            _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
+                                           split_order="prepare_mid", split_stages=depth)
+        two, three = sizes
+        self.assertLessEqual(three, 227 * 1024)
+        # A third stage is 49.75 KB (more with alignment); the aliases save 40 KB of it.
+        self.assertLess(three - two, (49.75 - 32) * 1024)
+
+    def test_split_protocol_cannot_deadlock(self):
+        # kfused._SPLIT_PROTOCOL argues it by induction over chunks; this runs the protocol.
+        _check_split_protocol(self)
+
+    def test_split_protocol_check_finds_a_deadlock_and_a_race(self):
+        # The check itself: a one-stage ring deadlocks (prepare(n + 1) waits for copies that
+        # need read_state(n)'s release), and without s_free the state warpgroup overwrites a
+        # published S the output warpgroup has not read (prepare_first).
+        with absltest.mock.patch.object(kfused, "SPLIT_STAGES", (1,)):
+            with self.assertRaisesRegex(AssertionError, "deadlock"):
+                _check_split_protocol(self, seeds=2)
+        protocol = _split_protocol
+
+        def without_s_free(order, depth, num_chunks):
+            state, *others = protocol(order, depth, num_chunks)
+            return [[e for e in state if e[:2] != ("W", "s_free")]] + others
+
+        with absltest.mock.patch.object(sys.modules[__name__], "_split_protocol",
+                                        without_s_free):
+            with self.assertRaisesRegex(AssertionError, "still read"):
+                _check_split_protocol(self, seeds=2)
 
     @parameterized.named_parameters(*_FWD_CI)
     def test_forward_fused_t0_exports_for_cuda(self, **variant):
@@ -550,7 +753,7 @@ class FusedT0StagesTest(parameterized.TestCase):
             for stages in ("io", "v_new", "state", "no_store"):
                 self.assertNotEqual(jaxpr(stages=stages), default)
 
-    def test_split_order_prepare_first_is_the_default_and_readout_first_differs(self):
+    def test_split_order_readout_first_is_the_default_and_prepare_first_differs(self):
         q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
         t0 = jnp.zeros((1, 150, 2, C), k.dtype)
         for interpret in (False, True):
@@ -560,25 +763,57 @@ class FusedT0StagesTest(parameterized.TestCase):
                     split_output=True, **kw))(q, k, v, t0, g, beta))
 
             default = jaxpr()
-            self.assertEqual(jaxpr(split_order="prepare_first"), default)
-            readout_first = jaxpr(split_order="readout_first")
-            self.assertNotEqual(readout_first, default)
-            self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_ro", readout_first)
+            self.assertEqual(jaxpr(split_order="readout_first"), default)
+            self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_ro", default)
+            prepare_first = jaxpr(split_order="prepare_first")
+            self.assertNotEqual(prepare_first, default)
+            self.assertIn("gdn_chunk_delta_fused_t0_fwd_split", prepare_first)
+            self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split_ro", prepare_first)
 
     def test_split_t0_options_reach_the_split_forward(self):
         # kernel_mosaic_gpu.SPLIT_T0_OPTIONS (set by bench_kernels.py --mosaic_t0_split_order)
         # is read at trace time; a sequence length of its own keeps jit caches out of it.
         q, k, v, g, beta, state, seg = _inputs(1, 131, 2, 1, 64, 64, 0.2, True, (70, 30))
         self.addCleanup(kgd.SPLIT_T0_OPTIONS.clear)
-        kgd.SPLIT_T0_OPTIONS["split_order"] = "readout_first"
+        kgd.SPLIT_T0_OPTIONS["split_order"] = "prepare_first"
 
         def jaxpr(forward):
             return str(jax.make_jaxpr(lambda *a: kgd.gated_delta_rule_fwd_mosaic(
                 *a, scale=0.1, initial_state=state, segment_ids=seg,
                 forward=forward))(q, k, v, g, beta))
 
-        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_ro", jaxpr("fused_t0_split"))
+        split = jaxpr("fused_t0_split")
+        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split", split)
+        self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split_ro", split)  # not the default
         self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split", jaxpr("fused_t0"))
+
+    def test_split_stages_two_is_the_default_and_names_the_variants(self):
+        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
+        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
+
+        def jaxpr(**kw):
+            return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
+                *a, scale=0.1, initial_state=state, segment_ids=seg, split_output=True,
+                **kw))(q, k, v, t0, g, beta))
+
+        default = jaxpr()
+        self.assertEqual(jaxpr(split_stages=2), default)
+        for order, name in (("readout_first", "split_ro_s3"), ("prepare_first", "split_s3"),
+                            ("prepare_mid", "split_pm_s3"), ("state_ag", "split_sa_s3")):
+            self.assertIn(f"gdn_chunk_delta_fused_t0_fwd_{name}",
+                          jaxpr(split_order=order, split_stages=3))
+        prepare_mid = jaxpr(split_order="prepare_mid")
+        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_pm", prepare_mid)
+        self.assertNotIn("_s3", prepare_mid)
+
+    def test_rejects_unknown_or_unsplit_split_stages(self):
+        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
+        with self.assertRaisesRegex(ValueError, "split_stages must be one of"):
+            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_stages=4)
+        with self.assertRaisesRegex(ValueError, "split_stages=3 .* needs split_output=True"):
+            fn(q, k, v, t0, g, beta, scale=0.1, split_stages=3)
 
     def test_rejects_unknown_or_unsplit_split_order(self):
         q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
@@ -587,7 +822,7 @@ class FusedT0StagesTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, "split_order must be one of"):
             fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_order="ahead")
         with self.assertRaisesRegex(ValueError, "needs split_output=True"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_order="readout_first")
+            fn(q, k, v, t0, g, beta, scale=0.1, split_order="prepare_first")
 
     def test_rejects_unknown_or_combined_stages(self):
         q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
@@ -789,9 +1024,28 @@ class GpuTest(kmg_test.HopperTestCase):
                             split_output=True)
 
     @parameterized.named_parameters(*_GPU_KERNEL_CASES)
-    def test_fused_t0_split_readout_first_kernel_matches_reference(self, *case):
+    def test_fused_t0_split_prepare_first_kernel_matches_reference(self, *case):
         _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False,
-                            split_output=True, split_order="readout_first")
+                            split_output=True, split_order="prepare_first")
+
+    @parameterized.named_parameters(
+        (f"{order}_s3_{name}", order, *case) for order in ("prepare_mid", "state_ag")
+        for name, *case in _GPU_KERNEL_CASES)
+    def test_fused_t0_split_sec17_s3_kernel_matches_reference(self, order, *case):
+        # MOSAIC_GPU.md Sec. 17: prepare_mid (Ag between the read-out's halves) and state_ag
+        # (the state warpgroup forms Ag), three-stage ring (RefUnion of S and the fp32 state
+        # staging; vd_s in x_s).
+        errs = _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False,
+                                   split_output=True, split_order=order, split_stages=3)
+        print(f"{order}_s3 {self.id()}: " + ", ".join(f"{k} {v:.3e}" for k, v in errs.items()))
+
+    def test_fused_t0_split_sec17_variants_are_bit_equal(self):
+        # Same arithmetic, other schedules: bit for bit at a realistic row (documents, h0,
+        # GVA, 64 chunks, a partial last one); the variants MOSAIC_GPU.md Sec. 17 times.
+        _check_split_variants_bit_equal(
+            self, _inputs(1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200),
+                          seed=5), False,
+            variants=[("state_ag", 3), ("prepare_mid", 3), ("state_ag", 2)])
 
     @parameterized.named_parameters(*_GPU_FORWARD_CASES)
     def test_forward_fused_t0_split_matches_reference_and_three_pass(self, *case):
