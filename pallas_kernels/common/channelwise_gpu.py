@@ -198,7 +198,16 @@ TUNING = {
     "intra_token": (1, 3),
     "grad_blocks": (4, 2),
     "gamma": (8, 2),
+    # The forward state pass (the "forward" kernel): "triton" (_forward_kernel) or "mosaic"
+    # (channelwise_mosaic_gpu.channelwise_forward_mosaic: Hopper wgmma/TMA, three warpgroups;
+    # bf16/fp16 operands only, so fp32 inputs keep the Triton kernel). Triton until the H200
+    # has timed the Mosaic kernel (MOSAIC_GPU.md Sec. 18); channelwise_delta_pallas's
+    # state_pass= overrides it per call. mosaic_alias_staging: the Mosaic kernel's
+    # alias_staging (its fp32 h0 / final-state tile shares SMEM with the published S).
+    "state_pass": "triton",
+    "mosaic_alias_staging": False,
 }
+STATE_PASSES = ("triton", "mosaic")
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
 NSUB = CHUNK // SUB
@@ -230,13 +239,22 @@ def block_widths(dk: int, dv: int, tuning=None) -> Tuple[int, int]:
 
 
 def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interpret,
-            return_residual):
+            return_residual, state_pass=None):
     """The static configuration of one call (hashable once sorted into a tuple).
+
+    ``state_pass`` (``None``: ``TUNING["state_pass"]``) resolves to ``"triton"`` for fp32
+    operands, which the Mosaic kernel cannot take (``wgmma`` has no IEEE fp32 product).
 
     Raises:
       ValueError: if ``TUNING``'s block widths (``prepare_k`` included) do not divide the head
-        dims, or ``TUNING["intra_token_heads"]`` is not >= 1.
+        dims, ``TUNING["intra_token_heads"]`` is not >= 1, or ``state_pass`` is not one of
+        :data:`STATE_PASSES`.
     """
+    state_pass = TUNING.get("state_pass", "triton") if state_pass is None else state_pass
+    if state_pass not in STATE_PASSES:
+        raise ValueError(f"state_pass must be one of {STATE_PASSES}, got {state_pass!r}")
+    if jnp.dtype(mm_dtype) == jnp.dtype(F32):
+        state_pass = "triton"  # the Mosaic kernel takes 16-bit operands only
     block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
     prepare_k = TUNING.get("prepare_k") or block_k
@@ -247,7 +265,8 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 block_v=block_v, block_k=block_k, prepare_k=prepare_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
-                intra_heads=intra_heads(heads))
+                intra_heads=intra_heads(heads), state_pass=state_pass,
+                mosaic_alias_staging=bool(TUNING.get("mosaic_alias_staging", False)))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -887,6 +906,19 @@ def _forward(cfg, prep, h0, *, save):
     return outs["o_ref"], outs["ht_ref"], outs.get("vn_ref"), outs.get("hs_ref")
 
 
+def _forward_mosaic(cfg, prep, h0, *, save):
+    """:func:`_forward` on the Mosaic GPU kernel
+    (:func:`pallas_kernels.common.channelwise_mosaic_gpu.channelwise_forward_mosaic`, GPU
+    interpret mode under ``cfg["interpret"]``): the same outputs, layouts and dtypes."""
+    from pallas_kernels.common import channelwise_mosaic_gpu
+
+    return channelwise_mosaic_gpu.channelwise_forward_mosaic(
+        prep["qg_ref"], prep["kg_ref"], prep["w_ref"], prep["u_ref"], prep["mq_ref"],
+        prep["e_ref"], scale=cfg["scale"], initial_state=h0,
+        store_v_new=save or cfg["return_residual"], store_h=save,
+        alias_staging=cfg["mosaic_alias_staging"], interpret=cfg["interpret"])
+
+
 # ----------------------------------------------------------------------------------------------
 # Kernel 3: the reverse state pass.
 
@@ -1042,7 +1074,8 @@ def _make_core(static):
         # The within-chunk cumsum of g runs here, so the backward returns dg (not d gamma).
         gam = _gamma(cfg, g)
         prep = _prepare(cfg, q, k, v, ks, vs, gam, docs, save_a=save)
-        o, ht, vn, hs = _forward(cfg, prep, h0, save=save)
+        state_pass = _forward_mosaic if cfg["state_pass"] == "mosaic" else _forward
+        o, ht, vn, hs = state_pass(cfg, prep, h0, save=save)
         return o, ht, vn, hs, prep, gam
 
     @jax.custom_vjp
@@ -1097,6 +1130,7 @@ def channelwise_delta_pallas(
     segment_ids: Optional[jax.Array] = None,
     return_residual: bool = True,
     interpret: bool = False,
+    state_pass: Optional[str] = None,
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array]]:
     """The per-channel-decay delta rule on the Pallas GPU kernels (module docstring).
 
@@ -1122,16 +1156,21 @@ def channelwise_delta_pallas(
       initial_state: ``[B, H, K, V]`` (fp32) or ``None`` for zeros.
       segment_ids: optional int ``[B, T]``; the state resets where the id changes.
       return_residual: whether to compute the residual ``u`` (``v_new``).
-      interpret: run in Pallas interpret mode (any backend; slow).
+      interpret: run in Pallas interpret mode (any backend; slow; the Mosaic state pass in
+        Mosaic GPU interpret mode).
+      state_pass: the forward state pass, ``"triton"`` or ``"mosaic"`` (the Hopper kernel of
+        :mod:`pallas_kernels.common.channelwise_mosaic_gpu`; needs sm_90 when compiled);
+        ``None``: ``TUNING["state_pass"]``. fp32 operands always take the Triton kernel.
+        Everything else (intra, prepare, wu, the backward) is the same either way.
 
     Returns:
       ``(o [B, T, H, V], final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``; o and u in
       the operand dtype (bf16/fp16 when q, k, v all are, else fp32).
 
     Raises:
-      ValueError: if K or V is not 64 or 128 (callers dispatch those to the chunked form), or
+      ValueError: if K or V is not 64 or 128 (callers dispatch those to the chunked form),
         ``k_scale`` / ``v_scale`` (named) is not a float array shaped ``[B, T, H]`` or like
-        ``k`` / ``v``.
+        ``k`` / ``v``, or ``state_pass`` is not ``"triton"``, ``"mosaic"`` or ``None``.
     """
     from pallas_kernels import common
 
@@ -1157,7 +1196,7 @@ def channelwise_delta_pallas(
     cfg = _config(
         batch=bsz, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=float(scale),
         has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
-        return_residual=return_residual,
+        return_residual=return_residual, state_pass=state_pass,
     )
     gpad = common.pad_time(g.astype(F32), CHUNK)  # [B, Tp, H, K]; padding is inert (g = 0)
     if initial_state is None:

@@ -1,0 +1,376 @@
+"""The per-channel-decay family's forward state pass on Mosaic GPU (Hopper ``wgmma``/TMA).
+
+:func:`channelwise_forward_mosaic` is a drop-in for the Triton ``forward`` kernel of
+:mod:`pallas_kernels.common.channelwise_gpu` (``_forward_kernel`` / ``_forward``, issue 29): the
+sequential pass over the chunks of KDA and Gated DeltaNet-2 (paper arXiv 2607.07953, Eqs.
+18-24; the chunk form in ``channelwise_gpu``'s module docstring). Everything per-channel was
+folded into its inputs by ``channelwise_gpu``'s ``intra``, ``prepare`` and ``wu`` kernels
+(``Qg = q E_in``, ``Kg = k E_out``, ``W = A (kr E_in)``, ``U = A vw``, ``Mq`` masked to causal
+same-document pairs and decayed, ``e_all = exp(gamma_C) conn_C``), so per chunk ``n`` of
+C = 64 tokens, with the fp32 state ``S`` (``[K, 64]``, 64 value columns per CTA) in registers::
+
+    Vn_n  = U_n - W_n S                        ([C, K] x [K, 64])
+    O_n   = scale (Qg_n S + Mq_n Vn_n)          (Mq_n [C, C], from SMEM)
+    S    <- diag(e_all_n) S + Kg_n^T Vn_n      (e_all_n [K] fp32: a per-key-row scale of S)
+
+Documents need nothing more here: a document starting inside a chunk has zero rows of ``Qg``
+and ``W`` before it sees the state (``conn`` in ``E_in``), zero rows of ``Kg`` for tokens that do
+not reach the chunk's end (``last`` in ``E_out``), ``e_all = 0`` (``conn_C``) and no ``Mq``
+entries across documents, exactly as the Triton kernel reads them.
+
+Kernel structure, as the GDN ``split_output`` kernel
+(:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`;
+``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 18). Grid ``(B, H, V / 64)``, three warpgroups:
+
+* memory (``setmaxnreg 40``): a two-stage TMA ring of ``Qg, Kg, W`` (``[C, K]``), ``U``
+  (``[C, 64]``), ``Mq`` (``[C, C]``) and ``e_all`` (``[K]`` fp32): six copies per stage
+  (:func:`mosaic_gpu_lib.ring_producer`); a stage is refilled when both consumers released it;
+* state (``setmaxnreg 232``): publishes ``S`` in the operand dtype (double-buffered SMEM tile,
+  also the staging tile of ``hs``) and signals ``s_ready``; ``W S`` (one ``wgmma``);
+  ``Vn = U - W S`` in fp32, published in the operand dtype (double-buffered; the staging tile of
+  the ``Vn`` store) with ``v_ready``; ``Kg^T Vn`` (``Kg^T`` a transposed SMEM view); then
+  ``S <- e_all[:, None] S + Kg^T Vn``. Before overwriting a published tile it waits on
+  ``s_free`` of the chunk two back;
+* output (``setmaxnreg 232``): on ``s_ready`` issues ``Qg S``, on ``v_ready`` ``Mq Vn`` (one
+  ``wgmma`` group, so ``Qg S`` runs while the state warpgroup forms ``Vn``), signals
+  ``s_free``, and stores ``O = scale (Qg S + Mq Vn)`` through a double-buffered tile.
+
+Roundings are the Triton kernel's (``pallas_gpu.mm``: both operands in the operand dtype, fp32
+accumulation): ``S`` to the operand dtype for ``W S`` and ``Qg S``, ``Vn`` for ``Mq Vn`` and
+``Kg^T Vn``; the state, ``Vn`` before its rounding and every accumulator are fp32.
+
+SMEM at K = V = 128 (bf16), Mosaic GPU aligning every buffer to 1 KB: a ring stage is ``Qg, Kg,
+W`` 16 KB each, ``U`` 8, ``Mq`` 8 and ``e_all`` 0.5 KB (the two stages' ``e_all`` share one 1 KB
+buffer), so the ring is 129 KB; the published ``S`` 2 x 16, ``Vn`` 2 x 8, the output tiles
+2 x 8 and the fp32 ``h0`` / final-state staging 32 KB: 225 KB, **230,496 bytes** by Mosaic GPU's
+own count (jax 0.10.2 CUDA export) of the 232,448 (227 KB) an SM gives one block, 1.9 KB to
+spare. ``alias_staging=True`` lets the fp32 staging share a ``plgpu.RefUnion`` with the
+published ``S`` (as ``split_stages=3`` of the GDN ``fused_t0_split`` kernel: ``h0`` is in
+registers before the first ``S`` is published, and the final state is written after the state
+warpgroup observed ``s_free`` of the last two chunks and its own ``hs`` stores): **197,728
+bytes** (193 KB). The CUDA export checks both
+(``tests/pallas_kernels/kernel_mosaic_channelwise_test.py``). The interpreter has no
+``RefUnion``: interpreted, the staging tile is always a buffer of its own.
+
+CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode
+(``Kg^T`` copied into SMEM, plain vector and tile loads: ``mosaic_gpu_lib``'s shims) and
+lowering for CUDA through ``jax.export``. fp32 inputs are refused (``wgmma`` has no IEEE fp32
+product); ``channelwise_gpu`` keeps its Triton kernel for them.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+
+CHUNK = mgl.CHUNK
+BLOCK_V = mgl.BLOCK_V  # value columns per CTA: the state tile is [K, BLOCK_V] fp32 in registers
+STAGES = mgl.STAGES  # depth of the TMA input ring
+_IN_COPIES = 6  # TMA copies per ring stage: Qg, Kg, W, U, Mq, e_all
+KERNEL_NAME = "channelwise_state_fwd_mosaic"
+
+
+def _issuer(gmem, ring, in_bar, b, h, cols):
+    """``issue(n, slot)`` of the memory warpgroup: the six TMA copies of chunk ``n`` of
+    ``(b, h)`` (``U`` only its value columns ``cols``) into ``ring[.][slot]``, on
+    ``in_bar[slot]``."""
+    qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref = gmem
+
+    def issue(n, slot):
+        rows = pl.ds(n * CHUNK, CHUNK)
+        srcs = (qg_ref.at[b, rows, h], kg_ref.at[b, rows, h], w_ref.at[b, rows, h],
+                u_ref.at[b, rows, h, cols], mq_ref.at[b, h, n], e_ref.at[b, h, n])
+        for src, dst in zip(srcs, ring, strict=True):
+            plgpu.copy_gmem_to_smem(src, dst.at[slot], in_bar.at[slot])
+
+    return issue
+
+
+def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int, scale: float,
+            has_h0: bool, store_v_new: bool, store_h: bool, alias: bool, interpret: bool):
+    """Kernel body of :func:`channelwise_forward_mosaic` (module docstring); refs are GMEM.
+
+    ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [hs_ref,]`` then the scratch; ``kt_s``
+    (interpret mode only) is the SMEM copy of ``Kg^T`` that the GPU reads as a transposed view.
+    """
+    rest = list(rest)
+    h0_ref = rest.pop(0) if has_h0 else None
+    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    vn_ref = rest.pop(0) if store_v_new else None
+    hs_ref = rest.pop(0) if store_h else None
+    ring, rest = tuple(rest[:_IN_COPIES]), rest[_IN_COPIES:]
+    qg_s, kg_s, w_s, u_s, mq_s, e_s = ring
+    if alias and not interpret:  # one RefUnion: S in 16 bits (the loop), fp32 h0 / final state
+        (sb_s, state_s), *rest = rest
+    else:  # separate tiles (the interpreter has no RefUnion)
+        sb_s, state_s, *rest = rest
+    vn_s, o_s, in_bar, in_free, s_ready, v_ready, s_free, io_bar, done, *shim = rest
+    kt_s = shim[0] if interpret else None
+    gmem = (qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref)
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = kg_s.shape[-1]
+    tile = (CHUNK, BLOCK_V)
+
+    @pl.when(wg == 2)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        mgl.ring_producer(_issuer(gmem, ring, in_bar, b, h, cols), num_chunks, in_free)
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
+        s0 = mgl.entry_state(h0, state_s, io_bar, (dk, BLOCK_V), interpret)
+
+        def step(n, s):
+            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+
+            @pl.when(n >= 2)
+            def _():  # the output warpgroup has read the tiles published two chunks ago
+                plgpu.barrier_wait(s_free.at[half])
+
+            # This warpgroup's stores (hs, Vn) of chunk n - 2 must have read their tiles.
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            sb_s.at[half][...] = s.astype(sb_s.dtype)  # S entering chunk n, operand dtype
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(s_ready.at[half])  # the output warpgroup may issue Qg S
+            if store_h:
+                plgpu.copy_smem_to_gmem(sb_s.at[half], hs_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(in_bar.at[slot])
+
+            def w_state(acc):
+                plgpu.wgmma(acc, w_s.at[slot], sb_s.at[half])  # W S, [C, 64]
+                return acc[...]
+
+            # The barrier keeps the arithmetic after the accumulator read (MOSAIC_GPU.md Sec. 2).
+            ws = lax.optimization_barrier(pl.run_scoped(w_state, plgpu.ACC(tile)))
+            vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # fp32
+            vn_s.at[half][...] = vn.astype(vn_s.dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(v_ready.at[half])  # the output warpgroup may issue Mq Vn
+            if store_v_new:
+                plgpu.copy_smem_to_gmem(vn_s.at[half], vn_ref.at[b, rows, h, cols])
+            e_all = mgl.load_rows(e_s.at[slot], interpret)  # [K] fp32, one value per key row
+            kg_t = mgl.transposed(kg_s.at[slot], kt_s, interpret)
+
+            def update(acc):
+                plgpu.wgmma(acc, kg_t, vn_s.at[half])  # Kg^T Vn, [K, 64]
+                return acc[...]
+
+            kv = lax.optimization_barrier(pl.run_scoped(update, plgpu.ACC((dk, BLOCK_V))))
+            plgpu.barrier_arrive(in_free.at[slot])  # Kg, W, U, e_all of the stage consumed
+            # A fresh accumulator plus the decayed state (no run_state in the 0.10.2
+            # interpreter).
+            return mgl.by_row(e_all, (dk, BLOCK_V)) * s + kv
+
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
+            plgpu.barrier_wait(s_free.at[n % 2])
+        mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
+
+    @pl.when(wg == 1)
+    def _output():
+        plgpu.set_max_registers(232, action="increase")
+
+        def step(n, carry):
+            slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            plgpu.barrier_wait(in_bar.at[slot])
+            plgpu.barrier_wait(s_ready.at[half])
+
+            def read_out(qs_acc, pv_acc):  # one group: Qg S runs while Vn is formed
+                plgpu.wgmma(qs_acc, qg_s.at[slot], sb_s.at[half])  # Qg S, [C, 64]
+                plgpu.barrier_wait(v_ready.at[half])
+                plgpu.wgmma(pv_acc, mq_s.at[slot], vn_s.at[half])  # Mq Vn, [C, 64]
+                return qs_acc[...], pv_acc[...]
+
+            qs, pv = lax.optimization_barrier(pl.run_scoped(
+                read_out, plgpu.ACC(tile), plgpu.ACC(tile)))
+            plgpu.barrier_arrive(s_free.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            o = scale * (qs + pv)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # o_s[half] of chunk n - 2 was read
+            o_s.at[half][...] = o.astype(o_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
+            return carry
+
+        lax.fori_loop(0, num_chunks, step, 0)
+        plgpu.wait_smem_to_gmem(0)
+
+    # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+def check_inputs(qg, kg, w, u, mq, e_all, initial_state) -> None:
+    """The input contract of :func:`channelwise_forward_mosaic`.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs: ``qg``, ``kg``, ``w``
+            not ``[B, T, H, K]`` of one 16-bit dtype (fp32 inputs: use the Triton state pass);
+            ``u`` not ``[B, T, H, V]`` in that dtype; K or V not 64 or 128; ``mq`` not
+            ``[B, H, N, 64, 64]`` in that dtype (``N = ceil(T / 64)``); ``e_all`` not a float
+            ``[B, H, N, K]``; ``initial_state`` not ``[B, H, K, V]``.
+    """
+    if qg.ndim != 4 or u.ndim != 4:
+        raise ValueError(f"qg must be [B, T, H, K] and u [B, T, H, V], got {qg.shape=} "
+                         f"{u.shape=}")
+    batch, seq_len, heads, dk = qg.shape
+    dv = u.shape[-1]
+    dtype = jnp.dtype(qg.dtype)
+    if dtype not in mgl.SUPPORTED_DTYPES:
+        raise ValueError(f"qg, kg, w, u, mq must share a 16-bit dtype (bf16 or fp16: wgmma "
+                         f"operands), got qg.dtype={dtype}; fp32 inputs take the Triton state "
+                         f"pass (channelwise_gpu, state_pass='triton')")
+    if dk not in mgl.SUPPORTED_HEAD_DIMS or dv not in mgl.SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dims must be in {mgl.SUPPORTED_HEAD_DIMS}, got K={dk} (qg) "
+                         f"V={dv} (u)")
+    for name, x in (("kg", kg), ("w", w)):
+        if x.shape != qg.shape or x.dtype != dtype:
+            raise ValueError(f"{name} must have qg's shape {qg.shape} and dtype {dtype}, got "
+                             f"{x.shape} {x.dtype}")
+    if u.shape[:3] != (batch, seq_len, heads) or u.dtype != dtype:
+        raise ValueError(f"u must be [B, T, H, V] = {(batch, seq_len, heads)} + (V,) in qg's "
+                         f"dtype {dtype}, got {u.shape} {u.dtype}")
+    num_chunks = -(-seq_len // CHUNK)
+    want = (batch, heads, num_chunks, CHUNK, CHUNK)
+    if mq.shape != want or mq.dtype != dtype:
+        raise ValueError(f"mq must be [B, H, N, C, C] = {want} in qg's dtype {dtype}, got "
+                         f"{mq.shape} {mq.dtype}")
+    want = (batch, heads, num_chunks, dk)
+    if e_all.shape != want or not jnp.issubdtype(e_all.dtype, jnp.floating):
+        raise ValueError(f"e_all must be a float [B, H, N, K] = {want}, got {e_all.shape} "
+                         f"{e_all.dtype}")
+    if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
+        raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
+                         f"{initial_state.shape}")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "alias_staging",
+                                             "interpret"))
+def channelwise_forward_mosaic(
+    qg: jax.Array,
+    kg: jax.Array,
+    w: jax.Array,
+    u: jax.Array,
+    mq: jax.Array,
+    e_all: jax.Array,
+    *,
+    scale: float,
+    initial_state: Optional[jax.Array] = None,
+    store_v_new: bool = False,
+    store_h: bool = False,
+    alias_staging: bool = False,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
+    """The forward state pass of KDA / GDN-2 in one Mosaic GPU kernel (module docstring).
+
+    Per batch row, head and chunk ``n`` of C = 64 tokens, from ``S = initial_state`` (paper
+    arXiv 2607.07953, Eqs. 18-24; the chunk form of ``channelwise_gpu``'s module docstring)::
+
+        Vn_n = U_n - W_n S
+        O_n  = scale (Qg_n S + Mq_n Vn_n)
+        S   <- diag(e_all_n) S + Kg_n^T Vn_n
+
+    with the Triton ``forward`` kernel's roundings (``S`` and ``Vn`` rounded to the operand
+    dtype as ``wgmma`` operands, fp32 state and accumulation). The inputs are what
+    ``channelwise_gpu._prepare`` returns (``qg_ref``, ``kg_ref``, ``w_ref``, ``u_ref``,
+    ``mq_ref``, ``e_ref``), so its outputs are ``channelwise_gpu._forward``'s.
+
+    Args:
+        qg: ``q E_in`` ``[B, T, H, K]``, bf16 or fp16 (the decay-scaled queries).
+        kg: ``k E_out`` ``[B, T, H, K]``, qg's dtype.
+        w: ``W = A (kr E_in)`` ``[B, T, H, K]``, qg's dtype.
+        u: ``U = A vw`` ``[B, T, H, V]``, qg's dtype. ``K, V`` in {64, 128}.
+        mq: the decayed, causal, same-document ``Mq`` of every chunk ``[B, H, N, 64, 64]``
+            (``N = ceil(T / 64)``), qg's dtype.
+        e_all: ``exp(gamma_C) conn_C`` ``[B, H, N, K]``, read as fp32.
+        scale: read-out scale (static).
+        initial_state: ``[B, H, K, V]`` (read as fp32) or ``None`` for zeros.
+        store_v_new: also return ``Vn`` (static; the residual and the backward's input).
+        store_h: also return the state entering every chunk (static; the backward's ``hs``).
+        alias_staging: let the fp32 ``h0`` / final-state staging tile share SMEM with the
+            published ``S`` (a ``plgpu.RefUnion``; static): 193 KB instead of 225 KB at
+            K = V = 128 bf16 (module docstring). Same results; ignored when interpreting.
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(o, final_state, vn, hs)``: ``o`` ``[B, T, H, V]`` in the input dtype;
+        ``final_state`` ``[B, H, K, V]`` fp32; ``vn`` ``[B, T, H, V]`` in the input dtype or
+        ``None``; ``hs`` ``[B, H, N, K, V]`` in the input dtype or ``None``. A ``T`` that is not
+        a multiple of 64 is zero-padded inside (the padded tokens add nothing).
+
+    Raises:
+        ValueError: as :func:`check_inputs` (shapes, 16-bit dtype, head dims).
+    """
+    check_inputs(qg, kg, w, u, mq, e_all, initial_state)
+    batch, seq_len, heads, dk = qg.shape
+    dv = u.shape[-1]
+    num_chunks = mq.shape[2]
+    padded = num_chunks * CHUNK
+    qg, kg, w, u = (mgl.pad_time(x, num_chunks) for x in (qg, kg, w, u))
+    has_h0 = initial_state is not None
+    kernel = functools.partial(_kernel, num_chunks=num_chunks, scale=float(scale),
+                               has_h0=has_h0, store_v_new=store_v_new, store_h=store_h,
+                               alias=alias_staging, interpret=interpret)
+    dtype = u.dtype
+    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
+                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
+    if store_v_new:
+        out_type.append(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype))
+    if store_h:
+        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
+    swz = mgl.swizzled_smem
+    sb = swz((2, dk, BLOCK_V), dtype)  # sb_s: S in 16 bits, published (double-buffered)
+    state = swz((dk, BLOCK_V), jnp.float32)  # state_s: staging of h0 and the final state
+    scratch = [
+        swz((STAGES, CHUNK, dk), dtype),  # qg_s
+        swz((STAGES, CHUNK, dk), dtype),  # kg_s
+        swz((STAGES, CHUNK, dk), dtype),  # w_s
+        swz((STAGES, CHUNK, BLOCK_V), dtype),  # u_s
+        swz((STAGES, CHUNK, CHUNK), dtype),  # mq_s
+        plgpu.SMEM((STAGES, dk), jnp.float32),  # e_s
+    ]
+    scratch += [plgpu.RefUnion(sb, state)] if alias_staging and not interpret else [sb, state]
+    scratch += [
+        swz((2, CHUNK, BLOCK_V), dtype),  # vn_s: Vn, published (double-buffered)
+        swz((2, CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (two)
+        plgpu.Barrier(num_arrivals=_IN_COPIES, num_barriers=STAGES),  # in_bar: copies landed
+        plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),  # in_free: both consumers done
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S published
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),  # v_ready: Vn published
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: S and Vn were read
+        plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
+        plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
+    ]
+    if interpret:  # the SMEM copy of what the GPU reads as a transposed view
+        scratch.append(plgpu.SMEM((dk, CHUNK), dtype))  # kt_s: Kg^T
+    call = plgpu.kernel(
+        kernel,
+        out_type=tuple(out_type),
+        scratch_types=scratch,
+        grid=(batch, heads, dv // BLOCK_V),
+        grid_names=("b", "h", "v"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name=KERNEL_NAME,
+    )
+    h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
+    with jax.named_scope(KERNEL_NAME):
+        outs = list(call(qg, kg, w, u, mq, e_all.astype(jnp.float32), *h0))
+    o, final_state = outs.pop(0), outs.pop(0)
+    vn = outs.pop(0)[:, :seq_len] if store_v_new else None
+    hs = outs.pop(0) if store_h else None
+    return o[:, :seq_len], final_state, vn, hs

@@ -1,0 +1,387 @@
+"""The per-channel family's forward state pass on Mosaic GPU (KDA, GDN-2; issue 29).
+
+``pallas_kernels/common/channelwise_mosaic_gpu.py`` has :func:`channelwise_forward_mosaic`, a
+drop-in for the Triton ``forward`` kernel of ``channelwise_gpu`` (``state_pass="mosaic"``).
+Its inputs here are realistic: ``Qg, Kg, W, U, Mq, e_all`` come from ``channelwise_gpu``'s own
+``intra``, ``prepare`` and ``wu`` kernels (Pallas interpret mode) on random ``q, k`` (unit
+rows), ``v``, per-channel log-decays ``g <= 0`` and scales, with documents starting inside
+chunks and a partial last chunk.
+
+* ``LoweringTest`` (CI): the kernel exports for CUDA on the CPU host (``jax.export``) at
+  K = V = 128 bf16 with the ``hs`` and ``Vn`` stores and ``h0`` (which also checks Mosaic GPU's
+  227 KB SMEM limit: the count is pinned, with and without ``alias_staging``), K = V = 64
+  fp16, K 128 / V 64; and the whole KDA forward + backward with ``state_pass="mosaic"``
+  exports with the Mosaic kernel in place of the Triton ``forward`` kernel.
+* ``ValidationTest`` (CI): the ValueErrors (fp32 inputs, head dims, shapes, ``state_pass``),
+  and fp32 inputs of the op taking the Triton state pass under ``state_pass="mosaic"``.
+* ``InterpretTest`` (``slow``): the kernel in Mosaic GPU interpret mode against an independent
+  float64 NumPy recurrence of the equations (relative RMS, by dtype) and against the Triton
+  ``_forward`` in Pallas interpret mode on the same inputs (o, final state, ``Vn``, ``hs``).
+  ``OpInterpretTest`` (``slow``): the whole KDA op with ``state_pass="mosaic"`` against
+  ``"triton"`` (outputs and all gradients), both interpreted.
+* ``GpuTest`` (``gpu``): on a Hopper GPU, KDA and GDN-2 with the switch on and off against the
+  fp32 token-serial reference (o, final state, every gradient: the backward consumes the
+  kernel's ``hs`` and ``Vn``), and the kernel against the Triton ``_forward`` at S1-like rows.
+
+The interpreted three-warpgroup kernel needs a larger XLA CPU pool on a 2-core host (BUILD.md,
+MOSAIC_GPU.md Sec. 10): ``PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow
+tests/pallas_kernels/kernel_mosaic_channelwise_test.py``.
+"""
+
+import collections
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from absl.testing import absltest, parameterized
+
+from pallas_kernels.common import channelwise_gpu, pallas_gpu
+from pallas_kernels.common import channelwise_mosaic_gpu as cwm
+from pallas_kernels.kda import kernel_gpu as kda_kernel
+from tests import tolerances
+from tests.pallas_kernels import kernel_gpu_channelwise_test as cw_test
+from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
+
+C = cwm.CHUNK
+_BF16, _FP16 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)
+# Relative RMS gates against the float64 recurrence (the kernel rounds S and Vn to the operand
+# dtype as wgmma operands, as the Triton kernel): the GPU kernels' forward gate for bf16
+# (BUILD.md); fp16 carries three more mantissa bits.
+_REF_GATE = {_BF16: 5e-3, _FP16: 1e-3}
+# Against the Triton kernel on the same inputs: the same roundings, different fp32 summation
+# orders, so o, Vn and hs differ by an occasional operand-dtype ulp after the rounding.
+_TRITON_GATE = {_BF16: 2e-3, _FP16: 3e-4}
+_SMEM_LIMIT = 227 * 1024
+
+
+def _segment_ids(batch, seq_len, docs):
+    """``[B, T]`` ids: row 0 packed with documents of ``docs`` tokens (the rest one more),
+    the other rows one document each; ``None`` without ``docs``."""
+    if docs is None:
+        return None
+    lengths = list(docs) + [seq_len - sum(docs)]
+    row = np.repeat(np.arange(len(lengths)), lengths)
+    ids = np.zeros((batch, seq_len), np.int32)
+    ids[0] = row
+    return jnp.asarray(ids)
+
+
+def _prepared(seed, batch, seq_len, heads, dk, dv, dtype, *, docs=None, decay=1.0, h0=True,
+              gdn2=False, interpret=True):
+    """``(cfg, prep, h0)`` for the state pass: ``channelwise_gpu``'s ``intra``, ``prepare`` and
+    ``wu`` kernels (Pallas interpret mode if ``interpret``) on random inputs (KDA's per-head ``beta`` or GDN-2's
+    per-channel ``b, w`` as the scales), time padded to whole chunks."""
+    keys = jax.random.split(jax.random.key(seed), 8)
+
+    def unit(x):
+        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+
+    shape_k, shape_v = (batch, seq_len, heads, dk), (batch, seq_len, heads, dv)
+    q = unit(jax.random.normal(keys[0], shape_k)).astype(dtype)
+    k = unit(jax.random.normal(keys[1], shape_k)).astype(dtype)
+    v = jax.random.normal(keys[2], shape_v).astype(dtype)
+    g = decay * jax.nn.log_sigmoid(jax.random.normal(keys[3], shape_k) + 1.5)
+    if gdn2:
+        ks = jax.nn.sigmoid(jax.random.normal(keys[4], shape_k))
+        vs = jax.nn.sigmoid(jax.random.normal(keys[5], shape_v))
+    else:
+        ks = vs = jax.nn.sigmoid(jax.random.normal(keys[4], (batch, seq_len, heads, 1)))
+    state = 0.5 * jax.random.normal(keys[6], (batch, heads, dk, dv)) if h0 else None
+    n_chunks = -(-seq_len // C)
+    padded = n_chunks * C
+
+    def pad(x):
+        return jnp.pad(x, ((0, 0), (0, padded - seq_len)) + ((0, 0),) * (x.ndim - 2))
+
+    q, k, v, ks, vs, g = (pad(x) for x in (q, k, v, ks, vs, g))
+    gam = jnp.cumsum(g.reshape(batch, n_chunks, C, heads, dk), axis=2).reshape(g.shape)
+    seg = _segment_ids(batch, seq_len, docs)
+    doc_arrays = () if seg is None else pallas_gpu.docs_from_segment_ids(seg, padded)
+    cfg = channelwise_gpu._config(batch=batch, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv,
+                                  scale=dk ** -0.5, has_docs=seg is not None, mm_dtype=dtype,
+                                  interpret=interpret, return_residual=True)
+    prep = jax.jit(lambda *xs: channelwise_gpu._prepare(cfg, *xs, doc_arrays, save_a=False))(
+        q, k, v, ks, vs, gam)
+    return cfg, prep, state
+
+
+def _kernel_args(prep):
+    return tuple(prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "u_ref", "mq_ref", "e_ref"))
+
+
+def _reference(prep, h0, scale):
+    """float64 NumPy recurrence of the module docstring's equations on ``prep``'s arrays:
+    ``(o, final_state, Vn, hs)``, no rounding anywhere."""
+    qg, kg, w, u, mq, e = (np.asarray(x, np.float64) for x in _kernel_args(prep))
+    batch, tp, heads, dk = qg.shape
+    dv, n_chunks = u.shape[-1], tp // C
+    o, vn = np.zeros_like(u), np.zeros_like(u)
+    hs = np.zeros((batch, heads, n_chunks, dk, dv))
+    ht = np.zeros((batch, heads, dk, dv))
+    for b in range(batch):
+        for h in range(heads):
+            s = np.zeros((dk, dv)) if h0 is None else np.asarray(h0[b, h], np.float64)
+            for n in range(n_chunks):
+                r = slice(n * C, (n + 1) * C)
+                hs[b, h, n] = s
+                vn_n = u[b, r, h] - w[b, r, h] @ s
+                o[b, r, h] = scale * (qg[b, r, h] @ s + mq[b, h, n] @ vn_n)
+                vn[b, r, h] = vn_n
+                s = e[b, h, n][:, None] * s + kg[b, r, h].T @ vn_n
+            ht[b, h] = s
+    return o, ht, vn, hs
+
+
+def _run_mosaic(cfg, prep, h0, *, interpret, stores=True):
+    return cwm.channelwise_forward_mosaic(*_kernel_args(prep), scale=cfg["scale"],
+                                          initial_state=h0, store_v_new=stores, store_h=stores,
+                                          interpret=interpret)
+
+
+def _run_triton(cfg, prep, h0):
+    zeros = jnp.zeros(prep["qg_ref"].shape[:1] + (prep["qg_ref"].shape[2],)
+                      + (cfg["dk"], cfg["dv"]), jnp.float32)
+    return jax.jit(lambda p, s: channelwise_gpu._forward(cfg, p, s, save=True))(
+        prep, zeros if h0 is None else h0)
+
+
+_NAMES = ("o", "final_state", "vn", "hs")
+
+
+def _check_kernel(test, case, *, interpret=True, triton=True):
+    seed, batch, seq_len, heads, dk, dv, dtype, docs, decay, h0, gdn2 = case
+    dtype = jnp.dtype(dtype)
+    cfg, prep, state = _prepared(seed, batch, seq_len, heads, dk, dv, dtype, docs=docs,
+                                 decay=decay, h0=h0, gdn2=gdn2, interpret=interpret)
+    got = _run_mosaic(cfg, prep, state, interpret=interpret)
+    for name, x, want_dtype in zip(_NAMES, got, (dtype, jnp.float32, dtype, dtype)):
+        test.assertEqual(x.dtype, want_dtype, name)
+    want = _reference(prep, state, cfg["scale"])
+    for name, a, e in zip(_NAMES, got, want):
+        test.assertEqual(a.shape, e.shape, name)
+        test.assertLess(tolerances.rel_err(a, e), _REF_GATE[dtype], f"{name} vs float64")
+    if triton:
+        tri = _run_triton(cfg, prep, state)
+        for name, a, e in zip(_NAMES, got, tri):
+            test.assertEqual((a.shape, a.dtype), (e.shape, e.dtype), name)
+            test.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[dtype], f"{name} vs Triton")
+    # Padding rows of the outputs are zero (the drop-in's o and Vn keep them).
+    test.assertEqual(float(jnp.max(jnp.abs(got[0][:, seq_len:].astype(jnp.float32)))), 0.0)
+
+
+# seed, B, T, H, K, V, dtype, document lengths (row 0; the rest one more), decay, h0, GDN-2
+_CASES = (
+    ("kda_bf16_packed_partial_T200_K128_V128", 0, 2, 200, 2, 128, 128, jnp.bfloat16,
+     (10, 54, 1, 70), 1.0, True, False),
+    ("gdn2_bf16_packed_T192_K64_V128", 1, 1, 192, 2, 64, 128, jnp.bfloat16, (30, 3, 100), 1.0,
+     True, True),
+    ("kda_fp16_strong_decay_partial_T150_K128_V64", 2, 1, 150, 2, 128, 64, jnp.float16,
+     (64, 20), 10.0, False, False),
+    ("gdn2_fp16_h0_T128_K64_V64", 3, 2, 128, 1, 64, 64, jnp.float16, None, 0.5, True, True),
+)
+
+
+# Class-level mark: absl's parameterized copies of a method do not keep a method-level mark.
+@pytest.mark.slow
+class InterpretTest(parameterized.TestCase):
+    """Mosaic GPU interpret mode against float64 and the Triton kernel (interpreted)."""
+
+    @parameterized.named_parameters(*_CASES)
+    def test_kernel_matches_reference_and_triton(self, *case):
+        _check_kernel(self, case)
+
+    def test_stores_change_nothing_else(self):
+        cfg, prep, state = _prepared(5, 1, 130, 2, 64, 64, jnp.bfloat16, docs=(40,))
+        full = _run_mosaic(cfg, prep, state, interpret=True)
+        bare = _run_mosaic(cfg, prep, state, interpret=True, stores=False)
+        self.assertIsNone(bare[2])
+        self.assertIsNone(bare[3])
+        for name, a, e in zip(_NAMES[:2], bare[:2], full[:2]):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                          err_msg=name)
+
+
+def _op_outputs_and_grads(op, inputs, segment_ids, cot_key, state_pass, impl):
+    with cw_test._tuning({"state_pass": state_pass}):
+        return cw_test._outputs_and_grads(op, impl, inputs, segment_ids, cot_key, False)
+
+
+@pytest.mark.slow
+class OpInterpretTest(parameterized.TestCase):
+    """The whole op (``implementation="pallas_interpret"``) with the switch on and off."""
+
+    def test_kda_mosaic_state_pass_matches_triton(self):
+        inputs, cot_key = cw_test._inputs(4, 1, 150, 2, 2, 64, dtype=jnp.bfloat16)
+        seg = jnp.asarray(np.repeat(np.arange(3), [30, 70, 50])[None], jnp.int32)
+        want = _op_outputs_and_grads("kda", inputs, seg, cot_key, "triton", "pallas_interpret")
+        got = _op_outputs_and_grads("kda", inputs, seg, cot_key, "mosaic", "pallas_interpret")
+        for name, a, e in zip(("o", "final_state"), got[0], want[0]):
+            self.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[_BF16], name)
+        for name in cw_test._DIFF_ARGS["kda"]:
+            self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), 4e-3, f"d{name}")
+
+
+def _export_kernel(dk, dv, dtype, stores, alias=False):
+    """Exports the kernel for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``."""
+    from jax.experimental.mosaic.gpu import core as mgpu_core
+
+    batch, seq_len, heads = 1, 200, 2
+    n_chunks = -(-seq_len // C)
+    tok = [jnp.zeros((batch, seq_len, heads, d), dtype) for d in (dk, dk, dk, dv)]
+    mq = jnp.zeros((batch, heads, n_chunks, C, C), dtype)
+    e_all = jnp.zeros((batch, heads, n_chunks, dk), jnp.float32)
+    h0 = jnp.zeros((batch, heads, dk, dv), jnp.float32)
+    sizes = []
+    count = mgpu_core._smem_tree_size
+
+    def spy(buffers):
+        sizes.append(count(buffers))
+        return sizes[-1]
+
+    def fn(*args):
+        return cwm.channelwise_forward_mosaic(*args, scale=0.1, initial_state=h0,
+                                              store_v_new=stores, store_h=stores,
+                                              alias_staging=alias)
+
+    with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
+        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*tok, mq, e_all)
+    return exported.mlir_module(), max(sizes)
+
+
+class LoweringTest(parameterized.TestCase):
+    """The layout branch the interpreter replaces, lowered for CUDA on the CPU host."""
+
+    @parameterized.named_parameters(
+        ("K128_V128_bf16_stores", 128, 128, jnp.bfloat16, True),
+        ("K64_V64_fp16", 64, 64, jnp.float16, False),
+        ("K128_V64_bf16_stores", 128, 64, jnp.bfloat16, True),
+    )
+    def test_kernel_exports_for_cuda(self, dk, dv, dtype, stores):
+        text, smem = _export_kernel(dk, dv, dtype, stores)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn(cwm.KERNEL_NAME, text)
+        self.assertLessEqual(smem, _SMEM_LIMIT)
+
+    def test_smem_count_at_k128_v128_bf16(self):
+        # MOSAIC_GPU.md Sec. 18 and the module docstring quote these two counts.
+        _, plain = _export_kernel(128, 128, jnp.bfloat16, True)
+        _, aliased = _export_kernel(128, 128, jnp.bfloat16, True, alias=True)
+        self.assertEqual((plain, aliased), (230_496, 197_728))
+
+    def test_kda_fwd_bwd_exports_with_mosaic_state_pass(self):
+        inputs, _ = cw_test._inputs(0, 1, 128, 2, 2, 64, dtype=jnp.bfloat16)
+        seg = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
+        args = [inputs[n] for n in ("q", "k", "v", "g", "beta")]
+
+        def fwdbwd(*args):
+            def f(*args):
+                return kda_kernel.kda_pallas(*args, scale=0.125, segment_ids=seg)[0]
+            o, vjp = jax.vjp(f, *args)
+            return vjp(o) + (o,)
+
+        with cw_test._tuning({"state_pass": "mosaic"}), pallas_gpu.abstract_gpu_target():
+            exported = jax.export.export(
+                jax.jit(fwdbwd), platforms=["cuda"],
+                disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
+                    "__gpu$xla.gpu.triton")])(*args)
+            text = exported.mlir_module()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn(cwm.KERNEL_NAME, text)
+        self.assertEqual(collections.Counter(re.findall(r'name = "channelwise_(\w+)"', text)),
+                         collections.Counter(["gamma", "intra", "prepare", "wu",
+                                              "backward_state", "grad_blocks", "backward_chunk"]))
+
+
+class ValidationTest(parameterized.TestCase):
+
+    def _args(self, dk=64, dv=64, dtype=jnp.bfloat16, seq_len=100, n_chunks=2):
+        tok = [jnp.zeros((1, seq_len, 2, d), dtype) for d in (dk, dk, dk, dv)]
+        return tok + [jnp.zeros((1, 2, n_chunks, C, C), dtype),
+                      jnp.zeros((1, 2, n_chunks, dk), jnp.float32)]
+
+    def check_raises(self, pattern, args, **kwargs):
+        with self.assertRaisesRegex(ValueError, pattern):
+            cwm.channelwise_forward_mosaic(*args, scale=0.1, **kwargs)
+
+    def test_rejects_what_the_kernel_cannot_take(self):
+        self.check_raises("16-bit dtype.*Triton", self._args(dtype=jnp.float32))
+        self.check_raises("head dims", self._args(dk=32))
+        self.check_raises("head dims", self._args(dv=256))
+        args = self._args()
+        self.check_raises("kg must", [args[0], args[1][:, :, :1]] + args[2:])
+        self.check_raises("w must", args[:2] + [args[2].astype(jnp.float16)] + args[3:])
+        self.check_raises("u must", args[:3] + [args[3][:, :50]] + args[4:])
+        self.check_raises("mq must", self._args(n_chunks=3))
+        self.check_raises("e_all must", args[:5] + [args[5][..., :32]])
+        self.check_raises("initial_state", args,
+                          initial_state=jnp.zeros((1, 2, 64, 32), jnp.float32))
+
+    def test_state_pass_option(self):
+        inputs, _ = cw_test._inputs(0, 1, 64, 1, 1, 64, dtype=jnp.bfloat16)
+        q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+        with self.assertRaisesRegex(ValueError, "state_pass must be one of"):
+            channelwise_gpu.channelwise_delta_pallas(q, k, v, g, beta, beta, scale=0.125,
+                                                     state_pass="cuda")
+        base = dict(batch=1, heads=1, n_chunks=1, dk=64, dv=64, scale=0.1, has_docs=False,
+                    interpret=True, return_residual=False)
+        cfg = channelwise_gpu._config(**base, mm_dtype=jnp.bfloat16, state_pass="mosaic")
+        self.assertEqual(cfg["state_pass"], "mosaic")
+        # fp32 operands: the Mosaic kernel cannot take them, the Triton kernel runs.
+        cfg = channelwise_gpu._config(**base, mm_dtype=jnp.float32, state_pass="mosaic")
+        self.assertEqual(cfg["state_pass"], "triton")
+        self.assertEqual(channelwise_gpu._config(**base, mm_dtype=jnp.bfloat16)["state_pass"],
+                         channelwise_gpu.TUNING["state_pass"])
+
+
+@pytest.mark.gpu
+class GpuTest(kmg_test.HopperTestCase):
+    """The compiled kernel (wgmma, TMA) on a Hopper GPU."""
+
+    @parameterized.product(op=("kda", "gdn2"), packed=(False, True), dim=(64, 128))
+    def test_op_with_mosaic_state_pass_against_fp32_reference(self, op, packed, dim):
+        # kernel_gpu_channelwise_test.GpuTest's case and gates, with the switch on; the
+        # Triton state pass must pass the same gates (it does there).
+        seq_len = 1000
+        segment_ids = None
+        if packed:
+            lengths = [100, 257, 64, 300, 279]
+            segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None].repeat(2, 0),
+                                      jnp.int32)
+        inputs, cot_key = cw_test._inputs(0, 2, seq_len, 2, 4, dim, dtype=jnp.bfloat16)
+        want = cw_test._outputs_and_grads(op, None, inputs, segment_ids, cot_key, False)
+        got = _op_outputs_and_grads(op, inputs, segment_ids, cot_key, "mosaic", "pallas")
+        tri = _op_outputs_and_grads(op, inputs, segment_ids, cot_key, "triton", "pallas")
+        for i, name in enumerate(("o", "final_state")):
+            self.assertLess(tolerances.rel_err(got[0][i], want[0][i]), 5e-3, name)
+            self.assertLess(tolerances.rel_err(got[0][i], tri[0][i]), 3e-3, f"{name} vs triton")
+        for name in cw_test._DIFF_ARGS[op]:
+            limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
+            self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), limit, f"d{name}")
+
+    @parameterized.named_parameters(
+        ("kda_bf16_packed_T4096_K128_V128", 0, 2, 4096, 4, 128, 128, jnp.bfloat16,
+         (700, 1, 64, 999, 1200), 1.0, True, False),
+        ("gdn2_bf16_partial_T1000_K64_V128", 1, 2, 1000, 2, 64, 128, jnp.bfloat16, None, 5.0,
+         True, True),
+        ("kda_fp16_packed_T3000_K128_V64", 2, 1, 3000, 3, 128, 64, jnp.float16,
+         (10, 54, 500, 2000), 0.5, False, False),
+    )
+    def test_kernel_matches_reference_and_triton(self, *case):
+        _check_kernel(self, case, interpret=False)
+
+    def test_alias_staging_changes_nothing(self):
+        cfg, prep, state = _prepared(7, 1, 1000, 2, 128, 128, jnp.bfloat16, docs=(300, 1),
+                                     interpret=False)
+        plain = _run_mosaic(cfg, prep, state, interpret=False)
+        aliased = cwm.channelwise_forward_mosaic(*_kernel_args(prep), scale=cfg["scale"],
+                                                 initial_state=state, store_v_new=True,
+                                                 store_h=True, alias_staging=True)
+        for name, a, e in zip(_NAMES, aliased, plain):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                          err_msg=name)
+
+
+if __name__ == "__main__":
+    absltest.main()
