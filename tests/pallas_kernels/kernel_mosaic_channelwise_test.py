@@ -167,8 +167,6 @@ def _check_kernel(test, case, *, interpret=True, triton=True):
         for name, a, e in zip(_NAMES, got, tri):
             test.assertEqual((a.shape, a.dtype), (e.shape, e.dtype), name)
             test.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[dtype], f"{name} vs Triton")
-    # Padding rows of the outputs are zero (the drop-in's o and Vn keep them).
-    test.assertEqual(float(jnp.max(jnp.abs(got[0][:, seq_len:].astype(jnp.float32)))), 0.0)
 
 
 # seed, B, T, H, K, V, dtype, document lengths (row 0; the rest one more), decay, h0, GDN-2
