@@ -126,6 +126,14 @@ _MOSAIC_T0_SPLIT_STAGES = flags.DEFINE_integer(
     "Peer mosaic, as --mosaic_t0_split_order: the split_stages= of "
     "chunk_delta_fused_t0_fwd_mosaic, the depth of its TMA input ring (2, the default, or 3: "
     "MOSAIC_GPU.md Sec. 17); unset: the default. Recorded with every mosaic record.")
+_CW_STATE_PASS = flags.DEFINE_list(
+    "channelwise_state_pass", [],
+    "Peer ours, ops kda and gdn2: the forward state pass(es) of the channelwise kernels "
+    "(pallas_kernels/common/channelwise_gpu.TUNING['state_pass']: triton, or mosaic, the "
+    "Hopper kernel channelwise_mosaic_gpu.channelwise_forward_mosaic; MOSAIC_GPU.md Sec. 18). "
+    "Several (triton,mosaic) time ours once per value, each with its own gate and record "
+    "(field channelwise_state_pass) and a table of their own below the main one; empty: "
+    "TUNING's default, not recorded.")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -535,6 +543,46 @@ def _apply_mosaic_t0():
     return {**options, **split}
 
 
+_CW_OPS = ("kda", "gdn2")
+
+
+def _check_channelwise_state_pass():
+    """``--channelwise_state_pass`` against the state passes, peers and ops, before anything
+    runs (refused where it would be ignored)."""
+    values = _CW_STATE_PASS.value
+    if not values:
+        return
+    from pallas_kernels.common import channelwise_gpu
+    bad = [v for v in values if v not in channelwise_gpu.STATE_PASSES]
+    if bad or len(set(values)) != len(values):
+        raise app.UsageError(f"--channelwise_state_pass={','.join(values)}: takes distinct "
+                             f"values of {', '.join(channelwise_gpu.STATE_PASSES)}")
+    if "ours" not in _PEERS.value or not any(op in _CW_OPS for op in _OPS.value):
+        raise app.UsageError(f"--channelwise_state_pass applies to peer ours and ops "
+                             f"{', '.join(_CW_OPS)} only (--peers={','.join(_PEERS.value)} "
+                             f"--ops={','.join(_OPS.value)})")
+
+
+def _state_pass_variants(op, peer):
+    """The ``--channelwise_state_pass`` values to run ``(op, peer)`` with (``[None]``: once, as
+    configured)."""
+    if peer == "ours" and op in _CW_OPS and _CW_STATE_PASS.value:
+        return list(_CW_STATE_PASS.value)
+    return [None]
+
+
+def _set_state_pass(value):
+    """Sets ``channelwise_gpu.TUNING["state_pass"]`` (``None``: leaves it) and clears JAX's
+    caches, whose traces read TUNING."""
+    if value is None:
+        return
+    import jax
+
+    from pallas_kernels.common import channelwise_gpu
+    channelwise_gpu.TUNING["state_pass"] = value
+    jax.clear_caches()
+
+
 def run_jax(records):
     tuning = _apply_tuning()
     t0_options = _apply_mosaic_t0()
@@ -547,54 +595,60 @@ def run_jax(records):
             peers.remove(gpu_only)
     for op in _OPS.value:
         for peer in peers:
-            gate_ok, errs = (True, {})
-            if peer == "mosaic" and op not in _MOSAIC_OPS:
-                print(f"skipping peer mosaic for {op}: its Mosaic GPU kernel is not written "
-                      f"yet (covered: {', '.join(_MOSAIC_OPS)})", flush=True)
-                continue
-            if peer in ("ours", "mosaic"):
-                try:
-                    fwd_only = peer == "mosaic" and "fwdbwd" not in _mosaic_passes(op)
-                    gate_ok, errs = correctness_gate(op, peer, fwd_only=fwd_only)
-                except Exception as e:  # noqa: BLE001 - recorded, never silent
-                    gate_ok, errs = False, {"error": repr(e)[:300]}
-                print(f"gate {op} {peer}: {'green' if gate_ok else 'RED'} {errs}", flush=True)
-            for shape in _SHAPES.value:
-                batch, seq_len, heads = _shape(shape)
-                if peer == "chunked" and shape not in _CHUNKED_SHAPES.value:
+            for state_pass in _state_pass_variants(op, peer):
+                _set_state_pass(state_pass)
+                gate_ok, errs = (True, {})
+                if peer == "mosaic" and op not in _MOSAIC_OPS:
+                    print(f"skipping peer mosaic for {op}: its Mosaic GPU kernel is not written "
+                          f"yet (covered: {', '.join(_MOSAIC_OPS)})", flush=True)
                     continue
-                inputs = make_inputs(op, batch, seq_len, heads, _DIM.value,
-                                     packed=shape.startswith("P"))
-                (q, k, v, do), gates, seg = _to_jax(inputs, op)
-                names = () if op == "lightning" else tuple(gates)
-                passes = _jax_passes(_jax_fn(op, peer, seg), names)
-                for pas in _PASSES.value:
-                    if peer == "mosaic" and pas not in _mosaic_passes(op):
-                        print(f"skipping peer mosaic {op} {pas}: no Mosaic GPU backward "
-                              f"{'with --mosaic_wy=xla' if op in _MOSAIC_OPS else 'yet'}",
-                              flush=True)
-                        continue
-                    rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,
-                                                                    _DIM.value], pass_=pas,
-                               gate=gate_ok, gate_errors=errs, tuning=tuning)
-                    if peer == "mosaic" and op in ("gdn", "deltanet"):
-                        rec["mosaic_wy"] = _MOSAIC_WY.value
-                    if peer == "mosaic":
-                        rec["mosaic_forward"] = _MOSAIC_FORWARD.value
-                    if peer == "mosaic" and op in ("gdn", "deltanet") and t0_options:
-                        rec["mosaic_t0"] = t0_options
+                if peer in ("ours", "mosaic"):
                     try:
-                        fn = passes[pas]
-                        rec["ms"], rec["ms_min"] = _time_jax(fn, (q, k, v, do), gates)
-                        rec["ms_loop"] = _time_jax_loop(fn, (q, k, v, do), gates)
-                        rec["kernel_ms"], rec["kernels"] = _kernel_ms_jax(
-                            fn, (q, k, v, do), gates)
-                    except Exception as e:  # noqa: BLE001
-                        rec["error"] = repr(e)[:300]
-                    print(json.dumps(rec), flush=True)
-                    records.append(rec)
-                    _append(rec)
-                del q, k, v, do, gates
+                        fwd_only = peer == "mosaic" and "fwdbwd" not in _mosaic_passes(op)
+                        gate_ok, errs = correctness_gate(op, peer, fwd_only=fwd_only)
+                    except Exception as e:  # noqa: BLE001 - recorded, never silent
+                        gate_ok, errs = False, {"error": repr(e)[:300]}
+                    label = "" if state_pass is None else f" (state pass {state_pass})"
+                    print(f"gate {op} {peer}{label}: {'green' if gate_ok else 'RED'} {errs}",
+                          flush=True)
+                for shape in _SHAPES.value:
+                    batch, seq_len, heads = _shape(shape)
+                    if peer == "chunked" and shape not in _CHUNKED_SHAPES.value:
+                        continue
+                    inputs = make_inputs(op, batch, seq_len, heads, _DIM.value,
+                                         packed=shape.startswith("P"))
+                    (q, k, v, do), gates, seg = _to_jax(inputs, op)
+                    names = () if op == "lightning" else tuple(gates)
+                    passes = _jax_passes(_jax_fn(op, peer, seg), names)
+                    for pas in _PASSES.value:
+                        if peer == "mosaic" and pas not in _mosaic_passes(op):
+                            print(f"skipping peer mosaic {op} {pas}: no Mosaic GPU backward "
+                                  f"{'with --mosaic_wy=xla' if op in _MOSAIC_OPS else 'yet'}",
+                                  flush=True)
+                            continue
+                        rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,
+                                                                        _DIM.value], pass_=pas,
+                                   gate=gate_ok, gate_errors=errs, tuning=tuning)
+                        if peer == "mosaic" and op in ("gdn", "deltanet"):
+                            rec["mosaic_wy"] = _MOSAIC_WY.value
+                        if peer == "mosaic":
+                            rec["mosaic_forward"] = _MOSAIC_FORWARD.value
+                        if state_pass is not None:
+                            rec["channelwise_state_pass"] = state_pass
+                        if peer == "mosaic" and op in ("gdn", "deltanet") and t0_options:
+                            rec["mosaic_t0"] = t0_options
+                        try:
+                            fn = passes[pas]
+                            rec["ms"], rec["ms_min"] = _time_jax(fn, (q, k, v, do), gates)
+                            rec["ms_loop"] = _time_jax_loop(fn, (q, k, v, do), gates)
+                            rec["kernel_ms"], rec["kernels"] = _kernel_ms_jax(
+                                fn, (q, k, v, do), gates)
+                        except Exception as e:  # noqa: BLE001
+                            rec["error"] = repr(e)[:300]
+                        print(json.dumps(rec), flush=True)
+                        records.append(rec)
+                        _append(rec)
+                    del q, k, v, do, gates
         jax.clear_caches()
 
 
@@ -784,6 +838,7 @@ def markdown(records, versions, command):
                     f"{fmt(recs['chunked'].get('ms'))} | {ratio('fla')} | {ratio('jla')} | "
                     f"{fmt(floor)} | {pct} |")
     lines += mosaic_lines(records)
+    lines += state_pass_lines(records)
     lines += breakdown_lines(records)
     return "\n".join(lines) + "\n"
 
@@ -823,6 +878,36 @@ def mosaic_lines(records):
     return lines
 
 
+def state_pass_lines(records):
+    """Markdown lines of the ``ours`` records of KDA / GDN-2 run per
+    ``--channelwise_state_pass`` (each value's kernel and wall time, the state-pass kernel's
+    own time from the breakdown, and its gate); ``[]`` without such records. The main table
+    keeps the last value's record only."""
+    recs = [r for r in records if r.get("channelwise_state_pass") and r["peer"] == "ours"]
+    if not recs:
+        return []
+
+    def fmt(x):
+        return "–" if x is None else f"{x:.3f}"
+
+    lines = ["", "Channelwise forward state pass (`--channelwise_state_pass`, peer ours; "
+                 "MOSAIC_GPU.md Sec. 18): the Triton kernel `channelwise_forward` or the "
+                 f"Mosaic GPU kernel `{_STATE_KERNELS['mosaic']}`.", "",
+             "| op | shape | pass | state pass | kernel | state-pass kernel | wall | gate |",
+             "|---|---|---|---|---:|---:|---:|---|"]
+    for r in recs:
+        name = _STATE_KERNELS[r["channelwise_state_pass"]]
+        own = sum(ms for k, ms in (r.get("kernels") or {}).items() if name in k) or None
+        lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | "
+                     f"{r['channelwise_state_pass']} | {fmt(r.get('kernel_ms'))} | {fmt(own)} | "
+                     f"{fmt(r.get('ms'))} | {'green' if r.get('gate') else 'RED'} |")
+    return lines
+
+
+# The kernel name of each state pass in the profiler's per-kernel breakdown (a substring).
+_STATE_KERNELS = {"triton": "channelwise_forward", "mosaic": "channelwise_state_fwd_mosaic"}
+
+
 def breakdown_lines(records):
     """Markdown lines of the per-kernel device time (ms per call) of every record that has one:
     where each pass's kernel time goes, ours next to the peers'."""
@@ -854,6 +939,7 @@ def main(argv):
             print("FLA_RECORD " + json.dumps(rec), flush=True)
         return
     _check_mosaic_forward()
+    _check_channelwise_state_pass()
     _apply_mosaic_t0()  # refuse a bad value before anything runs (run_jax applies it again)
     records = []
     command = "python " + " ".join(sys.argv)

@@ -322,5 +322,69 @@ class MarkdownTest(absltest.TestCase):
         self.assertNotIn("mosaic kernel", bench_kernels.markdown(records[:2], {"date": "d"}, "c"))
 
 
+
+class ChannelwiseStatePassTest(absltest.TestCase):
+    """``--channelwise_state_pass``: checked before anything runs, one run of peer ours per
+    value for kda / gdn2 (TUNING["state_pass"] set, JAX's caches cleared), a table of its own."""
+
+    def setUp(self):
+        super().setUp()
+        from absl import flags
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+
+    def test_bad_values_and_misplaced_flag_refused(self):
+        from absl import app
+        from absl.testing import flagsaver
+        for extra in (dict(channelwise_state_pass=["cuda"]),
+                      dict(channelwise_state_pass=["mosaic", "mosaic"]),
+                      dict(channelwise_state_pass=["mosaic"], ops=["gdn"]),
+                      dict(channelwise_state_pass=["mosaic"], peers=["fla"])):
+            flags_ = dict(dict(peers=["ours"], ops=["kda", "gdn2"]), **extra)
+            with flagsaver.flagsaver(**flags_):
+                with self.assertRaises(app.UsageError, msg=str(extra)):
+                    bench_kernels._check_channelwise_state_pass()
+        with flagsaver.flagsaver(peers=["ours"], ops=["kda", "gdn"],
+                                 channelwise_state_pass=["triton", "mosaic"]):
+            bench_kernels._check_channelwise_state_pass()
+
+    def test_variants_set_the_tuning_entry(self):
+        from absl.testing import flagsaver
+
+        from pallas_kernels.common import channelwise_gpu
+        with flagsaver.flagsaver(channelwise_state_pass=["triton", "mosaic"]):
+            self.assertEqual(bench_kernels._state_pass_variants("kda", "ours"),
+                             ["triton", "mosaic"])
+            self.assertEqual(bench_kernels._state_pass_variants("gdn2", "ours"),
+                             ["triton", "mosaic"])
+            self.assertEqual(bench_kernels._state_pass_variants("gdn", "ours"), [None])
+            self.assertEqual(bench_kernels._state_pass_variants("kda", "fla"), [None])
+        with flagsaver.flagsaver(channelwise_state_pass=[]):
+            self.assertEqual(bench_kernels._state_pass_variants("kda", "ours"), [None])
+        with absltest.mock.patch.dict(channelwise_gpu.TUNING):
+            bench_kernels._set_state_pass("mosaic")
+            self.assertEqual(channelwise_gpu.TUNING["state_pass"], "mosaic")
+            bench_kernels._set_state_pass(None)
+            self.assertEqual(channelwise_gpu.TUNING["state_pass"], "mosaic")
+        self.assertEqual(channelwise_gpu.TUNING["state_pass"], "triton")
+
+    def test_state_pass_table(self):
+        rec = dict(op="kda", shape="S1", pass_="fwd", peer="ours", gate=True)
+        records = [
+            dict(rec, channelwise_state_pass="triton", ms=2.0, kernel_ms=1.7,
+                 kernels={"channelwise_forward": 0.436, "channelwise_prepare": 0.5}),
+            dict(rec, channelwise_state_pass="mosaic", ms=1.9, kernel_ms=1.5,
+                 kernels={"channelwise_state_fwd_mosaic": 0.25, "channelwise_prepare": 0.5})]
+        md = bench_kernels.markdown(records, {"date": "2026-12-05", "gpu": "H200"}, "cmd")
+        rows = [line for line in md.splitlines() if line.startswith("| kda | S1 | fwd | ")]
+        cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows[1:]]
+        self.assertEqual(cells, [["kda", "S1", "fwd", "triton", "1.700", "0.436", "2.000",
+                                  "green"],
+                                 ["kda", "S1", "fwd", "mosaic", "1.500", "0.250", "1.900",
+                                  "green"]])
+        self.assertNotIn("state-pass kernel",
+                         bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -71,8 +71,8 @@ def _segment_ids(batch, seq_len, docs):
 def _prepared(seed, batch, seq_len, heads, dk, dv, dtype, *, docs=None, decay=1.0, h0=True,
               gdn2=False, interpret=True):
     """``(cfg, prep, h0)`` for the state pass: ``channelwise_gpu``'s ``intra``, ``prepare`` and
-    ``wu`` kernels (Pallas interpret mode if ``interpret``) on random inputs (KDA's per-head ``beta`` or GDN-2's
-    per-channel ``b, w`` as the scales), time padded to whole chunks."""
+    ``wu`` kernels (Pallas interpret mode if ``interpret``) on random inputs (KDA's per-head
+    ``beta`` or GDN-2's per-channel ``b, w`` as the scales), time padded to whole chunks."""
     keys = jax.random.split(jax.random.key(seed), 8)
 
     def unit(x):
