@@ -88,6 +88,11 @@ Kernels (grid in brackets):
   (operand dtype) and e_all (fp32 ``[B, H, N, K]``).
 * ``forward`` [B*H, V/BV]: the sequential pass with the fp32 state ``[K, BV]`` in registers;
   writes O, the final state, and (for the backward) Vn and every chunk's entry state S_0.
+  ``state_pass="mosaic"`` (``TUNING["state_pass"]``; off by default until the H200 has timed
+  it) runs it instead as the Hopper Mosaic GPU kernel of
+  :mod:`pallas_kernels.common.channelwise_mosaic_gpu` (three warpgroups, wgmma/TMA; same
+  outputs, layouts and roundings; bf16/fp16 operands only, fp32 keeps this kernel;
+  ``MOSAIC_GPU.md`` Sec. 18).
 * ``backward_state`` [B*H, V/BV]: the reverse pass; with dS the gradient of the chunk's exit
   state (stored per chunk as dS_C)::
 
