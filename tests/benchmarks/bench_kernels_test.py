@@ -322,7 +322,6 @@ class MarkdownTest(absltest.TestCase):
         self.assertNotIn("mosaic kernel", bench_kernels.markdown(records[:2], {"date": "d"}, "c"))
 
 
-
 class ChannelwiseStatePassTest(absltest.TestCase):
     """``--channelwise_state_pass``: checked before anything runs, one run of peer ours per
     value for kda / gdn2 (TUNING["state_pass"] set, JAX's caches cleared), a table of its own."""
