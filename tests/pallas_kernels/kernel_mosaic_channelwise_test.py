@@ -16,9 +16,10 @@ chunks and a partial last chunk.
   and fp32 inputs of the op taking the Triton state pass under ``state_pass="mosaic"``.
 * ``InterpretTest`` (``slow``): the kernel in Mosaic GPU interpret mode against an independent
   float64 NumPy recurrence of the equations (relative RMS, by dtype) and against the Triton
-  ``_forward`` in Pallas interpret mode on the same inputs (o, final state, ``Vn``, ``hs``).
-  ``OpInterpretTest`` (``slow``): the whole KDA op with ``state_pass="mosaic"`` against
-  ``"triton"`` (outputs and all gradients), both interpreted.
+  ``_forward`` in Pallas interpret mode on the same inputs (o, final state, ``Vn``, ``hs``);
+  the optional stores change nothing else; an unpadded ``T`` is padded inside.
+  ``OpInterpretTest`` (``slow``): the whole KDA and GDN-2 ops with ``state_pass="mosaic"``
+  against ``"triton"`` (outputs and all gradients), both interpreted.
 * ``GpuTest`` (``gpu``): on a Hopper GPU, KDA and GDN-2 with the switch on and off against the
   fp32 token-serial reference (o, final state, every gradient: the backward consumes the
   kernel's ``hs`` and ``Vn``), and the kernel against the Triton ``_forward`` at S1-like rows.
@@ -200,6 +201,18 @@ class InterpretTest(parameterized.TestCase):
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
                                           err_msg=name)
 
+    def test_unpadded_length_pads_inside(self):
+        # T = 100 given directly (the op passes whole chunks): the kernel pads the token arrays
+        # with zeros, which add nothing, and returns the first T rows.
+        cfg, prep, state = _prepared(6, 1, 100, 2, 64, 64, jnp.float16, docs=(70,))
+        full = _run_mosaic(cfg, prep, state, interpret=True)
+        cut = dict(prep, **{n: prep[n][:, :100] for n in ("qg_ref", "kg_ref", "w_ref", "u_ref")})
+        part = _run_mosaic(cfg, cut, state, interpret=True)
+        for name, a, e in zip(_NAMES, part, (full[0][:, :100], full[1], full[2][:, :100],
+                                             full[3])):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                          err_msg=name)
+
 
 def _op_outputs_and_grads(op, inputs, segment_ids, cot_key, state_pass, impl):
     with cw_test._tuning({"state_pass": state_pass}):
@@ -210,15 +223,17 @@ def _op_outputs_and_grads(op, inputs, segment_ids, cot_key, state_pass, impl):
 class OpInterpretTest(parameterized.TestCase):
     """The whole op (``implementation="pallas_interpret"``) with the switch on and off."""
 
-    def test_kda_mosaic_state_pass_matches_triton(self):
-        inputs, cot_key = cw_test._inputs(4, 1, 150, 2, 2, 64, dtype=jnp.bfloat16)
+    @parameterized.parameters(("kda", 64), ("gdn2", 128))
+    def test_mosaic_state_pass_matches_triton(self, op, dim):
+        inputs, cot_key = cw_test._inputs(4, 1, 150, 2, 2, dim, dtype=jnp.bfloat16)
         seg = jnp.asarray(np.repeat(np.arange(3), [30, 70, 50])[None], jnp.int32)
-        want = _op_outputs_and_grads("kda", inputs, seg, cot_key, "triton", "pallas_interpret")
-        got = _op_outputs_and_grads("kda", inputs, seg, cot_key, "mosaic", "pallas_interpret")
+        want = _op_outputs_and_grads(op, inputs, seg, cot_key, "triton", "pallas_interpret")
+        got = _op_outputs_and_grads(op, inputs, seg, cot_key, "mosaic", "pallas_interpret")
         for name, a, e in zip(("o", "final_state"), got[0], want[0]):
-            self.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[_BF16], name)
-        for name in cw_test._DIFF_ARGS["kda"]:
-            self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), 4e-3, f"d{name}")
+            self.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[_BF16], f"{op} {name}")
+        for name in cw_test._DIFF_ARGS[op]:
+            self.assertLess(tolerances.rel_err(got[1][name], want[1][name]), 4e-3,
+                            f"{op} d{name}")
 
 
 def _export_kernel(dk, dv, dtype, stores, alias=False):
