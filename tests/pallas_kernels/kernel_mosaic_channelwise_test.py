@@ -12,6 +12,8 @@ chunks and a partial last chunk.
   227 KB SMEM limit: the count is pinned, with and without ``alias_staging``), K = V = 64
   fp16, K 128 / V 64; and the whole KDA forward + backward with ``state_pass="mosaic"``
   exports with the Mosaic kernel in place of the Triton ``forward`` kernel.
+* ``ProtocolTest`` (CI): the three warpgroups' barrier protocol on a model of mbarriers under
+  random schedules (no deadlock, no lapped phase, no buffer overwritten while read).
 * ``ValidationTest`` (CI): the ValueErrors (fp32 inputs, head dims, shapes, ``state_pass``),
   and fp32 inputs of the op taking the Triton state pass under ``state_pass="mosaic"``.
 * ``InterpretTest`` (``slow``): the kernel in Mosaic GPU interpret mode against an independent
@@ -305,6 +307,80 @@ class LoweringTest(parameterized.TestCase):
         self.assertEqual(collections.Counter(re.findall(r'name = "channelwise_(\w+)"', text)),
                          collections.Counter(["gamma", "intra", "prepare", "wu",
                                               "backward_state", "grad_blocks", "backward_chunk"]))
+
+
+def _protocol(num_chunks):
+    """Per warpgroup (state, output, memory), the barrier waits ``W`` and arrivals ``A`` of
+    :func:`channelwise_mosaic_gpu._kernel` in program order as ``(kind, name, chunk)``, with
+    the SMEM accesses they guard (``X`` writes a buffer, ``R`` starts and ``E`` ends a read).
+    Buffers: ``ring`` (a stage), ``sb`` (the published ``S``) and ``vn`` (the published
+    ``Vn``), two of each; a stage's six TMA copies are one arrival on ``in_bar``."""
+    stages = cwm.STAGES
+    memory = []
+    for n in range(num_chunks):
+        memory += ([("W", "in_free", n - stages)] if n >= stages else []) + [
+            ("X", "ring", n), ("A", "in_bar", n)]
+    memory += [("W", "in_free", n) for n in range(max(num_chunks - stages, 0), num_chunks)]
+    state, output = [], []
+    for n in range(num_chunks):
+        state += ([("W", "s_free", n - 2)] if n >= 2 else []) + [
+            ("X", "sb", n), ("A", "s_ready", n), ("W", "in_bar", n), ("R", "ring", n),
+            ("X", "vn", n), ("A", "v_ready", n), ("E", "ring", n), ("A", "in_free", n)]
+        output += [("W", "in_bar", n), ("R", "ring", n), ("W", "s_ready", n), ("R", "sb", n),
+                   ("W", "v_ready", n), ("R", "vn", n), ("E", "sb", n), ("E", "vn", n),
+                   ("A", "s_free", n), ("E", "ring", n), ("A", "in_free", n)]
+    state += [("W", "s_free", n) for n in range(max(num_chunks - 2, 0), num_chunks)]
+    return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, output, memory)]
+
+
+class ProtocolTest(absltest.TestCase):
+    """The kernel's barrier protocol on a model of mbarriers with phase parity, under random
+    schedules of its three warpgroups (1 to 7 chunks): no deadlock; no wait that finds its
+    barrier a whole phase past the one it waits for (it would hang on the GPU); no arrival
+    before the barrier's previous phase completed; no buffer written before every read of its
+    previous use ended, nor read before it was written."""
+
+    def test_no_deadlock_lapping_or_overwrite(self):
+        slots = dict(in_bar=cwm.STAGES, in_free=cwm.STAGES, ring=cwm.STAGES, s_ready=2,
+                     v_ready=2, s_free=2, sb=2, vn=2, done=1)
+        arrivals = dict(in_free=2, done=3)
+        readers = dict(ring=2, sb=1, vn=1)
+        for num_chunks in range(1, 8):
+            for seed in range(60):
+                rng = np.random.default_rng(seed)
+                programs = _protocol(num_chunks)
+                pcs, arrived, written, ended = [0, 0, 0], collections.Counter(), set(), \
+                    collections.Counter()
+                while any(pc < len(prog) for pc, prog in zip(pcs, programs)):
+                    runnable = []
+                    for wg, prog in enumerate(programs):
+                        if pcs[wg] == len(prog):
+                            continue
+                        kind, name, n = prog[pcs[wg]]
+                        where = f"{num_chunks} chunks, seed {seed}: {kind} {name}[{n}]"
+                        phase = n // slots[name] + 1  # which completion of its slot this is
+                        done = arrived[name, n % slots[name]] // arrivals.get(name, 1)
+                        if kind == "W":
+                            self.assertLessEqual(done, phase, f"{where}: lapped")
+                        elif kind == "A":
+                            self.assertEqual(done, phase - 1, f"{where}: early arrival")
+                        elif kind == "X" and n >= slots[name]:
+                            self.assertEqual(ended[name, n - slots[name]], readers[name],
+                                             f"{where}: overwrites a buffer still read")
+                        elif kind == "R":
+                            self.assertIn((name, n), written, f"{where}: unwritten")
+                        if kind != "W" or done == phase:
+                            runnable.append(wg)
+                    self.assertTrue(runnable, f"{num_chunks} chunks, seed {seed}: deadlock")
+                    wg = runnable[rng.integers(len(runnable))]
+                    kind, name, n = programs[wg][pcs[wg]]
+                    if kind == "A":
+                        arrived[name, n % slots[name]] += 1
+                    elif kind == "X":
+                        written.add((name, n))
+                    elif kind == "E":
+                        ended[name, n] += 1
+                    pcs[wg] += 1
 
 
 class ValidationTest(parameterized.TestCase):
