@@ -74,22 +74,64 @@ BLOCK_V = mgl.BLOCK_V  # value columns per CTA: the state tile is [K, BLOCK_V] f
 STAGES = mgl.STAGES  # depth of the TMA input ring
 _IN_COPIES = 6  # TMA copies per ring stage: Qg, Kg, W, U, Mq, e_all
 KERNEL_NAME = "channelwise_state_fwd_mosaic"
+_BWD_COPIES = 6  # TMA copies per ring stage of the reverse pass: Qg, Kg, W, dO, Mq, e_all
+BWD_KERNEL_NAME = "channelwise_state_bwd_mosaic"
 
 
-def _issuer(gmem, ring, in_bar, b, h, cols):
-    """``issue(n, slot)`` of the memory warpgroup: the six TMA copies of chunk ``n`` of
-    ``(b, h)`` (``U`` only its value columns ``cols``) into ``ring[.][slot]``, on
-    ``in_bar[slot]``."""
-    qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref = gmem
+def _issuer(srcs, ring, in_bar, num_chunks: Optional[int] = None):
+    """``issue(i, slot)`` of the memory warpgroup (:func:`mosaic_gpu_lib.ring_producer`): the
+    TMA copies of the GMEM views ``srcs(n)`` (one per ``ring`` buffer) into ``ring[.][slot]``,
+    on ``in_bar[slot]``. Step ``i`` is chunk ``n = i``, or ``n = num_chunks - 1 - i`` (the
+    reverse pass) when ``num_chunks`` is given."""
 
-    def issue(n, slot):
-        rows = pl.ds(n * CHUNK, CHUNK)
-        srcs = (qg_ref.at[b, rows, h], kg_ref.at[b, rows, h], w_ref.at[b, rows, h],
-                u_ref.at[b, rows, h, cols], mq_ref.at[b, h, n], e_ref.at[b, h, n])
-        for src, dst in zip(srcs, ring, strict=True):
+    def issue(i, slot):
+        n = i if num_chunks is None else num_chunks - 1 - i
+        for src, dst in zip(srcs(n), ring, strict=True):
             plgpu.copy_gmem_to_smem(src, dst.at[slot], in_bar.at[slot])
 
     return issue
+
+
+def _split_staging(rest, alias: bool, interpret: bool):
+    """``(sb_s, state_s, rest)``: the published 16-bit state tiles and the fp32 staging tile off
+    the front of the scratch refs ``rest``, one ``RefUnion`` when ``alias`` (GPU only)."""
+    if alias and not interpret:  # one RefUnion: the 16-bit tiles (the loop), the fp32 staging
+        (sb_s, state_s), *rest = rest
+    else:  # separate tiles (the interpreter has no RefUnion)
+        sb_s, state_s, *rest = rest
+    return sb_s, state_s, rest
+
+
+def _staging_scratch(dk: int, dtype, alias: bool, interpret: bool):
+    """The scratch entries :func:`_split_staging` reads: ``sb_s`` (``[2, K, 64]`` in ``dtype``,
+    double-buffered) and ``state_s`` (``[K, 64]`` fp32), in a ``plgpu.RefUnion`` when
+    ``alias`` and not interpreting."""
+    sb = mgl.swizzled_smem((2, dk, BLOCK_V), dtype)
+    state = mgl.swizzled_smem((dk, BLOCK_V), jnp.float32)
+    return [plgpu.RefUnion(sb, state)] if alias and not interpret else [sb, state]
+
+
+def _ring_scratch(shapes, dtype, dk: int):
+    """The TMA ring's buffers: a swizzled ``[STAGES, *shape]`` tile in ``dtype`` per shape of
+    ``shapes`` (the 16-bit operands), then ``e_all`` as ``[STAGES, K]`` fp32."""
+    return ([mgl.swizzled_smem((STAGES,) + shape, dtype) for shape in shapes]
+            + [plgpu.SMEM((STAGES, dk), jnp.float32)])
+
+
+def _launch(kernel, out_type, scratch, grid, name: str, interpret: bool):
+    """``plgpu.kernel`` of three warpgroups (``wg``) over ``grid`` ``(b, h, v)``."""
+    return plgpu.kernel(
+        kernel,
+        out_type=tuple(out_type),
+        scratch_types=scratch,
+        grid=grid,
+        grid_names=("b", "h", "v"),
+        num_threads=3,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name=name,
+    )
 
 
 def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int, scale: float,
@@ -106,15 +148,17 @@ def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int,
     hs_ref = rest.pop(0) if store_h else None
     ring, rest = tuple(rest[:_IN_COPIES]), rest[_IN_COPIES:]
     qg_s, kg_s, w_s, u_s, mq_s, e_s = ring
-    if alias and not interpret:  # one RefUnion: S in 16 bits (the loop), fp32 h0 / final state
-        (sb_s, state_s), *rest = rest
-    else:  # separate tiles (the interpreter has no RefUnion)
-        sb_s, state_s, *rest = rest
+    sb_s, state_s, rest = _split_staging(rest, alias, interpret)  # S in 16 bits; fp32 h0 / ht
     vn_s, o_s, in_bar, in_free, s_ready, v_ready, s_free, io_bar, done, *shim = rest
     kt_s = shim[0] if interpret else None
-    gmem = (qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref)
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+
+    def srcs(n):  # the GMEM views of chunk n's ring stage
+        rows = pl.ds(n * CHUNK, CHUNK)
+        return (qg_ref.at[b, rows, h], kg_ref.at[b, rows, h], w_ref.at[b, rows, h],
+                u_ref.at[b, rows, h, cols], mq_ref.at[b, h, n], e_ref.at[b, h, n])
+
     wg = lax.axis_index("wg")
     dk = kg_s.shape[-1]
     tile = (CHUNK, BLOCK_V)
@@ -122,7 +166,7 @@ def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int,
     @pl.when(wg == 2)
     def _memory():
         plgpu.set_max_registers(40, action="decrease")
-        mgl.ring_producer(_issuer(gmem, ring, in_bar, b, h, cols), num_chunks, in_free)
+        mgl.ring_producer(_issuer(srcs, ring, in_bar), num_chunks, in_free)
 
     @pl.when(wg == 0)
     def _state():
@@ -212,6 +256,53 @@ def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int,
     plgpu.barrier_wait(done)
 
 
+def _check_operands(qg, keyed, valued, mq, e_all, state, state_name: str) -> None:
+    """The checks both state passes share: ``qg`` ``[B, T, H, K]`` in a 16-bit dtype; the
+    ``(name, array)`` pairs of ``keyed`` shaped and typed as ``qg``, those of ``valued``
+    ``[B, T, H, V]`` in its dtype (V the first one's); K, V in {64, 128}; ``mq`` ``[B, H, N, 64,
+    64]`` in that dtype; ``e_all`` a float ``[B, H, N, K]``; ``state`` (named ``state_name``)
+    ``[B, H, K, V]`` or ``None``.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs.
+    """
+    v_name, v0 = valued[0]
+    if qg.ndim != 4 or v0.ndim != 4:
+        raise ValueError(f"qg must be [B, T, H, K] and {v_name} [B, T, H, V], got {qg.shape=} "
+                         f"{v_name}.shape={v0.shape}")
+    batch, seq_len, heads, dk = qg.shape
+    dv = v0.shape[-1]
+    dtype = jnp.dtype(qg.dtype)
+    names = ", ".join(n for n, _ in (("qg", qg),) + tuple(keyed) + tuple(valued)) + ", mq"
+    if dtype not in mgl.SUPPORTED_DTYPES:
+        raise ValueError(f"{names} must share a 16-bit dtype (bf16 or fp16: wgmma operands), "
+                         f"got qg.dtype={dtype}; fp32 inputs take the Triton state pass "
+                         f"(channelwise_gpu, state_pass='triton')")
+    if dk not in mgl.SUPPORTED_HEAD_DIMS or dv not in mgl.SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dims must be in {mgl.SUPPORTED_HEAD_DIMS}, got K={dk} (qg) "
+                         f"V={dv} ({v_name})")
+    for name, x in keyed:
+        if x.shape != qg.shape or x.dtype != dtype:
+            raise ValueError(f"{name} must have qg's shape {qg.shape} and dtype {dtype}, got "
+                             f"{x.shape} {x.dtype}")
+    for name, x in valued:
+        if x.shape != (batch, seq_len, heads, dv) or x.dtype != dtype:
+            raise ValueError(f"{name} must be [B, T, H, V] = {(batch, seq_len, heads, dv)} in "
+                             f"qg's dtype {dtype}, got {x.shape} {x.dtype}")
+    num_chunks = -(-seq_len // CHUNK)
+    want = (batch, heads, num_chunks, CHUNK, CHUNK)
+    if mq.shape != want or mq.dtype != dtype:
+        raise ValueError(f"mq must be [B, H, N, C, C] = {want} in qg's dtype {dtype}, got "
+                         f"{mq.shape} {mq.dtype}")
+    want = (batch, heads, num_chunks, dk)
+    if e_all.shape != want or not jnp.issubdtype(e_all.dtype, jnp.floating):
+        raise ValueError(f"e_all must be a float [B, H, N, K] = {want}, got {e_all.shape} "
+                         f"{e_all.dtype}")
+    if state is not None and state.shape != (batch, heads, dk, dv):
+        raise ValueError(f"{state_name} must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
+                         f"{state.shape}")
+
+
 def check_inputs(qg, kg, w, u, mq, e_all, initial_state) -> None:
     """The input contract of :func:`channelwise_forward_mosaic`.
 
@@ -222,38 +313,8 @@ def check_inputs(qg, kg, w, u, mq, e_all, initial_state) -> None:
             ``[B, H, N, 64, 64]`` in that dtype (``N = ceil(T / 64)``); ``e_all`` not a float
             ``[B, H, N, K]``; ``initial_state`` not ``[B, H, K, V]``.
     """
-    if qg.ndim != 4 or u.ndim != 4:
-        raise ValueError(f"qg must be [B, T, H, K] and u [B, T, H, V], got {qg.shape=} "
-                         f"{u.shape=}")
-    batch, seq_len, heads, dk = qg.shape
-    dv = u.shape[-1]
-    dtype = jnp.dtype(qg.dtype)
-    if dtype not in mgl.SUPPORTED_DTYPES:
-        raise ValueError(f"qg, kg, w, u, mq must share a 16-bit dtype (bf16 or fp16: wgmma "
-                         f"operands), got qg.dtype={dtype}; fp32 inputs take the Triton state "
-                         f"pass (channelwise_gpu, state_pass='triton')")
-    if dk not in mgl.SUPPORTED_HEAD_DIMS or dv not in mgl.SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"head dims must be in {mgl.SUPPORTED_HEAD_DIMS}, got K={dk} (qg) "
-                         f"V={dv} (u)")
-    for name, x in (("kg", kg), ("w", w)):
-        if x.shape != qg.shape or x.dtype != dtype:
-            raise ValueError(f"{name} must have qg's shape {qg.shape} and dtype {dtype}, got "
-                             f"{x.shape} {x.dtype}")
-    if u.shape[:3] != (batch, seq_len, heads) or u.dtype != dtype:
-        raise ValueError(f"u must be [B, T, H, V] = {(batch, seq_len, heads)} + (V,) in qg's "
-                         f"dtype {dtype}, got {u.shape} {u.dtype}")
-    num_chunks = -(-seq_len // CHUNK)
-    want = (batch, heads, num_chunks, CHUNK, CHUNK)
-    if mq.shape != want or mq.dtype != dtype:
-        raise ValueError(f"mq must be [B, H, N, C, C] = {want} in qg's dtype {dtype}, got "
-                         f"{mq.shape} {mq.dtype}")
-    want = (batch, heads, num_chunks, dk)
-    if e_all.shape != want or not jnp.issubdtype(e_all.dtype, jnp.floating):
-        raise ValueError(f"e_all must be a float [B, H, N, K] = {want}, got {e_all.shape} "
-                         f"{e_all.dtype}")
-    if initial_state is not None and initial_state.shape != (batch, heads, dk, dv):
-        raise ValueError(f"initial_state must be [B, H, K, V] = {(batch, heads, dk, dv)}, got "
-                         f"{initial_state.shape}")
+    _check_operands(qg, (("kg", kg), ("w", w)), (("u", u),), mq, e_all, initial_state,
+                    "initial_state")
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "alias_staging",
@@ -331,17 +392,10 @@ def channelwise_forward_mosaic(
     if store_h:
         out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
     swz = mgl.swizzled_smem
-    sb = swz((2, dk, BLOCK_V), dtype)  # sb_s: S in 16 bits, published (double-buffered)
-    state = swz((dk, BLOCK_V), jnp.float32)  # state_s: staging of h0 and the final state
-    scratch = [
-        swz((STAGES, CHUNK, dk), dtype),  # qg_s
-        swz((STAGES, CHUNK, dk), dtype),  # kg_s
-        swz((STAGES, CHUNK, dk), dtype),  # w_s
-        swz((STAGES, CHUNK, BLOCK_V), dtype),  # u_s
-        swz((STAGES, CHUNK, CHUNK), dtype),  # mq_s
-        plgpu.SMEM((STAGES, dk), jnp.float32),  # e_s
-    ]
-    scratch += [plgpu.RefUnion(sb, state)] if alias_staging and not interpret else [sb, state]
+    # qg_s, kg_s, w_s, u_s, mq_s, e_s; then sb_s (S in 16 bits, published, double-buffered) and
+    # state_s (staging of h0 and the final state).
+    scratch = _ring_scratch(((CHUNK, dk),) * 3 + ((CHUNK, BLOCK_V), (CHUNK, CHUNK)), dtype, dk)
+    scratch += _staging_scratch(dk, dtype, alias_staging, interpret)
     scratch += [
         swz((2, CHUNK, BLOCK_V), dtype),  # vn_s: Vn, published (double-buffered)
         swz((2, CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (two)
@@ -355,18 +409,8 @@ def channelwise_forward_mosaic(
     ]
     if interpret:  # the SMEM copy of what the GPU reads as a transposed view
         scratch.append(plgpu.SMEM((dk, CHUNK), dtype))  # kt_s: Kg^T
-    call = plgpu.kernel(
-        kernel,
-        out_type=tuple(out_type),
-        scratch_types=scratch,
-        grid=(batch, heads, dv // BLOCK_V),
-        grid_names=("b", "h", "v"),
-        num_threads=3,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
-        interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=KERNEL_NAME,
-    )
+    call = _launch(kernel, out_type, scratch, (batch, heads, dv // BLOCK_V), KERNEL_NAME,
+                   interpret)
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
     with jax.named_scope(KERNEL_NAME):
         outs = list(call(qg, kg, w, u, mq, e_all.astype(jnp.float32), *h0))
@@ -374,3 +418,233 @@ def channelwise_forward_mosaic(
     vn = outs.pop(0)[:, :seq_len] if store_v_new else None
     hs = outs.pop(0) if store_h else None
     return o[:, :seq_len], final_state, vn, hs
+
+
+# ----------------------------------------------------------------------------------------------
+# The reverse state pass (module docstring, "Reverse pass").
+
+
+def _bwd_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, *rest, num_chunks: int,
+                scale: float, has_dvn_in: bool, has_dht: bool, alias: bool, interpret: bool):
+    """Kernel body of :func:`channelwise_backward_state_mosaic` (module docstring); refs are
+    GMEM. ``rest`` = ``[dvn_in_ref,] [dht_ref,] dvn_ref, dhs_ref, dh0_ref`` then the scratch;
+    ``qgt_s, wt_s, mqt_s`` (interpret mode only) are the SMEM copies of ``Qg^T, W^T, Mq^T``
+    that the GPU reads as transposed views. Step ``i`` is chunk ``n = N - 1 - i``."""
+    rest = list(rest)
+    dvn_in_ref = rest.pop(0) if has_dvn_in else None
+    dht_ref = rest.pop(0) if has_dht else None
+    dvn_ref, dhs_ref, dh0_ref = rest.pop(0), rest.pop(0), rest.pop(0)
+    copies = _BWD_COPIES + int(has_dvn_in)
+    ring, rest = tuple(rest[:copies]), rest[copies:]
+    qg_s, kg_s, w_s, do_s, mq_s, e_s = ring[:_BWD_COPIES]
+    din_s = ring[_BWD_COPIES] if has_dvn_in else None
+    sb_s, state_s, rest = _split_staging(rest, alias, interpret)  # dS in 16 bits; fp32 dht/dh0
+    vn_s, in_bar, in_free, s_ready, v_ready, io_bar, done, *shim = rest
+    qgt_s, wt_s, mqt_s = shim if interpret else (None, None, None)
+    b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    wg = lax.axis_index("wg")
+    dk = kg_s.shape[-1]
+    tile, state_shape = (CHUNK, BLOCK_V), (dk, BLOCK_V)
+
+    def srcs(n):  # the GMEM views of chunk n's ring stage
+        rows = pl.ds(n * CHUNK, CHUNK)
+        views = (qg_ref.at[b, rows, h], kg_ref.at[b, rows, h], w_ref.at[b, rows, h],
+                 do_ref.at[b, rows, h, cols], mq_ref.at[b, h, n], e_ref.at[b, h, n])
+        return views + ((dvn_in_ref.at[b, rows, h, cols],) if has_dvn_in else ())
+
+    @pl.when(wg == 2)
+    def _memory():
+        plgpu.set_max_registers(40, action="decrease")
+        mgl.ring_producer(_issuer(srcs, ring, in_bar, num_chunks), num_chunks, in_free)
+
+    @pl.when(wg == 0)
+    def _state():
+        plgpu.set_max_registers(232, action="increase")
+        dht = dht_ref.at[b, h, :, cols] if has_dht else None
+        ds0 = mgl.entry_state(dht, state_s, io_bar, state_shape, interpret)
+
+        def step(i, ds):
+            n = num_chunks - 1 - i
+            slot, half = lax.rem(i, STAGES), lax.rem(i, 2)
+            # This warpgroup's dhs store of step i - 2 must have read sb_s[half]; the dVn
+            # warpgroup's read of it ended before its v_ready of step i - 2, waited below.
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            sb_s.at[half][...] = ds.astype(sb_s.dtype)  # dS_C of chunk n, operand dtype
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(s_ready.at[half])  # the dVn warpgroup may issue Kg dS
+            plgpu.copy_smem_to_gmem(sb_s.at[half], dhs_ref.at[b, h, n, :, cols])
+            plgpu.barrier_wait(in_bar.at[slot])
+            qg_t = mgl.transposed(qg_s.at[slot], qgt_s, interpret)
+            w_t = mgl.transposed(w_s.at[slot], wt_s, interpret)
+
+            def grads(qd_acc, wd_acc):  # one group: Qg^T dO runs while dVn is formed
+                plgpu.wgmma(qd_acc, qg_t, do_s.at[slot])  # Qg^T dO, [K, 64]
+                plgpu.barrier_wait(v_ready.at[half])
+                plgpu.wgmma(wd_acc, w_t, vn_s.at[half])  # W^T dVn, [K, 64]
+                return qd_acc[...], wd_acc[...]
+
+            # The barrier keeps the arithmetic after the accumulator reads (MOSAIC_GPU.md Sec. 2).
+            qd, wd = lax.optimization_barrier(pl.run_scoped(
+                grads, plgpu.ACC(state_shape), plgpu.ACC(state_shape)))
+            e_all = mgl.load_rows(e_s.at[slot], interpret)  # [K] fp32, one value per key row
+            plgpu.barrier_arrive(in_free.at[slot])  # Qg, W, dO, e_all of the stage consumed
+            # The Triton kernel's order: (e_all dS + scale Qg^T dO) - W^T dVn, all fp32.
+            return mgl.by_row(e_all, state_shape) * ds + scale * qd - wd
+
+        ds = lax.fori_loop(0, num_chunks, step, ds0)
+        # The dVn warpgroup's last read of sb_s ended before the last v_ready, waited above.
+        mgl.store_state(ds, state_s, dh0_ref.at[b, h, :, cols])
+
+    @pl.when(wg == 1)
+    def _dvn():
+        plgpu.set_max_registers(232, action="increase")
+
+        def step(i, carry):
+            n = num_chunks - 1 - i
+            slot, half = lax.rem(i, STAGES), lax.rem(i, 2)
+            rows = pl.ds(n * CHUNK, CHUNK)
+            plgpu.barrier_wait(in_bar.at[slot])
+            mq_t = mgl.transposed(mq_s.at[slot], mqt_s, interpret)
+
+            def products(md_acc, kd_acc):  # one group: Mq^T dO runs before dS is published
+                plgpu.wgmma(md_acc, mq_t, do_s.at[slot])  # Mq^T dO, [C, 64]
+                plgpu.barrier_wait(s_ready.at[half])
+                plgpu.wgmma(kd_acc, kg_s.at[slot], sb_s.at[half])  # Kg dS, [C, 64]
+                return md_acc[...], kd_acc[...]
+
+            md, kd = lax.optimization_barrier(pl.run_scoped(
+                products, plgpu.ACC(tile), plgpu.ACC(tile)))
+            dvn = scale * md + kd  # fp32, the Triton kernel's order
+            if has_dvn_in:
+                dvn = dvn + mgl.load_tile(din_s.at[slot], interpret).astype(jnp.float32)
+            plgpu.barrier_arrive(in_free.at[slot])  # Kg, Mq, dO, dvn_in of the stage consumed
+            # vn_s[half] of step i - 2: its store has read it (this wait); the state
+            # warpgroup's W^T dVn read ended before its s_ready of step i - 1, waited above.
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)
+            vn_s.at[half][...] = dvn.astype(vn_s.dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(v_ready.at[half])  # the state warpgroup may issue W^T dVn
+            plgpu.copy_smem_to_gmem(vn_s.at[half], dvn_ref.at[b, rows, h, cols])
+            return carry
+
+        lax.fori_loop(0, num_chunks, step, 0)
+        plgpu.wait_smem_to_gmem(0)
+
+    # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+def check_backward_inputs(qg, kg, w, mq, e_all, do, dvn_in, dht) -> None:
+    """The input contract of :func:`channelwise_backward_state_mosaic`.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs: ``qg``, ``kg``, ``w``
+            not ``[B, T, H, K]`` of one 16-bit dtype (fp32 inputs: use the Triton state pass);
+            ``do`` (and ``dvn_in`` if given) not ``[B, T, H, V]`` in that dtype; K or V not 64
+            or 128; ``mq`` not ``[B, H, N, 64, 64]`` in that dtype (``N = ceil(T / 64)``);
+            ``e_all`` not a float ``[B, H, N, K]``; ``dht`` not ``[B, H, K, V]``.
+    """
+    valued = (("do", do),) + ((("dvn_in", dvn_in),) if dvn_in is not None else ())
+    _check_operands(qg, (("kg", kg), ("w", w)), valued, mq, e_all, dht, "dht")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "alias_staging", "interpret"))
+def channelwise_backward_state_mosaic(
+    qg: jax.Array,
+    kg: jax.Array,
+    w: jax.Array,
+    mq: jax.Array,
+    e_all: jax.Array,
+    do: jax.Array,
+    *,
+    scale: float,
+    dvn_in: Optional[jax.Array] = None,
+    dht: Optional[jax.Array] = None,
+    alias_staging: bool = False,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, jax.Array]:
+    """The reverse state pass of KDA / GDN-2 in one Mosaic GPU kernel (module docstring).
+
+    Per batch row, head and chunk ``n`` of C = 64 tokens, last to first, from ``dS = dht``
+    (the gradient of the final state), the reverse of :func:`channelwise_forward_mosaic`'s
+    recurrence (paper arXiv 2607.07953, Eqs. 18-24; ``backward_state`` in
+    ``channelwise_gpu``'s module docstring)::
+
+        dS_C[n] = dS                                   (stored as dhs[n])
+        dVn_n   = scale Mq_n^T dO_n + Kg_n dS (+ dvn_in_n)
+        dS     <- diag(e_all_n) dS + scale Qg_n^T dO_n - W_n^T dVn_n
+        dh0     = dS after chunk 0
+
+    with the Triton ``backward_state`` kernel's roundings (``dS`` and ``dVn`` rounded to the
+    operand dtype as ``wgmma`` operands, fp32 ``dS`` and accumulation). The inputs are what
+    ``channelwise_gpu._prepare`` returns plus the cotangents, so its outputs are
+    ``channelwise_gpu._backward_state``'s.
+
+    Args:
+        qg: ``q E_in`` ``[B, T, H, K]``, bf16 or fp16.
+        kg: ``k E_out`` ``[B, T, H, K]``, qg's dtype.
+        w: ``W = A (kr E_in)`` ``[B, T, H, K]``, qg's dtype. ``K, V`` in {64, 128}.
+        mq: the decayed, causal, same-document ``Mq`` of every chunk ``[B, H, N, 64, 64]``
+            (``N = ceil(T / 64)``), qg's dtype.
+        e_all: ``exp(gamma_C) conn_C`` ``[B, H, N, K]``, read as fp32.
+        do: the output's cotangent ``dO`` ``[B, T, H, V]``, qg's dtype.
+        scale: read-out scale (static).
+        dvn_in: the cotangent of the returned residual ``Vn`` ``[B, T, H, V]`` in qg's dtype
+            (read as fp32), or ``None``.
+        dht: the final state's cotangent ``[B, H, K, V]`` (read as fp32), or ``None`` for zeros.
+        alias_staging: let the fp32 ``dht`` / ``dh0`` staging tile share SMEM with the
+            published ``dS`` (a ``plgpu.RefUnion``; static; module docstring). Same results;
+            ignored when interpreting.
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(dvn, dhs, dh0)``: ``dvn`` ``[B, T, H, V]`` and ``dhs`` (the gradient of every
+        chunk's exit state) ``[B, H, N, K, V]`` in the input dtype; ``dh0`` ``[B, H, K, V]``
+        fp32. A ``T`` that is not a multiple of 64 is zero-padded inside.
+
+    Raises:
+        ValueError: as :func:`check_backward_inputs` (shapes, 16-bit dtype, head dims).
+    """
+    check_backward_inputs(qg, kg, w, mq, e_all, do, dvn_in, dht)
+    batch, seq_len, heads, dk = qg.shape
+    dv = do.shape[-1]
+    num_chunks = mq.shape[2]
+    padded = num_chunks * CHUNK
+    qg, kg, w, do = (mgl.pad_time(x, num_chunks) for x in (qg, kg, w, do))
+    has_dvn_in, has_dht = dvn_in is not None, dht is not None
+    kernel = functools.partial(_bwd_kernel, num_chunks=num_chunks, scale=float(scale),
+                               has_dvn_in=has_dvn_in, has_dht=has_dht, alias=alias_staging,
+                               interpret=interpret)
+    dtype = qg.dtype
+    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # dvn
+                jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype),  # dhs
+                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # dh0
+    # qg_s, kg_s, w_s, do_s, mq_s, e_s[, din_s]; sb_s (dS in 16 bits, published,
+    # double-buffered; the dhs staging) and state_s (staging of dht and dh0).
+    shapes = ((CHUNK, dk),) * 3 + ((CHUNK, BLOCK_V), (CHUNK, CHUNK))
+    scratch = _ring_scratch(shapes, dtype, dk)
+    if has_dvn_in:
+        scratch.append(mgl.swizzled_smem((STAGES, CHUNK, BLOCK_V), dtype))  # din_s
+    scratch += _staging_scratch(dk, dtype, alias_staging, interpret)
+    copies = _BWD_COPIES + int(has_dvn_in)
+    scratch += [
+        mgl.swizzled_smem((2, CHUNK, BLOCK_V), dtype),  # vn_s: dVn, published (two)
+        plgpu.Barrier(num_arrivals=copies, num_barriers=STAGES),  # in_bar: copies landed
+        plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),  # in_free: both consumers done
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: dS published
+        plgpu.Barrier(num_arrivals=1, num_barriers=2),  # v_ready: dVn published (dS read)
+        plgpu.Barrier(num_arrivals=1),  # io_bar: dht landed
+        plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
+    ]
+    if interpret:  # the SMEM copies of what the GPU reads as transposed views
+        scratch += [plgpu.SMEM((dk, CHUNK), dtype), plgpu.SMEM((dk, CHUNK), dtype),  # Qg^T, W^T
+                    plgpu.SMEM((CHUNK, CHUNK), dtype)]  # Mq^T
+    call = _launch(kernel, out_type, scratch, (batch, heads, dv // BLOCK_V), BWD_KERNEL_NAME,
+                   interpret)
+    extra = () if dvn_in is None else (mgl.pad_time(dvn_in, num_chunks),)
+    extra += () if dht is None else (dht.astype(jnp.float32),)
+    with jax.named_scope(BWD_KERNEL_NAME):
+        dvn, dhs, dh0 = call(qg, kg, w, mq, e_all.astype(jnp.float32), do, *extra)
+    return dvn[:, :seq_len], dhs, dh0
