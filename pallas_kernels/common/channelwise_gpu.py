@@ -99,6 +99,11 @@ Kernels (grid in brackets):
       dVn = scale Mq^T dO + kg dS_C (+ the cotangent of the returned residual)
       dS_0 = Diag(e_all) dS_C + scale qg^T dO - W^T dVn
 
+  ``state_pass="mosaic"`` runs it as
+  :func:`pallas_kernels.common.channelwise_mosaic_gpu.channelwise_backward_state_mosaic`
+  (the same switch as the forward: one setting for both state passes, as both are drop-ins
+  with the Triton kernels' outputs and roundings; MOSAIC_GPU.md Sec. 18.1).
+
 * ``grad_blocks`` [chunks, B*H, 4] (:func:`_grad_blocks_kernel`): the share of dq, dkr and dk
   (fp32 ``[B, T, H, K]``) that flows through Mq and Mk, for the rows of one 16-row block, from
   ``dR = A^T dVn`` (XLA, :func:`_chunk_dr`; also ``dvw``)::
@@ -203,12 +208,14 @@ TUNING = {
     "intra_token": (1, 3),
     "grad_blocks": (4, 2),
     "gamma": (8, 2),
-    # The forward state pass (the "forward" kernel): "triton" (_forward_kernel) or "mosaic"
-    # (channelwise_mosaic_gpu.channelwise_forward_mosaic: Hopper wgmma/TMA, three warpgroups;
-    # bf16/fp16 operands only, so fp32 inputs keep the Triton kernel). Triton until the H200
-    # has timed the Mosaic kernel (MOSAIC_GPU.md Sec. 18); channelwise_delta_pallas's
-    # state_pass= overrides it per call. mosaic_alias_staging: the Mosaic kernel's
-    # alias_staging (its fp32 h0 / final-state tile shares SMEM with the published S).
+    # The state passes (the "forward" and "backward_state" kernels): "triton"
+    # (_forward_kernel, _backward_state_kernel) or "mosaic" (channelwise_mosaic_gpu's
+    # channelwise_forward_mosaic and channelwise_backward_state_mosaic: Hopper wgmma/TMA, three
+    # warpgroups each; bf16/fp16 operands only, so fp32 inputs keep the Triton kernels). Triton
+    # until the H200 has timed the Mosaic kernels (MOSAIC_GPU.md Sec. 18);
+    # channelwise_delta_pallas's state_pass= overrides it per call. mosaic_alias_staging: the
+    # Mosaic kernels' alias_staging (their fp32 state staging tile shares SMEM with the
+    # published 16-bit state).
     "state_pass": "triton",
     "mosaic_alias_staging": False,
 }
@@ -977,6 +984,21 @@ def _backward_state(cfg, prep, do, dvn_in, dht):
     return outs["dvn_ref"], outs["dhs_ref"], outs["dh0_ref"]
 
 
+def _backward_state_mosaic(cfg, prep, do, dvn_in, dht):
+    """:func:`_backward_state` on the Mosaic GPU kernel (:func:`pallas_kernels.common.
+    channelwise_mosaic_gpu.channelwise_backward_state_mosaic`, GPU interpret mode under
+    ``cfg["interpret"]``): the same outputs, layouts and dtypes. ``dvn_in`` (the residual's
+    cotangent) is taken to the operand dtype, which it has whenever the op passes it."""
+    from pallas_kernels.common import channelwise_mosaic_gpu
+
+    if dvn_in is not None:
+        dvn_in = dvn_in.astype(cfg["mm_dtype"])
+    return channelwise_mosaic_gpu.channelwise_backward_state_mosaic(
+        prep["qg_ref"], prep["kg_ref"], prep["w_ref"], prep["mq_ref"], prep["e_ref"], do,
+        scale=cfg["scale"], dvn_in=dvn_in, dht=dht,
+        alias_staging=cfg["mosaic_alias_staging"], interpret=cfg["interpret"])
+
+
 # ----------------------------------------------------------------------------------------------
 # Kernel 4: per-chunk parameter gradients.
 
@@ -1098,7 +1120,8 @@ def _make_core(static):
         q, k, v, ks, vs, gam, docs, prep, hs, vn = res
         do = cts[0].astype(q.dtype)
         dvn_out = cts[2] if residual else None
-        dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
+        state_pass = _backward_state_mosaic if cfg["state_pass"] == "mosaic" else _backward_state
+        dvn, dhs, dh0 = state_pass(cfg, prep, do, dvn_out, cts[1])
         # kr as the forward kernels formed it (the fp32 product rounded once); the backward
         # kernels read it whole.
         kf, vf, ksf, vsf = (x.astype(F32) for x in (k, v, ks, vs))
@@ -1163,10 +1186,11 @@ def channelwise_delta_pallas(
       return_residual: whether to compute the residual ``u`` (``v_new``).
       interpret: run in Pallas interpret mode (any backend; slow; the Mosaic state pass in
         Mosaic GPU interpret mode).
-      state_pass: the forward state pass, ``"triton"`` or ``"mosaic"`` (the Hopper kernel of
-        :mod:`pallas_kernels.common.channelwise_mosaic_gpu`; needs sm_90 when compiled);
-        ``None``: ``TUNING["state_pass"]``. fp32 operands always take the Triton kernel.
-        Everything else (intra, prepare, wu, the backward) is the same either way.
+      state_pass: the forward and reverse state passes, ``"triton"`` or ``"mosaic"`` (the
+        Hopper kernels of :mod:`pallas_kernels.common.channelwise_mosaic_gpu`; need sm_90
+        when compiled); ``None``: ``TUNING["state_pass"]``. fp32 operands always take the
+        Triton kernels. Everything else (intra, prepare, wu, grad_blocks, backward_chunk) is
+        the same either way.
 
     Returns:
       ``(o [B, T, H, V], final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``; o and u in

@@ -172,6 +172,71 @@ def _check_kernel(test, case, *, interpret=True, triton=True):
             test.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[dtype], f"{name} vs Triton")
 
 
+def _cotangents(seed, prep, dv, dtype, *, dvn_in=True):
+    """Random ``(dO, dvn_in or None, dht)`` for the reverse pass on ``prep``'s shapes."""
+    batch, tp, heads, dk = prep["qg_ref"].shape
+    keys = jax.random.split(jax.random.key(100 + seed), 3)
+    do = jax.random.normal(keys[0], (batch, tp, heads, dv)).astype(dtype)
+    din = (0.3 * jax.random.normal(keys[1], (batch, tp, heads, dv))).astype(dtype)
+    dht = jax.random.normal(keys[2], (batch, heads, dk, dv))
+    return do, din if dvn_in else None, dht
+
+
+def _bwd_reference(prep, do, dvn_in, dht, scale):
+    """float64 NumPy reverse recurrence of ``channelwise_backward_state_mosaic``'s equations
+    on ``prep``'s arrays: ``(dvn, dhs, dh0)``, no rounding anywhere."""
+    qg, kg, w, mq, e = (np.asarray(prep[n], np.float64)
+                        for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref"))
+    do = np.asarray(do, np.float64)
+    din = None if dvn_in is None else np.asarray(dvn_in, np.float64)
+    batch, tp, heads, dk = qg.shape
+    dv, n_chunks = do.shape[-1], tp // C
+    dvn = np.zeros_like(do)
+    dhs = np.zeros((batch, heads, n_chunks, dk, dv))
+    dh0 = np.zeros((batch, heads, dk, dv))
+    for b in range(batch):
+        for h in range(heads):
+            ds = np.asarray(dht[b, h], np.float64)
+            for n in reversed(range(n_chunks)):
+                r = slice(n * C, (n + 1) * C)
+                dhs[b, h, n] = ds
+                d = scale * mq[b, h, n].T @ do[b, r, h] + kg[b, r, h] @ ds
+                if din is not None:
+                    d = d + din[b, r, h]
+                dvn[b, r, h] = d
+                ds = (e[b, h, n][:, None] * ds + scale * qg[b, r, h].T @ do[b, r, h]
+                      - w[b, r, h].T @ d)
+            dh0[b, h] = ds
+    return dvn, dhs, dh0
+
+
+def _bwd_args(prep):
+    return tuple(prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref"))
+
+
+_BWD_NAMES = ("dvn", "dhs", "dh0")
+
+
+def _check_backward(test, case, *, interpret=True, triton=True):
+    seed, batch, seq_len, heads, dk, dv, dtype, docs, decay, h0, gdn2 = case
+    dtype = jnp.dtype(dtype)
+    cfg, prep, _ = _prepared(seed, batch, seq_len, heads, dk, dv, dtype, docs=docs,
+                             decay=decay, h0=h0, gdn2=gdn2, interpret=interpret)
+    do, din, dht = _cotangents(seed, prep, dv, dtype, dvn_in=h0)
+    got = cwm.channelwise_backward_state_mosaic(*_bwd_args(prep), do, scale=cfg["scale"],
+                                                dvn_in=din, dht=dht, interpret=interpret)
+    want = _bwd_reference(prep, do, din, dht, cfg["scale"])
+    for name, a, e, want_dtype in zip(_BWD_NAMES, got, want, (dtype, dtype, jnp.float32)):
+        test.assertEqual((a.shape, a.dtype), (e.shape, want_dtype), name)
+        test.assertLess(tolerances.rel_err(a, e), _REF_GATE[dtype], f"{name} vs float64")
+    if triton:
+        tri = jax.jit(lambda p, *c: channelwise_gpu._backward_state(cfg, p, *c))(
+            prep, do, din, dht)
+        for name, a, e in zip(_BWD_NAMES, got, tri):
+            test.assertEqual((a.shape, a.dtype), (e.shape, e.dtype), name)
+            test.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[dtype], f"{name} vs Triton")
+
+
 # seed, B, T, H, K, V, dtype, document lengths (row 0; the rest one more), decay, h0, GDN-2
 _CASES = (
     ("kda_bf16_packed_partial_T200_K128_V128", 0, 2, 200, 2, 128, 128, jnp.bfloat16,
@@ -192,6 +257,11 @@ class InterpretTest(parameterized.TestCase):
     @parameterized.named_parameters(*_CASES)
     def test_kernel_matches_reference_and_triton(self, *case):
         _check_kernel(self, case)
+
+    @parameterized.named_parameters(*_CASES)
+    def test_backward_matches_reference_and_triton(self, *case):
+        # The reverse pass (dvn_in given where the case has h0) on the same inputs.
+        _check_backward(self, case)
 
     def test_stores_change_nothing_else(self):
         cfg, prep, state = _prepared(5, 1, 130, 2, 64, 64, jnp.bfloat16, docs=(40,))
@@ -238,8 +308,10 @@ class OpInterpretTest(parameterized.TestCase):
                             f"{op} d{name}")
 
 
-def _export_kernel(dk, dv, dtype, stores, alias=False):
-    """Exports the kernel for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``."""
+def _export_kernel(dk, dv, dtype, stores, alias=False, backward=False):
+    """Exports the forward kernel (``stores``: ``hs`` and ``Vn``) or the reverse one
+    (``backward``; ``stores``: with ``dvn_in``) for CUDA; returns ``(mlir text, Mosaic GPU's
+    SMEM count)``."""
     from jax.experimental.mosaic.gpu import core as mgpu_core
 
     batch, seq_len, heads = 1, 200, 2
@@ -255,10 +327,14 @@ def _export_kernel(dk, dv, dtype, stores, alias=False):
         sizes.append(count(buffers))
         return sizes[-1]
 
-    def fn(*args):
-        return cwm.channelwise_forward_mosaic(*args, scale=0.1, initial_state=h0,
-                                              store_v_new=stores, store_h=stores,
-                                              alias_staging=alias)
+    def fn(qg, kg, w, u, mq, e_all):
+        if backward:  # u in the place of dO (and dvn_in)
+            return cwm.channelwise_backward_state_mosaic(
+                qg, kg, w, mq, e_all, u, scale=0.1, dvn_in=u if stores else None, dht=h0,
+                alias_staging=alias)
+        return cwm.channelwise_forward_mosaic(qg, kg, w, u, mq, e_all, scale=0.1,
+                                              initial_state=h0, store_v_new=stores,
+                                              store_h=stores, alias_staging=alias)
 
     with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
         exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*tok, mq, e_all)
@@ -278,6 +354,26 @@ class LoweringTest(parameterized.TestCase):
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertIn(cwm.KERNEL_NAME, text)
         self.assertLessEqual(smem, _SMEM_LIMIT)
+
+    @parameterized.named_parameters(
+        ("K128_V128_bf16_dvn_in", 128, 128, jnp.bfloat16, True),
+        ("K128_V128_bf16", 128, 128, jnp.bfloat16, False),
+        ("K64_V64_fp16", 64, 64, jnp.float16, False),
+        ("K128_V64_bf16_dvn_in", 128, 64, jnp.bfloat16, True),
+    )
+    def test_backward_kernel_exports_for_cuda(self, dk, dv, dtype, dvn_in):
+        text, smem = _export_kernel(dk, dv, dtype, dvn_in, backward=True)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn(cwm.BWD_KERNEL_NAME, text)
+        self.assertLessEqual(smem, _SMEM_LIMIT)
+
+    def test_backward_smem_count_at_k128_v128_bf16(self):
+        # MOSAIC_GPU.md Sec. 18.1 and the module docstring quote these counts: with dvn_in,
+        # with it and alias_staging, without it.
+        counts = tuple(_export_kernel(128, 128, jnp.bfloat16, din, alias=alias,
+                                      backward=True)[1]
+                       for din, alias in ((True, False), (True, True), (False, False)))
+        self.assertEqual(counts, (230_480, 197_712, 214_096))
 
     def test_smem_count_at_k128_v128_bf16(self):
         # MOSAIC_GPU.md Sec. 18 and the module docstring quote these two counts.
@@ -302,11 +398,13 @@ class LoweringTest(parameterized.TestCase):
                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(
                     "__gpu$xla.gpu.triton")])(*args)
             text = exported.mlir_module()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        # Both state passes on Mosaic GPU; every other channelwise kernel once on Triton.
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 2)
         self.assertIn(cwm.KERNEL_NAME, text)
+        self.assertIn(cwm.BWD_KERNEL_NAME, text)
         self.assertEqual(collections.Counter(re.findall(r'name = "channelwise_(\w+)"', text)),
-                         collections.Counter(["gamma", "intra", "prepare", "wu",
-                                              "backward_state", "grad_blocks", "backward_chunk"]))
+                         collections.Counter(["gamma", "intra", "prepare", "wu", "grad_blocks",
+                                              "backward_chunk"]))
 
 
 def _protocol(num_chunks):
