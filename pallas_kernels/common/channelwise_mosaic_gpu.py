@@ -1,4 +1,4 @@
-"""The per-channel-decay family's forward state pass on Mosaic GPU (Hopper ``wgmma``/TMA).
+"""The per-channel-decay family's state passes on Mosaic GPU (Hopper ``wgmma``/TMA).
 
 :func:`channelwise_forward_mosaic` is a drop-in for the Triton ``forward`` kernel of
 :mod:`pallas_kernels.common.channelwise_gpu` (``_forward_kernel`` / ``_forward``, issue 29): the
@@ -52,10 +52,56 @@ bytes** (193 KB). The CUDA export checks both
 (``tests/pallas_kernels/kernel_mosaic_channelwise_test.py``). The interpreter has no
 ``RefUnion``: interpreted, the staging tile is always a buffer of its own.
 
+Reverse pass. :func:`channelwise_backward_state_mosaic` is a drop-in for the Triton
+``backward_state`` kernel (``_backward_state_kernel`` / ``_backward_state``): per chunk ``n``
+from last to first, with the fp32 state gradient ``dS`` (``[K, 64]``) in registers, from
+``dS = dht``::
+
+    dS_C[n] = dS                                  (stored as dhs[n], operand dtype)
+    dVn_n   = scale Mq_n^T dO_n + Kg_n dS (+ dvn_in_n, the residual's cotangent)
+    dS     <- diag(e_all_n) dS + scale Qg_n^T dO_n - W_n^T dVn_n
+    dh0     = dS after chunk 0
+
+(the reverse of the forward's equations; ``backward_state`` in ``channelwise_gpu``'s module
+docstring). Grid ``(B, H, V / 64)``, three warpgroups with the forward's structure:
+
+* memory: the two-stage ring of ``Qg, Kg, W`` (``[C, K]``), ``dO`` (``[C, 64]``), ``Mq``,
+  ``e_all`` and, if given, ``dvn_in`` (``[C, 64]``): six or seven copies per stage, in reverse
+  chunk order;
+* state: publishes ``dS`` in the operand dtype (double-buffered; the staging tile of ``dhs``)
+  and signals ``s_ready``; issues ``Qg^T dO`` (``[K, 64]``), waits on ``v_ready`` and issues
+  ``W^T dVn`` in the same ``wgmma`` group (``Qg^T`` and ``W^T`` transposed SMEM views), then
+  ``dS <- e_all[:, None] dS + scale Qg^T dO - W^T dVn`` (the Triton kernel's order);
+* dVn: issues ``Mq^T dO`` (``Mq^T`` a transposed view; it needs no state, so it runs while the
+  state warpgroup finishes the previous chunk), waits on ``s_ready`` and issues ``Kg dS``;
+  ``dVn = scale Mq^T dO + Kg dS (+ dvn_in)`` in fp32, published in the operand dtype
+  (double-buffered; the staging tile of the ``dvn`` store) with ``v_ready``.
+
+The chain per chunk is ``dS`` published, ``Kg dS``, ``dVn`` published, ``W^T dVn``, ``dS``;
+the two products on ``dO`` stay off it. The protocol needs no ``s_free``: ``v_ready`` of a
+chunk also says that the dVn warpgroup has read its ``dS`` tile, and ``s_ready`` of the next
+chunk that the state warpgroup has read the ``dVn`` tile, so the two alternate strictly. One
+``state_pass`` setting switches both passes: each is a drop-in with the Triton kernel's
+outputs and roundings, the reverse one reads nothing the forward one writes (``hs`` and ``Vn``
+go to ``backward_chunk``), and no case has come up where only one should run.
+Roundings are the Triton kernel's: ``dS`` rounded for ``Kg dS``, ``dVn`` for ``W^T dVn``
+(and stored so), ``dO`` and the inputs in the operand dtype; ``dS``, ``dh0`` and every
+accumulator fp32.
+
+SMEM of the reverse pass at K = V = 128 bf16: a ring stage is ``Qg, Kg, W`` 16 KB each, ``dO``
+8, ``Mq`` 8, ``dvn_in`` 8 (the two stages' ``e_all`` one 1 KB buffer): 145 KB; the published
+``dS`` 2 x 16, ``dVn`` 2 x 8 and the fp32 ``dht`` / ``dh0`` staging 32: **230,480 bytes** by
+Mosaic GPU's count (jax 0.10.2 CUDA export) of the 232,448; 214,096 without ``dvn_in``;
+**197,712** with ``dvn_in`` and ``alias_staging=True`` (the staging in a
+``RefUnion`` with the published ``dS``: ``dht`` is in registers before the first ``dS`` is
+published, and ``dh0`` is written after the last ``v_ready``, i.e. after the last read of
+``dS``, and after this warpgroup's ``dhs`` stores read their tiles).
+
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode
-(``Kg^T`` copied into SMEM, plain vector and tile loads: ``mosaic_gpu_lib``'s shims) and
-lowering for CUDA through ``jax.export``. fp32 inputs are refused (``wgmma`` has no IEEE fp32
-product); ``channelwise_gpu`` keeps its Triton kernel for them.
+(``Kg^T`` and, in the reverse pass, ``Qg^T``, ``W^T`` and ``Mq^T`` copied into SMEM, plain
+vector and tile loads: ``mosaic_gpu_lib``'s shims) and lowering for CUDA through
+``jax.export``. fp32 inputs are refused (``wgmma`` has no IEEE fp32 product);
+``channelwise_gpu`` keeps its Triton kernels for them.
 """
 
 import functools

@@ -1,32 +1,35 @@
-"""The per-channel family's forward state pass on Mosaic GPU (KDA, GDN-2; issue 29).
+"""The per-channel family's state passes on Mosaic GPU (KDA, GDN-2; issue 29).
 
-``pallas_kernels/common/channelwise_mosaic_gpu.py`` has :func:`channelwise_forward_mosaic`, a
-drop-in for the Triton ``forward`` kernel of ``channelwise_gpu`` (``state_pass="mosaic"``).
-Its inputs here are realistic: ``Qg, Kg, W, U, Mq, e_all`` come from ``channelwise_gpu``'s own
-``intra``, ``prepare`` and ``wu`` kernels (Pallas interpret mode) on random ``q, k`` (unit
+``pallas_kernels/common/channelwise_mosaic_gpu.py`` has :func:`channelwise_forward_mosaic` and
+:func:`channelwise_backward_state_mosaic`, drop-ins for the Triton ``forward`` and
+``backward_state`` kernels of ``channelwise_gpu`` (both switched by ``state_pass="mosaic"``).
+Their inputs here are realistic: ``Qg, Kg, W, U, Mq, e_all`` come from ``channelwise_gpu``'s
+own ``intra``, ``prepare`` and ``wu`` kernels (Pallas interpret mode) on random ``q, k`` (unit
 rows), ``v``, per-channel log-decays ``g <= 0`` and scales, with documents starting inside
-chunks and a partial last chunk.
+chunks and a partial last chunk; the reverse pass takes random ``dO``, ``dvn_in`` and ``dht``.
 
-* ``LoweringTest`` (CI): the kernel exports for CUDA on the CPU host (``jax.export``) at
-  K = V = 128 bf16 with the ``hs`` and ``Vn`` stores and ``h0`` (which also checks Mosaic GPU's
-  227 KB SMEM limit: the count is pinned, with and without ``alias_staging``), K = V = 64
-  fp16, K 128 / V 64; and the whole KDA forward + backward with ``state_pass="mosaic"``
-  exports with the Mosaic kernel in place of the Triton ``forward`` kernel.
-* ``ProtocolTest`` (CI): the three warpgroups' barrier protocol on a model of mbarriers under
-  random schedules (no deadlock, no lapped phase, no buffer overwritten while read).
+* ``LoweringTest`` (CI): each kernel exports for CUDA on the CPU host (``jax.export``) at
+  K = V = 128 bf16 (the forward with the ``hs`` and ``Vn`` stores and ``h0``, the reverse with
+  and without ``dvn_in``; which also checks Mosaic GPU's 227 KB SMEM limit: the counts are
+  pinned, with and without ``alias_staging``), K = V = 64 fp16, K 128 / V 64; and the whole
+  KDA forward + backward with ``state_pass="mosaic"`` exports with both Mosaic kernels in place
+  of the Triton ``forward`` and ``backward_state`` kernels.
+* ``ProtocolTest`` (CI): each kernel's barrier protocol (three warpgroups) on a model of
+  mbarriers under random schedules (no deadlock, no lapped phase, no buffer overwritten while
+  read).
 * ``ValidationTest`` (CI): the ValueErrors (fp32 inputs, head dims, shapes, ``state_pass``),
   and fp32 inputs of the op taking the Triton state pass under ``state_pass="mosaic"``.
-* ``InterpretTest`` (``slow``): the kernel in Mosaic GPU interpret mode against an independent
-  float64 NumPy recurrence of the equations (relative RMS, by dtype) and against the Triton
-  ``_forward`` in Pallas interpret mode on the same inputs (o, final state, ``Vn``, ``hs``);
-  the optional stores change nothing else; an unpadded ``T`` is padded inside.
+* ``InterpretTest`` (``slow``): each kernel in Mosaic GPU interpret mode against an
+  independent float64 NumPy recurrence of its equations (relative RMS, by dtype) and against
+  the Triton ``_forward`` / ``_backward_state`` in Pallas interpret mode on the same inputs;
+  the forward's optional stores change nothing else; an unpadded ``T`` is padded inside.
   ``OpInterpretTest`` (``slow``): the whole KDA and GDN-2 ops with ``state_pass="mosaic"``
-  against ``"triton"`` (outputs and all gradients), both interpreted.
+  (both Mosaic kernels) against ``"triton"`` (outputs and all gradients), both interpreted.
 * ``GpuTest`` (``gpu``): on a Hopper GPU, KDA and GDN-2 with the switch on and off against the
-  fp32 token-serial reference (o, final state, every gradient: the backward consumes the
-  kernel's ``hs`` and ``Vn``), and the kernel against the Triton ``_forward`` at S1-like rows.
+  fp32 token-serial reference (o, final state, every gradient) and against each other, and
+  each kernel against float64 and the compiled Triton kernel at S1-like rows.
 
-The interpreted three-warpgroup kernel needs a larger XLA CPU pool on a 2-core host (BUILD.md,
+The interpreted three-warpgroup kernels need a larger XLA CPU pool on a 2-core host (BUILD.md,
 MOSAIC_GPU.md Sec. 10): ``PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow
 tests/pallas_kernels/kernel_mosaic_channelwise_test.py``.
 """
@@ -431,22 +434,37 @@ def _protocol(num_chunks):
     return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, output, memory)]
 
 
+def _bwd_protocol(num_chunks):
+    """As :func:`_protocol`, for :func:`channelwise_mosaic_gpu._bwd_kernel` (state, dVn and
+    memory warpgroups; index ``i`` is the step, chunk ``N - 1 - i``). Buffers: ``ring``, ``sb``
+    (the published ``dS``) and ``vn`` (the published ``dVn``); the state warpgroup's final
+    ``dh0`` staging is modelled as writing both ``sb`` tiles (their ``RefUnion`` under
+    ``alias_staging``)."""
+    memory = _protocol(num_chunks)[2][:-2]
+    state, dvn = [], []
+    for i in range(num_chunks):
+        state += [("X", "sb", i), ("A", "s_ready", i), ("W", "in_bar", i), ("R", "ring", i),
+                  ("W", "v_ready", i), ("R", "vn", i), ("E", "vn", i), ("E", "ring", i),
+                  ("A", "in_free", i)]
+        dvn += [("W", "in_bar", i), ("R", "ring", i), ("W", "s_ready", i), ("R", "sb", i),
+                ("E", "sb", i), ("E", "ring", i), ("A", "in_free", i), ("X", "vn", i),
+                ("A", "v_ready", i)]
+    state += [("X", "sb", num_chunks), ("X", "sb", num_chunks + 1)]  # the dh0 staging
+    return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, dvn, memory)]
+
+
 class ProtocolTest(absltest.TestCase):
-    """The kernel's barrier protocol on a model of mbarriers with phase parity, under random
-    schedules of its three warpgroups (1 to 7 chunks): no deadlock; no wait that finds its
+    """The kernels' barrier protocols on a model of mbarriers with phase parity, under random
+    schedules of their three warpgroups (1 to 7 chunks): no deadlock; no wait that finds its
     barrier a whole phase past the one it waits for (it would hang on the GPU); no arrival
     before the barrier's previous phase completed; no buffer written before every read of its
     previous use ended, nor read before it was written."""
 
-    def test_no_deadlock_lapping_or_overwrite(self):
-        slots = dict(in_bar=cwm.STAGES, in_free=cwm.STAGES, ring=cwm.STAGES, s_ready=2,
-                     v_ready=2, s_free=2, sb=2, vn=2, done=1)
-        arrivals = dict(in_free=2, done=3)
-        readers = dict(ring=2, sb=1, vn=1)
+    def check_protocol(self, protocol, slots, arrivals, readers):
         for num_chunks in range(1, 8):
             for seed in range(60):
                 rng = np.random.default_rng(seed)
-                programs = _protocol(num_chunks)
+                programs = protocol(num_chunks)
                 pcs, arrived, written, ended = [0, 0, 0], collections.Counter(), set(), \
                     collections.Counter()
                 while any(pc < len(prog) for pc, prog in zip(pcs, programs)):
@@ -480,6 +498,17 @@ class ProtocolTest(absltest.TestCase):
                         ended[name, n] += 1
                     pcs[wg] += 1
 
+    def test_no_deadlock_lapping_or_overwrite(self):
+        slots = dict(in_bar=cwm.STAGES, in_free=cwm.STAGES, ring=cwm.STAGES, s_ready=2,
+                     v_ready=2, s_free=2, sb=2, vn=2, done=1)
+        self.check_protocol(_protocol, slots, dict(in_free=2, done=3), dict(ring=2, sb=1, vn=1))
+
+    def test_backward_no_deadlock_lapping_or_overwrite(self):
+        slots = dict(in_bar=cwm.STAGES, in_free=cwm.STAGES, ring=cwm.STAGES, s_ready=2,
+                     v_ready=2, sb=2, vn=2, done=1)
+        self.check_protocol(_bwd_protocol, slots, dict(in_free=2, done=3),
+                            dict(ring=2, sb=1, vn=1))
+
 
 class ValidationTest(parameterized.TestCase):
 
@@ -504,6 +533,24 @@ class ValidationTest(parameterized.TestCase):
         self.check_raises("e_all must", args[:5] + [args[5][..., :32]])
         self.check_raises("initial_state", args,
                           initial_state=jnp.zeros((1, 2, 64, 32), jnp.float32))
+
+    def test_backward_rejects_what_the_kernel_cannot_take(self):
+        def check(pattern, args, **kwargs):
+            qg, kg, w, u, mq, e_all = args
+            with self.assertRaisesRegex(ValueError, pattern):
+                cwm.channelwise_backward_state_mosaic(qg, kg, w, mq, e_all, u, scale=0.1,
+                                                      **kwargs)
+
+        check("16-bit dtype.*Triton", self._args(dtype=jnp.float32))
+        check("head dims", self._args(dk=32))
+        check("head dims", self._args(dv=256))
+        args = self._args()
+        check("kg must", [args[0], args[1][:, :, :1]] + args[2:])
+        check("do must", args[:3] + [args[3][:, :50]] + args[4:])
+        check("dvn_in must", args, dvn_in=args[3].astype(jnp.float32))
+        check("mq must", self._args(n_chunks=3))
+        check("e_all must", args[:5] + [args[5][..., :32]])
+        check("dht must", args, dht=jnp.zeros((1, 2, 64, 32), jnp.float32))
 
     def test_state_pass_option(self):
         inputs, _ = cw_test._inputs(0, 1, 64, 1, 1, 64, dtype=jnp.bfloat16)
@@ -553,6 +600,9 @@ class GpuTest(kmg_test.HopperTestCase):
         for i, name in enumerate(("o", "final_state")):
             self.assertLess(tolerances.rel_err(got["mosaic"][0][i], got["triton"][0][i]), 2e-3,
                             f"{name}: mosaic vs triton")
+        for name in cw_test._DIFF_ARGS[op]:
+            self.assertLess(tolerances.rel_err(got["mosaic"][1][name], got["triton"][1][name]),
+                            4e-3, f"d{name}: mosaic vs triton")
 
     @parameterized.named_parameters(
         ("kda_bf16_packed_T4096_K128_V128", 0, 2, 4096, 4, 128, 128, jnp.bfloat16,
@@ -565,6 +615,19 @@ class GpuTest(kmg_test.HopperTestCase):
     def test_kernel_matches_reference_and_triton(self, *case):
         _check_kernel(self, case, interpret=False)
 
+    @parameterized.named_parameters(
+        ("kda_bf16_packed_T4096_K128_V128", 0, 2, 4096, 4, 128, 128, jnp.bfloat16,
+         (700, 1, 64, 999, 1200), 1.0, True, False),
+        ("gdn2_bf16_partial_T1000_K64_V128", 1, 2, 1000, 2, 64, 128, jnp.bfloat16, None, 5.0,
+         False, True),
+        ("kda_fp16_packed_T3000_K128_V64", 2, 1, 3000, 3, 128, 64, jnp.float16,
+         (10, 54, 500, 2000), 0.5, True, False),
+    )
+    def test_backward_matches_reference_and_triton(self, *case):
+        # The reverse pass against float64 and the compiled Triton _backward_state (dvn_in
+        # given where the case has h0).
+        _check_backward(self, case, interpret=False)
+
     def test_alias_staging_changes_nothing(self):
         cfg, prep, state = _prepared(7, 1, 1000, 2, 128, 128, jnp.bfloat16, docs=(300, 1),
                                      interpret=False)
@@ -573,6 +636,13 @@ class GpuTest(kmg_test.HopperTestCase):
                                                  initial_state=state, store_v_new=True,
                                                  store_h=True, alias_staging=True)
         for name, a, e in zip(_NAMES, aliased, plain):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                          err_msg=name)
+        do, din, dht = _cotangents(7, prep, 128, jnp.bfloat16)
+        plain, aliased = (cwm.channelwise_backward_state_mosaic(
+            *_bwd_args(prep), do, scale=cfg["scale"], dvn_in=din, dht=dht, alias_staging=alias)
+            for alias in (False, True))
+        for name, a, e in zip(_BWD_NAMES, aliased, plain):
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
                                           err_msg=name)
 
