@@ -128,9 +128,10 @@ _MOSAIC_T0_SPLIT_STAGES = flags.DEFINE_integer(
     "MOSAIC_GPU.md Sec. 17); unset: the default. Recorded with every mosaic record.")
 _CW_STATE_PASS = flags.DEFINE_list(
     "channelwise_state_pass", [],
-    "Peer ours, ops kda and gdn2: the forward state pass(es) of the channelwise kernels "
+    "Peer ours, ops kda and gdn2: the state passes of the channelwise kernels "
     "(pallas_kernels/common/channelwise_gpu.TUNING['state_pass']: triton, or mosaic, the "
-    "Hopper kernel channelwise_mosaic_gpu.channelwise_forward_mosaic; MOSAIC_GPU.md Sec. 18). "
+    "Hopper kernels channelwise_mosaic_gpu.channelwise_forward_mosaic and "
+    "channelwise_backward_state_mosaic; MOSAIC_GPU.md Sec. 18). "
     "Several (triton,mosaic) time ours once per value, each with its own gate and record "
     "(field channelwise_state_pass) and a table of their own below the main one; empty: "
     "TUNING's default, not recorded.")
@@ -880,9 +881,9 @@ def mosaic_lines(records):
 
 def state_pass_lines(records):
     """Markdown lines of the ``ours`` records of KDA / GDN-2 run per
-    ``--channelwise_state_pass`` (each value's kernel and wall time, the state-pass kernel's
-    own time from the breakdown, and its gate); ``[]`` without such records. The main table
-    keeps the last value's record only."""
+    ``--channelwise_state_pass`` (each value's kernel and wall time, the forward and reverse
+    state-pass kernels' own times from the breakdown, and its gate); ``[]`` without such
+    records. The main table keeps the last value's record only."""
     recs = [r for r in records if r.get("channelwise_state_pass") and r["peer"] == "ours"]
     if not recs:
         return []
@@ -890,22 +891,30 @@ def state_pass_lines(records):
     def fmt(x):
         return "–" if x is None else f"{x:.3f}"
 
-    lines = ["", "Channelwise forward state pass (`--channelwise_state_pass`, peer ours; "
-                 "MOSAIC_GPU.md Sec. 18): the Triton kernel `channelwise_forward` or the "
-                 f"Mosaic GPU kernel `{_STATE_KERNELS['mosaic']}`.", "",
-             "| op | shape | pass | state pass | kernel | state-pass kernel | wall | gate |",
-             "|---|---|---|---|---:|---:|---:|---|"]
+    lines = ["", "Channelwise state passes (`--channelwise_state_pass`, peer ours; "
+                 "MOSAIC_GPU.md Sec. 18): the Triton kernels `channelwise_forward` / "
+                 "`channelwise_backward_state` or the Mosaic GPU kernels "
+                 f"`{_STATE_KERNELS['mosaic']}` / `{_BWD_STATE_KERNELS['mosaic']}`.", "",
+             "| op | shape | pass | state pass | kernel | state-pass kernel | reverse state-pass "
+             "kernel | wall | gate |",
+             "|---|---|---|---|---:|---:|---:|---:|---|"]
     for r in recs:
-        name = _STATE_KERNELS[r["channelwise_state_pass"]]
-        own = sum(ms for k, ms in (r.get("kernels") or {}).items() if name in k) or None
+        own = []
+        for names in (_STATE_KERNELS, _BWD_STATE_KERNELS):
+            name = names[r["channelwise_state_pass"]]
+            own.append(sum(ms for k, ms in (r.get("kernels") or {}).items() if name in k)
+                       or None)
         lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | "
-                     f"{r['channelwise_state_pass']} | {fmt(r.get('kernel_ms'))} | {fmt(own)} | "
-                     f"{fmt(r.get('ms'))} | {'green' if r.get('gate') else 'RED'} |")
+                     f"{r['channelwise_state_pass']} | {fmt(r.get('kernel_ms'))} | "
+                     f"{fmt(own[0])} | {fmt(own[1])} | {fmt(r.get('ms'))} | "
+                     f"{'green' if r.get('gate') else 'RED'} |")
     return lines
 
 
 # The kernel name of each state pass in the profiler's per-kernel breakdown (a substring).
 _STATE_KERNELS = {"triton": "channelwise_forward", "mosaic": "channelwise_state_fwd_mosaic"}
+_BWD_STATE_KERNELS = {"triton": "channelwise_backward_state",
+                      "mosaic": "channelwise_state_bwd_mosaic"}
 
 
 def breakdown_lines(records):

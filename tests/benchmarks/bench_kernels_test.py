@@ -1,5 +1,7 @@
 """benchmarks/bench_kernels.py's CPU-testable parts: the kernel-time parse and the report."""
 
+import re
+
 import numpy as np
 from absl.testing import absltest
 
@@ -373,14 +375,20 @@ class ChannelwiseStatePassTest(absltest.TestCase):
             dict(rec, channelwise_state_pass="triton", ms=2.0, kernel_ms=1.7,
                  kernels={"channelwise_forward": 0.436, "channelwise_prepare": 0.5}),
             dict(rec, channelwise_state_pass="mosaic", ms=1.9, kernel_ms=1.5,
-                 kernels={"channelwise_state_fwd_mosaic": 0.25, "channelwise_prepare": 0.5})]
+                 kernels={"channelwise_state_fwd_mosaic": 0.25, "channelwise_prepare": 0.5}),
+            dict(rec, pass_="fwdbwd", channelwise_state_pass="mosaic", ms=5.0, kernel_ms=4.5,
+                 kernels={"channelwise_state_fwd_mosaic": 0.3,
+                          "channelwise_state_bwd_mosaic": 0.28})]
         md = bench_kernels.markdown(records, {"date": "2026-12-05", "gpu": "H200"}, "cmd")
-        rows = [line for line in md.splitlines() if line.startswith("| kda | S1 | fwd | ")]
-        cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows[1:]]
-        self.assertEqual(cells, [["kda", "S1", "fwd", "triton", "1.700", "0.436", "2.000",
+        rows = [line for line in md.splitlines()
+                if re.match(r"\| kda \| S1 \| fwd(bwd)? \| (triton|mosaic) ", line)]
+        cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+        self.assertEqual(cells, [["kda", "S1", "fwd", "triton", "1.700", "0.436", "–",
+                                  "2.000", "green"],
+                                 ["kda", "S1", "fwd", "mosaic", "1.500", "0.250", "–", "1.900",
                                   "green"],
-                                 ["kda", "S1", "fwd", "mosaic", "1.500", "0.250", "1.900",
-                                  "green"]])
+                                 ["kda", "S1", "fwdbwd", "mosaic", "4.500", "0.300", "0.280",
+                                  "5.000", "green"]])
         self.assertNotIn("state-pass kernel",
                          bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
 
