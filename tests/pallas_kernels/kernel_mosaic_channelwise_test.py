@@ -288,6 +288,21 @@ class InterpretTest(parameterized.TestCase):
             np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
                                           err_msg=name)
 
+    def test_backward_unpadded_length_pads_inside(self):
+        cfg, prep, _ = _prepared(6, 1, 100, 2, 64, 64, jnp.float16, docs=(70,))
+        do, din, dht = _cotangents(6, prep, 64, jnp.float16)
+        do, din = (jnp.where(jnp.arange(128)[None, :, None, None] < 100, x, 0) for x in (do, din))
+        args = _bwd_args(prep)
+        full = cwm.channelwise_backward_state_mosaic(*args, do, scale=cfg["scale"], dvn_in=din,
+                                                     dht=dht, interpret=True)
+        cut = [x[:, :100] for x in args[:3]] + list(args[3:]) + [do[:, :100]]
+        part = cwm.channelwise_backward_state_mosaic(*cut, scale=cfg["scale"],
+                                                     dvn_in=din[:, :100], dht=dht,
+                                                     interpret=True)
+        for name, a, e in zip(_BWD_NAMES, part, (full[0][:, :100], full[1], full[2])):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(e, np.float32),
+                                          err_msg=name)
+
 
 def _op_outputs_and_grads(op, inputs, segment_ids, cot_key, state_pass, impl):
     with cw_test._tuning({"state_pass": state_pass}):
