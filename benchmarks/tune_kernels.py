@@ -183,6 +183,11 @@ CW_FWD_KERNELS = ("gamma", "intra", "prepare", "wu", "forward")
 CW_LAUNCH_KNOBS = ("gamma", "intra_token", "prepare", "wu", "forward", "grad_blocks",
                    "backward_state", "backward_chunk")
 CW_KNOBS = CW_BOOL_KNOBS + CW_INT_KNOBS + BLOCK_KNOBS + CW_BLOCK_KNOBS + CW_LAUNCH_KNOBS
+# channelwise_gpu.TUNING keys that are not Triton launch or shape knobs: which kernels run the
+# state passes (the Mosaic GPU ones, timed against Triton by bench_kernels.py
+# --channelwise_state_pass) and that kernel's SMEM aliasing. This script tunes the Triton
+# kernels under the module's setting of them.
+CW_NOT_KNOBS = ("state_pass", "mosaic_alias_staging")
 # block_v and block_k also change the forward (wu loops over value and key blocks, gamma over key
 # blocks), prepare_k and intra_tf32 prepare's products. grad_blocks, backward_state and
 # backward_chunk change the backward only.

@@ -540,7 +540,8 @@ class TuneKernelsTest(absltest.TestCase):
                          ["intra_tf32", "intra_token_heads", "block_v", "block_k", "prepare_k",
                           "gamma", "intra_token", "prepare", "wu", "forward", "grad_blocks",
                           "backward_state", "backward_chunk"])
-        self.assertCountEqual(tune_kernels.CW_KNOBS, channelwise_gpu.TUNING)
+        self.assertCountEqual(tune_kernels.CW_KNOBS + tune_kernels.CW_NOT_KNOBS,
+                              channelwise_gpu.TUNING)
         self.assertEqual(tune_kernels.parse_knobs("intra_token_heads,intra_token", "kda"),
                          {"intra_token_heads": [1, 2, 4, 8, 16],
                           "intra_token": list(tune_kernels.CW_DEFAULT_VALUES["intra_token"])})
