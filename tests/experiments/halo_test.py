@@ -4,6 +4,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 from unittest import mock
@@ -172,6 +173,56 @@ class InputsCheckTest(absltest.TestCase):
                           "configs/halo_smollm2.py:h200, the corpus=<dir> config argument names "
                           "its parent)"])
         self.assertFalse(os.path.exists(workdir))
+
+
+class PipelineSignalTest(absltest.TestCase):
+    """SIGTERM or Ctrl-C mid-stage stops the pipeline like its deadline: a checkpoint, one line,
+    status 3, and the same command resumes exactly (it printed a traceback, then segfaulted)."""
+
+    def test_a_signal_mid_stage_checkpoints_and_the_rerun_resumes_exactly(self):
+        rng = random.Random()
+        signum = rng.choice([signal.SIGTERM, signal.SIGINT])
+        after = rng.randrange(2, 8)  # the step whose line triggers the signal
+        base = self.create_tempdir().full_path
+
+        def cmd(workdir):
+            return [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+                    "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+                    "--stages=stage1", "--config.stage1.train.total_steps=120"]
+
+        def losses(workdir):
+            with open(os.path.join(workdir, "stage1", "metrics.jsonl")) as f:
+                return {r["step"]: r["loss"] for r in map(json.loads, f)}
+
+        stopped = os.path.join(base, "stopped")
+        proc = subprocess.Popen(cmd(stopped), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT)
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith(f"step {after:6d} "):
+                proc.send_signal(signum)
+                break
+        out, err = proc.communicate(timeout=120)
+        lines += out.splitlines()
+        self.assertEqual(proc.returncode, 3, "\n".join(lines) + err)
+        self.assertNotIn("Traceback", err)
+        self.assertRegex(lines[-1], rf"^pipeline: stopped by {signum.name} after \d+\.\d s; "
+                                    r"stage times \{'stage1': [\d.]+\}; run the same command "
+                                    r"again to resume$")
+        self.assertFalse(experiment.is_done(stopped, "stage1"))
+        step = max(losses(stopped))
+        self.assertLess(step, 120)
+        with open(os.path.join(stopped, "pipeline.jsonl")) as f:
+            self.assertEqual(json.loads(f.readline())["status"], f"stopped by {signum.name}")
+        again = subprocess.run(cmd(stopped), capture_output=True, text=True, cwd=ROOT,
+                               timeout=120)
+        self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+        self.assertIn(f"resuming from the checkpoint at step {step} ", again.stdout)
+        whole = os.path.join(base, "whole")
+        subprocess.run(cmd(whole), capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       check=True)
+        self.assertEqual(losses(stopped), losses(whole))
 
 
 class PrerequisitesCheckTest(absltest.TestCase):
