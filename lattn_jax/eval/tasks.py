@@ -97,9 +97,29 @@ def _path(data_dir: str, *parts: str) -> str:
     return path
 
 
+class EvalDataError(ValueError):
+    """An evaluation file that is there but does not read or parse (truncated, not UTF-8, bad
+    JSON, a bad label); the message names the file, and the line where there is one."""
+
+
 def _jsonl(path: str) -> List[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The records of a JSON-lines file (blank lines skipped).
+
+    Raises:
+      EvalDataError: a line is not JSON (``<path>, line <n>: ...``) or the file is not UTF-8.
+    """
+    records = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if line.strip():
+                    try:
+                        records.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise EvalDataError(f"{path}, line {n}: not valid JSON ({e})") from e
+    except UnicodeDecodeError as e:
+        raise EvalDataError(f"{path}: not UTF-8 text ({e})") from e
+    return records
 
 
 def hellaswag_preprocess(text: str) -> str:
@@ -117,25 +137,53 @@ def _mc(context: str, choices: Sequence[str], gold: int) -> Doc:
 
 
 def load_hellaswag(data_dir: str) -> List[Doc]:
-    """HellaSwag validation (10,042 items, 4 endings) from the llama.cpp text rendering."""
-    with bz2.open(_path(data_dir, "hellaswag", "hellaswag_val_full.txt.bz2"), "rt",
-                  encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    """HellaSwag validation (10,042 items, 4 endings) from the llama.cpp text rendering.
+
+    Raises:
+      FileNotFoundError: the file is missing.
+      EvalDataError: a truncated or damaged ``.bz2`` file, or a gold label that is not a number
+        (naming the file and line).
+    """
+    path = _path(data_dir, "hellaswag", "hellaswag_val_full.txt.bz2")
+    try:
+        with bz2.open(path, "rt", encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except (EOFError, OSError, UnicodeDecodeError) as e:  # cut short, not bz2, not UTF-8
+        raise EvalDataError(f"{path}: not a readable bz2 text file "
+                            f"({type(e).__name__}: {e})") from e
     docs = []
     for i in range(0, len(lines) - 5, 6):
-        ctx, gold, endings = lines[i], int(lines[i + 1]), lines[i + 2:i + 6]
+        ctx, endings = lines[i], lines[i + 2:i + 6]
+        try:
+            gold = int(lines[i + 1])
+        except ValueError as e:
+            raise EvalDataError(f"{path}, line {i + 2}: the gold ending {lines[i + 1]!r} is "
+                                f"not a number") from e
         docs.append(_mc(hellaswag_preprocess(ctx), [hellaswag_preprocess(e) for e in endings],
                         gold))
     return docs
 
 
 def load_piqa(data_dir: str) -> List[Doc]:
-    """PIQA validation (1,838 items): ``"Question: {goal}\\nAnswer:"`` -> ``" " + sol``."""
-    items = _jsonl(_path(data_dir, "piqa", "valid.jsonl"))
-    with open(_path(data_dir, "piqa", "valid-labels.lst")) as f:
-        labels = [int(x) for x in f.read().split()]
+    """PIQA validation (1,838 items): ``"Question: {goal}\\nAnswer:"`` -> ``" " + sol``.
+
+    Raises:
+      FileNotFoundError: a file is missing.
+      EvalDataError: bad JSON, a label that is not a number, or not as many labels as items
+        (each naming its file).
+    """
+    items_path = _path(data_dir, "piqa", "valid.jsonl")
+    items = _jsonl(items_path)
+    labels_path = _path(data_dir, "piqa", "valid-labels.lst")
+    try:
+        with open(labels_path, encoding="utf-8") as f:
+            words = f.read().split()
+        labels = [int(x) for x in words]
+    except (ValueError, UnicodeDecodeError) as e:
+        raise EvalDataError(f"{labels_path}: not a list of 0/1 labels ({e})") from e
     if len(labels) != len(items):
-        raise ValueError(f"piqa: {len(items)} items but {len(labels)} labels")
+        raise EvalDataError(f"piqa: {len(items)} items in {items_path} but {len(labels)} labels "
+                            f"in {labels_path}")
     return [_mc(f"Question: {d['goal']}\nAnswer:", [d["sol1"], d["sol2"]], y)
             for d, y in zip(items, labels)]
 
@@ -247,6 +295,7 @@ def load_task(name: str, data_dir: str, limit: Optional[int] = None,
     Raises:
       ValueError: for an unknown task name.
       FileNotFoundError: naming the missing file.
+      EvalDataError: a file that does not read or parse (naming it, and the line).
     """
     if name not in LOADERS:
         raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASK_NAMES)}")

@@ -309,9 +309,10 @@ def check_prerequisites(config, workdir: str, stages: Sequence[str]) -> None:
 def check_inputs(config, workdir: str, stages: Sequence[str]) -> None:
     """Checks, before any stage runs, the teacher file and the training data files.
 
-    Every stage not yet done in ``workdir`` reads the teacher (``teacher.path``, unless
-    ``teacher.kind`` is ``"random"``); the training stages and ``calibrate`` read
-    ``data.paths`` (files or directories).
+    Every stage not yet done in ``workdir`` reads the teacher: ``teacher.path`` is checked
+    whenever it is set, whatever ``teacher.kind`` (a ``"random"`` teacher, the ``tiny`` variant,
+    is built without it, but the report still hashes the named file for its ``teacher_id``);
+    the training stages and ``calibrate`` read ``data.paths`` (files or directories).
 
     Raises:
       FileNotFoundError: naming the option and the missing path.
@@ -320,7 +321,7 @@ def check_inputs(config, workdir: str, stages: Sequence[str]) -> None:
     if not todo:
         return
     t = config.teacher
-    if t.kind != "random" and t.path and not os.path.exists(t.path):
+    if t.path and not os.path.exists(t.path):
         raise FileNotFoundError(f"teacher.path={t.path}: no such file")
     if any(s in todo for s in ("stage1", "stage2", "stage3", "calibrate")):
         for path in tuple(config.data.get("paths") or ()):

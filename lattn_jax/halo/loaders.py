@@ -361,14 +361,19 @@ def load_gguf(path: str, *, with_tokenizer: bool = True) -> Teacher:
 
     Raises:
       FileNotFoundError: ``path`` does not exist.
+      lattn_jax.config.ConfigError: the file does not parse, or a tensor's data does not fit its
+        shape (truncated or garbage: ``<path> is not a readable GGUF file: ...``, the
+        tokenizer's message, :func:`lattn_jax.data.tokenizers.unreadable_gguf`).
       ValueError: an unsupported ``general.architecture``, RoPE scaling (``rope_freqs`` tensor
         or ``rope.scaling.type``), a missing metadata field or tensor (named).
     """
     import gguf
 
+    from lattn_jax.data import tokenizers
+
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such GGUF file")
-    reader = gguf.GGUFReader(path)
+    reader = tokenizers.open_gguf(path)
     arch = _field(reader, "general.architecture", path)
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"{path}: general.architecture={arch!r} is not supported; choose from "
@@ -398,9 +403,12 @@ def load_gguf(path: str, *, with_tokenizer: bool = True) -> Teacher:
             hf_name = f"{_GGUF_GLOBAL_NAMES[stem]}.{suffix}"
         else:
             raise ValueError(f"{path}: unexpected tensor {name!r}")
-        w = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
-        if arch == "llama" and short_name(name) in ("attn_q", "attn_k"):
-            w = unpermute_llama_qk(w, heads if short_name(name) == "attn_q" else kv_heads)
+        try:  # a short or inconsistent tensor: numpy's reshape / view errors, named here
+            w = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
+            if arch == "llama" and short_name(name) in ("attn_q", "attn_k"):
+                w = unpermute_llama_qk(w, heads if short_name(name) == "attn_q" else kv_heads)
+        except Exception as e:  # noqa: BLE001 - numpy/gguf: ValueError, IndexError, ...
+            raise tokenizers.unreadable_gguf(path, f"tensor {name!r}: {e}") from e
         state[hf_name] = w
     if "model.embed_tokens.weight" not in state:
         raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")

@@ -91,6 +91,7 @@ metrics and timings, the selection, the calibration and this report) into the re
 import concurrent.futures
 import dataclasses
 import datetime
+import errno
 import functools
 import hashlib
 import inspect
@@ -170,6 +171,43 @@ def read_json(path: str, default: Any = None) -> Any:
 
 
 read_jsonl = fetch.read_jsonl  # the run records' reader, shared with the sweep
+
+
+def check_page_path(path: str, flag: str = "--output") -> None:
+    """Checks, without writing anything, that :func:`write_page` can write ``path``: no
+    existing part of its directory is a regular file, the path is not a directory, and the
+    deepest existing directory is writable (``halo_report.py --output``, and
+    ``halo_pipeline.py --markdown`` before its first stage).
+
+    Raises:
+      ValueError: ``cannot write <flag>=<path>: <reason>`` (the reason as the OS words it).
+    """
+    full = os.path.abspath(path)
+    if os.path.isdir(full):
+        reason = errno.EISDIR
+    else:
+        parent = os.path.dirname(full)
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        reason = (errno.ENOTDIR if not os.path.isdir(parent) else
+                  errno.EACCES if not os.access(parent, os.W_OK | os.X_OK) else None)
+    if reason is not None:
+        raise ValueError(f"cannot write {flag}={path}: {os.strerror(reason)}")
+
+
+def write_page(path: str, text: str, flag: str = "--output") -> None:
+    """Writes a results page to ``path``, making its directory.
+
+    Raises:
+      ValueError: ``path`` cannot be written (:func:`check_page_path`'s message).
+    """
+    check_page_path(path, flag)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as e:
+        raise ValueError(f"cannot write {flag}={path}: {e.strerror or e}") from e
 
 
 def device_memory() -> Dict[str, Optional[int]]:

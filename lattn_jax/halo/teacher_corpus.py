@@ -78,9 +78,7 @@ def directory_sha256(directory: str) -> str:
 
 
 def _gguf_chat_template(path: str) -> Optional[str]:
-    import gguf
-
-    field = gguf.GGUFReader(path, "r").fields.get("tokenizer.chat_template")
+    field = tok_lib.open_gguf(path).fields.get("tokenizer.chat_template")
     return None if field is None else str(field.contents())
 
 

@@ -3,6 +3,8 @@ takes a GGUF file (issue 33)."""
 
 import json
 import os
+import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,6 +107,37 @@ class EvaluateGGUFTest(absltest.TestCase):
             results = json.load(f)
         self.assertEqual({k: (v["n"], v["step"]) for k, v in results.items()},
                          {"piqa": (3, None), "lambada_openai": (3, None)})
+
+    def test_a_truncated_gguf_file_is_one_line_naming_it(self):
+        out = self.create_tempdir().full_path
+        with open(fixtures.write_tiny_gguf(os.path.join(out, "tiny.gguf")), "rb") as f:
+            data = f.read()
+        path = os.path.join(out, "cut.gguf")
+        with open(path, "wb") as f:  # a random cut inside the tensor data
+            f.write(data[:random.randrange(len(data) // 2, len(data) - 1)])
+        result = run("evaluate.py", f"--checkpoint={path}", "--tasks=piqa", "--limit=3",
+                     f"--data_dir={fixtures.HARNESS_DATA}", f"--output_dir={out}/eval")
+        self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+        self.assertRegex(result.stderr.strip(), rf"^error: {path} is not a readable GGUF file: "
+                                                r"[^\n]+$")
+
+    def test_a_damaged_eval_file_is_one_line_naming_it_and_the_line(self):
+        out = self.create_tempdir().full_path
+        gguf = fixtures.write_tiny_gguf(os.path.join(out, "tiny.gguf"))
+        data = os.path.join(out, "data")
+        shutil.copytree(fixtures.HARNESS_DATA, data)
+        piqa = os.path.join(data, "eval", "piqa", "valid.jsonl")
+        with open(piqa) as f:
+            lines = f.readlines()
+        bad = random.randrange(len(lines))
+        lines[bad] = lines[bad][:random.randrange(len(lines[bad]) - 2)] + "\n"  # cut short
+        with open(piqa, "w") as f:
+            f.writelines(lines)
+        result = run("evaluate.py", f"--checkpoint={gguf}", "--tasks=piqa", "--limit=3",
+                     f"--data_dir={data}", f"--output_dir={out}/eval")
+        self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+        self.assertRegex(result.stderr.strip(),
+                         rf"^error: {piqa}, line {bad + 1}: not valid JSON \([^\n]+\)$")
 
 
 class EvaluateFlagsTest(absltest.TestCase):

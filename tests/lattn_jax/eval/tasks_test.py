@@ -4,6 +4,8 @@ import bz2
 import csv
 import json
 import os
+import random
+import re
 
 from absl.testing import absltest
 
@@ -37,6 +39,58 @@ def write_full_data(root, n=10):
         w.writerow(["ID", "Question Stem", "Choices", "Complete Question", "Answer Key"])
         for i in range(n):
             w.writerow([str(i), f"stem {i}", "(A) w (B) x (C) y (D) z", "-", "ABCD"[i % 4]])
+
+
+class DamagedFileTest(absltest.TestCase):
+    """A damaged evaluation file is one error naming it (and the line): an EOFError traceback,
+    ``Expecting value: line 1 column 1 (char 0)`` and ``piqa: 10 items but 9 labels`` did not."""
+
+    def test_the_error_names_the_file_and_line(self):
+        rng = random.Random()
+        root = self.create_tempdir().full_path
+        n = rng.randrange(4, 12)
+        write_full_data(root, n)
+        hellaswag = os.path.join(root, "hellaswag", "hellaswag_val_full.txt.bz2")
+        with open(hellaswag, "rb") as f:
+            data = f.read()
+        with open(hellaswag, "wb") as f:  # cut short anywhere after the bz2 header
+            f.write(data[:rng.randrange(4, len(data) - 1)])
+        with self.assertRaisesRegex(tasks.EvalDataError,
+                                    rf"^{re.escape(hellaswag)}: not a readable bz2 text file"):
+            tasks.load_task("hellaswag", root)
+        # Bad JSON on a random line of piqa (the line named), then a missing label.
+        piqa = os.path.join(root, "piqa", "valid.jsonl")
+        with open(piqa) as f:
+            lines = f.readlines()
+        bad = rng.randrange(n)
+        lines[bad] = "{not json\n"
+        with open(piqa, "w") as f:
+            f.writelines(lines)
+        with self.assertRaisesRegex(tasks.EvalDataError,
+                                    rf"^{re.escape(piqa)}, line {bad + 1}: not valid JSON"):
+            tasks.load_task("piqa", root)
+        labels = os.path.join(root, "piqa", "valid-labels.lst")
+        lines[bad] = json.dumps({"goal": "g", "sol1": "a", "sol2": "b"}) + "\n"
+        with open(piqa, "w") as f:
+            f.writelines(lines)
+        with open(labels, "w") as f:
+            f.writelines(f"{i % 2}\n" for i in range(n - 1))
+        with self.assertRaisesRegex(tasks.EvalDataError,
+                                    rf"^piqa: {n} items in {re.escape(piqa)} but {n - 1} labels "
+                                    rf"in {re.escape(labels)}$"):
+            tasks.load_task("piqa", root)
+        with open(labels, "w") as f:
+            f.write("0\n1\nx\n")
+        with self.assertRaisesRegex(tasks.EvalDataError, rf"^{re.escape(labels)}: not a list"):
+            tasks.load_task("piqa", root)
+        # BoolQ reads JSON lines too.
+        os.makedirs(os.path.join(root, "boolq"))
+        boolq = os.path.join(root, "boolq", "val.jsonl")
+        with open(boolq, "w") as f:
+            f.write(json.dumps({"passage": "p", "question": "q", "label": True}) + "\n\n"
+                    + '{"passage": "p", "question"\n')
+        with self.assertRaisesRegex(tasks.EvalDataError, rf"^{re.escape(boolq)}, line 3: "):
+            tasks.load_task("boolq", root)
 
 
 class SubsetTest(absltest.TestCase):

@@ -125,6 +125,31 @@ class HFLoaderTest(absltest.TestCase):
         np.testing.assert_array_equal(loaders.unpermute_llama_qk(permuted, n), w)
 
 
+class CorruptGGUFTest(absltest.TestCase):
+    """A truncated or garbage GGUF file is one ConfigError naming it (numpy's reshape / dtype
+    messages came without the file), the message the tokenizer already gave."""
+
+    def test_truncated_or_garbage_files_name_the_file(self):
+        from lattn_jax import config as config_lib
+        from tests.lattn_jax.eval import fixtures
+
+        tmp = self.create_tempdir().full_path
+        with open(fixtures.write_tiny_gguf(os.path.join(tmp, "whole.gguf")), "rb") as f:
+            data = f.read()
+        rng = np.random.default_rng()
+        cut = int(rng.integers(1, len(data) - 1))
+        blobs = {"cut.gguf": data[:cut], "tail.gguf": data[:len(data) - int(rng.integers(1, 64))],
+                 "garbage.gguf": rng.bytes(int(rng.integers(16, 4096))),
+                 "header.gguf": data[:8] + rng.bytes(int(rng.integers(16, 4096)))}
+        for name, blob in blobs.items():
+            path = os.path.join(tmp, name)
+            with open(path, "wb") as f:
+                f.write(blob)
+            with self.assertRaisesRegex(config_lib.ConfigError,
+                                        rf"^{path} is not a readable GGUF file: \S", msg=name):
+                loaders.load_gguf(path)
+
+
 @pytest.mark.interop
 class GGUFLoaderTest(absltest.TestCase):
 
