@@ -689,7 +689,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
 
     An unreadable newest checkpoint is reported in one line, renamed
     ``<step>.unreadable-<time>`` (kept) and the next older one restored
-    (:meth:`~lattn_jax.checkpoint.Checkpointer.restore_latest`).
+    (:meth:`~lattn_jax.checkpoint.Checkpointer.restore_latest`). The ``metrics.jsonl`` records
+    of steps after the restored one (logged by a run stopped hard after its last checkpoint)
+    move to ``metrics.jsonl.discarded-<step>``
+    (:func:`~lattn_jax.checkpoint.drop_records_after`), since those steps run again.
 
     A call that fails with an exception (a refused option, missing data, ...; not Ctrl-C) in a
     ``workdir`` it created, before it saved a checkpoint or wrote ``metrics.jsonl``, removes
@@ -918,6 +921,13 @@ def _train_and_evaluate(config, workdir, print_fn, step):
 
     metrics_writer = MetricsWriter(workdir, tensorboard=tcfg.tensorboard)
     step = int(state["step"])
+    if metrics_writer.enabled:
+        # Records a hard-stopped run logged after this step: logged again from here on.
+        dropped, discarded = checkpoint_lib.drop_records_after(metrics_writer.path, step)
+        if dropped:
+            print_fn(f"metrics.jsonl: dropped {dropped} records after step {step} (logged "
+                     f"after the restored checkpoint by a stopped run; logged again now), "
+                     f"kept in {discarded}")
     tokens_per_step = config.data.batch_size * config.data.seq_len
     flops_per_token = flops_lib.flops_per_token(config.model, state["params"],
                                                 config.data.seq_len)
