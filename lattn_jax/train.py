@@ -725,7 +725,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         ``step`` too). ``step`` is checked before ``workdir`` is created or written to. Also
         (``ConfigError``) when another process is training in ``workdir`` (its lock file
         ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
-        (naming ``--workdir``, the path and the OS reason).
+        (naming ``--workdir``, the path and the OS reason); and when ``workdir`` is another
+        kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
+        :func:`lattn_jax.config.saved_training_config`), before anything is written.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
     """
