@@ -1404,11 +1404,21 @@ def describe_flag_error(error, argv=()) -> str:
 
     Returns:
       The message: an unknown override as ``unknown config option a.b`` (with ml_collections'
-      "did you mean" hint), a config file's own error as its last traceback line.
+      "did you mean" hint), a config file without ``get_config()`` by the flag and the file, a
+      config file's own error as its last traceback line.
     """
     # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
     while error.args and isinstance(error.args[0], BaseException):
         error = error.args[0]
+    # ml_collections loads --<flag>=<file> as module "<flag>_config" and calls its get_config().
+    missing = _NO_GET_CONFIG.fullmatch(str(error).strip()) if isinstance(
+        error, AttributeError) else None
+    if missing:
+        flag = missing.group(1)
+        given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{flag}=")]
+        path = given[-1].split(":", 1)[0] if given else "the config file"
+        return (f"--{flag}={given[-1] if given else '?'}: {path} has no get_config() (a config "
+                f"file defines get_config(), returning the experiment's ConfigDict)")
     text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
     if isinstance(error, KeyError):
         key, _, hint = str(text).partition("\n")
@@ -1426,6 +1436,9 @@ def describe_flag_error(error, argv=()) -> str:
     text = _EXCEPTION_PREFIX.sub("", text)
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
+
+# The AttributeError of a config file without get_config() (ml_collections' module name).
+_NO_GET_CONFIG = re.compile(r"module '(\w+)_config' has no attribute 'get_config'")
 
 # "flag --config=x.py: pkg.mod.SomeError: message" -> "flag --config=x.py: message".
 _EXCEPTION_PREFIX = re.compile(r"(?:(?<=: )|^)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")

@@ -79,6 +79,19 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertEqual(sorted(os.listdir(root)), before)
         self.assertEqual(os.listdir(os.path.join(root, "runs")), ["seed=0"])
 
+    def test_config_file_without_get_config_is_one_line_naming_it(self):
+        # Was "error: module 'config_config' has no attribute 'get_config'".
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        path = os.path.join(ROOT, "configs", "common.py")
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+               f"--config={path}", f"--workdir={workdir}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: --config={path}: {path} has no get_config() (a config file defines "
+            f"get_config(), returning the experiment's ConfigDict)"])
+        self.assertFalse(os.path.exists(workdir))
+
     def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
         self.assertNotEqual(result.returncode, 0)
