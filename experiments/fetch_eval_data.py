@@ -5,7 +5,7 @@ Usage::
     python experiments/fetch_eval_data.py                      # all groups, default --data_dir
     python experiments/fetch_eval_data.py --data_dir=data --groups=eval,niah
     python experiments/fetch_eval_data.py --list               # origins, sizes, checksums
-    python experiments/fetch_eval_data.py --mirror=file:///mnt/copy   # from a local copy
+    python experiments/fetch_eval_data.py --mirror=/mnt/copy   # from a local copy (or file://...)
 
 Every file comes from a pinned commit of a public repository (or the dataset's own host) and is
 written only after its size and sha256 match (``lattn_jax/eval/fetch.py``); files already present
@@ -27,7 +27,8 @@ _DATA_DIR = flags.DEFINE_string("data_dir", fetch.DEFAULT_DATA_DIR,
 _GROUPS = flags.DEFINE_list("groups", list(fetch.GROUPS),
                             "eval (zero-shot sets), niah (haystack essays), lm (WikiText-2).")
 _MIRROR = flags.DEFINE_string("mirror", None, "Base URL of a copy of the layout to read instead "
-                              "of the origins (e.g. file:///path/to/data); still checksummed.")
+                              "of the origins (e.g. file:///path/to/data), or a plain directory "
+                              "path; still checksummed.")
 _LIST = flags.DEFINE_bool("list", False, "Print the files' origins and checksums; fetch nothing.")
 
 

@@ -48,10 +48,47 @@ _MAX_BAD_FRACTION = flags.DEFINE_float(
 flags.mark_flags_as_required(["input", "output_dir"])
 
 
+def _first_missing_dir(path):
+    """The outermost directory of ``path`` that does not exist yet (``path`` itself or one of
+    its parents), or ``None`` when ``path`` exists."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.lexists(path):
+        missing, parent = path, os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def _remove_if_unused(output_dir, created):
+    """Removes ``output_dir`` and the parents up to ``created`` (the outermost directory this
+    run created) while they are empty; a directory that existed before the run, or that holds
+    anything, is left alone."""
+    if created is None:
+        return
+    path = os.path.abspath(output_dir)
+    while True:
+        try:
+            os.rmdir(path)  # only an empty directory
+        except OSError:
+            return
+        if path == created:
+            return
+        path = os.path.dirname(path)
+
+
 def main(argv):
+    """Runs :func:`lattn_jax.data.prepare.prepare_corpus` on the flags.
+
+    Raises:
+      SystemExit: one line, ``error: <what>`` (status 1), for bad options and input files; on
+        Ctrl-C one line saying that a rerun resumes (status 130). Either way an
+        ``--output_dir`` this run created and left empty is removed.
+    """
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
+    created = _first_missing_dir(_OUTPUT_DIR.value)  # None: it existed before this run
     try:
         manifest = prepare.prepare_corpus(
             _INPUT.value, _OUTPUT_DIR.value, tokenizer=_TOKENIZER.value,
@@ -59,7 +96,17 @@ def main(argv):
             text_field=_TEXT_FIELD.value, doc_split=_DOC_SPLIT.value, workers=_WORKERS.value,
             chunk_docs=_CHUNK_DOCS.value, max_bad_fraction=_MAX_BAD_FRACTION.value)
     except (ValueError, FileNotFoundError, sources.DataFileError) as e:
+        _remove_if_unused(_OUTPUT_DIR.value, created)
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:
+        _remove_if_unused(_OUTPUT_DIR.value, created)
+        print(f"interrupted (Ctrl-C): prepare_data.py stopped; the shards finished in "
+              f"{_OUTPUT_DIR.value} are kept, and running the same command again resumes "
+              f"(it skips them)", file=sys.stderr)
+        sys.exit(130)
+    except BaseException:
+        _remove_if_unused(_OUTPUT_DIR.value, created)
+        raise
     totals = manifest["totals"]
     print(f"{_OUTPUT_DIR.value}: {totals['shards']} shards, {totals['documents']:,} documents, "
           f"{totals['tokens']:,} tokens ({manifest['tokenizer']['name']}); skipped "

@@ -23,6 +23,7 @@ with a ``sharding``), whatever the mesh they were saved from.
 """
 
 import gc
+import json
 import logging
 import os
 import sys
@@ -104,6 +105,55 @@ class _QuietFailedReads:
                 os.write(2, text)
         self._held.close()
         return False
+
+
+def drop_records_after(path: str, step: int) -> Tuple[int, Optional[str]]:
+    """Removes from the per-step JSONL file ``path`` (``metrics.jsonl``, ...) the records whose
+    ``"step"`` is beyond ``step`` (the step a run resumes from): a run stopped hard after its
+    last checkpoint (SIGKILL, a second Ctrl-C, a fallback from an unreadable checkpoint) logged
+    them, and the resumed run logs those steps again. Nothing is lost: the dropped lines go to
+    ``<path>.discarded-<step>`` (appended to, if it exists), then ``path`` is rewritten
+    atomically (a temporary file, renamed over it). Lines that are not JSON objects with a
+    numeric ``"step"`` (a torn last line, say) are kept in place.
+
+    Returns ``(number of dropped records, the discarded file or None)``.
+
+    Raises:
+      OSError: ``path`` or its directory cannot be read or written.
+    """
+    if not os.path.exists(path):
+        return 0, None
+    with open(path) as f:
+        lines = f.readlines()
+    keep, dropped = [], []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        record_step = record.get("step") if isinstance(record, dict) else None
+        late = isinstance(record_step, (int, float)) and record_step > step
+        (dropped if late else keep).append(line if line.endswith("\n") else line + "\n")
+    if not dropped:
+        return 0, None
+    discarded = f"{path}.discarded-{step}"
+    with open(discarded, "a") as f:
+        f.writelines(dropped)
+        f.flush()
+        os.fsync(f.fileno())
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                               prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.writelines(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return len(dropped), discarded
 
 
 def saved_steps(workdir: str) -> List[int]:

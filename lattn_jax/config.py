@@ -1286,18 +1286,23 @@ def read_run_config_json(path: str) -> dict:
 
 
 def saved_training_config(workdir: str, *, flag: str = "--workdir",
-                          consequence: str = "training would overwrite it") -> Optional[dict]:
+                          consequence: str = "training would overwrite it",
+                          writer: str = "train") -> Optional[dict]:
     """``<workdir>/config.json`` as a dict, refusing another kind of run's workdir.
 
     The one check that a directory about to be written by a training binary is not another
-    kind of run's (a HALO pipeline's, :mod:`experiments.halo_pipeline`): ``train.py`` calls it
-    for ``--workdir``, ``sweep.py`` for ``--root`` (:func:`lattn_jax.sweep.check_root`), before
-    either writes anything there.
+    kind of run's: ``train.py`` calls it for ``--workdir`` (``writer="train"``), ``sweep.py``
+    for ``--root`` (``writer="sweep"``, :func:`lattn_jax.sweep.check_root`), before either
+    writes anything there. Refused: a HALO pipeline's workdir (:mod:`experiments.halo_pipeline`;
+    a ``config.json`` without a ``model`` section), by both; a sweep root (``sweep.jsonl`` or a
+    ``runs/`` directory) by ``train.py``; a training run's workdir (a ``config.json`` with a
+    ``model`` section plus ``checkpoints/``) by ``sweep.py``.
 
     Args:
       workdir: the directory (need not exist).
       flag: the command-line option that named ``workdir`` (the message's advice).
       consequence: what the caller would do to the directory (the message's reason).
+      writer: ``"train"`` or ``"sweep"``: which binary is about to write ``workdir``.
 
     Returns:
       The recorded config, or ``None`` when ``<workdir>/config.json`` does not exist.
@@ -1305,9 +1310,20 @@ def saved_training_config(workdir: str, *, flag: str = "--workdir",
     Raises:
       ConfigError: naming ``<workdir>/config.json`` when it is not valid JSON, or is another
         kind of run's (no ``model`` section; e.g. a HALO workdir's, with a ``teacher`` one);
-        and ``flag``.
+        naming ``workdir`` when it is the other binary's directory (a sweep root for
+        ``writer="train"``, a training workdir for ``writer="sweep"``); and ``flag``.
+      ValueError: ``writer`` is neither ``"train"`` nor ``"sweep"`` (a programming error).
     """
     import os  # noqa: PLC0415
+    if writer not in ("train", "sweep"):
+        raise ValueError(f"writer={writer!r}: expected 'train' or 'sweep'")
+    if writer == "train":
+        found = [name for name, is_it in (("sweep.jsonl", os.path.isfile), ("runs/", os.path.isdir))
+                 if is_it(os.path.join(workdir, name.rstrip("/")))]
+        if found:
+            raise ConfigError(
+                f"{workdir} is a sweep root (it has {' and '.join(found)}; experiments/sweep.py "
+                f"writes it), not a training run's workdir: {consequence}. Use another {flag}")
     path = os.path.join(workdir, "config.json")
     saved = read_run_config_json(path) if os.path.exists(path) else None
     if saved is not None and "model" not in saved:
@@ -1315,6 +1331,12 @@ def saved_training_config(workdir: str, *, flag: str = "--workdir",
             f"{path} is not a training run's config (it has no 'model' section; "
             f"{'a HALO workdir' if 'teacher' in saved else 'another kind of run'}): "
             f"{consequence}. Use another {flag}")
+    if (writer == "sweep" and saved is not None
+            and os.path.isdir(os.path.join(workdir, "checkpoints"))):
+        raise ConfigError(
+            f"{workdir} is a training run's workdir (config.json with a 'model' section, and "
+            f"checkpoints/; experiments/train.py writes it), not a sweep root: {consequence}. "
+            f"Use another {flag}")
     return saved
 
 
@@ -1382,11 +1404,21 @@ def describe_flag_error(error, argv=()) -> str:
 
     Returns:
       The message: an unknown override as ``unknown config option a.b`` (with ml_collections'
-      "did you mean" hint), a config file's own error as its last traceback line.
+      "did you mean" hint), a config file without ``get_config()`` by the flag and the file, a
+      config file's own error as its last traceback line.
     """
     # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
     while error.args and isinstance(error.args[0], BaseException):
         error = error.args[0]
+    # ml_collections loads --<flag>=<file> as module "<flag>_config" and calls its get_config().
+    missing = _NO_GET_CONFIG.fullmatch(str(error).strip()) if isinstance(
+        error, AttributeError) else None
+    if missing:
+        flag = missing.group(1)
+        given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{flag}=")]
+        path = given[-1].split(":", 1)[0] if given else "the config file"
+        return (f"--{flag}={given[-1] if given else '?'}: {path} has no get_config() (a config "
+                f"file defines get_config(), returning the experiment's ConfigDict)")
     text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
     if isinstance(error, KeyError):
         key, _, hint = str(text).partition("\n")
@@ -1404,6 +1436,9 @@ def describe_flag_error(error, argv=()) -> str:
     text = _EXCEPTION_PREFIX.sub("", text)
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
+
+# The AttributeError of a config file without get_config() (ml_collections' module name).
+_NO_GET_CONFIG = re.compile(r"module '(\w+)_config' has no attribute 'get_config'")
 
 # "flag --config=x.py: pkg.mod.SomeError: message" -> "flag --config=x.py: message".
 _EXCEPTION_PREFIX = re.compile(r"(?:(?<=: )|^)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")

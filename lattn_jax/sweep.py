@@ -1131,8 +1131,9 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
       SweepConfigError: naming both sweeps, the root and the file that names the other one;
         a ``root`` that exists and is not a directory; for ``report_only``, a ``root`` that
         does not exist; or a ``root`` that is another kind of run's directory (a HALO
-        pipeline's workdir: its ``config.json`` has no ``model`` section), by the check
-        ``train.py`` makes of its ``--workdir``
+        pipeline's workdir: its ``config.json`` has no ``model`` section; a training run's
+        workdir: a ``config.json`` with a ``model`` section, and ``checkpoints/``), by the
+        check ``train.py`` makes of its ``--workdir``
         (:func:`lattn_jax.config.saved_training_config`), naming ``--report_only`` when set
         and the file.
     """
@@ -1145,7 +1146,7 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
         from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only for this check)
         try:
             config_lib.saved_training_config(
-                root, flag="--root (nothing was written)",
+                root, flag="--root (nothing was written)", writer="sweep",
                 consequence=(f"--report_only would write the sweep's results files into "
                              f"{root}" if report_only else
                              f"the sweep would write its runs and results into {root}"))

@@ -689,7 +689,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
 
     An unreadable newest checkpoint is reported in one line, renamed
     ``<step>.unreadable-<time>`` (kept) and the next older one restored
-    (:meth:`~lattn_jax.checkpoint.Checkpointer.restore_latest`).
+    (:meth:`~lattn_jax.checkpoint.Checkpointer.restore_latest`). The ``metrics.jsonl`` records
+    of steps after the restored one (logged by a run stopped hard after its last checkpoint)
+    move to ``metrics.jsonl.discarded-<step>``
+    (:func:`~lattn_jax.checkpoint.drop_records_after`), since those steps run again.
 
     A call that fails with an exception (a refused option, missing data, ...; not Ctrl-C) in a
     ``workdir`` it created, before it saved a checkpoint or wrote ``metrics.jsonl``, removes
@@ -722,7 +725,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         ``step`` too). ``step`` is checked before ``workdir`` is created or written to. Also
         (``ConfigError``) when another process is training in ``workdir`` (its lock file
         ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
-        (naming ``--workdir``, the path and the OS reason).
+        (naming ``--workdir``, the path and the OS reason); when the first training step
+        runs out of device memory (naming ``data.batch_size``, ``data.seq_len`` and
+        ``train.micro_batch_size``); and when ``workdir`` is another
+        kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
+        :func:`lattn_jax.config.saved_training_config`), before anything is written.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
     """
@@ -841,6 +848,38 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step):
         raise
 
 
+def _is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is XLA's out-of-device-memory error (``RESOURCE_EXHAUSTED``)."""
+    return (isinstance(error, jax.errors.JaxRuntimeError)
+            and "RESOURCE_EXHAUSTED" in str(error))
+
+
+def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
+                      config: config_lib.ExperimentConfig):
+    """The run's first :meth:`Trainer.train_step` (compiled here), waited for.
+
+    Raises:
+      ConfigError: the step ran out of device memory (XLA's ``RESOURCE_EXHAUSTED``), naming
+        the options to lower: ``data.batch_size``, ``data.seq_len`` and
+        ``train.micro_batch_size`` (gradient accumulation). Any other error propagates as is.
+    """
+    try:
+        state, metrics = trainer.train_step(state, batch)
+        jax.block_until_ready(metrics)
+    except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
+        if not _is_out_of_memory(e):
+            raise
+        dcfg, micro = config.data, config.train.micro_batch_size
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise config_lib.ConfigError(
+            f"out of device memory in the first training step (data.batch_size="
+            f"{dcfg.batch_size}, data.seq_len={dcfg.seq_len}, train.micro_batch_size="
+            f"{micro}): lower data.batch_size or data.seq_len, or set a smaller "
+            f"train.micro_batch_size (gradient accumulation; same batch per step). XLA: "
+            f"{first[:200]}") from None
+    return state, metrics
+
+
 def _train_and_evaluate(config, workdir, print_fn, step):
     """:func:`train_and_evaluate` after the workdir is made and the invocation recorded."""
     tcfg = config.train
@@ -918,6 +957,13 @@ def _train_and_evaluate(config, workdir, print_fn, step):
 
     metrics_writer = MetricsWriter(workdir, tensorboard=tcfg.tensorboard)
     step = int(state["step"])
+    if metrics_writer.enabled:
+        # Records a hard-stopped run logged after this step: logged again from here on.
+        dropped, discarded = checkpoint_lib.drop_records_after(metrics_writer.path, step)
+        if dropped:
+            print_fn(f"metrics.jsonl: dropped {dropped} records after step {step} (logged "
+                     f"after the restored checkpoint by a stopped run; logged again now), "
+                     f"kept in {discarded}")
     tokens_per_step = config.data.batch_size * config.data.seq_len
     flops_per_token = flops_lib.flops_per_token(config.model, state["params"],
                                                 config.data.seq_len)
@@ -963,7 +1009,10 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         with _PreemptionWatcher(tcfg.save_on_preemption) as watcher:
             while step < stop_at:
                 batch = next(train_iter)
-                state, metrics = trainer.train_step(state, batch)
+                if first_step:  # compiles; out of device memory here: one line, what to lower
+                    state, metrics = _first_train_step(trainer, state, batch, config)
+                else:
+                    state, metrics = trainer.train_step(state, batch)
                 step += 1
                 if tcfg.nonfinite_policy == "stop" and not bool(metrics["finite"]):
                     # The step kept the previous parameters: save them and stop.

@@ -28,6 +28,7 @@ import collections
 import functools
 import multiprocessing
 import os
+import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -51,6 +52,9 @@ _worker_tokenizer = None
 def _init_worker(kind: str, path: str | None) -> None:
     global _worker_tokenizer
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # one process per core already
+    # Ctrl-C reaches the whole process group: the parent stops (and terminates the pool);
+    # the workers ignore it rather than each printing a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer = tokenizers.make_tokenizer(kind, path)
     impl = getattr(_worker_tokenizer, "_impl", _worker_tokenizer)  # GGUF wraps another one
     if isinstance(impl, tokenizers.SentencePieceTokenizer):
@@ -237,9 +241,10 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
     Raises:
         FileNotFoundError: an input or the tokenizer file is missing (named).
         sources.DataFileError: an input cannot be read, or looks binary (named).
-        ValueError: bad options, too many bad records, a Parquet source without
-            ``text_field``, an ``output_dir`` that is a file or holds shards of another
-            tokenizer.
+        ValueError: bad options (a ``"huggingface"`` or ``"gguf"`` tokenizer without
+            ``tokenizer_path``, named as ``--tokenizer_path``), too many bad records, a
+            Parquet source without ``text_field``, an ``output_dir`` that is a file or holds
+            shards of another tokenizer.
     """
     if workers < 0 or chunk_docs < 1:
         raise ValueError(f"--workers must be >= 0 and --chunk_docs >= 1, got {workers}, "
@@ -250,6 +255,9 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         raise ValueError(f"--max_bad_fraction must be in [0, 1], got {max_bad_fraction}")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise ValueError(f"--output_dir={output_dir} exists and is not a directory")
+    if tokenizer in ("huggingface", "gguf") and tokenizer_path is None:
+        raise ValueError(f"--tokenizer={tokenizer} needs its model file: pass "
+                         f"--tokenizer_path=<file>")
     tok = _main_tokenizer(tokenizer, tokenizer_path)
     files = sources.list_files(inputs, _FLAG_NAMES)
     os.makedirs(output_dir, exist_ok=True)

@@ -29,7 +29,9 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 import tempfile
+import urllib.parse
 import urllib.request
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -224,6 +226,22 @@ class FetchError(RuntimeError):
     """Some files could not be obtained with the expected checksum (each one named)."""
 
 
+def mirror_url(mirror: str) -> str:
+    """``--mirror`` as a base URL: a URL (``file://``, ``https://``, ...) as given, a plain
+    path (``/work/shared/data``, ``data``, ``~/copy``) as the ``file://`` URL of that directory.
+
+    Raises:
+      ValueError: a plain path that is not an existing directory (naming ``--mirror``).
+    """
+    if urllib.parse.urlparse(mirror).scheme:
+        return mirror
+    path = os.path.abspath(os.path.expanduser(mirror))
+    if not os.path.isdir(path):
+        raise ValueError(f"--mirror={mirror}: no such directory (a plain path names a local "
+                         f"copy of the layout; or pass a URL, e.g. file:///path/to/data)")
+    return pathlib.Path(path).as_uri()
+
+
 def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
           groups: Optional[Iterable[str]] = None,
           fetcher: Callable[[str], bytes] = url_fetcher,
@@ -236,7 +254,8 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
       groups: only these groups (``None``: all).
       fetcher: ``url -> bytes`` (default :func:`url_fetcher`; tests pass a fake).
       mirror: a base URL used instead of each entry's own URLs, as ``<mirror>/<path>`` (e.g. a
-        ``file://`` copy of the layout); its bytes are checked like any other.
+        ``file://`` copy of the layout), or a plain directory path (:func:`mirror_url`); its
+        bytes are checked like any other.
       log: progress printer.
 
     Returns:
@@ -244,7 +263,7 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
       ``"replaced"`` (a corrupt file was re-downloaded).
 
     Raises:
-      ValueError: an unknown group.
+      ValueError: an unknown group; a ``mirror`` path that is not a directory.
       FetchError: listing every file no URL delivered with the right size and sha256 (the
         others are written; nothing unverified is).
     """
@@ -252,6 +271,8 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise ValueError(f"unknown data group(s) {unknown}; choose from {', '.join(GROUPS)}")
+    if mirror:
+        mirror = mirror_url(mirror)
     status: Dict[str, str] = {}
     failures: List[str] = []
     transport: List[str] = []  # the errors of URLs that delivered no bytes at all

@@ -82,25 +82,6 @@ def _write_metrics(workdir: str, record: Mapping[str, Any]) -> None:
                             for k, v in record.items()}) + "\n")
 
 
-def _drop_metrics_after(workdir: str, step: int) -> int:
-    """Removes the ``metrics.jsonl`` records of steps after ``step`` (a resume point), which a
-    run that was stopped after its last checkpoint had logged; the resumed run logs those steps
-    again. Rewrites the file atomically; returns how many records were dropped."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return 0
-    with open(path) as f:
-        lines = f.readlines()
-    keep = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= step]
-    dropped = sum(1 for ln in lines if ln.strip()) - len(keep)
-    if dropped:
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(keep)
-        os.replace(tmp, path)
-    return dropped
-
-
 def _micro_batches(batch: Batch, n: int) -> Batch:
     """``[B, ...]`` arrays -> ``[n, B / n, ...]`` (micro-batch ``i`` takes rows ``i, i + n,
     ...``)."""
@@ -288,9 +269,10 @@ def train_loop(*, workdir: str, init_params: PyTree,
     Resume order: the newest checkpoint in ``workdir`` (params, optimizer state, step and, for a
     grain iterator, its position), else ``init_params`` at step 0. On a resume, the
     ``metrics.jsonl`` records of steps after the checkpoint (logged by a run stopped after it)
-    are dropped, since those steps run again. The step's loss stays on the
-    device until a log step, so the host never waits on the device between log steps (the next
-    batch is read and copied while the device runs the current step).
+    are dropped (kept in ``metrics.jsonl.discarded-<step>``), since those steps run again. The
+    step's loss stays on the device until a log step, so the host never waits on the device
+    between log steps (the next batch is read and copied while the device runs the current
+    step).
 
     Throughput: every log line reports tokens/s over the steps since the previous log line
     (the first step, which compiles, is timed on its own as ``first_step_s``), and, with
@@ -340,10 +322,12 @@ def train_loop(*, workdir: str, init_params: PyTree,
     if latest is not None:
         state = ckpt.restore(latest, jax.eval_shape(init_state, init_params), data_iter)
         print_fn(f"resuming from the checkpoint at step {latest} in {ckpt.directory}")
-        dropped = _drop_metrics_after(workdir, latest)
+        dropped, discarded = checkpoint_lib.drop_records_after(
+            os.path.join(workdir, "metrics.jsonl"), latest)
         if dropped:
             print_fn(f"dropped {dropped} metrics.jsonl records after step {latest} (logged "
-                     f"after the last checkpoint of a stopped run; logged again now)")
+                     f"after the last checkpoint of a stopped run; logged again now), kept in "
+                     f"{discarded}")
         resumed_from = latest
     else:
         state = jax.jit(init_state)(init_params)

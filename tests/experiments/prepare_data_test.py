@@ -302,6 +302,54 @@ class PrepareDataBinaryTest(absltest.TestCase):
         with open(a_file) as f:
             self.assertEqual(f.read(), "kept\n")
 
+    def test_failures_are_one_line_and_leave_no_empty_output_dir(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        src = os.path.join(root, "p.jsonl")
+        with open(src, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"body": f"doc {i}"}) + "\n" for i in range(50)))
+        out = os.path.join(root, "new", "out")
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"),
+               f"--input={src}", f"--output_dir={out}", "--workers=0"]
+        # A tokenizer kind that needs a file, without one: the flag is named.
+        result = subprocess.run(cmd + ["--tokenizer=huggingface"], capture_output=True,
+                                text=True, cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            "error: --tokenizer=huggingface needs its model file: pass --tokenizer_path=<file>"])
+        # Refused after --output_dir was made (no record has --text_field): it is removed, with
+        # the parent this run made; a directory that existed before is kept.
+        result = subprocess.run(cmd + ["--tokenizer=byte"], capture_output=True, text=True,
+                                cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertIn("error: --text_field='text'", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(root, "new")))
+        os.makedirs(out)
+        result = subprocess.run(cmd + ["--tokenizer=byte"], capture_output=True, text=True,
+                                cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertTrue(os.path.isdir(out))
+
+    def test_ctrl_c_is_one_line_and_exit_130(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        out = os.path.join(root, "out")
+        # prepare_corpus interrupted after it made --output_dir (a stand-in for Ctrl-C in it).
+        script = (
+            "import os, runpy, sys\n"
+            "from lattn_jax.data import prepare\n"
+            "def interrupted(inputs, output_dir, **kwargs):\n"
+            "    os.makedirs(output_dir)\n"
+            "    raise KeyboardInterrupt\n"
+            "prepare.prepare_corpus = interrupted\n"
+            f"sys.argv = ['prepare_data.py', '--input={root}', '--output_dir={out}']\n"
+            "runpy.run_path('experiments/prepare_data.py', run_name='__main__')\n")
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                cwd=ROOT, timeout=120)
+        self.assertEqual(result.returncode, 130, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"interrupted (Ctrl-C): prepare_data.py stopped; the shards finished in {out} are "
+            f"kept, and running the same command again resumes (it skips them)"])
+        self.assertFalse(os.path.exists(out))  # made by this run, still empty: removed
+
     @pytest.mark.slow  # ~9 s on 2 cores (subprocesses)
     def test_messages_name_the_tools_flags(self):
         root = self.enterContext(tempfile.TemporaryDirectory())

@@ -302,6 +302,26 @@ class SweepBinaryTest(absltest.TestCase):
             with open(os.path.join(self.root, name)) as f:
                 self.assertEqual(f.read(), text)
 
+    def test_a_training_workdir_as_root_is_one_line_and_left_alone(self):
+        # sweep.py wrote its runs/, sweep.jsonl and results into experiments/train.py's workdir.
+        files = {"config.json": json.dumps({"model": {"d_model": 64}, "train": {}}),
+                 "metrics.jsonl": json.dumps({"step": 1, "train_loss": 5.0}) + "\n"}
+        os.makedirs(os.path.join(self.root, "checkpoints", "1"))
+        for name, text in files.items():
+            with open(os.path.join(self.root, name), "w") as f:
+                f.write(text)
+        for flags_, doing in ((["--report_only"], "--report_only would write the sweep's "
+                                                  "results files into"),
+                              ([], "the sweep would write its runs and results into")):
+            result = self.sweep(*flags_)
+            self.assertEqual(result.returncode, 1, (flags_, result.stdout, result.stderr))
+            self.assertEqual(result.stderr.strip().splitlines(), [
+                f"error: {self.root} is a training run's workdir (config.json with a 'model' "
+                f"section, and checkpoints/; experiments/train.py writes it), not a sweep root: "
+                f"{doing} {self.root}. Use another --root (nothing was written)"], flags_)
+        self.assertEqual(sorted(os.listdir(self.root)), sorted([*files, "checkpoints"]))
+        self.assertEqual(os.listdir(os.path.join(self.root, "checkpoints")), ["1"])
+
     def test_missing_corpus_is_one_error_before_any_run(self):
         missing = os.path.join(self.root, "no_corpus")
         with open(self.config, "w") as f:

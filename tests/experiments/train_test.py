@@ -63,6 +63,35 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertEqual(result.stderr.strip().splitlines(), [message.format(workdir)])
         self.assertFalse(os.path.exists(workdir))
 
+    def test_a_sweep_root_as_workdir_is_one_line_and_left_alone(self):
+        # train.py trained into experiments/sweep.py's root (sweep.jsonl, runs/<name>/ ...).
+        root = self.create_tempdir().full_path
+        with open(os.path.join(root, "sweep.jsonl"), "w") as f:
+            f.write('{"sweep": "tiny", "argv": ["sweep.py"]}\n')
+        os.makedirs(os.path.join(root, "runs", "seed=0"))
+        before = sorted(os.listdir(root))
+        result = run_train("--workdir=" + root)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: {root} is a sweep root (it has sweep.jsonl and runs/; experiments/sweep.py "
+            f"writes it), not a training run's workdir: training would overwrite it. Use "
+            f"another --workdir"])
+        self.assertEqual(sorted(os.listdir(root)), before)
+        self.assertEqual(os.listdir(os.path.join(root, "runs")), ["seed=0"])
+
+    def test_config_file_without_get_config_is_one_line_naming_it(self):
+        # Was "error: module 'config_config' has no attribute 'get_config'".
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        path = os.path.join(ROOT, "configs", "common.py")
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+               f"--config={path}", f"--workdir={workdir}"]
+        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: --config={path}: {path} has no get_config() (a config file defines "
+            f"get_config(), returning the experiment's ConfigDict)"])
+        self.assertFalse(os.path.exists(workdir))
+
     def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
         self.assertNotEqual(result.returncode, 0)

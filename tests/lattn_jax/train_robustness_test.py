@@ -10,6 +10,7 @@ import tempfile
 import time
 from unittest import mock
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -193,6 +194,59 @@ class GuardAndResumeTest(CorpusTestCase):
             self.assertIn(key, logged[0])
         self.assertGreater(logged[0]["mfu"], 0)
         self.assertTrue(glob.glob(os.path.join(straight_dir, "tensorboard", "events.out.*")))
+
+    def test_resume_drops_the_metrics_logged_after_the_restored_checkpoint(self):
+        # A hard stop after the checkpoint at step 2 (SIGKILL, a second Ctrl-C): steps 3 and 4
+        # are logged but never saved; the resumed run logs them again.
+        cfg = tiny_experiment(self.corpus, total_steps=4, log_every=1, checkpoint_every=2,
+                              eval_every=100)
+        workdir = os.path.join(self.tmp, "killed")
+
+        def crash_at_4(line):
+            if line.startswith("step     4  train_loss"):
+                raise _Crash()
+
+        with self.assertRaises(_Crash):
+            train.train_and_evaluate(cfg, workdir, print_fn=crash_at_4)
+        path = os.path.join(workdir, "metrics.jsonl")
+        with open(path) as f:
+            stale = [line for line in f if json.loads(line)["step"] > 2]
+        self.assertEqual([json.loads(line)["step"] for line in stale], [3, 4])
+
+        lines = []
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual(result["resumed_from"], 2)
+        self.assertIn("metrics.jsonl: dropped 2 records after step 2", "\n".join(lines))
+        with open(path) as f:
+            steps = [json.loads(line)["step"] for line in f if "train_loss" in line]
+        self.assertEqual(steps, [1, 2, 3, 4])  # strictly increasing, no stale repeats
+        with open(path + ".discarded-2") as f:
+            self.assertEqual(f.readlines(), stale)  # nothing lost
+
+    def test_out_of_memory_in_the_first_step_names_the_options_to_lower(self):
+        # --config.data.batch_size=10000 ended with a 34-line RESOURCE_EXHAUSTED traceback.
+        def oom(self, state, batch):
+            raise jax.errors.JaxRuntimeError(
+                "RESOURCE_EXHAUSTED: Out of memory allocating 123456789 bytes.\nmore detail")
+
+        cfg = tiny_experiment(self.corpus)
+        workdir = os.path.join(self.tmp, "oom")
+        with mock.patch.object(train.Trainer, "train_step", oom):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(str(raised.exception), (
+            "out of device memory in the first training step (data.batch_size=4, "
+            "data.seq_len=32, train.micro_batch_size=None): lower data.batch_size or "
+            "data.seq_len, or set a smaller train.micro_batch_size (gradient accumulation; "
+            "same batch per step). XLA: RESOURCE_EXHAUSTED: Out of memory allocating "
+            "123456789 bytes."))
+
+        def other(self, state, batch):  # any other runtime error is not translated
+            raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+        with mock.patch.object(train.Trainer, "train_step", other):
+            with self.assertRaisesRegex(jax.errors.JaxRuntimeError, "^INTERNAL: something"):
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,22 @@ class FetchTest(absltest.TestCase):
         self.assertTrue(fetcher.urls)
         self.assertTrue(all(u.startswith("file://" + mirror + "/niah/") for u in fetcher.urls))
 
+    def test_a_plain_directory_path_is_a_mirror(self):
+        # --mirror=/work/shared/data failed with "unknown url type" for every file.
+        mirror = tempfile.mkdtemp()
+        shutil.copytree(FIXTURES, mirror, dirs_exist_ok=True)
+        fetcher = CountingFetcher()
+        status = fetch.fetch(tempfile.mkdtemp(), self.files, groups=["niah"], fetcher=fetcher,
+                             mirror=mirror, log=lambda *a: None)
+        self.assertTrue(fetcher.urls)
+        self.assertTrue(all(u.startswith("file://" + mirror + "/niah/") for u in fetcher.urls))
+        self.assertEqual(set(status.values()), {"fetched"})
+        self.assertEqual(fetch.mirror_url("https://example.org/copy"),
+                         "https://example.org/copy")
+        missing = os.path.join(mirror, "no_such_dir")
+        with self.assertRaisesRegex(ValueError, f"^--mirror={missing}: no such directory"):
+            fetch.fetch(self.out, self.files, mirror=missing, log=lambda *a: None)
+
     def test_no_network_gives_one_line_with_the_mirror_hint(self):
         def offline(url):
             raise OSError(f"[Errno -3] Temporary failure in name resolution: {url}")

@@ -490,6 +490,8 @@ class ResumeTest(absltest.TestCase):
             records = [json.loads(ln) for ln in f]
         self.assertEqual([r["step"] for r in records], [1, 2, 3, 4, 5, 6])
         self.assertNotIn(123.0, [r["loss"] for r in records])
+        with open(path + ".discarded-3") as f:  # the dropped records are kept
+            self.assertEqual([json.loads(ln)["loss"] for ln in f], [123.0, 123.0])
 
     def test_stage1_resumes_exactly(self):
         def run(workdir, tcfg, data):
