@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags, logging  # noqa: E402
 
+from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax.data import prepare  # noqa: E402
 from lattn_jax.data import sources  # noqa: E402
 
@@ -46,18 +47,6 @@ _MAX_BAD_FRACTION = flags.DEFINE_float(
     "--text_field) are skipped and counted; stop once they exceed this fraction of the records "
     f"read (of at least {prepare.MIN_RECORDS}).")
 flags.mark_flags_as_required(["input", "output_dir"])
-
-
-def _first_missing_dir(path):
-    """The outermost directory of ``path`` that does not exist yet (``path`` itself or one of
-    its parents), or ``None`` when ``path`` exists."""
-    path, missing = os.path.abspath(path), None
-    while not os.path.lexists(path):
-        missing, parent = path, os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
 
 
 def _remove_if_unused(output_dir, created):
@@ -88,7 +77,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
-    created = _first_missing_dir(_OUTPUT_DIR.value)  # None: it existed before this run
+    created = config_lib.first_missing_dir(_OUTPUT_DIR.value)  # None: it existed before this run
     try:
         manifest = prepare.prepare_corpus(
             _INPUT.value, _OUTPUT_DIR.value, tokenizer=_TOKENIZER.value,

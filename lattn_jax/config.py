@@ -1285,6 +1285,21 @@ def read_run_config_json(path: str) -> dict:
     return values
 
 
+def first_missing_dir(path: str) -> Optional[str]:
+    """The outermost of ``path`` and its parents that does not exist (absolute), or ``None``
+    when ``path`` exists: what ``os.makedirs(path)`` is about to create (so that a binary that
+    fails before writing anything can remove exactly what it made: ``train.py``'s
+    ``--workdir``, ``prepare_data.py``'s ``--output_dir``)."""
+    import os  # noqa: PLC0415
+    path, missing = os.path.abspath(path), None
+    while not os.path.lexists(path):
+        missing, parent = path, os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
 def saved_training_config(workdir: str, *, flag: str = "--workdir",
                           consequence: str = "training would overwrite it",
                           writer: str = "train") -> Optional[dict]:

@@ -745,7 +745,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
     if os.path.isdir(workdir):  # another kind of run's workdir: refused before any write
         config_lib.saved_training_config(workdir)
-    created = _first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
+    created = config_lib.first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
     try:
         os.makedirs(workdir, exist_ok=True)
     except OSError as e:  # e.g. a parent that cannot hold directories (/proc), no permission
@@ -763,24 +763,12 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             raise
 
 
-def _first_missing_dir(path: str) -> Optional[str]:
-    """The outermost of ``path`` and its parents that does not exist (absolute), or ``None``
-    when ``path`` exists: what ``os.makedirs(path)`` is about to create."""
-    path, missing = os.path.abspath(path), None
-    while not os.path.lexists(path):
-        missing, parent = path, os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
-
-
 def _remove_unused_workdir(workdir: str, created: str) -> bool:
     """After a failed call that created ``workdir`` (and its parents up to ``created``, from
-    :func:`_first_missing_dir`): removes ``workdir`` unless the call saved something of value (a
-    checkpoint entry in ``checkpoints/`` or ``metrics.jsonl``), then each created parent that is
-    empty. Best effort: an ``OSError`` stops it silently (the caller re-raises the call's own
-    error). Returns whether ``workdir`` was removed."""
+    :func:`lattn_jax.config.first_missing_dir`): removes ``workdir`` unless the call saved
+    something of value (a checkpoint entry in ``checkpoints/`` or ``metrics.jsonl``), then each
+    created parent that is empty. Best effort: an ``OSError`` stops it silently (the caller
+    re-raises the call's own error). Returns whether ``workdir`` was removed."""
     checkpoints = os.path.join(workdir, "checkpoints")
     if (os.path.lexists(os.path.join(workdir, "metrics.jsonl"))
             or (os.path.isdir(checkpoints) and os.listdir(checkpoints))):

@@ -412,8 +412,8 @@ class ResumeChecksTest(absltest.TestCase):
     def test_a_failed_fresh_workdir_with_saved_results_is_kept(self):
         made = os.path.join(self.tmp, "made")
         workdir = os.path.join(made, "w")
-        self.assertEqual(train._first_missing_dir(workdir), made)
-        self.assertIsNone(train._first_missing_dir(self.tmp))
+        self.assertEqual(config_lib.first_missing_dir(workdir), made)
+        self.assertIsNone(config_lib.first_missing_dir(self.tmp))
         for saved in ("metrics.jsonl", os.path.join("checkpoints", "3", "state")):
             path = os.path.join(workdir, saved)
             os.makedirs(os.path.dirname(path))
