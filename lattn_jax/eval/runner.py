@@ -188,35 +188,57 @@ def _perplexity_path(f: str, data_dir: str) -> str:
 def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
     """Checks that every file the tasks read exists, before anything is scored.
 
+    Every missing item is reported with where it comes from, so the message names what fixes
+    it: task data under ``data_dir`` (``--data_dir``), a ``perplexity_files`` entry
+    (``--perplexity_files``; a relative one is looked up under ``data_dir``), or the corpus the
+    run's config records (``training_data``: its ``val_paths``, else ``paths``; restore it
+    there, or score other text files).
+
     Raises:
-      ValueError: an unknown task. FileNotFoundError: listing every missing file, with the
-        task that needs it.
+      ValueError: an unknown task. FileNotFoundError: listing every missing file, grouped by
+        the option or recorded config path it comes from.
     """
-    missing = []
+    under_data_dir, ppl_files, corpus = [], [], []
     eval_dir = os.path.join(options.data_dir, "eval")
     for name in expand_tasks(task_names):
         if name in tasks_lib.TASK_NAMES:
-            missing += [f"{name}: {p}" for p in tasks_lib.missing_files(name, eval_dir)]
+            under_data_dir += [f"{name}: {p}" for p in tasks_lib.missing_files(name, eval_dir)]
         elif name in niah.TASKS and name != "niah_single_1":
             essays = os.path.join(options.data_dir, "niah", "PaulGrahamEssays")
             if not (os.path.isdir(essays) and any(f.endswith(".txt") for f in os.listdir(essays))):
-                missing.append(f"{name}: {essays}/*.txt")
+                under_data_dir.append(f"{name}: {essays}/*.txt")
         elif name == "perplexity":
-            missing += [f"perplexity: {p}" for p in
-                        (_perplexity_path(f, options.data_dir) for f in options.perplexity_files
-                         if f != VALIDATION)
-                        if not os.path.isfile(p)]
+            for f in options.perplexity_files:
+                if f == VALIDATION:
+                    continue
+                path = _perplexity_path(f, options.data_dir)
+                if not os.path.isfile(path):
+                    ppl_files.append(path if os.path.isabs(f) else
+                                     f"{f} (relative to --data_dir={options.data_dir}): {path}")
             data = options.training_data
             if VALIDATION in options.perplexity_files and data is not None:
                 held_out = data.val_paths if data.val_paths is not None else data.paths
-                missing += [f"perplexity {VALIDATION!r} (the run's held-out documents): {p}"
-                            for p in held_out if not os.path.exists(p)]
-    if missing:
-        raise FileNotFoundError(
+                corpus += [p for p in held_out if not os.path.exists(p)]
+    groups = []
+    if under_data_dir:
+        groups.append(
             f"evaluation data missing under --data_dir={options.data_dir} (nothing was scored; "
             f"set --data_dir to a directory with eval/, niah/ and lm/, as "
-            f"experiments/fetch_eval_data.py writes it):\n  "
-            + "\n  ".join(missing))
+            f"experiments/fetch_eval_data.py writes it):\n  " + "\n  ".join(under_data_dir))
+    if ppl_files:
+        groups.append("--perplexity_files entry not found (nothing was scored; pass existing "
+                      "text files, absolute or relative to --data_dir): " + ", ".join(ppl_files))
+    if corpus:
+        data = options.training_data
+        field = "data.val_paths" if data.val_paths is not None else "data.paths"
+        groups.append(
+            f"perplexity {VALIDATION!r} (the run's held-out documents): the run's corpus is "
+            f"missing (nothing was scored): its config records "
+            f"{field}={','.join(getattr(data, field[5:]))}, and "
+            f"{', '.join(corpus)} does not exist; restore the corpus there, or pass "
+            f"--perplexity_files=<text files> to score other text (--data_dir does not change it)")
+    if groups:
+        raise FileNotFoundError("\n".join(groups))
 
 
 def validation_documents(data: data_config_lib.DataConfig) -> List[str]:

@@ -76,6 +76,12 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("negative_perplexity_max_docs", "evaluate.py",
          ["--checkpoint=/tmp", "--tasks=perplexity", "--perplexity_max_docs=-3"],
          "error: perplexity_max_docs must be a positive number of documents, got -3"),
+        # Was blamed on --data_dir, which does not change an absolute path.
+        ("missing_perplexity_file", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity",
+          "--perplexity_files=/nonexistent.txt"],
+         "error: --perplexity_files entry not found (nothing was scored; pass existing text "
+         "files, absolute or relative to --data_dir): /nonexistent.txt\n"),
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
          "error: no such checkpoint directory: /no/such/run (expected a workdir"),

@@ -93,6 +93,12 @@ class NiahGridTest(absltest.TestCase):
                     runner.parse_niah_grid(lengths, depths)
 
 
+def _moved_corpus(path):
+    """The data config of a run whose corpus was at ``path`` (since moved away)."""
+    with data_config.unchecked_data_paths():
+        return data_config.DataConfig(paths=(path,), seq_len=8, batch_size=1)
+
+
 class PreflightTest(absltest.TestCase):
     """Issue 32, trap 4: every requested task's files are checked before anything is scored."""
 
@@ -117,6 +123,43 @@ class PreflightTest(absltest.TestCase):
         # The first line names the option and the directory it was given (not "shared/data").
         self.assertIn(f"evaluation data missing under --data_dir={data} (nothing was scored",
                       str(ctx.exception).splitlines()[0])
+
+    def test_a_moved_training_corpus_names_the_recorded_path_not_data_dir(self):
+        data = tempfile.mkdtemp()
+        moved = os.path.join(data, "moved", "small")
+        options = _options(data, training_data=_moved_corpus(moved))
+        with self.assertRaises(FileNotFoundError) as ctx:
+            runner.check_data(["perplexity"], options)
+        message = str(ctx.exception)
+        self.assertEqual(message,
+                         f"perplexity 'validation' (the run's held-out documents): the run's "
+                         f"corpus is missing (nothing was scored): its config records "
+                         f"data.paths={moved}, and {moved} does not exist; restore the corpus "
+                         f"there, or pass --perplexity_files=<text files> to score other text "
+                         f"(--data_dir does not change it)")
+        self.assertNotIn("set --data_dir", message)
+
+    def test_a_missing_perplexity_file_names_the_option(self):
+        data = tempfile.mkdtemp()
+        with self.assertRaises(FileNotFoundError) as ctx:
+            runner.check_data(["perplexity"], _options(
+                data, perplexity_files=("/nonexistent.txt", "lm/none.txt")))
+        self.assertEqual(str(ctx.exception),
+                         "--perplexity_files entry not found (nothing was scored; pass existing "
+                         "text files, absolute or relative to --data_dir): /nonexistent.txt, "
+                         f"lm/none.txt (relative to --data_dir={data}): {data}/lm/none.txt")
+
+    def test_missing_items_of_several_origins_are_each_named(self):
+        data = tempfile.mkdtemp()
+        with self.assertRaises(FileNotFoundError) as ctx:
+            runner.check_data(["piqa", "perplexity"], _options(
+                data, perplexity_files=("/nonexistent.txt", runner.VALIDATION),
+                training_data=_moved_corpus("/gone/small")))
+        lines = str(ctx.exception).splitlines()
+        self.assertTrue(lines[0].startswith(f"evaluation data missing under --data_dir={data}"))
+        self.assertIn("piqa: ", lines[1])
+        self.assertTrue(lines[-2].startswith("--perplexity_files entry not found"), lines)
+        self.assertIn("the run's corpus is missing", lines[-1])
 
     def test_complete_fixture_layout_passes(self):
         runner.check_data(runner.expand_tasks(["zeroshot", "niah"]), _options(FIXTURES))
