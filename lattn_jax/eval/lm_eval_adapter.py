@@ -523,12 +523,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     other ``ValueError`` raised in or under our code (the model, the scorer, a loader, JAX
     below them) is a failure, not bad input: it propagates with its traceback.
 
+    A task whose dataset the harness must download, without a network (or with
+    ``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` set), ends the same way (:func:`_is_offline`:
+    a ``ConnectionError``, or a connection / timeout / offline-mode error of ``requests``,
+    ``urllib3``, ``httpx``, ``huggingface_hub`` or ``datasets``): one line saying the task's
+    data could not be downloaded and pointing to ``--include_path`` with local task configs,
+    as README.md's offline instructions say.
+
     Args:
       argv: the command line after the program name (default: ``sys.argv[1:]``); the options of
         ``lm_eval`` (``--model lattn_jax --model_args checkpoint=... --tasks ...``).
 
     Raises:
-      SystemExit: on bad input (the one line), and from the harness's argument parser.
+      SystemExit: on bad input or a download that failed offline (the one line), and from the
+        harness's argument parser.
     """
     from lm_eval import __main__ as lm_eval_main  # pylint: disable=import-outside-toplevel
 
@@ -541,6 +549,48 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             raise
         text = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         sys.exit(f"error: {text or type(e).__name__}")
+    except Exception as e:  # pylint: disable=broad-except  # only _is_offline's; others re-raised
+        if not _is_offline(e):
+            raise
+        reason = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        sys.exit(f"error: {_tasks_named(sys.argv)}a task's data could not be downloaded (no "
+                 f"network: {reason or type(e).__name__}); {OFFLINE_HINT}")
+
+
+# README.md's offline instructions ("The harness fetches its tasks' data from the Hugging Face
+# hub; offline, ...").
+OFFLINE_HINT = ("the harness fetches its tasks' data from the Hugging Face hub; offline, give "
+                "--include_path a directory of task YAML files that read local files "
+                "(dataset_path: json with data_files; tests/lattn_jax/eval/fixtures.py writes "
+                "PIQA and LAMBADA ones), as README.md describes")
+# Libraries whose connection errors mean "no network" (besides the builtin ConnectionError).
+_NETWORK_MODULES = ("requests", "urllib3", "httpx", "huggingface_hub", "datasets")
+_NETWORK_ERROR_WORDS = ("Connection", "Connect", "Timeout", "Offline")
+
+
+def _is_offline(error: BaseException) -> bool:
+    """Whether ``error`` says a download failed for want of a network: a builtin
+    ``ConnectionError`` (what ``datasets`` raises for a dataset it cannot reach, also
+    ``huggingface_hub``'s ``OfflineModeIsEnabled``), or an exception of a class of
+    ``requests``, ``urllib3``, ``httpx``, ``huggingface_hub`` or ``datasets`` whose name (or a
+    base class's, of those modules) says connection, timeout or offline mode."""
+    if isinstance(error, ConnectionError):
+        return True
+    for cls in type(error).__mro__:
+        if (cls.__module__.split(".")[0] in _NETWORK_MODULES
+                and any(w in cls.__name__ for w in _NETWORK_ERROR_WORDS)):
+            return True
+    return False
+
+
+def _tasks_named(argv: Sequence[str]) -> str:
+    """``"--tasks=<value>: "`` of the command line ``argv``, or ``""`` without one."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--tasks="):
+            return f"{arg}: "
+        if arg == "--tasks" and i + 1 < len(argv):
+            return f"--tasks={argv[i + 1]}: "
+    return ""
 
 
 # Top-level packages of this repository: a ValueError raised in or under their code (below

@@ -142,6 +142,42 @@ class CommandLineErrorsTest(absltest.TestCase):
                 self.assertRaisesRegex(RuntimeError, "^a bug$"):
             lm_eval_adapter.main()
 
+    def test_an_offline_download_is_one_line_pointing_to_include_path(self):
+        # What this environment's datasets raises for piqa without a network (or with
+        # HF_DATASETS_OFFLINE=1), and the connection errors of the libraries below it.
+        import huggingface_hub.errors
+        import requests
+        from lm_eval import __main__ as lm_eval_main
+        for error in (ConnectionError("Couldn't reach 'baber/piqa' on the Hub\n"
+                                      "(LocalEntryNotFoundError)"),
+                      requests.exceptions.ConnectionError("Max retries exceeded"),
+                      huggingface_hub.errors.OfflineModeIsEnabled("offline mode is enabled")):
+            with self.subTest(type(error).__name__), \
+                    mock.patch.object(lm_eval_main, "cli_evaluate", side_effect=error), \
+                    self.assertRaises(SystemExit) as stop:
+                lm_eval_adapter.main(["--model", "lattn_jax", "--tasks", "piqa"])
+            self.assertRegex(stop.exception.code,
+                             r"^error: --tasks=piqa: a task's data could not be downloaded \(no "
+                             r"network: [^\n]+\); the harness fetches its tasks' data from the "
+                             r"Hugging Face hub; offline, give --include_path a directory of "
+                             r"task YAML files that read local files")
+            self.assertNotIn("\n", stop.exception.code)
+        self.assertIn("Couldn't reach 'baber/piqa' on the Hub (LocalEntryNotFoundError)",
+                      str(self._exit_code(ConnectionError(
+                          "Couldn't reach 'baber/piqa' on the Hub\n(LocalEntryNotFoundError)"))))
+        # Other OS errors are not "offline": they keep their traceback.
+        with mock.patch.object(lm_eval_main, "cli_evaluate",
+                               side_effect=PermissionError("no access")), \
+                self.assertRaisesRegex(PermissionError, "^no access$"):
+            lm_eval_adapter.main(["--tasks", "piqa"])
+
+    def _exit_code(self, error):
+        from lm_eval import __main__ as lm_eval_main
+        with mock.patch.object(lm_eval_main, "cli_evaluate", side_effect=error), \
+                self.assertRaises(SystemExit) as stop:
+            lm_eval_adapter.main(["--tasks=piqa"])
+        return stop.exception.code
+
     def test_only_option_errors_are_one_line_a_models_valueerror_keeps_its_traceback(self):
         # The harness, as far as the adapter sees it: the registered model built with
         # --model_args, then asked for log-likelihoods (cli_evaluate -> simple_evaluate).
