@@ -76,14 +76,21 @@ EXIT_INTERRUPTED = 130  # the shell's status for SIGINT: a second Ctrl-C, nothin
 class _Deadline:
     """The deadline the stages compare with ``time.time() >= deadline``: ``--deadline_s`` after
     the start (never, without it), or "now" once SIGTERM or Ctrl-C arrived (``watcher``, the
-    trainer's :class:`lattn_jax.train._PreemptionWatcher`), so that a signal stops the run
-    through the deadline's path: a checkpoint after the current step, between layers, parts."""
+    trainer's :class:`lattn_jax.train.PreemptionWatcher`), so that a signal stops the run
+    through the deadline's path: a checkpoint after the current step, between layers, parts.
+    ``stop_reason`` says which (the stages' stop line names it)."""
 
     def __init__(self, at, watcher):
         self.at, self.watcher = (math.inf if at is None else at), watcher
 
     def value(self) -> float:
         return -math.inf if self.watcher.requested else self.at
+
+    @property
+    def stop_reason(self):
+        """``"stopped by SIGTERM"`` (or SIGINT) once a signal arrived, else ``None`` (the
+        deadline, if it has passed)."""
+        return f"stopped by {self.watcher.signal_name}" if self.watcher.requested else None
 
     def __float__(self):
         return self.value()
@@ -141,7 +148,7 @@ def main(argv):
     if cache:
         jax.config.update("jax_compilation_cache_dir", os.path.abspath(cache))
     t_start, started = time.time(), datetime.datetime.now(datetime.timezone.utc)
-    watcher = train_lib._PreemptionWatcher(True)  # SIGTERM / Ctrl-C: stop at the deadline's path
+    watcher = train_lib.PreemptionWatcher(True)  # SIGTERM / Ctrl-C: stop at the deadline's path
     deadline = _Deadline(None if _DEADLINE.value is None else t_start + _DEADLINE.value, watcher)
     _log(f"jax {jax.__version__}, devices {jax.devices()}; stages {stages}; deadline "
          f"{_DEADLINE.value} s")

@@ -458,7 +458,7 @@ class MetricsWriter:
             self._tb = None
 
 
-class _PreemptionWatcher:
+class PreemptionWatcher:
     """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop polls, so that it can save before
     exiting.
 
@@ -466,7 +466,12 @@ class _PreemptionWatcher:
     default SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``,
     nothing saved). Installed only from the main thread (Python's rule for signal handlers);
     the previous handlers are restored on exit. In a multi-process run the processes also agree
-    on the step through orbax / JAX's preemption sync point.
+    on the step through orbax / JAX's preemption sync point. Public: the HALO pipeline
+    (``experiments/halo_pipeline.py``) stops its stages with it too.
+
+    Attributes:
+      requested: a signal arrived (poll it, then save and stop).
+      signal_name: the first signal's name (``"SIGTERM"``, ``"SIGINT"``), or ``None``.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -994,7 +999,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     if tcfg.max_steps_per_run is not None:
         stop_at = min(stop_at, step + tcfg.max_steps_per_run)
     try:
-        with _PreemptionWatcher(tcfg.save_on_preemption) as watcher:
+        with PreemptionWatcher(tcfg.save_on_preemption) as watcher:
             while step < stop_at:
                 batch = next(train_iter)
                 if first_step:  # compiles; out of device memory here: one line, what to lower

@@ -292,8 +292,11 @@ def train_loop(*, workdir: str, init_params: PyTree,
       batches: an iterator of batches (a grain ``DatasetIterator`` is checkpointed too).
       frozen: a pytree passed unchanged to ``loss_fn`` (the teacher's params).
       print_fn: progress lines.
-      deadline: a ``time.time()`` value; the first step that ends after it is the last of this
-        run (checkpointed, resumable), as with ``max_steps_per_run``.
+      deadline: a ``time.time()`` value (or an object comparing as one, as
+        ``experiments/halo_pipeline.py``'s); the first step that ends after it is the last of
+        this run (checkpointed, resumable), as with ``max_steps_per_run``. Its ``stop_reason``
+        attribute, where it has one (e.g. ``"stopped by SIGTERM"``; ``None``: the deadline),
+        names what stopped the run in the stop line (default ``"deadline reached"``).
       micro_batch_size: rows per forward/backward pass (gradient accumulation over
         ``B / micro_batch_size`` passes in a ``lax.scan``; ``None``: the whole batch). The loss
         and gradients are the mean over the equal-sized micro-batches, equal to the one-pass
@@ -401,7 +404,8 @@ def train_loop(*, workdir: str, init_params: PyTree,
                 batch = next_batch()
             t_window, window_steps = time.perf_counter(), 0  # saving is not timed
         if stop_now:
-            print_fn(f"deadline reached at step {step}; checkpointing (run again to resume)")
+            reason = getattr(deadline, "stop_reason", None) or "deadline reached"
+            print_fn(f"{reason} at step {step}; checkpointing (run again to resume)")
             break
     if last_saved != step and step > 0:
         ckpt.save(step, state, data_iter)

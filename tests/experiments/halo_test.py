@@ -274,6 +274,10 @@ class PipelineSignalTest(absltest.TestCase):
         lines += out.splitlines()
         self.assertEqual(proc.returncode, 3, "\n".join(lines) + err)
         self.assertNotIn("Traceback", err)
+        # The stage's own line names the signal too (it said "deadline reached").
+        stop = rf"stopped by {signum.name} at step \d+; checkpointing"
+        self.assertTrue(any(re.search(stop, line) for line in lines), lines)
+        self.assertFalse(any("deadline reached" in line for line in lines), lines)
         self.assertRegex(lines[-1], rf"^pipeline: stopped by {signum.name} after \d+\.\d s; "
                                     r"stage times \{'stage1': [\d.]+\}; run the same command "
                                     r"again to resume$")

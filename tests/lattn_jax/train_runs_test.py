@@ -53,7 +53,7 @@ class InterruptTest(CorpusTestCase):
         # Whatever handler was there before (SIG_IGN here), the second Ctrl-C interrupts.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.addCleanup(signal.signal, signal.SIGINT, previous)
-        with train._PreemptionWatcher(True) as watcher:
+        with train.PreemptionWatcher(True) as watcher:
             os.kill(os.getpid(), signal.SIGINT)
             self.assertTrue(watcher.requested)
             with self.assertRaises(KeyboardInterrupt):

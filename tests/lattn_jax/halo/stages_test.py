@@ -87,6 +87,22 @@ class StagesTest(absltest.TestCase):
         self.assertEqual((second["resumed_from"], second["step"], second["complete"]),
                          (1, 3, True))
 
+    def test_the_stop_line_names_the_signal_that_stopped_the_stage(self):
+        # The pipeline's deadline (experiments/halo_pipeline.py) turns "now" once SIGTERM or
+        # Ctrl-C arrived; the stage said "deadline reached" while the pipeline said the signal.
+        class SignalledDeadline(float):
+            stop_reason = "stopped by SIGTERM"
+
+        kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
+                  student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3),
+                  train_cfg=train_cfg(3))
+        for deadline, line in ((SignalledDeadline(time.time() - 1.0), "stopped by SIGTERM"),
+                               (time.time() - 1.0, "deadline reached")):
+            lines = []
+            stages.run_stage1(workdir=self.create_tempdir().full_path, batches=batches(),
+                              deadline=deadline, print_fn=lines.append, **kw)
+            self.assertIn(f"{line} at step 1; checkpointing (run again to resume)", lines)
+
     @pytest.mark.slow  # ~24 s on 2 cores; the stages' exact-resume test runs in CI
     def test_stage2_and_stage3_losses_fall(self):
         s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
