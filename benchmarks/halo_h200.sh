@@ -6,7 +6,8 @@
 # Here (the development machine), once:
 #   benchmarks/halo_h200.sh pack <corpus dir> <gguf> <wheels dir> <halo data dir> <out dir> \
 #       [<teacher text dir>]
-# writes two sha256-checked tars cut into equal pieces of at most 52 MiB (one per call):
+# writes two sha256-checked tars cut into equal pieces of at most 36 MiB (one per call; with
+# the tree, 18.7 MiB on 2026-12-04, a call carries at most 64 MiB):
 #   <out dir>/model.tar.part<k>: the GGUF teacher, the wheels the GPU image lacks, and the
 #     evaluation sets of the teacher-text contamination check ($SHARED_DATA/eval and niah,
 #     default ../shared/data) -- everything `generate` needs;
@@ -110,7 +111,7 @@ pack_tar() {  # <stage dir> <name>: <name>.tar of <stage dir>/bundle, cut into e
   local stage=$1 name=$2 bytes parts
   (cd "$stage" && tar cf "$name.tar" bundle && sha256sum "$name.tar" > "$name.tar.sha256")
   bytes=$(stat -c %s "$stage/$name.tar")
-  parts=$(( (bytes + (52 << 20) - 1) / (52 << 20) ))
+  parts=$(( (bytes + (36 << 20) - 1) / (36 << 20) ))
   (cd "$stage" && split -n "$parts" -d -a 1 "$name.tar" "$name.tar.part" && rm "$name.tar")
 }
 

@@ -16,7 +16,7 @@
 #           the fla / jla peers, 7.0 MiB)
 #   halo    experiments/halo_eval_subset.py into halo_data, then benchmarks/halo_h200.sh pack
 #           into $PACK_DIR (model.tar: GGUF + wheels + decontamination sets, 3 pieces of
-#           34.9 MiB; data.tar: prose-smollm2 + halo_data, 2 pieces of 43.0 MiB; 144 s)
+#           34.9 MiB; data.tar: prose-smollm2 + halo_data, 3 pieces of 28.7 MiB; 144 s)
 #   link    hard links of the pack pieces into $GPU_DIR/m<k> and $GPU_DIR/d<k>, one folder per
 #           call (the last piece of each tar with its .sha256)
 #   check   benchmarks/travel_size.py for every folder one call carries (exit 1 if one is
