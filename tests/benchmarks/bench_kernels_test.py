@@ -129,6 +129,18 @@ class MarkdownTest(absltest.TestCase):
             self.assertEqual(bench_kernels._mosaic_passes("deltanet"), ("fwd",))
             self.assertEqual(bench_kernels._mosaic_passes("lightning"), ("fwd", "fwdbwd"))
 
+    def _assert_refused_before_running(self, refused):
+        """Each ``(flags, message)`` of ``refused`` (on top of ``--peers=mosaic --ops=gdn``)
+        makes ``main`` raise a ``UsageError`` matching ``message`` before any op runs."""
+        from absl import app
+        from absl.testing import flagsaver
+        for extra, message in refused:
+            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], **extra):
+                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
+                    with self.assertRaisesRegex(app.UsageError, message):
+                        bench_kernels.main([])
+                self.assertFalse(run.called)
+
     def test_bad_mosaic_forward_refused_before_running(self):
         from absl import app, flags
         from absl.testing import flagsaver
@@ -188,7 +200,7 @@ class MarkdownTest(absltest.TestCase):
         # --mosaic_t0_inverse / --mosaic_t0_refine / --mosaic_t0_chunks_per_cta reach
         # chunk_kkt_inverse_mosaic through kernel_mosaic_gpu.T0_OPTIONS, only where the T0
         # kernel runs.
-        from absl import app, flags
+        from absl import flags
         from absl.testing import flagsaver
         from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
         if not flags.FLAGS.is_parsed():
@@ -231,17 +243,12 @@ class MarkdownTest(absltest.TestCase):
             (dict(mosaic_forward="fused_t0", mosaic_wy="xla", mosaic_t0_chunks_per_cta=2),
              "--mosaic_wy=mosaic only"),
         )
-        for extra, message in refused:
-            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], **extra):
-                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
-                    with self.assertRaisesRegex(app.UsageError, message):
-                        bench_kernels.main([])
-                self.assertFalse(run.called)
+        self._assert_refused_before_running(refused)
 
     def test_mosaic_t0_split_order_sets_the_split_options_or_is_refused(self):
         # --mosaic_t0_split_order reaches chunk_delta_fused_t0_fwd_mosaic through
         # kernel_mosaic_gpu.SPLIT_T0_OPTIONS, with --mosaic_forward=fused_t0_split only.
-        from absl import app, flags
+        from absl import flags
         from absl.testing import flagsaver
         from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
         if not flags.FLAGS.is_parsed():
@@ -277,12 +284,7 @@ class MarkdownTest(absltest.TestCase):
             (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_stages=4),
              "--mosaic_t0_split_stages=4: takes one of 2, 3"),
         )
-        for extra, message in refused:
-            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], **extra):
-                with absltest.mock.patch.object(bench_kernels, "run_jax") as run:
-                    with self.assertRaisesRegex(app.UsageError, message):
-                        bench_kernels.main([])
-                self.assertFalse(run.called)
+        self._assert_refused_before_running(refused)
 
     def test_mosaic_forward_without_the_mosaic_peer_is_refused(self):
         from absl import app, flags
