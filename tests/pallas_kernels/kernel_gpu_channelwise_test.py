@@ -39,6 +39,15 @@ _DIFF_ARGS = {
 }
 
 
+def _gpu_case_segment_ids(packed):
+    """The GPU cases' documents: ``None``, or (``packed``) five documents of 100, 257, 64, 300
+    and 279 tokens in each of 2 rows of T = 1000 (int32 ``[2, 1000]``)."""
+    if not packed:
+        return None
+    lengths = [100, 257, 64, 300, 279]
+    return jnp.asarray(np.repeat(np.arange(5), lengths)[None].repeat(2, 0), jnp.int32)
+
+
 def _inputs(seed, batch, seq_len, key_heads, heads, dim, *, dtype=jnp.float32, decay=1.0):
     keys = jax.random.split(jax.random.key(seed), 9)
 
@@ -488,11 +497,7 @@ class GpuTest(parameterized.TestCase):
     @parameterized.product(op=("kda", "gdn2"), packed=(False, True), dim=(64, 128))
     def test_bf16_against_fp32_reference(self, op, packed, dim):
         seq_len = 1000
-        segment_ids = None
-        if packed:
-            lengths = [100, 257, 64, 300, 279]
-            segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None].repeat(2, 0),
-                                      jnp.int32)
+        segment_ids = _gpu_case_segment_ids(packed)
         inputs, cot_key = _inputs(0, 2, seq_len, 2, 4, dim, dtype=jnp.bfloat16)
         want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key, False)
         got = _outputs_and_grads(op, "pallas", inputs, segment_ids, cot_key, False)

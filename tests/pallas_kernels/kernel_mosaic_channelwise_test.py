@@ -595,11 +595,7 @@ class GpuTest(kmg_test.HopperTestCase):
         # kernel_gpu_channelwise_test.GpuTest's case and gates (FLA's), with the switch on and
         # off: o, final state and every gradient (the backward reads the kernel's hs and Vn).
         seq_len = 1000
-        segment_ids = None
-        if packed:
-            lengths = [100, 257, 64, 300, 279]
-            segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None].repeat(2, 0),
-                                      jnp.int32)
+        segment_ids = cw_test._gpu_case_segment_ids(packed)
         inputs, cot_key = cw_test._inputs(0, 2, seq_len, 2, 4, dim, dtype=jnp.bfloat16)
         want = cw_test._outputs_and_grads(op, None, inputs, segment_ids, cot_key, False)
         got = {sp: _op_outputs_and_grads(op, inputs, segment_ids, cot_key, sp, "pallas")
