@@ -12,6 +12,7 @@ dotted path (for example ``model.attention.num_heads``).
 import dataclasses
 import math
 import numbers
+import os
 import re
 import sys
 import typing
@@ -1290,7 +1291,6 @@ def first_missing_dir(path: str) -> Optional[str]:
     when ``path`` exists: what ``os.makedirs(path)`` is about to create (so that a binary that
     fails before writing anything can remove exactly what it made: ``train.py``'s
     ``--workdir``, ``prepare_data.py``'s ``--output_dir``)."""
-    import os  # noqa: PLC0415
     path, missing = os.path.abspath(path), None
     while not os.path.lexists(path):
         missing, parent = path, os.path.dirname(path)
@@ -1329,7 +1329,6 @@ def saved_training_config(workdir: str, *, flag: str = "--workdir",
         ``writer="train"``, a training workdir for ``writer="sweep"``); and ``flag``.
       ValueError: ``writer`` is neither ``"train"`` nor ``"sweep"`` (a programming error).
     """
-    import os  # noqa: PLC0415
     if writer not in ("train", "sweep"):
         raise ValueError(f"writer={writer!r}: expected 'train' or 'sweep'")
     if writer == "train":
