@@ -52,7 +52,8 @@ Variants (``--config=configs/halo_smollm2.py:<variant>``):
   training tokens in the same shares: the issue asks for at least 160M, and the 2026-12-03e run
   ended in 1,037 s of the 25-minute window with Stage 2's KL still falling, so
   ``tokens=224000000`` (1.4x, about 1,330 s) spends the rest of the window on training
-  (measured 2026-12-03f: 1,268 s).
+  (measured 2026-12-03f: 1,268 s; 12-04c, with the report's ``student_unscaled``: 1,363 s;
+  12-04d, its NIAH to 16K on a machine that compiled 30-45% slower: 1,477 s, 23 s to spare).
   ``--config.hypenet.lightning_alibi_max_bias=<b>`` (default 8, HypeNet's) sets the Lightning
   layers' decays ``exp(-2^(-b (h + 1) / H))``: the longest half-life is ``ln 2 * 2^b`` tokens
   (177 at 8, 2,839 at 12). Another value is an ablation outside the paper; Stage 1 trains
