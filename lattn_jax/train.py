@@ -14,7 +14,10 @@ Stages, in order:
    NaN/inf guard), periodic validation, metrics (loss, LR, gradient norm, tokens/s, step time,
    MFU) to stdout, ``<workdir>/metrics.jsonl``, ``loss.png`` and TensorBoard, a tqdm bar, async
    checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption) or Ctrl-C
-   (SIGINT; a second Ctrl-C stops at once), and a final evaluation and checkpoint.
+   (SIGINT; a second Ctrl-C stops at once), and a final evaluation and checkpoint. Running
+   out of device memory, in the first step or a later one, ends the run with one line naming
+   the options to lower (and, after the first step, the intact checkpoint the same command
+   resumes from).
 """
 
 import contextlib
@@ -732,7 +735,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
         (naming ``--workdir``, the path and the OS reason); when the first training step
         runs out of device memory (naming ``data.batch_size``, ``data.seq_len`` and
-        ``train.micro_batch_size``); and when ``workdir`` is another
+        ``train.micro_batch_size``), or a later one, an evaluation or a save does (naming
+        also where it surfaced and the newest complete checkpoint, which is left as it is,
+        as are the metrics written; nothing is saved); and when ``workdir`` is another
         kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
         :func:`lattn_jax.config.saved_training_config`), before anything is written.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
@@ -847,6 +852,55 @@ def _is_out_of_memory(error: BaseException) -> bool:
             and "RESOURCE_EXHAUSTED" in str(error))
 
 
+_OUT_OF_MEMORY_ADVICE = ("lower data.batch_size or data.seq_len, or set a smaller "
+                         "train.micro_batch_size (gradient accumulation; same batch per step)")
+
+
+def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConfig,
+                         where: str, checkpoint: Optional[str] = None) -> config_lib.ConfigError:
+    """The one-line error for XLA's out-of-device-memory error ``error`` (the caller raises it).
+
+    Args:
+      error: the ``RESOURCE_EXHAUSTED`` error (:func:`_is_out_of_memory`); the first line of its
+        message ends the text (at most 200 characters).
+      config: the run's config (the options named).
+      where: the step or phase, e.g. ``"the first training step"``, ``"train step 5"``,
+        ``"evaluation at step 6"``.
+      checkpoint: for a run that got past its first step, what running the same command again
+        resumes from (:func:`_resume_point`); ``None`` for the first step.
+
+    Returns:
+      A ``ConfigError`` naming ``where``, ``data.batch_size``, ``data.seq_len`` and
+      ``train.micro_batch_size`` (the options to lower) and, when given, ``checkpoint``.
+    """
+    dcfg, micro = config.data, config.train.micro_batch_size
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    options = (f"data.batch_size={dcfg.batch_size}, data.seq_len={dcfg.seq_len}, "
+               f"train.micro_batch_size={micro}")
+    if checkpoint is None:
+        return config_lib.ConfigError(
+            f"out of device memory in {where} ({options}): {_OUT_OF_MEMORY_ADVICE}. XLA: "
+            f"{first[:200]}")
+    return config_lib.ConfigError(
+        f"out of device memory in {where} ({options}); {checkpoint}. To fit: "
+        f"{_OUT_OF_MEMORY_ADVICE}; a resumed run keeps data.batch_size and data.seq_len "
+        f"(changing them needs a new --workdir). XLA: {first[:200]}")
+
+
+def _resume_point(ckpt: checkpoint_lib.Checkpointer) -> str:
+    """What running the same command again resumes from, after the run failed: the newest
+    complete checkpoint (its step and path; pending asynchronous saves are waited for first,
+    best effort), or a fresh start when there is none."""
+    with contextlib.suppress(Exception):  # a failing wait leaves the previous complete step
+        ckpt.wait()
+    steps = checkpoint_lib.saved_steps(os.path.dirname(ckpt.directory))
+    if not steps:
+        return (f"no checkpoint was saved yet in {ckpt.directory}: running the same command "
+                f"again starts from scratch")
+    return (f"the last checkpoint, step {steps[-1]} in {ckpt.directory}/{steps[-1]}, is "
+            f"intact: running the same command again resumes from it")
+
+
 def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
                       config: config_lib.ExperimentConfig):
     """The run's first :meth:`Trainer.train_step` (compiled here), waited for.
@@ -862,14 +916,7 @@ def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
     except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
         if not _is_out_of_memory(e):
             raise
-        dcfg, micro = config.data, config.train.micro_batch_size
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise config_lib.ConfigError(
-            f"out of device memory in the first training step (data.batch_size="
-            f"{dcfg.batch_size}, data.seq_len={dcfg.seq_len}, train.micro_batch_size="
-            f"{micro}): lower data.batch_size or data.seq_len, or set a smaller "
-            f"train.micro_batch_size (gradient accumulation; same batch per step). XLA: "
-            f"{first[:200]}") from None
+        raise _out_of_memory_error(e, config, "the first training step") from None
     return state, metrics
 
 
@@ -985,6 +1032,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         return loss
 
     def save(step, metrics=None):
+        nonlocal phase
+        phase = f"the checkpoint save at step {step}"
         ckpt.save(step, state, train_iter, metrics=metrics)
         return step
 
@@ -998,9 +1047,14 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     stop_at = tcfg.total_steps
     if tcfg.max_steps_per_run is not None:
         stop_at = min(stop_at, step + tcfg.max_steps_per_run)
+    # Where an out-of-device-memory error surfaced (named in its one-line message). Dispatch is
+    # asynchronous: a train step's error surfaces when its results are read (its log line, an
+    # evaluation or a save), which can be a few steps after the step that ran out.
+    phase = "training"
     try:
         with PreemptionWatcher(tcfg.save_on_preemption) as watcher:
             while step < stop_at:
+                phase = f"train step {step + 1}"
                 batch = next(train_iter)
                 if first_step:  # compiles; out of device memory here: one line, what to lower
                     state, metrics = _first_train_step(trainer, state, batch, config)
@@ -1055,6 +1109,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 bar.update(1)
                 eval_now = step % tcfg.eval_every == 0 and step != tcfg.total_steps
                 if eval_now:
+                    phase = f"evaluation at step {step}"
                     val_loss = run_eval(step)
                     print_fn(f"step {step:5d}  val_loss {val_loss:.4f}")
                 if step % tcfg.checkpoint_every == 0 and step != tcfg.total_steps:
@@ -1085,9 +1140,16 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"{tcfg.total_steps}); evaluating the restored model. Raise "
                      f"--config.train.total_steps to continue training (the LR schedule is "
                      f"then recomputed for the new total).")
+        phase = f"the final evaluation at step {step}"
         val_loss = run_eval(step)
         if last_saved != step:
             save(step, {"val_loss": val_loss})
+    except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
+        # The first step's is translated by _first_train_step (a ConfigError, not one of these).
+        if not _is_out_of_memory(e):
+            raise
+        # Nothing is saved (the donated state may be gone); what was written stays as it is.
+        raise _out_of_memory_error(e, config, phase, _resume_point(ckpt)) from None
     finally:
         bar.close()
         ckpt.close()
