@@ -14,10 +14,10 @@ Stages, in order:
    NaN/inf guard), periodic validation, metrics (loss, LR, gradient norm, tokens/s, step time,
    MFU) to stdout, ``<workdir>/metrics.jsonl``, ``loss.png`` and TensorBoard, a tqdm bar, async
    checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption) or Ctrl-C
-   (SIGINT; a second Ctrl-C stops at once), and a final evaluation and checkpoint. Running
-   out of device memory, in the first step or a later one, ends the run with one line naming
-   the options to lower (and, after the first step, the intact checkpoint the same command
-   resumes from).
+   (SIGINT; a second Ctrl-C stops at once, or, while a checkpoint is being written, once it is
+   complete), and a final evaluation and checkpoint. Running out of device memory, in the
+   first step or a later one, ends the run with one line naming the options to lower (and,
+   after the first step, the intact checkpoint the same command resumes from).
 """
 
 import contextlib
@@ -467,10 +467,11 @@ class PreemptionWatcher:
 
     The first Ctrl-C asks for a save at the end of the current step and installs Python's
     default SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``,
-    nothing saved). Installed only from the main thread (Python's rule for signal handlers);
-    the previous handlers are restored on exit. In a multi-process run the processes also agree
-    on the step through orbax / JAX's preemption sync point. Public: the HALO pipeline
-    (``experiments/halo_pipeline.py``) stops its stages with it too.
+    nothing saved), except while a checkpoint is being written (:meth:`defer_sigint`): then it
+    stops once the write is complete. Installed only from the main thread (Python's rule for
+    signal handlers); the previous handlers are restored on exit. In a multi-process run the
+    processes also agree on the step through orbax / JAX's preemption sync point. Public: the
+    HALO pipeline (``experiments/halo_pipeline.py``) stops its stages with it too.
 
     Attributes:
       requested: a signal arrived (poll it, then save and stop).
@@ -508,6 +509,65 @@ class PreemptionWatcher:
             for signum, previous in self._previous.items():
                 signal.signal(signum, previous)
         return False
+
+    @contextlib.contextmanager
+    def defer_sigint(self, what: str, *, finish: Optional[Callable[[], None]] = None,
+                     raise_after: bool = True):
+        """Holds back a Ctrl-C that would interrupt the block (a checkpoint write) until the
+        block is done, so that the checkpoint is complete and no ``KeyboardInterrupt`` lands
+        inside orbax. One that did (orbax 0.12.8) left the step's temporary directory behind,
+        or logged orbax's "Save Finalize thread (save_finalize) failed" traceback (the step
+        was then complete, while the binary said nothing was saved), or hung the process.
+
+        Inside the block, the first Ctrl-C of a watched run (this watcher's handler installed)
+        only asks for a stop, as :meth:`_handle` does. Any other Ctrl-C (a second one, or one
+        after the watcher's exit or without it) prints one line and is deferred: when the block
+        ends, ``finish`` (e.g. waiting for the asynchronous write) runs, still deferring, and
+        then, with ``raise_after``, ``KeyboardInterrupt`` is raised with a one-line message
+        saying that ``what`` is complete. A block that raises restores the handler and
+        propagates its own error. Does nothing outside the main thread.
+
+        Args:
+          what: the checkpoint being written, for the messages (e.g. ``"the checkpoint at step
+            6 (<dir>/6)"``).
+          finish: called after the block when a Ctrl-C was deferred, before raising.
+          raise_after: raise the deferred interrupt after the block (``False``: the caller is
+            ending anyway, e.g. closing the checkpointer in a ``finally``).
+
+        Raises:
+          KeyboardInterrupt: after the block (and ``finish``), if a Ctrl-C was deferred and
+            ``raise_after``.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        watched = previous == self._handle  # the watcher's own: no Ctrl-C seen yet
+        first, deferred = [], []
+
+        def hold(signum, frame):
+            if watched and not first:
+                first.append(signum)
+                self._handle(signum, frame)  # the first Ctrl-C: a stop after this step
+                signal.signal(signal.SIGINT, hold)  # and still deferring the next one
+                return
+            if not deferred:
+                print(f"\nCtrl-C while {what} is being written: stopping once it is complete "
+                      f"(interrupting the write would leave it incomplete)", file=sys.stderr,
+                      flush=True)
+            deferred.append(signum)
+
+        signal.signal(signal.SIGINT, hold)
+        try:
+            yield
+            if deferred and finish is not None:
+                finish()
+        finally:
+            # After a first Ctrl-C in the block, the next one interrupts (as after _handle).
+            signal.signal(signal.SIGINT, signal.default_int_handler if first else previous)
+        if deferred and raise_after:
+            raise KeyboardInterrupt(f"{what} is complete; stopped there on Ctrl-C: run the same "
+                                    f"command again to resume from it")
 
 
 CONSOLE_LOG = "console.log"
@@ -742,6 +802,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         :func:`lattn_jax.config.saved_training_config`), before anything is written.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
+      KeyboardInterrupt: a second Ctrl-C (or one with ``train.save_on_preemption`` off); one
+        that came while a checkpoint was being written is raised once the write is complete,
+        with a message naming that checkpoint (:meth:`PreemptionWatcher.defer_sigint`).
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
@@ -1031,10 +1094,15 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             plot_losses(workdir)
         return loss
 
+    # A second Ctrl-C while a checkpoint is being written waits for the write to complete.
+    watcher = PreemptionWatcher(tcfg.save_on_preemption)
+
     def save(step, metrics=None):
         nonlocal phase
         phase = f"the checkpoint save at step {step}"
-        ckpt.save(step, state, train_iter, metrics=metrics)
+        with watcher.defer_sigint(f"the checkpoint at step {step} ({ckpt.directory}/{step})",
+                                  finish=ckpt.wait):
+            ckpt.save(step, state, train_iter, metrics=metrics)
         return step
 
     bar = tqdm.tqdm(total=tcfg.total_steps, initial=step, unit="step", dynamic_ncols=True,
@@ -1052,7 +1120,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     # evaluation or a save), which can be a few steps after the step that ran out.
     phase = "training"
     try:
-        with PreemptionWatcher(tcfg.save_on_preemption) as watcher:
+        with watcher:
             while step < stop_at:
                 phase = f"train step {step + 1}"
                 batch = next(train_iter)
@@ -1124,7 +1192,9 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         if step < tcfg.total_steps:
             if last_saved != step:
                 save(step)
-            ckpt.wait()
+            with watcher.defer_sigint(f"the checkpoint at step {step} "
+                                      f"({ckpt.directory}/{step})"):
+                ckpt.wait()
             if preempted:
                 why = {"SIGINT": "Ctrl-C, SIGINT", "SIGTERM": "SIGTERM (preemption)"}.get(
                     watcher.signal_name, "a preemption notice")
@@ -1152,7 +1222,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         raise _out_of_memory_error(e, config, phase, _resume_point(ckpt)) from None
     finally:
         bar.close()
-        ckpt.close()
+        with watcher.defer_sigint("the pending checkpoint writes", raise_after=False):
+            ckpt.close()
         metrics_writer.close()
     train_text = "n/a (no steps run)" if math.isnan(last_train_loss) else f"{last_train_loss:.4f}"
     print_fn(f"final: step {step}  train_loss {train_text}  val_loss {val_loss:.4f} "

@@ -40,6 +40,20 @@ def train_step(self, state, batch):
 train.Trainer.train_step = train_step
 """
 
+# Checkpointer.save with two Ctrl-Cs (SIGINT) at step 2: a stop request, then an interrupt.
+CTRL_C_TWICE_IN_SAVE_2 = """
+import os, signal, time
+from lattn_jax import checkpoint
+real_save = checkpoint.Checkpointer.save
+def save(self, step, *args, **kwargs):
+    if step == 2:
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    return real_save(self, step, *args, **kwargs)
+checkpoint.Checkpointer.save = save
+"""
+
 
 def run_train_patched(patch, *flags):
     """:func:`run_train` with the Python code ``patch`` run first, in the same process."""
@@ -146,6 +160,17 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertEqual(os.listdir(path), ["2"])
         with open(os.path.join(workdir, "metrics.jsonl")) as f:
             self.assertEqual([json.loads(line)["step"] for line in f], [1, 2])
+
+    def test_ctrl_c_twice_during_a_save_finishes_it_and_says_so_in_one_line(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train_patched(CTRL_C_TWICE_IN_SAVE_2, "--workdir=" + workdir, *TINY_RUN)
+        self.assertEqual(result.returncode, 130, result.stderr)
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stderr.strip().splitlines()[-1], (
+            f"interrupted (Ctrl-C): the checkpoint at step 2 ({path}/2) is complete; stopped "
+            f"there on Ctrl-C: run the same command again to resume from it"))
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(os.listdir(path), ["2"])
 
     def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
