@@ -7,6 +7,7 @@ import glob
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -323,6 +324,36 @@ class RunRecordTest(CorpusTestCase):
         self.assertEqual(log.count("final: step"), 2, log)  # appended, not overwritten
         self.assertIn(" ".join(resumed_argv), log)
         self.assertIn("Resuming from the checkpoint at step 4", log)
+
+
+class StoppedBeforeCheckpointsTest(CorpusTestCase):
+
+    def test_both_binaries_take_it_for_a_training_workdir(self):
+        # Ctrl-C while the data are read: the run has its lock and records, no config.json or
+        # checkpoints/. sweep.py took it for an empty sweep root (it looked for config.json
+        # plus checkpoints/) and wrote runs/ there; train.py then refused it as a sweep root.
+        from lattn_jax import sweep  # noqa: PLC0415 (the check sweep.py makes of --root)
+        workdir = os.path.join(self.tmp, "w")
+        with mock.patch.object(data_lib, "build_datasets", side_effect=KeyboardInterrupt):
+            with self.assertRaises(KeyboardInterrupt):
+                train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
+                                         print_fn=lambda s: None)
+        self.assertEqual(sorted(os.listdir(workdir)), sorted(
+            [train.WORKDIR_LOCK, train.INVOCATIONS, train.CONSOLE_LOG]))  # kept, nothing else
+        self.assertIsNone(config_lib.saved_training_config(workdir))  # train.py: its own
+        with self.assertRaisesRegex(
+                sweep.SweepConfigError,
+                f"^{re.escape(workdir)} is a training run's workdir \\(it has \\.train\\.lock, "
+                f"invocations\\.jsonl and console\\.log; experiments/train\\.py writes it\\), "
+                f"not a sweep root: "):
+            sweep.check_root(workdir, {"name": "a"})
+        # Every file the trainer writes first is one the check knows.
+        for name in (train.WORKDIR_LOCK, train.INVOCATIONS, train.CONSOLE_LOG):
+            self.assertIn(name, config_lib.TRAINING_WORKDIR_ENTRIES)
+        # The run goes on from there.
+        result = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2),
+                                          workdir, print_fn=lambda s: None)
+        self.assertEqual((result["resumed_from"], result["step"]), (-1, 2))
 
 
 class RelocatableRunTest(CorpusTestCase):
