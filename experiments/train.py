@@ -64,10 +64,12 @@ def main(argv):
             # an explicitly named kernel / cuDNN on a machine or shapes it cannot run
             validation.UnsupportedImplementationError) as e:  # one line each, no traceback
         sys.exit(f"error: {e}")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         # Ctrl-C outside the training loop (data, compilation set-up), or a second Ctrl-C in it:
         # one line, the shell's status for SIGINT. (One Ctrl-C in the loop saves and returns.)
-        print("interrupted (Ctrl-C); nothing saved since the last checkpoint", file=sys.stderr)
+        # A Ctrl-C while a checkpoint is written waits for it; the message then names it.
+        print(f"interrupted (Ctrl-C): {e}" if str(e) else
+              "interrupted (Ctrl-C); nothing saved since the last checkpoint", file=sys.stderr)
         sys.exit(130)
 
 

@@ -1300,6 +1300,27 @@ def first_missing_dir(path: str) -> Optional[str]:
     return missing
 
 
+# What experiments/train.py writes into its --workdir besides config.json, from its first moment
+# on: the lock and the invocation's records (``lattn_jax.train.WORKDIR_LOCK``, ``INVOCATIONS``,
+# ``CONSOLE_LOG``; before the data are read), then checkpoints/ and metrics.jsonl. Any one of
+# them makes a directory a training run's (:func:`saved_training_config`), also a run stopped
+# before its first checkpoint. And what experiments/sweep.py writes into its --root first.
+TRAINING_WORKDIR_ENTRIES = (".train.lock", "invocations.jsonl", "console.log", "checkpoints/",
+                            "metrics.jsonl")
+SWEEP_ROOT_ENTRIES = ("sweep.jsonl", "runs/")
+
+
+def _entries(directory: str, names) -> list:
+    """The names of ``names`` (a trailing ``/``: a directory, else a file) in ``directory``."""
+    return [name for name in names
+            if (os.path.isdir if name.endswith("/") else os.path.isfile)(
+                os.path.join(directory, name.rstrip("/")))]
+
+
+def _and(items) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
 def saved_training_config(workdir: str, *, flag: str = "--workdir",
                           consequence: str = "training would overwrite it",
                           writer: str = "train") -> Optional[dict]:
@@ -1309,9 +1330,12 @@ def saved_training_config(workdir: str, *, flag: str = "--workdir",
     kind of run's: ``train.py`` calls it for ``--workdir`` (``writer="train"``), ``sweep.py``
     for ``--root`` (``writer="sweep"``, :func:`lattn_jax.sweep.check_root`), before either
     writes anything there. Refused: a HALO pipeline's workdir (:mod:`experiments.halo_pipeline`;
-    a ``config.json`` without a ``model`` section), by both; a sweep root (``sweep.jsonl`` or a
-    ``runs/`` directory) by ``train.py``; a training run's workdir (a ``config.json`` with a
-    ``model`` section plus ``checkpoints/``) by ``sweep.py``.
+    a ``config.json`` without a ``model`` section), by both; a sweep root (any of
+    :data:`SWEEP_ROOT_ENTRIES`: ``sweep.jsonl``, ``runs/``) by ``train.py``; a training run's
+    workdir (a ``config.json`` with a ``model`` section, or any of
+    :data:`TRAINING_WORKDIR_ENTRIES`: what the trainer writes from its start on, so also a run
+    stopped before it saved a checkpoint) by ``sweep.py``. A directory holding both kinds of
+    files is refused by both.
 
     Args:
       workdir: the directory (need not exist).
@@ -1332,11 +1356,10 @@ def saved_training_config(workdir: str, *, flag: str = "--workdir",
     if writer not in ("train", "sweep"):
         raise ValueError(f"writer={writer!r}: expected 'train' or 'sweep'")
     if writer == "train":
-        found = [name for name, is_it in (("sweep.jsonl", os.path.isfile), ("runs/", os.path.isdir))
-                 if is_it(os.path.join(workdir, name.rstrip("/")))]
+        found = _entries(workdir, SWEEP_ROOT_ENTRIES)
         if found:
             raise ConfigError(
-                f"{workdir} is a sweep root (it has {' and '.join(found)}; experiments/sweep.py "
+                f"{workdir} is a sweep root (it has {_and(found)}; experiments/sweep.py "
                 f"writes it), not a training run's workdir: {consequence}. Use another {flag}")
     path = os.path.join(workdir, "config.json")
     saved = read_run_config_json(path) if os.path.exists(path) else None
@@ -1345,12 +1368,14 @@ def saved_training_config(workdir: str, *, flag: str = "--workdir",
             f"{path} is not a training run's config (it has no 'model' section; "
             f"{'a HALO workdir' if 'teacher' in saved else 'another kind of run'}): "
             f"{consequence}. Use another {flag}")
-    if (writer == "sweep" and saved is not None
-            and os.path.isdir(os.path.join(workdir, "checkpoints"))):
-        raise ConfigError(
-            f"{workdir} is a training run's workdir (config.json with a 'model' section, and "
-            f"checkpoints/; experiments/train.py writes it), not a sweep root: {consequence}. "
-            f"Use another {flag}")
+    if writer == "sweep":
+        found = ((["config.json with a 'model' section"] if saved is not None else [])
+                 + _entries(workdir, TRAINING_WORKDIR_ENTRIES))
+        if found:
+            raise ConfigError(
+                f"{workdir} is a training run's workdir (it has {_and(found)}; "
+                f"experiments/train.py writes it), not a sweep root: {consequence}. Use another "
+                f"{flag}")
     return saved
 
 

@@ -1132,8 +1132,9 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
         a ``root`` that exists and is not a directory; for ``report_only``, a ``root`` that
         does not exist; or a ``root`` that is another kind of run's directory (a HALO
         pipeline's workdir: its ``config.json`` has no ``model`` section; a training run's
-        workdir: a ``config.json`` with a ``model`` section, and ``checkpoints/``), by the
-        check ``train.py`` makes of its ``--workdir``
+        workdir: a ``config.json`` with a ``model`` section, or the trainer's lock, records,
+        ``checkpoints/`` or ``metrics.jsonl``, also of a run stopped before its first
+        checkpoint), by the check ``train.py`` makes of its ``--workdir``
         (:func:`lattn_jax.config.saved_training_config`), naming ``--report_only`` when set
         and the file.
     """
@@ -1142,7 +1143,9 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
     if report_only and not os.path.exists(root):
         raise SweepConfigError(f"--root={root}: no such directory (--report_only rebuilds the "
                                f"results of an existing sweep; nothing was created)")
-    if os.path.exists(os.path.join(root, "config.json")):  # e.g. a HALO pipeline's workdir
+    if (any(os.path.lexists(os.path.join(root, name))
+            for name in ("config.json", "checkpoints", ".train.lock"))
+            or _has_trainer_records(root)):  # a HALO pipeline's or a training run's workdir
         from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only for this check)
         try:
             config_lib.saved_training_config(

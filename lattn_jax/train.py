@@ -14,7 +14,10 @@ Stages, in order:
    NaN/inf guard), periodic validation, metrics (loss, LR, gradient norm, tokens/s, step time,
    MFU) to stdout, ``<workdir>/metrics.jsonl``, ``loss.png`` and TensorBoard, a tqdm bar, async
    checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption) or Ctrl-C
-   (SIGINT; a second Ctrl-C stops at once), and a final evaluation and checkpoint.
+   (SIGINT; a second Ctrl-C stops at once, or, while a checkpoint is being written, once it is
+   complete), and a final evaluation and checkpoint. Running out of device memory, in the
+   first step or a later one, ends the run with one line naming the options to lower (and,
+   after the first step, the intact checkpoint the same command resumes from).
 """
 
 import contextlib
@@ -464,10 +467,11 @@ class PreemptionWatcher:
 
     The first Ctrl-C asks for a save at the end of the current step and installs Python's
     default SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``,
-    nothing saved). Installed only from the main thread (Python's rule for signal handlers);
-    the previous handlers are restored on exit. In a multi-process run the processes also agree
-    on the step through orbax / JAX's preemption sync point. Public: the HALO pipeline
-    (``experiments/halo_pipeline.py``) stops its stages with it too.
+    nothing saved), except while a checkpoint is being written (:meth:`defer_sigint`): then it
+    stops once the write is complete. Installed only from the main thread (Python's rule for
+    signal handlers); the previous handlers are restored on exit. In a multi-process run the
+    processes also agree on the step through orbax / JAX's preemption sync point. Public: the
+    HALO pipeline (``experiments/halo_pipeline.py``) stops its stages with it too.
 
     Attributes:
       requested: a signal arrived (poll it, then save and stop).
@@ -505,6 +509,65 @@ class PreemptionWatcher:
             for signum, previous in self._previous.items():
                 signal.signal(signum, previous)
         return False
+
+    @contextlib.contextmanager
+    def defer_sigint(self, what: str, *, finish: Optional[Callable[[], None]] = None,
+                     raise_after: bool = True):
+        """Holds back a Ctrl-C that would interrupt the block (a checkpoint write) until the
+        block is done, so that the checkpoint is complete and no ``KeyboardInterrupt`` lands
+        inside orbax. One that did (orbax 0.12.8) left the step's temporary directory behind,
+        or logged orbax's "Save Finalize thread (save_finalize) failed" traceback (the step
+        was then complete, while the binary said nothing was saved), or hung the process.
+
+        Inside the block, the first Ctrl-C of a watched run (this watcher's handler installed)
+        only asks for a stop, as :meth:`_handle` does. Any other Ctrl-C (a second one, or one
+        after the watcher's exit or without it) prints one line and is deferred: when the block
+        ends, ``finish`` (e.g. waiting for the asynchronous write) runs, still deferring, and
+        then, with ``raise_after``, ``KeyboardInterrupt`` is raised with a one-line message
+        saying that ``what`` is complete. A block that raises restores the handler and
+        propagates its own error. Does nothing outside the main thread.
+
+        Args:
+          what: the checkpoint being written, for the messages (e.g. ``"the checkpoint at step
+            6 (<dir>/6)"``).
+          finish: called after the block when a Ctrl-C was deferred, before raising.
+          raise_after: raise the deferred interrupt after the block (``False``: the caller is
+            ending anyway, e.g. closing the checkpointer in a ``finally``).
+
+        Raises:
+          KeyboardInterrupt: after the block (and ``finish``), if a Ctrl-C was deferred and
+            ``raise_after``.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.getsignal(signal.SIGINT)
+        watched = previous == self._handle  # the watcher's own: no Ctrl-C seen yet
+        first, deferred = [], []
+
+        def hold(signum, frame):
+            if watched and not first:
+                first.append(signum)
+                self._handle(signum, frame)  # the first Ctrl-C: a stop after this step
+                signal.signal(signal.SIGINT, hold)  # and still deferring the next one
+                return
+            if not deferred:
+                print(f"\nCtrl-C while {what} is being written: stopping once it is complete "
+                      f"(interrupting the write would leave it incomplete)", file=sys.stderr,
+                      flush=True)
+            deferred.append(signum)
+
+        signal.signal(signal.SIGINT, hold)
+        try:
+            yield
+            if deferred and finish is not None:
+                finish()
+        finally:
+            # After a first Ctrl-C in the block, the next one interrupts (as after _handle).
+            signal.signal(signal.SIGINT, signal.default_int_handler if first else previous)
+        if deferred and raise_after:
+            raise KeyboardInterrupt(f"{what} is complete; stopped there on Ctrl-C: run the same "
+                                    f"command again to resume from it")
 
 
 CONSOLE_LOG = "console.log"
@@ -732,11 +795,16 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
         (naming ``--workdir``, the path and the OS reason); when the first training step
         runs out of device memory (naming ``data.batch_size``, ``data.seq_len`` and
-        ``train.micro_batch_size``); and when ``workdir`` is another
+        ``train.micro_batch_size``), or a later one, an evaluation or a save does (naming
+        also where it surfaced and the newest complete checkpoint, which is left as it is,
+        as are the metrics written; nothing is saved); and when ``workdir`` is another
         kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
         :func:`lattn_jax.config.saved_training_config`), before anything is written.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
+      KeyboardInterrupt: a second Ctrl-C (or one with ``train.save_on_preemption`` off); one
+        that came while a checkpoint was being written is raised once the write is complete,
+        with a message naming that checkpoint (:meth:`PreemptionWatcher.defer_sigint`).
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
@@ -847,6 +915,55 @@ def _is_out_of_memory(error: BaseException) -> bool:
             and "RESOURCE_EXHAUSTED" in str(error))
 
 
+_OUT_OF_MEMORY_ADVICE = ("lower data.batch_size or data.seq_len, or set a smaller "
+                         "train.micro_batch_size (gradient accumulation; same batch per step)")
+
+
+def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConfig,
+                         where: str, checkpoint: Optional[str] = None) -> config_lib.ConfigError:
+    """The one-line error for XLA's out-of-device-memory error ``error`` (the caller raises it).
+
+    Args:
+      error: the ``RESOURCE_EXHAUSTED`` error (:func:`_is_out_of_memory`); the first line of its
+        message ends the text (at most 200 characters).
+      config: the run's config (the options named).
+      where: the step or phase, e.g. ``"the first training step"``, ``"train step 5"``,
+        ``"evaluation at step 6"``.
+      checkpoint: for a run that got past its first step, what running the same command again
+        resumes from (:func:`_resume_point`); ``None`` for the first step.
+
+    Returns:
+      A ``ConfigError`` naming ``where``, ``data.batch_size``, ``data.seq_len`` and
+      ``train.micro_batch_size`` (the options to lower) and, when given, ``checkpoint``.
+    """
+    dcfg, micro = config.data, config.train.micro_batch_size
+    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    options = (f"data.batch_size={dcfg.batch_size}, data.seq_len={dcfg.seq_len}, "
+               f"train.micro_batch_size={micro}")
+    if checkpoint is None:
+        return config_lib.ConfigError(
+            f"out of device memory in {where} ({options}): {_OUT_OF_MEMORY_ADVICE}. XLA: "
+            f"{first[:200]}")
+    return config_lib.ConfigError(
+        f"out of device memory in {where} ({options}); {checkpoint}. To fit: "
+        f"{_OUT_OF_MEMORY_ADVICE}; a resumed run keeps data.batch_size and data.seq_len "
+        f"(changing them needs a new --workdir). XLA: {first[:200]}")
+
+
+def _resume_point(ckpt: checkpoint_lib.Checkpointer) -> str:
+    """What running the same command again resumes from, after the run failed: the newest
+    complete checkpoint (its step and path; pending asynchronous saves are waited for first,
+    best effort), or a fresh start when there is none."""
+    with contextlib.suppress(Exception):  # a failing wait leaves the previous complete step
+        ckpt.wait()
+    steps = checkpoint_lib.saved_steps(os.path.dirname(ckpt.directory))
+    if not steps:
+        return (f"no checkpoint was saved yet in {ckpt.directory}: running the same command "
+                f"again starts from scratch")
+    return (f"the last checkpoint, step {steps[-1]} in {ckpt.directory}/{steps[-1]}, is "
+            f"intact: running the same command again resumes from it")
+
+
 def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
                       config: config_lib.ExperimentConfig):
     """The run's first :meth:`Trainer.train_step` (compiled here), waited for.
@@ -862,14 +979,7 @@ def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
     except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
         if not _is_out_of_memory(e):
             raise
-        dcfg, micro = config.data, config.train.micro_batch_size
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise config_lib.ConfigError(
-            f"out of device memory in the first training step (data.batch_size="
-            f"{dcfg.batch_size}, data.seq_len={dcfg.seq_len}, train.micro_batch_size="
-            f"{micro}): lower data.batch_size or data.seq_len, or set a smaller "
-            f"train.micro_batch_size (gradient accumulation; same batch per step). XLA: "
-            f"{first[:200]}") from None
+        raise _out_of_memory_error(e, config, "the first training step") from None
     return state, metrics
 
 
@@ -984,8 +1094,15 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             plot_losses(workdir)
         return loss
 
+    # A second Ctrl-C while a checkpoint is being written waits for the write to complete.
+    watcher = PreemptionWatcher(tcfg.save_on_preemption)
+
     def save(step, metrics=None):
-        ckpt.save(step, state, train_iter, metrics=metrics)
+        nonlocal phase
+        phase = f"the checkpoint save at step {step}"
+        with watcher.defer_sigint(f"the checkpoint at step {step} ({ckpt.directory}/{step})",
+                                  finish=ckpt.wait):
+            ckpt.save(step, state, train_iter, metrics=metrics)
         return step
 
     bar = tqdm.tqdm(total=tcfg.total_steps, initial=step, unit="step", dynamic_ncols=True,
@@ -998,9 +1115,14 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     stop_at = tcfg.total_steps
     if tcfg.max_steps_per_run is not None:
         stop_at = min(stop_at, step + tcfg.max_steps_per_run)
+    # Where an out-of-device-memory error surfaced (named in its one-line message). Dispatch is
+    # asynchronous: a train step's error surfaces when its results are read (its log line, an
+    # evaluation or a save), which can be a few steps after the step that ran out.
+    phase = "training"
     try:
-        with PreemptionWatcher(tcfg.save_on_preemption) as watcher:
+        with watcher:
             while step < stop_at:
+                phase = f"train step {step + 1}"
                 batch = next(train_iter)
                 if first_step:  # compiles; out of device memory here: one line, what to lower
                     state, metrics = _first_train_step(trainer, state, batch, config)
@@ -1055,6 +1177,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 bar.update(1)
                 eval_now = step % tcfg.eval_every == 0 and step != tcfg.total_steps
                 if eval_now:
+                    phase = f"evaluation at step {step}"
                     val_loss = run_eval(step)
                     print_fn(f"step {step:5d}  val_loss {val_loss:.4f}")
                 if step % tcfg.checkpoint_every == 0 and step != tcfg.total_steps:
@@ -1069,7 +1192,9 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         if step < tcfg.total_steps:
             if last_saved != step:
                 save(step)
-            ckpt.wait()
+            with watcher.defer_sigint(f"the checkpoint at step {step} "
+                                      f"({ckpt.directory}/{step})"):
+                ckpt.wait()
             if preempted:
                 why = {"SIGINT": "Ctrl-C, SIGINT", "SIGTERM": "SIGTERM (preemption)"}.get(
                     watcher.signal_name, "a preemption notice")
@@ -1085,12 +1210,20 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"{tcfg.total_steps}); evaluating the restored model. Raise "
                      f"--config.train.total_steps to continue training (the LR schedule is "
                      f"then recomputed for the new total).")
+        phase = f"the final evaluation at step {step}"
         val_loss = run_eval(step)
         if last_saved != step:
             save(step, {"val_loss": val_loss})
+    except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
+        # The first step's is translated by _first_train_step (a ConfigError, not one of these).
+        if not _is_out_of_memory(e):
+            raise
+        # Nothing is saved (the donated state may be gone); what was written stays as it is.
+        raise _out_of_memory_error(e, config, phase, _resume_point(ckpt)) from None
     finally:
         bar.close()
-        ckpt.close()
+        with watcher.defer_sigint("the pending checkpoint writes", raise_after=False):
+            ckpt.close()
         metrics_writer.close()
     train_text = "n/a (no steps run)" if math.isnan(last_train_loss) else f"{last_train_loss:.4f}"
     print_fn(f"final: step {step}  train_loss {train_text}  val_loss {val_loss:.4f} "

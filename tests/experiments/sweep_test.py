@@ -316,11 +316,31 @@ class SweepBinaryTest(absltest.TestCase):
             result = self.sweep(*flags_)
             self.assertEqual(result.returncode, 1, (flags_, result.stdout, result.stderr))
             self.assertEqual(result.stderr.strip().splitlines(), [
-                f"error: {self.root} is a training run's workdir (config.json with a 'model' "
-                f"section, and checkpoints/; experiments/train.py writes it), not a sweep root: "
-                f"{doing} {self.root}. Use another --root (nothing was written)"], flags_)
+                f"error: {self.root} is a training run's workdir (it has config.json with a "
+                f"'model' section, checkpoints/ and metrics.jsonl; experiments/train.py writes "
+                f"it), not a sweep root: {doing} {self.root}. Use another --root (nothing was "
+                f"written)"], flags_)
         self.assertEqual(sorted(os.listdir(self.root)), sorted([*files, "checkpoints"]))
         self.assertEqual(os.listdir(os.path.join(self.root, "checkpoints")), ["1"])
+
+    def test_a_training_workdir_without_checkpoints_yet_is_refused_too(self):
+        # A run stopped before its first checkpoint (Ctrl-C while reading the data) holds the
+        # trainer's lock and records only: the sweep wrote its runs/ and sweep.jsonl there,
+        # after which train.py refused its own workdir as a sweep root.
+        files = {".train.lock": "1234\n", "console.log": "==== 2026-12-04T00:00:00Z  train.py\n",
+                 "invocations.jsonl": json.dumps({"argv": ["train.py"], "config": {}}) + "\n"}
+        os.makedirs(self.root)
+        for name, text in files.items():
+            with open(os.path.join(self.root, name), "w") as f:
+                f.write(text)
+        result = self.sweep("--dry_run")
+        self.assertEqual(result.returncode, 1, (result.stdout, result.stderr))
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: {self.root} is a training run's workdir (it has .train.lock, "
+            f"invocations.jsonl and console.log; experiments/train.py writes it), not a sweep "
+            f"root: the sweep would write its runs and results into {self.root}. Use another "
+            f"--root (nothing was written)"])
+        self.assertEqual(sorted(os.listdir(self.root)), sorted(files))
 
     def test_missing_corpus_is_one_error_before_any_run(self):
         missing = os.path.join(self.root, "no_corpus")

@@ -1,5 +1,6 @@
 """The absl binary: bad options end with one clear line naming the option or file."""
 
+import json
 import os
 import subprocess
 import sys
@@ -14,6 +15,55 @@ def run_train(*flags):
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
            "--config=" + os.path.join(ROOT, "configs", "default.py"), *flags]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+
+
+# A two-step-per-checkpoint run of a one-layer model on the bundled text (seconds on a CPU).
+TINY_RUN = ("--config.model.layer_pattern=('attn',)", "--config.model.vocab_size=257",
+            "--config.data.tokenizer=byte", "--config.data.seq_len=32",
+            "--config.data.batch_size=2", "--config.data.max_val_batches=1",
+            "--config.train.total_steps=4", "--config.train.checkpoint_every=2",
+            "--config.train.eval_every=100", "--config.train.log_every=1",
+            "--config.optim.warmup_steps=1")
+
+# Runs experiments/train.py as __main__ with Trainer.train_step raising XLA's out-of-memory
+# error at its third call (after step 2's checkpoint).
+OOM_AT_STEP_3 = """
+import jax
+from lattn_jax import train
+real_step, calls = train.Trainer.train_step, []
+def train_step(self, state, batch):
+    calls.append(None)
+    if len(calls) == 3:
+        raise jax.errors.JaxRuntimeError(
+            "RESOURCE_EXHAUSTED: Out of memory allocating 123456789 bytes.\\nmore detail")
+    return real_step(self, state, batch)
+train.Trainer.train_step = train_step
+"""
+
+# Checkpointer.save with two Ctrl-Cs (SIGINT) at step 2: a stop request, then an interrupt.
+CTRL_C_TWICE_IN_SAVE_2 = """
+import os, signal, time
+from lattn_jax import checkpoint
+real_save = checkpoint.Checkpointer.save
+def save(self, step, *args, **kwargs):
+    if step == 2:
+        for _ in range(2):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    return real_save(self, step, *args, **kwargs)
+checkpoint.Checkpointer.save = save
+"""
+
+
+def run_train_patched(patch, *flags):
+    """:func:`run_train` with the Python code ``patch`` run first, in the same process."""
+    script = os.path.join(ROOT, "experiments", "train.py")
+    code = (patch + "\nimport runpy, sys\n"
+            f"sys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n")
+    cmd = [sys.executable, "-c", code,
+           "--config=" + os.path.join(ROOT, "configs", "default.py"), *flags]
+    env = dict(os.environ, PYTHONPATH=ROOT, JAX_DISABLE_MOST_OPTIMIZATIONS="true")
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
 
 
 @pytest.mark.entry
@@ -91,6 +141,36 @@ class TrainBinaryTest(parameterized.TestCase):
             f"error: --config={path}: {path} has no get_config() (a config file defines "
             f"get_config(), returning the experiment's ConfigDict)"])
         self.assertFalse(os.path.exists(workdir))
+
+    def test_out_of_memory_at_a_later_step_is_one_line_and_keeps_the_checkpoint(self):
+        # It ended in a long RESOURCE_EXHAUSTED traceback (only the first step's was one line).
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train_patched(OOM_AT_STEP_3, "--workdir=" + workdir, *TINY_RUN)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stderr.strip().splitlines()[-1], (
+            f"error: out of device memory in train step 3 (data.batch_size=2, data.seq_len=32, "
+            f"train.micro_batch_size=None); the last checkpoint, step 2 in {path}/2, is intact: "
+            f"running the same command again resumes from it. To fit: lower data.batch_size or "
+            f"data.seq_len, or set a smaller train.micro_batch_size (gradient accumulation; same "
+            f"batch per step); a resumed run keeps data.batch_size and data.seq_len (changing "
+            f"them needs a new --workdir). XLA: RESOURCE_EXHAUSTED: Out of memory allocating "
+            f"123456789 bytes."))
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(os.listdir(path), ["2"])
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            self.assertEqual([json.loads(line)["step"] for line in f], [1, 2])
+
+    def test_ctrl_c_twice_during_a_save_finishes_it_and_says_so_in_one_line(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train_patched(CTRL_C_TWICE_IN_SAVE_2, "--workdir=" + workdir, *TINY_RUN)
+        self.assertEqual(result.returncode, 130, result.stderr)
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stderr.strip().splitlines()[-1], (
+            f"interrupted (Ctrl-C): the checkpoint at step 2 ({path}/2) is complete; stopped "
+            f"there on Ctrl-C: run the same command again to resume from it"))
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(os.listdir(path), ["2"])
 
     def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)

@@ -204,10 +204,15 @@ class CheckRootTest(absltest.TestCase):
             with open(os.path.join(root, name)) as f:
                 self.assertEqual(f.read(), text)
         self.assertEqual(sorted(os.listdir(root)), ["config.json", "pipeline.jsonl", "stage1"])
-        # A training run's config.json (a model section) is not another kind of run's.
+        # A training run's config.json (a model section) is not a HALO workdir's, but it is a
+        # training run's workdir, which train.py takes as its own: refused as that.
         with open(os.path.join(root, "config.json"), "w") as f:
             json.dump({"model": {"d_model": rng.randint(8, 64)}}, f)
-        sweep.check_root(root, {"name": "a"}, report_only=True)
+        with self.assertRaisesRegex(
+                sweep.SweepConfigError,
+                f"^{re.escape(root)} is a training run's workdir \\(it has config.json with a "
+                f"'model' section; experiments/train.py writes it\\)"):
+            sweep.check_root(root, {"name": "a"}, report_only=True)
 
 
 class SelectTest(absltest.TestCase):

@@ -5,6 +5,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import signal
 import tempfile
 import time
@@ -31,6 +32,11 @@ def step_losses(workdir):
             if "train_loss" in record:
                 out[record["step"]] = record["train_loss"]
     return out
+
+
+OOM_TEXT = "RESOURCE_EXHAUSTED: Out of memory allocating 123456789 bytes.\nmore detail"
+OOM_ADVICE = ("lower data.batch_size or data.seq_len, or set a smaller train.micro_batch_size "
+              "(gradient accumulation; same batch per step)")
 
 
 class _Crash(Exception):
@@ -247,6 +253,72 @@ class GuardAndResumeTest(CorpusTestCase):
         with mock.patch.object(train.Trainer, "train_step", other):
             with self.assertRaisesRegex(jax.errors.JaxRuntimeError, "^INTERNAL: something"):
                 train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+
+    def test_out_of_memory_at_a_later_step_names_it_and_the_intact_checkpoint(self):
+        # An OOM after the first step (a longer eval batch, fragmentation) ended in a traceback.
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
+                              eval_every=100)
+        workdir = os.path.join(self.tmp, "oom_later")
+        real_step, calls = train.Trainer.train_step, []
+
+        def oom_at_5(self, state, batch):
+            calls.append(None)
+            if len(calls) == 5:
+                raise jax.errors.JaxRuntimeError(OOM_TEXT)
+            return real_step(self, state, batch)
+
+        with mock.patch.object(train.Trainer, "train_step", oom_at_5):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory in train step 5 (data.batch_size=4, data.seq_len=32, "
+            f"train.micro_batch_size=None); the last checkpoint, step 4 in {ckpt_dir}/4, is "
+            f"intact: running the same command again resumes from it. To fit: {OOM_ADVICE}; a "
+            f"resumed run keeps data.batch_size and data.seq_len (changing them needs a new "
+            f"--workdir). XLA: RESOURCE_EXHAUSTED: Out of memory allocating 123456789 bytes."))
+        # Nothing lost: the steps logged stay, both checkpoints are complete (no temporary
+        # directory), and the same call resumes from step 4 and finishes.
+        self.assertEqual(sorted(step_losses(workdir)), [1, 2, 3, 4])
+        self.assertEqual(sorted(os.listdir(ckpt_dir)), ["2", "4"])
+        with open(os.path.join(workdir, "console.log")) as f:
+            self.assertIn("stopped: ConfigError: out of device memory in train step 5",
+                          f.read())
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual((result["resumed_from"], result["step"]), (4, 6))
+
+    def test_out_of_memory_in_an_evaluation_names_it_and_the_intact_checkpoint(self):
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
+                              eval_every=4)
+        workdir = os.path.join(self.tmp, "oom_eval")
+
+        def oom(self, params, batches):
+            raise jax.errors.JaxRuntimeError(OOM_TEXT)
+
+        with mock.patch.object(train.Trainer, "evaluate_counts", oom):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertRegex(str(raised.exception), (
+            f"^out of device memory in evaluation at step 4 \\(data.batch_size=4, .*\\); the "
+            f"last checkpoint, step 2 in {re.escape(ckpt_dir)}/2, is intact: running the same "
+            f"command again resumes from it. To fit: {re.escape(OOM_ADVICE)}; .* XLA: "
+            f"RESOURCE_EXHAUSTED: Out of memory allocating 123456789 bytes.$"))
+        self.assertEqual(sorted(step_losses(workdir)), [1, 2, 3, 4])
+        self.assertEqual(os.listdir(ckpt_dir), ["2"])
+
+        # Before any checkpoint: the message says so (and the records stay).
+        workdir = os.path.join(self.tmp, "oom_eval_early")
+        with mock.patch.object(train.Trainer, "evaluate_counts", oom):
+            with self.assertRaisesRegex(
+                    train.config_lib.ConfigError,
+                    f"^out of device memory in evaluation at step 1 .*; no checkpoint was saved "
+                    f"yet in {re.escape(workdir)}/checkpoints: running the same command again "
+                    f"starts from scratch. To fit: "):
+                train.train_and_evaluate(dataclasses.replace(
+                    cfg, train=dataclasses.replace(cfg.train, eval_every=1)), workdir,
+                    print_fn=lambda s: None)
+        self.assertEqual(sorted(step_losses(workdir)), [1])
 
 
 if __name__ == "__main__":

@@ -4,12 +4,15 @@ the clone lives."""
 
 import dataclasses
 import glob
+import io
 import json
 import os
+import re
 import shutil
 import signal
 import sys
 import tempfile
+import time
 from unittest import mock
 
 import numpy as np
@@ -59,6 +62,57 @@ class InterruptTest(CorpusTestCase):
             with self.assertRaises(KeyboardInterrupt):
                 os.kill(os.getpid(), signal.SIGINT)
         self.assertEqual(signal.getsignal(signal.SIGINT), signal.SIG_IGN)  # restored on exit
+
+    def test_a_second_sigint_during_the_save_waits_for_the_checkpoint(self):
+        # It raised KeyboardInterrupt inside orbax's save: step 2's checkpoint was never
+        # written (orbax logged its own tracebacks), and the binary said "nothing saved".
+        workdir = os.path.join(self.tmp, "w")
+        real_save = checkpoint_lib.Checkpointer.save
+
+        def sigint_at_2(line):
+            if line.startswith("step     2  train_loss"):
+                os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C: stop after step 2
+
+        def save_with_sigint(ckpt, step, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, while step 2 is saved
+            time.sleep(0.05)
+            return real_save(ckpt, step, *args, **kwargs)
+
+        handler = signal.getsignal(signal.SIGINT)
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=5)
+        with mock.patch.object(checkpoint_lib.Checkpointer, "save", save_with_sigint):
+            # Python's sys.stderr (the notices, absl logging) and file descriptor 2 (threads).
+            with _stderr_fd() as stderr, mock.patch.object(sys, "stderr", io.StringIO()) as err:
+                with self.assertRaises(KeyboardInterrupt) as raised:
+                    train.train_and_evaluate(cfg, workdir, print_fn=sigint_at_2)
+        path = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step 2 ({path}/2) is complete; stopped there on Ctrl-C: run the "
+            f"same command again to resume from it"))
+        self.assertIn(f"Ctrl-C while the checkpoint at step 2 ({path}/2) is being written: "
+                      f"stopping once it is complete", err.getvalue())
+        self.assertNotIn("Traceback", err.getvalue() + stderr.text())
+        self.assertEqual(signal.getsignal(signal.SIGINT), handler)  # handler restored
+        self.assertEqual(os.listdir(path), ["2"])  # complete, no temporary directory
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual((result["resumed_from"], result["step"]), (2, 6))
+
+    def test_a_first_sigint_during_a_periodic_save_stops_after_it(self):
+        workdir = os.path.join(self.tmp, "w")
+        real_save = checkpoint_lib.Checkpointer.save
+
+        def save_with_sigint(ckpt, step, *args, **kwargs):
+            if step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+            return real_save(ckpt, step, *args, **kwargs)
+
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2)
+        with mock.patch.object(checkpoint_lib.Checkpointer, "save", save_with_sigint):
+            out = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertTrue(out["preempted"])
+        self.assertEqual(out["step"], 2)
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
 
 
 class ShortRunScheduleTest(absltest.TestCase):
@@ -270,6 +324,36 @@ class RunRecordTest(CorpusTestCase):
         self.assertEqual(log.count("final: step"), 2, log)  # appended, not overwritten
         self.assertIn(" ".join(resumed_argv), log)
         self.assertIn("Resuming from the checkpoint at step 4", log)
+
+
+class StoppedBeforeCheckpointsTest(CorpusTestCase):
+
+    def test_both_binaries_take_it_for_a_training_workdir(self):
+        # Ctrl-C while the data are read: the run has its lock and records, no config.json or
+        # checkpoints/. sweep.py took it for an empty sweep root (it looked for config.json
+        # plus checkpoints/) and wrote runs/ there; train.py then refused it as a sweep root.
+        from lattn_jax import sweep  # noqa: PLC0415 (the check sweep.py makes of --root)
+        workdir = os.path.join(self.tmp, "w")
+        with mock.patch.object(data_lib, "build_datasets", side_effect=KeyboardInterrupt):
+            with self.assertRaises(KeyboardInterrupt):
+                train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
+                                         print_fn=lambda s: None)
+        self.assertEqual(sorted(os.listdir(workdir)), sorted(
+            [train.WORKDIR_LOCK, train.INVOCATIONS, train.CONSOLE_LOG]))  # kept, nothing else
+        self.assertIsNone(config_lib.saved_training_config(workdir))  # train.py: its own
+        with self.assertRaisesRegex(
+                sweep.SweepConfigError,
+                f"^{re.escape(workdir)} is a training run's workdir \\(it has \\.train\\.lock, "
+                f"invocations\\.jsonl and console\\.log; experiments/train\\.py writes it\\), "
+                f"not a sweep root: "):
+            sweep.check_root(workdir, {"name": "a"})
+        # Every file the trainer writes first is one the check knows.
+        for name in (train.WORKDIR_LOCK, train.INVOCATIONS, train.CONSOLE_LOG):
+            self.assertIn(name, config_lib.TRAINING_WORKDIR_ENTRIES)
+        # The run goes on from there.
+        result = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2),
+                                          workdir, print_fn=lambda s: None)
+        self.assertEqual((result["resumed_from"], result["step"]), (-1, 2))
 
 
 class RelocatableRunTest(CorpusTestCase):
