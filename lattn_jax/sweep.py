@@ -817,7 +817,7 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
     attempt = Attempt(returncode=rc, wall_s=wall, stopped_by=stopped_by, error=error)
     if shared is not None:
         attempt = dataclasses.replace(attempt, parallel=concurrency.parallel,
-                                      concurrent=shared[0], shared_s=round(shared[1], 1))
+                                      concurrent=shared[0], shared_s=round(shared[1], 3))
     record = {k: v for k, v in dataclasses.asdict(attempt).items()
               if k not in _CONCURRENCY_FIELDS or v is not None}
     _append_jsonl(attempts_path, {"event": "end", "time": _utc(time.time()), **record})
