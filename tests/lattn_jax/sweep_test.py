@@ -623,13 +623,21 @@ class ParallelTest(absltest.TestCase):
 
     def test_stop_reaches_every_trainer_in_flight_and_the_next_call_resumes_them(self):
         grid = ((("fake.mode", ("slow",)), ("train.total_steps", (40, 41, 42))),)
+        runs = sweep.expand(_config(grid=grid, seed_axis=None))
         stop = threading.Event()
-        timer = threading.Timer(1.2, stop.set)
-        timer.start()
-        try:
-            runs, summary = self._execute(grid, stop=stop)
-        finally:
-            timer.cancel()
+
+        def stop_when_both_saved():  # (as SIGTERM to the sweep sets it)
+            first = [os.path.join(sweep.run_dir(self.root, r), "checkpoints", "2")
+                     for r in runs[:2]]
+            deadline = time.time() + 30
+            while not all(map(os.path.isdir, first)) and time.time() < deadline:
+                time.sleep(0.05)
+            stop.set()
+
+        watcher = threading.Thread(target=stop_when_both_saved, daemon=True)
+        watcher.start()
+        runs, summary = self._execute(grid, stop=stop)
+        watcher.join()
         self.assertEqual((summary.status, summary.launched),
                          ("interrupted", [r.name for r in runs[:2]]))
         steps = []
@@ -649,9 +657,9 @@ class ParallelTest(absltest.TestCase):
                          [sweep.Status.FINISHED] * 3)
 
     def test_deadline_stops_both_and_launches_nothing_after(self):
-        grid = ((("fake.mode", ("slow",)), ("train.total_steps", (40, 41))),
+        grid = ((("fake.mode", ("slow",)), ("train.total_steps", (60, 61))),
                 (("fake.mode", ("ok",)),))
-        runs, summary = self._execute(grid, deadline=time.time() + 1.5, stop_margin_s=0.5)
+        runs, summary = self._execute(grid, deadline=time.time() + 2.5, stop_margin_s=0.5)
         self.assertEqual((summary.status, summary.launched),
                          ("deadline", [r.name for r in runs[:2]]))
         for run in runs[:2]:
