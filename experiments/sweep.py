@@ -1,4 +1,4 @@
-"""Runs a sweep's training runs one after another, resumably, then writes its results table.
+"""Runs a sweep's training runs, one or ``--parallel`` at a time, resumably; writes its results.
 
 Usage::
 
@@ -19,6 +19,16 @@ trainer has no time limit of its own; SIGTERM is its preemption signal: it saves
 after the current step and exits) ``--stop_margin_s`` before the deadline; SIGTERM or Ctrl-C
 to the sweep does the same at once; ``--finish_by_deadline`` (a machine's last call) also
 holds back a run that would not finish by then, by the finished runs' median wall time.
+``--parallel=N`` runs up to N trainers at once on the machine (default 1: one after another),
+still in the grid's order, the next when one exits; each then gets
+``XLA_PYTHON_CLIENT_MEM_FRACTION`` = 0.9/N (0.45 for 2) so that they fit on one GPU together,
+unless the environment already sets ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (or
+``XLA_CLIENT_MEM_FRACTION``), ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` or
+``XLA_PYTHON_CLIENT_ALLOCATOR=platform``; the deadline, ``--min_run_s``, ``--max_runs`` and
+``--finish_by_deadline`` apply to each launch, SIGTERM or Ctrl-C stops every trainer in
+flight, the console shows each trainer's lines behind ``[<run name>]`` (its own ``sweep.log``
+holds them all), and each attempt records its concurrency, which the results mark: tokens/s,
+MFU and wall time measured on a shared GPU are not compared with those measured alone.
 ``--reuse_from=<another sweep's root>`` (repeatable) copies the records of a finished run there
 whose training is identical (the experiment config its trainer recorded at every invocation
 equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
@@ -74,6 +84,14 @@ _MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run with less time tha
                               lower_bound=0.0)
 _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
                              "the deadline (and SIGKILL this long after SIGTERM).")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Trainer subprocesses at once on this "
+                                 "machine (>= 1; 1: one after another). Above 1 each trainer "
+                                 "gets XLA_PYTHON_CLIENT_MEM_FRACTION=0.9/N unless the "
+                                 "environment sets its GPU memory (lattn_jax.sweep."
+                                 "parallel_env); the records mark the runs that shared it.")
+flags.register_validator("parallel", lambda v: v is not None and v >= 1,
+                         "must be at least 1 (trainer subprocesses at once; 1 runs them one "
+                         "after another)")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root> "
                                  "(an existing sweep directory).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each selected run's status and command.")
@@ -115,6 +133,19 @@ def _overrides():
                      f"(e.g. train.micro_batch_size=8)")
         out.append((field.strip(), value))
     return out
+
+
+def _parallel_note(env) -> str:
+    """The start line's words on ``--parallel`` (empty for 1): runs at once, and each trainer's
+    GPU memory (:func:`lattn_jax.sweep.parallel_env`)."""
+    if _PARALLEL.value == 1:
+        return ""
+    child = sweep.parallel_env(env, _PARALLEL.value)
+    if child.get(sweep.MEM_FRACTION_ENV) != env.get(sweep.MEM_FRACTION_ENV):
+        memory = f"{sweep.MEM_FRACTION_ENV}={child[sweep.MEM_FRACTION_ENV]} each"
+    else:
+        memory = "GPU memory as the environment sets it"
+    return f"; up to {_PARALLEL.value} runs at once ({memory})"
 
 
 def parse_flags(argv):
@@ -213,6 +244,8 @@ def main(argv):
         del frame
         stop.set()
         _log(f"sweep: {signal.Signals(signum).name}; stopping after the current run's "
+             f"checkpoint" if _PARALLEL.value == 1 else
+             f"sweep: {signal.Signals(signum).name}; stopping every run in flight after its "
              f"checkpoint")
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -222,7 +255,7 @@ def main(argv):
     states = [sweep.run_state(sweep.run_dir(root, r)).status for r in runs]
     _log(f"sweep {config.get('name', '')}: {len(runs)} run(s) selected ("
          + ", ".join(f"{states.count(s)} {s.value}" for s in sweep.Status if s in states)
-         + f"); deadline {_DEADLINE.value} s")
+         + f"); deadline {_DEADLINE.value} s" + _parallel_note(env))
 
     def report(*_):
         try:
@@ -238,13 +271,16 @@ def main(argv):
             env=env, deadline=deadline, min_run_s=_MIN_RUN.value,
             stop_margin_s=_MARGIN.value, max_runs=_MAX_RUNS.value,
             retry_failed=_RETRY.value, stop=stop, print_fn=_log, after_run=report,
-            reuse_from=_REUSE.value, finish_by_deadline=_FINISH.value)
+            reuse_from=_REUSE.value, finish_by_deadline=_FINISH.value,
+            parallel=_PARALLEL.value)
     finally:
         record = {"command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
                   "sweep": sweep.sweep_name(config, root),  # sweep.check_root reads it
                   "started": started.isoformat(timespec="seconds"),
                   "wall_s": round(time.time() - t0, 1), "status": summary.status,
                   "launched": summary.launched}
+        if _PARALLEL.value > 1:  # (one run at a time: the record as before --parallel)
+            record["parallel"] = _PARALLEL.value
         with open(os.path.join(root, sweep_report.SWEEP_LOG), "a") as f:
             f.write(json.dumps(record) + "\n")
         paths = sweep_report.write(sweep_report.build(config, root))

@@ -1,4 +1,4 @@
-"""Sweeps: a grid of training runs, run one after another, resumable, each in its own directory.
+"""Sweeps: a grid of training runs, one (or N) at a time, resumable, each in its own directory.
 
 A sweep config (``configs/sweeps/<name>.py``, ``get_config(arg)`` returning a ConfigDict) names
 a training config and a grid; :func:`expand` turns it into :class:`Run` s, each of which is one
@@ -27,7 +27,9 @@ and lives in ``<root>/runs/<name>/``: the trainer's own files (``metrics.jsonl``
 ``console.log``, ``invocations.jsonl``, ``config.json``, ``checkpoints/``, ``loss.png``) plus
 the sweep's: ``sweep_run.json`` (the run's definition and command), ``sweep_attempts.jsonl``
 (one ``start`` and one ``end`` record per attempt: time, return code, who stopped it, the error
-line) and ``sweep.log`` (the trainer's stdout and stderr, every attempt).
+line; with ``parallel`` > 1 also the concurrency: ``parallel``, and at the end ``concurrent``,
+the most runs in flight at once during it, and ``shared_s``, the seconds it shared the machine)
+and ``sweep.log`` (the trainer's stdout and stderr, every attempt).
 
 Status (:func:`run_state`), from those files alone (no checkpoint needed to tell a finished run):
 
@@ -43,7 +45,9 @@ Status (:func:`run_state`), from those files alone (no checkpoint needed to tell
 :func:`execute` runs a list of runs in order, each as a subprocess (a crash, an OOM or a bad
 option ends that run, never the sweep), skipping finished (and, unless asked, failed) runs, and
 stops cleanly at a deadline: the running trainer receives SIGTERM, its preemption signal (it
-finishes the step, saves a checkpoint and exits), ``stop_margin_s`` before the deadline.
+finishes the step, saves a checkpoint and exits), ``stop_margin_s`` before the deadline. With
+``parallel`` > 1 it keeps up to that many trainers in flight on one machine (small models leave
+a GPU partly idle; :func:`parallel_env` gives each its share of the GPU's memory).
 """
 
 import calendar
@@ -57,6 +61,7 @@ import itertools
 import json
 import math
 import os
+import queue
 import re
 import shutil
 import signal
@@ -436,6 +441,10 @@ class RunResult:
         token embedding and the LM head (one matrix when they are tied).
       wall_s: wall time of the sweep's attempts (trainer start-up, compilation and
         evaluations included); without attempt records, first invocation to last metric.
+      concurrent: the most runs in flight at once during any of its attempts, itself included
+        (``execute(parallel>1)``); 1: measured alone. Above 1, ``tokens_per_sec``, ``mfu`` and
+        ``wall_s`` were measured while it shared the machine (the losses are unaffected).
+      parallel: the largest ``parallel`` setting of its attempts (1: one run at a time).
       val_curve, train_curve: ``[(tokens, loss), ...]`` by step.
     """
 
@@ -455,6 +464,8 @@ class RunResult:
     params: Optional[int] = None
     non_embedding_params: Optional[int] = None
     wall_s: Optional[float] = None
+    concurrent: int = 1
+    parallel: int = 1
     val_curve: List[Tuple[int, float]] = dataclasses.field(default_factory=list)
     train_curve: List[Tuple[int, float]] = dataclasses.field(default_factory=list)
 
@@ -520,7 +531,10 @@ def collect(workdir: str) -> RunResult:
         if vocab and width:
             embeddings = vocab * width * (1 if model_cfg.get("tie_embeddings") else 2)
             out.non_embedding_params = out.params - embeddings
-    ends = [a for a in read_jsonl(os.path.join(workdir, ATTEMPTS)) if a.get("event") == "end"]
+    attempts = read_jsonl(os.path.join(workdir, ATTEMPTS))
+    out.concurrent = _run_concurrency(attempts)
+    out.parallel = max([int(a.get("parallel") or 1) for a in attempts] + [1])
+    ends = [a for a in attempts if a.get("event") == "end"]
     if ends:
         out.wall_s = sum(float(a.get("wall_s", 0.0)) for a in ends)
     else:
@@ -577,18 +591,142 @@ class Attempt:
       stopped_by: ``"deadline"`` or ``"interrupt"`` when the sweep sent the trainer SIGTERM,
         else ``None``.
       error: :func:`error_line` of its output when it exited non-zero, else ``None``.
+      parallel: the sweep's ``parallel`` setting when above 1 (several runs may share the
+        machine), else ``None`` (one run at a time: not recorded, as before it existed).
+      concurrent: with ``parallel``, the most runs in flight at once during the attempt, this
+        one included (1: it ran alone throughout), else ``None``.
+      shared_s: with ``parallel``, the seconds of the attempt during which at least one other
+        run was in flight, else ``None``.
     """
 
     returncode: int
     wall_s: float
     stopped_by: Optional[str]
     error: Optional[str]
+    parallel: Optional[int] = None
+    concurrent: Optional[int] = None
+    shared_s: Optional[float] = None
+
+
+# Attempt fields written to the ``end`` record only when set (``parallel`` > 1), so that the
+# records of one run at a time stay exactly as they were before ``parallel`` existed.
+_CONCURRENCY_FIELDS = ("parallel", "concurrent", "shared_s")
+
+# The environment variables that decide how much GPU memory a JAX process takes at start-up
+# (jaxlib's ``generate_pjrt_gpu_plugin_options``): by default it preallocates 75% of the GPU.
+MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+_MEM_FRACTION_ENVS = (MEM_FRACTION_ENV, "XLA_CLIENT_MEM_FRACTION")  # the second: jaxlib's new name
+_PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
+_ALLOCATOR_ENV = "XLA_PYTHON_CLIENT_ALLOCATOR"
+# The share of GPU memory that ``parallel`` trainers take together (the rest: the CUDA
+# context of each process, cuDNN / cuBLAS workspaces).
+GPU_MEMORY_SHARE = 0.9
+
+
+def memory_fraction(parallel: int) -> str:
+    """The ``XLA_PYTHON_CLIENT_MEM_FRACTION`` of each of ``parallel`` trainers sharing a GPU:
+    :data:`GPU_MEMORY_SHARE` / ``parallel``, rounded down to 3 decimals (``"0.45"`` for 2,
+    ``"0.3"`` for 3, ``"0.225"`` for 4).
+
+    Raises:
+      ValueError: if ``parallel`` < 1.
+    """
+    if parallel < 1:
+        raise ValueError(f"parallel={parallel}: must be at least 1")
+    return format(math.floor(GPU_MEMORY_SHARE / parallel * 1000) / 1000, "g")
+
+
+def parallel_env(env: Optional[Mapping[str, str]], parallel: int) -> Optional[Dict[str, str]]:
+    """The trainers' environment when ``parallel`` of them share one machine.
+
+    JAX preallocates 75% of a GPU's memory in each process, so a second trainer on the same
+    GPU would run out of memory at start-up. For ``parallel`` > 1 each trainer gets
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` = :func:`memory_fraction` (0.45 each for 2), unless the
+    environment already decides the memory itself: it sets ``XLA_PYTHON_CLIENT_MEM_FRACTION``
+    or jaxlib's newer ``XLA_CLIENT_MEM_FRACTION`` (setting both is an error in jaxlib),
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (or ``False``, ``0``: no pool, memory on demand)
+    or ``XLA_PYTHON_CLIENT_ALLOCATOR=platform`` (no pool either); then it is left as it is.
+    CPU runs ignore these variables.
+
+    Args:
+      env: the trainers' environment (``None``: this process's, ``os.environ``).
+      parallel: trainers at once (>= 1).
+
+    Returns:
+      ``env`` itself for ``parallel`` == 1 (nothing changes), else a new dict.
+
+    Raises:
+      ValueError: if ``parallel`` < 1.
+    """
+    fraction = memory_fraction(parallel)
+    if parallel == 1:
+        return None if env is None else env
+    out = dict(os.environ if env is None else env)
+    if (any(out.get(name) for name in _MEM_FRACTION_ENVS)
+            or out.get(_PREALLOCATE_ENV, "") in ("false", "False", "0")
+            or out.get(_ALLOCATOR_ENV, "").lower() == "platform"):
+        return out
+    out[MEM_FRACTION_ENV] = fraction
+    return out
+
+
+class Concurrency:
+    """Which runs are in flight at once, for the attempt records of ``execute(parallel>1)``.
+
+    Thread-safe: :func:`launch` calls :meth:`enter` when its trainer starts and :meth:`leave`
+    when it exits, from the threads that run the trainers.
+
+    Attributes:
+      parallel: the sweep's setting (trainers at once, >= 1).
+    """
+
+    def __init__(self, parallel: int):
+        self.parallel = parallel
+        self._lock = threading.Lock()
+        self._next = 0
+        self._active: Dict[int, List[float]] = {}  # token -> [start time, most in flight]
+        self._done: List[Tuple[float, float]] = []  # (start, end) of attempts that ended
+
+    def in_flight(self) -> int:
+        """Trainers running now."""
+        with self._lock:
+            return len(self._active)
+
+    def enter(self, t0: float) -> int:
+        """Records a trainer started at ``t0`` (``time.time()``); returns its token."""
+        with self._lock:
+            token = self._next
+            self._next += 1
+            self._active[token] = [t0, 0]
+            n = len(self._active)
+            for entry in self._active.values():
+                entry[1] = max(entry[1], n)
+            return token
+
+    def leave(self, token: int, t1: float) -> Tuple[int, float]:
+        """Records that the trainer of ``token`` exited at ``t1``.
+
+        Returns:
+          ``(most runs in flight at once during it, itself included; seconds during which at
+          least one other run was in flight)``.
+        """
+        with self._lock:
+            t0, most = self._active.pop(token)
+            others = self._done + [(s, t1) for s, _ in self._active.values()]
+            self._done.append((t0, t1))
+        spans = sorted((max(s, t0), min(e, t1)) for s, e in others if min(e, t1) > max(s, t0))
+        shared, end = 0.0, t0
+        for s, e in spans:  # the length of their union
+            if e > end:
+                shared += e - max(s, end)
+                end = e
+        return most, shared
 
 
 def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[str, str]] = None,
            deadline: Optional[float] = None, stop_margin_s: float = 30.0,
            stop: Optional[threading.Event] = None, print_fn: Callable[[str], None] = print,
-           prefix: str = "") -> Attempt:
+           prefix: str = "", concurrency: Optional[Concurrency] = None) -> Attempt:
     """Runs one trainer subprocess, recording the attempt in ``workdir``.
 
     Its stdout and stderr go to ``<workdir>/sweep.log`` and, each line behind ``prefix``, to
@@ -607,6 +745,9 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
       stop: an event another thread (a signal handler) sets to stop the run early.
       print_fn: where the trainer's lines are echoed.
       prefix: put before each echoed line.
+      concurrency: the runs in flight (``execute(parallel>1)``): the ``start`` record then
+        holds ``parallel``, and the attempt's ``parallel``, ``concurrent`` and ``shared_s``
+        are set and recorded; ``None`` (one run at a time): neither.
 
     Returns:
       An :class:`Attempt`, also appended as the ``end`` record of ``sweep_attempts.jsonl``.
@@ -617,7 +758,10 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
     os.makedirs(workdir, exist_ok=True)
     attempts_path = os.path.join(workdir, ATTEMPTS)
     t0 = time.time()
-    _append_jsonl(attempts_path, {"event": "start", "time": _utc(t0), "command": list(cmd)})
+    start = {"event": "start", "time": _utc(t0), "command": list(cmd)}
+    if concurrency is not None:
+        start["parallel"] = concurrency.parallel
+    _append_jsonl(attempts_path, start)
     tail = collections.deque(maxlen=200)
     with open(os.path.join(workdir, RUN_LOG), "a") as log:
         log.write(f"==== {_utc(t0)}  {' '.join(cmd)}\n")
@@ -625,6 +769,7 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
         proc = subprocess.Popen(list(cmd), cwd=cwd, env=None if env is None else dict(env),
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", bufsize=1)
+        token = None if concurrency is None else concurrency.enter(t0)
 
         def pump():
             for line in proc.stdout:
@@ -658,6 +803,8 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
                          f"SIGTERM; killed")
                 proc.kill()
                 signalled_at = float("inf")
+        t1 = time.time()
+        shared = None if token is None else concurrency.leave(token, t1)
         reader.join(timeout=10)
     wall = time.time() - t0
     rc = proc.returncode
@@ -668,8 +815,12 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
             name = signal.Signals(-rc).name if -rc in signal.valid_signals() else str(-rc)
             error = f"killed by {name}" + (f" (last line: {error})" if error else "")
     attempt = Attempt(returncode=rc, wall_s=wall, stopped_by=stopped_by, error=error)
-    _append_jsonl(attempts_path, {"event": "end", "time": _utc(time.time()),
-                                  **dataclasses.asdict(attempt)})
+    if shared is not None:
+        attempt = dataclasses.replace(attempt, parallel=concurrency.parallel,
+                                      concurrent=shared[0], shared_s=round(shared[1], 3))
+    record = {k: v for k, v in dataclasses.asdict(attempt).items()
+              if k not in _CONCURRENCY_FIELDS or v is not None}
+    _append_jsonl(attempts_path, {"event": "end", "time": _utc(time.time()), **record})
     return attempt
 
 
@@ -702,8 +853,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             print_fn: Callable[[str], None] = print,
             after_run: Optional[Callable[[Run, Attempt], None]] = None,
             reuse_from: Sequence[str] = (),
-            finish_by_deadline: bool = False) -> ExecutionSummary:
-    """Runs ``runs`` in order, one trainer subprocess at a time, resumably.
+            finish_by_deadline: bool = False, parallel: int = 1) -> ExecutionSummary:
+    """Runs ``runs`` in order, up to ``parallel`` trainer subprocesses at a time, resumably.
 
     Finished runs are skipped; failed ones too unless ``retry_failed``; a partial one resumes
     (the trainer restores its newest checkpoint). A run directory with trainer records but no
@@ -711,6 +862,16 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     (kept) and the run starts over in a clean one. No run starts after ``stop`` is set, after
     ``max_runs`` launches, or with less than ``min_run_s`` seconds left before ``deadline``;
     a running one is stopped as :func:`launch` says.
+
+    With ``parallel`` > 1 the runs still start in their order: the next one when a trainer
+    exits and a slot is free, each check above made at that moment. Every trainer in flight
+    gets SIGTERM at ``deadline - stop_margin_s`` or when ``stop`` is set; a failed run ends
+    only itself. The trainers get :func:`parallel_env` (each its share of the GPU's memory),
+    their attempt records the concurrency (:class:`Attempt`), and the progress lines
+    ``print_fn`` gets are whole lines (the trainers' own behind ``[<run name>] ``; the full
+    output of each run stays in its ``sweep.log``). After a trainer stopped at the deadline or
+    by ``stop``, no run starts (the others in flight stop the same way). ``after_run`` is
+    called from this (the calling) thread, one run at a time.
 
     Args:
       runs: the runs (:func:`expand`, :func:`select`).
@@ -723,7 +884,7 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
       stop_margin_s: :func:`launch`'s.
       max_runs: start at most this many runs; ``None``: no limit.
       retry_failed: run failed runs again (resuming from their checkpoints).
-      stop: set by a signal handler to end the sweep after the current run's checkpoint.
+      stop: set by a signal handler to end the sweep after the current runs' checkpoints.
       print_fn: progress lines.
       after_run: called after every launched run (e.g. to rewrite the results).
       reuse_from: other sweeps' roots: a run not started here whose training is identical to
@@ -733,17 +894,84 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
       finish_by_deadline: also launch or resume no run that :func:`estimated_run_s` says
         would not finish ``stop_margin_s`` before ``deadline`` (for the last call on a machine,
         where a run cut at the deadline is lost; without an estimate, only ``min_run_s``
-        applies).
+        applies). With ``parallel`` > 1 the estimate is for the number of runs that will
+        share the machine with it: ``min(parallel, runs in flight + 1 + runs still to
+        launch after it)``.
+      parallel: trainer subprocesses at once on this machine (>= 1; 1: one after another,
+        exactly as before this option existed: the same commands, environment and records).
 
     Returns:
       An :class:`ExecutionSummary`.
+
+    Raises:
+      ValueError: if ``parallel`` < 1.
+      OSError: if a trainer cannot be started (after the runs in flight have ended).
     """
+    if parallel < 1:
+        raise ValueError(f"parallel={parallel}: must be at least 1 (trainers at once)")
     summary = ExecutionSummary()
     summary.reused = reuse_identical_runs(runs, root, config_path=config_path,
                                           train_script=train_script, python=python,
                                           extra_overrides=extra_overrides, roots=reuse_from,
                                           print_fn=print_fn)
-    for run in runs:
+    concurrency = Concurrency(parallel) if parallel > 1 else None
+    trainer_env = parallel_env(env, parallel)
+    if parallel > 1:
+        print_fn = _whole_lines(print_fn)
+    ended: "queue.Queue[Tuple[Run, str, Any]]" = queue.Queue()
+    in_flight: Dict[str, threading.Thread] = {}
+    halt: List[str] = []  # why no further run starts ("deadline", "interrupted")
+    errors: List[BaseException] = []
+
+    def run_trainer(run: Run, cmd: List[str], workdir: str) -> None:
+        try:
+            attempt = launch(cmd, workdir, cwd=cwd, env=trainer_env, deadline=deadline,
+                             stop_margin_s=stop_margin_s, stop=stop, print_fn=print_fn,
+                             prefix=f"[{run.name}] ", concurrency=concurrency)
+        except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
+            ended.put((run, workdir, e))
+        else:
+            ended.put((run, workdir, attempt))
+
+    def collect_ended(block: bool) -> None:
+        """Handles the trainers that have exited; ``block``: wait for one first."""
+        while True:
+            try:
+                run, workdir, attempt = ended.get(timeout=0.5) if block else ended.get_nowait()
+            except queue.Empty:
+                if block:
+                    continue  # (signal handlers run in this thread between the waits)
+                return
+            block = False
+            in_flight.pop(run.name).join()
+            if isinstance(attempt, BaseException):
+                errors.append(attempt)
+                halt.append("error")
+                continue
+            after = run_state(workdir)
+            tail = f": {attempt.error}" if attempt.error else ""
+            print_fn(f"--- {run.name}: {after.status.value} after {attempt.wall_s:.0f} s (exit "
+                     f"{attempt.returncode}){tail}")
+            if after_run is not None:
+                after_run(run, attempt)
+            if attempt.stopped_by == "deadline":
+                halt.append("deadline")
+            elif attempt.stopped_by == "interrupt" or (stop is not None and stop.is_set()):
+                halt.append("interrupted")
+
+    def to_launch(run: Run) -> bool:
+        if run.name in summary.reused:
+            return False
+        status = run_state(run_dir(root, run)).status
+        return status != Status.FINISHED and (retry_failed or status != Status.FAILED)
+
+    for i, run in enumerate(runs):
+        while len(in_flight) >= parallel:
+            collect_ended(block=True)
+        collect_ended(block=False)
+        if halt:
+            summary.status = halt[0]
+            break
         workdir = run_dir(root, run)
         state = run_state(workdir)
         if run.name in summary.reused:
@@ -773,13 +1001,18 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
                      f"{max(deadline - time.time(), 0):.0f} s left before the deadline, "
                      f"under --min_run_s {min_run_s:g} (or the stop margin)")
             break
-        need = estimated_run_s(root, runs, state) if finish_by_deadline else None
+        sharing = 1
+        if parallel > 1 and finish_by_deadline:
+            sharing = min(parallel, len(in_flight) + 1 + sum(map(to_launch, runs[i + 1:])))
+        need = (estimated_run_s(root, runs, state, concurrent=sharing)
+                if finish_by_deadline else None)
         if deadline is not None and need is not None and (
                 deadline - time.time() - stop_margin_s < need):
             summary.status = "deadline"
+            shared = f" with {sharing} runs at once" if sharing > 1 else ""
             print_fn(f"--- {run.name}: {where}; not launched: "
                      f"{max(deadline - time.time(), 0):.0f} s left before the deadline, it "
-                     f"needs about {need:.0f} s (--finish_by_deadline, with a "
+                     f"needs about {need:.0f} s{shared} (--finish_by_deadline, with a "
                      f"{stop_margin_s:g} s stop margin)")
             break
         if state.status != Status.NOT_STARTED and state.step == 0 and (
@@ -798,23 +1031,19 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
                       f, indent=2)
         how = (f"resuming from step {state.step}" if state.step
                else "starting" if state.status == Status.NOT_STARTED else "starting over")
-        print_fn(f"--- {run.name}: {how}")
+        slots = f" ({len(in_flight) + 1} of {parallel} in flight)" if parallel > 1 else ""
+        print_fn(f"--- {run.name}: {how}{slots}")
         summary.launched.append(run.name)
-        attempt = launch(cmd, workdir, cwd=cwd, env=env, deadline=deadline,
-                         stop_margin_s=stop_margin_s, stop=stop, print_fn=print_fn,
-                         prefix=f"[{run.name}] ")
-        after = run_state(workdir)
-        tail = f": {attempt.error}" if attempt.error else ""
-        print_fn(f"--- {run.name}: {after.status.value} after {attempt.wall_s:.0f} s (exit "
-                 f"{attempt.returncode}){tail}")
-        if after_run is not None:
-            after_run(run, attempt)
-        if attempt.stopped_by == "deadline":
-            summary.status = "deadline"
-            break
-        if attempt.stopped_by == "interrupt" or (stop is not None and stop.is_set()):
-            summary.status = "interrupted"
-            break
+        thread = threading.Thread(target=run_trainer, args=(run, cmd, workdir), daemon=True,
+                                  name=f"sweep {run.name}")
+        in_flight[run.name] = thread
+        thread.start()
+    while in_flight:
+        collect_ended(block=True)
+    if errors:
+        raise errors[0]
+    if summary.status == "complete" and halt:
+        summary.status = halt[0]
     if summary.status == "complete" and any(
             run_state(run_dir(root, r)).status not in (Status.FINISHED, Status.FAILED)
             for r in runs):
@@ -822,31 +1051,67 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     return summary
 
 
-def estimated_run_s(root: str, runs: Sequence[Run], state: RunState) -> Optional[float]:
-    """Seconds a run in ``state`` needs to finish, from the runs of ``runs`` finished under
-    ``root``: the median of their wall times (:attr:`RunResult.wall_s`: start-up, compilation
-    and evaluations included) for a run not started; for a partial one, that median times the
-    share of steps left, plus a tenth of the median (its start-up, compilation and final
-    evaluation again).
+def _whole_lines(print_fn: Callable[[str], None]) -> Callable[[str], None]:
+    """``print_fn`` behind a lock: lines from several threads (trainers) never interleave."""
+    lock = threading.Lock()
+
+    def locked(line: str) -> None:
+        with lock:
+            print_fn(line)
+
+    return locked
+
+
+def _run_concurrency(attempts: Sequence[Mapping[str, Any]]) -> int:
+    """The most runs in flight at once during any of a run's attempts (its
+    ``sweep_attempts.jsonl`` records; 1: every attempt ran alone, or was recorded before
+    ``parallel`` existed); an attempt with a ``start`` record only (the sweep died) counts its
+    ``parallel``."""
+    most = 1
+    for i, a in enumerate(attempts):
+        if a.get("event") == "end":
+            most = max(most, int(a.get("concurrent") or 1))
+        elif a.get("event") == "start" and (i + 1 == len(attempts)
+                                            or attempts[i + 1].get("event") != "end"):
+            most = max(most, int(a.get("parallel") or 1))
+    return most
+
+
+def estimated_run_s(root: str, runs: Sequence[Run], state: RunState,
+                    concurrent: int = 1) -> Optional[float]:
+    """Seconds a run in ``state`` needs to finish with ``concurrent`` runs sharing the
+    machine (itself included), from the runs of ``runs`` finished under ``root``.
+
+    The median of their wall times (:attr:`RunResult.wall_s`: start-up, compilation and
+    evaluations included), over the finished runs that ran under the same concurrency
+    (:attr:`RunResult.concurrent`, the most runs in flight during any of their attempts) if
+    there are any; otherwise over all of them, each scaled by ``max(1, concurrent / theirs)``:
+    conservatively, as if sharing the machine gained no throughput at all (a run measured
+    alone, estimated for 2 at once, takes twice as long; one measured with 2 at once,
+    estimated alone, takes as long). For a run not started, that median; for a partial one,
+    the median times the share of steps left, plus a tenth of the median (its start-up,
+    compilation and final evaluation again).
 
     Args:
       root: the sweep directory.
       runs: the sweep's runs (their finished ones give the median).
       state: the run's :class:`RunState`.
+      concurrent: runs at once while it runs (>= 1; 1: alone).
 
     Returns:
       The estimate, or ``None`` when no run of ``runs`` has finished with a recorded wall time.
     """
-    walls = []
+    walls = []  # (wall time, concurrency)
     for other in runs:
         workdir = run_dir(root, other)
         if run_state(workdir).status == Status.FINISHED:
-            wall = collect(workdir).wall_s
-            if wall:
-                walls.append(wall)
+            result = collect(workdir)
+            if result.wall_s:
+                walls.append((result.wall_s, result.concurrent))
     if not walls:
         return None
-    full = statistics.median(walls)
+    same = [w for w, c in walls if c == concurrent]
+    full = statistics.median(same or [w * max(1.0, concurrent / c) for w, c in walls])
     if state.status == Status.NOT_STARTED or not state.step or not state.total_steps:
         return full
     left = max(state.total_steps - state.step, 0) / state.total_steps

@@ -11,6 +11,13 @@ pooled standard deviation of the final losses within groups of two or more finis
 ranking whose gap is below ``3 sigma`` are a close pair, and their groups with a single seed
 need a second one (the page prints the ``--only`` filters).
 
+Throughput (tokens/s, MFU) and wall time measured while a run shared the GPU with other runs
+of the sweep (``experiments/sweep.py --parallel=N``, N > 1; the concurrency its attempt
+records hold, :attr:`lattn_jax.sweep.RunResult.concurrent`) are marked ``†`` on the page (and
+``concurrent`` > 1 in the CSV and JSON runs). A group's tokens/s and MFU come from its runs
+measured alone when it has any; a throughput comparison with the paper uses only those, and
+says which rows it left out (or that no group was measured alone). Losses are unaffected.
+
 The sweep config may carry (all optional):
 
 * ``references``: the paper's numbers, each a dict ``name``, ``source`` (spec section),
@@ -80,7 +87,11 @@ class Group:
       losses: final validation losses of the finished runs (nats/token).
       mean, sd: their mean and sample standard deviation (``sd`` needs two).
       best_val_loss: the mean of the finished runs' lowest validation losses.
-      tokens_per_sec, mfu: means over the runs that logged them.
+      tokens_per_sec, mfu: means over the runs that logged them and were measured alone; when
+        none was, over those measured while sharing the machine (``throughput_shared``).
+      throughput_shared: ``tokens_per_sec`` and ``mfu`` come from runs that shared the machine
+        with other runs (``--parallel`` > 1; :attr:`lattn_jax.sweep.RunResult.concurrent`):
+        shown marked, never compared (:meth:`metric` gives ``None`` for ``tokens_per_sec``).
       tokens: tokens of a finished run; params, non_embedding_params: of any run.
     """
 
@@ -93,12 +104,16 @@ class Group:
     best_val_loss: Optional[float] = None
     tokens_per_sec: Optional[float] = None
     mfu: Optional[float] = None
+    throughput_shared: bool = False
     tokens: Optional[int] = None
     params: Optional[int] = None
     non_embedding_params: Optional[int] = None
 
     def metric(self, name: str) -> Optional[float]:
-        """``final_val_loss`` (the mean), ``best_val_loss`` or ``tokens_per_sec``."""
+        """``final_val_loss`` (the mean), ``best_val_loss`` or ``tokens_per_sec`` (``None``
+        when measured only while sharing the machine: not comparable)."""
+        if name == "tokens_per_sec" and self.throughput_shared:
+            return None
         return self.mean if name == "final_val_loss" else getattr(self, name)
 
 
@@ -239,8 +254,12 @@ def _groups(entries: Sequence[Entry], seed_axis: Optional[str]) -> List[Group]:
             best = [e.result.best_val_loss for e in finished if e.result.best_val_loss is not None]
             g.best_val_loss = float(np.mean(best)) if best else None
             g.tokens = finished[0].result.tokens
-        tps = [e.result.tokens_per_sec for e in g.entries if e.result.tokens_per_sec]
-        mfu = [e.result.mfu for e in g.entries if e.result.mfu is not None]
+        measured = [e for e in g.entries
+                    if e.result.tokens_per_sec or e.result.mfu is not None]
+        alone = [e for e in measured if e.result.concurrent <= 1]
+        g.throughput_shared = bool(measured) and not alone
+        tps = [e.result.tokens_per_sec for e in alone or measured if e.result.tokens_per_sec]
+        mfu = [e.result.mfu for e in alone or measured if e.result.mfu is not None]
         g.tokens_per_sec = float(np.mean(tps)) if tps else None
         g.mfu = float(np.mean(mfu)) if mfu else None
         for e in g.entries:
@@ -268,10 +287,11 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
         if metric not in _METRICS:
             raise sweep.SweepConfigError(f"references[{i}].metric={metric!r}; choose from "
                                          f"{', '.join(_METRICS)}")
-        base = None
+        base, base_shared = None, False
         if ref.get("normalise_to"):
             g = _match(groups, ref["normalise_to"])
             base = g.metric(metric) if g is not None else None
+            base_shared = _shared_only(g, metric)
         rows = []
         for text, paper in ref.get("values", ()):
             g = _match(groups, text)
@@ -279,7 +299,7 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
             if ours is not None and ref.get("normalise_to"):
                 ours = ours / base if base else None
             rows.append({"filter": text, "group": g.name if g else None, "paper": paper,
-                         "ours": ours})
+                         "ours": ours, "shared": _shared_only(g, metric)})
         pairs = [(r["ours"], r["paper"]) for r in rows
                  if r["ours"] is not None and r["paper"] is not None]
         # Ranks count from the best: the lowest loss, the highest tokens/s; the paper's values
@@ -299,8 +319,16 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
         out.append({"name": ref.get("name", f"reference {i}"), "source": ref.get("source", ""),
                     "metric": metric, "inverse": bool(ref.get("inverse")),
                     "normalise_to": ref.get("normalise_to"), "note": ref.get("note", ""),
-                    "rows": rows, "spearman": rho, "n": len(pairs)})
+                    "rows": rows, "spearman": rho, "n": len(pairs),
+                    "shared_left_out": sum(1 for r in rows if r["shared"]),
+                    "base_shared": base_shared})
     return out
+
+
+def _shared_only(group: Optional[Group], metric: str) -> bool:
+    """Whether ``metric`` of ``group`` is a throughput measured only while its runs shared the
+    machine (left out of the comparison with the paper)."""
+    return group is not None and metric == "tokens_per_sec" and group.throughput_shared
 
 
 def _claims(config: Mapping[str, Any], groups: Sequence[Group],
@@ -447,6 +475,39 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str) -> 
     return out
 
 
+SHARED_MARK = "†"  # throughput measured while the run shared the GPU (``--parallel`` > 1)
+
+
+def _mark(shared: bool):
+    """A cell formatter: a non-empty cell gets :data:`SHARED_MARK` when ``shared``."""
+    return lambda text: f"{text} {SHARED_MARK}" if shared and text else text
+
+
+def _shared_note(r: "sweep.RunResult") -> str:
+    """The runs table's note on a run measured while sharing the GPU."""
+    if r.concurrent <= 1:
+        return ""
+    return f"shared GPU (parallel={r.parallel}, up to {r.concurrent} runs at once)"
+
+
+def _shared_reference_lines(ref: Mapping[str, Any]) -> List[str]:
+    """What a throughput comparison with the paper left out: groups whose runs were all
+    measured while sharing the GPU (``--parallel`` > 1); none when nothing was left out."""
+    if ref["metric"] != "tokens_per_sec" or not (ref["shared_left_out"] or ref["base_shared"]):
+        return []
+    if ref["base_shared"]:
+        return ["", f"{SHARED_MARK} No comparison: the group it is relative to "
+                f"(`{ref['normalise_to']}`) was measured only while sharing the GPU "
+                f"(`--parallel` > 1); throughput is compared only between runs measured alone."]
+    if not ref["n"]:
+        return ["", f"{SHARED_MARK} No comparison: none of these groups was measured alone "
+                f"({ref['shared_left_out']} measured only while sharing the GPU, `--parallel` "
+                f"> 1); throughput is compared only between runs measured alone."]
+    return ["", f"{SHARED_MARK} {ref['shared_left_out']} row(s) left out: measured only while "
+            f"sharing the GPU (`--parallel` > 1); the ranks and the correlation use the runs "
+            f"measured alone."]
+
+
 def markdown(report: Report) -> str:
     """The results page (Markdown): commands, ranking, runs (with failed runs' error lines),
     seeds, one section per paper reference (with Spearman's rank correlation), the paper's
@@ -463,6 +524,15 @@ def markdown(report: Report) -> str:
              "at the last step, \"best\" the lowest finite one of all evaluations; tokens/s "
              "and MFU are medians over the trainer's logging windows; wall time includes start-up, "
              "compilation and evaluations.", ""]
+    shared = [e for e in report.entries if e.result.concurrent > 1]
+    if shared:
+        most = max(e.result.parallel for e in shared)
+        lines[-1:-1] = [
+            f"- {SHARED_MARK} {len(shared)} run(s) shared the GPU with other runs of this "
+            f"sweep (`--parallel` up to {most}): their tokens/s, MFU and wall time are marked "
+            f"{SHARED_MARK}, describe the shared machine, and are never compared with runs "
+            f"measured alone (the throughput comparisons below use only runs measured alone); "
+            f"their losses are unaffected."]
     if report.invocations:
         lines += ["## Commands", ""]
         for inv in report.invocations:
@@ -475,27 +545,38 @@ def markdown(report: Report) -> str:
         rows = []
         for i, g in enumerate(report.ranking, 1):
             sd = f" ± {g.sd:.4f}" if g.sd is not None else ""
+            mark = _mark(g.throughput_shared)
             rows.append([i, g.name, len(g.losses), f"{g.mean:.4f}{sd}", f"{g.mean - best:+.4f}",
                          _f(g.best_val_loss), _tokens(g.tokens),
-                         _f(g.tokens_per_sec, ",.0f"), _pct(g.mfu), _params(g.params),
-                         _params(g.non_embedding_params)])
+                         mark(_f(g.tokens_per_sec, ",.0f")), mark(_pct(g.mfu)),
+                         _params(g.params), _params(g.non_embedding_params)])
         lines += _table(["rank", "group", "seeds", "final val", "Δ best", "best val", "tokens",
                          "tokens/s", "MFU", "params", "non-emb."], rows, "rlrrrrrrrrr")
+        if any(g.throughput_shared for g in report.ranking):
+            lines += ["", f"{SHARED_MARK} No run of the group was measured alone: tokens/s and "
+                      f"MFU of runs that shared the GPU (`--parallel` > 1)."]
         lines.append("")
     lines += ["## Runs", ""]
     rows = []
     for e in report.entries:
         r, s = e.result, e.state
         progress = f"{r.step}/{s.total_steps}" if s.total_steps else (str(r.step) if r.step else "")
+        mark = _mark(r.concurrent > 1)
         rows.append([e.run.name + ("" if e.in_grid else " (not in this grid)"), s.status.value,
                      progress, _f(r.final_val_loss), _f(r.best_val_loss),
-                     _f(r.final_train_loss), _tokens(r.tokens), _f(r.tokens_per_sec, ",.0f"),
-                     _pct(r.mfu), _params(r.params), _params(r.non_embedding_params),
-                     _wall(r.wall_s), "; ".join(filter(None, [s.error, _nonfinite_note(r),
-                                                              _reused_note(report.root, e.run)]))])
+                     _f(r.final_train_loss), _tokens(r.tokens),
+                     mark(_f(r.tokens_per_sec, ",.0f")), mark(_pct(r.mfu)), _params(r.params),
+                     _params(r.non_embedding_params), mark(_wall(r.wall_s)),
+                     "; ".join(filter(None, [s.error, _nonfinite_note(r),
+                                             _reused_note(report.root, e.run),
+                                             _shared_note(r)]))])
     lines += _table(["run", "status", "step", "final val", "best val", "final train", "tokens",
                      "tokens/s", "MFU", "params", "non-emb.", "wall", "error"], rows,
                     "llrrrrrrrrrrl")
+    if shared:
+        lines += ["", f"{SHARED_MARK} Measured while the run shared the GPU with other runs of "
+                  f"the sweep (`--parallel` > 1; the note says how many at once): not "
+                  f"comparable with runs measured alone."]
     lines.append("")
     lines += ["## Seeds", ""]
     if report.spread is None:
@@ -523,14 +604,18 @@ def markdown(report: Report) -> str:
         metric = ref["metric"] + (" (relative)" if ref["normalise_to"] else "")
         fmt = ".3f" if ref["normalise_to"] else (",.0f" if ref["metric"] == "tokens_per_sec"
                                                  else ".4f")
-        rows = [[r["filter"], r["paper"], _f(r["ours"], fmt), _f(r.get("paper_rank"), "g"),
-                 _f(r.get("ours_rank"), "g")] for r in ref["rows"]]
+        rows = [[r["filter"], r["paper"],
+                 f"{SHARED_MARK} shared GPU only" if r.get("shared") else _f(r["ours"], fmt),
+                 _f(r.get("paper_rank"), "g"), _f(r.get("ours_rank"), "g")]
+                for r in ref["rows"]]
         lines += _table(["paper row", "paper", f"ours: {metric}", "paper rank", "our rank"],
                         rows, "lrrrr")
         rho = "n/a (fewer than 2 rows)" if ref["spearman"] is None else f"{ref['spearman']:+.3f}"
         lines += ["", f"Spearman rank correlation over {ref['n']} rows: {rho}"
                   + (" (the paper's values inverted: higher is better there)"
-                     if ref["inverse"] else "") + ".", ""]
+                     if ref["inverse"] else "") + "."]
+        lines += _shared_reference_lines(ref)
+        lines.append("")
     if report.claims:
         lines += ["## The paper's conclusions", ""]
         rows = [[c["claim"], c["source"], _f(c["paper"], "+.4f"), _f(c["ours"], "+.4f"),
@@ -567,7 +652,7 @@ def markdown(report: Report) -> str:
 _CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps",
                "final_val_loss", "best_val_loss", "best_val_step", "last_val_loss",
                "final_train_loss", "tokens", "tokens_per_sec", "mfu", "params",
-               "non_embedding_params", "wall_s", "error")
+               "non_embedding_params", "wall_s", "concurrent", "parallel", "error")
 
 
 def _run_row(e: Entry) -> Dict[str, Any]:
@@ -579,7 +664,7 @@ def _run_row(e: Entry) -> Dict[str, Any]:
             "final_train_loss": r.final_train_loss, "tokens": r.tokens,
             "tokens_per_sec": r.tokens_per_sec, "mfu": r.mfu, "params": r.params,
             "non_embedding_params": r.non_embedding_params, "wall_s": r.wall_s,
-            "error": e.state.error}
+            "concurrent": r.concurrent, "parallel": r.parallel, "error": e.state.error}
 
 
 def csv_text(report: Report) -> str:
@@ -597,7 +682,8 @@ def json_dict(report: Report) -> Dict[str, Any]:
     scan, commands)."""
     groups = [{"group": g.name, "seeds": len(g.losses), "final_val_loss": g.mean,
                "final_val_loss_sd": g.sd, "best_val_loss": g.best_val_loss,
-               "tokens_per_sec": g.tokens_per_sec, "mfu": g.mfu, "tokens": g.tokens,
+               "tokens_per_sec": g.tokens_per_sec, "mfu": g.mfu,
+               "throughput_shared": g.throughput_shared, "tokens": g.tokens,
                "params": g.params, "non_embedding_params": g.non_embedding_params,
                "rank": report.ranking.index(g) + 1 if g in report.ranking else None}
               for g in report.groups]

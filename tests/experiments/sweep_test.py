@@ -6,6 +6,7 @@ what is done, and the table is rebuilt from the run directories alone."""
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,11 @@ SWEEP_CONFIG = textwrap.dedent('''
             seed_axis=None))
 ''')
 REF, RESUMED, BAD = (f"train.nonfinite_policy={p}" for p in ("stop", "skip", "bogus"))
+# --parallel: three runs that train identically (train.keep_checkpoints changes no step; 6 steps
+# keep at most 2 checkpoints) and the refused one.
+PARALLEL_GRID = ('grid=((("train.keep_checkpoints", (2, 3, 4)),), '
+                 '(("train.nonfinite_policy", ("bogus",)),)),')
+SOLO, SHARED_A, SHARED_B = (f"train.keep_checkpoints={k}" for k in (2, 3, 4))
 
 
 @pytest.mark.entry
@@ -142,6 +148,68 @@ class SweepBinaryTest(absltest.TestCase):
             for key in ("status", "final_val_loss", "best_val_loss", "tokens", "params"):
                 self.assertEqual(rebuilt[name][key], rows[name][key], (name, key))
 
+    # ~50 s on 2 cores (six trainer starts, two pairs of them at once); the scheduling, records
+    # and report of --parallel are tested with the stand-in trainer in CI
+    # (tests/lattn_jax/sweep_test.py ParallelTest, sweep_report_test.py SharedThroughputTest).
+    @pytest.mark.slow
+    def test_parallel_two_trains_as_one_at_a_time_does(self):
+        with open(self.config, "w") as f:
+            f.write(SWEEP_CONFIG.replace(
+                'grid=((("train.nonfinite_policy", ("stop", "skip", "bogus")),),),',
+                PARALLEL_GRID))
+        out = self.sweep(f"--only={SOLO}")  # the reference, one at a time
+        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+
+        # Two at once, each stopped half-way by the trainer's own limit; the refused run
+        # takes the first free slot and fails alone; the finished one is skipped.
+        out = self.sweep("--parallel=2", "--override=train.max_steps_per_run=3")
+        self.assertEqual(out.returncode, 3, out.stdout[-3000:] + out.stderr[-3000:])
+        self.assertIn("up to 2 runs at once (XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each)",
+                      out.stdout)
+        self.assertIn(f"--- {SOLO}: finished, skipped", out.stdout)
+        self.assertIn(f"--- {SHARED_A}: starting (1 of 2 in flight)", out.stdout)
+        self.assertIn(f"--- {SHARED_B}: starting (2 of 2 in flight)", out.stdout)
+        # (when a slot frees: the other run may have exited by then, or not)
+        self.assertRegex(out.stdout, rf"--- {re.escape(BAD)}: starting \([12] of 2 in flight\)")
+        self.assertIn(f"[{SHARED_B}] Stopping", out.stdout)
+        for name in (SHARED_A, SHARED_B):
+            state = self.state(name)
+            self.assertEqual((state.status, state.step), (sweep.Status.PARTIAL, 3), name)
+        error = "error: train.nonfinite_policy='bogus'; choose from stop, skip"
+        self.assertEqual((self.state(BAD).status, self.state(BAD).error),
+                         (sweep.Status.FAILED, error))
+
+        # Again: both resume from their checkpoints at once; the failed run is skipped.
+        out = self.sweep("--parallel=2")
+        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+        self.assertIn(f"--- {SHARED_A}: resuming from step 3 (1 of 2 in flight)", out.stdout)
+        self.assertIn(f"--- {SHARED_B}: resuming from step 3 (2 of 2 in flight)", out.stdout)
+        self.assertIn(f"--- {BAD}: failed before ({error}); skipped", out.stdout)
+        solo = self.result(SOLO)
+        for name in (SHARED_A, SHARED_B):
+            shared = self.result(name)
+            self.assertEqual((shared.step, shared.concurrent, shared.parallel), (6, 2, 2), name)
+            # Equal to the bit on CPU (XLA's CPU programs do not depend on another process).
+            self.assertEqual(shared.final_val_loss, solo.final_val_loss, name)
+            self.assertEqual(shared.train_curve, solo.train_curve, name)
+            for end in [a for a in sweep.read_jsonl(os.path.join(
+                    self.root, "runs", name, sweep.ATTEMPTS)) if a["event"] == "end"]:
+                self.assertEqual((end["parallel"], end["concurrent"]), (2, 2), name)
+        self.assertEqual(solo.concurrent, 1)
+
+        with open(os.path.join(self.root, "results.md")) as f:
+            md = f.read()
+        self.assertIn(f"| {SHARED_A} | finished | 6/6 |", md)
+        self.assertIn("shared GPU (parallel=2, up to 2 runs at once)", md)
+        # (3 when the failing run started before the other one had exited)
+        self.assertRegex(md, r"- † [23] run\(s\) shared the GPU")
+        with open(os.path.join(self.root, "results.csv")) as f:
+            rows = {r["run"]: r for r in csv.DictReader(f)}
+        self.assertEqual([rows[n]["concurrent"] for n in (SOLO, SHARED_A, SHARED_B)],
+                         ["1", "2", "2"])
+        with open(os.path.join(self.root, "sweep.jsonl")) as f:
+            self.assertEqual([json.loads(line).get("parallel") for line in f], [None, 2, 2])
+
     def test_bad_flags_give_one_line(self):
         # A misspelled override field: every run would fail on it; refused before the root.
         out = self.sweep("--override=train.total_stepz=3")
@@ -203,6 +271,8 @@ class SweepBinaryTest(absltest.TestCase):
                  (["--deadline_s=-1"],  # was accepted: the root made, exit 3 ("run again")
                   "error: flag --deadline_s=-1.0: must be above 0 seconds"),
                  (["--max_runs=0"], "error: flag --max_runs=0: 0 is not a positive integer"),
+                 (["--parallel=0"], "error: flag --parallel=0: must be at least 1 (trainer "
+                                    "subprocesses at once; 1 runs them one after another)"),
                  (["--report_only"],  # a mistyped root was created, holding an empty report
                   f"error: --root={self.root}: no such directory (--report_only rebuilds the "
                   f"results of an existing sweep; nothing was created)"),

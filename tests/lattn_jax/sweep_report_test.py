@@ -15,10 +15,11 @@ from lattn_jax import sweep_report
 
 
 def write_run(root, run, *, final=None, partial_at=None, error=None, total=10, tps=1000.0,
-              params=5000, nan_evals=()):
+              params=5000, nan_evals=(), concurrent=None):
     """Writes the files the trainer and the sweep leave in a run directory: a finished run
     (``final``: its last validation loss), a partial one (``partial_at``: the checkpoint step)
-    or a failed one (``error``); evaluations at the steps in ``nan_evals`` record NaN."""
+    or a failed one (``error``); evaluations at the steps in ``nan_evals`` record NaN;
+    ``concurrent``: the attempt ran with that many runs at once (``--parallel=2``)."""
     workdir = sweep.run_dir(root, run)
     os.makedirs(workdir, exist_ok=True)
 
@@ -49,7 +50,9 @@ def write_run(root, run, *, final=None, partial_at=None, error=None, total=10, t
     os.makedirs(os.path.join(workdir, "checkpoints", str(last)))
     if partial_at is None:
         append("console.log", f"final: step {total}  train_loss 1  val_loss {final}")
-    append(sweep.ATTEMPTS, {"event": "end", "returncode": 0, "wall_s": 60.0})
+    shared = {} if concurrent is None else {"parallel": 2, "concurrent": concurrent,
+                                            "shared_s": 55.0}
+    append(sweep.ATTEMPTS, {"event": "end", "returncode": 0, "wall_s": 60.0, **shared})
 
 
 class StatisticsTest(absltest.TestCase):
@@ -257,6 +260,87 @@ class BuildTest(absltest.TestCase):
         got = sweep.collect(sweep.run_dir(root, run))
         self.assertEqual((got.best_val_loss, got.best_val_step, got.nonfinite_val_evals),
                          (3.5 + 0.5, 5, 1))
+
+
+class SharedThroughputTest(absltest.TestCase):
+    """Runs measured while sharing the GPU (``--parallel=2``): marked, and left out of the
+    throughput comparisons; their losses count as any."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.create_tempdir().full_path
+        speed = dict(name="speed", source="Table 2", metric="tokens_per_sec",
+                     values=(("arch=gdn", 150.0), ("arch=softmax", 140.0), ("arch=kda", 130.0)))
+        self.config = dict(
+            name="demo", train_config="configs/table2.py", arg=(),
+            grid=((("arch", ("gdn", "softmax", "kda")), ("seed", (42, 43))),),
+            seed_axis="seed",
+            references=(speed, dict(speed, name="relative", normalise_to="arch=softmax")))
+        self.runs = {r.name: r for r in sweep.expand(self.config)}
+
+    def _report(self):
+        return sweep_report.build(self.config, self.root)
+
+    def test_marks_and_comparisons(self):
+        write_run(self.root, self.runs["arch=gdn,seed=42"], final=3.0, tps=1000.0)
+        write_run(self.root, self.runs["arch=gdn,seed=43"], final=3.1, tps=3000.0,
+                  concurrent=2)  # not in gdn's throughput (a run measured alone is)
+        write_run(self.root, self.runs["arch=softmax,seed=42"], final=3.2, tps=800.0)
+        write_run(self.root, self.runs["arch=kda,seed=42"], final=3.3, tps=5000.0,
+                  concurrent=2)
+        report = self._report()
+        groups = {g.name: g for g in report.groups}
+        self.assertEqual((groups["arch=gdn"].tokens_per_sec, groups["arch=gdn"].mean),
+                         (1000.0, 3.05))  # both seeds' losses
+        self.assertEqual((groups["arch=kda"].tokens_per_sec, groups["arch=kda"].mfu,
+                          groups["arch=kda"].throughput_shared), (5000.0, 0.25, True))
+        self.assertIsNone(groups["arch=kda"].metric("tokens_per_sec"))
+        speed, relative = report.references
+        self.assertEqual([r["ours"] for r in speed["rows"]], [1000.0, 800.0, None])
+        self.assertEqual([r["shared"] for r in speed["rows"]], [False, False, True])
+        self.assertEqual((speed["n"], speed["shared_left_out"]), (2, 1))
+        self.assertEqual([r["ours"] for r in relative["rows"]], [1.25, 1.0, None])
+        paths = sweep_report.write(report)
+        with open(paths["md"]) as f:
+            md = f.read()
+        self.assertIn("- † 2 run(s) shared the GPU with other runs of this sweep (`--parallel` "
+                      "up to 2)", md)
+        self.assertIn("| arch=kda,seed=42 | finished | 10/10 | 3.3000 | 3.3000 | 3.3500 | 320 "
+                      "| 5,000 † | 25.0% † | 0.01M | 0.00M | 60 s † | shared GPU (parallel=2, "
+                      "up to 2 runs at once) |", md)
+        self.assertIn("| arch=gdn,seed=42 | finished | 10/10 | 3.0000 | 3.0000 | 3.0500 | 320 "
+                      "| 1,000 | 25.0% | 0.01M | 0.00M | 60 s |  |", md)
+        self.assertIn("| 3 | arch=kda | 1 | 3.3000 | +0.2500 | 3.3000 | 320 | 5,000 † | 25.0% † "
+                      "|", md)
+        self.assertIn("| arch=kda | 130.0 | † shared GPU only |  |  |", md)
+        self.assertIn("† 1 row(s) left out: measured only while sharing the GPU (`--parallel` "
+                      "> 1); the ranks and the correlation use the runs measured alone.", md)
+        with open(paths["csv"]) as f:
+            rows = {r["run"]: r for r in csv.DictReader(f)}
+        self.assertEqual([(rows[n]["concurrent"], rows[n]["parallel"]) for n in (
+            "arch=gdn,seed=42", "arch=gdn,seed=43", "arch=softmax,seed=43")],
+            [("1", "1"), ("2", "2"), ("1", "1")])
+        with open(paths["json"]) as f:
+            data = json.load(f)
+        self.assertEqual({g["group"]: g["throughput_shared"] for g in data["groups"]},
+                         {"arch=gdn": False, "arch=softmax": False, "arch=kda": True})
+
+    def test_no_group_measured_alone_is_said(self):
+        for name in ("arch=gdn,seed=42", "arch=softmax,seed=42"):
+            write_run(self.root, self.runs[name], final=3.0, concurrent=2)
+        md = sweep_report.markdown(self._report())
+        self.assertIn("† No comparison: none of these groups was measured alone (2 measured "
+                      "only while sharing the GPU, `--parallel` > 1)", md)
+        self.assertIn("† No comparison: the group it is relative to (`arch=softmax`) was "
+                      "measured only while sharing the GPU", md)
+        self.assertIn("Spearman rank correlation over 0 rows: n/a", md)
+
+    def test_nothing_changes_without_shared_runs(self):
+        write_run(self.root, self.runs["arch=gdn,seed=42"], final=3.0)
+        md = sweep_report.markdown(self._report())
+        self.assertNotIn(sweep_report.SHARED_MARK, md)
+        self.assertNotIn("shared GPU", md)
+        self.assertNotIn("--parallel", md)
 
 
 if __name__ == "__main__":

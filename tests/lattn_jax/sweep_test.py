@@ -562,5 +562,192 @@ class ExecuteTest(absltest.TestCase):
         self.assertEqual(sweep.run_state(unpacked).status, sweep.Status.FINISHED)
 
 
+class ParallelTest(absltest.TestCase):
+    """``execute(parallel=2)`` with the stand-in trainer (a few seconds in all; the real
+    trainer: tests/experiments/sweep_test.py)."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.create_tempdir().full_path
+        self.trainer = os.path.join(self.root, "fake_train.py")
+        with open(self.trainer, "w") as f:
+            f.write(FAKE_TRAINER)
+        self.lines = []
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_"))}
+
+    def _execute(self, grid, **kwargs):
+        runs = sweep.expand(_config(grid=grid, seed_axis=None))
+        kwargs.setdefault("parallel", 2)
+        return runs, sweep.execute(runs, self.root, config_path="cfg.py",
+                                   train_script=self.trainer, cwd=self.root, env=self.env,
+                                   print_fn=self.lines.append, **kwargs)
+
+    def _attempts(self, run):
+        return sweep.read_jsonl(os.path.join(sweep.run_dir(self.root, run), sweep.ATTEMPTS))
+
+    def test_runs_in_order_two_at_a_time_a_failure_stops_only_itself(self):
+        # A slow run (60 steps of 0.05 s) holds one slot throughout; the others take the second
+        # one in turn, each when the one before it has exited.
+        grid = ((("fake.mode", ("slow",)), ("train.total_steps", (60,))),
+                (("fake.mode", ("fail", "ok")),),
+                (("fake.mode", ("ok",)), ("train.total_steps", (5,))))
+        runs, summary = self._execute(grid)
+        names = [r.name for r in runs]
+        self.assertEqual((summary.status, summary.launched), ("complete", names))
+        states = [sweep.run_state(sweep.run_dir(self.root, r)) for r in runs]
+        self.assertEqual([s.status for s in states], [sweep.Status.FINISHED, sweep.Status.FAILED,
+                                                      sweep.Status.FINISHED,
+                                                      sweep.Status.FINISHED])
+        self.assertEqual(states[1].error, "error: fake.mode='fail'; choose ok or slow")
+        starts = [line for line in self.lines if line.startswith("--- ") and "starting" in line]
+        self.assertEqual(starts, [f"--- {names[0]}: starting (1 of 2 in flight)"]
+                         + [f"--- {name}: starting (2 of 2 in flight)" for name in names[1:]])
+        ended = [line.split(":")[0][4:] for line in self.lines
+                 if line.startswith("--- ") and " after " in line]
+        self.assertEqual(ended, names[1:] + names[:1])
+        for run in runs:
+            start, end = self._attempts(run)
+            self.assertEqual((start["parallel"], end["parallel"], end["concurrent"]), (2, 2, 2),
+                             run.name)
+            self.assertGreater(end["shared_s"], 0.0, run.name)
+            self.assertLessEqual(end["shared_s"], end["wall_s"] + 0.01, run.name)
+            self.assertEqual(sweep.collect(sweep.run_dir(self.root, run)).concurrent, 2)
+        # The slow run shared the machine for about as long as the other three ran.
+        self.assertAlmostEqual(self._attempts(runs[0])[-1]["shared_s"],
+                               sum(self._attempts(r)[-1]["wall_s"] for r in runs[1:]), delta=0.5)
+        # The trainers' lines behind their run's name; the losses as one at a time gives them.
+        self.assertIn(f"[{names[2]}] step 4 done", self.lines)
+        self.assertIn(f"[{names[0]}] step 60 done", self.lines)
+        self.assertEqual(sweep.collect(sweep.run_dir(self.root, runs[3])).final_val_loss, 11 / 5)
+        # Again: every run skipped (the failed one unless retried).
+        _, summary = self._execute(grid)
+        self.assertEqual((summary.status, summary.launched), ("complete", []))
+        _, summary = self._execute(grid, retry_failed=True)
+        self.assertEqual(summary.launched, [names[1]])
+
+    def test_stop_reaches_every_trainer_in_flight_and_the_next_call_resumes_them(self):
+        grid = ((("fake.mode", ("slow",)), ("train.total_steps", (40, 41, 42))),)
+        runs = sweep.expand(_config(grid=grid, seed_axis=None))
+        stop = threading.Event()
+
+        def stop_when_both_saved():  # (as SIGTERM to the sweep sets it)
+            first = [os.path.join(sweep.run_dir(self.root, r), "checkpoints", "2")
+                     for r in runs[:2]]
+            deadline = time.time() + 30
+            while not all(map(os.path.isdir, first)) and time.time() < deadline:
+                time.sleep(0.05)
+            stop.set()
+
+        watcher = threading.Thread(target=stop_when_both_saved, daemon=True)
+        watcher.start()
+        runs, summary = self._execute(grid, stop=stop)
+        watcher.join()
+        self.assertEqual((summary.status, summary.launched),
+                         ("interrupted", [r.name for r in runs[:2]]))
+        steps = []
+        for run in runs[:2]:
+            state = sweep.run_state(sweep.run_dir(self.root, run))
+            end = self._attempts(run)[-1]
+            self.assertEqual((state.status, end["stopped_by"], end["returncode"]),
+                             (sweep.Status.PARTIAL, "interrupt", 0), run.name)
+            self.assertGreater(state.step, 0)
+            steps.append(state.step)
+        self.assertFalse(os.path.exists(sweep.run_dir(self.root, runs[2])))
+        _, summary = self._execute(grid)
+        self.assertEqual(summary.status, "complete")
+        for run, step in zip(runs[:2], steps):
+            self.assertIn(f"--- {run.name}: resuming from step {step} (", "\n".join(self.lines))
+        self.assertEqual([sweep.run_state(sweep.run_dir(self.root, r)).status for r in runs],
+                         [sweep.Status.FINISHED] * 3)
+
+    def test_deadline_stops_both_and_launches_nothing_after(self):
+        grid = ((("fake.mode", ("slow",)), ("train.total_steps", (60, 61))),
+                (("fake.mode", ("ok",)),))
+        runs, summary = self._execute(grid, deadline=time.time() + 2.5, stop_margin_s=0.5)
+        self.assertEqual((summary.status, summary.launched),
+                         ("deadline", [r.name for r in runs[:2]]))
+        for run in runs[:2]:
+            self.assertEqual(self._attempts(run)[-1]["stopped_by"], "deadline")
+            self.assertEqual(sweep.run_state(sweep.run_dir(self.root, run)).status,
+                             sweep.Status.PARTIAL)
+
+    def test_one_at_a_time_records_and_environment_are_unchanged(self):
+        runs, summary = self._execute(((("fake.mode", ("ok",)),),), parallel=1)
+        self.assertEqual(summary.status, "complete")
+        start, end = self._attempts(runs[0])
+        self.assertEqual(sorted(start), ["command", "event", "time"])
+        self.assertEqual(sorted(end), ["error", "event", "returncode", "stopped_by", "time",
+                                       "wall_s"])
+        self.assertIn("--- fake.mode=ok: starting", self.lines)
+        self.assertIs(sweep.parallel_env(self.env, 1), self.env)
+        self.assertIsNone(sweep.parallel_env(None, 1))
+        with self.assertRaisesRegex(ValueError, r"^parallel=0: must be at least 1"):
+            self._execute(((("fake.mode", ("ok",)),),), parallel=0)
+
+    def test_finish_by_deadline_estimate_per_concurrency(self):
+        grid = ((("fake.mode", ("ok",)), ("train.total_steps", (4, 5, 6, 7))),)
+        runs = sweep.expand(_config(grid=grid, seed_axis=None))
+        for run, wall, concurrent in zip(runs[:3], (10.0, 20.0, 50.0), (1, 1, 2)):
+            workdir = sweep.run_dir(self.root, run)
+            os.makedirs(workdir)
+            with open(os.path.join(workdir, "console.log"), "w") as f:
+                f.write("final: step 4\n")
+            end = {"event": "end", "returncode": 0, "wall_s": wall}
+            if concurrent > 1:
+                end.update(parallel=2, concurrent=concurrent, shared_s=wall)
+            with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
+                f.write(json.dumps({"event": "start"}) + "\n" + json.dumps(end) + "\n")
+        new = sweep.RunState(sweep.Status.NOT_STARTED)
+        # The same concurrency's median when there is one (alone: 10 and 20; two at once: 50).
+        self.assertEqual(sweep.estimated_run_s(self.root, runs, new), 15.0)
+        self.assertEqual(sweep.estimated_run_s(self.root, runs, new, concurrent=2), 50.0)
+        self.assertEqual(sweep.estimated_run_s(
+            self.root, runs, sweep.RunState(sweep.Status.PARTIAL, 5, 10), concurrent=2), 30.0)
+        # None at 3: every run scaled as if sharing gained nothing: 10 x 3, 20 x 3, 50 x 3/2.
+        self.assertEqual(sweep.estimated_run_s(self.root, runs, new, concurrent=3), 60.0)
+        # Alone with no run measured alone: a shared run's wall time, not scaled down.
+        self.assertEqual(sweep.estimated_run_s(self.root, runs[2:3], new), 50.0)
+        # A run whose sweep died mid-attempt counts its recorded parallel.
+        self.assertEqual(sweep._run_concurrency([{"event": "start", "parallel": 2}]), 2)
+        self.assertEqual(sweep._run_concurrency([{"event": "start"}]), 1)
+
+
+class ParallelEnvTest(absltest.TestCase):
+
+    def test_each_trainer_gets_its_share_unless_the_environment_decides(self):
+        self.assertEqual([sweep.memory_fraction(n) for n in (1, 2, 3, 4, 8)],
+                         ["0.9", "0.45", "0.3", "0.225", "0.112"])
+        base = {"PATH": "/bin"}
+        self.assertEqual(sweep.parallel_env(base, 2),
+                         {"PATH": "/bin", "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.45"})
+        self.assertEqual(base, {"PATH": "/bin"})  # not changed in place
+        for own in ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"},
+                    {"XLA_CLIENT_MEM_FRACTION": "0.3"},  # jaxlib refuses both names at once
+                    {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"},
+                    {"XLA_PYTHON_CLIENT_PREALLOCATE": "0"},
+                    {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}):
+            with self.subTest(own):
+                self.assertEqual(sweep.parallel_env({**base, **own}, 3), {**base, **own})
+        # Preallocation left on explicitly: the share is still needed.
+        self.assertEqual(sweep.parallel_env({"XLA_PYTHON_CLIENT_PREALLOCATE": "true"}, 4),
+                         {"XLA_PYTHON_CLIENT_PREALLOCATE": "true",
+                          "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.225"})
+        with self.assertRaisesRegex(ValueError, r"^parallel=0: must be at least 1$"):
+            sweep.parallel_env(base, 0)
+
+    def test_concurrency_counts_runs_in_flight_and_shared_seconds(self):
+        c = sweep.Concurrency(2)
+        a = c.enter(0.0)
+        b = c.enter(10.0)
+        self.assertEqual(c.in_flight(), 2)
+        self.assertEqual(c.leave(a, 30.0), (2, 20.0))  # b in flight from 10 to 30
+        d = c.enter(40.0)
+        self.assertEqual(c.leave(b, 50.0), (2, 30.0))  # a over 10-30, d over 40-50
+        self.assertEqual(c.leave(d, 60.0), (2, 10.0))
+        e = c.enter(70.0)
+        self.assertEqual(c.leave(e, 80.0), (1, 0.0))
+
+
 if __name__ == "__main__":
     absltest.main()
