@@ -53,6 +53,7 @@ or sweep config (one line naming it).
 import datetime
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -150,12 +151,26 @@ def _parallel_note(env) -> str:
 
 def parse_flags(argv):
     """Parses flags; a bad sweep config, argument string or ``--config.<field>`` ends with one
-    readable line (:func:`lattn_jax.config.parse_flags`, shared with ``train.py``).
+    readable line (:func:`lattn_jax.config.parse_flags`, shared with ``train.py``). An unknown
+    ``--config.<field>`` also says that a field of every run's experiment config (``train.*``,
+    ``model.*``, ...) goes in ``--override=<field>=<value>``: ``--config`` is the sweep's own.
 
     Raises:
       SystemExit: on any flag or config error.
     """
-    return config_lib.parse_flags(argv)
+    try:
+        return config_lib.parse_flags(argv)
+    except SystemExit as e:
+        text = str(e.code) if e.code is not None else ""
+        unknown = re.match(r"error: unknown config option '?([\w.]+?)'?(?:\.\s|$)", text)
+        if unknown and "Did you mean" not in text:  # not a typo of one of the sweep's fields
+            key = unknown.group(1)
+            typed = [a[len("--config."):].split("=", 1) for a in list(argv)[1:]
+                     if a.startswith((f"--config.{key}=", f"--config.{key}."))]
+            field, value = (typed[0] + ["<value>"])[:2] if typed else (key, "<value>")
+            sys.exit(f"{text} (--config is the sweep's config: a field of every run's "
+                     f"experiment config goes in --override={field}={value})")
+        raise
 
 
 def main(argv):
