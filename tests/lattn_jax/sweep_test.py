@@ -323,8 +323,8 @@ class RunDirTest(absltest.TestCase):
         self.assertIsNone(sweep.error_line([]))
 
 
-class ExecuteTest(absltest.TestCase):
-    """The runner with the stand-in trainer: a few seconds in all."""
+class _FakeTrainerTestCase(absltest.TestCase):
+    """A temporary root holding the stand-in trainer (``FAKE_TRAINER``), and the lines printed."""
 
     def setUp(self):
         super().setUp()
@@ -333,6 +333,10 @@ class ExecuteTest(absltest.TestCase):
         with open(self.trainer, "w") as f:
             f.write(FAKE_TRAINER)
         self.lines = []
+
+
+class ExecuteTest(_FakeTrainerTestCase):
+    """The runner with the stand-in trainer: a few seconds in all."""
 
     def _execute(self, modes, **kwargs):
         config = _config(grid=((("fake.mode", modes),),), seed_axis=None)
@@ -562,17 +566,12 @@ class ExecuteTest(absltest.TestCase):
         self.assertEqual(sweep.run_state(unpacked).status, sweep.Status.FINISHED)
 
 
-class ParallelTest(absltest.TestCase):
+class ParallelTest(_FakeTrainerTestCase):
     """``execute(parallel=2)`` with the stand-in trainer (a few seconds in all; the real
     trainer: tests/experiments/sweep_test.py)."""
 
     def setUp(self):
         super().setUp()
-        self.root = self.create_tempdir().full_path
-        self.trainer = os.path.join(self.root, "fake_train.py")
-        with open(self.trainer, "w") as f:
-            f.write(FAKE_TRAINER)
-        self.lines = []
         self.env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_"))}
 
