@@ -687,9 +687,9 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
 
     The model options must match for the parameters to load, the data options for the
     restored iterator position to mean the same batches, and ``optim.flatten`` for the optimizer
-    state to load (it changes the state's layout). ``config.json`` is written when the
-    run starts (no checkpoint yet) and then kept: each invocation's own config is in
-    ``invocations.jsonl`` (:func:`record_invocation`).
+    state to load (it changes the state's layout). Writes nothing: ``config.json`` is written
+    once the run's state is restored or initialised (:func:`_write_start_config`) and then kept:
+    each invocation's own config is in ``invocations.jsonl`` (:func:`record_invocation`).
 
     Other optimizer options and ``train.total_steps`` may change on resume (raising
     ``total_steps`` is how a finished run is continued), but the learning-rate schedule is then
@@ -706,7 +706,6 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
         ``model`` section, e.g. a HALO pipeline's), which this run would overwrite.
     """
     changed: List[str] = []
-    path = os.path.join(workdir, "config.json")
     current = config_lib.experiment_json_dict(config)
     saved = config_lib.saved_training_config(workdir)
     if has_checkpoint and saved is not None:
@@ -735,10 +734,19 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
                          if k not in _STATE_LAYOUT_OPTIM_OPTIONS}, "optim.")
         changed += _diff(saved.get("train", {}).get("total_steps"),
                          current["train"]["total_steps"], "train.total_steps.")
+    return changed
+
+
+def _write_start_config(workdir: str, config: config_lib.ExperimentConfig,
+                        has_checkpoint: bool) -> None:
+    """Writes ``<workdir>/config.json`` (the run's first config) for a fresh start, or for a
+    resumed run that lacks one. Called only once the state is restored or initialised, so that
+    a failed start (a checkpoint of a different model, an unreadable one) writes no config that
+    would then refuse the right command (:func:`_check_resume_compatible`)."""
+    path = os.path.join(workdir, "config.json")
     if not (has_checkpoint and os.path.exists(path)):
         with open(path, "w") as f:
-            json.dump(current, f, indent=2)
-    return changed
+            json.dump(config_lib.experiment_json_dict(config), f, indent=2)
 
 
 def _diff(a, b, prefix):
@@ -1042,6 +1050,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             state = trainer.init_state(tcfg.seed)
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
+        _write_start_config(workdir, config, has_checkpoint=latest is not None)
     except BaseException:
         # A refused resume (or a failed restore) ends the run here: close the manager first,
         # so that its background threads do not outlive the interpreter's shutdown (orbax
