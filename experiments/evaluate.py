@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
+from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax.eval import fetch, restore, runner  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string(
@@ -155,4 +156,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=config_lib.parse_flags)

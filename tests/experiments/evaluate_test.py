@@ -97,6 +97,17 @@ class EvaluateBinaryTest(parameterized.TestCase):
         self.assertIn(message, result.stderr)
         self.assertNotIn("Traceback", result.stderr)
 
+    @parameterized.named_parameters(
+        ("generate_without_prompt", "generate.py", ["--checkpoint=/no/such/run"], "prompt"),
+        ("evaluate_without_checkpoint", "evaluate.py", ["--tasks=piqa"], "checkpoint"),
+    )
+    def test_a_missing_required_flag_is_the_one_line_train_py_gives(self, binary, flags, name):
+        # It was absl's "FATAL Flags parsing error: ..." plus the usage hint.
+        result = run(binary, *flags)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip(), f"error: flag --{name}=None: Flag --{name} "
+                         f"must have a value other than None.")
+
 
 @pytest.mark.entry
 class EvaluateGGUFTest(absltest.TestCase):
