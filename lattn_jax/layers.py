@@ -403,7 +403,8 @@ def check_mixer_input(x: Array, d_model: int, segment_ids: Optional[Array] = Non
 
     Raises:
       ValueError: ``"x must be [batch, seq_len, d_model=512], got (2, 16, 513)"`` on a wrong
-        rank or width, or ``"segment_ids must be [batch=2, seq_len=16] like x, got (2, 15)"``.
+        width (``"... d_model=512] (rank 3), got shape (2, 16)"`` on a wrong rank), or
+        ``"segment_ids must be [batch=2, seq_len=16] like x, got (2, 15)"``.
     """
     validation.check_shape("x", x, (None, None, d_model), axes=("batch", "seq_len", "d_model"))
     check_segment_ids(segment_ids, jnp.shape(x)[:2], "x")

@@ -417,8 +417,8 @@ class MixerPropertiesTest(parameterized.TestCase):
         self._assert_close(call(full, x), call(grouped, x), dtype, "grouped vs repeated heads")
 
     @parameterized.named_parameters(
-        ("rank_2", (2, T), None, rf"x must be \[batch, seq_len, d_model={D_MODEL}\], got "
-         rf"\(2, {T}\)"),
+        ("rank_2", (2, T), None, rf"x must be \[batch, seq_len, d_model={D_MODEL}\] "
+         rf"\(rank 3\), got shape \(2, {T}\)"),
         ("wide", (2, T, D_MODEL + 1), None, rf"x must be \[batch, seq_len, d_model={D_MODEL}\], "
          rf"got \(2, {T}, {D_MODEL + 1}\)"),
         ("short_segment_ids", (2, T, D_MODEL), (2, T - 1),
