@@ -411,23 +411,38 @@ def schedule_warning(ocfg: config_lib.OptimConfig, total_steps: int) -> Optional
             f"or raise --config.train.total_steps")
 
 
-def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh]:
-    """The run's mesh from ``config.mesh``, or ``None`` on a single device.
+def check_mesh(config: config_lib.ExperimentConfig) -> None:
+    """Checks ``config.mesh`` against ``jax.device_count()`` and the batch and sequence it
+    splits (config and device count only: :func:`train_and_evaluate` calls it before anything
+    is written or any data is read).
 
     Raises:
-      ConfigError: if the mesh does not fit the devices, the batch does not split over it, or
-        the sequence does not split over ``mesh.context``.
+      ConfigError: if the mesh does not fit the devices (e.g. ``"mesh data x fsdp x context x
+        tensor = 2 x 1 x 1 x 1 needs 2 devices, but there are 1"``), the batch does not split
+        over it, or the sequence does not split over ``mesh.context``.
     """
     num_devices = jax.device_count()
     shape = dict(zip(config_lib.MESH_AXES, config.mesh.shape(num_devices)))
     if num_devices == 1:
-        return None
+        return
     data, fsdp, context = shape["data"], shape["fsdp"], shape["context"]
     if config.data.batch_size % (data * fsdp):
         raise config_lib.ConfigError(
             f"data.batch_size={config.data.batch_size} must be a multiple of mesh data x fsdp "
             f"= {data} x {fsdp}")
     context_parallel.check_sequence_length(config.data.seq_len, context, config.model)
+
+
+def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh]:
+    """The run's mesh from ``config.mesh``, or ``None`` on a single device.
+
+    Raises:
+      ConfigError: if the mesh does not fit the devices, the batch does not split over it, or
+        the sequence does not split over ``mesh.context`` (:func:`check_mesh`).
+    """
+    check_mesh(config)
+    if jax.device_count() == 1:
+        return None
     return sharding.make_mesh(config.mesh)
 
 
@@ -807,7 +822,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         also where it surfaced and the newest complete checkpoint, which is left as it is,
         as are the metrics written; nothing is saved); and when ``workdir`` is another
         kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
-        :func:`lattn_jax.config.saved_training_config`), before anything is written.
+        :func:`lattn_jax.config.saved_training_config`), before anything is written; and when
+        ``config.mesh`` does not fit the devices, the batch or the sequence
+        (:func:`check_mesh`), before anything is written or read.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
       KeyboardInterrupt: a second Ctrl-C (or one with ``train.save_on_preemption`` off); one
@@ -826,6 +843,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
     if os.path.isdir(workdir):  # another kind of run's workdir: refused before any write
         config_lib.saved_training_config(workdir)
+    check_mesh(config)  # a mesh that does not fit the devices: before the data is read
     created = config_lib.first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
     try:
         os.makedirs(workdir, exist_ok=True)

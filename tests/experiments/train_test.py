@@ -172,6 +172,17 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(os.listdir(path), ["2"])
 
+    def test_a_mesh_over_the_devices_is_refused_before_the_data_is_read(self):
+        # It was refused only after the corpus was read and tokenized.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.mesh.data=2")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            "error: mesh data x fsdp x context x tensor = 2 x 1 x 1 x 1 needs 2 devices, but "
+            "there are 1"])
+        self.assertNotIn("data:", result.stdout)
+        self.assertFalse(os.path.exists(workdir))
+
     def test_a_start_with_another_model_width_writes_nothing_and_says_so(self):
         # It called the checkpoint unreadable, advised moving it away, and wrote a config.json
         # of the wrong width, which then refused the right command. evaluate.py on a workdir
