@@ -433,6 +433,15 @@ class MixerPropertiesTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, message):
             module(x, segment_ids=seg)
 
+    def test_integer_x_names_x_and_its_dtype(self):
+        # An int32 x ran silently (the kernel ops refuse integer q/k/v).
+        cfg = tiny_config(self.MIXER)
+        module = nnx.eval_shape(lambda: mixers.build_mixer(self.MIXER, cfg, rngs=nnx.Rngs(0)))
+        x = jnp.ones((2, T, D_MODEL), jnp.int32)
+        with self.assertRaisesRegex(ValueError, r"^x must have a floating dtype \(activations, "
+                                                r"not token ids\), got x\.dtype=int32$"):
+            module(x)
+
 
 class RegistryCoverageTest(absltest.TestCase):
 
