@@ -35,6 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
+from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax import context_parallel  # noqa: E402
 from lattn_jax.eval import fetch, restore, runner  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string(
@@ -132,6 +134,7 @@ def main(argv):
             niah_samples=_NIAH_SAMPLES.value, perplexity_files=tuple(_PPL_FILES.value),
             perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
             perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)
+        context_parallel.check_context(_CONTEXT.value)  # the devices are known: before loading
         kind = restore.model_kind(_CHECKPOINT.value)  # a bad --checkpoint is reported first
         _check_kind_flags(kind, names, options)
         runner.check_data(names, options)  # then missing data, before the (slow) restore
@@ -155,4 +158,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=config_lib.parse_flags)

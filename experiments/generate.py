@@ -50,6 +50,7 @@ def main(argv):
     try:
         sampling = gen_lib.SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                           top_p=_TOP_P.value)
+        context_parallel.check_context(_CONTEXT.value)  # before the model is loaded
         restored = restore.load(_CHECKPOINT.value, _STEP.value)
         tok = restored.tokenizer
         vocab = restored.config.model.vocab_size
@@ -73,4 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=config_lib.parse_flags)

@@ -16,6 +16,9 @@ cannot be read (a truncated array file, a missing ``_METADATA``, a missing data-
 ...), reports it in one line and falls back to the next older step. Nothing is deleted: the
 writer (``set_aside=True``, the trainer) renames an unreadable step's directory to
 ``<step>.unreadable-<time>``, out of orbax's listing, so that the run can save that step again.
+A readable checkpoint whose parameter tree or shapes differ from the state to restore into (a
+different model) is not unreadable: it raises :class:`CheckpointMismatchError` at once, with no
+fallback to older steps and nothing renamed.
 
 Restoring onto another mesh or device count: the arrays are saved with their global shapes, and
 ``restore`` reads them into the shardings of ``abstract_state`` (``jax.ShapeDtypeStruct`` leaves
@@ -34,6 +37,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import grain
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from orbax.checkpoint.checkpoint_managers import preservation_policy
 
 from lattn_jax.typing import PyTree
@@ -42,6 +46,58 @@ from lattn_jax.typing import PyTree
 class CheckpointError(ValueError):
     """A checkpoint cannot be read, or none can (the message is one line naming the steps and
     reasons). A ``ValueError``: the binaries report bad inputs of that type in one line."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint holds a different model: its saved tree of arrays (paths or shapes) does
+    not match the state it is restored into. The files are intact; the config is the cause."""
+
+
+# Advice ending a CheckpointMismatchError: the trainer's (the config comes from the options).
+MISMATCH_ADVICE = "use the options it was trained with or a new --workdir"
+
+
+def _key_name(key: Any) -> str:
+    """One pytree path entry as a name (dict key, sequence index or attribute)."""
+    for attr in ("key", "idx", "name"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _leaf_shapes(tree: PyTree) -> Dict[str, Tuple[int, ...]]:
+    """``{"params/blocks/0/...": shape}`` for every leaf of ``tree`` that has a shape."""
+    out = {}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        if getattr(leaf, "shape", None) is not None:
+            out["/".join(_key_name(k) for k in path)] = tuple(leaf.shape)
+    return out
+
+
+def describe_mismatch(saved: Dict[str, Tuple[int, ...]],
+                      wanted: Dict[str, Tuple[int, ...]]) -> Optional[str]:
+    """The first difference between two ``{path: shape}`` maps, as words, or ``None``.
+
+    Args:
+      saved: the checkpoint's leaves (``"params/blocks/0/mixer/out_proj/kernel": (64, 64)``).
+      wanted: the leaves of the state to restore into, keyed the same way.
+
+    Returns:
+      E.g. ``"params/embed/embedding has shape (257, 64) there, (257, 32) here"`` (``params``
+      entries first, then the optimizer state's), with ``" (and 7 more)"`` when there are
+      others; ``None`` when the maps are equal.
+    """
+    diffs = []
+    for path in sorted(set(saved) | set(wanted), key=lambda p: (not p.startswith("params/"), p)):
+        if path not in saved:
+            diffs.append(f"{path} {wanted[path]} is missing there")
+        elif path not in wanted:
+            diffs.append(f"{path} {saved[path]} is there but not in this config")
+        elif saved[path] != wanted[path]:
+            diffs.append(f"{path} has shape {saved[path]} there, {wanted[path]} here")
+    if not diffs:
+        return None
+    return diffs[0] + (f" (and {len(diffs) - 1} more)" if len(diffs) > 1 else "")
 
 
 def describe_error(error: BaseException, limit: int = 240) -> str:
@@ -267,11 +323,15 @@ class Checkpointer:
         restored = self.manager.restore(step, args=ocp.args.Composite(state=args))
         return {k: restored["state"][k] for k in abstract_part}
 
-    def restore_step(self, step: int, abstract_state: PyTree, data_iter: Any = None) -> PyTree:
+    def restore_step(self, step: int, abstract_state: PyTree, data_iter: Any = None, *,
+                     mismatch_advice: str = MISMATCH_ADVICE) -> PyTree:
         """:meth:`restore`, with an unreadable checkpoint reported as one line.
 
         Raises:
           FileNotFoundError: if no checkpoint exists at ``step``.
+          CheckpointMismatchError: if it is readable but of a different model (its tree of
+            arrays differs from ``abstract_state``; :meth:`mismatch`), the message ending in
+            ``mismatch_advice``.
           CheckpointError: if it cannot be read (naming the step and the reason).
         """
         if step not in self.manager.all_steps():
@@ -286,31 +346,38 @@ class Checkpointer:
                 except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore raise many types
                     quiet.failed = True
                     why = describe_error(e)
+            self._raise_if_mismatch(step, abstract_state, mismatch_advice)
         raise CheckpointError(f"checkpoint at step {step} in {self.directory} is unreadable "
                               f"({why})")
 
     def restore_latest(self, abstract_state: PyTree, data_iter: Any = None, *,
-                       report: Callable[[str], None] = print,
-                       set_aside: bool = False) -> Tuple[int, PyTree]:
+                       report: Callable[[str], None] = print, set_aside: bool = False,
+                       mismatch_advice: str = MISMATCH_ADVICE) -> Tuple[int, PyTree]:
         """Restores the newest readable checkpoint, falling back past unreadable ones.
 
         Each unreadable step costs one ``report`` line naming the step and the reason. With
         ``set_aside`` (only the process that writes the run), the unreadable steps newer than
         the one restored are renamed ``<step>.unreadable-<time>`` (kept, never deleted), so that
         the resumed run can save those steps again. When no step can be read nothing is
-        renamed: the cause may be the code or the target rather than the files.
+        renamed: the cause may be the code or the target rather than the files. A step that is
+        readable but of a different model (:meth:`mismatch`) ends the search at once: the config
+        is wrong, not the files, so nothing is renamed and no older step is tried.
 
         Args:
           abstract_state: as for :meth:`restore`.
           data_iter: as for :meth:`restore`; restored with the same step's state.
           report: where the one-line notices go.
           set_aside: rename the unreadable steps newer than the restored one.
+          mismatch_advice: what ends a :class:`CheckpointMismatchError`'s message.
 
         Returns:
           ``(step, state)``.
 
         Raises:
           FileNotFoundError: if there is no checkpoint at all.
+          CheckpointMismatchError: the newest step that is not unreadable holds a different
+            model, e.g. "the checkpoint at step 4 in <dir> is of a different model (its
+            parameter tree/shapes do not match this config: <first difference>); <advice>".
           CheckpointError: if no checkpoint can be read (every step's reason, in one line).
         """
         steps = sorted(self.manager.all_steps(), reverse=True)
@@ -326,6 +393,8 @@ class Checkpointer:
                     except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore: many types
                         quiet.failed = True
                         why = describe_error(e)
+                if why:
+                    self._raise_if_mismatch(step, abstract_state, mismatch_advice)
             if why:
                 failures.append((step, why))
                 continue
@@ -338,6 +407,27 @@ class Checkpointer:
             f"no readable checkpoint in {self.directory}: " + "; ".join(
                 f"step {step} ({why})" for step, why in failures) +
             ". Move the directory away or use a new --workdir.")
+
+    def mismatch(self, step: int, abstract_state: PyTree) -> Optional[str]:
+        """How step ``step``'s saved arrays differ from ``abstract_state`` in tree paths or
+        shapes (:func:`describe_mismatch`), read from the checkpoint's metadata only; ``None``
+        when they match or the metadata cannot be read (then the checkpoint is unreadable)."""
+        if abstract_state is None:
+            return None
+        path = os.path.join(self.directory, str(step), "state")
+        try:
+            saved = ocp.StandardCheckpointHandler().metadata(epath.Path(path))
+        except Exception:  # noqa: BLE001 - unreadable metadata: reported as unreadable
+            return None
+        return describe_mismatch(_leaf_shapes(getattr(saved, "tree", saved)),
+                                 _leaf_shapes(abstract_state))
+
+    def _raise_if_mismatch(self, step: int, abstract_state: PyTree, advice: str) -> None:
+        why = self.mismatch(step, abstract_state)
+        if why:
+            raise CheckpointMismatchError(
+                f"the checkpoint at step {step} in {self.directory} is of a different model "
+                f"(its parameter tree/shapes do not match this config: {why}); {advice}")
 
     def _missing_metadata(self, step: int) -> Optional[str]:
         """What orbax's own error would misreport (a missing ``_METADATA`` surfaces as a pytree

@@ -455,6 +455,22 @@ def attention(q: Array, k: Array, v: Array, segment_ids: Optional[Array], *,
         out_specs=spec("bthc"), check_vma=False)(q, k, v, seg_arg)
 
 
+def check_context(context: int, num_devices: Optional[int] = None) -> None:
+    """Checks the ``--context`` flag of the evaluation and generation binaries against the
+    device count (default: ``jax.device_count()``), before any model is loaded.
+
+    Raises:
+      ValueError: ``"--context=2 needs a multiple of 2 devices; there is 1"``, or
+        ``"--context=0 must be >= 1"``.
+    """
+    num_devices = jax.device_count() if num_devices is None else num_devices
+    if context < 1:
+        raise ValueError(f"--context={context} must be >= 1")
+    if num_devices % context:
+        raise ValueError(f"--context={context} needs a multiple of {context} devices; there "
+                         f"{'is' if num_devices == 1 else 'are'} {num_devices}")
+
+
 def evaluation_mesh(context: int, devices: Optional[Sequence] = None):
     """The mesh for evaluation and generation with sequences split over ``context`` devices.
 
@@ -462,15 +478,13 @@ def evaluation_mesh(context: int, devices: Optional[Sequence] = None):
     remaining factor splits the batch. ``context = 1`` gives ``None`` (the plain path).
 
     Raises:
-      ValueError: if ``context < 1`` or it does not divide the number of devices.
+      ValueError: if ``context < 1`` or it does not divide the number of devices
+        (:func:`check_context`).
     """
     devices = list(jax.devices() if devices is None else devices)
-    if context < 1:
-        raise ValueError(f"context must be >= 1, got {context}")
+    check_context(context, len(devices))
     if context == 1:
         return None
-    if len(devices) % context:
-        raise ValueError(f"context={context} does not divide the {len(devices)} devices")
     return sharding.make_mesh(config_lib.MeshConfig(data=-1, context=context), devices)
 
 

@@ -403,9 +403,14 @@ def check_mixer_input(x: Array, d_model: int, segment_ids: Optional[Array] = Non
 
     Raises:
       ValueError: ``"x must be [batch, seq_len, d_model=512], got (2, 16, 513)"`` on a wrong
-        rank or width, or ``"segment_ids must be [batch=2, seq_len=16] like x, got (2, 15)"``.
+        width (``"... d_model=512] (rank 3), got shape (2, 16)"`` on a wrong rank), or
+        ``"segment_ids must be [batch=2, seq_len=16] like x, got (2, 15)"``, or ``"x must
+        have a floating dtype (activations, not token ids), got x.dtype=int32"``.
     """
     validation.check_shape("x", x, (None, None, d_model), axes=("batch", "seq_len", "d_model"))
+    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
+        raise ValueError(f"x must have a floating dtype (activations, not token ids), got "
+                         f"x.dtype={jnp.result_type(x)}")
     check_segment_ids(segment_ids, jnp.shape(x)[:2], "x")
 
 

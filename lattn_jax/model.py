@@ -28,6 +28,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from lattn_jax import config as config_lib
@@ -235,11 +236,13 @@ class LanguageModel(nnx.Module):
         """Computes next-token logits (or the head's input), optionally continuing from states.
 
         Args:
-          tokens: int ``[B, T]`` token ids, each in ``[0, vocab_size)``. The values are not
-            checked here (they cannot be, under ``jit``): the embedding lookup (``jnp.take``,
-            default ``"fill"`` mode) gives NaN embeddings, hence NaN logits, for an id
-            ``>= vocab_size`` or ``< -vocab_size``, and wraps ``[-vocab_size, -1]`` to the last
-            rows. Check ids where they enter, on the host (the trainer refuses at start-up a
+          tokens: int ``[B, T]`` token ids, each in ``[0, vocab_size)``. Called eagerly (concrete
+            ``tokens``, not a ``jax.core.Tracer``) the values are checked (one small device
+            reduction and transfer). Under ``jit`` (or ``eval_shape``) they cannot be: the ids
+            must then be in ``[0, vocab_size)``, as the embedding lookup (``jnp.take``, default
+            ``"fill"`` mode) gives NaN embeddings, hence NaN logits, for an id ``>= vocab_size``
+            or ``< -vocab_size``, and wraps ``[-vocab_size, -1]`` to the last rows silently.
+            Check ids where they enter, on the host (the trainer refuses at start-up a
             ``model.vocab_size`` below the tokenizer's vocabulary, and token shards made with
             another tokenizer).
           segment_ids: optional int ``[B, T]`` document ids of a packed window; used only when
@@ -274,9 +277,12 @@ class LanguageModel(nnx.Module):
             integer token ids [batch, seq_len], got float32 (2, 16, 32)"``), ``segment_ids``
             is given but not ``[B, T]`` like ``tokens`` (both static checks, made first), or
             ``state`` does not have one entry per layer (and from the mixers, on a state of
-            another batch size or a full KV cache).
+            another batch size or a full KV cache); and, called eagerly, if an id is outside
+            ``[0, vocab_size)`` (``"tokens must be ids in [0, vocab_size=257), got min -1, max
+            300"``).
         """
         _check_tokens(tokens, segment_ids)
+        _check_token_range(tokens, self.config.vocab_size)
         if not self.config.use_segment_ids and state is None and not return_state:
             segment_ids = None
         if state is not None and len(state) != len(self.blocks):
@@ -374,6 +380,26 @@ def _check_tokens(tokens: Array, segment_ids: Optional[Array]) -> None:
         got = type(tokens).__name__ if dtype is None else jnp.dtype(dtype).name
         raise ValueError(f"tokens must be integer token ids [batch, seq_len], got {got} {shape}")
     layers.check_segment_ids(segment_ids, shape, "tokens")
+
+
+def _check_token_range(tokens: Array, vocab_size: int) -> None:
+    """Raises ``ValueError`` naming ``tokens``, their min and max and ``vocab_size`` when a
+    concrete ``tokens`` (not a tracer, nor used while tracing: under ``jit`` nothing can be
+    checked) holds an id outside ``[0, vocab_size)``. The min and max are computed where the
+    ids are (device or host) and fetched explicitly (``jax.device_get``, allowed under
+    ``jax_transfer_guard="disallow"``)."""
+    if isinstance(tokens, jax.core.Tracer) or math.prod(jnp.shape(tokens)) == 0:
+        return
+    if isinstance(tokens, jax.Array):
+        lo, hi = jnp.min(tokens), jnp.max(tokens)
+        if isinstance(lo, jax.core.Tracer):  # concrete ids closed over by a traced function
+            return
+        lo, hi = jax.device_get((lo, hi))
+    else:  # NumPy or nested lists: on the host already
+        lo, hi = np.min(tokens), np.max(tokens)
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"tokens must be ids in [0, vocab_size={vocab_size}), got min {int(lo)}, "
+                         f"max {int(hi)}")
 
 
 def remat_policy(name: str):

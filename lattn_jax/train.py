@@ -411,23 +411,38 @@ def schedule_warning(ocfg: config_lib.OptimConfig, total_steps: int) -> Optional
             f"or raise --config.train.total_steps")
 
 
-def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh]:
-    """The run's mesh from ``config.mesh``, or ``None`` on a single device.
+def check_mesh(config: config_lib.ExperimentConfig) -> None:
+    """Checks ``config.mesh`` against ``jax.device_count()`` and the batch and sequence it
+    splits (config and device count only: :func:`train_and_evaluate` calls it before anything
+    is written or any data is read).
 
     Raises:
-      ConfigError: if the mesh does not fit the devices, the batch does not split over it, or
-        the sequence does not split over ``mesh.context``.
+      ConfigError: if the mesh does not fit the devices (e.g. ``"mesh data x fsdp x context x
+        tensor = 2 x 1 x 1 x 1 needs 2 devices, but there are 1"``), the batch does not split
+        over it, or the sequence does not split over ``mesh.context``.
     """
     num_devices = jax.device_count()
     shape = dict(zip(config_lib.MESH_AXES, config.mesh.shape(num_devices)))
     if num_devices == 1:
-        return None
+        return
     data, fsdp, context = shape["data"], shape["fsdp"], shape["context"]
     if config.data.batch_size % (data * fsdp):
         raise config_lib.ConfigError(
             f"data.batch_size={config.data.batch_size} must be a multiple of mesh data x fsdp "
             f"= {data} x {fsdp}")
     context_parallel.check_sequence_length(config.data.seq_len, context, config.model)
+
+
+def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh]:
+    """The run's mesh from ``config.mesh``, or ``None`` on a single device.
+
+    Raises:
+      ConfigError: if the mesh does not fit the devices, the batch does not split over it, or
+        the sequence does not split over ``mesh.context`` (:func:`check_mesh`).
+    """
+    check_mesh(config)
+    if jax.device_count() == 1:
+        return None
     return sharding.make_mesh(config.mesh)
 
 
@@ -687,9 +702,9 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
 
     The model options must match for the parameters to load, the data options for the
     restored iterator position to mean the same batches, and ``optim.flatten`` for the optimizer
-    state to load (it changes the state's layout). ``config.json`` is written when the
-    run starts (no checkpoint yet) and then kept: each invocation's own config is in
-    ``invocations.jsonl`` (:func:`record_invocation`).
+    state to load (it changes the state's layout). Writes nothing: ``config.json`` is written
+    once the run's state is restored or initialised (:func:`_write_start_config`) and then kept:
+    each invocation's own config is in ``invocations.jsonl`` (:func:`record_invocation`).
 
     Other optimizer options and ``train.total_steps`` may change on resume (raising
     ``total_steps`` is how a finished run is continued), but the learning-rate schedule is then
@@ -706,7 +721,6 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
         ``model`` section, e.g. a HALO pipeline's), which this run would overwrite.
     """
     changed: List[str] = []
-    path = os.path.join(workdir, "config.json")
     current = config_lib.experiment_json_dict(config)
     saved = config_lib.saved_training_config(workdir)
     if has_checkpoint and saved is not None:
@@ -735,10 +749,19 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
                          if k not in _STATE_LAYOUT_OPTIM_OPTIONS}, "optim.")
         changed += _diff(saved.get("train", {}).get("total_steps"),
                          current["train"]["total_steps"], "train.total_steps.")
+    return changed
+
+
+def _write_start_config(workdir: str, config: config_lib.ExperimentConfig,
+                        has_checkpoint: bool) -> None:
+    """Writes ``<workdir>/config.json`` (the run's first config) for a fresh start, or for a
+    resumed run that lacks one. Called only once the state is restored or initialised, so that
+    a failed start (a checkpoint of a different model, an unreadable one) writes no config that
+    would then refuse the right command (:func:`_check_resume_compatible`)."""
+    path = os.path.join(workdir, "config.json")
     if not (has_checkpoint and os.path.exists(path)):
         with open(path, "w") as f:
-            json.dump(current, f, indent=2)
-    return changed
+            json.dump(config_lib.experiment_json_dict(config), f, indent=2)
 
 
 def _diff(a, b, prefix):
@@ -799,7 +822,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         also where it surfaced and the newest complete checkpoint, which is left as it is,
         as are the metrics written; nothing is saved); and when ``workdir`` is another
         kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
-        :func:`lattn_jax.config.saved_training_config`), before anything is written.
+        :func:`lattn_jax.config.saved_training_config`), before anything is written; and when
+        ``config.mesh`` does not fit the devices, the batch or the sequence
+        (:func:`check_mesh`), before anything is written or read.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
       KeyboardInterrupt: a second Ctrl-C (or one with ``train.save_on_preemption`` off); one
@@ -818,6 +843,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
     if os.path.isdir(workdir):  # another kind of run's workdir: refused before any write
         config_lib.saved_training_config(workdir)
+    check_mesh(config)  # a mesh that does not fit the devices: before the data is read
     created = config_lib.first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
     try:
         os.makedirs(workdir, exist_ok=True)
@@ -1042,6 +1068,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             state = trainer.init_state(tcfg.seed)
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
+        _write_start_config(workdir, config, has_checkpoint=latest is not None)
     except BaseException:
         # A refused resume (or a failed restore) ends the run here: close the manager first,
         # so that its background threads do not outlive the interpreter's shutdown (orbax

@@ -140,17 +140,22 @@ def load(workdir: str, step: Optional[int] = None, *,
 
     Raises:
       FileNotFoundError: no config.json, no checkpoint, or no checkpoint at ``step``.
-      CheckpointError: no checkpoint can be read.
+      CheckpointError: no checkpoint can be read; ``CheckpointMismatchError`` when the one to
+        restore holds another model than ``config.json`` describes (one line naming the first
+        differing parameter path and shape).
       ValueError: the saved config or parameters do not match the code.
     """
     config = load_config(workdir)
+    path = os.path.join(workdir, "config.json")
     ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False)
     try:
         trainer = train_lib.Trainer(config)
+        advice = f"{path} does not describe the model it holds"
         if step is None:
-            step, state = ckpt.restore_latest(trainer.abstract_state(), report=report)
+            step, state = ckpt.restore_latest(trainer.abstract_state(), report=report,
+                                              mismatch_advice=advice)
         else:
-            state = ckpt.restore_step(step, trainer.abstract_state())
+            state = ckpt.restore_step(step, trainer.abstract_state(), mismatch_advice=advice)
     finally:
         ckpt.close()
     model = trainer.model(state["params"])

@@ -1189,6 +1189,11 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
       should_stop: asked before each measurement and each NIAH part; ``True`` ends the run
         early (resumable: the NIAH parts already done stay in :data:`NIAH_PARTS`).
 
+    A run that finds every measurement already in ``report.json`` (same options) measures
+    nothing, says so in one line ("report already complete (<path>): ..."), and rewrites
+    ``report.json`` and ``report.md`` alike (with this run's ``meta``), as it does after every
+    measurement.
+
     Returns:
       The report dict (also in ``<stage_dir>/report.json``), with ``"complete"``; run details
       (the NIAH prompt building and per-part prefill/decode times) under ``"details"``.
@@ -1239,7 +1244,7 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     def wanted(measurement, name):
         return name in MAIN_MODELS or measurement in extra[name]
 
-    complete = True
+    complete, measured = True, 0
     for measurement in order:
         for name in models:
             if name in report["results"].get(measurement, {}) or not wanted(measurement, name):
@@ -1258,6 +1263,7 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
             seconds = time.perf_counter() - t0
             report["results"].setdefault(measurement, {})[name] = result
             report["seconds"][f"{measurement}/{name}"] = seconds
+            measured += 1
             if details:
                 report.setdefault("details", {}).setdefault(measurement, {})[name] = details
             report["updated"] = _now()
@@ -1270,7 +1276,14 @@ def run_report(*, options, stage_dir: str, models: Mapping[str, Tuple[Any, Any]]
     report["complete"] = complete and all(
         name in report["results"].get(m, {}) for m in order for name in models
         if wanted(m, name))
+    if report["complete"] and not measured:
+        print_fn(f"report already complete ({path}): nothing to measure; report.json and "
+                 f"report.md rewritten (run details refreshed). Change a report option or use "
+                 f"a new --workdir to measure again")
+    # Both files, always together: report.md used to miss the final meta/complete update.
     _write_json(path, report)
+    with open(os.path.join(stage_dir, REPORT_MD), "w") as f:
+        f.write(results_markdown(report))
     return report
 
 

@@ -4,6 +4,8 @@ from pallas_kernels.common.validation import (  # noqa: F401
     IMPLEMENTATIONS,
     check_chunk_size,
     check_op_inputs,
+    check_rank,
+    check_scale,
     check_shape,
     effective_chunk_size,
     LOG_DECAY_FLOOR,

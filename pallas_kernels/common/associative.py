@@ -85,7 +85,7 @@ def affine_associative_scan(
         ValueError: if the ranks or shapes of ``A``, ``Bm``, ``initial_state`` or ``reset`` do not
             match, or ``T == 0``.
     """
-    validation.check_shape("Bm", Bm, (None, None, None, None, None))
+    validation.check_rank("Bm", Bm, ("B", "T", "H", "K", "V"))
     batch, seq_len, heads, dk, dv = Bm.shape
     if seq_len < 1:
         raise ValueError(f"the time axis must hold at least one token, got {Bm.shape=}")

@@ -6,10 +6,13 @@ deep inside a ``lax.scan``.
 """
 
 import logging
+import math
+import numbers
 from typing import Optional, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 _logged = set()  # (op, message) pairs already logged by log_once
 
@@ -29,8 +32,9 @@ def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]],
         expected: the expected shape; ``None`` entries match any size.
         axes: optional names of the axes, one per entry of ``expected``. With them, either
             error reads ``"<name> must be [batch, seq_len, d_model=512], got (2, 16, 513)"``
-            (a fixed size shown as ``axis=size``); without them, as before, the rank error
-            gives the expected shape and the size error the first axis that differs.
+            (a fixed size shown as ``axis=size``; a wrong rank adds ``" (rank 3)"`` and reads
+            ``"got shape (...)"``); without them, the rank error gives the expected sizes (``?``
+            for any) and the size error the first axis that differs.
 
     Raises:
         ValueError: if the rank or any fixed dimension differs.
@@ -39,17 +43,16 @@ def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]],
     if axes is not None:
         if len(axes) != len(expected):
             raise ValueError(f"axes {tuple(axes)} do not match expected {tuple(expected)}")
-        if len(shape) != len(expected) or any(
-                want is not None and got != want for got, want in zip(shape, expected)):
-            spec = ", ".join(a if want is None else f"{a}={want}"
-                             for a, want in zip(axes, expected))
+        spec = ", ".join(a if want is None else f"{a}={want}" for a, want in zip(axes, expected))
+        if len(shape) != len(expected):
+            raise ValueError(f"{name} must be [{spec}] (rank {len(expected)}), got shape {shape}")
+        if any(want is not None and got != want for got, want in zip(shape, expected)):
             raise ValueError(f"{name} must be [{spec}], got {shape}")
         return
     if len(shape) != len(expected):
+        spec = ", ".join("?" if want is None else str(want) for want in expected)
         raise ValueError(
-            f"{name} must have rank {len(expected)} (shape {tuple(expected)}), "
-            f"got {name}.shape={shape}"
-        )
+            f"{name} must have rank {len(expected)} ([{spec}]), got shape {shape}")
     for axis, (got, want) in enumerate(zip(shape, expected)):
         if want is not None and got != want:
             raise ValueError(
@@ -58,7 +61,7 @@ def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]],
             )
 
 
-def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size):
+def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size, scale=None):
     """Validates the arguments every linear-attention op shares, and its gates.
 
     Args:
@@ -69,22 +72,24 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size):
       initial_state: ``[B, H, K, V]`` or None.
       segment_ids: integer ``[B, T]`` or None.
       chunk_size: a positive power of two.
+      scale: ``None`` or a positive finite real number (:func:`check_scale`).
 
     Returns:
       ``dict(B=..., T=..., HK=..., H=..., K=..., V=...)``.
 
     Raises:
-      ValueError: naming the offending argument and its shape or dtype. When ``q.shape !=
+      ValueError: naming the offending argument and its shape or dtype; a wrong rank names the
+        layout, e.g. ``"q must be [B, T, HK, K] (rank 4), got shape (8, 16, 2)"``. When ``q.shape !=
         k.shape``, the message names the one that disagrees with the other arguments carrying
         that size (``v``, gates, ``initial_state``, ``segment_ids``), or both alike when none
         does (e.g. ``"q.shape=(2, 8, 2, 7) and k.shape=(2, 8, 2, 8) differ: ..."``).
     """
-    check_shape("q", q, (None, None, None, None))
+    check_rank("q", q, ("B", "T", "HK", "K"))
     batch, seq_len, key_heads, dk = q.shape
     if seq_len < 1:
         raise ValueError(f"the time axis must hold at least one token, got {q.shape=}")
-    check_shape("k", k, (None, None, None, None))
-    check_shape("v", v, (None, None, None, None))
+    check_rank("k", k, ("B", "T", "HK", "K"))
+    check_rank("v", v, ("B", "T", "H", "V"))
     if k.shape != q.shape:
         raise ValueError(_q_k_mismatch(q, k, v, gates, initial_state, segment_ids))
     check_shape("v", v, (batch, seq_len, None, None))
@@ -98,19 +103,58 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size):
     arrays = [("q", q), ("k", k), ("v", v)]
     for name, x, shape in gates:
         if x is not None:
+            check_rank(name, x, tuple(shape))
             check_shape(name, x, tuple(sizes[letter] for letter in shape))
             arrays.append((name, x))
     for name, x in arrays:
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise ValueError(f"{name} must have a floating dtype, got {name}.dtype={x.dtype}")
     if initial_state is not None:
+        check_rank("initial_state", initial_state, ("B", "H", "K", "V"))
         check_shape("initial_state", initial_state, (batch, heads, dk, dv))
     if segment_ids is not None:
+        check_rank("segment_ids", segment_ids, ("B", "T"))
         check_shape("segment_ids", segment_ids, (batch, seq_len))
         if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
             raise ValueError(f"segment_ids must have an integer dtype, got {segment_ids.dtype=}")
     check_chunk_size(chunk_size)
+    check_scale(scale)
     return sizes
+
+
+def check_rank(name: str, x: jax.Array, axes: Sequence[str]) -> None:
+    """Checks that ``x`` has one dimension per entry of ``axes`` (only the static shape is read).
+
+    Args:
+        name: the argument's name, used in the error message.
+        x: the array to check.
+        axes: the layout's axis letters, e.g. ``("B", "T", "HK", "K")``.
+
+    Raises:
+        ValueError: ``"q must be [B, T, HK, K] (rank 4), got shape (8, 16, 2)"`` if the rank
+            differs.
+    """
+    check_shape(name, x, (None,) * len(axes), axes=axes)
+
+
+def check_scale(scale) -> None:
+    """Checks an op's ``scale=`` argument: ``None`` (the op's default, ``K ** -0.5``) or a
+    positive finite real number (a Python or NumPy int or float, not a bool; it is a static
+    argument of the kernels, so not a JAX array).
+
+    Raises:
+        ValueError: ``"scale must be None or a positive finite number, got scale='x' (str)"``.
+    """
+    if scale is None:
+        return
+    ok = (isinstance(scale, (numbers.Real, np.number)) and not isinstance(scale, (bool, np.bool_))
+          and not isinstance(scale, jax.Array))
+    if ok:
+        value = float(scale)
+        ok = math.isfinite(value) and value > 0
+    if not ok:
+        raise ValueError(f"scale must be None or a positive finite number, got {scale=!r} "
+                         f"({type(scale).__name__})")
 
 
 def _q_k_mismatch(q, k, v, gates, initial_state, segment_ids) -> str:

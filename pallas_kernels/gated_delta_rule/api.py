@@ -67,10 +67,11 @@ Output = Union[
 ]
 
 
-def _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size) -> None:
+def _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size, scale=None) -> None:
     """Checks ranks, shapes and dtypes at the public boundary; raises ``ValueError``."""
     gates = (("g", g, "BTH"), ("beta", beta, "BTH"))
-    common.check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size)
+    common.check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size,
+                           scale=scale)
 
 
 @functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
@@ -193,7 +194,7 @@ def gated_delta_rule(
             ``"pallas_tpu"`` that cannot run the call (no GPU, head dims other than 64/128,
             another chunk size), with the reason.
     """
-    _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size)
+    _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size, scale=scale)
     if use_qk_l2norm:
         q, k = common.l2_normalize(q), common.l2_normalize(k)
     batch, seq_len, _, dk = q.shape

@@ -71,10 +71,11 @@ Output = Union[
 ]
 
 
-def _validate(q, k, v, g, b, w, initial_state, segment_ids, chunk_size) -> None:
+def _validate(q, k, v, g, b, w, initial_state, segment_ids, chunk_size, scale=None) -> None:
     """Checks ranks, shapes and dtypes at the public boundary; raises ``ValueError``."""
     gates = (("g", g, "BTHK"), ("b", b, "BTHK"), ("w", w, "BTHV"))
-    common.check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size)
+    common.check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size,
+                           scale=scale)
 
 
 @functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
@@ -190,7 +191,7 @@ def gdn2(
             ``"pallas_interpret"`` or ``"pallas_tpu"`` that cannot run the call (no GPU for
             ``"pallas"``, head dims other than 64/128, another chunk size), with the reason.
     """
-    _validate(q, k, v, g, b, w, initial_state, segment_ids, chunk_size)
+    _validate(q, k, v, g, b, w, initial_state, segment_ids, chunk_size, scale=scale)
     impl = pallas_tpu.choose_implementation(
         "gdn2", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (q.shape[-1], v.shape[-1]),
         chunk_size, q.shape[1],

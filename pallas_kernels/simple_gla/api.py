@@ -80,10 +80,11 @@ _IMPLEMENTATIONS = {
 Output = Tuple[jax.Array, Optional[jax.Array]]
 
 
-def _validate(q, k, v, g, initial_state, segment_ids, chunk_size) -> None:
+def _validate(q, k, v, g, initial_state, segment_ids, chunk_size, scale=None) -> None:
     """Checks ranks, shapes and dtypes at the public boundary; raises ``ValueError``."""
     gates = (("g", g, "BTH"),)
-    common.check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size)
+    common.check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size,
+                           scale=scale)
 
 
 @functools.partial(jax.jit, static_argnames=("implementation", "chunk_size"))
@@ -196,7 +197,7 @@ def simple_gla(
             ``"mosaic_gpu"`` that cannot (no Hopper GPU, inputs not one 16-bit dtype), with
             the reason.
     """
-    _validate(q, k, v, g, initial_state, segment_ids, chunk_size)
+    _validate(q, k, v, g, initial_state, segment_ids, chunk_size, scale=scale)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
     impl = pallas_tpu.choose_implementation(
@@ -294,8 +295,8 @@ def lightning_attention(
         ValueError: if ``log_decay`` is not a float array of shape ``[H]``, and in every case
             listed by :func:`simple_gla`.
     """
-    common.check_shape("q", q, (None, None, None, None))
-    common.check_shape("v", v, (None, None, None, None))
+    common.check_rank("q", q, ("B", "T", "HK", "K"))
+    common.check_rank("v", v, ("B", "T", "H", "V"))
     common.check_shape("log_decay", log_decay, (v.shape[2],))
     if not jnp.issubdtype(log_decay.dtype, jnp.floating):
         raise ValueError(f"log_decay must have a floating dtype, got {log_decay.dtype=}")

@@ -87,6 +87,13 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "error: no such checkpoint directory: /no/such/run (expected a workdir"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),
+        # Named no flag, and came after the (slow) restore.
+        ("context_over_the_devices", "evaluate.py",
+         ["--checkpoint=/no/such/run", "--tasks=piqa", "--context=2"],
+         "error: --context=2 needs a multiple of 2 devices; there is 1\n"),
+        ("generate_context_over_the_devices", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--context=2"],
+         "error: --context=2 needs a multiple of 2 devices; there is 1\n"),
         ("bad_stop_token", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi", "--stop_token=abc"],
          "error: --stop_token=abc: token ids are integers"),
@@ -96,6 +103,17 @@ class EvaluateBinaryTest(parameterized.TestCase):
         self.assertNotEqual(result.returncode, 0)
         self.assertIn(message, result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+    @parameterized.named_parameters(
+        ("generate_without_prompt", "generate.py", ["--checkpoint=/no/such/run"], "prompt"),
+        ("evaluate_without_checkpoint", "evaluate.py", ["--tasks=piqa"], "checkpoint"),
+    )
+    def test_a_missing_required_flag_is_the_one_line_train_py_gives(self, binary, flags, name):
+        # It was absl's "FATAL Flags parsing error: ..." plus the usage hint.
+        result = run(binary, *flags)
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip(), f"error: flag --{name}=None: Flag --{name} "
+                         f"must have a value other than None.")
 
 
 @pytest.mark.entry

@@ -172,6 +172,60 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(os.listdir(path), ["2"])
 
+    def test_a_mesh_over_the_devices_is_refused_before_the_data_is_read(self):
+        # It was refused only after the corpus was read and tokenized.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.mesh.data=2")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            "error: mesh data x fsdp x context x tensor = 2 x 1 x 1 x 1 needs 2 devices, but "
+            "there are 1"])
+        self.assertNotIn("data:", result.stdout)
+        self.assertFalse(os.path.exists(workdir))
+
+    def test_a_start_with_another_model_width_writes_nothing_and_says_so(self):
+        # It called the checkpoint unreadable, advised moving it away, and wrote a config.json
+        # of the wrong width, which then refused the right command. evaluate.py on a workdir
+        # whose config.json describes another model says the same in one line.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.model.d_model=64")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        with open(os.path.join(workdir, "config.json")) as f:
+            good_config = f.read()
+        os.remove(os.path.join(workdir, "config.json"))
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.model.d_model=32")
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines()[-1], (
+            f"error: the checkpoint at step 4 in {path} is of a different model (its parameter "
+            f"tree/shapes do not match this config: params/blocks/0/mixer/out_proj/kernel has "
+            f"shape (64, 64) there, (32, 32) here (and 23 more)); use the options it was "
+            f"trained with or a new --workdir"))
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(workdir, "config.json")))
+        self.assertCountEqual(os.listdir(path), ["2", "4"])  # nothing set aside
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            f.write(good_config.replace('"d_model": 64', '"d_model": 32'))
+        evaluate = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"),
+             "--checkpoint=" + workdir, "--tasks=perplexity",
+             "--perplexity_files=" + os.path.join(ROOT, "README.md")],
+            capture_output=True, text=True, cwd=ROOT, timeout=300)
+        self.assertEqual(evaluate.returncode, 1)
+        self.assertEqual(evaluate.stderr.strip().splitlines()[-1], (
+            f"error: the checkpoint at step 4 in {path} is of a different model (its parameter "
+            f"tree/shapes do not match this config: params/blocks/0/mixer/out_proj/kernel has "
+            f"shape (64, 64) there, (32, 32) here (and 23 more)); {workdir}/config.json does "
+            f"not describe the model it holds"))
+        os.remove(os.path.join(workdir, "config.json"))
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.model.d_model=64",
+                           "--config.train.total_steps=6")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn(f"Resuming from the checkpoint at step 4 in {path}", result.stdout
+                      + result.stderr)
+        with open(os.path.join(workdir, "config.json")) as f:
+            self.assertEqual(json.load(f)["model"]["d_model"], 64)
+
     def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
         self.assertNotEqual(result.returncode, 0)

@@ -88,6 +88,19 @@ class ModelTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, message):
             model(tokens, segment_ids=seg)
 
+    @parameterized.named_parameters(
+        ("too_large", [[1, 2, 300]], r"got min 1, max 300"),  # gave NaN logits
+        ("negative", [[-1, 2, 3]], r"got min -1, max 3"),  # wrapped to the last row silently
+    )
+    def test_concrete_token_ids_outside_the_vocabulary_are_refused(self, ids, got):
+        model = nnx.eval_shape(lambda: model_lib.LanguageModel(tiny_config(PATTERNS["hybrid"]),
+                                                               rngs=nnx.Rngs(0)))
+        vocab = model.config.vocab_size
+        for tokens in (jnp.asarray(ids, jnp.int32), np.asarray(ids, np.int32)):
+            with self.assertRaisesRegex(
+                    ValueError, rf"^tokens must be ids in \[0, vocab_size={vocab}\), {got}$"):
+                model(tokens)
+
     def test_a_string_layer_pattern_is_refused_asking_for_a_tuple(self):
         # "gdn" would otherwise be read letter by letter ('g' is not a known mixer).
         with self.assertRaisesRegex(config_lib.ConfigError,

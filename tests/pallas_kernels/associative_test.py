@@ -132,7 +132,7 @@ class AffineAssociativeScanTest(parameterized.TestCase):
         x = make_inputs(5, seq_len=4)
         a, bm, h0 = x["A"], x["Bm"], x["initial_state"]
         bad_cases = [
-            ((a, bm[0], None, None), r"Bm must have rank 5"),
+            ((a, bm[0], None, None), r"^Bm must be \[B, T, H, K, V\] \(rank 5\), got shape "),
             ((a[..., :4], bm, None, None), r"A\.shape="),
             ((a[:, :3], bm, None, None), r"A\.shape="),
             ((a, bm, h0[:, :1], None), r"initial_state\.shape="),

@@ -380,7 +380,8 @@ class GatedDeltaRuleTest(parameterized.TestCase):
     # -------------------------------------------------------------------------------- errors
 
     @parameterized.named_parameters(
-        dict(testcase_name="q_wrong_rank", change=dict(q=(2, 8, 16)), match="q must have rank"),
+        dict(testcase_name="q_wrong_rank", change=dict(q=(2, 8, 16)),
+             match=r"^q must be \[B, T, HK, K\] \(rank 4\), got shape \(2, 8, 16\)$"),
         dict(testcase_name="k_mismatched_heads", change=dict(k=(2, 8, 1, 16)),
              match=r"k\.shape"),
         # A q/k mismatch names q when q is the odd one out (k agrees with the other arguments),
@@ -406,6 +407,10 @@ class GatedDeltaRuleTest(parameterized.TestCase):
         dict(testcase_name="chunk_size_48", change=dict(chunk_size=48), match="power of two"),
         dict(testcase_name="unknown_implementation", change=dict(implementation="pallas"),
              match="implementation='pallas'"),
+        dict(testcase_name="scale_not_a_number", change=dict(scale="x"),
+             match=r"^scale must be None or a positive finite number, got scale='x' \(str\)$"),
+        dict(testcase_name="scale_negative", change=dict(scale=-1.0),
+             match=r"^scale must be None or a positive finite number, got scale=-1\.0 "),
     )
     def test_bad_inputs_raise(self, change, match):
         shapes = dict(q=(2, 8, 2, 16), k=(2, 8, 2, 16), v=(2, 8, 2, 32), g=(2, 8, 2),

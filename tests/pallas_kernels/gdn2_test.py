@@ -331,11 +331,12 @@ class Gdn2Test(parameterized.TestCase):
     def test_bad_inputs_raise(self):
         base = make_inputs(11, seq_len=8, key_heads=2, heads=4)
         bad_cases = [
-            (dict(q=base["q"][0]), {}, r"q must have rank 4"),
+            (dict(q=base["q"][0]), {},
+             r"^q must be \[B, T, HK, K\] \(rank 4\), got shape \(8, 2, 16\)$"),
             (dict(k=base["k"][:, :7]), {}, r"k\.shape="),
             (dict(v=base["v"][:, :, :3]), {}, r"multiple of the key heads"),
             (dict(g=base["g"][..., :8]), {}, r"g\.shape="),
-            (dict(b=base["b"][..., 0]), {}, r"b must have rank 4"),
+            (dict(b=base["b"][..., 0]), {}, r"^b must be \[B, T, H, K\] \(rank 4\), got shape "),
             (dict(b=base["b"][:, :, :2]), {}, r"b\.shape="),
             (dict(w=base["w"][..., :16]), {}, r"w\.shape="),
             (dict(w=base["w"].astype(jnp.int32)), {}, r"w must have a floating dtype"),
@@ -346,6 +347,10 @@ class Gdn2Test(parameterized.TestCase):
             ({}, dict(chunk_size=48), r"chunk_size must be a positive power of two"),
             ({}, dict(chunk_size=0), r"chunk_size must be a positive power of two"),
             ({}, dict(implementation="cuda"), r"implementation='cuda' is not available"),
+            ({}, dict(scale="x"), r"^scale must be None or a positive finite number, got "
+                                  r"scale='x' \(str\)$"),
+            ({}, dict(scale=True), r"^scale must be None or a positive finite number"),
+            ({}, dict(scale=float("nan")), r"^scale must be None or a positive finite number"),
         ]
         for arrays, kwargs, pattern in bad_cases:
             with self.subTest(pattern=pattern):

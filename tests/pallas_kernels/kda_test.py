@@ -334,12 +334,13 @@ class KdaTest(parameterized.TestCase):
         base = make_inputs(11, seq_len=8, key_heads=2, heads=4)
         args = ("q", "k", "v", "g", "beta")
         bad_cases = [
-            (dict(q=base["q"][0]), {}, r"q must have rank 4"),
+            (dict(q=base["q"][0]), {}, r"^q must be \[B, T, HK, K\] \(rank 4\), got shape "),
             (dict(k=base["k"][:, :7]), {}, r"k\.shape="),
             (dict(v=base["v"][:, :, :3]), {}, r"multiple of the key heads"),
             (dict(g=base["g"][..., :8]), {}, r"g\.shape="),
-            (dict(g=base["g"][..., 0]), {}, r"g must have rank 4"),
-            (dict(beta=base["beta"][..., None]), {}, r"beta must have rank 3"),
+            (dict(g=base["g"][..., 0]), {}, r"^g must be \[B, T, H, K\] \(rank 4\), got shape "),
+            (dict(beta=base["beta"][..., None]), {},
+             r"^beta must be \[B, T, H\] \(rank 3\), got shape "),
             (dict(beta=base["beta"].astype(jnp.int32)), {}, r"beta must have a floating dtype"),
             (dict(q=base["q"][:, :0], k=base["k"][:, :0]), {}, r"at least one token"),
             ({}, dict(initial_state=base["initial_state"][:, :2]), r"initial_state\.shape="),
@@ -348,6 +349,10 @@ class KdaTest(parameterized.TestCase):
             ({}, dict(chunk_size=48), r"chunk_size must be a positive power of two"),
             ({}, dict(chunk_size=0), r"chunk_size must be a positive power of two"),
             ({}, dict(implementation="cuda"), r"implementation='cuda' is not available"),
+            ({}, dict(scale="x"), r"^scale must be None or a positive finite number, got "
+                                  r"scale='x' \(str\)$"),
+            ({}, dict(scale=True), r"^scale must be None or a positive finite number"),
+            ({}, dict(scale=float("nan")), r"^scale must be None or a positive finite number"),
         ]
         for arrays, kwargs, pattern in bad_cases:
             with self.subTest(pattern=pattern):

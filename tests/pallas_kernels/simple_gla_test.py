@@ -478,12 +478,12 @@ class SimpleGlaTest(parameterized.TestCase):
         base = make_inputs(11, seq_len=8, key_heads=2, heads=4)
         args = ("q", "k", "v", "g")
         bad_cases = [
-            (dict(q=base["q"][0]), {}, r"q must have rank 4"),
+            (dict(q=base["q"][0]), {}, r"^q must be \[B, T, HK, K\] \(rank 4\), got shape "),
             (dict(k=base["k"][:, :7]), {}, r"k\.shape="),
             (dict(k=base["k"][:, :, :1]), {}, r"k\.shape="),
             (dict(v=base["v"][:, :, :3]), {}, r"multiple of the key heads"),
             (dict(g=base["g"][..., :2]), {}, r"g\.shape="),
-            (dict(g=base["g"][..., None]), {}, r"g must have rank 3"),
+            (dict(g=base["g"][..., None]), {}, r"^g must be \[B, T, H\] \(rank 3\), got shape "),
             (dict(v=base["v"].astype(jnp.int32)), {}, r"v must have a floating dtype"),
             (dict(q=base["q"][:, :0], k=base["k"][:, :0]), {}, r"at least one token"),
             ({}, dict(initial_state=base["initial_state"][:, :2]), r"initial_state\.shape="),
@@ -492,6 +492,10 @@ class SimpleGlaTest(parameterized.TestCase):
             ({}, dict(chunk_size=48), r"chunk_size must be a positive power of two"),
             ({}, dict(chunk_size=0), r"chunk_size must be a positive power of two"),
             ({}, dict(implementation="cuda"), r"implementation='cuda' is not available"),
+            ({}, dict(scale="x"), r"^scale must be None or a positive finite number, got "
+                                  r"scale='x' \(str\)$"),
+            ({}, dict(scale=True), r"^scale must be None or a positive finite number"),
+            ({}, dict(scale=float("nan")), r"^scale must be None or a positive finite number"),
         ]
         for arrays, kwargs, pattern in bad_cases:
             with self.subTest(pattern=pattern):

@@ -312,6 +312,28 @@ class UnscaledStudentTest(absltest.TestCase):
         self.assertIn("report options changed (perplexity_window): measuring everything again",
                       lines)
 
+    def test_a_complete_report_run_again_says_so_and_rewrites_both_files(self):
+        # It printed nothing and rewrote report.json but not report.md.
+        models = tiny_models(vocab_size=257)
+        named = {"teacher": (models["teacher"], "t"), "student": (models["student"], "s")}
+        options = halo_smollm2.get_config("tiny").report
+        options.update(measurements=("perplexity",), perplexity_max_docs=1)
+        stage_dir = self.create_tempdir().full_path
+        report_lib.run_report(options=options, stage_dir=stage_dir, models=named,
+                              tokenizer=tok_lib.ByteTokenizer(), meta={"run": "first"}, **QUIET)
+        lines = []
+        again = report_lib.run_report(options=options, stage_dir=stage_dir, models=named,
+                                      tokenizer=tok_lib.ByteTokenizer(), meta={"run": "second"},
+                                      print_fn=lines.append)
+        self.assertTrue(again["complete"])
+        path = os.path.join(stage_dir, report_lib.REPORT_JSON)
+        self.assertEqual(lines, [
+            f"report already complete ({path}): nothing to measure; report.json and report.md "
+            f"rewritten (run details refreshed). Change a report option or use a new --workdir "
+            f"to measure again"])
+        with open(os.path.join(stage_dir, report_lib.REPORT_MD)) as f:
+            self.assertEqual(f.read(), report_lib.results_markdown(report_lib.read_json(path)))
+
     def test_report_stage_adds_the_unscaled_student_only_when_a_is_calibrated(self):
         workdir = self.create_tempdir().full_path
         cfg = tiny_config(self.create_tempdir().full_path, ("perplexity",))

@@ -417,8 +417,8 @@ class MixerPropertiesTest(parameterized.TestCase):
         self._assert_close(call(full, x), call(grouped, x), dtype, "grouped vs repeated heads")
 
     @parameterized.named_parameters(
-        ("rank_2", (2, T), None, rf"x must be \[batch, seq_len, d_model={D_MODEL}\], got "
-         rf"\(2, {T}\)"),
+        ("rank_2", (2, T), None, rf"x must be \[batch, seq_len, d_model={D_MODEL}\] "
+         rf"\(rank 3\), got shape \(2, {T}\)"),
         ("wide", (2, T, D_MODEL + 1), None, rf"x must be \[batch, seq_len, d_model={D_MODEL}\], "
          rf"got \(2, {T}, {D_MODEL + 1}\)"),
         ("short_segment_ids", (2, T, D_MODEL), (2, T - 1),
@@ -432,6 +432,15 @@ class MixerPropertiesTest(parameterized.TestCase):
         seg = None if seg_shape is None else jax.random.randint(jax.random.key(6), seg_shape, 0, 3)
         with self.assertRaisesRegex(ValueError, message):
             module(x, segment_ids=seg)
+
+    def test_integer_x_names_x_and_its_dtype(self):
+        # An int32 x ran silently (the kernel ops refuse integer q/k/v).
+        cfg = tiny_config(self.MIXER)
+        module = nnx.eval_shape(lambda: mixers.build_mixer(self.MIXER, cfg, rngs=nnx.Rngs(0)))
+        x = jnp.ones((2, T, D_MODEL), jnp.int32)
+        with self.assertRaisesRegex(ValueError, r"^x must have a floating dtype \(activations, "
+                                                r"not token ids\), got x\.dtype=int32$"):
+            module(x)
 
 
 class RegistryCoverageTest(absltest.TestCase):

@@ -1,0 +1,81 @@
+"""Checkpointer: a readable checkpoint of a different model is reported as such, not as
+unreadable, and nothing is renamed."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+from absl.testing import absltest
+
+from lattn_jax import checkpoint as checkpoint_lib
+
+
+def _state(width):
+    return {"params": {"embed": jnp.zeros((3, width)), "out": jnp.ones((width,))},
+            "step": jnp.zeros((), jnp.int32)}
+
+
+def _abstract(state):
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
+
+
+class MismatchTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.workdir = self.create_tempdir().full_path
+        ckpt = checkpoint_lib.Checkpointer(self.workdir, async_save=False)
+        for step in (2, 4):
+            ckpt.save(step, _state(4))
+        ckpt.close()
+        self.directory = os.path.join(self.workdir, "checkpoints")
+
+    def restore_latest(self, abstract, **kwargs):
+        ckpt = checkpoint_lib.Checkpointer(self.workdir, async_save=False)
+        try:
+            return ckpt.restore_latest(abstract, report=self.fail, set_aside=True, **kwargs)
+        finally:
+            ckpt.close()
+
+    def test_other_shapes_name_the_first_difference_and_rename_nothing(self):
+        with self.assertRaises(checkpoint_lib.CheckpointMismatchError) as cm:
+            self.restore_latest(_abstract(_state(8)))
+        self.assertEqual(str(cm.exception), (
+            f"the checkpoint at step 4 in {self.directory} is of a different model (its "
+            f"parameter tree/shapes do not match this config: params/embed has shape (3, 4) "
+            f"there, (3, 8) here (and 1 more)); use the options it was trained with or a new "
+            f"--workdir"))
+        self.assertNotIn("unreadable", str(cm.exception))
+        self.assertNotIn("Move the directory away", str(cm.exception))
+        self.assertCountEqual(os.listdir(self.directory), ["2", "4"])  # nothing set aside
+
+    def test_another_tree_names_the_missing_entry_and_the_given_advice(self):
+        state = _state(4)
+        state["params"]["extra"] = jnp.zeros((2,))
+        with self.assertRaisesRegex(
+                checkpoint_lib.CheckpointMismatchError,
+                r"step 4 .* different model .*: params/extra \(2,\) is missing there\); "
+                r"config.json is wrong$"):
+            self.restore_latest(_abstract(state), mismatch_advice="config.json is wrong")
+        self.assertCountEqual(os.listdir(self.directory), ["2", "4"])
+
+    def test_restore_step_reports_the_mismatch_too(self):
+        ckpt = checkpoint_lib.Checkpointer(self.workdir, async_save=False)
+        try:
+            with self.assertRaisesRegex(checkpoint_lib.CheckpointMismatchError,
+                                        r"^the checkpoint at step 2 in .* different model"):
+                ckpt.restore_step(2, _abstract(_state(8)))
+        finally:
+            ckpt.close()
+
+    def test_a_matching_state_restores(self):
+        step, state = self.restore_latest(_abstract(_state(4)))
+        self.assertEqual(step, 4)
+        self.assertEqual(state["params"]["out"].shape, (4,))
+
+    def test_describe_mismatch_of_equal_maps_is_none(self):
+        self.assertIsNone(checkpoint_lib.describe_mismatch({"a": (1,)}, {"a": (1,)}))
+
+
+if __name__ == "__main__":
+    absltest.main()
