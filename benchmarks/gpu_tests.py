@@ -296,4 +296,5 @@ def main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    from lattn_jax import flag_errors  # one-line flag errors (absl only)
+    app.run(main, flags_parser=flag_errors.parse_flags)

@@ -242,4 +242,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from lattn_jax import flag_errors  # one-line flag errors (absl only)
+    app.run(main, flags_parser=flag_errors.parse_flags)

@@ -392,4 +392,5 @@ def main(argv: List[str]) -> None:
 
 if __name__ == "__main__":
     _define_flags()
-    app.run(main)
+    from lattn_jax import flag_errors  # one-line flag errors (absl only)
+    app.run(main, flags_parser=flag_errors.parse_flags)

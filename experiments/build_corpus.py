@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from lattn_jax import flag_errors  # noqa: E402
 from lattn_jax.data.corpora import build  # noqa: E402
 from lattn_jax.data.corpora import recipe as recipe_lib  # noqa: E402
 
@@ -60,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=flag_errors.parse_flags)

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from lattn_jax import flag_errors  # noqa: E402
 from lattn_jax.eval import fetch  # noqa: E402
 
 _DATA_DIR = flags.DEFINE_string("data_dir", fetch.DEFAULT_DATA_DIR,
@@ -48,4 +49,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=flag_errors.parse_flags)

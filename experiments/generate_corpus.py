@@ -38,6 +38,7 @@ import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from lattn_jax import assets  # noqa: E402
+from lattn_jax import flag_errors  # noqa: E402
 from lattn_jax.data import generated  # noqa: E402
 from lattn_jax.data.corpora import build  # noqa: E402
 from lattn_jax.halo import teacher_corpus  # noqa: E402
@@ -144,4 +145,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=flag_errors.parse_flags)

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 
 from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax import flag_errors  # noqa: E402
 from lattn_jax.data import prepare  # noqa: E402
 from lattn_jax.data import sources  # noqa: E402
 
@@ -106,4 +107,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=flag_errors.parse_flags)

@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from lattn_jax import flag_errors  # noqa: E402
 from lattn_jax.data.corpora import build  # noqa: E402
 from lattn_jax.data.corpora import fetch  # noqa: E402
 from lattn_jax.data.corpora import topics  # noqa: E402
@@ -58,4 +59,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=flag_errors.parse_flags)

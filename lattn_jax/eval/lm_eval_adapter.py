@@ -528,7 +528,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     a ``ConnectionError``, or a connection / timeout / offline-mode error of ``requests``,
     ``urllib3``, ``httpx``, ``huggingface_hub`` or ``datasets``): one line saying the task's
     data could not be downloaded and pointing to ``--include_path`` with local task configs,
-    as README.md's offline instructions say.
+    as README.md's offline instructions say. Without those variables set, the hub is tried once
+    first (:func:`_go_offline_if_hub_unreachable`, a few seconds at most): when it cannot be
+    reached, the run goes offline (both variables set to 1, one ``warning:`` line), so a hub task
+    fails at once rather than after ~30 s of retries, and local or cached tasks still run.
 
     Args:
       argv: the command line after the program name (default: ``sys.argv[1:]``); the options of
@@ -542,6 +545,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     if argv is not None:
         sys.argv = [sys.argv[0]] + list(argv)
+    _go_offline_if_hub_unreachable()
     try:
         lm_eval_main.cli_evaluate()
     except (ValueError, FileNotFoundError, ImportError) as e:
@@ -555,6 +559,63 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         reason = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         sys.exit(f"error: {_tasks_named(sys.argv)}a task's data could not be downloaded (no "
                  f"network: {reason or type(e).__name__}); {OFFLINE_HINT}")
+
+
+# The environment variables of Hugging Face's offline mode (huggingface_hub, datasets,
+# transformers).
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+# Seconds to wait for the hub before a run goes offline.
+HUB_TIMEOUT_S = 3.0
+# The libraries that read the offline variables once, when they are imported.
+_HUB_MODULES = ("huggingface_hub", "datasets")
+
+
+def _hub_endpoint() -> str:
+    """The hub's URL: ``HF_ENDPOINT``, as huggingface_hub reads it, else huggingface.co."""
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def _hub_unreachable(url: str, timeout: float = HUB_TIMEOUT_S) -> Optional[str]:
+    """Why ``url`` cannot be reached (one HEAD request, proxies as the environment sets them),
+    or ``None`` when it answers, with any HTTP status."""
+    import urllib.error  # pylint: disable=import-outside-toplevel
+    import urllib.request  # pylint: disable=import-outside-toplevel
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+            return None
+    except urllib.error.HTTPError:  # an answer (a 4xx or 5xx status): the hub is there
+        return None
+    except (OSError, ValueError) as e:  # URLError, a timeout, a bad HF_ENDPOINT
+        reason = getattr(e, "reason", None) or e
+        return str(reason) or type(e).__name__
+
+
+def _go_offline_if_hub_unreachable() -> None:
+    """Sets ``HF_HUB_OFFLINE=1`` and ``HF_DATASETS_OFFLINE=1`` when the hub cannot be reached.
+
+    Offline, the harness's datasets calls retry every hub request for about 30 s (some 25 warning
+    lines) before the error; in offline mode they fail at once (:func:`_is_offline` makes that one
+    line), and tasks whose data is local (``--include_path``) or cached run. Nothing is checked
+    when one of :data:`OFFLINE_VARIABLES` is set (the user chose), for ``-h``/``--help``, or
+    when ``huggingface_hub`` or ``datasets`` is already imported (they read the variables at
+    import: an in-process caller sets them itself). Online, nothing changes.
+    """
+    if any(v in os.environ for v in OFFLINE_VARIABLES):
+        return
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        return
+    if any(m in sys.modules for m in _HUB_MODULES):
+        return
+    url = _hub_endpoint()
+    reason = _hub_unreachable(url)
+    if reason is None:
+        return
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    print(f"warning: the Hugging Face hub ({url}) could not be reached ({reason}): running "
+          f"offline (HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1); tasks whose data is neither local "
+          f"(--include_path) nor cached will fail", file=sys.stderr)
 
 
 # README.md's offline instructions ("The harness fetches its tasks' data from the Hugging Face

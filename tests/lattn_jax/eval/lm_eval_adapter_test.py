@@ -18,6 +18,7 @@ downloaded: the tasks read local files, the hub is offline.
 import contextlib
 import importlib
 import importlib.util
+import io
 import os
 import runpy
 import subprocess
@@ -234,6 +235,95 @@ class CommandLineErrorsTest(absltest.TestCase):
             lm_eval_adapter.main()
         self.assertTrue(issubclass(lm_eval_adapter.ModelArgumentError, ValueError))
         self.assertNotIsInstance(raised, lm_eval_adapter.ModelArgumentError)
+
+
+@pytest.mark.interop
+@needs_lm_eval
+class HubUnreachableTest(absltest.TestCase):
+    """Without HF_HUB_OFFLINE / HF_DATASETS_OFFLINE and without a hub, lattn-lm-eval goes offline
+    at once (it spent ~30 s in ~25 lines of hub retries before its error). No network here: the
+    check is mocked."""
+
+    ARGV = ["--model", "lattn_jax", "--model_args", "checkpoint=m.gguf", "--tasks", "piqa"]
+
+    def _main(self, unreachable, argv=None, **environ):
+        """main(argv) with the hub check returning ``unreachable``; (the offline variables
+        cli_evaluate saw, the check's calls, stderr)."""
+        from lm_eval import __main__ as lm_eval_main
+        seen = {}
+
+        def cli_evaluate():
+            seen.update({v: os.environ.get(v) for v in lm_eval_adapter.OFFLINE_VARIABLES})
+
+        clean = {k: v for k, v in os.environ.items() if k not in lm_eval_adapter.OFFLINE_VARIABLES}
+        stderr = io.StringIO()
+        with mock.patch.dict(os.environ, dict(clean, **environ), clear=True), \
+                mock.patch.object(sys, "argv", ["lattn-lm-eval"]), \
+                mock.patch.object(lm_eval_adapter, "_HUB_MODULES", ()), \
+                mock.patch.object(lm_eval_adapter, "_hub_unreachable",
+                                  return_value=unreachable) as check, \
+                mock.patch.object(lm_eval_main, "cli_evaluate", cli_evaluate), \
+                contextlib.redirect_stderr(stderr):
+            lm_eval_adapter.main(self.ARGV if argv is None else argv)
+        return seen, check.call_args_list, stderr.getvalue()
+
+    def test_an_unreachable_hub_sets_offline_mode_with_one_warning_line(self):
+        seen, calls, stderr = self._main("[Errno -2] Name or service not known")
+        self.assertEqual(seen, {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                                "TRANSFORMERS_OFFLINE": None})
+        self.assertEqual(calls, [mock.call("https://huggingface.co")])
+        self.assertEqual(stderr, "warning: the Hugging Face hub (https://huggingface.co) could "
+                         "not be reached ([Errno -2] Name or service not known): running offline "
+                         "(HF_HUB_OFFLINE=1, HF_DATASETS_OFFLINE=1); tasks whose data is neither "
+                         "local (--include_path) nor cached will fail\n")
+
+    def test_a_reachable_hub_changes_nothing(self):
+        seen, calls, stderr = self._main(None)
+        self.assertEqual(seen, dict.fromkeys(lm_eval_adapter.OFFLINE_VARIABLES))
+        self.assertLen(calls, 1)
+        self.assertEqual(stderr, "")
+
+    def test_hf_endpoint_is_the_url_checked(self):
+        _, calls, _ = self._main(None, HF_ENDPOINT="https://hub.example/")
+        self.assertEqual(calls, [mock.call("https://hub.example")])
+
+    def test_no_check_when_the_user_set_a_variable_or_asked_for_help(self):
+        for environ in ({"HF_HUB_OFFLINE": "0"}, {"HF_DATASETS_OFFLINE": "1"},
+                        {"TRANSFORMERS_OFFLINE": "1"}):
+            with self.subTest(**environ):
+                seen, calls, stderr = self._main("unreachable", **environ)
+                self.assertEqual(calls, [])
+                self.assertEqual(stderr, "")
+                self.assertEqual({k: v for k, v in seen.items() if v is not None}, environ)
+        _, calls, _ = self._main("unreachable", argv=["--help"])
+        self.assertEqual(calls, [])
+
+    def test_no_check_once_the_hub_libraries_are_imported(self):
+        # They read the variables at import; an in-process caller sets them itself.
+        with mock.patch.object(lm_eval_adapter, "_hub_unreachable") as check, \
+                mock.patch.object(lm_eval_adapter, "_HUB_MODULES", ("sys",)), \
+                mock.patch.dict(os.environ, {}, clear=True):
+            lm_eval_adapter._go_offline_if_hub_unreachable()
+            self.assertNotIn("HF_HUB_OFFLINE", os.environ)
+        check.assert_not_called()
+
+    def test_the_check_is_one_head_request_and_any_answer_is_reachable(self):
+        import urllib.error
+        import urllib.request
+        with mock.patch.object(urllib.request, "urlopen") as urlopen:
+            self.assertIsNone(lm_eval_adapter._hub_unreachable("https://hub.example"))
+        request = urlopen.call_args.args[0]
+        self.assertEqual((request.full_url, request.get_method()), ("https://hub.example", "HEAD"))
+        self.assertEqual(urlopen.call_args.kwargs, {"timeout": lm_eval_adapter.HUB_TIMEOUT_S})
+        self.assertLessEqual(lm_eval_adapter.HUB_TIMEOUT_S, 3)
+        for error, want in (
+                (urllib.error.HTTPError("https://hub.example", 503, "busy", {}, None), None),
+                (urllib.error.URLError(OSError(-2, "Name or service not known")),
+                 "[Errno -2] Name or service not known"),
+                (TimeoutError("timed out"), "timed out")):
+            with self.subTest(type(error).__name__), \
+                    mock.patch.object(urllib.request, "urlopen", side_effect=error):
+                self.assertEqual(lm_eval_adapter._hub_unreachable("https://hub.example"), want)
 
 
 @pytest.mark.interop

@@ -1,0 +1,117 @@
+"""One-line errors for absl binaries: a bad command line ends with ``error: <what>``, status 1.
+
+``app.run(main)`` reports a missing required flag or a bad flag value as absl's two-line ``FATAL
+Flags parsing error: ... Pass --helpshort ...``; binaries pass ``flags_parser=parse_flags``
+instead. This module imports only absl (no jax, numpy or ml_collections), so that light binaries
+(``fetch_eval_data.py``, the benchmark drivers) stay light; :mod:`lattn_jax.config` re-exports it.
+"""
+
+import re
+import sys
+from typing import Optional
+
+from absl import flags
+
+
+def parse_flags(argv):
+    """Parses absl flags for a binary (``app.run(main, flags_parser=parse_flags)``).
+
+    Everything that can fail here comes from the command line (a typo in a ``--config.*``
+    option, an unknown ``file.py:arg`` variant, a value of the wrong type), so a failure ends the
+    process with one line, ``error: <what>`` (:func:`describe_flag_error`), and no traceback.
+
+    Args:
+      argv: the command line, ``sys.argv`` as absl passes it.
+
+    Returns:
+      The remaining arguments (absl's ``FLAGS(argv)``).
+
+    Raises:
+      SystemExit: on any flag or config error.
+    """
+    bare = bare_tuple_override(argv)
+    if bare:
+        sys.exit(f"error: {bare}")
+    try:
+        return flags.FLAGS(argv)
+    except Exception as e:  # noqa: BLE001 - all of these are user input errors
+        sys.exit(f"error: {describe_flag_error(e, argv)}")
+
+
+# Tuple-valued options whose command-line value ml_collections would take, written without
+# parentheses, as a one-element tuple of the whole string ("gdn" -> ("gdn",), "gdn,attn" ->
+# ("gdn,attn",)): a silent one-layer model, or an unhelpful unknown-mixer error.
+TUPLE_OPTIONS = ("layer_pattern",)
+
+
+def bare_tuple_override(argv) -> Optional[str]:
+    """The error for a ``--config.<...>.layer_pattern`` value that is not written as a tuple
+    (``"('gdn','gdn','attn')"``), or ``None`` when every such option is one.
+
+    Args:
+      argv: the command line (``--name=value`` and ``--name value`` forms).
+    """
+    args = list(argv)[1:]
+    for i, arg in enumerate(args):
+        if not arg.startswith("--config."):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if name.rsplit(".", 1)[-1] in TUPLE_OPTIONS and not value.strip().startswith(("(", "[")):
+            names = [v.strip() for v in value.split(",") if v.strip()]
+            example = ("(" + ",".join(repr(n) for n in names)
+                       + ("," if len(names) == 1 else "") + ")")
+            return (f"--{name}={value}: write a tuple of mixer names, e.g. "
+                    f"--{name}=\"{example}\"; without parentheses the whole value would be "
+                    f"read as one layer named {value!r}")
+    return None
+
+
+def describe_flag_error(error, argv=()) -> str:
+    """One line for an error raised while parsing flags (ml_collections nests and embeds them).
+
+    Args:
+      error: the exception ``flags.FLAGS(argv)`` raised.
+      argv: the command line, to name a mistyped ``--config.a.b`` option in full.
+
+    Returns:
+      The message: an unknown override as ``unknown config option a.b`` (with ml_collections'
+      "did you mean" hint), a config file without ``get_config()`` by the flag and the file, a
+      config file's own error as its last traceback line.
+    """
+    # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
+    while error.args and isinstance(error.args[0], BaseException):
+        error = error.args[0]
+    # ml_collections loads --<flag>=<file> as module "<flag>_config" and calls its get_config().
+    missing = _NO_GET_CONFIG.fullmatch(str(error).strip()) if isinstance(
+        error, AttributeError) else None
+    if missing:
+        flag = missing.group(1)
+        given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{flag}=")]
+        path = given[-1].split(":", 1)[0] if given else "the config file"
+        return (f"--{flag}={given[-1] if given else '?'}: {path} has no get_config() (a config "
+                f"file defines get_config(), returning the experiment's ConfigDict)")
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    if isinstance(error, KeyError):
+        key, _, hint = str(text).partition("\n")
+        key = key.strip("'\"")
+        # Name the whole dotted option as typed (ml_collections reports only its last part).
+        typed = [a.split("=", 1)[0][2:] for a in argv
+                 if a.startswith("--config.") and a.split("=", 1)[0].endswith("." + key)]
+        text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
+        text += f". {hint.strip()}" if hint.strip() else ""
+    if "Traceback (most recent call last)" in text:  # config_flags embeds the config's traceback
+        head = text.split(":", 1)[0]
+        text = f"{head}: {text.strip().splitlines()[-1]}"
+    # The traceback's last line starts with the exception's class ("configs.common.ConfigArgError:
+    # unknown config argument ..."): the user sees what was wrong, not the class.
+    text = _EXCEPTION_PREFIX.sub("", text)
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+# The AttributeError of a config file without get_config() (ml_collections' module name).
+_NO_GET_CONFIG = re.compile(r"module '(\w+)_config' has no attribute 'get_config'")
+
+# "flag --config=x.py: pkg.mod.SomeError: message" -> "flag --config=x.py: message".
+_EXCEPTION_PREFIX = re.compile(r"(?:(?<=: )|^)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")

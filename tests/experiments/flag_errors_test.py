@@ -1,0 +1,86 @@
+"""Every absl binary reports a bad command line in one line (``lattn_jax.flag_errors``), not absl's
+two-line ``FATAL Flags parsing error: ... Pass --helpshort ...``."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+from absl.testing import absltest, parameterized
+
+from lattn_jax import config as config_lib
+from lattn_jax import flag_errors
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def run(binary, *args):
+    cmd = [sys.executable, os.path.join(ROOT, binary), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+# Each binary with the command line that fails flag parsing: without a required flag where it
+# has one (the first required flag is named), else with a flag it does not define. Each run stops
+# at parsing (about 0.1 s for the binaries without jax, 1-2 s with it).
+CASES = (
+    ("build_corpus", "experiments/build_corpus.py", [], "output_dir"),
+    ("corpus_pieces", "experiments/corpus_pieces.py", [], "mode"),
+    ("generate_corpus", "experiments/generate_corpus.py", ["--output_dir=/tmp/x"], "model"),
+    ("halo_report", "experiments/halo_report.py", [], "workdir"),
+    ("prepare_data", "experiments/prepare_data.py", ["--output_dir=/tmp/x"], "input"),
+    ("vital_topics", "experiments/vital_topics.py", [], "output"),
+    ("profile_fwd", "benchmarks/profile_fwd.py", [], "out"),
+    ("profile_t0", "benchmarks/profile_t0.py", [], "out"),
+    ("fetch_eval_data", "experiments/fetch_eval_data.py", ["--no_such_flag"], None),
+    ("halo_eval_subset", "experiments/halo_eval_subset.py", ["--no_such_flag"], None),
+    ("bench_kernels", "benchmarks/bench_kernels.py", ["--no_such_flag"], None),
+    ("bench_optimizer", "benchmarks/bench_optimizer.py", ["--no_such_flag"], None),
+    ("gpu_tests", "benchmarks/gpu_tests.py", ["--no_such_flag"], None),
+    ("kernel_registers", "benchmarks/kernel_registers.py", ["--no_such_flag"], None),
+)
+
+
+@pytest.mark.entry
+class BinaryFlagErrorTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*CASES)
+    def test_a_bad_command_line_is_one_error_line(self, binary, args, required):
+        result = run(binary, *args)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        self.assertLen(lines, 1, result.stderr)
+        if required:
+            self.assertEqual(lines[0], f"error: flag --{required}=None: Flag --{required} "
+                             f"must have a value other than None.")
+        else:
+            self.assertEqual(lines[0], "error: Unknown command line flag 'no_such_flag'")
+
+
+class FlagErrorsModuleTest(absltest.TestCase):
+
+    def test_config_re_exports_the_helpers(self):
+        self.assertIs(config_lib.parse_flags, flag_errors.parse_flags)
+        self.assertIs(config_lib.describe_flag_error, flag_errors.describe_flag_error)
+        self.assertIs(config_lib.bare_tuple_override, flag_errors.bare_tuple_override)
+
+    def test_importing_it_pulls_neither_jax_nor_numpy(self):
+        # Light binaries (fetch_eval_data.py, the benchmark drivers) import it at start-up.
+        code = ("import sys; import lattn_jax.flag_errors; "
+                "print(sorted(m for m in ('jax', 'numpy', 'ml_collections', 'lattn_jax.config') "
+                "if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             cwd=ROOT, timeout=60, check=True).stdout
+        self.assertEqual(out.strip(), "[]")
+
+    def test_an_unknown_flag_is_one_line_in_process(self):
+        fv = flags.FlagValues()
+        flags.DEFINE_string("name", None, "A name.", flag_values=fv)
+        with self.assertRaises(flags.UnrecognizedFlagError) as cm:
+            fv(["prog", "--nmae=x"])
+        self.assertEqual(flag_errors.describe_flag_error(cm.exception),
+                         "Unknown command line flag 'nmae'. Did you mean: name ?")
+
+
+if __name__ == "__main__":
+    absltest.main()
