@@ -14,11 +14,12 @@ Each run is ``experiments/train.py --config=<train_config>:<arg> --workdir=<root
 (reported in the table with its error line), not the sweep. The same command again continues:
 finished runs are skipped, failed ones too (``--retry_failed`` runs them again), a partial one
 resumes from its checkpoint (:mod:`lattn_jax.sweep`). ``--deadline_s`` ends the call cleanly:
-no run starts with less than ``--min_run_s`` left, and the running trainer gets SIGTERM (the
-trainer has no time limit of its own; SIGTERM is its preemption signal: it saves a checkpoint
-after the current step and exits) ``--stop_margin_s`` before the deadline; SIGTERM or Ctrl-C
-to the sweep does the same at once; ``--finish_by_deadline`` (a machine's last call) also
-holds back a run that would not finish by then, by the finished runs' median wall time.
+no run starts with less than ``--min_run_s`` left before its SIGTERM, and the running
+trainer gets SIGTERM (the trainer has no time limit of its own; SIGTERM is its preemption
+signal: it saves a checkpoint after the current step and exits) ``--stop_margin_s`` before the
+deadline; SIGTERM or Ctrl-C to the sweep does the same at once; ``--finish_by_deadline`` (a
+machine's last call) also holds back a run that would not finish by then, by the finished runs'
+median wall time.
 ``--parallel=N`` runs up to N trainers at once on the machine (default 1: one after another),
 still in the grid's order, the next when one exits; each then gets
 ``XLA_PYTHON_CLIENT_MEM_FRACTION`` = 0.9/N (0.45 for 2) so that they fit on one GPU together,
@@ -81,7 +82,8 @@ _MAX_RUNS = flags.DEFINE_integer("max_runs", None, "Start at most this many runs
 _DEADLINE = flags.DEFINE_float("deadline_s", None, "End cleanly this many seconds after start "
                                "(> 0).")
 flags.register_validator("deadline_s", lambda v: v is None or v > 0, "must be above 0 seconds")
-_MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run with less time than this left.",
+_MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run that would train for less than "
+                              "this (the time left minus --stop_margin_s).",
                               lower_bound=0.0)
 _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
                              "the deadline (and SIGKILL this long after SIGTERM).")

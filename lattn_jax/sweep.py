@@ -860,7 +860,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     (the trainer restores its newest checkpoint). A run directory with trainer records but no
     checkpoint (a run stopped before its first save) is renamed ``<name>.restarted-<time>``
     (kept) and the run starts over in a clean one. No run starts after ``stop`` is set, after
-    ``max_runs`` launches, or with less than ``min_run_s`` seconds left before ``deadline``;
+    ``max_runs`` launches, or with less than ``min_run_s`` seconds left before its SIGTERM
+    (``stop_margin_s`` before ``deadline``);
     a running one is stopped as :func:`launch` says.
 
     With ``parallel`` > 1 the runs still start in their order: the next one when a trainer
@@ -880,7 +881,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
       cwd: the trainers' working directory (the repository root).
       env: the trainers' environment.
       deadline: ``time.time()`` by which the call must end; ``None``: none.
-      min_run_s: do not start a run with less time than this left.
+      min_run_s: do not start a run that would train for less than this: the time left
+        before the deadline minus ``stop_margin_s`` (when the trainer gets its SIGTERM).
       stop_margin_s: :func:`launch`'s.
       max_runs: start at most this many runs; ``None``: no limit.
       retry_failed: run failed runs again (resuming from their checkpoints).
@@ -995,11 +997,15 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             break
         where = ("not started" if state.status == Status.NOT_STARTED else
                  f"{state.status.value} at step {state.step}/{state.total_steps or '?'}")
-        if deadline is not None and deadline - time.time() < max(min_run_s, stop_margin_s):
+        # The trainer gets SIGTERM stop_margin_s before the deadline: what it would run is the
+        # time left minus the margin (a run launched with --min_run_s left ran only that minus
+        # 30 s: a rehearsal of 2026-12-04 launched runs 1 s before their SIGTERM).
+        if deadline is not None and deadline - time.time() - stop_margin_s < max(min_run_s, 0):
             summary.status = "deadline"
             print_fn(f"--- {run.name}: {where}; not launched: "
-                     f"{max(deadline - time.time(), 0):.0f} s left before the deadline, "
-                     f"under --min_run_s {min_run_s:g} (or the stop margin)")
+                     f"{max(deadline - time.time() - stop_margin_s, 0):.0f} s left before the "
+                     f"trainer's stop ({stop_margin_s:g} s before the deadline), under "
+                     f"--min_run_s {min_run_s:g}")
             break
         sharing = 1
         if parallel > 1 and finish_by_deadline:

@@ -63,7 +63,7 @@ plus start-up; 20 runs, about 2-3 GPU hours, i.e. 5-7 windows of 25 minutes.
 Launch (the GPU session's commands: BUILD.md, "Sweeps")::
 
     python experiments/sweep.py --config=configs/sweeps/table2_small.py:\\
-corpus=/tmp/corpus/prose-llama2,adamw_lr=0.003,muon_lr=0.0036 --root=/tmp/sweeps/table2 \\
+corpus=/tmp/corpus/prose-llama2,adamw_lr=0.001,muon_lr=0.00036 --root=/tmp/sweeps/table2 \\
         --deadline_s=540
     python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2
 

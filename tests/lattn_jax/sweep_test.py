@@ -381,6 +381,13 @@ class ExecuteTest(_FakeTrainerTestCase):
         self.assertIn(f"--- fake.mode=slow: partial at step {resumed_from}/40; not launched: ",
                       self.lines[-1])
         self.assertIn("under --min_run_s 60", self.lines[-1])
+        # More than --min_run_s left, but less once the stop margin is taken off: the trainer
+        # would train for ~40 s of the 60 asked (it was launched: the rehearsal of 2026-12-04).
+        _, summary = self._execute(("slow",), deadline=time.time() + 70, min_run_s=60,
+                                   stop_margin_s=30)
+        self.assertEqual((summary.status, summary.launched), ("deadline", []))
+        self.assertRegex(self.lines[-1], r"not launched: (39|40) s left before the trainer's "
+                                         r"stop \(30 s before the deadline\), under --min_run_s 60")
         _, summary = self._execute(("ok",), max_runs=1)
         self.assertEqual(summary.status, "complete")
         self.assertIn("--- fake.mode=ok: starting", self.lines)
