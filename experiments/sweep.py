@@ -54,7 +54,6 @@ or sweep config (one line naming it).
 import datetime
 import json
 import os
-import re
 import shlex
 import signal
 import sys
@@ -160,19 +159,16 @@ def parse_flags(argv):
     Raises:
       SystemExit: on any flag or config error.
     """
-    try:
-        return config_lib.parse_flags(argv)
-    except SystemExit as e:
-        text = str(e.code) if e.code is not None else ""
-        unknown = re.match(r"error: unknown config option '?([\w.]+?)'?(?:\.\s|$)", text)
-        if unknown and "Did you mean" not in text:  # not a typo of one of the sweep's fields
-            key = unknown.group(1)
-            typed = [a[len("--config."):].split("=", 1) for a in list(argv)[1:]
-                     if a.startswith((f"--config.{key}=", f"--config.{key}."))]
-            field, value = (typed[0] + ["<value>"])[:2] if typed else (key, "<value>")
-            sys.exit(f"{text} (--config is the sweep's config: a field of every run's "
-                     f"experiment config goes in --override={field}={value})")
-        raise
+    return config_lib.parse_flags(argv, unknown_option_hint=_override_hint)
+
+
+def _override_hint(key, argv):
+    """The hint for an unknown ``--config.<key>...`` that is no typo of a sweep field."""
+    typed = [a[len("--config."):].split("=", 1) for a in list(argv)[1:]
+             if a.startswith((f"--config.{key}=", f"--config.{key}."))]
+    field, value = (typed[0] + ["<value>"])[:2] if typed else (key, "<value>")
+    return (f"--config is the sweep's config: a field of every run's experiment config goes in "
+            f"--override={field}={value}")
 
 
 def main(argv):

@@ -13,7 +13,7 @@ from typing import Optional
 from absl import flags
 
 
-def parse_flags(argv):
+def parse_flags(argv, unknown_option_hint=None):
     """Parses absl flags for a binary (``app.run(main, flags_parser=parse_flags)``).
 
     Everything that can fail here comes from the command line (a typo in a ``--config.*``
@@ -22,6 +22,9 @@ def parse_flags(argv):
 
     Args:
       argv: the command line, ``sys.argv`` as absl passes it.
+      unknown_option_hint: optional ``f(key, argv) -> str or None``, for an unknown
+        ``--config.<key>...`` that ml_collections offers no "did you mean" for: a returned text
+        is appended in parentheses (:func:`describe_flag_error`).
 
     Returns:
       The remaining arguments (absl's ``FLAGS(argv)``).
@@ -35,7 +38,7 @@ def parse_flags(argv):
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 - all of these are user input errors
-        sys.exit(f"error: {describe_flag_error(e, argv)}")
+        sys.exit(f"error: {describe_flag_error(e, argv, unknown_option_hint)}")
 
 
 # Tuple-valued options whose command-line value ml_collections would take, written without
@@ -68,12 +71,13 @@ def bare_tuple_override(argv) -> Optional[str]:
     return None
 
 
-def describe_flag_error(error, argv=()) -> str:
+def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
     """One line for an error raised while parsing flags (ml_collections nests and embeds them).
 
     Args:
       error: the exception ``flags.FLAGS(argv)`` raised.
       argv: the command line, to name a mistyped ``--config.a.b`` option in full.
+      unknown_option_hint: as :func:`parse_flags`'s.
 
     Returns:
       The message: an unknown override as ``unknown config option a.b`` (with ml_collections'
@@ -101,6 +105,8 @@ def describe_flag_error(error, argv=()) -> str:
                  if a.startswith("--config.") and a.split("=", 1)[0].endswith("." + key)]
         text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
         text += f". {hint.strip()}" if hint.strip() else ""
+        extra = unknown_option_hint(key, argv) if unknown_option_hint and not hint.strip() else None
+        text += f" ({extra})" if extra else ""
     if "Traceback (most recent call last)" in text:  # config_flags embeds the config's traceback
         head = text.split(":", 1)[0]
         text = f"{head}: {text.strip().splitlines()[-1]}"
