@@ -1,0 +1,450 @@
+"""K1: the per-channel family's intra-chunk gradients on Mosaic GPU (Hopper ``wgmma``/TMA).
+
+:func:`channelwise_grad_intra_mosaic` is a drop-in for the Triton ``grad_blocks`` kernel of
+:mod:`pallas_kernels.common.channelwise_gpu` (``_grad_blocks_kernel`` / ``_grad_blocks``; issue
+29, ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 19.4 and 20): the share of ``dq``, ``dkr`` and
+``dk`` that flows through the decayed intra-chunk products ``Mq`` and ``Mk`` of KDA and Gated
+DeltaNet-2 (paper arXiv 2607.07953, Eqs. 18-24; the chunk form in ``channelwise_gpu``'s module
+docstring). Per chunk of C = 64 tokens, with ``gamma [C, K]`` the fp32 within-chunk cumsum of
+the log-decay (non-increasing, since ``g <= 0``), ``e_ijc = exp(gamma_ic - gamma_jc)`` and
+``dR = A^T dVn`` (``channelwise_gpu._chunk_dr``)::
+
+    dMq = scale mask_incl(dO Vn^T);  dMk = -mask_strict(dR Vn^T)     (same document only)
+    dq_ic  = sum_j dMq_ij k_jc e_ijc;   dkr_ic = sum_j dMk_ij k_jc e_ijc
+    dk_jc  = sum_i (dMq_ij q_ic + dMk_ij kr_ic) e_ijc
+
+Every pair ``j <= i`` takes exactly one of three routes (Sec. 19.4.2; the float64 model of this
+split is ``tests/pallas_kernels/channelwise_grad_split_test.py``):
+
+* **band**, ``i - j <= 7`` (across 16-row block edges too): exact in fp32, from the
+  coefficients ``c_d[i] = dM[i, i - d]`` (d = 0..7) and ``exp(gamma_i - gamma_{i-d})`` of
+  row-shifted loads of ``k``, ``gamma`` and the left factor from padded SMEM buffers;
+* **past**, the 16-row blocks ``I > J`` and ``i - j >= 8``: through ``r_J``, gamma at the last
+  row of block J, as ``grad_blocks``: the row direction is
+  ``e^{gamma_i - r_J} (dM[:, J] @ (k_J e^{r_J - gamma_J}))``, one ``wgmma`` ``[64, 16] @
+  [16, 32]`` per column block J = 0..2 with the row factor's exponent masked to ``-inf`` on the
+  rows of blocks ``<= J``; the column direction ``e^{r_J - gamma_j} (dM^T @ (X e^{gamma -
+  r_J}))`` ``[64, 64]^T @ [64, 32]``, keeping block J's rows;
+* **quadrant**, one block, ``i`` in its second half and ``j`` in its first, ``i - j >= 8``:
+  through ``m_J``, gamma at row 7 of the block, one ``[64, 64] @ [64, 32]`` product per
+  direction on a quadrant-only copy of ``dM``.
+
+The tensor cores read 16-bit copies of ``dM`` with the band zeroed (a band-free copy and a
+quadrant-only copy), so each pair is counted once. Every exponent is a difference of two
+fp32 gamma values and never positive; document masks are applied to ``dM`` in fp32 before any
+rounding and before the band coefficients are taken.
+
+Kernel: grid ``(N * K / 64, H, B)`` (chunks first, against CUDA's 65535 cap on grid y/z): one
+chunk and one 64-channel key half per CTA (K = 128 has two halves, whose ``dO, Vn, dR`` reads
+are adjacent). Two warpgroups run one copy of the code with the warpgroup index ``w`` traced
+(jla's ``bwd_intra`` found a copy per warpgroup 1.5x slower, instruction cache). Warpgroup 0
+issues the TMA copies at entry on two barriers in the order of use (``dO, dR, Vn`` and the
+document vector; then ``q, k, kr, gamma`` of the half).
+
+* Phase 1: warpgroup ``w`` forms ``dMq`` (w = 0) or ``dMk`` (w = 1): one ``wgmma`` ``[64, V] @
+  Vn^T`` (a transposed SMEM view), the sign / scale, the causal (inclusive / strict) and
+  same-document masks in fp32, then the band-free and the quadrant-only 16-bit copies and the
+  fp32 band coefficients (row direction ``c_d[i]``, column direction ``c_d[j + d]`` by a
+  shifted load). A CTA barrier ends the phase.
+* Phase 2: warpgroup ``w`` owns a 32-channel slab of the half. It forms the slab's shared
+  operands once (``k e^{r - gamma}`` per block, ``k e^{m - gamma}`` on first-half rows, the
+  padded shift buffers of ``k`` and ``gamma``) and runs both matrices on it; each direction
+  issues its four products before one wait. The band takes 7 shifted steps.
+* ``dq``, ``dkr`` and ``dk`` of the slab go out as fp32 ``[64, 32]`` tiles straight from the
+  registers.
+
+Roundings: ``dO, dR, Vn, q, k, kr`` are the 16-bit inputs; ``dM`` is fp32 (``wgmma``
+accumulation), rounded to the operand dtype only for the tensor-core routes, whose decayed
+right operands are rounded too (pairs at least 8 apart, weight at most ``e^{8 g}`` of the
+band's); the band and all accumulation are fp32. The Triton kernel runs every route in TF32
+instead, so the two agree to the bf16 rounding of the far pairs, not bit for bit.
+
+SMEM at K = V = 128 bf16: pinned by ``tests/pallas_kernels/kernel_mosaic_channelwise_grad_test.py``
+(Mosaic GPU's count of the CUDA export) and given in ``MOSAIC_GPU.md`` Sec. 20. The ``y`` tiles
+of phase 2 share a ``plgpu.RefUnion`` with ``dO, dR, Vn`` (dead after phase 1).
+
+CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
+the shims of ``mosaic_gpu_lib`` (transposed operands copied into SMEM, plain loads; no
+``RefUnion`` there) and lowering for CUDA through ``jax.export``. fp32 inputs are refused
+(``wgmma`` has no IEEE fp32 product); ``channelwise_gpu`` keeps ``grad_blocks`` for them.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+
+CHUNK = mgl.CHUNK
+SUB = 16  # rows per block of the past route (the reference r_J is gamma at its last row)
+HALF = SUB // 2  # band width: pairs at most HALF - 1 apart are exact; also the mid row m_J
+NSUB = CHUNK // SUB
+KEY_HALF = 64  # key channels per CTA
+SLAB = KEY_HALF // 2  # key channels per warpgroup
+PITCH = SLAB + 8  # row pitch of the unswizzled shift buffers (against bank conflicts)
+KERNEL_NAME = "channelwise_grad_intra_mosaic"
+F32 = jnp.float32
+_WGMMA = plgpu.Layout.WGMMA
+_ROWS = plgpu.Layout.WGMMA.reduce(1)
+_COLS = plgpu.Layout.WGMMA.reduce(0)
+
+
+def _load(ref, layout, interpret: bool):
+    """``ref`` (SMEM) in ``layout``, unoptimized (shifted, unswizzled views); plain when
+    interpreting."""
+    if interpret:
+        return ref[...]
+    if mgl._LOAD_NEEDS_IDX:
+        return plgpu.load(ref, (), layout=layout, optimized=False)
+    return plgpu.load(ref, layout=layout, optimized=False)
+
+
+def _tile16(shape, dtype):
+    """16-bit SMEM in ``[8, 16]`` tiles, 32-byte swizzle: every 16-row or 16-column slice is a
+    valid ``wgmma`` operand (all phase-2 operands use it)."""
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, 16)),
+                                                plgpu.SwizzleTransform(32)))
+
+
+def _slab_smem(shape, dtype):
+    """SMEM in ``[8, 32]`` tiles, so each warpgroup's 32-channel slab is tile aligned."""
+    swizzle = SLAB * jnp.dtype(dtype).itemsize
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, SLAB)),
+                                                plgpu.SwizzleTransform(swizzle)))
+
+
+def _masked_exp(x, mask):
+    """``exp(x)`` where ``mask``, exactly 0 elsewhere (the exponent is masked first)."""
+    return jnp.exp(jnp.where(mask, x, -jnp.inf))
+
+
+def _cols(x, shape):
+    return lax.broadcast_in_dim(x, shape, [1])
+
+
+def _per_block(blocks, values, shape):
+    """Row ``i`` takes ``values[blocks[i]]`` (per-column vectors)."""
+    out = _cols(values[-1], shape)
+    for blk in reversed(range(len(values) - 1)):
+        out = jnp.where(blocks == blk, _cols(values[blk], shape), out)
+    return out
+
+
+def _products(shape, pairs):
+    """``[a @ b for a, b in pairs]``: every ``wgmma`` issued before one wait (fp32)."""
+
+    def scoped(*accs):
+        for acc, (a, b) in zip(accs, pairs, strict=True):
+            plgpu.wgmma(acc, a, b)
+        return [acc[...] for acc in accs]
+
+    # The barrier keeps the arithmetic after the accumulator reads (MOSAIC_GPU.md Sec. 2).
+    return lax.optimization_barrier(
+        pl.run_scoped(scoped, *(plgpu.ACC(shape, F32) for _ in pairs)))
+
+
+def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, halves: int,
+            scale: float, has_docs: bool, interpret: bool):
+    """Kernel body of :func:`channelwise_grad_intra_mosaic` (module docstring); refs are GMEM.
+
+    ``g8_ref`` is gamma viewed as ``[B, T / 8, 8, H, K]`` (row 7 of each 8 rows: the block
+    marks); ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch.
+    """
+    rest = list(rest)
+    doc_ref = rest.pop(0) if has_docs else None
+    dq_ref, dk_ref, dkr_ref = rest[:3]
+    rest = rest[3:]
+    if interpret:  # no RefUnion in the interpreter
+        lhs_s, vn_s, y_s, *rest = rest
+    else:
+        ((lhs_s, vn_s), y_s), *rest = rest
+    (q_s, k_s, kr_s, g_s, marks_s, doc_s, free_s, quad_s, coef_s, x_s, x2_s, kpad_s, gpad_s, apad_s,
+     in_bar, qk_bar, sync, done, *shim) = rest
+    vnt_s, mt_s = shim if interpret else (None, None)
+    dtype = k_s.dtype
+    wg = lax.axis_index("wg")
+    cell, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    n, half = lax.div(cell, halves), lax.rem(cell, halves)
+    tok = pl.ds(n * CHUNK, CHUNK)
+    keys = pl.ds(half * KEY_HALF, KEY_HALF)
+
+    @pl.when(wg == 0)
+    def _copies():  # in the order of use
+        plgpu.copy_gmem_to_smem(do_ref.at[b, tok, h], lhs_s.at[0], in_bar)
+        plgpu.copy_gmem_to_smem(dr_ref.at[b, tok, h], lhs_s.at[1], in_bar)
+        plgpu.copy_gmem_to_smem(vn_ref.at[b, tok, h], vn_s, in_bar)
+        if has_docs:
+            plgpu.copy_gmem_to_smem(doc_ref.at[b, tok], doc_s, in_bar)
+        for src, dst in ((q_ref, q_s), (k_ref, k_s), (kr_ref, kr_s), (g_ref, g_s)):
+            plgpu.copy_gmem_to_smem(src.at[b, tok, h, keys], dst, qk_bar)
+        # gamma at rows 7, 15, .., 63: the mid (even) and end (odd) rows of the 16-row blocks.
+        marks = pl.ds(n * (CHUNK // HALF), CHUNK // HALF)
+        plgpu.copy_gmem_to_smem(g8_ref.at[b, marks, HALF - 1, h, keys], marks_s, qk_bar)
+
+    # Phase 1: warpgroup w forms dMq (w = 0) or dMk (w = 1) and its three copies.
+    full = (CHUNK, CHUNK)
+    plgpu.barrier_wait(in_bar)
+    vn_t = mgl.transposed(vn_s, vnt_s.at[wg] if interpret else None, interpret)
+    (m,) = _products(full, [(lhs_s.at[wg], vn_t)])  # dO Vn^T or dR Vn^T, fp32
+    m = m * jnp.where(wg == 0, F32(scale), F32(-1.0))
+    i, j = mgl.iota(full, 0, interpret), mgl.iota(full, 1, interpret)
+    keep = i - j >= wg  # j <= i for dMq, j < i for dMk
+    if has_docs:
+        doc_i = mgl.by_row(mgl.load_rows(doc_s, interpret), full)
+        doc_j = _cols(mgl.load_cols(doc_s, interpret), full)
+        keep = keep & (doc_i == doc_j)
+    m = jnp.where(keep, m, 0.0)  # masks in fp32, before any rounding
+    band = i - j < HALF
+    quad = ((i // SUB) == (j // SUB)) & (i % SUB >= HALF) & (j % SUB < HALF)
+    free_s.at[wg][...] = jnp.where(band, 0.0, m).astype(dtype)
+    quad_s.at[wg][...] = jnp.where(quad & jnp.logical_not(band), m, 0.0).astype(dtype)
+    for d in range(HALF):  # row direction: c_d[i] = dM[i, i - d]
+        coef_s.at[wg, 0, d, pl.ds(0, CHUNK)][...] = jnp.sum(jnp.where(j == i - d, m, 0.0),
+                                                            axis=1)
+    plgpu.commit_smem()
+    for d in range(HALF):  # column direction: dM[j + d, j] = c_d[j + d] (past the chunk: unused)
+        coef_s.at[wg, 1, d, pl.ds(0, CHUNK)][...] = _load(coef_s.at[wg, 0, d, pl.ds(d, CHUNK)],
+                                                          _ROWS, interpret)
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(sync)
+    plgpu.barrier_wait(sync)  # both matrices staged; dO, dR, Vn are dead from here
+
+    # Phase 2: warpgroup w takes channels [32 w, 32 w + 32) of the half, both matrices.
+    shape = (CHUNK, SLAB)
+    cols = pl.ds(wg * SLAB, SLAB)
+    data = pl.ds(0, SLAB)
+    plgpu.barrier_wait(qk_bar)
+    rows = mgl.iota(shape, 0, interpret)
+    blocks = rows // SUB
+    second = rows % SUB >= HALF
+    g = _load(g_s.at[:, cols], _WGMMA, interpret)
+    kf = _load(k_s.at[:, cols], _WGMMA, interpret).astype(F32)
+    ends = [_load(marks_s.at[2 * blk + 1, cols], _COLS, interpret) for blk in range(NSUB)]
+    mids = [_load(marks_s.at[2 * blk, cols], _COLS, interpret) for blk in range(NSUB)]
+    to_end = jnp.exp(_per_block(blocks, ends, shape) - g)  # e^{r_J - gamma} on block J's rows
+    past = [_masked_exp(g - _cols(ends[blk], shape), blocks > blk) for blk in range(NSUB - 1)]
+    mid = _per_block(blocks, mids, shape)
+    halfway = jnp.exp(jnp.where(second, g - mid, mid - g))  # both exponents <= 0
+    x_w, x2_w, y_w = x_s.at[wg], x2_s.at[wg], y_s.at[wg]
+    kpad, gpad, apad = kpad_s.at[wg], gpad_s.at[wg], apad_s.at[wg]
+    x_w[...] = (kf * to_end).astype(dtype)
+    x2_w[...] = jnp.where(second, 0.0, kf * halfway).astype(dtype)
+    kpad.at[pl.ds(HALF, CHUNK), data][...] = kf.astype(dtype)
+    gpad.at[pl.ds(HALF, CHUNK), data][...] = g
+    blk_sl = [pl.ds(SUB * blk, SUB) for blk in range(NSUB - 1)]
+
+    def matrix_pass(mat, a):
+        """``(da, db)`` of matrix ``mat`` (0: dMq, a = q; 1: dMk, a = kr) on this slab."""
+        for blk in range(NSUB - 1):
+            y_w.at[blk][...] = (a * past[blk]).astype(dtype)
+        y_w.at[NSUB - 1][...] = jnp.where(second, a * halfway, 0.0).astype(dtype)
+        apad.at[pl.ds(0, CHUNK), data][...] = a.astype(dtype)
+        plgpu.commit_smem()
+        free, quad_m = free_s.at[mat], quad_s.at[mat]
+        # Row direction: da_i = sum_J e^{gamma_i - r_J} (dM_iJ X_J), then the quadrants.
+        prods = _products(shape, [(free.at[:, blk_sl[blk]], x_w.at[blk_sl[blk]])
+                                  for blk in range(NSUB - 1)] + [(quad_m, x2_w)])
+        da = past[0] * prods[0]
+        for blk in range(1, NSUB - 1):
+            da = da + past[blk] * prods[blk]
+        da = da + jnp.where(second, prods[-1] * halfway, 0.0)
+        # Column direction: db_j = e^{r_J - gamma_j} sum_i dM_ij a_i e^{gamma_i - r_J}.
+        free_t = mgl.transposed(free, mt_s.at[wg, 0] if interpret else None, interpret)
+        quad_t = mgl.transposed(quad_m, mt_s.at[wg, 1] if interpret else None, interpret)
+        prods = _products(shape, [(free_t, y_w.at[blk]) for blk in range(NSUB - 1)]
+                          + [(quad_t, y_w.at[NSUB - 1])])
+        db = jnp.where(blocks == 0, prods[0], 0.0)
+        for blk in range(1, NSUB - 1):
+            db = db + jnp.where(blocks == blk, prods[blk], 0.0)
+        db = db * to_end + jnp.where(second, 0.0, prods[-1] * halfway)
+        # The band, exact in fp32: d = 0, then 7 row-shifted steps.
+        c0 = mgl.by_row(_load(coef_s.at[mat, 0, 0, pl.ds(0, CHUNK)], _ROWS, interpret), shape)
+        da = da + c0 * kf
+        db = db + c0 * a
+
+        def step(d, carry):
+            da, db = carry
+            back, fwd = rows >= d, rows + d < CHUNK
+            k_prev = _load(kpad.at[pl.ds(HALF - d, CHUNK), data], _WGMMA, interpret)
+            g_prev = _load(gpad.at[pl.ds(HALF - d, CHUNK), data], _WGMMA, interpret)
+            g_next = _load(gpad.at[pl.ds(HALF + d, CHUNK), data], _WGMMA, interpret)
+            a_next = _load(apad.at[pl.ds(d, CHUNK), data], _WGMMA, interpret)
+            c_row = mgl.by_row(_load(coef_s.at[mat, 0, d, pl.ds(0, CHUNK)], _ROWS, interpret),
+                               shape)
+            c_col = mgl.by_row(_load(coef_s.at[mat, 1, d, pl.ds(0, CHUNK)], _ROWS, interpret),
+                               shape)
+            # Shifted-out rows read the pads: masked after the product (no 0 * garbage).
+            da = da + jnp.where(back, c_row * k_prev.astype(F32)
+                                * _masked_exp(g - g_prev, back), 0.0)
+            db = db + jnp.where(fwd, c_col * a_next.astype(F32)
+                                * _masked_exp(g_next - g, fwd), 0.0)
+            return da, db
+
+        return lax.fori_loop(1, HALF, step, (da, db))
+
+    qf = _load(q_s.at[:, cols], _WGMMA, interpret).astype(F32)
+    dq, dk_q = matrix_pass(0, qf)
+    plgpu.commit_smem()  # the first pass's operand buffers may be overwritten
+    krf = _load(kr_s.at[:, cols], _WGMMA, interpret).astype(F32)
+    dkr, dk_k = matrix_pass(1, krf)
+    out = pl.ds(half * KEY_HALF + wg * SLAB, SLAB)
+    dq_ref.at[b, tok, h, out][...] = dq
+    dkr_ref.at[b, tok, h, out][...] = dkr
+    dk_ref.at[b, tok, h, out][...] = dk_q + dk_k
+    # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
+    """The input contract of :func:`channelwise_grad_intra_mosaic`.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs: ``q``, ``k``, ``kr``
+            not ``[B, T, H, K]`` of one 16-bit dtype (fp32 inputs: use the Triton
+            ``grad_blocks``, ``grad_pass='triton'``); ``gamma`` not a float ``[B, T, H, K]``;
+            ``do``, ``vn``, ``dr`` not ``[B, T, H, V]`` in that dtype; K or V not 64 or 128;
+            ``doc`` not ``[B, T]``.
+    """
+    if q.ndim != 4 or do.ndim != 4:
+        raise ValueError(f"q must be [B, T, H, K] and do [B, T, H, V], got {q.shape=} "
+                         f"{do.shape=}")
+    batch, seq_len, heads, dk = q.shape
+    dv = do.shape[-1]
+    dtype = jnp.dtype(q.dtype)
+    if dtype not in mgl.SUPPORTED_DTYPES:
+        raise ValueError(f"q, k, kr, do, vn, dr must share a 16-bit dtype (bf16 or fp16: wgmma "
+                         f"operands), got q.dtype={dtype}; fp32 inputs take the Triton "
+                         f"grad_blocks kernel (channelwise_gpu, grad_pass='triton')")
+    if dk not in mgl.SUPPORTED_HEAD_DIMS or dv not in mgl.SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"head dims must be in {mgl.SUPPORTED_HEAD_DIMS}, got K={dk} (q) "
+                         f"V={dv} (do)")
+    for name, x in (("k", k), ("kr", kr)):
+        if x.shape != q.shape or x.dtype != dtype:
+            raise ValueError(f"{name} must have q's shape {q.shape} and dtype {dtype}, got "
+                             f"{x.shape} {x.dtype}")
+    if gamma.shape != q.shape or not jnp.issubdtype(gamma.dtype, jnp.floating):
+        raise ValueError(f"gamma must be a float [B, T, H, K] = {q.shape}, got {gamma.shape} "
+                         f"{gamma.dtype}")
+    for name, x in (("do", do), ("vn", vn), ("dr", dr)):
+        if x.shape != (batch, seq_len, heads, dv) or x.dtype != dtype:
+            raise ValueError(f"{name} must be [B, T, H, V] = {(batch, seq_len, heads, dv)} in "
+                             f"q's dtype {dtype}, got {x.shape} {x.dtype}")
+    if doc is not None and doc.shape != (batch, seq_len):
+        raise ValueError(f"doc must be [B, T] = {(batch, seq_len)}, got {doc.shape}")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def channelwise_grad_intra_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    kr: jax.Array,
+    gamma: jax.Array,
+    do: jax.Array,
+    vn: jax.Array,
+    dr: jax.Array,
+    *,
+    scale: float,
+    doc: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, jax.Array]:
+    """The gradients through ``Mq`` and ``Mk`` of KDA / GDN-2 in one Mosaic GPU kernel (K1).
+
+    A drop-in for ``channelwise_gpu._grad_blocks`` (same inputs, outputs and layouts; module
+    docstring). Per batch row, head and chunk of C = 64 tokens (paper arXiv 2607.07953, Eqs.
+    18-24; ``grad_blocks`` in ``channelwise_gpu``'s module docstring), with
+    ``e_ijc = exp(gamma_ic - gamma_jc)``::
+
+        dMq = scale mask_incl(dO Vn^T);  dMk = -mask_strict(dR Vn^T)   (same document only)
+        dq_ic  = sum_j dMq_ij k_jc e_ijc;   dkr_ic = sum_j dMk_ij k_jc e_ijc
+        dk_jc  = sum_i (dMq_ij q_ic + dMk_ij kr_ic) e_ijc
+
+    Pairs at most 7 tokens apart are exact in fp32; the others take bf16 (fp16) tensor-core
+    products with fp32 accumulation (module docstring, MOSAIC_GPU.md Sec. 19.4.2).
+
+    Args:
+        q: queries ``[B, T, H, K]``, bf16 or fp16.
+        k: keys ``[B, T, H, K]``, q's dtype.
+        kr: read keys ``k * k_scale`` ``[B, T, H, K]``, q's dtype. K in {64, 128}.
+        gamma: the within-chunk cumsum of the log-decay ``[B, T, H, K]`` (read as fp32;
+            non-increasing within each chunk of 64 tokens, i.e. ``g <= 0``).
+        do: the output's cotangent ``[B, T, H, V]``, q's dtype. V in {64, 128}.
+        vn: ``Vn`` (``v_new``) of the forward ``[B, T, H, V]``, q's dtype.
+        dr: ``dR = A^T dVn`` ``[B, T, H, V]``, q's dtype.
+        scale: read-out scale (static).
+        doc: the document index of every token ``[B, T]`` (int; exact up to 2**24 as fp32),
+            or ``None`` for one document per row.
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(dq, dk, dkr)``: fp32 ``[B, T, H, K]`` each, the partials ``backward_chunk`` adds.
+        A ``T`` that is not a multiple of 64 is zero-padded inside.
+
+    Raises:
+        ValueError: as :func:`check_inputs` (shapes, 16-bit dtype, head dims).
+    """
+    check_inputs(q, k, kr, gamma, do, vn, dr, doc)
+    batch, seq_len, heads, dk = q.shape
+    dv = do.shape[-1]
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    q, k, kr, do, vn, dr = (mgl.pad_time(x, num_chunks) for x in (q, k, kr, do, vn, dr))
+    gamma = mgl.pad_time(gamma.astype(F32), num_chunks)
+    has_docs = doc is not None
+    extra = ()
+    if has_docs:
+        doc = jnp.pad(doc, ((0, 0), (0, padded - seq_len)), mode="edge")
+        extra = (doc.astype(F32),)
+    halves = dk // KEY_HALF
+    dtype = q.dtype
+    phase1 = [mgl.swizzled_smem((2, CHUNK, dv), dtype),  # lhs_s: dO, dR
+              mgl.swizzled_smem((CHUNK, dv), dtype)]  # vn_s
+    y_tiles = _tile16((2, NSUB, CHUNK, SLAB), dtype)  # y_s: per warpgroup, the column operands
+    scratch = phase1 + [y_tiles] if interpret else [plgpu.RefUnion(tuple(phase1), y_tiles)]
+    scratch += [
+        _slab_smem((CHUNK, KEY_HALF), dtype),  # q_s
+        _slab_smem((CHUNK, KEY_HALF), dtype),  # k_s
+        _slab_smem((CHUNK, KEY_HALF), dtype),  # kr_s
+        _slab_smem((CHUNK, KEY_HALF), F32),  # g_s: gamma
+        plgpu.SMEM((CHUNK // HALF, KEY_HALF), F32),  # marks_s: gamma at rows 7, 15, .., 63
+        plgpu.SMEM((CHUNK,), F32),  # doc_s
+        _tile16((2, CHUNK, CHUNK), dtype),  # free_s: dMq, dMk without the band
+        _tile16((2, CHUNK, CHUNK), dtype),  # quad_s: only the quadrants, without the band
+        plgpu.SMEM((2, 2, HALF, CHUNK + HALF), F32),  # coef_s: band coefficients (row, col)
+        _tile16((2, CHUNK, SLAB), dtype),  # x_s: k e^{r_J - gamma}, per warpgroup
+        _tile16((2, CHUNK, SLAB), dtype),  # x2_s: k e^{m_J - gamma} on first-half rows
+        plgpu.SMEM((2, HALF + CHUNK, PITCH), dtype),  # kpad_s: k, 8 leading pad rows
+        plgpu.SMEM((2, HALF + CHUNK + HALF, PITCH), F32),  # gpad_s: gamma, 8 pad rows each side
+        plgpu.SMEM((2, CHUNK + HALF, PITCH), dtype),  # apad_s: q or kr, 8 trailing pad rows
+        plgpu.Barrier(num_arrivals=3 + int(has_docs)),  # in_bar: dO, dR, Vn (, doc) landed
+        plgpu.Barrier(num_arrivals=5),  # qk_bar: q, k, kr, gamma, the marks landed
+        plgpu.Barrier(num_arrivals=2),  # sync: both matrices staged
+        plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+    ]
+    if interpret:  # the SMEM copies of what the GPU reads as transposed views
+        scratch += [plgpu.SMEM((2, dv, CHUNK), dtype),  # vnt_s: Vn^T per warpgroup
+                    plgpu.SMEM((2, 2, CHUNK, CHUNK), dtype)]  # mt_s: dM^T (free, quadrant)
+    kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
+                               interpret=interpret)
+    tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)
+    call = plgpu.kernel(
+        kernel,
+        out_type=(tok, tok, tok),
+        scratch_types=scratch,
+        grid=(num_chunks * halves, heads, batch),
+        grid_names=("n", "h", "b"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name=KERNEL_NAME,
+    )
+    with jax.named_scope(KERNEL_NAME):
+        g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
+        dq, dk_out, dkr = call(q, k, kr, gamma, g8, do, vn, dr, *extra)
+    return dq[:, :seq_len], dk_out[:, :seq_len], dkr[:, :seq_len]
