@@ -113,7 +113,11 @@ Kernels (grid in brackets):
 
   (X = q for Mq, kr for Mk, Y = k, ``e_ijc = exp(gamma_ic - gamma_jc)``), each ``[16, 16]``
   block of dM formed from V-contractions of the rows involved; the off-diagonal blocks by the
-  factorisation above, the diagonal one by the quad levels.
+  factorisation above, the diagonal one by the quad levels. ``grad_pass="mosaic"``
+  (``TUNING["grad_pass"]``; off by default until the H200 has timed it) runs it instead as K1,
+  :func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_intra_mosaic`
+  (two warpgroups, wgmma/TMA; the same partials, with the pairs at least 8 tokens apart in
+  the operand dtype instead of TF32; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 20).
 * ``backward_chunk`` [chunks, B*H, K/BK]: the parameter gradients of one chunk and key block
   from S_0, dS_C, dO, Vn and dR::
 
@@ -218,8 +222,15 @@ TUNING = {
     # published 16-bit state).
     "state_pass": "triton",
     "mosaic_alias_staging": False,
+    # The gradients through Mq and Mk (the "grad_blocks" kernel): "triton" (_grad_blocks_kernel)
+    # or "mosaic" (channelwise_grad_mosaic_gpu's channelwise_grad_intra_mosaic, K1: Hopper
+    # wgmma/TMA, two warpgroups; bf16/fp16 operands only, so fp32 inputs keep the Triton
+    # kernel). Triton until the H200 has run and timed K1 (MOSAIC_GPU.md Sec. 20);
+    # channelwise_delta_pallas's grad_pass= overrides it per call.
+    "grad_pass": "triton",
 }
 STATE_PASSES = ("triton", "mosaic")
+GRAD_PASSES = ("triton", "mosaic")
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
 NSUB = CHUNK // SUB
@@ -251,22 +262,26 @@ def block_widths(dk: int, dv: int, tuning=None) -> Tuple[int, int]:
 
 
 def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interpret,
-            return_residual, state_pass=None):
+            return_residual, state_pass=None, grad_pass=None):
     """The static configuration of one call (hashable once sorted into a tuple).
 
-    ``state_pass`` (``None``: ``TUNING["state_pass"]``) resolves to ``"triton"`` for fp32
-    operands, which the Mosaic kernel cannot take (``wgmma`` has no IEEE fp32 product).
+    ``state_pass`` and ``grad_pass`` (``None``: ``TUNING["state_pass"]``,
+    ``TUNING["grad_pass"]``) resolve to ``"triton"`` for fp32 operands, which the Mosaic
+    kernels cannot take (``wgmma`` has no IEEE fp32 product).
 
     Raises:
       ValueError: if ``TUNING``'s block widths (``prepare_k`` included) do not divide the head
-        dims, ``TUNING["intra_token_heads"]`` is not >= 1, or ``state_pass`` is not one of
-        :data:`STATE_PASSES`.
+        dims, ``TUNING["intra_token_heads"]`` is not >= 1, ``state_pass`` is not one of
+        :data:`STATE_PASSES` or ``grad_pass`` not one of :data:`GRAD_PASSES`.
     """
     state_pass = TUNING.get("state_pass", "triton") if state_pass is None else state_pass
     if state_pass not in STATE_PASSES:
         raise ValueError(f"state_pass must be one of {STATE_PASSES}, got {state_pass!r}")
+    grad_pass = TUNING.get("grad_pass", "triton") if grad_pass is None else grad_pass
+    if grad_pass not in GRAD_PASSES:
+        raise ValueError(f"grad_pass must be one of {GRAD_PASSES}, got {grad_pass!r}")
     if jnp.dtype(mm_dtype) == jnp.dtype(F32):
-        state_pass = "triton"  # the Mosaic kernel takes 16-bit operands only
+        state_pass = grad_pass = "triton"  # the Mosaic kernels take 16-bit operands only
     block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
     prepare_k = TUNING.get("prepare_k") or block_k
@@ -277,7 +292,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 block_v=block_v, block_k=block_k, prepare_k=prepare_k,
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
-                intra_heads=intra_heads(heads), state_pass=state_pass,
+                intra_heads=intra_heads(heads), state_pass=state_pass, grad_pass=grad_pass,
                 mosaic_alias_staging=bool(TUNING.get("mosaic_alias_staging", False)))
 
 
@@ -621,6 +636,17 @@ def _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr):
         name="channelwise_grad_blocks",
     )
     return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"]
+
+
+def _grad_blocks_mosaic(cfg, q, k, kr, gam, docs, do, vn, dr):
+    """:func:`_grad_blocks` on the Mosaic GPU kernel K1
+    (:func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_intra_mosaic`,
+    GPU interpret mode under ``cfg["interpret"]``): the same partials, layouts and dtypes."""
+    from pallas_kernels.common import channelwise_grad_mosaic_gpu
+
+    return channelwise_grad_mosaic_gpu.channelwise_grad_intra_mosaic(
+        q, k, kr, gam, do, vn, dr, scale=cfg["scale"], doc=docs[0] if docs else None,
+        interpret=cfg["interpret"])
 
 
 def _gamma_kernel(g_ref, gam_ref, *, cfg):
@@ -1066,7 +1092,8 @@ def _backward_chunk(cfg, q, k, kr, gam, docs, amat, hs, dhs, do, vn, dvn):
     """``(dq, dk, dkr, dvw, dg)``: ``dR = A^T dVn`` (:func:`_chunk_dr`, in the operand dtype,
     is dvw itself), the ``grad_blocks`` kernel, then the ``backward_chunk`` kernel."""
     dr = _chunk_dr(cfg, amat, dvn)
-    dqd, dkd, dkrd = _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr)
+    grad_pass = _grad_blocks_mosaic if cfg["grad_pass"] == "mosaic" else _grad_blocks
+    dqd, dkd, dkrd = grad_pass(cfg, q, k, kr, gam, docs, do, vn, dr)
     bsz, tp, heads, dk = q.shape
     tok_k = jax.ShapeDtypeStruct((bsz, tp, heads, dk), q.dtype)
     outs = _pallas(
@@ -1159,6 +1186,7 @@ def channelwise_delta_pallas(
     return_residual: bool = True,
     interpret: bool = False,
     state_pass: Optional[str] = None,
+    grad_pass: Optional[str] = None,
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array]]:
     """The per-channel-decay delta rule on the Pallas GPU kernels (module docstring).
 
@@ -1191,6 +1219,9 @@ def channelwise_delta_pallas(
         when compiled); ``None``: ``TUNING["state_pass"]``. fp32 operands always take the
         Triton kernels. Everything else (intra, prepare, wu, grad_blocks, backward_chunk) is
         the same either way.
+      grad_pass: the gradients through Mq and Mk, ``"triton"`` (``grad_blocks``) or
+        ``"mosaic"`` (K1, :mod:`pallas_kernels.common.channelwise_grad_mosaic_gpu`; sm_90 when
+        compiled); ``None``: ``TUNING["grad_pass"]``. fp32 operands always take Triton.
 
     Returns:
       ``(o [B, T, H, V], final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``; o and u in
@@ -1199,7 +1230,8 @@ def channelwise_delta_pallas(
     Raises:
       ValueError: if K or V is not 64 or 128 (callers dispatch those to the chunked form),
         ``k_scale`` / ``v_scale`` (named) is not a float array shaped ``[B, T, H]`` or like
-        ``k`` / ``v``, or ``state_pass`` is not ``"triton"``, ``"mosaic"`` or ``None``.
+        ``k`` / ``v``, or ``state_pass`` or ``grad_pass`` is not ``"triton"``, ``"mosaic"``
+        or ``None``.
     """
     from pallas_kernels import common
 
@@ -1225,7 +1257,7 @@ def channelwise_delta_pallas(
     cfg = _config(
         batch=bsz, heads=heads, n_chunks=n_chunks, dk=dk, dv=dv, scale=float(scale),
         has_docs=segment_ids is not None, mm_dtype=mdt, interpret=interpret,
-        return_residual=return_residual, state_pass=state_pass,
+        return_residual=return_residual, state_pass=state_pass, grad_pass=grad_pass,
     )
     gpad = common.pad_time(g.astype(F32), CHUNK)  # [B, Tp, H, K]; padding is inert (g = 0)
     if initial_state is None:
