@@ -29,6 +29,8 @@ Interpret tests, one at a time on a 2-core host: ``PJRT_NPROC=8 timeout 900 pyth
 """
 
 import collections
+import contextlib
+import io
 import re
 
 import jax
@@ -152,8 +154,12 @@ def _check_kernel(test, case, *, interpret=True):
                                         docs=docs, decay=decay, h0=h0, gdn2=gdn2,
                                         interpret=interpret)
     doc = doc_arrays[0] if doc_arrays else None
-    got = k1.channelwise_grad_intra_mosaic(*args, scale=cfg["scale"], doc=doc,
-                                           interpret=interpret)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # the interpreter prints the races it detects
+        got = jax.block_until_ready(k1.channelwise_grad_intra_mosaic(
+            *args, scale=cfg["scale"], doc=doc, interpret=interpret))
+    races = log.getvalue()
+    test.assertNotIn("RACE DETECTED", races, races[:600])  # (dropping the sync wait: races)
     q, k, kr, gam, do, vn, dr = args
     tri = jax.jit(lambda *a: channelwise_gpu._grad_blocks(cfg, *a))(q, k, kr, gam, doc_arrays,
                                                                     do, vn, dr)
