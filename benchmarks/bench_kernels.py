@@ -135,6 +135,15 @@ _CW_STATE_PASS = flags.DEFINE_list(
     "Several (triton,mosaic) time ours once per value, each with its own gate and record "
     "(field channelwise_state_pass) and a table of their own below the main one; empty: "
     "TUNING's default, not recorded.")
+_CW_GRAD_PASS = flags.DEFINE_list(
+    "channelwise_grad_pass", [],
+    "Peer ours, ops kda and gdn2, pass fwdbwd: the gradients through Mq and Mk of the "
+    "channelwise backward (pallas_kernels/common/channelwise_gpu.TUNING['grad_pass']: triton, "
+    "the grad_blocks kernel, or mosaic, K1 channelwise_grad_mosaic_gpu."
+    "channelwise_grad_intra_mosaic; MOSAIC_GPU.md Sec. 20). As --channelwise_state_pass: "
+    "several values time ours once per value (times each --channelwise_state_pass value), each "
+    "with its own gate and record (field channelwise_grad_pass) and a table of their own; "
+    "empty: TUNING's default, not recorded.")
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -564,6 +573,52 @@ def _check_channelwise_state_pass():
                              f"--ops={','.join(_OPS.value)})")
 
 
+def _check_channelwise_grad_pass():
+    """``--channelwise_grad_pass`` against the grad passes, peers, ops and passes, before
+    anything runs (refused where it would be ignored: it changes only the backward)."""
+    values = _CW_GRAD_PASS.value
+    if not values:
+        return
+    from pallas_kernels.common import channelwise_gpu
+    bad = [v for v in values if v not in channelwise_gpu.GRAD_PASSES]
+    if bad or len(set(values)) != len(values):
+        raise app.UsageError(f"--channelwise_grad_pass={','.join(values)}: takes distinct "
+                             f"values of {', '.join(channelwise_gpu.GRAD_PASSES)}")
+    if ("ours" not in _PEERS.value or not any(op in _CW_OPS for op in _OPS.value)
+            or "fwdbwd" not in _PASSES.value):
+        raise app.UsageError(f"--channelwise_grad_pass applies to peer ours, ops "
+                             f"{', '.join(_CW_OPS)} and pass fwdbwd only "
+                             f"(--peers={','.join(_PEERS.value)} --ops={','.join(_OPS.value)} "
+                             f"--passes={','.join(_PASSES.value)})")
+
+
+def _grad_pass_variants(op, peer):
+    """The ``--channelwise_grad_pass`` values to run ``(op, peer)`` with (``[None]``: once, as
+    configured)."""
+    if peer == "ours" and op in _CW_OPS and _CW_GRAD_PASS.value:
+        return list(_CW_GRAD_PASS.value)
+    return [None]
+
+
+def _set_grad_pass(value):
+    """Sets ``channelwise_gpu.TUNING["grad_pass"]`` (``None``: leaves it) and clears JAX's
+    caches, whose traces read TUNING."""
+    if value is None:
+        return
+    import jax
+
+    from pallas_kernels.common import channelwise_gpu
+    channelwise_gpu.TUNING["grad_pass"] = value
+    jax.clear_caches()
+
+
+def _channelwise_variants(op, peer):
+    """``(state_pass, grad_pass)`` pairs to run ``(op, peer)`` with: every
+    ``--channelwise_state_pass`` value with every ``--channelwise_grad_pass`` value."""
+    return [(sp, gp) for sp in _state_pass_variants(op, peer)
+            for gp in _grad_pass_variants(op, peer)]
+
+
 def _state_pass_variants(op, peer):
     """The ``--channelwise_state_pass`` values to run ``(op, peer)`` with (``[None]``: once, as
     configured)."""
@@ -596,8 +651,9 @@ def run_jax(records):
             peers.remove(gpu_only)
     for op in _OPS.value:
         for peer in peers:
-            for state_pass in _state_pass_variants(op, peer):
+            for state_pass, grad_pass in _channelwise_variants(op, peer):
                 _set_state_pass(state_pass)
+                _set_grad_pass(grad_pass)
                 gate_ok, errs = (True, {})
                 if peer == "mosaic" and op not in _MOSAIC_OPS:
                     print(f"skipping peer mosaic for {op}: its Mosaic GPU kernel is not written "
@@ -609,7 +665,8 @@ def run_jax(records):
                         gate_ok, errs = correctness_gate(op, peer, fwd_only=fwd_only)
                     except Exception as e:  # noqa: BLE001 - recorded, never silent
                         gate_ok, errs = False, {"error": repr(e)[:300]}
-                    label = "" if state_pass is None else f" (state pass {state_pass})"
+                    label = "".join(f" ({what} pass {value})" for what, value in
+                                    (("state", state_pass), ("grad", grad_pass)) if value)
                     print(f"gate {op} {peer}{label}: {'green' if gate_ok else 'RED'} {errs}",
                           flush=True)
                 for shape in _SHAPES.value:
@@ -636,6 +693,8 @@ def run_jax(records):
                             rec["mosaic_forward"] = _MOSAIC_FORWARD.value
                         if state_pass is not None:
                             rec["channelwise_state_pass"] = state_pass
+                        if grad_pass is not None:
+                            rec["channelwise_grad_pass"] = grad_pass
                         if peer == "mosaic" and op in ("gdn", "deltanet") and t0_options:
                             rec["mosaic_t0"] = t0_options
                         try:
@@ -840,6 +899,7 @@ def markdown(records, versions, command):
                     f"{fmt(floor)} | {pct} |")
     lines += mosaic_lines(records)
     lines += state_pass_lines(records)
+    lines += grad_pass_lines(records)
     lines += breakdown_lines(records)
     return "\n".join(lines) + "\n"
 
@@ -911,6 +971,35 @@ def state_pass_lines(records):
     return lines
 
 
+def grad_pass_lines(records):
+    """Markdown lines of the ``ours`` records of KDA / GDN-2 run per ``--channelwise_grad_pass``
+    (each value's kernel and wall time, the grad-pass kernel's own time from the breakdown,
+    the state pass it ran with, and its gate); ``[]`` without such records."""
+    recs = [r for r in records if r.get("channelwise_grad_pass") and r["peer"] == "ours"]
+    if not recs:
+        return []
+
+    def fmt(x):
+        return "–" if x is None else f"{x:.3f}"
+
+    lines = ["", "Channelwise grad passes (`--channelwise_grad_pass`, peer ours; "
+                 "MOSAIC_GPU.md Sec. 20): the Triton kernel `channelwise_grad_blocks` or the "
+                 f"Mosaic GPU kernel `{_GRAD_KERNELS['mosaic']}` (K1).", "",
+             "| op | shape | pass | state pass | grad pass | kernel | grad-pass kernel | wall "
+             "| gate |",
+             "|---|---|---|---|---|---:|---:|---:|---|"]
+    for r in recs:
+        name = _GRAD_KERNELS[r["channelwise_grad_pass"]]
+        own = sum(ms for k, ms in (r.get("kernels") or {}).items() if name in k) or None
+        lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | "
+                     f"{r.get('channelwise_state_pass') or 'default'} | "
+                     f"{r['channelwise_grad_pass']} | {fmt(r.get('kernel_ms'))} | {fmt(own)} | "
+                     f"{fmt(r.get('ms'))} | {'green' if r.get('gate') else 'RED'} |")
+    return lines
+
+
+# The kernel name of each grad pass in the profiler's per-kernel breakdown (a substring).
+_GRAD_KERNELS = {"triton": "channelwise_grad_blocks", "mosaic": "channelwise_grad_intra_mosaic"}
 # The kernel name of each state pass in the profiler's per-kernel breakdown (a substring).
 _STATE_KERNELS = {"triton": "channelwise_forward", "mosaic": "channelwise_state_fwd_mosaic"}
 _BWD_STATE_KERNELS = {"triton": "channelwise_backward_state",
@@ -949,6 +1038,7 @@ def main(argv):
         return
     _check_mosaic_forward()
     _check_channelwise_state_pass()
+    _check_channelwise_grad_pass()
     _apply_mosaic_t0()  # refuse a bad value before anything runs (run_jax applies it again)
     records = []
     command = "python " + " ".join(sys.argv)

@@ -395,5 +395,74 @@ class ChannelwiseStatePassTest(absltest.TestCase):
                          bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
 
 
+class ChannelwiseGradPassTest(absltest.TestCase):
+    """``--channelwise_grad_pass``: checked before anything runs, one run of peer ours per value
+    (times each state-pass value) for kda / gdn2 (TUNING["grad_pass"] set), a table of its
+    own."""
+
+    def setUp(self):
+        super().setUp()
+        from absl import flags
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+
+    def test_bad_values_and_misplaced_flag_refused(self):
+        from absl import app
+        from absl.testing import flagsaver
+        for extra in (dict(channelwise_grad_pass=["cuda"]),
+                      dict(channelwise_grad_pass=["mosaic", "mosaic"]),
+                      dict(channelwise_grad_pass=["mosaic"], ops=["gdn"]),
+                      dict(channelwise_grad_pass=["mosaic"], peers=["fla"]),
+                      dict(channelwise_grad_pass=["mosaic"], passes=["fwd"])):
+            flags_ = dict(dict(peers=["ours"], ops=["kda", "gdn2"], passes=["fwd", "fwdbwd"]),
+                          **extra)
+            with flagsaver.flagsaver(**flags_):
+                with self.assertRaises(app.UsageError, msg=str(extra)):
+                    bench_kernels._check_channelwise_grad_pass()
+        with flagsaver.flagsaver(peers=["ours"], ops=["kda", "gdn"], passes=["fwdbwd"],
+                                 channelwise_grad_pass=["triton", "mosaic"]):
+            bench_kernels._check_channelwise_grad_pass()
+
+    def test_variants_set_the_tuning_entry(self):
+        from absl.testing import flagsaver
+
+        from pallas_kernels.common import channelwise_gpu
+        with flagsaver.flagsaver(channelwise_state_pass=["mosaic"],
+                                 channelwise_grad_pass=["triton", "mosaic"]):
+            self.assertEqual(bench_kernels._channelwise_variants("kda", "ours"),
+                             [("mosaic", "triton"), ("mosaic", "mosaic")])
+            self.assertEqual(bench_kernels._channelwise_variants("gdn", "ours"), [(None, None)])
+            self.assertEqual(bench_kernels._channelwise_variants("kda", "jla"), [(None, None)])
+        with flagsaver.flagsaver(channelwise_state_pass=[], channelwise_grad_pass=["mosaic"]):
+            self.assertEqual(bench_kernels._channelwise_variants("gdn2", "ours"),
+                             [(None, "mosaic")])
+        with absltest.mock.patch.dict(channelwise_gpu.TUNING):
+            bench_kernels._set_grad_pass("mosaic")
+            self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "mosaic")
+            bench_kernels._set_grad_pass(None)
+            self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "mosaic")
+        self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "triton")
+
+    def test_grad_pass_table(self):
+        rec = dict(op="kda", shape="S1", pass_="fwdbwd", peer="ours", gate=True)
+        records = [
+            dict(rec, channelwise_state_pass="mosaic", channelwise_grad_pass="triton", ms=8.0,
+                 kernel_ms=7.2, kernels={"channelwise_grad_blocks": 3.073,
+                                         "channelwise_backward_chunk": 1.5}),
+            dict(rec, channelwise_grad_pass="mosaic", ms=6.5, kernel_ms=5.9, gate=False,
+                 kernels={"channelwise_grad_intra_mosaic": 1.8})]
+        md = bench_kernels.markdown(records, {"date": "2026-12-05", "gpu": "H200"}, "cmd")
+        table = md.split("Channelwise grad passes")[1]  # (the state-pass table comes first)
+        rows = [line for line in table.splitlines()
+                if re.match(r"\| kda \| S1 \| fwdbwd \| (mosaic|default) \| ", line)]
+        cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+        self.assertEqual(cells, [["kda", "S1", "fwdbwd", "mosaic", "triton", "7.200", "3.073",
+                                  "8.000", "green"],
+                                 ["kda", "S1", "fwdbwd", "default", "mosaic", "5.900", "1.800",
+                                  "6.500", "RED"]])
+        self.assertNotIn("grad-pass kernel",
+                         bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
+
+
 if __name__ == "__main__":
     absltest.main()
