@@ -226,8 +226,10 @@ TUNING = {
     # or "mosaic" (channelwise_grad_mosaic_gpu's channelwise_grad_intra_mosaic, K1: Hopper
     # wgmma/TMA, two warpgroups; bf16/fp16 operands only, so fp32 inputs keep the Triton
     # kernel). Triton until the H200 has run and timed K1 (MOSAIC_GPU.md Sec. 20);
-    # channelwise_delta_pallas's grad_pass= overrides it per call.
+    # channelwise_delta_pallas's grad_pass= overrides it per call. mosaic_grad_slab: K1's key
+    # channels per phase-2 step (32, or 16 if ptxas spills at 32; MOSAIC_GPU.md Sec. 20).
     "grad_pass": "triton",
+    "mosaic_grad_slab": 32,
 }
 STATE_PASSES = ("triton", "mosaic")
 GRAD_PASSES = ("triton", "mosaic")
@@ -293,7 +295,8 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 has_docs=has_docs, mm_dtype=jnp.dtype(mm_dtype), interpret=interpret,
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
                 intra_heads=intra_heads(heads), state_pass=state_pass, grad_pass=grad_pass,
-                mosaic_alias_staging=bool(TUNING.get("mosaic_alias_staging", False)))
+                mosaic_alias_staging=bool(TUNING.get("mosaic_alias_staging", False)),
+                mosaic_grad_slab=int(TUNING.get("mosaic_grad_slab", 32)))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -646,7 +649,7 @@ def _grad_blocks_mosaic(cfg, q, k, kr, gam, docs, do, vn, dr):
 
     return channelwise_grad_mosaic_gpu.channelwise_grad_intra_mosaic(
         q, k, kr, gam, do, vn, dr, scale=cfg["scale"], doc=docs[0] if docs else None,
-        interpret=cfg["interpret"])
+        slab=cfg["mosaic_grad_slab"], interpret=cfg["interpret"])
 
 
 def _gamma_kernel(g_ref, gam_ref, *, cfg):

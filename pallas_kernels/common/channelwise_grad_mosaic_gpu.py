@@ -46,11 +46,13 @@ document vector; then ``q, k, kr, gamma`` of the half).
   same-document masks in fp32, then the band-free and the quadrant-only 16-bit copies and the
   fp32 band coefficients (row direction ``c_d[i]``, column direction ``c_d[j + d]`` by a
   shifted load). A CTA barrier ends the phase.
-* Phase 2: warpgroup ``w`` owns a 32-channel slab of the half. It forms the slab's shared
+* Phase 2: warpgroup ``w`` owns 32 channels of the half, as one slab (``slab=32``, the
+  default) or two (``slab=16``: fewer live registers, the fallback if ptxas spills). It forms
+  each slab's shared
   operands once (``k e^{r - gamma}`` per block, ``k e^{m - gamma}`` on first-half rows, the
   padded shift buffers of ``k`` and ``gamma``) and runs both matrices on it; each direction
   issues its four products before one wait. The band takes 7 shifted steps.
-* ``dq``, ``dkr`` and ``dk`` of the slab go out as fp32 ``[64, 32]`` tiles straight from the
+* ``dq``, ``dkr`` and ``dk`` of the slab go out as fp32 ``[64, slab]`` tiles straight from the
   registers.
 
 Roundings: ``dO, dR, Vn, q, k, kr`` are the 16-bit inputs; ``dM`` is fp32 (``wgmma``
@@ -59,9 +61,11 @@ right operands are rounded too (pairs at least 8 apart, weight at most ``e^{8 g}
 band's); the band and all accumulation are fp32. The Triton kernel runs every route in TF32
 instead, so the two agree to the bf16 rounding of the far pairs, not bit for bit.
 
-SMEM at K = V = 128 bf16: pinned by ``tests/pallas_kernels/kernel_mosaic_channelwise_grad_test.py``
-(Mosaic GPU's count of the CUDA export) and given in ``MOSAIC_GPU.md`` Sec. 20. The ``y`` tiles
-of phase 2 share a ``plgpu.RefUnion`` with ``dO, dR, Vn`` (dead after phase 1).
+SMEM (Mosaic GPU's count of the CUDA export, jax 0.10.2; K does not change it, a CTA holds one
+64-channel half): 203,808 bytes at V = 128 and 187,424 at V = 64 with ``slab=32``, 175,136 at
+V = 128 with ``slab=16``, of the 232,448 a block may have; pinned by
+``tests/pallas_kernels/kernel_mosaic_channelwise_grad_test.py``, MOSAIC_GPU.md Sec. 20. The
+``y`` tiles of phase 2 share a ``plgpu.RefUnion`` with ``dO, dR, Vn`` (dead after phase 1).
 
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
 the shims of ``mosaic_gpu_lib`` (transposed operands copied into SMEM, plain loads; no
@@ -85,8 +89,10 @@ SUB = 16  # rows per block of the past route (the reference r_J is gamma at its 
 HALF = SUB // 2  # band width: pairs at most HALF - 1 apart are exact; also the mid row m_J
 NSUB = CHUNK // SUB
 KEY_HALF = 64  # key channels per CTA
-SLAB = KEY_HALF // 2  # key channels per warpgroup
-PITCH = SLAB + 8  # row pitch of the unswizzled shift buffers (against bank conflicts)
+WG_KEYS = KEY_HALF // 2  # key channels per warpgroup
+SLAB = WG_KEYS  # key channels per phase-2 step (the default; 16: two steps per warpgroup)
+SLABS = (16, 32)
+PAD_COLS = 8  # extra columns of the unswizzled shift buffers (against bank conflicts)
 KERNEL_NAME = "channelwise_grad_intra_mosaic"
 F32 = jnp.float32
 _WGMMA = plgpu.Layout.WGMMA
@@ -111,10 +117,10 @@ def _tile16(shape, dtype):
                                                 plgpu.SwizzleTransform(32)))
 
 
-def _slab_smem(shape, dtype):
-    """SMEM in ``[8, 32]`` tiles, so each warpgroup's 32-channel slab is tile aligned."""
-    swizzle = SLAB * jnp.dtype(dtype).itemsize
-    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, SLAB)),
+def _slab_smem(shape, dtype, slab):
+    """SMEM in ``[8, slab]`` tiles, so each phase-2 slab of ``slab`` channels is tile aligned."""
+    swizzle = slab * jnp.dtype(dtype).itemsize
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, slab)),
                                                 plgpu.SwizzleTransform(swizzle)))
 
 
@@ -149,7 +155,7 @@ def _products(shape, pairs):
 
 
 def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, halves: int,
-            scale: float, has_docs: bool, interpret: bool):
+            scale: float, has_docs: bool, slab: int, interpret: bool):
     """Kernel body of :func:`channelwise_grad_intra_mosaic` (module docstring); refs are GMEM.
 
     ``g8_ref`` is gamma viewed as ``[B, T / 8, 8, H, K]`` (row 7 of each 8 rows: the block
@@ -214,88 +220,101 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     plgpu.barrier_arrive(sync)
     plgpu.barrier_wait(sync)  # both matrices staged; dO, dR, Vn are dead from here
 
-    # Phase 2: warpgroup w takes channels [32 w, 32 w + 32) of the half, both matrices.
-    shape = (CHUNK, SLAB)
-    cols = pl.ds(wg * SLAB, SLAB)
-    data = pl.ds(0, SLAB)
-    plgpu.barrier_wait(qk_bar)
+    # Phase 2: warpgroup w takes channels [32 w, 32 w + 32) of the half in slabs of ``slab``
+    # channels, both matrices on each.
+    shape = (CHUNK, slab)
+    data = pl.ds(0, slab)
     rows = mgl.iota(shape, 0, interpret)
     blocks = rows // SUB
     second = rows % SUB >= HALF
-    g = _load(g_s.at[:, cols], _WGMMA, interpret)
-    kf = _load(k_s.at[:, cols], _WGMMA, interpret).astype(F32)
-    ends = [_load(marks_s.at[2 * blk + 1, cols], _COLS, interpret) for blk in range(NSUB)]
-    mids = [_load(marks_s.at[2 * blk, cols], _COLS, interpret) for blk in range(NSUB)]
-    to_end = jnp.exp(_per_block(blocks, ends, shape) - g)  # e^{r_J - gamma} on block J's rows
-    past = [_masked_exp(g - _cols(ends[blk], shape), blocks > blk) for blk in range(NSUB - 1)]
-    mid = _per_block(blocks, mids, shape)
-    halfway = jnp.exp(jnp.where(second, g - mid, mid - g))  # both exponents <= 0
+    blk_sl = [pl.ds(SUB * blk, SUB) for blk in range(NSUB - 1)]
     x_w, x2_w, y_w = x_s.at[wg], x2_s.at[wg], y_s.at[wg]
     kpad, gpad, apad = kpad_s.at[wg], gpad_s.at[wg], apad_s.at[wg]
-    x_w[...] = (kf * to_end).astype(dtype)
-    x2_w[...] = jnp.where(second, 0.0, kf * halfway).astype(dtype)
-    kpad.at[pl.ds(HALF, CHUNK), data][...] = kf.astype(dtype)
-    gpad.at[pl.ds(HALF, CHUNK), data][...] = g
-    blk_sl = [pl.ds(SUB * blk, SUB) for blk in range(NSUB - 1)]
 
-    def matrix_pass(mat, a):
-        """``(da, db)`` of matrix ``mat`` (0: dMq, a = q; 1: dMk, a = kr) on this slab."""
-        for blk in range(NSUB - 1):
-            y_w.at[blk][...] = (a * past[blk]).astype(dtype)
-        y_w.at[NSUB - 1][...] = jnp.where(second, a * halfway, 0.0).astype(dtype)
-        apad.at[pl.ds(0, CHUNK), data][...] = a.astype(dtype)
-        plgpu.commit_smem()
-        free, quad_m = free_s.at[mat], quad_s.at[mat]
-        # Row direction: da_i = sum_J e^{gamma_i - r_J} (dM_iJ X_J), then the quadrants.
-        prods = _products(shape, [(free.at[:, blk_sl[blk]], x_w.at[blk_sl[blk]])
-                                  for blk in range(NSUB - 1)] + [(quad_m, x2_w)])
-        da = past[0] * prods[0]
-        for blk in range(1, NSUB - 1):
-            da = da + past[blk] * prods[blk]
-        da = da + jnp.where(second, prods[-1] * halfway, 0.0)
-        # Column direction: db_j = e^{r_J - gamma_j} sum_i dM_ij a_i e^{gamma_i - r_J}.
-        free_t = mgl.transposed(free, mt_s.at[wg, 0] if interpret else None, interpret)
-        quad_t = mgl.transposed(quad_m, mt_s.at[wg, 1] if interpret else None, interpret)
-        prods = _products(shape, [(free_t, y_w.at[blk]) for blk in range(NSUB - 1)]
-                          + [(quad_t, y_w.at[NSUB - 1])])
-        db = jnp.where(blocks == 0, prods[0], 0.0)
-        for blk in range(1, NSUB - 1):
-            db = db + jnp.where(blocks == blk, prods[blk], 0.0)
-        db = db * to_end + jnp.where(second, 0.0, prods[-1] * halfway)
-        # The band, exact in fp32: d = 0, then 7 row-shifted steps.
-        c0 = mgl.by_row(_load(coef_s.at[mat, 0, 0, pl.ds(0, CHUNK)], _ROWS, interpret), shape)
-        da = da + c0 * kf
-        db = db + c0 * a
+    def slab_pass(first):
+        """Channels ``[first, first + slab)`` of the half (this warpgroup's)."""
+        cols = pl.ds(pl.multiple_of(first, slab), slab)
+        g = _load(g_s.at[:, cols], _WGMMA, interpret)
+        kf = _load(k_s.at[:, cols], _WGMMA, interpret).astype(F32)
+        ends = [_load(marks_s.at[2 * blk + 1, cols], _COLS, interpret) for blk in range(NSUB)]
+        mids = [_load(marks_s.at[2 * blk, cols], _COLS, interpret) for blk in range(NSUB)]
+        to_end = jnp.exp(_per_block(blocks, ends, shape) - g)  # e^{r_J - gamma}, block J's rows
+        past = [_masked_exp(g - _cols(ends[blk], shape), blocks > blk)
+                for blk in range(NSUB - 1)]
+        mid = _per_block(blocks, mids, shape)
+        halfway = jnp.exp(jnp.where(second, g - mid, mid - g))  # both exponents <= 0
+        x_w[...] = (kf * to_end).astype(dtype)
+        x2_w[...] = jnp.where(second, 0.0, kf * halfway).astype(dtype)
+        kpad.at[pl.ds(HALF, CHUNK), data][...] = kf.astype(dtype)
+        gpad.at[pl.ds(HALF, CHUNK), data][...] = g
 
-        def step(d, carry):
-            da, db = carry
-            back, fwd = rows >= d, rows + d < CHUNK
-            k_prev = _load(kpad.at[pl.ds(HALF - d, CHUNK), data], _WGMMA, interpret)
-            g_prev = _load(gpad.at[pl.ds(HALF - d, CHUNK), data], _WGMMA, interpret)
-            g_next = _load(gpad.at[pl.ds(HALF + d, CHUNK), data], _WGMMA, interpret)
-            a_next = _load(apad.at[pl.ds(d, CHUNK), data], _WGMMA, interpret)
-            c_row = mgl.by_row(_load(coef_s.at[mat, 0, d, pl.ds(0, CHUNK)], _ROWS, interpret),
-                               shape)
-            c_col = mgl.by_row(_load(coef_s.at[mat, 1, d, pl.ds(0, CHUNK)], _ROWS, interpret),
-                               shape)
-            # Shifted-out rows read the pads: masked after the product (no 0 * garbage).
-            da = da + jnp.where(back, c_row * k_prev.astype(F32)
-                                * _masked_exp(g - g_prev, back), 0.0)
-            db = db + jnp.where(fwd, c_col * a_next.astype(F32)
-                                * _masked_exp(g_next - g, fwd), 0.0)
-            return da, db
+        def matrix_pass(mat, a):
+            """``(da, db)`` of matrix ``mat`` (0: dMq, a = q; 1: dMk, a = kr) on this slab."""
+            for blk in range(NSUB - 1):
+                y_w.at[blk][...] = (a * past[blk]).astype(dtype)
+            y_w.at[NSUB - 1][...] = jnp.where(second, a * halfway, 0.0).astype(dtype)
+            apad.at[pl.ds(0, CHUNK), data][...] = a.astype(dtype)
+            plgpu.commit_smem()
+            free, quad_m = free_s.at[mat], quad_s.at[mat]
+            # Row direction: da_i = sum_J e^{gamma_i - r_J} (dM_iJ X_J), then the quadrants.
+            prods = _products(shape, [(free.at[:, blk_sl[blk]], x_w.at[blk_sl[blk]])
+                                      for blk in range(NSUB - 1)] + [(quad_m, x2_w)])
+            da = past[0] * prods[0]
+            for blk in range(1, NSUB - 1):
+                da = da + past[blk] * prods[blk]
+            da = da + jnp.where(second, prods[-1] * halfway, 0.0)
+            # Column direction: db_j = e^{r_J - gamma_j} sum_i dM_ij a_i e^{gamma_i - r_J}.
+            free_t = mgl.transposed(free, mt_s.at[wg, 0] if interpret else None, interpret)
+            quad_t = mgl.transposed(quad_m, mt_s.at[wg, 1] if interpret else None, interpret)
+            prods = _products(shape, [(free_t, y_w.at[blk]) for blk in range(NSUB - 1)]
+                              + [(quad_t, y_w.at[NSUB - 1])])
+            db = jnp.where(blocks == 0, prods[0], 0.0)
+            for blk in range(1, NSUB - 1):
+                db = db + jnp.where(blocks == blk, prods[blk], 0.0)
+            db = db * to_end + jnp.where(second, 0.0, prods[-1] * halfway)
+            # The band, exact in fp32: d = 0, then 7 row-shifted steps.
+            c0 = mgl.by_row(_load(coef_s.at[mat, 0, 0, pl.ds(0, CHUNK)], _ROWS, interpret),
+                            shape)
+            da = da + c0 * kf
+            db = db + c0 * a
 
-        return lax.fori_loop(1, HALF, step, (da, db))
+            def step(d, carry):
+                da, db = carry
+                back, fwd = rows >= d, rows + d < CHUNK
+                k_prev = _load(kpad.at[pl.ds(HALF - d, CHUNK), data], _WGMMA, interpret)
+                g_prev = _load(gpad.at[pl.ds(HALF - d, CHUNK), data], _WGMMA, interpret)
+                g_next = _load(gpad.at[pl.ds(HALF + d, CHUNK), data], _WGMMA, interpret)
+                a_next = _load(apad.at[pl.ds(d, CHUNK), data], _WGMMA, interpret)
+                c_row, c_col = (mgl.by_row(_load(coef_s.at[mat, side, d, pl.ds(0, CHUNK)],
+                                                 _ROWS, interpret), shape) for side in (0, 1))
+                # Shifted-out rows read the pads: masked after the product (no 0 * garbage).
+                da = da + jnp.where(back, c_row * k_prev.astype(F32)
+                                    * _masked_exp(g - g_prev, back), 0.0)
+                db = db + jnp.where(fwd, c_col * a_next.astype(F32)
+                                    * _masked_exp(g_next - g, fwd), 0.0)
+                return da, db
 
-    qf = _load(q_s.at[:, cols], _WGMMA, interpret).astype(F32)
-    dq, dk_q = matrix_pass(0, qf)
-    plgpu.commit_smem()  # the first pass's operand buffers may be overwritten
-    krf = _load(kr_s.at[:, cols], _WGMMA, interpret).astype(F32)
-    dkr, dk_k = matrix_pass(1, krf)
-    out = pl.ds(half * KEY_HALF + wg * SLAB, SLAB)
-    dq_ref.at[b, tok, h, out][...] = dq
-    dkr_ref.at[b, tok, h, out][...] = dkr
-    dk_ref.at[b, tok, h, out][...] = dk_q + dk_k
+            return lax.fori_loop(1, HALF, step, (da, db))
+
+        qf = _load(q_s.at[:, cols], _WGMMA, interpret).astype(F32)
+        dq, dk_q = matrix_pass(0, qf)
+        plgpu.commit_smem()  # the first pass's operand buffers may be overwritten
+        krf = _load(kr_s.at[:, cols], _WGMMA, interpret).astype(F32)
+        dkr, dk_k = matrix_pass(1, krf)
+        out = pl.ds(half * KEY_HALF + first, slab)
+        dq_ref.at[b, tok, h, out][...] = dq
+        dkr_ref.at[b, tok, h, out][...] = dkr
+        dk_ref.at[b, tok, h, out][...] = dk_q + dk_k
+
+    plgpu.barrier_wait(qk_bar)
+    if slab == WG_KEYS:
+        slab_pass(wg * WG_KEYS)
+    else:
+        @pl.loop(0, WG_KEYS // slab)
+        def _slabs(i):
+            plgpu.commit_smem()  # the previous slab's operand buffers may be overwritten
+            slab_pass(wg * WG_KEYS + i * slab)
+
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
     plgpu.barrier_wait(done)
@@ -339,7 +358,7 @@ def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
         raise ValueError(f"doc must be [B, T] = {(batch, seq_len)}, got {doc.shape}")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "slab", "interpret"))
 def channelwise_grad_intra_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -351,6 +370,7 @@ def channelwise_grad_intra_mosaic(
     *,
     scale: float,
     doc: Optional[jax.Array] = None,
+    slab: int = SLAB,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The gradients through ``Mq`` and ``Mk`` of KDA / GDN-2 in one Mosaic GPU kernel (K1).
@@ -379,6 +399,9 @@ def channelwise_grad_intra_mosaic(
         scale: read-out scale (static).
         doc: the document index of every token ``[B, T]`` (int; exact up to 2**24 as fp32),
             or ``None`` for one document per row.
+        slab: key channels per phase-2 step, 32 (one step per warpgroup; the default) or 16
+            (two; fewer live registers, if ptxas spills at 32). Same results up to fp32
+            summation order (static).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -386,9 +409,12 @@ def channelwise_grad_intra_mosaic(
         A ``T`` that is not a multiple of 64 is zero-padded inside.
 
     Raises:
-        ValueError: as :func:`check_inputs` (shapes, 16-bit dtype, head dims).
+        ValueError: as :func:`check_inputs` (shapes, 16-bit dtype, head dims), or for a
+            ``slab`` not in (16, 32).
     """
     check_inputs(q, k, kr, gamma, do, vn, dr, doc)
+    if slab not in SLABS:
+        raise ValueError(f"slab must be one of {SLABS}, got {slab!r}")
     batch, seq_len, heads, dk = q.shape
     dv = do.shape[-1]
     num_chunks = -(-seq_len // CHUNK)
@@ -401,26 +427,27 @@ def channelwise_grad_intra_mosaic(
         doc = jnp.pad(doc, ((0, 0), (0, padded - seq_len)), mode="edge")
         extra = (doc.astype(F32),)
     halves = dk // KEY_HALF
+    pitch = slab + PAD_COLS  # row pitch of the unswizzled shift buffers
     dtype = q.dtype
     phase1 = [mgl.swizzled_smem((2, CHUNK, dv), dtype),  # lhs_s: dO, dR
               mgl.swizzled_smem((CHUNK, dv), dtype)]  # vn_s
-    y_tiles = _tile16((2, NSUB, CHUNK, SLAB), dtype)  # y_s: per warpgroup, the column operands
+    y_tiles = _tile16((2, NSUB, CHUNK, slab), dtype)  # y_s: per warpgroup, the column operands
     scratch = phase1 + [y_tiles] if interpret else [plgpu.RefUnion(tuple(phase1), y_tiles)]
     scratch += [
-        _slab_smem((CHUNK, KEY_HALF), dtype),  # q_s
-        _slab_smem((CHUNK, KEY_HALF), dtype),  # k_s
-        _slab_smem((CHUNK, KEY_HALF), dtype),  # kr_s
-        _slab_smem((CHUNK, KEY_HALF), F32),  # g_s: gamma
+        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # q_s
+        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # k_s
+        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # kr_s
+        _slab_smem((CHUNK, KEY_HALF), F32, slab),  # g_s: gamma
         plgpu.SMEM((CHUNK // HALF, KEY_HALF), F32),  # marks_s: gamma at rows 7, 15, .., 63
         plgpu.SMEM((CHUNK,), F32),  # doc_s
         _tile16((2, CHUNK, CHUNK), dtype),  # free_s: dMq, dMk without the band
         _tile16((2, CHUNK, CHUNK), dtype),  # quad_s: only the quadrants, without the band
         plgpu.SMEM((2, 2, HALF, CHUNK + HALF), F32),  # coef_s: band coefficients (row, col)
-        _tile16((2, CHUNK, SLAB), dtype),  # x_s: k e^{r_J - gamma}, per warpgroup
-        _tile16((2, CHUNK, SLAB), dtype),  # x2_s: k e^{m_J - gamma} on first-half rows
-        plgpu.SMEM((2, HALF + CHUNK, PITCH), dtype),  # kpad_s: k, 8 leading pad rows
-        plgpu.SMEM((2, HALF + CHUNK + HALF, PITCH), F32),  # gpad_s: gamma, 8 pad rows each side
-        plgpu.SMEM((2, CHUNK + HALF, PITCH), dtype),  # apad_s: q or kr, 8 trailing pad rows
+        _tile16((2, CHUNK, slab), dtype),  # x_s: k e^{r_J - gamma}, per warpgroup
+        _tile16((2, CHUNK, slab), dtype),  # x2_s: k e^{m_J - gamma} on first-half rows
+        plgpu.SMEM((2, HALF + CHUNK, pitch), dtype),  # kpad_s: k, 8 leading pad rows
+        plgpu.SMEM((2, HALF + CHUNK + HALF, pitch), F32),  # gpad_s: gamma, 8 pad rows each side
+        plgpu.SMEM((2, CHUNK + HALF, pitch), dtype),  # apad_s: q or kr, 8 trailing pad rows
         plgpu.Barrier(num_arrivals=3 + int(has_docs)),  # in_bar: dO, dR, Vn (, doc) landed
         plgpu.Barrier(num_arrivals=5),  # qk_bar: q, k, kr, gamma, the marks landed
         plgpu.Barrier(num_arrivals=2),  # sync: both matrices staged
@@ -430,7 +457,7 @@ def channelwise_grad_intra_mosaic(
         scratch += [plgpu.SMEM((2, dv, CHUNK), dtype),  # vnt_s: Vn^T per warpgroup
                     plgpu.SMEM((2, 2, CHUNK, CHUNK), dtype)]  # mt_s: dM^T (free, quadrant)
     kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
-                               interpret=interpret)
+                               slab=slab, interpret=interpret)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)
     call = plgpu.kernel(
         kernel,

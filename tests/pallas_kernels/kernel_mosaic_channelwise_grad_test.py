@@ -55,6 +55,7 @@ _BF16, _FP16 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)
 _REF_GATE = 5e-3
 _SMEM_LIMIT = 227 * 1024
 _SMEM_K128_V128 = 203_808  # MOSAIC_GPU.md Sec. 20 and the module docstring quote it
+_SMEM_K128_V128_SLAB16 = 175_136
 
 
 def grad_inputs(seed, batch, seq_len, heads, dk, dv, dtype, *, docs=None, decay=1.0, h0=True,
@@ -148,7 +149,7 @@ def reference(args, doc, scale):
 _NAMES = ("dq", "dk", "dkr")
 
 
-def _check_kernel(test, case, *, interpret=True):
+def _check_kernel(test, case, *, interpret=True, slab=k1.SLAB):
     seed, batch, seq_len, heads, dk, dv, dtype, docs, decay, h0, gdn2 = case
     cfg, args, doc_arrays = grad_inputs(seed, batch, seq_len, heads, dk, dv, jnp.dtype(dtype),
                                         docs=docs, decay=decay, h0=h0, gdn2=gdn2,
@@ -157,7 +158,7 @@ def _check_kernel(test, case, *, interpret=True):
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # the interpreter prints the races it detects
         got = jax.block_until_ready(k1.channelwise_grad_intra_mosaic(
-            *args, scale=cfg["scale"], doc=doc, interpret=interpret))
+            *args, scale=cfg["scale"], doc=doc, slab=slab, interpret=interpret))
     races = log.getvalue()
     test.assertFalse("RACE DETECTED" in races, races[:600])  # e.g. without the sync wait
     q, k, kr, gam, do, vn, dr = args
@@ -198,6 +199,11 @@ class InterpretTest(parameterized.TestCase):
     def test_kernel_and_triton_match_float64(self, *case):
         _check_kernel(self, case)
 
+    def test_slab16_matches_float64_and_triton(self):
+        # Two 16-channel steps per warpgroup (the fallback if ptxas spills at 32): the first
+        # case again.
+        _check_kernel(self, _CASES[0][1:], slab=16)
+
     def test_unpadded_length_pads_inside(self):
         # T = 100 given directly: the kernel zero-pads (the pads add nothing inside the chunk:
         # zero dO, Vn, dR rows) and returns the first T rows.
@@ -237,7 +243,7 @@ class OpInterpretTest(parameterized.TestCase):
                             f"{op} d{name}")
 
 
-def _export_kernel(dk, dv, dtype, docs=True):
+def _export_kernel(dk, dv, dtype, docs=True, slab=k1.SLAB):
     """Exports K1 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``."""
     from jax.experimental.mosaic.gpu import core as mgpu_core
 
@@ -255,7 +261,7 @@ def _export_kernel(dk, dv, dtype, docs=True):
         return sizes[-1]
 
     def fn(*args, doc=None):
-        return k1.channelwise_grad_intra_mosaic(*args, scale=0.1, doc=doc)
+        return k1.channelwise_grad_intra_mosaic(*args, scale=0.1, doc=doc, slab=slab)
 
     with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
         exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, doc=doc)
@@ -305,6 +311,11 @@ class LoweringTest(parameterized.TestCase):
     def test_smem_count_at_k128_v128_bf16(self):
         self.assertEqual(_export_kernel(128, 128, jnp.bfloat16)[1], _SMEM_K128_V128)
 
+    def test_slab16_exports_for_cuda(self):
+        text, smem = _export_kernel(128, 128, jnp.bfloat16, slab=16)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertEqual(smem, _SMEM_K128_V128_SLAB16)
+
     def test_kda_fwd_bwd_exports_without_grad_blocks(self):
         names, mosaic, text = _export_op("kda", {"grad_pass": "mosaic"})
         self.assertEqual(mosaic, 1)
@@ -344,6 +355,7 @@ class ValidationTest(parameterized.TestCase):
         self.check_raises("vn must", args[:5] + [args[5].astype(jnp.float16), args[6]])
         self.check_raises("dr must", args[:6] + [args[6][..., :32]])
         self.check_raises("doc must", args, doc=jnp.zeros((1, 64), jnp.int32))
+        self.check_raises("slab must", args, slab=24)
 
     def test_grad_pass_option(self):
         inputs, _ = cw_test._inputs(0, 1, 64, 1, 1, 64, dtype=jnp.bfloat16)
@@ -362,6 +374,7 @@ class ValidationTest(parameterized.TestCase):
         self.assertEqual(channelwise_gpu._config(**base, mm_dtype=jnp.bfloat16)["grad_pass"],
                          channelwise_gpu.TUNING["grad_pass"])
         self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "triton")  # until the H200 says
+        self.assertEqual(cfg["mosaic_grad_slab"], k1.SLAB)
 
 
 @pytest.mark.gpu
@@ -401,6 +414,15 @@ class GpuTest(kmg_test.HopperTestCase):
     )
     def test_kernel_matches_reference_and_triton(self, *case):
         _check_kernel(self, case, interpret=False)
+
+    def test_slab16_matches_slab32(self):
+        cfg, args, doc_arrays = grad_inputs(3, 2, 2048, 2, 128, 128, _BF16, docs=(700, 1, 64),
+                                            interpret=False)
+        wide, narrow = (k1.channelwise_grad_intra_mosaic(*args, scale=cfg["scale"],
+                                                         doc=doc_arrays[0], slab=slab)
+                        for slab in (32, 16))
+        for name, a, e in zip(_NAMES, narrow, wide):  # fp32 summation order at most
+            self.assertLess(tolerances.rel_err(a, e), 1e-5, name)
 
 
 if __name__ == "__main__":
