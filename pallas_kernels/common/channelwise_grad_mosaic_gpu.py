@@ -39,7 +39,9 @@ chunk and one 64-channel key half per CTA (K = 128 has two halves, whose ``dO, V
 are adjacent). Two warpgroups run one copy of the code with the warpgroup index ``w`` traced
 (jla's ``bwd_intra`` found a copy per warpgroup 1.5x slower, instruction cache). Warpgroup 0
 issues the TMA copies at entry on two barriers in the order of use (``dO, dR, Vn`` and the
-document vector; then ``q, k, kr, gamma`` of the half).
+document vector; then ``q, k, kr, gamma`` of the half and the block marks: gamma at rows 7,
+15, .., 63, from a ``[B, T / 8, 8, H, K]`` view of gamma into an untiled buffer, since one row
+of a tiled SMEM tile cannot be indexed in the lowering).
 
 * Phase 1: warpgroup ``w`` forms ``dMq`` (w = 0) or ``dMk`` (w = 1): one ``wgmma`` ``[64, V] @
   Vn^T`` (a transposed SMEM view), the sign / scale, the causal (inclusive / strict) and
@@ -48,10 +50,10 @@ document vector; then ``q, k, kr, gamma`` of the half).
   shifted load). A CTA barrier ends the phase.
 * Phase 2: warpgroup ``w`` owns 32 channels of the half, as one slab (``slab=32``, the
   default) or two (``slab=16``: fewer live registers, the fallback if ptxas spills). It forms
-  each slab's shared
-  operands once (``k e^{r - gamma}`` per block, ``k e^{m - gamma}`` on first-half rows, the
-  padded shift buffers of ``k`` and ``gamma``) and runs both matrices on it; each direction
-  issues its four products before one wait. The band takes 7 shifted steps.
+  each slab's shared operands once (``k e^{r - gamma}`` per block, ``k e^{m - gamma}`` on
+  first-half rows, the padded shift buffers of ``k`` and ``gamma``) and runs both matrices on
+  it; each direction issues its four products before one wait. The band takes 7 shifted
+  steps.
 * ``dq``, ``dkr`` and ``dk`` of the slab go out as fp32 ``[64, slab]`` tiles straight from the
   registers.
 
