@@ -96,7 +96,9 @@ flags.register_validator("parallel", lambda v: v is not None and v >= 1,
                          "after another)")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root> "
                                  "(an existing sweep directory).")
-_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print each selected run's status and command.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print what the same command would do with "
+                             "each selected run (skip, reuse, launch: in which order and which "
+                             "at once, or hold back) and its command; writes nothing.")
 _RETRY = flags.DEFINE_bool("retry_failed", False, "Run failed runs again.")
 _FINISH = flags.DEFINE_bool("finish_by_deadline", False, "Launch or resume only runs that the "
                             "finished runs' median wall time says end before the deadline (a "
@@ -171,6 +173,39 @@ def _override_hint(key, argv):
             f"--override={field}={value}")
 
 
+def _dry_run(runs, root, config, config_path, extra):
+    """Prints what the same command without ``--dry_run`` would do with each run
+    (:func:`lattn_jax.sweep.plan`): skip, reuse, launch (in which order, which at once) or
+    hold back (``--max_runs``, the deadline), with its trainer command."""
+    planned = sweep.plan(
+        runs, root, config_path=config_path, extra_overrides=extra,
+        deadline_s=_DEADLINE.value, min_run_s=_MIN_RUN.value, stop_margin_s=_MARGIN.value,
+        max_runs=_MAX_RUNS.value, retry_failed=_RETRY.value, reuse_from=_REUSE.value,
+        finish_by_deadline=_FINISH.value, parallel=_PARALLEL.value)
+    n = sum(p.action == "launch" for p in planned)
+    first = sum(p.at_once for p in planned)
+    at_once = (f"; up to {_PARALLEL.value} at once: launch{'es 1-' if first > 1 else ' '}"
+               f"{first} at the start, each later one when a trainer exits"
+               if _PARALLEL.value > 1 and n > 1 else "")
+    _log(f"dry run of sweep {config.get('name', '')}: {len(runs)} run(s) selected; {n} would "
+         f"be launched, in this order{at_once}" + (
+             "; a launch after the start depends on the time then left before --deadline_s"
+             if _DEADLINE.value is not None and n > first else ""))
+    for p in planned:
+        cmd = sweep.command(p.run, config_path=config_path, workdir=sweep.run_dir(root, p.run),
+                            train_script=os.path.join(_ROOT, "experiments", "train.py"),
+                            extra_overrides=extra)
+        if p.action == "launch":
+            when = ("" if _PARALLEL.value == 1 else ", at the start" if p.at_once
+                    else ", when a trainer exits")
+            what = f"launch {p.launch}: {p.why}{when}"
+        else:
+            what = {"skip": "skipped: ", "reuse": "would reuse ",
+                    "hold": "not launched: "}[p.action] + p.why
+        _log(f"{p.run.name}: {p.state.status.value} (step {p.state.step}); {what}\n  "
+             + " ".join(shlex.quote(c) for c in cmd))
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -220,19 +255,7 @@ def main(argv):
         _log(f"wrote {sweep_report.write(report)['md']}")
         return
     if _DRY_RUN.value:  # writes nothing
-        reuse_cache = {}
-        for run in runs:
-            workdir = sweep.run_dir(root, run)
-            state = sweep.run_state(workdir)
-            cmd = sweep.command(run, config_path=config_path, workdir=workdir,
-                                train_script=os.path.join(_ROOT, "experiments", "train.py"),
-                                extra_overrides=extra)
-            source = (sweep.identical_finished_run(run, config_path, _REUSE.value, extra,
-                                                   reuse_cache)
-                      if _REUSE.value and state.status == sweep.Status.NOT_STARTED else None)
-            reuse = f"; would reuse {source}" if source else ""
-            _log(f"{run.name}: {state.status.value} (step {state.step}){reuse}\n  "
-                 + " ".join(shlex.quote(c) for c in cmd))
+        _dry_run(runs, root, config, config_path, extra)
         return
     done = (sweep.Status.FINISHED,) + (() if _RETRY.value else (sweep.Status.FAILED,))
     missing = sweep.missing_local_paths(  # only the runs this call would launch

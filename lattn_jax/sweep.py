@@ -1067,6 +1067,119 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     return summary
 
 
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """What :func:`execute` would do with one run, as far as its records say beforehand
+    (:func:`plan`).
+
+    Attributes:
+      run: the run; state: its :class:`RunState` now.
+      action: ``"launch"``, ``"skip"`` (finished, or failed without ``retry_failed``),
+        ``"reuse"`` (an identical finished run of another sweep gives its records) or
+        ``"hold"`` (not launched: ``max_runs`` reached, or the deadline).
+      why: for ``"launch"``, how it starts (``"starting"``, ``"resuming from step N"``,
+        ``"starting over"``); otherwise why it is not launched (for ``"reuse"``, the source
+        run directory).
+      launch: for ``"launch"``, its place among the launches (1, 2, ...), else ``None``.
+      at_once: for ``"launch"``, whether it starts at the call's start (one of the first
+        ``parallel`` launches), not when an earlier trainer exits.
+    """
+
+    run: Run
+    state: RunState
+    action: str
+    why: str
+    launch: Optional[int] = None
+    at_once: bool = False
+
+
+def plan(runs: Sequence[Run], root: str, *, config_path: str,
+         extra_overrides: Sequence[Tuple[str, Any]] = (), deadline_s: Optional[float] = None,
+         min_run_s: float = 0.0, stop_margin_s: float = 30.0, max_runs: Optional[int] = None,
+         retry_failed: bool = False, reuse_from: Sequence[str] = (),
+         finish_by_deadline: bool = False, parallel: int = 1) -> List[PlannedRun]:
+    """Which runs :func:`execute` would launch, in which order and which at once, without
+    launching or writing anything (``experiments/sweep.py --dry_run``).
+
+    The same rules in the same order: reused runs (``reuse_from``) are not launched, finished
+    runs and (unless ``retry_failed``) failed ones are skipped, at most ``max_runs`` runs are
+    launched, in grid order, the first ``parallel`` of them at once and each later one when a
+    trainer exits. The deadline checks (``min_run_s``, and ``finish_by_deadline``'s estimate,
+    :func:`estimated_run_s`) are made for the launches at the start, with all of
+    ``deadline_s`` left; a later launch depends on how long the earlier runs take (the real
+    call decides it then).
+
+    Args:
+      runs: the runs (:func:`expand`, :func:`select`).
+      root: the sweep directory.
+      config_path, extra_overrides: :func:`command`'s (for :func:`identical_finished_run`).
+      deadline_s: seconds from the call's start to its deadline; ``None``: none.
+      min_run_s, stop_margin_s, max_runs, retry_failed, reuse_from, finish_by_deadline,
+        parallel: :func:`execute`'s.
+
+    Returns:
+      One :class:`PlannedRun` per run of ``runs``, in their order.
+
+    Raises:
+      ValueError: if ``parallel`` < 1.
+    """
+    if parallel < 1:
+        raise ValueError(f"parallel={parallel}: must be at least 1 (trainers at once)")
+    here = os.path.realpath(root)
+    roots = [r for r in reuse_from if os.path.realpath(r) != here]
+    states = [run_state(run_dir(root, r)) for r in runs]
+    cache: Dict[str, Any] = {}
+    sources = {}
+    for run, state in zip(runs, states):
+        if roots and state.status == Status.NOT_STARTED:
+            sources[run.name] = identical_finished_run(run, config_path, roots,
+                                                       extra_overrides, cache)
+
+    def to_launch(run: Run, state: RunState) -> bool:
+        return (not sources.get(run.name) and state.status != Status.FINISHED
+                and (retry_failed or state.status != Status.FAILED))
+
+    out: List[PlannedRun] = []
+    launched, held = 0, None
+    for i, (run, state) in enumerate(zip(runs, states)):
+        if sources.get(run.name):
+            out.append(PlannedRun(run, state, "reuse", sources[run.name]))
+            continue
+        if state.status == Status.FINISHED:
+            out.append(PlannedRun(run, state, "skip", "finished"))
+            continue
+        if state.status == Status.FAILED and not retry_failed:
+            out.append(PlannedRun(run, state, "skip", f"failed before ({state.error}); "
+                                                      f"--retry_failed runs it again"))
+            continue
+        if held is None and max_runs is not None and launched >= max_runs:
+            held = f"--max_runs={max_runs} reached"
+        at_once = launched < parallel
+        if held is None and at_once and deadline_s is not None:
+            left = deadline_s - stop_margin_s
+            sharing = 1
+            if parallel > 1 and finish_by_deadline:
+                sharing = min(parallel, launched + 1 + sum(
+                    to_launch(r, s) for r, s in zip(runs[i + 1:], states[i + 1:])))
+            need = (estimated_run_s(root, runs, state, concurrent=sharing)
+                    if finish_by_deadline else None)
+            if left < max(min_run_s, 0):
+                held = (f"the deadline: {max(left, 0):.0f} s before the trainer's stop, under "
+                        f"--min_run_s {min_run_s:g}")
+            elif need is not None and left < need:
+                shared = f" with {sharing} runs at once" if sharing > 1 else ""
+                held = (f"the deadline: it needs about {need:.0f} s{shared} "
+                        f"(--finish_by_deadline)")
+        if held is not None:
+            out.append(PlannedRun(run, state, "hold", held))
+            continue
+        launched += 1
+        how = (f"resuming from step {state.step}" if state.step
+               else "starting" if state.status == Status.NOT_STARTED else "starting over")
+        out.append(PlannedRun(run, state, "launch", how, launch=launched, at_once=at_once))
+    return out
+
+
 def _whole_lines(print_fn: Callable[[str], None]) -> Callable[[str], None]:
     """``print_fn`` behind a lock: lines from several threads (trainers) never interleave."""
     lock = threading.Lock()

@@ -433,6 +433,42 @@ class ExecuteTest(_FakeTrainerTestCase):
         _, summary = self._execute(("ok", "slow"), max_runs=1)
         self.assertEqual((summary.status, len(summary.launched)), ("max_runs", 1))
 
+    def test_plan_is_what_execute_launches(self):
+        # finished, failed, then three to run: the plan (the --dry_run) and what execute does.
+        modes = ("ok", "fail", "slow", "ok2", "ok3")
+        config = _config(grid=((("fake.mode", modes),),), seed_axis=None)
+        runs = sweep.expand(config)
+        sweep.execute(runs[:2], self.root, config_path="cfg.py", train_script=self.trainer,
+                      cwd=self.root, print_fn=self.lines.append)
+
+        def plan(**kwargs):
+            return [(p.action, p.why, p.launch, p.at_once) for p in sweep.plan(
+                runs, self.root, config_path="cfg.py", **kwargs)]
+
+        skipped = [("skip", "finished", None, False),
+                   ("skip", "failed before (error: fake.mode='fail'; choose ok or slow); "
+                            "--retry_failed runs it again", None, False)]
+        self.assertEqual(plan(parallel=2, max_runs=2), skipped + [
+            ("launch", "starting", 1, True), ("launch", "starting", 2, True),
+            ("hold", "--max_runs=2 reached", None, False)])
+        self.assertEqual(plan(max_runs=2, retry_failed=True), skipped[:1] + [
+            ("launch", "starting over", 1, True), ("launch", "starting", 2, False),
+            ("hold", "--max_runs=2 reached", None, False),
+            ("hold", "--max_runs=2 reached", None, False)])
+        self.assertEqual(plan(deadline_s=40.0, min_run_s=20.0), skipped + [
+            ("hold", "the deadline: 10 s before the trainer's stop, under --min_run_s 20",
+             None, False)] * 3)
+        with self.assertRaisesRegex(ValueError, r"^parallel=0"):
+            plan(parallel=0)
+        self.lines.clear()
+        summary = sweep.execute(runs, self.root, config_path="cfg.py",
+                                train_script=self.trainer, cwd=self.root, parallel=2,
+                                max_runs=2, print_fn=self.lines.append)
+        self.assertEqual((summary.status, summary.launched),
+                         ("max_runs", [r.name for r in runs[2:4]]))
+        self.assertIn(f"--- {runs[2].name}: starting (1 of 2 in flight)", self.lines)
+        self.assertIn(f"--- {runs[3].name}: starting (2 of 2 in flight)", self.lines)
+
     def test_run_without_checkpoint_starts_over_in_a_clean_directory(self):
         config = _config(grid=((("fake.mode", ("ok",)),),), seed_axis=None)
         run = sweep.expand(config)[0]
