@@ -38,7 +38,8 @@ names the source.
 
 After every run, and at the end, ``<root>/results.{md,csv,json}`` and ``curves.png`` are
 rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation appends
-its command line and outcome to ``<root>/sweep.jsonl``. ``--export=<dir>`` then copies the
+its command line and outcome to ``<root>/sweep.jsonl``. ``--export=<dir>`` then (also with
+``--report_only``) copies the
 records and results, without checkpoints, to ``<dir>``: the results files as they are, the
 runs' records as ``records.tar.gz`` (``--noexport_archive``: a ``runs/`` tree; run names hold
 ``=`` and ``,``, which the GPU machine's return folder refuses). A sweep continues on another
@@ -173,6 +174,15 @@ def _override_hint(key, argv):
             f"--override={field}={value}")
 
 
+def _export(root):
+    """``--export``: the records and results of ``root``, no checkpoints (nothing without it)."""
+    if _EXPORT.value:
+        n = sweep.export(root, _EXPORT.value, extra_files=(
+            sweep_report.SWEEP_LOG, sweep_report.RESULTS_MD, sweep_report.RESULTS_CSV,
+            sweep_report.RESULTS_JSON, sweep_report.CURVES_PNG), archive=_EXPORT_ARCHIVE.value)
+        _log(f"exported {n} files to {_EXPORT.value}")
+
+
 def _dry_run(runs, root, config, config_path, extra):
     """Prints what the same command without ``--dry_run`` would do with each run
     (:func:`lattn_jax.sweep.plan`): skip, reuse, launch (in which order, which at once) or
@@ -253,6 +263,7 @@ def main(argv):
         sys.exit(f"error: {e}")
     if _REPORT_ONLY.value:
         _log(f"wrote {sweep_report.write(report)['md']}")
+        _export(root)
         return
     if _DRY_RUN.value:  # writes nothing
         _dry_run(runs, root, config, config_path, extra)
@@ -326,12 +337,7 @@ def main(argv):
         reused = f", {len(summary.reused)} reused" if summary.reused else ""
         _log(f"sweep: {summary.status} after {time.time() - t0:.0f} s; {len(summary.launched)} "
              f"run(s) launched{reused}{retry}; results in {paths['md']}")
-        if _EXPORT.value:
-            n = sweep.export(root, _EXPORT.value, extra_files=(
-                sweep_report.SWEEP_LOG, sweep_report.RESULTS_MD, sweep_report.RESULTS_CSV,
-                sweep_report.RESULTS_JSON, sweep_report.CURVES_PNG),
-                archive=_EXPORT_ARCHIVE.value)
-            _log(f"exported {n} files to {_EXPORT.value}")
+        _export(root)
     if summary.status != "complete":
         sys.exit(EXIT_STOPPED)
 

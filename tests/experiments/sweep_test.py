@@ -236,6 +236,28 @@ class SweepBinaryTest(absltest.TestCase):
         self.assertEqual(os.listdir(self.root), ["runs"])  # nothing written
         self.assertEqual(os.listdir(os.path.join(self.root, "runs")), [SOLO])
 
+    def test_report_only_writes_the_export(self):
+        # --report_only --export=DIR wrote the results but no export.
+        workdir = os.path.join(self.root, "runs", REF)
+        os.makedirs(os.path.join(workdir, "checkpoints", "6"))
+        with open(os.path.join(workdir, "console.log"), "w") as f:
+            f.write("final: step 6\n")
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 6, "time": 1.0, "train_loss": 2.0, "val_loss": 2.5})
+                    + "\n")
+        with open(os.path.join(self.root, "sweep.jsonl"), "w") as f:
+            f.write(json.dumps({"sweep": "entry", "status": "complete"}) + "\n")
+        export = os.path.join(os.path.dirname(self.root), "export")
+        out = self.sweep("--report_only", f"--export={export}")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn(f"exported 7 files to {export}", out.stdout)
+        self.assertEqual(sorted(os.listdir(export)), [
+            "curves.png", "records.tar.gz", "results.csv", "results.json", "results.md",
+            "sweep.jsonl"])
+        with tarfile.open(os.path.join(export, "records.tar.gz")) as tar:
+            self.assertEqual(sorted(tar.getnames()), [f"runs/{REF}/console.log",
+                                                      f"runs/{REF}/metrics.jsonl"])
+
     def test_bad_flags_give_one_line(self):
         # A misspelled override field: every run would fail on it; refused before the root.
         out = self.sweep("--override=train.total_stepz=3")
