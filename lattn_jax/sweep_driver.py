@@ -207,7 +207,7 @@ def _check_options(options: SweepOptions, root: str) -> None:
 
 def _train_config_path(config: Mapping[str, Any], repo_root: str) -> str:
     """The training config file of the sweep, checked (SweepConfigError)."""
-    config_path = os.path.join(repo_root, config.train_config)
+    config_path = os.path.join(repo_root, config["train_config"])
     if not os.path.isfile(config_path):
         what = "a directory, not a file" if os.path.isdir(config_path) else "no such file"
         raise sweep.SweepConfigError(f"train_config: {what}: {config_path}")
