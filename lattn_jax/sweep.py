@@ -1078,7 +1078,8 @@ class PlannedRun:
         ``"reuse"`` (an identical finished run of another sweep gives its records) or
         ``"hold"`` (not launched: ``max_runs`` reached, or the deadline).
       why: for ``"launch"``, how it starts (``"starting"``, ``"resuming from step N"``,
-        ``"starting over"``); otherwise why it is not launched (for ``"reuse"``, the source
+        ``"starting over"``, with a note when records without a checkpoint are set aside
+        first); otherwise why it is not launched (for ``"reuse"``, the source
         run directory).
       launch: for ``"launch"``, its place among the launches (1, 2, ...), else ``None``.
       at_once: for ``"launch"``, whether it starts at the call's start (one of the first
@@ -1176,6 +1177,9 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
         launched += 1
         how = (f"resuming from step {state.step}" if state.step
                else "starting" if state.status == Status.NOT_STARTED else "starting over")
+        if state.status != Status.NOT_STARTED and not state.step and _has_trainer_records(
+                run_dir(root, run)):
+            how += " (no checkpoint; its records are first set aside as .restarted-<time>)"
         out.append(PlannedRun(run, state, "launch", how, launch=launched, at_once=at_once))
     return out
 

@@ -460,6 +460,13 @@ class ExecuteTest(_FakeTrainerTestCase):
              None, False)] * 3)
         with self.assertRaisesRegex(ValueError, r"^parallel=0"):
             plan(parallel=0)
+        console = os.path.join(sweep.run_dir(self.root, runs[1]), "console.log")
+        with open(console, "w") as f:  # trainer records, no checkpoint: set aside by execute
+            f.write("model: 1,000 parameters\n")
+        self.assertEqual(plan(max_runs=1, retry_failed=True)[1][:2], (
+            "launch", "starting over (no checkpoint; its records are first set aside as "
+                      ".restarted-<time>)"))
+        os.remove(console)
         self.lines.clear()
         summary = sweep.execute(runs, self.root, config_path="cfg.py",
                                 train_script=self.trainer, cwd=self.root, parallel=2,
