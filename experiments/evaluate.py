@@ -20,24 +20,21 @@ directory first; nothing is scored when one is wrong. Merges the results into
 tasks of earlier runs are kept, re-run tasks replaced, each entry with its checkpoint ``step``;
 rewrites ``results.md`` (scores with binomial standard errors beside chance, 1 / number of
 choices, and the scored items' majority-answer rate, the fairer baseline on a ``--limit``
-subset or with unbalanced labels) and writes
-``niah_single_<k>.png`` heatmaps. Task definitions: ``lattn_jax/eval/tasks.py``, ``niah.py``,
-``perplexity.py``. Nothing is downloaded here: data comes from ``--data_dir``, which
-``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
+subset or with unbalanced labels) and writes ``niah_single_<k>.png`` heatmaps. The checks and
+the run: :mod:`lattn_jax.eval.driver`. Task definitions: ``lattn_jax/eval/tasks.py``,
+``niah.py``, ``perplexity.py``. Nothing is downloaded here: data comes from ``--data_dir``,
+which ``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
 """
 
-import dataclasses
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from lattn_jax import config as config_lib  # noqa: E402
-from lattn_jax import context_parallel  # noqa: E402
-from lattn_jax.eval import fetch, restore, runner  # noqa: E402
+from lattn_jax.eval import driver, fetch, runner  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "What to evaluate: a lattn-jax training workdir, a Hugging Face checkpoint "
@@ -78,83 +75,23 @@ _CONTEXT = flags.DEFINE_integer("context", 1, "Split every sequence over this ma
 flags.mark_flags_as_required(["checkpoint"])
 
 
-def _check_kind_flags(kind, names, options):
-    """Flags that do not fit an HF or GGUF model fail before anything is loaded."""
-    if kind == "lattn_jax":
-        return
-    what = restore.model_kind_name(kind)
-    if _STEP.value is not None:
-        raise ValueError(f"--step applies to lattn-jax training workdirs; {_CHECKPOINT.value} is "
-                         f"a {what}")
-    if kind == "gguf" and _OUTPUT_DIR.value is None:
-        raise ValueError(f"--output_dir is required when --checkpoint is a {what}")
-    if "perplexity" in names and runner.VALIDATION in options.perplexity_files:
-        raise ValueError(f"--perplexity_files={runner.VALIDATION} scores the documents a "
-                         f"training run held out; a {what} has none: pass text files, e.g. "
-                         "--perplexity_files=lm/wikitext-2-raw/wiki.test.raw")
-
-
-def _check_flags(names):
-    """Flags wrong on their own, refused before anything is loaded or scored (a bad value
-    found after the restore, or an --output_dir that cannot be written after the scoring,
-    cost the whole evaluation).
-
-    Raises:
-      ValueError: naming the flag and its value.
-    """
-    if not names:
-        raise ValueError(f"--tasks={','.join(_TASKS.value)}: no task given; choose from "
-                         f"{', '.join(runner.ALL_TASKS)} or a group ({', '.join(runner.GROUPS)})")
-    for holder, what in ((_NIAH_SAMPLES, "NIAH prompts per (length, depth)"),
-                         (_BATCH, "sequences per forward pass"), (_MAX_LEN, "tokens"),
-                         (_PPL_BATCH, "windows per forward pass"), (_PPL_WINDOW, "tokens"),
-                         (_PPL_STRIDE, "tokens"), (_CONTEXT, "devices")):
-        if holder.value is not None and holder.value < 1:
-            raise ValueError(f"--{holder.name}={holder.value}: not a positive integer ({what})")
-    out = _OUTPUT_DIR.value
-    if out is not None and os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--output_dir={out} exists and is not a directory")
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
-    out = _OUTPUT_DIR.value or os.path.join(_CHECKPOINT.value, "eval")
+    request = driver.EvaluateRequest(
+        checkpoint=_CHECKPOINT.value, tasks=_TASKS.value, step=_STEP.value,
+        data_dir=_DATA_DIR.value, output_dir=_OUTPUT_DIR.value, limit=_LIMIT.value,
+        sample_items=_SAMPLE.value, sample_seed=_SAMPLE_SEED.value, max_len=_MAX_LEN.value,
+        batch_size=_BATCH.value, perplexity_batch_size=_PPL_BATCH.value,
+        niah_lengths=_LENGTHS.value, niah_depths=_DEPTHS.value,
+        niah_samples=_NIAH_SAMPLES.value, perplexity_files=_PPL_FILES.value,
+        perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
+        perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)
     try:
-        names = runner.expand_tasks(_TASKS.value)
-        _check_flags(names)
-        runner.read_results(out)  # a damaged results.json now, not after the scoring
-        lengths, depths = runner.parse_niah_grid(_LENGTHS.value, _DEPTHS.value)
-        options = runner.EvalOptions(
-            data_dir=_DATA_DIR.value, limit=_LIMIT.value, sample_items=_SAMPLE.value,
-            seed=_SAMPLE_SEED.value, max_len=_MAX_LEN.value,
-            batch_size=_BATCH.value, perplexity_batch_size=_PPL_BATCH.value,
-            niah_lengths=lengths, niah_depths=depths,
-            niah_samples=_NIAH_SAMPLES.value, perplexity_files=tuple(_PPL_FILES.value),
-            perplexity_max_docs=_PPL_DOCS.value, perplexity_window=_PPL_WINDOW.value,
-            perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)
-        context_parallel.check_context(_CONTEXT.value)  # the devices are known: before loading
-        kind = restore.model_kind(_CHECKPOINT.value)  # a bad --checkpoint is reported first
-        _check_kind_flags(kind, names, options)
-        runner.check_data(names, options)  # then missing data, before the (slow) restore
-        restored = restore.load_model(_CHECKPOINT.value, _STEP.value)
-        options = dataclasses.replace(options, training_data=restored.training_data)
-        print(f"jax {jax.__version__}, devices {jax.devices()}; {_CHECKPOINT.value} "
-              f"({restored.describe()}), layers {list(restored.model_config.layer_pattern)}")
-        results = runner.run_evaluation(restored.model, restored.tokenizer, names, options)
+        driver.evaluate(request)
     except (ValueError, FileNotFoundError, ImportError) as e:
         sys.exit(f"error: {e}")
-    for r in results.values():
-        r["step"] = restored.step  # merged files may hold tasks of several runs (None: HF/GGUF)
-    header = f"# Evaluation of {_CHECKPOINT.value}"
-    try:
-        paths = runner.write_results(results, out, header)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
-    for path in paths:
-        print(f"wrote {path}")
-    print(runner.markdown(results, header + f" ({restored.describe()}, this run)"))
 
 
 if __name__ == "__main__":

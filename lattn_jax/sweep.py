@@ -441,9 +441,14 @@ class RunResult:
         token embedding and the LM head (one matrix when they are tied).
       wall_s: wall time of the sweep's attempts (trainer start-up, compilation and
         evaluations included); without attempt records, first invocation to last metric.
-      concurrent: the most runs in flight at once during any of its attempts, itself included
-        (``execute(parallel>1)``); 1: measured alone. Above 1, ``tokens_per_sec``, ``mfu`` and
-        ``wall_s`` were measured while it shared the machine (the losses are unaffected).
+      concurrent: the most runs in flight at once, itself included (``execute(parallel>1)``),
+        while the trainer wrote the training records that give ``tokens_per_sec`` and ``mfu``
+        (:func:`throughput_concurrency`); 1: they were all measured alone. Above 1, those (and
+        ``wall_s``) were measured while it shared the machine; the report marks them (the
+        losses are unaffected). An attempt that shared the machine but left none of those
+        records (e.g. stopped before its first logging window) does not count.
+      attempts_concurrent: the most runs in flight at once during any of its attempts, whether
+        or not they wrote records (:func:`estimated_run_s` compares wall times by it).
       parallel: the largest ``parallel`` setting of its attempts (1: one run at a time).
       val_curve, train_curve: ``[(tokens, loss), ...]`` by step.
     """
@@ -465,6 +470,7 @@ class RunResult:
     non_embedding_params: Optional[int] = None
     wall_s: Optional[float] = None
     concurrent: int = 1
+    attempts_concurrent: int = 1
     parallel: int = 1
     val_curve: List[Tuple[int, float]] = dataclasses.field(default_factory=list)
     train_curve: List[Tuple[int, float]] = dataclasses.field(default_factory=list)
@@ -532,7 +538,9 @@ def collect(workdir: str) -> RunResult:
             embeddings = vocab * width * (1 if model_cfg.get("tie_embeddings") else 2)
             out.non_embedding_params = out.params - embeddings
     attempts = read_jsonl(os.path.join(workdir, ATTEMPTS))
-    out.concurrent = _run_concurrency(attempts)
+    out.concurrent = throughput_concurrency(attempts, [
+        r for r in train.values() if r.get("tokens_per_sec") or r.get("mfu") is not None])
+    out.attempts_concurrent = _run_concurrency(attempts)
     out.parallel = max([int(a.get("parallel") or 1) for a in attempts] + [1])
     ends = [a for a in attempts if a.get("event") == "end"]
     if ends:
@@ -759,8 +767,8 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
     attempts_path = os.path.join(workdir, ATTEMPTS)
     t0 = time.time()
     start = {"event": "start", "time": _utc(t0), "command": list(cmd)}
-    if concurrency is not None:
-        start["parallel"] = concurrency.parallel
+    if concurrency is not None:  # (and its exact start: which records it wrote, _shared_spans)
+        start.update(parallel=concurrency.parallel, t0=t0)
     _append_jsonl(attempts_path, start)
     tail = collections.deque(maxlen=200)
     with open(os.path.join(workdir, RUN_LOG), "a") as log:
@@ -820,6 +828,8 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
                                       concurrent=shared[0], shared_s=round(shared[1], 3))
     record = {k: v for k, v in dataclasses.asdict(attempt).items()
               if k not in _CONCURRENCY_FIELDS or v is not None}
+    if shared is not None:  # its exact span: the records written during it (_shared_spans)
+        record.update(t0=t0, t1=t1)
     _append_jsonl(attempts_path, {"event": "end", "time": _utc(time.time()), **record})
     return attempt
 
@@ -1057,6 +1067,123 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     return summary
 
 
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    """What :func:`execute` would do with one run, as far as its records say beforehand
+    (:func:`plan`).
+
+    Attributes:
+      run: the run; state: its :class:`RunState` now.
+      action: ``"launch"``, ``"skip"`` (finished, or failed without ``retry_failed``),
+        ``"reuse"`` (an identical finished run of another sweep gives its records) or
+        ``"hold"`` (not launched: ``max_runs`` reached, or the deadline).
+      why: for ``"launch"``, how it starts (``"starting"``, ``"resuming from step N"``,
+        ``"starting over"``, with a note when records without a checkpoint are set aside
+        first); otherwise why it is not launched (for ``"reuse"``, the source
+        run directory).
+      launch: for ``"launch"``, its place among the launches (1, 2, ...), else ``None``.
+      at_once: for ``"launch"``, whether it starts at the call's start (one of the first
+        ``parallel`` launches), not when an earlier trainer exits.
+    """
+
+    run: Run
+    state: RunState
+    action: str
+    why: str
+    launch: Optional[int] = None
+    at_once: bool = False
+
+
+def plan(runs: Sequence[Run], root: str, *, config_path: str,
+         extra_overrides: Sequence[Tuple[str, Any]] = (), deadline_s: Optional[float] = None,
+         min_run_s: float = 0.0, stop_margin_s: float = 30.0, max_runs: Optional[int] = None,
+         retry_failed: bool = False, reuse_from: Sequence[str] = (),
+         finish_by_deadline: bool = False, parallel: int = 1) -> List[PlannedRun]:
+    """Which runs :func:`execute` would launch, in which order and which at once, without
+    launching or writing anything (``experiments/sweep.py --dry_run``).
+
+    The same rules in the same order: reused runs (``reuse_from``) are not launched, finished
+    runs and (unless ``retry_failed``) failed ones are skipped, at most ``max_runs`` runs are
+    launched, in grid order, the first ``parallel`` of them at once and each later one when a
+    trainer exits. The deadline checks (``min_run_s``, and ``finish_by_deadline``'s estimate,
+    :func:`estimated_run_s`) are made for the launches at the start, with all of
+    ``deadline_s`` left; a later launch depends on how long the earlier runs take (the real
+    call decides it then).
+
+    Args:
+      runs: the runs (:func:`expand`, :func:`select`).
+      root: the sweep directory.
+      config_path, extra_overrides: :func:`command`'s (for :func:`identical_finished_run`).
+      deadline_s: seconds from the call's start to its deadline; ``None``: none.
+      min_run_s, stop_margin_s, max_runs, retry_failed, reuse_from, finish_by_deadline,
+        parallel: :func:`execute`'s.
+
+    Returns:
+      One :class:`PlannedRun` per run of ``runs``, in their order.
+
+    Raises:
+      ValueError: if ``parallel`` < 1.
+    """
+    if parallel < 1:
+        raise ValueError(f"parallel={parallel}: must be at least 1 (trainers at once)")
+    here = os.path.realpath(root)
+    roots = [r for r in reuse_from if os.path.realpath(r) != here]
+    states = [run_state(run_dir(root, r)) for r in runs]
+    cache: Dict[str, Any] = {}
+    sources = {}
+    for run, state in zip(runs, states):
+        if roots and state.status == Status.NOT_STARTED:
+            sources[run.name] = identical_finished_run(run, config_path, roots,
+                                                       extra_overrides, cache)
+
+    def to_launch(run: Run, state: RunState) -> bool:
+        return (not sources.get(run.name) and state.status != Status.FINISHED
+                and (retry_failed or state.status != Status.FAILED))
+
+    out: List[PlannedRun] = []
+    launched, held = 0, None
+    for i, (run, state) in enumerate(zip(runs, states)):
+        if sources.get(run.name):
+            out.append(PlannedRun(run, state, "reuse", sources[run.name]))
+            continue
+        if state.status == Status.FINISHED:
+            out.append(PlannedRun(run, state, "skip", "finished"))
+            continue
+        if state.status == Status.FAILED and not retry_failed:
+            out.append(PlannedRun(run, state, "skip", f"failed before ({state.error}); "
+                                                      f"--retry_failed runs it again"))
+            continue
+        if held is None and max_runs is not None and launched >= max_runs:
+            held = f"--max_runs={max_runs} reached"
+        at_once = launched < parallel
+        if held is None and at_once and deadline_s is not None:
+            left = deadline_s - stop_margin_s
+            sharing = 1
+            if parallel > 1 and finish_by_deadline:
+                sharing = min(parallel, launched + 1 + sum(
+                    to_launch(r, s) for r, s in zip(runs[i + 1:], states[i + 1:])))
+            need = (estimated_run_s(root, runs, state, concurrent=sharing)
+                    if finish_by_deadline else None)
+            if left < max(min_run_s, 0):
+                held = (f"the deadline: {max(left, 0):.0f} s before the trainer's stop, under "
+                        f"--min_run_s {min_run_s:g}")
+            elif need is not None and left < need:
+                shared = f" with {sharing} runs at once" if sharing > 1 else ""
+                held = (f"the deadline: it needs about {need:.0f} s{shared} "
+                        f"(--finish_by_deadline)")
+        if held is not None:
+            out.append(PlannedRun(run, state, "hold", held))
+            continue
+        launched += 1
+        how = (f"resuming from step {state.step}" if state.step
+               else "starting" if state.status == Status.NOT_STARTED else "starting over")
+        if state.status != Status.NOT_STARTED and not state.step and _has_trainer_records(
+                run_dir(root, run)):
+            how += " (no checkpoint; its records are first set aside as .restarted-<time>)"
+        out.append(PlannedRun(run, state, "launch", how, launch=launched, at_once=at_once))
+    return out
+
+
 def _whole_lines(print_fn: Callable[[str], None]) -> Callable[[str], None]:
     """``print_fn`` behind a lock: lines from several threads (trainers) never interleave."""
     lock = threading.Lock()
@@ -1083,6 +1210,79 @@ def _run_concurrency(attempts: Sequence[Mapping[str, Any]]) -> int:
     return most
 
 
+def _utc_seconds(text: Any) -> Optional[float]:
+    """``"2026-12-04T10:00:00Z"`` (:func:`_utc`) -> seconds since the epoch; ``None`` if not."""
+    try:
+        return float(calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError):
+        return None
+
+
+def _shared_spans(attempts: Sequence[Mapping[str, Any]]) -> List[Tuple[float, float, int]]:
+    """When a run's attempts shared the machine: ``[(start, end, runs at once), ...]``
+    (``time.time()`` values, ``-inf`` / ``inf`` where the records do not say).
+
+    An ``end`` record with ``concurrent`` > 1 gives its exact ``t0`` and ``t1`` (recorded since
+    2026-12-05), or else its ``time`` minus its ``wall_s``, a second wider either way (those
+    times are whole seconds), or else, without a ``time``, the whole time line. A ``start``
+    record with ``parallel`` > 1 and no ``end`` after it (the sweep died mid-attempt) spans
+    from its start to the next attempt's start (its ``parallel``: as many may have run).
+    """
+    inf = float("inf")
+    spans = []
+    for i, a in enumerate(attempts):
+        if a.get("event") == "end" and int(a.get("concurrent") or 1) > 1:
+            most = int(a["concurrent"])
+            if a.get("t0") is not None and a.get("t1") is not None:
+                spans.append((float(a["t0"]), float(a["t1"]), most))
+                continue
+            end = _utc_seconds(a.get("time"))
+            spans.append((-inf, inf, most) if end is None else
+                         (end - float(a.get("wall_s") or 0.0) - 1.0, end + 1.0, most))
+        elif (a.get("event") == "start" and int(a.get("parallel") or 1) > 1
+              and (i + 1 == len(attempts) or attempts[i + 1].get("event") != "end")):
+            start = a.get("t0")
+            start = _utc_seconds(a.get("time")) if start is None else float(start)
+            later = [b for b in attempts[i + 1:] if b.get("event") == "start"]
+            end = None
+            if later:
+                end = later[0].get("t0")
+                if end is None:
+                    end = _utc_seconds(later[0].get("time"))
+                    end = None if end is None else end + 1.0
+            spans.append((-inf if start is None else start - 1.0,
+                          inf if end is None else float(end), int(a["parallel"])))
+    return spans
+
+
+def throughput_concurrency(attempts: Sequence[Mapping[str, Any]],
+                           records: Sequence[Mapping[str, Any]]) -> int:
+    """The most runs in flight at once while the trainer wrote ``records``.
+
+    A record counts as written while sharing the machine when its ``time`` falls in a span
+    of an attempt that shared it (:func:`_shared_spans`); a record without a ``time``, in
+    every such span. So an attempt that shared the machine but whose records are not among
+    ``records`` (one stopped before it wrote any, then run again alone) leaves them unmarked.
+
+    Args:
+      attempts: the run's ``sweep_attempts.jsonl`` records, in order.
+      records: the ``metrics.jsonl`` records in question, e.g. those that give
+        :attr:`RunResult.tokens_per_sec` and :attr:`RunResult.mfu`.
+
+    Returns:
+      The most runs at once (itself included) of the spans that hold any of ``records``;
+      1 when none does (measured alone, or no records).
+    """
+    spans = _shared_spans(attempts)
+    most = 1
+    for record in records:
+        t = record.get("time")
+        for start, end, n in spans:
+            if n > most and (not isinstance(t, (int, float)) or start <= t <= end):
+                most = n
+    return most
+
+
 def estimated_run_s(root: str, runs: Sequence[Run], state: RunState,
                     concurrent: int = 1) -> Optional[float]:
     """Seconds a run in ``state`` needs to finish with ``concurrent`` runs sharing the
@@ -1090,7 +1290,8 @@ def estimated_run_s(root: str, runs: Sequence[Run], state: RunState,
 
     The median of their wall times (:attr:`RunResult.wall_s`: start-up, compilation and
     evaluations included), over the finished runs that ran under the same concurrency
-    (:attr:`RunResult.concurrent`, the most runs in flight during any of their attempts) if
+    (:attr:`RunResult.attempts_concurrent`, the most runs in flight during any of their
+    attempts) if
     there are any; otherwise over all of them, each scaled by ``max(1, concurrent / theirs)``:
     conservatively, as if sharing the machine gained no throughput at all (a run measured
     alone, estimated for 2 at once, takes twice as long; one measured with 2 at once,
@@ -1113,7 +1314,7 @@ def estimated_run_s(root: str, runs: Sequence[Run], state: RunState,
         if run_state(workdir).status == Status.FINISHED:
             result = collect(workdir)
             if result.wall_s:
-                walls.append((result.wall_s, result.concurrent))
+                walls.append((result.wall_s, result.attempts_concurrent))
     if not walls:
         return None
     same = [w for w, c in walls if c == concurrent]

@@ -12,11 +12,12 @@ ranking whose gap is below ``3 sigma`` are a close pair, and their groups with a
 need a second one (the page prints the ``--only`` filters).
 
 Throughput (tokens/s, MFU) and wall time measured while a run shared the GPU with other runs
-of the sweep (``experiments/sweep.py --parallel=N``, N > 1; the concurrency its attempt
-records hold, :attr:`lattn_jax.sweep.RunResult.concurrent`) are marked ``†`` on the page (and
-``concurrent`` > 1 in the CSV and JSON runs). A group's tokens/s and MFU come from its runs
-measured alone when it has any; a throughput comparison with the paper uses only those, and
-says which rows it left out (or that no group was measured alone). Losses are unaffected.
+of the sweep (``experiments/sweep.py --parallel=N``, N > 1; the concurrency of the attempts
+that wrote the records they come from, :attr:`lattn_jax.sweep.RunResult.concurrent`) are
+marked ``†`` on the page (and ``concurrent`` > 1 in the CSV and JSON runs). A group's tokens/s
+and MFU come from its runs measured alone when it has any; a throughput comparison with the
+paper uses only those, and says which rows it left out (or that no group was measured
+alone). Losses are unaffected.
 
 The sweep config may carry (all optional):
 

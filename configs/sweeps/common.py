@@ -17,28 +17,34 @@ SEEDS = (42, 43)
 OVERRIDES = (("train.tensorboard", False),)
 
 # tiny: the CPU variant for tests; the paper-1 "tiny" model (d 64, 6 layers) for 4 steps of
-# 2 x 32 bytes of the bundled WikiText-2 text (a checkpoint and an evaluation every 2 steps).
-TINY_OVERRIDES = (
+# 2 x 32 tokens (a checkpoint and an evaluation every 2 steps): bytes of the bundled
+# WikiText-2 text, or with ``corpus`` the corpus's own tokens (TINY_CORPUS_OVERRIDES: a CPU
+# rehearsal of the full-size sweep's data).
+TINY_CORPUS_OVERRIDES = (
     ("train.total_steps", 4), ("train.eval_every", 2), ("train.checkpoint_every", 2),
     ("train.log_every", 1), ("optim.warmup_steps", 1), ("data.seq_len", 32),
-    ("data.batch_size", 2), ("data.tokenizer", "byte"), ("model.vocab_size", 257),
-    ("data.max_val_batches", 2))
+    ("data.batch_size", 2), ("data.max_val_batches", 2))
+TINY_OVERRIDES = TINY_CORPUS_OVERRIDES + (
+    ("data.tokenizer", "byte"), ("model.vocab_size", 257))
 
 
 def fixed_arg(corpus, tiny, **values):
-    """The fixed part of every run's argument string: ``size=small``, ``values``, and
-    ``corpus`` (``tiny`` instead: the CPU model on the bundled text).
+    """The fixed part of every run's argument string: ``size=small``, ``values``, ``tiny``
+    (the CPU model) when set, and ``corpus`` (for ``tiny``, optional: without it the bundled
+    text).
 
     Raises:
-      ConfigArgError: when a full-size sweep has no ``corpus``.
+      ConfigArgError: when a full-size sweep has no ``corpus``, or the path holds ``,``.
     """
     pairs = [("size", "small")] + list(values.items())
     if tiny:
-        return tuple(pairs + [("tiny", True)])
-    if not corpus:
+        pairs.append(("tiny", True))
+    elif not corpus:
         raise common.ConfigArgError(
             "corpus=<dir> is required: the mixture directory with train/ and validation/ "
             "token shards (experiments/build_corpus.py), e.g. corpus=/data/open/prose-llama2")
+    if not corpus:
+        return tuple(pairs)
     if "," in str(corpus):
         raise common.ConfigArgError(f"corpus={corpus!r}: the path may not hold ','")
     return tuple(pairs + [("corpus", corpus)])
@@ -136,12 +142,14 @@ LOSS_CHUNK = (("train.loss_chunk_size", 8192),)
 def sweep_config(*, name, train_config, arg, grid, tiny, seed_axis="seed", references=(),
                  claims=(), scan=None, overrides=()) -> ml_collections.ConfigDict:
     """A sweep ConfigDict (:mod:`lattn_jax.sweep`) with :data:`OVERRIDES`, then ``overrides``
-    (``(field, value)`` pairs), then for ``tiny`` :data:`TINY_OVERRIDES`."""
+    (``(field, value)`` pairs), then for ``tiny`` :data:`TINY_OVERRIDES` (with a ``corpus``
+    in ``arg``: :data:`TINY_CORPUS_OVERRIDES`, the corpus's tokenizer and vocabulary)."""
     config = ml_collections.ConfigDict()
     config.name = name + ("_tiny" if tiny else "")
     config.train_config = train_config
     config.arg = tuple(arg)
-    config.overrides = OVERRIDES + tuple(overrides) + (TINY_OVERRIDES if tiny else ())
+    tiny_overrides = TINY_CORPUS_OVERRIDES if "corpus" in dict(arg) else TINY_OVERRIDES
+    config.overrides = OVERRIDES + tuple(overrides) + (tiny_overrides if tiny else ())
     config.grid = tuple(grid)
     config.seed_axis = seed_axis
     config.references = tuple(references)

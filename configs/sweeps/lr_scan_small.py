@@ -33,7 +33,7 @@ Launch::
 corpus=/tmp/corpus/prose-llama2 --root=/tmp/sweeps/lr_scan --deadline_s=540
 
 Arguments: ``corpus`` (required unless ``tiny``), ``tiny`` (CPU: 2 rates per optimizer, 4
-steps).
+steps; on the bundled text, or on ``corpus`` when given).
 """
 
 from configs import common

@@ -71,7 +71,7 @@ Arguments: ``corpus`` (required unless ``tiny``), ``adamw_lr``, ``muon_lr`` (req
 ``tiny`` or ``rates_from``), ``rates_from`` (the finished scan's ``results.json``: both rates
 from it, :func:`configs.sweeps.common.scan_rates`), ``seeds`` (1: seed 42, and 43 for the two
 spread groups; 2: both for every group), ``tiny`` (CPU: softmax dense and GDN hybrid, both
-optimizers, 4 steps).
+optimizers, 4 steps; on the bundled text, or on ``corpus`` when given).
 """
 
 from configs import common

@@ -33,7 +33,8 @@ corpus=/tmp/corpus/prose-llama2,muon_lr=0.0036 --root=/tmp/sweeps/table7 --deadl
 
 Arguments: ``corpus`` and ``muon_lr`` (required unless ``tiny``; ``rates_from=<the finished
 scan's results.json>`` gives ``muon_lr``, :func:`configs.sweeps.common.scan_rates`),
-``controls`` (default True), ``tiny`` (CPU: host and CLVR, two seeds, 4 steps).
+``controls`` (default True), ``tiny`` (CPU: host and CLVR, two seeds, 4 steps; on the bundled
+text, or on ``corpus`` when given).
 """
 
 from configs import common

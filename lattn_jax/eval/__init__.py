@@ -11,7 +11,8 @@ Modules:
 * ``perplexity``: sliding-window perplexity of held-out text;
 * ``restore``: a model and tokenizer from a training workdir, a Hugging Face directory or a GGUF
   file (``load_model``);
-* ``runner``: all of the above to JSON + markdown (``experiments/evaluate.py``);
+* ``runner``: all of the above to JSON + markdown;
+* ``driver``: one ``experiments/evaluate.py`` invocation (its checks, the restore, the run);
 * ``lm_eval_adapter``: the ``lattn_jax`` model of lm-evaluation-harness (needs the ``lmeval``
   extra; imported on demand, not here).
 """

@@ -102,12 +102,27 @@ class EvalDataError(ValueError):
     JSON, a bad label); the message names the file, and the line where there is one."""
 
 
-def _jsonl(path: str) -> List[dict]:
-    """The records of a JSON-lines file (blank lines skipped).
+def read_jsonl(path: str) -> List[dict]:
+    """The records of a JSON-lines file, strictly: blank lines skipped, any bad line an error.
+
+    For evaluation items (this module's tasks, the HALO selection's ``select.csr_items`` and
+    ``recall_items``) and records that must be whole (:mod:`lattn_jax.halo.selection`'s
+    sweep results); :func:`lattn_jax.eval.fetch.read_jsonl` instead skips a torn last line
+    (a writer killed mid-line).
+
+    Args:
+      path: the file.
+
+    Returns:
+      One parsed JSON value per non-blank line, in file order.
 
     Raises:
-      EvalDataError: a line is not JSON (``<path>, line <n>: ...``) or the file is not UTF-8.
+      FileNotFoundError: ``path`` does not exist (``<path>: no such evaluation file``).
+      EvalDataError: a line is not JSON (``<path>, line <n>: not valid JSON (...)``) or the
+        file is not UTF-8 text (``<path>: not UTF-8 text (...)``).
     """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such evaluation file")
     records = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -173,7 +188,7 @@ def load_piqa(data_dir: str) -> List[Doc]:
         (each naming its file).
     """
     items_path = _path(data_dir, "piqa", "valid.jsonl")
-    items = _jsonl(items_path)
+    items = read_jsonl(items_path)
     labels_path = _path(data_dir, "piqa", "valid-labels.lst")
     try:
         with open(labels_path, encoding="utf-8") as f:
@@ -191,7 +206,7 @@ def load_piqa(data_dir: str) -> List[Doc]:
 def load_winogrande(data_dir: str) -> List[Doc]:
     """WinoGrande-xl dev (1,267 items), partial scoring: the options fill the context."""
     docs = []
-    for d in _jsonl(_path(data_dir, "winogrande", "winogrande_dev.llmfoundry.jsonl")):
+    for d in read_jsonl(_path(data_dir, "winogrande", "winogrande_dev.llmfoundry.jsonl")):
         cont = " " + d["continuation"].strip()
         ctxs = tuple(d["context_options"])
         docs.append(Doc(requests=tuple((c, cont) for c in ctxs), gold=int(d["gold"]),
@@ -201,7 +216,7 @@ def load_winogrande(data_dir: str) -> List[Doc]:
 
 def _load_arc(data_dir: str, name: str) -> List[Doc]:
     docs = []
-    for d in _jsonl(_path(data_dir, "arc", f"ARC-{name}-Test.jsonl")):
+    for d in read_jsonl(_path(data_dir, "arc", f"ARC-{name}-Test.jsonl")):
         q = d["question"]
         labels = [c["label"] for c in q["choices"]]
         docs.append(_mc(f"Question: {q['stem']}\nAnswer:", [c["text"] for c in q["choices"]],
@@ -223,7 +238,7 @@ def load_openbookqa(data_dir: str) -> List[Doc]:
 def load_boolq(data_dir: str) -> List[Doc]:
     """BoolQ (SuperGLUE) validation (3,270 items): choices ``" no"``, ``" yes"``."""
     docs = []
-    for d in _jsonl(_path(data_dir, "boolq", "val.jsonl")):
+    for d in read_jsonl(_path(data_dir, "boolq", "val.jsonl")):
         label = d["label"]
         gold = int(label if isinstance(label, bool) else str(label).lower() == "true")
         docs.append(_mc(f"{d['passage']}\nQuestion: {d['question']}?\nAnswer:", ["no", "yes"],
@@ -234,7 +249,7 @@ def load_boolq(data_dir: str) -> List[Doc]:
 def load_lambada(data_dir: str) -> List[Doc]:
     """LAMBADA OpenAI test (5,153 items): the last space-separated word is the target."""
     docs = []
-    for d in _jsonl(_path(data_dir, "lambada", "lambada_test.jsonl")):
+    for d in read_jsonl(_path(data_dir, "lambada", "lambada_test.jsonl")):
         words = d["text"].split(" ")
         docs.append(Doc(requests=((" ".join(words[:-1]), " " + words[-1]),), gold=0,
                         choices=(words[-1],)))

@@ -1128,24 +1128,9 @@ def synthetic_recall_items(n: int, *, filler_repeats: int = 4, seed: int = 0) ->
     return items
 
 
-def read_jsonl(path: str) -> List[Dict]:
-    """Reads evaluation items, one JSON object per line.
-
-    Raises:
-      FileNotFoundError: ``path`` does not exist.
-      ValueError: a line is not valid JSON (names the file and line).
-    """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such evaluation file")
-    items = []
-    with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    items.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: {e}") from None
-    return items
+# Evaluation items and the sweep's own records: one strict reader (a bad line names the file
+# and the line), shared with the zero-shot tasks.
+read_jsonl = tasks_lib.read_jsonl
 
 
 class Interrupted(Exception):

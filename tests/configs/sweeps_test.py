@@ -74,6 +74,33 @@ class SweepConfigsTest(parameterized.TestCase):
                         self.assertEqual(cfg.data.seed, cfg.train.seed)
                         self.assertFalse(cfg.train.tensorboard)
 
+    def test_tiny_takes_a_corpus(self):
+        # tiny dropped corpus= silently (the runs trained on the bundled text).
+        c = self.corpus
+        for module, arg in ((table2_small, f"tiny,corpus={c}"), (lr_scan_small, f"tiny,corpus={c}"),
+                            (table7_small, f"tiny,corpus={c}")):
+            with self.subTest(module.__name__):
+                config = module.get_config(arg)
+                self.assertEqual(config.name, module.get_config("tiny").name)
+                runs = sweep.expand(config)
+                self.assertLen(runs, len(sweep.expand(module.get_config("tiny"))))
+                self.assertEqual(sweep.missing_local_paths(runs, config.local_args), [])
+                for run in runs:
+                    self.assertIn(f"corpus={c}", run.arg.split(","))
+                    cfg = build(run, config.train_config)
+                    self.assertEqual(cfg.data.paths, (os.path.join(c, "train"),))
+                    self.assertEqual(cfg.data.val_paths, (os.path.join(c, "validation"),))
+                    # The tiny run's sizes; the corpus's tokenizer and vocabulary (LLaMA-2).
+                    self.assertEqual((cfg.train.total_steps, cfg.data.seq_len,
+                                      cfg.data.batch_size, cfg.model.d_model),
+                                     (4, 32, 2, 64))
+                    self.assertEqual((cfg.data.tokenizer, cfg.model.vocab_size),
+                                     ("sentencepiece", 32000))
+                missing = module.get_config(f"tiny,corpus={c}/nope")
+                self.assertEqual(sweep.missing_local_paths(sweep.expand(missing),
+                                                           missing.local_args),
+                                 [f"corpus={c}/nope"])
+
     def test_table2_small_params_recipe_and_tokens(self):
         config = table2_small.get_config(f"corpus={self.corpus},adamw_lr=0.003,muon_lr=0.0036")
         seen = set()

@@ -210,6 +210,54 @@ class SweepBinaryTest(absltest.TestCase):
         with open(os.path.join(self.root, "sweep.jsonl")) as f:
             self.assertEqual([json.loads(line).get("parallel") for line in f], [None, 2, 2])
 
+    def test_dry_run_shows_what_max_runs_and_parallel_would_launch(self):
+        # (it listed every run's status only: not which --max_runs / --parallel would launch)
+        with open(self.config, "w") as f:
+            f.write(SWEEP_CONFIG.replace(
+                'grid=((("train.nonfinite_policy", ("stop", "skip", "bogus")),),),',
+                PARALLEL_GRID))
+        os.makedirs(os.path.join(self.root, "runs", SOLO))
+        with open(os.path.join(self.root, "runs", SOLO, "console.log"), "w") as f:
+            f.write("final: step 6\n")
+        out = self.sweep("--dry_run", "--parallel=2", "--max_runs=2")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        lines = [line for line in out.stdout.splitlines() if not line.startswith("  ")]
+        self.assertEqual(lines, [
+            "dry run of sweep entry: 4 run(s) selected; 2 would be launched, in this order; up "
+            "to 2 at once: launches 1-2 at the start, each later one when a trainer exits",
+            f"{SOLO}: finished (step 6); skipped: finished",
+            f"{SHARED_A}: not started (step 0); launch 1: starting, at the start",
+            f"{SHARED_B}: not started (step 0); launch 2: starting, at the start",
+            f"{BAD}: not started (step 0); not launched: --max_runs=2 reached"])
+        out = self.sweep("--dry_run", "--max_runs=2", "--deadline_s=100", "--min_run_s=80")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn(f"{SHARED_A}: not started (step 0); not launched: the deadline: 70 s "
+                      f"before the trainer's stop, under --min_run_s 80", out.stdout)
+        self.assertEqual(os.listdir(self.root), ["runs"])  # nothing written
+        self.assertEqual(os.listdir(os.path.join(self.root, "runs")), [SOLO])
+
+    def test_report_only_writes_the_export(self):
+        # --report_only --export=DIR wrote the results but no export.
+        workdir = os.path.join(self.root, "runs", REF)
+        os.makedirs(os.path.join(workdir, "checkpoints", "6"))
+        with open(os.path.join(workdir, "console.log"), "w") as f:
+            f.write("final: step 6\n")
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 6, "time": 1.0, "train_loss": 2.0, "val_loss": 2.5})
+                    + "\n")
+        with open(os.path.join(self.root, "sweep.jsonl"), "w") as f:
+            f.write(json.dumps({"sweep": "entry", "status": "complete"}) + "\n")
+        export = os.path.join(os.path.dirname(self.root), "export")
+        out = self.sweep("--report_only", f"--export={export}")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn(f"exported 7 files to {export}", out.stdout)
+        self.assertEqual(sorted(os.listdir(export)), [
+            "curves.png", "records.tar.gz", "results.csv", "results.json", "results.md",
+            "sweep.jsonl"])
+        with tarfile.open(os.path.join(export, "records.tar.gz")) as tar:
+            self.assertEqual(sorted(tar.getnames()), [f"runs/{REF}/console.log",
+                                                      f"runs/{REF}/metrics.jsonl"])
+
     def test_bad_flags_give_one_line(self):
         # A misspelled override field: every run would fail on it; refused before the root.
         out = self.sweep("--override=train.total_stepz=3")

@@ -21,12 +21,14 @@ from lattn_jax import sweep, sweep_report
 # console.log with the "model:" and "final:" lines, metrics.jsonl, checkpoints/<step>) and
 # resumes from its newest checkpoint. --config.fake.mode: ok | fail (the trainer's one-line
 # error, exit 1) | slow (40 steps of 0.05 s; SIGTERM saves a checkpoint and exits 0, as the
-# trainer's preemption handler does).
+# trainer's preemption handler does). --config.fake.startup_s: seconds before it writes
+# anything (SIGTERM then kills it, as it would the trainer while it imports).
 FAKE_TRAINER = textwrap.dedent('''
     import json, os, signal, sys, time
     args = sys.argv[1:]
     workdir = [a.split("=", 1)[1] for a in args if a.startswith("--workdir=")][0]
     opts = dict(a[len("--config."):].split("=", 1) for a in args if a.startswith("--config."))
+    time.sleep(float(opts.get("fake.startup_s", "0")))
     mode = opts.get("fake.mode", "ok")
     total = int(opts.get("train.total_steps", "40" if mode == "slow" else "4"))
     if mode == "fail":
@@ -431,6 +433,49 @@ class ExecuteTest(_FakeTrainerTestCase):
         _, summary = self._execute(("ok", "slow"), max_runs=1)
         self.assertEqual((summary.status, len(summary.launched)), ("max_runs", 1))
 
+    def test_plan_is_what_execute_launches(self):
+        # finished, failed, then three to run: the plan (the --dry_run) and what execute does.
+        modes = ("ok", "fail", "slow", "ok2", "ok3")
+        config = _config(grid=((("fake.mode", modes),),), seed_axis=None)
+        runs = sweep.expand(config)
+        sweep.execute(runs[:2], self.root, config_path="cfg.py", train_script=self.trainer,
+                      cwd=self.root, print_fn=self.lines.append)
+
+        def plan(**kwargs):
+            return [(p.action, p.why, p.launch, p.at_once) for p in sweep.plan(
+                runs, self.root, config_path="cfg.py", **kwargs)]
+
+        skipped = [("skip", "finished", None, False),
+                   ("skip", "failed before (error: fake.mode='fail'; choose ok or slow); "
+                            "--retry_failed runs it again", None, False)]
+        self.assertEqual(plan(parallel=2, max_runs=2), skipped + [
+            ("launch", "starting", 1, True), ("launch", "starting", 2, True),
+            ("hold", "--max_runs=2 reached", None, False)])
+        self.assertEqual(plan(max_runs=2, retry_failed=True), skipped[:1] + [
+            ("launch", "starting over", 1, True), ("launch", "starting", 2, False),
+            ("hold", "--max_runs=2 reached", None, False),
+            ("hold", "--max_runs=2 reached", None, False)])
+        self.assertEqual(plan(deadline_s=40.0, min_run_s=20.0), skipped + [
+            ("hold", "the deadline: 10 s before the trainer's stop, under --min_run_s 20",
+             None, False)] * 3)
+        with self.assertRaisesRegex(ValueError, r"^parallel=0"):
+            plan(parallel=0)
+        console = os.path.join(sweep.run_dir(self.root, runs[1]), "console.log")
+        with open(console, "w") as f:  # trainer records, no checkpoint: set aside by execute
+            f.write("model: 1,000 parameters\n")
+        self.assertEqual(plan(max_runs=1, retry_failed=True)[1][:2], (
+            "launch", "starting over (no checkpoint; its records are first set aside as "
+                      ".restarted-<time>)"))
+        os.remove(console)
+        self.lines.clear()
+        summary = sweep.execute(runs, self.root, config_path="cfg.py",
+                                train_script=self.trainer, cwd=self.root, parallel=2,
+                                max_runs=2, print_fn=self.lines.append)
+        self.assertEqual((summary.status, summary.launched),
+                         ("max_runs", [r.name for r in runs[2:4]]))
+        self.assertIn(f"--- {runs[2].name}: starting (1 of 2 in flight)", self.lines)
+        self.assertIn(f"--- {runs[3].name}: starting (2 of 2 in flight)", self.lines)
+
     def test_run_without_checkpoint_starts_over_in_a_clean_directory(self):
         config = _config(grid=((("fake.mode", ("ok",)),),), seed_axis=None)
         run = sweep.expand(config)[0]
@@ -618,7 +663,10 @@ class ParallelTest(_FakeTrainerTestCase):
                              run.name)
             self.assertGreater(end["shared_s"], 0.0, run.name)
             self.assertLessEqual(end["shared_s"], end["wall_s"] + 0.01, run.name)
-            self.assertEqual(sweep.collect(sweep.run_dir(self.root, run)).concurrent, 2)
+            result = sweep.collect(sweep.run_dir(self.root, run))
+            # (the failed run wrote no throughput: nothing of it to mark as shared)
+            self.assertEqual((result.concurrent, result.attempts_concurrent),
+                             (1 if run is runs[1] else 2, 2), run.name)
         # The slow run shared the machine for about as long as the other three ran.
         self.assertAlmostEqual(self._attempts(runs[0])[-1]["shared_s"],
                                sum(self._attempts(r)[-1]["wall_s"] for r in runs[1:]), delta=0.5)
@@ -677,6 +725,70 @@ class ParallelTest(_FakeTrainerTestCase):
             self.assertEqual(self._attempts(run)[-1]["stopped_by"], "deadline")
             self.assertEqual(sweep.run_state(sweep.run_dir(self.root, run)).status,
                              sweep.Status.PARTIAL)
+
+    def test_a_shared_attempt_that_wrote_no_records_leaves_the_throughput_unmarked(self):
+        # Two runs launched together, stopped 0.5 s later while still starting (no record
+        # written), then run again one at a time: their tokens/s were measured alone. (Both
+        # were marked "shared GPU" from the first attempt's concurrency.)
+        grid = ((("fake.mode", ("ok",)), ("train.total_steps", (4, 5))),)
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        runs, summary = self._execute(grid, stop=stop,
+                                      extra_overrides=(("fake.startup_s", "30"),))
+        self.assertEqual(summary.status, "interrupted")
+        for run in runs:
+            start, end = self._attempts(run)
+            self.assertEqual((end["concurrent"], end["stopped_by"]), (2, "interrupt"))
+            self.assertEqual(sorted(os.listdir(sweep.run_dir(self.root, run))),
+                             sorted([sweep.ATTEMPTS, sweep.RUN_RECORD, sweep.RUN_LOG]))
+        _, summary = self._execute(grid, parallel=1)
+        self.assertEqual(summary.status, "complete")
+        for run in runs:
+            result = sweep.collect(sweep.run_dir(self.root, run))
+            self.assertIsNotNone(result.tokens_per_sec)
+            self.assertEqual(result.concurrent, 1, run.name)
+            self.assertEqual((result.attempts_concurrent, result.parallel), (2, 2), run.name)
+        config = _config(grid=grid, seed_axis=None)
+        md = sweep_report.markdown(sweep_report.build(config, self.root))
+        self.assertNotIn(sweep_report.SHARED_MARK, md)
+        self.assertNotIn("shared GPU", md)
+
+        # Records written while sharing stay marked, also after an alone resume.
+        grid = ((("fake.mode", ("slow",)), ("train.total_steps", (30, 31))),)
+        stop = threading.Event()
+        threading.Timer(0.8, stop.set).start()
+        runs, summary = self._execute(grid, stop=stop)
+        self.assertEqual(summary.status, "interrupted")
+        _, summary = self._execute(grid, parallel=1)
+        self.assertEqual(summary.status, "complete")
+        for run in runs:
+            self.assertEqual(sweep.collect(sweep.run_dir(self.root, run)).concurrent, 2)
+
+    def test_throughput_concurrency_by_record_time(self):
+        attempts = [{"event": "start", "parallel": 2, "t0": 100.0},
+                    {"event": "end", "parallel": 2, "concurrent": 2, "t0": 100.0, "t1": 110.0},
+                    {"event": "start", "time": "1970-01-01T00:03:20Z"},
+                    {"event": "end", "time": "1970-01-01T00:05:00Z", "wall_s": 100.0}]
+        at = [{"time": t} for t in (105.0, 250.0)]
+        self.assertEqual(sweep.throughput_concurrency(attempts, at[:1]), 2)
+        self.assertEqual(sweep.throughput_concurrency(attempts, at[1:]), 1)
+        self.assertEqual(sweep.throughput_concurrency(attempts, at), 2)
+        self.assertEqual(sweep.throughput_concurrency(attempts, []), 1)
+        # Older records: the end's whole-second time minus its wall time, a second wider.
+        old = [{"event": "start"}, {"event": "end", "time": "1970-01-01T00:01:50Z",
+                                    "wall_s": 10.0, "parallel": 2, "concurrent": 2}]
+        self.assertEqual(sweep.throughput_concurrency(old, [{"time": 99.5}]), 2)
+        self.assertEqual(sweep.throughput_concurrency(old, [{"time": 250.0}]), 1)
+        # Without times (or a record without one): shared, as the attempt says.
+        self.assertEqual(sweep.throughput_concurrency(
+            [{"event": "end", "concurrent": 3}], [{"time": 250.0}]), 3)
+        self.assertEqual(sweep.throughput_concurrency(attempts, [{"step": 1}]), 2)
+        # A sweep that died mid-attempt: its parallel, until the next attempt's start.
+        died = [{"event": "start", "parallel": 2, "t0": 100.0},
+                {"event": "start", "time": "1970-01-01T00:03:20Z"},
+                {"event": "end", "time": "1970-01-01T00:05:00Z", "wall_s": 100.0}]
+        self.assertEqual(sweep.throughput_concurrency(died, [{"time": 150.0}]), 2)
+        self.assertEqual(sweep.throughput_concurrency(died, [{"time": 250.0}]), 1)
 
     def test_one_at_a_time_records_and_environment_are_unchanged(self):
         runs, summary = self._execute(((("fake.mode", ("ok",)),),), parallel=1)

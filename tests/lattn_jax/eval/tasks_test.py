@@ -10,6 +10,7 @@ import re
 from absl.testing import absltest
 
 from lattn_jax.eval import tasks
+from lattn_jax.halo import selection
 
 SHARED_EVAL = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "shared", "data",
                            "eval")
@@ -91,6 +92,27 @@ class DamagedFileTest(absltest.TestCase):
                     + '{"passage": "p", "question"\n')
         with self.assertRaisesRegex(tasks.EvalDataError, rf"^{re.escape(boolq)}, line 3: "):
             tasks.load_task("boolq", root)
+
+    def test_one_strict_jsonl_reader_for_tasks_and_the_halo_selection(self):
+        # lattn_jax.halo.selection had its own reader: "<path>:<n>: <error>" and no UTF-8
+        # check (a UnicodeDecodeError traceback); it is now this one.
+        self.assertIs(selection.read_jsonl, tasks.read_jsonl)
+        path = os.path.join(self.create_tempdir().full_path, "items.jsonl")
+        with open(path, "w") as f:
+            f.write('{"a": 1}\n\n[2]\n{"b": \n')
+        with self.assertRaisesRegex(tasks.EvalDataError,
+                                    rf"^{re.escape(path)}, line 4: not valid JSON \(.+\)$"):
+            selection.read_jsonl(path)
+        with open(path, "w") as f:
+            f.write('{"a": 1}\n\n[2]\n')
+        self.assertEqual(selection.read_jsonl(path), [{"a": 1}, [2]])
+        with open(path, "wb") as f:
+            f.write(b'{"a": "\xff"}\n')
+        with self.assertRaisesRegex(tasks.EvalDataError, rf"^{re.escape(path)}: not UTF-8 text"):
+            selection.read_jsonl(path)
+        with self.assertRaisesRegex(FileNotFoundError, rf"^{re.escape(path)}x: no such "
+                                                       rf"evaluation file$"):
+            selection.read_jsonl(path + "x")
 
 
 class SubsetTest(absltest.TestCase):

@@ -1,0 +1,414 @@
+"""The sweep driver behind ``experiments/sweep.py``: one call runs (or reports, or plans) a sweep.
+
+:func:`run` takes the sweep ConfigDict and the binary's options (:class:`SweepOptions`, one
+field per flag) and does what one invocation does:
+
+1. checks everything before anything is written: the grid and ``--only`` filters
+   (:func:`lattn_jax.sweep.expand`, :func:`~lattn_jax.sweep.select`), the training config
+   file, ``--override`` texts and fields (:func:`~lattn_jax.sweep.bad_override_fields`),
+   ``--finish_by_deadline`` without a deadline, ``--reuse_from`` and ``--export`` directories,
+   the root (another sweep's, a training or HALO workdir, :func:`~lattn_jax.sweep.check_root`)
+   and the report's options (:func:`lattn_jax.sweep_report.build`); a bad one raises
+   :class:`~lattn_jax.sweep.SweepConfigError` with one line naming it;
+2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png``, then the
+   ``export``; ``dry_run``: prints what the same call would do with each run
+   (:func:`~lattn_jax.sweep.plan`: skip, reuse, launch in which order and which at once, or
+   hold back) and writes nothing;
+3. otherwise checks the machine-local paths of the runs it would launch and the run
+   directories' recorded settings, writes the results, and runs the sweep
+   (:func:`~lattn_jax.sweep.execute`; SIGTERM and Ctrl-C stop every trainer in flight after
+   its checkpoint), rewriting the results after every run; then appends the invocation to
+   ``<root>/sweep.jsonl``, rewrites the results and writes the ``export``.
+
+What the flags (:class:`SweepOptions`) do:
+
+Each run is ``experiments/train.py --config=<train_config>:<arg> --workdir=<root>/runs/<name>
+--config.<field>=<value>...`` in a subprocess, so a crash, an OOM or a bad option ends that run
+(reported in the table with its error line), not the sweep. The same command again continues:
+finished runs are skipped, failed ones too (``--retry_failed`` runs them again), a partial one
+resumes from its checkpoint (:mod:`lattn_jax.sweep`). ``--deadline_s`` ends the call cleanly:
+no run starts with less than ``--min_run_s`` left before its SIGTERM, and the running
+trainer gets SIGTERM (the trainer has no time limit of its own; SIGTERM is its preemption
+signal: it saves a checkpoint after the current step and exits) ``--stop_margin_s`` before the
+deadline; SIGTERM or Ctrl-C to the sweep does the same at once; ``--finish_by_deadline`` (a
+machine's last call) also holds back a run that would not finish by then, by the finished runs'
+median wall time.
+``--parallel=N`` runs up to N trainers at once on the machine (default 1: one after another),
+still in the grid's order, the next when one exits; each then gets
+``XLA_PYTHON_CLIENT_MEM_FRACTION`` = 0.9/N (0.45 for 2) so that they fit on one GPU together,
+unless the environment already sets ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (or
+``XLA_CLIENT_MEM_FRACTION``), ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` or
+``XLA_PYTHON_CLIENT_ALLOCATOR=platform``; the deadline, ``--min_run_s``, ``--max_runs`` and
+``--finish_by_deadline`` apply to each launch, SIGTERM or Ctrl-C stops every trainer in
+flight, the console shows each trainer's lines behind ``[<run name>]`` (its own ``sweep.log``
+holds them all), and each attempt records its concurrency, which the results mark: tokens/s,
+MFU and wall time measured on a shared GPU are not compared with those measured alone.
+``--reuse_from=<another sweep's root>`` (repeatable) copies the records of a finished run there
+whose training is identical (the experiment config its trainer recorded at every invocation
+equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
+``arch=gdn,stack=hybrid,opt=muon,...,seed=42``) instead of running it again; the runs table
+names the source.
+
+After every run, and at the end, ``<root>/results.{md,csv,json}`` and ``curves.png`` are
+rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation appends
+its command line and outcome to ``<root>/sweep.jsonl``. ``--export=<dir>`` then (also with
+``--report_only``) copies the records and results, without checkpoints, to ``<dir>``: the
+results files as they are, the runs' records as ``records.tar.gz`` (``--noexport_archive``: a
+``runs/`` tree; run names hold ``=`` and ``,``, which the GPU machine's return folder
+refuses). A sweep continues on another
+machine from them: ``tar xzf records.tar.gz -C <new root>``. Compiled programs are shared
+through a persistent cache in ``<root>/jax_cache`` (``--compilation_cache=''``: the
+environment's ``JAX_COMPILATION_CACHE_DIR``, if any).
+
+:mod:`lattn_jax.sweep` describes the runs, their directories and statuses.
+"""
+
+import dataclasses
+import datetime
+import json
+import os
+import shlex
+import signal
+import threading
+import time
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+
+from lattn_jax import sweep
+from lattn_jax import sweep_report
+
+# Exit status of a call that stopped before every selected run was finished or failed
+# (deadline, max_runs, SIGTERM or Ctrl-C): run the same command again.
+EXIT_STOPPED = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepOptions:
+    """The options of one sweep invocation (``experiments/sweep.py``'s flags of the same names).
+
+    Attributes:
+      root: the sweep directory (runs in ``<root>/runs/<name>``).
+      only: ``--only`` filters (:func:`lattn_jax.sweep.select`).
+      max_runs: start at most this many runs; ``None``: no limit.
+      deadline_s: end cleanly this many seconds after the start; ``None``: no deadline.
+      min_run_s: start no run that would train for less than this.
+      stop_margin_s: SIGTERM to the trainers this long before the deadline.
+      parallel: trainer subprocesses at once (>= 1).
+      report_only: only rebuild the results (and the export) from an existing root.
+      dry_run: print what the call would do with each run; write nothing.
+      retry_failed: run failed runs again.
+      finish_by_deadline: launch or resume only runs estimated to end before the deadline.
+      reuse_from: other sweeps' roots whose identical finished runs give their records.
+      overrides: ``"field=value"`` texts, an extra ``--config.<field>`` for every run.
+      compilation_cache: the trainers' persistent compilation cache (``None``:
+        ``<root>/jax_cache``; ``""``: the environment's ``JAX_COMPILATION_CACHE_DIR``).
+      export: copy the records and results (no checkpoints) here at the end; ``None``: not.
+      export_archive: the runs' records as one ``records.tar.gz``, not a ``runs/`` tree.
+    """
+
+    root: str
+    only: Sequence[str] = ()
+    max_runs: Optional[int] = None
+    deadline_s: Optional[float] = None
+    min_run_s: float = 0.0
+    stop_margin_s: float = 30.0
+    parallel: int = 1
+    report_only: bool = False
+    dry_run: bool = False
+    retry_failed: bool = False
+    finish_by_deadline: bool = False
+    reuse_from: Sequence[str] = ()
+    overrides: Sequence[str] = ()
+    compilation_cache: Optional[str] = None
+    export: Optional[str] = None
+    export_archive: bool = True
+
+
+def parse_overrides(texts: Sequence[str]) -> List[Tuple[str, str]]:
+    """``["train.micro_batch_size=8", ...]`` -> ``[("train.micro_batch_size", "8"), ...]``.
+
+    Raises:
+      SweepConfigError: for a text without ``=`` or with an empty field, naming it.
+    """
+    out = []
+    for text in texts:
+        field, sep, value = text.partition("=")
+        if not sep or not field.strip():
+            raise sweep.SweepConfigError(f"--override={text!r}: expected field=value "
+                                         f"(e.g. train.micro_batch_size=8)")
+        out.append((field.strip(), value))
+    return out
+
+
+def override_hint(key: str, argv: Sequence[str]) -> str:
+    """The hint for an unknown ``--config.<key>...`` flag that is no typo of a sweep field:
+    ``--config`` is the sweep's config, and a field of every run's experiment config goes in
+    ``--override=<field>=<value>`` (with the field and value typed in ``argv``, if found).
+
+    Args:
+      key: the unknown option's first part (``train`` of ``--config.train.total_steps=3``).
+      argv: the command line, program name first.
+
+    Returns:
+      The hint (one line).
+    """
+    typed = [a[len("--config."):].split("=", 1) for a in list(argv)[1:]
+             if a.startswith((f"--config.{key}=", f"--config.{key}."))]
+    field, value = (typed[0] + ["<value>"])[:2] if typed else (key, "<value>")
+    return (f"--config is the sweep's config: a field of every run's experiment config goes in "
+            f"--override={field}={value}")
+
+
+def parallel_note(env: Mapping[str, str], parallel: int) -> str:
+    """The start line's words on ``parallel`` (empty for 1): runs at once, and each trainer's
+    GPU memory (:func:`lattn_jax.sweep.parallel_env`).
+
+    Args:
+      env: the trainers' environment before :func:`~lattn_jax.sweep.parallel_env`.
+      parallel: trainers at once (>= 1).
+
+    Returns:
+      ``"; up to N runs at once (<memory>)"``, or ``""`` for ``parallel`` == 1.
+    """
+    if parallel == 1:
+        return ""
+    child = sweep.parallel_env(env, parallel)
+    if child.get(sweep.MEM_FRACTION_ENV) != env.get(sweep.MEM_FRACTION_ENV):
+        memory = f"{sweep.MEM_FRACTION_ENV}={child[sweep.MEM_FRACTION_ENV]} each"
+    else:
+        memory = "GPU memory as the environment sets it"
+    return f"; up to {parallel} runs at once ({memory})"
+
+
+def _check_options(options: SweepOptions, root: str) -> None:
+    """``--finish_by_deadline``, ``--reuse_from`` and ``--export`` (SweepConfigError)."""
+    if options.finish_by_deadline and options.deadline_s is None:
+        raise sweep.SweepConfigError(
+            "--finish_by_deadline needs --deadline_s (the deadline it plans to)")
+    for other in options.reuse_from:
+        if os.path.realpath(other) == os.path.realpath(root):
+            raise sweep.SweepConfigError(
+                f"--reuse_from={other} is --root itself (its runs would count twice in the "
+                f"ranking): name another sweep's root")
+        if not os.path.isdir(os.path.join(other, sweep.RUNS_DIR)):
+            what = ("is not a directory" if os.path.exists(other) and not os.path.isdir(other)
+                    else "does not exist" if not os.path.exists(other)
+                    else f"holds no {sweep.RUNS_DIR}/ (not a sweep's root)")
+            raise sweep.SweepConfigError(f"--reuse_from={other} {what}")
+    if options.export:
+        export = os.path.realpath(options.export)
+        if os.path.exists(export) and not os.path.isdir(export):
+            raise sweep.SweepConfigError(
+                f"--export={options.export} exists and is not a directory")
+        here = os.path.realpath(root)
+        if export == here or export.startswith(here + os.sep):
+            raise sweep.SweepConfigError(f"--export={options.export} is inside --root={root}: "
+                                         f"name a directory outside it")
+
+
+def _train_config_path(config: Mapping[str, Any], repo_root: str) -> str:
+    """The training config file of the sweep, checked (SweepConfigError)."""
+    config_path = os.path.join(repo_root, config["train_config"])
+    if not os.path.isfile(config_path):
+        what = "a directory, not a file" if os.path.isdir(config_path) else "no such file"
+        raise sweep.SweepConfigError(f"train_config: {what}: {config_path}")
+    if not config_path.endswith(".py"):  # importlib finds no loader for it (a traceback)
+        raise sweep.SweepConfigError(f"train_config: {config_path} is not a Python config "
+                                     f"file (.py; configs/, e.g. configs/table2.py)")
+    return config_path
+
+
+def export(root: str, options: SweepOptions, print_fn: Callable[[str], None] = print) -> None:
+    """``options.export``: the records and results of ``root``, no checkpoints
+    (:func:`lattn_jax.sweep.export` with the results files and ``sweep.jsonl``); nothing when
+    it is ``None``.
+
+    Raises:
+      OSError: if the export directory cannot be written.
+    """
+    if options.export:
+        n = sweep.export(root, options.export, extra_files=(
+            sweep_report.SWEEP_LOG, sweep_report.RESULTS_MD, sweep_report.RESULTS_CSV,
+            sweep_report.RESULTS_JSON, sweep_report.CURVES_PNG), archive=options.export_archive)
+        print_fn(f"exported {n} files to {options.export}")
+
+
+def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options: SweepOptions,
+                  *, config_path: str, train_script: str,
+                  extra: Sequence[Tuple[str, Any]] = ()) -> List[str]:
+    """What the same call without ``dry_run`` would do with each run
+    (:func:`lattn_jax.sweep.plan`): skip, reuse, launch (in which order, which at once) or hold
+    back (``max_runs``, the deadline), each with its trainer command.
+
+    Args:
+      runs: the selected runs.
+      config: the sweep config (its ``name``).
+      options: the call's options.
+      config_path, train_script, extra: :func:`lattn_jax.sweep.command`'s ``config_path``,
+        ``train_script`` and ``extra_overrides``.
+
+    Returns:
+      A header line, then one entry per run: ``"<name>: <status> (step N); <what>"``, a
+      newline and the command indented by two spaces.
+    """
+    planned = sweep.plan(
+        runs, options.root, config_path=config_path, extra_overrides=extra,
+        deadline_s=options.deadline_s, min_run_s=options.min_run_s,
+        stop_margin_s=options.stop_margin_s, max_runs=options.max_runs,
+        retry_failed=options.retry_failed, reuse_from=options.reuse_from,
+        finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
+    n = sum(p.action == "launch" for p in planned)
+    first = sum(p.at_once for p in planned)
+    at_once = (f"; up to {options.parallel} at once: launch{'es 1-' if first > 1 else ' '}"
+               f"{first} at the start, each later one when a trainer exits"
+               if options.parallel > 1 and n > 1 else "")
+    lines = [f"dry run of sweep {config.get('name', '')}: {len(runs)} run(s) selected; {n} "
+             f"would be launched, in this order{at_once}" + (
+                 "; a launch after the start depends on the time then left before --deadline_s"
+                 if options.deadline_s is not None and n > first else "")]
+    for p in planned:
+        cmd = sweep.command(p.run, config_path=config_path,
+                            workdir=sweep.run_dir(options.root, p.run),
+                            train_script=train_script, extra_overrides=extra)
+        if p.action == "launch":
+            when = ("" if options.parallel == 1 else ", at the start" if p.at_once
+                    else ", when a trainer exits")
+            what = f"launch {p.launch}: {p.why}{when}"
+        else:
+            what = {"skip": "skipped: ", "reuse": "would reuse ",
+                    "hold": "not launched: "}[p.action] + p.why
+        lines.append(f"{p.run.name}: {p.state.status.value} (step {p.state.step}); {what}\n  "
+                     + " ".join(shlex.quote(c) for c in cmd))
+    return lines
+
+
+def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
+        argv: Sequence[str], env: Optional[Mapping[str, str]] = None,
+        print_fn: Callable[[str], None] = print) -> int:
+    """One sweep invocation (the module docstring gives the steps).
+
+    Args:
+      config: the sweep ConfigDict (``configs/sweeps/<name>.py``).
+      options: the invocation's options.
+      repo_root: the repository root: ``config.train_config`` is relative to it, and the
+        trainers (``<repo_root>/experiments/train.py``) run in it.
+      argv: the command line, recorded in ``<root>/sweep.jsonl``.
+      env: the trainers' environment (default: this process's).
+      print_fn: progress and result lines.
+
+    Returns:
+      0 when every selected run is finished or failed (and for ``report_only``, ``dry_run``),
+      :data:`EXIT_STOPPED` when the call stopped before that (deadline, ``max_runs``,
+      SIGTERM or Ctrl-C).
+
+    Raises:
+      SweepConfigError: for a bad option, sweep config, root or override, before anything is
+        written (one line naming it; the run directories' clash lists them on further lines).
+      OSError: if a trainer cannot be started or a file cannot be written.
+    """
+    root = options.root
+    runs = sweep.select(sweep.expand(config), options.only)
+    config_path = _train_config_path(config, repo_root)
+    extra = parse_overrides(options.overrides)
+    _check_options(options, root)
+    bad = sweep.bad_override_fields(runs, config_path, extra)
+    if bad:  # before anything is made: each run would fail on it a few seconds in
+        raise sweep.SweepConfigError(
+            f"--override or the sweep's overrides: {'; '.join(bad[:3])}"
+            + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
+    # The report's options (references, claims, scan) are checked before anything runs;
+    # another sweep's root, or a missing one for report_only: refused, nothing touched.
+    sweep.check_root(root, config, report_only=options.report_only)
+    report = sweep_report.build(config, root)
+    train_script = os.path.join(repo_root, "experiments", "train.py")
+    if options.report_only:
+        print_fn(f"wrote {sweep_report.write(report)['md']}")
+        export(root, options, print_fn)
+        return 0
+    if options.dry_run:  # writes nothing
+        for line in dry_run_lines(runs, config, options, config_path=config_path,
+                                  train_script=train_script, extra=extra):
+            print_fn(line)
+        return 0
+    done = (sweep.Status.FINISHED,) + (() if options.retry_failed else (sweep.Status.FAILED,))
+    missing = sweep.missing_local_paths(  # only the runs this call would launch
+        [r for r in runs if sweep.run_state(sweep.run_dir(root, r)).status not in done],
+        config.get("local_args") or ())
+    if missing:
+        raise sweep.SweepConfigError(
+            f"--config argument {', '.join(missing)}: no such file or directory on this "
+            f"machine (every run would fail reading it)")
+    clashes = sweep.conflicts(runs, root, config.get("local_args") or ())
+    if clashes:
+        raise sweep.SweepConfigError(
+            "run directories under --root hold runs of other settings (use another --root, "
+            "or the settings they were run with):\n  " + "\n  ".join(clashes))
+    os.makedirs(root, exist_ok=True)  # every check passed: the root is this sweep's now
+    sweep_report.write(report)
+    return _execute(runs, config, options, config_path=config_path, repo_root=repo_root,
+                    train_script=train_script, extra=extra, argv=argv,
+                    env=dict(os.environ if env is None else env), print_fn=print_fn)
+
+
+def _execute(runs, config, options, *, config_path, repo_root, train_script, extra, argv, env,
+             print_fn) -> int:
+    """Runs the checked sweep (:func:`lattn_jax.sweep.execute`) with SIGTERM and Ctrl-C
+    handlers, then records the invocation, rewrites the results and exports."""
+    root = options.root
+    cache = (os.path.join(root, "jax_cache") if options.compilation_cache is None
+             else options.compilation_cache)
+    if cache:
+        env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(cache)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        del frame
+        stop.set()
+        print_fn(f"sweep: {signal.Signals(signum).name}; stopping after the current run's "
+                 f"checkpoint" if options.parallel == 1 else
+                 f"sweep: {signal.Signals(signum).name}; stopping every run in flight after "
+                 f"its checkpoint")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    t0, started = time.time(), datetime.datetime.now(datetime.timezone.utc)
+    deadline = None if options.deadline_s is None else t0 + options.deadline_s
+    states = [sweep.run_state(sweep.run_dir(root, r)).status for r in runs]
+    print_fn(f"sweep {config.get('name', '')}: {len(runs)} run(s) selected ("
+             + ", ".join(f"{states.count(s)} {s.value}" for s in sweep.Status if s in states)
+             + f"); deadline {options.deadline_s} s" + parallel_note(env, options.parallel))
+
+    def report(*_):
+        try:
+            sweep_report.write(sweep_report.build(config, root))
+        except Exception as e:  # noqa: BLE001 - a failed table must not stop the runs
+            print_fn(f"sweep: results not written: {type(e).__name__}: {e}")
+
+    summary = sweep.ExecutionSummary(status="error")
+    try:
+        summary = sweep.execute(
+            runs, root, config_path=config_path, cwd=repo_root, train_script=train_script,
+            extra_overrides=extra, env=env, deadline=deadline, min_run_s=options.min_run_s,
+            stop_margin_s=options.stop_margin_s, max_runs=options.max_runs,
+            retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
+            after_run=report, reuse_from=options.reuse_from,
+            finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
+    finally:
+        record = {"command": "python " + " ".join(shlex.quote(a) for a in argv),
+                  "sweep": sweep.sweep_name(config, root),  # sweep.check_root reads it
+                  "started": started.isoformat(timespec="seconds"),
+                  "wall_s": round(time.time() - t0, 1), "status": summary.status,
+                  "launched": summary.launched}
+        if options.parallel > 1:  # (one run at a time: the record as before --parallel)
+            record["parallel"] = options.parallel
+        with open(os.path.join(root, sweep_report.SWEEP_LOG), "a") as f:
+            f.write(json.dumps(record) + "\n")
+        paths = sweep_report.write(sweep_report.build(config, root))
+        failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
+        retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"
+                 if failed else "")
+        reused = f", {len(summary.reused)} reused" if summary.reused else ""
+        print_fn(f"sweep: {summary.status} after {time.time() - t0:.0f} s; "
+                 f"{len(summary.launched)} run(s) launched{reused}{retry}; results in "
+                 f"{paths['md']}")
+        export(root, options, print_fn)
+    return 0 if summary.status == "complete" else EXIT_STOPPED
