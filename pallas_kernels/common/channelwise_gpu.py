@@ -232,7 +232,7 @@ TUNING = {
     "mosaic_grad_slab": 32,
 }
 STATE_PASSES = ("triton", "mosaic")
-GRAD_PASSES = ("triton", "mosaic")
+GRAD_PASSES = ("triton", "mosaic", "mosaic_fused")
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
 NSUB = CHUNK // SUB
@@ -1117,6 +1117,31 @@ def _backward_chunk(cfg, q, k, kr, gam, docs, amat, hs, dhs, do, vn, dvn):
     return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"], dr, outs["dgam_ref"]
 
 
+def _kr_chain(k, ks, dk, dkr):
+    """``(dk, dks)`` through ``kr = k ks`` (XLA, fp32): ``dk + ks dkr`` rounded to k's dtype
+    and ``dks = k dkr`` (fp32; summed over the channels for a per-token ``ks [B, T, H, 1]``).
+    ``dk``, ``dkr`` as ``backward_chunk`` wrote them (operand dtype). K2
+    (``grad_pass="mosaic_fused"``) does the same in its kernel."""
+    dkr = dkr.astype(F32)
+    dk = (dk.astype(F32) + ks.astype(F32) * dkr).astype(k.dtype)
+    dks = k.astype(F32) * dkr
+    if ks.shape[-1] == 1:
+        dks = jnp.sum(dks, axis=-1, keepdims=True)
+    return dk, dks
+
+
+def _grad_chunk_mosaic(cfg, q, k, kr, ks, gam, docs, hs, dhs, do, vn, dr):
+    """``(dq, dk, dks, dg)`` from the Mosaic GPU kernel K2
+    (:func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic`):
+    ``grad_blocks``, ``backward_chunk`` and :func:`_kr_chain` in one kernel, the same values,
+    dtypes and layouts (``dks`` fp32 before its cast to ks's dtype)."""
+    from pallas_kernels.common import channelwise_grad_mosaic_gpu
+
+    return channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic(
+        q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"],
+        doc=docs[0] if docs else None, interpret=cfg["interpret"])
+
+
 # ----------------------------------------------------------------------------------------------
 # custom_vjp wiring and entry points.
 
@@ -1156,16 +1181,19 @@ def _make_core(static):
         # kernels read it whole.
         kf, vf, ksf, vsf = (x.astype(F32) for x in (k, v, ks, vs))
         kr = (kf * ksf).astype(k.dtype)
-        dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"], hs,
-                                               dhs, do, vn, dvn)
-        # Through kr = k ks and vw = v vs (fp32): dk += ks dkr, dks = k dkr, dv = vs dvw,
-        # dvs = v dvw, each scale's share summed over the channels it broadcasts over.
-        dkr, dvw = dkr.astype(F32), dvw.astype(F32)
-        dk = (dk.astype(F32) + ksf * dkr).astype(k.dtype)
+        if cfg["grad_pass"] == "mosaic_fused":  # K2: grad_blocks + backward_chunk + kr chain
+            dvw = _chunk_dr(cfg, prep["a_ref"], dvn)
+            dq, dk, dks, dg = _grad_chunk_mosaic(cfg, q, k, kr, ks, gam, docs, hs, dhs, do, vn,
+                                                 dvw)
+        else:
+            dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"],
+                                                   hs, dhs, do, vn, dvn)
+            dk, dks = _kr_chain(k, ks, dk, dkr)
+        # Through vw = v vs (fp32): dv = vs dvw, dvs = v dvw (summed over the channels vs
+        # broadcasts over); kr = k ks in _kr_chain.
+        dvw = dvw.astype(F32)
         dv = (vsf * dvw).astype(v.dtype)
-        dks, dvs = kf * dkr, vf * dvw
-        if ks.shape[-1] == 1:
-            dks = jnp.sum(dks, axis=-1, keepdims=True)
+        dvs = vf * dvw
         if vs.shape[-1] == 1:
             dvs = jnp.sum(dvs, axis=-1, keepdims=True)
         return (dq, dk, dv, dks.astype(ks.dtype), dvs.astype(vs.dtype), dg, dh0,
