@@ -370,7 +370,8 @@ BF16 = jnp.bfloat16
 
 def _split3(x):
     """``x`` (fp32) as three bf16 pieces ``(hi, mid, lo)`` with ``hi + mid + lo == x`` exactly
-    (8 significand bits each: 24 in all; bf16 has fp32's exponent range)."""
+    (8 significand bits each: 24 in all; bf16 has fp32's exponent range), as long as ``lo``
+    is a normal number (``|x|`` above about 1e-33)."""
     hi = x.astype(BF16)
     r = x - hi.astype(F32)
     mid = r.astype(BF16)
