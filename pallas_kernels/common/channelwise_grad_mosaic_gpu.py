@@ -1,4 +1,4 @@
-"""K1: the per-channel family's intra-chunk gradients on Mosaic GPU (Hopper ``wgmma``/TMA).
+"""K1 and K2: the per-channel family's chunk gradients on Mosaic GPU (Hopper ``wgmma``/TMA).
 
 :func:`channelwise_grad_intra_mosaic` is a drop-in for the Triton ``grad_blocks`` kernel of
 :mod:`pallas_kernels.common.channelwise_gpu` (``_grad_blocks_kernel`` / ``_grad_blocks``; issue
@@ -68,6 +68,29 @@ SMEM (Mosaic GPU's count of the CUDA export, jax 0.10.2; K does not change it, a
 V = 128 with ``slab=16``, of the 232,448 a block may have; pinned by
 ``tests/pallas_kernels/kernel_mosaic_channelwise_grad_test.py``, MOSAIC_GPU.md Sec. 20. The
 ``y`` tiles of phase 2 share a ``plgpu.RefUnion`` with ``dO, dR, Vn`` (dead after phase 1).
+
+**K2**, :func:`channelwise_grad_chunk_mosaic` (``grad_pass="mosaic_fused"``; MOSAIC_GPU.md
+Sec. 19.4.4 and 21): the same kernel with an epilogue that does the Triton ``backward_chunk``
+kernel's work and the XLA chain rule through ``kr = k ks`` on K1's fp32 partials while they are
+still in registers (``slab=32`` only: each warpgroup holds its 32 channels' partials). After
+phase 2 a CTA barrier; warpgroup 0 copies ``dO, dR, Vn`` again (their SMEM held the ``y``
+tiles) and the half's rows of ``S_0`` and ``dS_C`` (``hs``, ``dhs``; where the ``dM`` copies
+were, a second RefUnion). Per warpgroup, four ``wgmma`` ``[64, V] @ [V, 32]``: ``dO S_0^T``,
+``dR S_0^T``, ``Vn dS_C^T`` and ``dS_C S_0^T``, whose diagonal is ``de_all = rowsum(S_0 *
+dS_C)`` (exact products, fp32 sums, as ``backward_chunk``'s fp32 row sum). Then
+``backward_chunk``'s elementwise formulas in its order (``E_in``, ``E_out``, ``e_all`` with the
+document masks ``conn``, ``last``; ``dgam`` with the last-row terms), and ``dg``, the
+within-chunk reverse cumsum of ``dgam``, on the tensor cores: ``dg = U @ dgam`` with ``U_ij =
+[j >= i]`` (exact in bf16) and ``dgam`` split into three bf16 pieces that sum to it exactly
+(:func:`_split3`), so every product term is exact and only the fp32 accumulation rounds (the
+pieces and ``U`` share SMEM with the band's shift buffers, a third RefUnion). The chain rule
+keeps the Triton path's roundings: ``dkr`` and ``dk`` rounded to the operand dtype, then
+``dk + ks dkr`` in fp32, rounded once; ``dks = k dkr`` in fp32, per channel (GDN-2's
+``[B, T, H, K]`` scale) or summed per token over each warpgroup's 32 channels (KDA's
+``[B, T, H, 1]`` beta; the 2 or 4 partials per token are summed in XLA). ``dkr`` is never
+written. SMEM 206,896 bytes at K = V = 128 (per-token ``ks``; 222,256 with an fp32
+per-channel ``ks``), pinned by ``kernel_mosaic_channelwise_grad_chunk_test.py`` (in
+``tests/pallas_kernels``).
 
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
 the shims of ``mosaic_gpu_lib`` (transposed operands copied into SMEM, plain loads; no
