@@ -472,6 +472,13 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_
         ksf = mgl.by_row(mgl.load_rows(sc["ks"], interpret), shape)
     dk_out = (dk + ksf * dkr).astype(dtype)
     dks = kf * dkr
+    out = pl.ds(half * KEY_HALF + first, WG_KEYS)
+    dq_ref.at[b, tok, h, out][...] = dq  # stored before the cumsum: fewer live registers
+    dk_ref.at[b, tok, h, out][...] = dk_out
+    if ks_channels:
+        dks_ref.at[b, tok, h, out][...] = dks
+    else:  # per token: this warpgroup's 32 channels, summed in XLA over the partials
+        dks_ref.at[b, h, 2 * half + wg, tok][...] = jnp.sum(dks, axis=1)
     # dg: the within-chunk reverse cumsum of dgam, U @ dgam with U_ij = [j >= i] (exact in
     # bf16) on the three exact bf16 pieces of dgam: every product term is exact, the sums fp32.
     piece, upper = sc["piece"].at[wg], sc["upper"].at[wg]
@@ -482,15 +489,7 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_
     upper[...] = jnp.where(j >= i, 1.0, 0.0).astype(BF16)
     plgpu.commit_smem()
     lo, mid, hi = _products(shape, [(upper, piece.at[t]) for t in (2, 1, 0)])
-    dg = (lo + mid) + hi
-    out = pl.ds(half * KEY_HALF + first, WG_KEYS)
-    dq_ref.at[b, tok, h, out][...] = dq
-    dk_ref.at[b, tok, h, out][...] = dk_out
-    dg_ref.at[b, tok, h, out][...] = dg
-    if ks_channels:
-        dks_ref.at[b, tok, h, out][...] = dks
-    else:  # per token: this warpgroup's 32 channels, summed in XLA over the partials
-        dks_ref.at[b, h, 2 * half + wg, tok][...] = jnp.sum(dks, axis=1)
+    dg_ref.at[b, tok, h, out][...] = (lo + mid) + hi
 
 
 def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None):
