@@ -139,8 +139,10 @@ _CW_GRAD_PASS = flags.DEFINE_list(
     "channelwise_grad_pass", [],
     "Peer ours, ops kda and gdn2, pass fwdbwd: the gradients through Mq and Mk of the "
     "channelwise backward (pallas_kernels/common/channelwise_gpu.TUNING['grad_pass']: triton, "
-    "the grad_blocks kernel, or mosaic, K1 channelwise_grad_mosaic_gpu."
-    "channelwise_grad_intra_mosaic; MOSAIC_GPU.md Sec. 20). As --channelwise_state_pass: "
+    "the grad_blocks kernel; mosaic, K1 channelwise_grad_mosaic_gpu."
+    "channelwise_grad_intra_mosaic, MOSAIC_GPU.md Sec. 20; or mosaic_fused, K2 "
+    "channelwise_grad_chunk_mosaic, which also replaces backward_chunk and the kr chain rule, "
+    "Sec. 21). As --channelwise_state_pass: "
     "several values time ours once per value (times each --channelwise_state_pass value), each "
     "with its own gate and record (field channelwise_grad_pass) and a table of their own; "
     "empty: TUNING's default, not recorded.")
@@ -974,7 +976,8 @@ def state_pass_lines(records):
 def grad_pass_lines(records):
     """Markdown lines of the ``ours`` records of KDA / GDN-2 run per ``--channelwise_grad_pass``
     (each value's kernel and wall time, the grad-pass kernel's own time from the breakdown,
-    the state pass it ran with, and its gate); ``[]`` without such records."""
+    that time plus ``backward_chunk``'s, which K2 (``mosaic_fused``) also replaces, the state
+    pass it ran with, and its gate); ``[]`` without such records."""
     recs = [r for r in records if r.get("channelwise_grad_pass") and r["peer"] == "ours"]
     if not recs:
         return []
@@ -983,23 +986,32 @@ def grad_pass_lines(records):
         return "–" if x is None else f"{x:.3f}"
 
     lines = ["", "Channelwise grad passes (`--channelwise_grad_pass`, peer ours; "
-                 "MOSAIC_GPU.md Sec. 20): the Triton kernel `channelwise_grad_blocks` or the "
-                 f"Mosaic GPU kernel `{_GRAD_KERNELS['mosaic']}` (K1).", "",
-             "| op | shape | pass | state pass | grad pass | kernel | grad-pass kernel | wall "
-             "| gate |",
-             "|---|---|---|---|---|---:|---:|---:|---|"]
+                 "MOSAIC_GPU.md Sec. 20, 21): the Triton kernel `channelwise_grad_blocks`, the "
+                 f"Mosaic GPU kernel `{_GRAD_KERNELS['mosaic']}` (K1) or "
+                 f"`{_GRAD_KERNELS['mosaic_fused']}` (K2, which also replaces "
+                 "`channelwise_backward_chunk` and the kr chain rule).", "",
+             "| op | shape | pass | state pass | grad pass | kernel | grad-pass kernel "
+             "| + backward_chunk | wall | gate |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---|"]
+
+    def own_time(r, name):
+        return sum(ms for k, ms in (r.get("kernels") or {}).items() if name in k) or None
+
     for r in recs:
-        name = _GRAD_KERNELS[r["channelwise_grad_pass"]]
-        own = sum(ms for k, ms in (r.get("kernels") or {}).items() if name in k) or None
+        own = own_time(r, _GRAD_KERNELS[r["channelwise_grad_pass"]])
+        chunk = own_time(r, "channelwise_backward_chunk")
+        both = None if own is None else own + (chunk or 0.0)
         lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | "
                      f"{r.get('channelwise_state_pass') or 'default'} | "
                      f"{r['channelwise_grad_pass']} | {fmt(r.get('kernel_ms'))} | {fmt(own)} | "
-                     f"{fmt(r.get('ms'))} | {'green' if r.get('gate') else 'RED'} |")
+                     f"{fmt(both)} | {fmt(r.get('ms'))} | "
+                     f"{'green' if r.get('gate') else 'RED'} |")
     return lines
 
 
 # The kernel name of each grad pass in the profiler's per-kernel breakdown (a substring).
-_GRAD_KERNELS = {"triton": "channelwise_grad_blocks", "mosaic": "channelwise_grad_intra_mosaic"}
+_GRAD_KERNELS = {"triton": "channelwise_grad_blocks", "mosaic": "channelwise_grad_intra_mosaic",
+                 "mosaic_fused": "channelwise_grad_chunk_mosaic"}
 # The kernel name of each state pass in the profiler's per-kernel breakdown (a substring).
 _STATE_KERNELS = {"triton": "channelwise_forward", "mosaic": "channelwise_state_fwd_mosaic"}
 _BWD_STATE_KERNELS = {"triton": "channelwise_backward_state",

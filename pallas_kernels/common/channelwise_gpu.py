@@ -127,6 +127,14 @@ Kernels (grid in brackets):
   plus ``grad_blocks``' partials and the elementwise factors (E_in, E_out, e_all) by
   ``d exp(x) = exp(x) dx``; ``d gamma_ic`` collects ``X_ic dX_ic - Y_ic dY_ic`` of the
   products and the factors' shares, and dg is its within-chunk reverse cumsum.
+  ``grad_pass="mosaic_fused"`` runs ``grad_blocks``, ``backward_chunk`` and the chain rule
+  through ``kr = k ks`` (:func:`_kr_chain`) as one Mosaic GPU kernel, K2
+  (:func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic`:
+  K1 plus this kernel's equations and the chain rule in an epilogue, so K1's fp32 partials
+  never reach HBM and dkr is never written; the same dq, dk, dks, dg in the same dtypes and
+  layouts, the roundings of this path kept; dg's reverse cumsum on the tensor cores on three
+  exact bf16 pieces; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 21). Off by default until the H200
+  has run it.
 
 Numerics: states, decays, the inverse and every accumulation are fp32. The state-pass products
 take input-dtype operands (bf16 inputs: bf16 tensor cores, fp32 accumulate, as FLA); the
@@ -226,13 +234,17 @@ TUNING = {
     # or "mosaic" (channelwise_grad_mosaic_gpu's channelwise_grad_intra_mosaic, K1: Hopper
     # wgmma/TMA, two warpgroups; bf16/fp16 operands only, so fp32 inputs keep the Triton
     # kernel). Triton until the H200 has run and timed K1 (MOSAIC_GPU.md Sec. 20);
-    # channelwise_delta_pallas's grad_pass= overrides it per call. mosaic_grad_slab: K1's key
-    # channels per phase-2 step (32, or 16 if ptxas spills at 32; MOSAIC_GPU.md Sec. 20).
+    # channelwise_delta_pallas's grad_pass= overrides it per call. "mosaic_fused": K2,
+    # channelwise_grad_chunk_mosaic, replaces grad_blocks, backward_chunk and the kr chain rule
+    # (_kr_chain) with one kernel (MOSAIC_GPU.md Sec. 21; a value of this key rather than a
+    # second key because it replaces the grad_blocks kernel too: the three values are
+    # exclusive). mosaic_grad_slab: K1's key channels per phase-2 step (32, or 16 if ptxas
+    # spills at 32; MOSAIC_GPU.md Sec. 20); K2 always runs 32.
     "grad_pass": "triton",
     "mosaic_grad_slab": 32,
 }
 STATE_PASSES = ("triton", "mosaic")
-GRAD_PASSES = ("triton", "mosaic")
+GRAD_PASSES = ("triton", "mosaic", "mosaic_fused")
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
 NSUB = CHUNK // SUB
@@ -1117,6 +1129,31 @@ def _backward_chunk(cfg, q, k, kr, gam, docs, amat, hs, dhs, do, vn, dvn):
     return outs["dq_ref"], outs["dk_ref"], outs["dkr_ref"], dr, outs["dgam_ref"]
 
 
+def _kr_chain(k, ks, dk, dkr):
+    """``(dk, dks)`` through ``kr = k ks`` (XLA, fp32): ``dk + ks dkr`` rounded to k's dtype
+    and ``dks = k dkr`` (fp32; summed over the channels for a per-token ``ks [B, T, H, 1]``).
+    ``dk``, ``dkr`` as ``backward_chunk`` wrote them (operand dtype). K2
+    (``grad_pass="mosaic_fused"``) does the same in its kernel."""
+    dkr = dkr.astype(F32)
+    dk = (dk.astype(F32) + ks.astype(F32) * dkr).astype(k.dtype)
+    dks = k.astype(F32) * dkr
+    if ks.shape[-1] == 1:
+        dks = jnp.sum(dks, axis=-1, keepdims=True)
+    return dk, dks
+
+
+def _grad_chunk_mosaic(cfg, q, k, kr, ks, gam, docs, hs, dhs, do, vn, dr):
+    """``(dq, dk, dks, dg)`` from the Mosaic GPU kernel K2
+    (:func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic`):
+    ``grad_blocks``, ``backward_chunk`` and :func:`_kr_chain` in one kernel, the same values,
+    dtypes and layouts (``dks`` fp32 before its cast to ks's dtype)."""
+    from pallas_kernels.common import channelwise_grad_mosaic_gpu
+
+    return channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic(
+        q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"],
+        doc=docs[0] if docs else None, interpret=cfg["interpret"])
+
+
 # ----------------------------------------------------------------------------------------------
 # custom_vjp wiring and entry points.
 
@@ -1156,16 +1193,19 @@ def _make_core(static):
         # kernels read it whole.
         kf, vf, ksf, vsf = (x.astype(F32) for x in (k, v, ks, vs))
         kr = (kf * ksf).astype(k.dtype)
-        dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"], hs,
-                                               dhs, do, vn, dvn)
-        # Through kr = k ks and vw = v vs (fp32): dk += ks dkr, dks = k dkr, dv = vs dvw,
-        # dvs = v dvw, each scale's share summed over the channels it broadcasts over.
-        dkr, dvw = dkr.astype(F32), dvw.astype(F32)
-        dk = (dk.astype(F32) + ksf * dkr).astype(k.dtype)
+        if cfg["grad_pass"] == "mosaic_fused":  # K2: grad_blocks + backward_chunk + kr chain
+            dvw = _chunk_dr(cfg, prep["a_ref"], dvn)
+            dq, dk, dks, dg = _grad_chunk_mosaic(cfg, q, k, kr, ks, gam, docs, hs, dhs, do, vn,
+                                                 dvw)
+        else:
+            dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"],
+                                                   hs, dhs, do, vn, dvn)
+            dk, dks = _kr_chain(k, ks, dk, dkr)
+        # Through vw = v vs (fp32): dv = vs dvw, dvs = v dvw (summed over the channels vs
+        # broadcasts over); kr = k ks in _kr_chain.
+        dvw = dvw.astype(F32)
         dv = (vsf * dvw).astype(v.dtype)
-        dks, dvs = kf * dkr, vf * dvw
-        if ks.shape[-1] == 1:
-            dks = jnp.sum(dks, axis=-1, keepdims=True)
+        dvs = vf * dvw
         if vs.shape[-1] == 1:
             dvs = jnp.sum(dvs, axis=-1, keepdims=True)
         return (dq, dk, dv, dks.astype(ks.dtype), dvs.astype(vs.dtype), dg, dh0,
@@ -1222,9 +1262,11 @@ def channelwise_delta_pallas(
         when compiled); ``None``: ``TUNING["state_pass"]``. fp32 operands always take the
         Triton kernels. Everything else (intra, prepare, wu, grad_blocks, backward_chunk) is
         the same either way.
-      grad_pass: the gradients through Mq and Mk, ``"triton"`` (``grad_blocks``) or
+      grad_pass: the gradients through Mq and Mk, ``"triton"`` (``grad_blocks``),
         ``"mosaic"`` (K1, :mod:`pallas_kernels.common.channelwise_grad_mosaic_gpu`; sm_90 when
-        compiled); ``None``: ``TUNING["grad_pass"]``. fp32 operands always take Triton.
+        compiled) or ``"mosaic_fused"`` (K2: K1 with ``backward_chunk`` and the kr chain rule
+        in one kernel; sm_90); ``None``: ``TUNING["grad_pass"]``. fp32 operands always take
+        Triton.
 
     Returns:
       ``(o [B, T, H, V], final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``; o and u in
@@ -1233,8 +1275,8 @@ def channelwise_delta_pallas(
     Raises:
       ValueError: if K or V is not 64 or 128 (callers dispatch those to the chunked form),
         ``k_scale`` / ``v_scale`` (named) is not a float array shaped ``[B, T, H]`` or like
-        ``k`` / ``v``, or ``state_pass`` or ``grad_pass`` is not ``"triton"``, ``"mosaic"``
-        or ``None``.
+        ``k`` / ``v``, ``state_pass`` is not ``"triton"``, ``"mosaic"`` or ``None``, or
+        ``grad_pass`` not one of :data:`GRAD_PASSES` or ``None``.
     """
     from pallas_kernels import common
 

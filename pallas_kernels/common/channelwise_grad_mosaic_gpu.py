@@ -1,4 +1,4 @@
-"""K1: the per-channel family's intra-chunk gradients on Mosaic GPU (Hopper ``wgmma``/TMA).
+"""K1 and K2: the per-channel family's chunk gradients on Mosaic GPU (Hopper ``wgmma``/TMA).
 
 :func:`channelwise_grad_intra_mosaic` is a drop-in for the Triton ``grad_blocks`` kernel of
 :mod:`pallas_kernels.common.channelwise_gpu` (``_grad_blocks_kernel`` / ``_grad_blocks``; issue
@@ -69,6 +69,29 @@ V = 128 with ``slab=16``, of the 232,448 a block may have; pinned by
 ``tests/pallas_kernels/kernel_mosaic_channelwise_grad_test.py``, MOSAIC_GPU.md Sec. 20. The
 ``y`` tiles of phase 2 share a ``plgpu.RefUnion`` with ``dO, dR, Vn`` (dead after phase 1).
 
+**K2**, :func:`channelwise_grad_chunk_mosaic` (``grad_pass="mosaic_fused"``; MOSAIC_GPU.md
+Sec. 19.4.4 and 21): the same kernel with an epilogue that does the Triton ``backward_chunk``
+kernel's work and the XLA chain rule through ``kr = k ks`` on K1's fp32 partials while they are
+still in registers (``slab=32`` only: each warpgroup holds its 32 channels' partials). After
+phase 2 a CTA barrier; warpgroup 0 copies ``dO, dR, Vn`` again (their SMEM held the ``y``
+tiles) and the half's rows of ``S_0`` and ``dS_C`` (``hs``, ``dhs``; where the ``dM`` copies
+were, a second RefUnion). Per warpgroup, four ``wgmma`` ``[64, V] @ [V, 32]``: ``dO S_0^T``,
+``dR S_0^T``, ``Vn dS_C^T`` and ``dS_C S_0^T``, whose diagonal is ``de_all = rowsum(S_0 *
+dS_C)`` (exact products, fp32 sums, as ``backward_chunk``'s fp32 row sum). Then
+``backward_chunk``'s elementwise formulas in its order (``E_in``, ``E_out``, ``e_all`` with the
+document masks ``conn``, ``last``; ``dgam`` with the last-row terms), and ``dg``, the
+within-chunk reverse cumsum of ``dgam``, on the tensor cores: ``dg = U @ dgam`` with ``U_ij =
+[j >= i]`` (exact in bf16) and ``dgam`` split into three bf16 pieces that sum to it exactly
+(:func:`_split3`), so every product term is exact and only the fp32 accumulation rounds (the
+pieces and ``U`` share SMEM with the band's shift buffers, a third RefUnion). The chain rule
+keeps the Triton path's roundings: ``dkr`` and ``dk`` rounded to the operand dtype, then
+``dk + ks dkr`` in fp32, rounded once; ``dks = k dkr`` in fp32, per channel (GDN-2's
+``[B, T, H, K]`` scale) or summed per token over each warpgroup's 32 channels (KDA's
+``[B, T, H, 1]`` beta; the 2 or 4 partials per token are summed in XLA). ``dkr`` is never
+written. SMEM 206,896 bytes at K = V = 128 (per-token ``ks``; 222,256 with an fp32
+per-channel ``ks``), pinned by ``kernel_mosaic_channelwise_grad_chunk_test.py`` (in
+``tests/pallas_kernels``).
+
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
 the shims of ``mosaic_gpu_lib`` (transposed operands copied into SMEM, plain loads; no
 ``RefUnion`` there) and lowering for CUDA through ``jax.export``. fp32 inputs are refused
@@ -96,6 +119,7 @@ SLAB = WG_KEYS  # key channels per phase-2 step (the default; 16: two steps per 
 SLABS = (16, 32)
 PAD_COLS = 8  # extra columns of the unswizzled shift buffers (against bank conflicts)
 KERNEL_NAME = "channelwise_grad_intra_mosaic"
+K2_KERNEL_NAME = "channelwise_grad_chunk_mosaic"
 F32 = jnp.float32
 _WGMMA = plgpu.Layout.WGMMA
 _ROWS = plgpu.Layout.WGMMA.reduce(1)
@@ -156,24 +180,49 @@ def _products(shape, pairs):
         pl.run_scoped(scoped, *(plgpu.ACC(shape, F32) for _ in pairs)))
 
 
+def _bind(names, refs, out):
+    """``out[name] = ref`` along ``names``, a tree of strings whose tuples match how the refs
+    arrive (a ``plgpu.RefUnion`` unpacks into its member trees)."""
+    for name, ref in zip(names, refs, strict=True):
+        if isinstance(name, tuple):
+            _bind(name, ref, out)
+        else:
+            out[name] = ref
+
+
 def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, halves: int,
-            scale: float, has_docs: bool, slab: int, interpret: bool):
-    """Kernel body of :func:`channelwise_grad_intra_mosaic` (module docstring); refs are GMEM.
+            scale: float, has_docs: bool, slab: int, interpret: bool, names: Tuple[str, ...],
+            fused: bool = False, ks_channels: bool = False):
+    """Kernel body of :func:`channelwise_grad_intra_mosaic` (K1) and, with ``fused``, of
+    :func:`channelwise_grad_chunk_mosaic` (K2; module docstring); refs are GMEM.
 
     ``g8_ref`` is gamma viewed as ``[B, T / 8, 8, H, K]`` (row 7 of each 8 rows: the block
-    marks); ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch.
+    marks). K1: ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch. K2:
+    ``hs_ref, dhs_ref, ks_ref, [doc_ref, conn_ref, last_ref,] dq_ref, dk_ref, dks_ref, dg_ref``
+    then the scratch. ``names`` names the scratch refs (a tree: one tuple per RefUnion).
     """
     rest = list(rest)
+    hs_ref = dhs_ref = ks_ref = conn_ref = last_ref = None
+    if fused:
+        hs_ref, dhs_ref, ks_ref = rest[:3]
+        rest = rest[3:]
     doc_ref = rest.pop(0) if has_docs else None
-    dq_ref, dk_ref, dkr_ref = rest[:3]
-    rest = rest[3:]
-    if interpret:  # no RefUnion in the interpreter
-        lhs_s, vn_s, y_s, *rest = rest
+    if fused and has_docs:
+        conn_ref, last_ref = rest[:2]
+        rest = rest[2:]
+    n_out = 4 if fused else 3
+    out_refs, rest = rest[:n_out], rest[n_out:]
+    sc = {}
+    _bind(names, rest, sc)
+    if fused:
+        dq_ref, dk_ref, dks_ref, dg_ref = out_refs
+        dkr_ref = None
     else:
-        ((lhs_s, vn_s), y_s), *rest = rest
-    (q_s, k_s, kr_s, g_s, marks_s, doc_s, free_s, quad_s, coef_s, x_s, x2_s, kpad_s, gpad_s, apad_s,
-     in_bar, qk_bar, sync, done, *shim) = rest
-    vnt_s, mt_s = shim if interpret else (None, None)
+        dq_ref, dk_ref, dkr_ref = out_refs
+    lhs_s, vn_s, y_s = sc["lhs"], sc["vn"], sc["y"]
+    (q_s, k_s, kr_s, g_s, marks_s, doc_s, free_s, quad_s, coef_s, x_s, x2_s, kpad_s, gpad_s,
+     apad_s, in_bar, qk_bar, sync, done) = (sc[n] for n in _K1_NAMES)
+    vnt_s, mt_s = (sc["vnt"], sc["mt"]) if interpret else (None, None)
     dtype = k_s.dtype
     wg = lax.axis_index("wg")
     cell, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
@@ -193,6 +242,14 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         # gamma at rows 7, 15, .., 63: the mid (even) and end (odd) rows of the 16-row blocks.
         marks = pl.ds(n * (CHUNK // HALF), CHUNK // HALF)
         plgpu.copy_gmem_to_smem(g8_ref.at[b, marks, HALF - 1, h, keys], marks_s, qk_bar)
+        if fused:  # K2: the kr scale and the document masks of the decay factors
+            if ks_channels:
+                plgpu.copy_gmem_to_smem(ks_ref.at[b, tok, h, keys], sc["ks"], qk_bar)
+            else:
+                plgpu.copy_gmem_to_smem(ks_ref.at[b, h, tok], sc["ks"], qk_bar)
+            if has_docs:
+                plgpu.copy_gmem_to_smem(conn_ref.at[b, tok], sc["conn"], qk_bar)
+                plgpu.copy_gmem_to_smem(last_ref.at[b, tok], sc["last"], qk_bar)
 
     # Phase 1: warpgroup w forms dMq (w = 0) or dMk (w = 1) and its three copies.
     full = (CHUNK, CHUNK)
@@ -303,13 +360,20 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         plgpu.commit_smem()  # the first pass's operand buffers may be overwritten
         krf = _load(kr_s.at[:, cols], _WGMMA, interpret).astype(F32)
         dkr, dk_k = matrix_pass(1, krf)
+        if fused:  # K2: the partials stay in registers for the epilogue
+            return dq, dkr, dk_q + dk_k
         out = pl.ds(half * KEY_HALF + first, slab)
         dq_ref.at[b, tok, h, out][...] = dq
         dkr_ref.at[b, tok, h, out][...] = dkr
         dk_ref.at[b, tok, h, out][...] = dk_q + dk_k
 
     plgpu.barrier_wait(qk_bar)
-    if slab == WG_KEYS:
+    if fused:
+        partials = slab_pass(wg * WG_KEYS)
+        _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref,
+                  dks_ref, dg_ref, wg=wg, n=n, h=h, b=b, half=half, scale=scale,
+                  has_docs=has_docs, ks_channels=ks_channels, interpret=interpret)
+    elif slab == WG_KEYS:
         slab_pass(wg * WG_KEYS)
     else:
         @pl.loop(0, WG_KEYS // slab)
@@ -320,6 +384,194 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
     plgpu.barrier_wait(done)
+
+
+_K1_NAMES = ("q", "k", "kr", "g", "marks", "doc", "free", "quad", "coef", "x", "x2", "kpad",
+             "gpad", "apad", "in_bar", "qk_bar", "sync", "done")
+BF16 = jnp.bfloat16
+
+
+def _split3(x):
+    """``x`` (fp32) as three bf16 pieces ``(hi, mid, lo)`` with ``hi + mid + lo == x`` exactly
+    (8 significand bits each: 24 in all; bf16 has fp32's exponent range), as long as ``lo``
+    is a normal number (``|x|`` above about 1e-33)."""
+    hi = x.astype(BF16)
+    r = x - hi.astype(F32)
+    mid = r.astype(BF16)
+    return hi, mid, (r - mid.astype(F32)).astype(BF16)
+
+
+def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref, dks_ref,
+              dg_ref, *, wg, n, h, b, half, scale, has_docs, ks_channels, interpret):
+    """K2's epilogue for warpgroup ``wg``'s 32 channels (``backward_chunk`` + the kr chain).
+
+    ``partials = (dq_M, dkr_M, dk_M)``, K1's fp32 results in registers. Equations: module
+    docstring (K2). The phase-1 inputs ``dO, dR, Vn`` are copied again (their SMEM held the y
+    tiles) and ``S_0``, ``dS_C`` of the half land where the dM copies were, so a CTA barrier
+    first waits until both warpgroups have left phase 2.
+    """
+    dq_m, dkr_m, dk_m = partials
+    lhs_s, vn_s, s0_s, dsc_s, epi_bar = sc["lhs"], sc["vn"], sc["s0"], sc["dsc"], sc["epi_bar"]
+    tok = pl.ds(n * CHUNK, CHUNK)
+    keys = pl.ds(half * KEY_HALF, KEY_HALF)
+    plgpu.commit_smem()  # generic-proxy writes of phase 2 before the TMA overwrites
+    plgpu.barrier_arrive(sc["epi_sync"])
+    plgpu.barrier_wait(sc["epi_sync"])
+
+    @pl.when(wg == 0)
+    def _copies():
+        plgpu.copy_gmem_to_smem(do_ref.at[b, tok, h], lhs_s.at[0], epi_bar)
+        plgpu.copy_gmem_to_smem(dr_ref.at[b, tok, h], lhs_s.at[1], epi_bar)
+        plgpu.copy_gmem_to_smem(vn_ref.at[b, tok, h], vn_s, epi_bar)
+        plgpu.copy_gmem_to_smem(hs_ref.at[b, h, n, keys], s0_s, epi_bar)
+        plgpu.copy_gmem_to_smem(dhs_ref.at[b, h, n, keys], dsc_s, epi_bar)
+
+    shape = (CHUNK, WG_KEYS)
+    first = pl.multiple_of(wg * WG_KEYS, WG_KEYS)
+    cols = pl.ds(first, WG_KEYS)
+    plgpu.barrier_wait(epi_bar)
+    s0_w = mgl.transposed(s0_s.at[cols], sc["s0t"].at[wg] if interpret else None, interpret)
+    dsc_w = mgl.transposed(dsc_s.at[cols], sc["dsct"].at[wg] if interpret else None, interpret)
+    # dO S_0^T, dR S_0^T, Vn dS_C^T ([64, V] @ [V, 32]) and dS_C S_0^T, whose diagonal is
+    # de_all = rowsum(S_0 * dS_C) of these channels (exact products, fp32 sums).
+    p_dq, p_dkr, p_dk, p_de = _products(shape, [(lhs_s.at[0], s0_w), (lhs_s.at[1], s0_w),
+                                                (vn_s, dsc_w), (dsc_s, s0_w)])
+    rows, chan = mgl.iota(shape, 0, interpret), mgl.iota(shape, 1, interpret)
+    de_all = jnp.sum(jnp.where(rows == chan + first, p_de, 0.0), axis=0)
+    g = _load(sc["g"].at[:, cols], _WGMMA, interpret)
+    g_last = _load(sc["marks"].at[2 * NSUB - 1, cols], _COLS, interpret)  # gamma at row 63
+    e_in = jnp.exp(g)
+    e_out = jnp.exp(_cols(g_last, shape) - g)
+    de_term = _cols(de_all * jnp.exp(g_last), shape)  # de_all e_all, at the last row
+    if has_docs:
+        conn = mgl.by_row(mgl.load_rows(sc["conn"], interpret), shape)
+        e_in = e_in * conn
+        e_out = e_out * mgl.by_row(mgl.load_rows(sc["last"], interpret), shape)
+        de_term = de_term * conn  # conn of row 63 is the chunk's conn_last
+    qf = _load(sc["q"].at[:, cols], _WGMMA, interpret).astype(F32)
+    kf = _load(sc["k"].at[:, cols], _WGMMA, interpret).astype(F32)
+    krf = _load(sc["kr"].at[:, cols], _WGMMA, interpret).astype(F32)
+    # backward_chunk's formulas, in its order.
+    dq_s = F32(scale) * p_dq * e_in  # dqg E_in
+    dkr_s = -p_dkr * e_in  # d(kr E_in) E_in
+    dk_s = p_dk * e_out  # dkg E_out
+    dk_o = kf * dk_s
+    dgam = qf * dq_s + krf * dkr_s - dk_o
+    dgam = dgam + jnp.where(rows == CHUNK - 1, _cols(jnp.sum(dk_o, axis=0), shape) + de_term,
+                            0.0)
+    dgam = dgam + qf * dq_m + krf * dkr_m - kf * dk_m
+    dtype = sc["k"].dtype
+    dq = (dq_s + dq_m).astype(dtype)
+    # The chain through kr = k ks as the Triton path's XLA does it, with its roundings: dkr
+    # and dk in the operand dtype, then dk + ks dkr in fp32, rounded once; dks = k dkr (fp32).
+    dkr = (dkr_s + dkr_m).astype(dtype).astype(F32)
+    dk = (dk_s + dk_m).astype(dtype).astype(F32)
+    if ks_channels:
+        ksf = _load(sc["ks"].at[:, cols], _WGMMA, interpret).astype(F32)
+    else:
+        ksf = mgl.by_row(mgl.load_rows(sc["ks"], interpret), shape)
+    dk_out = (dk + ksf * dkr).astype(dtype)
+    dks = kf * dkr
+    out = pl.ds(half * KEY_HALF + first, WG_KEYS)
+    dq_ref.at[b, tok, h, out][...] = dq  # stored before the cumsum: fewer live registers
+    dk_ref.at[b, tok, h, out][...] = dk_out
+    if ks_channels:
+        dks_ref.at[b, tok, h, out][...] = dks
+    else:  # per token: this warpgroup's 32 channels, summed in XLA over the partials
+        dks_ref.at[b, h, 2 * half + wg, tok][...] = jnp.sum(dks, axis=1)
+    # dg: the within-chunk reverse cumsum of dgam, U @ dgam with U_ij = [j >= i] (exact in
+    # bf16) on the three exact bf16 pieces of dgam: every product term is exact, the sums fp32.
+    piece, upper = sc["piece"].at[wg], sc["upper"].at[wg]
+    for t, x in enumerate(_split3(dgam)):
+        piece.at[t][...] = x
+    full = (CHUNK, CHUNK)
+    i, j = mgl.iota(full, 0, interpret), mgl.iota(full, 1, interpret)
+    upper[...] = jnp.where(j >= i, 1.0, 0.0).astype(BF16)
+    plgpu.commit_smem()
+    lo, mid, hi = _products(shape, [(upper, piece.at[t]) for t in (2, 1, 0)])
+    dg_ref.at[b, tok, h, out][...] = (lo + mid) + hi
+
+
+def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None):
+    """``(scratch_types, names)`` of the kernel: the SMEM buffers and barriers (K1's, in K1's
+    order; K2 unions two groups with its epilogue buffers and appends its own) and their
+    names as the kernel receives them (a tuple of member names per RefUnion)."""
+    pitch = slab + PAD_COLS  # row pitch of the unswizzled shift buffers
+    phase1 = [mgl.swizzled_smem((2, CHUNK, dv), dtype),  # lhs: dO, dR
+              mgl.swizzled_smem((CHUNK, dv), dtype)]  # vn
+    y_tiles = _tile16((2, NSUB, CHUNK, slab), dtype)  # y: per warpgroup, the column operands
+    dms = [_tile16((2, CHUNK, CHUNK), dtype),  # free: dMq, dMk without the band
+           _tile16((2, CHUNK, CHUNK), dtype)]  # quad: only the quadrants, without the band
+    pads = [plgpu.SMEM((2, HALF + CHUNK, pitch), dtype),  # kpad: k, 8 leading pad rows
+            plgpu.SMEM((2, HALF + CHUNK + HALF, pitch), F32),  # gpad: gamma, 8 pad rows each side
+            plgpu.SMEM((2, CHUNK + HALF, pitch), dtype)]  # apad: q or kr, 8 trailing pad rows
+    # K2's epilogue: S_0, dS_C rows of the half where the dM copies were; the three bf16
+    # pieces of dgam and the upper-triangular ones where the shift buffers were.
+    states = [mgl.swizzled_smem((KEY_HALF, dv), dtype),  # s0
+              mgl.swizzled_smem((KEY_HALF, dv), dtype)]  # dsc
+    cumsum = [_tile16((2, 3, CHUNK, WG_KEYS), BF16),  # piece: hi, mid, lo per warpgroup
+              _tile16((2, CHUNK, CHUNK), BF16)]  # upper: U_ij = [j >= i] per warpgroup
+
+    def union(a, b, a_names, b_names):
+        """``a`` and ``b`` sharing SMEM (separate buffers when interpreting: no RefUnion)."""
+        if interpret:
+            scratch.extend(a + b)
+            names.extend(a_names + b_names)
+        else:
+            scratch.append(plgpu.RefUnion(tuple(a), tuple(b) if len(b) > 1 else b[0]))
+            names.append((a_names, b_names if len(b) > 1 else b_names[0]))
+
+    scratch, names = [], []
+    union(phase1, [y_tiles], ("lhs", "vn"), ("y",))
+    scratch += [
+        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # q
+        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # k
+        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # kr
+        _slab_smem((CHUNK, KEY_HALF), F32, slab),  # g: gamma
+        plgpu.SMEM((CHUNK // HALF, KEY_HALF), F32),  # marks: gamma at rows 7, 15, .., 63
+        plgpu.SMEM((CHUNK,), F32),  # doc
+    ]
+    names += ["q", "k", "kr", "g", "marks", "doc"]
+    if fused:
+        union(dms, states, ("free", "quad"), ("s0", "dsc"))
+    else:
+        scratch += dms
+        names += ["free", "quad"]
+    scratch += [
+        plgpu.SMEM((2, 2, HALF, CHUNK + HALF), F32),  # coef: band coefficients (row, col)
+        _tile16((2, CHUNK, slab), dtype),  # x: k e^{r_J - gamma}, per warpgroup
+        _tile16((2, CHUNK, slab), dtype),  # x2: k e^{m_J - gamma} on first-half rows
+    ]
+    names += ["coef", "x", "x2"]
+    if fused:
+        union(pads, cumsum, ("kpad", "gpad", "apad"), ("piece", "upper"))
+    else:
+        scratch += pads
+        names += ["kpad", "gpad", "apad"]
+    extra_qk = (1 + 2 * int(has_docs)) if fused else 0  # K2: ks (, conn, last)
+    scratch += [
+        plgpu.Barrier(num_arrivals=3 + int(has_docs)),  # in_bar: dO, dR, Vn (, doc) landed
+        plgpu.Barrier(num_arrivals=5 + extra_qk),  # qk_bar: q, k, kr, gamma, the marks landed
+        plgpu.Barrier(num_arrivals=2),  # sync: both matrices staged
+        plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
+    ]
+    names += ["in_bar", "qk_bar", "sync", "done"]
+    if fused:
+        scratch += [ks_smem,  # ks: the kr scale (per token, or the half's channels)
+                    plgpu.SMEM((CHUNK,), F32),  # conn
+                    plgpu.SMEM((CHUNK,), F32),  # last
+                    plgpu.Barrier(num_arrivals=2),  # epi_sync: both left phase 2
+                    plgpu.Barrier(num_arrivals=5)]  # epi_bar: dO, dR, Vn, S_0, dS_C landed
+        names += ["ks", "conn", "last", "epi_sync", "epi_bar"]
+    if interpret:  # the SMEM copies of what the GPU reads as transposed views
+        scratch += [plgpu.SMEM((2, dv, CHUNK), dtype),  # vnt: Vn^T per warpgroup
+                    plgpu.SMEM((2, 2, CHUNK, CHUNK), dtype)]  # mt: dM^T (free, quadrant)
+        names += ["vnt", "mt"]
+        if fused:
+            scratch += [plgpu.SMEM((2, dv, WG_KEYS), dtype),  # s0t: S_0^T rows per warpgroup
+                        plgpu.SMEM((2, dv, WG_KEYS), dtype)]  # dsct: dS_C^T
+            names += ["s0t", "dsct"]
+    return scratch, tuple(names)
 
 
 def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
@@ -429,37 +681,10 @@ def channelwise_grad_intra_mosaic(
         doc = jnp.pad(doc, ((0, 0), (0, padded - seq_len)), mode="edge")
         extra = (doc.astype(F32),)
     halves = dk // KEY_HALF
-    pitch = slab + PAD_COLS  # row pitch of the unswizzled shift buffers
     dtype = q.dtype
-    phase1 = [mgl.swizzled_smem((2, CHUNK, dv), dtype),  # lhs_s: dO, dR
-              mgl.swizzled_smem((CHUNK, dv), dtype)]  # vn_s
-    y_tiles = _tile16((2, NSUB, CHUNK, slab), dtype)  # y_s: per warpgroup, the column operands
-    scratch = phase1 + [y_tiles] if interpret else [plgpu.RefUnion(tuple(phase1), y_tiles)]
-    scratch += [
-        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # q_s
-        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # k_s
-        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # kr_s
-        _slab_smem((CHUNK, KEY_HALF), F32, slab),  # g_s: gamma
-        plgpu.SMEM((CHUNK // HALF, KEY_HALF), F32),  # marks_s: gamma at rows 7, 15, .., 63
-        plgpu.SMEM((CHUNK,), F32),  # doc_s
-        _tile16((2, CHUNK, CHUNK), dtype),  # free_s: dMq, dMk without the band
-        _tile16((2, CHUNK, CHUNK), dtype),  # quad_s: only the quadrants, without the band
-        plgpu.SMEM((2, 2, HALF, CHUNK + HALF), F32),  # coef_s: band coefficients (row, col)
-        _tile16((2, CHUNK, slab), dtype),  # x_s: k e^{r_J - gamma}, per warpgroup
-        _tile16((2, CHUNK, slab), dtype),  # x2_s: k e^{m_J - gamma} on first-half rows
-        plgpu.SMEM((2, HALF + CHUNK, pitch), dtype),  # kpad_s: k, 8 leading pad rows
-        plgpu.SMEM((2, HALF + CHUNK + HALF, pitch), F32),  # gpad_s: gamma, 8 pad rows each side
-        plgpu.SMEM((2, CHUNK + HALF, pitch), dtype),  # apad_s: q or kr, 8 trailing pad rows
-        plgpu.Barrier(num_arrivals=3 + int(has_docs)),  # in_bar: dO, dR, Vn (, doc) landed
-        plgpu.Barrier(num_arrivals=5),  # qk_bar: q, k, kr, gamma, the marks landed
-        plgpu.Barrier(num_arrivals=2),  # sync: both matrices staged
-        plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
-    ]
-    if interpret:  # the SMEM copies of what the GPU reads as transposed views
-        scratch += [plgpu.SMEM((2, dv, CHUNK), dtype),  # vnt_s: Vn^T per warpgroup
-                    plgpu.SMEM((2, 2, CHUNK, CHUNK), dtype)]  # mt_s: dM^T (free, quadrant)
+    scratch, names = _scratch(dtype, dv, slab, has_docs, interpret)
     kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
-                               slab=slab, interpret=interpret)
+                               slab=slab, interpret=interpret, names=names)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)
     call = plgpu.kernel(
         kernel,
@@ -477,3 +702,135 @@ def channelwise_grad_intra_mosaic(
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
         dq, dk_out, dkr = call(q, k, kr, gamma, g8, do, vn, dr, *extra)
     return dq[:, :seq_len], dk_out[:, :seq_len], dkr[:, :seq_len]
+
+
+def check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
+    """The input contract of :func:`channelwise_grad_chunk_mosaic`: :func:`check_inputs`, and
+
+    Raises:
+        ValueError: ``ks`` not a float ``[B, T, H, 1]`` or ``[B, T, H, K]``; ``hs`` or ``dhs``
+            not ``[B, H, N, K, V]`` (N = ceil(T / 64)) in q's dtype.
+    """
+    check_inputs(q, k, kr, gamma, do, vn, dr, doc)
+    batch, seq_len, heads, dk = q.shape
+    dv = do.shape[-1]
+    if ks.shape not in ((batch, seq_len, heads, 1), q.shape) or not jnp.issubdtype(
+            ks.dtype, jnp.floating):
+        raise ValueError(f"ks must be a float [B, T, H, 1] or [B, T, H, K] = {q.shape}, got "
+                         f"{ks.shape} {ks.dtype}")
+    want = (batch, heads, -(-seq_len // CHUNK), dk, dv)
+    for name, x in (("hs", hs), ("dhs", dhs)):
+        if x.shape != want or x.dtype != q.dtype:
+            raise ValueError(f"{name} must be [B, H, N, K, V] = {want} in q's dtype "
+                             f"{q.dtype}, got {x.shape} {x.dtype}")
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+def channelwise_grad_chunk_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    kr: jax.Array,
+    ks: jax.Array,
+    gamma: jax.Array,
+    hs: jax.Array,
+    dhs: jax.Array,
+    do: jax.Array,
+    vn: jax.Array,
+    dr: jax.Array,
+    *,
+    scale: float,
+    doc: Optional[jax.Array] = None,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """K2: K1, ``backward_chunk`` and the ``kr`` chain rule in one Mosaic GPU kernel.
+
+    Replaces ``channelwise_gpu._grad_blocks`` (or K1), the Triton ``backward_chunk`` and the
+    XLA chain rule through ``kr = k ks`` in ``channelwise_gpu``'s backward (module docstring,
+    MOSAIC_GPU.md Sec. 19.4.4 and 21), so K1's fp32 partials ``dq_M, dk_M, dkr_M`` never
+    leave the registers. Per chunk (``backward_chunk``'s equations; ``E_in = e^gamma conn``,
+    ``E_out = e^{gamma_C - gamma} last``, ``e_all = e^{gamma_C} conn_C``)::
+
+        dq   = scale (dO S_0^T) E_in + dq_M
+        dkr  = -(dR S_0^T) E_in + dkr_M
+        dk   = (Vn dS_C^T) E_out + dk_M
+        de_all = rowsum(S_0 * dS_C)                   (the diagonal of dS_C S_0^T)
+        dgam = q dq + kr dkr - k dk            + [last row] (colsum(k (Vn dS_C^T) E_out)
+               + de_all e_all)                  (the state-term shares, then the M shares)
+        dg   = the within-chunk reverse cumsum of dgam (U @ dgam on three exact bf16 pieces)
+        dk_out = round(round(dk) + ks round(dkr));  dks = k round(dkr)
+
+    with ``round`` to the operand dtype: the roundings of the Triton path (``backward_chunk``
+    writes dk, dkr in the operand dtype; the chain rule adds in fp32).
+
+    Args:
+        q, k, kr, gamma, do, vn, dr, doc, scale: as :func:`channelwise_grad_intra_mosaic`.
+        ks: the read key's scale ``[B, T, H, 1]`` (KDA's beta: ``dks`` summed per token) or
+            ``[B, T, H, K]`` (GDN-2's per-channel b); any float dtype (read as fp32: bf16,
+            fp16 and fp32 as they are, others converted).
+        hs: the chunks' entry states ``S_0`` ``[B, H, N, K, V]`` in q's dtype (the forward's
+            ``hs``), N = ceil(T / 64).
+        dhs: the chunks' exit-state cotangents ``dS_C`` ``[B, H, N, K, V]`` in q's dtype
+            (``backward_state``'s).
+        interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+
+    Returns:
+        ``(dq, dk, dks, dg)``: ``dq`` and ``dk`` (the chain rule applied) ``[B, T, H, K]`` in
+        q's dtype; ``dks`` fp32, ks's shape; ``dg`` fp32 ``[B, T, H, K]`` (the gradient of
+        the log-decay g).
+
+    Raises:
+        ValueError: as :func:`check_chunk_inputs`.
+    """
+    check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc)
+    batch, seq_len, heads, dk = q.shape
+    dv = do.shape[-1]
+    num_chunks = -(-seq_len // CHUNK)
+    padded = num_chunks * CHUNK
+    q, k, kr, do, vn, dr = (mgl.pad_time(x, num_chunks) for x in (q, k, kr, do, vn, dr))
+    gamma = mgl.pad_time(gamma.astype(F32), num_chunks)
+    halves = dk // KEY_HALF
+    ks_channels = ks.shape[-1] != 1
+    if ks_channels:
+        if jnp.dtype(ks.dtype) not in (jnp.dtype(BF16), jnp.dtype(jnp.float16), jnp.dtype(F32)):
+            ks = ks.astype(F32)
+        ks_in = mgl.pad_time(ks, num_chunks)
+        ks_smem = _slab_smem((CHUNK, KEY_HALF), ks_in.dtype, WG_KEYS)
+    else:  # [B, H, Tp]: one contiguous 64-token row per chunk
+        ks_in = jnp.transpose(mgl.pad_time(ks.astype(F32), num_chunks)[..., 0], (0, 2, 1))
+        ks_smem = plgpu.SMEM((CHUNK,), F32)
+    has_docs = doc is not None
+    extra = ()
+    if has_docs:
+        doc = jnp.pad(doc, ((0, 0), (0, padded - seq_len)), mode="edge")
+        dc = doc.reshape(batch, num_chunks, CHUNK)
+        prev = jnp.concatenate([dc[:, :1, :1], dc[:, :-1, -1:]], axis=1)  # doc before a chunk
+        conn = (dc == prev).astype(F32).reshape(batch, padded)  # as docs_from_segment_ids
+        last = (dc == dc[:, :, -1:]).astype(F32).reshape(batch, padded)
+        extra = (doc.astype(F32), conn, last)
+    dtype = q.dtype
+    scratch, names = _scratch(dtype, dv, WG_KEYS, has_docs, interpret, fused=True,
+                              ks_smem=ks_smem)
+    kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
+                               slab=WG_KEYS, interpret=interpret, names=names, fused=True,
+                               ks_channels=ks_channels)
+    tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), dtype)
+    dks_type = (jax.ShapeDtypeStruct((batch, padded, heads, dk), F32) if ks_channels
+                else jax.ShapeDtypeStruct((batch, heads, 2 * halves, padded), F32))
+    call = plgpu.kernel(
+        kernel,
+        out_type=(tok, tok, dks_type, jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)),
+        scratch_types=scratch,
+        grid=(num_chunks * halves, heads, batch),
+        grid_names=("n", "h", "b"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name=K2_KERNEL_NAME,
+    )
+    with jax.named_scope(K2_KERNEL_NAME):
+        g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
+        dq, dk_out, dks, dg = call(q, k, kr, gamma, g8, do, vn, dr, hs, dhs, ks_in, *extra)
+        if not ks_channels:  # the per-warpgroup partials, summed here: [B, T, H, 1]
+            dks = jnp.transpose(jnp.sum(dks, axis=2), (0, 2, 1))[..., None]
+    return dq[:, :seq_len], dk_out[:, :seq_len], dks[:, :seq_len], dg[:, :seq_len]

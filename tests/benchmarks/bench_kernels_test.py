@@ -420,7 +420,7 @@ class ChannelwiseGradPassTest(absltest.TestCase):
                 with self.assertRaises(app.UsageError, msg=str(extra)):
                     bench_kernels._check_channelwise_grad_pass()
         with flagsaver.flagsaver(peers=["ours"], ops=["kda", "gdn"], passes=["fwdbwd"],
-                                 channelwise_grad_pass=["triton", "mosaic"]):
+                                 channelwise_grad_pass=["triton", "mosaic", "mosaic_fused"]):
             bench_kernels._check_channelwise_grad_pass()
 
     def test_variants_set_the_tuning_entry(self):
@@ -450,16 +450,20 @@ class ChannelwiseGradPassTest(absltest.TestCase):
                  kernel_ms=7.2, kernels={"channelwise_grad_blocks": 3.073,
                                          "channelwise_backward_chunk": 1.5}),
             dict(rec, channelwise_grad_pass="mosaic", ms=6.5, kernel_ms=5.9, gate=False,
-                 kernels={"channelwise_grad_intra_mosaic": 1.8})]
+                 kernels={"channelwise_grad_intra_mosaic": 1.8}),
+            dict(rec, channelwise_grad_pass="mosaic_fused", ms=5.5, kernel_ms=4.9,
+                 kernels={"channelwise_grad_chunk_mosaic": 2.25})]
         md = bench_kernels.markdown(records, {"date": "2026-12-05", "gpu": "H200"}, "cmd")
         table = md.split("Channelwise grad passes")[1]  # (the state-pass table comes first)
         rows = [line for line in table.splitlines()
                 if re.match(r"\| kda \| S1 \| fwdbwd \| (mosaic|default) \| ", line)]
         cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
         self.assertEqual(cells, [["kda", "S1", "fwdbwd", "mosaic", "triton", "7.200", "3.073",
-                                  "8.000", "green"],
+                                  "4.573", "8.000", "green"],
                                  ["kda", "S1", "fwdbwd", "default", "mosaic", "5.900", "1.800",
-                                  "6.500", "RED"]])
+                                  "1.800", "6.500", "RED"],
+                                 ["kda", "S1", "fwdbwd", "default", "mosaic_fused", "4.900",
+                                  "2.250", "2.250", "5.500", "green"]])
         self.assertNotIn("grad-pass kernel",
                          bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
 

@@ -59,13 +59,15 @@ _SMEM_K128_V128_SLAB16 = 175_136
 
 
 def grad_inputs(seed, batch, seq_len, heads, dk, dv, dtype, *, docs=None, decay=1.0, h0=True,
-                gdn2=False, interpret=True):
+                gdn2=False, interpret=True, full=False):
     """``(cfg, args, doc_arrays)``: ``args = (q, k, kr, gamma, do, vn, dr)`` as ``grad_blocks``
     receives them in the op's backward, from ``channelwise_gpu``'s own forward kernels (Pallas
     interpret mode if ``interpret``) on random inputs (KDA's per-head ``beta`` or GDN-2's
     per-channel scales, log-decays ``decay * log_sigmoid(N(1.5, 1))`` on the even channels, to
     about -20 per token at ``decay=10``, and ``log_sigmoid(N(1.5, 1))`` on the odd ones), a
-    random ``dO`` and the final state's cotangent; time padded to whole chunks."""
+    random ``dO`` and the final state's cotangent; time padded to whole chunks. ``full``: also
+    ``(ks, hs, dhs)`` (the padded kr scale, the chunks' entry states and exit cotangents) as a
+    fourth element, K2's extra inputs."""
     keys = jax.random.split(jax.random.key(seed), 10)
 
     def unit(x):
@@ -103,13 +105,16 @@ def grad_inputs(seed, batch, seq_len, heads, dk, dv, dtype, *, docs=None, decay=
     def forward(q, k, v, ks, vs, g, state, do, dht):
         gam = channelwise_gpu._gamma(cfg, g)
         prep = channelwise_gpu._prepare(cfg, q, k, v, ks, vs, gam, doc_arrays, save_a=True)
-        _, _, vn, _ = channelwise_gpu._forward(cfg, prep, state, save=True)
-        dvn, _, _ = channelwise_gpu._backward_state(cfg, prep, do, None, dht)
+        _, _, vn, hs = channelwise_gpu._forward(cfg, prep, state, save=True)
+        dvn, dhs, _ = channelwise_gpu._backward_state(cfg, prep, do, None, dht)
         dr = channelwise_gpu._chunk_dr(cfg, prep["a_ref"], dvn)
         kr = (k.astype(jnp.float32) * ks.astype(jnp.float32)).astype(k.dtype)
-        return q, k, kr, gam, do, vn, dr
+        return (q, k, kr, gam, do, vn, dr), (ks, hs, dhs)
 
-    return cfg, forward(q, k, v, ks, vs, g, state, do, dht), doc_arrays
+    args, extra = forward(q, k, v, ks, vs, g, state, do, dht)
+    if full:
+        return cfg, args, doc_arrays, extra
+    return cfg, args, doc_arrays
 
 
 def reference(args, doc, scale):
