@@ -71,6 +71,11 @@ def main(argv):
         print(f"interrupted (Ctrl-C): {e}" if str(e) else
               "interrupted (Ctrl-C); nothing saved since the last checkpoint", file=sys.stderr)
         sys.exit(130)
+    except train.Terminated as e:
+        # SIGTERM while a checkpoint was being written where no stop request is polled (the
+        # stop path's or the final save): the write completed first; one line naming it.
+        print(f"terminated (SIGTERM): {e}", file=sys.stderr)
+        sys.exit(143)  # the shell's status for SIGTERM (128 + 15)
 
 
 if __name__ == "__main__":

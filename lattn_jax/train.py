@@ -15,7 +15,8 @@ Stages, in order:
    MFU) to stdout, ``<workdir>/metrics.jsonl``, ``loss.png`` and TensorBoard, a tqdm bar, async
    checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption) or Ctrl-C
    (SIGINT; a second Ctrl-C stops at once, or, while a checkpoint is being written, once it is
-   complete), and a final evaluation and checkpoint. Running out of device memory, in the
+   complete; so does a SIGTERM during the stop's own or the final save), and a final evaluation
+   and checkpoint. Running out of device memory, in the
    first step or a later one, ends the run with one line naming the options to lower (and,
    after the first step, the intact checkpoint the same command resumes from).
 """
@@ -476,17 +477,27 @@ class MetricsWriter:
             self._tb = None
 
 
+class Terminated(BaseException):
+    """SIGTERM came while a checkpoint was being written where no watcher turns it into a stop
+    request (the stop path's save, the final save, a run with ``train.save_on_preemption``
+    off): raised once the write is complete (:meth:`PreemptionWatcher.defer_signals`), with a
+    one-line message naming that checkpoint. A ``BaseException``, as ``KeyboardInterrupt``:
+    ``except Exception`` handlers let it through."""
+
+
 class PreemptionWatcher:
     """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop polls, so that it can save before
     exiting.
 
     The first Ctrl-C asks for a save at the end of the current step and installs Python's
     default SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``,
-    nothing saved), except while a checkpoint is being written (:meth:`defer_sigint`): then it
-    stops once the write is complete. Installed only from the main thread (Python's rule for
-    signal handlers); the previous handlers are restored on exit. In a multi-process run the
-    processes also agree on the step through orbax / JAX's preemption sync point. Public: the
-    HALO pipeline (``experiments/halo_pipeline.py``) stops its stages with it too.
+    nothing saved), except while a checkpoint is being written (:meth:`defer_signals`): then it
+    stops once the write is complete. A SIGTERM while a checkpoint is being written outside the
+    watched loop (the stop path's or the final save) is held back the same way. Installed only
+    from the main thread (Python's rule for signal handlers); the previous handlers are restored
+    on exit. In a multi-process run the processes also agree on the step through orbax / JAX's
+    preemption sync point. Public: the HALO pipeline (``experiments/halo_pipeline.py``) stops
+    its stages with it too.
 
     Attributes:
       requested: a signal arrived (poll it, then save and stop).
@@ -526,61 +537,73 @@ class PreemptionWatcher:
         return False
 
     @contextlib.contextmanager
-    def defer_sigint(self, what: str, *, finish: Optional[Callable[[], None]] = None,
-                     raise_after: bool = True):
-        """Holds back a Ctrl-C that would interrupt the block (a checkpoint write) until the
-        block is done, so that the checkpoint is complete and no ``KeyboardInterrupt`` lands
-        inside orbax. One that did (orbax 0.12.8) left the step's temporary directory behind,
-        or logged orbax's "Save Finalize thread (save_finalize) failed" traceback (the step
-        was then complete, while the binary said nothing was saved), or hung the process.
+    def defer_signals(self, what: str, *, finish: Optional[Callable[[], None]] = None,
+                      raise_after: bool = True):
+        """Holds back a Ctrl-C or SIGTERM that would interrupt the block (a checkpoint write)
+        until the block is done, so that the checkpoint is complete and no ``KeyboardInterrupt``
+        lands inside orbax. One that did (orbax 0.12.8) left the step's temporary directory
+        behind, or logged orbax's "Save Finalize thread (save_finalize) failed" traceback (the
+        step was then complete, while the binary said nothing was saved), or hung the process;
+        a SIGTERM under its default handler killed the process mid-write, so that the run
+        resumed from the checkpoint before (losing the steps since).
 
-        Inside the block, the first Ctrl-C of a watched run (this watcher's handler installed)
-        only asks for a stop, as :meth:`_handle` does. Any other Ctrl-C (a second one, or one
-        after the watcher's exit or without it) prints one line and is deferred: when the block
-        ends, ``finish`` (e.g. waiting for the asynchronous write) runs, still deferring, and
-        then, with ``raise_after``, ``KeyboardInterrupt`` is raised with a one-line message
-        saying that ``what`` is complete. A block that raises restores the handler and
-        propagates its own error. Does nothing outside the main thread.
+        Inside the block, a signal the watcher's own handler receives (its first Ctrl-C, any
+        SIGTERM while the loop watches) only asks for a stop, as :meth:`_handle` does. Any other
+        Ctrl-C or SIGTERM (a second Ctrl-C; either after the watcher's exit or without it)
+        prints one line and is deferred: when the block ends, ``finish`` (e.g. waiting for the
+        asynchronous write) runs, still deferring, and then, with ``raise_after``,
+        ``Terminated`` (a SIGTERM came) or ``KeyboardInterrupt`` is raised with a one-line
+        message saying that ``what`` is complete. A block that raises restores the handlers
+        and propagates its own error. Does nothing outside the main thread.
 
         Args:
           what: the checkpoint being written, for the messages (e.g. ``"the checkpoint at step
             6 (<dir>/6)"``).
-          finish: called after the block when a Ctrl-C was deferred, before raising.
-          raise_after: raise the deferred interrupt after the block (``False``: the caller is
+          finish: called after the block when a signal was deferred, before raising.
+          raise_after: raise for the deferred signal after the block (``False``: the caller is
             ending anyway, e.g. closing the checkpointer in a ``finally``).
 
         Raises:
-          KeyboardInterrupt: after the block (and ``finish``), if a Ctrl-C was deferred and
+          Terminated: after the block (and ``finish``), if a SIGTERM was deferred and
             ``raise_after``.
+          KeyboardInterrupt: likewise for a deferred Ctrl-C (and no SIGTERM).
         """
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.getsignal(signal.SIGINT)
-        watched = previous == self._handle  # the watcher's own: no Ctrl-C seen yet
+        previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        watched = {s: h == self._handle for s, h in previous.items()}  # no such signal seen yet
         first, deferred = [], []
 
         def hold(signum, frame):
-            if watched and not first:
+            if signum == signal.SIGINT and watched[signum] and not first:
                 first.append(signum)
                 self._handle(signum, frame)  # the first Ctrl-C: a stop after this step
                 signal.signal(signal.SIGINT, hold)  # and still deferring the next one
                 return
             if not deferred:
-                print(f"\nCtrl-C while {what} is being written: stopping once it is complete "
+                name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+                print(f"\n{name} while {what} is being written: stopping once it is complete "
                       f"(interrupting the write would leave it incomplete)", file=sys.stderr,
                       flush=True)
             deferred.append(signum)
 
         signal.signal(signal.SIGINT, hold)
+        if not watched[signal.SIGTERM]:  # the watcher's own handler only flags a stop
+            signal.signal(signal.SIGTERM, hold)
         try:
             yield
             if deferred and finish is not None:
                 finish()
         finally:
             # After a first Ctrl-C in the block, the next one interrupts (as after _handle).
-            signal.signal(signal.SIGINT, signal.default_int_handler if first else previous)
+            signal.signal(signal.SIGINT,
+                          signal.default_int_handler if first else previous[signal.SIGINT])
+            signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
         if deferred and raise_after:
+            if signal.SIGTERM in deferred:
+                raise Terminated(f"{what} is complete; stopped there on SIGTERM: run the same "
+                                 f"command again to resume from it")
             raise KeyboardInterrupt(f"{what} is complete; stopped there on Ctrl-C: run the same "
                                     f"command again to resume from it")
 
@@ -829,7 +852,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         saving a checkpoint of the last good parameters).
       KeyboardInterrupt: a second Ctrl-C (or one with ``train.save_on_preemption`` off); one
         that came while a checkpoint was being written is raised once the write is complete,
-        with a message naming that checkpoint (:meth:`PreemptionWatcher.defer_sigint`).
+        with a message naming that checkpoint (:meth:`PreemptionWatcher.defer_signals`).
+      Terminated: a SIGTERM came while a checkpoint was being written outside the watched
+        loop (the stop path's or the final save; any save with ``train.save_on_preemption``
+        off): raised once the write is complete, with a message naming that checkpoint.
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
@@ -1121,16 +1147,22 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             plot_losses(workdir)
         return loss
 
-    # A second Ctrl-C while a checkpoint is being written waits for the write to complete.
+    # A second Ctrl-C, or a SIGTERM outside the watched loop, while a checkpoint is being
+    # written waits for the write to complete (then stops, naming it).
     watcher = PreemptionWatcher(tcfg.save_on_preemption)
 
     def save(step, metrics=None):
         nonlocal phase
         phase = f"the checkpoint save at step {step}"
-        with watcher.defer_sigint(f"the checkpoint at step {step} ({ckpt.directory}/{step})",
-                                  finish=ckpt.wait):
+        with watcher.defer_signals(f"the checkpoint at step {step} ({ckpt.directory}/{step})",
+                                   finish=ckpt.wait):
             ckpt.save(step, state, train_iter, metrics=metrics)
         return step
+
+    def wait_for_save(step):
+        # The asynchronous write of the checkpoint at ``step`` completed, signals deferred.
+        with watcher.defer_signals(f"the checkpoint at step {step} ({ckpt.directory}/{step})"):
+            ckpt.wait()
 
     bar = tqdm.tqdm(total=tcfg.total_steps, initial=step, unit="step", dynamic_ncols=True,
                     disable=None if jax.process_index() == 0 else True)
@@ -1159,7 +1191,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 if tcfg.nonfinite_policy == "stop" and not bool(metrics["finite"]):
                     # The step kept the previous parameters: save them and stop.
                     save(step)
-                    ckpt.wait()
+                    wait_for_save(step)
                     raise NonFiniteError(
                         f"step {step}: non-finite loss ({float(metrics['loss'])}) or gradient "
                         f"norm ({float(metrics['grad_norm'])}); train.nonfinite_policy='stop'. "
@@ -1219,9 +1251,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         if step < tcfg.total_steps:
             if last_saved != step:
                 save(step)
-            with watcher.defer_sigint(f"the checkpoint at step {step} "
-                                      f"({ckpt.directory}/{step})"):
-                ckpt.wait()
+            wait_for_save(step)
             if preempted:
                 why = {"SIGINT": "Ctrl-C, SIGINT", "SIGTERM": "SIGTERM (preemption)"}.get(
                     watcher.signal_name, "a preemption notice")
@@ -1241,15 +1271,18 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         val_loss = run_eval(step)
         if last_saved != step:
             save(step, {"val_loss": val_loss})
+        wait_for_save(step)  # before the finally's close: a SIGTERM there stops, naming it
     except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
         # The first step's is translated by _first_train_step (a ConfigError, not one of these).
         if not _is_out_of_memory(e):
             raise
         # Nothing is saved (the donated state may be gone); what was written stays as it is.
-        raise _out_of_memory_error(e, config, phase, _resume_point(ckpt)) from None
+        with watcher.defer_signals("the pending checkpoint writes", raise_after=False):
+            resume_point = _resume_point(ckpt)
+        raise _out_of_memory_error(e, config, phase, resume_point) from None
     finally:
         bar.close()
-        with watcher.defer_sigint("the pending checkpoint writes", raise_after=False):
+        with watcher.defer_signals("the pending checkpoint writes", raise_after=False):
             ckpt.close()
         metrics_writer.close()
     train_text = "n/a (no steps run)" if math.isnan(last_train_loss) else f"{last_train_loss:.4f}"

@@ -54,6 +54,19 @@ def save(self, step, *args, **kwargs):
 checkpoint.Checkpointer.save = save
 """
 
+# Checkpointer.save sends this process SIGTERM (a cluster's preemption) at step 2.
+SIGTERM_IN_SAVE_2 = """
+import os, signal, time
+from lattn_jax import checkpoint
+real_save = checkpoint.Checkpointer.save
+def save(self, step, *args, **kwargs):
+    if step == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+    return real_save(self, step, *args, **kwargs)
+checkpoint.Checkpointer.save = save
+"""
+
 
 def run_train_patched(patch, *flags):
     """:func:`run_train` with the Python code ``patch`` run first, in the same process."""
@@ -169,6 +182,21 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertEqual(result.stderr.strip().splitlines()[-1], (
             f"interrupted (Ctrl-C): the checkpoint at step 2 ({path}/2) is complete; stopped "
             f"there on Ctrl-C: run the same command again to resume from it"))
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(os.listdir(path), ["2"])
+
+    def test_sigterm_during_the_stop_path_save_finishes_it_and_says_so_in_one_line(self):
+        # The stop path (here max_steps_per_run) saved under the default SIGTERM handler: a
+        # SIGTERM then killed the process mid-write (status -15, no step 2).
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train_patched(SIGTERM_IN_SAVE_2, "--workdir=" + workdir, *TINY_RUN,
+                                   "--config.train.checkpoint_every=5",
+                                   "--config.train.max_steps_per_run=2")
+        self.assertEqual(result.returncode, 143, result.stderr)
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stderr.strip().splitlines()[-1], (
+            f"terminated (SIGTERM): the checkpoint at step 2 ({path}/2) is complete; stopped "
+            f"there on SIGTERM: run the same command again to resume from it"))
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(os.listdir(path), ["2"])
 

@@ -114,6 +114,55 @@ class InterruptTest(CorpusTestCase):
         self.assertEqual(out["step"], 2)
         self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
 
+    def _sigterm_in_save(self, at_step, **overrides):
+        """Runs a tiny config whose save at ``at_step`` gets a SIGTERM, under a SIGTERM handler
+        that raises ``_Killed`` (standing in for the default one, which ends the process)."""
+        workdir = os.path.join(self.tmp, "w")
+        real_save = checkpoint_lib.Checkpointer.save
+
+        def save_with_sigterm(ckpt, step, *args, **kwargs):
+            if step == at_step:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+            return real_save(ckpt, step, *args, **kwargs)
+
+        def killed(signum, frame):
+            raise _Killed()
+
+        previous = signal.signal(signal.SIGTERM, killed)
+        self.addCleanup(signal.signal, signal.SIGTERM, previous)
+        cfg = tiny_experiment(self.corpus, log_every=1, **overrides)
+        with mock.patch.object(checkpoint_lib.Checkpointer, "save", save_with_sigterm):
+            with mock.patch.object(sys, "stderr", io.StringIO()) as err:
+                with self.assertRaises(train.Terminated) as raised:
+                    train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(signal.getsignal(signal.SIGTERM), killed)  # handler restored
+        path = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step {at_step} ({path}/{at_step}) is complete; stopped there on "
+            f"SIGTERM: run the same command again to resume from it"))
+        self.assertIn(f"SIGTERM while the checkpoint at step {at_step} ({path}/{at_step}) is "
+                      f"being written: stopping once it is complete", err.getvalue())
+        return workdir, cfg
+
+    def test_a_sigterm_during_the_stop_path_save_waits_for_the_checkpoint(self):
+        # The stop path (max_steps_per_run, or after a first signal) saved after the watcher
+        # had restored the default SIGTERM handler: a SIGTERM then (a cluster's preemption)
+        # killed the process mid-write, and the run resumed from the checkpoint before.
+        workdir, cfg = self._sigterm_in_save(2, total_steps=4, checkpoint_every=5,
+                                             max_steps_per_run=2)
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual((result["resumed_from"], result["step"]), (2, 4))
+
+    def test_a_sigterm_during_the_final_save_waits_for_the_checkpoint(self):
+        workdir, _ = self._sigterm_in_save(2, total_steps=2, checkpoint_every=5, eval_every=5)
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
+
+
+class _Killed(BaseException):
+    """What a test's SIGTERM handler raises in place of the process ending."""
+
 
 class ShortRunScheduleTest(absltest.TestCase):
 
