@@ -780,7 +780,11 @@ def _write_start_config(workdir: str, config: config_lib.ExperimentConfig,
     """Writes ``<workdir>/config.json`` (the run's first config) for a fresh start, or for a
     resumed run that lacks one. Called only once the state is restored or initialised, so that
     a failed start (a checkpoint of a different model, an unreadable one) writes no config that
-    would then refuse the right command (:func:`_check_resume_compatible`)."""
+    would then refuse the right command (:func:`_check_resume_compatible`). Only process 0
+    writes it (as every run record in the workdir): in a multi-process run the other processes
+    would race on the same file of a shared workdir."""
+    if jax.process_index() != 0:
+        return
     path = os.path.join(workdir, "config.json")
     if not (has_checkpoint and os.path.exists(path)):
         with open(path, "w") as f:

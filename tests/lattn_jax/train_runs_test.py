@@ -405,6 +405,51 @@ class StoppedBeforeCheckpointsTest(CorpusTestCase):
         self.assertEqual((result["resumed_from"], result["step"]), (-1, 2))
 
 
+class _NoCheckpoints:
+    """A process's checkpointer that saves nothing: orbax needs JAX's distributed runtime when
+    ``jax.process_count()`` is above 1 (it writes every process's shards and finalizes on
+    process 0; its own tests cover that)."""
+
+    def __init__(self, workdir, **kwargs):
+        del kwargs
+        self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+
+    def latest_step(self):
+        return None
+
+    def all_steps(self):
+        return []
+
+    def save(self, *args, **kwargs):
+        return True
+
+    def wait(self):
+        pass
+
+    def close(self):
+        pass
+
+    def reached_preemption(self, step):
+        return False
+
+
+class MultiProcessTest(CorpusTestCase):
+
+    def test_only_process_0_writes_the_run_records(self):
+        # Every process wrote config.json into the shared workdir (a race on one file).
+        workdir = os.path.join(self.tmp, "w")
+        cfg = tiny_experiment(self.corpus, total_steps=2, log_every=1, eval_every=1,
+                              checkpoint_every=1, tensorboard=True)
+        with mock.patch.object(train.jax, "process_index", return_value=1), \
+                mock.patch.object(train.jax, "process_count", return_value=2), \
+                mock.patch.object(checkpoint_lib, "Checkpointer", _NoCheckpoints):
+            result = train.train_and_evaluate(cfg, workdir, print_fn=self.fail)
+        self.assertEqual(result["step"], 2)
+        # config.json, invocations.jsonl, console.log, .train.lock, metrics.jsonl, loss.png,
+        # tensorboard/: process 0's (checkpoints/: orbax writes each process's own shards).
+        self.assertEqual(os.listdir(workdir), [])
+
+
 class RelocatableRunTest(CorpusTestCase):
 
     def _config(self, **train_overrides):
