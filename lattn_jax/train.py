@@ -17,8 +17,9 @@ Stages, in order:
    (SIGINT; a second Ctrl-C stops at once, or, while a checkpoint is being written, once it is
    complete; so does a SIGTERM during the stop's own or the final save), and a final evaluation
    and checkpoint. Running out of device memory, in the
-   first step or a later one, ends the run with one line naming the options to lower (and,
-   after the first step, the intact checkpoint the same command resumes from).
+   first step or a later one, ends the run with one line naming the options to lower, the step
+   that ran out (and, after the first step or in a resumed run, the intact checkpoint the same
+   command resumes from).
 """
 
 import contextlib
@@ -845,10 +846,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
         (naming ``--workdir``, the path and the OS reason); when the first training step
         runs out of device memory (naming ``data.batch_size``, ``data.seq_len`` and
-        ``train.micro_batch_size``), or a later one, an evaluation or a save does (naming
-        also where it surfaced and the newest complete checkpoint, which is left as it is,
-        as are the metrics written; nothing is saved); and when ``workdir`` is another
-        kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
+        ``train.micro_batch_size``; in a resumed run also the checkpoint it resumed from),
+        or a later one, an evaluation or a save does (naming also the step that ran out,
+        where it surfaced when that was later, and the newest complete checkpoint, which is
+        left as it is, as are the metrics written; nothing is saved); and when ``workdir`` is
+        another kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
         :func:`lattn_jax.config.saved_training_config`), before anything is written; and when
         ``config.mesh`` does not fit the devices, the batch or the sequence
         (:func:`check_mesh`), before anything is written or read.
@@ -976,7 +978,8 @@ _OUT_OF_MEMORY_ADVICE = ("lower data.batch_size or data.seq_len, or set a smalle
 
 
 def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConfig,
-                         where: str, checkpoint: Optional[str] = None) -> config_lib.ConfigError:
+                         where: str, checkpoint: Optional[str] = None, *,
+                         note: Optional[str] = None) -> config_lib.ConfigError:
     """The one-line error for XLA's out-of-device-memory error ``error`` (the caller raises it).
 
     Args:
@@ -985,8 +988,11 @@ def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConf
       config: the run's config (the options named).
       where: the step or phase, e.g. ``"the first training step"``, ``"train step 5"``,
         ``"evaluation at step 6"``.
-      checkpoint: for a run that got past its first step, what running the same command again
-        resumes from (:func:`_resume_point`); ``None`` for the first step.
+      checkpoint: for a run that got past its first step or resumed, what running the same
+        command again resumes from (:func:`_resume_point`); ``None`` for a fresh run's first
+        step.
+      note: said before the options, e.g. ``"it surfaced in evaluation at step 6: dispatch
+        is asynchronous"``.
 
     Returns:
       A ``ConfigError`` naming ``where``, ``data.batch_size``, ``data.seq_len`` and
@@ -996,6 +1002,8 @@ def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConf
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     options = (f"data.batch_size={dcfg.batch_size}, data.seq_len={dcfg.seq_len}, "
                f"train.micro_batch_size={micro}")
+    if note:
+        options = f"{note}; {options}"
     if checkpoint is None:
         return config_lib.ConfigError(
             f"out of device memory in {where} ({options}): {_OUT_OF_MEMORY_ADVICE}. XLA: "
@@ -1021,13 +1029,27 @@ def _resume_point(ckpt: checkpoint_lib.Checkpointer) -> str:
 
 
 def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
-                      config: config_lib.ExperimentConfig):
+                      config: config_lib.ExperimentConfig, *, resumed_from: int = -1,
+                      resume_point: Optional[Callable[[], str]] = None):
     """The run's first :meth:`Trainer.train_step` (compiled here), waited for.
+
+    Args:
+      trainer: the run's trainer.
+      state: the restored or initial state (donated).
+      batch: the first batch.
+      config: the run's config (the options an out-of-memory error names).
+      resumed_from: the step of the checkpoint the run resumed from, -1 for a fresh start.
+      resume_point: for a resumed run, what the same command resumes from
+        (:func:`_resume_point`; called only on that error).
+
+    Returns:
+      ``(state, metrics)`` of :meth:`Trainer.train_step`, computed.
 
     Raises:
       ConfigError: the step ran out of device memory (XLA's ``RESOURCE_EXHAUSTED``), naming
         the options to lower: ``data.batch_size``, ``data.seq_len`` and
-        ``train.micro_batch_size`` (gradient accumulation). Any other error propagates as is.
+        ``train.micro_batch_size`` (gradient accumulation), and for a resumed run the step
+        and the intact checkpoint it resumed from. Any other error propagates as is.
     """
     try:
         state, metrics = trainer.train_step(state, batch)
@@ -1035,8 +1057,31 @@ def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
     except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
         if not _is_out_of_memory(e):
             raise
-        raise _out_of_memory_error(e, config, "the first training step") from None
+        if resumed_from < 0 or resume_point is None:
+            raise _out_of_memory_error(e, config, "the first training step") from None
+        raise _out_of_memory_error(
+            e, config, f"step {resumed_from + 1}, the first after resuming from step "
+            f"{resumed_from}", resume_point()) from None
     return state, metrics
+
+
+def _first_failed_step(window: List[tuple]) -> tuple:
+    """Which of the steps whose results were not read yet failed: ``window`` holds
+    ``(step, loss, ...)`` of each, oldest first. A step that fails (out of device memory, say)
+    leaves its outputs in error and the steps after it inherit that error, so the first loss
+    that cannot be read is the failing step's; under asynchronous dispatch the error surfaces
+    later (at a log line, an evaluation, a save or a later step's dispatch).
+
+    Returns:
+      ``(step, True)``: that step failed; ``(None, True)``: every loss was read, so the error
+      is the operation's where it surfaced; ``(None, False)``: it could not be told.
+    """
+    for entry in window:
+        try:
+            jax.block_until_ready(entry[1])
+        except Exception as e:  # noqa: BLE001 - any runtime error of that step
+            return (entry[0], True) if _is_out_of_memory(e) else (None, False)
+    return None, True
 
 
 def _train_and_evaluate(config, workdir, print_fn, step):
@@ -1178,9 +1223,10 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     stop_at = tcfg.total_steps
     if tcfg.max_steps_per_run is not None:
         stop_at = min(stop_at, step + tcfg.max_steps_per_run)
-    # Where an out-of-device-memory error surfaced (named in its one-line message). Dispatch is
-    # asynchronous: a train step's error surfaces when its results are read (its log line, an
-    # evaluation or a save), which can be a few steps after the step that ran out.
+    # Where an out-of-device-memory error surfaced. Dispatch is asynchronous: a train step's
+    # error surfaces when its results are read (its log line, an evaluation or a save, a later
+    # step's dispatch), which can be a few steps after the step that ran out; its one-line
+    # message names that step (_first_failed_step, from window_losses: the steps not read yet).
     phase = "training"
     try:
         with watcher:
@@ -1188,7 +1234,9 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 phase = f"train step {step + 1}"
                 batch = next(train_iter)
                 if first_step:  # compiles; out of device memory here: one line, what to lower
-                    state, metrics = _first_train_step(trainer, state, batch, config)
+                    state, metrics = _first_train_step(
+                        trainer, state, batch, config, resumed_from=resumed_from,
+                        resume_point=lambda: _resume_point(ckpt))
                 else:
                     state, metrics = trainer.train_step(state, batch)
                 step += 1
@@ -1209,9 +1257,10 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                     t_last, steps_since, first_step = time.perf_counter(), 0, False
                 else:
                     steps_since += 1
-                window_losses.append((metrics["loss"], metrics["finite"]))
+                window_losses.append((step, metrics["loss"], metrics["finite"]))
                 if step % tcfg.log_every == 0 or step == stop_at:
-                    losses, finite = (np.asarray(x) for x in zip(*jax.device_get(window_losses)))
+                    _, losses, finite = (np.asarray(x)
+                                         for x in zip(*jax.device_get(window_losses)))
                     skipped += int(np.sum(~finite))
                     loss = float(np.mean(losses[finite])) if finite.any() else float("nan")
                     now = time.perf_counter()
@@ -1281,9 +1330,20 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         if not _is_out_of_memory(e):
             raise
         # Nothing is saved (the donated state may be gone); what was written stays as it is.
+        # Dispatch is asynchronous: the error surfaced in ``phase``; the step that failed is
+        # the first of the steps not read yet whose loss cannot be read.
+        failed, known = _first_failed_step(window_losses)
+        where, note = phase, None
+        if failed is not None:
+            where = f"train step {failed}"
+            if phase != where:
+                note = f"it surfaced in {phase}: dispatch is asynchronous"
+        elif not known:
+            where = f"{phase} or a train step after step {window_losses[0][0] - 1}"
+            note = "dispatch is asynchronous: it surfaced there"
         with watcher.defer_signals("the pending checkpoint writes", raise_after=False):
             resume_point = _resume_point(ckpt)
-        raise _out_of_memory_error(e, config, phase, resume_point) from None
+        raise _out_of_memory_error(e, config, where, resume_point, note=note) from None
     finally:
         bar.close()
         with watcher.defer_signals("the pending checkpoint writes", raise_after=False):

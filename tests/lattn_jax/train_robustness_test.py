@@ -39,6 +39,20 @@ OOM_ADVICE = ("lower data.batch_size or data.seq_len, or set a smaller train.mic
               "(gradient accumulation; same batch per step)")
 
 
+class _FailedLoss:
+    """A step's loss whose computation ran out of device memory after its dispatch returned:
+    reading it raises, as the results of an asynchronously dispatched step in error do."""
+
+    def block_until_ready(self):
+        raise jax.errors.JaxRuntimeError(OOM_TEXT)
+
+    def copy_to_host_async(self):
+        pass
+
+    def __array__(self, *args, **kwargs):
+        raise jax.errors.JaxRuntimeError(OOM_TEXT)
+
+
 class _Crash(Exception):
     """Stands in for the process dying (no final save, no clean exit)."""
 
@@ -286,6 +300,59 @@ class GuardAndResumeTest(CorpusTestCase):
                           f.read())
         result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
         self.assertEqual((result["resumed_from"], result["step"]), (4, 6))
+
+    def test_out_of_memory_surfacing_steps_later_names_the_step_that_ran_out(self):
+        # Without a per-step read (nonfinite_policy="skip"), step 3's error surfaced in step
+        # 4's dispatch, and the message named step 4.
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=4, checkpoint_every=2,
+                              eval_every=100, nonfinite_policy="skip")
+        workdir = os.path.join(self.tmp, "oom_async")
+        real_step, calls = train.Trainer.train_step, []
+
+        def oom_in_3_seen_in_4(self, state, batch):
+            calls.append(None)
+            if len(calls) == 4:  # the dispatch of the step after: its input is in error
+                raise jax.errors.JaxRuntimeError(OOM_TEXT)
+            state, metrics = real_step(self, state, batch)
+            if len(calls) == 3:
+                metrics = dict(metrics, loss=_FailedLoss())
+            return state, metrics
+
+        with mock.patch.object(train.Trainer, "train_step", oom_in_3_seen_in_4):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory in train step 3 (it surfaced in train step 4: dispatch is "
+            f"asynchronous; data.batch_size=4, data.seq_len=32, train.micro_batch_size=None); "
+            f"the last checkpoint, step 2 in {ckpt_dir}/2, is intact: running the same command "
+            f"again resumes from it. To fit: {OOM_ADVICE}; a resumed run keeps data.batch_size "
+            f"and data.seq_len (changing them needs a new --workdir). XLA: RESOURCE_EXHAUSTED: "
+            f"Out of memory allocating 123456789 bytes."))
+
+    def test_out_of_memory_in_a_resumed_first_step_names_the_checkpoint(self):
+        # It got the fresh start's message: no checkpoint named, no word that a resumed run
+        # keeps its batch size and sequence length.
+        cfg = tiny_experiment(self.corpus, total_steps=4, log_every=1, checkpoint_every=2,
+                              eval_every=100, max_steps_per_run=2)
+        workdir = os.path.join(self.tmp, "oom_resumed")
+        train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+
+        def oom(self, state, batch):
+            raise jax.errors.JaxRuntimeError(OOM_TEXT)
+
+        with mock.patch.object(train.Trainer, "train_step", oom):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory in step 3, the first after resuming from step 2 "
+            f"(data.batch_size=4, data.seq_len=32, train.micro_batch_size=None); the last "
+            f"checkpoint, step 2 in {ckpt_dir}/2, is intact: running the same command again "
+            f"resumes from it. To fit: {OOM_ADVICE}; a resumed run keeps data.batch_size and "
+            f"data.seq_len (changing them needs a new --workdir). XLA: RESOURCE_EXHAUSTED: Out "
+            f"of memory allocating 123456789 bytes."))
+        self.assertEqual(os.listdir(ckpt_dir), ["2"])
 
     def test_out_of_memory_in_an_evaluation_names_it_and_the_intact_checkpoint(self):
         cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
