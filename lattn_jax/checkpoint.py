@@ -18,7 +18,8 @@ writer (``set_aside=True``, the trainer) renames an unreadable step's directory 
 ``<step>.unreadable-<time>``, out of orbax's listing, so that the run can save that step again.
 A readable checkpoint whose parameter tree or shapes differ from the state to restore into (a
 different model) is not unreadable: it raises :class:`CheckpointMismatchError` at once, with no
-fallback to older steps and nothing renamed.
+fallback to older steps and nothing renamed (unreadable steps newer than it are named in the same
+message, and left in place too).
 
 Restoring onto another mesh or device count: the arrays are saved with their global shapes, and
 ``restore`` reads them into the shardings of ``abstract_state`` (``jax.ShapeDtypeStruct`` leaves
@@ -377,7 +378,9 @@ class Checkpointer:
           FileNotFoundError: if there is no checkpoint at all.
           CheckpointMismatchError: the newest step that is not unreadable holds a different
             model, e.g. "the checkpoint at step 4 in <dir> is of a different model (its
-            parameter tree/shapes do not match this config: <first difference>); <advice>".
+            parameter tree/shapes do not match this config: <first difference>); <advice>",
+            followed, when newer steps were unreadable, by ". Newer and unreadable: step 6
+            (<reason>), left in place (...)" (nothing is renamed).
           CheckpointError: if no checkpoint can be read (every step's reason, in one line).
         """
         steps = sorted(self.manager.all_steps(), reverse=True)
@@ -394,7 +397,7 @@ class Checkpointer:
                         quiet.failed = True
                         why = describe_error(e)
                 if why:
-                    self._raise_if_mismatch(step, abstract_state, mismatch_advice)
+                    self._raise_if_mismatch(step, abstract_state, mismatch_advice, failures)
             if why:
                 failures.append((step, why))
                 continue
@@ -422,12 +425,21 @@ class Checkpointer:
         return describe_mismatch(_leaf_shapes(getattr(saved, "tree", saved)),
                                  _leaf_shapes(abstract_state))
 
-    def _raise_if_mismatch(self, step: int, abstract_state: PyTree, advice: str) -> None:
+    def _raise_if_mismatch(self, step: int, abstract_state: PyTree, advice: str,
+                           newer_unreadable: List[Tuple[int, str]] = ()) -> None:
         why = self.mismatch(step, abstract_state)
-        if why:
-            raise CheckpointMismatchError(
-                f"the checkpoint at step {step} in {self.directory} is of a different model "
-                f"(its parameter tree/shapes do not match this config: {why}); {advice}")
+        if not why:
+            return
+        newer = ""
+        if newer_unreadable:  # both facts: the config to fix, and what the resume will skip
+            steps = "; ".join(f"step {s} ({reason})" for s, reason in newer_unreadable)
+            newer = (f". Newer and unreadable: {steps}, left in place (a run with the "
+                     f"checkpoint's options sets "
+                     f"{'it' if len(newer_unreadable) == 1 else 'them'} aside and resumes "
+                     f"from step {step})")
+        raise CheckpointMismatchError(
+            f"the checkpoint at step {step} in {self.directory} is of a different model "
+            f"(its parameter tree/shapes do not match this config: {why}); {advice}{newer}")
 
     def _missing_metadata(self, step: int) -> Optional[str]:
         """What orbax's own error would misreport (a missing ``_METADATA`` surfaces as a pytree

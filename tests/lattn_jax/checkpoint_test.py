@@ -59,6 +59,20 @@ class MismatchTest(absltest.TestCase):
             self.restore_latest(_abstract(state), mismatch_advice="config.json is wrong")
         self.assertCountEqual(os.listdir(self.directory), ["2", "4"])
 
+    def test_a_newer_unreadable_step_is_named_with_the_mismatch_and_left_in_place(self):
+        # Only the mismatch of step 2 was reported: step 4's state was silently not resumed.
+        os.remove(os.path.join(self.directory, "4", "state", "_METADATA"))
+        with self.assertRaises(checkpoint_lib.CheckpointMismatchError) as cm:
+            self.restore_latest(_abstract(_state(8)))
+        self.assertEqual(str(cm.exception), (
+            f"the checkpoint at step 2 in {self.directory} is of a different model (its "
+            f"parameter tree/shapes do not match this config: params/embed has shape (3, 4) "
+            f"there, (3, 8) here (and 1 more)); use the options it was trained with or a new "
+            f"--workdir. Newer and unreadable: step 4 (state/_METADATA is missing), left in "
+            f"place (a run with the checkpoint's options sets it aside and resumes from step "
+            f"2)"))
+        self.assertCountEqual(os.listdir(self.directory), ["2", "4"])  # nothing set aside
+
     def test_restore_step_reports_the_mismatch_too(self):
         ckpt = checkpoint_lib.Checkpointer(self.workdir, async_save=False)
         try:
