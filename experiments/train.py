@@ -60,7 +60,8 @@ def main(argv):
     try:
         train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
     except (config_lib.ConfigError, FileNotFoundError, data.DataFileError, train.NonFiniteError,
-            checkpoint_lib.CheckpointError,
+            checkpoint_lib.CheckpointError, train.WorkdirWriteError,
+            OSError,  # a file of the workdir that cannot be written (a full disk)
             # an explicitly named kernel / cuDNN on a machine or shapes it cannot run
             validation.UnsupportedImplementationError) as e:  # one line each, no traceback
         sys.exit(f"error: {e}")

@@ -30,6 +30,7 @@ import gc
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import time
@@ -52,6 +53,39 @@ class CheckpointError(ValueError):
 class CheckpointMismatchError(CheckpointError):
     """A checkpoint holds a different model: its saved tree of arrays (paths or shapes) does
     not match the state it is restored into. The files are intact; the config is the cause."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, no permission, an I/O error). Orbax
+    writes a step into a temporary directory and renames it only once complete, so the
+    checkpoints before it are intact; the next writer (``cleanup_tmp=True``) removes the
+    partial one.
+
+    Attributes:
+      step: the step whose write failed.
+    """
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def describe_write_error(error: BaseException) -> str:
+    """Why a write failed, short: the OS's reason when the error carries one (tensorstore's
+    messages end in ``[os_error_code='28']`` after a long path: ``"No space left on device"``),
+    else :func:`describe_error`."""
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror + (f": {cause.filename}" if cause.filename else "")
+        found = _OS_ERROR_CODE.search(str(cause))
+        if found:
+            return os.strerror(int(found.group(1)))
+        cause = cause.__cause__
+    return describe_error(error)
 
 
 # Advice ending a CheckpointMismatchError: the trainer's (the config comes from the options).
@@ -252,6 +286,22 @@ class Checkpointer:
             preservation_policy=preservation_policy.AnyPreservationPolicy(policies))
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "data_iter"))
+        self._writing = None  # the step of the asynchronous save in flight, if any
+
+    def _write_failed(self, step: int, error: Exception) -> CheckpointWriteError:
+        return CheckpointWriteError(
+            f"the checkpoint at step {step} in {self.directory} could not be written "
+            f"({describe_write_error(error)})", step)
+
+    def _finish_writing(self) -> None:
+        """Waits for the save in flight; its failure raised as :class:`CheckpointWriteError`."""
+        step, self._writing = self._writing, None
+        try:
+            self.manager.wait_until_finished()
+        except (OSError, ValueError) as e:  # tensorstore's failed writes are ValueErrors
+            if step is None or isinstance(e, CheckpointError):
+                raise
+            raise self._write_failed(step, e) from e
 
     def latest_step(self) -> Optional[int]:
         """The newest complete checkpoint's step, or ``None``."""
@@ -262,13 +312,23 @@ class Checkpointer:
         """Saves ``state`` (a pytree of arrays) and, if given, the grain iterator at ``step``.
 
         ``metrics`` (e.g. ``{"val_loss": 3.2}``) rank the checkpoint for ``keep_best``.
+
+        Raises:
+          CheckpointWriteError: this step, or the asynchronous save before it, could not be
+            written (naming that step and the OS's reason).
         """
         items = {"state": ocp.args.StandardSave(state)}
         if data_iter is not None:
             items["data_iter"] = grain.checkpoint.CheckpointSave(data_iter)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
-        return self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
-                                 force=force)
+        self._finish_writing()  # the previous save's failure names its own step
+        try:
+            saved = self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
+                                      force=force)
+        except (OSError, ValueError) as e:
+            raise self._write_failed(step, e) from e
+        self._writing = step
+        return saved
 
     def restore(self, step: int, abstract_state: PyTree, data_iter: Any = None) -> PyTree:
         """Restores the state saved at ``step``.
@@ -467,8 +527,12 @@ class Checkpointer:
         return self.manager.reached_preemption(step)
 
     def wait(self) -> None:
-        """Blocks until pending asynchronous saves are on disk."""
-        self.manager.wait_until_finished()
+        """Blocks until pending asynchronous saves are on disk.
+
+        Raises:
+          CheckpointWriteError: the save in flight could not be written.
+        """
+        self._finish_writing()
 
     def close(self) -> None:
         """Waits for pending saves and the start-up cleanup of temporary directories, then
@@ -478,9 +542,15 @@ class Checkpointer:
         background thread from the constructor on: a run refused right after the manager was made
         exited with it still running, and it printed "cannot schedule new futures after
         interpreter shutdown" (about 1 run in 5).
+
+        Raises:
+          CheckpointWriteError: the save in flight could not be written (the manager is
+            closed all the same).
         """
         await_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
         if await_cleanup is not None:  # a private orbax method: absent in other versions
             await_cleanup()
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self._finish_writing()
+        finally:
+            self.manager.close()

@@ -80,6 +80,20 @@ def cross_entropy_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array
     return total / jnp.maximum(count, 1.0), total, count
 
 
+class WorkdirWriteError(RuntimeError):
+    """A run record (``metrics.jsonl``, ``console.log``, ``loss.png``, ...) could not be written
+    into the workdir during training (a full disk, no permission, an I/O error); the message
+    names the file, the reason and the checkpoint the same command resumes from."""
+
+
+def _is_workdir_write_error(error: BaseException, workdir: str) -> bool:
+    """Whether ``error`` is an ``OSError`` about a file in ``workdir`` (a failed write)."""
+    if not isinstance(error, OSError) or not error.filename or not error.strerror:
+        return False
+    path = os.path.abspath(os.fsdecode(error.filename))
+    return path.startswith(os.path.join(os.path.abspath(workdir), ""))
+
+
 class NonFiniteError(RuntimeError):
     """A step's loss or gradient norm was NaN/inf under ``train.nonfinite_policy="stop"``."""
 
@@ -839,7 +853,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     Raises:
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing, or
         there is no checkpoint at ``step``.
-      CheckpointError: no checkpoint can be read, or the one at ``step`` cannot.
+      CheckpointError: no checkpoint can be read, or the one at ``step`` cannot;
+        ``CheckpointWriteError`` when one cannot be written (a full disk: naming the step, the
+        reason and the intact checkpoint the same command resumes from).
+      WorkdirWriteError: a run record (``metrics.jsonl``, ``console.log``, ...) cannot be
+        written during training (naming the file, the reason and the intact checkpoint).
       ValueError: invalid or inconsistent options, named by their dotted path (a negative
         ``step`` too). ``step`` is checked before ``workdir`` is created or written to. Also
         (``ConfigError``) when another process is training in ``workdir`` (its lock file
@@ -924,10 +942,15 @@ def _workdir_lock(workdir: str):
     so a killed run leaves no stale lock.
 
     Raises:
-      ConfigError: another process holds the lock (before anything is written).
+      ConfigError: another process holds the lock, or ``workdir`` cannot be written (the lock
+        file cannot be created; a read-only path), before anything is written.
     """
     path = os.path.join(workdir, WORKDIR_LOCK)
-    f = open(path, "a+")
+    try:
+        f = open(path, "a+")
+    except OSError as e:  # a read-only file system or directory, no permission
+        raise config_lib.ConfigError(
+            f"--workdir={workdir}: cannot write there ({e.strerror}: {e.filename})") from None
     try:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -962,8 +985,9 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step):
     try:
         return _train_and_evaluate(config, workdir, logged, step)
     except BaseException as e:
-        with open(log_path, "a") as f:
-            f.write(f"stopped: {checkpoint_lib.describe_error(e)}\n")
+        with contextlib.suppress(OSError):  # a full disk: the error itself says it
+            with open(log_path, "a") as f:
+                f.write(f"stopped: {checkpoint_lib.describe_error(e)}\n")
         raise
 
 
@@ -1325,7 +1349,18 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         if last_saved != step:
             save(step, {"val_loss": val_loss})
         wait_for_save(step)  # before the finally's close: a SIGTERM there stops, naming it
-    except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
+    except Exception as e:  # noqa: BLE001 - out of device memory and failed writes translated
+        if isinstance(e, checkpoint_lib.CheckpointWriteError) or _is_workdir_write_error(
+                e, workdir):
+            # A full disk, no permission, an I/O error: one line, what the run resumes from.
+            with watcher.defer_signals("the pending checkpoint writes", raise_after=False):
+                resume_point = _resume_point(ckpt)
+            if isinstance(e, checkpoint_lib.CheckpointWriteError):
+                raise checkpoint_lib.CheckpointWriteError(
+                    f"{e}; {resume_point} (the partial write is removed when the run starts "
+                    f"again)", e.step) from None
+            raise WorkdirWriteError(f"cannot write {e.filename} ({e.strerror}) in {phase}; "
+                                    f"{resume_point}") from None
         # The first step's is translated by _first_train_step (a ConfigError, not one of these).
         if not _is_out_of_memory(e):
             raise

@@ -2,6 +2,7 @@
 unreadable, and nothing is renamed."""
 
 import os
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -89,6 +90,32 @@ class MismatchTest(absltest.TestCase):
 
     def test_describe_mismatch_of_equal_maps_is_none(self):
         self.assertIsNone(checkpoint_lib.describe_mismatch({"a": (1,)}, {"a": (1,)}))
+
+
+class WriteErrorTest(absltest.TestCase):
+
+    def test_a_failed_asynchronous_write_names_its_step_and_the_os_reason(self):
+        workdir = self.create_tempdir().full_path
+        ckpt = checkpoint_lib.Checkpointer(workdir)
+        ckpt.save(2, _state(4))
+        full = ValueError("RESOURCE_EXHAUSTED: Error writing ... Failed to write 745125 bytes to "
+                          "file 8: No space left on device [os_error_code='28']")
+        real_wait = ckpt.manager.wait_until_finished
+        with mock.patch.object(ckpt.manager, "wait_until_finished", side_effect=full):
+            with self.assertRaises(checkpoint_lib.CheckpointWriteError) as cm:
+                ckpt.save(4, _state(4))  # waits for step 2's write first
+        real_wait()
+        ckpt.close()
+        self.assertEqual(str(cm.exception), (
+            f"the checkpoint at step 2 in {workdir}/checkpoints could not be written (No space "
+            f"left on device)"))
+        self.assertEqual(cm.exception.step, 2)
+
+    def test_describe_write_error_prefers_the_os_reason(self):
+        self.assertEqual(checkpoint_lib.describe_write_error(
+            PermissionError(13, "Permission denied", "/w/x")), "Permission denied: /w/x")
+        self.assertEqual(checkpoint_lib.describe_write_error(ValueError("INTERNAL: odd")),
+                         "ValueError: INTERNAL: odd")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 resume with identical losses, TensorBoard and throughput metrics."""
 
 import dataclasses
+import errno
 import glob
 import json
 import os
@@ -14,6 +15,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as orbax_checkpoint
 import pytest
 from absl.testing import absltest
 
@@ -386,6 +388,80 @@ class GuardAndResumeTest(CorpusTestCase):
                     cfg, train=dataclasses.replace(cfg.train, eval_every=1)), workdir,
                     print_fn=lambda s: None)
         self.assertEqual(sorted(step_losses(workdir)), [1])
+
+
+# What tensorstore raises when a checkpoint's array file cannot be written (a full disk).
+DISK_FULL = ('RESOURCE_EXHAUSTED: Error writing "params.embed/0" in OCDBT database at local file '
+             '"/w/checkpoints/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/'
+             '": Failed writing: "/w/.../d/3a3f": Failed to write 745125 bytes to file 8: No '
+             'space left on device [os_error_code=\'28\']')
+
+
+class WriteFailureTest(CorpusTestCase):
+
+    def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_the_intact_one(self):
+        # A full disk during a save ended in ~480 lines of orbax tracebacks.
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
+                              eval_every=100)
+        workdir = os.path.join(self.tmp, "full")
+        real_save = orbax_checkpoint.CheckpointManager.save
+
+        def save(manager, step, *args, **kwargs):
+            if step == 4:
+                raise ValueError(DISK_FULL)
+            return real_save(manager, step, *args, **kwargs)
+
+        with mock.patch.object(orbax_checkpoint.CheckpointManager, "save", save):
+            with self.assertRaises(checkpoint_lib.CheckpointWriteError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step 4 in {ckpt_dir} could not be written (No space left on "
+            f"device); the last checkpoint, step 2 in {ckpt_dir}/2, is intact: running the same "
+            f"command again resumes from it (the partial write is removed when the run starts "
+            f"again)"))
+        self.assertEqual(raised.exception.step, 4)
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual((result["resumed_from"], result["step"]), (2, 6))
+
+    def test_a_run_record_that_cannot_be_written_is_one_line_naming_the_checkpoint(self):
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
+                              eval_every=100)
+        workdir = os.path.join(self.tmp, "full")
+        real_write = train.MetricsWriter.write
+
+        def write(writer, step, **metrics):
+            if step == 3:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), writer.path)
+            return real_write(writer, step, **metrics)
+
+        with mock.patch.object(train.MetricsWriter, "write", write):
+            with self.assertRaises(train.WorkdirWriteError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(str(raised.exception), (
+            f"cannot write {workdir}/metrics.jsonl (No space left on device) in train step 3; "
+            f"the last checkpoint, step 2 in {workdir}/checkpoints/2, is intact: running the "
+            f"same command again resumes from it"))
+
+    def test_a_read_only_workdir_is_one_line_and_nothing_is_written(self):
+        # It ended in a traceback from opening the lock file.
+        workdir = os.path.join(self.tmp, "ro")
+        os.makedirs(workdir)
+        real_open = open
+
+        def read_only(path, mode="r", *args, **kwargs):
+            if str(path).startswith(workdir) and set(mode) & set("wax+"):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+            return real_open(path, mode, *args, **kwargs)
+
+        with mock.patch("builtins.open", read_only):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
+                                         print_fn=lambda s: None)
+        self.assertEqual(str(raised.exception), (
+            f"--workdir={workdir}: cannot write there (Read-only file system: "
+            f"{workdir}/.train.lock)"))
+        self.assertEqual(os.listdir(workdir), [])
 
 
 if __name__ == "__main__":
