@@ -623,6 +623,36 @@ class PreemptionWatcher:
                                     f"command again to resume from it")
 
 
+class _StopRequested(BaseException):
+    """A SIGTERM or Ctrl-C under :func:`_stop_on_signals` (``signum``: which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals(enabled: bool = True):
+    """Inside the block, SIGTERM and Ctrl-C raise :class:`_StopRequested` at once (for work that
+    writes nothing and may be cut short: the final evaluation), so that the caller can save and
+    stop. The previous handlers are restored on exit; nothing changes outside the main thread
+    or when not ``enabled``."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        del frame
+        raise _StopRequested(signum)
+
+    previous = {s: signal.signal(s, stop) for s in PreemptionWatcher.SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 CONSOLE_LOG = "console.log"
 INVOCATIONS = "invocations.jsonl"
 LOSS_PLOT = "loss.png"
@@ -879,7 +909,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         with a message naming that checkpoint (:meth:`PreemptionWatcher.defer_signals`).
       Terminated: a SIGTERM came while a checkpoint was being written outside the watched
         loop (the stop path's or the final save; any save with ``train.save_on_preemption``
-        off): raised once the write is complete, with a message naming that checkpoint.
+        off): raised once the write is complete, with a message naming that checkpoint; or in
+        the final evaluation, which then stops and the trained state is saved first (also a
+        ``KeyboardInterrupt`` for a Ctrl-C there).
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
@@ -1345,7 +1377,22 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"--config.train.total_steps to continue training (the LR schedule is "
                      f"then recomputed for the new total).")
         phase = f"the final evaluation at step {step}"
-        val_loss = run_eval(step)
+        try:
+            # The watcher is gone: a signal here stops the evaluation (minutes on a large
+            # validation set) and saves the trained state first, instead of ending the process
+            # with it unsaved (a preemption then cost the steps since the last checkpoint).
+            with _stop_on_signals(tcfg.save_on_preemption):
+                val_loss = run_eval(step)
+        except _StopRequested as stop:
+            if last_saved != step:
+                save(step)
+            wait_for_save(step)
+            name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
+            text = (f"the checkpoint at step {step} ({ckpt.directory}/{step}) is complete; "
+                    f"stopped there on {name}, in the final evaluation: run the same command "
+                    f"again to evaluate it")
+            raise (Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt)(
+                text) from None
         if last_saved != step:
             save(step, {"val_loss": val_loss})
         wait_for_save(step)  # before the finally's close: a SIGTERM there stops, naming it

@@ -159,6 +159,39 @@ class InterruptTest(CorpusTestCase):
         workdir, _ = self._sigterm_in_save(2, total_steps=2, checkpoint_every=5, eval_every=5)
         self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
 
+    def test_a_sigterm_during_the_final_evaluation_saves_the_trained_state(self):
+        # The watcher had restored the default handler: the process ended in the final
+        # evaluation with the steps since the last checkpoint unsaved.
+        workdir = os.path.join(self.tmp, "w")
+        real_eval = train.Trainer.evaluate_counts
+
+        def eval_with_sigterm(trainer, params, batches):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            return real_eval(trainer, params, batches)
+
+        def killed(signum, frame):
+            raise _Killed()
+
+        previous = signal.signal(signal.SIGTERM, killed)
+        self.addCleanup(signal.signal, signal.SIGTERM, previous)
+        cfg = tiny_experiment(self.corpus, total_steps=3, log_every=1, checkpoint_every=2,
+                              eval_every=5)
+        with mock.patch.object(train.Trainer, "evaluate_counts", eval_with_sigterm):
+            with self.assertRaises(train.Terminated) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(signal.getsignal(signal.SIGTERM), killed)  # handler restored
+        path = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step 3 ({path}/3) is complete; stopped there on SIGTERM, in the "
+            f"final evaluation: run the same command again to evaluate it"))
+        self.assertCountEqual(os.listdir(path), ["2", "3"])
+        lines = []
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual((result["resumed_from"], result["step"]), (3, 3))
+        self.assertTrue(any(line.startswith("Training was already complete at step 3")
+                            for line in lines), lines)
+
 
 class _Killed(BaseException):
     """What a test's SIGTERM handler raises in place of the process ending."""
