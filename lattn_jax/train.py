@@ -827,13 +827,21 @@ def _write_start_config(workdir: str, config: config_lib.ExperimentConfig,
     a failed start (a checkpoint of a different model, an unreadable one) writes no config that
     would then refuse the right command (:func:`_check_resume_compatible`). Only process 0
     writes it (as every run record in the workdir): in a multi-process run the other processes
-    would race on the same file of a shared workdir."""
+    would race on the same file of a shared workdir. Written whole or not at all (a temporary
+    file renamed over it): a write cut short (a full disk, a kill) left a truncated config.json,
+    which then refused every later start of the run as not valid JSON."""
     if jax.process_index() != 0:
         return
     path = os.path.join(workdir, "config.json")
     if not (has_checkpoint and os.path.exists(path)):
-        with open(path, "w") as f:
-            json.dump(config_lib.experiment_json_dict(config), f, indent=2)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(config_lib.experiment_json_dict(config), f, indent=2)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
 
 def _diff(a, b, prefix):

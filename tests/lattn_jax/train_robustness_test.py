@@ -443,6 +443,24 @@ class WriteFailureTest(CorpusTestCase):
             f"the last checkpoint, step 2 in {workdir}/checkpoints/2, is intact: running the "
             f"same command again resumes from it"))
 
+    def test_a_config_json_write_cut_short_leaves_none(self):
+        # A full disk while config.json was written left it truncated; every later start was
+        # then refused ("config.json is not valid JSON").
+        workdir = os.path.join(self.tmp, "cut")
+        os.makedirs(workdir)  # kept after a failure (a workdir the call created is removed)
+
+        def dump_then_fail(obj, f, **kwargs):
+            f.write(json.dumps(obj, **kwargs)[:100])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f.name)
+
+        cfg = tiny_experiment(self.corpus, total_steps=2, checkpoint_every=5, eval_every=5)
+        with mock.patch.object(train.json, "dump", dump_then_fail):
+            with self.assertRaisesRegex(OSError, "No space left on device"):
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual([n for n in os.listdir(workdir) if n.startswith("config.json")], [])
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(result["step"], 2)
+
     def test_a_read_only_workdir_is_one_line_and_nothing_is_written(self):
         # It ended in a traceback from opening the lock file.
         workdir = os.path.join(self.tmp, "ro")
