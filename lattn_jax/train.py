@@ -1151,6 +1151,10 @@ def _first_failed_step(window: List[tuple]) -> tuple:
 def _train_and_evaluate(config, workdir, print_fn, step):
     """:func:`train_and_evaluate` after the workdir is made and the invocation recorded."""
     tcfg = config.train
+    # A resume with another model or data stream is refused before the data is read (minutes
+    # for a large corpus); the check runs again below, where it reports the changed options.
+    _check_resume_compatible(workdir, config,
+                             has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
 
     # -- data --------------------------------------------------------------------------------
     try:
