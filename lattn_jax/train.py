@@ -510,34 +510,55 @@ class PreemptionWatcher:
     stops once the write is complete. A SIGTERM while a checkpoint is being written outside the
     watched loop (the stop path's or the final save) is held back the same way. Installed only
     from the main thread (Python's rule for signal handlers); the previous handlers are restored
-    on exit. In a multi-process run the processes also agree on the step through orbax / JAX's
-    preemption sync point. Public: the HALO pipeline (``experiments/halo_pipeline.py``) stops
-    its stages with it too.
+    on exit.
+
+    Multi-process runs with JAX's preemption service (:func:`preemption_service_active`): the
+    processes must stop at the same step, which a flag per process does not give (one process
+    left the loop for its save while the others waited in the next step's collectives: both
+    hung). There the watcher leaves SIGTERM to the service's own handler (a Python handler
+    replaced it, so the service never heard of the signal), and a first Ctrl-C is passed to
+    the service as a SIGTERM of this process; the loop stops at the step the service agrees
+    on (``Checkpointer.reached_preemption``), and ``requested`` stays ``False``. Public: the
+    HALO pipeline (``experiments/halo_pipeline.py``) stops its stages with it too.
+
+    Args:
+      enabled: install the handlers (``train.save_on_preemption``).
+      multi_process: the multi-process mode above; ``None``: whether ``jax.process_count() >
+        1`` with the preemption service active.
 
     Attributes:
-      requested: a signal arrived (poll it, then save and stop).
+      requested: a signal arrived (poll it, then save and stop); single-process mode only.
       signal_name: the first signal's name (``"SIGTERM"``, ``"SIGINT"``), or ``None``.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, *, multi_process: Optional[bool] = None):
         self.requested = False
         self.signal_name = None
         self._previous = {}
         self._enabled = enabled and threading.current_thread() is threading.main_thread()
+        if multi_process is None:
+            multi_process = jax.process_count() > 1 and preemption_service_active()
+        self.multi_process = multi_process
+        # SIGTERM belongs to JAX's preemption notifier in a multi-process run.
+        self._signals = (signal.SIGINT,) if multi_process else self.SIGNALS
 
     def __enter__(self):
         if self._enabled:
-            for signum in self.SIGNALS:
+            for signum in self._signals:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame):
         del frame
-        self.requested = True
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
+        if self.multi_process:
+            # The service agrees on a step with every process and the loop stops there.
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            self.requested = True
         if signum == signal.SIGINT:
             # Python's own Ctrl-C handler (whatever was installed before, e.g. SIG_IGN by a
             # library), so that the next Ctrl-C raises KeyboardInterrupt at once.
@@ -586,7 +607,8 @@ class PreemptionWatcher:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = {s: signal.getsignal(s) for s in self.SIGNALS}
+        signals = (signal.SIGINT,) if self.multi_process else self.SIGNALS
+        previous = {s: signal.getsignal(s) for s in signals}
         watched = {s: h == self._handle for s, h in previous.items()}  # no such signal seen yet
         first, deferred = [], []
 
@@ -604,7 +626,10 @@ class PreemptionWatcher:
             deferred.append(signum)
 
         signal.signal(signal.SIGINT, hold)
-        if not watched[signal.SIGTERM]:  # the watcher's own handler only flags a stop
+        # The watcher's own handler only flags a stop; a multi-process run's SIGTERM only
+        # notifies JAX's preemption service (the process is not ended).
+        hold_sigterm = not self.multi_process and not watched[signal.SIGTERM]
+        if hold_sigterm:
             signal.signal(signal.SIGTERM, hold)
         try:
             yield
@@ -614,13 +639,26 @@ class PreemptionWatcher:
             # After a first Ctrl-C in the block, the next one interrupts (as after _handle).
             signal.signal(signal.SIGINT,
                           signal.default_int_handler if first else previous[signal.SIGINT])
-            signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
+            if hold_sigterm:
+                signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
         if deferred and raise_after:
             if signal.SIGTERM in deferred:
                 raise Terminated(f"{what} is complete; stopped there on SIGTERM: run the same "
                                  f"command again to resume from it")
             raise KeyboardInterrupt(f"{what} is complete; stopped there on Ctrl-C: run the same "
                                     f"command again to resume from it")
+
+
+def preemption_service_active() -> bool:
+    """Whether JAX's preemption sync service runs in this process (``jax.distributed``
+    initialised with ``jax_enable_preemption_service``): its handler then receives SIGTERM and
+    :func:`jax.experimental.multihost_utils.reached_preemption_sync_point` tells every process
+    the same step to save at."""
+    try:
+        from jax._src import distributed  # private: the public API does not say it
+    except ImportError:
+        return False
+    return getattr(distributed.global_state, "preemption_sync_manager", None) is not None
 
 
 class _StopRequested(BaseException):
@@ -1364,6 +1402,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                     last_saved = save(step, {"val_loss": val_loss} if eval_now else None)
                 preempt = watcher.requested or (
                     jax.process_count() > 1 and ckpt.reached_preemption(step))
+                if preempt and watcher.signal_name is None and watcher.multi_process:
+                    watcher.signal_name = "SIGTERM"  # another process's, or the service's
                 if preempt and tcfg.save_on_preemption:
                     preempted = True
                     break
@@ -1393,7 +1433,9 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             # The watcher is gone: a signal here stops the evaluation (minutes on a large
             # validation set) and saves the trained state first, instead of ending the process
             # with it unsaved (a preemption then cost the steps since the last checkpoint).
-            with _stop_on_signals(tcfg.save_on_preemption):
+            # (Not in a multi-process run: one process would stop alone; a SIGTERM there only
+            # notifies JAX's preemption service, and the run completes.)
+            with _stop_on_signals(tcfg.save_on_preemption and not watcher.multi_process):
                 val_loss = run_eval(step)
         except _StopRequested as stop:
             if last_saved != step:

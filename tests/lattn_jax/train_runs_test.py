@@ -63,6 +63,31 @@ class InterruptTest(CorpusTestCase):
                 os.kill(os.getpid(), signal.SIGINT)
         self.assertEqual(signal.getsignal(signal.SIGINT), signal.SIG_IGN)  # restored on exit
 
+    def test_multi_process_leaves_sigterm_to_the_preemption_service(self):
+        # A Python SIGTERM handler replaced JAX's preemption notifier, so the processes of a
+        # multi-process run did not agree on the step to stop at (and hung). The first Ctrl-C
+        # is passed on as a SIGTERM (the service's), and no local flag stops the loop.
+        forwarded = []
+        previous = signal.signal(signal.SIGTERM, lambda s, f: forwarded.append(s))
+        self.addCleanup(signal.signal, signal.SIGTERM, previous)
+        notifier = signal.getsignal(signal.SIGTERM)
+        with mock.patch.object(train.jax, "process_count", return_value=2), \
+                mock.patch.object(train, "preemption_service_active", return_value=True):
+            watcher = train.PreemptionWatcher(True)
+        self.assertTrue(watcher.multi_process)
+        with watcher, mock.patch.object(sys, "stderr", io.StringIO()):
+            self.assertIs(signal.getsignal(signal.SIGTERM), notifier)  # left alone
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            self.assertEqual(forwarded, [signal.SIGTERM])
+            self.assertFalse(watcher.requested)
+            self.assertEqual(watcher.signal_name, "SIGINT")
+            with watcher.defer_signals("the checkpoint at step 2"):
+                self.assertIs(signal.getsignal(signal.SIGTERM), notifier)
+        self.assertIs(signal.getsignal(signal.SIGTERM), notifier)
+        with mock.patch.object(train.jax, "process_count", return_value=1):
+            self.assertFalse(train.PreemptionWatcher(True).multi_process)
+
     def test_a_second_sigint_during_the_save_waits_for_the_checkpoint(self):
         # It raised KeyboardInterrupt inside orbax's save: step 2's checkpoint was never
         # written (orbax logged its own tracebacks), and the binary said "nothing saved".
