@@ -5,7 +5,10 @@ an orbax ``StandardSave`` pytree) and ``data_iter`` (the grain iterator's state,
 own orbax handler). Orbax writes each step into a temporary directory and renames it only when
 complete, so a crash in the middle of a save leaves the previous checkpoint restorable; leftover
 temporary directories are removed when the next writer (``cleanup_tmp=True``, the trainer) opens
-the directory. Readers (evaluation) leave them alone: one may be a save still in progress.
+the directory. Readers (evaluation) leave them alone: one may be a save still in progress. A save
+that cannot be written (a full disk, no permission) raises :class:`CheckpointWriteError` naming
+its step and the OS's reason, also when it was asynchronous (from the next ``save``, ``wait`` or
+``close``).
 
 Retention: the ``keep`` newest checkpoints, plus (``keep_best``) the one with the lowest
 ``val_loss`` among those saved with metrics. Saves are asynchronous by default: ``save`` returns
