@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -61,8 +62,8 @@ class CheckpointMismatchError(CheckpointError):
 class CheckpointWriteError(CheckpointError):
     """A checkpoint could not be written (a full disk, no permission, an I/O error). Orbax
     writes a step into a temporary directory and renames it only once complete, so the
-    checkpoints before it are intact; the next writer (``cleanup_tmp=True``) removes the
-    partial one.
+    checkpoints before it are intact; the writer's :meth:`Checkpointer.close` removes the
+    partial one (or the next writer's start-up cleanup does).
 
     Attributes:
       step: the step whose write failed.
@@ -290,8 +291,11 @@ class Checkpointer:
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "data_iter"))
         self._writing = None  # the step of the asynchronous save in flight, if any
+        self._cleanup_tmp = cleanup_tmp
+        self._failed = set()  # steps whose write failed: their partial files go at close()
 
     def _write_failed(self, step: int, error: Exception) -> CheckpointWriteError:
+        self._failed.add(step)
         return CheckpointWriteError(
             f"the checkpoint at step {step} in {self.directory} could not be written "
             f"({describe_write_error(error)})", step)
@@ -546,6 +550,9 @@ class Checkpointer:
         exited with it still running, and it printed "cannot schedule new futures after
         interpreter shutdown" (about 1 run in 5).
 
+        A writer (``cleanup_tmp``) then removes the partial files of any save that could not
+        be written (``<step>.orbax-checkpoint-tmp``; on a full disk that frees the space).
+
         Raises:
           CheckpointWriteError: the save in flight could not be written (the manager is
             closed all the same).
@@ -557,3 +564,15 @@ class Checkpointer:
             self._finish_writing()
         finally:
             self.manager.close()
+            self._remove_failed_writes()
+
+    def _remove_failed_writes(self) -> None:
+        """Removes the temporary directories of the steps whose write failed (what the next
+        writer's start-up cleanup would remove), at once: on a full disk that frees the space.
+        Only the writer (``cleanup_tmp``) on the primary process; best effort."""
+        if not (self._cleanup_tmp and self._failed) or jax.process_index() != 0:
+            return
+        for name in os.listdir(self.directory):
+            step = name.split(".", 1)[0]
+            if ".orbax-checkpoint-tmp" in name and step.isdigit() and int(step) in self._failed:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)

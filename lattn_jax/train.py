@@ -1458,8 +1458,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 resume_point = _resume_point(ckpt)
             if isinstance(e, checkpoint_lib.CheckpointWriteError):
                 raise checkpoint_lib.CheckpointWriteError(
-                    f"{e}; {resume_point} (the partial write is removed when the run starts "
-                    f"again)", e.step) from None
+                    f"{e}; {resume_point} (the partial write is removed)", e.step) from None
             raise WorkdirWriteError(f"cannot write {e.filename} ({e.strerror}) in {phase}; "
                                     f"{resume_point}") from None
         # The first step's is translated by _first_train_step (a ConfigError, not one of these).

@@ -111,6 +111,23 @@ class WriteErrorTest(absltest.TestCase):
             f"left on device)"))
         self.assertEqual(cm.exception.step, 2)
 
+    def test_the_writer_removes_a_failed_step_s_partial_files_at_close(self):
+        # They stayed until the next start; on a full disk they hold the space.
+        workdir = self.create_tempdir().full_path
+        ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False, cleanup_tmp=True)
+        ckpt.save(2, _state(4))
+        ckpt.wait()
+        directory = os.path.join(workdir, "checkpoints")
+        for name in ("4.orbax-checkpoint-tmp", "6.orbax-checkpoint-tmp-1700000000"):
+            os.makedirs(os.path.join(directory, name, "state"))  # 6: another writer's
+        with mock.patch.object(ckpt.manager, "save", side_effect=OSError(28, "No space left "
+                                                                         "on device")):
+            with self.assertRaisesRegex(checkpoint_lib.CheckpointWriteError,
+                                        r"step 4 .* \(No space left on device\)$"):
+                ckpt.save(4, _state(4))
+        ckpt.close()
+        self.assertCountEqual(os.listdir(directory), ["2", "6.orbax-checkpoint-tmp-1700000000"])
+
     def test_describe_write_error_prefers_the_os_reason(self):
         self.assertEqual(checkpoint_lib.describe_write_error(
             PermissionError(13, "Permission denied", "/w/x")), "Permission denied: /w/x")

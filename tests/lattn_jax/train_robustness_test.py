@@ -418,9 +418,9 @@ class WriteFailureTest(CorpusTestCase):
         self.assertEqual(str(raised.exception), (
             f"the checkpoint at step 4 in {ckpt_dir} could not be written (No space left on "
             f"device); the last checkpoint, step 2 in {ckpt_dir}/2, is intact: running the same "
-            f"command again resumes from it (the partial write is removed when the run starts "
-            f"again)"))
+            f"command again resumes from it (the partial write is removed)"))
         self.assertEqual(raised.exception.step, 4)
+        self.assertEqual(os.listdir(ckpt_dir), ["2"])
         result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
         self.assertEqual((result["resumed_from"], result["step"]), (2, 6))
 
