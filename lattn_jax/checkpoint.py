@@ -92,6 +92,30 @@ def describe_write_error(error: BaseException) -> str:
     return describe_error(error)
 
 
+class RestoreOutOfMemoryError(CheckpointError):
+    """The devices ran out of memory while a checkpoint was restored onto them. The files are
+    intact: the checkpoint is not called unreadable, nothing is renamed and no older step is
+    tried (it would not fit either).
+
+    Attributes:
+      step: the step being restored.
+    """
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or an exception it was raised from, is XLA's out-of-device-memory
+    error (a ``JaxRuntimeError`` with ``RESOURCE_EXHAUSTED``)."""
+    while error is not None:
+        if isinstance(error, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(error):
+            return True
+        error = error.__cause__
+    return False
+
+
 # Advice ending a CheckpointMismatchError: the trainer's (the config comes from the options).
 MISMATCH_ADVICE = "use the options it was trained with or a new --workdir"
 
@@ -400,6 +424,7 @@ class Checkpointer:
           CheckpointMismatchError: if it is readable but of a different model (its tree of
             arrays differs from ``abstract_state``; :meth:`mismatch`), the message ending in
             ``mismatch_advice``.
+          RestoreOutOfMemoryError: the devices ran out of memory restoring it.
           CheckpointError: if it cannot be read (naming the step and the reason).
         """
         if step not in self.manager.all_steps():
@@ -413,6 +438,7 @@ class Checkpointer:
                     return self.restore(step, abstract_state, data_iter)
                 except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore raise many types
                     quiet.failed = True
+                    self._raise_if_out_of_memory(step, e)
                     why = describe_error(e)
             self._raise_if_mismatch(step, abstract_state, mismatch_advice)
         raise CheckpointError(f"checkpoint at step {step} in {self.directory} is unreadable "
@@ -448,6 +474,8 @@ class Checkpointer:
             parameter tree/shapes do not match this config: <first difference>); <advice>",
             followed, when newer steps were unreadable, by ". Newer and unreadable: step 6
             (<reason>), left in place (...)" (nothing is renamed).
+          RestoreOutOfMemoryError: the devices ran out of memory restoring a step (it is not
+            called unreadable; nothing is renamed, no older step tried).
           CheckpointError: if no checkpoint can be read (every step's reason, in one line).
         """
         steps = sorted(self.manager.all_steps(), reverse=True)
@@ -462,6 +490,7 @@ class Checkpointer:
                         state = self.restore(step, abstract_state, data_iter)
                     except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore: many types
                         quiet.failed = True
+                        self._raise_if_out_of_memory(step, e)
                         why = describe_error(e)
                 if why:
                     self._raise_if_mismatch(step, abstract_state, mismatch_advice, failures)
@@ -491,6 +520,13 @@ class Checkpointer:
             return None
         return describe_mismatch(_leaf_shapes(getattr(saved, "tree", saved)),
                                  _leaf_shapes(abstract_state))
+
+    def _raise_if_out_of_memory(self, step: int, error: Exception) -> None:
+        if is_out_of_memory(error):
+            raise RestoreOutOfMemoryError(
+                f"out of device memory restoring the checkpoint at step {step} in "
+                f"{self.directory} (it is intact; nothing was renamed): "
+                f"{describe_error(error, limit=160)}", step) from error
 
     def _raise_if_mismatch(self, step: int, abstract_state: PyTree, advice: str,
                            newer_unreadable: List[Tuple[int, str]] = ()) -> None:

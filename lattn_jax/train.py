@@ -940,7 +940,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
         (naming ``--workdir``, the path and the OS reason); when the first training step
         runs out of device memory (naming ``data.batch_size``, ``data.seq_len`` and
-        ``train.micro_batch_size``; in a resumed run also the checkpoint it resumed from),
+        ``train.micro_batch_size``; in a resumed run also the checkpoint it resumed from;
+        creating or restoring the state: what to free or shard),
         or a later one, an evaluation or a save does (naming also the step that ran out,
         where it surfaced when that was later, and the newest complete checkpoint, which is
         left as it is, as are the metrics written; nothing is saved); and when ``workdir`` is
@@ -1075,6 +1076,9 @@ def _is_out_of_memory(error: BaseException) -> bool:
             and "RESOURCE_EXHAUSTED" in str(error))
 
 
+_STATE_MEMORY_ADVICE = ("The parameters and optimizer state do not fit the devices as "
+                        "sharded: free them (another process on them?) or shard the state over "
+                        "more devices (--config.mesh.fsdp)")
 _OUT_OF_MEMORY_ADVICE = ("lower data.batch_size or data.seq_len, or set a smaller "
                          "train.micro_batch_size (gradient accumulation; same batch per step)")
 
@@ -1232,11 +1236,16 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         train_iter = datasets.train_iter
         if latest is not None:
             writer = jax.process_index() == 0
-            if step is None:
-                latest, state = ckpt.restore_latest(trainer.abstract_state(), train_iter,
-                                                    report=print_fn, set_aside=writer)
-            else:
-                state = ckpt.restore_step(step, trainer.abstract_state(), train_iter)
+            try:
+                if step is None:
+                    latest, state = ckpt.restore_latest(trainer.abstract_state(), train_iter,
+                                                        report=print_fn, set_aside=writer)
+                else:
+                    state = ckpt.restore_step(step, trainer.abstract_state(), train_iter)
+            except checkpoint_lib.RestoreOutOfMemoryError as e:  # the state does not fit
+                raise config_lib.ConfigError(
+                    f"{str(e).rstrip('.')}. {_STATE_MEMORY_ADVICE}") from None
+            if step is not None:
                 latest = step
                 # The steps after it would collide with this run's saves: kept, renamed.
                 for newer in sorted(s for s in ckpt.all_steps() if s > step):
@@ -1246,7 +1255,15 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"(data iterator restored)")
             resumed_from = latest
         else:
-            state = trainer.init_state(tcfg.seed)
+            try:
+                state = trainer.init_state(tcfg.seed)
+            except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
+                if not _is_out_of_memory(e):
+                    raise
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise config_lib.ConfigError(
+                    f"out of device memory creating the parameters and optimizer state. "
+                    f"{_STATE_MEMORY_ADVICE}. XLA: {first[:200]}") from None
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
         _write_start_config(workdir, config, has_checkpoint=latest is not None)

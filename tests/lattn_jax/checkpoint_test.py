@@ -74,6 +74,22 @@ class MismatchTest(absltest.TestCase):
             f"2)"))
         self.assertCountEqual(os.listdir(self.directory), ["2", "4"])  # nothing set aside
 
+    def test_out_of_memory_while_restoring_is_not_unreadable(self):
+        # A full device (another process on it) read as "unreadable": the newest step was set
+        # aside after an older one fitted, or the run ended in "no readable checkpoint ...
+        # Move the directory away".
+        oom = jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 96 "
+                                         "bytes.\nmore")
+        with mock.patch.object(checkpoint_lib.Checkpointer, "restore", side_effect=oom):
+            with self.assertRaises(checkpoint_lib.RestoreOutOfMemoryError) as cm:
+                self.restore_latest(_abstract(_state(4)))
+        self.assertEqual(str(cm.exception), (
+            f"out of device memory restoring the checkpoint at step 4 in {self.directory} (it "
+            f"is intact; nothing was renamed): JaxRuntimeError: RESOURCE_EXHAUSTED: Out of "
+            f"memory allocating 96 bytes."))
+        self.assertEqual(cm.exception.step, 4)
+        self.assertCountEqual(os.listdir(self.directory), ["2", "4"])
+
     def test_restore_step_reports_the_mismatch_too(self):
         ckpt = checkpoint_lib.Checkpointer(self.workdir, async_save=False)
         try:

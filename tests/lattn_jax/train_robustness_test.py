@@ -356,6 +356,31 @@ class GuardAndResumeTest(CorpusTestCase):
             f"of memory allocating 123456789 bytes."))
         self.assertEqual(os.listdir(ckpt_dir), ["2"])
 
+    def test_out_of_memory_creating_or_restoring_the_state_is_one_line(self):
+        # A traceback when creating it; when restoring, the checkpoint was called unreadable.
+        cfg = tiny_experiment(self.corpus, total_steps=2, checkpoint_every=5, eval_every=5)
+        workdir = os.path.join(self.tmp, "oom_state")
+        advice = ("The parameters and optimizer state do not fit the devices as sharded: free "
+                  "them (another process on them?) or shard the state over more devices "
+                  "(--config.mesh.fsdp)")
+        oom = jax.errors.JaxRuntimeError(OOM_TEXT)
+        with mock.patch.object(train.Trainer, "init_state", side_effect=oom):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory creating the parameters and optimizer state. {advice}. XLA: "
+            f"RESOURCE_EXHAUSTED: Out of memory allocating 123456789 bytes."))
+        train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        with mock.patch.object(checkpoint_lib.Checkpointer, "restore", side_effect=oom):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory restoring the checkpoint at step 2 in {ckpt_dir} (it is "
+            f"intact; nothing was renamed): JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+            f"allocating 123456789 bytes. {advice}"))
+        self.assertEqual(os.listdir(ckpt_dir), ["2"])
+
     def test_out_of_memory_in_an_evaluation_names_it_and_the_intact_checkpoint(self):
         cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
                               eval_every=4)
