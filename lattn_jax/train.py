@@ -957,8 +957,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       Terminated: a SIGTERM came while a checkpoint was being written outside the watched
         loop (the stop path's or the final save; any save with ``train.save_on_preemption``
         off): raised once the write is complete, with a message naming that checkpoint; or in
-        the final evaluation, which then stops and the trained state is saved first (also a
-        ``KeyboardInterrupt`` for a Ctrl-C there).
+        the final evaluation (or the last step), which then stops (is skipped) and the trained
+        state is saved; the next run evaluates it (also a ``KeyboardInterrupt`` for a Ctrl-C).
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
@@ -1453,6 +1453,9 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             # (Not in a multi-process run: one process would stop alone; a SIGTERM there only
             # notifies JAX's preemption service, and the run completes.)
             with _stop_on_signals(tcfg.save_on_preemption and not watcher.multi_process):
+                if preempted:  # a stop asked for in the last step: no evaluation first
+                    raise _StopRequested(signal.SIGINT if watcher.signal_name == "SIGINT"
+                                         else signal.SIGTERM)
                 val_loss = run_eval(step)
         except _StopRequested as stop:
             if last_saved != step:
@@ -1460,8 +1463,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             wait_for_save(step)
             name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
             text = (f"the checkpoint at step {step} ({ckpt.directory}/{step}) is complete; "
-                    f"stopped there on {name}, in the final evaluation: run the same command "
-                    f"again to evaluate it")
+                    f"stopped there on {name}, {'before' if preempted else 'in'} the final "
+                    f"evaluation: run the same command again to evaluate it")
             raise (Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt)(
                 text) from None
         if last_saved != step:

@@ -217,6 +217,27 @@ class InterruptTest(CorpusTestCase):
         self.assertTrue(any(line.startswith("Training was already complete at step 3")
                             for line in lines), lines)
 
+    def test_a_sigterm_in_the_last_step_saves_before_the_final_evaluation(self):
+        workdir = os.path.join(self.tmp, "w")
+        evaluated = []
+
+        def sigterm_at_3(line):
+            if line.startswith("step     3  train_loss"):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        cfg = tiny_experiment(self.corpus, total_steps=3, log_every=1, checkpoint_every=2,
+                              eval_every=5)
+        with mock.patch.object(train.Trainer, "evaluate_counts",
+                               side_effect=lambda *a: evaluated.append(1)):
+            with self.assertRaises(train.Terminated) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=sigterm_at_3)
+        path = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step 3 ({path}/3) is complete; stopped there on SIGTERM, before "
+            f"the final evaluation: run the same command again to evaluate it"))
+        self.assertEqual(evaluated, [])
+        self.assertCountEqual(os.listdir(path), ["2", "3"])
+
 
 class _Killed(BaseException):
     """What a test's SIGTERM handler raises in place of the process ending."""
