@@ -60,7 +60,8 @@ def main(argv):
     try:
         train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
     except (config_lib.ConfigError, FileNotFoundError, data.DataFileError, train.NonFiniteError,
-            checkpoint_lib.CheckpointError,
+            checkpoint_lib.CheckpointError, train.WorkdirWriteError,
+            OSError,  # a file of the workdir that cannot be written (a full disk)
             # an explicitly named kernel / cuDNN on a machine or shapes it cannot run
             validation.UnsupportedImplementationError) as e:  # one line each, no traceback
         sys.exit(f"error: {e}")
@@ -71,6 +72,11 @@ def main(argv):
         print(f"interrupted (Ctrl-C): {e}" if str(e) else
               "interrupted (Ctrl-C); nothing saved since the last checkpoint", file=sys.stderr)
         sys.exit(130)
+    except train.Terminated as e:
+        # SIGTERM while a checkpoint was being written where no stop request is polled (the
+        # stop path's or the final save): the write completed first; one line naming it.
+        print(f"terminated (SIGTERM): {e}", file=sys.stderr)
+        sys.exit(143)  # the shell's status for SIGTERM (128 + 15)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ an orbax ``StandardSave`` pytree) and ``data_iter`` (the grain iterator's state,
 own orbax handler). Orbax writes each step into a temporary directory and renames it only when
 complete, so a crash in the middle of a save leaves the previous checkpoint restorable; leftover
 temporary directories are removed when the next writer (``cleanup_tmp=True``, the trainer) opens
-the directory. Readers (evaluation) leave them alone: one may be a save still in progress.
+the directory. Readers (evaluation) leave them alone: one may be a save still in progress. A save
+that cannot be written (a full disk, no permission) raises :class:`CheckpointWriteError` naming
+its step and the OS's reason, also when it was asynchronous (from the next ``save``, ``wait`` or
+``close``).
 
 Retention: the ``keep`` newest checkpoints, plus (``keep_best``) the one with the lowest
 ``val_loss`` among those saved with metrics. Saves are asynchronous by default: ``save`` returns
@@ -18,7 +21,8 @@ writer (``set_aside=True``, the trainer) renames an unreadable step's directory 
 ``<step>.unreadable-<time>``, out of orbax's listing, so that the run can save that step again.
 A readable checkpoint whose parameter tree or shapes differ from the state to restore into (a
 different model) is not unreadable: it raises :class:`CheckpointMismatchError` at once, with no
-fallback to older steps and nothing renamed.
+fallback to older steps and nothing renamed (unreadable steps newer than it are named in the same
+message, and left in place too).
 
 Restoring onto another mesh or device count: the arrays are saved with their global shapes, and
 ``restore`` reads them into the shardings of ``abstract_state`` (``jax.ShapeDtypeStruct`` leaves
@@ -29,6 +33,8 @@ import gc
 import json
 import logging
 import os
+import re
+import shutil
 import sys
 import tempfile
 import time
@@ -51,6 +57,63 @@ class CheckpointError(ValueError):
 class CheckpointMismatchError(CheckpointError):
     """A checkpoint holds a different model: its saved tree of arrays (paths or shapes) does
     not match the state it is restored into. The files are intact; the config is the cause."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint could not be written (a full disk, no permission, an I/O error). Orbax
+    writes a step into a temporary directory and renames it only once complete, so the
+    checkpoints before it are intact; the writer's :meth:`Checkpointer.close` removes the
+    partial one (or the next writer's start-up cleanup does).
+
+    Attributes:
+      step: the step whose write failed.
+    """
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+_OS_ERROR_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def describe_write_error(error: BaseException) -> str:
+    """Why a write failed, short: the OS's reason when the error carries one (tensorstore's
+    messages end in ``[os_error_code='28']`` after a long path: ``"No space left on device"``),
+    else :func:`describe_error`."""
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror + (f": {cause.filename}" if cause.filename else "")
+        found = _OS_ERROR_CODE.search(str(cause))
+        if found:
+            return os.strerror(int(found.group(1)))
+        cause = cause.__cause__
+    return describe_error(error)
+
+
+class RestoreOutOfMemoryError(CheckpointError):
+    """The devices ran out of memory while a checkpoint was restored onto them. The files are
+    intact: the checkpoint is not called unreadable, nothing is renamed and no older step is
+    tried (it would not fit either).
+
+    Attributes:
+      step: the step being restored.
+    """
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """Whether ``error``, or an exception it was raised from, is XLA's out-of-device-memory
+    error (a ``JaxRuntimeError`` with ``RESOURCE_EXHAUSTED``)."""
+    while error is not None:
+        if isinstance(error, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(error):
+            return True
+        error = error.__cause__
+    return False
 
 
 # Advice ending a CheckpointMismatchError: the trainer's (the config comes from the options).
@@ -251,6 +314,25 @@ class Checkpointer:
             preservation_policy=preservation_policy.AnyPreservationPolicy(policies))
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "data_iter"))
+        self._writing = None  # the step of the asynchronous save in flight, if any
+        self._cleanup_tmp = cleanup_tmp
+        self._failed = set()  # steps whose write failed: their partial files go at close()
+
+    def _write_failed(self, step: int, error: Exception) -> CheckpointWriteError:
+        self._failed.add(step)
+        return CheckpointWriteError(
+            f"the checkpoint at step {step} in {self.directory} could not be written "
+            f"({describe_write_error(error)})", step)
+
+    def _finish_writing(self) -> None:
+        """Waits for the save in flight; its failure raised as :class:`CheckpointWriteError`."""
+        step, self._writing = self._writing, None
+        try:
+            self.manager.wait_until_finished()
+        except (OSError, ValueError) as e:  # tensorstore's failed writes are ValueErrors
+            if step is None or isinstance(e, CheckpointError):
+                raise
+            raise self._write_failed(step, e) from e
 
     def latest_step(self) -> Optional[int]:
         """The newest complete checkpoint's step, or ``None``."""
@@ -261,13 +343,23 @@ class Checkpointer:
         """Saves ``state`` (a pytree of arrays) and, if given, the grain iterator at ``step``.
 
         ``metrics`` (e.g. ``{"val_loss": 3.2}``) rank the checkpoint for ``keep_best``.
+
+        Raises:
+          CheckpointWriteError: this step, or the asynchronous save before it, could not be
+            written (naming that step and the OS's reason).
         """
         items = {"state": ocp.args.StandardSave(state)}
         if data_iter is not None:
             items["data_iter"] = grain.checkpoint.CheckpointSave(data_iter)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
-        return self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
-                                 force=force)
+        self._finish_writing()  # the previous save's failure names its own step
+        try:
+            saved = self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
+                                      force=force)
+        except (OSError, ValueError) as e:
+            raise self._write_failed(step, e) from e
+        self._writing = step
+        return saved
 
     def restore(self, step: int, abstract_state: PyTree, data_iter: Any = None) -> PyTree:
         """Restores the state saved at ``step``.
@@ -332,6 +424,7 @@ class Checkpointer:
           CheckpointMismatchError: if it is readable but of a different model (its tree of
             arrays differs from ``abstract_state``; :meth:`mismatch`), the message ending in
             ``mismatch_advice``.
+          RestoreOutOfMemoryError: the devices ran out of memory restoring it.
           CheckpointError: if it cannot be read (naming the step and the reason).
         """
         if step not in self.manager.all_steps():
@@ -345,6 +438,7 @@ class Checkpointer:
                     return self.restore(step, abstract_state, data_iter)
                 except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore raise many types
                     quiet.failed = True
+                    self._raise_if_out_of_memory(step, e)
                     why = describe_error(e)
             self._raise_if_mismatch(step, abstract_state, mismatch_advice)
         raise CheckpointError(f"checkpoint at step {step} in {self.directory} is unreadable "
@@ -377,7 +471,11 @@ class Checkpointer:
           FileNotFoundError: if there is no checkpoint at all.
           CheckpointMismatchError: the newest step that is not unreadable holds a different
             model, e.g. "the checkpoint at step 4 in <dir> is of a different model (its
-            parameter tree/shapes do not match this config: <first difference>); <advice>".
+            parameter tree/shapes do not match this config: <first difference>); <advice>",
+            followed, when newer steps were unreadable, by ". Newer and unreadable: step 6
+            (<reason>), left in place (...)" (nothing is renamed).
+          RestoreOutOfMemoryError: the devices ran out of memory restoring a step (it is not
+            called unreadable; nothing is renamed, no older step tried).
           CheckpointError: if no checkpoint can be read (every step's reason, in one line).
         """
         steps = sorted(self.manager.all_steps(), reverse=True)
@@ -392,9 +490,10 @@ class Checkpointer:
                         state = self.restore(step, abstract_state, data_iter)
                     except Exception as e:  # noqa: BLE001 - orbax/grain/tensorstore: many types
                         quiet.failed = True
+                        self._raise_if_out_of_memory(step, e)
                         why = describe_error(e)
                 if why:
-                    self._raise_if_mismatch(step, abstract_state, mismatch_advice)
+                    self._raise_if_mismatch(step, abstract_state, mismatch_advice, failures)
             if why:
                 failures.append((step, why))
                 continue
@@ -422,12 +521,28 @@ class Checkpointer:
         return describe_mismatch(_leaf_shapes(getattr(saved, "tree", saved)),
                                  _leaf_shapes(abstract_state))
 
-    def _raise_if_mismatch(self, step: int, abstract_state: PyTree, advice: str) -> None:
+    def _raise_if_out_of_memory(self, step: int, error: Exception) -> None:
+        if is_out_of_memory(error):
+            raise RestoreOutOfMemoryError(
+                f"out of device memory restoring the checkpoint at step {step} in "
+                f"{self.directory} (it is intact; nothing was renamed): "
+                f"{describe_error(error, limit=160)}", step) from error
+
+    def _raise_if_mismatch(self, step: int, abstract_state: PyTree, advice: str,
+                           newer_unreadable: List[Tuple[int, str]] = ()) -> None:
         why = self.mismatch(step, abstract_state)
-        if why:
-            raise CheckpointMismatchError(
-                f"the checkpoint at step {step} in {self.directory} is of a different model "
-                f"(its parameter tree/shapes do not match this config: {why}); {advice}")
+        if not why:
+            return
+        newer = ""
+        if newer_unreadable:  # both facts: the config to fix, and what the resume will skip
+            steps = "; ".join(f"step {s} ({reason})" for s, reason in newer_unreadable)
+            newer = (f". Newer and unreadable: {steps}, left in place (a run with the "
+                     f"checkpoint's options sets "
+                     f"{'it' if len(newer_unreadable) == 1 else 'them'} aside and resumes "
+                     f"from step {step})")
+        raise CheckpointMismatchError(
+            f"the checkpoint at step {step} in {self.directory} is of a different model "
+            f"(its parameter tree/shapes do not match this config: {why}); {advice}{newer}")
 
     def _missing_metadata(self, step: int) -> Optional[str]:
         """What orbax's own error would misreport (a missing ``_METADATA`` surfaces as a pytree
@@ -455,8 +570,12 @@ class Checkpointer:
         return self.manager.reached_preemption(step)
 
     def wait(self) -> None:
-        """Blocks until pending asynchronous saves are on disk."""
-        self.manager.wait_until_finished()
+        """Blocks until pending asynchronous saves are on disk.
+
+        Raises:
+          CheckpointWriteError: the save in flight could not be written.
+        """
+        self._finish_writing()
 
     def close(self) -> None:
         """Waits for pending saves and the start-up cleanup of temporary directories, then
@@ -466,9 +585,30 @@ class Checkpointer:
         background thread from the constructor on: a run refused right after the manager was made
         exited with it still running, and it printed "cannot schedule new futures after
         interpreter shutdown" (about 1 run in 5).
+
+        A writer (``cleanup_tmp``) then removes the partial files of any save that could not
+        be written (``<step>.orbax-checkpoint-tmp``; on a full disk that frees the space).
+
+        Raises:
+          CheckpointWriteError: the save in flight could not be written (the manager is
+            closed all the same).
         """
         await_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
         if await_cleanup is not None:  # a private orbax method: absent in other versions
             await_cleanup()
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self._finish_writing()
+        finally:
+            self.manager.close()
+            self._remove_failed_writes()
+
+    def _remove_failed_writes(self) -> None:
+        """Removes the temporary directories of the steps whose write failed (what the next
+        writer's start-up cleanup would remove), at once: on a full disk that frees the space.
+        Only the writer (``cleanup_tmp``) on the primary process; best effort."""
+        if not (self._cleanup_tmp and self._failed) or jax.process_index() != 0:
+            return
+        for name in os.listdir(self.directory):
+            step = name.split(".", 1)[0]
+            if ".orbax-checkpoint-tmp" in name and step.isdigit() and int(step) in self._failed:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)

@@ -15,9 +15,11 @@ Stages, in order:
    MFU) to stdout, ``<workdir>/metrics.jsonl``, ``loss.png`` and TensorBoard, a tqdm bar, async
    checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption) or Ctrl-C
    (SIGINT; a second Ctrl-C stops at once, or, while a checkpoint is being written, once it is
-   complete), and a final evaluation and checkpoint. Running out of device memory, in the
-   first step or a later one, ends the run with one line naming the options to lower (and,
-   after the first step, the intact checkpoint the same command resumes from).
+   complete; so does a SIGTERM during the stop's own or the final save), and a final evaluation
+   and checkpoint. Running out of device memory, in the
+   first step or a later one, ends the run with one line naming the options to lower, the step
+   that ran out (and, after the first step or in a resumed run, the intact checkpoint the same
+   command resumes from).
 """
 
 import contextlib
@@ -76,6 +78,20 @@ def cross_entropy_loss(logits: jax.Array, targets: jax.Array, weights: jax.Array
     total = halo_losses.weighted_sum(ce, weights)
     count = jnp.sum(weights)
     return total / jnp.maximum(count, 1.0), total, count
+
+
+class WorkdirWriteError(RuntimeError):
+    """A run record (``metrics.jsonl``, ``console.log``, ``loss.png``, ...) could not be written
+    into the workdir during training (a full disk, no permission, an I/O error); the message
+    names the file, the reason and the checkpoint the same command resumes from."""
+
+
+def _is_workdir_write_error(error: BaseException, workdir: str) -> bool:
+    """Whether ``error`` is an ``OSError`` about a file in ``workdir`` (a failed write)."""
+    if not isinstance(error, OSError) or not error.filename or not error.strerror:
+        return False
+    path = os.path.abspath(os.fsdecode(error.filename))
+    return path.startswith(os.path.join(os.path.abspath(workdir), ""))
 
 
 class NonFiniteError(RuntimeError):
@@ -476,42 +492,73 @@ class MetricsWriter:
             self._tb = None
 
 
+class Terminated(BaseException):
+    """SIGTERM came while a checkpoint was being written where no watcher turns it into a stop
+    request (the stop path's save, the final save, a run with ``train.save_on_preemption``
+    off): raised once the write is complete (:meth:`PreemptionWatcher.defer_signals`), with a
+    one-line message naming that checkpoint. A ``BaseException``, as ``KeyboardInterrupt``:
+    ``except Exception`` handlers let it through."""
+
+
 class PreemptionWatcher:
     """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop polls, so that it can save before
     exiting.
 
     The first Ctrl-C asks for a save at the end of the current step and installs Python's
     default SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``,
-    nothing saved), except while a checkpoint is being written (:meth:`defer_sigint`): then it
-    stops once the write is complete. Installed only from the main thread (Python's rule for
-    signal handlers); the previous handlers are restored on exit. In a multi-process run the
-    processes also agree on the step through orbax / JAX's preemption sync point. Public: the
+    nothing saved), except while a checkpoint is being written (:meth:`defer_signals`): then it
+    stops once the write is complete. A SIGTERM while a checkpoint is being written outside the
+    watched loop (the stop path's or the final save) is held back the same way. Installed only
+    from the main thread (Python's rule for signal handlers); the previous handlers are restored
+    on exit.
+
+    Multi-process runs with JAX's preemption service (:func:`preemption_service_active`): the
+    processes must stop at the same step, which a flag per process does not give (one process
+    left the loop for its save while the others waited in the next step's collectives: both
+    hung). There the watcher leaves SIGTERM to the service's own handler (a Python handler
+    replaced it, so the service never heard of the signal), and a first Ctrl-C is passed to
+    the service as a SIGTERM of this process; the loop stops at the step the service agrees
+    on (``Checkpointer.reached_preemption``), and ``requested`` stays ``False``. Public: the
     HALO pipeline (``experiments/halo_pipeline.py``) stops its stages with it too.
 
+    Args:
+      enabled: install the handlers (``train.save_on_preemption``).
+      multi_process: the multi-process mode above; ``None``: whether ``jax.process_count() >
+        1`` with the preemption service active.
+
     Attributes:
-      requested: a signal arrived (poll it, then save and stop).
+      requested: a signal arrived (poll it, then save and stop); single-process mode only.
       signal_name: the first signal's name (``"SIGTERM"``, ``"SIGINT"``), or ``None``.
     """
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, *, multi_process: Optional[bool] = None):
         self.requested = False
         self.signal_name = None
         self._previous = {}
         self._enabled = enabled and threading.current_thread() is threading.main_thread()
+        if multi_process is None:
+            multi_process = jax.process_count() > 1 and preemption_service_active()
+        self.multi_process = multi_process
+        # SIGTERM belongs to JAX's preemption notifier in a multi-process run.
+        self._signals = (signal.SIGINT,) if multi_process else self.SIGNALS
 
     def __enter__(self):
         if self._enabled:
-            for signum in self.SIGNALS:
+            for signum in self._signals:
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def _handle(self, signum, frame):
         del frame
-        self.requested = True
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
+        if self.multi_process:
+            # The service agrees on a step with every process and the loop stops there.
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            self.requested = True
         if signum == signal.SIGINT:
             # Python's own Ctrl-C handler (whatever was installed before, e.g. SIG_IGN by a
             # library), so that the next Ctrl-C raises KeyboardInterrupt at once.
@@ -526,63 +573,122 @@ class PreemptionWatcher:
         return False
 
     @contextlib.contextmanager
-    def defer_sigint(self, what: str, *, finish: Optional[Callable[[], None]] = None,
-                     raise_after: bool = True):
-        """Holds back a Ctrl-C that would interrupt the block (a checkpoint write) until the
-        block is done, so that the checkpoint is complete and no ``KeyboardInterrupt`` lands
-        inside orbax. One that did (orbax 0.12.8) left the step's temporary directory behind,
-        or logged orbax's "Save Finalize thread (save_finalize) failed" traceback (the step
-        was then complete, while the binary said nothing was saved), or hung the process.
+    def defer_signals(self, what: str, *, finish: Optional[Callable[[], None]] = None,
+                      raise_after: bool = True):
+        """Holds back a Ctrl-C or SIGTERM that would interrupt the block (a checkpoint write)
+        until the block is done, so that the checkpoint is complete and no ``KeyboardInterrupt``
+        lands inside orbax. One that did (orbax 0.12.8) left the step's temporary directory
+        behind, or logged orbax's "Save Finalize thread (save_finalize) failed" traceback (the
+        step was then complete, while the binary said nothing was saved), or hung the process;
+        a SIGTERM under its default handler killed the process mid-write, so that the run
+        resumed from the checkpoint before (losing the steps since).
 
-        Inside the block, the first Ctrl-C of a watched run (this watcher's handler installed)
-        only asks for a stop, as :meth:`_handle` does. Any other Ctrl-C (a second one, or one
-        after the watcher's exit or without it) prints one line and is deferred: when the block
-        ends, ``finish`` (e.g. waiting for the asynchronous write) runs, still deferring, and
-        then, with ``raise_after``, ``KeyboardInterrupt`` is raised with a one-line message
-        saying that ``what`` is complete. A block that raises restores the handler and
-        propagates its own error. Does nothing outside the main thread.
+        Inside the block, a signal the watcher's own handler receives (its first Ctrl-C, any
+        SIGTERM while the loop watches) only asks for a stop, as :meth:`_handle` does. Any other
+        Ctrl-C or SIGTERM (a second Ctrl-C; either after the watcher's exit or without it)
+        prints one line and is deferred: when the block ends, ``finish`` (e.g. waiting for the
+        asynchronous write) runs, still deferring, and then, with ``raise_after``,
+        ``Terminated`` (a SIGTERM came) or ``KeyboardInterrupt`` is raised with a one-line
+        message saying that ``what`` is complete. A block that raises restores the handlers
+        and propagates its own error. Does nothing outside the main thread.
 
         Args:
           what: the checkpoint being written, for the messages (e.g. ``"the checkpoint at step
             6 (<dir>/6)"``).
-          finish: called after the block when a Ctrl-C was deferred, before raising.
-          raise_after: raise the deferred interrupt after the block (``False``: the caller is
+          finish: called after the block when a signal was deferred, before raising.
+          raise_after: raise for the deferred signal after the block (``False``: the caller is
             ending anyway, e.g. closing the checkpointer in a ``finally``).
 
         Raises:
-          KeyboardInterrupt: after the block (and ``finish``), if a Ctrl-C was deferred and
+          Terminated: after the block (and ``finish``), if a SIGTERM was deferred and
             ``raise_after``.
+          KeyboardInterrupt: likewise for a deferred Ctrl-C (and no SIGTERM).
         """
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.getsignal(signal.SIGINT)
-        watched = previous == self._handle  # the watcher's own: no Ctrl-C seen yet
+        signals = (signal.SIGINT,) if self.multi_process else self.SIGNALS
+        previous = {s: signal.getsignal(s) for s in signals}
+        watched = {s: h == self._handle for s, h in previous.items()}  # no such signal seen yet
         first, deferred = [], []
 
         def hold(signum, frame):
-            if watched and not first:
+            if signum == signal.SIGINT and watched[signum] and not first:
                 first.append(signum)
                 self._handle(signum, frame)  # the first Ctrl-C: a stop after this step
                 signal.signal(signal.SIGINT, hold)  # and still deferring the next one
                 return
             if not deferred:
-                print(f"\nCtrl-C while {what} is being written: stopping once it is complete "
+                name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+                print(f"\n{name} while {what} is being written: stopping once it is complete "
                       f"(interrupting the write would leave it incomplete)", file=sys.stderr,
                       flush=True)
             deferred.append(signum)
 
         signal.signal(signal.SIGINT, hold)
+        # The watcher's own handler only flags a stop; a multi-process run's SIGTERM only
+        # notifies JAX's preemption service (the process is not ended).
+        hold_sigterm = not self.multi_process and not watched[signal.SIGTERM]
+        if hold_sigterm:
+            signal.signal(signal.SIGTERM, hold)
         try:
             yield
             if deferred and finish is not None:
                 finish()
         finally:
             # After a first Ctrl-C in the block, the next one interrupts (as after _handle).
-            signal.signal(signal.SIGINT, signal.default_int_handler if first else previous)
+            signal.signal(signal.SIGINT,
+                          signal.default_int_handler if first else previous[signal.SIGINT])
+            if hold_sigterm:
+                signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
         if deferred and raise_after:
+            if signal.SIGTERM in deferred:
+                raise Terminated(f"{what} is complete; stopped there on SIGTERM: run the same "
+                                 f"command again to resume from it")
             raise KeyboardInterrupt(f"{what} is complete; stopped there on Ctrl-C: run the same "
                                     f"command again to resume from it")
+
+
+def preemption_service_active() -> bool:
+    """Whether JAX's preemption sync service runs in this process (``jax.distributed``
+    initialised with ``jax_enable_preemption_service``): its handler then receives SIGTERM and
+    :func:`jax.experimental.multihost_utils.reached_preemption_sync_point` tells every process
+    the same step to save at."""
+    try:
+        from jax._src import distributed  # private: the public API does not say it
+    except ImportError:
+        return False
+    return getattr(distributed.global_state, "preemption_sync_manager", None) is not None
+
+
+class _StopRequested(BaseException):
+    """A SIGTERM or Ctrl-C under :func:`_stop_on_signals` (``signum``: which)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals(enabled: bool = True):
+    """Inside the block, SIGTERM and Ctrl-C raise :class:`_StopRequested` at once (for work that
+    writes nothing and may be cut short: the final evaluation), so that the caller can save and
+    stop. The previous handlers are restored on exit; nothing changes outside the main thread
+    or when not ``enabled``."""
+    if not enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        del frame
+        raise _StopRequested(signum)
+
+    previous = {s: signal.signal(s, stop) for s in PreemptionWatcher.SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 CONSOLE_LOG = "console.log"
@@ -757,11 +863,23 @@ def _write_start_config(workdir: str, config: config_lib.ExperimentConfig,
     """Writes ``<workdir>/config.json`` (the run's first config) for a fresh start, or for a
     resumed run that lacks one. Called only once the state is restored or initialised, so that
     a failed start (a checkpoint of a different model, an unreadable one) writes no config that
-    would then refuse the right command (:func:`_check_resume_compatible`)."""
+    would then refuse the right command (:func:`_check_resume_compatible`). Only process 0
+    writes it (as every run record in the workdir): in a multi-process run the other processes
+    would race on the same file of a shared workdir. Written whole or not at all (a temporary
+    file renamed over it): a write cut short (a full disk, a kill) left a truncated config.json,
+    which then refused every later start of the run as not valid JSON."""
+    if jax.process_index() != 0:
+        return
     path = os.path.join(workdir, "config.json")
     if not (has_checkpoint and os.path.exists(path)):
-        with open(path, "w") as f:
-            json.dump(config_lib.experiment_json_dict(config), f, indent=2)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with open(tmp, "w") as f:
+                json.dump(config_lib.experiment_json_dict(config), f, indent=2)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(tmp)
 
 
 def _diff(a, b, prefix):
@@ -811,17 +929,23 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     Raises:
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing, or
         there is no checkpoint at ``step``.
-      CheckpointError: no checkpoint can be read, or the one at ``step`` cannot.
+      CheckpointError: no checkpoint can be read, or the one at ``step`` cannot;
+        ``CheckpointWriteError`` when one cannot be written (a full disk: naming the step, the
+        reason and the intact checkpoint the same command resumes from).
+      WorkdirWriteError: a run record (``metrics.jsonl``, ``console.log``, ...) cannot be
+        written during training (naming the file, the reason and the intact checkpoint).
       ValueError: invalid or inconsistent options, named by their dotted path (a negative
         ``step`` too). ``step`` is checked before ``workdir`` is created or written to. Also
         (``ConfigError``) when another process is training in ``workdir`` (its lock file
         ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
         (naming ``--workdir``, the path and the OS reason); when the first training step
         runs out of device memory (naming ``data.batch_size``, ``data.seq_len`` and
-        ``train.micro_batch_size``), or a later one, an evaluation or a save does (naming
-        also where it surfaced and the newest complete checkpoint, which is left as it is,
-        as are the metrics written; nothing is saved); and when ``workdir`` is another
-        kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
+        ``train.micro_batch_size``; in a resumed run also the checkpoint it resumed from;
+        creating or restoring the state: what to free or shard),
+        or a later one, an evaluation or a save does (naming also the step that ran out,
+        where it surfaced when that was later, and the newest complete checkpoint, which is
+        left as it is, as are the metrics written; nothing is saved); and when ``workdir`` is
+        another kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
         :func:`lattn_jax.config.saved_training_config`), before anything is written; and when
         ``config.mesh`` does not fit the devices, the batch or the sequence
         (:func:`check_mesh`), before anything is written or read.
@@ -829,7 +953,12 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         saving a checkpoint of the last good parameters).
       KeyboardInterrupt: a second Ctrl-C (or one with ``train.save_on_preemption`` off); one
         that came while a checkpoint was being written is raised once the write is complete,
-        with a message naming that checkpoint (:meth:`PreemptionWatcher.defer_sigint`).
+        with a message naming that checkpoint (:meth:`PreemptionWatcher.defer_signals`).
+      Terminated: a SIGTERM came while a checkpoint was being written outside the watched
+        loop (the stop path's or the final save; any save with ``train.save_on_preemption``
+        off): raised once the write is complete, with a message naming that checkpoint; or in
+        the final evaluation (or the last step), which then stops (is skipped) and the trained
+        state is saved; the next run evaluates it (also a ``KeyboardInterrupt`` for a Ctrl-C).
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
@@ -892,10 +1021,15 @@ def _workdir_lock(workdir: str):
     so a killed run leaves no stale lock.
 
     Raises:
-      ConfigError: another process holds the lock (before anything is written).
+      ConfigError: another process holds the lock, or ``workdir`` cannot be written (the lock
+        file cannot be created; a read-only path), before anything is written.
     """
     path = os.path.join(workdir, WORKDIR_LOCK)
-    f = open(path, "a+")
+    try:
+        f = open(path, "a+")
+    except OSError as e:  # a read-only file system or directory, no permission
+        raise config_lib.ConfigError(
+            f"--workdir={workdir}: cannot write there ({e.strerror}: {e.filename})") from None
     try:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -930,8 +1064,9 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step):
     try:
         return _train_and_evaluate(config, workdir, logged, step)
     except BaseException as e:
-        with open(log_path, "a") as f:
-            f.write(f"stopped: {checkpoint_lib.describe_error(e)}\n")
+        with contextlib.suppress(OSError):  # a full disk: the error itself says it
+            with open(log_path, "a") as f:
+                f.write(f"stopped: {checkpoint_lib.describe_error(e)}\n")
         raise
 
 
@@ -941,12 +1076,16 @@ def _is_out_of_memory(error: BaseException) -> bool:
             and "RESOURCE_EXHAUSTED" in str(error))
 
 
+_STATE_MEMORY_ADVICE = ("The parameters and optimizer state do not fit the devices as "
+                        "sharded: free them (another process on them?) or shard the state over "
+                        "more devices (--config.mesh.fsdp)")
 _OUT_OF_MEMORY_ADVICE = ("lower data.batch_size or data.seq_len, or set a smaller "
                          "train.micro_batch_size (gradient accumulation; same batch per step)")
 
 
 def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConfig,
-                         where: str, checkpoint: Optional[str] = None) -> config_lib.ConfigError:
+                         where: str, checkpoint: Optional[str] = None, *,
+                         note: Optional[str] = None) -> config_lib.ConfigError:
     """The one-line error for XLA's out-of-device-memory error ``error`` (the caller raises it).
 
     Args:
@@ -955,8 +1094,11 @@ def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConf
       config: the run's config (the options named).
       where: the step or phase, e.g. ``"the first training step"``, ``"train step 5"``,
         ``"evaluation at step 6"``.
-      checkpoint: for a run that got past its first step, what running the same command again
-        resumes from (:func:`_resume_point`); ``None`` for the first step.
+      checkpoint: for a run that got past its first step or resumed, what running the same
+        command again resumes from (:func:`_resume_point`); ``None`` for a fresh run's first
+        step.
+      note: said before the options, e.g. ``"it surfaced in evaluation at step 6: dispatch
+        is asynchronous"``.
 
     Returns:
       A ``ConfigError`` naming ``where``, ``data.batch_size``, ``data.seq_len`` and
@@ -966,6 +1108,8 @@ def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConf
     first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     options = (f"data.batch_size={dcfg.batch_size}, data.seq_len={dcfg.seq_len}, "
                f"train.micro_batch_size={micro}")
+    if note:
+        options = f"{note}; {options}"
     if checkpoint is None:
         return config_lib.ConfigError(
             f"out of device memory in {where} ({options}): {_OUT_OF_MEMORY_ADVICE}. XLA: "
@@ -991,13 +1135,27 @@ def _resume_point(ckpt: checkpoint_lib.Checkpointer) -> str:
 
 
 def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
-                      config: config_lib.ExperimentConfig):
+                      config: config_lib.ExperimentConfig, *, resumed_from: int = -1,
+                      resume_point: Optional[Callable[[], str]] = None):
     """The run's first :meth:`Trainer.train_step` (compiled here), waited for.
+
+    Args:
+      trainer: the run's trainer.
+      state: the restored or initial state (donated).
+      batch: the first batch.
+      config: the run's config (the options an out-of-memory error names).
+      resumed_from: the step of the checkpoint the run resumed from, -1 for a fresh start.
+      resume_point: for a resumed run, what the same command resumes from
+        (:func:`_resume_point`; called only on that error).
+
+    Returns:
+      ``(state, metrics)`` of :meth:`Trainer.train_step`, computed.
 
     Raises:
       ConfigError: the step ran out of device memory (XLA's ``RESOURCE_EXHAUSTED``), naming
         the options to lower: ``data.batch_size``, ``data.seq_len`` and
-        ``train.micro_batch_size`` (gradient accumulation). Any other error propagates as is.
+        ``train.micro_batch_size`` (gradient accumulation), and for a resumed run the step
+        and the intact checkpoint it resumed from. Any other error propagates as is.
     """
     try:
         state, metrics = trainer.train_step(state, batch)
@@ -1005,13 +1163,40 @@ def _first_train_step(trainer: "Trainer", state: PyTree, batch: Batch,
     except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
         if not _is_out_of_memory(e):
             raise
-        raise _out_of_memory_error(e, config, "the first training step") from None
+        if resumed_from < 0 or resume_point is None:
+            raise _out_of_memory_error(e, config, "the first training step") from None
+        raise _out_of_memory_error(
+            e, config, f"step {resumed_from + 1}, the first after resuming from step "
+            f"{resumed_from}", resume_point()) from None
     return state, metrics
+
+
+def _first_failed_step(window: List[tuple]) -> tuple:
+    """Which of the steps whose results were not read yet failed: ``window`` holds
+    ``(step, loss, ...)`` of each, oldest first. A step that fails (out of device memory, say)
+    leaves its outputs in error and the steps after it inherit that error, so the first loss
+    that cannot be read is the failing step's; under asynchronous dispatch the error surfaces
+    later (at a log line, an evaluation, a save or a later step's dispatch).
+
+    Returns:
+      ``(step, True)``: that step failed; ``(None, True)``: every loss was read, so the error
+      is the operation's where it surfaced; ``(None, False)``: it could not be told.
+    """
+    for entry in window:
+        try:
+            jax.block_until_ready(entry[1])
+        except Exception as e:  # noqa: BLE001 - any runtime error of that step
+            return (entry[0], True) if _is_out_of_memory(e) else (None, False)
+    return None, True
 
 
 def _train_and_evaluate(config, workdir, print_fn, step):
     """:func:`train_and_evaluate` after the workdir is made and the invocation recorded."""
     tcfg = config.train
+    # A resume with another model or data stream is refused before the data is read (minutes
+    # for a large corpus); the check runs again below, where it reports the changed options.
+    _check_resume_compatible(workdir, config,
+                             has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
 
     # -- data --------------------------------------------------------------------------------
     try:
@@ -1051,11 +1236,16 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         train_iter = datasets.train_iter
         if latest is not None:
             writer = jax.process_index() == 0
-            if step is None:
-                latest, state = ckpt.restore_latest(trainer.abstract_state(), train_iter,
-                                                    report=print_fn, set_aside=writer)
-            else:
-                state = ckpt.restore_step(step, trainer.abstract_state(), train_iter)
+            try:
+                if step is None:
+                    latest, state = ckpt.restore_latest(trainer.abstract_state(), train_iter,
+                                                        report=print_fn, set_aside=writer)
+                else:
+                    state = ckpt.restore_step(step, trainer.abstract_state(), train_iter)
+            except checkpoint_lib.RestoreOutOfMemoryError as e:  # the state does not fit
+                raise config_lib.ConfigError(
+                    f"{str(e).rstrip('.')}. {_STATE_MEMORY_ADVICE}") from None
+            if step is not None:
                 latest = step
                 # The steps after it would collide with this run's saves: kept, renamed.
                 for newer in sorted(s for s in ckpt.all_steps() if s > step):
@@ -1065,7 +1255,15 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"(data iterator restored)")
             resumed_from = latest
         else:
-            state = trainer.init_state(tcfg.seed)
+            try:
+                state = trainer.init_state(tcfg.seed)
+            except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
+                if not _is_out_of_memory(e):
+                    raise
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise config_lib.ConfigError(
+                    f"out of device memory creating the parameters and optimizer state. "
+                    f"{_STATE_MEMORY_ADVICE}. XLA: {first[:200]}") from None
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
         _write_start_config(workdir, config, has_checkpoint=latest is not None)
@@ -1121,16 +1319,22 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             plot_losses(workdir)
         return loss
 
-    # A second Ctrl-C while a checkpoint is being written waits for the write to complete.
+    # A second Ctrl-C, or a SIGTERM outside the watched loop, while a checkpoint is being
+    # written waits for the write to complete (then stops, naming it).
     watcher = PreemptionWatcher(tcfg.save_on_preemption)
 
     def save(step, metrics=None):
         nonlocal phase
         phase = f"the checkpoint save at step {step}"
-        with watcher.defer_sigint(f"the checkpoint at step {step} ({ckpt.directory}/{step})",
-                                  finish=ckpt.wait):
+        with watcher.defer_signals(f"the checkpoint at step {step} ({ckpt.directory}/{step})",
+                                   finish=ckpt.wait):
             ckpt.save(step, state, train_iter, metrics=metrics)
         return step
+
+    def wait_for_save(step):
+        # The asynchronous write of the checkpoint at ``step`` completed, signals deferred.
+        with watcher.defer_signals(f"the checkpoint at step {step} ({ckpt.directory}/{step})"):
+            ckpt.wait()
 
     bar = tqdm.tqdm(total=tcfg.total_steps, initial=step, unit="step", dynamic_ncols=True,
                     disable=None if jax.process_index() == 0 else True)
@@ -1142,9 +1346,10 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     stop_at = tcfg.total_steps
     if tcfg.max_steps_per_run is not None:
         stop_at = min(stop_at, step + tcfg.max_steps_per_run)
-    # Where an out-of-device-memory error surfaced (named in its one-line message). Dispatch is
-    # asynchronous: a train step's error surfaces when its results are read (its log line, an
-    # evaluation or a save), which can be a few steps after the step that ran out.
+    # Where an out-of-device-memory error surfaced. Dispatch is asynchronous: a train step's
+    # error surfaces when its results are read (its log line, an evaluation or a save, a later
+    # step's dispatch), which can be a few steps after the step that ran out; its one-line
+    # message names that step (_first_failed_step, from window_losses: the steps not read yet).
     phase = "training"
     try:
         with watcher:
@@ -1152,14 +1357,16 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 phase = f"train step {step + 1}"
                 batch = next(train_iter)
                 if first_step:  # compiles; out of device memory here: one line, what to lower
-                    state, metrics = _first_train_step(trainer, state, batch, config)
+                    state, metrics = _first_train_step(
+                        trainer, state, batch, config, resumed_from=resumed_from,
+                        resume_point=lambda: _resume_point(ckpt))
                 else:
                     state, metrics = trainer.train_step(state, batch)
                 step += 1
                 if tcfg.nonfinite_policy == "stop" and not bool(metrics["finite"]):
                     # The step kept the previous parameters: save them and stop.
                     save(step)
-                    ckpt.wait()
+                    wait_for_save(step)
                     raise NonFiniteError(
                         f"step {step}: non-finite loss ({float(metrics['loss'])}) or gradient "
                         f"norm ({float(metrics['grad_norm'])}); train.nonfinite_policy='stop'. "
@@ -1173,9 +1380,10 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                     t_last, steps_since, first_step = time.perf_counter(), 0, False
                 else:
                     steps_since += 1
-                window_losses.append((metrics["loss"], metrics["finite"]))
+                window_losses.append((step, metrics["loss"], metrics["finite"]))
                 if step % tcfg.log_every == 0 or step == stop_at:
-                    losses, finite = (np.asarray(x) for x in zip(*jax.device_get(window_losses)))
+                    _, losses, finite = (np.asarray(x)
+                                         for x in zip(*jax.device_get(window_losses)))
                     skipped += int(np.sum(~finite))
                     loss = float(np.mean(losses[finite])) if finite.any() else float("nan")
                     now = time.perf_counter()
@@ -1211,6 +1419,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                     last_saved = save(step, {"val_loss": val_loss} if eval_now else None)
                 preempt = watcher.requested or (
                     jax.process_count() > 1 and ckpt.reached_preemption(step))
+                if preempt and watcher.signal_name is None and watcher.multi_process:
+                    watcher.signal_name = "SIGTERM"  # another process's, or the service's
                 if preempt and tcfg.save_on_preemption:
                     preempted = True
                     break
@@ -1219,9 +1429,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         if step < tcfg.total_steps:
             if last_saved != step:
                 save(step)
-            with watcher.defer_sigint(f"the checkpoint at step {step} "
-                                      f"({ckpt.directory}/{step})"):
-                ckpt.wait()
+            wait_for_save(step)
             if preempted:
                 why = {"SIGINT": "Ctrl-C, SIGINT", "SIGTERM": "SIGTERM (preemption)"}.get(
                     watcher.signal_name, "a preemption notice")
@@ -1238,18 +1446,62 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"--config.train.total_steps to continue training (the LR schedule is "
                      f"then recomputed for the new total).")
         phase = f"the final evaluation at step {step}"
-        val_loss = run_eval(step)
+        try:
+            # The watcher is gone: a signal here stops the evaluation (minutes on a large
+            # validation set) and saves the trained state first, instead of ending the process
+            # with it unsaved (a preemption then cost the steps since the last checkpoint).
+            # (Not in a multi-process run: one process would stop alone; a SIGTERM there only
+            # notifies JAX's preemption service, and the run completes.)
+            with _stop_on_signals(tcfg.save_on_preemption and not watcher.multi_process):
+                if preempted:  # a stop asked for in the last step: no evaluation first
+                    raise _StopRequested(signal.SIGINT if watcher.signal_name == "SIGINT"
+                                         else signal.SIGTERM)
+                val_loss = run_eval(step)
+        except _StopRequested as stop:
+            if last_saved != step:
+                save(step)
+            wait_for_save(step)
+            name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
+            text = (f"the checkpoint at step {step} ({ckpt.directory}/{step}) is complete; "
+                    f"stopped there on {name}, {'before' if preempted else 'in'} the final "
+                    f"evaluation: run the same command again to evaluate it")
+            raise (Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt)(
+                text) from None
         if last_saved != step:
             save(step, {"val_loss": val_loss})
-    except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
+        wait_for_save(step)  # before the finally's close: a SIGTERM there stops, naming it
+    except Exception as e:  # noqa: BLE001 - out of device memory and failed writes translated
+        if isinstance(e, checkpoint_lib.CheckpointWriteError) or _is_workdir_write_error(
+                e, workdir):
+            # A full disk, no permission, an I/O error: one line, what the run resumes from.
+            with watcher.defer_signals("the pending checkpoint writes", raise_after=False):
+                resume_point = _resume_point(ckpt)
+            if isinstance(e, checkpoint_lib.CheckpointWriteError):
+                raise checkpoint_lib.CheckpointWriteError(
+                    f"{e}; {resume_point} (the partial write is removed)", e.step) from None
+            raise WorkdirWriteError(f"cannot write {e.filename} ({e.strerror}) in {phase}; "
+                                    f"{resume_point}") from None
         # The first step's is translated by _first_train_step (a ConfigError, not one of these).
         if not _is_out_of_memory(e):
             raise
         # Nothing is saved (the donated state may be gone); what was written stays as it is.
-        raise _out_of_memory_error(e, config, phase, _resume_point(ckpt)) from None
+        # Dispatch is asynchronous: the error surfaced in ``phase``; the step that failed is
+        # the first of the steps not read yet whose loss cannot be read.
+        failed, known = _first_failed_step(window_losses)
+        where, note = phase, None
+        if failed is not None:
+            where = f"train step {failed}"
+            if phase != where:
+                note = f"it surfaced in {phase}: dispatch is asynchronous"
+        elif not known:
+            where = f"{phase} or a train step after step {window_losses[0][0] - 1}"
+            note = "dispatch is asynchronous: it surfaced there"
+        with watcher.defer_signals("the pending checkpoint writes", raise_after=False):
+            resume_point = _resume_point(ckpt)
+        raise _out_of_memory_error(e, config, where, resume_point, note=note) from None
     finally:
         bar.close()
-        with watcher.defer_sigint("the pending checkpoint writes", raise_after=False):
+        with watcher.defer_signals("the pending checkpoint writes", raise_after=False):
             ckpt.close()
         metrics_writer.close()
     train_text = "n/a (no steps run)" if math.isnan(last_train_loss) else f"{last_train_loss:.4f}"

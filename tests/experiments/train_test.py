@@ -2,8 +2,12 @@
 
 import json
 import os
+import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 from absl.testing import absltest, parameterized
@@ -50,6 +54,19 @@ def save(self, step, *args, **kwargs):
         for _ in range(2):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
+    return real_save(self, step, *args, **kwargs)
+checkpoint.Checkpointer.save = save
+"""
+
+# Checkpointer.save sends this process SIGTERM (a cluster's preemption) at step 2.
+SIGTERM_IN_SAVE_2 = """
+import os, signal, time
+from lattn_jax import checkpoint
+real_save = checkpoint.Checkpointer.save
+def save(self, step, *args, **kwargs):
+    if step == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
     return real_save(self, step, *args, **kwargs)
 checkpoint.Checkpointer.save = save
 """
@@ -172,6 +189,21 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(os.listdir(path), ["2"])
 
+    def test_sigterm_during_the_stop_path_save_finishes_it_and_says_so_in_one_line(self):
+        # The stop path (here max_steps_per_run) saved under the default SIGTERM handler: a
+        # SIGTERM then killed the process mid-write (status -15, no step 2).
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train_patched(SIGTERM_IN_SAVE_2, "--workdir=" + workdir, *TINY_RUN,
+                                   "--config.train.checkpoint_every=5",
+                                   "--config.train.max_steps_per_run=2")
+        self.assertEqual(result.returncode, 143, result.stderr)
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stderr.strip().splitlines()[-1], (
+            f"terminated (SIGTERM): the checkpoint at step 2 ({path}/2) is complete; stopped "
+            f"there on SIGTERM: run the same command again to resume from it"))
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertEqual(os.listdir(path), ["2"])
+
     def test_a_mesh_over_the_devices_is_refused_before_the_data_is_read(self):
         # It was refused only after the corpus was read and tokenized.
         workdir = os.path.join(self.create_tempdir().full_path, "run")
@@ -226,11 +258,57 @@ class TrainBinaryTest(parameterized.TestCase):
         with open(os.path.join(workdir, "config.json")) as f:
             self.assertEqual(json.load(f)["model"]["d_model"], 64)
 
+    @pytest.mark.slow  # two processes of one JAX distributed run (~8 s alone on 2 cores)
+    def test_sigterm_to_one_process_of_two_stops_both_at_one_step(self):
+        # The watcher's Python handler replaced JAX's preemption notifier, so the processes did
+        # not agree on a step: the one that got SIGTERM left the loop for its save while the
+        # other waited in the next step's collectives, and both hung.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        with socket.socket() as sock:
+            sock.bind(("localhost", 0))
+            port = sock.getsockname()[1]
+        procs, outs = [], []
+        for pid in range(2):
+            env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true",
+                       XLA_FLAGS="--xla_force_host_platform_device_count=1")
+            out = open(os.path.join(self.create_tempdir().full_path, "out"), "w+")
+            self.addCleanup(out.close)
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+                 "--config=" + os.path.join(ROOT, "configs", "default.py"),
+                 "--workdir=" + workdir, f"--coordinator_address=localhost:{port}",
+                 "--num_processes=2", f"--process_id={pid}", *TINY_RUN,
+                 "--config.train.total_steps=100000", "--config.train.checkpoint_every=50000"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=env, text=True))
+            outs.append(out)
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline and "step     5  train_loss" not in _text(outs[0]):
+                time.sleep(0.2)
+            procs[1].send_signal(signal.SIGTERM)  # process 1 only: the service tells process 0
+            for proc in procs:
+                proc.wait(timeout=120)
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+        self.assertEqual([p.returncode for p in procs], [0, 0], _text(outs[0])[-2000:])
+        stops = re.findall(r"Stopping at step (\d+) of 100000 \(SIGTERM \(preemption\)\); "
+                           r"checkpoint saved", _text(outs[0]))
+        self.assertLen(stops, 1)
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), stops)
+
     def check_one_clear_line(self, flag, message):
         result = run_train("--workdir=" + self.create_tempdir().full_path, flag)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn(message, result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+
+def _text(f):
+    f.flush()
+    f.seek(0)
+    return f.read()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 resume with identical losses, TensorBoard and throughput metrics."""
 
 import dataclasses
+import errno
 import glob
 import json
 import os
@@ -14,6 +15,7 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as orbax_checkpoint
 import pytest
 from absl.testing import absltest
 
@@ -37,6 +39,20 @@ def step_losses(workdir):
 OOM_TEXT = "RESOURCE_EXHAUSTED: Out of memory allocating 123456789 bytes.\nmore detail"
 OOM_ADVICE = ("lower data.batch_size or data.seq_len, or set a smaller train.micro_batch_size "
               "(gradient accumulation; same batch per step)")
+
+
+class _FailedLoss:
+    """A step's loss whose computation ran out of device memory after its dispatch returned:
+    reading it raises, as the results of an asynchronously dispatched step in error do."""
+
+    def block_until_ready(self):
+        raise jax.errors.JaxRuntimeError(OOM_TEXT)
+
+    def copy_to_host_async(self):
+        pass
+
+    def __array__(self, *args, **kwargs):
+        raise jax.errors.JaxRuntimeError(OOM_TEXT)
 
 
 class _Crash(Exception):
@@ -287,6 +303,84 @@ class GuardAndResumeTest(CorpusTestCase):
         result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
         self.assertEqual((result["resumed_from"], result["step"]), (4, 6))
 
+    def test_out_of_memory_surfacing_steps_later_names_the_step_that_ran_out(self):
+        # Without a per-step read (nonfinite_policy="skip"), step 3's error surfaced in step
+        # 4's dispatch, and the message named step 4.
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=4, checkpoint_every=2,
+                              eval_every=100, nonfinite_policy="skip")
+        workdir = os.path.join(self.tmp, "oom_async")
+        real_step, calls = train.Trainer.train_step, []
+
+        def oom_in_3_seen_in_4(self, state, batch):
+            calls.append(None)
+            if len(calls) == 4:  # the dispatch of the step after: its input is in error
+                raise jax.errors.JaxRuntimeError(OOM_TEXT)
+            state, metrics = real_step(self, state, batch)
+            if len(calls) == 3:
+                metrics = dict(metrics, loss=_FailedLoss())
+            return state, metrics
+
+        with mock.patch.object(train.Trainer, "train_step", oom_in_3_seen_in_4):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory in train step 3 (it surfaced in train step 4: dispatch is "
+            f"asynchronous; data.batch_size=4, data.seq_len=32, train.micro_batch_size=None); "
+            f"the last checkpoint, step 2 in {ckpt_dir}/2, is intact: running the same command "
+            f"again resumes from it. To fit: {OOM_ADVICE}; a resumed run keeps data.batch_size "
+            f"and data.seq_len (changing them needs a new --workdir). XLA: RESOURCE_EXHAUSTED: "
+            f"Out of memory allocating 123456789 bytes."))
+
+    def test_out_of_memory_in_a_resumed_first_step_names_the_checkpoint(self):
+        # It got the fresh start's message: no checkpoint named, no word that a resumed run
+        # keeps its batch size and sequence length.
+        cfg = tiny_experiment(self.corpus, total_steps=4, log_every=1, checkpoint_every=2,
+                              eval_every=100, max_steps_per_run=2)
+        workdir = os.path.join(self.tmp, "oom_resumed")
+        train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+
+        def oom(self, state, batch):
+            raise jax.errors.JaxRuntimeError(OOM_TEXT)
+
+        with mock.patch.object(train.Trainer, "train_step", oom):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory in step 3, the first after resuming from step 2 "
+            f"(data.batch_size=4, data.seq_len=32, train.micro_batch_size=None); the last "
+            f"checkpoint, step 2 in {ckpt_dir}/2, is intact: running the same command again "
+            f"resumes from it. To fit: {OOM_ADVICE}; a resumed run keeps data.batch_size and "
+            f"data.seq_len (changing them needs a new --workdir). XLA: RESOURCE_EXHAUSTED: Out "
+            f"of memory allocating 123456789 bytes."))
+        self.assertEqual(os.listdir(ckpt_dir), ["2"])
+
+    def test_out_of_memory_creating_or_restoring_the_state_is_one_line(self):
+        # A traceback when creating it; when restoring, the checkpoint was called unreadable.
+        cfg = tiny_experiment(self.corpus, total_steps=2, checkpoint_every=5, eval_every=5)
+        workdir = os.path.join(self.tmp, "oom_state")
+        advice = ("The parameters and optimizer state do not fit the devices as sharded: free "
+                  "them (another process on them?) or shard the state over more devices "
+                  "(--config.mesh.fsdp)")
+        oom = jax.errors.JaxRuntimeError(OOM_TEXT)
+        with mock.patch.object(train.Trainer, "init_state", side_effect=oom):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory creating the parameters and optimizer state. {advice}. XLA: "
+            f"RESOURCE_EXHAUSTED: Out of memory allocating 123456789 bytes."))
+        train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        with mock.patch.object(checkpoint_lib.Checkpointer, "restore", side_effect=oom):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"out of device memory restoring the checkpoint at step 2 in {ckpt_dir} (it is "
+            f"intact; nothing was renamed): JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory "
+            f"allocating 123456789 bytes. {advice}"))
+        self.assertEqual(os.listdir(ckpt_dir), ["2"])
+
     def test_out_of_memory_in_an_evaluation_names_it_and_the_intact_checkpoint(self):
         cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
                               eval_every=4)
@@ -319,6 +413,98 @@ class GuardAndResumeTest(CorpusTestCase):
                     cfg, train=dataclasses.replace(cfg.train, eval_every=1)), workdir,
                     print_fn=lambda s: None)
         self.assertEqual(sorted(step_losses(workdir)), [1])
+
+
+# What tensorstore raises when a checkpoint's array file cannot be written (a full disk).
+DISK_FULL = ('RESOURCE_EXHAUSTED: Error writing "params.embed/0" in OCDBT database at local file '
+             '"/w/checkpoints/4.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_0/'
+             '": Failed writing: "/w/.../d/3a3f": Failed to write 745125 bytes to file 8: No '
+             'space left on device [os_error_code=\'28\']')
+
+
+class WriteFailureTest(CorpusTestCase):
+
+    def test_a_checkpoint_that_cannot_be_written_is_one_line_naming_the_intact_one(self):
+        # A full disk during a save ended in ~480 lines of orbax tracebacks.
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
+                              eval_every=100)
+        workdir = os.path.join(self.tmp, "full")
+        real_save = orbax_checkpoint.CheckpointManager.save
+
+        def save(manager, step, *args, **kwargs):
+            if step == 4:
+                raise ValueError(DISK_FULL)
+            return real_save(manager, step, *args, **kwargs)
+
+        with mock.patch.object(orbax_checkpoint.CheckpointManager, "save", save):
+            with self.assertRaises(checkpoint_lib.CheckpointWriteError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step 4 in {ckpt_dir} could not be written (No space left on "
+            f"device); the last checkpoint, step 2 in {ckpt_dir}/2, is intact: running the same "
+            f"command again resumes from it (the partial write is removed)"))
+        self.assertEqual(raised.exception.step, 4)
+        self.assertEqual(os.listdir(ckpt_dir), ["2"])
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual((result["resumed_from"], result["step"]), (2, 6))
+
+    def test_a_run_record_that_cannot_be_written_is_one_line_naming_the_checkpoint(self):
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
+                              eval_every=100)
+        workdir = os.path.join(self.tmp, "full")
+        real_write = train.MetricsWriter.write
+
+        def write(writer, step, **metrics):
+            if step == 3:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), writer.path)
+            return real_write(writer, step, **metrics)
+
+        with mock.patch.object(train.MetricsWriter, "write", write):
+            with self.assertRaises(train.WorkdirWriteError) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(str(raised.exception), (
+            f"cannot write {workdir}/metrics.jsonl (No space left on device) in train step 3; "
+            f"the last checkpoint, step 2 in {workdir}/checkpoints/2, is intact: running the "
+            f"same command again resumes from it"))
+
+    def test_a_config_json_write_cut_short_leaves_none(self):
+        # A full disk while config.json was written left it truncated; every later start was
+        # then refused ("config.json is not valid JSON").
+        workdir = os.path.join(self.tmp, "cut")
+        os.makedirs(workdir)  # kept after a failure (a workdir the call created is removed)
+
+        def dump_then_fail(obj, f, **kwargs):
+            f.write(json.dumps(obj, **kwargs)[:100])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f.name)
+
+        cfg = tiny_experiment(self.corpus, total_steps=2, checkpoint_every=5, eval_every=5)
+        with mock.patch.object(train.json, "dump", dump_then_fail):
+            with self.assertRaisesRegex(OSError, "No space left on device"):
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual([n for n in os.listdir(workdir) if n.startswith("config.json")], [])
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(result["step"], 2)
+
+    def test_a_read_only_workdir_is_one_line_and_nothing_is_written(self):
+        # It ended in a traceback from opening the lock file.
+        workdir = os.path.join(self.tmp, "ro")
+        os.makedirs(workdir)
+        real_open = open
+
+        def read_only(path, mode="r", *args, **kwargs):
+            if str(path).startswith(workdir) and set(mode) & set("wax+"):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), path)
+            return real_open(path, mode, *args, **kwargs)
+
+        with mock.patch("builtins.open", read_only):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
+                                         print_fn=lambda s: None)
+        self.assertEqual(str(raised.exception), (
+            f"--workdir={workdir}: cannot write there (Read-only file system: "
+            f"{workdir}/.train.lock)"))
+        self.assertEqual(os.listdir(workdir), [])
 
 
 if __name__ == "__main__":

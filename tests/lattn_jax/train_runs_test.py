@@ -63,6 +63,31 @@ class InterruptTest(CorpusTestCase):
                 os.kill(os.getpid(), signal.SIGINT)
         self.assertEqual(signal.getsignal(signal.SIGINT), signal.SIG_IGN)  # restored on exit
 
+    def test_multi_process_leaves_sigterm_to_the_preemption_service(self):
+        # A Python SIGTERM handler replaced JAX's preemption notifier, so the processes of a
+        # multi-process run did not agree on the step to stop at (and hung). The first Ctrl-C
+        # is passed on as a SIGTERM (the service's), and no local flag stops the loop.
+        forwarded = []
+        previous = signal.signal(signal.SIGTERM, lambda s, f: forwarded.append(s))
+        self.addCleanup(signal.signal, signal.SIGTERM, previous)
+        notifier = signal.getsignal(signal.SIGTERM)
+        with mock.patch.object(train.jax, "process_count", return_value=2), \
+                mock.patch.object(train, "preemption_service_active", return_value=True):
+            watcher = train.PreemptionWatcher(True)
+        self.assertTrue(watcher.multi_process)
+        with watcher, mock.patch.object(sys, "stderr", io.StringIO()):
+            self.assertIs(signal.getsignal(signal.SIGTERM), notifier)  # left alone
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            self.assertEqual(forwarded, [signal.SIGTERM])
+            self.assertFalse(watcher.requested)
+            self.assertEqual(watcher.signal_name, "SIGINT")
+            with watcher.defer_signals("the checkpoint at step 2"):
+                self.assertIs(signal.getsignal(signal.SIGTERM), notifier)
+        self.assertIs(signal.getsignal(signal.SIGTERM), notifier)
+        with mock.patch.object(train.jax, "process_count", return_value=1):
+            self.assertFalse(train.PreemptionWatcher(True).multi_process)
+
     def test_a_second_sigint_during_the_save_waits_for_the_checkpoint(self):
         # It raised KeyboardInterrupt inside orbax's save: step 2's checkpoint was never
         # written (orbax logged its own tracebacks), and the binary said "nothing saved".
@@ -113,6 +138,109 @@ class InterruptTest(CorpusTestCase):
         self.assertTrue(out["preempted"])
         self.assertEqual(out["step"], 2)
         self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
+
+    def _sigterm_in_save(self, at_step, **overrides):
+        """Runs a tiny config whose save at ``at_step`` gets a SIGTERM, under a SIGTERM handler
+        that raises ``_Killed`` (standing in for the default one, which ends the process)."""
+        workdir = os.path.join(self.tmp, "w")
+        real_save = checkpoint_lib.Checkpointer.save
+
+        def save_with_sigterm(ckpt, step, *args, **kwargs):
+            if step == at_step:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+            return real_save(ckpt, step, *args, **kwargs)
+
+        def killed(signum, frame):
+            raise _Killed()
+
+        previous = signal.signal(signal.SIGTERM, killed)
+        self.addCleanup(signal.signal, signal.SIGTERM, previous)
+        cfg = tiny_experiment(self.corpus, log_every=1, **overrides)
+        with mock.patch.object(checkpoint_lib.Checkpointer, "save", save_with_sigterm):
+            with mock.patch.object(sys, "stderr", io.StringIO()) as err:
+                with self.assertRaises(train.Terminated) as raised:
+                    train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(signal.getsignal(signal.SIGTERM), killed)  # handler restored
+        path = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step {at_step} ({path}/{at_step}) is complete; stopped there on "
+            f"SIGTERM: run the same command again to resume from it"))
+        self.assertIn(f"SIGTERM while the checkpoint at step {at_step} ({path}/{at_step}) is "
+                      f"being written: stopping once it is complete", err.getvalue())
+        return workdir, cfg
+
+    def test_a_sigterm_during_the_stop_path_save_waits_for_the_checkpoint(self):
+        # The stop path (max_steps_per_run, or after a first signal) saved after the watcher
+        # had restored the default SIGTERM handler: a SIGTERM then (a cluster's preemption)
+        # killed the process mid-write, and the run resumed from the checkpoint before.
+        workdir, cfg = self._sigterm_in_save(2, total_steps=4, checkpoint_every=5,
+                                             max_steps_per_run=2)
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual((result["resumed_from"], result["step"]), (2, 4))
+
+    def test_a_sigterm_during_the_final_save_waits_for_the_checkpoint(self):
+        workdir, _ = self._sigterm_in_save(2, total_steps=2, checkpoint_every=5, eval_every=5)
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
+
+    def test_a_sigterm_during_the_final_evaluation_saves_the_trained_state(self):
+        # The watcher had restored the default handler: the process ended in the final
+        # evaluation with the steps since the last checkpoint unsaved.
+        workdir = os.path.join(self.tmp, "w")
+        real_eval = train.Trainer.evaluate_counts
+
+        def eval_with_sigterm(trainer, params, batches):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            return real_eval(trainer, params, batches)
+
+        def killed(signum, frame):
+            raise _Killed()
+
+        previous = signal.signal(signal.SIGTERM, killed)
+        self.addCleanup(signal.signal, signal.SIGTERM, previous)
+        cfg = tiny_experiment(self.corpus, total_steps=3, log_every=1, checkpoint_every=2,
+                              eval_every=5)
+        with mock.patch.object(train.Trainer, "evaluate_counts", eval_with_sigterm):
+            with self.assertRaises(train.Terminated) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual(signal.getsignal(signal.SIGTERM), killed)  # handler restored
+        path = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step 3 ({path}/3) is complete; stopped there on SIGTERM, in the "
+            f"final evaluation: run the same command again to evaluate it"))
+        self.assertCountEqual(os.listdir(path), ["2", "3"])
+        lines = []
+        result = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual((result["resumed_from"], result["step"]), (3, 3))
+        self.assertTrue(any(line.startswith("Training was already complete at step 3")
+                            for line in lines), lines)
+
+    def test_a_sigterm_in_the_last_step_saves_before_the_final_evaluation(self):
+        workdir = os.path.join(self.tmp, "w")
+        evaluated = []
+
+        def sigterm_at_3(line):
+            if line.startswith("step     3  train_loss"):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        cfg = tiny_experiment(self.corpus, total_steps=3, log_every=1, checkpoint_every=2,
+                              eval_every=5)
+        with mock.patch.object(train.Trainer, "evaluate_counts",
+                               side_effect=lambda *a: evaluated.append(1)):
+            with self.assertRaises(train.Terminated) as raised:
+                train.train_and_evaluate(cfg, workdir, print_fn=sigterm_at_3)
+        path = os.path.join(os.path.abspath(workdir), "checkpoints")
+        self.assertEqual(str(raised.exception), (
+            f"the checkpoint at step 3 ({path}/3) is complete; stopped there on SIGTERM, before "
+            f"the final evaluation: run the same command again to evaluate it"))
+        self.assertEqual(evaluated, [])
+        self.assertCountEqual(os.listdir(path), ["2", "3"])
+
+
+class _Killed(BaseException):
+    """What a test's SIGTERM handler raises in place of the process ending."""
 
 
 class ShortRunScheduleTest(absltest.TestCase):
@@ -354,6 +482,51 @@ class StoppedBeforeCheckpointsTest(CorpusTestCase):
         result = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2),
                                           workdir, print_fn=lambda s: None)
         self.assertEqual((result["resumed_from"], result["step"]), (-1, 2))
+
+
+class _NoCheckpoints:
+    """A process's checkpointer that saves nothing: orbax needs JAX's distributed runtime when
+    ``jax.process_count()`` is above 1 (it writes every process's shards and finalizes on
+    process 0; its own tests cover that)."""
+
+    def __init__(self, workdir, **kwargs):
+        del kwargs
+        self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+
+    def latest_step(self):
+        return None
+
+    def all_steps(self):
+        return []
+
+    def save(self, *args, **kwargs):
+        return True
+
+    def wait(self):
+        pass
+
+    def close(self):
+        pass
+
+    def reached_preemption(self, step):
+        return False
+
+
+class MultiProcessTest(CorpusTestCase):
+
+    def test_only_process_0_writes_the_run_records(self):
+        # Every process wrote config.json into the shared workdir (a race on one file).
+        workdir = os.path.join(self.tmp, "w")
+        cfg = tiny_experiment(self.corpus, total_steps=2, log_every=1, eval_every=1,
+                              checkpoint_every=1, tensorboard=True)
+        with mock.patch.object(train.jax, "process_index", return_value=1), \
+                mock.patch.object(train.jax, "process_count", return_value=2), \
+                mock.patch.object(checkpoint_lib, "Checkpointer", _NoCheckpoints):
+            result = train.train_and_evaluate(cfg, workdir, print_fn=self.fail)
+        self.assertEqual(result["step"], 2)
+        # config.json, invocations.jsonl, console.log, .train.lock, metrics.jsonl, loss.png,
+        # tensorboard/: process 0's (checkpoints/: orbax writes each process's own shards).
+        self.assertEqual(os.listdir(workdir), [])
 
 
 class RelocatableRunTest(CorpusTestCase):
