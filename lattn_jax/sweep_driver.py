@@ -65,7 +65,6 @@ environment's ``JAX_COMPILATION_CACHE_DIR``, if any).
 
 import dataclasses
 import datetime
-import json
 import os
 import shlex
 import signal
@@ -73,6 +72,7 @@ import threading
 import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
+from lattn_jax import records
 from lattn_jax import sweep
 from lattn_jax import sweep_report
 
@@ -400,8 +400,7 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
                   "launched": summary.launched}
         if options.parallel > 1:  # (one run at a time: the record as before --parallel)
             record["parallel"] = options.parallel
-        with open(os.path.join(root, sweep_report.SWEEP_LOG), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        records.append_record(os.path.join(root, sweep_report.SWEEP_LOG), record)
         paths = sweep_report.write(sweep_report.build(config, root))
         failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
         retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"

@@ -26,7 +26,6 @@ split over two invocations does not compile the same programs twice.
 
 import dataclasses
 import datetime
-import json
 import math
 import os
 import shlex
@@ -36,6 +35,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 import jax
 
 from lattn_jax import config as config_lib
+from lattn_jax import records
 from lattn_jax import train as train_lib
 from lattn_jax.halo import experiment
 from lattn_jax.halo import report as report_lib
@@ -242,8 +242,7 @@ def run(config: Any, options: PipelineOptions, *, argv: Sequence[str],
         command = "python " + " ".join(shlex.quote(a) for a in argv)
         record = {"command": command, "started": started.isoformat(timespec="seconds"),
                   "wall_s": time.time() - t_start, "stages": times, "status": status}
-        with open(os.path.join(workdir, LOG_FILE), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        records.append_record(os.path.join(workdir, LOG_FILE), record)
         if page:
             try:
                 report_lib.write_page(page, report_lib.render_markdown(workdir), "--markdown")

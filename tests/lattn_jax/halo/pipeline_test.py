@@ -139,6 +139,15 @@ class RunTest(absltest.TestCase):
                 self.run_pipeline()
         self.assertEqual(_records(self.workdir)[0]["status"], "error: RuntimeError: xla")
 
+    def test_a_record_cut_short_by_a_kill_does_not_glue_to_the_next(self):
+        os.makedirs(self.workdir)
+        with open(os.path.join(self.workdir, pipeline.LOG_FILE), "w") as f:
+            f.write('{"command": "python halo_pipeline.py", "sta')  # killed mid-record
+        with mock.patch.object(experiment, "run", return_value={"complete": True}):
+            self.assertEqual(self.run_pipeline(stages=["stage1"]), 0)
+        [record] = _records(self.workdir)  # json.loads of every line: whole lines only
+        self.assertEqual(record["status"], "complete")
+
     def test_a_second_ctrl_c_gives_130(self):
         with mock.patch.object(experiment, "run", side_effect=KeyboardInterrupt):
             self.assertEqual(self.run_pipeline(), pipeline.EXIT_INTERRUPTED)
