@@ -20,28 +20,25 @@ sharing a word 13-gram with an evaluation set (the bundled WikiText-2 test split
 are written as batches finish; ``--max_documents`` / ``--max_tokens`` / ``--deadline_s`` stop
 cleanly. ``--pieces_dir`` also packs this run's new shards and the manifest into ``tar.xz``
 pieces of at most ``--piece_mib`` MiB (join them, in run order, with ``experiments/
-corpus_pieces.py --mode=join``). The library: ``lattn_jax/data/generated.py`` (the plan,
-filters, resume; defaults explained there) and ``lattn_jax/halo/teacher_corpus.py`` (the model).
+corpus_pieces.py --mode=join``). The library: ``lattn_jax/halo/corpus_driver.py`` (this
+binary's steps), ``lattn_jax/data/generated.py`` (the plan, filters, resume; defaults explained
+there) and ``lattn_jax/halo/teacher_corpus.py`` (the model).
 
 Exit status: 0 when the plan or the budget is done, 3 when ``--deadline_s`` stopped the run (run
 the same command again), 1 on an error (one line on stderr, naming the flag).
 """
 
 import os
-import shlex
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from lattn_jax import assets  # noqa: E402
 from lattn_jax import flag_errors  # noqa: E402
 from lattn_jax.data import generated  # noqa: E402
-from lattn_jax.data.corpora import build  # noqa: E402
-from lattn_jax.halo import teacher_corpus  # noqa: E402
+from lattn_jax.halo import corpus_driver, teacher_corpus  # noqa: E402
 
 _D = generated.GenerationOptions()
 _MODEL = flags.DEFINE_string("model", None, "A GGUF file or a lattn-jax training workdir.")
@@ -94,54 +91,22 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     logging.set_verbosity(logging.WARNING)
-    start = time.time()
+    request = corpus_driver.GenerateRequest(
+        model=_MODEL.value, output_dir=_OUTPUT_DIR.value, step=_STEP.value, dtype=_DTYPE.value,
+        topics=_TOPICS.value, exclude_topics=_EXCLUDE.value, templates=_TEMPLATES.value,
+        chat_format=_CHAT.value, system_prompt=_SYSTEM.value, temperature=_TEMPERATURE.value,
+        top_p=_TOP_P.value, drop_unfinished=_DROP_UNFINISHED.value, source_name=_SOURCE.value,
+        decode_chunk=_DECODE_CHUNK.value, max_documents=_MAX_DOCS.value,
+        max_tokens=_MAX_TOKENS.value, deadline_s=_DEADLINE.value, eval_data=_EVAL_DATA.value,
+        decontaminate=_DECONTAMINATE.value, resume_manifest=_RESUME.value,
+        pieces_dir=_PIECES.value, piece_mib=_PIECE_MIB.value, compilation_cache=_CACHE.value,
+        **{k: f.value for k, f in _INT_FLAGS.items()})
     try:
-        for flag, value in (("decode_chunk", _DECODE_CHUNK.value), ("piece_mib", _PIECE_MIB.value),
-                            ("deadline_s", _DEADLINE.value)):
-            if value is not None and value <= 0:
-                raise ValueError(f"--{flag} must be > 0, got {value}")
-        options = generated.GenerationOptions(
-            templates=_TEMPLATES.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value,
-            drop_unfinished=_DROP_UNFINISHED.value, source_name=_SOURCE.value,
-            **{k: f.value for k, f in _INT_FLAGS.items()})
-        if _CHAT.value not in generated.CHAT_FORMATS:
-            raise ValueError(f"--chat_format: expected one of "
-                             f"{', '.join(generated.CHAT_FORMATS)}, got {_CHAT.value!r}")
-        topics = generated.load_topics(assets.resolve(_TOPICS.value), _EXCLUDE.value)
-        decon = (generated.Decontaminator([build.bundled_wikitext_test(), *_EVAL_DATA.value])
-                 if _DECONTAMINATE.value else None)
-        if _CACHE.value:
-            jax.config.update("jax_compilation_cache_dir", os.path.abspath(_CACHE.value))
-        loaded = teacher_corpus.load_model(_MODEL.value, step=_STEP.value, dtype=_DTYPE.value)
-        chat = generated.ChatFormat.make(_CHAT.value, loaded.chat_template, _SYSTEM.value)
-        sampler = teacher_corpus.Sampler(
-            loaded.model, pad_id=loaded.tokenizer.eos_id, **options.sampling(),
-            stop_tokens=generated.stop_token_ids(loaded.tokenizer, chat),
-            decode_chunk=_DECODE_CHUNK.value)
-        result = generated.generate_corpus(
-            sampler, loaded.tokenizer, topics, _OUTPUT_DIR.value, options=options, chat=chat,
-            model=loaded.info, decontaminator=decon, max_documents=_MAX_DOCS.value,
-            max_tokens=_MAX_TOKENS.value, resume_manifest=_RESUME.value,
-            deadline=start + _DEADLINE.value if _DEADLINE.value else None,
-            run_info={"command": shlex.join(sys.argv), **teacher_corpus.device_info()})
-        if _PIECES.value:
-            packed = generated.pack_new_shards(
-                _OUTPUT_DIR.value, result["new_files"], _PIECES.value,
-                new_batches=result["new_batches"], piece_bytes=_PIECE_MIB.value << 20)
-            print(f"pieces: {len(packed['pieces'])} of {packed['bytes'] / 2**20:.1f} MiB in "
-                  f"{_PIECES.value} ({packed['archive']}; join in run order)")
+        status = corpus_driver.run(request, argv=sys.argv)
     except (ValueError, OSError) as e:
         sys.exit(f"error: {e}")
-    counts = result["manifest"]["generation"]["counts"]
-    print(f"{result['status']}: this run {result['generated_tokens']:,} tokens generated in "
-          f"{result['seconds']:.0f} s, {result['tokens_per_s']:,.0f} tokens/s while sampling "
-          f"({result['tokens_per_s_after_first_batch'] or 0:,.0f} after the first batch); "
-          f"{_OUTPUT_DIR.value}: {counts['batches_done']}/{counts['batches_total']} batches, "
-          f"{counts['kept_documents']:,} documents, {counts['kept_tokens']:,} tokens (dropped: "
-          f"{counts['dropped_short']} short, {counts['dropped_unfinished']} unfinished, "
-          f"{counts['dropped_contaminated']} contaminated)")
-    if result["status"] == "deadline":
-        sys.exit(3)
+    if status:
+        sys.exit(status)
 
 
 if __name__ == "__main__":

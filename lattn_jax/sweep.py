@@ -77,6 +77,7 @@ import ml_collections
 from absl import flags as absl_flags
 from ml_collections.config_flags import tuple_parser
 
+from lattn_jax import records
 from lattn_jax.eval import fetch
 
 RUNS_DIR = "runs"
@@ -576,8 +577,7 @@ def error_line(lines: Sequence[str]) -> Optional[str]:
 # ------------------------------------------------------------------------------------------------
 
 def _append_jsonl(path: str, record: Mapping[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    records.append_record(path, record)
 
 
 def _utc(t: float) -> str:

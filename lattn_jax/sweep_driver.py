@@ -50,8 +50,13 @@ equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
 names the source.
 
 After every run, and at the end, ``<root>/results.{md,csv,json}`` and ``curves.png`` are
-rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation appends
-its command line and outcome to ``<root>/sweep.jsonl``. ``--export=<dir>`` then (also with
+rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation that
+runs the sweep (its checks passed; also when it stops early or a run raises) appends its
+command line and outcome to ``<root>/sweep.jsonl``, which the results page lists as the
+commands that produced the runs. ``--report_only`` and ``--dry_run`` are not logged: they run
+nothing (a dry run writes nothing at all, and a logged one would also make a new directory a
+sweep root), and a report rebuilt many times would bury the commands that trained; a call
+refused by a check is not logged either. ``--export=<dir>`` then (also with
 ``--report_only``) copies the records and results, without checkpoints, to ``<dir>``: the
 results files as they are, the runs' records as ``records.tar.gz`` (``--noexport_archive``: a
 ``runs/`` tree; run names hold ``=`` and ``,``, which the GPU machine's return folder
@@ -65,7 +70,6 @@ environment's ``JAX_COMPILATION_CACHE_DIR``, if any).
 
 import dataclasses
 import datetime
-import json
 import os
 import shlex
 import signal
@@ -73,6 +77,7 @@ import threading
 import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
+from lattn_jax import records
 from lattn_jax import sweep
 from lattn_jax import sweep_report
 
@@ -291,7 +296,8 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
       options: the invocation's options.
       repo_root: the repository root: ``config.train_config`` is relative to it, and the
         trainers (``<repo_root>/experiments/train.py``) run in it.
-      argv: the command line, recorded in ``<root>/sweep.jsonl``.
+      argv: the command line, recorded in ``<root>/sweep.jsonl`` (not for ``report_only`` or
+        ``dry_run``).
       env: the trainers' environment (default: this process's).
       print_fn: progress and result lines.
 
@@ -400,8 +406,7 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
                   "launched": summary.launched}
         if options.parallel > 1:  # (one run at a time: the record as before --parallel)
             record["parallel"] = options.parallel
-        with open(os.path.join(root, sweep_report.SWEEP_LOG), "a") as f:
-            f.write(json.dumps(record) + "\n")
+        records.append_record(os.path.join(root, sweep_report.SWEEP_LOG), record)
         paths = sweep_report.write(sweep_report.build(config, root))
         failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
         retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"

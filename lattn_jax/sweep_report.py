@@ -133,7 +133,8 @@ class Report:
         needs_seed: their groups with a single finished seed.
       references, claims, scan: the config's, evaluated (module docstring).
       invocations: the records of ``<root>/sweep.jsonl`` (command line, start, wall time,
-        outcome of every sweep call).
+        outcome of every sweep call that ran the sweep: not ``--report_only`` or
+        ``--dry_run``).
     """
 
     name: str

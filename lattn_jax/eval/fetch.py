@@ -27,13 +27,14 @@ Layout (``data_dir``)::
 
 import dataclasses
 import hashlib
-import json
 import os
 import pathlib
 import tempfile
 import urllib.parse
 import urllib.request
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from lattn_jax import records
 
 DEFAULT_DATA_DIR = os.environ.get(
     "LATTN_DATA_DIR", os.path.join(os.path.expanduser("~"), ".cache", "lattn_jax", "data"))
@@ -317,19 +318,18 @@ def fetch(data_dir: str, files: Sequence[DataFile] = FILES,
 
 
 def read_jsonl(path: str) -> List[dict]:
-    """The records of a JSON-lines run record (``[]`` if the file does not exist). Lines that
-    do not parse, such as a torn last line left by a killed writer, are skipped."""
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    return out
+    """The records of a JSON-lines run record (``[]`` if the file does not exist).
+
+    Lines that do not parse are skipped, with one warning naming the file: a last line cut
+    short by a killed writer, and bad lines elsewhere, which files appended with a plain
+    ``open(path, "a")`` (the trainer's ``metrics.jsonl`` and ``invocations.jsonl``, records
+    of older versions) can hold after a kill and a resume
+    (:func:`lattn_jax.records.read_records` with ``lenient=True``).
+
+    Raises:
+      OSError: ``path`` exists but cannot be read.
+    """
+    return records.read_records(path, lenient=True)
 
 
 def write_atomic(path: str, data) -> None:

@@ -106,9 +106,9 @@ def read_jsonl(path: str) -> List[dict]:
     """The records of a JSON-lines file, strictly: blank lines skipped, any bad line an error.
 
     For evaluation items (this module's tasks, the HALO selection's ``select.csr_items`` and
-    ``recall_items``) and records that must be whole (:mod:`lattn_jax.halo.selection`'s
-    sweep results); :func:`lattn_jax.eval.fetch.read_jsonl` instead skips a torn last line
-    (a writer killed mid-line).
+    ``recall_items``). Record files a program appends to (the HALO selection's sweep results,
+    run records) are read with :func:`lattn_jax.records.read_records` instead, which drops a
+    last line cut short by a killed writer.
 
     Args:
       path: the file.

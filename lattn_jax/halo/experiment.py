@@ -51,6 +51,7 @@ import numpy as np
 from lattn_jax import assets
 from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
+from lattn_jax import records
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import fetch
 from lattn_jax.halo import hypenet
@@ -566,9 +567,9 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     out = _run_stage(config, workdir, stage, stage_dir, print_fn, deadline)
     out.setdefault("complete", True)
     wall = time.perf_counter() - t0
-    with open(os.path.join(stage_dir, TIMING_FILE), "a") as f:
-        f.write(json.dumps({"started": start.isoformat(timespec="seconds"), "wall_s": wall,
-                            "complete": bool(out["complete"])}) + "\n")
+    records.append_record(os.path.join(stage_dir, TIMING_FILE),
+                          {"started": start.isoformat(timespec="seconds"), "wall_s": wall,
+                           "complete": bool(out["complete"])})
     if out["complete"]:
         summary = {k: v for k, v in out.items() if k not in ("losses", "params")}
         if isinstance(out.get("losses"), list) and out["losses"]:

@@ -113,6 +113,7 @@ from flax import nnx
 
 from lattn_jax import assets
 from lattn_jax import model as model_lib
+from lattn_jax import records
 from lattn_jax.eval import fetch
 from lattn_jax.eval import generate as gen_lib
 from lattn_jax.eval import niah
@@ -933,18 +934,11 @@ def options_fingerprint(options: Mapping[str, Any]) -> str:
 def append_jsonl(path: str, record: Mapping[str, Any]) -> None:
     """Appends ``record`` as one line of ``path`` and syncs it to disk.
 
-    A line left half-written by a crash is closed with a newline first, so it stays one
-    unparsable line (:func:`read_jsonl` skips it) instead of swallowing this record.
+    A line left half-written by a crash is removed first (:func:`lattn_jax.records.append_record`;
+    :func:`read_jsonl` drops it with a warning while it is the last line), so that it does not
+    swallow this record.
     """
-    line = json.dumps(record, default=str) + "\n"
-    with open(path, "a+b") as f:
-        if f.tell() > 0:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":
-                line = "\n" + line
-        f.write(line.encode())
-        f.flush()
-        os.fsync(f.fileno())
+    records.append_record(path, record, sync=True)
 
 
 def read_niah_parts(path: str, *, model: str, fingerprint: str

@@ -45,7 +45,6 @@ student, with the replaced layer's index held in a variable rather than in the g
 """
 
 import dataclasses
-import json
 import os
 import random
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -57,6 +56,7 @@ from flax import nnx
 
 from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
+from lattn_jax import records
 from lattn_jax import train as train_lib
 from lattn_jax.eval import generate as gen_lib
 from lattn_jax.eval import niah as niah_lib
@@ -1128,8 +1128,9 @@ def synthetic_recall_items(n: int, *, filler_repeats: int = 4, seed: int = 0) ->
     return items
 
 
-# Evaluation items and the sweep's own records: one strict reader (a bad line names the file
-# and the line), shared with the zero-shot tasks.
+# Evaluation items: the strict reader (a bad line names the file and the line), shared with
+# the zero-shot tasks. The sweep's own results (appended as layers finish): records.read_records,
+# which drops a last line cut short by a killed process, so that the sweep resumes.
 read_jsonl = tasks_lib.read_jsonl
 
 
@@ -1151,7 +1152,8 @@ def sweep_records(layers: Sequence[int],
         model with only layer ``l`` replaced (extras must be JSON-serialisable).
       results_path: a JSONL file; each finished layer appends ``{"layer", "csr", "recall",
         ...extras, "probe"}`` and layers already in it (with the same ``probe``) are not
-        re-evaluated.
+        re-evaluated. A last line cut short (the process killed mid-record) is dropped with a
+        warning, and its layer evaluated again (:func:`lattn_jax.records.read_records`).
       print_fn: progress lines.
       should_stop: asked before each layer still to evaluate; ``True`` stops the sweep.
       probe: a fingerprint of the evaluation settings; records written under another one (or
@@ -1163,11 +1165,13 @@ def sweep_records(layers: Sequence[int],
 
     Raises:
       Interrupted: ``should_stop`` returned ``True`` (finished layers are in ``results_path``).
+      lattn_jax.records.RecordsError: a bad line in ``results_path`` other than a cut-short
+        last line (a ``ValueError`` naming the file and the line).
     """
     done: Dict[int, Dict[str, Any]] = {}
     if results_path and os.path.exists(results_path):
         stale = 0
-        for rec in read_jsonl(results_path):
+        for rec in records.read_records(results_path):
             if probe is not None and rec.get("probe") != probe:
                 stale += 1
                 continue
@@ -1190,8 +1194,7 @@ def sweep_records(layers: Sequence[int],
         name = "teacher" if layer < 0 else f"layer {layer:3d}"
         print_fn(f"{name}: csr {rec['csr']:.4f}  recall {rec['recall']:.4f}")
         if results_path:
-            with open(results_path, "a") as f:
-                f.write(json.dumps(rec) + "\n")
+            records.append_record(results_path, rec)
     return {layer: done[layer] for layer in layers}
 
 

@@ -21,7 +21,6 @@ position). Master weights and moments are fp32 (spec §6 item 3: the original is
 """
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -39,6 +38,7 @@ from lattn_jax import config as config_lib
 from lattn_jax import flops as flops_lib
 from lattn_jax import model as model_lib
 from lattn_jax import optim
+from lattn_jax import records
 from lattn_jax.halo import hypenet
 from lattn_jax.halo import loaders
 from lattn_jax.halo import losses
@@ -77,9 +77,9 @@ def random_teacher(cfg: config_lib.ModelConfig, seed: int = 0) -> PyTree:
 
 
 def _write_metrics(workdir: str, record: Mapping[str, Any]) -> None:
-    with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
-        f.write(json.dumps({k: (float(v) if isinstance(v, (np.floating, jax.Array)) else v)
-                            for k, v in record.items()}) + "\n")
+    records.append_record(os.path.join(workdir, "metrics.jsonl"),
+                          {k: (float(v) if isinstance(v, (np.floating, jax.Array)) else v)
+                           for k, v in record.items()})
 
 
 def _micro_batches(batch: Batch, n: int) -> Batch:
@@ -419,8 +419,7 @@ def train_loop(*, workdir: str, init_params: PyTree,
     if throughput["tokens_per_s"] and peak and flops_per_token:
         throughput["mfu"] = flops_per_token * throughput["tokens_per_s"] / peak
     if tokens_per_step is not None:
-        with open(os.path.join(workdir, "throughput.jsonl"), "a") as f:
-            f.write(json.dumps(throughput) + "\n")
+        records.append_record(os.path.join(workdir, "throughput.jsonl"), throughput)
     return {"params": state["params"], "step": step, "losses": run_losses,
             "resumed_from": resumed_from, "complete": step >= train_cfg.total_steps,
             "throughput": throughput}

@@ -76,6 +76,9 @@ class SweepDriverTest(absltest.TestCase):
                                       f"exported 6 files to {export}"])
         with tarfile.open(os.path.join(export, sweep.RECORDS_ARCHIVE)) as tar:
             self.assertLen(tar.getnames(), 2)
+        # Neither --dry_run nor --report_only is logged: sweep.jsonl lists the calls that ran
+        # the sweep (the module docstring).
+        self.assertFalse(os.path.exists(os.path.join(self.root, "sweep.jsonl")))
 
 
 if __name__ == "__main__":

@@ -287,6 +287,19 @@ class RunDirTest(absltest.TestCase):
         self._write("console.log", ["final: step 4  train_loss 1.0  val_loss 1.0"])
         self.assertEqual(sweep.run_state(self.dir).status, sweep.Status.FINISHED)
 
+    def test_attempts_cut_short_by_a_kill_are_dropped_and_the_next_append_is_whole(self):
+        path = os.path.join(self.dir, sweep.ATTEMPTS)
+        sweep._append_jsonl(path, {"event": "start"})
+        with open(path, "a") as f:
+            f.write('{"event": "end", "wall')  # the sweep killed mid-record
+        with self.assertLogs(level="WARNING") as logs:
+            self.assertEqual(sweep.read_jsonl(path), [{"event": "start"}])
+        self.assertLen(logs.output, 1)
+        self.assertIn(f"{path}: dropped its last line, cut short", logs.output[0])
+        sweep._append_jsonl(path, {"event": "start"})
+        with open(path) as f:
+            self.assertEqual([json.loads(line) for line in f], [{"event": "start"}] * 2)
+
     def test_collect(self):
         self._invocation(total=4)
         self._write("console.log", ["model: 1,000 parameters, layers ['gdn'], d_model 4"])

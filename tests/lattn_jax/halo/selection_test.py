@@ -16,6 +16,7 @@ from absl.testing import absltest
 from flax import nnx
 
 from lattn_jax import config as config_lib
+from lattn_jax import records
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import scoring
 from lattn_jax.eval import tasks as tasks_lib
@@ -452,6 +453,37 @@ class SweepRecordsTest(absltest.TestCase):
         self.assertEqual(calls, [-1, 0, 1])
         selection.sweep_records([0], evaluate, path, probe="b", **quiet)
         self.assertEqual(calls, [-1, 0, 1, 0])
+
+    def test_a_last_record_cut_short_by_a_kill_is_dropped_and_the_sweep_resumes(self):
+        # The select stage read its own results with the strict evaluation-file reader: a
+        # process killed mid-write left a last line that stopped every later resume.
+        path = self.create_tempfile().full_path
+        calls = []
+
+        def evaluate(layer):
+            calls.append(layer)
+            return {"csr": 0.5, "recall": 0.25 * layer}
+
+        quiet = dict(print_fn=lambda s: None)
+        selection.sweep_records([-1, 0], evaluate, path, probe="a", **quiet)
+        with open(path, "a") as f:
+            f.write('{"layer": 1, "csr": 0.5, "rec')  # killed while writing layer 1
+        with self.assertLogs(level="WARNING") as logs:
+            recs = selection.sweep_records([-1, 0, 1, 2], evaluate, path, probe="a", **quiet)
+        self.assertLen(logs.output, 1)
+        self.assertIn(f"{path}: dropped its last line, cut short", logs.output[0])
+        self.assertEqual(calls, [-1, 0, 1, 2])  # only layers 1 and 2 evaluated again
+        self.assertEqual(recs[1]["recall"], 0.25)
+        # The cut line was removed before the next record: the file is whole lines again.
+        with open(path) as f:
+            self.assertEqual([json.loads(line)["layer"] for line in f], [-1, 0, 1, 2])
+        # A bad line in the middle is not a killed writer's: still an error naming it.
+        with open(path) as f:
+            lines = f.readlines()
+        with open(path, "w") as f:
+            f.writelines(lines[:1] + ['{"layer": 0, "cs\n'] + lines[2:])
+        with self.assertRaisesRegex(records.RecordsError, r", line 2: not valid JSON"):
+            selection.sweep_records([-1, 0, 1, 2], evaluate, path, probe="a", **quiet)
 
     def test_cut_tie(self):
         self.assertTrue(selection.cut_tie([50.0, 0.0, 50.0, 1.0], 1)["tie"])

@@ -87,6 +87,16 @@ class StagesTest(absltest.TestCase):
         self.assertEqual((second["resumed_from"], second["step"], second["complete"]),
                          (1, 3, True))
 
+    def test_metrics_after_a_record_cut_short_by_a_kill_stay_whole_lines(self):
+        workdir = self.create_tempdir().full_path
+        stages._write_metrics(workdir, {"step": 1, "loss": np.float32(2.0)})
+        with open(os.path.join(workdir, "metrics.jsonl"), "a") as f:
+            f.write('{"step": 2, "lo')  # killed mid-record
+        stages._write_metrics(workdir, {"step": 2, "loss": np.float32(1.5)})
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            self.assertEqual([json.loads(line) for line in f],
+                             [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5}])
+
     def test_the_stop_line_names_the_signal_that_stopped_the_stage(self):
         # The pipeline's deadline (experiments/halo_pipeline.py) turns "now" once SIGTERM or
         # Ctrl-C arrived; the stage said "deadline reached" while the pipeline said the signal.

@@ -1,0 +1,104 @@
+"""Append-only JSON-lines record files: one reader and one writer for every resumable record.
+
+A program killed mid-write (SIGKILL, an OOM, a machine taken back) can leave the last line of a
+file it appends to cut short. :func:`read_records` drops such a line (the last line, not valid
+JSON and without its newline) with one warning naming the file, so that the program resumes
+from the records before it; a bad line anywhere else is an error (:class:`RecordsError`), since
+no killed writer leaves one there when every append goes through :func:`append_record`, which
+first removes a cut-short last line (the one the reader dropped) instead of writing after it
+(a plain ``open(path, "a")`` would glue the next record to it, into one bad line in the middle).
+
+``lenient=True`` is for files whose writers do not go through :func:`append_record` (the
+trainer's ``metrics.jsonl`` and ``invocations.jsonl``, records written by older versions): bad
+lines anywhere are skipped, with one warning per file saying how many.
+"""
+
+import json
+import os
+from typing import Any, List
+
+from absl import logging
+
+
+class RecordsError(ValueError):
+    """A record file with a bad line that is not a cut-short last line; the message names the
+    file and the line (``<path>, line <n>: not valid JSON (...)``)."""
+
+
+def read_records(path: str, *, lenient: bool = False) -> List[Any]:
+    """The records of an append-only JSON-lines file, in file order.
+
+    Blank lines are skipped. The last line, when it is not valid JSON and the file does not
+    end with a newline (a writer killed mid-record), is dropped with one warning naming the
+    file (absl ``logging.warning``).
+
+    Args:
+      path: the file; a missing file has no records.
+      lenient: also skip bad lines elsewhere (one warning with their count) instead of raising.
+
+    Returns:
+      One parsed JSON value per kept line (``[]`` when ``path`` does not exist).
+
+    Raises:
+      RecordsError: (``lenient=False``) a line other than a cut-short last line is not valid
+        JSON, or the file is not UTF-8 text.
+      OSError: ``path`` exists but cannot be read.
+    """
+    if not os.path.exists(path):
+        return []
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if not lenient:
+            raise RecordsError(f"{path}: not UTF-8 text ({e})") from e
+        text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")  # the last item is "" when the file ends with a newline
+    records, skipped = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if n == len(lines):  # no newline after it: cut short by a killed writer
+                logging.warning("%s: dropped its last line, cut short (%d bytes, not valid "
+                                "JSON; a writer killed mid-record)", path, len(line.encode()))
+            elif lenient:
+                skipped.append(n)
+            else:
+                raise RecordsError(f"{path}, line {n}: not valid JSON ({e})") from e
+    if skipped:
+        logging.warning("%s: skipped %d line(s) that are not valid JSON (first: line %d)",
+                        path, len(skipped), skipped[0])
+    return records
+
+
+def append_record(path: str, record: Any, *, sync: bool = False) -> None:
+    """Appends ``record`` as one JSON line to ``path`` (created if missing).
+
+    A cut-short last line (no newline at the end of the file: a writer killed mid-record,
+    which :func:`read_records` drops) is removed first, so the file stays whole lines.
+
+    Args:
+      path: the file.
+      record: a JSON-serialisable value (values JSON cannot hold are written as ``str``).
+      sync: also ``fsync`` the file (a record that must survive a power loss).
+
+    Raises:
+      OSError: the file cannot be written.
+    """
+    line = (json.dumps(record, default=str) + "\n").encode()
+    with open(path, "a+b") as f:
+        end = f.seek(0, os.SEEK_END)
+        if end > 0:
+            f.seek(end - 1)
+            if f.read(1) != b"\n":  # a cut-short last line: back to the newline before it
+                f.seek(0)
+                data = f.read()
+                f.truncate(data.rfind(b"\n") + 1)
+        f.write(line)
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())

@@ -1,0 +1,84 @@
+"""lattn_jax.records: a last line cut short is dropped with a warning, others are errors."""
+
+import json
+import os
+import re
+
+from absl import logging
+from absl.testing import absltest
+
+from lattn_jax import records
+
+WHOLE = '{"a": 1}\n\n[2]\n'
+CUT = '{"layer": 3, "csr": 0.5'  # a record cut mid-way by a killed writer
+
+
+class ReadRecordsTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        self.path = os.path.join(self.create_tempdir().full_path, "r.jsonl")
+
+    def write(self, text, mode="w"):
+        with open(self.path, mode) as f:
+            f.write(text)
+
+    def read(self, **kw):
+        with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
+            got = records.read_records(self.path, **kw)
+        return got, logs.output
+
+    def test_missing_and_whole_files(self):
+        self.assertEqual(records.read_records(self.path), [])
+        self.write(WHOLE)
+        self.assertEqual(records.read_records(self.path), [{"a": 1}, [2]])
+
+    def test_a_last_line_cut_short_is_dropped_with_one_warning_naming_the_file(self):
+        self.write(WHOLE + CUT)
+        got, warnings = self.read()
+        self.assertEqual(got, [{"a": 1}, [2]])
+        self.assertLen(warnings, 1)
+        self.assertIn(f"{self.path}: dropped its last line, cut short", warnings[0])
+
+    def test_a_bad_line_elsewhere_is_an_error_naming_the_line(self):
+        for text, line in ((WHOLE + CUT + "\n" + '{"b": 2}\n', 4), (WHOLE + CUT + "\n", 4),
+                           ("{oops}\n" + WHOLE, 1)):
+            self.write(text)
+            with self.assertRaisesRegex(records.RecordsError, rf"^{re.escape(self.path)}, line "
+                                                              rf"{line}: not valid JSON \(.+\)$"):
+                records.read_records(self.path)
+        self.write(b'{"a": "\xff"}\n', "wb")
+        with self.assertRaisesRegex(records.RecordsError, r": not UTF-8 text"):
+            records.read_records(self.path)
+
+    def test_lenient_skips_bad_lines_anywhere_with_one_warning(self):
+        self.write(WHOLE + CUT + '{"b": 2}\n{"c": 3}\n' + CUT)
+        got, warnings = self.read(lenient=True)
+        self.assertEqual(got, [{"a": 1}, [2], {"c": 3}])
+        self.assertLen(warnings, 2)  # the cut last line, and the glued one (line 4)
+        self.assertIn(f"{self.path}: skipped 1 line(s) that are not valid JSON (first: line 4)",
+                      warnings[1])
+
+
+class AppendRecordTest(absltest.TestCase):
+
+    def test_appends_whole_lines_and_removes_a_cut_short_last_line_first(self):
+        path = os.path.join(self.create_tempdir().full_path, "r.jsonl")
+        records.append_record(path, {"a": 1})
+        with open(path, "a") as f:
+            f.write(CUT)
+        records.append_record(path, {"b": 2}, sync=True)
+        with open(path) as f:
+            self.assertEqual(f.read(), '{"a": 1}\n{"b": 2}\n')
+        with open(path, "w") as f:
+            f.write(CUT)  # the only line
+        records.append_record(path, {"c": 3})
+        self.assertEqual(records.read_records(path), [{"c": 3}])
+        records.append_record(path, {"d": object})  # not JSON: written as str
+        self.assertEqual(records.read_records(path)[-1], {"d": str(object)})
+        self.assertEqual(json.loads(json.dumps(records.read_records(path))), [
+            {"c": 3}, {"d": str(object)}])
+
+
+if __name__ == "__main__":
+    absltest.main()
