@@ -8,9 +8,10 @@ no killed writer leaves one there when every append goes through :func:`append_r
 first removes a cut-short last line (the one the reader dropped) instead of writing after it
 (a plain ``open(path, "a")`` would glue the next record to it, into one bad line in the middle).
 
-``lenient=True`` is for files whose writers do not go through :func:`append_record` (the
-trainer's ``metrics.jsonl`` and ``invocations.jsonl``, records written by older versions): bad
-lines anywhere are skipped, with one warning per file saying how many.
+``lenient=True`` is for files that may hold lines written before every writer went through
+:func:`append_record` (the trainer's ``metrics.jsonl`` and ``invocations.jsonl`` of older runs,
+where a plain append glued a record to a cut-short line): bad lines anywhere are skipped, with
+one warning per file saying how many.
 """
 
 import json

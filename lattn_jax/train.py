@@ -54,6 +54,7 @@ from lattn_jax import flops as flops_lib
 from lattn_jax.halo import losses as halo_losses
 from lattn_jax import model as model_lib
 from lattn_jax import optim
+from lattn_jax import records as records_lib
 from lattn_jax import sharding
 from lattn_jax.typing import PyTree
 
@@ -480,8 +481,8 @@ class MetricsWriter:
             return
         values = {k: float(v) for k, v in metrics.items() if v is not None}
         record = {"step": int(step), "time": time.time(), **values}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        # A line cut short by a killed writer is removed first (records.append_record).
+        records_lib.append_record(self.path, record)
         if self._tb is not None:
             for key, value in values.items():
                 self._tb.add_scalar(key, value, int(step))
@@ -748,8 +749,7 @@ def record_invocation(workdir: str, config: config_lib.ExperimentConfig,
                     "processes": jax.process_count()},
         "config": config_lib.experiment_json_dict(config),
     }
-    with open(os.path.join(workdir, INVOCATIONS), "a") as f:
-        f.write(json.dumps(record) + "\n")
+    records_lib.append_record(os.path.join(workdir, INVOCATIONS), record)
     return record
 
 
@@ -761,15 +761,15 @@ def plot_losses(workdir: str) -> Optional[str]:
     from matplotlib import figure
 
     curves = {"train_loss": {}, "val_loss": {}}
-    try:
-        with open(os.path.join(workdir, "metrics.jsonl")) as f:
-            for line in f:
-                record = json.loads(line)
-                for key, curve in curves.items():
-                    if key in record:
-                        curve[record["step"]] = record[key]
-    except (OSError, ValueError):
+    try:  # lenient: a line cut short by a killed writer (or older runs' glued lines) is skipped
+        lines = records_lib.read_records(os.path.join(workdir, "metrics.jsonl"), lenient=True)
+    except OSError:
         return None
+    for record in lines:
+        if isinstance(record, dict) and "step" in record:
+            for key, curve in curves.items():
+                if key in record:
+                    curve[record["step"]] = record[key]
     if not any(curves.values()):
         return None
     fig = figure.Figure(figsize=(7, 4.5), dpi=100)

@@ -509,3 +509,33 @@ class WriteFailureTest(CorpusTestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class CutShortRecordsTest(absltest.TestCase):
+    """A trainer killed mid-record leaves the last line of metrics.jsonl cut short."""
+
+    def test_the_next_write_and_the_loss_plot_skip_a_cut_short_last_line(self):
+        workdir = tempfile.mkdtemp()
+        path = os.path.join(workdir, "metrics.jsonl")
+        rng = np.random.default_rng(0)
+        losses = rng.uniform(2.0, 6.0, size=3)
+        with open(path, "w") as f:
+            f.write(json.dumps({"step": 1, "time": 1.0, "train_loss": losses[0]}) + "\n")
+            f.write('{"step": 2, "time": 2.0, "train_lo')  # killed mid-record
+        writer = train.MetricsWriter(workdir)
+        writer.write(2, train_loss=losses[1])
+        writer.write(3, train_loss=losses[2], val_loss=losses[2] + 0.1)
+        with open(path) as f:
+            lines = f.read().splitlines()
+        self.assertLen(lines, 3)  # the cut line is gone, not glued to the next record
+        self.assertEqual([json.loads(line)["step"] for line in lines], [1, 2, 3])
+        self.assertAlmostEqual(json.loads(lines[1])["train_loss"], float(losses[1]))
+        self.assertEqual(train.plot_losses(workdir), os.path.join(workdir, train.LOSS_PLOT))
+
+    def test_the_loss_plot_skips_a_glued_line_left_by_an_older_writer(self):
+        workdir = tempfile.mkdtemp()
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 1, "time": 1.0, "train_loss": 3.5}) + "\n")
+            f.write('{"step": 2, "time": 2.0, "train_lo{"step": 2, "train_loss": 3.1}\n')
+            f.write(json.dumps({"step": 3, "time": 3.0, "val_loss": 3.2}) + "\n")
+        self.assertEqual(train.plot_losses(workdir), os.path.join(workdir, train.LOSS_PLOT))
