@@ -487,9 +487,12 @@ def _mark(shared: bool):
 
 def _shared_note(r: "sweep.RunResult") -> str:
     """The runs table's note on a run measured while sharing the GPU."""
-    if r.concurrent <= 1:
-        return ""
-    return f"shared GPU (parallel={r.parallel}, up to {r.concurrent} runs at once)"
+    if r.concurrent > 1:
+        return f"shared GPU (parallel={r.parallel}, up to {r.concurrent} runs at once)"
+    if r.attempts_concurrent > 1:  # throughput measured alone, the wall time is not
+        return (f"wall time includes an attempt that shared the GPU (parallel={r.parallel}, "
+                f"up to {r.attempts_concurrent} runs at once)")
+    return ""
 
 
 def _shared_reference_lines(ref: Mapping[str, Any]) -> List[str]:
@@ -526,7 +529,8 @@ def markdown(report: Report) -> str:
              "at the last step, \"best\" the lowest finite one of all evaluations; tokens/s "
              "and MFU are medians over the trainer's logging windows; wall time includes start-up, "
              "compilation and evaluations.", ""]
-    shared = [e for e in report.entries if e.result.concurrent > 1]
+    shared = [e for e in report.entries
+              if max(e.result.concurrent, e.result.attempts_concurrent) > 1]
     if shared:
         most = max(e.result.parallel for e in shared)
         lines[-1:-1] = [
@@ -534,7 +538,8 @@ def markdown(report: Report) -> str:
             f"sweep (`--parallel` up to {most}): their tokens/s, MFU and wall time are marked "
             f"{SHARED_MARK}, describe the shared machine, and are never compared with runs "
             f"measured alone (the throughput comparisons below use only runs measured alone); "
-            f"their losses are unaffected."]
+            f"their losses are unaffected. A run whose tokens/s and MFU were measured alone "
+            f"after an attempt that shared the GPU has only its wall time marked."]
     if report.invocations:
         lines += ["## Commands", ""]
         for inv in report.invocations:
@@ -563,12 +568,13 @@ def markdown(report: Report) -> str:
     for e in report.entries:
         r, s = e.result, e.state
         progress = f"{r.step}/{s.total_steps}" if s.total_steps else (str(r.step) if r.step else "")
-        mark = _mark(r.concurrent > 1)
+        mark = _mark(r.concurrent > 1)  # tokens/s, MFU: their records' attempts
+        wall_mark = _mark(r.attempts_concurrent > 1)  # the wall time adds every attempt
         rows.append([e.run.name + ("" if e.in_grid else " (not in this grid)"), s.status.value,
                      progress, _f(r.final_val_loss), _f(r.best_val_loss),
                      _f(r.final_train_loss), _tokens(r.tokens),
                      mark(_f(r.tokens_per_sec, ",.0f")), mark(_pct(r.mfu)), _params(r.params),
-                     _params(r.non_embedding_params), mark(_wall(r.wall_s)),
+                     _params(r.non_embedding_params), wall_mark(_wall(r.wall_s)),
                      "; ".join(filter(None, [s.error, _nonfinite_note(r),
                                              _reused_note(report.root, e.run),
                                              _shared_note(r)]))])

@@ -325,6 +325,25 @@ class SharedThroughputTest(absltest.TestCase):
         self.assertEqual({g["group"]: g["throughput_shared"] for g in data["groups"]},
                          {"arch=gdn": False, "arch=softmax": False, "arch=kda": True})
 
+    def test_an_early_shared_attempt_marks_the_wall_time_only(self):
+        # The first attempt shared the GPU and was stopped before any record (t 100-101), the
+        # run then trained alone (records at t 1..10): tokens/s and MFU unmarked, the wall time
+        # (which adds every attempt) marked, with a note saying why.
+        name = "arch=gdn,seed=42"
+        write_run(self.root, self.runs[name], final=3.0)
+        path = os.path.join(sweep.run_dir(self.root, self.runs[name]), sweep.ATTEMPTS)
+        with open(path) as f:
+            alone = f.read()
+        with open(path, "w") as f:
+            f.write(json.dumps({"event": "start", "parallel": 2}) + "\n")
+            f.write(json.dumps({"event": "end", "returncode": -15, "wall_s": 0.5,
+                                "stopped_by": "deadline", "parallel": 2, "concurrent": 2,
+                                "shared_s": 0.5, "t0": 100.0, "t1": 100.5}) + "\n")
+            f.write(alone)
+        md = sweep_report.markdown(self._report())
+        self.assertIn("| 1,000 | 25.0% | 0.01M | 0.00M | 60 s † | wall time includes an attempt "
+                      "that shared the GPU (parallel=2, up to 2 runs at once) |", md)
+
     def test_no_group_measured_alone_is_said(self):
         for name in ("arch=gdn,seed=42", "arch=softmax,seed=42"):
             write_run(self.root, self.runs[name], final=3.0, concurrent=2)
