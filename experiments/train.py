@@ -61,9 +61,15 @@ def main(argv):
         train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
     except (config_lib.ConfigError, FileNotFoundError, data.DataFileError, train.NonFiniteError,
             checkpoint_lib.CheckpointError, train.WorkdirWriteError,
-            OSError,  # a file of the workdir that cannot be written (a full disk)
             # an explicitly named kernel / cuDNN on a machine or shapes it cannot run
             validation.UnsupportedImplementationError) as e:  # one line each, no traceback
+        sys.exit(f"error: {e}")
+    except OSError as e:
+        # A file that cannot be written or read (a full disk, a read-only or missing path):
+        # one line. Lost connections (jax.distributed's coordinator, a data worker's pipe) keep
+        # their traceback: where they came from is the information.
+        if isinstance(e, ConnectionError):
+            raise
         sys.exit(f"error: {e}")
     except KeyboardInterrupt as e:
         # Ctrl-C outside the training loop (data, compilation set-up), or a second Ctrl-C in it:

@@ -92,6 +92,21 @@ def describe_write_error(error: BaseException) -> str:
     return describe_error(error)
 
 
+def _is_write_failure(error: BaseException) -> bool:
+    """Whether ``error`` from an orbax save is the storage refusing the write: an ``OSError``,
+    or tensorstore's ``ValueError`` that carries an OS error code; not orbax's own argument
+    checks (``StepAlreadyExistsError`` and the like are ``ValueError`` s too) nor running out
+    of device memory."""
+    if is_out_of_memory(error):
+        return False
+    cause = error
+    while cause is not None:
+        if isinstance(cause, OSError) or _OS_ERROR_CODE.search(str(cause)):
+            return True
+        cause = cause.__cause__
+    return False
+
+
 class RestoreOutOfMemoryError(CheckpointError):
     """The devices ran out of memory while a checkpoint was restored onto them. The files are
     intact: the checkpoint is not called unreadable, nothing is renamed and no older step is
@@ -233,7 +248,10 @@ def drop_records_after(path: str, step: int) -> Tuple[int, Optional[str]]:
     them, and the resumed run logs those steps again. Nothing is lost: the dropped lines go to
     ``<path>.discarded-<step>`` (appended to, if it exists), then ``path`` is rewritten
     atomically (a temporary file, renamed over it). Lines that are not JSON objects with a
-    numeric ``"step"`` (a torn last line, say) are kept in place.
+    numeric ``"step"`` are kept in place, except a last line cut short by a killed writer (not
+    valid JSON, no newline): a rewrite leaves it out, since a newline after it would make it a
+    bad line in the middle of the file (``lattn_jax.records``); without a rewrite the next
+    :func:`lattn_jax.records.append_record` removes it.
 
     Returns ``(number of dropped records, the discarded file or None)``.
 
@@ -245,10 +263,12 @@ def drop_records_after(path: str, step: int) -> Tuple[int, Optional[str]]:
     with open(path) as f:
         lines = f.readlines()
     keep, dropped = [], []
-    for line in lines:
+    for n, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
         except ValueError:
+            if n == len(lines) and not line.endswith("\n"):
+                continue  # cut short by a killed writer: never kept mid-file
             record = None
         record_step = record.get("step") if isinstance(record, dict) else None
         late = isinstance(record_step, (int, float)) and record_step > step
@@ -330,7 +350,7 @@ class Checkpointer:
         try:
             self.manager.wait_until_finished()
         except (OSError, ValueError) as e:  # tensorstore's failed writes are ValueErrors
-            if step is None or isinstance(e, CheckpointError):
+            if step is None or isinstance(e, CheckpointError) or not _is_write_failure(e):
                 raise
             raise self._write_failed(step, e) from e
 
@@ -357,6 +377,8 @@ class Checkpointer:
             saved = self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
                                       force=force)
         except (OSError, ValueError) as e:
+            if not _is_write_failure(e):
+                raise
             raise self._write_failed(step, e) from e
         self._writing = step
         return saved

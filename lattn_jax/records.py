@@ -14,6 +14,7 @@ where a plain append glued a record to a cut-short line): bad lines anywhere are
 one warning per file saying how many.
 """
 
+import fcntl
 import json
 import os
 from typing import Any, List
@@ -79,8 +80,12 @@ def read_records(path: str, *, lenient: bool = False) -> List[Any]:
 def append_record(path: str, record: Any, *, sync: bool = False) -> None:
     """Appends ``record`` as one JSON line to ``path`` (created if missing).
 
-    A cut-short last line (no newline at the end of the file: a writer killed mid-record,
-    which :func:`read_records` drops) is removed first, so the file stays whole lines.
+    A cut-short last line (no newline at the end of the file and not valid JSON: a writer
+    killed mid-record, which :func:`read_records` drops with a warning) is removed first
+    (logged at ``INFO``), so the file stays whole lines; a valid last record without its
+    newline (a file written by another tool) is kept and the newline added. The file is
+    locked (``flock``) while it is checked and written, so two appenders cannot remove each
+    other's records.
 
     Args:
       path: the file.
@@ -92,13 +97,23 @@ def append_record(path: str, record: Any, *, sync: bool = False) -> None:
     """
     line = (json.dumps(record, default=str) + "\n").encode()
     with open(path, "a+b") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)  # released when the file is closed
         end = f.seek(0, os.SEEK_END)
         if end > 0:
             f.seek(end - 1)
-            if f.read(1) != b"\n":  # a cut-short last line: back to the newline before it
+            if f.read(1) != b"\n":  # no newline at the end
                 f.seek(0)
                 data = f.read()
-                f.truncate(data.rfind(b"\n") + 1)
+                start = data.rfind(b"\n") + 1
+                try:
+                    json.loads(data[start:])
+                except ValueError:  # cut short: back to the newline before it (the reader
+                    # warned when it dropped the line; here it is only logged)
+                    logging.info("%s: removed its last line, cut short (%d bytes, not valid "
+                                 "JSON; a writer killed mid-record)", path, end - start)
+                    f.truncate(start)
+                else:  # a whole record without its newline
+                    line = b"\n" + line
         f.write(line)
         f.flush()
         if sync:

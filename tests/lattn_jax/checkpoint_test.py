@@ -1,6 +1,7 @@
 """Checkpointer: a readable checkpoint of a different model is reported as such, not as
 unreadable, and nothing is renamed."""
 
+import json
 import os
 from unittest import mock
 
@@ -149,6 +150,34 @@ class WriteErrorTest(absltest.TestCase):
             PermissionError(13, "Permission denied", "/w/x")), "Permission denied: /w/x")
         self.assertEqual(checkpoint_lib.describe_write_error(ValueError("INTERNAL: odd")),
                          "ValueError: INTERNAL: odd")
+
+    def test_orbax_argument_errors_are_not_called_failed_writes(self):
+        # orbax's own checks raise ValueErrors too (StepAlreadyExistsError): they are bugs of
+        # the caller, not a full disk, and keep their type and traceback.
+        workdir = self.create_tempdir().full_path
+        ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False)
+        ckpt.save(1, _state(4))
+        ckpt.wait()
+        with self.assertRaises(ValueError) as cm:
+            ckpt.save(1, _state(4))
+        ckpt.close()
+        self.assertNotIsInstance(cm.exception, checkpoint_lib.CheckpointWriteError)
+        self.assertIn("already exists", str(cm.exception))
+
+
+class DropRecordsAfterTest(absltest.TestCase):
+
+    def test_a_cut_short_last_line_is_not_kept_mid_file_by_the_rewrite(self):
+        from lattn_jax import records  # noqa: PLC0415
+        path = os.path.join(self.create_tempdir().full_path, "metrics.jsonl")
+        with open(path, "w") as f:
+            for step in range(1, 6):
+                f.write(json.dumps({"step": step, "train_loss": 3.0 - 0.1 * step}) + "\n")
+            f.write('{"step": 6, "tra')  # the trainer killed mid-record
+        dropped, discarded = checkpoint_lib.drop_records_after(path, 3)
+        self.assertEqual((dropped, discarded), (2, f"{path}.discarded-3"))
+        records.append_record(path, {"step": 4, "train_loss": 2.6})
+        self.assertEqual([r["step"] for r in records.read_records(path)], [1, 2, 3, 4])
 
 
 if __name__ == "__main__":

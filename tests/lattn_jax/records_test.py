@@ -79,6 +79,35 @@ class AppendRecordTest(absltest.TestCase):
         self.assertEqual(json.loads(json.dumps(records.read_records(path))), [
             {"c": 3}, {"d": str(object)}])
 
+    def test_a_whole_last_record_without_its_newline_is_kept(self):
+        # A file written by another tool (or an editor) without the final newline.
+        path = os.path.join(self.create_tempdir().full_path, "r.jsonl")
+        with open(path, "w") as f:
+            f.write('{"step": 1}\n{"step": 2}')
+        records.append_record(path, {"step": 3})
+        self.assertEqual(records.read_records(path), [{"step": 1}, {"step": 2}, {"step": 3}])
+        with open(path, "w") as f:
+            f.write('{"only": 1}')  # the only line, whole
+        records.append_record(path, {"next": 2})
+        self.assertEqual(records.read_records(path), [{"only": 1}, {"next": 2}])
+
+    def test_two_appenders_after_a_cut_short_line_keep_both_records(self):
+        # Both open the file while its last line is cut short; the lock serialises the check,
+        # the truncation and the write, so the second cannot cut the first's record.
+        import threading  # noqa: PLC0415
+        path = os.path.join(self.create_tempdir().full_path, "r.jsonl")
+        with open(path, "w") as f:
+            f.write('{"a": 1}\n' + CUT)
+        threads = [threading.Thread(target=records.append_record, args=(path, {"n": n}))
+                   for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        got = records.read_records(path)
+        self.assertEqual(got[0], {"a": 1})
+        self.assertCountEqual(got[1:], [{"n": n} for n in range(8)])
+
 
 if __name__ == "__main__":
     absltest.main()
