@@ -32,7 +32,9 @@ compile s). Usage, on the GPU machine::
     python3 benchmarks/profile_grad.py --out=$OUT/k2_ablations
     python3 benchmarks/profile_grad.py --variants=k1,k1:no_band --out=$OUT/k1_ablations
 
-Without a GPU: ``--static`` (CPU, seconds) times nothing; it exports each variant for CUDA
+Without a GPU the kernels cannot run; ``--interpret`` runs them in Mosaic GPU interpret mode
+at a tiny shape, to check the binary itself (the gate too; no kernel times: the CPU trace has
+none). ``--static`` (CPU, seconds) times nothing; it exports each variant for CUDA
 and counts instructions in its serialized Mosaic GPU module (``profile_t0.static_counts``:
 warpgroup barriers, ``wgmma``, their waits, fences, TMA copies, SMEM loads and stores, all
 non-constant ops)::
@@ -60,7 +62,10 @@ K1_REST = "k1:no_band+no_factors+no_mma"
 DEFAULT_VARIANTS = ("k2", "k2:no_band", "k2:no_mma", "k2:no_factors", "k2:no_state",
                     "k2:no_cumsum", "k2:no_store", K2_REST, "k1", "k1:no_band", "k1:no_mma",
                     "k1:no_factors", "k1:no_store", K1_REST)
-DEFAULT_GATE = 5e-3  # relative RMS against float64 (the kernels' tests' gate)
+# Relative RMS against float64: a broken build shows at 0.1 to 1 (the hand mutations of
+# MOSAIC_GPU.md Sec. 20); on these random inputs the kernels read 1.5e-3 (K1) to 3.3e-3 (K2's
+# dg) in interpret mode, so the kernel tests' 5e-3 would leave little margin here.
+DEFAULT_GATE = 1e-2
 DEADLINE_EXIT = 3  # exit status when the watchdog ends a run at --deadline_s
 SKIPPED_GATE = "skipped (ablated: wrong by design)"
 
@@ -69,7 +74,7 @@ def _define_flags() -> None:
     """Defines the flags (only when run as a program: other benchmark modules define some of
     the same names in absl's global registry, and the tests import them all)."""
     global _BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS
-    global _GATE, _DEADLINE_S, _STATIC, _OUT
+    global _GATE, _DEADLINE_S, _INTERPRET, _STATIC, _OUT
     _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
     _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
     _HEADS = flags.DEFINE_integer("heads", 16, "Heads H.")
@@ -88,6 +93,8 @@ def _define_flags() -> None:
         "deadline_s", None, "Wall-clock budget of the whole run, from the start of main: "
         "variants that would not fit are skipped, and a variant still running at the deadline "
         "ends the run (status 3) after the table of the finished ones is written.")
+    _INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
+                                   "this binary; use a tiny shape; no kernel times).")
     _STATIC = flags.DEFINE_bool("static", False, "Count instructions in the lowered modules "
                                 "(CPU; no kernel runs; see the module docstring).")
     _OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
@@ -261,17 +268,17 @@ def _shapes() -> Dict[str, Tuple]:
     return dict(tk=(b, t, h, dk), tv=(b, t, h, dv), ks=(b, t, h, 1), hs=(b, h, n, dk, dv))
 
 
-def _call(kernel: str, ablations: Tuple[str, ...], scale: float):
+def _call(kernel: str, ablations: Tuple[str, ...], scale: float, interpret: bool = False):
     """The jitted variant: ``fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr)``."""
     import jax
     from pallas_kernels.common import channelwise_grad_mosaic_gpu as cgm
     if kernel == "k1":
         return jax.jit(lambda q, k, kr, ks, g, hs, dhs, do, vn, dr: (
             cgm.channelwise_grad_intra_mosaic(q, k, kr, g, do, vn, dr, scale=scale,
-                                              ablations=ablations)))
+                                              ablations=ablations, interpret=interpret)))
     return jax.jit(lambda q, k, kr, ks, g, hs, dhs, do, vn, dr: (
         cgm.channelwise_grad_chunk_mosaic(q, k, kr, ks, g, hs, dhs, do, vn, dr, scale=scale,
-                                          ablations=ablations)))
+                                          ablations=ablations, interpret=interpret)))
 
 
 def _inputs(dtype, seed=0):
@@ -313,7 +320,7 @@ def _measure(rec: Dict, want, kernel: str, ablations: Tuple[str, ...], args, sca
     from benchmarks import common
     del want
     t0 = time.perf_counter()
-    compiled = _call(kernel, ablations, scale).lower(*args).compile()
+    compiled = _call(kernel, ablations, scale, _INTERPRET.value).lower(*args).compile()
     rec["compile_s"] = time.perf_counter() - t0
     outs = jax.block_until_ready(compiled(*args))
     if ablations:
