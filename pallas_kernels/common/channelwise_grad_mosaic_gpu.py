@@ -121,6 +121,22 @@ PAD_COLS = 8  # extra columns of the unswizzled shift buffers (against bank conf
 KERNEL_NAME = "channelwise_grad_intra_mosaic"
 K2_KERNEL_NAME = "channelwise_grad_chunk_mosaic"
 F32 = jnp.float32
+# Timing ablations (``ablations``, MOSAIC_GPU.md Sec. 22): static, benchmark-only switches that
+# cut one cost centre out of the kernel and so compute wrong numbers by design; only
+# ``benchmarks/profile_grad.py`` passes them (never the op or TUNING). Each keeps the grid, the
+# warpgroups, the SMEM buffers, the TMA copies and barriers of the stages it does not name.
+K1_ABLATIONS = (
+    "no_band",  # phase 2: skip the band's 7 shifted fp32 steps (d = 0 is kept)
+    "no_mma",  # phase 2: skip the 2 x 2 wgmma groups (operand stores kept; the loaded k / a
+    # stand in for the products)
+    "no_factors",  # phase 2: unit decay factors (no exp, no per-block selects; band unmasked)
+    "no_store",  # the GMEM stores replaced by one fp32 SMEM store of the outputs' sum
+)
+K2_ABLATIONS = K1_ABLATIONS + (
+    "no_state",  # epilogue: skip the second TMA copies and the 4 state products (K1's
+    # partials stand in for them; the elementwise formulas run)
+    "no_cumsum",  # epilogue: skip the split and the 3 U @ dgam products (dg = dgam)
+)
 _WGMMA = plgpu.Layout.WGMMA
 _ROWS = plgpu.Layout.WGMMA.reduce(1)
 _COLS = plgpu.Layout.WGMMA.reduce(0)
@@ -192,7 +208,7 @@ def _bind(names, refs, out):
 
 def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, halves: int,
             scale: float, has_docs: bool, slab: int, interpret: bool, names: Tuple[str, ...],
-            fused: bool = False, ks_channels: bool = False):
+            fused: bool = False, ks_channels: bool = False, ablations: frozenset = frozenset()):
     """Kernel body of :func:`channelwise_grad_intra_mosaic` (K1) and, with ``fused``, of
     :func:`channelwise_grad_chunk_mosaic` (K2; module docstring); refs are GMEM.
 
@@ -200,6 +216,8 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     marks). K1: ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch. K2:
     ``hs_ref, dhs_ref, ks_ref, [doc_ref, conn_ref, last_ref,] dq_ref, dk_ref, dks_ref, dg_ref``
     then the scratch. ``names`` names the scratch refs (a tree: one tuple per RefUnion).
+    ``ablations``: the timing ablations (:data:`K1_ABLATIONS`, :data:`K2_ABLATIONS`; empty for
+    the real kernel, whose code is then unchanged by them).
     """
     rest = list(rest)
     hs_ref = dhs_ref = ks_ref = conn_ref = last_ref = None
@@ -297,11 +315,14 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         kf = _load(k_s.at[:, cols], _WGMMA, interpret).astype(F32)
         ends = [_load(marks_s.at[2 * blk + 1, cols], _COLS, interpret) for blk in range(NSUB)]
         mids = [_load(marks_s.at[2 * blk, cols], _COLS, interpret) for blk in range(NSUB)]
-        to_end = jnp.exp(_per_block(blocks, ends, shape) - g)  # e^{r_J - gamma}, block J's rows
-        past = [_masked_exp(g - _cols(ends[blk], shape), blocks > blk)
-                for blk in range(NSUB - 1)]
-        mid = _per_block(blocks, mids, shape)
-        halfway = jnp.exp(jnp.where(second, g - mid, mid - g))  # both exponents <= 0
+        if "no_factors" in ablations:  # timing ablation: unit factors (wrong numbers)
+            to_end, past, halfway = 1.0, [1.0] * (NSUB - 1), 1.0
+        else:
+            to_end = jnp.exp(_per_block(blocks, ends, shape) - g)  # e^{r_J - gamma}, J's rows
+            past = [_masked_exp(g - _cols(ends[blk], shape), blocks > blk)
+                    for blk in range(NSUB - 1)]
+            mid = _per_block(blocks, mids, shape)
+            halfway = jnp.exp(jnp.where(second, g - mid, mid - g))  # both exponents <= 0
         x_w[...] = (kf * to_end).astype(dtype)
         x2_w[...] = jnp.where(second, 0.0, kf * halfway).astype(dtype)
         kpad.at[pl.ds(HALF, CHUNK), data][...] = kf.astype(dtype)
@@ -316,8 +337,11 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             plgpu.commit_smem()
             free, quad_m = free_s.at[mat], quad_s.at[mat]
             # Row direction: da_i = sum_J e^{gamma_i - r_J} (dM_iJ X_J), then the quadrants.
-            prods = _products(shape, [(free.at[:, blk_sl[blk]], x_w.at[blk_sl[blk]])
-                                      for blk in range(NSUB - 1)] + [(quad_m, x2_w)])
+            if "no_mma" in ablations:  # timing ablation: no wgmma (k stands in, wrong)
+                prods = [kf] * NSUB
+            else:
+                prods = _products(shape, [(free.at[:, blk_sl[blk]], x_w.at[blk_sl[blk]])
+                                          for blk in range(NSUB - 1)] + [(quad_m, x2_w)])
             da = past[0] * prods[0]
             for blk in range(1, NSUB - 1):
                 da = da + past[blk] * prods[blk]
@@ -325,8 +349,11 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             # Column direction: db_j = e^{r_J - gamma_j} sum_i dM_ij a_i e^{gamma_i - r_J}.
             free_t = mgl.transposed(free, mt_s.at[wg, 0] if interpret else None, interpret)
             quad_t = mgl.transposed(quad_m, mt_s.at[wg, 1] if interpret else None, interpret)
-            prods = _products(shape, [(free_t, y_w.at[blk]) for blk in range(NSUB - 1)]
-                              + [(quad_t, y_w.at[NSUB - 1])])
+            if "no_mma" in ablations:  # timing ablation: no wgmma (a stands in, wrong)
+                prods = [a] * NSUB
+            else:
+                prods = _products(shape, [(free_t, y_w.at[blk]) for blk in range(NSUB - 1)]
+                                  + [(quad_t, y_w.at[NSUB - 1])])
             db = jnp.where(blocks == 0, prods[0], 0.0)
             for blk in range(1, NSUB - 1):
                 db = db + jnp.where(blocks == blk, prods[blk], 0.0)
@@ -346,6 +373,10 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
                 a_next = _load(apad.at[pl.ds(d, CHUNK), data], _WGMMA, interpret)
                 c_row, c_col = (mgl.by_row(_load(coef_s.at[mat, side, d, pl.ds(0, CHUNK)],
                                                  _ROWS, interpret), shape) for side in (0, 1))
+                if "no_factors" in ablations:  # timing ablation: unit factors (wrong)
+                    da = da + jnp.where(back, c_row * k_prev.astype(F32), 0.0)
+                    db = db + jnp.where(fwd, c_col * a_next.astype(F32), 0.0)
+                    return da, db
                 # Shifted-out rows read the pads: masked after the product (no 0 * garbage).
                 da = da + jnp.where(back, c_row * k_prev.astype(F32)
                                     * _masked_exp(g - g_prev, back), 0.0)
@@ -353,6 +384,8 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
                                     * _masked_exp(g_next - g, fwd), 0.0)
                 return da, db
 
+            if "no_band" in ablations:  # timing ablation: d = 0 only (wrong numbers)
+                return da, db
             return lax.fori_loop(1, HALF, step, (da, db))
 
         qf = _load(q_s.at[:, cols], _WGMMA, interpret).astype(F32)
@@ -362,6 +395,9 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         dkr, dk_k = matrix_pass(1, krf)
         if fused:  # K2: the partials stay in registers for the epilogue
             return dq, dkr, dk_q + dk_k
+        if "no_store" in ablations:  # timing ablation: one SMEM store keeps the work alive
+            sc["sink"].at[wg].at[:, data][...] = dq + dkr + (dk_q + dk_k)
+            return None
         out = pl.ds(half * KEY_HALF + first, slab)
         dq_ref.at[b, tok, h, out][...] = dq
         dkr_ref.at[b, tok, h, out][...] = dkr
@@ -372,7 +408,8 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         partials = slab_pass(wg * WG_KEYS)
         _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref,
                   dks_ref, dg_ref, wg=wg, n=n, h=h, b=b, half=half, scale=scale,
-                  has_docs=has_docs, ks_channels=ks_channels, interpret=interpret)
+                  has_docs=has_docs, ks_channels=ks_channels, interpret=interpret,
+                  ablations=ablations)
     elif slab == WG_KEYS:
         slab_pass(wg * WG_KEYS)
     else:
@@ -402,13 +439,15 @@ def _split3(x):
 
 
 def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref, dks_ref,
-              dg_ref, *, wg, n, h, b, half, scale, has_docs, ks_channels, interpret):
+              dg_ref, *, wg, n, h, b, half, scale, has_docs, ks_channels, interpret,
+              ablations=frozenset()):
     """K2's epilogue for warpgroup ``wg``'s 32 channels (``backward_chunk`` + the kr chain).
 
     ``partials = (dq_M, dkr_M, dk_M)``, K1's fp32 results in registers. Equations: module
     docstring (K2). The phase-1 inputs ``dO, dR, Vn`` are copied again (their SMEM held the y
     tiles) and ``S_0``, ``dS_C`` of the half land where the dM copies were, so a CTA barrier
-    first waits until both warpgroups have left phase 2.
+    first waits until both warpgroups have left phase 2. ``ablations``: as :func:`_kernel`'s
+    (``no_state``, ``no_cumsum``, ``no_store`` act here).
     """
     dq_m, dkr_m, dk_m = partials
     lhs_s, vn_s, s0_s, dsc_s, epi_bar = sc["lhs"], sc["vn"], sc["s0"], sc["dsc"], sc["epi_bar"]
@@ -418,24 +457,31 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_
     plgpu.barrier_arrive(sc["epi_sync"])
     plgpu.barrier_wait(sc["epi_sync"])
 
-    @pl.when(wg == 0)
-    def _copies():
-        plgpu.copy_gmem_to_smem(do_ref.at[b, tok, h], lhs_s.at[0], epi_bar)
-        plgpu.copy_gmem_to_smem(dr_ref.at[b, tok, h], lhs_s.at[1], epi_bar)
-        plgpu.copy_gmem_to_smem(vn_ref.at[b, tok, h], vn_s, epi_bar)
-        plgpu.copy_gmem_to_smem(hs_ref.at[b, h, n, keys], s0_s, epi_bar)
-        plgpu.copy_gmem_to_smem(dhs_ref.at[b, h, n, keys], dsc_s, epi_bar)
+    no_state = "no_state" in ablations  # timing ablation: no copies, no state products
+    if not no_state:
+        @pl.when(wg == 0)
+        def _copies():
+            plgpu.copy_gmem_to_smem(do_ref.at[b, tok, h], lhs_s.at[0], epi_bar)
+            plgpu.copy_gmem_to_smem(dr_ref.at[b, tok, h], lhs_s.at[1], epi_bar)
+            plgpu.copy_gmem_to_smem(vn_ref.at[b, tok, h], vn_s, epi_bar)
+            plgpu.copy_gmem_to_smem(hs_ref.at[b, h, n, keys], s0_s, epi_bar)
+            plgpu.copy_gmem_to_smem(dhs_ref.at[b, h, n, keys], dsc_s, epi_bar)
 
     shape = (CHUNK, WG_KEYS)
     first = pl.multiple_of(wg * WG_KEYS, WG_KEYS)
     cols = pl.ds(first, WG_KEYS)
-    plgpu.barrier_wait(epi_bar)
-    s0_w = mgl.transposed(s0_s.at[cols], sc["s0t"].at[wg] if interpret else None, interpret)
-    dsc_w = mgl.transposed(dsc_s.at[cols], sc["dsct"].at[wg] if interpret else None, interpret)
-    # dO S_0^T, dR S_0^T, Vn dS_C^T ([64, V] @ [V, 32]) and dS_C S_0^T, whose diagonal is
-    # de_all = rowsum(S_0 * dS_C) of these channels (exact products, fp32 sums).
-    p_dq, p_dkr, p_dk, p_de = _products(shape, [(lhs_s.at[0], s0_w), (lhs_s.at[1], s0_w),
-                                                (vn_s, dsc_w), (dsc_s, s0_w)])
+    if no_state:  # K1's partials stand in for the products (wrong numbers)
+        p_dq, p_dkr, p_dk, p_de = dq_m, dkr_m, dk_m, dk_m
+    else:
+        plgpu.barrier_wait(epi_bar)
+        s0_w = mgl.transposed(s0_s.at[cols], sc["s0t"].at[wg] if interpret else None,
+                              interpret)
+        dsc_w = mgl.transposed(dsc_s.at[cols], sc["dsct"].at[wg] if interpret else None,
+                               interpret)
+        # dO S_0^T, dR S_0^T, Vn dS_C^T ([64, V] @ [V, 32]) and dS_C S_0^T, whose diagonal is
+        # de_all = rowsum(S_0 * dS_C) of these channels (exact products, fp32 sums).
+        p_dq, p_dkr, p_dk, p_de = _products(shape, [(lhs_s.at[0], s0_w), (lhs_s.at[1], s0_w),
+                                                    (vn_s, dsc_w), (dsc_s, s0_w)])
     rows, chan = mgl.iota(shape, 0, interpret), mgl.iota(shape, 1, interpret)
     de_all = jnp.sum(jnp.where(rows == chan + first, p_de, 0.0), axis=0)
     g = _load(sc["g"].at[:, cols], _WGMMA, interpret)
@@ -473,12 +519,24 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_
     dk_out = (dk + ksf * dkr).astype(dtype)
     dks = kf * dkr
     out = pl.ds(half * KEY_HALF + first, WG_KEYS)
-    dq_ref.at[b, tok, h, out][...] = dq  # stored before the cumsum: fewer live registers
-    dk_ref.at[b, tok, h, out][...] = dk_out
-    if ks_channels:
-        dks_ref.at[b, tok, h, out][...] = dks
-    else:  # per token: this warpgroup's 32 channels, summed in XLA over the partials
-        dks_ref.at[b, h, 2 * half + wg, tok][...] = jnp.sum(dks, axis=1)
+    no_store = "no_store" in ablations
+    if no_store:  # timing ablation: one SMEM store of the sum keeps the work alive
+        dks_t = dks if ks_channels else mgl.by_row(jnp.sum(dks, axis=1), shape)
+        sink = sc["sink"].at[wg].at[:, pl.ds(0, WG_KEYS)]
+        sink[...] = dq.astype(F32) + dk_out.astype(F32) + dks_t
+    else:
+        dq_ref.at[b, tok, h, out][...] = dq  # stored before the cumsum: fewer live registers
+        dk_ref.at[b, tok, h, out][...] = dk_out
+        if ks_channels:
+            dks_ref.at[b, tok, h, out][...] = dks
+        else:  # per token: this warpgroup's 32 channels, summed in XLA over the partials
+            dks_ref.at[b, h, 2 * half + wg, tok][...] = jnp.sum(dks, axis=1)
+    if "no_cumsum" in ablations:  # timing ablation: dg = dgam (wrong numbers)
+        if no_store:
+            sink[...] = dgam
+        else:
+            dg_ref.at[b, tok, h, out][...] = dgam
+        return
     # dg: the within-chunk reverse cumsum of dgam, U @ dgam with U_ij = [j >= i] (exact in
     # bf16) on the three exact bf16 pieces of dgam: every product term is exact, the sums fp32.
     piece, upper = sc["piece"].at[wg], sc["upper"].at[wg]
@@ -489,13 +547,17 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_
     upper[...] = jnp.where(j >= i, 1.0, 0.0).astype(BF16)
     plgpu.commit_smem()
     lo, mid, hi = _products(shape, [(upper, piece.at[t]) for t in (2, 1, 0)])
-    dg_ref.at[b, tok, h, out][...] = (lo + mid) + hi
+    if no_store:
+        sink[...] = (lo + mid) + hi
+    else:
+        dg_ref.at[b, tok, h, out][...] = (lo + mid) + hi
 
 
-def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None):
+def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, sink=False):
     """``(scratch_types, names)`` of the kernel: the SMEM buffers and barriers (K1's, in K1's
     order; K2 unions two groups with its epilogue buffers and appends its own) and their
-    names as the kernel receives them (a tuple of member names per RefUnion)."""
+    names as the kernel receives them (a tuple of member names per RefUnion). ``sink``: the
+    ``no_store`` ablation's fp32 ``[64, slab]`` buffer per warpgroup, appended last."""
     pitch = slab + PAD_COLS  # row pitch of the unswizzled shift buffers
     phase1 = [mgl.swizzled_smem((2, CHUNK, dv), dtype),  # lhs: dO, dR
               mgl.swizzled_smem((CHUNK, dv), dtype)]  # vn
@@ -571,7 +633,34 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None):
             scratch += [plgpu.SMEM((2, dv, WG_KEYS), dtype),  # s0t: S_0^T rows per warpgroup
                         plgpu.SMEM((2, dv, WG_KEYS), dtype)]  # dsct: dS_C^T
             names += ["s0t", "dsct"]
+    if sink:  # the no_store ablation's target (20 KB at slab 32; only in that variant)
+        scratch.append(plgpu.SMEM((2, CHUNK, slab + PAD_COLS), F32))
+        names.append("sink")
     return scratch, tuple(names)
+
+
+def check_ablations(ablations, allowed) -> Tuple[str, ...]:
+    """``ablations`` (a tuple of names from ``allowed``, :data:`K1_ABLATIONS` or
+    :data:`K2_ABLATIONS`) sorted; ``()`` is the real kernel.
+
+    Raises:
+        ValueError: ``ablations`` not a tuple, a name not in ``allowed``, or a name twice.
+    """
+    if not isinstance(ablations, tuple):
+        raise ValueError(f"ablations must be a tuple of names in {allowed}, got {ablations!r}")
+    for name in ablations:
+        if name not in allowed:
+            raise ValueError(f"ablation {name!r} not in {allowed} (timing ablations, "
+                             "MOSAIC_GPU.md Sec. 22)")
+    if len(set(ablations)) != len(ablations):
+        raise ValueError(f"ablations must not repeat a name, got {ablations!r}")
+    return tuple(sorted(ablations))
+
+
+def ablated_name(base: str, ablations: Tuple[str, ...]) -> str:
+    """The kernel name of an ablated variant: ``base`` for ``()``, else
+    ``base + "_abl_" + "_".join(sorted names)`` (the profiler lists each variant apart)."""
+    return base if not ablations else base + "_abl_" + "_".join(sorted(ablations))
 
 
 def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
@@ -612,7 +701,7 @@ def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
         raise ValueError(f"doc must be [B, T] = {(batch, seq_len)}, got {doc.shape}")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "slab", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "slab", "interpret", "ablations"))
 def channelwise_grad_intra_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -626,6 +715,7 @@ def channelwise_grad_intra_mosaic(
     doc: Optional[jax.Array] = None,
     slab: int = SLAB,
     interpret: bool = False,
+    ablations: Tuple[str, ...] = (),
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The gradients through ``Mq`` and ``Mk`` of KDA / GDN-2 in one Mosaic GPU kernel (K1).
 
@@ -657,16 +747,23 @@ def channelwise_grad_intra_mosaic(
             (two; fewer live registers, if ptxas spills at 32). Same results up to fp32
             summation order (static).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+        ablations: timing ablations, names in :data:`K1_ABLATIONS` (static; benchmarks only,
+            ``benchmarks/profile_grad.py``, MOSAIC_GPU.md Sec. 22). ``()``, the default, is the
+            real kernel; any other value returns wrong numbers by design: ``no_band`` skips
+            the band's 7 shifted steps, ``no_mma`` phase 2's ``wgmma`` groups, ``no_factors``
+            the decay factors (unit factors), ``no_store`` the GMEM stores (the outputs are
+            then left unwritten: garbage).
 
     Returns:
         ``(dq, dk, dkr)``: fp32 ``[B, T, H, K]`` each, the partials ``backward_chunk`` adds.
         A ``T`` that is not a multiple of 64 is zero-padded inside.
 
     Raises:
-        ValueError: as :func:`check_inputs` (shapes, 16-bit dtype, head dims), or for a
-            ``slab`` not in (16, 32).
+        ValueError: as :func:`check_inputs` (shapes, 16-bit dtype, head dims), for a
+            ``slab`` not in (16, 32), or as :func:`check_ablations`.
     """
     check_inputs(q, k, kr, gamma, do, vn, dr, doc)
+    ablations = check_ablations(ablations, K1_ABLATIONS)
     if slab not in SLABS:
         raise ValueError(f"slab must be one of {SLABS}, got {slab!r}")
     batch, seq_len, heads, dk = q.shape
@@ -682,9 +779,11 @@ def channelwise_grad_intra_mosaic(
         extra = (doc.astype(F32),)
     halves = dk // KEY_HALF
     dtype = q.dtype
-    scratch, names = _scratch(dtype, dv, slab, has_docs, interpret)
+    scratch, names = _scratch(dtype, dv, slab, has_docs, interpret,
+                              sink="no_store" in ablations)
+    extra_kw = dict(ablations=frozenset(ablations)) if ablations else {}
     kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
-                               slab=slab, interpret=interpret, names=names)
+                               slab=slab, interpret=interpret, names=names, **extra_kw)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)
     call = plgpu.kernel(
         kernel,
@@ -696,7 +795,7 @@ def channelwise_grad_intra_mosaic(
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=KERNEL_NAME,
+        kernel_name=ablated_name(KERNEL_NAME, ablations),
     )
     with jax.named_scope(KERNEL_NAME):
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
@@ -725,7 +824,7 @@ def check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
                              f"{q.dtype}, got {x.shape} {x.dtype}")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "ablations"))
 def channelwise_grad_chunk_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -741,6 +840,7 @@ def channelwise_grad_chunk_mosaic(
     scale: float,
     doc: Optional[jax.Array] = None,
     interpret: bool = False,
+    ablations: Tuple[str, ...] = (),
 ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """K2: K1, ``backward_chunk`` and the ``kr`` chain rule in one Mosaic GPU kernel.
 
@@ -772,6 +872,13 @@ def channelwise_grad_chunk_mosaic(
         dhs: the chunks' exit-state cotangents ``dS_C`` ``[B, H, N, K, V]`` in q's dtype
             (``backward_state``'s).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+        ablations: timing ablations, names in :data:`K2_ABLATIONS` (static; benchmarks only,
+            MOSAIC_GPU.md Sec. 22; ``()``, the default, is the real kernel, anything else
+            returns wrong numbers by design): K1's four (:func:`channelwise_grad_intra_mosaic`;
+            ``no_store`` also skips the epilogue's stores and needs 20 KB more SMEM, too much
+            with an fp32 per-channel ``ks`` at V = 128), ``no_state`` (the epilogue's second
+            TMA copies and its four state products skipped, K1's partials in their place) and
+            ``no_cumsum`` (``dg = dgam``: no split, no ``U`` products).
 
     Returns:
         ``(dq, dk, dks, dg)``: ``dq`` and ``dk`` (the chain rule applied) ``[B, T, H, K]`` in
@@ -779,9 +886,10 @@ def channelwise_grad_chunk_mosaic(
         the log-decay g).
 
     Raises:
-        ValueError: as :func:`check_chunk_inputs`.
+        ValueError: as :func:`check_chunk_inputs` or :func:`check_ablations`.
     """
     check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc)
+    ablations = check_ablations(ablations, K2_ABLATIONS)
     batch, seq_len, heads, dk = q.shape
     dv = do.shape[-1]
     num_chunks = -(-seq_len // CHUNK)
@@ -809,10 +917,11 @@ def channelwise_grad_chunk_mosaic(
         extra = (doc.astype(F32), conn, last)
     dtype = q.dtype
     scratch, names = _scratch(dtype, dv, WG_KEYS, has_docs, interpret, fused=True,
-                              ks_smem=ks_smem)
+                              ks_smem=ks_smem, sink="no_store" in ablations)
+    extra_kw = dict(ablations=frozenset(ablations)) if ablations else {}
     kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
                                slab=WG_KEYS, interpret=interpret, names=names, fused=True,
-                               ks_channels=ks_channels)
+                               ks_channels=ks_channels, **extra_kw)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), dtype)
     dks_type = (jax.ShapeDtypeStruct((batch, padded, heads, dk), F32) if ks_channels
                 else jax.ShapeDtypeStruct((batch, heads, 2 * halves, padded), F32))
@@ -826,7 +935,7 @@ def channelwise_grad_chunk_mosaic(
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=K2_KERNEL_NAME,
+        kernel_name=ablated_name(K2_KERNEL_NAME, ablations),
     )
     with jax.named_scope(K2_KERNEL_NAME):
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)

@@ -10,6 +10,8 @@ entry states ``hs``, exit cotangents ``dhs`` and the kr scale ``ks``.
   per-channel ``ks``, with and without documents; the SMEM counts pinned (the limit is
   232,448 bytes); the KDA and GDN-2 forward + backward with ``grad_pass="mosaic_fused"``
   export with K2 and neither ``grad_blocks`` nor ``backward_chunk``.
+* ``AblationTest`` (CI): the timing ablations (MOSAIC_GPU.md Sec. 22) export for CUDA under
+  their kernel names; the default equals ``ablations=()``; bad names are refused.
 * ``ValidationTest`` (CI): the ValueErrors and the fp32 fallback to Triton.
 * ``InterpretTest`` (``slow``, one case per test): K2 in Mosaic GPU interpret mode
   (``detect_races=True``) and the Triton path (``_grad_blocks`` + ``backward_chunk`` in Pallas
@@ -235,8 +237,10 @@ class OpInterpretTest(parameterized.TestCase):
         print(op, "rel RMS (K2 vs fp32 ref, Triton vs fp32 ref, K2 vs K1):", errs)
 
 
-def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.float32):
-    """Exports K2 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``."""
+def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.float32,
+                   ablations=None):
+    """Exports K2 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``. ``ablations``:
+    passed on unless ``None`` (then the kernel's default)."""
     from jax.experimental.mosaic.gpu import core as mgpu_core
 
     batch, seq_len, heads = 1, 200, 2
@@ -256,7 +260,8 @@ def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.flo
         return sizes[-1]
 
     def fn(*args, doc=None):
-        return k2.channelwise_grad_chunk_mosaic(*args, scale=0.1, doc=doc)
+        return k2.channelwise_grad_chunk_mosaic(
+            *args, scale=0.1, doc=doc, **({} if ablations is None else dict(ablations=ablations)))
 
     with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
         exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, doc=doc)
@@ -299,6 +304,35 @@ class LoweringTest(parameterized.TestCase):
         for name in (k2.K2_KERNEL_NAME, cwm.KERNEL_NAME, cwm.BWD_KERNEL_NAME):
             self.assertIn(name, text)
         self.assertEqual(names, collections.Counter(["gamma", "intra", "prepare", "wu"]))
+
+
+class AblationTest(parameterized.TestCase):
+    """K2's timing ablations (``ablations``, MOSAIC_GPU.md Sec. 22) at S1's K = V = 128 with a
+    per-token ``ks``: each lowers for CUDA under its own kernel name and fits in SMEM; the
+    default is ``()`` and its module is the real kernel's; bad names are refused."""
+
+    @parameterized.parameters(*[(name,) for name in k2.K2_ABLATIONS])
+    def test_each_ablation_exports_under_its_name(self, name):
+        text, smem = _export_kernel(128, 128, jnp.bfloat16, docs=False, ablations=(name,))
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn(f'{k2.K2_KERNEL_NAME}_abl_{name}\\00', text)  # the name, NUL-terminated
+        self.assertLessEqual(smem, _SMEM_LIMIT)
+
+    def test_default_is_the_real_kernel(self):
+        default, smem = _export_kernel(128, 128, jnp.bfloat16, docs=False)
+        self.assertEqual(
+            k1_test.without_test_locations(
+                _export_kernel(128, 128, jnp.bfloat16, docs=False, ablations=())[0]),
+            k1_test.without_test_locations(default))
+        self.assertNotIn("_abl_", default)
+        self.assertEqual(smem, _SMEM_K128_V128)
+
+    def test_rejects_bad_ablations(self):
+        args = ValidationTest()._args()
+        for bad, msg in ((("nope",), "not in"), (("no_cumsum", "no_cumsum"), "repeat"),
+                         ("no_state", "tuple")):
+            with self.assertRaisesRegex(ValueError, msg):
+                k2.channelwise_grad_chunk_mosaic(*args, scale=0.1, ablations=bad)
 
 
 class ValidationTest(parameterized.TestCase):

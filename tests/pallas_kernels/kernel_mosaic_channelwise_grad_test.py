@@ -12,6 +12,9 @@ forward: ``channelwise_gpu``'s ``gamma``, ``intra``, ``prepare``, ``wu`` and ``f
   pinned (Mosaic GPU's own count; the limit is 232,448 bytes); the whole KDA forward +
   backward with ``grad_pass="mosaic"`` exports with K1 in place of ``grad_blocks`` (and GDN-2
   with both Mosaic state passes as well).
+* ``AblationTest`` (CI): the timing ablations (``ablations``, MOSAIC_GPU.md Sec. 22) export
+  for CUDA under their kernel names; the default equals ``ablations=()`` (same module text);
+  bad names are refused; ``channelwise_gpu`` (the op) never passes them.
 * ``ValidationTest`` (CI): the ValueErrors (fp32, head dims, shapes, ``grad_pass``) and the
   fp32 fallback to Triton.
 * ``InterpretTest`` (``slow``, one case per test): K1 in Mosaic GPU interpret mode
@@ -256,8 +259,9 @@ class OpInterpretTest(parameterized.TestCase):
                                  f"{op} d{name} vs the fp32 reference")
 
 
-def _export_kernel(dk, dv, dtype, docs=True, slab=k1.SLAB):
-    """Exports K1 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``."""
+def _export_kernel(dk, dv, dtype, docs=True, slab=k1.SLAB, ablations=None):
+    """Exports K1 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``. ``ablations``:
+    passed on unless ``None`` (then the kernel's default)."""
     from jax.experimental.mosaic.gpu import core as mgpu_core
 
     batch, seq_len, heads = 1, 200, 2
@@ -274,7 +278,9 @@ def _export_kernel(dk, dv, dtype, docs=True, slab=k1.SLAB):
         return sizes[-1]
 
     def fn(*args, doc=None):
-        return k1.channelwise_grad_intra_mosaic(*args, scale=0.1, doc=doc, slab=slab)
+        return k1.channelwise_grad_intra_mosaic(
+            *args, scale=0.1, doc=doc, slab=slab,
+            **({} if ablations is None else dict(ablations=ablations)))
 
     with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
         exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, doc=doc)
@@ -343,6 +349,46 @@ class LoweringTest(parameterized.TestCase):
             self.assertIn(name, text)
         self.assertEqual(names, collections.Counter(
             ["gamma", "intra", "prepare", "wu", "backward_chunk"]))
+
+
+def without_test_locations(text):
+    """Exported module text without the location lines that point into a test file (the
+    call sites of the two exports being compared differ)."""
+    return re.sub(r'(?m)^#loc\d+ = loc\("[^"]*_test\.py".*$', "", text)
+
+
+class AblationTest(parameterized.TestCase):
+    """The timing ablations (``ablations``, MOSAIC_GPU.md Sec. 22): each lowers for CUDA under
+    its own kernel name; the default is ``()`` and its module is the real kernel's; bad names
+    are refused; the op never passes them."""
+
+    @parameterized.parameters(*[(name,) for name in k1.K1_ABLATIONS])
+    def test_each_ablation_exports_under_its_name(self, name):
+        text, smem = _export_kernel(128, 128, jnp.bfloat16, docs=False, ablations=(name,))
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn(f'{k1.KERNEL_NAME}_abl_{name}\\00', text)  # the name, NUL-terminated
+        self.assertLessEqual(smem, _SMEM_LIMIT)
+
+    def test_default_is_the_real_kernel(self):
+        default, smem = _export_kernel(128, 128, jnp.bfloat16, docs=False)
+        self.assertEqual(
+            without_test_locations(
+                _export_kernel(128, 128, jnp.bfloat16, docs=False, ablations=())[0]),
+            without_test_locations(default))  # the Mosaic GPU module (and its hash) included
+        self.assertNotIn("_abl_", default)
+        self.assertEqual(smem, _SMEM_K128_V128)
+        both = _export_kernel(128, 128, jnp.bfloat16, docs=False,
+                              ablations=("no_store", "no_band"))[0]
+        self.assertIn(f'{k1.KERNEL_NAME}_abl_no_band_no_store\\00', both)  # sorted
+
+    def test_rejects_bad_ablations_and_the_op_never_passes_them(self):
+        args = ValidationTest()._args()
+        for bad, msg in ((("no_state",), "not in"), (("nope",), "not in"),
+                         (("no_band", "no_band"), "repeat"), ("no_band", "tuple")):
+            with self.assertRaisesRegex(ValueError, msg):
+                k1.channelwise_grad_intra_mosaic(*args, scale=0.1, ablations=bad)
+        import inspect
+        self.assertNotIn("ablation", inspect.getsource(channelwise_gpu))
 
 
 class ValidationTest(parameterized.TestCase):
