@@ -663,6 +663,23 @@ def ablated_name(base: str, ablations: Tuple[str, ...]) -> str:
     return base if not ablations else base + "_abl_" + "_".join(sorted(ablations))
 
 
+def _launch(kernel, out_type, scratch, grid, name: str, interpret: bool):
+    """K1's and K2's ``plgpu.kernel``: grid ``(chunks x halves, H, B)`` named ``("n", "h",
+    "b")``, two warpgroups (``"wg"``), GPU interpret mode when ``interpret``."""
+    return plgpu.kernel(
+        kernel,
+        out_type=out_type,
+        scratch_types=scratch,
+        grid=grid,
+        grid_names=("n", "h", "b"),
+        num_threads=2,
+        thread_name="wg",
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name=name,
+    )
+
+
 def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
     """The input contract of :func:`channelwise_grad_intra_mosaic`.
 
@@ -785,18 +802,8 @@ def channelwise_grad_intra_mosaic(
     kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
                                slab=slab, interpret=interpret, names=names, **extra_kw)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)
-    call = plgpu.kernel(
-        kernel,
-        out_type=(tok, tok, tok),
-        scratch_types=scratch,
-        grid=(num_chunks * halves, heads, batch),
-        grid_names=("n", "h", "b"),
-        num_threads=2,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
-        interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=ablated_name(KERNEL_NAME, ablations),
-    )
+    call = _launch(kernel, (tok, tok, tok), scratch, (num_chunks * halves, heads, batch),
+                   ablated_name(KERNEL_NAME, ablations), interpret)
     with jax.named_scope(KERNEL_NAME):
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
         dq, dk_out, dkr = call(q, k, kr, gamma, g8, do, vn, dr, *extra)
@@ -925,18 +932,10 @@ def channelwise_grad_chunk_mosaic(
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), dtype)
     dks_type = (jax.ShapeDtypeStruct((batch, padded, heads, dk), F32) if ks_channels
                 else jax.ShapeDtypeStruct((batch, heads, 2 * halves, padded), F32))
-    call = plgpu.kernel(
-        kernel,
-        out_type=(tok, tok, dks_type, jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)),
-        scratch_types=scratch,
-        grid=(num_chunks * halves, heads, batch),
-        grid_names=("n", "h", "b"),
-        num_threads=2,
-        thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
-        interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=ablated_name(K2_KERNEL_NAME, ablations),
-    )
+    call = _launch(kernel, (tok, tok, dks_type,
+                            jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)),
+                   scratch, (num_chunks * halves, heads, batch),
+                   ablated_name(K2_KERNEL_NAME, ablations), interpret)
     with jax.named_scope(K2_KERNEL_NAME):
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
         dq, dk_out, dks, dg = call(q, k, kr, gamma, g8, do, vn, dr, hs, dhs, ks_in, *extra)

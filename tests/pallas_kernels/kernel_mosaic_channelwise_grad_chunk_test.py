@@ -160,19 +160,9 @@ def _check_kernel(test, case, *, interpret=True):
     print("rel RMS (K2 vs float64, Triton vs float64, K2 vs Triton):", errs)
 
 
-# seed, B, T, H, K, V, dtype, document lengths (row 0; the rest one more), decay, h0, GDN-2.
-# Documents at a chunk boundary (64), just after one (65) and inside chunks; decay 10 reaches
-# about -20 per token.
-_CASES = (
-    ("kda_bf16_strong_decay_T150_K128_V128", 0, 1, 150, 1, 128, 128, jnp.bfloat16,
-     (64, 1, 40), 10.0, True, False),
-    ("gdn2_bf16_T192_K64_V128", 1, 1, 192, 2, 64, 128, jnp.bfloat16, (30, 98, 1), 1.0, False,
-     True),
-    ("kda_fp16_strong_decay_partial_T65_K64_V64", 2, 2, 65, 1, 64, 64, jnp.float16, (63,),
-     10.0, True, False),
-    ("gdn2_fp16_T192_K128_V64", 3, 1, 192, 1, 128, 64, jnp.float16, (63, 2, 60), 1.0, True,
-     True),
-)
+# K1's cases (kernel_mosaic_channelwise_grad_test._CASES): documents at, just after and inside
+# chunk boundaries, log-decays to about -20 per token, fp16, partial chunks, GDN-2.
+_CASES = k1_test._CASES
 
 
 @pytest.mark.slow
