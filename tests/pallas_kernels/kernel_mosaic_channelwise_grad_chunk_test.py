@@ -42,6 +42,7 @@ from pallas_kernels.common import channelwise_mosaic_gpu as cwm
 from tests import tolerances
 from tests.pallas_kernels import kernel_gpu_channelwise_test as cw_test
 from tests.pallas_kernels import kernel_mosaic_channelwise_grad_test as k1_test
+from tests.pallas_kernels import kernel_mosaic_channelwise_test as kmc_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 C = k2.CHUNK
@@ -231,8 +232,6 @@ def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.flo
                    ablations=None):
     """Exports K2 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``. ``ablations``:
     passed on unless ``None`` (then the kernel's default)."""
-    from jax.experimental.mosaic.gpu import core as mgpu_core
-
     batch, seq_len, heads = 1, 200, 2
     n = -(-seq_len // C)
     spec = jax.ShapeDtypeStruct
@@ -242,20 +241,12 @@ def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.flo
             + [spec((batch, heads, n, dk, dv), dtype)] * 2
             + [spec((batch, seq_len, heads, dv), dtype)] * 3)
     doc = spec((batch, seq_len), jnp.int32) if docs else None
-    sizes = []
-    count = mgpu_core._smem_tree_size
-
-    def spy(buffers):
-        sizes.append(count(buffers))
-        return sizes[-1]
 
     def fn(*args, doc=None):
         return k2.channelwise_grad_chunk_mosaic(
             *args, scale=0.1, doc=doc, **({} if ablations is None else dict(ablations=ablations)))
 
-    with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
-        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, doc=doc)
-    return exported.mlir_module(), max(sizes)
+    return kmc_test.export_cuda_counting_smem(fn, *args, doc=doc)
 
 
 class LoweringTest(parameterized.TestCase):

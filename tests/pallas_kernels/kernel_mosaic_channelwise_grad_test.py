@@ -262,29 +262,19 @@ class OpInterpretTest(parameterized.TestCase):
 def _export_kernel(dk, dv, dtype, docs=True, slab=k1.SLAB, ablations=None):
     """Exports K1 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``. ``ablations``:
     passed on unless ``None`` (then the kernel's default)."""
-    from jax.experimental.mosaic.gpu import core as mgpu_core
-
     batch, seq_len, heads = 1, 200, 2
     spec = jax.ShapeDtypeStruct
     args = ([spec((batch, seq_len, heads, dk), dtype)] * 3
             + [spec((batch, seq_len, heads, dk), jnp.float32)]
             + [spec((batch, seq_len, heads, dv), dtype)] * 3)
     doc = spec((batch, seq_len), jnp.int32) if docs else None
-    sizes = []
-    count = mgpu_core._smem_tree_size
-
-    def spy(buffers):
-        sizes.append(count(buffers))
-        return sizes[-1]
 
     def fn(*args, doc=None):
         return k1.channelwise_grad_intra_mosaic(
             *args, scale=0.1, doc=doc, slab=slab,
             **({} if ablations is None else dict(ablations=ablations)))
 
-    with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
-        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, doc=doc)
-    return exported.mlir_module(), max(sizes)
+    return kmc_test.export_cuda_counting_smem(fn, *args, doc=doc)
 
 
 def _export_op(op, tuning):

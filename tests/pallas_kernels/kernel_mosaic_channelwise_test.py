@@ -326,24 +326,34 @@ class OpInterpretTest(parameterized.TestCase):
                             f"{op} d{name}")
 
 
-def _export_kernel(dk, dv, dtype, stores, alias=False, backward=False):
-    """Exports the forward kernel (``stores``: ``hs`` and ``Vn``) or the reverse one
-    (``backward``; ``stores``: with ``dvn_in``) for CUDA; returns ``(mlir text, Mosaic GPU's
-    SMEM count)``."""
+def export_cuda_counting_smem(fn, *args, **kwargs):
+    """``jax.export`` of ``jax.jit(fn)(*args, **kwargs)`` for CUDA on this (CPU) host; returns
+    ``(mlir text, the largest SMEM count Mosaic GPU checked)`` (``core._smem_tree_size``, what
+    it compares with the 227 KB a block may have)."""
     from jax.experimental.mosaic.gpu import core as mgpu_core
 
-    batch, seq_len, heads = 1, 200, 2
-    n_chunks = -(-seq_len // C)
-    tok = [jnp.zeros((batch, seq_len, heads, d), dtype) for d in (dk, dk, dk, dv)]
-    mq = jnp.zeros((batch, heads, n_chunks, C, C), dtype)
-    e_all = jnp.zeros((batch, heads, n_chunks, dk), jnp.float32)
-    h0 = jnp.zeros((batch, heads, dk, dv), jnp.float32)
     sizes = []
     count = mgpu_core._smem_tree_size
 
     def spy(buffers):
         sizes.append(count(buffers))
         return sizes[-1]
+
+    with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
+        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*args, **kwargs)
+    return exported.mlir_module(), max(sizes)
+
+
+def _export_kernel(dk, dv, dtype, stores, alias=False, backward=False):
+    """Exports the forward kernel (``stores``: ``hs`` and ``Vn``) or the reverse one
+    (``backward``; ``stores``: with ``dvn_in``) for CUDA; returns ``(mlir text, Mosaic GPU's
+    SMEM count)``."""
+    batch, seq_len, heads = 1, 200, 2
+    n_chunks = -(-seq_len // C)
+    tok = [jnp.zeros((batch, seq_len, heads, d), dtype) for d in (dk, dk, dk, dv)]
+    mq = jnp.zeros((batch, heads, n_chunks, C, C), dtype)
+    e_all = jnp.zeros((batch, heads, n_chunks, dk), jnp.float32)
+    h0 = jnp.zeros((batch, heads, dk, dv), jnp.float32)
 
     def fn(qg, kg, w, u, mq, e_all):
         if backward:  # u in the place of dO (and dvn_in)
@@ -354,9 +364,7 @@ def _export_kernel(dk, dv, dtype, stores, alias=False, backward=False):
                                               initial_state=h0, store_v_new=stores,
                                               store_h=stores, alias_staging=alias)
 
-    with absltest.mock.patch.object(mgpu_core, "_smem_tree_size", spy):
-        exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(*tok, mq, e_all)
-    return exported.mlir_module(), max(sizes)
+    return export_cuda_counting_smem(fn, *tok, mq, e_all)
 
 
 class LoweringTest(parameterized.TestCase):
