@@ -1070,10 +1070,14 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step):
         raise
 
 
-def _is_out_of_memory(error: BaseException) -> bool:
-    """Whether ``error`` is XLA's out-of-device-memory error (``RESOURCE_EXHAUSTED``)."""
-    return (isinstance(error, jax.errors.JaxRuntimeError)
-            and "RESOURCE_EXHAUSTED" in str(error))
+# XLA's out-of-device-memory error (``RESOURCE_EXHAUSTED``), also when re-raised from.
+_is_out_of_memory = checkpoint_lib.is_out_of_memory
+
+
+def _xla_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (at most 200 characters), or its type's name."""
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 _STATE_MEMORY_ADVICE = ("The parameters and optimizer state do not fit the devices as "
@@ -1105,7 +1109,7 @@ def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConf
       ``train.micro_batch_size`` (the options to lower) and, when given, ``checkpoint``.
     """
     dcfg, micro = config.data, config.train.micro_batch_size
-    first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    first = _xla_line(error)
     options = (f"data.batch_size={dcfg.batch_size}, data.seq_len={dcfg.seq_len}, "
                f"train.micro_batch_size={micro}")
     if note:
@@ -1113,11 +1117,11 @@ def _out_of_memory_error(error: BaseException, config: config_lib.ExperimentConf
     if checkpoint is None:
         return config_lib.ConfigError(
             f"out of device memory in {where} ({options}): {_OUT_OF_MEMORY_ADVICE}. XLA: "
-            f"{first[:200]}")
+            f"{first}")
     return config_lib.ConfigError(
         f"out of device memory in {where} ({options}); {checkpoint}. To fit: "
         f"{_OUT_OF_MEMORY_ADVICE}; a resumed run keeps data.batch_size and data.seq_len "
-        f"(changing them needs a new --workdir). XLA: {first[:200]}")
+        f"(changing them needs a new --workdir). XLA: {first}")
 
 
 def _resume_point(ckpt: checkpoint_lib.Checkpointer) -> str:
@@ -1260,10 +1264,9 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             except Exception as e:  # noqa: BLE001 - only XLA's out-of-memory error is translated
                 if not _is_out_of_memory(e):
                     raise
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise config_lib.ConfigError(
                     f"out of device memory creating the parameters and optimizer state. "
-                    f"{_STATE_MEMORY_ADVICE}. XLA: {first[:200]}") from None
+                    f"{_STATE_MEMORY_ADVICE}. XLA: {_xla_line(e)}") from None
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
         _write_start_config(workdir, config, has_checkpoint=latest is not None)
