@@ -594,24 +594,44 @@ def _check_channelwise_grad_pass():
                              f"--passes={','.join(_PASSES.value)})")
 
 
-def _grad_pass_variants(op, peer):
-    """The ``--channelwise_grad_pass`` values to run ``(op, peer)`` with (``[None]``: once, as
-    configured)."""
-    if peer == "ours" and op in _CW_OPS and _CW_GRAD_PASS.value:
-        return list(_CW_GRAD_PASS.value)
+def _pass_values(flag, op, peer):
+    """The values of ``flag`` (``--channelwise_state_pass`` / ``--channelwise_grad_pass``) to
+    run ``(op, peer)`` with (``[None]``: once, as configured)."""
+    if peer == "ours" and op in _CW_OPS and flag.value:
+        return list(flag.value)
     return [None]
 
 
-def _set_grad_pass(value):
-    """Sets ``channelwise_gpu.TUNING["grad_pass"]`` (``None``: leaves it) and clears JAX's
-    caches, whose traces read TUNING."""
+def _set_pass(key, value):
+    """Sets ``channelwise_gpu.TUNING[key]`` (``None``: leaves it) and clears JAX's caches,
+    whose traces read TUNING."""
     if value is None:
         return
     import jax
 
     from pallas_kernels.common import channelwise_gpu
-    channelwise_gpu.TUNING["grad_pass"] = value
+    channelwise_gpu.TUNING[key] = value
     jax.clear_caches()
+
+
+def _state_pass_variants(op, peer):
+    """``--channelwise_state_pass``'s values for ``(op, peer)`` (:func:`_pass_values`)."""
+    return _pass_values(_CW_STATE_PASS, op, peer)
+
+
+def _grad_pass_variants(op, peer):
+    """``--channelwise_grad_pass``'s values for ``(op, peer)`` (:func:`_pass_values`)."""
+    return _pass_values(_CW_GRAD_PASS, op, peer)
+
+
+def _set_state_pass(value):
+    """``TUNING["state_pass"] = value`` (:func:`_set_pass`)."""
+    _set_pass("state_pass", value)
+
+
+def _set_grad_pass(value):
+    """``TUNING["grad_pass"] = value`` (:func:`_set_pass`)."""
+    _set_pass("grad_pass", value)
 
 
 def _channelwise_variants(op, peer):
@@ -619,26 +639,6 @@ def _channelwise_variants(op, peer):
     ``--channelwise_state_pass`` value with every ``--channelwise_grad_pass`` value."""
     return [(sp, gp) for sp in _state_pass_variants(op, peer)
             for gp in _grad_pass_variants(op, peer)]
-
-
-def _state_pass_variants(op, peer):
-    """The ``--channelwise_state_pass`` values to run ``(op, peer)`` with (``[None]``: once, as
-    configured)."""
-    if peer == "ours" and op in _CW_OPS and _CW_STATE_PASS.value:
-        return list(_CW_STATE_PASS.value)
-    return [None]
-
-
-def _set_state_pass(value):
-    """Sets ``channelwise_gpu.TUNING["state_pass"]`` (``None``: leaves it) and clears JAX's
-    caches, whose traces read TUNING."""
-    if value is None:
-        return
-    import jax
-
-    from pallas_kernels.common import channelwise_gpu
-    channelwise_gpu.TUNING["state_pass"] = value
-    jax.clear_caches()
 
 
 def run_jax(records):
