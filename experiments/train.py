@@ -25,6 +25,7 @@ from ml_collections import config_flags  # noqa: E402
 from lattn_jax import checkpoint as checkpoint_lib  # noqa: E402
 from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax import data  # noqa: E402
+from lattn_jax import multihost  # noqa: E402
 from lattn_jax import sharding  # noqa: E402
 from lattn_jax import train  # noqa: E402
 from pallas_kernels.common import validation  # noqa: E402
@@ -54,6 +55,7 @@ def main(argv):
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    multihost.watch_peers()  # another process's failure ends this one at once
     if jax.process_index() == 0:
         print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "
               f"devices {jax.devices()}")
@@ -86,4 +88,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=config_lib.parse_flags)
+    # A failure on one process of a multi-process run ends them all at once (lattn_jax.multihost).
+    app.run(multihost.fail_fast(main), flags_parser=config_lib.parse_flags)
