@@ -39,6 +39,7 @@ CASES = (
     ("bench_optimizer", "benchmarks/bench_optimizer.py", ["--no_such_flag"], None),
     ("gpu_tests", "benchmarks/gpu_tests.py", ["--no_such_flag"], None),
     ("kernel_registers", "benchmarks/kernel_registers.py", ["--no_such_flag"], None),
+    ("offline_ptxas", "benchmarks/offline_ptxas.py", ["--no_such_flag"], None),
 )
 
 
