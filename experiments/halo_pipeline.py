@@ -20,7 +20,8 @@ to run it again). With
 training stage checkpoints after the step that crosses the deadline, the layer sweep and the
 report stop between layers / measurements (NIAH: between (model, task, length) parts), and no
 new stage starts after the deadline (or when less than ``--min_stage_s`` is left). SIGTERM
-(preemption) or Ctrl-C (SIGINT) makes the deadline "now": the stage in progress stops at its next
+(preemption), SIGHUP (a closed terminal; unless ignored, as under ``nohup``) or Ctrl-C (SIGINT)
+makes the deadline "now": the stage in progress stops at its next
 safe point the same way, saves what it resumes from, and the run ends with one line and status 3
 (a second Ctrl-C stops at once, nothing saved: status 130). Each stage
 prints its wall time; an invocation that passed the checks before the first stage appends its

@@ -13,7 +13,7 @@ field per flag) and does what one invocation does:
 2. runs the requested stages in pipeline order (:data:`lattn_jax.halo.experiment.STAGES`):
    a stage that finished (``<workdir>/<stage>/done.json``) is skipped; no stage starts after
    the deadline or with less than ``min_stage_s`` left; a stage that stops early (deadline,
-   SIGTERM, Ctrl-C: :class:`Deadline`) ends the run. Each stage prints its wall time;
+   SIGTERM, SIGHUP, Ctrl-C: :class:`Deadline`) ends the run. Each stage prints its wall time;
 3. appends the invocation's command line, start time, wall time, per-stage times and status
    to ``<workdir>/pipeline.jsonl`` (the results page lists them,
    :func:`lattn_jax.halo.report.render_markdown`) and, with ``markdown``, renders the page:
