@@ -342,6 +342,26 @@ class InterruptTest(CorpusTestCase):
         self.assertCountEqual(os.listdir(path), ["2", "3"])
 
 
+class PreemptionServicePinTest(absltest.TestCase):
+    """train.preemption_service_active reads a private jax attribute (the public API does not
+    say whether the service runs); a rename would make it ``False`` for ever, silently bringing
+    back the per-process stop flag that hung multi-process runs."""
+
+    def test_the_installed_jax_has_the_attribute_it_reads(self):
+        from jax._src import distributed  # noqa: PLC0415 - the private module it reads
+        state = distributed.global_state
+        self.assertTrue(
+            hasattr(state, "preemption_sync_manager"),
+            f"jax {train.jax.__version__}: jax._src.distributed.global_state has no "
+            f"preemption_sync_manager any more; update train.preemption_service_active")
+        self.assertIsNone(state.preemption_sync_manager)  # no jax.distributed here
+        self.assertFalse(train.preemption_service_active())
+        # ...and that attribute is what it reads: set, the service counts as running.
+        with mock.patch.object(state, "preemption_sync_manager", object()):
+            self.assertTrue(train.preemption_service_active())
+        self.assertFalse(train.preemption_service_active())
+
+
 class _Killed(BaseException):
     """What a test's SIGTERM handler raises in place of the process ending."""
 
