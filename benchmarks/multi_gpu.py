@@ -47,6 +47,7 @@ sys.path.insert(0, _ROOT)
 
 from benchmarks import common as bench  # noqa: E402  (imports jax; starts no backend)
 from benchmarks import train_throughput as tt  # noqa: E402
+from lattn_jax import records  # noqa: E402  (json and absl logging only)
 
 RUNS = ("1dev", "1dev_repeat", "dp", "fsdp", "tp", "restore_1dev")
 _MESH = {"dp": (-1, 1, 1), "fsdp": (1, -1, 1), "tp": (1, 1, -1)}
@@ -159,7 +160,10 @@ def run_one(name: str, args) -> dict:
 
 
 def _curve(metrics_path: str):
-    rows = [json.loads(line) for line in open(metrics_path) if line.strip()]
+    """``(train, val)``: step -> training loss and step -> validation loss of a run's
+    ``metrics.jsonl`` (:func:`lattn_jax.records.read_records`: a last line cut short by a
+    killed trainer is dropped with a warning; ``records.RecordsError`` for another bad line)."""
+    rows = records.read_records(metrics_path)
     train = {r["step"]: r["train_loss"] for r in rows if "train_loss" in r}
     val = {r["step"]: r["val_loss"] for r in rows if "val_loss" in r}
     return train, val

@@ -31,6 +31,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
 from benchmarks import common as bench  # noqa: E402  (imports jax; starts no backend)
+from lattn_jax import records  # noqa: E402  (json and absl logging only)
 # name -> (table2 config argument, paper Table 2 speed relative to GDN pure, Muon; None: n/a)
 PRESETS = {
     "softmax_dense": ("arch=softmax,stack=dense", 0.797),
@@ -64,17 +65,21 @@ def summarise(metrics_path: str, skip_windows: int) -> dict:
     """Mean tokens/s, step time and MFU over a run's logged windows after ``skip_windows``.
 
     Args:
-      metrics_path: the trainer's ``metrics.jsonl``.
-      skip_windows: leading logging windows to drop (compilation, warm-up).
+      metrics_path: the trainer's ``metrics.jsonl``, read with
+        :func:`lattn_jax.records.read_records` (a last line cut short by a killed trainer is
+        dropped with a warning).
 
     Returns:
       ``{"tokens_per_sec", "step_time", "mfu" (None without a peak FLOP/s), "windows",
       "first_loss", "last_loss", "val_loss"}``.
 
     Raises:
-      FileNotFoundError: if the file is missing; ValueError: if no window is left to average.
+      FileNotFoundError: if the file is missing; ValueError: if no window is left to average
+        (``records.RecordsError``, a ``ValueError``, for a bad line other than the last).
     """
-    rows = [json.loads(line) for line in open(metrics_path) if line.strip()]
+    if not os.path.exists(metrics_path):
+        raise FileNotFoundError(f"{metrics_path}: no such file (the trainer wrote no metrics)")
+    rows = records.read_records(metrics_path)
     train = [r for r in rows if r.get("tokens_per_sec") is not None]
     timed = train[skip_windows:]
     if not timed:

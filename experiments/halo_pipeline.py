@@ -20,12 +20,16 @@ to run it again). With
 training stage checkpoints after the step that crosses the deadline, the layer sweep and the
 report stop between layers / measurements (NIAH: between (model, task, length) parts), and no
 new stage starts after the deadline (or when less than ``--min_stage_s`` is left). SIGTERM
-(preemption) or Ctrl-C (SIGINT) makes the deadline "now": the stage in progress stops at its next
+(preemption), SIGHUP (a closed terminal; unless ignored, as under ``nohup``) or Ctrl-C (SIGINT)
+makes the deadline "now": the stage in progress stops at its next
 safe point the same way, saves what it resumes from, and the run ends with one line and status 3
 (a second Ctrl-C stops at once, nothing saved: status 130). Each stage
-prints its wall time; every invocation appends its command line, per-stage times and exit status
-to ``<workdir>/pipeline.jsonl`` (:func:`lattn_jax.halo.report.render_markdown` lists them as the
-page's commands).
+prints its wall time; an invocation that passed the checks before the first stage appends its
+command line, per-stage times and status to ``<workdir>/pipeline.jsonl``
+(:func:`lattn_jax.halo.report.render_markdown` lists them as the page's commands), as does a
+refusal by those checks when the workdir already exists. Early refusals are not recorded: bad
+flags, an unknown stage, a config file that cannot be read or has no HALO sections, and a
+refusal by the checks while the workdir does not exist yet (it is not made).
 
 The teacher is loaded once for all stages. Compiled programs go to a persistent cache in
 ``<workdir>/jax_cache`` (``--compilation_cache=''`` turns it off), so that a run split over two

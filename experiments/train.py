@@ -81,10 +81,14 @@ def main(argv):
               "interrupted (Ctrl-C); nothing saved since the last checkpoint", file=sys.stderr)
         sys.exit(130)
     except train.Terminated as e:
-        # SIGTERM while a checkpoint was being written where no stop request is polled (the
-        # stop path's or the final save): the write completed first; one line naming it.
-        print(f"terminated (SIGTERM): {e}", file=sys.stderr)
-        sys.exit(143)  # the shell's status for SIGTERM (128 + 15)
+        # SIGTERM or SIGHUP while a checkpoint was being written where no stop request is
+        # polled (the stop path's or the final save): the write completed first; one line
+        # naming it. The shell's status for the signal: 143 (SIGTERM), 129 (SIGHUP).
+        try:
+            print(f"terminated ({e.signal_name}): {e}", file=sys.stderr)
+        except OSError:  # a SIGHUP's terminal is gone: the status still says it
+            pass
+        sys.exit(e.exit_status)
 
 
 if __name__ == "__main__":

@@ -918,8 +918,8 @@ class TrainConfig:
       keep_best_checkpoint: besides the ``keep_checkpoints`` newest, keep the checkpoint with the
         lowest validation loss (among those saved at an evaluation step).
       async_checkpoints: write checkpoints in a background thread while training continues.
-      save_on_preemption: on SIGTERM (or a multi-host preemption notice), finish the current
-        step, save a checkpoint and return.
+      save_on_preemption: on SIGTERM, SIGHUP (unless ignored, as under ``nohup``) or a
+        multi-host preemption notice, finish the current step, save a checkpoint and return.
       nonfinite_policy: when a step's loss or gradient norm is NaN/inf, ``"stop"`` (discard the
         update, save a checkpoint of the last good state and raise ``NonFiniteError``; costs one
         scalar device-to-host sync per step) or ``"skip"`` (discard the update and continue;

@@ -2,7 +2,8 @@
 
 A program killed mid-write (SIGKILL, an OOM, a machine taken back) can leave the last line of a
 file it appends to cut short. :func:`read_records` drops such a line (the last line, not valid
-JSON and without its newline) with one warning naming the file, so that the program resumes
+JSON and without its newline) with one warning naming the file (once per process for the same
+cut: a sweep re-reads its files often), so that the program resumes
 from the records before it; a bad line anywhere else is an error (:class:`RecordsError`), since
 no killed writer leaves one there when every append goes through :func:`append_record`, which
 first removes a cut-short last line (the one the reader dropped) instead of writing after it
@@ -11,15 +12,30 @@ first removes a cut-short last line (the one the reader dropped) instead of writ
 ``lenient=True`` is for files that may hold lines written before every writer went through
 :func:`append_record` (the trainer's ``metrics.jsonl`` and ``invocations.jsonl`` of older runs,
 where a plain append glued a record to a cut-short line): bad lines anywhere are skipped, with
-one warning per file saying how many.
+one warning per file saying how many (likewise once per process for the same file contents).
 """
 
 import fcntl
 import json
 import os
-from typing import Any, List
+import threading
+from typing import Any, Hashable, List
 
 from absl import logging
+
+# What this process has warned about (_warn_once): re-reading a file with the same cut (or the
+# same skipped lines) says nothing new.
+_WARNED = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def _warn_once(key: Hashable, message: str, *args: Any) -> None:
+    """absl ``logging.warning(message, *args)`` the first time this process sees ``key``."""
+    with _WARNED_LOCK:
+        if key in _WARNED:
+            return
+        _WARNED.add(key)
+    logging.warning(message, *args)
 
 
 class RecordsError(ValueError):
@@ -32,7 +48,10 @@ def read_records(path: str, *, lenient: bool = False) -> List[Any]:
 
     Blank lines are skipped. The last line, when it is not valid JSON and the file does not
     end with a newline (a writer killed mid-record), is dropped with one warning naming the
-    file (absl ``logging.warning``).
+    file (absl ``logging.warning``). The warning is given once per process for one cut: a read
+    of the same file (by absolute path) with the cut line at the same byte offset and the same
+    file size warns no more; a new cut (after an append, or a longer cut line) warns again.
+    The same holds for ``lenient``'s warning (same file size, same first skipped line).
 
     Args:
       path: the file; a missing file has no records.
@@ -58,6 +77,7 @@ def read_records(path: str, *, lenient: bool = False) -> List[Any]:
         text = data.decode("utf-8", errors="replace")
     lines = text.split("\n")  # the last item is "" when the file ends with a newline
     records, skipped = [], []
+    where = os.path.abspath(path)
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -65,15 +85,18 @@ def read_records(path: str, *, lenient: bool = False) -> List[Any]:
             records.append(json.loads(line))
         except json.JSONDecodeError as e:
             if n == len(lines):  # no newline after it: cut short by a killed writer
-                logging.warning("%s: dropped its last line, cut short (%d bytes, not valid "
-                                "JSON; a writer killed mid-record)", path, len(line.encode()))
+                cut = len(line.encode())
+                _warn_once((where, "cut", len(data), len(data) - cut),
+                           "%s: dropped its last line, cut short (%d bytes, not valid JSON; a "
+                           "writer killed mid-record)", path, cut)
             elif lenient:
                 skipped.append(n)
             else:
                 raise RecordsError(f"{path}, line {n}: not valid JSON ({e})") from e
     if skipped:
-        logging.warning("%s: skipped %d line(s) that are not valid JSON (first: line %d)",
-                        path, len(skipped), skipped[0])
+        _warn_once((where, "skipped", len(data), skipped[0]),
+                   "%s: skipped %d line(s) that are not valid JSON (first: line %d)",
+                   path, len(skipped), skipped[0])
     return records
 
 

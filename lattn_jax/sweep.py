@@ -36,10 +36,11 @@ Status (:func:`run_state`), from those files alone (no checkpoint needed to tell
 * finished: ``console.log`` ends an invocation with ``final: step N``, N the run's
   ``train.total_steps`` (printed after the final evaluation and checkpoint);
 * failed: the last attempt ended with the trainer's own error (exit status > 0, not 130 = Ctrl-C,
-  not 143 = SIGTERM after a checkpoint write, not stopped by the sweep); the error line is kept;
-* partial: anything else that started (stopped at the deadline, on SIGTERM or Ctrl-C, killed by
-  a signal, or the sweep itself died mid-run); the next attempt resumes from the newest
-  checkpoint through the trainer's own resume, or starts over when there is none;
+  not 143 = SIGTERM or 129 = SIGHUP after a checkpoint write, not stopped by the sweep); the
+  error line is kept;
+* partial: anything else that started (stopped at the deadline, on SIGTERM, SIGHUP or Ctrl-C,
+  killed by a signal, or the sweep itself died mid-run); the next attempt resumes from the
+  newest checkpoint through the trainer's own resume, or starts over when there is none;
 * not started: no run directory.
 
 :func:`execute` runs a list of runs in order, each as a subprocess (a crash, an OOM or a bad
@@ -85,10 +86,13 @@ RUN_RECORD = "sweep_run.json"
 ATTEMPTS = "sweep_attempts.jsonl"
 RUN_LOG = "sweep.log"
 # Exit statuses of the trainer after a second Ctrl-C (KeyboardInterrupt) and after a SIGTERM
-# held back until a checkpoint write was complete (experiments/train.py, train.Terminated):
-# interruptions, not failures of the run.
+# or SIGHUP (the terminal or ssh session closed) held back until a checkpoint write was
+# complete (experiments/train.py, train.Terminated.exit_status = 128 + signal): interruptions,
+# not failures of the run.
 _EXIT_INTERRUPTED = 130
 _EXIT_TERMINATED = 143
+_EXIT_HUNG_UP = 129
+_EXIT_STOPPED = (_EXIT_INTERRUPTED, _EXIT_TERMINATED, _EXIT_HUNG_UP)
 _FINAL_LINE = re.compile(r"^final: step (\d+)\b", re.MULTILINE)
 _PARAMS_LINE = re.compile(r"^model: ([\d,]+) parameters", re.MULTILINE)
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b.*")
@@ -392,7 +396,7 @@ def _finished_step(workdir: str) -> Optional[int]:
 
 def _attempt_failed(end: Mapping[str, Any]) -> bool:
     rc = end.get("returncode")
-    return (rc is not None and rc > 0 and rc not in (_EXIT_INTERRUPTED, _EXIT_TERMINATED)
+    return (rc is not None and rc > 0 and rc not in _EXIT_STOPPED
             and not end.get("stopped_by"))
 
 

@@ -358,7 +358,10 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
 def _execute(runs, config, options, *, config_path, repo_root, train_script, extra, argv, env,
              print_fn) -> int:
     """Runs the checked sweep (:func:`lattn_jax.sweep.execute`) with SIGTERM and Ctrl-C
-    handlers, then records the invocation, rewrites the results and exports."""
+    handlers, then records the invocation, rewrites the results and exports. The handlers
+    that were installed before (e.g. an in-process caller's: a test, a notebook) are restored
+    when it returns or raises; from the main thread only (Python's rule for signal handlers;
+    another thread runs the sweep without them)."""
     root = options.root
     cache = (os.path.join(root, "jax_cache") if options.compilation_cache is None
              else options.compilation_cache)
@@ -374,8 +377,24 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
                  f"sweep: {signal.Signals(signum).name}; stopping every run in flight after "
                  f"its checkpoint")
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    previous = {}
+    try:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                previous[signum] = signal.signal(signum, on_signal)
+        return _execute_with_handlers(runs, config, options, stop=stop, root=root,
+                                      config_path=config_path, repo_root=repo_root,
+                                      train_script=train_script, extra=extra, argv=argv,
+                                      env=env, print_fn=print_fn)
+    finally:
+        for signum, handler in previous.items():
+            # None: a handler not installed from Python, which signal.signal cannot restore.
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+
+
+def _execute_with_handlers(runs, config, options, *, stop, root, config_path, repo_root,
+                           train_script, extra, argv, env, print_fn) -> int:
+    """:func:`_execute`'s body, its signal handlers installed: ``stop`` is set on a signal."""
     t0, started = time.time(), datetime.datetime.now(datetime.timezone.utc)
     deadline = None if options.deadline_s is None else t0 + options.deadline_s
     states = [sweep.run_state(sweep.run_dir(root, r)).status for r in runs]

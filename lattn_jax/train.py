@@ -13,10 +13,11 @@ Stages, in order:
 4. the loop: a jit-compiled train step (token-mean cross-entropy, clipped AdamW or Muon, a
    NaN/inf guard), periodic validation, metrics (loss, LR, gradient norm, tokens/s, step time,
    MFU) to stdout, ``<workdir>/metrics.jsonl``, ``loss.png`` and TensorBoard, a tqdm bar, async
-   checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption) or Ctrl-C
-   (SIGINT; a second Ctrl-C stops at once, or, while a checkpoint is being written, once it is
-   complete; so does a SIGTERM during the stop's own or the final save), and a final evaluation
-   and checkpoint. Running out of device memory, in the
+   checkpoints (the newest N and the best), a checkpoint on SIGTERM (preemption), SIGHUP (a
+   closed terminal or ssh session; left ignored under ``nohup``) or Ctrl-C (SIGINT; a second
+   Ctrl-C stops at once, or, while a checkpoint is being written, once it is complete; so does
+   a SIGTERM or SIGHUP during the stop's own or the final save), and a final evaluation and
+   checkpoint. Running out of device memory, in the
    first step or a later one, ends the run with one line naming the options to lower, the step
    that ran out (and, after the first step or in a resumed run, the intact checkpoint the same
    command resumes from).
@@ -494,16 +495,72 @@ class MetricsWriter:
 
 
 class Terminated(BaseException):
-    """SIGTERM came while a checkpoint was being written where no watcher turns it into a stop
-    request (the stop path's save, the final save, a run with ``train.save_on_preemption``
-    off): raised once the write is complete (:meth:`PreemptionWatcher.defer_signals`), with a
-    one-line message naming that checkpoint. A ``BaseException``, as ``KeyboardInterrupt``:
-    ``except Exception`` handlers let it through."""
+    """SIGTERM or SIGHUP came while a checkpoint was being written where no watcher turns it
+    into a stop request (the stop path's save, the final save, a run with
+    ``train.save_on_preemption`` off): raised once the write is complete
+    (:meth:`PreemptionWatcher.defer_signals`), with a one-line message naming that checkpoint;
+    or in the final evaluation, after the trained state is saved. A ``BaseException``, as
+    ``KeyboardInterrupt``: ``except Exception`` handlers let it through.
+
+    Args:
+      message: the one line (``str(e)``).
+      signum: the signal (default SIGTERM).
+
+    Attributes:
+      signum: the signal, a :class:`signal.Signals`.
+      signal_name: its name, ``"SIGTERM"`` or ``"SIGHUP"``.
+      exit_status: the shell's status for it, ``128 + signum``: 143 for SIGTERM, 129 for
+        SIGHUP (``experiments/train.py`` exits with it; the sweep counts neither as a failed
+        run, :mod:`lattn_jax.sweep`).
+    """
+
+    def __init__(self, message: str = "", signum: int = signal.SIGTERM):
+        super().__init__(message)
+        self.signum = signal.Signals(signum)
+
+    @property
+    def signal_name(self) -> str:
+        return self.signum.name
+
+    @property
+    def exit_status(self) -> int:
+        return 128 + int(self.signum)
+
+
+# The signals that end a process by default and that the trainer turns into "save, then stop":
+# SIGTERM (a scheduler's preemption) and SIGHUP (the terminal or ssh session went away).
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
+
+def _hangup_ignored() -> bool:
+    """Whether SIGHUP is ignored (``SIG_IGN``: ``nohup``, or a parent that set it so): the run
+    was started to outlive its terminal, and the trainer leaves SIGHUP ignored."""
+    return signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+
+
+def _stop_signals() -> tuple:
+    """SIGTERM, SIGINT and SIGHUP (unless ignored, :func:`_hangup_ignored`)."""
+    return (signal.SIGTERM, signal.SIGINT) + (() if _hangup_ignored() else (signal.SIGHUP,))
+
+
+def _notice(text: str) -> None:
+    """One line on stderr from a signal handler; a stderr that cannot be written (the terminal
+    of a SIGHUP is gone: ``EIO``) is skipped, since an error raised in a handler would land in
+    whatever it interrupted (a checkpoint write)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # ValueError: a closed stream
+        pass
 
 
 class PreemptionWatcher:
-    """Turns SIGTERM and SIGINT (Ctrl-C) into a flag the loop polls, so that it can save before
-    exiting.
+    """Turns SIGTERM, SIGHUP and SIGINT (Ctrl-C) into a flag the loop polls, so that it can save
+    before exiting.
+
+    SIGHUP (the terminal or ssh session that started the run closed) is treated as SIGTERM:
+    save after the current step and stop, and held back during checkpoint writes. A SIGHUP
+    that is ignored when the watcher starts (``nohup``, :func:`_hangup_ignored`) stays ignored:
+    the run was started to outlive its terminal.
 
     The first Ctrl-C asks for a save at the end of the current step and installs Python's
     default SIGINT handler, so that a second Ctrl-C interrupts at once (``KeyboardInterrupt``,
@@ -519,8 +576,10 @@ class PreemptionWatcher:
     hung). There the watcher leaves SIGTERM to the service's own handler (a Python handler
     replaced it, so the service never heard of the signal), and a first Ctrl-C is passed to
     the service as a SIGTERM of this process; the loop stops at the step the service agrees
-    on (``Checkpointer.reached_preemption``), and ``requested`` stays ``False``. Public: the
-    HALO pipeline (``experiments/halo_pipeline.py``) stops its stages with it too.
+    on (``Checkpointer.reached_preemption``), and ``requested`` stays ``False``. A SIGHUP is
+    passed on the same way (its default handler would end this process alone, and the others
+    would hang in the next collective), once: the first of SIGINT and SIGHUP is forwarded.
+    Public: the HALO pipeline (``experiments/halo_pipeline.py``) stops its stages with it too.
 
     Args:
       enabled: install the handlers (``train.save_on_preemption``).
@@ -529,25 +588,32 @@ class PreemptionWatcher:
 
     Attributes:
       requested: a signal arrived (poll it, then save and stop); single-process mode only.
-      signal_name: the first signal's name (``"SIGTERM"``, ``"SIGINT"``), or ``None``.
+      signal_name: the first signal's name (``"SIGTERM"``, ``"SIGHUP"``, ``"SIGINT"``), or
+        ``None``.
     """
 
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    # Every signal it may handle (which ones it does: _signals).
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
     def __init__(self, enabled: bool, *, multi_process: Optional[bool] = None):
         self.requested = False
         self.signal_name = None
         self._previous = {}
+        self._forwarded = False
         self._enabled = enabled and threading.current_thread() is threading.main_thread()
         if multi_process is None:
             multi_process = jax.process_count() > 1 and preemption_service_active()
         self.multi_process = multi_process
-        # SIGTERM belongs to JAX's preemption notifier in a multi-process run.
-        self._signals = (signal.SIGINT,) if multi_process else self.SIGNALS
+
+    def _signals(self) -> tuple:
+        """The signals to handle now: SIGTERM belongs to JAX's preemption notifier in a
+        multi-process run; an ignored SIGHUP (``nohup``) stays ignored."""
+        return tuple(s for s in _stop_signals()
+                     if not (self.multi_process and s == signal.SIGTERM))
 
     def __enter__(self):
         if self._enabled:
-            for signum in self._signals:
+            for signum in self._signals():
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
@@ -557,15 +623,17 @@ class PreemptionWatcher:
             self.signal_name = signal.Signals(signum).name
         if self.multi_process:
             # The service agrees on a step with every process and the loop stops there.
-            os.kill(os.getpid(), signal.SIGTERM)
+            if not self._forwarded:
+                self._forwarded = True
+                os.kill(os.getpid(), signal.SIGTERM)
         else:
             self.requested = True
         if signum == signal.SIGINT:
             # Python's own Ctrl-C handler (whatever was installed before, e.g. SIG_IGN by a
             # library), so that the next Ctrl-C raises KeyboardInterrupt at once.
             signal.signal(signal.SIGINT, signal.default_int_handler)
-            print("\nCtrl-C: saving a checkpoint after this step (Ctrl-C again to stop at once, "
-                  "without saving)", file=sys.stderr, flush=True)
+            _notice("\nCtrl-C: saving a checkpoint after this step (Ctrl-C again to stop at "
+                    "once, without saving)")
 
     def __exit__(self, *exc):
         if self._enabled:
@@ -576,22 +644,26 @@ class PreemptionWatcher:
     @contextlib.contextmanager
     def defer_signals(self, what: str, *, finish: Optional[Callable[[], None]] = None,
                       raise_after: bool = True):
-        """Holds back a Ctrl-C or SIGTERM that would interrupt the block (a checkpoint write)
-        until the block is done, so that the checkpoint is complete and no ``KeyboardInterrupt``
-        lands inside orbax. One that did (orbax 0.12.8) left the step's temporary directory
-        behind, or logged orbax's "Save Finalize thread (save_finalize) failed" traceback (the
-        step was then complete, while the binary said nothing was saved), or hung the process;
-        a SIGTERM under its default handler killed the process mid-write, so that the run
-        resumed from the checkpoint before (losing the steps since).
+        """Holds back a Ctrl-C, SIGTERM or SIGHUP that would interrupt the block (a checkpoint
+        write) until the block is done, so that the checkpoint is complete and no
+        ``KeyboardInterrupt`` lands inside orbax. One that did (orbax 0.12.8) left the step's
+        temporary directory behind, or logged orbax's "Save Finalize thread (save_finalize)
+        failed" traceback (the step was then complete, while the binary said nothing was
+        saved), or hung the process; a SIGTERM (or SIGHUP) under its default handler killed the
+        process mid-write, so that the run resumed from the checkpoint before (losing the steps
+        since).
 
         Inside the block, a signal the watcher's own handler receives (its first Ctrl-C, any
-        SIGTERM while the loop watches) only asks for a stop, as :meth:`_handle` does. Any other
-        Ctrl-C or SIGTERM (a second Ctrl-C; either after the watcher's exit or without it)
-        prints one line and is deferred: when the block ends, ``finish`` (e.g. waiting for the
+        SIGTERM or SIGHUP while the loop watches) only asks for a stop, as :meth:`_handle`
+        does. Any other Ctrl-C, SIGTERM or SIGHUP (a second Ctrl-C; any after the watcher's
+        exit or without it) prints one line (skipped if stderr cannot be written, as after a
+        hang-up) and is deferred: when the block ends, ``finish`` (e.g. waiting for the
         asynchronous write) runs, still deferring, and then, with ``raise_after``,
-        ``Terminated`` (a SIGTERM came) or ``KeyboardInterrupt`` is raised with a one-line
-        message saying that ``what`` is complete. A block that raises restores the handlers
-        and propagates its own error. Does nothing outside the main thread.
+        ``Terminated`` (a SIGTERM or SIGHUP came: the first of them) or ``KeyboardInterrupt``
+        is raised with a one-line message saying that ``what`` is complete. A multi-process
+        run's SIGTERM is left to JAX's preemption service (it only notifies it); an ignored
+        SIGHUP (``nohup``) stays ignored. A block that raises restores the handlers and
+        propagates its own error. Does nothing outside the main thread.
 
         Args:
           what: the checkpoint being written, for the messages (e.g. ``"the checkpoint at step
@@ -601,14 +673,14 @@ class PreemptionWatcher:
             ending anyway, e.g. closing the checkpointer in a ``finally``).
 
         Raises:
-          Terminated: after the block (and ``finish``), if a SIGTERM was deferred and
-            ``raise_after``.
-          KeyboardInterrupt: likewise for a deferred Ctrl-C (and no SIGTERM).
+          Terminated: after the block (and ``finish``), if a SIGTERM or SIGHUP was deferred
+            and ``raise_after`` (``signum``: the first of them).
+          KeyboardInterrupt: likewise for a deferred Ctrl-C (and no SIGTERM or SIGHUP).
         """
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        signals = (signal.SIGINT,) if self.multi_process else self.SIGNALS
+        signals = self._signals()
         previous = {s: signal.getsignal(s) for s in signals}
         watched = {s: h == self._handle for s, h in previous.items()}  # no such signal seen yet
         first, deferred = [], []
@@ -621,17 +693,16 @@ class PreemptionWatcher:
                 return
             if not deferred:
                 name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-                print(f"\n{name} while {what} is being written: stopping once it is complete "
-                      f"(interrupting the write would leave it incomplete)", file=sys.stderr,
-                      flush=True)
+                _notice(f"\n{name} while {what} is being written: stopping once it is complete "
+                        f"(interrupting the write would leave it incomplete)")
             deferred.append(signum)
 
         signal.signal(signal.SIGINT, hold)
         # The watcher's own handler only flags a stop; a multi-process run's SIGTERM only
-        # notifies JAX's preemption service (the process is not ended).
-        hold_sigterm = not self.multi_process and not watched[signal.SIGTERM]
-        if hold_sigterm:
-            signal.signal(signal.SIGTERM, hold)
+        # notifies JAX's preemption service (the process is not ended): not in ``signals``.
+        held = [s for s in _TERMINATING if s in signals and not watched[s]]
+        for signum in held:
+            signal.signal(signum, hold)
         try:
             yield
             if deferred and finish is not None:
@@ -640,12 +711,14 @@ class PreemptionWatcher:
             # After a first Ctrl-C in the block, the next one interrupts (as after _handle).
             signal.signal(signal.SIGINT,
                           signal.default_int_handler if first else previous[signal.SIGINT])
-            if hold_sigterm:
-                signal.signal(signal.SIGTERM, previous[signal.SIGTERM])
+            for signum in held:
+                signal.signal(signum, previous[signum])
         if deferred and raise_after:
-            if signal.SIGTERM in deferred:
-                raise Terminated(f"{what} is complete; stopped there on SIGTERM: run the same "
-                                 f"command again to resume from it")
+            ended = [s for s in deferred if s in _TERMINATING]
+            if ended:
+                name = signal.Signals(ended[0]).name
+                raise Terminated(f"{what} is complete; stopped there on {name}: run the same "
+                                 f"command again to resume from it", ended[0])
             raise KeyboardInterrupt(f"{what} is complete; stopped there on Ctrl-C: run the same "
                                     f"command again to resume from it")
 
@@ -663,7 +736,7 @@ def preemption_service_active() -> bool:
 
 
 class _StopRequested(BaseException):
-    """A SIGTERM or Ctrl-C under :func:`_stop_on_signals` (``signum``: which)."""
+    """A SIGTERM, SIGHUP or Ctrl-C under :func:`_stop_on_signals` (``signum``: which)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
@@ -672,10 +745,10 @@ class _StopRequested(BaseException):
 
 @contextlib.contextmanager
 def _stop_on_signals(enabled: bool = True):
-    """Inside the block, SIGTERM and Ctrl-C raise :class:`_StopRequested` at once (for work that
-    writes nothing and may be cut short: the final evaluation), so that the caller can save and
-    stop. The previous handlers are restored on exit; nothing changes outside the main thread
-    or when not ``enabled``."""
+    """Inside the block, SIGTERM, SIGHUP (unless ignored: ``nohup``) and Ctrl-C raise
+    :class:`_StopRequested` at once (for work that writes nothing and may be cut short: the
+    final evaluation), so that the caller can save and stop. The previous handlers are restored
+    on exit; nothing changes outside the main thread or when not ``enabled``."""
     if not enabled or threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -684,7 +757,7 @@ def _stop_on_signals(enabled: bool = True):
         del frame
         raise _StopRequested(signum)
 
-    previous = {s: signal.signal(s, stop) for s in PreemptionWatcher.SIGNALS}
+    previous = {s: signal.signal(s, stop) for s in _stop_signals()}
     try:
         yield
     finally:
@@ -924,7 +997,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
       ``unigram_entropy``, ``step``, ``resumed_from`` (-1 for a fresh start) and ``preempted``
-      (the run stopped early on SIGTERM or SIGINT after saving).
+      (the run stopped early on SIGTERM, SIGHUP or SIGINT after saving).
 
     Raises:
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing, or
@@ -954,11 +1027,12 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       KeyboardInterrupt: a second Ctrl-C (or one with ``train.save_on_preemption`` off); one
         that came while a checkpoint was being written is raised once the write is complete,
         with a message naming that checkpoint (:meth:`PreemptionWatcher.defer_signals`).
-      Terminated: a SIGTERM came while a checkpoint was being written outside the watched
-        loop (the stop path's or the final save; any save with ``train.save_on_preemption``
-        off): raised once the write is complete, with a message naming that checkpoint; or in
-        the final evaluation (or the last step), which then stops (is skipped) and the trained
-        state is saved; the next run evaluates it (also a ``KeyboardInterrupt`` for a Ctrl-C).
+      Terminated: a SIGTERM or SIGHUP (its ``signum``) came while a checkpoint was being
+        written outside the watched loop (the stop path's or the final save; any save with
+        ``train.save_on_preemption`` off): raised once the write is complete, with a message
+        naming that checkpoint; or in the final evaluation (or the last step), which then stops
+        (is skipped) and the trained state is saved; the next run evaluates it (also a
+        ``KeyboardInterrupt`` for a Ctrl-C).
     """
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
@@ -1322,8 +1396,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             plot_losses(workdir)
         return loss
 
-    # A second Ctrl-C, or a SIGTERM outside the watched loop, while a checkpoint is being
-    # written waits for the write to complete (then stops, naming it).
+    # A second Ctrl-C, or a SIGTERM or SIGHUP outside the watched loop, while a checkpoint is
+    # being written waits for the write to complete (then stops, naming it).
     watcher = PreemptionWatcher(tcfg.save_on_preemption)
 
     def save(step, metrics=None):
@@ -1434,7 +1508,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 save(step)
             wait_for_save(step)
             if preempted:
-                why = {"SIGINT": "Ctrl-C, SIGINT", "SIGTERM": "SIGTERM (preemption)"}.get(
+                why = {"SIGINT": "Ctrl-C, SIGINT", "SIGTERM": "SIGTERM (preemption)",
+                       "SIGHUP": "SIGHUP (the terminal or ssh session closed)"}.get(
                     watcher.signal_name, "a preemption notice")
             else:
                 why = f"train.max_steps_per_run={tcfg.max_steps_per_run}"
@@ -1457,22 +1532,24 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             # notifies JAX's preemption service, and the run completes.)
             with _stop_on_signals(tcfg.save_on_preemption and not watcher.multi_process):
                 if preempted:  # a stop asked for in the last step: no evaluation first
-                    raise _StopRequested(signal.SIGINT if watcher.signal_name == "SIGINT"
-                                         else signal.SIGTERM)
+                    raise _StopRequested(signal.Signals[watcher.signal_name]
+                                         if watcher.signal_name else signal.SIGTERM)
                 val_loss = run_eval(step)
         except _StopRequested as stop:
             if last_saved != step:
                 save(step)
             wait_for_save(step)
-            name = "SIGTERM" if stop.signum == signal.SIGTERM else "Ctrl-C"
+            name = ("Ctrl-C" if stop.signum == signal.SIGINT
+                    else signal.Signals(stop.signum).name)
             text = (f"the checkpoint at step {step} ({ckpt.directory}/{step}) is complete; "
                     f"stopped there on {name}, {'before' if preempted else 'in'} the final "
                     f"evaluation: run the same command again to evaluate it")
-            raise (Terminated if stop.signum == signal.SIGTERM else KeyboardInterrupt)(
-                text) from None
+            if stop.signum == signal.SIGINT:
+                raise KeyboardInterrupt(text) from None
+            raise Terminated(text, stop.signum) from None
         if last_saved != step:
             save(step, {"val_loss": val_loss})
-        wait_for_save(step)  # before the finally's close: a SIGTERM there stops, naming it
+        wait_for_save(step)  # before the finally's close: a SIGTERM (SIGHUP) there stops
     except Exception as e:  # noqa: BLE001 - out of device memory and failed writes translated
         if isinstance(e, checkpoint_lib.CheckpointWriteError) or _is_workdir_write_error(
                 e, workdir):

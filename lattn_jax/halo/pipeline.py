@@ -13,10 +13,16 @@ field per flag) and does what one invocation does:
 2. runs the requested stages in pipeline order (:data:`lattn_jax.halo.experiment.STAGES`):
    a stage that finished (``<workdir>/<stage>/done.json``) is skipped; no stage starts after
    the deadline or with less than ``min_stage_s`` left; a stage that stops early (deadline,
-   SIGTERM, Ctrl-C: :class:`Deadline`) ends the run. Each stage prints its wall time;
-3. always (also on an error) appends the invocation's command line, start time, wall time,
-   per-stage times and status to ``<workdir>/pipeline.jsonl`` (the results page lists them,
-   :func:`lattn_jax.halo.report.render_markdown`) and, with ``markdown``, renders the page;
+   SIGTERM, SIGHUP, Ctrl-C: :class:`Deadline`) ends the run. Each stage prints its wall time;
+3. appends the invocation's command line, start time, wall time, per-stage times and status
+   to ``<workdir>/pipeline.jsonl`` (the results page lists them,
+   :func:`lattn_jax.halo.report.render_markdown`) and, with ``markdown``, renders the page:
+   for every invocation that got past the checks of step 1 (complete, deadline, a signal, a
+   failed stage, a second Ctrl-C, any other error), and for a refusal in step 1 when the
+   workdir exists. Not recorded (nothing is written, even in an existing workdir): an unknown
+   stage, a config without HALO sections, a refusal in step 1 when the workdir does not
+   exist, a workdir that cannot be made, and whatever the binary refuses before calling
+   :func:`run` (its flags, a config file that cannot be read);
 4. prints where the run ended, and returns the exit status (0 complete, :data:`EXIT_DEADLINE`,
    :data:`EXIT_INTERRUPTED`) or raises :class:`PipelineError` (the one error line).
 
@@ -176,10 +182,12 @@ def run(config: Any, options: PipelineOptions, *, argv: Sequence[str],
       after a second Ctrl-C.
 
     Raises:
-      PipelineError: an unknown stage, a config without HALO sections, a refusal before any
-        stage (also recorded when the workdir exists), a stage that failed with a
-        ``ConfigError``, ``FileNotFoundError`` or ``ValueError`` (the message names it), or a
-        results page that could not be written; always after the record is appended.
+      PipelineError: an unknown stage or a config without HALO sections (not recorded), a
+        refusal before any stage (recorded only when the workdir exists), a stage that failed
+        with a ``ConfigError``, ``FileNotFoundError`` or ``ValueError`` (the message names
+        it), or a results page that could not be written; the last three after the record is
+        appended (module docstring, step 3: what is recorded).
+      OSError: the workdir cannot be made (not recorded).
       BaseException: any other error of a stage, re-raised after the record is appended.
     """
     stages = select_stages(options.stages)

@@ -155,6 +155,7 @@ faster than the chunked JAX form
 """
 
 import functools
+import numbers
 from typing import Optional, Tuple
 
 import jax
@@ -245,6 +246,9 @@ TUNING = {
 }
 STATE_PASSES = ("triton", "mosaic")
 GRAD_PASSES = ("triton", "mosaic", "mosaic_fused")
+# TUNING["mosaic_grad_slab"]'s values: K1's phase-2 slab widths
+# (channelwise_grad_mosaic_gpu.SLABS, not imported here: it loads the Mosaic GPU lowering).
+GRAD_SLABS = (32, 16)
 CHUNK = pallas_gpu.KERNEL_CHUNK_SIZE  # C = 64
 SUB = pallas_gpu.INVERSE_BLOCK  # 16-row diagonal blocks
 NSUB = CHUNK // SUB
@@ -286,7 +290,9 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
     Raises:
       ValueError: if ``TUNING``'s block widths (``prepare_k`` included) do not divide the head
         dims, ``TUNING["intra_token_heads"]`` is not >= 1, ``state_pass`` is not one of
-        :data:`STATE_PASSES` or ``grad_pass`` not one of :data:`GRAD_PASSES`.
+        :data:`STATE_PASSES`, ``grad_pass`` not one of :data:`GRAD_PASSES`, or
+        ``TUNING["mosaic_grad_slab"]`` not one of :data:`GRAD_SLABS`
+        (:func:`grad_slab`; checked whichever kernel runs).
     """
     state_pass = TUNING.get("state_pass", "triton") if state_pass is None else state_pass
     if state_pass not in STATE_PASSES:
@@ -308,7 +314,29 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
                 intra_heads=intra_heads(heads), state_pass=state_pass, grad_pass=grad_pass,
                 mosaic_alias_staging=bool(TUNING.get("mosaic_alias_staging", False)),
-                mosaic_grad_slab=int(TUNING.get("mosaic_grad_slab", 32)))
+                mosaic_grad_slab=grad_slab(TUNING))
+
+
+def grad_slab(tuning) -> int:
+    """``tuning["mosaic_grad_slab"]`` (32 when absent): K1's key channels per phase-2 step.
+
+    Args:
+      tuning: a :data:`TUNING`-like mapping.
+
+    Returns:
+      The slab width, an ``int`` of :data:`GRAD_SLABS`.
+
+    Raises:
+      ValueError: the value is not an integer of :data:`GRAD_SLABS` (a ``bool``, a ``float``
+        or a string such as ``"32"`` is refused), naming ``TUNING['mosaic_grad_slab']``.
+    """
+    slab = tuning.get("mosaic_grad_slab", GRAD_SLABS[0])
+    # An integer (numpy's too), not a bool, a float or a string.
+    if (isinstance(slab, bool) or not isinstance(slab, numbers.Integral)
+            or slab not in GRAD_SLABS):
+        raise ValueError(f"TUNING['mosaic_grad_slab'] must be one of {GRAD_SLABS} (K1's key "
+                         f"channels per phase-2 step; 16 if ptxas spills at 32), got {slab!r}")
+    return int(slab)
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):

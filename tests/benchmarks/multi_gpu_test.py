@@ -52,6 +52,20 @@ def test_collect_compares_with_one_device_and_checks_the_restore(tmp_path):
     assert os.path.getsize(tmp_path / "curves.png") > 1000
 
 
+def test_collect_drops_a_last_line_cut_short_by_a_killed_trainer(tmp_path):
+    out = str(tmp_path)
+    losses = [10.0, 8.0, 6.0, 5.0]
+    _run(out, "1dev", 1, [1, 1, 1], losses, {20: 7.0}, 100.0)
+    _run(out, "dp", 2, [2, 1, 1], losses, {20: 7.0}, 150.0)
+    whole = mg.collect(out, skip_windows=1, rel_tol=0.01)["runs"]
+    for name in ("1dev", "dp"):
+        with open(os.path.join(out, name, "metrics.jsonl"), "a") as f:
+            f.write('{"step": 25, "train_loss": 4.')  # killed mid-record
+    cut = mg.collect(out, skip_windows=1, rel_tol=0.01)["runs"]
+    assert cut == whole
+    assert cut["dp"]["ok"] and cut["dp"]["train"] == dict(zip((5, 10, 15, 20), losses))
+
+
 def test_a_restore_that_did_not_resume_fails_and_failed_runs_are_named(tmp_path):
     out = str(tmp_path)
     _run(out, "1dev", 1, [1, 1, 1], [10.0, 8.0], {10: 7.0}, 100.0)

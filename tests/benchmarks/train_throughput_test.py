@@ -4,6 +4,7 @@ itself is a benchmark, not a test)."""
 import importlib.util
 import json
 import os
+import random
 
 import pytest
 
@@ -40,6 +41,31 @@ def test_summarise_drops_warmup_windows_and_averages(tmp_path):
     rows[2]["mfu"] = None  # no peak FLOP/s known (CPU): no MFU
     _write_metrics(path, rows)
     assert tt.summarise(path, skip_windows=1)["mfu"] is None
+
+
+def test_summarise_drops_a_last_line_cut_short_by_a_killed_trainer(tmp_path):
+    # A trainer killed mid-record (an OOM kill, a timeout) leaves the last line cut short;
+    # the strict json loop raised on it, losing the run's windows.
+    rng = random.Random(3)
+    rows = [{"step": 10 * (i + 1), "train_loss": rng.uniform(2, 9),
+             "tokens_per_sec": rng.uniform(50, 500), "step_time": rng.uniform(0.1, 2),
+             "mfu": rng.uniform(0, 0.5)} for i in range(rng.randrange(3, 8))]
+    path = str(tmp_path / "metrics.jsonl")
+    _write_metrics(path, rows)
+    whole = tt.summarise(path, skip_windows=1)
+    with open(path, "a") as f:
+        f.write(json.dumps(rows[0])[:rng.randrange(5, 30)])
+    assert tt.summarise(path, skip_windows=1) == whole
+    timed = rows[1:]
+    assert whole["tokens_per_sec"] == pytest.approx(
+        sum(r["tokens_per_sec"] for r in timed) / len(timed))
+    assert whole["last_loss"] == rows[-1]["train_loss"]
+    with open(path, "a") as f:
+        f.write("\n" + json.dumps(rows[0]) + "\n")  # a bad line in the middle: an error
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line \d+: not valid JSON"):
+        tt.summarise(path, skip_windows=1)
+    with pytest.raises(FileNotFoundError, match="missing.jsonl"):
+        tt.summarise(str(tmp_path / "missing.jsonl"), skip_windows=1)
 
 
 def test_render_normalises_to_gdn_pure_and_reports_failures():

@@ -59,13 +59,13 @@ checkpoint.Checkpointer.save = save
 """
 
 # Checkpointer.save sends this process SIGTERM (a cluster's preemption) at step 2.
-SIGTERM_IN_SAVE_2 = """
+SIGNAL_IN_SAVE_2 = """
 import os, signal, time
 from lattn_jax import checkpoint
 real_save = checkpoint.Checkpointer.save
 def save(self, step, *args, **kwargs):
     if step == 2:
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.{name})
         time.sleep(0.05)
     return real_save(self, step, *args, **kwargs)
 checkpoint.Checkpointer.save = save
@@ -189,18 +189,22 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(os.listdir(path), ["2"])
 
-    def test_sigterm_during_the_stop_path_save_finishes_it_and_says_so_in_one_line(self):
+    @parameterized.parameters(("SIGTERM", 143), ("SIGHUP", 129))
+    def test_sigterm_during_the_stop_path_save_finishes_it_and_says_so_in_one_line(
+            self, name, status):
         # The stop path (here max_steps_per_run) saved under the default SIGTERM handler: a
-        # SIGTERM then killed the process mid-write (status -15, no step 2).
+        # SIGTERM then killed the process mid-write (status -15, no step 2); so did a SIGHUP
+        # (an ssh disconnect), under its default handler at any time. The status is the
+        # shell's for the signal (128 + its number), which the sweep counts as no failure.
         workdir = os.path.join(self.create_tempdir().full_path, "run")
-        result = run_train_patched(SIGTERM_IN_SAVE_2, "--workdir=" + workdir, *TINY_RUN,
-                                   "--config.train.checkpoint_every=5",
+        result = run_train_patched(SIGNAL_IN_SAVE_2.format(name=name), "--workdir=" + workdir,
+                                   *TINY_RUN, "--config.train.checkpoint_every=5",
                                    "--config.train.max_steps_per_run=2")
-        self.assertEqual(result.returncode, 143, result.stderr)
+        self.assertEqual(result.returncode, status, result.stderr)
         path = os.path.join(workdir, "checkpoints")
         self.assertEqual(result.stderr.strip().splitlines()[-1], (
-            f"terminated (SIGTERM): the checkpoint at step 2 ({path}/2) is complete; stopped "
-            f"there on SIGTERM: run the same command again to resume from it"))
+            f"terminated ({name}): the checkpoint at step 2 ({path}/2) is complete; stopped "
+            f"there on {name}: run the same command again to resume from it"))
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(os.listdir(path), ["2"])
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import re
 
 from absl import logging
@@ -39,6 +40,47 @@ class ReadRecordsTest(absltest.TestCase):
         self.assertEqual(got, [{"a": 1}, [2]])
         self.assertLen(warnings, 1)
         self.assertIn(f"{self.path}: dropped its last line, cut short", warnings[0])
+
+    def test_the_same_cut_warns_once_per_process_and_a_new_cut_again(self):
+        # A sweep re-reads its files often: the warning for one cut was repeated at every read.
+        rng = random.Random(7)
+        recs = [{"step": i, "loss": rng.uniform(1, 5)} for i in range(rng.randrange(1, 6))]
+        self.write("".join(json.dumps(r) + "\n" for r in recs) + CUT[:rng.randrange(2, 20)])
+        got, warnings = self.read()
+        self.assertEqual((got, len(warnings)), (recs, 1))
+        with self.assertNoLogs(logging.get_absl_logger(), "WARNING"):
+            self.assertEqual(records.read_records(self.path), recs)
+            # The same cut seen through another spelling of the path: still the same file.
+            self.assertEqual(records.read_records(os.path.join(
+                os.path.dirname(self.path), ".", os.path.basename(self.path))), recs)
+        records.append_record(self.path, {"step": len(recs)})  # removes the cut line
+        self.assertEqual(records.read_records(self.path), recs + [{"step": len(recs)}])
+        self.write(CUT, "a")  # a new cut, at a new offset
+        got, warnings = self.read()
+        self.assertEqual((got, len(warnings)), (recs + [{"step": len(recs)}], 1))
+        self.assertIn(f"{self.path}: dropped its last line, cut short ({len(CUT)} bytes",
+                      warnings[0])
+        with self.assertNoLogs(logging.get_absl_logger(), "WARNING"):
+            records.read_records(self.path)
+        self.write("x", "a")  # the cut line grew (another writer still writing): a new cut
+        self.assertLen(self.read()[1], 1)
+        # Another file with the same contents has its own warning.
+        other = self.path + ".copy"
+        with open(self.path) as src, open(other, "w") as dst:
+            dst.write(src.read())
+        with self.assertLogs(logging.get_absl_logger(), "WARNING") as logs:
+            records.read_records(other)
+        self.assertLen(logs.output, 1)
+        self.assertIn(other, logs.output[0])
+
+    def test_lenient_warns_once_for_the_same_skipped_lines(self):
+        self.write(WHOLE + CUT + '{"b": 2}\n{"c": 3}\n')
+        self.assertLen(self.read(lenient=True)[1], 1)
+        with self.assertNoLogs(logging.get_absl_logger(), "WARNING"):
+            self.assertEqual(records.read_records(self.path, lenient=True),
+                             [{"a": 1}, [2], {"c": 3}])
+        self.write('{oops}\n', "a")  # more bad lines: the file changed
+        self.assertLen(self.read(lenient=True)[1], 1)
 
     def test_a_bad_line_elsewhere_is_an_error_naming_the_line(self):
         for text, line in ((WHOLE + CUT + "\n" + '{"b": 2}\n', 4), (WHOLE + CUT + "\n", 4),

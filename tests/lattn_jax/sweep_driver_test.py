@@ -3,7 +3,10 @@ plan, --report_only with --export (the binary end to end: tests/experiments/swee
 
 import json
 import os
+import signal
 import tarfile
+import threading
+from unittest import mock
 
 from absl.testing import absltest
 
@@ -79,6 +82,53 @@ class SweepDriverTest(absltest.TestCase):
         # Neither --dry_run nor --report_only is logged: sweep.jsonl lists the calls that ran
         # the sweep (the module docstring).
         self.assertFalse(os.path.exists(os.path.join(self.root, "sweep.jsonl")))
+
+    def test_the_signal_handlers_before_the_call_are_restored(self):
+        # _execute installed its SIGTERM and Ctrl-C handlers and left them installed: an
+        # in-process caller's Ctrl-C then only set a stale sweep's stop flag.
+        def mine(signum, frame):
+            del signum, frame
+
+        seen = []
+
+        def execute(runs, root, *, stop, **kw):
+            del runs, root, kw
+            handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+            self.assertNotIn(mine, handlers.values())
+            for signum, handler in handlers.items():  # the driver's: the stop flag is set
+                stop.clear()
+                handler(signum, None)
+                seen.append(stop.is_set())
+            if len(seen) > 2:
+                raise RuntimeError("trainer could not start")
+            return sweep.ExecutionSummary(status="interrupted")
+
+        before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            signal.signal(signal.SIGTERM, mine)
+            with mock.patch.object(sweep, "execute", side_effect=execute):
+                self.assertEqual(self._run(max_runs=1), sweep_driver.EXIT_STOPPED)
+                self.assertEqual(signal.getsignal(signal.SIGTERM), mine)
+                self.assertEqual(signal.getsignal(signal.SIGINT), before[signal.SIGINT])
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                with self.assertRaisesRegex(RuntimeError, "^trainer could not start$"):
+                    self._run(max_runs=1)  # raising: restored as well
+                self.assertEqual(signal.getsignal(signal.SIGTERM), mine)
+                self.assertEqual(signal.getsignal(signal.SIGINT), signal.SIG_IGN)
+                # Another thread cannot install handlers: the sweep runs without them.
+                codes = []
+                thread = threading.Thread(target=lambda: codes.append(
+                    self._run(max_runs=1)))
+                with mock.patch.object(sweep, "execute",
+                                       return_value=sweep.ExecutionSummary(status="complete")):
+                    thread.start()
+                    thread.join()
+                self.assertEqual(codes, [0])
+        finally:
+            for signum, handler in before.items():
+                signal.signal(signum, handler)
+        self.assertEqual(seen, [True] * 4)
+        self.assertIn("sweep: SIGTERM; stopping after the current run's checkpoint", self.lines)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import signal
 import tarfile
 import textwrap
 import threading
@@ -272,11 +273,13 @@ class RunDirTest(absltest.TestCase):
         state = sweep.run_state(self.dir)
         self.assertEqual((state.status, state.error, state.attempts),
                          (sweep.Status.FAILED, "error: bad option", 1))
-        # Killed by a signal, stopped by the sweep, Ctrl-C twice, a SIGTERM held back until a
-        # checkpoint write was complete (143, not sent by the sweep): resumable, not failed.
+        # Killed by a signal, stopped by the sweep, Ctrl-C twice, a SIGTERM or a SIGHUP (an ssh
+        # disconnect) held back until a checkpoint write was complete (143 or 129, not sent by
+        # the sweep): resumable, not failed.
         for end in ({"returncode": -9}, {"returncode": -15, "stopped_by": "deadline"},
                     {"returncode": 130}, {"returncode": 1, "stopped_by": "interrupt"},
-                    {"returncode": 143, "stopped_by": None}):
+                    {"returncode": 143, "stopped_by": None},
+                    {"returncode": 128 + signal.SIGHUP, "stopped_by": None}):
             self._write(sweep.ATTEMPTS, [{"event": "start"}, {"event": "end", **end}])
             self.assertEqual(sweep.run_state(self.dir).status, sweep.Status.PARTIAL, end)
         os.makedirs(os.path.join(self.dir, "checkpoints", "2"))

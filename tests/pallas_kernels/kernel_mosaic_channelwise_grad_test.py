@@ -35,6 +35,7 @@ import collections
 import contextlib
 import io
 import re
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -424,6 +425,33 @@ class ValidationTest(parameterized.TestCase):
                          channelwise_gpu.TUNING["grad_pass"])
         self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "triton")  # until the H200 says
         self.assertEqual(cfg["mosaic_grad_slab"], k1.SLAB)
+
+    def test_mosaic_grad_slab_is_checked_where_the_kernel_is_chosen(self):
+        # Read unchecked before: int() turned "32" and 24.0 into slabs, and 24 or 0 only
+        # failed inside K1 on a GPU (or in interpret mode), after the Triton parts had run.
+        self.assertCountEqual(channelwise_gpu.GRAD_SLABS, k1.SLABS)
+        self.assertEqual(channelwise_gpu.GRAD_SLABS[0], k1.SLAB)  # the default
+        inputs, _ = cw_test._inputs(0, 1, 64, 1, 1, 64, dtype=jnp.bfloat16)
+        q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+        base = dict(batch=1, heads=1, n_chunks=1, dk=64, dv=64, scale=0.1, has_docs=False,
+                    interpret=True, return_residual=False, mm_dtype=jnp.bfloat16)
+        message = r"^TUNING\['mosaic_grad_slab'\] must be one of \(32, 16\) .*, got "
+        rng = np.random.default_rng(5)
+        bad = [24, 0, -16, 64, "32", 32.0, True, None, int(rng.integers(17, 32))]
+        for value in bad:
+            with self.subTest(value=value), mock.patch.dict(
+                    channelwise_gpu.TUNING, mosaic_grad_slab=value):
+                with self.assertRaisesRegex(ValueError, message + re.escape(repr(value))):
+                    channelwise_gpu._config(**base, grad_pass="mosaic")
+                with self.assertRaisesRegex(ValueError, message):  # any grad pass, CPU too
+                    channelwise_gpu.channelwise_delta_pallas(q, k, v, g, beta, beta,
+                                                             scale=0.125, grad_pass="triton")
+        for value in (16, 32, np.int64(16)):
+            with mock.patch.dict(channelwise_gpu.TUNING, mosaic_grad_slab=value):
+                got = channelwise_gpu._config(**base, grad_pass="mosaic")["mosaic_grad_slab"]
+                self.assertEqual((got, type(got)), (int(value), int))
+        tuning = {k: v for k, v in channelwise_gpu.TUNING.items() if k != "mosaic_grad_slab"}
+        self.assertEqual(channelwise_gpu.grad_slab(tuning), 32)  # absent: the default
 
 
 @pytest.mark.gpu

@@ -94,6 +94,26 @@ class RunTest(absltest.TestCase):
         self.assertEqual(record["command"], "python halo_pipeline.py '--x=a b'")
         self.assertIn("pipeline: error before any stage after", self.lines[-1])
 
+    def test_early_refusals_are_not_recorded_even_in_an_existing_workdir(self):
+        # The module docstring says exactly what pipeline.jsonl records (it claimed every
+        # invocation): an unknown stage and a config without HALO sections never are.
+        os.makedirs(self.workdir)
+        with mock.patch.object(experiment, "run") as stage:
+            with self.assertRaisesRegex(pipeline.PipelineError, r"^unknown stage\(s\)"):
+                self.run_pipeline(stages=["stage1", "stage9"])
+            halo = self.config
+            self.config = {"model": {}}
+            with self.assertRaises(pipeline.PipelineError):
+                self.run_pipeline()
+            stage.assert_not_called()
+        self.assertEqual(os.listdir(self.workdir), [])
+        self.config = halo  # past the checks: recorded
+        with mock.patch.object(experiment, "run", return_value={"complete": False}):
+            self.assertEqual(self.run_pipeline(stages=["stage1"]), pipeline.EXIT_DEADLINE)
+        self.assertEqual([r["status"] for r in _records(self.workdir)], ["deadline"])
+        for text in (pipeline.__doc__, pipeline.run.__doc__):
+            self.assertIn("not recorded", " ".join(text.split()).lower())
+
     def test_every_stage_in_order_then_skipped_when_done(self):
         ran = []
 
