@@ -329,10 +329,24 @@ class Trainer:
         with sharding.activate(self.mesh, self.rules):
             return self._eval_step_jit(params, self.put_batch(batch))
 
-    def evaluate_counts(self, params: PyTree, batches: Iterable[Batch]) -> "EvalResult":
-        """:class:`EvalResult` over ``batches`` (loss ``nan`` if there are none)."""
+    def evaluate_counts(self, params: PyTree, batches: Iterable[Batch],
+                        should_stop: Optional[Callable[[], bool]] = None) -> "EvalResult":
+        """:class:`EvalResult` over ``batches`` (loss ``nan`` if there are none).
+
+        Args:
+          params: the model parameters.
+          batches: the validation batches.
+          should_stop: polled before each batch (e.g. "a SIGTERM arrived"); when it returns
+            ``True`` the pass ends there.
+
+        Raises:
+          EvaluationStopped: ``should_stop`` returned ``True`` (its ``batches_done`` says after
+            how many batches); no partial result is returned.
+        """
         total, count, nonfinite, padding = 0.0, 0.0, 0, 0
-        for batch in batches:
+        for done, batch in enumerate(batches):
+            if should_stop is not None and should_stop():
+                raise EvaluationStopped(done)
             t, c, n, p = self.eval_step(params, batch)
             total += float(t)
             count += float(c)
@@ -343,6 +357,15 @@ class Trainer:
     def evaluate(self, params: PyTree, batches: Iterable[Batch]) -> float:
         """Token-mean validation loss (nats) over ``batches``; ``nan`` if there are none."""
         return self.evaluate_counts(params, batches).loss
+
+
+class EvaluationStopped(Exception):
+    """A validation pass ended early by :meth:`Trainer.evaluate_counts`'s ``should_stop``
+    (``batches_done``: the batches evaluated before it)."""
+
+    def __init__(self, batches_done: int):
+        super().__init__(f"stopped after {batches_done} batches")
+        self.batches_done = batches_done
 
 
 class EvalResult(NamedTuple):
@@ -1378,8 +1401,17 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     val_loss = float("nan")
     skipped = 0
 
-    def run_eval(step):
-        result = trainer.evaluate_counts(state["params"], datasets.val_batches)
+    def run_eval(step, should_stop=None):
+        # ``should_stop``: the periodic evaluation ends early on a stop request (a preemption's
+        # grace period is short; the validation set may take minutes): nothing is recorded.
+        try:
+            result = trainer.evaluate_counts(state["params"], datasets.val_batches,
+                                             should_stop=should_stop)
+        except EvaluationStopped as stopped:
+            total = len(datasets.val_batches) if hasattr(datasets.val_batches, "__len__") else "?"
+            print_fn(f"the evaluation at step {step} stopped after {stopped.batches_done} of "
+                     f"{total} validation batches ({watcher.signal_name}); not recorded")
+            return None
         loss = result.loss
         counts = {}
         if result.nonfinite:
@@ -1490,8 +1522,15 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                 eval_now = step % tcfg.eval_every == 0 and step != tcfg.total_steps
                 if eval_now:
                     phase = f"evaluation at step {step}"
-                    val_loss = run_eval(step)
-                    print_fn(f"step {step:5d}  val_loss {val_loss:.4f}")
+                    # A SIGTERM / SIGHUP / Ctrl-C during it ends it (single process: the others
+                    # of a multi-process run must run the same batches).
+                    loss_now = run_eval(step, None if jax.process_count() > 1
+                                        else lambda: watcher.requested)
+                    if loss_now is None:
+                        eval_now = False
+                    else:
+                        val_loss = loss_now
+                        print_fn(f"step {step:5d}  val_loss {val_loss:.4f}")
                 if step % tcfg.checkpoint_every == 0 and step != tcfg.total_steps:
                     last_saved = save(step, {"val_loss": val_loss} if eval_now else None)
                 preempt = watcher.requested or (

@@ -386,7 +386,7 @@ class GuardAndResumeTest(CorpusTestCase):
                               eval_every=4)
         workdir = os.path.join(self.tmp, "oom_eval")
 
-        def oom(self, params, batches):
+        def oom(self, params, batches, should_stop=None):
             raise jax.errors.JaxRuntimeError(OOM_TEXT)
 
         with mock.patch.object(train.Trainer, "evaluate_counts", oom):

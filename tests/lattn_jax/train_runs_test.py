@@ -283,6 +283,50 @@ class InterruptTest(CorpusTestCase):
                          ("SIGHUP", 129))
         self.assertEqual(signal.getsignal(signal.SIGHUP), _kill)
 
+    def test_a_signal_during_a_periodic_evaluation_ends_it_and_saves_at_once(self):
+        # The periodic evaluation ran to its end before the loop saw the stop request: minutes
+        # on a large validation set, longer than a preemption's grace period.
+        signum = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)[
+            np.random.default_rng().integers(3)]
+        name = signal.Signals(signum).name
+        workdir = os.path.join(self.tmp, "w")
+        real_step, calls = train.Trainer.eval_step, []
+
+        def eval_step(trainer, params, batch):
+            calls.append(1)
+            if len(calls) == 6:  # the second of four batches of the evaluation at step 4
+                os.kill(os.getpid(), signum)
+            return real_step(trainer, params, batch)
+
+        lines = []
+        cfg = tiny_experiment(self.corpus, total_steps=8, log_every=1, checkpoint_every=8,
+                              eval_every=2)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_val_batches=4))
+        with mock.patch.object(train.Trainer, "eval_step", eval_step):
+            out = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual((out["preempted"], out["step"]), (True, 4), lines)
+        self.assertIn(f"the evaluation at step 4 stopped after 2 of 4 validation batches "
+                      f"({name}); not recorded", lines)
+        self.assertLen(calls, 4 + 2)  # step 2's four batches, then two of step 4's
+        records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+        self.assertEqual([r["step"] for r in records if "val_loss" in r], [2])
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["4"])
+
+    def test_should_stop_ends_an_evaluation_pass_between_batches(self):
+        cfg = tiny_experiment(self.corpus)
+        trainer = train.Trainer(cfg)
+        stops = iter([False, False, True])
+        seen = []
+        fake = mock.Mock(side_effect=lambda params, batch: (seen.append(batch),
+                                                            (1.0, 2.0, 0, 0))[1])
+        with mock.patch.object(trainer, "eval_step", fake):
+            with self.assertRaises(train.EvaluationStopped) as raised:
+                trainer.evaluate_counts(None, ["a", "b", "c", "d"],
+                                        should_stop=lambda: next(stops))
+            self.assertEqual((raised.exception.batches_done, seen), (2, ["a", "b"]))
+            got = trainer.evaluate_counts(None, ["a", "b"], should_stop=lambda: False)
+        self.assertEqual((got.loss, got.tokens), (0.5, 4.0))
+
     def test_a_sigterm_during_the_final_save_waits_for_the_checkpoint(self):
         workdir, _ = self._sigterm_in_save(2, total_steps=2, checkpoint_every=5, eval_every=5)
         self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
@@ -293,10 +337,10 @@ class InterruptTest(CorpusTestCase):
         workdir = os.path.join(self.tmp, "w")
         real_eval = train.Trainer.evaluate_counts
 
-        def eval_with_sigterm(trainer, params, batches):
+        def eval_with_sigterm(trainer, params, batches, should_stop=None):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(0.05)
-            return real_eval(trainer, params, batches)
+            return real_eval(trainer, params, batches, should_stop)
 
         def killed(signum, frame):
             raise _Killed()
@@ -331,7 +375,7 @@ class InterruptTest(CorpusTestCase):
         cfg = tiny_experiment(self.corpus, total_steps=3, log_every=1, checkpoint_every=2,
                               eval_every=5)
         with mock.patch.object(train.Trainer, "evaluate_counts",
-                               side_effect=lambda *a: evaluated.append(1)):
+                               side_effect=lambda *a, **k: evaluated.append(1)):
             with self.assertRaises(train.Terminated) as raised:
                 train.train_and_evaluate(cfg, workdir, print_fn=sigterm_at_3)
         path = os.path.join(os.path.abspath(workdir), "checkpoints")
