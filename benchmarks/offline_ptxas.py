@@ -382,6 +382,17 @@ def parse_ptxas(log: str) -> List[Dict]:
     return records
 
 
+def advisories(log: str) -> Dict[str, Dict[str, int]]:
+    """ptxas's numbered advisories per function in ``log``: ``{kernel: {code: count}}``, e.g.
+    C7514 / C7512 (``wgmma`` serialized: accumulators read early / too few registers) and
+    C7519 (``warpgroup.arrive`` injected to use registers in a ``wgmma``)."""
+    out: Dict[str, Dict[str, int]] = {}
+    for code, kernel in re.findall(r"\((C\d+)\)[^\n]*?function '([^']+)'", log):
+        codes = out.setdefault(kernel, {})
+        codes[code] = codes.get(code, 0) + 1
+    return out
+
+
 def run_ptxas(ptxas: str, ptx: str, path: str) -> Tuple[List[Dict], str]:
     """``ptxas -arch=sm_90a -v`` on ``ptx`` (written to ``path``): ``(records, log)``."""
     with open(path, "w") as f:
@@ -730,9 +741,13 @@ def entry_modules(name: str, *, batch: int = 8, seq_len: int = 4096, heads: int 
 
 def render_row(name: str, rec: Dict, smem: Optional[int]) -> str:
     """One output line: name, kernel, threads, registers, spill stores / loads, stack, SMEM,
-    notes (C7514, ``setmaxnreg``, the H200's figures where known)."""
+    notes (ptxas's advisories such as C7514, ``setmaxnreg``, the H200's figures where
+    known)."""
     notes = []
-    if rec.get("c7514"):
+    if rec.get("advisories"):
+        notes.append(" ".join(code + (f" x{n}" if n > 1 else "")
+                              for code, n in sorted(rec["advisories"].items())))
+    elif rec.get("c7514"):
         notes.append("C7514")
     if rec.get("setmaxnreg"):
         notes.append("setmaxnreg " + " / ".join(rec["setmaxnreg"]))
@@ -839,6 +854,7 @@ def main(argv: List[str]) -> None:
                     for rec in recs:
                         rec.update(entry=label, smem_dynamic=dynamic_smem(text),
                                    threads=launch_threads(text), setmaxnreg=setmaxnreg(ptx),
+                                   advisories=advisories(log).get(rec["kernel"], {}),
                                    h200=h200_note(name, _BATCH.value, _SEQ_LEN.value,
                                                   _HEADS.value, _DK.value, _DV.value))
                         mine.append(rec)

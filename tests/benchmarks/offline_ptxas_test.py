@@ -35,6 +35,19 @@ class OfflinePtxasTest(absltest.TestCase):
         self.assertEqual(small, dict(kernel="small_kernel", regs=45, stack=0, spill_st=0,
                                      spill_ld=0, smem_static=1, c7514=False))
 
+    def test_advisories(self):
+        log = LOG + ("ptxas info    : (C7519) warpgroup.arrive is injected in around line 9 by "
+                     "compiler to allow use of registers in GMMA in function 'small_kernel'\n"
+                     "ptxas info    : (C7519) warpgroup.arrive is injected in around line 12 by "
+                     "compiler to allow use of registers in GMMA in function 'small_kernel'\n")
+        got = offline_ptxas.advisories(log)
+        self.assertEqual(got, dict(big_kernel=dict(C7514=1), small_kernel=dict(C7519=2)))
+        rec = dict(kernel="small_kernel", regs=45, spill_st=0, spill_ld=0, stack=0,
+                   advisories=got["small_kernel"], threads=384, setmaxnreg=["dec 40"])
+        row = offline_ptxas.render_row("state_fwd", rec, 1024)
+        self.assertIn("C7519 x2; setmaxnreg dec 40", row)
+        self.assertIn(" 384 ", row)
+
     def test_dynamic_smem(self):
         text = ("%c85008_i32 = arith.constant 85008 : i32\n"
                 "%1 = gpu.launch async [%0] blocks(%a, %b, %c) in (%d = %c8) threads(%e) in "
