@@ -35,12 +35,18 @@ no spills", the same C7514 warnings, registers within 8 (45 vs 37, 85 vs 89, 172
 vs 216), spill bytes 20 to 35 % lower here (92 vs 60, 80 vs 52, 300 vs 236). So: a kernel
 that spilled here spilled on the H200 too (nine of nine), with more bytes there; one near the
 cap may spill there and not here; rank variants rather than trust an absolute byte count.
-``--kernels=t0`` reruns that comparison (the H200's figures are printed beside ours).
+``--kernels=t0`` reruns that comparison (the H200's figures are printed beside ours). Fifteen
+more kernels from the H200's logs of 12-04d to 12-04f (MOSAIC_GPU.md Sec. 23.1: the ``T0``
+kernel at two shapes, ``dv_local``, the state passes, the split and two-warpgroup fused
+``T0`` forwards): the same verdict in all, registers within 3, the same advisories; but the
+fused ``T0`` forward spills 1.05 to 1.41 times the H200's bytes here, so the bytes are no
+lower bound either (within about -35 % / +40 %).
 
 What it cannot see: jaxlib 0.11.2's lowering on the GPU machine (ours is 0.10.2's) and the
 exact LLVM of that jaxlib (the likely causes of the offsets above); runtime behaviour, bank
 conflicts, occupancy. With ``setmaxnreg`` (warp-specialised kernels) "Used N registers" is
-the launch allocation (65536 / threads, rounded down to 8), not each warpgroup's share. At
+the launch allocation (65536 / threads, rounded down to 8: 168 at 384 threads) or, at 256
+threads, the compute warpgroups' ``setmaxnreg`` budget (232), not each warpgroup's use. At
 256 threads (K1, K2) ptxas takes up to 255 registers whenever that helps its schedule, so 255
 without spills says little about pressure; spills are what matter, and near the cap their
 bytes move with ptxas's scheduling (K2 with ``no_band`` spills more than K2 itself).
@@ -558,7 +564,8 @@ ALL_KERNELS = (
 # registers, spill store bytes, run) per shape measured. S1 is (8, 4096, 16); (2, 2048, 4) is
 # bench_kernels' correctness gate (--gate_shape), which compiles before S1: the 12-04f logs
 # hold the gate's kernels (its S1 forwards were cut by their timeout; the T0 kernel's 154
-# registers are its one-chunk-per-CTA form, which S1's eight-chunk form is not). 12-04e ran
+# registers are its one-chunk-per-CTA form, which S1's eight-chunk form is not; the state
+# passes' may be S1's, the same here at both shapes). 12-04e ran
 # the fused kernel alone, storing neither h nor v_new (profile_fwd.py), hence ":infer".
 # The H200's 168 registers of the 384-thread kernels are setmaxnreg's launch allocation.
 _S1, _GATE = (8, 4096, 16), (2, 2048, 4)
