@@ -35,12 +35,18 @@ no spills", the same C7514 warnings, registers within 8 (45 vs 37, 85 vs 89, 172
 vs 216), spill bytes 20 to 35 % lower here (92 vs 60, 80 vs 52, 300 vs 236). So: a kernel
 that spilled here spilled on the H200 too (nine of nine), with more bytes there; one near the
 cap may spill there and not here; rank variants rather than trust an absolute byte count.
-``--kernels=t0`` reruns that comparison (the H200's figures are printed beside ours).
+``--kernels=t0`` reruns that comparison (the H200's figures are printed beside ours). Fifteen
+more kernels from the H200's logs of 12-04d to 12-04f (MOSAIC_GPU.md Sec. 23.1: the ``T0``
+kernel at two shapes, ``dv_local``, the state passes, the split and two-warpgroup fused
+``T0`` forwards): the same verdict in all, registers within 3, the same advisories; but the
+fused ``T0`` forward spills 1.05 to 1.41 times the H200's bytes here, so the bytes are no
+lower bound either (within about -35 % / +40 %).
 
 What it cannot see: jaxlib 0.11.2's lowering on the GPU machine (ours is 0.10.2's) and the
 exact LLVM of that jaxlib (the likely causes of the offsets above); runtime behaviour, bank
 conflicts, occupancy. With ``setmaxnreg`` (warp-specialised kernels) "Used N registers" is
-the launch allocation (65536 / threads, rounded down to 8), not each warpgroup's share. At
+the launch allocation (65536 / threads, rounded down to 8: 168 at 384 threads) or, at 256
+threads, the compute warpgroups' ``setmaxnreg`` budget (232), not each warpgroup's use. At
 256 threads (K1, K2) ptxas takes up to 255 registers whenever that helps its schedule, so 255
 without spills says little about pressure; spills are what matter, and near the cap their
 bytes move with ptxas's scheduling (K2 with ``no_band`` spills more than K2 itself).
@@ -57,6 +63,8 @@ Usage::
         --kernels=k1:16,k2 --out_dir=/tmp/ptx-out     # keeps the MLIR, PTX and ptxas logs
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/offline_ptxas.py --site=/tmp/ptx-site \
         --kernels=t0                                   # the validation against the H200
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/offline_ptxas.py --site=/tmp/ptx-site \
+        --kernels=all [--dk=64 --dv=64]                # every Mosaic GPU kernel (about 1 min)
 
 Kernels (``--kernels``; default ``state_fwd,state_bwd,k1:32,k1:16,k2``): ``state_fwd``
 (``channelwise_forward_mosaic`` with ``v_new`` and ``h`` stored, the training forward),
@@ -67,7 +75,37 @@ Kernels (``--kernels``; default ``state_fwd,state_bwd,k1:32,k1:16,k2``): ``state
 ``t0`` (the nine H200 variants). ``k1`` and ``k2`` take stage ablations after ``+``
 (``k1:32+no_band``, ``k2+no_mma+no_state``; MOSAIC_GPU.md Sec. 22). KDA shapes: ``--batch``,
 ``--seq_len``, ``--heads``, ``--dk``, ``--dv``, ``--dtype``, document ids unless ``--nodocs``
-(registers and spills do not depend on the shape: T = 200, H = 2 gives the same).
+(the default is S1's B 8, T 4096, H 16; see "Shapes" below).
+
+The ops' kernels (``--kernels=all`` runs them with the ones above, ``k2_gdn2`` and the split
+kernel's orders: :data:`ALL_KERNELS`) are exported through the differentiable ops' real call
+paths, a training step (``jax.vjp`` of ``o`` and its backward, documents, no initial state, the
+default ``TUNING``), each entry picking its kernels from that export; an entry that gives
+several kernels prints one line per kernel, ``<entry>.<kernel>`` (``gla_fwd.states.2``: the
+second module of that name, here the backward's recompute; a module already compiled is not
+compiled again, its line says "same module as"). Simple GLA / Lightning / linear attention
+(``simple_gla_mosaic``): ``gla_fwd`` (``forward="two_pass"``: ``chunk_states_mosaic``,
+``chunk_output_mosaic``), ``gla_fused`` (``simple_gla_fused_fwd_mosaic``), ``gla_bwd``
+(``chunk_dstates_mosaic``, ``chunk_grads_mosaic``). Gated DeltaNet / DeltaNet
+(``gated_delta_rule_mosaic``): ``gdn_wy`` (``chunk_wy_mosaic``), ``gdn_delta_h``
+(``chunk_delta_h_mosaic``), ``gdn_output`` (simple GLA's output kernel on ``v_new``),
+``gdn_fused`` / ``gdn_fused_split`` (``chunk_delta_fused_fwd_mosaic``), ``gdn_t0``
+(``chunk_kkt_inverse_mosaic`` with its defaults), ``gdn_fused_t0`` / ``gdn_fused_t0_split``
+(``chunk_delta_fused_t0_fwd_mosaic``), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
+(``chunk_delta_dh_mosaic``), ``gdn_bwd_grads`` (``chunk_delta_grads_mosaic``), ``gdn_wy_bwd``
+(``chunk_wy_bwd_mosaic``). Options after ``:``: ``infer`` (the primal alone: the fused GDN
+kernels then store neither ``h`` nor ``v_new``), ``nog`` (``g=None``: the same modules, the ops
+pass zero gates), and for ``gdn_fused_t0_split`` a ``split_order`` and ``s3``
+(``split_stages=3``): ``gdn_fused_t0_split:prepare_mid:s3``. ``k2_gdn2``: K2 as GDN-2 calls it
+(``ks`` per channel, fp32 ``[B, T, H, K]``). ``--dk=64 --dv=64`` runs them at K = V = 64; an
+entry the kernels do not take prints "not exported". Where the H200's ptxas figures exist for
+an entry at the run's shape (:data:`H200_ENTRIES`), its line shows them.
+
+Shapes: registers and spills barely depend on B, T and H, but not never. The ``T0`` kernel's
+chunks per CTA follow ``B H`` (``kkt_chunks_per_cta``: 8 at S1, 1 at B 1; 222 registers
+against 154), simple GLA's state passes split into pieces below 132 CTAs (more kernels at B 1),
+and near the register cap the spill bytes move with the grid's constants alone (K2: 428 B at B
+8, 376 at B 1; ``gdn_fused:infer`` 100 against 176). So the default is S1.
 """
 
 import json
@@ -350,6 +388,17 @@ def parse_ptxas(log: str) -> List[Dict]:
     return records
 
 
+def advisories(log: str) -> Dict[str, Dict[str, int]]:
+    """ptxas's numbered advisories per function in ``log``: ``{kernel: {code: count}}``, e.g.
+    C7514 / C7512 (``wgmma`` serialized: accumulators read early / too few registers) and
+    C7519 (``warpgroup.arrive`` injected to use registers in a ``wgmma``)."""
+    out: Dict[str, Dict[str, int]] = {}
+    for code, kernel in re.findall(r"\((C\d+)\)[^\n]*?function '([^']+)'", log):
+        codes = out.setdefault(kernel, {})
+        codes[code] = codes.get(code, 0) + 1
+    return out
+
+
 def run_ptxas(ptxas: str, ptx: str, path: str) -> Tuple[List[Dict], str]:
     """``ptxas -arch=sm_90a -v`` on ``ptx`` (written to ``path``): ``(records, log)``."""
     with open(path, "w") as f:
@@ -455,28 +504,273 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
 
 
 def expand_kernels(names: Sequence[str]) -> List[str]:
-    """``t0`` -> the nine H200 variants (``t0:<stages>:<inverse>``); others unchanged."""
+    """``t0`` -> the nine H200 variants (``t0:<stages>:<inverse>``), ``all`` ->
+    :data:`ALL_KERNELS`; others unchanged."""
     out = []
     for name in names:
+        if name == "all":
+            out.extend(ALL_KERNELS)
+            continue
         out.extend(f"t0:{v}" for v in H200_T0) if name == "t0" else out.append(name)
     return out
 
 
+# ------------------------------------------------- the ops' kernels (GLA, GDN, GDN-2's K2)
+
+# Kernel entries exported through the differentiable ops' real call paths (the training step:
+# forward under jax.vjp, then the backward, as benchmarks/bench_kernels.py's fwdbwd with
+# documents and no initial state). Each entry names the op configuration (``forward``) and the
+# kernels of that export it reports (the Mosaic module's ``func.func @<kernel>_mosaic_gpu``;
+# a name ending in "*" matches every kernel name starting with it).
+OP_KERNELS = {
+    # simple GLA / Lightning / linear attention (simple_gla_mosaic; Lightning's constant
+    # decay is a g array too, linear attention is g=None: ":nog")
+    "gla_fwd": ("gla", "two_pass", ("simple_gla_chunk_states", "simple_gla_chunk_output")),
+    "gla_fused": ("gla", "fused", ("simple_gla_fused_fwd",)),
+    "gla_bwd": ("gla", "two_pass", ("simple_gla_chunk_dstates", "simple_gla_chunk_grads")),
+    # Gated DeltaNet / DeltaNet (gated_delta_rule_mosaic; DeltaNet is g=None: ":nog")
+    "gdn_wy": ("gdn", "three_pass", ("gdn_chunk_wy",)),
+    "gdn_delta_h": ("gdn", "three_pass", ("gdn_chunk_delta_h",)),
+    "gdn_output": ("gdn", "three_pass", ("simple_gla_chunk_output",)),
+    "gdn_fused": ("gdn", "fused", ("gdn_chunk_delta_fused_fwd",)),
+    "gdn_fused_split": ("gdn", "fused_split", ("gdn_chunk_delta_fused_fwd_split",)),
+    "gdn_t0": ("gdn", "fused_t0", ("gdn_chunk_kkt_inverse*",)),
+    "gdn_fused_t0": ("gdn", "fused_t0", ("gdn_chunk_delta_fused_t0_fwd",)),
+    "gdn_fused_t0_split": ("gdn", "fused_t0_split", ("gdn_chunk_delta_fused_t0_fwd_split*",)),
+    "gdn_bwd_dv_local": ("gdn", "three_pass", ("gdn_chunk_dv_local",)),
+    "gdn_bwd_dh": ("gdn", "three_pass", ("gdn_chunk_delta_dh",)),
+    "gdn_bwd_grads": ("gdn", "three_pass", ("gdn_chunk_grads",)),
+    "gdn_wy_bwd": ("gdn", "three_pass", ("gdn_chunk_wy_bwd",)),
+}
+# Options after ":" (any order): "infer" (the primal alone, as at inference: the fused GDN
+# kernels then store neither h nor v_new), "nog" (g=None: linear attention, DeltaNet), and for
+# gdn_fused_t0_split a split order of kernel_mosaic_gpu_fused.SPLIT_ORDERS and "s3" (three ring
+# stages).
+OP_OPTIONS = ("infer", "nog", "s3")
+# --kernels=all: every kernel in the ops' default configurations, plus the inference forwards
+# of the fused GDN kernels, the split kernel's other orders and GDN-2's K2 (per-channel fp32
+# ks). Not ":nog": with g=None the ops pass zero gates (mosaic_gpu_lib.chunk_cumsum), so DeltaNet
+# and linear attention export the same Mosaic modules as GDN and simple GLA (checked 2026-12-05).
+ALL_KERNELS = (
+    "state_fwd", "state_fwd_nostore", "state_bwd", "k1:32", "k1:16", "k2", "k2_gdn2",
+    "gla_fwd", "gla_fused", "gla_bwd",
+    "gdn_wy", "gdn_delta_h", "gdn_output", "gdn_fused", "gdn_fused:infer", "gdn_fused_split",
+    "gdn_t0", "gdn_fused_t0", "gdn_fused_t0:infer", "gdn_fused_t0_split",
+    "gdn_fused_t0_split:prepare_first", "gdn_fused_t0_split:prepare_mid:s3",
+    "gdn_fused_t0_split:state_ag", "gdn_fused_t0_split:state_ag:s3",
+    "gdn_bwd_dv_local", "gdn_bwd_dh", "gdn_bwd_grads", "gdn_wy_bwd")
+# ptxas's figures on the H200 for entries of this binary (MOSAIC_GPU_DUMP_PTXAS logs under
+# benchmarks/results/mosaic-gpu-h200-*; jax 0.11.2, bf16, K = V = 128): entry -> ((B, T, H),
+# registers, spill store bytes, run) per shape measured. S1 is (8, 4096, 16); (2, 2048, 4) is
+# bench_kernels' correctness gate (--gate_shape), which compiles before S1: the 12-04f logs
+# hold the gate's kernels (its S1 forwards were cut by their timeout; the T0 kernel's 154
+# registers are its one-chunk-per-CTA form, which S1's eight-chunk form is not; the state
+# passes' may be S1's, the same here at both shapes). 12-04e ran
+# the fused kernel alone, storing neither h nor v_new (profile_fwd.py), hence ":infer".
+# The H200's 168 registers of the 384-thread kernels are setmaxnreg's launch allocation.
+_S1, _GATE = (8, 4096, 16), (2, 2048, 4)
+H200_ENTRIES = {
+    "state_fwd": ((_GATE, 168, 0, "12-04f"),),
+    "state_bwd": ((_GATE, 168, 0, "12-04f"),),
+    "gdn_t0": ((_S1, 225, 0, "12-04d"), (_GATE, 154, 0, "12-04f")),
+    "gdn_fused_t0:infer": ((_S1, 232, 184, "12-04e"),),
+    "gdn_fused_t0_split": ((_GATE, 168, 0, "12-04f"),),
+    "gdn_fused_t0_split:prepare_mid:s3": ((_GATE, 168, 0, "12-04f"),),
+    "gdn_fused_t0_split:state_ag": ((_GATE, 168, 0, "12-04f"),),
+    "gdn_fused_t0_split:state_ag:s3": ((_GATE, 168, 0, "12-04f"),),
+    "gdn_bwd_dv_local": ((_GATE, 106, 0, "12-04f"),),
+}
+
+
+def h200_note(entry: str, batch: int, seq_len: int, heads: int, dk: int, dv: int) -> str:
+    """The H200's figures for ``entry`` (:data:`H200_ENTRIES`) at this shape, or ``""``."""
+    if (dk, dv) != (128, 128):
+        return ""
+    return "; ".join(f"H200 {run}: {regs} regs, {spill} B spill st"
+                     for shape, regs, spill, run in H200_ENTRIES.get(entry, ())
+                     if shape == (batch, seq_len, heads))
+
+
+def module_kernel_name(module_text: str) -> Optional[str]:
+    """The kernel's name in a Mosaic GPU module (``func.func @<name>_mosaic_gpu``)."""
+    found = re.search(r"func\.func @(\w+?)_mosaic_gpu\b", module_text)
+    return found.group(1) if found else None
+
+
+def launch_threads(module_text: str) -> Optional[int]:
+    """Threads per block of the module's ``gpu.launch`` (product of the three sizes), or
+    ``None`` if they are not constants."""
+    use = re.search(r"gpu\.launch\b[^\n]*threads\([^)]*\) in \(([^)]*)\)", module_text)
+    if not use:
+        return None
+    total = 1
+    for value in re.findall(r"= (%[\w.]+)", use.group(1)):
+        define = re.search(re.escape(value) + r" = arith\.constant (\d+)", module_text)
+        if not define:
+            return None
+        total *= int(define.group(1))
+    return total
+
+
+def setmaxnreg(ptx: str) -> List[str]:
+    """The ``setmaxnreg`` requests in ``ptx``, e.g. ``["dec 40", "inc 232"]`` (sorted)."""
+    return sorted(set(f"{m.group(1)} {m.group(2)}" for m in re.finditer(
+        r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)))
+
+
+def parse_op_entry(name: str) -> Tuple[str, str, Tuple[str, ...], Dict]:
+    """``(op, forward, kernel patterns, options)`` of an :data:`OP_KERNELS` entry with its
+    ``:`` options (``infer``, ``nog``, a split order, ``s3``)."""
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    base, *opts = name.split(":")
+    if base not in OP_KERNELS:
+        raise ValueError(f"unknown kernel {name!r}")
+    op, forward, patterns = OP_KERNELS[base]
+    options: Dict = dict(infer=False, nog=False, split={})
+    for opt in opts:
+        if opt in ("infer", "nog"):
+            options[opt] = True
+        elif base == "gdn_fused_t0_split" and opt in kfused.SPLIT_ORDERS:
+            options["split"]["split_order"] = opt
+        elif base == "gdn_fused_t0_split" and opt == "s3":
+            options["split"]["split_stages"] = 3
+        else:
+            raise ValueError(f"{name!r}: unknown option {opt!r} (options: {OP_OPTIONS}, and "
+                             f"for gdn_fused_t0_split {kfused.SPLIT_ORDERS})")
+    if options["infer"] and "_bwd" in base:
+        raise ValueError(f"{name!r}: a backward kernel has no inference form")
+    return op, forward, patterns, options
+
+
+def _matches(kernel: Optional[str], patterns: Sequence[str]) -> bool:
+    return kernel is not None and any(
+        kernel.startswith(p[:-1]) if p.endswith("*") else kernel == p for p in patterns)
+
+
+def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
+              split: Optional[Dict] = None, batch: int = 8, seq_len: int = 4096,
+              heads: int = 16, dk: int = 128, dv: int = 128, dtype: str = "bfloat16",
+              docs: bool = True) -> List[str]:
+    """The Mosaic GPU modules of one op configuration, exported through the op: the training
+    step (``jax.vjp`` of ``o``, then its backward with a cotangent ``do``) or, with ``infer``,
+    the primal alone. ``op``: ``"gla"`` (``simple_gla_mosaic``) or ``"gdn"``
+    (``gated_delta_rule_mosaic``); ``split``: ``SPLIT_T0_OPTIONS`` for the export."""
+    import jax
+    import jax.numpy as jnp
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+    from pallas_kernels.gated_delta_rule import mosaic_vjp
+    from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
+    spec = jax.ShapeDtypeStruct
+    dt = jnp.dtype(dtype)
+    qk = spec((batch, seq_len, heads, dk), dt)
+    tok_v = spec((batch, seq_len, heads, dv), dt)
+    gate = spec((batch, seq_len, heads), jnp.float32)
+    seg = spec((batch, seq_len), jnp.int32) if docs else None
+
+    def primal(q, k, v, g, beta, seg):
+        g = None if nog else g
+        if op == "gla":
+            return sg.simple_gla_mosaic(q, k, v, g, segment_ids=seg, forward=forward)[0]
+        return mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, segment_ids=seg,
+                                                  forward=forward)[0]
+
+    def step(q, k, v, g, beta, do, seg=None):
+        if infer:
+            return primal(q, k, v, g, beta, seg)
+        o, vjp = jax.vjp(lambda *a: primal(*a, seg), q, k, v, g, beta)
+        return o, vjp(do)
+
+    saved = dict(kgd.SPLIT_T0_OPTIONS)
+    kgd.SPLIT_T0_OPTIONS.clear()
+    kgd.SPLIT_T0_OPTIONS.update(split or {})
+    try:
+        return export_modules(step, qk, qk, tok_v, gate, gate, tok_v, seg=seg)
+    finally:
+        kgd.SPLIT_T0_OPTIONS.clear()
+        kgd.SPLIT_T0_OPTIONS.update(saved)
+
+
+def _k2_gdn2_modules(batch, seq_len, heads, dk, dv, dtype, docs) -> List[str]:
+    """K2 (``channelwise_grad_chunk_mosaic``) as GDN-2 calls it: ``ks`` per channel, fp32
+    ``[B, T, H, K]`` (KDA's ``k2`` has one per token); otherwise as ``k2``."""
+    import jax
+    import jax.numpy as jnp
+    from pallas_kernels.common import channelwise_grad_mosaic_gpu as k2
+    s = _kda_shapes(batch, seq_len, heads, dk, dv, jnp.dtype(dtype))
+    ks = jax.ShapeDtypeStruct((batch, seq_len, heads, dk), jnp.float32)
+
+    def fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc=None):
+        return k2.channelwise_grad_chunk_mosaic(q, k, kr, ks, gamma, hs, dhs, do, vn, dr,
+                                                scale=0.1, doc=doc)
+
+    return export_modules(fn, *[s["tok_k"]] * 3, ks, s["gamma"], s["states"], s["states"],
+                          *[s["tok_v"]] * 3, doc=s["doc"] if docs else None)
+
+
+_EXPORTS: Dict = {}
+
+
+def entry_modules(name: str, *, batch: int = 8, seq_len: int = 4096, heads: int = 16,
+                  dk: int = 128, dv: int = 128, dtype: str = "bfloat16",
+                  docs: bool = True) -> List[Tuple[str, str]]:
+    """``(label, Mosaic module)`` for every kernel of one ``--kernels`` entry: the
+    :data:`OP_KERNELS` entries (one export per op configuration, cached, each kernel
+    labelled ``<entry>.<kernel>`` when it gives several), ``k2_gdn2``, and the rest through
+    :func:`kernel_modules` (labelled by the entry, ``.<i>`` when it gives several)."""
+    shape = dict(batch=batch, seq_len=seq_len, heads=heads, dk=dk, dv=dv, dtype=dtype,
+                 docs=docs)
+    if name == "k2_gdn2":
+        return [(name, text) for text in _k2_gdn2_modules(**shape)]
+    if name.split(":")[0] not in OP_KERNELS:
+        texts = kernel_modules(name, **shape)
+        return [(name + (f".{i}" if len(texts) > 1 else ""), t) for i, t in enumerate(texts)]
+    op, forward, patterns, options = parse_op_entry(name)
+    key = (op, forward, options["infer"], options["nog"],
+           tuple(sorted(options["split"].items())), tuple(sorted(shape.items())))
+    if key not in _EXPORTS:
+        _EXPORTS[key] = op_export(op, forward, infer=options["infer"], nog=options["nog"],
+                                  split=options["split"], **shape)
+    picked = [(module_kernel_name(t), t) for t in _EXPORTS[key]]
+    picked = [(k, t) for k, t in picked if _matches(k, patterns)]
+    if not picked:
+        raise ValueError(f"{name!r}: no kernel matching {patterns} in the export")
+    if len(picked) == 1:
+        return [(name, picked[0][1])]
+    counts: Dict[str, int] = {}
+    out = []
+    for kernel, text in picked:
+        counts[kernel] = counts.get(kernel, 0) + 1
+        n = counts[kernel]
+        short = re.sub(r"^(simple_gla_chunk_|simple_gla_|gdn_chunk_|gdn_)", "", kernel)
+        out.append((f"{name}.{short}" + (f".{n}" if n > 1 else ""), text))
+    return out
+
+
 def render_row(name: str, rec: Dict, smem: Optional[int]) -> str:
-    """One output line: name, registers, spill stores / loads, stack, SMEM, notes."""
+    """One output line: name, kernel, threads, registers, spill stores / loads, stack, SMEM,
+    notes (ptxas's advisories such as C7514, ``setmaxnreg``, the H200's figures where
+    known)."""
     notes = []
-    if rec.get("c7514"):
+    if rec.get("advisories"):
+        notes.append(" ".join(code + (f" x{n}" if n > 1 else "")
+                              for code, n in sorted(rec["advisories"].items())))
+    elif rec.get("c7514"):
         notes.append("C7514")
+    if rec.get("setmaxnreg"):
+        notes.append("setmaxnreg " + " / ".join(rec["setmaxnreg"]))
     h200 = H200_T0.get(name[3:]) if name.startswith("t0:") else None
     if h200:
         notes.append(f"H200 12-04c: {h200[0]} regs, {h200[1]} B spill st")
-    return (f"{name:<28} {rec['kernel']:<48} {rec['regs']:>4} {rec['spill_st']:>8} "
-            f"{rec['spill_ld']:>8} {rec['stack']:>6} {smem if smem is not None else '?':>8}"
-            f"  {'; '.join(notes)}")
+    if rec.get("h200"):
+        notes.append(rec["h200"])
+    threads = rec.get("threads")
+    return (f"{name:<36} {rec['kernel']:<58} {threads if threads else '?':>4} "
+            f"{rec['regs']:>4} {rec['spill_st']:>8} {rec['spill_ld']:>8} {rec['stack']:>6} "
+            f"{smem if smem is not None else '?':>8}  {'; '.join(notes)}")
 
 
-HEADER = (f"{'entry':<28} {'kernel':<48} {'regs':>4} {'spill st':>8} {'spill ld':>8} "
-          f"{'stack':>6} {'SMEM B':>8}  notes")
+HEADER = (f"{'entry':<36} {'kernel':<58} {'thr':>4} {'regs':>4} {'spill st':>8} "
+          f"{'spill ld':>8} {'stack':>6} {'SMEM B':>8}  notes")
 
 
 def _define_flags() -> None:
@@ -492,15 +786,17 @@ def _define_flags() -> None:
                                      "<site>/nvidia/cuda_nvcc.")
     _KERNELS = flags.DEFINE_list("kernels", list(DEFAULT_KERNELS), "Kernels (module "
                                  "docstring): state_fwd, state_fwd_nostore, state_bwd, "
-                                 "k1:<16|32>[+ablation...], k2[+ablation...], "
-                                 "t0:<stages>:<inverse>, t0.")
-    _BATCH = flags.DEFINE_integer("batch", 1, "Batch rows B (KDA kernels).")
-    _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T (KDA kernels).")
-    _HEADS = flags.DEFINE_integer("heads", 16, "Heads H (KDA kernels).")
+                                 "k1:<16|32>[+ablation...], k2[+ablation...], k2_gdn2, "
+                                 "t0:<stages>:<inverse>, t0, the ops' kernels (gla_*, gdn_*, "
+                                 "with :options), all.")
+    _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B (all but t0, fixed at S1).")
+    _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T (all but t0).")
+    _HEADS = flags.DEFINE_integer("heads", 16, "Heads H (all but t0).")
     _DK = flags.DEFINE_integer("dk", 128, "Key head dim K.")
     _DV = flags.DEFINE_integer("dv", 128, "Value head dim V.")
     _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "Operand dtype.")
-    _DOCS = flags.DEFINE_bool("docs", True, "Pass document ids (doc) to K1 and K2.")
+    _DOCS = flags.DEFINE_bool("docs", True, "Pass document ids (doc, segment_ids) to K1, K2 "
+                              "and the ops.")
     _PTX_ISA = flags.DEFINE_integer("ptx_isa", 87, "PTX ISA version of the PTX (87: 8.7).")
     _OUT_DIR = flags.DEFINE_string("out_dir", None, "If set, keeps each kernel's Mosaic "
                                    "module, LLVM-dialect module, PTX, ptxas log and "
@@ -520,7 +816,7 @@ def main(argv: List[str]) -> None:
     version = re.search(r"release (\S+),", version)
     import jax
     print(f"offline ptxas, {CHIP}: jax {jax.__version__}, numba-cuda-mlir MLIR/LLVM, ptxas "
-          f"{version.group(1) if version else '?'}; KDA shapes B={_BATCH.value} "
+          f"{version.group(1) if version else '?'}; shapes B={_BATCH.value} "
           f"T={_SEQ_LEN.value} H={_HEADS.value} K={_DK.value} V={_DV.value} {_DTYPE.value}"
           f"{' with docs' if _DOCS.value else ''}")
     print(HEADER, flush=True)
@@ -528,28 +824,50 @@ def main(argv: List[str]) -> None:
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     records = []
+    seen: Dict[str, Tuple[str, List[Dict]]] = {}  # module text -> (label, its records)
+    shape = dict(batch=_BATCH.value, seq_len=_SEQ_LEN.value, heads=_HEADS.value, dk=_DK.value,
+                 dv=_DV.value, dtype=_DTYPE.value, docs=_DOCS.value)
     with tempfile.TemporaryDirectory() as tmp:
         for name in expand_kernels(_KERNELS.value):
-            texts = kernel_modules(name, batch=_BATCH.value, seq_len=_SEQ_LEN.value,
-                                   heads=_HEADS.value, dk=_DK.value, dv=_DV.value,
-                                   dtype=_DTYPE.value, docs=_DOCS.value)
-            for i, text in enumerate(texts):
-                stem = os.path.join(out_dir or tmp, re.sub(r"[^\w.-]", "_", name)
-                                    + (f".{i}" if len(texts) > 1 else ""))
+            try:
+                labelled = entry_modules(name, **shape)
+            except ValueError as e:  # e.g. a head dim or option the kernel does not take
+                if re.search(r"unknown kernel|unknown option|no inference form", str(e)):
+                    raise
+                print(f"{name:<36} not exported: {str(e).splitlines()[0][:160]}", flush=True)
+                continue
+            for label, text in labelled:
+                if text in seen:  # the same kernel as an earlier entry: not compiled again
+                    for rec in seen[text][1]:
+                        rec = dict(rec, entry=label, same_as=seen[text][0],
+                                   h200=h200_note(name, _BATCH.value, _SEQ_LEN.value,
+                                                  _HEADS.value, _DK.value, _DV.value))
+                        records.append(rec)
+                        print(render_row(label, rec, rec["smem_dynamic"])
+                              + f"; same module as {seen[text][0]}", flush=True)
+                    continue
+                stem = os.path.join(out_dir or tmp, re.sub(r"[^\w.-]", "_", label))
                 if out_dir:
                     with open(stem + ".mosaic.mlir", "w") as f:
                         f.write(text)
                 ptxs = module_to_ptx(text, site, cuda_root, _PTX_ISA.value,
                                      llvm_out=stem + ".llvm.mlir" if out_dir else None)
+                mine = []
                 for j, ptx in enumerate(ptxs):
                     recs, log = run_ptxas(ptxas, ptx, stem + (f".{j}" if j else "") + ".ptx")
                     if out_dir:
                         with open(stem + ".ptxas.log", "a") as f:
                             f.write(log)
                     for rec in recs:
-                        rec.update(entry=name, smem_dynamic=dynamic_smem(text))
+                        rec.update(entry=label, smem_dynamic=dynamic_smem(text),
+                                   threads=launch_threads(text), setmaxnreg=setmaxnreg(ptx),
+                                   advisories=advisories(log).get(rec["kernel"], {}),
+                                   h200=h200_note(name, _BATCH.value, _SEQ_LEN.value,
+                                                  _HEADS.value, _DK.value, _DV.value))
+                        mine.append(rec)
                         records.append(rec)
-                        print(render_row(name, rec, rec["smem_dynamic"]), flush=True)
+                        print(render_row(label, rec, rec["smem_dynamic"]), flush=True)
+                seen[text] = (label, mine)
     if out_dir:
         with open(os.path.join(out_dir, "results.jsonl"), "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)

@@ -35,6 +35,19 @@ class OfflinePtxasTest(absltest.TestCase):
         self.assertEqual(small, dict(kernel="small_kernel", regs=45, stack=0, spill_st=0,
                                      spill_ld=0, smem_static=1, c7514=False))
 
+    def test_advisories(self):
+        log = LOG + ("ptxas info    : (C7519) warpgroup.arrive is injected in around line 9 by "
+                     "compiler to allow use of registers in GMMA in function 'small_kernel'\n"
+                     "ptxas info    : (C7519) warpgroup.arrive is injected in around line 12 by "
+                     "compiler to allow use of registers in GMMA in function 'small_kernel'\n")
+        got = offline_ptxas.advisories(log)
+        self.assertEqual(got, dict(big_kernel=dict(C7514=1), small_kernel=dict(C7519=2)))
+        rec = dict(kernel="small_kernel", regs=45, spill_st=0, spill_ld=0, stack=0,
+                   advisories=got["small_kernel"], threads=384, setmaxnreg=["dec 40"])
+        row = offline_ptxas.render_row("state_fwd", rec, 1024)
+        self.assertIn("C7519 x2; setmaxnreg dec 40", row)
+        self.assertIn(" 384 ", row)
+
     def test_dynamic_smem(self):
         text = ("%c85008_i32 = arith.constant 85008 : i32\n"
                 "%1 = gpu.launch async [%0] blocks(%a, %b, %c) in (%d = %c8) threads(%e) in "
@@ -61,6 +74,57 @@ class OfflinePtxasTest(absltest.TestCase):
         self.assertIn("gpu.launch", text)
         self.assertNotIn("stable_mosaic_gpu", text)
         self.assertEqual(offline_ptxas.dynamic_smem(text), 85008)
+
+    def test_all_and_op_entries(self):
+        got = offline_ptxas.expand_kernels(["all"])
+        self.assertEqual(got, list(offline_ptxas.ALL_KERNELS))
+        for name in got:  # every op entry of "all" parses
+            if name.split(":")[0] in offline_ptxas.OP_KERNELS:
+                offline_ptxas.parse_op_entry(name)
+        op, forward, patterns, options = offline_ptxas.parse_op_entry(
+            "gdn_fused_t0_split:prepare_mid:s3:infer")
+        self.assertEqual((op, forward), ("gdn", "fused_t0_split"))
+        self.assertEqual(options, dict(infer=True, nog=False, split=dict(
+            split_order="prepare_mid", split_stages=3)))
+        self.assertTrue(offline_ptxas._matches("gdn_chunk_delta_fused_t0_fwd_split_pm_s3",
+                                               patterns))
+        self.assertFalse(offline_ptxas._matches("gdn_chunk_delta_fused_t0_fwd", patterns))
+        with self.assertRaisesRegex(ValueError, "unknown option"):
+            offline_ptxas.parse_op_entry("gdn_wy:s3")
+        with self.assertRaisesRegex(ValueError, "no inference form"):
+            offline_ptxas.parse_op_entry("gdn_bwd_dh:infer")
+        with self.assertRaisesRegex(ValueError, "unknown kernel"):
+            offline_ptxas.entry_modules("gdn_nothing")
+
+    def test_module_facts(self):
+        text = ("%c384 = arith.constant 384 : index\n%c1 = arith.constant 1 : index\n"
+                "func.func @gdn_chunk_wy_mosaic_gpu(%arg0: i32) {\n"
+                "%1 = gpu.launch async [%0] blocks(%a, %b, %c) in (%d = %c8, %e = %c1, %f = %c1) "
+                "threads(%g, %h, %i) in (%j = %c384, %k = %c1, %l = %c1) "
+                "dynamic_shared_memory_size %c9_i32 {\n")
+        self.assertEqual(offline_ptxas.module_kernel_name(text), "gdn_chunk_wy")
+        self.assertEqual(offline_ptxas.launch_threads(text), 384)
+        ptx = ("\tsetmaxnreg.dec.sync.aligned.u32 40;\n\tsetmaxnreg.inc.sync.aligned.u32 232;\n"
+               "\tsetmaxnreg.inc.sync.aligned.u32 232;\n")
+        self.assertEqual(offline_ptxas.setmaxnreg(ptx), ["dec 40", "inc 232"])
+        self.assertEqual(offline_ptxas.h200_note("gdn_t0", 8, 4096, 16, 128, 128),
+                         "H200 12-04d: 225 regs, 0 B spill st")
+        self.assertEqual(offline_ptxas.h200_note("gdn_t0", 8, 4096, 16, 64, 64), "")
+
+    def test_op_export_and_entries(self):
+        # The GDN training step (three_pass) through gated_delta_rule_mosaic: seven Mosaic GPU
+        # modules, one per kernel; an entry picks its own, the two-kernel GLA entry labels both.
+        shape = dict(batch=1, seq_len=128, heads=2)
+        texts = offline_ptxas.op_export("gdn", "three_pass", **shape)
+        self.assertEqual(sorted(map(offline_ptxas.module_kernel_name, texts)), [
+            "gdn_chunk_delta_dh", "gdn_chunk_delta_h", "gdn_chunk_dv_local", "gdn_chunk_grads",
+            "gdn_chunk_wy", "gdn_chunk_wy_bwd", "simple_gla_chunk_output"])
+        ((label, text),) = offline_ptxas.entry_modules("gdn_bwd_dv_local", **shape)
+        self.assertEqual(label, "gdn_bwd_dv_local")
+        self.assertIn(text, texts)
+        self.assertEqual(offline_ptxas.launch_threads(text), 128)
+        labels = [lab for lab, _ in offline_ptxas.entry_modules("gla_bwd", **shape)]
+        self.assertEqual(labels, ["gla_bwd.dstates", "gla_bwd.grads"])
 
     def test_unknown_kernel(self):
         with self.assertRaisesRegex(ValueError, "unknown kernel"):
