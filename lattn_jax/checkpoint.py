@@ -241,6 +241,96 @@ class _QuietFailedReads:
         return False
 
 
+class _HeldSaveErrors(logging.Filter):
+    """Holds back the errors orbax logs from its background save threads while an asynchronous
+    save is in flight, so that a write that fails (a full disk, no permission) ends in the one
+    line of :class:`CheckpointWriteError` instead of that line after a few hundred lines of
+    orbax's own tracebacks (one per thread that saw the failure: "``_SignalingThread.run()``
+    raised an exception", "Failed to run 3 Handler Commit operations", "Save Finalize thread
+    failed"). When the save completes, or fails in a way this module does not translate, the
+    held records are logged as they would have been (:meth:`release`); when the failure becomes
+    a :class:`CheckpointWriteError`, they are dropped (:meth:`drop`), and so are those that
+    threads still in flight log in the next :data:`LATE_S` seconds. Records of level ERROR and
+    above from orbax's source files, and asyncio's ("Task exception was never retrieved") whose
+    exception is a failed write; everything else passes.
+
+    One instance, on absl's logger (orbax logs through ``absl.logging``) and asyncio's,
+    installed by the first :class:`Checkpointer` (:func:`_install_save_error_filters`).
+    """
+
+    LATE_S = 5.0
+
+    def __init__(self):
+        super().__init__()
+        self.holding = 0
+        self.held: List[logging.LogRecord] = []
+        self.quiet_until = 0.0
+
+    @staticmethod
+    def _concerns_a_save(record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return False
+        if record.name == "asyncio":
+            error = record.exc_info[1] if record.exc_info else None
+            return error is not None and _is_write_failure(error)
+        return f"{os.sep}orbax{os.sep}" in (record.pathname or "")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "_lattn_released", False) or not self._concerns_a_save(record):
+            return True
+        if self.holding:
+            self.held.append(record)
+            return False
+        return time.monotonic() >= self.quiet_until  # late: after a drop, dropped too
+
+    def hold(self) -> None:
+        self.holding += 1
+
+    def release(self) -> None:
+        self.holding = max(0, self.holding - 1)
+        records, self.held = self.held, []
+        for record in records:
+            record._lattn_released = True
+            logging.getLogger(record.name).handle(record)
+
+    def drop(self) -> None:
+        self.holding = max(0, self.holding - 1)
+        self.held = []
+        self.quiet_until = time.monotonic() + self.LATE_S
+
+
+_SAVE_ERRORS = _HeldSaveErrors()
+
+
+def _is_closed_loop_noise(unraisable) -> bool:
+    """Whether an unraisable exception is the "Event loop is closed" ``RuntimeError`` that
+    tensorstore's completion callbacks raise into orbax's closed asyncio loop after a failed
+    write (or read): one per array still in flight, printed as a traceback each (160 on a full
+    disk with the default model), with no object to name."""
+    return (unraisable.object is None and unraisable.exc_type is RuntimeError
+            and str(unraisable.exc_value) == "Event loop is closed")
+
+
+def _install_save_error_filters() -> None:
+    """Installs, once per process, :data:`_SAVE_ERRORS` on the absl and asyncio loggers and a
+    ``sys.unraisablehook`` that drops :func:`_is_closed_loop_noise` (every other unraisable
+    exception goes to the hook that was there before)."""
+    for name in ("absl", "asyncio"):
+        logger = logging.getLogger(name)
+        if _SAVE_ERRORS not in logger.filters:
+            logger.addFilter(_SAVE_ERRORS)
+    previous = sys.unraisablehook
+    if getattr(previous, "_lattn_closed_loop_filter", False):
+        return
+
+    def hook(unraisable):
+        if not _is_closed_loop_noise(unraisable):
+            previous(unraisable)
+
+    hook._lattn_closed_loop_filter = True
+    sys.unraisablehook = hook
+
+
 def drop_records_after(path: str, step: int) -> Tuple[int, Optional[str]]:
     """Removes from the per-step JSONL file ``path`` (``metrics.jsonl``, ...) the records whose
     ``"step"`` is beyond ``step`` (the step a run resumes from): a run stopped hard after its
@@ -336,6 +426,7 @@ class Checkpointer:
             self.directory, options=options, item_names=("state", "data_iter"))
         self._writing = None  # the step of the asynchronous save in flight, if any
         self._cleanup_tmp = cleanup_tmp
+        _install_save_error_filters()  # a failed write: one line, not orbax's tracebacks
         self._failed = set()  # steps whose write failed: their partial files go at close()
 
     def _write_failed(self, step: int, error: Exception) -> CheckpointWriteError:
@@ -351,8 +442,17 @@ class Checkpointer:
             self.manager.wait_until_finished()
         except (OSError, ValueError) as e:  # tensorstore's failed writes are ValueErrors
             if step is None or isinstance(e, CheckpointError) or not _is_write_failure(e):
+                if step is not None:
+                    _SAVE_ERRORS.release()
                 raise
+            _SAVE_ERRORS.drop()  # the one line below says it
             raise self._write_failed(step, e) from e
+        except BaseException:
+            if step is not None:
+                _SAVE_ERRORS.release()
+            raise
+        if step is not None:
+            _SAVE_ERRORS.release()
 
     def latest_step(self) -> Optional[int]:
         """The newest complete checkpoint's step, or ``None``."""
@@ -373,13 +473,19 @@ class Checkpointer:
             items["data_iter"] = grain.checkpoint.CheckpointSave(data_iter)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
         self._finish_writing()  # the previous save's failure names its own step
+        _SAVE_ERRORS.hold()  # until _finish_writing: released, or dropped for the one line
         try:
             saved = self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
                                       force=force)
         except (OSError, ValueError) as e:
             if not _is_write_failure(e):
+                _SAVE_ERRORS.release()
                 raise
+            _SAVE_ERRORS.drop()
             raise self._write_failed(step, e) from e
+        except BaseException:
+            _SAVE_ERRORS.release()
+            raise
         self._writing = step
         return saved
 

@@ -2,7 +2,13 @@
 unreadable, and nothing is renamed."""
 
 import json
+import logging
 import os
+import resource
+import signal
+import subprocess
+import sys
+import types
 from unittest import mock
 
 import jax
@@ -178,6 +184,116 @@ class DropRecordsAfterTest(absltest.TestCase):
         self.assertEqual((dropped, discarded), (2, f"{path}.discarded-3"))
         records.append_record(path, {"step": 4, "train_loss": 2.6})
         self.assertEqual([r["step"] for r in records.read_records(path)], [1, 2, 3, 4])
+
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+# A logger of the tests' own: absl's carries the process-wide filter of any Checkpointer made.
+LOGGER = "lattn_jax.tests.orbax_like"
+
+
+def _orbax_record(message, level=logging.ERROR):
+    path = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "future.py")
+    return logging.LogRecord(LOGGER, level, path, 387, message, None, None)
+
+
+class SaveErrorFilterTest(absltest.TestCase):
+    """orbax's own error logs of a failed asynchronous save give way to the one line."""
+
+    def setUp(self):
+        super().setUp()
+        self.filt = checkpoint_lib._HeldSaveErrors()
+        self.emitted = []
+        handler = logging.Handler()
+        handler.emit = lambda record: self.emitted.append(record.getMessage())
+        self.logger = logging.getLogger(LOGGER)
+        self.logger.propagate = False
+        self.logger.addHandler(handler)
+        self.logger.addFilter(self.filt)
+        self.addCleanup(self.logger.removeHandler, handler)
+        self.addCleanup(self.logger.removeFilter, self.filt)
+
+    def log(self, record):
+        self.logger.handle(record)
+
+    def test_held_during_a_save_then_released_or_dropped(self):
+        self.filt.hold()
+        self.log(_orbax_record("thread A failed"))
+        self.log(_orbax_record("a warning", logging.WARNING))  # below ERROR: passes
+        other = logging.LogRecord(LOGGER, logging.ERROR, "/x/lattn_jax/train.py", 1, "ours",
+                                  None, None)
+        self.log(other)  # not orbax's: passes
+        self.assertEqual(self.emitted, ["a warning", "ours"])
+        self.filt.release()  # the save completed: logged as it would have been
+        self.assertEqual(self.emitted, ["a warning", "ours", "thread A failed"])
+        self.filt.hold()
+        self.log(_orbax_record("thread B failed"))
+        self.filt.drop()  # became a CheckpointWriteError's one line
+        self.log(_orbax_record("a late thread failed"))  # within LATE_S: dropped too
+        self.assertEqual(self.emitted, ["a warning", "ours", "thread A failed"])
+        self.filt.quiet_until = 0.0  # LATE_S later
+        self.log(_orbax_record("a later error"))
+        self.assertEqual(self.emitted[-1], "a later error")
+
+    def test_asyncio_records_are_held_only_for_failed_writes(self):
+        self.filt.hold()
+        for error, held in ((ValueError("Failed writing [os_error_code='28']"), True),
+                            (ValueError("a bug"), False)):
+            record = logging.LogRecord("asyncio", logging.ERROR, "/x/asyncio/base_events.py",
+                                       1, "Task exception was never retrieved", None,
+                                       (type(error), error, None))
+            self.assertEqual(self.filt.filter(record), not held)
+
+    def test_only_the_closed_loop_noise_is_dropped_from_unraisable_exceptions(self):
+        seen = []
+        self.enter_context(mock.patch.object(sys, "unraisablehook", seen.append))
+        checkpoint_lib._install_save_error_filters()
+        checkpoint_lib._install_save_error_filters()  # once: not wrapped twice
+        hook = sys.unraisablehook
+        self.assertTrue(hook._lattn_closed_loop_filter)
+
+        def event(error, obj=None):
+            return types.SimpleNamespace(exc_type=type(error), exc_value=error, object=obj,
+                                         exc_traceback=None, err_msg=None)
+
+        hook(event(RuntimeError("Event loop is closed")))
+        kept = [event(RuntimeError("Event loop is closed"), obj="a coroutine"),
+                event(RuntimeError("something else")), event(ValueError("Event loop is closed"))]
+        for e in kept:
+            hook(e)
+        self.assertEqual(seen, kept)
+
+
+@absltest.skipUnless(hasattr(resource, "RLIMIT_FSIZE"), "needs RLIMIT_FSIZE")
+class FailedWriteOutputTest(absltest.TestCase):
+
+    def test_a_save_the_disk_refuses_ends_in_one_line(self):
+        # A full disk (here: a file size limit, EFBIG) during an asynchronous save printed
+        # 300 to 1,300 lines of orbax's and tensorstore's tracebacks before the one line.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+
+        def limit_file_size():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+        result = subprocess.run(
+            [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+             "--config=" + os.path.join(ROOT, "configs", "default.py"), "--workdir=" + workdir,
+             "--config.model.layer_pattern=('attn',)", "--config.model.vocab_size=257",
+             "--config.data.tokenizer=byte", "--config.data.seq_len=32",
+             "--config.data.batch_size=2", "--config.data.max_val_batches=1",
+             "--config.train.total_steps=4", "--config.train.checkpoint_every=2",
+             "--config.train.eval_every=100", "--config.train.log_every=1",
+             "--config.optim.warmup_steps=1"],
+            capture_output=True, text=True, cwd=ROOT, timeout=300,
+            preexec_fn=limit_file_size, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+        directory = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: the checkpoint at step 2 in {directory} could not be written (File too "
+            f"large); no checkpoint was saved yet in {directory}: running the same command "
+            f"again starts from scratch (the partial write is removed)"])
 
 
 if __name__ == "__main__":
