@@ -4,13 +4,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 from absl.testing import absltest, parameterized
+
+from tests.lattn_jax import multihost_test
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -268,13 +269,9 @@ class TrainBinaryTest(parameterized.TestCase):
         # not agree on a step: the one that got SIGTERM left the loop for its save while the
         # other waited in the next step's collectives, and both hung.
         workdir = os.path.join(self.create_tempdir().full_path, "run")
-        with socket.socket() as sock:
-            sock.bind(("localhost", 0))
-            port = sock.getsockname()[1]
+        port, env = multihost_test.free_port(), multihost_test.one_device_cpu_env()
         procs, outs = [], []
         for pid in range(2):
-            env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true",
-                       XLA_FLAGS="--xla_force_host_platform_device_count=1")
             out = open(os.path.join(self.create_tempdir().full_path, "out"), "w+")
             self.addCleanup(out.close)
             procs.append(subprocess.Popen(

@@ -139,6 +139,19 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
 
+def free_port() -> int:
+    """A TCP port free on localhost now (for a test's jax.distributed coordinator)."""
+    with socket.socket() as sock:
+        sock.bind(("localhost", 0))
+        return sock.getsockname()[1]
+
+
+def one_device_cpu_env() -> dict:
+    """The environment of one process of a two-process CPU test run (one device each)."""
+    return dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true",
+                XLA_FLAGS="--xla_force_host_platform_device_count=1")
+
+
 @pytest.mark.slow  # two processes of one JAX distributed run (~10 s alone on 2 cores)
 class TwoProcessTest(parameterized.TestCase):
 
@@ -147,13 +160,9 @@ class TwoProcessTest(parameterized.TestCase):
         # Before: the failing process waited in jax.distributed's shutdown barrier and the other
         # in the next step's all-reduce; both aborted with a C++ check failure after 311 s.
         workdir = os.path.join(self.create_tempdir().full_path, "run")
-        with socket.socket() as sock:
-            sock.bind(("localhost", 0))
-            port = sock.getsockname()[1]
+        port, env = free_port(), one_device_cpu_env()
         procs, logs = [], []
         for pid in range(2):
-            env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true",
-                       XLA_FLAGS="--xla_force_host_platform_device_count=1")
             args = [os.path.join(ROOT, "experiments", "train.py"),
                     "--config=" + os.path.join(ROOT, "configs", "default.py"),
                     "--workdir=" + workdir, f"--coordinator_address=localhost:{port}",
