@@ -58,11 +58,12 @@ Usage::
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/offline_ptxas.py --site=/tmp/ptx-site \
         --kernels=t0                                   # the validation against the H200
 
-Kernels (``--kernels``; default ``state_fwd,state_bwd,k1:32,k1:16,k2``): ``state_fwd``
+Kernels (``--kernels``; default ``state_fwd,state_bwd,k1:32,k1:16,k2:32,k2:16``): ``state_fwd``
 (``channelwise_forward_mosaic`` with ``v_new`` and ``h`` stored, the training forward),
 ``state_fwd_nostore`` (inference), ``state_bwd`` (``channelwise_backward_state_mosaic`` with
-``dvn_in``), ``k1:<slab>`` (``channelwise_grad_intra_mosaic``, slab 16 or 32), ``k2``
-(``channelwise_grad_chunk_mosaic``, KDA's per-token ``ks``; its slab is fixed at 32),
+``dvn_in``), ``k1:<slab>`` (``channelwise_grad_intra_mosaic``, slab 16 or 32), ``k2:<slab>``
+(``channelwise_grad_chunk_mosaic``, KDA's per-token ``ks``; ``k2`` is ``k2:32``),
+``k2gdn2:<slab>`` (the same with GDN-2's per-channel fp32 ``ks``),
 ``t0:<stages>:<inverse>`` (``chunk_kkt_inverse_mosaic`` at S1 with the Newton step) or
 ``t0`` (the nine H200 variants). ``k1`` and ``k2`` take stage ablations after ``+``
 (``k1:32+no_band``, ``k2+no_mma+no_state``; MOSAIC_GPU.md Sec. 22). KDA shapes: ``--batch``,
@@ -86,7 +87,7 @@ if __name__ == "__main__":  # python benchmarks/offline_ptxas.py from the reposi
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 CHIP = "sm_90a"
-DEFAULT_KERNELS = ("state_fwd", "state_bwd", "k1:32", "k1:16", "k2")
+DEFAULT_KERNELS = ("state_fwd", "state_bwd", "k1:32", "k1:16", "k2:32", "k2:16")
 KDA_SLABS = (16, 32)
 # The T0 stage ablations measured on the H200, 2026-12-04c (MOSAIC_GPU.md Sec. 14; jax 0.11.2,
 # benchmarks/results/mosaic-gpu-h200-2026-12-04c): (registers, spill store bytes).
@@ -402,7 +403,7 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
     doc = s["doc"] if docs else None
     base, *ablations = name.split("+")
     kind, _, arg = base.partition(":")
-    if ablations and kind not in ("k1", "k2"):
+    if ablations and kind not in ("k1", "k2", "k2gdn2"):
         raise ValueError(f"{name!r}: only k1 and k2 take ablations")
     abl = dict(ablations=tuple(ablations)) if ablations else {}
     if kind in ("state_fwd", "state_fwd_nostore", "state_bwd"):
@@ -430,12 +431,17 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
                                                     doc=doc, slab=slab, **abl)
 
         return export_modules(fn, *[s["tok_k"]] * 3, s["gamma"], *[s["tok_v"]] * 3, doc=doc)
-    if kind == "k2":
+    if kind in ("k2", "k2gdn2"):  # k2gdn2: GDN-2's per-channel fp32 ks
         from pallas_kernels.common import channelwise_grad_mosaic_gpu as k2
+        slab = int(arg or k2.SLAB)
+        if slab not in KDA_SLABS:
+            raise ValueError(f"{kind} slab must be one of {KDA_SLABS}, got {slab}")
+        if kind == "k2gdn2":
+            s["ks"] = jax.ShapeDtypeStruct(s["gamma"].shape, jnp.float32)
 
         def fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc=None):
             return k2.channelwise_grad_chunk_mosaic(q, k, kr, ks, gamma, hs, dhs, do, vn, dr,
-                                                    scale=0.1, doc=doc, **abl)
+                                                    scale=0.1, doc=doc, slab=slab, **abl)
 
         return export_modules(fn, *[s["tok_k"]] * 3, s["ks"], s["gamma"], s["states"],
                               s["states"], *[s["tok_v"]] * 3, doc=doc)
@@ -492,7 +498,8 @@ def _define_flags() -> None:
                                      "<site>/nvidia/cuda_nvcc.")
     _KERNELS = flags.DEFINE_list("kernels", list(DEFAULT_KERNELS), "Kernels (module "
                                  "docstring): state_fwd, state_fwd_nostore, state_bwd, "
-                                 "k1:<16|32>[+ablation...], k2[+ablation...], "
+                                 "k1:<16|32>[+ablation...], k2[:<16|32>][+ablation...], "
+                                 "k2gdn2[:<16|32>][+ablation...], "
                                  "t0:<stages>:<inverse>, t0.")
     _BATCH = flags.DEFINE_integer("batch", 1, "Batch rows B (KDA kernels).")
     _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T (KDA kernels).")
