@@ -238,10 +238,13 @@ TUNING = {
     # channelwise_grad_chunk_mosaic, replaces grad_blocks, backward_chunk and the kr chain rule
     # (_kr_chain) with one kernel (MOSAIC_GPU.md Sec. 21; a value of this key rather than a
     # second key because it replaces the grad_blocks kernel too: the three values are
-    # exclusive). mosaic_grad_slab: K1's key channels per phase-2 step (32, or 16 if ptxas
-    # spills at 32; MOSAIC_GPU.md Sec. 20); K2 always runs 32.
+    # exclusive). mosaic_grad_slab: K1's and K2's key channels per phase-2 step, 16 (two steps
+    # per warpgroup) or 32 (one). 16 is the one ptxas compiles without register spills for
+    # both (offline ptxas, MOSAIC_GPU.md Sec. 23/24: at 32 K1 spills 176 B and K2 228 B); 32
+    # issues half as many wgmma of twice the width, so whether its spills cost more than that
+    # is for the H200 benchmark (benchmarks/profile_grad.py --slabs=16,32) to say.
     "grad_pass": "triton",
-    "mosaic_grad_slab": 32,
+    "mosaic_grad_slab": 16,
 }
 STATE_PASSES = ("triton", "mosaic")
 GRAD_PASSES = ("triton", "mosaic", "mosaic_fused")
@@ -308,7 +311,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
                 intra_heads=intra_heads(heads), state_pass=state_pass, grad_pass=grad_pass,
                 mosaic_alias_staging=bool(TUNING.get("mosaic_alias_staging", False)),
-                mosaic_grad_slab=int(TUNING.get("mosaic_grad_slab", 32)))
+                mosaic_grad_slab=int(TUNING.get("mosaic_grad_slab", 16)))
 
 
 def _pallas(kernel, cfg, *, tune, **kwargs):
@@ -1151,7 +1154,7 @@ def _grad_chunk_mosaic(cfg, q, k, kr, ks, gam, docs, hs, dhs, do, vn, dr):
 
     return channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic(
         q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"],
-        doc=docs[0] if docs else None, interpret=cfg["interpret"])
+        doc=docs[0] if docs else None, slab=cfg["mosaic_grad_slab"], interpret=cfg["interpret"])
 
 
 # ----------------------------------------------------------------------------------------------

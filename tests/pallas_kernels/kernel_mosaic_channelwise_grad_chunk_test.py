@@ -29,6 +29,7 @@ Interpret tests, one at a time on a 2-core host: ``PJRT_NPROC=8 timeout 900 pyth
 import collections
 import contextlib
 import io
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -390,6 +391,25 @@ class ValidationTest(parameterized.TestCase):
         cfg = channelwise_gpu._config(**base, mm_dtype=jnp.float32, grad_pass="mosaic_fused")
         self.assertEqual(cfg["grad_pass"], "triton")
         self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "triton")  # until the H200 says
+
+    def test_op_passes_the_tuned_slab(self):
+        # TUNING["mosaic_grad_slab"] (16: no spills, MOSAIC_GPU.md Sec. 24) reaches K2 as K1.
+        seen = {}
+
+        def record(*args, **kwargs):
+            seen.update(kwargs)
+            return ()
+
+        base = dict(batch=1, heads=1, n_chunks=1, dk=64, dv=64, scale=0.1, has_docs=False,
+                    interpret=True, return_residual=False)
+        with mock.patch.object(k2, "channelwise_grad_chunk_mosaic", record):
+            for slab in (16, 32):
+                with mock.patch.dict(channelwise_gpu.TUNING, {"mosaic_grad_slab": slab}):
+                    cfg = channelwise_gpu._config(**base, mm_dtype=jnp.bfloat16,
+                                                  grad_pass="mosaic_fused")
+                channelwise_gpu._grad_chunk_mosaic(cfg, *([None] * 11))
+                self.assertEqual(seen["slab"], slab)
+        self.assertEqual(channelwise_gpu.TUNING["mosaic_grad_slab"], 16)
 
 
 @pytest.mark.gpu
