@@ -66,18 +66,19 @@ Usage::
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/offline_ptxas.py --site=/tmp/ptx-site \
         --kernels=all [--dk=64 --dv=64]                # every Mosaic GPU kernel (about 1 min)
 
-Kernels (``--kernels``; default ``state_fwd,state_bwd,k1:32,k1:16,k2``): ``state_fwd``
+Kernels (``--kernels``; default ``state_fwd,state_bwd,k1:32,k1:16,k2:32,k2:16``): ``state_fwd``
 (``channelwise_forward_mosaic`` with ``v_new`` and ``h`` stored, the training forward),
 ``state_fwd_nostore`` (inference), ``state_bwd`` (``channelwise_backward_state_mosaic`` with
-``dvn_in``), ``k1:<slab>`` (``channelwise_grad_intra_mosaic``, slab 16 or 32), ``k2``
-(``channelwise_grad_chunk_mosaic``, KDA's per-token ``ks``; its slab is fixed at 32),
+``dvn_in``), ``k1:<slab>`` (``channelwise_grad_intra_mosaic``, slab 16 or 32), ``k2:<slab>``
+(``channelwise_grad_chunk_mosaic``, KDA's per-token ``ks``; ``k2`` is ``k2:32``),
+``k2gdn2:<slab>`` (the same with GDN-2's per-channel fp32 ``ks``),
 ``t0:<stages>:<inverse>`` (``chunk_kkt_inverse_mosaic`` at S1 with the Newton step) or
 ``t0`` (the nine H200 variants). ``k1`` and ``k2`` take stage ablations after ``+``
 (``k1:32+no_band``, ``k2+no_mma+no_state``; MOSAIC_GPU.md Sec. 22). KDA shapes: ``--batch``,
 ``--seq_len``, ``--heads``, ``--dk``, ``--dv``, ``--dtype``, document ids unless ``--nodocs``
 (the default is S1's B 8, T 4096, H 16; see "Shapes" below).
 
-The ops' kernels (``--kernels=all`` runs them with the ones above, ``k2_gdn2`` and the split
+The ops' kernels (``--kernels=all`` runs them with the ones above, ``k2gdn2`` and the split
 kernel's orders: :data:`ALL_KERNELS`) are exported through the differentiable ops' real call
 paths, a training step (``jax.vjp`` of ``o`` and its backward, documents, no initial state, the
 default ``TUNING``), each entry picking its kernels from that export; an entry that gives
@@ -96,7 +97,7 @@ compiled again, its line says "same module as"). Simple GLA / Lightning / linear
 (``chunk_wy_bwd_mosaic``). Options after ``:``: ``infer`` (the primal alone: the fused GDN
 kernels then store neither ``h`` nor ``v_new``), ``nog`` (``g=None``: the same modules, the ops
 pass zero gates), and for ``gdn_fused_t0_split`` a ``split_order`` and ``s3``
-(``split_stages=3``): ``gdn_fused_t0_split:prepare_mid:s3``. ``k2_gdn2``: K2 as GDN-2 calls it
+(``split_stages=3``): ``gdn_fused_t0_split:prepare_mid:s3``. ``k2gdn2``: K2 as GDN-2 calls it
 (``ks`` per channel, fp32 ``[B, T, H, K]``). ``--dk=64 --dv=64`` runs them at K = V = 64; an
 entry the kernels do not take prints "not exported". Where the H200's ptxas figures exist for
 an entry at the run's shape (:data:`H200_ENTRIES`), its line shows them.
@@ -124,7 +125,7 @@ if __name__ == "__main__":  # python benchmarks/offline_ptxas.py from the reposi
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 CHIP = "sm_90a"
-DEFAULT_KERNELS = ("state_fwd", "state_bwd", "k1:32", "k1:16", "k2")
+DEFAULT_KERNELS = ("state_fwd", "state_bwd", "k1:32", "k1:16", "k2:32", "k2:16")
 KDA_SLABS = (16, 32)
 # The T0 stage ablations measured on the H200, 2026-12-04c (MOSAIC_GPU.md Sec. 14; jax 0.11.2,
 # benchmarks/results/mosaic-gpu-h200-2026-12-04c): (registers, spill store bytes).
@@ -451,7 +452,7 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
     doc = s["doc"] if docs else None
     base, *ablations = name.split("+")
     kind, _, arg = base.partition(":")
-    if ablations and kind not in ("k1", "k2"):
+    if ablations and kind not in ("k1", "k2", "k2gdn2"):
         raise ValueError(f"{name!r}: only k1 and k2 take ablations")
     abl = dict(ablations=tuple(ablations)) if ablations else {}
     if kind in ("state_fwd", "state_fwd_nostore", "state_bwd"):
@@ -479,12 +480,17 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
                                                     doc=doc, slab=slab, **abl)
 
         return export_modules(fn, *[s["tok_k"]] * 3, s["gamma"], *[s["tok_v"]] * 3, doc=doc)
-    if kind == "k2":
+    if kind in ("k2", "k2gdn2"):  # k2gdn2: GDN-2's per-channel fp32 ks
         from pallas_kernels.common import channelwise_grad_mosaic_gpu as k2
+        slab = int(arg or k2.SLAB)
+        if slab not in KDA_SLABS:
+            raise ValueError(f"{kind} slab must be one of {KDA_SLABS}, got {slab}")
+        if kind == "k2gdn2":
+            s["ks"] = jax.ShapeDtypeStruct(s["gamma"].shape, jnp.float32)
 
         def fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc=None):
             return k2.channelwise_grad_chunk_mosaic(q, k, kr, ks, gamma, hs, dhs, do, vn, dr,
-                                                    scale=0.1, doc=doc, **abl)
+                                                    scale=0.1, doc=doc, slab=slab, **abl)
 
         return export_modules(fn, *[s["tok_k"]] * 3, s["ks"], s["gamma"], s["states"],
                               s["states"], *[s["tok_v"]] * 3, doc=doc)
@@ -552,7 +558,8 @@ OP_OPTIONS = ("infer", "nog", "s3")
 # ks). Not ":nog": with g=None the ops pass zero gates (mosaic_gpu_lib.chunk_cumsum), so DeltaNet
 # and linear attention export the same Mosaic modules as GDN and simple GLA (checked 2026-12-05).
 ALL_KERNELS = (
-    "state_fwd", "state_fwd_nostore", "state_bwd", "k1:32", "k1:16", "k2", "k2_gdn2",
+    "state_fwd", "state_fwd_nostore", "state_bwd", "k1:32", "k1:16", "k2:32", "k2:16",
+    "k2gdn2:32", "k2gdn2:16",
     "gla_fwd", "gla_fused", "gla_bwd",
     "gdn_wy", "gdn_delta_h", "gdn_output", "gdn_fused", "gdn_fused:infer", "gdn_fused_split",
     "gdn_t0", "gdn_fused_t0", "gdn_fused_t0:infer", "gdn_fused_t0_split",
@@ -690,23 +697,6 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
         kgd.SPLIT_T0_OPTIONS.update(saved)
 
 
-def _k2_gdn2_modules(batch, seq_len, heads, dk, dv, dtype, docs) -> List[str]:
-    """K2 (``channelwise_grad_chunk_mosaic``) as GDN-2 calls it: ``ks`` per channel, fp32
-    ``[B, T, H, K]`` (KDA's ``k2`` has one per token); otherwise as ``k2``."""
-    import jax
-    import jax.numpy as jnp
-    from pallas_kernels.common import channelwise_grad_mosaic_gpu as k2
-    s = _kda_shapes(batch, seq_len, heads, dk, dv, jnp.dtype(dtype))
-    ks = jax.ShapeDtypeStruct((batch, seq_len, heads, dk), jnp.float32)
-
-    def fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc=None):
-        return k2.channelwise_grad_chunk_mosaic(q, k, kr, ks, gamma, hs, dhs, do, vn, dr,
-                                                scale=0.1, doc=doc)
-
-    return export_modules(fn, *[s["tok_k"]] * 3, ks, s["gamma"], s["states"], s["states"],
-                          *[s["tok_v"]] * 3, doc=s["doc"] if docs else None)
-
-
 _EXPORTS: Dict = {}
 
 
@@ -715,12 +705,10 @@ def entry_modules(name: str, *, batch: int = 8, seq_len: int = 4096, heads: int 
                   docs: bool = True) -> List[Tuple[str, str]]:
     """``(label, Mosaic module)`` for every kernel of one ``--kernels`` entry: the
     :data:`OP_KERNELS` entries (one export per op configuration, cached, each kernel
-    labelled ``<entry>.<kernel>`` when it gives several), ``k2_gdn2``, and the rest through
+    labelled ``<entry>.<kernel>`` when it gives several), and the rest through
     :func:`kernel_modules` (labelled by the entry, ``.<i>`` when it gives several)."""
     shape = dict(batch=batch, seq_len=seq_len, heads=heads, dk=dk, dv=dv, dtype=dtype,
                  docs=docs)
-    if name == "k2_gdn2":
-        return [(name, text) for text in _k2_gdn2_modules(**shape)]
     if name.split(":")[0] not in OP_KERNELS:
         texts = kernel_modules(name, **shape)
         return [(name + (f".{i}" if len(texts) > 1 else ""), t) for i, t in enumerate(texts)]
@@ -786,7 +774,8 @@ def _define_flags() -> None:
                                      "<site>/nvidia/cuda_nvcc.")
     _KERNELS = flags.DEFINE_list("kernels", list(DEFAULT_KERNELS), "Kernels (module "
                                  "docstring): state_fwd, state_fwd_nostore, state_bwd, "
-                                 "k1:<16|32>[+ablation...], k2[+ablation...], k2_gdn2, "
+                                 "k1:<16|32>[+ablation...], k2[:<16|32>][+ablation...], "
+                                 "k2gdn2[:<16|32>][+ablation...], "
                                  "t0:<stages>:<inverse>, t0, the ops' kernels (gla_*, gdn_*, "
                                  "with :options), all.")
     _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B (all but t0, fixed at S1).")

@@ -25,12 +25,19 @@ output below ``--gate``); ablated variants are not gated (wrong by design: the t
 skipped and listed; a variant still compiling or running at the deadline ends the run (status
 3) after the table of the finished ones is written (``benchmarks.common.run_variants``).
 
+Every variant runs at each phase-2 slab of ``--slabs`` (key channels per step: ``16``, what
+``channelwise_gpu.TUNING`` ships because ptxas compiles it without spills, and ``32``, half as
+many ``wgmma`` of twice the width that spill; MOSAIC_GPU.md Sec. 24), each variant at every
+slab before the next variant; with more than one slab the labels end in ``@<slab>`` (``k2@16``)
+and "delta vs full" is against the full kernel of the same kind and slab.
+
 Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes) and ``<out>.md``
 (the table: variant, kernel ms, delta vs the full kernel of its kind, call total ms, gate,
 compile s). Usage, on the GPU machine::
 
     python3 benchmarks/profile_grad.py --out=$OUT/k2_ablations
     python3 benchmarks/profile_grad.py --variants=k1,k1:no_band --out=$OUT/k1_ablations
+    python3 benchmarks/profile_grad.py --variants=k2,k1 --slabs=16,32 --out=$OUT/slabs
 
 Without a GPU the kernels cannot run; ``--interpret`` runs them in Mosaic GPU interpret mode
 at a tiny shape, to check the binary itself (the gate too; no kernel times: the CPU trace has
@@ -74,7 +81,7 @@ def _define_flags() -> None:
     """Defines the flags (only when run as a program: other benchmark modules define some of
     the same names in absl's global registry, and the tests import them all)."""
     global _BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS
-    global _GATE, _DEADLINE_S, _INTERPRET, _STATIC, _OUT
+    global _GATE, _DEADLINE_S, _INTERPRET, _STATIC, _OUT, _SLABS
     _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
     _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
     _HEADS = flags.DEFINE_integer("heads", 16, "Heads H.")
@@ -98,6 +105,9 @@ def _define_flags() -> None:
     _STATIC = flags.DEFINE_bool("static", False, "Count instructions in the lowered modules "
                                 "(CPU; no kernel runs; see the module docstring).")
     _OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
+    _SLABS = flags.DEFINE_list("slabs", ["16", "32"], "Phase-2 slabs each variant runs at "
+                               "(16: TUNING's, no spills; 32: one step per warpgroup); with "
+                               "more than one, labels end in @<slab>.")
 
 
 class VariantError(ValueError):
@@ -150,6 +160,36 @@ def parse_variants(texts: Sequence[str]) -> List[Tuple[str, str, Tuple[str, ...]
     if not runs:
         raise VariantError("--variants is empty")
     return runs
+
+
+def parse_slabs(texts: Sequence[str]) -> Tuple[int, ...]:
+    """``["16", "32"]`` -> ``(16, 32)``.
+
+    Raises:
+      VariantError: a slab the kernels do not take, a repeated one or an empty list.
+    """
+    from pallas_kernels.common import channelwise_grad_mosaic_gpu as cgm
+    slabs = []
+    for text in texts:
+        try:
+            slab = int(text)
+        except ValueError:
+            slab = None
+        if slab not in cgm.SLABS:
+            raise VariantError(f"--slabs entry {text!r}: not one of {cgm.SLABS}")
+        if slab in slabs:
+            raise VariantError(f"--slabs entry {text!r}: named twice")
+        slabs.append(slab)
+    if not slabs:
+        raise VariantError("--slabs is empty")
+    return tuple(slabs)
+
+
+def with_slabs(runs, slabs: Sequence[int]) -> List[Tuple[str, str, Tuple[str, ...], int]]:
+    """``(label, kernel, ablations, slab)``: each of :func:`parse_variants`' ``runs`` at every
+    slab (in that order); the label gains ``@<slab>`` when there is more than one slab."""
+    return [(label if len(slabs) == 1 else f"{label}@{slab}", kernel, ablations, slab)
+            for label, kernel, ablations in runs for slab in slabs]
 
 
 def kernel_prefix(kernel: str) -> str:
@@ -235,10 +275,10 @@ def render(records: Sequence[Dict], header: str) -> str:
     """The markdown table of ``records``: variant, kernel ms, its difference to the full
     variant of the same kernel (``k1`` or ``k2``) in this run, the call's total ms, the gate
     (the full variants' largest relative RMS vs float64; ablated ones are not gated) and the
-    compile seconds."""
+    compile seconds. The full variant of a record is the one of its kernel and ``slab``."""
     lines = [header, "", "| variant | kernel ms | delta vs full | call total ms | gate | "
              "compile s |", "|---|---:|---:|---:|---|---:|"]
-    full = {r["kernel"]: r["kernel_ms"] for r in records
+    full = {(r["kernel"], r.get("slab")): r["kernel_ms"] for r in records
             if not r.get("ablations") and r.get("kernel_ms") is not None}
 
     def f(x, spec=".3f"):
@@ -250,7 +290,7 @@ def render(records: Sequence[Dict], header: str) -> str:
             lines.append(f"| {r['variant']} | {why} | | | | |")
             continue
         ms = r.get("kernel_ms")
-        ref = full.get(r.get("kernel"))
+        ref = full.get((r.get("kernel"), r.get("slab")))
         delta = None if ms is None or ref is None or not r.get("ablations") else ms - ref
         gate = r.get("gate", "–")
         if r.get("rel_rms"):
@@ -268,17 +308,19 @@ def _shapes() -> Dict[str, Tuple]:
     return dict(tk=(b, t, h, dk), tv=(b, t, h, dv), ks=(b, t, h, 1), hs=(b, h, n, dk, dv))
 
 
-def _call(kernel: str, ablations: Tuple[str, ...], scale: float, interpret: bool = False):
+def _call(kernel: str, ablations: Tuple[str, ...], scale: float, interpret: bool = False,
+          slab: int = 32):
     """The jitted variant: ``fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr)``."""
     import jax
     from pallas_kernels.common import channelwise_grad_mosaic_gpu as cgm
     if kernel == "k1":
         return jax.jit(lambda q, k, kr, ks, g, hs, dhs, do, vn, dr: (
-            cgm.channelwise_grad_intra_mosaic(q, k, kr, g, do, vn, dr, scale=scale,
+            cgm.channelwise_grad_intra_mosaic(q, k, kr, g, do, vn, dr, scale=scale, slab=slab,
                                               ablations=ablations, interpret=interpret)))
     return jax.jit(lambda q, k, kr, ks, g, hs, dhs, do, vn, dr: (
         cgm.channelwise_grad_chunk_mosaic(q, k, kr, ks, g, hs, dhs, do, vn, dr, scale=scale,
-                                          ablations=ablations, interpret=interpret)))
+                                          slab=slab, ablations=ablations,
+                                          interpret=interpret)))
 
 
 def _inputs(dtype, seed=0):
@@ -313,14 +355,15 @@ def _inputs(dtype, seed=0):
 _WANT: Dict[str, object] = {}  # the float64 reference, computed once (first full variant)
 
 
-def _measure(rec: Dict, want, kernel: str, ablations: Tuple[str, ...], args, scale: float):
+def _measure(rec: Dict, want, kernel: str, ablations: Tuple[str, ...], args, scale: float,
+             slab: int = 32):
     """Compiles, runs, gates (full variants only) and traces one variant, filling ``rec``."""
     import jax
     import numpy as np
     from benchmarks import common
     del want
     t0 = time.perf_counter()
-    compiled = _call(kernel, ablations, scale, _INTERPRET.value).lower(*args).compile()
+    compiled = _call(kernel, ablations, scale, _INTERPRET.value, slab).lower(*args).compile()
     rec["compile_s"] = time.perf_counter() - t0
     outs = jax.block_until_ready(compiled(*args))
     if ablations:
@@ -352,7 +395,8 @@ def _header(env: Dict) -> str:
             f"Device: {env['device_kind']} ({env['nvidia_smi']}); jax {env['jax']}.\n"
             f"Command: `{env['command']}`\n\n"
             f"Shape B {b}, T {t}, H {h}, K {dk}, V {s['tv'][-1]}, {_DTYPE.value}, per-token ks "
-            f"(KDA), one document per row; {_ITERS.value} traced calls per variant. Ablated "
+            f"(KDA), one document per row; slabs {_SLABS.value}; {_ITERS.value} traced calls "
+            f"per variant. Ablated "
             f"variants compute wrong numbers by design and are not gated; 'delta vs full' is "
             f"against the full kernel of the same kind in this run.")
 
@@ -370,10 +414,11 @@ def _static_main(variants, env: Dict, scale: float) -> None:
             spec(s["tk"], jnp.float32), spec(s["hs"], dt), spec(s["hs"], dt),
             spec(s["tv"], dt), spec(s["tv"], dt), spec(s["tv"], dt))
     records = []
-    for text, kernel, ablations in variants:
-        exported = jax.export.export(_call(kernel, ablations, scale), platforms=["cuda"])(*args)
+    for text, kernel, ablations, slab in variants:
+        exported = jax.export.export(_call(kernel, ablations, scale, slab=slab),
+                                     platforms=["cuda"])(*args)
         module = profile_t0.mosaic_module_text(exported.mlir_module())
-        records.append(dict(variant=text, kernel=kernel, ablations=list(ablations),
+        records.append(dict(variant=text, kernel=kernel, ablations=list(ablations), slab=slab,
                             jax=env["jax"], static=profile_t0.static_counts(module)))
         print(json.dumps(records[-1]), flush=True)
     header = (f"# K1 / K2: instructions in the lowered Mosaic GPU modules (static, "
@@ -399,7 +444,7 @@ def main(argv: List[str]) -> None:
     del argv
     start = time.perf_counter()  # --deadline_s counts from here (imports included)
     try:
-        variants = parse_variants(_VARIANTS.value)
+        variants = with_slabs(parse_variants(_VARIANTS.value), parse_slabs(_SLABS.value))
     except VariantError as e:
         raise app.UsageError(str(e)) from None
     if _SEQ_LEN.value % 64:
@@ -418,11 +463,11 @@ def main(argv: List[str]) -> None:
     header = _header(env)
     jsonl = _OUT.value + ".jsonl"
     open(jsonl, "w").close()
-    runs = [(dict(variant=text, kernel=kernel, ablations=list(ablations),
+    runs = [(dict(variant=text, kernel=kernel, ablations=list(ablations), slab=slab,
                   shape=list(_shapes()["tk"]) + [int(_DV.value)], dtype=_DTYPE.value,
                   date_utc=env["date_utc"], device=env["device_kind"], jax=env["jax"]),
-             (kernel, ablations, args, scale))
-            for text, kernel, ablations in variants]
+             (kernel, ablations, args, scale, slab))
+            for text, kernel, ablations, slab in variants]
     common.run_variants(runs, _measure, budget=budget, jsonl=jsonl,
                         table=lambda recs: _write_table(recs, header),
                         deadline_exit=DEADLINE_EXIT)

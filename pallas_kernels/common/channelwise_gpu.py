@@ -239,10 +239,13 @@ TUNING = {
     # channelwise_grad_chunk_mosaic, replaces grad_blocks, backward_chunk and the kr chain rule
     # (_kr_chain) with one kernel (MOSAIC_GPU.md Sec. 21; a value of this key rather than a
     # second key because it replaces the grad_blocks kernel too: the three values are
-    # exclusive). mosaic_grad_slab: K1's key channels per phase-2 step (32, or 16 if ptxas
-    # spills at 32; MOSAIC_GPU.md Sec. 20); K2 always runs 32.
+    # exclusive). mosaic_grad_slab: K1's and K2's key channels per phase-2 step, 16 (two steps
+    # per warpgroup) or 32 (one). 16 is the one ptxas compiles without register spills for
+    # both (offline ptxas, MOSAIC_GPU.md Sec. 23/24: at 32 K1 spills 176 B and K2 228 B); 32
+    # issues half as many wgmma of twice the width, so whether its spills cost more than that
+    # is for the H200 benchmark (benchmarks/profile_grad.py --slabs=16,32) to say.
     "grad_pass": "triton",
-    "mosaic_grad_slab": 32,
+    "mosaic_grad_slab": 16,
 }
 STATE_PASSES = ("triton", "mosaic")
 GRAD_PASSES = ("triton", "mosaic", "mosaic_fused")
@@ -318,7 +321,8 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
 
 
 def grad_slab(tuning) -> int:
-    """``tuning["mosaic_grad_slab"]`` (32 when absent): K1's key channels per phase-2 step.
+    """``tuning["mosaic_grad_slab"]`` (16 when absent): K1's and K2's key channels per phase-2
+    step.
 
     Args:
       tuning: a :data:`TUNING`-like mapping.
@@ -330,12 +334,13 @@ def grad_slab(tuning) -> int:
       ValueError: the value is not an integer of :data:`GRAD_SLABS` (a ``bool``, a ``float``
         or a string such as ``"32"`` is refused), naming ``TUNING['mosaic_grad_slab']``.
     """
-    slab = tuning.get("mosaic_grad_slab", GRAD_SLABS[0])
+    slab = tuning.get("mosaic_grad_slab", 16)
     # An integer (numpy's too), not a bool, a float or a string.
     if (isinstance(slab, bool) or not isinstance(slab, numbers.Integral)
             or slab not in GRAD_SLABS):
-        raise ValueError(f"TUNING['mosaic_grad_slab'] must be one of {GRAD_SLABS} (K1's key "
-                         f"channels per phase-2 step; 16 if ptxas spills at 32), got {slab!r}")
+        raise ValueError(f"TUNING['mosaic_grad_slab'] must be one of {GRAD_SLABS} (K1's and "
+                         f"K2's key channels per phase-2 step; 16 does not spill registers), "
+                         f"got {slab!r}")
     return int(slab)
 
 
@@ -1179,7 +1184,7 @@ def _grad_chunk_mosaic(cfg, q, k, kr, ks, gam, docs, hs, dhs, do, vn, dr):
 
     return channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic(
         q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"],
-        doc=docs[0] if docs else None, interpret=cfg["interpret"])
+        doc=docs[0] if docs else None, slab=cfg["mosaic_grad_slab"], interpret=cfg["interpret"])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -49,7 +49,8 @@ of a tiled SMEM tile cannot be indexed in the lowering).
   fp32 band coefficients (row direction ``c_d[i]``, column direction ``c_d[j + d]`` by a
   shifted load). A CTA barrier ends the phase.
 * Phase 2: warpgroup ``w`` owns 32 channels of the half, as one slab (``slab=32``, the
-  default) or two (``slab=16``: fewer live registers, the fallback if ptxas spills). It forms
+  default here) or two (``slab=16``: fewer live registers; ptxas spills at 32 and not at 16,
+  MOSAIC_GPU.md Sec. 23-24, so ``channelwise_gpu.TUNING`` ships 16). It forms
   each slab's shared operands once (``k e^{r - gamma}`` per block, ``k e^{m - gamma}`` on
   first-half rows, the padded shift buffers of ``k`` and ``gamma``) and runs both matrices on
   it; each direction issues its four products before one wait. The band takes 7 shifted
@@ -72,10 +73,17 @@ V = 128 with ``slab=16``, of the 232,448 a block may have; pinned by
 **K2**, :func:`channelwise_grad_chunk_mosaic` (``grad_pass="mosaic_fused"``; MOSAIC_GPU.md
 Sec. 19.4.4 and 21): the same kernel with an epilogue that does the Triton ``backward_chunk``
 kernel's work and the XLA chain rule through ``kr = k ks`` on K1's fp32 partials while they are
-still in registers (``slab=32`` only: each warpgroup holds its 32 channels' partials). After
-phase 2 a CTA barrier; warpgroup 0 copies ``dO, dR, Vn`` again (their SMEM held the ``y``
-tiles) and the half's rows of ``S_0`` and ``dS_C`` (``hs``, ``dhs``; where the ``dM`` copies
-were, a second RefUnion). Per warpgroup, four ``wgmma`` ``[64, V] @ [V, 32]``: ``dO S_0^T``,
+still in registers. ``slab=32``: each warpgroup holds its 32 channels' partials.
+``slab=16`` (``TUNING``'s default; the layout ptxas compiles without spills, MOSAIC_GPU.md
+Sec. 24): phase 2 is a loop over the two slabs, as K1's; the first slab's partials wait in an
+fp32 SMEM buffer (``park``, 24 KB), the last slab's come out of the loop in registers, and the
+epilogue runs per slab (the last first), with the band's ``d = 0`` term reading ``k`` and
+``a`` again from SMEM. After phase 2 a CTA barrier; warpgroup 0 copies ``dO, dR, Vn`` again
+(their SMEM held the ``y`` tiles) and the half's rows of ``S_0`` and ``dS_C`` (``hs``,
+``dhs``; where the ``dM`` copies were, a second RefUnion). Each of these groups starts 1 KB
+past the buffers it aliases, so no ``wgmma`` descriptor or address of phase 1 or 2 equals
+one of the epilogue (LLVM would otherwise keep them live across phase 2: spills). Per
+warpgroup and slab, four ``wgmma`` ``[64, V] @ [V, slab]``: ``dO S_0^T``,
 ``dR S_0^T``, ``Vn dS_C^T`` and ``dS_C S_0^T``, whose diagonal is ``de_all = rowsum(S_0 *
 dS_C)`` (exact products, fp32 sums, as ``backward_chunk``'s fp32 row sum). Then
 ``backward_chunk``'s elementwise formulas in its order (``E_in``, ``E_out``, ``e_all`` with the
@@ -83,14 +91,15 @@ document masks ``conn``, ``last``; ``dgam`` with the last-row terms), and ``dg``
 within-chunk reverse cumsum of ``dgam``, on the tensor cores: ``dg = U @ dgam`` with ``U_ij =
 [j >= i]`` (exact in bf16) and ``dgam`` split into three bf16 pieces that sum to it exactly
 (:func:`_split3`), so every product term is exact and only the fp32 accumulation rounds (the
-pieces and ``U`` share SMEM with the band's shift buffers, a third RefUnion). The chain rule
-keeps the Triton path's roundings: ``dkr`` and ``dk`` rounded to the operand dtype, then
+pieces and ``U`` share SMEM with the band's shift buffers, a third RefUnion; ``U`` is a TMA
+copy of a constant made in the wrapper, so no index tile of phase 1 stays live for it). The
+chain rule keeps the Triton path's roundings: ``dkr`` and ``dk`` rounded to the operand dtype, then
 ``dk + ks dkr`` in fp32, rounded once; ``dks = k dkr`` in fp32, per channel (GDN-2's
-``[B, T, H, K]`` scale) or summed per token over each warpgroup's 32 channels (KDA's
-``[B, T, H, 1]`` beta; the 2 or 4 partials per token are summed in XLA). ``dkr`` is never
-written. SMEM 206,896 bytes at K = V = 128 (per-token ``ks``; 222,256 with an fp32
-per-channel ``ks``), pinned by ``kernel_mosaic_channelwise_grad_chunk_test.py`` (in
-``tests/pallas_kernels``).
+``[B, T, H, K]`` scale) or summed per token over each slab's channels (KDA's ``[B, T, H, 1]``
+beta; the ``K / slab`` partials per token are summed in XLA). ``dkr`` is never written. SMEM
+at K = V = 128: 208,952 bytes (``slab=32``) and 204,856 (``slab=16``) with a per-token ``ks``;
+224,312 and 220,216 with an fp32 per-channel ``ks``; pinned by
+``kernel_mosaic_channelwise_grad_chunk_test.py`` (in ``tests/pallas_kernels``).
 
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
 the shims of ``mosaic_gpu_lib`` (transposed operands copied into SMEM, plain loads; no
@@ -214,16 +223,17 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
 
     ``g8_ref`` is gamma viewed as ``[B, T / 8, 8, H, K]`` (row 7 of each 8 rows: the block
     marks). K1: ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch. K2:
-    ``hs_ref, dhs_ref, ks_ref, [doc_ref, conn_ref, last_ref,] dq_ref, dk_ref, dks_ref, dg_ref``
-    then the scratch. ``names`` names the scratch refs (a tree: one tuple per RefUnion).
+    ``hs_ref, dhs_ref, ks_ref, u_ref, [doc_ref, conn_ref, last_ref,] dq_ref, dk_ref, dks_ref,
+    dg_ref`` then the scratch (``u_ref``: the cumsum's ``U``). ``names`` names the scratch
+    refs (a tree: one tuple per RefUnion).
     ``ablations``: the timing ablations (:data:`K1_ABLATIONS`, :data:`K2_ABLATIONS`; empty for
     the real kernel, whose code is then unchanged by them).
     """
     rest = list(rest)
-    hs_ref = dhs_ref = ks_ref = conn_ref = last_ref = None
+    hs_ref = dhs_ref = ks_ref = u_ref = conn_ref = last_ref = None
     if fused:
-        hs_ref, dhs_ref, ks_ref = rest[:3]
-        rest = rest[3:]
+        hs_ref, dhs_ref, ks_ref, u_ref = rest[:4]
+        rest = rest[4:]
     doc_ref = rest.pop(0) if has_docs else None
     if fused and has_docs:
         conn_ref, last_ref = rest[:2]
@@ -336,6 +346,10 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             apad.at[pl.ds(0, CHUNK), data][...] = a.astype(dtype)
             plgpu.commit_smem()
             free, quad_m = free_s.at[mat], quad_s.at[mat]
+            # K2: the band's d = 0 term reads k (and below a) again from SMEM, the same 16-bit
+            # values, instead of keeping them live through the products: ptxas then fits K2 at
+            # slab 16 without spills (MOSAIC_GPU.md Sec. 24; K1 is left as it was).
+            kf_0 = _load(k_s.at[:, cols], _WGMMA, interpret).astype(F32) if fused else kf
             # Row direction: da_i = sum_J e^{gamma_i - r_J} (dM_iJ X_J), then the quadrants.
             if "no_mma" in ablations:  # timing ablation: no wgmma (k stands in, wrong)
                 prods = [kf] * NSUB
@@ -361,8 +375,10 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             # The band, exact in fp32: d = 0, then 7 row-shifted steps.
             c0 = mgl.by_row(_load(coef_s.at[mat, 0, 0, pl.ds(0, CHUNK)], _ROWS, interpret),
                             shape)
-            da = da + c0 * kf
-            db = db + c0 * a
+            da = da + c0 * kf_0
+            a_0 = (_load((q_s, kr_s)[mat].at[:, cols], _WGMMA, interpret).astype(F32)
+                   if fused else a)
+            db = db + c0 * a_0
 
             def step(d, carry):
                 da, db = carry
@@ -404,13 +420,33 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         dk_ref.at[b, tok, h, out][...] = dk_q + dk_k
 
     plgpu.barrier_wait(qk_bar)
+    if fused and slab == WG_KEYS:  # K2: the partials stay in registers for the epilogue
+        partials = [slab_pass(wg * WG_KEYS)]
+    elif fused:  # K2 with slabs: a loop as K1's; the last slab's partials come out in registers
+        steps = WG_KEYS // slab
+
+        def _slab_step(i, _):
+            plgpu.commit_smem()  # the previous slab's operand buffers may be overwritten
+            part = slab_pass(wg * WG_KEYS + i * slab)
+
+            @pl.when(i < steps - 1)
+            def _park():  # the others wait in SMEM (registers for the next slabs)
+                for t, x in enumerate(part):
+                    sc["park"].at[wg, 3 * i + t][...] = x
+
+            return tuple(part)
+
+        zero = jnp.zeros(shape, F32)
+        if not interpret:
+            zero = plgpu.layout_cast(zero, _WGMMA)
+        last = lax.fori_loop(0, steps, _slab_step, (zero,) * 3)
+        partials = [None] * (steps - 1) + [list(last)]
     if fused:
-        partials = slab_pass(wg * WG_KEYS)
-        _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref,
-                  dks_ref, dg_ref, wg=wg, n=n, h=h, b=b, half=half, scale=scale,
+        _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref,
+                  dks_ref, dg_ref, wg=wg, n=n, h=h, b=b, half=half, scale=scale, slab=slab,
                   has_docs=has_docs, ks_channels=ks_channels, interpret=interpret,
                   ablations=ablations)
-    elif slab == WG_KEYS:
+    elif slab == WG_KEYS:  # K1
         slab_pass(wg * WG_KEYS)
     else:
         @pl.loop(0, WG_KEYS // slab)
@@ -438,27 +474,27 @@ def _split3(x):
     return hi, mid, (r - mid.astype(F32)).astype(BF16)
 
 
-def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref, dks_ref,
-              dg_ref, *, wg, n, h, b, half, scale, has_docs, ks_channels, interpret,
+def _epilogue(sc, partials, hs_ref, dhs_ref, u_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_ref, dks_ref,
+              dg_ref, *, wg, n, h, b, half, scale, slab, has_docs, ks_channels, interpret,
               ablations=frozenset()):
     """K2's epilogue for warpgroup ``wg``'s 32 channels (``backward_chunk`` + the kr chain).
 
-    ``partials = (dq_M, dkr_M, dk_M)``, K1's fp32 results in registers. Equations: module
-    docstring (K2). The phase-1 inputs ``dO, dR, Vn`` are copied again (their SMEM held the y
-    tiles) and ``S_0``, ``dS_C`` of the half land where the dM copies were, so a CTA barrier
-    first waits until both warpgroups have left phase 2. ``ablations``: as :func:`_kernel`'s
-    (``no_state``, ``no_cumsum``, ``no_store`` act here).
+    ``partials``: per slab of ``slab`` channels (one at 32, two at 16), ``(dq_M, dkr_M,
+    dk_M)``, K1's fp32 results in registers. Equations: module docstring (K2). The phase-1
+    inputs ``dO, dR, Vn`` are copied again (their SMEM held the y tiles) and ``S_0``, ``dS_C``
+    of the half land where the dM copies were, so a CTA barrier first waits until both
+    warpgroups have left phase 2. Then each slab runs :func:`_epilogue_slab`. ``ablations``:
+    as :func:`_kernel`'s (``no_state``, ``no_cumsum``, ``no_store`` act here).
     """
-    dq_m, dkr_m, dk_m = partials
-    lhs_s, vn_s, s0_s, dsc_s, epi_bar = sc["lhs"], sc["vn"], sc["s0"], sc["dsc"], sc["epi_bar"]
+    lhs_s, vn_s, s0_s, dsc_s, epi_bar = (sc["lhs_e"], sc["vn_e"], sc["s0"], sc["dsc"],
+                                         sc["epi_bar"])
     tok = pl.ds(n * CHUNK, CHUNK)
     keys = pl.ds(half * KEY_HALF, KEY_HALF)
     plgpu.commit_smem()  # generic-proxy writes of phase 2 before the TMA overwrites
     plgpu.barrier_arrive(sc["epi_sync"])
     plgpu.barrier_wait(sc["epi_sync"])
 
-    no_state = "no_state" in ablations  # timing ablation: no copies, no state products
-    if not no_state:
+    if "no_state" not in ablations:
         @pl.when(wg == 0)
         def _copies():
             plgpu.copy_gmem_to_smem(do_ref.at[b, tok, h], lhs_s.at[0], epi_bar)
@@ -467,19 +503,48 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_
             plgpu.copy_gmem_to_smem(hs_ref.at[b, h, n, keys], s0_s, epi_bar)
             plgpu.copy_gmem_to_smem(dhs_ref.at[b, h, n, keys], dsc_s, epi_bar)
 
-    shape = (CHUNK, WG_KEYS)
-    first = pl.multiple_of(wg * WG_KEYS, WG_KEYS)
-    cols = pl.ds(first, WG_KEYS)
+    if "no_cumsum" not in ablations:
+        @pl.when(wg == 0)
+        def _copy_u():  # U for the cumsum, where the shift buffers were
+            plgpu.copy_gmem_to_smem(u_ref, sc["upper"], sc["u_bar"])
+
+    # The last slab first: its partials are the ones in registers; the parked ones are loaded
+    # when their slab's turn comes.
+    for step, part in reversed(list(enumerate(partials))):
+        if step < len(partials) - 1:
+            plgpu.commit_smem()  # the previous slab's cumsum pieces may be overwritten
+        _epilogue_slab(sc, part, dq_ref, dk_ref, dks_ref, dg_ref, step=step, wg=wg, tok=tok,
+                       h=h, b=b, half=half, scale=scale, slab=slab, has_docs=has_docs,
+                       ks_channels=ks_channels, interpret=interpret, ablations=ablations)
+
+
+def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, tok, h, b,
+                   half, scale, slab, has_docs, ks_channels, interpret, ablations):
+    """K2's epilogue on slab ``step`` of warpgroup ``wg``, channels ``[first, first + slab)``
+    of the half: the four state products, ``backward_chunk``'s formulas, the chain rule, the
+    stores and the ``U @ dgam`` cumsum (:func:`_epilogue`; the first slab waits for the state
+    copies)."""
+    per_wg = WG_KEYS // slab
+    first = pl.multiple_of(wg * WG_KEYS + step * slab if step else wg * WG_KEYS, slab)
+    if partials is None:  # parked in SMEM by phase 2 (ordered by the epi_sync barrier)
+        partials = [_load(sc["park"].at[wg, 3 * step + t], _WGMMA, interpret)
+                    for t in range(3)]
+    dq_m, dkr_m, dk_m = partials
+    lhs_s, vn_s, s0_s, dsc_s = sc["lhs_e"], sc["vn_e"], sc["s0"], sc["dsc"]
+    shape = (CHUNK, slab)
+    cols = pl.ds(first, slab)
+    no_state = "no_state" in ablations  # timing ablation: no copies, no state products
     if no_state:  # K1's partials stand in for the products (wrong numbers)
         p_dq, p_dkr, p_dk, p_de = dq_m, dkr_m, dk_m, dk_m
     else:
-        plgpu.barrier_wait(epi_bar)
+        if step == per_wg - 1:  # the first slab the epilogue runs
+            plgpu.barrier_wait(sc["epi_bar"])
         s0_w = mgl.transposed(s0_s.at[cols], sc["s0t"].at[wg] if interpret else None,
                               interpret)
         dsc_w = mgl.transposed(dsc_s.at[cols], sc["dsct"].at[wg] if interpret else None,
                                interpret)
-        # dO S_0^T, dR S_0^T, Vn dS_C^T ([64, V] @ [V, 32]) and dS_C S_0^T, whose diagonal is
-        # de_all = rowsum(S_0 * dS_C) of these channels (exact products, fp32 sums).
+        # dO S_0^T, dR S_0^T, Vn dS_C^T ([64, V] @ [V, slab]) and dS_C S_0^T, whose diagonal
+        # is de_all = rowsum(S_0 * dS_C) of these channels (exact products, fp32 sums).
         p_dq, p_dkr, p_dk, p_de = _products(shape, [(lhs_s.at[0], s0_w), (lhs_s.at[1], s0_w),
                                                     (vn_s, dsc_w), (dsc_s, s0_w)])
     rows, chan = mgl.iota(shape, 0, interpret), mgl.iota(shape, 1, interpret)
@@ -518,19 +583,20 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_
         ksf = mgl.by_row(mgl.load_rows(sc["ks"], interpret), shape)
     dk_out = (dk + ksf * dkr).astype(dtype)
     dks = kf * dkr
-    out = pl.ds(half * KEY_HALF + first, WG_KEYS)
+    out = pl.ds(half * KEY_HALF + first, slab)
     no_store = "no_store" in ablations
     if no_store:  # timing ablation: one SMEM store of the sum keeps the work alive
         dks_t = dks if ks_channels else mgl.by_row(jnp.sum(dks, axis=1), shape)
-        sink = sc["sink"].at[wg].at[:, pl.ds(0, WG_KEYS)]
+        sink = sc["sink"].at[wg].at[:, pl.ds(0, slab)]
         sink[...] = dq.astype(F32) + dk_out.astype(F32) + dks_t
     else:
         dq_ref.at[b, tok, h, out][...] = dq  # stored before the cumsum: fewer live registers
         dk_ref.at[b, tok, h, out][...] = dk_out
         if ks_channels:
             dks_ref.at[b, tok, h, out][...] = dks
-        else:  # per token: this warpgroup's 32 channels, summed in XLA over the partials
-            dks_ref.at[b, h, 2 * half + wg, tok][...] = jnp.sum(dks, axis=1)
+        else:  # per token: this slab's channels, summed in XLA over the partials
+            dks_ref.at[b, h, (2 * half + wg) * per_wg + step if per_wg > 1 else 2 * half + wg,
+                       tok][...] = jnp.sum(dks, axis=1)
     if "no_cumsum" in ablations:  # timing ablation: dg = dgam (wrong numbers)
         if no_store:
             sink[...] = dgam
@@ -539,13 +605,12 @@ def _epilogue(sc, partials, hs_ref, dhs_ref, do_ref, vn_ref, dr_ref, dq_ref, dk_
         return
     # dg: the within-chunk reverse cumsum of dgam, U @ dgam with U_ij = [j >= i] (exact in
     # bf16) on the three exact bf16 pieces of dgam: every product term is exact, the sums fp32.
-    piece, upper = sc["piece"].at[wg], sc["upper"].at[wg]
+    piece, upper = sc["piece"].at[wg], sc["upper"]
     for t, x in enumerate(_split3(dgam)):
         piece.at[t][...] = x
-    full = (CHUNK, CHUNK)
-    i, j = mgl.iota(full, 0, interpret), mgl.iota(full, 1, interpret)
-    upper[...] = jnp.where(j >= i, 1.0, 0.0).astype(BF16)
     plgpu.commit_smem()
+    if step == per_wg - 1:  # the first slab the epilogue runs
+        plgpu.barrier_wait(sc["u_bar"])
     lo, mid, hi = _products(shape, [(upper, piece.at[t]) for t in (2, 1, 0)])
     if no_store:
         sink[...] = (lo + mid) + hi
@@ -571,20 +636,28 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, si
     # pieces of dgam and the upper-triangular ones where the shift buffers were.
     states = [mgl.swizzled_smem((KEY_HALF, dv), dtype),  # s0
               mgl.swizzled_smem((KEY_HALF, dv), dtype)]  # dsc
-    cumsum = [_tile16((2, 3, CHUNK, WG_KEYS), BF16),  # piece: hi, mid, lo per warpgroup
-              _tile16((2, CHUNK, CHUNK), BF16)]  # upper: U_ij = [j >= i] per warpgroup
+    cumsum = [_tile16((2, 3, CHUNK, slab), BF16),  # piece: hi, mid, lo per warpgroup
+              _tile16((CHUNK, CHUNK), BF16)]  # upper: U_ij = [j >= i] (a TMA copy)
 
-    def union(a, b, a_names, b_names):
-        """``a`` and ``b`` sharing SMEM (separate buffers when interpreting: no RefUnion)."""
+    def union(*groups):
+        """``(refs, names)`` groups sharing SMEM (separate buffers when interpreting: no
+        RefUnion); a group of one ref is that ref."""
         if interpret:
-            scratch.extend(a + b)
-            names.extend(a_names + b_names)
+            for refs, group_names in groups:
+                scratch.extend(refs)
+                names.extend(group_names)
         else:
-            scratch.append(plgpu.RefUnion(tuple(a), tuple(b) if len(b) > 1 else b[0]))
-            names.append((a_names, b_names if len(b) > 1 else b_names[0]))
+            members = [tuple(r) if len(r) > 1 else r[0] for r, _ in groups]
+            scratch.append(plgpu.RefUnion(*members))
+            names.append(tuple(n if len(n) > 1 else n[0] for _, n in groups))
 
     scratch, names = [], []
-    union(phase1, [y_tiles], ("lhs", "vn"), ("y",))
+    if fused:  # the epilogue's dO, dR, Vn copies 1 KB past phase 1's (see _epilogue)
+        epi = [plgpu.SMEM((1024,), jnp.int8), mgl.swizzled_smem((2, CHUNK, dv), dtype),
+               mgl.swizzled_smem((CHUNK, dv), dtype)]
+        union((phase1, ("lhs", "vn")), ([y_tiles], ("y",)), (epi, ("epad", "lhs_e", "vn_e")))
+    else:
+        union((phase1, ("lhs", "vn")), ([y_tiles], ("y",)))
     scratch += [
         _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # q
         _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # k
@@ -595,7 +668,8 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, si
     ]
     names += ["q", "k", "kr", "g", "marks", "doc"]
     if fused:
-        union(dms, states, ("free", "quad"), ("s0", "dsc"))
+        union((dms, ("free", "quad")),
+              ([plgpu.SMEM((1024,), jnp.int8)] + states, ("spad", "s0", "dsc")))
     else:
         scratch += dms
         names += ["free", "quad"]
@@ -606,7 +680,8 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, si
     ]
     names += ["coef", "x", "x2"]
     if fused:
-        union(pads, cumsum, ("kpad", "gpad", "apad"), ("piece", "upper"))
+        union((pads, ("kpad", "gpad", "apad")),
+              ([plgpu.SMEM((1024,), jnp.int8)] + cumsum, ("cpad", "piece", "upper")))
     else:
         scratch += pads
         names += ["kpad", "gpad", "apad"]
@@ -618,20 +693,24 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, si
         plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
     ]
     names += ["in_bar", "qk_bar", "sync", "done"]
+    if fused and slab < WG_KEYS:  # park: every slab's partials but the last, fp32
+        scratch.append(_slab_smem((2, 3 * (WG_KEYS // slab - 1), CHUNK, slab), F32, slab))
+        names.append("park")
     if fused:
         scratch += [ks_smem,  # ks: the kr scale (per token, or the half's channels)
                     plgpu.SMEM((CHUNK,), F32),  # conn
                     plgpu.SMEM((CHUNK,), F32),  # last
                     plgpu.Barrier(num_arrivals=2),  # epi_sync: both left phase 2
-                    plgpu.Barrier(num_arrivals=5)]  # epi_bar: dO, dR, Vn, S_0, dS_C landed
-        names += ["ks", "conn", "last", "epi_sync", "epi_bar"]
+                    plgpu.Barrier(num_arrivals=5),  # epi_bar: dO, dR, Vn, S_0, dS_C landed
+                    plgpu.Barrier(num_arrivals=1)]  # u_bar: U landed
+        names += ["ks", "conn", "last", "epi_sync", "epi_bar", "u_bar"]
     if interpret:  # the SMEM copies of what the GPU reads as transposed views
         scratch += [plgpu.SMEM((2, dv, CHUNK), dtype),  # vnt: Vn^T per warpgroup
                     plgpu.SMEM((2, 2, CHUNK, CHUNK), dtype)]  # mt: dM^T (free, quadrant)
         names += ["vnt", "mt"]
         if fused:
-            scratch += [plgpu.SMEM((2, dv, WG_KEYS), dtype),  # s0t: S_0^T rows per warpgroup
-                        plgpu.SMEM((2, dv, WG_KEYS), dtype)]  # dsct: dS_C^T
+            scratch += [plgpu.SMEM((2, dv, slab), dtype),  # s0t: S_0^T rows per warpgroup
+                        plgpu.SMEM((2, dv, slab), dtype)]  # dsct: dS_C^T
             names += ["s0t", "dsct"]
     if sink:  # the no_store ablation's target (20 KB at slab 32; only in that variant)
         scratch.append(plgpu.SMEM((2, CHUNK, slab + PAD_COLS), F32))
@@ -760,9 +839,10 @@ def channelwise_grad_intra_mosaic(
         scale: read-out scale (static).
         doc: the document index of every token ``[B, T]`` (int; exact up to 2**24 as fp32),
             or ``None`` for one document per row.
-        slab: key channels per phase-2 step, 32 (one step per warpgroup; the default) or 16
-            (two; fewer live registers, if ptxas spills at 32). Same results up to fp32
-            summation order (static).
+        slab: key channels per phase-2 step, 32 (one step per warpgroup; the default here) or
+            16 (two; fewer live registers: ptxas spills at 32 and not at 16, MOSAIC_GPU.md
+            Sec. 23-24; ``channelwise_gpu.TUNING["mosaic_grad_slab"]`` ships 16). Same results
+            up to fp32 summation order (static).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
         ablations: timing ablations, names in :data:`K1_ABLATIONS` (static; benchmarks only,
             ``benchmarks/profile_grad.py``, MOSAIC_GPU.md Sec. 22). ``()``, the default, is the
@@ -831,7 +911,7 @@ def check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
                              f"{q.dtype}, got {x.shape} {x.dtype}")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret", "ablations"))
+@functools.partial(jax.jit, static_argnames=("scale", "slab", "interpret", "ablations"))
 def channelwise_grad_chunk_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -846,6 +926,7 @@ def channelwise_grad_chunk_mosaic(
     *,
     scale: float,
     doc: Optional[jax.Array] = None,
+    slab: int = SLAB,
     interpret: bool = False,
     ablations: Tuple[str, ...] = (),
 ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -878,6 +959,11 @@ def channelwise_grad_chunk_mosaic(
             ``hs``), N = ceil(T / 64).
         dhs: the chunks' exit-state cotangents ``dS_C`` ``[B, H, N, K, V]`` in q's dtype
             (``backward_state``'s).
+        slab: key channels per phase-2 step, 32 (the default here) or 16 (two steps per
+            warpgroup, the first slab's partials parked in SMEM; no register spills,
+            MOSAIC_GPU.md Sec. 24; ``channelwise_gpu.TUNING["mosaic_grad_slab"]`` ships 16).
+            The same values up to the fp32 summation order of KDA's per-token ``dks``
+            (static).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
         ablations: timing ablations, names in :data:`K2_ABLATIONS` (static; benchmarks only,
             MOSAIC_GPU.md Sec. 22; ``()``, the default, is the real kernel, anything else
@@ -893,10 +979,13 @@ def channelwise_grad_chunk_mosaic(
         the log-decay g).
 
     Raises:
-        ValueError: as :func:`check_chunk_inputs` or :func:`check_ablations`.
+        ValueError: as :func:`check_chunk_inputs` or :func:`check_ablations`, or for a
+            ``slab`` not in (16, 32).
     """
     check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc)
     ablations = check_ablations(ablations, K2_ABLATIONS)
+    if slab not in SLABS:
+        raise ValueError(f"slab must be one of {SLABS}, got {slab!r}")
     batch, seq_len, heads, dk = q.shape
     dv = do.shape[-1]
     num_chunks = -(-seq_len // CHUNK)
@@ -909,7 +998,7 @@ def channelwise_grad_chunk_mosaic(
         if jnp.dtype(ks.dtype) not in (jnp.dtype(BF16), jnp.dtype(jnp.float16), jnp.dtype(F32)):
             ks = ks.astype(F32)
         ks_in = mgl.pad_time(ks, num_chunks)
-        ks_smem = _slab_smem((CHUNK, KEY_HALF), ks_in.dtype, WG_KEYS)
+        ks_smem = _slab_smem((CHUNK, KEY_HALF), ks_in.dtype, slab)
     else:  # [B, H, Tp]: one contiguous 64-token row per chunk
         ks_in = jnp.transpose(mgl.pad_time(ks.astype(F32), num_chunks)[..., 0], (0, 2, 1))
         ks_smem = plgpu.SMEM((CHUNK,), F32)
@@ -923,22 +1012,24 @@ def channelwise_grad_chunk_mosaic(
         last = (dc == dc[:, :, -1:]).astype(F32).reshape(batch, padded)
         extra = (doc.astype(F32), conn, last)
     dtype = q.dtype
-    scratch, names = _scratch(dtype, dv, WG_KEYS, has_docs, interpret, fused=True,
+    scratch, names = _scratch(dtype, dv, slab, has_docs, interpret, fused=True,
                               ks_smem=ks_smem, sink="no_store" in ablations)
     extra_kw = dict(ablations=frozenset(ablations)) if ablations else {}
     kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
-                               slab=WG_KEYS, interpret=interpret, names=names, fused=True,
+                               slab=slab, interpret=interpret, names=names, fused=True,
                                ks_channels=ks_channels, **extra_kw)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), dtype)
     dks_type = (jax.ShapeDtypeStruct((batch, padded, heads, dk), F32) if ks_channels
-                else jax.ShapeDtypeStruct((batch, heads, 2 * halves, padded), F32))
+                else jax.ShapeDtypeStruct((batch, heads, dk // slab, padded), F32))
     call = _launch(kernel, (tok, tok, dks_type,
                             jax.ShapeDtypeStruct((batch, padded, heads, dk), F32)),
                    scratch, (num_chunks * halves, heads, batch),
                    ablated_name(K2_KERNEL_NAME, ablations), interpret)
     with jax.named_scope(K2_KERNEL_NAME):
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
-        dq, dk_out, dks, dg = call(q, k, kr, gamma, g8, do, vn, dr, hs, dhs, ks_in, *extra)
-        if not ks_channels:  # the per-warpgroup partials, summed here: [B, T, H, 1]
+        upper = jnp.triu(jnp.ones((CHUNK, CHUNK), BF16))  # U_ij = [j >= i], for the cumsum
+        dq, dk_out, dks, dg = call(q, k, kr, gamma, g8, do, vn, dr, hs, dhs, ks_in, upper,
+                                   *extra)
+        if not ks_channels:  # the per-slab partials, summed here: [B, T, H, 1]
             dks = jnp.transpose(jnp.sum(dks, axis=2), (0, 2, 1))[..., None]
     return dq[:, :seq_len], dk_out[:, :seq_len], dks[:, :seq_len], dg[:, :seq_len]

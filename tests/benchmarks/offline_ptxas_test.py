@@ -131,6 +131,8 @@ class OfflinePtxasTest(absltest.TestCase):
             offline_ptxas.kernel_modules("k3")
         with self.assertRaisesRegex(ValueError, "slab"):
             offline_ptxas.kernel_modules("k1:8")
+        with self.assertRaisesRegex(ValueError, "slab"):
+            offline_ptxas.kernel_modules("k2:8")
 
     def test_end_to_end_if_installed(self):
         site = os.environ.get("OFFLINE_PTXAS_SITE", "/tmp/ptx-site")

@@ -42,6 +42,21 @@ class ProfileGradTest(absltest.TestCase):
         with self.assertRaisesRegex(profile_grad.VariantError, "empty"):
             profile_grad.parse_variants([])
 
+    def test_slabs(self):
+        self.assertEqual(profile_grad.parse_slabs(["16", "32"]), (16, 32))
+        for bad, msg in ((["24"], "not one of"), (["x"], "not one of"), (["16", "16"], "twice"),
+                         ([], "empty")):
+            with self.assertRaisesRegex(profile_grad.VariantError, msg):
+                profile_grad.parse_slabs(bad)
+        runs = profile_grad.parse_variants(["k2", "k1:no_band"])
+        # Each variant at every slab before the next; one slab keeps the plain labels.
+        self.assertEqual(profile_grad.with_slabs(runs, (16, 32)),
+                         [("k2@16", "k2", (), 16), ("k2@32", "k2", (), 32),
+                          ("k1:no_band@16", "k1", ("no_band",), 16),
+                          ("k1:no_band@32", "k1", ("no_band",), 32)])
+        self.assertEqual([r[0] for r in profile_grad.with_slabs(runs, (16,))],
+                         ["k2", "k1:no_band"])
+
     def test_float64_reference_matches_the_kernel_tests(self):
         from tests.pallas_kernels import kernel_mosaic_channelwise_grad_chunk_test as k2_test
         from tests.pallas_kernels import kernel_mosaic_channelwise_grad_test as k1_test
@@ -96,13 +111,24 @@ class ProfileGradTest(absltest.TestCase):
         self.assertEqual(lines[7], "| k2:no_mma | failed: boom | | | | |")
         self.assertEqual(lines[8], "| k1 | skipped: deadline | | | | |")
 
+    def test_table_deltas_per_slab(self):
+        recs = [dict(variant="k2@16", kernel="k2", ablations=[], slab=16, kernel_ms=2.0),
+                dict(variant="k2@32", kernel="k2", ablations=[], slab=32, kernel_ms=3.0),
+                dict(variant="k2:no_band@16", kernel="k2", ablations=["no_band"], slab=16,
+                     kernel_ms=1.5),
+                dict(variant="k2:no_band@32", kernel="k2", ablations=["no_band"], slab=32,
+                     kernel_ms=2.0)]
+        lines = profile_grad.render(recs, "# head").splitlines()
+        self.assertIn("| k2:no_band@16 | 1.500 | -0.500 |", lines[6])
+        self.assertIn("| k2:no_band@32 | 2.000 | -1.000 |", lines[7])
+
     def test_static_run_and_refusal_of_the_binary(self):
         out = os.path.join(self.create_tempdir().full_path, "g")
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
         cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "profile_grad.py"),
                "--static", "--batch=1", "--seq_len=128", "--heads=1", f"--out={out}"]
-        res = subprocess.run(cmd + ["--variants=k2,k2:no_state,k1:no_mma"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=120)
+        res = subprocess.run(cmd + ["--variants=k2,k2:no_state,k1:no_mma", "--slabs=32"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         self.assertEqual(res.returncode, 0, res.stderr[-2000:])
         recs = [json.loads(x) for x in open(out + ".jsonl")]
         self.assertEqual([r["variant"] for r in recs], ["k2", "k2:no_state", "k1:no_mma"])

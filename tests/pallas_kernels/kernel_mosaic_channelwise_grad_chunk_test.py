@@ -29,6 +29,7 @@ Interpret tests, one at a time on a 2-core host: ``PJRT_NPROC=8 timeout 900 pyth
 import collections
 import contextlib
 import io
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -49,9 +50,11 @@ C = k2.CHUNK
 _REF_GATE = 5e-3  # relative RMS against float64, K2 and the Triton path alike
 _PAIR_GATE = 4e-3  # K2 against the Triton path (the op tests' gate)
 _SMEM_LIMIT = 227 * 1024
-# Mosaic GPU's own count of the CUDA export (jax 0.10.2), MOSAIC_GPU.md Sec. 21.
-_SMEM_K128_V128 = 206_896  # per-token ks (KDA), documents or not
-_SMEM_K128_V128_KS_F32 = 222_256  # per-channel fp32 ks (GDN-2)
+# Mosaic GPU's own count of the CUDA export (jax 0.10.2), MOSAIC_GPU.md Sec. 21 and 24.
+_SMEM_K128_V128 = 208_952  # per-token ks (KDA), documents or not; slab 32
+_SMEM_K128_V128_KS_F32 = 224_312  # per-channel fp32 ks (GDN-2); slab 32
+_SMEM_K128_V128_SLAB16 = 204_856  # slab 16 (the parked partials, 24 KB)
+_SMEM_K128_V128_KS_F32_SLAB16 = 220_216
 _NAMES = ("dq", "dk", "dks", "dg")
 
 
@@ -133,7 +136,7 @@ def reference(args, ks, hs, dhs, doc_arrays, scale):
     return tuple(x.reshape(batch, tp, heads, -1) for x in (dq, dk_out, dks, dg))
 
 
-def _check_kernel(test, case, *, interpret=True):
+def _check_kernel(test, case, *, interpret=True, slab=k2.SLAB):
     seed, batch, seq_len, heads, dk, dv, dtype, docs, decay, h0, gdn2 = case
     cfg, args, doc_arrays, (ks, hs, dhs) = k1_test.grad_inputs(
         seed, batch, seq_len, heads, dk, dv, jnp.dtype(dtype), docs=docs, decay=decay, h0=h0,
@@ -143,7 +146,7 @@ def _check_kernel(test, case, *, interpret=True):
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # the interpreter prints the races it detects
         got = jax.block_until_ready(k2.channelwise_grad_chunk_mosaic(
-            q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"], doc=doc,
+            q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"], doc=doc, slab=slab,
             interpret=interpret))
     races = log.getvalue()
     test.assertFalse("RACE DETECTED" in races, races[:600])
@@ -173,6 +176,12 @@ class InterpretTest(parameterized.TestCase):
     @parameterized.named_parameters(*_CASES)
     def test_kernel_and_triton_match_float64(self, *case):
         _check_kernel(self, case)
+
+    # Two 16-channel steps per warpgroup (TUNING's default, no spills; MOSAIC_GPU.md Sec. 24):
+    # K1's cases again (per-token and per-channel ks, K 64 and 128, V 64 and 128).
+    @parameterized.named_parameters(*[(name + "_slab16", *rest) for name, *rest in _CASES])
+    def test_slab16_matches_float64_and_triton(self, *case):
+        _check_kernel(self, case, slab=16)
 
     def test_unpadded_length_pads_inside(self):
         # T = 100 given directly: the kernel zero-pads and returns the first T rows.
@@ -229,7 +238,7 @@ class OpInterpretTest(parameterized.TestCase):
 
 
 def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.float32,
-                   ablations=None):
+                   ablations=None, slab=k2.SLAB):
     """Exports K2 for CUDA; returns ``(mlir text, Mosaic GPU's SMEM count)``. ``ablations``:
     passed on unless ``None`` (then the kernel's default)."""
     batch, seq_len, heads = 1, 200, 2
@@ -244,7 +253,8 @@ def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.flo
 
     def fn(*args, doc=None):
         return k2.channelwise_grad_chunk_mosaic(
-            *args, scale=0.1, doc=doc, **({} if ablations is None else dict(ablations=ablations)))
+            *args, scale=0.1, doc=doc, slab=slab,
+            **({} if ablations is None else dict(ablations=ablations)))
 
     return kmc_test.export_cuda_counting_smem(fn, *args, doc=doc)
 
@@ -261,10 +271,17 @@ class LoweringTest(parameterized.TestCase):
         ("K128_V64_bf16_ks_channels_bf16", 128, 64, jnp.bfloat16, True, True, jnp.bfloat16,
          None),
         ("K64_V128_fp16_docs", 64, 128, jnp.float16, True, False, jnp.bfloat16, None),
+        ("K128_V128_bf16_docs_slab16", 128, 128, jnp.bfloat16, True, False, jnp.float32,
+         _SMEM_K128_V128_SLAB16, 16),
+        ("K128_V128_bf16_ks_channels_f32_slab16", 128, 128, jnp.bfloat16, True, True,
+         jnp.float32, _SMEM_K128_V128_KS_F32_SLAB16, 16),
+        ("K64_V64_fp16_slab16", 64, 64, jnp.float16, False, False, jnp.float32, None, 16),
+        ("K128_V64_bf16_ks_channels_bf16_slab16", 128, 64, jnp.bfloat16, True, True,
+         jnp.bfloat16, None, 16),
     )
     def test_kernel_exports_for_cuda(self, dk, dv, dtype, docs, ks_channels, ks_dtype,
-                                     smem_want):
-        text, smem = _export_kernel(dk, dv, dtype, docs, ks_channels, ks_dtype)
+                                     smem_want, slab=k2.SLAB):
+        text, smem = _export_kernel(dk, dv, dtype, docs, ks_channels, ks_dtype, slab=slab)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
         self.assertIn(k2.K2_KERNEL_NAME, text)
         self.assertLessEqual(smem, _SMEM_LIMIT)
@@ -344,6 +361,7 @@ class ValidationTest(parameterized.TestCase):
         self.check_raises("dhs must", args[:6] + [args[6].astype(jnp.float32)] + args[7:])
         self.check_raises("do must", args[:7] + [args[7][:, :50]] + args[8:])
         self.check_raises("doc must", args, doc=jnp.zeros((1, 64), jnp.int32))
+        self.check_raises("slab must", args, slab=24)
         k2.check_chunk_inputs(*self._args(ks_dim=64), None)  # per-channel ks is fine
 
     def test_split3_is_exact_and_the_cumsum_fp32(self):
@@ -374,6 +392,25 @@ class ValidationTest(parameterized.TestCase):
         self.assertEqual(cfg["grad_pass"], "triton")
         self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "triton")  # until the H200 says
 
+    def test_op_passes_the_tuned_slab(self):
+        # TUNING["mosaic_grad_slab"] (16: no spills, MOSAIC_GPU.md Sec. 24) reaches K2 as K1.
+        seen = {}
+
+        def record(*args, **kwargs):
+            seen.update(kwargs)
+            return ()
+
+        base = dict(batch=1, heads=1, n_chunks=1, dk=64, dv=64, scale=0.1, has_docs=False,
+                    interpret=True, return_residual=False)
+        with mock.patch.object(k2, "channelwise_grad_chunk_mosaic", record):
+            for slab in (16, 32):
+                with mock.patch.dict(channelwise_gpu.TUNING, {"mosaic_grad_slab": slab}):
+                    cfg = channelwise_gpu._config(**base, mm_dtype=jnp.bfloat16,
+                                                  grad_pass="mosaic_fused")
+                channelwise_gpu._grad_chunk_mosaic(cfg, *([None] * 11))
+                self.assertEqual(seen["slab"], slab)
+        self.assertEqual(channelwise_gpu.TUNING["mosaic_grad_slab"], 16)
+
 
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
@@ -389,6 +426,18 @@ class GpuTest(kmg_test.HopperTestCase):
     )
     def test_kernel_matches_reference_and_triton(self, *case):
         _check_kernel(self, case, interpret=False)
+
+    @parameterized.parameters((0, False), (1, True))
+    def test_slab16_matches_slab32(self, seed, ks_channels):
+        cfg, args, doc_arrays, (ks, hs, dhs) = k1_test.grad_inputs(
+            seed, 2, 2048, 2, 128, 128, jnp.bfloat16, docs=(700, 1, 64), gdn2=ks_channels,
+            interpret=False, full=True)
+        q, k, kr, gam, do, vn, dr = args
+        wide, narrow = (k2.channelwise_grad_chunk_mosaic(
+            q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"], doc=doc_arrays[0],
+            slab=slab) for slab in (32, 16))
+        for name, a, e in zip(_NAMES, narrow, wide):  # fp32 summation order at most
+            self.assertLess(tolerances.rel_err(a, e), 1e-5, name)
 
     @parameterized.parameters(("kda", True, 128), ("gdn2", False, 64))
     def test_op_with_fused_grad_pass_against_fp32_reference(self, op, packed, dim):
