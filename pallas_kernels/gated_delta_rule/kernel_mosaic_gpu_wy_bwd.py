@@ -47,6 +47,8 @@ Status (2026-12-03): CPU only, not run on a GPU. Tested in interpret mode agains
 of ``chunked.wy_representation`` and composed with the other Mosaic stages against
 ``jax.vjp`` of ``chunked.gated_delta_rule_chunked``
 (``tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py``), and exported for CUDA.
+2026-12-05: reordered so that ptxas (offline, ``benchmarks/offline_ptxas.py``) needs no spills
+at K = V = 128 or 64 (836 B and a serialised ``wgmma`` before; MOSAIC_GPU.md Sec. 24).
 """
 
 import functools
@@ -239,15 +241,19 @@ def chunk_wy_bwd_mosaic(
     barrier (``k`` of key head ``h // group``, ``v``, ``dW`` and ``dU`` in fp32, row and column
     copies of the gate, ``beta``, document and ``conn`` vectors). On the tensor cores (fp32
     accumulation): ``K K^T``; ``X`` recomputed by the forward's doubling inverse (10 fp16
-    products); then ``dW K^T``, ``dU V^T``, ``Y = X^T dW``, ``Z = X^T dU``, ``dX X^T``,
-    ``X^T (dX X^T)``, ``R K`` and ``R^T K``. Every operand that is not an input (``X``, ``dW``,
-    ``dU``, ``dX``, ``dX X^T``, ``R``) is split into two 16-bit terms ``hi + lo``; products of
-    two such operands use three terms (``hi hi + lo hi + hi lo``), so about 16 significant
-    bits reach the fp32 accumulators: 20 ``wgmma``s after the inverse. ``X^T`` and ``R^T`` are
-    transposed SMEM views. The gate and ``beta`` terms are row sums in fp32 registers;
-    ``dL/dG`` needs no column sum (``sum_i R_ij (k_i . k_j) = k_j . (R^T K)_j``). SMEM at
-    K = V = 128: about 210 KB (one CTA per SM; the fp32 ``dW``, ``dU`` tiles stage ``dk``,
-    ``dv`` on the way out).
+    products); then ``dW K^T``, ``dU V^T``, ``dX X^T``, ``X^T (dX X^T)``, ``K K^T`` again,
+    ``R K + R^T K`` (one accumulator), ``Z = X^T dU`` and ``Y = X^T dW``, in that order, so that
+    one fp32 ``[64, K]`` accumulator is live at a time (each goes to SMEM and to its row sums
+    at once; no spills in ptxas at K = V = 128 or 64, MOSAIC_GPU.md Sec. 24). Every operand
+    that is not an input (``X``, ``dW``, ``dU``, ``dX``, ``dX X^T``, ``R``) is split into two
+    16-bit terms ``hi + lo``; products of two such operands use three terms
+    (``hi hi + lo hi + hi lo``), so about 16 significant bits reach the fp32 accumulators: 21
+    ``wgmma``s after the inverse. ``X^T`` and ``R^T`` are transposed SMEM views. The gate and
+    ``beta`` terms are row sums in fp32 registers; ``dL/dG`` needs no column sum:
+    ``k_i . (R K)_i = beta_i sum_j dA_ij (k_i . k_j) E_ij`` (``dbeta``'s ``A`` term, from the
+    fp32 ``[64, 64]`` tiles) and ``k_i . (R^T K)_i`` is the row sum of ``K * (R K + R^T K)``
+    less that. SMEM at K = V = 128: 225,288 B (one CTA per SM; the fp32 ``dW``, ``dU`` tiles
+    stage ``dk``, ``dv`` on the way out).
 
     Args:
         k: keys ``[B, T, Hk, K]``, bf16 or fp16, L2-normalised (as for ``chunk_wy_mosaic``);
