@@ -47,6 +47,8 @@ Status (2026-12-03): CPU only, not run on a GPU. Tested in interpret mode agains
 of ``chunked.wy_representation`` and composed with the other Mosaic stages against
 ``jax.vjp`` of ``chunked.gated_delta_rule_chunked``
 (``tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py``), and exported for CUDA.
+2026-12-05: reordered so that ptxas (offline, ``benchmarks/offline_ptxas.py``) needs no spills
+at K = V = 128 or 64 (836 B and a serialised ``wgmma`` before; MOSAIC_GPU.md Sec. 25).
 """
 
 import functools
@@ -73,8 +75,14 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     """Kernel body of :func:`chunk_wy_bwd_mosaic`: one chunk of one ``(b, h)`` per CTA.
 
     ``shim`` (interpret only): SMEM copies of what the GPU reads as transposed views (``k^T``,
-    ``v^T`` and two ``[64, 64]`` tiles) or from registers (the merge's ``Y``, the 16-bit halves
-    of ``dW``, ``dU`` and two ``[64, 64]`` tiles).
+    ``v^T``, ``X^T`` and ``R^T`` in two halves each) or from registers (the merge's ``Y``, the
+    halves of ``dX`` and ``R``).
+
+    Register budget (MOSAIC_GPU.md Sec. 25): the fp32 ``[64, K]`` accumulators ``R K + R^T K``,
+    ``Z`` and ``Y`` are formed one at a time, each stored to SMEM (the ``dk``, ``dv`` staging)
+    and reduced to its row sums at once; ``dW``, ``dU`` are left operands from SMEM, not
+    registers; nothing ``[64, 64]`` (``K K^T``, ``E``) is kept across the inverse (both are
+    formed again for ``dA``).
     """
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
@@ -92,9 +100,9 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
         plgpu.copy_gmem_to_smem(ref.at[rows], col_s, in_bar)
     plgpu.barrier_wait(in_bar)
     if interpret:
-        kt_s, vt_s, t1_s, t2_s, y_s, p1_s, p2_s, p3_s, p4_s, q1_s, q2_s = shim
+        kt_s, vt_s, t1_s, t2_s, t3_s, t4_s, y_s, q1_s, q2_s = shim
     else:
-        kt_s = vt_s = t1_s = t2_s = y_s = p1_s = p2_s = p3_s = p4_s = q1_s = q2_s = None
+        kt_s = vt_s = t1_s = t2_s = t3_s = t4_s = y_s = q1_s = q2_s = None
     sq = (CHUNK, CHUNK)
     dtype = k_s.dtype
     f32 = jnp.float32
@@ -123,41 +131,44 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     def tr(ref, scratch):
         return mgl.transposed(ref, scratch, interpret)
 
-    kk = matmul([(k_s, tr(k_s, kt_s))], sq)  # K K^T
-    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
-    g_i, g_j = mgl.load_rows(g_row_s, interpret), mgl.load_cols(g_col_s, interpret)
-    b_i, b_j = mgl.load_rows(b_row_s, interpret), mgl.load_cols(b_col_s, interpret)
-    d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
-    c_i, c_j = mgl.load_rows(c_row_s, interpret), mgl.load_cols(c_col_s, interpret)
-    # E_ij = e^{G_i - G_j} on M (j < i, same document), masked in the exponent (E <= 1).
-    strict = (j < i) & (mgl.by_row(d_i, sq) == by_col(d_j))
-    decay = jnp.exp(jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
-    beta_decay = mgl.by_row(b_i, sq) * decay  # beta_i E_ij
-    a = kk * beta_decay
+    def row_sum(ref, x):
+        """``sum_c ref[:, c] x[:, c]`` (``ref``: a 16-bit SMEM tile, ``x``: fp32)."""
+        return jnp.sum(mgl.load_tile(ref, interpret).astype(f32) * x, axis=1)
+
+    def chunk_decay():
+        """``E``: ``E_ij = e^{G_i - G_j}`` on ``M`` (j < i, same document), else 0 (masked in
+        the exponent, so ``E <= 1``). ``E`` is the mask wherever one is needed (``A``, ``dA``
+        on ``M``). Formed twice (``A``, then ``dA``) from the SMEM vectors rather than kept
+        live across the inverse."""
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+        g_i, g_j = mgl.load_rows(g_row_s, interpret), mgl.load_cols(g_col_s, interpret)
+        d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
+        strict = (j < i) & (mgl.by_row(d_i, sq) == by_col(d_j))
+        return jnp.exp(jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+
+    b_i = mgl.load_rows(b_row_s, interpret)
+    a = matmul([(k_s, tr(k_s, kt_s))], sq) * (mgl.by_row(b_i, sq) * chunk_decay())  # A
     x = kgd.wy_inverse(a, l_s, x_s, y_s, interpret)  # X = (I + A)^{-1}, as the forward
     # X as hi + lo in SMEM: X^T is a left (Y, Z, dA) and a right (dX X^T) operand below.
     xh, xl = split(x)
     xh_s[...] = xh
     xl_s[...] = xl
-    # dW, dU (fp32 from HBM) as hi + lo: left operands from registers, right ones from SMEM.
-    wh, wl = split(mgl.load_tile(dw_s, interpret))
-    uh, ul = split(mgl.load_tile(du_s, interpret))
-    wh_s[...] = wh
-    wl_s[...] = wl
-    uh_s[...] = uh
-    ul_s[...] = ul
+    # dW, dU (fp32 from HBM) as hi + lo in SMEM, left and right operands from there.
+    for src, hi_s, lo_s in ((dw_s, wh_s, wl_s), (du_s, uh_s, ul_s)):
+        hi, lo = split(mgl.load_tile(src, interpret))
+        hi_s[...] = hi
+        lo_s[...] = lo
     plgpu.commit_smem()
+    xt_h, xt_l = tr(xh_s, t1_s), tr(xl_s, t2_s)
 
     # dX = (dW K^T) Dw + (dU V^T) Db: the scalings go on the columns in fp32.
+    b_j, c_j = mgl.load_cols(b_col_s, interpret), mgl.load_cols(c_col_s, interpret)
+    g_j = mgl.load_cols(g_col_s, interpret)
     k_t, v_t = tr(k_s, kt_s), tr(v_s, vt_s)
-    dx_w = matmul([(lhs(wh, p1_s), k_t), (lhs(wl, p2_s), k_t)], sq)
-    dx_u = matmul([(lhs(uh, p3_s), v_t), (lhs(ul, p4_s), v_t)], sq)
+    dx_w = matmul([(wh_s, k_t), (wl_s, k_t)], sq)
+    dx_u = matmul([(uh_s, v_t), (ul_s, v_t)], sq)
     w_col = b_j * c_j * jnp.exp(g_j)  # Dw, columns
     dx = dx_w * by_col(w_col) + dx_u * by_col(b_j)
-    # Y = X^T dW, Z = X^T dU (hi hi + lo hi + hi lo).
-    xt_h, xt_l = tr(xh_s, t1_s), tr(xl_s, t2_s)
-    y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], wh_s.shape)
-    z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], uh_s.shape)
     # dX X^T, then dA = -X^T (dX X^T), kept on M.
     dxh, dxl = split(dx)
     dxh_op, dxl_op = lhs(dxh, q1_s), lhs(dxl, q2_s)
@@ -166,32 +177,36 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     sh_s[...] = sh
     sl_s[...] = sl
     plgpu.commit_smem()
+    # X^T (dX X^T) = -dA. On M: R' = dA * E (E is 0 off M; acc * -E, not -acc: jla saw a
+    # negated fresh accumulator read as zeros, MOSAIC_GPU.md) and R = diag(beta) R'.
     da = matmul([(xt_h, sh_s), (xt_l, sh_s), (xt_h, sl_s)], sq)
-    # acc * -1, not -acc: jla saw a negated fresh accumulator read as zeros (MOSAIC_GPU.md).
-    da = jnp.where(strict, da * jnp.float32(-1.0), 0.0)
-    r = da * beta_decay  # dL/d(K K^T) on M
-    db_a = jnp.sum(da * kk * decay, axis=1)  # sum_j dA_ij (k_i . k_j) E_ij
-    rh, rl = split(r)
+    rp = da * (chunk_decay() * jnp.float32(-1.0))
+    kk = matmul([(k_s, tr(k_s, kt_s))], sq)  # K K^T again (not kept across the inverse)
+    db_a = jnp.sum(rp * kk, axis=1)  # sum_j dA_ij (k_i . k_j) E_ij
+    rh, rl = split(mgl.by_row(b_i, sq) * rp)
     sh_s[...] = rh  # the dA product has read sh_s, sl_s (its accumulator was read)
     sl_s[...] = rl
     plgpu.commit_smem()
-    rk = matmul([(lhs(rh, q1_s), k_s), (lhs(rl, q2_s), k_s)], wh_s.shape)  # R K
-    rtk = matmul([(tr(sh_s, t1_s), k_s), (tr(sl_s, t2_s), k_s)], wh_s.shape)  # R^T K
-
-    k_f = mgl.load_tile(k_s, interpret).astype(f32)
-    v_f = mgl.load_tile(v_s, interpret).astype(f32)
+    # R K + R^T K in one accumulator (dk's first terms, into dw_s). k_i . (R K)_i is
+    # sum_j R_ij (k_i . k_j) = beta_i db_a_i, so k_i . (R^T K)_i is the row sum less that.
+    rk = matmul([(lhs(rh, q1_s), k_s), (lhs(rl, q2_s), k_s),
+                 (tr(sh_s, t3_s), k_s), (tr(sl_s, t4_s), k_s)], dw_s.shape)
+    dw_s[...] = rk
+    k_rk = b_i * db_a  # k_i . (R K)_i
+    k_rtk = row_sum(k_s, rk) - k_rk  # k_i . (R^T K)_i
+    # Z = X^T dU (hi hi + lo hi + hi lo), then at once dv = Db Z and v_i . Z_i = dL/dDb_ii.
+    z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], du_s.shape)
+    du_s[...] = mgl.by_row(b_i, z_u.shape) * z_u
+    vdz = row_sum(v_s, z_u)
+    # Y = X^T dW, then dk += Dw Y and k_i . Y_i = dL/dDw_ii.
+    c_i, g_i = mgl.load_rows(c_row_s, interpret), mgl.load_rows(g_row_s, interpret)
     e_i = c_i * jnp.exp(g_i)  # conn e^G, rows
     w_row = b_i * e_i  # Dw, rows
-    dk = mgl.by_row(w_row, y_w.shape) * y_w + rk + rtk
-    dv = mgl.by_row(b_i, z_u.shape) * z_u
-    kdy = jnp.sum(k_f * y_w, axis=1)  # dL/dDw_ii
-    vdz = jnp.sum(v_f * z_u, axis=1)  # dL/dDb_ii
-    dbeta = db_a + e_i * kdy + vdz
-    dg = jnp.sum(k_f * (rk - rtk), axis=1) + w_row * kdy  # dL/dG
-    dw_s[...] = dk  # dw_s, du_s were read into registers above: now the output staging
-    du_s[...] = dv
-    db_s[...] = dbeta
-    dg_s[...] = dg
+    y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], dw_s.shape)
+    dw_s[...] = mgl.load_tile(dw_s, interpret) + mgl.by_row(w_row, y_w.shape) * y_w
+    kdy = row_sum(k_s, y_w)
+    db_s[...] = db_a + e_i * kdy + vdz  # dbeta
+    dg_s[...] = k_rk - k_rtk + w_row * kdy  # dL/dG
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(dw_s, dk_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(du_s, dv_ref.at[b, rows, h])
@@ -226,15 +241,19 @@ def chunk_wy_bwd_mosaic(
     barrier (``k`` of key head ``h // group``, ``v``, ``dW`` and ``dU`` in fp32, row and column
     copies of the gate, ``beta``, document and ``conn`` vectors). On the tensor cores (fp32
     accumulation): ``K K^T``; ``X`` recomputed by the forward's doubling inverse (10 fp16
-    products); then ``dW K^T``, ``dU V^T``, ``Y = X^T dW``, ``Z = X^T dU``, ``dX X^T``,
-    ``X^T (dX X^T)``, ``R K`` and ``R^T K``. Every operand that is not an input (``X``, ``dW``,
-    ``dU``, ``dX``, ``dX X^T``, ``R``) is split into two 16-bit terms ``hi + lo``; products of
-    two such operands use three terms (``hi hi + lo hi + hi lo``), so about 16 significant
-    bits reach the fp32 accumulators: 20 ``wgmma``s after the inverse. ``X^T`` and ``R^T`` are
-    transposed SMEM views. The gate and ``beta`` terms are row sums in fp32 registers;
-    ``dL/dG`` needs no column sum (``sum_i R_ij (k_i . k_j) = k_j . (R^T K)_j``). SMEM at
-    K = V = 128: about 210 KB (one CTA per SM; the fp32 ``dW``, ``dU`` tiles stage ``dk``,
-    ``dv`` on the way out).
+    products); then ``dW K^T``, ``dU V^T``, ``dX X^T``, ``X^T (dX X^T)``, ``K K^T`` again,
+    ``R K + R^T K`` (one accumulator), ``Z = X^T dU`` and ``Y = X^T dW``, in that order, so that
+    one fp32 ``[64, K]`` accumulator is live at a time (each goes to SMEM and to its row sums
+    at once; no spills in ptxas at K = V = 128 or 64, MOSAIC_GPU.md Sec. 25). Every operand
+    that is not an input (``X``, ``dW``, ``dU``, ``dX``, ``dX X^T``, ``R``) is split into two
+    16-bit terms ``hi + lo``; products of two such operands use three terms
+    (``hi hi + lo hi + hi lo``), so about 16 significant bits reach the fp32 accumulators: 21
+    ``wgmma``s after the inverse. ``X^T`` and ``R^T`` are transposed SMEM views. The gate and
+    ``beta`` terms are row sums in fp32 registers; ``dL/dG`` needs no column sum:
+    ``k_i . (R K)_i = beta_i sum_j dA_ij (k_i . k_j) E_ij`` (``dbeta``'s ``A`` term, from the
+    fp32 ``[64, 64]`` tiles) and ``k_i . (R^T K)_i`` is the row sum of ``K * (R K + R^T K)``
+    less that. SMEM at K = V = 128: 225,288 B (one CTA per SM; the fp32 ``dW``, ``dU`` tiles
+    stage ``dk``, ``dv`` on the way out).
 
     Args:
         k: keys ``[B, T, Hk, K]``, bf16 or fp16, L2-normalised (as for ``chunk_wy_mosaic``);
@@ -285,11 +304,11 @@ def chunk_wy_bwd_mosaic(
     sq_t = swz((CHUNK, CHUNK), dtype)
     shim = [plgpu.SMEM((dk, CHUNK), dtype),  # kt_s
             plgpu.SMEM((dv, CHUNK), dtype),  # vt_s
-            plgpu.SMEM((CHUNK, CHUNK), dtype),  # t1_s: X^T hi, then R^T hi
-            plgpu.SMEM((CHUNK, CHUNK), dtype),  # t2_s: X^T lo, then R^T lo
+            plgpu.SMEM((CHUNK, CHUNK), dtype),  # t1_s: X^T hi
+            plgpu.SMEM((CHUNK, CHUNK), dtype),  # t2_s: X^T lo
+            plgpu.SMEM((CHUNK, CHUNK), dtype),  # t3_s: R^T hi
+            plgpu.SMEM((CHUNK, CHUNK), dtype),  # t4_s: R^T lo
             swz((CHUNK, CHUNK), kgd.MERGE_DTYPE),  # y_s: the merges' Y
-            swz((CHUNK, dk), dtype), swz((CHUNK, dk), dtype),  # p1_s, p2_s: dW hi, lo
-            swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # p3_s, p4_s: dU hi, lo
             sq_t, sq_t]  # q1_s, q2_s: dX hi, lo, then R hi, lo
     call = plgpu.kernel(
         functools.partial(_wy_bwd_kernel, group=heads // kv_heads, interpret=interpret),
