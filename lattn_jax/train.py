@@ -1374,6 +1374,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"so the rate may jump there.")
         trainer = Trainer(config, mesh)
         train_iter = datasets.train_iter
+        chosen_step, newest_saved = step, latest  # for the metrics.jsonl note below
         if latest is not None:
             writer = jax.process_index() == 0
             try:
@@ -1428,8 +1429,16 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         # Records a hard-stopped run logged after this step: logged again from here on.
         dropped, discarded = checkpoint_lib.drop_records_after(metrics_writer.path, step)
         if dropped:
-            print_fn(f"metrics.jsonl: dropped {dropped} records after step {step} (logged "
-                     f"after the restored checkpoint by a stopped run; logged again now), "
+            if chosen_step is not None:
+                why = (f"logged by the run that went on past step {step}; --step {step} "
+                       f"resumes from there, so those steps run again and are logged anew")
+            elif newest_saved is not None and newest_saved > step:
+                why = ("logged by the run whose newer checkpoint was unreadable and set "
+                       "aside; those steps run again and are logged anew")
+            else:
+                why = ("logged after the restored checkpoint by a stopped run; logged again "
+                       "now")
+            print_fn(f"metrics.jsonl: dropped {dropped} records after step {step} ({why}), "
                      f"kept in {discarded}")
     tokens_per_step = config.data.batch_size * config.data.seq_len
     flops_per_token = flops_lib.flops_per_token(config.model, state["params"],
