@@ -23,7 +23,8 @@ from lattn_jax.data.config import DataConfig
 # The command-line error helpers live in a light module (absl only); binaries and tests use them
 # as config.parse_flags and friends.
 from lattn_jax.flag_errors import (  # noqa: F401
-    bare_tuple_override, describe_flag_error, parse_flags, TUPLE_OPTIONS)
+    bare_tuple_override, describe_config_load_error, describe_flag_error, parse_flags,
+    TUPLE_OPTIONS)
 
 # Names a layer pattern may use. The mapping from name to module lives in
 # ``lattn_jax.mixers.REGISTRY``; it is checked against this tuple when the package is imported.
@@ -1396,11 +1397,14 @@ def config_flag_value(holder, flag: str = "--config"):
       The loaded ``ConfigDict``.
 
     Raises:
-      SystemExit: ``error: cannot load --config: [Errno 2] No such file or directory: '<path>'``.
+      SystemExit: ``error: cannot load --config=<path>: No such file or directory`` (or ``Is a
+        directory``, ...; :func:`lattn_jax.flag_errors.describe_config_load_error`).
     """
     try:
         value = holder.value
         getattr(value, "keys", None)  # a file that failed to load raises on first attribute use
     except OSError as e:
-        sys.exit(f"error: cannot load {flag}: {str(e).strip().splitlines()[-1].strip()}")
+        from absl import flags  # noqa: PLC0415 (binaries only)
+        path = getattr(flags.FLAGS[holder.name], "config_filename", None)
+        sys.exit(f"error: {describe_config_load_error(e, flag, path)}")
     return value
