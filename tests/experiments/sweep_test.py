@@ -265,7 +265,8 @@ class SweepBinaryTest(absltest.TestCase):
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
         self.assertRegex(out.stderr, r"error: --override or the sweep's overrides: "
                                      r"train\.total_stepz: no such field in \S+\.py \((\d+) of "
-                                     r"\1 runs, e\.g\. ")
+                                     r"\1 runs, e\.g\. .*\); did you mean "
+                                     r"\"train\.total_steps\"\?$")
         self.assertFalse(os.path.exists(self.root))
         # A value the field's type cannot take, and a whole section: the same, before the root.
         for override, want in (("train.total_steps=abc", "train.total_steps: cannot take 'abc' "
