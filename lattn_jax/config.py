@@ -23,7 +23,8 @@ from lattn_jax.data.config import DataConfig
 # The command-line error helpers live in a light module (absl only); binaries and tests use them
 # as config.parse_flags and friends.
 from lattn_jax.flag_errors import (  # noqa: F401
-    bare_tuple_override, describe_flag_error, parse_flags, TUPLE_OPTIONS)
+    bare_tuple_override, describe_config_load_error, describe_flag_error, parse_flags,
+    TUPLE_OPTIONS)
 
 # Names a layer pattern may use. The mapping from name to module lives in
 # ``lattn_jax.mixers.REGISTRY``; it is checked against this tuple when the package is imported.
@@ -592,6 +593,23 @@ class RoutingConfig:
         return self.mode != "none" or self.attn_res
 
 
+def _odd_rope_head_dim(d_model: int, section: Any, name: str) -> str:
+    """The error for an odd RoPE head width of ``model.<name>`` (``attention``/``lightning``):
+    a set ``head_dim`` is named; a derived one (``d_model // num_heads``) is shown with where it
+    comes from, and the nearest ``d_model`` values that give an even one."""
+    opt = f"model.{name}"
+    if section.head_dim is not None:
+        return (f"RoPE needs an even head dimension, got {opt}.head_dim={section.head_dim}; "
+                f"set an even one or set {opt}.rope_theta=None")
+    h = section.num_heads
+    lower = d_model // (2 * h) * 2 * h
+    near = " or ".join(str(d) for d in (lower, lower + 2 * h) if d > 0)
+    return (f"RoPE needs an even head dimension, got {opt} head_dim={d_model // h} = "
+            f"model.d_model {d_model} / {opt}.num_heads {h}; choose a model.d_model that is a "
+            f"multiple of 2 x {h} (e.g. {near}), set an even {opt}.head_dim, or set "
+            f"{opt}.rope_theta=None")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """A decoder-only LM: embedding, pre-norm blocks (mixer + SwiGLU MLP), final norm, head.
@@ -690,11 +708,8 @@ class ModelConfig:
                 f"set model.attention.head_dim",
             )
         if "attn" in self.layer_pattern and self.attention.rope_theta is not None:
-            _require(
-                self.attention_head_dim % 2 == 0,
-                f"RoPE needs an even head dimension, got model.attention head_dim="
-                f"{self.attention_head_dim}; change it or set model.attention.rope_theta=None",
-            )
+            _require(self.attention_head_dim % 2 == 0,
+                     _odd_rope_head_dim(self.d_model, self.attention, "attention"))
         _require(
             self.remat_policy in REMAT_POLICIES,
             f"model.remat_policy={self.remat_policy!r}; choose from {', '.join(REMAT_POLICIES)}",
@@ -732,11 +747,8 @@ class ModelConfig:
                     f"model.lightning.num_heads={self.lightning.num_heads}; change one of them "
                     f"or set model.lightning.head_dim",
                 )
-            _require(
-                self.lightning.rope_theta is None or self.lightning_head_dim % 2 == 0,
-                f"RoPE needs an even head dimension, got model.lightning head_dim="
-                f"{self.lightning_head_dim}; change it or set model.lightning.rope_theta=None",
-            )
+            _require(self.lightning.rope_theta is None or self.lightning_head_dim % 2 == 0,
+                     _odd_rope_head_dim(self.d_model, self.lightning, "lightning"))
 
     @property
     def num_layers(self) -> int:
@@ -1396,11 +1408,14 @@ def config_flag_value(holder, flag: str = "--config"):
       The loaded ``ConfigDict``.
 
     Raises:
-      SystemExit: ``error: cannot load --config: [Errno 2] No such file or directory: '<path>'``.
+      SystemExit: ``error: cannot load --config=<path>: No such file or directory`` (or ``Is a
+        directory``, ...; :func:`lattn_jax.flag_errors.describe_config_load_error`).
     """
     try:
         value = holder.value
         getattr(value, "keys", None)  # a file that failed to load raises on first attribute use
     except OSError as e:
-        sys.exit(f"error: cannot load {flag}: {str(e).strip().splitlines()[-1].strip()}")
+        from absl import flags  # noqa: PLC0415 (binaries only)
+        path = getattr(flags.FLAGS[holder.name], "config_filename", None)
+        sys.exit(f"error: {describe_config_load_error(e, flag, path)}")
     return value

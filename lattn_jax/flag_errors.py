@@ -87,6 +87,8 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
     # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
     while error.args and isinstance(error.args[0], BaseException):
         error = error.args[0]
+    if isinstance(error, SyntaxError):  # a --<flag>=<file> that is not valid Python
+        return describe_syntax_error(error, argv)
     # ml_collections loads --<flag>=<file> as module "<flag>_config" and calls its get_config().
     missing = _NO_GET_CONFIG.fullmatch(str(error).strip()) if isinstance(
         error, AttributeError) else None
@@ -115,6 +117,48 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
     text = _EXCEPTION_PREFIX.sub("", text)
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
 
+
+def describe_syntax_error(error: SyntaxError, argv=()) -> str:
+    """``cannot load --<flag>=<file>: line N: <what>`` for a config file that is not valid
+    Python (ml_collections executes it while parsing the flags), with a note when the file is
+    not a ``.py`` file (``--config=README.md``).
+
+    Args:
+      error: the ``SyntaxError``; its ``filename`` is the file as given on the command line.
+      argv: the command line, to name the flag that gave the file.
+    """
+    path = error.filename or "?"
+    given = [a[2:].split("=", 1)[0] for a in argv if a.startswith("--") and "=" in a
+             and a.split("=", 1)[1].split(":", 1)[0] == path]
+    flag = given[-1] if given else "config"
+    where = f"line {error.lineno}: " if error.lineno else ""
+    note = ("" if path.endswith(".py") else
+            " (a config file is a Python file defining get_config())")
+    return f"cannot load --{flag}={path}: {where}{error.msg}{note}"
+
+
+def describe_config_load_error(error: OSError, flag: str, path: Optional[str]) -> str:
+    """``cannot load --<flag>=<path>: <reason>`` for a config file that cannot be read (no such
+    file, a directory, no permission): ml_collections' ``OSError`` reduced to the system's
+    reason (``Is a directory``), without its "Configuration is not available because of an
+    earlier failure to load" preamble and the file name it repeats.
+
+    Args:
+      error: the ``OSError`` that reading the flag's value raised.
+      flag: the option, e.g. ``"--config"``.
+      path: the file it names (``None``: not known; the flag alone is named).
+    """
+    reason = str(error).strip().splitlines()[-1].strip()
+    reason = reason.split(_EARLIER_FAILURE, 1)[-1].strip()
+    bare = _ERRNO.fullmatch(reason)
+    if bare and path is not None:
+        reason = bare.group(1)
+    return f"cannot load {flag}{'=' + path if path is not None else ''}: {reason}"
+
+
+# ml_collections' OSError for a config file that failed to load, and its errno text.
+_EARLIER_FAILURE = "because of an earlier failure to load:"
+_ERRNO = re.compile(r"\[Errno \d+\] (.+?): '.*'")
 
 # The AttributeError of a config file without get_config() (ml_collections' module name).
 _NO_GET_CONFIG = re.compile(r"module '(\w+)_config' has no attribute 'get_config'")

@@ -235,6 +235,9 @@ class LanguageModel(nnx.Module):
                  return_hidden: bool = False) -> Union[Array, Tuple[Array, List[Any]]]:
         """Computes next-token logits (or the head's input), optionally continuing from states.
 
+        Shapes use the letters of :mod:`lattn_jax.typing`: ``B`` batch, ``T`` tokens, ``D`` the
+        model width, ``S`` the vocabulary size (``model_config.vocab_size``).
+
         Args:
           tokens: int ``[B, T]`` token ids, each in ``[0, vocab_size)``. Called eagerly (concrete
             ``tokens``, not a ``jax.core.Tracer``) the values are checked (one small device
@@ -268,7 +271,8 @@ class LanguageModel(nnx.Module):
             logits never exist.
 
         Returns:
-          fp32 logits ``[B, T, S]`` (``[B, 1, S]`` with ``last_logits_only``), or the hidden
+          fp32 logits ``[B, T, S]`` over the ``S = model_config.vocab_size`` token ids
+          (``[B, 1, S]`` with ``last_logits_only``), or the hidden
           states ``[B, T, D]`` in the compute dtype with ``return_hidden``; as
           ``(logits_or_hidden, new_states)`` with ``return_state``.
 

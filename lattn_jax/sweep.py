@@ -55,6 +55,7 @@ import calendar
 import collections
 import contextlib
 import dataclasses
+import difflib
 import enum
 import fnmatch
 import importlib.util
@@ -1707,11 +1708,13 @@ def bad_override_fields(runs: Sequence[Run], config_path: str,
         if cfg is None:
             continue
         for field, value in tuple(run.overrides) + tuple(extra_overrides):
-            node = cfg
-            for part in field.split("."):
+            node, hint = cfg, ""
+            parts = field.split(".")
+            for i, part in enumerate(parts):
                 try:
                     node = node[part]
                 except (KeyError, AttributeError, TypeError, IndexError):
+                    hint = _did_you_mean(node, parts, i)
                     node = _MISSING
                     break
             if node is _MISSING:
@@ -1719,10 +1722,27 @@ def bad_override_fields(runs: Sequence[Run], config_path: str,
             else:
                 problem = _override_value_problem(node, format_value(value))
             if problem:
-                bad.setdefault((field, problem), [0, run.arg])[0] += 1
-    lines = [f"{field}: {problem} in {name} ({n} of {len(runs)} runs, e.g. {name}:{arg})"
-             for (field, problem), (n, arg) in bad.items()]
+                bad.setdefault((field, problem), [0, run.arg, hint])[0] += 1
+    lines = [f"{field}: {problem} in {name} ({n} of {len(runs)} runs, e.g. {name}:{arg}){hint}"
+             for (field, problem), (n, arg, hint) in bad.items()]
     return errors + lines
+
+
+def _did_you_mean(node: Any, parts: Sequence[str], i: int) -> str:
+    """``'; did you mean "a.b.c"?'`` for the field whose part ``parts[i]`` is not a key of
+    ``node`` (the section it was looked up in), when a key is close to it (``difflib``, as
+    ml_collections suggests for the trainer's ``--config.*``) and the rest of the path exists
+    under it; else ``""``."""
+    keys = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+    for match in difflib.get_close_matches(parts[i], keys, n=3):
+        rest = node[match]
+        try:
+            for part in parts[i + 1:]:
+                rest = rest[part]
+        except (KeyError, AttributeError, TypeError, IndexError):
+            continue
+        return f'; did you mean "{".".join([*parts[:i], match, *parts[i + 1:]])}"?'
+    return ""
 
 
 def _override_value_problem(current: Any, text: str) -> Optional[str]:

@@ -21,15 +21,16 @@ alone). Losses are unaffected.
 
 The sweep config may carry (all optional):
 
-* ``references``: the paper's numbers, each a dict ``name``, ``source`` (spec section),
+* ``references``: the paper's numbers, each a dict ``name``, ``source`` (where they come from),
   ``metric`` (ours to compare: ``final_val_loss``, ``best_val_loss``, ``tokens_per_sec``),
   ``values`` (``(filter, paper value)`` pairs, a filter in ``--only`` syntax picking a group;
   when several groups match, the one with the lowest final loss), ``inverse`` (True when the
   paper's value rises as our metric falls, e.g. an accuracy against our loss), ``normalise_to``
   (a filter: our metric divided by that group's, for the paper's relative columns) and
-  ``note``. For each, the page puts ours beside the paper's, both ranked from the best (rank 1:
-  lowest loss, highest tokens/s; ties share their average rank), and gives the Spearman rank
-  correlation of the two rankings (+1 = the same order);
+  ``note`` (``{matched}`` in it: how many of this sweep's groups the values pick; ``{groups}``:
+  how many groups the sweep has). For each, the page puts ours beside the paper's, both
+  ranked from the best (rank 1: lowest loss, highest tokens/s; ties share their average rank),
+  and gives the Spearman rank correlation of the two rankings (+1 = the same order);
 * ``claims``: the paper's conclusions as ``dict(claim, source, better, worse, paper)``: the
   ``better`` group (filter) has the lower final loss than ``worse``, by ``paper`` nats in the
   paper; the page says whether ours agrees, and whether our gap exceeds ``3 sigma``;
@@ -320,11 +321,20 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
                 k += 1
         out.append({"name": ref.get("name", f"reference {i}"), "source": ref.get("source", ""),
                     "metric": metric, "inverse": bool(ref.get("inverse")),
-                    "normalise_to": ref.get("normalise_to"), "note": ref.get("note", ""),
+                    "normalise_to": ref.get("normalise_to"),
+                    "note": _fill_note(ref.get("note", ""), rows, groups),
                     "rows": rows, "spearman": rho, "n": len(pairs),
                     "shared_left_out": sum(1 for r in rows if r["shared"]),
                     "base_shared": base_shared})
     return out
+
+
+def _fill_note(note: str, rows: Sequence[Mapping[str, Any]], groups: Sequence[Group]) -> str:
+    """A reference's ``note`` with ``{matched}`` replaced by the number of this sweep's groups
+    its rows pick and ``{groups}`` by the number of groups the sweep has (a tiny sweep has
+    fewer than the full one: a fixed count in the note was wrong there)."""
+    matched = len({r["group"] for r in rows if r["group"] is not None})
+    return note.replace("{matched}", str(matched)).replace("{groups}", str(len(groups)))
 
 
 def _shared_only(group: Optional[Group], metric: str) -> bool:

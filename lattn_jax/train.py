@@ -893,9 +893,43 @@ def plot_losses(workdir: str) -> Optional[str]:
 _RESUMABLE_DATA_OPTIONS = ("max_val_batches",)
 # Model options that change how the same parameters are computed with, not the parameters.
 _RESUMABLE_MODEL_OPTIONS = ("dtype", "remat", "remat_policy", "split_projections")
-# Optimizer options that change the optimizer state's pytree (a checkpoint restores only into
-# the layout that wrote it), with their values for a config.json older than the option.
-_STATE_LAYOUT_OPTIM_OPTIONS = {"flatten": False}
+# Optimizer options that can change the optimizer state's pytree (a checkpoint restores only
+# into the layout that wrote it), with their values for a config.json older than the option.
+# Whether a change of one does is decided by _optim_layout_diffs: grad_clip only between 0 and
+# > 0, muon_variant only under name="muon", the weight decays only under flatten=True.
+_STATE_LAYOUT_OPTIM_OPTIONS = {"name": "adamw", "flatten": False, "grad_clip": 1.0,
+                               "muon_variant": "normuon", "weight_decay": 0.1,
+                               "adamw_weight_decay": None}
+
+
+def _optim_layout_diffs(saved: dict, current: dict) -> List[str]:
+    """``"optim.<option> (saved -> now)"`` for every optimizer option whose change changes the
+    optimizer state's pytree (:func:`lattn_jax.optim.make_optimizer`), so that a checkpoint
+    written with ``saved`` cannot restore under ``current``.
+
+    Args:
+      saved: the run's ``config.json`` ``optim`` section (an option it lacks takes its value in
+        ``_STATE_LAYOUT_OPTIM_OPTIONS``).
+      current: this invocation's ``optim`` section.
+    """
+    a = {k: saved.get(k, d) for k, d in _STATE_LAYOUT_OPTIM_OPTIONS.items()}
+    b = {k: current.get(k, d) for k, d in _STATE_LAYOUT_OPTIM_OPTIONS.items()}
+
+    def layout(o):
+        muon = o["name"] == "muon"
+        # flatten=True: a decay rate of 0 makes the AdamW group one flat group, not two.
+        decay = (o["adamw_weight_decay"] or 0) if muon else o["weight_decay"]
+        return {"name": o["name"], "flatten": o["flatten"],
+                "grad_clip": o["grad_clip"] > 0,  # clip_by_global_norm is a chain element
+                "muon_variant": o["muon_variant"] if muon else None,  # NorMuon's moment2
+                "weight_decay": decay > 0 if o["flatten"] and not muon else None,
+                "adamw_weight_decay": decay > 0 if o["flatten"] and muon else None}
+
+    if layout(a) == layout(b):
+        return []
+    # Named: the options that changed (muon_variant's layout role changes with name alone).
+    return [f"optim.{k} ({a[k]!r} -> {b[k]!r})" for k in _STATE_LAYOUT_OPTIM_OPTIONS
+            if a[k] != b[k] and (k in ("name", "flatten") or layout(a)[k] != layout(b)[k])]
 
 
 def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
@@ -903,10 +937,12 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     """Refuses to resume a checkpoint written with a different model or data stream.
 
     The model options must match for the parameters to load, the data options for the
-    restored iterator position to mean the same batches, and ``optim.flatten`` for the optimizer
-    state to load (it changes the state's layout). Writes nothing: ``config.json`` is written
-    once the run's state is restored or initialised (:func:`_write_start_config`) and then kept:
-    each invocation's own config is in ``invocations.jsonl`` (:func:`record_invocation`).
+    restored iterator position to mean the same batches, and the optimizer options that change
+    the optimizer state's layout (``optim.name``, ``optim.flatten``; see
+    :func:`_optim_layout_diffs`) for the optimizer state to load. Writes nothing:
+    ``config.json`` is written once the run's state is restored or initialised
+    (:func:`_write_start_config`) and then kept: each invocation's own config is in
+    ``invocations.jsonl`` (:func:`record_invocation`).
 
     Other optimizer options and ``train.total_steps`` may change on resume (raising
     ``total_steps`` is how a finished run is continued), but the learning-rate schedule is then
@@ -939,16 +975,19 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
                         if k not in _RESUMABLE_DATA_OPTIONS}
         diffs += _diff(saved_data, current_data, "data.")
         saved_optim = saved.get("optim", {})
-        diffs += _diff({k: saved_optim.get(k, d) for k, d in _STATE_LAYOUT_OPTIM_OPTIONS.items()},
-                       {k: current["optim"][k] for k in _STATE_LAYOUT_OPTIM_OPTIONS}, "optim.")
+        layout = _optim_layout_diffs(saved_optim, current["optim"])
         if diffs:
             raise config_lib.ConfigError(
                 f"workdir {workdir} holds a checkpoint of a different run; options that "
-                f"differ: {', '.join(diffs)}. Use a new --workdir or the saved settings.")
-        changed = _diff({k: v for k, v in saved_optim.items()
-                         if k not in _STATE_LAYOUT_OPTIM_OPTIONS},
-                        {k: v for k, v in current["optim"].items()
-                         if k not in _STATE_LAYOUT_OPTIM_OPTIONS}, "optim.")
+                f"differ: {', '.join(diffs + layout)}. Use a new --workdir or the saved "
+                f"settings.")
+        if layout:
+            raise config_lib.ConfigError(
+                f"{', '.join(layout)} cannot change on resume (it changes the optimizer "
+                f"state's layout), and workdir {workdir} holds a checkpoint; use a new "
+                f"--workdir or the saved setting.")
+        changed = _diff({**_STATE_LAYOUT_OPTIM_OPTIONS, **saved_optim}, current["optim"],
+                        "optim.")
         changed += _diff(saved.get("train", {}).get("total_steps"),
                          current["train"]["total_steps"], "train.total_steps.")
     return changed
@@ -1335,6 +1374,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"so the rate may jump there.")
         trainer = Trainer(config, mesh)
         train_iter = datasets.train_iter
+        chosen_step, newest_saved = step, latest  # for the metrics.jsonl note below
         if latest is not None:
             writer = jax.process_index() == 0
             try:
@@ -1389,8 +1429,16 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         # Records a hard-stopped run logged after this step: logged again from here on.
         dropped, discarded = checkpoint_lib.drop_records_after(metrics_writer.path, step)
         if dropped:
-            print_fn(f"metrics.jsonl: dropped {dropped} records after step {step} (logged "
-                     f"after the restored checkpoint by a stopped run; logged again now), "
+            if chosen_step is not None:
+                why = (f"logged by the run that went on past step {step}; --step {step} "
+                       f"resumes from there, so those steps run again and are logged anew")
+            elif newest_saved is not None and newest_saved > step:
+                why = ("logged by the run whose newer checkpoint was unreadable and set "
+                       "aside; those steps run again and are logged anew")
+            else:
+                why = ("logged after the restored checkpoint by a stopped run; logged again "
+                       "now")
+            print_fn(f"metrics.jsonl: dropped {dropped} records after step {step} ({why}), "
                      f"kept in {discarded}")
     tokens_per_step = config.data.batch_size * config.data.seq_len
     flops_per_token = flops_lib.flops_per_token(config.model, state["params"],

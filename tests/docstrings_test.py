@@ -39,3 +39,14 @@ def test_no_line_continuation_inside_docstrings():
                     if line.endswith("\\") and not line.endswith("\\\\"):
                         bad.append(f"{os.path.relpath(path, ROOT)}: {name}: {line.strip()}")
     assert not bad, "a single trailing backslash joins the lines:\n" + "\n".join(bad)
+
+
+def test_the_models_shape_letters_are_defined_where_it_returns_them():
+    # LanguageModel.__call__ returned logits [B, T, S] without saying what S is (newcomer
+    # report): its docstring names the legend (lattn_jax.typing) and defines S there.
+    from lattn_jax import model  # noqa: PLC0415 (imports jax)
+    from lattn_jax import typing as shapes  # noqa: PLC0415
+    doc = model.LanguageModel.__call__.__doc__
+    assert ":mod:`lattn_jax.typing`" in doc, doc[:400]
+    assert "``S`` the vocabulary size (``model_config.vocab_size``)" in doc, doc[:400]
+    assert "S     vocabulary size" in shapes.__doc__  # the legend agrees

@@ -103,15 +103,20 @@ def _row(arch, stack, opt):
     return f"arch={arch},stack={stack},opt={opt}"
 
 
-# The paper's numbers (spec sections named in each). Table 2's own 350M / 15B validation losses
-# are not in the spec (§9.2: "15B validation LOSSES of the softmax/GDN/DN/KDA architecture
-# study are NOT in the repo"); the nearest are the 1B-token runs of the same presets (§9.3).
+# The paper's numbers: the authors' code and logs (their repository and tracker notes), as our
+# spec notes summarise them, by section. The spec notes are the development environment's
+# (../shared/spec/), not shipped with this repository; the sources say so in words. Table 2's
+# own 350M / 15B validation losses are not in them (§9.2: "15B validation LOSSES of the
+# softmax/GDN/DN/KDA architecture study are NOT in the repo"); the nearest are the 1B-token
+# runs of the same presets (§9.3).
+_SPEC = "the authors' code and logs, as summarised in our spec notes (not shipped), "
 REFERENCES = (
     dict(name="350M / 1B tokens, final validation loss", metric="final_val_loss",
-         source="spec §9.3 (TOM week 3; 24L softmax, 22L GDN, 24L DeltaNet; FineWeb-Edu 1B, "
-                "properly scaled schedule)",
-         note="Table 2's 15B validation losses are not in the spec; these 1B-token runs of "
-              "the same presets (hybrids) are the nearest numbers, for 6 of our groups.",
+         source=(_SPEC + "§9.3 (their tracker notes, week 3; 24L softmax, 22L GDN, 24L "
+                 "DeltaNet; FineWeb-Edu 1B, properly scaled schedule)"),
+         note="Table 2's 15B validation losses are not in our spec notes; these 1B-token runs "
+              "of the same presets (hybrids) are the nearest numbers, for {matched} of our "
+              "{groups} groups.",
          values=((_row("softmax", "dense", "adamw"), 2.9019),
                  (_row("softmax", "dense", "muon"), 2.7240),
                  (_row("gdn", "hybrid", "adamw"), 2.8562),
@@ -119,10 +124,10 @@ REFERENCES = (
                  (_row("deltanet", "hybrid", "adamw"), 2.9391),
                  (_row("deltanet", "hybrid", "muon"), 2.7137))),
     dict(name="350M / 15B, HellaSwag acc_norm (downstream)", metric="final_val_loss",
-         inverse=True, source="spec §9.2 (TOM \"Full Valid Results\")",
+         inverse=True, source=_SPEC + "§9.2 (their tracker notes, \"Full Valid Results\")",
          note="Zero-shot HellaSwag acc_norm of the 15B checkpoints, the only per-model Table 2 "
-              "quality numbers in the spec: a proxy ranking (higher accuracy ranked as lower "
-              "loss).",
+              "quality numbers in our spec notes: a proxy ranking (higher accuracy ranked as "
+              "lower loss).",
          values=((_row("gdn", "hybrid", "muon"), 0.4158), (_row("gdn", "pure", "muon"), 0.3978),
                  (_row("deltanet", "hybrid", "muon"), 0.4305),
                  (_row("deltanet", "pure", "muon"), 0.4133),
@@ -133,12 +138,12 @@ REFERENCES = (
     dict(name="Table 2 speed column (Muon), tokens/s relative to GDN pure",
          metric="tokens_per_sec", normalise_to=_row("gdn", "pure", "muon"),
          source="paper 1 Table 2 (arXiv 2607.07953) as quoted in "
-                "benchmarks/train_throughput.py; not in the spec",
+                "benchmarks/train_throughput.py; not in our spec notes",
          values=((_row("gdn", "pure", "muon"), 1.0), (_row("gdn", "hybrid", "muon"), 0.895),
                  (_row("softmax", "dense", "muon"), 0.797),
                  (_row("kda", "hybrid", "muon"), 0.709))),
     dict(name="350M / 1B tokens, thousand tokens/s per GPU", metric="tokens_per_sec",
-         source="spec §9.3 (1 node of 4 GH200, MBS 16, GBS 128, bf16)",
+         source=_SPEC + "§9.3 (1 node of 4 GH200, MBS 16, GBS 128, bf16)",
          values=((_row("softmax", "dense", "adamw"), 144.8),
                  (_row("softmax", "dense", "muon"), 136.7),
                  (_row("gdn", "hybrid", "adamw"), 159.5), (_row("gdn", "hybrid", "muon"), 154.8),
@@ -146,8 +151,9 @@ REFERENCES = (
                  (_row("deltanet", "hybrid", "muon"), 146.7))),
 )
 
-_93 = "spec §9.3 (350M / 1B)"
-_92 = "spec §9.2 (HellaSwag acc_norm at 15B: {} vs {})"
+# Claims: short sources for the table's column ("spec notes" as in REFERENCES' sources).
+_93 = "spec notes §9.3 (350M / 1B)"
+_92 = "spec notes §9.2 (HellaSwag acc_norm at 15B: {} vs {})"
 CLAIMS = (
     dict(claim="Muon beats AdamW: softmax dense", source=_93, paper=2.7240 - 2.9019,
          better=_row("softmax", "dense", "muon"), worse=_row("softmax", "dense", "adamw")),
@@ -169,7 +175,7 @@ CLAIMS = (
     dict(claim="GDN hybrid beats DeltaNet hybrid (AdamW)", source=_93, paper=2.8562 - 2.9391,
          better=_row("gdn", "hybrid", "adamw"), worse=_row("deltanet", "hybrid", "adamw")),
     dict(claim="hybrid beats pure: GDN (Muon)",
-         source="spec §9.4 (20L, 1B: hybrid best 2.82857, pure final 2.975814)",
+         source="spec notes §9.4 (20L, 1B: hybrid best 2.82857, pure final 2.975814)",
          paper=2.82857 - 2.975814,
          better=_row("gdn", "hybrid", "muon"), worse=_row("gdn", "pure", "muon")),
     dict(claim="hybrid beats pure: DeltaNet (Muon)", source=_92.format(0.4305, 0.4133),

@@ -86,6 +86,29 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def _where_hint(path: str) -> str:
+    """``"; <hint>"`` for a directory without ``config.json`` that is part of a training run or a
+    sweep (a ``<workdir>/checkpoints/<N>`` step folder, ``<workdir>/checkpoints``, a sweep root
+    with ``runs/<name>`` workdirs or a ``sweep.jsonl``), naming the ``--checkpoint`` (and
+    ``--step``) to pass instead; ``""`` otherwise."""
+    path = os.path.normpath(path)
+    parent, name = os.path.split(path)
+    if name == "checkpoints" and os.path.isfile(os.path.join(parent, "config.json")):
+        return f"; pass the workdir above it: --checkpoint={parent}"
+    if name.isdigit() and os.path.basename(parent) == "checkpoints":
+        return (f"; {path} is a checkpoint step folder: pass "
+                f"--checkpoint={os.path.dirname(parent)} --step={int(name)}")
+    runs_dir = os.path.join(path, "runs")  # lattn_jax.sweep.RUNS_DIR (not imported: heavy)
+    runs = sorted(n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else ())
+                  if os.path.isfile(os.path.join(runs_dir, n, "config.json")))
+    if runs:
+        return (f"; {path} is a sweep root: pass one of {runs_dir}/<name> (e.g. "
+                f"{', '.join(os.path.join(runs_dir, n) for n in runs[:2])})")
+    if os.path.isfile(os.path.join(path, "sweep.jsonl")):  # sweep_report.SWEEP_LOG
+        return f"; {path} is a sweep root, but none of its runs has a config.json yet"
+    return ""
+
+
 def load_config(workdir: str) -> config_lib.ExperimentConfig:
     """The run's config from ``<workdir>/config.json``.
 
@@ -104,7 +127,7 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no config.json in checkpoint directory {workdir} (expected a "
-                                f"workdir written by experiments/train.py)")
+                                f"workdir written by experiments/train.py){_where_hint(workdir)}")
     values = config_lib.read_run_config_json(path)
     kind = config_lib.config_kind(values)
     if kind == "halo":
@@ -195,7 +218,7 @@ def model_kind(path: str) -> ModelKind:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"no config.json in checkpoint directory {path} (expected "
-                                f"{ACCEPTED})")
+                                f"{ACCEPTED}){_where_hint(path)}")
     try:
         with open(config_path) as f:
             raw = json.load(f)

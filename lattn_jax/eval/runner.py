@@ -186,7 +186,8 @@ def _perplexity_path(f: str, data_dir: str) -> str:
 
 
 def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
-    """Checks that every file the tasks read exists, before anything is scored.
+    """Checks that every file the tasks read exists (and a perplexity file is text), before
+    anything is scored.
 
     Every missing item is reported with where it comes from, so the message names what fixes
     it: task data under ``data_dir`` (``--data_dir``), a ``perplexity_files`` entry
@@ -195,10 +196,11 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
     there, or score other text files).
 
     Raises:
-      ValueError: an unknown task. FileNotFoundError: listing every missing file, grouped by
-        the option or recorded config path it comes from.
+      ValueError: an unknown task, or a ``perplexity_files`` entry that looks binary (one line
+        each, naming it). FileNotFoundError: listing every missing file, grouped by the option
+        or recorded config path it comes from.
     """
-    under_data_dir, ppl_files, corpus = [], [], []
+    under_data_dir, ppl_files, corpus, binary = [], [], [], []
     eval_dir = os.path.join(options.data_dir, "eval")
     for name in expand_tasks(task_names):
         if name in tasks_lib.TASK_NAMES:
@@ -215,6 +217,8 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
                 if not os.path.isfile(path):
                     ppl_files.append(path if os.path.isabs(f) else
                                      f"{f} (relative to --data_dir={options.data_dir}): {path}")
+                else:
+                    binary += [r for r in (binary_reason(path),) if r]
             data = options.training_data
             if VALIDATION in options.perplexity_files and data is not None:
                 held_out = data.val_paths if data.val_paths is not None else data.paths
@@ -238,7 +242,9 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
             f"{', '.join(corpus)} does not exist; restore the corpus there, or pass "
             f"--perplexity_files=<text files> to score other text (--data_dir does not change it)")
     if groups:
-        raise FileNotFoundError("\n".join(groups))
+        raise FileNotFoundError("\n".join(groups + binary))
+    if binary:
+        raise ValueError("\n".join(binary))
 
 
 def validation_documents(data: data_config_lib.DataConfig) -> List[str]:
@@ -283,19 +289,45 @@ def trained_on(path: str, data: Optional[data_config_lib.DataConfig]) -> bool:
     return bool(same_size) and fetch.sha256_of(path) in {fetch.sha256_of(f) for f in same_size}
 
 
+def binary_reason(path: str) -> Optional[str]:
+    """The one-line error for a ``--perplexity_files`` entry that looks binary, else ``None``.
+
+    Raises:
+      ValueError: the file cannot be read (named).
+    """
+    try:
+        reason = data_sources.sniff_binary(path)
+    except data_sources.DataFileError as e:
+        raise ValueError(f"--perplexity_files: {e}") from e
+    if not reason:
+        return None
+    return (f"--perplexity_files: {path} looks binary, not text ({reason}); perplexity scores "
+            f"UTF-8 text files")
+
+
 def read_documents(path: str, max_docs: Optional[int]) -> List[str]:
     """Documents of a held-out text file.
 
     WikiText raw files (name containing ``wiki``) are split into articles at their top-level
     `` = Title = `` headings, with CRLF turned into LF; any other file is one document.
 
+    Invalid UTF-8 is replaced by U+FFFD with a warning naming the file and the count, as the
+    training data pipeline does (``data.sources.decode_utf8``).
+
     Raises:
       FileNotFoundError: naming the missing file.
+      ValueError: the file looks binary (``data.sources.sniff_binary``), naming it.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"perplexity file not found: {path}")
-    with open(path, encoding="utf-8", newline="") as f:
-        text = f.read().replace("\r\n", "\n")
+    binary = binary_reason(path)
+    if binary:
+        raise ValueError(binary)
+    with open(path, "rb") as f:
+        text, replaced = data_sources.decode_utf8(f.read())
+    if replaced:
+        logging.warning(f"{path}: replaced {replaced} invalid UTF-8 sequence(s) by U+FFFD")
+    text = text.replace("\r\n", "\n")
     split = "wikitext" if "wiki" in os.path.basename(path) else "file"
     docs = [p for p in data_sources.split_pieces(text, split) if p.strip()]
     return docs[:max_docs] if max_docs else docs

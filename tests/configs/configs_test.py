@@ -66,6 +66,24 @@ class BadInputTest(absltest.TestCase):
                                                 r"model\.attention\.num_heads=4"):
             config_lib.experiment_from_config_dict(c)
 
+    def test_odd_derived_rope_head_dim_says_where_it_comes_from(self):
+        c = self._config()
+        c.model.d_model = 100
+        with self.assertRaises(ValueError) as ctx:
+            config_lib.experiment_from_config_dict(c)
+        self.assertEqual(
+            str(ctx.exception),
+            "RoPE needs an even head dimension, got model.attention head_dim=25 = "
+            "model.d_model 100 / model.attention.num_heads 4; choose a model.d_model that is a "
+            "multiple of 2 x 4 (e.g. 96 or 104), set an even model.attention.head_dim, or set "
+            "model.attention.rope_theta=None")
+        c = self._config()
+        c.model.attention.head_dim = 25
+        with self.assertRaisesRegex(ValueError, r"^RoPE needs an even head dimension, got "
+                                                r"model\.attention\.head_dim=25; set an even one "
+                                                r"or set model\.attention\.rope_theta=None$"):
+            config_lib.experiment_from_config_dict(c)
+
     def test_missing_data_file(self):
         c = self._config()
         c.data.paths = ["/nonexistent/corpus.txt"]

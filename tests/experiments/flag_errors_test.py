@@ -59,6 +59,35 @@ class BinaryFlagErrorTest(parameterized.TestCase):
             self.assertEqual(lines[0], "error: Unknown command line flag 'no_such_flag'")
 
 
+@pytest.mark.entry
+class ConfigFileErrorTest(parameterized.TestCase):
+    """A --config that cannot be loaded is ``cannot load --config=<path>: <reason>`` (before:
+    a directory said "Configuration is not available because of an earlier failure to load:
+    [Errno 21] ...", a non-Python file only its SyntaxError)."""
+
+    @parameterized.named_parameters(
+        ("directory", "configs", "error: cannot load --config=configs: Is a directory"),
+        ("missing", "configs/nope.py",
+         "error: cannot load --config=configs/nope.py: No such file or directory"),
+        ("not_python", "{tmp}/notes.md",
+         "error: cannot load --config={tmp}/notes.md: line 2: unterminated string literal "
+         "(detected at line 2) (a config file is a Python file defining get_config())"),
+        ("bad_python", "{tmp}/bad.py",
+         "error: cannot load --config={tmp}/bad.py: line 1: invalid syntax"))
+    def test_an_unloadable_config_is_one_line_naming_it(self, value, expected):
+        tmp = self.create_tempdir().full_path
+        for name, text in (("notes.md", "# Notes\nIt's a note.\n"),
+                           ("bad.py", "def get_config(:\n")):
+            with open(os.path.join(tmp, name), "w") as f:
+                f.write(text)
+        value, expected = value.format(tmp=tmp), expected.format(tmp=tmp)
+        workdir = os.path.join(tmp, "w")
+        result = run("experiments/train.py", f"--config={value}", f"--workdir={workdir}")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [expected])
+        self.assertFalse(os.path.exists(workdir))
+
+
 class FlagErrorsModuleTest(absltest.TestCase):
 
     def test_config_re_exports_the_helpers(self):

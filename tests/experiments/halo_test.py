@@ -139,8 +139,8 @@ class BadConfigTest(absltest.TestCase):
         result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(),
-                         ["error: cannot load --config: [Errno 2] No such file or directory: "
-                          "'configs/nope.py'"])
+                         ["error: cannot load --config=configs/nope.py: No such file or "
+                          "directory"])
         self.assertFalse(os.path.exists(workdir))  # was made, with a pipeline.jsonl record
         # A training config instead of a HALO one: was a 34-line AttributeError traceback.
         cmd[2] = "--config=configs/default.py"

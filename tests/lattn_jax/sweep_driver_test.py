@@ -50,7 +50,10 @@ class SweepDriverTest(absltest.TestCase):
                  (dict(reuse_from=[self.tmp]), f"--reuse_from={self.tmp} holds no runs/"),
                  (dict(export=os.path.join(self.root, "x")), "is inside --root"),
                  (dict(only=["arch=gdn"]), "--only='arch=gdn': no axis arch"),
-                 (dict(overrides=["train.total_stepz=3"]), "train.total_stepz: no such field"),
+                 (dict(overrides=["train.total_stepz=3"]), r"train\.total_stepz: no such field "
+                  r"in .*\); did you mean \"train\.total_steps\"\?$"),
+                 (dict(overrides=["trian.total_steps=3"]), r"trian\.total_steps: no such field "
+                  r"in .*\); did you mean \"train\.total_steps\"\?$"),
                  (dict(report_only=True), "no such directory"))
         for options, message in cases:
             with self.assertRaisesRegex(sweep.SweepConfigError, message):

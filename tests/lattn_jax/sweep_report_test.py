@@ -179,6 +179,17 @@ class BuildTest(absltest.TestCase):
         self.assertEqual(data["needs_second_seed"], ["arch=softmax,opt=muon"])
         self.assertGreater(os.path.getsize(paths["png"]), 10_000)
 
+    def test_a_reference_note_counts_the_groups_of_this_sweep(self):
+        # "for 6 of our groups" was printed by a tiny sweep of 4 groups: the note's counts are
+        # of the groups the sweep has ({groups}: 6 of the grid + gdn2 recorded) and of those
+        # the reference's rows pick ({matched}: gdn/muon, softmax/muon, gdn/adamw, kda/muon).
+        refs = list(self.config["references"])
+        refs[0] = dict(refs[0], note="The nearest numbers, for {matched} of our {groups} "
+                                     "groups.")
+        md = sweep_report.markdown(sweep_report.build(dict(self.config, references=refs),
+                                                      self.root))
+        self.assertIn("\nThe nearest numbers, for 4 of our 7 groups.\n", md)
+
     def test_bad_report_options_are_named(self):
         cases = [(dict(references=(dict(metric="loss", values=()),)),
                   r"references\[0\].metric='loss'; choose from final_val_loss"),

@@ -238,7 +238,8 @@ class GuardAndResumeTest(CorpusTestCase):
         lines = []
         result = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
         self.assertEqual(result["resumed_from"], 2)
-        self.assertIn("metrics.jsonl: dropped 2 records after step 2", "\n".join(lines))
+        self.assertIn("metrics.jsonl: dropped 2 records after step 2 (logged after the "
+                      "restored checkpoint by a stopped run; ", "\n".join(lines))
         with open(path) as f:
             steps = [json.loads(line)["step"] for line in f if "train_loss" in line]
         self.assertEqual(steps, [1, 2, 3, 4])  # strictly increasing, no stale repeats

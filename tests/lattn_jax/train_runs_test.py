@@ -547,6 +547,10 @@ class CorruptCheckpointTest(CorpusTestCase):
         self.assertEqual(len(bad), 1, lines)
         self.assertRegex(bad[0], r"OUT_OF_RANGE.*\), set aside as 4\.unreadable-.*; falling back "
                                  r"to step 2$")
+        dropped = [line for line in lines if line.startswith("metrics.jsonl: dropped")]
+        self.assertLen(dropped, 1, lines)
+        self.assertIn("records after step 2 (logged by the run whose newer checkpoint was "
+                      "unreadable and set aside; those steps run again", dropped[0])
         names = os.listdir(os.path.join(workdir, "checkpoints"))
         self.assertIn("4", names)  # saved again by this run
         self.assertTrue([n for n in names if n.startswith("4.unreadable")], names)  # kept
@@ -559,6 +563,13 @@ class CorruptCheckpointTest(CorpusTestCase):
         self.assertEqual((out["resumed_from"], out["step"]), (2, 4))
         names = os.listdir(os.path.join(workdir, "checkpoints"))
         self.assertTrue([n for n in names if n.startswith("4.after-step-2")], names)
+        # The later records were logged by the run that went on past step 2, not by a stopped
+        # run: the reason given is the --step the user chose.
+        dropped = [line for line in lines if line.startswith("metrics.jsonl: dropped")]
+        self.assertLen(dropped, 1, lines)
+        self.assertIn("records after step 2 (logged by the run that went on past step 2; "
+                      "--step 2 resumes from there, so those steps run again", dropped[0])
+        self.assertNotIn("stopped run", dropped[0])
         with self.assertRaisesRegex(FileNotFoundError, r"no checkpoint for step 3 .*steps: 2, 4"):
             train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=4), workdir,
                                      print_fn=lines.append, step=3)

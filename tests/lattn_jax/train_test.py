@@ -359,6 +359,50 @@ class ResumeChecksTest(absltest.TestCase):
         with self.assertRaisesRegex(config_lib.ConfigError, r"optim\.flatten \(True -> False\)"):
             train.train_and_evaluate(cfg(False, 3), workdir, print_fn=lambda s: None)
 
+    def test_another_optimizer_is_refused_in_one_line_before_any_warning(self):
+        workdir = os.path.join(self.tmp, "o")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                 print_fn=lambda s: None)
+        base = tiny_experiment(self.corpus, total_steps=2)
+        cfg = dataclasses.replace(base, optim=dataclasses.replace(base.optim, name="muon"))
+        lines = []
+        with mock.patch.object(data_lib, "build_datasets", side_effect=AssertionError("read")):
+            with self.assertRaises(config_lib.ConfigError) as ctx:
+                train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        message = str(ctx.exception)
+        self.assertRegex(message, r"^optim\.name \('adamw' -> 'muon'\) cannot change on resume "
+                                  r"\(it changes the optimizer state's layout\)")
+        self.assertNotIn("\n", message)
+        self.assertFalse([x for x in lines if x.startswith("warning: resuming")], lines)
+        # Nothing was lost: the run resumes with its own optimizer.
+        out = train.train_and_evaluate(base, workdir, print_fn=lambda s: None)
+        self.assertEqual(out["resumed_from"], 1)
+
+    def test_state_layout_options_are_exactly_those_that_change_the_state_tree(self):
+        params = {"embed": {"embedding": jnp.zeros((8, 4))},
+                  "blocks": {"0": {"mlp": {"fc1": {"kernel": jnp.zeros((4, 6))}},
+                                   "norm": {"scale": jnp.zeros((4,))}}}}
+
+        def structure(optim_cfg):
+            tx = optim.make_optimizer(optim_cfg, total_steps=10)
+            return jax.tree_util.tree_structure(tx.init(params))
+
+        variants = [dict(), dict(name="muon"), dict(flatten=True), dict(grad_clip=0.0),
+                    dict(grad_clip=0.5), dict(weight_decay=0.0),
+                    dict(flatten=True, weight_decay=0.0),
+                    dict(name="muon", muon_variant="muon"), dict(muon_variant="muon"),
+                    dict(name="muon", muon_nesterov=False), dict(name="muon", flatten=True),
+                    dict(name="muon", flatten=True, adamw_weight_decay=0.1),
+                    dict(name="muon", adamw_weight_decay=0.1), dict(learning_rate=1e-3),
+                    dict(name="muon", muon_ns_steps=10, muon_scale_mode="shape_scaling")]
+        cfgs = [config_lib.OptimConfig(**v) for v in variants]
+        for a, va in zip(cfgs, variants):
+            for b, vb in zip(cfgs, variants):
+                with self.subTest(saved=va, now=vb):
+                    diffs = train._optim_layout_diffs(dataclasses.asdict(a),
+                                                      dataclasses.asdict(b))
+                    self.assertEqual(bool(diffs), structure(a) != structure(b), diffs)
+
     def test_config_json_without_checkpoint_does_not_block_a_new_run(self):
         workdir = os.path.join(self.tmp, "e")
         os.makedirs(workdir)

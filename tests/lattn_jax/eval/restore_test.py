@@ -34,6 +34,40 @@ class ModelKindTest(absltest.TestCase):
         self.write("hf/tokenizer.json", "{}")
         self.assertEqual(restore.model_kind(self.path("hf")), "hf")
 
+    def test_a_step_folder_or_a_sweep_root_gets_a_hint(self):
+        workdir = self.path("runs", "default")
+        self.write("runs/default/config.json", "{}")
+        os.makedirs(self.path("runs", "default", "checkpoints", "200", "state"))
+        step_dir = self.path("runs", "default", "checkpoints", "200")
+        for fn in (restore.model_kind, restore.load):
+            with self.subTest(fn=fn.__name__):
+                with self.assertRaises(FileNotFoundError) as ctx:
+                    fn(step_dir)
+                self.assertRegex(str(ctx.exception), "^no config.json in checkpoint directory")
+                self.assertTrue(str(ctx.exception).endswith(
+                    f"; {step_dir} is a checkpoint step folder: pass --checkpoint={workdir} "
+                    f"--step=200"), str(ctx.exception))
+                with self.assertRaises(FileNotFoundError) as ctx:
+                    fn(os.path.dirname(step_dir))
+                self.assertTrue(str(ctx.exception).endswith(
+                    f"; pass the workdir above it: --checkpoint={workdir}"), str(ctx.exception))
+        sweep = self.path("sweep")
+        for name in ("c", "a", "b"):
+            self.write(f"sweep/runs/{name}/config.json", "{}")
+        os.makedirs(self.path("sweep", "runs", "d"))  # no config.json yet: not offered
+        for fn in (restore.model_kind, restore.load):
+            with self.assertRaises(FileNotFoundError) as ctx:
+                fn(sweep)
+            self.assertTrue(str(ctx.exception).endswith(
+                f"; {sweep} is a sweep root: pass one of {sweep}/runs/<name> (e.g. "
+                f"{sweep}/runs/a, {sweep}/runs/b)"), str(ctx.exception))
+        self.write("started/sweep.jsonl", "{}\n")
+        with self.assertRaises(FileNotFoundError) as ctx:
+            restore.model_kind(self.path("started"))
+        self.assertTrue(str(ctx.exception).endswith(
+            f"; {self.path('started')} is a sweep root, but none of its runs has a config.json "
+            f"yet"), str(ctx.exception))
+
     def test_bad_paths_are_named(self):
         with self.assertRaisesRegex(FileNotFoundError, "no such checkpoint: .*/none \\(expected "
                                                        "a lattn-jax training workdir"):

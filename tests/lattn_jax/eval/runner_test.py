@@ -55,6 +55,24 @@ class ReadDocumentsTest(absltest.TestCase):
         with self.assertRaisesRegex(FileNotFoundError, "nope.txt"):
             runner.read_documents(missing, None)
 
+    def test_invalid_utf8_is_replaced_with_a_warning_naming_the_file(self):
+        path = os.path.join(self.tmp, "latin1.txt")
+        with open(path, "wb") as f:
+            f.write("A caf\u00e9 serves cr\u00e8me br\u00fbl\u00e9e to everyone.\n"
+                    .encode("latin-1"))
+        with self.assertLogs("absl", level="WARNING") as logs:
+            docs = runner.read_documents(path, None)
+        self.assertEqual(docs, ["A caf\ufffd serves cr\ufffdme br\ufffdl\ufffde to everyone.\n"])
+        self.assertEqual(len(logs.output), 1)
+        self.assertIn(f"{path}: replaced 4 invalid UTF-8 sequence(s) by U+FFFD", logs.output[0])
+
+    def test_a_binary_file_is_refused_naming_it(self):
+        path = os.path.join(self.tmp, "image.png")
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+        with self.assertRaisesRegex(ValueError, f"^--perplexity_files: {path} looks binary"):
+            runner.read_documents(path, None)
+
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "testdata", "eval_data")
 
@@ -148,6 +166,18 @@ class PreflightTest(absltest.TestCase):
                          "--perplexity_files entry not found (nothing was scored; pass existing "
                          "text files, absolute or relative to --data_dir): /nonexistent.txt, "
                          f"lm/none.txt (relative to --data_dir={data}): {data}/lm/none.txt")
+
+    def test_a_binary_perplexity_file_is_refused_before_scoring(self):
+        data = tempfile.mkdtemp()
+        path = os.path.join(data, "weights.bin")
+        with open(path, "wb") as f:
+            f.write(bytes(range(256)) * 4)
+        with self.assertRaises(ValueError) as ctx:
+            runner.check_data(["perplexity"], _options(data, perplexity_files=(path,)))
+        message = str(ctx.exception)
+        self.assertEqual(len(message.splitlines()), 1, message)
+        self.assertTrue(message.startswith(f"--perplexity_files: {path} looks binary, not text ("),
+                        message)
 
     def test_missing_items_of_several_origins_are_each_named(self):
         data = tempfile.mkdtemp()
