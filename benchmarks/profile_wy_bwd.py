@@ -24,20 +24,20 @@ skipped and listed; a variant still compiling or running at the deadline ends th
 3) after the table of the finished ones is written (``benchmarks.common.run_variants``).
 
 Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes) and ``<out>.md``
-(the table: variant, kernel ms, delta vs full, call total ms, gate, compile s). On the GPU::
+(the table: variant, kernel ms, delta vs full, call total ms, gate, compile s). On the GPU
+(with ``MOSAIC_GPU_DUMP_PTXAS=1`` for ptxas's lines; MOSAIC_GPU.md Sec. 26 has the command)::
 
-    MOSAIC_GPU_DUMP_PTXAS=1 python3 benchmarks/profile_wy_bwd.py --deadline_s=90 \
-        --out=$OUT/wy_bwd_abl
+    python3 benchmarks/profile_wy_bwd.py --deadline_s=90 --out=$OUT/wy_bwd_abl
 
 Without a GPU: ``--interpret`` runs the variants in Mosaic GPU interpret mode at a tiny shape
 (checks this binary and the gate; no kernel times, the CPU trace has none), and ``--static``
 exports each variant for CUDA and counts instructions in its Mosaic GPU module
-(``profile_t0.static_counts``)::
+(``profile_t0.static_counts``). With ``JAX_PLATFORMS=cpu``::
 
-    JAX_PLATFORMS=cpu python benchmarks/profile_wy_bwd.py --interpret --batch=1 --seq_len=64 \
-        --heads=1 --dk=64 --dv=64 --iters=1 --check_heads=1 --out=/tmp/wy_interp
-    JAX_PLATFORMS=cpu python benchmarks/profile_wy_bwd.py --static --batch=1 --seq_len=128 \
-        --heads=1 --out=/tmp/wy_static
+    python benchmarks/profile_wy_bwd.py --interpret --batch=1 --seq_len=64 --heads=1 --dk=64
+        --dv=64 --iters=1 --check_heads=1 --out=/tmp/wy_interp      (one command line)
+    python benchmarks/profile_wy_bwd.py --static --batch=1 --seq_len=128 --heads=1
+        --out=/tmp/wy_static                                          (one command line)
 """
 
 import os
