@@ -74,7 +74,9 @@ Kernels (``--kernels``; default ``state_fwd,state_bwd,k1:32,k1:16,k2:32,k2:16``)
 ``k2gdn2:<slab>`` (the same with GDN-2's per-channel fp32 ``ks``),
 ``t0:<stages>:<inverse>`` (``chunk_kkt_inverse_mosaic`` at S1 with the Newton step) or
 ``t0`` (the nine H200 variants). ``k1`` and ``k2`` take stage ablations after ``+``
-(``k1:32+no_band``, ``k2+no_mma+no_state``; MOSAIC_GPU.md Sec. 22). KDA shapes: ``--batch``,
+(``k1:32+no_band``, ``k2+no_mma+no_state``; MOSAIC_GPU.md Sec. 22), and so does
+``gdn_wy_bwd`` (``gdn_wy_bwd+no_split``: ``chunk_wy_bwd_mosaic`` exported directly, ``H = Hk``,
+with its ablation; MOSAIC_GPU.md Sec. 26). KDA shapes: ``--batch``,
 ``--seq_len``, ``--heads``, ``--dk``, ``--dv``, ``--dtype``, document ids unless ``--nodocs``
 (the default is S1's B 8, T 4096, H 16; see "Shapes" below).
 
@@ -452,8 +454,8 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
     doc = s["doc"] if docs else None
     base, *ablations = name.split("+")
     kind, _, arg = base.partition(":")
-    if ablations and kind not in ("k1", "k2", "k2gdn2"):
-        raise ValueError(f"{name!r}: only k1 and k2 take ablations")
+    if ablations and kind not in ("k1", "k2", "k2gdn2", "gdn_wy_bwd"):
+        raise ValueError(f"{name!r}: only k1, k2 and gdn_wy_bwd take ablations")
     abl = dict(ablations=tuple(ablations)) if ablations else {}
     if kind in ("state_fwd", "state_fwd_nostore", "state_bwd"):
         from pallas_kernels.common import channelwise_mosaic_gpu as cwm
@@ -494,6 +496,16 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
 
         return export_modules(fn, *[s["tok_k"]] * 3, s["ks"], s["gamma"], s["states"],
                               s["states"], *[s["tok_v"]] * 3, doc=doc)
+    if kind == "gdn_wy_bwd":  # only with ablations here (else the op's export has it)
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
+        gate = jax.ShapeDtypeStruct(s["tok_k"].shape[:3], jnp.float32)
+
+        def fn(k, v, g, beta, dw, du, seg=None):
+            return kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, segment_ids=seg, **abl)
+
+        return export_modules(fn, s["tok_k"], s["tok_v"], gate, gate,
+                              jax.ShapeDtypeStruct(s["tok_k"].shape, jnp.float32),
+                              jax.ShapeDtypeStruct(s["tok_v"].shape, jnp.float32), seg=doc)
     if kind == "t0":
         from benchmarks import profile_t0
         from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
@@ -776,6 +788,7 @@ def _define_flags() -> None:
                                  "docstring): state_fwd, state_fwd_nostore, state_bwd, "
                                  "k1:<16|32>[+ablation...], k2[:<16|32>][+ablation...], "
                                  "k2gdn2[:<16|32>][+ablation...], "
+                                 "gdn_wy_bwd+ablation[+ablation...], "
                                  "t0:<stages>:<inverse>, t0, the ops' kernels (gla_*, gdn_*, "
                                  "with :options), all.")
     _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B (all but t0, fixed at S1).")

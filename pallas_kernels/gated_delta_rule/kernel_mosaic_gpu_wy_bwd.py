@@ -65,13 +65,28 @@ from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
 
 CHUNK = mgl.CHUNK
+KERNEL_NAME = "gdn_chunk_wy_bwd"
+# Timing ablations (``ablations``, MOSAIC_GPU.md Sec. 26): static, benchmark-only switches that
+# cut one stage out of the kernel and so compute wrong numbers by design; only
+# ``benchmarks/profile_wy_bwd.py`` passes them (never the op, ``mosaic_vjp``). Each keeps the
+# grid, the SMEM buffers, the TMA copies and barriers and the data flow of what it does not name.
+WY_BWD_ABLATIONS = (
+    "io",  # only the 12 TMA loads and the 4 output stores (the loaded dW, dU, beta, G go out)
+    "no_inverse",  # X = A instead of the recomputed (I + A)^{-1} (no doubling, its 10 products)
+    "no_split",  # no lo terms: X, dW, dU, dX, dX X^T, R as one 16-bit term each, one product
+    # per pair instead of three (two for dW K^T, dU V^T; R K + R^T K two instead of four)
+    "no_mma",  # the 21 wgmma after the inverse skipped: an SMEM tile or the split operands of
+    # the right shape stand in for each product (the loads, splits and stores all run)
+    "no_store",  # the 4 TMA stores to GMEM skipped (the SMEM staging of dk, dv, ... kept)
+    "no_exp",  # E = the masked exponent G_i - G_j (no exp of the [64, 64] decay matrix, twice)
+)
 
 
 def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_ref, dk_ref,
                    dv_ref, db_ref, dg_ref, k_s, v_s, dw_s, du_s, g_row_s, g_col_s, b_row_s,
                    b_col_s, doc_row_s, doc_col_s, c_row_s, c_col_s, l_s, x_s, xh_s, xl_s, wh_s,
                    wl_s, uh_s, ul_s, sh_s, sl_s, db_s, dg_s, in_bar, *shim, group: int,
-                   interpret: bool):
+                   interpret: bool, ablations: frozenset = frozenset()):
     """Kernel body of :func:`chunk_wy_bwd_mosaic`: one chunk of one ``(b, h)`` per CTA.
 
     ``shim`` (interpret only): SMEM copies of what the GPU reads as transposed views (``k^T``,
@@ -83,6 +98,9 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     and reduced to its row sums at once; ``dW``, ``dU`` are left operands from SMEM, not
     registers; nothing ``[64, 64]`` (``K K^T``, ``E``) is kept across the inverse (both are
     formed again for ``dA``).
+
+    ``ablations`` (:data:`WY_BWD_ABLATIONS`; empty for the real kernel): timing ablations,
+    wrong numbers by design.
     """
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
@@ -99,6 +117,13 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
         plgpu.copy_gmem_to_smem(ref.at[rows], row_s, in_bar)
         plgpu.copy_gmem_to_smem(ref.at[rows], col_s, in_bar)
     plgpu.barrier_wait(in_bar)
+    if "io" in ablations:  # timing ablation: the loads, then the loaded tiles go out
+        db_s[...] = mgl.load_rows(b_row_s, interpret)
+        dg_s[...] = mgl.load_rows(g_row_s, interpret)
+        plgpu.commit_smem()
+        _store_outputs(dw_s, du_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows)
+        return
+    no_split, no_mma = "no_split" in ablations, "no_mma" in ablations
     if interpret:
         kt_s, vt_s, t1_s, t2_s, t3_s, t4_s, y_s, q1_s, q2_s = shim
     else:
@@ -107,9 +132,15 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     dtype = k_s.dtype
     f32 = jnp.float32
 
-    def matmul(terms, shape):
+    def matmul(terms, shape, stand_in=None):
         """Sum of ``wgmma(lhs, rhs)`` over ``terms`` (one fp32 accumulator); the barrier keeps
-        the arithmetic after the accumulator read (jla's pitfall)."""
+        the arithmetic after the accumulator read (jla's pitfall). Ablations: ``no_split``
+        drops the terms with a lo operand (``None``); ``no_mma`` returns ``stand_in()``."""
+        if no_mma and stand_in is not None:  # timing ablation: no product
+            return stand_in()
+        if no_split:  # timing ablation: the hi terms only
+            terms = [t for t in terms if t[0] is not None and t[1] is not None]
+
         def body(acc):
             for lhs, rhs in terms:
                 plgpu.wgmma(acc, lhs, rhs)
@@ -118,18 +149,30 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
         return lax.optimization_barrier(pl.run_scoped(body, plgpu.ACC(shape)))
 
     def split(x):
-        """fp32 ``x`` as two 16-bit terms ``hi + lo`` (about 16 significant bits together)."""
+        """fp32 ``x`` as two 16-bit terms ``hi + lo`` (about 16 significant bits together);
+        ``lo`` is ``None`` under the ``no_split`` ablation."""
         hi = x.astype(dtype)
+        if no_split:  # timing ablation: no lo term
+            return hi, None
         return hi, (x - hi.astype(f32)).astype(dtype)
+
+    def store(ref, x):
+        """``ref[...] = x`` unless ``x`` is ``None`` (a lo term under ``no_split``)."""
+        if x is not None:
+            ref[...] = x
 
     def by_col(x):
         return lax.broadcast_in_dim(x, sq, [1])
 
     def lhs(x, scratch):
-        return mgl.lhs_operand(x, scratch, interpret)
+        return None if x is None else mgl.lhs_operand(x, scratch, interpret)
 
     def tr(ref, scratch):
-        return mgl.transposed(ref, scratch, interpret)
+        return None if ref is None else mgl.transposed(ref, scratch, interpret)
+
+    def tile(*refs):
+        """The fp32 sum of SMEM tiles: ``no_mma``'s stand-in for a product."""
+        return sum(mgl.load_tile(r, interpret).astype(f32) for r in refs)
 
     def row_sum(ref, x):
         """``sum_c ref[:, c] x[:, c]`` (``ref``: a 16-bit SMEM tile, ``x``: fp32)."""
@@ -144,70 +187,87 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
         g_i, g_j = mgl.load_rows(g_row_s, interpret), mgl.load_cols(g_col_s, interpret)
         d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
         strict = (j < i) & (mgl.by_row(d_i, sq) == by_col(d_j))
+        if "no_exp" in ablations:  # timing ablation: the masked exponent, no exp
+            return jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), 0.0)
         return jnp.exp(jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
 
     b_i = mgl.load_rows(b_row_s, interpret)
     a = matmul([(k_s, tr(k_s, kt_s))], sq) * (mgl.by_row(b_i, sq) * chunk_decay())  # A
-    x = kgd.wy_inverse(a, l_s, x_s, y_s, interpret)  # X = (I + A)^{-1}, as the forward
+    if "no_inverse" in ablations:  # timing ablation: A stands in for X
+        x = a
+    else:
+        x = kgd.wy_inverse(a, l_s, x_s, y_s, interpret)  # X = (I + A)^{-1}, as the forward
     # X as hi + lo in SMEM: X^T is a left (Y, Z, dA) and a right (dX X^T) operand below.
     xh, xl = split(x)
     xh_s[...] = xh
-    xl_s[...] = xl
+    store(xl_s, xl)
     # dW, dU (fp32 from HBM) as hi + lo in SMEM, left and right operands from there.
     for src, hi_s, lo_s in ((dw_s, wh_s, wl_s), (du_s, uh_s, ul_s)):
         hi, lo = split(mgl.load_tile(src, interpret))
         hi_s[...] = hi
-        lo_s[...] = lo
+        store(lo_s, lo)
     plgpu.commit_smem()
+    if no_split:  # timing ablation: the lo tiles are not operands
+        xl_s = wl_s = ul_s = None
     xt_h, xt_l = tr(xh_s, t1_s), tr(xl_s, t2_s)
 
     # dX = (dW K^T) Dw + (dU V^T) Db: the scalings go on the columns in fp32.
     b_j, c_j = mgl.load_cols(b_col_s, interpret), mgl.load_cols(c_col_s, interpret)
     g_j = mgl.load_cols(g_col_s, interpret)
     k_t, v_t = tr(k_s, kt_s), tr(v_s, vt_s)
-    dx_w = matmul([(wh_s, k_t), (wl_s, k_t)], sq)
-    dx_u = matmul([(uh_s, v_t), (ul_s, v_t)], sq)
+    dx_w = matmul([(wh_s, k_t), (wl_s, k_t)], sq, lambda: tile(xh_s))
+    dx_u = matmul([(uh_s, v_t), (ul_s, v_t)], sq, lambda: tile(xh_s))
     w_col = b_j * c_j * jnp.exp(g_j)  # Dw, columns
     dx = dx_w * by_col(w_col) + dx_u * by_col(b_j)
     # dX X^T, then dA = -X^T (dX X^T), kept on M.
     dxh, dxl = split(dx)
     dxh_op, dxl_op = lhs(dxh, q1_s), lhs(dxl, q2_s)
-    dxxt = matmul([(dxh_op, xt_h), (dxl_op, xt_h), (dxh_op, xt_l)], sq)
+    dxxt = matmul([(dxh_op, xt_h), (dxl_op, xt_h), (dxh_op, xt_l)], sq,
+                  lambda: sum(x.astype(f32) for x in (dxh, dxl) if x is not None))
     sh, sl = split(dxxt)
     sh_s[...] = sh
-    sl_s[...] = sl
+    store(sl_s, sl)
     plgpu.commit_smem()
+    sl_op = None if no_split else sl_s
     # X^T (dX X^T) = -dA. On M: R' = dA * E (E is 0 off M; acc * -E, not -acc: jla saw a
     # negated fresh accumulator read as zeros, MOSAIC_GPU.md) and R = diag(beta) R'.
-    da = matmul([(xt_h, sh_s), (xt_l, sh_s), (xt_h, sl_s)], sq)
+    da = matmul([(xt_h, sh_s), (xt_l, sh_s), (xt_h, sl_op)], sq, lambda: tile(sh_s))
     rp = da * (chunk_decay() * jnp.float32(-1.0))
-    kk = matmul([(k_s, tr(k_s, kt_s))], sq)  # K K^T again (not kept across the inverse)
+    kk = matmul([(k_s, tr(k_s, kt_s))], sq,  # K K^T again (not kept across the inverse)
+                lambda: tile(xh_s))
     db_a = jnp.sum(rp * kk, axis=1)  # sum_j dA_ij (k_i . k_j) E_ij
     rh, rl = split(mgl.by_row(b_i, sq) * rp)
     sh_s[...] = rh  # the dA product has read sh_s, sl_s (its accumulator was read)
-    sl_s[...] = rl
+    store(sl_s, rl)
     plgpu.commit_smem()
     # R K + R^T K in one accumulator (dk's first terms, into dw_s). k_i . (R K)_i is
     # sum_j R_ij (k_i . k_j) = beta_i db_a_i, so k_i . (R^T K)_i is the row sum less that.
     rk = matmul([(lhs(rh, q1_s), k_s), (lhs(rl, q2_s), k_s),
-                 (tr(sh_s, t3_s), k_s), (tr(sl_s, t4_s), k_s)], dw_s.shape)
+                 (tr(sh_s, t3_s), k_s), (tr(sl_op, t4_s), k_s)], dw_s.shape,
+                lambda: tile(k_s))
     dw_s[...] = rk
     k_rk = b_i * db_a  # k_i . (R K)_i
     k_rtk = row_sum(k_s, rk) - k_rk  # k_i . (R^T K)_i
     # Z = X^T dU (hi hi + lo hi + hi lo), then at once dv = Db Z and v_i . Z_i = dL/dDb_ii.
-    z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], du_s.shape)
+    z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], du_s.shape, lambda: tile(uh_s))
     du_s[...] = mgl.by_row(b_i, z_u.shape) * z_u
     vdz = row_sum(v_s, z_u)
     # Y = X^T dW, then dk += Dw Y and k_i . Y_i = dL/dDw_ii.
     c_i, g_i = mgl.load_rows(c_row_s, interpret), mgl.load_rows(g_row_s, interpret)
     e_i = c_i * jnp.exp(g_i)  # conn e^G, rows
     w_row = b_i * e_i  # Dw, rows
-    y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], dw_s.shape)
+    y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], dw_s.shape, lambda: tile(wh_s))
     dw_s[...] = mgl.load_tile(dw_s, interpret) + mgl.by_row(w_row, y_w.shape) * y_w
     kdy = row_sum(k_s, y_w)
     db_s[...] = db_a + e_i * kdy + vdz  # dbeta
     dg_s[...] = k_rk - k_rtk + w_row * kdy  # dL/dG
     plgpu.commit_smem()
+    if "no_store" not in ablations:  # the no_store timing ablation skips the TMA stores
+        _store_outputs(dw_s, du_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows)
+
+
+def _store_outputs(dw_s, du_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows):
+    """The four TMA stores of the staged ``dk``, ``dv``, ``dbeta`` and ``dL/dG``."""
     plgpu.copy_smem_to_gmem(dw_s, dk_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(du_s, dv_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, h, rows])
@@ -215,7 +275,35 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     plgpu.wait_smem_to_gmem(0)
 
 
-@functools.partial(jax.jit, static_argnames=("interpret",))
+def check_ablations(ablations) -> Tuple[str, ...]:
+    """``ablations`` (a tuple of names in :data:`WY_BWD_ABLATIONS`) sorted; ``()`` is the real
+    kernel.
+
+    Raises:
+        ValueError: not a tuple, an unknown or repeated name, or ``io`` with another name.
+    """
+    if not isinstance(ablations, tuple):
+        raise ValueError(f"ablations must be a tuple of names in {WY_BWD_ABLATIONS}, got "
+                         f"{ablations!r}")
+    for name in ablations:
+        if name not in WY_BWD_ABLATIONS:
+            raise ValueError(f"ablation {name!r} not in {WY_BWD_ABLATIONS} (timing ablations, "
+                             "MOSAIC_GPU.md Sec. 26)")
+    if len(set(ablations)) != len(ablations):
+        raise ValueError(f"ablations must not repeat a name, got {ablations!r}")
+    if "io" in ablations and len(ablations) > 1:
+        raise ValueError(f"ablation 'io' already skips every stage: use it alone, got "
+                         f"{ablations!r}")
+    return tuple(sorted(ablations))
+
+
+def ablated_name(ablations: Tuple[str, ...]) -> str:
+    """The kernel name of a variant: :data:`KERNEL_NAME` for ``()``, else
+    ``KERNEL_NAME + "_abl_" + "_".join(sorted names)``."""
+    return KERNEL_NAME if not ablations else KERNEL_NAME + "_abl_" + "_".join(sorted(ablations))
+
+
+@functools.partial(jax.jit, static_argnames=("interpret", "ablations"))
 def chunk_wy_bwd_mosaic(
     k: jax.Array,
     v: jax.Array,
@@ -226,6 +314,7 @@ def chunk_wy_bwd_mosaic(
     *,
     segment_ids: Optional[jax.Array] = None,
     interpret: bool = False,
+    ablations: Tuple[str, ...] = (),
 ) -> Tuple[jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
     """``dk``, ``dv``, ``dbeta`` and ``dg`` through the WY factors ``W``, ``U`` (module docstring).
 
@@ -267,6 +356,9 @@ def chunk_wy_bwd_mosaic(
         du: ``dL/dU`` ``[B, T, H, V]``, any float dtype (read as fp32): ``dv_new``.
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
+        ablations: timing ablations, names in :data:`WY_BWD_ABLATIONS` (static; benchmarks
+            only, ``benchmarks/profile_wy_bwd.py``; wrong numbers by design; MOSAIC_GPU.md
+            Sec. 26). ``()``: the real kernel.
 
     Returns:
         ``(dk, dv, dbeta, dg)``, fp32: ``dk`` ``[B, T, Hk, K]`` (summed over each GVA group),
@@ -277,8 +369,9 @@ def chunk_wy_bwd_mosaic(
     Raises:
         ValueError: on mismatched shapes, unsupported head dims or dtypes, ``H`` not a
             multiple of ``Hk``, or a ``g``, ``beta``, ``dw``, ``du`` or ``segment_ids`` of the
-            wrong shape.
+            wrong shape; or as :func:`check_ablations`.
     """
+    ablations = check_ablations(ablations)
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
     mgl.check_kv_gates(k, v, g, segment_ids)
@@ -311,7 +404,8 @@ def chunk_wy_bwd_mosaic(
             swz((CHUNK, CHUNK), kgd.MERGE_DTYPE),  # y_s: the merges' Y
             sq_t, sq_t]  # q1_s, q2_s: dX hi, lo, then R hi, lo
     call = plgpu.kernel(
-        functools.partial(_wy_bwd_kernel, group=heads // kv_heads, interpret=interpret),
+        functools.partial(_wy_bwd_kernel, group=heads // kv_heads, interpret=interpret,
+                          **(dict(ablations=frozenset(ablations)) if ablations else {})),
         out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),  # dk per value head
                   jax.ShapeDtypeStruct((batch, padded, heads, dv), f32),  # dv
                   jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dbeta
@@ -335,7 +429,7 @@ def chunk_wy_bwd_mosaic(
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_wy_bwd",
+        kernel_name=ablated_name(ablations),
     )
     with jax.named_scope("gdn_chunk_wy_bwd_mosaic"):
         dk_, dv_, dbeta, dgc = call(k, v, dw, du, gc, beta_hm, doc, conn)

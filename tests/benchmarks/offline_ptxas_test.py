@@ -133,6 +133,16 @@ class OfflinePtxasTest(absltest.TestCase):
             offline_ptxas.kernel_modules("k1:8")
         with self.assertRaisesRegex(ValueError, "slab"):
             offline_ptxas.kernel_modules("k2:8")
+        with self.assertRaisesRegex(ValueError, "only k1, k2 and gdn_wy_bwd"):
+            offline_ptxas.kernel_modules("state_fwd+no_mma")
+
+    def test_gdn_wy_bwd_ablations(self):
+        (text,) = offline_ptxas.kernel_modules("gdn_wy_bwd+no_split+no_exp", batch=1,
+                                               seq_len=128, heads=1)
+        self.assertEqual(offline_ptxas.module_kernel_name(text),
+                         "gdn_chunk_wy_bwd_abl_no_exp_no_split")
+        with self.assertRaisesRegex(ValueError, "alone"):
+            offline_ptxas.kernel_modules("gdn_wy_bwd+io+no_mma", batch=1, seq_len=128, heads=1)
 
     def test_end_to_end_if_installed(self):
         site = os.environ.get("OFFLINE_PTXAS_SITE", "/tmp/ptx-site")

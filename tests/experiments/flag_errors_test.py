@@ -33,6 +33,7 @@ CASES = (
     ("profile_fwd", "benchmarks/profile_fwd.py", [], "out"),
     ("profile_t0", "benchmarks/profile_t0.py", [], "out"),
     ("profile_grad", "benchmarks/profile_grad.py", [], "out"),
+    ("profile_wy_bwd", "benchmarks/profile_wy_bwd.py", [], "out"),
     ("fetch_eval_data", "experiments/fetch_eval_data.py", ["--no_such_flag"], None),
     ("halo_eval_subset", "experiments/halo_eval_subset.py", ["--no_such_flag"], None),
     ("bench_kernels", "benchmarks/bench_kernels.py", ["--no_such_flag"], None),

@@ -21,6 +21,8 @@ with ``jax.export`` (two variants; ``LoweringSlowTest``, ``slow``, the other six
 (marked ``gpu``) runs the compiled kernels on a Hopper GPU.
 """
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -30,9 +32,12 @@ from pallas_kernels.gated_delta_rule import chunked
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
+from pallas_kernels.gated_delta_rule import mosaic_vjp
 from tests import tolerances
 from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as bwd_test
 from tests.pallas_kernels import kernel_mosaic_gdn_test as gdn_test
+from tests.pallas_kernels import kernel_mosaic_channelwise_grad_test as cwg_test
+from tests.pallas_kernels import kernel_mosaic_channelwise_test as kmc_test
 from tests.pallas_kernels import kernel_mosaic_gdn_wy_test as wy_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
@@ -207,6 +212,63 @@ class LoweringSlowTest(parameterized.TestCase):
     @parameterized.named_parameters(*_EXPORT_SLOW)
     def test_chunk_wy_bwd_exports_for_cuda(self, **variant):
         _check_chunk_wy_bwd_exports(self, **variant)
+
+
+_SMEM_LIMIT = 227 * 1024
+_SMEM_K128_V128 = 225_288  # the docstring's count (K = V = 128, bf16)
+
+
+def _export_ablated(ablations=None, dk=128, dv=128):
+    """Exports the kernel for CUDA (gated, with documents); returns ``(mlir text, Mosaic GPU's
+    SMEM count)``. ``ablations``: passed on unless ``None`` (then the kernel's default)."""
+    batch, seq_len, heads = 1, 200, 2
+    spec = jax.ShapeDtypeStruct
+    args = (spec((batch, seq_len, heads, dk), jnp.bfloat16),
+            spec((batch, seq_len, heads, dv), jnp.bfloat16),
+            spec((batch, seq_len, heads), jnp.float32), spec((batch, seq_len, heads), jnp.float32),
+            spec((batch, seq_len, heads, dk), jnp.float32),
+            spec((batch, seq_len, heads, dv), jnp.float32))
+
+    def fn(k, v, g, beta, dw, du, seg):
+        return kwb.chunk_wy_bwd_mosaic(
+            k, v, g, beta, dw, du, segment_ids=seg,
+            **({} if ablations is None else dict(ablations=ablations)))
+
+    return kmc_test.export_cuda_counting_smem(fn, *args, spec((batch, seq_len), jnp.int32))
+
+
+class AblationTest(parameterized.TestCase):
+    """The timing ablations (``ablations``, MOSAIC_GPU.md Sec. 26): each lowers for CUDA under
+    its own kernel name and fits in SMEM; the default is ``()`` and its module is the real
+    kernel's; bad values are refused; the op path never passes them."""
+
+    @parameterized.parameters(*[(name,) for name in kwb.WY_BWD_ABLATIONS])
+    def test_each_ablation_exports_under_its_name(self, name):
+        text, smem = _export_ablated((name,))
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertIn(f"{kwb.KERNEL_NAME}_abl_{name}\\00", text)  # the name, NUL-terminated
+        self.assertLessEqual(smem, _SMEM_LIMIT)
+
+    def test_default_is_the_real_kernel(self):
+        default, smem = _export_ablated()
+        self.assertEqual(cwg_test.without_test_locations(_export_ablated(())[0]),
+                         cwg_test.without_test_locations(default))  # the Mosaic module too
+        self.assertNotIn("_abl_", default)
+        self.assertIn(f"{kwb.KERNEL_NAME}\\00", default)
+        self.assertEqual(smem, _SMEM_K128_V128)
+        rest = _export_ablated(("no_split", "no_exp", "no_mma", "no_inverse"), dk=64, dv=64)[0]
+        self.assertIn(f"{kwb.KERNEL_NAME}_abl_no_exp_no_inverse_no_mma_no_split\\00",
+                      rest)  # sorted
+
+    def test_rejects_bad_ablations_and_the_op_never_passes_them(self):
+        (k, v, g, beta, dw, du), _, _ = _case(1, 64, 1, 1, 64, 64, 0.1, None, 0.0)
+        for bad, msg in ((("nope",), "not in"), (("no_mma", "no_mma"), "repeat"),
+                         ("no_mma", "tuple"), (("io", "no_mma"), "alone")):
+            with self.assertRaisesRegex(ValueError, msg):
+                kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, ablations=bad)
+        self.assertNotIn("ablation", inspect.getsource(mosaic_vjp))
+        self.assertEqual(kwb.check_ablations(("no_split", "no_exp")),
+                         ("no_exp", "no_split"))
 
 
 class ValidationTest(absltest.TestCase):
