@@ -161,6 +161,23 @@ def _load(ref, layout, interpret: bool):
     return plgpu.load(ref, layout=layout, optimized=False)
 
 
+def _load_padded(ref, width, interpret: bool):
+    """``ref[:, :width]`` of a ``[64, slab + PAD_COLS]`` view of a padded shift buffer in
+    the WGMMA layout (unoptimized). The whole rows are loaded and the pad columns dropped in
+    registers (their loads are dead code): jax 0.11's layout inference checks an untiled
+    ``[64, w]`` view as one ``[64, w]`` tile, which needs the row stride to be a multiple of
+    ``w`` (``Stride 24 is not divisible by 16``), and ``slab + PAD_COLS`` is one of itself."""
+    return lax.slice(_load(ref, _WGMMA, interpret), (0, 0), (CHUNK, width))
+
+
+def _store_padded(ref, x):
+    """``ref[:, :n] = x`` for ``x`` ``[64, n]`` (WGMMA layout) into a view of a padded shift
+    buffer (row stride ``slab + PAD_COLS``), as ``n / PAD_COLS`` column pieces: each piece's
+    width divides the row stride (see :func:`_load_padded`); the same stores as one."""
+    for c in range(0, x.shape[1], PAD_COLS):
+        ref.at[:, pl.ds(c, PAD_COLS)][...] = lax.slice(x, (0, c), (CHUNK, c + PAD_COLS))
+
+
 def _tile16(shape, dtype):
     """16-bit SMEM in ``[8, 16]`` tiles, 32-byte swizzle: every 16-row or 16-column slice is a
     valid ``wgmma`` operand (all phase-2 operands use it)."""
@@ -310,7 +327,6 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     # Phase 2: warpgroup w takes channels [32 w, 32 w + 32) of the half in slabs of ``slab``
     # channels, both matrices on each.
     shape = (CHUNK, slab)
-    data = pl.ds(0, slab)
     rows = mgl.iota(shape, 0, interpret)
     blocks = rows // SUB
     second = rows % SUB >= HALF
@@ -335,15 +351,15 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             halfway = jnp.exp(jnp.where(second, g - mid, mid - g))  # both exponents <= 0
         x_w[...] = (kf * to_end).astype(dtype)
         x2_w[...] = jnp.where(second, 0.0, kf * halfway).astype(dtype)
-        kpad.at[pl.ds(HALF, CHUNK), data][...] = kf.astype(dtype)
-        gpad.at[pl.ds(HALF, CHUNK), data][...] = g
+        _store_padded(kpad.at[pl.ds(HALF, CHUNK)], kf.astype(dtype))
+        _store_padded(gpad.at[pl.ds(HALF, CHUNK)], g)
 
         def matrix_pass(mat, a):
             """``(da, db)`` of matrix ``mat`` (0: dMq, a = q; 1: dMk, a = kr) on this slab."""
             for blk in range(NSUB - 1):
                 y_w.at[blk][...] = (a * past[blk]).astype(dtype)
             y_w.at[NSUB - 1][...] = jnp.where(second, a * halfway, 0.0).astype(dtype)
-            apad.at[pl.ds(0, CHUNK), data][...] = a.astype(dtype)
+            _store_padded(apad.at[pl.ds(0, CHUNK)], a.astype(dtype))
             plgpu.commit_smem()
             free, quad_m = free_s.at[mat], quad_s.at[mat]
             # K2: the band's d = 0 term reads k (and below a) again from SMEM, the same 16-bit
@@ -383,10 +399,10 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             def step(d, carry):
                 da, db = carry
                 back, fwd = rows >= d, rows + d < CHUNK
-                k_prev = _load(kpad.at[pl.ds(HALF - d, CHUNK), data], _WGMMA, interpret)
-                g_prev = _load(gpad.at[pl.ds(HALF - d, CHUNK), data], _WGMMA, interpret)
-                g_next = _load(gpad.at[pl.ds(HALF + d, CHUNK), data], _WGMMA, interpret)
-                a_next = _load(apad.at[pl.ds(d, CHUNK), data], _WGMMA, interpret)
+                k_prev = _load_padded(kpad.at[pl.ds(HALF - d, CHUNK)], slab, interpret)
+                g_prev = _load_padded(gpad.at[pl.ds(HALF - d, CHUNK)], slab, interpret)
+                g_next = _load_padded(gpad.at[pl.ds(HALF + d, CHUNK)], slab, interpret)
+                a_next = _load_padded(apad.at[pl.ds(d, CHUNK)], slab, interpret)
                 c_row, c_col = (mgl.by_row(_load(coef_s.at[mat, side, d, pl.ds(0, CHUNK)],
                                                  _ROWS, interpret), shape) for side in (0, 1))
                 if "no_factors" in ablations:  # timing ablation: unit factors (wrong)
@@ -412,7 +428,7 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         if fused:  # K2: the partials stay in registers for the epilogue
             return dq, dkr, dk_q + dk_k
         if "no_store" in ablations:  # timing ablation: one SMEM store keeps the work alive
-            sc["sink"].at[wg].at[:, data][...] = dq + dkr + (dk_q + dk_k)
+            _store_padded(sc["sink"].at[wg], dq + dkr + (dk_q + dk_k))
             return None
         out = pl.ds(half * KEY_HALF + first, slab)
         dq_ref.at[b, tok, h, out][...] = dq
@@ -587,8 +603,8 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
     no_store = "no_store" in ablations
     if no_store:  # timing ablation: one SMEM store of the sum keeps the work alive
         dks_t = dks if ks_channels else mgl.by_row(jnp.sum(dks, axis=1), shape)
-        sink = sc["sink"].at[wg].at[:, pl.ds(0, slab)]
-        sink[...] = dq.astype(F32) + dk_out.astype(F32) + dks_t
+        sink = sc["sink"].at[wg]
+        _store_padded(sink, dq.astype(F32) + dk_out.astype(F32) + dks_t)
     else:
         dq_ref.at[b, tok, h, out][...] = dq  # stored before the cumsum: fewer live registers
         dk_ref.at[b, tok, h, out][...] = dk_out
@@ -599,7 +615,7 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
                        tok][...] = jnp.sum(dks, axis=1)
     if "no_cumsum" in ablations:  # timing ablation: dg = dgam (wrong numbers)
         if no_store:
-            sink[...] = dgam
+            _store_padded(sink, dgam)
         else:
             dg_ref.at[b, tok, h, out][...] = dgam
         return
@@ -613,7 +629,7 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
         plgpu.barrier_wait(sc["u_bar"])
     lo, mid, hi = _products(shape, [(upper, piece.at[t]) for t in (2, 1, 0)])
     if no_store:
-        sink[...] = (lo + mid) + hi
+        _store_padded(sink, (lo + mid) + hi)
     else:
         dg_ref.at[b, tok, h, out][...] = (lo + mid) + hi
 
