@@ -84,10 +84,9 @@ def main(argv):
         # SIGTERM or SIGHUP while a checkpoint was being written where no stop request is
         # polled (the stop path's or the final save): the write completed first; one line
         # naming it. The shell's status for the signal: 143 (SIGTERM), 129 (SIGHUP).
-        try:
-            print(f"terminated ({e.signal_name}): {e}", file=sys.stderr)
-        except OSError:  # a SIGHUP's terminal is gone: the status still says it
-            pass
+        # (train._notice skips a stderr that cannot be written: a SIGHUP's terminal is gone;
+        # the status still says it.)
+        train._notice(f"terminated ({e.signal_name}): {e}")
         sys.exit(e.exit_status)
 
 

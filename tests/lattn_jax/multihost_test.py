@@ -1,5 +1,6 @@
 """A failure on one process of a multi-process run ends every process at once."""
 
+import io
 import os
 import socket
 import subprocess
@@ -72,11 +73,11 @@ class PublishTest(parameterized.TestCase):
 
     def test_a_failure_after_another_process_failed_names_that_process(self):
         self.client.store["lattn_jax/failed/2"] = "RuntimeError: bad shard on host 2"
-        err = self.enter_context(absltest.mock.patch.object(sys, "stderr", new=_Buffer()))
+        err = self.enter_context(absltest.mock.patch.object(sys, "stderr", new=io.StringIO()))
         with self.assertRaises(Exited):
             multihost.publish_failure_and_exit(RuntimeError("Gloo all-reduce failed"))
         self.assertEqual(self.exits, [1])
-        self.assertEqual(err.text.strip(), (
+        self.assertEqual(err.getvalue().strip(), (
             "error: process 2 of 3 failed: RuntimeError: bad shard on host 2; process 1 stops "
             "too (RuntimeError: Gloo all-reduce failed)"))
         self.assertNotIn("lattn_jax/failed/1", self.client.store)
@@ -92,7 +93,7 @@ class PublishTest(parameterized.TestCase):
 
     def test_the_watcher_ends_this_process_on_another_ones_failure_only(self):
         self.client.store["lattn_jax/failed/1"] = "its own failure"  # this process (me = 1)
-        err = self.enter_context(absltest.mock.patch.object(sys, "stderr", new=_Buffer()))
+        err = self.enter_context(absltest.mock.patch.object(sys, "stderr", new=io.StringIO()))
         multihost._stop.clear()
         calls = []
 
@@ -107,20 +108,9 @@ class PublishTest(parameterized.TestCase):
             multihost._watch(self.client, 1, 3, 0.25)
         self.assertEqual((len(calls), self.exits), (3, [1]))
         self.assertEqual(calls[0], 0.25)
-        self.assertEqual(err.text.strip(), (
+        self.assertEqual(err.getvalue().strip(), (
             "error: process 0 of 3 failed: OSError: no space left on device; process 1 stops too "
             "(nothing saved since the last checkpoint)"))
-
-
-class _Buffer:
-    def __init__(self):
-        self.text = ""
-
-    def write(self, s):
-        self.text += s
-
-    def flush(self):
-        pass
 
 
 # Runs experiments/train.py as __main__ with Trainer.train_step raising at its sixth call.
