@@ -1058,8 +1058,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
 
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
-      ``unigram_entropy``, ``step``, ``resumed_from`` (-1 for a fresh start) and ``preempted``
-      (the run stopped early on SIGTERM, SIGHUP or SIGINT after saving).
+      ``unigram_entropy``, ``step``, ``resumed_from`` (-1 for a fresh start), ``preempted``
+      (the run stopped early on SIGTERM, SIGHUP or SIGINT after saving) and ``stop_signal``
+      (then its name, ``"SIGTERM"``, ``"SIGHUP"`` or ``"SIGINT"``, else ``None``;
+      :func:`stop_exit_status` turns it into the command's exit status).
 
     Raises:
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing, or
@@ -1604,7 +1606,9 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"saved, run again to resume.")
             return {"train_loss": last_train_loss, "val_loss": val_loss,
                     "unigram_entropy": stats.unigram_entropy, "step": step,
-                    "resumed_from": resumed_from, "preempted": preempted}
+                    "resumed_from": resumed_from, "preempted": preempted,
+                    # a multi-process run's preemption notice is named SIGTERM above
+                    "stop_signal": (watcher.signal_name or "SIGTERM") if preempted else None}
         if resumed_from >= tcfg.total_steps:
             print_fn(f"Training was already complete at step {step} (train.total_steps="
                      f"{tcfg.total_steps}); evaluating the restored model. Raise "
@@ -1681,7 +1685,20 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     print_fn(f"checkpoint: {ckpt.directory}/{step}")
     return {"train_loss": last_train_loss, "val_loss": val_loss,
             "unigram_entropy": stats.unigram_entropy, "step": step,
-            "resumed_from": resumed_from, "preempted": False}
+            "resumed_from": resumed_from, "preempted": False, "stop_signal": None}
+
+
+def stop_exit_status(result: Dict[str, Any]) -> int:
+    """The exit status of a training command whose :func:`train_and_evaluate` returned
+    ``result``: 0 when it ran its steps (``train.total_steps``, or the
+    ``train.max_steps_per_run`` it was asked to stop at), else the shell's status for the
+    signal that stopped it early after a checkpoint, ``128 + signal``: 130 for Ctrl-C (SIGINT),
+    143 for SIGTERM (or a multi-process preemption notice), 129 for SIGHUP, as
+    :attr:`Terminated.exit_status`; the sweep counts none of them as a failed run
+    (``lattn_jax.sweep``)."""
+    if not result.get("preempted"):
+        return 0
+    return 128 + int(signal.Signals[result.get("stop_signal") or "SIGTERM"])
 
 
 def _silent(_: str) -> None:
