@@ -7,7 +7,8 @@ Usage::
         --config.train.total_steps=1000 --config.model.d_model=256
 
 Running it again with the same ``--workdir`` resumes from the newest readable checkpoint there
-(``--step=N`` picks an older one). Exit status: 0 when the run reached ``train.total_steps``
+(``--step=N`` picks an older one); on a run that finished (its final evaluation recorded) it
+says so in one line and writes nothing. Exit status: 0 when the run reached ``train.total_steps``
 (or the ``train.max_steps_per_run`` it was given); 1 with a one-line error; after a stop on
 a signal (a checkpoint saved first) the shell's status for it: 143 (SIGTERM), 129 (SIGHUP),
 130 (Ctrl-C). On

@@ -30,6 +30,7 @@ import importlib.metadata
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -1038,6 +1039,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     move to ``metrics.jsonl.discarded-<step>``
     (:func:`~lattn_jax.checkpoint.drop_records_after`), since those steps run again.
 
+    A finished run (:func:`finished_run`: the final evaluation at ``train.total_steps``
+    recorded) is not evaluated again: one line says so and its final metrics are returned,
+    with nothing written and no data read (raise ``train.total_steps`` to train on).
+
     A call that fails with an exception (a refused option, missing data, ...; not Ctrl-C) in a
     ``workdir`` it created, before it saved a checkpoint or wrote ``metrics.jsonl``, removes
     that ``workdir`` again (its ``invocations.jsonl``, ``console.log``, ``config.json``, ...),
@@ -1110,6 +1115,16 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
     if os.path.isdir(workdir):  # another kind of run's workdir: refused before any write
         config_lib.saved_training_config(workdir)
+        finished = None if step is not None else finished_run(workdir, config)
+        if finished is not None:  # nothing to do: no record is written, no data read
+            if jax.process_index() == 0:
+                print_fn(f"run already finished at step {finished['step']} (train.total_steps="
+                         f"{config.train.total_steps}; final val_loss "
+                         f"{finished['val_loss']:.4f}, checkpoint "
+                         f"{os.path.join(os.path.abspath(workdir), 'checkpoints')}/"
+                         f"{finished['step']}): nothing to do. Raise "
+                         f"--config.train.total_steps to train on.")
+            return finished
     check_mesh(config)  # a mesh that does not fit the devices: before the data is read
     created = config_lib.first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
     try:
@@ -1127,6 +1142,59 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             if created is not None:
                 _remove_unused_workdir(workdir, created)
             raise
+
+
+_FINAL_LINE = re.compile(r"^final: step (\d+)\b", re.MULTILINE)
+
+
+def finished_run(workdir: str, config: config_lib.ExperimentConfig
+                 ) -> Optional[Dict[str, Any]]:
+    """What :func:`train_and_evaluate` returns for ``workdir`` when its run is finished under
+    ``config``, else ``None``; reads the run's records only (no data, no checkpoint restored).
+
+    Finished: the newest checkpoint is at ``train.total_steps``, ``console.log``'s newest
+    ``final: step N`` line (printed after the final evaluation and save) names that step, and
+    ``metrics.jsonl`` holds that step's validation loss (a run stopped in its final
+    evaluation has none, and a resume from an older ``--step`` moved it aside: both still
+    evaluate). A checkpoint of a different model or data stream is refused as a resume would
+    be (:func:`_check_resume_compatible`), not taken for this run.
+
+    Returns:
+      ``None``, or the final metrics: ``train_loss`` (the last logged), ``val_loss`` (the
+      final evaluation's), ``unigram_entropy`` (``nan``: the data is not read), ``step`` and
+      ``resumed_from`` (``train.total_steps``), ``preempted`` (``False``), ``stop_signal``
+      (``None``) and ``already_finished`` (``True``).
+
+    Raises:
+      ConfigError: as :func:`_check_resume_compatible`.
+    """
+    total = config.train.total_steps
+    steps = checkpoint_lib.saved_steps(workdir)
+    if not steps or steps[-1] != total:
+        return None
+    try:
+        with open(os.path.join(workdir, CONSOLE_LOG), errors="replace") as f:
+            finals = _FINAL_LINE.findall(f.read())
+    except FileNotFoundError:
+        return None
+    if not finals or int(finals[-1]) != total:
+        return None
+    val_loss = train_loss = None
+    for record in records_lib.read_records(os.path.join(workdir, "metrics.jsonl"),
+                                           lenient=True):
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        if record["step"] == total and "val_loss" in record:
+            val_loss = float(record["val_loss"])
+        if record["step"] <= total and "train_loss" in record:
+            train_loss = float(record["train_loss"])
+    if val_loss is None:
+        return None
+    _check_resume_compatible(workdir, config, has_checkpoint=True)
+    return {"train_loss": float("nan") if train_loss is None else train_loss,
+            "val_loss": val_loss, "unigram_entropy": float("nan"), "step": total,
+            "resumed_from": total, "preempted": False, "stop_signal": None,
+            "already_finished": True}
 
 
 def _remove_unused_workdir(workdir: str, created: str) -> bool:

@@ -268,6 +268,37 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertIn("Stopping at step 2 of 4 (train.max_steps_per_run=2)", result.stdout)
 
+    def test_a_finished_run_again_says_so_in_one_line_and_writes_nothing(self):
+        # The same command on a finished run evaluated the restored model again and appended
+        # a second final val_loss record (and another "final:" line) to the run's records.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train("--workdir=" + workdir, *TINY_RUN)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        before = {}
+        for name in sorted(os.listdir(workdir)):
+            if os.path.isfile(os.path.join(workdir, name)):
+                with open(os.path.join(workdir, name), "rb") as f:
+                    before[name] = f.read()
+        self.assertIn("metrics.jsonl", before)
+        result = run_train("--workdir=" + workdir, *TINY_RUN)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        val = [json.loads(line)["val_loss"] for line in before["metrics.jsonl"].splitlines()
+               if b"val_loss" in line]
+        self.assertLen(val, 1)
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stdout.strip().splitlines()[-1], (
+            f"run already finished at step 4 (train.total_steps=4; final val_loss {val[0]:.4f}, "
+            f"checkpoint {path}/4): nothing to do. Raise --config.train.total_steps to train "
+            f"on."))
+        self.assertNotIn("data:", result.stdout)  # decided before the data is read
+        after = {}
+        for name in sorted(os.listdir(workdir)):
+            if os.path.isfile(os.path.join(workdir, name)):
+                with open(os.path.join(workdir, name), "rb") as f:
+                    after[name] = f.read()
+        self.assertEqual(after, before)
+        self.assertCountEqual(os.listdir(path), ["2", "4"])
+
     def test_a_mesh_over_the_devices_is_refused_before_the_data_is_read(self):
         # It was refused only after the corpus was read and tokenized.
         workdir = os.path.join(self.create_tempdir().full_path, "run")

@@ -2,6 +2,7 @@
 
 import dataclasses
 import fcntl
+import json
 import os
 import shutil
 import tempfile
@@ -259,10 +260,14 @@ class TrainTest(CorpusTestCase):
         lines.clear()
         third = train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
                                          print_fn=lines.append)
-        self.assertEqual(third["resumed_from"], 6)
-        self.assertTrue(any("already complete" in line for line in lines), lines)
+        self.assertEqual((third["resumed_from"], third["already_finished"]), (6, True))
+        self.assertEqual(third["val_loss"], second["val_loss"])
+        self.assertLen(lines, 1)
+        self.assertTrue(lines[0].startswith("run already finished at step 6"), lines)
         with open(os.path.join(workdir, "metrics.jsonl")) as f:
-            self.assertGreater(len(f.readlines()), 3)
+            records = [json.loads(line) for line in f]
+        self.assertGreater(len(records), 3)
+        self.assertEqual([r["step"] for r in records if "val_loss" in r].count(6), 1)
 
     def test_resume_refuses_a_different_model(self):
         workdir = os.path.join(self.tmp, "c")
