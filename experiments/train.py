@@ -8,10 +8,10 @@ Usage::
 
 Running it again with the same ``--workdir`` resumes from the newest readable checkpoint there
 (``--step=N`` picks an older one); on a run that finished (its final evaluation recorded) it
-says so in one line and writes nothing. Exit status: 0 when the run reached ``train.total_steps``
-(or the ``train.max_steps_per_run`` it was given); 1 with a one-line error; after a stop on
-a signal (a checkpoint saved first) the shell's status for it: 143 (SIGTERM), 129 (SIGHUP),
-130 (Ctrl-C). On
+says so in one line and records no result again. Exit status: 0 when the run reached
+``train.total_steps`` (or the ``train.max_steps_per_run`` it was given); 1 with a one-line
+error; after a stop on a signal (a checkpoint saved first) the shell's status for it: 143
+(SIGTERM), 129 (SIGHUP), 130 (Ctrl-C). On
 several devices, ``--config.mesh.data/fsdp/context/tensor`` shape the mesh (default: data
 parallel over all devices; ``context`` splits each sequence, BUILD.md "Context parallelism");
 multi-host launches are in BUILD.md ("Multi-host training").

@@ -1039,9 +1039,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     move to ``metrics.jsonl.discarded-<step>``
     (:func:`~lattn_jax.checkpoint.drop_records_after`), since those steps run again.
 
-    A finished run (:func:`finished_run`: the final evaluation at ``train.total_steps``
-    recorded) is not evaluated again: one line says so and its final metrics are returned,
-    with nothing written and no data read (raise ``train.total_steps`` to train on).
+    A finished run (:func:`finished_run`: its checkpoint at ``train.total_steps`` restored,
+    its final evaluation recorded) is not evaluated again: one line says so and its final
+    metrics are returned; ``metrics.jsonl`` and the checkpoints are left as they are (raise
+    ``train.total_steps`` to train on).
 
     A call that fails with an exception (a refused option, missing data, ...; not Ctrl-C) in a
     ``workdir`` it created, before it saved a checkpoint or wrote ``metrics.jsonl``, removes
@@ -1115,16 +1116,6 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
     if os.path.isdir(workdir):  # another kind of run's workdir: refused before any write
         config_lib.saved_training_config(workdir)
-        finished = None if step is not None else finished_run(workdir, config)
-        if finished is not None:  # nothing to do: no record is written, no data read
-            if jax.process_index() == 0:
-                print_fn(f"run already finished at step {finished['step']} (train.total_steps="
-                         f"{config.train.total_steps}; final val_loss "
-                         f"{finished['val_loss']:.4f}, checkpoint "
-                         f"{os.path.join(os.path.abspath(workdir), 'checkpoints')}/"
-                         f"{finished['step']}): nothing to do. Raise "
-                         f"--config.train.total_steps to train on.")
-            return finished
     check_mesh(config)  # a mesh that does not fit the devices: before the data is read
     created = config_lib.first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
     try:
@@ -1149,24 +1140,21 @@ _FINAL_LINE = re.compile(r"^final: step (\d+)\b", re.MULTILINE)
 
 def finished_run(workdir: str, config: config_lib.ExperimentConfig
                  ) -> Optional[Dict[str, Any]]:
-    """What :func:`train_and_evaluate` returns for ``workdir`` when its run is finished under
-    ``config``, else ``None``; reads the run's records only (no data, no checkpoint restored).
+    """Whether the run in ``workdir`` finished under ``config``, from its records alone (called
+    once its newest checkpoint was restored: an unreadable one is set aside first, and the
+    run falls back to an older step and trains on).
 
     Finished: the newest checkpoint is at ``train.total_steps``, ``console.log``'s newest
     ``final: step N`` line (printed after the final evaluation and save) names that step, and
     ``metrics.jsonl`` holds that step's validation loss (a run stopped in its final
     evaluation has none, and a resume from an older ``--step`` moved it aside: both still
-    evaluate). A checkpoint of a different model or data stream is refused as a resume would
-    be (:func:`_check_resume_compatible`), not taken for this run.
+    evaluate).
 
     Returns:
       ``None``, or the final metrics: ``train_loss`` (the last logged), ``val_loss`` (the
-      final evaluation's), ``unigram_entropy`` (``nan``: the data is not read), ``step`` and
-      ``resumed_from`` (``train.total_steps``), ``preempted`` (``False``), ``stop_signal``
-      (``None``) and ``already_finished`` (``True``).
-
-    Raises:
-      ConfigError: as :func:`_check_resume_compatible`.
+      final evaluation's), ``unigram_entropy`` (``nan`` here: the caller has the data's),
+      ``step`` and ``resumed_from`` (``train.total_steps``), ``preempted`` (``False``),
+      ``stop_signal`` (``None``) and ``already_finished`` (``True``).
     """
     total = config.train.total_steps
     steps = checkpoint_lib.saved_steps(workdir)
@@ -1190,7 +1178,6 @@ def finished_run(workdir: str, config: config_lib.ExperimentConfig
             train_loss = float(record["train_loss"])
     if val_loss is None:
         return None
-    _check_resume_compatible(workdir, config, has_checkpoint=True)
     return {"train_loss": float("nan") if train_loss is None else train_loss,
             "val_loss": val_loss, "unigram_entropy": float("nan"), "step": total,
             "resumed_from": total, "preempted": False, "stop_signal": None,
@@ -1477,12 +1464,23 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
         _write_start_config(workdir, config, has_checkpoint=latest is not None)
+        # A finished run (its final evaluation recorded for the restored step): nothing to do.
+        # Evaluating again appended a second final val_loss record.
+        finished = (finished_run(workdir, config) if resumed_from == tcfg.total_steps
+                    else None)
     except BaseException:
         # A refused resume (or a failed restore) ends the run here: close the manager first,
         # so that its background threads do not outlive the interpreter's shutdown (orbax
         # then printed "cannot schedule new futures after interpreter shutdown").
         ckpt.close()
         raise
+    if finished is not None:
+        ckpt.close()
+        print_fn(f"run already finished at step {resumed_from} (train.total_steps="
+                 f"{tcfg.total_steps}; final val_loss {finished['val_loss']:.4f}, checkpoint "
+                 f"{ckpt.directory}/{resumed_from}): nothing to do. Raise "
+                 f"--config.train.total_steps to train on.")
+        return dict(finished, unigram_entropy=stats.unigram_entropy)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(state["params"]))
     print_fn(f"model: {n_params:,} parameters, layers {list(config.model.layer_pattern)}, "
              f"d_model {config.model.d_model}, backend {jax.default_backend()}")

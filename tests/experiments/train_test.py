@@ -268,15 +268,17 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         self.assertIn("Stopping at step 2 of 4 (train.max_steps_per_run=2)", result.stdout)
 
-    def test_a_finished_run_again_says_so_in_one_line_and_writes_nothing(self):
+    def test_a_finished_run_again_says_so_in_one_line_and_records_no_result(self):
         # The same command on a finished run evaluated the restored model again and appended
         # a second final val_loss record (and another "final:" line) to the run's records.
         workdir = os.path.join(self.create_tempdir().full_path, "run")
         result = run_train("--workdir=" + workdir, *TINY_RUN)
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        # (each invocation is logged, and holds the lock)
+        logs = ("invocations.jsonl", "console.log", ".train.lock")
         before = {}
         for name in sorted(os.listdir(workdir)):
-            if os.path.isfile(os.path.join(workdir, name)):
+            if os.path.isfile(os.path.join(workdir, name)) and name not in logs:
                 with open(os.path.join(workdir, name), "rb") as f:
                     before[name] = f.read()
         self.assertIn("metrics.jsonl", before)
@@ -290,13 +292,15 @@ class TrainBinaryTest(parameterized.TestCase):
             f"run already finished at step 4 (train.total_steps=4; final val_loss {val[0]:.4f}, "
             f"checkpoint {path}/4): nothing to do. Raise --config.train.total_steps to train "
             f"on."))
-        self.assertNotIn("data:", result.stdout)  # decided before the data is read
+        self.assertNotIn("final: step", result.stdout)
         after = {}
         for name in sorted(os.listdir(workdir)):
-            if os.path.isfile(os.path.join(workdir, name)):
+            if os.path.isfile(os.path.join(workdir, name)) and name not in logs:
                 with open(os.path.join(workdir, name), "rb") as f:
                     after[name] = f.read()
         self.assertEqual(after, before)
+        with open(os.path.join(workdir, "console.log")) as f:
+            self.assertEqual(len(re.findall(r"^final: step 4 ", f.read(), re.M)), 1)
         self.assertCountEqual(os.listdir(path), ["2", "4"])
 
     def test_a_mesh_over_the_devices_is_refused_before_the_data_is_read(self):
