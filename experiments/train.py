@@ -94,10 +94,11 @@ def main(argv):
         sys.exit(e.exit_status)
     # Stopped early on SIGTERM, SIGHUP or Ctrl-C after a checkpoint ("Stopping at step N of
     # M" above): the signal's shell status (143, 129, 130), not 0, so that a shell loop or a
-    # scheduler does not take the run for finished. 0: it ran its steps.
+    # scheduler does not take the run for finished. 0: it ran its steps. (StopExit: in a
+    # multi-process run every process stopped at the agreed step; not a failure to publish.)
     status = train.stop_exit_status(result)
     if status:
-        sys.exit(status)
+        raise multihost.StopExit(status)
 
 
 if __name__ == "__main__":
