@@ -16,7 +16,10 @@
 * :func:`compiled_memory` / :func:`device_memory`: the two memory figures the benchmarks report
   (the compiled executable's own buffer estimate, and the device allocator's high-water mark);
 * :func:`write_report`: rewrites ``<out>.json`` and ``<out>.md`` atomically after every
-  configuration, so a run that is killed keeps what it measured.
+  configuration, so a run that is killed keeps what it measured;
+* :func:`define_profile_flags` and :func:`run_profile`: the flags and the timed-variant run
+  the kernel profilers (``profile_fwd.py``, ``profile_grad.py``, ``profile_t0.py``,
+  ``profile_wy_bwd.py``) share.
 """
 
 import argparse
@@ -194,6 +197,119 @@ def run_variants(variants: Sequence[Tuple[Dict[str, Any], Tuple[Any, ...]]],
             timer.cancel()
         print(table(records))
     return records
+
+
+def run_profile(out: str, runs: Sequence[Tuple[Dict[str, Any], Tuple[Any, ...]]],
+                measure: Callable[..., Any], *, render: Callable[[List[Dict[str, Any]]], str],
+                deadline_s: Optional[float], start: float, deadline_exit: int
+                ) -> List[Dict[str, Any]]:
+    """The kernel profilers' timed-variant run (``profile_fwd.py``, ``profile_grad.py``,
+    ``profile_t0.py``, ``profile_wy_bwd.py``): :func:`run_variants` writing ``<out>.jsonl``
+    (made empty first, its directory created) and ``<out>.md`` (``render(records)``,
+    rewritten whenever the table is printed), under a :class:`TimeBudget` of ``deadline_s``
+    seconds from ``start`` (``--deadline_s``, counted from the start of ``main``).
+
+    Args:
+      out: the output path prefix (``--out``).
+      runs, measure, deadline_exit: :func:`run_variants`'s ``variants``, ``measure`` and
+        ``deadline_exit``.
+      render: the records as the run's table (markdown).
+      deadline_s: the budget in seconds; ``None``: no deadline.
+      start: ``time.perf_counter()`` when the budget starts.
+
+    Returns:
+      The records, in order.
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    jsonl = out + ".jsonl"
+    open(jsonl, "w").close()
+
+    def table(records):
+        text = render(records)
+        with open(out + ".md", "w") as f:
+            f.write(text)
+        return text
+
+    return run_variants(runs, measure, budget=TimeBudget(deadline_s, start=start), jsonl=jsonl,
+                        table=table, deadline_exit=deadline_exit)
+
+
+@dataclasses.dataclass(frozen=True)
+class ProfileFlags:
+    """The absl flag holders :func:`define_profile_flags` returns (``.value`` after parsing);
+    ``dv`` is ``None`` for a profiler without ``--dv``."""
+
+    batch: Any
+    seq_len: Any
+    heads: Any
+    dk: Any
+    dv: Any
+    dtype: Any
+    variants: Any
+    iters: Any
+    check_heads: Any
+    deadline_s: Any
+    interpret: Any
+    static: Any
+    out: Any
+
+
+_PROFILE_DEADLINE_HELP = (
+    "Wall-clock budget of the whole run, from the start of main: variants that would not fit "
+    "are skipped, and a variant still running at the deadline ends the run (status 3) after "
+    "the table of the finished ones is written.")
+
+
+def define_profile_flags(*, heads_help: str, dtype_help: str, variants_default: Sequence[str],
+                         variants_help: str, check_heads_help: str, dv: bool = True,
+                         iters_help: str = "Traced calls per variant (0: no trace).",
+                         interpret_help: str = ("Mosaic GPU interpret mode (CPU checks of this "
+                                                "binary; use a tiny shape)."),
+                         static_help: str = ("Count instructions in the lowered modules (CPU; "
+                                             "no kernel runs)."),
+                         flag_values: Optional[Any] = None) -> ProfileFlags:
+    """Defines the absl flags the kernel profilers share: ``--batch`` (8), ``--seq_len``
+    (4096), ``--heads`` (16), ``--dk`` and ``--dv`` (64 or 128, default 128), ``--dtype``
+    (bfloat16 or float16), ``--variants``, ``--iters`` (20), ``--check_heads`` (2),
+    ``--deadline_s``, ``--interpret``, ``--static`` and ``--out`` (required).
+
+    Call it only from a profiler run as a program (its ``_define_flags`` under ``__main__``):
+    the benchmark modules define some of the same names, and the tests import several of them.
+    The caller then declares them its own for ``--help``:
+    ``flags.adopt_module_key_flags(common)``.
+
+    Args:
+      heads_help, dtype_help, variants_help, check_heads_help, iters_help, interpret_help,
+        static_help: the flags' help texts where the profilers word them differently.
+      variants_default: ``--variants``'s default list.
+      dv: also define ``--dv`` (``profile_t0.py`` has no value dimension).
+      flag_values: the registry (default absl's global ``FLAGS``).
+
+    Returns:
+      The flag holders (:class:`ProfileFlags`).
+    """
+    from absl import flags
+
+    fv = flags.FLAGS if flag_values is None else flag_values
+    return ProfileFlags(
+        batch=flags.DEFINE_integer("batch", 8, "Batch rows B.", flag_values=fv),
+        seq_len=flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.", flag_values=fv),
+        heads=flags.DEFINE_integer("heads", 16, heads_help, flag_values=fv),
+        dk=flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.", flag_values=fv),
+        dv=(flags.DEFINE_enum("dv", "128", ["64", "128"], "Value head dim V.", flag_values=fv)
+            if dv else None),
+        dtype=flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], dtype_help,
+                                flag_values=fv),
+        variants=flags.DEFINE_list("variants", list(variants_default), variants_help,
+                                   flag_values=fv),
+        iters=flags.DEFINE_integer("iters", 20, iters_help, flag_values=fv),
+        check_heads=flags.DEFINE_integer("check_heads", 2, check_heads_help, flag_values=fv),
+        deadline_s=flags.DEFINE_float("deadline_s", None, _PROFILE_DEADLINE_HELP,
+                                      flag_values=fv),
+        interpret=flags.DEFINE_bool("interpret", False, interpret_help, flag_values=fv),
+        static=flags.DEFINE_bool("static", False, static_help, flag_values=fv),
+        out=flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).",
+                                required=True, flag_values=fv))
 
 
 def scaled_estimate(previous_s: Optional[float], previous_size: Optional[float], size: float,

@@ -74,34 +74,27 @@ def _define_flags() -> None:
     global _BATCH, _SEQ_LEN, _HEADS, _KV_HEADS, _DK, _DV, _DTYPE, _DOCS, _VARIANTS, _ITERS
     global _CHECK_HEADS, _SM_COUNT, _CTAS_PER_SM, _CLOCK_GHZ, _DEADLINE_S, _INTERPRET
     global _STATIC, _OUT
-    _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
-    _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
-    _HEADS = flags.DEFINE_integer("heads", 16, "Value heads H.")
+    from benchmarks import common
+    shared = common.define_profile_flags(
+        heads_help="Value heads H.", dtype_help="q, k, v dtype.",
+        variants_default=DEFAULT_VARIANTS,
+        variants_help="Stages to time, in this order (FUSED_T0_STAGES).",
+        check_heads_help="Heads of batch row 0 checked against float64 for full and nobar "
+                         "(0: no check).")
+    flags.adopt_module_key_flags(common)  # in --help with this binary's own
+    (_BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS, _DEADLINE_S,
+     _INTERPRET, _STATIC, _OUT) = (
+        shared.batch, shared.seq_len, shared.heads, shared.dk, shared.dv, shared.dtype,
+        shared.variants, shared.iters, shared.check_heads, shared.deadline_s, shared.interpret,
+        shared.static, shared.out)
     _KV_HEADS = flags.DEFINE_integer("kv_heads", 16, "Query/key heads Hk (H % Hk == 0).")
-    _DK = flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.")
-    _DV = flags.DEFINE_enum("dv", "128", ["64", "128"], "Value head dim V.")
-    _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "q, k, v dtype.")
     _DOCS = flags.DEFINE_integer("doc_len", 0, "If > 0, documents of this many tokens "
                                  "(segment_ids); 0: one document per row.")
-    _VARIANTS = flags.DEFINE_list("variants", list(DEFAULT_VARIANTS),
-                                  "Stages to time, in this order (FUSED_T0_STAGES).")
-    _ITERS = flags.DEFINE_integer("iters", 20, "Traced calls per variant (0: no trace).")
-    _CHECK_HEADS = flags.DEFINE_integer("check_heads", 2, "Heads of batch row 0 checked against "
-                                        "float64 for full and nobar (0: no check).")
     _SM_COUNT = flags.DEFINE_integer("sm_count", 132, "SMs, for the waves and cycles.")
     _CTAS_PER_SM = flags.DEFINE_integer("ctas_per_sm", 1, "Resident CTAs per SM (SMEM: one at "
                                         "K = V = 128).")
     _CLOCK_GHZ = flags.DEFINE_float("clock_ghz", None, "SM clock (GHz) for the cycles; default "
                                     "1.98 (nvidia-smi's clocks.sm is recorded beside it).")
-    _DEADLINE_S = flags.DEFINE_float(
-        "deadline_s", None, "Wall-clock budget of the whole run, from the start of main: "
-        "variants that would not fit are skipped, and a variant still running at the deadline "
-        "ends the run (status 3) after the table of the finished ones is written.")
-    _INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
-                                   "this binary; use a tiny shape).")
-    _STATIC = flags.DEFINE_bool("static", False, "Count instructions in the lowered modules "
-                                "(CPU; no kernel runs).")
-    _OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
 
 
 class VariantError(ValueError):
@@ -360,7 +353,6 @@ def main(argv: List[str]) -> None:
                              f"--kv_heads={_KV_HEADS.value}")
     shape = dict(batch=_BATCH.value, seq_len=_SEQ_LEN.value, heads=_HEADS.value,
                  kv_heads=_KV_HEADS.value, dk=int(_DK.value), dv=int(_DV.value))
-    budget = common.TimeBudget(_DEADLINE_S.value, start=start)
     args = _inputs(*shape.values(), _DTYPE.value, _DOCS.value)
     scale = shape["dk"] ** -0.5
     num_chunks = -(-shape["seq_len"] // 64)
@@ -371,23 +363,13 @@ def main(argv: List[str]) -> None:
         _static_main(variants, args, scale, env, shape)
         return
     header = _header(env, shape)
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    jsonl = _OUT.value + ".jsonl"
-    open(jsonl, "w").close()
-
-    def write_table(recs):
-        text = render(recs, header)
-        with open(_OUT.value + ".md", "w") as f:
-            f.write(text)
-        return text
-
     variants = [
         (dict(variant=stages, stages=stages, **shape, dtype=_DTYPE.value, doc_len=_DOCS.value,
               date_utc=env["date_utc"], device=env["device_kind"], jax=env["jax"]),
          (stages, args, scale, num_chunks, num_waves))
         for stages in variants]
-    common.run_variants(variants, _measure, budget=budget, jsonl=jsonl, table=write_table,
-                        deadline_exit=DEADLINE_EXIT)
+    common.run_profile(_OUT.value, variants, _measure, render=lambda recs: render(recs, header),
+                       deadline_s=_DEADLINE_S.value, start=start, deadline_exit=DEADLINE_EXIT)
 
 
 if __name__ == "__main__":

@@ -82,29 +82,25 @@ def _define_flags() -> None:
     the same names in absl's global registry, and the tests import them all)."""
     global _BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS
     global _GATE, _DEADLINE_S, _INTERPRET, _STATIC, _OUT, _SLABS
-    _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
-    _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
-    _HEADS = flags.DEFINE_integer("heads", 16, "Heads H.")
-    _DK = flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.")
-    _DV = flags.DEFINE_enum("dv", "128", ["64", "128"], "Value head dim V.")
-    _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "Operand dtype.")
-    _VARIANTS = flags.DEFINE_list(
-        "variants", list(DEFAULT_VARIANTS),
-        "Variants <kernel>[:<ablation>[+<ablation>...]] (kernel k1 or k2; ablations in "
-        "K1_ABLATIONS / K2_ABLATIONS of channelwise_grad_mosaic_gpu), in this order.")
-    _ITERS = flags.DEFINE_integer("iters", 20, "Traced calls per variant (0: no trace).")
-    _CHECK_HEADS = flags.DEFINE_integer("check_heads", 2, "Heads of batch row 0 the full "
-                                        "variants are checked on against float64 (0: none).")
+    from benchmarks import common
+    shared = common.define_profile_flags(
+        heads_help="Heads H.", dtype_help="Operand dtype.", variants_default=DEFAULT_VARIANTS,
+        variants_help="Variants <kernel>[:<ablation>[+<ablation>...]] (kernel k1 or k2; "
+                      "ablations in K1_ABLATIONS / K2_ABLATIONS of channelwise_grad_mosaic_gpu), "
+                      "in this order.",
+        check_heads_help="Heads of batch row 0 the full variants are checked on against "
+                         "float64 (0: none).",
+        interpret_help="Mosaic GPU interpret mode (CPU checks of this binary; use a tiny shape; "
+                       "no kernel times).",
+        static_help="Count instructions in the lowered modules (CPU; no kernel runs; see the "
+                    "module docstring).")
+    flags.adopt_module_key_flags(common)  # in --help with this binary's own
+    (_BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS, _DEADLINE_S,
+     _INTERPRET, _STATIC, _OUT) = (
+        shared.batch, shared.seq_len, shared.heads, shared.dk, shared.dv, shared.dtype,
+        shared.variants, shared.iters, shared.check_heads, shared.deadline_s, shared.interpret,
+        shared.static, shared.out)
     _GATE = flags.DEFINE_float("gate", DEFAULT_GATE, "Relative RMS gate of the full variants.")
-    _DEADLINE_S = flags.DEFINE_float(
-        "deadline_s", None, "Wall-clock budget of the whole run, from the start of main: "
-        "variants that would not fit are skipped, and a variant still running at the deadline "
-        "ends the run (status 3) after the table of the finished ones is written.")
-    _INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
-                                   "this binary; use a tiny shape; no kernel times).")
-    _STATIC = flags.DEFINE_bool("static", False, "Count instructions in the lowered modules "
-                                "(CPU; no kernel runs; see the module docstring).")
-    _OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
     _SLABS = flags.DEFINE_list("slabs", ["16", "32"], "Phase-2 slabs each variant runs at "
                                "(16: TUNING's, no spills; 32: one step per warpgroup); with "
                                "more than one, labels end in @<slab>.")
@@ -433,13 +429,6 @@ def _static_main(variants, env: Dict, scale: float) -> None:
     print(text)
 
 
-def _write_table(records: Sequence[Dict], header: str) -> str:
-    text = render(records, header)
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    return text
-
-
 def main(argv: List[str]) -> None:
     del argv
     start = time.perf_counter()  # --deadline_s counts from here (imports included)
@@ -458,19 +447,15 @@ def main(argv: List[str]) -> None:
         _static_main(variants, env, scale)
         return
     import jax.numpy as jnp
-    budget = common.TimeBudget(_DEADLINE_S.value, start=start)
     args = _inputs(jnp.dtype(_DTYPE.value))
     header = _header(env)
-    jsonl = _OUT.value + ".jsonl"
-    open(jsonl, "w").close()
     runs = [(dict(variant=text, kernel=kernel, ablations=list(ablations), slab=slab,
                   shape=list(_shapes()["tk"]) + [int(_DV.value)], dtype=_DTYPE.value,
                   date_utc=env["date_utc"], device=env["device_kind"], jax=env["jax"]),
              (kernel, ablations, args, scale, slab))
             for text, kernel, ablations, slab in variants]
-    common.run_variants(runs, _measure, budget=budget, jsonl=jsonl,
-                        table=lambda recs: _write_table(recs, header),
-                        deadline_exit=DEADLINE_EXIT)
+    common.run_profile(_OUT.value, runs, _measure, render=lambda recs: render(recs, header),
+                       deadline_s=_DEADLINE_S.value, start=start, deadline_exit=DEADLINE_EXIT)
 
 
 if __name__ == "__main__":

@@ -76,41 +76,37 @@ def _define_flags() -> None:
     global _BATCH, _SEQ_LEN, _HEADS, _KV_HEADS, _DK, _DTYPE
     global _DOCS, _VARIANTS, _CHUNKS_PER_CTA, _ITERS, _CHECK_HEADS, _SM_COUNT
     global _CTAS_PER_SM, _CLOCK_GHZ, _DEADLINE_S, _INTERPRET, _STATIC, _OUT
-    _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
-    _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
-    _HEADS = flags.DEFINE_integer("heads", 16, "Value heads H.")
+    from benchmarks import common
+    shared = common.define_profile_flags(
+        heads_help="Value heads H.", dtype_help="k's dtype.", variants_default=DEFAULT_VARIANTS,
+        variants_help="Variants <stages>:<inverse>[+<refine>][:<chunks per CTA>] (stages in "
+                      "KKT_STAGES, inverse in KKT_INVERSES, refine in KKT_REFINES, default "
+                      "newton; chunks per CTA default: --chunks_per_cta, else the kernel's "
+                      "rule).",
+        check_heads_help="Heads of batch row 0 checked against float64 for the full variants "
+                         "(0: no check).", dv=False,
+        iters_help="Traced calls per variant (0: no trace, e.g. under ncu, whose counters and "
+                   "jax.profiler's do not mix).",
+        static_help="Count instructions in the lowered modules (CPU; no kernel runs; see the "
+                    "module docstring).")
+    flags.adopt_module_key_flags(common)  # in --help with this binary's own
+    (_BATCH, _SEQ_LEN, _HEADS, _DK, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS, _DEADLINE_S,
+     _INTERPRET, _STATIC, _OUT) = (
+        shared.batch, shared.seq_len, shared.heads, shared.dk, shared.dtype, shared.variants,
+        shared.iters, shared.check_heads, shared.deadline_s, shared.interpret, shared.static,
+        shared.out)
     _KV_HEADS = flags.DEFINE_integer("kv_heads", 16, "Key heads Hk (H % Hk == 0).")
-    _DK = flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.")
-    _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "k's dtype.")
     _DOCS = flags.DEFINE_integer("doc_len", 0, "If > 0, documents of this many tokens "
                                  "(segment_ids); 0: one document per row.")
-    _VARIANTS = flags.DEFINE_list(
-        "variants", list(DEFAULT_VARIANTS),
-        "Variants <stages>:<inverse>[+<refine>][:<chunks per CTA>] (stages in KKT_STAGES, "
-        "inverse in KKT_INVERSES, refine in KKT_REFINES, default newton; chunks per CTA "
-        "default: --chunks_per_cta, else the kernel's rule).")
     _CHUNKS_PER_CTA = flags.DEFINE_list(
         "chunks_per_cta", [], "Chunks per CTA for each variant that names none: the variant is "
         "run once per value (in this order); empty: once, with the kernel's rule.")
-    _ITERS = flags.DEFINE_integer("iters", 20, "Traced calls per variant (0: no trace, e.g. "
-                                  "under ncu, whose counters and jax.profiler's do not mix).")
-    _CHECK_HEADS = flags.DEFINE_integer("check_heads", 2, "Heads of batch row 0 checked against "
-                                        "float64 for the full variants (0: no check).")
     _SM_COUNT = flags.DEFINE_integer("sm_count", 132, "SMs, for the cycles estimate.")
     _CTAS_PER_SM = flags.DEFINE_integer("ctas_per_sm", 2, "Resident CTAs per SM, for the cycles "
                                         "estimate.")
     _CLOCK_GHZ = flags.DEFINE_float(
         "clock_ghz", None, "SM clock (GHz) for the cycles estimate; default 1.98 (the boost "
         "clock; nvidia-smi's clocks.sm after each trace is recorded as sm_clock_smi).")
-    _DEADLINE_S = flags.DEFINE_float(
-        "deadline_s", None, "Wall-clock budget of the whole run, from the start of main: "
-        "variants that would not fit are skipped, and a variant still running at the deadline "
-        "ends the run (status 3) after the table of the finished ones is written.")
-    _INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
-                                   "this binary; use a tiny shape).")
-    _STATIC = flags.DEFINE_bool("static", False, "Count instructions in the lowered modules "
-                                "(CPU; no kernel runs; see the module docstring).")
-    _OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
 
 
 KERNEL_PREFIX = "gdn_chunk_kkt_inverse"
@@ -376,13 +372,6 @@ def _header(env: Dict, dk: int) -> str:
             f"{_CLOCK_GHZ.value or DEFAULT_CLOCK_GHZ} GHz.")
 
 
-def _write_table(records: Sequence[Dict], header: str) -> str:
-    text = render(records, header)
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    return text
-
-
 def _measure(rec: Dict, want, stages: str, inverse: str, cpc: Optional[int], k, beta, seg,
              chunk_heads: int):
     """Compiles, runs, checks (``want``: the float64 ``T0`` once computed, else ``None``) and
@@ -467,7 +456,6 @@ def main(argv: List[str]) -> None:
         raise app.UsageError(f"--heads={_HEADS.value} must be a multiple of "
                              f"--kv_heads={_KV_HEADS.value}")
     dk = int(_DK.value)
-    budget = common.TimeBudget(_DEADLINE_S.value, start=start)
     k, beta, seg = _inputs(_BATCH.value, _SEQ_LEN.value, _HEADS.value, _KV_HEADS.value, dk,
                            _DTYPE.value, _DOCS.value)
     chunk_heads = _BATCH.value * _HEADS.value * -(-_SEQ_LEN.value // kgd.CHUNK)
@@ -476,9 +464,6 @@ def main(argv: List[str]) -> None:
     if _STATIC.value:
         _static_main(variants, k, beta, seg, env, dk)
         return
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    jsonl = _OUT.value + ".jsonl"
-    open(jsonl, "w").close()
     variants = [
         (dict(variant=text, stages=stages, inverse=inverse, chunks_per_cta=cpc,
               bthk=[_BATCH.value, _SEQ_LEN.value, _HEADS.value, _KV_HEADS.value, dk],
@@ -486,9 +471,9 @@ def main(argv: List[str]) -> None:
               device=env["device_kind"], jax=env["jax"]),
          (stages, inverse, cpc, k, beta, seg, chunk_heads))
         for text, stages, inverse, cpc in variants]
-    common.run_variants(variants, _measure, budget=budget, jsonl=jsonl,
-                        table=lambda recs: _write_table(recs, header),
-                        deadline_exit=DEADLINE_EXIT)
+    common.run_profile(_OUT.value, variants, _measure,
+                       render=lambda recs: render(recs, header),
+                       deadline_s=_DEADLINE_S.value, start=start, deadline_exit=DEADLINE_EXIT)
 
 
 if __name__ == "__main__":

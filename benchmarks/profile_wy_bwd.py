@@ -70,29 +70,22 @@ def _define_flags() -> None:
     the same names in absl's global registry, and the tests import them all)."""
     global _BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS
     global _GATE, _DEADLINE_S, _INTERPRET, _STATIC, _OUT
-    _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B.")
-    _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T.")
-    _HEADS = flags.DEFINE_integer("heads", 16, "Heads H (= key heads Hk).")
-    _DK = flags.DEFINE_enum("dk", "128", ["64", "128"], "Key head dim K.")
-    _DV = flags.DEFINE_enum("dv", "128", ["64", "128"], "Value head dim V.")
-    _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "Operand dtype.")
-    _VARIANTS = flags.DEFINE_list(
-        "variants", list(DEFAULT_VARIANTS),
-        "Variants: 'full' or <ablation>[+<ablation>...] (names in WY_BWD_ABLATIONS of "
-        "kernel_mosaic_gpu_wy_bwd), in this order.")
-    _ITERS = flags.DEFINE_integer("iters", 20, "Traced calls per variant (0: no trace).")
-    _CHECK_HEADS = flags.DEFINE_integer("check_heads", 2, "Heads of batch row 0 the full "
-                                        "variant is checked on (0: none).")
+    from benchmarks import common
+    shared = common.define_profile_flags(
+        heads_help="Heads H (= key heads Hk).", dtype_help="Operand dtype.",
+        variants_default=DEFAULT_VARIANTS,
+        variants_help="Variants: 'full' or <ablation>[+<ablation>...] (names in "
+                      "WY_BWD_ABLATIONS of kernel_mosaic_gpu_wy_bwd), in this order.",
+        check_heads_help="Heads of batch row 0 the full variant is checked on (0: none).",
+        interpret_help="Mosaic GPU interpret mode (CPU checks of this binary; use a tiny shape; "
+                       "no kernel times).")
+    flags.adopt_module_key_flags(common)  # in --help with this binary's own
+    (_BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS, _DEADLINE_S,
+     _INTERPRET, _STATIC, _OUT) = (
+        shared.batch, shared.seq_len, shared.heads, shared.dk, shared.dv, shared.dtype,
+        shared.variants, shared.iters, shared.check_heads, shared.deadline_s, shared.interpret,
+        shared.static, shared.out)
     _GATE = flags.DEFINE_float("gate", DEFAULT_GATE, "Relative RMS gate of the full variant.")
-    _DEADLINE_S = flags.DEFINE_float(
-        "deadline_s", None, "Wall-clock budget of the whole run, from the start of main: "
-        "variants that would not fit are skipped, and a variant still running at the deadline "
-        "ends the run (status 3) after the table of the finished ones is written.")
-    _INTERPRET = flags.DEFINE_bool("interpret", False, "Mosaic GPU interpret mode (CPU checks of "
-                                   "this binary; use a tiny shape; no kernel times).")
-    _STATIC = flags.DEFINE_bool("static", False, "Count instructions in the lowered modules "
-                                "(CPU; no kernel runs).")
-    _OUT = flags.DEFINE_string("out", None, "Output path prefix (.jsonl and .md).", required=True)
 
 
 class VariantError(ValueError):
@@ -275,14 +268,6 @@ def _static_main(variants, env: Dict) -> None:
     print(text)
 
 
-def _write_table(records: Sequence[Dict], header: str) -> str:
-    from benchmarks import profile_grad
-    text = profile_grad.render(records, header)
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    return text
-
-
 def main(argv: List[str]) -> None:
     del argv
     start = time.perf_counter()  # --deadline_s counts from here (imports included)
@@ -297,19 +282,17 @@ def main(argv: List[str]) -> None:
         _static_main(variants, env)
         return
     import jax.numpy as jnp
-    budget = common.TimeBudget(_DEADLINE_S.value, start=start)
+    from benchmarks import profile_grad
     args = _inputs(jnp.dtype(_DTYPE.value))
     header = _header(env)
-    jsonl = _OUT.value + ".jsonl"
-    open(jsonl, "w").close()
     runs = [(dict(variant=text, kernel=KERNEL, ablations=list(ablations),
                   shape=list(_shapes()["tk"]) + [int(_DV.value)], dtype=_DTYPE.value,
                   date_utc=env["date_utc"], device=env["device_kind"], jax=env["jax"]),
              (ablations, args))
             for text, ablations in variants]
-    common.run_variants(runs, _measure, budget=budget, jsonl=jsonl,
-                        table=lambda recs: _write_table(recs, header),
-                        deadline_exit=DEADLINE_EXIT)
+    common.run_profile(_OUT.value, runs, _measure,
+                       render=lambda recs: profile_grad.render(recs, header),
+                       deadline_s=_DEADLINE_S.value, start=start, deadline_exit=DEADLINE_EXIT)
 
 
 if __name__ == "__main__":

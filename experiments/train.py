@@ -7,7 +7,11 @@ Usage::
         --config.train.total_steps=1000 --config.model.d_model=256
 
 Running it again with the same ``--workdir`` resumes from the newest readable checkpoint there
-(``--step=N`` picks an older one). On
+(``--step=N`` picks an older one); on a run that finished (its final evaluation recorded) it
+says so in one line and records no result again. Exit status: 0 when the run reached
+``train.total_steps`` (or the ``train.max_steps_per_run`` it was given); 1 with a one-line
+error; after a stop on a signal (a checkpoint saved first) the shell's status for it: 143
+(SIGTERM), 129 (SIGHUP), 130 (Ctrl-C). On
 several devices, ``--config.mesh.data/fsdp/context/tensor`` shape the mesh (default: data
 parallel over all devices; ``context`` splits each sequence, BUILD.md "Context parallelism");
 multi-host launches are in BUILD.md ("Multi-host training").
@@ -60,7 +64,7 @@ def main(argv):
         print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "
               f"devices {jax.devices()}")
     try:
-        train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
+        result = train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
     except (config_lib.ConfigError, FileNotFoundError, data.DataFileError, train.NonFiniteError,
             checkpoint_lib.CheckpointError, train.WorkdirWriteError,
             # an explicitly named kernel / cuDNN on a machine or shapes it cannot run
@@ -88,6 +92,13 @@ def main(argv):
         # the status still says it.)
         train._notice(f"terminated ({e.signal_name}): {e}")
         sys.exit(e.exit_status)
+    # Stopped early on SIGTERM, SIGHUP or Ctrl-C after a checkpoint ("Stopping at step N of
+    # M" above): the signal's shell status (143, 129, 130), not 0, so that a shell loop or a
+    # scheduler does not take the run for finished. 0: it ran its steps. (StopExit: in a
+    # multi-process run every process stopped at the agreed step; not a failure to publish.)
+    status = train.stop_exit_status(result)
+    if status:
+        raise multihost.StopExit(status)
 
 
 if __name__ == "__main__":

@@ -121,8 +121,18 @@ def stop_watching() -> None:
     _stop.set()
 
 
+class StopExit(SystemExit):
+    """``sys.exit(status)`` with a non-zero status that is no failure: every process of the run
+    stops the same way at the same point (``experiments/train.py`` after a preemption every
+    process agreed on and saved: 143, 129 or 130). It is not published to the other processes
+    (:func:`publish_failure_and_exit`), which would otherwise exit with status 1 for it; the
+    process ends as after a clean return (the shutdown barrier included), with this status."""
+
+
 def _failure(e: BaseException):
     """``(line, status)`` for an exception that ends the process with a failure, else ``None``."""
+    if isinstance(e, StopExit):
+        return None
     if isinstance(e, SystemExit):
         if e.code is None or e.code == 0:
             return None
@@ -182,13 +192,16 @@ def publish_failure_and_exit(e: BaseException) -> None:
 
 def fail_fast(main: Callable) -> Callable:
     """Wraps an absl ``main`` so that a failure in a multi-process run ends every process at
-    once (:func:`publish_failure_and_exit`); a clean return, and every outcome of a
-    single-process run, are unchanged."""
+    once (:func:`publish_failure_and_exit`); a clean return or a :class:`StopExit`, and every
+    outcome of a single-process run, are unchanged."""
 
     @functools.wraps(main)
     def wrapped(argv):
         try:
             result = main(argv)
+        except StopExit:
+            stop_watching()
+            raise
         except BaseException as e:
             publish_failure_and_exit(e)
             raise

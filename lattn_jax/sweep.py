@@ -36,8 +36,8 @@ Status (:func:`run_state`), from those files alone (no checkpoint needed to tell
 * finished: ``console.log`` ends an invocation with ``final: step N``, N the run's
   ``train.total_steps`` (printed after the final evaluation and checkpoint);
 * failed: the last attempt ended with the trainer's own error (exit status > 0, not 130 = Ctrl-C,
-  not 143 = SIGTERM or 129 = SIGHUP after a checkpoint write, not stopped by the sweep); the
-  error line is kept;
+  not 143 = SIGTERM or 129 = SIGHUP: the trainer's statuses for a stop on those signals after
+  a checkpoint, not stopped by the sweep); the error line is kept;
 * partial: anything else that started (stopped at the deadline, on SIGTERM, SIGHUP or Ctrl-C,
   killed by a signal, or the sweep itself died mid-run); the next attempt resumes from the
   newest checkpoint through the trainer's own resume, or starts over when there is none;
@@ -86,10 +86,11 @@ RUNS_DIR = "runs"
 RUN_RECORD = "sweep_run.json"
 ATTEMPTS = "sweep_attempts.jsonl"
 RUN_LOG = "sweep.log"
-# Exit statuses of the trainer after a second Ctrl-C (KeyboardInterrupt) and after a SIGTERM
-# or SIGHUP (the terminal or ssh session closed) held back until a checkpoint write was
-# complete (experiments/train.py, train.Terminated.exit_status = 128 + signal): interruptions,
-# not failures of the run.
+# Exit statuses of the trainer after a stop on Ctrl-C, SIGTERM or SIGHUP (the terminal or ssh
+# session closed): in the loop after saving a checkpoint (train.stop_exit_status), a second
+# Ctrl-C (KeyboardInterrupt), or a signal held back until a checkpoint write was complete
+# (experiments/train.py, train.Terminated.exit_status = 128 + signal): interruptions, not
+# failures of the run. (A stop at train.max_steps_per_run exits 0.)
 _EXIT_INTERRUPTED = 130
 _EXIT_TERMINATED = 143
 _EXIT_HUNG_UP = 129

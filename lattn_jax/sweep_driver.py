@@ -16,9 +16,10 @@ field per flag) and does what one invocation does:
    hold back) and writes nothing;
 3. otherwise checks the machine-local paths of the runs it would launch and the run
    directories' recorded settings, writes the results, and runs the sweep
-   (:func:`~lattn_jax.sweep.execute`; SIGTERM and Ctrl-C stop every trainer in flight after
-   its checkpoint), rewriting the results after every run; then appends the invocation to
-   ``<root>/sweep.jsonl``, rewrites the results and writes the ``export``.
+   (:func:`~lattn_jax.sweep.execute`; SIGTERM, Ctrl-C and SIGHUP, unless ignored as under
+   ``nohup``, stop every trainer in flight after its checkpoint), rewriting the results
+   after every run; then appends the invocation to ``<root>/sweep.jsonl``, rewrites the
+   results and writes the ``export``.
 
 What the flags (:class:`SweepOptions`) do:
 
@@ -30,7 +31,8 @@ resumes from its checkpoint (:mod:`lattn_jax.sweep`). ``--deadline_s`` ends the 
 no run starts with less than ``--min_run_s`` left before its SIGTERM, and the running
 trainer gets SIGTERM (the trainer has no time limit of its own; SIGTERM is its preemption
 signal: it saves a checkpoint after the current step and exits) ``--stop_margin_s`` before the
-deadline; SIGTERM or Ctrl-C to the sweep does the same at once; ``--finish_by_deadline`` (a
+deadline; SIGTERM, Ctrl-C or SIGHUP (a closed terminal; not under ``nohup``) to the sweep
+does the same at once; ``--finish_by_deadline`` (a
 machine's last call) also holds back a run that would not finish by then, by the finished runs'
 median wall time.
 ``--parallel=N`` runs up to N trainers at once on the machine (default 1: one after another),
@@ -39,8 +41,8 @@ still in the grid's order, the next when one exits; each then gets
 unless the environment already sets ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (or
 ``XLA_CLIENT_MEM_FRACTION``), ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` or
 ``XLA_PYTHON_CLIENT_ALLOCATOR=platform``; the deadline, ``--min_run_s``, ``--max_runs`` and
-``--finish_by_deadline`` apply to each launch, SIGTERM or Ctrl-C stops every trainer in
-flight, the console shows each trainer's lines behind ``[<run name>]`` (its own ``sweep.log``
+``--finish_by_deadline`` apply to each launch, SIGTERM, Ctrl-C or SIGHUP stops every trainer
+in flight, the console shows each trainer's lines behind ``[<run name>]`` (its own ``sweep.log``
 holds them all), and each attempt records its concurrency, which the results mark: tokens/s,
 MFU and wall time measured on a shared GPU are not compared with those measured alone.
 ``--reuse_from=<another sweep's root>`` (repeatable) copies the records of a finished run there
@@ -357,35 +359,53 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
 
 def _execute(runs, config, options, *, config_path, repo_root, train_script, extra, argv, env,
              print_fn) -> int:
-    """Runs the checked sweep (:func:`lattn_jax.sweep.execute`) with SIGTERM and Ctrl-C
-    handlers, then records the invocation, rewrites the results and exports. The handlers
-    that were installed before (e.g. an in-process caller's: a test, a notebook) are restored
-    when it returns or raises; from the main thread only (Python's rule for signal handlers;
-    another thread runs the sweep without them)."""
+    """Runs the checked sweep (:func:`lattn_jax.sweep.execute`) with SIGTERM, Ctrl-C and
+    SIGHUP handlers (SIGHUP only when it is not ignored, as under ``nohup``), then records the
+    invocation, rewrites the results and exports. The handlers that were installed before
+    (e.g. an in-process caller's: a test, a notebook) are restored when it returns or raises;
+    from the main thread only (Python's rule for signal handlers; another thread runs the
+    sweep without them). After a SIGHUP, lines that cannot be written (the terminal is gone)
+    are dropped."""
     root = options.root
     cache = (os.path.join(root, "jax_cache") if options.compilation_cache is None
              else options.compilation_cache)
     if cache:
         env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(cache)
     stop = threading.Event()
+    hung_up = threading.Event()
+    lines_to = print_fn
+
+    def say(line: str) -> None:
+        # After a SIGHUP the terminal may be gone: a line that cannot be written (EIO) is
+        # dropped, so that the sweep still stops its trainers and records their attempts.
+        try:
+            lines_to(line)
+        except (OSError, ValueError):  # ValueError: a closed stream
+            if not hung_up.is_set():
+                raise
 
     def on_signal(signum, frame):
         del frame
+        if signum == signal.SIGHUP:
+            hung_up.set()
         stop.set()
-        print_fn(f"sweep: {signal.Signals(signum).name}; stopping after the current run's "
-                 f"checkpoint" if options.parallel == 1 else
-                 f"sweep: {signal.Signals(signum).name}; stopping every run in flight after "
-                 f"its checkpoint")
+        say(f"sweep: {signal.Signals(signum).name}; stopping after the current run's "
+            f"checkpoint" if options.parallel == 1 else
+            f"sweep: {signal.Signals(signum).name}; stopping every run in flight after "
+            f"its checkpoint")
 
     previous = {}
     try:
         if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            # SIGHUP (the terminal or ssh session closed) as SIGTERM, unless it is ignored
+            # (nohup): then the sweep was started to outlive its terminal, as the trainer does.
+            hangup = () if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else (signal.SIGHUP,)
+            for signum in (signal.SIGTERM, signal.SIGINT) + hangup:
                 previous[signum] = signal.signal(signum, on_signal)
         return _execute_with_handlers(runs, config, options, stop=stop, root=root,
                                       config_path=config_path, repo_root=repo_root,
                                       train_script=train_script, extra=extra, argv=argv,
-                                      env=env, print_fn=print_fn)
+                                      env=env, print_fn=say)
     finally:
         for signum, handler in previous.items():
             # None: a handler not installed from Python, which signal.signal cannot restore.

@@ -26,10 +26,12 @@ Stages, in order:
 import contextlib
 import fcntl
 import functools
+import hashlib
 import importlib.metadata
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -46,11 +48,14 @@ import tqdm
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from lattn_jax import assets
 from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
 from lattn_jax import context_parallel
 from lattn_jax import data as data_lib
 from lattn_jax.data import config as data_config_lib
+from lattn_jax.data import shards as shards_lib
+from lattn_jax.data import sources as sources_lib
 from lattn_jax import flops as flops_lib
 from lattn_jax.halo import losses as halo_losses
 from lattn_jax import model as model_lib
@@ -993,6 +998,136 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     return changed
 
 
+# The data files' identity, recorded at a run's start and compared on resume: the iterator
+# position restored from a checkpoint means the same batches only over the same contents.
+DATA_FINGERPRINT = "data_fingerprint.json"
+_FINGERPRINT_SPAN = 1 << 20  # bytes hashed at each end of a file
+_SHARD_IDENTITY = ("name", "source_sha256", "documents", "tokens")  # of a manifest's shard
+
+
+def _file_fingerprint(path: str) -> Dict[str, Any]:
+    """``{"bytes", "sha256_head_tail"}``: the size, and the SHA-256 of the first and the last
+    MiB (the whole file when it is at most 2 MiB): cheap on a corpus of any size, and unlike a
+    modification time it does not change when the same contents are written again."""
+    size = os.path.getsize(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        digest.update(f.read(_FINGERPRINT_SPAN))
+        if size > _FINGERPRINT_SPAN:
+            f.seek(max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN))
+            digest.update(f.read())
+    return {"bytes": size, "sha256_head_tail": digest.hexdigest()}
+
+
+def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """The identity of the files a run reads its data from, by option (``"data.paths"``,
+    ``"data.val_paths"``) and path (a bundled file by its ``bundled:`` name).
+
+    A text, JSONL or Parquet file: :func:`_file_fingerprint`. A token-shard directory: its
+    ``manifest.json`` (the SHA-256 of what identifies the shards: their names, sources'
+    SHA-256, documents and tokens, the tokenizer's SHA-256 and the dtype; not the sources'
+    paths or times), and each shard's token and offsets files as above.
+
+    Raises:
+      FileNotFoundError, ValueError: a path that cannot be listed, or a malformed manifest.
+      OSError: a file that cannot be read.
+    """
+    tokens = data_config_lib.resolved_format(data) == "tokens"
+    out = {}
+    for option, paths in (("data.paths", data.paths), ("data.val_paths", data.val_paths)):
+        found = {}
+        names = sources_lib.OptionNames(paths=option)
+        for path in (paths or ()) if tokens else sources_lib.list_files(paths or (), names):
+            if not tokens:
+                found[assets.portable(path)] = _file_fingerprint(path)
+                continue
+            manifest = shards_lib.read_manifest(path)
+            identity = {"dtype": manifest.get("dtype"),
+                        "tokenizer": manifest.get("tokenizer", {}).get("sha256"),
+                        "shards": [[e.get(k) for k in _SHARD_IDENTITY]
+                                   for e in manifest.get("shards", [])]}
+            found[assets.portable(os.path.join(path, shards_lib.MANIFEST))] = {
+                "sha256_identity": hashlib.sha256(
+                    json.dumps(identity, sort_keys=True).encode()).hexdigest()}
+            for entry in manifest.get("shards", []):
+                for key in ("token_file", "offsets_file"):
+                    name = os.path.join(path, entry[key])
+                    found[assets.portable(name)] = _file_fingerprint(name)
+        if found:
+            out[option] = found
+    return out
+
+
+def _fingerprint_change(saved: Dict[str, Any], now: Dict[str, Any]) -> str:
+    """What differs between two fingerprints of one file, in words."""
+    if saved.get("bytes") != now.get("bytes"):
+        return f"size {saved.get('bytes')} -> {now.get('bytes')} bytes"
+    if "bytes" in now:
+        return (f"same size ({now['bytes']} bytes), other contents: the SHA-256 of its first "
+                f"and last MiB differs")
+    return "another corpus: the manifest's shards differ"
+
+
+def _check_data_unchanged(workdir: str, current: Dict[str, Any], has_checkpoint: bool) -> None:
+    """Refuses to resume a run whose data files changed since it started (rebuilt at the same
+    path with other contents): the restored iterator position would continue on other data.
+    Compares ``current`` (:func:`data_fingerprints`) with ``<workdir>/data_fingerprint.json``
+    (written at the run's start); a run without that record (an older run) is not checked.
+
+    Raises:
+      ConfigError: naming the option, the first changed file, what differs (and how many
+        more files differ), and how to go on: a new ``--workdir``, the original file, or
+        removing the record to resume on the new contents deliberately.
+    """
+    path = os.path.join(workdir, DATA_FINGERPRINT)
+    if not has_checkpoint or not os.path.exists(path):
+        return
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as e:
+        raise config_lib.ConfigError(
+            f"{path}: cannot be read ({e}); remove it to resume without checking the data "
+            f"files") from None
+    for option in ("data.paths", "data.val_paths"):
+        before, now = saved.get(option) or {}, current.get(option) or {}
+        diffs = []
+        for name in list(before) + [n for n in now if n not in before]:
+            if name not in now:
+                diffs.append((name, "no longer among its files"))
+            elif name not in before:
+                diffs.append((name, "not among its files when it started"))
+            elif before[name] != now[name]:
+                diffs.append((name, _fingerprint_change(before[name], now[name])))
+        if diffs:
+            name, what = diffs[0]
+            more = f" (and {len(diffs) - 1} more file(s))" if len(diffs) > 1 else ""
+            raise config_lib.ConfigError(
+                f"{option}: {name} changed since the run in {workdir} started ({what}){more}; "
+                f"resuming would train on other data. Use a new --workdir or the original "
+                f"file, or remove {path} to resume on the new contents deliberately.")
+
+
+def _write_data_fingerprint(workdir: str, current: Dict[str, Any],
+                            has_checkpoint: bool) -> None:
+    """Writes ``<workdir>/data_fingerprint.json`` at a fresh start, or for a resumed run that
+    lacks one (as :func:`_write_start_config` writes ``config.json``; process 0 only, whole or
+    not at all)."""
+    if jax.process_index() != 0:
+        return
+    path = os.path.join(workdir, DATA_FINGERPRINT)
+    if has_checkpoint and os.path.exists(path):
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"version": 1, **current}, f, indent=2)
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
 def _write_start_config(workdir: str, config: config_lib.ExperimentConfig,
                         has_checkpoint: bool) -> None:
     """Writes ``<workdir>/config.json`` (the run's first config) for a fresh start, or for a
@@ -1038,6 +1173,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     move to ``metrics.jsonl.discarded-<step>``
     (:func:`~lattn_jax.checkpoint.drop_records_after`), since those steps run again.
 
+    A finished run (:func:`finished_run`: its checkpoint at ``train.total_steps`` restored,
+    its final evaluation recorded) is not evaluated again: one line says so and its final
+    metrics are returned; ``metrics.jsonl`` and the checkpoints are left as they are (raise
+    ``train.total_steps`` to train on).
+
     A call that fails with an exception (a refused option, missing data, ...; not Ctrl-C) in a
     ``workdir`` it created, before it saved a checkpoint or wrote ``metrics.jsonl``, removes
     that ``workdir`` again (its ``invocations.jsonl``, ``console.log``, ``config.json``, ...),
@@ -1049,7 +1189,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       config: a validated :class:`~lattn_jax.config.ExperimentConfig`.
       workdir: the run directory: ``checkpoints/``, ``metrics.jsonl``, ``tensorboard/``,
         ``loss.png`` (train and validation curves, redrawn at every validation),
-        ``config.json`` (the run's first config), and per invocation (appended)
+        ``config.json`` (the run's first config), ``data_fingerprint.json`` (its data files'
+        sizes and hashes, :func:`data_fingerprints`), and per invocation (appended)
         ``invocations.jsonl`` (command line, git commit, package versions, devices, config) and
         ``console.log`` (the progress lines).
       print_fn: where the human-readable progress lines go (default: above the progress bar).
@@ -1058,8 +1199,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
 
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
-      ``unigram_entropy``, ``step``, ``resumed_from`` (-1 for a fresh start) and ``preempted``
-      (the run stopped early on SIGTERM, SIGHUP or SIGINT after saving).
+      ``unigram_entropy``, ``step``, ``resumed_from`` (-1 for a fresh start), ``preempted``
+      (the run stopped early on SIGTERM, SIGHUP or SIGINT after saving) and ``stop_signal``
+      (then its name, ``"SIGTERM"``, ``"SIGHUP"`` or ``"SIGINT"``, else ``None``;
+      :func:`stop_exit_status` turns it into the command's exit status).
 
     Raises:
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing, or
@@ -1082,6 +1225,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         left as it is, as are the metrics written; nothing is saved); and when ``workdir`` is
         another kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
         :func:`lattn_jax.config.saved_training_config`), before anything is written; and when
+        a resumed run's data files changed since it started (a corpus rebuilt at the same
+        path: naming the file and what differs; :func:`_check_data_unchanged`), before the
+        data is read; and when
         ``config.mesh`` does not fit the devices, the batch or the sequence
         (:func:`check_mesh`), before anything is written or read.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
@@ -1125,6 +1271,55 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             if created is not None:
                 _remove_unused_workdir(workdir, created)
             raise
+
+
+_FINAL_LINE = re.compile(r"^final: step (\d+)\b", re.MULTILINE)
+
+
+def finished_run(workdir: str, config: config_lib.ExperimentConfig
+                 ) -> Optional[Dict[str, Any]]:
+    """Whether the run in ``workdir`` finished under ``config``, from its records alone (called
+    once its newest checkpoint was restored: an unreadable one is set aside first, and the
+    run falls back to an older step and trains on).
+
+    Finished: the newest checkpoint is at ``train.total_steps``, ``console.log``'s newest
+    ``final: step N`` line (printed after the final evaluation and save) names that step, and
+    ``metrics.jsonl`` holds that step's validation loss (a run stopped in its final
+    evaluation has none, and a resume from an older ``--step`` moved it aside: both still
+    evaluate).
+
+    Returns:
+      ``None``, or the final metrics: ``train_loss`` (the last logged), ``val_loss`` (the
+      final evaluation's), ``unigram_entropy`` (``nan`` here: the caller has the data's),
+      ``step`` and ``resumed_from`` (``train.total_steps``), ``preempted`` (``False``),
+      ``stop_signal`` (``None``) and ``already_finished`` (``True``).
+    """
+    total = config.train.total_steps
+    steps = checkpoint_lib.saved_steps(workdir)
+    if not steps or steps[-1] != total:
+        return None
+    try:
+        with open(os.path.join(workdir, CONSOLE_LOG), errors="replace") as f:
+            finals = _FINAL_LINE.findall(f.read())
+    except FileNotFoundError:
+        return None
+    if not finals or int(finals[-1]) != total:
+        return None
+    val_loss = train_loss = None
+    for record in records_lib.read_records(os.path.join(workdir, "metrics.jsonl"),
+                                           lenient=True):
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            continue
+        if record["step"] == total and "val_loss" in record:
+            val_loss = float(record["val_loss"])
+        if record["step"] <= total and "train_loss" in record:
+            train_loss = float(record["train_loss"])
+    if val_loss is None:
+        return None
+    return {"train_loss": float("nan") if train_loss is None else train_loss,
+            "val_loss": val_loss, "unigram_entropy": float("nan"), "step": total,
+            "resumed_from": total, "preempted": False, "stop_signal": None,
+            "already_finished": True}
 
 
 def _remove_unused_workdir(workdir: str, created: str) -> bool:
@@ -1337,6 +1532,10 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     # for a large corpus); the check runs again below, where it reports the changed options.
     _check_resume_compatible(workdir, config,
                              has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
+    # The data files' contents (a corpus rebuilt at the same path), likewise before the read.
+    fingerprints = data_fingerprints(config.data)
+    _check_data_unchanged(workdir, fingerprints,
+                          has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
 
     # -- data --------------------------------------------------------------------------------
     try:
@@ -1407,12 +1606,24 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
         _write_start_config(workdir, config, has_checkpoint=latest is not None)
+        _write_data_fingerprint(workdir, fingerprints, has_checkpoint=latest is not None)
+        # A finished run (its final evaluation recorded for the restored step): nothing to do.
+        # Evaluating again appended a second final val_loss record.
+        finished = (finished_run(workdir, config) if resumed_from == tcfg.total_steps
+                    else None)
     except BaseException:
         # A refused resume (or a failed restore) ends the run here: close the manager first,
         # so that its background threads do not outlive the interpreter's shutdown (orbax
         # then printed "cannot schedule new futures after interpreter shutdown").
         ckpt.close()
         raise
+    if finished is not None:
+        ckpt.close()
+        print_fn(f"run already finished at step {resumed_from} (train.total_steps="
+                 f"{tcfg.total_steps}; final val_loss {finished['val_loss']:.4f}, checkpoint "
+                 f"{ckpt.directory}/{resumed_from}): nothing to do. Raise "
+                 f"--config.train.total_steps to train on.")
+        return dict(finished, unigram_entropy=stats.unigram_entropy)
     n_params = sum(x.size for x in jax.tree_util.tree_leaves(state["params"]))
     print_fn(f"model: {n_params:,} parameters, layers {list(config.model.layer_pattern)}, "
              f"d_model {config.model.d_model}, backend {jax.default_backend()}")
@@ -1604,7 +1815,9 @@ def _train_and_evaluate(config, workdir, print_fn, step):
                      f"saved, run again to resume.")
             return {"train_loss": last_train_loss, "val_loss": val_loss,
                     "unigram_entropy": stats.unigram_entropy, "step": step,
-                    "resumed_from": resumed_from, "preempted": preempted}
+                    "resumed_from": resumed_from, "preempted": preempted,
+                    # a multi-process run's preemption notice is named SIGTERM above
+                    "stop_signal": (watcher.signal_name or "SIGTERM") if preempted else None}
         if resumed_from >= tcfg.total_steps:
             print_fn(f"Training was already complete at step {step} (train.total_steps="
                      f"{tcfg.total_steps}); evaluating the restored model. Raise "
@@ -1681,7 +1894,20 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     print_fn(f"checkpoint: {ckpt.directory}/{step}")
     return {"train_loss": last_train_loss, "val_loss": val_loss,
             "unigram_entropy": stats.unigram_entropy, "step": step,
-            "resumed_from": resumed_from, "preempted": False}
+            "resumed_from": resumed_from, "preempted": False, "stop_signal": None}
+
+
+def stop_exit_status(result: Dict[str, Any]) -> int:
+    """The exit status of a training command whose :func:`train_and_evaluate` returned
+    ``result``: 0 when it ran its steps (``train.total_steps``, or the
+    ``train.max_steps_per_run`` it was asked to stop at), else the shell's status for the
+    signal that stopped it early after a checkpoint, ``128 + signal``: 130 for Ctrl-C (SIGINT),
+    143 for SIGTERM (or a multi-process preemption notice), 129 for SIGHUP, as
+    :attr:`Terminated.exit_status`; the sweep counts none of them as a failed run
+    (``lattn_jax.sweep``)."""
+    if not result.get("preempted"):
+        return 0
+    return 128 + int(signal.Signals[result.get("stop_signal") or "SIGTERM"])
 
 
 def _silent(_: str) -> None:

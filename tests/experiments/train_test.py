@@ -72,6 +72,31 @@ def save(self, step, *args, **kwargs):
 checkpoint.Checkpointer.save = save
 """
 
+# Trainer.train_step sends this process a signal at its second call (a stop request in the
+# loop, between checkpoints).
+SIGNAL_AT_STEP_2 = """
+import os, signal
+from lattn_jax import train
+real_step, calls = train.Trainer.train_step, []
+def train_step(self, state, batch):
+    calls.append(None)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.{name})
+    return real_step(self, state, batch)
+train.Trainer.train_step = train_step
+"""
+
+# Trainer.eval_step sends this process a signal in the periodic evaluation at step 2.
+SIGNAL_IN_EVAL_2 = """
+import os, signal
+from lattn_jax import train
+real_eval = train.Trainer.eval_step
+def eval_step(self, params, batch):
+    os.kill(os.getpid(), signal.{name})
+    return real_eval(self, params, batch)
+train.Trainer.eval_step = eval_step
+"""
+
 
 def run_train_patched(patch, *flags):
     """:func:`run_train` with the Python code ``patch`` run first, in the same process."""
@@ -209,6 +234,75 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(os.listdir(path), ["2"])
 
+    def test_a_sigterm_in_a_periodic_evaluation_stops_with_the_shells_status(self):
+        # The run saved step 2 and stopped (the evaluation cut short: EvaluationStopped) but
+        # exited 0, so a scheduler or a shell loop took the preempted run for a finished one.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train_patched(SIGNAL_IN_EVAL_2.format(name="SIGTERM"),
+                                   "--workdir=" + workdir, *TINY_RUN,
+                                   "--config.train.eval_every=2",
+                                   "--config.data.max_val_batches=2")
+        self.assertEqual(result.returncode, 143, result.stderr[-3000:])
+        self.assertIn("the evaluation at step 2 stopped after 1 of 2 validation batches "
+                      "(SIGTERM); not recorded", result.stdout)
+        self.assertIn("Stopping at step 2 of 4 (SIGTERM (preemption)); checkpoint saved, run "
+                      "again to resume.", result.stdout)
+        self.assertNotIn("final: step", result.stdout)
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
+
+    @pytest.mark.slow  # ~40 s on 2 cores (three subprocesses); the SIGTERM case runs in CI
+    def test_every_early_stop_in_the_loop_exits_non_zero_and_a_step_limit_exits_0(self):
+        # SIGHUP (an ssh disconnect) and one Ctrl-C stopped the run after a checkpoint and
+        # exited 0. train.max_steps_per_run is a stop the command asked for: still 0 (the
+        # sweep counts that run as partial from its console.log, not from the status).
+        for name, status in (("SIGHUP", 129), ("SIGINT", 130)):
+            workdir = os.path.join(self.create_tempdir().full_path, "run")
+            result = run_train_patched(SIGNAL_AT_STEP_2.format(name=name),
+                                       "--workdir=" + workdir, *TINY_RUN)
+            self.assertEqual(result.returncode, status, (name, result.stderr[-3000:]))
+            self.assertIn("Stopping at step 2 of 4 (", result.stdout, name)
+            self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"], name)
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train("--workdir=" + workdir, *TINY_RUN,
+                           "--config.train.max_steps_per_run=2")
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        self.assertIn("Stopping at step 2 of 4 (train.max_steps_per_run=2)", result.stdout)
+
+    def test_a_finished_run_again_says_so_in_one_line_and_records_no_result(self):
+        # The same command on a finished run evaluated the restored model again and appended
+        # a second final val_loss record (and another "final:" line) to the run's records.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train("--workdir=" + workdir, *TINY_RUN)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        # (each invocation is logged, and holds the lock)
+        logs = ("invocations.jsonl", "console.log", ".train.lock")
+        before = {}
+        for name in sorted(os.listdir(workdir)):
+            if os.path.isfile(os.path.join(workdir, name)) and name not in logs:
+                with open(os.path.join(workdir, name), "rb") as f:
+                    before[name] = f.read()
+        self.assertIn("metrics.jsonl", before)
+        result = run_train("--workdir=" + workdir, *TINY_RUN)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        val = [json.loads(line)["val_loss"] for line in before["metrics.jsonl"].splitlines()
+               if b"val_loss" in line]
+        self.assertLen(val, 1)
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stdout.strip().splitlines()[-1], (
+            f"run already finished at step 4 (train.total_steps=4; final val_loss {val[0]:.4f}, "
+            f"checkpoint {path}/4): nothing to do. Raise --config.train.total_steps to train "
+            f"on."))
+        self.assertNotIn("final: step", result.stdout)
+        after = {}
+        for name in sorted(os.listdir(workdir)):
+            if os.path.isfile(os.path.join(workdir, name)) and name not in logs:
+                with open(os.path.join(workdir, name), "rb") as f:
+                    after[name] = f.read()
+        self.assertEqual(after, before)
+        with open(os.path.join(workdir, "console.log")) as f:
+            self.assertEqual(len(re.findall(r"^final: step 4 ", f.read(), re.M)), 1)
+        self.assertCountEqual(os.listdir(path), ["2", "4"])
+
     def test_a_mesh_over_the_devices_is_refused_before_the_data_is_read(self):
         # It was refused only after the corpus was read and tokenized.
         workdir = os.path.join(self.create_tempdir().full_path, "run")
@@ -293,7 +387,8 @@ class TrainBinaryTest(parameterized.TestCase):
             for proc in procs:
                 if proc.poll() is None:
                     proc.kill()
-        self.assertEqual([p.returncode for p in procs], [0, 0], _text(outs[0])[-2000:])
+        # (the shell's status for SIGTERM: a preempted run is not a finished one)
+        self.assertEqual([p.returncode for p in procs], [143, 143], _text(outs[0])[-2000:])
         stops = re.findall(r"Stopping at step (\d+) of 100000 \(SIGTERM \(preemption\)\); "
                            r"checkpoint saved", _text(outs[0]))
         self.assertLen(stops, 1)

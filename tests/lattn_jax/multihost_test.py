@@ -71,6 +71,20 @@ class PublishTest(parameterized.TestCase):
         multihost.publish_failure_and_exit(e)
         self.assertEqual((self.client.store, self.exits), ({}, []))
 
+    def test_a_coordinated_stop_publishes_nothing_and_keeps_its_status(self):
+        # experiments/train.py after a preemption every process saved (status 143): published
+        # as process 1's failure, it ended process 0 with status 1.
+        multihost.publish_failure_and_exit(multihost.StopExit(143))
+        self.assertEqual((self.client.store, self.exits), ({}, []))
+        stopped = []
+        self.enter_context(absltest.mock.patch.object(multihost, "stop_watching",
+                                                      lambda: stopped.append(1)))
+        wrapped = multihost.fail_fast(
+            lambda argv: (_ for _ in ()).throw(multihost.StopExit(129)))
+        with self.assertRaises(SystemExit) as raised:
+            wrapped(["prog"])
+        self.assertEqual((raised.exception.code, stopped, self.client.store), (129, [1], {}))
+
     def test_a_failure_after_another_process_failed_names_that_process(self):
         self.client.store["lattn_jax/failed/2"] = "RuntimeError: bad shard on host 2"
         err = self.enter_context(absltest.mock.patch.object(sys, "stderr", new=io.StringIO()))

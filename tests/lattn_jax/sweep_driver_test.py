@@ -133,6 +133,51 @@ class SweepDriverTest(absltest.TestCase):
         self.assertEqual(seen, [True] * 4)
         self.assertIn("sweep: SIGTERM; stopping after the current run's checkpoint", self.lines)
 
+    def test_sighup_stops_every_run_like_sigterm_unless_ignored(self):
+        # A closed terminal or ssh session (SIGHUP) ended the sweep under the default handler
+        # at once, its trainers' attempts left unrecorded. Now it sets the stop flag, as
+        # SIGTERM does; the lines it prints after it go nowhere (the terminal is gone: EIO)
+        # instead of raising; and a SIGHUP ignored before the call (nohup) stays ignored.
+        def mine(signum, frame):
+            del signum, frame
+
+        hung_up = []
+
+        def print_fn(line):
+            if hung_up:
+                raise OSError(5, "Input/output error")
+            self.lines.append(line)
+
+        def execute(runs, root, *, stop, print_fn, **kw):
+            del runs, root, kw
+            seen.append(signal.getsignal(signal.SIGHUP))
+            if seen[-1] is not signal.SIG_IGN:
+                hung_up.append(1)
+                os.kill(os.getpid(), signal.SIGHUP)
+                for _ in range(100):  # (the handler runs between bytecodes of this thread)
+                    if stop.is_set():
+                        break
+                print_fn("[run] Stopping at step 2 of 4")
+            return sweep.ExecutionSummary(status="interrupted" if stop.is_set() else "complete")
+
+        before = signal.getsignal(signal.SIGHUP)
+        try:
+            for previous, status in ((mine, sweep_driver.EXIT_STOPPED), (signal.SIG_IGN, 0)):
+                seen, hung_up[:] = [], []
+                signal.signal(signal.SIGHUP, previous)
+                with mock.patch.object(sweep, "execute", side_effect=execute):
+                    self.assertEqual(sweep_driver.run(
+                        CONFIG, sweep_driver.SweepOptions(root=self.root, max_runs=1),
+                        repo_root=REPO, argv=["sweep.py"], print_fn=print_fn), status)
+                self.assertEqual(signal.getsignal(signal.SIGHUP), previous)  # restored
+                self.assertLen(seen, 1)
+                if previous is signal.SIG_IGN:
+                    self.assertIs(seen[0], signal.SIG_IGN)  # left ignored
+                else:
+                    self.assertNotIn(seen[0], (mine, signal.SIG_IGN, signal.SIG_DFL))
+        finally:
+            signal.signal(signal.SIGHUP, before)
+
 
 if __name__ == "__main__":
     absltest.main()

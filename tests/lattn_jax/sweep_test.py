@@ -21,7 +21,7 @@ from lattn_jax import sweep, sweep_report
 # A stand-in for experiments/train.py: it writes what the trainer writes (invocations.jsonl,
 # console.log with the "model:" and "final:" lines, metrics.jsonl, checkpoints/<step>) and
 # resumes from its newest checkpoint. --config.fake.mode: ok | fail (the trainer's one-line
-# error, exit 1) | slow (40 steps of 0.05 s; SIGTERM saves a checkpoint and exits 0, as the
+# error, exit 1) | slow (40 steps of 0.05 s; SIGTERM saves a checkpoint and exits 143, as the
 # trainer's preemption handler does). --config.fake.startup_s: seconds before it writes
 # anything (SIGTERM then kills it, as it would the trainer while it imports).
 FAKE_TRAINER = textwrap.dedent('''
@@ -61,7 +61,7 @@ FAKE_TRAINER = textwrap.dedent('''
         if stop:
             os.makedirs(os.path.join(workdir, "checkpoints", str(step)), exist_ok=True)
             print(f"Stopping at step {step} of {total}", flush=True)
-            sys.exit(0)
+            sys.exit(143)
     print(f"step {step} done", flush=True)
     log.write(f"final: step {step}  train_loss {10.0 / step:.4f}  val_loss {11.0 / step:.4f}\\n")
 ''')
@@ -392,7 +392,7 @@ class ExecuteTest(_FakeTrainerTestCase):
         self.assertGreater(state.step, 0)
         attempts = sweep.read_jsonl(os.path.join(workdir, sweep.ATTEMPTS))
         self.assertEqual((attempts[-1]["stopped_by"], attempts[-1]["returncode"]),
-                         ("deadline", 0))
+                         ("deadline", 143))
         resumed_from = state.step
         # Too little time left for --min_run_s: the partial run is named as partial, not
         # "not started" (2026-12-04: a window's last call printed that of a partial run).
@@ -722,7 +722,7 @@ class ParallelTest(_FakeTrainerTestCase):
             state = sweep.run_state(sweep.run_dir(self.root, run))
             end = self._attempts(run)[-1]
             self.assertEqual((state.status, end["stopped_by"], end["returncode"]),
-                             (sweep.Status.PARTIAL, "interrupt", 0), run.name)
+                             (sweep.Status.PARTIAL, "interrupt", 143), run.name)
             self.assertGreater(state.step, 0)
             steps.append(state.step)
         self.assertFalse(os.path.exists(sweep.run_dir(self.root, runs[2])))

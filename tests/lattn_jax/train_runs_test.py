@@ -363,6 +363,17 @@ class InterruptTest(CorpusTestCase):
         self.assertEqual((result["resumed_from"], result["step"]), (3, 3))
         self.assertTrue(any(line.startswith("Training was already complete at step 3")
                             for line in lines), lines)
+        # Evaluated and recorded now: the same call again does nothing (it appended a second
+        # val_loss record at step 3).
+        lines.clear()
+        again = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual((again["already_finished"], again["val_loss"]),
+                         (True, result["val_loss"]))
+        self.assertTrue(lines[-1].startswith("run already finished at step 3 "), lines)
+        self.assertFalse([line for line in lines if line.startswith("final:")], lines)
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            val_steps = [json.loads(line)["step"] for line in f if "val_loss" in line]
+        self.assertEqual(val_steps, [3])
 
     def test_a_sigterm_in_the_last_step_saves_before_the_final_evaluation(self):
         workdir = os.path.join(self.tmp, "w")

@@ -2,7 +2,9 @@
 
 import dataclasses
 import fcntl
+import json
 import os
+import re
 import shutil
 import tempfile
 from unittest import mock
@@ -259,10 +261,14 @@ class TrainTest(CorpusTestCase):
         lines.clear()
         third = train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
                                          print_fn=lines.append)
-        self.assertEqual(third["resumed_from"], 6)
-        self.assertTrue(any("already complete" in line for line in lines), lines)
+        self.assertEqual((third["resumed_from"], third["already_finished"]), (6, True))
+        self.assertEqual(third["val_loss"], second["val_loss"])
+        self.assertTrue(lines[-1].startswith("run already finished at step 6"), lines)
+        self.assertFalse([line for line in lines if line.startswith("final:")], lines)
         with open(os.path.join(workdir, "metrics.jsonl")) as f:
-            self.assertGreater(len(f.readlines()), 3)
+            records = [json.loads(line) for line in f]
+        self.assertGreater(len(records), 3)
+        self.assertEqual([r["step"] for r in records if "val_loss" in r].count(6), 1)
 
     def test_resume_refuses_a_different_model(self):
         workdir = os.path.join(self.tmp, "c")
@@ -301,6 +307,45 @@ class ResumeChecksTest(absltest.TestCase):
             with self.assertRaisesRegex(config_lib.ConfigError,
                                         r"data\.seq_len \(32 -> 16\)"):
                 train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+
+    def test_a_data_file_rebuilt_with_other_contents_is_refused_on_resume(self):
+        # The corpus at the same path was rebuilt (same options, other documents): the run
+        # resumed on other data from the restored iterator position without a word.
+        workdir = os.path.join(self.tmp, "f")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                 print_fn=lambda s: None)
+        with open(self.corpus) as f:
+            text = f.read()
+        cfg = tiny_experiment(self.corpus, total_steps=2)
+        same_size = (r"same size \(\d+ bytes\), other contents: the SHA-256 of its first and "
+                     r"last MiB differs")
+        for changed, what in ((text[::-1], same_size),
+                              (text + "\n\nmore words", r"size \d+ -> \d+ bytes")):
+            with open(self.corpus, "w") as f:
+                f.write(changed)
+            with mock.patch.object(data_lib, "build_datasets",
+                                   side_effect=AssertionError("read")):
+                with self.assertRaisesRegex(config_lib.ConfigError, (
+                        rf"^data\.paths: {re.escape(self.corpus)} changed since the run in "
+                        rf"{re.escape(workdir)} started \({what}\); resuming would train on "
+                        rf"other data\. Use a new --workdir or the original file, or remove "
+                        rf"{re.escape(os.path.join(workdir, train.DATA_FINGERPRINT))} to resume "
+                        rf"on the new contents deliberately\.$")):
+                    train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        # Deliberately: without the record the run resumes, and records the new contents.
+        os.remove(os.path.join(workdir, train.DATA_FINGERPRINT))
+        out = train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        self.assertEqual((out["resumed_from"], out["step"]), (1, 2))
+        with open(os.path.join(workdir, train.DATA_FINGERPRINT)) as f:
+            recorded = json.load(f)
+        self.assertEqual(recorded["data.paths"][self.corpus]["bytes"],
+                         os.path.getsize(self.corpus))
+        # The same contents written again (a new mtime): not a change.
+        with open(self.corpus, "w") as f:
+            f.write(text + "\n\nmore words")
+        out = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=3), workdir,
+                                       print_fn=lambda s: None)
+        self.assertEqual((out["resumed_from"], out["step"]), (2, 3))
 
     def test_a_workdir_in_use_is_refused_before_anything_is_written(self):
         workdir = os.path.join(self.tmp, "busy")
