@@ -60,6 +60,11 @@ class SweepBinaryTest(absltest.TestCase):
 
     def sweep(self, *flags):
         env = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true")  # compile time (CPU)
+        # The sweep's own memory settings are under test: none inherited from this process
+        # (importing a benchmark module, e.g. bench_inference, sets them in os.environ).
+        for name in ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                     "XLA_CLIENT_MEM_FRACTION"):
+            env.pop(name, None)
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
                f"--config={self.config}", f"--root={self.root}", *flags]
         return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
