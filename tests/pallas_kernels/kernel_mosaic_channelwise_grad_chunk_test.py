@@ -28,6 +28,7 @@ Interpret tests, one at a time on a 2-core host: ``PJRT_NPROC=8 timeout 900 pyth
 
 import collections
 import contextlib
+import functools
 import io
 from unittest import mock
 
@@ -338,10 +339,8 @@ class AblationTest(parameterized.TestCase):
         self.assertLessEqual(smem, _SMEM_LIMIT)
 
     def test_default_is_the_real_kernel(self):
-        # One call site for both (jax 0.11 serializes it into the Mosaic GPU module).
-        (default, smem), (explicit, _) = [
-            _export_kernel(128, 128, jnp.bfloat16, docs=False, **kw)
-            for kw in ({}, dict(ablations=()))]
+        (default, smem), (explicit, _) = k1_test.default_and_explicit(
+            functools.partial(_export_kernel, 128, 128, jnp.bfloat16, docs=False))
         self.assertEqual(k1_test.without_test_locations(explicit),
                          k1_test.without_test_locations(default))
         self.assertNotIn("_abl_", default)
