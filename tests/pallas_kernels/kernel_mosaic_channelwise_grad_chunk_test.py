@@ -10,6 +10,9 @@ entry states ``hs``, exit cotangents ``dhs`` and the kr scale ``ks``.
   per-channel ``ks``, with and without documents; the SMEM counts pinned (the limit is
   232,448 bytes); the KDA and GDN-2 forward + backward with ``grad_pass="mosaic_fused"``
   export with K2 and neither ``grad_blocks`` nor ``backward_chunk``.
+* ``Jax011LoweringTest`` (CI where the test process has jax >= 0.11, skipped below): K2 with
+  and without documents at K = V in {64, 128} and both slabs, and with GDN-2's fp32
+  per-channel ``ks``, the layout search on a small fuel (MOSAIC_GPU.md Sec. 24.2).
 * ``AblationTest`` (CI): the timing ablations (MOSAIC_GPU.md Sec. 22) export for CUDA under
   their kernel names; the default equals ``ablations=()``; bad names are refused.
 * ``ValidationTest`` (CI): the ValueErrors and the fp32 fallback to Triton.

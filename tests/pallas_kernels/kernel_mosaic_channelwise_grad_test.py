@@ -12,6 +12,9 @@ forward: ``channelwise_gpu``'s ``gamma``, ``intra``, ``prepare``, ``wu`` and ``f
   pinned (Mosaic GPU's own count; the limit is 232,448 bytes); the whole KDA forward +
   backward with ``grad_pass="mosaic"`` exports with K1 in place of ``grad_blocks`` (and GDN-2
   with both Mosaic state passes as well).
+* ``Jax011LoweringTest`` (CI where the test process has jax >= 0.11, skipped below): K1 with
+  document ids at K = V in {64, 128} and both slabs, the layout search on a small fuel
+  (MOSAIC_GPU.md Sec. 24.2; ``PYTHONPATH=$PWD /tmp/jax011/bin/python -m pytest ...``).
 * ``AblationTest`` (CI): the timing ablations (``ablations``, MOSAIC_GPU.md Sec. 22) export
   for CUDA under their kernel names; the default equals ``ablations=()`` (same module text);
   bad names are refused; ``channelwise_gpu`` (the op) never passes them.
