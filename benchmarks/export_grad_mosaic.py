@@ -41,13 +41,19 @@ if __name__ == "__main__":  # python benchmarks/export_grad_mosaic.py from the r
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-_KERNELS = flags.DEFINE_list("kernels", ["k1", "k2"], "k1 and/or k2")
-_DIMS = flags.DEFINE_list("dims", ["64", "128"], "K = V head dims")
-_SLABS = flags.DEFINE_list("slabs", ["16", "32"], "phase-2 slabs")
-_NODOCS = flags.DEFINE_bool("nodocs", False, "no document ids")
-_TIMEOUT = flags.DEFINE_integer("timeout_s", 300, "seconds per case (its subprocess)")
-_DEBUG = flags.DEFINE_bool("debug", False, "layout inference's DEBUG log (one process)")
-_CHILD = flags.DEFINE_string("child", "", "internal: run one case, 'k1:128:16:1'")
+_KERNELS = _DIMS = _SLABS = _NODOCS = _TIMEOUT = _DEBUG = _CHILD = None
+
+
+def _define_flags() -> None:
+    """Defines the flags (only when run as a program, as ``offline_ptxas.py``)."""
+    global _KERNELS, _DIMS, _SLABS, _NODOCS, _TIMEOUT, _DEBUG, _CHILD
+    _KERNELS = flags.DEFINE_list("kernels", ["k1", "k2"], "k1 and/or k2")
+    _DIMS = flags.DEFINE_list("dims", ["64", "128"], "K = V head dims")
+    _SLABS = flags.DEFINE_list("slabs", ["16", "32"], "phase-2 slabs")
+    _NODOCS = flags.DEFINE_bool("nodocs", False, "no document ids")
+    _TIMEOUT = flags.DEFINE_integer("timeout_s", 300, "seconds per case (its subprocess)")
+    _DEBUG = flags.DEFINE_bool("debug", False, "layout inference's DEBUG log (one process)")
+    _CHILD = flags.DEFINE_string("child", "", "internal: run one case, 'k1:128:16:1'")
 
 
 def export_case(kernel: str, dim: int, slab: int, docs: bool) -> Tuple[float, int]:
@@ -141,4 +147,5 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == "__main__":
+    _define_flags()
     app.run(main)
