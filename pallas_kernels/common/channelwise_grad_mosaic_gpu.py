@@ -306,13 +306,21 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     keep = i - j >= wg  # j <= i for dMq, j < i for dMk
     if has_docs:
         doc_i = mgl.by_row(mgl.load_rows(doc_s, interpret), full)
-        doc_j = _cols(mgl.load_cols(doc_s, interpret), full)
+        # The columns' load reads a (whole) subview, not ``doc_s`` itself: jax 0.11 merges two
+        # loads of one ref into one ``vector_load`` with two ``layout_cast``s, and no layout
+        # relays to both rows and columns (the search runs out of fuel; MOSAIC_GPU.md
+        # Sec. 24.2).
+        doc_j = _cols(mgl.load_cols(doc_s.at[pl.ds(0, CHUNK)], interpret), full)
         keep = keep & (doc_i == doc_j)
     m = jnp.where(keep, m, 0.0)  # masks in fp32, before any rounding
     band = i - j < HALF
-    quad = ((i // SUB) == (j // SUB)) & (i % SUB >= HALF) & (j % SUB < HALF)
+    # Outside the band as a comparison, not ``~band``: jax 0.11's Mosaic GPU lowers
+    # ``logical_not`` through an i32 -> i1 ``trunci`` that the WGMMA layout cannot take
+    # (``Register bitwidth ... divisible by 8, got 2``; MOSAIC_GPU.md Sec. 24.2).
+    quad = (((i // SUB) == (j // SUB)) & (i % SUB >= HALF) & (j % SUB < HALF)
+            & (i - j >= HALF))
     free_s.at[wg][...] = jnp.where(band, 0.0, m).astype(dtype)
-    quad_s.at[wg][...] = jnp.where(quad & jnp.logical_not(band), m, 0.0).astype(dtype)
+    quad_s.at[wg][...] = jnp.where(quad, m, 0.0).astype(dtype)
     for d in range(HALF):  # row direction: c_d[i] = dM[i, i - d]
         coef_s.at[wg, 0, d, pl.ds(0, CHUNK)][...] = jnp.sum(jnp.where(j == i - d, m, 0.0),
                                                             axis=1)

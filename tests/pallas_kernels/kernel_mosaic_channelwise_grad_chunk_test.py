@@ -10,6 +10,9 @@ entry states ``hs``, exit cotangents ``dhs`` and the kr scale ``ks``.
   per-channel ``ks``, with and without documents; the SMEM counts pinned (the limit is
   232,448 bytes); the KDA and GDN-2 forward + backward with ``grad_pass="mosaic_fused"``
   export with K2 and neither ``grad_blocks`` nor ``backward_chunk``.
+* ``Jax011LoweringTest`` (CI where the test process has jax >= 0.11, skipped below): K2 with
+  and without documents at K = V in {64, 128} and both slabs, and with GDN-2's fp32
+  per-channel ``ks``, the layout search on a small fuel (MOSAIC_GPU.md Sec. 24.2).
 * ``AblationTest`` (CI): the timing ablations (MOSAIC_GPU.md Sec. 22) export for CUDA under
   their kernel names; the default equals ``ablations=()``; bad names are refused.
 * ``ValidationTest`` (CI): the ValueErrors and the fp32 fallback to Triton.
@@ -28,6 +31,7 @@ Interpret tests, one at a time on a 2-core host: ``PJRT_NPROC=8 timeout 900 pyth
 
 import collections
 import contextlib
+import functools
 import io
 from unittest import mock
 
@@ -304,6 +308,27 @@ class LoweringTest(parameterized.TestCase):
         self.assertEqual(names, collections.Counter(["gamma", "intra", "prepare", "wu"]))
 
 
+@absltest.skipUnless(k1_test._JAX_011, f"needs {k1_test._NOT_011}")
+class Jax011LoweringTest(parameterized.TestCase):
+    """K2 lowers on jax >= 0.11 with document ids (KDA's per-token and GDN-2's per-channel
+    ``ks``) and without, at both slabs (MOSAIC_GPU.md Sec. 24.2), the layout search on a small
+    fuel (``k1_test.small_layout_fuel``)."""
+
+    @parameterized.product(dim=(64, 128), slab=k2.SLABS, docs=(True, False))
+    def test_exports(self, dim, slab, docs):
+        with k1_test.small_layout_fuel():
+            text, smem = _export_kernel(dim, dim, jnp.bfloat16, docs, slab=slab)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertLessEqual(smem, _SMEM_LIMIT)
+
+    @parameterized.parameters(*k2.SLABS)
+    def test_exports_with_per_channel_ks(self, slab):
+        with k1_test.small_layout_fuel():
+            text, smem = _export_kernel(128, 128, jnp.bfloat16, True, True, slab=slab)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+        self.assertLessEqual(smem, _SMEM_LIMIT)
+
+
 class AblationTest(parameterized.TestCase):
     """K2's timing ablations (``ablations``, MOSAIC_GPU.md Sec. 22) at S1's K = V = 128 with a
     per-token ``ks``: each lowers for CUDA under its own kernel name and fits in SMEM; the
@@ -317,11 +342,10 @@ class AblationTest(parameterized.TestCase):
         self.assertLessEqual(smem, _SMEM_LIMIT)
 
     def test_default_is_the_real_kernel(self):
-        default, smem = _export_kernel(128, 128, jnp.bfloat16, docs=False)
-        self.assertEqual(
-            k1_test.without_test_locations(
-                _export_kernel(128, 128, jnp.bfloat16, docs=False, ablations=())[0]),
-            k1_test.without_test_locations(default))
+        (default, smem), (explicit, _) = k1_test.default_and_explicit(
+            functools.partial(_export_kernel, 128, 128, jnp.bfloat16, docs=False))
+        self.assertEqual(k1_test.without_test_locations(explicit),
+                         k1_test.without_test_locations(default))
         self.assertNotIn("_abl_", default)
         self.assertEqual(smem, _SMEM_K128_V128)
 
