@@ -198,13 +198,18 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, residuals, co
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
                                              final_state_grad=dht, segment_ids=seg,
                                              states_dtype=v.dtype, interpret=interpret)
-    dq, dk, dw, dg = kbwd.chunk_delta_grads_mosaic(q, k, v_new, do, dvn, g, h, dh, scale=scale,
-                                                   segment_ids=seg, interpret=interpret)
-    dk_wy, dv, dbeta, dg_wy = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, dvn, segment_ids=seg,
-                                                      interpret=interpret)
-    dg = None if g is None else (dg + dg_wy).astype(g.dtype)
+    # Stage 3 hands its fp32 chunk-local dk (per value head) and dL/dG partials to stage 4,
+    # which adds them in-kernel (and does dg's in-chunk reverse cumsum), so dq, dk, dv leave
+    # the kernels once, in the input dtype (MOSAIC_GPU.md Sec. 27).
+    dq, dk_loc, dw, dgt, bnd = kbwd.chunk_delta_grads_partials_mosaic(
+        q, k, v_new, do, dvn, g, h, dh, scale=scale, segment_ids=seg, dq_dtype=q.dtype,
+        interpret=interpret)
+    dk, dv, dbeta, dg = kwb.chunk_wy_bwd_mosaic(
+        k, v, g, beta, dw, dvn, segment_ids=seg, dk_partial=dk_loc,
+        dg_partial=None if g is None else (dgt, bnd), out_dtype=k.dtype, interpret=interpret)
+    dg = None if g is None else dg.astype(g.dtype)
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
-    return (dq.astype(q.dtype), (dk + dk_wy).astype(k.dtype), dv.astype(v.dtype), dg,
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg,
             dbeta.astype(beta.dtype), dh0, None)
 
 

@@ -67,6 +67,9 @@ class InterpretTest(parameterized.TestCase):
         ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
          (64, 36, 30)),
         ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+        # no GVA: dq, dk, dv leave the kernels in bf16 (MOSAIC_GPU.md Sec. 27)
+        ("gated_h0_packed_partial_T150_K64_V64", 1, 150, 2, 2, 64, 64, 0.05, True, False,
+         (64, 36, 30)),
     )
     def test_vjp_matches_chunked_vjp(self, *case):
         _check(self, bwd_test._pipeline_inputs(*case), True)
