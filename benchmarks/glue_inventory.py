@@ -88,9 +88,11 @@ def inventory(text: str, min_bytes: int) -> List[Dict]:
     """One dict per StableHLO op executed by ``@main`` of ``text`` (``func.call`` followed into
     its callee, once per call) outside :data:`_SKIP` that reads or writes a tensor of at least
     ``min_bytes``: ``op``, ``types`` (operand and result types), ``bytes`` (sum of operand and
-    result sizes), ``where`` (the chain of called functions, e.g. ``chunk_wy_bwd_mosaic/_pad``,
-    and the op's name location), ``line`` (:func:`source_line`; the backward of a
-    ``custom_vjp`` carries the primal call's location, so ``where`` is the finer key there)."""
+    result sizes), ``noop`` (a ``pad`` by zero on every side: XLA's algebraic simplifier
+    replaces it by its operand, so it moves nothing), ``where`` (the chain of called
+    functions, e.g. ``chunk_wy_bwd_mosaic/_pad``, and the op's name location), ``line``
+    (:func:`source_line`; the backward of a ``custom_vjp`` carries the primal call's
+    location, so ``where`` is the finer key there)."""
     from jax._src.interpreters import mlir as jax_mlir
     from jax._src.lib.mlir import ir
     rows = []
@@ -115,6 +117,10 @@ def inventory(text: str, min_bytes: int) -> List[Dict]:
                 sizes = [s for s in sizes if s is not None]
                 if sizes and max(s[2] for s in sizes) >= min_bytes:
                     loc = str(op.operation.location)
+                    attrs = op.operation.attributes
+                    noop = name == "stablehlo.pad" and all(
+                        not any(ir.DenseI64ArrayAttr(attrs[a]))
+                        for a in ("edge_padding_low", "edge_padding_high", "interior_padding"))
                     label = re.match(r'loc\("([^"]*)"', loc)
                     n_in = len(op.operation.operands)
                     rows.append(dict(
@@ -122,7 +128,7 @@ def inventory(text: str, min_bytes: int) -> List[Dict]:
                         types=" -> ".join(
                             ", ".join(f"{'x'.join(map(str, s[0]))} {s[1]}" for s in part)
                             for part in (sizes[:n_in], sizes[n_in:])),
-                        bytes=sum(s[2] for s in sizes),
+                        bytes=sum(s[2] for s in sizes), noop=noop,
                         where="/".join(chain + ((label.group(1).split("/")[-1],)
                                                 if label else ())),
                         line=source_line(loc)))
@@ -151,16 +157,17 @@ def main(argv=None):
     rows = inventory(text, int(args.min_mb * 1e6))
     groups = collections.OrderedDict()
     for r in rows:
-        groups.setdefault((r["where"], r["line"], r["op"], r["types"]), []).append(r["bytes"])
+        key = (r["where"], r["line"], r["op"] + (" (no-op)" if r["noop"] else ""), r["types"])
+        groups.setdefault(key, []).append(r["bytes"])
     print("| called from | source line | op | operands -> results | count | MB moved |")
     print("|---|---|---|---|---:|---:|")
-    total = 0
     for (where, line, op, types), sizes in groups.items():
-        total += sum(sizes)
         print(f"| `{where}` | `{line}` | {op} | {types} | {len(sizes)} | "
               f"{sum(sizes) / 1e6:,.1f} |")
-    print(f"\ntotal {total / 1e6:,.1f} MB over {len(rows)} ops "
-          f"(pre-fusion; {total / 4.8e12 * 1e3:.3f} ms at 4.8 TB/s)")
+    real = [r for r in rows if not r["noop"]]
+    total = sum(r["bytes"] for r in real)
+    print(f"\ntotal {total / 1e6:,.1f} MB over {len(real)} ops, {len(rows) - len(real)} no-op "
+          f"pads left out (pre-fusion; {total / 4.8e12 * 1e3:.3f} ms at 4.8 TB/s)")
 
 
 if __name__ == "__main__":

@@ -32,8 +32,9 @@ Differentiating (``dX`` for ``dL/dX`` etc.; ``d(X) = -X d(A) X`` gives ``dA = -X
 
 (``A_ij`` carries ``e^{G_i}`` and ``e^{-G_j}``; ``sum_i R_ij (k_i . k_j) = k_j . (R^T K)_j``, so
 no column sum is needed.) ``dg``, the gradient of the per-token log-decay, is the reverse
-cumulative sum of ``dL/dG`` inside each chunk (``G_t = sum_{s <= t} g_s``), done in XLA as in
-``chunk_delta_grads_mosaic``. These are exactly what ``jax.vjp`` of
+cumulative sum of ``dL/dG`` inside each chunk (``G_t = sum_{s <= t} g_s``), done in the kernel
+since 2026-12-05 (a masked ``[64, 64]`` row sum in fp32; it was XLA's, as in
+``chunk_delta_grads_mosaic``). These are exactly what ``jax.vjp`` of
 :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` gives (the tests check that).
 
 Choice: the kernel **recomputes** ``X`` with the forward's in-kernel inverse
@@ -411,6 +412,13 @@ def chunk_wy_bwd_mosaic(
     fp32 ``[64, 64]`` tiles) and ``k_i . (R^T K)_i`` is the row sum of ``K * (R K + R^T K)``
     less that. SMEM at K = V = 128: 225,288 B (one CTA per SM; the fp32 ``dW``, ``dU`` tiles
     stage ``dk``, ``dv`` on the way out).
+
+    As ``mosaic_vjp`` calls it (MOSAIC_GPU.md Sec. 27): ``du`` in the input dtype is read in
+    place (no fp32 copy, its zero ``lo`` products skipped; 178,192 B of SMEM at K = V = 128),
+    the chunk-local ``dk`` (fp32, per value head) lands in the ``dW`` tile once ``dW`` is split
+    out of it (a second barrier) and is added to ``R K + R^T K``, the chunk-local ``dL/dG``
+    and boundary partials are added before the reverse cumsum, and ``dk``, ``dv`` leave in the
+    input dtype (staged in the ``dW`` hi and ``dU`` hi tiles), so no XLA op touches them.
 
     Args:
         k: keys ``[B, T, Hk, K]``, bf16 or fp16, L2-normalised (as for ``chunk_wy_mosaic``);

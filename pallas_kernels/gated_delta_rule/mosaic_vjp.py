@@ -21,10 +21,16 @@ whose backward chains the four backward stages (paper arXiv 2412.06464, Sec. 3.3
 4. :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd.chunk_wy_bwd_mosaic`
    (``dk``, ``dv``, ``dbeta`` and the rest of ``dg`` through ``W, U``),
 
-exactly as ``tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py``'s whole-backward pipeline
+as ``tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py``'s whole-backward pipeline
 test: ``dk`` and ``dg`` are the sums of the stage-3 and stage-4 parts (both are gradients of
-the per-token ``k`` and ``g``; each kernel already applies its in-chunk reverse cumsum of
-``dL/dG`` and its GVA group sum), ``dU = dv_new``.
+the per-token ``k`` and ``g``), ``dU = dv_new``. Since 2026-12-05 (MOSAIC_GPU.md Sec. 27) the
+sums are formed in stage 4's kernel, not in XLA: stage 3
+(:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_delta_grads_partials_mosaic`)
+hands over its fp32 ``dk`` per value head and its per-token ``dL/dG`` and boundary partials,
+stage 4 adds them in fp32, does ``dg``'s in-chunk reverse cumsum and writes ``dk`` and ``dv``
+in the input dtype; stage 3 writes ``dq`` in the input dtype and stage 4 reads ``dU`` in it.
+With GVA (``Hk < H``) ``dq`` and ``dk`` still leave the kernels in fp32 per value head for
+XLA's group sum, then are rounded once.
 
 Nothing dispatches here (``api.py`` is unchanged).
 
