@@ -205,13 +205,25 @@ def pad_time(x, num_chunks):
     return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
 
 
-def chunk_cumsum(g, shape, num_chunks):
-    """fp32 ``[B, H, Tp]`` chunk-local inclusive cumsum of ``g`` (``[B, T, H]`` or ``None``).
+def chunk_cumsum(g, shape, num_chunks, gate_cumsum=None):
+    """fp32 ``[B, H, Tp]`` chunk-local inclusive cumsum of ``g`` (``[B, T, H]`` or ``None``):
+    ``G_t = sum_{s <= t, s in t's chunk of 64} g_s``, accumulated in fp32.
 
     Head-major, so one chunk's gates are one contiguous TMA row; padding tokens get ``g = 0``.
+    ``gate_cumsum``: that array computed once by the caller (``[B, H, Tp]`` fp32, e.g. by this
+    function) and shared by several kernels (MOSAIC_GPU.md Sec. 27); returned as it is after a
+    shape check, and ``g`` is then not read.
+
+    Raises:
+        ValueError: a ``gate_cumsum`` that is not fp32 ``[B, H, Tp]``.
     """
     batch, _, heads = shape
     padded = num_chunks * CHUNK
+    if gate_cumsum is not None:
+        if gate_cumsum.shape != (batch, heads, padded) or gate_cumsum.dtype != jnp.float32:
+            raise ValueError(f"gate_cumsum must be fp32 [B, H, Tp] = {(batch, heads, padded)}, "
+                             f"got {gate_cumsum.shape} {gate_cumsum.dtype}")
+        return gate_cumsum
     gf = jnp.zeros((batch, padded, heads), jnp.float32)
     if g is not None:
         gf = pad_time(g.astype(jnp.float32), num_chunks)

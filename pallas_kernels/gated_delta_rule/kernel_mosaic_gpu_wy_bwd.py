@@ -379,6 +379,7 @@ def chunk_wy_bwd_mosaic(
     du: jax.Array,
     *,
     segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
     dk_partial: Optional[jax.Array] = None,
     dg_partial: Optional[Tuple[jax.Array, jax.Array]] = None,
     out_dtype=jnp.float32,
@@ -433,6 +434,10 @@ def chunk_wy_bwd_mosaic(
             ``hi`` term, no fp32 copy) when in ``k``'s dtype and ``out_dtype`` is ``k``'s
             dtype, else read as fp32 (the same products: a 16-bit ``du``'s ``lo`` term is 0).
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
+            chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
+            gives it, computed once by a caller that runs several kernels on one ``g``
+            (``mosaic_vjp``); ``None``: computed here.
         dk_partial: optional fp32 ``[B, T, H, K]``, a partial ``dL/dk`` per value head (the
             chunk-local ``dk`` of :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.
             chunk_delta_grads_partials_mosaic`), added to this kernel's ``dk`` in fp32 before
@@ -502,7 +507,7 @@ def chunk_wy_bwd_mosaic(
         extra += [x.astype(f32) for x in dg_partial]
     group = heads // kv_heads
     dk_dtype = out_dtype if group == 1 else jnp.dtype(f32)  # GVA: the group sum in fp32
-    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(f32), num_chunks), 1, 2)  # [B, H, Tp]
     doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
     vec = plgpu.SMEM((CHUNK,), f32)

@@ -362,6 +362,17 @@ class ValidationTest(absltest.TestCase):
             kwb.chunk_wy_bwd_mosaic(k, v[..., :32], g, beta, dw, du[..., :32])
         with self.assertRaisesRegex(ValueError, "16-bit dtype"):
             kwb.chunk_wy_bwd_mosaic(k, v.astype(jnp.float32), g, beta, dw, du)
+        with self.assertRaisesRegex(ValueError, "out_dtype must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, out_dtype=jnp.float16)
+        with self.assertRaisesRegex(ValueError, "dk_partial must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, dk_partial=dw[:, :32])
+        with self.assertRaisesRegex(ValueError, "dg_partial must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, dg_partial=(beta, beta))
+        with self.assertRaisesRegex(ValueError, "gate_cumsum must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, gate_cumsum=beta)
+        with self.assertRaisesRegex(ValueError, "no out_dtype"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, out_dtype=k.dtype,
+                                    ablations=("no_exp",))
 
 
 if __name__ == "__main__":
