@@ -231,13 +231,24 @@ def chunk_cumsum(g, shape, num_chunks, gate_cumsum=None):
     return jnp.moveaxis(gc.reshape(batch, padded, heads), 1, 2)  # [B, H, Tp]
 
 
-def doc_vectors(segment_ids, batch, num_chunks):
+def doc_vectors(segment_ids, batch, num_chunks, precomputed=None):
     """fp32 ``(doc, conn, last)`` ``[B, Tp]`` (see :func:`pallas_gpu.docs_from_segment_ids`).
 
     ``doc`` is the document index (exact in fp32 below 2**24 tokens), ``conn`` is 1 on the tokens
     of the document that was open before the chunk, ``last`` 1 on the chunk's last document.
+    ``precomputed``: this function's result for the same ``segment_ids``, formed once by a
+    caller that runs several kernels (MOSAIC_GPU.md Sec. 27); returned after a shape check.
+
+    Raises:
+        ValueError: a ``precomputed`` that is not three fp32 ``[B, Tp]`` arrays.
     """
     padded = num_chunks * CHUNK
+    if precomputed is not None:
+        if len(precomputed) != 3 or any(x.shape != (batch, padded) or x.dtype != jnp.float32
+                                        for x in precomputed):
+            raise ValueError(f"doc_vecs must be three fp32 [B, Tp] = {(batch, padded)} arrays, "
+                             f"got {[(x.shape, x.dtype) for x in precomputed]}")
+        return tuple(precomputed)
     if segment_ids is None:
         ones = jnp.ones((batch, padded), jnp.float32)
         return jnp.zeros((batch, padded), jnp.float32), ones, ones

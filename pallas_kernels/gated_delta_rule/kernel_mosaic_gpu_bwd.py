@@ -144,6 +144,7 @@ def chunk_dv_local_mosaic(
     scale: float,
     segment_ids: Optional[jax.Array] = None,
     gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     interpret: bool = False,
 ) -> jax.Array:
     """``dv_local = scale (Q K^T * D)^T dO`` per chunk: ``v_new``'s gradient through (b).
@@ -171,6 +172,10 @@ def chunk_dv_local_mosaic(
         g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
         scale: read-out scale of the forward (static).
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        doc_vecs: optional ``(doc, conn, last)``, fp32 ``[B, Tp]`` each, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` gives them for
+            ``segment_ids``, formed once by a caller that runs several kernels (``mosaic_vjp``);
+            ``None``: formed here.
         gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
             chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
             gives it, computed once by a caller that runs several kernels on one ``g``
@@ -194,7 +199,7 @@ def chunk_dv_local_mosaic(
     padded = num_chunks * CHUNK
     q, k, do = (mgl.pad_time(x, num_chunks) for x in (q, k, do))
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
-    doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
+    doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp]
     vec = plgpu.SMEM((CHUNK,), jnp.float32)
     swz = mgl.swizzled_smem
     shim = [plgpu.SMEM((dk, CHUNK), q.dtype),  # qt_s
@@ -483,6 +488,7 @@ def chunk_delta_grads_partials_mosaic(
     scale: float,
     segment_ids: Optional[jax.Array] = None,
     gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     dq_dtype=jnp.float32,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
@@ -496,7 +502,9 @@ def chunk_delta_grads_partials_mosaic(
     ``h, dh`` ``[B, H, N, K, V]``), plus ``gate_cumsum`` (optional fp32 ``[B, H, Tp]``, ``g``'s
     chunk-local cumsum computed once by the caller,
     :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`; ``None``: computed here) and
-    ``dq_dtype`` (static): fp32 (default) or ``q``'s
+    ``doc_vecs`` (optional ``(doc, conn, last)`` fp32 ``[B, Tp]``,
+    :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` of ``segment_ids`` formed once by
+    the caller; ``None``: formed here) and ``dq_dtype`` (static): fp32 (default) or ``q``'s
     dtype, the dtype ``dq`` is returned in (without GVA the kernel writes it in that dtype,
     rounded once from its fp32 accumulator; with GVA it writes fp32, summed over each group
     in XLA, then rounded).
@@ -522,7 +530,7 @@ def chunk_delta_grads_partials_mosaic(
     # Padding tokens have q = k = v_new = do = dv_new = 0 and g = 0: they contribute nothing.
     q, k, v_new, do, dv_new = (mgl.pad_time(x, num_chunks) for x in (q, k, v_new, do, dv_new))
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
-    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     f32 = jnp.float32
     vec = plgpu.SMEM((CHUNK,), f32)
     swz = mgl.swizzled_smem

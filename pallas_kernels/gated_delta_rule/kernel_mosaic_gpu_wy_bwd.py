@@ -380,6 +380,7 @@ def chunk_wy_bwd_mosaic(
     *,
     segment_ids: Optional[jax.Array] = None,
     gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     dk_partial: Optional[jax.Array] = None,
     dg_partial: Optional[Tuple[jax.Array, jax.Array]] = None,
     out_dtype=jnp.float32,
@@ -434,6 +435,10 @@ def chunk_wy_bwd_mosaic(
             ``hi`` term, no fp32 copy) when in ``k``'s dtype and ``out_dtype`` is ``k``'s
             dtype, else read as fp32 (the same products: a 16-bit ``du``'s ``lo`` term is 0).
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        doc_vecs: optional ``(doc, conn, last)``, fp32 ``[B, Tp]`` each, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` gives them for
+            ``segment_ids``, formed once by a caller that runs several kernels (``mosaic_vjp``);
+            ``None``: formed here.
         gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
             chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
             gives it, computed once by a caller that runs several kernels on one ``g``
@@ -509,7 +514,7 @@ def chunk_wy_bwd_mosaic(
     dk_dtype = out_dtype if group == 1 else jnp.dtype(f32)  # GVA: the group sum in fp32
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(f32), num_chunks), 1, 2)  # [B, H, Tp]
-    doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     vec = plgpu.SMEM((CHUNK,), f32)
     swz = mgl.swizzled_smem
     dtype = k.dtype

@@ -143,21 +143,23 @@ def gated_delta_rule_mosaic(
     return o, (final_state if output_final_state else None)
 
 
-def _gate_cumsum(g, v):
-    """fp32 ``[B, H, Tp]`` chunk-local cumsum of ``g`` (``None`` for DeltaNet), formed once
-    and shared by every kernel of the op that reads ``G`` (MOSAIC_GPU.md Sec. 27)."""
-    if g is None:
-        return None
+def _shared(g, v, segment_ids):
+    """``(gc, docs)``, formed once and passed to every kernel of the op (MOSAIC_GPU.md
+    Sec. 27): ``gc`` the fp32 ``[B, H, Tp]`` chunk-local cumsum of ``g`` (``None`` for
+    DeltaNet), ``docs`` the fp32 ``[B, Tp]`` document vectors ``(doc, conn, last)`` of
+    ``segment_ids`` (:func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors`)."""
     batch, seq_len, heads = v.shape[:3]
-    return mgl.chunk_cumsum(g, (batch, seq_len, heads), -(-seq_len // mgl.CHUNK))
+    num_chunks = -(-seq_len // mgl.CHUNK)
+    gc = None if g is None else mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)
+    return gc, mgl.doc_vectors(segment_ids, batch, num_chunks)
 
 
 def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
-             residuals=True, gc=None):
+             residuals=True, gc=None, docs=None):
     """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages (``None``
     for ``h`` and ``v_new`` from the fused kernels without ``residuals``, and for ``w`` from
-    ``"fused_t0"`` without them). ``gc``: :func:`_gate_cumsum` of ``g``, passed to the
-    three-pass kernels and ``chunk_wy_mosaic``."""
+    ``"fused_t0"`` without them). ``gc``, ``docs``: :func:`_shared`, passed to the three-pass
+    kernels and ``chunk_wy_mosaic``."""
     if forward in ("fused_t0", "fused_t0_split"):
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
                                           **kgd.T0_OPTIONS)  # empty unless a benchmark sets it
@@ -171,7 +173,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         w = (kgd.w_from_t0(k, t0, g, beta, segment_ids=segment_ids) if residuals else None)
         return (o, final_state), (w, h, v_new)
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, gate_cumsum=gc,
-                               interpret=interpret)
+                               doc_vecs=docs, interpret=interpret)
     if forward != "three_pass":
         o, final_state, v_new, h = kfused.chunk_delta_fused_fwd_mosaic(
             q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
@@ -181,9 +183,10 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype.
     h, v_new, final_state = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,
                                                      segment_ids=segment_ids, gate_cumsum=gc,
-                                                     states_dtype=v.dtype, interpret=interpret)
+                                                     doc_vecs=docs, states_dtype=v.dtype,
+                                                     interpret=interpret)
     o = sg.chunk_output_mosaic(q, k, v_new, g, h, scale=scale, segment_ids=segment_ids,
-                               gate_cumsum=gc, interpret=interpret)
+                               gate_cumsum=gc, doc_vecs=docs, interpret=interpret)
     return (o, final_state), (w, h, v_new)
 
 
@@ -191,40 +194,40 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
 def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
                 forward, interpret):
     del output_final_state
+    gc, docs = _shared(g, v, segment_ids)
     return _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
-                    residuals=False, gc=_gate_cumsum(g, v))[0]
+                    residuals=False, gc=gc, docs=docs)[0]
 
 
 def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
                     forward, interpret):
     del output_final_state
-    gc = _gate_cumsum(g, v)
+    gc, docs = _shared(g, v, segment_ids)
     out, (w, h, v_new) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
-                                  forward, interpret, gc=gc)
-    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc)
+                                  forward, interpret, gc=gc, docs=docs)
+    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs)
 
 
 def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, residuals, cotangents):
     del forward  # the backward is the same for both forwards
-    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc = residuals
+    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs = residuals
     do, dht = cotangents
     do = do.astype(v.dtype)
     dht = dht.astype(jnp.float32) if output_final_state else None
     seg = segment_ids
-    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
-                                     gate_cumsum=gc, interpret=interpret)
+    shared = dict(segment_ids=seg, gate_cumsum=gc, doc_vecs=docs)
+    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, interpret=interpret, **shared)
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
-                                             final_state_grad=dht, segment_ids=seg,
-                                             gate_cumsum=gc, states_dtype=v.dtype,
-                                             interpret=interpret)
+                                             final_state_grad=dht, states_dtype=v.dtype,
+                                             interpret=interpret, **shared)
     # Stage 3 hands its fp32 chunk-local dk (per value head) and dL/dG partials to stage 4,
     # which adds them in-kernel (and does dg's in-chunk reverse cumsum), so dq, dk, dv leave
     # the kernels once, in the input dtype (MOSAIC_GPU.md Sec. 27).
     dq, dk_loc, dw, dgt, bnd = kbwd.chunk_delta_grads_partials_mosaic(
-        q, k, v_new, do, dvn, g, h, dh, scale=scale, segment_ids=seg, gate_cumsum=gc,
-        dq_dtype=q.dtype, interpret=interpret)
+        q, k, v_new, do, dvn, g, h, dh, scale=scale, dq_dtype=q.dtype, interpret=interpret,
+        **shared)
     dk, dv, dbeta, dg = kwb.chunk_wy_bwd_mosaic(
-        k, v, g, beta, dw, dvn, segment_ids=seg, gate_cumsum=gc, dk_partial=dk_loc,
+        k, v, g, beta, dw, dvn, **shared, dk_partial=dk_loc,
         dg_partial=None if g is None else (dgt, bnd), out_dtype=k.dtype, interpret=interpret)
     dg = None if g is None else dg.astype(g.dtype)
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)

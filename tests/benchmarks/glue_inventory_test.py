@@ -32,11 +32,13 @@ class GlueInventoryTest(parameterized.TestCase):
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
         rows = gi.inventory(text, _FULL_BF16)
         self.assertEqual([r for r in rows if not r["noop"]], [])
-        # the one shared gate cumsum (a reduce_window over [B, N, 64, H]) is left (with
-        # documents, each kernel wrapper's [B, Tp] document vectors add their own scans)
+        # one shared gate cumsum (a reduce_window over [B, N, 64, H]) is left, and with
+        # documents one scan of segment_ids for the shared [B, Tp] document vectors (they were
+        # formed once per kernel wrapper: seven of each)
         small = [r for r in gi.inventory(text, 1) if not r["noop"]]
         self.assertEqual(sum(r["op"] == "reduce_window" and r["types"].startswith("1x4x64x2 ")
                              for r in small), 1)
+        self.assertEqual(sum(r["op"] == "reduce_window" for r in small), 1 + packed)
 
     def test_gva_keeps_only_the_group_sums(self):
         text = gi.lowered_module(kv_heads=1, packed=False, **_SHAPE)

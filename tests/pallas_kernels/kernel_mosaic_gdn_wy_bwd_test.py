@@ -370,6 +370,8 @@ class ValidationTest(absltest.TestCase):
             kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, dg_partial=(beta, beta))
         with self.assertRaisesRegex(ValueError, "gate_cumsum must be"):
             kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, gate_cumsum=beta)
+        with self.assertRaisesRegex(ValueError, "doc_vecs must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, doc_vecs=(beta, beta, beta))
         with self.assertRaisesRegex(ValueError, "no out_dtype"):
             kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, out_dtype=k.dtype,
                                     ablations=("no_exp",))
