@@ -90,6 +90,9 @@ def gated_delta_rule_mosaic(
     ``2 (K + V + K V / 64)`` bytes in bf16, 1,024 bytes at K = V = 128 (four times ``v``).
     ``U`` is not kept (the backward needs only ``dU``); the WY backward recomputes the inverse
     ``T`` from ``k``, ``g``, ``beta`` (``kernel_mosaic_gpu_wy_bwd``'s docstring says why).
+    Also kept: the chunk-local gate cumsum ``G`` (fp32 ``[B, H, Tp]``, ``Tp = 64 ceil(T / 64)``,
+    4 bytes per token and value head) and the document vectors (fp32 ``[B, Tp]``, three), each
+    formed once per call and shared by all seven kernels (MOSAIC_GPU.md Sec. 27).
 
     Args:
         q, k: ``[B, T, Hk, K]``, bf16 or fp16 (GVA when ``Hk < H``: value head ``h`` reads
