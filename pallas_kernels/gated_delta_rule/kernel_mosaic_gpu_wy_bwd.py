@@ -83,7 +83,7 @@ WY_BWD_ABLATIONS = (
 )
 
 
-def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, out16: bool,
+def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, dk16: bool, dv16: bool,
                    dk_in: bool, dg_in: bool, gated: bool, ablations: frozenset = frozenset()):
     """Kernel body of :func:`chunk_wy_bwd_mosaic`: one chunk of one ``(b, h)`` per CTA.
 
@@ -97,9 +97,10 @@ def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, out16: bool,
     halves of ``dX`` and ``R``).
 
     Static flags: ``du16``: ``dU`` arrives in the input dtype and is its own ``hi`` term (its
-    ``lo`` term is exactly 0, so the products with it are skipped); ``out16``: ``dk``, ``dv``
-    leave in the input dtype, rounded once from fp32 (staged in the 16-bit ``dW`` hi and ``dU``
-    hi tiles once their last product has been read); ``dk_in``: an fp32 partial ``dk`` (per
+    ``lo`` term is exactly 0, so the products with it are skipped); ``dk16``, ``dv16``: ``dk``,
+    ``dv`` leave in the input dtype, rounded once from fp32 (staged in the 16-bit ``dW`` hi
+    and ``dU`` hi tiles once their last product has been read; ``dk`` stays fp32 under GVA,
+    for the group sum); ``dk_in``: an fp32 partial ``dk`` (per
     value head) is loaded into the fp32 ``dk`` staging tile after ``dW`` has been split out of
     it, and the kernel's ``dk`` is added to it; ``dg_in``: a per-token fp32 ``dL/dG`` partial
     and per-row boundary partials (``chunk_delta_grads_mosaic``'s ``dgt``, ``bnd``) are added
@@ -295,7 +296,7 @@ def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, out16: bool,
     # Z = X^T dU (hi hi + lo hi + hi lo), then at once dv = Db Z and v_i . Z_i = dL/dDb_ii.
     z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], du_s.shape, lambda: tile(uh_s))
     dv_val = mgl.by_row(b_i, z_u.shape) * z_u
-    dv_s = uh_s if out16 else du_s  # Z's accumulator was read: uh_s is free (du_s if du16)
+    dv_s = uh_s if dv16 else du_s  # Z's accumulator was read: uh_s is free (du_s if du16)
     dv_s[...] = dv_val.astype(dv_s.dtype)  # rounded once
     vdz = row_sum(v_s, z_u)
     # Y = X^T dW, then dk += Dw Y and k_i . Y_i = dL/dDw_ii.
@@ -304,7 +305,7 @@ def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, out16: bool,
     w_row = b_i * e_i  # Dw, rows
     y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], dw_s.shape, lambda: tile(wh_s))
     dk_val = mgl.load_tile(dw_s, interpret) + mgl.by_row(w_row, y_w.shape) * y_w
-    dk_s = wh_s if out16 else dw_s  # Y's accumulator was read: wh_s is free
+    dk_s = wh_s if dk16 else dw_s  # Y's accumulator was read: wh_s is free
     dk_s[...] = dk_val.astype(dk_s.dtype)  # rounded once
     kdy = row_sum(k_s, y_w)
     db_s[...] = db_a + e_i * kdy + vdz  # dbeta
@@ -529,7 +530,7 @@ def chunk_wy_bwd_mosaic(
             sq_t, sq_t]  # q1_s, q2_s: dX hi, lo, then R hi, lo
     call = plgpu.kernel(
         functools.partial(_wy_bwd_kernel, group=group, interpret=interpret, du16=du16,
-                          out16=out16 and group == 1, dk_in=dk_partial is not None,
+                          dk16=out16 and group == 1, dv16=out16, dk_in=dk_partial is not None,
                           dg_in=dg_partial is not None, gated=g is not None,
                           **(dict(ablations=frozenset(ablations)) if ablations else {})),
         out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), dk_dtype),  # dk per head

@@ -167,15 +167,19 @@ class PartialsInterpretTest(parameterized.TestCase):
         kw = dict(segment_ids=seg, dk_partial=dk_p, dg_partial=(dgt, bnd), interpret=True)
         got16 = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du16, out_dtype=k.dtype, **kw)
         got32 = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du16, **kw)
-        for name, x16, x32 in zip(_NAMES, got16, got32):
-            if x32 is None:
-                self.assertIsNone(x16, msg=name)
-                continue
-            want_dtype = k.dtype if name in ("dk", "dv") else jnp.float32
-            self.assertEqual(x16.dtype, want_dtype, msg=name)
-            diff = jnp.max(jnp.abs(x16.astype(jnp.float32)
-                                   - x32.astype(want_dtype).astype(jnp.float32)))
-            self.assertEqual(float(diff), 0.0, msg=name)
+        # an fp32 du with 16-bit outputs: read as fp32 (its hi / lo split), staged in 16 bits
+        got16_f = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, out_dtype=k.dtype, **kw)
+        got32_f = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, **kw)
+        for pair16, pair32 in ((got16, got32), (got16_f, got32_f)):
+            for name, x16, x32 in zip(_NAMES, pair16, pair32):
+                if x32 is None:
+                    self.assertIsNone(x16, msg=name)
+                    continue
+                want_dtype = k.dtype if name in ("dk", "dv") else jnp.float32
+                self.assertEqual(x16.dtype, want_dtype, msg=name)
+                diff = jnp.max(jnp.abs(x16.astype(jnp.float32)
+                                       - x32.astype(want_dtype).astype(jnp.float32)))
+                self.assertEqual(float(diff), 0.0, msg=name)
         # the reference with the bf16 du and the partials: dv is the complete gradient
         _, _, want16 = _case(*case, du_dtype=k.dtype)
         err = tolerances.rel_err(got16[1].astype(jnp.float32), want16[1])
