@@ -205,13 +205,25 @@ def pad_time(x, num_chunks):
     return jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2))
 
 
-def chunk_cumsum(g, shape, num_chunks):
-    """fp32 ``[B, H, Tp]`` chunk-local inclusive cumsum of ``g`` (``[B, T, H]`` or ``None``).
+def chunk_cumsum(g, shape, num_chunks, gate_cumsum=None):
+    """fp32 ``[B, H, Tp]`` chunk-local inclusive cumsum of ``g`` (``[B, T, H]`` or ``None``):
+    ``G_t = sum_{s <= t, s in t's chunk of 64} g_s``, accumulated in fp32.
 
     Head-major, so one chunk's gates are one contiguous TMA row; padding tokens get ``g = 0``.
+    ``gate_cumsum``: that array computed once by the caller (``[B, H, Tp]`` fp32, e.g. by this
+    function) and shared by several kernels (MOSAIC_GPU.md Sec. 27); returned as it is after a
+    shape check, and ``g`` is then not read.
+
+    Raises:
+        ValueError: a ``gate_cumsum`` that is not fp32 ``[B, H, Tp]``.
     """
     batch, _, heads = shape
     padded = num_chunks * CHUNK
+    if gate_cumsum is not None:
+        if gate_cumsum.shape != (batch, heads, padded) or gate_cumsum.dtype != jnp.float32:
+            raise ValueError(f"gate_cumsum must be fp32 [B, H, Tp] = {(batch, heads, padded)}, "
+                             f"got {gate_cumsum.shape} {gate_cumsum.dtype}")
+        return gate_cumsum
     gf = jnp.zeros((batch, padded, heads), jnp.float32)
     if g is not None:
         gf = pad_time(g.astype(jnp.float32), num_chunks)
@@ -219,13 +231,24 @@ def chunk_cumsum(g, shape, num_chunks):
     return jnp.moveaxis(gc.reshape(batch, padded, heads), 1, 2)  # [B, H, Tp]
 
 
-def doc_vectors(segment_ids, batch, num_chunks):
+def doc_vectors(segment_ids, batch, num_chunks, precomputed=None):
     """fp32 ``(doc, conn, last)`` ``[B, Tp]`` (see :func:`pallas_gpu.docs_from_segment_ids`).
 
     ``doc`` is the document index (exact in fp32 below 2**24 tokens), ``conn`` is 1 on the tokens
     of the document that was open before the chunk, ``last`` 1 on the chunk's last document.
+    ``precomputed``: this function's result for the same ``segment_ids``, formed once by a
+    caller that runs several kernels (MOSAIC_GPU.md Sec. 27); returned after a shape check.
+
+    Raises:
+        ValueError: a ``precomputed`` that is not three fp32 ``[B, Tp]`` arrays.
     """
     padded = num_chunks * CHUNK
+    if precomputed is not None:
+        if len(precomputed) != 3 or any(x.shape != (batch, padded) or x.dtype != jnp.float32
+                                        for x in precomputed):
+            raise ValueError(f"doc_vecs must be three fp32 [B, Tp] = {(batch, padded)} arrays, "
+                             f"got {[(x.shape, x.dtype) for x in precomputed]}")
+        return tuple(precomputed)
     if segment_ids is None:
         ones = jnp.ones((batch, padded), jnp.float32)
         return jnp.zeros((batch, padded), jnp.float32), ones, ones

@@ -208,6 +208,8 @@ def chunk_delta_h_mosaic(
     *,
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     states_dtype=jnp.float32,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
@@ -243,6 +245,14 @@ def chunk_delta_h_mosaic(
             (when ``h`` only feeds ``wgmma`` operands, as in
             :func:`gated_delta_rule_fwd_mosaic`). The carried state is fp32 in registers
             either way; the ``W S`` product reads it rounded to the input dtype.
+        doc_vecs: optional ``(doc, conn, last)``, fp32 ``[B, Tp]`` each, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` gives them for
+            ``segment_ids``, formed once by a caller that runs several kernels (``mosaic_vjp``);
+            ``None``: formed here.
+        gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
+            chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
+            gives it, computed once by a caller that runs several kernels on one ``g``
+            (``mosaic_vjp``); ``None``: computed here.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -270,8 +280,8 @@ def chunk_delta_h_mosaic(
     padded = num_chunks * CHUNK
     # Padding tokens have k = w = u = 0 and g = 0: v_new = 0 there, the state is unchanged.
     k, w, u = (mgl.pad_time(x, num_chunks) for x in (k, w, u))
-    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
-    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
+    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     has_h0 = initial_state is not None
     share = states_dtype == jnp.dtype(k.dtype)
     kernel = functools.partial(_delta_state_kernel, num_chunks=num_chunks,
@@ -449,6 +459,8 @@ def chunk_wy_mosaic(
     beta: jax.Array,
     *,
     segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array]:
     """The WY factors ``W`` and ``U`` of every chunk of 64 tokens, by a Mosaic GPU kernel.
@@ -497,6 +509,14 @@ def chunk_wy_mosaic(
         g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
         beta: write strengths ``[B, T, H]``, any float dtype (read as fp32).
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        doc_vecs: optional ``(doc, conn, last)``, fp32 ``[B, Tp]`` each, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` gives them for
+            ``segment_ids``, formed once by a caller that runs several kernels (``mosaic_vjp``);
+            ``None``: formed here.
+        gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
+            chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
+            gives it, computed once by a caller that runs several kernels on one ``g``
+            (``mosaic_vjp``); ``None``: computed here.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -518,9 +538,9 @@ def chunk_wy_mosaic(
     # Padding tokens have k = v = 0, beta = 0 and g = 0: their rows and columns of A are zero
     # and their rows of W and U too.
     k, v = mgl.pad_time(k, num_chunks), mgl.pad_time(v, num_chunks)
-    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)  # [B, H, Tp]
-    doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     vec = plgpu.SMEM((CHUNK,), jnp.float32)
     swz = mgl.swizzled_smem
     call = plgpu.kernel(
@@ -1613,6 +1633,8 @@ def chunk_delta_dh_mosaic(
     scale: float,
     final_state_grad: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     states_dtype=jnp.float32,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
@@ -1679,6 +1701,14 @@ def chunk_delta_dh_mosaic(
         states_dtype: dtype of the stored ``dh`` (static): fp32 (default) or the input dtype
             (when ``dh`` only feeds ``wgmma`` operands). The carried ``dS'`` is fp32 in
             registers either way; ``K dS'`` reads it rounded to the input dtype.
+        doc_vecs: optional ``(doc, conn, last)``, fp32 ``[B, Tp]`` each, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` gives them for
+            ``segment_ids``, formed once by a caller that runs several kernels (``mosaic_vjp``);
+            ``None``: formed here.
+        gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
+            chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
+            gives it, computed once by a caller that runs several kernels on one ``g``
+            (``mosaic_vjp``); ``None``: computed here.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -1719,8 +1749,8 @@ def chunk_delta_dh_mosaic(
     # Padding tokens have q = k = w = do = dv_local = 0 and g = 0: dv_new = 0 there and dS'
     # passes through unchanged.
     q, k, w, do, dv_local = (mgl.pad_time(x, num_chunks) for x in (q, k, w, do, dv_local))
-    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
-    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
+    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     has_dht = final_state_grad is not None
     fp32_states = states_dtype == jnp.dtype(jnp.float32)
     kernel = functools.partial(_delta_dstate_kernel, num_chunks=num_chunks,

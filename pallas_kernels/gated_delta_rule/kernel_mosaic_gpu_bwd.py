@@ -143,6 +143,8 @@ def chunk_dv_local_mosaic(
     *,
     scale: float,
     segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     interpret: bool = False,
 ) -> jax.Array:
     """``dv_local = scale (Q K^T * D)^T dO`` per chunk: ``v_new``'s gradient through (b).
@@ -170,6 +172,14 @@ def chunk_dv_local_mosaic(
         g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
         scale: read-out scale of the forward (static).
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        doc_vecs: optional ``(doc, conn, last)``, fp32 ``[B, Tp]`` each, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` gives them for
+            ``segment_ids``, formed once by a caller that runs several kernels (``mosaic_vjp``);
+            ``None``: formed here.
+        gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
+            chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
+            gives it, computed once by a caller that runs several kernels on one ``g``
+            (``mosaic_vjp``); ``None``: computed here.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -188,8 +198,8 @@ def chunk_dv_local_mosaic(
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     q, k, do = (mgl.pad_time(x, num_chunks) for x in (q, k, do))
-    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
-    doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
+    doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp]
     vec = plgpu.SMEM((CHUNK,), jnp.float32)
     swz = mgl.swizzled_smem
     shim = [plgpu.SMEM((dk, CHUNK), q.dtype),  # qt_s
@@ -224,12 +234,16 @@ def chunk_dv_local_mosaic(
 def _grads_kernel(q_ref, k_ref, vn_ref, do_ref, dvn_ref, h_ref, dh_ref, g_ref, doc_ref, conn_ref,
                   last_ref, dq_ref, dk_ref, dw_ref, dgt_ref, bnd_ref, q_s, k_s, vn_s, do_s, dvn_s,
                   h_s, dh_s, g_row_s, g_col_s, doc_row_s, doc_col_s, conn_s, last_s, ds_s, out_s,
-                  dgt_s, bnd_s, in_bar, *shim, group: int, scale: float, interpret: bool):
+                  dgt_s, bnd_s, in_bar, *shim, group: int, scale: float, interpret: bool,
+                  dq16: bool = False):
     """Kernel body of :func:`chunk_delta_grads_mosaic`: one chunk of one ``(b, h)`` per CTA.
 
-    ``shim`` (interpret only): SMEM scratch for the transposed operands ``k^T``, ``v_new^T``,
-    ``S^T``, ``dS'^T`` and ``dA^T`` (see :func:`mosaic_gpu_lib.transposed`).
+    ``shim``: with ``dq16``, first a 16-bit ``[C, K]`` staging tile for ``dq`` (which then
+    leaves in the input dtype, rounded once); then (interpret only) SMEM scratch for the
+    transposed operands ``k^T``, ``v_new^T``, ``S^T``, ``dS'^T`` and ``dA^T`` (see
+    :func:`mosaic_gpu_lib.transposed`).
     """
+    dq16_s, shim = (shim[0], shim[1:]) if dq16 else (None, shim)
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
     rows = pl.ds(n * CHUNK, CHUNK)
@@ -279,7 +293,12 @@ def _grads_kernel(q_ref, k_ref, vn_ref, do_ref, dvn_ref, h_ref, dh_ref, g_ref, d
     dq = intra + inter * mgl.by_row(in_scale, inter.shape)
     # Gate terms q_t . dq_t - k_t . dk_t in fp32, from the fp32 gradients before any rounding.
     dgt = jnp.sum(mgl.load_tile(q_s, interpret).astype(jnp.float32) * dq, axis=1)
-    store(dq, dq_ref)
+    if dq16:  # its own staging tile: rounded once to the input dtype
+        dq16_s[...] = dq.astype(dq16_s.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dq16_s, dq_ref.at[b, rows, h])
+    else:
+        store(dq, dq_ref)
 
     def dk_products(intra, state):
         plgpu.wgmma(intra, mgl.transposed(ds_s, dst_s, interpret), q_s)  # dA^T q, [C, K]
@@ -437,14 +456,81 @@ def chunk_delta_grads_mosaic(
         ValueError: on mismatched shapes or dtypes, unsupported head dims or dtypes, ``H`` not
             a multiple of ``Hk``, or ``h``, ``dh``, ``g``, ``segment_ids`` of the wrong shape.
     """
+    batch, seq_len, kv_heads, _ = k.shape
+    heads = v_new.shape[2]
+    num_chunks = -(-seq_len // CHUNK)
+    dq, dk_, dw, dgt, bnd = chunk_delta_grads_partials_mosaic(
+        q, k, v_new, do, dv_new, g, h, dh, scale=scale, segment_ids=segment_ids,
+        interpret=interpret)
+    with jax.named_scope("gdn_chunk_grads_mosaic"):
+        dk_ = _group_sum(dk_, kv_heads)
+        dg = None
+        if g is not None:
+            boundary = jnp.sum(bnd.reshape(batch, heads, num_chunks, CHUNK), axis=-1)
+            dgc = dgt.reshape(batch, heads, num_chunks, CHUNK)
+            dgc = dgc.at[..., -1].add(boundary)  # dL/dG_t
+            dgc = jnp.flip(jnp.cumsum(jnp.flip(dgc, -1), axis=-1), -1)  # dL/dg_t, in-chunk
+            dg = jnp.moveaxis(dgc.reshape(batch, heads, num_chunks * CHUNK), 1, 2)[:, :seq_len]
+    return dq, dk_, dw, dg
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "dq_dtype", "interpret"))
+def chunk_delta_grads_partials_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v_new: jax.Array,
+    do: jax.Array,
+    dv_new: jax.Array,
+    g: Optional[jax.Array],
+    h: jax.Array,
+    dh: jax.Array,
+    *,
+    scale: float,
+    segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
+    dq_dtype=jnp.float32,
+    interpret: bool = False,
+) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """The kernel of :func:`chunk_delta_grads_mosaic` with its outputs as the kernel writes
+    them, for a consumer that finishes ``dk`` and ``dg`` in its own kernel
+    (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd.chunk_wy_bwd_mosaic`'s
+    ``dk_partial`` and ``dg_partial``) instead of in XLA.
+
+    Same math and arguments as :func:`chunk_delta_grads_mosaic` (``q, k`` ``[B, T, Hk, K]``,
+    ``v_new, do, dv_new`` ``[B, T, H, V]`` bf16 or fp16, ``g`` ``[B, T, H]`` or ``None``,
+    ``h, dh`` ``[B, H, N, K, V]``), plus ``gate_cumsum`` (optional fp32 ``[B, H, Tp]``, ``g``'s
+    chunk-local cumsum computed once by the caller,
+    :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`; ``None``: computed here) and
+    ``doc_vecs`` (optional ``(doc, conn, last)`` fp32 ``[B, Tp]``,
+    :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` of ``segment_ids`` formed once by
+    the caller; ``None``: formed here) and ``dq_dtype`` (static): fp32 (default) or ``q``'s
+    dtype, the dtype ``dq`` is returned in (without GVA the kernel writes it in that dtype,
+    rounded once from its fp32 accumulator; with GVA it writes fp32, summed over each group
+    in XLA, then rounded).
+
+    Returns:
+        ``(dq, dk, dw, dgt, bnd)``: ``dq`` ``[B, T, Hk, K]`` in ``dq_dtype``
+        (``dq_t = scale conn_t e^{G_t} S do_t + sum_s dA_ts k_s``); fp32 ``dk`` ``[B, T, H, K]``
+        **per value head** (``dk_s = sum_t dA_ts q_t + last_s e^{G_L - G_s} dS' v_new_s``, not
+        summed over GVA groups); fp32 ``dw`` ``[B, T, H, K]`` (``dW = -dv_new S^T``); fp32
+        ``dgt`` ``[B, H, Tp]`` (``Tp = 64 N``), the per-token ``dL/dG_t = q_t . dq_t -
+        k_t . dk_t`` before the boundary term and before any cumsum; fp32 ``bnd``
+        ``[B, H, Tp]``, 64 partials per chunk (not per token) whose sum is the boundary term
+        ``<S', dS'>`` of the chunk's last token. ``dgt`` is 0 on padding tokens (``t >= T``).
+
+    Raises:
+        ValueError: as :func:`chunk_delta_grads_mosaic`, or a ``dq_dtype`` other than fp32 and
+            ``q``'s dtype.
+    """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v_new.shape[2], v_new.shape[3]
     num_chunks = _check_grads_inputs(q, k, v_new, do, dv_new, g, h, dh, segment_ids)
     padded = num_chunks * CHUNK
     # Padding tokens have q = k = v_new = do = dv_new = 0 and g = 0: they contribute nothing.
     q, k, v_new, do, dv_new = (mgl.pad_time(x, num_chunks) for x in (q, k, v_new, do, dv_new))
-    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
-    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
+    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     f32 = jnp.float32
     vec = plgpu.SMEM((CHUNK,), f32)
     swz = mgl.swizzled_smem
@@ -454,10 +540,15 @@ def chunk_delta_grads_mosaic(
             plgpu.SMEM((dv, dk), dtype),  # ht_s
             plgpu.SMEM((dv, dk), dtype),  # dht_s
             plgpu.SMEM((CHUNK, CHUNK), dtype)]  # dst_s
+    dq_dtype = jnp.dtype(dq_dtype)
+    if dq_dtype not in (jnp.dtype(f32), jnp.dtype(dtype)):
+        raise ValueError(f"dq_dtype must be float32 or q's dtype {dtype}, got {dq_dtype}")
+    dq16 = dq_dtype != jnp.dtype(f32) and heads == kv_heads  # GVA: group sum in fp32 first
     call = plgpu.kernel(
         functools.partial(_grads_kernel, group=heads // kv_heads, scale=float(scale),
-                          interpret=interpret),
-        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),  # dq
+                          interpret=interpret, dq16=dq16),
+        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk),
+                                       dtype if dq16 else f32),  # dq
                   jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),  # dk
                   jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),  # dw
                   jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dgt
@@ -475,7 +566,8 @@ def chunk_delta_grads_mosaic(
             swz((CHUNK, dk), f32),  # out_s: staging of dq, then dk, then dw
             vec, vec,  # dgt_s, bnd_s: staging of the per-row gate terms
             plgpu.Barrier(num_arrivals=13),  # in_bar: the 13 input copies landed
-        ] + (shim if interpret else []),
+        ] + ([swz((CHUNK, dk), dtype)] if dq16 else [])  # dq16_s: staging of a 16-bit dq
+        + (shim if interpret else []),
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
@@ -485,12 +577,5 @@ def chunk_delta_grads_mosaic(
     with jax.named_scope("gdn_chunk_grads_mosaic"):
         dq, dk_, dw, dgt, bnd = call(q, k, v_new, do, dv_new, h.astype(dtype), dh.astype(dtype),
                                      gc, doc, conn, last)  # astype: free when 16-bit already
-        dq, dk_ = (_group_sum(x[:, :seq_len], kv_heads) for x in (dq, dk_))
-        dg = None
-        if g is not None:
-            boundary = jnp.sum(bnd.reshape(batch, heads, num_chunks, CHUNK), axis=-1)
-            dgc = dgt.reshape(batch, heads, num_chunks, CHUNK)
-            dgc = dgc.at[..., -1].add(boundary)  # dL/dG_t
-            dgc = jnp.flip(jnp.cumsum(jnp.flip(dgc, -1), axis=-1), -1)  # dL/dg_t, in-chunk
-            dg = jnp.moveaxis(dgc.reshape(batch, heads, padded), 1, 2)[:, :seq_len]
-    return dq, dk_, dw[:, :seq_len], dg
+        dq = _group_sum(dq[:, :seq_len], kv_heads).astype(dq_dtype)
+    return dq, dk_[:, :seq_len], dw[:, :seq_len], dgt, bnd

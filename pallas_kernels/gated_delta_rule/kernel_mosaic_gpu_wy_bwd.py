@@ -32,8 +32,9 @@ Differentiating (``dX`` for ``dL/dX`` etc.; ``d(X) = -X d(A) X`` gives ``dA = -X
 
 (``A_ij`` carries ``e^{G_i}`` and ``e^{-G_j}``; ``sum_i R_ij (k_i . k_j) = k_j . (R^T K)_j``, so
 no column sum is needed.) ``dg``, the gradient of the per-token log-decay, is the reverse
-cumulative sum of ``dL/dG`` inside each chunk (``G_t = sum_{s <= t} g_s``), done in XLA as in
-``chunk_delta_grads_mosaic``. These are exactly what ``jax.vjp`` of
+cumulative sum of ``dL/dG`` inside each chunk (``G_t = sum_{s <= t} g_s``), done in the kernel
+since 2026-12-05 (a masked ``[64, 64]`` row sum in fp32; it was XLA's, as in
+``chunk_delta_grads_mosaic``). These are exactly what ``jax.vjp`` of
 :func:`pallas_kernels.gated_delta_rule.chunked.wy_representation` gives (the tests check that).
 
 Choice: the kernel **recomputes** ``X`` with the forward's in-kernel inverse
@@ -82,16 +83,29 @@ WY_BWD_ABLATIONS = (
 )
 
 
-def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_ref, dk_ref,
-                   dv_ref, db_ref, dg_ref, k_s, v_s, dw_s, du_s, g_row_s, g_col_s, b_row_s,
-                   b_col_s, doc_row_s, doc_col_s, c_row_s, c_col_s, l_s, x_s, xh_s, xl_s, wh_s,
-                   wl_s, uh_s, ul_s, sh_s, sl_s, db_s, dg_s, in_bar, *shim, group: int,
-                   interpret: bool, ablations: frozenset = frozenset()):
+def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, dk16: bool, dv16: bool,
+                   dk_in: bool, dg_in: bool, gated: bool, ablations: frozenset = frozenset()):
     """Kernel body of :func:`chunk_wy_bwd_mosaic`: one chunk of one ``(b, h)`` per CTA.
+
+    ``refs``: the inputs ``k, v, dw, du, g, beta, doc, conn`` (then ``dk_in`` with ``dk_in``,
+    ``dgt_in, bnd_in`` with ``dg_in``), the outputs ``dk, dv, dbeta, dg``, and the scratch of
+    :func:`chunk_wy_bwd_mosaic` in its order (``uh_s, ul_s`` only without ``du16``,
+    ``dgi_s, bnd_s`` only with ``dg_in``, ``dk_bar`` only with ``dk_in``), then ``shim``.
 
     ``shim`` (interpret only): SMEM copies of what the GPU reads as transposed views (``k^T``,
     ``v^T``, ``X^T`` and ``R^T`` in two halves each) or from registers (the merge's ``Y``, the
     halves of ``dX`` and ``R``).
+
+    Static flags: ``du16``: ``dU`` arrives in the input dtype and is its own ``hi`` term (its
+    ``lo`` term is exactly 0, so the products with it are skipped); ``dk16``, ``dv16``: ``dk``,
+    ``dv`` leave in the input dtype, rounded once from fp32 (staged in the 16-bit ``dW`` hi
+    and ``dU`` hi tiles once their last product has been read; ``dk`` stays fp32 under GVA,
+    for the group sum); ``dk_in``: an fp32 partial ``dk`` (per
+    value head) is loaded into the fp32 ``dk`` staging tile after ``dW`` has been split out of
+    it, and the kernel's ``dk`` is added to it; ``dg_in``: a per-token fp32 ``dL/dG`` partial
+    and per-row boundary partials (``chunk_delta_grads_mosaic``'s ``dgt``, ``bnd``) are added
+    in-kernel; ``gated``: ``dL/dG`` leaves as ``dL/dg``, its in-chunk reverse cumsum done here
+    (``dg_t = sum_{s >= t} dL/dG_s + sum_s bnd_s``, a masked ``[64, 64]`` row sum in fp32).
 
     Register budget (MOSAIC_GPU.md Sec. 25): the fp32 ``[64, K]`` accumulators ``R K + R^T K``,
     ``Z`` and ``Y`` are formed one at a time, each stored to SMEM (the ``dk``, ``dv`` staging)
@@ -102,6 +116,25 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     ``ablations`` (:data:`WY_BWD_ABLATIONS`; empty for the real kernel): timing ablations,
     wrong numbers by design.
     """
+    refs = list(refs)
+
+    def take(n):
+        out = refs[:n]
+        del refs[:n]
+        return out
+
+    k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_ref = take(8)
+    dkin_ref, = take(1) if dk_in else (None,)
+    dgin_ref, bndin_ref = take(2) if dg_in else (None, None)
+    dk_ref, dv_ref, db_ref, dg_ref = take(4)
+    (k_s, v_s, dw_s, du_s, g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s, doc_col_s, c_row_s,
+     c_col_s, l_s, x_s, xh_s, xl_s, wh_s, wl_s) = take(18)
+    uh_s, ul_s = (du_s, None) if du16 else take(2)
+    sh_s, sl_s, db_s, dg_s = take(4)
+    dgi_s, bnd_s = take(2) if dg_in else (None, None)
+    in_bar, = take(1)
+    dk_bar, = take(1) if dk_in else (None,)
+    shim = refs
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
     rows = pl.ds(n * CHUNK, CHUNK)
@@ -116,6 +149,9 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
                               (conn_ref.at[b], c_row_s, c_col_s)):
         plgpu.copy_gmem_to_smem(ref.at[rows], row_s, in_bar)
         plgpu.copy_gmem_to_smem(ref.at[rows], col_s, in_bar)
+    if dg_in:
+        plgpu.copy_gmem_to_smem(dgin_ref.at[b, h, rows], dgi_s, in_bar)
+        plgpu.copy_gmem_to_smem(bndin_ref.at[b, h, rows], bnd_s, in_bar)
     plgpu.barrier_wait(in_bar)
     if "io" in ablations:  # timing ablation: the loads, then the loaded tiles go out
         db_s[...] = mgl.load_rows(b_row_s, interpret)
@@ -134,12 +170,14 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
 
     def matmul(terms, shape, stand_in=None):
         """Sum of ``wgmma(lhs, rhs)`` over ``terms`` (one fp32 accumulator); the barrier keeps
-        the arithmetic after the accumulator read (jla's pitfall). Ablations: ``no_split``
-        drops the terms with a lo operand (``None``); ``no_mma`` returns ``stand_in()``."""
+        the arithmetic after the accumulator read (jla's pitfall). Terms with a ``None``
+        operand (a lo term that is absent: ``no_split``, or a 16-bit ``dU``'s) are dropped;
+        the ``no_mma`` ablation returns ``stand_in()``."""
         if no_mma and stand_in is not None:  # timing ablation: no product
             return stand_in()
-        if no_split:  # timing ablation: the hi terms only
-            terms = [t for t in terms if t[0] is not None and t[1] is not None]
+        # A None operand is a lo term that is not there: under the no_split timing ablation,
+        # or dU's with du16 (exactly 0). Its products are dropped.
+        terms = [t for t in terms if t[0] is not None and t[1] is not None]
 
         def body(acc):
             for lhs, rhs in terms:
@@ -201,12 +239,15 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     xh, xl = split(x)
     xh_s[...] = xh
     store(xl_s, xl)
-    # dW, dU (fp32 from HBM) as hi + lo in SMEM, left and right operands from there.
-    for src, hi_s, lo_s in ((dw_s, wh_s, wl_s), (du_s, uh_s, ul_s)):
+    # dW, dU (fp32 from HBM) as hi + lo in SMEM, left and right operands from there. A 16-bit
+    # dU (du16) is its own hi term, read in place; its lo term would be exactly 0.
+    for src, hi_s, lo_s in ((dw_s, wh_s, wl_s),) + (() if du16 else ((du_s, uh_s, ul_s),)):
         hi, lo = split(mgl.load_tile(src, interpret))
         hi_s[...] = hi
         store(lo_s, lo)
     plgpu.commit_smem()
+    if dk_in:  # dW has been read out of dw_s (the barrier above): the dk partial lands there
+        plgpu.copy_gmem_to_smem(dkin_ref.at[b, rows, h], dw_s, dk_bar)
     if no_split:  # timing ablation: the lo tiles are not operands
         xl_s = wl_s = ul_s = None
     xt_h, xt_l = tr(xh_s, t1_s), tr(xl_s, t2_s)
@@ -245,31 +286,57 @@ def _wy_bwd_kernel(k_ref, v_ref, dw_ref, du_ref, g_ref, beta_ref, doc_ref, conn_
     rk = matmul([(lhs(rh, q1_s), k_s), (lhs(rl, q2_s), k_s),
                  (tr(sh_s, t3_s), k_s), (tr(sl_op, t4_s), k_s)], dw_s.shape,
                 lambda: tile(k_s))
-    dw_s[...] = rk
+    if not dk_in:
+        dw_s[...] = rk
     k_rk = b_i * db_a  # k_i . (R K)_i
-    k_rtk = row_sum(k_s, rk) - k_rk  # k_i . (R^T K)_i
+    k_rtk = row_sum(k_s, rk) - k_rk  # k_i . (R^T K)_i (this kernel's rk only)
+    if dk_in:
+        plgpu.barrier_wait(dk_bar)
+        dw_s[...] = mgl.load_tile(dw_s, interpret) + rk  # plus the other kernel's fp32 dk
     # Z = X^T dU (hi hi + lo hi + hi lo), then at once dv = Db Z and v_i . Z_i = dL/dDb_ii.
     z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], du_s.shape, lambda: tile(uh_s))
-    du_s[...] = mgl.by_row(b_i, z_u.shape) * z_u
+    dv_val = mgl.by_row(b_i, z_u.shape) * z_u
+    dv_s = uh_s if dv16 else du_s  # Z's accumulator was read: uh_s is free (du_s if du16)
+    dv_s[...] = dv_val.astype(dv_s.dtype)  # rounded once
     vdz = row_sum(v_s, z_u)
     # Y = X^T dW, then dk += Dw Y and k_i . Y_i = dL/dDw_ii.
     c_i, g_i = mgl.load_rows(c_row_s, interpret), mgl.load_rows(g_row_s, interpret)
     e_i = c_i * jnp.exp(g_i)  # conn e^G, rows
     w_row = b_i * e_i  # Dw, rows
     y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], dw_s.shape, lambda: tile(wh_s))
-    dw_s[...] = mgl.load_tile(dw_s, interpret) + mgl.by_row(w_row, y_w.shape) * y_w
+    dk_val = mgl.load_tile(dw_s, interpret) + mgl.by_row(w_row, y_w.shape) * y_w
+    dk_s = wh_s if dk16 else dw_s  # Y's accumulator was read: wh_s is free
+    dk_s[...] = dk_val.astype(dk_s.dtype)  # rounded once
     kdy = row_sum(k_s, y_w)
     db_s[...] = db_a + e_i * kdy + vdz  # dbeta
-    dg_s[...] = k_rk - k_rtk + w_row * kdy  # dL/dG
+    dlg = k_rk - k_rtk + w_row * kdy  # dL/dG
+    if dg_in:
+        dlg = dlg + mgl.load_rows(dgi_s, interpret)  # the chunk-local part, per token
+    dg_s[...] = dlg
     plgpu.commit_smem()
+    if gated:
+        # dL/dg_t = sum_{s >= t} dL/dG_s (+ the boundary term <S', dS'> at s = L, whose
+        # per-row partials bnd_s reach every t): one masked [64, 64] row sum, fp32.
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+        later = by_col(mgl.load_cols(dg_s, interpret))
+        terms = jnp.where(j >= i, later, 0.0)
+        if dg_in:
+            terms = terms + by_col(mgl.load_cols(bnd_s, interpret))
+        dg_fin = jnp.sum(terms, axis=1)
+        out_g = dgi_s if dg_in else dg_s  # dgi_s was read before the last barrier
+        if not dg_in:
+            plgpu.commit_smem()  # every thread has read dg_s before it is overwritten
+        out_g[...] = dg_fin
+        plgpu.commit_smem()
+        dg_s = out_g
     if "no_store" not in ablations:  # the no_store timing ablation skips the TMA stores
-        _store_outputs(dw_s, du_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows)
+        _store_outputs(dk_s, dv_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows)
 
 
-def _store_outputs(dw_s, du_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows):
+def _store_outputs(dk_s, dv_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows):
     """The four TMA stores of the staged ``dk``, ``dv``, ``dbeta`` and ``dL/dG``."""
-    plgpu.copy_smem_to_gmem(dw_s, dk_ref.at[b, rows, h])
-    plgpu.copy_smem_to_gmem(du_s, dv_ref.at[b, rows, h])
+    plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, rows, h])
+    plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, h, rows])
     plgpu.copy_smem_to_gmem(dg_s, dg_ref.at[b, h, rows])
     plgpu.wait_smem_to_gmem(0)
@@ -303,7 +370,7 @@ def ablated_name(ablations: Tuple[str, ...]) -> str:
     return KERNEL_NAME if not ablations else KERNEL_NAME + "_abl_" + "_".join(sorted(ablations))
 
 
-@functools.partial(jax.jit, static_argnames=("interpret", "ablations"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "ablations"))
 def chunk_wy_bwd_mosaic(
     k: jax.Array,
     v: jax.Array,
@@ -313,6 +380,11 @@ def chunk_wy_bwd_mosaic(
     du: jax.Array,
     *,
     segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
+    dk_partial: Optional[jax.Array] = None,
+    dg_partial: Optional[Tuple[jax.Array, jax.Array]] = None,
+    out_dtype=jnp.float32,
     interpret: bool = False,
     ablations: Tuple[str, ...] = (),
 ) -> Tuple[jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
@@ -344,6 +416,13 @@ def chunk_wy_bwd_mosaic(
     less that. SMEM at K = V = 128: 225,288 B (one CTA per SM; the fp32 ``dW``, ``dU`` tiles
     stage ``dk``, ``dv`` on the way out).
 
+    As ``mosaic_vjp`` calls it (MOSAIC_GPU.md Sec. 27): ``du`` in the input dtype is read in
+    place (no fp32 copy, its zero ``lo`` products skipped; 178,192 B of SMEM at K = V = 128),
+    the chunk-local ``dk`` (fp32, per value head) lands in the ``dW`` tile once ``dW`` is split
+    out of it (a second barrier) and is added to ``R K + R^T K``, the chunk-local ``dL/dG``
+    and boundary partials are added before the reverse cumsum, and ``dk``, ``dv`` leave in the
+    input dtype (staged in the ``dW`` hi and ``dU`` hi tiles), so no XLA op touches them.
+
     Args:
         k: keys ``[B, T, Hk, K]``, bf16 or fp16, L2-normalised (as for ``chunk_wy_mosaic``);
             ``H % Hk == 0``.
@@ -353,18 +432,40 @@ def chunk_wy_bwd_mosaic(
         dw: ``dL/dW`` ``[B, T, H, K]``, any float dtype (read as fp32; the hi/lo split keeps
             about 16 bits; with fp16 inputs the terms are fp16, so very large or tiny gradients
             lose range).
-        du: ``dL/dU`` ``[B, T, H, V]``, any float dtype (read as fp32): ``dv_new``.
+        du: ``dL/dU`` ``[B, T, H, V]``, any float dtype: ``dv_new``. Read as it is (its own
+            ``hi`` term, no fp32 copy) when in ``k``'s dtype and ``out_dtype`` is ``k``'s
+            dtype, else read as fp32 (the same products: a 16-bit ``du``'s ``lo`` term is 0).
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        doc_vecs: optional ``(doc, conn, last)``, fp32 ``[B, Tp]`` each, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` gives them for
+            ``segment_ids``, formed once by a caller that runs several kernels (``mosaic_vjp``);
+            ``None``: formed here.
+        gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
+            chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
+            gives it, computed once by a caller that runs several kernels on one ``g``
+            (``mosaic_vjp``); ``None``: computed here.
+        dk_partial: optional fp32 ``[B, T, H, K]``, a partial ``dL/dk`` per value head (the
+            chunk-local ``dk`` of :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.
+            chunk_delta_grads_partials_mosaic`), added to this kernel's ``dk`` in fp32 before
+            the GVA sum and the one rounding to ``out_dtype``.
+        dg_partial: optional ``(dgt, bnd)``, fp32 ``[B, H, Tp]`` each (``Tp = 64 ceil(T / 64)``;
+            the same function's per-token ``dL/dG`` and per-row boundary partials), added to
+            ``dL/dG`` in-kernel before the in-chunk reverse cumsum: ``dg_t`` gains
+            ``sum_{s >= t} dgt_s + sum_s bnd_s`` (sums over the chunk of ``t``). Ignored when
+            ``g`` is ``None``.
+        out_dtype: dtype of ``dk`` and ``dv`` (static): fp32 (default) or ``k``'s dtype (each
+            rounded once from the fp32 result; ``dk`` summed over the GVA group in fp32 first).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
         ablations: timing ablations, names in :data:`WY_BWD_ABLATIONS` (static; benchmarks
             only, ``benchmarks/profile_wy_bwd.py``; wrong numbers by design; MOSAIC_GPU.md
             Sec. 26). ``()``: the real kernel.
 
     Returns:
-        ``(dk, dv, dbeta, dg)``, fp32: ``dk`` ``[B, T, Hk, K]`` (summed over each GVA group),
-        ``dv`` ``[B, T, H, V]``, ``dbeta`` ``[B, T, H]`` and ``dg`` ``[B, T, H]``, the gradient
-        w.r.t. the per-token log-decay ``g`` (the in-chunk reverse cumsum of ``dL/dG`` already
-        applied), or ``None`` when ``g`` is ``None``.
+        ``(dk, dv, dbeta, dg)``: ``dk`` ``[B, T, Hk, K]`` (summed over each GVA group) and
+        ``dv`` ``[B, T, H, V]`` in ``out_dtype``, fp32 ``dbeta`` ``[B, T, H]`` and fp32 ``dg``
+        ``[B, T, H]``, the gradient w.r.t. the per-token log-decay ``g`` (the in-chunk reverse
+        cumsum ``dg_t = sum_{s >= t} dL/dG_s`` done in-kernel, fp32), or ``None`` when ``g``
+        is ``None``.
 
     Raises:
         ValueError: on mismatched shapes, unsupported head dims or dtypes, ``H`` not a
@@ -383,14 +484,38 @@ def chunk_wy_bwd_mosaic(
                              f"got {name}.shape={x.shape}")
 
     f32 = jnp.float32
+    out_dtype = jnp.dtype(out_dtype)
+    if out_dtype not in (jnp.dtype(f32), jnp.dtype(k.dtype)):
+        raise ValueError(f"out_dtype must be float32 or k's dtype {k.dtype}, got {out_dtype}")
+    out16 = out_dtype != jnp.dtype(f32)
+    if ablations and (out16 or dk_partial is not None or dg_partial is not None):
+        raise ValueError("ablations time the kernel alone: no out_dtype, dk_partial or "
+                         "dg_partial with them")
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
+    if dk_partial is not None and dk_partial.shape != (batch, seq_len, heads, dk):
+        raise ValueError(f"dk_partial must be [B, T, H, K] = {(batch, seq_len, heads, dk)}, "
+                         f"got {dk_partial.shape=}")
+    if g is None:
+        dg_partial = None
+    if dg_partial is not None and any(x.shape != (batch, heads, padded) for x in dg_partial):
+        raise ValueError(f"dg_partial must be two [B, H, Tp] = {(batch, heads, padded)}, got "
+                         f"{[x.shape for x in dg_partial]}")
+    du16 = out16 and du.dtype == k.dtype
     # Padding tokens have k = v = dW = dU = 0, beta = 0 and g = 0: they contribute nothing.
     k, v = mgl.pad_time(k, num_chunks), mgl.pad_time(v, num_chunks)
-    dw, du = (mgl.pad_time(x.astype(f32), num_chunks) for x in (dw, du))
-    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    dw = mgl.pad_time(dw.astype(f32), num_chunks)
+    du = mgl.pad_time(du if du16 else du.astype(f32), num_chunks)
+    extra = []
+    if dk_partial is not None:
+        extra.append(mgl.pad_time(dk_partial.astype(f32), num_chunks))
+    if dg_partial is not None:
+        extra += [x.astype(f32) for x in dg_partial]
+    group = heads // kv_heads
+    dk_dtype = out_dtype if group == 1 else jnp.dtype(f32)  # GVA: the group sum in fp32
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(f32), num_chunks), 1, 2)  # [B, H, Tp]
-    doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     vec = plgpu.SMEM((CHUNK,), f32)
     swz = mgl.swizzled_smem
     dtype = k.dtype
@@ -404,27 +529,33 @@ def chunk_wy_bwd_mosaic(
             swz((CHUNK, CHUNK), kgd.MERGE_DTYPE),  # y_s: the merges' Y
             sq_t, sq_t]  # q1_s, q2_s: dX hi, lo, then R hi, lo
     call = plgpu.kernel(
-        functools.partial(_wy_bwd_kernel, group=heads // kv_heads, interpret=interpret,
+        functools.partial(_wy_bwd_kernel, group=group, interpret=interpret, du16=du16,
+                          dk16=out16 and group == 1, dv16=out16, dk_in=dk_partial is not None,
+                          dg_in=dg_partial is not None, gated=g is not None,
                           **(dict(ablations=frozenset(ablations)) if ablations else {})),
-        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),  # dk per value head
-                  jax.ShapeDtypeStruct((batch, padded, heads, dv), f32),  # dv
+        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), dk_dtype),  # dk per head
+                  jax.ShapeDtypeStruct((batch, padded, heads, dv), out_dtype),  # dv
                   jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dbeta
                   jax.ShapeDtypeStruct((batch, heads, padded), f32)),  # dL/dG
         scratch_types=[
             swz((CHUNK, dk), dtype),  # k_s
             swz((CHUNK, dv), dtype),  # v_s
-            swz((CHUNK, dk), f32),  # dw_s: dW, then the staging of dk
-            swz((CHUNK, dv), f32),  # du_s: dU, then the staging of dv
+            swz((CHUNK, dk), f32),  # dw_s: dW, then dk_partial, then the fp32 staging of dk
+            swz((CHUNK, dv), du.dtype),  # du_s: dU (its hi term if du16), then dv's staging
             vec, vec, vec, vec, vec, vec, vec, vec,  # g, beta, doc, conn (rows, columns)
             swz((CHUNK, CHUNK), kgd.MERGE_DTYPE),  # l_s: A for the inverse
             swz((CHUNK, CHUNK), kgd.MERGE_DTYPE),  # x_s: the inverse's running X
             sq_t, sq_t,  # xh_s, xl_s: X hi, lo
             swz((CHUNK, dk), dtype), swz((CHUNK, dk), dtype),  # wh_s, wl_s: dW hi, lo
-            swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # uh_s, ul_s: dU hi, lo
+        ] + ([] if du16 else [swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype)]) + [
+            # uh_s, ul_s: dU hi, lo (not with du16); uh_s then stages a 16-bit dv, wh_s dk
             sq_t, sq_t,  # sh_s, sl_s: dX X^T hi, lo, then R hi, lo
             vec, vec,  # db_s, dg_s: staging of dbeta, dL/dG
-            plgpu.Barrier(num_arrivals=12),  # in_bar: the 12 input copies landed
-        ] + (shim if interpret else []),
+        ] + ([vec, vec] if dg_partial is not None else []) + [  # dgi_s, bnd_s
+            # in_bar: the 12 input copies (14 with dg_partial) landed
+            plgpu.Barrier(num_arrivals=12 + 2 * (dg_partial is not None)),
+        ] + ([plgpu.Barrier(num_arrivals=1)] if dk_partial is not None else [])  # dk_bar
+        + (shim if interpret else []),
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
@@ -432,12 +563,10 @@ def chunk_wy_bwd_mosaic(
         kernel_name=ablated_name(ablations),
     )
     with jax.named_scope("gdn_chunk_wy_bwd_mosaic"):
-        dk_, dv_, dbeta, dgc = call(k, v, dw, du, gc, beta_hm, doc, conn)
-        dk_ = kbwd._group_sum(dk_[:, :seq_len], kv_heads)
+        dk_, dv_, dbeta, dgc = call(k, v, dw, du, gc, beta_hm, doc, conn, *extra)
+        dk_ = kbwd._group_sum(dk_[:, :seq_len], kv_heads).astype(out_dtype)
         dbeta = jnp.moveaxis(dbeta, 1, 2)[:, :seq_len]
         dg = None
-        if g is not None:
-            dgc = dgc.reshape(batch, heads, num_chunks, CHUNK)
-            dgc = jnp.flip(jnp.cumsum(jnp.flip(dgc, -1), axis=-1), -1)  # dL/dg_t, in-chunk
-            dg = jnp.moveaxis(dgc.reshape(batch, heads, padded), 1, 2)[:, :seq_len]
+        if g is not None:  # dL/dg_t: the in-chunk reverse cumsum was done in the kernel
+            dg = jnp.moveaxis(dgc, 1, 2)[:, :seq_len]
     return dk_, dv_[:, :seq_len], dbeta, dg

@@ -21,10 +21,16 @@ whose backward chains the four backward stages (paper arXiv 2412.06464, Sec. 3.3
 4. :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd.chunk_wy_bwd_mosaic`
    (``dk``, ``dv``, ``dbeta`` and the rest of ``dg`` through ``W, U``),
 
-exactly as ``tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py``'s whole-backward pipeline
+as ``tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py``'s whole-backward pipeline
 test: ``dk`` and ``dg`` are the sums of the stage-3 and stage-4 parts (both are gradients of
-the per-token ``k`` and ``g``; each kernel already applies its in-chunk reverse cumsum of
-``dL/dG`` and its GVA group sum), ``dU = dv_new``.
+the per-token ``k`` and ``g``), ``dU = dv_new``. Since 2026-12-05 (MOSAIC_GPU.md Sec. 27) the
+sums are formed in stage 4's kernel, not in XLA: stage 3
+(:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_delta_grads_partials_mosaic`)
+hands over its fp32 ``dk`` per value head and its per-token ``dL/dG`` and boundary partials,
+stage 4 adds them in fp32, does ``dg``'s in-chunk reverse cumsum and writes ``dk`` and ``dv``
+in the input dtype; stage 3 writes ``dq`` in the input dtype and stage 4 reads ``dU`` in it.
+With GVA (``Hk < H``) ``dq`` and ``dk`` still leave the kernels in fp32 per value head for
+XLA's group sum, then are rounded once.
 
 Nothing dispatches here (``api.py`` is unchanged).
 
@@ -84,6 +90,9 @@ def gated_delta_rule_mosaic(
     ``2 (K + V + K V / 64)`` bytes in bf16, 1,024 bytes at K = V = 128 (four times ``v``).
     ``U`` is not kept (the backward needs only ``dU``); the WY backward recomputes the inverse
     ``T`` from ``k``, ``g``, ``beta`` (``kernel_mosaic_gpu_wy_bwd``'s docstring says why).
+    Also kept: the chunk-local gate cumsum ``G`` (fp32 ``[B, H, Tp]``, ``Tp = 64 ceil(T / 64)``,
+    4 bytes per token and value head) and the document vectors (fp32 ``[B, Tp]``, three), each
+    formed once per call and shared by all seven kernels (MOSAIC_GPU.md Sec. 27).
 
     Args:
         q, k: ``[B, T, Hk, K]``, bf16 or fp16 (GVA when ``Hk < H``: value head ``h`` reads
@@ -137,11 +146,23 @@ def gated_delta_rule_mosaic(
     return o, (final_state if output_final_state else None)
 
 
+def _shared(g, v, segment_ids):
+    """``(gc, docs)``, formed once and passed to every kernel of the op (MOSAIC_GPU.md
+    Sec. 27): ``gc`` the fp32 ``[B, H, Tp]`` chunk-local cumsum of ``g`` (``None`` for
+    DeltaNet), ``docs`` the fp32 ``[B, Tp]`` document vectors ``(doc, conn, last)`` of
+    ``segment_ids`` (:func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors`)."""
+    batch, seq_len, heads = v.shape[:3]
+    num_chunks = -(-seq_len // mgl.CHUNK)
+    gc = None if g is None else mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)
+    return gc, mgl.doc_vectors(segment_ids, batch, num_chunks)
+
+
 def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
-             residuals=True):
+             residuals=True, gc=None, docs=None):
     """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages (``None``
     for ``h`` and ``v_new`` from the fused kernels without ``residuals``, and for ``w`` from
-    ``"fused_t0"`` without them)."""
+    ``"fused_t0"`` without them). ``gc``, ``docs``: :func:`_shared`, passed to the three-pass
+    kernels and ``chunk_wy_mosaic``."""
     if forward in ("fused_t0", "fused_t0_split"):
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
                                           **kgd.T0_OPTIONS)  # empty unless a benchmark sets it
@@ -154,7 +175,8 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         # chunk and head, fp32, rounded once), only when differentiated.
         w = (kgd.w_from_t0(k, t0, g, beta, segment_ids=segment_ids) if residuals else None)
         return (o, final_state), (w, h, v_new)
-    w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, interpret=interpret)
+    w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, gate_cumsum=gc,
+                               doc_vecs=docs, interpret=interpret)
     if forward != "three_pass":
         o, final_state, v_new, h = kfused.chunk_delta_fused_fwd_mosaic(
             q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
@@ -163,10 +185,11 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         return (o, final_state), (w, h, v_new)
     # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype.
     h, v_new, final_state = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,
-                                                     segment_ids=segment_ids,
-                                                     states_dtype=v.dtype, interpret=interpret)
+                                                     segment_ids=segment_ids, gate_cumsum=gc,
+                                                     doc_vecs=docs, states_dtype=v.dtype,
+                                                     interpret=interpret)
     o = sg.chunk_output_mosaic(q, k, v_new, g, h, scale=scale, segment_ids=segment_ids,
-                               interpret=interpret)
+                               gate_cumsum=gc, doc_vecs=docs, interpret=interpret)
     return (o, final_state), (w, h, v_new)
 
 
@@ -174,37 +197,44 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
 def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
                 forward, interpret):
     del output_final_state
+    gc, docs = _shared(g, v, segment_ids)
     return _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
-                    residuals=False)[0]
+                    residuals=False, gc=gc, docs=docs)[0]
 
 
 def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
                     forward, interpret):
     del output_final_state
+    gc, docs = _shared(g, v, segment_ids)
     out, (w, h, v_new) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
-                                  forward, interpret)
-    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new)
+                                  forward, interpret, gc=gc, docs=docs)
+    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs)
 
 
 def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, residuals, cotangents):
     del forward  # the backward is the same for both forwards
-    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new = residuals
+    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs = residuals
     do, dht = cotangents
     do = do.astype(v.dtype)
     dht = dht.astype(jnp.float32) if output_final_state else None
     seg = segment_ids
-    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
-                                     interpret=interpret)
+    shared = dict(segment_ids=seg, gate_cumsum=gc, doc_vecs=docs)
+    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, interpret=interpret, **shared)
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
-                                             final_state_grad=dht, segment_ids=seg,
-                                             states_dtype=v.dtype, interpret=interpret)
-    dq, dk, dw, dg = kbwd.chunk_delta_grads_mosaic(q, k, v_new, do, dvn, g, h, dh, scale=scale,
-                                                   segment_ids=seg, interpret=interpret)
-    dk_wy, dv, dbeta, dg_wy = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, dvn, segment_ids=seg,
-                                                      interpret=interpret)
-    dg = None if g is None else (dg + dg_wy).astype(g.dtype)
+                                             final_state_grad=dht, states_dtype=v.dtype,
+                                             interpret=interpret, **shared)
+    # Stage 3 hands its fp32 chunk-local dk (per value head) and dL/dG partials to stage 4,
+    # which adds them in-kernel (and does dg's in-chunk reverse cumsum), so dq, dk, dv leave
+    # the kernels once, in the input dtype (MOSAIC_GPU.md Sec. 27).
+    dq, dk_loc, dw, dgt, bnd = kbwd.chunk_delta_grads_partials_mosaic(
+        q, k, v_new, do, dvn, g, h, dh, scale=scale, dq_dtype=q.dtype, interpret=interpret,
+        **shared)
+    dk, dv, dbeta, dg = kwb.chunk_wy_bwd_mosaic(
+        k, v, g, beta, dw, dvn, **shared, dk_partial=dk_loc,
+        dg_partial=None if g is None else (dgt, bnd), out_dtype=k.dtype, interpret=interpret)
+    dg = None if g is None else dg.astype(g.dtype)
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
-    return (dq.astype(q.dtype), (dk + dk_wy).astype(k.dtype), dv.astype(v.dtype), dg,
+    return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg,
             dbeta.astype(beta.dtype), dh0, None)
 
 

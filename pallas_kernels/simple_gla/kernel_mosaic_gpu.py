@@ -441,6 +441,8 @@ def chunk_output_mosaic(
     *,
     scale: float,
     segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     interpret: bool = False,
 ) -> jax.Array:
     """Outputs of every chunk from the states entering it, by a Mosaic GPU kernel.
@@ -471,6 +473,14 @@ def chunk_output_mosaic(
             :func:`chunk_states_mosaic`; rounded to the input dtype (the ``wgmma`` operand).
         scale: read-out scale (static).
         segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        doc_vecs: optional ``(doc, conn, last)``, fp32 ``[B, Tp]`` each, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` gives them for
+            ``segment_ids``, formed once by a caller that runs several kernels (``mosaic_vjp``);
+            ``None``: formed here.
+        gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 ceil(T / 64)``), ``g``'s
+            chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
+            gives it, computed once by a caller that runs several kernels on one ``g``
+            (``mosaic_vjp``); ``None``: computed here.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -492,8 +502,8 @@ def chunk_output_mosaic(
 
     padded = num_chunks * CHUNK
     q, k, v = (_pad_time(x, num_chunks) for x in (q, k, v))
-    gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
-    doc, conn, _ = _doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
+    doc, conn, _ = _doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     vec = plgpu.SMEM((CHUNK,), jnp.float32)
     call = plgpu.kernel(
         functools.partial(_output_kernel, group=heads // kv_heads, scale=float(scale),

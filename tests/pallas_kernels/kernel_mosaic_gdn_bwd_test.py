@@ -182,6 +182,34 @@ class GradsInterpretTest(parameterized.TestCase):
         got = kbwd.chunk_delta_grads_mosaic(*args, scale=scale, segment_ids=seg, interpret=True)
         _check(self, got, want)
 
+    @parameterized.named_parameters(*(c for c in _CPU_CASES if "partial" in c[0]
+                                      or "deltanet" in c[0]))
+    def test_partials_assemble_to_the_autodiff_grads(self, *case):
+        """``chunk_delta_grads_partials_mosaic`` with a 16-bit ``dq``: ``dq`` against the
+        reference; the per-value-head ``dk`` summed over each GVA group, and ``dg`` assembled
+        from ``dgt`` and ``bnd`` (boundary at the chunk's last token, in-chunk reverse cumsum,
+        in XLA here), against it too; and the 16-bit ``dq`` is the fp32 one rounded once."""
+        args, seg, scale, want = _case(*case)
+        q, kv_heads, seq_len = args[0], args[1].shape[2], args[1].shape[1]
+        dq16, dk_h, dw, dgt, bnd = kbwd.chunk_delta_grads_partials_mosaic(
+            *args, scale=scale, segment_ids=seg, dq_dtype=q.dtype, interpret=True)
+        dq32 = kbwd.chunk_delta_grads_partials_mosaic(
+            *args, scale=scale, segment_ids=seg, interpret=True)[0]
+        self.assertEqual((dq16.dtype, dq32.dtype, dk_h.shape[2]),
+                         (q.dtype, jnp.float32, args[2].shape[2]))
+        self.assertEqual(jnp.max(jnp.abs(dq16.astype(jnp.float32)
+                                         - dq32.astype(q.dtype).astype(jnp.float32))), 0.0)
+        dg = None
+        if want[3] is not None:
+            batch, heads, padded = dgt.shape
+            chunks = dgt.reshape(batch, heads, padded // C, C)
+            chunks = chunks.at[..., -1].add(jnp.sum(bnd.reshape(chunks.shape), axis=-1))
+            chunks = jnp.flip(jnp.cumsum(jnp.flip(chunks, -1), axis=-1), -1)
+            dg = jnp.moveaxis(chunks.reshape(batch, heads, padded), 1, 2)[:, :seq_len]
+        _check(self, (dq32, kbwd._group_sum(dk_h, kv_heads), dw, dg), want)
+        err = tolerances.rel_err(dq16.astype(jnp.float32), want[0])
+        self.assertLess(err, 5e-3, msg=f"bf16 dq: relative RMS error {err:.2e}")
+
     @parameterized.named_parameters(*_CPU_CASES)
     def test_chunk_dv_local_matches_reference(self, *case):
         (q, k, do, g), seg, scale, want = _dv_local_case(*case)

@@ -11,7 +11,7 @@ a relative RMS error of 5e-3 (``dg``, ``dbeta`` 1e-2: the pipeline tests' gates)
 ``InterpretTest`` is marked ``slow`` (interpreted Mosaic GPU kernels can hang instead of
 failing, ``pallas_kernels/common/MOSAIC_GPU.md``); ``LoweringTest`` exports the op and its
 gradient for CUDA with ``jax.export`` (two variants; ``LoweringSlowTest``, ``slow``, the other
-six); ``GpuTest`` (marked ``gpu``) runs the compiled kernels
+fourteen); ``GpuTest`` (marked ``gpu``) runs the compiled kernels
 on a Hopper GPU.
 """
 
@@ -67,6 +67,9 @@ class InterpretTest(parameterized.TestCase):
         ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
          (64, 36, 30)),
         ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None),
+        # no GVA: dq, dk, dv leave the kernels in bf16 (MOSAIC_GPU.md Sec. 27)
+        ("gated_h0_packed_partial_T150_K64_V64", 1, 150, 2, 2, 64, 64, 0.05, True, False,
+         (64, 36, 30)),
     )
     def test_vjp_matches_chunked_vjp(self, *case):
         _check(self, bwd_test._pipeline_inputs(*case), True)
@@ -81,6 +84,9 @@ class GpuTest(kmg_test.HopperTestCase):
         ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
          (700, 1, 64, 999)),
         ("deltanet_partial_T1000_K64_V64", 2, 1000, 2, 2, 64, 64, None, False, True, None),
+        # no GVA, gated: the bf16 dq, dk, dv kernel outputs (MOSAIC_GPU.md Sec. 27)
+        ("gated_h0_dht_packed_T2048_K128_V128", 1, 2048, 2, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999)),
         ("strong_decay_h0_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, False,
          (10, 54, 500)),
     )
@@ -88,9 +94,11 @@ class GpuTest(kmg_test.HopperTestCase):
         _check(self, bwd_test._pipeline_inputs(*case, seed=11), False)
 
 
-def _check_grad_exports(test, dk, dv, deltanet):
+def _check_grad_exports(test, dk, dv, deltanet, gva):
+    # Without GVA dq, dk, dv leave the kernels in bf16; with it dq, dk go out in fp32 for the
+    # group sum (MOSAIC_GPU.md Sec. 27): both kernel variants are lowered.
     q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
-        1, 200, 2, 1, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
+        1, 200, 2, 1 if gva else 2, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
 
     def loss(q, k, v, g, beta, h0, seg):
         o, final = mosaic_vjp.gated_delta_rule_mosaic(
@@ -109,11 +117,12 @@ def _check_grad_exports(test, dk, dv, deltanet):
     test.assertEqual([a.shape for a in exported.out_avals], want)
 
 
-# Export variants: CI keeps two (K = V = 64 DeltaNet, K = V = 128 gated); LoweringSlowTest runs
-# the other six.
+# Export variants: CI keeps two (K = V = 64 DeltaNet with GVA, K = V = 128 gated without);
+# LoweringSlowTest runs the other fourteen.
 _EXPORT_CI, _EXPORT_SLOW = kmg_test.split_variants(
-    [dict(dk=64, dv=64, deltanet=True), dict(dk=128, dv=128, deltanet=False)],
-    dk=(64, 128), dv=(64, 128), deltanet=(False, True))
+    [dict(dk=64, dv=64, deltanet=True, gva=True),
+     dict(dk=128, dv=128, deltanet=False, gva=False)],
+    dk=(64, 128), dv=(64, 128), deltanet=(False, True), gva=(True, False))
 
 
 class LoweringTest(parameterized.TestCase):
@@ -125,9 +134,9 @@ class LoweringTest(parameterized.TestCase):
         _check_grad_exports(self, **variant)
 
 
-# Slow (out of CI): the other K, V and gate combinations of LoweringTest (1.9 to 2.4 s each,
-# 13 s for the 6: seven kernels each). The mark is on the class: absl's parameterized copies
-# of a method do not keep a method-level mark.
+# Slow (out of CI): the other K, V, gate and GVA combinations of LoweringTest (1.9 to 2.4 s
+# each, about 30 s for the 14: seven kernels each). The mark is on the class: absl's
+# parameterized copies of a method do not keep a method-level mark.
 @pytest.mark.slow
 class LoweringSlowTest(parameterized.TestCase):
 

@@ -48,14 +48,17 @@ _MAX_ERR_CORRELATED = 2.5e-3
 _NAMES = ("dk", "dv", "dbeta", "dg")
 
 
-def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, docs, correlated, seed=0):
+def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, docs, correlated, seed=0,
+          du_dtype=jnp.float32):
     """Kernel inputs ``(k, v, g, beta, dw, du)``, ``segment_ids`` and the fp32 reference
-    ``(dk, dv, dbeta, dg)`` by ``jax.vjp`` of ``chunked.wy_representation``."""
+    ``(dk, dv, dbeta, dg)`` by ``jax.vjp`` of ``chunked.wy_representation`` (``du`` rounded to
+    ``du_dtype`` first, in the inputs and the reference)."""
     k, v, g, beta, seg = wy_test._inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
                                          docs=docs, correlated=correlated, seed=seed)
     keys = jax.random.split(jax.random.key(seed + 21), 2)
     dw = jax.random.normal(keys[0], (batch, seq_len, heads, dk))
     du = jax.random.normal(keys[1], (batch, seq_len, heads, dv))
+    du = du.astype(du_dtype).astype(jnp.float32)
 
     def wy(kf, vf, gf, bf):
         return chunked.wy_representation(kf, vf, None if g is None else gf, bf,
@@ -103,6 +106,84 @@ class WyBwdInterpretTest(parameterized.TestCase):
         args, seg, want = _case(*case)
         got = kwb.chunk_wy_bwd_mosaic(*args, segment_ids=seg, interpret=True)
         _check(self, got, want, _MAX_ERR_CORRELATED if case[-1] else _MAX_ERR)
+
+
+def _chunk_reverse_cumsum(x, seq_len):
+    """``[B, H, Tp]`` to ``[B, T, H]``: ``y_t = sum_{s >= t in t's chunk} x_s`` (fp32)."""
+    batch, heads, padded = x.shape
+    c = x.reshape(batch, heads, padded // kwb.CHUNK, kwb.CHUNK)
+    c = jnp.flip(jnp.cumsum(jnp.flip(c, -1), axis=-1), -1)
+    return jnp.moveaxis(c.reshape(batch, heads, padded), 1, 2)[:, :seq_len]
+
+
+# The cases of _CPU_CASES with a partial chunk, GVA, packed documents or DeltaNet.
+_PARTIAL_CASES = tuple(c for c in _CPU_CASES if c[0].startswith(("gva", "strong", "deltanet")))
+
+
+@pytest.mark.slow
+class PartialsInterpretTest(parameterized.TestCase):
+    """``dk_partial``, ``dg_partial`` and ``out_dtype`` (what ``mosaic_vjp`` passes,
+    MOSAIC_GPU.md Sec. 27)."""
+
+    def _partials(self, args, seed=5):
+        k, v, g, beta, dw, _ = args
+        batch, seq_len, heads, dk = dw.shape
+        padded = -(-seq_len // kwb.CHUNK) * kwb.CHUNK
+        keys = jax.random.split(jax.random.key(seed), 3)
+        dk_p = jax.random.normal(keys[0], (batch, seq_len, heads, dk))
+        dgt = jax.random.normal(keys[1], (batch, heads, padded))
+        bnd = jax.random.normal(keys[2], (batch, heads, padded))
+        return dk_p, dgt, bnd
+
+    @parameterized.named_parameters(*_PARTIAL_CASES)
+    def test_partials_are_added_in_kernel(self, *case):
+        """fp32 outputs: ``dk = dk_WY + group_sum(dk_partial)``, ``dg = dg_WY +`` the in-chunk
+        reverse cumsum of ``dgt`` ``+`` the chunk's sum of ``bnd``; ``dv``, ``dbeta`` as
+        without partials."""
+        args, seg, want = _case(*case)
+        dk_p, dgt, bnd = self._partials(args)
+        got = kwb.chunk_wy_bwd_mosaic(*args, segment_ids=seg, dk_partial=dk_p,
+                                      dg_partial=(dgt, bnd), interpret=True)
+        kv_heads, seq_len = args[0].shape[2], args[0].shape[1]
+        dk_want = want[0] + kbwd._group_sum(dk_p, kv_heads)
+        dg_want = None
+        if want[3] is not None:
+            per_chunk = jnp.sum(bnd.reshape(*bnd.shape[:2], -1, kwb.CHUNK), axis=-1)
+            bnd_sum = jnp.repeat(per_chunk, kwb.CHUNK, axis=-1)  # [B, H, Tp]
+            dg_want = (want[3] + _chunk_reverse_cumsum(dgt, seq_len)
+                       + jnp.moveaxis(bnd_sum, 1, 2)[:, :seq_len])
+        _check(self, got, (dk_want, want[1], want[2], dg_want),
+               _MAX_ERR_CORRELATED if case[-1] else _MAX_ERR)
+
+    @parameterized.named_parameters(*_PARTIAL_CASES)
+    def test_16bit_outputs_are_the_fp32_ones_rounded_once(self, *case):
+        """A bf16 ``du`` read in place and ``out_dtype=bf16``: ``dk``, ``dv`` equal the fp32
+        kernel's (same bf16 ``du`` read as fp32) rounded once, bit for bit; ``dbeta``, ``dg``
+        equal; and ``dk``, ``dv`` are within one bf16 rounding of the reference."""
+        args, seg, want = _case(*case)
+        k, v, g, beta, dw, du = args
+        du16 = du.astype(k.dtype)
+        dk_p, dgt, bnd = self._partials(args)
+        kw = dict(segment_ids=seg, dk_partial=dk_p, dg_partial=(dgt, bnd), interpret=True)
+        got16 = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du16, out_dtype=k.dtype, **kw)
+        got32 = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du16, **kw)
+        # an fp32 du with 16-bit outputs: read as fp32 (its hi / lo split), staged in 16 bits
+        got16_f = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, out_dtype=k.dtype, **kw)
+        got32_f = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, **kw)
+        for pair16, pair32 in ((got16, got32), (got16_f, got32_f)):
+            for name, x16, x32 in zip(_NAMES, pair16, pair32):
+                if x32 is None:
+                    self.assertIsNone(x16, msg=name)
+                    continue
+                want_dtype = k.dtype if name in ("dk", "dv") else jnp.float32
+                self.assertEqual(x16.dtype, want_dtype, msg=name)
+                diff = jnp.max(jnp.abs(x16.astype(jnp.float32)
+                                       - x32.astype(want_dtype).astype(jnp.float32)))
+                self.assertEqual(float(diff), 0.0, msg=name)
+        # the reference with the bf16 du and the partials: dv is the complete gradient
+        _, _, want16 = _case(*case, du_dtype=k.dtype)
+        err = tolerances.rel_err(got16[1].astype(jnp.float32), want16[1])
+        self.assertLess(err, 4e-3, msg=f"bf16 dv: relative RMS error {err:.2e}")
 
 
 def _mosaic_pipeline_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
@@ -285,6 +366,19 @@ class ValidationTest(absltest.TestCase):
             kwb.chunk_wy_bwd_mosaic(k, v[..., :32], g, beta, dw, du[..., :32])
         with self.assertRaisesRegex(ValueError, "16-bit dtype"):
             kwb.chunk_wy_bwd_mosaic(k, v.astype(jnp.float32), g, beta, dw, du)
+        with self.assertRaisesRegex(ValueError, "out_dtype must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, out_dtype=jnp.float16)
+        with self.assertRaisesRegex(ValueError, "dk_partial must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, dk_partial=dw[:, :32])
+        with self.assertRaisesRegex(ValueError, "dg_partial must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, dg_partial=(beta, beta))
+        with self.assertRaisesRegex(ValueError, "gate_cumsum must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, gate_cumsum=beta)
+        with self.assertRaisesRegex(ValueError, "doc_vecs must be"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, doc_vecs=(beta, beta, beta))
+        with self.assertRaisesRegex(ValueError, "no out_dtype"):
+            kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du, out_dtype=k.dtype,
+                                    ablations=("no_exp",))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,51 @@
+"""benchmarks/glue_inventory.py: type parsing, source lines, and the glue of
+``gated_delta_rule_mosaic``'s training step (CUDA lowering on CPU, MOSAIC_GPU.md Sec. 27): no XLA
+op outside the kernels touches a ``[B, T, H, K]`` tensor any more, with or without documents;
+with GVA only the fp32 group sums of ``dq``, ``dk`` (and their one rounding) do."""
+
+from absl.testing import absltest, parameterized
+
+from benchmarks import glue_inventory as gi
+
+# B 1, T 256, H 2, K = V = 64: a full-size bf16 tensor is 64 KiB; the gate vectors are 2 KiB.
+_SHAPE = dict(batch=1, seq_len=256, heads=2, dim=64)
+_FULL_BF16 = 256 * 2 * 64 * 2
+
+
+class GlueInventoryTest(parameterized.TestCase):
+
+    def test_tensor_bytes(self):
+        self.assertEqual(gi.tensor_bytes("tensor<8x4096x16x128xbf16>"),
+                         ((8, 4096, 16, 128), "bf16", 8 * 4096 * 16 * 128 * 2))
+        self.assertEqual(gi.tensor_bytes("tensor<f32>"), ((), "f32", 4))
+        self.assertIsNone(gi.tensor_bytes("!stablehlo.token"))
+
+    def test_source_line_takes_the_innermost_repository_frame(self):
+        loc = ('loc(callsite("/x/pallas_kernels/gated_delta_rule/mosaic_vjp.py":135:4 at '
+               '"/x/pallas_kernels/common/mosaic_gpu_lib.py":20:1))')
+        self.assertEqual(gi.source_line(loc), "pallas_kernels/gated_delta_rule/mosaic_vjp.py:135")
+        self.assertEqual(gi.source_line('loc("q")'), "?")
+
+    @parameterized.named_parameters(("plain", False), ("packed", True))
+    def test_no_full_size_glue_without_gva(self, packed):
+        text = gi.lowered_module(kv_heads=2, packed=packed, **_SHAPE)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+        rows = gi.inventory(text, _FULL_BF16)
+        self.assertEqual([r for r in rows if not r["noop"]], [])
+        # one shared gate cumsum (a reduce_window over [B, N, 64, H]) is left, and with
+        # documents one scan of segment_ids for the shared [B, Tp] document vectors (they were
+        # formed once per kernel wrapper: seven of each)
+        small = [r for r in gi.inventory(text, 1) if not r["noop"]]
+        self.assertEqual(sum(r["op"] == "reduce_window" and r["types"].startswith("1x4x64x2 ")
+                             for r in small), 1)
+        self.assertEqual(sum(r["op"] == "reduce_window" for r in small), 1 + packed)
+
+    def test_gva_keeps_only_the_group_sums(self):
+        text = gi.lowered_module(kv_heads=1, packed=False, **_SHAPE)
+        rows = [r for r in gi.inventory(text, _FULL_BF16 // 2) if not r["noop"]]
+        self.assertTrue(rows)
+        self.assertTrue(all(r["op"] in ("reduce", "convert") for r in rows), rows)
+
+
+if __name__ == "__main__":
+    absltest.main()
