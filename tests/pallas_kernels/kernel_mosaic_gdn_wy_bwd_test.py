@@ -331,8 +331,8 @@ class AblationTest(parameterized.TestCase):
         self.assertLessEqual(smem, _SMEM_LIMIT)
 
     def test_default_is_the_real_kernel(self):
-        default, smem = _export_ablated()
-        self.assertEqual(cwg_test.without_test_locations(_export_ablated(())[0]),
+        (default, smem), (explicit, _) = cwg_test.default_and_explicit(_export_ablated)
+        self.assertEqual(cwg_test.without_test_locations(explicit),
                          cwg_test.without_test_locations(default))  # the Mosaic module too
         self.assertNotIn("_abl_", default)
         self.assertIn(f"{kwb.KERNEL_NAME}\\00", default)
