@@ -1533,7 +1533,10 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     _check_resume_compatible(workdir, config,
                              has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
     # The data files' contents (a corpus rebuilt at the same path), likewise before the read.
-    fingerprints = data_fingerprints(config.data)
+    try:
+        fingerprints = data_fingerprints(config.data)
+    except ValueError as e:  # a malformed token-shard manifest: one line, as build_datasets'
+        raise config_lib.ConfigError(f"data: {e}") from e
     _check_data_unchanged(workdir, fingerprints,
                           has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
 

@@ -347,6 +347,20 @@ class ResumeChecksTest(absltest.TestCase):
                                        print_fn=lambda s: None)
         self.assertEqual((out["resumed_from"], out["step"]), (2, 3))
 
+    def test_a_malformed_token_shard_manifest_is_one_config_error(self):
+        # data_fingerprints read the manifest before build_datasets, whose ValueError the
+        # trainer turns into a ConfigError ("data: ..."): the manifest's ValueError escaped as
+        # a traceback (experiments/train.py catches no ValueError) instead of one line.
+        shards = os.path.join(self.tmp, "tokens")
+        os.makedirs(shards)
+        with open(os.path.join(shards, "manifest.json"), "w") as f:
+            json.dump({"format": "lattn-token-shards", "version": 999}, f)
+        cfg = tiny_experiment(self.corpus)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, paths=(shards,)))
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    r"^data: .*manifest\.json: not a lattn-token-shards v1"):
+            train.train_and_evaluate(cfg, os.path.join(self.tmp, "m"), print_fn=lambda s: None)
+
     def test_a_workdir_in_use_is_refused_before_anything_is_written(self):
         workdir = os.path.join(self.tmp, "busy")
         os.makedirs(workdir)
