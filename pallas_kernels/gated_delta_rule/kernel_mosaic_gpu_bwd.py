@@ -463,6 +463,13 @@ def chunk_delta_grads_mosaic(
     gradient leaves in fp32 through one fp32 SMEM staging tile; the gate terms are formed in
     fp32 before any rounding. SMEM at K = V = 128: about 185 KB.
 
+    With GVA (``Hk < H``, ``G = H / Hk``) and ``gva_loop`` (MOSAIC_GPU.md Sec. 27.5; on by
+    default at ``K <= 64``) the CTA is one ``(chunk, key
+    head, batch row)``: ``q, k`` are loaded once and the value heads ``hk G + j`` run in a loop,
+    each adding its fp32 ``dq`` into an fp32 ``[64, K]`` SMEM tile (+32 KB at K = 128), so
+    ``dq = sum_j dq_(hk G + j)`` leaves the kernel once, ``[B, T, Hk, K]``; ``dk``, ``dw`` and
+    the gate partials stay per value head. Without GVA the kernel is unchanged.
+
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
             query/key head ``h // (H // Hk)``). As the forward read them (L2-normalised if so).
@@ -515,7 +522,7 @@ def chunk_delta_grads_mosaic(
     return dq, dk_, dw, dg
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "dq_dtype", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "dq_dtype", "gva_loop", "interpret"))
 def chunk_delta_grads_partials_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -531,6 +538,7 @@ def chunk_delta_grads_partials_mosaic(
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     dq_dtype=jnp.float32,
+    gva_loop: Optional[bool] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """The kernel of :func:`chunk_delta_grads_mosaic` with its outputs as the kernel writes
@@ -546,9 +554,13 @@ def chunk_delta_grads_partials_mosaic(
     ``doc_vecs`` (optional ``(doc, conn, last)`` fp32 ``[B, Tp]``,
     :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` of ``segment_ids`` formed once by
     the caller; ``None``: formed here) and ``dq_dtype`` (static): fp32 (default) or ``q``'s
-    dtype, the dtype ``dq`` is returned in (without GVA the kernel writes it in that dtype,
-    rounded once from its fp32 accumulator; with GVA it writes fp32, summed over each group
-    in XLA, then rounded).
+    dtype, the dtype ``dq`` is returned in (the kernel writes it in that dtype, rounded once
+    from its fp32 value; with GVA the group sum, formed in fp32) and ``gva_loop`` (static;
+    GVA only): whether one CTA per key head loops over its value heads and forms ``dq``'s group
+    sum in-kernel (:func:`chunk_delta_grads_mosaic`); else the kernel writes fp32 ``dq`` per
+    value head and XLA sums and rounds it. ``None`` (default): on at ``K <= 64`` (the model
+    presets' head dim), off at ``K = 128``, where offline ptxas finds spills with it
+    (MOSAIC_GPU.md Sec. 27.5).
 
     Returns:
         ``(dq, dk, dw, dgt, bnd)``: ``dq`` ``[B, T, Hk, K]`` in ``dq_dtype``
@@ -584,9 +596,11 @@ def chunk_delta_grads_partials_mosaic(
     dq_dtype = jnp.dtype(dq_dtype)
     if dq_dtype not in (jnp.dtype(f32), jnp.dtype(dtype)):
         raise ValueError(f"dq_dtype must be float32 or q's dtype {dtype}, got {dq_dtype}")
-    dq16 = dq_dtype != jnp.dtype(f32)
     group = heads // kv_heads
-    kv_loop = group > 1  # GVA: one CTA per key head loops over its value heads (Sec. 27.5)
+    if gva_loop is None:
+        gva_loop = dk <= 64  # no spills there (offline ptxas, MOSAIC_GPU.md Sec. 27.5)
+    kv_loop = gva_loop and group > 1  # one CTA per key head loops over its value heads
+    dq16 = dq_dtype != jnp.dtype(f32) and (group == 1 or kv_loop)  # else XLA's group sum
     call = plgpu.kernel(
         functools.partial(_grads_kernel, group=group, scale=float(scale),
                           interpret=interpret, dq16=dq16, kv_loop=kv_loop),

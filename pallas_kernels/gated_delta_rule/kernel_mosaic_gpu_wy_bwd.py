@@ -63,6 +63,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
 
 CHUNK = mgl.CHUNK
 KERNEL_NAME = "gdn_chunk_wy_bwd"
@@ -413,7 +414,7 @@ def ablated_name(ablations: Tuple[str, ...]) -> str:
     return KERNEL_NAME if not ablations else KERNEL_NAME + "_abl_" + "_".join(sorted(ablations))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "ablations"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "gva_loop", "interpret", "ablations"))
 def chunk_wy_bwd_mosaic(
     k: jax.Array,
     v: jax.Array,
@@ -428,6 +429,7 @@ def chunk_wy_bwd_mosaic(
     dk_partial: Optional[jax.Array] = None,
     dg_partial: Optional[Tuple[jax.Array, jax.Array]] = None,
     out_dtype=jnp.float32,
+    gva_loop: bool = False,
     interpret: bool = False,
     ablations: Tuple[str, ...] = (),
 ) -> Tuple[jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
@@ -458,6 +460,13 @@ def chunk_wy_bwd_mosaic(
     fp32 ``[64, 64]`` tiles) and ``k_i . (R^T K)_i`` is the row sum of ``K * (R K + R^T K)``
     less that. SMEM at K = V = 128: 225,288 B (one CTA per SM; the fp32 ``dW``, ``dU`` tiles
     stage ``dk``, ``dv`` on the way out).
+
+    With GVA (``Hk < H``, ``G = H / Hk``) and ``gva_loop`` (MOSAIC_GPU.md Sec. 27.5; off by
+    default, it spills) the CTA is one ``(chunk, key
+    head, batch row)``: ``k`` is loaded once and the kernel above runs for the ``G`` value
+    heads ``hk G + j`` in a loop, each head's fp32 ``dk`` (``dk_partial`` included) added into
+    an fp32 ``[64, K]`` SMEM tile (+32 KB at K = 128); ``dk = sum_j dk_(hk G + j)`` leaves once,
+    ``[B, T, Hk, K]``, rounded once to ``out_dtype``. Without GVA the kernel is unchanged.
 
     As ``mosaic_vjp`` calls it (MOSAIC_GPU.md Sec. 27): ``du`` in the input dtype is read in
     place (no fp32 copy, its zero ``lo`` products skipped; 178,192 B of SMEM at K = V = 128),
@@ -490,14 +499,18 @@ def chunk_wy_bwd_mosaic(
         dk_partial: optional fp32 ``[B, T, H, K]``, a partial ``dL/dk`` per value head (the
             chunk-local ``dk`` of :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.
             chunk_delta_grads_partials_mosaic`), added to this kernel's ``dk`` in fp32 before
-            the GVA sum and the one rounding to ``out_dtype``.
+            the (in-kernel) GVA sum and the one rounding to ``out_dtype``.
         dg_partial: optional ``(dgt, bnd)``, fp32 ``[B, H, Tp]`` each (``Tp = 64 ceil(T / 64)``;
             the same function's per-token ``dL/dG`` and per-row boundary partials), added to
             ``dL/dG`` in-kernel before the in-chunk reverse cumsum: ``dg_t`` gains
             ``sum_{s >= t} dgt_s + sum_s bnd_s`` (sums over the chunk of ``t``). Ignored when
             ``g`` is ``None``.
         out_dtype: dtype of ``dk`` and ``dv`` (static): fp32 (default) or ``k``'s dtype (each
-            rounded once from the fp32 result; ``dk`` summed over the GVA group in fp32 first).
+            rounded once from the fp32 result; ``dk`` summed over the GVA group in fp32 first,
+            in the kernel with ``gva_loop``, else in XLA).
+        gva_loop: with GVA (``Hk < H``; static), one CTA per key head loops over its value
+            heads and sums ``dk`` in-kernel (the docstring above). Off by default: offline
+            ptxas finds spills with it (MOSAIC_GPU.md Sec. 27.5). Ignored without GVA.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
         ablations: timing ablations, names in :data:`WY_BWD_ABLATIONS` (static; benchmarks
             only, ``benchmarks/profile_wy_bwd.py``; wrong numbers by design; MOSAIC_GPU.md
@@ -555,7 +568,8 @@ def chunk_wy_bwd_mosaic(
     if dg_partial is not None:
         extra += [x.astype(f32) for x in dg_partial]
     group = heads // kv_heads
-    kv_loop = group > 1  # GVA: one CTA per key head sums dk over its value heads in-kernel
+    kv_loop = gva_loop and group > 1  # one CTA per key head sums dk over its value heads
+    dk_dtype = out_dtype if group == 1 or kv_loop else jnp.dtype(f32)  # else XLA's group sum
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(f32), num_chunks), 1, 2)  # [B, H, Tp]
     doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
@@ -573,12 +587,13 @@ def chunk_wy_bwd_mosaic(
             sq_t, sq_t]  # q1_s, q2_s: dX hi, lo, then R hi, lo
     call = plgpu.kernel(
         functools.partial(_wy_bwd_kernel, group=group, interpret=interpret, du16=du16,
-                          dk16=out16, dv16=out16, dk_in=dk_partial is not None,
+                          dk16=out16 and (group == 1 or kv_loop), dv16=out16,
+                          dk_in=dk_partial is not None,
                           dg_in=dg_partial is not None, gated=g is not None,
                           **(dict(ablations=frozenset(ablations)) if ablations else {}),
                           **(dict(kv_loop=True) if kv_loop else {})),
         out_type=(jax.ShapeDtypeStruct((batch, padded, kv_heads if kv_loop else heads, dk),
-                                       out_dtype),  # dk, summed over the GVA group
+                                       dk_dtype),  # dk (per value head without kv_loop)
                   jax.ShapeDtypeStruct((batch, padded, heads, dv), out_dtype),  # dv
                   jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dbeta
                   jax.ShapeDtypeStruct((batch, heads, padded), f32)),  # dL/dG
@@ -597,8 +612,8 @@ def chunk_wy_bwd_mosaic(
             sq_t, sq_t,  # sh_s, sl_s: dX X^T hi, lo, then R hi, lo
             vec, vec,  # db_s, dg_s: staging of dbeta, dL/dG
         ] + ([vec, vec] if dg_partial is not None else []) + [  # dgi_s, bnd_s
-            # in_bar: the 12 input copies (14 with dg_partial) landed
-            plgpu.Barrier(num_arrivals=12 + 2 * (dg_partial is not None)),
+            # in_bar: the 12 input copies (14 with dg_partial; k not among them with kv_loop)
+            plgpu.Barrier(num_arrivals=12 + 2 * (dg_partial is not None) - kv_loop),
         ] + ([plgpu.Barrier(num_arrivals=1)] if dk_partial is not None else [])  # dk_bar
         + ([swz((CHUNK, dk), f32),  # dkacc_s: dk summed over the GVA group in fp32
             plgpu.Barrier(num_arrivals=1)] if kv_loop else [])  # k_bar: k landed
@@ -612,7 +627,8 @@ def chunk_wy_bwd_mosaic(
     )
     with jax.named_scope("gdn_chunk_wy_bwd_mosaic"):
         dk_, dv_, dbeta, dgc = call(k, v, dw, du, gc, beta_hm, doc, conn, *extra)
-        dk_ = dk_[:, :seq_len] if kv_loop else dk_[:, :seq_len].astype(out_dtype)
+        dk_ = dk_[:, :seq_len] if kv_loop else kbwd._group_sum(
+            dk_[:, :seq_len], kv_heads).astype(out_dtype)
         dbeta = jnp.moveaxis(dbeta, 1, 2)[:, :seq_len]
         dg = None
         if g is not None:  # dL/dg_t: the in-chunk reverse cumsum was done in the kernel
