@@ -669,11 +669,12 @@ def _matches(kernel: Optional[str], patterns: Sequence[str]) -> bool:
 def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
               split: Optional[Dict] = None, batch: int = 8, seq_len: int = 4096,
               heads: int = 16, dk: int = 128, dv: int = 128, dtype: str = "bfloat16",
-              docs: bool = True) -> List[str]:
+              docs: bool = True, kv_heads: Optional[int] = None) -> List[str]:
     """The Mosaic GPU modules of one op configuration, exported through the op: the training
     step (``jax.vjp`` of ``o``, then its backward with a cotangent ``do``) or, with ``infer``,
     the primal alone. ``op``: ``"gla"`` (``simple_gla_mosaic``) or ``"gdn"``
-    (``gated_delta_rule_mosaic``); ``split``: ``SPLIT_T0_OPTIONS`` for the export."""
+    (``gated_delta_rule_mosaic``); ``split``: ``SPLIT_T0_OPTIONS`` for the export;
+    ``kv_heads``: ``Hk`` of ``q, k`` ``[B, T, Hk, K]`` (GVA, ``gdn`` only; ``None``: ``H``)."""
     import jax
     import jax.numpy as jnp
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
@@ -681,7 +682,7 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
     spec = jax.ShapeDtypeStruct
     dt = jnp.dtype(dtype)
-    qk = spec((batch, seq_len, heads, dk), dt)
+    qk = spec((batch, seq_len, kv_heads or heads, dk), dt)
     tok_v = spec((batch, seq_len, heads, dv), dt)
     gate = spec((batch, seq_len, heads), jnp.float32)
     seg = spec((batch, seq_len), jnp.int32) if docs else None
@@ -714,13 +715,18 @@ _EXPORTS: Dict = {}
 
 def entry_modules(name: str, *, batch: int = 8, seq_len: int = 4096, heads: int = 16,
                   dk: int = 128, dv: int = 128, dtype: str = "bfloat16",
-                  docs: bool = True) -> List[Tuple[str, str]]:
+                  docs: bool = True, kv_heads: Optional[int] = None) -> List[Tuple[str, str]]:
     """``(label, Mosaic module)`` for every kernel of one ``--kernels`` entry: the
     :data:`OP_KERNELS` entries (one export per op configuration, cached, each kernel
     labelled ``<entry>.<kernel>`` when it gives several), and the rest through
-    :func:`kernel_modules` (labelled by the entry, ``.<i>`` when it gives several)."""
+    :func:`kernel_modules` (labelled by the entry, ``.<i>`` when it gives several).
+    ``kv_heads`` (GVA): the ops' ``Hk``, only for the :data:`OP_KERNELS` entries."""
     shape = dict(batch=batch, seq_len=seq_len, heads=heads, dk=dk, dv=dv, dtype=dtype,
                  docs=docs)
+    if kv_heads and kv_heads != heads:
+        if name.split(":")[0] not in OP_KERNELS:
+            raise ValueError(f"{name!r}: --kv_heads only for the ops' entries")
+        shape["kv_heads"] = kv_heads
     if name.split(":")[0] not in OP_KERNELS:
         texts = kernel_modules(name, **shape)
         return [(name + (f".{i}" if len(texts) > 1 else ""), t) for i, t in enumerate(texts)]
@@ -776,7 +782,7 @@ HEADER = (f"{'entry':<36} {'kernel':<58} {'thr':>4} {'regs':>4} {'spill st':>8} 
 def _define_flags() -> None:
     """Defines the flags (only when run as a program)."""
     global _SITE, _CUDA_ROOT, _KERNELS, _BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _DOCS
-    global _PTX_ISA, _OUT_DIR
+    global _PTX_ISA, _OUT_DIR, _KV_HEADS
     _SITE = flags.DEFINE_string("site", "/tmp/ptx-site", "Directory holding numba_cuda_mlir "
                                 "(and nvidia/cuda_nvcc unless --cuda_root): pip install "
                                 "--no-deps --target <site> numba-cuda-mlir==0.6.0 "
@@ -794,6 +800,9 @@ def _define_flags() -> None:
     _BATCH = flags.DEFINE_integer("batch", 8, "Batch rows B (all but t0, fixed at S1).")
     _SEQ_LEN = flags.DEFINE_integer("seq_len", 4096, "Tokens per row T (all but t0).")
     _HEADS = flags.DEFINE_integer("heads", 16, "Heads H (all but t0).")
+    _KV_HEADS = flags.DEFINE_integer("kv_heads", None, "Key heads Hk of the ops' q, k (GVA: "
+                                     "H / Hk value heads per key head; the gdn_* entries); "
+                                     "default H.")
     _DK = flags.DEFINE_integer("dk", 128, "Key head dim K.")
     _DV = flags.DEFINE_integer("dv", 128, "Value head dim V.")
     _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "Operand dtype.")
@@ -819,7 +828,8 @@ def main(argv: List[str]) -> None:
     import jax
     print(f"offline ptxas, {CHIP}: jax {jax.__version__}, numba-cuda-mlir MLIR/LLVM, ptxas "
           f"{version.group(1) if version else '?'}; shapes B={_BATCH.value} "
-          f"T={_SEQ_LEN.value} H={_HEADS.value} K={_DK.value} V={_DV.value} {_DTYPE.value}"
+          f"T={_SEQ_LEN.value} H={_HEADS.value} Hk={_KV_HEADS.value or _HEADS.value} "
+          f"K={_DK.value} V={_DV.value} {_DTYPE.value}"
           f"{' with docs' if _DOCS.value else ''}")
     print(HEADER, flush=True)
     out_dir = _OUT_DIR.value
@@ -832,7 +842,7 @@ def main(argv: List[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in expand_kernels(_KERNELS.value):
             try:
-                labelled = entry_modules(name, **shape)
+                labelled = entry_modules(name, kv_heads=_KV_HEADS.value, **shape)
             except ValueError as e:  # e.g. a head dim or option the kernel does not take
                 if re.search(r"unknown kernel|unknown option|no inference form", str(e)):
                     raise

@@ -235,105 +235,146 @@ def _grads_kernel(q_ref, k_ref, vn_ref, do_ref, dvn_ref, h_ref, dh_ref, g_ref, d
                   last_ref, dq_ref, dk_ref, dw_ref, dgt_ref, bnd_ref, q_s, k_s, vn_s, do_s, dvn_s,
                   h_s, dh_s, g_row_s, g_col_s, doc_row_s, doc_col_s, conn_s, last_s, ds_s, out_s,
                   dgt_s, bnd_s, in_bar, *shim, group: int, scale: float, interpret: bool,
-                  dq16: bool = False):
+                  dq16: bool = False, kv_loop: bool = False):
     """Kernel body of :func:`chunk_delta_grads_mosaic`: one chunk of one ``(b, h)`` per CTA.
 
-    ``shim``: with ``dq16``, first a 16-bit ``[C, K]`` staging tile for ``dq`` (which then
-    leaves in the input dtype, rounded once); then (interpret only) SMEM scratch for the
-    transposed operands ``k^T``, ``v_new^T``, ``S^T``, ``dS'^T`` and ``dA^T`` (see
-    :func:`mosaic_gpu_lib.transposed`).
+    ``shim``: with ``kv_loop`` (GVA, MOSAIC_GPU.md Sec. 27.5) first an fp32 ``[C, K]`` tile
+    ``dqacc_s`` (the group sum of ``dq``) and a 2-arrival barrier for ``q, k``; else with
+    ``dq16`` first a 16-bit ``[C, K]`` staging tile for ``dq`` (which then leaves in the input
+    dtype, rounded once); then (interpret only) SMEM scratch for the transposed operands
+    ``k^T``, ``v_new^T``, ``S^T``, ``dS'^T`` and ``dA^T`` (see :func:`mosaic_gpu_lib.transposed`).
+
+    With ``kv_loop`` the grid's ``h`` axis runs over key heads: the CTA loads ``q, k`` of key
+    head ``hk`` once and loops over its ``group`` value heads ``hk * group + j``, adding each
+    one's fp32 ``dq`` into ``dqacc_s``; ``dq_ref`` is ``[B, Tp, Hk, K]`` and gets the group sum
+    once, after the loop (in 16 bits staged in ``q_s``, free by then, with ``dq16``). ``dk``,
+    ``dw`` and the gate partials stay per value head.
     """
-    dq16_s, shim = (shim[0], shim[1:]) if dq16 else (None, shim)
+    if kv_loop:
+        dqacc_s, qk_bar, shim = shim[0], shim[1], shim[2:]
+        dq16_s = None
+    else:
+        dq16_s, shim = (shim[0], shim[1:]) if dq16 else (None, shim)
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
-    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    # GVA: value head h reads query/key head h // group; with kv_loop h is the key head.
+    hk = h if kv_loop else lax.div(h, group)
     rows = pl.ds(n * CHUNK, CHUNK)
     dk = k_s.shape[-1]
-    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, in_bar)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
-    plgpu.copy_gmem_to_smem(vn_ref.at[b, rows, h], vn_s, in_bar)
-    plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s, in_bar)
-    plgpu.copy_gmem_to_smem(dvn_ref.at[b, rows, h], dvn_s, in_bar)
-    plgpu.copy_gmem_to_smem(h_ref.at[b, h, n], h_s, in_bar)
-    plgpu.copy_gmem_to_smem(dh_ref.at[b, h, n], dh_s, in_bar)
-    _copy_vectors(g_ref, doc_ref, b, h, rows, (g_row_s, g_col_s, doc_row_s, doc_col_s), in_bar)
-    plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s, in_bar)
-    plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s, in_bar)
-    plgpu.barrier_wait(in_bar)
     kt_s, vnt_s, ht_s, dht_s, dst_s = shim if interpret else (None,) * 5
-    s_t = mgl.transposed(h_s, ht_s, interpret)  # S^T [V, K], read by the dq and dw products
 
-    def scores(acc):
-        plgpu.wgmma(acc, do_s, mgl.transposed(vn_s, vnt_s, interpret))  # do v_new^T, [C, C]
-        return acc[...]
+    def head(h, accumulate):
+        """One value head's chunk: ``dq`` (stored, or added into ``dqacc_s``), ``dk``, ``dw``
+        and the gate partials. ``q_s``, ``k_s`` are loaded (or their copies issued on
+        ``in_bar``) by the caller."""
+        plgpu.copy_gmem_to_smem(vn_ref.at[b, rows, h], vn_s, in_bar)
+        plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s, in_bar)
+        plgpu.copy_gmem_to_smem(dvn_ref.at[b, rows, h], dvn_s, in_bar)
+        plgpu.copy_gmem_to_smem(h_ref.at[b, h, n], h_s, in_bar)
+        plgpu.copy_gmem_to_smem(dh_ref.at[b, h, n], dh_s, in_bar)
+        _copy_vectors(g_ref, doc_ref, b, h, rows, (g_row_s, g_col_s, doc_row_s, doc_col_s),
+                      in_bar)
+        plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s, in_bar)
+        plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s, in_bar)
+        plgpu.barrier_wait(in_bar)
+        s_t = mgl.transposed(h_s, ht_s, interpret)  # S^T [V, K], read by the dq and dw products
 
-    # The barrier keeps the arithmetic below after the accumulator read (jla's pitfall).
-    dp = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC((CHUNK, CHUNK))))
-    decay, g_i = _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret)
-    ds_s[...] = (dp * (scale * decay)).astype(ds_s.dtype)  # dA = scale (do v_new^T) * D
-    plgpu.commit_smem()
+        def scores(acc):
+            plgpu.wgmma(acc, do_s, mgl.transposed(vn_s, vnt_s, interpret))  # do v_new^T, [C, C]
+            return acc[...]
 
-    g_last = g_row_s[CHUNK - 1]
-    # S reaches token t as conn_t e^{G_t}; token s reaches S' as last_s e^{G_L - G_s} (<= 1).
-    in_scale = scale * jnp.exp(g_i) * mgl.load_rows(conn_s, interpret)
-    out_scale = jnp.exp(g_last - g_i) * mgl.load_rows(last_s, interpret)
-
-    def store(x, out_ref):
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous store read out_s
-        out_s[...] = x
+        # The barrier keeps the arithmetic below after the accumulator read (jla's pitfall).
+        dp = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC((CHUNK, CHUNK))))
+        decay, g_i = _intra_chunk_decay(g_row_s, g_col_s, doc_row_s, doc_col_s, interpret)
+        ds_s[...] = (dp * (scale * decay)).astype(ds_s.dtype)  # dA = scale (do v_new^T) * D
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(out_s, out_ref.at[b, rows, h])
 
-    def dq_products(intra, inter):
-        plgpu.wgmma(intra, ds_s, k_s)  # dA k, [C, K]
-        plgpu.wgmma(inter, do_s, s_t)  # do S^T, [C, K]
-        return intra[...], inter[...]
+        g_last = g_row_s[CHUNK - 1]
+        # S reaches token t as conn_t e^{G_t}; token s reaches S' as last_s e^{G_L - G_s} (<= 1).
+        in_scale = scale * jnp.exp(g_i) * mgl.load_rows(conn_s, interpret)
+        out_scale = jnp.exp(g_last - g_i) * mgl.load_rows(last_s, interpret)
 
-    intra, inter = lax.optimization_barrier(
-        pl.run_scoped(dq_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
-    dq = intra + inter * mgl.by_row(in_scale, inter.shape)
-    # Gate terms q_t . dq_t - k_t . dk_t in fp32, from the fp32 gradients before any rounding.
-    dgt = jnp.sum(mgl.load_tile(q_s, interpret).astype(jnp.float32) * dq, axis=1)
-    if dq16:  # its own staging tile: rounded once to the input dtype
-        dq16_s[...] = dq.astype(dq16_s.dtype)
+        def store(x, out_ref):
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # the previous store read out_s
+            out_s[...] = x
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out_s, out_ref.at[b, rows, h])
+
+        def dq_products(intra, inter):
+            plgpu.wgmma(intra, ds_s, k_s)  # dA k, [C, K]
+            plgpu.wgmma(inter, do_s, s_t)  # do S^T, [C, K]
+            return intra[...], inter[...]
+
+        intra, inter = lax.optimization_barrier(
+            pl.run_scoped(dq_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
+        dq = intra + inter * mgl.by_row(in_scale, inter.shape)
+        # Gate terms q_t . dq_t - k_t . dk_t in fp32, from the fp32 gradients before any rounding.
+        dgt = jnp.sum(mgl.load_tile(q_s, interpret).astype(jnp.float32) * dq, axis=1)
+        if accumulate:  # GVA: the group sum in fp32; each thread reads back what it wrote
+            dqacc_s[...] = mgl.load_tile(dqacc_s, interpret) + dq
+        elif dq16:  # its own staging tile: rounded once to the input dtype
+            dq16_s[...] = dq.astype(dq16_s.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(dq16_s, dq_ref.at[b, rows, h])
+        else:
+            store(dq, dq_ref)
+
+        def dk_products(intra, state):
+            plgpu.wgmma(intra, mgl.transposed(ds_s, dst_s, interpret), q_s)  # dA^T q, [C, K]
+            plgpu.wgmma(state, vn_s, mgl.transposed(dh_s, dht_s, interpret))  # v_new dS'^T
+            return intra[...], state[...]
+
+        intra, state = lax.optimization_barrier(
+            pl.run_scoped(dk_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
+        dk_state = state * mgl.by_row(out_scale, state.shape)  # last_s e^{G_L - G_s} dS' v_new_s
+        dk_total = intra + dk_state
+        k_f = mgl.load_tile(k_s, interpret).astype(jnp.float32)
+        dgt = dgt - jnp.sum(k_f * dk_total, axis=1)
+        # <S', dS'> = keep e^{G_L} <S, dS'> + sum_s k_s . dk_state_s (from (c)); the first part
+        # as row sums of 64-row slices of S * dS'. Per-row partials; XLA adds the chunk's 64.
+        bnd = jnp.sum(k_f * dk_state, axis=1)
+        carry = jnp.exp(g_last) * conn_s[CHUNK - 1]  # keep e^{G_L}
+        for r in range(0, dk, CHUNK):
+            rows_r = pl.ds(r, CHUNK)
+            s_c = mgl.load_tile(h_s.at[rows_r], interpret).astype(jnp.float32)
+            ds_next = mgl.load_tile(dh_s.at[rows_r], interpret).astype(jnp.float32)
+            bnd = bnd + carry * jnp.sum(s_c * ds_next, axis=1)
+        store(dk_total, dk_ref)
+        dgt_s[...] = dgt
+        bnd_s[...] = bnd
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(dq16_s, dq_ref.at[b, rows, h])
-    else:
-        store(dq, dq_ref)
+        plgpu.copy_smem_to_gmem(dgt_s, dgt_ref.at[b, h, rows])
+        plgpu.copy_smem_to_gmem(bnd_s, bnd_ref.at[b, h, rows])
 
-    def dk_products(intra, state):
-        plgpu.wgmma(intra, mgl.transposed(ds_s, dst_s, interpret), q_s)  # dA^T q, [C, K]
-        plgpu.wgmma(state, vn_s, mgl.transposed(dh_s, dht_s, interpret))  # v_new dS'^T
-        return intra[...], state[...]
+        def dw_product(acc):
+            plgpu.wgmma(acc, dvn_s, s_t)  # dv_new S^T, [C, K]
+            return acc[...]
 
-    intra, state = lax.optimization_barrier(
-        pl.run_scoped(dk_products, plgpu.ACC((CHUNK, dk)), plgpu.ACC((CHUNK, dk))))
-    dk_state = state * mgl.by_row(out_scale, state.shape)  # last_s e^{G_L - G_s} dS' v_new_s
-    dk_total = intra + dk_state
-    k_f = mgl.load_tile(k_s, interpret).astype(jnp.float32)
-    dgt = dgt - jnp.sum(k_f * dk_total, axis=1)
-    # <S', dS'> = keep e^{G_L} <S, dS'> + sum_s k_s . dk_state_s (from (c)); the first part as
-    # row sums of 64-row slices of S * dS'. Per-row partials; XLA adds the chunk's 64.
-    bnd = jnp.sum(k_f * dk_state, axis=1)
-    carry = jnp.exp(g_last) * conn_s[CHUNK - 1]  # keep e^{G_L}
-    for r in range(0, dk, CHUNK):
-        rows_r = pl.ds(r, CHUNK)
-        s_c = mgl.load_tile(h_s.at[rows_r], interpret).astype(jnp.float32)
-        ds_next = mgl.load_tile(dh_s.at[rows_r], interpret).astype(jnp.float32)
-        bnd = bnd + carry * jnp.sum(s_c * ds_next, axis=1)
-    store(dk_total, dk_ref)
-    dgt_s[...] = dgt
-    bnd_s[...] = bnd
+        dw = lax.optimization_barrier(pl.run_scoped(dw_product, plgpu.ACC((CHUNK, dk))))
+        # acc * -1, not -acc: jla saw a negated fresh accumulator read as zeros (MOSAIC_GPU.md).
+        store(dw * jnp.float32(-1.0), dw_ref)
+        plgpu.wait_smem_to_gmem(0)
+
+    if not kv_loop:
+        plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, in_bar)
+        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
+        head(h, accumulate=False)
+        return
+    plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, qk_bar)
+    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, qk_bar)
+    dqacc_s[...] = mgl.zeros_acc((CHUNK, dk), interpret)
+    plgpu.barrier_wait(qk_bar)
+
+    def value_head(j, carry):
+        plgpu.commit_smem()  # every thread is done with the previous head's tiles
+        head(hk * group + j, accumulate=True)
+        return carry
+
+    lax.fori_loop(0, group, value_head, None)
+    dq = mgl.load_tile(dqacc_s, interpret)
+    if dq16:  # q_s is free after the last head's dA^T q: the 16-bit staging tile
+        q_s[...] = dq.astype(q_s.dtype)
     plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(dgt_s, dgt_ref.at[b, h, rows])
-    plgpu.copy_smem_to_gmem(bnd_s, bnd_ref.at[b, h, rows])
-
-    def dw_product(acc):
-        plgpu.wgmma(acc, dvn_s, s_t)  # dv_new S^T, [C, K]
-        return acc[...]
-
-    dw = lax.optimization_barrier(pl.run_scoped(dw_product, plgpu.ACC((CHUNK, dk))))
-    # acc * -1, not -acc: jla saw a negated fresh accumulator read as zeros (MOSAIC_GPU.md).
-    store(dw * jnp.float32(-1.0), dw_ref)
+    plgpu.copy_smem_to_gmem(q_s if dq16 else dqacc_s, dq_ref.at[b, rows, hk])
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -422,6 +463,13 @@ def chunk_delta_grads_mosaic(
     gradient leaves in fp32 through one fp32 SMEM staging tile; the gate terms are formed in
     fp32 before any rounding. SMEM at K = V = 128: about 185 KB.
 
+    With GVA (``Hk < H``, ``G = H / Hk``) and ``gva_loop`` (MOSAIC_GPU.md Sec. 27.5; on by
+    default at ``K <= 64``) the CTA is one ``(chunk, key
+    head, batch row)``: ``q, k`` are loaded once and the value heads ``hk G + j`` run in a loop,
+    each adding its fp32 ``dq`` into an fp32 ``[64, K]`` SMEM tile (+32 KB at K = 128), so
+    ``dq = sum_j dq_(hk G + j)`` leaves the kernel once, ``[B, T, Hk, K]``; ``dk``, ``dw`` and
+    the gate partials stay per value head. Without GVA the kernel is unchanged.
+
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
             query/key head ``h // (H // Hk)``). As the forward read them (L2-normalised if so).
@@ -474,7 +522,7 @@ def chunk_delta_grads_mosaic(
     return dq, dk_, dw, dg
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "dq_dtype", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "dq_dtype", "gva_loop", "interpret"))
 def chunk_delta_grads_partials_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -490,6 +538,7 @@ def chunk_delta_grads_partials_mosaic(
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     dq_dtype=jnp.float32,
+    gva_loop: Optional[bool] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """The kernel of :func:`chunk_delta_grads_mosaic` with its outputs as the kernel writes
@@ -505,9 +554,13 @@ def chunk_delta_grads_partials_mosaic(
     ``doc_vecs`` (optional ``(doc, conn, last)`` fp32 ``[B, Tp]``,
     :func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors` of ``segment_ids`` formed once by
     the caller; ``None``: formed here) and ``dq_dtype`` (static): fp32 (default) or ``q``'s
-    dtype, the dtype ``dq`` is returned in (without GVA the kernel writes it in that dtype,
-    rounded once from its fp32 accumulator; with GVA it writes fp32, summed over each group
-    in XLA, then rounded).
+    dtype, the dtype ``dq`` is returned in (the kernel writes it in that dtype, rounded once
+    from its fp32 value; with GVA the group sum, formed in fp32) and ``gva_loop`` (static;
+    GVA only): whether one CTA per key head loops over its value heads and forms ``dq``'s group
+    sum in-kernel (:func:`chunk_delta_grads_mosaic`); else the kernel writes fp32 ``dq`` per
+    value head and XLA sums and rounds it. ``None`` (default): on at ``K <= 64`` (the model
+    presets' head dim), off at ``K = 128``, where offline ptxas finds spills with it
+    (MOSAIC_GPU.md Sec. 27.5).
 
     Returns:
         ``(dq, dk, dw, dgt, bnd)``: ``dq`` ``[B, T, Hk, K]`` in ``dq_dtype``
@@ -543,12 +596,16 @@ def chunk_delta_grads_partials_mosaic(
     dq_dtype = jnp.dtype(dq_dtype)
     if dq_dtype not in (jnp.dtype(f32), jnp.dtype(dtype)):
         raise ValueError(f"dq_dtype must be float32 or q's dtype {dtype}, got {dq_dtype}")
-    dq16 = dq_dtype != jnp.dtype(f32) and heads == kv_heads  # GVA: group sum in fp32 first
+    group = heads // kv_heads
+    if gva_loop is None:
+        gva_loop = dk <= 64  # no spills there (offline ptxas, MOSAIC_GPU.md Sec. 27.5)
+    kv_loop = gva_loop and group > 1  # one CTA per key head loops over its value heads
+    dq16 = dq_dtype != jnp.dtype(f32) and (group == 1 or kv_loop)  # else XLA's group sum
     call = plgpu.kernel(
-        functools.partial(_grads_kernel, group=heads // kv_heads, scale=float(scale),
-                          interpret=interpret, dq16=dq16),
-        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk),
-                                       dtype if dq16 else f32),  # dq
+        functools.partial(_grads_kernel, group=group, scale=float(scale),
+                          interpret=interpret, dq16=dq16, kv_loop=kv_loop),
+        out_type=(jax.ShapeDtypeStruct((batch, padded, kv_heads if kv_loop else heads, dk),
+                                       dtype if dq16 else f32),  # dq, summed over the group
                   jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),  # dk
                   jax.ShapeDtypeStruct((batch, padded, heads, dk), f32),  # dw
                   jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dgt
@@ -565,10 +622,14 @@ def chunk_delta_grads_partials_mosaic(
             swz((CHUNK, CHUNK), dtype),  # ds_s: masked dA
             swz((CHUNK, dk), f32),  # out_s: staging of dq, then dk, then dw
             vec, vec,  # dgt_s, bnd_s: staging of the per-row gate terms
-            plgpu.Barrier(num_arrivals=13),  # in_bar: the 13 input copies landed
-        ] + ([swz((CHUNK, dk), dtype)] if dq16 else [])  # dq16_s: staging of a 16-bit dq
+            # in_bar: the 13 input copies landed (11 per value head with kv_loop)
+            plgpu.Barrier(num_arrivals=11 if kv_loop else 13),
+        ] + ([swz((CHUNK, dk), f32),  # dqacc_s: dq summed over the group in fp32
+              plgpu.Barrier(num_arrivals=2)] if kv_loop  # qk_bar: q, k landed
+             else [swz((CHUNK, dk), dtype)] if dq16 else [])  # dq16_s: staging of a 16-bit dq
         + (shim if interpret else []),
-        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        # chunks first: CUDA caps grid y and z at 65535; with kv_loop the key heads
+        grid=(num_chunks, kv_heads if kv_loop else heads, batch),
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
@@ -577,5 +638,5 @@ def chunk_delta_grads_partials_mosaic(
     with jax.named_scope("gdn_chunk_grads_mosaic"):
         dq, dk_, dw, dgt, bnd = call(q, k, v_new, do, dv_new, h.astype(dtype), dh.astype(dtype),
                                      gc, doc, conn, last)  # astype: free when 16-bit already
-        dq = _group_sum(dq[:, :seq_len], kv_heads).astype(dq_dtype)
+        dq = dq[:, :seq_len] if kv_loop else _group_sum(dq[:, :seq_len], kv_heads).astype(dq_dtype)
     return dq, dk_[:, :seq_len], dw[:, :seq_len], dgt, bnd

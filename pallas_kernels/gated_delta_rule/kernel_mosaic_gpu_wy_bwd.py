@@ -84,13 +84,15 @@ WY_BWD_ABLATIONS = (
 
 
 def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, dk16: bool, dv16: bool,
-                   dk_in: bool, dg_in: bool, gated: bool, ablations: frozenset = frozenset()):
+                   dk_in: bool, dg_in: bool, gated: bool, ablations: frozenset = frozenset(),
+                   kv_loop: bool = False):
     """Kernel body of :func:`chunk_wy_bwd_mosaic`: one chunk of one ``(b, h)`` per CTA.
 
     ``refs``: the inputs ``k, v, dw, du, g, beta, doc, conn`` (then ``dk_in`` with ``dk_in``,
     ``dgt_in, bnd_in`` with ``dg_in``), the outputs ``dk, dv, dbeta, dg``, and the scratch of
     :func:`chunk_wy_bwd_mosaic` in its order (``uh_s, ul_s`` only without ``du16``,
-    ``dgi_s, bnd_s`` only with ``dg_in``, ``dk_bar`` only with ``dk_in``), then ``shim``.
+    ``dgi_s, bnd_s`` only with ``dg_in``, ``dk_bar`` only with ``dk_in``, ``dkacc_s, k_bar``
+    only with ``kv_loop``), then ``shim``.
 
     ``shim`` (interpret only): SMEM copies of what the GPU reads as transposed views (``k^T``,
     ``v^T``, ``X^T`` and ``R^T`` in two halves each) or from registers (the merge's ``Y``, the
@@ -99,13 +101,17 @@ def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, dk16: bool, d
     Static flags: ``du16``: ``dU`` arrives in the input dtype and is its own ``hi`` term (its
     ``lo`` term is exactly 0, so the products with it are skipped); ``dk16``, ``dv16``: ``dk``,
     ``dv`` leave in the input dtype, rounded once from fp32 (staged in the 16-bit ``dW`` hi
-    and ``dU`` hi tiles once their last product has been read; ``dk`` stays fp32 under GVA,
-    for the group sum); ``dk_in``: an fp32 partial ``dk`` (per
-    value head) is loaded into the fp32 ``dk`` staging tile after ``dW`` has been split out of
-    it, and the kernel's ``dk`` is added to it; ``dg_in``: a per-token fp32 ``dL/dG`` partial
-    and per-row boundary partials (``chunk_delta_grads_mosaic``'s ``dgt``, ``bnd``) are added
-    in-kernel; ``gated``: ``dL/dG`` leaves as ``dL/dg``, its in-chunk reverse cumsum done here
-    (``dg_t = sum_{s >= t} dL/dG_s + sum_s bnd_s``, a masked ``[64, 64]`` row sum in fp32).
+    and ``dU`` hi tiles once their last product has been read); ``kv_loop`` (GVA, MOSAIC_GPU.md
+    Sec. 27.5): the grid's ``h`` axis runs over key heads, ``k`` is loaded once (on ``k_bar``)
+    and the CTA loops over the key head's ``group`` value heads ``hk * group + j``, adding each
+    one's fp32 ``dk`` into the fp32 SMEM tile ``dkacc_s``; the sum leaves once after the loop,
+    ``[B, Tp, Hk, K]``, rounded once (staged in ``wh_s``) with ``dk16``; ``dk_in``: an fp32
+    partial ``dk`` (per value head) is loaded into the fp32 ``dk`` staging tile after ``dW``
+    has been split out of it, and the kernel's ``dk`` is added to it; ``dg_in``: a per-token
+    fp32 ``dL/dG`` partial and per-row boundary partials (``chunk_delta_grads_mosaic``'s
+    ``dgt``, ``bnd``) are added in-kernel; ``gated``: ``dL/dG`` leaves as ``dL/dg``, its
+    in-chunk reverse cumsum done here (``dg_t = sum_{s >= t} dL/dG_s + sum_s bnd_s``, a
+    masked ``[64, 64]`` row sum in fp32).
 
     Register budget (MOSAIC_GPU.md Sec. 25): the fp32 ``[64, K]`` accumulators ``R K + R^T K``,
     ``Z`` and ``Y`` are formed one at a time, each stored to SMEM (the ``dk``, ``dv`` staging)
@@ -134,208 +140,246 @@ def _wy_bwd_kernel(*refs, group: int, interpret: bool, du16: bool, dk16: bool, d
     dgi_s, bnd_s = take(2) if dg_in else (None, None)
     in_bar, = take(1)
     dk_bar, = take(1) if dk_in else (None,)
+    dkacc_s, k_bar = take(2) if kv_loop else (None, None)
     shim = refs
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
-    hk = lax.div(h, group)  # GVA: value head h reads key head h // group
+    # GVA: value head h reads key head h // group; with kv_loop h is the key head.
+    hk = h if kv_loop else lax.div(h, group)
     rows = pl.ds(n * CHUNK, CHUNK)
-    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
-    plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_s, in_bar)
-    plgpu.copy_gmem_to_smem(dw_ref.at[b, rows, h], dw_s, in_bar)
-    plgpu.copy_gmem_to_smem(du_ref.at[b, rows, h], du_s, in_bar)
-    # Row and column views of one vector need different register layouts: separate copies.
-    for ref, row_s, col_s in ((g_ref.at[b, h], g_row_s, g_col_s),
-                              (beta_ref.at[b, h], b_row_s, b_col_s),
-                              (doc_ref.at[b], doc_row_s, doc_col_s),
-                              (conn_ref.at[b], c_row_s, c_col_s)):
-        plgpu.copy_gmem_to_smem(ref.at[rows], row_s, in_bar)
-        plgpu.copy_gmem_to_smem(ref.at[rows], col_s, in_bar)
-    if dg_in:
-        plgpu.copy_gmem_to_smem(dgin_ref.at[b, h, rows], dgi_s, in_bar)
-        plgpu.copy_gmem_to_smem(bndin_ref.at[b, h, rows], bnd_s, in_bar)
-    plgpu.barrier_wait(in_bar)
-    if "io" in ablations:  # timing ablation: the loads, then the loaded tiles go out
-        db_s[...] = mgl.load_rows(b_row_s, interpret)
-        dg_s[...] = mgl.load_rows(g_row_s, interpret)
-        plgpu.commit_smem()
-        _store_outputs(dw_s, du_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows)
-        return
-    no_split, no_mma = "no_split" in ablations, "no_mma" in ablations
-    if interpret:
-        kt_s, vt_s, t1_s, t2_s, t3_s, t4_s, y_s, q1_s, q2_s = shim
-    else:
-        kt_s = vt_s = t1_s = t2_s = t3_s = t4_s = y_s = q1_s = q2_s = None
-    sq = (CHUNK, CHUNK)
-    dtype = k_s.dtype
-    f32 = jnp.float32
 
-    def matmul(terms, shape, stand_in=None):
-        """Sum of ``wgmma(lhs, rhs)`` over ``terms`` (one fp32 accumulator); the barrier keeps
-        the arithmetic after the accumulator read (jla's pitfall). Terms with a ``None``
-        operand (a lo term that is absent: ``no_split``, or a 16-bit ``dU``'s) are dropped;
-        the ``no_mma`` ablation returns ``stand_in()``."""
-        if no_mma and stand_in is not None:  # timing ablation: no product
-            return stand_in()
-        # A None operand is a lo term that is not there: under the no_split timing ablation,
-        # or dU's with du16 (exactly 0). Its products are dropped.
-        terms = [t for t in terms if t[0] is not None and t[1] is not None]
-
-        def body(acc):
-            for lhs, rhs in terms:
-                plgpu.wgmma(acc, lhs, rhs)
-            return acc[...]
-
-        return lax.optimization_barrier(pl.run_scoped(body, plgpu.ACC(shape)))
-
-    def split(x):
-        """fp32 ``x`` as two 16-bit terms ``hi + lo`` (about 16 significant bits together);
-        ``lo`` is ``None`` under the ``no_split`` ablation."""
-        hi = x.astype(dtype)
-        if no_split:  # timing ablation: no lo term
-            return hi, None
-        return hi, (x - hi.astype(f32)).astype(dtype)
-
-    def store(ref, x):
-        """``ref[...] = x`` unless ``x`` is ``None`` (a lo term under ``no_split``)."""
-        if x is not None:
-            ref[...] = x
-
-    def by_col(x):
-        return lax.broadcast_in_dim(x, sq, [1])
-
-    def lhs(x, scratch):
-        return None if x is None else mgl.lhs_operand(x, scratch, interpret)
-
-    def tr(ref, scratch):
-        return None if ref is None else mgl.transposed(ref, scratch, interpret)
-
-    def tile(*refs):
-        """The fp32 sum of SMEM tiles: ``no_mma``'s stand-in for a product."""
-        return sum(mgl.load_tile(r, interpret).astype(f32) for r in refs)
-
-    def row_sum(ref, x):
-        """``sum_c ref[:, c] x[:, c]`` (``ref``: a 16-bit SMEM tile, ``x``: fp32)."""
-        return jnp.sum(mgl.load_tile(ref, interpret).astype(f32) * x, axis=1)
-
-    def chunk_decay():
-        """``E``: ``E_ij = e^{G_i - G_j}`` on ``M`` (j < i, same document), else 0 (masked in
-        the exponent, so ``E <= 1``). ``E`` is the mask wherever one is needed (``A``, ``dA``
-        on ``M``). Formed twice (``A``, then ``dA``) from the SMEM vectors rather than kept
-        live across the inverse."""
-        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
-        g_i, g_j = mgl.load_rows(g_row_s, interpret), mgl.load_cols(g_col_s, interpret)
-        d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
-        strict = (j < i) & (mgl.by_row(d_i, sq) == by_col(d_j))
-        if "no_exp" in ablations:  # timing ablation: the masked exponent, no exp
-            return jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), 0.0)
-        return jnp.exp(jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
-
-    b_i = mgl.load_rows(b_row_s, interpret)
-    a = matmul([(k_s, tr(k_s, kt_s))], sq) * (mgl.by_row(b_i, sq) * chunk_decay())  # A
-    if "no_inverse" in ablations:  # timing ablation: A stands in for X
-        x = a
-    else:
-        x = kgd.wy_inverse(a, l_s, x_s, y_s, interpret)  # X = (I + A)^{-1}, as the forward
-    # X as hi + lo in SMEM: X^T is a left (Y, Z, dA) and a right (dX X^T) operand below.
-    xh, xl = split(x)
-    xh_s[...] = xh
-    store(xl_s, xl)
-    # dW, dU (fp32 from HBM) as hi + lo in SMEM, left and right operands from there. A 16-bit
-    # dU (du16) is its own hi term, read in place; its lo term would be exactly 0.
-    for src, hi_s, lo_s in ((dw_s, wh_s, wl_s),) + (() if du16 else ((du_s, uh_s, ul_s),)):
-        hi, lo = split(mgl.load_tile(src, interpret))
-        hi_s[...] = hi
-        store(lo_s, lo)
-    plgpu.commit_smem()
-    if dk_in:  # dW has been read out of dw_s (the barrier above): the dk partial lands there
-        plgpu.copy_gmem_to_smem(dkin_ref.at[b, rows, h], dw_s, dk_bar)
-    if no_split:  # timing ablation: the lo tiles are not operands
-        xl_s = wl_s = ul_s = None
-    xt_h, xt_l = tr(xh_s, t1_s), tr(xl_s, t2_s)
-
-    # dX = (dW K^T) Dw + (dU V^T) Db: the scalings go on the columns in fp32.
-    b_j, c_j = mgl.load_cols(b_col_s, interpret), mgl.load_cols(c_col_s, interpret)
-    g_j = mgl.load_cols(g_col_s, interpret)
-    k_t, v_t = tr(k_s, kt_s), tr(v_s, vt_s)
-    dx_w = matmul([(wh_s, k_t), (wl_s, k_t)], sq, lambda: tile(xh_s))
-    dx_u = matmul([(uh_s, v_t), (ul_s, v_t)], sq, lambda: tile(xh_s))
-    w_col = b_j * c_j * jnp.exp(g_j)  # Dw, columns
-    dx = dx_w * by_col(w_col) + dx_u * by_col(b_j)
-    # dX X^T, then dA = -X^T (dX X^T), kept on M.
-    dxh, dxl = split(dx)
-    dxh_op, dxl_op = lhs(dxh, q1_s), lhs(dxl, q2_s)
-    dxxt = matmul([(dxh_op, xt_h), (dxl_op, xt_h), (dxh_op, xt_l)], sq,
-                  lambda: sum(x.astype(f32) for x in (dxh, dxl) if x is not None))
-    sh, sl = split(dxxt)
-    sh_s[...] = sh
-    store(sl_s, sl)
-    plgpu.commit_smem()
-    sl_op = None if no_split else sl_s
-    # X^T (dX X^T) = -dA. On M: R' = dA * E (E is 0 off M; acc * -E, not -acc: jla saw a
-    # negated fresh accumulator read as zeros, MOSAIC_GPU.md) and R = diag(beta) R'.
-    da = matmul([(xt_h, sh_s), (xt_l, sh_s), (xt_h, sl_op)], sq, lambda: tile(sh_s))
-    rp = da * (chunk_decay() * jnp.float32(-1.0))
-    kk = matmul([(k_s, tr(k_s, kt_s))], sq,  # K K^T again (not kept across the inverse)
-                lambda: tile(xh_s))
-    db_a = jnp.sum(rp * kk, axis=1)  # sum_j dA_ij (k_i . k_j) E_ij
-    rh, rl = split(mgl.by_row(b_i, sq) * rp)
-    sh_s[...] = rh  # the dA product has read sh_s, sl_s (its accumulator was read)
-    store(sl_s, rl)
-    plgpu.commit_smem()
-    # R K + R^T K in one accumulator (dk's first terms, into dw_s). k_i . (R K)_i is
-    # sum_j R_ij (k_i . k_j) = beta_i db_a_i, so k_i . (R^T K)_i is the row sum less that.
-    rk = matmul([(lhs(rh, q1_s), k_s), (lhs(rl, q2_s), k_s),
-                 (tr(sh_s, t3_s), k_s), (tr(sl_op, t4_s), k_s)], dw_s.shape,
-                lambda: tile(k_s))
-    if not dk_in:
-        dw_s[...] = rk
-    k_rk = b_i * db_a  # k_i . (R K)_i
-    k_rtk = row_sum(k_s, rk) - k_rk  # k_i . (R^T K)_i (this kernel's rk only)
-    if dk_in:
-        plgpu.barrier_wait(dk_bar)
-        dw_s[...] = mgl.load_tile(dw_s, interpret) + rk  # plus the other kernel's fp32 dk
-    # Z = X^T dU (hi hi + lo hi + hi lo), then at once dv = Db Z and v_i . Z_i = dL/dDb_ii.
-    z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], du_s.shape, lambda: tile(uh_s))
-    dv_val = mgl.by_row(b_i, z_u.shape) * z_u
-    dv_s = uh_s if dv16 else du_s  # Z's accumulator was read: uh_s is free (du_s if du16)
-    dv_s[...] = dv_val.astype(dv_s.dtype)  # rounded once
-    vdz = row_sum(v_s, z_u)
-    # Y = X^T dW, then dk += Dw Y and k_i . Y_i = dL/dDw_ii.
-    c_i, g_i = mgl.load_rows(c_row_s, interpret), mgl.load_rows(g_row_s, interpret)
-    e_i = c_i * jnp.exp(g_i)  # conn e^G, rows
-    w_row = b_i * e_i  # Dw, rows
-    y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], dw_s.shape, lambda: tile(wh_s))
-    dk_val = mgl.load_tile(dw_s, interpret) + mgl.by_row(w_row, y_w.shape) * y_w
-    dk_s = wh_s if dk16 else dw_s  # Y's accumulator was read: wh_s is free
-    dk_s[...] = dk_val.astype(dk_s.dtype)  # rounded once
-    kdy = row_sum(k_s, y_w)
-    db_s[...] = db_a + e_i * kdy + vdz  # dbeta
-    dlg = k_rk - k_rtk + w_row * kdy  # dL/dG
-    if dg_in:
-        dlg = dlg + mgl.load_rows(dgi_s, interpret)  # the chunk-local part, per token
-    dg_s[...] = dlg
-    plgpu.commit_smem()
-    if gated:
-        # dL/dg_t = sum_{s >= t} dL/dG_s (+ the boundary term <S', dS'> at s = L, whose
-        # per-row partials bnd_s reach every t): one masked [64, 64] row sum, fp32.
-        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
-        later = by_col(mgl.load_cols(dg_s, interpret))
-        terms = jnp.where(j >= i, later, 0.0)
+    def head(h, xl_s=xl_s, wl_s=wl_s, ul_s=ul_s, dg_s=dg_s):
+        """One value head ``h`` of the chunk (``k_s`` loaded, or its copy issued on ``in_bar``,
+        by the caller): ``dv``, ``dbeta``, ``dL/dG`` stored; ``dk`` stored, or with ``kv_loop``
+        added into ``dkacc_s``. The keyword defaults: tiles the body rebinds (``None`` under
+        ``no_split``; ``dg_s`` to the cumsum's output tile)."""
+        plgpu.copy_gmem_to_smem(v_ref.at[b, rows, h], v_s, in_bar)
+        plgpu.copy_gmem_to_smem(dw_ref.at[b, rows, h], dw_s, in_bar)
+        plgpu.copy_gmem_to_smem(du_ref.at[b, rows, h], du_s, in_bar)
+        # Row and column views of one vector need different register layouts: separate copies.
+        for ref, row_s, col_s in ((g_ref.at[b, h], g_row_s, g_col_s),
+                                  (beta_ref.at[b, h], b_row_s, b_col_s),
+                                  (doc_ref.at[b], doc_row_s, doc_col_s),
+                                  (conn_ref.at[b], c_row_s, c_col_s)):
+            plgpu.copy_gmem_to_smem(ref.at[rows], row_s, in_bar)
+            plgpu.copy_gmem_to_smem(ref.at[rows], col_s, in_bar)
         if dg_in:
-            terms = terms + by_col(mgl.load_cols(bnd_s, interpret))
-        dg_fin = jnp.sum(terms, axis=1)
-        out_g = dgi_s if dg_in else dg_s  # dgi_s was read before the last barrier
-        if not dg_in:
-            plgpu.commit_smem()  # every thread has read dg_s before it is overwritten
-        out_g[...] = dg_fin
+            plgpu.copy_gmem_to_smem(dgin_ref.at[b, h, rows], dgi_s, in_bar)
+            plgpu.copy_gmem_to_smem(bndin_ref.at[b, h, rows], bnd_s, in_bar)
+        plgpu.barrier_wait(in_bar)
+        if "io" in ablations:  # timing ablation: the loads, then the loaded tiles go out
+            db_s[...] = mgl.load_rows(b_row_s, interpret)
+            dg_s[...] = mgl.load_rows(g_row_s, interpret)
+            plgpu.commit_smem()
+            _store_outputs(dw_s, du_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows,
+                           dk_head=hk if kv_loop else h)  # kv_loop: the group's last head's
+            return
+        no_split, no_mma = "no_split" in ablations, "no_mma" in ablations
+        if interpret:
+            kt_s, vt_s, t1_s, t2_s, t3_s, t4_s, y_s, q1_s, q2_s = shim
+        else:
+            kt_s = vt_s = t1_s = t2_s = t3_s = t4_s = y_s = q1_s = q2_s = None
+        sq = (CHUNK, CHUNK)
+        dtype = k_s.dtype
+        f32 = jnp.float32
+
+        def matmul(terms, shape, stand_in=None):
+            """Sum of ``wgmma(lhs, rhs)`` over ``terms`` (one fp32 accumulator); the barrier keeps
+            the arithmetic after the accumulator read (jla's pitfall). Terms with a ``None``
+            operand (a lo term that is absent: ``no_split``, or a 16-bit ``dU``'s) are dropped;
+            the ``no_mma`` ablation returns ``stand_in()``."""
+            if no_mma and stand_in is not None:  # timing ablation: no product
+                return stand_in()
+            # A None operand is a lo term that is not there: under the no_split timing ablation,
+            # or dU's with du16 (exactly 0). Its products are dropped.
+            terms = [t for t in terms if t[0] is not None and t[1] is not None]
+
+            def body(acc):
+                for lhs, rhs in terms:
+                    plgpu.wgmma(acc, lhs, rhs)
+                return acc[...]
+
+            return lax.optimization_barrier(pl.run_scoped(body, plgpu.ACC(shape)))
+
+        def split(x):
+            """fp32 ``x`` as two 16-bit terms ``hi + lo`` (about 16 significant bits together);
+            ``lo`` is ``None`` under the ``no_split`` ablation."""
+            hi = x.astype(dtype)
+            if no_split:  # timing ablation: no lo term
+                return hi, None
+            return hi, (x - hi.astype(f32)).astype(dtype)
+
+        def store(ref, x):
+            """``ref[...] = x`` unless ``x`` is ``None`` (a lo term under ``no_split``)."""
+            if x is not None:
+                ref[...] = x
+
+        def by_col(x):
+            return lax.broadcast_in_dim(x, sq, [1])
+
+        def lhs(x, scratch):
+            return None if x is None else mgl.lhs_operand(x, scratch, interpret)
+
+        def tr(ref, scratch):
+            return None if ref is None else mgl.transposed(ref, scratch, interpret)
+
+        def tile(*refs):
+            """The fp32 sum of SMEM tiles: ``no_mma``'s stand-in for a product."""
+            return sum(mgl.load_tile(r, interpret).astype(f32) for r in refs)
+
+        def row_sum(ref, x):
+            """``sum_c ref[:, c] x[:, c]`` (``ref``: a 16-bit SMEM tile, ``x``: fp32)."""
+            return jnp.sum(mgl.load_tile(ref, interpret).astype(f32) * x, axis=1)
+
+        def chunk_decay():
+            """``E``: ``E_ij = e^{G_i - G_j}`` on ``M`` (j < i, same document), else 0 (masked in
+            the exponent, so ``E <= 1``). ``E`` is the mask wherever one is needed (``A``, ``dA``
+            on ``M``). Formed twice (``A``, then ``dA``) from the SMEM vectors rather than kept
+            live across the inverse."""
+            i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+            g_i, g_j = mgl.load_rows(g_row_s, interpret), mgl.load_cols(g_col_s, interpret)
+            d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
+            strict = (j < i) & (mgl.by_row(d_i, sq) == by_col(d_j))
+            if "no_exp" in ablations:  # timing ablation: the masked exponent, no exp
+                return jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), 0.0)
+            return jnp.exp(jnp.where(strict, mgl.by_row(g_i, sq) - by_col(g_j), -jnp.inf))
+
+        b_i = mgl.load_rows(b_row_s, interpret)
+        a = matmul([(k_s, tr(k_s, kt_s))], sq) * (mgl.by_row(b_i, sq) * chunk_decay())  # A
+        if "no_inverse" in ablations:  # timing ablation: A stands in for X
+            x = a
+        else:
+            x = kgd.wy_inverse(a, l_s, x_s, y_s, interpret)  # X = (I + A)^{-1}, as the forward
+        # X as hi + lo in SMEM: X^T is a left (Y, Z, dA) and a right (dX X^T) operand below.
+        xh, xl = split(x)
+        xh_s[...] = xh
+        store(xl_s, xl)
+        # dW, dU (fp32 from HBM) as hi + lo in SMEM, left and right operands from there. A 16-bit
+        # dU (du16) is its own hi term, read in place; its lo term would be exactly 0.
+        for src, hi_s, lo_s in ((dw_s, wh_s, wl_s),) + (() if du16 else ((du_s, uh_s, ul_s),)):
+            hi, lo = split(mgl.load_tile(src, interpret))
+            hi_s[...] = hi
+            store(lo_s, lo)
         plgpu.commit_smem()
-        dg_s = out_g
-    if "no_store" not in ablations:  # the no_store timing ablation skips the TMA stores
-        _store_outputs(dk_s, dv_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows)
+        if dk_in:  # dW has been read out of dw_s (the barrier above): the dk partial lands there
+            plgpu.copy_gmem_to_smem(dkin_ref.at[b, rows, h], dw_s, dk_bar)
+        if no_split:  # timing ablation: the lo tiles are not operands
+            xl_s = wl_s = ul_s = None
+        xt_h, xt_l = tr(xh_s, t1_s), tr(xl_s, t2_s)
+
+        # dX = (dW K^T) Dw + (dU V^T) Db: the scalings go on the columns in fp32.
+        b_j, c_j = mgl.load_cols(b_col_s, interpret), mgl.load_cols(c_col_s, interpret)
+        g_j = mgl.load_cols(g_col_s, interpret)
+        k_t, v_t = tr(k_s, kt_s), tr(v_s, vt_s)
+        dx_w = matmul([(wh_s, k_t), (wl_s, k_t)], sq, lambda: tile(xh_s))
+        dx_u = matmul([(uh_s, v_t), (ul_s, v_t)], sq, lambda: tile(xh_s))
+        w_col = b_j * c_j * jnp.exp(g_j)  # Dw, columns
+        dx = dx_w * by_col(w_col) + dx_u * by_col(b_j)
+        # dX X^T, then dA = -X^T (dX X^T), kept on M.
+        dxh, dxl = split(dx)
+        dxh_op, dxl_op = lhs(dxh, q1_s), lhs(dxl, q2_s)
+        dxxt = matmul([(dxh_op, xt_h), (dxl_op, xt_h), (dxh_op, xt_l)], sq,
+                      lambda: sum(x.astype(f32) for x in (dxh, dxl) if x is not None))
+        sh, sl = split(dxxt)
+        sh_s[...] = sh
+        store(sl_s, sl)
+        plgpu.commit_smem()
+        sl_op = None if no_split else sl_s
+        # X^T (dX X^T) = -dA. On M: R' = dA * E (E is 0 off M; acc * -E, not -acc: jla saw a
+        # negated fresh accumulator read as zeros, MOSAIC_GPU.md) and R = diag(beta) R'.
+        da = matmul([(xt_h, sh_s), (xt_l, sh_s), (xt_h, sl_op)], sq, lambda: tile(sh_s))
+        rp = da * (chunk_decay() * jnp.float32(-1.0))
+        kk = matmul([(k_s, tr(k_s, kt_s))], sq,  # K K^T again (not kept across the inverse)
+                    lambda: tile(xh_s))
+        db_a = jnp.sum(rp * kk, axis=1)  # sum_j dA_ij (k_i . k_j) E_ij
+        rh, rl = split(mgl.by_row(b_i, sq) * rp)
+        sh_s[...] = rh  # the dA product has read sh_s, sl_s (its accumulator was read)
+        store(sl_s, rl)
+        plgpu.commit_smem()
+        # R K + R^T K in one accumulator (dk's first terms, into dw_s). k_i . (R K)_i is
+        # sum_j R_ij (k_i . k_j) = beta_i db_a_i, so k_i . (R^T K)_i is the row sum less that.
+        rk = matmul([(lhs(rh, q1_s), k_s), (lhs(rl, q2_s), k_s),
+                     (tr(sh_s, t3_s), k_s), (tr(sl_op, t4_s), k_s)], dw_s.shape,
+                    lambda: tile(k_s))
+        if not dk_in:
+            dw_s[...] = rk
+        k_rk = b_i * db_a  # k_i . (R K)_i
+        k_rtk = row_sum(k_s, rk) - k_rk  # k_i . (R^T K)_i (this kernel's rk only)
+        if dk_in:
+            plgpu.barrier_wait(dk_bar)
+            dw_s[...] = mgl.load_tile(dw_s, interpret) + rk  # plus the other kernel's fp32 dk
+        # Z = X^T dU (hi hi + lo hi + hi lo), then at once dv = Db Z and v_i . Z_i = dL/dDb_ii.
+        z_u = matmul([(xt_h, uh_s), (xt_l, uh_s), (xt_h, ul_s)], du_s.shape, lambda: tile(uh_s))
+        dv_val = mgl.by_row(b_i, z_u.shape) * z_u
+        dv_s = uh_s if dv16 else du_s  # Z's accumulator was read: uh_s is free (du_s if du16)
+        dv_s[...] = dv_val.astype(dv_s.dtype)  # rounded once
+        vdz = row_sum(v_s, z_u)
+        # Y = X^T dW, then dk += Dw Y and k_i . Y_i = dL/dDw_ii.
+        c_i, g_i = mgl.load_rows(c_row_s, interpret), mgl.load_rows(g_row_s, interpret)
+        e_i = c_i * jnp.exp(g_i)  # conn e^G, rows
+        w_row = b_i * e_i  # Dw, rows
+        y_w = matmul([(xt_h, wh_s), (xt_l, wh_s), (xt_h, wl_s)], dw_s.shape, lambda: tile(wh_s))
+        dk_val = mgl.load_tile(dw_s, interpret) + mgl.by_row(w_row, y_w.shape) * y_w
+        if kv_loop:  # the group sum in fp32; each thread reads back what it wrote
+            dk_s = None
+            dkacc_s[...] = mgl.load_tile(dkacc_s, interpret) + dk_val
+        else:
+            dk_s = wh_s if dk16 else dw_s  # Y's accumulator was read: wh_s is free
+            dk_s[...] = dk_val.astype(dk_s.dtype)  # rounded once
+        kdy = row_sum(k_s, y_w)
+        db_s[...] = db_a + e_i * kdy + vdz  # dbeta
+        dlg = k_rk - k_rtk + w_row * kdy  # dL/dG
+        if dg_in:
+            dlg = dlg + mgl.load_rows(dgi_s, interpret)  # the chunk-local part, per token
+        dg_s[...] = dlg
+        plgpu.commit_smem()
+        if gated:
+            # dL/dg_t = sum_{s >= t} dL/dG_s (+ the boundary term <S', dS'> at s = L, whose
+            # per-row partials bnd_s reach every t): one masked [64, 64] row sum, fp32.
+            i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+            later = by_col(mgl.load_cols(dg_s, interpret))
+            terms = jnp.where(j >= i, later, 0.0)
+            if dg_in:
+                terms = terms + by_col(mgl.load_cols(bnd_s, interpret))
+            dg_fin = jnp.sum(terms, axis=1)
+            out_g = dgi_s if dg_in else dg_s  # dgi_s was read before the last barrier
+            if not dg_in:
+                plgpu.commit_smem()  # every thread has read dg_s before it is overwritten
+            out_g[...] = dg_fin
+            plgpu.commit_smem()
+            dg_s = out_g
+        if "no_store" not in ablations:  # the no_store timing ablation skips the TMA stores
+            _store_outputs(dk_s, dv_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows)
+
+    if not kv_loop:
+        plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
+        head(h)
+        return
+    # GVA (MOSAIC_GPU.md Sec. 27.5): the grid's h is the key head; k once, then its value heads.
+    plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, k_bar)
+    dkacc_s[...] = mgl.zeros_acc(dkacc_s.shape, interpret)
+    plgpu.barrier_wait(k_bar)
+
+    def value_head(j, carry):
+        plgpu.commit_smem()  # every thread is done with the previous head's tiles
+        head(hk * group + j)
+        return carry
+
+    lax.fori_loop(0, group, value_head, None)
+    dk_sum = mgl.load_tile(dkacc_s, interpret)
+    if dk16:  # wh_s (16-bit [64, K]) is free after the last head's Y product
+        wh_s[...] = dk_sum.astype(wh_s.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(wh_s if dk16 else dkacc_s, dk_ref.at[b, rows, hk])
+    plgpu.wait_smem_to_gmem(0)
 
 
-def _store_outputs(dk_s, dv_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows):
-    """The four TMA stores of the staged ``dk``, ``dv``, ``dbeta`` and ``dL/dG``."""
-    plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, rows, h])
+def _store_outputs(dk_s, dv_s, db_s, dg_s, dk_ref, dv_ref, db_ref, dg_ref, b, h, rows,
+                   dk_head=None):
+    """The four TMA stores of the staged ``dk``, ``dv``, ``dbeta`` and ``dL/dG`` (``dk`` at head
+    ``dk_head``, default ``h``; not stored when ``dk_s`` is ``None``: the GVA loop stores the
+    group sum once)."""
+    if dk_s is not None:
+        plgpu.copy_smem_to_gmem(dk_s, dk_ref.at[b, rows, h if dk_head is None else dk_head])
     plgpu.copy_smem_to_gmem(dv_s, dv_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, h, rows])
     plgpu.copy_smem_to_gmem(dg_s, dg_ref.at[b, h, rows])
@@ -370,7 +414,7 @@ def ablated_name(ablations: Tuple[str, ...]) -> str:
     return KERNEL_NAME if not ablations else KERNEL_NAME + "_abl_" + "_".join(sorted(ablations))
 
 
-@functools.partial(jax.jit, static_argnames=("out_dtype", "interpret", "ablations"))
+@functools.partial(jax.jit, static_argnames=("out_dtype", "gva_loop", "interpret", "ablations"))
 def chunk_wy_bwd_mosaic(
     k: jax.Array,
     v: jax.Array,
@@ -385,6 +429,7 @@ def chunk_wy_bwd_mosaic(
     dk_partial: Optional[jax.Array] = None,
     dg_partial: Optional[Tuple[jax.Array, jax.Array]] = None,
     out_dtype=jnp.float32,
+    gva_loop: bool = False,
     interpret: bool = False,
     ablations: Tuple[str, ...] = (),
 ) -> Tuple[jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
@@ -415,6 +460,13 @@ def chunk_wy_bwd_mosaic(
     fp32 ``[64, 64]`` tiles) and ``k_i . (R^T K)_i`` is the row sum of ``K * (R K + R^T K)``
     less that. SMEM at K = V = 128: 225,288 B (one CTA per SM; the fp32 ``dW``, ``dU`` tiles
     stage ``dk``, ``dv`` on the way out).
+
+    With GVA (``Hk < H``, ``G = H / Hk``) and ``gva_loop`` (MOSAIC_GPU.md Sec. 27.5; off by
+    default, it spills) the CTA is one ``(chunk, key
+    head, batch row)``: ``k`` is loaded once and the kernel above runs for the ``G`` value
+    heads ``hk G + j`` in a loop, each head's fp32 ``dk`` (``dk_partial`` included) added into
+    an fp32 ``[64, K]`` SMEM tile (+32 KB at K = 128); ``dk = sum_j dk_(hk G + j)`` leaves once,
+    ``[B, T, Hk, K]``, rounded once to ``out_dtype``. Without GVA the kernel is unchanged.
 
     As ``mosaic_vjp`` calls it (MOSAIC_GPU.md Sec. 27): ``du`` in the input dtype is read in
     place (no fp32 copy, its zero ``lo`` products skipped; 178,192 B of SMEM at K = V = 128),
@@ -447,14 +499,18 @@ def chunk_wy_bwd_mosaic(
         dk_partial: optional fp32 ``[B, T, H, K]``, a partial ``dL/dk`` per value head (the
             chunk-local ``dk`` of :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.
             chunk_delta_grads_partials_mosaic`), added to this kernel's ``dk`` in fp32 before
-            the GVA sum and the one rounding to ``out_dtype``.
+            the (in-kernel) GVA sum and the one rounding to ``out_dtype``.
         dg_partial: optional ``(dgt, bnd)``, fp32 ``[B, H, Tp]`` each (``Tp = 64 ceil(T / 64)``;
             the same function's per-token ``dL/dG`` and per-row boundary partials), added to
             ``dL/dG`` in-kernel before the in-chunk reverse cumsum: ``dg_t`` gains
             ``sum_{s >= t} dgt_s + sum_s bnd_s`` (sums over the chunk of ``t``). Ignored when
             ``g`` is ``None``.
         out_dtype: dtype of ``dk`` and ``dv`` (static): fp32 (default) or ``k``'s dtype (each
-            rounded once from the fp32 result; ``dk`` summed over the GVA group in fp32 first).
+            rounded once from the fp32 result; ``dk`` summed over the GVA group in fp32 first,
+            in the kernel with ``gva_loop``, else in XLA).
+        gva_loop: with GVA (``Hk < H``; static), one CTA per key head loops over its value
+            heads and sums ``dk`` in-kernel (the docstring above). Off by default: offline
+            ptxas finds spills with it (MOSAIC_GPU.md Sec. 27.5). Ignored without GVA.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
         ablations: timing ablations, names in :data:`WY_BWD_ABLATIONS` (static; benchmarks
             only, ``benchmarks/profile_wy_bwd.py``; wrong numbers by design; MOSAIC_GPU.md
@@ -512,7 +568,8 @@ def chunk_wy_bwd_mosaic(
     if dg_partial is not None:
         extra += [x.astype(f32) for x in dg_partial]
     group = heads // kv_heads
-    dk_dtype = out_dtype if group == 1 else jnp.dtype(f32)  # GVA: the group sum in fp32
+    kv_loop = gva_loop and group > 1  # one CTA per key head sums dk over its value heads
+    dk_dtype = out_dtype if group == 1 or kv_loop else jnp.dtype(f32)  # else XLA's group sum
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(f32), num_chunks), 1, 2)  # [B, H, Tp]
     doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
@@ -530,10 +587,13 @@ def chunk_wy_bwd_mosaic(
             sq_t, sq_t]  # q1_s, q2_s: dX hi, lo, then R hi, lo
     call = plgpu.kernel(
         functools.partial(_wy_bwd_kernel, group=group, interpret=interpret, du16=du16,
-                          dk16=out16 and group == 1, dv16=out16, dk_in=dk_partial is not None,
+                          dk16=out16 and (group == 1 or kv_loop), dv16=out16,
+                          dk_in=dk_partial is not None,
                           dg_in=dg_partial is not None, gated=g is not None,
-                          **(dict(ablations=frozenset(ablations)) if ablations else {})),
-        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), dk_dtype),  # dk per head
+                          **(dict(ablations=frozenset(ablations)) if ablations else {}),
+                          **(dict(kv_loop=True) if kv_loop else {})),
+        out_type=(jax.ShapeDtypeStruct((batch, padded, kv_heads if kv_loop else heads, dk),
+                                       dk_dtype),  # dk (per value head without kv_loop)
                   jax.ShapeDtypeStruct((batch, padded, heads, dv), out_dtype),  # dv
                   jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dbeta
                   jax.ShapeDtypeStruct((batch, heads, padded), f32)),  # dL/dG
@@ -552,11 +612,14 @@ def chunk_wy_bwd_mosaic(
             sq_t, sq_t,  # sh_s, sl_s: dX X^T hi, lo, then R hi, lo
             vec, vec,  # db_s, dg_s: staging of dbeta, dL/dG
         ] + ([vec, vec] if dg_partial is not None else []) + [  # dgi_s, bnd_s
-            # in_bar: the 12 input copies (14 with dg_partial) landed
-            plgpu.Barrier(num_arrivals=12 + 2 * (dg_partial is not None)),
+            # in_bar: the 12 input copies (14 with dg_partial; k not among them with kv_loop)
+            plgpu.Barrier(num_arrivals=12 + 2 * (dg_partial is not None) - kv_loop),
         ] + ([plgpu.Barrier(num_arrivals=1)] if dk_partial is not None else [])  # dk_bar
+        + ([swz((CHUNK, dk), f32),  # dkacc_s: dk summed over the GVA group in fp32
+            plgpu.Barrier(num_arrivals=1)] if kv_loop else [])  # k_bar: k landed
         + (shim if interpret else []),
-        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        # chunks first: CUDA caps grid y and z at 65535; with kv_loop the key heads
+        grid=(num_chunks, kv_heads if kv_loop else heads, batch),
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
@@ -564,7 +627,8 @@ def chunk_wy_bwd_mosaic(
     )
     with jax.named_scope("gdn_chunk_wy_bwd_mosaic"):
         dk_, dv_, dbeta, dgc = call(k, v, dw, du, gc, beta_hm, doc, conn, *extra)
-        dk_ = kbwd._group_sum(dk_[:, :seq_len], kv_heads).astype(out_dtype)
+        dk_ = dk_[:, :seq_len] if kv_loop else kbwd._group_sum(
+            dk_[:, :seq_len], kv_heads).astype(out_dtype)
         dbeta = jnp.moveaxis(dbeta, 1, 2)[:, :seq_len]
         dg = None
         if g is not None:  # dL/dg_t: the in-chunk reverse cumsum was done in the kernel

@@ -29,8 +29,11 @@ sums are formed in stage 4's kernel, not in XLA: stage 3
 hands over its fp32 ``dk`` per value head and its per-token ``dL/dG`` and boundary partials,
 stage 4 adds them in fp32, does ``dg``'s in-chunk reverse cumsum and writes ``dk`` and ``dv``
 in the input dtype; stage 3 writes ``dq`` in the input dtype and stage 4 reads ``dU`` in it.
-With GVA (``Hk < H``) ``dq`` and ``dk`` still leave the kernels in fp32 per value head for
-XLA's group sum, then are rounded once.
+With GVA (``Hk < H``) at ``K = 64`` (the model presets) stage 3 runs one CTA per key head
+that loops over its value heads and sums ``dq`` in fp32 SMEM, so ``dq`` leaves
+``[B, T, Hk, K]`` in the input dtype too; ``dk`` (and ``dq`` at ``K = 128``) still leaves in
+fp32 per value head for XLA's group sum, then is rounded once: the same loop in stage 4
+(``gva_loop=True``) spills in offline ptxas (MOSAIC_GPU.md Sec. 27.5).
 
 Nothing dispatches here (``api.py`` is unchanged).
 

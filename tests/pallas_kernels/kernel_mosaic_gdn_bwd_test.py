@@ -210,6 +210,39 @@ class GradsInterpretTest(parameterized.TestCase):
         err = tolerances.rel_err(dq16.astype(jnp.float32), want[0])
         self.assertLess(err, 5e-3, msg=f"bf16 dq: relative RMS error {err:.2e}")
 
+    @parameterized.named_parameters(
+        *(c for c in _CPU_CASES if c[0].startswith("gva")),
+        ("gva4_h0_dht_packed_partial_T150_K64_V64", 1, 150, 4, 1, 64, 64, 0.05, True, True,
+         (64, 36, 30)))
+    def test_gva_loop_on_and_off(self, *case):
+        """``gva_loop`` (MOSAIC_GPU.md Sec. 27.5) forced on and off: ``dq`` ``[B, T, Hk, K]``
+        against the reference either way (fp32); with ``dq_dtype=bf16`` the two equal each
+        other bit for bit at ``G = 2`` (one fp32 add of two terms, in either order) and within
+        one bf16 ulp at ``G = 4``; ``dk``, ``dw``, ``dgt``, ``bnd`` (per value head) equal."""
+        args, seg, scale, want = _case(*case)
+        q, kv_heads = args[0], args[1].shape[2]
+        group = args[2].shape[2] // kv_heads
+        kw = dict(scale=scale, segment_ids=seg, interpret=True)
+        outs = {}
+        for loop in (True, False):
+            for dt in (jnp.float32, q.dtype):
+                outs[loop, dt] = kbwd.chunk_delta_grads_partials_mosaic(
+                    *args, dq_dtype=dt, gva_loop=loop, **kw)
+            dq32 = outs[loop, jnp.float32][0]
+            self.assertEqual((dq32.shape, dq32.dtype), (want[0].shape, jnp.float32))
+            err = tolerances.rel_err(dq32, want[0])
+            self.assertLess(err, 5e-3, msg=f"dq (gva_loop={loop}): relative RMS error {err:.2e}")
+        on, off = outs[True, q.dtype], outs[False, q.dtype]
+        self.assertEqual((on[0].dtype, off[0].dtype), (q.dtype, q.dtype))
+        diff = jnp.abs(on[0].astype(jnp.float32) - off[0].astype(jnp.float32))
+        if group > 2:
+            ulp = jnp.abs(off[0].astype(jnp.float32)) * 2.0 ** -7 + 1e-30
+            self.assertLessEqual(float(jnp.max(diff / ulp)), 1.0)
+        else:
+            self.assertEqual(float(jnp.max(diff)), 0.0)
+        for name, x, y in zip(("dk", "dw", "dgt", "bnd"), on[1:], off[1:]):
+            self.assertEqual(float(jnp.max(jnp.abs(x - y))), 0.0, msg=name)
+
     @parameterized.named_parameters(*_CPU_CASES)
     def test_chunk_dv_local_matches_reference(self, *case):
         (q, k, do, g), seg, scale, want = _dv_local_case(*case)

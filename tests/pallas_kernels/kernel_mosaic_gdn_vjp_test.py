@@ -95,8 +95,9 @@ class GpuTest(kmg_test.HopperTestCase):
 
 
 def _check_grad_exports(test, dk, dv, deltanet, gva):
-    # Without GVA dq, dk, dv leave the kernels in bf16; with it dq, dk go out in fp32 for the
-    # group sum (MOSAIC_GPU.md Sec. 27): both kernel variants are lowered.
+    # Without GVA dq, dk, dv leave the kernels in bf16; with it dk (and dq at K = 128) go out
+    # in fp32 for XLA's group sum, dq at K = 64 in bf16 from stage 3's GVA loop (MOSAIC_GPU.md
+    # Sec. 27, 27.5): all kernel variants are lowered.
     q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
         1, 200, 2, 1 if gva else 2, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
 

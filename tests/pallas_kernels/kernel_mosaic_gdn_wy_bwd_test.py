@@ -186,6 +186,56 @@ class PartialsInterpretTest(parameterized.TestCase):
         self.assertLess(err, 4e-3, msg=f"bf16 dv: relative RMS error {err:.2e}")
 
 
+# GVA cases for gva_loop=True: G = 2 at K = 64 and 128 (documents, a partial chunk), G = 4.
+_GVA_LOOP_CASES = tuple(c for c in _CPU_CASES if c[0].startswith("gva")) + (
+    ("gva4_packed_partial_T150_K64_V64", 1, 150, 4, 1, 64, 64, 0.05, (64, 36, 30), 0.0),)
+
+
+@pytest.mark.slow
+class GvaLoopInterpretTest(parameterized.TestCase):
+    """``gva_loop=True`` (MOSAIC_GPU.md Sec. 27.5): one CTA per key head loops over its value
+    heads and sums ``dk`` (the partial included) in fp32 in-kernel."""
+
+    @parameterized.named_parameters(*_GVA_LOOP_CASES)
+    def test_in_kernel_group_sum(self, *case):
+        """Against the fp32 reference (``dk = dk_WY + group_sum(dk_partial)``, ``dg`` with the
+        partials); with ``out_dtype=bf16`` the ``[B, T, Hk, K]`` ``dk`` equals XLA's group sum
+        of the per-value-head fp32 ``dk`` rounded once (bit for bit at ``G = 2``, within one
+        bf16 ulp at ``G = 4``: another fp32 summation order), ``dv``, ``dbeta``, ``dg`` equal
+        the per-value-head kernel's."""
+        args, seg, want = _case(*case)
+        k, v, g, beta, dw, du = args
+        dk_p, dgt, bnd = PartialsInterpretTest()._partials(args)
+        kw = dict(segment_ids=seg, dk_partial=dk_p, dg_partial=(dgt, bnd), interpret=True)
+        got = kwb.chunk_wy_bwd_mosaic(*args, gva_loop=True, **kw)
+        kv_heads, seq_len = k.shape[2], k.shape[1]
+        dk_want = want[0] + kbwd._group_sum(dk_p, kv_heads)
+        dg_want = None
+        if want[3] is not None:
+            per_chunk = jnp.sum(bnd.reshape(*bnd.shape[:2], -1, kwb.CHUNK), axis=-1)
+            bnd_sum = jnp.repeat(per_chunk, kwb.CHUNK, axis=-1)
+            dg_want = (want[3] + _chunk_reverse_cumsum(dgt, seq_len)
+                       + jnp.moveaxis(bnd_sum, 1, 2)[:, :seq_len])
+        self.assertEqual(got[0].shape, k.shape)
+        _check(self, got, (dk_want, want[1], want[2], dg_want))
+        du16 = du.astype(k.dtype)
+        loop16 = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du16, out_dtype=k.dtype,
+                                         gva_loop=True, **kw)
+        xla16 = kwb.chunk_wy_bwd_mosaic(k, v, g, beta, dw, du16, out_dtype=k.dtype, **kw)
+        group = v.shape[2] // kv_heads
+        for name, x, y in zip(_NAMES, loop16, xla16):
+            if y is None:
+                self.assertIsNone(x, msg=name)
+                continue
+            self.assertEqual((x.shape, x.dtype), (y.shape, y.dtype), msg=name)
+            diff = jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))
+            if name == "dk" and group > 2:
+                ulp = jnp.abs(y.astype(jnp.float32)) * 2.0 ** -7 + 1e-30
+                self.assertLessEqual(float(jnp.max(diff / ulp)), 1.0, msg=name)
+            else:
+                self.assertEqual(float(jnp.max(diff)), 0.0, msg=name)
+
+
 def _mosaic_pipeline_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
     """All gradients of the GDN backward on Mosaic stages only: ``chunk_wy_mosaic`` and the
     forward state pass (the residuals ``h``, ``v_new``), ``dv_local``, the reverse state pass,
