@@ -1003,16 +1003,24 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
 DATA_FINGERPRINT = "data_fingerprint.json"
 _FINGERPRINT_SPAN = 1 << 20  # bytes hashed at each end of a file
 _SHARD_IDENTITY = ("name", "source_sha256", "documents", "tokens")  # of a manifest's shard
+# 2: a gzip file's header time is left out of the hash (version 1 records are not compared).
+_FINGERPRINT_VERSION = 2
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 def _file_fingerprint(path: str) -> Dict[str, Any]:
     """``{"bytes", "sha256_head_tail"}``: the size, and the SHA-256 of the first and the last
     MiB (the whole file when it is at most 2 MiB): cheap on a corpus of any size, and unlike a
-    modification time it does not change when the same contents are written again."""
+    modification time it does not change when the same contents are written again. A gzip
+    file's header time (bytes 4-7, RFC 1952) is hashed as zeros: ``gzip`` writes the time of
+    the write there, so a deterministic rebuild would otherwise differ."""
     size = os.path.getsize(path)
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        digest.update(f.read(_FINGERPRINT_SPAN))
+        head = f.read(_FINGERPRINT_SPAN)
+        if head[:2] == _GZIP_MAGIC and len(head) >= 8:
+            head = head[:4] + bytes(4) + head[8:]
+        digest.update(head)
         if size > _FINGERPRINT_SPAN:
             f.seek(max(_FINGERPRINT_SPAN, size - _FINGERPRINT_SPAN))
             digest.update(f.read())
@@ -1068,11 +1076,14 @@ def _fingerprint_change(saved: Dict[str, Any], now: Dict[str, Any]) -> str:
     return "another corpus: the manifest's shards differ"
 
 
-def _check_data_unchanged(workdir: str, current: Dict[str, Any], has_checkpoint: bool) -> None:
+def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
+                          has_checkpoint: bool) -> None:
     """Refuses to resume a run whose data files changed since it started (rebuilt at the same
     path with other contents): the restored iterator position would continue on other data.
-    Compares ``current`` (:func:`data_fingerprints`) with ``<workdir>/data_fingerprint.json``
-    (written at the run's start); a run without that record (an older run) is not checked.
+    Compares ``current()`` (:func:`data_fingerprints`, called only when there is something to
+    compare it with) with ``<workdir>/data_fingerprint.json`` (written at the run's start); a
+    run without that record, or with a record of another version (an older run), is not
+    checked.
 
     Raises:
       ConfigError: naming the option, the first changed file, what differs (and how many
@@ -1089,6 +1100,9 @@ def _check_data_unchanged(workdir: str, current: Dict[str, Any], has_checkpoint:
         raise config_lib.ConfigError(
             f"{path}: cannot be read ({e}); remove it to resume without checking the data "
             f"files") from None
+    if not isinstance(saved, dict) or saved.get("version") != _FINGERPRINT_VERSION:
+        return
+    current = current()
     for option in ("data.paths", "data.val_paths"):
         before, now = saved.get(option) or {}, current.get(option) or {}
         diffs = []
@@ -1108,24 +1122,35 @@ def _check_data_unchanged(workdir: str, current: Dict[str, Any], has_checkpoint:
                 f"file, or remove {path} to resume on the new contents deliberately.")
 
 
-def _write_data_fingerprint(workdir: str, current: Dict[str, Any],
+def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
                             has_checkpoint: bool) -> None:
-    """Writes ``<workdir>/data_fingerprint.json`` at a fresh start, or for a resumed run that
-    lacks one (as :func:`_write_start_config` writes ``config.json``; process 0 only, whole or
-    not at all)."""
+    """Writes ``<workdir>/data_fingerprint.json`` (``current()``) at a fresh start, or for a
+    resumed run that lacks one or has one of another version (as :func:`_write_start_config`
+    writes ``config.json``; process 0 only, whole or not at all)."""
     if jax.process_index() != 0:
         return
     path = os.path.join(workdir, DATA_FINGERPRINT)
-    if has_checkpoint and os.path.exists(path):
+    if has_checkpoint and _fingerprint_version(path) == _FINGERPRINT_VERSION:
         return
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w") as f:
-            json.dump({"version": 1, **current}, f, indent=2)
+            json.dump({"version": _FINGERPRINT_VERSION, **current()}, f, indent=2)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
+
+
+def _fingerprint_version(path: str) -> Optional[int]:
+    """The ``version`` of the data fingerprint record at ``path``; ``None`` when it is missing
+    or unreadable."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return saved.get("version") if isinstance(saved, dict) else None
 
 
 def _write_start_config(workdir: str, config: config_lib.ExperimentConfig,
@@ -1532,11 +1557,16 @@ def _train_and_evaluate(config, workdir, print_fn, step):
     # for a large corpus); the check runs again below, where it reports the changed options.
     _check_resume_compatible(workdir, config,
                              has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
-    # The data files' contents (a corpus rebuilt at the same path), likewise before the read.
-    try:
-        fingerprints = data_fingerprints(config.data)
-    except ValueError as e:  # a malformed token-shard manifest: one line, as build_datasets'
-        raise config_lib.ConfigError(f"data: {e}") from e
+
+    # The data files' contents (a corpus rebuilt at the same path), likewise before the read;
+    # computed once, and only when compared or written (it reads up to 4 MiB per file).
+    @functools.lru_cache(maxsize=None)
+    def fingerprints():
+        try:
+            return data_fingerprints(config.data)
+        except ValueError as e:  # a malformed token-shard manifest: one line, as build_datasets'
+            raise config_lib.ConfigError(f"data: {e}") from e
+
     _check_data_unchanged(workdir, fingerprints,
                           has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
 

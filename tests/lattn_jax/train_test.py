@@ -2,6 +2,7 @@
 
 import dataclasses
 import fcntl
+import gzip
 import json
 import os
 import re
@@ -346,6 +347,50 @@ class ResumeChecksTest(absltest.TestCase):
         out = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=3), workdir,
                                        print_fn=lambda s: None)
         self.assertEqual((out["resumed_from"], out["step"]), (2, 3))
+
+    def test_a_gzip_file_written_again_keeps_its_fingerprint(self):
+        # gzip writes the time of the write into its header (bytes 4-7): a deterministic
+        # rebuild of a .jsonl.gz corpus was refused as "same size, other contents".
+        path = os.path.join(self.tmp, "docs.jsonl.gz")
+        rng = np.random.default_rng(0)
+        lines = "".join(json.dumps({"text": " ".join(rng.choice(["a", "b", "c"], 50))}) + "\n"
+                        for _ in range(20)).encode()
+        prints = []
+        for mtime in (1_000_000, 2_000_000):
+            with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb",
+                                                        mtime=mtime) as f:
+                f.write(lines)
+            with open(path, "rb") as f:
+                prints.append((f.read(), train._file_fingerprint(path)))
+        self.assertNotEqual(prints[0][0], prints[1][0])  # the bytes differ (the header time)
+        self.assertEqual(prints[0][1], prints[1][1])
+        with open(path, "r+b") as f:  # one byte of the compressed stream: a change
+            f.seek(20)
+            byte = f.read(1)
+            f.seek(20)
+            f.write(bytes([byte[0] ^ 1]))
+        self.assertNotEqual(train._file_fingerprint(path), prints[0][1])
+
+    def test_a_record_of_another_version_is_not_compared_and_is_rewritten(self):
+        workdir = os.path.join(self.tmp, "v")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                 print_fn=lambda s: None)
+        record = os.path.join(workdir, train.DATA_FINGERPRINT)
+        with open(record) as f:
+            saved = json.load(f)
+        self.assertEqual(saved["version"], train._FINGERPRINT_VERSION)
+        saved = {**saved, "version": 1,
+                 "data.paths": {self.corpus: {"bytes": 1, "sha256_head_tail": "0"}}}
+        with open(record, "w") as f:
+            json.dump(saved, f)
+        out = train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2), workdir,
+                                       print_fn=lambda s: None)
+        self.assertEqual((out["resumed_from"], out["step"]), (1, 2))
+        with open(record) as f:
+            rewritten = json.load(f)
+        self.assertEqual(rewritten["version"], train._FINGERPRINT_VERSION)
+        self.assertEqual(rewritten["data.paths"][self.corpus]["bytes"],
+                         os.path.getsize(self.corpus))
 
     def test_a_malformed_token_shard_manifest_is_one_config_error(self):
         # data_fingerprints read the manifest before build_datasets, whose ValueError the
