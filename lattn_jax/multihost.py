@@ -123,8 +123,10 @@ def stop_watching() -> None:
 
 class StopExit(SystemExit):
     """``sys.exit(status)`` with a non-zero status that is no failure: every process of the run
-    stops the same way at the same point (``experiments/train.py`` after a preemption every
-    process agreed on and saved: 143, 129 or 130). It is not published to the other processes
+    stops at the same point (``experiments/train.py`` after a preemption every process agreed
+    on and saved: 143, 129 or 130). The status is each process's own: the process that
+    received SIGHUP exits 129 while its peers, told by the shared preemption notice, exit 143.
+    It is not published to the other processes
     (:func:`publish_failure_and_exit`), which would otherwise exit with status 1 for it; the
     process ends as after a clean return (the shutdown barrier included), with this status."""
 
