@@ -3,7 +3,9 @@ Mosaic modules read back from an export, and (only where the toolchain is instal
 ``$OFFLINE_PTXAS_SITE``, default /tmp/ptx-site) one kernel compiled end to end."""
 
 import os
+import unittest
 
+import jax
 from absl.testing import absltest
 
 from benchmarks import offline_ptxas
@@ -24,6 +26,15 @@ ptxas info    : Function properties for small_kernel
     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
 ptxas info    : Used 45 registers, used 2 barriers, 1 bytes smem
 """
+
+
+# jaxlib 0.11 cannot parse the serialized Mosaic GPU module back in Python ("#gpu<dim x>":
+# expected '<'): offline_ptxas.py reads modules from jax 0.10's exports only, and
+# benchmarks/offline_ptxas_jax011.py takes them before serialization on 0.11 (its own tests).
+_READS_MODULES = unittest.skipIf(
+    jax.__version_info__ >= (0, 11),
+    "offline_ptxas.py reads exported Mosaic GPU modules back, which jaxlib 0.11 cannot parse "
+    "(offline_ptxas_jax011.py is the 0.11 path)")
 
 
 class OfflinePtxasTest(absltest.TestCase):
@@ -67,6 +78,7 @@ class OfflinePtxasTest(absltest.TestCase):
                                                                        85008))
         self.assertNotIn("H200", offline_ptxas.render_row("k1:16", rec, None))
 
+    @_READS_MODULES
     def test_mosaic_modules_of_an_export(self):
         # The T0 io stage (the smallest kernel): one deserialized module, plain Mosaic GPU ops
         # (no stable_mosaic_gpu.* serialization names), Sec. 14's SMEM.
@@ -111,6 +123,7 @@ class OfflinePtxasTest(absltest.TestCase):
                          "H200 12-04d: 225 regs, 0 B spill st")
         self.assertEqual(offline_ptxas.h200_note("gdn_t0", 8, 4096, 16, 64, 64), "")
 
+    @_READS_MODULES
     def test_op_export_and_entries(self):
         # The GDN training step (three_pass) through gated_delta_rule_mosaic: seven Mosaic GPU
         # modules, one per kernel; an entry picks its own, the two-kernel GLA entry labels both.
@@ -136,6 +149,7 @@ class OfflinePtxasTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "only k1, k2 and gdn_wy_bwd"):
             offline_ptxas.kernel_modules("state_fwd+no_mma")
 
+    @_READS_MODULES
     def test_gdn_wy_bwd_ablations(self):
         (text,) = offline_ptxas.kernel_modules("gdn_wy_bwd+no_split+no_exp", batch=1,
                                                seq_len=128, heads=1)
