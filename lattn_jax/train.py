@@ -1307,22 +1307,22 @@ def finished_run(workdir: str, config: config_lib.ExperimentConfig
     once its newest checkpoint was restored: an unreadable one is set aside first, and the
     run falls back to an older step and trains on).
 
-    Finished: the newest checkpoint is at ``train.total_steps``, ``console.log``'s newest
-    ``final: step N`` line (printed after the final evaluation and save) names that step, and
-    ``metrics.jsonl`` holds that step's validation loss (a run stopped in its final
-    evaluation has none, and a resume from an older ``--step`` moved it aside: both still
-    evaluate).
+    Finished: the newest checkpoint is at ``train.total_steps`` or beyond (a finished run
+    called again with a lower total), ``console.log``'s newest ``final: step N`` line (printed
+    after the final evaluation and save) names that step, and ``metrics.jsonl`` holds that
+    step's validation loss (a run stopped in its final evaluation has none, and a resume from
+    an older ``--step`` moved it aside: both still evaluate).
 
     Returns:
       ``None``, or the final metrics: ``train_loss`` (the last logged), ``val_loss`` (the
       final evaluation's), ``unigram_entropy`` (``nan`` here: the caller has the data's),
-      ``step`` and ``resumed_from`` (``train.total_steps``), ``preempted`` (``False``),
+      ``step`` and ``resumed_from`` (the newest checkpoint's step), ``preempted`` (``False``),
       ``stop_signal`` (``None``) and ``already_finished`` (``True``).
     """
-    total = config.train.total_steps
     steps = checkpoint_lib.saved_steps(workdir)
-    if not steps or steps[-1] != total:
+    if not steps or steps[-1] < config.train.total_steps:
         return None
+    total = steps[-1]
     try:
         with open(os.path.join(workdir, CONSOLE_LOG), errors="replace") as f:
             finals = _FINAL_LINE.findall(f.read())
@@ -1642,7 +1642,7 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         _write_data_fingerprint(workdir, fingerprints, has_checkpoint=latest is not None)
         # A finished run (its final evaluation recorded for the restored step): nothing to do.
         # Evaluating again appended a second final val_loss record.
-        finished = (finished_run(workdir, config) if resumed_from == tcfg.total_steps
+        finished = (finished_run(workdir, config) if resumed_from >= tcfg.total_steps
                     else None)
     except BaseException:
         # A refused resume (or a failed restore) ends the run here: close the manager first,

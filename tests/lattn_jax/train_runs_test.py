@@ -374,6 +374,18 @@ class InterruptTest(CorpusTestCase):
         with open(os.path.join(workdir, "metrics.jsonl")) as f:
             val_steps = [json.loads(line)["step"] for line in f if "val_loss" in line]
         self.assertEqual(val_steps, [3])
+        # Called with a lower total (the run is past it): also finished, nothing recorded (it
+        # evaluated the restored model again and appended a second final record).
+        lower = tiny_experiment(self.corpus, total_steps=2, log_every=1, checkpoint_every=2,
+                                eval_every=5)
+        lines.clear()
+        again = train.train_and_evaluate(lower, workdir, print_fn=lines.append)
+        self.assertEqual((again["already_finished"], again["step"], again["val_loss"]),
+                         (True, 3, result["val_loss"]))
+        self.assertTrue(lines[-1].startswith("run already finished at step 3 "), lines)
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            val_steps = [json.loads(line)["step"] for line in f if "val_loss" in line]
+        self.assertEqual(val_steps, [3])
 
     def test_a_sigterm_in_the_last_step_saves_before_the_final_evaluation(self):
         workdir = os.path.join(self.tmp, "w")
