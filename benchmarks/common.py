@@ -253,6 +253,13 @@ class ProfileFlags:
     static: Any
     out: Any
 
+    def holders(self) -> Tuple[Any, ...]:
+        """The holders in definition order, ``dv`` left out when the profiler has none:
+        ``(batch, seq_len, heads, dk, [dv,] dtype, variants, iters, check_heads, deadline_s,
+        interpret, static, out)``."""
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self)
+                     if f.name != "dv" or self.dv is not None)
+
 
 _PROFILE_DEADLINE_HELP = (
     "Wall-clock budget of the whole run, from the start of main: variants that would not fit "

@@ -96,10 +96,7 @@ def _define_flags() -> None:
                     "module docstring).")
     flags.adopt_module_key_flags(common)  # in --help with this binary's own
     (_BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS, _DEADLINE_S,
-     _INTERPRET, _STATIC, _OUT) = (
-        shared.batch, shared.seq_len, shared.heads, shared.dk, shared.dv, shared.dtype,
-        shared.variants, shared.iters, shared.check_heads, shared.deadline_s, shared.interpret,
-        shared.static, shared.out)
+     _INTERPRET, _STATIC, _OUT) = shared.holders()
     _GATE = flags.DEFINE_float("gate", DEFAULT_GATE, "Relative RMS gate of the full variants.")
     _SLABS = flags.DEFINE_list("slabs", ["16", "32"], "Phase-2 slabs each variant runs at "
                                "(16: TUNING's, no spills; 32: one step per warpgroup); with "

@@ -91,10 +91,7 @@ def _define_flags() -> None:
                     "module docstring).")
     flags.adopt_module_key_flags(common)  # in --help with this binary's own
     (_BATCH, _SEQ_LEN, _HEADS, _DK, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS, _DEADLINE_S,
-     _INTERPRET, _STATIC, _OUT) = (
-        shared.batch, shared.seq_len, shared.heads, shared.dk, shared.dtype, shared.variants,
-        shared.iters, shared.check_heads, shared.deadline_s, shared.interpret, shared.static,
-        shared.out)
+     _INTERPRET, _STATIC, _OUT) = shared.holders()
     _KV_HEADS = flags.DEFINE_integer("kv_heads", 16, "Key heads Hk (H % Hk == 0).")
     _DOCS = flags.DEFINE_integer("doc_len", 0, "If > 0, documents of this many tokens "
                                  "(segment_ids); 0: one document per row.")

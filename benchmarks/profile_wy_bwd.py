@@ -81,10 +81,7 @@ def _define_flags() -> None:
                        "no kernel times).")
     flags.adopt_module_key_flags(common)  # in --help with this binary's own
     (_BATCH, _SEQ_LEN, _HEADS, _DK, _DV, _DTYPE, _VARIANTS, _ITERS, _CHECK_HEADS, _DEADLINE_S,
-     _INTERPRET, _STATIC, _OUT) = (
-        shared.batch, shared.seq_len, shared.heads, shared.dk, shared.dv, shared.dtype,
-        shared.variants, shared.iters, shared.check_heads, shared.deadline_s, shared.interpret,
-        shared.static, shared.out)
+     _INTERPRET, _STATIC, _OUT) = shared.holders()
     _GATE = flags.DEFINE_float("gate", DEFAULT_GATE, "Relative RMS gate of the full variant.")
 
 
