@@ -329,12 +329,7 @@ def _static_main(variants: Sequence[str], args, scale: float, env: Dict, shape: 
               f"(static, {env['date_utc']})\n\nK {shape['dk']}, V {shape['dv']}, "
               f"{_DTYPE.value}, jax {env['jax']}; one chunk-loop body per module (both "
               f"warpgroups' code, each once), plus the prologue and epilogue.")
-    with open(_OUT.value + ".jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    text = profile_t0.render_static(records, header)
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    profile_t0.write_static(records, header, _OUT.value)
 
 
 def main(argv: List[str]) -> None:

@@ -418,12 +418,7 @@ def _static_main(variants, env: Dict, scale: float) -> None:
               f"{env['date_utc']})\n\nK {s['tk'][-1]}, V {s['tv'][-1]}, {_DTYPE.value}, "
               f"jax {env['jax']}; one copy of the kernel body per module (the band's loop body "
               f"once).")
-    with open(_OUT.value + ".jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    text = profile_t0.render_static(records, header)
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    profile_t0.write_static(records, header, _OUT.value)
 
 
 def main(argv: List[str]) -> None:

@@ -268,6 +268,17 @@ def render_static(records: Sequence[Dict], header: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_static(records: Sequence[Dict], header: str, out: str) -> None:
+    """Writes ``--static`` records to ``<out>.jsonl`` and their table (:func:`render_static`)
+    to ``<out>.md``, and prints the table."""
+    with open(out + ".jsonl", "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    text = render_static(records, header)
+    with open(out + ".md", "w") as f:
+        f.write(text)
+    print(text)
+
+
 def cycles_per_chunk(kernel_ms: float, chunk_heads: int, *, sm_count: int, ctas_per_sm: int,
                      clock_ghz: float) -> float:
     """Estimated SM cycles one CTA spends per chunk: ``kernel_ms`` of ``chunk_heads`` chunks
@@ -431,12 +442,7 @@ def _static_main(variants, k, beta, seg, env: Dict, dk: int) -> None:
               f"{env['date_utc']})\n\nK {dk}, {_DTYPE.value}, jax {env['jax']}; one chunk-loop "
               f"body per module, plus the first chunk's copies (4 bar.sync, 4 TMA loads) and "
               f"the final wait (1 bar.sync).")
-    with open(_OUT.value + ".jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    text = render_static(records, header)
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    write_static(records, header, _OUT.value)
 
 
 def main(argv: List[str]) -> None:

@@ -257,12 +257,7 @@ def _static_main(variants, env: Dict) -> None:
     header = (f"# WY backward: instructions in the lowered Mosaic GPU modules (static, "
               f"{env['date_utc']})\n\nK {s['tk'][-1]}, V {s['tv'][-1]}, {_DTYPE.value}, "
               f"jax {env['jax']}.")
-    with open(_OUT.value + ".jsonl", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
-    text = profile_t0.render_static(records, header)
-    with open(_OUT.value + ".md", "w") as f:
-        f.write(text)
-    print(text)
+    profile_t0.write_static(records, header, _OUT.value)
 
 
 def main(argv: List[str]) -> None:
