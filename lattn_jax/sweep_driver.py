@@ -373,13 +373,12 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
         env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(cache)
     stop = threading.Event()
     hung_up = threading.Event()
-    lines_to = print_fn
 
     def say(line: str) -> None:
         # After a SIGHUP the terminal may be gone: a line that cannot be written (EIO) is
         # dropped, so that the sweep still stops its trainers and records their attempts.
         try:
-            lines_to(line)
+            print_fn(line)
         except (OSError, ValueError):  # ValueError: a closed stream
             if not hung_up.is_set():
                 raise
