@@ -209,6 +209,11 @@ class AttentionConfig:
         )
 
 
+# Gated DeltaNet / DeltaNet: "pallas" forces the Triton kernels, "mosaic_gpu" the Mosaic GPU
+# kernels (Hopper; "auto" does not pick them yet: pallas_kernels.common.mosaic_gpu.AUTO_OFF).
+_DELTA_IMPLEMENTATIONS = ("auto", "chunked", "reference", "pallas", "mosaic_gpu")
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GatedDeltaNetConfig:
     """Gated DeltaNet mixer (paper 1 §3.3, spec §2.1).
@@ -220,8 +225,9 @@ class GatedDeltaNetConfig:
       head_v_dim: ``V`` per value head.
       conv_width: short causal depthwise convolution width ``W`` over [q; k; v].
       chunk_size: chunk length ``C`` of the chunked (WY/UT) form; a power of two.
-      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``, or
-        ``"pallas"``: the Pallas GPU kernel, an error naming the reason where it cannot run).
+      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``,
+        ``"pallas"``: the Pallas Triton GPU kernels, or ``"mosaic_gpu"``: the Pallas Mosaic GPU
+        kernels for Hopper; either an error naming the reason where it cannot run).
       norm_eps: epsilon of the per-head output RMSNorm.
     """
 
@@ -249,9 +255,9 @@ class GatedDeltaNetConfig:
             f"model.gdn.chunk_size must be a positive power of two, got {c}",
         )
         _require(
-            self.implementation in ("auto", "chunked", "reference", "pallas"),
-            f"model.gdn.implementation={self.implementation!r}; choose auto, chunked, reference "
-            f"or pallas",
+            self.implementation in _DELTA_IMPLEMENTATIONS,
+            f"model.gdn.implementation={self.implementation!r}; choose from "
+            f"{', '.join(_DELTA_IMPLEMENTATIONS)}",
         )
 
 
@@ -300,6 +306,9 @@ def _check_dt_init(cfg, section: str) -> None:
 # "pallas" forces the Pallas GPU kernel (an error naming the reason where it cannot run);
 # "auto" picks it where supported (for KDA/GDN-2 gated by common.channelwise_gpu.AUTO_SELECT, on).
 _CHANNEL_IMPLEMENTATIONS = ("auto", "chunked", "reference", "associative_scan", "pallas")
+# The scalar-decay ops (simple GLA / Lightning / linear attention) also have Mosaic GPU kernels
+# (Hopper): "mosaic_gpu" forces them; "auto" picks them on Hopper (common.mosaic_gpu).
+_SCALAR_IMPLEMENTATIONS = _CHANNEL_IMPLEMENTATIONS + ("mosaic_gpu",)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -316,8 +325,9 @@ class DeltaNetConfig:
       head_v_dim: ``V`` (350M: 128).
       conv_width: short causal depthwise convolution width ``W`` over [q; k; v].
       chunk_size: chunk length ``C`` of the chunked (WY/UT) form; a power of two.
-      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``, or
-        ``"pallas"``: the Pallas GPU kernel, an error naming the reason where it cannot run).
+      implementation: op implementation (``"auto"``, ``"chunked"``, ``"reference"``,
+        ``"pallas"``: the Pallas Triton GPU kernels, or ``"mosaic_gpu"``: the Pallas Mosaic GPU
+        kernels for Hopper; either an error naming the reason where it cannot run).
       norm_eps: epsilon of the per-head output RMSNorm.
     """
 
@@ -331,7 +341,7 @@ class DeltaNetConfig:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
-        _check_linear_mixer(self, "deltanet", ("auto", "chunked", "reference", "pallas"))
+        _check_linear_mixer(self, "deltanet", _DELTA_IMPLEMENTATIONS)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -424,8 +434,9 @@ class LinearAttentionConfig:
       head_v_dim: ``V``.
       conv_width: short convolution width ``W``; ``0`` disables the convolution (and its state).
       chunk_size: chunk length ``C`` of the chunked form; a power of two.
-      implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"`` or
-        ``"pallas"`` (the Pallas GPU kernel; an error naming the reason where it cannot run).
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"``,
+        ``"pallas"`` (the Pallas Triton GPU kernels) or ``"mosaic_gpu"`` (the Pallas Mosaic GPU
+        kernels for Hopper); either an error naming the reason where it cannot run.
       norm_eps: epsilon of the per-head output RMSNorm.
       dead_beta_proj: keep the authors' unused beta rows (``H`` columns) in the input projection
         so parameter counts match spec §3 (spec §10 item 14: dead parameters, zero gradient).
@@ -442,7 +453,7 @@ class LinearAttentionConfig:
     dead_beta_proj: bool = True
 
     def __post_init__(self):
-        _check_linear_mixer(self, "linear_attn", _CHANNEL_IMPLEMENTATIONS, min_conv_width=0)
+        _check_linear_mixer(self, "linear_attn", _SCALAR_IMPLEMENTATIONS, min_conv_width=0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -466,8 +477,9 @@ class LightningConfig:
       conv_width: short causal depthwise conv + SiLU over [q; k; v] after the projections;
         ``0`` (HypeNet) disables it.
       chunk_size: chunk length ``C`` of the chunked form; a power of two.
-      implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"`` or
-        ``"pallas"`` (the Pallas GPU kernel; an error naming the reason where it cannot run).
+      implementation: ``"auto"``, ``"chunked"``, ``"reference"``, ``"associative_scan"``,
+        ``"pallas"`` (the Pallas Triton GPU kernels) or ``"mosaic_gpu"`` (the Pallas Mosaic GPU
+        kernels for Hopper); either an error naming the reason where it cannot run.
       alibi_max_bias: the ``b`` of the decays ``gamma_h = exp(-2^(-b (h + 1) / H))`` (HypeNet
         and ALiBi: 8; the longest half-life is then ``ln 2 * 2^b`` = 177 tokens for a
         power-of-two ``H``). Other values are an ablation outside the spec
@@ -524,9 +536,9 @@ class LightningConfig:
             f"model.lightning.chunk_size must be a positive power of two, got {c}",
         )
         _require(
-            self.implementation in _CHANNEL_IMPLEMENTATIONS,
+            self.implementation in _SCALAR_IMPLEMENTATIONS,
             f"model.lightning.implementation={self.implementation!r}; choose from "
-            f"{', '.join(_CHANNEL_IMPLEMENTATIONS)}",
+            f"{', '.join(_SCALAR_IMPLEMENTATIONS)}",
         )
 
 

@@ -1,13 +1,16 @@
 """Dispatch to the Pallas Mosaic GPU kernels (Hopper and newer), issue 29.
 
-The ops whose kernels exist in Mosaic GPU (``plgpu``) form, so far the scalar-decay family
-(:mod:`pallas_kernels.simple_gla.kernel_mosaic_gpu`: simple GLA, Lightning Attention, plain
-linear attention), resolve ``implementation=`` here first. This is the one place that decides
+The ops whose kernels exist in Mosaic GPU (``plgpu``) form resolve ``implementation=`` here
+first: the scalar-decay family (:mod:`pallas_kernels.simple_gla.kernel_mosaic_gpu`: simple
+GLA, Lightning Attention, plain linear attention) and Gated DeltaNet / DeltaNet
+(:mod:`pallas_kernels.gated_delta_rule.mosaic_vjp`). This is the one place that decides
 between Mosaic GPU, the Pallas Triton kernels (:func:`pallas_kernels.common.pallas_gpu.
 choose_implementation`, which A100-class GPUs keep using) and the chunked form. Each decision
 is logged once per op and reason.
 
-``None``/``"auto"`` picks ``"mosaic_gpu"`` when :data:`AUTO_SELECT` is on, the default backend
+``None``/``"auto"`` picks ``"mosaic_gpu"`` when :data:`AUTO_SELECT` is on, the op is not in
+:data:`AUTO_OFF` (ops whose Mosaic kernels are not yet timed faster than the Triton ones: an
+explicit ``"mosaic_gpu"`` still runs them), the default backend
 is a CUDA GPU of compute capability 9.0 or newer, ``q, k, v`` share a 16-bit dtype (wgmma has
 no IEEE fp32), ``K`` and ``V`` are 64 or 128, the chunk size is 64 and ``T`` fills a chunk.
 Otherwise it logs the reason and hands over to the Triton dispatch. An explicit
@@ -31,6 +34,14 @@ from pallas_kernels.common import pallas_gpu, validation
 MOSAIC_IMPLEMENTATIONS = ("mosaic_gpu", "mosaic_gpu_interpret")
 # "auto" tries the Mosaic GPU kernels first on Hopper-or-newer GPUs; off: straight to Triton.
 AUTO_SELECT = True
+# op name -> why "auto" does not pick its Mosaic GPU kernels yet (logged once); an explicit
+# implementation="mosaic_gpu" runs them. Drop an entry when the H200's same-run table
+# (benchmarks/bench_kernels.py) times the op faster than its Triton kernels, fwd and fwd+bwd.
+AUTO_OFF = {
+    "gated_delta_rule": (
+        "Gated DeltaNet's Mosaic GPU op is not yet timed faster than its Triton kernels "
+        "(H200, S1 fwd+bwd 2.971 vs 2.646 ms, benchmarks/results/mosaic-gpu-h200-2026-12-05.md)"),
+}
 MIN_COMPUTE_CAPABILITY = (9, 0)
 SUPPORTED_HEAD_DIMS = (64, 128)
 KERNEL_CHUNK_SIZE = 64
@@ -109,6 +120,8 @@ def choose_implementation(
     if implementation is None or implementation == "auto":
         if not AUTO_SELECT:
             reason = "mosaic_gpu.AUTO_SELECT is off"
+        elif op in AUTO_OFF:
+            reason = AUTO_OFF[op]
         else:
             reason = validation.auto_kernel_reason(
                 unsupported_reason(arrays, head_dims, chunk_size, interpret=False), seq_len,

@@ -10,6 +10,11 @@ DeltaNet is g == 0. The read-out includes token t.
 
 Implementations (``implementation=``):
 
+* ``"mosaic_gpu"``: the Pallas Mosaic GPU kernels for Hopper and newer (wgmma, TMA;
+  :func:`pallas_kernels.gated_delta_rule.mosaic_vjp.gated_delta_rule_mosaic`), forward and
+  backward, GVA without expanding ``q, k``; ``"mosaic_gpu_interpret"`` runs them in Mosaic GPU
+  interpret mode (tests). ``"auto"`` does not pick them yet (``mosaic_gpu.AUTO_OFF`` says why,
+  logged once): :func:`pallas_kernels.common.mosaic_gpu.choose_implementation` decides;
 * ``"pallas"`` (default for ``None``/``"auto"`` on a GPU where supported): the chunked Pallas
   kernels in ``kernel_gpu.py``, forward and backward; ``"pallas_interpret"`` runs them in Pallas
   interpret mode on any backend;
@@ -48,10 +53,11 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import common
-from pallas_kernels.common import pallas_gpu, pallas_tpu
+from pallas_kernels.common import mosaic_gpu, pallas_gpu, pallas_tpu
 from pallas_kernels.gated_delta_rule import associative
 from pallas_kernels.gated_delta_rule import chunked
 from pallas_kernels.gated_delta_rule import kernel_gpu, kernel_tpu
+from pallas_kernels.gated_delta_rule import mosaic_vjp
 from pallas_kernels.gated_delta_rule import reference
 
 # Concrete forms of this op, best first: None/"auto" resolve to the first entry.
@@ -169,10 +175,13 @@ def gated_delta_rule(
             ``segment_ids[:, t] != segment_ids[:, t - 1]``, and the state is reset to zero there.
         chunk_size: chunk length C of the chunked form, a power of two (64 matches FLA). It is
             clipped to ``T`` when ``T`` is shorter (one unpadded chunk).
-        implementation: ``None``/``"auto"``, ``"pallas"``, ``"pallas_interpret"``,
-            ``"pallas_tpu"``, ``"chunked"``, ``"reference"`` or ``"associative_scan"``.
-            ``"auto"`` runs the Pallas GPU kernels (``kernel_gpu.py``) on a GPU when K and V are
-            64 or 128, the chunk size is 64 and ``T >= 64``; on a TPU it runs the Pallas TPU
+        implementation: ``None``/``"auto"``, ``"mosaic_gpu"``, ``"mosaic_gpu_interpret"``,
+            ``"pallas"``, ``"pallas_interpret"``, ``"pallas_tpu"``, ``"chunked"``,
+            ``"reference"`` or ``"associative_scan"``. ``"mosaic_gpu"`` runs the Mosaic GPU
+            kernels (compute capability 9.0 or newer, ``q, k, v`` one 16-bit dtype, K and V 64
+            or 128, chunk size 64); ``"auto"`` does not pick them yet (module docstring). It
+            runs the Pallas GPU kernels (``kernel_gpu.py``) on a GPU when K and V are 64 or
+            128, the chunk size is 64 and ``T >= 64``; on a TPU it runs the Pallas TPU
             kernels (``kernel_tpu.py``) when K and V are 64 or 128, the chunk size is 64 or 128
             and ``T`` fills a chunk; the chunked form otherwise (logging why, once).
             ``"pallas_interpret"`` runs the GPU kernels in Pallas interpret mode anywhere;
@@ -190,9 +199,10 @@ def gated_delta_rule(
     Raises:
         ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
             non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
-            of two, an unknown ``implementation``, or an explicit ``"pallas"`` or
-            ``"pallas_tpu"`` that cannot run the call (no GPU, head dims other than 64/128,
-            another chunk size), with the reason.
+            of two, an unknown ``implementation``, or an explicit ``"pallas"``,
+            ``"pallas_tpu"`` or ``"mosaic_gpu"`` that cannot run the call (no GPU, no Hopper
+            GPU, head dims other than 64/128, another chunk size, inputs not one 16-bit
+            dtype), with the reason.
     """
     _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size, scale=scale)
     if use_qk_l2norm:
@@ -201,12 +211,18 @@ def gated_delta_rule(
     heads, dv = v.shape[2:]
     impl = pallas_tpu.choose_implementation(
         "gated_delta_rule", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv),
-        chunk_size, seq_len, fallback=pallas_gpu.choose_implementation,
+        chunk_size, seq_len, fallback=mosaic_gpu.choose_implementation,
     )
     if scale is None:
         scale = dk ** -0.5
     if impl != "reference" and g is not None:  # the token-serial ground truth takes g as is
         g = common.floor_log_decay(g)
+    if impl in mosaic_gpu.MOSAIC_IMPLEMENTATIONS:
+        out = mosaic_vjp.gated_delta_rule_mosaic(  # GVA heads read in-kernel, not expanded
+            q, k, v, g, beta, scale=float(scale), initial_state=initial_state,
+            segment_ids=segment_ids, output_final_state=output_final_state,
+            interpret=impl == "mosaic_gpu_interpret", return_residual=return_residual)
+        return out
     if impl == "pallas_tpu":
         o, final_state, u = _forward_tpu(q, k, v, g, beta, initial_state, segment_ids,
                                          scale=float(scale), chunk_size=chunk_size)

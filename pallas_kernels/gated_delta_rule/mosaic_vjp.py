@@ -35,7 +35,16 @@ that loops over its value heads and sums ``dq`` in fp32 SMEM, so ``dq`` leaves
 fp32 per value head for XLA's group sum, then is rounded once: the same loop in stage 4
 (``gva_loop=True``) spills in offline ptxas (MOSAIC_GPU.md Sec. 27.5).
 
-Nothing dispatches here (``api.py`` is unchanged).
+The residual ``u`` (FLA's ``v_new``, which cross-layer routing reads) is returned on request
+(``return_residual``): it is the forward's ``v_new``, and its cotangent ``du`` is added to
+stage 1's ``dv_local`` before the reverse state pass, since ``dL/dv_new`` is the sum of its
+three uses (the chunk's own read-out, the state, the output ``u`` itself) and stage 2 carries
+the total through ``dS'_{c-1} = ... - W_c^T dv_new_c``.
+
+Dispatch: :func:`pallas_kernels.gated_delta_rule.api.gated_delta_rule` runs this op for
+``implementation="mosaic_gpu"`` (``"mosaic_gpu_interpret"``: interpret mode); ``"auto"`` keeps
+the Triton kernels until the H200 times this op faster
+(:data:`pallas_kernels.common.mosaic_gpu.AUTO_OFF`).
 
 Status (2026-12-03): CPU only, not run on a GPU. Tested in interpret mode against ``jax.vjp``
 of ``chunked.gated_delta_rule_chunked`` and exported for CUDA with its backward
@@ -43,7 +52,7 @@ of ``chunked.gated_delta_rule_chunked`` and exported for CUDA with its backward
 """
 
 import functools
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +78,9 @@ def gated_delta_rule_mosaic(
     output_final_state: bool = False,
     forward: str = "three_pass",
     interpret: bool = False,
-) -> Tuple[jax.Array, Optional[jax.Array]]:
+    return_residual: bool = False,
+) -> Union[Tuple[jax.Array, Optional[jax.Array]],
+           Tuple[jax.Array, Optional[jax.Array], jax.Array]]:
     """Differentiable Gated DeltaNet (``g``) or DeltaNet (``g=None``) on Mosaic GPU kernels.
 
     Computes, per batch row and value head (paper arXiv 2607.07953, Eqs. 15-17; as
@@ -124,10 +135,15 @@ def gated_delta_rule_mosaic(
             once; ``T0``'s rounding to the input dtype enters it). The backward is the same
             for every forward.
         interpret: Mosaic GPU interpret mode (CPU, tests).
+        return_residual: also return the per-token residuals
+            ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)`` (the forward's ``v_new``; static).
+            Differentiable: ``du`` joins ``dv_local`` before the reverse state pass (module
+            docstring); the fused forwards then store ``v_new`` in the primal too.
 
     Returns:
-        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in the input dtype, ``final_state``
-        ``[B, H, K, V]`` fp32 if ``output_final_state`` else ``None``. Gradients flow to
+        ``(o, final_state)``, or ``(o, final_state, u)`` with ``return_residual``: ``o`` and
+        ``u`` ``[B, T, H, V]`` in the input dtype, ``final_state`` ``[B, H, K, V]`` fp32 if
+        ``output_final_state`` else ``None``. Gradients flow to
         ``q, k, v, g, beta, initial_state``, each in its own dtype (``None`` for ``g`` when
         ``g`` is ``None``; computed in fp32 and rounded once).
 
@@ -144,9 +160,10 @@ def gated_delta_rule_mosaic(
     if forward not in kgd.FORWARDS:
         raise ValueError(f"forward must be one of {kgd.FORWARDS}, got {forward!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
-    o, final_state = _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, float(scale),
-                                 bool(output_final_state), forward, interpret)
-    return o, (final_state if output_final_state else None)
+    out = _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, float(scale),
+                      bool(output_final_state), forward, interpret, bool(return_residual))
+    final_state = out[1] if output_final_state else None
+    return (out[0], final_state) + tuple(out[2:])
 
 
 def _shared(g, v, segment_ids):
@@ -161,17 +178,18 @@ def _shared(g, v, segment_ids):
 
 
 def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
-             residuals=True, gc=None, docs=None):
+             residuals=True, gc=None, docs=None, want_v_new=False):
     """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages (``None``
-    for ``h`` and ``v_new`` from the fused kernels without ``residuals``, and for ``w`` from
-    ``"fused_t0"`` without them). ``gc``, ``docs``: :func:`_shared`, passed to the three-pass
-    kernels and ``chunk_wy_mosaic``."""
+    for ``h`` and ``v_new`` from the fused kernels without ``residuals``, ``v_new`` kept with
+    ``want_v_new``, and ``None`` for ``w`` from ``"fused_t0"`` without ``residuals``). ``gc``,
+    ``docs``: :func:`_shared`, passed to the three-pass kernels and ``chunk_wy_mosaic``."""
+    store_v_new = residuals or want_v_new
     if forward in ("fused_t0", "fused_t0_split"):
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
                                           **kgd.T0_OPTIONS)  # empty unless a benchmark sets it
         o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
-            segment_ids=segment_ids, store_v_new=residuals, store_h=residuals,
+            segment_ids=segment_ids, store_v_new=store_v_new, store_h=residuals,
             split_output=forward == "fused_t0_split", interpret=interpret,
             **(kgd.SPLIT_T0_OPTIONS if forward == "fused_t0_split" else {}))  # as T0_OPTIONS
         # The backward reads W: formed from T0 in XLA (one [64, 64] x [64, K] product per
@@ -183,7 +201,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     if forward != "three_pass":
         o, final_state, v_new, h = kfused.chunk_delta_fused_fwd_mosaic(
             q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
-            store_v_new=residuals, store_h=residuals, split_output=forward == "fused_split",
+            store_v_new=store_v_new, store_h=residuals, split_output=forward == "fused_split",
             interpret=interpret)
         return (o, final_state), (w, h, v_new)
     # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype.
@@ -196,33 +214,42 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     return (o, final_state), (w, h, v_new)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11))
 def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                forward, interpret):
+                forward, interpret, return_residual):
+    """``(o, final_state)``, plus ``u`` (``v_new``) with ``return_residual``."""
     del output_final_state
     gc, docs = _shared(g, v, segment_ids)
-    return _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
-                    residuals=False, gc=gc, docs=docs)[0]
+    out, (_, _, v_new) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward,
+                                  interpret, residuals=False, gc=gc, docs=docs,
+                                  want_v_new=return_residual)
+    return out + ((v_new,) if return_residual else ())
 
 
 def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                    forward, interpret):
+                    forward, interpret, return_residual):
     del output_final_state
     gc, docs = _shared(g, v, segment_ids)
     out, (w, h, v_new) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
                                   forward, interpret, gc=gc, docs=docs)
+    out = out + ((v_new,) if return_residual else ())
     return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs)
 
 
-def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, residuals, cotangents):
+def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residual, residuals,
+                    cotangents):
     del forward  # the backward is the same for both forwards
     q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs = residuals
-    do, dht = cotangents
+    do, dht = cotangents[:2]
     do = do.astype(v.dtype)
     dht = dht.astype(jnp.float32) if output_final_state else None
     seg = segment_ids
     shared = dict(segment_ids=seg, gate_cumsum=gc, doc_vecs=docs)
     dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, interpret=interpret, **shared)
+    if return_residual:
+        # u is v_new: its cotangent joins the chunk-local part before the reverse state pass,
+        # which carries the total dL/dv_new (module docstring). One fp32 add, rounded once.
+        dvl = (dvl.astype(jnp.float32) + cotangents[2].astype(jnp.float32)).astype(dvl.dtype)
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
                                              final_state_grad=dht, states_dtype=v.dtype,
                                              interpret=interpret, **shared)

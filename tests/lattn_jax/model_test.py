@@ -1,5 +1,7 @@
 """Model assembly: pure / hybrid / dense patterns, causality, packing, ties, param counts."""
 
+from unittest import mock
+
 import numpy as np
 import jax
 import jax.numpy as jnp
@@ -8,6 +10,7 @@ from flax import nnx
 
 from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
+from pallas_kernels.common import mosaic_gpu
 from tests import tolerances
 
 PATTERNS = {
@@ -128,6 +131,36 @@ class ModelTest(parameterized.TestCase):
         if jax.default_backend() != "gpu":
             with self.assertRaisesRegex(ValueError, "implementation='pallas' cannot run"):
                 model(tokens)
+
+    def test_mosaic_gpu_implementation_builds_the_mosaic_kernels_into_the_train_step(self):
+        # model.gdn / model.deltanet.implementation="mosaic_gpu": on a (patched) Hopper GPU the
+        # loss and its gradient, lowered for CUDA on this host, run each layer's op as the seven
+        # Mosaic GPU kernels (forward three, backward four; routing's residual u included);
+        # off a GPU the call names why it cannot run.
+        for section, cls, layer in (("gdn", config_lib.GatedDeltaNetConfig, "gdn"),
+                                    ("deltanet", config_lib.DeltaNetConfig, "deltanet")):
+            with self.assertRaisesRegex(config_lib.ConfigError,
+                                        f"model.{section}.implementation='mosaic'.*mosaic_gpu"):
+                cls(implementation="mosaic")
+            mixer = cls(num_k_heads=1, num_v_heads=2, head_k_dim=64, head_v_dim=64,
+                        implementation="mosaic_gpu")
+            cfg = config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=(layer,),
+                                         mlp_hidden=48, dtype="bfloat16", **{section: mixer})
+            model = model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0))
+            tokens = jax.random.randint(jax.random.key(3), (1, 128), 0, 64)
+            if jax.default_backend() != "gpu":
+                with self.assertRaisesRegex(ValueError, "implementation='mosaic_gpu' cannot run"):
+                    model(tokens)
+            graphdef, params = nnx.split(model)
+
+            def loss(params):
+                logits = nnx.merge(graphdef, params)(tokens)
+                return jnp.mean(logits.astype(jnp.float32) ** 2)
+
+            with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
+                text = jax.jit(jax.value_and_grad(loss)).trace(params).lower(
+                    lowering_platforms=("cuda",)).as_text()
+            self.assertEqual(text.count("custom_call @mosaic_gpu"), 7, msg=section)
 
     def test_split_projections_same_values_and_gradients(self):
         # model.split_projections forms each column block of the fused projections (GDN's

@@ -9,6 +9,11 @@ against the fp32 token-serial reference on bf16 inputs, so the wiring (GVA, scal
 ``initial_state``, ``segment_ids``, ``output_final_state``) is checked end to end; the
 gradient case is marked ``slow`` (the interpreter can hang when several two-warpgroup
 kernels share a process, see ``pallas_kernels/common/MOSAIC_GPU.md``).
+
+``GdnDispatchTest`` / ``GdnApiTest`` do the same for ``gated_delta_rule`` / ``delta_rule``,
+whose ``"auto"`` keeps the Triton kernels (``mosaic_gpu.AUTO_OFF``) while an explicit
+``"mosaic_gpu"`` runs :func:`pallas_kernels.gated_delta_rule.mosaic_vjp.gated_delta_rule_mosaic`,
+``return_residual`` included (``u`` and its cotangent against the chunked form's autodiff).
 """
 
 from unittest import mock
@@ -18,10 +23,12 @@ import jax.numpy as jnp
 import pytest
 from absl.testing import absltest, parameterized
 
+from pallas_kernels import gated_delta_rule as gdr
 from pallas_kernels import simple_gla as sg
 from pallas_kernels.common import mosaic_gpu, validation
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
+from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as gdn_bwd_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 
@@ -180,6 +187,136 @@ class ApiTest(parameterized.TestCase):
             err = tolerances.rel_err(x, w)
             self.assertLess(err, 2e-2 if name == "dlog_decay" else 8e-3,
                             msg=f"{name}: relative RMS error {err:.2e}")
+
+
+def _gdn_case(seq_len=150, heads=2, kv_heads=1, dk=64, dv=64, decay=0.05, docs=(64, 36, 30),
+              seed=0):
+    """``(q, k, v, g, beta, h0, segment_ids, do, dht, du)``: bf16 q, k, v; random cotangents
+    of ``o``, the final state and the residual ``u``."""
+    q, k, v, g, beta, h0, seg, do, dht, _ = gdn_bwd_test._pipeline_inputs(
+        1, seq_len, heads, kv_heads, dk, dv, decay, True, True, docs, seed=seed)
+    du = jax.random.normal(jax.random.key(seed + 11), v.shape)
+    return q, k, v, g, beta, h0, seg, do, dht, du
+
+
+def _gdn_loss(impl, seg, do, dht, du, deltanet=False):
+    """A scalar of ``o``, the final state and ``u`` of the public op, and the three outputs."""
+
+    def f(q, k, v, g, beta, h0):
+        o, final, u = gdr.gated_delta_rule(q, k, v, None if deltanet else g, beta,
+                                           initial_state=h0, segment_ids=seg,
+                                           output_final_state=True, return_residual=True,
+                                           implementation=impl)
+        value = (jnp.sum(o.astype(jnp.float32) * do) + jnp.sum(final * dht)
+                 + jnp.sum(u.astype(jnp.float32) * du))
+        return value, (o, final, u)
+    return f
+
+
+class GdnDispatchTest(absltest.TestCase):
+
+    def setUp(self):
+        super().setUp()
+        validation._logged.clear()
+
+    def test_auto_keeps_gdn_on_triton_and_logs_why(self):
+        q, k, v = _qkv()
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
+                mock.patch.object(jax, "default_backend", return_value="gpu"), \
+                self.assertLogs(level="INFO") as logs:
+            got = mosaic_gpu.choose_implementation("gated_delta_rule", None, ("chunked",),
+                                                   (q, k, v), (64, 64), 64, 128)
+        self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
+        self.assertIn("not yet timed faster than its Triton kernels", "\n".join(logs.output))
+        # Dropping the entry (after an H200 run that times it faster) hands auto to Mosaic.
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
+                mock.patch.dict(mosaic_gpu.AUTO_OFF, clear=True):
+            self.assertEqual(
+                mosaic_gpu.choose_implementation("gated_delta_rule", "auto", ("chunked",),
+                                                 (q, k, v), (64, 64), 64, 128), "mosaic_gpu")
+
+    def test_public_ops_reject_explicit_mosaic_that_cannot_run(self):
+        q, k, v = _qkv()
+        beta = jax.nn.sigmoid(jax.random.normal(jax.random.key(3), v.shape[:3]))
+        with self.assertRaisesRegex(ValueError,
+                                    "gated_delta_rule: implementation='mosaic_gpu'.*CUDA GPU"):
+            gdr.delta_rule(q, k, v, beta, implementation="mosaic_gpu")
+        with self.assertRaisesRegex(ValueError, "not one 16-bit dtype"):
+            gdr.delta_rule(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
+                           beta, implementation="mosaic_gpu_interpret")
+
+
+class GdnApiLoweringTest(absltest.TestCase):
+    """``implementation="mosaic_gpu"`` on a (patched) Hopper GPU, lowered for CUDA on the CPU
+    host: the op's forward and backward are the seven Mosaic GPU kernels (no Triton kernel),
+    with ``u`` returned and differentiated."""
+
+    def test_explicit_mosaic_value_and_grad_with_residual_lowers_to_the_mosaic_kernels(self):
+        q, k, v, g, beta, h0, seg, do, dht, du = _gdn_case(seq_len=200, docs=(70, 30))
+        fn = jax.value_and_grad(_gdn_loss("mosaic_gpu", seg, do, dht, du), argnums=range(6),
+                                has_aux=True)
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
+            text = jax.jit(fn).trace(q, k, v, g, beta, h0).lower(
+                lowering_platforms=("cuda",)).as_text()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+        self.assertIn("gdn_chunk_wy_bwd", text)
+        self.assertNotIn("gdn_forward", text)  # the Triton kernels' names
+
+
+def _check_residual_and_gradients(test, impl, case, deltanet):
+    """``o``, the final state, ``u`` and every gradient of the public op with ``impl`` against
+    the chunked form's autodiff (fp32 XLA) on the same bf16 inputs and cotangents."""
+    q, k, v, g, beta, h0, seg, do, dht, du = case
+    argnums = tuple(i for i in range(6) if not (deltanet and i == 3))
+    got_fn, want_fn = (jax.value_and_grad(_gdn_loss(name, seg, do, dht, du, deltanet),
+                                          argnums=argnums, has_aux=True)
+                       for name in (impl, "chunked"))
+    (_, got_out), got = got_fn(q, k, v, g, beta, h0)
+    (_, want_out), want = want_fn(q, k, v, g, beta, h0)
+    names = [n for i, n in enumerate(("dq", "dk", "dv", "dg", "dbeta", "dh0")) if i in argnums]
+    for name, x, w in zip(("o", "final_state", "u"), got_out, want_out):
+        test.assertEqual(x.dtype, w.dtype, msg=name)
+        err = tolerances.rel_err(x.astype(jnp.float32), w.astype(jnp.float32))
+        test.assertLess(err, 5e-3, msg=f"{name}: relative RMS error {err:.2e}")
+    # u's cotangent matters: without it the chunked gradients move far beyond the gate.
+    _, without_du = jax.value_and_grad(
+        _gdn_loss("chunked", seg, do, dht, jnp.zeros_like(du), deltanet), argnums=argnums,
+        has_aux=True)(q, k, v, g, beta, h0)
+    test.assertGreater(tolerances.rel_err(without_du[2], want[2]), 0.1)
+    for name, x, w in zip(names, got, want):
+        test.assertEqual(x.dtype, w.dtype, msg=name)
+        err = tolerances.rel_err(x.astype(jnp.float32), w.astype(jnp.float32))
+        test.assertLess(err, 1e-2 if name in ("dg", "dbeta") else 5e-3,
+                        msg=f"{name}: relative RMS error {err:.2e}")
+
+
+class GdnApiTest(parameterized.TestCase):
+
+    # Slow (out of CI): interpreted Mosaic GPU kernels can hang instead of failing (the
+    # module docstring); about 7 s each on two cores when they do not.
+    @pytest.mark.slow
+    @parameterized.named_parameters(
+        ("gated_gva_packed_partial", False),
+        ("deltanet", True),
+    )
+    def test_residual_and_gradients_match_chunked_autodiff(self, deltanet):
+        _check_residual_and_gradients(self, "mosaic_gpu_interpret", _gdn_case(seed=4),
+                                      deltanet)
+
+
+@pytest.mark.gpu
+class GdnGpuTest(kmg_test.HopperTestCase):
+    """The compiled kernels through the public op: ``u`` and its cotangent included."""
+
+    @parameterized.named_parameters(
+        ("gated_gva_packed_partial_T1000_K128_V128", False, 1000, 4, 2, 128, 128,
+         (300, 1, 64, 500)),
+        ("deltanet_packed_T1024_K64_V64", True, 1024, 2, 2, 64, 64, (700,)),
+    )
+    def test_residual_and_gradients_match_chunked_autodiff(self, deltanet, seq_len, heads,
+                                                           kv_heads, dk, dv, docs):
+        case = _gdn_case(seq_len, heads, kv_heads, dk, dv, decay=0.05, docs=docs, seed=6)
+        _check_residual_and_gradients(self, "mosaic_gpu", case, deltanet)
 
 
 if __name__ == "__main__":
