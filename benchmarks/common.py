@@ -39,6 +39,8 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 
 import jax
 
+from lattn_jax.eval import fetch
+
 OK = "ok"
 OUT_OF_MEMORY = "out of memory"
 SKIPPED_BUDGET = "skipped (time budget)"
@@ -206,8 +208,10 @@ def run_profile(out: str, runs: Sequence[Tuple[Dict[str, Any], Tuple[Any, ...]]]
     """The kernel profilers' timed-variant run (``profile_fwd.py``, ``profile_grad.py``,
     ``profile_t0.py``, ``profile_wy_bwd.py``): :func:`run_variants` writing ``<out>.jsonl``
     (made empty first, its directory created) and ``<out>.md`` (``render(records)``,
-    rewritten whenever the table is printed), under a :class:`TimeBudget` of ``deadline_s``
-    seconds from ``start`` (``--deadline_s``, counted from the start of ``main``).
+    rewritten whenever the table is printed, atomically: a temporary file beside it renamed
+    over it, so a failed or interrupted write leaves the previous file whole), under a
+    :class:`TimeBudget` of ``deadline_s`` seconds from ``start`` (``--deadline_s``, counted
+    from the start of ``main``).
 
     Args:
       out: the output path prefix (``--out``).
@@ -226,8 +230,7 @@ def run_profile(out: str, runs: Sequence[Tuple[Dict[str, Any], Tuple[Any, ...]]]
 
     def table(records):
         text = render(records)
-        with open(out + ".md", "w") as f:
-            f.write(text)
+        fetch.write_atomic(out + ".md", text)  # a failed write keeps the previous table
         return text
 
     return run_variants(runs, measure, budget=TimeBudget(deadline_s, start=start), jsonl=jsonl,

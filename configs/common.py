@@ -335,7 +335,12 @@ def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", ti
     WikiText-2 text; point ``--config.data.paths`` at the tokenised FineWeb-Edu JSONL for a real
     run, or give ``corpus``. ``tiny=True`` keeps the structure (stack, gates, routing,
     optimizer) and shrinks the model (:data:`PAPER1_SIZES` ``"tiny"``), data (128 tokens x 8)
-    and run (60 steps) to CPU size.
+    and run (60 steps) to CPU size. The tiny run's warm-up is a tenth of ``train.total_steps``
+    (6 of 60), derived through a ``FieldReference`` as in ``configs/default.py``: lowering
+    ``--config.train.total_steps`` lowers it with the run, so a shorter run still warms up and
+    decays (a fixed 6 made ``train.schedule_warning`` warn about a warm-up the user never set);
+    ``--config.optim.warmup_steps`` sets it outright. The full-size warm-ups are the recipe's
+    step counts (:data:`BUDGETS`) and stay fixed.
 
     ``size="small"`` goes with a budget of :data:`SMALL_BUDGETS` (and only with those): GBS 16 x
     4096, the whole validation split at every evaluation (a ``corpus``'s is 11-12 batches),
@@ -375,7 +380,9 @@ def paper1_experiment(*, linear, stack, num_layers, opt, budget, size="350m", ti
     # command line: --config.mesh.fsdp=8.
     config.mesh = dict(data=-1, fsdp=1, context=1, tensor=1)
     if tiny:
-        total, warmup = 60, 6
+        # The warm-up is a tenth of the run and follows --config.train.total_steps.
+        total = config_dict.FieldReference(60)
+        warmup = total // 10
         if corpus:
             config.data = corpus_data(corpus, seq_len=128, batch_size=8)
         else:

@@ -67,7 +67,10 @@ _PPL_FILES = flags.DEFINE_list(
     f"What --tasks=perplexity scores: {runner.VALIDATION!r} (the documents the checkpoint's run "
     "held out for validation) and/or text files (relative to --data_dir or absolute); a file the "
     "run trained on (config data.paths) is flagged as a training perplexity.")
-_PPL_DOCS = flags.DEFINE_integer("perplexity_max_docs", None, "Documents per perplexity file.")
+_PPL_DOCS = flags.DEFINE_integer(
+    "perplexity_max_docs", None, "Score only the first N documents per perplexity file; a result "
+    "that covers fewer than all goes to results.json as perplexity:<file>@<N>_docs (with "
+    "documents and documents_total), never replacing the full file's entry.")
 _PPL_WINDOW = flags.DEFINE_integer("perplexity_window", 2048, "Perplexity window (tokens).")
 _PPL_STRIDE = flags.DEFINE_integer("perplexity_stride", 2048, "Perplexity stride (tokens).")
 _CONTEXT = flags.DEFINE_integer("context", 1, "Split every sequence over this many devices "

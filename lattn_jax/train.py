@@ -434,6 +434,12 @@ def schedule_warning(ocfg: config_lib.OptimConfig, total_steps: int) -> Optional
     learning rate then rises over the whole run, to ``(T - 1) / T`` of the peak at the last of
     its ``T`` steps (it never reaches the peak), and never decays.
 
+    A warm-up the configs derive from the run (``configs/default.py`` and the paper presets'
+    ``tiny`` variants: a tenth of ``train.total_steps``) follows a lowered
+    ``--config.train.total_steps``, so this fires for a warm-up set outright
+    (``--config.optim.warmup_steps``) or fixed by a recipe (``configs.common.BUDGETS``), where
+    the user has to lower one or raise the other.
+
     Returns:
       One line naming the options, or ``None`` when the schedule decays as configured.
     """

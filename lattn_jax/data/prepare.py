@@ -227,7 +227,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         doc_split: how plain text is cut into documents (see ``sources.split_text``).
         workers: tokenizer processes; ``0`` tokenizes in this process.
         chunk_docs: documents per task sent to a worker.
-        progress: show a tqdm progress bar (documents, tokens/s).
+        progress: show a tqdm progress bar (documents, tokens/s), from the first tokenised
+            documents on (an input refused before them is reported with no bar).
         print_fn: where the per-shard summary lines go.
         pool: a ``tokenizer_pool`` of the same tokenizer to use instead of starting one
             (``workers`` is then the number of its processes); the caller terminates it.
@@ -282,7 +283,9 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
     elif pool is None:
         global _worker_tokenizer
         _worker_tokenizer = tok
-    bar = tqdm.tqdm(unit="doc", disable=not progress, dynamic_ncols=True, smoothing=0.1)
+    # The bar starts with the first tokenised documents: a file refused before (a wrong
+    # --text_field, a binary or unreadable file) is one error line, not an empty bar and it.
+    bar = None
     start, done_tokens = time.perf_counter(), 0
     limit = _BadRecordLimit(max_bad_fraction, text_field)
     try:
@@ -321,6 +324,9 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                     stats.documents -= empty
                     stats.empty_documents += empty
                     done_tokens += len(flat)
+                    if bar is None:
+                        bar = tqdm.tqdm(unit="doc", disable=not progress, dynamic_ncols=True,
+                                        smoothing=0.1)
                     bar.update(len(lengths) + empty)
                     bar.set_postfix(
                         tok_s=f"{done_tokens / max(time.perf_counter() - start, 1e-9):,.0f}")
@@ -339,7 +345,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             print_fn(f"{name}: {path}: {entry['documents']:,} documents, {entry['tokens']:,} "
                      f"tokens; {stats.summary()}")
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
         if own_pool:
             pool.terminate()
             pool.join()

@@ -74,7 +74,10 @@ class EvalOptions:
         a warning): its perplexity is a training perplexity. The default config trains on both
         bundled WikiText-2 files (valid and test), so ``lm/wikitext-2-raw/wiki.test.raw`` is not
         held out for it.
-      perplexity_max_docs: score only the first this many documents of each file.
+      perplexity_max_docs: score only the first this many documents of each file. A result
+        that covers fewer than all of a file's documents is stored under its own key
+        (:func:`perplexity_key`, ``perplexity:<file>@<N>_docs``), never under the full
+        file's.
       perplexity_window: window length in tokens.
       perplexity_stride: new tokens per window (``== window``: disjoint windows).
       route: evaluate with the cross-layer routing contributions (spec §8: the training forward).
@@ -333,6 +336,23 @@ def read_documents(path: str, max_docs: Optional[int]) -> List[str]:
     return docs[:max_docs] if max_docs else docs
 
 
+def perplexity_key(path: str, max_docs: Optional[int], documents: int) -> str:
+    """The ``results.json`` key of the perplexity of the file (or ``"validation"``) ``path``.
+
+    ``perplexity:<file name>`` when every one of its ``documents`` is scored;
+    ``perplexity:<file name>@<max_docs>_docs`` when ``max_docs`` (``--perplexity_max_docs``)
+    keeps only the first ``max_docs < documents``, so a subset's number neither replaces nor
+    reads as the full file's (:func:`merge_results` replaces entries key by key).
+
+    Args:
+      path: the scored file, or :data:`VALIDATION`.
+      max_docs: the limit on documents (``None``: none).
+      documents: the number of documents in the file.
+    """
+    name = f"perplexity:{os.path.basename(path)}"
+    return f"{name}@{max_docs}_docs" if max_docs is not None and max_docs < documents else name
+
+
 def score_task(scorer: scoring.Scorer, name: str, docs: Sequence[tasks_lib.Doc],
                pairs: Sequence) -> Dict[str, float]:
     """One multiple-choice task's metrics: every request scored, regrouped per document.
@@ -370,7 +390,10 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
     Returns:
       ``{task: metrics}``; zero-shot metrics come from
       :func:`lattn_jax.eval.tasks.process_results`, NIAH from :func:`lattn_jax.eval.niah.run`,
-      perplexity from :func:`lattn_jax.eval.perplexity.evaluate` (one entry per file).
+      perplexity from :func:`lattn_jax.eval.perplexity.evaluate` (one entry per file, under
+      :func:`perplexity_key`, with ``trained_on``, ``documents_total`` (the file's documents)
+      and ``max_docs`` (``options.perplexity_max_docs``) added; ``documents`` is the number
+      scored, and a line is logged when it is fewer than ``documents_total``).
 
     Raises:
       ValueError: unknown task, a ``context`` that does not divide the devices or
@@ -434,21 +457,27 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
             if f == VALIDATION:
                 path, seen = VALIDATION, False
                 docs = validation_documents(options.training_data)
-                docs = docs[:options.perplexity_max_docs] if options.perplexity_max_docs else docs
             else:
                 path = _perplexity_path(f, options.data_dir)
-                docs = read_documents(path, options.perplexity_max_docs)
+                docs = read_documents(path, None)
                 seen = trained_on(path, options.training_data)
                 if seen:
                     message = (f"warning: the checkpoint trains on {path} (config.data.paths); "
                                "its perplexity is a training perplexity, not a held-out one")
                     logging.warning(message)
                     log(message)
+            key = perplexity_key(path, options.perplexity_max_docs, len(docs))
+            total, docs = len(docs), docs[:options.perplexity_max_docs]
+            if len(docs) < total:
+                log(f"perplexity {path}: scored the first {len(docs)} of {total} documents "
+                    f"(--perplexity_max_docs={options.perplexity_max_docs})")
             res = ppl_lib.evaluate(ppl_scorer, tokenizer, docs, max_len=options.perplexity_window,
                                    stride=options.perplexity_stride)
             res["token_perplexity_chance"] = float(tokenizer.vocab_size)
             res["trained_on"] = seen
-            results[f"perplexity:{os.path.basename(path)}"] = res
+            res["documents_total"] = total
+            res["max_docs"] = options.perplexity_max_docs
+            results[key] = res
             log(f"perplexity {path}: {res}")
     return results
 
@@ -465,7 +494,9 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
 
     Results that carry a checkpoint ``step`` (``evaluate.py`` sets it; a merged file may hold
     tasks of several checkpoints) get a ``step`` column, so a score of an older checkpoint than
-    the newest (a damaged newest one is skipped with a warning) shows which it is.
+    the newest (a damaged newest one is skipped with a warning) shows which it is. A
+    perplexity of the first documents of a file only (``--perplexity_max_docs``) says so in its
+    task cell (``first N of M documents``).
     """
     steps = any(r.get("step") is not None for r in results.values())
 
@@ -495,6 +526,8 @@ def markdown(results: Dict[str, dict], header: str = "") -> str:
                          f"{len(r['lengths']) * len(r['depths'])} cells |" + step(r))
         elif name.startswith("perplexity:"):
             label = f"{name} (trained on!)" if r.get("trained_on") else name
+            if r.get("documents_total") is not None and r["documents"] < r["documents_total"]:
+                label += f" (first {r['documents']} of {r['documents_total']} documents)"
             for m in ("token_perplexity", "word_perplexity", "bits_per_byte"):
                 chance = f"{r['token_perplexity_chance']:.0f}" if m == "token_perplexity" else ""
                 lines.append(f"| {label} | {m} | {r[m]:.4f} | | {chance} | | {r['tokens']} "

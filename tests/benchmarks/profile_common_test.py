@@ -3,6 +3,7 @@
 them there left as they were (profile_fwd.py, profile_grad.py, profile_t0.py,
 profile_wy_bwd.py; their own tests run them)."""
 
+import errno
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import sys
 
 from absl import flags
 from absl.testing import absltest
+import numpy as np
 
 from benchmarks import common
 
@@ -104,6 +106,38 @@ class ProfileFlagsTest(absltest.TestCase):
             self.assertEqual([json.loads(line)["variant"] for line in f], ["a", "b"])
         with open(out + ".md") as f:
             self.assertEqual(f.read(), "| a | b |\n")
+
+    def test_a_failed_table_write_leaves_the_previous_table_intact(self):
+        # A rerun with the same --out rewrites <out>.md; a write that fails (here: past a file
+        # size limit, as on a full disk) left it truncated when it was written in place.
+        out = os.path.join(self.create_tempdir().full_path, "prof")
+        rng = np.random.default_rng(3)
+        words = ["k1", "k2", "no_mma", "io", "full", "0.125", "ms"]
+        previous = "| " + " | ".join(rng.choice(words, size=20)) + " |\n"
+        with open(out + ".md", "w") as f:
+            f.write(previous)
+        big = "| " + " | ".join(rng.choice(words, size=4000)) + " |\n"  # > the 4 KiB limit
+        script = f"""
+import resource, signal
+from benchmarks import common
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, not a kill
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+try:
+    common.run_profile({out!r}, [({{"variant": "a"}}, ()), ({{"variant": "b"}}, ())],
+                       lambda rec, want: 1.0, render=lambda rs: {big!r},
+                       deadline_s=None, start=0.0, deadline_exit=3)
+except OSError as e:
+    print("errno", e.errno)
+"""
+        result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                                text=True, timeout=120,
+                                env=dict(os.environ, JAX_PLATFORMS="cpu",
+                                         PYTHONDONTWRITEBYTECODE="1"))
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        self.assertEqual(result.stdout.strip().splitlines()[-1], f"errno {errno.EFBIG}")
+        with open(out + ".md") as f:
+            self.assertEqual(f.read(), previous)  # the previous run's table, whole
+        self.assertEqual(sorted(os.listdir(os.path.dirname(out))), ["prof.jsonl", "prof.md"])
 
     def test_the_profilers_define_the_shared_flags_in_one_place_with_the_same_defaults(self):
         # Each of the four defined the same twelve flags and wrote the same output files.

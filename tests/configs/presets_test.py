@@ -19,6 +19,7 @@ from flax import nnx
 from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
 from lattn_jax import optim
+from lattn_jax import train
 
 MODULES = ("table2", "table6", "table7", "scale_1p3b")
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -285,6 +286,34 @@ class PresetTest(parameterized.TestCase):
         with self.assertRaisesRegex(common.ConfigArgError, r"argument\(s\) tokens apply to the "
                                                            r"h200 variant"):
             halo_smollm2.get_config("tiny,tokens=224000000")
+
+
+class TinyScheduleTest(absltest.TestCase):
+    """A tiny variant's warm-up is a tenth of its run (6 of 60 steps), as configs/default.py's:
+    ``--config.train.total_steps=N`` moves it with the run, so a shorter run still warms up
+    and decays (it stayed at 6 and ``train.schedule_warning`` warned about a warm-up the user
+    never set); ``--config.optim.warmup_steps`` still sets it outright."""
+
+    def test_warm_up_follows_a_lowered_total_steps(self):
+        rng = np.random.default_rng(11)
+        for module in MODULES:
+            variant = str(rng.choice(_variants(module))) + ",tiny"
+            total = int(rng.integers(1, 12))
+            with self.subTest(f"{module}:{variant}", total=total):
+                cfg = importlib.import_module(f"configs.{module}").get_config(variant)
+                self.assertEqual((cfg.train.total_steps, cfg.optim.warmup_steps), (60, 6))
+                cfg.train.total_steps = total
+                exp = config_lib.experiment_from_config_dict(cfg)
+                self.assertEqual(exp.optim.warmup_steps, total // 10)
+                self.assertIsNone(train.schedule_warning(exp.optim, total))
+                # An explicit warm-up wins over the derived one (a later total_steps does not
+                # move it) and is still warned about when it fills the run.
+                cfg.optim.warmup_steps = total + 1
+                cfg.train.total_steps = total
+                self.assertEqual(cfg.optim.warmup_steps, total + 1)
+                exp = config_lib.experiment_from_config_dict(cfg)
+                self.assertRegex(train.schedule_warning(exp.optim, total),
+                                 rf"^optim.warmup_steps={total + 1} >= train.total_steps={total}")
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """experiments/prepare_data.py and lattn_jax.data.prepare: token shards, manifest, re-runs."""
 
+import contextlib
 import gzip
+import io
 import json
 import os
 import subprocess
@@ -190,6 +192,37 @@ class PrepareCorpusTest(absltest.TestCase):
                                   r"few\.jsonl has a string in that field \(line 1: field 'text' "
                                   r"is list; its fields: 'text'\)")
 
+    def test_a_wrong_text_field_is_refused_before_any_progress_bar(self):
+        # Newcomer pass: an empty tqdm bar ("0doc [00:00, ?doc/s]") came before the error line.
+        rng = np.random.default_rng(5)
+        texts = [" ".join(rng.choice(["to", "be", "or", "not", "that"], size=rng.integers(3, 9)))
+                 for _ in range(40)]
+        jsonl = os.path.join(self.root, "body.jsonl")
+        with open(jsonl, "w", encoding="utf-8") as f:
+            f.write("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(texts)))
+        parquet = os.path.join(self.root, "body.parquet")
+        pq.write_table(pa.table({"body": texts}), parquet, row_group_size=16)
+        for path, message in ((jsonl, "--text_field='text': none of the first 11 JSON records"),
+                              (parquet, "Parquet file has no column 'text' (--text_field)")):
+            with self.subTest(os.path.basename(path)):
+                err = io.StringIO()
+                with contextlib.redirect_stderr(err), self.assertRaises(ValueError) as cm:
+                    prepare.prepare_corpus([path], os.path.join(self.root, "out"),
+                                           tokenizer="byte", progress=True,
+                                           print_fn=self.messages.append)
+                self.assertIn(message, str(cm.exception))
+                self.assertIn(path, str(cm.exception))
+                self.assertEqual(err.getvalue(), "")  # no progress bar before the error
+                # The right field shows the bar (so the capture above would have seen one).
+                err = io.StringIO()
+                out = os.path.join(self.root, "out-" + os.path.basename(path))
+                with contextlib.redirect_stderr(err):
+                    manifest = prepare.prepare_corpus([path], out, tokenizer="byte",
+                                                      text_field="body", progress=True,
+                                                      print_fn=self.messages.append)
+                self.assertEqual(manifest["totals"]["documents"], len(texts))
+                self.assertIn(f"{len(texts)}doc", err.getvalue())
+
     def test_leading_records_without_the_field_pass_within_the_limit(self):
         # After 2000 good records, 20 more bad ones are within 1%: a file starting with 15
         # records without the field is read, not refused as a wrong --text_field.
@@ -321,7 +354,9 @@ class PrepareDataBinaryTest(absltest.TestCase):
         result = subprocess.run(cmd + ["--tokenizer=byte"], capture_output=True, text=True,
                                 cwd=ROOT, timeout=120)
         self.assertEqual(result.returncode, 1, result.stderr)
-        self.assertIn("error: --text_field='text'", result.stderr)
+        error = result.stderr.strip().splitlines()
+        self.assertLen(error, 1, result.stderr)  # no (empty) progress bar before it
+        self.assertRegex(error[0], rf"^error: --text_field='text': .* of {src} has")
         self.assertFalse(os.path.exists(os.path.join(root, "new")))
         os.makedirs(out)
         result = subprocess.run(cmd + ["--tokenizer=byte"], capture_output=True, text=True,

@@ -371,6 +371,46 @@ class HeldOutPerplexityTest(absltest.TestCase):
                             for m in logged))
         self.assertIn("trained on", runner.markdown(results))
 
+    def test_a_document_subset_gets_its_own_key_and_keeps_the_full_result(self):
+        # --perplexity_max_docs=N scores the first N documents; the entry must say so and not
+        # replace (in results.json) the full-file number under the plain key.
+        rng = np.random.default_rng(7)
+        words = [" ".join(rng.choice(["alpha", "beta", "gamma", "delta", ","], size=12))
+                 for _ in range(8)]
+        other = os.path.join(self.tmp, "wiki.other.raw")
+        with open(other, "w") as f:
+            f.write("".join(f" = Title {i} = \n \n {w} . \n \n" for i, w in enumerate(words)))
+        n = int(rng.integers(1, 8))
+        logged = []
+        kw = dict(perplexity_files=(other,), perplexity_window=32, perplexity_stride=32)
+        full = runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["perplexity"],
+                                     _options(self.tmp, **kw), log=logged.append)
+        subset = runner.run_evaluation(
+            Bigram(), tok_lib.ByteTokenizer(), ["perplexity"],
+            _options(self.tmp, perplexity_max_docs=n, **kw), log=logged.append)
+        self.assertEqual(list(full), ["perplexity:wiki.other.raw"])
+        self.assertEqual(full["perplexity:wiki.other.raw"]["documents"], 8)
+        self.assertEqual(list(subset), [f"perplexity:wiki.other.raw@{n}_docs"])
+        entry = subset[f"perplexity:wiki.other.raw@{n}_docs"]
+        self.assertEqual((entry["documents"], entry["documents_total"], entry["max_docs"]),
+                         (n, 8, n))
+        self.assertIn(f"perplexity {other}: scored the first {n} of 8 documents "
+                      f"(--perplexity_max_docs={n})", logged)
+        out = tempfile.mkdtemp()
+        runner.write_results(full, out)
+        runner.write_results(subset, out)
+        merged = runner.read_results(out)
+        self.assertEqual(merged["perplexity:wiki.other.raw"], full["perplexity:wiki.other.raw"])
+        self.assertEqual(merged[f"perplexity:wiki.other.raw@{n}_docs"]["documents"], n)
+        self.assertIn(f"first {n} of 8 documents", runner.markdown(merged))
+        # A limit at or above the file's documents scores the whole file: the plain key.
+        whole = runner.run_evaluation(
+            Bigram(), tok_lib.ByteTokenizer(), ["perplexity"],
+            _options(self.tmp, perplexity_max_docs=8 + n, **kw), log=logged.append)
+        self.assertEqual(list(whole), ["perplexity:wiki.other.raw"])
+        self.assertAlmostEqual(whole["perplexity:wiki.other.raw"]["token_perplexity"],
+                               full["perplexity:wiki.other.raw"]["token_perplexity"], places=6)
+
     def test_a_copy_of_a_training_file_is_flagged(self):
         # shared/data's WikiText-2 files are byte-identical to the bundled training corpus.
         copy = os.path.join(tempfile.mkdtemp(), "copy.txt")
