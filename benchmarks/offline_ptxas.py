@@ -557,6 +557,11 @@ OP_KERNELS = {
     "gdn_fused_t0_split": ("gdn", "fused_t0_split", ("gdn_chunk_delta_fused_t0_fwd_split*",)),
     "gdn_bwd_dv_local": ("gdn", "three_pass", ("gdn_chunk_dv_local",)),
     "gdn_bwd_dh": ("gdn", "three_pass", ("gdn_chunk_delta_dh",)),
+    # the sequence pieces' launches of both state passes (rows with few CTAs, e.g.
+    # --batch=1 --seq_len=32768: MOSAIC_GPU.md Sec. 29); absent at S1
+    "gdn_delta_h_pieces": ("gdn", "three_pass", ("gdn_chunk_delta_h_maps",
+                                                 "gdn_chunk_delta_h_pieces")),
+    "gdn_bwd_dh_pieces": ("gdn", "three_pass", ("gdn_chunk_delta_dh_pieces",)),
     "gdn_bwd_grads": ("gdn", "three_pass", ("gdn_chunk_grads",)),
     "gdn_wy_bwd": ("gdn", "three_pass", ("gdn_chunk_wy_bwd",)),
 }

@@ -10,6 +10,8 @@ delta-rule forward (:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu`); t
 * the host-side inputs every kernel reads: time padding (:func:`pad_time`), the head-major
   chunk-local fp32 gate cumsum (:func:`chunk_cumsum`) and the document vectors
   (:func:`doc_vectors`);
+* the sequence split of the state passes for rows with few CTAs (:func:`num_pieces`,
+  :func:`split_rows`, :func:`split_head_major`);
 * SMEM tiles (:func:`swizzled_smem`) and the memory warpgroup of the 2-stage TMA ring
   (:func:`ring_producer`);
 * the interpret-mode shims. jax 0.10.2's Mosaic GPU interpreter (:func:`interpret_params`)
@@ -254,6 +256,46 @@ def doc_vectors(segment_ids, batch, num_chunks, precomputed=None):
         return jnp.zeros((batch, padded), jnp.float32), ones, ones
     doc, conn, last = pallas_gpu.docs_from_segment_ids(segment_ids, padded)
     return doc.astype(jnp.float32), conn, last
+
+
+# Rows with fewer CTAs than this run as sequence pieces (the H200 has 132 SMs).
+TARGET_CTAS = 132
+MAX_PIECES = 8
+
+
+def num_pieces(pieces: Optional[int], ctas: int, num_chunks: int) -> int:
+    """How many sequence pieces a state pass runs: ``pieces`` if given (it must divide the chunk
+    count), else the largest ``P <= MAX_PIECES`` dividing ``num_chunks`` with
+    ``ctas * P <= TARGET_CTAS`` and at least 4 chunks per piece.
+
+    Raises:
+        ValueError: naming ``pieces`` when it is not a positive divisor of the chunk count.
+    """
+    if pieces is not None:
+        if pieces < 1 or num_chunks % pieces:
+            raise ValueError(f"pieces={pieces} must be a positive divisor of the chunk count "
+                             f"{num_chunks}")
+        return pieces
+    best = 1
+    for p in range(2, MAX_PIECES + 1):
+        if num_chunks % p == 0 and ctas * p <= TARGET_CTAS and num_chunks // p >= 4:
+            best = p
+    return best
+
+
+def split_rows(x, pieces):
+    """``[B, Tp, ...]`` to ``[B * P, Tp / P, ...]``: each row as ``P`` rows of consecutive
+    chunks (a free reshape). The gate and document vectors are formed on whole rows first, so
+    ``conn`` of a piece's first chunk still says whether the previous piece's state reaches
+    it."""
+    return x.reshape((x.shape[0] * pieces, x.shape[1] // pieces) + x.shape[2:])
+
+
+def split_head_major(x, pieces):
+    """``[B, H, Tp]`` (the head-major gate cumsum) to ``[B * P, H, Tp / P]``."""
+    b, hh, tp = x.shape
+    x = x.reshape(b, hh, pieces, tp // pieces).transpose(0, 2, 1, 3)
+    return x.reshape(b * pieces, hh, tp // pieces)
 
 
 def check_states_dtype(states_dtype, input_dtype):

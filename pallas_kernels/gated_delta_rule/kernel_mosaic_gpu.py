@@ -1,7 +1,8 @@
 """Gated DeltaNet / DeltaNet on Pallas Mosaic GPU kernels (Hopper): forward, reverse state pass.
 
-Nothing dispatches here yet (``implementation="auto"`` keeps GDN on the Triton kernels of
-``kernel_gpu.py``). The forward, :func:`gated_delta_rule_fwd_mosaic`, is the chunk form of
+The public op runs these kernels for ``implementation="mosaic_gpu"`` through
+:mod:`pallas_kernels.gated_delta_rule.mosaic_vjp` (``"auto"`` keeps GDN on the Triton kernels of
+``kernel_gpu.py`` for now). The forward, :func:`gated_delta_rule_fwd_mosaic`, is the chunk form of
 :func:`pallas_kernels.gated_delta_rule.chunked.gated_delta_rule_chunked` (paper "Linear Attention
 Architectures", arXiv 2607.07953, Sec. 3.2, Eqs. 14-17; FLA's ``chunk_gated_delta_rule``,
 ``fla/ops/gated_delta_rule/chunk.py``) in three stages:
@@ -57,15 +58,23 @@ with TMA copies. The state warpgroup keeps ``S`` (``[K, 64]`` fp32) in registers
 stores ``S`` (the state entering the chunk) to HBM through a 16-bit SMEM tile that is also the
 right operand of ``wgmma(W, S)``, forms ``v_new = U - W S`` in fp32, stores ``v_new`` (input
 dtype) through another SMEM tile, writes ``last e^{G_L - G} v_new`` to a swizzled 16-bit tile
-and adds ``wgmma(K^T, that)`` to ``keep e^{G_L} S``. The delta state map is affine in ``S`` but
-with a ``[K, K]`` matrix (``keep e^{G_L} I - (e_out K)^T W``), not a scalar, so the sequence
-pieces of the scalar-decay pass are not carried over (the Triton kernels' ``segments`` show how).
+and adds ``wgmma(K^T, that)`` to ``keep e^{G_L} S``.
 
-Backward (started): :func:`chunk_delta_dh_mosaic` is the reverse delta state pass (FLA's
+Sequence pieces (rows with few CTAs, e.g. B 1, H 16, V 128: 32 CTAs for 132 SMs): the delta
+state map of a run of chunks is affine in ``S`` with a ``[K, K]`` matrix (per chunk
+``keep e^{G_L} I - (diag(last e^{G_L - G}) K)^T W``), not a scalar as in the scalar-decay pass,
+so each row is cut into ``P`` pieces run as rows, and the pieces' maps ``M_p`` come from the
+same kernel on ``K`` columns from the identity with ``U = 0`` (the Triton kernels' ``segments``
+and jla's ``[I | 0]`` augmented pass do the same); :func:`chunk_delta_h_mosaic`'s docstring and
+MOSAIC_GPU.md Sec. 29 give the launches. The reverse pass uses ``M_p^T``.
+
+Backward: :func:`chunk_delta_dh_mosaic` is the reverse delta state pass (FLA's
 ``chunk_gated_delta_rule_bwd_dhu``, ``kernel_gpu.py``'s ``_backward_state``): the gradients of
 the states leaving every chunk, the total ``v_new`` gradient and ``dh0``, same kernel structure
-in reverse chunk order. The parameter gradients (``dq, dk, dv, dbeta, dg`` from ``h``, ``dh``,
-``v_new``, ``dv_new``) and a ``custom_vjp`` are not written yet.
+in reverse chunk order. The parameter gradients and the ``custom_vjp`` are in
+:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`,
+:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd` and
+:mod:`pallas_kernels.gated_delta_rule.mosaic_vjp`.
 
 CPU testing as in the scalar-decay module: interpret mode (``k^T`` copied into SMEM, plain
 vector loads) and lowering for CUDA; see that module's docstring.
@@ -91,20 +100,27 @@ STAGES = mgl.STAGES  # depth of the TMA input ring
 
 
 def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, num_chunks: int,
-                        group: int, has_h0: bool, share_operand: bool, interpret: bool):
+                        group: int, has_h0: bool, share_operand: bool, pieces: int, store: bool,
+                        zero_u: bool, interpret: bool):
     """Kernel body of :func:`chunk_delta_h_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[h0_ref,] h_ref, vn_ref, ht_ref`` then the scratch. With ``share_operand``
-    (``h`` stored in the input dtype) the staging tile of ``h`` is also the ``wgmma`` operand
-    ``S`` of ``W S``; otherwise ``S`` gets its own 16-bit tile.
+    ``rest`` = ``[h0_ref,] [h_ref, vn_ref,] ht_ref`` then the scratch (``h``, ``v_new`` only
+    with ``store``). With ``share_operand`` (``h`` stored in the input dtype) the staging tile
+    of ``h`` is also the ``wgmma`` operand ``S`` of ``W S``; otherwise ``S`` gets its own 16-bit
+    tile. With ``pieces = P > 1`` the inputs are ``P`` pieces of ``num_chunks`` chunks per row
+    as ``B * P`` rows (grid axis ``b`` is ``row * P + piece``): ``h0``, ``ht`` and ``v_new``
+    are per piece, ``h`` is written at the row's global chunk index. ``zero_u``: ``U`` is
+    taken as zero and ``u_ref`` is not read (the piece maps of :func:`_piece_maps`).
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
-    (h_ref, vn_ref, ht_ref, k_s, w_s, u_s, g_s, last_s, conn_s, vd_s, vn_s, state_s, hst_s,
+    h_ref, vn_ref = (rest.pop(0), rest.pop(0)) if store else (None, None)
+    (ht_ref, k_s, w_s, u_s, g_s, last_s, conn_s, vd_s, vn_s, state_s, hst_s,
      in_bar, in_free, io_bar, done, *extra) = rest
     sb_s = hst_s if share_operand else extra.pop(0)  # S in 16 bits, the right operand of W S
     kt_s = extra.pop(0) if interpret else None
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    b_out, n_base = lax.div(b, pieces), lax.rem(b, pieces) * num_chunks  # h's row, 1st chunk
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
     wg = lax.axis_index("wg")
@@ -119,7 +135,8 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
             bar = in_bar.at[slot]
             plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], w_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(u_ref.at[b, rows, h, cols], u_s.at[slot], bar)
+            if not zero_u:
+                plgpu.copy_gmem_to_smem(u_ref.at[b, rows, h, cols], u_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
@@ -142,8 +159,8 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
             if not share_operand:
                 sb_s[...] = s.astype(sb_s.dtype)
             plgpu.commit_smem()
-            # The state entering chunk n goes to HBM while the chunk's inputs land.
-            plgpu.copy_smem_to_gmem(hst_s, h_ref.at[b, h, n, :, cols])
+            if store:  # the state entering chunk n goes to HBM while the chunk's inputs land
+                plgpu.copy_smem_to_gmem(hst_s, h_ref.at[b_out, h, n_base + n, :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
 
             def w_state(acc):
@@ -152,17 +169,22 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
 
             # The barrier keeps the subtraction after the accumulator read (jla's pitfall).
             ws = lax.optimization_barrier(pl.run_scoped(w_state, plgpu.ACC((CHUNK, BLOCK_V))))
-            vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # v_new, fp32
+            if zero_u:
+                vn = -ws
+            else:
+                vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # fp32
             g = mgl.load_rows(g_s.at[slot], interpret)  # chunk-local cumsum of log-decay, fp32
             g_last = g_s[slot, CHUNK - 1]
             # exp(G_L - G_i) <= 1 (g <= 0); tokens before the chunk's last document start do not
             # reach the next chunk (last = 0).
             k_decay = jnp.exp(g_last - g) * mgl.load_rows(last_s.at[slot], interpret)
             s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]  # 0 if a document starts inside
-            vn_s[...] = vn.astype(vn_s.dtype)
+            if store:
+                vn_s[...] = vn.astype(vn_s.dtype)
             vd_s[...] = (vn * mgl.by_row(k_decay, vn.shape)).astype(vd_s.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(vn_s, vn_ref.at[b, rows, h, cols])
+            if store:
+                plgpu.copy_smem_to_gmem(vn_s, vn_ref.at[b, rows, h, cols])
 
             k_t = mgl.transposed(k_s.at[slot], kt_s, interpret)  # k^T (a copy if interpreting)
 
@@ -199,7 +221,8 @@ def _check_delta_inputs(k, w, u, g, segment_ids) -> None:
     mgl.check_kv_gates(k, u, g, segment_ids, names=("k", "u"))
 
 
-@functools.partial(jax.jit, static_argnames=("states_dtype", "interpret"))
+@functools.partial(jax.jit,
+                   static_argnames=("states_dtype", "pieces", "return_maps", "interpret"))
 def chunk_delta_h_mosaic(
     k: jax.Array,
     w: jax.Array,
@@ -211,8 +234,10 @@ def chunk_delta_h_mosaic(
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     states_dtype=jnp.float32,
+    pieces: Optional[int] = None,
+    return_maps: bool = False,
     interpret: bool = False,
-) -> Tuple[jax.Array, jax.Array, jax.Array]:
+) -> Tuple[jax.Array, ...]:
     """The delta-rule state pass: states entering every chunk, ``v_new`` and the final state.
 
     The counterpart of FLA's ``chunk_gated_delta_rule_fwd_h`` (``fla/ops/common/chunk_delta_h.py``)
@@ -253,10 +278,25 @@ def chunk_delta_h_mosaic(
             chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
             gives it, computed once by a caller that runs several kernels on one ``g``
             (``mosaic_vjp``); ``None``: computed here.
+        pieces: static; the sequence pieces ``P`` each row is cut into (``None``: chosen by
+            :func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces`, 1 unless
+            ``B * H * V / 64`` CTAs would leave the GPU idle: ``P = 4`` at B 1, H 16, V 128,
+            T 32K). It must divide ``ceil(T / 64)``. With ``P > 1`` the pass is exact in three
+            launches, each over ``B * P`` rows of ``N / P`` chunks (the state map of a piece is
+            affine with a ``[K, K]`` matrix, ``S -> M_p S + X_p``): one from the identity with
+            ``U = 0`` on ``K`` columns gives every ``M_p`` (:func:`_piece_maps`), one from
+            zero gives every ``X_p``, both storing nothing else; an XLA loop over the pieces
+            (fp32 ``[K, K] x [K, V]`` products) gives their entry states; the third launch
+            stores ``h`` (at global chunk indices, no copy) and ``v_new``. Each CTA's serial
+            chain is ``N / P`` chunks instead of ``N``, for three launches instead of one
+            (MOSAIC_GPU.md Sec. 29).
+        return_maps: static; also return the piece maps ``M`` ``[B, P, H, K, K]`` fp32
+            (``None`` when ``P = 1``), which :func:`chunk_delta_dh_mosaic` reuses.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
-        ``(h, v_new, final_state)``: ``h`` ``[B, H, N, K, V]`` in ``states_dtype``
+        ``(h, v_new, final_state)``, plus ``maps`` with ``return_maps``: ``h``
+        ``[B, H, N, K, V]`` in ``states_dtype``
         (``N = ceil(T / 64)``; head-major like ``chunk_states_mosaic``'s, the layout
         ``chunk_output_mosaic`` reads; FLA's is ``[B, N, H, K, V]``), the state entering chunk
         ``n``; ``v_new`` ``[B, T, H, V]`` in the input dtype; ``final_state`` ``[B, H, K, V]``
@@ -266,7 +306,8 @@ def chunk_delta_h_mosaic(
 
     Raises:
         ValueError: on mismatched shapes, unsupported head dims or dtypes, ``H`` not a multiple
-            of ``Hk``, a bad ``initial_state`` shape or ``states_dtype``.
+            of ``Hk``, a bad ``initial_state`` shape or ``states_dtype``, or ``pieces`` not a
+            positive divisor of ``ceil(T / 64)``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = u.shape[2], u.shape[3]
@@ -277,50 +318,122 @@ def chunk_delta_h_mosaic(
                          f"{initial_state.shape=}")
 
     num_chunks = -(-seq_len // CHUNK)
-    padded = num_chunks * CHUNK
+    pieces = mgl.num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
     # Padding tokens have k = w = u = 0 and g = 0: v_new = 0 there, the state is unchanged.
     k, w, u = (mgl.pad_time(x, num_chunks) for x in (k, w, u))
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
-    has_h0 = initial_state is not None
+    h0 = None if initial_state is None else initial_state.astype(jnp.float32)
+    run = functools.partial(_delta_h_call, group=heads // kv_heads, pieces=pieces,
+                            states_dtype=states_dtype, interpret=interpret)
+    with jax.named_scope("gdn_chunk_delta_h_mosaic"):
+        if pieces == 1:
+            h, vn, final_state = run(k, w, u, gc, last, conn, h0)
+            maps = None
+        else:
+            # Sequence pieces (rows with few CTAs): each piece's affine map S -> M_p S + X_p
+            # from two launches that store nothing else, the entry states by a loop over the
+            # pieces, then the pieces as rows from their entry states. conn of a piece's first
+            # chunk gates its entry state like any chunk's (formed on whole rows).
+            kp, wp, up, lastp, connp = (mgl.split_rows(x, pieces) for x in (k, w, u, last, conn))
+            gp = mgl.split_head_major(gc, pieces)
+            maps = _piece_maps(kp, wp, gp, lastp, connp, run, pieces)  # [B, P, H, K, K]
+            (x_local,) = run(kp, wp, up, gp, lastp, connp, None, store=False)
+            entries = _scan_piece_maps(maps, x_local.reshape(batch, pieces, heads, dk, dv), h0,
+                                       reverse=False)
+            h, vn, finals = run(kp, wp, up, gp, lastp, connp,
+                                entries.reshape(batch * pieces, heads, dk, dv))
+            vn = vn.reshape(batch, num_chunks * CHUNK, heads, dv)
+            final_state = finals.reshape(batch, pieces, heads, dk, dv)[:, -1]
+    out = (h, vn[:, :seq_len], final_state)
+    return out + (maps,) if return_maps else out
+
+
+def _delta_h_call(k, w, u, gc, last, conn, h0, *, group, pieces, states_dtype, interpret,
+                  store=True, zero_u=False):
+    """One launch of the delta state pass over ``[B * P]`` rows (pieces as rows; see
+    :func:`_delta_state_kernel`). Returns ``(h, v_new, ht)`` (``h`` ``[B, H, P * Nq, K, V]``
+    in ``states_dtype``, ``v_new`` ``[B * P, Tq, H, V]`` in the input dtype, ``ht``
+    ``[B * P, H, K, V]`` fp32), or ``(ht,)`` without ``store``. With ``zero_u`` ``u`` is a
+    placeholder of the value width (not read)."""
+    rows, tq, _, dk = k.shape
+    heads, dv = u.shape[2], u.shape[3]
+    num_chunks = tq // CHUNK
+    has_h0 = h0 is not None
     share = states_dtype == jnp.dtype(k.dtype)
-    kernel = functools.partial(_delta_state_kernel, num_chunks=num_chunks,
-                               group=heads // kv_heads, has_h0=has_h0, share_operand=share,
-                               interpret=interpret)
+    kernel = functools.partial(_delta_state_kernel, num_chunks=num_chunks, group=group,
+                               has_h0=has_h0, share_operand=share, pieces=pieces, store=store,
+                               zero_u=zero_u, interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
+    ht_type = jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32)
+    out_type = (ht_type,)
+    if store:
+        out_type = (jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk, dv),
+                                         states_dtype),
+                    jax.ShapeDtypeStruct((rows, tq, heads, dv), u.dtype), ht_type)
+    copies = 5 if zero_u else 6
     call = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
-                  jax.ShapeDtypeStruct((batch, padded, heads, dv), u.dtype),
-                  jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
+        out_type=out_type,
         scratch_types=[
             swz((STAGES, CHUNK, dk), k.dtype),  # k_s
             swz((STAGES, CHUNK, dk), w.dtype),  # w_s
-            swz((STAGES, CHUNK, BLOCK_V), u.dtype),  # u_s
+            swz((STAGES, CHUNK, BLOCK_V), u.dtype),  # u_s (unused with zero_u)
             vec, vec, vec,  # g_s, last_s, conn_s
             swz((CHUNK, BLOCK_V), u.dtype),  # vd_s: last e^{G_L - G} v_new, the wgmma operand
             swz((CHUNK, BLOCK_V), u.dtype),  # vn_s: staging of v_new
             swz((dk, BLOCK_V), jnp.float32),  # state_s: staging of h0, final state
             swz((dk, BLOCK_V), states_dtype),  # hst_s: staging of h (and S of W S if 16-bit)
-            plgpu.Barrier(num_arrivals=6, num_barriers=STAGES),  # in_bar: a stage's 6 copies
+            plgpu.Barrier(num_arrivals=copies, num_barriers=STAGES),  # in_bar: a stage landed
             plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
             plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
             plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
         ] + ([] if share else [swz((dk, BLOCK_V), k.dtype)])  # sb_s: S, operand of W S
         + ([plgpu.SMEM((dk, CHUNK), k.dtype)] if interpret else []),  # kt_s: k^T, interpret
-        grid=(batch, heads, dv // BLOCK_V),
+        grid=(rows, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
         num_threads=2,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_delta_h",
+        kernel_name="gdn_chunk_delta_h" + ("" if store else "_maps" if zero_u else "_pieces"),
     )
-    h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
-    with jax.named_scope("gdn_chunk_delta_h_mosaic"):
-        h, vn, final_state = call(k, w, u, gc, last, conn, *h0)
-    return h, vn[:, :seq_len], final_state
+    return call(k, w, u, gc, last, conn, *(() if h0 is None else (h0,)))
+
+
+def _piece_maps(kp, wp, gp, lastp, connp, run, pieces):
+    """The ``[K, K]`` state maps ``M_p`` of the pieces, ``[B, P, H, K, K]`` fp32: the delta
+    state pass on ``K`` columns from the identity with ``U = 0`` (``S -> keep e^{G_L} S
+    - K^T diag(last e^{G_L - G}) W S`` per chunk), run on the pieces as rows (``kp``, ``wp``,
+    ``gp``, ``lastp``, ``connp`` split as :func:`chunk_delta_h_mosaic` splits them), storing
+    only each piece's final state. ``run`` is :func:`_delta_h_call` with the static options
+    bound. Documents: a reset inside a piece zeroes ``M_p`` (``keep``, ``conn`` in ``W``)."""
+    rows, _, heads, dk = wp.shape
+    eye = jnp.broadcast_to(jnp.eye(dk, dtype=jnp.float32), (rows, heads, dk, dk))
+    (maps,) = run(kp, wp, wp, gp, lastp, connp, eye, store=False, zero_u=True)
+    return maps.reshape(rows // pieces, pieces, heads, dk, dk)
+
+
+def _scan_piece_maps(maps, local, start, *, reverse: bool):
+    """Entry states (or, ``reverse``, exit gradients) of the pieces, ``[B, P, H, K, V]`` fp32.
+
+    Forward: piece ``p`` maps ``S -> maps[p] S + local[p]`` (``local`` ``[B, P, H, K, V]`` its
+    pass from zero), so the entries are ``e_0 = start`` (``None``: zeros) and
+    ``e_{p+1} = maps[p] e_p + local[p]``. Reverse (the backward's state gradients): the reverse
+    pass maps an exit gradient ``d -> maps[p]^T d + local[p]`` (``local`` its pass from a zero
+    exit gradient), so the exits are ``x_{P-1} = start`` and ``x_{p-1} = maps[p]^T x_p +
+    local[p]``. fp32 products at ``HIGHEST`` precision; ``P <= 8`` unrolled steps.
+    """
+    num = local.shape[1]
+    x = jnp.zeros_like(local[:, 0]) if start is None else start.astype(jnp.float32)
+    out = [None] * num
+    order = range(num - 1, -1, -1) if reverse else range(num)
+    eq = "bhji,bhjv->bhiv" if reverse else "bhij,bhjv->bhiv"
+    for p in order:
+        out[p] = x
+        x = jnp.einsum(eq, maps[:, p], x, precision=lax.Precision.HIGHEST) + local[:, p]
+    return jnp.stack(out, axis=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1512,20 +1625,26 @@ def gated_delta_rule_fwd_mosaic(
 
 def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, conn_ref, *rest,
                          num_chunks: int, group: int, scale: float, has_dht: bool,
-                         fp32_states: bool, interpret: bool):
+                         fp32_states: bool, pieces: int, store: bool, interpret: bool):
     """Kernel body of :func:`chunk_delta_dh_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[dht_ref,] dh_ref, dvn_ref, dh0_ref`` then the scratch. ``ds_s`` (``dS`` in 16
-    bits) is the right operand of ``K dS``; it is also the staging tile of ``dh`` when ``dh`` is
-    stored in the input dtype, while fp32 ``dh`` goes out through ``state_s``.
+    ``rest`` = ``[dht_ref,] [dh_ref, dvn_ref,] dh0_ref`` then the scratch (``dh``, ``dv_new``
+    only with ``store``). ``ds_s`` (``dS`` in 16 bits) is the right operand of ``K dS``; it is
+    also the staging tile of ``dh`` when ``dh`` is stored in the input dtype, while fp32 ``dh``
+    goes out through ``state_s``. With ``pieces = P > 1`` the inputs are ``P`` pieces of
+    ``num_chunks`` chunks per row as ``B * P`` rows (grid axis ``b`` is ``row * P + piece``):
+    ``dht``, ``dh0`` and ``dv_new`` are per piece, ``dh`` is written at the row's global chunk
+    index.
     """
     rest = list(rest)
     dht_ref = rest.pop(0) if has_dht else None
-    (dh_ref, dvn_ref, dh0_ref, q_s, k_s, w_s, do_s, dvl_s, g_s, last_s, conn_s, dod_s, dvn_s,
+    dh_ref, dvn_ref = (rest.pop(0), rest.pop(0)) if store else (None, None)
+    (dh0_ref, q_s, k_s, w_s, do_s, dvl_s, g_s, last_s, conn_s, dod_s, dvn_s,
      dvneg_s, state_s, ds_s, in_bar, in_free, io_bar, done, *shim) = rest
     qt_s, wt_s = shim if interpret else (None, None)
     dhst_s = state_s if fp32_states else ds_s  # staging of the stored dh
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
+    b_out, n_base = lax.div(b, pieces), lax.rem(b, pieces) * num_chunks  # dh's row, 1st chunk
     hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
     wg = lax.axis_index("wg")
@@ -1567,11 +1686,11 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, 
             # reading ds_s, dvneg_s and dod_s finished when their accumulators were read.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             ds_s[...] = d.astype(ds_s.dtype)
-            if fp32_states:
+            if fp32_states and store:
                 state_s[...] = d
             plgpu.commit_smem()
-            # dS', the gradient of the state leaving chunk n, goes to HBM as dh[n].
-            plgpu.copy_smem_to_gmem(dhst_s, dh_ref.at[b, h, n, :, cols])
+            if store:  # dS', the gradient of the state leaving chunk n, goes to HBM as dh[n]
+                plgpu.copy_smem_to_gmem(dhst_s, dh_ref.at[b_out, h, n_base + n, :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
 
             def k_dstate(acc):
@@ -1590,11 +1709,13 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, 
             dvl = mgl.load_tile(dvl_s.at[slot], interpret).astype(jnp.float32)
             dvn = dvl + kds * mgl.by_row(k_decay, kds.shape)  # total dv_new, fp32
             do = mgl.load_tile(do_s.at[slot], interpret).astype(jnp.float32)
-            dvn_s[...] = dvn.astype(dvn_s.dtype)
+            if store:
+                dvn_s[...] = dvn.astype(dvn_s.dtype)
             dvneg_s[...] = (-dvn).astype(dvneg_s.dtype)
             dod_s[...] = (do * mgl.by_row(q_decay, do.shape)).astype(dod_s.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(dvn_s, dvn_ref.at[b, rows, h, cols])
+            if store:
+                plgpu.copy_smem_to_gmem(dvn_s, dvn_ref.at[b, rows, h, cols])
             q_t = mgl.transposed(q_s.at[slot], qt_s, interpret)  # copies if interpreting
             w_t = mgl.transposed(w_s.at[slot], wt_s, interpret)
 
@@ -1621,7 +1742,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, 
     plgpu.barrier_wait(done)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "pieces", "interpret"))
 def chunk_delta_dh_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1636,6 +1757,8 @@ def chunk_delta_dh_mosaic(
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     states_dtype=jnp.float32,
+    pieces: Optional[int] = None,
+    piece_maps: Optional[jax.Array] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The reverse delta state pass: state gradients of every chunk, total ``dv_new``, ``dh0``.
@@ -1709,6 +1832,15 @@ def chunk_delta_dh_mosaic(
             chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
             gives it, computed once by a caller that runs several kernels on one ``g``
             (``mosaic_vjp``); ``None``: computed here.
+        pieces: static; sequence pieces ``P`` per row, as :func:`chunk_delta_h_mosaic`'s
+            (``None``: the same choice, :func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces`).
+            With ``P > 1`` the reverse pass of a piece maps its exit gradient affinely,
+            ``d -> M_p^T d + Y_p`` (``M_p`` the forward piece map): one launch from zero exit
+            gradients gives every ``Y_p`` (storing nothing else), an XLA loop from the last
+            piece the exit gradients, and a second launch stores ``dh`` and ``dv_new``.
+        piece_maps: the forward's piece maps ``[B, P, H, K, K]`` fp32
+            (:func:`chunk_delta_h_mosaic` with ``return_maps``), or ``None`` to compute them
+            here (one more launch); ignored when ``P = 1``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -1724,8 +1856,9 @@ def chunk_delta_dh_mosaic(
     Raises:
         ValueError: on mismatched shapes or dtypes of ``q, k, w, do, dv_local``, unsupported
             head dims or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``,
-            ``segment_ids`` or ``final_state_grad`` shape, or a ``states_dtype`` that is
-            neither fp32 nor the input dtype.
+            ``segment_ids``, ``final_state_grad`` or ``piece_maps`` shape, a ``states_dtype``
+            that is neither fp32 nor the input dtype, or ``pieces`` not a positive divisor of
+            ``ceil(T / 64)``.
     """
     batch, seq_len, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
@@ -1745,24 +1878,66 @@ def chunk_delta_dh_mosaic(
                          f"got {final_state_grad.shape=}")
 
     num_chunks = -(-seq_len // CHUNK)
-    padded = num_chunks * CHUNK
+    pieces = mgl.num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
+    maps_shape = (batch, pieces, heads, dk, dk)
+    if pieces > 1 and piece_maps is not None and piece_maps.shape != maps_shape:
+        raise ValueError(f"piece_maps must be [B, P, H, K, K] = {maps_shape}, got "
+                         f"{piece_maps.shape=}")
     # Padding tokens have q = k = w = do = dv_local = 0 and g = 0: dv_new = 0 there and dS'
     # passes through unchanged.
     q, k, w, do, dv_local = (mgl.pad_time(x, num_chunks) for x in (q, k, w, do, dv_local))
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
-    has_dht = final_state_grad is not None
+    dht = None if final_state_grad is None else final_state_grad.astype(jnp.float32)
+    run = functools.partial(_delta_dh_call, group=heads // kv_heads, scale=float(scale),
+                            pieces=pieces, states_dtype=states_dtype, interpret=interpret)
+    with jax.named_scope("gdn_chunk_delta_dh_mosaic"):
+        if pieces == 1:
+            dh, dvn, dh0 = run(q, k, w, do, dv_local, gc, last, conn, dht)
+            return dh, dvn[:, :seq_len], dh0
+        # Sequence pieces: each piece's reverse map d -> M_p^T d + Y_p (Y_p from a zero exit
+        # gradient, storing nothing else), the exit gradients by a loop from the last piece,
+        # then the pieces as rows from their exit gradients.
+        qp, kp, wp, dop, dvlp, lastp, connp = (mgl.split_rows(x, pieces)
+                                               for x in (q, k, w, do, dv_local, last, conn))
+        gp = mgl.split_head_major(gc, pieces)
+        if piece_maps is None:
+            h_run = functools.partial(_delta_h_call, group=heads // kv_heads, pieces=pieces,
+                                      states_dtype=q.dtype, interpret=interpret)
+            piece_maps = _piece_maps(kp, wp, gp, lastp, connp, h_run, pieces)
+        (y_local,) = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, None, store=False)
+        exits = _scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv), dht,
+                                 reverse=True)
+        dh, dvn, dh0s = run(qp, kp, wp, dop, dvlp, gp, lastp, connp,
+                            exits.reshape(batch * pieces, heads, dk, dv))
+        dvn = dvn.reshape(batch, num_chunks * CHUNK, heads, dv)
+        return dh, dvn[:, :seq_len], dh0s.reshape(batch, pieces, heads, dk, dv)[:, 0]
+
+
+def _delta_dh_call(q, k, w, do, dv_local, gc, last, conn, dht, *, group, scale, pieces,
+                   states_dtype, interpret, store=True):
+    """One launch of the reverse delta state pass over ``[B * P]`` rows (pieces as rows; see
+    :func:`_delta_dstate_kernel`). Returns ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K,
+    V]`` in ``states_dtype``, ``dv_new`` ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]``
+    fp32), or ``(dh0,)`` without ``store``."""
+    rows, tq, kv_heads, dk = q.shape
+    heads, dv = do.shape[2], do.shape[3]
+    num_chunks = tq // CHUNK
     fp32_states = states_dtype == jnp.dtype(jnp.float32)
-    kernel = functools.partial(_delta_dstate_kernel, num_chunks=num_chunks,
-                               group=heads // kv_heads, scale=float(scale), has_dht=has_dht,
-                               fp32_states=fp32_states, interpret=interpret)
+    kernel = functools.partial(_delta_dstate_kernel, num_chunks=num_chunks, group=group,
+                               scale=scale, has_dht=dht is not None, fp32_states=fp32_states,
+                               pieces=pieces, store=store, interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
+    dh0_type = jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32)
+    out_type = (dh0_type,)
+    if store:
+        out_type = (jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk, dv),
+                                         states_dtype),
+                    jax.ShapeDtypeStruct((rows, tq, heads, dv), do.dtype), dh0_type)
     call = plgpu.kernel(
         kernel,
-        out_type=(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), states_dtype),
-                  jax.ShapeDtypeStruct((batch, padded, heads, dv), do.dtype),
-                  jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)),
+        out_type=out_type,
         scratch_types=[
             swz((STAGES, CHUNK, dk), q.dtype),  # q_s
             swz((STAGES, CHUNK, dk), k.dtype),  # k_s
@@ -1780,15 +1955,12 @@ def chunk_delta_dh_mosaic(
             plgpu.Barrier(num_arrivals=1),  # io_bar: dht landed
             plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
         ] + ([plgpu.SMEM((dk, CHUNK), q.dtype)] * 2 if interpret else []),  # qt_s, wt_s
-        grid=(batch, heads, dv // BLOCK_V),
+        grid=(rows, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
         num_threads=2,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_delta_dh",
+        kernel_name="gdn_chunk_delta_dh" + ("" if store else "_pieces"),
     )
-    dht = () if final_state_grad is None else (final_state_grad.astype(jnp.float32),)
-    with jax.named_scope("gdn_chunk_delta_dh_mosaic"):
-        dh, dvn, dh0 = call(q, k, w, do, dv_local, gc, last, conn, *dht)
-    return dh, dvn[:, :seq_len], dh0
+    return call(q, k, w, do, dv_local, gc, last, conn, *(() if dht is None else (dht,)))

@@ -179,7 +179,9 @@ def _shared(g, v, segment_ids):
 
 def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
              residuals=True, gc=None, docs=None, want_v_new=False):
-    """``(o, final_state)`` and the residuals ``(w, h, v_new)`` of the forward stages (``None``
+    """``(o, final_state)`` and the residuals ``(w, h, v_new, maps)`` of the forward stages
+    (``maps``: the three-pass state pass's sequence-piece maps, ``None`` with one piece or a
+    fused forward; ``None``
     for ``h`` and ``v_new`` from the fused kernels without ``residuals``, ``v_new`` kept with
     ``want_v_new``, and ``None`` for ``w`` from ``"fused_t0"`` without ``residuals``). ``gc``,
     ``docs``: :func:`_shared`, passed to the three-pass kernels and ``chunk_wy_mosaic``."""
@@ -195,7 +197,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         # The backward reads W: formed from T0 in XLA (one [64, 64] x [64, K] product per
         # chunk and head, fp32, rounded once), only when differentiated.
         w = (kgd.w_from_t0(k, t0, g, beta, segment_ids=segment_ids) if residuals else None)
-        return (o, final_state), (w, h, v_new)
+        return (o, final_state), (w, h, v_new, None)
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, gate_cumsum=gc,
                                doc_vecs=docs, interpret=interpret)
     if forward != "three_pass":
@@ -203,15 +205,15 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
             q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
             store_v_new=store_v_new, store_h=residuals, split_output=forward == "fused_split",
             interpret=interpret)
-        return (o, final_state), (w, h, v_new)
-    # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype.
-    h, v_new, final_state = kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=initial_state,
-                                                     segment_ids=segment_ids, gate_cumsum=gc,
-                                                     doc_vecs=docs, states_dtype=v.dtype,
-                                                     interpret=interpret)
+        return (o, final_state), (w, h, v_new, None)
+    # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype. Rows
+    # with few CTAs run as sequence pieces; their [K, K] maps are kept for the backward.
+    h, v_new, final_state, maps = kgd.chunk_delta_h_mosaic(
+        k, w, u, g, initial_state=initial_state, segment_ids=segment_ids, gate_cumsum=gc,
+        doc_vecs=docs, states_dtype=v.dtype, return_maps=True, interpret=interpret)
     o = sg.chunk_output_mosaic(q, k, v_new, g, h, scale=scale, segment_ids=segment_ids,
                                gate_cumsum=gc, doc_vecs=docs, interpret=interpret)
-    return (o, final_state), (w, h, v_new)
+    return (o, final_state), (w, h, v_new, maps)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11))
@@ -220,9 +222,9 @@ def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_fina
     """``(o, final_state)``, plus ``u`` (``v_new``) with ``return_residual``."""
     del output_final_state
     gc, docs = _shared(g, v, segment_ids)
-    out, (_, _, v_new) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward,
-                                  interpret, residuals=False, gc=gc, docs=docs,
-                                  want_v_new=return_residual)
+    out, (_, _, v_new, _) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
+                                     forward, interpret, residuals=False, gc=gc, docs=docs,
+                                     want_v_new=return_residual)
     return out + ((v_new,) if return_residual else ())
 
 
@@ -230,16 +232,16 @@ def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_
                     forward, interpret, return_residual):
     del output_final_state
     gc, docs = _shared(g, v, segment_ids)
-    out, (w, h, v_new) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
-                                  forward, interpret, gc=gc, docs=docs)
+    out, (w, h, v_new, maps) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
+                                        forward, interpret, gc=gc, docs=docs)
     out = out + ((v_new,) if return_residual else ())
-    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs)
+    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps)
 
 
 def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residual, residuals,
                     cotangents):
     del forward  # the backward is the same for both forwards
-    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs = residuals
+    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps = residuals
     do, dht = cotangents[:2]
     do = do.astype(v.dtype)
     dht = dht.astype(jnp.float32) if output_final_state else None
@@ -252,7 +254,7 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
         dvl = (dvl.astype(jnp.float32) + cotangents[2].astype(jnp.float32)).astype(dvl.dtype)
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
                                              final_state_grad=dht, states_dtype=v.dtype,
-                                             interpret=interpret, **shared)
+                                             piece_maps=maps, interpret=interpret, **shared)
     # Stage 3 hands its fp32 chunk-local dk (per value head) and dL/dG partials to stage 4,
     # which adds them in-kernel (and does dg's in-chunk reverse cumsum), so dq, dk, dv leave
     # the kernels once, in the input dtype (MOSAIC_GPU.md Sec. 27).

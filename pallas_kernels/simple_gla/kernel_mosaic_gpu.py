@@ -205,12 +205,13 @@ def chunk_states_mosaic(
             :func:`chunk_grads_mosaic`), which halves the bytes written and saves a conversion
             pass. The carried state is fp32 in registers either way.
         pieces: static; the number of sequence pieces ``P`` the pass runs in parallel per row
-            (``None``: chosen by :func:`_num_pieces` when ``B * H * V / 64`` CTAs would leave
-            the GPU idle, e.g. ``P = 4`` at B 1, H 16, V 128, T 32K). With ``P > 1`` a first
-            launch computes each piece's state from zero (no ``h`` stored), an XLA scan over
-            the pieces gives their entry states (exact: a piece maps ``S`` to
-            ``A_p S + F_p``, ``A_p`` the product of its chunks' ``keep exp(G_L)``), and a
-            second launch stores ``h``. It must divide ``ceil(T / 64)``.
+            (``None``: chosen by :func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces` when
+            ``B * H * V / 64`` CTAs would leave the GPU idle, e.g. ``P = 4`` at B 1, H 16,
+            V 128, T 32K). With ``P > 1`` a first launch computes each piece's state from
+            zero (no ``h`` stored), an XLA scan over the pieces gives their entry states
+            (exact: a piece maps ``S`` to ``A_p S + F_p``, ``A_p`` the product of its chunks'
+            ``keep exp(G_L)``), and a second launch stores ``h``. It must divide
+            ``ceil(T / 64)``.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -234,7 +235,7 @@ def chunk_states_mosaic(
                          f"{initial_state.shape=}")
 
     num_chunks = -(-seq_len // CHUNK)
-    pieces = _num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
+    pieces = mosaic_gpu_lib.num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
     # Padding tokens have k = v = 0 and g = 0: they leave the state unchanged.
     k, v = _pad_time(k, num_chunks), _pad_time(v, num_chunks)
     gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
@@ -248,8 +249,8 @@ def chunk_states_mosaic(
         # Sequence split (rows with few CTAs): pass 1 gives each piece's state from zero, a scan
         # over the pieces their entry states (the state map of a piece is affine:
         # S -> A_p S + F_p with a scalar A_p per head), pass 2 the stored states.
-        kp, vp, lastp, connp = (_split_rows(x, pieces) for x in (k, v, last, conn))
-        gp = _split_head_major(gc, pieces)
+        kp, vp, lastp, connp = (mosaic_gpu_lib.split_rows(x, pieces) for x in (k, v, last, conn))
+        gp = mosaic_gpu_lib.split_head_major(gc, pieces)
         (f_local,) = run(kp, vp, gp, lastp, connp, None, store_h=False)
         decay = _piece_decay(gc, conn, pieces)  # [B, H, P]
         entries = _scan_pieces(f_local.reshape(batch, pieces, heads, dk, dv), decay, h0,
@@ -257,47 +258,6 @@ def chunk_states_mosaic(
         h, finals = run(kp, vp, gp, lastp, connp,
                         entries.reshape(batch * pieces, heads, dk, dv), store_h=True)
         return h, finals.reshape(batch, pieces, heads, dk, dv)[:, -1]
-
-
-# Rows with fewer CTAs than this run as sequence pieces (the H200 has 132 SMs; these kernels
-# fit two CTAs per SM).
-TARGET_CTAS = 132
-MAX_PIECES = 8
-
-
-def _num_pieces(pieces: Optional[int], ctas: int, num_chunks: int) -> int:
-    """How many sequence pieces a state pass runs: ``pieces`` if given (it must divide the chunk
-    count), else the largest ``P <= MAX_PIECES`` dividing ``num_chunks`` with
-    ``ctas * P <= TARGET_CTAS`` and at least 4 chunks per piece.
-
-    Raises:
-        ValueError: naming ``pieces`` when it is not a positive divisor of the chunk count.
-    """
-    if pieces is not None:
-        if pieces < 1 or num_chunks % pieces:
-            raise ValueError(f"pieces={pieces} must be a positive divisor of the chunk count "
-                             f"{num_chunks}")
-        return pieces
-    best = 1
-    for p in range(2, MAX_PIECES + 1):
-        if num_chunks % p == 0 and ctas * p <= TARGET_CTAS and num_chunks // p >= 4:
-            best = p
-    return best
-
-
-def _split_rows(x, pieces):
-    """``[B, Tp, ...]`` to ``[B * P, Tp / P, ...]``: each row as ``P`` rows of consecutive
-    chunks (a free reshape). The gate and document vectors are formed on whole rows first, so
-    ``conn`` of a piece's first chunk still says whether the previous piece's state reaches
-    it."""
-    return x.reshape((x.shape[0] * pieces, x.shape[1] // pieces) + x.shape[2:])
-
-
-def _split_head_major(x, pieces):
-    """``[B, H, Tp]`` (the head-major gate cumsum) to ``[B * P, H, Tp / P]``."""
-    b, hh, tp = x.shape
-    x = x.reshape(b, hh, pieces, tp // pieces).transpose(0, 2, 1, 3)
-    return x.reshape(b * pieces, hh, tp // pieces)
 
 
 def _piece_decay(gc, conn, pieces):
@@ -815,7 +775,8 @@ def simple_gla_fused_fwd_mosaic(
         stages: static, the depth of the TMA input ring (2 by default; 3 fits the SMEM at
             K = V = 128, about 211 KB against 171 KB; a tuning knob for the GPU).
         pieces: static; sequence pieces ``P`` per row (``None``: chosen by
-            :func:`_num_pieces`, 1 unless ``B * H * V / 64`` CTAs would leave the GPU idle).
+            :func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces`, 1 unless ``B * H * V / 64``
+            CTAs would leave the GPU idle).
             It must divide ``ceil(T / 64)``. With ``P > 1`` and ``store_h`` XLA transposes ``h``
             from per-piece rows (one extra pass over ``h``).
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
@@ -850,7 +811,7 @@ def simple_gla_fused_fwd_mosaic(
         scale = dk ** -0.5
 
     num_chunks = -(-seq_len // CHUNK)
-    pieces = _num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
+    pieces = mosaic_gpu_lib.num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
     # Padding tokens have q = k = v = 0 and g = 0: they leave the state unchanged.
     q, k, v = (_pad_time(x, num_chunks) for x in (q, k, v))
     gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
@@ -869,15 +830,16 @@ def simple_gla_fused_fwd_mosaic(
             # from zero, a scan over the pieces their entry states, then the fused kernel runs
             # the pieces as rows, each from its entry state (exact: a piece's state map is
             # affine). conn of a piece's first chunk gates the entry state as any other.
-            kp, vp, lastp, connp = (_split_rows(x, pieces) for x in (k, v, last, conn))
-            gp = _split_head_major(gc, pieces)
+            kp, vp, lastp, connp = (mosaic_gpu_lib.split_rows(x, pieces)
+                                    for x in (k, v, last, conn))
+            gp = mosaic_gpu_lib.split_head_major(gc, pieces)
             (f_local,) = _states_call(kp, vp, gp, lastp, connp, None, group=heads // kv_heads,
                                       pieces=pieces, states_dtype=v.dtype, store_h=False,
                                       interpret=interpret)
             entries = _scan_pieces(f_local.reshape(batch, pieces, heads, dk, dv),
                                    _piece_decay(gc, conn, pieces), h0, reverse=False)
-            outs = run(_split_rows(q, pieces), kp, vp, gp,
-                       [_split_rows(x, pieces) for x in docs],
+            outs = run(mosaic_gpu_lib.split_rows(q, pieces), kp, vp, gp,
+                       [mosaic_gpu_lib.split_rows(x, pieces) for x in docs],
                        entries.reshape(batch * pieces, heads, dk, dv))
             o = outs[0].reshape((batch, num_chunks * CHUNK) + outs[0].shape[2:])
             final_state = outs[1].reshape(batch, pieces, heads, dk, dv)[:, -1]
@@ -1131,7 +1093,7 @@ def chunk_dstates_mosaic(
                          f"got {final_state_grad.shape=}")
 
     num_chunks = -(-seq_len // CHUNK)
-    pieces = _num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
+    pieces = mosaic_gpu_lib.num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
     # Padding tokens have q = do = 0 and g = 0: they pass dS through unchanged.
     q, do = _pad_time(q, num_chunks), _pad_time(do, num_chunks)
     gc = _chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
@@ -1146,8 +1108,8 @@ def chunk_dstates_mosaic(
         # Sequence split, as chunk_states_mosaic's in reverse: pass 1 gives each piece's dS at
         # its start from a zero gradient at its end, a reverse scan the gradient at each
         # piece's end (piece p + 1 maps X to A_{p+1} X + D_{p+1}), pass 2 the stored dh.
-        qp, dop, connp = (_split_rows(x, pieces) for x in (q, do, conn))
-        gp = _split_head_major(gc, pieces)
+        qp, dop, connp = (mosaic_gpu_lib.split_rows(x, pieces) for x in (q, do, conn))
+        gp = mosaic_gpu_lib.split_head_major(gc, pieces)
         (d_local,) = run(qp, dop, gp, connp, None, store_dh=False)
         decay = _piece_decay(gc, conn, pieces)  # [B, H, P]
         ends = _scan_pieces(d_local.reshape(batch, pieces, heads, dk, dv), decay, dht,

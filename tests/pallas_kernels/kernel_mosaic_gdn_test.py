@@ -21,11 +21,17 @@ additive perturbations of the chunk states and of ``v_new``), which ``ChunkFormT
 ``kernel_mosaic_gdn_bwd_test.py``) checks against the token-serial reference (relative RMS
 < 1e-4). ``LoweringTest`` lowers for CUDA on the CPU host (two variants per kernel;
 ``LoweringSlowTest``, ``slow``, the others);
-``GpuTest`` (marked ``gpu``) compiles the real kernels at realistic rows.
+``GpuTest`` (marked ``gpu``) compiles the real kernels at realistic rows (their few-row cases
+run as sequence pieces: the automatic choice). ``PiecesInterpretTest`` (``slow``) checks the
+sequence pieces of both state passes (rows cut into ``P`` pieces run in parallel, MOSAIC_GPU.md
+Sec. 29) against one piece and the references, and each piece's ``[K, K]`` map against the
+state pass run on the piece alone; ``PiecesLoweringTest`` their launches for CUDA.
 
 A failing interpreted kernel may hang instead of raising; run one test at a time under
 ``timeout`` (``pallas_kernels/common/MOSAIC_GPU.md``, "Interpreter hang seen").
 """
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -341,6 +347,113 @@ class DeltaDhInterpretTest(parameterized.TestCase):
         self._check(1, 150, 2, 1, 64, 128, 0.02, True, (64, 36, 30), states_dtype=jnp.float32)
 
 
+# Sequence pieces, B, T, H, Hk, K, V, decay (None: DeltaNet), h0 / dht, document lengths: with
+# no documents every piece map is non-zero, so the entry states depend on all of them; the
+# packed case has documents crossing piece edges and one starting on an edge (T = 512: 8 chunks).
+_PIECE_CASES = (
+    ("P4_gva_h0_T512_K64_V64", 4, 1, 512, 2, 1, 64, 64, 0.02, True, None),
+    ("P2_packed_h0_T512_K64_V128", 2, 1, 512, 2, 2, 64, 128, 0.05, True, (100, 156, 150)),
+    ("P4_deltanet_h0_T512_K64_V64", 4, 1, 512, 1, 1, 64, 64, None, True, None),
+)
+
+
+@pytest.mark.slow
+class PiecesInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_PIECE_CASES)
+    def test_chunk_delta_h_pieces(self, pieces, batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                  h0, docs):
+        _, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                               decay=decay, h0=h0, docs=docs, seed=3)
+        w, u = _wy(k, v, g, beta, seg)
+        run = functools.partial(kgd.chunk_delta_h_mosaic, k, w, u, g, initial_state=state,
+                                segment_ids=seg, interpret=True)
+        h, v_new, final, maps = run(pieces=pieces, return_maps=True)
+        one = run(pieces=1)
+        self.assertEqual(maps.shape, (batch, pieces, heads, dk, dk))
+        _assert_close(self, "h", h, _reference_chunk_states(k, v, g, beta, state, seg))
+        _, want_final, want_u = _reference(k, k, v, g, beta, state, seg, 1.0)
+        _assert_close(self, "v_new", v_new, want_u)
+        _assert_close(self, "final_state", final, want_final)
+        # One piece rounds other bf16 operands (the maps' states, the entry states): the same
+        # gate between the two kernels' paths as against the reference.
+        for name, got, want in zip(("h", "v_new", "final_state"), (h, v_new, final), one):
+            self.assertEqual((got.shape, got.dtype), (want.shape, want.dtype), msg=name)
+            _assert_close(self, f"{name} vs one piece", got, want.astype(jnp.float32),
+                          allclose=False)
+        if seg is None:  # each map against the pass on the piece alone from a random state
+            span = seq_len // pieces
+            s0 = jax.random.normal(jax.random.key(5), (batch, heads, dk, dv))
+            for p in range(pieces):
+                sl = slice(p * span, (p + 1) * span)
+                _, _, want = kgd.chunk_delta_h_mosaic(
+                    k[:, sl], w[:, sl], jnp.zeros_like(u[:, sl]), None if g is None else g[:, sl],
+                    initial_state=s0, states_dtype=jnp.float32, interpret=True)
+                got = jnp.einsum("bhij,bhjv->bhiv", maps[:, p], s0,
+                                 precision=jax.lax.Precision.HIGHEST)
+                _assert_close(self, f"map of piece {p}", got, want, allclose=False)
+
+    @parameterized.named_parameters(*_PIECE_CASES)
+    def test_chunk_delta_dh_pieces(self, pieces, batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                   dht, docs):
+        args, (qf, kf, wf, dof), scale = _dh_inputs(batch, seq_len, heads, kv_heads, dk, dv,
+                                                    decay=decay, dht=dht, docs=docs, seed=4)
+        q, k, w, do, dvl, g, state_grad, seg = args
+        run = functools.partial(kgd.chunk_delta_dh_mosaic, q, k, w, do, dvl, g, scale=scale,
+                                final_state_grad=state_grad, segment_ids=seg, interpret=True)
+        got = run(pieces=pieces)  # piece maps formed here
+        one = run(pieces=1)
+        _, _, _, maps = kgd.chunk_delta_h_mosaic(k, w, jnp.zeros_like(do), g, segment_ids=seg,
+                                                 states_dtype=q.dtype, pieces=pieces,
+                                                 return_maps=True, interpret=True)
+        given = run(pieces=pieces, piece_maps=maps)  # the forward's maps, as mosaic_vjp passes
+        want = _reference_dh(qf, kf, wf, g, seg, dof, state_grad, scale)
+        for i, name in enumerate(("dh", "dv_new", "dh0")):
+            self.assertEqual((got[i].shape, got[i].dtype), (one[i].shape, one[i].dtype))
+            _assert_close(self, name, got[i], want[i], allclose=False)
+            _assert_close(self, f"{name} vs one piece", got[i], one[i].astype(jnp.float32),
+                          allclose=False)
+            _assert_close(self, f"{name} (maps given) vs formed", given[i],
+                          got[i].astype(jnp.float32), 1e-6, allclose=False)
+
+
+class PiecesLoweringTest(absltest.TestCase):
+    """Both state passes with ``pieces=2`` lower for CUDA as their launches: the maps (``U = 0``
+    from the identity), the pieces from zero, the stored pass; the reverse pass reuses given
+    maps."""
+
+    def test_chunk_delta_h_and_dh_pieces_lower_for_cuda(self):
+        _, k, v, g, beta, state, seg = _inputs(1, 512, 2, 1, 64, 64, decay=0.1, h0=True,
+                                               docs=(300,))
+        w, u = _wy(k, v, g, beta, seg)
+
+        def fwd(k, w, u, g, state, seg):
+            return kgd.chunk_delta_h_mosaic(k, w, u, g, initial_state=state, segment_ids=seg,
+                                            states_dtype=k.dtype, pieces=2, return_maps=True)
+
+        text = jax.jit(fwd).trace(k, w, u, g, state, seg).lower(
+            lowering_platforms=("cuda",)).as_text()
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 3)
+        for name in ("gdn_chunk_delta_h_maps", "gdn_chunk_delta_h_pieces", "gdn_chunk_delta_h"):
+            self.assertIn(name, text)
+        _, _, _, maps = jax.eval_shape(fwd, k, w, u, g, state, seg)
+        self.assertEqual(maps.shape, (1, 2, 2, 64, 64))
+        args, _, scale = _dh_inputs(1, 512, 2, 1, 64, 64, decay=0.1, dht=True, docs=(300,))
+
+        def bwd(*args, maps=None):
+            q, k, w, do, dvl, g, state_grad, seg = args
+            return kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
+                                             final_state_grad=state_grad, segment_ids=seg,
+                                             states_dtype=q.dtype, pieces=2, piece_maps=maps)
+
+        for given, calls in ((False, 3), (True, 2)):
+            m = jnp.zeros((1, 2, 2, 64, 64)) if given else None
+            text = jax.jit(functools.partial(bwd, maps=m)).trace(*args).lower(
+                lowering_platforms=("cuda",)).as_text()
+            self.assertEqual(text.count("custom_call @mosaic_gpu"), calls, msg=f"{given=}")
+            self.assertIn("gdn_chunk_delta_dh_pieces", text)
+
+
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernels (wgmma, TMA) on bf16 inputs against the fp32 reference."""
@@ -534,6 +647,17 @@ class ValidationTest(absltest.TestCase):
             kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=1.0, states_dtype=jnp.float16)
         with self.assertRaisesRegex(ValueError, "head dims"):
             kgd.chunk_delta_dh_mosaic(q, k, w, do[..., :32], dvl[..., :32], g, scale=1.0)
+
+    def test_pieces_are_refused_when_they_do_not_fit(self):
+        args, _, _ = _dh_inputs(1, 512, 2, 1, 64, 64, decay=0.1, dht=False, docs=None)
+        q, k, w, do, dvl, g, _, _ = args
+        with self.assertRaisesRegex(ValueError, "pieces=3 must be a positive divisor"):
+            kgd.chunk_delta_h_mosaic(k, w, do, g, pieces=3)
+        with self.assertRaisesRegex(ValueError, "pieces=3 must be a positive divisor"):
+            kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=1.0, pieces=3)
+        with self.assertRaisesRegex(ValueError, r"piece_maps must be \[B, P, H, K, K\]"):
+            kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=1.0, pieces=2,
+                                      piece_maps=jnp.zeros((1, 4, 2, 64, 64)))
 
 
 if __name__ == "__main__":

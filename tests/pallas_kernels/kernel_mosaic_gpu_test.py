@@ -24,6 +24,7 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from pallas_kernels.common import mosaic_gpu
+from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as kmg
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
@@ -187,12 +188,12 @@ class PiecesTest(parameterized.TestCase):
 class PiecesPolicyTest(absltest.TestCase):
 
     def test_num_pieces(self):
-        self.assertEqual(kmg._num_pieces(None, 32, 512), 4)  # S2: B 1 x H 16 x V/64 2
-        self.assertEqual(kmg._num_pieces(None, 256, 64), 1)  # S1: enough CTAs already
-        self.assertEqual(kmg._num_pieces(None, 36, 256), 2)  # 3 does not divide 256
-        self.assertEqual(kmg._num_pieces(None, 2, 12), 3)  # at least 4 chunks per piece
+        self.assertEqual(mgl.num_pieces(None, 32, 512), 4)  # S2: B 1 x H 16 x V/64 2
+        self.assertEqual(mgl.num_pieces(None, 256, 64), 1)  # S1: enough CTAs already
+        self.assertEqual(mgl.num_pieces(None, 36, 256), 2)  # 3 does not divide 256
+        self.assertEqual(mgl.num_pieces(None, 2, 12), 3)  # at least 4 chunks per piece
         with self.assertRaisesRegex(ValueError, "pieces=3 must be a positive divisor"):
-            kmg._num_pieces(3, 2, 8)
+            mgl.num_pieces(3, 2, 8)
 
 
 class LoweringTest(parameterized.TestCase):

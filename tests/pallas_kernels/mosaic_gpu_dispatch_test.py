@@ -290,11 +290,12 @@ def _check_residual_and_gradients(test, impl, case, deltanet):
                         msg=f"{name}: relative RMS error {err:.2e}")
 
 
+# Slow (out of CI): interpreted Mosaic GPU kernels can hang instead of failing (the module
+# docstring); about 7 s each on two cores when they do not. The mark is on the class: absl's
+# parameterized copies of a method do not keep a method-level mark.
+@pytest.mark.slow
 class GdnApiTest(parameterized.TestCase):
 
-    # Slow (out of CI): interpreted Mosaic GPU kernels can hang instead of failing (the
-    # module docstring); about 7 s each on two cores when they do not.
-    @pytest.mark.slow
     @parameterized.named_parameters(
         ("gated_gva_packed_partial", False),
         ("deltanet", True),
