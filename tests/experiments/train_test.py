@@ -121,7 +121,6 @@ class TrainBinaryTest(parameterized.TestCase):
     def test_bad_option_gives_one_clear_line(self, flag, message):
         self.check_one_clear_line(flag, message)
 
-    @pytest.mark.slow  # ~12 s per case on 2 cores (a subprocess each); two cases run in CI
     @parameterized.named_parameters(
         ("unknown_mixer", "--config.model.layer_pattern=('gdn','foo')",
          "error: model.layer_pattern[1]='foo' is not a known mixer"),
@@ -133,6 +132,7 @@ class TrainBinaryTest(parameterized.TestCase):
         ("gpu_kernel_on_cpu", "--config.model.gdn.implementation=pallas",
          "error: gated_delta_rule: implementation='pallas' cannot run this call"),
     )
+    @pytest.mark.slow  # ~12 s per case on 2 cores (a subprocess each); two cases run in CI
     def test_more_bad_options_give_one_clear_line(self, flag, message):
         self.check_one_clear_line(flag, message)
 

@@ -149,8 +149,8 @@ class InterpretTest(parameterized.TestCase):
                                   jnp.int32)
         self.check(op, batch=2, seq_len=100, segment_ids=segment_ids, seed=2)
 
-    @pytest.mark.slow  # ~30 s on 2 cores; KDA head dim 128 packed with strong decay runs in CI
     @parameterized.parameters("kda", "gdn2")
+    @pytest.mark.slow  # ~30 s on 2 cores; KDA head dim 128 packed with strong decay runs in CI
     def test_strong_decay(self, op):
         # Per-channel log-decays down to about -20 per token and below: exponents must stay
         # masked before exp, and the off-diagonal reference-point factors must stay <= 1.

@@ -157,8 +157,8 @@ class InterpretTest(parameterized.TestCase):
     def test_packed_documents(self, op):
         self.check_packed(op)
 
-    @pytest.mark.slow  # ~8 s each on 2 cores; GDN and DeltaNet run in CI
     @parameterized.parameters("simple_gla", "linear_attn")
+    @pytest.mark.slow  # ~8 s each on 2 cores; GDN and DeltaNet run in CI
     def test_packed_documents_more_ops(self, op):
         self.check_packed(op)
 
@@ -313,8 +313,8 @@ class SegmentsInterpretTest(parameterized.TestCase):
     def test_packed_rows_with_initial_state(self):
         self.check_packed_rows("gdn", 4)
 
-    @pytest.mark.slow  # ~12 s each on 2 cores; GDN at 4 segments runs in CI
     @parameterized.parameters(("simple_gla", 2), ("deltanet", 2))
+    @pytest.mark.slow  # ~12 s each on 2 cores; GDN at 4 segments runs in CI
     def test_packed_rows_with_initial_state_more_ops(self, op, segments):
         self.check_packed_rows(op, segments)
 
