@@ -120,13 +120,16 @@ class DeltaNet(nnx.Module):
         q, k, v = layers.split_qkv_heads(qkv, cfg)  # [B, T, HK, K] x2, [B, T, H, V]
         beta = jax.nn.sigmoid(beta_logit.astype(jnp.float32))  # [B, T, H] fp32
         target = routing.value_target(self, v, route_in)  # [B, T, H, V]
-        o, recurrent, u = context_parallel.linear_recurrence(
+        # The residual u only when routing reads it (the kernels then skip it and its
+        # cotangent): [B, T, H, V], fp32 [B, H, K, V] (or None), [[B, T, H, V]].
+        o, recurrent, *u = context_parallel.linear_recurrence(
             functools.partial(gdr.delta_rule, chunk_size=cfg.chunk_size,
-                              implementation=cfg.implementation, return_residual=True),
+                              implementation=cfg.implementation,
+                              return_residual=return_route),
             q, k, target, (beta,), ("bth",), segment_ids=segment_ids,
             initial_state=None if state is None else state.recurrent,
-            output_final_state=return_state,
-            return_residual=True)  # [B, T, H, V], fp32 [B, H, K, V], [B, T, H, V]
+            output_final_state=return_state, return_residual=return_route)
+        u = u[0] if u else None
         y = self.out_proj(self.o_norm(o).reshape(b, t, self.v_dim))
         new_state = layers.RecurrentState(conv_state=conv_state, recurrent=recurrent)
         return routing.mixer_outputs(y, new_state, routing.RouteSignals(error=u, value=v),

@@ -157,29 +157,34 @@ class GatedDeltaNet(nnx.Module):
         target = routing.value_target(self, v, route_in)  # [B, T, H, V]
 
         initial_state = None if state is None else state.recurrent
+        # The residual u (FLA's v_new) only when routing reads it: without it the kernels
+        # neither store u nor read its (zero) cotangent.
         if context_parallel.is_active(t):
             # The sequence is split over the context axis: the state passes between shards.
-            o, recurrent, u = context_parallel.linear_recurrence(
+            o, recurrent, *u = context_parallel.linear_recurrence(
                 functools.partial(gdr.gated_delta_rule, chunk_size=cfg.chunk_size,
-                                  implementation=cfg.implementation, return_residual=True),
+                                  implementation=cfg.implementation,
+                                  return_residual=return_route),
                 q, k, target, (g, beta), ("bth", "bth"), segment_ids=segment_ids,
                 initial_state=initial_state, output_final_state=return_state,
-                return_residual=True)
+                return_residual=return_route)
         else:
             def op(q, k, v, g, beta, segment_ids, initial_state):
                 return gdr.gated_delta_rule(
                     q, k, v, g, beta, segment_ids=segment_ids, chunk_size=cfg.chunk_size,
                     implementation=cfg.implementation, initial_state=initial_state,
-                    output_final_state=return_state, return_residual=True)
+                    output_final_state=return_state, return_residual=return_route)
 
             # Batch rows and heads are independent: on a mesh each shard runs the op on its
             # block.
             op = sharding.shard_map_op(
                 op, in_names=(sharding.ACT_BTHK,) * 3 + (sharding.ACT_BTH,) * 2
                 + (sharding.ACT_BT, sharding.ACT_BHKV),
-                out_names=(sharding.ACT_BTHK, sharding.ACT_BHKV, sharding.ACT_BTHK))
-            o, recurrent, u = op(q, k, target, g, beta, segment_ids, initial_state)
-        # [B, T, H, V], fp32 [B, H, K, V] (or None), [B, T, H, V]
+                out_names=(sharding.ACT_BTHK, sharding.ACT_BHKV)
+                + ((sharding.ACT_BTHK,) if return_route else ()))
+            o, recurrent, *u = op(q, k, target, g, beta, segment_ids, initial_state)
+        u = u[0] if u else None
+        # [B, T, H, V], fp32 [B, H, K, V] (or None), [B, T, H, V] (or None)
         z = z.reshape(b, t, cfg.num_v_heads, cfg.head_v_dim)
         o = self.o_norm(o) * jax.nn.silu(z.astype(jnp.float32)).astype(o.dtype)
         y = self.out_proj(o.reshape(b, t, self.v_dim))

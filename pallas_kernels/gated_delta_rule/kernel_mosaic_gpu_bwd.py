@@ -96,19 +96,29 @@ def _copy_vectors(g_ref, doc_ref, b, h, rows, vecs, bar):
 # Stage 1: dv_local, v_new's gradient through its own chunk's read-out.
 
 
-def _dv_local_kernel(q_ref, k_ref, do_ref, g_ref, doc_ref, dvl_ref, q_s, k_s, do_s, g_row_s,
-                     g_col_s, doc_row_s, doc_col_s, out_s, in_bar, *shim, group: int,
-                     scale: float, interpret: bool):
+def _dv_local_kernel(q_ref, k_ref, do_ref, g_ref, doc_ref, *rest, group: int, scale: float,
+                     has_du: bool, interpret: bool):
     """Kernel body of :func:`chunk_dv_local_mosaic`: one chunk of one ``(b, h)`` per CTA.
 
-    ``shim`` (interpret only): SMEM scratch for ``q^T`` and for ``P^T`` as a ``wgmma`` operand.
+    ``rest`` = ``[du_ref,] dvl_ref, q_s, k_s, do_s, g_row_s, g_col_s, doc_row_s, doc_col_s,
+    out_s, [du_s,] in_bar`` then ``shim`` (interpret only): SMEM scratch for ``q^T`` and for
+    ``P^T`` as a ``wgmma`` operand. With ``has_du`` the residual's cotangent ``du`` is added to
+    the fp32 product before its one rounding.
     """
+    rest = list(rest)
+    du_ref = rest.pop(0) if has_du else None
+    dvl_ref, q_s, k_s, do_s, g_row_s, g_col_s, doc_row_s, doc_col_s, out_s = rest[:9]
+    rest = rest[9:]
+    du_s = rest.pop(0) if has_du else None
+    in_bar, shim = rest[0], rest[1:]
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
     rows = pl.ds(n * CHUNK, CHUNK)
     plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, in_bar)
     plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, in_bar)
     plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h], do_s, in_bar)
+    if has_du:
+        plgpu.copy_gmem_to_smem(du_ref.at[b, rows, h], du_s, in_bar)
     _copy_vectors(g_ref, doc_ref, b, h, rows, (g_row_s, g_col_s, doc_row_s, doc_col_s), in_bar)
     plgpu.barrier_wait(in_bar)
     qt_s, pt_s = shim if interpret else (None, None)
@@ -128,6 +138,8 @@ def _dv_local_kernel(q_ref, k_ref, do_ref, g_ref, doc_ref, dvl_ref, q_s, k_s, do
         return acc[...]
 
     dvl = lax.optimization_barrier(pl.run_scoped(product, plgpu.ACC((CHUNK, do_s.shape[-1]))))
+    if has_du:
+        dvl = dvl + mgl.load_tile(du_s, interpret).astype(jnp.float32)
     out_s[...] = dvl.astype(out_s.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(out_s, dvl_ref.at[b, rows, h])
@@ -145,6 +157,7 @@ def chunk_dv_local_mosaic(
     segment_ids: Optional[jax.Array] = None,
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
+    residual_grad: Optional[jax.Array] = None,
     interpret: bool = False,
 ) -> jax.Array:
     """``dv_local = scale (Q K^T * D)^T dO`` per chunk: ``v_new``'s gradient through (b).
@@ -154,16 +167,16 @@ def chunk_dv_local_mosaic(
     ``dL/dv_new_s = scale sum_{t >= s, doc(t) = doc(s)} e^{G_t - G_s} (q_t . k_s) do_t``
     within the chunk. It is the ``dv_local`` input of
     :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_dh_mosaic`, which adds
-    the state path ``diag(last e^{G_L - G}) K dS'`` (plus any cotangent of the returned
-    residual, which the caller adds to this output first).
+    the state path ``diag(last e^{G_L - G}) K dS'``; a cotangent of the returned residual
+    ``u = v_new`` (``residual_grad``) is added here, to the fp32 product before its rounding.
 
     Kernel structure (as :func:`pallas_kernels.simple_gla.kernel_mosaic_gpu.chunk_output_mosaic`):
     one CTA per ``(chunk, value head, batch row)``, one warpgroup, seven TMA copies on one
     barrier (``q, k`` of the key head, ``do``, row and column copies of the gate and document
-    vectors). ``wgmma`` forms ``K Q^T`` (the transpose of the scores, so no ``[C, C]`` transpose
-    is needed), the transposed decay ``D^T`` is applied with the mask in the exponent, and
-    ``P^T`` (16-bit, a register operand on the GPU) times ``dO`` is the output, stored in
-    ``do``'s dtype through a swizzled SMEM tile.
+    vectors; eight with ``residual_grad``). ``wgmma`` forms ``K Q^T`` (the transpose of the
+    scores, so no ``[C, C]`` transpose is needed), the transposed decay ``D^T`` is applied
+    with the mask in the exponent, and ``P^T`` (16-bit, a register operand on the GPU) times
+    ``dO`` is the output, stored in ``do``'s dtype through a swizzled SMEM tile.
 
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0``.
@@ -180,24 +193,32 @@ def chunk_dv_local_mosaic(
             chunk-local cumsum as :func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`
             gives it, computed once by a caller that runs several kernels on one ``g``
             (``mosaic_vjp``); ``None``: computed here.
+        residual_grad: optional ``[B, T, H, V]`` in ``do``'s dtype, the cotangent ``du`` of the
+            residual ``u = v_new`` the op returns for routing; added to ``dv_local``.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
-        ``dv_local`` ``[B, T, H, V]`` in ``do``'s dtype. Exact up to the 16-bit rounding of
-        ``P^T`` (fp32 accumulation) and of the output.
+        ``dv_local`` (plus ``residual_grad``) ``[B, T, H, V]`` in ``do``'s dtype. Exact up to
+        the 16-bit rounding of ``P^T`` (fp32 accumulation) and of the output.
 
     Raises:
         ValueError: on mismatched shapes or dtypes, unsupported head dims or dtypes, ``H`` not
-            a multiple of ``Hk``, or ``g``, ``segment_ids`` of the wrong shape.
+            a multiple of ``Hk``, or ``g``, ``segment_ids``, ``residual_grad`` of the wrong
+            shape or dtype.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = do.shape[2], do.shape[3]
     if q.shape != k.shape or q.dtype != k.dtype:
         raise ValueError(f"q and k must match: {q.shape=} {k.shape=} {q.dtype=} {k.dtype=}")
     mgl.check_kv_gates(k, do, g, segment_ids, names=("k", "do"))
+    has_du = residual_grad is not None
+    if has_du and (residual_grad.shape != do.shape or residual_grad.dtype != do.dtype):
+        raise ValueError(f"residual_grad must have do's shape {do.shape} and dtype {do.dtype}, "
+                         f"got {residual_grad.shape=} {residual_grad.dtype=}")
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     q, k, do = (mgl.pad_time(x, num_chunks) for x in (q, k, do))
+    du = (mgl.pad_time(residual_grad, num_chunks),) if has_du else ()
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp]
     vec = plgpu.SMEM((CHUNK,), jnp.float32)
@@ -206,7 +227,7 @@ def chunk_dv_local_mosaic(
             plgpu.SMEM((CHUNK, CHUNK), do.dtype)]  # pt_s
     call = plgpu.kernel(
         functools.partial(_dv_local_kernel, group=heads // kv_heads, scale=float(scale),
-                          interpret=interpret),
+                          has_du=has_du, interpret=interpret),
         out_type=jax.ShapeDtypeStruct((batch, padded, heads, dv), do.dtype),
         scratch_types=[
             swz((CHUNK, dk), q.dtype),  # q_s
@@ -214,8 +235,9 @@ def chunk_dv_local_mosaic(
             swz((CHUNK, dv), do.dtype),  # do_s
             vec, vec, vec, vec,  # g_row_s, g_col_s, doc_row_s, doc_col_s
             swz((CHUNK, dv), do.dtype),  # out_s: staging of dv_local
-            plgpu.Barrier(num_arrivals=7),  # in_bar: the 7 input copies landed
-        ] + (shim if interpret else []),
+        ] + ([swz((CHUNK, dv), do.dtype)] if has_du else [])  # du_s
+        + [plgpu.Barrier(num_arrivals=7 + has_du)]  # in_bar: the input copies landed
+        + (shim if interpret else []),
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
@@ -223,7 +245,7 @@ def chunk_dv_local_mosaic(
         kernel_name="gdn_chunk_dv_local",
     )
     with jax.named_scope("gdn_chunk_dv_local_mosaic"):
-        dvl = call(q, k, do, gc, doc)
+        dvl = call(q, k, do, gc, doc, *du)
     return dvl[:, :seq_len]
 
 

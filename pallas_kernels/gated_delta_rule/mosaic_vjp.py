@@ -37,9 +37,9 @@ fp32 per value head for XLA's group sum, then is rounded once: the same loop in 
 
 The residual ``u`` (FLA's ``v_new``, which cross-layer routing reads) is returned on request
 (``return_residual``): it is the forward's ``v_new``, and its cotangent ``du`` is added to
-stage 1's ``dv_local`` before the reverse state pass, since ``dL/dv_new`` is the sum of its
-three uses (the chunk's own read-out, the state, the output ``u`` itself) and stage 2 carries
-the total through ``dS'_{c-1} = ... - W_c^T dv_new_c``.
+stage 1's ``dv_local`` (in the kernel, in fp32) before the reverse state pass, since
+``dL/dv_new`` is the sum of its three uses (the chunk's own read-out, the state, the output
+``u`` itself) and stage 2 carries the total through ``dS'_{c-1} = ... - W_c^T dv_new_c``.
 
 Dispatch: :func:`pallas_kernels.gated_delta_rule.api.gated_delta_rule` runs this op for
 ``implementation="mosaic_gpu"`` (``"mosaic_gpu_interpret"``: interpret mode); ``"auto"`` keeps
@@ -247,11 +247,11 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
     dht = dht.astype(jnp.float32) if output_final_state else None
     seg = segment_ids
     shared = dict(segment_ids=seg, gate_cumsum=gc, doc_vecs=docs)
-    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, interpret=interpret, **shared)
-    if return_residual:
-        # u is v_new: its cotangent joins the chunk-local part before the reverse state pass,
-        # which carries the total dL/dv_new (module docstring). One fp32 add, rounded once.
-        dvl = (dvl.astype(jnp.float32) + cotangents[2].astype(jnp.float32)).astype(dvl.dtype)
+    # u is v_new: its cotangent joins the chunk-local part before the reverse state pass,
+    # which carries the total dL/dv_new (module docstring); stage 1 adds it in fp32.
+    du = cotangents[2].astype(v.dtype) if return_residual else None
+    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, residual_grad=du,
+                                     interpret=interpret, **shared)
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
                                              final_state_grad=dht, states_dtype=v.dtype,
                                              piece_maps=maps, interpret=interpret, **shared)

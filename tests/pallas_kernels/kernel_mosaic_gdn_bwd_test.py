@@ -252,6 +252,16 @@ class GradsInterpretTest(parameterized.TestCase):
         err = tolerances.rel_err(got, want)
         self.assertLess(err, 5e-3, msg=f"dv_local: relative RMS error {err:.2e}")
 
+    def test_chunk_dv_local_adds_the_residual_grad(self):
+        # The routing residual's cotangent du joins dv_local in fp32 before the one rounding.
+        (q, k, do, g), seg, scale, want = _dv_local_case(1, 150, 2, 1, 64, 128, 0.05, False,
+                                                         False, (64, 36, 30))
+        du = jax.random.normal(jax.random.key(8), do.shape).astype(do.dtype)
+        got = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
+                                         residual_grad=du, interpret=True)
+        err = tolerances.rel_err(got, want + du.astype(jnp.float32))
+        self.assertLess(err, 5e-3, msg=f"dv_local + du: relative RMS error {err:.2e}")
+
 
 def _pipeline_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
     """All gradients of the Mosaic GPU pipeline, with the WY backward done by ``jax.vjp`` of
@@ -475,6 +485,9 @@ class ValidationTest(absltest.TestCase):
             kbwd.chunk_dv_local_mosaic(q, k, do.astype(jnp.float32), g, scale=1.0)
         with self.assertRaisesRegex(ValueError, "head dims"):
             kbwd.chunk_dv_local_mosaic(q, k, do[..., :32], g, scale=1.0)
+        with self.assertRaisesRegex(ValueError, "residual_grad must have do's shape"):
+            kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=1.0,
+                                       residual_grad=do.astype(jnp.float32))
 
 
 if __name__ == "__main__":
