@@ -366,12 +366,8 @@ def _delta_h_call(k, w, u, gc, last, conn, h0, *, group, pieces, states_dtype, i
                                zero_u=zero_u, interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
-    ht_type = jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32)
-    out_type = (ht_type,)
-    if store:
-        out_type = (jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk, dv),
-                                         states_dtype),
-                    jax.ShapeDtypeStruct((rows, tq, heads, dv), u.dtype), ht_type)
+    out_type = _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, u.dtype,
+                                    store)
     copies = 5 if zero_u else 6
     call = plgpu.kernel(
         kernel,
@@ -400,6 +396,19 @@ def _delta_h_call(k, w, u, gc, last, conn, h0, *, group, pieces, states_dtype, i
         kernel_name="gdn_chunk_delta_h" + ("" if store else "_maps" if zero_u else "_pieces"),
     )
     return call(k, w, u, gc, last, conn, *(() if h0 is None else (h0,)))
+
+
+def _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, value_dtype, store):
+    """The outputs of one launch of either delta state pass over ``rows = B * P`` rows of
+    ``tq`` tokens: the per-chunk states ``[B, H, P * Nq, K, V]`` (``states_dtype``, global chunk
+    indices), the per-token values ``[B * P, tq, H, V]`` (``value_dtype``) and the fp32 per-row
+    state ``[B * P, H, K, V]``; only the last without ``store``."""
+    last = jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32)
+    if not store:
+        return (last,)
+    return (jax.ShapeDtypeStruct((rows // pieces, heads, pieces * (tq // CHUNK), dk, dv),
+                                 states_dtype),
+            jax.ShapeDtypeStruct((rows, tq, heads, dv), value_dtype), last)
 
 
 def _piece_maps(kp, wp, gp, lastp, connp, run, pieces):
@@ -1929,12 +1938,8 @@ def _delta_dh_call(q, k, w, do, dv_local, gc, last, conn, dht, *, group, scale, 
                                pieces=pieces, store=store, interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
-    dh0_type = jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32)
-    out_type = (dh0_type,)
-    if store:
-        out_type = (jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk, dv),
-                                         states_dtype),
-                    jax.ShapeDtypeStruct((rows, tq, heads, dv), do.dtype), dh0_type)
+    out_type = _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, do.dtype,
+                                    store)
     call = plgpu.kernel(
         kernel,
         out_type=out_type,
