@@ -5,7 +5,8 @@
 ``chunk_delta_h_mosaic``, the scalar-decay ``chunk_output_mosaic``; or, with
 ``forward="fused"`` or ``"fused_split"``, ``chunk_wy_mosaic`` and
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`,
-which stores ``h`` and ``v_new`` only when differentiated; with ``forward="fused_t0"`` or
+which stores ``h`` and ``v_new`` only when differentiated (``v_new`` also for
+``return_residual``); with ``forward="fused_t0"`` or
 ``"fused_t0_split"``, ``chunk_kkt_inverse_mosaic`` and ``chunk_delta_fused_t0_fwd_mosaic``
 (``split_output`` for the latter), ``W`` formed from
 ``T0`` in XLA only when differentiated) in a ``jax.custom_vjp``
@@ -46,9 +47,12 @@ Dispatch: :func:`pallas_kernels.gated_delta_rule.api.gated_delta_rule` runs this
 the Triton kernels until the H200 times this op faster
 (:data:`pallas_kernels.common.mosaic_gpu.AUTO_OFF`).
 
-Status (2026-12-03): CPU only, not run on a GPU. Tested in interpret mode against ``jax.vjp``
-of ``chunked.gated_delta_rule_chunked`` and exported for CUDA with its backward
-(``tests/pallas_kernels/kernel_mosaic_gdn_vjp_test.py``).
+Status (2026-12-05): tested in interpret mode against ``jax.vjp`` of
+``chunked.gated_delta_rule_chunked`` and exported for CUDA with its backward
+(``tests/pallas_kernels/kernel_mosaic_gdn_vjp_test.py``); timed once on an H200 at S1
+(before the sequence pieces existed; its correctness gate passed:
+``benchmarks/results/mosaic-gpu-h200-2026-12-05.md``). The public op's ``gpu`` tests
+(``return_residual``) and the sequence pieces (MOSAIC_GPU.md Sec. 29) have not run on a GPU.
 """
 
 import functools

@@ -26,6 +26,7 @@ from absl.testing import absltest, parameterized
 from pallas_kernels import gated_delta_rule as gdr
 from pallas_kernels import simple_gla as sg
 from pallas_kernels.common import mosaic_gpu, validation
+from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
 from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as gdn_bwd_test
@@ -262,6 +263,23 @@ class GdnApiLoweringTest(absltest.TestCase):
         self.assertIn("gdn_chunk_wy_bwd", text)
         self.assertNotIn("gdn_forward", text)  # the Triton kernels' names
 
+    def test_sequence_pieces_hand_the_forward_maps_to_the_backward(self):
+        # T = 500 (8 chunks, the last padded) at B 1, H 2, V 64: 2 CTAs per launch, so both
+        # state passes run as P = 2 pieces. The forward's piece maps are a residual: the
+        # backward reuses them (one maps launch in all, not two), 10 Mosaic launches.
+        self.assertEqual(mgl.num_pieces(None, 2, 8), 2)
+        q, k, v, g, beta, h0, seg, do, dht, du = _gdn_case(seq_len=500, docs=(100, 156, 150))
+        fn = jax.value_and_grad(_gdn_loss("mosaic_gpu", seg, do, dht, du), argnums=range(6),
+                                has_aux=True)
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
+            text = jax.jit(fn).trace(q, k, v, g, beta, h0).lower(
+                lowering_platforms=("cuda",)).as_text()
+        calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+        self.assertEqual(len(calls), 10)  # len: a failing list would print whole kernels
+        for name in ("gdn_chunk_delta_h_maps", "gdn_chunk_delta_h_pieces",
+                     "gdn_chunk_delta_dh_pieces"):
+            self.assertEqual(sum(name in c for c in calls), 1, msg=name)
+
 
 def _check_residual_and_gradients(test, impl, case, deltanet):
     """``o``, the final state, ``u`` and every gradient of the public op with ``impl`` against
@@ -303,6 +321,20 @@ class GdnApiTest(parameterized.TestCase):
     def test_residual_and_gradients_match_chunked_autodiff(self, deltanet):
         _check_residual_and_gradients(self, "mosaic_gpu_interpret", _gdn_case(seed=4),
                                       deltanet)
+
+    # P = 2 pieces (GdnApiLoweringTest's case): the forward's maps reach the backward through
+    # the residuals; T = 500 pads the last piece; h0 reaches only the first document. Gated: a
+    # document starts on the piece edge (token 256; the second piece's map is then zero).
+    # DeltaNet, one document: both maps are non-zero, so the forward's M and the reverse
+    # pass's M^T matter (with M^T forward or M in reverse this case fails; the gated one,
+    # whose maps are both zero, does not notice).
+    @parameterized.named_parameters(
+        ("gated_gva_doc_on_the_edge", False, (100, 156, 150)),
+        ("deltanet_one_document", True, None),
+    )
+    def test_sequence_pieces_match_chunked_autodiff(self, deltanet, docs):
+        _check_residual_and_gradients(
+            self, "mosaic_gpu_interpret", _gdn_case(seq_len=500, docs=docs, seed=4), deltanet)
 
 
 @pytest.mark.gpu
