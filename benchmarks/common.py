@@ -577,15 +577,11 @@ def environment(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 def write_report(out: str, payload: Mapping[str, Any], markdown: str) -> None:
     """Writes ``<out>.json`` (``payload``) and ``<out>.md`` (``markdown``), each atomically
-    (a temporary file renamed over the old one), creating the directory if needed."""
-    directory = os.path.dirname(os.path.abspath(out))
-    os.makedirs(directory, exist_ok=True)
-    for suffix, text in ((".json", json.dumps(payload, indent=1, default=str) + "\n"),
-                         (".md", markdown)):
-        tmp = f"{out}{suffix}.tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, out + suffix)
+    (:func:`lattn_jax.eval.fetch.write_atomic`: a temporary file renamed over the old one,
+    removed if the write fails), creating the directory if needed."""
+    out = os.path.abspath(out)
+    fetch.write_atomic(out + ".json", json.dumps(payload, indent=1, default=str) + "\n")
+    fetch.write_atomic(out + ".md", markdown)
 
 
 def gib(n: Optional[float]) -> str:

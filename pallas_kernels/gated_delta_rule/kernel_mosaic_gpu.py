@@ -155,7 +155,8 @@ def _delta_state_kernel(k_ref, w_ref, u_ref, g_ref, last_ref, conn_ref, *rest, n
             # The stores of chunk n - 1 (h, v_new) must have read their tiles; the wgmma of
             # chunk n - 1 that read sb_s finished when its accumulator was read.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-            hst_s[...] = s.astype(hst_s.dtype)
+            if store or share_operand:  # the staging tile of h (and, 16-bit, the W S operand)
+                hst_s[...] = s.astype(hst_s.dtype)
             if not share_operand:
                 sb_s[...] = s.astype(sb_s.dtype)
             plgpu.commit_smem()

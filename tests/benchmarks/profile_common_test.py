@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from unittest import mock
 
 from absl import flags
 from absl.testing import absltest
@@ -138,6 +139,24 @@ except OSError as e:
         with open(out + ".md") as f:
             self.assertEqual(f.read(), previous)  # the previous run's table, whole
         self.assertEqual(sorted(os.listdir(os.path.dirname(out))), ["prof.jsonl", "prof.md"])
+
+    def test_write_report_writes_both_files_whole_and_leaves_no_temporary_file(self):
+        # The benchmarks' <out>.json / <out>.md pair; a failed write removes its temporary
+        # file (the old inline write left a fixed "<out>.md.tmp" behind) and keeps the old one.
+        folder = os.path.join(self.create_tempdir().full_path, "new")
+        out = os.path.join(folder, "bench")
+        rng = np.random.default_rng(5)
+        payload = {"rows": rng.integers(0, 1000, size=7).tolist(), "ms": float(rng.random())}
+        common.write_report(out, payload, "| a |\n")
+        with open(out + ".json") as f:
+            self.assertEqual(json.load(f), payload)
+        self.assertEqual(sorted(os.listdir(folder)), ["bench.json", "bench.md"])
+        with mock.patch("os.replace", side_effect=OSError(errno.ENOSPC, "disk full")):
+            with self.assertRaises(OSError):
+                common.write_report(out, {"other": 1}, "| c |\n")
+        with open(out + ".json") as f:
+            self.assertEqual(json.load(f), payload)
+        self.assertEqual(sorted(os.listdir(folder)), ["bench.json", "bench.md"])
 
     def test_the_profilers_define_the_shared_flags_in_one_place_with_the_same_defaults(self):
         # Each of the four defined the same twelve flags and wrote the same output files.
