@@ -183,12 +183,13 @@ def _shared(g, v, segment_ids):
 
 def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
              residuals=True, gc=None, docs=None, want_v_new=False):
-    """``(o, final_state)`` and the residuals ``(w, h, v_new, maps)`` of the forward stages
-    (``maps``: the three-pass state pass's sequence-piece maps, ``None`` with one piece or a
-    fused forward; ``None``
-    for ``h`` and ``v_new`` from the fused kernels without ``residuals``, ``v_new`` kept with
-    ``want_v_new``, and ``None`` for ``w`` from ``"fused_t0"`` without ``residuals``). ``gc``,
-    ``docs``: :func:`_shared`, passed to the three-pass kernels and ``chunk_wy_mosaic``."""
+    """``(o, final_state)`` and the residuals ``(w, h, v_new, maps)`` of the forward stages.
+
+    ``maps``: the three-pass state pass's sequence-piece maps (``None`` with one piece or a
+    fused forward). The fused kernels give ``None`` for ``h`` and ``v_new`` without
+    ``residuals`` (``v_new`` is kept with ``want_v_new``), ``"fused_t0"`` ``None`` for ``w``.
+    ``gc``, ``docs``: :func:`_shared`, passed to the three-pass kernels and
+    ``chunk_wy_mosaic``."""
     store_v_new = residuals or want_v_new
     if forward in ("fused_t0", "fused_t0_split"):
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
