@@ -218,11 +218,10 @@ def gated_delta_rule(
     if impl != "reference" and g is not None:  # the token-serial ground truth takes g as is
         g = common.floor_log_decay(g)
     if impl in mosaic_gpu.MOSAIC_IMPLEMENTATIONS:
-        out = mosaic_vjp.gated_delta_rule_mosaic(  # GVA heads read in-kernel, not expanded
+        return mosaic_vjp.gated_delta_rule_mosaic(  # GVA heads read in-kernel, not expanded
             q, k, v, g, beta, scale=float(scale), initial_state=initial_state,
             segment_ids=segment_ids, output_final_state=output_final_state,
             interpret=impl == "mosaic_gpu_interpret", return_residual=return_residual)
-        return out
     if impl == "pallas_tpu":
         o, final_state, u = _forward_tpu(q, k, v, g, beta, initial_state, segment_ids,
                                          scale=float(scale), chunk_size=chunk_size)
