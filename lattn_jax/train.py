@@ -38,7 +38,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional,
+                    Sequence)
 
 import jax
 import jax.numpy as jnp
@@ -944,7 +945,9 @@ def _optim_layout_diffs(saved: dict, current: dict) -> List[str]:
 
 
 def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
-                             has_checkpoint: bool) -> List[str]:
+                             has_checkpoint: bool,
+                             derived: Optional[Mapping[str, Sequence[str]]] = None
+                             ) -> List[str]:
     """Refuses to resume a checkpoint written with a different model or data stream.
 
     The model options must match for the parameters to load, the data options for the
@@ -960,9 +963,20 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     recomputed for the new values from the resumed step on (warm-up share, WSD decay start),
     so the rate can jump there: they are returned for the caller to report.
 
+    Args:
+      workdir: the run directory (its ``config.json``).
+      config: this invocation's config.
+      has_checkpoint: whether ``workdir`` holds a checkpoint (nothing is compared without).
+      derived: the options the config computes from others
+        (:func:`lattn_jax.config.derived_options`). One that changed only because an option
+        it follows changed (``optim.warmup_steps``, a tenth of ``train.total_steps`` in the
+        presets) is marked ``derived from <option>`` and listed after the options the user
+        changed.
+
     Returns:
       ``"option (start -> now)"`` for every such option that differs from the saved run
-      (empty without a checkpoint).
+      (empty without a checkpoint); a derived one ``"option (start -> now, derived from
+      <option>)"``.
 
     Raises:
       ConfigError: naming every option that differs from the saved run; or naming
@@ -1001,7 +1015,24 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
                         "optim.")
         changed += _diff(saved.get("train", {}).get("total_steps"),
                          current["train"]["total_steps"], "train.total_steps.")
+        changed = _mark_derived(changed, derived or {})
     return changed
+
+
+def _mark_derived(changed: List[str], derived: Mapping[str, Sequence[str]]) -> List[str]:
+    """``changed`` (:func:`_diff`'s ``"option (a -> b)"`` entries) with every option that
+    follows a changed option (``derived``: :func:`lattn_jax.config.derived_options`) marked
+    ``derived from <option>`` and moved after the others; one whose sources did not change
+    (its change came from elsewhere) stays as it is."""
+    names = [entry.split(" ", 1)[0] for entry in changed]
+    own, follow = [], []
+    for name, entry in zip(names, changed):
+        sources = [s for s in derived.get(name, ()) if s in names]
+        if sources:
+            follow.append(f"{entry[:-1]}, derived from {' and '.join(sources)})")
+        else:
+            own.append(entry)
+    return own + follow
 
 
 # The data files' identity, recorded at a run's start and compared on resume: the iterator
@@ -1194,7 +1225,9 @@ def _diff(a, b, prefix):
 
 def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                        *, print_fn: Callable[[str], None] = tqdm.tqdm.write,
-                       step: Optional[int] = None) -> Dict[str, float]:
+                       step: Optional[int] = None,
+                       derived: Optional[Mapping[str, Sequence[str]]] = None
+                       ) -> Dict[str, float]:
     """Trains ``config`` in ``workdir``, resuming from its newest checkpoint if there is one.
 
     An unreadable newest checkpoint is reported in one line, renamed
@@ -1227,6 +1260,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       print_fn: where the human-readable progress lines go (default: above the progress bar).
       step: resume from this checkpoint step instead of the newest; the newer steps are renamed
         ``<step>.after-step-<step>-<time>`` (kept, out of the way of this run's saves).
+      derived: the options the config computes from others
+        (:func:`lattn_jax.config.derived_options` of the ``ConfigDict`` it came from): on
+        resume, the warning about changed optimizer/schedule options marks one that changed
+        only with the option it follows (``optim.warmup_steps`` with ``train.total_steps``)
+        as derived from it (:func:`_check_resume_compatible`).
 
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
@@ -1294,10 +1332,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             f"--workdir={workdir}: cannot create the directory ({e.strerror}: {e.filename})"
         ) from None
     if jax.process_index() != 0:
-        return _train_and_evaluate(config, workdir, _silent, step)
+        return _train_and_evaluate(config, workdir, _silent, step, derived)
     with _workdir_lock(workdir):
         try:
-            return _train_and_evaluate_logged(config, workdir, print_fn, step)
+            return _train_and_evaluate_logged(config, workdir, print_fn, step, derived)
         except Exception:
             if created is not None:
                 _remove_unused_workdir(workdir, created)
@@ -1410,7 +1448,7 @@ def _workdir_lock(workdir: str):
         f.close()  # releases the lock
 
 
-def _train_and_evaluate_logged(config, workdir, print_fn, step):
+def _train_and_evaluate_logged(config, workdir, print_fn, step, derived):
     """:func:`train_and_evaluate` on process 0, under the workdir lock: the invocation recorded,
     the progress lines also in ``console.log``."""
     record_invocation(workdir, config)
@@ -1424,7 +1462,7 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step):
             f.write(line + "\n")
 
     try:
-        return _train_and_evaluate(config, workdir, logged, step)
+        return _train_and_evaluate(config, workdir, logged, step, derived)
     except BaseException as e:
         with contextlib.suppress(OSError):  # a full disk: the error itself says it
             with open(log_path, "a") as f:
@@ -1556,7 +1594,7 @@ def _first_failed_step(window: List[tuple]) -> tuple:
     return None, True
 
 
-def _train_and_evaluate(config, workdir, print_fn, step):
+def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
     """:func:`train_and_evaluate` after the workdir is made and the invocation recorded."""
     tcfg = config.train
     # A resume with another model or data stream is refused before the data is read (minutes
@@ -1604,7 +1642,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         latest = ckpt.latest_step()
         if step is not None and step not in ckpt.all_steps():
             ckpt.restore_step(step, None)  # raises FileNotFoundError listing the steps
-        changed = _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
+        changed = _check_resume_compatible(workdir, config, has_checkpoint=latest is not None,
+                                           derived=derived)
         if changed and jax.process_index() == 0:
             print_fn(f"warning: resuming with optimizer/schedule options other than the run's "
                      f"start ({', '.join(changed)}; the start's are in config.json): the "
