@@ -39,7 +39,7 @@ import sys
 import threading
 import time
 from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional,
-                    Sequence)
+                    Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
@@ -1043,6 +1043,9 @@ _SHARD_IDENTITY = ("name", "source_sha256", "documents", "tokens")  # of a manif
 # 2: a gzip file's header time is left out of the hash (version 1 records are not compared).
 _FINGERPRINT_VERSION = 2
 _GZIP_MAGIC = b"\x1f\x8b"
+# A JSON file's contents and ``None``, or ``None`` and the error that kept it from being read
+# (:func:`_read_json_record`).
+_JsonRecord = Tuple[Any, Optional[Exception]]
 
 
 def _file_fingerprint(path: str) -> Dict[str, Any]:
@@ -1114,13 +1117,15 @@ def _fingerprint_change(saved: Dict[str, Any], now: Dict[str, Any]) -> str:
 
 
 def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
-                          has_checkpoint: bool) -> None:
+                          has_checkpoint: bool,
+                          read_saved: Optional[Callable[[], _JsonRecord]] = None) -> None:
     """Refuses to resume a run whose data files changed since it started (rebuilt at the same
     path with other contents): the restored iterator position would continue on other data.
     Compares ``current()`` (:func:`data_fingerprints`, called only when there is something to
     compare it with) with ``<workdir>/data_fingerprint.json`` (written at the run's start); a
     run without that record, or with a record of another version (an older run), is not
-    checked.
+    checked. ``read_saved()`` reads the record (:func:`_read_json_record`; default: read here), so
+    that the caller can share one read with :func:`_write_data_fingerprint`.
 
     Raises:
       ConfigError: naming the option, the first changed file, what differs (and how many
@@ -1130,10 +1135,8 @@ def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
     path = os.path.join(workdir, DATA_FINGERPRINT)
     if not has_checkpoint or not os.path.exists(path):
         return
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as e:
+    saved, e = (read_saved or functools.partial(_read_json_record, path))()
+    if e is not None:
         raise config_lib.ConfigError(
             f"{path}: cannot be read ({e}); remove it to resume without checking the data "
             f"files") from None
@@ -1160,14 +1163,17 @@ def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
 
 
 def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
-                            has_checkpoint: bool) -> None:
+                            has_checkpoint: bool,
+                            read_saved: Optional[Callable[[], _JsonRecord]] = None) -> None:
     """Writes ``<workdir>/data_fingerprint.json`` (``current()``) at a fresh start, or for a
     resumed run that lacks one or has one of another version (as :func:`_write_start_config`
-    writes ``config.json``; process 0 only, whole or not at all)."""
+    writes ``config.json``; process 0 only, whole or not at all). ``read_saved()`` reads the record
+    there (:func:`_read_json_record`; default: read here)."""
     if jax.process_index() != 0:
         return
     path = os.path.join(workdir, DATA_FINGERPRINT)
-    if has_checkpoint and _fingerprint_version(path) == _FINGERPRINT_VERSION:
+    if has_checkpoint and _fingerprint_version(
+            (read_saved or functools.partial(_read_json_record, path))()) == _FINGERPRINT_VERSION:
         return
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
@@ -1179,13 +1185,21 @@ def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
             os.remove(tmp)
 
 
-def _fingerprint_version(path: str) -> Optional[int]:
-    """The ``version`` of the data fingerprint record at ``path``; ``None`` when it is missing
-    or unreadable."""
+def _read_json_record(path: str) -> _JsonRecord:
+    """``(contents, None)`` of the JSON file at ``path``, or ``(None, error)`` when it cannot
+    be read or parsed (``OSError``, ``ValueError``; a missing file included)."""
     try:
         with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
+            return json.load(f), None
+    except (OSError, ValueError) as e:
+        return None, e
+
+
+def _fingerprint_version(record: _JsonRecord) -> Optional[int]:
+    """The ``version`` of a data fingerprint record read by :func:`_read_json_record`;
+    ``None`` when it is missing or unreadable."""
+    saved, error = record
+    if error is not None:
         return None
     return saved.get("version") if isinstance(saved, dict) else None
 
@@ -1611,8 +1625,13 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
         except ValueError as e:  # a malformed token-shard manifest: one line, as build_datasets'
             raise config_lib.ConfigError(f"data: {e}") from e
 
+    # The saved record, likewise read once: compared here, its version consulted again before
+    # the record is (re)written below.
+    saved_fingerprints = functools.lru_cache(maxsize=None)(
+        functools.partial(_read_json_record, os.path.join(workdir, DATA_FINGERPRINT)))
     _check_data_unchanged(workdir, fingerprints,
-                          has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
+                          has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)),
+                          read_saved=saved_fingerprints)
 
     # -- data --------------------------------------------------------------------------------
     try:
@@ -1684,7 +1703,8 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
         _write_start_config(workdir, config, has_checkpoint=latest is not None)
-        _write_data_fingerprint(workdir, fingerprints, has_checkpoint=latest is not None)
+        _write_data_fingerprint(workdir, fingerprints, has_checkpoint=latest is not None,
+                                read_saved=saved_fingerprints)
         # A finished run (its final evaluation recorded for the restored step): nothing to do.
         # Evaluating again appended a second final val_loss record.
         finished = (finished_run(workdir, config) if resumed_from >= tcfg.total_steps
