@@ -55,16 +55,21 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     # Bad options and missing files end the run with one line naming them, without a traceback.
     try:
-        config = config_lib.experiment_from_config_dict(config_lib.config_flag_value(_CONFIG))
+        config_dict = config_lib.config_flag_value(_CONFIG)
+        config = config_lib.experiment_from_config_dict(config_dict)
     except (ValueError, FileNotFoundError) as e:
         sys.exit(f"error: {e}")
+    # Options the config file computes from others (its warm-up from train.total_steps): a
+    # resume warning marks them as following the option the user changed.
+    derived = config_lib.derived_options(config_dict)
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     multihost.watch_peers()  # another process's failure ends this one at once
     if jax.process_index() == 0:
         print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "
               f"devices {jax.devices()}")
     try:
-        result = train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value)
+        result = train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value,
+                                          derived=derived)
     except (config_lib.ConfigError, FileNotFoundError, data.DataFileError, train.NonFiniteError,
             checkpoint_lib.CheckpointError, train.WorkdirWriteError,
             # an explicitly named kernel / cuDNN on a machine or shapes it cannot run

@@ -15,7 +15,7 @@ import numbers
 import os
 import sys
 import typing
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -1271,6 +1271,57 @@ def experiment_from_config_dict(config: Any) -> ExperimentConfig:
     order = ["train"] + [k for k in values if k != "train"]
     values = {k: values[k] for k in order if k in values}
     return _build(ExperimentConfig, values, "")
+
+
+def derived_options(config: Any) -> Dict[str, Tuple[str, ...]]:
+    """The options of a ``ConfigDict`` that it computes from others through a
+    ``FieldReference`` (``warmup_steps=total_steps // 10`` in ``configs/default.py`` and the
+    tiny presets), each with the dotted paths of the options it follows.
+
+    An option set outright (``--config.optim.warmup_steps=5``) follows nothing any more
+    (ml_collections drops the reference's operations), and one ``FieldReference`` held by two
+    options makes them one option, not one derived from the other: neither is listed.
+
+    Args:
+      config: a ``ConfigDict``; anything else (a plain mapping) has no derived options.
+
+    Returns:
+      ``{"optim.warmup_steps": ("train.total_steps",)}``; empty when nothing is derived.
+    """
+    from ml_collections import config_dict  # noqa: PLC0415 (only the ConfigDict boundary)
+    refs: Dict[str, Any] = {}
+
+    def collect(node, prefix):
+        for key, value in node.items(preserve_field_references=True):
+            if isinstance(value, config_dict.ConfigDict):
+                collect(value, f"{prefix}{key}.")
+            elif isinstance(value, config_dict.FieldReference):
+                refs[f"{prefix}{key}"] = value
+
+    def parents(ref):
+        # ml_collections has no public accessor for what a reference is computed from: its
+        # pointer (``_value``) and its operations' arguments. Missing: nothing is derived.
+        found = [ref._value] if isinstance(getattr(ref, "_value", None),
+                                           config_dict.FieldReference) else []
+        for op in getattr(ref, "_ops", None) or ():
+            found += [a for a in op.args if isinstance(a, config_dict.FieldReference)]
+        return found
+
+    if not isinstance(config, config_dict.ConfigDict):
+        return {}
+    collect(config, "")
+    out = {}
+    for path, ref in refs.items():
+        seen, todo = set(), parents(ref)
+        while todo:
+            parent = todo.pop()
+            if id(parent) not in seen and parent is not ref:
+                seen.add(id(parent))
+                todo += parents(parent)
+        sources = tuple(p for p, r in refs.items() if id(r) in seen and r is not ref)
+        if sources:
+            out[path] = sources
+    return out
 
 
 def experiment_json_dict(config: ExperimentConfig) -> dict:

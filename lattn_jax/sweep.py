@@ -624,6 +624,22 @@ class Attempt:
     shared_s: Optional[float] = None
 
 
+def _describe_exit(attempt: Attempt) -> str:
+    """How a trainer's exit reads in the sweep's line for the run: ``"stopped at the
+    deadline"`` when the sweep's own SIGTERM at the deadline stopped it (exit status 143, or
+    killed by that SIGTERM), rather than an ``"exit 143"`` that reads as a failure; otherwise
+    ``"exit <status>"`` (negative: killed by that signal), with ``"after the deadline's
+    SIGTERM"`` added when the trainer ended otherwise after it (killed after the grace period,
+    or its own error)."""
+    rc = attempt.returncode
+    if attempt.stopped_by == "deadline":
+        if rc in (_EXIT_TERMINATED, -signal.SIGTERM):
+            return "stopped at the deadline"
+        if rc != 0:
+            return f"exit {rc} after the deadline's SIGTERM"
+    return f"exit {rc}"
+
+
 # Attempt fields written to the ``end`` record only when set (``parallel`` > 1), so that the
 # records of one run at a time stay exactly as they were before ``parallel`` existed.
 _CONCURRENCY_FIELDS = ("parallel", "concurrent", "shared_s")
@@ -970,8 +986,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
                 continue
             after = run_state(workdir)
             tail = f": {attempt.error}" if attempt.error else ""
-            print_fn(f"--- {run.name}: {after.status.value} after {attempt.wall_s:.0f} s (exit "
-                     f"{attempt.returncode}){tail}")
+            print_fn(f"--- {run.name}: {after.status.value} after {attempt.wall_s:.0f} s "
+                     f"({_describe_exit(attempt)}){tail}")
             if after_run is not None:
                 after_run(run, attempt)
             if attempt.stopped_by == "deadline":

@@ -38,7 +38,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional,
+                    Sequence, Tuple)
 
 import jax
 import jax.numpy as jnp
@@ -944,7 +945,9 @@ def _optim_layout_diffs(saved: dict, current: dict) -> List[str]:
 
 
 def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
-                             has_checkpoint: bool) -> List[str]:
+                             has_checkpoint: bool,
+                             derived: Optional[Mapping[str, Sequence[str]]] = None
+                             ) -> List[str]:
     """Refuses to resume a checkpoint written with a different model or data stream.
 
     The model options must match for the parameters to load, the data options for the
@@ -960,9 +963,20 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
     recomputed for the new values from the resumed step on (warm-up share, WSD decay start),
     so the rate can jump there: they are returned for the caller to report.
 
+    Args:
+      workdir: the run directory (its ``config.json``).
+      config: this invocation's config.
+      has_checkpoint: whether ``workdir`` holds a checkpoint (nothing is compared without).
+      derived: the options the config computes from others
+        (:func:`lattn_jax.config.derived_options`). One that changed only because an option
+        it follows changed (``optim.warmup_steps``, a tenth of ``train.total_steps`` in the
+        presets) is marked ``derived from <option>`` and listed after the options the user
+        changed.
+
     Returns:
       ``"option (start -> now)"`` for every such option that differs from the saved run
-      (empty without a checkpoint).
+      (empty without a checkpoint); a derived one ``"option (start -> now, derived from
+      <option>)"``.
 
     Raises:
       ConfigError: naming every option that differs from the saved run; or naming
@@ -1001,7 +1015,24 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
                         "optim.")
         changed += _diff(saved.get("train", {}).get("total_steps"),
                          current["train"]["total_steps"], "train.total_steps.")
+        changed = _mark_derived(changed, derived or {})
     return changed
+
+
+def _mark_derived(changed: List[str], derived: Mapping[str, Sequence[str]]) -> List[str]:
+    """``changed`` (:func:`_diff`'s ``"option (a -> b)"`` entries) with every option that
+    follows a changed option (``derived``: :func:`lattn_jax.config.derived_options`) marked
+    ``derived from <option>`` and moved after the others; one whose sources did not change
+    (its change came from elsewhere) stays as it is."""
+    names = [entry.split(" ", 1)[0] for entry in changed]
+    own, follow = [], []
+    for name, entry in zip(names, changed):
+        sources = [s for s in derived.get(name, ()) if s in names]
+        if sources:
+            follow.append(f"{entry[:-1]}, derived from {' and '.join(sources)})")
+        else:
+            own.append(entry)
+    return own + follow
 
 
 # The data files' identity, recorded at a run's start and compared on resume: the iterator
@@ -1012,6 +1043,9 @@ _SHARD_IDENTITY = ("name", "source_sha256", "documents", "tokens")  # of a manif
 # 2: a gzip file's header time is left out of the hash (version 1 records are not compared).
 _FINGERPRINT_VERSION = 2
 _GZIP_MAGIC = b"\x1f\x8b"
+# A JSON file's contents and ``None``, or ``None`` and the error that kept it from being read
+# (:func:`_read_json_record`).
+_JsonRecord = Tuple[Any, Optional[Exception]]
 
 
 def _file_fingerprint(path: str) -> Dict[str, Any]:
@@ -1083,13 +1117,15 @@ def _fingerprint_change(saved: Dict[str, Any], now: Dict[str, Any]) -> str:
 
 
 def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
-                          has_checkpoint: bool) -> None:
+                          has_checkpoint: bool,
+                          read_saved: Optional[Callable[[], _JsonRecord]] = None) -> None:
     """Refuses to resume a run whose data files changed since it started (rebuilt at the same
     path with other contents): the restored iterator position would continue on other data.
     Compares ``current()`` (:func:`data_fingerprints`, called only when there is something to
     compare it with) with ``<workdir>/data_fingerprint.json`` (written at the run's start); a
     run without that record, or with a record of another version (an older run), is not
-    checked.
+    checked. ``read_saved()`` reads the record (:func:`_read_json_record`; default: read here), so
+    that the caller can share one read with :func:`_write_data_fingerprint`.
 
     Raises:
       ConfigError: naming the option, the first changed file, what differs (and how many
@@ -1099,10 +1135,8 @@ def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
     path = os.path.join(workdir, DATA_FINGERPRINT)
     if not has_checkpoint or not os.path.exists(path):
         return
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError) as e:
+    saved, e = (read_saved or functools.partial(_read_json_record, path))()
+    if e is not None:
         raise config_lib.ConfigError(
             f"{path}: cannot be read ({e}); remove it to resume without checking the data "
             f"files") from None
@@ -1129,14 +1163,17 @@ def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
 
 
 def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
-                            has_checkpoint: bool) -> None:
+                            has_checkpoint: bool,
+                            read_saved: Optional[Callable[[], _JsonRecord]] = None) -> None:
     """Writes ``<workdir>/data_fingerprint.json`` (``current()``) at a fresh start, or for a
     resumed run that lacks one or has one of another version (as :func:`_write_start_config`
-    writes ``config.json``; process 0 only, whole or not at all)."""
+    writes ``config.json``; process 0 only, whole or not at all). ``read_saved()`` reads the record
+    there (:func:`_read_json_record`; default: read here)."""
     if jax.process_index() != 0:
         return
     path = os.path.join(workdir, DATA_FINGERPRINT)
-    if has_checkpoint and _fingerprint_version(path) == _FINGERPRINT_VERSION:
+    if has_checkpoint and _fingerprint_version(
+            (read_saved or functools.partial(_read_json_record, path))()) == _FINGERPRINT_VERSION:
         return
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
@@ -1148,13 +1185,21 @@ def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
             os.remove(tmp)
 
 
-def _fingerprint_version(path: str) -> Optional[int]:
-    """The ``version`` of the data fingerprint record at ``path``; ``None`` when it is missing
-    or unreadable."""
+def _read_json_record(path: str) -> _JsonRecord:
+    """``(contents, None)`` of the JSON file at ``path``, or ``(None, error)`` when it cannot
+    be read or parsed (``OSError``, ``ValueError``; a missing file included)."""
     try:
         with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
+            return json.load(f), None
+    except (OSError, ValueError) as e:
+        return None, e
+
+
+def _fingerprint_version(record: _JsonRecord) -> Optional[int]:
+    """The ``version`` of a data fingerprint record read by :func:`_read_json_record`;
+    ``None`` when it is missing or unreadable."""
+    saved, error = record
+    if error is not None:
         return None
     return saved.get("version") if isinstance(saved, dict) else None
 
@@ -1194,7 +1239,9 @@ def _diff(a, b, prefix):
 
 def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                        *, print_fn: Callable[[str], None] = tqdm.tqdm.write,
-                       step: Optional[int] = None) -> Dict[str, float]:
+                       step: Optional[int] = None,
+                       derived: Optional[Mapping[str, Sequence[str]]] = None
+                       ) -> Dict[str, float]:
     """Trains ``config`` in ``workdir``, resuming from its newest checkpoint if there is one.
 
     An unreadable newest checkpoint is reported in one line, renamed
@@ -1227,6 +1274,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       print_fn: where the human-readable progress lines go (default: above the progress bar).
       step: resume from this checkpoint step instead of the newest; the newer steps are renamed
         ``<step>.after-step-<step>-<time>`` (kept, out of the way of this run's saves).
+      derived: the options the config computes from others
+        (:func:`lattn_jax.config.derived_options` of the ``ConfigDict`` it came from): on
+        resume, the warning about changed optimizer/schedule options marks one that changed
+        only with the option it follows (``optim.warmup_steps`` with ``train.total_steps``)
+        as derived from it (:func:`_check_resume_compatible`).
 
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
@@ -1294,10 +1346,10 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             f"--workdir={workdir}: cannot create the directory ({e.strerror}: {e.filename})"
         ) from None
     if jax.process_index() != 0:
-        return _train_and_evaluate(config, workdir, _silent, step)
+        return _train_and_evaluate(config, workdir, _silent, step, derived)
     with _workdir_lock(workdir):
         try:
-            return _train_and_evaluate_logged(config, workdir, print_fn, step)
+            return _train_and_evaluate_logged(config, workdir, print_fn, step, derived)
         except Exception:
             if created is not None:
                 _remove_unused_workdir(workdir, created)
@@ -1410,7 +1462,7 @@ def _workdir_lock(workdir: str):
         f.close()  # releases the lock
 
 
-def _train_and_evaluate_logged(config, workdir, print_fn, step):
+def _train_and_evaluate_logged(config, workdir, print_fn, step, derived):
     """:func:`train_and_evaluate` on process 0, under the workdir lock: the invocation recorded,
     the progress lines also in ``console.log``."""
     record_invocation(workdir, config)
@@ -1424,7 +1476,7 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step):
             f.write(line + "\n")
 
     try:
-        return _train_and_evaluate(config, workdir, logged, step)
+        return _train_and_evaluate(config, workdir, logged, step, derived)
     except BaseException as e:
         with contextlib.suppress(OSError):  # a full disk: the error itself says it
             with open(log_path, "a") as f:
@@ -1556,7 +1608,7 @@ def _first_failed_step(window: List[tuple]) -> tuple:
     return None, True
 
 
-def _train_and_evaluate(config, workdir, print_fn, step):
+def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
     """:func:`train_and_evaluate` after the workdir is made and the invocation recorded."""
     tcfg = config.train
     # A resume with another model or data stream is refused before the data is read (minutes
@@ -1573,8 +1625,13 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         except ValueError as e:  # a malformed token-shard manifest: one line, as build_datasets'
             raise config_lib.ConfigError(f"data: {e}") from e
 
+    # The saved record, likewise read once: compared here, its version consulted again before
+    # the record is (re)written below.
+    saved_fingerprints = functools.lru_cache(maxsize=None)(
+        functools.partial(_read_json_record, os.path.join(workdir, DATA_FINGERPRINT)))
     _check_data_unchanged(workdir, fingerprints,
-                          has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)))
+                          has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)),
+                          read_saved=saved_fingerprints)
 
     # -- data --------------------------------------------------------------------------------
     try:
@@ -1604,7 +1661,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
         latest = ckpt.latest_step()
         if step is not None and step not in ckpt.all_steps():
             ckpt.restore_step(step, None)  # raises FileNotFoundError listing the steps
-        changed = _check_resume_compatible(workdir, config, has_checkpoint=latest is not None)
+        changed = _check_resume_compatible(workdir, config, has_checkpoint=latest is not None,
+                                           derived=derived)
         if changed and jax.process_index() == 0:
             print_fn(f"warning: resuming with optimizer/schedule options other than the run's "
                      f"start ({', '.join(changed)}; the start's are in config.json): the "
@@ -1645,7 +1703,8 @@ def _train_and_evaluate(config, workdir, print_fn, step):
             print_fn(f"No checkpoint in {ckpt.directory}: starting from scratch")
             resumed_from = -1
         _write_start_config(workdir, config, has_checkpoint=latest is not None)
-        _write_data_fingerprint(workdir, fingerprints, has_checkpoint=latest is not None)
+        _write_data_fingerprint(workdir, fingerprints, has_checkpoint=latest is not None,
+                                read_saved=saved_fingerprints)
         # A finished run (its final evaluation recorded for the restored step): nothing to do.
         # Evaluating again appended a second final val_loss record.
         finished = (finished_run(workdir, config) if resumed_from >= tcfg.total_steps

@@ -37,10 +37,14 @@ AUTO_SELECT = True
 # op name -> why "auto" does not pick its Mosaic GPU kernels yet (logged once); an explicit
 # implementation="mosaic_gpu" runs them. Drop an entry when the H200's same-run table
 # (benchmarks/bench_kernels.py) times the op faster than its Triton kernels, fwd and fwd+bwd.
+_GDN_NOT_FASTER = (
+    "Gated DeltaNet's Mosaic GPU op is not yet timed faster than its Triton kernels "
+    "(H200, S1 fwd+bwd 2.971 vs 2.646 ms, benchmarks/results/mosaic-gpu-h200-2026-12-05.md)")
 AUTO_OFF = {
-    "gated_delta_rule": (
-        "Gated DeltaNet's Mosaic GPU op is not yet timed faster than its Triton kernels "
-        "(H200, S1 fwd+bwd 2.971 vs 2.646 ms, benchmarks/results/mosaic-gpu-h200-2026-12-05.md)"),
+    "gated_delta_rule": _GDN_NOT_FASTER,
+    # DeltaNet: the same kernels without the decay (not timed apart), dispatched under its own
+    # name so that delta_rule's errors and log lines name it.
+    "delta_rule": _GDN_NOT_FASTER,
 }
 MIN_COMPUTE_CAPABILITY = (9, 0)
 SUPPORTED_HEAD_DIMS = (64, 128)

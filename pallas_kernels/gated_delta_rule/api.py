@@ -204,13 +204,27 @@ def gated_delta_rule(
             GPU, head dims other than 64/128, another chunk size, inputs not one 16-bit
             dtype), with the reason.
     """
+    return _delta_rule_op(
+        "gated_delta_rule", q, k, v, g, beta,
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
+        return_residual=return_residual, use_qk_l2norm=use_qk_l2norm,
+    )
+
+
+def _delta_rule_op(op, q, k, v, g, beta, *, scale, initial_state, output_final_state,
+                   segment_ids, chunk_size, implementation, return_residual,
+                   use_qk_l2norm) -> Output:
+    """:func:`gated_delta_rule` (and :func:`delta_rule`, ``g=None``); ``op`` is the public
+    function's name, which the dispatch's errors and log lines name
+    (``"delta_rule: implementation='mosaic_gpu' cannot run this call: ..."``)."""
     _validate(q, k, v, g, beta, initial_state, segment_ids, chunk_size, scale=scale)
     if use_qk_l2norm:
         q, k = common.l2_normalize(q), common.l2_normalize(k)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
     impl = pallas_tpu.choose_implementation(
-        "gated_delta_rule", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv),
+        op, implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv),
         chunk_size, seq_len, fallback=mosaic_gpu.choose_implementation,
     )
     if scale is None:
@@ -269,10 +283,11 @@ def delta_rule(
 
     ``S_t = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, ``o_t = scale * S_t^T q_t``,
     with residual ``u_t = beta_t (v_t - S_{t-1}^T k_t)``. This is :func:`gated_delta_rule` with
-    ``g=None``: the arguments, shapes, dtypes, returns and errors are the same.
+    ``g=None``: the arguments, shapes, dtypes, returns and errors are the same (the errors and
+    the dispatch's log lines name ``delta_rule``).
     """
-    return gated_delta_rule(
-        q, k, v, None, beta,
+    return _delta_rule_op(
+        "delta_rule", q, k, v, None, beta,
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
         return_residual=return_residual, use_qk_l2norm=use_qk_l2norm,

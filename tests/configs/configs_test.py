@@ -98,6 +98,22 @@ class BadInputTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"^train\.total_steps must be >= 1, got -5"):
             config_lib.experiment_from_config_dict(c)
 
+    def test_derived_options_follow_the_field_they_are_computed_from(self):
+        # The default's and the tiny presets' warm-up is a tenth of train.total_steps; set
+        # outright, it follows nothing (the resume warning then lists it as the user's change).
+        tiny = importlib.import_module("configs.table2").get_config("arch=gdn,opt=adamw,tiny")
+        for c in (self._config(), tiny):
+            self.assertEqual(config_lib.derived_options(c),
+                             {"optim.warmup_steps": ("train.total_steps",)})
+            c.train.total_steps = 70
+            self.assertEqual(config_lib.derived_options(c),
+                             {"optim.warmup_steps": ("train.total_steps",)})
+            c.optim.warmup_steps = 3
+            self.assertEqual(config_lib.derived_options(c), {})
+        full = importlib.import_module("configs.table2").get_config("arch=gdn,opt=adamw")
+        self.assertEqual(config_lib.derived_options(full), {})  # the recipe's fixed warm-up
+        self.assertEqual(config_lib.derived_options({"train": {"total_steps": 5}}), {})
+
     def test_unknown_option(self):
         c = self._config().to_dict()
         c["model"]["d_modle"] = 12

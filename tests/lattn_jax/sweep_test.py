@@ -332,6 +332,23 @@ class RunDirTest(absltest.TestCase):
         self.assertEqual(r.val_curve, [(32, 4.5), (64, 4.7)])
         self.assertEqual(r.train_curve[2], (48, 3.5))
 
+    def test_describe_exit_names_a_stop_at_the_deadline(self):
+        def words(returncode, stopped_by):
+            return sweep._describe_exit(sweep.Attempt(returncode=returncode, wall_s=1.0,
+                                                      stopped_by=stopped_by, error=None))
+
+        # 143: the trainer saved and exited on the sweep's SIGTERM; -15: SIGTERM killed it
+        # (still importing).
+        for rc in (143, -signal.SIGTERM):
+            self.assertEqual(words(rc, "deadline"), "stopped at the deadline")
+        # Anything else keeps its real status: killed after the grace period, its own error.
+        self.assertEqual(words(-signal.SIGKILL, "deadline"), "exit -9 after the deadline's SIGTERM")
+        self.assertEqual(words(1, "deadline"), "exit 1 after the deadline's SIGTERM")
+        self.assertEqual(words(0, "deadline"), "exit 0")
+        for rc in (1, 143, -signal.SIGKILL):
+            self.assertEqual(words(rc, None), f"exit {rc}")
+        self.assertEqual(words(143, "interrupt"), "exit 143")
+
     def test_error_line(self):
         self.assertEqual(sweep.error_line(["a\n", "error: x bad\n", "shutting down\n"]),
                          "error: x bad")
@@ -376,6 +393,9 @@ class ExecuteTest(_FakeTrainerTestCase):
         self.assertEqual(sweep.collect(sweep.run_dir(self.root, runs[1])).final_val_loss, 11 / 4)
         with open(os.path.join(sweep.run_dir(self.root, runs[0]), sweep.RUN_LOG)) as f:
             self.assertIn("error: fake.mode='fail'", f.read())
+        self.assertRegex("\n".join(self.lines),  # a real failure keeps its exit status
+                         rf"--- {re.escape(runs[0].name)}: failed after \d+ s \(exit 1\): "
+                         rf"error: fake\.mode='fail'")
         # Again: nothing runs; the failed run is retried only when asked.
         _, summary = self._execute(("fail", "ok"))
         self.assertEqual((summary.launched, sorted(summary.skipped.values())),
@@ -393,6 +413,11 @@ class ExecuteTest(_FakeTrainerTestCase):
         attempts = sweep.read_jsonl(os.path.join(workdir, sweep.ATTEMPTS))
         self.assertEqual((attempts[-1]["stopped_by"], attempts[-1]["returncode"]),
                          ("deadline", 143))
+        # The sweep's own SIGTERM: said as such, not as an "exit 143" that reads as a failure.
+        ended = [x for x in self.lines if x.startswith(f"--- {runs[0].name}: partial after ")]
+        self.assertLen(ended, 1, self.lines)
+        self.assertRegex(ended[0], r"^--- \S+: partial after \d+ s \(stopped at the deadline\)")
+        self.assertNotIn("143", ended[0])
         resumed_from = state.step
         # Too little time left for --min_run_s: the partial run is named as partial, not
         # "not started" (2026-12-04: a window's last call printed that of a partial run).

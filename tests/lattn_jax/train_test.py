@@ -13,6 +13,7 @@ from unittest import mock
 import numpy as np
 import jax
 import jax.numpy as jnp
+import ml_collections
 import pytest
 from absl.testing import absltest
 
@@ -446,6 +447,48 @@ class ResumeChecksTest(absltest.TestCase):
         self.assertIn("optim.learning_rate (0.003 -> 0.001), train.total_steps (4 -> 5)",
                       warned[0])
         self.assertIn("schedule is recomputed", warned[0])
+
+    def test_a_warmup_derived_from_total_steps_is_marked_as_such_on_resume(self):
+        # A preset's warm-up is a tenth of train.total_steps (a FieldReference): raising
+        # total_steps changes it too, which the warning listed as if the user had changed it.
+        rng = np.random.default_rng(17)
+        first_total = int(rng.integers(10, 20))
+        later_total = first_total + int(rng.integers(10, 30))
+
+        def preset(total_steps, warmup_steps=None, **train_overrides):
+            values = dataclasses.asdict(tiny_experiment(self.corpus, **train_overrides))
+            total = ml_collections.FieldReference(first_total)
+            values["train"]["total_steps"] = total
+            values["optim"]["warmup_steps"] = total // 10
+            c = ml_collections.ConfigDict(values)
+            c.train.total_steps = total_steps  # as --config.train.total_steps would
+            if warmup_steps is not None:
+                c.optim.warmup_steps = warmup_steps
+            return (config_lib.experiment_from_config_dict(c), config_lib.derived_options(c))
+
+        workdir = os.path.join(self.tmp, "w")
+        config, derived = preset(first_total, max_steps_per_run=1)
+        train.train_and_evaluate(config, workdir, print_fn=lambda s: None, derived=derived)
+        config, derived = preset(later_total, max_steps_per_run=1)
+        lines = []
+        train.train_and_evaluate(config, workdir, print_fn=lines.append, derived=derived)
+        warned = [x for x in lines if x.startswith("warning: resuming")]
+        self.assertLen(warned, 1, lines)
+        self.assertIn(f"(train.total_steps ({first_total} -> {later_total}), "
+                      f"optim.warmup_steps ({first_total // 10} -> {later_total // 10}, "
+                      f"derived from train.total_steps); the start's", warned[0])
+        # Set outright, the warm-up is the user's own change: listed as such.
+        config, derived = preset(later_total, warmup_steps=later_total // 5)
+        self.assertEqual(train._check_resume_compatible(workdir, config, True, derived=derived), [
+            f"optim.warmup_steps ({first_total // 10} -> {later_total // 5})",
+            f"train.total_steps ({first_total} -> {later_total})"])
+        # An option marked derived whose source did not change: its change came from elsewhere,
+        # so it is not marked.
+        config, _ = preset(first_total, warmup_steps=later_total // 5)
+        changed = train._check_resume_compatible(
+            workdir, config, True, derived={"optim.warmup_steps": ("train.total_steps",)})
+        self.assertEqual(changed, [f"optim.warmup_steps ({first_total // 10} -> "
+                                   f"{later_total // 5})"])
 
     def test_flat_optimizer_trains_resumes_and_refuses_a_layout_change(self):
         def cfg(flatten, total_steps):

@@ -239,12 +239,34 @@ class GdnDispatchTest(absltest.TestCase):
     def test_public_ops_reject_explicit_mosaic_that_cannot_run(self):
         q, k, v = _qkv()
         beta = jax.nn.sigmoid(jax.random.normal(jax.random.key(3), v.shape[:3]))
+        g = -jax.nn.softplus(jax.random.normal(jax.random.key(4), v.shape[:3]))
+        # Each error names the function called (delta_rule's named gated_delta_rule, which it
+        # calls) and the option.
         with self.assertRaisesRegex(ValueError,
-                                    "gated_delta_rule: implementation='mosaic_gpu'.*CUDA GPU"):
+                                    "^delta_rule: implementation='mosaic_gpu'.*CUDA GPU"):
             gdr.delta_rule(q, k, v, beta, implementation="mosaic_gpu")
-        with self.assertRaisesRegex(ValueError, "not one 16-bit dtype"):
+        with self.assertRaisesRegex(ValueError,
+                                    "^gated_delta_rule: implementation='mosaic_gpu'.*CUDA GPU"):
+            gdr.gated_delta_rule(q, k, v, g, beta, implementation="mosaic_gpu")
+        with self.assertRaisesRegex(ValueError, "^delta_rule: implementation='mosaic_gpu_"
+                                    "interpret'.*not one 16-bit dtype"):
             gdr.delta_rule(q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32),
                            beta, implementation="mosaic_gpu_interpret")
+        with self.assertRaisesRegex(ValueError, "^delta_rule: implementation='pallas'"):
+            gdr.delta_rule(q, k, v, beta, implementation="pallas")
+
+    def test_auto_keeps_deltanet_on_triton_too(self):
+        # delta_rule dispatches under its own name: its "auto" stays off the Mosaic kernels
+        # with gated_delta_rule's, and logs under its name.
+        q, k, v = _qkv()
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
+                mock.patch.object(jax, "default_backend", return_value="gpu"), \
+                self.assertLogs(level="INFO") as logs:
+            got = mosaic_gpu.choose_implementation("delta_rule", None, ("chunked",),
+                                                   (q, k, v), (64, 64), 64, 128)
+        self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
+        self.assertIn(":delta_rule: not using the Mosaic GPU kernels: Gated DeltaNet's Mosaic "
+                      "GPU op is not yet timed", "\n".join(logs.output))
 
 
 class GdnApiLoweringTest(absltest.TestCase):
