@@ -36,10 +36,13 @@ MOSAIC_IMPLEMENTATIONS = ("mosaic_gpu", "mosaic_gpu_interpret")
 AUTO_SELECT = True
 # op name -> why "auto" does not pick its Mosaic GPU kernels yet (logged once); an explicit
 # implementation="mosaic_gpu" runs them. Drop an entry when the H200's same-run table
-# (benchmarks/bench_kernels.py) times the op faster than its Triton kernels, fwd and fwd+bwd.
+# (benchmarks/bench_kernels.py) times the op faster than its Triton kernels, fwd and fwd+bwd,
+# at S1, S2 and P1, and its `gpu`-marked tests (benchmarks/gpu_tests.py) pass on that code.
 _GDN_NOT_FASTER = (
-    "Gated DeltaNet's Mosaic GPU op is not yet timed faster than its Triton kernels "
-    "(H200, S1 fwd+bwd 2.971 vs 2.646 ms, benchmarks/results/mosaic-gpu-h200-2026-12-05.md)")
+    "Gated DeltaNet's Mosaic GPU op is timed faster than its Triton kernels at S1 and S2 "
+    "(H200, fwd+bwd 2.422 vs 2.652 and 2.857 vs 3.827 ms, "
+    "benchmarks/results/mosaic-gpu-h200-2026-12-05b.md) but not yet at P1, and its gpu-marked "
+    "tests have not run on this code")
 AUTO_OFF = {
     "gated_delta_rule": _GDN_NOT_FASTER,
     # DeltaNet: the same kernels without the decay (not timed apart), dispatched under its own

@@ -228,7 +228,8 @@ class GdnDispatchTest(absltest.TestCase):
             got = mosaic_gpu.choose_implementation("gated_delta_rule", None, ("chunked",),
                                                    (q, k, v), (64, 64), 64, 128)
         self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
-        self.assertIn("not yet timed faster than its Triton kernels", "\n".join(logs.output))
+        self.assertIn("not using the Mosaic GPU kernels: "
+                      + mosaic_gpu.AUTO_OFF["gated_delta_rule"], "\n".join(logs.output))
         # Dropping the entry (after an H200 run that times it faster) hands auto to Mosaic.
         with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
                 mock.patch.dict(mosaic_gpu.AUTO_OFF, clear=True):
@@ -265,8 +266,8 @@ class GdnDispatchTest(absltest.TestCase):
             got = mosaic_gpu.choose_implementation("delta_rule", None, ("chunked",),
                                                    (q, k, v), (64, 64), 64, 128)
         self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
-        self.assertIn(":delta_rule: not using the Mosaic GPU kernels: Gated DeltaNet's Mosaic "
-                      "GPU op is not yet timed", "\n".join(logs.output))
+        self.assertIn(":delta_rule: not using the Mosaic GPU kernels: "
+                      + mosaic_gpu.AUTO_OFF["delta_rule"], "\n".join(logs.output))
 
 
 class GdnApiLoweringTest(absltest.TestCase):
