@@ -13,6 +13,8 @@ its reverse pass ``d -> M_p^T d + Y_p``. Inputs come from ``channelwise_gpu``'s 
   pass; reverse: pieces from zero and stored pass, plus the maps launch when not given), and
   the whole KDA forward + backward with automatic pieces (the backward reuses the forward's
   maps: one maps launch).
+* ``PiecesProtocolTest`` (CI): the summary launches' barrier protocol (the state warpgroup
+  alone reads its published tiles; one ``in_free`` arrival) on the mbarrier model.
 * ``PiecesValidationTest`` (CI): ``pieces`` not dividing the chunk count, ``piece_maps`` of the
   wrong shape or dtype, a bad ``TUNING["mosaic_pieces"]``.
 * ``PiecesInterpretTest`` (``slow``; GPU interpret mode): ``P = 2`` and ``4`` at T = 512 (8
@@ -20,7 +22,8 @@ its reverse pass ``d -> M_p^T d + Y_p``. Inputs come from ``channelwise_gpu``'s 
   documents (every map non-zero) and documents crossing piece edges (maps of pieces with a
   document start exactly zero); each map against the pass on its piece alone from a random
   state; the reverse pass with the forward's maps equal to maps formed inside, and with
-  ``M_p`` in place of ``M_p^T`` far outside the gate.
+  ``M_p`` in place of ``M_p^T`` far outside the gate. ``PiecesOpInterpretTest`` (``slow``):
+  the KDA and GDN-2 ops with ``TUNING["mosaic_pieces"] = 4`` against the Triton state passes.
 
 The interpreted multi-launch tests need a larger XLA CPU pool (they hang at 0% CPU without
 it): ``PJRT_NPROC=8 python -m pytest -m slow -k Pieces
@@ -166,6 +169,31 @@ class PiecesValidationTest(absltest.TestCase):
                     channelwise_gpu._config(**base)
 
 
+def _summary_protocol(num_chunks):
+    """As ``kernel_mosaic_channelwise_test._protocol``, for the forward's summary launches
+    (``store=False``: the maps and the pieces from zero): the state warpgroup is the only
+    reader of the published ``S`` and ``Vn`` (no ``s_ready`` / ``v_ready`` / ``s_free``), the
+    output warpgroup only meets the others at ``done``, ``in_free`` takes one arrival."""
+    memory = cwt._protocol(num_chunks)[2][:-2]
+    state = []
+    for n in range(num_chunks):
+        state += [("X", "sb", n), ("W", "in_bar", n), ("R", "ring", n), ("R", "sb", n),
+                  ("E", "sb", n), ("X", "vn", n), ("R", "vn", n), ("E", "vn", n),
+                  ("E", "ring", n), ("A", "in_free", n)]
+    return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, [], memory)]
+
+
+class PiecesProtocolTest(absltest.TestCase):
+    """The summary launches' barrier protocol on the mbarrier model of
+    ``kernel_mosaic_channelwise_test.ProtocolTest`` (random schedules, 1 to 7 chunks)."""
+
+    def test_summary_launches_no_deadlock_lapping_or_overwrite(self):
+        slots = dict(in_bar=cwm.STAGES, in_free=cwm.STAGES, ring=cwm.STAGES, sb=2, vn=2,
+                     done=1)
+        cwt.ProtocolTest.check_protocol(self, _summary_protocol, slots, dict(done=3),
+                                        dict(ring=1, sb=1, vn=1))
+
+
 def _piece_args(prep, p, span):
     """The forward kernel's inputs of piece ``p`` alone (``span`` tokens), ``U = 0``."""
     qg, kg, w, u, mq, e_all = cwt._kernel_args(prep)
@@ -265,6 +293,40 @@ class PiecesInterpretTest(parameterized.TestCase):
             err = tolerances.rel_err(swapped[2], want[2])
             print(f"{self._testMethodName} dh0 with M_p for M_p^T: {err:.2e}")
             self.assertGreater(err, 4 * _GATE, "dh0 with the maps untransposed")
+
+
+class PiecesOpInterpretTest(parameterized.TestCase):
+    """The whole op (``implementation="pallas_interpret"``) with ``state_pass="mosaic"`` and
+    ``TUNING["mosaic_pieces"] = 4`` (the forward's maps a residual of the backward) against the
+    Triton state passes: outputs and every gradient."""
+
+    @parameterized.parameters(("kda", 64), ("gdn2", 64))
+    @pytest.mark.slow
+    def test_pieces_match_triton(self, op, dim):
+        inputs, cot_key = cw_test._inputs(5, 1, 256, 2, 2, dim, dtype=jnp.bfloat16, decay=0.05)
+        # One chunk per piece; the start at 40 zeroes piece 0's map only, so the forward's
+        # entry states go through M_1, M_2 and the backward's exit gradients through M_1^T to
+        # M_3^T (the second document crosses three piece edges).
+        seg = jnp.asarray(np.repeat(np.arange(2), [40, 216])[None], jnp.int32)
+        ref = cw_test._outputs_and_grads(op, None, inputs, seg, cot_key, False)  # fp32
+        with cw_test._tuning({"state_pass": "triton"}):
+            want = cw_test._outputs_and_grads(op, "pallas_interpret", inputs, seg, cot_key, False)
+        with cw_test._tuning({"state_pass": "mosaic", "mosaic_pieces": 4}):
+            got = cw_test._outputs_and_grads(op, "pallas_interpret", inputs, seg, cot_key, False)
+        # The pieces round the maps' and entry states' wgmma operands to bf16 where one pass
+        # rounds the carried state: the two differ by bf16 noise (about 2e-3 here), not by an
+        # fp32 summation order as the P = 1 kernels (kernel_mosaic_channelwise_test's 2e-3 /
+        # 4e-3), so the pieces' gate (5e-3) against Triton, and GpuTest's gates against fp32.
+        pairs = [(n, got[0][i], want[0][i], ref[0][i], 5e-3)
+                 for i, n in enumerate(("o", "final_state"))]
+        pairs += [(f"d{n}", got[1][n], want[1][n], ref[1][n],
+                   2e-2 if n in ("g", "beta", "b", "w") else 8e-3) for n in cw_test._DIFF_ARGS[op]]
+        for name, a, e, r, gate in pairs:
+            err, tri, mine = (tolerances.rel_err(x, y) for x, y in ((a, e), (e, r), (a, r)))
+            print(f"{op} {name}: vs Triton {err:.2e}; vs fp32: pieces {mine:.2e}, Triton "
+                  f"{tri:.2e}")
+            self.assertLess(err, _GATE, f"{op} {name} vs Triton")
+            self.assertLess(mine, gate, f"{op} {name} vs fp32")
 
 
 if __name__ == "__main__":
