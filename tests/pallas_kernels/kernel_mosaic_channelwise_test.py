@@ -27,7 +27,9 @@ chunks and a partial last chunk; the reverse pass takes random ``dO``, ``dvn_in`
   (both Mosaic kernels) against ``"triton"`` (outputs and all gradients), both interpreted.
 * ``GpuTest`` (``gpu``): on a Hopper GPU, KDA and GDN-2 with the switch on and off against the
   fp32 token-serial reference (o, final state, every gradient) and against each other, and
-  each kernel against float64 and the compiled Triton kernel at S1-like rows.
+  each kernel against float64 and the compiled Triton kernel at S1-like rows. Their few rows
+  make the Mosaic passes run as sequence pieces (MOSAIC_GPU.md Sec. 30), so the gates against
+  Triton are the float64 ones there (:func:`_triton_gate`).
 
 The interpreted three-warpgroup kernels need a larger XLA CPU pool on a 2-core host (BUILD.md,
 MOSAIC_GPU.md Sec. 10): ``PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow
