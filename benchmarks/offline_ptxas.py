@@ -69,8 +69,11 @@ Usage::
 Kernels (``--kernels``; default ``state_fwd,state_bwd,k1:32,k1:16,k2:32,k2:16``): ``state_fwd``
 (``channelwise_forward_mosaic`` with ``v_new`` and ``h`` stored, the training forward),
 ``state_fwd_nostore`` (inference), ``state_bwd`` (``channelwise_backward_state_mosaic`` with
-``dvn_in``), ``k1:<slab>`` (``channelwise_grad_intra_mosaic``, slab 16 or 32), ``k2:<slab>``
-(``channelwise_grad_chunk_mosaic``, KDA's per-token ``ks``; ``k2`` is ``k2:32``),
+``dvn_in``), ``state_fwd_pieces[:<P>]`` / ``state_bwd_pieces[:<P>]`` (the same with ``P``
+sequence pieces, default 4, at any shape: one line per launch, ``.maps``, ``.pieces``,
+``.stored``; MOSAIC_GPU.md Sec. 30), ``k1:<slab>`` (``channelwise_grad_intra_mosaic``, slab
+16 or 32), ``k2:<slab>`` (``channelwise_grad_chunk_mosaic``, KDA's per-token ``ks``; ``k2`` is
+``k2:32``),
 ``k2gdn2:<slab>`` (the same with GDN-2's per-channel fp32 ``ks``),
 ``t0:<stages>:<inverse>`` (``chunk_kkt_inverse_mosaic`` at S1 with the Newton step) or
 ``t0`` (the nine H200 variants). ``k1`` and ``k2`` take stage ablations after ``+``
@@ -457,18 +460,23 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
     if ablations and kind not in ("k1", "k2", "k2gdn2", "gdn_wy_bwd"):
         raise ValueError(f"{name!r}: only k1, k2 and gdn_wy_bwd take ablations")
     abl = dict(ablations=tuple(ablations)) if ablations else {}
-    if kind in ("state_fwd", "state_fwd_nostore", "state_bwd"):
+    if kind in ("state_fwd", "state_fwd_nostore", "state_bwd", "state_fwd_pieces",
+                "state_bwd_pieces"):
         from pallas_kernels.common import channelwise_mosaic_gpu as cwm
         tok = [s["tok_k"]] * 3
+        # The sequence pieces' launches (MOSAIC_GPU.md Sec. 30): P = arg (default 4), each
+        # row as P pieces whatever the shape (P must divide the chunk count).
+        pieces = (int(arg) if arg else 4) if kind.endswith("_pieces") else 1
 
         def fn(qg, kg, w, u, mq, e_all, h0):
-            if kind == "state_bwd":  # u stands for dO and dvn_in (same shape)
+            if kind.startswith("state_bwd"):  # u stands for dO and dvn_in (same shape)
                 return cwm.channelwise_backward_state_mosaic(
-                    qg, kg, w, mq, e_all, u, scale=0.1, dvn_in=u, dht=h0)
-            stores = kind == "state_fwd"
+                    qg, kg, w, mq, e_all, u, scale=0.1, dvn_in=u, dht=h0, pieces=pieces)
+            stores = kind in ("state_fwd", "state_fwd_pieces")
             return cwm.channelwise_forward_mosaic(qg, kg, w, u, mq, e_all, scale=0.1,
                                                   initial_state=h0, store_v_new=stores,
-                                                  store_h=stores)
+                                                  store_h=stores, pieces=pieces,
+                                                  return_maps=pieces > 1)
 
         return export_modules(fn, *tok, s["tok_v"], s["mq"], s["e_all"], s["h0"])
     if kind == "k1":
@@ -734,6 +742,9 @@ def entry_modules(name: str, *, batch: int = 8, seq_len: int = 4096, heads: int 
         shape["kv_heads"] = kv_heads
     if name.split(":")[0] not in OP_KERNELS:
         texts = kernel_modules(name, **shape)
+        if name.split(":")[0] in ("state_fwd_pieces", "state_bwd_pieces"):  # by launch
+            return [(f"{name}." + {"maps": "maps", "pieces": "pieces"}.get(
+                (module_kernel_name(t) or "").rsplit("_", 1)[-1], "stored"), t) for t in texts]
         return [(name + (f".{i}" if len(texts) > 1 else ""), t) for i, t in enumerate(texts)]
     op, forward, patterns, options = parse_op_entry(name)
     key = (op, forward, options["infer"], options["nog"],
@@ -797,6 +808,7 @@ def _define_flags() -> None:
                                      "<site>/nvidia/cuda_nvcc.")
     _KERNELS = flags.DEFINE_list("kernels", list(DEFAULT_KERNELS), "Kernels (module "
                                  "docstring): state_fwd, state_fwd_nostore, state_bwd, "
+                                 "state_fwd_pieces[:<P>], state_bwd_pieces[:<P>], "
                                  "k1:<16|32>[+ablation...], k2[:<16|32>][+ablation...], "
                                  "k2gdn2[:<16|32>][+ablation...], "
                                  "gdn_wy_bwd+ablation[+ablation...], "

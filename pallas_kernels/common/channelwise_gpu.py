@@ -102,7 +102,10 @@ Kernels (grid in brackets):
   ``state_pass="mosaic"`` runs it as
   :func:`pallas_kernels.common.channelwise_mosaic_gpu.channelwise_backward_state_mosaic`
   (the same switch as the forward: one setting for both state passes, as both are drop-ins
-  with the Triton kernels' outputs and roundings; MOSAIC_GPU.md Sec. 18.1).
+  with the Triton kernels' outputs and roundings; MOSAIC_GPU.md Sec. 18.1). Rows with few
+  CTAs run both Mosaic passes as sequence pieces (``TUNING["mosaic_pieces"]``, ``None``:
+  automatic; MOSAIC_GPU.md Sec. 30); the forward's piece maps are a residual of the
+  ``custom_vjp``, so the reverse pass does not form them again.
 
 * ``grad_blocks`` [chunks, B*H, 4] (:func:`_grad_blocks_kernel`): the share of dq, dkr and dk
   (fp32 ``[B, T, H, K]``) that flows through Mq and Mk, for the rows of one 16-row block, from
@@ -228,9 +231,13 @@ TUNING = {
     # until the H200 has timed the Mosaic kernels (MOSAIC_GPU.md Sec. 18);
     # channelwise_delta_pallas's state_pass= overrides it per call. mosaic_alias_staging: the
     # Mosaic kernels' alias_staging (their fp32 state staging tile shares SMEM with the
-    # published 16-bit state).
+    # published 16-bit state). mosaic_pieces: the Mosaic state passes' sequence pieces per row
+    # (their pieces=; None: mosaic_gpu_lib.num_pieces' choice, P > 1 only where B * H * V / 64
+    # CTAs leave the GPU idle, e.g. P = 4 at B 1, H 16, V 128, T 32K; an int must divide every
+    # call's chunk count; MOSAIC_GPU.md Sec. 30).
     "state_pass": "triton",
     "mosaic_alias_staging": False,
+    "mosaic_pieces": None,
     # The gradients through Mq and Mk (the "grad_blocks" kernel): "triton" (_grad_blocks_kernel)
     # or "mosaic" (channelwise_grad_mosaic_gpu's channelwise_grad_intra_mosaic, K1: Hopper
     # wgmma/TMA, two warpgroups; bf16/fp16 operands only, so fp32 inputs keep the Triton
@@ -295,7 +302,9 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
         dims, ``TUNING["intra_token_heads"]`` is not >= 1, ``state_pass`` is not one of
         :data:`STATE_PASSES`, ``grad_pass`` not one of :data:`GRAD_PASSES`, or
         ``TUNING["mosaic_grad_slab"]`` not one of :data:`GRAD_SLABS`
-        (:func:`grad_slab`; checked whichever kernel runs).
+        (:func:`grad_slab`; checked whichever kernel runs), or ``TUNING["mosaic_pieces"]``
+        not ``None`` or a positive int (whether it divides the chunk count is checked by the
+        Mosaic state passes, naming ``pieces``).
     """
     state_pass = TUNING.get("state_pass", "triton") if state_pass is None else state_pass
     if state_pass not in STATE_PASSES:
@@ -308,6 +317,11 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
     block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
     prepare_k = TUNING.get("prepare_k") or block_k
+    pieces = TUNING.get("mosaic_pieces")
+    if pieces is not None and (isinstance(pieces, bool) or not isinstance(pieces, int)
+                               or pieces < 1):
+        raise ValueError(f"TUNING['mosaic_pieces'] must be None or a positive int, got "
+                         f"{pieces!r}")
     if prepare_k < SUB or prepare_k > dk or dk % prepare_k:
         raise ValueError(f'TUNING["prepare_k"]={prepare_k} must divide the key head dim {dk} '
                          f"(and be >= {SUB})")
@@ -317,7 +331,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
                 return_residual=return_residual, intra_tf32=bool(TUNING["intra_tf32"]),
                 intra_heads=intra_heads(heads), state_pass=state_pass, grad_pass=grad_pass,
                 mosaic_alias_staging=bool(TUNING.get("mosaic_alias_staging", False)),
-                mosaic_grad_slab=grad_slab(TUNING))
+                mosaic_pieces=pieces, mosaic_grad_slab=grad_slab(TUNING))
 
 
 def grad_slab(tuning) -> int:
@@ -995,14 +1009,17 @@ def _forward(cfg, prep, h0, *, save):
 def _forward_mosaic(cfg, prep, h0, *, save):
     """:func:`_forward` on the Mosaic GPU kernel
     (:func:`pallas_kernels.common.channelwise_mosaic_gpu.channelwise_forward_mosaic`, GPU
-    interpret mode under ``cfg["interpret"]``): the same outputs, layouts and dtypes."""
+    interpret mode under ``cfg["interpret"]``): the same outputs, layouts and dtypes, plus the
+    sequence pieces' maps (``[B, P, H, K, K]`` fp32 when ``save`` and ``P > 1``, else
+    ``None``; ``cfg["mosaic_pieces"]``), the residual :func:`_backward_state_mosaic` reuses."""
     from pallas_kernels.common import channelwise_mosaic_gpu
 
     return channelwise_mosaic_gpu.channelwise_forward_mosaic(
         prep["qg_ref"], prep["kg_ref"], prep["w_ref"], prep["u_ref"], prep["mq_ref"],
         prep["e_ref"], scale=cfg["scale"], initial_state=h0,
         store_v_new=save or cfg["return_residual"], store_h=save,
-        alias_staging=cfg["mosaic_alias_staging"], interpret=cfg["interpret"])
+        alias_staging=cfg["mosaic_alias_staging"], pieces=cfg["mosaic_pieces"],
+        return_maps=save, interpret=cfg["interpret"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1058,11 +1075,12 @@ def _backward_state(cfg, prep, do, dvn_in, dht):
     return outs["dvn_ref"], outs["dhs_ref"], outs["dh0_ref"]
 
 
-def _backward_state_mosaic(cfg, prep, do, dvn_in, dht):
+def _backward_state_mosaic(cfg, prep, do, dvn_in, dht, maps=None):
     """:func:`_backward_state` on the Mosaic GPU kernel (:func:`pallas_kernels.common.
     channelwise_mosaic_gpu.channelwise_backward_state_mosaic`, GPU interpret mode under
     ``cfg["interpret"]``): the same outputs, layouts and dtypes. ``dvn_in`` (the residual's
-    cotangent) is taken to the operand dtype, which it has whenever the op passes it."""
+    cotangent) is taken to the operand dtype, which it has whenever the op passes it. ``maps``:
+    the forward's sequence-piece maps (:func:`_forward_mosaic`), or ``None`` (``P = 1``)."""
     from pallas_kernels.common import channelwise_mosaic_gpu
 
     if dvn_in is not None:
@@ -1070,7 +1088,8 @@ def _backward_state_mosaic(cfg, prep, do, dvn_in, dht):
     return channelwise_mosaic_gpu.channelwise_backward_state_mosaic(
         prep["qg_ref"], prep["kg_ref"], prep["w_ref"], prep["mq_ref"], prep["e_ref"], do,
         scale=cfg["scale"], dvn_in=dvn_in, dht=dht,
-        alias_staging=cfg["mosaic_alias_staging"], interpret=cfg["interpret"])
+        alias_staging=cfg["mosaic_alias_staging"], pieces=cfg["mosaic_pieces"],
+        piece_maps=maps, interpret=cfg["interpret"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1201,27 +1220,31 @@ def _make_core(static):
         # The within-chunk cumsum of g runs here, so the backward returns dg (not d gamma).
         gam = _gamma(cfg, g)
         prep = _prepare(cfg, q, k, v, ks, vs, gam, docs, save_a=save)
-        state_pass = _forward_mosaic if cfg["state_pass"] == "mosaic" else _forward
-        o, ht, vn, hs = state_pass(cfg, prep, h0, save=save)
-        return o, ht, vn, hs, prep, gam
+        if cfg["state_pass"] == "mosaic":  # maps: the sequence pieces' (None when P = 1)
+            o, ht, vn, hs, *maps = _forward_mosaic(cfg, prep, h0, save=save)
+        else:
+            (o, ht, vn, hs), maps = _forward(cfg, prep, h0, save=save), ()
+        return o, ht, vn, hs, prep, gam, maps[0] if maps else None
 
     @jax.custom_vjp
     def core(q, k, v, ks, vs, g, h0, docs):
-        o, ht, vn, _, _, _ = forward(q, k, v, ks, vs, g, h0, docs, save=False)
+        o, ht, vn, _, _, _, _ = forward(q, k, v, ks, vs, g, h0, docs, save=False)
         return (o, ht, vn) if residual else (o, ht)
 
     def core_fwd(q, k, v, ks, vs, g, h0, docs):
-        o, ht, vn, hs, prep, gam = forward(q, k, v, ks, vs, g, h0, docs, save=True)
+        o, ht, vn, hs, prep, gam, maps = forward(q, k, v, ks, vs, g, h0, docs, save=True)
         out = (o, ht, vn) if residual else (o, ht)
         keep = {n: prep[n] for n in ("qg_ref", "kg_ref", "w_ref", "mq_ref", "e_ref", "a_ref")}
-        return out, (q, k, v, ks, vs, gam, docs, keep, hs, vn)
+        return out, (q, k, v, ks, vs, gam, docs, keep, hs, vn, maps)
 
     def core_bwd(res, cts):
-        q, k, v, ks, vs, gam, docs, prep, hs, vn = res
+        q, k, v, ks, vs, gam, docs, prep, hs, vn, maps = res
         do = cts[0].astype(q.dtype)
         dvn_out = cts[2] if residual else None
-        state_pass = _backward_state_mosaic if cfg["state_pass"] == "mosaic" else _backward_state
-        dvn, dhs, dh0 = state_pass(cfg, prep, do, dvn_out, cts[1])
+        if cfg["state_pass"] == "mosaic":  # the forward's piece maps, not formed again
+            dvn, dhs, dh0 = _backward_state_mosaic(cfg, prep, do, dvn_out, cts[1], maps)
+        else:
+            dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
         # kr as the forward kernels formed it (the fp32 product rounded once); the backward
         # kernels read it whole.
         kf, vf, ksf, vsf = (x.astype(F32) for x in (k, v, ks, vs))

@@ -97,6 +97,32 @@ Mosaic GPU's count (jax 0.10.2 CUDA export) of the 232,448; 214,096 without ``dv
 published, and ``dh0`` is written after the last ``v_ready``, i.e. after the last read of
 ``dS``, and after this warpgroup's ``dhs`` stores read their tiles).
 
+Sequence pieces (rows with few CTAs, e.g. B 1, T 32K, H 16, V 128: 32 CTAs on 132 SMs, 512
+chunks each; MOSAIC_GPU.md Sec. 30, after the delta passes' Sec. 29). The forward update is
+affine in the state, per chunk ``n``::
+
+    S <- A_n S + B_n,   A_n = diag(e_all_n) - Kg_n^T W_n   ([K, K]),   B_n = Kg_n^T U_n
+
+(substitute ``Vn_n = U_n - W_n S`` into the update; ``e_all_n = e^{gamma_C} conn_C`` is the
+per-key-channel decay ``e^{g_last}`` of the chunk where the scalar-decay delta pass has
+``keep e^{G_L}``). A piece ``p`` of consecutive chunks maps ``S -> M_p S + X_p`` with ``M_p``
+the product of its ``A_n`` (last chunk leftmost) and ``X_p`` its pass from zero. The reverse
+pass is the transpose: ``dVn_n = scale Mq_n^T dO_n + Kg_n dS (+ dvn_in_n)`` into
+``dS <- diag(e_all_n) dS + scale Qg_n^T dO_n - W_n^T dVn_n`` gives ``dS <- A_n^T dS + c_n``, so
+a piece maps an exit gradient ``d -> M_p^T d + Y_p`` (``Y_p`` its reverse pass from zero). A
+document starting inside chunk ``n`` makes ``A_n`` exactly zero, as it zeroes the state:
+``e_all_n = 0`` (``conn_C``), and no token both sees the entering state (``W``'s rows carry
+``conn``) and reaches the chunk's end (``Kg``'s rows carry ``last``), so every term of
+``Kg_n^T W_n`` has a zero factor; a piece with such a chunk has ``M_p = 0``. With
+``pieces = P > 1`` the rows run as ``B * P`` rows of ``N / P`` chunks (the token arrays split
+by a free reshape, ``mq`` and ``e_all`` read whole at global chunk indices): the forward is a
+maps launch (``..._maps``: ``K`` columns from the identity, ``U = 0``, no ``Qg``, ``Mq`` or
+read-out), a launch from zero (``..._pieces``: no read-out), an fp32 scan over the pieces
+(``mosaic_gpu_lib.scan_piece_maps``, ``HIGHEST``) for the entry states, and the stored launch
+from them (``hs`` at global chunk indices); the reverse a launch from zero exit gradients
+(``..._pieces``: no ``dvn``, ``dhs`` stores), the scan with ``M_p^T`` from the last piece, and
+the stored launch. ``P = 1`` is the single launch as before (the same Mosaic module).
+
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode
 (``Kg^T`` and, in the reverse pass, ``Qg^T``, ``W^T`` and ``Mq^T`` copied into SMEM, plain
 vector and tile loads: ``mosaic_gpu_lib``'s shims) and lowering for CUDA through
@@ -118,7 +144,8 @@ from pallas_kernels.common import mosaic_gpu_lib as mgl
 CHUNK = mgl.CHUNK
 BLOCK_V = mgl.BLOCK_V  # value columns per CTA: the state tile is [K, BLOCK_V] fp32 in registers
 STAGES = mgl.STAGES  # depth of the TMA input ring
-_IN_COPIES = 6  # TMA copies per ring stage: Qg, Kg, W, U, Mq, e_all
+# The forward pass's TMA ring, one copy per stage each: Qg, Kg, W, U, Mq, e_all (_ring_names).
+_RING_NAMES = ("qg", "kg", "w", "u", "mq", "e")
 KERNEL_NAME = "channelwise_state_fwd_mosaic"
 _BWD_COPIES = 6  # TMA copies per ring stage of the reverse pass: Qg, Kg, W, dO, Mq, e_all
 BWD_KERNEL_NAME = "channelwise_state_bwd_mosaic"
@@ -180,30 +207,61 @@ def _launch(kernel, out_type, scratch, grid, name: str, interpret: bool):
     )
 
 
+def _ring_names(store: bool, zero_u: bool) -> Tuple[str, ...]:
+    """The forward pass's TMA ring buffers, in ring order: all six for the stored pass; the
+    summary launches of sequence pieces (``store=False``: no read-out) leave out ``Qg`` and
+    ``Mq``, and the maps launch (``zero_u``) ``U`` too."""
+    return tuple(n for n in _RING_NAMES
+                 if (store or n not in ("qg", "mq")) and not (zero_u and n == "u"))
+
+
+def _global_chunk(b, n, pieces: int, num_chunks: int):
+    """``(row, chunk)`` of the whole-row arrays (``mq``, ``e_all``, ``hs``, ``dhs``) for step
+    chunk ``n`` of grid row ``b`` when the rows are ``P = pieces`` pieces of ``num_chunks``
+    chunks each (grid row ``b = row * P + piece``); ``(b, n)`` itself when ``P = 1``."""
+    if pieces == 1:
+        return b, n
+    return lax.div(b, pieces), lax.rem(b, pieces) * num_chunks + n
+
+
 def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int, scale: float,
-            has_h0: bool, store_v_new: bool, store_h: bool, alias: bool, interpret: bool):
+            has_h0: bool, store_v_new: bool, store_h: bool, alias: bool, interpret: bool,
+            pieces: int = 1, store: bool = True, zero_u: bool = False):
     """Kernel body of :func:`channelwise_forward_mosaic` (module docstring); refs are GMEM.
 
-    ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [hs_ref,]`` then the scratch; ``kt_s``
+    ``rest`` = ``[h0_ref,] [o_ref,] ht_ref, [vn_ref,] [hs_ref,]`` then the scratch; ``kt_s``
     (interpret mode only) is the SMEM copy of ``Kg^T`` that the GPU reads as a transposed view.
+    Sequence pieces (:func:`_forward_call`): with ``pieces = P > 1`` the token arrays are ``P``
+    pieces of ``num_chunks`` chunks per row as ``B * P`` grid rows, ``mq``, ``e_all`` and
+    ``hs`` are whole rows read / written at the global chunk index; ``store=False`` (the
+    summary launches) writes only the final state (no ``o``: the output warpgroup idles, ``Qg``
+    and ``Mq`` are not loaded); ``zero_u`` takes ``U = 0`` (``u_ref`` not read).
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
-    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    o_ref = rest.pop(0) if store else None
+    ht_ref = rest.pop(0)
     vn_ref = rest.pop(0) if store_v_new else None
     hs_ref = rest.pop(0) if store_h else None
-    ring, rest = tuple(rest[:_IN_COPIES]), rest[_IN_COPIES:]
-    qg_s, kg_s, w_s, u_s, mq_s, e_s = ring
+    names = _ring_names(store, zero_u)
+    ring, rest = tuple(rest[:len(names)]), rest[len(names):]
+    bufs = dict(zip(names, ring))
+    qg_s, kg_s, w_s, u_s, mq_s, e_s = (bufs.get(n) for n in _RING_NAMES)
     sb_s, state_s, rest = _split_staging(rest, alias, interpret)  # S in 16 bits; fp32 h0 / ht
-    vn_s, o_s, in_bar, in_free, s_ready, v_ready, s_free, io_bar, done, *shim = rest
+    vn_s = rest.pop(0)
+    o_s = rest.pop(0) if store else None
+    in_bar, in_free, s_ready, v_ready, s_free, io_bar, done, *shim = rest
     kt_s = shim[0] if interpret else None
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
 
     def srcs(n):  # the GMEM views of chunk n's ring stage
         rows = pl.ds(n * CHUNK, CHUNK)
-        return (qg_ref.at[b, rows, h], kg_ref.at[b, rows, h], w_ref.at[b, rows, h],
-                u_ref.at[b, rows, h, cols], mq_ref.at[b, h, n], e_ref.at[b, h, n])
+        bg, ng = _global_chunk(b, n, pieces, num_chunks)
+        views = dict(qg=lambda: qg_ref.at[b, rows, h], kg=lambda: kg_ref.at[b, rows, h],
+                     w=lambda: w_ref.at[b, rows, h], u=lambda: u_ref.at[b, rows, h, cols],
+                     mq=lambda: mq_ref.at[bg, h, ng], e=lambda: e_ref.at[bg, h, ng])
+        return tuple(views[name]() for name in names)
 
     wg = lax.axis_index("wg")
     dk = kg_s.shape[-1]
@@ -224,17 +282,20 @@ def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int,
             slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
             rows = pl.ds(n * CHUNK, CHUNK)
 
-            @pl.when(n >= 2)
-            def _():  # the output warpgroup has read the tiles published two chunks ago
-                plgpu.barrier_wait(s_free.at[half])
+            if store:  # without the read-out this warpgroup is the tiles' only reader
+                @pl.when(n >= 2)
+                def _():  # the output warpgroup has read the tiles published two chunks ago
+                    plgpu.barrier_wait(s_free.at[half])
 
             # This warpgroup's stores (hs, Vn) of chunk n - 2 must have read their tiles.
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             sb_s.at[half][...] = s.astype(sb_s.dtype)  # S entering chunk n, operand dtype
             plgpu.commit_smem()
-            plgpu.barrier_arrive(s_ready.at[half])  # the output warpgroup may issue Qg S
+            if store:
+                plgpu.barrier_arrive(s_ready.at[half])  # the output warpgroup may issue Qg S
             if store_h:
-                plgpu.copy_smem_to_gmem(sb_s.at[half], hs_ref.at[b, h, n, :, cols])
+                bg, ng = _global_chunk(b, n, pieces, num_chunks)
+                plgpu.copy_smem_to_gmem(sb_s.at[half], hs_ref.at[bg, h, ng, :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
 
             def w_state(acc):
@@ -243,10 +304,14 @@ def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int,
 
             # The barrier keeps the arithmetic after the accumulator read (MOSAIC_GPU.md Sec. 2).
             ws = lax.optimization_barrier(pl.run_scoped(w_state, plgpu.ACC(tile)))
-            vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # fp32
+            if zero_u:  # the maps launch: U = 0
+                vn = -ws
+            else:
+                vn = mgl.load_tile(u_s.at[slot], interpret).astype(jnp.float32) - ws  # fp32
             vn_s.at[half][...] = vn.astype(vn_s.dtype)
             plgpu.commit_smem()
-            plgpu.barrier_arrive(v_ready.at[half])  # the output warpgroup may issue Mq Vn
+            if store:
+                plgpu.barrier_arrive(v_ready.at[half])  # the output warpgroup may issue Mq Vn
             if store_v_new:
                 plgpu.copy_smem_to_gmem(vn_s.at[half], vn_ref.at[b, rows, h, cols])
             e_all = mgl.load_rows(e_s.at[slot], interpret)  # [K] fp32, one value per key row
@@ -263,13 +328,16 @@ def _kernel(qg_ref, kg_ref, w_ref, u_ref, mq_ref, e_ref, *rest, num_chunks: int,
             return mgl.by_row(e_all, (dk, BLOCK_V)) * s + kv
 
         s = lax.fori_loop(0, num_chunks, step, s0)
-        for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
-            plgpu.barrier_wait(s_free.at[n % 2])
+        if store:
+            for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
+                plgpu.barrier_wait(s_free.at[n % 2])
         mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
 
     @pl.when(wg == 1)
     def _output():
         plgpu.set_max_registers(232, action="increase")
+        if not store:  # the summary launches have no read-out
+            return
 
         def step(n, carry):
             slot, half = lax.rem(n, STAGES), lax.rem(n, 2)
@@ -364,7 +432,7 @@ def check_inputs(qg, kg, w, u, mq, e_all, initial_state) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "alias_staging",
-                                             "interpret"))
+                                             "pieces", "return_maps", "interpret"))
 def channelwise_forward_mosaic(
     qg: jax.Array,
     kg: jax.Array,
@@ -378,8 +446,10 @@ def channelwise_forward_mosaic(
     store_v_new: bool = False,
     store_h: bool = False,
     alias_staging: bool = False,
+    pieces: Optional[int] = None,
+    return_maps: bool = False,
     interpret: bool = False,
-) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
+) -> Tuple[Optional[jax.Array], ...]:
     """The forward state pass of KDA / GDN-2 in one Mosaic GPU kernel (module docstring).
 
     Per batch row, head and chunk ``n`` of C = 64 tokens, from ``S = initial_state`` (paper
@@ -409,44 +479,110 @@ def channelwise_forward_mosaic(
         alias_staging: let the fp32 ``h0`` / final-state staging tile share SMEM with the
             published ``S`` (a ``plgpu.RefUnion``; static): 193 KB instead of 225 KB at
             K = V = 128 bf16 (module docstring). Same results; ignored when interpreting.
+        pieces: static; the sequence pieces ``P`` each row is cut into (``None``: chosen by
+            :func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces`, 1 unless
+            ``B * H * V / 64`` CTAs would leave the GPU idle: ``P = 4`` at B 1, H 16, V 128,
+            T 32K); it must divide ``N``. With ``P > 1`` a piece maps ``S -> M_p S + X_p``
+            (``M_p`` the product of its chunks' ``diag(e_all_n) - Kg_n^T W_n``): three launches
+            over ``B * P`` rows of ``N / P`` chunks (the maps from the identity with
+            ``U = 0`` on ``K`` columns, the pieces from zero, both storing only final states;
+            then, after an fp32 scan over the pieces for their entry states, the stored pass).
+            Same results up to the 16-bit rounding of the maps' and entry states' ``wgmma``
+            operands (MOSAIC_GPU.md Sec. 30).
+        return_maps: static; also return the piece maps ``M`` ``[B, P, H, K, K]`` fp32
+            (``None`` when ``P = 1``), which :func:`channelwise_backward_state_mosaic` takes as
+            ``piece_maps``.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
-        ``(o, final_state, vn, hs)``: ``o`` ``[B, T, H, V]`` in the input dtype;
-        ``final_state`` ``[B, H, K, V]`` fp32; ``vn`` ``[B, T, H, V]`` in the input dtype or
-        ``None``; ``hs`` ``[B, H, N, K, V]`` in the input dtype or ``None``. A ``T`` that is not
-        a multiple of 64 is zero-padded inside (the padded tokens add nothing).
+        ``(o, final_state, vn, hs)``, plus ``maps`` with ``return_maps``: ``o``
+        ``[B, T, H, V]`` in the input dtype; ``final_state`` ``[B, H, K, V]`` fp32; ``vn``
+        ``[B, T, H, V]`` in the input dtype or ``None``; ``hs`` ``[B, H, N, K, V]`` in the
+        input dtype or ``None``. A ``T`` that is not a multiple of 64 is zero-padded inside
+        (the padded tokens add nothing).
 
     Raises:
-        ValueError: as :func:`check_inputs` (shapes, 16-bit dtype, head dims).
+        ValueError: as :func:`check_inputs` (shapes, 16-bit dtype, head dims), or naming
+            ``pieces`` when it is not a positive divisor of ``N``.
     """
     check_inputs(qg, kg, w, u, mq, e_all, initial_state)
     batch, seq_len, heads, dk = qg.shape
     dv = u.shape[-1]
     num_chunks = mq.shape[2]
     padded = num_chunks * CHUNK
+    pieces = mgl.num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
     qg, kg, w, u = (mgl.pad_time(x, num_chunks) for x in (qg, kg, w, u))
-    has_h0 = initial_state is not None
-    kernel = functools.partial(_kernel, num_chunks=num_chunks, scale=float(scale),
-                               has_h0=has_h0, store_v_new=store_v_new, store_h=store_h,
-                               alias=alias_staging, interpret=interpret)
-    dtype = u.dtype
-    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
-                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
+    e_all = e_all.astype(jnp.float32)
+    h0 = None if initial_state is None else initial_state.astype(jnp.float32)
+    run = functools.partial(_forward_call, scale=float(scale), pieces=pieces,
+                            alias_staging=alias_staging, interpret=interpret)
+    with jax.named_scope(KERNEL_NAME):
+        if pieces == 1:
+            o, final_state, vn, hs = run(qg, kg, w, u, mq, e_all, h0, store_v_new=store_v_new,
+                                         store_h=store_h)
+            maps = None
+        else:
+            # Sequence pieces (rows with few CTAs): each piece's affine map S -> M_p S + X_p
+            # from two launches that store only final states, the entry states by an fp32 scan
+            # over the pieces, then the pieces as rows from their entry states. The token
+            # arrays split by a free reshape; mq and e_all are read whole at global chunk
+            # indices, so conn of a piece's first chunk gates its entry state like any chunk's.
+            qgp, kgp, wp, up = (mgl.split_rows(x, pieces) for x in (qg, kg, w, u))
+            maps = _piece_maps(kgp, wp, mq, e_all, run, pieces)  # [B, P, H, K, K]
+            (x_local,) = run(qgp, kgp, wp, up, mq, e_all, None, store=False)
+            entries = mgl.scan_piece_maps(maps, x_local.reshape(batch, pieces, heads, dk, dv),
+                                          h0, reverse=False)
+            o, finals, vn, hs = run(qgp, kgp, wp, up, mq, e_all,
+                                    entries.reshape(batch * pieces, heads, dk, dv),
+                                    store_v_new=store_v_new, store_h=store_h)
+            o = o.reshape(batch, padded, heads, dv)
+            vn = None if vn is None else vn.reshape(batch, padded, heads, dv)
+            final_state = finals.reshape(batch, pieces, heads, dk, dv)[:, -1]
+    out = (o[:, :seq_len], final_state, None if vn is None else vn[:, :seq_len], hs)
+    return out + (maps,) if return_maps else out
+
+
+def _forward_call(qg, kg, w, u, mq, e_all, h0, *, scale, pieces, alias_staging, interpret,
+                  store=True, zero_u=False, store_v_new=False, store_h=False):
+    """One launch of the forward state pass (:func:`_kernel`) over ``R = B * P`` rows of
+    ``Tq = N / P * 64`` tokens (the pieces as rows, ``P = pieces``; ``P = 1``: the rows as
+    they are). ``qg, kg, w`` ``[R, Tq, H, K]``, ``u`` ``[R, Tq, H, V]`` in the operand dtype
+    (with ``zero_u`` a placeholder of the state's column width, not read); ``mq``
+    ``[B, H, N, 64, 64]`` and ``e_all`` ``[B, H, N, K]`` fp32 whole rows; ``h0`` ``[R, H, K,
+    V]`` fp32 or ``None``. Returns ``(o, ht, vn, hs)`` (``o``, ``vn`` ``[R, Tq, H, V]``,
+    ``ht`` ``[R, H, K, V]`` fp32, ``hs`` ``[B, H, N, K, V]`` at global chunk indices; ``vn``,
+    ``hs`` ``None`` unless stored), or ``(ht,)`` without ``store`` (the summary launches,
+    named ``..._maps`` with ``zero_u``, else ``..._pieces``)."""
+    rows, tq, heads, dk = kg.shape
+    dv = u.shape[-1]
+    num_chunks = tq // CHUNK
+    kernel = functools.partial(_kernel, num_chunks=num_chunks, scale=scale,
+                               has_h0=h0 is not None, store_v_new=store_v_new, store_h=store_h,
+                               alias=alias_staging, interpret=interpret, pieces=pieces,
+                               store=store, zero_u=zero_u)
+    dtype = kg.dtype
+    out_type = [jax.ShapeDtypeStruct((rows, tq, heads, dv), dtype)] if store else []  # o
+    out_type.append(jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32))  # final state
     if store_v_new:
-        out_type.append(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype))
+        out_type.append(jax.ShapeDtypeStruct((rows, tq, heads, dv), dtype))
     if store_h:
-        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
+        out_type.append(jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk,
+                                              dv), dtype))
     swz = mgl.swizzled_smem
-    # qg_s, kg_s, w_s, u_s, mq_s, e_s; then sb_s (S in 16 bits, published, double-buffered) and
-    # state_s (staging of h0 and the final state).
-    scratch = _ring_scratch(((CHUNK, dk),) * 3 + ((CHUNK, BLOCK_V), (CHUNK, CHUNK)), dtype, dk)
+    # The ring (qg_s, kg_s, w_s, u_s, mq_s, e_s, less those _ring_names leaves out); then sb_s
+    # (S in 16 bits, published, double-buffered) and state_s (staging of h0, final state).
+    names = _ring_names(store, zero_u)
+    shapes = dict(qg=(CHUNK, dk), kg=(CHUNK, dk), w=(CHUNK, dk), u=(CHUNK, BLOCK_V),
+                  mq=(CHUNK, CHUNK))
+    scratch = _ring_scratch(tuple(shapes[n] for n in names if n != "e"), dtype, dk)
     scratch += _staging_scratch(dk, dtype, alias_staging, interpret)
+    scratch.append(swz((2, CHUNK, BLOCK_V), dtype))  # vn_s: Vn, published (double-buffered)
+    if store:
+        scratch.append(swz((2, CHUNK, BLOCK_V), dtype))  # o_s: staging of the output (two)
     scratch += [
-        swz((2, CHUNK, BLOCK_V), dtype),  # vn_s: Vn, published (double-buffered)
-        swz((2, CHUNK, BLOCK_V), dtype),  # o_s: staging of the output tile (two)
-        plgpu.Barrier(num_arrivals=_IN_COPIES, num_barriers=STAGES),  # in_bar: copies landed
-        plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),  # in_free: both consumers done
+        plgpu.Barrier(num_arrivals=len(names), num_barriers=STAGES),  # in_bar: copies landed
+        plgpu.Barrier(num_arrivals=2 if store else 1,
+                      num_barriers=STAGES),  # in_free: both consumers (or the state one) done
         plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S published
         plgpu.Barrier(num_arrivals=1, num_barriers=2),  # v_ready: Vn published
         plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: S and Vn were read
@@ -455,15 +591,30 @@ def channelwise_forward_mosaic(
     ]
     if interpret:  # the SMEM copy of what the GPU reads as a transposed view
         scratch.append(plgpu.SMEM((dk, CHUNK), dtype))  # kt_s: Kg^T
-    call = _launch(kernel, out_type, scratch, (batch, heads, dv // BLOCK_V), KERNEL_NAME,
-                   interpret)
-    h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
-    with jax.named_scope(KERNEL_NAME):
-        outs = list(call(qg, kg, w, u, mq, e_all.astype(jnp.float32), *h0))
+    name = KERNEL_NAME + ("" if store else "_maps" if zero_u else "_pieces")
+    call = _launch(kernel, out_type, scratch, (rows, heads, dv // BLOCK_V), name, interpret)
+    outs = list(call(qg, kg, w, u, mq, e_all, *(() if h0 is None else (h0,))))
+    if not store:
+        return tuple(outs)
     o, final_state = outs.pop(0), outs.pop(0)
-    vn = outs.pop(0)[:, :seq_len] if store_v_new else None
+    vn = outs.pop(0) if store_v_new else None
     hs = outs.pop(0) if store_h else None
-    return o[:, :seq_len], final_state, vn, hs
+    return o, final_state, vn, hs
+
+
+def _piece_maps(kgp, wp, mq, e_all, run, pieces):
+    """The ``[K, K]`` state maps ``M_p`` of the pieces, ``[B, P, H, K, K]`` fp32: the forward
+    pass on ``K`` columns from the identity with ``U = 0`` (``S -> (diag(e_all) - Kg^T W) S``
+    per chunk), on the pieces as rows (``kgp``, ``wp`` split by
+    :func:`pallas_kernels.common.mosaic_gpu_lib.split_rows`; ``mq``, ``e_all`` whole rows),
+    storing only each piece's final state. ``run`` is :func:`_forward_call` with the static
+    options bound. Documents: a start inside a piece zeroes ``M_p`` exactly (``e_all = 0``
+    there, and no token both reaches the chunk's end through ``Kg`` and sees the entering
+    state through ``W``)."""
+    rows, _, heads, dk = wp.shape
+    eye = jnp.broadcast_to(jnp.eye(dk, dtype=jnp.float32), (rows, heads, dk, dk))
+    (maps,) = run(wp, kgp, wp, wp, mq, e_all, eye, store=False, zero_u=True)
+    return maps.reshape(rows // pieces, pieces, heads, dk, dk)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -471,15 +622,20 @@ def channelwise_forward_mosaic(
 
 
 def _bwd_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, *rest, num_chunks: int,
-                scale: float, has_dvn_in: bool, has_dht: bool, alias: bool, interpret: bool):
+                scale: float, has_dvn_in: bool, has_dht: bool, alias: bool, interpret: bool,
+                pieces: int = 1, store: bool = True):
     """Kernel body of :func:`channelwise_backward_state_mosaic` (module docstring); refs are
-    GMEM. ``rest`` = ``[dvn_in_ref,] [dht_ref,] dvn_ref, dhs_ref, dh0_ref`` then the scratch;
-    ``qgt_s, wt_s, mqt_s`` (interpret mode only) are the SMEM copies of ``Qg^T, W^T, Mq^T``
-    that the GPU reads as transposed views. Step ``i`` is chunk ``n = N - 1 - i``."""
+    GMEM. ``rest`` = ``[dvn_in_ref,] [dht_ref,] [dvn_ref, dhs_ref,] dh0_ref`` then the
+    scratch; ``qgt_s, wt_s, mqt_s`` (interpret mode only) are the SMEM copies of ``Qg^T, W^T,
+    Mq^T`` that the GPU reads as transposed views. Step ``i`` is chunk ``n = N - 1 - i``.
+    Sequence pieces: with ``pieces = P > 1`` the token arrays are ``P`` pieces per row as
+    ``B * P`` grid rows, ``mq``, ``e_all`` and ``dhs`` whole rows at the global chunk index;
+    ``store=False`` (the launch from zero exit gradients) writes only ``dh0``."""
     rest = list(rest)
     dvn_in_ref = rest.pop(0) if has_dvn_in else None
     dht_ref = rest.pop(0) if has_dht else None
-    dvn_ref, dhs_ref, dh0_ref = rest.pop(0), rest.pop(0), rest.pop(0)
+    dvn_ref, dhs_ref = (rest.pop(0), rest.pop(0)) if store else (None, None)
+    dh0_ref = rest.pop(0)
     copies = _BWD_COPIES + int(has_dvn_in)
     ring, rest = tuple(rest[:copies]), rest[copies:]
     qg_s, kg_s, w_s, do_s, mq_s, e_s = ring[:_BWD_COPIES]
@@ -495,8 +651,9 @@ def _bwd_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, *rest, num_chunks:
 
     def srcs(n):  # the GMEM views of chunk n's ring stage
         rows = pl.ds(n * CHUNK, CHUNK)
+        bg, ng = _global_chunk(b, n, pieces, num_chunks)
         views = (qg_ref.at[b, rows, h], kg_ref.at[b, rows, h], w_ref.at[b, rows, h],
-                 do_ref.at[b, rows, h, cols], mq_ref.at[b, h, n], e_ref.at[b, h, n])
+                 do_ref.at[b, rows, h, cols], mq_ref.at[bg, h, ng], e_ref.at[bg, h, ng])
         return views + ((dvn_in_ref.at[b, rows, h, cols],) if has_dvn_in else ())
 
     @pl.when(wg == 2)
@@ -519,7 +676,9 @@ def _bwd_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, *rest, num_chunks:
             sb_s.at[half][...] = ds.astype(sb_s.dtype)  # dS_C of chunk n, operand dtype
             plgpu.commit_smem()
             plgpu.barrier_arrive(s_ready.at[half])  # the dVn warpgroup may issue Kg dS
-            plgpu.copy_smem_to_gmem(sb_s.at[half], dhs_ref.at[b, h, n, :, cols])
+            if store:
+                bg, ng = _global_chunk(b, n, pieces, num_chunks)
+                plgpu.copy_smem_to_gmem(sb_s.at[half], dhs_ref.at[bg, h, ng, :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
             qg_t = mgl.transposed(qg_s.at[slot], qgt_s, interpret)
             w_t = mgl.transposed(w_s.at[slot], wt_s, interpret)
@@ -571,7 +730,8 @@ def _bwd_kernel(qg_ref, kg_ref, w_ref, mq_ref, e_ref, do_ref, *rest, num_chunks:
             vn_s.at[half][...] = dvn.astype(vn_s.dtype)
             plgpu.commit_smem()
             plgpu.barrier_arrive(v_ready.at[half])  # the state warpgroup may issue W^T dVn
-            plgpu.copy_smem_to_gmem(vn_s.at[half], dvn_ref.at[b, rows, h, cols])
+            if store:
+                plgpu.copy_smem_to_gmem(vn_s.at[half], dvn_ref.at[b, rows, h, cols])
             return carry
 
         lax.fori_loop(0, num_chunks, step, 0)
@@ -596,7 +756,7 @@ def check_backward_inputs(qg, kg, w, mq, e_all, do, dvn_in, dht) -> None:
     _check_operands(qg, (("kg", kg), ("w", w)), valued, mq, e_all, dht, "dht")
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "alias_staging", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale", "alias_staging", "pieces", "interpret"))
 def channelwise_backward_state_mosaic(
     qg: jax.Array,
     kg: jax.Array,
@@ -609,6 +769,8 @@ def channelwise_backward_state_mosaic(
     dvn_in: Optional[jax.Array] = None,
     dht: Optional[jax.Array] = None,
     alias_staging: bool = False,
+    pieces: Optional[int] = None,
+    piece_maps: Optional[jax.Array] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The reverse state pass of KDA / GDN-2 in one Mosaic GPU kernel (module docstring).
@@ -643,6 +805,14 @@ def channelwise_backward_state_mosaic(
         alias_staging: let the fp32 ``dht`` / ``dh0`` staging tile share SMEM with the
             published ``dS`` (a ``plgpu.RefUnion``; static; module docstring). Same results;
             ignored when interpreting.
+        pieces: static; sequence pieces ``P`` per row, as :func:`channelwise_forward_mosaic`'s
+            (``None``: the same choice). With ``P > 1`` the reverse pass of a piece maps its
+            exit gradient ``d -> M_p^T d + Y_p``: one launch from zero exit gradients gives
+            every ``Y_p`` (storing only ``dh0``), an fp32 scan from the last piece the exit
+            gradients, and a second launch stores ``dvn`` and ``dhs``.
+        piece_maps: the forward's piece maps ``[B, P, H, K, K]`` fp32
+            (:func:`channelwise_forward_mosaic` with ``return_maps``), or ``None`` to form
+            them here (one more launch, the forward's maps launch); ignored when ``P = 1``.
         interpret: run in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -651,22 +821,69 @@ def channelwise_backward_state_mosaic(
         fp32. A ``T`` that is not a multiple of 64 is zero-padded inside.
 
     Raises:
-        ValueError: as :func:`check_backward_inputs` (shapes, 16-bit dtype, head dims).
+        ValueError: as :func:`check_backward_inputs` (shapes, 16-bit dtype, head dims), or
+            naming ``pieces`` (not a positive divisor of ``N``) or ``piece_maps`` (not fp32
+            ``[B, P, H, K, K]``).
     """
     check_backward_inputs(qg, kg, w, mq, e_all, do, dvn_in, dht)
     batch, seq_len, heads, dk = qg.shape
     dv = do.shape[-1]
     num_chunks = mq.shape[2]
     padded = num_chunks * CHUNK
+    pieces = mgl.num_pieces(pieces, batch * heads * (dv // BLOCK_V), num_chunks)
+    maps_shape = (batch, pieces, heads, dk, dk)
+    if pieces > 1 and piece_maps is not None and (
+            piece_maps.shape != maps_shape or piece_maps.dtype != jnp.float32):
+        raise ValueError(f"piece_maps must be [B, P, H, K, K] = {maps_shape} float32 (the "
+                         f"forward's return_maps), got {piece_maps.shape} {piece_maps.dtype}")
     qg, kg, w, do = (mgl.pad_time(x, num_chunks) for x in (qg, kg, w, do))
+    dvn_in = None if dvn_in is None else mgl.pad_time(dvn_in, num_chunks)
+    e_all = e_all.astype(jnp.float32)
+    dht = None if dht is None else dht.astype(jnp.float32)
+    run = functools.partial(_backward_call, scale=float(scale), pieces=pieces,
+                            alias_staging=alias_staging, interpret=interpret)
+    with jax.named_scope(BWD_KERNEL_NAME):
+        if pieces == 1:
+            dvn, dhs, dh0 = run(qg, kg, w, mq, e_all, do, dvn_in, dht)
+            return dvn[:, :seq_len], dhs, dh0
+        # Sequence pieces: each piece's reverse map d -> M_p^T d + Y_p (Y_p from a zero exit
+        # gradient, storing only dh0), the exit gradients by an fp32 scan from the last piece,
+        # then the pieces as rows from their exit gradients.
+        qgp, kgp, wp, dop = (mgl.split_rows(x, pieces) for x in (qg, kg, w, do))
+        dinp = None if dvn_in is None else mgl.split_rows(dvn_in, pieces)
+        if piece_maps is None:
+            fwd_run = functools.partial(_forward_call, scale=float(scale), pieces=pieces,
+                                        alias_staging=alias_staging, interpret=interpret)
+            piece_maps = _piece_maps(kgp, wp, mq, e_all, fwd_run, pieces)
+        (y_local,) = run(qgp, kgp, wp, mq, e_all, dop, dinp, None, store=False)
+        exits = mgl.scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv),
+                                    dht, reverse=True)
+        dvn, dhs, dh0s = run(qgp, kgp, wp, mq, e_all, dop, dinp,
+                             exits.reshape(batch * pieces, heads, dk, dv))
+        dvn = dvn.reshape(batch, padded, heads, dv)
+        return dvn[:, :seq_len], dhs, dh0s.reshape(batch, pieces, heads, dk, dv)[:, 0]
+
+
+def _backward_call(qg, kg, w, mq, e_all, do, dvn_in, dht, *, scale, pieces, alias_staging,
+                   interpret, store=True):
+    """One launch of the reverse state pass (:func:`_bwd_kernel`) over ``R = B * P`` rows of
+    ``Tq`` tokens (the pieces as rows; ``P = 1``: the rows as they are): ``qg, kg, w``
+    ``[R, Tq, H, K]``, ``do`` and ``dvn_in`` (or ``None``) ``[R, Tq, H, V]``; ``mq``, ``e_all``
+    (fp32) whole rows; ``dht`` ``[R, H, K, V]`` fp32 or ``None``. Returns ``(dvn, dhs, dh0)``
+    (``dvn`` ``[R, Tq, H, V]``, ``dhs`` ``[B, H, N, K, V]`` at global chunk indices, ``dh0``
+    ``[R, H, K, V]`` fp32), or ``(dh0,)`` without ``store`` (named ``..._pieces``)."""
+    rows, tq, heads, dk = qg.shape
+    dv = do.shape[-1]
+    num_chunks = tq // CHUNK
     has_dvn_in, has_dht = dvn_in is not None, dht is not None
-    kernel = functools.partial(_bwd_kernel, num_chunks=num_chunks, scale=float(scale),
+    kernel = functools.partial(_bwd_kernel, num_chunks=num_chunks, scale=scale,
                                has_dvn_in=has_dvn_in, has_dht=has_dht, alias=alias_staging,
-                               interpret=interpret)
+                               interpret=interpret, pieces=pieces, store=store)
     dtype = qg.dtype
-    out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # dvn
-                jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype),  # dhs
-                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # dh0
+    out_type = [jax.ShapeDtypeStruct((rows, tq, heads, dv), dtype),  # dvn
+                jax.ShapeDtypeStruct((rows // pieces, heads, pieces * num_chunks, dk, dv),
+                                     dtype)] if store else []  # dhs
+    out_type.append(jax.ShapeDtypeStruct((rows, heads, dk, dv), jnp.float32))  # dh0
     # qg_s, kg_s, w_s, do_s, mq_s, e_s[, din_s]; sb_s (dS in 16 bits, published,
     # double-buffered; the dhs staging) and state_s (staging of dht and dh0).
     shapes = ((CHUNK, dk),) * 3 + ((CHUNK, BLOCK_V), (CHUNK, CHUNK))
@@ -687,10 +904,8 @@ def channelwise_backward_state_mosaic(
     if interpret:  # the SMEM copies of what the GPU reads as transposed views
         scratch += [plgpu.SMEM((dk, CHUNK), dtype), plgpu.SMEM((dk, CHUNK), dtype),  # Qg^T, W^T
                     plgpu.SMEM((CHUNK, CHUNK), dtype)]  # Mq^T
-    call = _launch(kernel, out_type, scratch, (batch, heads, dv // BLOCK_V), BWD_KERNEL_NAME,
-                   interpret)
-    extra = () if dvn_in is None else (mgl.pad_time(dvn_in, num_chunks),)
-    extra += () if dht is None else (dht.astype(jnp.float32),)
-    with jax.named_scope(BWD_KERNEL_NAME):
-        dvn, dhs, dh0 = call(qg, kg, w, mq, e_all.astype(jnp.float32), do, *extra)
-    return dvn[:, :seq_len], dhs, dh0
+    name = BWD_KERNEL_NAME + ("" if store else "_pieces")
+    call = _launch(kernel, out_type, scratch, (rows, heads, dv // BLOCK_V), name, interpret)
+    extra = () if dvn_in is None else (dvn_in,)
+    extra += () if dht is None else (dht,)
+    return tuple(call(qg, kg, w, mq, e_all, do, *extra))

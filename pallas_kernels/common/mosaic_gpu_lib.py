@@ -11,7 +11,9 @@ delta-rule forward (:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu`); t
   chunk-local fp32 gate cumsum (:func:`chunk_cumsum`) and the document vectors
   (:func:`doc_vectors`);
 * the sequence split of the state passes for rows with few CTAs (:func:`num_pieces`,
-  :func:`split_rows`, :func:`split_head_major`);
+  :func:`split_rows`, :func:`split_head_major`) and the fp32 scan over the pieces' affine
+  maps (:func:`scan_piece_maps`; the delta and per-channel passes, MOSAIC_GPU.md Secs. 29,
+  30);
 * SMEM tiles (:func:`swizzled_smem`) and the memory warpgroup of the 2-stage TMA ring
   (:func:`ring_producer`);
 * the interpret-mode shims. jax 0.10.2's Mosaic GPU interpreter (:func:`interpret_params`)
@@ -296,6 +298,30 @@ def split_head_major(x, pieces):
     b, hh, tp = x.shape
     x = x.reshape(b, hh, pieces, tp // pieces).transpose(0, 2, 1, 3)
     return x.reshape(b * pieces, hh, tp // pieces)
+
+
+def scan_piece_maps(maps, local, start, *, reverse: bool):
+    """Entry states (or, ``reverse``, exit gradients) of the pieces, ``[B, P, H, K, V]`` fp32.
+
+    Forward: piece ``p`` maps ``S -> maps[p] S + local[p]`` (``maps`` ``[B, P, H, K, K]``,
+    ``local`` ``[B, P, H, K, V]`` its pass from zero), so the entries are ``e_0 = start``
+    (``[B, H, K, V]``; ``None``: zeros) and ``e_{p+1} = maps[p] e_p + local[p]``. Reverse (the
+    backward's state gradients): the reverse pass maps an exit gradient
+    ``d -> maps[p]^T d + local[p]`` (``local`` its pass from a zero exit gradient), so the
+    exits are ``x_{P-1} = start`` and ``x_{p-1} = maps[p]^T x_p + local[p]``. fp32 products at
+    ``HIGHEST`` precision; ``P <= MAX_PIECES`` unrolled steps. Used by the delta state passes
+    (:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu`) and the per-channel ones
+    (:mod:`pallas_kernels.common.channelwise_mosaic_gpu`).
+    """
+    num = local.shape[1]
+    x = jnp.zeros_like(local[:, 0]) if start is None else start.astype(jnp.float32)
+    out = [None] * num
+    order = range(num - 1, -1, -1) if reverse else range(num)
+    eq = "bhji,bhjv->bhiv" if reverse else "bhij,bhjv->bhiv"
+    for p in order:
+        out[p] = x
+        x = jnp.einsum(eq, maps[:, p], x, precision=lax.Precision.HIGHEST) + local[:, p]
+    return jnp.stack(out, axis=1)
 
 
 def check_states_dtype(states_dtype, input_dtype):

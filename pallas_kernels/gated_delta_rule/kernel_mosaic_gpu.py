@@ -340,8 +340,8 @@ def chunk_delta_h_mosaic(
             gp = mgl.split_head_major(gc, pieces)
             maps = _piece_maps(kp, wp, gp, lastp, connp, run, pieces)  # [B, P, H, K, K]
             (x_local,) = run(kp, wp, up, gp, lastp, connp, None, store=False)
-            entries = _scan_piece_maps(maps, x_local.reshape(batch, pieces, heads, dk, dv), h0,
-                                       reverse=False)
+            entries = mgl.scan_piece_maps(maps, x_local.reshape(batch, pieces, heads, dk, dv),
+                                          h0, reverse=False)
             h, vn, finals = run(kp, wp, up, gp, lastp, connp,
                                 entries.reshape(batch * pieces, heads, dk, dv))
             vn = vn.reshape(batch, num_chunks * CHUNK, heads, dv)
@@ -423,27 +423,6 @@ def _piece_maps(kp, wp, gp, lastp, connp, run, pieces):
     eye = jnp.broadcast_to(jnp.eye(dk, dtype=jnp.float32), (rows, heads, dk, dk))
     (maps,) = run(kp, wp, wp, gp, lastp, connp, eye, store=False, zero_u=True)
     return maps.reshape(rows // pieces, pieces, heads, dk, dk)
-
-
-def _scan_piece_maps(maps, local, start, *, reverse: bool):
-    """Entry states (or, ``reverse``, exit gradients) of the pieces, ``[B, P, H, K, V]`` fp32.
-
-    Forward: piece ``p`` maps ``S -> maps[p] S + local[p]`` (``local`` ``[B, P, H, K, V]`` its
-    pass from zero), so the entries are ``e_0 = start`` (``None``: zeros) and
-    ``e_{p+1} = maps[p] e_p + local[p]``. Reverse (the backward's state gradients): the reverse
-    pass maps an exit gradient ``d -> maps[p]^T d + local[p]`` (``local`` its pass from a zero
-    exit gradient), so the exits are ``x_{P-1} = start`` and ``x_{p-1} = maps[p]^T x_p +
-    local[p]``. fp32 products at ``HIGHEST`` precision; ``P <= 8`` unrolled steps.
-    """
-    num = local.shape[1]
-    x = jnp.zeros_like(local[:, 0]) if start is None else start.astype(jnp.float32)
-    out = [None] * num
-    order = range(num - 1, -1, -1) if reverse else range(num)
-    eq = "bhji,bhjv->bhiv" if reverse else "bhij,bhjv->bhiv"
-    for p in order:
-        out[p] = x
-        x = jnp.einsum(eq, maps[:, p], x, precision=lax.Precision.HIGHEST) + local[:, p]
-    return jnp.stack(out, axis=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1916,8 +1895,8 @@ def chunk_delta_dh_mosaic(
                                       states_dtype=q.dtype, interpret=interpret)
             piece_maps = _piece_maps(kp, wp, gp, lastp, connp, h_run, pieces)
         (y_local,) = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, None, store=False)
-        exits = _scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv), dht,
-                                 reverse=True)
+        exits = mgl.scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv),
+                                    dht, reverse=True)
         dh, dvn, dh0s = run(qp, kp, wp, dop, dvlp, gp, lastp, connp,
                             exits.reshape(batch * pieces, heads, dk, dv))
         dvn = dvn.reshape(batch, num_chunks * CHUNK, heads, dv)

@@ -27,7 +27,9 @@ chunks and a partial last chunk; the reverse pass takes random ``dO``, ``dvn_in`
   (both Mosaic kernels) against ``"triton"`` (outputs and all gradients), both interpreted.
 * ``GpuTest`` (``gpu``): on a Hopper GPU, KDA and GDN-2 with the switch on and off against the
   fp32 token-serial reference (o, final state, every gradient) and against each other, and
-  each kernel against float64 and the compiled Triton kernel at S1-like rows.
+  each kernel against float64 and the compiled Triton kernel at S1-like rows. Their few rows
+  make the Mosaic passes run as sequence pieces (MOSAIC_GPU.md Sec. 30), so the gates against
+  Triton are the float64 ones there (:func:`_triton_gate`).
 
 The interpreted three-warpgroup kernels need a larger XLA CPU pool on a 2-core host (BUILD.md,
 MOSAIC_GPU.md Sec. 10): ``PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow
@@ -45,6 +47,7 @@ from absl.testing import absltest, parameterized
 
 from pallas_kernels.common import channelwise_gpu, pallas_gpu
 from pallas_kernels.common import channelwise_mosaic_gpu as cwm
+from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.kda import kernel_gpu as kda_kernel
 from tests import tolerances
 from tests.pallas_kernels import kernel_gpu_channelwise_test as cw_test
@@ -60,6 +63,16 @@ _REF_GATE = {_BF16: 5e-3, _FP16: 1e-3}
 # orders, so o, Vn and hs differ by an occasional operand-dtype ulp after the rounding.
 _TRITON_GATE = {_BF16: 2e-3, _FP16: 3e-4}
 _SMEM_LIMIT = 227 * 1024
+
+
+def _triton_gate(dtype, batch, heads, dv, seq_len):
+    """The gate against the Triton kernel: :data:`_TRITON_GATE` when the Mosaic pass runs as one
+    launch; with sequence pieces (the automatic choice, ``mosaic_gpu_lib.num_pieces``, P > 1 at
+    the ``gpu`` cases' few rows; MOSAIC_GPU.md Sec. 30) the maps and entry states are rounded to
+    the operand dtype where one pass rounds the carried state, so the two differ by that
+    rounding (up to 3.2e-3 bf16, 3.5e-4 fp16 against P = 1 on CPU): :data:`_REF_GATE`."""
+    pieces = mgl.num_pieces(None, batch * heads * (dv // cwm.BLOCK_V), -(-seq_len // C))
+    return _TRITON_GATE[dtype] if pieces == 1 else _REF_GATE[dtype]
 
 
 def _segment_ids(batch, seq_len, docs):
@@ -170,9 +183,10 @@ def _check_kernel(test, case, *, interpret=True, triton=True):
         test.assertLess(tolerances.rel_err(a, e), _REF_GATE[dtype], f"{name} vs float64")
     if triton:
         tri = _run_triton(cfg, prep, state)
+        gate = _triton_gate(dtype, batch, heads, dv, seq_len)
         for name, a, e in zip(_NAMES, got, tri):
             test.assertEqual((a.shape, a.dtype), (e.shape, e.dtype), name)
-            test.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[dtype], f"{name} vs Triton")
+            test.assertLess(tolerances.rel_err(a, e), gate, f"{name} vs Triton")
 
 
 def _cotangents(seed, prep, dv, dtype, *, dvn_in=True):
@@ -235,9 +249,10 @@ def _check_backward(test, case, *, interpret=True, triton=True):
     if triton:
         tri = jax.jit(lambda p, *c: channelwise_gpu._backward_state(cfg, p, *c))(
             prep, do, din, dht)
+        gate = _triton_gate(dtype, batch, heads, dv, seq_len)
         for name, a, e in zip(_BWD_NAMES, got, tri):
             test.assertEqual((a.shape, a.dtype), (e.shape, e.dtype), name)
-            test.assertLess(tolerances.rel_err(a, e), _TRITON_GATE[dtype], f"{name} vs Triton")
+            test.assertLess(tolerances.rel_err(a, e), gate, f"{name} vs Triton")
 
 
 # seed, B, T, H, K, V, dtype, document lengths (row 0; the rest one more), decay, h0, GDN-2
@@ -615,13 +630,17 @@ class GpuTest(kmg_test.HopperTestCase):
                 limit = 2e-2 if name in ("g", "beta", "b", "w") else 8e-3
                 self.assertLess(tolerances.rel_err(grads[name], want[1][name]), limit,
                                 f"{sp} d{name}")
-        # Same roundings as the Triton kernel: the two state passes agree far inside the gates.
+        # Same roundings as the Triton kernel: the two state passes agree far inside the gates
+        # (2e-3 / 4e-3). Here (B 2, H 4, 16 chunks) the Mosaic passes run as P = 4 sequence
+        # pieces, which round the maps and entry states instead (MOSAIC_GPU.md Sec. 30): 5e-3.
+        pieces = mgl.num_pieces(None, 2 * 4 * (dim // cwm.BLOCK_V), -(-seq_len // C))
+        out_gate, grad_gate = (2e-3, 4e-3) if pieces == 1 else (5e-3, 5e-3)
         for i, name in enumerate(("o", "final_state")):
-            self.assertLess(tolerances.rel_err(got["mosaic"][0][i], got["triton"][0][i]), 2e-3,
-                            f"{name}: mosaic vs triton")
+            self.assertLess(tolerances.rel_err(got["mosaic"][0][i], got["triton"][0][i]),
+                            out_gate, f"{name}: mosaic vs triton")
         for name in cw_test._DIFF_ARGS[op]:
             self.assertLess(tolerances.rel_err(got["mosaic"][1][name], got["triton"][1][name]),
-                            4e-3, f"d{name}: mosaic vs triton")
+                            grad_gate, f"d{name}: mosaic vs triton")
 
     @parameterized.named_parameters(
         ("kda_bf16_packed_T4096_K128_V128", 0, 2, 4096, 4, 128, 128, jnp.bfloat16,
