@@ -50,6 +50,17 @@ whose training is identical (the experiment config its trainer recorded at every
 equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
 ``arch=gdn,stack=hybrid,opt=muon,...,seed=42``) instead of running it again; the runs table
 names the source.
+``--remeasure_alone=N`` (default 0: off) then, after the runs, measures again the tokens/s and
+MFU of every selected finished run that was measured only while sharing the GPU
+(``--parallel`` > 1; the runs the results mark ``†``): its own trainer command, as the sweep
+builds it, in ``<run dir>/alone/`` with ``train.total_steps=N`` and evaluations and checkpoints
+only at its end, one at a time, under the same ``--deadline_s``, ``--min_run_s`` and
+``--max_runs`` (the launches of the call together); the medians over its logging windows after
+the first go to ``<run dir>/throughput_alone.json`` (steps, tokens/s, MFU, date, command;
+exported with the records), which the results then use for the run's tokens/s and MFU, marked
+``‡`` (its wall time stays marked ``†``). A run re-measured before is skipped; a failed
+re-measurement is reported with its error line and ends only itself (``--retry_failed`` tries
+it again) (:func:`lattn_jax.sweep.remeasure_alone`).
 
 After every run, and at the end, ``<root>/results.{md,csv,json}`` and ``curves.png`` are
 rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation that
@@ -110,6 +121,9 @@ class SweepOptions:
         ``<root>/jax_cache``; ``""``: the environment's ``JAX_COMPILATION_CACHE_DIR``).
       export: copy the records and results (no checkpoints) here at the end; ``None``: not.
       export_archive: the runs' records as one ``records.tar.gz``, not a ``runs/`` tree.
+      remeasure_alone: after the runs, measure the tokens/s and MFU of every selected
+        finished run that was measured only while sharing the GPU again, alone, in a run of
+        this many steps (:func:`lattn_jax.sweep.remeasure_alone`); 0: not.
     """
 
     root: str
@@ -128,6 +142,7 @@ class SweepOptions:
     compilation_cache: Optional[str] = None
     export: Optional[str] = None
     export_archive: bool = True
+    remeasure_alone: int = 0
 
 
 def parse_overrides(texts: Sequence[str]) -> List[Tuple[str, str]]:
@@ -188,6 +203,10 @@ def parallel_note(env: Mapping[str, str], parallel: int) -> str:
 
 def _check_options(options: SweepOptions, root: str) -> None:
     """``--finish_by_deadline``, ``--reuse_from`` and ``--export`` (SweepConfigError)."""
+    if options.remeasure_alone and options.remeasure_alone < 2:
+        raise sweep.SweepConfigError(
+            f"--remeasure_alone={options.remeasure_alone}: at least 2 steps (its first logging "
+            f"window, the warm-up after compilation, is left out), or 0 (off); e.g. 300")
     if options.finish_by_deadline and options.deadline_s is None:
         raise sweep.SweepConfigError(
             "--finish_by_deadline needs --deadline_s (the deadline it plans to)")
@@ -339,7 +358,8 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         return 0
     done = (sweep.Status.FINISHED,) + (() if options.retry_failed else (sweep.Status.FAILED,))
     missing = sweep.missing_local_paths(  # only the runs this call would launch
-        [r for r in runs if sweep.run_state(sweep.run_dir(root, r)).status not in done],
+        [r for r in runs if sweep.run_state(sweep.run_dir(root, r)).status not in done
+         or (options.remeasure_alone and sweep.needs_remeasure(root, r))],
         config.get("local_args") or ())
     if missing:
         raise sweep.SweepConfigError(
@@ -428,6 +448,7 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
             print_fn(f"sweep: results not written: {type(e).__name__}: {e}")
 
     summary = sweep.ExecutionSummary(status="error")
+    remeasured = None
     try:
         summary = sweep.execute(
             runs, root, config_path=config_path, cwd=repo_root, train_script=train_script,
@@ -436,6 +457,19 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
             retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
             after_run=report, reuse_from=options.reuse_from,
             finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
+        if options.remeasure_alone and summary.status in ("complete", "incomplete"):
+            # After every trainer of the runs has exited: one at a time, alone on the GPU.
+            left = (None if options.max_runs is None
+                    else options.max_runs - len(summary.launched))
+            remeasured = sweep.remeasure_alone(
+                runs, root, steps=options.remeasure_alone, config_path=config_path,
+                train_script=train_script, cwd=repo_root, extra_overrides=extra, env=env,
+                deadline=deadline, min_run_s=options.min_run_s,
+                stop_margin_s=options.stop_margin_s, max_runs=left,
+                retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
+                after_run=report)
+            if remeasured.status != "complete":
+                summary.status = remeasured.status
     finally:
         record = {"command": "python " + " ".join(shlex.quote(a) for a in argv),
                   "sweep": sweep.sweep_name(config, root),  # sweep.check_root reads it
@@ -444,12 +478,18 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
                   "launched": summary.launched}
         if options.parallel > 1:  # (one run at a time: the record as before --parallel)
             record["parallel"] = options.parallel
+        if remeasured is not None:  # (without --remeasure_alone: the record as before it)
+            record["remeasured_alone"] = remeasured.launched
         records.append_record(os.path.join(root, sweep_report.SWEEP_LOG), record)
         paths = sweep_report.write(sweep_report.build(config, root))
         failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
         retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"
                  if failed else "")
         reused = f", {len(summary.reused)} reused" if summary.reused else ""
+        if remeasured is not None:
+            failed_alone = (f" ({len(remeasured.failed)} failed)" if remeasured.failed
+                            else "")
+            reused += (f", {len(remeasured.launched)} re-measured alone{failed_alone}")
         print_fn(f"sweep: {summary.status} after {time.time() - t0:.0f} s; "
                  f"{len(summary.launched)} run(s) launched{reused}{retry}; results in "
                  f"{paths['md']}")
