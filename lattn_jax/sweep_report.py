@@ -550,15 +550,20 @@ def _mark(shared: bool, remeasured: bool = False):
 
 
 def _alone_steps(entries: Sequence[Entry]) -> str:
-    """``"300"`` (or ``"200 and 300"``): the steps of the re-measurements alone used."""
+    """``"a 300"`` (or ``"a 200 or 300"``, ``"an 80"``): the article and steps of the
+    re-measurements alone used, before ``-step run``."""
     steps = sorted({int(e.alone.get("steps") or 0) for e in entries if e.alone is not None})
-    return " and ".join(str(n) for n in steps)
+    text = " or ".join(str(n) for n in steps)
+    first = steps[0] if steps else 0  # "an 8..", "an 11", "an 18", "an 11,000-..", "an 18,.."
+    spoken_vowel = text.startswith("8") or first in (11, 18) or any(
+        low <= first < low + 1000 for low in (11_000, 18_000))
+    return ("an " if spoken_vowel else "a ") + text
 
 
 def alone_footnote(entries: Sequence[Entry]) -> str:
     """The footnote of :data:`ALONE_MARK`: measured alone in an N-step run after training
     shared the GPU (``--remeasure_alone``)."""
-    return (f"{ALONE_MARK} Measured alone in an {_alone_steps(entries)}-step run after "
+    return (f"{ALONE_MARK} Measured alone in {_alone_steps(entries)}-step run after "
             f"training shared the GPU (`experiments/sweep.py --remeasure_alone`: the run's own "
             f"trainer command in `runs/<run>/alone/`, tokens/s and MFU the medians over its "
             f"logging windows after the first; `runs/<run>/{sweep.THROUGHPUT_ALONE}`); "
@@ -575,7 +580,7 @@ def _alone_note(e: Entry) -> str:
         return ""
     shared = _f(e.shared_tokens_per_sec, ",.0f")
     mfu = _pct(e.shared_mfu)
-    return (f"tokens/s, MFU measured alone in a {e.alone.get('steps')}-step run on "
+    return (f"tokens/s, MFU measured alone in {_alone_steps([e])}-step run on "
             f"{str(e.alone.get('date', ''))[:10]} (while sharing: {shared} tokens/s"
             + (f", MFU {mfu}" if mfu else "") + ")")
 
@@ -639,7 +644,7 @@ def markdown(report: Report) -> str:
     if remeasured:
         lines[-1:-1] = [
             f"- {ALONE_MARK} {len(remeasured)} of them had their tokens/s and MFU measured "
-            f"again alone, in an {_alone_steps(remeasured)}-step run after training "
+            f"again alone, in {_alone_steps(remeasured)}-step run after training "
             f"(`--remeasure_alone`): those numbers, marked {ALONE_MARK}, replace the shared "
             f"ones and are compared; their wall time stays marked {SHARED_MARK}."]
     if report.invocations:
