@@ -1010,6 +1010,61 @@ class RemeasureAloneTest(_FakeTrainerTestCase):
             self._remeasure(runs, 1)
 
 
+class RemeasureAloneDriverTest(_FakeTrainerTestCase):
+    """``experiments/sweep.py --remeasure_alone`` through the driver, in process, in a stand-in
+    repository (the stand-in trainer as ``experiments/train.py``, a small training config)."""
+
+    def test_the_call_re_measures_once_records_and_exports(self):
+        from lattn_jax import sweep_driver  # noqa: PLC0415
+        repo = os.path.join(self.root, "repo")
+        os.makedirs(os.path.join(repo, "experiments"))
+        os.makedirs(os.path.join(repo, "configs"))
+        with open(os.path.join(repo, "experiments", "train.py"), "w") as f:
+            f.write(FAKE_TRAINER)
+        with open(os.path.join(repo, "configs", "fake.py"), "w") as f:
+            f.write(textwrap.dedent('''
+                import ml_collections
+                def get_config(arg=None):
+                    return ml_collections.ConfigDict(dict(
+                        train=dict(total_steps=4, eval_every=2, checkpoint_every=2,
+                                   keep_checkpoints=1),
+                        fake=dict(mode="ok", fail_alone=False)))
+            '''))
+        config = dict(name="demo", train_config="configs/fake.py", arg=(),
+                      grid=((("train.keep_checkpoints", (1, 2)),),), seed_axis=None)
+        root = os.path.join(self.root, "sweep")
+        names = [r.name for r in sweep.expand(config)]
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_"))}
+
+        def call(**options):
+            self.lines.clear()
+            return sweep_driver.run(config, sweep_driver.SweepOptions(root=root, **options),
+                                    repo_root=repo, argv=["sweep.py"], env=env,
+                                    print_fn=self.lines.append)
+
+        self.assertEqual(call(parallel=2), 0)
+        steps = random.Random(os.getpid()).randint(3, 9)
+        export = os.path.join(self.root, "export")
+        self.assertEqual(call(remeasure_alone=steps, export=export), 0)
+        self.assertRegex(self.lines[-2], r"0 run\(s\) launched, 2 re-measured alone; results")
+        log = sweep.read_jsonl(os.path.join(root, "sweep.jsonl"))
+        self.assertEqual([r.get("remeasured_alone") for r in log], [None, names])
+        with open(os.path.join(root, "results.md")) as f:
+            self.assertIn(f"{steps}-step run after training shared the GPU", f.read())
+        with tarfile.open(os.path.join(export, sweep.RECORDS_ARCHIVE)) as tar:
+            members = tar.getnames()
+        self.assertEqual(sorted(m for m in members if m.endswith(sweep.THROUGHPUT_ALONE)),
+                         [f"runs/{n}/{sweep.THROUGHPUT_ALONE}" for n in names])
+        # Again: nothing re-measured.
+        self.assertEqual(call(remeasure_alone=steps), 0)
+        self.assertEqual(sweep.read_jsonl(os.path.join(root, "sweep.jsonl"))[-1]
+                         ["remeasured_alone"], [])
+        self.assertFalse(any("re-measuring" in line for line in self.lines))
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"^--remeasure_alone=1: at least 2"):
+            call(remeasure_alone=1)
+
+
 class ParallelEnvTest(absltest.TestCase):
 
     def test_each_trainer_gets_its_share_unless_the_environment_decides(self):
