@@ -274,7 +274,9 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
 
     Returns:
       A header line, then one entry per run: ``"<name>: <status> (step N); <what>"``, a
-      newline and the command indented by two spaces.
+      newline and the command indented by two spaces; with ``remeasure_alone``, then one such
+      entry per run that is to be measured again alone (:func:`lattn_jax.sweep.needs_remeasure`
+      now), with its re-measurement's command.
     """
     planned = sweep.plan(
         runs, options.root, config_path=config_path, extra_overrides=extra,
@@ -304,6 +306,15 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
                     "hold": "not launched: "}[p.action] + p.why
         lines.append(f"{p.run.name}: {p.state.status.value} (step {p.state.step}); {what}\n  "
                      + " ".join(shlex.quote(c) for c in cmd))
+    if options.remeasure_alone:  # finished before this call (runs it trains: not yet known)
+        for run in runs:
+            if sweep.needs_remeasure(options.root, run):
+                cmd = sweep.alone_command(run, root=options.root, steps=options.remeasure_alone,
+                                          config_path=config_path, train_script=train_script,
+                                          extra_overrides=extra)
+                lines.append(f"{run.name}: after the runs, re-measure its throughput alone "
+                             f"(--remeasure_alone={options.remeasure_alone})\n  "
+                             + " ".join(shlex.quote(c) for c in cmd))
     return lines
 
 

@@ -1045,6 +1045,15 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
 
         self.assertEqual(call(parallel=2), 0)
         steps = random.Random(os.getpid()).randint(3, 9)
+        self.assertEqual(call(remeasure_alone=steps, dry_run=True), 0)
+        self.assertEqual([line.split("\n")[0] for line in self.lines[-2:]],
+                         [f"{n}: after the runs, re-measure its throughput alone "
+                          f"(--remeasure_alone={steps})" for n in names])
+        self.assertTrue(self.lines[-1].endswith(f" --config.train.total_steps={steps} "
+                                                f"--config.train.eval_every={steps} "
+                                                f"--config.train.checkpoint_every={steps}"))
+        self.assertFalse(os.path.exists(os.path.join(sweep.run_dir(root, sweep.expand(
+            config)[0]), sweep.ALONE_DIR)))
         export = os.path.join(self.root, "export")
         self.assertEqual(call(remeasure_alone=steps, export=export), 0)
         self.assertRegex(self.lines[-2], r"0 run\(s\) launched, 2 re-measured alone; results")
