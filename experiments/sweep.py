@@ -18,7 +18,7 @@ results files and the export: :mod:`lattn_jax.sweep_driver` (``run``).
 ``--remeasure_alone=N``: runs trained two at a time (``--parallel=2``) have valid losses but
 tokens/s and MFU of a shared GPU, which the results leave out of every throughput comparison;
 this measures each such finished run again alone, in an N-step run of its own trainer command
-(``<run dir>/alone/``, one at a time, after the call's runs), and the results then use those
+(``<run dir>/alone/``, one at a time, nothing else in flight), and the results then use those
 numbers, marked ``‡`` (:func:`lattn_jax.sweep.remeasure_alone`).
 
 Exit status: 0 when every selected run is finished or failed, 3 when the call stopped before
@@ -63,9 +63,10 @@ _PARALLEL = flags.DEFINE_integer("parallel", 1, "Trainer subprocesses at once on
 flags.register_validator("parallel", lambda v: v is not None and v >= 1,
                          "must be at least 1 (trainer subprocesses at once; 1 runs them one "
                          "after another)")
-_REMEASURE = flags.DEFINE_integer("remeasure_alone", 0, "After the runs, measure again, alone "
-                                  "and one at a time, the tokens/s and MFU of every selected "
-                                  "finished run measured only while sharing the GPU "
+_REMEASURE = flags.DEFINE_integer("remeasure_alone", 0, "Measure again, alone and one at a "
+                                  "time (before and after the call's training runs), the "
+                                  "tokens/s and MFU of every selected finished run measured "
+                                  "only while sharing the GPU "
                                   "(--parallel > 1): its own trainer command in <run "
                                   "dir>/alone/ with train.total_steps=N (>= 2; 0: off), "
                                   "recorded in <run dir>/throughput_alone.json and used by "

@@ -50,12 +50,14 @@ whose training is identical (the experiment config its trainer recorded at every
 equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
 ``arch=gdn,stack=hybrid,opt=muon,...,seed=42``) instead of running it again; the runs table
 names the source.
-``--remeasure_alone=N`` (default 0: off) then, after the runs, measures again the tokens/s and
-MFU of every selected finished run that was measured only while sharing the GPU
-(``--parallel`` > 1; the runs the results mark ``†``): its own trainer command, as the sweep
-builds it, in ``<run dir>/alone/`` with ``train.total_steps=N`` and evaluations and checkpoints
-only at its end, one at a time, under the same ``--deadline_s``, ``--min_run_s`` and
-``--max_runs`` (the launches of the call together); the medians over its logging windows after
+``--remeasure_alone=N`` (default 0: off) measures again the tokens/s and MFU of every
+selected finished run that was measured only while sharing the GPU (``--parallel`` > 1; the
+runs the results mark ``†``): its own trainer command, as the sweep builds it, in
+``<run dir>/alone/`` with ``train.total_steps=N`` and evaluations and checkpoints only at its
+end, one at a time with nothing else in flight, before the call's training runs (those
+finished earlier) and after them (those that finished sharing the GPU in this call), under
+the same ``--deadline_s``, ``--min_run_s`` and ``--max_runs`` (the launches of the call
+together); the medians over its logging windows after
 the first go to ``<run dir>/throughput_alone.json`` (steps, tokens/s, MFU, date, command;
 exported with the records), which the results then use for the run's tokens/s and MFU, marked
 ``‡`` (its wall time stays marked ``†``). A run re-measured before is skipped; a failed
@@ -121,9 +123,10 @@ class SweepOptions:
         ``<root>/jax_cache``; ``""``: the environment's ``JAX_COMPILATION_CACHE_DIR``).
       export: copy the records and results (no checkpoints) here at the end; ``None``: not.
       export_archive: the runs' records as one ``records.tar.gz``, not a ``runs/`` tree.
-      remeasure_alone: after the runs, measure the tokens/s and MFU of every selected
-        finished run that was measured only while sharing the GPU again, alone, in a run of
-        this many steps (:func:`lattn_jax.sweep.remeasure_alone`); 0: not.
+      remeasure_alone: measure the tokens/s and MFU of every selected finished run that
+        was measured only while sharing the GPU again, alone, in a run of this many steps
+        (:func:`lattn_jax.sweep.remeasure_alone`), before and after the call's training
+        runs; 0: not.
     """
 
     root: str
@@ -306,13 +309,14 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
                     "hold": "not launched: "}[p.action] + p.why
         lines.append(f"{p.run.name}: {p.state.status.value} (step {p.state.step}); {what}\n  "
                      + " ".join(shlex.quote(c) for c in cmd))
-    if options.remeasure_alone:  # finished before this call (runs it trains: not yet known)
+    if options.remeasure_alone:  # finished before this call (those it trains: re-measured
+        # after them if they shared the GPU; not known beforehand)
         for run in runs:
             if sweep.needs_remeasure(options.root, run):
                 cmd = sweep.alone_command(run, root=options.root, steps=options.remeasure_alone,
                                           config_path=config_path, train_script=train_script,
                                           extra_overrides=extra)
-                lines.append(f"{run.name}: after the runs, re-measure its throughput alone "
+                lines.append(f"{run.name}: before the runs, re-measure its throughput alone "
                              f"(--remeasure_alone={options.remeasure_alone})\n  "
                              + " ".join(shlex.quote(c) for c in cmd))
     return lines
@@ -460,27 +464,42 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
 
     summary = sweep.ExecutionSummary(status="error")
     remeasured = None
+
+    def remeasure(launched: int) -> "sweep.RemeasureSummary":
+        """The re-measurements alone (nothing else in flight), ``launched`` launches made."""
+        left = None if options.max_runs is None else max(options.max_runs - launched, 0)
+        return sweep.remeasure_alone(
+            runs, root, steps=options.remeasure_alone, config_path=config_path,
+            train_script=train_script, cwd=repo_root, extra_overrides=extra, env=env,
+            deadline=deadline, min_run_s=options.min_run_s, stop_margin_s=options.stop_margin_s,
+            max_runs=left, retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
+            after_run=report)
+
     try:
-        summary = sweep.execute(
-            runs, root, config_path=config_path, cwd=repo_root, train_script=train_script,
-            extra_overrides=extra, env=env, deadline=deadline, min_run_s=options.min_run_s,
-            stop_margin_s=options.stop_margin_s, max_runs=options.max_runs,
-            retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
-            after_run=report, reuse_from=options.reuse_from,
-            finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
-        if options.remeasure_alone and summary.status in ("complete", "incomplete"):
-            # After every trainer of the runs has exited: one at a time, alone on the GPU.
-            left = (None if options.max_runs is None
-                    else options.max_runs - len(summary.launched))
-            remeasured = sweep.remeasure_alone(
-                runs, root, steps=options.remeasure_alone, config_path=config_path,
-                train_script=train_script, cwd=repo_root, extra_overrides=extra, env=env,
-                deadline=deadline, min_run_s=options.min_run_s,
-                stop_margin_s=options.stop_margin_s, max_runs=left,
-                retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
-                after_run=report)
+        if options.remeasure_alone:
+            # First the runs finished before this call (a few minutes each, not held up by a
+            # long training run), then those that finish sharing the GPU during it.
+            remeasured = remeasure(0)
             if remeasured.status != "complete":
-                summary.status = remeasured.status
+                summary = sweep.ExecutionSummary(status=remeasured.status)
+        if remeasured is None or remeasured.status == "complete":
+            summary = sweep.execute(
+                runs, root, config_path=config_path, cwd=repo_root, train_script=train_script,
+                extra_overrides=extra, env=env, deadline=deadline,
+                min_run_s=options.min_run_s, stop_margin_s=options.stop_margin_s,
+                max_runs=None if options.max_runs is None else max(
+                    options.max_runs - len(remeasured.launched if remeasured else ()), 0),
+                retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
+                after_run=report, reuse_from=options.reuse_from,
+                finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
+            if remeasured is not None and summary.launched and summary.status in (
+                    "complete", "incomplete"):
+                # After every trainer of the runs has exited: alone on the GPU.
+                after = remeasure(len(remeasured.launched) + len(summary.launched))
+                for field in ("measured", "failed", "skipped"):
+                    getattr(remeasured, field).update(getattr(after, field))
+                if after.status != "complete":
+                    summary.status = after.status
     finally:
         record = {"command": "python " + " ".join(shlex.quote(a) for a in argv),
                   "sweep": sweep.sweep_name(config, root),  # sweep.check_root reads it

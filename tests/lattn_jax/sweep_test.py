@@ -1031,7 +1031,7 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
                         fake=dict(mode="ok", fail_alone=False)))
             '''))
         config = dict(name="demo", train_config="configs/fake.py", arg=(),
-                      grid=((("train.keep_checkpoints", (1, 2)),),), seed_axis=None)
+                      grid=((("train.keep_checkpoints", (1, 2, 3, 4)),),), seed_axis=None)
         root = os.path.join(self.root, "sweep")
         names = [r.name for r in sweep.expand(config)]
         env = {k: v for k, v in os.environ.items()
@@ -1043,20 +1043,26 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
                                     repo_root=repo, argv=["sweep.py"], env=env,
                                     print_fn=self.lines.append)
 
-        self.assertEqual(call(parallel=2), 0)
+        # The first two runs train two at a time; the dry run lists them (finished, shared).
+        self.assertEqual(call(parallel=2, only=names[:2]), 0)
         steps = random.Random(os.getpid()).randint(3, 9)
         self.assertEqual(call(remeasure_alone=steps, dry_run=True), 0)
         self.assertEqual([line.split("\n")[0] for line in self.lines[-2:]],
-                         [f"{n}: after the runs, re-measure its throughput alone "
-                          f"(--remeasure_alone={steps})" for n in names])
+                         [f"{n}: before the runs, re-measure its throughput alone "
+                          f"(--remeasure_alone={steps})" for n in names[:2]])
         self.assertTrue(self.lines[-1].endswith(f" --config.train.total_steps={steps} "
                                                 f"--config.train.eval_every={steps} "
                                                 f"--config.train.checkpoint_every={steps}"))
         self.assertFalse(os.path.exists(os.path.join(sweep.run_dir(root, sweep.expand(
             config)[0]), sweep.ALONE_DIR)))
+        # Those two re-measured first, then the other two train two at a time and are
+        # re-measured after them.
         export = os.path.join(self.root, "export")
-        self.assertEqual(call(remeasure_alone=steps, export=export), 0)
-        self.assertRegex(self.lines[-2], r"0 run\(s\) launched, 2 re-measured alone; results")
+        self.assertEqual(call(remeasure_alone=steps, parallel=2, export=export), 0)
+        self.assertRegex(self.lines[-2], r"2 run\(s\) launched, 4 re-measured alone; results")
+        order = [line.split(":")[0][4:] for line in self.lines
+                 if line.startswith("--- ") and ("re-measuring its" in line or "starting" in line)]
+        self.assertEqual(order, names[:2] + names[2:] + names[2:])
         log = sweep.read_jsonl(os.path.join(root, "sweep.jsonl"))
         self.assertEqual([r.get("remeasured_alone") for r in log], [None, names])
         with open(os.path.join(root, "results.md")) as f:
