@@ -7,11 +7,19 @@ Usage::
         --root=runs/lr_scan --deadline_s=540
     python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2 \\
         --only=arch=gdn,opt=muon          # CPU smoke run of a subset
+    python experiments/sweep.py --config=... --root=/tmp/sweeps/table2 \\
+        --remeasure_alone=300 --only=arch=gdn  # tokens/s alone of runs that shared the GPU
     python experiments/sweep.py --config=... --root=runs/lr_scan --report_only
 
 Each run is an ``experiments/train.py`` subprocess in ``<root>/runs/<name>``; the same command
 again skips finished (and failed) runs and resumes partial ones. What each flag does, the
 results files and the export: :mod:`lattn_jax.sweep_driver` (``run``).
+
+``--remeasure_alone=N``: runs trained two at a time (``--parallel=2``) have valid losses but
+tokens/s and MFU of a shared GPU, which the results leave out of every throughput comparison;
+this measures each such finished run again alone, in an N-step run of its own trainer command
+(``<run dir>/alone/``, one at a time, nothing else in flight), and the results then use those
+numbers, marked ``‡`` (:func:`lattn_jax.sweep.remeasure_alone`).
 
 Exit status: 0 when every selected run is finished or failed, 3 when the call stopped before
 that (deadline, ``--max_runs``, SIGTERM or Ctrl-C: run the same command again), 1 on a bad flag
@@ -55,6 +63,15 @@ _PARALLEL = flags.DEFINE_integer("parallel", 1, "Trainer subprocesses at once on
 flags.register_validator("parallel", lambda v: v is not None and v >= 1,
                          "must be at least 1 (trainer subprocesses at once; 1 runs them one "
                          "after another)")
+_REMEASURE = flags.DEFINE_integer("remeasure_alone", 0, "Measure again, alone and one at a "
+                                  "time (before and after the call's training runs), the "
+                                  "tokens/s and MFU of every selected finished run measured "
+                                  "only while sharing the GPU "
+                                  "(--parallel > 1): its own trainer command in <run "
+                                  "dir>/alone/ with train.total_steps=N (>= 2; 0: off), "
+                                  "recorded in <run dir>/throughput_alone.json and used by "
+                                  "the results (marked ‡). Runs re-measured before are "
+                                  "skipped.", lower_bound=0)
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root> "
                                  "(an existing sweep directory).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print what the same command would do with "
@@ -104,7 +121,7 @@ def main(argv):
         parallel=_PARALLEL.value, report_only=_REPORT_ONLY.value, dry_run=_DRY_RUN.value,
         retry_failed=_RETRY.value, finish_by_deadline=_FINISH.value, reuse_from=_REUSE.value,
         overrides=_OVERRIDE.value, compilation_cache=_CACHE.value, export=_EXPORT.value,
-        export_archive=_EXPORT_ARCHIVE.value)
+        export_archive=_EXPORT_ARCHIVE.value, remeasure_alone=_REMEASURE.value)
     try:
         status = sweep_driver.run(config_lib.config_flag_value(_CONFIG), options,
                                   repo_root=_ROOT, argv=sys.argv)

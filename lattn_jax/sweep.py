@@ -489,6 +489,17 @@ def _median(values: Sequence[float]) -> Optional[float]:
     return statistics.median(values) if values else None
 
 
+def window_throughput(records: Sequence[Mapping[str, Any]]) -> Tuple[Optional[float],
+                                                                     Optional[float]]:
+    """``(tokens/s, MFU)``: the medians over the trainer's logging windows (its training
+    records in ``metrics.jsonl``) that logged them; ``None`` for one that none logged. The
+    report's numbers of every run (:func:`collect`) and of a re-measurement alone
+    (:func:`alone_throughput`)."""
+    records = list(records)
+    return (_median([r["tokens_per_sec"] for r in records if r.get("tokens_per_sec")]),
+            _median([r["mfu"] for r in records if r.get("mfu") is not None]))
+
+
 def collect(workdir: str) -> RunResult:
     """A run's metrics from ``metrics.jsonl``, ``console.log``, ``invocations.jsonl`` and the
     sweep's attempt records (any of them may be missing: those fields stay ``None``).
@@ -533,9 +544,7 @@ def collect(workdir: str) -> RunResult:
         steps = sorted(train)
         out.train_curve = [(s * per_step, float(train[s]["train_loss"])) for s in steps]
         out.final_train_loss = float(train[steps[-1]]["train_loss"])
-        out.tokens_per_sec = _median([r["tokens_per_sec"] for r in train.values()
-                                      if r.get("tokens_per_sec")])
-        out.mfu = _median([r["mfu"] for r in train.values() if r.get("mfu") is not None])
+        out.tokens_per_sec, out.mfu = window_throughput(train.values())
     out.step = max(list(train) + list(val) + [0])
     if out.tokens_per_step:
         out.tokens = out.step * out.tokens_per_step
@@ -1088,6 +1097,212 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             run_state(run_dir(root, r)).status not in (Status.FINISHED, Status.FAILED)
             for r in runs):
         summary.status = "incomplete"
+    return summary
+
+
+# ------------------------------------------------------------------------------------------------
+# Throughput re-measured alone (``--remeasure_alone``)
+# ------------------------------------------------------------------------------------------------
+
+ALONE_DIR = "alone"  # <run dir>/alone: the trainer's workdir of the re-measurement
+THROUGHPUT_ALONE = "throughput_alone.json"  # <run dir>/throughput_alone.json: its result
+
+
+def alone_overrides(steps: int) -> Tuple[Tuple[str, int], ...]:
+    """The overrides that turn a run's trainer command into a ``steps``-step throughput
+    measurement: ``train.total_steps`` (the warm-up and decay follow it where the config
+    derives them), and evaluations and checkpoints only at the end (``train.eval_every``,
+    ``train.checkpoint_every``), after the last logging window, so that none falls inside
+    a window that is timed."""
+    return (("train.total_steps", steps), ("train.eval_every", steps),
+            ("train.checkpoint_every", steps))
+
+
+def alone_command(run: Run, *, root: str, steps: int, config_path: str, train_script: str,
+                  python: str = sys.executable,
+                  extra_overrides: Sequence[Tuple[str, Any]] = ()) -> List[str]:
+    """The trainer command of ``run``'s re-measurement alone: :func:`command` as the sweep
+    builds it (same config, argument string, overrides and ``extra_overrides``) in the
+    workdir ``<run dir>/alone``, with :func:`alone_overrides` appended (they win)."""
+    return command(run, config_path=config_path,
+                   workdir=os.path.join(run_dir(root, run), ALONE_DIR),
+                   train_script=train_script, python=python,
+                   extra_overrides=tuple(extra_overrides) + alone_overrides(steps))
+
+
+def read_throughput_alone(workdir: str) -> Optional[Dict[str, Any]]:
+    """The run's ``throughput_alone.json`` (:func:`remeasure_alone`), or ``None`` when it has
+    none or it is not a record (no number under ``tokens_per_sec``)."""
+    try:
+        with open(os.path.join(workdir, THROUGHPUT_ALONE)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("tokens_per_sec"),
+                                                      (int, float)):
+        return None
+    return record
+
+
+def alone_throughput(alone_dir: str) -> Tuple[Optional[float], Optional[float], int]:
+    """``(tokens/s, MFU, windows)`` of a re-measurement alone: :func:`window_throughput` over
+    its logging windows after the first one (the step that compiled is already out of that
+    window, but it still warms up), ``windows`` how many it used."""
+    train = {}
+    for record in read_jsonl(os.path.join(alone_dir, "metrics.jsonl")):
+        if record.get("step") is not None and "train_loss" in record:
+            train[record["step"]] = record
+    later = [train[s] for s in sorted(train)[1:]]
+    tps, mfu = window_throughput(later)
+    return tps, mfu, sum(1 for r in later if r.get("tokens_per_sec"))
+
+
+def needs_remeasure(root: str, run: Run) -> bool:
+    """Whether ``run`` is finished, its tokens/s and MFU were measured only while it shared
+    the machine (:attr:`RunResult.concurrent` > 1, as the report marks them) and it has no
+    measurement alone yet (``throughput_alone.json``)."""
+    workdir = run_dir(root, run)
+    return (run_state(workdir).status == Status.FINISHED and collect(workdir).concurrent > 1
+            and read_throughput_alone(workdir) is None)
+
+
+@dataclasses.dataclass
+class RemeasureSummary:
+    """What one :func:`remeasure_alone` call did.
+
+    Attributes:
+      status: ``"complete"``, or ``"deadline"``, ``"interrupted"`` or ``"max_runs"`` (stopped
+        before the rest).
+      measured: ``{run name: the throughput_alone.json record}`` of this call.
+      failed: ``{run name: error line}`` of the re-measurements that failed in this call.
+      skipped: ``{run name: reason}`` of those not launched (failed before).
+    """
+
+    status: str = "complete"
+    measured: Dict[str, Dict[str, Any]] = dataclasses.field(default_factory=dict)
+    failed: Dict[str, str] = dataclasses.field(default_factory=dict)
+    skipped: Dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @property
+    def launched(self) -> List[str]:
+        """The runs whose re-measurement was launched (measured or failed)."""
+        return list(self.measured) + list(self.failed)
+
+
+def remeasure_alone(runs: Sequence[Run], root: str, *, steps: int, config_path: str,
+                    train_script: str, cwd: str, python: str = sys.executable,
+                    extra_overrides: Sequence[Tuple[str, Any]] = (),
+                    env: Optional[Mapping[str, str]] = None, deadline: Optional[float] = None,
+                    min_run_s: float = 0.0, stop_margin_s: float = 30.0,
+                    max_runs: Optional[int] = None, retry_failed: bool = False,
+                    stop: Optional[threading.Event] = None,
+                    print_fn: Callable[[str], None] = print,
+                    after_run: Optional[Callable[[Run, Attempt], None]] = None
+                    ) -> RemeasureSummary:
+    """Measures again, alone, the tokens/s and MFU of the finished runs of ``runs`` that were
+    measured only while sharing the machine (:func:`needs_remeasure`), one at a time.
+
+    Each is the run's own trainer command (:func:`alone_command`: ``steps`` steps, evaluations
+    and checkpoints only at the end) in a fresh ``<run dir>/alone`` (an earlier attempt's is
+    removed first), launched like a run (:func:`launch`: its records, log and error line in
+    that directory, SIGTERM at the deadline), never two at once. Its tokens/s and MFU are the
+    medians over its logging windows after the first (:func:`alone_throughput`), written with
+    ``steps``, the number of windows, the date and the command to ``<run dir>/
+    throughput_alone.json``, which the report then uses for the run's throughput (and a rerun
+    skips). A failed re-measurement (the trainer's error, or no logging window after the
+    first) is printed with its error line and ends only itself; it is not tried again unless
+    ``retry_failed``. No re-measurement starts after ``stop`` is set, after ``max_runs``
+    launches, or with less than ``min_run_s`` before its SIGTERM (``stop_margin_s`` before
+    ``deadline``); one stopped at the deadline is not recorded (the next call starts it over).
+
+    Args:
+      runs: the selected runs (:func:`select`).
+      root: the sweep directory.
+      steps: steps of each re-measurement (>= 2: the first window is left out).
+      config_path, train_script, python, extra_overrides: :func:`command`'s.
+      cwd, env, deadline, min_run_s, stop_margin_s, max_runs, retry_failed, stop, print_fn,
+        after_run: :func:`execute`'s (``env`` as for one run at a time).
+
+    Returns:
+      A :class:`RemeasureSummary`.
+
+    Raises:
+      ValueError: if ``steps`` < 2.
+      OSError: if a trainer cannot be started.
+    """
+    if steps < 2:
+        raise ValueError(f"steps={steps}: a re-measurement needs at least 2 steps (its first "
+                         f"logging window is left out)")
+    summary = RemeasureSummary()
+    todo = [r for r in runs if needs_remeasure(root, r)]
+    if todo:
+        print_fn(f"--- re-measuring the throughput of {len(todo)} run(s) alone, "
+                 f"{steps} steps each, one at a time")
+    for run in todo:
+        alone_dir = os.path.join(run_dir(root, run), ALONE_DIR)
+        before = run_state(alone_dir)
+        if before.status == Status.FAILED and not retry_failed:
+            summary.skipped[run.name] = f"failed: {before.error}"
+            print_fn(f"--- {run.name}: re-measurement alone failed before ({before.error}); "
+                     f"skipped (--retry_failed runs it again)")
+            continue
+        if stop is not None and stop.is_set():
+            summary.status = "interrupted"
+            break
+        if max_runs is not None and len(summary.launched) >= max_runs:
+            summary.status = "max_runs"
+            break
+        if deadline is not None and deadline - time.time() - stop_margin_s < max(min_run_s, 0):
+            summary.status = "deadline"
+            print_fn(f"--- {run.name}: re-measurement alone not launched: "
+                     f"{max(deadline - time.time() - stop_margin_s, 0):.0f} s left before the "
+                     f"trainer's stop, under --min_run_s {min_run_s:g}")
+            break
+        cmd = alone_command(run, root=root, steps=steps, config_path=config_path,
+                            train_script=train_script, python=python,
+                            extra_overrides=extra_overrides)
+        shutil.rmtree(alone_dir, ignore_errors=True)  # a fresh run, not a resume
+        print_fn(f"--- {run.name}: re-measuring its throughput alone ({steps} steps)")
+        attempt = launch(cmd, alone_dir, cwd=cwd, env=env, deadline=deadline,
+                         stop_margin_s=stop_margin_s, stop=stop, print_fn=print_fn,
+                         prefix=f"[{run.name} alone] ")
+        error = attempt.error
+        if attempt.stopped_by:
+            summary.status = "deadline" if attempt.stopped_by == "deadline" else "interrupted"
+            print_fn(f"--- {run.name}: re-measurement alone stopped ({attempt.stopped_by}); "
+                     f"not recorded")
+            if after_run is not None:
+                after_run(run, attempt)
+            break
+        tps = mfu = None
+        windows = 0
+        if attempt.returncode == 0:
+            tps, mfu, windows = alone_throughput(alone_dir)
+            if tps is None:
+                error = (f"error: no logging window with tokens/s after the first in "
+                         f"{steps} steps (train.log_every too large for --remeasure_alone?)")
+                _append_jsonl(os.path.join(alone_dir, ATTEMPTS), {
+                    "event": "end", "time": _utc(time.time()), "returncode": 1,
+                    "wall_s": 0.0, "stopped_by": None, "error": error})
+        if tps is None:
+            error = error or f"exit {attempt.returncode}"
+            summary.failed[run.name] = error
+            print_fn(f"--- {run.name}: re-measurement alone failed "
+                     f"({_describe_exit(attempt)}): {error}")
+        else:
+            record = {"steps": steps, "tokens_per_sec": tps, "mfu": mfu, "windows": windows,
+                      "date": _utc(time.time()), "wall_s": round(attempt.wall_s, 1),
+                      "workdir": ALONE_DIR, "command": list(cmd)}
+            path = os.path.join(run_dir(root, run), THROUGHPUT_ALONE)
+            with open(path + ".tmp", "w") as f:
+                json.dump(record, f, indent=2)
+            os.replace(path + ".tmp", path)
+            summary.measured[run.name] = record
+            print_fn(f"--- {run.name}: alone {tps:,.0f} tokens/s"
+                     + ("" if mfu is None else f", MFU {100 * mfu:.1f}%")
+                     + f" (median of {windows} windows after the first)")
+        if after_run is not None:
+            after_run(run, attempt)
     return summary
 
 
@@ -1807,7 +2022,7 @@ def recorded_runs(root: str) -> List[Run]:
 
 # Per-run files that make up its record (everything but checkpoints and TensorBoard events).
 RECORD_FILES = (RUN_RECORD, ATTEMPTS, RUN_LOG, "metrics.jsonl", "console.log",
-                "invocations.jsonl", "config.json", "loss.png")
+                "invocations.jsonl", "config.json", "loss.png", THROUGHPUT_ALONE)
 
 
 RECORDS_ARCHIVE = "records.tar.gz"

@@ -50,6 +50,19 @@ whose training is identical (the experiment config its trainer recorded at every
 equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
 ``arch=gdn,stack=hybrid,opt=muon,...,seed=42``) instead of running it again; the runs table
 names the source.
+``--remeasure_alone=N`` (default 0: off) measures again the tokens/s and MFU of every
+selected finished run that was measured only while sharing the GPU (``--parallel`` > 1; the
+runs the results mark ``†``): its own trainer command, as the sweep builds it, in
+``<run dir>/alone/`` with ``train.total_steps=N`` and evaluations and checkpoints only at its
+end, one at a time with nothing else in flight, before the call's training runs (those
+finished earlier) and after them (those that finished sharing the GPU in this call), under
+the same ``--deadline_s``, ``--min_run_s`` and ``--max_runs`` (the launches of the call
+together); the medians over its logging windows after
+the first go to ``<run dir>/throughput_alone.json`` (steps, tokens/s, MFU, date, command;
+exported with the records), which the results then use for the run's tokens/s and MFU, marked
+``‡`` (its wall time stays marked ``†``). A run re-measured before is skipped; a failed
+re-measurement is reported with its error line and ends only itself (``--retry_failed`` tries
+it again) (:func:`lattn_jax.sweep.remeasure_alone`).
 
 After every run, and at the end, ``<root>/results.{md,csv,json}`` and ``curves.png`` are
 rewritten from every run directory (:mod:`lattn_jax.sweep_report`); every invocation that
@@ -110,6 +123,10 @@ class SweepOptions:
         ``<root>/jax_cache``; ``""``: the environment's ``JAX_COMPILATION_CACHE_DIR``).
       export: copy the records and results (no checkpoints) here at the end; ``None``: not.
       export_archive: the runs' records as one ``records.tar.gz``, not a ``runs/`` tree.
+      remeasure_alone: measure the tokens/s and MFU of every selected finished run that
+        was measured only while sharing the GPU again, alone, in a run of this many steps
+        (:func:`lattn_jax.sweep.remeasure_alone`), before and after the call's training
+        runs; 0: not.
     """
 
     root: str
@@ -128,6 +145,7 @@ class SweepOptions:
     compilation_cache: Optional[str] = None
     export: Optional[str] = None
     export_archive: bool = True
+    remeasure_alone: int = 0
 
 
 def parse_overrides(texts: Sequence[str]) -> List[Tuple[str, str]]:
@@ -188,6 +206,10 @@ def parallel_note(env: Mapping[str, str], parallel: int) -> str:
 
 def _check_options(options: SweepOptions, root: str) -> None:
     """``--finish_by_deadline``, ``--reuse_from`` and ``--export`` (SweepConfigError)."""
+    if options.remeasure_alone and options.remeasure_alone < 2:
+        raise sweep.SweepConfigError(
+            f"--remeasure_alone={options.remeasure_alone}: at least 2 steps (its first logging "
+            f"window, the warm-up after compilation, is left out), or 0 (off); e.g. 300")
     if options.finish_by_deadline and options.deadline_s is None:
         raise sweep.SweepConfigError(
             "--finish_by_deadline needs --deadline_s (the deadline it plans to)")
@@ -255,7 +277,9 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
 
     Returns:
       A header line, then one entry per run: ``"<name>: <status> (step N); <what>"``, a
-      newline and the command indented by two spaces.
+      newline and the command indented by two spaces; with ``remeasure_alone``, then one such
+      entry per run that is to be measured again alone (:func:`lattn_jax.sweep.needs_remeasure`
+      now), with its re-measurement's command.
     """
     planned = sweep.plan(
         runs, options.root, config_path=config_path, extra_overrides=extra,
@@ -285,6 +309,16 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
                     "hold": "not launched: "}[p.action] + p.why
         lines.append(f"{p.run.name}: {p.state.status.value} (step {p.state.step}); {what}\n  "
                      + " ".join(shlex.quote(c) for c in cmd))
+    if options.remeasure_alone:  # finished before this call (those it trains: re-measured
+        # after them if they shared the GPU; not known beforehand)
+        for run in runs:
+            if sweep.needs_remeasure(options.root, run):
+                cmd = sweep.alone_command(run, root=options.root, steps=options.remeasure_alone,
+                                          config_path=config_path, train_script=train_script,
+                                          extra_overrides=extra)
+                lines.append(f"{run.name}: before the runs, re-measure its throughput alone "
+                             f"(--remeasure_alone={options.remeasure_alone})\n  "
+                             + " ".join(shlex.quote(c) for c in cmd))
     return lines
 
 
@@ -339,7 +373,8 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         return 0
     done = (sweep.Status.FINISHED,) + (() if options.retry_failed else (sweep.Status.FAILED,))
     missing = sweep.missing_local_paths(  # only the runs this call would launch
-        [r for r in runs if sweep.run_state(sweep.run_dir(root, r)).status not in done],
+        [r for r in runs if sweep.run_state(sweep.run_dir(root, r)).status not in done
+         or (options.remeasure_alone and sweep.needs_remeasure(root, r))],
         config.get("local_args") or ())
     if missing:
         raise sweep.SweepConfigError(
@@ -428,14 +463,43 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
             print_fn(f"sweep: results not written: {type(e).__name__}: {e}")
 
     summary = sweep.ExecutionSummary(status="error")
+    remeasured = None
+
+    def remeasure(launched: int) -> "sweep.RemeasureSummary":
+        """The re-measurements alone (nothing else in flight), ``launched`` launches made."""
+        left = None if options.max_runs is None else max(options.max_runs - launched, 0)
+        return sweep.remeasure_alone(
+            runs, root, steps=options.remeasure_alone, config_path=config_path,
+            train_script=train_script, cwd=repo_root, extra_overrides=extra, env=env,
+            deadline=deadline, min_run_s=options.min_run_s, stop_margin_s=options.stop_margin_s,
+            max_runs=left, retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
+            after_run=report)
+
     try:
-        summary = sweep.execute(
-            runs, root, config_path=config_path, cwd=repo_root, train_script=train_script,
-            extra_overrides=extra, env=env, deadline=deadline, min_run_s=options.min_run_s,
-            stop_margin_s=options.stop_margin_s, max_runs=options.max_runs,
-            retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
-            after_run=report, reuse_from=options.reuse_from,
-            finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
+        if options.remeasure_alone:
+            # First the runs finished before this call (a few minutes each, not held up by a
+            # long training run), then those that finish sharing the GPU during it.
+            remeasured = remeasure(0)
+            if remeasured.status != "complete":
+                summary = sweep.ExecutionSummary(status=remeasured.status)
+        if remeasured is None or remeasured.status == "complete":
+            summary = sweep.execute(
+                runs, root, config_path=config_path, cwd=repo_root, train_script=train_script,
+                extra_overrides=extra, env=env, deadline=deadline,
+                min_run_s=options.min_run_s, stop_margin_s=options.stop_margin_s,
+                max_runs=None if options.max_runs is None else max(
+                    options.max_runs - len(remeasured.launched if remeasured else ()), 0),
+                retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
+                after_run=report, reuse_from=options.reuse_from,
+                finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
+            if remeasured is not None and summary.launched and summary.status in (
+                    "complete", "incomplete"):
+                # After every trainer of the runs has exited: alone on the GPU.
+                after = remeasure(len(remeasured.launched) + len(summary.launched))
+                for field in ("measured", "failed", "skipped"):
+                    getattr(remeasured, field).update(getattr(after, field))
+                if after.status != "complete":
+                    summary.status = after.status
     finally:
         record = {"command": "python " + " ".join(shlex.quote(a) for a in argv),
                   "sweep": sweep.sweep_name(config, root),  # sweep.check_root reads it
@@ -444,12 +508,18 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
                   "launched": summary.launched}
         if options.parallel > 1:  # (one run at a time: the record as before --parallel)
             record["parallel"] = options.parallel
+        if remeasured is not None:  # (without --remeasure_alone: the record as before it)
+            record["remeasured_alone"] = remeasured.launched
         records.append_record(os.path.join(root, sweep_report.SWEEP_LOG), record)
         paths = sweep_report.write(sweep_report.build(config, root))
         failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
         retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"
                  if failed else "")
         reused = f", {len(summary.reused)} reused" if summary.reused else ""
+        if remeasured is not None:
+            failed_alone = (f" ({len(remeasured.failed)} failed)" if remeasured.failed
+                            else "")
+            reused += (f", {len(remeasured.launched)} re-measured alone{failed_alone}")
         print_fn(f"sweep: {summary.status} after {time.time() - t0:.0f} s; "
                  f"{len(summary.launched)} run(s) launched{reused}{retry}; results in "
                  f"{paths['md']}")

@@ -17,7 +17,14 @@ that wrote the records they come from, :attr:`lattn_jax.sweep.RunResult.concurre
 marked ``†`` on the page (and ``concurrent`` > 1 in the CSV and JSON runs). A group's tokens/s
 and MFU come from its runs measured alone when it has any; a throughput comparison with the
 paper uses only those, and says which rows it left out (or that no group was measured
-alone). Losses are unaffected.
+alone). Losses are unaffected. A finished run measured again alone after training
+(``experiments/sweep.py --remeasure_alone=N``: ``<run>/throughput_alone.json``,
+:func:`lattn_jax.sweep.remeasure_alone`) counts as measured alone with those tokens/s and MFU,
+which the page marks ``‡`` ("measured alone in an N-step run after training shared the GPU")
+in the ranking, the runs table and the comparisons with the paper; its wall time stays marked
+``†``. In the CSV and JSON runs its ``concurrent`` is then 1, ``alone_steps`` is N and
+``shared_tokens_per_sec`` / ``shared_mfu`` keep the numbers measured while sharing; a failed
+re-measurement's error line is the runs table's note.
 
 The sweep config may carry (all optional):
 
@@ -70,12 +77,43 @@ class Entry:
       result: its :class:`~lattn_jax.sweep.RunResult`.
       in_grid: whether the current grid holds it (else it was recorded under the root by an
         earlier grid).
+      alone: its ``throughput_alone.json`` (:func:`lattn_jax.sweep.remeasure_alone`) when
+        the report uses it: the run's throughput was measured only while it shared the GPU,
+        and ``result.tokens_per_sec`` and ``result.mfu`` are then the re-measurement's
+        (``result.concurrent`` 1), the shared ones kept in ``shared_tokens_per_sec`` and
+        ``shared_mfu``; else ``None``.
+      alone_error: the error line of a failed re-measurement alone (none recorded), else
+        ``None``.
     """
 
     run: sweep.Run
     state: sweep.RunState
     result: sweep.RunResult
     in_grid: bool = True
+    alone: Optional[Dict[str, Any]] = None
+    alone_error: Optional[str] = None
+    shared_tokens_per_sec: Optional[float] = None
+    shared_mfu: Optional[float] = None
+
+
+def _entry(run: sweep.Run, workdir: str, in_grid: bool) -> Entry:
+    """The report's entry of ``run``: its state and metrics, with the tokens/s and MFU of its
+    re-measurement alone in place of those measured while sharing the GPU, if it has one."""
+    result = sweep.collect(workdir)
+    entry = Entry(run=run, state=sweep.run_state(workdir), result=result, in_grid=in_grid)
+    if result.concurrent <= 1:
+        return entry
+    alone = sweep.read_throughput_alone(workdir)
+    if alone is None:
+        failed = sweep.run_state(os.path.join(workdir, sweep.ALONE_DIR))
+        if failed.status == sweep.Status.FAILED:
+            entry.alone_error = failed.error
+        return entry
+    entry.alone = alone
+    entry.shared_tokens_per_sec, entry.shared_mfu = result.tokens_per_sec, result.mfu
+    result.tokens_per_sec, result.mfu = float(alone["tokens_per_sec"]), alone.get("mfu")
+    result.concurrent = 1
+    return entry
 
 
 @dataclasses.dataclass
@@ -94,6 +132,8 @@ class Group:
       throughput_shared: ``tokens_per_sec`` and ``mfu`` come from runs that shared the machine
         with other runs (``--parallel`` > 1; :attr:`lattn_jax.sweep.RunResult.concurrent`):
         shown marked, never compared (:meth:`metric` gives ``None`` for ``tokens_per_sec``).
+      throughput_remeasured: some of the runs they come from trained while sharing the
+        machine and were measured again alone (:attr:`Entry.alone`): compared, marked.
       tokens: tokens of a finished run; params, non_embedding_params: of any run.
     """
 
@@ -107,6 +147,7 @@ class Group:
     tokens_per_sec: Optional[float] = None
     mfu: Optional[float] = None
     throughput_shared: bool = False
+    throughput_remeasured: bool = False
     tokens: Optional[int] = None
     params: Optional[int] = None
     non_embedding_params: Optional[int] = None
@@ -261,6 +302,7 @@ def _groups(entries: Sequence[Entry], seed_axis: Optional[str]) -> List[Group]:
                     if e.result.tokens_per_sec or e.result.mfu is not None]
         alone = [e for e in measured if e.result.concurrent <= 1]
         g.throughput_shared = bool(measured) and not alone
+        g.throughput_remeasured = any(e.alone is not None for e in alone)
         tps = [e.result.tokens_per_sec for e in alone or measured if e.result.tokens_per_sec]
         mfu = [e.result.mfu for e in alone or measured if e.result.mfu is not None]
         g.tokens_per_sec = float(np.mean(tps)) if tps else None
@@ -290,11 +332,12 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
         if metric not in _METRICS:
             raise sweep.SweepConfigError(f"references[{i}].metric={metric!r}; choose from "
                                          f"{', '.join(_METRICS)}")
-        base, base_shared = None, False
+        base, base_shared, base_remeasured = None, False, False
         if ref.get("normalise_to"):
             g = _match(groups, ref["normalise_to"])
             base = g.metric(metric) if g is not None else None
             base_shared = _shared_only(g, metric)
+            base_remeasured = _remeasured(g, metric)
         rows = []
         for text, paper in ref.get("values", ()):
             g = _match(groups, text)
@@ -302,7 +345,9 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
             if ours is not None and ref.get("normalise_to"):
                 ours = ours / base if base else None
             rows.append({"filter": text, "group": g.name if g else None, "paper": paper,
-                         "ours": ours, "shared": _shared_only(g, metric)})
+                         "ours": ours, "shared": _shared_only(g, metric),
+                         "remeasured": _remeasured(g, metric) or (
+                             ours is not None and base_remeasured)})
         pairs = [(r["ours"], r["paper"]) for r in rows
                  if r["ours"] is not None and r["paper"] is not None]
         # Ranks count from the best: the lowest loss, the highest tokens/s; the paper's values
@@ -325,7 +370,7 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
                     "note": _fill_note(ref.get("note", ""), rows, groups),
                     "rows": rows, "spearman": rho, "n": len(pairs),
                     "shared_left_out": sum(1 for r in rows if r["shared"]),
-                    "base_shared": base_shared})
+                    "base_shared": base_shared, "base_remeasured": base_remeasured})
     return out
 
 
@@ -341,6 +386,12 @@ def _shared_only(group: Optional[Group], metric: str) -> bool:
     """Whether ``metric`` of ``group`` is a throughput measured only while its runs shared the
     machine (left out of the comparison with the paper)."""
     return group is not None and metric == "tokens_per_sec" and group.throughput_shared
+
+
+def _remeasured(group: Optional[Group], metric: str) -> bool:
+    """Whether ``metric`` of ``group`` is a throughput that comes (partly) from runs measured
+    again alone after they trained sharing the machine (compared, marked)."""
+    return group is not None and metric == "tokens_per_sec" and group.throughput_remeasured
 
 
 def _claims(config: Mapping[str, Any], groups: Sequence[Group],
@@ -429,9 +480,7 @@ def build(config: Mapping[str, Any], root: str) -> Report:
     extra = [r for r in sweep.recorded_runs(root) if r.name not in names]
     entries = []
     for run, in_grid in [(r, True) for r in runs] + [(r, False) for r in extra]:
-        workdir = sweep.run_dir(root, run)
-        entries.append(Entry(run=run, state=sweep.run_state(workdir),
-                             result=sweep.collect(workdir), in_grid=in_grid))
+        entries.append(_entry(run, sweep.run_dir(root, run), in_grid))
     groups = _groups(entries, config.get("seed_axis"))
     ranking = sorted([g for g in groups if g.mean is not None], key=lambda g: _loss_key(g.mean))
     spread, used = seed_spread(groups)
@@ -490,9 +539,50 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], align: str) -> 
 SHARED_MARK = "†"  # throughput measured while the run shared the GPU (``--parallel`` > 1)
 
 
-def _mark(shared: bool):
-    """A cell formatter: a non-empty cell gets :data:`SHARED_MARK` when ``shared``."""
-    return lambda text: f"{text} {SHARED_MARK}" if shared and text else text
+ALONE_MARK = "‡"  # throughput measured again alone after training shared the GPU
+
+
+def _mark(shared: bool, remeasured: bool = False):
+    """A cell formatter: a non-empty cell gets :data:`SHARED_MARK` when ``shared``, else
+    :data:`ALONE_MARK` when ``remeasured``."""
+    mark = SHARED_MARK if shared else ALONE_MARK if remeasured else ""
+    return lambda text: f"{text} {mark}" if mark and text else text
+
+
+def _alone_steps(entries: Sequence[Entry]) -> str:
+    """``"a 300"`` (or ``"a 200 or 300"``, ``"an 80"``): the article and steps of the
+    re-measurements alone used, before ``-step run``."""
+    steps = sorted({int(e.alone.get("steps") or 0) for e in entries if e.alone is not None})
+    text = " or ".join(str(n) for n in steps)
+    first = steps[0] if steps else 0  # "an 8..", "an 11", "an 18", "an 11,000-..", "an 18,.."
+    spoken_vowel = text.startswith("8") or first in (11, 18) or any(
+        low <= first < low + 1000 for low in (11_000, 18_000))
+    return ("an " if spoken_vowel else "a ") + text
+
+
+def alone_footnote(entries: Sequence[Entry]) -> str:
+    """The footnote of :data:`ALONE_MARK`: measured alone in an N-step run after training
+    shared the GPU (``--remeasure_alone``)."""
+    return (f"{ALONE_MARK} Measured alone in {_alone_steps(entries)}-step run after "
+            f"training shared the GPU (`experiments/sweep.py --remeasure_alone`: the run's own "
+            f"trainer command in `runs/<run>/alone/`, tokens/s and MFU the medians over its "
+            f"logging windows after the first; `runs/<run>/{sweep.THROUGHPUT_ALONE}`); "
+            f"compared with runs measured alone. The run's wall time stays marked "
+            f"{SHARED_MARK}.")
+
+
+def _alone_note(e: Entry) -> str:
+    """The runs table's note on a run whose throughput was measured again alone, or whose
+    re-measurement failed."""
+    if e.alone_error:
+        return f"re-measurement alone failed: {e.alone_error}"
+    if e.alone is None:
+        return ""
+    shared = _f(e.shared_tokens_per_sec, ",.0f")
+    mfu = _pct(e.shared_mfu)
+    return (f"tokens/s, MFU measured alone in {_alone_steps([e])}-step run on "
+            f"{str(e.alone.get('date', ''))[:10]} (while sharing: {shared} tokens/s"
+            + (f", MFU {mfu}" if mfu else "") + ")")
 
 
 def _shared_note(r: "sweep.RunResult") -> str:
@@ -550,6 +640,13 @@ def markdown(report: Report) -> str:
             f"measured alone (the throughput comparisons below use only runs measured alone); "
             f"their losses are unaffected. A run whose tokens/s and MFU were measured alone "
             f"after an attempt that shared the GPU has only its wall time marked."]
+    remeasured = [e for e in report.entries if e.alone is not None]
+    if remeasured:
+        lines[-1:-1] = [
+            f"- {ALONE_MARK} {len(remeasured)} of them had their tokens/s and MFU measured "
+            f"again alone, in {_alone_steps(remeasured)}-step run after training "
+            f"(`--remeasure_alone`): those numbers, marked {ALONE_MARK}, replace the shared "
+            f"ones and are compared; their wall time stays marked {SHARED_MARK}."]
     if report.invocations:
         lines += ["## Commands", ""]
         for inv in report.invocations:
@@ -562,7 +659,7 @@ def markdown(report: Report) -> str:
         rows = []
         for i, g in enumerate(report.ranking, 1):
             sd = f" ± {g.sd:.4f}" if g.sd is not None else ""
-            mark = _mark(g.throughput_shared)
+            mark = _mark(g.throughput_shared, g.throughput_remeasured)
             rows.append([i, g.name, len(g.losses), f"{g.mean:.4f}{sd}", f"{g.mean - best:+.4f}",
                          _f(g.best_val_loss), _tokens(g.tokens),
                          mark(_f(g.tokens_per_sec, ",.0f")), mark(_pct(g.mfu)),
@@ -572,13 +669,16 @@ def markdown(report: Report) -> str:
         if any(g.throughput_shared for g in report.ranking):
             lines += ["", f"{SHARED_MARK} No run of the group was measured alone: tokens/s and "
                       f"MFU of runs that shared the GPU (`--parallel` > 1)."]
+        if any(g.throughput_remeasured for g in report.ranking):
+            lines += ["", alone_footnote(report.entries)]
         lines.append("")
     lines += ["## Runs", ""]
     rows = []
     for e in report.entries:
         r, s = e.result, e.state
         progress = f"{r.step}/{s.total_steps}" if s.total_steps else (str(r.step) if r.step else "")
-        mark = _mark(r.concurrent > 1)  # tokens/s, MFU: their records' attempts
+        # tokens/s, MFU: the attempts that wrote their records (or the re-measurement alone)
+        mark = _mark(r.concurrent > 1, e.alone is not None)
         wall_mark = _mark(r.attempts_concurrent > 1)  # the wall time adds every attempt
         rows.append([e.run.name + ("" if e.in_grid else " (not in this grid)"), s.status.value,
                      progress, _f(r.final_val_loss), _f(r.best_val_loss),
@@ -587,7 +687,7 @@ def markdown(report: Report) -> str:
                      _params(r.non_embedding_params), wall_mark(_wall(r.wall_s)),
                      "; ".join(filter(None, [s.error, _nonfinite_note(r),
                                              _reused_note(report.root, e.run),
-                                             _shared_note(r)]))])
+                                             _shared_note(r), _alone_note(e)]))])
     lines += _table(["run", "status", "step", "final val", "best val", "final train", "tokens",
                      "tokens/s", "MFU", "params", "non-emb.", "wall", "error"], rows,
                     "llrrrrrrrrrrl")
@@ -595,6 +695,8 @@ def markdown(report: Report) -> str:
         lines += ["", f"{SHARED_MARK} Measured while the run shared the GPU with other runs of "
                   f"the sweep (`--parallel` > 1; the note says how many at once): not "
                   f"comparable with runs measured alone."]
+    if remeasured:
+        lines += ["", alone_footnote(report.entries)]
     lines.append("")
     lines += ["## Seeds", ""]
     if report.spread is None:
@@ -623,7 +725,8 @@ def markdown(report: Report) -> str:
         fmt = ".3f" if ref["normalise_to"] else (",.0f" if ref["metric"] == "tokens_per_sec"
                                                  else ".4f")
         rows = [[r["filter"], r["paper"],
-                 f"{SHARED_MARK} shared GPU only" if r.get("shared") else _f(r["ours"], fmt),
+                 f"{SHARED_MARK} shared GPU only" if r.get("shared")
+                 else _mark(False, r.get("remeasured"))(_f(r["ours"], fmt)),
                  _f(r.get("paper_rank"), "g"), _f(r.get("ours_rank"), "g")]
                 for r in ref["rows"]]
         lines += _table(["paper row", "paper", f"ours: {metric}", "paper rank", "our rank"],
@@ -633,6 +736,10 @@ def markdown(report: Report) -> str:
                   + (" (the paper's values inverted: higher is better there)"
                      if ref["inverse"] else "") + "."]
         lines += _shared_reference_lines(ref)
+        if any(r.get("remeasured") and r["ours"] is not None for r in ref["rows"]):
+            lines += ["", alone_footnote(report.entries)
+                      + (f" The group it is relative to (`{ref['normalise_to']}`) is one of "
+                         f"them." if ref.get("base_remeasured") else "")]
         lines.append("")
     if report.claims:
         lines += ["## The paper's conclusions", ""]
@@ -670,7 +777,8 @@ def markdown(report: Report) -> str:
 _CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps",
                "final_val_loss", "best_val_loss", "best_val_step", "last_val_loss",
                "final_train_loss", "tokens", "tokens_per_sec", "mfu", "params",
-               "non_embedding_params", "wall_s", "concurrent", "parallel", "error")
+               "non_embedding_params", "wall_s", "concurrent", "parallel", "alone_steps",
+               "shared_tokens_per_sec", "shared_mfu", "error")
 
 
 def _run_row(e: Entry) -> Dict[str, Any]:
@@ -682,7 +790,10 @@ def _run_row(e: Entry) -> Dict[str, Any]:
             "final_train_loss": r.final_train_loss, "tokens": r.tokens,
             "tokens_per_sec": r.tokens_per_sec, "mfu": r.mfu, "params": r.params,
             "non_embedding_params": r.non_embedding_params, "wall_s": r.wall_s,
-            "concurrent": r.concurrent, "parallel": r.parallel, "error": e.state.error}
+            "concurrent": r.concurrent, "parallel": r.parallel,
+            "alone_steps": e.alone.get("steps") if e.alone else None,
+            "shared_tokens_per_sec": e.shared_tokens_per_sec, "shared_mfu": e.shared_mfu,
+            "error": e.state.error}
 
 
 def csv_text(report: Report) -> str:
@@ -701,7 +812,8 @@ def json_dict(report: Report) -> Dict[str, Any]:
     groups = [{"group": g.name, "seeds": len(g.losses), "final_val_loss": g.mean,
                "final_val_loss_sd": g.sd, "best_val_loss": g.best_val_loss,
                "tokens_per_sec": g.tokens_per_sec, "mfu": g.mfu,
-               "throughput_shared": g.throughput_shared, "tokens": g.tokens,
+               "throughput_shared": g.throughput_shared,
+               "throughput_remeasured": g.throughput_remeasured, "tokens": g.tokens,
                "params": g.params, "non_embedding_params": g.non_embedding_params,
                "rank": report.ranking.index(g) + 1 if g in report.ranking else None}
               for g in report.groups]

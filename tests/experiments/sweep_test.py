@@ -215,6 +215,40 @@ class SweepBinaryTest(absltest.TestCase):
         with open(os.path.join(self.root, "sweep.jsonl")) as f:
             self.assertEqual([json.loads(line).get("parallel") for line in f], [None, 2, 2])
 
+    # ~55 s on 2 cores (four trainer starts): the real trainer takes the re-measurement's
+    # overrides; its scheduling, records and report are tested with the stand-in trainer in CI
+    # (tests/lattn_jax/sweep_test.py RemeasureAloneTest, sweep_report_test.py).
+    @pytest.mark.slow
+    def test_remeasure_alone_with_the_real_trainer(self):
+        with open(self.config, "w") as f:
+            f.write(SWEEP_CONFIG.replace(
+                'grid=((("train.nonfinite_policy", ("stop", "skip", "bogus")),),),',
+                PARALLEL_GRID))
+        only = (f"--only={SHARED_A}", f"--only={SHARED_B}")
+        out = self.sweep("--parallel=2", *only)
+        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+        before = {n: self.result(n) for n in (SHARED_A, SHARED_B)}
+        self.assertEqual([r.concurrent for r in before.values()], [2, 2])
+        out = self.sweep("--remeasure_alone=5", *only)
+        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+        self.assertIn("0 run(s) launched, 2 re-measured alone", out.stdout)
+        for name in (SHARED_A, SHARED_B):
+            workdir = os.path.join(self.root, "runs", name)
+            record = sweep.read_throughput_alone(workdir)
+            self.assertEqual((record["steps"], record["windows"]), (5, 4), name)
+            self.assertGreater(record["tokens_per_sec"], 0.0, name)
+            train = sweep.last_config(os.path.join(workdir, sweep.ALONE_DIR))["train"]
+            self.assertEqual((train["total_steps"], train["eval_every"],
+                              train["checkpoint_every"]), (5, 5, 5), name)
+            after = self.result(name)  # the run itself: as it was
+            self.assertEqual((after.step, after.final_val_loss, after.concurrent),
+                             (6, before[name].final_val_loss, 2), name)
+        with open(os.path.join(self.root, "results.md")) as f:
+            md = f.read()
+        self.assertIn("‡ Measured alone in a 5-step run after training shared the GPU", md)
+        out = self.sweep("--remeasure_alone=5", *only)  # again: nothing to do
+        self.assertIn("0 run(s) launched, 0 re-measured alone", out.stdout)
+
     def test_dry_run_shows_what_max_runs_and_parallel_would_launch(self):
         # (it listed every run's status only: not which --max_runs / --parallel would launch)
         with open(self.config, "w") as f:

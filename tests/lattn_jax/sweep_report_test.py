@@ -365,12 +365,80 @@ class SharedThroughputTest(absltest.TestCase):
                       "measured only while sharing the GPU", md)
         self.assertIn("Spearman rank correlation over 0 rows: n/a", md)
 
+    def _write_alone(self, name, tps, mfu, steps):
+        record = {"steps": steps, "tokens_per_sec": tps, "mfu": mfu, "windows": steps // 10,
+                  "date": "2026-12-05T12:00:00Z", "command": ["python", "train.py"]}
+        with open(os.path.join(sweep.run_dir(self.root, self.runs[name]),
+                               sweep.THROUGHPUT_ALONE), "w") as f:
+            json.dump(record, f)
+
+    def test_a_measurement_alone_replaces_the_shared_throughput_marked(self):
+        rng = np.random.default_rng()
+        gdn, softmax, kda = (float(x) for x in rng.uniform(500.0, 5000.0, 3))
+        kda_mfu, steps = float(rng.uniform(0.05, 0.5)), int(rng.integers(20, 79)) * 10
+        write_run(self.root, self.runs["arch=gdn,seed=42"], final=3.0, tps=gdn)
+        write_run(self.root, self.runs["arch=softmax,seed=42"], final=3.2, tps=7777.0,
+                  concurrent=2)
+        write_run(self.root, self.runs["arch=kda,seed=42"], final=3.3, tps=9999.0,
+                  concurrent=2)
+        self._write_alone("arch=kda,seed=42", kda, kda_mfu, steps)
+        self._write_alone("arch=softmax,seed=42", softmax, None, steps)
+        # (a run measured alone keeps its own throughput: a stray record is not used)
+        self._write_alone("arch=gdn,seed=42", 1.0, 0.9, steps)
+        report = self._report()
+        groups = {g.name: g for g in report.groups}
+        self.assertEqual([(groups[n].tokens_per_sec, groups[n].throughput_shared,
+                           groups[n].throughput_remeasured)
+                          for n in ("arch=gdn", "arch=softmax", "arch=kda")],
+                         [(gdn, False, False), (softmax, False, True), (kda, False, True)])
+        self.assertAlmostEqual(groups["arch=kda"].mfu, kda_mfu)
+        speed, relative = report.references
+        self.assertEqual([r["ours"] for r in speed["rows"]], [gdn, softmax, kda])
+        self.assertEqual([r["remeasured"] for r in speed["rows"]], [False, True, True])
+        self.assertEqual((speed["n"], speed["shared_left_out"]), (3, 0))
+        want = -np.argsort(np.argsort([gdn, softmax, kda])) + 3
+        self.assertEqual([r["ours_rank"] for r in speed["rows"]], list(map(float, want)))
+        np.testing.assert_allclose([r["ours"] for r in relative["rows"]],
+                                   [gdn / softmax, 1.0, kda / softmax])
+        self.assertTrue(relative["base_remeasured"])
+        paths = sweep_report.write(report)
+        with open(paths["md"]) as f:
+            md = f.read()
+        footnote = (f"‡ Measured alone in a {steps}-step run after training shared the GPU "
+                    f"(`experiments/sweep.py --remeasure_alone`")
+        self.assertEqual(md.count(footnote), 4)  # ranking, runs, two references
+        self.assertIn(f"- ‡ 2 of them had their tokens/s and MFU measured again alone, in a "
+                      f"{steps}-step run after training", md)
+        self.assertIn(f"| 3 | arch=kda | 1 | 3.3000 | +0.3000 | 3.3000 | 320 | {kda:,.0f} ‡ "
+                      f"| {100 * kda_mfu:.1f}% ‡ |", md)
+        self.assertIn(f"| {kda:,.0f} ‡ | {100 * kda_mfu:.1f}% ‡ | 0.01M | 0.00M | 60 s † | "
+                      f"wall time includes an attempt that shared the GPU (parallel=2, up to 2 "
+                      f"runs at once); tokens/s, MFU measured alone in a {steps}-step run on "
+                      f"2026-12-05 (while sharing: 9,999 tokens/s, MFU 25.0%) |", md)
+        self.assertIn(f"| arch=gdn,seed=42 | finished | 10/10 | 3.0000 | 3.0000 | 3.0500 | 320 "
+                      f"| {gdn:,.0f} | 25.0% | 0.01M | 0.00M | 60 s |  |", md)
+        self.assertIn(f"| arch=kda | 130.0 | {kda:,.0f} ‡ |", md)
+        self.assertIn(f"| arch=gdn | 150.0 | {gdn / softmax:.3f} ‡ |", md)  # (its base's)
+        self.assertIn("The group it is relative to (`arch=softmax`) is one of them.", md)
+        self.assertNotIn("shared GPU only", md)
+        self.assertNotIn("row(s) left out", md)
+        with open(paths["csv"]) as f:
+            rows = {r["run"]: r for r in csv.DictReader(f)}
+        got = [(rows[n]["concurrent"], rows[n]["alone_steps"], rows[n]["shared_tokens_per_sec"])
+               for n in ("arch=gdn,seed=42", "arch=kda,seed=42")]
+        self.assertEqual(got, [("1", "", ""), ("1", str(steps), "9999.0")])
+        with open(paths["json"]) as f:
+            data = json.load(f)
+        self.assertEqual({g["group"]: g["throughput_remeasured"] for g in data["groups"]},
+                         {"arch=gdn": False, "arch=softmax": True, "arch=kda": True})
+
     def test_nothing_changes_without_shared_runs(self):
         write_run(self.root, self.runs["arch=gdn,seed=42"], final=3.0)
         md = sweep_report.markdown(self._report())
         self.assertNotIn(sweep_report.SHARED_MARK, md)
         self.assertNotIn("shared GPU", md)
         self.assertNotIn("--parallel", md)
+        self.assertNotIn(sweep_report.ALONE_MARK, md)
 
 
 if __name__ == "__main__":

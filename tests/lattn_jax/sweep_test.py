@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 from absl.testing import absltest
 
 from configs.sweeps import table2_small, table7_small
@@ -24,6 +25,8 @@ from lattn_jax import sweep, sweep_report
 # error, exit 1) | slow (40 steps of 0.05 s; SIGTERM saves a checkpoint and exits 143, as the
 # trainer's preemption handler does). --config.fake.startup_s: seconds before it writes
 # anything (SIGTERM then kills it, as it would the trainer while it imports).
+# --config.fake.fail_alone=True: fails as mode=fail does, in a workdir named alone (the
+# re-measurement of --remeasure_alone) only.
 FAKE_TRAINER = textwrap.dedent('''
     import json, os, signal, sys, time
     args = sys.argv[1:]
@@ -34,6 +37,9 @@ FAKE_TRAINER = textwrap.dedent('''
     total = int(opts.get("train.total_steps", "40" if mode == "slow" else "4"))
     if mode == "fail":
         print("error: fake.mode='fail'; choose ok or slow", file=sys.stderr)
+        sys.exit(1)
+    if opts.get("fake.fail_alone") == "True" and os.path.basename(workdir) == "alone":
+        print("error: fake.fail_alone=True: no re-measurement here", file=sys.stderr)
         sys.exit(1)
     os.makedirs(os.path.join(workdir, "checkpoints"), exist_ok=True)
     steps = sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")))
@@ -875,6 +881,203 @@ class ParallelTest(_FakeTrainerTestCase):
         # A run whose sweep died mid-attempt counts its recorded parallel.
         self.assertEqual(sweep._run_concurrency([{"event": "start", "parallel": 2}]), 2)
         self.assertEqual(sweep._run_concurrency([{"event": "start"}]), 1)
+
+
+class RemeasureAloneTest(_FakeTrainerTestCase):
+    """``remeasure_alone`` (``--remeasure_alone``) with the stand-in trainer, whose tokens/s
+    at step s is 100 s: runs trained two at a time are measured again alone, once."""
+
+    def setUp(self):
+        super().setUp()
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_"))}
+        self.rng = random.Random(os.getpid() ^ int(time.time()))
+
+    def _runs(self, grid):
+        return sweep.expand(_config(grid=grid, seed_axis=None))
+
+    def _execute(self, runs, parallel):
+        return sweep.execute(runs, self.root, config_path="cfg.py", train_script=self.trainer,
+                             cwd=self.root, env=self.env, print_fn=self.lines.append,
+                             parallel=parallel)
+
+    def _remeasure(self, runs, steps, **kwargs):
+        return sweep.remeasure_alone(runs, self.root, steps=steps, config_path="cfg.py",
+                                     train_script=self.trainer, cwd=self.root, env=self.env,
+                                     print_fn=self.lines.append, **kwargs)
+
+    def _alone_attempts(self, run):
+        return sweep.read_jsonl(os.path.join(sweep.run_dir(self.root, run), sweep.ALONE_DIR,
+                                             sweep.ATTEMPTS))
+
+    def test_a_shared_run_is_measured_again_once_a_run_measured_alone_never(self):
+        total = self.rng.randint(4, 9)
+        shared = self._runs(((("fake.mode", ("ok",)), ("train.total_steps", (total,)),
+                              ("train.keep_checkpoints", (1, 2))),))
+        solo = self._runs(((("fake.mode", ("ok",)), ("train.total_steps", (total + 1,))),))
+        self.assertEqual(self._execute(shared, parallel=2).status, "complete")
+        self.assertEqual(self._execute(solo, parallel=1).status, "complete")
+        self.assertEqual([sweep.collect(sweep.run_dir(self.root, r)).concurrent
+                          for r in shared + solo], [2, 2, 1])
+        self.assertEqual([sweep.needs_remeasure(self.root, r) for r in shared + solo],
+                         [True, True, False])
+        steps = self.rng.randint(3, 12)
+        summary = self._remeasure(shared + solo, steps)
+        self.assertEqual((summary.status, summary.launched, summary.failed),
+                         ("complete", [r.name for r in shared], {}))
+        # The medians over the windows after the first: steps 2..N at 100 s tokens/s.
+        want = 100.0 * float(np.median(np.arange(2, steps + 1)))
+        for run in shared:
+            workdir = sweep.run_dir(self.root, run)
+            record = sweep.read_throughput_alone(workdir)
+            self.assertEqual(record, summary.measured[run.name])
+            self.assertEqual((record["steps"], record["tokens_per_sec"], record["mfu"],
+                              record["windows"]), (steps, want, None, steps - 1))
+            cmd = sweep.alone_command(run, root=self.root, steps=steps, config_path="cfg.py",
+                                      train_script=self.trainer)
+            self.assertEqual(record["command"], cmd)
+            self.assertEqual(cmd[3], f"--workdir={os.path.join(workdir, 'alone')}")
+            self.assertEqual(cmd[-3:], [f"--config.train.total_steps={steps}",
+                                        f"--config.train.eval_every={steps}",
+                                        f"--config.train.checkpoint_every={steps}"])
+            self.assertEqual(cmd[:3] + cmd[4:-3], [
+                c for i, c in enumerate(sweep.command(
+                    run, config_path="cfg.py", workdir=workdir, train_script=self.trainer))
+                if i != 3])
+            self.assertRegex(record["date"], r"^\d{4}-\d\d-\d\dT")
+            # The run itself is untouched: finished, its own losses.
+            self.assertEqual(sweep.run_state(workdir).status, sweep.Status.FINISHED)
+            self.assertEqual(sweep.collect(workdir).final_val_loss, 11.0 / total)
+            self.assertFalse(sweep.needs_remeasure(self.root, run))
+            self.assertLen(self._alone_attempts(run), 2)
+        self.assertFalse(os.path.exists(os.path.join(sweep.run_dir(self.root, solo[0]),
+                                                     sweep.ALONE_DIR)))
+        self.assertIn(f"--- {shared[0].name}: re-measuring its throughput alone ({steps} "
+                      f"steps)", self.lines)
+        self.assertIn(f"[{shared[1].name} alone] step {steps} done", self.lines)
+        # Again: nothing to re-measure, nothing launched.
+        self.lines.clear()
+        summary = self._remeasure(shared + solo, self.rng.randint(3, 12))
+        self.assertEqual((summary.status, summary.launched), ("complete", []))
+        self.assertEqual(self.lines, [])
+        self.assertEqual([len(self._alone_attempts(r)) for r in shared], [2, 2])
+        # Exported with the records.
+        export = os.path.join(self.root, "export")
+        sweep.export(self.root, export)
+        for run in shared:
+            self.assertTrue(os.path.isfile(os.path.join(export, "runs", run.name,
+                                                        sweep.THROUGHPUT_ALONE)))
+
+    def test_a_failing_re_measurement_is_reported_and_ends_only_itself(self):
+        runs = self._runs(((("fake.mode", ("ok",)), ("fake.fail_alone", (True, False))),))
+        self._execute(runs, parallel=2)
+        self.assertEqual([sweep.needs_remeasure(self.root, r) for r in runs], [True, True])
+        steps = self.rng.randint(3, 9)
+        summary = self._remeasure(runs, steps)
+        error = "error: fake.fail_alone=True: no re-measurement here"
+        self.assertEqual((summary.status, summary.failed, list(summary.measured)),
+                         ("complete", {runs[0].name: error}, [runs[1].name]))
+        self.assertIn(f"--- {runs[0].name}: re-measurement alone failed (exit 1): {error}",
+                      self.lines)
+        self.assertIsNone(sweep.read_throughput_alone(sweep.run_dir(self.root, runs[0])))
+        md = sweep_report.markdown(sweep_report.build(_config(
+            grid=((("fake.mode", ("ok",)), ("fake.fail_alone", (True, False))),),
+            seed_axis=None), self.root))
+        self.assertIn(f"re-measurement alone failed: {error}", md)
+        article = "an" if steps == 8 else "a"
+        self.assertIn(f"‡ Measured alone in {article} {steps}-step run after training shared "
+                      f"the GPU", md)
+        # Again: the failed one is not tried again unless asked.
+        summary = self._remeasure(runs, steps)
+        self.assertEqual((summary.launched, summary.skipped),
+                         ([], {runs[0].name: f"failed: {error}"}))
+        summary = self._remeasure(runs, steps, retry_failed=True)
+        self.assertEqual(summary.failed, {runs[0].name: error})
+
+    def test_deadline_max_runs_and_stop(self):
+        runs = self._runs(((("fake.mode", ("ok",)), ("train.keep_checkpoints", (1, 2))),))
+        self._execute(runs, parallel=2)
+        summary = self._remeasure(runs, 3, max_runs=1)
+        self.assertEqual((summary.status, summary.launched), ("max_runs", [runs[0].name]))
+        summary = self._remeasure(runs, 3, deadline=time.time() + 5.0, min_run_s=60.0)
+        self.assertEqual((summary.status, summary.launched), ("deadline", []))
+        stop = threading.Event()
+        stop.set()
+        summary = self._remeasure(runs, 3, stop=stop)
+        self.assertEqual((summary.status, summary.launched), ("interrupted", []))
+        self.assertTrue(sweep.needs_remeasure(self.root, runs[1]))
+        with self.assertRaisesRegex(ValueError, r"^steps=1: a re-measurement needs at least 2"):
+            self._remeasure(runs, 1)
+
+
+class RemeasureAloneDriverTest(_FakeTrainerTestCase):
+    """``experiments/sweep.py --remeasure_alone`` through the driver, in process, in a stand-in
+    repository (the stand-in trainer as ``experiments/train.py``, a small training config)."""
+
+    def test_the_call_re_measures_once_records_and_exports(self):
+        from lattn_jax import sweep_driver  # noqa: PLC0415
+        repo = os.path.join(self.root, "repo")
+        os.makedirs(os.path.join(repo, "experiments"))
+        os.makedirs(os.path.join(repo, "configs"))
+        with open(os.path.join(repo, "experiments", "train.py"), "w") as f:
+            f.write(FAKE_TRAINER)
+        with open(os.path.join(repo, "configs", "fake.py"), "w") as f:
+            f.write(textwrap.dedent('''
+                import ml_collections
+                def get_config(arg=None):
+                    return ml_collections.ConfigDict(dict(
+                        train=dict(total_steps=4, eval_every=2, checkpoint_every=2,
+                                   keep_checkpoints=1),
+                        fake=dict(mode="ok", fail_alone=False)))
+            '''))
+        config = dict(name="demo", train_config="configs/fake.py", arg=(),
+                      grid=((("train.keep_checkpoints", (1, 2, 3, 4)),),), seed_axis=None)
+        root = os.path.join(self.root, "sweep")
+        names = [r.name for r in sweep.expand(config)]
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_"))}
+
+        def call(**options):
+            self.lines.clear()
+            return sweep_driver.run(config, sweep_driver.SweepOptions(root=root, **options),
+                                    repo_root=repo, argv=["sweep.py"], env=env,
+                                    print_fn=self.lines.append)
+
+        # The first two runs train two at a time; the dry run lists them (finished, shared).
+        self.assertEqual(call(parallel=2, only=names[:2]), 0)
+        steps = random.Random(os.getpid()).randint(3, 9)
+        self.assertEqual(call(remeasure_alone=steps, dry_run=True), 0)
+        self.assertEqual([line.split("\n")[0] for line in self.lines[-2:]],
+                         [f"{n}: before the runs, re-measure its throughput alone "
+                          f"(--remeasure_alone={steps})" for n in names[:2]])
+        self.assertTrue(self.lines[-1].endswith(f" --config.train.total_steps={steps} "
+                                                f"--config.train.eval_every={steps} "
+                                                f"--config.train.checkpoint_every={steps}"))
+        self.assertFalse(os.path.exists(os.path.join(sweep.run_dir(root, sweep.expand(
+            config)[0]), sweep.ALONE_DIR)))
+        # Those two re-measured first, then the other two train two at a time and are
+        # re-measured after them.
+        export = os.path.join(self.root, "export")
+        self.assertEqual(call(remeasure_alone=steps, parallel=2, export=export), 0)
+        self.assertRegex(self.lines[-2], r"2 run\(s\) launched, 4 re-measured alone; results")
+        order = [line.split(":")[0][4:] for line in self.lines
+                 if line.startswith("--- ") and ("re-measuring its" in line or "starting" in line)]
+        self.assertEqual(order, names[:2] + names[2:] + names[2:])
+        log = sweep.read_jsonl(os.path.join(root, "sweep.jsonl"))
+        self.assertEqual([r.get("remeasured_alone") for r in log], [None, names])
+        with open(os.path.join(root, "results.md")) as f:
+            self.assertIn(f"{steps}-step run after training shared the GPU", f.read())
+        with tarfile.open(os.path.join(export, sweep.RECORDS_ARCHIVE)) as tar:
+            members = tar.getnames()
+        self.assertEqual(sorted(m for m in members if m.endswith(sweep.THROUGHPUT_ALONE)),
+                         [f"runs/{n}/{sweep.THROUGHPUT_ALONE}" for n in names])
+        # Again: nothing re-measured.
+        self.assertEqual(call(remeasure_alone=steps), 0)
+        self.assertEqual(sweep.read_jsonl(os.path.join(root, "sweep.jsonl"))[-1]
+                         ["remeasured_alone"], [])
+        self.assertFalse(any("re-measuring" in line for line in self.lines))
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"^--remeasure_alone=1: at least 2"):
+            call(remeasure_alone=1)
 
 
 class ParallelEnvTest(absltest.TestCase):
