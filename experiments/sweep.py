@@ -15,12 +15,6 @@ Each run is an ``experiments/train.py`` subprocess in ``<root>/runs/<name>``; th
 again skips finished (and failed) runs and resumes partial ones. What each flag does, the
 results files and the export: :mod:`lattn_jax.sweep_driver` (``run``).
 
-``--remeasure_alone=N``: runs trained two at a time (``--parallel=2``) have valid losses but
-tokens/s and MFU of a shared GPU, which the results leave out of every throughput comparison;
-this measures each such finished run again alone, in an N-step run of its own trainer command
-(``<run dir>/alone/``, one at a time, nothing else in flight), and the results then use those
-numbers, marked ``‡`` (:func:`lattn_jax.sweep.remeasure_alone`).
-
 Exit status: 0 when every selected run is finished or failed, 3 when the call stopped before
 that (deadline, ``--max_runs``, SIGTERM or Ctrl-C: run the same command again), 1 on a bad flag
 or sweep config (one line naming it).
@@ -55,37 +49,28 @@ _MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run that would train f
                               lower_bound=0.0)
 _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
                              "the deadline (and SIGKILL this long after SIGTERM).")
-_PARALLEL = flags.DEFINE_integer("parallel", 1, "Trainer subprocesses at once on this "
-                                 "machine (>= 1; 1: one after another). Above 1 each trainer "
-                                 "gets XLA_PYTHON_CLIENT_MEM_FRACTION=0.9/N unless the "
-                                 "environment sets its GPU memory (lattn_jax.sweep."
-                                 "parallel_env); the records mark the runs that shared it.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Trainer subprocesses at once (>= 1; 1: one "
+                                 "after another; above 1: lattn_jax.sweep.parallel_env, and "
+                                 "the records mark the runs that shared the GPU).")
 flags.register_validator("parallel", lambda v: v is not None and v >= 1,
                          "must be at least 1 (trainer subprocesses at once; 1 runs them one "
                          "after another)")
-_REMEASURE = flags.DEFINE_integer("remeasure_alone", 0, "Measure again, alone and one at a "
-                                  "time (before and after the call's training runs), the "
-                                  "tokens/s and MFU of every selected finished run measured "
-                                  "only while sharing the GPU "
-                                  "(--parallel > 1): its own trainer command in <run "
-                                  "dir>/alone/ with train.total_steps=N (>= 2; 0: off), "
-                                  "recorded in <run dir>/throughput_alone.json and used by "
-                                  "the results (marked ‡). Runs re-measured before are "
-                                  "skipped.", lower_bound=0)
+_REMEASURE = flags.DEFINE_integer("remeasure_alone", 0, "Measure again alone, in an N-step "
+                                  "run (>= 2; 0: off), the tokens/s and MFU of finished runs "
+                                  "that trained sharing the GPU (lattn_jax.sweep."
+                                  "remeasure_alone; results mark them \u2021).",
+                                  lower_bound=0)
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root> "
                                  "(an existing sweep directory).")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print what the same command would do with "
-                             "each selected run (skip, reuse, launch: in which order and which "
-                             "at once, or hold back) and its command; writes nothing.")
+                             "each selected run (skip, reuse, launch, hold back); writes nothing.")
 _RETRY = flags.DEFINE_bool("retry_failed", False, "Run failed runs again.")
 _FINISH = flags.DEFINE_bool("finish_by_deadline", False, "Launch or resume only runs that the "
                             "finished runs' median wall time says end before the deadline (a "
                             "machine's last call: a run cut there is lost).")
 _REUSE = flags.DEFINE_multi_string("reuse_from", [], "Another sweep's root: a run not started "
-                                   "here whose training is identical to a finished run there "
-                                   "(the experiment config its trainer recorded) gets its "
-                                   "records instead of a launch (e.g. Table 7's host from "
-                                   "Table 2).")
+                                   "here whose training is identical to a run finished there "
+                                   "gets its records instead of a launch (Table 7's host).")
 _OVERRIDE = flags.DEFINE_multi_string("override", [], "field=value: an extra --config.<field> "
                                       "for every run (this machine's settings, e.g. "
                                       "train.micro_batch_size=8; not in the run names).")
