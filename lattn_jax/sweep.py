@@ -1032,23 +1032,16 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             print_fn(f"--- {run.name}: failed before ({state.error}); skipped "
                      f"(--retry_failed runs it again)")
             continue
-        if stop is not None and stop.is_set():
-            summary.status = "interrupted"
-            break
-        if max_runs is not None and len(summary.launched) >= max_runs:
-            summary.status = "max_runs"
-            break
         where = ("not started" if state.status == Status.NOT_STARTED else
                  f"{state.status.value} at step {state.step}/{state.total_steps or '?'}")
-        # The trainer gets SIGTERM stop_margin_s before the deadline: what it would run is the
-        # time left minus the margin (a run launched with --min_run_s left ran only that minus
-        # 30 s: a rehearsal of 2026-12-04 launched runs 1 s before their SIGTERM).
-        if deadline is not None and deadline - time.time() - stop_margin_s < max(min_run_s, 0):
-            summary.status = "deadline"
-            print_fn(f"--- {run.name}: {where}; not launched: "
-                     f"{max(deadline - time.time() - stop_margin_s, 0):.0f} s left before the "
-                     f"trainer's stop ({stop_margin_s:g} s before the deadline), under "
-                     f"--min_run_s {min_run_s:g}")
+        held = _launch_held(stop, max_runs, len(summary.launched), deadline, stop_margin_s,
+                            min_run_s)
+        if held is not None:
+            summary.status, left = held
+            if left is not None:
+                print_fn(f"--- {run.name}: {where}; not launched: {left:.0f} s left before the "
+                         f"trainer's stop ({stop_margin_s:g} s before the deadline), under "
+                         f"--min_run_s {min_run_s:g}")
             break
         sharing = 1
         if parallel > 1 and finish_by_deadline:
@@ -1106,6 +1099,36 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
 
 ALONE_DIR = "alone"  # <run dir>/alone: the trainer's workdir of the re-measurement
 THROUGHPUT_ALONE = "throughput_alone.json"  # <run dir>/throughput_alone.json: its result
+
+
+def _launch_held(stop: Optional[threading.Event], max_runs: Optional[int], launched: int,
+                 deadline: Optional[float], stop_margin_s: float,
+                 min_run_s: float) -> Optional[Tuple[str, Optional[float]]]:
+    """Why no further trainer may start, shared by :func:`execute` and :func:`remeasure_alone`.
+
+    Args:
+      stop: set on SIGINT / SIGTERM of the sweep.
+      max_runs: launches allowed in this call (``None``: no limit); ``launched``: made so far.
+      deadline: ``time.time()`` at which trainers get stopped (``None``: none).
+      stop_margin_s: seconds before ``deadline`` at which a trainer gets SIGTERM.
+      min_run_s: the least time (s) a new trainer must have before its SIGTERM.
+
+    Returns:
+      ``None`` when a trainer may start, else ``(status, left)``: status ``"interrupted"``,
+      ``"max_runs"`` or ``"deadline"``; ``left`` the seconds before the trainer's stop (for
+      ``"deadline"``, which the caller reports), else ``None``. The trainer gets SIGTERM
+      ``stop_margin_s`` before the deadline, so what it would run is the time left minus the
+      margin (a rehearsal of 2026-12-04 launched runs 1 s before their SIGTERM).
+    """
+    if stop is not None and stop.is_set():
+        return "interrupted", None
+    if max_runs is not None and launched >= max_runs:
+        return "max_runs", None
+    if deadline is not None:
+        left = deadline - time.time() - stop_margin_s
+        if left < max(min_run_s, 0):
+            return "deadline", max(left, 0.0)
+    return None
 
 
 def alone_overrides(steps: int) -> Tuple[Tuple[str, int], ...]:
@@ -1246,17 +1269,13 @@ def remeasure_alone(runs: Sequence[Run], root: str, *, steps: int, config_path: 
             print_fn(f"--- {run.name}: re-measurement alone failed before ({before.error}); "
                      f"skipped (--retry_failed runs it again)")
             continue
-        if stop is not None and stop.is_set():
-            summary.status = "interrupted"
-            break
-        if max_runs is not None and len(summary.launched) >= max_runs:
-            summary.status = "max_runs"
-            break
-        if deadline is not None and deadline - time.time() - stop_margin_s < max(min_run_s, 0):
-            summary.status = "deadline"
-            print_fn(f"--- {run.name}: re-measurement alone not launched: "
-                     f"{max(deadline - time.time() - stop_margin_s, 0):.0f} s left before the "
-                     f"trainer's stop, under --min_run_s {min_run_s:g}")
+        held = _launch_held(stop, max_runs, len(summary.launched), deadline, stop_margin_s,
+                            min_run_s)
+        if held is not None:
+            summary.status, left = held
+            if left is not None:
+                print_fn(f"--- {run.name}: re-measurement alone not launched: {left:.0f} s left "
+                         f"before the trainer's stop, under --min_run_s {min_run_s:g}")
             break
         cmd = alone_command(run, root=root, steps=steps, config_path=config_path,
                             train_script=train_script, python=python,
