@@ -1382,6 +1382,6 @@ def choose_implementation(op, implementation, concrete, arrays, head_dims, chunk
       ValueError: for an unknown name, or a kernel implementation that cannot run this call.
     """
     if (implementation is None or implementation == "auto") and not AUTO_SELECT:
-        return validation.resolve_implementation(implementation, tuple(concrete))
+        return validation.resolve_implementation(implementation, tuple(concrete), op)
     return pallas_gpu.choose_implementation(op, implementation, concrete, arrays, head_dims,
                                             chunk_size, seq_len)

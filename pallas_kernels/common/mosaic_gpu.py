@@ -143,6 +143,6 @@ def choose_implementation(
     elif implementation not in tuple(concrete) + pallas_gpu.PALLAS_IMPLEMENTATIONS:
         validation.resolve_implementation(
             implementation,
-            tuple(concrete) + pallas_gpu.PALLAS_IMPLEMENTATIONS + MOSAIC_IMPLEMENTATIONS)
+            tuple(concrete) + pallas_gpu.PALLAS_IMPLEMENTATIONS + MOSAIC_IMPLEMENTATIONS, op)
     return pallas_gpu.choose_implementation(op, implementation, concrete, arrays, head_dims,
                                             chunk_size, seq_len)

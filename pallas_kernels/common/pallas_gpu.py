@@ -213,7 +213,7 @@ def choose_implementation(
             log_fallback(op, reason)
         return concrete[0]
     return validation.resolve_implementation(
-        implementation, tuple(concrete) + PALLAS_IMPLEMENTATIONS)
+        implementation, tuple(concrete) + PALLAS_IMPLEMENTATIONS, op)
 
 
 def log_fallback(op: str, reason: str) -> None:

@@ -137,4 +137,4 @@ def choose_implementation(
     extended = tuple(concrete) + TPU_IMPLEMENTATIONS
     if fallback is not None:
         return fallback(op, implementation, extended, arrays, head_dims, chunk_size, seq_len)
-    return validation.resolve_implementation(implementation, extended)
+    return validation.resolve_implementation(implementation, extended, op)

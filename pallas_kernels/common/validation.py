@@ -244,12 +244,14 @@ def auto_kernel_reason(reason: Optional[str], seq_len: int, chunk_size: int) -> 
     return reason
 
 
-def resolve_implementation(implementation: Optional[str], supported: Sequence[str]) -> str:
+def resolve_implementation(implementation: Optional[str], supported: Sequence[str],
+                           op: Optional[str] = None) -> str:
     """Maps the user's ``implementation`` to a concrete form.
 
     Args:
         implementation: ``None``/``"auto"`` or one of ``supported``.
         supported: the concrete forms this op provides, best first.
+        op: the public function's name (``"gated_delta_rule"``), which the error names.
 
     Returns:
         The concrete implementation name. ``None`` and ``"auto"`` resolve to ``supported[0]``.
@@ -260,8 +262,9 @@ def resolve_implementation(implementation: Optional[str], supported: Sequence[st
     if implementation is None or implementation == "auto":
         return supported[0]
     if implementation not in supported:
+        where = f"{op}: " if op else ""
         raise ValueError(
-            f"implementation={implementation!r} is not available for this op; "
+            f"{where}implementation={implementation!r} is not available for this op; "
             f"choose one of {('auto',) + tuple(supported)}"
         )
     return implementation

@@ -407,6 +407,9 @@ class GatedDeltaRuleTest(parameterized.TestCase):
         dict(testcase_name="chunk_size_48", change=dict(chunk_size=48), match="power of two"),
         dict(testcase_name="unknown_implementation", change=dict(implementation="pallas"),
              match="implementation='pallas'"),
+        dict(testcase_name="implementation_typo", change=dict(implementation="mosaic"),
+             match=r"^gated_delta_rule: implementation='mosaic' is not available for this op; "
+                   r"choose one of \('auto', 'chunked', "),
         dict(testcase_name="scale_not_a_number", change=dict(scale="x"),
              match=r"^scale must be None or a positive finite number, got scale='x' \(str\)$"),
         dict(testcase_name="scale_negative", change=dict(scale=-1.0),
