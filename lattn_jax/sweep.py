@@ -635,17 +635,20 @@ class Attempt:
 
 def _describe_exit(attempt: Attempt) -> str:
     """How a trainer's exit reads in the sweep's line for the run: ``"stopped at the
-    deadline"`` when the sweep's own SIGTERM at the deadline stopped it (exit status 143, or
-    killed by that SIGTERM), rather than an ``"exit 143"`` that reads as a failure; otherwise
+    deadline"`` (or ``"stopped at the sweep's interrupt"``, after the sweep's own Ctrl-C or
+    SIGTERM) when the sweep's own SIGTERM stopped it (exit status 143, or killed by that
+    SIGTERM), rather than an ``"exit 143"`` that reads as a failure; otherwise
     ``"exit <status>"`` (negative: killed by that signal), with ``"after the deadline's
-    SIGTERM"`` added when the trainer ended otherwise after it (killed after the grace period,
-    or its own error)."""
+    SIGTERM"`` (``"after the SIGTERM of the sweep's interrupt"``) added when the trainer ended
+    otherwise after it (killed after the grace period, or its own error)."""
     rc = attempt.returncode
-    if attempt.stopped_by == "deadline":
+    if attempt.stopped_by in ("deadline", "interrupt"):
+        deadline = attempt.stopped_by == "deadline"
         if rc in (_EXIT_TERMINATED, -signal.SIGTERM):
-            return "stopped at the deadline"
+            return "stopped at the deadline" if deadline else "stopped at the sweep's interrupt"
         if rc != 0:
-            return f"exit {rc} after the deadline's SIGTERM"
+            return (f"exit {rc} after the deadline's SIGTERM" if deadline else
+                    f"exit {rc} after the SIGTERM of the sweep's interrupt")
     return f"exit {rc}"
 
 

@@ -353,7 +353,11 @@ class RunDirTest(absltest.TestCase):
         self.assertEqual(words(0, "deadline"), "exit 0")
         for rc in (1, 143, -signal.SIGKILL):
             self.assertEqual(words(rc, None), f"exit {rc}")
-        self.assertEqual(words(143, "interrupt"), "exit 143")
+        # The sweep's own Ctrl-C / SIGTERM passed on to the trainer: a stop, not a failure.
+        for rc in (143, -signal.SIGTERM):
+            self.assertEqual(words(rc, "interrupt"), "stopped at the sweep's interrupt")
+        self.assertEqual(words(-signal.SIGKILL, "interrupt"),
+                         "exit -9 after the SIGTERM of the sweep's interrupt")
 
     def test_error_line(self):
         self.assertEqual(sweep.error_line(["a\n", "error: x bad\n", "shutting down\n"]),
