@@ -459,6 +459,10 @@ class RunResult:
       attempts_concurrent: the most runs in flight at once during any of its attempts, whether
         or not they wrote records (:func:`estimated_run_s` compares wall times by it).
       parallel: the largest ``parallel`` setting of its attempts (1: one run at a time).
+      devices: the device kinds its trainer ran on (``invocations.jsonl``: e.g.
+        ``("NVIDIA H200",)``; two when a resume moved it to another kind; ``()`` unknown).
+        :mod:`lattn_jax.sweep_report` puts the re-measurement's there when its throughput
+        replaces the shared one, and compares tokens/s only between runs on the same kind.
       val_curve, train_curve: ``[(tokens, loss), ...]`` by step.
     """
 
@@ -481,6 +485,7 @@ class RunResult:
     concurrent: int = 1
     attempts_concurrent: int = 1
     parallel: int = 1
+    devices: Tuple[str, ...] = ()
     val_curve: List[Tuple[int, float]] = dataclasses.field(default_factory=list)
     train_curve: List[Tuple[int, float]] = dataclasses.field(default_factory=list)
 
@@ -498,6 +503,18 @@ def window_throughput(records: Sequence[Mapping[str, Any]]) -> Tuple[Optional[fl
     records = list(records)
     return (_median([r["tokens_per_sec"] for r in records if r.get("tokens_per_sec")]),
             _median([r["mfu"] for r in records if r.get("mfu") is not None]))
+
+
+def device_kinds(workdir: str) -> Tuple[str, ...]:
+    """The device kinds (``jax.Device.device_kind``, e.g. ``"NVIDIA H200"``) that the trainer
+    invocations recorded in ``<workdir>/invocations.jsonl`` ran on, sorted, each once; ``()``
+    when none is recorded."""
+    kinds = set()
+    for record in read_jsonl(os.path.join(workdir, "invocations.jsonl")):
+        devices = record.get("devices")
+        if isinstance(devices, dict):
+            kinds.update(str(k) for k in devices.get("kinds") or ())
+    return tuple(sorted(kinds))
 
 
 def collect(workdir: str) -> RunResult:
@@ -560,6 +577,7 @@ def collect(workdir: str) -> RunResult:
         r for r in train.values() if r.get("tokens_per_sec") or r.get("mfu") is not None])
     out.attempts_concurrent = _run_concurrency(attempts)
     out.parallel = max([int(a.get("parallel") or 1) for a in attempts] + [1])
+    out.devices = device_kinds(workdir)
     ends = [a for a in attempts if a.get("event") == "end"]
     if ends:
         out.wall_s = sum(float(a.get("wall_s", 0.0)) for a in ends)

@@ -26,6 +26,16 @@ in the ranking, the runs table and the comparisons with the paper; its wall time
 ``shared_tokens_per_sec`` / ``shared_mfu`` keep the numbers measured while sharing; a failed
 re-measurement's error line is the runs table's note.
 
+A sweep split over several machine holds may run on more than one kind of GPU (an H100 in one
+window, an H200 in the next). Each run's device kinds come from its trainer's
+``invocations.jsonl`` (:attr:`lattn_jax.sweep.RunResult.devices`; the re-measurement's when
+one replaces its throughput). The sweep's throughput device is the kind most runs with a
+throughput ran on (:attr:`Report.device`); tokens/s and MFU from any other kind (or from a run
+that moved between kinds) are marked ``§``, shown, and never compared: a group measured only
+there gets no tokens/s rank, and a group with runs on both uses those on the throughput
+device. Losses are compared across kinds (the same code, dtypes and data; the kinds' kernels
+round differently, well below the seed-to-seed spread).
+
 The sweep config may carry (all optional):
 
 * ``references``: the paper's numbers, each a dict ``name``, ``source`` (where they come from),
@@ -113,7 +123,17 @@ def _entry(run: sweep.Run, workdir: str, in_grid: bool) -> Entry:
     entry.shared_tokens_per_sec, entry.shared_mfu = result.tokens_per_sec, result.mfu
     result.tokens_per_sec, result.mfu = float(alone["tokens_per_sec"]), alone.get("mfu")
     result.concurrent = 1
+    result.devices = sweep.device_kinds(os.path.join(workdir, sweep.ALONE_DIR)) or result.devices
     return entry
+
+
+def device_label(e: Entry) -> str:
+    """The device kind(s) a run's throughput comes from, ``" + "``-joined (``""`` unknown)."""
+    return " + ".join(e.result.devices)
+
+
+def _measured(e: Entry) -> bool:
+    return bool(e.result.tokens_per_sec or e.result.mfu is not None)
 
 
 @dataclasses.dataclass
@@ -134,6 +154,9 @@ class Group:
         shown marked, never compared (:meth:`metric` gives ``None`` for ``tokens_per_sec``).
       throughput_remeasured: some of the runs they come from trained while sharing the
         machine and were measured again alone (:attr:`Entry.alone`): compared, marked.
+      throughput_device: the device kind(s) of ``tokens_per_sec`` and ``mfu`` when none of its
+        measured runs ran on the sweep's throughput device (:attr:`Report.device`): shown
+        marked, never compared; ``None`` otherwise (they then come only from runs on it).
       tokens: tokens of a finished run; params, non_embedding_params: of any run.
     """
 
@@ -148,14 +171,16 @@ class Group:
     mfu: Optional[float] = None
     throughput_shared: bool = False
     throughput_remeasured: bool = False
+    throughput_device: Optional[str] = None
     tokens: Optional[int] = None
     params: Optional[int] = None
     non_embedding_params: Optional[int] = None
 
     def metric(self, name: str) -> Optional[float]:
         """``final_val_loss`` (the mean), ``best_val_loss`` or ``tokens_per_sec`` (``None``
-        when measured only while sharing the machine: not comparable)."""
-        if name == "tokens_per_sec" and self.throughput_shared:
+        when measured only while sharing the machine, or only on another device kind than the
+        sweep's throughput device: not comparable)."""
+        if name == "tokens_per_sec" and (self.throughput_shared or self.throughput_device):
             return None
         return self.mean if name == "final_val_loss" else getattr(self, name)
 
@@ -177,6 +202,8 @@ class Report:
       invocations: the records of ``<root>/sweep.jsonl`` (command line, start, wall time,
         outcome of every sweep call that ran the sweep: not ``--report_only`` or
         ``--dry_run``).
+      device: the sweep's throughput device (:func:`throughput_device`), or ``None``;
+        devices: ``{device label: runs with a throughput on it}``, most runs first.
     """
 
     name: str
@@ -192,6 +219,8 @@ class Report:
     claims: List[Dict[str, Any]]
     scan: Optional[Dict[str, Any]]
     invocations: List[Dict[str, Any]]
+    device: Optional[str] = None
+    devices: Dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -280,7 +309,20 @@ def _loss_key(loss: float) -> Tuple[bool, float]:
     return (not finite, loss if finite else 0.0)
 
 
-def _groups(entries: Sequence[Entry], seed_axis: Optional[str]) -> List[Group]:
+def throughput_device(entries: Sequence[Entry]) -> Tuple[Optional[str], Dict[str, int]]:
+    """The device label most runs with a throughput ran on (a tie: the first in ``entries``
+    order), and the count of runs per label (most first); ``(None, {})`` when no run has a
+    known device and a throughput."""
+    counts: Dict[str, int] = {}
+    for e in entries:
+        if _measured(e) and device_label(e):
+            counts[device_label(e)] = counts.get(device_label(e), 0) + 1
+    ordered = dict(sorted(counts.items(), key=lambda kv: -kv[1]))  # stable: ties keep order
+    return (next(iter(ordered)) if ordered else None), ordered
+
+
+def _groups(entries: Sequence[Entry], seed_axis: Optional[str],
+            device: Optional[str] = None) -> List[Group]:
     by_name: Dict[str, Group] = {}
     for e in entries:
         g = by_name.get(e.run.group)
@@ -298,13 +340,18 @@ def _groups(entries: Sequence[Entry], seed_axis: Optional[str]) -> List[Group]:
             best = [e.result.best_val_loss for e in finished if e.result.best_val_loss is not None]
             g.best_val_loss = float(np.mean(best)) if best else None
             g.tokens = finished[0].result.tokens
-        measured = [e for e in g.entries
-                    if e.result.tokens_per_sec or e.result.mfu is not None]
+        measured = [e for e in g.entries if _measured(e)]
         alone = [e for e in measured if e.result.concurrent <= 1]
         g.throughput_shared = bool(measured) and not alone
-        g.throughput_remeasured = any(e.alone is not None for e in alone)
-        tps = [e.result.tokens_per_sec for e in alone or measured if e.result.tokens_per_sec]
-        mfu = [e.result.mfu for e in alone or measured if e.result.mfu is not None]
+        pool = alone or measured
+        # Only runs on the sweep's throughput device (or of unknown device) are compared.
+        here = [e for e in pool if device is None or device_label(e) in (device, "")]
+        if pool and not here:
+            g.throughput_device = " or ".join(sorted({device_label(e) for e in pool}))
+        pool = here or pool
+        g.throughput_remeasured = any(e.alone is not None for e in pool)
+        tps = [e.result.tokens_per_sec for e in pool if e.result.tokens_per_sec]
+        mfu = [e.result.mfu for e in pool if e.result.mfu is not None]
         g.tokens_per_sec = float(np.mean(tps)) if tps else None
         g.mfu = float(np.mean(mfu)) if mfu else None
         for e in g.entries:
@@ -332,12 +379,13 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
         if metric not in _METRICS:
             raise sweep.SweepConfigError(f"references[{i}].metric={metric!r}; choose from "
                                          f"{', '.join(_METRICS)}")
-        base, base_shared, base_remeasured = None, False, False
+        base, base_shared, base_remeasured, base_other = None, False, False, None
         if ref.get("normalise_to"):
             g = _match(groups, ref["normalise_to"])
             base = g.metric(metric) if g is not None else None
             base_shared = _shared_only(g, metric)
             base_remeasured = _remeasured(g, metric)
+            base_other = _other_device(g, metric)
         rows = []
         for text, paper in ref.get("values", ()):
             g = _match(groups, text)
@@ -346,6 +394,7 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
                 ours = ours / base if base else None
             rows.append({"filter": text, "group": g.name if g else None, "paper": paper,
                          "ours": ours, "shared": _shared_only(g, metric),
+                         "other_device": _other_device(g, metric),
                          "remeasured": _remeasured(g, metric) or (
                              ours is not None and base_remeasured)})
         pairs = [(r["ours"], r["paper"]) for r in rows
@@ -370,7 +419,10 @@ def _references(config: Mapping[str, Any], groups: Sequence[Group]) -> List[Dict
                     "note": _fill_note(ref.get("note", ""), rows, groups),
                     "rows": rows, "spearman": rho, "n": len(pairs),
                     "shared_left_out": sum(1 for r in rows if r["shared"]),
-                    "base_shared": base_shared, "base_remeasured": base_remeasured})
+                    "other_device_left_out": sum(1 for r in rows
+                                                 if r["other_device"] and not r["shared"]),
+                    "base_shared": base_shared, "base_remeasured": base_remeasured,
+                    "base_other_device": base_other})
     return out
 
 
@@ -386,6 +438,15 @@ def _shared_only(group: Optional[Group], metric: str) -> bool:
     """Whether ``metric`` of ``group`` is a throughput measured only while its runs shared the
     machine (left out of the comparison with the paper)."""
     return group is not None and metric == "tokens_per_sec" and group.throughput_shared
+
+
+def _other_device(group: Optional[Group], metric: str) -> Optional[str]:
+    """The device kind(s) of ``group``'s throughput when ``metric`` is a throughput measured
+    only on another kind than the sweep's throughput device (left out of the comparison with
+    the paper), else ``None``."""
+    if group is None or metric != "tokens_per_sec":
+        return None
+    return group.throughput_device
 
 
 def _remeasured(group: Optional[Group], metric: str) -> bool:
@@ -481,7 +542,8 @@ def build(config: Mapping[str, Any], root: str) -> Report:
     entries = []
     for run, in_grid in [(r, True) for r in runs] + [(r, False) for r in extra]:
         entries.append(_entry(run, sweep.run_dir(root, run), in_grid))
-    groups = _groups(entries, config.get("seed_axis"))
+    device, devices = throughput_device(entries)
+    groups = _groups(entries, config.get("seed_axis"), device)
     ranking = sorted([g for g in groups if g.mean is not None], key=lambda g: _loss_key(g.mean))
     spread, used = seed_spread(groups)
     pairs = close_pairs(ranking, spread)
@@ -496,7 +558,8 @@ def build(config: Mapping[str, Any], root: str) -> Report:
         entries=entries, groups=groups, ranking=ranking, spread=spread, spread_groups=used,
         close_pairs=pairs, needs_seed=needs, references=_references(config, groups),
         claims=_claims(config, groups, spread), scan=_scan(config, groups),
-        invocations=sweep.read_jsonl(os.path.join(root, SWEEP_LOG)))
+        invocations=sweep.read_jsonl(os.path.join(root, SWEEP_LOG)), device=device,
+        devices=devices)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -542,11 +605,22 @@ SHARED_MARK = "†"  # throughput measured while the run shared the GPU (``--par
 ALONE_MARK = "‡"  # throughput measured again alone after training shared the GPU
 
 
-def _mark(shared: bool, remeasured: bool = False):
+DEVICE_MARK = "§"  # throughput measured on another device kind than the sweep's throughput device
+
+
+def _mark(shared: bool, remeasured: bool = False, other_device: Any = None):
     """A cell formatter: a non-empty cell gets :data:`SHARED_MARK` when ``shared``, else
-    :data:`ALONE_MARK` when ``remeasured``."""
+    :data:`ALONE_MARK` when ``remeasured``, and :data:`DEVICE_MARK` after either (or alone)
+    when ``other_device`` is true."""
     mark = SHARED_MARK if shared else ALONE_MARK if remeasured else ""
+    if other_device:
+        mark += DEVICE_MARK
     return lambda text: f"{text} {mark}" if mark and text else text
+
+
+def _short_device(label: str) -> str:
+    """``"NVIDIA H200"`` -> ``"H200"`` for the runs table (``"NVIDIA "`` dropped)."""
+    return label.replace("NVIDIA ", "")
 
 
 def _alone_steps(entries: Sequence[Entry]) -> str:
@@ -595,6 +669,22 @@ def _shared_note(r: "sweep.RunResult") -> str:
     return ""
 
 
+def _device_reference_lines(ref: Mapping[str, Any], device: Optional[str]) -> List[str]:
+    """What a throughput comparison with the paper left out because it was measured on another
+    device kind than the sweep's throughput device ``device``; none when nothing was."""
+    if ref["metric"] != "tokens_per_sec":
+        return []
+    if ref.get("base_other_device") and not ref["base_shared"]:
+        return ["", f"{DEVICE_MARK} No comparison: the group it is relative to "
+                f"(`{ref['normalise_to']}`) was measured only on {ref['base_other_device']}; "
+                f"throughput is compared only between runs on {device}."]
+    if ref.get("other_device_left_out"):
+        return ["", f"{DEVICE_MARK} {ref['other_device_left_out']} row(s) left out: measured "
+                f"only on another device kind than {device} (the row says which); the ranks "
+                f"and the correlation use the runs on {device}."]
+    return []
+
+
 def _shared_reference_lines(ref: Mapping[str, Any]) -> List[str]:
     """What a throughput comparison with the paper left out: groups whose runs were all
     measured while sharing the GPU (``--parallel`` > 1); none when nothing was left out."""
@@ -640,6 +730,17 @@ def markdown(report: Report) -> str:
             f"measured alone (the throughput comparisons below use only runs measured alone); "
             f"their losses are unaffected. A run whose tokens/s and MFU were measured alone "
             f"after an attempt that shared the GPU has only its wall time marked."]
+    elsewhere = [e for e in report.entries if _measured(e) and report.device
+                 and device_label(e) not in (report.device, "")]
+    if elsewhere:
+        kinds = ", ".join(f"{d} ({n} run{'s' if n > 1 else ''})"
+                          for d, n in report.devices.items())
+        lines[-1:-1] = [
+            f"- {DEVICE_MARK} The runs' throughput was measured on more than one kind of "
+            f"device: {kinds}. Tokens/s and MFU are compared only between runs on "
+            f"{report.device} (the most runs); the {len(elsewhere)} other(s) are marked "
+            f"{DEVICE_MARK} and shown, not compared. Losses are compared across devices."]
+    elsewhere_ids = {id(e) for e in elsewhere}
     remeasured = [e for e in report.entries if e.alone is not None]
     if remeasured:
         lines[-1:-1] = [
@@ -659,7 +760,7 @@ def markdown(report: Report) -> str:
         rows = []
         for i, g in enumerate(report.ranking, 1):
             sd = f" ± {g.sd:.4f}" if g.sd is not None else ""
-            mark = _mark(g.throughput_shared, g.throughput_remeasured)
+            mark = _mark(g.throughput_shared, g.throughput_remeasured, g.throughput_device)
             rows.append([i, g.name, len(g.losses), f"{g.mean:.4f}{sd}", f"{g.mean - best:+.4f}",
                          _f(g.best_val_loss), _tokens(g.tokens),
                          mark(_f(g.tokens_per_sec, ",.0f")), mark(_pct(g.mfu)),
@@ -671,6 +772,9 @@ def markdown(report: Report) -> str:
                       f"MFU of runs that shared the GPU (`--parallel` > 1)."]
         if any(g.throughput_remeasured for g in report.ranking):
             lines += ["", alone_footnote(report.entries)]
+        if any(g.throughput_device for g in report.ranking):
+            lines += ["", f"{DEVICE_MARK} No run of the group was measured on {report.device}: "
+                      f"tokens/s and MFU on the device the runs table names, not compared."]
         lines.append("")
     lines += ["## Runs", ""]
     rows = []
@@ -678,25 +782,29 @@ def markdown(report: Report) -> str:
         r, s = e.result, e.state
         progress = f"{r.step}/{s.total_steps}" if s.total_steps else (str(r.step) if r.step else "")
         # tokens/s, MFU: the attempts that wrote their records (or the re-measurement alone)
-        mark = _mark(r.concurrent > 1, e.alone is not None)
+        mark = _mark(r.concurrent > 1, e.alone is not None, id(e) in elsewhere_ids)
         wall_mark = _mark(r.attempts_concurrent > 1)  # the wall time adds every attempt
         rows.append([e.run.name + ("" if e.in_grid else " (not in this grid)"), s.status.value,
                      progress, _f(r.final_val_loss), _f(r.best_val_loss),
                      _f(r.final_train_loss), _tokens(r.tokens),
                      mark(_f(r.tokens_per_sec, ",.0f")), mark(_pct(r.mfu)), _params(r.params),
                      _params(r.non_embedding_params), wall_mark(_wall(r.wall_s)),
+                     _short_device(device_label(e)),
                      "; ".join(filter(None, [s.error, _nonfinite_note(r),
                                              _reused_note(report.root, e.run),
                                              _shared_note(r), _alone_note(e)]))])
     lines += _table(["run", "status", "step", "final val", "best val", "final train", "tokens",
-                     "tokens/s", "MFU", "params", "non-emb.", "wall", "error"], rows,
-                    "llrrrrrrrrrrl")
+                     "tokens/s", "MFU", "params", "non-emb.", "wall", "device", "error"], rows,
+                    "llrrrrrrrrrrll")
     if shared:
         lines += ["", f"{SHARED_MARK} Measured while the run shared the GPU with other runs of "
                   f"the sweep (`--parallel` > 1; the note says how many at once): not "
                   f"comparable with runs measured alone."]
     if remeasured:
         lines += ["", alone_footnote(report.entries)]
+    if elsewhere:
+        lines += ["", f"{DEVICE_MARK} Measured on another device kind than {report.device} (the "
+                  f"device column): not compared."]
     lines.append("")
     lines += ["## Seeds", ""]
     if report.spread is None:
@@ -726,6 +834,7 @@ def markdown(report: Report) -> str:
                                                  else ".4f")
         rows = [[r["filter"], r["paper"],
                  f"{SHARED_MARK} shared GPU only" if r.get("shared")
+                 else f"{DEVICE_MARK} {r['other_device']} only" if r.get("other_device")
                  else _mark(False, r.get("remeasured"))(_f(r["ours"], fmt)),
                  _f(r.get("paper_rank"), "g"), _f(r.get("ours_rank"), "g")]
                 for r in ref["rows"]]
@@ -736,6 +845,7 @@ def markdown(report: Report) -> str:
                   + (" (the paper's values inverted: higher is better there)"
                      if ref["inverse"] else "") + "."]
         lines += _shared_reference_lines(ref)
+        lines += _device_reference_lines(ref, report.device)
         if any(r.get("remeasured") and r["ours"] is not None for r in ref["rows"]):
             lines += ["", alone_footnote(report.entries)
                       + (f" The group it is relative to (`{ref['normalise_to']}`) is one of "
@@ -778,7 +888,7 @@ _CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps
                "final_val_loss", "best_val_loss", "best_val_step", "last_val_loss",
                "final_train_loss", "tokens", "tokens_per_sec", "mfu", "params",
                "non_embedding_params", "wall_s", "concurrent", "parallel", "alone_steps",
-               "shared_tokens_per_sec", "shared_mfu", "error")
+               "shared_tokens_per_sec", "shared_mfu", "devices", "error")
 
 
 def _run_row(e: Entry) -> Dict[str, Any]:
@@ -793,7 +903,7 @@ def _run_row(e: Entry) -> Dict[str, Any]:
             "concurrent": r.concurrent, "parallel": r.parallel,
             "alone_steps": e.alone.get("steps") if e.alone else None,
             "shared_tokens_per_sec": e.shared_tokens_per_sec, "shared_mfu": e.shared_mfu,
-            "error": e.state.error}
+            "devices": device_label(e), "error": e.state.error}
 
 
 def csv_text(report: Report) -> str:
@@ -813,7 +923,8 @@ def json_dict(report: Report) -> Dict[str, Any]:
                "final_val_loss_sd": g.sd, "best_val_loss": g.best_val_loss,
                "tokens_per_sec": g.tokens_per_sec, "mfu": g.mfu,
                "throughput_shared": g.throughput_shared,
-               "throughput_remeasured": g.throughput_remeasured, "tokens": g.tokens,
+               "throughput_remeasured": g.throughput_remeasured,
+               "throughput_device": g.throughput_device, "tokens": g.tokens,
                "params": g.params, "non_embedding_params": g.non_embedding_params,
                "rank": report.ranking.index(g) + 1 if g in report.ranking else None}
               for g in report.groups]
@@ -822,7 +933,8 @@ def json_dict(report: Report) -> Dict[str, Any]:
             "seed_spread": report.spread, "seed_spread_groups": report.spread_groups,
             "close_pairs": [list(p) for p in report.close_pairs],
             "needs_second_seed": report.needs_seed, "references": report.references,
-            "claims": report.claims, "scan": report.scan, "commands": report.invocations}
+            "claims": report.claims, "scan": report.scan, "commands": report.invocations,
+            "throughput_device": report.device, "devices": report.devices}
 
 
 def _finite_or_null(x):

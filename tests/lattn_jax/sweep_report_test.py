@@ -15,11 +15,12 @@ from lattn_jax import sweep_report
 
 
 def write_run(root, run, *, final=None, partial_at=None, error=None, total=10, tps=1000.0,
-              params=5000, nan_evals=(), concurrent=None):
+              params=5000, nan_evals=(), concurrent=None, devices=None):
     """Writes the files the trainer and the sweep leave in a run directory: a finished run
     (``final``: its last validation loss), a partial one (``partial_at``: the checkpoint step)
     or a failed one (``error``); evaluations at the steps in ``nan_evals`` record NaN;
-    ``concurrent``: the attempt ran with that many runs at once (``--parallel=2``)."""
+    ``concurrent``: the attempt ran with that many runs at once (``--parallel=2``);
+    ``devices``: one device kind per trainer invocation (recorded as the trainer does)."""
     workdir = sweep.run_dir(root, run)
     os.makedirs(workdir, exist_ok=True)
 
@@ -35,9 +36,13 @@ def write_run(root, run, *, final=None, partial_at=None, error=None, total=10, t
     if error:
         append(sweep.ATTEMPTS, {"event": "end", "returncode": 1, "wall_s": 3.0, "error": error})
         return
-    append("invocations.jsonl", {"time": "2026-01-01T00:00:00Z", "config": {
-        "train": {"total_steps": total}, "data": {"batch_size": 4, "seq_len": 8},
-        "model": {"vocab_size": 100, "d_model": 8, "tie_embeddings": False}}})
+    config = {"train": {"total_steps": total}, "data": {"batch_size": 4, "seq_len": 8},
+              "model": {"vocab_size": 100, "d_model": 8, "tie_embeddings": False}}
+    for kind in devices or (None,):
+        device = {} if kind is None else {"devices": {"backend": "gpu", "count": 1,
+                                                      "kinds": [kind], "processes": 1}}
+        append("invocations.jsonl", {"time": "2026-01-01T00:00:00Z", **device,
+                                     "config": config})
     append("console.log", f"model: {params:,} parameters, layers ['gdn'], d_model 8")
     last = partial_at or total
     for step in range(1, last + 1):
@@ -317,10 +322,10 @@ class SharedThroughputTest(absltest.TestCase):
         self.assertIn("- † 2 run(s) shared the GPU with other runs of this sweep (`--parallel` "
                       "up to 2)", md)
         self.assertIn("| arch=kda,seed=42 | finished | 10/10 | 3.3000 | 3.3000 | 3.3500 | 320 "
-                      "| 5,000 † | 25.0% † | 0.01M | 0.00M | 60 s † | shared GPU (parallel=2, "
+                      "| 5,000 † | 25.0% † | 0.01M | 0.00M | 60 s † |  | shared GPU (parallel=2, "
                       "up to 2 runs at once) |", md)
         self.assertIn("| arch=gdn,seed=42 | finished | 10/10 | 3.0000 | 3.0000 | 3.0500 | 320 "
-                      "| 1,000 | 25.0% | 0.01M | 0.00M | 60 s |  |", md)
+                      "| 1,000 | 25.0% | 0.01M | 0.00M | 60 s |  |  |", md)
         self.assertIn("| 3 | arch=kda | 1 | 3.3000 | +0.2500 | 3.3000 | 320 | 5,000 † | 25.0% † "
                       "|", md)
         self.assertIn("| arch=kda | 130.0 | † shared GPU only |  |  |", md)
@@ -352,7 +357,7 @@ class SharedThroughputTest(absltest.TestCase):
                                 "shared_s": 0.5, "t0": 100.0, "t1": 100.5}) + "\n")
             f.write(alone)
         md = sweep_report.markdown(self._report())
-        self.assertIn("| 1,000 | 25.0% | 0.01M | 0.00M | 60 s † | wall time includes an attempt "
+        self.assertIn("| 1,000 | 25.0% | 0.01M | 0.00M | 60 s † |  | wall time includes an attempt "
                       "that shared the GPU (parallel=2, up to 2 runs at once) |", md)
 
     def test_no_group_measured_alone_is_said(self):
@@ -411,12 +416,12 @@ class SharedThroughputTest(absltest.TestCase):
                       f"{steps}-step run after training", md)
         self.assertIn(f"| 3 | arch=kda | 1 | 3.3000 | +0.3000 | 3.3000 | 320 | {kda:,.0f} ‡ "
                       f"| {100 * kda_mfu:.1f}% ‡ |", md)
-        self.assertIn(f"| {kda:,.0f} ‡ | {100 * kda_mfu:.1f}% ‡ | 0.01M | 0.00M | 60 s † | "
+        self.assertIn(f"| {kda:,.0f} ‡ | {100 * kda_mfu:.1f}% ‡ | 0.01M | 0.00M | 60 s † |  | "
                       f"wall time includes an attempt that shared the GPU (parallel=2, up to 2 "
                       f"runs at once); tokens/s, MFU measured alone in a {steps}-step run on "
                       f"2026-12-05 (while sharing: 9,999 tokens/s, MFU 25.0%) |", md)
         self.assertIn(f"| arch=gdn,seed=42 | finished | 10/10 | 3.0000 | 3.0000 | 3.0500 | 320 "
-                      f"| {gdn:,.0f} | 25.0% | 0.01M | 0.00M | 60 s |  |", md)
+                      f"| {gdn:,.0f} | 25.0% | 0.01M | 0.00M | 60 s |  |  |", md)
         self.assertIn(f"| arch=kda | 130.0 | {kda:,.0f} ‡ |", md)
         self.assertIn(f"| arch=gdn | 150.0 | {gdn / softmax:.3f} ‡ |", md)  # (its base's)
         self.assertIn("The group it is relative to (`arch=softmax`) is one of them.", md)
@@ -443,3 +448,90 @@ class SharedThroughputTest(absltest.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
+
+
+class DeviceKindsTest(absltest.TestCase):
+    """A sweep split over windows on different GPU kinds: tokens/s compared on one kind."""
+
+    def setUp(self):
+        super().setUp()
+        self.root = self.create_tempdir().full_path
+        speed = dict(name="speed", source="Table 2", metric="tokens_per_sec",
+                     values=(("arch=gdn", 150.0), ("arch=softmax", 140.0), ("arch=kda", 130.0)))
+        self.config = dict(
+            name="demo", train_config="configs/table2.py", arg=(),
+            grid=((("arch", ("gdn", "softmax", "kda")), ("seed", (42, 43))),),
+            seed_axis="seed",
+            references=(speed, dict(speed, name="relative", normalise_to="arch=softmax")))
+        self.runs = {r.name: r for r in sweep.expand(self.config)}
+
+    def test_device_kinds_of_a_run(self):
+        run = self.runs["arch=gdn,seed=42"]
+        write_run(self.root, run, final=3.0, devices=(H200, H100, H200))
+        self.assertEqual(sweep.device_kinds(sweep.run_dir(self.root, run)), (H100, H200))
+        self.assertEqual(sweep.collect(sweep.run_dir(self.root, run)).devices, (H100, H200))
+        other = self.runs["arch=gdn,seed=43"]
+        write_run(self.root, other, final=3.0)  # records without a device: unknown
+        self.assertEqual(sweep.device_kinds(sweep.run_dir(self.root, other)), ())
+
+    def test_throughput_compared_on_the_most_common_kind_only(self):
+        write_run(self.root, self.runs["arch=gdn,seed=42"], final=3.0, tps=1000.0,
+                  devices=(H200,))
+        # The same group on an H100: its loss counts, its tokens/s does not.
+        write_run(self.root, self.runs["arch=gdn,seed=43"], final=3.1, tps=3000.0,
+                  devices=(H100,))
+        write_run(self.root, self.runs["arch=softmax,seed=42"], final=3.2, tps=800.0,
+                  devices=(H200,))
+        write_run(self.root, self.runs["arch=softmax,seed=43"], final=3.2, tps=820.0,
+                  devices=(H200,))
+        # Resumed on another kind: its windows mix both, so it is not on the H200 alone.
+        write_run(self.root, self.runs["arch=kda,seed=42"], final=3.3, tps=5000.0,
+                  devices=(H100, H200))
+        report = sweep_report.build(self.config, self.root)
+        self.assertEqual(report.device, H200)
+        self.assertEqual(report.devices, {H200: 3, H100: 1, f"{H100} + {H200}": 1})
+        groups = {g.name: g for g in report.groups}
+        self.assertAlmostEqual(groups["arch=gdn"].mean, 3.05)  # both seeds' losses
+        self.assertEqual((groups["arch=gdn"].tokens_per_sec,
+                          groups["arch=gdn"].throughput_device), (1000.0, None))
+        self.assertEqual((groups["arch=kda"].tokens_per_sec,
+                          groups["arch=kda"].throughput_device), (5000.0, f"{H100} + {H200}"))
+        self.assertIsNone(groups["arch=kda"].metric("tokens_per_sec"))
+        speed, relative = report.references
+        self.assertEqual([r["ours"] for r in speed["rows"]], [1000.0, 810.0, None])
+        self.assertEqual([r["other_device"] for r in speed["rows"]],
+                         [None, None, f"{H100} + {H200}"])
+        self.assertEqual((speed["n"], speed["other_device_left_out"], speed["shared_left_out"]),
+                         (2, 1, 0))
+        np.testing.assert_allclose([r["ours"] for r in relative["rows"][:2]], [1000 / 810, 1])
+        paths = sweep_report.write(report)
+        with open(paths["md"]) as f:
+            md = f.read()
+        self.assertIn(f"- § The runs' throughput was measured on more than one kind of device: "
+                      f"{H200} (3 runs), {H100} (1 run), {H100} + {H200} (1 run). Tokens/s and "
+                      f"MFU are compared only between runs on {H200} (the most runs); the 2 "
+                      f"other(s) are marked §", md)
+        self.assertIn("| 3,000 § | 25.0% § | 0.01M | 0.00M | 60 s | H100 80GB HBM3 |  |", md)
+        self.assertIn("| 1,000 | 25.0% | 0.01M | 0.00M | 60 s | H200 |  |", md)
+        self.assertIn(f"| arch=kda | 130.0 | § {H100} + {H200} only |  |  |", md)
+        self.assertIn(f"§ 1 row(s) left out: measured only on another device kind than {H200}",
+                      md)
+        self.assertIn("| 5,000 § | 25.0% § |", md)  # the ranking's kda row
+        with open(paths["csv"]) as f:
+            rows = {r["run"]: r for r in csv.DictReader(f)}
+        self.assertEqual(rows["arch=gdn,seed=43"]["devices"], H100)
+        with open(paths["json"]) as f:
+            data = json.load(f)
+        self.assertEqual(data["throughput_device"], H200)
+
+    def test_one_kind_adds_only_the_device_column(self):
+        for name, final in (("arch=gdn,seed=42", 3.0), ("arch=kda,seed=42", 3.3)):
+            write_run(self.root, self.runs[name], final=final, devices=(H200,))
+        report = sweep_report.build(self.config, self.root)
+        md = sweep_report.markdown(report)
+        self.assertNotIn("§", md)
+        self.assertEqual(report.references[0]["n"], 2)
+        self.assertEqual(report.devices, {H200: 2})

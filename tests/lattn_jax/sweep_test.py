@@ -804,7 +804,7 @@ class ParallelTest(_FakeTrainerTestCase):
         config = _config(grid=grid, seed_axis=None)
         md = sweep_report.markdown(sweep_report.build(config, self.root))
         # tokens/s and MFU unmarked; the wall time, which adds the shared attempt, is marked.
-        self.assertIn("| 250 |  | 0.00M | 0.00M | 1 s † | wall time includes an attempt that "
+        self.assertIn("| 250 |  | 0.00M | 0.00M | 1 s † |  | wall time includes an attempt that "
                       "shared the GPU (parallel=2, up to 2 runs at once) |", md)
         self.assertNotIn("| 250 † |", md)
         self.assertNotIn("| 300 † |", md)
