@@ -12,6 +12,13 @@ Example (the command behind ``benchmarks/results/train-throughput-h200-*.md``)::
 
     python benchmarks/train_throughput.py --out=/tmp/tp --steps=200 --batch_size=8
 
+The small models of issue 28's Table 2 sweep (``configs/sweeps/table2_small.py``: d 512, 6
+layers, 16 x 4,096 tokens a step) on its corpus, every stack in one run on one GPU (the
+sweep's own runs may have trained on different GPU kinds, whose tokens/s do not compare)::
+
+    python benchmarks/train_throughput.py --out=/tmp/tp --size=small --batch_size=16 \
+        --corpus=/tmp/corpus/prose-llama2 --presets=all --steps=120
+
 Each run writes to ``<out>/<preset>/``; the table is rewritten after every preset
 (``<out>/train_throughput.{md,json}``), so a run cut short keeps what it measured, and a later
 invocation into the same ``--out`` adds its presets to the table (e.g. a preset run with fewer
@@ -38,14 +45,27 @@ PRESETS = {
     "gdn_pure": ("arch=gdn,stack=pure", 1.0),
     "gdn_hybrid": ("arch=gdn,stack=hybrid", 0.895),
     "kda_hybrid": ("arch=kda,stack=hybrid", 0.709),
+    "deltanet_pure": ("arch=deltanet,stack=pure", None),
+    "deltanet_hybrid": ("arch=deltanet,stack=hybrid", None),
+    "kda_pure": ("arch=kda,stack=pure", None),
+    "gdn2_pure": ("arch=gdn2,stack=pure", None),
+    "gdn2_hybrid": ("arch=gdn2,stack=hybrid", None),
 }
+# The four the paper's speed column has: the default of --presets ("all": every preset).
+PAPER_PRESETS = ("softmax_dense", "gdn_pure", "gdn_hybrid", "kda_hybrid")
 
 
 def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--presets", default=",".join(PRESETS),
-                        help=f"comma-separated subset of {', '.join(PRESETS)}")
+    parser.add_argument("--presets", default=",".join(PAPER_PRESETS),
+                        help=f"comma-separated subset of {', '.join(PRESETS)}, or all")
+    parser.add_argument("--size", default="350m", choices=["350m", "small"],
+                        help="configs/table2.py's size: the 350M presets or the small models "
+                        "of configs/sweeps/table2_small.py")
+    parser.add_argument("--corpus", default=None,
+                        help="a prepared corpus directory (configs/table2.py's corpus=; "
+                        "default: the bundled WikiText-2 text)")
     parser.add_argument("--opt", default="muon", choices=["muon", "adamw"])
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--batch_size", type=int, default=8, help="rows per step")
@@ -133,14 +153,20 @@ def _micro_text(result: dict) -> str:
             f"{result['batch_size'] // micro} per step on one device)")
 
 
+def _corpus_text(result: dict) -> str:
+    corpus = result.get("corpus")
+    return f"the corpus `{corpus}`" if corpus else "the bundled WikiText-2 corpus"
+
+
 def render(result: dict) -> str:
     """The markdown report of :func:`main`'s JSON result."""
     lines = [f"# Training throughput, paper-1 presets ({result['date'][:10]})", "",
              f"- Date: {result['date']}. Device: {result['device']}.",
              f"- Versions: {json.dumps(result['versions'])}.",
-             f"- Setup: {result['opt']}, {result['steps']} steps of {result['batch_size']} x "
+             f"- Setup: {result['opt']}, size {result.get('size', '350m')}, {result['steps']} "
+             f"steps of {result['batch_size']} x "
              f"{result['seq_len']} tokens{_micro_text(result)}, bf16 compute with fp32 master "
-             f"weights, the bundled WikiText-2 corpus through the real data pipeline; tokens/s, "
+             f"weights, {_corpus_text(result)} through the real data pipeline; tokens/s, "
              f"step time and MFU are the trainer's logged windows of {result['log_every']} "
              f"steps averaged after dropping the first {result['skip_windows']} (compilation, "
              f"warm-up). MFU = model FLOPs (lattn_jax.flops, mixers' real work, causal attention "
@@ -156,11 +182,12 @@ def render(result: dict) -> str:
             continue
         rel = f"{100 * run['tokens_per_sec'] / base:.1f}%" if base else "n/a"
         paper = PRESETS[name][1]
+        paper = "n/a" if paper is None else f"{100 * paper:.1f}%"
         mfu = "n/a" if run["mfu"] is None else f"{100 * run['mfu']:.1f}%"
         params = f"{run['params'] / 1e6:.1f}M" if run.get("params") else ""
         lines.append(
             f"| {name} | {params} | {run.get('steps', '')} | {run['tokens_per_sec']:,.0f} | "
-            f"{run['step_time']:.3f} | {mfu} | {rel} | {100 * paper:.1f}% | "
+            f"{run['step_time']:.3f} | {mfu} | {rel} | {paper} | "
             f"{run['first_loss']:.3f} -> {run['last_loss']:.3f} | {run['wall_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -168,7 +195,7 @@ def render(result: dict) -> str:
 def main(argv=None):
     args = _parse_args(sys.argv[1:] if argv is None else argv)
     os.makedirs(args.out, exist_ok=True)
-    names = [n for n in args.presets.split(",") if n]
+    names = list(PRESETS) if args.presets == "all" else [n for n in args.presets.split(",") if n]
     for n in names:
         if n not in PRESETS:
             raise SystemExit(f"error: --presets: unknown preset {n!r}; choose from "
@@ -178,7 +205,8 @@ def main(argv=None):
               "versions": bench.package_versions("jax", "jaxlib", "flax", "optax",
                                                  "orbax-checkpoint", "grain"), "opt": args.opt,
               "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
-              "micro_batch_size": args.micro_batch_size,
+              "micro_batch_size": args.micro_batch_size, "size": args.size,
+              "corpus": args.corpus,
               "log_every": args.log_every, "skip_windows": args.skip_windows,
               "command": "python " + " ".join(shlex.quote(a) for a in
                                               ["benchmarks/train_throughput.py"] + sys.argv[1:]),
@@ -189,7 +217,8 @@ def main(argv=None):
             result["runs"] = {k: v for k, v in json.load(f)["runs"].items() if k not in names}
     for name in names:
         workdir = os.path.join(args.out, name)
-        arg = PRESETS[name][0] + f",opt={args.opt}" + (",tiny" if args.tiny else "")
+        arg = (PRESETS[name][0] + f",opt={args.opt},size={args.size}"
+               + (f",corpus={args.corpus}" if args.corpus else "") + (",tiny" if args.tiny else ""))
         cmd = [sys.executable, os.path.join(_ROOT, "experiments", "train.py"),
                f"--config={os.path.join(_ROOT, 'configs', 'table2.py')}:{arg}",
                f"--workdir={workdir}", f"--config.train.total_steps={args.steps}",

@@ -89,3 +89,39 @@ def test_render_normalises_to_gdn_pure_and_reports_failures():
 def test_unknown_preset_is_named(tmp_path):
     with pytest.raises(SystemExit, match="unknown preset 'gdn_puer'"):
         tt.main([f"--out={tmp_path}", "--presets=gdn_puer"])
+
+
+def test_small_size_runs_every_stack_on_the_given_corpus(tmp_path, monkeypatch):
+    commands = []
+
+    def fake_trainer(cmd, log_path, *, label, env=None):
+        commands.append((label, cmd))
+        return 1, None, 0.5  # a failed run: the table names it, the next preset still runs
+
+    monkeypatch.setattr(tt, "run_trainer", fake_trainer)
+    result = tt.main([f"--out={tmp_path}", "--presets=all", "--size=small",
+                      "--corpus=/data/prose-llama2", "--batch_size=16", "--steps=40"])
+    assert [label for label, _ in commands] == list(tt.PRESETS)
+    assert len(commands) == 9
+    for label, cmd in commands:
+        config = [c for c in cmd if c.startswith("--config=")]
+        assert config == [f"--config={tt._ROOT}/configs/table2.py:{tt.PRESETS[label][0]},"
+                          f"opt=muon,size=small,corpus=/data/prose-llama2"]
+        assert "--config.data.batch_size=16" in cmd and "--config.train.total_steps=40" in cmd
+    assert result["size"] == "small" and result["corpus"] == "/data/prose-llama2"
+    md = (tmp_path / "train_throughput.md").read_text()
+    assert "muon, size small, 40 steps of 16 x 4096 tokens" in md
+    assert "the corpus `/data/prose-llama2` through the real data pipeline" in md
+    assert "| gdn2_hybrid | | | failed: exit 1, see gdn2_hybrid.log |" in md
+
+
+def test_render_without_a_paper_number():
+    run = dict(tokens_per_sec=100.0, step_time=0.5, mfu=0.25, first_loss=10.0, last_loss=2.0,
+               wall_s=60.0, params=50e6, steps=100)
+    result = {"date": "2026-01-01T00:00:00", "device": "dev", "versions": {}, "opt": "adamw",
+              "steps": 100, "batch_size": 16, "seq_len": 4096, "log_every": 10,
+              "skip_windows": 2, "command": "cmd",
+              "runs": {"gdn_pure": run, "deltanet_pure": dict(run, tokens_per_sec=120.0)}}
+    md = tt.render(result)
+    assert "| deltanet_pure | 50.0M | 100 | 120 | 0.500 | 25.0% | 120.0% | n/a |" in md
+    assert "adamw, size 350m" in md and "the bundled WikiText-2 corpus" in md
