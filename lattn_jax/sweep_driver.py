@@ -276,15 +276,23 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
         ``train_script`` and ``extra_overrides``.
 
     Returns:
-      A header line, then one entry per run: ``"<name>: <status> (step N); <what>"``, a
-      newline and the command indented by two spaces; with ``remeasure_alone``, then one such
-      entry per run that is to be measured again alone (:func:`lattn_jax.sweep.needs_remeasure`
-      now), with its re-measurement's command.
+      A header line; with ``remeasure_alone``, then one entry per run that is to be measured
+      again alone first (:func:`lattn_jax.sweep.needs_remeasure` now; like the call itself, at
+      most ``max_runs`` of them, and they count against it), with its re-measurement's command;
+      then one entry per run: ``"<name>: <status> (step N); <what>"``, a newline and the
+      command indented by two spaces.
     """
+    alone = []
+    if options.remeasure_alone:  # finished before this call (those it trains: re-measured
+        # after them if they shared the GPU; not known beforehand)
+        alone = [r for r in runs if sweep.needs_remeasure(options.root, r)]
+        if options.max_runs is not None:
+            alone = alone[:options.max_runs]
     planned = sweep.plan(
         runs, options.root, config_path=config_path, extra_overrides=extra,
         deadline_s=options.deadline_s, min_run_s=options.min_run_s,
-        stop_margin_s=options.stop_margin_s, max_runs=options.max_runs,
+        stop_margin_s=options.stop_margin_s,
+        max_runs=None if options.max_runs is None else options.max_runs - len(alone),
         retry_failed=options.retry_failed, reuse_from=options.reuse_from,
         finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
     n = sum(p.action == "launch" for p in planned)
@@ -296,6 +304,14 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
              f"would be launched, in this order{at_once}" + (
                  "; a launch after the start depends on the time then left before --deadline_s"
                  if options.deadline_s is not None and n > first else "")]
+    for i, run in enumerate(alone, 1):
+        cmd = sweep.alone_command(run, root=options.root, steps=options.remeasure_alone,
+                                  config_path=config_path, train_script=train_script,
+                                  extra_overrides=extra)
+        counted = "" if options.max_runs is None else f"; launch {i} of --max_runs"
+        lines.append(f"{run.name}: before the runs, re-measure its throughput alone "
+                     f"(--remeasure_alone={options.remeasure_alone}{counted})\n  "
+                     + " ".join(shlex.quote(c) for c in cmd))
     for p in planned:
         cmd = sweep.command(p.run, config_path=config_path,
                             workdir=sweep.run_dir(options.root, p.run),
@@ -305,20 +321,15 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
                     else ", when a trainer exits")
             what = f"launch {p.launch}: {p.why}{when}"
         else:
+            why = p.why
+            if alone and p.action == "hold" and options.max_runs is not None:
+                why = why.replace(f"--max_runs={options.max_runs - len(alone)} reached",
+                                  f"--max_runs={options.max_runs} reached (with the "
+                                  f"{len(alone)} re-measurement(s))")
             what = {"skip": "skipped: ", "reuse": "would reuse ",
-                    "hold": "not launched: "}[p.action] + p.why
+                    "hold": "not launched: "}[p.action] + why
         lines.append(f"{p.run.name}: {p.state.status.value} (step {p.state.step}); {what}\n  "
                      + " ".join(shlex.quote(c) for c in cmd))
-    if options.remeasure_alone:  # finished before this call (those it trains: re-measured
-        # after them if they shared the GPU; not known beforehand)
-        for run in runs:
-            if sweep.needs_remeasure(options.root, run):
-                cmd = sweep.alone_command(run, root=options.root, steps=options.remeasure_alone,
-                                          config_path=config_path, train_script=train_script,
-                                          extra_overrides=extra)
-                lines.append(f"{run.name}: before the runs, re-measure its throughput alone "
-                             f"(--remeasure_alone={options.remeasure_alone})\n  "
-                             + " ".join(shlex.quote(c) for c in cmd))
     return lines
 
 

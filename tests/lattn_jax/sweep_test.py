@@ -1051,12 +1051,28 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
         self.assertEqual(call(parallel=2, only=names[:2]), 0)
         steps = random.Random(os.getpid()).randint(3, 9)
         self.assertEqual(call(remeasure_alone=steps, dry_run=True), 0)
-        self.assertEqual([line.split("\n")[0] for line in self.lines[-2:]],
+        heads = [line.split("\n")[0] for line in self.lines]
+        first = next(i for i, h in enumerate(heads) if h.startswith("dry run of sweep"))
+        # The re-measurements come first, as in the call itself, then the runs.
+        self.assertEqual(heads[first + 1:first + 3],
                          [f"{n}: before the runs, re-measure its throughput alone "
                           f"(--remeasure_alone={steps})" for n in names[:2]])
-        self.assertTrue(self.lines[-1].endswith(f" --config.train.total_steps={steps} "
-                                                f"--config.train.eval_every={steps} "
-                                                f"--config.train.checkpoint_every={steps}"))
+        self.assertTrue(self.lines[first + 2].endswith(
+            f" --config.train.total_steps={steps} --config.train.eval_every={steps} "
+            f"--config.train.checkpoint_every={steps}"))
+        self.assertEqual([h.split(":")[0] for h in heads[first + 3:first + 7]], names)
+        # They count against --max_runs as in the call: 2 re-measurements leave 1 launch.
+        self.assertEqual(call(remeasure_alone=steps, dry_run=True, max_runs=3), 0)
+        heads = [line.split("\n")[0] for line in self.lines]
+        first = next(i for i, h in enumerate(heads) if h.startswith("dry run of sweep"))
+        self.assertIn("1 would be launched", heads[first])
+        self.assertEqual(heads[first + 1:first + 3],
+                         [f"{n}: before the runs, re-measure its throughput alone "
+                          f"(--remeasure_alone={steps}; launch {i} of --max_runs)"
+                          for i, n in enumerate(names[:2], 1)])
+        self.assertEqual([h.split("; ")[-1] for h in heads[first + 3:first + 7]],
+                         ["skipped: finished", "skipped: finished", "launch 1: starting",
+                          "not launched: --max_runs=3 reached (with the 2 re-measurement(s))"])
         self.assertFalse(os.path.exists(os.path.join(sweep.run_dir(root, sweep.expand(
             config)[0]), sweep.ALONE_DIR)))
         # Those two re-measured first, then the other two train two at a time and are
