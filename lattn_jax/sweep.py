@@ -1332,7 +1332,8 @@ def remeasure_alone(runs: Sequence[Run], root: str, *, steps: int, config_path: 
         else:
             record = {"steps": steps, "tokens_per_sec": tps, "mfu": mfu, "windows": windows,
                       "date": _utc(time.time()), "wall_s": round(attempt.wall_s, 1),
-                      "workdir": ALONE_DIR, "command": list(cmd)}
+                      "workdir": ALONE_DIR, "command": list(cmd),
+                      "devices": list(device_kinds(alone_dir))}
             path = os.path.join(run_dir(root, run), THROUGHPUT_ALONE)
             with open(path + ".tmp", "w") as f:
                 json.dump(record, f, indent=2)

@@ -57,8 +57,8 @@ runs the results mark ``†``): its own trainer command, as the sweep builds it,
 end, one at a time with nothing else in flight, before the call's training runs (those
 finished earlier) and after them (those that finished sharing the GPU in this call), under
 the same ``--deadline_s``, ``--min_run_s`` and ``--max_runs`` (the launches of the call
-together); the medians over its logging windows after
-the first go to ``<run dir>/throughput_alone.json`` (steps, tokens/s, MFU, date, command;
+together); the medians over its logging windows after the first go to
+``<run dir>/throughput_alone.json`` (steps, tokens/s, MFU, date, command, device kinds;
 exported with the records), which the results then use for the run's tokens/s and MFU, marked
 ``‡`` (its wall time stays marked ``†``). A run re-measured before is skipped; a failed
 re-measurement is reported with its error line and ends only itself (``--retry_failed`` tries

@@ -123,7 +123,10 @@ def _entry(run: sweep.Run, workdir: str, in_grid: bool) -> Entry:
     entry.shared_tokens_per_sec, entry.shared_mfu = result.tokens_per_sec, result.mfu
     result.tokens_per_sec, result.mfu = float(alone["tokens_per_sec"]), alone.get("mfu")
     result.concurrent = 1
-    result.devices = sweep.device_kinds(os.path.join(workdir, sweep.ALONE_DIR)) or result.devices
+    # The re-measurement's device kinds: recorded with it (its directory is not exported).
+    result.devices = (tuple(alone.get("devices") or ())
+                      or sweep.device_kinds(os.path.join(workdir, sweep.ALONE_DIR))
+                      or result.devices)
     return entry
 
 

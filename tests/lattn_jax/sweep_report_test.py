@@ -535,3 +535,23 @@ class DeviceKindsTest(absltest.TestCase):
         self.assertNotIn("§", md)
         self.assertEqual(report.references[0]["n"], 2)
         self.assertEqual(report.devices, {H200: 2})
+
+    def test_a_measurement_alone_counts_on_its_own_device(self):
+        write_run(self.root, self.runs["arch=gdn,seed=42"], final=3.0, tps=1000.0,
+                  devices=(H200,))
+        write_run(self.root, self.runs["arch=softmax,seed=42"], final=3.2, tps=800.0,
+                  devices=(H200,))
+        # Trained on an H100 sharing the GPU, measured again alone on an H200: the H200's.
+        kda = sweep.run_dir(self.root, self.runs["arch=kda,seed=42"])
+        write_run(self.root, self.runs["arch=kda,seed=42"], final=3.3, tps=9999.0,
+                  concurrent=2, devices=(H100,))
+        with open(os.path.join(kda, sweep.THROUGHPUT_ALONE), "w") as f:
+            json.dump({"steps": 300, "tokens_per_sec": 700.0, "mfu": 0.2, "windows": 30,
+                       "date": "2026-12-05T12:00:00Z", "command": ["python", "train.py"],
+                       "devices": [H200]}, f)
+        report = sweep_report.build(self.config, self.root)
+        self.assertEqual(report.devices, {H200: 3})
+        groups = {g.name: g for g in report.groups}
+        self.assertEqual((groups["arch=kda"].tokens_per_sec, groups["arch=kda"].throughput_device,
+                          groups["arch=kda"].throughput_remeasured), (700.0, None, True))
+        self.assertEqual(report.references[0]["n"], 3)

@@ -46,8 +46,12 @@ FAKE_TRAINER = textwrap.dedent('''
     step = steps[-1] if steps else 0
     config = {"train": {"total_steps": total}, "data": {"batch_size": 2, "seq_len": 8},
               "model": {"vocab_size": 10, "d_model": 4, "tie_embeddings": False}}
+    # A re-measurement records a device kind (the trainer records jax's; runs here: none).
+    device = ({"devices": {"backend": "cpu", "count": 1, "kinds": ["fake alone kind"]}}
+              if os.path.basename(workdir) == "alone" else {})
     with open(os.path.join(workdir, "invocations.jsonl"), "a") as f:
-        f.write(json.dumps({"time": "2026-01-01T00:00:00Z", "config": config}) + "\\n")
+        f.write(json.dumps({"time": "2026-01-01T00:00:00Z", **device, "config": config})
+                + "\\n")
     log = open(os.path.join(workdir, "console.log"), "a")
     log.write("model: 1,000 parameters, layers ['gdn'], d_model 4, backend cpu\\n")
     stop = []
@@ -936,7 +940,8 @@ class RemeasureAloneTest(_FakeTrainerTestCase):
             record = sweep.read_throughput_alone(workdir)
             self.assertEqual(record, summary.measured[run.name])
             self.assertEqual((record["steps"], record["tokens_per_sec"], record["mfu"],
-                              record["windows"]), (steps, want, None, steps - 1))
+                              record["windows"], record["devices"]),
+                             (steps, want, None, steps - 1, ["fake alone kind"]))
             cmd = sweep.alone_command(run, root=self.root, steps=steps, config_path="cfg.py",
                                       train_script=self.trainer)
             self.assertEqual(record["command"], cmd)
