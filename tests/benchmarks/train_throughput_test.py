@@ -75,9 +75,12 @@ def test_render_normalises_to_gdn_pure_and_reports_failures():
               "steps": 200, "batch_size": 8, "seq_len": 4096, "log_every": 10,
               "skip_windows": 2, "command": "cmd",
               "runs": {"gdn_pure": run, "softmax_dense": dict(run, tokens_per_sec=80.0),
-                       "kda_hybrid": {"error": "exit 1, see kda_hybrid.log", "wall_s": 1.0}}}
+                       "kda_hybrid": {"error": "exit 1, see kda_hybrid.log", "wall_s": 1.0},
+                       "deltanet_pure": dict(run, tokens_per_sec=120.0)}}
     md = tt.render(result)
     assert "| gdn_pure | 300.0M | 200 | 100 | 0.500 | 25.0% | 100.0% | 100.0% |" in md
+    assert "| deltanet_pure | 300.0M | 200 | 120 | 0.500 | 25.0% | 120.0% | n/a |" in md
+    assert "muon, size 350m" in md and "the bundled WikiText-2 corpus" in md
     assert "| softmax_dense | 300.0M | 200 | 80 | 0.500 | 25.0% | 80.0% | 79.7% |" in md
     assert "failed: exit 1, see kda_hybrid.log" in md
     assert "accumulation" not in md
@@ -113,15 +116,3 @@ def test_small_size_runs_every_stack_on_the_given_corpus(tmp_path, monkeypatch):
     assert "muon, size small, 40 steps of 16 x 4096 tokens" in md
     assert "the corpus `/data/prose-llama2` through the real data pipeline" in md
     assert "| gdn2_hybrid | | | failed: exit 1, see gdn2_hybrid.log |" in md
-
-
-def test_render_without_a_paper_number():
-    run = dict(tokens_per_sec=100.0, step_time=0.5, mfu=0.25, first_loss=10.0, last_loss=2.0,
-               wall_s=60.0, params=50e6, steps=100)
-    result = {"date": "2026-01-01T00:00:00", "device": "dev", "versions": {}, "opt": "adamw",
-              "steps": 100, "batch_size": 16, "seq_len": 4096, "log_every": 10,
-              "skip_windows": 2, "command": "cmd",
-              "runs": {"gdn_pure": run, "deltanet_pure": dict(run, tokens_per_sec=120.0)}}
-    md = tt.render(result)
-    assert "| deltanet_pure | 50.0M | 100 | 120 | 0.500 | 25.0% | 120.0% | n/a |" in md
-    assert "adamw, size 350m" in md and "the bundled WikiText-2 corpus" in md

@@ -278,9 +278,9 @@ class BuildTest(absltest.TestCase):
                          (3.5 + 0.5, 5, 1))
 
 
-class SharedThroughputTest(absltest.TestCase):
-    """Runs measured while sharing the GPU (``--parallel=2``): marked, and left out of the
-    throughput comparisons; their losses count as any."""
+class _SpeedSweepTestCase(absltest.TestCase):
+    """A sweep of three architectures x two seeds with the paper's tokens/s (absolute and
+    relative to softmax) as references."""
 
     def setUp(self):
         super().setUp()
@@ -293,6 +293,11 @@ class SharedThroughputTest(absltest.TestCase):
             seed_axis="seed",
             references=(speed, dict(speed, name="relative", normalise_to="arch=softmax")))
         self.runs = {r.name: r for r in sweep.expand(self.config)}
+
+
+class SharedThroughputTest(_SpeedSweepTestCase):
+    """Runs measured while sharing the GPU (``--parallel=2``): marked, and left out of the
+    throughput comparisons; their losses count as any."""
 
     def _report(self):
         return sweep_report.build(self.config, self.root)
@@ -453,20 +458,8 @@ if __name__ == "__main__":
 H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 
 
-class DeviceKindsTest(absltest.TestCase):
+class DeviceKindsTest(_SpeedSweepTestCase):
     """A sweep split over windows on different GPU kinds: tokens/s compared on one kind."""
-
-    def setUp(self):
-        super().setUp()
-        self.root = self.create_tempdir().full_path
-        speed = dict(name="speed", source="Table 2", metric="tokens_per_sec",
-                     values=(("arch=gdn", 150.0), ("arch=softmax", 140.0), ("arch=kda", 130.0)))
-        self.config = dict(
-            name="demo", train_config="configs/table2.py", arg=(),
-            grid=((("arch", ("gdn", "softmax", "kda")), ("seed", (42, 43))),),
-            seed_axis="seed",
-            references=(speed, dict(speed, name="relative", normalise_to="arch=softmax")))
-        self.runs = {r.name: r for r in sweep.expand(self.config)}
 
     def test_device_kinds_of_a_run(self):
         run = self.runs["arch=gdn,seed=42"]
