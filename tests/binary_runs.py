@@ -159,7 +159,9 @@ def run(cmd: Sequence[str], env=None) -> subprocess.CompletedProcess:
     runners end at exit."""
     if cmd[0] != sys.executable:
         raise ValueError(f"not a command line of this Python: {cmd[:2]}")
-    key = None if env is None else tuple(sorted(env.items()))
+    # (pytest sets PYTEST_CURRENT_TEST to each test's name: not a different environment)
+    key = None if env is None else tuple(sorted(
+        (k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST"))
     if key not in _SHARED:
         tmpdir = tempfile.mkdtemp(prefix="binary-runs-")
         runner = Runner(tmpdir, env=env)

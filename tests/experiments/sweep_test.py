@@ -68,8 +68,9 @@ class SweepBinaryTest(absltest.TestCase):
             env.pop(name, None)
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
                f"--config={self.config}", f"--root={self.root}", *flags]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
-                              timeout=600)
+        # A fork of one process per environment that imported the binary's modules
+        # (tests/binary_runs.py); the trainers it starts are processes of their own.
+        return binary_runs.run(cmd, env=env)
 
     def state(self, name):
         return sweep.run_state(os.path.join(self.root, "runs", name))
@@ -446,18 +447,14 @@ class SweepBinaryTest(absltest.TestCase):
             with open(os.path.join(self.root, name), "w") as f:
                 f.write(text)
         config_json = os.path.join(self.root, "config.json")
-        running = []
         for flags_, doing in ((["--report_only"], "--report_only would write the sweep's "
                                                   "results files into"),
                               ([], "the sweep would write its runs and results into"),
                               (["--dry_run"], "the sweep would write its runs and results into")):
-            cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
-                   f"--config={self.config}", f"--root={self.root}", *flags_]
-            running.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             text=True, cwd=ROOT), flags_, doing))
-        for proc, flags_, doing in running:
-            out, err = proc.communicate(timeout=300)
-            self.assertEqual(proc.returncode, 1, (flags_, out, err))
+            result = binary_runs.run([sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                                      f"--config={self.config}", f"--root={self.root}", *flags_])
+            out, err = result.stdout, result.stderr
+            self.assertEqual(result.returncode, 1, (flags_, out, err))
             self.assertEqual(err.strip().splitlines(), [
                 f"error: {config_json} is not a training run's config (it has no 'model' "
                 f"section; a HALO workdir): {doing} {self.root}. Use another --root (nothing "
