@@ -130,6 +130,7 @@ class Runner:
                                            json.loads(answer), *outputs)
 
     def close(self):
+        """Ends the driver (idempotent)."""
         if self.driver.poll() is None:
             self.driver.stdin.close()
             self.driver.wait(timeout=60)
@@ -149,23 +150,27 @@ def run_many(binary: str, argvs: Sequence[Sequence[str]], tmpdir: str,
         return [runner.run(binary, *argv) for argv in argvs]
 
 
-_SHARED = {}  # environment -> this process's Runner for run() with it, made at first use
+_SHARED = {}  # environment -> this process's Runner for run() with it, most recent last
+_MAX_SHARED = 2  # idle drivers kept (each holds jax and the library: a few hundred MB)
 
 
 def run(cmd: Sequence[str], env=None) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)`` of a command
-    line ``[sys.executable, binary, *argv]``, by a :class:`Runner` shared by every call in this
-    process with the same ``env`` (``None``: ``os.environ`` as at the first such call); the
-    runners end at exit."""
+    line ``[sys.executable, binary, *argv]``, by a :class:`Runner` shared by the calls in this
+    process with the same ``env`` (``None``: ``os.environ`` as at the first such call). The
+    :data:`_MAX_SHARED` most recently used runners are kept; the others end, and all at exit."""
     if cmd[0] != sys.executable:
         raise ValueError(f"not a command line of this Python: {cmd[:2]}")
     # (pytest sets PYTEST_CURRENT_TEST to each test's name: not a different environment)
     key = None if env is None else tuple(sorted(
         (k, v) for k, v in env.items() if k != "PYTEST_CURRENT_TEST"))
-    if key not in _SHARED:
+    runner = _SHARED.pop(key, None)
+    if runner is None:
+        while len(_SHARED) >= _MAX_SHARED:
+            _SHARED.pop(next(iter(_SHARED))).close()
         tmpdir = tempfile.mkdtemp(prefix="binary-runs-")
         runner = Runner(tmpdir, env=env)
         atexit.register(shutil.rmtree, tmpdir, ignore_errors=True)
         atexit.register(runner.close)
-        _SHARED[key] = runner
-    return _SHARED[key].run(cmd[1], *cmd[2:])
+    _SHARED[key] = runner  # most recent last
+    return runner.run(cmd[1], *cmd[2:])
