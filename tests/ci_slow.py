@@ -9,7 +9,11 @@ single cases of a parameterized test too.
 
 Chosen from ``pytest -n 2 -m "not slow" tests --durations=0`` on 2026-12-03 (2 cores; the
 suite had grown to 1,100 s of pytest and 1,293 s of CI): the largest tests whose capability
-has another test in CI. ``ci_slow_test.py`` checks that every entry still names a test.
+has another test in CI. Looked at again on 2026-12-05 (1,290 s of pytest at 8fd6398, 2,544 s
+of test work, on that day's 2-core machine): no entry added; the binaries' tests were made
+cheaper instead (``tests/binary_runs.py``: one process imports a binary's modules, a fork of
+it runs each command line), which took the 13 files it touched from 609 to 232 s of work.
+``ci_slow_test.py`` checks that every entry still names a test.
 """
 
 # Node ids relative to the repository root. Keep the comment: what covers it in CI.

@@ -13,6 +13,7 @@ import pytest
 from absl.testing import absltest
 
 from benchmarks import profile_fwd
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -133,9 +134,8 @@ class ProfileFwdTest(absltest.TestCase):
             self.assertIn("| variant | fused kernel ms |", f.read())
 
     def test_bad_variant_is_one_usage_line(self):
-        result = subprocess.run([sys.executable, "benchmarks/profile_fwd.py", "--out=/tmp/x",
-                                 "--variants=gram"], cwd=ROOT, capture_output=True, text=True,
-                                timeout=120)
+        result = binary_runs.run([sys.executable, "benchmarks/profile_fwd.py", "--out=/tmp/x",
+                                 "--variants=gram"])
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("'gram': not in", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
@@ -150,8 +150,7 @@ class ProfileFwdInterpretTest(absltest.TestCase):
         cmd = [sys.executable, "benchmarks/profile_fwd.py", "--interpret", "--batch=1",
                "--seq_len=150", "--heads=2", "--kv_heads=1", "--dk=64", "--dv=64",
                "--doc_len=70", "--iters=1", "--variants=io,state,full", f"--out={out}"]
-        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600,
-                                env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        result = binary_runs.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"})
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         with open(out + ".jsonl") as f:
             recs = [json.loads(line) for line in f]

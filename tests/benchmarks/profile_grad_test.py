@@ -4,7 +4,6 @@ only), the table, and one ``--static`` run of the binary on CPU (the timing need
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -12,6 +11,7 @@ from absl.testing import absltest
 
 from benchmarks import profile_grad
 from pallas_kernels.common import channelwise_grad_mosaic_gpu as cgm
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -127,8 +127,8 @@ class ProfileGradTest(absltest.TestCase):
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
         cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "profile_grad.py"),
                "--static", "--batch=1", "--seq_len=128", "--heads=1", f"--out={out}"]
-        res = subprocess.run(cmd + ["--variants=k2,k2:no_state,k1:no_mma", "--slabs=32"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        res = binary_runs.run(cmd + ["--variants=k2,k2:no_state,k1:no_mma", "--slabs=32"],
+                              env=env)
         self.assertEqual(res.returncode, 0, res.stderr[-2000:])
         recs = [json.loads(x) for x in open(out + ".jsonl")]
         self.assertEqual([r["variant"] for r in recs], ["k2", "k2:no_state", "k1:no_mma"])
@@ -136,8 +136,7 @@ class ProfileGradTest(absltest.TestCase):
         self.assertEqual(recs[0]["static"]["wgmma"] - recs[1]["static"]["wgmma"], 32)
         self.assertEqual(recs[2]["static"]["wgmma"], 8)  # phase 1's [64, 128] @ [128, 64]
         self.assertIn("| k2:no_state |", open(out + ".md").read())
-        res = subprocess.run(cmd + ["--variants=k1:no_state"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=120)
+        res = binary_runs.run(cmd + ["--variants=k1:no_state"], env=env)
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("ablation 'no_state' not in", res.stderr)
 

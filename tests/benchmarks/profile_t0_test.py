@@ -11,6 +11,7 @@ import numpy as np
 from absl.testing import absltest
 
 from benchmarks import profile_t0
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -116,8 +117,7 @@ class ProfileT0Test(absltest.TestCase):
                "--seq_len=100", "--heads=2", "--kv_heads=1", "--dk=64", "--doc_len=40",
                "--iters=1", "--variants=gram:doubling,full:doubling:1,nobar:doubling",
                "--chunks_per_cta=2", f"--out={out}"]
-        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
-                                env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        result = binary_runs.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"})
         self.assertEqual(result.returncode, 0, result.stderr[-2000:])
         with open(out + ".jsonl") as f:
             recs = [json.loads(line) for line in f]
@@ -183,9 +183,8 @@ class ProfileT0Test(absltest.TestCase):
             self.assertIn("| variant | T0 kernel ms |", f.read())
 
     def test_bad_variant_is_one_usage_line(self):
-        result = subprocess.run([sys.executable, "benchmarks/profile_t0.py", "--out=/tmp/x",
-                                 "--variants=gram:lu"], cwd=ROOT, capture_output=True,
-                                text=True, timeout=120)
+        result = binary_runs.run([sys.executable, "benchmarks/profile_t0.py", "--out=/tmp/x",
+                                 "--variants=gram:lu"])
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("inverse 'lu' not in", result.stderr)
         self.assertNotIn("Traceback", result.stderr)

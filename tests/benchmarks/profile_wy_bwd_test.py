@@ -5,7 +5,6 @@ timing needs a GPU)."""
 
 import json
 import os
-import subprocess
 import sys
 
 import jax.numpy as jnp
@@ -14,6 +13,7 @@ from absl.testing import absltest
 
 from benchmarks import profile_grad, profile_wy_bwd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
+from tests import binary_runs
 from tests.pallas_kernels import kernel_mosaic_gdn_wy_bwd_test as wy_bwd_test
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -79,8 +79,8 @@ class ProfileWyBwdTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "profile_wy_bwd.py"),
                "--interpret", "--batch=1", "--seq_len=64", "--heads=1", "--dk=64", "--dv=64",
                "--iters=0", "--check_heads=1", f"--out={out}"]
-        res = subprocess.run(cmd + ["--variants=full,no_split+no_mma", "--deadline_s=200"],
-                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        res = binary_runs.run(cmd + ["--variants=full,no_split+no_mma", "--deadline_s=200"],
+                              env=env)
         self.assertEqual(res.returncode, 0, res.stderr[-2000:])
         recs = [json.loads(x) for x in open(out + ".jsonl")]
         self.assertEqual([r["variant"] for r in recs], ["full", "no_split+no_mma"])
@@ -88,8 +88,7 @@ class ProfileWyBwdTest(absltest.TestCase):
         self.assertLess(max(recs[0]["rel_rms"].values()), 1e-3)
         self.assertEqual(recs[1]["gate"], profile_wy_bwd.SKIPPED_GATE)
         self.assertIn("| no_split+no_mma |", open(out + ".md").read())
-        res = subprocess.run(cmd + ["--variants=io+no_mma"], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=120)
+        res = binary_runs.run(cmd + ["--variants=io+no_mma"], env=env)
         self.assertNotEqual(res.returncode, 0)
         self.assertIn("use it alone", res.stderr)
 

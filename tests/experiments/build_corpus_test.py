@@ -3,20 +3,19 @@ the shared tokenizer pool of prepare_corpus."""
 
 import json
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from lattn_jax.data import prepare
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def _run(script, *args):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "experiments", script), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return binary_runs.run([sys.executable, os.path.join(ROOT, "experiments", script), *args])
 
 
 @pytest.mark.slow  # ~11 s on 2 cores (subprocesses)

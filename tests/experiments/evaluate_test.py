@@ -5,13 +5,13 @@ import json
 import os
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import pytest
 from absl.testing import absltest, parameterized
 
+from tests import binary_runs
 from tests.lattn_jax.eval import fixtures
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -31,8 +31,10 @@ with open(os.path.join(DAMAGED_OUT, "results.json"), "w") as _f:
 
 
 def run(binary, *flags):
+    """The binary with ``flags``, in a fork of a process that imported its modules once
+    (tests/binary_runs.py: a launch spent ~2.5 s importing jax and the library)."""
     cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *flags]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return binary_runs.run(cmd)
 
 
 @pytest.mark.entry

@@ -1,11 +1,12 @@
 """``experiments/fetch_eval_data.py`` and the data directory ``evaluate.py`` reads, offline."""
 
 import os
-import subprocess
 import sys
 
 import pytest
 from absl.testing import absltest
+
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 FIXTURES = os.path.join(ROOT, "tests", "lattn_jax", "eval", "testdata", "eval_data")
@@ -13,8 +14,7 @@ FIXTURES = os.path.join(ROOT, "tests", "lattn_jax", "eval", "testdata", "eval_da
 
 def run(binary, *flags, env=None):
     cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *flags]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env=dict(os.environ, **(env or {})))
+    return binary_runs.run(cmd, env=dict(os.environ, **(env or {})))
 
 
 @pytest.mark.entry

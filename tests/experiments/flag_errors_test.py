@@ -11,13 +11,16 @@ from absl.testing import absltest, parameterized
 
 from lattn_jax import config as config_lib
 from lattn_jax import flag_errors
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def run(binary, *args):
+    """The binary with ``args``, in a fork of a process that imported its modules once
+    (tests/binary_runs.py: a launch of a binary with jax spent ~2.5 s importing)."""
     cmd = [sys.executable, os.path.join(ROOT, binary), *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return binary_runs.run(cmd)
 
 
 # Each binary with the command line that fails flag parsing: without a required flag where it

@@ -1,4 +1,7 @@
-"""experiments/halo*.py: where the teacher comes from, where the results page goes, the README."""
+"""experiments/halo*.py: where the teacher comes from, where the results page goes, the README.
+
+The binaries run through ``tests/binary_runs.py`` (each command line in a fork of one process
+that imported their modules once), except the signal test's stopped run, a launched process."""
 
 import json
 import os
@@ -14,6 +17,7 @@ from absl.testing import absltest
 from configs import halo_smollm2
 from lattn_jax import config as config_lib
 from lattn_jax.halo import experiment
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -32,8 +36,12 @@ class HaloReportTest(absltest.TestCase):
         workdir = self.create_tempdir().full_path
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_report.py"),
                f"--workdir={workdir}"]
+
+        def run(*extra):
+            return binary_runs.run(cmd + list(extra))
+
         # Not a HALO workdir (no config.json): one line, no page ("HALO conversion of None").
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        result = run()
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip(),
                          f"error: {workdir} is not a HALO workdir (no config.json)")
@@ -41,7 +49,7 @@ class HaloReportTest(absltest.TestCase):
         # A train.py workdir (config.json without a teacher) is not one either.
         with open(os.path.join(workdir, "config.json"), "w") as f:
             json.dump({"model": {}, "optim": {}, "train": {}}, f)
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        result = run()
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip(), f"error: {workdir} is not a HALO workdir "
                          f"(its config.json has no 'teacher' section)")
@@ -53,7 +61,7 @@ class HaloReportTest(absltest.TestCase):
             json.dump({"updated": "1999-01-02T00:00:00+00:00"}, f)
         in_repo = os.path.join(ROOT, "benchmarks", "results", "halo-smollm2-1999-01-02.md")
         self.addCleanup(lambda: os.path.exists(in_repo) and os.remove(in_repo))
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        result = run()
         self.assertEqual(result.returncode, 0, result.stderr)
         expected = os.path.join(workdir, "halo-smollm2-1999-01-02.md")
         self.assertEqual(result.stdout.strip(), f"wrote {expected}")
@@ -61,15 +69,13 @@ class HaloReportTest(absltest.TestCase):
         self.assertFalse(os.path.exists(in_repo))
         # --output still writes anywhere.
         elsewhere = os.path.join(self.create_tempdir().full_path, "page.md")
-        result = subprocess.run(cmd + [f"--output={elsewhere}"], capture_output=True, text=True,
-                                cwd=ROOT, timeout=120)
+        result = run(f"--output={elsewhere}")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertTrue(os.path.isfile(elsewhere))
         # An unwritable --output: one line naming it, no traceback.
         blocker = os.path.join(workdir, "config.json")  # a file, so not a folder to write in
         bad = os.path.join(blocker, "page.md")
-        result = subprocess.run(cmd + [f"--output={bad}"], capture_output=True, text=True,
-                                cwd=ROOT, timeout=120)
+        result = run(f"--output={bad}")
         self.assertEqual(result.returncode, 1)
         self.assertTrue(result.stderr.strip().startswith(f"error: cannot write --output={bad}"),
                         result.stderr)
@@ -84,10 +90,9 @@ class HaloReportTest(absltest.TestCase):
         with open(report_json, "w") as f:
             f.write('{"updated": "1999-01-02T00:00:00+00:00", "res')  # a run cut short
         out = os.path.join(workdir, "page.md")
-        result = subprocess.run(
-            [sys.executable, os.path.join(ROOT, "experiments", "halo_report.py"),
-             f"--workdir={workdir}", f"--output={out}"],
-            capture_output=True, text=True, cwd=ROOT, timeout=120)
+        result = binary_runs.run([sys.executable,
+                                  os.path.join(ROOT, "experiments", "halo_report.py"),
+                                  f"--workdir={workdir}", f"--output={out}"])
         self.assertEqual(result.returncode, 1)
         self.assertNotIn("Traceback", result.stderr)
         self.assertTrue(result.stderr.strip().startswith(f"error: {report_json} is not valid "
@@ -115,17 +120,14 @@ class BadConfigTest(absltest.TestCase):
                                       "unknown config argument 'tni'; known: tiny, h200"),
                  "halo.py": ("--config.stage2.seqlen=3",
                              "unknown config option 'stage2.seqlen'. Did you mean \"seq_len\"")}
-        running = {}
         for binary, (flag, _) in cases.items():
             extra = [] if flag.startswith("--config=") else [
                 "--config=configs/halo_smollm2.py:tiny", "--stage=stage1"]
             cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *extra, flag,
                    f"--workdir={self.create_tempdir().full_path}"]
-            running[binary] = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                               stderr=subprocess.PIPE, text=True, cwd=ROOT)
-        for binary, proc in running.items():
-            _, err = proc.communicate(timeout=300)
-            self.assertNotEqual(proc.returncode, 0, binary)
+            result = binary_runs.run(cmd)
+            err = result.stderr
+            self.assertNotEqual(result.returncode, 0, binary)
             lines = [line for line in err.splitlines() if line.strip()]
             self.assertLen(lines, 1, (binary, err))
             self.assertTrue(lines[0].startswith("error: "), (binary, lines[0]))
@@ -136,7 +138,7 @@ class BadConfigTest(absltest.TestCase):
         workdir = os.path.join(self.create_tempdir().full_path, "fresh")
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/nope.py", f"--workdir={workdir}"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(),
                          ["error: cannot load --config=configs/nope.py: No such file or "
@@ -144,7 +146,7 @@ class BadConfigTest(absltest.TestCase):
         self.assertFalse(os.path.exists(workdir))  # was made, with a pipeline.jsonl record
         # A training config instead of a HALO one: was a 34-line AttributeError traceback.
         cmd[2] = "--config=configs/default.py"
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
         self.assertIn("error: --config is not a HALO config: it has no teacher, hypenet, stage1",
@@ -166,7 +168,7 @@ class InputsCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                "--config.data.paths=('/nonexistent/train',)"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertEqual(result.stderr.strip().splitlines(),
                          ["error: data.paths: no such file or directory /nonexistent/train (for "
@@ -193,7 +195,7 @@ class InputsCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                f"--config.teacher.path={missing}"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(),
                          [f"error: teacher.path={missing}: no such file"])
@@ -224,7 +226,7 @@ class MarkdownPathTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                f"--markdown={deep}"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip().splitlines(),
                          [f"error: cannot write --markdown={deep}: Not a directory"])
@@ -234,7 +236,7 @@ class MarkdownPathTest(absltest.TestCase):
             self.assertEqual(f.read(), "kept")
         # An existing workdir records the refusal; still one line, no traceback.
         os.makedirs(workdir)
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip().splitlines(),
                          [f"error: cannot write --markdown={deep}: Not a directory"])
@@ -252,10 +254,12 @@ class PipelineSignalTest(absltest.TestCase):
         after = rng.randrange(2, 8)  # the step whose line triggers the signal
         base = self.create_tempdir().full_path
 
+        # 40 steps (was 120: most of this test's time was the checkpoints every 2 steps of
+        # three runs): the signal comes at step 2-7, far from the end.
         def cmd(workdir):
             return [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                     "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
-                    "--stages=stage1", "--config.stage1.train.total_steps=120"]
+                    "--stages=stage1", "--config.stage1.train.total_steps=40"]
 
         def losses(workdir):
             with open(os.path.join(workdir, "stage1", "metrics.jsonl")) as f:
@@ -283,16 +287,17 @@ class PipelineSignalTest(absltest.TestCase):
                                     r"again to resume$")
         self.assertFalse(experiment.is_done(stopped, "stage1"))
         step = max(losses(stopped))
-        self.assertLess(step, 120)
+        self.assertLess(step, 40)
         with open(os.path.join(stopped, "pipeline.jsonl")) as f:
             self.assertEqual(json.loads(f.readline())["status"], f"stopped by {signum.name}")
-        again = subprocess.run(cmd(stopped), capture_output=True, text=True, cwd=ROOT,
-                               timeout=120)
+        # The resume and the uninterrupted reference get no signal: forks of the file's
+        # binary_runs driver (the stopped run above is a launched process of its own).
+        again = binary_runs.run(cmd(stopped))
         self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
         self.assertIn(f"resuming from the checkpoint at step {step} ", again.stdout)
         whole = os.path.join(base, "whole")
-        subprocess.run(cmd(whole), capture_output=True, text=True, cwd=ROOT, timeout=120,
-                       check=True)
+        reference = binary_runs.run(cmd(whole))
+        self.assertEqual(reference.returncode, 0, reference.stdout + reference.stderr)
         self.assertEqual(losses(stopped), losses(whole))
 
 
@@ -314,7 +319,7 @@ class PrerequisitesCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}-fresh",
                "--stages=report,stage1"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("error: --stages: report needs stage2, select", result.stderr)
         self.assertFalse(os.path.exists(f"{workdir}-fresh"))  # stage1 did not run first
@@ -347,14 +352,14 @@ class OptionsCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}/run",
                f"--config.report.data_dir={data}", "--config.stage3.kl_weight=-1"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertEqual(result.stderr.strip().splitlines()[-1],
                          "error: stage3.kl_weight must be a finite number >= 0, got -1.0")
         self.assertFalse(os.path.exists(os.path.join(workdir, "run")))
         # An existing workdir keeps a record of the refused invocation.
         os.makedirs(os.path.join(workdir, "run"))
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertNotEqual(result.returncode, 0)
         with open(os.path.join(workdir, "run", "pipeline.jsonl")) as f:
             self.assertIn("error: stage3.kl_weight", f.read())
@@ -389,7 +394,7 @@ class EvalDataCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}/run",
                f"--config.report.data_dir={self.create_tempdir().full_path}"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("report.data_dir=", result.stderr.strip().splitlines()[-1])
         self.assertNotIn("=== stage1: start", result.stdout + result.stderr)
@@ -412,7 +417,7 @@ class StageErrorTest(absltest.TestCase):
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                f"--config.report.data_dir={data}", f"--config.select.data_dir={data}",
                "--stages=select"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         message = (f"{data}/eval/arc/ARC-Easy-Dev.jsonl: no ARC Dev file (the selection's "
                    f"held-out commonsense items; set select.data_dir or report.data_dir to the "
@@ -434,7 +439,7 @@ class StageErrorTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                f"--config.stage3.kl_weight={weight}"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         message = f"stage3.kl_weight must be a finite number >= 0, got {weight}"
         self.assertEqual(result.stderr.strip().splitlines(), [f"error: {message}"])

@@ -20,6 +20,7 @@ from lattn_jax.data import prepare
 from lattn_jax.data import shards
 from lattn_jax.data import sources
 from lattn_jax.data import tokenizers
+from tests import binary_runs
 from tests.lattn_jax.data import corpus
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -315,11 +316,10 @@ class PrepareDataBinaryTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"),
                f"--input={src}", f"--output_dir={root}/out", "--tokenizer=byte",
                "--doc_split=line", "--workers=0"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("1 shards, 50 documents", result.stdout)
-        result = subprocess.run(cmd[:2] + ["--input=/no/such.jsonl", f"--output_dir={root}/o"],
-                                capture_output=True, text=True, cwd=ROOT, timeout=120)
+        result = binary_runs.run(cmd[:2] + ["--input=/no/such.jsonl", f"--output_dir={root}/o"])
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("error: --input: no such file or directory: /no/such.jsonl",
                       result.stderr)
@@ -327,8 +327,7 @@ class PrepareDataBinaryTest(absltest.TestCase):
         a_file = os.path.join(root, "a_file")
         with open(a_file, "w") as f:
             f.write("kept\n")
-        result = subprocess.run(cmd[:3] + [f"--output_dir={a_file}"] + cmd[4:],
-                                capture_output=True, text=True, cwd=ROOT, timeout=120)
+        result = binary_runs.run(cmd[:3] + [f"--output_dir={a_file}"] + cmd[4:])
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip(),
                          f"error: --output_dir={a_file} exists and is not a directory")
@@ -344,23 +343,20 @@ class PrepareDataBinaryTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"),
                f"--input={src}", f"--output_dir={out}", "--workers=0"]
         # A tokenizer kind that needs a file, without one: the flag is named.
-        result = subprocess.run(cmd + ["--tokenizer=huggingface"], capture_output=True,
-                                text=True, cwd=ROOT, timeout=120)
+        result = binary_runs.run(cmd + ["--tokenizer=huggingface"])
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(), [
             "error: --tokenizer=huggingface needs its model file: pass --tokenizer_path=<file>"])
         # Refused after --output_dir was made (no record has --text_field): it is removed, with
         # the parent this run made; a directory that existed before is kept.
-        result = subprocess.run(cmd + ["--tokenizer=byte"], capture_output=True, text=True,
-                                cwd=ROOT, timeout=120)
+        result = binary_runs.run(cmd + ["--tokenizer=byte"])
         self.assertEqual(result.returncode, 1, result.stderr)
         error = result.stderr.strip().splitlines()
         self.assertLen(error, 1, result.stderr)  # no (empty) progress bar before it
         self.assertRegex(error[0], rf"^error: --text_field='text': .* of {src} has")
         self.assertFalse(os.path.exists(os.path.join(root, "new")))
         os.makedirs(out)
-        result = subprocess.run(cmd + ["--tokenizer=byte"], capture_output=True, text=True,
-                                cwd=ROOT, timeout=120)
+        result = binary_runs.run(cmd + ["--tokenizer=byte"])
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertTrue(os.path.isdir(out))
 
@@ -393,7 +389,7 @@ class PrepareDataBinaryTest(absltest.TestCase):
             f.write("".join(json.dumps({"body": f"doc {i}"}) + "\n" for i in range(50)))
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"),
                f"--input={src}", f"--output_dir={root}/out", "--tokenizer=byte", "--workers=0"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1, result.stderr)
         error = result.stderr.strip().splitlines()[-1]
         self.assertRegex(error, r"^error: --text_field='text': none of the first 11 JSON "
@@ -402,8 +398,7 @@ class PrepareDataBinaryTest(absltest.TestCase):
         self.assertNotIn("data.", error)
         self.assertNotIn("Traceback", result.stderr)
         self.assertNotIn("skipped", result.stderr)  # was one warning per record
-        result = subprocess.run(cmd + ["--text_field=body"], capture_output=True, text=True,
-                                cwd=ROOT, timeout=120)
+        result = binary_runs.run(cmd + ["--text_field=body"])
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn("1 shards, 50 documents", result.stdout)
         self.assertIn("0 records without the text field", result.stdout)

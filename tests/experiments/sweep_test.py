@@ -18,6 +18,7 @@ import pytest
 from absl.testing import absltest
 
 from lattn_jax import sweep
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -67,8 +68,9 @@ class SweepBinaryTest(absltest.TestCase):
             env.pop(name, None)
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
                f"--config={self.config}", f"--root={self.root}", *flags]
-        return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env,
-                              timeout=600)
+        # A fork of one process per environment that imported the binary's modules
+        # (tests/binary_runs.py); the trainers it starts are processes of their own.
+        return binary_runs.run(cmd, env=env)
 
     def state(self, name):
         return sweep.run_state(os.path.join(self.root, "runs", name))
@@ -390,20 +392,20 @@ class SweepBinaryTest(absltest.TestCase):
                  (["--finish_by_deadline"],  # was silently a no-op
                   "error: --finish_by_deadline needs --deadline_s (the deadline it plans to)"),
                  (["--dry_run"], None)]  # lists the runs and writes nothing (it wrote results)
-        running = []
-        for flags_, want in cases:
-            cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
-                   f"--config={self.config}", f"--root={self.root}", *flags_]
-            running.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             text=True, cwd=ROOT), want))
-        for proc, want in running:
-            out, err = proc.communicate(timeout=300)
-            if want is None:
-                self.assertEqual(proc.returncode, 0, err)
-                self.assertIn(": not started (step 0)", out + err)
-                continue
-            self.assertEqual(proc.returncode, 1, err)
-            self.assertEqual(err.strip().splitlines(), [want])
+        # One process imports the binary's modules, a fork of it runs each command line
+        # (tests/binary_runs.py: 17 launches cost 44 s of 2-core CI time, this one ~6 s).
+        results = binary_runs.run_many(
+            "experiments/sweep.py",
+            [[f"--config={self.config}", f"--root={self.root}", *flags_] for flags_, _ in cases],
+            self.create_tempdir().full_path)
+        for (flags_, want), result in zip(cases, results):
+            with self.subTest(flags=flags_):
+                if want is None:
+                    self.assertEqual(result.returncode, 0, result.stderr)
+                    self.assertIn(": not started (step 0)", result.stdout + result.stderr)
+                    continue
+                self.assertEqual(result.returncode, 1, result.stderr)
+                self.assertEqual(result.stderr.strip().splitlines(), [want])
         self.assertFalse(os.path.exists(self.root))
 
     @pytest.mark.slow  # ~19 s of binaries; the CI keeps the one-line flag and config errors
@@ -445,18 +447,14 @@ class SweepBinaryTest(absltest.TestCase):
             with open(os.path.join(self.root, name), "w") as f:
                 f.write(text)
         config_json = os.path.join(self.root, "config.json")
-        running = []
         for flags_, doing in ((["--report_only"], "--report_only would write the sweep's "
                                                   "results files into"),
                               ([], "the sweep would write its runs and results into"),
                               (["--dry_run"], "the sweep would write its runs and results into")):
-            cmd = [sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
-                   f"--config={self.config}", f"--root={self.root}", *flags_]
-            running.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             text=True, cwd=ROOT), flags_, doing))
-        for proc, flags_, doing in running:
-            out, err = proc.communicate(timeout=300)
-            self.assertEqual(proc.returncode, 1, (flags_, out, err))
+            result = binary_runs.run([sys.executable, os.path.join(ROOT, "experiments", "sweep.py"),
+                                      f"--config={self.config}", f"--root={self.root}", *flags_])
+            out, err = result.stdout, result.stderr
+            self.assertEqual(result.returncode, 1, (flags_, out, err))
             self.assertEqual(err.strip().splitlines(), [
                 f"error: {config_json} is not a training run's config (it has no 'model' "
                 f"section; a HALO workdir): {doing} {self.root}. Use another --root (nothing "

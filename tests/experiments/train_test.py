@@ -11,15 +11,19 @@ import time
 import pytest
 from absl.testing import absltest, parameterized
 
+from tests import binary_runs
 from tests.lattn_jax import multihost_test
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
 def run_train(*flags):
+    """experiments/train.py with ``flags``, in a fork of a process that imported its modules
+    once (tests/binary_runs.py; ~2.5 s of imports a launch), compiling without most XLA
+    optimizations like :func:`run_train_patched` (compile time on CPU)."""
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
            "--config=" + os.path.join(ROOT, "configs", "default.py"), *flags]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return binary_runs.run(cmd, env=dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true"))
 
 
 # A two-step-per-checkpoint run of a one-layer model on the bundled text (seconds on a CPU).
@@ -178,7 +182,7 @@ class TrainBinaryTest(parameterized.TestCase):
         path = os.path.join(ROOT, "configs", "common.py")
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
                f"--config={path}", f"--workdir={workdir}"]
-        result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+        result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(), [
             f"error: --config={path}: {path} has no get_config() (a config file defines "
@@ -337,11 +341,10 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertCountEqual(os.listdir(path), ["2", "4"])  # nothing set aside
         with open(os.path.join(workdir, "config.json"), "w") as f:
             f.write(good_config.replace('"d_model": 64', '"d_model": 32'))
-        evaluate = subprocess.run(
+        evaluate = binary_runs.run(
             [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"),
              "--checkpoint=" + workdir, "--tasks=perplexity",
-             "--perplexity_files=" + os.path.join(ROOT, "README.md")],
-            capture_output=True, text=True, cwd=ROOT, timeout=300)
+             "--perplexity_files=" + os.path.join(ROOT, "README.md")])
         self.assertEqual(evaluate.returncode, 1)
         self.assertEqual(evaluate.stderr.strip().splitlines()[-1], (
             f"error: the checkpoint at step 4 in {path} is of a different model (its parameter "
