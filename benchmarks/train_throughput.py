@@ -16,7 +16,7 @@ The small models of issue 28's Table 2 sweep (``configs/sweeps/table2_small.py``
 layers, 16 x 4,096 tokens a step) on its corpus, every stack in one run on one GPU (the
 sweep's own runs may have trained on different GPU kinds, whose tokens/s do not compare)::
 
-    python benchmarks/train_throughput.py --out=/tmp/tp --size=small --batch_size=16 \
+    python benchmarks/train_throughput.py --out=/tmp/tp --size=small --batch_size=16 \\
         --corpus=/tmp/corpus/prose-llama2 --presets=all --steps=120
 
 Each run writes to ``<out>/<preset>/``; the table is rewritten after every preset
