@@ -12,6 +12,9 @@ itself (signals to a launched process, its start-up environment): those keep ``s
 
 The child ends as the interpreter would: ``SystemExit(None)`` -> 0, an int -> that status, any
 other value -> printed to stderr and status 1; an uncaught exception -> its traceback, status 1.
+A child still running after ``timeout`` seconds (default :data:`TIMEOUT_S`, as the tests'
+``subprocess.run(..., timeout=)`` had) is killed and :meth:`Runner.run` raises
+``subprocess.TimeoutExpired``, so a hung binary fails its test instead of holding the suite.
 """
 
 import atexit
@@ -24,11 +27,13 @@ import tempfile
 from typing import List, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMEOUT_S = 600.0
 
 # The driver: argv[1] a directory for the children's stdout/stderr files. Reads one JSON
-# [binary, [arguments]] a line on stdin; answers each with the exit status on stdout.
+# [binary, [arguments], timeout_s] a line on stdin; answers each with the exit status on stdout
+# ("timeout" for a child killed after timeout_s).
 _DRIVER = r"""
-import ast, importlib, json, os, runpy, sys, traceback
+import ast, importlib, json, os, runpy, signal, sys, time, traceback
 outdir = sys.argv[1]
 sys.path.insert(0, os.getcwd())
 imported = set()
@@ -56,7 +61,7 @@ def import_top_level(binary):
 
 answers = os.fdopen(os.dup(1), "w")
 for i, line in enumerate(sys.stdin):
-    binary, argv = json.loads(line)
+    binary, argv, timeout = json.loads(line)
     import_top_level(binary)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -91,8 +96,20 @@ for i, line in enumerate(sys.stdin):
                 sys.stderr.flush()
             finally:
                 os._exit(status)
-    _, wait_status = os.waitpid(pid, 0)
-    answers.write(json.dumps(os.waitstatus_to_exitcode(wait_status)) + "\n")
+    deadline, pause = time.monotonic() + timeout, 0.001
+    while True:
+        done, wait_status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            answer = os.waitstatus_to_exitcode(wait_status)
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            answer = "timeout"
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+    answers.write(json.dumps(answer) + "\n")
     answers.flush()
 """
 
@@ -110,9 +127,15 @@ class Runner:
                 [sys.executable, "-c", _DRIVER, tmpdir], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT, env=env)
 
-    def run(self, binary: str, *argv: str) -> subprocess.CompletedProcess:
-        """Runs ``binary`` (relative to the repository root) with ``argv``."""
-        self.driver.stdin.write(json.dumps([binary, list(argv)]) + "\n")
+    def run(self, binary: str, *argv: str,
+            timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+        """Runs ``binary`` (relative to the repository root) with ``argv``.
+
+        Raises:
+          subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds (killed).
+          RuntimeError: the driver itself ended (its stderr's end in the message).
+        """
+        self.driver.stdin.write(json.dumps([binary, list(argv), timeout]) + "\n")
         self.driver.stdin.flush()
         answer = self.driver.stdout.readline()
         if not answer:
@@ -126,8 +149,10 @@ class Runner:
             with open(path, encoding="utf-8") as f:
                 outputs.append(f.read())
             os.remove(path)
-        return subprocess.CompletedProcess([sys.executable, binary, *argv],
-                                           json.loads(answer), *outputs)
+        status = json.loads(answer)
+        if status == "timeout":
+            raise subprocess.TimeoutExpired([sys.executable, binary, *argv], timeout, *outputs)
+        return subprocess.CompletedProcess([sys.executable, binary, *argv], status, *outputs)
 
     def close(self):
         """Ends the driver (idempotent)."""
@@ -154,7 +179,7 @@ _SHARED = {}  # environment -> this process's Runner for run() with it, most rec
 _MAX_SHARED = 2  # idle drivers kept (each holds jax and the library: a few hundred MB)
 
 
-def run(cmd: Sequence[str], env=None) -> subprocess.CompletedProcess:
+def run(cmd: Sequence[str], env=None, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)`` of a command
     line ``[sys.executable, binary, *argv]``, by a :class:`Runner` shared by the calls in this
     process with the same ``env`` (``None``: ``os.environ`` as at the first such call). The
@@ -173,4 +198,4 @@ def run(cmd: Sequence[str], env=None) -> subprocess.CompletedProcess:
         atexit.register(shutil.rmtree, tmpdir, ignore_errors=True)
         atexit.register(runner.close)
     _SHARED[key] = runner  # most recent last
-    return runner.run(cmd[1], *cmd[2:])
+    return runner.run(cmd[1], *cmd[2:], timeout=timeout)
