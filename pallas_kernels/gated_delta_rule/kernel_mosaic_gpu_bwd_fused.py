@@ -1,0 +1,486 @@
+"""Gated DeltaNet / DeltaNet backward on Pallas Mosaic GPU (Hopper): one fused chunk-local kernel.
+
+:func:`chunk_bwd_fused_mosaic` (kernel ``gdn_chunk_bwd_fused``) replaces stages 3 and 4 of
+:mod:`pallas_kernels.gated_delta_rule.mosaic_vjp`'s backward
+(:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_delta_grads_partials_mosaic`
+and :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd.chunk_wy_bwd_mosaic`): from
+``q, k, v, do, v_new, dv_new``, the gate-free inverse ``T0`` and the states ``h``, ``dh`` it
+gives ``(dq, dk, dv, dbeta, dg)`` in one launch, with no fp32 intermediate through HBM, no
+recomputed inverse and no hi/lo operand splits. Math: jla's value-space form
+(``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 31.3, corrected 2026-12-05; jla 0.1.0's
+``chunk_grads``; checked in fp64 by :mod:`pallas_kernels.gated_delta_rule.bwd_value_space`,
+which is also this kernel's test oracle).
+
+Per batch row, value head and chunk of ``C = 64`` tokens (notation of ``bwd_value_space``:
+``G`` the chunk-local inclusive fp32 cumsum of ``g``, 0 for DeltaNet; ``conn_t``, ``last_t``
+the document vectors; ``S`` the state entering the chunk, ``[K, V]``; ``dS'`` the gradient of
+the state leaving it)::
+
+    D_ts    = e^{G_t - G_s} [s <= t, same document]          (DeltaNet: the mask)
+    Gamma_t = conn_t e^{G_t},  Gamma_r,s = last_s e^{G_L - G_s},  gamma = conn_L e^{G_L}
+    X = T0 * D,  Ag = X diag(beta),  U' = Gamma K S,  Wv = V - U'
+    dP      = scale (dO v_new^T) * D
+    dq      = scale Gamma (dO S^T) + dP K
+    dks     = Gamma_r (v_new dS'^T),   dk_loc = dks + dP^T Q
+    Z       = X^T dv_new,   dv = Ag^T dv_new = diag(beta) Z
+    dAg     = dv_new Wv^T
+    dA0     = -T0^T (dAg * D * beta_s) T0^T on the strict lower part,   R = diag(beta) dA0
+    dk      = dk_loc - Gamma (dv S^T) + R K + R^T K
+    dbeta_t = sum_s dA0_ts (k_t . k_s) + Wv_t . Z_t
+    dL/dG_t = q_t . dq_t - k_t . dk_loc,t + sum_s dAg_ts Ag_ts - dv_t . v_t
+    dg_t    = sum_{s >= t in the chunk} dL/dG_s + <S', dS'>,
+    <S', dS'> = gamma <S, dS'> + sum_s k_s . dks_s
+
+Two identities take Sec. 31.3's column sums off the kernel (no cross-warp column reduction,
+no transposed products): the column sums of ``dAg * T0 * D`` are
+``sum_t dAg_ts X_ts = Wv_s . (X^T dv_new)_s = Wv_s . Z_s`` (``dbeta``'s second term), and
+those of ``F = dAg * Ag`` are ``beta_s Wv_s . Z_s = dv_s . Wv_s``, so Sec. 31.3's
+``-(F^T 1)_t - dv_t . U'_t`` is ``-dv_t . (Wv_t + U'_t) = -dv_t . v_t``. In the kernel the
+gate's two sums of ``F`` use the 16-bit ``X`` and ``Wv`` that the ``Z`` and ``dAg`` products
+read (``F 1`` from ``X``'s tile, ``F^T 1 = dv . Wv16``), so that they cancel over the chunk
+to fp32 rounding: with the fp32 ``Wv`` the reverse cumsum gathered their rounding into a
+bias of ``dg`` (1.1e-2 relative RMS against the oracle; 3.8e-4 so). The boundary term
+``<S', dS'>`` is counted once: as the per-row partials ``bnd_s`` added to every ``dg_t`` after
+the in-chunk reverse cumsum (not also in ``dL/dG_L``).
+
+Structure (2026-12-05, first version): one warpgroup per CTA, grid ``(N, H, B)`` (chunks
+first), one fresh accumulator and one wait per product (or per pair of terms), in the order
+``dP``, ``Z``, ``U'`` (then ``dv`` leaves), ``dAg``, ``M = dT0 T0^T``, ``dA0 = -T0^T M``,
+``K K^T``, ``dks``, ``dP^T Q``, ``R K + R^T K``, ``dv S^T`` (then ``dk`` leaves), ``dO S^T``,
+``dP K`` (then ``dq`` leaves): 16 ``wgmma``, 38 units of ``64^3`` at K = V = 128 (Sec.
+31.3's 36 plus two lo terms). Seventeen TMA copies on one barrier. All operands are 16-bit
+with fp32 accumulation; every row scaling (``Gamma``, ``Gamma_r``, ``beta``, ``scale``) is
+applied in fp32 to the accumulators; the gate and ``dbeta`` terms are fp32 row sums. Only
+``dT0`` and ``M`` (the two inputs of ``dA0``'s products) are split into hi + lo 16-bit terms
+(Sec. 31.3's fallback, +2 units): with one term each, ``dbeta``'s error on correlated keys
+was 2e-2 (``M``) and 3e-3 (``dT0``) relative RMS against the oracle. Not yet: the
+three-warpgroup split of Sec. 31.3 (``setmaxnreg`` 160 / 232 / 112 and the eight barriers
+between warpgroups) and the GVA loop over value heads at ``K <= 64``.
+
+SMEM at K = V = 128, bf16: 226,312 B as Mosaic GPU counts it (each buffer aligned to 1 KB,
+Pallas' 2 KB reduction scratch; :data:`SMEM_LIMIT` 232,448), with or without GVA:
+``q, k, v, do, v_new, dv_new, Wv`` 16 KB each, ``h, dh`` 32 KB each, ``T0, dP`` and three
+``[64, 64]`` work tiles (``dT0`` hi then ``R``; ``X`` then ``M`` hi; the lo terms) 8 KB each,
+the eleven fp32 vectors in one ``[11, 64]`` buffer. ``dv`` leaves through ``v``'s tile (it
+is also the ``dv S^T`` operand), ``dk`` and then ``dq`` through one staging tile that shares
+its bytes (``RefUnion``) with ``dv_new`` and ``Wv`` (both dead by then). With GVA
+(``Hk < H``) ``dq`` and ``dk`` leave per value head in fp32 and XLA sums each group and
+rounds once (Sec. 27.5's contract at K = 128).
+
+CPU testing: interpret mode with the shims of :mod:`pallas_kernels.common.mosaic_gpu_lib`
+(transposed operands copied into SMEM scratch; no ``RefUnion``, separate tiles), and
+``jax.export`` for CUDA (``tests/pallas_kernels/kernel_mosaic_gdn_bwd_fused_test.py``).
+Status (2026-12-05): CPU only, not run on a GPU.
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+
+CHUNK = mgl.CHUNK
+KERNEL_NAME = "gdn_chunk_bwd_fused"
+SMEM_LIMIT = 232_448  # bytes of SMEM one CTA may use on Hopper (227 KiB)
+# Test-only wrong variants (``mutations``): each drops or doubles one term of the math, so the
+# interpret tests can show that the references see it (MOSAIC_GPU.md Sec. 31.4 step 1). Never
+# passed by the op.
+MUTATIONS = (
+    "no_strict_mask",  # dA0 masked by document only: its upper triangle (and diagonal) kept
+    "no_rt_k",  # dk without R^T K
+    "no_col_term",  # dL/dG without -(F^T 1) (the column sums of dAg * Ag): -dv.U' only
+    "no_dv_u_term",  # dL/dG without -dv.U': -(F^T 1) only
+    "no_cumsum",  # dg = dL/dG (+ the boundary), no in-chunk reverse cumsum
+    "boundary_twice",  # <S', dS'> in dL/dG_L and again after the cumsum
+)
+_VECS = 11  # G, beta, doc rows and columns; conn, last; dL/dG, bnd, dbeta staging
+_IN_COPIES = 17  # q, k, v, do, v_new, dv_new, T0, h, dh; G, beta, doc rows and columns; conn, last
+
+
+def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, interpret: bool,
+                  mutations: frozenset = frozenset()):
+    """Kernel body of :func:`chunk_bwd_fused_mosaic`: one chunk of one ``(b, h)`` per CTA.
+
+    ``refs``: the inputs ``q, k, v, do, vn, dvn, t0, h, dh, gc, beta, doc, conn, last``; the
+    outputs ``dq, dk, dv, dbeta, dg``; the scratch of :func:`_scratch` in its order; then
+    (interpret only) the SMEM copies of the transposed operands. ``out32``: ``dq``, ``dk``
+    leave in fp32 (GVA: XLA sums the groups), else in the input dtype.
+    """
+    refs = list(refs)
+
+    def take(n):
+        out = refs[:n]
+        del refs[:n]
+        return out
+
+    (q_ref, k_ref, v_ref, do_ref, vn_ref, dvn_ref, t0_ref, h_ref, dh_ref, g_ref, beta_ref,
+     doc_ref, conn_ref, last_ref) = take(14)
+    dq_ref, dk_ref, dv_ref, db_ref, dg_ref = take(5)
+    q_s, k_s, v_s, do_s, vn_s, t0_s, h_s, dh_s, vecs, dp_s, w1_s, w2_s, w3_s = take(13)
+    # One fp32 [11, 64] buffer for the vectors (each separate buffer is aligned to 1 KB).
+    (g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s, doc_col_s, conn_s, last_s, dgt_s, bnd_s,
+     db_s) = (vecs.at[r] for r in range(_VECS))
+    if interpret:  # the interpreter has no RefUnion: the staging tile of its own
+        dvn_s, wv_s, st_s = take(3)
+    else:
+        ((dvn_s, wv_s), st_s), = take(1)
+    in_bar, = take(1)
+    if interpret:
+        vnt_s, ht_s, xt_s, wvt_s, t0t_s, kt_s, dht_s, dpt_s, rt_s = refs
+    else:
+        vnt_s = ht_s = xt_s = wvt_s = t0t_s = kt_s = dht_s = dpt_s = rt_s = None
+
+    n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
+    rows = pl.ds(n * CHUNK, CHUNK)
+    dk = k_s.shape[-1]
+    dtype = k_s.dtype
+    f32 = jnp.float32
+    sq = (CHUNK, CHUNK)
+
+    for src, dst in ((q_ref.at[b, rows, hk], q_s), (k_ref.at[b, rows, hk], k_s),
+                     (v_ref.at[b, rows, h], v_s), (do_ref.at[b, rows, h], do_s),
+                     (vn_ref.at[b, rows, h], vn_s), (dvn_ref.at[b, rows, h], dvn_s),
+                     (t0_ref.at[b, rows, h], t0_s), (h_ref.at[b, h, n], h_s),
+                     (dh_ref.at[b, h, n], dh_s),
+                     (g_ref.at[b, h, rows], g_row_s), (g_ref.at[b, h, rows], g_col_s),
+                     (beta_ref.at[b, h, rows], b_row_s), (beta_ref.at[b, h, rows], b_col_s),
+                     (doc_ref.at[b, rows], doc_row_s), (doc_ref.at[b, rows], doc_col_s),
+                     (conn_ref.at[b, rows], conn_s), (last_ref.at[b, rows], last_s)):
+        plgpu.copy_gmem_to_smem(src, dst, in_bar)
+    plgpu.barrier_wait(in_bar)
+
+    def matmul(terms, shape):
+        """Sum of ``wgmma(lhs, rhs)`` over ``terms`` in one fresh fp32 accumulator; the barrier
+        keeps the arithmetic after the accumulator read (jla's pitfall, MOSAIC_GPU.md Sec. 2)."""
+        def body(acc):
+            for lhs, rhs in terms:
+                plgpu.wgmma(acc, lhs, rhs)
+            return acc[...]
+
+        return lax.optimization_barrier(pl.run_scoped(body, plgpu.ACC(shape)))
+
+    def tr(ref, scratch):
+        return mgl.transposed(ref, scratch, interpret)
+
+    def tile(ref):
+        return mgl.load_tile(ref, interpret).astype(f32)
+
+    def rows_of(x, shape):
+        return mgl.by_row(x, shape)
+
+    def by_col(x, shape=sq):
+        return lax.broadcast_in_dim(x, shape, [1])
+
+    def row_dot(a, c):
+        return jnp.sum(a * c, axis=1)
+
+    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+    g_i, g_j = mgl.load_rows(g_row_s, interpret), mgl.load_cols(g_col_s, interpret)
+    d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
+    b_i, b_j = mgl.load_rows(b_row_s, interpret), mgl.load_cols(b_col_s, interpret)
+    conn_i, last_i = mgl.load_rows(conn_s, interpret), mgl.load_rows(last_s, interpret)
+    g_last = vecs[0, CHUNK - 1]  # G_L (g_row_s)
+    gam_in = conn_i * jnp.exp(g_i)  # Gamma_t = conn_t e^{G_t} (<= 1)
+    gam_out = last_i * jnp.exp(g_last - g_i)  # Gamma_r,s = last_s e^{G_L - G_s} (<= 1)
+    # gamma = conn_L e^{G_L} (conn_s is row 6): 0 if a document starts inside the chunk
+    gam_all = vecs[6, CHUNK - 1] * jnp.exp(g_last)
+    same = rows_of(d_i, sq) == by_col(d_j)
+    strict = same & (j < i) if "no_strict_mask" not in mutations else same
+    decay = mgl.causal_decay(i, j, g_i, g_j, d_i, d_j)  # D, fp32, 0 off the mask
+
+    # X = T0 * D (the gated inverse), the left operand of Z = X^T dv_new; in M's tile.
+    x_s = w2_s
+    x_s[...] = (tile(t0_s) * decay).astype(dtype)
+    # dP = scale (dO v_new^T) * D, a 16-bit operand of dq (dP K) and dk (dP^T Q).
+    dp = matmul([(do_s, tr(vn_s, vnt_s))], sq)
+    dp_s[...] = (dp * (scale * decay)).astype(dtype)
+    plgpu.commit_smem()
+
+    # Z = X^T dv_new; dv = diag(beta) Z.
+    z = matmul([(tr(x_s, xt_s), dvn_s)], v_s.shape)
+    # U' = Gamma K S, Wv = V - U' (fp32, then 16 bits: dAg's operand).
+    u_p = matmul([(k_s, h_s)], v_s.shape) * rows_of(gam_in, v_s.shape)
+    wv = tile(v_s) - u_p
+    db_col = row_dot(wv, z)  # sum_t dAg_ts T0_ts D_ts = Wv_s . Z_s (fp32 Wv: dbeta's term)
+    wv16 = wv.astype(dtype)
+    # The gate's F^T 1 = dv . Wv with the Wv that dAg's product reads (the 16-bit one), so
+    # that F 1 and F^T 1 cancel over the chunk to fp32 rounding (with the fp32 Wv, dg's reverse
+    # cumsum gathered a bias: 1.1e-2 relative RMS; dbeta is better with the fp32 Wv).
+    wv_r = wv16.astype(f32)
+    if "no_col_term" in mutations:  # -dv.U' only
+        dlg = -b_i * row_dot(u_p, z)
+    elif "no_dv_u_term" in mutations:  # -(F^T 1) only
+        dlg = -b_i * row_dot(wv_r, z)
+    else:  # -(F^T 1) - dv.U' = -dv.(Wv + U')
+        dlg = -b_i * row_dot(wv_r + u_p, z)
+    wv_s[...] = wv16
+    # dv in the input dtype over v (each thread overwrites what it read): the output, and
+    # the left operand of dv S^T below.
+    v_s[...] = (z * rows_of(b_i, v_s.shape)).astype(dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(v_s, dv_ref.at[b, rows, h])
+
+    # dAg = dv_new Wv^T; the gate's row sums of dAg * Ag; dT0 = dAg * D * beta_s (strict).
+    dag = matmul([(dvn_s, tr(wv_s, wvt_s))], sq)
+    # (F 1)_t, F = dAg * Ag, with the 16-bit X that Z's product read (as Wv above).
+    dlg = dlg + row_dot(dag, tile(x_s) * by_col(b_j))
+    # dT0 = dAg * D * beta_s (strict) and M = dT0 T0^T as hi + lo 16-bit terms: with one term
+    # each, dbeta's error on correlated keys was 2e-2 (M) and 3e-3 (dT0) relative RMS.
+    dt0 = jnp.where(strict, dag * decay * by_col(b_j), 0.0)
+    dt0_hi = dt0.astype(dtype)
+    w1_s[...] = dt0_hi
+    w3_s[...] = (dt0 - dt0_hi.astype(f32)).astype(dtype)
+    plgpu.commit_smem()
+    # dA0 = -T0^T (dT0 T0^T), strict lower (its document mask is implied by T0's and D's).
+    t0_t = tr(t0_s, t0t_s)
+    m = matmul([(w1_s, t0_t), (w3_s, t0_t)], sq)
+    m_hi = m.astype(dtype)
+    w2_s[...] = m_hi  # X's last reader, dAg's row term, is done
+    w3_s[...] = (m - m_hi.astype(f32)).astype(dtype)  # dT0's lo term was read
+    plgpu.commit_smem()
+    da0 = (matmul([(t0_t, w2_s), (t0_t, w3_s)], sq)
+           * jnp.where(strict, -1.0, 0.0))  # acc * -mask, not -acc (Sec. 2)
+    kk = matmul([(k_s, tr(k_s, kt_s))], sq)
+    db_row = row_dot(da0, kk)  # sum_s dA0_ts (k_t . k_s)
+    w1_s[...] = (rows_of(b_i, sq) * da0).astype(dtype)  # R = diag(beta) dA0, over dT0
+    plgpu.commit_smem()
+
+    # dk: dks = Gamma_r (v_new dS'^T), dk_loc = dks + dP^T Q, then R K + R^T K - Gamma dv S^T.
+    kshape = k_s.shape
+    dks = matmul([(vn_s, tr(dh_s, dht_s))], kshape) * rows_of(gam_out, kshape)
+    k_f = tile(k_s)
+    bnd = row_dot(k_f, dks)  # sum_s k_s . dks_s: per-row partials of <S', dS'>
+    for r in range(0, dk, CHUNK):  # + gamma <S, dS'> as row sums of 64-row slices
+        rr = pl.ds(r, CHUNK)
+        bnd = bnd + gam_all * row_dot(tile(h_s.at[rr]), tile(dh_s.at[rr]))
+    dk_loc = dks + matmul([(tr(dp_s, dpt_s), q_s)], kshape)
+    dlg = dlg - row_dot(k_f, dk_loc)
+    r_terms = [(w1_s, k_s)] + ([] if "no_rt_k" in mutations else [(tr(w1_s, rt_s), k_s)])
+    dk_val = dk_loc + matmul(r_terms, kshape)
+    s_t = tr(h_s, ht_s)  # S^T [V, K]
+    dk_val = dk_val + matmul([(v_s, s_t)], kshape) * rows_of(-gam_in, kshape)
+    st_s[...] = dk_val.astype(st_s.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(st_s, dk_ref.at[b, rows, h])
+
+    # dq = scale Gamma (dO S^T) + dP K, and its gate term q . dq.
+    dq_val = (matmul([(do_s, s_t)], kshape) * rows_of(scale * gam_in, kshape)
+              + matmul([(dp_s, k_s)], kshape))
+    dlg = dlg + row_dot(tile(q_s), dq_val)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # dk's store has read st_s
+    st_s[...] = dq_val.astype(st_s.dtype)
+    db_s[...] = db_row + db_col
+    dgt_s[...] = dlg
+    bnd_s[...] = bnd
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(st_s, dq_ref.at[b, rows, h])
+    plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, h, rows])
+    if gated:
+        # dg_t = sum_{s >= t} dL/dG_s + sum_s bnd_s: one masked [64, 64] row sum, fp32.
+        later = by_col(mgl.load_cols(dgt_s, interpret))
+        bnd_j = by_col(mgl.load_cols(bnd_s, interpret))
+        keep = (j == i) if "no_cumsum" in mutations else (j >= i)
+        dg_fin = jnp.sum(jnp.where(keep, later, 0.0) + bnd_j, axis=1)
+        if "boundary_twice" in mutations:  # also in dL/dG_L, which the cumsum takes to all t
+            dg_fin = dg_fin + jnp.sum(bnd_j, axis=1)
+        plgpu.commit_smem()  # every thread has read dgt_s before it is overwritten
+        dgt_s[...] = dg_fin
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(dgt_s, dg_ref.at[b, h, rows])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool):
+    """The scratch list of the kernel, in :func:`_fused_kernel`'s order."""
+    swz = mgl.swizzled_smem
+    f32 = jnp.float32
+    sq = swz((CHUNK, CHUNK), dtype)
+    dvn, wv = swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype)
+    st = swz((CHUNK, dk), f32 if out32 else dtype)  # staging of dk, then dq
+    scratch = [
+        swz((CHUNK, dk), dtype), swz((CHUNK, dk), dtype),  # q_s, k_s
+        swz((CHUNK, dv), dtype),  # v_s: v, then dv (the output and an operand)
+        swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # do_s, vn_s
+        sq,  # t0_s
+        swz((dk, dv), dtype), swz((dk, dv), dtype),  # h_s, dh_s: S, dS' in 16 bits
+        plgpu.SMEM((_VECS, CHUNK), f32),  # vecs: the fp32 vectors (_VECS)
+        sq,  # dp_s: dP
+        sq, sq, sq,  # w1_s: dT0 (hi), then R; w2_s: X = T0 * D, then M (hi); w3_s: lo terms
+    ]
+    if interpret:
+        scratch += [dvn, wv, st]
+    else:  # dv_new and Wv are dead once dAg is read: the staging tile reuses their bytes
+        scratch.append(plgpu.RefUnion((dvn, wv), st))
+    scratch.append(plgpu.Barrier(num_arrivals=_IN_COPIES))
+    if interpret:
+        scratch += [plgpu.SMEM((dv, CHUNK), dtype),  # vnt_s
+                    plgpu.SMEM((dv, dk), dtype),  # ht_s
+                    plgpu.SMEM((CHUNK, CHUNK), dtype),  # xt_s
+                    plgpu.SMEM((dv, CHUNK), dtype),  # wvt_s
+                    plgpu.SMEM((CHUNK, CHUNK), dtype),  # t0t_s
+                    plgpu.SMEM((dk, CHUNK), dtype),  # kt_s
+                    plgpu.SMEM((dv, dk), dtype),  # dht_s
+                    plgpu.SMEM((CHUNK, CHUNK), dtype),  # dpt_s
+                    plgpu.SMEM((CHUNK, CHUNK), dtype)]  # rt_s
+    return scratch
+
+
+def _check_inputs(q, k, v, do, v_new, dv_new, t0, g, beta, h, dh, segment_ids) -> int:
+    """Shapes and dtypes of :func:`chunk_bwd_fused_mosaic`'s inputs; returns ``N``.
+
+    Raises:
+        ValueError: naming the argument and the shape or dtype it needs.
+    """
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    num_chunks = -(-seq_len // CHUNK)
+    if q.shape != k.shape or q.dtype != k.dtype:
+        raise ValueError(f"q and k must match: {q.shape=} {k.shape=} {q.dtype=} {k.dtype=}")
+    mgl.check_kv_gates(k, v, g, segment_ids)
+    for name, x in (("do", do), ("v_new", v_new), ("dv_new", dv_new)):
+        if x.shape != v.shape or x.dtype != v.dtype:
+            raise ValueError(f"{name} must have v's shape {v.shape} and dtype {v.dtype}, got "
+                             f"{name}.shape={x.shape} {name}.dtype={x.dtype}")
+    if t0.shape != (batch, seq_len, heads, CHUNK):
+        raise ValueError(f"t0 must be [B, T, H, 64] = {(batch, seq_len, heads, CHUNK)}, got "
+                         f"{t0.shape=}")
+    if beta.shape != (batch, seq_len, heads):
+        raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
+    for name, x in (("h", h), ("dh", dh)):
+        if x.shape != (batch, heads, num_chunks, dk, dv):
+            raise ValueError(f"{name} must be [B, H, N, K, V] = "
+                             f"{(batch, heads, num_chunks, dk, dv)}, got {name}.shape={x.shape}")
+    return num_chunks
+
+
+def check_mutations(mutations) -> Tuple[str, ...]:
+    """``mutations`` (a tuple of names in :data:`MUTATIONS`) sorted; ``()`` is the real kernel.
+
+    Raises:
+        ValueError: not a tuple, or an unknown name.
+    """
+    if not isinstance(mutations, tuple) or any(m not in MUTATIONS for m in mutations):
+        raise ValueError(f"mutations must be a tuple of names in {MUTATIONS}, got {mutations!r}")
+    return tuple(sorted(set(mutations)))
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "mutations"))
+def chunk_bwd_fused_mosaic(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    do: jax.Array,
+    v_new: jax.Array,
+    dv_new: jax.Array,
+    t0: jax.Array,
+    g: Optional[jax.Array],
+    beta: jax.Array,
+    h: jax.Array,
+    dh: jax.Array,
+    *,
+    scale: float,
+    segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
+    interpret: bool = False,
+    mutations: Tuple[str, ...] = (),
+) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
+    """``(dq, dk, dv, dbeta, dg)``: the chunk-local GDN / DeltaNet backward in one kernel.
+
+    The equations of the module docstring (MOSAIC_GPU.md Sec. 31.3), one CTA per
+    ``(chunk, value head, batch row)``: stages 3 and 4 of ``mosaic_vjp``'s backward in one
+    launch. ``dv_new`` and ``dh`` come from the reverse state pass
+    (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_dh_mosaic`; a
+    residual cotangent ``du`` is already inside ``dv_new``), ``T0`` from
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_kkt_inverse_mosaic` (or the
+    ``fused_t0`` forwards' residual), ``h`` and ``v_new`` are the forward's residuals.
+
+    Args:
+        q, k: ``[B, T, Hk, K]``, bf16 or fp16, as the forward read them; ``H % Hk == 0``
+            (value head ``h`` reads query/key head ``h // (H // Hk)``).
+        v: values ``[B, T, H, V]``, k's dtype; ``K, V`` in {64, 128}.
+        do: output gradient ``[B, T, H, V]``, v's dtype.
+        v_new: the forward's ``v_new = U - W S`` ``[B, T, H, V]``, v's dtype.
+        dv_new: the total gradient of ``v_new`` ``[B, T, H, V]``, v's dtype.
+        t0: the gate-free inverse ``T0 = (I + A0)^{-1}`` ``[B, T, H, 64]`` (row ``t`` of its
+            chunk; ``chunk_kkt_inverse_mosaic``'s layout), any float dtype (read in k's
+            dtype: a ``wgmma`` operand).
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
+        beta: write strengths ``[B, T, H]``, any float dtype (read as fp32).
+        h: states entering each chunk ``[B, H, N, K, V]`` (``N = ceil(T / 64)``), read in k's
+            dtype.
+        dh: gradients of the states leaving each chunk ``[B, H, N, K, V]``, read in k's dtype.
+        scale: the forward's read-out scale (static).
+        segment_ids: optional int ``[B, T]``; documents start wherever the id changes.
+        gate_cumsum: optional fp32 ``[B, H, Tp]`` (``Tp = 64 N``), ``g``'s chunk-local cumsum
+            (:func:`pallas_kernels.common.mosaic_gpu_lib.chunk_cumsum`) formed once by the
+            caller; ``None``: formed here.
+        doc_vecs: optional ``(doc, conn, last)`` fp32 ``[B, Tp]``
+            (:func:`pallas_kernels.common.mosaic_gpu_lib.doc_vectors`) formed once by the
+            caller; ``None``: formed here.
+        interpret: Mosaic GPU interpret mode (CPU; slow, for tests).
+        mutations: test-only wrong variants, names in :data:`MUTATIONS` (static); ``()``: the
+            real kernel.
+
+    Returns:
+        ``(dq, dk, dv, dbeta, dg)``: ``dq, dk`` ``[B, T, Hk, K]`` and ``dv`` ``[B, T, H, V]``
+        in the input dtype (computed in fp32 and rounded once; with GVA ``dq, dk`` leave the
+        kernel per value head in fp32 and are summed over each group in XLA first), fp32
+        ``dbeta`` ``[B, T, H]`` and fp32 ``dg`` ``[B, T, H]``, the gradient of the per-token
+        ``g`` (the in-chunk reverse cumsum done in the kernel), or ``None`` for DeltaNet.
+
+    Raises:
+        ValueError: on mismatched shapes or dtypes, unsupported head dims or dtypes, ``H`` not
+            a multiple of ``Hk``, a ``t0``, ``beta``, ``h``, ``dh``, ``g`` or ``segment_ids``
+            of the wrong shape, a ``gate_cumsum`` or ``doc_vecs`` of the wrong shape, or
+            unknown ``mutations``.
+    """
+    mutations = check_mutations(mutations)
+    batch, seq_len, kv_heads, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    num_chunks = _check_inputs(q, k, v, do, v_new, dv_new, t0, g, beta, h, dh, segment_ids)
+    padded = num_chunks * CHUNK
+    dtype = k.dtype
+    f32 = jnp.float32
+    group = heads // kv_heads
+    out32 = group > 1
+    # Padding tokens: q = k = v = do = v_new = dv_new = 0, T0 = 0, beta = 0, g = 0 (the last
+    # document's): they contribute nothing, and their own gradients are cut off.
+    q, k, v, do, v_new, dv_new = (mgl.pad_time(x, num_chunks)
+                                  for x in (q, k, v, do, v_new, dv_new))
+    t0 = mgl.pad_time(t0.astype(dtype), num_chunks)
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
+    beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(f32), num_chunks), 1, 2)  # [B, H, Tp]
+    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp]
+    out_qk = f32 if out32 else dtype
+    call = plgpu.kernel(
+        functools.partial(_fused_kernel, group=group, scale=float(scale), gated=g is not None,
+                          out32=out32, interpret=interpret,
+                          **(dict(mutations=frozenset(mutations)) if mutations else {})),
+        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), out_qk),  # dq per value head
+                  jax.ShapeDtypeStruct((batch, padded, heads, dk), out_qk),  # dk per value head
+                  jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # dv
+                  jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dbeta
+                  jax.ShapeDtypeStruct((batch, heads, padded), f32)),  # dg (dL/dg)
+        scratch_types=_scratch(dk, dv, dtype, out32, interpret),
+        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        grid_names=("n", "h", "b"),
+        compiler_params=plgpu.CompilerParams(),
+        interpret=mgl.interpret_params() if interpret else None,
+        kernel_name=KERNEL_NAME,
+    )
+    with jax.named_scope("gdn_chunk_bwd_fused_mosaic"):
+        dq, dk_, dv_, dbeta, dgc = call(q, k, v, do, v_new, dv_new, t0, h.astype(dtype),
+                                        dh.astype(dtype), gc, beta_hm, doc, conn, last)
+        if out32:  # GVA: the group sums in fp32, rounded once
+            dq, dk_ = (x.reshape(batch, padded, kv_heads, group, dk).sum(axis=3).astype(dtype)
+                       for x in (dq, dk_))
+        dbeta = jnp.moveaxis(dbeta, 1, 2)[:, :seq_len]
+        dg = None if g is None else jnp.moveaxis(dgc, 1, 2)[:, :seq_len]
+    return dq[:, :seq_len], dk_[:, :seq_len], dv_[:, :seq_len], dbeta, dg
