@@ -44,26 +44,32 @@ bias of ``dg`` (1.1e-2 relative RMS against the oracle; 3.8e-4 so). The boundary
 the in-chunk reverse cumsum (not also in ``dL/dG_L``).
 
 Structure (2026-12-05, first version): one warpgroup per CTA, grid ``(N, H, B)`` (chunks
-first), one fresh accumulator and one wait per product (or per pair of terms), in the order
-``dP``, ``Z``, ``U'`` (then ``dv`` leaves), ``dAg``, ``M = dT0 T0^T``, ``dA0 = -T0^T M``,
-``K K^T``, ``dks``, ``dP^T Q``, ``R K + R^T K``, ``dv S^T`` (then ``dk`` leaves), ``dO S^T``,
-``dP K`` (then ``dq`` leaves): 16 ``wgmma``, 38 units of ``64^3`` at K = V = 128 (Sec.
-31.3's 36 plus two lo terms). Seventeen TMA copies on one barrier. All operands are 16-bit
-with fp32 accumulation; every row scaling (``Gamma``, ``Gamma_r``, ``beta``, ``scale``) is
-applied in fp32 to the accumulators; the gate and ``dbeta`` terms are fp32 row sums. Only
+first), one accumulator and one wait at a time, in the order ``dP``, ``Z``, ``U'`` (then
+``dv`` leaves), ``dAg``, ``M = dT0 T0^T``, ``dA0 = -T0^T M``, ``K K^T`` (then ``dbeta``),
+``dO S^T`` then ``+ dP K`` (then ``dq``), ``dks`` then ``+ dP^T Q`` then
+``+ R K + R^T K + (-Gamma dv) S^T`` (then ``dk`` and ``dg``): 16 ``wgmma``, 38 units of
+``64^3`` at K = V = 128 (Sec. 31.3's 36 plus two lo terms). Seventeen TMA copies on one
+barrier. All operands are 16-bit with fp32 accumulation; the row scalings (``Gamma``,
+``Gamma_r``, ``beta``, ``scale``) are applied in fp32 to the accumulators, except
+``-Gamma dv``, a 16-bit operand (from the 16-bit ``dv``, over ``v_new``'s tile once ``dks``
+has read it) so that ``dk``'s last three terms share one accumulator; the gate and ``dbeta``
+terms are fp32 row sums. On the GPU the chains ``dq`` and ``dk`` are one accumulator each
+(``ACC.init`` with the fp32 value so far, through ``pl.run_state``); the 0.10.2 interpreter
+cannot run ``run_state``, so there a fresh accumulator and an fp32 add (the same sums). Only
 ``dT0`` and ``M`` (the two inputs of ``dA0``'s products) are split into hi + lo 16-bit terms
 (Sec. 31.3's fallback, +2 units): with one term each, ``dbeta``'s error on correlated keys
-was 2e-2 (``M``) and 3e-3 (``dT0``) relative RMS against the oracle. Not yet: the
-three-warpgroup split of Sec. 31.3 (``setmaxnreg`` 160 / 232 / 112 and the eight barriers
-between warpgroups) and the GVA loop over value heads at ``K <= 64``.
+was 2e-2 (``M``) and 3e-3 (``dT0``) relative RMS against the oracle. Offline ptxas (S1,
+bf16, K = V = 128): 255 registers and 140 B of spill stores (MOSAIC_GPU.md Sec. 31.6). Not
+yet: the three-warpgroup split of Sec. 31.3 (``setmaxnreg`` 160 / 232 / 112 and the eight
+barriers between warpgroups), the GVA loop over value heads at ``K <= 64``, 0 spills.
 
 SMEM at K = V = 128, bf16: 226,312 B as Mosaic GPU counts it (each buffer aligned to 1 KB,
 Pallas' 2 KB reduction scratch; :data:`SMEM_LIMIT` 232,448), with or without GVA:
 ``q, k, v, do, v_new, dv_new, Wv`` 16 KB each, ``h, dh`` 32 KB each, ``T0, dP`` and three
 ``[64, 64]`` work tiles (``dT0`` hi then ``R``; ``X`` then ``M`` hi; the lo terms) 8 KB each,
-the eleven fp32 vectors in one ``[11, 64]`` buffer. ``dv`` leaves through ``v``'s tile (it
-is also the ``dv S^T`` operand), ``dk`` and then ``dq`` through one staging tile that shares
-its bytes (``RefUnion``) with ``dv_new`` and ``Wv`` (both dead by then). With GVA
+the eleven fp32 vectors in one ``[11, 64]`` buffer. ``dv`` leaves through ``v``'s tile,
+``dq`` and then ``dk`` through one staging tile that shares its bytes (``RefUnion``) with
+``dv_new`` and ``Wv`` (both dead by then). With GVA
 (``Hk < H``) ``dq`` and ``dk`` leave per value head in fp32 and XLA sums each group and
 rounds once (Sec. 27.5's contract at K = 128).
 
@@ -165,6 +171,19 @@ def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, int
 
         return lax.optimization_barrier(pl.run_scoped(body, plgpu.ACC(shape)))
 
+    def matmul_add(init, terms):
+        """``init + sum(wgmma(lhs, rhs))``: on the GPU one accumulator initialised with ``init``
+        (``ACC.init``), so no second fp32 tile is live; the 0.10.2 interpreter cannot run
+        ``ACC.init`` (``run_state``), so there a fresh accumulator and an add."""
+        if interpret:
+            return init + matmul(terms, init.shape)
+
+        def body(acc):
+            for lhs, rhs in terms:
+                plgpu.wgmma(acc, lhs, rhs)
+
+        return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(init)))
+
     def tr(ref, scratch):
         return mgl.transposed(ref, scratch, interpret)
 
@@ -180,59 +199,80 @@ def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, int
     def row_dot(a, c):
         return jnp.sum(a * c, axis=1)
 
-    i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
-    g_i, g_j = mgl.load_rows(g_row_s, interpret), mgl.load_cols(g_col_s, interpret)
-    d_i, d_j = mgl.load_rows(doc_row_s, interpret), mgl.load_cols(doc_col_s, interpret)
-    b_i, b_j = mgl.load_rows(b_row_s, interpret), mgl.load_cols(b_col_s, interpret)
-    conn_i, last_i = mgl.load_rows(conn_s, interpret), mgl.load_rows(last_s, interpret)
+    # The [64, 64] masks and D are formed again wherever they are used (from the SMEM vectors),
+    # not kept live across the products: registers are the single warpgroup's limit.
+    def iotas():
+        return mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+
+    def decay():
+        """D, fp32 [64, 64]: e^{G_t - G_s} on s <= t, same document, else 0."""
+        i, j = iotas()
+        return mgl.causal_decay(i, j, mgl.load_rows(g_row_s, interpret),
+                                mgl.load_cols(g_col_s, interpret),
+                                mgl.load_rows(doc_row_s, interpret),
+                                mgl.load_cols(doc_col_s, interpret))
+
+    def strict():
+        """dA0's mask: s < t in the same document (``no_strict_mask``: the document only)."""
+        i, j = iotas()
+        same = (rows_of(mgl.load_rows(doc_row_s, interpret), sq)
+                == by_col(mgl.load_cols(doc_col_s, interpret)))
+        return same if "no_strict_mask" in mutations else same & (j < i)
+
+    def beta_rows():
+        return mgl.load_rows(b_row_s, interpret)
+
+    def beta_cols():
+        return by_col(mgl.load_cols(b_col_s, interpret))
+
+    g_i = mgl.load_rows(g_row_s, interpret)
     g_last = vecs[0, CHUNK - 1]  # G_L (g_row_s)
-    gam_in = conn_i * jnp.exp(g_i)  # Gamma_t = conn_t e^{G_t} (<= 1)
-    gam_out = last_i * jnp.exp(g_last - g_i)  # Gamma_r,s = last_s e^{G_L - G_s} (<= 1)
+    gam_in = mgl.load_rows(conn_s, interpret) * jnp.exp(g_i)  # Gamma_t = conn_t e^{G_t} (<= 1)
+    # Gamma_r,s = last_s e^{G_L - G_s} (<= 1)
+    gam_out = mgl.load_rows(last_s, interpret) * jnp.exp(g_last - g_i)
     # gamma = conn_L e^{G_L} (conn_s is row 6): 0 if a document starts inside the chunk
     gam_all = vecs[6, CHUNK - 1] * jnp.exp(g_last)
-    same = rows_of(d_i, sq) == by_col(d_j)
-    strict = same & (j < i) if "no_strict_mask" not in mutations else same
-    decay = mgl.causal_decay(i, j, g_i, g_j, d_i, d_j)  # D, fp32, 0 off the mask
 
     # X = T0 * D (the gated inverse), the left operand of Z = X^T dv_new; in M's tile.
     x_s = w2_s
-    x_s[...] = (tile(t0_s) * decay).astype(dtype)
+    x_s[...] = (tile(t0_s) * decay()).astype(dtype)
     # dP = scale (dO v_new^T) * D, a 16-bit operand of dq (dP K) and dk (dP^T Q).
     dp = matmul([(do_s, tr(vn_s, vnt_s))], sq)
-    dp_s[...] = (dp * (scale * decay)).astype(dtype)
+    dp_s[...] = (dp * (scale * decay())).astype(dtype)
     plgpu.commit_smem()
 
     # Z = X^T dv_new; dv = diag(beta) Z.
     z = matmul([(tr(x_s, xt_s), dvn_s)], v_s.shape)
+    vz = row_dot(tile(v_s), z)
     # U' = Gamma K S, Wv = V - U' (fp32, then 16 bits: dAg's operand).
     u_p = matmul([(k_s, h_s)], v_s.shape) * rows_of(gam_in, v_s.shape)
-    wv = tile(v_s) - u_p
-    db_col = row_dot(wv, z)  # sum_t dAg_ts T0_ts D_ts = Wv_s . Z_s (fp32 Wv: dbeta's term)
-    wv16 = wv.astype(dtype)
+    uz = row_dot(u_p, z)
+    wv16 = (tile(v_s) - u_p).astype(dtype)
+    db_col = vz - uz  # sum_t dAg_ts T0_ts D_ts = Wv_s . Z_s (fp32 Wv: dbeta's term)
     # The gate's F^T 1 = dv . Wv with the Wv that dAg's product reads (the 16-bit one), so
     # that F 1 and F^T 1 cancel over the chunk to fp32 rounding (with the fp32 Wv, dg's reverse
     # cumsum gathered a bias: 1.1e-2 relative RMS; dbeta is better with the fp32 Wv).
-    wv_r = wv16.astype(f32)
+    wz = row_dot(wv16.astype(f32), z)
     if "no_col_term" in mutations:  # -dv.U' only
-        dlg = -b_i * row_dot(u_p, z)
+        dlg = -beta_rows() * uz
     elif "no_dv_u_term" in mutations:  # -(F^T 1) only
-        dlg = -b_i * row_dot(wv_r, z)
+        dlg = -beta_rows() * wz
     else:  # -(F^T 1) - dv.U' = -dv.(Wv + U')
-        dlg = -b_i * row_dot(wv_r + u_p, z)
+        dlg = -beta_rows() * (wz + uz)
     wv_s[...] = wv16
     # dv in the input dtype over v (each thread overwrites what it read): the output, and
-    # the left operand of dv S^T below.
-    v_s[...] = (z * rows_of(b_i, v_s.shape)).astype(dtype)
+    # the source of -Gamma dv below.
+    v_s[...] = (z * rows_of(beta_rows(), v_s.shape)).astype(dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(v_s, dv_ref.at[b, rows, h])
 
     # dAg = dv_new Wv^T; the gate's row sums of dAg * Ag; dT0 = dAg * D * beta_s (strict).
     dag = matmul([(dvn_s, tr(wv_s, wvt_s))], sq)
     # (F 1)_t, F = dAg * Ag, with the 16-bit X that Z's product read (as Wv above).
-    dlg = dlg + row_dot(dag, tile(x_s) * by_col(b_j))
+    dlg = dlg + row_dot(dag, tile(x_s) * beta_cols())
     # dT0 = dAg * D * beta_s (strict) and M = dT0 T0^T as hi + lo 16-bit terms: with one term
     # each, dbeta's error on correlated keys was 2e-2 (M) and 3e-3 (dT0) relative RMS.
-    dt0 = jnp.where(strict, dag * decay * by_col(b_j), 0.0)
+    dt0 = jnp.where(strict(), dag * (decay() * beta_cols()), 0.0)
     dt0_hi = dt0.astype(dtype)
     w1_s[...] = dt0_hi
     w3_s[...] = (dt0 - dt0_hi.astype(f32)).astype(dtype)
@@ -245,46 +285,50 @@ def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, int
     w3_s[...] = (m - m_hi.astype(f32)).astype(dtype)  # dT0's lo term was read
     plgpu.commit_smem()
     da0 = (matmul([(t0_t, w2_s), (t0_t, w3_s)], sq)
-           * jnp.where(strict, -1.0, 0.0))  # acc * -mask, not -acc (Sec. 2)
+           * jnp.where(strict(), -1.0, 0.0))  # acc * -mask, not -acc (Sec. 2)
     kk = matmul([(k_s, tr(k_s, kt_s))], sq)
-    db_row = row_dot(da0, kk)  # sum_s dA0_ts (k_t . k_s)
-    w1_s[...] = (rows_of(b_i, sq) * da0).astype(dtype)  # R = diag(beta) dA0, over dT0
+    db_s[...] = row_dot(da0, kk) + db_col  # dbeta: sum_s dA0_ts (k_t . k_s) + Wv_t . Z_t
+    w1_s[...] = (rows_of(beta_rows(), sq) * da0).astype(dtype)  # R = diag(beta) dA0
     plgpu.commit_smem()
 
-    # dk: dks = Gamma_r (v_new dS'^T), dk_loc = dks + dP^T Q, then R K + R^T K - Gamma dv S^T.
+    # dq = scale Gamma (dO S^T) + dP K (the rows of the first product scaled in fp32, then the
+    # second product into the same accumulator) and its gate term q . dq. dv_new and Wv are
+    # dead (dAg read them): the staging tile is free.
     kshape = k_s.shape
+    s_t = tr(h_s, ht_s)  # S^T [V, K]
+    dq_val = matmul_add(matmul([(do_s, s_t)], kshape) * rows_of(scale * gam_in, kshape),
+                        [(dp_s, k_s)])
+    dlg = dlg + row_dot(tile(q_s), dq_val)
+    st_s[...] = dq_val.astype(st_s.dtype)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(st_s, dq_ref.at[b, rows, h])
+
+    # dk: dks = Gamma_r (v_new dS'^T), dk_loc = dks + dP^T Q, then R K + R^T K - Gamma dv S^T.
     dks = matmul([(vn_s, tr(dh_s, dht_s))], kshape) * rows_of(gam_out, kshape)
-    k_f = tile(k_s)
-    bnd = row_dot(k_f, dks)  # sum_s k_s . dks_s: per-row partials of <S', dS'>
+    bnd = row_dot(tile(k_s), dks)  # sum_s k_s . dks_s: per-row partials of <S', dS'>
     for r in range(0, dk, CHUNK):  # + gamma <S, dS'> as row sums of 64-row slices
         rr = pl.ds(r, CHUNK)
         bnd = bnd + gam_all * row_dot(tile(h_s.at[rr]), tile(dh_s.at[rr]))
-    dk_loc = dks + matmul([(tr(dp_s, dpt_s), q_s)], kshape)
-    dlg = dlg - row_dot(k_f, dk_loc)
+    bnd_s[...] = bnd
+    # v_new's last reader was dks' product: its tile takes -Gamma dv (from the 16-bit dv, so
+    # rounded twice), an operand of the dk accumulator below.
+    vn_s[...] = (tile(v_s) * rows_of(-gam_in, v_s.shape)).astype(dtype)
+    plgpu.commit_smem()
+    dk_loc = matmul_add(dks, [(tr(dp_s, dpt_s), q_s)])
+    dlg = dlg - row_dot(tile(k_s), dk_loc)
+    dgt_s[...] = dlg
     r_terms = [(w1_s, k_s)] + ([] if "no_rt_k" in mutations else [(tr(w1_s, rt_s), k_s)])
-    dk_val = dk_loc + matmul(r_terms, kshape)
-    s_t = tr(h_s, ht_s)  # S^T [V, K]
-    dk_val = dk_val + matmul([(v_s, s_t)], kshape) * rows_of(-gam_in, kshape)
+    dk_val = matmul_add(dk_loc, r_terms + [(vn_s, s_t)])  # + R K + R^T K - Gamma dv S^T
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # dq's store has read st_s
     st_s[...] = dk_val.astype(st_s.dtype)
     plgpu.commit_smem()
     plgpu.copy_smem_to_gmem(st_s, dk_ref.at[b, rows, h])
-
-    # dq = scale Gamma (dO S^T) + dP K, and its gate term q . dq.
-    dq_val = (matmul([(do_s, s_t)], kshape) * rows_of(scale * gam_in, kshape)
-              + matmul([(dp_s, k_s)], kshape))
-    dlg = dlg + row_dot(tile(q_s), dq_val)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # dk's store has read st_s
-    st_s[...] = dq_val.astype(st_s.dtype)
-    db_s[...] = db_row + db_col
-    dgt_s[...] = dlg
-    bnd_s[...] = bnd
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(st_s, dq_ref.at[b, rows, h])
     plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, h, rows])
     if gated:
         # dg_t = sum_{s >= t} dL/dG_s + sum_s bnd_s: one masked [64, 64] row sum, fp32.
         later = by_col(mgl.load_cols(dgt_s, interpret))
         bnd_j = by_col(mgl.load_cols(bnd_s, interpret))
+        i, j = iotas()
         keep = (j == i) if "no_cumsum" in mutations else (j >= i)
         dg_fin = jnp.sum(jnp.where(keep, later, 0.0) + bnd_j, axis=1)
         if "boundary_twice" in mutations:  # also in dL/dG_L, which the cumsum takes to all t
@@ -305,8 +349,8 @@ def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool):
     st = swz((CHUNK, dk), f32 if out32 else dtype)  # staging of dk, then dq
     scratch = [
         swz((CHUNK, dk), dtype), swz((CHUNK, dk), dtype),  # q_s, k_s
-        swz((CHUNK, dv), dtype),  # v_s: v, then dv (the output and an operand)
-        swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # do_s, vn_s
+        swz((CHUNK, dv), dtype),  # v_s: v, then dv (the output)
+        swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # do_s; vn_s: v_new, then -Gamma dv
         sq,  # t0_s
         swz((dk, dv), dtype), swz((dk, dv), dtype),  # h_s, dh_s: S, dS' in 16 bits
         plgpu.SMEM((_VECS, CHUNK), f32),  # vecs: the fp32 vectors (_VECS)
