@@ -34,10 +34,11 @@ With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_invers
 record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command. With
 ``fused_t0_split``, ``--mosaic_t0_split_order=prepare_first`` (or ``prepare_mid``) times
 another order of the output warpgroup (the default is ``readout_first``; Sec. 16, 17) and
-``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17). ``--mosaic_backward=split,fused``
-times the GDN / DeltaNet Mosaic op once per backward (``gated_delta_rule_mosaic``'s
-``backward=``: stages 3 and 4, or the fused chunk-local kernel ``gdn_chunk_bwd_fused``;
-Sec. 31), each with its own gate, record and a table of their own.
+``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17).
+``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
+backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
+kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
+record and a table of their own.
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -134,7 +135,8 @@ _MOSAIC_BACKWARD = flags.DEFINE_list(
     "Peer mosaic, ops gdn and deltanet, pass fwdbwd: the backward= of gated_delta_rule_mosaic "
     "(split: stages 3 and 4, chunk_delta_grads_partials_mosaic + chunk_wy_bwd_mosaic; fused: "
     "the one kernel chunk_bwd_fused_mosaic with T0 from the fused_t0 forwards or "
-    "chunk_kkt_inverse_mosaic; MOSAIC_GPU.md Sec. 31). Several (split,fused) time mosaic once "
+    "chunk_kkt_inverse_mosaic, one warpgroup; fused_ws: the same on three warpgroups; "
+    "MOSAIC_GPU.md Sec. 31). Several (split,fused,fused_ws) time mosaic once "
     "per value, each with its own gate and record (field mosaic_backward) and a table of their "
     "own below the main one; empty: the op's default (split), not recorded.")
 _CW_STATE_PASS = flags.DEFINE_list(
@@ -1078,7 +1080,8 @@ def grad_pass_lines(records):
 # Kernel-name substrings of the chunk-local backward of each --mosaic_backward value: stages 3
 # and 4 ("split"), or the fused kernel and the T0 kernel it may recompute ("fused").
 _BACKWARD_KERNELS = {"split": ("gdn_chunk_grads", "gdn_chunk_wy_bwd"),
-                     "fused": ("gdn_chunk_bwd_fused", "gdn_chunk_kkt_inverse")}
+                     "fused": ("gdn_chunk_bwd_fused", "gdn_chunk_kkt_inverse"),
+                     "fused_ws": ("gdn_chunk_bwd_fused_ws", "gdn_chunk_kkt_inverse")}
 
 
 def mosaic_backward_lines(records):
@@ -1096,7 +1099,8 @@ def mosaic_backward_lines(records):
 
     lines = ["", "Mosaic GDN / DeltaNet backwards (`--mosaic_backward`, peer mosaic; "
                  "MOSAIC_GPU.md Sec. 31): `split`, stages 3 and 4 (`gdn_chunk_grads`, "
-                 "`gdn_chunk_wy_bwd`), or `fused`, `gdn_chunk_bwd_fused` (with "
+                 "`gdn_chunk_wy_bwd`), or `fused` / `fused_ws`, `gdn_chunk_bwd_fused` / "
+                 "`gdn_chunk_bwd_fused_ws` (one / three warpgroups; with "
                  "`gdn_chunk_kkt_inverse*`, the T0 kernel).", "",
              "| op | shape | pass | backward | kernel | chunk-local backward kernels | wall "
              "| gate |",

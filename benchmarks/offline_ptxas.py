@@ -574,10 +574,11 @@ OP_KERNELS = {
     "gdn_wy_bwd": ("gdn", "three_pass", ("gdn_chunk_wy_bwd",)),
     # backward="fused": stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31, OP_BACKWARDS)
     "gdn_bwd_fused": ("gdn", "three_pass", ("gdn_chunk_bwd_fused",)),
+    "gdn_bwd_fused_ws": ("gdn", "three_pass", ("gdn_chunk_bwd_fused_ws",)),
 }
 # The backward= of gated_delta_rule_mosaic for the OP_KERNELS entries that need another than
 # its default ("split").
-OP_BACKWARDS = {"gdn_bwd_fused": "fused"}
+OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws"}
 # Options after ":" (any order): "infer" (the primal alone, as at inference: the fused GDN
 # kernels then store neither h nor v_new), "nog" (g=None: linear attention, DeltaNet), and for
 # gdn_fused_t0_split a split order of kernel_mosaic_gpu_fused.SPLIT_ORDERS and "s3" (three ring
@@ -595,7 +596,8 @@ ALL_KERNELS = (
     "gdn_t0", "gdn_fused_t0", "gdn_fused_t0:infer", "gdn_fused_t0_split",
     "gdn_fused_t0_split:prepare_first", "gdn_fused_t0_split:prepare_mid:s3",
     "gdn_fused_t0_split:state_ag", "gdn_fused_t0_split:state_ag:s3",
-    "gdn_bwd_dv_local", "gdn_bwd_dh", "gdn_bwd_grads", "gdn_wy_bwd", "gdn_bwd_fused")
+    "gdn_bwd_dv_local", "gdn_bwd_dh", "gdn_bwd_grads", "gdn_wy_bwd", "gdn_bwd_fused",
+    "gdn_bwd_fused_ws")
 # ptxas's figures on the H200 for entries of this binary (MOSAIC_GPU_DUMP_PTXAS logs under
 # benchmarks/results/mosaic-gpu-h200-*; jax 0.11.2, bf16, K = V = 128): entry -> ((B, T, H),
 # registers, spill store bytes, run) per shape measured. S1 is (8, 4096, 16); (2, 2048, 4) is

@@ -47,8 +47,9 @@ Structure (2026-12-05, first version): one warpgroup per CTA, grid ``(N, H, B)``
 first), one accumulator and one wait at a time, in the order ``dP``, ``Z``, ``U'`` (then
 ``dv`` leaves), ``dAg``, ``M = dT0 T0^T``, ``dA0 = -T0^T M``, ``K K^T`` (then ``dbeta``),
 ``dO S^T`` then ``+ dP K`` (then ``dq``), ``dks`` then ``+ dP^T Q`` then
-``+ R K + R^T K + (-Gamma dv) S^T`` (then ``dk`` and ``dg``): 16 ``wgmma``, 38 units of
-``64^3`` at K = V = 128 (Sec. 31.3's 36 plus two lo terms). Seventeen TMA copies on one
+``+ R K + R^T K + (-Gamma dv) S^T`` (then ``dk`` and ``dg``): 16 ``wgmma``, 36 units of
+``64^3`` at K = V = 128 (Sec. 31.3's 36, less its transposed ``dAg^T`` product, plus two lo
+terms). Seventeen TMA copies on one
 barrier. All operands are 16-bit with fp32 accumulation; the row scalings (``Gamma``,
 ``Gamma_r``, ``beta``, ``scale``) are applied in fp32 to the accumulators, except
 ``-Gamma dv``, a 16-bit operand (from the 16-bit ``dv``, over ``v_new``'s tile once ``dks``
@@ -59,9 +60,16 @@ cannot run ``run_state``, so there a fresh accumulator and an fp32 add (the same
 ``dT0`` and ``M`` (the two inputs of ``dA0``'s products) are split into hi + lo 16-bit terms
 (Sec. 31.3's fallback, +2 units): with one term each, ``dbeta``'s error on correlated keys
 was 2e-2 (``M``) and 3e-3 (``dT0``) relative RMS against the oracle. Offline ptxas (S1,
-bf16, K = V = 128): 255 registers and 140 B of spill stores (MOSAIC_GPU.md Sec. 31.6). Not
-yet: the three-warpgroup split of Sec. 31.3 (``setmaxnreg`` 160 / 232 / 112 and the eight
-barriers between warpgroups), the GVA loop over value heads at ``K <= 64``, 0 spills.
+bf16, K = V = 128): 255 registers and 140 B of spill stores (MOSAIC_GPU.md Sec. 31.6).
+
+``warpgroups=3`` (:func:`_fused_kernel_ws`, MOSAIC_GPU.md Sec. 31.7): the same math, tiles and
+products over three warpgroups (384 threads): WG0 the forward side (``dP``, ``X``, ``Z``,
+``U'``, ``Wv``, ``dv``, ``-Gamma dv``, ``dq``), WG1 the inverse side (``dAg``, ``dT0``, ``M``,
+``dA0``, ``K K^T``, ``R``, then ``dbeta`` and ``dg``), WG2 the key side (``dks``,
+``<S', dS'>``, ``dk``), handing results over in SMEM behind nine one-shot barriers;
+``setmaxnreg`` :data:`WS_REGISTERS` (240 / 96 / 168, chosen by offline ptxas: 16 B of spill
+stores at K = V = 128). Products per warpgroup (units of ``64^3`` at K = V = 128): 14, 8, 14.
+Not yet: the GVA loop over value heads at ``K <= 64``, 0 spills, a GPU run.
 
 SMEM at K = V = 128, bf16: 226,312 B as Mosaic GPU counts it (each buffer aligned to 1 KB,
 Pallas' 2 KB reduction scratch; :data:`SMEM_LIMIT` 232,448), with or without GVA:
@@ -106,6 +114,82 @@ MUTATIONS = (
 )
 _VECS = 11  # G, beta, doc rows and columns; conn, last; dL/dG, bnd, dbeta staging
 _IN_COPIES = 17  # q, k, v, do, v_new, dv_new, T0, h, dh; G, beta, doc rows and columns; conn, last
+
+
+def _make_ops(interpret: bool, mutations, g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s,
+              doc_col_s):
+    """The helpers both kernel bodies use (closures over the SMEM vectors): ``matmul``,
+    ``matmul_add``, ``tr``, ``tile``, ``rows_of``, ``by_col``, ``row_dot``, ``iotas``,
+    ``decay``, ``strict``, ``beta_rows``, ``beta_cols``, in that order."""
+    f32 = jnp.float32
+    sq = (CHUNK, CHUNK)
+
+    def matmul(terms, shape):
+        """Sum of ``wgmma(lhs, rhs)`` over ``terms`` in one fresh fp32 accumulator; the barrier
+        keeps the arithmetic after the accumulator read (jla's pitfall, MOSAIC_GPU.md Sec. 2)."""
+        def body(acc):
+            for lhs, rhs in terms:
+                plgpu.wgmma(acc, lhs, rhs)
+            return acc[...]
+
+        return lax.optimization_barrier(pl.run_scoped(body, plgpu.ACC(shape)))
+
+    def matmul_add(init, terms):
+        """``init + sum(wgmma(lhs, rhs))``: on the GPU one accumulator initialised with ``init``
+        (``ACC.init``), so no second fp32 tile is live; the 0.10.2 interpreter cannot run
+        ``ACC.init`` (``run_state``), so there a fresh accumulator and an add."""
+        if interpret:
+            return init + matmul(terms, init.shape)
+
+        def body(acc):
+            for lhs, rhs in terms:
+                plgpu.wgmma(acc, lhs, rhs)
+
+        return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(init)))
+
+    def tr(ref, scratch):
+        return mgl.transposed(ref, scratch, interpret)
+
+    def tile(ref):
+        return mgl.load_tile(ref, interpret).astype(f32)
+
+    def rows_of(x, shape):
+        return mgl.by_row(x, shape)
+
+    def by_col(x, shape=sq):
+        return lax.broadcast_in_dim(x, shape, [1])
+
+    def row_dot(a, c):
+        return jnp.sum(a * c, axis=1)
+
+    # The [64, 64] masks and D are formed again wherever they are used (from the SMEM vectors),
+    # not kept live across the products: registers are the limit.
+    def iotas():
+        return mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+
+    def decay():
+        """D, fp32 [64, 64]: e^{G_t - G_s} on s <= t, same document, else 0."""
+        i, j = iotas()
+        return mgl.causal_decay(i, j, mgl.load_rows(g_row_s, interpret),
+                                mgl.load_cols(g_col_s, interpret),
+                                mgl.load_rows(doc_row_s, interpret),
+                                mgl.load_cols(doc_col_s, interpret))
+
+    def strict():
+        """dA0's mask: s < t in the same document (``no_strict_mask``: the document only)."""
+        i, j = iotas()
+        same = (rows_of(mgl.load_rows(doc_row_s, interpret), sq)
+                == by_col(mgl.load_cols(doc_col_s, interpret)))
+        return same if "no_strict_mask" in mutations else same & (j < i)
+
+    def beta_rows():
+        return mgl.load_rows(b_row_s, interpret)
+
+    def beta_cols():
+        return by_col(mgl.load_cols(b_col_s, interpret))
+
+    return (matmul, matmul_add, tr, tile, rows_of, by_col, row_dot, iotas, decay, strict,
+            beta_rows, beta_cols)
 
 
 def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, interpret: bool,
@@ -161,69 +245,9 @@ def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, int
         plgpu.copy_gmem_to_smem(src, dst, in_bar)
     plgpu.barrier_wait(in_bar)
 
-    def matmul(terms, shape):
-        """Sum of ``wgmma(lhs, rhs)`` over ``terms`` in one fresh fp32 accumulator; the barrier
-        keeps the arithmetic after the accumulator read (jla's pitfall, MOSAIC_GPU.md Sec. 2)."""
-        def body(acc):
-            for lhs, rhs in terms:
-                plgpu.wgmma(acc, lhs, rhs)
-            return acc[...]
-
-        return lax.optimization_barrier(pl.run_scoped(body, plgpu.ACC(shape)))
-
-    def matmul_add(init, terms):
-        """``init + sum(wgmma(lhs, rhs))``: on the GPU one accumulator initialised with ``init``
-        (``ACC.init``), so no second fp32 tile is live; the 0.10.2 interpreter cannot run
-        ``ACC.init`` (``run_state``), so there a fresh accumulator and an add."""
-        if interpret:
-            return init + matmul(terms, init.shape)
-
-        def body(acc):
-            for lhs, rhs in terms:
-                plgpu.wgmma(acc, lhs, rhs)
-
-        return lax.optimization_barrier(pl.run_state(body)(plgpu.ACC.init(init)))
-
-    def tr(ref, scratch):
-        return mgl.transposed(ref, scratch, interpret)
-
-    def tile(ref):
-        return mgl.load_tile(ref, interpret).astype(f32)
-
-    def rows_of(x, shape):
-        return mgl.by_row(x, shape)
-
-    def by_col(x, shape=sq):
-        return lax.broadcast_in_dim(x, shape, [1])
-
-    def row_dot(a, c):
-        return jnp.sum(a * c, axis=1)
-
-    # The [64, 64] masks and D are formed again wherever they are used (from the SMEM vectors),
-    # not kept live across the products: registers are the single warpgroup's limit.
-    def iotas():
-        return mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
-
-    def decay():
-        """D, fp32 [64, 64]: e^{G_t - G_s} on s <= t, same document, else 0."""
-        i, j = iotas()
-        return mgl.causal_decay(i, j, mgl.load_rows(g_row_s, interpret),
-                                mgl.load_cols(g_col_s, interpret),
-                                mgl.load_rows(doc_row_s, interpret),
-                                mgl.load_cols(doc_col_s, interpret))
-
-    def strict():
-        """dA0's mask: s < t in the same document (``no_strict_mask``: the document only)."""
-        i, j = iotas()
-        same = (rows_of(mgl.load_rows(doc_row_s, interpret), sq)
-                == by_col(mgl.load_cols(doc_col_s, interpret)))
-        return same if "no_strict_mask" in mutations else same & (j < i)
-
-    def beta_rows():
-        return mgl.load_rows(b_row_s, interpret)
-
-    def beta_cols():
-        return by_col(mgl.load_cols(b_col_s, interpret))
+    (matmul, matmul_add, tr, tile, rows_of, by_col, row_dot, iotas, decay, strict, beta_rows,
+     beta_cols) = _make_ops(interpret, mutations, g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s,
+                            doc_col_s)
 
     g_i = mgl.load_rows(g_row_s, interpret)
     g_last = vecs[0, CHUNK - 1]  # G_L (g_row_s)
@@ -340,8 +364,228 @@ def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, int
     plgpu.wait_smem_to_gmem(0)
 
 
-def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool):
-    """The scratch list of the kernel, in :func:`_fused_kernel`'s order."""
+# Three warpgroups (``warpgroups=3``, MOSAIC_GPU.md Sec. 31.3's split, our assignment): the
+# extra vectors of the per-warpgroup gate partials, the barriers between warpgroups and the
+# registers per warpgroup (``setmaxnreg``; offline ptxas decides, Sec. 31.6).
+_VECS_WS = 14  # _VECS, then WG0's dL/dG partial, WG0's dbeta column term, WG2's dL/dG partial
+_WS_BARRIERS = ("dp_ready", "wv_ready", "vn_free", "gdv_ready", "g0_ready", "dag_done",
+                "r_ready", "g2_ready", "st_free")
+WS_REGISTERS = (240, 96, 168)  # WG0 (forward side), WG1 (inverse side), WG2 (key side)
+
+
+def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
+                     interpret: bool, mutations: frozenset = frozenset(),
+                     registers: Tuple[int, int, int] = WS_REGISTERS):
+    """Kernel body of :func:`chunk_bwd_fused_mosaic` with ``warpgroups=3``: the same math and
+    tiles as :func:`_fused_kernel`, split over three warpgroups that hand results over in SMEM
+    behind one-shot barriers (each used once per CTA):
+
+    - WG0 (forward side): issues the 17 copies; ``dP`` [``dp_ready``]; ``X``, ``Z``, ``U'``,
+      ``Wv`` [``wv_ready``]; ``dv`` out; ``-Gamma dv`` over ``v_new`` once WG2 has read it
+      [``vn_free`` -> ``gdv_ready``]; its gate and ``dbeta`` partials [``g0_ready``]; once WG1
+      has read ``dv_new`` and ``Wv`` [``dag_done``], ``dq`` through the staging tile
+      [``st_free`` once its store has read it].
+    - WG1 (inverse side): ``dAg`` [``dag_done``], ``F 1``, ``dT0``, ``M``, ``dA0``, ``K K^T``,
+      ``R`` [``r_ready``]; then, after ``g0_ready`` and ``g2_ready``, ``dbeta`` and the gate's
+      sum and in-chunk reverse cumsum, out.
+    - WG2 (key side): ``dks``, ``<S', dS'>`` partials [``vn_free``]; ``+ dP^T Q`` (after
+      ``dp_ready``), its gate partial [``g2_ready``]; ``+ R K + R^T K`` (after ``r_ready``),
+      ``+ (-Gamma dv) S^T`` (after ``gdv_ready``); ``dk`` through the staging tile after
+      ``st_free``.
+
+    All three meet on ``done`` before leaving (an early exit while another warpgroup issues
+    ``wgmma`` is unsafe, MOSAIC_GPU.md Sec. 2). ``refs``: as :func:`_fused_kernel`, with
+    :data:`_VECS_WS` vectors, the barriers of :data:`_WS_BARRIERS` and ``done`` after
+    ``in_bar``, and per-warpgroup transposition scratch when interpreting.
+    """
+    refs = list(refs)
+
+    def take(n):
+        out = refs[:n]
+        del refs[:n]
+        return out
+
+    (q_ref, k_ref, v_ref, do_ref, vn_ref, dvn_ref, t0_ref, h_ref, dh_ref, g_ref, beta_ref,
+     doc_ref, conn_ref, last_ref) = take(14)
+    dq_ref, dk_ref, dv_ref, db_ref, dg_ref = take(5)
+    q_s, k_s, v_s, do_s, vn_s, t0_s, h_s, dh_s, vecs, dp_s, w1_s, w2_s, w3_s = take(13)
+    (g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s, doc_col_s, conn_s, last_s, dgt_s, bnd_s,
+     db_s, dgt0_s, dbc_s, dgt2_s) = (vecs.at[r] for r in range(_VECS_WS))
+    if interpret:
+        dvn_s, wv_s, st_s = take(3)
+    else:
+        ((dvn_s, wv_s), st_s), = take(1)
+    in_bar, = take(1)
+    bars = dict(zip(_WS_BARRIERS, take(len(_WS_BARRIERS))))
+    done, = take(1)
+    if interpret:
+        (vnt_s, xt_s, ht0_s, wvt_s, t0t_s, kt_s, dht_s, dpt_s, rt_s, ht2_s) = refs
+    else:
+        vnt_s = xt_s = ht0_s = wvt_s = t0t_s = kt_s = dht_s = dpt_s = rt_s = ht2_s = None
+    (matmul, matmul_add, tr, tile, rows_of, by_col, row_dot, iotas, decay, strict, beta_rows,
+     beta_cols) = _make_ops(interpret, mutations, g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s,
+                            doc_col_s)
+
+    n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
+    wg = lax.axis_index("wg")
+    hk = lax.div(h, group)
+    rows = pl.ds(n * CHUNK, CHUNK)
+    dk = k_s.shape[-1]
+    dtype = k_s.dtype
+    f32 = jnp.float32
+    sq = (CHUNK, CHUNK)
+    kshape = k_s.shape
+
+    def publish(name):
+        plgpu.commit_smem()
+        plgpu.barrier_arrive(bars[name])
+
+    def gammas():
+        g_i = mgl.load_rows(g_row_s, interpret)
+        g_last = vecs[0, CHUNK - 1]
+        gam_in = mgl.load_rows(conn_s, interpret) * jnp.exp(g_i)
+        gam_out = mgl.load_rows(last_s, interpret) * jnp.exp(g_last - g_i)
+        gam_all = vecs[6, CHUNK - 1] * jnp.exp(g_last)
+        return gam_in, gam_out, gam_all
+
+    def adjust(regs):  # setmaxnreg from the launch share (168 at 384 threads)
+        if not interpret and regs != 168:
+            plgpu.set_max_registers(regs, action="increase" if regs > 168 else "decrease")
+
+    @pl.when(wg == 0)
+    def _forward_side():
+        adjust(registers[0])
+        for src, dst in ((q_ref.at[b, rows, hk], q_s), (k_ref.at[b, rows, hk], k_s),
+                         (v_ref.at[b, rows, h], v_s), (do_ref.at[b, rows, h], do_s),
+                         (vn_ref.at[b, rows, h], vn_s), (dvn_ref.at[b, rows, h], dvn_s),
+                         (t0_ref.at[b, rows, h], t0_s), (h_ref.at[b, h, n], h_s),
+                         (dh_ref.at[b, h, n], dh_s),
+                         (g_ref.at[b, h, rows], g_row_s), (g_ref.at[b, h, rows], g_col_s),
+                         (beta_ref.at[b, h, rows], b_row_s), (beta_ref.at[b, h, rows], b_col_s),
+                         (doc_ref.at[b, rows], doc_row_s), (doc_ref.at[b, rows], doc_col_s),
+                         (conn_ref.at[b, rows], conn_s), (last_ref.at[b, rows], last_s)):
+            plgpu.copy_gmem_to_smem(src, dst, in_bar)
+        plgpu.barrier_wait(in_bar)
+        gam_in, _, _ = gammas()
+        dp = matmul([(do_s, tr(vn_s, vnt_s))], sq)
+        dp_s[...] = (dp * (scale * decay())).astype(dtype)
+        publish("dp_ready")
+        w2_s[...] = (tile(t0_s) * decay()).astype(dtype)  # X, until WG1 writes M there
+        plgpu.commit_smem()
+        z = matmul([(tr(w2_s, xt_s), dvn_s)], v_s.shape)
+        vz = row_dot(tile(v_s), z)
+        u_p = matmul([(k_s, h_s)], v_s.shape) * rows_of(gam_in, v_s.shape)
+        uz = row_dot(u_p, z)
+        wv16 = (tile(v_s) - u_p).astype(dtype)
+        wv_s[...] = wv16
+        publish("wv_ready")
+        wz = row_dot(wv16.astype(f32), z)
+        if "no_col_term" in mutations:
+            dlg = -beta_rows() * uz
+        elif "no_dv_u_term" in mutations:
+            dlg = -beta_rows() * wz
+        else:
+            dlg = -beta_rows() * (wz + uz)
+        v_s[...] = (z * rows_of(beta_rows(), v_s.shape)).astype(dtype)  # dv
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(v_s, dv_ref.at[b, rows, h])
+        plgpu.barrier_wait(bars["vn_free"])  # WG2's dks product has read v_new
+        vn_s[...] = (tile(v_s) * rows_of(-gam_in, v_s.shape)).astype(dtype)
+        publish("gdv_ready")
+        s_t = tr(h_s, ht0_s)
+        dq_val = matmul_add(matmul([(do_s, s_t)], kshape) * rows_of(scale * gam_in, kshape),
+                            [(dp_s, k_s)])
+        dgt0_s[...] = dlg + row_dot(tile(q_s), dq_val)
+        dbc_s[...] = vz - uz  # Wv . Z
+        publish("g0_ready")
+        plgpu.barrier_wait(bars["dag_done"])  # dv_new and Wv read: the staging tile is free
+        st_s[...] = dq_val.astype(st_s.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(st_s, dq_ref.at[b, rows, h])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        plgpu.barrier_arrive(bars["st_free"])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 1)
+    def _inverse_side():
+        adjust(registers[1])
+        plgpu.barrier_wait(in_bar)
+        plgpu.barrier_wait(bars["wv_ready"])  # also: WG0's Z has read X
+        dag = matmul([(dvn_s, tr(wv_s, wvt_s))], sq)
+        plgpu.barrier_arrive(bars["dag_done"])
+        dlg = row_dot(dag, tile(w2_s) * beta_cols())  # F 1 with the 16-bit X
+        dt0 = jnp.where(strict(), dag * (decay() * beta_cols()), 0.0)
+        dt0_hi = dt0.astype(dtype)
+        w1_s[...] = dt0_hi
+        w3_s[...] = (dt0 - dt0_hi.astype(f32)).astype(dtype)
+        plgpu.commit_smem()
+        t0_t = tr(t0_s, t0t_s)
+        m = matmul([(w1_s, t0_t), (w3_s, t0_t)], sq)
+        m_hi = m.astype(dtype)
+        w2_s[...] = m_hi
+        w3_s[...] = (m - m_hi.astype(f32)).astype(dtype)
+        plgpu.commit_smem()
+        da0 = matmul([(t0_t, w2_s), (t0_t, w3_s)], sq) * jnp.where(strict(), -1.0, 0.0)
+        kk = matmul([(k_s, tr(k_s, kt_s))], sq)
+        db_row = row_dot(da0, kk)
+        w1_s[...] = (rows_of(beta_rows(), sq) * da0).astype(dtype)  # R
+        publish("r_ready")
+        plgpu.barrier_wait(bars["g0_ready"])
+        plgpu.barrier_wait(bars["g2_ready"])
+        db_s[...] = db_row + mgl.load_rows(dbc_s, interpret)
+        dgt_s[...] = (dlg + mgl.load_rows(dgt0_s, interpret)
+                      + mgl.load_rows(dgt2_s, interpret))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, h, rows])
+        if gated:
+            later = by_col(mgl.load_cols(dgt_s, interpret))
+            bnd_j = by_col(mgl.load_cols(bnd_s, interpret))
+            i, j = iotas()
+            keep = (j == i) if "no_cumsum" in mutations else (j >= i)
+            dg_fin = jnp.sum(jnp.where(keep, later, 0.0) + bnd_j, axis=1)
+            if "boundary_twice" in mutations:
+                dg_fin = dg_fin + jnp.sum(bnd_j, axis=1)
+            plgpu.commit_smem()  # this warpgroup has read dgt_s before it is overwritten
+            dgt_s[...] = dg_fin
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(dgt_s, dg_ref.at[b, h, rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    @pl.when(wg == 2)
+    def _key_side():
+        adjust(registers[2])
+        plgpu.barrier_wait(in_bar)
+        _, gam_out, gam_all = gammas()
+        dks = matmul([(vn_s, tr(dh_s, dht_s))], kshape) * rows_of(gam_out, kshape)
+        plgpu.barrier_arrive(bars["vn_free"])
+        bnd = row_dot(tile(k_s), dks)
+        for r in range(0, dk, CHUNK):
+            rr = pl.ds(r, CHUNK)
+            bnd = bnd + gam_all * row_dot(tile(h_s.at[rr]), tile(dh_s.at[rr]))
+        bnd_s[...] = bnd
+        plgpu.barrier_wait(bars["dp_ready"])
+        dk_loc = matmul_add(dks, [(tr(dp_s, dpt_s), q_s)])
+        dgt2_s[...] = -row_dot(tile(k_s), dk_loc)
+        publish("g2_ready")
+        plgpu.barrier_wait(bars["r_ready"])
+        r_terms = [(w1_s, k_s)] + ([] if "no_rt_k" in mutations else [(tr(w1_s, rt_s), k_s)])
+        dk_val = matmul_add(dk_loc, r_terms)
+        plgpu.barrier_wait(bars["gdv_ready"])
+        dk_val = matmul_add(dk_val, [(vn_s, tr(h_s, ht2_s))])
+        plgpu.barrier_wait(bars["st_free"])
+        st_s[...] = dk_val.astype(st_s.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(st_s, dk_ref.at[b, rows, h])
+        plgpu.wait_smem_to_gmem(0)
+
+    plgpu.barrier_arrive(done)
+    plgpu.barrier_wait(done)
+
+
+def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool, warpgroups: int = 1):
+    """The scratch list of the kernel, in :func:`_fused_kernel`'s (``warpgroups=1``) or
+    :func:`_fused_kernel_ws`'s (``warpgroups=3``) order."""
+    ws = warpgroups == 3
     swz = mgl.swizzled_smem
     f32 = jnp.float32
     sq = swz((CHUNK, CHUNK), dtype)
@@ -353,7 +597,7 @@ def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool):
         swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # do_s; vn_s: v_new, then -Gamma dv
         sq,  # t0_s
         swz((dk, dv), dtype), swz((dk, dv), dtype),  # h_s, dh_s: S, dS' in 16 bits
-        plgpu.SMEM((_VECS, CHUNK), f32),  # vecs: the fp32 vectors (_VECS)
+        plgpu.SMEM((_VECS_WS if ws else _VECS, CHUNK), f32),  # vecs: the fp32 vectors
         sq,  # dp_s: dP
         sq, sq, sq,  # w1_s: dT0 (hi), then R; w2_s: X = T0 * D, then M (hi); w3_s: lo terms
     ]
@@ -362,7 +606,16 @@ def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool):
     else:  # dv_new and Wv are dead once dAg is read: the staging tile reuses their bytes
         scratch.append(plgpu.RefUnion((dvn, wv), st))
     scratch.append(plgpu.Barrier(num_arrivals=_IN_COPIES))
-    if interpret:
+    if ws:  # the one-shot barriers between warpgroups, then done (all three)
+        scratch += [plgpu.Barrier(num_arrivals=1) for _ in _WS_BARRIERS]
+        scratch.append(plgpu.Barrier(num_arrivals=3))
+    if interpret and ws:  # per warpgroup: vnt, xt, ht0 (WG0); wvt, t0t, kt (WG1); dht, dpt,
+        # rt, ht2 (WG2)
+        t = (CHUNK, CHUNK)
+        scratch += [plgpu.SMEM(shape, dtype) for shape in
+                    ((dv, CHUNK), t, (dv, dk), (dv, CHUNK), t, (dk, CHUNK), (dv, dk), t, t,
+                     (dv, dk))]
+    elif interpret:
         scratch += [plgpu.SMEM((dv, CHUNK), dtype),  # vnt_s
                     plgpu.SMEM((dv, dk), dtype),  # ht_s
                     plgpu.SMEM((CHUNK, CHUNK), dtype),  # xt_s
@@ -414,7 +667,7 @@ def check_mutations(mutations) -> Tuple[str, ...]:
     return tuple(sorted(set(mutations)))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret", "mutations"))
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "mutations", "warpgroups"))
 def chunk_bwd_fused_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -434,6 +687,7 @@ def chunk_bwd_fused_mosaic(
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     interpret: bool = False,
     mutations: Tuple[str, ...] = (),
+    warpgroups: int = 1,
 ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
     """``(dq, dk, dv, dbeta, dg)``: the chunk-local GDN / DeltaNet backward in one kernel.
 
@@ -471,6 +725,9 @@ def chunk_bwd_fused_mosaic(
         interpret: Mosaic GPU interpret mode (CPU; slow, for tests).
         mutations: test-only wrong variants, names in :data:`MUTATIONS` (static); ``()``: the
             real kernel.
+        warpgroups: 1 (default; :func:`_fused_kernel`) or 3 (static; :func:`_fused_kernel_ws`,
+            the same math split over three warpgroups with barriers between them,
+            MOSAIC_GPU.md Sec. 31.3 and 31.7; registers per warpgroup :data:`WS_REGISTERS`).
 
     Returns:
         ``(dq, dk, dv, dbeta, dg)``: ``dq, dk`` ``[B, T, Hk, K]`` and ``dv`` ``[B, T, H, V]``
@@ -482,10 +739,12 @@ def chunk_bwd_fused_mosaic(
     Raises:
         ValueError: on mismatched shapes or dtypes, unsupported head dims or dtypes, ``H`` not
             a multiple of ``Hk``, a ``t0``, ``beta``, ``h``, ``dh``, ``g`` or ``segment_ids``
-            of the wrong shape, a ``gate_cumsum`` or ``doc_vecs`` of the wrong shape, or
-            unknown ``mutations``.
+            of the wrong shape, a ``gate_cumsum`` or ``doc_vecs`` of the wrong shape,
+            unknown ``mutations``, or ``warpgroups`` not 1 or 3.
     """
     mutations = check_mutations(mutations)
+    if warpgroups not in (1, 3):
+        raise ValueError(f"warpgroups must be 1 or 3, got {warpgroups!r}")
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
     num_chunks = _check_inputs(q, k, v, do, v_new, dv_new, t0, g, beta, h, dh, segment_ids)
@@ -503,8 +762,9 @@ def chunk_bwd_fused_mosaic(
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(f32), num_chunks), 1, 2)  # [B, H, Tp]
     doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp]
     out_qk = f32 if out32 else dtype
+    body = _fused_kernel if warpgroups == 1 else _fused_kernel_ws
     call = plgpu.kernel(
-        functools.partial(_fused_kernel, group=group, scale=float(scale), gated=g is not None,
+        functools.partial(body, group=group, scale=float(scale), gated=g is not None,
                           out32=out32, interpret=interpret,
                           **(dict(mutations=frozenset(mutations)) if mutations else {})),
         out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), out_qk),  # dq per value head
@@ -512,12 +772,13 @@ def chunk_bwd_fused_mosaic(
                   jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # dv
                   jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dbeta
                   jax.ShapeDtypeStruct((batch, heads, padded), f32)),  # dg (dL/dg)
-        scratch_types=_scratch(dk, dv, dtype, out32, interpret),
+        scratch_types=_scratch(dk, dv, dtype, out32, interpret, warpgroups),
+        **(dict(num_threads=3, thread_name="wg") if warpgroups == 3 else {}),
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=KERNEL_NAME,
+        kernel_name=KERNEL_NAME + ("_ws" if warpgroups == 3 else ""),
     )
     with jax.named_scope("gdn_chunk_bwd_fused_mosaic"):
         dq, dk_, dv_, dbeta, dgc = call(q, k, v, do, v_new, dv_new, t0, h.astype(dtype),

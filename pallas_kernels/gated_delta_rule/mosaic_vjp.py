@@ -80,9 +80,10 @@ from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 # How the backward runs its chunk-local gradients (``backward=``): "split", stages 3 and 4
 # (``chunk_delta_grads_partials_mosaic`` + ``chunk_wy_bwd_mosaic``), or "fused", one kernel
 # (``chunk_bwd_fused_mosaic``, MOSAIC_GPU.md Sec. 31) with ``T0`` from the forward (``fused_t0``
-# forwards) or ``chunk_kkt_inverse_mosaic``. The default stays "split" until an H200 timing
-# says otherwise.
-BACKWARDS = ("split", "fused")
+# forwards) or ``chunk_kkt_inverse_mosaic``, on one warpgroup; or "fused_ws", the same kernel
+# split over three warpgroups (``warpgroups=3``, Sec. 31.7). The default stays "split" until an
+# H200 timing says otherwise.
+BACKWARDS = ("split", "fused", "fused_ws")
 DEFAULT_BACKWARD = "split"
 
 
@@ -167,8 +168,9 @@ def gated_delta_rule_mosaic(
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd_fused.chunk_bwd_fused_mosaic`
             (MOSAIC_GPU.md Sec. 31), with the gate-free inverse ``T0`` kept from the forward
             (``"fused_t0"``, ``"fused_t0_split"``: a residual of ``[B, T, H, 64]`` in the input
-            dtype) or recomputed by ``chunk_kkt_inverse_mosaic`` (the other forwards). Stages
-            1 and 2 are the same for both.
+            dtype) or recomputed by ``chunk_kkt_inverse_mosaic`` (the other forwards);
+            ``"fused_ws"``, the same with the kernel's three-warpgroup form
+            (``warpgroups=3``). Stages 1 and 2 are the same for all.
 
     Returns:
         ``(o, final_state)``, or ``(o, final_state, u)`` with ``return_residual``: ``o`` and
@@ -271,7 +273,7 @@ def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_
     out, (w, h, v_new, maps, t0) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
                                             forward, interpret, gc=gc, docs=docs)
     out = out + ((v_new,) if return_residual else ())
-    t0 = t0 if backward == "fused" else None  # kept only for the fused backward
+    t0 = t0 if backward != "split" else None  # kept only for the fused backwards
     return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps, t0)
 
 
@@ -293,13 +295,13 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
                                              final_state_grad=dht, states_dtype=v.dtype,
                                              piece_maps=maps, interpret=interpret, **shared)
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
-    if backward == "fused":  # stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31)
+    if backward in ("fused", "fused_ws"):  # stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31)
         if t0 is None:  # not kept by the forward: the T0 kernel again (0.09 ms at S1, H200)
             t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=interpret,
                                               **kgd.T0_OPTIONS)
         dq, dk, dv, dbeta, dg = kbf.chunk_bwd_fused_mosaic(
             q, k, v, do, v_new, dvn, t0, g, beta, h, dh, scale=scale, interpret=interpret,
-            **shared)
+            warpgroups=3 if backward == "fused_ws" else 1, **shared)
         dg = None if g is None else dg.astype(g.dtype)
         return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg,
                 dbeta.astype(beta.dtype), dh0, None)

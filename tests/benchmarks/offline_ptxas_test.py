@@ -151,6 +151,9 @@ class OfflinePtxasTest(absltest.TestCase):
         names = set(map(offline_ptxas.module_kernel_name, texts))
         self.assertNotIn("gdn_chunk_wy_bwd", names)
         self.assertIn("gdn_chunk_kkt_inverse_subst_split", names)
+        ((label, text),) = offline_ptxas.entry_modules("gdn_bwd_fused_ws", **shape)
+        self.assertEqual(offline_ptxas.module_kernel_name(text), "gdn_chunk_bwd_fused_ws")
+        self.assertEqual(offline_ptxas.launch_threads(text), 384)
 
     def test_unknown_kernel(self):
         with self.assertRaisesRegex(ValueError, "unknown kernel"):

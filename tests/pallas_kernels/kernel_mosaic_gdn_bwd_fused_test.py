@@ -144,10 +144,18 @@ _CASES = (
 _CI = ("plain_T128_K64_V64", "deltanet_packed_T100_K64_V64")
 
 
-def _run(case, mutations=()):
+def _run(case, mutations=(), warpgroups=1):
     args, kwargs, assembled, oracle = _case(*case)
-    got = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, interpret=True, mutations=mutations)
+    got = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, interpret=True, mutations=mutations,
+                                     warpgroups=warpgroups)
     return args, got, assembled, oracle
+
+
+def _races_found():
+    """Whether the Mosaic GPU interpreter's race detection (``detect_races=True``,
+    ``mosaic_gpu_lib.interpret_params``) saw a race in the last interpreted kernel."""
+    from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call
+    return interpret_pallas_call.get_races().races_found
 
 
 class InterpretTest(parameterized.TestCase):
@@ -168,6 +176,37 @@ class InterpretSlowTest(parameterized.TestCase):
     def test_matches_references(self, *case):
         args, got, assembled, oracle = _run(case)
         _check(self, args, got, assembled, oracle, correlated=bool(case[-1]))
+
+
+# Slow (out of CI): warpgroups=3 (MOSAIC_GPU.md Sec. 31.7), interpreted with three warpgroup
+# threads and nine barriers between them, 10 to 35 s a case on the 2-core host; run with
+# PJRT_NPROC=8 (the interpreter can otherwise run out of XLA CPU threads and hang, as the other
+# multi-warpgroup kernels' tests say):
+#   PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow <this file> -k Warpgroups
+_WS_CASES = ("plain_T128_K64_V64", "gva_packed_partial_T150_K64_V128",
+             "strong_decay_partial_T65_K128_V64", "deltanet_packed_T100_K64_V64",
+             "correlated_T128_K128_V128")
+
+
+@pytest.mark.slow
+class ThreeWarpgroupsInterpretTest(parameterized.TestCase):
+    """``warpgroups=3``: the same gates against both references, and no race seen by the
+    interpreter's race detection."""
+
+    @parameterized.named_parameters(*[c for c in _CASES if c[0] in _WS_CASES])
+    def test_matches_references_without_races(self, *case):
+        args, got, assembled, oracle = _run(case, warpgroups=3)
+        self.assertFalse(_races_found())
+        _check(self, args, got, assembled, oracle, correlated=bool(case[-1]))
+
+    def test_gate_partials_of_every_warpgroup_count(self):
+        """Two mutations whose terms live in different warpgroups (WG0's ``-dv.U'``, WG2's
+        ``R^T K``) still fail with three warpgroups: the partials are summed, not dropped."""
+        case = [c for c in _CASES if c[0] == "gva_packed_partial_T150_K64_V128"][0][1:]
+        _, got, assembled, _ = _run(case, ("no_dv_u_term", "no_rt_k"), warpgroups=3)
+        errs = _errors(got, assembled)
+        self.assertGreater(errs["dg"], 10 * _GATES["dg"])
+        self.assertGreater(errs["dk"], 10 * _GATES["dk"])
 
 
 # Each mutation, the case where it shows, and the gradients that must then fail their gate.
@@ -201,7 +240,7 @@ class MutationTest(parameterized.TestCase):
                 self.assertGreater(errs[name], 10 * _GATES[name], msg=f"{mutation}: {errs}")
 
 
-def _check_exports(test, dk, dv, deltanet, gva):
+def _check_exports(test, dk, dv, deltanet, gva, warpgroups=1):
     """Exports the kernel for CUDA (documents, a partial chunk); checks one Mosaic GPU custom
     call under the kernel's name, the output shapes and Mosaic GPU's SMEM count."""
     batch, seq_len = 1, 200
@@ -218,23 +257,28 @@ def _check_exports(test, dk, dv, deltanet, gva):
 
     def fn(q, k, v, do, vn, dvn, t0, g, beta, h, dh, seg):
         return kfb.chunk_bwd_fused_mosaic(q, k, v, do, vn, dvn, t0, None if deltanet else g,
-                                          beta, h, dh, scale=0.1, segment_ids=seg)
+                                          beta, h, dh, scale=0.1, segment_ids=seg,
+                                          warpgroups=warpgroups)
 
     text, smem = kmc_test.export_cuda_counting_smem(fn, *args)
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
-    test.assertIn(f"{kfb.KERNEL_NAME}\\00", text)
+    name = kfb.KERNEL_NAME + ("_ws" if warpgroups == 3 else "")
+    test.assertIn(f"{name}\\00", text)
     test.assertLess(smem, kfb.SMEM_LIMIT)
     return smem
 
 
-# Export variants: LoweringTest has two (K = V = 128 gated with GVA, K = V = 64 DeltaNet),
-# LoweringSlowTest the other fourteen.
+# Export variants: LoweringTest has three (K = V = 128 gated with GVA on one and on three
+# warpgroups, K = V = 64 DeltaNet), LoweringSlowTest the other 29.
 _EXPORT_CI, _EXPORT_SLOW = kmg_test.split_variants(
-    [dict(dk=128, dv=128, deltanet=False, gva=True), dict(dk=64, dv=64, deltanet=True, gva=False)],
-    dk=(64, 128), dv=(64, 128), deltanet=(False, True), gva=(False, True))
+    [dict(dk=128, dv=128, deltanet=False, gva=True, warpgroups=1),
+     dict(dk=128, dv=128, deltanet=False, gva=True, warpgroups=3),
+     dict(dk=64, dv=64, deltanet=True, gva=False, warpgroups=1)],
+    dk=(64, 128), dv=(64, 128), deltanet=(False, True), gva=(False, True), warpgroups=(1, 3))
 # Mosaic GPU's SMEM count (bytes; each buffer aligned to 1 KB, plus Pallas' 2 KB reduction
-# scratch), 2026-12-05, jax 0.10.2: K = V = 128 with or without GVA.
-_SMEM_K128_V128 = 226_312
+# scratch), 2026-12-05, jax 0.10.2: K = V = 128 with or without GVA; three warpgroups: three
+# more vectors and ten more barriers.
+_SMEM_K128_V128 = {1: 226_312, 3: 227_416}
 
 
 class LoweringTest(parameterized.TestCase):
@@ -246,7 +290,7 @@ class LoweringTest(parameterized.TestCase):
     def test_exports_for_cuda(self, **variant):
         smem = _check_exports(self, **variant)
         if variant["dk"] == variant["dv"] == 128:
-            self.assertEqual(smem, _SMEM_K128_V128)
+            self.assertEqual(smem, _SMEM_K128_V128[variant["warpgroups"]])
 
     def test_rejects_bad_inputs(self):
         args, kwargs, _, _ = _case(1, 64, 2, 1, 64, 64, 0.1, None)
@@ -260,6 +304,8 @@ class LoweringTest(parameterized.TestCase):
                 kfb.chunk_bwd_fused_mosaic(*bad, **kwargs)
         with self.assertRaisesRegex(ValueError, "mutations must be"):
             kfb.chunk_bwd_fused_mosaic(*args, **kwargs, mutations=("nope",))
+        with self.assertRaisesRegex(ValueError, "warpgroups must be"):
+            kfb.chunk_bwd_fused_mosaic(*args, **kwargs, warpgroups=2)
 
 
 @pytest.mark.slow
@@ -283,8 +329,9 @@ class GpuTest(kmg_test.HopperTestCase):
     )
     def test_matches_references(self, *case):
         args, kwargs, assembled, oracle = _case(*case, seed=5)
-        got = kfb.chunk_bwd_fused_mosaic(*args, **kwargs)
-        _check(self, args, got, assembled, oracle, correlated=bool(case[-1]))
+        for warpgroups in (1, 3):
+            got = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, warpgroups=warpgroups)
+            _check(self, args, got, assembled, oracle, correlated=bool(case[-1]))
 
 
 if __name__ == "__main__":

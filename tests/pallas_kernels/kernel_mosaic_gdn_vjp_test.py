@@ -77,7 +77,8 @@ class InterpretTest(parameterized.TestCase):
 
 
 # Slow (out of CI), as InterpretTest: backward="fused" (chunk_bwd_fused_mosaic, MOSAIC_GPU.md
-# Sec. 31) with T0 recomputed (three_pass) and T0 from the forward (fused_t0).
+# Sec. 31) with T0 recomputed (three_pass) and T0 from the forward (fused_t0), and "fused_ws"
+# (its three-warpgroup form; run with PJRT_NPROC=8, see kernel_mosaic_gdn_bwd_fused_test.py).
 @pytest.mark.slow
 class FusedBackwardInterpretTest(parameterized.TestCase):
 
@@ -93,6 +94,10 @@ class FusedBackwardInterpretTest(parameterized.TestCase):
     def test_vjp_matches_chunked_vjp(self, *case):
         _check(self, bwd_test._pipeline_inputs(*case[:-1]), True, forward=case[-1],
                backward="fused")
+
+    def test_three_warpgroups_match_chunked_vjp(self):
+        case = (1, 150, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30))
+        _check(self, bwd_test._pipeline_inputs(*case), True, backward="fused_ws")
 
 
 @pytest.mark.gpu
@@ -120,8 +125,9 @@ class GpuTest(kmg_test.HopperTestCase):
          None, "fused_t0"),
     )
     def test_fused_backward_matches_chunked_vjp(self, *case):
-        _check(self, bwd_test._pipeline_inputs(*case[:-1], seed=11), False, forward=case[-1],
-               backward="fused")
+        for backward in ("fused", "fused_ws"):
+            _check(self, bwd_test._pipeline_inputs(*case[:-1], seed=11), False,
+                   forward=case[-1], backward=backward)
 
 
 def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split"):
@@ -144,8 +150,12 @@ def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split"):
     # forward: WY, state pass, read-out; backward: dv_local, reverse pass, then grads and WY
     # bwd ("split") or T0 and the fused kernel ("fused")
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
-    test.assertIn("gdn_chunk_bwd_fused" if backward == "fused" else "gdn_chunk_wy_bwd", text)
-    test.assertNotIn("gdn_chunk_wy_bwd" if backward == "fused" else "gdn_chunk_bwd_fused", text)
+    fused = {"fused": "gdn_chunk_bwd_fused\\00", "fused_ws": "gdn_chunk_bwd_fused_ws\\00"}
+    test.assertIn(fused.get(backward, "gdn_chunk_wy_bwd"), text)
+    if backward == "split":
+        test.assertNotIn("gdn_chunk_bwd_fused", text)
+    else:
+        test.assertNotIn("gdn_chunk_wy_bwd", text)
     want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
     test.assertEqual([a.shape for a in exported.out_avals], want)
 
@@ -167,9 +177,11 @@ class LoweringTest(parameterized.TestCase):
         _check_grad_exports(self, **variant)
 
     def test_fused_backward_grad_exports_for_cuda(self):
-        """``backward="fused"``, K = V = 128 gated with GVA (the other variants of the kernel
-        are ``kernel_mosaic_gdn_bwd_fused_test.py``'s)."""
-        _check_grad_exports(self, dk=128, dv=128, deltanet=False, gva=True, backward="fused")
+        """``backward="fused"`` and ``"fused_ws"``, K = V = 128 gated with GVA (the other
+        variants of the kernel are ``kernel_mosaic_gdn_bwd_fused_test.py``'s)."""
+        for backward in ("fused", "fused_ws"):
+            _check_grad_exports(self, dk=128, dv=128, deltanet=False, gva=True,
+                                backward=backward)
 
 
 # Slow (out of CI): the other K, V, gate and GVA combinations of LoweringTest (1.9 to 2.4 s
