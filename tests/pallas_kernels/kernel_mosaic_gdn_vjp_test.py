@@ -118,16 +118,17 @@ class GpuTest(kmg_test.HopperTestCase):
     def test_vjp_matches_chunked_vjp(self, *case):
         _check(self, bwd_test._pipeline_inputs(*case, seed=11), False)
 
-    @parameterized.named_parameters(
-        ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
-         (700, 1, 64, 999), "three_pass"),
-        ("deltanet_partial_T1000_K64_V64_fused_t0", 2, 1000, 2, 2, 64, 64, None, False, True,
-         None, "fused_t0"),
-    )
-    def test_fused_backward_matches_chunked_vjp(self, *case):
-        for backward in ("fused", "fused_ws"):
-            _check(self, bwd_test._pipeline_inputs(*case[:-1], seed=11), False,
-                   forward=case[-1], backward=backward)
+    @parameterized.named_parameters(*[
+        (f"{name}_{backward}", backward, *case)
+        for name, *case in (
+            ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+             (700, 1, 64, 999), "three_pass"),
+            ("deltanet_partial_T1000_K64_V64_fused_t0", 2, 1000, 2, 2, 64, 64, None, False,
+             True, None, "fused_t0"))
+        for backward in ("fused", "fused_ws")])
+    def test_fused_backward_matches_chunked_vjp(self, backward, *case):
+        _check(self, bwd_test._pipeline_inputs(*case[:-1], seed=11), False, forward=case[-1],
+               backward=backward)
 
 
 def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split"):
