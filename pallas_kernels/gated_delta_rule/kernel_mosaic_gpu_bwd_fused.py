@@ -6,10 +6,11 @@
 and :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd.chunk_wy_bwd_mosaic`): from
 ``q, k, v, do, v_new, dv_new``, the gate-free inverse ``T0`` and the states ``h``, ``dh`` it
 gives ``(dq, dk, dv, dbeta, dg)`` in one launch, with no fp32 intermediate through HBM, no
-recomputed inverse and no hi/lo operand splits. Math: jla's value-space form
-(``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 31.3, corrected 2026-12-05; jla 0.1.0's
-``chunk_grads``; checked in fp64 by :mod:`pallas_kernels.gated_delta_rule.bwd_value_space`,
-which is also this kernel's test oracle).
+recomputed inverse and hi/lo operand splits only in ``dA0``'s two products. Math: jla's
+value-space form (``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 31.3, corrected 2026-12-05;
+jla 0.1.0's ``chunk_grads``; checked in fp64 by
+:mod:`pallas_kernels.gated_delta_rule.bwd_value_space`, which is also this kernel's test
+oracle).
 
 Per batch row, value head and chunk of ``C = 64`` tokens (notation of ``bwd_value_space``:
 ``G`` the chunk-local inclusive fp32 cumsum of ``g``, 0 for DeltaNet; ``conn_t``, ``last_t``
@@ -62,7 +63,8 @@ cannot run ``run_state``, so there a fresh accumulator and an fp32 add (the same
 was 2e-2 (``M``) and 3e-3 (``dT0``) relative RMS against the oracle. Offline ptxas (S1,
 bf16, K = V = 128): 255 registers and 140 B of spill stores (MOSAIC_GPU.md Sec. 31.6).
 
-``warpgroups=3`` (:func:`_fused_kernel_ws`, MOSAIC_GPU.md Sec. 31.7): the same math, tiles and
+``warpgroups=3`` (:func:`_fused_kernel_ws`, kernel ``gdn_chunk_bwd_fused_ws``, MOSAIC_GPU.md
+Sec. 31.7): the same math, tiles and
 products over three warpgroups (384 threads): WG0 the forward side (``dP``, ``X``, ``Z``,
 ``U'``, ``Wv``, ``dv``, ``-Gamma dv``, ``dq``), WG1 the inverse side (``dAg``, ``dT0``, ``M``,
 ``dA0``, ``K K^T``, ``R``, then ``dbeta`` and ``dg``), WG2 the key side (``dks``,
@@ -79,7 +81,8 @@ the eleven fp32 vectors in one ``[11, 64]`` buffer. ``dv`` leaves through ``v``'
 ``dq`` and then ``dk`` through one staging tile that shares its bytes (``RefUnion``) with
 ``dv_new`` and ``Wv`` (both dead by then). With GVA
 (``Hk < H``) ``dq`` and ``dk`` leave per value head in fp32 and XLA sums each group and
-rounds once (Sec. 27.5's contract at K = 128).
+rounds once (Sec. 27.5's contract at K = 128). Three warpgroups: 227,416 B (three more
+vectors, ten more barriers).
 
 CPU testing: interpret mode with the shims of :mod:`pallas_kernels.common.mosaic_gpu_lib`
 (transposed operands copied into SMEM scratch; no ``RefUnion``, separate tiles), and
