@@ -196,6 +196,21 @@ class LoweringSlowTest(parameterized.TestCase):
         _check_grad_exports(self, **variant)
 
 
+# Slow (out of CI): jax.grad of the op with backward="fused" and "fused_ws" at every K, V, gate
+# and GVA combination (2 to 3 s each, 32 in all); LoweringTest keeps one of each in CI.
+_, _EXPORT_FUSED = kmg_test.split_variants(
+    [], dk=(64, 128), dv=(64, 128), deltanet=(False, True), gva=(True, False),
+    backward=("fused", "fused_ws"))
+
+
+@pytest.mark.slow
+class FusedLoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_EXPORT_FUSED)
+    def test_grad_exports_for_cuda(self, **variant):
+        _check_grad_exports(self, **variant)
+
+
 class ValidationTest(absltest.TestCase):
 
     def test_rejects_bad_beta(self):
