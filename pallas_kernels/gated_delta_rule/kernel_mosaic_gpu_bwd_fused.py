@@ -71,7 +71,9 @@ products over three warpgroups (384 threads): WG0 the forward side (``dP``, ``X`
 ``<S', dS'>``, ``dk``), handing results over in SMEM behind nine one-shot barriers;
 ``setmaxnreg`` :data:`WS_REGISTERS` (240 / 96 / 168, chosen by offline ptxas: 16 B of spill
 stores at K = V = 128). Products per warpgroup (units of ``64^3`` at K = V = 128): 14, 8, 14.
-Not yet: the GVA loop over value heads at ``K <= 64``, 0 spills, a GPU run.
+``gva_loop=True`` (three warpgroups only): one CTA per key head runs its value heads in turn
+and sums ``dq``, ``dk`` in-kernel (correct and race-free interpreted; off by default, it
+spills: Sec. 31.7). Not yet: 0 spills, a GPU run.
 
 SMEM at K = V = 128, bf16: 226,312 B as Mosaic GPU counts it (each buffer aligned to 1 KB,
 Pallas' 2 KB reduction scratch; :data:`SMEM_LIMIT` 232,448), with or without GVA:
@@ -378,7 +380,7 @@ WS_REGISTERS = (240, 96, 168)  # WG0 (forward side), WG1 (inverse side), WG2 (ke
 
 def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
                      interpret: bool, mutations: frozenset = frozenset(),
-                     registers: Tuple[int, int, int] = WS_REGISTERS):
+                     registers: Tuple[int, int, int] = WS_REGISTERS, kv_loop: bool = False):
     """Kernel body of :func:`chunk_bwd_fused_mosaic` with ``warpgroups=3``: the same math and
     tiles as :func:`_fused_kernel`, split over three warpgroups that hand results over in SMEM
     behind one-shot barriers (each used once per CTA):
@@ -421,6 +423,7 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     in_bar, = take(1)
     bars = dict(zip(_WS_BARRIERS, take(len(_WS_BARRIERS))))
     done, = take(1)
+    qk_bar, head_free = take(2) if kv_loop else (None, None)
     if interpret:
         (vnt_s, xt_s, ht0_s, wvt_s, t0t_s, kt_s, dht_s, dpt_s, rt_s, ht2_s) = refs
     else:
@@ -431,7 +434,7 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
 
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     wg = lax.axis_index("wg")
-    hk = lax.div(h, group)
+    hk = h if kv_loop else lax.div(h, group)  # with kv_loop the grid's h is the key head
     rows = pl.ds(n * CHUNK, CHUNK)
     dk = k_s.shape[-1]
     dtype = k_s.dtype
@@ -455,56 +458,105 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
         if not interpret and regs != 168:
             plgpu.set_max_registers(regs, action="increase" if regs > 168 else "decrease")
 
+    # With kv_loop (GVA at K <= 64) the grid's h is the key head: q, k are loaded once (on
+    # qk_bar) and the CTA runs its `group` value heads one after another, each one's tiles
+    # refilled once all three warpgroups are done with the previous one (head_free); WG0 sums
+    # dq and WG2 dk over the heads in fp32 registers, and both leave once, after the loop.
+    heads = group if kv_loop else 1
+
+    def value_head(j):
+        return hk * group + j if kv_loop else h
+
+    def issue(j):
+        """The per-head copies of value head ``value_head(j)`` on in_bar (q, k too without
+        kv_loop)."""
+        hv = value_head(j)
+        copies = [] if kv_loop else [(q_ref.at[b, rows, hk], q_s), (k_ref.at[b, rows, hk], k_s)]
+        copies += [(v_ref.at[b, rows, hv], v_s), (do_ref.at[b, rows, hv], do_s),
+                   (vn_ref.at[b, rows, hv], vn_s), (dvn_ref.at[b, rows, hv], dvn_s),
+                   (t0_ref.at[b, rows, hv], t0_s), (h_ref.at[b, hv, n], h_s),
+                   (dh_ref.at[b, hv, n], dh_s),
+                   (g_ref.at[b, hv, rows], g_row_s), (g_ref.at[b, hv, rows], g_col_s),
+                   (beta_ref.at[b, hv, rows], b_row_s), (beta_ref.at[b, hv, rows], b_col_s),
+                   (doc_ref.at[b, rows], doc_row_s), (doc_ref.at[b, rows], doc_col_s),
+                   (conn_ref.at[b, rows], conn_s), (last_ref.at[b, rows], last_s)]
+        for src, dst in copies:
+            plgpu.copy_gmem_to_smem(src, dst, in_bar)
+
+    def head_loop(body, carry):
+        """``body(j, carry)`` for every value head (a fori_loop with kv_loop)."""
+        if not kv_loop:
+            return body(0, carry)
+        return lax.fori_loop(0, heads, body, carry)
+
+    def head_done():
+        """This warpgroup is done with the head's tiles (its stores have read theirs)."""
+        if kv_loop:
+            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            plgpu.barrier_arrive(head_free)
+
     @pl.when(wg == 0)
     def _forward_side():
         adjust(registers[0])
-        for src, dst in ((q_ref.at[b, rows, hk], q_s), (k_ref.at[b, rows, hk], k_s),
-                         (v_ref.at[b, rows, h], v_s), (do_ref.at[b, rows, h], do_s),
-                         (vn_ref.at[b, rows, h], vn_s), (dvn_ref.at[b, rows, h], dvn_s),
-                         (t0_ref.at[b, rows, h], t0_s), (h_ref.at[b, h, n], h_s),
-                         (dh_ref.at[b, h, n], dh_s),
-                         (g_ref.at[b, h, rows], g_row_s), (g_ref.at[b, h, rows], g_col_s),
-                         (beta_ref.at[b, h, rows], b_row_s), (beta_ref.at[b, h, rows], b_col_s),
-                         (doc_ref.at[b, rows], doc_row_s), (doc_ref.at[b, rows], doc_col_s),
-                         (conn_ref.at[b, rows], conn_s), (last_ref.at[b, rows], last_s)):
-            plgpu.copy_gmem_to_smem(src, dst, in_bar)
-        plgpu.barrier_wait(in_bar)
-        gam_in, _, _ = gammas()
-        dp = matmul([(do_s, tr(vn_s, vnt_s))], sq)
-        dp_s[...] = (dp * (scale * decay())).astype(dtype)
-        publish("dp_ready")
-        w2_s[...] = (tile(t0_s) * decay()).astype(dtype)  # X, until WG1 writes M there
-        plgpu.commit_smem()
-        z = matmul([(tr(w2_s, xt_s), dvn_s)], v_s.shape)
-        vz = row_dot(tile(v_s), z)
-        u_p = matmul([(k_s, h_s)], v_s.shape) * rows_of(gam_in, v_s.shape)
-        uz = row_dot(u_p, z)
-        wv16 = (tile(v_s) - u_p).astype(dtype)
-        wv_s[...] = wv16
-        publish("wv_ready")
-        wz = row_dot(wv16.astype(f32), z)
-        if "no_col_term" in mutations:
-            dlg = -beta_rows() * uz
-        elif "no_dv_u_term" in mutations:
-            dlg = -beta_rows() * wz
-        else:
-            dlg = -beta_rows() * (wz + uz)
-        v_s[...] = (z * rows_of(beta_rows(), v_s.shape)).astype(dtype)  # dv
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(v_s, dv_ref.at[b, rows, h])
-        plgpu.barrier_wait(bars["vn_free"])  # WG2's dks product has read v_new
-        vn_s[...] = (tile(v_s) * rows_of(-gam_in, v_s.shape)).astype(dtype)
-        publish("gdv_ready")
-        s_t = tr(h_s, ht0_s)
-        dq_val = matmul_add(matmul([(do_s, s_t)], kshape) * rows_of(scale * gam_in, kshape),
-                            [(dp_s, k_s)])
-        dgt0_s[...] = dlg + row_dot(tile(q_s), dq_val)
-        dbc_s[...] = vz - uz  # Wv . Z
-        publish("g0_ready")
-        plgpu.barrier_wait(bars["dag_done"])  # dv_new and Wv read: the staging tile is free
+        if kv_loop:
+            plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, qk_bar)
+            plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, qk_bar)
+            plgpu.barrier_wait(qk_bar)
+        issue(0)
+
+        def head_body(jj, dq_sum):
+            hv = value_head(jj)
+            plgpu.barrier_wait(in_bar)
+            gam_in, _, _ = gammas()
+            dp = matmul([(do_s, tr(vn_s, vnt_s))], sq)
+            dp_s[...] = (dp * (scale * decay())).astype(dtype)
+            publish("dp_ready")
+            w2_s[...] = (tile(t0_s) * decay()).astype(dtype)  # X, until WG1 writes M there
+            plgpu.commit_smem()
+            z = matmul([(tr(w2_s, xt_s), dvn_s)], v_s.shape)
+            vz = row_dot(tile(v_s), z)
+            u_p = matmul([(k_s, h_s)], v_s.shape) * rows_of(gam_in, v_s.shape)
+            uz = row_dot(u_p, z)
+            wv16 = (tile(v_s) - u_p).astype(dtype)
+            wv_s[...] = wv16
+            publish("wv_ready")
+            wz = row_dot(wv16.astype(f32), z)
+            if "no_col_term" in mutations:
+                dlg = -beta_rows() * uz
+            elif "no_dv_u_term" in mutations:
+                dlg = -beta_rows() * wz
+            else:
+                dlg = -beta_rows() * (wz + uz)
+            v_s[...] = (z * rows_of(beta_rows(), v_s.shape)).astype(dtype)  # dv
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(v_s, dv_ref.at[b, rows, hv])
+            plgpu.barrier_wait(bars["vn_free"])  # WG2's dks product has read v_new
+            vn_s[...] = (tile(v_s) * rows_of(-gam_in, v_s.shape)).astype(dtype)
+            publish("gdv_ready")
+            s_t = tr(h_s, ht0_s)
+            dq_val = matmul_add(
+                matmul([(do_s, s_t)], kshape) * rows_of(scale * gam_in, kshape), [(dp_s, k_s)])
+            dgt0_s[...] = dlg + row_dot(tile(q_s), dq_val)
+            dbc_s[...] = vz - uz  # Wv . Z
+            publish("g0_ready")
+            plgpu.barrier_wait(bars["dag_done"])  # dv_new and Wv read: the staging tile is free
+            if not kv_loop:
+                return dq_val
+            head_done()
+
+            @pl.when(jj + 1 < heads)
+            def _():  # every warpgroup is done with head jj's tiles: the next head's copies
+                plgpu.barrier_wait(head_free)
+                issue(jj + 1)
+
+            return dq_sum + dq_val
+
+        dq_val = head_loop(head_body, mgl.zeros_acc(kshape, interpret) if kv_loop else None)
+        if kv_loop:
+            plgpu.barrier_wait(head_free)  # the last head: dv_new, Wv free for the staging
         st_s[...] = dq_val.astype(st_s.dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(st_s, dq_ref.at[b, rows, h])
+        plgpu.copy_smem_to_gmem(st_s, dq_ref.at[b, rows, hk if kv_loop else h])
         plgpu.wait_smem_to_gmem(0, wait_read_only=True)
         plgpu.barrier_arrive(bars["st_free"])
         plgpu.wait_smem_to_gmem(0)
@@ -512,80 +564,101 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     @pl.when(wg == 1)
     def _inverse_side():
         adjust(registers[1])
-        plgpu.barrier_wait(in_bar)
-        plgpu.barrier_wait(bars["wv_ready"])  # also: WG0's Z has read X
-        dag = matmul([(dvn_s, tr(wv_s, wvt_s))], sq)
-        plgpu.barrier_arrive(bars["dag_done"])
-        dlg = row_dot(dag, tile(w2_s) * beta_cols())  # F 1 with the 16-bit X
-        dt0 = jnp.where(strict(), dag * (decay() * beta_cols()), 0.0)
-        dt0_hi = dt0.astype(dtype)
-        w1_s[...] = dt0_hi
-        w3_s[...] = (dt0 - dt0_hi.astype(f32)).astype(dtype)
-        plgpu.commit_smem()
-        t0_t = tr(t0_s, t0t_s)
-        m = matmul([(w1_s, t0_t), (w3_s, t0_t)], sq)
-        m_hi = m.astype(dtype)
-        w2_s[...] = m_hi
-        w3_s[...] = (m - m_hi.astype(f32)).astype(dtype)
-        plgpu.commit_smem()
-        da0 = matmul([(t0_t, w2_s), (t0_t, w3_s)], sq) * jnp.where(strict(), -1.0, 0.0)
-        kk = matmul([(k_s, tr(k_s, kt_s))], sq)
-        db_row = row_dot(da0, kk)
-        w1_s[...] = (rows_of(beta_rows(), sq) * da0).astype(dtype)  # R
-        publish("r_ready")
-        plgpu.barrier_wait(bars["g0_ready"])
-        plgpu.barrier_wait(bars["g2_ready"])
-        db_s[...] = db_row + mgl.load_rows(dbc_s, interpret)
-        dgt_s[...] = (dlg + mgl.load_rows(dgt0_s, interpret)
-                      + mgl.load_rows(dgt2_s, interpret))
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, h, rows])
-        if gated:
-            later = by_col(mgl.load_cols(dgt_s, interpret))
-            bnd_j = by_col(mgl.load_cols(bnd_s, interpret))
-            i, j = iotas()
-            keep = (j == i) if "no_cumsum" in mutations else (j >= i)
-            dg_fin = jnp.sum(jnp.where(keep, later, 0.0) + bnd_j, axis=1)
-            if "boundary_twice" in mutations:
-                dg_fin = dg_fin + jnp.sum(bnd_j, axis=1)
-            plgpu.commit_smem()  # this warpgroup has read dgt_s before it is overwritten
-            dgt_s[...] = dg_fin
+
+        def head_body(jj, carry):
+            hv = value_head(jj)
+            plgpu.barrier_wait(in_bar)
+            plgpu.barrier_wait(bars["wv_ready"])  # also: WG0's Z has read X
+            dag = matmul([(dvn_s, tr(wv_s, wvt_s))], sq)
+            plgpu.barrier_arrive(bars["dag_done"])
+            dlg = row_dot(dag, tile(w2_s) * beta_cols())  # F 1 with the 16-bit X
+            dt0 = jnp.where(strict(), dag * (decay() * beta_cols()), 0.0)
+            dt0_hi = dt0.astype(dtype)
+            w1_s[...] = dt0_hi
+            w3_s[...] = (dt0 - dt0_hi.astype(f32)).astype(dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(dgt_s, dg_ref.at[b, h, rows])
+            t0_t = tr(t0_s, t0t_s)
+            m = matmul([(w1_s, t0_t), (w3_s, t0_t)], sq)
+            m_hi = m.astype(dtype)
+            w2_s[...] = m_hi
+            w3_s[...] = (m - m_hi.astype(f32)).astype(dtype)
+            plgpu.commit_smem()
+            da0 = matmul([(t0_t, w2_s), (t0_t, w3_s)], sq) * jnp.where(strict(), -1.0, 0.0)
+            kk = matmul([(k_s, tr(k_s, kt_s))], sq)
+            db_row = row_dot(da0, kk)
+            w1_s[...] = (rows_of(beta_rows(), sq) * da0).astype(dtype)  # R
+            publish("r_ready")
+            plgpu.barrier_wait(bars["g0_ready"])
+            plgpu.barrier_wait(bars["g2_ready"])
+            db_s[...] = db_row + mgl.load_rows(dbc_s, interpret)
+            dgt_s[...] = (dlg + mgl.load_rows(dgt0_s, interpret)
+                          + mgl.load_rows(dgt2_s, interpret))
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(db_s, db_ref.at[b, hv, rows])
+            if gated:
+                later = by_col(mgl.load_cols(dgt_s, interpret))
+                bnd_j = by_col(mgl.load_cols(bnd_s, interpret))
+                i, j = iotas()
+                keep = (j == i) if "no_cumsum" in mutations else (j >= i)
+                dg_fin = jnp.sum(jnp.where(keep, later, 0.0) + bnd_j, axis=1)
+                if "boundary_twice" in mutations:
+                    dg_fin = dg_fin + jnp.sum(bnd_j, axis=1)
+                plgpu.commit_smem()  # this warpgroup has read dgt_s before it is overwritten
+                dgt_s[...] = dg_fin
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(dgt_s, dg_ref.at[b, hv, rows])
+            head_done()
+            return carry
+
+        if kv_loop:
+            plgpu.barrier_wait(qk_bar)
+        head_loop(head_body, None)
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == 2)
     def _key_side():
         adjust(registers[2])
-        plgpu.barrier_wait(in_bar)
-        _, gam_out, gam_all = gammas()
-        dks = matmul([(vn_s, tr(dh_s, dht_s))], kshape) * rows_of(gam_out, kshape)
-        plgpu.barrier_arrive(bars["vn_free"])
-        bnd = row_dot(tile(k_s), dks)
-        for r in range(0, dk, CHUNK):
-            rr = pl.ds(r, CHUNK)
-            bnd = bnd + gam_all * row_dot(tile(h_s.at[rr]), tile(dh_s.at[rr]))
-        bnd_s[...] = bnd
-        plgpu.barrier_wait(bars["dp_ready"])
-        dk_loc = matmul_add(dks, [(tr(dp_s, dpt_s), q_s)])
-        dgt2_s[...] = -row_dot(tile(k_s), dk_loc)
-        publish("g2_ready")
-        plgpu.barrier_wait(bars["r_ready"])
-        r_terms = [(w1_s, k_s)] + ([] if "no_rt_k" in mutations else [(tr(w1_s, rt_s), k_s)])
-        dk_val = matmul_add(dk_loc, r_terms)
-        plgpu.barrier_wait(bars["gdv_ready"])
-        dk_val = matmul_add(dk_val, [(vn_s, tr(h_s, ht2_s))])
+
+        def head_body(jj, dk_sum):
+            plgpu.barrier_wait(in_bar)
+            _, gam_out, gam_all = gammas()
+            dks = matmul([(vn_s, tr(dh_s, dht_s))], kshape) * rows_of(gam_out, kshape)
+            plgpu.barrier_arrive(bars["vn_free"])
+            bnd = row_dot(tile(k_s), dks)
+            for r in range(0, dk, CHUNK):
+                rr = pl.ds(r, CHUNK)
+                bnd = bnd + gam_all * row_dot(tile(h_s.at[rr]), tile(dh_s.at[rr]))
+            bnd_s[...] = bnd
+            plgpu.barrier_wait(bars["dp_ready"])
+            dk_loc = matmul_add(dks, [(tr(dp_s, dpt_s), q_s)])
+            dgt2_s[...] = -row_dot(tile(k_s), dk_loc)
+            publish("g2_ready")
+            plgpu.barrier_wait(bars["r_ready"])
+            r_terms = [(w1_s, k_s)] + ([] if "no_rt_k" in mutations
+                                       else [(tr(w1_s, rt_s), k_s)])
+            dk_val = matmul_add(dk_loc, r_terms)
+            plgpu.barrier_wait(bars["gdv_ready"])
+            dk_val = matmul_add(dk_val, [(vn_s, tr(h_s, ht2_s))])
+            if not kv_loop:
+                return dk_val
+            head_done()
+            return dk_sum + dk_val
+
+        if kv_loop:
+            plgpu.barrier_wait(qk_bar)
+        dk_val = head_loop(head_body, mgl.zeros_acc(kshape, interpret) if kv_loop else None)
         plgpu.barrier_wait(bars["st_free"])
         st_s[...] = dk_val.astype(st_s.dtype)
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(st_s, dk_ref.at[b, rows, h])
+        plgpu.copy_smem_to_gmem(st_s, dk_ref.at[b, rows, hk if kv_loop else h])
         plgpu.wait_smem_to_gmem(0)
 
     plgpu.barrier_arrive(done)
     plgpu.barrier_wait(done)
 
 
-def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool, warpgroups: int = 1):
+def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool, warpgroups: int = 1,
+             kv_loop: bool = False):
     """The scratch list of the kernel, in :func:`_fused_kernel`'s (``warpgroups=1``) or
     :func:`_fused_kernel_ws`'s (``warpgroups=3``) order."""
     ws = warpgroups == 3
@@ -608,10 +681,13 @@ def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool, warpgroups: 
         scratch += [dvn, wv, st]
     else:  # dv_new and Wv are dead once dAg is read: the staging tile reuses their bytes
         scratch.append(plgpu.RefUnion((dvn, wv), st))
-    scratch.append(plgpu.Barrier(num_arrivals=_IN_COPIES))
+    # in_bar: with kv_loop q, k come once, on qk_bar
+    scratch.append(plgpu.Barrier(num_arrivals=_IN_COPIES - 2 * kv_loop))
     if ws:  # the one-shot barriers between warpgroups, then done (all three)
         scratch += [plgpu.Barrier(num_arrivals=1) for _ in _WS_BARRIERS]
         scratch.append(plgpu.Barrier(num_arrivals=3))
+    if kv_loop:  # qk_bar: q, k landed; head_free: all three are done with a value head's tiles
+        scratch += [plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_arrivals=3)]
     if interpret and ws:  # per warpgroup: vnt, xt, ht0 (WG0); wvt, t0t, kt (WG1); dht, dpt,
         # rt, ht2 (WG2)
         t = (CHUNK, CHUNK)
@@ -670,7 +746,8 @@ def check_mutations(mutations) -> Tuple[str, ...]:
     return tuple(sorted(set(mutations)))
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "interpret", "mutations", "warpgroups"))
+@functools.partial(jax.jit, static_argnames=("scale", "interpret", "mutations", "warpgroups",
+                                             "gva_loop"))
 def chunk_bwd_fused_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -691,6 +768,7 @@ def chunk_bwd_fused_mosaic(
     interpret: bool = False,
     mutations: Tuple[str, ...] = (),
     warpgroups: int = 1,
+    gva_loop: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
     """``(dq, dk, dv, dbeta, dg)``: the chunk-local GDN / DeltaNet backward in one kernel.
 
@@ -731,6 +809,13 @@ def chunk_bwd_fused_mosaic(
         warpgroups: 1 (default; :func:`_fused_kernel`) or 3 (static; :func:`_fused_kernel_ws`,
             the same math split over three warpgroups with barriers between them,
             MOSAIC_GPU.md Sec. 31.3 and 31.7; registers per warpgroup :data:`WS_REGISTERS`).
+        gva_loop: with GVA (``Hk < H``) and ``warpgroups=3`` (static): one CTA per key head
+            loads ``q, k`` once and runs the key head's value heads in turn, summing ``dq``
+            and ``dk`` in fp32 registers (WG0, WG2), so they leave the kernel once, in the
+            input dtype, ``[B, T, Hk, K]`` (MOSAIC_GPU.md Sec. 31.3's GVA plan, 31.7). Off by
+            default: offline ptxas finds 244 to 1,552 B of spill stores with it at K = 64
+            (16 B without); then ``dq``, ``dk`` leave per value head in fp32 for XLA's group
+            sum. Ignored without GVA.
 
     Returns:
         ``(dq, dk, dv, dbeta, dg)``: ``dq, dk`` ``[B, T, Hk, K]`` and ``dv`` ``[B, T, H, V]``
@@ -743,11 +828,14 @@ def chunk_bwd_fused_mosaic(
         ValueError: on mismatched shapes or dtypes, unsupported head dims or dtypes, ``H`` not
             a multiple of ``Hk``, a ``t0``, ``beta``, ``h``, ``dh``, ``g`` or ``segment_ids``
             of the wrong shape, a ``gate_cumsum`` or ``doc_vecs`` of the wrong shape,
-            unknown ``mutations``, or ``warpgroups`` not 1 or 3.
+            unknown ``mutations``, ``warpgroups`` not 1 or 3, or ``gva_loop`` with
+            ``warpgroups=1``.
     """
     mutations = check_mutations(mutations)
     if warpgroups not in (1, 3):
         raise ValueError(f"warpgroups must be 1 or 3, got {warpgroups!r}")
+    if gva_loop and warpgroups != 3:
+        raise ValueError("gva_loop needs warpgroups=3")
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
     num_chunks = _check_inputs(q, k, v, do, v_new, dv_new, t0, g, beta, h, dh, segment_ids)
@@ -755,7 +843,8 @@ def chunk_bwd_fused_mosaic(
     dtype = k.dtype
     f32 = jnp.float32
     group = heads // kv_heads
-    out32 = group > 1
+    kv_loop = bool(gva_loop) and group > 1  # one CTA per key head sums dq, dk in-kernel
+    out32 = group > 1 and not kv_loop
     # Padding tokens: q = k = v = do = v_new = dv_new = 0, T0 = 0, beta = 0, g = 0 (the last
     # document's): they contribute nothing, and their own gradients are cut off.
     q, k, v, do, v_new, dv_new = (mgl.pad_time(x, num_chunks)
@@ -766,18 +855,21 @@ def chunk_bwd_fused_mosaic(
     doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp]
     out_qk = f32 if out32 else dtype
     body = _fused_kernel if warpgroups == 1 else _fused_kernel_ws
+    qk_heads = kv_heads if kv_loop else heads
     call = plgpu.kernel(
         functools.partial(body, group=group, scale=float(scale), gated=g is not None,
                           out32=out32, interpret=interpret,
-                          **(dict(mutations=frozenset(mutations)) if mutations else {})),
-        out_type=(jax.ShapeDtypeStruct((batch, padded, heads, dk), out_qk),  # dq per value head
-                  jax.ShapeDtypeStruct((batch, padded, heads, dk), out_qk),  # dk per value head
+                          **(dict(mutations=frozenset(mutations)) if mutations else {}),
+                          **(dict(kv_loop=True) if kv_loop else {})),
+        # dq, dk per value head, or per key head (the group sums) with kv_loop
+        out_type=(jax.ShapeDtypeStruct((batch, padded, qk_heads, dk), out_qk),
+                  jax.ShapeDtypeStruct((batch, padded, qk_heads, dk), out_qk),
                   jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # dv
                   jax.ShapeDtypeStruct((batch, heads, padded), f32),  # dbeta
                   jax.ShapeDtypeStruct((batch, heads, padded), f32)),  # dg (dL/dg)
-        scratch_types=_scratch(dk, dv, dtype, out32, interpret, warpgroups),
+        scratch_types=_scratch(dk, dv, dtype, out32, interpret, warpgroups, kv_loop),
         **(dict(num_threads=3, thread_name="wg") if warpgroups == 3 else {}),
-        grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
+        grid=(num_chunks, qk_heads, batch),  # chunks first: CUDA caps grid y, z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,

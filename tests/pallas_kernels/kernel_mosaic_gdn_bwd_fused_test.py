@@ -144,10 +144,10 @@ _CASES = (
 _CI = ("plain_T128_K64_V64", "deltanet_packed_T100_K64_V64")
 
 
-def _run(case, mutations=(), warpgroups=1):
+def _run(case, mutations=(), warpgroups=1, **options):
     args, kwargs, assembled, oracle = _case(*case)
     got = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, interpret=True, mutations=mutations,
-                                     warpgroups=warpgroups)
+                                     warpgroups=warpgroups, **options)
     return args, got, assembled, oracle
 
 
@@ -209,6 +209,23 @@ class ThreeWarpgroupsInterpretTest(parameterized.TestCase):
         self.assertGreater(errs["dk"], 10 * _GATES["dk"])
 
 
+# Slow (out of CI), as ThreeWarpgroupsInterpretTest (PJRT_NPROC=8): gva_loop=True, one CTA per
+# key head looping over its value heads (G = 2 with one key head; G = 2 with two key heads;
+# G = 4 DeltaNet), dq and dk summed in-kernel and leaving [B, T, Hk, K] in bf16.
+@pytest.mark.slow
+class GvaLoopInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("gva2_1_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, (64, 36, 30), 0.0),
+        ("gva4_2_packed_partial_T130_K64_V64", 1, 130, 4, 2, 64, 64, 0.1, (70,), 0.0),
+        ("gva4_1_deltanet_packed_T100_K64_V64", 1, 100, 4, 1, 64, 64, None, (10, 60), 0.0),
+    )
+    def test_in_kernel_group_sums(self, *case):
+        args, got, assembled, oracle = _run(case, warpgroups=3, gva_loop=True)
+        self.assertFalse(_races_found())
+        _check(self, args, got, assembled, oracle)
+
+
 # Each mutation, the case where it shows, and the gradients that must then fail their gate.
 _MUTATION_CASES = (
     ("no_strict_mask", ("dk", "dbeta")),
@@ -240,9 +257,9 @@ class MutationTest(parameterized.TestCase):
                 self.assertGreater(errs[name], 10 * _GATES[name], msg=f"{mutation}: {errs}")
 
 
-def _check_exports(test, dk, dv, deltanet, gva, warpgroups=1):
+def _check_exports(test, dk, dv, deltanet, gva, warpgroups=1, gva_loop=False):
     """Exports the kernel for CUDA (documents, a partial chunk); checks one Mosaic GPU custom
-    call under the kernel's name, the output shapes and Mosaic GPU's SMEM count."""
+    call under the kernel's name and Mosaic GPU's SMEM count."""
     batch, seq_len = 1, 200
     heads, kv_heads = (4, 2) if gva else (2, 2)
     n_chunks = -(-seq_len // C)
@@ -258,7 +275,7 @@ def _check_exports(test, dk, dv, deltanet, gva, warpgroups=1):
     def fn(q, k, v, do, vn, dvn, t0, g, beta, h, dh, seg):
         return kfb.chunk_bwd_fused_mosaic(q, k, v, do, vn, dvn, t0, None if deltanet else g,
                                           beta, h, dh, scale=0.1, segment_ids=seg,
-                                          warpgroups=warpgroups)
+                                          warpgroups=warpgroups, gva_loop=gva_loop)
 
     text, smem = kmc_test.export_cuda_counting_smem(fn, *args)
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
@@ -306,6 +323,8 @@ class LoweringTest(parameterized.TestCase):
             kfb.chunk_bwd_fused_mosaic(*args, **kwargs, mutations=("nope",))
         with self.assertRaisesRegex(ValueError, "warpgroups must be"):
             kfb.chunk_bwd_fused_mosaic(*args, **kwargs, warpgroups=2)
+        with self.assertRaisesRegex(ValueError, "gva_loop needs"):
+            kfb.chunk_bwd_fused_mosaic(*args, **kwargs, gva_loop=True)
 
 
 @pytest.mark.slow
@@ -314,6 +333,10 @@ class LoweringSlowTest(parameterized.TestCase):
     @parameterized.named_parameters(*_EXPORT_SLOW)
     def test_exports_for_cuda(self, **variant):
         _check_exports(self, **variant)
+
+    @parameterized.parameters((64, 64, False), (64, 128, True), (128, 128, False))
+    def test_gva_loop_exports_for_cuda(self, dk, dv, deltanet):
+        _check_exports(self, dk, dv, deltanet, gva=True, warpgroups=3, gva_loop=True)
 
 
 @pytest.mark.gpu
