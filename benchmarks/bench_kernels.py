@@ -35,6 +35,10 @@ record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the c
 ``fused_t0_split``, ``--mosaic_t0_split_order=prepare_first`` (or ``prepare_mid``) times
 another order of the output warpgroup (the default is ``readout_first``; Sec. 16, 17) and
 ``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17).
+``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
+backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
+kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
+record and a table of their own.
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -126,6 +130,15 @@ _MOSAIC_T0_SPLIT_STAGES = flags.DEFINE_integer(
     "Peer mosaic, as --mosaic_t0_split_order: the split_stages= of "
     "chunk_delta_fused_t0_fwd_mosaic, the depth of its TMA input ring (2, the default, or 3: "
     "MOSAIC_GPU.md Sec. 17); unset: the default. Recorded with every mosaic record.")
+_MOSAIC_BACKWARD = flags.DEFINE_list(
+    "mosaic_backward", [],
+    "Peer mosaic, ops gdn and deltanet, pass fwdbwd: the backward= of gated_delta_rule_mosaic "
+    "(split: stages 3 and 4, chunk_delta_grads_partials_mosaic + chunk_wy_bwd_mosaic; fused: "
+    "the one kernel chunk_bwd_fused_mosaic with T0 from the fused_t0 forwards or "
+    "chunk_kkt_inverse_mosaic, one warpgroup; fused_ws: the same on three warpgroups; "
+    "MOSAIC_GPU.md Sec. 31). Several (split,fused,fused_ws) time mosaic once "
+    "per value, each with its own gate and record (field mosaic_backward) and a table of their "
+    "own below the main one; empty: the op's default (split), not recorded.")
 _CW_STATE_PASS = flags.DEFINE_list(
     "channelwise_state_pass", [],
     "Peer ours, ops kda and gdn2: the state passes of the channelwise kernels "
@@ -265,9 +278,11 @@ def _jax_fn(op, peer, segment_ids):
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
                     segment_ids=segment_ids, wy_implementation="xla", **forward)[0]
             if op in ("gdn", "deltanet"):
+                backward = ({} if _MOSAIC_BACKWARD_NOW[0] is None
+                            else {"backward": _MOSAIC_BACKWARD_NOW[0]})
                 return mosaic_vjp.gated_delta_rule_mosaic(
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
-                    segment_ids=segment_ids, **forward)[0]
+                    segment_ids=segment_ids, **forward, **backward)[0]
             g = jnp.broadcast_to(gates["g_gamma"], q.shape[:3])
             return kmg.simple_gla_mosaic(q, k, v, g, scale=q.shape[-1] ** -0.5,
                                          segment_ids=segment_ids, **forward)[0]
@@ -594,6 +609,47 @@ def _check_channelwise_grad_pass():
                              f"--passes={','.join(_PASSES.value)})")
 
 
+def _check_mosaic_backward():
+    """``--mosaic_backward`` against the backwards, peers, ops and passes, before anything runs
+    (refused where it would be ignored: it changes only the GDN / DeltaNet Mosaic backward)."""
+    values = _MOSAIC_BACKWARD.value
+    if not values:
+        return
+    from pallas_kernels.gated_delta_rule import mosaic_vjp
+    bad = [v for v in values if v not in mosaic_vjp.BACKWARDS]
+    if bad or len(set(values)) != len(values):
+        raise app.UsageError(f"--mosaic_backward={','.join(values)}: takes distinct values of "
+                             f"{', '.join(mosaic_vjp.BACKWARDS)}")
+    if ("mosaic" not in _PEERS.value or not any(op in ("gdn", "deltanet") for op in _OPS.value)
+            or "fwdbwd" not in _PASSES.value or _MOSAIC_WY.value != "mosaic"):
+        raise app.UsageError(f"--mosaic_backward applies to peer mosaic, ops gdn, deltanet, "
+                             f"pass fwdbwd and --mosaic_wy=mosaic only "
+                             f"(--peers={','.join(_PEERS.value)} --ops={','.join(_OPS.value)} "
+                             f"--passes={','.join(_PASSES.value)} "
+                             f"--mosaic_wy={_MOSAIC_WY.value})")
+
+
+# The backward= the mosaic GDN / DeltaNet op runs with now (None: its default), set per
+# --mosaic_backward value by run_jax and read by _jax_fn at trace time.
+_MOSAIC_BACKWARD_NOW = [None]
+
+
+def _mosaic_backward_variants(op, peer):
+    """``--mosaic_backward``'s values for ``(op, peer)`` (``[None]``: once, the default)."""
+    if peer == "mosaic" and op in ("gdn", "deltanet") and _MOSAIC_BACKWARD.value:
+        return list(_MOSAIC_BACKWARD.value)
+    return [None]
+
+
+def _set_mosaic_backward(value):
+    """Sets :data:`_MOSAIC_BACKWARD_NOW` and clears JAX's caches, whose traces read it."""
+    import jax
+
+    if value != _MOSAIC_BACKWARD_NOW[0]:
+        _MOSAIC_BACKWARD_NOW[0] = value
+        jax.clear_caches()
+
+
 def _pass_values(flag, op, peer):
     """The values of ``flag`` (``--channelwise_state_pass`` / ``--channelwise_grad_pass``) to
     run ``(op, peer)`` with (``[None]``: once, as configured)."""
@@ -641,6 +697,13 @@ def _channelwise_variants(op, peer):
             for gp in _grad_pass_variants(op, peer)]
 
 
+def _variants(op, peer):
+    """``(state_pass, grad_pass, mosaic_backward)`` triples to run ``(op, peer)`` with
+    (:func:`_channelwise_variants` with every ``--mosaic_backward`` value)."""
+    return [(sp, gp, bw) for sp, gp in _channelwise_variants(op, peer)
+            for bw in _mosaic_backward_variants(op, peer)]
+
+
 def run_jax(records):
     tuning = _apply_tuning()
     t0_options = _apply_mosaic_t0()
@@ -653,9 +716,10 @@ def run_jax(records):
             peers.remove(gpu_only)
     for op in _OPS.value:
         for peer in peers:
-            for state_pass, grad_pass in _channelwise_variants(op, peer):
+            for state_pass, grad_pass, backward in _variants(op, peer):
                 _set_state_pass(state_pass)
                 _set_grad_pass(grad_pass)
+                _set_mosaic_backward(backward)
                 gate_ok, errs = (True, {})
                 if peer == "mosaic" and op not in _MOSAIC_OPS:
                     print(f"skipping peer mosaic for {op}: its Mosaic GPU kernel is not written "
@@ -667,8 +731,9 @@ def run_jax(records):
                         gate_ok, errs = correctness_gate(op, peer, fwd_only=fwd_only)
                     except Exception as e:  # noqa: BLE001 - recorded, never silent
                         gate_ok, errs = False, {"error": repr(e)[:300]}
-                    label = "".join(f" ({what} pass {value})" for what, value in
-                                    (("state", state_pass), ("grad", grad_pass)) if value)
+                    label = "".join(f" ({what} {value})" for what, value in
+                                    (("state pass", state_pass), ("grad pass", grad_pass),
+                                     ("backward", backward)) if value)
                     print(f"gate {op} {peer}{label}: {'green' if gate_ok else 'RED'} {errs}",
                           flush=True)
                 for shape in _SHAPES.value:
@@ -697,6 +762,8 @@ def run_jax(records):
                             rec["channelwise_state_pass"] = state_pass
                         if grad_pass is not None:
                             rec["channelwise_grad_pass"] = grad_pass
+                        if backward is not None:
+                            rec["mosaic_backward"] = backward
                         if peer == "mosaic" and op in ("gdn", "deltanet") and t0_options:
                             rec["mosaic_t0"] = t0_options
                         try:
@@ -902,6 +969,7 @@ def markdown(records, versions, command):
     lines += mosaic_lines(records)
     lines += state_pass_lines(records)
     lines += grad_pass_lines(records)
+    lines += mosaic_backward_lines(records)
     lines += breakdown_lines(records)
     return "\n".join(lines) + "\n"
 
@@ -1009,6 +1077,44 @@ def grad_pass_lines(records):
     return lines
 
 
+# Kernel-name substrings of the chunk-local backward of each --mosaic_backward value: stages 3
+# and 4 ("split"), or the fused kernel and the T0 kernel it may recompute ("fused").
+_BACKWARD_KERNELS = {"split": ("gdn_chunk_grads", "gdn_chunk_wy_bwd"),
+                     "fused": ("gdn_chunk_bwd_fused", "gdn_chunk_kkt_inverse"),
+                     "fused_ws": ("gdn_chunk_bwd_fused_ws", "gdn_chunk_kkt_inverse")}
+
+
+def mosaic_backward_lines(records):
+    """Markdown lines of the ``mosaic`` GDN / DeltaNet records run per ``--mosaic_backward``
+    (each value's kernel and wall time, the own time of the chunk-local backward it replaces
+    or runs, and its gate); ``[]`` without such records. The main table keeps the last value's
+    record only. The ``fused`` own time includes the ``T0`` kernel's (``gdn_chunk_kkt_inverse``:
+    once in the forward of ``fused_t0``, else also once in the backward)."""
+    recs = [r for r in records if r.get("mosaic_backward") and r["peer"] == "mosaic"]
+    if not recs:
+        return []
+
+    def fmt(x):
+        return "–" if x is None else f"{x:.3f}"
+
+    lines = ["", "Mosaic GDN / DeltaNet backwards (`--mosaic_backward`, peer mosaic; "
+                 "MOSAIC_GPU.md Sec. 31): `split`, stages 3 and 4 (`gdn_chunk_grads`, "
+                 "`gdn_chunk_wy_bwd`), or `fused` / `fused_ws`, `gdn_chunk_bwd_fused` / "
+                 "`gdn_chunk_bwd_fused_ws` (one / three warpgroups; with "
+                 "`gdn_chunk_kkt_inverse*`, the T0 kernel).", "",
+             "| op | shape | pass | backward | kernel | chunk-local backward kernels | wall "
+             "| gate |",
+             "|---|---|---|---|---:|---:|---:|---|"]
+    for r in recs:
+        names = _BACKWARD_KERNELS[r["mosaic_backward"]]
+        own = sum(ms for k, ms in (r.get("kernels") or {}).items()
+                  if any(n in k for n in names)) or None
+        lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | {r['mosaic_backward']} | "
+                     f"{fmt(r.get('kernel_ms'))} | {fmt(own)} | {fmt(r.get('ms'))} | "
+                     f"{'green' if r.get('gate') else 'RED'} |")
+    return lines
+
+
 # The kernel name of each grad pass in the profiler's per-kernel breakdown (a substring).
 _GRAD_KERNELS = {"triton": "channelwise_grad_blocks", "mosaic": "channelwise_grad_intra_mosaic",
                  "mosaic_fused": "channelwise_grad_chunk_mosaic"}
@@ -1049,6 +1155,7 @@ def main(argv):
             print("FLA_RECORD " + json.dumps(rec), flush=True)
         return
     _check_mosaic_forward()
+    _check_mosaic_backward()
     _check_channelwise_state_pass()
     _check_channelwise_grad_pass()
     _apply_mosaic_t0()  # refuse a bad value before anything runs (run_jax applies it again)

@@ -572,7 +572,13 @@ OP_KERNELS = {
     "gdn_bwd_dh_pieces": ("gdn", "three_pass", ("gdn_chunk_delta_dh_pieces",)),
     "gdn_bwd_grads": ("gdn", "three_pass", ("gdn_chunk_grads",)),
     "gdn_wy_bwd": ("gdn", "three_pass", ("gdn_chunk_wy_bwd",)),
+    # backward="fused": stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31, OP_BACKWARDS)
+    "gdn_bwd_fused": ("gdn", "three_pass", ("gdn_chunk_bwd_fused",)),
+    "gdn_bwd_fused_ws": ("gdn", "three_pass", ("gdn_chunk_bwd_fused_ws",)),
 }
+# The backward= of gated_delta_rule_mosaic for the OP_KERNELS entries that need another than
+# its default ("split").
+OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws"}
 # Options after ":" (any order): "infer" (the primal alone, as at inference: the fused GDN
 # kernels then store neither h nor v_new), "nog" (g=None: linear attention, DeltaNet), and for
 # gdn_fused_t0_split a split order of kernel_mosaic_gpu_fused.SPLIT_ORDERS and "s3" (three ring
@@ -590,7 +596,8 @@ ALL_KERNELS = (
     "gdn_t0", "gdn_fused_t0", "gdn_fused_t0:infer", "gdn_fused_t0_split",
     "gdn_fused_t0_split:prepare_first", "gdn_fused_t0_split:prepare_mid:s3",
     "gdn_fused_t0_split:state_ag", "gdn_fused_t0_split:state_ag:s3",
-    "gdn_bwd_dv_local", "gdn_bwd_dh", "gdn_bwd_grads", "gdn_wy_bwd")
+    "gdn_bwd_dv_local", "gdn_bwd_dh", "gdn_bwd_grads", "gdn_wy_bwd", "gdn_bwd_fused",
+    "gdn_bwd_fused_ws")
 # ptxas's figures on the H200 for entries of this binary (MOSAIC_GPU_DUMP_PTXAS logs under
 # benchmarks/results/mosaic-gpu-h200-*; jax 0.11.2, bf16, K = V = 128): entry -> ((B, T, H),
 # registers, spill store bytes, run) per shape measured. S1 is (8, 4096, 16); (2, 2048, 4) is
@@ -682,12 +689,15 @@ def _matches(kernel: Optional[str], patterns: Sequence[str]) -> bool:
 def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
               split: Optional[Dict] = None, batch: int = 8, seq_len: int = 4096,
               heads: int = 16, dk: int = 128, dv: int = 128, dtype: str = "bfloat16",
-              docs: bool = True, kv_heads: Optional[int] = None) -> List[str]:
+              docs: bool = True, kv_heads: Optional[int] = None,
+              backward: Optional[str] = None) -> List[str]:
     """The Mosaic GPU modules of one op configuration, exported through the op: the training
     step (``jax.vjp`` of ``o``, then its backward with a cotangent ``do``) or, with ``infer``,
     the primal alone. ``op``: ``"gla"`` (``simple_gla_mosaic``) or ``"gdn"``
     (``gated_delta_rule_mosaic``); ``split``: ``SPLIT_T0_OPTIONS`` for the export;
-    ``kv_heads``: ``Hk`` of ``q, k`` ``[B, T, Hk, K]`` (GVA, ``gdn`` only; ``None``: ``H``)."""
+    ``kv_heads``: ``Hk`` of ``q, k`` ``[B, T, Hk, K]`` (GVA, ``gdn`` only; ``None``: ``H``);
+    ``backward``: ``gated_delta_rule_mosaic``'s ``backward=`` (``gdn`` only; ``None``: its
+    default)."""
     import jax
     import jax.numpy as jnp
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
@@ -704,8 +714,9 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
         g = None if nog else g
         if op == "gla":
             return sg.simple_gla_mosaic(q, k, v, g, segment_ids=seg, forward=forward)[0]
-        return mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, segment_ids=seg,
-                                                  forward=forward)[0]
+        return mosaic_vjp.gated_delta_rule_mosaic(
+            q, k, v, g, beta, segment_ids=seg, forward=forward,
+            **({} if backward is None else dict(backward=backward)))[0]
 
     def step(q, k, v, g, beta, do, seg=None):
         if infer:
@@ -747,11 +758,12 @@ def entry_modules(name: str, *, batch: int = 8, seq_len: int = 4096, heads: int 
                 (module_kernel_name(t) or "").rsplit("_", 1)[-1], "stored"), t) for t in texts]
         return [(name + (f".{i}" if len(texts) > 1 else ""), t) for i, t in enumerate(texts)]
     op, forward, patterns, options = parse_op_entry(name)
+    backward = OP_BACKWARDS.get(name.split(":")[0])
     key = (op, forward, options["infer"], options["nog"],
-           tuple(sorted(options["split"].items())), tuple(sorted(shape.items())))
+           tuple(sorted(options["split"].items())), tuple(sorted(shape.items())), backward)
     if key not in _EXPORTS:
         _EXPORTS[key] = op_export(op, forward, infer=options["infer"], nog=options["nog"],
-                                  split=options["split"], **shape)
+                                  split=options["split"], backward=backward, **shape)
     picked = [(module_kernel_name(t), t) for t in _EXPORTS[key]]
     picked = [(k, t) for k, t in picked if _matches(k, patterns)]
     if not picked:

@@ -42,6 +42,14 @@ stage 1's ``dv_local`` (in the kernel, in fp32) before the reverse state pass, s
 ``dL/dv_new`` is the sum of its three uses (the chunk's own read-out, the state, the output
 ``u`` itself) and stage 2 carries the total through ``dS'_{c-1} = ... - W_c^T dv_new_c``.
 
+With ``backward="fused"`` (MOSAIC_GPU.md Sec. 31; not the default until an H200 timing) stages
+3 and 4 are one kernel,
+:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd_fused.chunk_bwd_fused_mosaic`, in
+jla's value-space form: it reads the gate-free inverse ``T0`` (kept by the ``fused_t0``
+forwards as one more residual, else recomputed by ``chunk_kkt_inverse_mosaic``) and writes
+``dq, dk, dv`` in the input dtype and fp32 ``dbeta``, ``dg``, with no fp32 ``dw`` / ``dk``
+partials through HBM and no recomputed inverse.
+
 Dispatch: :func:`pallas_kernels.gated_delta_rule.api.gated_delta_rule` runs this op for
 ``implementation="mosaic_gpu"`` (``"mosaic_gpu_interpret"``: interpret mode); ``"auto"`` keeps
 the Triton kernels until the H200 times this op faster
@@ -64,9 +72,19 @@ import jax.numpy as jnp
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd_fused as kbf
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
+
+# How the backward runs its chunk-local gradients (``backward=``): "split", stages 3 and 4
+# (``chunk_delta_grads_partials_mosaic`` + ``chunk_wy_bwd_mosaic``), or "fused", one kernel
+# (``chunk_bwd_fused_mosaic``, MOSAIC_GPU.md Sec. 31) with ``T0`` from the forward (``fused_t0``
+# forwards) or ``chunk_kkt_inverse_mosaic``, on one warpgroup; or "fused_ws", the same kernel
+# split over three warpgroups (``warpgroups=3``, Sec. 31.7). The default stays "split" until an
+# H200 timing says otherwise.
+BACKWARDS = ("split", "fused", "fused_ws")
+DEFAULT_BACKWARD = "split"
 
 
 def gated_delta_rule_mosaic(
@@ -83,6 +101,7 @@ def gated_delta_rule_mosaic(
     forward: str = "three_pass",
     interpret: bool = False,
     return_residual: bool = False,
+    backward: str = DEFAULT_BACKWARD,
 ) -> Union[Tuple[jax.Array, Optional[jax.Array]],
            Tuple[jax.Array, Optional[jax.Array], jax.Array]]:
     """Differentiable Gated DeltaNet (``g``) or DeltaNet (``g=None``) on Mosaic GPU kernels.
@@ -143,6 +162,15 @@ def gated_delta_rule_mosaic(
             ``u_t = beta_t (v_t - e^{g_t} S_{t-1}^T k_t)`` (the forward's ``v_new``; static).
             Differentiable: ``du`` joins ``dv_local`` before the reverse state pass (module
             docstring); the fused forwards then store ``v_new`` in the primal too.
+        backward: how the backward forms the chunk-local gradients (static, one of
+            :data:`BACKWARDS`): ``"split"`` (default), stages 3 and 4 of the module
+            docstring; ``"fused"``, one kernel,
+            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd_fused.chunk_bwd_fused_mosaic`
+            (MOSAIC_GPU.md Sec. 31), with the gate-free inverse ``T0`` kept from the forward
+            (``"fused_t0"``, ``"fused_t0_split"``: a residual of ``[B, T, H, 64]`` in the input
+            dtype) or recomputed by ``chunk_kkt_inverse_mosaic`` (the other forwards);
+            ``"fused_ws"``, the same with the kernel's three-warpgroup form
+            (``warpgroups=3``). Stages 1 and 2 are the same for all.
 
     Returns:
         ``(o, final_state)``, or ``(o, final_state, u)`` with ``return_residual``: ``o`` and
@@ -152,7 +180,8 @@ def gated_delta_rule_mosaic(
         ``g`` is ``None``; computed in fp32 and rounded once).
 
     Raises:
-        ValueError: on a ``beta`` that is not ``[B, T, H]``, an unknown ``forward``, and as
+        ValueError: on a ``beta`` that is not ``[B, T, H]``, an unknown ``forward`` or
+            ``backward``, and as
             the kernels (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``).
     """
     batch, seq_len, _, dk = k.shape
@@ -163,9 +192,12 @@ def gated_delta_rule_mosaic(
         raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
     if forward not in kgd.FORWARDS:
         raise ValueError(f"forward must be one of {kgd.FORWARDS}, got {forward!r}")
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
     out = _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, float(scale),
-                      bool(output_final_state), forward, interpret, bool(return_residual))
+                      bool(output_final_state), forward, interpret, bool(return_residual),
+                      backward)
     final_state = out[1] if output_final_state else None
     return (out[0], final_state) + tuple(out[2:])
 
@@ -183,7 +215,8 @@ def _shared(g, v, segment_ids):
 
 def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, interpret,
              residuals=True, gc=None, docs=None, want_v_new=False):
-    """``(o, final_state)`` and the residuals ``(w, h, v_new, maps)`` of the forward stages.
+    """``(o, final_state)`` and the residuals ``(w, h, v_new, maps, t0)`` of the forward
+    stages (``t0``: the ``fused_t0`` forwards' ``T0`` under differentiation, else ``None``).
 
     ``maps``: the three-pass state pass's sequence-piece maps (``None`` with one piece or a
     fused forward). The fused kernels give ``None`` for ``h`` and ``v_new`` without
@@ -202,7 +235,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         # The backward reads W: formed from T0 in XLA (one [64, 64] x [64, K] product per
         # chunk and head, fp32, rounded once), only when differentiated.
         w = (kgd.w_from_t0(k, t0, g, beta, segment_ids=segment_ids) if residuals else None)
-        return (o, final_state), (w, h, v_new, None)
+        return (o, final_state), (w, h, v_new, None, t0 if residuals else None)
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, gate_cumsum=gc,
                                doc_vecs=docs, interpret=interpret)
     if forward != "three_pass":
@@ -210,7 +243,7 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
             q, k, w, u, g, scale=scale, initial_state=initial_state, segment_ids=segment_ids,
             store_v_new=store_v_new, store_h=residuals, split_output=forward == "fused_split",
             interpret=interpret)
-        return (o, final_state), (w, h, v_new, None)
+        return (o, final_state), (w, h, v_new, None, None)
     # h only feeds wgmma operands (forward read-out, stage 3): stored in the input dtype. Rows
     # with few CTAs run as sequence pieces; their [K, K] maps are kept for the backward.
     h, v_new, final_state, maps = kgd.chunk_delta_h_mosaic(
@@ -218,35 +251,36 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         doc_vecs=docs, states_dtype=v.dtype, return_maps=True, interpret=interpret)
     o = sg.chunk_output_mosaic(q, k, v_new, g, h, scale=scale, segment_ids=segment_ids,
                                gate_cumsum=gc, doc_vecs=docs, interpret=interpret)
-    return (o, final_state), (w, h, v_new, maps)
+    return (o, final_state), (w, h, v_new, maps, None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12))
 def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                forward, interpret, return_residual):
+                forward, interpret, return_residual, backward):
     """``(o, final_state)``, plus ``u`` (``v_new``) with ``return_residual``."""
-    del output_final_state
+    del output_final_state, backward
     gc, docs = _shared(g, v, segment_ids)
-    out, (_, _, v_new, _) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
-                                     forward, interpret, residuals=False, gc=gc, docs=docs,
-                                     want_v_new=return_residual)
+    out, (_, _, v_new, _, _) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
+                                        forward, interpret, residuals=False, gc=gc, docs=docs,
+                                        want_v_new=return_residual)
     return out + ((v_new,) if return_residual else ())
 
 
 def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                    forward, interpret, return_residual):
+                    forward, interpret, return_residual, backward):
     del output_final_state
     gc, docs = _shared(g, v, segment_ids)
-    out, (w, h, v_new, maps) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
-                                        forward, interpret, gc=gc, docs=docs)
+    out, (w, h, v_new, maps, t0) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
+                                            forward, interpret, gc=gc, docs=docs)
     out = out + ((v_new,) if return_residual else ())
-    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps)
+    t0 = t0 if backward != "split" else None  # kept only for the fused backwards
+    return out, (q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps, t0)
 
 
-def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residual, residuals,
-                    cotangents):
-    del forward  # the backward is the same for both forwards
-    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps = residuals
+def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residual, backward,
+                    residuals, cotangents):
+    del forward  # the backward is the same for every forward (T0 aside)
+    q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps, t0 = residuals
     do, dht = cotangents[:2]
     do = do.astype(v.dtype)
     dht = dht.astype(jnp.float32) if output_final_state else None
@@ -260,6 +294,17 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
                                              final_state_grad=dht, states_dtype=v.dtype,
                                              piece_maps=maps, interpret=interpret, **shared)
+    dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
+    if backward in ("fused", "fused_ws"):  # stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31)
+        if t0 is None:  # not kept by the forward: the T0 kernel again (0.09 ms at S1, H200)
+            t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=interpret,
+                                              **kgd.T0_OPTIONS)
+        dq, dk, dv, dbeta, dg = kbf.chunk_bwd_fused_mosaic(
+            q, k, v, do, v_new, dvn, t0, g, beta, h, dh, scale=scale, interpret=interpret,
+            warpgroups=3 if backward == "fused_ws" else 1, **shared)
+        dg = None if g is None else dg.astype(g.dtype)
+        return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg,
+                dbeta.astype(beta.dtype), dh0, None)
     # Stage 3 hands its fp32 chunk-local dk (per value head) and dL/dG partials to stage 4,
     # which adds them in-kernel (and does dg's in-chunk reverse cumsum), so dq, dk, dv leave
     # the kernels once, in the input dtype (MOSAIC_GPU.md Sec. 27).
@@ -270,7 +315,6 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
         k, v, g, beta, dw, dvn, **shared, dk_partial=dk_loc,
         dg_partial=None if g is None else (dgt, bnd), out_dtype=k.dtype, interpret=interpret)
     dg = None if g is None else dg.astype(g.dtype)
-    dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
     return (dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), dg,
             dbeta.astype(beta.dtype), dh0, None)
 

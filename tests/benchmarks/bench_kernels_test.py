@@ -468,5 +468,82 @@ class ChannelwiseGradPassTest(absltest.TestCase):
                          bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
 
 
+class MosaicBackwardTest(absltest.TestCase):
+    """``--mosaic_backward``: checked before anything runs, one run of peer mosaic per value for
+    gdn / deltanet (the op's ``backward=``, read by ``_jax_fn`` at trace time), a table of its
+    own."""
+
+    def setUp(self):
+        super().setUp()
+        from absl import flags
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+
+    def test_bad_values_and_misplaced_flag_refused(self):
+        from absl import app
+        from absl.testing import flagsaver
+        for extra in (dict(mosaic_backward=["merged"]),
+                      dict(mosaic_backward=["fused", "fused"]),
+                      dict(mosaic_backward=["fused"], ops=["kda"]),
+                      dict(mosaic_backward=["fused"], peers=["ours"]),
+                      dict(mosaic_backward=["fused"], passes=["fwd"]),
+                      dict(mosaic_backward=["fused"], mosaic_wy="xla")):
+            flags_ = dict(dict(peers=["mosaic"], ops=["gdn"], passes=["fwd", "fwdbwd"]),
+                          **extra)
+            with flagsaver.flagsaver(**flags_):
+                with self.assertRaises(app.UsageError, msg=str(extra)):
+                    bench_kernels._check_mosaic_backward()
+        with flagsaver.flagsaver(peers=["mosaic", "jla"], ops=["gdn", "kda"],
+                                 passes=["fwdbwd"], mosaic_backward=["split", "fused"]):
+            bench_kernels._check_mosaic_backward()
+
+    def test_variants_and_the_op_call(self):
+        from absl.testing import flagsaver
+
+        from pallas_kernels.gated_delta_rule import mosaic_vjp
+        with flagsaver.flagsaver(mosaic_backward=["split", "fused"]):
+            self.assertEqual(bench_kernels._variants("gdn", "mosaic"),
+                             [(None, None, "split"), (None, None, "fused")])
+            self.assertEqual(bench_kernels._variants("deltanet", "mosaic")[1][2], "fused")
+            self.assertEqual(bench_kernels._variants("gdn", "jla"), [(None, None, None)])
+            self.assertEqual(bench_kernels._variants("lightning", "mosaic"),
+                             [(None, None, None)])
+        calls = []
+
+        def fake(*args, **kwargs):
+            calls.append(kwargs.get("backward"))
+            return (args[0],)
+
+        with absltest.mock.patch.object(mosaic_vjp, "gated_delta_rule_mosaic", fake):
+            fn = bench_kernels._jax_fn("gdn", "mosaic", None)
+            try:
+                for value in ("fused", None):
+                    bench_kernels._set_mosaic_backward(value)
+                    fn(np.zeros((1, 64, 1, 64)), None, None, g=None, beta=None)
+            finally:
+                bench_kernels._set_mosaic_backward(None)
+        self.assertEqual(calls, ["fused", None])
+
+    def test_backward_table(self):
+        rec = dict(op="gdn", shape="S1", pass_="fwdbwd", peer="mosaic", gate=True)
+        records = [
+            dict(rec, mosaic_backward="split", ms=2.6, kernel_ms=2.42,
+                 kernels={"gdn_chunk_grads": 0.528, "gdn_chunk_wy_bwd": 0.819,
+                          "gdn_chunk_dv_local": 0.129}),
+            dict(rec, mosaic_backward="fused", ms=2.0, kernel_ms=1.8, gate=False,
+                 kernels={"gdn_chunk_bwd_fused": 0.6, "gdn_chunk_kkt_inverse_subst_split": 0.091,
+                          "gdn_chunk_dv_local": 0.129})]
+        md = bench_kernels.markdown(records, {"date": "2026-12-05", "gpu": "H200"}, "cmd")
+        table = md.split("Mosaic GDN / DeltaNet backwards")[1]
+        rows = [line for line in table.splitlines() if line.startswith("| gdn | S1 |")]
+        cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+        self.assertEqual(cells, [["gdn", "S1", "fwdbwd", "split", "2.420", "1.347", "2.600",
+                                  "green"],
+                                 ["gdn", "S1", "fwdbwd", "fused", "1.800", "0.691", "2.000",
+                                  "RED"]])
+        self.assertNotIn("Mosaic GDN / DeltaNet backwards",
+                         bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
+
+
 if __name__ == "__main__":
     absltest.main()

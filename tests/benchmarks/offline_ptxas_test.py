@@ -139,6 +139,22 @@ class OfflinePtxasTest(absltest.TestCase):
         labels = [lab for lab, _ in offline_ptxas.entry_modules("gla_bwd", **shape)]
         self.assertEqual(labels, ["gla_bwd.dstates", "gla_bwd.grads"])
 
+    @_READS_MODULES
+    def test_fused_backward_entry(self):
+        # gdn_bwd_fused exports the op with backward="fused" (OP_BACKWARDS): its kernel, no
+        # stage-3 / stage-4 kernels in that export.
+        shape = dict(batch=1, seq_len=128, heads=2)
+        ((label, text),) = offline_ptxas.entry_modules("gdn_bwd_fused", **shape)
+        self.assertEqual((label, offline_ptxas.module_kernel_name(text)),
+                         ("gdn_bwd_fused", "gdn_chunk_bwd_fused"))
+        texts = offline_ptxas.op_export("gdn", "three_pass", backward="fused", **shape)
+        names = set(map(offline_ptxas.module_kernel_name, texts))
+        self.assertNotIn("gdn_chunk_wy_bwd", names)
+        self.assertIn("gdn_chunk_kkt_inverse_subst_split", names)
+        ((label, text),) = offline_ptxas.entry_modules("gdn_bwd_fused_ws", **shape)
+        self.assertEqual(offline_ptxas.module_kernel_name(text), "gdn_chunk_bwd_fused_ws")
+        self.assertEqual(offline_ptxas.launch_threads(text), 384)
+
     def test_unknown_kernel(self):
         with self.assertRaisesRegex(ValueError, "unknown kernel"):
             offline_ptxas.kernel_modules("k3")

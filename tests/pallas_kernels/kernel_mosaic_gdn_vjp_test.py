@@ -28,14 +28,15 @@ from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 _NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dh0")
 
 
-def _op_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
-    """``(dq, dk, dv, dg, dbeta, dh0)`` by ``jax.vjp`` of ``gated_delta_rule_mosaic``."""
+def _op_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret, **options):
+    """``(dq, dk, dv, dg, dbeta, dh0)`` by ``jax.vjp`` of ``gated_delta_rule_mosaic``
+    (``options``: its ``forward=``, ``backward=``)."""
 
     def fn(q, k, v, g, beta, h0):
         return mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, scale=scale,
                                                   initial_state=h0, segment_ids=seg,
                                                   output_final_state=True,
-                                                  interpret=interpret)
+                                                  interpret=interpret, **options)
 
     (o, final), vjp = jax.vjp(fn, q, k, v, g, beta, state)
     if dht is None:
@@ -43,9 +44,9 @@ def _op_grads(q, k, v, g, beta, state, seg, do, dht, scale, interpret):
     return o, final, vjp((do.astype(o.dtype), dht))
 
 
-def _check(test, case_args, interpret):
+def _check(test, case_args, interpret, **options):
     q, k, v, g, beta, state, seg, do, dht, scale = case_args
-    _, _, got = _op_grads(*case_args, interpret)
+    _, _, got = _op_grads(*case_args, interpret, **options)
     want = bwd_test._chunked_grads(*case_args)
     for name, x, y, inp in zip(_NAMES, got, want, (q, k, v, g, beta, state)):
         if inp is None:
@@ -75,6 +76,30 @@ class InterpretTest(parameterized.TestCase):
         _check(self, bwd_test._pipeline_inputs(*case), True)
 
 
+# Slow (out of CI), as InterpretTest: backward="fused" (chunk_bwd_fused_mosaic, MOSAIC_GPU.md
+# Sec. 31) with T0 recomputed (three_pass) and T0 from the forward (fused_t0), and "fused_ws"
+# (its three-warpgroup form; run with PJRT_NPROC=8, see kernel_mosaic_gdn_bwd_fused_test.py).
+@pytest.mark.slow
+class FusedBackwardInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths, forward
+        ("gva_h0_dht_packed_partial_T150_K64_V64", 1, 150, 2, 1, 64, 64, 0.05, True, True,
+         (64, 36, 30), "three_pass"),
+        ("deltanet_dht_T128_K64_V64", 1, 128, 1, 1, 64, 64, None, False, True, None,
+         "three_pass"),
+        ("gated_h0_packed_partial_T150_K64_V64_fused_t0", 1, 150, 2, 2, 64, 64, 0.05, True,
+         False, (64, 36, 30), "fused_t0"),
+    )
+    def test_vjp_matches_chunked_vjp(self, *case):
+        _check(self, bwd_test._pipeline_inputs(*case[:-1]), True, forward=case[-1],
+               backward="fused")
+
+    def test_three_warpgroups_match_chunked_vjp(self):
+        case = (1, 150, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30))
+        _check(self, bwd_test._pipeline_inputs(*case), True, backward="fused_ws")
+
+
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernels (wgmma, TMA) under ``jax.vjp`` against the fp32 autodiff
@@ -93,8 +118,20 @@ class GpuTest(kmg_test.HopperTestCase):
     def test_vjp_matches_chunked_vjp(self, *case):
         _check(self, bwd_test._pipeline_inputs(*case, seed=11), False)
 
+    @parameterized.named_parameters(*[
+        (f"{name}_{backward}", backward, *case)
+        for name, *case in (
+            ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+             (700, 1, 64, 999), "three_pass"),
+            ("deltanet_partial_T1000_K64_V64_fused_t0", 2, 1000, 2, 2, 64, 64, None, False,
+             True, None, "fused_t0"))
+        for backward in ("fused", "fused_ws")])
+    def test_fused_backward_matches_chunked_vjp(self, backward, *case):
+        _check(self, bwd_test._pipeline_inputs(*case[:-1], seed=11), False, forward=case[-1],
+               backward=backward)
 
-def _check_grad_exports(test, dk, dv, deltanet, gva):
+
+def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split"):
     # Without GVA dq, dk, dv leave the kernels in bf16; with it dk (and dq at K = 128) go out
     # in fp32 for XLA's group sum, dq at K = 64 in bf16 from stage 3's GVA loop (MOSAIC_GPU.md
     # Sec. 27, 27.5): all kernel variants are lowered.
@@ -104,16 +141,22 @@ def _check_grad_exports(test, dk, dv, deltanet, gva):
     def loss(q, k, v, g, beta, h0, seg):
         o, final = mosaic_vjp.gated_delta_rule_mosaic(
             q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
-            output_final_state=True)
+            output_final_state=True, backward=backward)
         return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
 
     argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
     fn = jax.jit(jax.grad(loss, argnums=argnums))
     exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
     text = exported.mlir_module()
-    # forward: WY, state pass, read-out; backward: dv_local, reverse pass, grads, WY bwd
+    # forward: WY, state pass, read-out; backward: dv_local, reverse pass, then grads and WY
+    # bwd ("split") or T0 and the fused kernel ("fused")
     test.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
-    test.assertIn("gdn_chunk_wy_bwd", text)
+    fused = {"fused": "gdn_chunk_bwd_fused\\00", "fused_ws": "gdn_chunk_bwd_fused_ws\\00"}
+    test.assertIn(fused.get(backward, "gdn_chunk_wy_bwd"), text)
+    if backward == "split":
+        test.assertNotIn("gdn_chunk_bwd_fused", text)
+    else:
+        test.assertNotIn("gdn_chunk_wy_bwd", text)
     want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
     test.assertEqual([a.shape for a in exported.out_avals], want)
 
@@ -134,6 +177,13 @@ class LoweringTest(parameterized.TestCase):
     def test_grad_exports_for_cuda(self, **variant):
         _check_grad_exports(self, **variant)
 
+    def test_fused_backward_grad_exports_for_cuda(self):
+        """``backward="fused"`` and ``"fused_ws"``, K = V = 128 gated with GVA (the other
+        variants of the kernel are ``kernel_mosaic_gdn_bwd_fused_test.py``'s)."""
+        for backward in ("fused", "fused_ws"):
+            _check_grad_exports(self, dk=128, dv=128, deltanet=False, gva=True,
+                                backward=backward)
+
 
 # Slow (out of CI): the other K, V, gate and GVA combinations of LoweringTest (1.9 to 2.4 s
 # each, about 30 s for the 14: seven kernels each). The mark is on the class: absl's
@@ -146,6 +196,21 @@ class LoweringSlowTest(parameterized.TestCase):
         _check_grad_exports(self, **variant)
 
 
+# Slow (out of CI): jax.grad of the op with backward="fused" and "fused_ws" at every K, V, gate
+# and GVA combination (2 to 3 s each, 32 in all); LoweringTest keeps one of each in CI.
+_, _EXPORT_FUSED = kmg_test.split_variants(
+    [], dk=(64, 128), dv=(64, 128), deltanet=(False, True), gva=(True, False),
+    backward=("fused", "fused_ws"))
+
+
+@pytest.mark.slow
+class FusedLoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(*_EXPORT_FUSED)
+    def test_grad_exports_for_cuda(self, **variant):
+        _check_grad_exports(self, **variant)
+
+
 class ValidationTest(absltest.TestCase):
 
     def test_rejects_bad_beta(self):
@@ -153,6 +218,9 @@ class ValidationTest(absltest.TestCase):
                                                          None)
         with self.assertRaisesRegex(ValueError, "beta must be"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta[..., :1])
+        with self.assertRaisesRegex(ValueError, "backward must be"):
+            mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, backward="merged")
+        self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "split")  # until an H200 timing
 
     def test_final_state_only_on_request(self):
         q, k, v, g, beta, *_ = bwd_test._pipeline_inputs(1, 64, 2, 1, 64, 64, 0.1, False, False,

@@ -16,6 +16,7 @@ whose ``"auto"`` keeps the Triton kernels (``mosaic_gpu.AUTO_OFF``) while an exp
 ``return_residual`` included (``u`` and its cotangent against the chunked form's autodiff).
 """
 
+import functools
 from unittest import mock
 
 import jax
@@ -27,6 +28,7 @@ from pallas_kernels import gated_delta_rule as gdr
 from pallas_kernels import simple_gla as sg
 from pallas_kernels.common import mosaic_gpu, validation
 from pallas_kernels.common import mosaic_gpu_lib as mgl
+from pallas_kernels.gated_delta_rule import mosaic_vjp
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
 from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as gdn_bwd_test
@@ -358,6 +360,26 @@ class GdnApiTest(parameterized.TestCase):
     def test_sequence_pieces_match_chunked_autodiff(self, deltanet, docs):
         _check_residual_and_gradients(
             self, "mosaic_gpu_interpret", _gdn_case(seq_len=500, docs=docs, seed=4), deltanet)
+
+
+# Slow (out of CI), as GdnApiTest: the public op with mosaic_vjp's backward="fused" (the fused
+# chunk-local kernel, MOSAIC_GPU.md Sec. 31), u's cotangent included. The public op keeps the
+# default backward; the test wraps mosaic_vjp's entry point to pass backward="fused". On the
+# 2-core host the DeltaNet case hung at 0 % CPU once without PJRT_NPROC=8 (the forward's
+# multi-warpgroup kernels); with it both took 38 s:
+#   PJRT_NPROC=8 timeout 900 python -m pytest -q -m slow <this file> -k GdnApiFused
+@pytest.mark.slow
+class GdnApiFusedBackwardTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("gated_gva_packed_partial", False),
+        ("deltanet", True),
+    )
+    def test_residual_and_gradients_match_chunked_autodiff(self, deltanet):
+        fused = functools.partial(mosaic_vjp.gated_delta_rule_mosaic, backward="fused")
+        with mock.patch.object(mosaic_vjp, "gated_delta_rule_mosaic", fused):
+            _check_residual_and_gradients(self, "mosaic_gpu_interpret", _gdn_case(seed=4),
+                                          deltanet)
 
 
 @pytest.mark.gpu
