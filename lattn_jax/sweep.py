@@ -57,6 +57,7 @@ import contextlib
 import dataclasses
 import difflib
 import enum
+import fcntl
 import fnmatch
 import importlib.util
 import itertools
@@ -583,7 +584,7 @@ def collect(workdir: str) -> RunResult:
         out.wall_s = sum(float(a.get("wall_s", 0.0)) for a in ends)
     else:
         invocations = read_jsonl(os.path.join(workdir, "invocations.jsonl"))
-        times = [r["time"] for r in list(train.values()) + list(val.values())]
+        times = [r["time"] for r in list(train.values()) + list(val.values()) if "time" in r]
         if invocations and times:
             start = calendar.timegm(time.strptime(invocations[0]["time"], "%Y-%m-%dT%H:%M:%SZ"))
             out.wall_s = max(times) - start
@@ -1053,6 +1054,13 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             print_fn(f"--- {run.name}: failed before ({state.error}); skipped "
                      f"(--retry_failed runs it again)")
             continue
+        owner = trainer_lock_owner(workdir)
+        if owner is not None:  # e.g. a trainer left running by a killed sweep: never touched
+            summary.skipped[run.name] = f"in use by a trainer (pid {owner})"
+            print_fn(f"--- {run.name}: its workdir is in use by a trainer this call did not "
+                     f"start (pid {owner}; {os.path.join(workdir, TRAINER_LOCK)}); not "
+                     f"launched, nothing moved: run the sweep again once it has ended")
+            continue
         where = ("not started" if state.status == Status.NOT_STARTED else
                  f"{state.status.value} at step {state.step}/{state.total_steps or '?'}")
         held = _launch_held(stop, max_runs, len(summary.launched), deadline, stop_margin_s,
@@ -1117,6 +1125,77 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
 # ------------------------------------------------------------------------------------------------
 # Throughput re-measured alone (``--remeasure_alone``)
 # ------------------------------------------------------------------------------------------------
+
+TRAINER_LOCK = ".train.lock"  # lattn_jax.train.WORKDIR_LOCK (not imported here: no jax)
+ROOT_LOCK = ".sweep.lock"  # <root>/.sweep.lock: held by the sweep call that launches runs
+
+
+def trainer_lock_owner(workdir: str) -> Optional[str]:
+    """The pid (as the lock file records it, ``"unknown"`` when empty) of a live trainer that
+    holds ``<workdir>/.train.lock`` (:func:`lattn_jax.train._workdir_lock`), or ``None`` when
+    no process holds it (or there is no lock file). Takes the lock for an instant to test it."""
+    path = os.path.join(workdir, TRAINER_LOCK)
+    try:
+        f = open(path, "r")
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return f.read().strip() or "unknown"
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    return None
+
+
+@contextlib.contextmanager
+def root_lock(root: str):
+    """Holds an exclusive ``flock`` on ``<root>/.sweep.lock`` (holding this pid) while a sweep
+    call launches and records runs: a second call on the same root would set aside, launch or
+    record the runs the first one has in flight (two trainers writing one run directory). The
+    kernel drops the lock when the process ends, however it ends.
+
+    Raises:
+      SweepConfigError: another process holds it (naming its pid), or the root cannot be
+        written, before anything is written.
+    """
+    path = os.path.join(root, ROOT_LOCK)
+    try:
+        f = open(path, "a+")
+    except OSError as e:
+        raise SweepConfigError(f"--root={root}: cannot write there ({e.strerror})") from None
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            owner = f.read().strip() or "unknown"
+            raise SweepConfigError(
+                f"--root={root} is in use by another sweep call (pid {owner}; {path}): wait "
+                f"for it to end, or use another --root") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+    finally:
+        f.close()  # releases the lock
+
+
+def unwritable_dir(path: str) -> Optional[str]:
+    """Why the directory ``path`` (existing or to be made) cannot be written, or ``None``: a
+    part of it that is a file, or the nearest existing directory not writable (a read-only file
+    system, no permission)."""
+    path = os.path.abspath(path)
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"{probe} is a file, not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} cannot be written"
+    return None
+
 
 ALONE_DIR = "alone"  # <run dir>/alone: the trainer's workdir of the re-measurement
 THROUGHPUT_ALONE = "throughput_alone.json"  # <run dir>/throughput_alone.json: its result
@@ -1881,7 +1960,8 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
 
     Raises:
       SweepConfigError: naming both sweeps, the root and the file that names the other one;
-        a ``root`` that exists and is not a directory; for ``report_only``, a ``root`` that
+        a ``root`` that exists and is not a directory, or cannot be written or made
+        (:func:`unwritable_dir`); for ``report_only``, a ``root`` that
         does not exist; or a ``root`` that is another kind of run's directory (a HALO
         pipeline's workdir: its ``config.json`` has no ``model`` section; a training run's
         workdir: a ``config.json`` with a ``model`` section, or the trainer's lock, records,
@@ -1892,6 +1972,9 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
     """
     if os.path.exists(root) and not os.path.isdir(root):
         raise SweepConfigError(f"--root={root} exists and is not a directory")
+    problem = unwritable_dir(root)
+    if problem:
+        raise SweepConfigError(f"--root={root}: {problem} (nothing was written)")
     if report_only and not os.path.exists(root):
         raise SweepConfigError(f"--root={root}: no such directory (--report_only rebuilds the "
                                f"results of an existing sweep; nothing was created)")

@@ -228,6 +228,9 @@ def _check_options(options: SweepOptions, root: str) -> None:
         if os.path.exists(export) and not os.path.isdir(export):
             raise sweep.SweepConfigError(
                 f"--export={options.export} exists and is not a directory")
+        problem = sweep.unwritable_dir(export)
+        if problem:  # found now, not after the runs
+            raise sweep.SweepConfigError(f"--export={options.export}: {problem}")
         here = os.path.realpath(root)
         if export == here or export.startswith(here + os.sep):
             raise sweep.SweepConfigError(f"--export={options.export} is inside --root={root}: "
@@ -397,10 +400,11 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
             "run directories under --root hold runs of other settings (use another --root, "
             "or the settings they were run with):\n  " + "\n  ".join(clashes))
     os.makedirs(root, exist_ok=True)  # every check passed: the root is this sweep's now
-    sweep_report.write(report)
-    return _execute(runs, config, options, config_path=config_path, repo_root=repo_root,
-                    train_script=train_script, extra=extra, argv=argv,
-                    env=dict(os.environ if env is None else env), print_fn=print_fn)
+    with sweep.root_lock(root):  # one call at a time launches and records runs here
+        sweep_report.write(report)
+        return _execute(runs, config, options, config_path=config_path, repo_root=repo_root,
+                        train_script=train_script, extra=extra, argv=argv,
+                        env=dict(os.environ if env is None else env), print_fn=print_fn)
 
 
 def _execute(runs, config, options, *, config_path, repo_root, train_script, extra, argv, env,

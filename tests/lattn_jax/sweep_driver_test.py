@@ -59,6 +59,32 @@ class SweepDriverTest(absltest.TestCase):
             with self.assertRaisesRegex(sweep.SweepConfigError, message):
                 self._run(**options)
         self.assertFalse(os.path.exists(self.root))
+        # Paths that cannot be written: found before anything runs, in one line.
+        a_file = os.path.join(self.tmp, "a_file")
+        with open(a_file, "w") as f:
+            f.write("x")
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    rf"^--export={a_file}/out: {a_file} is a file, not a "
+                                    rf"directory$"):
+            self._run(export=os.path.join(a_file, "out"))
+        root = os.path.join(a_file, "root")
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    rf"^--root={root}: {a_file} is a file, not a directory "
+                                    rf"\(nothing was written\)$"):
+            sweep_driver.run(CONFIG, sweep_driver.SweepOptions(root=root), repo_root=REPO,
+                             argv=["sweep.py"], print_fn=self.lines.append)
+        self.assertFalse(os.path.exists(self.root))
+
+    def test_a_second_call_on_a_root_in_use_is_refused(self):
+        os.makedirs(self.root)
+        with sweep.root_lock(self.root):
+            with self.assertRaisesRegex(
+                    sweep.SweepConfigError,
+                    rf"^--root={self.root} is in use by another sweep call \(pid {os.getpid()}; "
+                    rf"{self.root}/\.sweep\.lock\): wait for it to end, or use another --root$"):
+                self._run(max_runs=0)
+            self.assertEqual(os.listdir(self.root), [sweep.ROOT_LOCK])  # nothing else written
+        self.assertEqual(self._run(max_runs=0), sweep_driver.EXIT_STOPPED)  # released
 
     def test_dry_run_and_report_only_with_export(self):
         self.assertEqual(self._run(dry_run=True, parallel=2, max_runs=1), 0)

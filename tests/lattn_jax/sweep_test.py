@@ -3,6 +3,7 @@ directories, and the sequential runner (skip, resume, failure, deadline) with a 
 trainer (a few lines of Python that write the trainer's files; the real trainer is run by
 tests/experiments/sweep_test.py)."""
 
+import fcntl
 import json
 import os
 import random
@@ -547,6 +548,35 @@ class ExecuteTest(_FakeTrainerTestCase):
         aside = [n for n in os.listdir(os.path.dirname(workdir)) if ".restarted-" in n]
         self.assertLen(aside, 1)
         self.assertEqual([r.name for r in sweep.recorded_runs(self.root)], [run.name])
+
+    def test_a_workdir_a_live_trainer_holds_is_neither_moved_nor_launched(self):
+        # A trainer left running by a killed sweep (or another sweep's): its run has records
+        # and no checkpoint, which would otherwise be set aside and started over under it.
+        config = _config(grid=((("fake.mode", ("ok",)),),), seed_axis=None)
+        run = sweep.expand(config)[0]
+        workdir = sweep.run_dir(self.root, run)
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 1, "train_loss": 99.0}) + "\n")
+        with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
+            f.write(json.dumps({"event": "start"}) + "\n")
+        pid = str(10_000 + os.getpid() % 5_000)
+        with open(os.path.join(workdir, sweep.TRAINER_LOCK), "w") as held:
+            held.write(pid + "\n")
+            held.flush()
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX)
+            self.assertEqual(sweep.trainer_lock_owner(workdir), pid)
+            _, summary = self._execute(("ok",))
+        self.assertEqual((summary.launched, summary.skipped),
+                         ([], {run.name: f"in use by a trainer (pid {pid})"}))
+        self.assertIn(f"--- {run.name}: its workdir is in use by a trainer this call did not "
+                      f"start (pid {pid}; {workdir}/.train.lock); not launched, nothing moved: "
+                      f"run the sweep again once it has ended", self.lines)
+        self.assertEqual(os.listdir(os.path.dirname(workdir)), [os.path.basename(workdir)])
+        self.assertEqual(sweep.collect(workdir).train_curve, [(1, 99.0)])  # untouched
+        self.assertIsNone(sweep.trainer_lock_owner(workdir))  # released: the next call runs it
+        _, summary = self._execute(("ok",))
+        self.assertEqual(summary.launched, [run.name])
 
     def test_identical_finished_runs_of_another_sweep_are_reused_not_run(self):
         # Table 7's host runs (route=none) build exactly Table 2's GDN hybrid + Muon runs
