@@ -102,15 +102,24 @@ train.Trainer.eval_step = eval_step
 """
 
 
+def _default_sighup():
+    # The trainer leaves SIGHUP alone when it starts ignored (nohup, as a background CI job
+    # may run the suite): these tests are of a run started from a terminal.
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def run_train_patched(patch, *flags):
-    """:func:`run_train` with the Python code ``patch`` run first, in the same process."""
+    """:func:`run_train` with the Python code ``patch`` run first, in the same process, and
+    SIGHUP at its default disposition (as under a terminal, even when the suite runs under
+    ``nohup``)."""
     script = os.path.join(ROOT, "experiments", "train.py")
     code = (patch + "\nimport runpy, sys\n"
             f"sys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n")
     cmd = [sys.executable, "-c", code,
            "--config=" + os.path.join(ROOT, "configs", "default.py"), *flags]
     env = dict(os.environ, PYTHONPATH=ROOT, JAX_DISABLE_MOST_OPTIMIZATIONS="true")
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+                          preexec_fn=_default_sighup)
 
 
 @pytest.mark.entry
