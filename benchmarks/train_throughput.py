@@ -55,6 +55,11 @@ PRESETS = {
 PAPER_PRESETS = ("softmax_dense", "gdn_pure", "gdn_hybrid", "kda_hybrid")
 
 
+# option -> (default, default with --tiny)
+_DEFAULTS = {"steps": (200, 8), "batch_size": (8, 2), "seq_len": (4096, 128),
+             "log_every": (10, 2), "skip_windows": (2, 1)}
+
+
 def _parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="output directory")
@@ -67,18 +72,35 @@ def _parse_args(argv):
                         help="a prepared corpus directory (configs/table2.py's corpus=; "
                         "default: the bundled WikiText-2 text)")
     parser.add_argument("--opt", default="muon", choices=["muon", "adamw"])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--batch_size", type=int, default=8, help="rows per step")
+    # Defaults: (GPU, --tiny): a tiny run's batch of 8 x 4096 tokens needed ~22 GB on a CPU.
+    parser.add_argument("--steps", type=int, default=None,
+                        help=f"default {_DEFAULTS['steps'][0]} ({_DEFAULTS['steps'][1]} with "
+                        f"--tiny)")
+    parser.add_argument("--batch_size", type=int, default=None,
+                        help=f"rows per step; default {_DEFAULTS['batch_size'][0]} "
+                        f"({_DEFAULTS['batch_size'][1]} with --tiny)")
     parser.add_argument("--micro_batch_size", type=int, default=None,
                         help="gradient accumulation: rows per data-parallel replica per "
                         "micro-step (train.micro_batch_size; default: none)")
-    parser.add_argument("--seq_len", type=int, default=4096)
-    parser.add_argument("--log_every", type=int, default=10)
-    parser.add_argument("--skip_windows", type=int, default=2,
-                        help="logging windows dropped at the start (compile, warm-up)")
-    parser.add_argument("--tiny", action="store_true", help="CPU smoke run of the tiny presets")
+    parser.add_argument("--seq_len", type=int, default=None,
+                        help=f"default {_DEFAULTS['seq_len'][0]} ({_DEFAULTS['seq_len'][1]} "
+                        f"with --tiny)")
+    parser.add_argument("--log_every", type=int, default=None,
+                        help=f"default {_DEFAULTS['log_every'][0]} "
+                        f"({_DEFAULTS['log_every'][1]} with --tiny)")
+    parser.add_argument("--skip_windows", type=int, default=None,
+                        help="logging windows dropped at the start (compile, warm-up); "
+                        f"default {_DEFAULTS['skip_windows'][0]} "
+                        f"({_DEFAULTS['skip_windows'][1]} with --tiny)")
+    parser.add_argument("--tiny", action="store_true",
+                        help="CPU smoke run of the tiny presets (and small batch, sequence "
+                        "and step defaults)")
     parser.add_argument("--extra", default="", help="extra flags for experiments/train.py")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name, (gpu, tiny) in _DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, tiny if args.tiny else gpu)
+    return args
 
 
 def summarise(metrics_path: str, skip_windows: int) -> dict:

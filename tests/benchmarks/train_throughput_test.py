@@ -116,3 +116,14 @@ def test_small_size_runs_every_stack_on_the_given_corpus(tmp_path, monkeypatch):
     assert "muon, size small, 40 steps of 16 x 4096 tokens" in md
     assert "the corpus `/data/prose-llama2` through the real data pipeline" in md
     assert "| gdn2_hybrid | | | failed: exit 1, see gdn2_hybrid.log |" in md
+
+
+def test_tiny_has_cpu_sized_defaults_and_explicit_values_win():
+    gpu = tt._parse_args(["--out=x"])
+    assert (gpu.steps, gpu.batch_size, gpu.seq_len, gpu.log_every, gpu.skip_windows) == (
+        200, 8, 4096, 10, 2)
+    tiny = tt._parse_args(["--out=x", "--tiny"])  # 8 x 4096 tokens needed ~22 GB on a CPU
+    assert (tiny.steps, tiny.batch_size, tiny.seq_len, tiny.log_every, tiny.skip_windows) == (
+        8, 2, 128, 2, 1)
+    mixed = tt._parse_args(["--out=x", "--tiny", "--seq_len=256", "--steps=3"])
+    assert (mixed.steps, mixed.batch_size, mixed.seq_len) == (3, 2, 256)
