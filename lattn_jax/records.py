@@ -19,7 +19,7 @@ import fcntl
 import json
 import os
 import threading
-from typing import Any, Hashable, List
+from typing import Any, Hashable, List, Optional
 
 from absl import logging
 
@@ -141,3 +141,18 @@ def append_record(path: str, record: Any, *, sync: bool = False) -> None:
         f.flush()
         if sync:
             os.fsync(f.fileno())
+
+
+def unwritable_dir(path: str) -> Optional[str]:
+    """Why the directory ``path`` (existing or to be made) cannot be written, or ``None``: a
+    part of it that is a file, or the nearest existing directory not writable (a read-only file
+    system, no permission)."""
+    path = os.path.abspath(path)
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"{probe} is a file, not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} cannot be written"
+    return None

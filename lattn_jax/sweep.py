@@ -1182,21 +1182,6 @@ def root_lock(root: str):
         f.close()  # releases the lock
 
 
-def unwritable_dir(path: str) -> Optional[str]:
-    """Why the directory ``path`` (existing or to be made) cannot be written, or ``None``: a
-    part of it that is a file, or the nearest existing directory not writable (a read-only file
-    system, no permission)."""
-    path = os.path.abspath(path)
-    probe = path
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.path.isdir(probe):
-        return f"{probe} is a file, not a directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} cannot be written"
-    return None
-
-
 ALONE_DIR = "alone"  # <run dir>/alone: the trainer's workdir of the re-measurement
 THROUGHPUT_ALONE = "throughput_alone.json"  # <run dir>/throughput_alone.json: its result
 
@@ -1961,7 +1946,7 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
     Raises:
       SweepConfigError: naming both sweeps, the root and the file that names the other one;
         a ``root`` that exists and is not a directory, or cannot be written or made
-        (:func:`unwritable_dir`); for ``report_only``, a ``root`` that
+        (:func:`lattn_jax.records.unwritable_dir`); for ``report_only``, a ``root`` that
         does not exist; or a ``root`` that is another kind of run's directory (a HALO
         pipeline's workdir: its ``config.json`` has no ``model`` section; a training run's
         workdir: a ``config.json`` with a ``model`` section, or the trainer's lock, records,
@@ -1972,7 +1957,7 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
     """
     if os.path.exists(root) and not os.path.isdir(root):
         raise SweepConfigError(f"--root={root} exists and is not a directory")
-    problem = unwritable_dir(root)
+    problem = records.unwritable_dir(root)
     if problem:
         raise SweepConfigError(f"--root={root}: {problem} (nothing was written)")
     if report_only and not os.path.exists(root):

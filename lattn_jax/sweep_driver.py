@@ -228,7 +228,7 @@ def _check_options(options: SweepOptions, root: str) -> None:
         if os.path.exists(export) and not os.path.isdir(export):
             raise sweep.SweepConfigError(
                 f"--export={options.export} exists and is not a directory")
-        problem = sweep.unwritable_dir(export)
+        problem = records.unwritable_dir(export)
         if problem:  # found now, not after the runs
             raise sweep.SweepConfigError(f"--export={options.export}: {problem}")
         here = os.path.realpath(root)

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import tqdm
 
+from lattn_jax import records
 from lattn_jax.data import shards
 from lattn_jax.data import sources
 from lattn_jax.data import tokenizers
@@ -244,8 +245,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         sources.DataFileError: an input cannot be read, or looks binary (named).
         ValueError: bad options (a ``"huggingface"`` or ``"gguf"`` tokenizer without
             ``tokenizer_path``, named as ``--tokenizer_path``), too many bad records, a
-            Parquet source without ``text_field``, an ``output_dir`` that is a file or holds
-            shards of another tokenizer.
+            Parquet source without ``text_field``, an ``output_dir`` that is a file, cannot
+            be written or made, or holds shards of another tokenizer.
     """
     if workers < 0 or chunk_docs < 1:
         raise ValueError(f"--workers must be >= 0 and --chunk_docs >= 1, got {workers}, "
@@ -256,6 +257,9 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         raise ValueError(f"--max_bad_fraction must be in [0, 1], got {max_bad_fraction}")
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise ValueError(f"--output_dir={output_dir} exists and is not a directory")
+    problem = records.unwritable_dir(output_dir)
+    if problem:  # before tokenizing anything
+        raise ValueError(f"--output_dir={output_dir} cannot be written ({problem})")
     if tokenizer in ("huggingface", "gguf") and tokenizer_path is None:
         raise ValueError(f"--tokenizer={tokenizer} needs its model file: pass "
                          f"--tokenizer_path=<file>")

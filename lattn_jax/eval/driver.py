@@ -19,6 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import jax
 
 from lattn_jax import context_parallel
+from lattn_jax import records
 from lattn_jax.eval import fetch, restore, runner
 
 
@@ -96,6 +97,20 @@ def check_flags(request: EvaluateRequest, names: Sequence[str]) -> None:
         raise ValueError(f"--output_dir={out} exists and is not a directory")
 
 
+def check_output_dir(out: str, flag: str) -> None:
+    """Refuses an output directory that cannot be written or made, before any scoring (the
+    results would otherwise be lost after it).
+
+    Raises:
+      ValueError: naming ``flag`` (``--output_dir``, or ``--checkpoint`` whose ``eval/`` is the
+        default), the directory and why.
+    """
+    problem = records.unwritable_dir(out)
+    if problem:
+        raise ValueError(f"{flag}: the results directory {out} cannot be written ({problem}); "
+                         f"nothing was scored")
+
+
 def check_kind_flags(request: EvaluateRequest, kind: str, names: Sequence[str],
                      options: runner.EvalOptions) -> None:
     """Flags that do not fit a Hugging Face or GGUF model, refused before anything is loaded.
@@ -159,6 +174,8 @@ def evaluate(request: EvaluateRequest,
     context_parallel.check_context(request.context)  # the devices are known: before loading
     kind = restore.model_kind(request.checkpoint)  # a bad --checkpoint is reported first
     check_kind_flags(request, kind, names, options)
+    check_output_dir(out, "--output_dir" if request.output_dir else
+                     "--checkpoint (its eval/ is the default --output_dir)")
     runner.check_data(names, options)  # then missing data, before the (slow) restore
     restored = restore.load_model(request.checkpoint, request.step)
     options = dataclasses.replace(options, training_data=restored.training_data)

@@ -333,6 +333,11 @@ class PrepareDataBinaryTest(absltest.TestCase):
                          f"error: --output_dir={a_file} exists and is not a directory")
         with open(a_file) as f:
             self.assertEqual(f.read(), "kept\n")
+        under = os.path.join(a_file, "out")  # a directory that cannot be made: no traceback
+        result = binary_runs.run(cmd[:3] + [f"--output_dir={under}"] + cmd[4:])
+        self.assertEqual((result.returncode, result.stderr.strip()), (1, (
+            f"error: --output_dir={under} cannot be written ({a_file} is a file, not a "
+            f"directory)")))
 
     def test_failures_are_one_line_and_leave_no_empty_output_dir(self):
         root = self.enterContext(tempfile.TemporaryDirectory())

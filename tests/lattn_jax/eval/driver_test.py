@@ -25,6 +25,25 @@ class CheckFlagsTest(absltest.TestCase):
                                                 rf"directory$"):
             driver.check_flags(driver.EvaluateRequest("/tmp/run", output_dir=path), ["piqa"])
 
+    def test_a_results_directory_that_cannot_be_written_is_refused_before_scoring(self):
+        path = os.path.join(self.create_tempdir().full_path, "file")
+        with open(path, "w") as f:
+            f.write("x")
+        out = os.path.join(path, "eval")
+        # A GGUF file's kind is known from its first bytes: the refusal comes before any
+        # weight or data file is read.
+        model = os.path.join(self.create_tempdir().full_path, "m.gguf")
+        with open(model, "wb") as f:
+            f.write(b"GGUF" + bytes(12))
+        with self.assertRaisesRegex(ValueError, rf"^--output_dir: the results directory {out} "
+                                                rf"cannot be written \({path} is a file, not a "
+                                                rf"directory\); nothing was scored$"):
+            driver.evaluate(driver.EvaluateRequest(model, tasks=("piqa",), output_dir=out))
+        with self.assertRaisesRegex(FileNotFoundError, "^no such checkpoint: /no/such/run"):
+            driver.evaluate(driver.EvaluateRequest("/no/such/run", tasks=("piqa",),
+                                                   output_dir=out))  # a bad model first
+        driver.check_output_dir(os.path.join(self.create_tempdir().full_path, "a", "b"), "x")
+
     def test_flags_that_do_not_fit_the_model_kind(self):
         options = runner.EvalOptions(data_dir="/tmp")
         gguf = driver.EvaluateRequest("m.gguf", step=3)
