@@ -469,7 +469,8 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
     states = [sweep.run_state(sweep.run_dir(root, r)).status for r in runs]
     print_fn(f"sweep {config.get('name', '')}: {len(runs)} run(s) selected ("
              + ", ".join(f"{states.count(s)} {s.value}" for s in sweep.Status if s in states)
-             + f"); deadline {options.deadline_s} s" + parallel_note(env, options.parallel))
+             + ("); no deadline" if options.deadline_s is None else
+                f"); deadline {options.deadline_s} s") + parallel_note(env, options.parallel))
 
     def report(*_):
         try:

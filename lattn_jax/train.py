@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -1468,7 +1469,7 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step, derived):
     record_invocation(workdir, config)
     log_path = os.path.join(workdir, CONSOLE_LOG)
     with open(log_path, "a") as f:
-        f.write(f"==== {_utc_now()}  {' '.join(sys.argv)}\n")
+        f.write(f"==== {_utc_now()}  {shlex.join(sys.argv)}\n")  # pastes back into a shell
 
     def logged(line: str) -> None:
         print_fn(line)

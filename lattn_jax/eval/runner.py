@@ -113,10 +113,11 @@ class EvalOptions:
     context: int = 1
 
     def __post_init__(self):
-        for name in ("limit", "sample_items", "perplexity_max_docs"):
+        for name, unit in (("limit", "items"), ("sample_items", "items"),
+                           ("perplexity_max_docs", "documents")):
             value = getattr(self, name)
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be a positive number of documents, got {value}")
+                raise ValueError(f"{name} must be a positive number of {unit}, got {value}")
         if self.limit is not None and self.sample_items is not None:
             raise ValueError(f"limit={self.limit} (the first N documents, as lm-evaluation-"
                              f"harness --limit) and sample_items={self.sample_items} (a seeded "

@@ -85,6 +85,7 @@ class SweepDriverTest(absltest.TestCase):
                 self._run(max_runs=0)
             self.assertEqual(os.listdir(self.root), [sweep.ROOT_LOCK])  # nothing else written
         self.assertEqual(self._run(max_runs=0), sweep_driver.EXIT_STOPPED)  # released
+        self.assertIn("sweep demo: 3 run(s) selected (3 not started); no deadline", self.lines)
 
     def test_dry_run_and_report_only_with_export(self):
         self.assertEqual(self._run(dry_run=True, parallel=2, max_runs=1), 0)

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -622,7 +623,8 @@ class RunRecordTest(CorpusTestCase):
             if line.startswith("step     2  val_loss"):
                 seen["png_at_validation"] = os.path.exists(os.path.join(workdir, "loss.png"))
 
-        argv = ["experiments/train.py", "--config=configs/default.py", f"--workdir={workdir}"]
+        argv = ["experiments/train.py", "--config=configs/default.py", f"--workdir={workdir}",
+                "--config.model.layer_pattern=('gdn', 'attn')"]  # (recorded, not parsed here)
         lines = []
         cfg = tiny_experiment(self.corpus, total_steps=4, eval_every=2, checkpoint_every=2)
         cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, warmup_steps=4))
@@ -657,7 +659,10 @@ class RunRecordTest(CorpusTestCase):
         with open(os.path.join(workdir, "console.log")) as f:
             log = f.read()
         self.assertEqual(log.count("final: step"), 2, log)  # appended, not overwritten
-        self.assertIn(" ".join(resumed_argv), log)
+        # The command line as a shell takes it back (quoted where it must be).
+        headers = [line.split("  ", 1)[1] for line in log.splitlines()
+                   if line.startswith("==== ")]
+        self.assertEqual([shlex.split(h) for h in headers], [argv, resumed_argv])
         self.assertIn("Resuming from the checkpoint at step 4", log)
 
 

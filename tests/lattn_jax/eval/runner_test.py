@@ -270,8 +270,10 @@ class LimitTest(absltest.TestCase):
     def test_bad_limits_name_the_option(self):
         with self.assertRaisesRegex(ValueError, "limit=5 .* and sample_items=5 .* are exclusive"):
             _options("x", limit=5, sample_items=5)
-        for name in ("limit", "sample_items", "perplexity_max_docs"):
-            with self.assertRaisesRegex(ValueError, f"{name} must be a positive number"):
+        for name, unit in (("limit", "items"), ("sample_items", "items"),
+                           ("perplexity_max_docs", "documents")):
+            with self.assertRaisesRegex(ValueError, f"^{name} must be a positive number of "
+                                                    f"{unit}, got 0$"):
                 _options("x", **{name: 0})
         with self.assertRaisesRegex(ValueError, "perplexity_max_docs must be a positive"):
             _options("x", perplexity_max_docs=-3)
