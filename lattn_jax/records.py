@@ -15,6 +15,7 @@ where a plain append glued a record to a cut-short line): bad lines anywhere are
 one warning per file saying how many (likewise once per process for the same file contents).
 """
 
+import contextlib
 import fcntl
 import json
 import os
@@ -155,4 +156,57 @@ def unwritable_dir(path: str) -> Optional[str]:
         return f"{probe} is a file, not a directory"
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} cannot be written"
+    return None
+
+
+class LockHeld(Exception):
+    """:func:`pid_lock`: another process holds the lock; ``owner`` is the pid its file records
+    (``"unknown"`` when empty)."""
+
+    def __init__(self, owner: str):
+        super().__init__(owner)
+        self.owner = owner
+
+
+@contextlib.contextmanager
+def pid_lock(path: str):
+    """Holds an exclusive ``flock`` on the file ``path`` (created if missing, then holding this
+    process's pid) for the ``with`` block. The kernel drops the lock when the process ends,
+    however it ends, so a killed holder leaves no stale lock.
+
+    Raises:
+      LockHeld: another process (or another open file of this one) holds it.
+      OSError: the file cannot be opened or created (a read-only file system, no permission,
+        a missing directory).
+    """
+    f = open(path, "a+")
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            raise LockHeld(f.read().strip() or "unknown") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+    finally:
+        f.close()  # releases the lock
+
+
+def lock_owner(path: str) -> Optional[str]:
+    """The pid recorded in the lock file ``path`` (``"unknown"`` when empty) while a process
+    holds its :func:`pid_lock`, else ``None`` (no holder, or no file). Takes the lock for an
+    instant to test it."""
+    try:
+        f = open(path, "r")
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return f.read().strip() or "unknown"
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
     return None

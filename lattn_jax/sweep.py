@@ -57,7 +57,6 @@ import contextlib
 import dataclasses
 import difflib
 import enum
-import fcntl
 import fnmatch
 import importlib.util
 import itertools
@@ -1133,19 +1132,8 @@ ROOT_LOCK = ".sweep.lock"  # <root>/.sweep.lock: held by the sweep call that lau
 def trainer_lock_owner(workdir: str) -> Optional[str]:
     """The pid (as the lock file records it, ``"unknown"`` when empty) of a live trainer that
     holds ``<workdir>/.train.lock`` (:func:`lattn_jax.train._workdir_lock`), or ``None`` when
-    no process holds it (or there is no lock file). Takes the lock for an instant to test it."""
-    path = os.path.join(workdir, TRAINER_LOCK)
-    try:
-        f = open(path, "r")
-    except OSError:
-        return None
-    with f:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return f.read().strip() or "unknown"
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-    return None
+    no process holds it (or there is no lock file)."""
+    return records.lock_owner(os.path.join(workdir, TRAINER_LOCK))
 
 
 @contextlib.contextmanager
@@ -1160,26 +1148,17 @@ def root_lock(root: str):
         written, before anything is written.
     """
     path = os.path.join(root, ROOT_LOCK)
+    stack = contextlib.ExitStack()
     try:
-        f = open(path, "a+")
+        stack.enter_context(records.pid_lock(path))
     except OSError as e:
         raise SweepConfigError(f"--root={root}: cannot write there ({e.strerror})") from None
-    try:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            owner = f.read().strip() or "unknown"
-            raise SweepConfigError(
-                f"--root={root} is in use by another sweep call (pid {owner}; {path}): wait "
-                f"for it to end, or use another --root") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+    except records.LockHeld as e:
+        raise SweepConfigError(
+            f"--root={root} is in use by another sweep call (pid {e.owner}; {path}): wait "
+            f"for it to end, or use another --root") from None
+    with stack:
         yield
-    finally:
-        f.close()  # releases the lock
 
 
 ALONE_DIR = "alone"  # <run dir>/alone: the trainer's workdir of the re-measurement

@@ -24,7 +24,6 @@ Stages, in order:
 """
 
 import contextlib
-import fcntl
 import functools
 import hashlib
 import importlib.metadata
@@ -1440,27 +1439,18 @@ def _workdir_lock(workdir: str):
         file cannot be created; a read-only path), before anything is written.
     """
     path = os.path.join(workdir, WORKDIR_LOCK)
+    stack = contextlib.ExitStack()
     try:
-        f = open(path, "a+")
+        stack.enter_context(records_lib.pid_lock(path))
     except OSError as e:  # a read-only file system or directory, no permission
         raise config_lib.ConfigError(
             f"--workdir={workdir}: cannot write there ({e.strerror}: {e.filename})") from None
-    try:
-        try:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.seek(0)
-            owner = f.read().strip() or "unknown"
-            raise config_lib.ConfigError(
-                f"workdir {workdir} is in use by another run (pid {owner}; {path}): wait for "
-                f"it to end or use another --workdir") from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")
-        f.flush()
+    except records_lib.LockHeld as e:
+        raise config_lib.ConfigError(
+            f"workdir {workdir} is in use by another run (pid {e.owner}; {path}): wait for "
+            f"it to end or use another --workdir") from None
+    with stack:
         yield
-    finally:
-        f.close()  # releases the lock
 
 
 def _train_and_evaluate_logged(config, workdir, print_fn, step, derived):

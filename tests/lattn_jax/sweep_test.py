@@ -375,6 +375,15 @@ class RunDirTest(absltest.TestCase):
         self.assertIsNone(sweep.error_line([]))
 
 
+def _partial_run_without_checkpoint(workdir):
+    """A run directory with a training record and an attempt, and no checkpoint."""
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({"step": 1, "train_loss": 99.0}) + "\n")
+    with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
+        f.write(json.dumps({"event": "start"}) + "\n")
+
+
 class _FakeTrainerTestCase(absltest.TestCase):
     """A temporary root holding the stand-in trainer (``FAKE_TRAINER``), and the lines printed."""
 
@@ -538,11 +547,7 @@ class ExecuteTest(_FakeTrainerTestCase):
         config = _config(grid=((("fake.mode", ("ok",)),),), seed_axis=None)
         run = sweep.expand(config)[0]
         workdir = sweep.run_dir(self.root, run)
-        os.makedirs(workdir)
-        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
-            f.write(json.dumps({"step": 1, "train_loss": 99.0}) + "\n")
-        with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
-            f.write(json.dumps({"event": "start"}) + "\n")
+        _partial_run_without_checkpoint(workdir)
         self._execute(("ok",))
         self.assertEqual(sweep.collect(workdir).train_curve[0], (16, 10.0))
         aside = [n for n in os.listdir(os.path.dirname(workdir)) if ".restarted-" in n]
@@ -555,11 +560,7 @@ class ExecuteTest(_FakeTrainerTestCase):
         config = _config(grid=((("fake.mode", ("ok",)),),), seed_axis=None)
         run = sweep.expand(config)[0]
         workdir = sweep.run_dir(self.root, run)
-        os.makedirs(workdir)
-        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
-            f.write(json.dumps({"step": 1, "train_loss": 99.0}) + "\n")
-        with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
-            f.write(json.dumps({"event": "start"}) + "\n")
+        _partial_run_without_checkpoint(workdir)
         pid = str(10_000 + os.getpid() % 5_000)
         with open(os.path.join(workdir, sweep.TRAINER_LOCK), "w") as held:
             held.write(pid + "\n")
