@@ -899,6 +899,18 @@ def _versions():
     return out
 
 
+def _ms(x):
+    """A time in ms with three decimals; ``–`` for ``None``."""
+    return "–" if x is None else f"{x:.3f}"
+
+
+def _own_ms(record, *names):
+    """The summed time (ms) of a record's per-kernel breakdown entries whose kernel name holds
+    any of ``names`` (substrings); ``None`` when none does."""
+    return sum(ms for k, ms in (record.get("kernels") or {}).items()
+               if any(n in k for n in names)) or None
+
+
 def peer_ratio(ours, peer):
     """``"t_peer / t_ours"`` of two records: kernel times if both have one (> 0), else wall
     times if both have one, else ``"–"`` (a kernel time is never set against a wall time)."""
@@ -941,9 +953,6 @@ def markdown(records, versions, command):
               "| ours loop | fla wall | jla wall | chunked wall | fla/ours | jla/ours | R | %R |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
-    def fmt(x):
-        return "–" if x is None else f"{x:.3f}"
-
     for op in dict.fromkeys(r["op"] for r in records):
         for shape in dict.fromkeys(r["shape"] for r in records):
             for pas in ("fwd", "fwdbwd"):
@@ -960,12 +969,12 @@ def markdown(records, versions, command):
                 mine = recs["ours"].get("kernel_ms") or recs["ours"].get("ms")
                 pct = "–" if not (floor and mine) else f"{100 * floor / mine:.0f}%"
                 lines.append(
-                    f"| {op} | {shape} | {pas} | {fmt(recs['ours'].get('kernel_ms'))} | "
-                    f"{fmt(recs['fla'].get('kernel_ms'))} | {fmt(recs['jla'].get('kernel_ms'))} "
-                    f"| {fmt(recs['ours'].get('ms'))} | {fmt(recs['ours'].get('ms_loop'))} | "
-                    f"{fmt(recs['fla'].get('ms'))} | {fmt(recs['jla'].get('ms'))} | "
-                    f"{fmt(recs['chunked'].get('ms'))} | {ratio('fla')} | {ratio('jla')} | "
-                    f"{fmt(floor)} | {pct} |")
+                    f"| {op} | {shape} | {pas} | {_ms(recs['ours'].get('kernel_ms'))} | "
+                    f"{_ms(recs['fla'].get('kernel_ms'))} | {_ms(recs['jla'].get('kernel_ms'))} "
+                    f"| {_ms(recs['ours'].get('ms'))} | {_ms(recs['ours'].get('ms_loop'))} | "
+                    f"{_ms(recs['fla'].get('ms'))} | {_ms(recs['jla'].get('ms'))} | "
+                    f"{_ms(recs['chunked'].get('ms'))} | {ratio('fla')} | {ratio('jla')} | "
+                    f"{_ms(floor)} | {pct} |")
     lines += mosaic_lines(records)
     lines += state_pass_lines(records)
     lines += grad_pass_lines(records)
@@ -982,9 +991,6 @@ def mosaic_lines(records):
     keys = [k[:3] for k in latest if k[3] == "mosaic"]
     if not keys:
         return []
-
-    def fmt(x):
-        return "–" if x is None else f"{x:.3f}"
 
     forwards = sorted({str(r.get("mosaic_forward")) for r in records if r["peer"] == "mosaic"
                        and r.get("mosaic_forward")})
@@ -1003,9 +1009,9 @@ def mosaic_lines(records):
         m = latest[(op, shape, pas, "mosaic")]
         o = latest.get((op, shape, pas, "ours"), {})
         j = latest.get((op, shape, pas, "jla"), {})
-        lines.append(f"| {op} | {shape} | {pas} | {fmt(m.get('kernel_ms'))} | "
-                     f"{fmt(o.get('kernel_ms'))} | {fmt(j.get('kernel_ms'))} | "
-                     f"{fmt(m.get('ms'))} | {peer_ratio(m, o)} | {peer_ratio(m, j)} |")
+        lines.append(f"| {op} | {shape} | {pas} | {_ms(m.get('kernel_ms'))} | "
+                     f"{_ms(o.get('kernel_ms'))} | {_ms(j.get('kernel_ms'))} | "
+                     f"{_ms(m.get('ms'))} | {peer_ratio(m, o)} | {peer_ratio(m, j)} |")
     return lines
 
 
@@ -1018,9 +1024,6 @@ def state_pass_lines(records):
     if not recs:
         return []
 
-    def fmt(x):
-        return "–" if x is None else f"{x:.3f}"
-
     lines = ["", "Channelwise state passes (`--channelwise_state_pass`, peer ours; "
                  "MOSAIC_GPU.md Sec. 18): the Triton kernels `channelwise_forward` / "
                  "`channelwise_backward_state` or the Mosaic GPU kernels "
@@ -1029,14 +1032,11 @@ def state_pass_lines(records):
              "kernel | wall | gate |",
              "|---|---|---|---|---:|---:|---:|---:|---|"]
     for r in recs:
-        own = []
-        for names in (_STATE_KERNELS, _BWD_STATE_KERNELS):
-            name = names[r["channelwise_state_pass"]]
-            own.append(sum(ms for k, ms in (r.get("kernels") or {}).items() if name in k)
-                       or None)
+        own = [_own_ms(r, names[r["channelwise_state_pass"]])
+               for names in (_STATE_KERNELS, _BWD_STATE_KERNELS)]
         lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | "
-                     f"{r['channelwise_state_pass']} | {fmt(r.get('kernel_ms'))} | "
-                     f"{fmt(own[0])} | {fmt(own[1])} | {fmt(r.get('ms'))} | "
+                     f"{r['channelwise_state_pass']} | {_ms(r.get('kernel_ms'))} | "
+                     f"{_ms(own[0])} | {_ms(own[1])} | {_ms(r.get('ms'))} | "
                      f"{'green' if r.get('gate') else 'RED'} |")
     return lines
 
@@ -1050,9 +1050,6 @@ def grad_pass_lines(records):
     if not recs:
         return []
 
-    def fmt(x):
-        return "–" if x is None else f"{x:.3f}"
-
     lines = ["", "Channelwise grad passes (`--channelwise_grad_pass`, peer ours; "
                  "MOSAIC_GPU.md Sec. 20, 21): the Triton kernel `channelwise_grad_blocks`, the "
                  f"Mosaic GPU kernel `{_GRAD_KERNELS['mosaic']}` (K1) or "
@@ -1062,17 +1059,14 @@ def grad_pass_lines(records):
              "| + backward_chunk | wall | gate |",
              "|---|---|---|---|---|---:|---:|---:|---:|---|"]
 
-    def own_time(r, name):
-        return sum(ms for k, ms in (r.get("kernels") or {}).items() if name in k) or None
-
     for r in recs:
-        own = own_time(r, _GRAD_KERNELS[r["channelwise_grad_pass"]])
-        chunk = own_time(r, "channelwise_backward_chunk")
+        own = _own_ms(r, _GRAD_KERNELS[r["channelwise_grad_pass"]])
+        chunk = _own_ms(r, "channelwise_backward_chunk")
         both = None if own is None else own + (chunk or 0.0)
         lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | "
                      f"{r.get('channelwise_state_pass') or 'default'} | "
-                     f"{r['channelwise_grad_pass']} | {fmt(r.get('kernel_ms'))} | {fmt(own)} | "
-                     f"{fmt(both)} | {fmt(r.get('ms'))} | "
+                     f"{r['channelwise_grad_pass']} | {_ms(r.get('kernel_ms'))} | {_ms(own)} | "
+                     f"{_ms(both)} | {_ms(r.get('ms'))} | "
                      f"{'green' if r.get('gate') else 'RED'} |")
     return lines
 
@@ -1094,9 +1088,6 @@ def mosaic_backward_lines(records):
     if not recs:
         return []
 
-    def fmt(x):
-        return "–" if x is None else f"{x:.3f}"
-
     lines = ["", "Mosaic GDN / DeltaNet backwards (`--mosaic_backward`, peer mosaic; "
                  "MOSAIC_GPU.md Sec. 31): `split`, stages 3 and 4 (`gdn_chunk_grads`, "
                  "`gdn_chunk_wy_bwd`), or `fused` / `fused_ws`, `gdn_chunk_bwd_fused` / "
@@ -1107,10 +1098,9 @@ def mosaic_backward_lines(records):
              "|---|---|---|---|---:|---:|---:|---|"]
     for r in recs:
         names = _BACKWARD_KERNELS[r["mosaic_backward"]]
-        own = sum(ms for k, ms in (r.get("kernels") or {}).items()
-                  if any(n in k for n in names)) or None
+        own = _own_ms(r, *names)
         lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | {r['mosaic_backward']} | "
-                     f"{fmt(r.get('kernel_ms'))} | {fmt(own)} | {fmt(r.get('ms'))} | "
+                     f"{_ms(r.get('kernel_ms'))} | {_ms(own)} | {_ms(r.get('ms'))} | "
                      f"{'green' if r.get('gate') else 'RED'} |")
     return lines
 

@@ -73,25 +73,15 @@ def _parse_args(argv):
                         "default: the bundled WikiText-2 text)")
     parser.add_argument("--opt", default="muon", choices=["muon", "adamw"])
     # Defaults: (GPU, --tiny): a tiny run's batch of 8 x 4096 tokens needed ~22 GB on a CPU.
-    parser.add_argument("--steps", type=int, default=None,
-                        help=f"default {_DEFAULTS['steps'][0]} ({_DEFAULTS['steps'][1]} with "
-                        f"--tiny)")
-    parser.add_argument("--batch_size", type=int, default=None,
-                        help=f"rows per step; default {_DEFAULTS['batch_size'][0]} "
-                        f"({_DEFAULTS['batch_size'][1]} with --tiny)")
+    for name, what in (("steps", ""), ("batch_size", "rows per step; "), ("seq_len", ""),
+                       ("log_every", ""), ("skip_windows", "logging windows dropped at the "
+                                                           "start (compile, warm-up); ")):
+        gpu, tiny = _DEFAULTS[name]
+        parser.add_argument(f"--{name}", type=int, default=None,
+                            help=f"{what}default {gpu} ({tiny} with --tiny)")
     parser.add_argument("--micro_batch_size", type=int, default=None,
                         help="gradient accumulation: rows per data-parallel replica per "
                         "micro-step (train.micro_batch_size; default: none)")
-    parser.add_argument("--seq_len", type=int, default=None,
-                        help=f"default {_DEFAULTS['seq_len'][0]} ({_DEFAULTS['seq_len'][1]} "
-                        f"with --tiny)")
-    parser.add_argument("--log_every", type=int, default=None,
-                        help=f"default {_DEFAULTS['log_every'][0]} "
-                        f"({_DEFAULTS['log_every'][1]} with --tiny)")
-    parser.add_argument("--skip_windows", type=int, default=None,
-                        help="logging windows dropped at the start (compile, warm-up); "
-                        f"default {_DEFAULTS['skip_windows'][0]} "
-                        f"({_DEFAULTS['skip_windows'][1]} with --tiny)")
     parser.add_argument("--tiny", action="store_true",
                         help="CPU smoke run of the tiny presets (and small batch, sequence "
                         "and step defaults)")

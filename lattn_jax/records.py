@@ -1,4 +1,6 @@
-"""Append-only JSON-lines record files: one reader and one writer for every resumable record.
+"""Append-only JSON-lines record files: one reader and one writer for every resumable record;
+and the small file-system guards the record writers share (:func:`pid_lock`, a run's or a
+sweep's one-writer lock; :func:`unwritable_dir`, an output directory checked before the work).
 
 A program killed mid-write (SIGKILL, an OOM, a machine taken back) can leave the last line of a
 file it appends to cut short. :func:`read_records` drops such a line (the last line, not valid
@@ -144,14 +146,19 @@ def append_record(path: str, record: Any, *, sync: bool = False) -> None:
             os.fsync(f.fileno())
 
 
+def existing_ancestor(path: str) -> str:
+    """``path`` made absolute, or its nearest ancestor that exists (``/`` at the latest)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    return probe
+
+
 def unwritable_dir(path: str) -> Optional[str]:
     """Why the directory ``path`` (existing or to be made) cannot be written, or ``None``: a
     part of it that is a file, or the nearest existing directory not writable (a read-only file
     system, no permission)."""
-    path = os.path.abspath(path)
-    probe = path
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
+    probe = existing_ancestor(path)
     if not os.path.isdir(probe):
         return f"{probe} is a file, not a directory"
     if not os.access(probe, os.W_OK | os.X_OK):

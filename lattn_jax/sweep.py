@@ -1122,7 +1122,7 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
 
 
 # ------------------------------------------------------------------------------------------------
-# Throughput re-measured alone (``--remeasure_alone``)
+# Whether a trainer may start: the locks, the limits of a call
 # ------------------------------------------------------------------------------------------------
 
 TRAINER_LOCK = ".train.lock"  # lattn_jax.train.WORKDIR_LOCK (not imported here: no jax)
@@ -1161,10 +1161,6 @@ def root_lock(root: str):
         yield
 
 
-ALONE_DIR = "alone"  # <run dir>/alone: the trainer's workdir of the re-measurement
-THROUGHPUT_ALONE = "throughput_alone.json"  # <run dir>/throughput_alone.json: its result
-
-
 def _launch_held(stop: Optional[threading.Event], max_runs: Optional[int], launched: int,
                  deadline: Optional[float], stop_margin_s: float,
                  min_run_s: float) -> Optional[Tuple[str, Optional[float]]]:
@@ -1193,6 +1189,14 @@ def _launch_held(stop: Optional[threading.Event], max_runs: Optional[int], launc
         if left < max(min_run_s, 0):
             return "deadline", max(left, 0.0)
     return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Throughput re-measured alone (``--remeasure_alone``)
+# ------------------------------------------------------------------------------------------------
+
+ALONE_DIR = "alone"  # <run dir>/alone: the trainer's workdir of the re-measurement
+THROUGHPUT_ALONE = "throughput_alone.json"  # <run dir>/throughput_alone.json: its result
 
 
 def alone_overrides(steps: int) -> Tuple[Tuple[str, int], ...]:
@@ -1421,12 +1425,14 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
          extra_overrides: Sequence[Tuple[str, Any]] = (), deadline_s: Optional[float] = None,
          min_run_s: float = 0.0, stop_margin_s: float = 30.0, max_runs: Optional[int] = None,
          retry_failed: bool = False, reuse_from: Sequence[str] = (),
-         finish_by_deadline: bool = False, parallel: int = 1) -> List[PlannedRun]:
+         finish_by_deadline: bool = False, parallel: int = 1,
+         remeasurements: int = 0) -> List[PlannedRun]:
     """Which runs :func:`execute` would launch, in which order and which at once, without
     launching or writing anything (``experiments/sweep.py --dry_run``).
 
     The same rules in the same order: reused runs (``reuse_from``) are not launched, finished
-    runs and (unless ``retry_failed``) failed ones are skipped, at most ``max_runs`` runs are
+    runs, (unless ``retry_failed``) failed ones and those a live trainer holds
+    (:func:`trainer_lock_owner`) are skipped, at most ``max_runs`` runs are
     launched, in grid order, the first ``parallel`` of them at once and each later one when a
     trainer exits. The deadline checks (``min_run_s``, and ``finish_by_deadline``'s estimate,
     :func:`estimated_run_s`) are made for the launches at the start, with all of
@@ -1440,6 +1446,8 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
       deadline_s: seconds from the call's start to its deadline; ``None``: none.
       min_run_s, stop_margin_s, max_runs, retry_failed, reuse_from, finish_by_deadline,
         parallel: :func:`execute`'s.
+      remeasurements: re-measurements alone the call makes before the runs
+        (:func:`remeasure_alone`); they count against ``max_runs``.
 
     Returns:
       One :class:`PlannedRun` per run of ``runs``, in their order.
@@ -1476,8 +1484,13 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
             out.append(PlannedRun(run, state, "skip", f"failed before ({state.error}); "
                                                       f"--retry_failed runs it again"))
             continue
-        if held is None and max_runs is not None and launched >= max_runs:
-            held = f"--max_runs={max_runs} reached"
+        owner = trainer_lock_owner(run_dir(root, run))
+        if owner is not None:
+            out.append(PlannedRun(run, state, "skip", f"in use by a trainer (pid {owner})"))
+            continue
+        if held is None and max_runs is not None and launched + remeasurements >= max_runs:
+            held = f"--max_runs={max_runs} reached" + (
+                f" (with the {remeasurements} re-measurement(s))" if remeasurements else "")
         at_once = launched < parallel
         if held is None and at_once and deadline_s is not None:
             left = deadline_s - stop_margin_s
@@ -1943,7 +1956,7 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
         raise SweepConfigError(f"--root={root}: no such directory (--report_only rebuilds the "
                                f"results of an existing sweep; nothing was created)")
     if (any(os.path.lexists(os.path.join(root, name))
-            for name in ("config.json", "checkpoints", ".train.lock"))
+            for name in ("config.json", "checkpoints", TRAINER_LOCK))
             or _has_trainer_records(root)):  # a HALO pipeline's or a training run's workdir
         from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only for this check)
         try:

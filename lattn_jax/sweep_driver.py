@@ -294,10 +294,10 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
     planned = sweep.plan(
         runs, options.root, config_path=config_path, extra_overrides=extra,
         deadline_s=options.deadline_s, min_run_s=options.min_run_s,
-        stop_margin_s=options.stop_margin_s,
-        max_runs=None if options.max_runs is None else options.max_runs - len(alone),
+        stop_margin_s=options.stop_margin_s, max_runs=options.max_runs,
         retry_failed=options.retry_failed, reuse_from=options.reuse_from,
-        finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
+        finish_by_deadline=options.finish_by_deadline, parallel=options.parallel,
+        remeasurements=len(alone))
     n = sum(p.action == "launch" for p in planned)
     first = sum(p.at_once for p in planned)
     at_once = (f"; up to {options.parallel} at once: launch{'es 1-' if first > 1 else ' '}"
@@ -324,13 +324,8 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
                     else ", when a trainer exits")
             what = f"launch {p.launch}: {p.why}{when}"
         else:
-            why = p.why
-            if alone and p.action == "hold" and options.max_runs is not None:
-                why = why.replace(f"--max_runs={options.max_runs - len(alone)} reached",
-                                  f"--max_runs={options.max_runs} reached (with the "
-                                  f"{len(alone)} re-measurement(s))")
             what = {"skip": "skipped: ", "reuse": "would reuse ",
-                    "hold": "not launched: "}[p.action] + why
+                    "hold": "not launched: "}[p.action] + p.why
         lines.append(f"{p.run.name}: {p.state.status.value} (step {p.state.step}); {what}\n  "
                      + " ".join(shlex.quote(c) for c in cmd))
     return lines

@@ -56,6 +56,7 @@ The sweep config may carry (all optional):
   (flagged when it lies at the edge of the scanned values).
 """
 
+import collections
 import csv
 import dataclasses
 import datetime
@@ -316,11 +317,9 @@ def throughput_device(entries: Sequence[Entry]) -> Tuple[Optional[str], Dict[str
     """The device label most runs with a throughput ran on (a tie: the first in ``entries``
     order), and the count of runs per label (most first); ``(None, {})`` when no run has a
     known device and a throughput."""
-    counts: Dict[str, int] = {}
-    for e in entries:
-        if _measured(e) and device_label(e):
-            counts[device_label(e)] = counts.get(device_label(e), 0) + 1
-    ordered = dict(sorted(counts.items(), key=lambda kv: -kv[1]))  # stable: ties keep order
+    counts = collections.Counter(device_label(e) for e in entries
+                                 if _measured(e) and device_label(e))
+    ordered = dict(counts.most_common())  # ties keep the order they were first seen in
     return (next(iter(ordered)) if ordered else None), ordered
 
 

@@ -33,7 +33,7 @@ TIMEOUT_S = 600.0
 # [binary, [arguments], timeout_s] a line on stdin; answers each with the exit status on stdout
 # ("timeout" for a child killed after timeout_s).
 _DRIVER = r"""
-import ast, importlib, json, os, runpy, signal, sys, time, traceback
+import ast, contextlib, importlib, json, os, runpy, signal, sys, time, traceback
 outdir = sys.argv[1]
 sys.path.insert(0, os.getcwd())
 imported = set()
@@ -52,11 +52,9 @@ def import_top_level(binary):
                 importlib.import_module(a.name)
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             importlib.import_module(node.module)
-            for a in node.names:  # a submodule (from lattn_jax import config) or a name
-                try:
+            for a in node.names:  # a submodule (from lattn_jax import config), or a name
+                with contextlib.suppress(ImportError):  # (a name: its module is imported)
                     importlib.import_module(f"{node.module}.{a.name}")
-                except ImportError:
-                    pass
 
 
 answers = os.fdopen(os.dup(1), "w")

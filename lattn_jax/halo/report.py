@@ -187,9 +187,7 @@ def check_page_path(path: str, flag: str = "--output") -> None:
     if os.path.isdir(full):
         reason = errno.EISDIR
     else:
-        parent = os.path.dirname(full)
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
+        parent = records.existing_ancestor(os.path.dirname(full))
         reason = (errno.ENOTDIR if not os.path.isdir(parent) else
                   errno.EACCES if not os.access(parent, os.W_OK | os.X_OK) else None)
     if reason is not None:

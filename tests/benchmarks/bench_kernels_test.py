@@ -326,15 +326,19 @@ class MarkdownTest(absltest.TestCase):
         self.assertNotIn("mosaic kernel", bench_kernels.markdown(records[:2], {"date": "d"}, "c"))
 
 
-class ChannelwiseStatePassTest(absltest.TestCase):
-    """``--channelwise_state_pass``: checked before anything runs, one run of peer ours per
-    value for kda / gdn2 (TUNING["state_pass"] set, JAX's caches cleared), a table of its own."""
+class _FlagsParsedTestCase(absltest.TestCase):
+    """Tests that read the benchmark's absl flags (under pytest nobody parses them)."""
 
     def setUp(self):
         super().setUp()
         from absl import flags
         if not flags.FLAGS.is_parsed():
             flags.FLAGS.mark_as_parsed()
+
+
+class ChannelwiseStatePassTest(_FlagsParsedTestCase):
+    """``--channelwise_state_pass``: checked before anything runs, one run of peer ours per
+    value for kda / gdn2 (TUNING["state_pass"] set, JAX's caches cleared), a table of its own."""
 
     def test_bad_values_and_misplaced_flag_refused(self):
         from absl import app
@@ -395,16 +399,10 @@ class ChannelwiseStatePassTest(absltest.TestCase):
                          bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
 
 
-class ChannelwiseGradPassTest(absltest.TestCase):
+class ChannelwiseGradPassTest(_FlagsParsedTestCase):
     """``--channelwise_grad_pass``: checked before anything runs, one run of peer ours per value
     (times each state-pass value) for kda / gdn2 (TUNING["grad_pass"] set), a table of its
     own."""
-
-    def setUp(self):
-        super().setUp()
-        from absl import flags
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
 
     def test_bad_values_and_misplaced_flag_refused(self):
         from absl import app
@@ -468,16 +466,10 @@ class ChannelwiseGradPassTest(absltest.TestCase):
                          bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
 
 
-class MosaicBackwardTest(absltest.TestCase):
+class MosaicBackwardTest(_FlagsParsedTestCase):
     """``--mosaic_backward``: checked before anything runs, one run of peer mosaic per value for
     gdn / deltanet (the op's ``backward=``, read by ``_jax_fn`` at trace time), a table of its
     own."""
-
-    def setUp(self):
-        super().setUp()
-        from absl import flags
-        if not flags.FLAGS.is_parsed():
-            flags.FLAGS.mark_as_parsed()
 
     def test_bad_values_and_misplaced_flag_refused(self):
         from absl import app
