@@ -567,6 +567,9 @@ class ExecuteTest(_FakeTrainerTestCase):
             held.flush()
             fcntl.flock(held.fileno(), fcntl.LOCK_EX)
             self.assertEqual(sweep.trainer_lock_owner(workdir), pid)
+            planned, = sweep.plan([run], self.root, config_path="cfg.py")  # the dry run's view
+            self.assertEqual((planned.action, planned.why),
+                             ("skip", f"in use by a trainer (pid {pid})"))
             _, summary = self._execute(("ok",))
         self.assertEqual((summary.launched, summary.skipped),
                          ([], {run.name: f"in use by a trainer (pid {pid})"}))
