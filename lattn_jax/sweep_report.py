@@ -50,7 +50,11 @@ The sweep config may carry (all optional):
   and gives the Spearman rank correlation of the two rankings (+1 = the same order);
 * ``claims``: the paper's conclusions as ``dict(claim, source, better, worse, paper)``: the
   ``better`` group (filter) has the lower final loss than ``worse``, by ``paper`` nats in the
-  paper; the page says whether ours agrees, and whether our gap exceeds ``3 sigma``;
+  paper; the page says whether ours agrees, and whether our gap exceeds ``3 sigma``. When the
+  two groups finished the same seeds, it also gives the paired differences, seed by seed
+  (``better - worse`` at one seed: the same initialisation of the shared weights and the same
+  data order, so the seed's own effect, which dominates ``sigma``, cancels): their values, mean
+  and sample standard deviation, and whether every seed agrees in sign;
 * ``scan``: ``dict(axis, by)``: a learning-rate (or any) scan; per combination of the ``by``
   axes, the mean final loss over the other axes for each value of ``axis`` and the best one
   (flagged when it lies at the edge of the scanned values).
@@ -457,6 +461,25 @@ def _remeasured(group: Optional[Group], metric: str) -> bool:
     return group is not None and metric == "tokens_per_sec" and group.throughput_remeasured
 
 
+def paired_by_seed(better: Group, worse: Group) -> List[Tuple[Any, float]]:
+    """``(seed, better's final loss - worse's)`` for each seed both groups finished, in seed
+    order (nats/token; a seed with no recorded final loss in either group is left out)."""
+    def finals(g: Group) -> Dict[Any, float]:
+        return {e.run.seed: e.result.final_val_loss for e in g.entries
+                if e.state.status == sweep.Status.FINISHED and e.result.final_val_loss is not None
+                and e.run.seed is not None}
+    b, w = finals(better), finals(worse)
+    return [(s, b[s] - w[s]) for s in sorted(set(b) & set(w))]
+
+
+def _paired_note(diffs: Sequence[Tuple[Any, float]]) -> str:
+    """The claims table's verdict addition for two or more paired seeds (module docstring)."""
+    d = np.asarray([x for _, x in diffs])
+    same = int(np.sum(d < 0)) if d.mean() < 0 else int(np.sum(d > 0))
+    return (f"; paired by seed: mean {d.mean():+.4f}, sd {np.std(d, ddof=1):.4f}, "
+            f"the sign of the mean in {same} of {len(d)} seeds")
+
+
 def _claims(config: Mapping[str, Any], groups: Sequence[Group],
             spread: Optional[float]) -> List[Dict[str, Any]]:
     out = []
@@ -466,9 +489,10 @@ def _claims(config: Mapping[str, Any], groups: Sequence[Group],
             raise sweep.SweepConfigError(f"claims[{i}]: {', '.join(missing)} missing (a claim "
                                          f"is dict(claim, source, better, worse, paper))")
         better, worse = _match(groups, claim["better"]), _match(groups, claim["worse"])
-        ours = None
+        ours, per_seed = None, []
         if better is not None and worse is not None and None not in (better.mean, worse.mean):
             ours = better.mean - worse.mean
+            per_seed = paired_by_seed(better, worse)
         if ours is None:
             verdict = "not run yet"
         else:
@@ -477,9 +501,12 @@ def _claims(config: Mapping[str, Any], groups: Sequence[Group],
                 verdict += f" (gap below 3 sigma = {3 * spread:.4f})"
             elif spread is None:
                 verdict += " (no seed spread yet)"
+            if len(per_seed) >= 2:
+                verdict += _paired_note(per_seed)
         out.append({"claim": claim["claim"], "source": claim.get("source", ""),
                     "better": claim["better"], "worse": claim["worse"],
-                    "paper": claim.get("paper"), "ours": ours, "verdict": verdict})
+                    "paper": claim.get("paper"), "ours": ours, "verdict": verdict,
+                    "per_seed": [[sweep.format_value(s), d] for s, d in per_seed]})
     return out
 
 
@@ -856,9 +883,10 @@ def markdown(report: Report) -> str:
     if report.claims:
         lines += ["## The paper's conclusions", ""]
         rows = [[c["claim"], c["source"], _f(c["paper"], "+.4f"), _f(c["ours"], "+.4f"),
-                 c["verdict"]] for c in report.claims]
+                 ", ".join(f"{s}: {d:+.4f}" for s, d in c["per_seed"]), c["verdict"]]
+                for c in report.claims]
         lines += _table(["claim (Δ = better - worse, final val loss)", "source", "paper Δ",
-                         "ours Δ", "ours"], rows, "llrrl")
+                         "ours Δ", "Δ by seed", "ours"], rows, "llrrll")
         lines.append("")
     if report.scan:
         scan = report.scan

@@ -160,6 +160,28 @@ class BuildTest(absltest.TestCase):
         self.assertEqual(verdicts[2], "not run yet")
         self.assertAlmostEqual(self.report.claims[0]["ours"], 3.01 - 3.20)
 
+    def test_claims_pair_the_seeds_both_groups_finished(self):
+        # gdn/muon 3.00 (42), 3.02 (43); gdn/adamw 3.20 (42) and now 3.21 (43): differences
+        # -0.20 and -0.19 seed by seed. softmax/muon 3.03 (42) and now 2.99 (43): against
+        # gdn/muon -0.03 at 42, +0.03 at 43, so only one seed has the mean's sign.
+        runs = {r.name: r for r in sweep.expand(self.config)}
+        write_run(self.root, runs["arch=gdn,opt=adamw,seed=43"], final=3.21)
+        write_run(self.root, runs["arch=softmax,opt=muon,seed=43"], final=2.99)
+        report = sweep_report.build(self.config, self.root)
+        muon, gdn, kda = report.claims
+        self.assertEqual([s for s, _ in muon["per_seed"]], ["42", "43"])
+        np.testing.assert_allclose([d for _, d in muon["per_seed"]], [-0.20, -0.19])
+        self.assertIn(f"; paired by seed: mean -0.1950, sd {np.std([0.2, 0.19], ddof=1):.4f}, "
+                      "the sign of the mean in 2 of 2 seeds", muon["verdict"])
+        np.testing.assert_allclose([d for _, d in gdn["per_seed"]], [-0.03, 0.03], atol=1e-12)
+        self.assertIn("the sign of the mean in 1 of 2 seeds", gdn["verdict"])
+        self.assertEqual(kda["per_seed"], [])
+        md = sweep_report.markdown(report)
+        self.assertIn("| -0.1950 | 42: -0.2000, 43: -0.1900 | holds; paired by seed", md)
+        # One common seed: the difference is listed, no paired statistics.
+        self.assertEqual(len(self.report.claims[0]["per_seed"]), 1)
+        self.assertNotIn("paired", self.report.claims[0]["verdict"])
+
     def test_written_files(self):
         paths = sweep_report.write(self.report)
         self.assertEqual(sorted(paths), ["csv", "json", "md", "png"])
