@@ -499,6 +499,22 @@ def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh
     return sharding.make_mesh(config.mesh)
 
 
+def _evaluation_missed(writer: "MetricsWriter", resumed_from: int,
+                       tcfg: config_lib.TrainConfig) -> bool:
+    """Whether the run resumes at a periodic evaluation step (``train.eval_every``; not the
+    last step, whose evaluation is the final one) that its ``metrics.jsonl`` holds no
+    ``val_loss`` for: the stopped run's evaluation there was cut short and not recorded.
+    Single process only (the others could not read the file, and every process must run the
+    evaluation's batches together); ``False`` when metrics are not written."""
+    if (resumed_from <= 0 or resumed_from >= tcfg.total_steps
+            or resumed_from % tcfg.eval_every or not writer.enabled
+            or jax.process_count() > 1):
+        return False
+    records = records_lib.read_records(writer.path, lenient=True)
+    return not any(isinstance(r, dict) and r.get("step") == resumed_from and "val_loss" in r
+                   for r in records)
+
+
 class MetricsWriter:
     """Appends one JSON object per line to ``<workdir>/metrics.jsonl`` and, optionally, writes
     the same scalars as TensorBoard events under ``<workdir>/tensorboard`` (tensorboardX, no
@@ -1810,6 +1826,15 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
     phase = "training"
     try:
         with watcher:
+            if _evaluation_missed(metrics_writer, resumed_from, tcfg):
+                # The stopped run's evaluation at this step was cut (a SIGTERM in it) and not
+                # recorded: run it now, so the curve has every evaluation step.
+                phase = f"evaluation at step {step}"
+                loss_now = run_eval(step, lambda: watcher.requested)
+                if loss_now is not None:
+                    val_loss = loss_now
+                    print_fn(f"step {step:5d}  val_loss {val_loss:.4f} (the evaluation the "
+                             f"stopped run did not finish)")
             while step < stop_at:
                 phase = f"train step {step + 1}"
                 batch = next(train_iter)

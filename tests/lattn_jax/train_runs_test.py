@@ -312,6 +312,40 @@ class InterruptTest(CorpusTestCase):
         records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
         self.assertEqual([r["step"] for r in records if "val_loss" in r], [2])
         self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["4"])
+        # Resumed, the run evaluates step 4 first (the curve had a hole there), once.
+        lines, calls = [], []
+
+        def count_eval_step(trainer, params, batch):
+            calls.append(1)
+            return real_step(trainer, params, batch)
+
+        with mock.patch.object(train.Trainer, "eval_step", count_eval_step):
+            out = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual(out["step"], 8)
+        missed = [x for x in lines if "the evaluation the stopped run did not finish" in x]
+        self.assertLen(missed, 1, lines)
+        self.assertTrue(missed[0].startswith("step     4  val_loss "), missed)
+        self.assertLess(lines.index(missed[0]), min(
+            i for i, x in enumerate(lines) if x.startswith("step     5  train_loss")))
+        self.assertLen(calls, 3 * 4)  # steps 4, 6 and 8, four batches each
+        records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+        vals = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+        self.assertEqual(sorted(vals), [2, 4, 6, 8])
+        self.assertTrue(np.isfinite(vals[4]) and vals[4] > 0, vals)
+
+    def test_a_resume_after_a_recorded_evaluation_does_not_evaluate_again(self):
+        workdir = os.path.join(self.tmp, "w")
+        cfg = tiny_experiment(self.corpus, total_steps=6, log_every=1, checkpoint_every=2,
+                              eval_every=2)
+        cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, max_val_batches=2),
+                                  train=dataclasses.replace(cfg.train, max_steps_per_run=4))
+        train.train_and_evaluate(cfg, workdir, print_fn=lambda _: None)
+        lines = []
+        out = train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+        self.assertEqual(out["step"], 6)
+        self.assertFalse([x for x in lines if "did not finish" in x], lines)
+        records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+        self.assertEqual([r["step"] for r in records if "val_loss" in r], [2, 4, 6])
 
     def test_should_stop_ends_an_evaluation_pass_between_batches(self):
         cfg = tiny_experiment(self.corpus)
