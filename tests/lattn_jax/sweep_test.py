@@ -33,7 +33,7 @@ FAKE_TRAINER = textwrap.dedent('''
     args = sys.argv[1:]
     workdir = [a.split("=", 1)[1] for a in args if a.startswith("--workdir=")][0]
     opts = dict(a[len("--config."):].split("=", 1) for a in args if a.startswith("--config."))
-    time.sleep(float(opts.get("fake.startup_s", "0")))
+    time.sleep(float(opts.get("fake.startup_s", os.environ.get("FAKE_STARTUP_S", "0"))))
     mode = opts.get("fake.mode", "ok")
     total = int(opts.get("train.total_steps", "40" if mode == "slow" else "4"))
     if mode == "fail":
@@ -1087,7 +1087,11 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
                                     print_fn=self.lines.append)
 
         # The first two runs train two at a time; the dry run lists them (finished, shared).
+        # Each sleeps 1 s first, so that they overlap however loaded the machine (a run that
+        # ended before the other started was measured alone: no re-measurement, once seen).
+        env["FAKE_STARTUP_S"] = "1"
         self.assertEqual(call(parallel=2, only=names[:2]), 0)
+        del env["FAKE_STARTUP_S"]
         steps = random.Random(os.getpid()).randint(3, 9)
         self.assertEqual(call(remeasure_alone=steps, dry_run=True), 0)
         heads = [line.split("\n")[0] for line in self.lines]
