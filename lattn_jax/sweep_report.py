@@ -476,7 +476,7 @@ def _paired_note(diffs: Sequence[Tuple[Any, float]]) -> str:
     """The claims table's verdict addition for two or more paired seeds (module docstring)."""
     d = np.asarray([x for _, x in diffs])
     same = int(np.sum(d < 0)) if d.mean() < 0 else int(np.sum(d > 0))
-    return (f"; paired by seed: mean {d.mean():+.4f}, sd {np.std(d, ddof=1):.4f}, "
+    return (f"; paired by seed: mean {d.mean():+.4f}, sd {np.std(d, ddof=1):.2g}, "
             f"the sign of the mean in {same} of {len(d)} seeds")
 
 

@@ -171,7 +171,7 @@ class BuildTest(absltest.TestCase):
         muon, gdn, kda = report.claims
         self.assertEqual([s for s, _ in muon["per_seed"]], ["42", "43"])
         np.testing.assert_allclose([d for _, d in muon["per_seed"]], [-0.20, -0.19])
-        self.assertIn(f"; paired by seed: mean -0.1950, sd {np.std([0.2, 0.19], ddof=1):.4f}, "
+        self.assertIn(f"; paired by seed: mean -0.1950, sd {np.std([0.2, 0.19], ddof=1):.2g}, "
                       "the sign of the mean in 2 of 2 seeds", muon["verdict"])
         np.testing.assert_allclose([d for _, d in gdn["per_seed"]], [-0.03, 0.03], atol=1e-12)
         self.assertIn("the sign of the mean in 1 of 2 seeds", gdn["verdict"])
