@@ -1043,6 +1043,37 @@ class GpusTest(_FakeTrainerTestCase):
                              retry_failed=True)
         self.assertEqual([p.gpus for p in planned if p.action == "launch"], ["0", None])
 
+    def test_the_driver_runs_one_per_group_and_says_so(self):
+        from lattn_jax import sweep_driver  # noqa: PLC0415
+        repo = os.path.join(self.root, "repo")
+        os.makedirs(os.path.join(repo, "experiments"))
+        os.makedirs(os.path.join(repo, "configs"))
+        with open(os.path.join(repo, "experiments", "train.py"), "w") as f:
+            f.write(FAKE_TRAINER)
+        with open(os.path.join(repo, "configs", "fake.py"), "w") as f:
+            f.write("import ml_collections\n"
+                    "def get_config(arg=None):\n"
+                    "    return ml_collections.ConfigDict(dict(train=dict(total_steps=4)))\n")
+        config = dict(name="demo", train_config="configs/fake.py", arg=(),
+                      grid=((("train.total_steps", (4, 5, 6)),),), seed_axis=None)
+        root = os.path.join(self.root, "sweep")
+        self.env["FAKE_RECORD_GPUS"] = "1"
+        status = sweep_driver.run(config, sweep_driver.SweepOptions(
+            root=root, gpus="1+2,5", parallel=None, compilation_cache=""), repo_root=repo,
+            argv=["sweep.py", "--gpus=1+2,5"], env=self.env, print_fn=self.lines.append)
+        self.assertEqual(status, 0)
+        self.assertIn("sweep demo: 3 run(s) selected (3 not started); no deadline; up to 2 "
+                      "run(s) at once, one per GPU group, each alone on it "
+                      "(CUDA_VISIBLE_DEVICES 1,2 | 5)", self.lines)
+        seen = []
+        for run in sweep.expand(config):
+            with open(os.path.join(sweep.run_dir(root, run), "fake_gpus.json")) as f:
+                seen.append(json.load(f)["gpus"])
+        self.assertEqual(seen[:2], ["1,2", "5"])  # the first launches, in the groups' order
+        self.assertIn(seen[2], ("1,2", "5"))
+        log = sweep.read_jsonl(os.path.join(root, "sweep.jsonl"))
+        self.assertEqual([(r["parallel"], r["gpus"]) for r in log], [(2, ["1,2", "5"])])
+
     def test_gpu_pool_gives_the_first_free_group_and_waits_for_one(self):
         pool = sweep.GpuPool(["0,1", "2,3", "4"])
         self.assertEqual([pool.take(), pool.take()], ["0,1", "2,3"])
