@@ -343,12 +343,14 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
                   extra: Sequence[Tuple[str, Any]] = ()) -> List[str]:
     """What the same call without ``dry_run`` would do with each run
     (:func:`lattn_jax.sweep.plan`): skip, reuse, launch (in which order, which at once) or hold
-    back (``max_runs``, the deadline), each with its trainer command.
+    back (``max_runs``, the deadline), each with its trainer command; with ``gpus``, the GPU
+    groups, and each launch's group (at the start: the one it takes; later: the one a trainer
+    frees).
 
     Args:
       runs: the selected runs.
       config: the sweep config (its ``name``).
-      options: the call's options.
+      options: the call's options (:func:`resolve` applies).
       config_path, train_script, extra: :func:`lattn_jax.sweep.command`'s ``config_path``,
         ``train_script`` and ``extra_overrides``.
 
