@@ -565,9 +565,12 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
     def remeasure(launched: int) -> "sweep.RemeasureSummary":
         """The re-measurements alone (nothing else in flight), ``launched`` launches made."""
         left = None if options.max_runs is None else max(options.max_runs - launched, 0)
+        groups = gpu_groups(options)  # with --gpus: on the first group, as a run would be
+        alone_env = env if groups is None else {
+            **(os.environ if env is None else env), sweep.CUDA_VISIBLE_DEVICES: groups[0]}
         return sweep.remeasure_alone(
             runs, root, steps=options.remeasure_alone, config_path=config_path,
-            train_script=train_script, cwd=repo_root, extra_overrides=extra, env=env,
+            train_script=train_script, cwd=repo_root, extra_overrides=extra, env=alone_env,
             deadline=deadline, min_run_s=options.min_run_s, stop_margin_s=options.stop_margin_s,
             max_runs=left, retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
             after_run=report)

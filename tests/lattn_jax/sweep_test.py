@@ -1306,6 +1306,13 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
         self.assertFalse(any("re-measuring" in line for line in self.lines))
         with self.assertRaisesRegex(sweep.SweepConfigError, r"^--remeasure_alone=1: at least 2"):
             call(remeasure_alone=1)
+        # With --gpus, a re-measurement runs on the first group (not on every GPU of the host).
+        first_dir = sweep.run_dir(root, sweep.expand(config)[0])
+        os.remove(os.path.join(first_dir, sweep.THROUGHPUT_ALONE))
+        env["FAKE_RECORD_GPUS"] = "1"
+        self.assertEqual(call(remeasure_alone=steps, gpus="3,4", only=names[:1]), 0)
+        with open(os.path.join(first_dir, sweep.ALONE_DIR, "fake_gpus.json")) as f:
+            self.assertEqual(json.load(f)["gpus"], "3")
 
 
 class ParallelEnvTest(absltest.TestCase):
