@@ -9,6 +9,7 @@ Usage::
         --only=arch=gdn,opt=muon          # CPU smoke run of a subset
     python experiments/sweep.py --config=... --root=/tmp/sweeps/table2 \\
         --remeasure_alone=300 --only=arch=gdn  # tokens/s alone of runs that shared the GPU
+    python experiments/sweep.py --config=... --root=runs/t2 --gpus=0,1,2,3  # 1 run per GPU
     python experiments/sweep.py --config=... --root=runs/lr_scan --report_only
 
 Each run is an ``experiments/train.py`` subprocess in ``<root>/runs/<name>``; the same command
@@ -33,8 +34,7 @@ from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax import sweep  # noqa: E402
 from lattn_jax import sweep_driver  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.", lock_config=True)
 _ROOT_DIR = flags.DEFINE_string("root", None, "Sweep directory (runs in <root>/runs/<name>).")
 _ONLY = flags.DEFINE_multi_string("only", [], "Run only the runs matching this filter: "
                                   "axis=glob conditions joined by commas (all must hold), or a "
@@ -45,23 +45,23 @@ _DEADLINE = flags.DEFINE_float("deadline_s", None, "End cleanly this many second
                                "(> 0).")
 flags.register_validator("deadline_s", lambda v: v is None or v > 0, "must be above 0 seconds")
 _MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run that would train for less than "
-                              "this (the time left minus --stop_margin_s).",
-                              lower_bound=0.0)
+                              "this (the time left minus --stop_margin_s).", lower_bound=0.0)
 _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
                              "the deadline (and SIGKILL this long after SIGTERM).")
-_PARALLEL = flags.DEFINE_integer("parallel", 1, "Trainer subprocesses at once (>= 1; 1: one "
-                                 "after another; above 1: lattn_jax.sweep.parallel_env, and "
-                                 "the records mark the runs that shared the GPU).")
-flags.register_validator("parallel", lambda v: v is not None and v >= 1,
-                         "must be at least 1 (trainer subprocesses at once; 1 runs them one "
-                         "after another)")
+_PARALLEL = flags.DEFINE_integer("parallel", None, "Trainer subprocesses at once (>= 1; "
+                                 "default 1, one after another, or with --gpus its number of "
+                                 "groups; above 1 without --gpus: they share the GPU, "
+                                 "lattn_jax.sweep.parallel_env, and the records mark them).")
+flags.register_validator("parallel", lambda v: v is None or v >= 1, "must be at least 1 "
+                         "(trainer subprocesses at once; 1 runs them one after another)")
+_GPUS = flags.DEFINE_string("gpus", None, "GPU groups, one trainer alone on each: 0,1,2,3 "
+                            "(a GPU per run) or 0+1,2+3 (two per run).")
 _REMEASURE = flags.DEFINE_integer("remeasure_alone", 0, "Measure again alone, in an N-step "
                                   "run (>= 2; 0: off), the tokens/s and MFU of finished runs "
                                   "that trained sharing the GPU (lattn_jax.sweep."
                                   "remeasure_alone; results mark them \u2021).",
                                   lower_bound=0)
-_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results from <root> "
-                                 "(an existing sweep directory).")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only rebuild the results of --root.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print what the same command would do with "
                              "each selected run (skip, reuse, launch, hold back); writes nothing.")
 _RETRY = flags.DEFINE_bool("retry_failed", False, "Run failed runs again.")
@@ -80,8 +80,7 @@ _CACHE = flags.DEFINE_string("compilation_cache", None, "Persistent compilation 
 _EXPORT = flags.DEFINE_string("export", None, "Copy the records and results (no checkpoints) "
                               "here at the end.")
 _EXPORT_ARCHIVE = flags.DEFINE_bool("export_archive", True, "--export: the runs' records as "
-                                    "one records.tar.gz (run names hold '=' and ','), not a "
-                                    "runs/ tree.")
+                                    "one records.tar.gz, not a runs/ tree.")
 flags.mark_flags_as_required(["config", "root"])
 
 
@@ -106,7 +105,8 @@ def main(argv):
         parallel=_PARALLEL.value, report_only=_REPORT_ONLY.value, dry_run=_DRY_RUN.value,
         retry_failed=_RETRY.value, finish_by_deadline=_FINISH.value, reuse_from=_REUSE.value,
         overrides=_OVERRIDE.value, compilation_cache=_CACHE.value, export=_EXPORT.value,
-        export_archive=_EXPORT_ARCHIVE.value, remeasure_alone=_REMEASURE.value)
+        export_archive=_EXPORT_ARCHIVE.value, remeasure_alone=_REMEASURE.value,
+        gpus=_GPUS.value)
     try:
         status = sweep_driver.run(config_lib.config_flag_value(_CONFIG), options,
                                   repo_root=_ROOT, argv=sys.argv)

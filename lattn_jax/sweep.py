@@ -28,8 +28,10 @@ and lives in ``<root>/runs/<name>/``: the trainer's own files (``metrics.jsonl``
 the sweep's: ``sweep_run.json`` (the run's definition and command), ``sweep_attempts.jsonl``
 (one ``start`` and one ``end`` record per attempt: time, return code, who stopped it, the error
 line; with ``parallel`` > 1 also the concurrency: ``parallel``, and at the end ``concurrent``,
-the most runs in flight at once during it, and ``shared_s``, the seconds it shared the machine)
-and ``sweep.log`` (the trainer's stdout and stderr, every attempt).
+the most runs in flight at once during it, and ``shared_s``, the seconds it shared the machine;
+with ``gpus``, the ``start`` record names the attempt's GPU group, ``gpus``, and there is no
+concurrency: each run was alone on its GPUs) and ``sweep.log`` (the trainer's stdout and
+stderr, every attempt).
 
 Status (:func:`run_state`), from those files alone (no checkpoint needed to tell a finished run):
 
@@ -48,7 +50,9 @@ option ends that run, never the sweep), skipping finished (and, unless asked, fa
 stops cleanly at a deadline: the running trainer receives SIGTERM, its preemption signal (it
 finishes the step, saves a checkpoint and exits), ``stop_margin_s`` before the deadline. With
 ``parallel`` > 1 it keeps up to that many trainers in flight on one machine (small models leave
-a GPU partly idle; :func:`parallel_env` gives each its share of the GPU's memory).
+a GPU partly idle; :func:`parallel_env` gives each its share of the GPU's memory); with
+``gpus`` (a host of several GPUs) each trainer in flight has a GPU group of its own instead
+(``CUDA_VISIBLE_DEVICES``, :class:`GpuPool`), alone on it.
 """
 
 import calendar
@@ -785,10 +789,61 @@ class Concurrency:
         return most, shared
 
 
+CUDA_VISIBLE_DEVICES = "CUDA_VISIBLE_DEVICES"
+
+
+def check_gpus(gpus: Sequence[str], parallel: int) -> List[str]:
+    """``execute``'s ``gpus`` checked: a non-empty list of non-empty ``CUDA_VISIBLE_DEVICES``
+    values, at least ``parallel`` of them.
+
+    Raises:
+      ValueError: naming what is wrong.
+    """
+    groups = [] if isinstance(gpus, str) else list(gpus)  # ("0,1": one group or two?)
+    if not groups or not all(isinstance(g, str) and g.strip() for g in groups):
+        raise ValueError(f"gpus={gpus!r}: expected a non-empty list of GPU groups, each a "
+                         f"CUDA_VISIBLE_DEVICES value (e.g. ['0', '1'] or ['0,1', '2,3'])")
+    if len(set(groups)) < len(groups):
+        raise ValueError(f"gpus={gpus!r}: a GPU group appears twice")
+    if parallel > len(groups):
+        raise ValueError(f"parallel={parallel} is above the {len(groups)} GPU group(s) of "
+                         f"gpus={groups!r}: each run in flight needs a group of its own")
+    return groups
+
+
+class GpuPool:
+    """The free GPU groups of ``execute(gpus=...)``: each trainer in flight holds one.
+
+    Thread-safe: :meth:`take` (the sweep's thread, at a launch) gives the first free group in
+    the order given, waiting for one if none is free; :meth:`give` (the trainer's thread, when
+    it exits) returns it.
+    """
+
+    def __init__(self, groups: Sequence[str]):
+        self.groups = list(groups)
+        self._free = list(groups)
+        self._cond = threading.Condition()
+
+    def take(self) -> str:
+        """The first free group, now taken (waits until one is free)."""
+        with self._cond:
+            while not self._free:
+                self._cond.wait(timeout=0.5)
+            return self._free.pop(0)
+
+    def give(self, group: str) -> None:
+        """Returns ``group`` (taken before) to the pool."""
+        with self._cond:
+            self._free.append(group)
+            self._free.sort(key=self.groups.index)
+            self._cond.notify()
+
+
 def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[str, str]] = None,
            deadline: Optional[float] = None, stop_margin_s: float = 30.0,
            stop: Optional[threading.Event] = None, print_fn: Callable[[str], None] = print,
-           prefix: str = "", concurrency: Optional[Concurrency] = None) -> Attempt:
+           prefix: str = "", concurrency: Optional[Concurrency] = None,
+           gpus: Optional[str] = None) -> Attempt:
     """Runs one trainer subprocess, recording the attempt in ``workdir``.
 
     Its stdout and stderr go to ``<workdir>/sweep.log`` and, each line behind ``prefix``, to
@@ -810,6 +865,9 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
       concurrency: the runs in flight (``execute(parallel>1)``): the ``start`` record then
         holds ``parallel``, and the attempt's ``parallel``, ``concurrent`` and ``shared_s``
         are set and recorded; ``None`` (one run at a time): neither.
+      gpus: the trainer's GPU group (``execute(gpus=...)``): it runs with
+        ``CUDA_VISIBLE_DEVICES=<gpus>`` added to ``env`` (replacing any there), and the
+        ``start`` record holds ``"gpus": "<gpus>"``; ``None``: neither.
 
     Returns:
       An :class:`Attempt`, also appended as the ``end`` record of ``sweep_attempts.jsonl``.
@@ -823,6 +881,9 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
     start = {"event": "start", "time": _utc(t0), "command": list(cmd)}
     if concurrency is not None:  # (and its exact start: which records it wrote, _shared_spans)
         start.update(parallel=concurrency.parallel, t0=t0)
+    if gpus is not None:
+        start["gpus"] = gpus
+        env = {**(os.environ if env is None else env), CUDA_VISIBLE_DEVICES: gpus}
     _append_jsonl(attempts_path, start)
     tail = collections.deque(maxlen=200)
     with open(os.path.join(workdir, RUN_LOG), "a") as log:
@@ -917,7 +978,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
             print_fn: Callable[[str], None] = print,
             after_run: Optional[Callable[[Run, Attempt], None]] = None,
             reuse_from: Sequence[str] = (),
-            finish_by_deadline: bool = False, parallel: int = 1) -> ExecutionSummary:
+            finish_by_deadline: bool = False, parallel: int = 1,
+            gpus: Optional[Sequence[str]] = None) -> ExecutionSummary:
     """Runs ``runs`` in order, up to ``parallel`` trainer subprocesses at a time, resumably.
 
     Finished runs are skipped; failed ones too unless ``retry_failed``; a partial one resumes
@@ -937,6 +999,14 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     output of each run stays in its ``sweep.log``). After a trainer stopped at the deadline or
     by ``stop``, no run starts (the others in flight stop the same way). ``after_run`` is
     called from this (the calling) thread, one run at a time.
+
+    With ``gpus`` (a host of several GPUs) each trainer takes a free GPU group of ``gpus``
+    at its launch (:class:`GpuPool`, the first free one in their order) and runs alone on
+    it, with ``CUDA_VISIBLE_DEVICES=<group>`` (:func:`launch`); the group is free again when
+    the trainer exits, before its run is reported ended. No memory fraction
+    (:func:`parallel_env`) and no concurrency is recorded: the attempt's ``start`` record
+    names its group (``gpus``) and has no ``parallel``, its ``end`` record no ``concurrent``
+    or ``shared_s``, so the results compare its tokens/s as measured alone.
 
     Args:
       runs: the runs (:func:`expand`, :func:`select`).
@@ -962,26 +1032,32 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
         where a run cut at the deadline is lost; without an estimate, only ``min_run_s``
         applies). With ``parallel`` > 1 the estimate is for the number of runs that will
         share the machine with it: ``min(parallel, runs in flight + 1 + runs still to
-        launch after it)``.
+        launch after it)``; with ``gpus``, for the run alone.
       parallel: trainer subprocesses at once on this machine (>= 1; 1: one after another,
-        exactly as before this option existed: the same commands, environment and records).
+        exactly as before this option existed: the same commands, environment and records);
+        with ``gpus``, at most ``len(gpus)``.
+      gpus: GPU groups, each a ``CUDA_VISIBLE_DEVICES`` value (``["0", "1"]``,
+        ``["0,1", "2,3"]``): one per trainer in flight (above); ``None``: the trainers share
+        the machine's devices as described above.
 
     Returns:
       An :class:`ExecutionSummary`.
 
     Raises:
-      ValueError: if ``parallel`` < 1.
+      ValueError: if ``parallel`` < 1, or above ``len(gpus)`` (:func:`check_gpus`).
       OSError: if a trainer cannot be started (after the runs in flight have ended).
     """
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: must be at least 1 (trainers at once)")
+    pool = None if gpus is None else GpuPool(check_gpus(gpus, parallel))
     summary = ExecutionSummary()
     summary.reused = reuse_identical_runs(runs, root, config_path=config_path,
                                           train_script=train_script, python=python,
                                           extra_overrides=extra_overrides, roots=reuse_from,
                                           print_fn=print_fn)
-    concurrency = Concurrency(parallel) if parallel > 1 else None
-    trainer_env = parallel_env(env, parallel)
+    # Each run alone on its GPU group (pool): neither a memory share nor a concurrency.
+    concurrency = Concurrency(parallel) if parallel > 1 and pool is None else None
+    trainer_env = parallel_env(env, parallel) if pool is None else env
     if parallel > 1:
         print_fn = _whole_lines(print_fn)
     ended: "queue.Queue[Tuple[Run, str, Any]]" = queue.Queue()
@@ -989,15 +1065,18 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
     halt: List[str] = []  # why no further run starts ("deadline", "interrupted")
     errors: List[BaseException] = []
 
-    def run_trainer(run: Run, cmd: List[str], workdir: str) -> None:
+    def run_trainer(run: Run, cmd: List[str], workdir: str, group: Optional[str]) -> None:
         try:
             attempt = launch(cmd, workdir, cwd=cwd, env=trainer_env, deadline=deadline,
                              stop_margin_s=stop_margin_s, stop=stop, print_fn=print_fn,
-                             prefix=f"[{run.name}] ", concurrency=concurrency)
+                             prefix=f"[{run.name}] ", concurrency=concurrency, gpus=group)
         except BaseException as e:  # noqa: BLE001 - raised again in the calling thread
-            ended.put((run, workdir, e))
+            result = e
         else:
-            ended.put((run, workdir, attempt))
+            result = attempt
+        if group is not None:  # free before the run is reported ended (and a slot frees)
+            pool.give(group)
+        ended.put((run, workdir, result))
 
     def collect_ended(block: bool) -> None:
         """Handles the trainers that have exited; ``block``: wait for one first."""
@@ -1071,8 +1150,8 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
                          f"trainer's stop ({stop_margin_s:g} s before the deadline), under "
                          f"--min_run_s {min_run_s:g}")
             break
-        sharing = 1
-        if parallel > 1 and finish_by_deadline:
+        sharing = 1  # (with gpus: alone on its group)
+        if parallel > 1 and finish_by_deadline and pool is None:
             sharing = min(parallel, len(in_flight) + 1 + sum(map(to_launch, runs[i + 1:])))
         need = (estimated_run_s(root, runs, state, concurrent=sharing)
                 if finish_by_deadline else None)
@@ -1101,11 +1180,13 @@ def execute(runs: Sequence[Run], root: str, *, config_path: str, train_script: s
                       f, indent=2)
         how = (f"resuming from step {state.step}" if state.step
                else "starting" if state.status == Status.NOT_STARTED else "starting over")
-        slots = f" ({len(in_flight) + 1} of {parallel} in flight)" if parallel > 1 else ""
-        print_fn(f"--- {run.name}: {how}{slots}")
+        group = None if pool is None else pool.take()
+        slots = ([f"{len(in_flight) + 1} of {parallel} in flight"] if parallel > 1 else []) + (
+            [] if group is None else [f"{CUDA_VISIBLE_DEVICES}={group}"])
+        print_fn(f"--- {run.name}: {how}" + (f" ({', '.join(slots)})" if slots else ""))
         summary.launched.append(run.name)
-        thread = threading.Thread(target=run_trainer, args=(run, cmd, workdir), daemon=True,
-                                  name=f"sweep {run.name}")
+        thread = threading.Thread(target=run_trainer, args=(run, cmd, workdir, group),
+                                  daemon=True, name=f"sweep {run.name}")
         in_flight[run.name] = thread
         thread.start()
     while in_flight:
@@ -1411,6 +1492,9 @@ class PlannedRun:
       launch: for ``"launch"``, its place among the launches (1, 2, ...), else ``None``.
       at_once: for ``"launch"``, whether it starts at the call's start (one of the first
         ``parallel`` launches), not when an earlier trainer exits.
+      gpus: with ``plan(gpus=...)``, the GPU group of a launch at the start (the first free
+        one, as :class:`GpuPool` gives them); ``None`` otherwise (a later launch takes the
+        group a trainer frees).
     """
 
     run: Run
@@ -1419,6 +1503,7 @@ class PlannedRun:
     why: str
     launch: Optional[int] = None
     at_once: bool = False
+    gpus: Optional[str] = None
 
 
 def plan(runs: Sequence[Run], root: str, *, config_path: str,
@@ -1426,7 +1511,7 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
          min_run_s: float = 0.0, stop_margin_s: float = 30.0, max_runs: Optional[int] = None,
          retry_failed: bool = False, reuse_from: Sequence[str] = (),
          finish_by_deadline: bool = False, parallel: int = 1,
-         remeasurements: int = 0) -> List[PlannedRun]:
+         remeasurements: int = 0, gpus: Optional[Sequence[str]] = None) -> List[PlannedRun]:
     """Which runs :func:`execute` would launch, in which order and which at once, without
     launching or writing anything (``experiments/sweep.py --dry_run``).
 
@@ -1445,7 +1530,8 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
       config_path, extra_overrides: :func:`command`'s (for :func:`identical_finished_run`).
       deadline_s: seconds from the call's start to its deadline; ``None``: none.
       min_run_s, stop_margin_s, max_runs, retry_failed, reuse_from, finish_by_deadline,
-        parallel: :func:`execute`'s.
+        parallel, gpus: :func:`execute`'s (with ``gpus``, each launch at the start names its
+        group, and ``finish_by_deadline`` estimates each run alone).
       remeasurements: re-measurements alone the call makes before the runs
         (:func:`remeasure_alone`); they count against ``max_runs``.
 
@@ -1453,10 +1539,11 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
       One :class:`PlannedRun` per run of ``runs``, in their order.
 
     Raises:
-      ValueError: if ``parallel`` < 1.
+      ValueError: if ``parallel`` < 1, or above ``len(gpus)`` (:func:`check_gpus`).
     """
     if parallel < 1:
         raise ValueError(f"parallel={parallel}: must be at least 1 (trainers at once)")
+    groups = None if gpus is None else check_gpus(gpus, parallel)
     here = os.path.realpath(root)
     roots = [r for r in reuse_from if os.path.realpath(r) != here]
     states = [run_state(run_dir(root, r)) for r in runs]
@@ -1494,8 +1581,8 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
         at_once = launched < parallel
         if held is None and at_once and deadline_s is not None:
             left = deadline_s - stop_margin_s
-            sharing = 1
-            if parallel > 1 and finish_by_deadline:
+            sharing = 1  # (with gpus: alone on its group)
+            if parallel > 1 and finish_by_deadline and groups is None:
                 sharing = min(parallel, launched + 1 + sum(
                     to_launch(r, s) for r, s in zip(runs[i + 1:], states[i + 1:])))
             need = (estimated_run_s(root, runs, state, concurrent=sharing)
@@ -1516,7 +1603,8 @@ def plan(runs: Sequence[Run], root: str, *, config_path: str,
         if state.status != Status.NOT_STARTED and not state.step and _has_trainer_records(
                 run_dir(root, run)):
             how += " (no checkpoint; its records are first set aside as .restarted-<time>)"
-        out.append(PlannedRun(run, state, "launch", how, launch=launched, at_once=at_once))
+        out.append(PlannedRun(run, state, "launch", how, launch=launched, at_once=at_once,
+                              gpus=groups[launched - 1] if groups and at_once else None))
     return out
 
 

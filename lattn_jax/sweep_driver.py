@@ -45,6 +45,14 @@ unless the environment already sets ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (or
 in flight, the console shows each trainer's lines behind ``[<run name>]`` (its own ``sweep.log``
 holds them all), and each attempt records its concurrency, which the results mark: tokens/s,
 MFU and wall time measured on a shared GPU are not compared with those measured alone.
+``--gpus=0,1,2,3`` (a host of several GPUs; ``+`` joins the GPUs of one run's group:
+``--gpus=0+1,2+3``) runs one trainer per GPU group instead, each alone on its group
+(``CUDA_VISIBLE_DEVICES=0``, ``=0,1``; the first free group at each launch): ``--parallel``
+defaults to the number of groups and may not exceed it, no memory fraction is set, and the
+attempts record their group (``gpus``) and no concurrency, so the results compare their
+tokens/s as measured alone (``--finish_by_deadline`` estimates each run alone too); a bad
+value (an empty group, an id that is not a non-negative integer, an id given twice) is
+refused before anything runs (:func:`parse_gpus`).
 ``--reuse_from=<another sweep's root>`` (repeatable) copies the records of a finished run there
 whose training is identical (the experiment config its trainer recorded at every invocation
 equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
@@ -86,6 +94,7 @@ environment's ``JAX_COMPILATION_CACHE_DIR``, if any).
 import dataclasses
 import datetime
 import os
+import re
 import shlex
 import signal
 import threading
@@ -112,7 +121,8 @@ class SweepOptions:
       deadline_s: end cleanly this many seconds after the start; ``None``: no deadline.
       min_run_s: start no run that would train for less than this.
       stop_margin_s: SIGTERM to the trainers this long before the deadline.
-      parallel: trainer subprocesses at once (>= 1).
+      parallel: trainer subprocesses at once (>= 1); ``None``: the number of GPU groups of
+        ``gpus``, or 1 without (:func:`resolve`).
       report_only: only rebuild the results (and the export) from an existing root.
       dry_run: print what the call would do with each run; write nothing.
       retry_failed: run failed runs again.
@@ -127,6 +137,8 @@ class SweepOptions:
         was measured only while sharing the GPU again, alone, in a run of this many steps
         (:func:`lattn_jax.sweep.remeasure_alone`), before and after the call's training
         runs; 0: not.
+      gpus: ``--gpus``'s text, GPU groups (``"0,1,2,3"``, ``"0+1,2+3"``; :func:`parse_gpus`):
+        one trainer per group, alone on it; ``None``: all trainers on the machine's devices.
     """
 
     root: str
@@ -135,7 +147,7 @@ class SweepOptions:
     deadline_s: Optional[float] = None
     min_run_s: float = 0.0
     stop_margin_s: float = 30.0
-    parallel: int = 1
+    parallel: Optional[int] = 1
     report_only: bool = False
     dry_run: bool = False
     retry_failed: bool = False
@@ -146,6 +158,61 @@ class SweepOptions:
     export: Optional[str] = None
     export_archive: bool = True
     remeasure_alone: int = 0
+    gpus: Optional[str] = None
+
+
+def parse_gpus(text: str) -> List[str]:
+    """``--gpus`` -> the ``CUDA_VISIBLE_DEVICES`` of each GPU group: ``"0,1,2,3"`` ->
+    ``["0", "1", "2", "3"]`` (one GPU per run), ``"0+1,2+3"`` -> ``["0,1", "2,3"]``.
+
+    Raises:
+      SweepConfigError: for an empty group or id, an id that is not a non-negative integer,
+        or an id given twice (in any group), in one line naming ``--gpus`` and the value.
+    """
+    groups, seen = [], set()
+    for item in text.split(","):
+        ids = [i.strip() for i in item.split("+")]
+        if not all(ids):
+            raise sweep.SweepConfigError(
+                f"--gpus={text!r}: empty GPU group or id in {item.strip()!r} (expected GPU "
+                f"ids joined by ',' between runs and '+' within one run's group, e.g. "
+                f"0,1,2,3 or 0+1,2+3)")
+        for i in ids:
+            if not re.fullmatch(r"[0-9]+", i):
+                what = ("a negative GPU id" if re.fullmatch(r"-[0-9]+", i)
+                        else "not a GPU id (a non-negative integer)")
+                raise sweep.SweepConfigError(f"--gpus={text!r}: {i!r} is {what}")
+            if int(i) in seen:
+                raise sweep.SweepConfigError(
+                    f"--gpus={text!r}: GPU {int(i)} is given twice (each GPU belongs to one "
+                    f"group)")
+            seen.add(int(i))
+        groups.append(",".join(str(int(i)) for i in ids))
+    return groups
+
+
+def resolve(options: SweepOptions) -> SweepOptions:
+    """``options`` with ``gpus`` checked (:func:`parse_gpus`) and ``parallel`` decided: the
+    number of GPU groups when ``None`` with ``gpus``, 1 when ``None`` without.
+
+    Raises:
+      SweepConfigError: for a bad ``gpus``, or a ``parallel`` above its number of groups.
+    """
+    groups = None if options.gpus is None else parse_gpus(options.gpus)
+    parallel = options.parallel
+    if parallel is None:
+        parallel = 1 if groups is None else len(groups)
+    elif groups is not None and parallel > len(groups):
+        raise sweep.SweepConfigError(
+            f"--parallel={parallel} is above the {len(groups)} GPU group(s) of "
+            f"--gpus={options.gpus} (one run per group at a time): leave --parallel out, or "
+            f"name more groups")
+    return dataclasses.replace(options, parallel=parallel)
+
+
+def gpu_groups(options: SweepOptions) -> Optional[List[str]]:
+    """The ``CUDA_VISIBLE_DEVICES`` of each GPU group of ``options.gpus``, or ``None``."""
+    return None if options.gpus is None else parse_gpus(options.gpus)
 
 
 def parse_overrides(texts: Sequence[str]) -> List[Tuple[str, str]]:
@@ -183,17 +250,24 @@ def override_hint(key: str, argv: Sequence[str]) -> str:
             f"--override={field}={value}")
 
 
-def parallel_note(env: Mapping[str, str], parallel: int) -> str:
-    """The start line's words on ``parallel`` (empty for 1): runs at once, and each trainer's
-    GPU memory (:func:`lattn_jax.sweep.parallel_env`).
+def parallel_note(env: Mapping[str, str], parallel: int,
+                  gpus: Optional[Sequence[str]] = None) -> str:
+    """The start line's words on ``parallel`` (empty for 1 without ``gpus``): runs at once,
+    and each trainer's GPU memory (:func:`lattn_jax.sweep.parallel_env`), or its GPU group.
 
     Args:
       env: the trainers' environment before :func:`~lattn_jax.sweep.parallel_env`.
       parallel: trainers at once (>= 1).
+      gpus: the GPU groups (:func:`parse_gpus`), or ``None``.
 
     Returns:
-      ``"; up to N runs at once (<memory>)"``, or ``""`` for ``parallel`` == 1.
+      ``"; up to N runs at once (<memory>)"``, ``"; up to N run(s) at once, one per GPU group,
+      each alone on it (CUDA_VISIBLE_DEVICES 0 | 1)"``, or ``""`` for ``parallel`` == 1
+      without ``gpus``.
     """
+    if gpus is not None:
+        return (f"; up to {parallel} run(s) at once, one per GPU group, each alone on it "
+                f"({sweep.CUDA_VISIBLE_DEVICES} {' | '.join(gpus)})")
     if parallel == 1:
         return ""
     child = sweep.parallel_env(env, parallel)
@@ -269,12 +343,14 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
                   extra: Sequence[Tuple[str, Any]] = ()) -> List[str]:
     """What the same call without ``dry_run`` would do with each run
     (:func:`lattn_jax.sweep.plan`): skip, reuse, launch (in which order, which at once) or hold
-    back (``max_runs``, the deadline), each with its trainer command.
+    back (``max_runs``, the deadline), each with its trainer command; with ``gpus``, the GPU
+    groups, and each launch's group (at the start: the one it takes; later: the one a trainer
+    frees).
 
     Args:
       runs: the selected runs.
       config: the sweep config (its ``name``).
-      options: the call's options.
+      options: the call's options (:func:`resolve` applies).
       config_path, train_script, extra: :func:`lattn_jax.sweep.command`'s ``config_path``,
         ``train_script`` and ``extra_overrides``.
 
@@ -285,6 +361,8 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
       then one entry per run: ``"<name>: <status> (step N); <what>"``, a newline and the
       command indented by two spaces.
     """
+    options = resolve(options)
+    groups = gpu_groups(options)
     alone = []
     if options.remeasure_alone:  # finished before this call (those it trains: re-measured
         # after them if they shared the GPU; not known beforehand)
@@ -297,12 +375,15 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
         stop_margin_s=options.stop_margin_s, max_runs=options.max_runs,
         retry_failed=options.retry_failed, reuse_from=options.reuse_from,
         finish_by_deadline=options.finish_by_deadline, parallel=options.parallel,
-        remeasurements=len(alone))
+        remeasurements=len(alone), gpus=groups)
     n = sum(p.action == "launch" for p in planned)
     first = sum(p.at_once for p in planned)
     at_once = (f"; up to {options.parallel} at once: launch{'es 1-' if first > 1 else ' '}"
                f"{first} at the start, each later one when a trainer exits"
                if options.parallel > 1 and n > 1 else "")
+    if groups is not None:
+        at_once += (f"; one run per GPU group, each alone on it ({sweep.CUDA_VISIBLE_DEVICES} "
+                    f"{' | '.join(groups)})")
     lines = [f"dry run of sweep {config.get('name', '')}: {len(runs)} run(s) selected; {n} "
              f"would be launched, in this order{at_once}" + (
                  "; a launch after the start depends on the time then left before --deadline_s"
@@ -322,6 +403,9 @@ def dry_run_lines(runs: Sequence[sweep.Run], config: Mapping[str, Any], options:
         if p.action == "launch":
             when = ("" if options.parallel == 1 else ", at the start" if p.at_once
                     else ", when a trainer exits")
+            if groups is not None:
+                when += (f", on {sweep.CUDA_VISIBLE_DEVICES}={p.gpus}" if p.gpus
+                         else ", on the GPU group it frees")
             what = f"launch {p.launch}: {p.why}{when}"
         else:
             what = {"skip": "skipped: ", "reuse": "would reuse ",
@@ -356,6 +440,7 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         written (one line naming it; the run directories' clash lists them on further lines).
       OSError: if a trainer cannot be started or a file cannot be written.
     """
+    options = resolve(options)  # (a bad --gpus: refused before anything else)
     root = options.root
     runs = sweep.select(sweep.expand(config), options.only)
     config_path = _train_config_path(config, repo_root)
@@ -465,7 +550,8 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
     print_fn(f"sweep {config.get('name', '')}: {len(runs)} run(s) selected ("
              + ", ".join(f"{states.count(s)} {s.value}" for s in sweep.Status if s in states)
              + ("); no deadline" if options.deadline_s is None else
-                f"); deadline {options.deadline_s} s") + parallel_note(env, options.parallel))
+                f"); deadline {options.deadline_s} s")
+             + parallel_note(env, options.parallel, gpu_groups(options)))
 
     def report(*_):
         try:
@@ -479,9 +565,12 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
     def remeasure(launched: int) -> "sweep.RemeasureSummary":
         """The re-measurements alone (nothing else in flight), ``launched`` launches made."""
         left = None if options.max_runs is None else max(options.max_runs - launched, 0)
+        groups = gpu_groups(options)  # with --gpus: on the first group, as a run would be
+        alone_env = env if groups is None else {
+            **(os.environ if env is None else env), sweep.CUDA_VISIBLE_DEVICES: groups[0]}
         return sweep.remeasure_alone(
             runs, root, steps=options.remeasure_alone, config_path=config_path,
-            train_script=train_script, cwd=repo_root, extra_overrides=extra, env=env,
+            train_script=train_script, cwd=repo_root, extra_overrides=extra, env=alone_env,
             deadline=deadline, min_run_s=options.min_run_s, stop_margin_s=options.stop_margin_s,
             max_runs=left, retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
             after_run=report)
@@ -502,7 +591,8 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
                     options.max_runs - len(remeasured.launched if remeasured else ()), 0),
                 retry_failed=options.retry_failed, stop=stop, print_fn=print_fn,
                 after_run=report, reuse_from=options.reuse_from,
-                finish_by_deadline=options.finish_by_deadline, parallel=options.parallel)
+                finish_by_deadline=options.finish_by_deadline, parallel=options.parallel,
+                gpus=gpu_groups(options))
             if remeasured is not None and summary.launched and summary.status in (
                     "complete", "incomplete"):
                 # After every trainer of the runs has exited: alone on the GPU.
@@ -519,6 +609,8 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
                   "launched": summary.launched}
         if options.parallel > 1:  # (one run at a time: the record as before --parallel)
             record["parallel"] = options.parallel
+        if options.gpus is not None:  # (without --gpus: the record as before it)
+            record["gpus"] = gpu_groups(options)
         if remeasured is not None:  # (without --remeasure_alone: the record as before it)
             record["remeasured_alone"] = remeasured.launched
         records.append_record(os.path.join(root, sweep_report.SWEEP_LOG), record)

@@ -408,6 +408,42 @@ class SweepBinaryTest(absltest.TestCase):
                 self.assertEqual(result.stderr.strip().splitlines(), [want])
         self.assertFalse(os.path.exists(self.root))
 
+    def test_bad_gpus_are_one_line_before_anything_is_written(self):
+        cases = [("--gpus=0,,1", "error: --gpus='0,,1': empty GPU group or id in '' (expected "
+                  "GPU ids joined by ',' between runs and '+' within one run's group, e.g. "
+                  "0,1,2,3 or 0+1,2+3)"),
+                 ("--gpus=0,x", "error: --gpus='0,x': 'x' is not a GPU id (a non-negative "
+                  "integer)"),
+                 ("--gpus=-1", "error: --gpus='-1': '-1' is a negative GPU id"),
+                 ("--gpus=0+1,1", "error: --gpus='0+1,1': GPU 1 is given twice (each GPU "
+                  "belongs to one group)"),
+                 ("--gpus=", "error: --gpus='': empty GPU group or id in '' (expected GPU ids "
+                  "joined by ',' between runs and '+' within one run's group, e.g. 0,1,2,3 or "
+                  "0+1,2+3)")]
+        argvs = [[f"--config={self.config}", f"--root={self.root}", flag] for flag, _ in cases]
+        argvs.append([f"--config={self.config}", f"--root={self.root}", "--gpus=0,1",
+                      "--parallel=3"])
+        argvs.append([f"--config={self.config}", f"--root={self.root}", "--gpus=0+1,2+3",
+                      "--dry_run"])
+        results = binary_runs.run_many("experiments/sweep.py", argvs,
+                                       self.create_tempdir().full_path)
+        for (flag, want), result in zip(cases, results):
+            with self.subTest(flag=flag):
+                self.assertEqual(result.returncode, 1, result.stderr)
+                self.assertEqual(result.stderr.strip().splitlines(), [want])
+        self.assertEqual(results[-2].returncode, 1, results[-2].stderr)
+        self.assertEqual(results[-2].stderr.strip().splitlines(), [
+            "error: --parallel=3 is above the 2 GPU group(s) of --gpus=0,1 (one run per group "
+            "at a time): leave --parallel out, or name more groups"])
+        # Without --parallel: one run per group, two at once, each on its group.
+        self.assertEqual(results[-1].returncode, 0, results[-1].stderr)
+        self.assertIn("; up to 2 at once: launches 1-2 at the start, each later one when a "
+                      "trainer exits; one run per GPU group, each alone on it "
+                      "(CUDA_VISIBLE_DEVICES 0,1 | 2,3)", results[-1].stdout)
+        self.assertIn(f"{REF}: not started (step 0); launch 1: starting, at the start, on "
+                      f"CUDA_VISIBLE_DEVICES=0,1", results[-1].stdout)
+        self.assertFalse(os.path.exists(self.root))
+
     @pytest.mark.slow  # ~19 s of binaries; the CI keeps the one-line flag and config errors
     def test_another_sweeps_root_is_refused_and_left_alone(self):
         def run(config, *flags_):

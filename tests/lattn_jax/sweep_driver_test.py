@@ -3,6 +3,7 @@ plan, --report_only with --export (the binary end to end: tests/experiments/swee
 
 import json
 import os
+import re
 import signal
 import tarfile
 import threading
@@ -74,6 +75,55 @@ class SweepDriverTest(absltest.TestCase):
             sweep_driver.run(CONFIG, sweep_driver.SweepOptions(root=root), repo_root=REPO,
                              argv=["sweep.py"], print_fn=self.lines.append)
         self.assertFalse(os.path.exists(self.root))
+
+    def test_gpus_groups_and_bad_values_in_one_line(self):
+        self.assertEqual(sweep_driver.parse_gpus("0,1,2,3"), ["0", "1", "2", "3"])
+        self.assertEqual(sweep_driver.parse_gpus("0+1, 2 + 3"), ["0,1", "2,3"])
+        self.assertEqual(sweep_driver.parse_gpus("7"), ["7"])
+        cases = (("", r"empty GPU group or id in ''"),
+                 ("0,,1", r"empty GPU group or id in ''"),
+                 ("0,1+", r"empty GPU group or id in '1\+'"),
+                 ("0,a", r"'a' is not a GPU id \(a non-negative integer\)"),
+                 ("0,1.5", r"'1\.5' is not a GPU id"),
+                 ("GPU-3f2a", r"'GPU-3f2a' is not a GPU id"),
+                 ("0,-1", r"'-1' is a negative GPU id"),
+                 ("0,1,0", r"GPU 0 is given twice"),
+                 ("0+1,1+2", r"GPU 1 is given twice"),
+                 ("3,03", r"GPU 3 is given twice"))
+        for text, message in cases:
+            with self.subTest(gpus=text):
+                with self.assertRaisesRegex(sweep.SweepConfigError,
+                                            rf"^--gpus={re.escape(repr(text))}: {message}[^\n]*$"):
+                    self._run(gpus=text)
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"^--parallel=3 is above the 2 GPU group\(s\) of "
+                                    r"--gpus=0\+1,2\+3 \(one run per group at a time\)"):
+            self._run(gpus="0+1,2+3", parallel=3)
+        self.assertFalse(os.path.exists(self.root))  # refused before anything was written
+        # --parallel: the number of groups by default, fewer if asked, 1 without --gpus.
+        resolve = sweep_driver.resolve
+        self.assertEqual(resolve(sweep_driver.SweepOptions(root="r", gpus="0,1,2",
+                                                           parallel=None)).parallel, 3)
+        self.assertEqual(resolve(sweep_driver.SweepOptions(root="r", gpus="0,1,2",
+                                                           parallel=2)).parallel, 2)
+        self.assertEqual(resolve(sweep_driver.SweepOptions(root="r", parallel=None)).parallel, 1)
+        self.assertEqual(sweep_driver.parallel_note({}, 2, ["0,1", "2,3"]),
+                         "; up to 2 run(s) at once, one per GPU group, each alone on it "
+                         "(CUDA_VISIBLE_DEVICES 0,1 | 2,3)")
+
+    def test_dry_run_with_gpus_names_the_groups(self):
+        self.assertEqual(self._run(dry_run=True, gpus="4,6", parallel=None), 0)
+        self.assertFalse(os.path.exists(self.root))
+        self.assertEqual([line.split("\n")[0] for line in self.lines], [
+            "dry run of sweep demo: 3 run(s) selected; 3 would be launched, in this order; up "
+            "to 2 at once: launches 1-2 at the start, each later one when a trainer exits; one "
+            "run per GPU group, each alone on it (CUDA_VISIBLE_DEVICES 4 | 6)",
+            "train.keep_checkpoints=2: not started (step 0); launch 1: starting, at the start, "
+            "on CUDA_VISIBLE_DEVICES=4",
+            "train.keep_checkpoints=3: not started (step 0); launch 2: starting, at the start, "
+            "on CUDA_VISIBLE_DEVICES=6",
+            "train.keep_checkpoints=4: not started (step 0); launch 3: starting, when a "
+            "trainer exits, on the GPU group it frees"])
 
     def test_a_second_call_on_a_root_in_use_is_refused(self):
         os.makedirs(self.root)

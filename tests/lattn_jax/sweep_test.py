@@ -4,6 +4,7 @@ trainer (a few lines of Python that write the trainer's files; the real trainer 
 tests/experiments/sweep_test.py)."""
 
 import fcntl
+import itertools
 import json
 import os
 import random
@@ -27,9 +28,12 @@ from lattn_jax import sweep, sweep_report
 # trainer's preemption handler does). --config.fake.startup_s: seconds before it writes
 # anything (SIGTERM then kills it, as it would the trainer while it imports).
 # --config.fake.fail_alone=True: fails as mode=fail does, in a workdir named alone (the
-# re-measurement of --remeasure_alone) only.
+# re-measurement of --remeasure_alone) only. With FAKE_RECORD_GPUS set in its environment, a
+# run that ends normally writes <workdir>/fake_gpus.json: its CUDA_VISIBLE_DEVICES and
+# XLA_PYTHON_CLIENT_MEM_FRACTION, and its start and end times (time.time()).
 FAKE_TRAINER = textwrap.dedent('''
     import json, os, signal, sys, time
+    t_start = time.time()
     args = sys.argv[1:]
     workdir = [a.split("=", 1)[1] for a in args if a.startswith("--workdir=")][0]
     opts = dict(a[len("--config."):].split("=", 1) for a in args if a.startswith("--config."))
@@ -73,6 +77,11 @@ FAKE_TRAINER = textwrap.dedent('''
             os.makedirs(os.path.join(workdir, "checkpoints", str(step)), exist_ok=True)
             print(f"Stopping at step {step} of {total}", flush=True)
             sys.exit(143)
+    if os.environ.get("FAKE_RECORD_GPUS"):
+        with open(os.path.join(workdir, "fake_gpus.json"), "w") as f:
+            json.dump({"gpus": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                       "mem_fraction": os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION"),
+                       "t0": t_start, "t1": time.time()}, f)
     print(f"step {step} done", flush=True)
     log.write(f"final: step {step}  train_loss {10.0 / step:.4f}  val_loss {11.0 / step:.4f}\\n")
 ''')
@@ -925,6 +934,162 @@ class ParallelTest(_FakeTrainerTestCase):
         self.assertEqual(sweep._run_concurrency([{"event": "start"}]), 1)
 
 
+class GpusTest(_FakeTrainerTestCase):
+    """``execute(gpus=...)``: one trainer per GPU group, each alone on it (stand-in trainer,
+    which records the CUDA_VISIBLE_DEVICES it saw; a few seconds in all)."""
+
+    def setUp(self):
+        super().setUp()
+        self.env = {k: v for k, v in os.environ.items()
+                    if not k.startswith(("XLA_PYTHON_CLIENT_", "XLA_CLIENT_", "CUDA_VISIBLE"))}
+
+    def _execute(self, grid, **kwargs):
+        runs = sweep.expand(_config(grid=grid, seed_axis=None))
+        return runs, sweep.execute(runs, self.root, config_path="cfg.py",
+                                   train_script=self.trainer, cwd=self.root, env=self.env,
+                                   print_fn=self.lines.append, **kwargs)
+
+    def test_each_run_alone_on_its_group_never_two_on_one(self):
+        # Four runs, two at a time on groups "0" and "1"; each sleeps 1 s first, so that the
+        # runs in flight overlap however loaded the machine.
+        self.env.update(FAKE_RECORD_GPUS="1", FAKE_STARTUP_S="1")
+        grid = ((("fake.mode", ("ok",)), ("train.total_steps", (4, 5, 6, 7))),)
+        runs, summary = self._execute(grid, parallel=2, gpus=["0", "1"])
+        self.assertEqual((summary.status, summary.launched), ("complete", [r.name for r in runs]))
+        seen = []
+        for run in runs:
+            workdir = sweep.run_dir(self.root, run)
+            with open(os.path.join(workdir, "fake_gpus.json")) as f:
+                seen.append(json.load(f))
+            self.assertIn(seen[-1]["gpus"], ("0", "1"), run.name)
+            self.assertIsNone(seen[-1]["mem_fraction"], run.name)  # no parallel_env
+            start, end = sweep.read_jsonl(os.path.join(workdir, sweep.ATTEMPTS))
+            self.assertEqual(start["gpus"], seen[-1]["gpus"], run.name)
+            self.assertEqual(sorted(start), ["command", "event", "gpus", "time"], run.name)
+            self.assertEqual(sorted(end), ["error", "event", "returncode", "stopped_by", "time",
+                                           "wall_s"], run.name)
+            result = sweep.collect(workdir)
+            self.assertEqual((result.concurrent, result.attempts_concurrent, result.parallel),
+                             (1, 1, 1), run.name)
+        self.assertEqual({s["gpus"] for s in seen}, {"0", "1"})
+        overlapping = [(a, b) for a, b in itertools.combinations(seen, 2)
+                       if a["t0"] < b["t1"] and b["t0"] < a["t1"]]
+        self.assertNotEmpty(overlapping)  # (else the check below would prove nothing)
+        for a, b in overlapping:
+            self.assertNotEqual(a["gpus"], b["gpus"], (a, b))
+        # The first two launches take the groups in order; the console names them.
+        starts = [line for line in self.lines if line.startswith("--- ") and "starting" in line]
+        self.assertEqual(starts[:2], [
+            f"--- {runs[0].name}: starting (1 of 2 in flight, CUDA_VISIBLE_DEVICES=0)",
+            f"--- {runs[1].name}: starting (2 of 2 in flight, CUDA_VISIBLE_DEVICES=1)"])
+        # The results treat their tokens/s as measured alone: nothing marked shared.
+        report = sweep_report.build(_config(grid=grid, seed_axis=None), self.root)
+        self.assertEqual([e.result.concurrent for e in report.entries], [1] * 4)
+        md = sweep_report.markdown(report)
+        self.assertIn("| 400 |", md)  # (the stand-in's median tokens/s of a 7-step run)
+        self.assertNotIn(sweep_report.SHARED_MARK, md)
+        self.assertNotIn("shared GPU", md)
+
+    def test_parallel_above_the_groups_and_bad_groups_raise_before_any_launch(self):
+        grid = ((("fake.mode", ("ok",)),),)
+        cases = ((dict(parallel=3, gpus=["0", "1"]),
+                  r"^parallel=3 is above the 2 GPU group\(s\) of gpus=\['0', '1'\]"),
+                 (dict(gpus=[]), r"^gpus=\[\]: expected a non-empty list"),
+                 (dict(gpus="0,1"), r"^gpus='0,1': expected a non-empty list"),
+                 (dict(gpus=["0", ""]), r"expected a non-empty list"),
+                 (dict(gpus=["0", "0"]), r"a GPU group appears twice"))
+        for kwargs, message in cases:
+            with self.subTest(kwargs=kwargs):
+                with self.assertRaisesRegex(ValueError, message):
+                    self._execute(grid, **kwargs)
+                runs = sweep.expand(_config(grid=grid, seed_axis=None))
+                with self.assertRaisesRegex(ValueError, message):
+                    sweep.plan(runs, self.root, config_path="cfg.py", **kwargs)
+        self.assertEqual(os.listdir(self.root), ["fake_train.py"])  # nothing launched
+        # One group, one run at a time: it still runs there.
+        self.env["FAKE_RECORD_GPUS"] = "1"
+        runs, summary = self._execute(grid, gpus=["2,3"])
+        self.assertEqual(summary.status, "complete")
+        with open(os.path.join(sweep.run_dir(self.root, runs[0]), "fake_gpus.json")) as f:
+            self.assertEqual(json.load(f)["gpus"], "2,3")
+        self.assertIn(f"--- {runs[0].name}: starting (CUDA_VISIBLE_DEVICES=2,3)", self.lines)
+
+    def test_plan_names_the_groups_and_estimates_each_run_alone(self):
+        grid = ((("fake.mode", ("ok",)), ("train.total_steps", (4, 5, 6, 7, 8))),)
+        runs = sweep.expand(_config(grid=grid, seed_axis=None))
+        # Finished: two alone (10 s, 20 s) and one two at a time (50 s).
+        for run, wall, concurrent in zip(runs[:3], (10.0, 20.0, 50.0), (1, 1, 2)):
+            workdir = sweep.run_dir(self.root, run)
+            os.makedirs(workdir)
+            with open(os.path.join(workdir, "console.log"), "w") as f:
+                f.write("final: step 4\n")
+            end = {"event": "end", "returncode": 0, "wall_s": wall}
+            if concurrent > 1:
+                end.update(parallel=2, concurrent=concurrent, shared_s=wall)
+            with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
+                f.write(json.dumps({"event": "start"}) + "\n" + json.dumps(end) + "\n")
+
+        def plan(**kwargs):
+            return [(p.action, p.gpus) for p in sweep.plan(
+                runs, self.root, config_path="cfg.py", deadline_s=30.0, stop_margin_s=0.0,
+                finish_by_deadline=True, parallel=2, **kwargs)][3:]
+
+        # Sharing the GPU, each needs ~50 s (> 30 s left): held; alone on a group, ~15 s.
+        self.assertEqual(plan(), [("hold", None)] * 2)
+        self.assertEqual(plan(gpus=["3", "5"]), [("launch", "3"), ("launch", "5")])
+        self.assertEqual(plan(gpus=["3", "5", "7"]), [("launch", "3"), ("launch", "5")])
+        # Beyond the launches at the start: the group a trainer frees (not known beforehand).
+        planned = sweep.plan(runs, self.root, config_path="cfg.py", gpus=["0"], parallel=1,
+                             retry_failed=True)
+        self.assertEqual([p.gpus for p in planned if p.action == "launch"], ["0", None])
+
+    def test_the_driver_runs_one_per_group_and_says_so(self):
+        from lattn_jax import sweep_driver  # noqa: PLC0415
+        repo = os.path.join(self.root, "repo")
+        os.makedirs(os.path.join(repo, "experiments"))
+        os.makedirs(os.path.join(repo, "configs"))
+        with open(os.path.join(repo, "experiments", "train.py"), "w") as f:
+            f.write(FAKE_TRAINER)
+        with open(os.path.join(repo, "configs", "fake.py"), "w") as f:
+            f.write("import ml_collections\n"
+                    "def get_config(arg=None):\n"
+                    "    return ml_collections.ConfigDict(dict(train=dict(total_steps=4)))\n")
+        config = dict(name="demo", train_config="configs/fake.py", arg=(),
+                      grid=((("train.total_steps", (4, 5, 6)),),), seed_axis=None)
+        root = os.path.join(self.root, "sweep")
+        self.env["FAKE_RECORD_GPUS"] = "1"
+        status = sweep_driver.run(config, sweep_driver.SweepOptions(
+            root=root, gpus="1+2,5", parallel=None, compilation_cache=""), repo_root=repo,
+            argv=["sweep.py", "--gpus=1+2,5"], env=self.env, print_fn=self.lines.append)
+        self.assertEqual(status, 0)
+        self.assertIn("sweep demo: 3 run(s) selected (3 not started); no deadline; up to 2 "
+                      "run(s) at once, one per GPU group, each alone on it "
+                      "(CUDA_VISIBLE_DEVICES 1,2 | 5)", self.lines)
+        seen = []
+        for run in sweep.expand(config):
+            with open(os.path.join(sweep.run_dir(root, run), "fake_gpus.json")) as f:
+                seen.append(json.load(f)["gpus"])
+        self.assertEqual(seen[:2], ["1,2", "5"])  # the first launches, in the groups' order
+        self.assertIn(seen[2], ("1,2", "5"))
+        log = sweep.read_jsonl(os.path.join(root, "sweep.jsonl"))
+        self.assertEqual([(r["parallel"], r["gpus"]) for r in log], [(2, ["1,2", "5"])])
+
+    def test_gpu_pool_gives_the_first_free_group_and_waits_for_one(self):
+        pool = sweep.GpuPool(["0,1", "2,3", "4"])
+        self.assertEqual([pool.take(), pool.take()], ["0,1", "2,3"])
+        pool.give("0,1")
+        self.assertEqual(pool.take(), "0,1")
+        self.assertEqual(pool.take(), "4")
+        got = []
+        taker = threading.Thread(target=lambda: got.append(pool.take()), daemon=True)
+        taker.start()
+        taker.join(0.3)
+        self.assertEqual(got, [])  # none free: it waits
+        pool.give("2,3")
+        taker.join(5)
+        self.assertEqual(got, ["2,3"])
+
+
 class RemeasureAloneTest(_FakeTrainerTestCase):
     """``remeasure_alone`` (``--remeasure_alone``) with the stand-in trainer, whose tokens/s
     at step s is 100 s: runs trained two at a time are measured again alone, once."""
@@ -1141,6 +1306,13 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
         self.assertFalse(any("re-measuring" in line for line in self.lines))
         with self.assertRaisesRegex(sweep.SweepConfigError, r"^--remeasure_alone=1: at least 2"):
             call(remeasure_alone=1)
+        # With --gpus, a re-measurement runs on the first group (not on every GPU of the host).
+        first_dir = sweep.run_dir(root, sweep.expand(config)[0])
+        os.remove(os.path.join(first_dir, sweep.THROUGHPUT_ALONE))
+        env["FAKE_RECORD_GPUS"] = "1"
+        self.assertEqual(call(remeasure_alone=steps, gpus="3,4", only=names[:1]), 0)
+        with open(os.path.join(first_dir, sweep.ALONE_DIR, "fake_gpus.json")) as f:
+            self.assertEqual(json.load(f)["gpus"], "3")
 
 
 class ParallelEnvTest(absltest.TestCase):
