@@ -11,8 +11,10 @@ its step and the OS's reason, also when it was asynchronous (from the next ``sav
 ``close``).
 
 Retention: the ``keep`` newest checkpoints, plus (``keep_best``) the one with the lowest
-``val_loss`` among those saved with metrics. Saves are asynchronous by default: ``save`` returns
-once the arrays are copied off the devices, and the files are written in the background.
+``val_loss`` among those saved with metrics (orbax writes them into the checkpoint, so a
+restarted run keeps the best saved before the restart). Saves are asynchronous by default:
+``save`` returns once the arrays are copied off the devices, and the files are written in the
+background.
 
 Unreadable checkpoints: :meth:`Checkpointer.restore_latest` tries the newest step and, if it
 cannot be read (a truncated array file, a missing ``_METADATA``, a missing data-iterator file,
@@ -311,14 +313,25 @@ def _is_closed_loop_noise(unraisable) -> bool:
             and str(unraisable.exc_value) == "Event loop is closed")
 
 
+def _no_metrics_notice(record: logging.LogRecord) -> bool:
+    """``False`` for orbax's warning on a save without metrics while ``best_fn`` is set
+    (``keep_best``): most saves have none by design (only those after an evaluation do)."""
+    return not (record.levelno == logging.WARNING and f"{os.sep}orbax{os.sep}" in (
+        record.pathname or "") and "did not provide metrics" in record.getMessage())
+
+
 def _install_save_error_filters() -> None:
-    """Installs, once per process, :data:`_SAVE_ERRORS` on the absl and asyncio loggers and a
-    ``sys.unraisablehook`` that drops :func:`_is_closed_loop_noise` (every other unraisable
-    exception goes to the hook that was there before)."""
+    """Installs, once per process, :data:`_SAVE_ERRORS` on the absl and asyncio loggers,
+    :func:`_no_metrics_notice` on absl's, and a ``sys.unraisablehook`` that drops
+    :func:`_is_closed_loop_noise` (every other unraisable exception goes to the hook that was
+    there before)."""
     for name in ("absl", "asyncio"):
         logger = logging.getLogger(name)
         if _SAVE_ERRORS not in logger.filters:
             logger.addFilter(_SAVE_ERRORS)
+    absl_logger = logging.getLogger("absl")
+    if _no_metrics_notice not in absl_logger.filters:
+        absl_logger.addFilter(_no_metrics_notice)
     previous = sys.unraisablehook
     if getattr(previous, "_lattn_closed_loop_filter", False):
         return
@@ -398,6 +411,11 @@ def saved_steps(workdir: str) -> List[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
+def _val_loss(metrics: Dict[str, float]) -> float:
+    """The metric ``keep_best`` ranks checkpoints by (lower is better)."""
+    return metrics["val_loss"]
+
+
 class Checkpointer:
     """Saves and restores ``(train_state, data_iterator)`` pairs in ``<workdir>/checkpoints``.
 
@@ -417,13 +435,18 @@ class Checkpointer:
         if keep_best:
             # Sorted by descending loss, BestN keeps the last n: the lowest loss.
             policies.append(preservation_policy.BestN(
-                get_metric_fn=lambda m: m["val_loss"], reverse=True, n=1,
+                get_metric_fn=_val_loss, reverse=True, n=1,
                 keep_checkpoints_without_metrics=False))
+        # best_fn: orbax writes a checkpoint's metrics to disk only when it is set (without
+        # it BestN ranked the steps of this process alone: the best one saved before a
+        # restart had no metrics, and the restarted run deleted it).
+        best = dict(best_fn=_val_loss, best_mode="min") if keep_best else {}
         options = ocp.CheckpointManagerOptions(
             create=True, enable_async_checkpointing=async_save, cleanup_tmp_directories=cleanup_tmp,
-            preservation_policy=preservation_policy.AnyPreservationPolicy(policies))
+            preservation_policy=preservation_policy.AnyPreservationPolicy(policies), **best)
         self.manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "data_iter"))
+        self._keep_best = keep_best  # (without best_fn, orbax's best_step is the latest)
         self._writing = None  # the step of the asynchronous save in flight, if any
         self._cleanup_tmp = cleanup_tmp
         _install_save_error_filters()  # a failed write: one line, not orbax's tracebacks
@@ -457,6 +480,12 @@ class Checkpointer:
     def latest_step(self) -> Optional[int]:
         """The newest complete checkpoint's step, or ``None``."""
         return self.manager.latest_step()
+
+    def best_step(self) -> Optional[int]:
+        """With ``keep_best``: the step of the checkpoint with the lowest ``val_loss`` among
+        those saved with metrics (also before a restart: orbax keeps them on disk), or
+        ``None`` when none has metrics; ``None`` without ``keep_best``."""
+        return self.manager.best_step() if self._keep_best else None
 
     def save(self, step: int, state: PyTree, data_iter: Any = None, *,
              metrics: Optional[Dict[str, float]] = None, force: bool = True) -> bool:

@@ -120,7 +120,28 @@ class CheckpointerTest(absltest.TestCase):
             metrics = None if val_loss is None else {"val_loss": val_loss}
             ckpt.save(step, {"w": jnp.full((2,), float(step))}, metrics=metrics)
         self.assertEqual(sorted(ckpt.all_steps()), [2, 4])
+        self.assertEqual(ckpt.best_step(), 2)
         ckpt.close()
+
+    def test_keeps_the_best_across_a_restart(self):
+        # orbax wrote no metrics to disk (BestN without best_fn): a resumed run knew no best
+        # and deleted the best checkpoint saved before the restart at its next saves.
+        losses = np.random.default_rng().permutation([1.0, 2.0, 3.0])
+        best = 1 + int(np.argmin(losses))
+        ckpt = checkpoint_lib.Checkpointer(self.tmp, keep=1, keep_best=True, async_save=False)
+        for step, val_loss in zip((1, 2, 3), losses):
+            ckpt.save(step, {"w": jnp.full((2,), float(step))},
+                      metrics={"val_loss": float(val_loss)})
+        ckpt.close()
+        ckpt = checkpoint_lib.Checkpointer(self.tmp, keep=1, keep_best=True, async_save=False)
+        self.assertEqual(ckpt.best_step(), best)
+        for step in (4, 5):
+            ckpt.save(step, {"w": jnp.full((2,), float(step))})
+        self.assertEqual(sorted(ckpt.all_steps()), [best, 5])
+        ckpt.close()
+        plain = checkpoint_lib.Checkpointer(self.tmp, keep=1, async_save=False)
+        self.assertIsNone(plain.best_step())  # without keep_best: no best
+        plain.close()
 
 
 class GuardAndResumeTest(CorpusTestCase):
@@ -155,10 +176,12 @@ class GuardAndResumeTest(CorpusTestCase):
                 batch = dict(batch, weights=np.full_like(batch["weights"], np.nan))
             return original(self, state, batch)
 
-        cfg = tiny_experiment(self.corpus, checkpoint_every=2, total_steps=6)
+        cfg = tiny_experiment(self.corpus, checkpoint_every=2, total_steps=6, eval_every=2)
         with mock.patch.object(train.Trainer, "train_step", poison_third):
             with self.assertRaisesRegex(train.NonFiniteError,
-                                        r"step 3: non-finite loss .*last good parameters"):
+                                        r"step 3: non-finite loss .*last good parameters.*"
+                                        r" The checkpoint with the lowest validation loss is "
+                                        r"step 2 \(--step=2 resumes from it\)\.$"):
                 train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
         ckpt = checkpoint_lib.Checkpointer(workdir)
         trainer = train.Trainer(cfg)
