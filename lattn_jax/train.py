@@ -1351,8 +1351,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
             raise FileNotFoundError(
                 f"no checkpoint for step {step} in {os.path.join(workdir, 'checkpoints')} "
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
-    if os.path.isdir(workdir):  # another kind of run's workdir: refused before any write
-        config_lib.saved_training_config(workdir)
+    # Another kind of run's workdir, or inside a run's checkpoints: refused before any write.
+    config_lib.saved_training_config(workdir)
     check_mesh(config)  # a mesh that does not fit the devices: before the data is read
     created = config_lib.first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
     try:
@@ -1849,13 +1849,19 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
                     # The step kept the previous parameters: save them and stop.
                     save(step)
                     wait_for_save(step)
+                    # The steps before it may have diverged already (finite, but no longer
+                    # good): the checkpoint with the best validation loss is kept (keep_best).
+                    best = ckpt.best_step()
+                    best = (f" The checkpoint with the lowest validation loss is step {best} "
+                            f"(--step={best} resumes from it)." if best not in (None, step)
+                            else "")
                     raise NonFiniteError(
                         f"step {step}: non-finite loss ({float(metrics['loss'])}) or gradient "
                         f"norm ({float(metrics['grad_norm'])}); train.nonfinite_policy='stop'. "
                         f"Saved the last good parameters and optimizer state at step {step} in "
                         f"{ckpt.directory} (the data iterator is past the bad batch, so a "
                         f"resumed run skips it); set train.nonfinite_policy='skip' to continue "
-                        f"past such steps.")
+                        f"past such steps.{best}")
                 if first_step:
                     # Exclude the compilation from the throughput window.
                     jax.block_until_ready(metrics)
