@@ -1398,6 +1398,18 @@ def _and(items) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
+def _inside_checkpoints(workdir: str) -> Optional[str]:
+    """The training workdir (a ``config.json`` beside its ``checkpoints/``) whose
+    ``checkpoints`` folder, or a step folder in it, ``workdir`` is; else ``None``."""
+    path = os.path.normpath(os.path.abspath(workdir))
+    parent, name = os.path.split(path)
+    if name.isdigit() and os.path.basename(parent) == "checkpoints":
+        parent, name = os.path.split(parent)
+    if name == "checkpoints" and os.path.isfile(os.path.join(parent, "config.json")):
+        return parent
+    return None
+
+
 def saved_training_config(workdir: str, *, flag: str = "--workdir",
                           consequence: str = "training would overwrite it",
                           writer: str = "train") -> Optional[dict]:
@@ -1427,12 +1439,20 @@ def saved_training_config(workdir: str, *, flag: str = "--workdir",
       ConfigError: naming ``<workdir>/config.json`` when it is not valid JSON, or is another
         kind of run's (no ``model`` section; e.g. a HALO workdir's, with a ``teacher`` one);
         naming ``workdir`` when it is the other binary's directory (a sweep root for
-        ``writer="train"``, a training workdir for ``writer="sweep"``); and ``flag``.
+        ``writer="train"``, a training workdir for ``writer="sweep"``), and for
+        ``writer="train"`` when it is a training run's ``checkpoints`` folder or a step folder
+        in it (naming that run's workdir); and ``flag``.
       ValueError: ``writer`` is neither ``"train"`` nor ``"sweep"`` (a programming error).
     """
     if writer not in ("train", "sweep"):
         raise ValueError(f"writer={writer!r}: expected 'train' or 'sweep'")
     if writer == "train":
+        inside = _inside_checkpoints(workdir)
+        if inside is not None:
+            raise ConfigError(
+                f"{workdir} is inside the checkpoints of the run in {inside} (its checkpoints "
+                f"folder or a step folder): {consequence} there. Pass {flag}={inside} to "
+                f"resume that run, or another {flag}")
         found = _entries(workdir, SWEEP_ROOT_ENTRIES)
         if found:
             raise ConfigError(

@@ -730,6 +730,28 @@ class StoppedBeforeCheckpointsTest(CorpusTestCase):
         self.assertEqual((result["resumed_from"], result["step"]), (-1, 2))
 
 
+class InsideCheckpointsTest(CorpusTestCase):
+
+    def test_a_runs_checkpoints_folder_is_refused_as_a_workdir(self):
+        # train.py trained into <run>/checkpoints, writing config.json, metrics.jsonl and a
+        # checkpoints/ of its own among the other run's step folders.
+        workdir = os.path.join(self.tmp, "w")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2), workdir,
+                                 print_fn=lambda s: None)
+        ckpts = os.path.join(workdir, "checkpoints")
+        before = sorted(os.listdir(ckpts))
+        for inner in (ckpts, os.path.join(ckpts, before[-1]), os.path.join(ckpts, "99")):
+            with self.subTest(inner=inner):
+                with self.assertRaisesRegex(config_lib.ConfigError, (
+                        f"^{re.escape(inner)} is inside the checkpoints of the run in "
+                        f"{re.escape(workdir)} .*Pass --workdir={re.escape(workdir)} to "
+                        f"resume that run")):
+                    train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=2),
+                                             inner, print_fn=lambda s: None)
+                self.assertEqual(sorted(os.listdir(ckpts)), before)  # nothing written
+        self.assertEqual(os.listdir(os.path.join(ckpts, before[-1])).count("config.json"), 0)
+
+
 class _NoCheckpoints:
     """A process's checkpointer that saves nothing: orbax needs JAX's distributed runtime when
     ``jax.process_count()`` is above 1 (it writes every process's shards and finalizes on
