@@ -202,6 +202,23 @@ class InputsCheckTest(absltest.TestCase):
         self.assertNotIn("=== stage1", result.stdout)
         self.assertFalse(os.path.exists(workdir))
 
+    def test_one_stage_with_a_missing_input_writes_nothing(self):
+        # halo.py --stage=stage1 with a missing teacher left config.json and
+        # stage1/options.json: the fixed command in the same workdir was then refused as a
+        # change of options, although nothing had run.
+        missing = f"/nonexistent{random.Random().randrange(10**6)}/teacher.gguf"
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.teacher.kind, cfg.teacher.path = "gguf", missing
+        with self.assertRaisesRegex(FileNotFoundError,
+                                    rf"^teacher\.path={missing}: no such file$"):
+            experiment.run(cfg, workdir, "stage1", print_fn=lambda s: None)
+        self.assertFalse(os.path.exists(workdir))
+        with self.assertRaisesRegex(ValueError, r"stage2"):  # reads stage1, not there
+            experiment.run(halo_smollm2.get_config("tiny"), workdir, "stage2",
+                           print_fn=lambda s: None)
+        self.assertFalse(os.path.exists(workdir))
+
 
 class MarkdownPathTest(absltest.TestCase):
     """--markdown under a regular file is refused before the first stage (it was a
