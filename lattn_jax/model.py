@@ -207,8 +207,11 @@ class LanguageModel(nnx.Module):
           max_len: KV-cache capacity: the prompt plus every token to be generated.
 
         Raises:
-          ValueError: if ``max_len < 1`` (from the attention cache).
+          ValueError: if ``batch < 1`` or ``max_len < 1`` (the latter from the attention
+            cache).
         """
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ValueError(f"init_state: batch={batch!r}; expected a positive integer (rows)")
         states = []
         for block in self.blocks:
             if isinstance(block.mixer, mixers.attention.Attention):
@@ -383,6 +386,8 @@ def _check_tokens(tokens: Array, segment_ids: Optional[Array]) -> None:
     if len(shape) != 2 or dtype is None or not jnp.issubdtype(dtype, jnp.integer):
         got = type(tokens).__name__ if dtype is None else jnp.dtype(dtype).name
         raise ValueError(f"tokens must be integer token ids [batch, seq_len], got {got} {shape}")
+    if 0 in shape:  # (a mixer named its own q: "the time axis must hold at least one token")
+        raise ValueError(f"tokens must hold at least one row and one token, got shape {shape}")
     layers.check_segment_ids(segment_ids, shape, "tokens")
 
 

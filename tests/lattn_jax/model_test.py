@@ -77,6 +77,9 @@ class ModelTest(parameterized.TestCase):
          r"\(12,\)"),
         ("short_segment_ids", "int", (2, 12), (2, 11), r"segment_ids must be \[batch=2, "
          r"seq_len=12\] like tokens, got \(2, 11\)"),
+        ("no_tokens", "int", (2, 0), None, r"^tokens must hold at least one row and one token, "
+         r"got shape \(2, 0\)$"),
+        ("no_rows", "int", (0, 5), None, r"^tokens must hold at least one row and one token"),
     )
     def test_bad_input_shapes_name_the_argument(self, kind, shape, seg_shape, message):
         # Checked on static shapes before any computation: an abstract model suffices.
@@ -103,6 +106,16 @@ class ModelTest(parameterized.TestCase):
             with self.assertRaisesRegex(
                     ValueError, rf"^tokens must be ids in \[0, vocab_size={vocab}\), {got}$"):
                 model(tokens)
+
+    def test_init_state_refuses_a_batch_below_one(self):
+        model = nnx.eval_shape(lambda: model_lib.LanguageModel(tiny_config(PATTERNS["hybrid"]),
+                                                               rngs=nnx.Rngs(0)))
+        for batch in (-1, 0, 1.5, True):
+            with self.subTest(batch=batch):
+                with self.assertRaisesRegex(ValueError, rf"^init_state: batch={batch!r}; "
+                                                        r"expected a positive integer"):
+                    model.init_state(batch, 4)
+        self.assertLen(model.init_state(np.int64(2), 4), 3)  # one state per block
 
     def test_a_string_layer_pattern_is_refused_asking_for_a_tuple(self):
         # "gdn" would otherwise be read letter by letter ('g' is not a known mixer).
