@@ -50,6 +50,8 @@ def main(argv):
     try:
         sampling = gen_lib.SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                           top_p=_TOP_P.value)
+        if _MAX_NEW.value < 1:  # Generator.generate checks it too, but after the model loads
+            raise ValueError(f"max_new_tokens must be >= 1, got {_MAX_NEW.value}")
         context_parallel.check_context(_CONTEXT.value)  # before the model is loaded
         restored = restore.load(_CHECKPOINT.value, _STEP.value)
         tok = restored.tokenizer

@@ -89,6 +89,20 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "error: no such checkpoint directory: /no/such/run (expected a workdir"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),
+        # Were accepted, and sampled garbage (nan) or the argmax (inf).
+        ("nan_temperature", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--temperature=nan"],
+         "error: temperature must be a finite number >= 0, got nan\n"),
+        ("inf_temperature", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--temperature=inf"],
+         "error: temperature must be a finite number >= 0, got inf\n"),
+        ("negative_top_k", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--top_k=-1"],
+         "error: top_k must be >= 0, got -1\n"),
+        # Came after the model loaded.
+        ("zero_max_new_tokens", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--max_new_tokens=0"],
+         "error: max_new_tokens must be >= 1, got 0\n"),
         # Named no flag, and came after the (slow) restore.
         ("context_over_the_devices", "evaluate.py",
          ["--checkpoint=/no/such/run", "--tasks=piqa", "--context=2"],
