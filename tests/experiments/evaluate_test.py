@@ -78,6 +78,11 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("negative_perplexity_max_docs", "evaluate.py",
          ["--checkpoint=/tmp", "--tasks=perplexity", "--perplexity_max_docs=-3"],
          "error: perplexity_max_docs must be a positive number of documents, got -3"),
+        # Was "stride must be in [1, max_len]" after the model loaded.
+        ("perplexity_stride_over_window", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity",
+          "--perplexity_files=/nonexistent.txt", "--perplexity_stride=4096"],
+         "error: --perplexity_stride=4096 exceeds --perplexity_window=2048: "),
         # Was blamed on --data_dir, which does not change an absolute path.
         ("missing_perplexity_file", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity",
