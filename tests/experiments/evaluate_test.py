@@ -92,6 +92,13 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
          "error: no such checkpoint directory: /no/such/run (expected a workdir"),
+        # Was "no such checkpoint directory" although the file exists.
+        ("generate_gguf_file", "generate.py", [f"--checkpoint={FAKE_GGUF}", "--prompt=hi"],
+         f"error: --checkpoint={FAKE_GGUF} is a GGUF file: generate.py takes a lattn-jax "
+         "training workdir; evaluate.py scores GGUF files\n"),
+        ("generate_other_file", "generate.py", [f"--checkpoint={NOT_GGUF}", "--prompt=hi"],
+         f"error: --checkpoint={NOT_GGUF} is a file: generate.py takes a lattn-jax training "
+         "workdir\n"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),
         # Were accepted, and sampled garbage (nan) or the argmax (inf).
