@@ -39,6 +39,16 @@ _CONTEXT = flags.DEFINE_integer("context", 1, "Split the prompts' prefill over t
 flags.mark_flags_as_required(["checkpoint", "prompt"])
 
 
+def check_not_a_file(path):
+    """Refuses a file (restore.load reads training workdirs only), naming a GGUF file as one."""
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            gguf = f.read(4) == b"GGUF"
+        raise ValueError(f"--checkpoint={path} is {'a GGUF' if gguf else 'a'} file: generate.py "
+                         f"takes a lattn-jax training workdir"
+                         + ("; evaluate.py scores GGUF files" if gguf else ""))
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -50,7 +60,10 @@ def main(argv):
     try:
         sampling = gen_lib.SamplingConfig(temperature=_TEMPERATURE.value, top_k=_TOP_K.value,
                                           top_p=_TOP_P.value)
+        if _MAX_NEW.value < 1:  # Generator.generate checks it too, but after the model loads
+            raise ValueError(f"max_new_tokens must be >= 1, got {_MAX_NEW.value}")
         context_parallel.check_context(_CONTEXT.value)  # before the model is loaded
+        check_not_a_file(_CHECKPOINT.value)
         restored = restore.load(_CHECKPOINT.value, _STEP.value)
         tok = restored.tokenizer
         vocab = restored.config.model.vocab_size

@@ -74,6 +74,9 @@ def main(argv):
             raise ValueError(f"--tasks: unknown {unknown}; choose from {tasks_lib.TASK_NAMES}")
         if _LIMIT.value < 0:
             raise ValueError(f"--limit must be 0 (full files) or positive, got {_LIMIT.value}")
+        if os.path.realpath(_SRC.value) == os.path.realpath(_DST.value):
+            raise ValueError(f"--dst must differ from --src (both {_SRC.value}): the copy "
+                             f"would overwrite its source")
         src_eval, dst_eval = (os.path.join(_SRC.value, "eval"),
                               os.path.join(_DST.value, "eval"))
         missing = [p for t in _TASKS.value for p in tasks_lib.missing_files(t, src_eval)]

@@ -82,8 +82,9 @@ def check_flags(request: EvaluateRequest, names: Sequence[str]) -> None:
       names: its tasks, expanded (:func:`lattn_jax.eval.runner.expand_tasks`).
 
     Raises:
-      ValueError: naming the flag and its value: no task, a count below 1, or an
-        ``--output_dir`` that exists and is not a directory.
+      ValueError: naming the flag and its value: no task, a count below 1, a
+        ``--perplexity_stride`` above ``--perplexity_window``, or an ``--output_dir`` that
+        exists and is not a directory.
     """
     if not names:
         raise ValueError(f"--tasks={','.join(request.tasks)}: no task given; choose from "
@@ -92,6 +93,10 @@ def check_flags(request: EvaluateRequest, names: Sequence[str]) -> None:
         value = getattr(request, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name}={value}: not a positive integer ({what})")
+    if request.perplexity_stride > request.perplexity_window:  # found after the restore before
+        raise ValueError(f"--perplexity_stride={request.perplexity_stride} exceeds "
+                         f"--perplexity_window={request.perplexity_window}: a window scores at "
+                         f"most its own tokens; give a stride <= the window")
     out = request.output_dir
     if out is not None and os.path.exists(out) and not os.path.isdir(out):
         raise ValueError(f"--output_dir={out} exists and is not a directory")

@@ -26,6 +26,7 @@ compiled decode call, e.g. for stop *strings* such as lm-evaluation-harness's ``
 """
 
 import dataclasses
+import math
 from typing import Callable, List, Optional, Sequence, Tuple
 
 import jax
@@ -51,7 +52,8 @@ class SamplingConfig:
         (``1.0``: all).
 
     Raises:
-      ValueError: for a negative temperature or top_k, or top_p outside ``(0, 1]``.
+      ValueError: for a negative or non-finite temperature, a negative top_k, or top_p outside
+        ``(0, 1]`` (NaN included).
     """
 
     temperature: float = 0.0
@@ -59,8 +61,8 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:

@@ -78,6 +78,11 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("negative_perplexity_max_docs", "evaluate.py",
          ["--checkpoint=/tmp", "--tasks=perplexity", "--perplexity_max_docs=-3"],
          "error: perplexity_max_docs must be a positive number of documents, got -3"),
+        # Was "stride must be in [1, max_len]" after the model loaded.
+        ("perplexity_stride_over_window", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity",
+          "--perplexity_files=/nonexistent.txt", "--perplexity_stride=4096"],
+         "error: --perplexity_stride=4096 exceeds --perplexity_window=2048: "),
         # Was blamed on --data_dir, which does not change an absolute path.
         ("missing_perplexity_file", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity",
@@ -87,8 +92,29 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
          "error: no such checkpoint directory: /no/such/run (expected a workdir"),
+        # Was "no such checkpoint directory" although the file exists.
+        ("generate_gguf_file", "generate.py", [f"--checkpoint={FAKE_GGUF}", "--prompt=hi"],
+         f"error: --checkpoint={FAKE_GGUF} is a GGUF file: generate.py takes a lattn-jax "
+         "training workdir; evaluate.py scores GGUF files\n"),
+        ("generate_other_file", "generate.py", [f"--checkpoint={NOT_GGUF}", "--prompt=hi"],
+         f"error: --checkpoint={NOT_GGUF} is a file: generate.py takes a lattn-jax training "
+         "workdir\n"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),
+        # Were accepted, and sampled garbage (nan) or the argmax (inf).
+        ("nan_temperature", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--temperature=nan"],
+         "error: temperature must be a finite number >= 0, got nan\n"),
+        ("inf_temperature", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--temperature=inf"],
+         "error: temperature must be a finite number >= 0, got inf\n"),
+        ("negative_top_k", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--top_k=-1"],
+         "error: top_k must be >= 0, got -1\n"),
+        # Came after the model loaded.
+        ("zero_max_new_tokens", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--max_new_tokens=0"],
+         "error: max_new_tokens must be >= 1, got 0\n"),
         # Named no flag, and came after the (slow) restore.
         ("context_over_the_devices", "evaluate.py",
          ["--checkpoint=/no/such/run", "--tasks=piqa", "--context=2"],
