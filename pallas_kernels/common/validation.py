@@ -112,6 +112,9 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size, scal
     if initial_state is not None:
         check_rank("initial_state", initial_state, ("B", "H", "K", "V"))
         check_shape("initial_state", initial_state, (batch, heads, dk, dv))
+        if not jnp.issubdtype(initial_state.dtype, jnp.floating):  # (was cast silently)
+            raise ValueError(f"initial_state must have a floating dtype (the state is fp32), "
+                             f"got initial_state.dtype={initial_state.dtype}")
     if segment_ids is not None:
         check_rank("segment_ids", segment_ids, ("B", "T"))
         check_shape("segment_ids", segment_ids, (batch, seq_len))
@@ -203,7 +206,8 @@ def expand_key_heads(q: jax.Array, k: jax.Array, heads: int, dtype=jnp.float32):
 
 def check_chunk_size(chunk_size: int) -> None:
     """Raises ``ValueError`` unless ``chunk_size`` is a positive power of two."""
-    if not isinstance(chunk_size, int) or chunk_size < 1 or chunk_size & (chunk_size - 1):
+    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+            or chunk_size & (chunk_size - 1)):  # (True passed as chunk_size 1)
         raise ValueError(f"chunk_size must be a positive power of two, got {chunk_size=}")
 
 

@@ -346,6 +346,9 @@ class Gdn2Test(parameterized.TestCase):
             ({}, dict(segment_ids=jnp.zeros((2, 8), F32)), r"segment_ids must have an integer"),
             ({}, dict(chunk_size=48), r"chunk_size must be a positive power of two"),
             ({}, dict(chunk_size=0), r"chunk_size must be a positive power of two"),
+            ({}, dict(chunk_size=True), r"chunk_size must be a positive power of two"),
+            ({}, dict(initial_state=base["initial_state"].astype(jnp.int32)),
+             r"^initial_state must have a floating dtype"),
             ({}, dict(implementation="cuda"), r"^\w+: implementation='cuda' is not available"),
             ({}, dict(scale="x"), r"^scale must be None or a positive finite number, got "
                                   r"scale='x' \(str\)$"),
