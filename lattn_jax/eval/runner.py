@@ -463,10 +463,8 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
                 docs = read_documents(path, None)
                 seen = trained_on(path, options.training_data)
                 if seen:
-                    message = (f"warning: the checkpoint trains on {path} (config.data.paths); "
-                               "its perplexity is a training perplexity, not a held-out one")
-                    logging.warning(message)
-                    log(message)
+                    log(f"warning: the checkpoint trains on {path} (config.data.paths); its "
+                        "perplexity is a training perplexity, not a held-out one")  # (once)
             key = perplexity_key(path, options.perplexity_max_docs, len(docs))
             total, docs = len(docs), docs[:options.perplexity_max_docs]
             if len(docs) < total:
