@@ -551,18 +551,18 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     Raises:
       ValueError: an unknown ``stage`` or a bad option (named); an earlier stage it reads
         missing from ``workdir`` (:func:`check_prerequisites`).
-      FileNotFoundError: a missing teacher, data file, evaluation directory
-        (:func:`check_inputs`, :func:`check_eval_data`; before anything is written) or
-        earlier stage's output.
+      FileNotFoundError: a missing teacher or data file (:func:`check_inputs`; before
+        anything is written), evaluation directory or earlier stage's output.
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
-    # The pipeline's checks (halo_pipeline.py), before anything is written: a stage that
-    # failed to start left config.json and <stage>/options.json, which then refused a fixed
-    # command in the same workdir as a change of options.
+    # The pipeline's checks of the stages and inputs (halo_pipeline.py; not its check of the
+    # evaluation files: a report of perplexity and NIAH alone runs without them), before
+    # anything is written: a stage that failed to start left config.json and
+    # <stage>/options.json, which then refused a fixed command in the same workdir as a
+    # change of options.
     check_prerequisites(config, workdir, (stage,))
     check_inputs(config, workdir, (stage,))
-    check_eval_data(config, workdir, (stage,))
     check_options(config, workdir, (stage,))
     # Run again, a done stage restores its optimizer state too: optim.flatten must match.
     check_resume(config, workdir, (stage,), rerun=(stage,))

@@ -114,6 +114,7 @@ class Stage3TeacherKLConfigTest(absltest.TestCase):
         cfg.hypenet.attention_layers = (1,)
         cfg.stage3.kl_weight, cfg.stage3.kl_len = 0.25, 32
         workdir = self.create_tempdir().full_path
+        os.makedirs(os.path.join(workdir, "stage2"))  # (its parameters: the mock below)
         with mock.patch.object(experiment.stages, "latest_params", return_value={}), \
                 mock.patch.object(experiment.stages, "run_stage3",
                                   return_value={"losses": [], "step": 0,
