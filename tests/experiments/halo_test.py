@@ -220,6 +220,16 @@ class InputsCheckTest(absltest.TestCase):
         self.assertFalse(os.path.exists(workdir))
 
 
+def _eval_dirs(parent):
+    """A ``report.data_dir`` under ``parent`` with the directories the pipeline's check of
+    the evaluation files looks for (empty): the default, ``../shared/data`` beside the
+    checkout, is missing in a clone elsewhere, and that check then refused first."""
+    data_dir = os.path.join(parent, "evaldata")
+    for sub in ("eval", os.path.join("niah", "PaulGrahamEssays")):
+        os.makedirs(os.path.join(data_dir, sub), exist_ok=True)
+    return data_dir
+
+
 class MarkdownPathTest(absltest.TestCase):
     """--markdown under a regular file is refused before the first stage (it was a
     FileExistsError traceback after all of them), with halo_report.py --output's check."""
@@ -242,7 +252,7 @@ class MarkdownPathTest(absltest.TestCase):
         workdir = os.path.join(tmp, "run")
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
-               f"--markdown={deep}"]
+               f"--markdown={deep}", f"--config.report.data_dir={_eval_dirs(tmp)}"]
         result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip().splitlines(),
@@ -455,7 +465,8 @@ class StageErrorTest(absltest.TestCase):
         weight = -random.uniform(0.5, 9.5)
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
-               f"--config.stage3.kl_weight={weight}"]
+               f"--config.stage3.kl_weight={weight}",
+               f"--config.report.data_dir={_eval_dirs(self.create_tempdir().full_path)}"]
         result = binary_runs.run(cmd)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         message = f"stage3.kl_weight must be a finite number >= 0, got {weight}"
