@@ -87,6 +87,21 @@ FAKE_TRAINER = textwrap.dedent('''
 ''')
 
 
+def _write_finished(root, runs, walls, concurrency):
+    """Records each of ``runs`` as finished after ``walls`` seconds with that many runs at
+    once (``concurrency``; above 1: the attempt's ``parallel=2`` concurrency fields)."""
+    for run, wall, concurrent in zip(runs, walls, concurrency):
+        workdir = sweep.run_dir(root, run)
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, "console.log"), "w") as f:
+            f.write("final: step 4\n")
+        end = {"event": "end", "returncode": 0, "wall_s": wall}
+        if concurrent > 1:
+            end.update(parallel=2, concurrent=concurrent, shared_s=wall)
+        with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
+            f.write(json.dumps({"event": "start"}) + "\n" + json.dumps(end) + "\n")
+
+
 def _config(**changes):
     config = dict(
         name="demo", train_config="configs/table2.py", arg=(("size", "small"),),
@@ -909,16 +924,7 @@ class ParallelTest(_FakeTrainerTestCase):
     def test_finish_by_deadline_estimate_per_concurrency(self):
         grid = ((("fake.mode", ("ok",)), ("train.total_steps", (4, 5, 6, 7))),)
         runs = sweep.expand(_config(grid=grid, seed_axis=None))
-        for run, wall, concurrent in zip(runs[:3], (10.0, 20.0, 50.0), (1, 1, 2)):
-            workdir = sweep.run_dir(self.root, run)
-            os.makedirs(workdir)
-            with open(os.path.join(workdir, "console.log"), "w") as f:
-                f.write("final: step 4\n")
-            end = {"event": "end", "returncode": 0, "wall_s": wall}
-            if concurrent > 1:
-                end.update(parallel=2, concurrent=concurrent, shared_s=wall)
-            with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
-                f.write(json.dumps({"event": "start"}) + "\n" + json.dumps(end) + "\n")
+        _write_finished(self.root, runs[:3], (10.0, 20.0, 50.0), (1, 1, 2))
         new = sweep.RunState(sweep.Status.NOT_STARTED)
         # The same concurrency's median when there is one (alone: 10 and 20; two at once: 50).
         self.assertEqual(sweep.estimated_run_s(self.root, runs, new), 15.0)
@@ -1018,16 +1024,7 @@ class GpusTest(_FakeTrainerTestCase):
         grid = ((("fake.mode", ("ok",)), ("train.total_steps", (4, 5, 6, 7, 8))),)
         runs = sweep.expand(_config(grid=grid, seed_axis=None))
         # Finished: two alone (10 s, 20 s) and one two at a time (50 s).
-        for run, wall, concurrent in zip(runs[:3], (10.0, 20.0, 50.0), (1, 1, 2)):
-            workdir = sweep.run_dir(self.root, run)
-            os.makedirs(workdir)
-            with open(os.path.join(workdir, "console.log"), "w") as f:
-                f.write("final: step 4\n")
-            end = {"event": "end", "returncode": 0, "wall_s": wall}
-            if concurrent > 1:
-                end.update(parallel=2, concurrent=concurrent, shared_s=wall)
-            with open(os.path.join(workdir, sweep.ATTEMPTS), "w") as f:
-                f.write(json.dumps({"event": "start"}) + "\n" + json.dumps(end) + "\n")
+        _write_finished(self.root, runs[:3], (10.0, 20.0, 50.0), (1, 1, 2))
 
         def plan(**kwargs):
             return [(p.action, p.gpus) for p in sweep.plan(
