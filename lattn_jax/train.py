@@ -1322,8 +1322,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         or a later one, an evaluation or a save does (naming also the step that ran out,
         where it surfaced when that was later, and the newest complete checkpoint, which is
         left as it is, as are the metrics written; nothing is saved); and when ``workdir`` is
-        another kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``;
-        :func:`lattn_jax.config.saved_training_config`), before anything is written; and when
+        another kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``)
+        or a training run's ``checkpoints`` folder or a step folder in it
+        (:func:`lattn_jax.config.saved_training_config`), before anything is written; and when
         a resumed run's data files changed since it started (a corpus rebuilt at the same
         path: naming the file and what differs; :func:`_check_data_unchanged`), before the
         data is read; and when
