@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags  # noqa: E402
 
 from lattn_jax import flag_errors  # noqa: E402
+from lattn_jax.halo import experiment  # noqa: E402
 from lattn_jax.halo import report as report_lib  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The HALO workdir.")
@@ -64,6 +65,9 @@ def main(argv):
     except ValueError as e:  # BadJsonError, or an --output that cannot be written
         sys.exit(f"error: {e}")
     print(f"wrote {out}")
+    if not experiment.is_done(_WORKDIR.value, "report"):
+        print(f"note: the report stage has not finished in {_WORKDIR.value} (no "
+              f"report/done.json): the page shows what the stages have recorded so far")
 
 
 if __name__ == "__main__":

@@ -64,8 +64,14 @@ class HaloReportTest(absltest.TestCase):
         result = run()
         self.assertEqual(result.returncode, 0, result.stderr)
         expected = os.path.join(workdir, "halo-smollm2-1999-01-02.md")
-        self.assertEqual(result.stdout.strip(), f"wrote {expected}")
+        self.assertEqual(result.stdout.strip().splitlines(), [
+            f"wrote {expected}", f"note: the report stage has not finished in {workdir} (no "
+            f"report/done.json): the page shows what the stages have recorded so far"])
         self.assertTrue(os.path.isfile(expected))
+        with open(os.path.join(workdir, "report", experiment.DONE_FILE), "w") as f:
+            json.dump({"stage": "report"}, f)  # finished: the page alone
+        result = run()
+        self.assertEqual(result.stdout.strip(), f"wrote {expected}")
         self.assertFalse(os.path.exists(in_repo))
         # --output still writes anywhere.
         elsewhere = os.path.join(self.create_tempdir().full_path, "page.md")
