@@ -5,6 +5,10 @@ Usage::
     python experiments/generate.py --checkpoint=runs/default --prompt="The history of" \\
         --prompt="In 1990 ," --max_new_tokens=40 --temperature=0.8 --top_p=0.9
 
+``--checkpoint`` is a training workdir (``--step``: one of its checkpoints), a Hugging Face
+checkpoint directory or a GGUF file (e.g. HALO's teacher), as for ``evaluate.py``
+(:func:`lattn_jax.eval.restore.load_model`).
+
 Prompts of different lengths are batched with left padding; padding never enters any layer's
 state (``lattn_jax/eval/generate.py``). Greedy unless ``--temperature > 0``; a row stops at EOS
 or at ``--stop_token`` ids. ``--context=N`` splits the prefill of each prompt over N devices
@@ -25,7 +29,8 @@ from lattn_jax import sharding  # noqa: E402
 from lattn_jax.eval import generate as gen_lib  # noqa: E402
 from lattn_jax.eval import restore  # noqa: E402
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir, Hugging Face "
+                                  "directory or GGUF file.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
 _PROMPTS = flags.DEFINE_multi_string("prompt", None, "A prompt (repeat for a batch).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate per prompt.")
@@ -37,16 +42,6 @@ _SEED = flags.DEFINE_integer("seed", 0, "Sampling seed.")
 _CONTEXT = flags.DEFINE_integer("context", 1, "Split the prompts' prefill over this many devices "
                                 "(context parallelism); the other devices split the batch.")
 flags.mark_flags_as_required(["checkpoint", "prompt"])
-
-
-def check_not_a_file(path):
-    """Refuses a file (restore.load reads training workdirs only), naming a GGUF file as one."""
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            gguf = f.read(4) == b"GGUF"
-        raise ValueError(f"--checkpoint={path} is {'a GGUF' if gguf else 'a'} file: generate.py "
-                         f"takes a lattn-jax training workdir"
-                         + ("; evaluate.py scores GGUF files" if gguf else ""))
 
 
 def main(argv):
@@ -63,10 +58,10 @@ def main(argv):
         if _MAX_NEW.value < 1:  # Generator.generate checks it too, but after the model loads
             raise ValueError(f"max_new_tokens must be >= 1, got {_MAX_NEW.value}")
         context_parallel.check_context(_CONTEXT.value)  # before the model is loaded
-        check_not_a_file(_CHECKPOINT.value)
-        restored = restore.load(_CHECKPOINT.value, _STEP.value)
+        # A training workdir, a Hugging Face directory or a GGUF file (e.g. HALO's teacher).
+        restored = restore.load_model(_CHECKPOINT.value, _STEP.value)
         tok = restored.tokenizer
-        vocab = restored.config.model.vocab_size
+        vocab = restored.model_config.vocab_size
         outside = [s for s in stop if not 0 <= s < vocab]
         if outside:
             raise ValueError(f"--stop_token: {outside} outside the model's vocabulary "

@@ -91,14 +91,14 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "files, absolute or relative to --data_dir): /nonexistent.txt\n"),
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
-         "error: no such checkpoint directory: /no/such/run (expected a workdir"),
-        # Was "no such checkpoint directory" although the file exists.
-        ("generate_gguf_file", "generate.py", [f"--checkpoint={FAKE_GGUF}", "--prompt=hi"],
-         f"error: --checkpoint={FAKE_GGUF} is a GGUF file: generate.py takes a lattn-jax "
-         "training workdir; evaluate.py scores GGUF files\n"),
+         "error: no such checkpoint: /no/such/run (expected a lattn-jax training workdir"),
+        # Was "no such checkpoint directory" although the file exists; a GGUF file now loads.
         ("generate_other_file", "generate.py", [f"--checkpoint={NOT_GGUF}", "--prompt=hi"],
-         f"error: --checkpoint={NOT_GGUF} is a file: generate.py takes a lattn-jax training "
-         "workdir\n"),
+         "notes.txt is a file but not a GGUF file"),
+        ("generate_gguf_has_no_step", "generate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--step=3", "--prompt=hi"],
+         f"error: step=3: a checkpoint step applies to lattn-jax training workdirs only; "
+         f"{FAKE_GGUF} is a GGUF file\n"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),
         # Were accepted, and sampled garbage (nan) or the argmax (inf).
@@ -159,6 +159,22 @@ class EvaluateGGUFTest(absltest.TestCase):
             results = json.load(f)
         self.assertEqual({k: (v["n"], v["step"]) for k, v in results.items()},
                          {"piqa": (3, None), "lambada_openai": (3, None)})
+
+    def test_generate_runs_a_gguf_file(self):
+        # generate.py read training workdirs only (evaluate.py took GGUF files already).
+        out = self.create_tempdir().full_path
+        gguf = fixtures.write_tiny_gguf(os.path.join(out, "tiny.gguf"))
+        prompts = ["The", "A longer prompt than the first"]
+        args = [f"--checkpoint={gguf}", "--max_new_tokens=4"]
+        args += [f"--prompt={p}" for p in prompts]
+        result = run("generate.py", *args)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        lines = result.stdout.splitlines()
+        rows = [i for i, line in enumerate(lines) if line == "-" * 80]
+        self.assertLen(rows, 2, result.stdout)
+        self.assertTrue(lines[rows[0] - 1].startswith(prompts[0]), result.stdout)
+        self.assertTrue(lines[rows[1] - 1].startswith(prompts[1]), result.stdout)
+        self.assertEqual(run("generate.py", *args).stdout, result.stdout)  # greedy: the same
 
     def test_a_truncated_gguf_file_is_one_line_naming_it(self):
         out = self.create_tempdir().full_path
