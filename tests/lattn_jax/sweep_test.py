@@ -102,6 +102,21 @@ def _write_finished(root, runs, walls, concurrency):
             f.write(json.dumps({"event": "start"}) + "\n" + json.dumps(end) + "\n")
 
 
+def _stand_in_repo(root, config_dict):
+    """``<root>/repo`` with the stand-in trainer as ``experiments/train.py`` and
+    ``configs/fake.py`` returning ``ml_collections.ConfigDict(<config_dict>)`` (Python source
+    text); returns its path."""
+    repo = os.path.join(root, "repo")
+    os.makedirs(os.path.join(repo, "experiments"))
+    os.makedirs(os.path.join(repo, "configs"))
+    with open(os.path.join(repo, "experiments", "train.py"), "w") as f:
+        f.write(FAKE_TRAINER)
+    with open(os.path.join(repo, "configs", "fake.py"), "w") as f:
+        f.write(f"import ml_collections\ndef get_config(arg=None):\n"
+                f"    return ml_collections.ConfigDict({config_dict})\n")
+    return repo
+
+
 def _config(**changes):
     config = dict(
         name="demo", train_config="configs/table2.py", arg=(("size", "small"),),
@@ -1042,15 +1057,7 @@ class GpusTest(_FakeTrainerTestCase):
 
     def test_the_driver_runs_one_per_group_and_says_so(self):
         from lattn_jax import sweep_driver  # noqa: PLC0415
-        repo = os.path.join(self.root, "repo")
-        os.makedirs(os.path.join(repo, "experiments"))
-        os.makedirs(os.path.join(repo, "configs"))
-        with open(os.path.join(repo, "experiments", "train.py"), "w") as f:
-            f.write(FAKE_TRAINER)
-        with open(os.path.join(repo, "configs", "fake.py"), "w") as f:
-            f.write("import ml_collections\n"
-                    "def get_config(arg=None):\n"
-                    "    return ml_collections.ConfigDict(dict(train=dict(total_steps=4)))\n")
+        repo = _stand_in_repo(self.root, "dict(train=dict(total_steps=4))")
         config = dict(name="demo", train_config="configs/fake.py", arg=(),
                       grid=((("train.total_steps", (4, 5, 6)),),), seed_axis=None)
         root = os.path.join(self.root, "sweep")
@@ -1221,20 +1228,9 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
 
     def test_the_call_re_measures_once_records_and_exports(self):
         from lattn_jax import sweep_driver  # noqa: PLC0415
-        repo = os.path.join(self.root, "repo")
-        os.makedirs(os.path.join(repo, "experiments"))
-        os.makedirs(os.path.join(repo, "configs"))
-        with open(os.path.join(repo, "experiments", "train.py"), "w") as f:
-            f.write(FAKE_TRAINER)
-        with open(os.path.join(repo, "configs", "fake.py"), "w") as f:
-            f.write(textwrap.dedent('''
-                import ml_collections
-                def get_config(arg=None):
-                    return ml_collections.ConfigDict(dict(
-                        train=dict(total_steps=4, eval_every=2, checkpoint_every=2,
-                                   keep_checkpoints=1),
-                        fake=dict(mode="ok", fail_alone=False)))
-            '''))
+        repo = _stand_in_repo(self.root, (
+            "dict(train=dict(total_steps=4, eval_every=2, checkpoint_every=2, "
+            "keep_checkpoints=1), fake=dict(mode='ok', fail_alone=False))"))
         config = dict(name="demo", train_config="configs/fake.py", arg=(),
                       grid=((("train.keep_checkpoints", (1, 2, 3, 4)),),), seed_axis=None)
         root = os.path.join(self.root, "sweep")
