@@ -573,6 +573,13 @@ def _apply_mosaic_t0():
 _CW_OPS = ("kda", "gdn2")
 
 
+def _check_distinct(flag, values, choices):
+    """Refuses ``--<flag>`` values outside ``choices`` or given twice (one UsageError)."""
+    if any(v not in choices for v in values) or len(set(values)) != len(values):
+        raise app.UsageError(f"--{flag}={','.join(values)}: takes distinct values of "
+                             f"{', '.join(choices)}")
+
+
 def _check_channelwise_state_pass():
     """``--channelwise_state_pass`` against the state passes, peers and ops, before anything
     runs (refused where it would be ignored)."""
@@ -580,10 +587,7 @@ def _check_channelwise_state_pass():
     if not values:
         return
     from pallas_kernels.common import channelwise_gpu
-    bad = [v for v in values if v not in channelwise_gpu.STATE_PASSES]
-    if bad or len(set(values)) != len(values):
-        raise app.UsageError(f"--channelwise_state_pass={','.join(values)}: takes distinct "
-                             f"values of {', '.join(channelwise_gpu.STATE_PASSES)}")
+    _check_distinct("channelwise_state_pass", values, channelwise_gpu.STATE_PASSES)
     if "ours" not in _PEERS.value or not any(op in _CW_OPS for op in _OPS.value):
         raise app.UsageError(f"--channelwise_state_pass applies to peer ours and ops "
                              f"{', '.join(_CW_OPS)} only (--peers={','.join(_PEERS.value)} "
@@ -597,10 +601,7 @@ def _check_channelwise_grad_pass():
     if not values:
         return
     from pallas_kernels.common import channelwise_gpu
-    bad = [v for v in values if v not in channelwise_gpu.GRAD_PASSES]
-    if bad or len(set(values)) != len(values):
-        raise app.UsageError(f"--channelwise_grad_pass={','.join(values)}: takes distinct "
-                             f"values of {', '.join(channelwise_gpu.GRAD_PASSES)}")
+    _check_distinct("channelwise_grad_pass", values, channelwise_gpu.GRAD_PASSES)
     if ("ours" not in _PEERS.value or not any(op in _CW_OPS for op in _OPS.value)
             or "fwdbwd" not in _PASSES.value):
         raise app.UsageError(f"--channelwise_grad_pass applies to peer ours, ops "
@@ -616,10 +617,7 @@ def _check_mosaic_backward():
     if not values:
         return
     from pallas_kernels.gated_delta_rule import mosaic_vjp
-    bad = [v for v in values if v not in mosaic_vjp.BACKWARDS]
-    if bad or len(set(values)) != len(values):
-        raise app.UsageError(f"--mosaic_backward={','.join(values)}: takes distinct values of "
-                             f"{', '.join(mosaic_vjp.BACKWARDS)}")
+    _check_distinct("mosaic_backward", values, mosaic_vjp.BACKWARDS)
     if ("mosaic" not in _PEERS.value or not any(op in ("gdn", "deltanet") for op in _OPS.value)
             or "fwdbwd" not in _PASSES.value or _MOSAIC_WY.value != "mosaic"):
         raise app.UsageError(f"--mosaic_backward applies to peer mosaic, ops gdn, deltanet, "
