@@ -197,6 +197,29 @@ def _make_ops(interpret: bool, mutations, g_row_s, g_col_s, b_row_s, b_col_s, do
             beta_rows, beta_cols)
 
 
+def _ref_taker(refs):
+    """``take(n)``: the next ``n`` of a kernel's ``refs``, in the order its docstring gives
+    (``take(None)``: all the rest)."""
+    refs = list(refs)
+
+    def take(n):
+        out = refs[:n]
+        del refs[:n]
+        return out
+
+    return take
+
+
+def _staging_refs(take, interpret):
+    """``(dvn_s, wv_s, st_s)`` from ``take``: three refs when interpreting (the interpreter has
+    no RefUnion: the staging tile of its own), else one RefUnion of ``(dvn_s, wv_s)`` and
+    ``st_s`` sharing SMEM."""
+    if interpret:
+        return tuple(take(3))
+    ((dvn_s, wv_s), st_s), = take(1)
+    return dvn_s, wv_s, st_s
+
+
 def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, interpret: bool,
                   mutations: frozenset = frozenset()):
     """Kernel body of :func:`chunk_bwd_fused_mosaic`: one chunk of one ``(b, h)`` per CTA.
@@ -206,13 +229,7 @@ def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, int
     (interpret only) the SMEM copies of the transposed operands. ``out32``: ``dq``, ``dk``
     leave in fp32 (GVA: XLA sums the groups), else in the input dtype.
     """
-    refs = list(refs)
-
-    def take(n):
-        out = refs[:n]
-        del refs[:n]
-        return out
-
+    take = _ref_taker(refs)
     (q_ref, k_ref, v_ref, do_ref, vn_ref, dvn_ref, t0_ref, h_ref, dh_ref, g_ref, beta_ref,
      doc_ref, conn_ref, last_ref) = take(14)
     dq_ref, dk_ref, dv_ref, db_ref, dg_ref = take(5)
@@ -220,13 +237,10 @@ def _fused_kernel(*refs, group: int, scale: float, gated: bool, out32: bool, int
     # One fp32 [11, 64] buffer for the vectors (each separate buffer is aligned to 1 KB).
     (g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s, doc_col_s, conn_s, last_s, dgt_s, bnd_s,
      db_s) = (vecs.at[r] for r in range(_VECS))
-    if interpret:  # the interpreter has no RefUnion: the staging tile of its own
-        dvn_s, wv_s, st_s = take(3)
-    else:
-        ((dvn_s, wv_s), st_s), = take(1)
+    dvn_s, wv_s, st_s = _staging_refs(take, interpret)
     in_bar, = take(1)
     if interpret:
-        vnt_s, ht_s, xt_s, wvt_s, t0t_s, kt_s, dht_s, dpt_s, rt_s = refs
+        vnt_s, ht_s, xt_s, wvt_s, t0t_s, kt_s, dht_s, dpt_s, rt_s = take(None)
     else:
         vnt_s = ht_s = xt_s = wvt_s = t0t_s = kt_s = dht_s = dpt_s = rt_s = None
 
@@ -403,29 +417,20 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     :data:`_VECS_WS` vectors, the barriers of :data:`_WS_BARRIERS` and ``done`` after
     ``in_bar``, and per-warpgroup transposition scratch when interpreting.
     """
-    refs = list(refs)
-
-    def take(n):
-        out = refs[:n]
-        del refs[:n]
-        return out
-
+    take = _ref_taker(refs)
     (q_ref, k_ref, v_ref, do_ref, vn_ref, dvn_ref, t0_ref, h_ref, dh_ref, g_ref, beta_ref,
      doc_ref, conn_ref, last_ref) = take(14)
     dq_ref, dk_ref, dv_ref, db_ref, dg_ref = take(5)
     q_s, k_s, v_s, do_s, vn_s, t0_s, h_s, dh_s, vecs, dp_s, w1_s, w2_s, w3_s = take(13)
     (g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s, doc_col_s, conn_s, last_s, dgt_s, bnd_s,
      db_s, dgt0_s, dbc_s, dgt2_s) = (vecs.at[r] for r in range(_VECS_WS))
-    if interpret:
-        dvn_s, wv_s, st_s = take(3)
-    else:
-        ((dvn_s, wv_s), st_s), = take(1)
+    dvn_s, wv_s, st_s = _staging_refs(take, interpret)
     in_bar, = take(1)
     bars = dict(zip(_WS_BARRIERS, take(len(_WS_BARRIERS))))
     done, = take(1)
     qk_bar, head_free = take(2) if kv_loop else (None, None)
     if interpret:
-        (vnt_s, xt_s, ht0_s, wvt_s, t0t_s, kt_s, dht_s, dpt_s, rt_s, ht2_s) = refs
+        (vnt_s, xt_s, ht0_s, wvt_s, t0t_s, kt_s, dht_s, dpt_s, rt_s, ht2_s) = take(None)
     else:
         vnt_s = xt_s = ht0_s = wvt_s = t0t_s = kt_s = dht_s = dpt_s = rt_s = ht2_s = None
     (matmul, matmul_add, tr, tile, rows_of, by_col, row_dot, iotas, decay, strict, beta_rows,
