@@ -71,8 +71,9 @@ MOSAIC_GPU.md Sec. 29 give the launches. The reverse pass uses ``M_p^T``.
 Backward: :func:`chunk_delta_dh_mosaic` is the reverse delta state pass (FLA's
 ``chunk_gated_delta_rule_bwd_dhu``, ``kernel_gpu.py``'s ``_backward_state``): the gradients of
 the states leaving every chunk, the total ``v_new`` gradient and ``dh0``, same kernel structure
-in reverse chunk order. The parameter gradients and the ``custom_vjp`` are in
-:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`,
+in reverse chunk order; with ``fold_dv_local`` a third warpgroup forms the chunk-local
+``dv_local`` in the pass itself (MOSAIC_GPU.md Sec. 32). The parameter gradients and the
+``custom_vjp`` are in :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`,
 :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd` and
 :mod:`pallas_kernels.gated_delta_rule.mosaic_vjp`.
 

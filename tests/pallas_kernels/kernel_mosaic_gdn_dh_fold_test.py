@@ -13,12 +13,15 @@ the token-serial recurrence there; relative RMS < 5e-3, as the unfolded pass's t
 failing; two or three launches per test, run with ``PJRT_NPROC=8`` as every multi-launch
 interpreted test, MOSAIC_GPU.md Sec. 10):
 ``PJRT_NPROC=8 pytest -m slow tests/pallas_kernels/kernel_mosaic_gdn_dh_fold_test.py``.
-``LoweringTest`` (CI) exports the folded kernel for CUDA (one and three launches, the latter the
-sequence pieces); ``ValidationTest`` (CI) the option's errors; ``GpuTest`` (marked ``gpu``) runs
-the compiled kernel on a Hopper GPU.
+The interpreter's race detection is on (``mosaic_gpu_lib.interpret_params``); a race it
+reports fails the test. ``LoweringTest`` (CI) exports the folded kernel for CUDA (one and three
+launches, the latter the sequence pieces); ``ValidationTest`` (CI) the option's errors;
+``GpuTest`` (marked ``gpu``) runs the compiled kernel on a Hopper GPU.
 """
 
+import contextlib
 import functools
+import io
 
 import jax
 import jax.numpy as jnp
@@ -88,7 +91,10 @@ def _fold(q, k, w, do, g, state_grad, seg, du, *, scale, interpret, **options):
 
 def _check(test, case, interpret, seed=0, **options):
     args, scale, want = _inputs(*case, seed=seed)
-    got = _fold(*args, scale=scale, interpret=interpret, **options)
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # the interpreter prints the races it detects
+        got = jax.block_until_ready(_fold(*args, scale=scale, interpret=interpret, **options))
+    test.assertNotIn("RACE DETECTED", log.getvalue(), log.getvalue()[:600])
     sep = _separate(*args, scale=scale, interpret=interpret, **options)
     for name, x, s, y in zip(("dh", "dv_new", "dh0"), got, sep, want):
         test.assertEqual((x.shape, x.dtype), (s.shape, s.dtype), msg=name)
