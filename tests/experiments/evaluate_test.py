@@ -51,7 +51,7 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "error: --output_dir is required when --checkpoint is a GGUF file"),
         ("gguf_has_no_step", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--step=3", "--output_dir=/tmp/x", "--tasks=piqa"],
-         "error: --step applies to lattn-jax training workdirs"),
+         "error: --step applies to lattn-jax training and HALO workdirs; "),
         ("gguf_has_no_validation_split", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity"],
          "a GGUF file has none: pass text files, e.g. --perplexity_files="),
@@ -97,7 +97,8 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "notes.txt is a file but not a GGUF file"),
         ("generate_gguf_has_no_step", "generate.py",
          [f"--checkpoint={FAKE_GGUF}", "--step=3", "--prompt=hi"],
-         f"error: step=3: a checkpoint step applies to lattn-jax training workdirs only; "
+         f"error: step=3: a checkpoint step applies to lattn-jax training and HALO workdirs "
+         f"only; "
          f"{FAKE_GGUF} is a GGUF file\n"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),
