@@ -89,6 +89,12 @@ class EvaluateBinaryTest(parameterized.TestCase):
           "--perplexity_files=/nonexistent.txt"],
          "error: --perplexity_files entry not found (nothing was scored; pass existing text "
          "files, absolute or relative to --data_dir): /nonexistent.txt\n"),
+        # Was "--perplexity_files entry not found" for a directory that exists.
+        ("perplexity_directory", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity",
+          f"--perplexity_files={DAMAGED_OUT}"],
+         f"error: --perplexity_files: {DAMAGED_OUT} is a directory; each entry must be a text "
+         f"file: pass the files to score (e.g. --perplexity_files={DAMAGED_OUT}/results.json)\n"),
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
          "error: no such checkpoint: /no/such/run (expected a lattn-jax training workdir"),
