@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from unittest import mock
 
 import jax.numpy as jnp
@@ -53,8 +54,8 @@ def _reference(trained_params, teacher_cfg, logit_scaling_base=None):
 @functools.lru_cache(maxsize=None)
 def _student_workdir():
     """``(workdir, Stage 2's returned state, teacher config)``, made once per process."""
-    workdir = os.path.join(absltest.TEST_TMPDIR.value, "halo-student")
-    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(absltest.TEST_TMPDIR.value, exist_ok=True)
+    workdir = os.path.join(tempfile.mkdtemp(dir=absltest.TEST_TMPDIR.value), "halo-student")
     cfg = _config()
     quiet = dict(print_fn=lambda s: None)
     experiment.run(cfg, workdir, "stage1", **quiet)
