@@ -257,7 +257,7 @@ class SweepConfigsTest(parameterized.TestCase):
             with self.subTest(claim["source"]):
                 self.assertNotIn("TOM", claim["source"])
                 self.assertRegex(claim["source"],
-                                 r"^((§6\.6 control \()?spec notes §\d|paper Table 2 \(350M)")
+                                 r"^((§6\.6 control \()?spec notes §\d|paper Table [27] \()")
         notes = [r.get("note", "") for r in table2_small.REFERENCES]
         self.assertFalse([n for n in notes if "6 of our" in n or "TOM" in n], notes)
         self.assertIn("{matched} of our {groups} groups", notes[1])
