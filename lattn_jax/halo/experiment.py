@@ -406,9 +406,9 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
 
     First, whatever runs: the config's kind (:func:`check_halo_config`), the workdir's
     (:func:`check_workdir_kind`), ``hypenet.lightning_alibi_max_bias`` (every student stage
-    builds its model from it), ``stage2.copied_lr_scale`` (a bad value would otherwise stop
-    the pipeline only after Stage 1 and the selection) and ``select.bootstrap_resamples`` (an
-    int >= 0).
+    builds its model from it), ``stage2.copied_lr_scale`` and ``stage2.temperature`` (a bad
+    value would otherwise stop the pipeline only after Stage 1 and the selection) and
+    ``select.bootstrap_resamples`` (an int >= 0).
 
     Raises:
       ValueError: naming the first bad option, or a stage that ran with other options.
@@ -424,6 +424,11 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
         stages.check_copied_lr_scale(config.stage2.get("copied_lr_scale", 1.0))
     except ValueError as e:
         raise ValueError(f"stage2.{e}") from None
+    temperature = config.stage2.get("temperature", 1.0)  # the KL's tau; inf gave a zero loss
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not (math.isfinite(temperature) and temperature > 0)):
+        raise ValueError(f"stage2.temperature must be a finite number > 0 (HALO: 1), got "
+                         f"{temperature!r}")
     resamples = config.select.get("bootstrap_resamples", 0)
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 0:
         raise ValueError(f"select.bootstrap_resamples must be an int >= 0 (0: no bootstrap), "
