@@ -10,20 +10,20 @@ Usage::
     python experiments/evaluate.py --checkpoint=SmolLM2-135M-Instruct.Q4_1.gguf --tasks=piqa \\
         --limit=100 --output_dir=/tmp/smollm2-eval
 
-``--checkpoint`` is a lattn-jax training workdir, a Hugging Face checkpoint directory or a
-``.gguf`` file (``lattn_jax.eval.restore.load_model``). ``--limit=N`` scores the first N documents
-of each zero-shot task, as lm-evaluation-harness ``--limit`` does; ``--sample_items=N`` scores a
-random subset of N drawn with ``--sample_seed``. Checks the model path, every requested task's
-data files (one error lists all missing ones) and an existing ``results.json`` in the output
-directory first; nothing is scored when one is wrong. Merges the results into
-``results.json`` under ``--output_dir`` (default ``<checkpoint>/eval``; required for a GGUF file):
-tasks of earlier runs are kept, re-run tasks replaced, each entry with its checkpoint ``step``;
-rewrites ``results.md`` (scores with binomial standard errors beside chance, 1 / number of
-choices, and the scored items' majority-answer rate, the fairer baseline on a ``--limit``
-subset or with unbalanced labels) and writes ``niah_single_<k>.png`` heatmaps. The checks and
-the run: :mod:`lattn_jax.eval.driver`. Task definitions: ``lattn_jax/eval/tasks.py``,
-``niah.py``, ``perplexity.py``. Nothing is downloaded here: data comes from ``--data_dir``,
-which ``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
+``--checkpoint`` is a lattn-jax training workdir, a HALO workdir (its converted student), a Hugging
+Face checkpoint directory or a ``.gguf`` file (``lattn_jax.eval.restore.load_model``). ``--limit=N``
+scores the first N documents of each zero-shot task, as lm-evaluation-harness ``--limit`` does;
+``--sample_items=N`` scores a random subset of N drawn with ``--sample_seed``. Checks the model
+path, every requested task's data files (one error lists all missing ones) and an existing
+``results.json`` in the output directory first; nothing is scored when one is wrong. Merges the
+results into ``results.json`` under ``--output_dir`` (default ``<checkpoint>/eval``; required for a
+GGUF file): tasks of earlier runs are kept, re-run tasks replaced, each entry with its checkpoint
+``step``; rewrites ``results.md`` (scores with binomial standard errors beside chance, 1 / number of
+choices, and the scored items' majority-answer rate, the fairer baseline on a ``--limit`` subset or
+with unbalanced labels) and writes ``niah_single_<k>.png`` heatmaps. The checks and the run:
+:mod:`lattn_jax.eval.driver`. Task definitions: ``lattn_jax/eval/tasks.py``, ``niah.py``,
+``perplexity.py``. Nothing is downloaded here: data comes from ``--data_dir``, which
+``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
 """
 
 import os
@@ -37,9 +37,11 @@ from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax.eval import driver, fetch, runner  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string(
-    "checkpoint", None, "What to evaluate: a lattn-jax training workdir, a Hugging Face checkpoint "
-    "directory (config.json, safetensors, tokenizer.json) or a .gguf file.")
-_STEP = flags.DEFINE_integer("step", None, "Checkpoint step of a workdir (default: the newest).")
+    "checkpoint", None, "What to evaluate: a lattn-jax training workdir, a HALO workdir (its "
+    "student), a Hugging Face checkpoint directory (config.json, safetensors, tokenizer.json) or "
+    "a .gguf file.")
+_STEP = flags.DEFINE_integer("step", None, "Checkpoint step of a training or HALO workdir "
+                             "(default: the newest).")
 _TASKS = flags.DEFINE_list("tasks", ["zeroshot"], f"Tasks or groups: {runner.ALL_TASKS}, "
                            f"{tuple(runner.GROUPS)}.")
 _DATA_DIR = flags.DEFINE_string(

@@ -5,9 +5,9 @@ Usage::
     python experiments/generate.py --checkpoint=runs/default --prompt="The history of" \\
         --prompt="In 1990 ," --max_new_tokens=40 --temperature=0.8 --top_p=0.9
 
-``--checkpoint`` is a training workdir (``--step``: one of its checkpoints), a Hugging Face
-checkpoint directory or a GGUF file (e.g. HALO's teacher), as for ``evaluate.py``
-(:func:`lattn_jax.eval.restore.load_model`).
+``--checkpoint`` is a training workdir (``--step``: one of its checkpoints), a HALO workdir (its
+converted student), a Hugging Face checkpoint directory or a GGUF file (e.g. HALO's teacher), as
+for ``evaluate.py`` (:func:`lattn_jax.eval.restore.load_model`).
 
 Prompts of different lengths are batched with left padding; padding never enters any layer's
 state (``lattn_jax/eval/generate.py``). Greedy unless ``--temperature > 0``; a row stops at EOS
@@ -29,8 +29,8 @@ from lattn_jax import sharding  # noqa: E402
 from lattn_jax.eval import generate as gen_lib  # noqa: E402
 from lattn_jax.eval import restore  # noqa: E402
 
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir, Hugging Face "
-                                  "directory or GGUF file.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir, HALO workdir, Hugging "
+                                  "Face directory or GGUF file.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the newest).")
 _PROMPTS = flags.DEFINE_multi_string("prompt", None, "A prompt (repeat for a batch).")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate per prompt.")
@@ -58,7 +58,7 @@ def main(argv):
         if _MAX_NEW.value < 1:  # Generator.generate checks it too, but after the model loads
             raise ValueError(f"max_new_tokens must be >= 1, got {_MAX_NEW.value}")
         context_parallel.check_context(_CONTEXT.value)  # before the model is loaded
-        # A training workdir, a Hugging Face directory or a GGUF file (e.g. HALO's teacher).
+        # A training or HALO workdir, a Hugging Face directory or a GGUF file.
         restored = restore.load_model(_CHECKPOINT.value, _STEP.value)
         tok = restored.tokenizer
         vocab = restored.model_config.vocab_size

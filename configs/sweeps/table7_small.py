@@ -53,15 +53,23 @@ ADDED_PARAMS = {"none": 0, "clvr": 524_288, "cler_h": 524_288, "attn_res": 6_144
 # environment's, not shipped with this repository) summarise them, by section.
 _SPEC = "the authors' code and logs, as summarised in our spec notes (not shipped), "
 _91 = "spec notes §9.1 (350M / 15B, Muon, 20L GDN hybrid)"  # claims: the table's short column
+_T7 = ("paper 1 Table 7 (arXiv 2607.07953, PDF p. 16; Muon, single matched runs), as quoted "
+       "in our paper-discussion deck (not shipped)")
+_T7C = "paper Table 7 (GDN, 350M / 1B)"
 REFERENCES = (
     dict(name="350M / 15B, final validation loss", metric="final_val_loss",
          source=_SPEC + _91[len("spec notes "):],
          values=(("route=none", 2.341689), ("route=clvr", 2.335839),
                  ("route=cler_h", 2.337488), ("route=attn_res", 2.344661))),
+    dict(name="Table 7: GDN host, 350M / 1B, final validation loss", metric="final_val_loss",
+         source=_T7, note="The paper's Table 7 row nearest our 354M-token budget (its 15B row is "
+                          "the spec notes' §9.1 above).",
+         values=(("route=none", 2.8331), ("route=cler_h", 2.8331 - 0.0073),
+                 ("route=clvr", 2.8331 - 0.0103))),
     dict(name="350M / 1B, best validation loss", metric="best_val_loss",
          source=_SPEC + "§9.4 (Muon, 20L GDN hybrid, evaluations every 100 steps)",
-         note="CLVR has no 1B number in our spec notes; the 1B runs carry the schedule "
-              "discontinuity of their §5.3.",
+         note="CLVR has no 1B number in our spec notes (Table 7's is above); the 1B runs "
+              "carry the schedule discontinuity of their §5.3.",
          values=(("route=none", 2.82857), ("route=attn_res", 2.81288),
                  ("route=cler_h", 2.82203))),
 )
@@ -76,6 +84,12 @@ CLAIMS = (
          better="route=clvr", worse="route=cler_h"),
     dict(claim="the host beats AttnRes (15B; at 1B, §9.4, AttnRes was 0.0157 better)",
          source=_91, paper=2.341689 - 2.344661, better="route=none", worse="route=attn_res"),
+    dict(claim="CLVR beats the host (1B)", source=_T7C, paper=-0.0103,
+         better="route=clvr", worse="route=none"),
+    dict(claim="CLER-H beats the host (1B)", source=_T7C, paper=-0.0073,
+         better="route=cler_h", worse="route=none"),
+    dict(claim="CLVR beats CLER-H (1B)", source=_T7C, paper=-0.0103 + 0.0073,
+         better="route=clvr", worse="route=cler_h"),
     dict(claim="CLVR beats the parameter-matched wider MLP", source=_CONTROL, paper=None,
          better="route=clvr", worse="route=wide"),
     dict(claim="CLVR beats the self-transform of the same size", source=_CONTROL, paper=None,

@@ -73,6 +73,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -138,7 +139,7 @@ class GenerationOptions:
       max_new_tokens: the most tokens generated per row (``--max_new_tokens``).
       min_tokens: documents with fewer tokens are dropped (``--min_tokens``).
       drop_unfinished: drop rows that hit ``max_new_tokens`` (``--drop_unfinished``).
-      temperature: sampling temperature, > 0 (``--temperature``).
+      temperature: sampling temperature, a finite number > 0 (``--temperature``).
       top_p: nucleus mass in ``(0, 1]`` (``--top_p``).
       top_k: keep the ``k`` most likely tokens (0: all) (``--top_k``).
       source_name: the shards' manifest name, for ``data.source_weights`` (``--source_name``).
@@ -175,9 +176,12 @@ class GenerationOptions:
                                  ("top_k", self.top_k, 0), ("seed", self.seed, 0)):
             if not isinstance(value, (int, np.integer)) or value < low:
                 raise ValueError(f"--{flag} must be an integer >= {low}, got {value!r}")
-        if not self.temperature > 0:
-            raise ValueError(f"--temperature must be > 0 (sampling; greedy decoding would give "
-                             f"one document per prompt), got {self.temperature}")
+        t = self.temperature
+        # inf was accepted (and sampled uniformly over the vocabulary: noise for a corpus).
+        if (isinstance(t, bool) or not isinstance(t, (int, float, np.integer, np.floating))
+                or not (math.isfinite(t) and t > 0)):
+            raise ValueError(f"--temperature must be a finite number > 0 (sampling; greedy "
+                             f"decoding would give one document per prompt), got {t!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"--top_p must be in (0, 1], got {self.top_p}")
         if not self.source_name or not all(c.isalnum() or c in "_.-" for c in self.source_name):

@@ -28,8 +28,8 @@ class EvaluateRequest:
     """One evaluation (``experiments/evaluate.py``'s flags of the same names).
 
     Attributes:
-      checkpoint: a lattn-jax training workdir, a Hugging Face checkpoint directory or a
-        ``.gguf`` file.
+      checkpoint: a lattn-jax training workdir, a HALO workdir (its converted student), a
+        Hugging Face checkpoint directory or a ``.gguf`` file.
       tasks: task and group names (:data:`lattn_jax.eval.runner.ALL_TASKS`,
         :data:`~lattn_jax.eval.runner.GROUPS`).
       step: a workdir's checkpoint step (``None``: the newest).
@@ -127,16 +127,16 @@ def check_kind_flags(request: EvaluateRequest, kind: str, names: Sequence[str],
       options: the evaluation settings.
 
     Raises:
-      ValueError: ``--step`` for a model that is not a training workdir, a GGUF file without
-        ``--output_dir``, or the held-out validation perplexity of a model with no training
-        run.
+      ValueError: ``--step`` for a model that is not a training or HALO workdir, a GGUF file
+        without ``--output_dir``, or the held-out validation perplexity of a model that is not
+        a training workdir (a HALO workdir records no held-out documents of its own).
     """
     if kind == "lattn_jax":
         return
     what = restore.model_kind_name(kind)
-    if request.step is not None:
-        raise ValueError(f"--step applies to lattn-jax training workdirs; {request.checkpoint} "
-                         f"is a {what}")
+    if request.step is not None and kind not in restore.STEPPED_KINDS:
+        raise ValueError(f"--step applies to lattn-jax training and HALO workdirs; "
+                         f"{request.checkpoint} is a {what}")
     if kind == "gguf" and request.output_dir is None:
         raise ValueError(f"--output_dir is required when --checkpoint is a {what}")
     if "perplexity" in names and runner.VALIDATION in options.perplexity_files:

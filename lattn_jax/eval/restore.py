@@ -1,4 +1,5 @@
-"""Loads a model and its tokenizer for evaluation: a training workdir, an HF directory, a GGUF file.
+"""Loads a model and its tokenizer for evaluation: a training workdir, a HALO workdir's student,
+an HF directory, a GGUF file.
 
 ``lattn_jax.train.train_and_evaluate`` writes ``<workdir>/config.json`` (the resolved
 :class:`~lattn_jax.config.ExperimentConfig`) and orbax checkpoints under
@@ -8,9 +9,12 @@ model with the parameters of the requested step.
 
 :func:`load_model` is the one entry point of the evaluators (``experiments/evaluate.py``, the
 lm-evaluation-harness adapter :mod:`lattn_jax.eval.lm_eval_adapter`): given a path it tells the
-three kinds of model apart (:func:`model_kind`) and loads
+four kinds of model apart (:func:`model_kind`) and loads
 
 * a lattn-jax training workdir (``config.json`` of an ``ExperimentConfig``) with :func:`load`;
+* a HALO workdir (``experiments/halo.py``'s ``--workdir``: ``config.json`` of a HALO pipeline
+  config, a ``stage2`` or ``stage3`` checkpoint): its converted student, as the pipeline's
+  report stage measures it (:func:`lattn_jax.halo.experiment.load_student`);
 * a Hugging Face Llama / Qwen3 directory (``config.json`` with a ``model_type``, safetensors
   weights and ``tokenizer.json``) with :func:`lattn_jax.halo.loaders.load_hf`;
 * a llama.cpp ``.gguf`` file (recognised by its ``GGUF`` magic bytes) with
@@ -35,13 +39,16 @@ from lattn_jax.data import config as data_config_lib
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.halo import loaders
 
-ModelKind = Literal["lattn_jax", "hf", "gguf"]
+ModelKind = Literal["lattn_jax", "halo", "hf", "gguf"]
 # What the evaluators accept, for error messages.
-ACCEPTED = ("a lattn-jax training workdir (config.json + checkpoints/), a Hugging Face checkpoint "
+ACCEPTED = ("a lattn-jax training workdir (config.json + checkpoints/), a HALO workdir "
+            "(experiments/halo.py's --workdir, after its stage2), a Hugging Face checkpoint "
             "directory (config.json with a model_type, safetensors, tokenizer.json) or a .gguf "
             "file")
-_KIND_NAMES = {"lattn_jax": "lattn-jax training workdir", "hf": "Hugging Face directory",
-               "gguf": "GGUF file"}
+_KIND_NAMES = {"lattn_jax": "lattn-jax training workdir", "halo": "HALO workdir",
+               "hf": "Hugging Face directory", "gguf": "GGUF file"}
+# Kinds whose checkpoints have steps (``--step``).
+STEPPED_KINDS = ("lattn_jax", "halo")
 
 
 @dataclasses.dataclass
@@ -52,11 +59,13 @@ class Restored:
       model: the :class:`~lattn_jax.model.LanguageModel` with the checkpoint's parameters.
       tokenizer: the run's tokenizer (``config.data.tokenizer`` / ``tokenizer_path``), or the
         HF directory's ``tokenizer.json`` / the GGUF file's vocabulary.
-      config: the run's :class:`~lattn_jax.config.ExperimentConfig`; ``None`` for HF and GGUF
-        models.
-      step: the checkpoint's step; ``None`` for HF and GGUF models.
-      kind: ``"lattn_jax"``, ``"hf"`` or ``"gguf"`` (:func:`model_kind`).
+      config: the run's :class:`~lattn_jax.config.ExperimentConfig`; ``None`` for HALO
+        students, HF and GGUF models.
+      step: the checkpoint's step (a HALO student's: of its ``stage``); ``None`` for HF and
+        GGUF models.
+      kind: ``"lattn_jax"``, ``"halo"``, ``"hf"`` or ``"gguf"`` (:func:`model_kind`).
       path: what was loaded.
+      stage: a HALO student's stage (``"stage3"`` or ``"stage2"``); ``None`` otherwise.
     """
 
     model: model_lib.LanguageModel
@@ -65,6 +74,7 @@ class Restored:
     step: Optional[int]
     kind: ModelKind = "lattn_jax"
     path: str = ""
+    stage: Optional[str] = None
 
     @property
     def model_config(self) -> config_lib.ModelConfig:
@@ -78,8 +88,13 @@ class Restored:
         return None if self.config is None else self.config.data
 
     def describe(self) -> str:
-        """One line for logs and report headers: ``"step 200"`` or ``"GGUF file"``."""
-        return f"step {self.step}" if self.kind == "lattn_jax" else model_kind_name(self.kind)
+        """One line for logs and report headers: ``"step 200"``, ``"HALO student, stage3 step
+        400"`` or ``"GGUF file"``."""
+        if self.kind == "lattn_jax":
+            return f"step {self.step}"
+        if self.kind == "halo":
+            return f"HALO student, {self.stage} step {self.step}"
+        return model_kind_name(self.kind)
 
 
 def _stderr(line: str) -> None:
@@ -134,8 +149,8 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
         raise config_lib.ConfigError(
             f"{path} is a HALO pipeline's config, not a training run's: {workdir} is a HALO "
             f"workdir, whose student the pipeline's report stage evaluates "
-            f"(experiments/halo_pipeline.py --stages=report); expected a workdir written by "
-            f"experiments/train.py")
+            f"(experiments/halo_pipeline.py --stages=report) and load_model loads; expected a "
+            f"workdir written by experiments/train.py")
     if "model" not in values:
         other = config_lib.describe_config_kind(values)
         raise config_lib.ConfigError(
@@ -192,17 +207,20 @@ def model_kind(path: str) -> ModelKind:
 
     A file is a GGUF file if it starts with the magic bytes ``GGUF``; a directory is a Hugging
     Face checkpoint if its ``config.json`` has a ``model_type`` (its ``tokenizer.json`` must be
-    there too), else a lattn-jax training workdir (its ``config.json`` must validate).
+    there too), a HALO workdir if its ``config.json`` is a HALO pipeline's (a ``stage2`` or
+    ``stage3`` checkpoint must be there too), else a lattn-jax training workdir (its
+    ``config.json`` must validate).
 
     Args:
       path: a local file or directory.
 
     Returns:
-      ``"gguf"``, ``"hf"`` or ``"lattn_jax"``.
+      ``"gguf"``, ``"hf"``, ``"halo"`` or ``"lattn_jax"``.
 
     Raises:
-      FileNotFoundError: ``path`` does not exist, a directory without ``config.json``, or an HF
-        directory without ``tokenizer.json`` (each message names the path).
+      FileNotFoundError: ``path`` does not exist, a directory without ``config.json``, an HF
+        directory without ``tokenizer.json``, or a HALO workdir without a Stage-2/3
+        checkpoint (each message names the path).
       ConfigError: (a ``ValueError``) a file that is not GGUF, a ``config.json`` that is not
         a JSON object, or a lattn-jax config that does not validate.
     """
@@ -232,12 +250,20 @@ def model_kind(path: str) -> ModelKind:
             raise FileNotFoundError(f"{tokenizer}: no such file (the Hugging Face checkpoint's "
                                     f"tokenizer; evaluation needs it)")
         return "hf"
+    if config_lib.config_kind(raw) == "halo":
+        from lattn_jax.halo import experiment  # noqa: PLC0415 (heavy: the HALO stages)
+        if experiment.student_stage(path) is None:
+            raise FileNotFoundError(f"{path} is a HALO workdir without a converted student: no "
+                                    f"stage3 or stage2 checkpoint; run experiments/halo.py "
+                                    f"--stage=stage2 first")
+        return "halo"
     load_config(path)  # a lattn-jax workdir: its config must validate
     return "lattn_jax"
 
 
 def model_kind_name(kind: ModelKind) -> str:
-    """``"lattn-jax training workdir"``, ``"Hugging Face directory"`` or ``"GGUF file"``.
+    """``"lattn-jax training workdir"``, ``"HALO workdir"``, ``"Hugging Face directory"`` or
+    ``"GGUF file"``.
 
     Raises:
       KeyError: for a kind other than those of :func:`model_kind`.
@@ -247,25 +273,30 @@ def model_kind_name(kind: ModelKind) -> str:
 
 def load_model(path: str, step: Optional[int] = None, *,
                report: Callable[[str], None] = _stderr) -> Restored:
-    """Loads a model and its tokenizer from any of the three kinds of :func:`model_kind`.
+    """Loads a model and its tokenizer from any of the four kinds of :func:`model_kind`.
 
     Args:
-      path: a lattn-jax training workdir, a Hugging Face checkpoint directory or a ``.gguf``
-        file (local; nothing is downloaded).
-      step: a checkpoint step of a training workdir (``None``: the newest readable one); must
-        be ``None`` for HF and GGUF models.
+      path: a lattn-jax training workdir, a HALO workdir, a Hugging Face checkpoint directory
+        or a ``.gguf`` file (local; nothing is downloaded).
+      step: a checkpoint step of a training workdir (``None``: the newest readable one) or of
+        a HALO student's stage (``None``: its newest); must be ``None`` for HF and GGUF
+        models.
       report: where :func:`load` reports a skipped unreadable checkpoint (default: stderr).
 
     Returns:
       A :class:`Restored`. HF and GGUF models come as fp32 all-attention
       :class:`~lattn_jax.model.LanguageModel` s (:mod:`lattn_jax.halo.loaders`) with
       ``use_segment_ids`` on (padding-safe batched generation), ``config=None`` and
-      ``step=None``.
+      ``step=None``. A HALO student comes as the HypeNet model that the HALO report measures
+      (:func:`lattn_jax.halo.experiment.load_student`: ``config.report``'s dtypes,
+      ``use_segment_ids`` on, the calibrated logit scaling), with ``config=None``, its
+      ``stage`` and ``step``.
 
     Raises:
       FileNotFoundError: from :func:`model_kind` (a missing path or file).
       ConfigError: (a ``ValueError``) from :func:`model_kind` (a file that is not a
         checkpoint), and a ``step`` given for an HF or GGUF model.
+      FileNotFoundError: a HALO student's missing step or teacher file (named).
       ValueError: from the loaders (an unsupported architecture, a missing tensor, no
         checkpoint at ``step``; each names the file).
       ImportError: the ``gguf`` / ``safetensors`` package that the file needs is not installed
@@ -275,9 +306,15 @@ def load_model(path: str, step: Optional[int] = None, *,
     kind = model_kind(path)
     if kind == "lattn_jax":
         return load(path, step, report=report)
+    if kind == "halo":
+        from lattn_jax.halo import experiment  # noqa: PLC0415 (heavy: the HALO stages)
+        student = experiment.load_student(path, step)
+        return Restored(model=loaders.build_model(student.model_config, student.params),
+                        tokenizer=student.tokenizer, config=None, step=student.step,
+                        kind="halo", path=path, stage=student.stage)
     if step is not None:
         raise config_lib.ConfigError(f"step={step}: a checkpoint step applies to lattn-jax "
-                                     f"training workdirs only; {path} is a "
+                                     f"training and HALO workdirs only; {path} is a "
                                      f"{model_kind_name(kind)}")
     try:
         teacher = loaders.load_gguf(path) if kind == "gguf" else loaders.load_hf(path)

@@ -200,9 +200,10 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
     there, or score other text files).
 
     Raises:
-      ValueError: an unknown task, or a ``perplexity_files`` entry that looks binary (one line
-        each, naming it). FileNotFoundError: listing every missing file, grouped by the option
-        or recorded config path it comes from.
+      ValueError: an unknown task, or a ``perplexity_files`` entry that looks binary or is a
+        directory (one line each, naming the flag and the path; an entry is one text file).
+        FileNotFoundError: listing every missing file, grouped by the option or recorded config
+        path it comes from.
     """
     under_data_dir, ppl_files, corpus, binary = [], [], [], []
     eval_dir = os.path.join(options.data_dir, "eval")
@@ -218,7 +219,9 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
                 if f == VALIDATION:
                     continue
                 path = _perplexity_path(f, options.data_dir)
-                if not os.path.isfile(path):
+                if os.path.isdir(path):  # was "entry not found", though it exists
+                    binary.append(_directory_error(f, path, options.data_dir))
+                elif not os.path.isfile(path):
                     ppl_files.append(path if os.path.isabs(f) else
                                      f"{f} (relative to --data_dir={options.data_dir}): {path}")
                 else:
@@ -249,6 +252,21 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
         raise FileNotFoundError("\n".join(groups + binary))
     if binary:
         raise ValueError("\n".join(binary))
+
+
+def _directory_error(entry: str, path: str, data_dir: str) -> str:
+    """The one-line error for a ``--perplexity_files`` entry that is a directory: each entry is
+    one text file, so the line names the flag, the path and up to three files in it to pass."""
+    where = path if os.path.isabs(entry) else (f"{entry} (relative to --data_dir={data_dir}): "
+                                               f"{path}")
+    try:
+        files = sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)))
+    except OSError:
+        files = []
+    hint = (f" (e.g. --perplexity_files={','.join(os.path.join(entry, n) for n in files[:3])})"
+            if files else "")
+    return (f"--perplexity_files: {where} is a directory; each entry must be a text file: pass "
+            f"the files to score{hint}")
 
 
 def validation_documents(data: data_config_lib.DataConfig) -> List[str]:

@@ -49,6 +49,7 @@ import jax
 import numpy as np
 
 from lattn_jax import assets
+from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
 from lattn_jax import records
@@ -405,9 +406,9 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
 
     First, whatever runs: the config's kind (:func:`check_halo_config`), the workdir's
     (:func:`check_workdir_kind`), ``hypenet.lightning_alibi_max_bias`` (every student stage
-    builds its model from it), ``stage2.copied_lr_scale`` (a bad value would otherwise stop
-    the pipeline only after Stage 1 and the selection) and ``select.bootstrap_resamples`` (an
-    int >= 0).
+    builds its model from it), ``stage2.copied_lr_scale`` and ``stage2.temperature`` (a bad
+    value would otherwise stop the pipeline only after Stage 1 and the selection) and
+    ``select.bootstrap_resamples`` (an int >= 0).
 
     Raises:
       ValueError: naming the first bad option, or a stage that ran with other options.
@@ -423,6 +424,11 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
         stages.check_copied_lr_scale(config.stage2.get("copied_lr_scale", 1.0))
     except ValueError as e:
         raise ValueError(f"stage2.{e}") from None
+    temperature = config.stage2.get("temperature", 1.0)  # the KL's tau; inf gave a zero loss
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not (math.isfinite(temperature) and temperature > 0)):
+        raise ValueError(f"stage2.temperature must be a finite number > 0 (HALO: 1), got "
+                         f"{temperature!r}")
     resamples = config.select.get("bootstrap_resamples", 0)
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 0:
         raise ValueError(f"select.bootstrap_resamples must be an int >= 0 (0: no bootstrap), "
@@ -678,11 +684,7 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
     a = cal["best"] if cal else None
 
     def for_report(cfg, **attention):
-        # use_segment_ids: the prefill keeps left padding in its own document (see
-        # selection.decoding_model); calls without segment_ids are unchanged.
-        return dataclasses.replace(
-            cfg, dtype=r.dtype, param_dtype=r.param_dtype, use_segment_ids=True,
-            attention=dataclasses.replace(cfg.attention, **attention))
+        return report_model_config(cfg, r, **attention)
 
     t_cfg = for_report(teacher_cfg)
     s_cfg = for_report(student_cfg, logit_scaling_base=a)
@@ -730,6 +732,131 @@ def _report(config, workdir, stage_dir, teacher_cfg, teacher_params, tokenizer, 
                                 should_stop=_expired(deadline))
     return {"complete": rep["complete"], "report": os.path.join(stage_dir,
                                                                 report_lib.REPORT_JSON)}
+
+
+def report_model_config(cfg: config_lib.ModelConfig, report, **attention
+                        ) -> config_lib.ModelConfig:
+    """``cfg`` as the report measures it: ``report.dtype`` compute, ``report.param_dtype``
+    params, ``use_segment_ids`` on (the prefill keeps left padding in its own document, see
+    ``selection.decoding_model``; calls without segment ids are unchanged) and ``attention``'s
+    fields (e.g. ``logit_scaling_base``) replaced.
+
+    Args:
+      cfg: a teacher or student :class:`~lattn_jax.config.ModelConfig`.
+      report: the ``config.report`` section (``dtype`` and ``param_dtype``, dtype names).
+      **attention: :class:`~lattn_jax.config.AttentionConfig` fields to replace.
+    """
+    return dataclasses.replace(
+        cfg, dtype=report.dtype, param_dtype=report.param_dtype, use_segment_ids=True,
+        attention=dataclasses.replace(cfg.attention, **attention))
+
+
+@dataclasses.dataclass(frozen=True)
+class Student:
+    """A HALO workdir's converted student, as :func:`load_student` restores it.
+
+    Attributes:
+      model_config: the HypeNet config in ``config.report``'s dtypes, with ``use_segment_ids``
+        on and the calibrated logit scaling (:func:`report_model_config`).
+      params: the pure-dict params of ``stage``'s checkpoint at ``step`` (the dtype they were
+        saved in, fp32 master weights).
+      tokenizer: the teacher's (its GGUF file or HF directory), else ``config.data``'s.
+      stage: ``"stage3"`` or ``"stage2"``, the stage whose checkpoint holds ``params``.
+      step: that checkpoint's step.
+      logit_scaling_base: the ``a`` of ``calibrate/calibration.json`` (``None``: no scaling).
+    """
+
+    model_config: config_lib.ModelConfig
+    params: Any
+    tokenizer: Any
+    stage: str
+    step: int
+    logit_scaling_base: Optional[float]
+
+
+def student_stage(workdir: str) -> Optional[str]:
+    """The stage whose checkpoints hold a HALO workdir's final student: ``"stage3"`` if it has
+    a checkpoint, else ``"stage2"`` if it has one, else ``None`` (nothing is created)."""
+    for stage in ("stage3", "stage2"):
+        if _checkpoint_steps(os.path.join(workdir, stage)):
+            return stage
+    return None
+
+
+def _checkpoint_steps(stage_dir: str) -> list:
+    """The saved steps under ``<stage_dir>/checkpoints``, sorted (``[]`` without the folder)."""
+    if not os.path.isdir(os.path.join(stage_dir, "checkpoints")):
+        return []
+    ckpt = checkpoint_lib.Checkpointer(stage_dir, keep=1000)
+    try:
+        return sorted(int(s) for s in ckpt.all_steps())
+    finally:
+        ckpt.close()
+
+
+def load_student(workdir: str, step: Optional[int] = None) -> Student:
+    """The converted student of a HALO workdir (``experiments/halo.py``'s ``--workdir``), as
+    the report stage measures it: the newest Stage-3 checkpoint, else Stage 2's (``step``: that
+    stage's checkpoint at ``step``), the attention layers of ``hypenet.attention_layers`` or
+    ``select/selection.json``, and the logit scaling ``a`` of ``calibrate/calibration.json``
+    when the calibration was of the same stage's student.
+
+    The student's shapes come from its teacher (``teacher.path`` as recorded in
+    ``<workdir>/config.json``, read again; a ``"random"`` teacher is rebuilt from its seed).
+
+    Args:
+      workdir: a HALO workdir in which ``stage2`` (or ``stage3``) wrote a checkpoint.
+      step: a checkpoint step of that stage; ``None``: its newest.
+
+    Returns:
+      A :class:`Student`.
+
+    Raises:
+      FileNotFoundError: no ``config.json``, no Stage-2/3 checkpoint, no checkpoint at
+        ``step`` (naming the saved steps), a missing teacher file or selection (each naming
+        the path).
+      ConfigError: (a ``ValueError``) ``config.json`` is not a HALO pipeline's.
+    """
+    import ml_collections  # noqa: PLC0415 (the ConfigDict boundary, as config.py)
+
+    path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no config.json in HALO workdir {workdir}")
+    values = config_lib.read_run_config_json(path)
+    if config_lib.config_kind(values) != "halo":
+        raise config_lib.ConfigError(f"{path} is not a HALO pipeline's config (no 'teacher' "
+                                     f"and 'hypenet' sections)")
+    config = ml_collections.ConfigDict(values)
+    stage = student_stage(workdir)
+    if stage is None:
+        raise FileNotFoundError(f"{workdir} is a HALO workdir without a converted student: no "
+                                f"stage3 or stage2 checkpoint; run experiments/halo.py "
+                                f"--stage=stage2 first")
+    saved = _checkpoint_steps(os.path.join(workdir, stage))
+    if step is None:
+        step = saved[-1]
+    elif step not in saved:
+        raise FileNotFoundError(f"step={step}: no {stage} checkpoint at that step in {workdir} "
+                                f"(the HALO student's steps: {', '.join(map(str, saved))})")
+    t = config.teacher
+    if t.path and not os.path.exists(t.path):
+        raise FileNotFoundError(f"teacher.path={t.path} (recorded in {path}): no such file; "
+                                f"the HALO student's shapes and tokenizer are its teacher's")
+    teacher_cfg, _, tokenizer = _load_teacher(config)
+    cfg, abstract = _stage2_student(config, workdir, teacher_cfg)
+    ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, stage), keep=1000)
+    try:
+        params = ckpt.restore_part(step, {"params": abstract})["params"]
+    finally:
+        ckpt.close()
+    cal = report_lib.read_json(os.path.join(workdir, "calibrate", "calibration.json"))
+    a = cal["best"] if cal and cal.get("student_params", stage) == stage else None
+    if tokenizer is None:  # a random teacher: the data's tokenizer
+        tokenizer = tok_lib.make_tokenizer(config.data.tokenizer,
+                                           config.data.get("tokenizer_path") or None)
+    return Student(model_config=report_model_config(cfg, config.report, logit_scaling_base=a),
+                   params=params, tokenizer=tokenizer, stage=stage, step=int(step),
+                   logit_scaling_base=a)
 
 
 def attention_form(student: config_lib.ModelConfig) -> str:

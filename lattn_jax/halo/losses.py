@@ -25,6 +25,7 @@ Stage-2 head at the SmolLM2 shape, ``benchmarks/results/profile-halo-stage2-2026
 """
 
 import functools
+import math
 import operator
 from typing import Optional, Tuple
 
@@ -148,12 +149,13 @@ def forward_kl(teacher_logits: Array, student_logits: Array, weights: Optional[A
       fp32 scalar.
 
     Raises:
-      ValueError: on mismatched ``[B, T]``, ``temperature <= 0`` or ``chunk_size < 1``.
+      ValueError: on mismatched ``[B, T]``, a ``temperature`` that is not a finite number > 0,
+        or ``chunk_size < 1``.
     """
     if teacher_logits.shape[:-1] != student_logits.shape[:-1]:
         raise ValueError(f"{teacher_logits.shape=} and {student_logits.shape=} differ in [B, T]")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature > 0):  # inf gave a zero KL
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     vocab = min(teacher_logits.shape[-1], student_logits.shape[-1])
     t = teacher_logits[..., :vocab].reshape(-1, vocab)  # [N, V]
     s = student_logits[..., :vocab].reshape(-1, vocab)
@@ -378,8 +380,8 @@ def chunked_forward_kl(teacher_hidden: Array, teacher_head: Array, student_hidde
     Raises:
       ValueError: naming the argument, if a hidden array is not float ``[B, T, D]``, a head not
         float ``[D, S]`` with its hidden's ``D``, the two hidden arrays differ in ``[B, T]``,
-        ``weights`` is not ``[B, T]``, ``temperature <= 0`` or ``chunk_size`` is not an int
-        ``>= 1``.
+        ``weights`` is not ``[B, T]``, ``temperature`` is not a finite number > 0, or
+        ``chunk_size`` is not an int ``>= 1``.
     """
     _check_hidden_head("teacher_hidden", teacher_hidden, "teacher_head", teacher_head)
     _check_hidden_head("student_hidden", student_hidden, "student_head", student_head)
@@ -388,8 +390,8 @@ def chunked_forward_kl(teacher_hidden: Array, teacher_head: Array, student_hidde
                          f"{teacher_hidden.shape[:2]}, got shape {student_hidden.shape}")
     b, t = student_hidden.shape[:2]
     _check_weights(weights, (b, t))
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not (math.isfinite(temperature) and temperature > 0):  # inf gave a zero KL
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
     chunk_size = _check_chunk_size(chunk_size)
     n = b * t
     w = (jnp.ones((n,), jnp.float32) if weights is None

@@ -42,8 +42,8 @@ stage 1's ``dv_local`` (in the kernel, in fp32) before the reverse state pass, s
 ``dL/dv_new`` is the sum of its three uses (the chunk's own read-out, the state, the output
 ``u`` itself) and stage 2 carries the total through ``dS'_{c-1} = ... - W_c^T dv_new_c``.
 
-With ``backward="fused"`` (MOSAIC_GPU.md Sec. 31; not the default until an H200 timing) stages
-3 and 4 are one kernel,
+With ``backward="fused"`` or ``"fused_ws"`` (MOSAIC_GPU.md Sec. 31; ``"fused_ws"``, on three
+warpgroups, is the default since its first Hopper timing, Sec. 31.8) stages 3 and 4 are one kernel,
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd_fused.chunk_bwd_fused_mosaic`, in
 jla's value-space form: it reads the gate-free inverse ``T0`` (kept by the ``fused_t0``
 forwards as one more residual, else recomputed by ``chunk_kkt_inverse_mosaic``) and writes
@@ -65,7 +65,9 @@ Status (2026-12-05): tested in interpret mode against ``jax.vjp`` of
 ``chunked.gated_delta_rule_chunked`` and exported for CUDA with its backward
 (``tests/pallas_kernels/kernel_mosaic_gdn_vjp_test.py``); timed once on an H200 at S1
 (before the sequence pieces existed; its correctness gate passed:
-``benchmarks/results/mosaic-gpu-h200-2026-12-05.md``). The public op's ``gpu`` tests
+``benchmarks/results/mosaic-gpu-h200-2026-12-05.md``). The three backwards' ``GpuTest`` cases
+passed on an H100 and ``"fused_ws"`` timed fastest there
+(``benchmarks/results/mosaic-gpu-h100-2026-12-05.md``). The public op's ``gpu`` tests
 (``return_residual``) and the sequence pieces (MOSAIC_GPU.md Sec. 29) have not run on a GPU.
 """
 
@@ -87,10 +89,11 @@ from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 # (``chunk_delta_grads_partials_mosaic`` + ``chunk_wy_bwd_mosaic``), or "fused", one kernel
 # (``chunk_bwd_fused_mosaic``, MOSAIC_GPU.md Sec. 31) with ``T0`` from the forward (``fused_t0``
 # forwards) or ``chunk_kkt_inverse_mosaic``, on one warpgroup; or "fused_ws", the same kernel
-# split over three warpgroups (``warpgroups=3``, Sec. 31.7). The default stays "split" until an
-# H200 timing says otherwise.
+# split over three warpgroups (``warpgroups=3``, Sec. 31.7). The default is "fused_ws": on an H100
+# (2026-12-05, Sec. 31.8) it was the fastest of the three at S1 (op fwd+bwd 2.246 ms of kernels
+# against 2.551 fused and 2.821 split) with every correctness gate green.
 BACKWARDS = ("split", "fused", "fused_ws")
-DEFAULT_BACKWARD = "split"
+DEFAULT_BACKWARD = "fused_ws"
 
 # How the backward forms dv_local (``dv_local=``, MOSAIC_GPU.md Sec. 32): "separate", stage 1's
 # own kernel (``chunk_dv_local_mosaic``) writes it to HBM for the reverse state pass; "fold",
@@ -177,13 +180,13 @@ def gated_delta_rule_mosaic(
             Differentiable: ``du`` joins ``dv_local`` before the reverse state pass (module
             docstring); the fused forwards then store ``v_new`` in the primal too.
         backward: how the backward forms the chunk-local gradients (static, one of
-            :data:`BACKWARDS`): ``"split"`` (default), stages 3 and 4 of the module
+            :data:`BACKWARDS`): ``"split"``, stages 3 and 4 of the module
             docstring; ``"fused"``, one kernel,
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd_fused.chunk_bwd_fused_mosaic`
             (MOSAIC_GPU.md Sec. 31), with the gate-free inverse ``T0`` kept from the forward
             (``"fused_t0"``, ``"fused_t0_split"``: a residual of ``[B, T, H, 64]`` in the input
             dtype) or recomputed by ``chunk_kkt_inverse_mosaic`` (the other forwards);
-            ``"fused_ws"``, the same with the kernel's three-warpgroup form
+            ``"fused_ws"`` (default), the same with the kernel's three-warpgroup form
             (``warpgroups=3``). Stages 1 and 2 are the same for all.
         dv_local: how the backward forms stage 1's ``dv_local`` (static, one of
             :data:`DV_LOCALS`): ``"separate"`` (default), its own kernel

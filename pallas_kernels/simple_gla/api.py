@@ -284,7 +284,8 @@ def lightning_attention(
     Args:
         q, k, v: as in :func:`simple_gla`.
         log_decay: ``[H]`` per-value-head ``log(gamma_h) <= 0``, any float dtype (converted to
-            fp32), e.g. from :func:`lightning_log_decay`.
+            fp32), e.g. from :func:`lightning_log_decay`; an array-like (a list of floats, a
+            NumPy array) is converted with ``jnp.asarray``.
         scale, initial_state, output_final_state, segment_ids, chunk_size, implementation: as
             in :func:`simple_gla`.
 
@@ -292,11 +293,19 @@ def lightning_attention(
         ``(o, final_state)`` as in :func:`simple_gla`.
 
     Raises:
+        TypeError: if ``log_decay`` is not an array-like (e.g. ``None``, a string, a ragged
+            list), naming it.
         ValueError: if ``log_decay`` is not a float array of shape ``[H]``, and in every case
             listed by :func:`simple_gla`.
     """
     common.check_rank("q", q, ("B", "T", "HK", "K"))
     common.check_rank("v", v, ("B", "T", "H", "V"))
+    if not isinstance(log_decay, jax.Array):  # a list raised AttributeError at .dtype
+        try:
+            log_decay = jnp.asarray(log_decay)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"log_decay must be an array-like of floats of shape [H], got "
+                            f"{type(log_decay).__name__} ({e})") from None
     common.check_shape("log_decay", log_decay, (v.shape[2],))
     if not jnp.issubdtype(log_decay.dtype, jnp.floating):
         raise ValueError(f"log_decay must have a floating dtype, got {log_decay.dtype=}")

@@ -51,7 +51,7 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "error: --output_dir is required when --checkpoint is a GGUF file"),
         ("gguf_has_no_step", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--step=3", "--output_dir=/tmp/x", "--tasks=piqa"],
-         "error: --step applies to lattn-jax training workdirs"),
+         "error: --step applies to lattn-jax training and HALO workdirs; "),
         ("gguf_has_no_validation_split", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity"],
          "a GGUF file has none: pass text files, e.g. --perplexity_files="),
@@ -89,6 +89,12 @@ class EvaluateBinaryTest(parameterized.TestCase):
           "--perplexity_files=/nonexistent.txt"],
          "error: --perplexity_files entry not found (nothing was scored; pass existing text "
          "files, absolute or relative to --data_dir): /nonexistent.txt\n"),
+        # Was "--perplexity_files entry not found" for a directory that exists.
+        ("perplexity_directory", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity",
+          f"--perplexity_files={DAMAGED_OUT}"],
+         f"error: --perplexity_files: {DAMAGED_OUT} is a directory; each entry must be a text "
+         f"file: pass the files to score (e.g. --perplexity_files={DAMAGED_OUT}/results.json)\n"),
         ("generate_missing_checkpoint", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi"],
          "error: no such checkpoint: /no/such/run (expected a lattn-jax training workdir"),
@@ -97,7 +103,8 @@ class EvaluateBinaryTest(parameterized.TestCase):
          "notes.txt is a file but not a GGUF file"),
         ("generate_gguf_has_no_step", "generate.py",
          [f"--checkpoint={FAKE_GGUF}", "--step=3", "--prompt=hi"],
-         f"error: step=3: a checkpoint step applies to lattn-jax training workdirs only; "
+         f"error: step=3: a checkpoint step applies to lattn-jax training and HALO workdirs "
+         f"only; "
          f"{FAKE_GGUF} is a GGUF file\n"),
         ("bad_top_p", "generate.py", ["--checkpoint=/no/such/run", "--prompt=hi", "--top_p=2"],
          "error: top_p must be in (0, 1]"),

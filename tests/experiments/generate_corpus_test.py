@@ -71,7 +71,9 @@ class GenerateCorpusTest(absltest.TestCase):
         self.assertFalse(os.path.exists(f"{self.root}/gen/{shards.MANIFEST}"))
 
     def test_bad_flags_give_one_line_naming_the_flag(self):
-        self._check_errors({"--temperature=0": "error: --temperature must be > 0"})
+        self._check_errors({"--temperature=0": "error: --temperature must be a finite number > 0",
+                            "--temperature=inf": "error: --temperature must be a finite number "
+                                                 "> 0 .*, got inf$"})
 
     @pytest.mark.slow  # ~30 s on 2 cores: one process per flag, each importing jax (~5 s)
     def test_more_bad_flags(self):

@@ -73,7 +73,7 @@ class InterpretTest(parameterized.TestCase):
          (64, 36, 30)),
     )
     def test_vjp_matches_chunked_vjp(self, *case):
-        _check(self, bwd_test._pipeline_inputs(*case), True)
+        _check(self, bwd_test._pipeline_inputs(*case), True, backward="split")
 
 
 # Slow (out of CI), as InterpretTest: backward="fused" (chunk_bwd_fused_mosaic, MOSAIC_GPU.md
@@ -167,7 +167,7 @@ class GpuTest(kmg_test.HopperTestCase):
          (10, 54, 500)),
     )
     def test_vjp_matches_chunked_vjp(self, *case):
-        _check(self, bwd_test._pipeline_inputs(*case, seed=11), False)
+        _check(self, bwd_test._pipeline_inputs(*case, seed=11), False, backward="split")
 
     @parameterized.named_parameters(*[
         (f"{name}_{backward}", backward, *case)
@@ -297,7 +297,7 @@ class ValidationTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "dv_local must be one of"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, dv_local="folded")
         self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "separate")  # until a GPU timing
-        self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "split")  # until an H200 timing
+        self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "fused_ws")  # MOSAIC_GPU.md Sec. 31.8
 
     def test_final_state_only_on_request(self):
         q, k, v, g, beta, *_ = bwd_test._pipeline_inputs(1, 64, 2, 1, 64, 64, 0.1, False, False,

@@ -204,6 +204,32 @@ class SimpleGlaTest(parameterized.TestCase):
             tolerances.assert_rel_err(o, o_want, FWD_REL, f"{impl} C={cs} o")
             tolerances.assert_rel_err(s, s_want, FWD_REL, f"{impl} C={cs} final_state")
 
+    def test_lightning_takes_an_array_like_log_decay(self):
+        # A Python list raised AttributeError ('list' object has no attribute 'dtype') deep in
+        # the call; it is converted as the docstring's "any float dtype" suggests.
+        seed = int(np.random.default_rng().integers(1 << 30))
+        inputs = make_inputs(seed)
+        rng = np.random.default_rng(seed)
+        decays = (-rng.uniform(0.01, 2.0, size=inputs["v"].shape[2])).tolist()
+        o_want, _ = quadratic_oracle(inputs["q"], inputs["k"], inputs["v"],
+                                     np.broadcast_to(np.asarray(decays, np.float32),
+                                                     inputs["g"].shape))
+        for given in (decays, tuple(decays), np.asarray(decays, np.float64)):
+            with self.subTest(kind=type(given).__name__, seed=seed):
+                o, _ = sg.lightning_attention(inputs["q"], inputs["k"], inputs["v"], given,
+                                              implementation="chunked", chunk_size=16)
+                tolerances.assert_rel_err(o, o_want, FWD_REL, "o")
+        qkv = [inputs[n] for n in ("q", "k", "v")]
+        for bad in (None, "fast", [[-0.1], [-0.2, -0.3]]):
+            with self.subTest(bad=bad):
+                with self.assertRaisesRegex(TypeError, r"^log_decay must be an array-like of "
+                                                       r"floats of shape \[H\], got "):
+                    sg.lightning_attention(*qkv, bad)
+        with self.assertRaisesRegex(ValueError, r"log_decay must have a floating dtype"):
+            sg.lightning_attention(*qkv, [-1] * inputs["v"].shape[2])  # a list of ints
+        with self.assertRaisesRegex(ValueError, r"log_decay\.shape="):
+            sg.lightning_attention(*qkv, decays[:1])
+
     # ------------------------------------------------------------------------- gradients
 
     @parameterized.named_parameters(

@@ -6,6 +6,7 @@ Generator behind the same loop is tested in ``tests/lattn_jax/halo/teacher_corpu
 """
 
 import json
+import random
 import os
 import time
 
@@ -260,7 +261,15 @@ class GeneratedTest(absltest.TestCase):
 
     def test_bad_values_name_their_flag(self):
         cases = [
-            (dict(temperature=0.0), "--temperature must be > 0"),
+            (dict(temperature=0.0), "--temperature must be a finite number > 0"),
+            # inf was accepted: uniform sampling over the vocabulary, noise as a corpus.
+            (dict(temperature=float("inf")), r"--temperature must be a finite number > 0 .*, "
+                                             r"got inf$"),
+            (dict(temperature=float("nan")), "--temperature must be a finite number > 0"),
+            (dict(temperature=-random.uniform(0.1, 2.0)), "--temperature must be a finite"),
+            (dict(temperature=-float("inf")), "--temperature must be a finite number > 0"),
+            (dict(temperature="0.8"), r"--temperature must be a finite number > 0 .*, got "
+                                      r"'0\.8'$"),
             (dict(top_p=1.5), r"--top_p must be in \(0, 1\]"),
             (dict(batch_size=0), "--batch_size must be an integer >= 1"),
             (dict(min_tokens=0), "--min_tokens must be"),

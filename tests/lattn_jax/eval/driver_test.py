@@ -48,8 +48,9 @@ class CheckFlagsTest(absltest.TestCase):
         options = runner.EvalOptions(data_dir="/tmp")
         gguf = driver.EvaluateRequest("m.gguf", step=3)
         driver.check_kind_flags(gguf, "lattn_jax", ["piqa"], options)  # a workdir takes --step
-        with self.assertRaisesRegex(ValueError, r"^--step applies to lattn-jax training "
-                                                r"workdirs; m\.gguf is a "):
+        driver.check_kind_flags(gguf, "halo", ["piqa"], options)  # a HALO student's stage too
+        with self.assertRaisesRegex(ValueError, r"^--step applies to lattn-jax training and "
+                                                r"HALO workdirs; m\.gguf is a "):
             driver.check_kind_flags(gguf, "gguf", ["piqa"], options)
         with self.assertRaisesRegex(ValueError, r"^--output_dir is required when --checkpoint "
                                                 r"is a "):
@@ -57,6 +58,9 @@ class CheckFlagsTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"^--perplexity_files=validation scores the "):
             driver.check_kind_flags(driver.EvaluateRequest("m.gguf", output_dir="/tmp/o"),
                                     "gguf", ["perplexity"], options)
+        with self.assertRaisesRegex(ValueError, r"held out; a HALO workdir has none"):
+            driver.check_kind_flags(driver.EvaluateRequest("runs/halo"), "halo", ["perplexity"],
+                                    options)
 
 
 if __name__ == "__main__":

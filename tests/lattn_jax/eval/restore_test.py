@@ -94,13 +94,16 @@ class ModelKindTest(absltest.TestCase):
         # Another kind of run's config.json: its kind and the binary that takes it (newcomer
         # pass: "config has no 'model' section").
         self.write("halo/config.json", json.dumps({"teacher": {}, "hypenet": {}, "stage1": {}}))
-        for load in (restore.model_kind, restore.load):
-            with self.assertRaisesRegex(
-                    ValueError, r"^.*/halo/config\.json is a HALO pipeline's config, not a "
-                                r"training run's: .*/halo is a HALO workdir, whose student the "
-                                r"pipeline's report stage evaluates \(experiments/"
-                                r"halo_pipeline\.py --stages=report\)"):
-                load(self.path("halo"))
+        with self.assertRaisesRegex(
+                ValueError, r"^.*/halo/config\.json is a HALO pipeline's config, not a "
+                            r"training run's: .*/halo is a HALO workdir, whose student the "
+                            r"pipeline's report stage evaluates \(experiments/"
+                            r"halo_pipeline\.py --stages=report\) and load_model loads"):
+            restore.load(self.path("halo"))
+        # load_model takes it once Stage 2 has written the student (restore_halo_test.py).
+        with self.assertRaisesRegex(FileNotFoundError, r"^.*/halo is a HALO workdir without a "
+                                                       r"converted student"):
+            restore.model_kind(self.path("halo"))
         self.write("sweep/config.json", json.dumps({"train_config": "configs/table2.py"}))
         with self.assertRaisesRegex(ValueError, r"sweep/config\.json is not a training run's "
                                                 r"config \(it has no 'model' section; it is a "
@@ -133,7 +136,8 @@ class LoadModelTest(absltest.TestCase):
         np.testing.assert_array_equal(np.asarray(restored.model(jnp.asarray([ids]))),
                                       np.asarray(ref(jnp.asarray([ids]))))
         with self.assertRaisesRegex(ValueError, "step=3: a checkpoint step applies to lattn-jax "
-                                                "training workdirs only; .*t.gguf is a GGUF file"):
+                                                "training and HALO workdirs only; .*t.gguf is a "
+                                                "GGUF file"):
             restore.load_model(path, 3)
 
 

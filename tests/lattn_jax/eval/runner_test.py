@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -178,6 +179,31 @@ class PreflightTest(absltest.TestCase):
         self.assertEqual(len(message.splitlines()), 1, message)
         self.assertTrue(message.startswith(f"--perplexity_files: {path} looks binary, not text ("),
                         message)
+
+    def test_a_perplexity_directory_names_the_flag_and_asks_for_files(self):
+        # Was "--perplexity_files entry not found" for a directory that exists.
+        data = tempfile.mkdtemp()
+        names = sorted(f"t{i}.txt" for i in random.sample(range(100), 4))
+        os.makedirs(os.path.join(data, "lm", "sub"))  # a directory in it is not offered
+        for n in names:
+            with open(os.path.join(data, "lm", n), "w") as f:
+                f.write("Some text.\n")
+        for entry, where in ((os.path.join(data, "lm"), os.path.join(data, "lm")),
+                             ("lm", f"lm (relative to --data_dir={data}): {data}/lm")):
+            with self.subTest(entry=entry):
+                with self.assertRaises(ValueError) as ctx:
+                    runner.check_data(["perplexity"], _options(data, perplexity_files=(entry,)))
+                shown = ",".join(os.path.join(entry, n) for n in names[:3])
+                self.assertEqual(str(ctx.exception),
+                                 f"--perplexity_files: {where} is a directory; each entry must "
+                                 f"be a text file: pass the files to score (e.g. "
+                                 f"--perplexity_files={shown})")
+        empty = os.path.join(data, "empty")
+        os.makedirs(empty)
+        with self.assertRaisesRegex(ValueError, rf"^--perplexity_files: {empty} is a directory; "
+                                                r"each entry must be a text file: pass the files "
+                                                r"to score$"):
+            runner.check_data(["perplexity"], _options(data, perplexity_files=(empty,)))
 
     def test_missing_items_of_several_origins_are_each_named(self):
         data = tempfile.mkdtemp()

@@ -19,7 +19,9 @@ class CheckOptionsTest(absltest.TestCase):
                 (dict(decode_chunk=0), r"^--decode_chunk must be > 0, got 0$"),
                 (dict(piece_mib=-1), r"^--piece_mib must be > 0, got -1$"),
                 (dict(deadline_s=0.0), r"^--deadline_s must be > 0, got 0.0$"),
-                (dict(temperature=0.0), r"^--temperature must be > 0"),
+                (dict(temperature=0.0), r"^--temperature must be a finite number > 0"),
+                (dict(temperature=float("inf")),
+                 r"^--temperature must be a finite number > 0 .*, got inf$"),
                 (dict(templates=["no topic"]), r"^--template: 'no topic' has no \{topic\}"),
                 (dict(chat_format="llama3"), r"^--chat_format: expected one of auto, gguf, "
                                              r"chatml, none, got 'llama3'$")):

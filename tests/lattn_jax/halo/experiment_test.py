@@ -369,6 +369,11 @@ class ResumeOptionsTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"stage2\.copied_lr_scale: 1\.0 -> 0\.1"):
             experiment.check_resume(cfg, workdir, ("stage2",))
 
+    def test_stage2_temperature_is_checked_first(self):
+        self._assert_refused_up_front(
+            "stage2", "temperature", (0.0, -1.0, float("nan"), float("inf")),
+            r"^stage2\.temperature must be a finite number > 0")
+
     def test_optimizer_layout_is_free_for_a_done_stage_only(self):
         # optim.flatten changes the optimizer state's layout: a started stage cannot resume
         # under the other layout, but a done one is only read for its params.
