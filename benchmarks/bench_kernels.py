@@ -38,7 +38,10 @@ another order of the output warpgroup (the default is ``readout_first``; Sec. 16
 ``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
 backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
 kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
-record and a table of their own.
+record and a table of their own. A value with the suffix ``+fold`` (``fused_ws+fold``) runs that
+backward with ``dv_local="fold"`` (the reverse state pass forms ``dv_local`` itself, kernel
+``gdn_chunk_delta_dh_fold``; Sec. 32), so ``--mosaic_backward=fused_ws,fused_ws+fold`` times
+separate against fold in one run.
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -136,9 +139,10 @@ _MOSAIC_BACKWARD = flags.DEFINE_list(
     "(split: stages 3 and 4, chunk_delta_grads_partials_mosaic + chunk_wy_bwd_mosaic; fused: "
     "the one kernel chunk_bwd_fused_mosaic with T0 from the fused_t0 forwards or "
     "chunk_kkt_inverse_mosaic, one warpgroup; fused_ws: the same on three warpgroups; "
-    "MOSAIC_GPU.md Sec. 31). Several (split,fused,fused_ws) time mosaic once "
-    "per value, each with its own gate and record (field mosaic_backward) and a table of their "
-    "own below the main one; empty: the op's default (split), not recorded.")
+    "MOSAIC_GPU.md Sec. 31); the suffix +fold (e.g. fused_ws+fold) also sets dv_local=fold "
+    "(the reverse state pass forms dv_local, Sec. 32). Several (split,fused,fused_ws) time "
+    "mosaic once per value, each with its own gate and record (field mosaic_backward) and a "
+    "table of their own below the main one; empty: the op's default (split), not recorded.")
 _CW_STATE_PASS = flags.DEFINE_list(
     "channelwise_state_pass", [],
     "Peer ours, ops kda and gdn2: the state passes of the channelwise kernels "
@@ -278,8 +282,7 @@ def _jax_fn(op, peer, segment_ids):
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
                     segment_ids=segment_ids, wy_implementation="xla", **forward)[0]
             if op in ("gdn", "deltanet"):
-                backward = ({} if _MOSAIC_BACKWARD_NOW[0] is None
-                            else {"backward": _MOSAIC_BACKWARD_NOW[0]})
+                backward = mosaic_backward_options(_MOSAIC_BACKWARD_NOW[0])
                 return mosaic_vjp.gated_delta_rule_mosaic(
                     q, k, v, gates.get("g"), gates["beta"], scale=q.shape[-1] ** -0.5,
                     segment_ids=segment_ids, **forward, **backward)[0]
@@ -617,7 +620,7 @@ def _check_mosaic_backward():
     if not values:
         return
     from pallas_kernels.gated_delta_rule import mosaic_vjp
-    _check_distinct("mosaic_backward", values, mosaic_vjp.BACKWARDS)
+    _check_distinct("mosaic_backward", values, mosaic_backward_choices(mosaic_vjp.BACKWARDS))
     if ("mosaic" not in _PEERS.value or not any(op in ("gdn", "deltanet") for op in _OPS.value)
             or "fwdbwd" not in _PASSES.value or _MOSAIC_WY.value != "mosaic"):
         raise app.UsageError(f"--mosaic_backward applies to peer mosaic, ops gdn, deltanet, "
@@ -630,6 +633,23 @@ def _check_mosaic_backward():
 # The backward= the mosaic GDN / DeltaNet op runs with now (None: its default), set per
 # --mosaic_backward value by run_jax and read by _jax_fn at trace time.
 _MOSAIC_BACKWARD_NOW = [None]
+# The suffix of a --mosaic_backward value that also sets dv_local="fold" (MOSAIC_GPU.md Sec. 32).
+FOLD_SUFFIX = "+fold"
+
+
+def mosaic_backward_choices(backwards):
+    """The ``--mosaic_backward`` values: each backward, and each with :data:`FOLD_SUFFIX`."""
+    return tuple(backwards) + tuple(b + FOLD_SUFFIX for b in backwards)
+
+
+def mosaic_backward_options(value):
+    """``gated_delta_rule_mosaic``'s keyword options of a ``--mosaic_backward`` value
+    (``{}`` for ``None``): ``backward=``, and ``dv_local="fold"`` for a ``+fold`` value."""
+    if value is None:
+        return {}
+    if value.endswith(FOLD_SUFFIX):
+        return {"backward": value[:-len(FOLD_SUFFIX)], "dv_local": "fold"}
+    return {"backward": value}
 
 
 def _mosaic_backward_variants(op, peer):
@@ -1074,14 +1094,20 @@ def grad_pass_lines(records):
 _BACKWARD_KERNELS = {"split": ("gdn_chunk_grads", "gdn_chunk_wy_bwd"),
                      "fused": ("gdn_chunk_bwd_fused", "gdn_chunk_kkt_inverse"),
                      "fused_ws": ("gdn_chunk_bwd_fused_ws", "gdn_chunk_kkt_inverse")}
+# Kernel-name substrings of stage 1 and the reverse state pass: separate, or folded (Sec. 32;
+# "gdn_chunk_delta_dh" also matches "gdn_chunk_delta_dh_fold" and the "_pieces" launches).
+_DV_LOCAL_KERNELS = ("gdn_chunk_dv_local", "gdn_chunk_delta_dh")
 
 
 def mosaic_backward_lines(records):
     """Markdown lines of the ``mosaic`` GDN / DeltaNet records run per ``--mosaic_backward``
     (each value's kernel and wall time, the own time of the chunk-local backward it replaces
-    or runs, and its gate); ``[]`` without such records. The main table keeps the last value's
-    record only. The ``fused`` own time includes the ``T0`` kernel's (``gdn_chunk_kkt_inverse``:
-    once in the forward of ``fused_t0``, else also once in the backward)."""
+    or runs, that of ``dv_local`` and the reverse state pass (:data:`_DV_LOCAL_KERNELS`:
+    ``gdn_chunk_dv_local`` + ``gdn_chunk_delta_dh*``, or the folded ``gdn_chunk_delta_dh_fold*``
+    alone for a ``+fold`` value), and its gate); ``[]`` without such records. The main table
+    keeps the last value's record only. The ``fused`` own time includes the ``T0`` kernel's
+    (``gdn_chunk_kkt_inverse``: once in the forward of ``fused_t0``, else also once in the
+    backward)."""
     recs = [r for r in records if r.get("mosaic_backward") and r["peer"] == "mosaic"]
     if not recs:
         return []
@@ -1090,15 +1116,18 @@ def mosaic_backward_lines(records):
                  "MOSAIC_GPU.md Sec. 31): `split`, stages 3 and 4 (`gdn_chunk_grads`, "
                  "`gdn_chunk_wy_bwd`), or `fused` / `fused_ws`, `gdn_chunk_bwd_fused` / "
                  "`gdn_chunk_bwd_fused_ws` (one / three warpgroups; with "
-                 "`gdn_chunk_kkt_inverse*`, the T0 kernel).", "",
-             "| op | shape | pass | backward | kernel | chunk-local backward kernels | wall "
-             "| gate |",
-             "|---|---|---|---|---:|---:|---:|---|"]
+                 "`gdn_chunk_kkt_inverse*`, the T0 kernel); `+fold`: `dv_local` formed in the "
+                 "reverse state pass (Sec. 32).", "",
+             "| op | shape | pass | backward | kernel | chunk-local backward kernels | "
+             "dv_local + reverse pass | wall | gate |",
+             "|---|---|---|---|---:|---:|---:|---:|---|"]
     for r in recs:
-        names = _BACKWARD_KERNELS[r["mosaic_backward"]]
-        own = _own_ms(r, *names)
-        lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | {r['mosaic_backward']} | "
-                     f"{_ms(r.get('kernel_ms'))} | {_ms(own)} | {_ms(r.get('ms'))} | "
+        value = r["mosaic_backward"]
+        base = value[:-len(FOLD_SUFFIX)] if value.endswith(FOLD_SUFFIX) else value
+        own = _own_ms(r, *_BACKWARD_KERNELS[base])
+        dvl = _own_ms(r, *_DV_LOCAL_KERNELS)
+        lines.append(f"| {r['op']} | {r['shape']} | {r['pass_']} | {value} | "
+                     f"{_ms(r.get('kernel_ms'))} | {_ms(own)} | {_ms(dvl)} | {_ms(r.get('ms'))} | "
                      f"{'green' if r.get('gate') else 'RED'} |")
     return lines
 

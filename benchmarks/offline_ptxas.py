@@ -98,11 +98,14 @@ compiled again, its line says "same module as"). Simple GLA / Lightning / linear
 ``gdn_fused`` / ``gdn_fused_split`` (``chunk_delta_fused_fwd_mosaic``), ``gdn_t0``
 (``chunk_kkt_inverse_mosaic`` with its defaults), ``gdn_fused_t0`` / ``gdn_fused_t0_split``
 (``chunk_delta_fused_t0_fwd_mosaic``), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
-(``chunk_delta_dh_mosaic``), ``gdn_bwd_grads`` (``chunk_delta_grads_mosaic``), ``gdn_wy_bwd``
-(``chunk_wy_bwd_mosaic``). Options after ``:``: ``infer`` (the primal alone: the fused GDN
-kernels then store neither ``h`` nor ``v_new``), ``nog`` (``g=None``: the same modules, the ops
-pass zero gates), and for ``gdn_fused_t0_split`` a ``split_order`` and ``s3``
-(``split_stages=3``): ``gdn_fused_t0_split:prepare_mid:s3``. ``k2gdn2``: K2 as GDN-2 calls it
+(``chunk_delta_dh_mosaic``), ``gdn_bwd_dh_fold`` / ``gdn_bwd_dh_fold_pieces`` (the same with
+``dv_local="fold"``, three warpgroups: MOSAIC_GPU.md Sec. 32; the pieces' launch only at rows
+with few CTAs, e.g. ``--batch=1 --seq_len=32768``), ``gdn_bwd_grads``
+(``chunk_delta_grads_mosaic``), ``gdn_wy_bwd`` (``chunk_wy_bwd_mosaic``). Options after ``:``:
+``infer`` (the primal alone: the fused GDN kernels then store neither ``h`` nor ``v_new``),
+``nog`` (``g=None``: the same modules, the ops pass zero gates), and for
+``gdn_fused_t0_split`` a ``split_order`` and ``s3`` (``split_stages=3``):
+``gdn_fused_t0_split:prepare_mid:s3``. ``k2gdn2``: K2 as GDN-2 calls it
 (``ks`` per channel, fp32 ``[B, T, H, K]``). ``--dk=64 --dv=64`` runs them at K = V = 64; an
 entry the kernels do not take prints "not exported". Where the H200's ptxas figures exist for
 an entry at the run's shape (:data:`H200_ENTRIES`), its line shows them.
@@ -575,10 +578,16 @@ OP_KERNELS = {
     # backward="fused": stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31, OP_BACKWARDS)
     "gdn_bwd_fused": ("gdn", "three_pass", ("gdn_chunk_bwd_fused",)),
     "gdn_bwd_fused_ws": ("gdn", "three_pass", ("gdn_chunk_bwd_fused_ws",)),
+    # dv_local="fold": the reverse state pass forms dv_local (MOSAIC_GPU.md Sec. 32, OP_DV_LOCALS)
+    "gdn_bwd_dh_fold": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold",)),
+    "gdn_bwd_dh_fold_pieces": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold_pieces",)),
 }
 # The backward= of gated_delta_rule_mosaic for the OP_KERNELS entries that need another than
 # its default ("split").
 OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws"}
+# The dv_local= of gated_delta_rule_mosaic for the OP_KERNELS entries that need another than its
+# default ("separate").
+OP_DV_LOCALS = {"gdn_bwd_dh_fold": "fold", "gdn_bwd_dh_fold_pieces": "fold"}
 # Options after ":" (any order): "infer" (the primal alone, as at inference: the fused GDN
 # kernels then store neither h nor v_new), "nog" (g=None: linear attention, DeltaNet), and for
 # gdn_fused_t0_split a split order of kernel_mosaic_gpu_fused.SPLIT_ORDERS and "s3" (three ring
@@ -597,7 +606,7 @@ ALL_KERNELS = (
     "gdn_fused_t0_split:prepare_first", "gdn_fused_t0_split:prepare_mid:s3",
     "gdn_fused_t0_split:state_ag", "gdn_fused_t0_split:state_ag:s3",
     "gdn_bwd_dv_local", "gdn_bwd_dh", "gdn_bwd_grads", "gdn_wy_bwd", "gdn_bwd_fused",
-    "gdn_bwd_fused_ws")
+    "gdn_bwd_fused_ws", "gdn_bwd_dh_fold")
 # ptxas's figures on the H200 for entries of this binary (MOSAIC_GPU_DUMP_PTXAS logs under
 # benchmarks/results/mosaic-gpu-h200-*; jax 0.11.2, bf16, K = V = 128): entry -> ((B, T, H),
 # registers, spill store bytes, run) per shape measured. S1 is (8, 4096, 16); (2, 2048, 4) is
@@ -690,14 +699,14 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
               split: Optional[Dict] = None, batch: int = 8, seq_len: int = 4096,
               heads: int = 16, dk: int = 128, dv: int = 128, dtype: str = "bfloat16",
               docs: bool = True, kv_heads: Optional[int] = None,
-              backward: Optional[str] = None) -> List[str]:
+              backward: Optional[str] = None, dv_local: Optional[str] = None) -> List[str]:
     """The Mosaic GPU modules of one op configuration, exported through the op: the training
     step (``jax.vjp`` of ``o``, then its backward with a cotangent ``do``) or, with ``infer``,
     the primal alone. ``op``: ``"gla"`` (``simple_gla_mosaic``) or ``"gdn"``
     (``gated_delta_rule_mosaic``); ``split``: ``SPLIT_T0_OPTIONS`` for the export;
     ``kv_heads``: ``Hk`` of ``q, k`` ``[B, T, Hk, K]`` (GVA, ``gdn`` only; ``None``: ``H``);
-    ``backward``: ``gated_delta_rule_mosaic``'s ``backward=`` (``gdn`` only; ``None``: its
-    default)."""
+    ``backward``, ``dv_local``: ``gated_delta_rule_mosaic``'s ``backward=`` and ``dv_local=``
+    (``gdn`` only; ``None``: its default)."""
     import jax
     import jax.numpy as jnp
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
@@ -716,7 +725,8 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
             return sg.simple_gla_mosaic(q, k, v, g, segment_ids=seg, forward=forward)[0]
         return mosaic_vjp.gated_delta_rule_mosaic(
             q, k, v, g, beta, segment_ids=seg, forward=forward,
-            **({} if backward is None else dict(backward=backward)))[0]
+            **({} if backward is None else dict(backward=backward)),
+            **({} if dv_local is None else dict(dv_local=dv_local)))[0]
 
     def step(q, k, v, g, beta, do, seg=None):
         if infer:
@@ -759,11 +769,14 @@ def entry_modules(name: str, *, batch: int = 8, seq_len: int = 4096, heads: int 
         return [(name + (f".{i}" if len(texts) > 1 else ""), t) for i, t in enumerate(texts)]
     op, forward, patterns, options = parse_op_entry(name)
     backward = OP_BACKWARDS.get(name.split(":")[0])
+    dv_local = OP_DV_LOCALS.get(name.split(":")[0])
     key = (op, forward, options["infer"], options["nog"],
-           tuple(sorted(options["split"].items())), tuple(sorted(shape.items())), backward)
+           tuple(sorted(options["split"].items())), tuple(sorted(shape.items())), backward,
+           dv_local)
     if key not in _EXPORTS:
         _EXPORTS[key] = op_export(op, forward, infer=options["infer"], nog=options["nog"],
-                                  split=options["split"], backward=backward, **shape)
+                                  split=options["split"], backward=backward, dv_local=dv_local,
+                                  **shape)
     picked = [(module_kernel_name(t), t) for t in _EXPORTS[key]]
     picked = [(k, t) for k, t in picked if _matches(k, patterns)]
     if not picked:

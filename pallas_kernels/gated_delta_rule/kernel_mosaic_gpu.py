@@ -71,8 +71,9 @@ MOSAIC_GPU.md Sec. 29 give the launches. The reverse pass uses ``M_p^T``.
 Backward: :func:`chunk_delta_dh_mosaic` is the reverse delta state pass (FLA's
 ``chunk_gated_delta_rule_bwd_dhu``, ``kernel_gpu.py``'s ``_backward_state``): the gradients of
 the states leaving every chunk, the total ``v_new`` gradient and ``dh0``, same kernel structure
-in reverse chunk order. The parameter gradients and the ``custom_vjp`` are in
-:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`,
+in reverse chunk order; with ``fold_dv_local`` a third warpgroup forms the chunk-local
+``dv_local`` in the pass itself (MOSAIC_GPU.md Sec. 32). The parameter gradients and the
+``custom_vjp`` are in :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd`,
 :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_wy_bwd` and
 :mod:`pallas_kernels.gated_delta_rule.mosaic_vjp`.
 
@@ -91,6 +92,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.gated_delta_rule import chunked
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
 from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 
@@ -1612,25 +1614,39 @@ def gated_delta_rule_fwd_mosaic(
 # Backward: the reverse delta state pass.
 
 
-def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, conn_ref, *rest,
-                         num_chunks: int, group: int, scale: float, has_dht: bool,
-                         fp32_states: bool, pieces: int, store: bool, interpret: bool):
+def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, *rest, num_chunks: int, group: int,
+                         scale: float, has_dht: bool, fp32_states: bool, pieces: int, store: bool,
+                         fold: bool, has_du: bool, interpret: bool):
     """Kernel body of :func:`chunk_delta_dh_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[dht_ref,] [dh_ref, dvn_ref,] dh0_ref`` then the scratch (``dh``, ``dv_new``
-    only with ``store``). ``ds_s`` (``dS`` in 16 bits) is the right operand of ``K dS``; it is
-    also the staging tile of ``dh`` when ``dh`` is stored in the input dtype, while fp32 ``dh``
-    goes out through ``state_s``. With ``pieces = P > 1`` the inputs are ``P`` pieces of
-    ``num_chunks`` chunks per row as ``B * P`` rows (grid axis ``b`` is ``row * P + piece``):
-    ``dht``, ``dh0`` and ``dv_new`` are per piece, ``dh`` is written at the row's global chunk
-    index.
+    ``rest`` = ``[dvl_ref,] g_ref, last_ref, conn_ref, [doc_ref,] [dht_ref,] [dh_ref,
+    dvn_ref,] dh0_ref`` then the scratch (``dh``, ``dv_new`` only with ``store``; ``dvl_ref``
+    is ``dv_local`` without ``fold``, the residual's cotangent ``du`` with ``fold`` and
+    ``has_du``, absent otherwise; ``doc_ref`` only with ``fold``). ``ds_s`` (``dS`` in 16 bits)
+    is the right operand of ``K dS``; it is also the staging tile of ``dh`` when ``dh`` is
+    stored in the input dtype, while fp32 ``dh`` goes out through ``state_s``. With
+    ``pieces = P > 1`` the inputs are ``P`` pieces of ``num_chunks`` chunks per row as
+    ``B * P`` rows (grid axis ``b`` is ``row * P + piece``): ``dht``, ``dh0`` and ``dv_new`` are
+    per piece, ``dh`` is written at the row's global chunk index.
+
+    With ``fold`` (MOSAIC_GPU.md Sec. 32) a third warpgroup (``wg == 2``) forms ``dv_local``
+    of every chunk itself, ``scale (Q K^T * D)^T do`` for the CTA's 64 value columns (plus
+    ``du``, in fp32), and publishes it rounded to the input dtype in the ring's ``dvl_s`` slot
+    (where ``du`` landed, or the TMA copy of ``dv_local`` lands without ``fold``) on
+    ``dvl_ready[slot]``; the state warpgroup reads it there as before.
     """
     rest = list(rest)
+    dvl_ref = rest.pop(0) if (has_du or not fold) else None
+    g_ref, last_ref, conn_ref = rest.pop(0), rest.pop(0), rest.pop(0)
+    doc_ref = rest.pop(0) if fold else None
     dht_ref = rest.pop(0) if has_dht else None
     dh_ref, dvn_ref = (rest.pop(0), rest.pop(0)) if store else (None, None)
     (dh0_ref, q_s, k_s, w_s, do_s, dvl_s, g_s, last_s, conn_s, dod_s, dvn_s,
-     dvneg_s, state_s, ds_s, in_bar, in_free, io_bar, done, *shim) = rest
-    qt_s, wt_s = shim if interpret else (None, None)
+     dvneg_s, state_s, ds_s, in_bar, in_free, io_bar, done, *extra) = rest
+    if fold:  # g's column copy, doc's row and column copies, dvl_ready
+        gcol_s, docr_s, docc_s, dvl_ready, *extra = extra
+    qt_s, wt_s = extra[:2] if interpret else (None, None)
+    qt2_s, pt_s = extra[2:4] if interpret and fold else (None, None)  # wg 2's shims
     dhst_s = state_s if fp32_states else ds_s  # staging of the stored dh
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     b_out, n_base = lax.div(b, pieces), lax.rem(b, pieces) * num_chunks  # dh's row, 1st chunk
@@ -1641,7 +1657,7 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, 
 
     @pl.when(wg == 1)
     def _memory():
-        plgpu.set_max_registers(40, action="decrease")
+        plgpu.set_max_registers(DH_FOLD_REGISTERS[1] if fold else 40, action="decrease")
 
         def issue(i, slot):  # step i reads chunk N - 1 - i
             rows = pl.ds((num_chunks - 1 - i) * CHUNK, CHUNK)
@@ -1650,16 +1666,56 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, 
             plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(w_ref.at[b, rows, h], w_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(do_ref.at[b, rows, h, cols], do_s.at[slot], bar)
-            plgpu.copy_gmem_to_smem(dvl_ref.at[b, rows, h, cols], dvl_s.at[slot], bar)
+            if dvl_ref is not None:  # dv_local, or (fold) du into the slot wg 2 publishes in
+                plgpu.copy_gmem_to_smem(dvl_ref.at[b, rows, h, cols], dvl_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(last_ref.at[b, rows], last_s.at[slot], bar)
             plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_s.at[slot], bar)
+            if fold:  # the row / column copies of the gate and document ids for D^T
+                plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], gcol_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], docr_s.at[slot], bar)
+                plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], docc_s.at[slot], bar)
 
         mgl.ring_producer(issue, num_chunks, in_free)
 
+    if fold:
+        @pl.when(wg == 2)
+        def _dv_local():
+            plgpu.set_max_registers(DH_FOLD_REGISTERS[2], action="increase")
+
+            @pl.loop(0, num_chunks)
+            def _step(i):
+                slot = lax.rem(i, STAGES)
+                plgpu.barrier_wait(in_bar.at[slot])
+                q_t = mgl.transposed(q_s.at[slot], qt2_s, interpret)
+
+                def scores(acc):
+                    plgpu.wgmma(acc, k_s.at[slot], q_t)  # K Q^T = (Q K^T)^T, [C, C]
+                    return acc[...]
+
+                # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
+                kq = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC((CHUNK, CHUNK))))
+                decay_t, _ = kbwd._intra_chunk_decay(g_s.at[slot], gcol_s.at[slot],
+                                                     docr_s.at[slot], docc_s.at[slot],
+                                                     interpret, transpose=True)
+                pt = (kq * (scale * decay_t)).astype(do_s.dtype)  # P^T, the left operand
+
+                def product(acc):
+                    plgpu.wgmma(acc, mgl.lhs_operand(pt, pt_s, interpret), do_s.at[slot])
+                    return acc[...]
+
+                dvl = lax.optimization_barrier(
+                    pl.run_scoped(product, plgpu.ACC((CHUNK, BLOCK_V))))  # P^T do, fp32
+                if has_du:  # du landed in the slot; the sum is rounded once
+                    dvl = dvl + mgl.load_tile(dvl_s.at[slot], interpret).astype(jnp.float32)
+                dvl_s[slot] = dvl.astype(dvl_s.dtype)
+                plgpu.commit_smem()
+                plgpu.barrier_arrive(dvl_ready.at[slot])
+                plgpu.barrier_arrive(in_free.at[slot])  # q, k, do, the vectors read
+
     @pl.when(wg == 0)
     def _state():
-        plgpu.set_max_registers(232, action="increase")
+        plgpu.set_max_registers(DH_FOLD_REGISTERS[0] if fold else 232, action="increase")
         if has_dht:
             plgpu.copy_gmem_to_smem(dht_ref.at[b, h, :, cols], state_s, io_bar)
             plgpu.barrier_wait(io_bar)
@@ -1695,6 +1751,8 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, 
             k_decay = jnp.exp(g_last - g) * mgl.load_rows(last_s.at[slot], interpret)
             q_decay = scale * jnp.exp(g) * mgl.load_rows(conn_s.at[slot], interpret)
             d_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]  # keep: 0 if a document starts
+            if fold:  # wg 2 has published this chunk's dv_local (+ du) in the slot
+                plgpu.barrier_wait(dvl_ready.at[slot])
             dvl = mgl.load_tile(dvl_s.at[slot], interpret).astype(jnp.float32)
             dvn = dvl + kds * mgl.by_row(k_decay, kds.shape)  # total dv_new, fp32
             do = mgl.load_tile(do_s.at[slot], interpret).astype(jnp.float32)
@@ -1726,18 +1784,24 @@ def _delta_dstate_kernel(q_ref, k_ref, w_ref, do_ref, dvl_ref, g_ref, last_ref, 
         plgpu.copy_smem_to_gmem(state_s, dh0_ref.at[b, h, :, cols])
         plgpu.wait_smem_to_gmem(0)
 
-    # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
+    # All warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
     plgpu.barrier_wait(done)
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "pieces", "interpret"))
+# setmaxnreg of the folded reverse pass's warpgroups (state, memory, dv_local): the launch
+# share at 384 threads is 168, and the three sum to 3 x 168 (MOSAIC_GPU.md Sec. 32).
+DH_FOLD_REGISTERS = (232, 40, 232)
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "states_dtype", "pieces", "fold_dv_local",
+                                             "interpret"))
 def chunk_delta_dh_mosaic(
     q: jax.Array,
     k: jax.Array,
     w: jax.Array,
     do: jax.Array,
-    dv_local: jax.Array,
+    dv_local: Optional[jax.Array],
     g: Optional[jax.Array],
     *,
     scale: float,
@@ -1748,6 +1812,8 @@ def chunk_delta_dh_mosaic(
     states_dtype=jnp.float32,
     pieces: Optional[int] = None,
     piece_maps: Optional[jax.Array] = None,
+    fold_dv_local: bool = False,
+    residual_grad: Optional[jax.Array] = None,
     interpret: bool = False,
 ) -> Tuple[jax.Array, jax.Array, jax.Array]:
     """The reverse delta state pass: state gradients of every chunk, total ``dv_new``, ``dh0``.
@@ -1796,6 +1862,21 @@ def chunk_delta_dh_mosaic(
     ``W^T`` transposed SMEM operands, copies when interpreting) to ``keep e^{G_L} dS'``.
     SMEM at K = V = 128: about 200 KB.
 
+    With ``fold_dv_local`` (MOSAIC_GPU.md Sec. 32; jla's ``state_bwd_wy`` does the same in a
+    second warpgroup) the pass forms ``dv_local`` itself instead of reading it:
+    ``dv_local_c = scale (Q_c K_c^T * D)^T do_c + du_c`` (FLA's ``chunk_bwd_dv_local``, as
+    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_dv_local_mosaic`
+    computes it), so that kernel's launch and its ``[B, T, H, V]`` round trip through HBM go
+    away. A third warpgroup, fed by the same ring (plus the row and column copies of the gate
+    and document vectors for ``D``), runs per chunk ``wgmma(K, Q^T)`` (``[64, 64]``, fp32),
+    ``P^T = K Q^T * scale D^T`` rounded once to the input dtype (a register operand),
+    ``wgmma(P^T, do)`` for the CTA's 64 value columns, adds ``du`` (``residual_grad``, TMA'd
+    into the ring slot) in fp32, and publishes the sum rounded once to the input dtype in that
+    slot: the same roundings as the separate kernel, so ``dv_new``, ``dh`` and ``dh0`` match
+    the unfolded pass up to the order of fp32 sums. 384 threads, ``setmaxnreg``
+    :data:`DH_FOLD_REGISTERS`. With ``V = 128`` each of the two value-column CTAs forms
+    ``K Q^T`` (2 x 64x64xK more products than the separate kernel).
+
     Args:
         q: queries ``[B, T, Hk, K]``, bf16 or fp16; ``H % Hk == 0`` (value head ``h`` reads
             query/key head ``h // (H // Hk)``).
@@ -1804,7 +1885,8 @@ def chunk_delta_dh_mosaic(
             forward's operand, :func:`chunk_delta_h_mosaic`).
         do: output gradient ``[B, T, H, V]``, q's dtype. ``K, V`` in {64, 128}.
         dv_local: ``[B, T, H, V]``, q's dtype: the gradient of ``v_new`` through the chunk's
-            own read-out (and the residual's cotangent), see above.
+            own read-out (and the residual's cotangent), see above; ``None`` with
+            ``fold_dv_local`` (required then).
         g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``), or ``None`` (DeltaNet).
         scale: read-out scale of the forward (static).
         final_state_grad: ``[B, H, K, V]`` gradient w.r.t. the final state (read as fp32), or
@@ -1830,6 +1912,13 @@ def chunk_delta_dh_mosaic(
         piece_maps: the forward's piece maps ``[B, P, H, K, K]`` fp32
             (:func:`chunk_delta_h_mosaic` with ``return_maps``), or ``None`` to compute them
             here (one more launch); ignored when ``P = 1``.
+        fold_dv_local: static; form ``dv_local`` in the pass (above) instead of reading it.
+            Covers gated and DeltaNet, GVA, documents, ``final_state_grad`` and the sequence
+            pieces (both launches form it).
+        residual_grad: optional ``[B, T, H, V]`` in ``do``'s dtype, the cotangent ``du`` of the
+            residual ``u = v_new``, added to the folded ``dv_local`` in fp32; only with
+            ``fold_dv_local`` (without it, add it to ``dv_local``, as
+            ``chunk_dv_local_mosaic(residual_grad=)`` does).
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
@@ -1846,8 +1935,9 @@ def chunk_delta_dh_mosaic(
         ValueError: on mismatched shapes or dtypes of ``q, k, w, do, dv_local``, unsupported
             head dims or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``,
             ``segment_ids``, ``final_state_grad`` or ``piece_maps`` shape, a ``states_dtype``
-            that is neither fp32 nor the input dtype, or ``pieces`` not a positive divisor of
-            ``ceil(T / 64)``.
+            that is neither fp32 nor the input dtype, ``pieces`` not a positive divisor of
+            ``ceil(T / 64)``, a ``dv_local`` given with ``fold_dv_local`` or missing without it,
+            or a ``residual_grad`` without ``fold_dv_local`` or not of ``do``'s shape and dtype.
     """
     batch, seq_len, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
@@ -1858,9 +1948,18 @@ def chunk_delta_dh_mosaic(
     if w.shape != (batch, seq_len, heads, dk) or w.dtype != q.dtype:
         raise ValueError(f"w must be [B, T, H, K] = {(batch, seq_len, heads, dk)} in q's dtype "
                          f"{q.dtype}, got {w.shape=} {w.dtype=}")
-    if dv_local.shape != do.shape or dv_local.dtype != do.dtype:
-        raise ValueError(f"dv_local must have do's shape {do.shape} and dtype {do.dtype}, got "
-                         f"{dv_local.shape=} {dv_local.dtype=}")
+    if fold_dv_local and dv_local is not None:
+        raise ValueError("fold_dv_local=True forms dv_local in the pass: pass dv_local=None "
+                         "(and the residual's cotangent as residual_grad)")
+    if not fold_dv_local and dv_local is None:
+        raise ValueError("dv_local is required unless fold_dv_local=True")
+    if not fold_dv_local and residual_grad is not None:
+        raise ValueError("residual_grad needs fold_dv_local=True (else add it to dv_local)")
+    dvl_in = residual_grad if fold_dv_local else dv_local  # what the ring loads, or None
+    if dvl_in is not None and (dvl_in.shape != do.shape or dvl_in.dtype != do.dtype):
+        name = "residual_grad" if fold_dv_local else "dv_local"
+        raise ValueError(f"{name} must have do's shape {do.shape} and dtype {do.dtype}, got "
+                         f"{dvl_in.shape=} {dvl_in.dtype=}")
     states_dtype = mgl.check_states_dtype(states_dtype, q.dtype)
     if final_state_grad is not None and final_state_grad.shape != (batch, heads, dk, dv):
         raise ValueError(f"final_state_grad must be [B, H, K, V] = {(batch, heads, dk, dv)}, "
@@ -1874,52 +1973,68 @@ def chunk_delta_dh_mosaic(
                          f"{piece_maps.shape=}")
     # Padding tokens have q = k = w = do = dv_local = 0 and g = 0: dv_new = 0 there and dS'
     # passes through unchanged.
-    q, k, w, do, dv_local = (mgl.pad_time(x, num_chunks) for x in (q, k, w, do, dv_local))
+    q, k, w, do = (mgl.pad_time(x, num_chunks) for x in (q, k, w, do))
+    dvl_in = None if dvl_in is None else mgl.pad_time(dvl_in, num_chunks)
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
-    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
+    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
+    doc = doc if fold_dv_local else None  # the same-document mask of D, folded pass only
     dht = None if final_state_grad is None else final_state_grad.astype(jnp.float32)
     run = functools.partial(_delta_dh_call, group=heads // kv_heads, scale=float(scale),
                             pieces=pieces, states_dtype=states_dtype, interpret=interpret)
     with jax.named_scope("gdn_chunk_delta_dh_mosaic"):
         if pieces == 1:
-            dh, dvn, dh0 = run(q, k, w, do, dv_local, gc, last, conn, dht)
+            dh, dvn, dh0 = run(q, k, w, do, dvl_in, gc, last, conn, doc, dht)
             return dh, dvn[:, :seq_len], dh0
         # Sequence pieces: each piece's reverse map d -> M_p^T d + Y_p (Y_p from a zero exit
         # gradient, storing nothing else), the exit gradients by a loop from the last piece,
         # then the pieces as rows from their exit gradients.
-        qp, kp, wp, dop, dvlp, lastp, connp = (mgl.split_rows(x, pieces)
-                                               for x in (q, k, w, do, dv_local, last, conn))
+        qp, kp, wp, dop, lastp, connp = (mgl.split_rows(x, pieces)
+                                         for x in (q, k, w, do, last, conn))
+        dvlp, docp = (None if x is None else mgl.split_rows(x, pieces) for x in (dvl_in, doc))
         gp = mgl.split_head_major(gc, pieces)
         if piece_maps is None:
             h_run = functools.partial(_delta_h_call, group=heads // kv_heads, pieces=pieces,
                                       states_dtype=q.dtype, interpret=interpret)
             piece_maps = _piece_maps(kp, wp, gp, lastp, connp, h_run, pieces)
-        (y_local,) = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, None, store=False)
+        (y_local,) = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp, None, store=False)
         exits = mgl.scan_piece_maps(piece_maps, y_local.reshape(batch, pieces, heads, dk, dv),
                                     dht, reverse=True)
-        dh, dvn, dh0s = run(qp, kp, wp, dop, dvlp, gp, lastp, connp,
+        dh, dvn, dh0s = run(qp, kp, wp, dop, dvlp, gp, lastp, connp, docp,
                             exits.reshape(batch * pieces, heads, dk, dv))
         dvn = dvn.reshape(batch, num_chunks * CHUNK, heads, dv)
         return dh, dvn[:, :seq_len], dh0s.reshape(batch, pieces, heads, dk, dv)[:, 0]
 
 
-def _delta_dh_call(q, k, w, do, dv_local, gc, last, conn, dht, *, group, scale, pieces,
+def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scale, pieces,
                    states_dtype, interpret, store=True):
     """One launch of the reverse delta state pass over ``[B * P]`` rows (pieces as rows; see
-    :func:`_delta_dstate_kernel`). Returns ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K,
-    V]`` in ``states_dtype``, ``dv_new`` ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]``
-    fp32), or ``(dh0,)`` without ``store``."""
+    :func:`_delta_dstate_kernel`). ``doc`` (the document ids) given: the folded pass
+    (``fold_dv_local``), with ``dvl_in`` the residual's cotangent or ``None``; else ``dvl_in``
+    is ``dv_local``. Returns ``(dh, dv_new, dh0)`` (``dh`` ``[B, H, P * Nq, K, V]`` in
+    ``states_dtype``, ``dv_new`` ``[B * P, Tq, H, V]``, ``dh0`` ``[B * P, H, K, V]`` fp32), or
+    ``(dh0,)`` without ``store``."""
     rows, tq, kv_heads, dk = q.shape
     heads, dv = do.shape[2], do.shape[3]
     num_chunks = tq // CHUNK
     fp32_states = states_dtype == jnp.dtype(jnp.float32)
+    fold = doc is not None
+    has_du = fold and dvl_in is not None
     kernel = functools.partial(_delta_dstate_kernel, num_chunks=num_chunks, group=group,
                                scale=scale, has_dht=dht is not None, fp32_states=fp32_states,
-                               pieces=pieces, store=store, interpret=interpret)
+                               pieces=pieces, store=store, fold=fold, has_du=has_du,
+                               interpret=interpret)
     vec = plgpu.SMEM((STAGES, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
     out_type = _state_pass_out_type(rows, tq, heads, dk, dv, pieces, states_dtype, do.dtype,
                                     store)
+    # Copies per stage: q, k, w, do, the gate, last, conn; dv_local (or du); fold: 3 vectors.
+    copies = 7 + (dvl_in is not None) + 3 * fold
+    fold_scratch = [vec, vec, vec,  # gcol_s, docr_s, docc_s: D's row / column copies
+                    plgpu.Barrier(num_arrivals=1, num_barriers=STAGES)]  # dvl_ready
+    shim = [plgpu.SMEM((dk, CHUNK), q.dtype)] * 2  # qt_s, wt_s
+    if fold:
+        shim += [plgpu.SMEM((dk, CHUNK), q.dtype),  # qt2_s: wg 2's Q^T
+                 plgpu.SMEM((CHUNK, CHUNK), do.dtype)]  # pt_s: P^T as the left operand
     call = plgpu.kernel(
         kernel,
         out_type=out_type,
@@ -1928,24 +2043,28 @@ def _delta_dh_call(q, k, w, do, dv_local, gc, last, conn, dht, *, group, scale, 
             swz((STAGES, CHUNK, dk), k.dtype),  # k_s
             swz((STAGES, CHUNK, dk), w.dtype),  # w_s
             swz((STAGES, CHUNK, BLOCK_V), do.dtype),  # do_s
-            swz((STAGES, CHUNK, BLOCK_V), do.dtype),  # dvl_s
+            swz((STAGES, CHUNK, BLOCK_V), do.dtype),  # dvl_s: dv_local (fold: wg 2's, du in)
             vec, vec, vec,  # g_s, last_s, conn_s
             swz((CHUNK, BLOCK_V), do.dtype),  # dod_s: scale conn e^G do, the wgmma operand
             swz((CHUNK, BLOCK_V), do.dtype),  # dvn_s: staging of dv_new
             swz((CHUNK, BLOCK_V), do.dtype),  # dvneg_s: -dv_new, the wgmma operand
             swz((dk, BLOCK_V), jnp.float32),  # state_s: dht, dh0 (and fp32 dh) staging
             swz((dk, BLOCK_V), q.dtype),  # ds_s: dS' in 16 bits (operand; 16-bit dh staging)
-            plgpu.Barrier(num_arrivals=8, num_barriers=STAGES),  # in_bar: a stage's 8 copies
-            plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),  # in_free: a stage may be refilled
+            plgpu.Barrier(num_arrivals=copies, num_barriers=STAGES),  # in_bar: a stage landed
+            # in_free: a stage may be refilled (fold: the state and dv_local warpgroups)
+            plgpu.Barrier(num_arrivals=1 + fold, num_barriers=STAGES),
             plgpu.Barrier(num_arrivals=1),  # io_bar: dht landed
-            plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
-        ] + ([plgpu.SMEM((dk, CHUNK), q.dtype)] * 2 if interpret else []),  # qt_s, wt_s
+            plgpu.Barrier(num_arrivals=2 + fold),  # done: every warpgroup finished
+        ] + (fold_scratch if fold else []) + (shim if interpret else []),
         grid=(rows, heads, dv // BLOCK_V),
         grid_names=("b", "h", "v"),
-        num_threads=2,
+        num_threads=2 + fold,
         thread_name="wg",
         compiler_params=plgpu.CompilerParams(),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name="gdn_chunk_delta_dh" + ("" if store else "_pieces"),
+        kernel_name=("gdn_chunk_delta_dh" + ("_fold" if fold else "")
+                     + ("" if store else "_pieces")),
     )
-    return call(q, k, w, do, dv_local, gc, last, conn, *(() if dht is None else (dht,)))
+    args = (q, k, w, do) + (() if dvl_in is None else (dvl_in,)) + (gc, last, conn)
+    args += (() if doc is None else (doc,)) + (() if dht is None else (dht,))
+    return call(*args)

@@ -6,7 +6,9 @@ algorithm; paper "Linear Attention Architectures", arXiv 2607.07953, Sec. 3.2, E
 ``chunk_gated_delta_rule_bwd``, ``fla/ops/gated_delta_rule/chunk.py``) has four stages:
 
 1. ``dv_local`` (FLA's ``chunk_bwd_dv_local``): ``v_new``'s gradient through its own chunk's
-   read-out, ``scale (Q K^T * D)^T dO`` per chunk. Here: :func:`chunk_dv_local_mosaic`.
+   read-out, ``scale (Q K^T * D)^T dO`` per chunk. Here: :func:`chunk_dv_local_mosaic`, or
+   formed inside stage 2 (``chunk_delta_dh_mosaic(fold_dv_local=True)``, MOSAIC_GPU.md
+   Sec. 32), which reuses :func:`_intra_chunk_decay`.
 2. The reverse state pass (FLA's ``chunk_gated_delta_rule_bwd_dhu``):
    :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_dh_mosaic` gives the
    gradient ``dS'`` of the state leaving every chunk and the total ``dv_new``.

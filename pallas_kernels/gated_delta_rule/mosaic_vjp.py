@@ -50,6 +50,12 @@ forwards as one more residual, else recomputed by ``chunk_kkt_inverse_mosaic``) 
 ``dq, dk, dv`` in the input dtype and fp32 ``dbeta``, ``dg``, with no fp32 ``dw`` / ``dk``
 partials through HBM and no recomputed inverse.
 
+With ``dv_local="fold"`` (MOSAIC_GPU.md Sec. 32; not the default until a GPU timing) stages 1
+and 2 are one kernel: the reverse state pass
+(:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_dh_mosaic` with
+``fold_dv_local=True``) forms ``dv_local`` (and adds ``du``) in a third warpgroup, so
+``dv_local`` never reaches HBM and its launch is gone; same roundings, same results.
+
 Dispatch: :func:`pallas_kernels.gated_delta_rule.api.gated_delta_rule` runs this op for
 ``implementation="mosaic_gpu"`` (``"mosaic_gpu_interpret"``: interpret mode); ``"auto"`` keeps
 the Triton kernels until the H200 times this op faster
@@ -89,6 +95,13 @@ from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
 BACKWARDS = ("split", "fused", "fused_ws")
 DEFAULT_BACKWARD = "fused_ws"
 
+# How the backward forms dv_local (``dv_local=``, MOSAIC_GPU.md Sec. 32): "separate", stage 1's
+# own kernel (``chunk_dv_local_mosaic``) writes it to HBM for the reverse state pass; "fold",
+# the reverse state pass forms it in a third warpgroup (``fold_dv_local=True``). The default
+# stays "separate" until a GPU timing says otherwise.
+DV_LOCALS = ("separate", "fold")
+DEFAULT_DV_LOCAL = "separate"
+
 
 def gated_delta_rule_mosaic(
     q: jax.Array,
@@ -105,6 +118,7 @@ def gated_delta_rule_mosaic(
     interpret: bool = False,
     return_residual: bool = False,
     backward: str = DEFAULT_BACKWARD,
+    dv_local: str = DEFAULT_DV_LOCAL,
 ) -> Union[Tuple[jax.Array, Optional[jax.Array]],
            Tuple[jax.Array, Optional[jax.Array], jax.Array]]:
     """Differentiable Gated DeltaNet (``g``) or DeltaNet (``g=None``) on Mosaic GPU kernels.
@@ -174,6 +188,14 @@ def gated_delta_rule_mosaic(
             dtype) or recomputed by ``chunk_kkt_inverse_mosaic`` (the other forwards);
             ``"fused_ws"`` (default), the same with the kernel's three-warpgroup form
             (``warpgroups=3``). Stages 1 and 2 are the same for all.
+        dv_local: how the backward forms stage 1's ``dv_local`` (static, one of
+            :data:`DV_LOCALS`): ``"separate"`` (default), its own kernel
+            (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_dv_local_mosaic`)
+            writing it to HBM; ``"fold"``, the reverse state pass forms it
+            (``chunk_delta_dh_mosaic(fold_dv_local=True)``, MOSAIC_GPU.md Sec. 32). Same
+            roundings either way; every option above (GVA, documents, ``initial_state``,
+            ``output_final_state``, ``return_residual``, sequence pieces, every ``forward`` and
+            ``backward``) is supported with both.
 
     Returns:
         ``(o, final_state)``, or ``(o, final_state, u)`` with ``return_residual``: ``o`` and
@@ -183,8 +205,8 @@ def gated_delta_rule_mosaic(
         ``g`` is ``None``; computed in fp32 and rounded once).
 
     Raises:
-        ValueError: on a ``beta`` that is not ``[B, T, H]``, an unknown ``forward`` or
-            ``backward``, and as
+        ValueError: on a ``beta`` that is not ``[B, T, H]``, an unknown ``forward``,
+            ``backward`` or ``dv_local``, and as
             the kernels (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``).
     """
     batch, seq_len, _, dk = k.shape
@@ -197,10 +219,12 @@ def gated_delta_rule_mosaic(
         raise ValueError(f"forward must be one of {kgd.FORWARDS}, got {forward!r}")
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+    if dv_local not in DV_LOCALS:
+        raise ValueError(f"dv_local must be one of {DV_LOCALS}, got {dv_local!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
     out = _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, float(scale),
                       bool(output_final_state), forward, interpret, bool(return_residual),
-                      backward)
+                      backward, dv_local)
     final_state = out[1] if output_final_state else None
     return (out[0], final_state) + tuple(out[2:])
 
@@ -257,11 +281,11 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     return (o, final_state), (w, h, v_new, maps, None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12, 13))
 def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                forward, interpret, return_residual, backward):
+                forward, interpret, return_residual, backward, dv_local):
     """``(o, final_state)``, plus ``u`` (``v_new``) with ``return_residual``."""
-    del output_final_state, backward
+    del output_final_state, backward, dv_local
     gc, docs = _shared(g, v, segment_ids)
     out, (_, _, v_new, _, _) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
                                         forward, interpret, residuals=False, gc=gc, docs=docs,
@@ -270,8 +294,8 @@ def _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, scale, output_fina
 
 
 def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_final_state,
-                    forward, interpret, return_residual, backward):
-    del output_final_state
+                    forward, interpret, return_residual, backward, dv_local):
+    del output_final_state, dv_local
     gc, docs = _shared(g, v, segment_ids)
     out, (w, h, v_new, maps, t0) = _forward(q, k, v, g, beta, initial_state, segment_ids, scale,
                                             forward, interpret, gc=gc, docs=docs)
@@ -281,7 +305,7 @@ def _gdn_mosaic_fwd(q, k, v, g, beta, initial_state, segment_ids, scale, output_
 
 
 def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residual, backward,
-                    residuals, cotangents):
+                    dv_local, residuals, cotangents):
     del forward  # the backward is the same for every forward (T0 aside)
     q, k, v, g, beta, initial_state, segment_ids, w, h, v_new, gc, docs, maps, t0 = residuals
     do, dht = cotangents[:2]
@@ -290,13 +314,18 @@ def _gdn_mosaic_bwd(scale, output_final_state, forward, interpret, return_residu
     seg = segment_ids
     shared = dict(segment_ids=seg, gate_cumsum=gc, doc_vecs=docs)
     # u is v_new: its cotangent joins the chunk-local part before the reverse state pass,
-    # which carries the total dL/dv_new (module docstring); stage 1 adds it in fp32.
+    # which carries the total dL/dv_new (module docstring); stage 1 adds it in fp32 (with
+    # dv_local="fold", the reverse pass's dv_local warpgroup does).
     du = cotangents[2].astype(v.dtype) if return_residual else None
-    dvl = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, residual_grad=du,
-                                     interpret=interpret, **shared)
+    fold = dv_local == "fold"
+    dvl = None if fold else kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale,
+                                                       residual_grad=du, interpret=interpret,
+                                                       **shared)
     dh, dvn, dh0 = kgd.chunk_delta_dh_mosaic(q, k, w, do, dvl, g, scale=scale,
                                              final_state_grad=dht, states_dtype=v.dtype,
-                                             piece_maps=maps, interpret=interpret, **shared)
+                                             piece_maps=maps, fold_dv_local=fold,
+                                             residual_grad=du if fold else None,
+                                             interpret=interpret, **shared)
     dh0 = None if initial_state is None else dh0.astype(initial_state.dtype)
     if backward in ("fused", "fused_ws"):  # stages 3 and 4 in one kernel (MOSAIC_GPU.md Sec. 31)
         if t0 is None:  # not kept by the forward: the T0 kernel again (0.09 ms at S1, H200)

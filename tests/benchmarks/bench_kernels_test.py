@@ -476,6 +476,8 @@ class MosaicBackwardTest(_FlagsParsedTestCase):
         from absl.testing import flagsaver
         for extra in (dict(mosaic_backward=["merged"]),
                       dict(mosaic_backward=["fused", "fused"]),
+                      dict(mosaic_backward=["fused+folded"]),
+                      dict(mosaic_backward=["fold"]),
                       dict(mosaic_backward=["fused"], ops=["kda"]),
                       dict(mosaic_backward=["fused"], peers=["ours"]),
                       dict(mosaic_backward=["fused"], passes=["fwd"]),
@@ -487,6 +489,9 @@ class MosaicBackwardTest(_FlagsParsedTestCase):
                     bench_kernels._check_mosaic_backward()
         with flagsaver.flagsaver(peers=["mosaic", "jla"], ops=["gdn", "kda"],
                                  passes=["fwdbwd"], mosaic_backward=["split", "fused"]):
+            bench_kernels._check_mosaic_backward()
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], passes=["fwdbwd"],
+                                 mosaic_backward=["fused_ws", "fused_ws+fold", "split+fold"]):
             bench_kernels._check_mosaic_backward()
 
     def test_variants_and_the_op_call(self):
@@ -503,18 +508,18 @@ class MosaicBackwardTest(_FlagsParsedTestCase):
         calls = []
 
         def fake(*args, **kwargs):
-            calls.append(kwargs.get("backward"))
+            calls.append((kwargs.get("backward"), kwargs.get("dv_local")))
             return (args[0],)
 
         with absltest.mock.patch.object(mosaic_vjp, "gated_delta_rule_mosaic", fake):
             fn = bench_kernels._jax_fn("gdn", "mosaic", None)
             try:
-                for value in ("fused", None):
+                for value in ("fused", "fused_ws+fold", None):
                     bench_kernels._set_mosaic_backward(value)
                     fn(np.zeros((1, 64, 1, 64)), None, None, g=None, beta=None)
             finally:
                 bench_kernels._set_mosaic_backward(None)
-        self.assertEqual(calls, ["fused", None])
+        self.assertEqual(calls, [("fused", None), ("fused_ws", "fold"), (None, None)])
 
     def test_backward_table(self):
         rec = dict(op="gdn", shape="S1", pass_="fwdbwd", peer="mosaic", gate=True)
@@ -524,15 +529,20 @@ class MosaicBackwardTest(_FlagsParsedTestCase):
                           "gdn_chunk_dv_local": 0.129}),
             dict(rec, mosaic_backward="fused", ms=2.0, kernel_ms=1.8, gate=False,
                  kernels={"gdn_chunk_bwd_fused": 0.6, "gdn_chunk_kkt_inverse_subst_split": 0.091,
-                          "gdn_chunk_dv_local": 0.129})]
+                          "gdn_chunk_dv_local": 0.129, "gdn_chunk_delta_dh": 0.392}),
+            dict(rec, mosaic_backward="fused_ws+fold", ms=1.9, kernel_ms=1.7,
+                 kernels={"gdn_chunk_bwd_fused_ws": 0.5, "gdn_chunk_kkt_inverse": 0.09,
+                          "gdn_chunk_delta_dh_fold": 0.45})]
         md = bench_kernels.markdown(records, {"date": "2026-12-05", "gpu": "H200"}, "cmd")
         table = md.split("Mosaic GDN / DeltaNet backwards")[1]
         rows = [line for line in table.splitlines() if line.startswith("| gdn | S1 |")]
         cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
-        self.assertEqual(cells, [["gdn", "S1", "fwdbwd", "split", "2.420", "1.347", "2.600",
-                                  "green"],
-                                 ["gdn", "S1", "fwdbwd", "fused", "1.800", "0.691", "2.000",
-                                  "RED"]])
+        self.assertEqual(cells, [["gdn", "S1", "fwdbwd", "split", "2.420", "1.347", "0.129",
+                                  "2.600", "green"],
+                                 ["gdn", "S1", "fwdbwd", "fused", "1.800", "0.691", "0.521",
+                                  "2.000", "RED"],
+                                 ["gdn", "S1", "fwdbwd", "fused_ws+fold", "1.700", "0.590",
+                                  "0.450", "1.900", "green"]])
         self.assertNotIn("Mosaic GDN / DeltaNet backwards",
                          bench_kernels.markdown([dict(rec, ms=1.0)], {"date": "d"}, "c"))
 

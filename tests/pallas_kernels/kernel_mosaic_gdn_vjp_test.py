@@ -100,6 +100,57 @@ class FusedBackwardInterpretTest(parameterized.TestCase):
         _check(self, bwd_test._pipeline_inputs(*case), True, backward="fused_ws")
 
 
+def _check_fold_equals_separate(test, case_args, interpret, **options):
+    """``dv_local="fold"`` against ``"separate"`` with ``return_residual`` and a random ``du``:
+    the same roundings, so every output and gradient agrees to fp32 summation order."""
+    q, k, v, g, beta, state, seg, do, dht, scale = case_args
+    du = jax.random.normal(jax.random.key(21), v.shape).astype(v.dtype)
+
+    def grads(dv_local):
+        def fn(q, k, v, g, beta, h0):
+            return mosaic_vjp.gated_delta_rule_mosaic(
+                q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
+                output_final_state=True, return_residual=True, interpret=interpret,
+                dv_local=dv_local, **options)
+
+        out, vjp = jax.vjp(fn, q, k, v, g, beta, state)
+        return out, vjp((do.astype(out[0].dtype),
+                         jnp.zeros_like(out[1]) if dht is None else dht, du))
+
+    (o_f, s_f, u_f), got = grads("fold")
+    (o_s, s_s, u_s), want = grads("separate")
+    for name, x, y in zip(("o", "final_state", "u") + _NAMES, (o_f, s_f, u_f) + tuple(got),
+                          (o_s, s_s, u_s) + tuple(want)):
+        if y is None:
+            test.assertIsNone(x, msg=name)
+            continue
+        err = tolerances.rel_err(x.astype(jnp.float32), y.astype(jnp.float32))
+        test.assertLess(err, 1e-6, msg=f"{name}: fold vs separate, relative RMS {err:.2e}")
+
+
+# Slow (out of CI), as InterpretTest: dv_local="fold" (MOSAIC_GPU.md Sec. 32), the reverse state
+# pass forming dv_local (three warpgroups: run with PJRT_NPROC=8, as every multi-launch
+# interpreted test).
+@pytest.mark.slow
+class FoldDvLocalInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths, backward
+        ("gva_h0_dht_packed_partial_T150_K64_V64_fused_ws", 1, 150, 2, 1, 64, 64, 0.05, True,
+         True, (64, 36, 30), "fused_ws"),
+        ("deltanet_dht_T128_K64_V64_split", 1, 128, 1, 1, 64, 64, None, False, True, None,
+         "split"),
+    )
+    def test_vjp_matches_chunked_vjp(self, *case):
+        _check(self, bwd_test._pipeline_inputs(*case[:-1]), True, backward=case[-1],
+               dv_local="fold")
+
+    def test_fold_equals_separate_with_residual(self):
+        case = (1, 150, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30))
+        _check_fold_equals_separate(self, bwd_test._pipeline_inputs(*case), True,
+                                    backward="fused_ws")
+
+
 @pytest.mark.gpu
 class GpuTest(kmg_test.HopperTestCase):
     """The compiled kernels (wgmma, TMA) under ``jax.vjp`` against the fp32 autodiff
@@ -130,8 +181,21 @@ class GpuTest(kmg_test.HopperTestCase):
         _check(self, bwd_test._pipeline_inputs(*case[:-1], seed=11), False, forward=case[-1],
                backward=backward)
 
+    @parameterized.named_parameters(
+        ("gva_h0_dht_packed_T2048_K128_V128_fused_ws", 1, 2048, 4, 2, 128, 128, 0.05, True,
+         True, (700, 1, 64, 999), "fused_ws"),
+        ("deltanet_partial_T1000_K64_V64_split", 2, 1000, 2, 2, 64, 64, None, False, True, None,
+         "split"),
+    )
+    def test_fold_dv_local_matches_chunked_vjp(self, *case):
+        """``dv_local="fold"`` (MOSAIC_GPU.md Sec. 32), and equal to ``"separate"`` with a
+        residual cotangent (both cases pick sequence pieces: P = 8 and 4)."""
+        args = bwd_test._pipeline_inputs(*case[:-1], seed=11)
+        _check(self, args, False, backward=case[-1], dv_local="fold")
+        _check_fold_equals_separate(self, args, False, backward=case[-1])
 
-def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split"):
+
+def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split", dv_local="separate"):
     # Without GVA dq, dk, dv leave the kernels in bf16; with it dk (and dq at K = 128) go out
     # in fp32 for XLA's group sum, dq at K = 64 in bf16 from stage 3's GVA loop (MOSAIC_GPU.md
     # Sec. 27, 27.5): all kernel variants are lowered.
@@ -141,7 +205,7 @@ def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split"):
     def loss(q, k, v, g, beta, h0, seg):
         o, final = mosaic_vjp.gated_delta_rule_mosaic(
             q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
-            output_final_state=True, backward=backward)
+            output_final_state=True, backward=backward, dv_local=dv_local)
         return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
 
     argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
@@ -149,8 +213,11 @@ def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split"):
     exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
     text = exported.mlir_module()
     # forward: WY, state pass, read-out; backward: dv_local, reverse pass, then grads and WY
-    # bwd ("split") or T0 and the fused kernel ("fused")
-    test.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+    # bwd ("split") or T0 and the fused kernel ("fused"); dv_local="fold": no dv_local kernel
+    fold = dv_local == "fold"
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 6 if fold else 7)
+    test.assertEqual("gdn_chunk_dv_local" in text, not fold)
+    test.assertEqual("gdn_chunk_delta_dh_fold" in text, fold)
     fused = {"fused": "gdn_chunk_bwd_fused\\00", "fused_ws": "gdn_chunk_bwd_fused_ws\\00"}
     test.assertIn(fused.get(backward, "gdn_chunk_wy_bwd"), text)
     if backward == "split":
@@ -183,6 +250,13 @@ class LoweringTest(parameterized.TestCase):
         for backward in ("fused", "fused_ws"):
             _check_grad_exports(self, dk=128, dv=128, deltanet=False, gva=True,
                                 backward=backward)
+
+    def test_fold_dv_local_grad_exports_for_cuda(self):
+        """``dv_local="fold"`` (MOSAIC_GPU.md Sec. 32): six kernels, no ``gdn_chunk_dv_local``;
+        K = V = 128 gated with GVA under ``fused_ws``, K = V = 64 DeltaNet under ``split``."""
+        _check_grad_exports(self, dk=128, dv=128, deltanet=False, gva=True, backward="fused_ws",
+                            dv_local="fold")
+        _check_grad_exports(self, dk=64, dv=64, deltanet=True, gva=False, dv_local="fold")
 
 
 # Slow (out of CI): the other K, V, gate and GVA combinations of LoweringTest (1.9 to 2.4 s
@@ -220,6 +294,9 @@ class ValidationTest(absltest.TestCase):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta[..., :1])
         with self.assertRaisesRegex(ValueError, "backward must be"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, backward="merged")
+        with self.assertRaisesRegex(ValueError, "dv_local must be one of"):
+            mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, dv_local="folded")
+        self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "separate")  # until a GPU timing
         self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "fused_ws")  # MOSAIC_GPU.md Sec. 31.8
 
     def test_final_state_only_on_request(self):
