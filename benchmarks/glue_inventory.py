@@ -61,8 +61,10 @@ def source_line(location: str) -> str:
     return f"{path[path.index('pallas_kernels/'):]}:{line}"
 
 
-def lowered_module(batch, seq_len, heads, kv_heads, dim, packed, forward="three_pass"):
-    """The StableHLO text (with locations) of the op's ``fwdbwd`` step lowered for CUDA."""
+def lowered_module(batch, seq_len, heads, kv_heads, dim, packed, forward="three_pass",
+                   backward=None):
+    """The StableHLO text (with locations) of the op's ``fwdbwd`` step lowered for CUDA
+    (``backward``: the op's ``backward=``; ``None``, its default)."""
     import jax
     import jax.numpy as jnp
     from pallas_kernels.gated_delta_rule import mosaic_vjp
@@ -70,7 +72,8 @@ def lowered_module(batch, seq_len, heads, kv_heads, dim, packed, forward="three_
     def step(q, k, v, g, beta, do, seg):
         def f(q, k, v, g, beta):
             return mosaic_vjp.gated_delta_rule_mosaic(
-                q, k, v, g, beta, scale=dim ** -0.5, segment_ids=seg, forward=forward)[0]
+                q, k, v, g, beta, scale=dim ** -0.5, segment_ids=seg, forward=forward,
+                **({} if backward is None else dict(backward=backward)))[0]
         o, vjp = jax.vjp(f, q, k, v, g, beta)
         return vjp(do) + (o,)
 

@@ -582,9 +582,10 @@ OP_KERNELS = {
     "gdn_bwd_dh_fold": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold",)),
     "gdn_bwd_dh_fold_pieces": ("gdn", "three_pass", ("gdn_chunk_delta_dh_fold_pieces",)),
 }
-# The backward= of gated_delta_rule_mosaic for the OP_KERNELS entries that need another than
-# its default ("split").
-OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws"}
+# The backward= of gated_delta_rule_mosaic for the OP_KERNELS entries of one backward (its
+# default is "fused_ws" since 2026-12-05, MOSAIC_GPU.md Sec. 31.8; stages 3 and 4 are "split"'s).
+OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws",
+                "gdn_bwd_grads": "split", "gdn_wy_bwd": "split"}
 # The dv_local= of gated_delta_rule_mosaic for the OP_KERNELS entries that need another than its
 # default ("separate").
 OP_DV_LOCALS = {"gdn_bwd_dh_fold": "fold", "gdn_bwd_dh_fold_pieces": "fold"}

@@ -29,7 +29,7 @@ class GlueInventoryTest(parameterized.TestCase):
 
     @parameterized.named_parameters(("plain", False), ("packed", True))
     def test_no_full_size_glue_without_gva(self, packed):
-        text = gi.lowered_module(kv_heads=2, packed=packed, **_SHAPE)
+        text = gi.lowered_module(kv_heads=2, packed=packed, backward="split", **_SHAPE)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
         rows = gi.inventory(text, _FULL_BF16)
         self.assertEqual([r for r in rows if not r["noop"]], [])
@@ -43,10 +43,29 @@ class GlueInventoryTest(parameterized.TestCase):
         self.assertEqual(len(scans), 1 + packed, scans)
 
     def test_gva_keeps_only_dk_group_sum(self):
-        text = gi.lowered_module(kv_heads=1, packed=False, **_SHAPE)
+        text = gi.lowered_module(kv_heads=1, packed=False, backward="split", **_SHAPE)
         rows = [r for r in gi.inventory(text, _FULL_BF16 // 2) if not r["noop"]]
         self.assertEqual(sorted(r["op"] for r in rows), ["convert", "reduce"], rows)
         self.assertTrue(all(r["where"].startswith("chunk_wy_bwd_mosaic") for r in rows), rows)
+
+    def test_default_backward_glue(self):
+        # The default backward, "fused_ws" (MOSAIC_GPU.md Sec. 31.8), as it stands: no
+        # full-size glue without GVA; with documents, the recomputed inverse's kernel wrapper
+        # scans segment_ids once more (a [B, Tp] int32 vector, 2 KiB here). With GVA at K = 64
+        # both dq and dk leave the fused kernel in fp32 per value head and are group-summed in
+        # XLA (the split backward forms dq's sum in-kernel, gva_loop): a known cost, left for
+        # the fused kernel to take in.
+        text = gi.lowered_module(kv_heads=2, packed=True, **_SHAPE)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+        self.assertEqual([r for r in gi.inventory(text, _FULL_BF16) if not r["noop"]], [])
+        small = [r for r in gi.inventory(text, 1) if not r["noop"]]
+        scans = [r for r in small if r["op"] in ("reduce_window", "chlo.scan")]
+        self.assertEqual(sum("chunk_kkt_inverse_mosaic" in r["where"] for r in scans), 1, scans)
+        self.assertLen(scans, 3)
+        gva = gi.lowered_module(kv_heads=1, packed=False, **_SHAPE)
+        rows = [r for r in gi.inventory(gva, _FULL_BF16 // 2) if not r["noop"]]
+        self.assertEqual(sorted(r["op"] for r in rows), ["convert"] * 2 + ["reduce"] * 2, rows)
+        self.assertTrue(all(r["where"].startswith("chunk_bwd_fused_mosaic") for r in rows), rows)
 
 
 if __name__ == "__main__":
