@@ -72,6 +72,9 @@ def _parse_args(argv):
     parser.add_argument("--json", default=None, help="write the results here")
     args = parser.parse_args(argv)
     args.corpus = args.corpus or [default_corpus]
+    missing = [c for c in args.corpus if not os.path.exists(c)]
+    if missing:  # was a FileNotFoundError traceback from inside prepare_corpus
+        parser.error(f"--corpus: no such file or directory: {', '.join(missing)}")
     return args
 
 
