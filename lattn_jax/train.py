@@ -486,6 +486,28 @@ def check_mesh(config: config_lib.ExperimentConfig) -> None:
     context_parallel.check_sequence_length(config.data.seq_len, context, config.model)
 
 
+def check_backend_dtypes(config: config_lib.ExperimentConfig) -> None:
+    """Checks ``config.model``'s dtypes against the default backend (config and backend only:
+    :func:`train_and_evaluate` calls it before anything is written or any data is read).
+
+    XLA's CPU backend has no float16 matrix product with a float32 result (``dot_general``
+    precision ``F16_F16_F32``): a ``float16`` model failed at its first step with a 40-line
+    traceback.
+
+    Raises:
+      ConfigError: ``model.dtype`` or ``model.param_dtype`` is ``"float16"`` on the CPU
+        backend (naming the option and the dtypes that work there).
+    """
+    if jax.default_backend() != "cpu":
+        return
+    for name in ("dtype", "param_dtype"):
+        if getattr(config.model, name) == "float16":
+            raise config_lib.ConfigError(
+                f"model.{name}=float16 is not supported on the CPU backend (XLA's CPU matrix "
+                f"product has no float16 x float16 -> float32); use float32 or bfloat16 here, "
+                f"float16 on a GPU")
+
+
 def make_mesh(config: config_lib.ExperimentConfig) -> Optional[jax.sharding.Mesh]:
     """The run's mesh from ``config.mesh``, or ``None`` on a single device.
 
@@ -1329,7 +1351,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         path: naming the file and what differs; :func:`_check_data_unchanged`), before the
         data is read; and when
         ``config.mesh`` does not fit the devices, the batch or the sequence
-        (:func:`check_mesh`), before anything is written or read.
+        (:func:`check_mesh`), or ``float16`` is asked of the CPU backend
+        (:func:`check_backend_dtypes`), before anything is written or read.
       NonFiniteError: a non-finite loss or gradient under ``nonfinite_policy="stop"`` (after
         saving a checkpoint of the last good parameters).
       KeyboardInterrupt: a second Ctrl-C (or one with ``train.save_on_preemption`` off); one
@@ -1355,6 +1378,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     # Another kind of run's workdir, or inside a run's checkpoints: refused before any write.
     config_lib.saved_training_config(workdir)
     check_mesh(config)  # a mesh that does not fit the devices: before the data is read
+    check_backend_dtypes(config)  # float16 on the CPU backend: before the data is read
     created = config_lib.first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)
     try:
         os.makedirs(workdir, exist_ok=True)

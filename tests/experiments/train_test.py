@@ -327,6 +327,19 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertNotIn("data:", result.stdout)
         self.assertFalse(os.path.exists(workdir))
 
+    def test_float16_on_the_cpu_is_refused_before_the_data_is_read(self):
+        # 2026-12-05 newcomer pass: the config check accepted it and the first step failed with
+        # a 40-line traceback (dot_general precision F16_F16_F32 is not supported on CPU).
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.model.dtype=float16")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            "error: model.dtype=float16 is not supported on the CPU backend (XLA's CPU matrix "
+            "product has no float16 x float16 -> float32); use float32 or bfloat16 here, "
+            "float16 on a GPU"])
+        self.assertNotIn("data:", result.stdout)
+        self.assertFalse(os.path.exists(workdir))
+
     def test_a_start_with_another_model_width_writes_nothing_and_says_so(self):
         # It called the checkpoint unreadable, advised moving it away, and wrote a config.json
         # of the wrong width, which then refused the right command. evaluate.py on a workdir
