@@ -1784,11 +1784,20 @@ def _flag_parsers():
 REUSED_KEY = "reused_from"  # in sweep_run.json: the run directory the records came from
 
 
-def _parse_override(current: Any, value: Any) -> Any:
+def _parse_override(current: Any, value: Any, field_type: Optional[type] = None) -> Any:
     """An override's value as the trainer's ``--config.<field>=<text>`` would set it: a text
     value (``--override field=value``) parsed for an int, float, bool or tuple field with the
-    parsers of ml_collections' config flags; typed values (the grid's) as they are."""
+    parsers of ml_collections' config flags; typed values (the grid's) as they are. A field
+    that holds ``None`` (``train.max_steps_per_run``) is parsed by its declared
+    ``field_type`` (``ConfigDict.get_type``), ``"None"`` staying ``None``."""
     if not isinstance(value, str):
+        return value
+    if current is None:
+        if value == "None" or field_type is None:
+            return None if value == "None" else value
+        for kind, parser in _flag_parsers():
+            if issubclass(field_type, kind):
+                return parser.parse(value)
         return value
     for kind, parser in _flag_parsers():
         if isinstance(current, kind):
@@ -1830,10 +1839,23 @@ def _experiment_config(config_path: str, arg: str, overrides: Sequence[Tuple[str
     (:func:`resolved_config`), or the error it would stop on.
 
     Raises:
-      Exception: whatever loading the file, ``get_config``, applying an override or the
-        config's validation (:func:`lattn_jax.config.experiment_from_config_dict`) raises.
+      Exception: whatever loading the file, ``get_config``, applying an override
+        (:func:`_overridden_config_dict`) or the config's validation
+        (:func:`lattn_jax.config.experiment_from_config_dict`) raises.
     """
     from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only when asked)
+    return config_lib.experiment_from_config_dict(
+        _overridden_config_dict(config_path, arg, overrides, cache))
+
+
+def _overridden_config_dict(config_path: str, arg: str, overrides: Sequence[Tuple[str, Any]],
+                            cache: Dict[str, Any]) -> Any:
+    """``get_config(arg)`` of the training config file with ``overrides`` applied as the
+    trainer's ``--config.<field>=<value>`` flags apply them (:func:`_parse_override`).
+
+    Raises:
+      Exception: whatever loading the file, ``get_config`` or applying an override raises.
+    """
     if config_path not in cache:
         cache[config_path] = _load_config_file(config_path)
     cd = cache[config_path].get_config(arg or None)
@@ -1842,8 +1864,9 @@ def _experiment_config(config_path: str, arg: str, overrides: Sequence[Tuple[str
         node = cd
         for part in filter(None, parent.split(".")):
             node = node[part]
-        node[leaf] = _parse_override(node[leaf], value)
-    return config_lib.experiment_from_config_dict(cd)
+        field_type = node.get_type(leaf) if hasattr(node, "get_type") else None
+        node[leaf] = _parse_override(node[leaf], value, field_type)
+    return cd
 
 
 def override_config_error(runs: Sequence[Run], config_path: str,
@@ -1851,11 +1874,13 @@ def override_config_error(runs: Sequence[Run], config_path: str,
     """The trainer's config error that ``extra_overrides`` (``--override``) cause, if any.
 
     The first run's experiment config is built and validated as its trainer would
-    (:func:`_experiment_config`) with and without ``extra_overrides``: an error only with them
-    (``optim.learning_rate=-1``) would fail every run of the call the same way a few seconds in,
-    each leaving a failed run directory. A run whose own grid values are refused is left to
-    fail as a run (the results report it); so is an error the trainer finds only later (the
-    corpus, the devices).
+    (:func:`lattn_jax.config.experiment_from_config_dict`) with and without
+    ``extra_overrides``: an error only with them (``optim.learning_rate=-1``) would fail every
+    run of the call the same way a few seconds in, each leaving a failed run directory. A run
+    whose own grid values are refused is left to fail as a run (the results report it); so
+    is an override this function cannot apply as the trainer's flags would (its text is
+    :func:`bad_override_fields`' to check, the rest the trainer's), and an error the trainer
+    finds only later (the corpus, the devices).
 
     Args:
       runs: the runs of the call (the first is checked; none: nothing is).
@@ -1863,18 +1888,20 @@ def override_config_error(runs: Sequence[Run], config_path: str,
       extra_overrides: ``(field, value)`` pairs added to every run.
 
     Returns:
-      ``"<error>"`` (the trainer's own words), or ``None``.
+      ``"<error>"`` (the config check's own words), or ``None``.
     """
     if not runs or not extra_overrides:
         return None
+    from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only when asked)
     run, cache = runs[0], {}
     try:
         _experiment_config(config_path, run.arg, tuple(run.overrides), cache)
-    except Exception:  # noqa: BLE001 - the run's own config: its trainer reports it
-        return None
+        cd = _overridden_config_dict(config_path, run.arg,
+                                     tuple(run.overrides) + tuple(extra_overrides), cache)
+    except Exception:  # noqa: BLE001 - the run's own config, or an override's text: its trainer
+        return None    # reports it
     try:
-        _experiment_config(config_path, run.arg,
-                           tuple(run.overrides) + tuple(extra_overrides), cache)
+        config_lib.experiment_from_config_dict(cd)
     except Exception as e:  # noqa: BLE001 - reported as one line
         return str(e) or type(e).__name__
     return None

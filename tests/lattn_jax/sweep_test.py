@@ -1403,6 +1403,12 @@ class OverrideConfigErrorTest(absltest.TestCase):
                                                      [("optim.learning_rate", "-1")]),
                          "optim.learning_rate must be > 0, got -1.0")
         self.assertIsNone(sweep.override_config_error(runs, path, [("model.d_model", "32")]))
+        # A field that holds None is parsed by its declared type, as the trainer's flag is.
+        self.assertIsNone(sweep.override_config_error(runs, path,
+                                                      [("train.max_steps_per_run", "3")]))
+        self.assertEqual(sweep.override_config_error(runs, path,
+                                                     [("train.max_steps_per_run", "0")]),
+                         "train.max_steps_per_run must be >= 1 or None, got 0")
         self.assertIsNone(sweep.override_config_error(runs, path, []))
         # A run whose own config is refused is left to fail as a run (reported in the table).
         bad = [dataclasses.replace(runs[0], overrides=tuple(runs[0].overrides) + (
