@@ -2132,7 +2132,8 @@ def _config_default(config_path: str, arg: str, field: str, cache: Dict[str, Any
 
 def changed_overrides(runs: Sequence[Run], root: str, *, config_path: str, train_script: str,
                       extra_overrides: Sequence[Tuple[str, Any]] = (),
-                      free_fields: Sequence[str] = RESUME_FREE_FIELDS) -> List[str]:
+                      free_fields: Sequence[str] = RESUME_FREE_FIELDS,
+                      retry_failed: bool = False) -> List[str]:
     """Runs with a directory under ``root`` whose last launch set a config field to another
     value than this call would (a changed ``--override``, e.g. ``model.d_model=32`` on a
     root trained with 64, or ``train.total_steps``).
@@ -2146,14 +2147,17 @@ def changed_overrides(runs: Sequence[Run], root: str, *, config_path: str, train
     with its value in the training config file (``get_config(arg)``), so that giving a
     field its default explicitly changes nothing. ``free_fields``
     (:data:`RESUME_FREE_FIELDS`) are not compared; neither are runs without a record or
-    whose record has no command, nor the argument string, which :func:`conflicts` compares.
-    An unchanged call (a resume, ``--only``) finds nothing.
+    whose record has no command, nor the argument string, which :func:`conflicts` compares,
+    nor a run this call would start over (not finished, no checkpoint, and not a failed one
+    skipped: :func:`execute` sets its records aside). An unchanged call (a resume,
+    ``--only``) finds nothing.
 
     Args:
       runs: the runs of this call.
       root: the sweep directory.
       config_path, train_script, extra_overrides: :func:`command`'s.
       free_fields: fields that may change between calls.
+      retry_failed: failed runs are launched again (``--retry_failed``).
 
     Returns:
       One line per such run: ``"<name>: <field> <old> -> <new>; ..."`` (a value of the config
@@ -2169,6 +2173,10 @@ def changed_overrides(runs: Sequence[Run], root: str, *, config_path: str, train
             continue
         if not isinstance(recorded, list):
             continue
+        state = run_state(workdir)
+        if (state.status != Status.FINISHED and state.step == 0
+                and (retry_failed or state.status != Status.FAILED)):
+            continue  # started over from nothing: no old settings in what it will report
         old = _config_flags(recorded)
         new = _config_flags(command(run, config_path=config_path, workdir=workdir,
                                     train_script=train_script,

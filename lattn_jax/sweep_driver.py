@@ -482,7 +482,8 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         raise sweep.SweepConfigError(f"--override: {bad_value} (the training config's check, "
                                      f"as each run's trainer makes it; nothing was run)")
     changed = sweep.changed_overrides(runs, root, config_path=config_path,
-                                      train_script=train_script, extra_overrides=extra)
+                                      train_script=train_script, extra_overrides=extra,
+                                      retry_failed=options.retry_failed)
     if changed:  # skipped as done, or resumed, they would stand for settings they never had
         raise sweep.SweepConfigError(
             "run directories under --root were run with other config values than this call "

@@ -1390,6 +1390,14 @@ class ChangedOverrideTest(_FakeTrainerTestCase):
         # Retried, one of them: it failed in this call again.
         self.assertEqual(self.call(retry_failed=True, overrides=["fake.mode=fail"],
                                    only=[self.names[0]]), sweep_driver.EXIT_FAILED)
+        # Another value for failed runs without a checkpoint: refused while they would be
+        # skipped as failed, accepted when --retry_failed starts them over.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r": fake\.mode 'fail' -> 'ok' \(default\)\n"):
+            self.call()
+        self.assertEqual(self.call(retry_failed=True), 0)
+        self.assertEqual({sweep.run_state(os.path.join(self.sweep_root, "runs", n)).status
+                          for n in self.names}, {sweep.Status.FINISHED})
 
 
 class OverrideConfigErrorTest(absltest.TestCase):
