@@ -16,9 +16,9 @@ Each run is an ``experiments/train.py`` subprocess in ``<root>/runs/<name>``; th
 again skips finished (and failed) runs and resumes partial ones. What each flag does, the
 results files and the export: :mod:`lattn_jax.sweep_driver` (``run``).
 
-Exit status: 0 when every selected run is finished or failed, 3 when the call stopped before
-that (deadline, ``--max_runs``, SIGTERM or Ctrl-C: run the same command again), 1 on a bad flag
-or sweep config (one line naming it).
+Exit status: 0 when every selected run is finished or failed before this call, 4 when a run it
+launched failed (the last line counts them), 3 when it stopped early (deadline, ``--max_runs``,
+a signal: run it again), 1 on a bad flag, config or ``--override``, or a changed one (one line).
 """
 
 import os

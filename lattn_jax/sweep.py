@@ -55,6 +55,7 @@ a GPU partly idle; :func:`parallel_env` gives each its share of the GPU's memory
 (``CUDA_VISIBLE_DEVICES``, :class:`GpuPool`), alone on it.
 """
 
+import ast
 import calendar
 import collections
 import contextlib
@@ -1783,11 +1784,20 @@ def _flag_parsers():
 REUSED_KEY = "reused_from"  # in sweep_run.json: the run directory the records came from
 
 
-def _parse_override(current: Any, value: Any) -> Any:
+def _parse_override(current: Any, value: Any, field_type: Optional[type] = None) -> Any:
     """An override's value as the trainer's ``--config.<field>=<text>`` would set it: a text
     value (``--override field=value``) parsed for an int, float, bool or tuple field with the
-    parsers of ml_collections' config flags; typed values (the grid's) as they are."""
+    parsers of ml_collections' config flags; typed values (the grid's) as they are. A field
+    that holds ``None`` (``train.max_steps_per_run``) is parsed by its declared
+    ``field_type`` (``ConfigDict.get_type``), ``"None"`` staying ``None``."""
     if not isinstance(value, str):
+        return value
+    if current is None:
+        if value == "None" or field_type is None:
+            return None if value == "None" else value
+        for kind, parser in _flag_parsers():
+            if issubclass(field_type, kind):
+                return parser.parse(value)
         return value
     for kind, parser in _flag_parsers():
         if isinstance(current, kind):
@@ -1817,18 +1827,84 @@ def resolved_config(config_path: str, arg: str, overrides: Sequence[Tuple[str, A
     """
     from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only for reuse)
     try:
-        if config_path not in cache:
-            cache[config_path] = _load_config_file(config_path)
-        cd = cache[config_path].get_config(arg or None)
-        for field, value in overrides:
-            parent, _, leaf = field.rpartition(".")
-            node = cd
-            for part in filter(None, parent.split(".")):
-                node = node[part]
-            node[leaf] = _parse_override(node[leaf], value)
-        return config_lib.experiment_json_dict(config_lib.experiment_from_config_dict(cd))
+        return config_lib.experiment_json_dict(
+            _experiment_config(config_path, arg, overrides, cache))
     except Exception:  # noqa: BLE001 - an unresolvable config is simply not reused
         return None
+
+
+def _experiment_config(config_path: str, arg: str, overrides: Sequence[Tuple[str, Any]],
+                       cache: Dict[str, Any]) -> Any:
+    """The validated :class:`lattn_jax.config.ExperimentConfig` a run's trainer would build
+    (:func:`resolved_config`), or the error it would stop on.
+
+    Raises:
+      Exception: whatever loading the file, ``get_config``, applying an override
+        (:func:`_overridden_config_dict`) or the config's validation
+        (:func:`lattn_jax.config.experiment_from_config_dict`) raises.
+    """
+    from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only when asked)
+    return config_lib.experiment_from_config_dict(
+        _overridden_config_dict(config_path, arg, overrides, cache))
+
+
+def _overridden_config_dict(config_path: str, arg: str, overrides: Sequence[Tuple[str, Any]],
+                            cache: Dict[str, Any]) -> Any:
+    """``get_config(arg)`` of the training config file with ``overrides`` applied as the
+    trainer's ``--config.<field>=<value>`` flags apply them (:func:`_parse_override`).
+
+    Raises:
+      Exception: whatever loading the file, ``get_config`` or applying an override raises.
+    """
+    if config_path not in cache:
+        cache[config_path] = _load_config_file(config_path)
+    cd = cache[config_path].get_config(arg or None)
+    for field, value in overrides:
+        parent, _, leaf = field.rpartition(".")
+        node = cd
+        for part in filter(None, parent.split(".")):
+            node = node[part]
+        field_type = node.get_type(leaf) if hasattr(node, "get_type") else None
+        node[leaf] = _parse_override(node[leaf], value, field_type)
+    return cd
+
+
+def override_config_error(runs: Sequence[Run], config_path: str,
+                          extra_overrides: Sequence[Tuple[str, Any]]) -> Optional[str]:
+    """The trainer's config error that ``extra_overrides`` (``--override``) cause, if any.
+
+    The first run's experiment config is built and validated as its trainer would
+    (:func:`lattn_jax.config.experiment_from_config_dict`) with and without
+    ``extra_overrides``: an error only with them (``optim.learning_rate=-1``) would fail every
+    run of the call the same way a few seconds in, each leaving a failed run directory. A run
+    whose own grid values are refused is left to fail as a run (the results report it); so
+    is an override this function cannot apply as the trainer's flags would (its text is
+    :func:`bad_override_fields`' to check, the rest the trainer's), and an error the trainer
+    finds only later (the corpus, the devices).
+
+    Args:
+      runs: the runs of the call (the first is checked; none: nothing is).
+      config_path: the training config file.
+      extra_overrides: ``(field, value)`` pairs added to every run.
+
+    Returns:
+      ``"<error>"`` (the config check's own words), or ``None``.
+    """
+    if not runs or not extra_overrides:
+        return None
+    from lattn_jax import config as config_lib  # noqa: PLC0415 (jax, only when asked)
+    run, cache = runs[0], {}
+    try:
+        _experiment_config(config_path, run.arg, tuple(run.overrides), cache)
+        cd = _overridden_config_dict(config_path, run.arg,
+                                     tuple(run.overrides) + tuple(extra_overrides), cache)
+    except Exception:  # noqa: BLE001 - the run's own config, or an override's text: its trainer
+        return None    # reports it
+    try:
+        config_lib.experiment_from_config_dict(cd)
+    except Exception as e:  # noqa: BLE001 - reported as one line
+        return str(e) or type(e).__name__
+    return None
 
 
 def identical_finished_run(run: Run, config_path: str, roots: Sequence[str],
@@ -1998,6 +2074,135 @@ def conflicts(runs: Sequence[Run], root: str, local_args: Sequence[str] = ()) ->
         if diffs:
             out.append(f"{run.name}: {'; '.join(diffs)}")
     return out
+
+
+# Fields an ``--override`` may change between calls on one root without changing what a run
+# trains or what its records measure: where it stops this call (the trainer's own limit; the
+# next call resumes), memory (gradient accumulation, rematerialisation) and what is kept on disk.
+# A change of any other field makes a run's records another experiment's
+# (:func:`changed_overrides`).
+RESUME_FREE_FIELDS = ("train.max_steps_per_run", "train.micro_batch_size", "train.tensorboard",
+                      "train.keep_checkpoints", "train.checkpoint_every", "model.remat",
+                      "model.remat_policy")
+
+
+def _flag_value(text: str) -> Any:
+    """A ``--config.<field>=`` text as a value to compare (``1e-3`` equals ``0.001``, ``64``
+    equals ``64.0``); a text that is no Python literal stays itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return text
+
+
+def _config_flags(cmd: Sequence[str]) -> Dict[str, Any]:
+    """``{field: value}`` of a trainer command's ``--config.<field>=<value>`` flags, the last
+    of a field winning (as the trainer applies them: the sweep's overrides, then
+    ``--override``'s)."""
+    out: Dict[str, Any] = {}
+    for item in cmd:
+        if item.startswith("--config.") and "=" in item:
+            field, _, value = item[len("--config."):].partition("=")
+            out[field] = _flag_value(value)
+    return out
+
+
+def _comparable(value: Any) -> Any:
+    """A config value as :func:`changed_overrides` compares it (lists as tuples)."""
+    if isinstance(value, (list, tuple)):
+        return tuple(_comparable(v) for v in value)
+    return value
+
+
+def _config_default(config_path: str, arg: str, field: str, cache: Dict[str, Any]) -> Any:
+    """``field``'s value in the training config's ``get_config(arg)`` (no ``--config.``
+    flag), or :data:`_MISSING` when the file, ``get_config`` or the field cannot be read."""
+    try:
+        if arg not in cache:
+            cache[arg] = _load_config_file(config_path).get_config(arg or None)
+        node = cache[arg]
+        for part in field.split("."):
+            node = node[part]
+    except Exception:  # noqa: BLE001 - shown as unset; compared as given
+        return _MISSING
+    if isinstance(node, ml_collections.ConfigDict):
+        return _MISSING
+    return _comparable(node)
+
+
+def changed_overrides(runs: Sequence[Run], root: str, *, config_path: str, train_script: str,
+                      extra_overrides: Sequence[Tuple[str, Any]] = (),
+                      free_fields: Sequence[str] = RESUME_FREE_FIELDS,
+                      retry_failed: bool = False) -> List[str]:
+    """Runs with a directory under ``root`` whose last launch set a config field to another
+    value than this call would (a changed ``--override``, e.g. ``model.d_model=32`` on a
+    root trained with 64, or ``train.total_steps``).
+
+    Such a finished (or failed) run would be skipped and reported beside this call's command
+    as if it had trained with its values, and a partial one resumed into a mixed run. The
+    values compared are the ``--config.<field>`` flags of the trainer command the run's
+    ``sweep_run.json`` recorded at its last launch (or when its records were reused) and of
+    the command this call would build (:func:`command`): the grid's overrides and
+    ``extra_overrides``, the last of a field winning; a field one side does not set counts
+    with its value in the training config file (``get_config(arg)``), so that giving a
+    field its default explicitly changes nothing. ``free_fields``
+    (:data:`RESUME_FREE_FIELDS`) are not compared; neither are runs without a record or
+    whose record has no command, nor the argument string, which :func:`conflicts` compares,
+    nor a run this call would start over (not finished, no checkpoint, and not a failed one
+    skipped: :func:`execute` sets its records aside). An unchanged call (a resume,
+    ``--only``) finds nothing.
+
+    Args:
+      runs: the runs of this call.
+      root: the sweep directory.
+      config_path, train_script, extra_overrides: :func:`command`'s.
+      free_fields: fields that may change between calls.
+      retry_failed: failed runs are launched again (``--retry_failed``).
+
+    Returns:
+      One line per such run: ``"<name>: <field> <old> -> <new>; ..."`` (a value of the config
+      file marked ``(default)``; ``unset`` when it has none).
+    """
+    out, defaults = [], {}
+    for run in runs:
+        workdir = run_dir(root, run)
+        try:
+            with open(os.path.join(workdir, RUN_RECORD)) as f:
+                recorded = json.load(f).get("command")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if not isinstance(recorded, list):
+            continue
+        state = run_state(workdir)
+        if (state.status != Status.FINISHED and state.step == 0
+                and (retry_failed or state.status != Status.FAILED)):
+            continue  # started over from nothing: no old settings in what it will report
+        old = _config_flags(recorded)
+        new = _config_flags(command(run, config_path=config_path, workdir=workdir,
+                                    train_script=train_script,
+                                    extra_overrides=extra_overrides))
+        diffs = []
+        for field in sorted(set(old) | set(new)):
+            if field in free_fields:
+                continue
+            sides = []
+            for flags_ in (old, new):
+                if field in flags_:
+                    sides.append((_comparable(flags_[field]), ""))
+                else:
+                    sides.append((_config_default(config_path, run.arg, field, defaults),
+                                  " (default)"))
+            (a, a_note), (b, b_note) = sides
+            if a != b:
+                diffs.append(f"{field} {_shown(a, a_note)} -> {_shown(b, b_note)}")
+        if diffs:
+            out.append(f"{run.name}: {'; '.join(diffs)}")
+    return out
+
+
+def _shown(value: Any, note: str) -> str:
+    """A value in :func:`changed_overrides`' lines: its repr and ``note``, or ``unset``."""
+    return "unset" if value is _MISSING else f"{value!r}{note}"
 
 
 def sweep_name(config: Mapping[str, Any], root: str) -> str:

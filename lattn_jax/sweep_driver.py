@@ -9,7 +9,13 @@ field per flag) and does what one invocation does:
    ``--finish_by_deadline`` without a deadline, ``--reuse_from`` and ``--export`` directories,
    the root (another sweep's, a training or HALO workdir, :func:`~lattn_jax.sweep.check_root`)
    and the report's options (:func:`lattn_jax.sweep_report.build`); a bad one raises
-   :class:`~lattn_jax.sweep.SweepConfigError` with one line naming it;
+   :class:`~lattn_jax.sweep.SweepConfigError` with one line naming it; unless
+   ``report_only``, also an ``--override`` value that the training config's check refuses
+   for the first run (:func:`~lattn_jax.sweep.override_config_error`: every run would fail
+   on it) and run directories that were run with other config values than this call gives
+   them (:func:`~lattn_jax.sweep.changed_overrides`: a changed ``--override``; skipped as
+   finished, their old numbers would be reported under this call's command; the fields of
+   :data:`~lattn_jax.sweep.RESUME_FREE_FIELDS` may change);
 2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png``, then the
    ``export``; ``dry_run``: prints what the same call would do with each run
    (:func:`~lattn_jax.sweep.plan`: skip, reuse, launch in which order and which at once, or
@@ -79,14 +85,15 @@ command line and outcome to ``<root>/sweep.jsonl``, which the results page lists
 commands that produced the runs. ``--report_only`` and ``--dry_run`` are not logged: they run
 nothing (a dry run writes nothing at all, and a logged one would also make a new directory a
 sweep root), and a report rebuilt many times would bury the commands that trained; a call
-refused by a check is not logged either. ``--export=<dir>`` then (also with
-``--report_only``) copies the records and results, without checkpoints, to ``<dir>``: the
-results files as they are, the runs' records as ``records.tar.gz`` (``--noexport_archive``: a
-``runs/`` tree; run names hold ``=`` and ``,``, which the GPU machine's return folder
-refuses). A sweep continues on another
-machine from them: ``tar xzf records.tar.gz -C <new root>``. Compiled programs are shared
-through a persistent cache in ``<root>/jax_cache`` (``--compilation_cache=''``: the
-environment's ``JAX_COMPILATION_CACHE_DIR``, if any).
+refused by a check is not logged either. A call that tried every run exits with
+:data:`EXIT_FAILED` when a run it launched failed (the last line counts them).
+``--export=<dir>`` then (also with ``--report_only``) copies the records and results,
+without checkpoints, to ``<dir>``: the results files as they are, the runs' records as
+``records.tar.gz`` (``--noexport_archive``: a ``runs/`` tree; run names hold ``=`` and ``,``,
+which the GPU machine's return folder refuses). A sweep continues on another machine from them:
+``tar xzf records.tar.gz -C <new root>``. Compiled programs are shared through a persistent
+cache in ``<root>/jax_cache`` (``--compilation_cache=''``: the environment's
+``JAX_COMPILATION_CACHE_DIR``, if any).
 
 :mod:`lattn_jax.sweep` describes the runs, their directories and statuses.
 """
@@ -108,6 +115,9 @@ from lattn_jax import sweep_report
 # Exit status of a call that stopped before every selected run was finished or failed
 # (deadline, max_runs, SIGTERM or Ctrl-C): run the same command again.
 EXIT_STOPPED = 3
+# Exit status of a call that tried every selected run and some run it launched failed (the
+# trainer's own error; the summary line counts them): the results hold no numbers for them.
+EXIT_FAILED = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,13 +441,20 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
       print_fn: progress and result lines.
 
     Returns:
-      0 when every selected run is finished or failed (and for ``report_only``, ``dry_run``),
-      :data:`EXIT_STOPPED` when the call stopped before that (deadline, ``max_runs``,
-      SIGTERM or Ctrl-C).
+      0 when every selected run is finished or failed before this call (and for
+      ``report_only``, ``dry_run``), :data:`EXIT_FAILED` when every selected run was tried
+      and a run (or re-measurement alone) launched by this call failed, :data:`EXIT_STOPPED`
+      when the call stopped before every run was tried (deadline, ``max_runs``, SIGTERM or
+      Ctrl-C).
 
     Raises:
       SweepConfigError: for a bad option, sweep config, root or override, before anything is
-        written (one line naming it; the run directories' clash lists them on further lines).
+        written (one line naming it; the run directories' clash lists them on further lines);
+        for an ``--override`` value the training config's check refuses
+        (:func:`lattn_jax.sweep.override_config_error`), and (not for ``report_only``) for
+        run directories whose last launch set a config field to another value than this
+        call would (:func:`lattn_jax.sweep.changed_overrides`: a changed ``--override``),
+        naming each run and field (old -> new) and how to proceed.
       OSError: if a trainer cannot be started or a file cannot be written.
     """
     options = resolve(options)  # (a bad --gpus: refused before anything else)
@@ -460,6 +477,20 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         print_fn(f"wrote {sweep_report.write(report)['md']}")
         export(root, options, print_fn)
         return 0
+    bad_value = sweep.override_config_error(runs, config_path, extra)
+    if bad_value:  # every run would fail on it: one error instead of N failed runs
+        raise sweep.SweepConfigError(f"--override: {bad_value} (the training config's check, "
+                                     f"as each run's trainer makes it; nothing was run)")
+    changed = sweep.changed_overrides(runs, root, config_path=config_path,
+                                      train_script=train_script, extra_overrides=extra,
+                                      retry_failed=options.retry_failed)
+    if changed:  # skipped as done, or resumed, they would stand for settings they never had
+        raise sweep.SweepConfigError(
+            "run directories under --root were run with other config values than this call "
+            "gives them (old -> new; " + ", ".join(sweep.RESUME_FREE_FIELDS) + " may "
+            "change):\n  " + "\n  ".join(changed) + "\nnothing was run or written: use a "
+            "new --root for these settings, or drop the --override (or give the values the "
+            "runs were run with) to resume")
     if options.dry_run:  # writes nothing
         for line in dry_run_lines(runs, config, options, config_path=config_path,
                                   train_script=train_script, extra=extra):
@@ -618,6 +649,12 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
         failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
         retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"
                  if failed else "")
+        failed_now = failed_runs(runs, root, summary.launched)
+        if failed_now:
+            retry = (f"; {len(failed_now)} of the {len(summary.launched)} run(s) launched "
+                     f"failed ({', '.join(failed_now[:3])}"
+                     + (f" and {len(failed_now) - 3} more" if len(failed_now) > 3 else "")
+                     + ")" + retry)
         reused = f", {len(summary.reused)} reused" if summary.reused else ""
         if remeasured is not None:
             failed_alone = (f" ({len(remeasured.failed)} failed)" if remeasured.failed
@@ -627,4 +664,14 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
                  f"{len(summary.launched)} run(s) launched{reused}{retry}; results in "
                  f"{paths['md']}")
         export(root, options, print_fn)
-    return 0 if summary.status == "complete" else EXIT_STOPPED
+    if summary.status != "complete":
+        return EXIT_STOPPED
+    return EXIT_FAILED if failed_now or (remeasured is not None and remeasured.failed) else 0
+
+
+def failed_runs(runs: Sequence[sweep.Run], root: str, launched: Sequence[str]) -> List[str]:
+    """The names of the runs ``launched`` in this call that are failed now
+    (:func:`lattn_jax.sweep.run_state`), in ``runs``' order."""
+    launched = set(launched)
+    return [r.name for r in runs if r.name in launched
+            and sweep.run_state(sweep.run_dir(root, r)).status == sweep.Status.FAILED]

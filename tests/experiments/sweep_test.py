@@ -95,9 +95,10 @@ class SweepBinaryTest(absltest.TestCase):
         self.assertEqual((state.status, state.step), (sweep.Status.PARTIAL, 3))
 
         # The whole grid: the finished run is skipped, the partial one resumes from step 3,
-        # the bad one fails and the sweep still completes.
+        # the bad one fails and the sweep still completes; a run it launched failed: exit 4.
         out = self.sweep()
-        self.assertEqual(out.returncode, 0, out.stdout[-3000:] + out.stderr[-3000:])
+        self.assertEqual(out.returncode, 4, out.stdout[-3000:] + out.stderr[-3000:])
+        self.assertIn(f"1 of the 2 run(s) launched failed ({BAD})", out.stdout)
         self.assertIn(f"--- {REF}: finished, skipped", out.stdout)
         self.assertIn(f"--- {RESUMED}: resuming from step 3", out.stdout)
         self.assertIn("Resuming from the checkpoint at step 3", out.stdout)
@@ -317,6 +318,13 @@ class SweepBinaryTest(absltest.TestCase):
             self.assertEqual(out.returncode, 1, out.stderr)
             self.assertIn(want, out.stderr)
             self.assertFalse(os.path.exists(self.root))
+        # A value the trainer's config check refuses: every run would fail on it; one line.
+        out = self.sweep("--override=optim.learning_rate=-1")
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertEqual(out.stderr.strip().splitlines(), [
+            "error: --override: optim.learning_rate must be > 0, got -1.0 (the training "
+            "config's check, as each run's trainer makes it; nothing was run)"])
+        self.assertFalse(os.path.exists(self.root))
         out = self.sweep("--only=arch=gdn")
         self.assertEqual(out.returncode, 1)
         self.assertIn("error: --only='arch=gdn': no axis arch; the axes are "

@@ -3,6 +3,7 @@ directories, and the sequential runner (skip, resume, failure, deadline) with a 
 trainer (a few lines of Python that write the trainer's files; the real trainer is run by
 tests/experiments/sweep_test.py)."""
 
+import dataclasses
 import fcntl
 import itertools
 import json
@@ -1306,6 +1307,122 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
         self.assertEqual(call(remeasure_alone=steps, gpus="3,4", only=names[:1]), 0)
         with open(os.path.join(first_dir, sweep.ALONE_DIR, "fake_gpus.json")) as f:
             self.assertEqual(json.load(f)["gpus"], "3")
+
+
+class ChangedOverrideTest(_FakeTrainerTestCase):
+    """A changed ``--override`` on a root with runs of it is refused before anything is written
+    (2026-12-05: ``--override=model.d_model=32`` on a finished root skipped every run and
+    reported the old numbers as this call's); a call that launched a run that failed exits
+    with ``EXIT_FAILED``. Through the driver, in process, in a stand-in repository."""
+
+    def setUp(self):
+        super().setUp()
+        self.repo = _stand_in_repo(self.root, (
+            "dict(train=dict(total_steps=4, eval_every=2, checkpoint_every=2, "
+            "keep_checkpoints=1, max_steps_per_run=None), model=dict(d_model=64), "
+            "fake=dict(mode='ok'))"))
+        self.config = dict(name="demo", train_config="configs/fake.py", arg=(),
+                           grid=((("train.eval_every", (1, 2)),),), seed_axis=None)
+        self.sweep_root = os.path.join(self.root, "sweep")
+        self.names = [r.name for r in sweep.expand(self.config)]
+
+    def call(self, **options):
+        from lattn_jax import sweep_driver  # noqa: PLC0415
+        self.lines.clear()
+        return sweep_driver.run(self.config,
+                                sweep_driver.SweepOptions(root=self.sweep_root, **options),
+                                repo_root=self.repo, argv=["sweep.py"],
+                                print_fn=self.lines.append)
+
+    def snapshot(self):
+        """Every file under the sweep root with its contents."""
+        out = {}
+        for base, _, files in os.walk(self.sweep_root):
+            for name in files:
+                with open(os.path.join(base, name), "rb") as f:
+                    out[os.path.join(base, name)] = f.read()
+        return out
+
+    def test_a_changed_override_is_refused_and_an_unchanged_call_resumes(self):
+        self.assertEqual(self.call(), 0)
+        before = self.snapshot()
+        for overrides, changed in (
+                (["model.d_model=32"], "model.d_model 64 (default) -> 32"),
+                (["train.total_steps=6"], "train.total_steps 4 (default) -> 6")):
+            with self.subTest(overrides):
+                with self.assertRaises(sweep.SweepConfigError) as e:
+                    self.call(overrides=overrides)
+                message = str(e.exception)
+                for name in self.names:
+                    self.assertIn(f"\n  {name}: {changed}\n", message + "\n")
+                self.assertIn("use a new --root for these settings, or drop the --override",
+                              message)
+                self.assertEqual(self.snapshot(), before)  # nothing written: no sweep.jsonl line
+        # Only the selected runs are compared; the changed one is still refused alone.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    rf"\n  {re.escape(self.names[1])}: model\.d_model"):
+            self.call(overrides=["model.d_model=32"], only=[self.names[1]])
+        # Unchanged (also with --only), the default given explicitly, a resume-free field:
+        # the finished runs are skipped.
+        for options in (dict(), dict(only=[self.names[0]]),
+                        dict(overrides=["model.d_model=64", "train.max_steps_per_run=2",
+                                        "train.keep_checkpoints=3"])):
+            with self.subTest(options):
+                self.assertEqual(self.call(**options), 0)
+                self.assertIn(f"--- {self.names[0]}: finished, skipped", self.lines)
+        self.assertLen(sweep.read_jsonl(os.path.join(self.sweep_root, "sweep.jsonl")), 4)
+
+    def test_a_dropped_override_is_a_change_too(self):
+        self.assertEqual(self.call(overrides=["model.d_model=32"], only=[self.names[0]]), 0)
+        with self.assertRaisesRegex(
+                sweep.SweepConfigError,
+                rf"\n  {re.escape(self.names[0])}: model\.d_model 32 -> 64 \(default\)\n"):
+            self.call()
+
+    def test_failed_runs_of_the_call_give_exit_failed(self):
+        from lattn_jax import sweep_driver  # noqa: PLC0415
+        self.assertEqual(self.call(overrides=["fake.mode=fail"]), sweep_driver.EXIT_FAILED)
+        self.assertRegex(self.lines[-1], r"^sweep: complete after \d+ s; 2 run\(s\) launched; "
+                         r"2 of the 2 run\(s\) launched failed \(")
+        # Again: both failed before this call and are skipped, nothing launched: 0.
+        self.assertEqual(self.call(overrides=["fake.mode=fail"]), 0)
+        self.assertIn("2 failed run(s) skipped, not retried", self.lines[-1])
+        # Retried, one of them: it failed in this call again.
+        self.assertEqual(self.call(retry_failed=True, overrides=["fake.mode=fail"],
+                                   only=[self.names[0]]), sweep_driver.EXIT_FAILED)
+        # Another value for failed runs without a checkpoint: refused while they would be
+        # skipped as failed, accepted when --retry_failed starts them over.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r": fake\.mode 'fail' -> 'ok' \(default\)\n"):
+            self.call()
+        self.assertEqual(self.call(retry_failed=True), 0)
+        self.assertEqual({sweep.run_state(os.path.join(self.sweep_root, "runs", n)).status
+                          for n in self.names}, {sweep.Status.FINISHED})
+
+
+class OverrideConfigErrorTest(absltest.TestCase):
+    """A ``--override`` value the trainer's config check refuses is one error before any run
+    (the real training config; about a second)."""
+
+    def test_a_negative_learning_rate_is_named(self):
+        runs = sweep.expand(table2_small.get_config("tiny"))
+        path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "table2.py")
+        self.assertEqual(sweep.override_config_error(runs, path,
+                                                     [("optim.learning_rate", "-1")]),
+                         "optim.learning_rate must be > 0, got -1.0")
+        self.assertIsNone(sweep.override_config_error(runs, path, [("model.d_model", "32")]))
+        # A field that holds None is parsed by its declared type, as the trainer's flag is.
+        self.assertIsNone(sweep.override_config_error(runs, path,
+                                                      [("train.max_steps_per_run", "3")]))
+        self.assertEqual(sweep.override_config_error(runs, path,
+                                                     [("train.max_steps_per_run", "0")]),
+                         "train.max_steps_per_run must be >= 1 or None, got 0")
+        self.assertIsNone(sweep.override_config_error(runs, path, []))
+        # A run whose own config is refused is left to fail as a run (reported in the table).
+        bad = [dataclasses.replace(runs[0], overrides=tuple(runs[0].overrides) + (
+            ("train.nonfinite_policy", "bogus"),))]
+        self.assertIsNone(sweep.override_config_error(bad, path,
+                                                      [("optim.learning_rate", "-1")]))
 
 
 class ParallelEnvTest(absltest.TestCase):
