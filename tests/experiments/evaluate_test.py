@@ -23,6 +23,9 @@ with open(FAKE_GGUF, "wb") as _f:
 NOT_GGUF = os.path.join(_TMP, "notes.txt")
 with open(NOT_GGUF, "w") as _f:
     _f.write("hello")
+EMPTY_TEXT = os.path.join(_TMP, "empty.txt")  # a perplexity file with no document
+with open(EMPTY_TEXT, "w") as _f:
+    _f.write("\n")
 # An output directory whose results.json was cut short (a full disk, an editor).
 DAMAGED_OUT = os.path.join(_TMP, "damaged-eval")
 os.makedirs(DAMAGED_OUT)
@@ -52,6 +55,10 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("gguf_has_no_step", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--step=3", "--output_dir=/tmp/x", "--tasks=piqa"],
          "error: --step applies to lattn-jax training and HALO workdirs; "),
+        ("empty_perplexity_file_is_named", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", f"--output_dir={_TMP}/out", "--tasks=perplexity",
+          f"--perplexity_files={EMPTY_TEXT}"],
+         f"error: --perplexity_files: {EMPTY_TEXT} has no documents to score"),
         ("gguf_has_no_validation_split", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity"],
          "a GGUF file has none: pass text files, e.g. --perplexity_files="),
