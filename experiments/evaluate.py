@@ -100,9 +100,10 @@ def main(argv):
     except (ValueError, FileNotFoundError, ImportError) as e:
         sys.exit(f"error: {e}")
     except (driver.Interrupted, KeyboardInterrupt) as e:  # Ctrl-C: one line, no traceback
-        print(e if isinstance(e, driver.Interrupted) else "interrupted: nothing was scored",
-              file=sys.stderr)
-        sys.exit(130)
+        print(e if isinstance(e, driver.Interrupted) else "interrupted (not while scoring)",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)  # not sys.exit: the interpreter's exit segfaulted with XLA work in flight
 
 
 if __name__ == "__main__":
