@@ -17,10 +17,11 @@ scores the first N documents of each zero-shot task, as lm-evaluation-harness ``
 path, every requested task's data files (one error lists all missing ones) and an existing
 ``results.json`` in the output directory first; nothing is scored when one is wrong. Merges the
 results into ``results.json`` under ``--output_dir`` (default ``<checkpoint>/eval``; required for a
-GGUF file): tasks of earlier runs are kept, re-run tasks replaced, each entry with its checkpoint
-``step``; rewrites ``results.md`` (scores with binomial standard errors beside chance, 1 / number of
-choices, and the scored items' majority-answer rate, the fairer baseline on a ``--limit`` subset or
-with unbalanced labels) and writes ``niah_single_<k>.png`` heatmaps. The checks and the run:
+GGUF file) as each task finishes (Ctrl-C keeps the finished ones): tasks of earlier runs are kept,
+re-run tasks replaced, each entry with its checkpoint ``step``; rewrites ``results.md`` (scores
+with binomial standard errors beside chance, 1 / number of choices, and the scored items'
+majority-answer rate, the fairer baseline on a ``--limit`` subset or with unbalanced labels) and
+writes ``niah_single_<k>.png`` heatmaps. The checks and the run:
 :mod:`lattn_jax.eval.driver`. Task definitions: ``lattn_jax/eval/tasks.py``, ``niah.py``,
 ``perplexity.py``. Nothing is downloaded here: data comes from ``--data_dir``, which
 ``experiments/fetch_eval_data.py`` fills (pinned, checksummed).
@@ -67,8 +68,9 @@ _NIAH_SAMPLES = flags.DEFINE_integer("niah_samples", 1, "NIAH prompts per (lengt
 _PPL_FILES = flags.DEFINE_list(
     "perplexity_files", list(runner.EvalOptions.perplexity_files),
     f"What --tasks=perplexity scores: {runner.VALIDATION!r} (the documents the checkpoint's run "
-    "held out for validation) and/or text files (relative to --data_dir or absolute); a file the "
-    "run trained on (config data.paths) is flagged as a training perplexity.")
+    "held out for validation) and/or text files: a relative path is resolved against --data_dir, "
+    "not the current directory; pass a file of your own by its absolute path. A file the run "
+    "trained on (config data.paths) is flagged as a training perplexity.")
 _PPL_DOCS = flags.DEFINE_integer(
     "perplexity_max_docs", None, "Score only the first N documents per perplexity file; a result "
     "that covers fewer than all goes to results.json as perplexity:<file>@<N>_docs (with "
@@ -97,6 +99,11 @@ def main(argv):
         driver.evaluate(request)
     except (ValueError, FileNotFoundError, ImportError) as e:
         sys.exit(f"error: {e}")
+    except (driver.Interrupted, KeyboardInterrupt) as e:  # Ctrl-C: one line, no traceback
+        print(e if isinstance(e, driver.Interrupted) else "interrupted (not while scoring)",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)  # not sys.exit: the interpreter's exit segfaulted with XLA work in flight
 
 
 if __name__ == "__main__":

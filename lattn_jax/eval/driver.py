@@ -9,7 +9,8 @@ requested task's data files (:func:`lattn_jax.eval.runner.check_data`: one error
 missing ones); then it restores the model (:func:`lattn_jax.eval.restore.load_model`), scores
 the tasks (:func:`lattn_jax.eval.runner.run_evaluation`) and merges the results into
 ``<output_dir>/results.json`` and ``results.md`` (:func:`lattn_jax.eval.runner.write_results`),
-each entry with its checkpoint ``step``.
+each entry with its checkpoint ``step``, as soon as it is scored: an interrupted run
+(Ctrl-C) keeps its finished tasks and ends with :class:`Interrupted`.
 """
 
 import dataclasses
@@ -21,6 +22,12 @@ import jax
 from lattn_jax import context_parallel
 from lattn_jax import records
 from lattn_jax.eval import fetch, restore, runner
+
+
+class Interrupted(Exception):
+    """An evaluation stopped by Ctrl-C (``KeyboardInterrupt``) while scoring; its message is one
+    line saying how many tasks were saved and where (``experiments/evaluate.py`` prints it and
+    exits with status 130)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,9 +162,12 @@ def evaluate(request: EvaluateRequest,
 
     Returns:
       ``{task: result}`` of this run (each with the checkpoint's ``step``, ``None`` for a
-      Hugging Face or GGUF model), as merged into ``results.json``.
+      Hugging Face or GGUF model), as merged into ``results.json``. Each result is merged
+      into ``results.json`` and ``results.md`` (atomically) as soon as it is scored.
 
     Raises:
+      Interrupted: a ``KeyboardInterrupt`` while scoring; the tasks finished before it are in
+        ``results.json`` (the message says how many, and where).
       ValueError, FileNotFoundError, ImportError: bad input (a flag, the model path, its
         kind, missing data files, a damaged ``results.json``), with one line naming it;
         nothing is scored then.
@@ -165,7 +175,7 @@ def evaluate(request: EvaluateRequest,
     out = request.output_dir or os.path.join(request.checkpoint, "eval")
     names = runner.expand_tasks(request.tasks)
     check_flags(request, names)
-    runner.read_results(out)  # a damaged results.json now, not after the scoring
+    existing = runner.read_results(out)  # a damaged results.json now, not after the scoring
     lengths, depths = runner.parse_niah_grid(request.niah_lengths, request.niah_depths)
     options = runner.EvalOptions(
         data_dir=request.data_dir, limit=request.limit, sample_items=request.sample_items,
@@ -186,10 +196,22 @@ def evaluate(request: EvaluateRequest,
     options = dataclasses.replace(options, training_data=restored.training_data)
     print_fn(f"jax {jax.__version__}, devices {jax.devices()}; {request.checkpoint} "
              f"({restored.describe()}), layers {list(restored.model_config.layer_pattern)}")
-    results = runner.run_evaluation(restored.model, restored.tokenizer, names, options)
-    for r in results.values():
-        r["step"] = restored.step  # merged files may hold tasks of several runs (None: HF/GGUF)
     header = f"# Evaluation of {request.checkpoint}"
+    saved: List[str] = []
+
+    def save(key: str, result: dict) -> None:  # each task as it finishes, not all at the end
+        result["step"] = restored.step  # merged files may hold several runs' (None: HF/GGUF)
+        runner.write_results({key: result}, out, header)
+        saved.append(key)
+
+    try:
+        results = runner.run_evaluation(restored.model, restored.tokenizer, names, options,
+                                        on_result=save, existing=existing)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted: {len(saved)} task(s) saved to "
+                          f"{os.path.join(out, 'results.json')}"
+                          + (f" ({', '.join(saved)})" if saved else "")
+                          + "; rerun to score the rest") from None
     paths: List[str] = runner.write_results(results, out, header)
     for path in paths:
         print_fn(f"wrote {path}")

@@ -15,7 +15,7 @@ import json
 import math
 import os
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 
@@ -200,8 +200,9 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
     there, or score other text files).
 
     Raises:
-      ValueError: an unknown task, or a ``perplexity_files`` entry that looks binary or is a
-        directory (one line each, naming the flag and the path; an entry is one text file).
+      ValueError: an unknown task, or a ``perplexity_files`` entry that looks binary, is a
+        directory or has no document (empty or only whitespace; one line each, naming the flag
+        and the path; an entry is one text file).
         FileNotFoundError: listing every missing file, grouped by the option or recorded config
         path it comes from.
     """
@@ -225,7 +226,12 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
                     ppl_files.append(path if os.path.isabs(f) else
                                      f"{f} (relative to --data_dir={options.data_dir}): {path}")
                 else:
-                    binary += [r for r in (binary_reason(path),) if r]
+                    reason = binary_reason(path)
+                    if reason:
+                        binary.append(reason)
+                    elif not _has_text(path):
+                        binary.append(f"--perplexity_files: {path} has no documents to score "
+                                      f"(it is empty or only whitespace)")
             data = options.training_data
             if VALIDATION in options.perplexity_files and data is not None:
                 held_out = data.val_paths if data.val_paths is not None else data.paths
@@ -252,6 +258,16 @@ def check_data(task_names: Sequence[str], options: EvalOptions) -> None:
         raise FileNotFoundError("\n".join(groups + binary))
     if binary:
         raise ValueError("\n".join(binary))
+
+
+def _has_text(path: str) -> bool:
+    """Whether the file holds anything but whitespace (so :func:`read_documents` finds a
+    document); reads only up to the first such byte."""
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 16), b""):
+            if block.strip():
+                return True
+    return False
 
 
 def _directory_error(entry: str, path: str, data_dir: str) -> str:
@@ -355,11 +371,12 @@ def read_documents(path: str, max_docs: Optional[int]) -> List[str]:
     return docs[:max_docs] if max_docs else docs
 
 
-def perplexity_key(path: str, max_docs: Optional[int], documents: int) -> str:
+def perplexity_key(path: str, max_docs: Optional[int], documents: int,
+                   name: Optional[str] = None) -> str:
     """The ``results.json`` key of the perplexity of the file (or ``"validation"``) ``path``.
 
-    ``perplexity:<file name>`` when every one of its ``documents`` is scored;
-    ``perplexity:<file name>@<max_docs>_docs`` when ``max_docs`` (``--perplexity_max_docs``)
+    ``perplexity:<name>`` when every one of its ``documents`` is scored;
+    ``perplexity:<name>@<max_docs>_docs`` when ``max_docs`` (``--perplexity_max_docs``)
     keeps only the first ``max_docs < documents``, so a subset's number neither replaces nor
     reads as the full file's (:func:`merge_results` replaces entries key by key).
 
@@ -367,9 +384,55 @@ def perplexity_key(path: str, max_docs: Optional[int], documents: int) -> str:
       path: the scored file, or :data:`VALIDATION`.
       max_docs: the limit on documents (``None``: none).
       documents: the number of documents in the file.
+      name: the file's name in the key (:func:`perplexity_names`; ``None``: its base name).
     """
-    name = f"perplexity:{os.path.basename(path)}"
+    name = f"perplexity:{os.path.basename(path) if name is None else name}"
     return f"{name}@{max_docs}_docs" if max_docs is not None and max_docs < documents else name
+
+
+def perplexity_names(paths: Sequence[str],
+                     existing: Optional[Dict[str, dict]] = None) -> Dict[str, str]:
+    """The name each perplexity file goes under in its ``results.json`` key
+    (:func:`perplexity_key`), unique per file.
+
+    A file's base name (``test.txt``) when no other file of ``paths`` has it and no entry of
+    ``existing`` under it (``perplexity:test.txt``, or its ``@<N>_docs`` subsets) records a
+    different ``path``; otherwise its absolute path, so two files named alike never overwrite
+    each other's entry (in one run or across runs). An earlier entry that records no path
+    (written before entries recorded one) is replaced, as before.
+
+    Args:
+      paths: the scored files (resolved, :func:`_perplexity_path`), or :data:`VALIDATION`.
+      existing: the ``results.json`` entries already there (:func:`read_results`).
+
+    Returns:
+      ``{path: name}`` (:data:`VALIDATION` maps to itself).
+    """
+    existing = existing or {}
+    absolute = {p: p if p == VALIDATION else os.path.abspath(p) for p in paths}
+    bases: Dict[str, set] = {}
+    for p in paths:
+        bases.setdefault(os.path.basename(p), set()).add(absolute[p])
+    names = {}
+    for p in paths:
+        base = os.path.basename(p)
+        taken = {r.get("path") for k, r in existing.items()
+                 if (k == f"perplexity:{base}" or k.startswith(f"perplexity:{base}@"))
+                 and isinstance(r, dict) and r.get("path") is not None}
+        unique = len(bases[base]) == 1 and not taken - {absolute[p]}
+        names[p] = base if p == VALIDATION or unique else absolute[p]
+    return names
+
+
+def file_identity(path: str) -> Dict[str, object]:
+    """What a perplexity entry records of its file: ``{"path": absolute path, "size": bytes,
+    "sha256": the first 16 hex digits of its SHA-256}``.
+
+    Raises:
+      OSError: the file cannot be read.
+    """
+    return {"path": os.path.abspath(path), "size": os.path.getsize(path),
+            "sha256": fetch.sha256_of(path)[:16]}
 
 
 def score_task(scorer: scoring.Scorer, name: str, docs: Sequence[tasks_lib.Doc],
@@ -395,8 +458,9 @@ def score_task(scorer: scoring.Scorer, name: str, docs: Sequence[tasks_lib.Doc],
 
 
 def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
-                   task_names: Sequence[str], options: EvalOptions,
-                   log=print) -> Dict[str, dict]:
+                   task_names: Sequence[str], options: EvalOptions, log=print,
+                   on_result: Optional[Callable[[str, dict], None]] = None,
+                   existing: Optional[Dict[str, dict]] = None) -> Dict[str, dict]:
     """Evaluates ``model`` on ``task_names``.
 
     Args:
@@ -405,18 +469,27 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
       task_names: task or group names (:func:`expand_tasks`).
       options: :class:`EvalOptions`.
       log: progress printer.
+      on_result: called with ``(key, metrics)`` as soon as each entry is scored (a zero-shot
+        task, a NIAH task, a perplexity file), so a caller can save the finished ones before a
+        later task fails or is interrupted (``evaluate.py`` merges each into ``results.json``).
+      existing: the ``results.json`` entries already in the output directory
+        (:func:`read_results`): a perplexity file named like the file of an earlier entry
+        goes under a distinct key (:func:`perplexity_names`).
 
     Returns:
       ``{task: metrics}``; zero-shot metrics come from
       :func:`lattn_jax.eval.tasks.process_results`, NIAH from :func:`lattn_jax.eval.niah.run`,
       perplexity from :func:`lattn_jax.eval.perplexity.evaluate` (one entry per file, under
-      :func:`perplexity_key`, with ``trained_on``, ``documents_total`` (the file's documents)
-      and ``max_docs`` (``options.perplexity_max_docs``) added; ``documents`` is the number
-      scored, and a line is logged when it is fewer than ``documents_total``).
+      :func:`perplexity_key` and :func:`perplexity_names`, with ``trained_on``,
+      ``documents_total`` (the file's documents), ``max_docs``
+      (``options.perplexity_max_docs``) and, for a file, ``path``, ``size`` and ``sha256``
+      (:func:`file_identity`) added; ``documents`` is the number scored, and a line is logged
+      when it is fewer than ``documents_total``).
 
     Raises:
       ValueError: unknown task, a ``context`` that does not divide the devices or
-        ``max_len``. FileNotFoundError: a missing data file.
+        ``max_len``, a perplexity file or validation split with no document (named).
+        FileNotFoundError: a missing data file.
     """
     names = expand_tasks(task_names)
     check_data(names, options)
@@ -430,10 +503,11 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
                          f"{options.context}")
     model = context_parallel.replicate(model, mesh)
     with sharding.activate(mesh, config_lib.DEFAULT_AXIS_RULES):
-        return _run(model, tokenizer, names, options, log)
+        return _run(model, tokenizer, names, options, log, on_result or (lambda k, r: None),
+                    existing or {})
 
 
-def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
+def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str, dict]:
     scorer = scoring.Scorer(model, max_len=options.max_len, batch_size=options.batch_size,
                             bucket=math.lcm(32, options.context), route=options.route)
     results: Dict[str, dict] = {}
@@ -445,6 +519,7 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
         pairs = [scoring.encode_pair(tokenizer, c, x) for d in docs for c, x in d.requests]
         results[name] = score_task(scorer, name, docs, pairs)
         log(f"{name}: {results[name]} ({time.time() - t0:.0f} s)")
+        on_result(name, results[name])
     niah_tasks = [n for n in names if n in niah.TASKS]
     if niah_tasks:
         t0 = time.time()
@@ -467,11 +542,15 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
         for t in niah_tasks:
             results[t] = dict(res[t], chance=0.0)
             log(f"{t}: mean {res[t]['mean']:.3f} per length {res[t]['per_length']}")
+            on_result(t, results[t])
         log(f"niah: {time.time() - t0:.0f} s")
     if "perplexity" in names:
         ppl_scorer = scoring.Scorer(model, max_len=options.perplexity_window,
                                     batch_size=options.perplexity_batch_size,
                                     bucket=math.lcm(32, options.context), route=options.route)
+        paths = [f if f == VALIDATION else _perplexity_path(f, options.data_dir)
+                 for f in options.perplexity_files]
+        names_of = perplexity_names(paths, existing)
         for f in options.perplexity_files:
             if f == VALIDATION:
                 path, seen = VALIDATION, False
@@ -483,7 +562,13 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
                 if seen:
                     log(f"warning: the checkpoint trains on {path} (config.data.paths); its "
                         "perplexity is a training perplexity, not a held-out one")  # (once)
-            key = perplexity_key(path, options.perplexity_max_docs, len(docs))
+            if not docs:  # check_data refuses an empty file; the validation split can be one
+                raise ValueError(f"perplexity {path}: no documents to score")
+            key = perplexity_key(path, options.perplexity_max_docs, len(docs), names_of[path])
+            earlier = existing.get(key)
+            if isinstance(earlier, dict) and earlier.get("path") is None and path != VALIDATION:
+                log(f"perplexity {path}: replaces the earlier {key} in results.json, which "
+                    "records no path (scored before entries recorded one)")
             total, docs = len(docs), docs[:options.perplexity_max_docs]
             if len(docs) < total:
                 log(f"perplexity {path}: scored the first {len(docs)} of {total} documents "
@@ -494,8 +579,11 @@ def _run(model, tokenizer, names, options, log) -> Dict[str, dict]:
             res["trained_on"] = seen
             res["documents_total"] = total
             res["max_docs"] = options.perplexity_max_docs
+            if path != VALIDATION:
+                res.update(file_identity(path))
             results[key] = res
             log(f"perplexity {path}: {res}")
+            on_result(key, res)
     return results
 
 

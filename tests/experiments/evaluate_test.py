@@ -5,8 +5,11 @@ import json
 import os
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 from absl.testing import absltest, parameterized
@@ -23,6 +26,9 @@ with open(FAKE_GGUF, "wb") as _f:
 NOT_GGUF = os.path.join(_TMP, "notes.txt")
 with open(NOT_GGUF, "w") as _f:
     _f.write("hello")
+EMPTY_TEXT = os.path.join(_TMP, "empty.txt")  # a perplexity file with no document
+with open(EMPTY_TEXT, "w") as _f:
+    _f.write("\n")
 # An output directory whose results.json was cut short (a full disk, an editor).
 DAMAGED_OUT = os.path.join(_TMP, "damaged-eval")
 os.makedirs(DAMAGED_OUT)
@@ -52,6 +58,10 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("gguf_has_no_step", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--step=3", "--output_dir=/tmp/x", "--tasks=piqa"],
          "error: --step applies to lattn-jax training and HALO workdirs; "),
+        ("empty_perplexity_file_is_named", "evaluate.py",
+         [f"--checkpoint={FAKE_GGUF}", f"--output_dir={_TMP}/out", "--tasks=perplexity",
+          f"--perplexity_files={EMPTY_TEXT}"],
+         f"error: --perplexity_files: {EMPTY_TEXT} has no documents to score"),
         ("gguf_has_no_validation_split", "evaluate.py",
          [f"--checkpoint={FAKE_GGUF}", "--output_dir=/tmp/x", "--tasks=perplexity"],
          "a GGUF file has none: pass text files, e.g. --perplexity_files="),
@@ -213,6 +223,35 @@ class EvaluateGGUFTest(absltest.TestCase):
         self.assertEqual(result.returncode, 1, result.stderr[-3000:])
         self.assertRegex(result.stderr.strip(),
                          rf"^error: {piqa}, line {bad + 1}: not valid JSON \([^\n]+\)$")
+
+
+@pytest.mark.slow
+class InterruptTest(absltest.TestCase):
+
+    def test_ctrl_c_keeps_the_finished_tasks_in_one_line(self):
+        # Was a ~30-line KeyboardInterrupt traceback, exit 130 and no results.json; then,
+        # through sys.exit, a segfault at exit with XLA work in flight.
+        tmp = tempfile.mkdtemp()
+        gguf, out = fixtures.write_tiny_gguf(os.path.join(tmp, "tiny.gguf")), f"{tmp}/eval"
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"),
+               f"--checkpoint={gguf}", "--tasks=piqa,niah_single_1", "--batch_size=1",
+               "--niah_lengths=4096,8192", "--niah_samples=8", f"--output_dir={out}",
+               f"--data_dir={fixtures.HARNESS_DATA}"]
+        proc = subprocess.Popen(  # a SIGINT ignored by the parent would be inherited
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        path = os.path.join(out, "results.json")
+        while not os.path.exists(path) and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.5)  # past piqa's write, into NIAH (the second task; ~2 min on 2 cores)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        self.assertEqual(proc.returncode, 130, err)
+        self.assertEqual(err.strip().splitlines()[-1], f"interrupted: 1 task(s) saved to {path} "
+                                                       f"(piqa); rerun to score the rest")
+        self.assertNotIn("Traceback", err)
+        with open(path) as f:
+            self.assertEqual(list(json.load(f)), ["piqa"])
 
 
 class EvaluateFlagsTest(absltest.TestCase):

@@ -1,11 +1,17 @@
 """The evaluation driver (lattn_jax/eval/driver.py): flag checks before anything is loaded (the
 binary end to end: tests/experiments/evaluate_test.py)."""
 
+import json
 import os
+import tempfile
+import types
+from unittest import mock
 
 from absl.testing import absltest
 
-from lattn_jax.eval import driver, runner
+from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import driver, restore, runner
+from tests.lattn_jax.eval import runner_test
 
 
 class CheckFlagsTest(absltest.TestCase):
@@ -61,6 +67,44 @@ class CheckFlagsTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, r"held out; a HALO workdir has none"):
             driver.check_kind_flags(driver.EvaluateRequest("runs/halo"), "halo", ["perplexity"],
                                     options)
+
+
+class SaveAsYouGoTest(absltest.TestCase):
+    """Ctrl-C after some tasks finished keeps them: each is merged into results.json as it
+    finishes, and the interruption is one line saying so (was a traceback, nothing saved)."""
+
+    def test_an_interrupt_keeps_the_finished_tasks(self):
+        out = os.path.join(tempfile.mkdtemp(), "eval")
+        model = types.SimpleNamespace(config=types.SimpleNamespace(layer_pattern=("gdn",)))
+        restored = types.SimpleNamespace(
+            model=runner_test.Bigram(), tokenizer=tok_lib.ByteTokenizer(), step=7,
+            training_data=None, model_config=model.config, describe=lambda: "step 7")
+        real_score, calls = runner.score_task, []
+
+        def score(scorer, name, docs, pairs):  # the second task is interrupted
+            calls.append(name)
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            return real_score(scorer, name, docs, pairs)
+
+        request = driver.EvaluateRequest(checkpoint="/ckpt", tasks=("piqa", "arc_easy"),
+                                         data_dir=runner_test.FIXTURES, output_dir=out,
+                                         max_len=1024, batch_size=2)
+        with mock.patch.object(restore, "model_kind", return_value="lattn_jax"), \
+                mock.patch.object(restore, "load_model", return_value=restored), \
+                mock.patch.object(runner, "score_task", side_effect=score):
+            with self.assertRaises(driver.Interrupted) as ctx:
+                driver.evaluate(request, print_fn=lambda *a: None)
+        path = os.path.join(out, "results.json")
+        self.assertEqual(str(ctx.exception), f"interrupted: 1 task(s) saved to {path} (piqa); "
+                                             f"rerun to score the rest")
+        with open(path) as f:
+            saved = json.load(f)
+        self.assertEqual(list(saved), ["piqa"])
+        self.assertEqual(saved["piqa"]["step"], 7)
+        self.assertIn("acc", saved["piqa"])
+        with open(os.path.join(out, "results.md")) as f:
+            self.assertIn("| piqa | acc |", f.read())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """``lattn_jax.eval.runner``: held-out documents for perplexity."""
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -341,6 +342,76 @@ class MergeResultsTest(absltest.TestCase):
                 runner.write_results({"piqa": {"acc": 0.4, "n": 1}}, out)
             with open(path) as f:
                 self.assertEqual(f.read(), text)  # not replaced
+
+
+class PerplexityKeyTest(absltest.TestCase):
+    """Perplexity files named alike (two test.txt) each keep their own results.json entry, which
+    records the file scored (was one key perplexity:test.txt, the last score, and no path)."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = tempfile.mkdtemp()
+        self.files = []
+        for sub, text in (("pa", "alpha beta gamma . " * 8), ("pb", "delta , delta . " * 5)):
+            os.makedirs(os.path.join(self.tmp, sub))
+            self.files.append(os.path.join(self.tmp, sub, "test.txt"))
+            with open(self.files[-1], "w") as f:
+                f.write(text)
+        self.kw = dict(perplexity_window=32, perplexity_stride=32)
+
+    def score(self, files, existing=None):
+        return runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["perplexity"],
+                                     _options(self.tmp, perplexity_files=tuple(files), **self.kw),
+                                     log=lambda *a: None, existing=existing)
+
+    def test_two_files_of_one_name_in_one_run_get_two_entries_with_their_paths(self):
+        results = self.score(self.files)
+        out = os.path.join(self.tmp, "eval")
+        runner.write_results(results, out)
+        with open(os.path.join(out, "results.json")) as f:
+            stored = json.load(f)
+        self.assertEqual(sorted(stored), sorted(f"perplexity:{p}" for p in self.files))
+        for p in self.files:
+            entry = stored[f"perplexity:{p}"]
+            self.assertEqual(entry["path"], p)
+            self.assertEqual(entry["size"], os.path.getsize(p))
+            with open(p, "rb") as f:
+                self.assertEqual(entry["sha256"], hashlib.sha256(f.read()).hexdigest()[:16])
+        self.assertNotEqual(*(stored[f"perplexity:{p}"]["token_perplexity"] for p in self.files))
+
+    def test_a_later_run_on_another_file_of_the_name_keeps_the_earlier_entry(self):
+        out = os.path.join(self.tmp, "eval")
+        first = self.score(self.files[:1])
+        self.assertEqual(list(first), ["perplexity:test.txt"])  # unique: the base name
+        runner.write_results(first, out)
+        second = self.score(self.files[1:], runner.read_results(out))
+        self.assertEqual(list(second), [f"perplexity:{self.files[1]}"])
+        runner.write_results(second, out)
+        again = self.score(self.files[:1], runner.read_results(out))  # the same file: replaced
+        self.assertEqual(list(again), ["perplexity:test.txt"])
+        runner.write_results(again, out)
+        stored = runner.read_results(out)
+        self.assertCountEqual(stored, ["perplexity:test.txt", f"perplexity:{self.files[1]}"])
+        self.assertEqual(stored["perplexity:test.txt"]["path"], self.files[0])
+        self.assertIn(f"perplexity:{self.files[1]}", runner.markdown(stored))
+
+    def test_an_old_entry_without_a_path_is_replaced_with_a_note(self):
+        old = {"perplexity:test.txt": {"token_perplexity": 9.0, "documents": 1}}
+        logged = []
+        results = runner.run_evaluation(
+            Bigram(), tok_lib.ByteTokenizer(), ["perplexity"],
+            _options(self.tmp, perplexity_files=(self.files[0],), **self.kw),
+            log=logged.append, existing=old)
+        self.assertEqual(list(results), ["perplexity:test.txt"])
+        self.assertTrue(any("records no path" in m for m in logged), logged)
+
+    def test_an_empty_file_is_named_before_scoring(self):
+        empty = os.path.join(self.tmp, "empty.txt")
+        with open(empty, "w") as f:
+            f.write(" \n\n ")
+        with self.assertRaisesRegex(ValueError, f"^--perplexity_files: {empty} has no documents "
+                                                f"to score"):
+            runner.check_data(["perplexity"], _options(self.tmp, perplexity_files=(empty,)))
 
 
 class PerplexityBatchTest(absltest.TestCase):
