@@ -87,8 +87,15 @@ def main(argv):
         # one line, the shell's status for SIGINT. (One Ctrl-C in the loop saves and returns.)
         # A Ctrl-C while a checkpoint is written waits for it; the message then names it.
         print(f"interrupted (Ctrl-C): {e}" if str(e) else
-              "interrupted (Ctrl-C); nothing saved since the last checkpoint", file=sys.stderr)
-        sys.exit(130)
+              "interrupted (Ctrl-C); nothing saved since the last checkpoint", file=sys.stderr,
+              flush=True)
+        if jax.process_count() > 1:
+            sys.exit(130)  # multihost.fail_fast tells the other processes, then os._exit(130)
+        # Not sys.exit: the interpreter's shutdown segfaulted with XLA work in flight (a
+        # Ctrl-C in start-up: 3 of 6 tries, 2026-12-05); no checkpoint is being written here.
+        sys.stdout.flush()
+        logging.flush()
+        os._exit(130)
     except train.Terminated as e:
         # SIGTERM or SIGHUP while a checkpoint was being written where no stop request is
         # polled (the stop path's or the final save): the write completed first; one line

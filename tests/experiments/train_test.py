@@ -327,6 +327,27 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertNotIn("data:", result.stdout)
         self.assertFalse(os.path.exists(workdir))
 
+    @pytest.mark.slow
+    def test_ctrl_c_in_start_up_exits_130_without_a_crash(self):
+        # 2026-12-05 newcomer pass: a Ctrl-C 3 to 4.5 s into the default run printed its line,
+        # then "Fatal Python error: Segmentation fault" (status -11) in 3 of 6 tries: the
+        # interpreter's shutdown with XLA work in flight. A real SIGINT at several moments of
+        # the start-up (a plain subprocess: binary_runs' forks do not start up the same way).
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
+               "--config=" + os.path.join(ROOT, "configs", "default.py"),
+               "--config.train.total_steps=40"]
+        for delay in (2.5, 3.0, 3.5, 4.5):
+            workdir = os.path.join(self.create_tempdir().full_path, "run")
+            proc = subprocess.Popen(cmd + ["--workdir=" + workdir], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+            with self.subTest(delay=delay):
+                self.assertEqual(proc.returncode, 130, err[-2000:])
+                self.assertIn("Ctrl-C", err)  # in start-up, or (a slower host) after a step
+                self.assertNotIn("Fatal Python error", err)
+
     def test_float16_on_the_cpu_is_refused_before_the_data_is_read(self):
         # 2026-12-05 newcomer pass: the config check accepted it and the first step failed with
         # a 40-line traceback (dot_general precision F16_F16_F32 is not supported on CPU).
