@@ -1280,20 +1280,19 @@ def check_workdir_outside_data(config: config_lib.ExperimentConfig, workdir: str
     ``data.val_paths``: the scan of that directory would read the run's own records
     (``invocations.jsonl``, ``metrics.jsonl``, ``console.log``, ...) as data, and its data
     fingerprint would change with every run, refusing a resume. A workdir under a hidden
-    folder there (which the scan skips) and token shards (read by their manifest) pass.
+    folder there (which the scan skips) and a token-shard directory (read by its manifest)
+    pass.
 
     Raises:
       ConfigError: naming ``--workdir``, the option (``data.paths`` or ``data.val_paths``) and
         the directory, before anything is written.
     """
-    if data_config_lib.resolved_format(config.data) == "tokens":
-        return
     work = os.path.realpath(workdir)
     for option, paths in (("data.paths", config.data.paths),
                           ("data.val_paths", config.data.val_paths)):
         for path in paths or ():
             path = os.fspath(path)
-            if not os.path.isdir(path):
+            if not os.path.isdir(path) or shards_lib.is_token_dir(path):
                 continue
             rel = os.path.relpath(work, os.path.realpath(path))
             parts = [] if rel == os.curdir else rel.split(os.sep)
