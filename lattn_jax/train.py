@@ -1275,6 +1275,36 @@ def _diff(a, b, prefix):
     return [] if a == b else [f"{prefix.rstrip('.')} ({a!r} -> {b!r})"]
 
 
+def check_workdir_outside_data(config: config_lib.ExperimentConfig, workdir: str) -> None:
+    """Refuses a ``workdir`` inside (or equal to) a directory named in ``data.paths`` or
+    ``data.val_paths``: the scan of that directory would read the run's own records
+    (``invocations.jsonl``, ``metrics.jsonl``, ``console.log``, ...) as data, and its data
+    fingerprint would change with every run, refusing a resume. A workdir under a hidden
+    folder there (which the scan skips) and a token-shard directory (read by its manifest)
+    pass.
+
+    Raises:
+      ConfigError: naming ``--workdir``, the option (``data.paths`` or ``data.val_paths``) and
+        the directory, before anything is written.
+    """
+    work = os.path.realpath(workdir)
+    for option, paths in (("data.paths", config.data.paths),
+                          ("data.val_paths", config.data.val_paths)):
+        for path in paths or ():
+            path = os.fspath(path)
+            if not os.path.isdir(path) or shards_lib.is_token_dir(path):
+                continue
+            rel = os.path.relpath(work, os.path.realpath(path))
+            parts = [] if rel == os.curdir else rel.split(os.sep)
+            if parts[:1] == [os.pardir] or any(p.startswith(".") for p in parts):
+                continue
+            raise config_lib.ConfigError(
+                f"--workdir={workdir} is inside the {option} directory {path}, whose scan "
+                f"would read the run's own records (invocations.jsonl, metrics.jsonl, "
+                f"console.log, ...) as data: use a --workdir outside it, or name the data "
+                f"files themselves in {option}")
+
+
 def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                        *, print_fn: Callable[[str], None] = tqdm.tqdm.write,
                        step: Optional[int] = None,
@@ -1346,7 +1376,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         left as it is, as are the metrics written; nothing is saved); and when ``workdir`` is
         another kind of run's directory (a HALO workdir, a sweep root: ``sweep.jsonl`` or ``runs/``)
         or a training run's ``checkpoints`` folder or a step folder in it
-        (:func:`lattn_jax.config.saved_training_config`), before anything is written; and when
+        (:func:`lattn_jax.config.saved_training_config`), or inside a directory of
+        ``data.paths``/``data.val_paths`` (:func:`check_workdir_outside_data`), before
+        anything is written; and when
         a resumed run's data files changed since it started (a corpus rebuilt at the same
         path: naming the file and what differs; :func:`_check_data_unchanged`), before the
         data is read; and when
@@ -1377,6 +1409,7 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                 f"(steps: {', '.join(map(str, steps)) or 'none'})")
     # Another kind of run's workdir, or inside a run's checkpoints: refused before any write.
     config_lib.saved_training_config(workdir)
+    check_workdir_outside_data(config, workdir)  # its records would be read as data
     check_mesh(config)  # a mesh that does not fit the devices: before the data is read
     check_backend_dtypes(config)  # float16 on the CPU backend: before the data is read
     created = config_lib.first_missing_dir(workdir)  # None: the workdir exists (an earlier run's)

@@ -114,6 +114,7 @@ class DataStats:
             for smaller corpora), so that a multi-billion-token corpus is not read to build them.
         empty_documents: empty documents skipped while reading (for token shards: while they
             were prepared); likewise ``malformed_lines`` (JSONL lines skipped),
+            ``missing_field`` (JSONL records skipped for lack of a string in ``text_field``),
             ``invalid_utf8`` (invalid UTF-8 sequences replaced by U+FFFD) and
             ``invalid_utf8_files`` (files that had some). See ``sources.ReadStats``.
     """
@@ -128,6 +129,7 @@ class DataStats:
     val_unigram_xent: float
     empty_documents: int = 0
     malformed_lines: int = 0
+    missing_field: int = 0
     invalid_utf8: int = 0
     invalid_utf8_files: int = 0
 
@@ -553,8 +555,10 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
         train_idx = weighted_documents(corpus, train_idx, config.source_weights, config.seed)
         logging.info("data: source_weights %s: %d -> %d training tokens per pass",
                      config.source_weights, before, int(corpus.doc_len[train_idx].sum()))
-    if (read_stats.empty_documents or read_stats.malformed_lines or read_stats.invalid_utf8):
-        logging.warning("data: %s", read_stats.summary())
+    if read_stats.empty_documents or read_stats.bad_records or read_stats.invalid_utf8:
+        first = next((e for e in read_stats.examples if ": skipped" in e), None)
+        logging.warning("data: %s%s", read_stats.summary(),
+                        f"; first skipped record: {first}" if first else "")
     train_source = PackedWindowSource(corpus, train_idx, config.seq_len, tokenizer.eos_id)
     val_source = PackedWindowSource(val_corpus, val_idx, config.seq_len, tokenizer.eos_id)
     for name, source in (("train", train_source), ("validation", val_source)):
@@ -592,6 +596,7 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
         val_unigram_xent=unigram_cross_entropy(val_sample, train_sample, tokenizer.vocab_size),
         empty_documents=read_stats.empty_documents,
         malformed_lines=read_stats.malformed_lines,
+        missing_field=read_stats.missing_field,
         invalid_utf8=read_stats.invalid_utf8,
         invalid_utf8_files=read_stats.invalid_utf8_files,
     )

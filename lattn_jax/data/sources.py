@@ -26,7 +26,9 @@ counted in a ``ReadStats`` (which ``build_datasets`` and ``prepare_data`` report
   ``ValueError`` naming the file (and line), because it means ``data.text_field`` is wrong.
   ``read_jsonl(..., skip_missing_field=True)`` skips and counts such records instead
   (``missing_field``), and ``on_skip`` lets the caller stop once too many were skipped: this is
-  what ``prepare_corpus`` does, with its own threshold.
+  what ``prepare_corpus`` does, with its own threshold. ``read_documents`` (the trainer's
+  reader) skips them too, like malformed lines, and stops only at a JSONL file whose every
+  record is bad.
 
 Messages name the options the way the caller's user wrote them: ``OptionNames`` (the training
 config's ``data.paths``/``data.text_field``/``data.format`` by default; ``prepare_data.py``
@@ -620,6 +622,11 @@ def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str =
         doc_split: how plain text is cut into documents (see ``split_text``).
         stats: counters of documents and bad input, updated as the documents are read.
 
+    A JSONL record without a string in ``text_field`` is skipped and counted
+    (``stats.missing_field``, logged with its file and line) like a line that is not a JSON
+    object (``stats.malformed_lines``); a JSONL file whose every record is bad in one of these
+    ways stops the read, since it holds no document (most likely ``data.text_field`` is wrong).
+
     Yields:
         Documents as ``str``.
 
@@ -627,9 +634,11 @@ def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str =
         FileNotFoundError: see ``list_files``.
         DataFileError: a file cannot be read, or a text/JSONL file looks binary (``sniff_binary``:
             an image or archive given as text), named in the message.
-        ValueError: a JSONL record or Parquet file without ``text_field``, or an unknown
+        ValueError: a JSONL file whose every record is bad (named, with the counts and the first
+            bad line), a Parquet file without ``text_field``, or an unknown
             ``fmt``/``doc_split``.
     """
+    stats = ReadStats() if stats is None else stats
     for path in list_files(paths):
         if file_format(path, fmt) in ("text", "jsonl"):
             reason = sniff_binary(path)
@@ -637,5 +646,15 @@ def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str =
                 raise DataFileError(f"{_CONFIG_NAMES.paths}: {path} looks binary, not text "
                                     f"({reason}); the data pipeline reads UTF-8 text, JSONL "
                                     f"(plain, .gz, .zst), Parquet and token shards")
+        # Per-file counters (merged into ``stats`` after the file) tell a file of bad records.
+        file_stats = ReadStats()
         yield from read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
-                             stats=stats)
+                             stats=file_stats, skip_missing_field=True)
+        stats.merge(file_stats)
+        if file_stats.bad_records and file_stats.bad_records == file_stats.records:
+            first = next((e for e in file_stats.examples if ": skipped" in e), "?")
+            raise ValueError(
+                f"{path}: all {file_stats.records} records are bad, so it holds no document "
+                f"({file_stats.missing_field} without a string in "
+                f"{_CONFIG_NAMES.text_field}={text_field!r}, {file_stats.malformed_lines} not "
+                f"JSON objects); first: {first}")

@@ -168,6 +168,10 @@ def evaluate(request: EvaluateRequest,
     Raises:
       Interrupted: a ``KeyboardInterrupt`` while scoring; the tasks finished before it are in
         ``results.json`` (the message says how many, and where).
+      runner.OutOfMemoryError: (a ``ValueError``) a NIAH length or a perplexity file ran out
+        of device memory: one line naming it, the flags to lower (``--batch_size`` and
+        ``--niah_lengths``; ``--perplexity_batch_size``) and how many finished tasks are in
+        ``results.json``, ending with XLA's first line.
       ValueError, FileNotFoundError, ImportError: bad input (a flag, the model path, its
         kind, missing data files, a damaged ``results.json``), with one line naming it;
         nothing is scored then.
@@ -212,6 +216,11 @@ def evaluate(request: EvaluateRequest,
                           f"{os.path.join(out, 'results.json')}"
                           + (f" ({', '.join(saved)})" if saved else "")
                           + "; rerun to score the rest") from None
+    except runner.OutOfMemoryError as e:  # one line: what ran out, what to lower, what is kept
+        raise runner.OutOfMemoryError(
+            f"{e.advice}; {len(saved)} task(s) finished before it are saved to "
+            f"{os.path.join(out, 'results.json')}"
+            + (f" ({', '.join(saved)})" if saved else ""), e.xla) from None
     paths: List[str] = runner.write_results(results, out, header)
     for path in paths:
         print_fn(f"wrote {path}")

@@ -53,6 +53,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax.data import tokenizers as tok_lib
 
 TASKS = ("niah_single_1", "niah_single_2", "niah_single_3")
@@ -529,6 +530,15 @@ def answer_mode(prediction: str, value: str) -> str:
     return "no_value"
 
 
+class OutOfMemory(Exception):
+    """``generate_fn`` ran out of device memory (XLA's ``RESOURCE_EXHAUSTED``) on the prompts
+    of ``task`` at ``length`` tokens; ``error`` is its error (also the ``__cause__``)."""
+
+    def __init__(self, task: str, length: int, error: BaseException):
+        super().__init__(f"{task} at length {length}: {error}")
+        self.task, self.length, self.error = task, length, error
+
+
 def run(generate_fn, tokenizer: tok_lib.Tokenizer, *, tasks: Sequence[str],
         lengths: Sequence[int], depths: Sequence[float], samples_per_cell: int = 1,
         essay_words: Optional[Sequence[str]] = None, max_new_tokens: int = 32,
@@ -553,6 +563,8 @@ def run(generate_fn, tokenizer: tok_lib.Tokenizer, *, tasks: Sequence[str],
 
     Raises:
       ValueError: for an unknown task.
+      OutOfMemory: ``generate_fn`` ran out of device memory (naming the task and length);
+        any other error of it propagates as is.
     """
     out = {}
     for task in tasks:
@@ -564,7 +576,13 @@ def run(generate_fn, tokenizer: tok_lib.Tokenizer, *, tasks: Sequence[str],
         for li, length in enumerate(lengths):
             samples = [make_sample(task, tokenizer, length, d, rng, essay_words, max_new_tokens)
                        for d in depths for _ in range(samples_per_cell)]
-            answers = generate_fn([tokenizer.encode(s.prompt) for s in samples], max_new_tokens)
+            try:
+                answers = generate_fn([tokenizer.encode(s.prompt) for s in samples],
+                                      max_new_tokens)
+            except Exception as e:  # noqa: BLE001 - only the out-of-memory error is wrapped
+                if checkpoint_lib.is_out_of_memory(e):
+                    raise OutOfMemory(task, length, e) from e
+                raise
             for k, (s, a) in enumerate(zip(samples, answers)):
                 text = tokenizer.decode(a)
                 grid[li, k // samples_per_cell] += (string_match_all(text, [s.value])

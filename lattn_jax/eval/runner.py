@@ -20,6 +20,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from absl import logging
 
 from lattn_jax import assets
+from lattn_jax import checkpoint as checkpoint_lib
 from lattn_jax import config as config_lib
 from lattn_jax import context_parallel
 from lattn_jax import model as model_lib
@@ -490,6 +491,8 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
       ValueError: unknown task, a ``context`` that does not divide the devices or
         ``max_len``, a perplexity file or validation split with no document (named).
         FileNotFoundError: a missing data file.
+      OutOfMemoryError: (a ``ValueError``) a NIAH length or a perplexity file ran out of
+        device memory (see :func:`_run`); the tasks finished before it went to ``on_result``.
     """
     names = expand_tasks(task_names)
     check_data(names, options)
@@ -507,7 +510,29 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
                     existing or {})
 
 
+class OutOfMemoryError(ValueError):
+    """A task ran out of device memory: ``advice`` names it and the flags to lower (one line);
+    ``xla`` is the first line of XLA's ``RESOURCE_EXHAUSTED`` message. ``str()`` is both."""
+
+    def __init__(self, advice: str, xla: str):
+        super().__init__(f"{advice}. XLA: {xla}")
+        self.advice, self.xla = advice, xla
+
+
+def _xla_line(error: BaseException) -> str:
+    """The first line of ``error``'s message (at most 200 characters), or its type's name."""
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
 def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str, dict]:
+    """:func:`run_evaluation` inside its mesh.
+
+    Raises:
+      OutOfMemoryError: a NIAH length (naming it, ``--niah_lengths`` and ``--batch_size``) or
+        a perplexity file (naming ``--perplexity_batch_size`` and ``--perplexity_window``)
+        ran out of device memory; the tasks finished before it went to ``on_result``.
+    """
     scorer = scoring.Scorer(model, max_len=options.max_len, batch_size=options.batch_size,
                             bucket=math.lcm(32, options.context), route=options.route)
     results: Dict[str, dict] = {}
@@ -536,10 +561,19 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
         words = None
         if any(t != "niah_single_1" for t in niah_tasks):
             words = niah.load_essays(os.path.join(options.data_dir, "niah", "PaulGrahamEssays"))
-        res = niah.run(generate_fn, tokenizer, tasks=niah_tasks, lengths=options.niah_lengths,
-                       depths=options.niah_depths, samples_per_cell=options.niah_samples,
-                       essay_words=words, max_new_tokens=options.niah_max_new_tokens)
-        for t in niah_tasks:
+        for t in niah_tasks:  # one task at a time: each is saved before the next runs
+            try:
+                res = niah.run(generate_fn, tokenizer, tasks=[t], lengths=options.niah_lengths,
+                               depths=options.niah_depths, samples_per_cell=options.niah_samples,
+                               essay_words=words, max_new_tokens=options.niah_max_new_tokens)
+            except niah.OutOfMemory as e:
+                smaller = max(1, options.batch_size // 2)
+                raise OutOfMemoryError(
+                    f"{e.task} ran out of device memory at length {e.length} "
+                    f"(--niah_lengths) with --batch_size={options.batch_size} prompts per "
+                    f"forward pass: rerun with a smaller --batch_size (e.g. "
+                    f"--batch_size={smaller}) or shorter --niah_lengths",
+                    _xla_line(e.error)) from None
             results[t] = dict(res[t], chance=0.0)
             log(f"{t}: mean {res[t]['mean']:.3f} per length {res[t]['per_length']}")
             on_result(t, results[t])
@@ -573,8 +607,18 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
             if len(docs) < total:
                 log(f"perplexity {path}: scored the first {len(docs)} of {total} documents "
                     f"(--perplexity_max_docs={options.perplexity_max_docs})")
-            res = ppl_lib.evaluate(ppl_scorer, tokenizer, docs, max_len=options.perplexity_window,
-                                   stride=options.perplexity_stride)
+            try:
+                res = ppl_lib.evaluate(ppl_scorer, tokenizer, docs,
+                                       max_len=options.perplexity_window,
+                                       stride=options.perplexity_stride)
+            except Exception as e:  # noqa: BLE001 - only the out-of-memory error is translated
+                if not checkpoint_lib.is_out_of_memory(e):
+                    raise
+                raise OutOfMemoryError(
+                    f"perplexity {path} ran out of device memory with --perplexity_batch_size="
+                    f"{options.perplexity_batch_size} windows of --perplexity_window="
+                    f"{options.perplexity_window} tokens per forward pass: rerun with a smaller "
+                    f"--perplexity_batch_size or --perplexity_window", _xla_line(e)) from None
             res["token_perplexity_chance"] = float(tokenizer.vocab_size)
             res["trained_on"] = seen
             res["documents_total"] = total

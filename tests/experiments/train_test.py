@@ -185,6 +185,22 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertEqual(sorted(os.listdir(root)), before)
         self.assertEqual(os.listdir(os.path.join(root, "runs")), ["seed=0"])
 
+    def test_a_workdir_inside_a_data_directory_is_one_line_and_writes_nothing(self):
+        # The scan of data.paths read the run's own records: "error: data: /tmp/x/run 1/
+        # invocations.jsonl:1: record has no field 'text'".
+        data = self.create_tempdir().full_path
+        with open(os.path.join(data, "a.jsonl"), "w") as f:
+            f.write("".join(json.dumps({"text": f"doc {i}"}) + "\n" for i in range(50)))
+        workdir = os.path.join(data, "run 1")
+        result = run_train("--workdir=" + workdir, f"--config.data.paths=('{data}',)")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: --workdir={workdir} is inside the data.paths directory {data}, whose scan "
+            f"would read the run's own records (invocations.jsonl, metrics.jsonl, console.log, "
+            f"...) as data: use a --workdir outside it, or name the data files themselves in "
+            f"data.paths"])
+        self.assertFalse(os.path.exists(workdir))
+
     def test_config_file_without_get_config_is_one_line_naming_it(self):
         # Was "error: module 'config_config' has no attribute 'get_config'".
         workdir = os.path.join(self.create_tempdir().full_path, "fresh")

@@ -622,6 +622,36 @@ class ResumeChecksTest(absltest.TestCase):
         self.assertFalse(os.path.exists(made))
 
 
+class WorkdirOutsideDataTest(absltest.TestCase):
+
+    def test_only_a_workdir_the_data_scan_would_read_is_refused(self):
+        root = self.create_tempdir().full_path
+        data, val = os.path.join(root, "data"), os.path.join(root, "val")
+        for d in (data, val):
+            os.makedirs(d)
+
+        def check(workdir, **data_options):
+            config = mock.Mock(data=data_lib.DataConfig(
+                **{"paths": (data,), "seq_len": 8, "batch_size": 1, **data_options}))
+            train.check_workdir_outside_data(config, workdir)
+
+        check(os.path.join(root, "run"))  # beside the data: fine
+        check(os.path.join(root, "data-run"))  # a name that only starts like it
+        check(os.path.join(data, ".runs", "a"))  # a hidden folder: the scan skips it
+        with open(os.path.join(val, "manifest.json"), "w") as f:
+            f.write("{}")
+        check(os.path.join(val, "run"), val_paths=(val,))  # token shards: read by the manifest
+        os.remove(os.path.join(val, "manifest.json"))
+        for workdir, option, directory, extra in (
+                (os.path.join(data, "run 1"), "data.paths", data, {}),
+                (data, "data.paths", data, {}),
+                (os.path.join(val, "a", "b"), "data.val_paths", val, {"val_paths": (val,)})):
+            with self.assertRaisesRegex(config_lib.ConfigError, re.escape(
+                    f"--workdir={workdir} is inside the {option} directory {directory}, whose "
+                    f"scan would read the run's own records")):
+                check(workdir, **extra)
+
+
 class ScheduleTest(absltest.TestCase):
 
     def test_wsd_minus_sqrt_matches_hand_computed_values(self):

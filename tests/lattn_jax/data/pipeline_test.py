@@ -1,6 +1,8 @@
 """Tests for lattn_jax.data.pipeline (grain windows, splits, iterator checkpointing)."""
 
 import dataclasses
+import gzip
+import json
 import math
 import os
 import shutil
@@ -66,6 +68,23 @@ class PipelineTest(absltest.TestCase):
                       batch_size=4, val_fraction=0.2, seed=0)
         kwargs.update(overrides)
         return config_lib.DataConfig(**kwargs)
+
+    def test_jsonl_record_without_text_is_skipped_with_one_summary_warning(self):
+        # It stopped the run ("a.jsonl.gz:302: record has no field 'text'"), while malformed
+        # lines were only warned about: now both are counted in one summary with the first.
+        path = os.path.join(self.root, "a.jsonl.gz")
+        lines = [json.dumps({"text": d}) for d in self.docs * 15] + [json.dumps({"txt": "x"})]
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        with self.assertLogs(level="WARNING") as logs:
+            ds = pipeline.build_datasets(self._config(paths=(path,)))
+        self.assertEqual((ds.stats.missing_field, ds.stats.malformed_lines), (1, 0))
+        self.assertEqual(ds.stats.train_documents + ds.stats.val_documents, 300)
+        summary = [line for line in logs.output if "records without the text field" in line]
+        self.assertLen(summary, 1)
+        self.assertIn("1 records without the text field and 0 malformed JSON lines", summary[0])
+        self.assertIn(f"first skipped record: {path}:301: skipped: record has no field 'text'",
+                      summary[0])
 
     def test_batch_spec(self):
         ds = pipeline.build_datasets(self._config())

@@ -3,6 +3,7 @@
 import gzip
 import json
 import os
+import re
 import tempfile
 
 from absl.testing import absltest
@@ -70,7 +71,9 @@ class ReadDocumentsTest(absltest.TestCase):
         self.assertEqual(
             list(sources.read_documents([os.path.join(root, "b.jsonl.gz")], text_field="body")),
             ["three"])
-        with self.assertRaisesRegex(ValueError, r"b\.jsonl\.gz:1: record has no field 'text'"):
+        # b.jsonl.gz's only record lacks data.text_field: a file of bad records stops the read.
+        with self.assertRaisesRegex(ValueError, r"b\.jsonl\.gz: all 1 records are bad.*"
+                                    r"b\.jsonl\.gz:1: skipped: record has no field 'text'"):
             list(sources.read_documents([root]))
         os.remove(os.path.join(root, "b.jsonl.gz"))
         # Directory: sorted data files only (LICENSE.md is skipped), each with its own format.
@@ -269,6 +272,30 @@ class BadInputTest(absltest.TestCase):
         self.assertEqual(stats.examples[0],
                          f"{path}:1: skipped: record has no field 'text' (--text_field='text')")
         self.assertIn("2 records without the text field", stats.summary())
+
+    def test_read_documents_skips_records_without_text_like_malformed_lines(self):
+        # One {"txt": ...} among 300 good records stopped a training run; malformed lines were
+        # only warned about. Both are now skipped, counted and logged with file and line.
+        path = os.path.join(self.root, "a.jsonl.gz")
+        lines = [json.dumps({"text": f"doc {i}"}) for i in range(300)]
+        lines[150:150] = [json.dumps({"txt": "no text"}), "{oops"]
+        with gzip.open(path, "wt", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        stats = sources.ReadStats()
+        with self.assertLogs(level="WARNING") as logs:
+            docs = list(sources.read_documents([self.root], stats=stats))
+        self.assertEqual(docs, [f"doc {i}" for i in range(300)])
+        self.assertEqual((stats.missing_field, stats.malformed_lines, stats.files), (1, 1, 1))
+        self.assertIn(f"{path}:151: skipped: record has no field 'text' "
+                      "(data.text_field='text')", "\n".join(logs.output))
+        # A file whose every record is bad (a wrong data.text_field) stops, naming the file.
+        bad = _write(os.path.join(self.root, "b.jsonl"),
+                     json.dumps({"body": "x"}) + "\n{oops\n" + json.dumps({"body": "y"}) + "\n")
+        with self.assertRaisesRegex(ValueError, re.escape(
+                f"{bad}: all 3 records are bad, so it holds no document (2 without a string in "
+                f"data.text_field='text', 1 not JSON objects); first: {bad}:1: skipped: record "
+                "has no field 'text'")):
+            list(sources.read_documents([self.root]))
 
     def test_sniff_binary(self):
         rng = np.random.default_rng(0)

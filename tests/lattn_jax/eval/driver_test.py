@@ -8,6 +8,7 @@ import types
 from unittest import mock
 
 from absl.testing import absltest
+import jax
 
 from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import driver, restore, runner
@@ -105,6 +106,75 @@ class SaveAsYouGoTest(absltest.TestCase):
         self.assertIn("acc", saved["piqa"])
         with open(os.path.join(out, "results.md")) as f:
             self.assertIn("| piqa | acc |", f.read())
+
+
+# XLA's out-of-device-memory error, as a 16-prompt batch of 8192 tokens raised it on a GPU.
+OOM_TEXT = ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 34359738368 bytes.\n"
+            "BufferAssignment OOM Debugging.")
+
+
+class _Generator:
+    """gen_lib.Generator whose generate runs out of device memory past 1000-token prompts."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def generate(self, prompts, max_new_tokens, stop_tokens):
+        if max(len(p) for p in prompts) > 1000:
+            raise jax.errors.JaxRuntimeError(OOM_TEXT)
+        return types.SimpleNamespace(tokens=[[] for _ in prompts])
+
+
+class OutOfMemoryTest(absltest.TestCase):
+    """NIAH at --batch_size=16 and length 8192 ended in an XLA traceback asking for ~34 GB."""
+
+    def _evaluate(self, out, tasks, **kwargs):
+        model = types.SimpleNamespace(layer_pattern=("gdn",))
+        restored = types.SimpleNamespace(
+            model=runner_test.Bigram(), tokenizer=tok_lib.ByteTokenizer(), step=7,
+            training_data=None, model_config=model, describe=lambda: "step 7")
+        request = driver.EvaluateRequest(checkpoint="/ckpt", tasks=tasks,
+                                         data_dir=runner_test.FIXTURES, output_dir=out,
+                                         max_len=1024, **kwargs)
+        with mock.patch.object(restore, "model_kind", return_value="lattn_jax"), \
+                mock.patch.object(restore, "load_model", return_value=restored), \
+                mock.patch.object(runner.gen_lib, "Generator", _Generator):
+            return driver.evaluate(request, print_fn=lambda *a: None)
+
+    def test_niah_out_of_memory_is_one_line_naming_the_flags_and_keeps_finished_tasks(self):
+        out = os.path.join(tempfile.mkdtemp(), "eval")
+        path = os.path.join(out, "results.json")
+        with self.assertRaises(runner.OutOfMemoryError) as ctx:
+            self._evaluate(out, ("piqa", "niah_single_1"), batch_size=16,
+                           niah_lengths=("512", "2048", "4096"), niah_depths=("0", "50"))
+        self.assertIsInstance(ctx.exception, ValueError)  # evaluate.py: "error: <it>", exit 1
+        self.assertEqual(str(ctx.exception), (
+            f"niah_single_1 ran out of device memory at length 2048 (--niah_lengths) with "
+            f"--batch_size=16 prompts per forward pass: rerun with a smaller --batch_size (e.g. "
+            f"--batch_size=8) or shorter --niah_lengths; 1 task(s) finished before it are saved "
+            f"to {path} (piqa). XLA: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+            f"34359738368 bytes."))
+        with open(path) as f:
+            self.assertEqual(list(json.load(f)), ["piqa"])
+
+    def test_perplexity_out_of_memory_is_one_line_naming_its_flags(self):
+        out = os.path.join(tempfile.mkdtemp(), "eval")
+        text = os.path.join(tempfile.mkdtemp(), "doc.txt")
+        with open(text, "w") as f:
+            f.write("some text to score\n\nand more of it\n")
+
+        def evaluate(*args, **kwargs):
+            raise jax.errors.JaxRuntimeError(OOM_TEXT)
+
+        with mock.patch.object(runner.ppl_lib, "evaluate", side_effect=evaluate), \
+                self.assertRaises(runner.OutOfMemoryError) as ctx:
+            self._evaluate(out, ("perplexity",), perplexity_files=(text,))
+        self.assertEqual(str(ctx.exception), (
+            f"perplexity {text} ran out of device memory with --perplexity_batch_size=2 "
+            f"windows of --perplexity_window=2048 tokens per forward pass: rerun with a smaller "
+            f"--perplexity_batch_size or --perplexity_window; 0 task(s) finished before it are "
+            f"saved to {os.path.join(out, 'results.json')}. XLA: RESOURCE_EXHAUSTED: Out of "
+            f"memory while trying to allocate 34359738368 bytes."))
 
 
 if __name__ == "__main__":
