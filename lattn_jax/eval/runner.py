@@ -491,8 +491,9 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
       ValueError: unknown task, a ``context`` that does not divide the devices or
         ``max_len``, a perplexity file or validation split with no document (named).
         FileNotFoundError: a missing data file.
-      OutOfMemoryError: (a ``ValueError``) a NIAH length or a perplexity file ran out of
-        device memory (see :func:`_run`); the tasks finished before it went to ``on_result``.
+      OutOfMemoryError: (a ``ValueError``) a zero-shot task, a NIAH length or a perplexity
+        file ran out of device memory (see :func:`_run`); the tasks finished before it went
+        to ``on_result``.
     """
     names = expand_tasks(task_names)
     check_data(names, options)
@@ -529,9 +530,10 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
     """:func:`run_evaluation` inside its mesh.
 
     Raises:
-      OutOfMemoryError: a NIAH length (naming it, ``--niah_lengths`` and ``--batch_size``) or
-        a perplexity file (naming ``--perplexity_batch_size`` and ``--perplexity_window``)
-        ran out of device memory; the tasks finished before it went to ``on_result``.
+      OutOfMemoryError: a zero-shot task (naming ``--batch_size`` and ``--max_len``), a NIAH
+        length (naming it, ``--niah_lengths`` and ``--batch_size``) or a perplexity file
+        (naming ``--perplexity_batch_size`` and ``--perplexity_window``) ran out of device
+        memory; the tasks finished before it went to ``on_result``.
     """
     scorer = scoring.Scorer(model, max_len=options.max_len, batch_size=options.batch_size,
                             bucket=math.lcm(32, options.context), route=options.route)
@@ -542,7 +544,16 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
         docs = tasks_lib.load_task(name, eval_dir, options.sample_items, options.seed)
         docs = docs[:options.limit]  # the first N (None: all), as the harness's --limit
         pairs = [scoring.encode_pair(tokenizer, c, x) for d in docs for c, x in d.requests]
-        results[name] = score_task(scorer, name, docs, pairs)
+        try:
+            results[name] = score_task(scorer, name, docs, pairs)
+        except Exception as e:  # noqa: BLE001 - only the out-of-memory error is translated
+            if not checkpoint_lib.is_out_of_memory(e):
+                raise
+            raise OutOfMemoryError(
+                f"{name} ran out of device memory with --batch_size={options.batch_size} "
+                f"requests of up to --max_len={options.max_len} tokens per forward pass: rerun "
+                f"with a smaller --batch_size (e.g. --batch_size="
+                f"{max(1, options.batch_size // 2)})", _xla_line(e)) from None
         log(f"{name}: {results[name]} ({time.time() - t0:.0f} s)")
         on_result(name, results[name])
     niah_tasks = [n for n in names if n in niah.TASKS]

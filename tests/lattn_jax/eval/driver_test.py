@@ -176,6 +176,27 @@ class OutOfMemoryTest(absltest.TestCase):
             f"saved to {os.path.join(out, 'results.json')}. XLA: RESOURCE_EXHAUSTED: Out of "
             f"memory while trying to allocate 34359738368 bytes."))
 
+    def test_zero_shot_out_of_memory_is_one_line_and_keeps_finished_tasks(self):
+        out = os.path.join(tempfile.mkdtemp(), "eval")
+        path = os.path.join(out, "results.json")
+        score_task = runner.score_task
+
+        def score(scorer, name, docs, pairs):  # piqa scores; the second task runs out
+            if name != "piqa":
+                raise jax.errors.JaxRuntimeError(OOM_TEXT)
+            return score_task(scorer, name, docs, pairs)
+
+        with mock.patch.object(runner, "score_task", side_effect=score), \
+                self.assertRaises(runner.OutOfMemoryError) as ctx:
+            self._evaluate(out, ("piqa", "arc_easy"), batch_size=8)
+        self.assertEqual(str(ctx.exception), (
+            f"arc_easy ran out of device memory with --batch_size=8 requests of up to "
+            f"--max_len=1024 tokens per forward pass: rerun with a smaller --batch_size (e.g. "
+            f"--batch_size=4); 1 task(s) finished before it are saved to {path} (piqa). XLA: "
+            f"RESOURCE_EXHAUSTED: Out of memory while trying to allocate 34359738368 bytes."))
+        with open(path) as f:
+            self.assertEqual(list(json.load(f)), ["piqa"])
+
 
 if __name__ == "__main__":
     absltest.main()
