@@ -10,6 +10,7 @@ names: :data:`lattn_jax.eval.tasks.TASK_NAMES`, :data:`lattn_jax.eval.niah.TASKS
 ``"perplexity"``; groups ``"zeroshot"``, ``"niah"`` and ``"all"`` expand to their members.
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -520,6 +521,18 @@ class OutOfMemoryError(ValueError):
         self.advice, self.xla = advice, xla
 
 
+@contextlib.contextmanager
+def _out_of_memory_as(advice: str):
+    """Turns XLA's out-of-device-memory error in the block into :class:`OutOfMemoryError`
+    (``advice`` and the error's first line); any other error propagates as is."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - only the out-of-memory error is translated
+        if not checkpoint_lib.is_out_of_memory(e):
+            raise
+        raise OutOfMemoryError(advice, _xla_line(e)) from None
+
+
 def _xla_line(error: BaseException) -> str:
     """The first line of ``error``'s message (at most 200 characters), or its type's name."""
     text = str(error).strip()
@@ -544,16 +557,12 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
         docs = tasks_lib.load_task(name, eval_dir, options.sample_items, options.seed)
         docs = docs[:options.limit]  # the first N (None: all), as the harness's --limit
         pairs = [scoring.encode_pair(tokenizer, c, x) for d in docs for c, x in d.requests]
-        try:
-            results[name] = score_task(scorer, name, docs, pairs)
-        except Exception as e:  # noqa: BLE001 - only the out-of-memory error is translated
-            if not checkpoint_lib.is_out_of_memory(e):
-                raise
-            raise OutOfMemoryError(
+        with _out_of_memory_as(
                 f"{name} ran out of device memory with --batch_size={options.batch_size} "
                 f"requests of up to --max_len={options.max_len} tokens per forward pass: rerun "
                 f"with a smaller --batch_size (e.g. --batch_size="
-                f"{max(1, options.batch_size // 2)})", _xla_line(e)) from None
+                f"{max(1, options.batch_size // 2)})"):
+            results[name] = score_task(scorer, name, docs, pairs)
         log(f"{name}: {results[name]} ({time.time() - t0:.0f} s)")
         on_result(name, results[name])
     niah_tasks = [n for n in names if n in niah.TASKS]
@@ -618,18 +627,14 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
             if len(docs) < total:
                 log(f"perplexity {path}: scored the first {len(docs)} of {total} documents "
                     f"(--perplexity_max_docs={options.perplexity_max_docs})")
-            try:
-                res = ppl_lib.evaluate(ppl_scorer, tokenizer, docs,
-                                       max_len=options.perplexity_window,
-                                       stride=options.perplexity_stride)
-            except Exception as e:  # noqa: BLE001 - only the out-of-memory error is translated
-                if not checkpoint_lib.is_out_of_memory(e):
-                    raise
-                raise OutOfMemoryError(
+            with _out_of_memory_as(
                     f"perplexity {path} ran out of device memory with --perplexity_batch_size="
                     f"{options.perplexity_batch_size} windows of --perplexity_window="
                     f"{options.perplexity_window} tokens per forward pass: rerun with a smaller "
-                    f"--perplexity_batch_size or --perplexity_window", _xla_line(e)) from None
+                    f"--perplexity_batch_size or --perplexity_window"):
+                res = ppl_lib.evaluate(ppl_scorer, tokenizer, docs,
+                                       max_len=options.perplexity_window,
+                                       stride=options.perplexity_stride)
             res["token_perplexity_chance"] = float(tokenizer.vocab_size)
             res["trained_on"] = seen
             res["documents_total"] = total
