@@ -778,20 +778,9 @@ def student_stage(workdir: str) -> Optional[str]:
     """The stage whose checkpoints hold a HALO workdir's final student: ``"stage3"`` if it has
     a checkpoint, else ``"stage2"`` if it has one, else ``None`` (nothing is created)."""
     for stage in ("stage3", "stage2"):
-        if _checkpoint_steps(os.path.join(workdir, stage)):
+        if checkpoint_lib.saved_steps(os.path.join(workdir, stage)):
             return stage
     return None
-
-
-def _checkpoint_steps(stage_dir: str) -> list:
-    """The saved steps under ``<stage_dir>/checkpoints``, sorted (``[]`` without the folder)."""
-    if not os.path.isdir(os.path.join(stage_dir, "checkpoints")):
-        return []
-    ckpt = checkpoint_lib.Checkpointer(stage_dir, keep=1000)
-    try:
-        return sorted(int(s) for s in ckpt.all_steps())
-    finally:
-        ckpt.close()
 
 
 def load_student(workdir: str, step: Optional[int] = None) -> Student:
@@ -832,7 +821,7 @@ def load_student(workdir: str, step: Optional[int] = None) -> Student:
         raise FileNotFoundError(f"{workdir} is a HALO workdir without a converted student: no "
                                 f"stage3 or stage2 checkpoint; run experiments/halo.py "
                                 f"--stage=stage2 first")
-    saved = _checkpoint_steps(os.path.join(workdir, stage))
+    saved = checkpoint_lib.saved_steps(os.path.join(workdir, stage))
     if step is None:
         step = saved[-1]
     elif step not in saved:
