@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from absl import app, flags, logging  # noqa: E402
 
 from lattn_jax import config as config_lib  # noqa: E402
+from lattn_jax import multihost  # noqa: E402
 from lattn_jax.eval import driver, fetch, runner  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string(
@@ -102,8 +103,7 @@ def main(argv):
     except (driver.Interrupted, KeyboardInterrupt) as e:  # Ctrl-C: one line, no traceback
         print(e if isinstance(e, driver.Interrupted) else "interrupted (not while scoring)",
               file=sys.stderr, flush=True)
-        sys.stdout.flush()
-        os._exit(130)  # not sys.exit: the interpreter's exit segfaulted with XLA work in flight
+        multihost.exit_now(130)  # not sys.exit: its shutdown segfaulted with XLA work in flight
 
 
 if __name__ == "__main__":

@@ -93,9 +93,7 @@ def main(argv):
             sys.exit(130)  # multihost.fail_fast tells the other processes, then os._exit(130)
         # Not sys.exit: the interpreter's shutdown segfaulted with XLA work in flight (a
         # Ctrl-C in start-up: 3 of 6 tries, 2026-12-05); no checkpoint is being written here.
-        sys.stdout.flush()
-        logging.flush()
-        os._exit(130)
+        multihost.exit_now(130)
     except train.Terminated as e:
         # SIGTERM or SIGHUP while a checkpoint was being written where no stop request is
         # polled (the stop path's or the final save): the write completed first; one line
