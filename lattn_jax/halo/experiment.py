@@ -57,6 +57,7 @@ from lattn_jax.data import tokenizers as tok_lib
 from lattn_jax.eval import fetch
 from lattn_jax.halo import hypenet
 from lattn_jax.halo import loaders
+from lattn_jax.halo import losses
 from lattn_jax.halo import report as report_lib
 from lattn_jax.halo import selection
 from lattn_jax.halo import stages
@@ -424,11 +425,10 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
         stages.check_copied_lr_scale(config.stage2.get("copied_lr_scale", 1.0))
     except ValueError as e:
         raise ValueError(f"stage2.{e}") from None
-    temperature = config.stage2.get("temperature", 1.0)  # the KL's tau; inf gave a zero loss
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-            or not (math.isfinite(temperature) and temperature > 0)):
-        raise ValueError(f"stage2.temperature must be a finite number > 0 (HALO: 1), got "
-                         f"{temperature!r}")
+    try:
+        losses.check_temperature(config.stage2.get("temperature", 1.0))  # the KL's tau
+    except ValueError as e:
+        raise ValueError(f"stage2.{e}") from None
     resamples = config.select.get("bootstrap_resamples", 0)
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 0:
         raise ValueError(f"select.bootstrap_resamples must be an int >= 0 (0: no bootstrap), "

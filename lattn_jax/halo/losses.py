@@ -120,6 +120,14 @@ def _logsumexp_one_pass_jvp(primals, tangents):
     return lse, jnp.sum(p * dz.astype(jnp.float32), axis=-1)
 
 
+def check_temperature(temperature) -> None:
+    """Raises ``ValueError`` unless the distillation temperature ``tau`` is a finite number
+    > 0 (an infinite one made both distributions uniform: a zero KL)."""
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.number))
+            or not (math.isfinite(temperature) and temperature > 0)):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+
+
 def _token_kl(t_logits: Array, s_logits: Array, temperature: float) -> Array:
     """Per-token ``KL(softmax(t / tau) || softmax(s / tau))``, fp32 ``[N]``."""
     log_pt = jax.nn.log_softmax(t_logits.astype(jnp.float32) / temperature, axis=-1)
@@ -154,8 +162,7 @@ def forward_kl(teacher_logits: Array, student_logits: Array, weights: Optional[A
     """
     if teacher_logits.shape[:-1] != student_logits.shape[:-1]:
         raise ValueError(f"{teacher_logits.shape=} and {student_logits.shape=} differ in [B, T]")
-    if not (math.isfinite(temperature) and temperature > 0):  # inf gave a zero KL
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    check_temperature(temperature)
     vocab = min(teacher_logits.shape[-1], student_logits.shape[-1])
     t = teacher_logits[..., :vocab].reshape(-1, vocab)  # [N, V]
     s = student_logits[..., :vocab].reshape(-1, vocab)
@@ -390,8 +397,7 @@ def chunked_forward_kl(teacher_hidden: Array, teacher_head: Array, student_hidde
                          f"{teacher_hidden.shape[:2]}, got shape {student_hidden.shape}")
     b, t = student_hidden.shape[:2]
     _check_weights(weights, (b, t))
-    if not (math.isfinite(temperature) and temperature > 0):  # inf gave a zero KL
-        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    check_temperature(temperature)
     chunk_size = _check_chunk_size(chunk_size)
     n = b * t
     w = (jnp.ones((n,), jnp.float32) if weights is None
