@@ -73,7 +73,7 @@ def lowered_module(batch, seq_len, heads, kv_heads, dim, packed, forward="three_
         def f(q, k, v, g, beta):
             return mosaic_vjp.gated_delta_rule_mosaic(
                 q, k, v, g, beta, scale=dim ** -0.5, segment_ids=seg, forward=forward,
-                **({} if backward is None else dict(backward=backward)))[0]
+                backward=backward or mosaic_vjp.DEFAULT_BACKWARD)[0]
         o, vjp = jax.vjp(f, q, k, v, g, beta)
         return vjp(do) + (o,)
 
