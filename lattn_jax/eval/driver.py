@@ -221,7 +221,8 @@ def evaluate(request: EvaluateRequest,
             f"{e.advice}; {len(saved)} task(s) finished before it are saved to "
             f"{os.path.join(out, 'results.json')}"
             + (f" ({', '.join(saved)})" if saved else ""), e.xla) from None
-    paths: List[str] = runner.write_results(results, out, header)
+    # Every result was written as it finished (save): name the files, do not write them again.
+    paths: List[str] = runner.result_paths(results, out)
     for path in paths:
         print_fn(f"wrote {path}")
     print_fn(runner.markdown(results, header + f" ({restored.describe()}, this run)"))

@@ -755,12 +755,17 @@ def write_results(results: Dict[str, dict], output_dir: str, header: str = "") -
     the earlier files intact.
     """
     os.makedirs(output_dir, exist_ok=True)
-    paths = [os.path.join(output_dir, "results.json"), os.path.join(output_dir, "results.md")]
+    paths = result_paths(results, output_dir)
     merged = merge_results(output_dir, results)
     fetch.write_atomic(paths[0], json.dumps(merged, indent=2))
     fetch.write_atomic(paths[1], markdown(merged, header))
-    for name, r in results.items():
-        if name in niah.TASKS:
-            paths.append(os.path.join(output_dir, f"{name}.png"))
-            niah.heatmap_png(r, paths[-1], name)
+    for name, path in zip([n for n in results if n in niah.TASKS], paths[2:]):
+        niah.heatmap_png(results[name], path, name)
     return paths
+
+
+def result_paths(results: Dict[str, dict], output_dir: str) -> List[str]:
+    """The files :func:`write_results` writes for ``results``: ``results.json``,
+    ``results.md``, then ``<niah task>.png`` for each NIAH task in ``results``, in order."""
+    return ([os.path.join(output_dir, "results.json"), os.path.join(output_dir, "results.md")]
+            + [os.path.join(output_dir, f"{n}.png") for n in results if n in niah.TASKS])
