@@ -12,7 +12,7 @@ from absl.testing import absltest, parameterized
 from flax import nnx
 
 from configs import common
-from configs.sweeps import lr_scan_small, table2_small, table7_small
+from configs.sweeps import lr_scan_small, params_small, table2_small, table7_small
 from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
 from lattn_jax import sweep
@@ -54,6 +54,8 @@ class SweepConfigsTest(parameterized.TestCase):
             (table7_small, f"corpus={c},muon_lr=0.0036", 16),
             (table7_small, f"corpus={c},muon_lr=0.0036,controls=False", 8),
             (table7_small, "tiny", 4),
+            (params_small, f"corpus={c},adamw_lr=0.003,muon_lr=0.0036", 7),
+            (params_small, "tiny", 7),
         ]
 
     def test_every_run_builds(self):
@@ -78,7 +80,7 @@ class SweepConfigsTest(parameterized.TestCase):
         # tiny dropped corpus= silently (the runs trained on the bundled text).
         c = self.corpus
         for module, arg in ((table2_small, f"tiny,corpus={c}"), (lr_scan_small, f"tiny,corpus={c}"),
-                            (table7_small, f"tiny,corpus={c}")):
+                            (table7_small, f"tiny,corpus={c}"), (params_small, f"tiny,corpus={c}")):
             with self.subTest(module.__name__):
                 config = module.get_config(arg)
                 self.assertEqual(config.name, module.get_config("tiny").name)
@@ -232,6 +234,46 @@ class SweepConfigsTest(parameterized.TestCase):
                 json.dump(payload, f)
             with self.assertRaisesRegex(common.ConfigArgError, message):
                 table2_small.get_config(f"{arg},rates_from={path}")
+
+    def test_params_small_matches_gdn_hybrid_and_reuses_table2(self):
+        """The matched GDN-2 hybrid has GDN hybrid's non-embedding count to 0.2%; every F 1408
+        run builds exactly Table 2's run of the same group and seed (so --reuse_from copies
+        it), the matched runs differ from it only in F; claims and references pick one group."""
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        c = self.corpus
+        t2 = table2_small.get_config(f"corpus={c},adamw_lr=0.001,muon_lr=0.00036")
+        ps = params_small.get_config(f"corpus={c},adamw_lr=0.001,muon_lr=0.00036")
+        runs2 = {r.name: r for r in sweep.expand(t2)}
+        cache = {}
+
+        def resolved(config, run):
+            return sweep.resolved_config(os.path.join(repo, config.train_config), run.arg,
+                                         run.overrides, cache)
+
+        runs = sweep.expand(ps)
+        for run in runs:
+            f = run.value("model.mlp_hidden")
+            same = run.name.replace(f",model.mlp_hidden={params_small.MLP}", "")
+            if f == params_small.MLP:
+                self.assertEqual(resolved(ps, run), resolved(t2, runs2[same]), run.name)
+                continue
+            self.assertEqual(f, params_small.MATCHED_MLP)
+            mine, theirs = resolved(ps, run), resolved(t2, runs2[same.replace(
+                f",model.mlp_hidden={f}", "")])
+            self.assertEqual(mine["model"].pop("mlp_hidden"), f)
+            self.assertEqual(theirs["model"].pop("mlp_hidden"), params_small.MLP)
+            self.assertEqual(mine, theirs)
+        for (arch, f), want in params_small.PARAMS.items():
+            run = [r for r in runs if r.value("arch") == arch and r.value("model.mlp_hidden") == f]
+            self.assertEqual(count(build(run[0], ps.train_config)) - EMBEDDINGS, want)
+        gap = params_small.PARAMS[("gdn2", params_small.MATCHED_MLP)] / params_small.PARAMS[
+            ("gdn", params_small.MLP)] - 1
+        self.assertLess(abs(gap), 0.002)
+        first = [r for r in runs if r.seed == 42]  # one run per group
+        for text in [c_["better"] for c_ in ps.claims] + [c_["worse"] for c_ in ps.claims] + [
+                row for row, _ in ps.references[0]["values"]]:
+            conditions = sweep.parse_filter(text)
+            self.assertLen([r for r in first if sweep.matches(r, conditions)], 1, text)
 
     def test_fused_loss_head_in_the_tables_only(self):
         c = self.corpus
