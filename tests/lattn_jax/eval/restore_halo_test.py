@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -154,6 +155,13 @@ class HaloStudentTest(_HaloFixture):
                                                            r"stage3 or stage2 checkpoint; run "
                                                            r"experiments/halo.py --stage=stage2"):
                 fn(workdir)
+        stage1 = os.path.join(workdir, "stage1")
+        with self.assertRaisesRegex(FileNotFoundError, re.escape(
+                f"{stage1} is the stage1 folder of the HALO workdir {workdir}, not a model, and "
+                f"that workdir has no converted student yet (no stage3 or stage2 checkpoint): "
+                f"run experiments/halo.py --workdir={workdir} --stage=stage2, then pass "
+                f"--checkpoint={workdir}")):
+            restore.load_model(stage1)
         self.assertFalse(os.path.exists(os.path.join(workdir, "stage2")))  # nothing created
 
 
@@ -191,6 +199,46 @@ class HaloStage3StudentTest(_HaloFixture):
         with self.assertRaisesRegex(FileNotFoundError, rf"step=9999: no stage3 checkpoint at "
                                                        rf"that step in {self.workdir3} "):
             restore.load_model(self.workdir3, step=9999)
+
+    def test_a_stage_folder_is_one_line_naming_the_workdir_to_pass(self):
+        # It read "no config.json in checkpoint directory <w>/stage3 (expected ...)", and a
+        # step folder's hint named the stage folder as the checkpoint to pass.
+        w, step = self.workdir3, self.trained3["step"]
+        where = "{} is the {} folder of the HALO workdir " + w + ", not a model: "
+        cases = {
+            "stage3": f"pass the HALO workdir, --checkpoint={w} (its student: stage3's newest "
+                      f"checkpoint, step {step}; --step picks another of stage3's)",
+            f"stage3/checkpoints/{step}": f"pass the HALO workdir and the step, --checkpoint="
+                                          f"{w} --step={step} (stage3's checkpoints hold its "
+                                          f"student)",
+            "stage3/checkpoints": f"pass the HALO workdir, --checkpoint={w} (its student",
+            "stage2": f"pass the HALO workdir, --checkpoint={w}, whose student is stage3's "
+                      f"newest checkpoint (step {step}; Stage 2's checkpoints are not loaded "
+                      f"once Stage 3 has one)",
+            f"stage2/checkpoints/{step}": f"pass the HALO workdir, --checkpoint={w}, whose "
+                                          f"student is stage3's",
+            "stage1/checkpoints": f"pass the HALO workdir, --checkpoint={w}, whose student is "
+                                  f"stage3's newest checkpoint (step {step}; stage1 holds no "
+                                  f"student)",
+        }
+        for rel, expected in cases.items():
+            path = os.path.join(w, rel)
+            self.assertTrue(os.path.isdir(path), path)
+            message = where.format(path, rel.split("/")[0]) + expected
+            for fn in (restore.model_kind, restore.load_model, restore.load):
+                with self.subTest(path=rel, fn=fn.__name__):
+                    with self.assertRaises(FileNotFoundError) as cm:
+                        fn(path)
+                    self.assertTrue(str(cm.exception).startswith(message), str(cm.exception))
+                    self.assertNotIn("\n", str(cm.exception))
+        # What the message says to pass loads the student.
+        self.assertEqual(restore.load_model(w, step=step).stage, "stage3")
+        # A folder named like a stage outside a HALO workdir keeps the plain message.
+        alone = os.path.join(self.create_tempdir().full_path, "stage2")
+        os.makedirs(alone)
+        with self.assertRaisesRegex(FileNotFoundError,
+                                    rf"^no config.json in checkpoint directory {alone} "):
+            restore.model_kind(alone)
 
     def test_a_calibration_applies_only_to_the_stage_it_calibrated(self):
         workdir = os.path.join(self.create_tempdir().full_path, "halo")
@@ -245,6 +293,32 @@ class HaloStudentBinariesTest(_HaloFixture):
         with open(os.path.join(out, "results.json")) as f:
             results = json.load(f)
         self.assertEqual({v["step"] for v in results.values()}, {trained3["step"]})
+
+    def test_a_stage_folder_is_one_line_in_generate_and_halo(self):
+        stage2 = os.path.join(self.workdir, "stage2")
+        result = self.run_binary("generate.py", f"--checkpoint={stage2}", "--prompt=The")
+        self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: {stage2} is the stage2 folder of the HALO workdir {self.workdir}, not a "
+            f"model: pass the HALO workdir, --checkpoint={self.workdir} (its student: stage2's "
+            f"newest checkpoint, step {self.trained['step']}; --step picks another of "
+            f"stage2's)"])
+        # halo.py --workdir=<stage folder>: refused before anything is written there.
+        before = sorted(os.listdir(stage2))
+        config = os.path.join(ROOT, "configs", "halo_smollm2.py")
+        result = self.run_binary("halo.py", f"--config={config}:tiny", f"--workdir={stage2}",
+                                 "--stage=stage3")
+        self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: --workdir={stage2} is the stage2 folder of the HALO workdir "
+            f"{self.workdir}, not a HALO workdir: pass --workdir={self.workdir} (each stage "
+            f"writes its own folder there; --stage picks the stage)"])
+        self.assertEqual(sorted(os.listdir(stage2)), before)
+        result = self.run_binary("halo_report.py", f"--workdir={stage2}")
+        self.assertEqual(result.returncode, 1, result.stderr[-3000:])
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: {stage2} is the stage2 folder of the HALO workdir {self.workdir}: pass "
+            f"--workdir={self.workdir}"])
 
     def test_evaluate_scores_perplexity_and_niah_on_the_student(self):
         out = self.create_tempdir().full_path
