@@ -74,6 +74,8 @@ def bundled_wikitext_data(seq_len: int, batch_size: int) -> ml_collections.Confi
                assets.BUNDLED + assets.WIKITEXT2_DIR + "/wiki.test.raw"),
         format="auto",  # per file: .jsonl / .jsonl.gz / .json.gz are JSONL, the rest text
         text_field="text",
+        # Bad JSONL records (not an object, no text) allowed before the read stops.
+        max_bad_fraction=0.01,
         doc_split="wikitext",
         tokenizer="sentencepiece",
         # None: the bundled LLaMA-2 model (paper 1's tokenizer); set a path for another

@@ -41,8 +41,11 @@ def main(argv):
         sys.exit(f"error: no such workdir: {_WORKDIR.value}")
     if not os.path.exists(os.path.join(_WORKDIR.value, "config.json")):
         # Every HALO stage writes config.json first; a sweep root or an empty folder would
-        # render as "HALO conversion of None".
-        sys.exit(f"error: {_WORKDIR.value} is not a HALO workdir (no config.json)")
+        # render as "HALO conversion of None". A stage's folder: the workdir to pass.
+        inside = experiment.stage_folder(_WORKDIR.value)
+        sys.exit(f"error: {_WORKDIR.value} is " + (
+            f"the {inside.stage} folder of the HALO workdir {inside.workdir}: pass "
+            f"--workdir={inside.workdir}" if inside else "not a HALO workdir (no config.json)"))
     config_path = os.path.join(_WORKDIR.value, "config.json")
     try:
         config = report_lib.read_json(config_path, None)

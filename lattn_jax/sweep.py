@@ -1953,9 +1953,27 @@ def identical_finished_run(run: Run, config_path: str, roots: Sequence[str],
                                        tuple(run.overrides) + tuple(extra_overrides), cache)
                 if mine is None:
                     return None
-            if all(config == mine for config in recorded):
+            if all(_same_training(config, mine) for config in recorded):
                 return src
     return None
+
+
+# Experiment options added since configs were first recorded for reuse that do not change what
+# a run trains on once it runs (a limit it passed): a recorded config without one matches any
+# value of it (:func:`_same_training`).
+_OPTIONS_ADDED_SINCE_RECORDS = (("data", "max_bad_fraction"),)
+
+
+def _same_training(recorded: Any, mine: dict) -> bool:
+    """Whether a recorded config (``invocations.jsonl``) equals ``mine``, an option of
+    ``_OPTIONS_ADDED_SINCE_RECORDS`` that ``recorded`` lacks left out of the comparison."""
+    if not isinstance(recorded, dict):
+        return False
+    for section, key in _OPTIONS_ADDED_SINCE_RECORDS:
+        if (isinstance(recorded.get(section), dict) and key not in recorded[section]
+                and isinstance(mine.get(section), dict)):
+            mine = {**mine, section: {k: v for k, v in mine[section].items() if k != key}}
+    return recorded == mine
 
 
 def reuse_identical_runs(runs: Sequence[Run], root: str, *, config_path: str,

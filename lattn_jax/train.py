@@ -939,8 +939,9 @@ def plot_losses(workdir: str) -> Optional[str]:
 
 
 # Data options that may change between a run and its resumption: they do not move the
-# iterator's windows. Every other data option changes which batch comes next.
-_RESUMABLE_DATA_OPTIONS = ("max_val_batches",)
+# iterator's windows (max_bad_fraction only stops a read; a config.json older than it lacks
+# it). Every other data option changes which batch comes next.
+_RESUMABLE_DATA_OPTIONS = ("max_val_batches", "max_bad_fraction")
 # Model options that change how the same parameters are computed with, not the parameters.
 _RESUMABLE_MODEL_OPTIONS = ("dtype", "remat", "remat_policy", "split_projections")
 # Optimizer options that can change the optimizer state's pytree (a checkpoint restores only

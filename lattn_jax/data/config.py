@@ -25,6 +25,7 @@ from typing import Any, Dict, Iterator, Literal
 
 from lattn_jax import assets
 from lattn_jax.data import shards
+from lattn_jax.data import sources
 
 __all__ = ["DataConfig", "DocSplit", "Format", "TokenizerKind", "portable_dict", "resolved_format",
            "unchecked_data_paths"]
@@ -86,6 +87,13 @@ class DataConfig:
             name (``.jsonl[.gz|.zst]``/``.json.gz``/``.json.zst`` are JSONL, ``.parquet`` is
             Parquet, everything else is plain text).
         text_field: JSONL key / Parquet column that holds the document text.
+        max_bad_fraction: the share of bad JSONL records (lines that are not a JSON object,
+            records without a string in ``text_field``) that is skipped and counted, in
+            ``[0, 1]``; once the bad records exceed it (counting at least
+            ``sources.MIN_RECORDS`` records, so up to 10 pass at the default 1%) the read stops
+            with one line naming the file, their share and this option, before training starts.
+            ``experiments/prepare_data.py --max_bad_fraction`` is the same limit with the same
+            default (``sources.BadRecordLimit``); token shards were checked by it when made.
         doc_split: how plain text is cut into documents. ``"wikitext"``: a new document starts at
             every line ``" = Title = "`` (exactly one ``=`` on each side; ``" = = Section = = "``
             does not start one); ``"blank_line"``: documents are separated by one or more blank
@@ -131,6 +139,7 @@ class DataConfig:
     paths: tuple[str, ...]
     format: Format = "auto"
     text_field: str = "text"
+    max_bad_fraction: float = sources.DEFAULT_MAX_BAD_FRACTION
     doc_split: DocSplit = "blank_line"
     tokenizer: TokenizerKind = "sentencepiece"
     tokenizer_path: str | None = None
@@ -154,6 +163,11 @@ class DataConfig:
         if not isinstance(self.text_field, str) or not self.text_field:
             raise ValueError(
                 f"data.text_field: expected a non-empty string, got {self.text_field!r}")
+        if (isinstance(self.max_bad_fraction, bool)
+                or not isinstance(self.max_bad_fraction, numbers.Real)
+                or not 0 <= self.max_bad_fraction <= 1):
+            raise ValueError(f"data.max_bad_fraction: expected a number in [0, 1], got "
+                             f"{self.max_bad_fraction!r}")
 
         if self.tokenizer == "byte":
             if self.tokenizer_path is not None:

@@ -509,7 +509,7 @@ def _load_corpus(config: config_lib.DataConfig, tokenizer: tokenizers.Tokenizer,
         return corpus
     documents = list(sources.read_documents(
         config.paths, fmt=config.format, text_field=config.text_field,
-        doc_split=config.doc_split, stats=stats))
+        doc_split=config.doc_split, stats=stats, max_bad_fraction=config.max_bad_fraction))
     return shards.TokenCorpus.from_documents(tokenize_documents(documents, tokenizer))
 
 
@@ -527,7 +527,9 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
     Raises:
         FileNotFoundError: a data path or the tokenizer model is missing (named in the message).
         sources.DataFileError: a data file cannot be read (named).
-        ValueError: fewer than two documents, a split too short for one window, token shards
+        ValueError: more bad JSONL records than ``data.max_bad_fraction`` allows (the file
+            named, see ``sources.read_documents``), fewer than two documents, a split too
+            short for one window, token shards
             made with another tokenizer, or ``batch_size`` not divisible by
             ``jax.process_count()``.
     """

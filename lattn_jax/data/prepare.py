@@ -43,9 +43,10 @@ from lattn_jax.data import tokenizers
 __all__ = ["MIN_RECORDS", "prepare_corpus", "tokenizer_pool"]
 
 # Bad records may be up to ``max_bad_fraction`` of at least this many records.
-MIN_RECORDS = 1000
+MIN_RECORDS = sources.MIN_RECORDS
 # prepare_data.py's flags, as messages name them.
-_FLAG_NAMES = sources.OptionNames(paths="--input", text_field="--text_field", format="--format")
+_FLAG_NAMES = sources.OptionNames(paths="--input", text_field="--text_field", format="--format",
+                                  max_bad_fraction="--max_bad_fraction")
 
 _worker_tokenizer = None
 
@@ -129,63 +130,6 @@ def _totals(entries: list[dict]) -> dict:
     return totals
 
 
-class _BadRecordLimit:
-    """Stops a run (``ValueError``) once its bad records exceed ``max_fraction`` of its records.
-
-    ``done`` holds the counters of the shards finished (or kept) earlier in the run; ``check``
-    is the ``on_skip`` of the reader of the current shard.
-    """
-
-    def __init__(self, max_fraction: float, text_field: str):
-        self.max_fraction, self.text_field = max_fraction, text_field
-        self.done = sources.ReadStats()
-
-    def check(self, current: sources.ReadStats) -> None:
-        bad = self.done.bad_records + current.bad_records
-        records = self.done.records + current.records
-        if bad <= self.max_fraction * max(records, MIN_RECORDS):
-            return
-        malformed = self.done.malformed_lines + current.malformed_lines
-        missing = self.done.missing_field + current.missing_field
-        first = (current.examples or self.done.examples or ["?"])[0]
-        raise ValueError(
-            f"stopped: {bad} of the {records} records read so far are bad ({malformed} not "
-            f"JSON objects, {missing} without a string in --text_field={self.text_field!r}), "
-            f"more than --max_bad_fraction={self.max_fraction:g} allows (of at least "
-            f"{MIN_RECORDS} records); first: {first}")
-
-    def tolerated(self) -> int:
-        """How many more records without the text field pass, were no good one read (at
-        most ``MIN_RECORDS``; each also counts as a record read)."""
-        done = self.done
-        n = 0
-        while n < MIN_RECORDS and (done.bad_records + n + 1
-                                   <= self.max_fraction * max(done.records + n + 1,
-                                                              MIN_RECORDS)):
-            n += 1
-        return n
-
-
-def _check_text_field(path: str, text_field: str, limit: _BadRecordLimit) -> None:
-    """Refuses a JSONL file, with one line, when ``--text_field`` names no field of it: no
-    record at its head has a string there, over more records than ``limit`` tolerates (the
-    read would stop there, after one warning per record) or over the whole file (the read
-    would make an empty shard).
-
-    Raises:
-        ValueError: naming ``--text_field``, the file and the first record's fields.
-        sources.DataFileError: the file cannot be read.
-    """
-    tolerated = limit.tolerated()
-    probe = sources.probe_text_field(path, text_field, tolerated + 1)
-    if probe.found or probe.missing == 0 or not (probe.ended or probe.missing > tolerated):
-        return
-    scope = "" if probe.ended else "first "
-    raise ValueError(
-        f"--text_field={text_field!r}: none of the {scope}{probe.missing} JSON records of {path} "
-        f"has a string in that field ({probe.first}); give the key that holds the text")
-
-
 @functools.lru_cache(maxsize=4)
 def _cached_tokenizer(kind: str, path: str | None, size: int, mtime_ns: int):
     return tokenizers.make_tokenizer(kind, path)
@@ -215,7 +159,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                    tokenizer_path: str | None = None, fmt: str = "auto",
                    text_field: str = "text", doc_split: str = "blank_line", workers: int = 0,
                    chunk_docs: int = 256, progress: bool = True, print_fn=print,
-                   pool=None, max_bad_fraction: float = 0.01) -> dict:
+                   pool=None,
+                   max_bad_fraction: float = sources.DEFAULT_MAX_BAD_FRACTION) -> dict:
     """Tokenizes ``inputs`` into token shards in ``output_dir``; returns the manifest.
 
     Args:
@@ -235,7 +180,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             (``workers`` is then the number of its processes); the caller terminates it.
         max_bad_fraction: stop once the bad records (malformed JSONL lines, records without
             ``text_field``) exceed this fraction of the records read (of at least
-            ``MIN_RECORDS``); they are skipped and counted below it.
+            ``MIN_RECORDS``); they are skipped and counted below it
+            (``sources.BadRecordLimit``, the trainer's ``data.max_bad_fraction`` limit too).
 
     Returns:
         The manifest dict (also written to ``<output_dir>/manifest.json``).
@@ -253,8 +199,7 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                          f"{chunk_docs}")
     if fmt not in ("auto", "text", "jsonl", "parquet"):
         raise ValueError(f"--format: expected auto, text, jsonl or parquet, got {fmt!r}")
-    if not 0 <= max_bad_fraction <= 1:
-        raise ValueError(f"--max_bad_fraction must be in [0, 1], got {max_bad_fraction}")
+    limit = sources.BadRecordLimit(max_bad_fraction, text_field, _FLAG_NAMES)  # checks it
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise ValueError(f"--output_dir={output_dir} exists and is not a directory")
     problem = records.unwritable_dir(output_dir)
@@ -291,7 +236,6 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
     # --text_field, a binary or unreadable file) is one error line, not an empty bar and it.
     bar = None
     start, done_tokens = time.perf_counter(), 0
-    limit = _BadRecordLimit(max_bad_fraction, text_field)
     try:
         for index, path in enumerate(files):
             name = f"shard-{index:05d}"
@@ -313,10 +257,11 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                         f"{path} looks binary, not text ({reason}); prepare_data.py reads UTF-8 "
                         f"text, JSONL (plain, .gz, .zst) and Parquet (--format={fmt})")
             if kind == "jsonl":
-                _check_text_field(path, text_field, limit)
+                sources.check_text_field(path, text_field, limit)
             stats = sources.ReadStats()
             docs = sources.read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
-                                     stats=stats, skip_missing_field=True, on_skip=limit.check,
+                                     stats=stats, skip_missing_field=True,
+                                     on_skip=limit.on_skip(path),
                                      names=_FLAG_NAMES)
             writer = shards.ShardWriter(output_dir, name, dtype)
             try:

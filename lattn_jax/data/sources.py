@@ -25,10 +25,18 @@ counted in a ``ReadStats`` (which ``build_datasets`` and ``prepare_data`` report
 - a JSONL record or Parquet file without ``text_field``, or with a non-string value there:
   ``ValueError`` naming the file (and line), because it means ``data.text_field`` is wrong.
   ``read_jsonl(..., skip_missing_field=True)`` skips and counts such records instead
-  (``missing_field``), and ``on_skip`` lets the caller stop once too many were skipped: this is
-  what ``prepare_corpus`` does, with its own threshold. ``read_documents`` (the trainer's
-  reader) skips them too, like malformed lines, and stops only at a JSONL file whose every
-  record is bad.
+  (``missing_field``), and ``on_skip`` lets the caller stop once too many were skipped.
+
+*Bad records* (JSONL lines that are not a JSON object, records without a string in
+``text_field``) have one limit, :class:`BadRecordLimit`, shared by ``prepare_corpus``
+(``--max_bad_fraction``) and ``read_documents``, the trainer's reader
+(``data.max_bad_fraction``): the read stops with one line naming the file, the share of bad
+records and the option as soon as they exceed ``max_fraction`` of the records read so far
+(counting at least ``MIN_RECORDS``, so up to 10 bad records always pass at the default 1%).
+:func:`check_text_field` refuses a JSONL file before it is read, with one line naming the
+file and its first record's fields, when ``text_field`` names no field of its head (a wrong
+option rather than bad records). ``read_documents`` also stops at a JSONL file whose every
+record is bad.
 
 Messages name the options the way the caller's user wrote them: ``OptionNames`` (the training
 config's ``data.paths``/``data.text_field``/``data.format`` by default; ``prepare_data.py``
@@ -47,12 +55,16 @@ from collections.abc import Callable, Iterator, Sequence
 from absl import logging
 
 __all__ = [
+    "BadRecordLimit",
     "DATA_EXTENSIONS",
+    "DEFAULT_MAX_BAD_FRACTION",
     "DataFileError",
     "FieldProbe",
+    "MIN_RECORDS",
     "OptionNames",
     "ReadStats",
     "WIKITEXT_TITLE",
+    "check_text_field",
     "decode_utf8",
     "file_format",
     "list_files",
@@ -76,6 +88,10 @@ DATA_EXTENSIONS = _TEXT_EXTENSIONS + _JSONL_EXTENSIONS + _PARQUET_EXTENSIONS
 # (" = = Section = = ") have two or more and do not start a document.
 WIKITEXT_TITLE = re.compile(r"^ = [^=](?:.*[^=])? = $")
 
+# Bad records may be up to ``max_fraction`` of at least this many records (BadRecordLimit).
+MIN_RECORDS = 1000
+DEFAULT_MAX_BAD_FRACTION = 0.01  # prepare_data.py's --max_bad_fraction, data.max_bad_fraction
+
 _MAX_EXAMPLES = 20  # malformed-input messages kept in ReadStats.examples / logged per run
 _REPLACEMENT = "\ufffd"
 _REPLACEMENT_UTF8 = _REPLACEMENT.encode("utf-8")
@@ -90,12 +106,14 @@ class OptionNames:
     """How messages name the options given to the readers.
 
     The defaults are the training config's fields; a tool passes its own flag names (e.g.
-    ``OptionNames(paths="--input", text_field="--text_field", format="--format")``).
+    ``OptionNames(paths="--input", text_field="--text_field", format="--format",
+    max_bad_fraction="--max_bad_fraction")``).
     """
 
     paths: str = "data.paths"
     text_field: str = "data.text_field"
     format: str = "data.format"
+    max_bad_fraction: str = "data.max_bad_fraction"
 
 
 _CONFIG_NAMES = OptionNames()
@@ -489,6 +507,100 @@ def probe_text_field(path: str, text_field: str, max_missing: int) -> FieldProbe
     return FieldProbe(found=False, missing=missing, ended=True, first=first)
 
 
+class BadRecordLimit:
+    """Stops a read (``ValueError``) once its bad records exceed ``max_fraction`` of its records.
+
+    Bad records are JSONL lines that are not a JSON object and records without a string in
+    ``text_field`` (``ReadStats.bad_records``); they are counted over every file of a read,
+    against at least ``MIN_RECORDS`` records, so a few bad records at the head of a corpus
+    pass. ``done`` holds the counters of the files finished earlier in the read (the caller
+    merges each file's ``ReadStats`` into it); ``check`` is the ``on_skip`` of the reader of the
+    current file.
+
+    Args:
+        max_fraction: the share of bad records allowed, in ``[0, 1]`` (``1`` never stops).
+        text_field: the JSONL key of the text, as messages name it.
+        names: how messages name the options (``names.text_field``,
+            ``names.max_bad_fraction``).
+
+    Raises:
+        ValueError: ``max_fraction`` is not a number in ``[0, 1]`` (named as
+            ``names.max_bad_fraction``).
+    """
+
+    def __init__(self, max_fraction: float, text_field: str,
+                 names: OptionNames = _CONFIG_NAMES):
+        if (isinstance(max_fraction, bool) or not isinstance(max_fraction, (int, float))
+                or not 0 <= max_fraction <= 1):
+            raise ValueError(f"{names.max_bad_fraction} must be a number in [0, 1], got "
+                             f"{max_fraction!r}")
+        self.max_fraction, self.text_field, self.names = max_fraction, text_field, names
+        self.done = ReadStats()
+
+    def check(self, current: ReadStats, path: str = "") -> None:
+        """Raises once the bad records of ``done`` and ``current`` exceed the limit.
+
+        Args:
+            current: the counters of the file being read.
+            path: that file, named in the message.
+
+        Raises:
+            ValueError: one line naming ``path``, the bad records and their share of the
+                records read, ``names.max_bad_fraction`` and the first bad record.
+        """
+        bad = self.done.bad_records + current.bad_records
+        records = self.done.records + current.records
+        if bad <= self.max_fraction * max(records, MIN_RECORDS):
+            return
+        malformed = self.done.malformed_lines + current.malformed_lines
+        missing = self.done.missing_field + current.missing_field
+        first = (current.examples or self.done.examples or ["?"])[0]
+        where = f"{path}: " if path else ""
+        raise ValueError(
+            f"{where}stopped: {bad} of the {records} records read so far are bad "
+            f"({bad / records:.0%}: {malformed} not JSON objects, {missing} without a string in "
+            f"{self.names.text_field}={self.text_field!r}), more than "
+            f"{self.names.max_bad_fraction}={self.max_fraction:g} allows (of at least "
+            f"{MIN_RECORDS} records); first: {first}")
+
+    def on_skip(self, path: str) -> Callable[[ReadStats], None]:
+        """``check`` for the reader of ``path`` (``read_file(..., on_skip=...)``)."""
+        return lambda current: self.check(current, path)
+
+    def tolerated(self) -> int:
+        """How many more records without the text field pass, were no good one read (at
+        most ``MIN_RECORDS``; each also counts as a record read)."""
+        done = self.done
+        n = 0
+        while n < MIN_RECORDS and (done.bad_records + n + 1
+                                   <= self.max_fraction * max(done.records + n + 1,
+                                                              MIN_RECORDS)):
+            n += 1
+        return n
+
+
+def check_text_field(path: str, text_field: str, limit: BadRecordLimit) -> None:
+    """Refuses a JSONL file, with one line, when ``text_field`` names no field of it: no
+    record at its head has a string there, over more records than ``limit`` tolerates (the
+    read would stop there, after one warning per record) or over the whole file (the read
+    would find no document).
+
+    Raises:
+        ValueError: naming the option (``limit.names.text_field``), the file and the first
+            record's fields.
+        DataFileError: the file cannot be read.
+    """
+    tolerated = limit.tolerated()
+    probe = probe_text_field(path, text_field, tolerated + 1)
+    if probe.found or probe.missing == 0 or not (probe.ended or probe.missing > tolerated):
+        return
+    scope = "" if probe.ended else "first "
+    raise ValueError(
+        f"{limit.names.text_field}={text_field!r}: none of the {scope}{probe.missing} JSON "
+        f"records of {path} has a string in that field ({probe.first}); give the key that "
+        "holds the text")
+
+
 def _repair_surrogates(text: str, stats: ReadStats) -> tuple[str, int]:
     """Replaces lone surrogates (JSON ``"\\udc80"`` escapes, not encodable as UTF-8)."""
     try:
@@ -611,8 +723,8 @@ def read_file(path: str, *, fmt: str = "auto", text_field: str = "text",
 
 
 def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str = "text",
-                   doc_split: str = "blank_line",
-                   stats: ReadStats | None = None) -> Iterator[str]:
+                   doc_split: str = "blank_line", stats: ReadStats | None = None,
+                   max_bad_fraction: float = DEFAULT_MAX_BAD_FRACTION) -> Iterator[str]:
     """Yields every non-empty document of ``paths`` (files or directories), in a fixed order.
 
     Args:
@@ -621,11 +733,15 @@ def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str =
         text_field: JSONL key / Parquet column holding the text.
         doc_split: how plain text is cut into documents (see ``split_text``).
         stats: counters of documents and bad input, updated as the documents are read.
+        max_bad_fraction: the share of bad JSONL records allowed over the read
+            (``data.max_bad_fraction``, see :class:`BadRecordLimit`).
 
     A JSONL record without a string in ``text_field`` is skipped and counted
     (``stats.missing_field``, logged with its file and line) like a line that is not a JSON
-    object (``stats.malformed_lines``); a JSONL file whose every record is bad in one of these
-    ways stops the read, since it holds no document (most likely ``data.text_field`` is wrong).
+    object (``stats.malformed_lines``), until they exceed ``max_bad_fraction`` of the records
+    read (of at least ``MIN_RECORDS``). A JSONL file whose head has no record with the field
+    (:func:`check_text_field`) is refused before it is read, and one whose every record is bad
+    stops the read, since it holds no document (most likely ``data.text_field`` is wrong).
 
     Yields:
         Documents as ``str``.
@@ -634,23 +750,30 @@ def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str =
         FileNotFoundError: see ``list_files``.
         DataFileError: a file cannot be read, or a text/JSONL file looks binary (``sniff_binary``:
             an image or archive given as text), named in the message.
-        ValueError: a JSONL file whose every record is bad (named, with the counts and the first
-            bad line), a Parquet file without ``text_field``, or an unknown
-            ``fmt``/``doc_split``.
+        ValueError: one line naming the file: too many bad records (with their share and
+            ``data.max_bad_fraction``), a JSONL file without ``text_field`` at its head or
+            whose every record is bad, a Parquet file without ``text_field``; or
+            ``max_bad_fraction`` outside ``[0, 1]``, an unknown ``fmt``/``doc_split``.
     """
     stats = ReadStats() if stats is None else stats
+    limit = BadRecordLimit(max_bad_fraction, text_field)
     for path in list_files(paths):
-        if file_format(path, fmt) in ("text", "jsonl"):
+        kind = file_format(path, fmt)
+        if kind in ("text", "jsonl"):
             reason = sniff_binary(path)
             if reason:
                 raise DataFileError(f"{_CONFIG_NAMES.paths}: {path} looks binary, not text "
                                     f"({reason}); the data pipeline reads UTF-8 text, JSONL "
                                     f"(plain, .gz, .zst), Parquet and token shards")
+        if kind == "jsonl":
+            check_text_field(path, text_field, limit)
         # Per-file counters (merged into ``stats`` after the file) tell a file of bad records.
         file_stats = ReadStats()
         yield from read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
-                             stats=file_stats, skip_missing_field=True)
+                             stats=file_stats, skip_missing_field=True,
+                             on_skip=limit.on_skip(path))
         stats.merge(file_stats)
+        limit.done.merge(file_stats)
         if file_stats.bad_records and file_stats.bad_records == file_stats.records:
             first = next((e for e in file_stats.examples if ": skipped" in e), "?")
             raise ValueError(

@@ -124,6 +124,41 @@ def _where_hint(path: str) -> str:
     return ""
 
 
+def _halo_stage_error(path: str) -> Optional[str]:
+    """The one-line error for ``path`` when it is a stage's folder of a HALO workdir (its
+    ``stage2``, ``stage3``, ... folder, their ``checkpoints`` or a checkpoint step folder;
+    :func:`lattn_jax.halo.experiment.stage_folder`): what to pass instead, the HALO workdir
+    (``--checkpoint``, and ``--step`` for a step of the student's stage), whose student the
+    loader takes from its newest stage; ``None`` for any other path."""
+    parent = os.path.dirname(os.path.normpath(os.path.abspath(path)))
+    if not any(os.path.isfile(os.path.join(d, "config.json"))
+               for d in (parent, os.path.dirname(parent),
+                         os.path.dirname(os.path.dirname(parent)))):
+        return None  # not inside a workdir: the HALO stages are not imported
+    from lattn_jax.halo import experiment  # noqa: PLC0415 (heavy: the HALO stages)
+    inside = experiment.stage_folder(path)
+    if inside is None:
+        return None
+    workdir, stage, step = inside
+    where = f"{path} is the {stage} folder of the HALO workdir {workdir}, not a model"
+    student = experiment.student_stage(workdir)
+    if student is None:
+        return (f"{where}, and that workdir has no converted student yet (no stage3 or stage2 "
+                f"checkpoint): run experiments/halo.py --workdir={workdir} --stage=stage2, "
+                f"then pass --checkpoint={workdir}")
+    steps = checkpoint_lib.saved_steps(os.path.join(workdir, student))
+    if stage != student:
+        why = ("Stage 2's checkpoints are not loaded once Stage 3 has one" if stage == "stage2"
+               else f"{stage} holds no student")
+        return (f"{where}: pass the HALO workdir, --checkpoint={workdir}, whose student is "
+                f"{student}'s newest checkpoint (step {steps[-1]}; {why})")
+    if step is not None:
+        return (f"{where}: pass the HALO workdir and the step, --checkpoint={workdir} "
+                f"--step={step} ({student}'s checkpoints hold its student)")
+    return (f"{where}: pass the HALO workdir, --checkpoint={workdir} (its student: {student}'s "
+            f"newest checkpoint, step {steps[-1]}; --step picks another of {student}'s)")
+
+
 def load_config(workdir: str) -> config_lib.ExperimentConfig:
     """The run's config from ``<workdir>/config.json``.
 
@@ -141,8 +176,9 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
                                 f"written by experiments/train.py)")
     path = os.path.join(workdir, "config.json")
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"no config.json in checkpoint directory {workdir} (expected a "
-                                f"workdir written by experiments/train.py){_where_hint(workdir)}")
+        raise FileNotFoundError(_halo_stage_error(workdir) or (
+            f"no config.json in checkpoint directory {workdir} (expected a workdir written by "
+            f"experiments/train.py){_where_hint(workdir)}"))
     values = config_lib.read_run_config_json(path)
     kind = config_lib.config_kind(values)
     if kind == "halo":
@@ -218,9 +254,10 @@ def model_kind(path: str) -> ModelKind:
       ``"gguf"``, ``"hf"``, ``"halo"`` or ``"lattn_jax"``.
 
     Raises:
-      FileNotFoundError: ``path`` does not exist, a directory without ``config.json``, an HF
-        directory without ``tokenizer.json``, or a HALO workdir without a Stage-2/3
-        checkpoint (each message names the path).
+      FileNotFoundError: ``path`` does not exist, a directory without ``config.json`` (a
+        stage's folder of a HALO workdir: naming the workdir to pass), an HF directory without
+        ``tokenizer.json``, or a HALO workdir without a Stage-2/3 checkpoint (each message
+        names the path).
       ConfigError: (a ``ValueError``) a file that is not GGUF, a ``config.json`` that is not
         a JSON object, or a lattn-jax config that does not validate.
     """
@@ -235,8 +272,9 @@ def model_kind(path: str) -> ModelKind:
         return "gguf"
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"no config.json in checkpoint directory {path} (expected "
-                                f"{ACCEPTED}){_where_hint(path)}")
+        raise FileNotFoundError(_halo_stage_error(path) or (
+            f"no config.json in checkpoint directory {path} (expected {ACCEPTED})"
+            f"{_where_hint(path)}"))
     try:
         with open(config_path) as f:
             raw = json.load(f)

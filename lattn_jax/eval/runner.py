@@ -304,7 +304,8 @@ def validation_documents(data: data_config_lib.DataConfig) -> List[str]:
                          f"({', '.join(paths)}), whose text cannot be recovered; pass held-out "
                          "text files with --perplexity_files")
     docs = list(data_sources.read_documents(paths, fmt=data.format, text_field=data.text_field,
-                                            doc_split=data.doc_split))
+                                            doc_split=data.doc_split,
+                                            max_bad_fraction=data.max_bad_fraction))
     if data.val_paths is not None:
         return docs
     _, val_idx = data_pipeline.split_documents(len(docs), data.val_fraction, data.seed)

@@ -43,7 +43,7 @@ import json
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import jax
 import numpy as np
@@ -382,10 +382,60 @@ def check_halo_config(config) -> None:
             f"configs/halo_smollm2.py)")
 
 
+class StageFolder(NamedTuple):
+    """Where a path lies inside a HALO workdir (:func:`stage_folder`).
+
+    Attributes:
+      workdir: the HALO workdir (absolute).
+      stage: the stage whose folder the path is or lies in (one of :data:`STAGES`).
+      step: the checkpoint step of a ``<stage>/checkpoints/<step>`` folder, else ``None``.
+    """
+
+    workdir: str
+    stage: str
+    step: Optional[int]
+
+
+def stage_folder(path: str) -> Optional[StageFolder]:
+    """Whether ``path`` is a stage's folder of a HALO workdir rather than the workdir:
+    ``<workdir>/<stage>``, ``<workdir>/<stage>/checkpoints`` or
+    ``<workdir>/<stage>/checkpoints/<step>``, where ``<workdir>/config.json`` is a HALO
+    pipeline's config and ``<stage>`` one of :data:`STAGES`. Reads that file only; an
+    unreadable one is not a HALO workdir's.
+
+    Returns:
+      A :class:`StageFolder`, or ``None``.
+    """
+    folder, step = os.path.normpath(os.path.abspath(path)), None
+    parent, name = os.path.split(folder)
+    if name.isdigit() and os.path.basename(parent) == "checkpoints":
+        folder, step = os.path.dirname(parent), int(name)
+    elif name == "checkpoints":
+        folder = parent
+    workdir, stage = os.path.split(folder)
+    if stage not in STAGES:
+        return None
+    try:
+        values = config_lib.read_run_config_json(os.path.join(workdir, "config.json"))
+    except (OSError, ValueError):
+        return None
+    if config_lib.config_kind(values) != "halo":
+        return None
+    return StageFolder(workdir, stage, step)
+
+
 def check_workdir_kind(workdir: str) -> None:
     """Raises ``ValueError`` when ``<workdir>/config.json`` exists but is not a HALO run's (no
     ``teacher`` section, e.g. a training run's), which a stage would overwrite, or is not
-    valid JSON."""
+    valid JSON; or when ``workdir`` is a stage's folder of a HALO workdir
+    (:func:`stage_folder`), in which a stage would start another pipeline (one line naming the
+    workdir to pass)."""
+    inside = stage_folder(workdir)
+    if inside is not None:
+        raise ValueError(
+            f"--workdir={workdir} is the {inside.stage} folder of the HALO workdir "
+            f"{inside.workdir}, not a HALO workdir: pass --workdir={inside.workdir} (each "
+            f"stage writes its own folder there; --stage picks the stage)")
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return
@@ -566,7 +616,8 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     # evaluation files: a report of perplexity and NIAH alone runs without them), before
     # anything is written: a stage that failed to start left config.json and
     # <stage>/options.json, which then refused a fixed command in the same workdir as a
-    # change of options.
+    # change of options. A stage's folder given as the workdir first: not what it lacks.
+    check_workdir_kind(workdir)
     check_prerequisites(config, workdir, (stage,))
     check_inputs(config, workdir, (stage,))
     check_options(config, workdir, (stage,))

@@ -155,6 +155,7 @@ def _check(config, options: PipelineOptions,
     is ``None`` when it is the one that cannot be written."""
     page = options.markdown
     try:
+        experiment.check_workdir_kind(options.workdir)  # a stage's folder: before what it lacks
         experiment.check_prerequisites(config, options.workdir, stages)
         experiment.check_inputs(config, options.workdir, stages)
         experiment.check_eval_data(config, options.workdir, stages)

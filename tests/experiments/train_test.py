@@ -201,6 +201,46 @@ class TrainBinaryTest(parameterized.TestCase):
             f"data.paths"])
         self.assertFalse(os.path.exists(workdir))
 
+    def _broken_corpus(self, name="broken.jsonl"):
+        """A JSONL corpus whose records are 90% bad (no text field, or not JSON)."""
+        path = os.path.join(self.create_tempdir().full_path, name)
+        lines = [json.dumps({"text": f"document {i} " * 8}) if i % 10 == 0 else
+                 json.dumps({"txt": "x"}) if i % 3 else "{oops" for i in range(3000)]
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return path
+
+    def test_a_mostly_broken_corpus_is_one_line_naming_it_and_writes_nothing(self):
+        path = self._broken_corpus()
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        result = run_train("--workdir=" + workdir, *TINY_RUN, f"--config.data.paths=('{path}',)")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertRegex(result.stderr.strip().splitlines()[-1], re.escape(
+            f"error: data: {path}: stopped: 11 of the 13 records read so far are bad (85%: ")
+            + r".* more than data\.max_bad_fraction=0\.01 allows")
+        self.assertFalse(os.path.exists(workdir))
+
+    def test_a_resume_past_max_bad_fraction_stops_before_touching_the_checkpoints(self):
+        # A run allowed 95% bad records, resumed without that option: refused with one line
+        # when the data is read, its checkpoint and records as they were.
+        path = self._broken_corpus()
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        flags = (*TINY_RUN, f"--config.data.paths=('{path}',)")
+        result = run_train("--workdir=" + workdir, *flags, "--config.train.total_steps=2",
+                           "--config.data.max_bad_fraction=0.95")
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            metrics = f.read()
+        result = run_train("--workdir=" + workdir, *flags)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+        self.assertRegex(result.stderr.strip().splitlines()[-1], re.escape(
+            f"error: data: {path}: stopped: 11 of the 13 records read so far are bad"))
+        self.assertEqual(os.listdir(os.path.join(workdir, "checkpoints")), ["2"])
+        with open(os.path.join(workdir, "metrics.jsonl")) as f:
+            self.assertEqual(f.read(), metrics)
+
     def test_config_file_without_get_config_is_one_line_naming_it(self):
         # Was "error: module 'config_config' has no attribute 'get_config'".
         workdir = os.path.join(self.create_tempdir().full_path, "fresh")

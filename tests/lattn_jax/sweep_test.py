@@ -645,6 +645,8 @@ class ExecuteTest(_FakeTrainerTestCase):
             for r in records:
                 r["config"] = sweep.resolved_config(file2, run.arg, run.overrides, cache)
                 r["git"] = {"commit": "abc123", "dirty": False}
+                if run is runs2[0]:  # recorded by a trainer older than data.max_bad_fraction
+                    del r["config"]["data"]["max_bad_fraction"]
             with open(path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
         # The sweep's own root is never a source.

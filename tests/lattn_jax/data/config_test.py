@@ -28,6 +28,8 @@ class DataConfigTest(absltest.TestCase):
         self.assertEqual(cfg.paths, (self.data,))  # a single string is wrapped
         self.assertEqual(cfg.tokenizer_path, assets.asset_path(assets.LLAMA2_TOKENIZER))
         self.assertEqual((cfg.format, cfg.val_fraction, cfg.seed), ("auto", 0.01, 0))
+        # prepare_data.py's --max_bad_fraction default: the same limit on both data paths.
+        self.assertEqual(cfg.max_bad_fraction, 0.01)
 
     def test_missing_data_file(self):
         missing = os.path.join(self.root, "nope", "x.txt")
@@ -44,7 +46,9 @@ class DataConfigTest(absltest.TestCase):
         for field, value in (("seq_len", 0), ("batch_size", -1), ("val_fraction", 1.0),
                              ("val_fraction", 0.0), ("format", "csv"), ("doc_split", "para"),
                              ("tokenizer", "gpt2"), ("max_val_batches", 0), ("seed", -1),
-                             ("text_field", ""), ("paths", ())):
+                             ("text_field", ""), ("paths", ()), ("max_bad_fraction", -0.1),
+                             ("max_bad_fraction", 1.5), ("max_bad_fraction", "0.1"),
+                             ("max_bad_fraction", True)):
             with self.subTest(field=field, value=value):
                 with self.assertRaisesRegex(ValueError, f"^data.{field}:"):
                     self._make(**{field: value})

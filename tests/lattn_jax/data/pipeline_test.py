@@ -86,6 +86,27 @@ class PipelineTest(absltest.TestCase):
         self.assertIn(f"first skipped record: {path}:301: skipped: record has no field 'text'",
                       summary[0])
 
+    def test_mostly_broken_jsonl_corpus_stops_naming_the_file_and_max_bad_fraction(self):
+        # 90% of the records without text trained silently on the other 10%.
+        rng = np.random.default_rng(7)
+        good = [json.dumps({"text": d}) for d in self.docs * 5]
+        bad = [json.dumps({"txt": "x"}) if i % 2 else "{oops" for i in range(9 * len(good))]
+        lines = np.array(good[1:] + bad, dtype=object)
+        rng.shuffle(lines)
+        path = os.path.join(self.root, "broken.jsonl")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join([good[0], *lines]) + "\n")
+        with self.assertLogs(level="WARNING"):
+            with self.assertRaisesRegex(ValueError, rf"^{path}: stopped: 11 of the \d+ records "
+                                        r"read so far are bad \(\d+%: .* more than "
+                                        r"data\.max_bad_fraction=0\.01 allows"):
+                pipeline.build_datasets(self._config(paths=(path,)))
+        # Raised past the limit: the corpus trains, its bad records counted.
+        with self.assertLogs(level="WARNING"):
+            ds = pipeline.build_datasets(self._config(paths=(path,), max_bad_fraction=0.95))
+        self.assertEqual(ds.stats.missing_field + ds.stats.malformed_lines, len(bad))
+        self.assertEqual(ds.stats.train_documents + ds.stats.val_documents, len(good))
+
     def test_batch_spec(self):
         ds = pipeline.build_datasets(self._config())
         batch = next(ds.train_iter)

@@ -1,5 +1,6 @@
 """Tests for lattn_jax.data.sources and lattn_jax.assets."""
 
+import contextlib
 import gzip
 import json
 import os
@@ -71,9 +72,11 @@ class ReadDocumentsTest(absltest.TestCase):
         self.assertEqual(
             list(sources.read_documents([os.path.join(root, "b.jsonl.gz")], text_field="body")),
             ["three"])
-        # b.jsonl.gz's only record lacks data.text_field: a file of bad records stops the read.
-        with self.assertRaisesRegex(ValueError, r"b\.jsonl\.gz: all 1 records are bad.*"
-                                    r"b\.jsonl\.gz:1: skipped: record has no field 'text'"):
+        # b.jsonl.gz's only record lacks data.text_field: refused before it is read, naming
+        # the file and the fields it has.
+        with self.assertRaisesRegex(ValueError, r"data\.text_field='text': none of the 1 JSON "
+                                    r"records of .*b\.jsonl\.gz has a string in that field "
+                                    r"\(line 1: no field 'text'; its fields: 'body'\)"):
             list(sources.read_documents([root]))
         os.remove(os.path.join(root, "b.jsonl.gz"))
         # Directory: sorted data files only (LICENSE.md is skipped), each with its own format.
@@ -288,14 +291,83 @@ class BadInputTest(absltest.TestCase):
         self.assertEqual((stats.missing_field, stats.malformed_lines, stats.files), (1, 1, 1))
         self.assertIn(f"{path}:151: skipped: record has no field 'text' "
                       "(data.text_field='text')", "\n".join(logs.output))
-        # A file whose every record is bad (a wrong data.text_field) stops, naming the file.
+        # A file without the field at all (a wrong data.text_field) is refused before it is
+        # read, naming the file; one whose every line is malformed stops after it.
         bad = _write(os.path.join(self.root, "b.jsonl"),
                      json.dumps({"body": "x"}) + "\n{oops\n" + json.dumps({"body": "y"}) + "\n")
         with self.assertRaisesRegex(ValueError, re.escape(
-                f"{bad}: all 3 records are bad, so it holds no document (2 without a string in "
-                f"data.text_field='text', 1 not JSON objects); first: {bad}:1: skipped: record "
-                "has no field 'text'")):
+                f"data.text_field='text': none of the 2 JSON records of {bad} has a string in "
+                "that field (line 1: no field 'text'; its fields: 'body')")):
             list(sources.read_documents([self.root]))
+        _write(bad, "{oops\n[1, 2]\n")
+        with self.assertRaisesRegex(ValueError, re.escape(
+                f"{bad}: all 2 records are bad, so it holds no document (0 without a string in "
+                f"data.text_field='text', 2 not JSON objects); first: {bad}:1: skipped a line "
+                "that is not valid JSON")):
+            list(sources.read_documents([self.root]))
+
+    def test_read_documents_stops_once_bad_records_pass_max_bad_fraction(self):
+        # A corpus that was 90% broken trained silently on the rest. Random corpora of good,
+        # empty and bad records over two files, against a record-by-record count.
+        bad_kinds = ["{oops", "[1, 2]", json.dumps({"body": "x"}), json.dumps({"text": 3})]
+        outcomes = set()
+        for seed in range(12):
+            rng = np.random.default_rng(seed)
+            fraction = float(rng.choice([0.0, 0.005, 0.01, 0.02, 0.5]))
+            rate = float(rng.uniform(0, 0.04))
+            root = self.enterContext(tempfile.TemporaryDirectory())
+            files, kinds = [], []
+            for name in ("a.jsonl", "b.jsonl.gz"):
+                n = int(rng.integers(200, 900))
+                row = ["good"] + [("bad" if rng.random() < rate else
+                                   "empty" if rng.random() < 0.05 else "good")
+                                  for _ in range(n - 1)]
+                lines = [json.dumps({"text": f"{name} doc {i}"}) if k == "good" else
+                         json.dumps({"text": " "}) if k == "empty" else
+                         bad_kinds[int(rng.integers(len(bad_kinds)))]
+                         for i, k in enumerate(row)]
+                path = os.path.join(root, name)
+                with (gzip.open if name.endswith(".gz") else open)(
+                        path, "wt", encoding="utf-8") as f:
+                    f.write("\n".join(lines) + "\n")
+                files.append(path)
+                kinds.append([(k, lines[i], f"{name} doc {i}") for i, k in enumerate(row)])
+            # Reference: the documents before the first bad record that takes the bad records
+            # past `fraction` of the records read (of at least MIN_RECORDS).
+            want, stop, bad, records = [], None, 0, 0
+            for path, row in zip(files, kinds):
+                for kind, _, doc in row:
+                    records += 1
+                    if kind == "good":
+                        want.append(doc)
+                    elif kind == "bad":
+                        bad += 1
+                        if bad > fraction * max(records, sources.MIN_RECORDS):
+                            stop = (path, bad, records)
+                            break
+                if stop:
+                    break
+            got = []
+            with self.subTest(seed=seed, fraction=fraction, rate=rate):
+                with self.assertLogs(level="WARNING") if bad else contextlib.nullcontext():
+                    reader = sources.read_documents([root], max_bad_fraction=fraction)
+                    if stop is None:
+                        got.extend(reader)
+                    else:
+                        path, n_bad, n_records = stop
+                        with self.assertRaises(ValueError) as cm:
+                            for doc in reader:
+                                got.append(doc)
+                        message = str(cm.exception)
+                        self.assertNotIn("\n", message)
+                        self.assertTrue(message.startswith(
+                            f"{path}: stopped: {n_bad} of the {n_records} records read so far "
+                            f"are bad ({n_bad / n_records:.0%}: "), message)
+                        self.assertIn(f"more than data.max_bad_fraction={fraction:g} allows",
+                                      message)
+                self.assertEqual(got, want)
+            outcomes.add(stop is None)
+        self.assertEqual(outcomes, {True, False})  # both sides of the limit were met
 
     def test_sniff_binary(self):
         rng = np.random.default_rng(0)
