@@ -17,8 +17,9 @@ a training config and a grid; :func:`expand` turns it into :class:`Run` s, each 
                   (:attr:`Run.group`), whose results the report averages
     local_args    (name, ...): arguments that may differ between machines (e.g. ``corpus``, a
                   path), left out when a run directory's recorded definition is compared with
-                  the grid's (:func:`conflicts`); they name paths, which must exist before a
-                  run is launched (:func:`missing_local_paths`)
+                  the grid's (:func:`conflicts`), and paths under them in its recorded
+                  experiment config (:func:`config_changes`); they name paths, which must
+                  exist before a run is launched (:func:`missing_local_paths`)
 
 (``references``, ``claims`` and ``scan`` are read by :mod:`lattn_jax.sweep_report`.)
 

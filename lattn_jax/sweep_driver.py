@@ -15,13 +15,19 @@ field per flag) and does what one invocation does:
    on it) and run directories that were run with other config values than this call gives
    them (:func:`~lattn_jax.sweep.changed_overrides`: a changed ``--override``; skipped as
    finished, their old numbers would be reported under this call's command; the fields of
-   :data:`~lattn_jax.sweep.RESUME_FREE_FIELDS` may change);
+   :data:`~lattn_jax.sweep.RESUME_FREE_FIELDS` may change); it also finds the runs whose
+   trainer recorded another experiment config than the training config file (or a file it
+   imports) gives them now (:func:`~lattn_jax.sweep.config_changes`: the file was edited since
+   they ran, which the recorded commands do not show);
 2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png``, then the
    ``export``; ``dry_run``: prints what the same call would do with each run
    (:func:`~lattn_jax.sweep.plan`: skip, reuse, launch in which order and which at once, or
-   hold back) and writes nothing;
+   hold back), after the runs of an edited config that the call would refuse, and writes
+   nothing; the results mark those runs ``¶`` (also with ``report_only``);
 3. otherwise checks the machine-local paths of the runs it would launch and the run
-   directories' recorded settings, writes the results, and runs the sweep
+   directories' recorded settings (:func:`~lattn_jax.sweep.conflicts`, then the runs of an
+   edited config it would skip or resume, refused unless ``accept_config_changes``), writes
+   the results, and runs the sweep
    (:func:`~lattn_jax.sweep.execute`; SIGTERM, Ctrl-C and SIGHUP, unless ignored as under
    ``nohup``, stop every trainer in flight after its checkpoint), rewriting the results
    after every run; then appends the invocation to ``<root>/sweep.jsonl``, rewrites the
@@ -467,7 +473,11 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         (:func:`lattn_jax.sweep.override_config_error`), and (not for ``report_only``) for
         run directories whose last launch set a config field to another value than this
         call would (:func:`lattn_jax.sweep.changed_overrides`: a changed ``--override``),
-        naming each run and field (old -> new) and how to proceed.
+        naming each run and field (old -> new) and how to proceed; and (not for
+        ``report_only``, ``dry_run`` or ``accept_config_changes``) for runs it would skip or
+        resume whose recorded experiment config differs from what the training config
+        resolves to now (:func:`changed_config_lines`), naming each run and its fields
+        (recorded -> now).
       OSError: if a trainer cannot be started or a file cannot be written.
     """
     options = resolve(options)  # (a bad --gpus: refused before anything else)
