@@ -106,7 +106,7 @@ def main(argv):
         retry_failed=_RETRY.value, finish_by_deadline=_FINISH.value, reuse_from=_REUSE.value,
         overrides=_OVERRIDE.value, compilation_cache=_CACHE.value, export=_EXPORT.value,
         export_archive=_EXPORT_ARCHIVE.value, remeasure_alone=_REMEASURE.value,
-        gpus=_GPUS.value)
+        gpus=_GPUS.value, accept_config_changes=sweep_driver.ACCEPT_CONFIG_CHANGES.value)
     try:
         status = sweep_driver.run(config_lib.config_flag_value(_CONFIG), options,
                                   repo_root=_ROOT, argv=sys.argv)

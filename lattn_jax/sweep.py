@@ -17,8 +17,9 @@ a training config and a grid; :func:`expand` turns it into :class:`Run` s, each 
                   (:attr:`Run.group`), whose results the report averages
     local_args    (name, ...): arguments that may differ between machines (e.g. ``corpus``, a
                   path), left out when a run directory's recorded definition is compared with
-                  the grid's (:func:`conflicts`); they name paths, which must exist before a
-                  run is launched (:func:`missing_local_paths`)
+                  the grid's (:func:`conflicts`), and paths under them in its recorded
+                  experiment config (:func:`config_changes`); they name paths, which must
+                  exist before a run is launched (:func:`missing_local_paths`)
 
 (``references``, ``claims`` and ``scan`` are read by :mod:`lattn_jax.sweep_report`.)
 
@@ -1960,15 +1961,40 @@ def identical_finished_run(run: Run, config_path: str, roots: Sequence[str],
 
 # Experiment options added since configs were first recorded for reuse that do not change what
 # a run trains on once it runs (a limit it passed): a recorded config without one matches any
-# value of it (:func:`_same_training`).
+# value of it (:func:`_same_training`, :func:`config_changes`).
 _OPTIONS_ADDED_SINCE_RECORDS = (("data", "max_bad_fraction"),)
+# Experiment options added since configs were first recorded that do change the training, each
+# with the value that trains as the code did before the option existed: a recorded config
+# without one holds that value, and no other (:func:`_options_before_records`). (The sweeps'
+# records of 2026-12-03 lack the three: sweeps/lr_scan's first runs.)
+_OPTION_VALUES_BEFORE_RECORDS = (
+    (("model", "lightning", "alibi_max_bias"), 8.0),  # the b that was fixed before it
+    (("optim", "flatten"), False),  # per-leaf AdamW updates
+    (("train", "loss_chunk_size"), None),  # the plain LM head and cross-entropy
+)
+
+
+def _options_before_records(recorded: dict) -> dict:
+    """``recorded`` (a config of ``invocations.jsonl``) with every option of
+    ``_OPTION_VALUES_BEFORE_RECORDS`` that its section lacks set to its value before the option
+    (a section that is not a dict is left as it is)."""
+    out = json.loads(json.dumps(recorded))
+    for path, value in _OPTION_VALUES_BEFORE_RECORDS:
+        node = out
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and path[-1] not in node:
+            node[path[-1]] = value
+    return out
 
 
 def _same_training(recorded: Any, mine: dict) -> bool:
     """Whether a recorded config (``invocations.jsonl``) equals ``mine``, an option of
-    ``_OPTIONS_ADDED_SINCE_RECORDS`` that ``recorded`` lacks left out of the comparison."""
+    ``_OPTIONS_ADDED_SINCE_RECORDS`` that ``recorded`` lacks left out of the comparison, one of
+    ``_OPTION_VALUES_BEFORE_RECORDS`` taken as its value before the option."""
     if not isinstance(recorded, dict):
         return False
+    recorded = _options_before_records(recorded)
     for section, key in _OPTIONS_ADDED_SINCE_RECORDS:
         if (isinstance(recorded.get(section), dict) and key not in recorded[section]
                 and isinstance(mine.get(section), dict)):
@@ -2191,9 +2217,7 @@ def changed_overrides(runs: Sequence[Run], root: str, *, config_path: str, train
             continue
         if not isinstance(recorded, list):
             continue
-        state = run_state(workdir)
-        if (state.status != Status.FINISHED and state.step == 0
-                and (retry_failed or state.status != Status.FAILED)):
+        if starts_over(workdir, retry_failed):
             continue  # started over from nothing: no old settings in what it will report
         old = _config_flags(recorded)
         new = _config_flags(command(run, config_path=config_path, workdir=workdir,
@@ -2215,6 +2239,133 @@ def changed_overrides(runs: Sequence[Run], root: str, *, config_path: str, train
                 diffs.append(f"{field} {_shown(a, a_note)} -> {_shown(b, b_note)}")
         if diffs:
             out.append(f"{run.name}: {'; '.join(diffs)}")
+    return out
+
+
+def starts_over(workdir: str, retry_failed: bool = False) -> bool:
+    """Whether a call would start the run in ``workdir`` over from nothing, its records set
+    aside (:func:`execute`): not finished, no checkpoint step, and not a failed run that the
+    call skips (``retry_failed`` false). Its old records then report nothing of it."""
+    state = run_state(workdir)
+    return (state.status != Status.FINISHED and state.step == 0
+            and (retry_failed or state.status != Status.FAILED))
+
+
+# Fields of a run's recorded experiment config that may differ from what its training config
+# resolves to now without its records standing for another experiment (:func:`config_changes`):
+# this machine's settings that an ``--override`` may change between calls
+# (:data:`RESUME_FREE_FIELDS`), and two the trainer lets change on resume: the same parameters
+# computed with the same values (lattn_jax.train._RESUMABLE_MODEL_OPTIONS' split_projections)
+# and a limit on unreadable records a run passed (_RESUMABLE_DATA_OPTIONS' max_bad_fraction).
+CONFIG_FREE_FIELDS = RESUME_FREE_FIELDS + ("model.split_projections", "data.max_bad_fraction")
+_MAX_SHOWN_FIELDS = 3  # fields named per run in config_changes' lines
+
+
+def _invocation_args(invocation: Mapping[str, Any]) -> Dict[str, str]:
+    """The argument string of a trainer invocation's ``--config=<file>:<arg>`` (its ``argv``
+    in ``invocations.jsonl``) as ``{name: value}``; ``{}`` without one."""
+    argv = invocation.get("argv")
+    for item in argv if isinstance(argv, list) else ():
+        if isinstance(item, str) and item.startswith("--config=") and ".py:" in item:
+            return _arg_dict(item.partition(".py:")[2])
+    return {}
+
+
+def _relocated(value: Any, old: str, new: str) -> Any:
+    """``value`` (a recorded config or part of it) with every string that is the path ``old``
+    or lies under it moved to ``new`` (``/a/corpus/train`` -> ``/b/corpus/train``)."""
+    if isinstance(value, dict):
+        return {k: _relocated(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relocated(v, old, new) for v in value]
+    if isinstance(value, str) and old and (value == old
+                                           or value.startswith(old.rstrip("/") + "/")):
+        return new + value[len(old):]
+    return value
+
+
+def _field_diffs(recorded: Any, now: Any, prefix: str = "") -> List[Tuple[str, Any, Any]]:
+    """``(field, recorded, now)`` for every leaf of two config dicts that differs (a field that
+    one side lacks: :data:`_MISSING` there), in field order."""
+    if not (isinstance(recorded, dict) and isinstance(now, dict)):
+        return [] if recorded == now else [(prefix[:-1], recorded, now)]
+    out = []
+    for key in sorted(set(recorded) | set(now)):
+        out += _field_diffs(recorded.get(key, _MISSING), now.get(key, _MISSING),
+                            f"{prefix}{key}.")
+    return out
+
+
+def config_changes(runs: Sequence[Run], root: str, *, config_path: str,
+                   extra_overrides: Sequence[Tuple[str, Any]] = (),
+                   local_args: Sequence[str] = (), free_fields: Sequence[str] = CONFIG_FREE_FIELDS,
+                   cache: Optional[Dict[str, Any]] = None) -> Dict[str, str]:
+    """Runs under ``root`` whose trainer recorded another experiment config, at any of its
+    invocations, than the one the training config resolves to for them now
+    (:func:`resolved_config`): the config file (or a file it imports, ``configs/common.py``)
+    was edited since they ran, e.g. the warm-up share or the model recipe.
+
+    :func:`conflicts` and :func:`changed_overrides` compare the recorded command, which an
+    edited file leaves as it was; skipped as finished, or resumed, such runs would report
+    another experiment under this one's names. Compared: every field of each invocation's
+    ``config`` in ``invocations.jsonl`` (also records reused from another sweep) with the
+    config this call would give the trainer (the grid's overrides and ``extra_overrides``),
+    except ``free_fields`` (:data:`CONFIG_FREE_FIELDS`); a path under a ``local_args``
+    argument's value at that invocation (its ``--config=<file>:<arg>``, else the
+    ``sweep_run.json`` argument string) counts as the same path under its value now; an option
+    that the recorded config lacks counts as its value before it existed
+    (``_OPTION_VALUES_BEFORE_RECORDS``), or, for ``_OPTIONS_ADDED_SINCE_RECORDS``, as equal.
+    Runs without invocations, and runs whose config does not resolve now (its trainer would
+    stop on it: a local path missing on this machine, a refused value) are not compared.
+
+    Args:
+      runs: the runs to compare (those without a directory are skipped).
+      root: the sweep directory.
+      config_path: the training config file.
+      extra_overrides: the ``--override`` pairs of this call.
+      local_args: argument names whose values are machine-local paths (``corpus``).
+      free_fields: dotted fields not compared.
+      cache: loaded config modules by path, shared between calls (:func:`resolved_config`).
+
+    Returns:
+      ``{run name: "<field> <recorded> -> <now>; ..."}`` in ``runs``' order, at most
+      ``_MAX_SHOWN_FIELDS`` fields named (``"; and N more"``), a field's values from the first
+      invocation that differs in it (``unset`` where one side lacks it).
+    """
+    cache = {} if cache is None else cache
+    out: Dict[str, str] = {}
+    for run in runs:
+        workdir = run_dir(root, run)
+        invocations = [r for r in read_jsonl(os.path.join(workdir, "invocations.jsonl"))
+                       if isinstance(r, dict) and isinstance(r.get("config"), dict)]
+        if not invocations:
+            continue
+        mine = resolved_config(config_path, run.arg,
+                               tuple(run.overrides) + tuple(extra_overrides), cache)
+        if mine is None:
+            continue
+        try:
+            with open(os.path.join(workdir, RUN_RECORD)) as f:
+                run_arg = _arg_dict(str(json.load(f).get("arg", "")))
+        except (OSError, ValueError, AttributeError):
+            run_arg = {}
+        now_args = _arg_dict(run.arg)
+        diffs: Dict[str, Tuple[Any, Any]] = {}
+        for invocation in invocations:
+            recorded = _options_before_records(invocation["config"])
+            then_args = {**run_arg, **_invocation_args(invocation)}
+            for name in local_args:
+                if then_args.get(name) and now_args.get(name):
+                    recorded = _relocated(recorded, then_args[name], now_args[name])
+            for field, a, b in _field_diffs(recorded, mine):
+                added = tuple(field.split(".")) in _OPTIONS_ADDED_SINCE_RECORDS and a is _MISSING
+                if field not in free_fields and not added and field not in diffs:
+                    diffs[field] = (a, b)
+        if diffs:
+            shown = [f"{field} {_shown(a, '')} -> {_shown(b, '')}"
+                     for field, (a, b) in list(diffs.items())[:_MAX_SHOWN_FIELDS]]
+            more = len(diffs) - _MAX_SHOWN_FIELDS
+            out[run.name] = "; ".join(shown + ([f"and {more} more"] if more > 0 else []))
     return out
 
 

@@ -15,13 +15,19 @@ field per flag) and does what one invocation does:
    on it) and run directories that were run with other config values than this call gives
    them (:func:`~lattn_jax.sweep.changed_overrides`: a changed ``--override``; skipped as
    finished, their old numbers would be reported under this call's command; the fields of
-   :data:`~lattn_jax.sweep.RESUME_FREE_FIELDS` may change);
+   :data:`~lattn_jax.sweep.RESUME_FREE_FIELDS` may change); it also finds the runs whose
+   trainer recorded another experiment config than the training config file (or a file it
+   imports) gives them now (:func:`~lattn_jax.sweep.config_changes`: the file was edited since
+   they ran, which the recorded commands do not show);
 2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png``, then the
    ``export``; ``dry_run``: prints what the same call would do with each run
    (:func:`~lattn_jax.sweep.plan`: skip, reuse, launch in which order and which at once, or
-   hold back) and writes nothing;
+   hold back), after the runs of an edited config that the call would refuse, and writes
+   nothing; the results mark those runs ``¶`` (also with ``report_only``);
 3. otherwise checks the machine-local paths of the runs it would launch and the run
-   directories' recorded settings, writes the results, and runs the sweep
+   directories' recorded settings (:func:`~lattn_jax.sweep.conflicts`, then the runs of an
+   edited config it would skip or resume, refused unless ``accept_config_changes``), writes
+   the results, and runs the sweep
    (:func:`~lattn_jax.sweep.execute`; SIGTERM, Ctrl-C and SIGHUP, unless ignored as under
    ``nohup``, stop every trainer in flight after its checkpoint), rewriting the results
    after every run; then appends the invocation to ``<root>/sweep.jsonl``, rewrites the
@@ -108,6 +114,8 @@ import threading
 import time
 from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
 
+from absl import flags
+
 from lattn_jax import records
 from lattn_jax import sweep
 from lattn_jax import sweep_report
@@ -118,6 +126,13 @@ EXIT_STOPPED = 3
 # Exit status of a call that tried every selected run and some run it launched failed (the
 # trainer's own error; the summary line counts them): the results hold no numbers for them.
 EXIT_FAILED = 4
+
+# experiments/sweep.py's flag for SweepOptions.accept_config_changes (defined here: the binary's
+# file is at its length limit).
+ACCEPT_CONFIG_CHANGES = flags.DEFINE_bool(
+    "accept_config_changes", False, "Skip or resume runs whose recorded experiment config "
+    "differs from what the training config file gives them now (the file was edited since "
+    "they ran; refused without it); the results mark them \u00b6.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,6 +164,9 @@ class SweepOptions:
         runs; 0: not.
       gpus: ``--gpus``'s text, GPU groups (``"0,1,2,3"``, ``"0+1,2+3"``; :func:`parse_gpus`):
         one trainer per group, alone on it; ``None``: all trainers on the machine's devices.
+      accept_config_changes: skip or resume runs whose recorded experiment config differs from
+        what the training config resolves to now (:func:`lattn_jax.sweep.config_changes`)
+        instead of refusing the call; the results mark them either way.
     """
 
     root: str
@@ -169,6 +187,7 @@ class SweepOptions:
     export_archive: bool = True
     remeasure_alone: int = 0
     gpus: Optional[str] = None
+    accept_config_changes: bool = False
 
 
 def parse_gpus(text: str) -> List[str]:
@@ -454,7 +473,11 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         (:func:`lattn_jax.sweep.override_config_error`), and (not for ``report_only``) for
         run directories whose last launch set a config field to another value than this
         call would (:func:`lattn_jax.sweep.changed_overrides`: a changed ``--override``),
-        naming each run and field (old -> new) and how to proceed.
+        naming each run and field (old -> new) and how to proceed; and (not for
+        ``report_only``, ``dry_run`` or ``accept_config_changes``) for runs it would skip or
+        resume whose recorded experiment config differs from what the training config
+        resolves to now (:func:`changed_config_lines`), naming each run and its fields
+        (recorded -> now).
       OSError: if a trainer cannot be started or a file cannot be written.
     """
     options = resolve(options)  # (a bad --gpus: refused before anything else)
@@ -471,7 +494,12 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
     # The report's options (references, claims, scan) are checked before anything runs;
     # another sweep's root, or a missing one for report_only: refused, nothing touched.
     sweep.check_root(root, config, report_only=options.report_only)
-    report = sweep_report.build(config, root)
+    # Runs trained with another config than the (edited) training config file gives now:
+    # marked in the results; refused below unless accepted (every grid run: the report's).
+    changes = sweep.config_changes(sweep.expand(config), root, config_path=config_path,
+                                   extra_overrides=extra,
+                                   local_args=config.get("local_args") or ())
+    report = sweep_report.build(config, root, config_changes=changes)
     train_script = os.path.join(repo_root, "experiments", "train.py")
     if options.report_only:
         print_fn(f"wrote {sweep_report.write(report)['md']}")
@@ -491,7 +519,13 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
             "change):\n  " + "\n  ".join(changed) + "\nnothing was run or written: use a "
             "new --root for these settings, or drop the --override (or give the values the "
             "runs were run with) to resume")
+    edited = changed_config_lines(runs, changes, root, options)
     if options.dry_run:  # writes nothing
+        if edited:
+            print_fn(("dry run: the call would skip or resume them (--accept_config_changes)"
+                      if options.accept_config_changes else "dry run: the call would refuse "
+                      "to run (pass --accept_config_changes to keep them)") + "; "
+                     + changed_config_message(config, edited))
         for line in dry_run_lines(runs, config, options, config_path=config_path,
                                   train_script=train_script, extra=extra):
             print_fn(line)
@@ -510,16 +544,40 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         raise sweep.SweepConfigError(
             "run directories under --root hold runs of other settings (use another --root, "
             "or the settings they were run with):\n  " + "\n  ".join(clashes))
+    if edited and not options.accept_config_changes:
+        raise sweep.SweepConfigError(
+            changed_config_message(config, edited) + "\nnothing was run or written: use a new "
+            "--root for the edited config, restore the config they were run with, or pass "
+            "--accept_config_changes to skip or resume them as they are (the results mark "
+            "them " + sweep_report.CONFIG_MARK + ")")
     os.makedirs(root, exist_ok=True)  # every check passed: the root is this sweep's now
     with sweep.root_lock(root):  # one call at a time launches and records runs here
         sweep_report.write(report)
         return _execute(runs, config, options, config_path=config_path, repo_root=repo_root,
                         train_script=train_script, extra=extra, argv=argv,
-                        env=dict(os.environ if env is None else env), print_fn=print_fn)
+                        env=dict(os.environ if env is None else env), print_fn=print_fn,
+                        changes=changes)
+
+
+def changed_config_lines(runs: Sequence[sweep.Run], changes: Mapping[str, str], root: str,
+                         options: SweepOptions) -> List[str]:
+    """``"<name>: <field> <recorded> -> <now>; ..."`` for each of ``runs`` in ``changes``
+    (:func:`lattn_jax.sweep.config_changes`) that the call would skip or resume: not one it
+    starts over from nothing (:func:`lattn_jax.sweep.starts_over`)."""
+    return [f"{r.name}: {changes[r.name]}" for r in runs if r.name in changes
+            and not sweep.starts_over(sweep.run_dir(root, r), options.retry_failed)]
+
+
+def changed_config_message(config: Mapping[str, Any], lines: Sequence[str]) -> str:
+    """The refusal's (and the dry run's) words on :func:`changed_config_lines`: a header naming
+    the training config, then one indented line per run."""
+    return (f"run directories under --root were trained with another experiment config than "
+            f"{config['train_config']} gives them now (it, or a file it imports, was edited "
+            f"since; recorded -> now):\n  " + "\n  ".join(lines))
 
 
 def _execute(runs, config, options, *, config_path, repo_root, train_script, extra, argv, env,
-             print_fn) -> int:
+             print_fn, changes=None) -> int:
     """Runs the checked sweep (:func:`lattn_jax.sweep.execute`) with SIGTERM, Ctrl-C and
     SIGHUP handlers (SIGHUP only when it is not ignored, as under ``nohup``), then records the
     invocation, rewrites the results and exports. The handlers that were installed before
@@ -565,7 +623,7 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
         return _execute_with_handlers(runs, config, options, stop=stop, root=root,
                                       config_path=config_path, repo_root=repo_root,
                                       train_script=train_script, extra=extra, argv=argv,
-                                      env=env, print_fn=say)
+                                      env=env, print_fn=say, changes=changes)
     finally:
         for signum, handler in previous.items():
             # None: a handler not installed from Python, which signal.signal cannot restore.
@@ -573,7 +631,7 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
 
 
 def _execute_with_handlers(runs, config, options, *, stop, root, config_path, repo_root,
-                           train_script, extra, argv, env, print_fn) -> int:
+                           train_script, extra, argv, env, print_fn, changes=None) -> int:
     """:func:`_execute`'s body, its signal handlers installed: ``stop`` is set on a signal."""
     t0, started = time.time(), datetime.datetime.now(datetime.timezone.utc)
     deadline = None if options.deadline_s is None else t0 + options.deadline_s
@@ -586,7 +644,7 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
 
     def report(*_):
         try:
-            sweep_report.write(sweep_report.build(config, root))
+            sweep_report.write(sweep_report.build(config, root, config_changes=changes))
         except Exception as e:  # noqa: BLE001 - a failed table must not stop the runs
             print_fn(f"sweep: results not written: {type(e).__name__}: {e}")
 
@@ -645,7 +703,7 @@ def _execute_with_handlers(runs, config, options, *, stop, root, config_path, re
         if remeasured is not None:  # (without --remeasure_alone: the record as before it)
             record["remeasured_alone"] = remeasured.launched
         records.append_record(os.path.join(root, sweep_report.SWEEP_LOG), record)
-        paths = sweep_report.write(sweep_report.build(config, root))
+        paths = sweep_report.write(sweep_report.build(config, root, config_changes=changes))
         failed = sum(1 for why in summary.skipped.values() if why.startswith("failed"))
         retry = (f"; {failed} failed run(s) skipped, not retried (--retry_failed runs them)"
                  if failed else "")

@@ -212,6 +212,9 @@ class Report:
         ``--dry_run``).
       device: the sweep's throughput device (:func:`throughput_device`), or ``None``;
         devices: ``{device label: runs with a throughput on it}``, most runs first.
+      config_changes: ``{run name: "<field> <recorded> -> <now>; ..."}``, the runs whose
+        trainer recorded another experiment config than the training config resolves to now
+        (:func:`lattn_jax.sweep.config_changes`); marked :data:`CONFIG_MARK`.
     """
 
     name: str
@@ -229,6 +232,7 @@ class Report:
     invocations: List[Dict[str, Any]]
     device: Optional[str] = None
     devices: Dict[str, int] = dataclasses.field(default_factory=dict)
+    config_changes: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -550,13 +554,17 @@ def _scan(config: Mapping[str, Any], groups: Sequence[Group]) -> Optional[Dict[s
     return {"axis": axis, "by": list(by), "blocks": out}
 
 
-def build(config: Mapping[str, Any], root: str) -> Report:
+def build(config: Mapping[str, Any], root: str,
+          config_changes: Optional[Mapping[str, str]] = None) -> Report:
     """Reads every run of the sweep under ``root``.
 
     Args:
       config: the sweep config (:func:`lattn_jax.sweep.expand`'s options, plus the optional
         ``references``, ``claims`` and ``scan`` of the module docstring).
       root: the sweep directory.
+      config_changes: the runs whose recorded experiment config differs from what the training
+        config resolves to now (:func:`lattn_jax.sweep.config_changes`; its lines), marked in
+        the runs table; ``None``: none.
 
     Returns:
       A :class:`Report`: the grid's runs in grid order, then runs recorded under the root that
@@ -588,7 +596,7 @@ def build(config: Mapping[str, Any], root: str) -> Report:
         close_pairs=pairs, needs_seed=needs, references=_references(config, groups),
         claims=_claims(config, groups, spread), scan=_scan(config, groups),
         invocations=sweep.read_jsonl(os.path.join(root, SWEEP_LOG)), device=device,
-        devices=devices)
+        devices=devices, config_changes=dict(config_changes or {}))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -635,6 +643,9 @@ ALONE_MARK = "‡"  # throughput measured again alone after training shared the 
 
 
 DEVICE_MARK = "§"  # throughput measured on another device kind than the sweep's throughput device
+
+
+CONFIG_MARK = "¶"  # the run's recorded experiment config is not what its config file gives now
 
 
 def _mark(shared: bool, remeasured: bool = False, other_device: Any = None):
@@ -770,6 +781,13 @@ def markdown(report: Report) -> str:
             f"{report.device} (the most runs); the {len(elsewhere)} other(s) are marked "
             f"{DEVICE_MARK} and shown, not compared. Losses are compared across devices."]
     elsewhere_ids = {id(e) for e in elsewhere}
+    changed = [e for e in report.entries if e.run.name in report.config_changes]
+    if changed:
+        lines[-1:-1] = [
+            f"- {CONFIG_MARK} {len(changed)} run(s) were trained with another experiment config "
+            f"than the training config file gives them now (it, or a file it imports, was "
+            f"edited since): their numbers are the recorded config's, not this grid's; the runs "
+            f"table marks them {CONFIG_MARK} and names the fields (recorded -> now)."]
     remeasured = [e for e in report.entries if e.alone is not None]
     if remeasured:
         lines[-1:-1] = [
@@ -813,13 +831,17 @@ def markdown(report: Report) -> str:
         # tokens/s, MFU: the attempts that wrote their records (or the re-measurement alone)
         mark = _mark(r.concurrent > 1, e.alone is not None, id(e) in elsewhere_ids)
         wall_mark = _mark(r.attempts_concurrent > 1)  # the wall time adds every attempt
-        rows.append([e.run.name + ("" if e.in_grid else " (not in this grid)"), s.status.value,
+        changed_note = report.config_changes.get(e.run.name)
+        rows.append([e.run.name + ("" if e.in_grid else " (not in this grid)")
+                     + (f" {CONFIG_MARK}" if changed_note else ""), s.status.value,
                      progress, _f(r.final_val_loss), _f(r.best_val_loss),
                      _f(r.final_train_loss), _tokens(r.tokens),
                      mark(_f(r.tokens_per_sec, ",.0f")), mark(_pct(r.mfu)), _params(r.params),
                      _params(r.non_embedding_params), wall_mark(_wall(r.wall_s)),
                      _short_device(device_label(e)),
                      "; ".join(filter(None, [s.error, _nonfinite_note(r),
+                                             changed_note and f"{CONFIG_MARK} config changed "
+                                             f"since it ran: {changed_note}",
                                              _reused_note(report.root, e.run),
                                              _shared_note(r), _alone_note(e)]))])
     lines += _table(["run", "status", "step", "final val", "best val", "final train", "tokens",
@@ -834,6 +856,10 @@ def markdown(report: Report) -> str:
     if elsewhere:
         lines += ["", f"{DEVICE_MARK} Measured on another device kind than {report.device} (the "
                   f"device column): not compared."]
+    if changed:
+        lines += ["", f"{CONFIG_MARK} Trained with another experiment config than the training "
+                  f"config file gives the run now (the note names the fields, recorded -> now): "
+                  f"another experiment's numbers under this grid's name."]
     lines.append("")
     lines += ["## Seeds", ""]
     if report.spread is None:
@@ -959,7 +985,8 @@ def json_dict(report: Report) -> Dict[str, Any]:
                "rank": report.ranking.index(g) + 1 if g in report.ranking else None}
               for g in report.groups]
     return {"sweep": report.name, "root": os.path.abspath(report.root),
-            "runs": [_run_row(e) for e in report.entries], "groups": groups,
+            "runs": [{**_run_row(e), "config_changed": report.config_changes.get(e.run.name)}
+                     for e in report.entries], "groups": groups,
             "seed_spread": report.spread, "seed_spread_groups": report.spread_groups,
             "close_pairs": [list(p) for p in report.close_pairs],
             "needs_second_seed": report.needs_seed, "references": report.references,

@@ -560,6 +560,35 @@ class SweepBinaryTest(absltest.TestCase):
         self.assertNotIn("Traceback", out.stderr)
         self.assertFalse(os.path.exists(os.path.join(self.root, "runs")))
 
+    def test_an_edited_training_config_is_refused_unless_accepted(self):
+        # A finished run whose trainer recorded optim.warmup_steps=2, which the training
+        # config (configs/table2.py, unchanged command) now gives as 1: as if edited since.
+        namespace = {}
+        exec(SWEEP_CONFIG, namespace)  # noqa: S102 - the test's own config text
+        run = [r for r in sweep.expand(namespace["get_config"]()) if r.name == REF][0]
+        recorded = sweep.resolved_config(os.path.join(ROOT, "configs", "table2.py"), run.arg,
+                                         run.overrides, {})
+        self.assertEqual(recorded["optim"]["warmup_steps"], 1)
+        recorded["optim"]["warmup_steps"] = 2
+        workdir = os.path.join(self.root, "runs", REF)
+        os.makedirs(os.path.join(workdir, "checkpoints", "6"))
+        with open(os.path.join(workdir, "console.log"), "w") as f:
+            f.write("final: step 6\n")
+        with open(os.path.join(workdir, "invocations.jsonl"), "w") as f:
+            f.write(json.dumps({"config": recorded}) + "\n")
+        out = self.sweep(f"--only={REF}")
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertIn("error: run directories under --root were trained with another "
+                      "experiment config than configs/table2.py gives them now", out.stderr)
+        self.assertIn(f"\n  {REF}: optim.warmup_steps 2 -> 1\n", out.stderr)
+        self.assertNotIn("Traceback", out.stderr)
+        self.assertEqual(sorted(os.listdir(self.root)), ["runs"])  # nothing written
+        out = self.sweep(f"--only={REF}", "--accept_config_changes")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn(f"--- {REF}: finished, skipped", out.stdout)
+        with open(os.path.join(self.root, "results.md")) as f:
+            self.assertIn(f"| {REF} \u00b6 | finished |", f.read())
+
 
 if __name__ == "__main__":
     absltest.main()

@@ -1465,3 +1465,173 @@ class ParallelEnvTest(absltest.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class ConfigChangeTest(_FakeTrainerTestCase):
+    """A training config file edited between calls on one root (the recorded commands stay the
+    same: :func:`sweep.conflicts` and :func:`sweep.changed_overrides` see nothing) is refused
+    before anything is written, unless accepted; ``report_only`` marks the runs and
+    ``dry_run`` lists them. Through the driver, in process: the stand-in trainer, whose
+    invocations then get the config the real trainer records (:func:`sweep.resolved_config`,
+    and the command as its ``argv``), and a training config that wraps Table 2's tiny one."""
+
+    WRAPPER = ("from configs import table2\nWARMUP = {}\n\n\ndef get_config(arg=None):\n"
+               "    config = table2.get_config(arg)\n    config.optim.warmup_steps = WARMUP\n"
+               "    return config\n")
+
+    def setUp(self):
+        super().setUp()
+        self.repo = _stand_in_repo(self.root, "dict()")
+        self.corpora = []
+        for name in ("corpus_a", "corpus_b"):  # corpus_data's train/ and validation/
+            for split in ("train", "validation"):
+                os.makedirs(os.path.join(self.root, name, split))
+            self.corpora.append(os.path.join(self.root, name))
+        self.config_file = os.path.join(self.repo, "configs", "edited.py")
+        self.edit(1)
+        self.config = self.sweep_config(self.corpora[0])
+        self.sweep_root = os.path.join(self.root, "sweep")
+        self.names = [r.name for r in sweep.expand(self.config)]
+
+    def sweep_config(self, corpus):
+        return dict(name="demo", train_config="configs/edited.py",
+                    arg=(("arch", "softmax"), ("opt", "adamw"), ("tiny", True),
+                         ("corpus", corpus)),
+                    overrides=(("train.total_steps", 4), ("train.tensorboard", False)),
+                    grid=((("train.eval_every", (1, 2)),),), seed_axis=None,
+                    local_args=("corpus",))
+
+    def edit(self, warmup):
+        """Writes the training config with ``optim.warmup_steps = warmup``."""
+        with open(self.config_file, "w") as f:
+            f.write(self.WRAPPER.format(warmup))
+
+    def call(self, **options):
+        from lattn_jax import sweep_driver  # noqa: PLC0415
+        self.lines.clear()
+        return sweep_driver.run(self.config,
+                                sweep_driver.SweepOptions(root=self.sweep_root, **options),
+                                repo_root=self.repo, argv=["sweep.py"],
+                                print_fn=self.lines.append)
+
+    def record_resolved(self, edit=None):
+        """Gives every invocation of the runs the config the real trainer would have recorded
+        from the config file as it is now (``edit``: a function changing it in place)."""
+        cache = {}
+        for run in sweep.expand(self.config):
+            workdir = sweep.run_dir(self.sweep_root, run)
+            with open(os.path.join(workdir, sweep.RUN_RECORD)) as f:
+                cmd = json.load(f)["command"]
+            path = os.path.join(workdir, "invocations.jsonl")
+            records = sweep.read_jsonl(path)
+            for r in records:
+                r["config"] = sweep.resolved_config(self.config_file, run.arg, run.overrides,
+                                                    cache)
+                r["argv"] = cmd[1:]
+                if edit:
+                    edit(r["config"])
+            with open(path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+
+    def snapshot(self):
+        out = {}
+        for base, _, files in os.walk(self.sweep_root):
+            for name in files:
+                with open(os.path.join(base, name), "rb") as f:
+                    out[os.path.join(base, name)] = f.read()
+        return out
+
+    def test_an_edited_config_file_is_refused_marked_and_listed(self):
+        self.assertEqual(self.call(), 0)
+        self.record_resolved()
+        self.assertEqual(self.call(), 0)  # unchanged: skipped
+        self.assertIn(f"--- {self.names[0]}: finished, skipped", self.lines)
+        self.edit(10)  # the warm-up edited between two calls (another size: a fresh .pyc)
+        before = self.snapshot()
+        with self.assertRaises(sweep.SweepConfigError) as e:
+            self.call()
+        message = str(e.exception)
+        for name in self.names:
+            self.assertIn(f"\n  {name}: optim.warmup_steps 1 -> 10\n", message)
+        self.assertIn("than configs/edited.py gives them now", message)
+        self.assertIn("or pass --accept_config_changes", message)
+        self.assertEqual(self.snapshot(), before)  # nothing written
+        # --dry_run lists them (and writes nothing); --report_only marks them.
+        self.assertEqual(self.call(dry_run=True), 0)
+        self.assertRegex(self.lines[0], r"^dry run: the call would refuse to run")
+        self.assertIn(f"\n  {self.names[1]}: optim.warmup_steps 1 -> 10", self.lines[0])
+        self.assertEqual(self.snapshot(), before)
+        self.assertEqual(self.call(report_only=True), 0)
+        with open(os.path.join(self.sweep_root, sweep_report.RESULTS_MD)) as f:
+            page = f.read()
+        row = [line for line in page.splitlines() if line.startswith(f"| {self.names[0]} ")]
+        self.assertLen(row, 1)
+        self.assertIn(f"| {self.names[0]} {sweep_report.CONFIG_MARK} | finished |", row[0])
+        self.assertIn("config changed since it ran: optim.warmup_steps 1 -> 10", row[0])
+        with open(os.path.join(self.sweep_root, sweep_report.RESULTS_JSON)) as f:
+            self.assertEqual(json.load(f)["runs"][1]["config_changed"],
+                             "optim.warmup_steps 1 -> 10")
+        # Accepted: skipped as they are, still marked.
+        self.assertEqual(self.call(accept_config_changes=True), 0)
+        self.assertIn(f"--- {self.names[1]}: finished, skipped", self.lines)
+        with open(os.path.join(self.sweep_root, sweep_report.RESULTS_MD)) as f:
+            self.assertIn(f"| {self.names[1]} {sweep_report.CONFIG_MARK} |", f.read())
+        # The edit undone: nothing to refuse, nothing marked.
+        self.edit(1)
+        self.assertEqual(self.call(report_only=True), 0)
+        with open(os.path.join(self.sweep_root, sweep_report.RESULTS_MD)) as f:
+            self.assertNotIn(sweep_report.CONFIG_MARK, f.read())
+
+    def test_a_partial_run_resumed_after_an_edit_is_refused(self):
+        self.assertEqual(self.call(), 0)
+        self.record_resolved()
+        workdir = sweep.run_dir(self.sweep_root, sweep.expand(self.config)[0])
+        log = os.path.join(workdir, "console.log")
+        with open(log) as f:
+            kept = [line for line in f if not line.startswith("final:")]
+        with open(log, "w") as f:
+            f.writelines(kept)  # stopped after its step-4 checkpoint: resumed next
+        self.assertEqual(sweep.run_state(workdir).status, sweep.Status.PARTIAL)
+        self.edit(10)
+        before = self.snapshot()
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    rf"\n  {re.escape(self.names[0])}: optim\.warmup_steps "
+                                    rf"1 -> 10\n"):
+            self.call(only=[self.names[0]])
+        self.assertEqual(self.snapshot(), before)  # not resumed
+        self.assertEqual(self.call(only=[self.names[0]], accept_config_changes=True), 0)
+        self.assertEqual(sweep.run_state(workdir).status, sweep.Status.FINISHED)
+        self.assertLen(sweep.read_jsonl(os.path.join(workdir, "invocations.jsonl")), 2)
+
+    def test_a_local_path_or_an_option_added_since_is_no_change(self):
+        self.assertEqual(self.call(), 0)
+
+        def older_trainer(config):  # records of a trainer older than these options
+            del config["data"]["max_bad_fraction"]
+            del config["optim"]["flatten"]
+            del config["train"]["loss_chunk_size"]
+
+        self.record_resolved(older_trainer)
+        # Another machine: the corpus elsewhere (its paths are in data.paths / val_paths).
+        self.config = self.sweep_config(self.corpora[1])
+        self.assertEqual(self.call(), 0)
+        self.assertIn(f"--- {self.names[0]}: finished, skipped", self.lines)
+        runs = sweep.expand(self.config)
+        config_path = self.config_file
+        self.assertEqual(sweep.config_changes(runs, self.sweep_root, config_path=config_path,
+                                              local_args=("corpus",)), {})
+        # Not a local argument: the paths differ. An option added since, at another value than
+        # it had before it existed: a change. Resume-free fields are none.
+        self.assertEqual(
+            sweep.config_changes(runs[:1], self.sweep_root, config_path=config_path),
+            {self.names[0]: f"data.paths {[os.path.join(self.corpora[0], 'train')]!r} -> "
+                            f"{[os.path.join(self.corpora[1], 'train')]!r}; data.val_paths "
+                            f"{[os.path.join(self.corpora[0], 'validation')]!r} -> "
+                            f"{[os.path.join(self.corpora[1], 'validation')]!r}"})
+        self.assertEqual(
+            sweep.config_changes(runs[:1], self.sweep_root, config_path=config_path,
+                                 local_args=("corpus",),
+                                 extra_overrides=(("optim.flatten", True),
+                                                  ("data.max_bad_fraction", 0.5),
+                                                  ("train.micro_batch_size", 1))),
+            {self.names[0]: "optim.flatten False -> True"})
