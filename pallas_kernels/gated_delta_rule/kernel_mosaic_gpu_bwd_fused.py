@@ -557,9 +557,8 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     @pl.when(wg == 0)
     def _forward_side():
         adjust(registers[0])
-        if kv_loop:  # views made in this warpgroup's own trace
-            rebind(0)
         if kv_loop:
+            rebind(0)  # views made in this warpgroup's own trace
             plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, qk_bar)
             plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, qk_bar)
             plgpu.barrier_wait(qk_bar)
@@ -622,7 +621,6 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
         dq_val = head_loop(head_body, None)
         if kv_loop:
             rebind(0)  # no tracer of the loop's index outlives it
-        if kv_loop:
             plgpu.barrier_wait(head_free)  # the last head: dv_new, Wv free for the staging
             dq_val = mgl.load_tile(dqacc_s, interpret)
         st_s[...] = dq_val.astype(st_s.dtype)
@@ -732,7 +730,6 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
         dk_val = head_loop(head_body, None)
         if kv_loop:
             rebind(0)  # no tracer of the loop's index outlives it
-        if kv_loop:
             dk_val = mgl.load_tile(dkacc_s, interpret)
         plgpu.barrier_wait(bars["st_free"])
         st_s[...] = dk_val.astype(st_s.dtype)
