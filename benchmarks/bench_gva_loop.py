@@ -1,11 +1,14 @@
-"""Times the GDN Mosaic backward's GVA group sums in-kernel against XLA's (MOSAIC_GPU.md Sec. 27.5).
+"""Times the GDN Mosaic backward's GVA group sums in-kernel against XLA's (MOSAIC_GPU.md 27.5, 33).
 
 Stage 3 (``chunk_delta_grads_partials_mosaic``, ``dq_dtype`` = the input dtype) and stage 4
 (``chunk_wy_bwd_mosaic`` with the op's ``dk_partial``, ``dg_partial``, ``out_dtype``) as
 ``gated_delta_rule_mosaic``'s backward calls them, each jitted with ``gva_loop=False`` (the
 kernel writes fp32 ``dq`` / ``dk`` per value head ``[B, T, H, K]``; XLA sums each group of
 ``G = H / Hk`` and rounds) and ``gva_loop=True`` (one CTA per key head loops over its value
-heads and writes the fp32 group sum rounded once, ``[B, T, Hk, K]``). Inputs: ``q, k``
+heads and writes the fp32 group sum rounded once, ``[B, T, Hk, K]``); and the default
+backward's fused kernel (``chunk_bwd_fused_mosaic(warpgroups=3)``, ``backward="fused_ws"``,
+Sec. 33) the same two ways (its loop needs K = 64: at ``--dim=128`` only ``gva_loop=False``).
+``--kernels`` picks ``stages`` (3 and 4) and / or ``fused``. Inputs: ``q, k``
 ``[B, T, Hk, K]``, ``v_new, do, dv_new`` ``[B, T, H, V]`` bf16, ``g`` ``[B, T, H]`` fp32 (log
 decays), ``h, dh`` ``[B, H, N, K, V]`` bf16, random, packed documents (``segment_ids``).
 Prints one line per (stage, ``gva_loop``): median and min ms over ``--iters`` calls, each
@@ -13,6 +16,7 @@ including its XLA glue. GPU only (``--interpret`` runs it on CPU at a tiny shape
 that it runs; those times mean nothing).
 
     python3 benchmarks/bench_gva_loop.py --shape=8x4096x16 --kv_heads=8 --dim=64
+    python3 benchmarks/bench_gva_loop.py --kernels=fused --shape=8x4096x16 --kv_heads=8 --dim=64
 """
 
 import argparse
@@ -23,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd as kbwd
+from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_bwd_fused as kbf
 from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb
 
 
@@ -67,7 +72,12 @@ def main(argv=None):
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--interpret", action="store_true", help="CPU check (tiny shapes)")
+    parser.add_argument("--kernels", default="stages,fused",
+                        help="comma-separated: stages (3 and 4), fused (chunk_bwd_fused_mosaic)")
     args = parser.parse_args(argv)
+    kernels = set(args.kernels.split(","))
+    if not kernels or kernels - {"stages", "fused"}:
+        parser.error(f"--kernels: names in stages, fused; got {args.kernels!r}")
     batch, seq_len, heads = (int(x) for x in args.shape.lower().split("x"))
     q, k, v, vn, do, dvn, g, beta, h, dh, dw, seg = inputs(batch, seq_len, heads,
                                                            args.kv_heads, args.dim)
@@ -75,6 +85,22 @@ def main(argv=None):
     scale = args.dim ** -0.5
     print(f"B={batch} T={seq_len} H={heads} Hk={args.kv_heads} K=V={args.dim} "
           f"({jax.devices()[0].device_kind})")
+    if "fused" in kernels:
+        t0 = (0.1 * jax.random.normal(jax.random.key(7), (batch, seq_len, heads, kbf.CHUNK))
+              ).astype(q.dtype)
+        for loop in (False, True):
+            if loop and args.dim != kbf.GVA_LOOP_K:
+                print(f"fused_ws             gva_loop=True   (needs K = {kbf.GVA_LOOP_K})")
+                continue
+            fused = jax.jit(lambda *a, loop=loop: kbf.chunk_bwd_fused_mosaic(
+                *a[:-1], scale=scale, segment_ids=a[-1], warpgroups=3, gva_loop=loop,
+                interpret=interp))
+            med, best = timed(fused, (q, k, v, do, vn, dvn, t0, g, beta, h, dh, seg),
+                              args.iters, args.warmup)
+            print(f"fused_ws             gva_loop={loop!s:<5}  median {med:8.3f} ms  min "
+                  f"{best:8.3f} ms")
+    if "stages" not in kernels:
+        return
     _, dk_loc, _, dgt, bnd = kbwd.chunk_delta_grads_partials_mosaic(
         q, k, vn, do, dvn, g, h, dh, scale=scale, segment_ids=seg, interpret=interp)
     for loop in (False, True):

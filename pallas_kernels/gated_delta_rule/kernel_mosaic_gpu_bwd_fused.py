@@ -71,9 +71,15 @@ products over three warpgroups (384 threads): WG0 the forward side (``dP``, ``X`
 ``<S', dS'>``, ``dk``), handing results over in SMEM behind nine one-shot barriers;
 ``setmaxnreg`` :data:`WS_REGISTERS` (240 / 96 / 168, chosen by offline ptxas: 16 B of spill
 stores at K = V = 128). Products per warpgroup (units of ``64^3`` at K = V = 128): 14, 8, 14.
-``gva_loop=True`` (three warpgroups only): one CTA per key head runs its value heads in turn
-and sums ``dq``, ``dk`` in-kernel (correct and race-free interpreted; off by default, it
-spills: Sec. 31.7). Not yet: 0 spills, a GPU run.
+``gva_loop`` (three warpgroups, K = 64; on by default there since 2026-12-05, MOSAIC_GPU.md
+Sec. 33): with GVA one CTA per key head runs its value heads in turn and sums ``dq``, ``dk``
+in fp32 SMEM tiles, so both leave once, ``[B, T, Hk, K]`` in the input dtype, and XLA's
+group sum is gone. Two things keep its registers down (offline ptxas, K = V = 64, S1 with
+Hk = H / 2: 492 B of spill stores in Sec. 31.7's first form, 16 B now): the sums live in SMEM,
+not in registers across the loop, and every tile is indexed in the loop by an opaque 0
+(``min(int(conn_0), 0)``, read after the head's barrier), which is also added to the mask
+iotas, so LLVM cannot hoist the tiles' addresses, ``wgmma`` descriptors and masks out of the
+loop and keep them live across it; plus :data:`GVA_LOOP_REGISTERS`. Not yet run on a GPU.
 
 SMEM at K = V = 128, bf16: 226,312 B as Mosaic GPU counts it (each buffer aligned to 1 KB,
 Pallas' 2 KB reduction scratch; :data:`SMEM_LIMIT` 232,448), with or without GVA:
@@ -82,9 +88,10 @@ Pallas' 2 KB reduction scratch; :data:`SMEM_LIMIT` 232,448), with or without GVA
 the eleven fp32 vectors in one ``[11, 64]`` buffer. ``dv`` leaves through ``v``'s tile,
 ``dq`` and then ``dk`` through one staging tile that shares its bytes (``RefUnion``) with
 ``dv_new`` and ``Wv`` (both dead by then). With GVA
-(``Hk < H``) ``dq`` and ``dk`` leave per value head in fp32 and XLA sums each group and
-rounds once (Sec. 27.5's contract at K = 128). Three warpgroups: 227,416 B (three more
-vectors, ten more barriers).
+(``Hk < H``) and no ``gva_loop`` (K = 128, or one warpgroup) ``dq`` and ``dk`` leave per value
+head in fp32 and XLA sums each group and rounds once (Sec. 27.5's contract). Three
+warpgroups: 227,416 B (three more vectors, ten more barriers); with the GVA loop at
+K = V = 64 153,704 B (two fp32 ``[64, 64]`` sums, two barriers).
 
 CPU testing: interpret mode with the shims of :mod:`pallas_kernels.common.mosaic_gpu_lib`
 (transposed operands copied into SMEM scratch; no ``RefUnion``, separate tiles), and
@@ -122,10 +129,12 @@ _IN_COPIES = 17  # q, k, v, do, v_new, dv_new, T0, h, dh; G, beta, doc rows and 
 
 
 def _make_ops(interpret: bool, mutations, g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s,
-              doc_col_s):
+              doc_col_s, zero=None):
     """The helpers both kernel bodies use (closures over the SMEM vectors): ``matmul``,
     ``matmul_add``, ``tr``, ``tile``, ``rows_of``, ``by_col``, ``row_dot``, ``iotas``,
-    ``decay``, ``strict``, ``beta_rows``, ``beta_cols``, in that order."""
+    ``decay``, ``strict``, ``beta_rows``, ``beta_cols``, in that order. ``zero``: an int32 0
+    the compiler cannot fold (the GVA loop's, :func:`_fused_kernel_ws`), added to the iotas so
+    that the masks are formed where used, not hoisted out of the loop; ``None``: plain iotas."""
     f32 = jnp.float32
     sq = (CHUNK, CHUNK)
 
@@ -170,7 +179,8 @@ def _make_ops(interpret: bool, mutations, g_row_s, g_col_s, b_row_s, b_col_s, do
     # The [64, 64] masks and D are formed again wherever they are used (from the SMEM vectors),
     # not kept live across the products: registers are the limit.
     def iotas():
-        return mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+        i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
+        return (i, j) if zero is None else (i + zero, j + zero)
 
     def decay():
         """D, fp32 [64, 64]: e^{G_t - G_s} on s <= t, same document, else 0."""
@@ -390,6 +400,11 @@ _VECS_WS = 14  # _VECS, then WG0's dL/dG partial, WG0's dbeta column term, WG2's
 _WS_BARRIERS = ("dp_ready", "wv_ready", "vn_free", "gdv_ready", "g0_ready", "dag_done",
                 "r_ready", "g2_ready", "st_free")
 WS_REGISTERS = (240, 96, 168)  # WG0 (forward side), WG1 (inverse side), WG2 (key side)
+# setmaxnreg with the GVA loop (``gva_loop``, K = 64), per V: offline ptxas, S1 with Hk = H / 2
+# (K = V = 64) or H / 4 (V = 128), bf16, documents: 16 B and 52 B of spill stores (with
+# WS_REGISTERS 148 B and 172 B; MOSAIC_GPU.md Sec. 33).
+GVA_LOOP_REGISTERS = {64: (200, 104, 200), 128: (248, 104, 152)}
+GVA_LOOP_K = 64  # the head dim K the GVA loop runs at (SMEM: 153,704 B at K = V = 64, bf16)
 
 
 def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
@@ -415,7 +430,13 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     All three meet on ``done`` before leaving (an early exit while another warpgroup issues
     ``wgmma`` is unsafe, MOSAIC_GPU.md Sec. 2). ``refs``: as :func:`_fused_kernel`, with
     :data:`_VECS_WS` vectors, the barriers of :data:`_WS_BARRIERS` and ``done`` after
-    ``in_bar``, and per-warpgroup transposition scratch when interpreting.
+    ``in_bar``; with ``kv_loop`` then ``qk_bar``, ``head_free`` and the fp32 ``[64, K]`` sums
+    ``dqacc_s``, ``dkacc_s`` (every tile then ``[1, ...]``); and per-warpgroup transposition
+    scratch when interpreting.
+
+    ``kv_loop`` (the GVA loop, ``gva_loop``): the grid's ``h`` is the key head; per value head
+    ``j`` of its group, after ``in_bar``, ``dqacc_s += dq_j`` (WG0) and ``dkacc_s += dk_j``
+    (WG2) in fp32; after the loop both are rounded once and stored ``[B, Tp, Hk, K]``.
     """
     take = _ref_taker(refs)
     (q_ref, k_ref, v_ref, do_ref, vn_ref, dvn_ref, t0_ref, h_ref, dh_ref, g_ref, beta_ref,
@@ -429,6 +450,7 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     bars = dict(zip(_WS_BARRIERS, take(len(_WS_BARRIERS))))
     done, = take(1)
     qk_bar, head_free = take(2) if kv_loop else (None, None)
+    dqacc_s, dkacc_s = take(2) if kv_loop else (None, None)
     if interpret:
         (vnt_s, xt_s, ht0_s, wvt_s, t0t_s, kt_s, dht_s, dpt_s, rt_s, ht2_s) = take(None)
     else:
@@ -436,6 +458,38 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     (matmul, matmul_add, tr, tile, rows_of, by_col, row_dot, iotas, decay, strict, beta_rows,
      beta_cols) = _make_ops(interpret, mutations, g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s,
                             doc_col_s)
+    # With kv_loop every per-CTA tile has a leading dimension of 1 (see :func:`_scratch`),
+    # indexed in each value head's iteration by an index that is 0 but that the compiler cannot
+    # prove is: so the tiles' addresses and wgmma descriptors are formed inside the loop where
+    # they are used, not hoisted out of it and kept live across the whole body (MOSAIC_GPU.md
+    # Sec. 27.5's diagnosis; Sec. 33).
+    tiles = (q_s, k_s, v_s, do_s, vn_s, t0_s, h_s, dh_s, vecs, dp_s, w1_s, w2_s, w3_s, dvn_s,
+             wv_s, st_s, dqacc_s, dkacc_s)
+
+    def rebind(z):
+        """Point the tile names (and the helpers of :func:`_make_ops`) at ``tiles[...].at[z]``."""
+        nonlocal q_s, k_s, v_s, do_s, vn_s, t0_s, h_s, dh_s, vecs, dp_s, w1_s, w2_s, w3_s
+        nonlocal dvn_s, wv_s, st_s, dqacc_s, dkacc_s
+        nonlocal g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s, doc_col_s, conn_s, last_s
+        nonlocal dgt_s, bnd_s, db_s, dgt0_s, dbc_s, dgt2_s
+        nonlocal matmul, matmul_add, tr, tile, rows_of, by_col, row_dot, iotas, decay, strict
+        nonlocal beta_rows, beta_cols
+        (q_s, k_s, v_s, do_s, vn_s, t0_s, h_s, dh_s, vecs, dp_s, w1_s, w2_s, w3_s, dvn_s,
+         wv_s, st_s, dqacc_s, dkacc_s) = (t.at[z] for t in tiles)
+        (g_row_s, g_col_s, b_row_s, b_col_s, doc_row_s, doc_col_s, conn_s, last_s, dgt_s,
+         bnd_s, db_s, dgt0_s, dbc_s, dgt2_s) = (vecs.at[r] for r in range(_VECS_WS))
+        (matmul, matmul_add, tr, tile, rows_of, by_col, row_dot, iotas, decay, strict,
+         beta_rows, beta_cols) = _make_ops(interpret, mutations, g_row_s, g_col_s, b_row_s,
+                                           b_col_s, doc_row_s, doc_col_s,
+                                           None if isinstance(z, int) else z)
+
+    def opaque_zero():
+        """0, from the head's ``conn`` (0 or 1, just landed on ``in_bar``): ``min(int(conn_0),
+        0)``, which the compiler cannot fold."""
+        return jnp.minimum(tiles[8][0, 6, 0].astype(jnp.int32), 0)
+
+    if kv_loop:
+        rebind(0)
 
     n, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     wg = lax.axis_index("wg")
@@ -504,14 +558,17 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     def _forward_side():
         adjust(registers[0])
         if kv_loop:
+            rebind(0)  # views made in this warpgroup's own trace
             plgpu.copy_gmem_to_smem(q_ref.at[b, rows, hk], q_s, qk_bar)
             plgpu.copy_gmem_to_smem(k_ref.at[b, rows, hk], k_s, qk_bar)
             plgpu.barrier_wait(qk_bar)
         issue(0)
 
-        def head_body(jj, dq_sum):
+        def head_body(jj, carry):
             hv = value_head(jj)
             plgpu.barrier_wait(in_bar)
+            if kv_loop:
+                rebind(opaque_zero())
             gam_in, _, _ = gammas()
             dp = matmul([(do_s, tr(vn_s, vnt_s))], sq)
             dp_s[...] = (dp * (scale * decay())).astype(dtype)
@@ -547,6 +604,9 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
             plgpu.barrier_wait(bars["dag_done"])  # dv_new and Wv read: the staging tile is free
             if not kv_loop:
                 return dq_val
+            # the group sum in fp32 SMEM: each thread reads back what it wrote (the same
+            # WGMMA layout), so no barrier; nothing is carried in registers across heads
+            dqacc_s[...] = mgl.load_tile(dqacc_s, interpret) + dq_val
             head_done()
 
             @pl.when(jj + 1 < heads)
@@ -554,11 +614,15 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
                 plgpu.barrier_wait(head_free)
                 issue(jj + 1)
 
-            return dq_sum + dq_val
+            return carry
 
-        dq_val = head_loop(head_body, mgl.zeros_acc(kshape, interpret) if kv_loop else None)
         if kv_loop:
+            dqacc_s[...] = mgl.zeros_acc(kshape, interpret)
+        dq_val = head_loop(head_body, None)
+        if kv_loop:
+            rebind(0)  # no tracer of the loop's index outlives it
             plgpu.barrier_wait(head_free)  # the last head: dv_new, Wv free for the staging
+            dq_val = mgl.load_tile(dqacc_s, interpret)
         st_s[...] = dq_val.astype(st_s.dtype)
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(st_s, dq_ref.at[b, rows, hk if kv_loop else h])
@@ -569,10 +633,14 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
     @pl.when(wg == 1)
     def _inverse_side():
         adjust(registers[1])
+        if kv_loop:  # views made in this warpgroup's own trace
+            rebind(0)
 
         def head_body(jj, carry):
             hv = value_head(jj)
             plgpu.barrier_wait(in_bar)
+            if kv_loop:
+                rebind(opaque_zero())
             plgpu.barrier_wait(bars["wv_ready"])  # also: WG0's Z has read X
             dag = matmul([(dvn_s, tr(wv_s, wvt_s))], sq)
             plgpu.barrier_arrive(bars["dag_done"])
@@ -618,14 +686,20 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
         if kv_loop:
             plgpu.barrier_wait(qk_bar)
         head_loop(head_body, None)
+        if kv_loop:
+            rebind(0)  # no tracer of the loop's index outlives it
         plgpu.wait_smem_to_gmem(0)
 
     @pl.when(wg == 2)
     def _key_side():
         adjust(registers[2])
+        if kv_loop:  # views made in this warpgroup's own trace
+            rebind(0)
 
-        def head_body(jj, dk_sum):
+        def head_body(jj, carry):
             plgpu.barrier_wait(in_bar)
+            if kv_loop:
+                rebind(opaque_zero())
             _, gam_out, gam_all = gammas()
             dks = matmul([(vn_s, tr(dh_s, dht_s))], kshape) * rows_of(gam_out, kshape)
             plgpu.barrier_arrive(bars["vn_free"])
@@ -646,12 +720,17 @@ def _fused_kernel_ws(*refs, group: int, scale: float, gated: bool, out32: bool,
             dk_val = matmul_add(dk_val, [(vn_s, tr(h_s, ht2_s))])
             if not kv_loop:
                 return dk_val
+            dkacc_s[...] = mgl.load_tile(dkacc_s, interpret) + dk_val
             head_done()
-            return dk_sum + dk_val
+            return carry
 
         if kv_loop:
+            dkacc_s[...] = mgl.zeros_acc(kshape, interpret)
             plgpu.barrier_wait(qk_bar)
-        dk_val = head_loop(head_body, mgl.zeros_acc(kshape, interpret) if kv_loop else None)
+        dk_val = head_loop(head_body, None)
+        if kv_loop:
+            rebind(0)  # no tracer of the loop's index outlives it
+            dk_val = mgl.load_tile(dkacc_s, interpret)
         plgpu.barrier_wait(bars["st_free"])
         st_s[...] = dk_val.astype(st_s.dtype)
         plgpu.commit_smem()
@@ -667,8 +746,13 @@ def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool, warpgroups: 
     """The scratch list of the kernel, in :func:`_fused_kernel`'s (``warpgroups=1``) or
     :func:`_fused_kernel_ws`'s (``warpgroups=3``) order."""
     ws = warpgroups == 3
-    swz = mgl.swizzled_smem
     f32 = jnp.float32
+    # with kv_loop each tile gets a leading dimension of 1 (indexed by an opaque 0 in the loop)
+    lead = (1,) if kv_loop else ()
+
+    def swz(shape, dt):
+        return mgl.swizzled_smem(lead + tuple(shape), dt)
+
     sq = swz((CHUNK, CHUNK), dtype)
     dvn, wv = swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype)
     st = swz((CHUNK, dk), f32 if out32 else dtype)  # staging of dk, then dq
@@ -678,7 +762,7 @@ def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool, warpgroups: 
         swz((CHUNK, dv), dtype), swz((CHUNK, dv), dtype),  # do_s; vn_s: v_new, then -Gamma dv
         sq,  # t0_s
         swz((dk, dv), dtype), swz((dk, dv), dtype),  # h_s, dh_s: S, dS' in 16 bits
-        plgpu.SMEM((_VECS_WS if ws else _VECS, CHUNK), f32),  # vecs: the fp32 vectors
+        plgpu.SMEM(lead + (_VECS_WS if ws else _VECS, CHUNK), f32),  # vecs: the fp32 vectors
         sq,  # dp_s: dP
         sq, sq, sq,  # w1_s: dT0 (hi), then R; w2_s: X = T0 * D, then M (hi); w3_s: lo terms
     ]
@@ -693,6 +777,7 @@ def _scratch(dk: int, dv: int, dtype, out32: bool, interpret: bool, warpgroups: 
         scratch.append(plgpu.Barrier(num_arrivals=3))
     if kv_loop:  # qk_bar: q, k landed; head_free: all three are done with a value head's tiles
         scratch += [plgpu.Barrier(num_arrivals=2), plgpu.Barrier(num_arrivals=3)]
+        scratch += [swz((CHUNK, dk), f32), swz((CHUNK, dk), f32)]  # dqacc_s, dkacc_s: the sums
     if interpret and ws:  # per warpgroup: vnt, xt, ht0 (WG0); wvt, t0t, kt (WG1); dht, dpt,
         # rt, ht2 (WG2)
         t = (CHUNK, CHUNK)
@@ -773,7 +858,7 @@ def chunk_bwd_fused_mosaic(
     interpret: bool = False,
     mutations: Tuple[str, ...] = (),
     warpgroups: int = 1,
-    gva_loop: bool = False,
+    gva_loop: Optional[bool] = None,
 ) -> Tuple[jax.Array, jax.Array, jax.Array, jax.Array, Optional[jax.Array]]:
     """``(dq, dk, dv, dbeta, dg)``: the chunk-local GDN / DeltaNet backward in one kernel.
 
@@ -815,17 +900,21 @@ def chunk_bwd_fused_mosaic(
             the same math split over three warpgroups with barriers between them,
             MOSAIC_GPU.md Sec. 31.3 and 31.7; registers per warpgroup :data:`WS_REGISTERS`).
         gva_loop: with GVA (``Hk < H``) and ``warpgroups=3`` (static): one CTA per key head
-            loads ``q, k`` once and runs the key head's value heads in turn, summing ``dq``
-            and ``dk`` in fp32 registers (WG0, WG2), so they leave the kernel once, in the
-            input dtype, ``[B, T, Hk, K]`` (MOSAIC_GPU.md Sec. 31.3's GVA plan, 31.7). Off by
-            default: offline ptxas finds 244 to 1,552 B of spill stores with it at K = 64
-            (16 B without); then ``dq``, ``dk`` leave per value head in fp32 for XLA's group
-            sum. Ignored without GVA.
+            loads ``q, k`` once and runs the key head's ``G = H / Hk`` value heads in turn,
+            adding each head's fp32 ``dq`` (WG0) and ``dk`` (WG2) into an fp32 SMEM tile
+            (``dq = sum_j dq_j`` over the group, in head order, then rounded once), so they
+            leave the kernel once, in the input dtype, ``[B, T, Hk, K]``, with no XLA group
+            sum (MOSAIC_GPU.md Sec. 31.7, 33). Needs ``K = 64`` (the two fp32 tiles do not
+            fit SMEM at ``K = 128``). ``None`` (default): on exactly where it can run
+            (``warpgroups=3``, GVA, ``K = 64``); ``False``: ``dq``, ``dk`` leave per value head
+            in fp32 and XLA sums each group and rounds once. Ignored without GVA (the kernel
+            is then the same module either way).
 
     Returns:
         ``(dq, dk, dv, dbeta, dg)``: ``dq, dk`` ``[B, T, Hk, K]`` and ``dv`` ``[B, T, H, V]``
-        in the input dtype (computed in fp32 and rounded once; with GVA ``dq, dk`` leave the
-        kernel per value head in fp32 and are summed over each group in XLA first), fp32
+        in the input dtype (computed in fp32 and rounded once; with GVA the fp32 group sums
+        ``dq = sum_{h in group} dq_h``, formed in the kernel with ``gva_loop``, else by XLA
+        from the kernel's fp32 ``[B, T, H, K]``), fp32
         ``dbeta`` ``[B, T, H]`` and fp32 ``dg`` ``[B, T, H]``, the gradient of the per-token
         ``g`` (the in-chunk reverse cumsum done in the kernel), or ``None`` for DeltaNet.
 
@@ -833,8 +922,8 @@ def chunk_bwd_fused_mosaic(
         ValueError: on mismatched shapes or dtypes, unsupported head dims or dtypes, ``H`` not
             a multiple of ``Hk``, a ``t0``, ``beta``, ``h``, ``dh``, ``g`` or ``segment_ids``
             of the wrong shape, a ``gate_cumsum`` or ``doc_vecs`` of the wrong shape,
-            unknown ``mutations``, ``warpgroups`` not 1 or 3, or ``gva_loop`` with
-            ``warpgroups=1``.
+            unknown ``mutations``, ``warpgroups`` not 1 or 3, or ``gva_loop=True`` with
+            ``warpgroups=1`` or with ``K != 64``.
     """
     mutations = check_mutations(mutations)
     if warpgroups not in (1, 3):
@@ -844,6 +933,11 @@ def chunk_bwd_fused_mosaic(
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
     num_chunks = _check_inputs(q, k, v, do, v_new, dv_new, t0, g, beta, h, dh, segment_ids)
+    if gva_loop and dk != GVA_LOOP_K:
+        raise ValueError(f"gva_loop needs K = {GVA_LOOP_K} (its two fp32 [64, K] sums do not "
+                         f"fit SMEM at K = 128), got K = {dk}")
+    if gva_loop is None:  # on wherever it can run
+        gva_loop = warpgroups == 3 and dk == GVA_LOOP_K
     padded = num_chunks * CHUNK
     dtype = k.dtype
     f32 = jnp.float32
@@ -865,7 +959,8 @@ def chunk_bwd_fused_mosaic(
         functools.partial(body, group=group, scale=float(scale), gated=g is not None,
                           out32=out32, interpret=interpret,
                           **(dict(mutations=frozenset(mutations)) if mutations else {}),
-                          **(dict(kv_loop=True) if kv_loop else {})),
+                          **(dict(kv_loop=True, registers=GVA_LOOP_REGISTERS[dv])
+                             if kv_loop else {})),
         # dq, dk per value head, or per key head (the group sums) with kv_loop
         out_type=(jax.ShapeDtypeStruct((batch, padded, qk_heads, dk), out_qk),
                   jax.ShapeDtypeStruct((batch, padded, qk_heads, dk), out_qk),

@@ -48,7 +48,10 @@ warpgroups, is the default since its first Hopper timing, Sec. 31.8) stages 3 an
 jla's value-space form: it reads the gate-free inverse ``T0`` (kept by the ``fused_t0``
 forwards as one more residual, else recomputed by ``chunk_kkt_inverse_mosaic``) and writes
 ``dq, dk, dv`` in the input dtype and fp32 ``dbeta``, ``dg``, with no fp32 ``dw`` / ``dk``
-partials through HBM and no recomputed inverse.
+partials through HBM and no recomputed inverse. With GVA at ``K = 64`` (the presets) the
+``"fused_ws"`` kernel sums ``dq`` and ``dk`` over each group itself (its GVA loop, fp32 in
+SMEM, rounded once: Sec. 33), so they leave ``[B, T, Hk, K]`` with no XLA group sum; at
+``K = 128`` and with ``"fused"`` they leave per value head in fp32 for XLA's sum.
 
 With ``dv_local="fold"`` (MOSAIC_GPU.md Sec. 32; not the default until a GPU timing) stages 1
 and 2 are one kernel: the reverse state pass

@@ -1,8 +1,9 @@
 """benchmarks/glue_inventory.py: type parsing, source lines, and the glue of
 ``gated_delta_rule_mosaic``'s training step (CUDA lowering on CPU, MOSAIC_GPU.md Sec. 27): no XLA
 op outside the kernels touches a ``[B, T, H, K]`` tensor any more, with or without documents;
-with GVA at K = 64 only the fp32 group sum of ``dk`` (and its one rounding) does: ``dq``'s
-is formed in the chunk-local gradient kernel (``gva_loop``, Sec. 27.5)."""
+with GVA at K = 64 the split backward leaves only the fp32 group sum of ``dk`` (and its one
+rounding): ``dq``'s is formed in the chunk-local gradient kernel (``gva_loop``, Sec. 27.5); the
+default backward (``fused_ws``) forms both in its kernel (Sec. 33) and leaves none."""
 
 from absl.testing import absltest, parameterized
 
@@ -49,12 +50,13 @@ class GlueInventoryTest(parameterized.TestCase):
         self.assertTrue(all(r["where"].startswith("chunk_wy_bwd_mosaic") for r in rows), rows)
 
     def test_default_backward_glue(self):
-        # The default backward, "fused_ws" (MOSAIC_GPU.md Sec. 31.8), as it stands: no
-        # full-size glue without GVA; with documents, the recomputed inverse's kernel wrapper
-        # scans segment_ids once more (a [B, Tp] int32 vector, 2 KiB here). With GVA at K = 64
-        # both dq and dk leave the fused kernel in fp32 per value head and are group-summed in
-        # XLA (the split backward forms dq's sum in-kernel, gva_loop): a known cost, left for
-        # the fused kernel to take in.
+        # The default backward, "fused_ws" (MOSAIC_GPU.md Sec. 31.8): no full-size glue without
+        # GVA; with documents, the recomputed inverse's kernel wrapper scans segment_ids once
+        # more (a [B, Tp] int32 vector, 2 KiB here). With GVA at K = 64 the fused kernel's GVA
+        # loop (Sec. 33) writes dq and dk [B, T, Hk, K] in bf16 itself: no group sum (reduce)
+        # and no rounding (convert) of a per-value-head tensor is left in XLA, with or without
+        # documents, G = 2 or 4 (before Sec. 33: two fp32 [B, T, H, K] reduces and their two
+        # converts from chunk_bwd_fused_mosaic).
         text = gi.lowered_module(kv_heads=2, packed=True, **_SHAPE)
         self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
         self.assertEqual([r for r in gi.inventory(text, _FULL_BF16) if not r["noop"]], [])
@@ -62,10 +64,19 @@ class GlueInventoryTest(parameterized.TestCase):
         scans = [r for r in small if r["op"] in ("reduce_window", "chlo.scan")]
         self.assertEqual(sum("chunk_kkt_inverse_mosaic" in r["where"] for r in scans), 1, scans)
         self.assertLen(scans, 3)
-        gva = gi.lowered_module(kv_heads=1, packed=False, **_SHAPE)
-        rows = [r for r in gi.inventory(gva, _FULL_BF16 // 2) if not r["noop"]]
-        self.assertEqual(sorted(r["op"] for r in rows), ["convert"] * 2 + ["reduce"] * 2, rows)
-        self.assertTrue(all(r["where"].startswith("chunk_bwd_fused_mosaic") for r in rows), rows)
+        for heads, kv_heads, packed in ((2, 1, False), (2, 1, True), (4, 1, False)):
+            shape = dict(_SHAPE, heads=heads)
+            gva = gi.lowered_module(kv_heads=kv_heads, packed=packed, **shape)
+            self.assertEqual(gva.count("custom_call @mosaic_gpu"), 7)
+            # no op of a quarter of a full-size [B, T, Hk, K] bf16 tensor or more ...
+            rows = [r for r in gi.inventory(gva, _FULL_BF16 * heads // 8) if not r["noop"]]
+            self.assertEqual(rows, [], (heads, kv_heads, packed))
+            # ... and no reduce at all from the fused kernel's wrapper (its converts left are
+            # the pads' scalars)
+            small = [r for r in gi.inventory(gva, 1) if not r["noop"]]
+            self.assertEqual([r for r in small if r["op"] == "reduce"
+                              and r["where"].startswith("chunk_bwd_fused_mosaic")], [],
+                             (heads, kv_heads, packed))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ two of them (``InterpretTest``), the rest are ``slow``::
     timeout 900 python -m pytest -q -m slow tests/pallas_kernels/kernel_mosaic_gdn_bwd_fused_test.py
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -211,19 +213,67 @@ class ThreeWarpgroupsInterpretTest(parameterized.TestCase):
 
 # Slow (out of CI), as ThreeWarpgroupsInterpretTest (PJRT_NPROC=8): gva_loop=True, one CTA per
 # key head looping over its value heads (G = 2 with one key head; G = 2 with two key heads;
-# G = 4 DeltaNet), dq and dk summed in-kernel and leaving [B, T, Hk, K] in bf16.
+# G = 4 DeltaNet; G = 2 at K = V = 64, the GDN presets' dims, B 2, fp16), dq and dk summed
+# in-kernel in fp32 SMEM and leaving [B, T, Hk, K] in the input dtype (MOSAIC_GPU.md Sec. 33).
+_GVA_LOOP_CASES = (
+    ("gva2_1_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, (64, 36, 30), 0.0),
+    ("gva4_2_packed_partial_T130_K64_V64", 1, 130, 4, 2, 64, 64, 0.1, (70,), 0.0),
+    ("gva4_1_deltanet_packed_T100_K64_V64", 1, 100, 4, 1, 64, 64, None, (10, 60), 0.0),
+    ("gva2_2_B2_partial_T100_K64_V64", 2, 100, 4, 2, 64, 64, 0.05, None, 0.0),
+)
+
+
+def _ulps_apart(x, y):
+    """Max distance in units of the last place of two 16-bit float arrays of one dtype."""
+    ix, iy = (jnp.asarray(a).view(jnp.int16).astype(jnp.int32) for a in (x, y))
+    # the sign-magnitude bit patterns to a monotone integer line
+    ix, iy = (jnp.where(i < 0, -32768 - i, i) for i in (ix, iy))
+    return int(jnp.max(jnp.abs(ix - iy)))
+
+
+def _check_loop_equals_xla_sum(test, got, off, group, exact):
+    """``got`` (the GVA loop) against ``off`` (``gva_loop=False``): ``dq``, ``dk`` within 0
+    ulps at ``G = 2`` and 1 at larger ``G``; the other outputs bit for bit (``exact``, the
+    interpreter) or within 1e-6 relative RMS (two compiled kernels)."""
+    for name, x, y in zip(_NAMES, got, off):
+        if y is None:
+            test.assertIsNone(x, msg=name)
+            continue
+        test.assertEqual((x.shape, x.dtype), (y.shape, y.dtype), msg=name)
+        if name in ("dq", "dk"):
+            test.assertLessEqual(_ulps_apart(x, y), 0 if group == 2 and exact else 1, msg=name)
+        elif exact:
+            test.assertTrue(bool(jnp.array_equal(x, y)), msg=name)
+        else:
+            test.assertLess(float(tolerances.rel_err(x.astype(jnp.float32),
+                                                     y.astype(jnp.float32))), 1e-6, msg=name)
+
+
 @pytest.mark.slow
 class GvaLoopInterpretTest(parameterized.TestCase):
 
-    @parameterized.named_parameters(
-        ("gva2_1_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, (64, 36, 30), 0.0),
-        ("gva4_2_packed_partial_T130_K64_V64", 1, 130, 4, 2, 64, 64, 0.1, (70,), 0.0),
-        ("gva4_1_deltanet_packed_T100_K64_V64", 1, 100, 4, 1, 64, 64, None, (10, 60), 0.0),
-    )
+    @parameterized.named_parameters(*_GVA_LOOP_CASES[:3])
     def test_in_kernel_group_sums(self, *case):
         args, got, assembled, oracle = _run(case, warpgroups=3, gva_loop=True)
         self.assertFalse(_races_found())
         _check(self, args, got, assembled, oracle)
+
+    @parameterized.named_parameters(*_GVA_LOOP_CASES)
+    def test_default_loop_equals_xla_group_sum(self, *case):
+        """The default (``gva_loop=None``: the loop, at K = 64 on three warpgroups) against
+        ``gva_loop=False`` (fp32 ``dq``, ``dk`` per value head, XLA's group sum, one rounding)
+        on random inputs: ``dv``, ``dbeta``, ``dg`` are the same per-head code, bit for bit;
+        ``dq``, ``dk`` the same fp32 sum in head order at ``G = 2`` (``0 + a + b``), so equal
+        bit for bit after the one rounding, and at ``G = 4`` within one ulp (XLA's ``reduce``
+        may add in another order). Both within the gates of both references."""
+        args, kwargs, assembled, oracle = _case(*case)
+        got = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, interpret=True, warpgroups=3)
+        self.assertFalse(_races_found())
+        _check(self, args, got, assembled, oracle)
+        self.assertEqual(got[0].shape[2], case[3])  # [B, T, Hk, K]
+        off = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, interpret=True, warpgroups=3,
+                                         gva_loop=False)
+        _check_loop_equals_xla_sum(self, got, off, case[2] // case[3], exact=True)
 
 
 # Each mutation, the case where it shows, and the gradients that must then fail their gate.
@@ -257,9 +307,11 @@ class MutationTest(parameterized.TestCase):
                 self.assertGreater(errs[name], 10 * _GATES[name], msg=f"{mutation}: {errs}")
 
 
-def _check_exports(test, dk, dv, deltanet, gva, warpgroups=1, gva_loop=False):
+def _check_exports(test, dk, dv, deltanet, gva, warpgroups=1, gva_loop=False,
+                   return_smem_and_text=False):
     """Exports the kernel for CUDA (documents, a partial chunk); checks one Mosaic GPU custom
-    call under the kernel's name and Mosaic GPU's SMEM count."""
+    call under the kernel's name and Mosaic GPU's SMEM count; returns the SMEM count (and the
+    module text with ``return_smem_and_text``)."""
     batch, seq_len = 1, 200
     heads, kv_heads = (4, 2) if gva else (2, 2)
     n_chunks = -(-seq_len // C)
@@ -282,7 +334,7 @@ def _check_exports(test, dk, dv, deltanet, gva, warpgroups=1, gva_loop=False):
     name = kfb.KERNEL_NAME + ("_ws" if warpgroups == 3 else "")
     test.assertIn(f"{name}\\00", text)
     test.assertLess(smem, kfb.SMEM_LIMIT)
-    return smem
+    return (text, smem) if return_smem_and_text else smem
 
 
 # Export variants: LoweringTest has three (K = V = 128 gated with GVA on one and on three
@@ -296,6 +348,8 @@ _EXPORT_CI, _EXPORT_SLOW = kmg_test.split_variants(
 # scratch), 2026-12-05, jax 0.10.2: K = V = 128 with or without GVA; three warpgroups: three
 # more vectors and ten more barriers.
 _SMEM_K128_V128 = {1: 226_312, 3: 227_416}
+# With the GVA loop (three warpgroups, K = V = 64): two fp32 [64, 64] sums and two barriers.
+_SMEM_GVA_LOOP_K64_V64 = 153_704
 
 
 class LoweringTest(parameterized.TestCase):
@@ -323,8 +377,26 @@ class LoweringTest(parameterized.TestCase):
             kfb.chunk_bwd_fused_mosaic(*args, **kwargs, mutations=("nope",))
         with self.assertRaisesRegex(ValueError, "warpgroups must be"):
             kfb.chunk_bwd_fused_mosaic(*args, **kwargs, warpgroups=2)
-        with self.assertRaisesRegex(ValueError, "gva_loop needs"):
+        with self.assertRaisesRegex(ValueError, "gva_loop needs warpgroups"):
             kfb.chunk_bwd_fused_mosaic(*args, **kwargs, gva_loop=True)
+        args, kwargs, _, _ = _case(1, 64, 2, 1, 128, 64, 0.1, None)
+        with self.assertRaisesRegex(ValueError, "gva_loop needs K = 64"):
+            kfb.chunk_bwd_fused_mosaic(*args, **kwargs, gva_loop=True, warpgroups=3)
+
+    def test_gva_loop_is_the_default_at_k64(self):
+        """With GVA at K = 64 on three warpgroups the kernel writes ``dq``, ``dk``
+        ``[B, T, Hk, K]`` in bf16 itself (SMEM 153,704 B at K = V = 64: two fp32 sums more);
+        no XLA group sum (``reduce``) is left in the export. With ``gva_loop=False``, at
+        K = 128, or on one warpgroup the fp32 per-value-head outputs and the sum come back."""
+        for dk, warpgroups, gva_loop, loop in ((64, 3, None, True), (64, 3, False, False),
+                                               (64, 1, None, False), (128, 3, None, False)):
+            text, smem = _check_exports(self, dk, 64, False, True, warpgroups, gva_loop,
+                                        return_smem_and_text=True)
+            msg = f"K={dk} warpgroups={warpgroups} gva_loop={gva_loop}"
+            group_sum = re.search(r"stablehlo\.reduce(?!_window)", text) is not None
+            self.assertEqual(group_sum, not loop, msg=msg)
+            if loop:
+                self.assertEqual(smem, _SMEM_GVA_LOOP_K64_V64, msg=msg)
 
 
 @pytest.mark.slow
@@ -334,7 +406,7 @@ class LoweringSlowTest(parameterized.TestCase):
     def test_exports_for_cuda(self, **variant):
         _check_exports(self, **variant)
 
-    @parameterized.parameters((64, 64, False), (64, 128, True), (128, 128, False))
+    @parameterized.parameters((64, 64, False), (64, 128, True), (64, 128, False))
     def test_gva_loop_exports_for_cuda(self, dk, dv, deltanet):
         _check_exports(self, dk, dv, deltanet, gva=True, warpgroups=3, gva_loop=True)
 
@@ -356,6 +428,21 @@ class GpuTest(kmg_test.HopperTestCase):
         args, kwargs, assembled, oracle = _case(*case, seed=5)
         got = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, warpgroups=warpgroups)
         _check(self, args, got, assembled, oracle, correlated=bool(case[-1]))
+
+    @parameterized.named_parameters(
+        # the GDN presets' dims and group (K = V = 64, G = 2), and G = 4 DeltaNet at V = 128
+        ("gva2_packed_T2048_K64_V64", 1, 2048, 16, 8, 64, 64, 0.05, (700, 1, 64, 999), 0.0),
+        ("gva4_deltanet_partial_T1000_K64_V128", 2, 1000, 8, 2, 64, 128, None, None, 0.0),
+    )
+    def test_gva_loop_matches_references(self, *case):
+        """The GVA loop (MOSAIC_GPU.md Sec. 33, the default at K = 64 on three warpgroups)
+        compiled: both references' gates, and ``gva_loop=False`` (XLA's group sum) to an ulp."""
+        args, kwargs, assembled, oracle = _case(*case, seed=5)
+        got = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, warpgroups=3)
+        self.assertEqual(got[0].shape[2], case[3])  # [B, T, Hk, K]
+        _check(self, args, got, assembled, oracle)
+        off = kfb.chunk_bwd_fused_mosaic(*args, **kwargs, warpgroups=3, gva_loop=False)
+        _check_loop_equals_xla_sum(self, got, off, case[2] // case[3], exact=False)
 
 
 if __name__ == "__main__":

@@ -99,6 +99,19 @@ class FusedBackwardInterpretTest(parameterized.TestCase):
         case = (1, 150, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30))
         _check(self, bwd_test._pipeline_inputs(*case), True, backward="fused_ws")
 
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths, seed
+        ("gva4_1_h0_dht_packed_partial_T130_K64_V64", 1, 130, 4, 1, 64, 64, 0.1, True, True,
+         (70, 1, 20), 3),
+        ("gva2_deltanet_B2_partial_T100_K64_V128", 2, 100, 4, 2, 64, 128, None, False, True,
+         None, 4),
+    )
+    def test_gva_loop_matches_chunked_vjp(self, *case):
+        """The default backward with GVA at K = 64: ``dq``, ``dk`` group-summed in the fused
+        kernel (its GVA loop, MOSAIC_GPU.md Sec. 33), random inputs, against ``jax.vjp`` of
+        the chunk form (``q, k`` repeated, their gradients group-summed in fp32)."""
+        _check(self, bwd_test._pipeline_inputs(*case[:-1], seed=case[-1]), True)
+
 
 def _check_fold_equals_separate(test, case_args, interpret, **options):
     """``dv_local="fold"`` against ``"separate"`` with ``return_residual`` and a random ``du``:
@@ -182,6 +195,19 @@ class GpuTest(kmg_test.HopperTestCase):
                backward=backward)
 
     @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths
+        ("gva2_h0_dht_packed_T2048_K64_V64", 1, 2048, 16, 8, 64, 64, 0.05, True, True,
+         (700, 1, 64, 999)),
+        ("gva4_deltanet_partial_T1000_K64_V128", 2, 1000, 8, 2, 64, 128, None, False, True,
+         None),
+    )
+    def test_gva_loop_matches_chunked_vjp(self, *case):
+        """The default backward (``fused_ws``) with GVA at K = 64: the fused kernel's GVA loop
+        (MOSAIC_GPU.md Sec. 33) on the compiled kernels; the first case has the presets' dims
+        and group (K = V = 64, ``G = 2``)."""
+        _check(self, bwd_test._pipeline_inputs(*case, seed=11), False)
+
+    @parameterized.named_parameters(
         ("gva_h0_dht_packed_T2048_K128_V128_fused_ws", 1, 2048, 4, 2, 128, 128, 0.05, True,
          True, (700, 1, 64, 999), "fused_ws"),
         ("deltanet_partial_T1000_K64_V64_split", 2, 1000, 2, 2, 64, 64, None, False, True, None,
@@ -196,9 +222,10 @@ class GpuTest(kmg_test.HopperTestCase):
 
 
 def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split", dv_local="separate"):
-    # Without GVA dq, dk, dv leave the kernels in bf16; with it dk (and dq at K = 128) go out
-    # in fp32 for XLA's group sum, dq at K = 64 in bf16 from stage 3's GVA loop (MOSAIC_GPU.md
-    # Sec. 27, 27.5): all kernel variants are lowered.
+    # Without GVA dq, dk, dv leave the kernels in bf16; with it ("split") dk (and dq at
+    # K = 128) go out in fp32 for XLA's group sum, dq at K = 64 in bf16 from stage 3's GVA loop
+    # (MOSAIC_GPU.md Sec. 27, 27.5); "fused_ws" at K = 64 sums both in its GVA loop (Sec. 33):
+    # all kernel variants are lowered.
     q, k, v, g, beta, state, seg, _, _, scale = bwd_test._pipeline_inputs(
         1, 200, 2, 1 if gva else 2, dk, dv, None if deltanet else 0.2, True, True, (70, 30))
 
