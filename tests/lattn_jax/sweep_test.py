@@ -415,6 +415,16 @@ class RunDirTest(absltest.TestCase):
         self.assertIsNone(sweep.error_line([]))
 
 
+def _snapshot(root):
+    """Every file under ``root`` with its contents (to assert that a call wrote nothing)."""
+    out = {}
+    for base, _, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(base, name), "rb") as f:
+                out[os.path.join(base, name)] = f.read()
+    return out
+
+
 def _partial_run_without_checkpoint(workdir):
     """A run directory with a training record and an attempt, and no checkpoint."""
     os.makedirs(workdir)
@@ -1336,18 +1346,9 @@ class ChangedOverrideTest(_FakeTrainerTestCase):
                                 repo_root=self.repo, argv=["sweep.py"],
                                 print_fn=self.lines.append)
 
-    def snapshot(self):
-        """Every file under the sweep root with its contents."""
-        out = {}
-        for base, _, files in os.walk(self.sweep_root):
-            for name in files:
-                with open(os.path.join(base, name), "rb") as f:
-                    out[os.path.join(base, name)] = f.read()
-        return out
-
     def test_a_changed_override_is_refused_and_an_unchanged_call_resumes(self):
         self.assertEqual(self.call(), 0)
-        before = self.snapshot()
+        before = _snapshot(self.sweep_root)
         for overrides, changed in (
                 (["model.d_model=32"], "model.d_model 64 (default) -> 32"),
                 (["train.total_steps=6"], "train.total_steps 4 (default) -> 6")):
@@ -1359,7 +1360,8 @@ class ChangedOverrideTest(_FakeTrainerTestCase):
                     self.assertIn(f"\n  {name}: {changed}\n", message + "\n")
                 self.assertIn("use a new --root for these settings, or drop the --override",
                               message)
-                self.assertEqual(self.snapshot(), before)  # nothing written: no sweep.jsonl line
+                # nothing written: no sweep.jsonl line
+                self.assertEqual(_snapshot(self.sweep_root), before)
         # Only the selected runs are compared; the changed one is still refused alone.
         with self.assertRaisesRegex(sweep.SweepConfigError,
                                     rf"\n  {re.escape(self.names[1])}: model\.d_model"):
@@ -1533,21 +1535,13 @@ class ConfigChangeTest(_FakeTrainerTestCase):
             with open(path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
 
-    def snapshot(self):
-        out = {}
-        for base, _, files in os.walk(self.sweep_root):
-            for name in files:
-                with open(os.path.join(base, name), "rb") as f:
-                    out[os.path.join(base, name)] = f.read()
-        return out
-
     def test_an_edited_config_file_is_refused_marked_and_listed(self):
         self.assertEqual(self.call(), 0)
         self.record_resolved()
         self.assertEqual(self.call(), 0)  # unchanged: skipped
         self.assertIn(f"--- {self.names[0]}: finished, skipped", self.lines)
         self.edit(10)  # the warm-up edited between two calls (another size: a fresh .pyc)
-        before = self.snapshot()
+        before = _snapshot(self.sweep_root)
         with self.assertRaises(sweep.SweepConfigError) as e:
             self.call()
         message = str(e.exception)
@@ -1555,12 +1549,12 @@ class ConfigChangeTest(_FakeTrainerTestCase):
             self.assertIn(f"\n  {name}: optim.warmup_steps 1 -> 10\n", message)
         self.assertIn("than configs/edited.py gives them now", message)
         self.assertIn("or pass --accept_config_changes", message)
-        self.assertEqual(self.snapshot(), before)  # nothing written
+        self.assertEqual(_snapshot(self.sweep_root), before)  # nothing written
         # --dry_run lists them (and writes nothing); --report_only marks them.
         self.assertEqual(self.call(dry_run=True), 0)
         self.assertRegex(self.lines[0], r"^dry run: the call would refuse to run")
         self.assertIn(f"\n  {self.names[1]}: optim.warmup_steps 1 -> 10", self.lines[0])
-        self.assertEqual(self.snapshot(), before)
+        self.assertEqual(_snapshot(self.sweep_root), before)
         self.assertEqual(self.call(report_only=True), 0)
         with open(os.path.join(self.sweep_root, sweep_report.RESULTS_MD)) as f:
             page = f.read()
@@ -1593,12 +1587,12 @@ class ConfigChangeTest(_FakeTrainerTestCase):
             f.writelines(kept)  # stopped after its step-4 checkpoint: resumed next
         self.assertEqual(sweep.run_state(workdir).status, sweep.Status.PARTIAL)
         self.edit(10)
-        before = self.snapshot()
+        before = _snapshot(self.sweep_root)
         with self.assertRaisesRegex(sweep.SweepConfigError,
                                     rf"\n  {re.escape(self.names[0])}: optim\.warmup_steps "
                                     rf"1 -> 10\n"):
             self.call(only=[self.names[0]])
-        self.assertEqual(self.snapshot(), before)  # not resumed
+        self.assertEqual(_snapshot(self.sweep_root), before)  # not resumed
         self.assertEqual(self.call(only=[self.names[0]], accept_config_changes=True), 0)
         self.assertEqual(sweep.run_state(workdir).status, sweep.Status.FINISHED)
         self.assertLen(sweep.read_jsonl(os.path.join(workdir, "invocations.jsonl")), 2)
