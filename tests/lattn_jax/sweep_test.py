@@ -1321,7 +1321,20 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
             self.assertEqual(json.load(f)["gpus"], "3")
 
 
-class ChangedOverrideTest(_FakeTrainerTestCase):
+class _DriverCallTestCase(_FakeTrainerTestCase):
+    """``call(**options)``: ``sweep_driver.run`` of ``self.config`` on ``self.sweep_root``,
+    its printed lines in ``self.lines``; subclasses set the three in ``setUp``."""
+
+    def call(self, **options):
+        from lattn_jax import sweep_driver  # noqa: PLC0415
+        self.lines.clear()
+        return sweep_driver.run(self.config,
+                                sweep_driver.SweepOptions(root=self.sweep_root, **options),
+                                repo_root=self.repo, argv=["sweep.py"],
+                                print_fn=self.lines.append)
+
+
+class ChangedOverrideTest(_DriverCallTestCase):
     """A changed ``--override`` on a root with runs of it is refused before anything is written
     (2026-12-05: ``--override=model.d_model=32`` on a finished root skipped every run and
     reported the old numbers as this call's); a call that launched a run that failed exits
@@ -1337,14 +1350,6 @@ class ChangedOverrideTest(_FakeTrainerTestCase):
                            grid=((("train.eval_every", (1, 2)),),), seed_axis=None)
         self.sweep_root = os.path.join(self.root, "sweep")
         self.names = [r.name for r in sweep.expand(self.config)]
-
-    def call(self, **options):
-        from lattn_jax import sweep_driver  # noqa: PLC0415
-        self.lines.clear()
-        return sweep_driver.run(self.config,
-                                sweep_driver.SweepOptions(root=self.sweep_root, **options),
-                                repo_root=self.repo, argv=["sweep.py"],
-                                print_fn=self.lines.append)
 
     def test_a_changed_override_is_refused_and_an_unchanged_call_resumes(self):
         self.assertEqual(self.call(), 0)
@@ -1469,7 +1474,7 @@ if __name__ == "__main__":
     absltest.main()
 
 
-class ConfigChangeTest(_FakeTrainerTestCase):
+class ConfigChangeTest(_DriverCallTestCase):
     """A training config file edited between calls on one root (the recorded commands stay the
     same: :func:`sweep.conflicts` and :func:`sweep.changed_overrides` see nothing) is refused
     before anything is written, unless accepted; ``report_only`` marks the runs and
@@ -1507,14 +1512,6 @@ class ConfigChangeTest(_FakeTrainerTestCase):
         """Writes the training config with ``optim.warmup_steps = warmup``."""
         with open(self.config_file, "w") as f:
             f.write(self.WRAPPER.format(warmup))
-
-    def call(self, **options):
-        from lattn_jax import sweep_driver  # noqa: PLC0415
-        self.lines.clear()
-        return sweep_driver.run(self.config,
-                                sweep_driver.SweepOptions(root=self.sweep_root, **options),
-                                repo_root=self.repo, argv=["sweep.py"],
-                                print_fn=self.lines.append)
 
     def record_resolved(self, edit=None):
         """Gives every invocation of the runs the config the real trainer would have recorded
