@@ -231,5 +231,21 @@ class ModelTest(parameterized.TestCase):
             self.assertEqual(n + 1024, want)
 
 
+class ModelConfigTypeTest(absltest.TestCase):
+
+    def test_a_config_dict_or_dict_is_refused_naming_the_constructors(self):
+        from configs import table2
+        model_cd = table2.get_config("tiny").model
+        for value, kind in ((model_cd, "ConfigDict"), (model_cd.to_dict(), "dict")):
+            with self.assertRaisesRegex(
+                    TypeError, rf"ModelConfig, got {kind}; .*experiment_from_config_dict"
+                               rf"\(config\)\.model .*ModelConfig\(\*\*options\)"):
+                model_lib.LanguageModel(value, rngs=nnx.Rngs(0))
+        # The named constructors build it.
+        cfg = config_lib.ModelConfig(**model_cd.to_dict())
+        self.assertEqual(cfg, config_lib.experiment_from_config_dict(
+            table2.get_config("tiny")).model)
+
+
 if __name__ == "__main__":
     absltest.main()
