@@ -126,6 +126,19 @@ class ModelTest(parameterized.TestCase):
         self.assertEqual(config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=("gdn",),
                                                 mlp_hidden=48).layer_pattern, ("gdn",))
 
+    def test_a_list_layer_pattern_is_stored_as_the_tuple(self):
+        listed = config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=["gdn", "attn"],
+                                        mlp_hidden=48)
+        tupled = config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=("gdn", "attn"),
+                                        mlp_hidden=48)
+        self.assertEqual(listed.layer_pattern, ("gdn", "attn"))
+        self.assertEqual(listed, tupled)
+        self.assertEqual(hash(listed), hash(tupled))
+        # The other tuple field of the config dataclasses is stored as a tuple too.
+        mesh = config_lib.MeshConfig(rules=[["batch", ["data", "fsdp"]], ["embed", None]])
+        self.assertEqual(mesh.rules, (("batch", ("data", "fsdp")), ("embed", None)))
+        hash(mesh)
+
     def test_pallas_implementation_is_a_config_choice_with_a_named_error(self):
         # "pallas" is accepted by every linear mixer section; off a GPU the call names why it
         # cannot run instead of falling back silently; a misspelling is named at config time.
