@@ -221,8 +221,7 @@ class LanguageModel(nnx.Module):
           ValueError: if ``batch < 1`` or ``max_len < 1`` (the latter from the attention
             cache).
         """
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise ValueError(f"init_state: batch={batch!r}; expected a positive integer (rows)")
+        layers.check_init_state_batch(batch)
         states = []
         for block in self.blocks:
             if isinstance(block.mixer, mixers.attention.Attention):
