@@ -160,7 +160,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                    text_field: str = "text", doc_split: str = "blank_line", workers: int = 0,
                    chunk_docs: int = 256, progress: bool = True, print_fn=print,
                    pool=None,
-                   max_bad_fraction: float = sources.DEFAULT_MAX_BAD_FRACTION) -> dict:
+                   max_bad_fraction: float = sources.DEFAULT_MAX_BAD_FRACTION,
+                   allow_empty: bool = False) -> dict:
     """Tokenizes ``inputs`` into token shards in ``output_dir``; returns the manifest.
 
     Args:
@@ -182,6 +183,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             ``text_field``) exceed this fraction of the records read (of at least
             ``MIN_RECORDS``); they are skipped and counted below it
             (``sources.BadRecordLimit``, the trainer's ``data.max_bad_fraction`` limit too).
+        allow_empty: accept inputs of no documents (empty shards): a corpus build's split of
+            a source may hold none (``lattn_jax.data.corpora.build``); else they are refused.
 
     Returns:
         The manifest dict (also written to ``<output_dir>/manifest.json``).
@@ -192,7 +195,11 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         ValueError: bad options (a ``"huggingface"`` or ``"gguf"`` tokenizer without
             ``tokenizer_path``, named as ``--tokenizer_path``), too many bad records, a
             Parquet source without ``text_field``, an ``output_dir`` that is a file, cannot
-            be written or made, or holds shards of another tokenizer.
+            be written or made, or holds shards of another tokenizer. Also when the inputs
+            hold no text (unless ``allow_empty``): every file empty (refused before anything
+            is written), or no file gave a document (then nothing of the run is kept: shards
+            of no document are written last, the previous manifest is put back); the message
+            names each ``--input`` and ``--output_dir``.
     """
     if workers < 0 or chunk_docs < 1:
         raise ValueError(f"--workers must be >= 0 and --chunk_docs >= 1, got {workers}, "
@@ -210,6 +217,15 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                          f"--tokenizer_path=<file>")
     tok = _main_tokenizer(tokenizer, tokenizer_path)
     files = sources.list_files(inputs, _FLAG_NAMES)
+    if not allow_empty and all(os.path.getsize(f) == 0 for f in files):  # before any write
+        raise ValueError(f"{_inputs_flag(inputs)}: no text to tokenize, every input file is "
+                         f"empty ({_some(files)}); --output_dir={output_dir} left as it was")
+    before = set(os.listdir(output_dir)) if os.path.isdir(output_dir) else set()
+    manifest_path = os.path.join(output_dir, shards.MANIFEST)
+    old_manifest = None
+    if os.path.isfile(manifest_path):
+        with open(manifest_path, "rb") as f:
+            old_manifest = f.read()
     os.makedirs(output_dir, exist_ok=True)
     dtype = shards.token_dtype(tok.vocab_size)
     options = {"format": fmt, "text_field": text_field, "doc_split": doc_split}
@@ -236,6 +252,9 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
     # --text_field, a binary or unreadable file) is one error line, not an empty bar and it.
     bar = None
     start, done_tokens = time.perf_counter(), 0
+    # Shards of files that gave no document: not written (nor an older shard of their name
+    # replaced) until the corpus is known to hold some, so that a corpus of none is undone.
+    empty_shards = []
     try:
         for index, path in enumerate(files):
             name = f"shard-{index:05d}"
@@ -264,12 +283,14 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                                      on_skip=limit.on_skip(path),
                                      names=_FLAG_NAMES)
             writer = shards.ShardWriter(output_dir, name, dtype)
+            written = 0
             try:
                 chunks = _chunks(docs, chunk_docs)
                 results = (_bounded_imap(pool, _encode_chunk, chunks, 2 * workers) if pool
                            else map(_encode_chunk, chunks))
                 for flat, lengths, empty in results:
                     writer.add_many(flat, lengths)
+                    written += len(lengths)
                     stats.documents -= empty
                     stats.empty_documents += empty
                     done_tokens += len(flat)
@@ -283,7 +304,14 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                 writer.abort()
                 raise
             limit.done.merge(stats)
-            entry = {**writer.finish(), **info, "read_stats": stats.counters()}
+            if written:
+                entry = writer.finish()
+            else:  # its (empty) files are written once some file gave documents: see below
+                writer.abort()
+                entry = {"name": name, "documents": 0, "tokens": 0,
+                         "token_file": writer.token_file, "offsets_file": writer.offsets_file}
+                empty_shards.append(name)
+            entry = {**entry, **info, "read_stats": stats.counters()}
             manifest["shards"].append(entry)
             manifest["totals"] = _totals(manifest["shards"])
             # Until the last file is done the corpus is partial: shards.open_corpus refuses
@@ -300,6 +328,34 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             pool.terminate()
             pool.join()
     manifest["totals"] = _totals(manifest["shards"])
+    if manifest["totals"]["tokens"] == 0 and not allow_empty:  # blank lines only: training fails
+        _undo(output_dir, before, old_manifest)
+        raise ValueError(f"{_inputs_flag(inputs)}: no documents in {_some(files)} (blank or "
+                         f"without text); nothing kept, "
+                         f"--output_dir={output_dir} left as it was")
+    for name in empty_shards:
+        shards.ShardWriter(output_dir, name, dtype).finish()
     manifest.pop(shards.PENDING_KEY, None)
     shards.write_manifest(output_dir, manifest)
     return manifest
+
+
+def _inputs_flag(inputs: Sequence[str]) -> str:
+    """``--input=a --input=b``: the inputs as the command named them."""
+    return " ".join(f"--input={path}" for path in inputs)
+
+
+def _some(files: Sequence[str], limit: int = 3) -> str:
+    """``a, b, c and 4 more``: the first ``limit`` of ``files`` for a one-line message."""
+    more = f" and {len(files) - limit} more" if len(files) > limit else ""
+    return ", ".join(files[:limit]) + more
+
+
+def _undo(output_dir: str, before: set, old_manifest: bytes | None) -> None:
+    """Removes the files this run added to ``output_dir`` (not in ``before``) and puts back its
+    previous ``manifest.json`` (``old_manifest``; none: the run's own is removed)."""
+    for name in set(os.listdir(output_dir)) - before:
+        os.remove(os.path.join(output_dir, name))
+    if old_manifest is not None:
+        with open(os.path.join(output_dir, shards.MANIFEST), "wb") as f:
+            f.write(old_manifest)
