@@ -21,13 +21,19 @@ control characters, ``sources.sniff_binary``) is refused before reading, naming 
 
 Re-running with the same output directory skips every shard whose source file is unchanged (same
 path and sha256; the hash is recomputed only if size or mtime changed) and whose files are
-complete; an interrupted run therefore resumes at the first unfinished shard.
+complete; an interrupted run therefore resumes at the first unfinished shard. A finished run
+removes the shard files (``shard-<index>.tokens.bin`` / ``.offsets.npy``, nothing else) that its
+manifest does not list, left by an earlier run with more inputs, naming them in one line: the
+directory then holds exactly the corpus of the inputs given (shards are derived data, remade by
+running with those inputs again; refusing would leave the stale files to whatever reads the
+folder: ``corpus_pieces.py --mode=split`` packs the whole directory).
 """
 
 import collections
 import functools
 import multiprocessing
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -337,7 +343,26 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         shards.ShardWriter(output_dir, name, dtype).finish()
     manifest.pop(shards.PENDING_KEY, None)
     shards.write_manifest(output_dir, manifest)
+    _remove_stale_shards(output_dir, manifest, print_fn)
     return manifest
+
+
+# The files of a shard that prepare_corpus writes (``shard-<index>``, ``ShardWriter``).
+_SHARD_FILE = re.compile(r"shard-\d{5,}\.(tokens\.bin|offsets\.npy)")
+
+
+def _remove_stale_shards(output_dir: str, manifest: dict, print_fn) -> None:
+    """Removes the shard files in ``output_dir`` that ``manifest`` does not list (an earlier run
+    with more inputs left them; tools that read the directory's files would pack them), and
+    says which in one line. Only names of the shard pattern are touched."""
+    listed = {e[key] for e in manifest["shards"] for key in ("token_file", "offsets_file")}
+    stale = sorted(name for name in os.listdir(output_dir)
+                   if _SHARD_FILE.fullmatch(name) and name not in listed)
+    for name in stale:
+        os.remove(os.path.join(output_dir, name))
+    if stale:
+        print_fn(f"{output_dir}: removed {len(stale)} shard file(s) of an earlier run that the "
+                 f"new manifest does not list: {_some(stale)}")
 
 
 def _inputs_flag(inputs: Sequence[str]) -> str:

@@ -160,6 +160,27 @@ class PrepareCorpusTest(absltest.TestCase):
         self.assertEqual((manifest["totals"]["shards"], manifest["totals"]["documents"]), (4, 90))
         self.assertEqual(shards.open_corpus([os.path.join(self.root, "mixed")]).num_documents, 90)
 
+    def test_a_rerun_with_fewer_inputs_removes_the_shards_it_does_not_list(self):
+        # 2026-12-05 newcomer pass: shard-00001.* and shard-00002.* stayed beside the new
+        # manifest, and corpus_pieces.py --mode=split packed them.
+        out = os.path.join(self.root, "out")
+        self._prepare(out, tokenizer="byte")
+        other = os.path.join(out, "shard-notes.txt")  # not of the shard pattern: kept
+        with open(other, "w") as f:
+            f.write("mine\n")
+        manifest = prepare.prepare_corpus([os.path.join(self.inputs, "c.txt")], out,
+                                          tokenizer="byte", progress=False,
+                                          print_fn=self.messages.append)
+        self.assertEqual(manifest["totals"]["shards"], 1)
+        self.assertEqual(sorted(os.listdir(out)), [
+            "manifest.json", "shard-00000.offsets.npy", "shard-00000.tokens.bin",
+            "shard-notes.txt"])
+        self.assertEqual(self.messages[-1], (
+            f"{out}: removed 4 shard file(s) of an earlier run that the new manifest does not "
+            f"list: shard-00001.offsets.npy, shard-00001.tokens.bin, shard-00002.offsets.npy "
+            f"and 1 more"))
+        self.assertEqual(shards.open_corpus([out]).num_documents, 30)
+
     def test_bad_inputs_are_named(self):
         with self.assertRaisesRegex(FileNotFoundError, "/no/such/dir"):
             prepare.prepare_corpus(["/no/such/dir"], os.path.join(self.root, "x"),
