@@ -8,7 +8,9 @@ Usage (FineWeb-Edu Parquet files, LLaMA-2 SentencePiece, 16 tokenizer processes)
         --config.data.paths="('/data/fineweb-edu-llama2',)"
 
 One shard per input file (text, JSONL plain/.gz/.zst, Parquet); running it again skips the shards
-already finished. The shard format is described in ``lattn_jax/data/shards.py``.
+already finished, and a finished run removes the shard files its manifest does not list (an
+earlier run's with more inputs), naming them. Inputs with no text are refused, the output
+directory left as it was. The shard format is described in ``lattn_jax/data/shards.py``.
 
 Bad input: malformed JSONL lines and records without ``--text_field`` are skipped and counted (the
 run stops once they exceed ``--max_bad_fraction`` of the records read), a ``--text_field`` that

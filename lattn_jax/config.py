@@ -632,7 +632,8 @@ class ModelConfig:
     Attributes:
       vocab_size: ``S``; must cover the tokenizer's ids.
       d_model: ``D``.
-      layer_pattern: one mixer name per layer, from ``MIXER_NAMES``.
+      layer_pattern: one mixer name per layer, from ``MIXER_NAMES``; a list is stored as a
+        tuple (a string is refused: write ``("gdn",)``).
       mlp_hidden: SwiGLU hidden width ``F``.
       tie_embeddings: share the input embedding with the LM head.
       norm_eps: RMSNorm epsilon (paper 1: 1e-5).
@@ -699,6 +700,9 @@ class ModelConfig:
         _require(not isinstance(self.layer_pattern, str),
                  f"model.layer_pattern must be a tuple of mixer names, e.g. "
                  f"({self.layer_pattern!r},), got the string {self.layer_pattern!r}")
+        # A list (ModelConfig(layer_pattern=["gdn", "attn"])) as the tuple it stands for: equal
+        # to the tuple form and hashable, as a config file's list already is (_build).
+        object.__setattr__(self, "layer_pattern", tuple(self.layer_pattern))
         _require(len(self.layer_pattern) >= 1, "model.layer_pattern must name at least one layer")
         for i, name in enumerate(self.layer_pattern):
             _require(

@@ -11,6 +11,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from lattn_jax import context_parallel
@@ -405,9 +406,14 @@ def check_mixer_input(x: Array, d_model: int, segment_ids: Optional[Array] = Non
       ValueError: ``"x must be [batch, seq_len, d_model=512], got (2, 16, 513)"`` on a wrong
         width (``"... d_model=512] (rank 3), got shape (2, 16)"`` on a wrong rank), or
         ``"segment_ids must be [batch=2, seq_len=16] like x, got (2, 15)"``, or ``"x must
-        have a floating dtype (activations, not token ids), got x.dtype=int32"``.
+        have a floating dtype (activations, not token ids), got x.dtype=int32"``, or ``"x must
+        hold at least one row and one token [batch, seq_len, d_model=512], got shape (2, 0,
+        512)"``, or ``"segment_ids must have an integer dtype, got segment_ids.dtype=float32"``.
     """
     validation.check_shape("x", x, (None, None, d_model), axes=("batch", "seq_len", "d_model"))
+    if 0 in tuple(jnp.shape(x))[:2]:  # (was an error naming an internal q, or an empty y)
+        raise ValueError(f"x must hold at least one row and one token [batch, seq_len, "
+                         f"d_model={d_model}], got shape {tuple(jnp.shape(x))}")
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
         raise ValueError(f"x must have a floating dtype (activations, not token ids), got "
                          f"x.dtype={jnp.result_type(x)}")
@@ -417,13 +423,24 @@ def check_mixer_input(x: Array, d_model: int, segment_ids: Optional[Array] = Non
 def check_segment_ids(segment_ids: Optional[Array], batch_time: Tuple[int, int],
                       like: str) -> None:
     """Raises ``ValueError`` unless ``segment_ids`` is ``None`` or has the shape ``batch_time``
-    (``[B, T]`` of the argument named ``like``); static shapes only."""
+    (``[B, T]`` of the argument named ``like``) and an integer dtype (the linear kernels' check,
+    :func:`~pallas_kernels.common.validation.check_segment_ids_dtype`); static shapes and
+    dtypes only."""
     if segment_ids is None:
         return
     b, t = batch_time
     shape = tuple(jnp.shape(segment_ids))
     if shape != (b, t):
         raise ValueError(f"segment_ids must be [batch={b}, seq_len={t}] like {like}, got {shape}")
+    validation.check_segment_ids_dtype(segment_ids)
+
+
+def check_init_state_batch(batch) -> None:
+    """Raises ``ValueError`` unless ``batch`` (the ``B`` of an ``init_state``) is a positive
+    integer (a Python or NumPy int, not a bool): ``"init_state: batch=0; expected a positive
+    integer (rows)"``."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ValueError(f"init_state: batch={batch!r}; expected a positive integer (rows)")
 
 
 def check_state_batch(state: Optional[NamedTuple], batch: int) -> None:

@@ -169,12 +169,23 @@ class LanguageModel(nnx.Module):
       model_config: a validated :class:`~lattn_jax.config.ModelConfig`.
       rngs: NNX rngs.
 
+    Raises:
+      TypeError: ``model_config`` is not a ``ModelConfig`` (a ``ConfigDict`` or ``dict``): the
+        message names the constructors that make one.
+
     Attributes:
       attn_res_final_query: ``[D]`` AttnRes pseudo-query of the final norm (with
         ``routing.attn_res`` only).
     """
 
     def __init__(self, model_config: config_lib.ModelConfig, *, rngs: nnx.Rngs):
+        if not isinstance(model_config, config_lib.ModelConfig):  # a ConfigDict or dict
+            raise TypeError(
+                f"LanguageModel: model_config must be a lattn_jax.config.ModelConfig, got "
+                f"{type(model_config).__name__}; build one with "
+                f"lattn_jax.config.experiment_from_config_dict(config).model (a whole config "
+                f"file's ConfigDict) or lattn_jax.config.ModelConfig(**options) (a mapping of "
+                f"the model section's options)")
         self.config = model_config
         pdt = jnp.dtype(model_config.param_dtype)
         self.dtype = jnp.dtype(model_config.dtype)
@@ -210,8 +221,7 @@ class LanguageModel(nnx.Module):
           ValueError: if ``batch < 1`` or ``max_len < 1`` (the latter from the attention
             cache).
         """
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise ValueError(f"init_state: batch={batch!r}; expected a positive integer (rows)")
+        layers.check_init_state_batch(batch)
         states = []
         for block in self.blocks:
             if isinstance(block.mixer, mixers.attention.Attention):

@@ -1357,6 +1357,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
       :func:`stop_exit_status` turns it into the command's exit status).
 
     Raises:
+      TypeError: ``config`` is not an ``ExperimentConfig`` (a ``ConfigDict`` from a config
+        file: the message names :func:`lattn_jax.config.experiment_from_config_dict`), before
+        anything is written.
       FileNotFoundError: a data or tokenizer file named in ``config.data`` is missing, or
         there is no checkpoint at ``step``.
       CheckpointError: no checkpoint can be read, or the one at ``step`` cannot;
@@ -1398,6 +1401,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         (is skipped) and the trained state is saved; the next run evaluates it (also a
         ``KeyboardInterrupt`` for a Ctrl-C).
     """
+    if not isinstance(config, config_lib.ExperimentConfig):  # a ConfigDict: AttributeError later
+        raise TypeError(
+            f"train_and_evaluate: config must be a lattn_jax.config.ExperimentConfig, got "
+            f"{type(config).__name__}; convert a ConfigDict (what configs/*.py get_config() "
+            f"returns) with lattn_jax.config.experiment_from_config_dict(config)")
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise config_lib.ConfigError(f"workdir {workdir} exists and is not a directory")
     if step is not None:  # refused before anything is written (a fresh workdir stays absent)

@@ -21,13 +21,19 @@ control characters, ``sources.sniff_binary``) is refused before reading, naming 
 
 Re-running with the same output directory skips every shard whose source file is unchanged (same
 path and sha256; the hash is recomputed only if size or mtime changed) and whose files are
-complete; an interrupted run therefore resumes at the first unfinished shard.
+complete; an interrupted run therefore resumes at the first unfinished shard. A finished run
+removes the shard files (``shard-<index>.tokens.bin`` / ``.offsets.npy``, nothing else) that its
+manifest does not list, left by an earlier run with more inputs, naming them in one line: the
+directory then holds exactly the corpus of the inputs given (shards are derived data, remade by
+running with those inputs again; refusing would leave the stale files to whatever reads the
+folder: ``corpus_pieces.py --mode=split`` packs the whole directory).
 """
 
 import collections
 import functools
 import multiprocessing
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -160,7 +166,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                    text_field: str = "text", doc_split: str = "blank_line", workers: int = 0,
                    chunk_docs: int = 256, progress: bool = True, print_fn=print,
                    pool=None,
-                   max_bad_fraction: float = sources.DEFAULT_MAX_BAD_FRACTION) -> dict:
+                   max_bad_fraction: float = sources.DEFAULT_MAX_BAD_FRACTION,
+                   allow_empty: bool = False) -> dict:
     """Tokenizes ``inputs`` into token shards in ``output_dir``; returns the manifest.
 
     Args:
@@ -182,6 +189,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             ``text_field``) exceed this fraction of the records read (of at least
             ``MIN_RECORDS``); they are skipped and counted below it
             (``sources.BadRecordLimit``, the trainer's ``data.max_bad_fraction`` limit too).
+        allow_empty: accept inputs of no documents (empty shards): a corpus build's split of
+            a source may hold none (``lattn_jax.data.corpora.build``); else they are refused.
 
     Returns:
         The manifest dict (also written to ``<output_dir>/manifest.json``).
@@ -192,7 +201,11 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
         ValueError: bad options (a ``"huggingface"`` or ``"gguf"`` tokenizer without
             ``tokenizer_path``, named as ``--tokenizer_path``), too many bad records, a
             Parquet source without ``text_field``, an ``output_dir`` that is a file, cannot
-            be written or made, or holds shards of another tokenizer.
+            be written or made, or holds shards of another tokenizer. Also when the inputs
+            hold no text (unless ``allow_empty``): every file empty (refused before anything
+            is written), or no file gave a document (then nothing of the run is kept: shards
+            of no document are written last, the previous manifest is put back); the message
+            names each ``--input`` and ``--output_dir``.
     """
     if workers < 0 or chunk_docs < 1:
         raise ValueError(f"--workers must be >= 0 and --chunk_docs >= 1, got {workers}, "
@@ -210,6 +223,15 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                          f"--tokenizer_path=<file>")
     tok = _main_tokenizer(tokenizer, tokenizer_path)
     files = sources.list_files(inputs, _FLAG_NAMES)
+    if not allow_empty and all(os.path.getsize(f) == 0 for f in files):  # before any write
+        raise ValueError(f"{_inputs_flag(inputs)}: no text to tokenize, every input file is "
+                         f"empty ({_some(files)}); --output_dir={output_dir} left as it was")
+    before = set(os.listdir(output_dir)) if os.path.isdir(output_dir) else set()
+    manifest_path = os.path.join(output_dir, shards.MANIFEST)
+    old_manifest = None
+    if os.path.isfile(manifest_path):
+        with open(manifest_path, "rb") as f:
+            old_manifest = f.read()
     os.makedirs(output_dir, exist_ok=True)
     dtype = shards.token_dtype(tok.vocab_size)
     options = {"format": fmt, "text_field": text_field, "doc_split": doc_split}
@@ -236,6 +258,9 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
     # --text_field, a binary or unreadable file) is one error line, not an empty bar and it.
     bar = None
     start, done_tokens = time.perf_counter(), 0
+    # Shards of files that gave no document: not written (nor an older shard of their name
+    # replaced) until the corpus is known to hold some, so that a corpus of none is undone.
+    empty_shards = []
     try:
         for index, path in enumerate(files):
             name = f"shard-{index:05d}"
@@ -264,12 +289,14 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                                      on_skip=limit.on_skip(path),
                                      names=_FLAG_NAMES)
             writer = shards.ShardWriter(output_dir, name, dtype)
+            written = 0
             try:
                 chunks = _chunks(docs, chunk_docs)
                 results = (_bounded_imap(pool, _encode_chunk, chunks, 2 * workers) if pool
                            else map(_encode_chunk, chunks))
                 for flat, lengths, empty in results:
                     writer.add_many(flat, lengths)
+                    written += len(lengths)
                     stats.documents -= empty
                     stats.empty_documents += empty
                     done_tokens += len(flat)
@@ -283,7 +310,14 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                 writer.abort()
                 raise
             limit.done.merge(stats)
-            entry = {**writer.finish(), **info, "read_stats": stats.counters()}
+            if written:
+                entry = writer.finish()
+            else:  # its (empty) files are written once some file gave documents: see below
+                writer.abort()
+                entry = {"name": name, "documents": 0, "tokens": 0,
+                         "token_file": writer.token_file, "offsets_file": writer.offsets_file}
+                empty_shards.append(name)
+            entry = {**entry, **info, "read_stats": stats.counters()}
             manifest["shards"].append(entry)
             manifest["totals"] = _totals(manifest["shards"])
             # Until the last file is done the corpus is partial: shards.open_corpus refuses
@@ -300,6 +334,53 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
             pool.terminate()
             pool.join()
     manifest["totals"] = _totals(manifest["shards"])
+    if manifest["totals"]["tokens"] == 0 and not allow_empty:  # blank lines only: training fails
+        _undo(output_dir, before, old_manifest)
+        raise ValueError(f"{_inputs_flag(inputs)}: no documents in {_some(files)} (blank or "
+                         f"without text); nothing kept, "
+                         f"--output_dir={output_dir} left as it was")
+    for name in empty_shards:
+        shards.ShardWriter(output_dir, name, dtype).finish()
     manifest.pop(shards.PENDING_KEY, None)
     shards.write_manifest(output_dir, manifest)
+    _remove_stale_shards(output_dir, manifest, print_fn)
     return manifest
+
+
+# The files of a shard that prepare_corpus writes (``shard-<index>``, ``ShardWriter``).
+_SHARD_FILE = re.compile(r"shard-\d{5,}\.(tokens\.bin|offsets\.npy)")
+
+
+def _remove_stale_shards(output_dir: str, manifest: dict, print_fn) -> None:
+    """Removes the shard files in ``output_dir`` that ``manifest`` does not list (an earlier run
+    with more inputs left them; tools that read the directory's files would pack them), and
+    says which in one line. Only names of the shard pattern are touched."""
+    listed = {e[key] for e in manifest["shards"] for key in ("token_file", "offsets_file")}
+    stale = sorted(name for name in os.listdir(output_dir)
+                   if _SHARD_FILE.fullmatch(name) and name not in listed)
+    for name in stale:
+        os.remove(os.path.join(output_dir, name))
+    if stale:
+        print_fn(f"{output_dir}: removed {len(stale)} shard file(s) of an earlier run that the "
+                 f"new manifest does not list: {_some(stale)}")
+
+
+def _inputs_flag(inputs: Sequence[str]) -> str:
+    """``--input=a --input=b``: the inputs as the command named them."""
+    return " ".join(f"--input={path}" for path in inputs)
+
+
+def _some(files: Sequence[str], limit: int = 3) -> str:
+    """``a, b, c and 4 more``: the first ``limit`` of ``files`` for a one-line message."""
+    more = f" and {len(files) - limit} more" if len(files) > limit else ""
+    return ", ".join(files[:limit]) + more
+
+
+def _undo(output_dir: str, before: set, old_manifest: bytes | None) -> None:
+    """Removes the files this run added to ``output_dir`` (not in ``before``) and puts back its
+    previous ``manifest.json`` (``old_manifest``; none: the run's own is removed)."""
+    for name in set(os.listdir(output_dir)) - before:
+        os.remove(os.path.join(output_dir, name))
+    if old_manifest is not None:
+        with open(os.path.join(output_dir, shards.MANIFEST), "wb") as f:
+            f.write(old_manifest)

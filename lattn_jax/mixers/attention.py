@@ -184,7 +184,13 @@ class Attention(nnx.Module):
             self.q_norm = self.k_norm = None
 
     def init_state(self, batch: int, max_len: int) -> KVCache:
-        """An empty cache for ``batch`` rows of up to ``max_len`` tokens (compute dtype)."""
+        """An empty cache for ``batch`` rows of up to ``max_len`` tokens (compute dtype).
+
+        Raises:
+          ValueError: ``batch`` is not a positive integer
+            (:func:`~lattn_jax.layers.check_init_state_batch`), or ``max_len < 1``.
+        """
+        layers.check_init_state_batch(batch)
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len=}")
         shape = (batch, max_len, self.num_kv_heads, self.head_dim)

@@ -124,7 +124,13 @@ class KimiDeltaAttention(nnx.Module):
         return -a * jax.nn.softplus(f.astype(jnp.float32) + dt_bias)
 
     def init_state(self, batch: int) -> layers.RecurrentState:
-        """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S."""
+        """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (compute dtype), fp32 S.
+
+        Raises:
+          ValueError: ``batch`` is not a positive integer
+            (:func:`~lattn_jax.layers.check_init_state_batch`).
+        """
+        layers.check_init_state_batch(batch)
         return layers.zero_recurrent_state(self.cfg, batch, self.dtype)
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,

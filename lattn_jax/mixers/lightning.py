@@ -127,7 +127,13 @@ class LightningAttention(nnx.Module):
             sg.lightning_log_decay(self.num_heads, max_bias=self.cfg.alibi_max_bias))
 
     def init_state(self, batch: int) -> LightningState:
-        """Zero decoding state at position 0."""
+        """Zero decoding state at position 0.
+
+        Raises:
+          ValueError: ``batch`` is not a positive integer
+            (:func:`~lattn_jax.layers.check_init_state_batch`).
+        """
+        layers.check_init_state_batch(batch)
         conv_state = None
         if self.conv is not None:
             width = (self.num_heads + 2 * self.num_kv_heads) * self.head_dim

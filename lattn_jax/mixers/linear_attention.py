@@ -69,7 +69,13 @@ class LinearAttention(nnx.Module):
                                      param_dtype=param_dtype)
 
     def init_state(self, batch: int) -> layers.RecurrentState:
-        """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (or ``None``), fp32 S."""
+        """Zero decoding state: conv ``[B, W - 1, 2 HK K + H V]`` (or ``None``), fp32 S.
+
+        Raises:
+          ValueError: ``batch`` is not a positive integer
+            (:func:`~lattn_jax.layers.check_init_state_batch`).
+        """
+        layers.check_init_state_batch(batch)
         return layers.zero_recurrent_state(self.cfg, batch, self.dtype,
                                            conv=self.conv is not None)
 

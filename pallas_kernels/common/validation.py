@@ -21,6 +21,15 @@ _logged = set()  # (op, message) pairs already logged by log_once
 IMPLEMENTATIONS: Tuple[str, ...] = ("auto", "chunked", "reference")
 
 
+def check_segment_ids_dtype(segment_ids: jax.Array) -> None:
+    """Raises ``ValueError`` unless ``segment_ids`` (``[B, T]`` document ids) has an integer
+    dtype: ``"segment_ids must have an integer dtype, got segment_ids.dtype=float32"``."""
+    dtype = jnp.result_type(segment_ids)
+    if not jnp.issubdtype(dtype, jnp.integer):
+        raise ValueError(f"segment_ids must have an integer dtype, got "
+                         f"segment_ids.dtype={jnp.dtype(dtype).name}")
+
+
 def check_shape(name: str, x: jax.Array, expected: Sequence[Optional[int]],
                 axes: Optional[Sequence[str]] = None) -> None:
     """Checks that ``x`` has ``len(expected)`` dims and matches every non-None entry.
@@ -118,8 +127,7 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size, scal
     if segment_ids is not None:
         check_rank("segment_ids", segment_ids, ("B", "T"))
         check_shape("segment_ids", segment_ids, (batch, seq_len))
-        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
-            raise ValueError(f"segment_ids must have an integer dtype, got {segment_ids.dtype=}")
+        check_segment_ids_dtype(segment_ids)
     check_chunk_size(chunk_size)
     check_scale(scale)
     return sizes

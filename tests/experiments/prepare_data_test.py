@@ -128,6 +128,59 @@ class PrepareCorpusTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "holds token shards made with byte"):
             self._prepare(out, tokenizer="sentencepiece")
 
+    def test_inputs_without_text_are_refused_leaving_the_output_dir_as_it_was(self):
+        # 2026-12-05 newcomer pass: a folder with one empty file gave "1 shards, 0 documents,
+        # 0 tokens" and status 0; training failed later.
+        empty_dir = os.path.join(self.root, "empty")
+        os.makedirs(empty_dir)
+        open(os.path.join(empty_dir, "e.txt"), "w").close()
+        out = os.path.join(self.root, "out")
+        with self.assertRaisesRegex(ValueError, rf"^--input={empty_dir}: no text to tokenize, "
+                                                rf"every input file is empty \({empty_dir}/e\.txt"
+                                                rf"\); --output_dir={out} left as it was$"):
+            prepare.prepare_corpus([empty_dir], out, tokenizer="byte", progress=False)
+        self.assertFalse(os.path.exists(out))  # refused before anything is written
+        # Blank lines only, rerun into a finished corpus: found after reading; nothing of this
+        # run is kept (its shard-00000 would have replaced the corpus's), the manifest stays.
+        manifest = self._prepare(out, tokenizer="byte")
+        listing = sorted(os.listdir(out))
+        with open(os.path.join(empty_dir, "e.txt"), "w") as f:
+            f.write("\n  \n")
+        with self.assertRaisesRegex(ValueError, rf"^--input={empty_dir}: no documents in "
+                                                rf"{empty_dir}/e\.txt \(blank or without text\); "
+                                                rf"nothing kept, --output_dir={out} left as it "
+                                                rf"was$"):
+            prepare.prepare_corpus([empty_dir], out, tokenizer="byte", progress=False)
+        self.assertEqual(sorted(os.listdir(out)), listing)
+        self.assertEqual(shards.read_manifest(out), manifest)
+        self.assertEqual(shards.open_corpus([out]).num_documents, 90)
+        # A file without documents among others still gets its (empty) shard.
+        os.rename(os.path.join(empty_dir, "e.txt"), os.path.join(self.inputs, "z.txt"))
+        manifest = self._prepare(os.path.join(self.root, "mixed"), tokenizer="byte")
+        self.assertEqual((manifest["totals"]["shards"], manifest["totals"]["documents"]), (4, 90))
+        self.assertEqual(shards.open_corpus([os.path.join(self.root, "mixed")]).num_documents, 90)
+
+    def test_a_rerun_with_fewer_inputs_removes_the_shards_it_does_not_list(self):
+        # 2026-12-05 newcomer pass: shard-00001.* and shard-00002.* stayed beside the new
+        # manifest, and corpus_pieces.py --mode=split packed them.
+        out = os.path.join(self.root, "out")
+        self._prepare(out, tokenizer="byte")
+        other = os.path.join(out, "shard-notes.txt")  # not of the shard pattern: kept
+        with open(other, "w") as f:
+            f.write("mine\n")
+        manifest = prepare.prepare_corpus([os.path.join(self.inputs, "c.txt")], out,
+                                          tokenizer="byte", progress=False,
+                                          print_fn=self.messages.append)
+        self.assertEqual(manifest["totals"]["shards"], 1)
+        self.assertEqual(sorted(os.listdir(out)), [
+            "manifest.json", "shard-00000.offsets.npy", "shard-00000.tokens.bin",
+            "shard-notes.txt"])
+        self.assertEqual(self.messages[-1], (
+            f"{out}: removed 4 shard file(s) of an earlier run that the new manifest does not "
+            f"list: shard-00001.offsets.npy, shard-00001.tokens.bin, shard-00002.offsets.npy "
+            f"and 1 more"))
+        self.assertEqual(shards.open_corpus([out]).num_documents, 30)
+
     def test_bad_inputs_are_named(self):
         with self.assertRaisesRegex(FileNotFoundError, "/no/such/dir"):
             prepare.prepare_corpus(["/no/such/dir"], os.path.join(self.root, "x"),
@@ -364,6 +417,20 @@ class PrepareDataBinaryTest(absltest.TestCase):
         result = binary_runs.run(cmd + ["--tokenizer=byte"])
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertTrue(os.path.isdir(out))
+
+    def test_a_folder_of_one_empty_file_is_one_line_and_no_output_dir(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        os.makedirs(os.path.join(root, "in"))
+        open(os.path.join(root, "in", "e.txt"), "w").close()
+        out = os.path.join(root, "out")
+        result = binary_runs.run([
+            sys.executable, os.path.join(ROOT, "experiments", "prepare_data.py"),
+            f"--input={root}/in", f"--output_dir={out}", "--tokenizer=byte", "--workers=0"])
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: --input={root}/in: no text to tokenize, every input file is empty "
+            f"({root}/in/e.txt); --output_dir={out} left as it was"])
+        self.assertFalse(os.path.exists(out))
 
     def test_ctrl_c_is_one_line_and_exit_130(self):
         root = self.enterContext(tempfile.TemporaryDirectory())

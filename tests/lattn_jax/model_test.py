@@ -126,6 +126,19 @@ class ModelTest(parameterized.TestCase):
         self.assertEqual(config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=("gdn",),
                                                 mlp_hidden=48).layer_pattern, ("gdn",))
 
+    def test_a_list_layer_pattern_is_stored_as_the_tuple(self):
+        listed = config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=["gdn", "attn"],
+                                        mlp_hidden=48)
+        tupled = config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=("gdn", "attn"),
+                                        mlp_hidden=48)
+        self.assertEqual(listed.layer_pattern, ("gdn", "attn"))
+        self.assertEqual(listed, tupled)
+        self.assertEqual(hash(listed), hash(tupled))
+        # The other tuple field of the config dataclasses is stored as a tuple too.
+        mesh = config_lib.MeshConfig(rules=[["batch", ["data", "fsdp"]], ["embed", None]])
+        self.assertEqual(mesh.rules, (("batch", ("data", "fsdp")), ("embed", None)))
+        hash(mesh)
+
     def test_pallas_implementation_is_a_config_choice_with_a_named_error(self):
         # "pallas" is accepted by every linear mixer section; off a GPU the call names why it
         # cannot run instead of falling back silently; a misspelling is named at config time.
@@ -229,6 +242,22 @@ class ModelTest(parameterized.TestCase):
             block = nnx.eval_shape(lambda: model_lib.Block("attn", cfg, rngs=nnx.Rngs(0)))
             n = sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(block.mixer, nnx.Param)))
             self.assertEqual(n + 1024, want)
+
+
+class ModelConfigTypeTest(absltest.TestCase):
+
+    def test_a_config_dict_or_dict_is_refused_naming_the_constructors(self):
+        from configs import table2
+        model_cd = table2.get_config("tiny").model
+        for value, kind in ((model_cd, "ConfigDict"), (model_cd.to_dict(), "dict")):
+            with self.assertRaisesRegex(
+                    TypeError, rf"ModelConfig, got {kind}; .*experiment_from_config_dict"
+                               rf"\(config\)\.model .*ModelConfig\(\*\*options\)"):
+                model_lib.LanguageModel(value, rngs=nnx.Rngs(0))
+        # The named constructors build it.
+        cfg = config_lib.ModelConfig(**model_cd.to_dict())
+        self.assertEqual(cfg, config_lib.experiment_from_config_dict(
+            table2.get_config("tiny")).model)
 
 
 if __name__ == "__main__":

@@ -677,5 +677,22 @@ class ScheduleTest(absltest.TestCase):
         self.assertEqual(mask, {"w": True, "norm": False, "s": False})
 
 
+class ConfigTypeTest(absltest.TestCase):
+    """``train_and_evaluate`` given a config file's ``ConfigDict`` (not an ExperimentConfig)."""
+
+    def test_a_config_dict_is_refused_naming_the_converter_before_any_write(self):
+        from configs import table2
+        with tempfile.TemporaryDirectory() as tmp:
+            workdir = os.path.join(tmp, "run")
+            with self.assertRaisesRegex(
+                    TypeError, r"ExperimentConfig, got ConfigDict; .*"
+                               r"lattn_jax\.config\.experiment_from_config_dict\(config\)"):
+                train.train_and_evaluate(table2.get_config("tiny"), workdir)
+            self.assertFalse(os.path.exists(workdir))
+            # The named converter is the way in.
+            cfg = config_lib.experiment_from_config_dict(table2.get_config("tiny"))
+            self.assertIsInstance(cfg, config_lib.ExperimentConfig)
+
+
 if __name__ == "__main__":
     absltest.main()

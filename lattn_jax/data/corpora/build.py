@@ -393,7 +393,8 @@ def _tokenize(work: str, spec: recipe_lib.TokenizerSpec, tokenizer_path: str | N
     try:
         prepare.prepare_corpus([jsonl], out, tokenizer=spec.kind, tokenizer_path=tokenizer_path,
                                fmt="jsonl", workers=workers, progress=False,
-                               print_fn=lambda *_: None, pool=pool)
+                               print_fn=lambda *_: None, pool=pool,
+                               allow_empty=True)  # a split of a source may hold no document
     except OSError as e:
         raise BuildError(f"source {unit}: tokenizing its {split} split with {spec.name}: "
                          f"{e}") from e

@@ -306,6 +306,23 @@ class BadInputTest(absltest.TestCase):
                 "that is not valid JSON")):
             list(sources.read_documents([self.root]))
 
+    def test_bad_records_log_the_first_per_file_as_the_readme_says(self):
+        # README "Data at scale" said one summary warning; each of a file's first
+        # _MAX_EXAMPLES bad records has its own line (the rest are counted).
+        cap = sources._MAX_EXAMPLES
+        lines = [json.dumps({"text": f"doc {i}"}) for i in range(3000)]
+        lines += ["{oops"] * (cap + 5)  # at the end: within the 1% limit of the records read
+        path = _write(os.path.join(self.root, "a.jsonl"), "\n".join(lines) + "\n")
+        stats = sources.ReadStats()
+        with self.assertLogs(level="WARNING") as logs:
+            list(sources.read_documents([path], stats=stats))
+        self.assertEqual(stats.malformed_lines, cap + 5)
+        self.assertLen([m for m in logs.output if "skipped a line" in m], cap)
+        with open(os.path.join(os.path.dirname(__file__), "..", "..", "..", "README.md"),
+                  encoding="utf-8") as f:
+            readme = " ".join(f.read().split())
+        self.assertIn(f"one warning line for each of a file's first {cap} bad records", readme)
+
     def test_read_documents_stops_once_bad_records_pass_max_bad_fraction(self):
         # A corpus that was 90% broken trained silently on the rest. Random corpora of good,
         # empty and bad records over two files, against a record-by-record count.

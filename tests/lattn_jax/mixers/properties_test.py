@@ -442,6 +442,37 @@ class MixerPropertiesTest(parameterized.TestCase):
                                                 r"not token ids\), got x\.dtype=int32$"):
             module(x)
 
+    def test_float_segment_ids_are_refused_naming_their_dtype(self):
+        # Softmax attention used to accept them; the linear mixers' kernels refused them.
+        cfg = tiny_config(self.MIXER)
+        module = nnx.eval_shape(lambda: mixers.build_mixer(self.MIXER, cfg, rngs=nnx.Rngs(0)))
+        x = jnp.ones((2, T, D_MODEL), jnp.float32)
+        with self.assertRaisesRegex(ValueError, r"^segment_ids must have an integer dtype, got "
+                                                r"segment_ids\.dtype=float32$"):
+            module(x, segment_ids=jnp.zeros((2, T), jnp.float32))
+
+    def test_no_tokens_are_refused_naming_x_shape_with_or_without_a_state(self):
+        # Was an error naming an internal q (linear), an empty y or an IndexError (attention).
+        cfg = tiny_config(self.MIXER)
+        module = mixers.build_mixer(self.MIXER, cfg, rngs=nnx.Rngs(0))
+        message = (rf"^x must hold at least one row and one token \[batch, seq_len, "
+                   rf"d_model={D_MODEL}\], got shape \(2, 0, {D_MODEL}\)$")
+        x = jnp.ones((2, 0, D_MODEL), jnp.float32)
+        with self.assertRaisesRegex(ValueError, message):
+            module(x)
+        with self.assertRaisesRegex(ValueError, message):
+            module(x, state=init_state(module, 2, T), return_state=True)
+
+    @parameterized.named_parameters(("zero", 0), ("negative", -1), ("float", 2.5),
+                                    ("bool", True))
+    def test_init_state_refuses_a_batch_that_is_not_a_positive_integer(self, batch):
+        cfg = tiny_config(self.MIXER)
+        module = nnx.eval_shape(lambda: mixers.build_mixer(self.MIXER, cfg, rngs=nnx.Rngs(0)))
+        with self.assertRaisesRegex(ValueError, rf"^init_state: batch={batch!r}; expected a "
+                                                rf"positive integer \(rows\)$"):
+            init_state(module, batch, T)
+        self.assertLen(jax.tree_util.tree_leaves(init_state(module, np.int64(2), T))[0], 2)
+
 
 class RegistryCoverageTest(absltest.TestCase):
 
