@@ -299,7 +299,7 @@ def run(config: Any, options: PipelineOptions, *, argv: Sequence[str],
              f"{again}")
     if status == "complete" and "report" in stages:
         print_fn(f"report: {os.path.join(workdir, 'report', 'report.md')}; the results page: "
-                 f"python experiments/halo_report.py --workdir={workdir}")
+                 f"python experiments/halo_report.py --workdir={shlex.quote(workdir)}")
     if status.startswith("error"):
         message = status[len("error: "):]
         raise PipelineError(f"{failed} failed: {message}" if failed else message)

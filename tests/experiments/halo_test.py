@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -86,6 +87,19 @@ class HaloReportTest(absltest.TestCase):
         self.assertTrue(result.stderr.strip().startswith(f"error: cannot write --output={bad}"),
                         result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+    def test_a_stage_folder_names_the_workdir_quoted_for_the_shell(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "halo run é")
+        os.makedirs(os.path.join(workdir, "stage2"))
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump({"teacher": {}, "hypenet": {}}, f)
+        stage2 = os.path.join(workdir, "stage2")
+        result = binary_runs.run([sys.executable, os.path.join(ROOT, "experiments",
+                                                               "halo_report.py"),
+                                  f"--workdir={stage2}"])
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip(), f"error: {stage2} is the stage2 folder of the "
+                         f"HALO workdir {workdir}: pass --workdir={shlex.quote(workdir)}")
 
     def test_half_written_report_json_is_one_line_naming_it(self):
         workdir = self.create_tempdir().full_path
