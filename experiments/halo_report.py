@@ -17,6 +17,7 @@ and state memory rows. Errors: a missing workdir exits with a message naming it.
 """
 
 import os
+import shlex
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -45,7 +46,8 @@ def main(argv):
         inside = experiment.stage_folder(_WORKDIR.value)
         sys.exit(f"error: {_WORKDIR.value} is " + (
             f"the {inside.stage} folder of the HALO workdir {inside.workdir}: pass "
-            f"--workdir={inside.workdir}" if inside else "not a HALO workdir (no config.json)"))
+            f"--workdir={shlex.quote(inside.workdir)}" if inside
+            else "not a HALO workdir (no config.json)"))
     config_path = os.path.join(_WORKDIR.value, "config.json")
     try:
         config = report_lib.read_json(config_path, None)

@@ -68,8 +68,9 @@ def main(argv):
         print(f"jax {jax.__version__}, process {jax.process_index()} of {jax.process_count()}, "
               f"devices {jax.devices()}")
     try:
+        # A SIGTERM / SIGHUP after the final checkpoint: noted, the finished run exits 0.
         result = train.train_and_evaluate(config, _WORKDIR.value, step=_STEP.value,
-                                          derived=derived)
+                                          derived=derived, hold_signals_when_done=True)
     except (config_lib.ConfigError, FileNotFoundError, data.DataFileError, train.NonFiniteError,
             checkpoint_lib.CheckpointError, train.WorkdirWriteError,
             # an explicitly named kernel / cuDNN on a machine or shapes it cannot run

@@ -808,6 +808,25 @@ def preemption_service_active() -> bool:
     return getattr(distributed.global_state, "preemption_sync_manager", None) is not None
 
 
+def _note_signals_when_done(step: int) -> None:
+    """For the rest of the process, SIGTERM and SIGHUP (unless ignored: ``nohup``) print one
+    note on stderr and change nothing: called once a run completed (its final checkpoint at
+    ``step`` written), so that a signal while it prints its results or the interpreter shuts
+    down does not end it with status 143 (129) as if it had been stopped (a rerun said "run
+    already finished"). Does nothing outside the main thread (Python's rule for handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def note(signum, frame):
+        del frame
+        _notice(f"{signal.Signals(signum).name} after the run completed at step {step} (its "
+                f"final checkpoint is written): nothing to stop")
+
+    for signum in _TERMINATING:
+        if not (signum == signal.SIGHUP and _hangup_ignored()):
+            signal.signal(signum, note)
+
+
 class _StopRequested(BaseException):
     """A SIGTERM, SIGHUP or Ctrl-C under :func:`_stop_on_signals` (``signum``: which)."""
 
@@ -1309,8 +1328,8 @@ def check_workdir_outside_data(config: config_lib.ExperimentConfig, workdir: str
 def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
                        *, print_fn: Callable[[str], None] = tqdm.tqdm.write,
                        step: Optional[int] = None,
-                       derived: Optional[Mapping[str, Sequence[str]]] = None
-                       ) -> Dict[str, float]:
+                       derived: Optional[Mapping[str, Sequence[str]]] = None,
+                       hold_signals_when_done: bool = False) -> Dict[str, float]:
     """Trains ``config`` in ``workdir``, resuming from its newest checkpoint if there is one.
 
     An unreadable newest checkpoint is reported in one line, renamed
@@ -1348,6 +1367,13 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         resume, the warning about changed optimizer/schedule options marks one that changed
         only with the option it follows (``optim.warmup_steps`` with ``train.total_steps``)
         as derived from it (:func:`_check_resume_compatible`).
+      hold_signals_when_done: once the run completed its steps (the final checkpoint written,
+        before the ``final:`` and ``checkpoint:`` lines), SIGTERM and SIGHUP (unless ignored:
+        ``nohup``) only print a note on stderr, until the process exits
+        (:func:`_note_signals_when_done`; ``experiments/train.py``: a scheduler's signal while
+        the results are printed or the process ends does not turn a finished run into status
+        143 or 129). Single process, main thread, ``train.save_on_preemption`` only. ``False``
+        (in-process callers): the handlers are left as they were.
 
     Returns:
       Final metrics: ``train_loss`` (mean of the last logging window), ``val_loss``,
@@ -1432,7 +1458,8 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         return _train_and_evaluate(config, workdir, _silent, step, derived)
     with _workdir_lock(workdir):
         try:
-            return _train_and_evaluate_logged(config, workdir, print_fn, step, derived)
+            return _train_and_evaluate_logged(config, workdir, print_fn, step, derived,
+                                              hold_signals_when_done)
         except Exception:
             if created is not None:
                 _remove_unused_workdir(workdir, created)
@@ -1536,7 +1563,8 @@ def _workdir_lock(workdir: str):
         yield
 
 
-def _train_and_evaluate_logged(config, workdir, print_fn, step, derived):
+def _train_and_evaluate_logged(config, workdir, print_fn, step, derived,
+                               hold_signals_when_done=False):
     """:func:`train_and_evaluate` on process 0, under the workdir lock: the invocation recorded,
     the progress lines also in ``console.log``."""
     record_invocation(workdir, config)
@@ -1550,7 +1578,8 @@ def _train_and_evaluate_logged(config, workdir, print_fn, step, derived):
             f.write(line + "\n")
 
     try:
-        return _train_and_evaluate(config, workdir, logged, step, derived)
+        return _train_and_evaluate(config, workdir, logged, step, derived,
+                                   hold_signals_when_done)
     except BaseException as e:
         with contextlib.suppress(OSError):  # a full disk: the error itself says it
             with open(log_path, "a") as f:
@@ -1682,7 +1711,8 @@ def _first_failed_step(window: List[tuple]) -> tuple:
     return None, True
 
 
-def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
+def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
+                        hold_signals_when_done=False):
     """:func:`train_and_evaluate` after the workdir is made and the invocation recorded."""
     tcfg = config.train
     # A resume with another model or data stream is refused before the data is read (minutes
@@ -2071,6 +2101,8 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
         with watcher.defer_signals("the pending checkpoint writes", raise_after=False):
             ckpt.close()
         metrics_writer.close()
+    if hold_signals_when_done and tcfg.save_on_preemption and jax.process_count() == 1:
+        _note_signals_when_done(step)  # the run is complete: a late SIGTERM only says so
     train_text = "n/a (no steps run)" if math.isnan(last_train_loss) else f"{last_train_loss:.4f}"
     print_fn(f"final: step {step}  train_loss {train_text}  val_loss {val_loss:.4f} "
              f"nats/token (perplexity {math.exp(min(val_loss, 50)):.1f})")

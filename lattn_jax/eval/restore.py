@@ -28,6 +28,7 @@ which pass no segment ids, are unchanged by it. Nothing is downloaded: every pat
 import dataclasses
 import json
 import os
+import shlex
 import sys
 from typing import Callable, Literal, Optional
 
@@ -109,10 +110,10 @@ def _where_hint(path: str) -> str:
     path = os.path.normpath(path)
     parent, name = os.path.split(path)
     if name == "checkpoints" and os.path.isfile(os.path.join(parent, "config.json")):
-        return f"; pass the workdir above it: --checkpoint={parent}"
+        return f"; pass the workdir above it: --checkpoint={shlex.quote(parent)}"
     if name.isdigit() and os.path.basename(parent) == "checkpoints":
         return (f"; {path} is a checkpoint step folder: pass "
-                f"--checkpoint={os.path.dirname(parent)} --step={int(name)}")
+                f"--checkpoint={shlex.quote(os.path.dirname(parent))} --step={int(name)}")
     runs_dir = os.path.join(path, "runs")  # lattn_jax.sweep.RUNS_DIR (not imported: heavy)
     runs = sorted(n for n in (os.listdir(runs_dir) if os.path.isdir(runs_dir) else ())
                   if os.path.isfile(os.path.join(runs_dir, n, "config.json")))
@@ -141,21 +142,22 @@ def _halo_stage_error(path: str) -> Optional[str]:
         return None
     workdir, stage, step = inside
     where = f"{path} is the {stage} folder of the HALO workdir {workdir}, not a model"
+    arg = shlex.quote(workdir)  # the hints' --workdir / --checkpoint, pasted into a shell
     student = experiment.student_stage(workdir)
     if student is None:
         return (f"{where}, and that workdir has no converted student yet (no stage3 or stage2 "
-                f"checkpoint): run experiments/halo.py --workdir={workdir} --stage=stage2, "
-                f"then pass --checkpoint={workdir}")
+                f"checkpoint): run experiments/halo.py --workdir={arg} --stage=stage2, "
+                f"then pass --checkpoint={arg}")
     steps = checkpoint_lib.saved_steps(os.path.join(workdir, student))
     if stage != student:
         why = ("Stage 2's checkpoints are not loaded once Stage 3 has one" if stage == "stage2"
                else f"{stage} holds no student")
-        return (f"{where}: pass the HALO workdir, --checkpoint={workdir}, whose student is "
+        return (f"{where}: pass the HALO workdir, --checkpoint={arg}, whose student is "
                 f"{student}'s newest checkpoint (step {steps[-1]}; {why})")
     if step is not None:
-        return (f"{where}: pass the HALO workdir and the step, --checkpoint={workdir} "
+        return (f"{where}: pass the HALO workdir and the step, --checkpoint={arg} "
                 f"--step={step} ({student}'s checkpoints hold its student)")
-    return (f"{where}: pass the HALO workdir, --checkpoint={workdir} (its student: {student}'s "
+    return (f"{where}: pass the HALO workdir, --checkpoint={arg} (its student: {student}'s "
             f"newest checkpoint, step {steps[-1]}; --step picks another of {student}'s)")
 
 

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import time
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -281,8 +282,8 @@ def _directory_error(entry: str, path: str, data_dir: str) -> str:
         files = sorted(n for n in os.listdir(path) if os.path.isfile(os.path.join(path, n)))
     except OSError:
         files = []
-    hint = (f" (e.g. --perplexity_files={','.join(os.path.join(entry, n) for n in files[:3])})"
-            if files else "")
+    example = shlex.quote(",".join(os.path.join(entry, n) for n in files[:3]))
+    hint = f" (e.g. --perplexity_files={example})" if files else ""
     return (f"--perplexity_files: {where} is a directory; each entry must be a text file: pass "
             f"the files to score{hint}")
 

@@ -42,6 +42,7 @@ import datetime
 import json
 import math
 import os
+import shlex
 import time
 from typing import Any, Callable, Dict, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -434,8 +435,8 @@ def check_workdir_kind(workdir: str) -> None:
     if inside is not None:
         raise ValueError(
             f"--workdir={workdir} is the {inside.stage} folder of the HALO workdir "
-            f"{inside.workdir}, not a HALO workdir: pass --workdir={inside.workdir} (each "
-            f"stage writes its own folder there; --stage picks the stage)")
+            f"{inside.workdir}, not a HALO workdir: pass --workdir={shlex.quote(inside.workdir)} "
+            f"(each stage writes its own folder there; --stage picks the stage)")
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return

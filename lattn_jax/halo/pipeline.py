@@ -149,6 +149,37 @@ def select_stages(requested: Sequence[str]) -> List[str]:
     return [s for s in experiment.STAGES if s in requested]
 
 
+def run_stage(config: Any, workdir: str, stage: str, *,
+              print_fn: Callable[[str], None] = _log) -> int:
+    """Runs one stage as ``experiments/halo.py`` does, stopped by a signal as :func:`run`
+    stops its stages: SIGTERM, SIGHUP (unless ignored, as under ``nohup``) or one Ctrl-C
+    makes the deadline "now" (the trainer's :class:`lattn_jax.train.PreemptionWatcher` and
+    :class:`Deadline`), so that the stage checkpoints after its current step (or stops at its
+    next safe point), prints one line, and the same command resumes from there.
+
+    Args:
+      config: the HALO ConfigDict.
+      workdir: the pipeline's directory.
+      stage: one of :data:`lattn_jax.halo.experiment.STAGES`.
+      print_fn: where the progress lines go (default: stdout, flushed).
+
+    Returns:
+      The exit status: 0 when the stage ran (as far as ``max_steps_per_run`` lets it), or
+      :data:`EXIT_DEADLINE` (3, as the pipeline's) when a signal stopped it.
+
+    Raises:
+      ValueError, FileNotFoundError, ConfigError: as :func:`lattn_jax.halo.experiment.run`.
+      KeyboardInterrupt: a second Ctrl-C (nothing saved since the last checkpoint).
+    """
+    with train_lib.PreemptionWatcher(True) as watcher:
+        deadline = Deadline(None, watcher)
+        experiment.run(config, workdir, stage, print_fn=print_fn, deadline=deadline)
+    if not watcher.requested:
+        return 0
+    print_fn(f"{stage}: {deadline.stop_reason}; run the same command again to resume")
+    return EXIT_DEADLINE
+
+
 def _check(config, options: PipelineOptions,
            stages: Sequence[str]) -> Tuple[Optional[str], Optional[str]]:
     """The checks before any stage: ``(refusal or None, the results page or None)``; the page
@@ -268,7 +299,7 @@ def run(config: Any, options: PipelineOptions, *, argv: Sequence[str],
              f"{again}")
     if status == "complete" and "report" in stages:
         print_fn(f"report: {os.path.join(workdir, 'report', 'report.md')}; the results page: "
-                 f"python experiments/halo_report.py --workdir={workdir}")
+                 f"python experiments/halo_report.py --workdir={shlex.quote(workdir)}")
     if status.startswith("error"):
         message = status[len("error: "):]
         raise PipelineError(f"{failed} failed: {message}" if failed else message)

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -86,6 +87,19 @@ class HaloReportTest(absltest.TestCase):
         self.assertTrue(result.stderr.strip().startswith(f"error: cannot write --output={bad}"),
                         result.stderr)
         self.assertNotIn("Traceback", result.stderr)
+
+    def test_a_stage_folder_names_the_workdir_quoted_for_the_shell(self):
+        workdir = os.path.join(self.create_tempdir().full_path, "halo run é")
+        os.makedirs(os.path.join(workdir, "stage2"))
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump({"teacher": {}, "hypenet": {}}, f)
+        stage2 = os.path.join(workdir, "stage2")
+        result = binary_runs.run([sys.executable, os.path.join(ROOT, "experiments",
+                                                               "halo_report.py"),
+                                  f"--workdir={stage2}"])
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip(), f"error: {stage2} is the stage2 folder of the "
+                         f"HALO workdir {workdir}: pass --workdir={shlex.quote(workdir)}")
 
     def test_half_written_report_json_is_one_line_naming_it(self):
         workdir = self.create_tempdir().full_path
@@ -332,6 +346,48 @@ class PipelineSignalTest(absltest.TestCase):
         reference = binary_runs.run(cmd(whole))
         self.assertEqual(reference.returncode, 0, reference.stdout + reference.stderr)
         self.assertEqual(losses(stopped), losses(whole))
+
+
+class StageSignalTest(absltest.TestCase):
+    """SIGTERM to ``experiments/halo.py`` (one stage) stops it as it stops the pipeline: a
+    checkpoint, one line, status 3, and the same command resumes from that checkpoint (the
+    default handler killed it: status 143, nothing said, no checkpoint)."""
+
+    def test_sigterm_mid_stage_checkpoints_and_the_rerun_resumes(self):
+        after = random.Random().randrange(2, 6)  # the step whose line triggers the signal
+        workdir = os.path.join(self.create_tempdir().full_path, "w")
+        # Checkpoints only at the end: the one the rerun resumes from is the stop's own.
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
+               "--stage=stage1", "--config.stage1.train.total_steps=40",
+               "--config.stage1.train.checkpoint_every=40"]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT)
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if line.startswith(f"step {after:6d} "):
+                proc.send_signal(signal.SIGTERM)
+                break
+        out, err = proc.communicate(timeout=120)
+        lines += out.splitlines()
+        self.assertEqual(proc.returncode, 3, "\n".join(lines) + err)
+        self.assertNotIn("Traceback", err)
+        stops = [re.fullmatch(r"stopped by SIGTERM at step (\d+); checkpointing \(run again to "
+                              r"resume\)", line) for line in lines]
+        stops = [m for m in stops if m]
+        self.assertLen(stops, 1, lines)
+        step = int(stops[0].group(1))
+        self.assertLess(step, 40)
+        self.assertEqual(lines[-1], "stage1: stopped by SIGTERM; run the same command again "
+                                    "to resume")
+        self.assertTrue(os.path.isdir(os.path.join(workdir, "stage1", "checkpoints", str(step))),
+                        os.listdir(os.path.join(workdir, "stage1", "checkpoints")))
+        self.assertFalse(experiment.is_done(workdir, "stage1"))
+        again = binary_runs.run(cmd)
+        self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
+        self.assertIn(f"resuming from the checkpoint at step {step} ", again.stdout)
+        self.assertTrue(experiment.is_done(workdir, "stage1"))
 
 
 class PrerequisitesCheckTest(absltest.TestCase):

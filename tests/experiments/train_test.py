@@ -76,6 +76,18 @@ def save(self, step, *args, **kwargs):
 checkpoint.Checkpointer.save = save
 """
 
+# The binary's train.stop_exit_status (called once train_and_evaluate returned, after the final
+# "checkpoint:" line) sends this process a signal first: one that comes as a finished run ends.
+SIGNAL_AFTER_FINISH = """
+import os, signal
+from lattn_jax import train
+real_status = train.stop_exit_status
+def stop_exit_status(result):
+    os.kill(os.getpid(), signal.{name})
+    return real_status(result)
+train.stop_exit_status = stop_exit_status
+"""
+
 # Trainer.train_step sends this process a signal at its second call (a stop request in the
 # loop, between checkpoints).
 SIGNAL_AT_STEP_2 = """
@@ -302,6 +314,21 @@ class TrainBinaryTest(parameterized.TestCase):
             f"there on {name}: run the same command again to resume from it"))
         self.assertNotIn("Traceback", result.stderr)
         self.assertEqual(os.listdir(path), ["2"])
+
+    @parameterized.parameters("SIGTERM", "SIGHUP")
+    def test_a_signal_after_the_final_checkpoint_of_a_finished_run_exits_0(self, name):
+        # It came under the default handler: status 143 (129) for a run that had finished (a
+        # rerun said "run already finished at step 4"), which a scheduler reads as stopped.
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        result = run_train_patched(SIGNAL_AFTER_FINISH.format(name=name),
+                                   "--workdir=" + workdir, *TINY_RUN)
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        path = os.path.join(workdir, "checkpoints")
+        self.assertEqual(result.stdout.strip().splitlines()[-1], f"checkpoint: {path}/4")
+        self.assertEqual(result.stderr.strip().splitlines()[-1], (
+            f"{name} after the run completed at step 4 (its final checkpoint is written): "
+            f"nothing to stop"))
+        self.assertNotIn("Traceback", result.stderr)
 
     def test_a_sigterm_in_a_periodic_evaluation_stops_with_the_shells_status(self):
         # The run saved step 2 and stopped (the evaluation cut short: EvaluationStopped) but

@@ -3,6 +3,7 @@ GGUF files (issue 33); every bad path gives one error naming it."""
 
 import json
 import os
+import shlex
 
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +34,28 @@ class ModelKindTest(absltest.TestCase):
         self.write("hf/config.json", json.dumps({"model_type": "llama"}))
         self.write("hf/tokenizer.json", "{}")
         self.assertEqual(restore.model_kind(self.path("hf")), "hf")
+
+    def test_the_hints_quote_a_path_with_a_space_for_the_shell(self):
+        # The --checkpoint=<path> to paste was not quoted: a space split it into two words.
+        workdir = self.path("my runs é", "default")
+        self.write("my runs é/default/config.json", "{}")
+        os.makedirs(os.path.join(workdir, "checkpoints", "200"))
+        halo = self.path("halo run é")
+        self.write("halo run é/config.json", json.dumps({"teacher": {}, "hypenet": {}}))
+        os.makedirs(os.path.join(halo, "stage2", "checkpoints", "5"))
+        for path, checkpoint, step in (
+                (os.path.join(workdir, "checkpoints", "200"), workdir, "200"),
+                (os.path.join(workdir, "checkpoints"), workdir, None),
+                (os.path.join(halo, "stage2", "checkpoints", "5"), halo, "5"),
+                (os.path.join(halo, "stage2"), halo, None)):
+            with self.subTest(path=path):
+                with self.assertRaises(FileNotFoundError) as ctx:
+                    restore.model_kind(path)
+                hint = f"--checkpoint={shlex.quote(checkpoint)}"
+                hint += f" --step={step}" if step else ""
+                self.assertIn(hint, str(ctx.exception))
+                self.assertEqual(shlex.split(hint), [f"--checkpoint={checkpoint}"] + (
+                    [f"--step={step}"] if step else []))
 
     def test_a_step_folder_or_a_sweep_root_gets_a_hint(self):
         workdir = self.path("runs", "default")

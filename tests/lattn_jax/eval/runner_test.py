@@ -7,6 +7,7 @@ import math
 import os
 import random
 import re
+import shlex
 import shutil
 import tempfile
 
@@ -205,6 +206,17 @@ class PreflightTest(absltest.TestCase):
                                                 r"each entry must be a text file: pass the files "
                                                 r"to score$"):
             runner.check_data(["perplexity"], _options(data, perplexity_files=(empty,)))
+
+    def test_the_perplexity_files_example_is_quoted_for_the_shell(self):
+        data = os.path.join(tempfile.mkdtemp(), "eval data é")
+        os.makedirs(data)
+        with open(os.path.join(data, "a.txt"), "w") as f:
+            f.write("Some text.\n")
+        with self.assertRaises(ValueError) as ctx:
+            runner.check_data(["perplexity"], _options(data, perplexity_files=(data,)))
+        example = os.path.join(data, "a.txt")
+        self.assertTrue(str(ctx.exception).endswith(
+            f"(e.g. --perplexity_files={shlex.quote(example)})"), str(ctx.exception))
 
     def test_missing_items_of_several_origins_are_each_named(self):
         data = tempfile.mkdtemp()

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import shlex
 from unittest import mock
 
 import pytest
@@ -447,6 +448,21 @@ class PipelineTest(absltest.TestCase):
         self.assertTrue(all(v is not None for v in cal["bucket_losses"]["None"]))
         with self.assertRaisesRegex(ValueError, "unknown stage"):
             experiment.run(cfg, workdir, "stage4", **quiet)
+
+
+class StageFolderHintTest(absltest.TestCase):
+
+    def test_the_workdir_to_pass_is_quoted_for_the_shell(self):
+        # "pass --workdir=<path>" was not quoted: a path with a space split into two words.
+        workdir = os.path.join(self.create_tempdir().full_path, "halo run é")
+        os.makedirs(os.path.join(workdir, "stage2"))
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump({"teacher": {}, "hypenet": {}}, f)
+        with self.assertRaises(ValueError) as ctx:
+            experiment.check_workdir_kind(os.path.join(workdir, "stage2"))
+        hint = f"pass --workdir={shlex.quote(workdir)} (each stage"
+        self.assertIn(hint, str(ctx.exception))
+        self.assertEqual(shlex.split(hint.split(" (")[0]), ["pass", f"--workdir={workdir}"])
 
 
 if __name__ == "__main__":

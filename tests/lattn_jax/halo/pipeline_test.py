@@ -7,6 +7,7 @@ The stages are mocked (``experiment.run``); the binary and real stages:
 import json
 import math
 import os
+import shlex
 import time
 from unittest import mock
 
@@ -134,6 +135,16 @@ class RunTest(absltest.TestCase):
         self.assertEqual(first["status"], "complete")
         self.assertEqual(list(first["stages"]), list(experiment.STAGES))
         self.assertEqual(second["stages"], {"stage1": "done before", "report": "done before"})
+
+    def test_the_results_page_command_quotes_the_workdir(self):
+        # "python experiments/halo_report.py --workdir=<path>" was not quoted: a path with a
+        # space pasted as two words.
+        self.workdir = os.path.join(self.root, "halo run é")
+        with mock.patch.object(experiment, "run", return_value={"complete": True}):
+            self.assertEqual(self.run_pipeline(), 0)
+        _, command = self.lines[-1].split("; the results page: ")
+        self.assertEqual(shlex.split(command), ["python", "experiments/halo_report.py",
+                                                f"--workdir={self.workdir}"])
 
     def test_deadline_and_a_stopped_stage_give_status_3(self):
         with mock.patch.object(experiment, "run") as stage:
