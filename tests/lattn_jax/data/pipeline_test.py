@@ -212,6 +212,27 @@ class PipelineTest(absltest.TestCase):
         self.assertEqual(train_letters & val_letters, set())
         self.assertEqual(train_letters | val_letters, {ord(d[0]) for d in self.docs})
 
+    def test_val_paths_sharing_a_file_with_paths_is_refused_before_the_read(self):
+        rng = np.random.default_rng()
+        other = os.path.join(self.root, "sub", f"other{rng.integers(100)}.txt")
+        os.makedirs(os.path.dirname(other))
+        shutil.copy(self.path, other)  # same contents, another file: allowed
+        link = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "link.txt")
+        os.symlink(self.path, link)
+        shared = [self.path, self.root, link][int(rng.integers(3))]
+        with mock.patch.object(pipeline, "_load_corpus") as load:
+            with self.assertRaisesRegex(
+                    ValueError, r"^data\.val_paths shares 1 file\(s\) with data\.paths \("
+                    f"{self.path if shared == self.root else shared}\\): their documents "
+                    r"would be trained on and held out"):
+                pipeline.build_datasets(self._config(paths=(self.path,), val_paths=(shared,)))
+            with self.assertRaisesRegex(ValueError, r"shares 2 file\(s\)"):
+                pipeline.build_datasets(self._config(paths=(self.root,), val_paths=(shared,
+                                                                                    other)))
+            load.assert_not_called()
+        ds = pipeline.build_datasets(self._config(paths=(self.path,), val_paths=(other,)))
+        self.assertEqual(ds.stats.val_documents, len(self.docs))
+
     def test_split_documents(self):
         train, val = pipeline.split_documents(1000, 0.01, seed=3)
         self.assertLen(val, 10)
