@@ -1082,6 +1082,9 @@ _SHARD_IDENTITY = ("name", "source_sha256", "documents", "tokens")  # of a manif
 # 2: a gzip file's header time is left out of the hash (version 1 records are not compared).
 _FINGERPRINT_VERSION = 2
 _GZIP_MAGIC = b"\x1f\x8b"
+# Set in the records of runs that read each real data file once (sources.list_files drops a
+# file named twice); a run recorded without it may have read such a file twice.
+_DISTINCT_FILES = "distinct_files"
 # A JSON file's contents and ``None``, or ``None`` and the error that kept it from being read
 # (:func:`_read_json_record`).
 _JsonRecord = Tuple[Any, Optional[Exception]]
@@ -1201,6 +1204,59 @@ def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
                 f"file, or remove {path} to resume on the new contents deliberately.")
 
 
+def duplicate_data_files(data: data_lib.DataConfig) -> List[Tuple[str, str, str]]:
+    """``(option, dropped, kept)`` for every file of ``data.paths`` or ``data.val_paths`` that
+    the pipeline reads once although it is named twice (:func:`lattn_jax.data.sources.
+    duplicate_files`: the same real path as the earlier ``kept``); none for token shards.
+
+    Raises:
+      FileNotFoundError: a path that does not exist, or a directory without data files.
+    """
+    if data_config_lib.resolved_format(data) == "tokens":
+        return []
+    out = []
+    for option, paths in (("data.paths", data.paths), ("data.val_paths", data.val_paths)):
+        names = sources_lib.OptionNames(paths=option)
+        out += [(option, d, k) for d, k in sources_lib.duplicate_files(paths or (), names)]
+    return out
+
+
+def check_duplicate_files(workdir: str, data: data_lib.DataConfig, has_checkpoint: bool,
+                          read_saved: Callable[[], _JsonRecord],
+                          print_fn: Callable[[str], None], purpose: str) -> None:
+    """Reports the data files read once although named twice (:func:`duplicate_data_files`),
+    in one line, or refuses them for a run that may have read them twice: one with a
+    checkpoint whose ``data_fingerprint.json`` (``read_saved()``) lacks the mark that its
+    trainer read each file once (a run started before duplicates were dropped, or before
+    the record existed). A record that cannot be read is left to
+    :func:`_check_data_unchanged`.
+
+    Args:
+      purpose: what the run's documents would be for the refusal, e.g. ``"resuming would
+        train on another document stream"``.
+
+    Raises:
+      ConfigError: naming the option, the first duplicate, the file it repeats, the workdir
+        and what to do.
+      FileNotFoundError: as :func:`duplicate_data_files`.
+    """
+    found = duplicate_data_files(data)
+    if not found:
+        return
+    saved, error = read_saved()
+    if has_checkpoint and (error is None or isinstance(error, FileNotFoundError)):
+        if not (isinstance(saved, dict) and saved.get(_DISTINCT_FILES) is True):
+            option, dropped, kept = found[0]
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise config_lib.ConfigError(
+                f"{option}: {dropped} is {kept} again (the same real file){more}; the run in "
+                f"{workdir} started when such a file was read twice (its record "
+                f"{os.path.join(workdir, DATA_FINGERPRINT)} does not say otherwise), and it "
+                f"is now read once, so {purpose}. Use a new --workdir.")
+    print_fn(f"data: read once, dropped as duplicates of an earlier entry (the same real "
+             f"file): {', '.join(f'{o} {d} (= {k})' for o, d, k in found)}")
+
+
 def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
                             has_checkpoint: bool,
                             read_saved: Optional[Callable[[], _JsonRecord]] = None) -> None:
@@ -1217,7 +1273,8 @@ def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w") as f:
-            json.dump({"version": _FINGERPRINT_VERSION, **current()}, f, indent=2)
+            json.dump({"version": _FINGERPRINT_VERSION, _DISTINCT_FILES: True, **current()}, f,
+                      indent=2)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -1695,6 +1752,11 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None):
     # the record is (re)written below.
     saved_fingerprints = functools.lru_cache(maxsize=None)(
         functools.partial(_read_json_record, os.path.join(workdir, DATA_FINGERPRINT)))
+    # A file named twice is read once; a run that may have read it twice is not resumed.
+    check_duplicate_files(workdir, config.data,
+                          has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)),
+                          read_saved=saved_fingerprints, print_fn=print_fn,
+                          purpose="resuming would train on another document stream")
     _check_data_unchanged(workdir, fingerprints,
                           has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)),
                           read_saved=saved_fingerprints)

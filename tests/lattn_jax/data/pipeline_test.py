@@ -212,6 +212,16 @@ class PipelineTest(absltest.TestCase):
         self.assertEqual(train_letters & val_letters, set())
         self.assertEqual(train_letters | val_letters, {ord(d[0]) for d in self.docs})
 
+    def test_a_file_named_twice_is_read_once(self):
+        # ("<dir>", "<dir>/input.txt") read the file twice: copies of validation documents
+        # in the training split.
+        paths = [self.root, self.path][::int(np.random.default_rng().choice([1, -1]))]
+        once = pipeline.build_datasets(self._config()).stats
+        stats = pipeline.build_datasets(self._config(paths=tuple(paths))).stats
+        self.assertEqual((stats.train_documents, stats.val_documents),
+                         (once.train_documents, once.val_documents))
+        self.assertEqual(once.train_documents + once.val_documents, len(self.docs))
+
     def test_val_paths_sharing_a_file_with_paths_is_refused_before_the_read(self):
         rng = np.random.default_rng()
         other = os.path.join(self.root, "sub", f"other{rng.integers(100)}.txt")
