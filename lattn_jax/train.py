@@ -1261,13 +1261,15 @@ def check_duplicate_files(workdir: str, data: data_lib.DataConfig, has_checkpoin
         if not (isinstance(saved, dict) and saved.get(_DISTINCT_FILES) is True):
             option, dropped, kept = found[0]
             more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            same = "named twice" if dropped == kept else f"{kept} again (the same real file)"
             raise config_lib.ConfigError(
-                f"{option}: {dropped} is {kept} again (the same real file){more}; the run in "
+                f"{option}: {dropped} is {same}{more}; the run in "
                 f"{workdir} started when such a file was read twice (its record "
                 f"{os.path.join(workdir, DATA_FINGERPRINT)} does not say otherwise), and it "
                 f"is now read once, so {consequence}")
+    dropped = [f"{o} {d} (named twice)" if d == k else f"{o} {d} (= {k})" for o, d, k in found]
     print_fn(f"data: read once, dropped as duplicates of an earlier entry (the same real "
-             f"file): {', '.join(f'{o} {d} (= {k})' for o, d, k in found)}")
+             f"file): {', '.join(dropped)}")
 
 
 def check_held_out_data(workdir: str, data: data_lib.DataConfig,

@@ -369,8 +369,7 @@ class ResumeChecksTest(absltest.TestCase):
                 if x.startswith("data: ")]
         workdir = os.path.join(self.tmp, "twice")
         lines = [x for x in run(workdir, 1) if x.startswith("data: ")]
-        dropped = (f"data.paths {corpus} (= {corpus})" if paths[0] == data_dir else
-                   f"data.paths {os.path.join(data_dir, 'corpus.txt')} (= {corpus})")
+        dropped = f"data.paths {corpus} (named twice)"  # the directory's path is the same
         self.assertEqual(lines, [f"data: read once, dropped as duplicates of an earlier entry "
                                  f"(the same real file): {dropped}"] + once)
         self.assertIn(f"Resuming from the checkpoint at step 1 in {workdir}/checkpoints (data "
@@ -390,8 +389,7 @@ class ResumeChecksTest(absltest.TestCase):
             with mock.patch.object(data_lib, "build_datasets",
                                    side_effect=AssertionError("read")):
                 with self.assertRaisesRegex(config_lib.ConfigError, (
-                        rf"^data\.paths: {re.escape(dropped.split(' ')[1])} is "
-                        rf"{re.escape(corpus)} again \(the same real file\); the run in "
+                        rf"^data\.paths: {re.escape(corpus)} is named twice; the run in "
                         rf"{re.escape(workdir)} started when such a file was read twice .*"
                         rf"resuming would train on another document stream\. Use a new "
                         rf"--workdir\.$")):
