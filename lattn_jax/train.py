@@ -1224,12 +1224,11 @@ def duplicate_data_files(data: data_lib.DataConfig) -> List[Tuple[str, str, str]
     Raises:
       FileNotFoundError: a path that does not exist, or a directory without data files.
     """
-    if data_config_lib.resolved_format(data) == "tokens":
-        return []
     out = []
     for option, paths in (("data.paths", data.paths), ("data.val_paths", data.val_paths)):
         names = sources_lib.OptionNames(paths=option)
-        out += [(option, d, k) for d, k in sources_lib.duplicate_files(paths or (), names)]
+        paths = [p for p in paths or () if not shards_lib.is_token_dir(p)]
+        out += [(option, d, k) for d, k in sources_lib.duplicate_files(paths, names)]
     return out
 
 

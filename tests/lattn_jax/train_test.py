@@ -395,6 +395,18 @@ class ResumeChecksTest(absltest.TestCase):
                         rf"--workdir\.$")):
                     run(workdir, 3)
 
+    def test_token_shard_directories_are_not_listed_as_files_for_duplicates(self):
+        # A token-shard directory is read by its manifest: listed as text it "holds no data
+        # file" (it has none of the text extensions).
+        shard_dir = os.path.join(self.tmp, "val-shards")
+        data_lib.prepare_corpus([self.corpus], shard_dir, tokenizer="byte", workers=0,
+                                progress=False, print_fn=lambda _: None)
+        twice = int(np.random.default_rng().integers(2, 4))
+        data = dataclasses.replace(tiny_experiment(self.corpus).data,
+                                   paths=(self.corpus,) * twice, val_paths=(shard_dir,))
+        self.assertEqual(train.duplicate_data_files(data),
+                         [("data.paths", self.corpus, self.corpus)] * (twice - 1))
+
     def test_a_gzip_file_written_again_keeps_its_fingerprint(self):
         # gzip writes the time of the write into its header (bytes 4-7): a deterministic
         # rebuild of a .jsonl.gz corpus was refused as "same size, other contents".
