@@ -436,6 +436,15 @@ class TokenShardPipelineTest(absltest.TestCase):
         _assert_batches_equal(self, _take(text.train_iter, 10), _take(tokens.train_iter, 10))
         _assert_batches_equal(self, list(text.val_batches), list(tokens.val_batches))
 
+    def test_a_file_named_twice_makes_one_shard(self):
+        part = os.path.join(self.text_dir, f"part{np.random.default_rng().integers(3)}.txt")
+        out, lines = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "s"), []
+        manifest = prepare.prepare_corpus([self.text_dir, part], out, tokenizer="byte",
+                                          workers=0, progress=False, print_fn=lines.append)
+        self.assertLen(manifest["shards"], 3)
+        self.assertEqual(lines[0], f"--input: read once, dropped as duplicates of an earlier "
+                                   f"entry (the same real file): {part}")
+
     def test_tokenizer_must_match(self):
         with self.assertRaisesRegex(ValueError, "data.tokenizer: the token shards in .* were "
                                                 "made with byte"):
