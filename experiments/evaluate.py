@@ -69,7 +69,8 @@ _NIAH_SAMPLES = flags.DEFINE_integer("niah_samples", 1, "NIAH prompts per (lengt
 _PPL_FILES = flags.DEFINE_list(
     "perplexity_files", list(runner.EvalOptions.perplexity_files),
     f"What --tasks=perplexity scores: {runner.VALIDATION!r} (the documents the checkpoint's run "
-    "held out for validation) and/or text files: a relative path is resolved against --data_dir, "
+    "held out for validation; refused if their files changed since it started, per its "
+    "data_fingerprint.json) and/or text files: a relative path is resolved against --data_dir, "
     "not the current directory; pass a file of your own by its absolute path. A file the run "
     "trained on (config data.paths) is flagged as a training perplexity.")
 _PPL_DOCS = flags.DEFINE_integer(

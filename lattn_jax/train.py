@@ -55,6 +55,7 @@ from lattn_jax import config as config_lib
 from lattn_jax import context_parallel
 from lattn_jax import data as data_lib
 from lattn_jax.data import config as data_config_lib
+from lattn_jax.data import pipeline as pipeline_lib
 from lattn_jax.data import shards as shards_lib
 from lattn_jax.data import sources as sources_lib
 from lattn_jax import flops as flops_lib
@@ -1101,6 +1102,9 @@ _SHARD_IDENTITY = ("name", "source_sha256", "documents", "tokens")  # of a manif
 # 2: a gzip file's header time is left out of the hash (version 1 records are not compared).
 _FINGERPRINT_VERSION = 2
 _GZIP_MAGIC = b"\x1f\x8b"
+# Set in the records of runs that read each real data file once (sources.list_files drops a
+# file named twice); a run recorded without it may have read such a file twice.
+_DISTINCT_FILES = "distinct_files"
 # A JSON file's contents and ``None``, or ``None`` and the error that kept it from being read
 # (:func:`_read_json_record`).
 _JsonRecord = Tuple[Any, Optional[Exception]]
@@ -1202,22 +1206,139 @@ def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
         return
     current = current()
     for option in ("data.paths", "data.val_paths"):
-        before, now = saved.get(option) or {}, current.get(option) or {}
-        diffs = []
-        for name in list(before) + [n for n in now if n not in before]:
-            if name not in now:
-                diffs.append((name, "no longer among its files"))
-            elif name not in before:
-                diffs.append((name, "not among its files when it started"))
-            elif before[name] != now[name]:
-                diffs.append((name, _fingerprint_change(before[name], now[name])))
-        if diffs:
-            name, what = diffs[0]
-            more = f" (and {len(diffs) - 1} more file(s))" if len(diffs) > 1 else ""
+        change = _first_change(saved, current, option)
+        if change:
+            name, what, more = change
             raise config_lib.ConfigError(
                 f"{option}: {name} changed since the run in {workdir} started ({what}){more}; "
                 f"resuming would train on other data. Use a new --workdir or the original "
                 f"file, or remove {path} to resume on the new contents deliberately.")
+
+
+def _first_change(saved: Dict[str, Any], current: Dict[str, Any],
+                  option: str) -> Optional[Tuple[str, str, str]]:
+    """How the files of ``option`` differ between two fingerprint records: ``(the first
+    changed file, what differs in words, " (and N more file(s))" or "")``; ``None`` when they
+    do not."""
+    before, now = saved.get(option) or {}, current.get(option) or {}
+    diffs = []
+    for name in list(before) + [n for n in now if n not in before]:
+        if name not in now:
+            diffs.append((name, "no longer among its files"))
+        elif name not in before:
+            diffs.append((name, "not among its files when it started"))
+        elif before[name] != now[name]:
+            diffs.append((name, _fingerprint_change(before[name], now[name])))
+    if not diffs:
+        return None
+    more = f" (and {len(diffs) - 1} more file(s))" if len(diffs) > 1 else ""
+    return diffs[0][0], diffs[0][1], more
+
+
+def duplicate_data_files(data: data_lib.DataConfig) -> List[Tuple[str, str, str]]:
+    """``(option, dropped, kept)`` for every file of ``data.paths`` or ``data.val_paths`` that
+    the pipeline reads once although it is named twice (:func:`lattn_jax.data.sources.
+    duplicate_files`: the same real path as the earlier ``kept``); none for token shards.
+
+    Raises:
+      FileNotFoundError: a path that does not exist, or a directory without data files.
+    """
+    out = []
+    for option, paths in (("data.paths", data.paths), ("data.val_paths", data.val_paths)):
+        names = sources_lib.OptionNames(paths=option)
+        paths = [p for p in paths or () if not shards_lib.is_token_dir(p)]
+        out += [(option, d, k) for d, k in sources_lib.duplicate_files(paths, names)]
+    return out
+
+
+def check_duplicate_files(workdir: str, data: data_lib.DataConfig, has_checkpoint: bool,
+                          read_saved: Callable[[], _JsonRecord],
+                          print_fn: Callable[[str], None], consequence: str) -> None:
+    """Reports the data files read once although named twice (:func:`duplicate_data_files`),
+    in one line, or refuses them for a run that may have read them twice: one with a
+    checkpoint whose ``data_fingerprint.json`` (``read_saved()``) lacks the mark that its
+    trainer read each file once (a run started before duplicates were dropped, or before
+    the record existed). A record that cannot be read is left to
+    :func:`_check_data_unchanged`.
+
+    Args:
+      consequence: what reading each file once now would do to the run, and what to do, for
+        the refusal (e.g. ``"resuming would train on another document stream. Use a new
+        --workdir."``).
+
+    Raises:
+      ConfigError: naming the option, the first duplicate, the file it repeats, the workdir
+        and ``consequence``.
+      FileNotFoundError: as :func:`duplicate_data_files`.
+    """
+    found = duplicate_data_files(data)
+    if not found:
+        return
+    saved, error = read_saved()
+    if has_checkpoint and (error is None or isinstance(error, FileNotFoundError)):
+        if not (isinstance(saved, dict) and saved.get(_DISTINCT_FILES) is True):
+            option, dropped, kept = found[0]
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            same = "named twice" if dropped == kept else f"{kept} again (the same real file)"
+            raise config_lib.ConfigError(
+                f"{option}: {dropped} is {same}{more}; the run in "
+                f"{workdir} started when such a file was read twice (its record "
+                f"{os.path.join(workdir, DATA_FINGERPRINT)} does not say otherwise), and it "
+                f"is now read once, so {consequence}")
+    dropped = [f"{o} {d} (named twice)" if d == k else f"{o} {d} (= {k})" for o, d, k in found]
+    print_fn(f"data: read once, dropped as duplicates of an earlier entry (the same real "
+             f"file): {', '.join(dropped)}")
+
+
+def check_held_out_data(workdir: str, data: data_lib.DataConfig,
+                        print_fn: Callable[[str], None]) -> None:
+    """Refuses to score the validation split of the run in ``workdir`` (config ``data``) when it
+    would not be the documents the run held out: the files it is drawn from changed since the
+    run started (``<workdir>/data_fingerprint.json``, the check a resume makes,
+    :func:`_check_data_unchanged`; ``data.val_paths`` when the run has them, else
+    ``data.paths``), a file the run may have read twice (:func:`check_duplicate_files`), or
+    ``data.val_paths`` sharing a file with ``data.paths``
+    (:func:`lattn_jax.data.pipeline.check_disjoint_splits`). A run recorded before data
+    fingerprints (no record, or one of another version) is scored unchecked, with one line
+    through ``print_fn`` saying so.
+
+    Raises:
+      ConfigError: one line naming the option and the file (the first changed one, the
+        duplicate, or the shared ones), or the record when it cannot be read.
+      FileNotFoundError: a data file of the run that does not exist.
+      OSError: a data file that cannot be read.
+    """
+    fix = "score other text with --perplexity_files=<text files>"
+    try:
+        pipeline_lib.check_disjoint_splits(data)
+    except ValueError as e:
+        raise config_lib.ConfigError(f"perplexity 'validation' of {workdir}: {e}; {fix}") from None
+    path = os.path.join(workdir, DATA_FINGERPRINT)
+    read_saved = functools.lru_cache(maxsize=None)(functools.partial(_read_json_record, path))
+    check_duplicate_files(
+        workdir, data, has_checkpoint=True, read_saved=read_saved, print_fn=print_fn,
+        consequence=f"its validation split read now is not the one it held out (and copies of "
+                    f"those documents were in its training split); {fix}")
+    saved, error = read_saved()
+    if error is not None and not isinstance(error, FileNotFoundError):
+        raise config_lib.ConfigError(f"{path}: cannot be read ({error}), so the validation "
+                                     f"split's data files cannot be checked; {fix}") from None
+    if not isinstance(saved, dict) or saved.get("version") != _FINGERPRINT_VERSION:
+        print_fn(f"note: {workdir} has no {DATA_FINGERPRINT} of version "
+                 f"{_FINGERPRINT_VERSION} (a run recorded before data fingerprints): its "
+                 f"validation split is scored without checking that its data files are unchanged")
+        return
+    option = "data.val_paths" if data.val_paths is not None else "data.paths"
+    try:
+        change = _first_change(saved, data_fingerprints(data), option)
+    except ValueError as e:  # a malformed token-shard manifest
+        raise config_lib.ConfigError(f"data: {e}") from e
+    if change:
+        name, what, more = change
+        raise config_lib.ConfigError(
+            f"{option}: {name} changed since the run in {workdir} started ({what}){more}; its "
+            f"validation split would now hold other documents, possibly ones it trained on. "
+            f"Restore the original file, or {fix}")
 
 
 def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
@@ -1236,7 +1357,8 @@ def _write_data_fingerprint(workdir: str, current: Callable[[], Dict[str, Any]],
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w") as f:
-            json.dump({"version": _FINGERPRINT_VERSION, **current()}, f, indent=2)
+            json.dump({"version": _FINGERPRINT_VERSION, _DISTINCT_FILES: True, **current()}, f,
+                      indent=2)
         os.replace(tmp, path)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -1733,6 +1855,12 @@ def _train_and_evaluate(config, workdir, print_fn, step, derived=None,
     # the record is (re)written below.
     saved_fingerprints = functools.lru_cache(maxsize=None)(
         functools.partial(_read_json_record, os.path.join(workdir, DATA_FINGERPRINT)))
+    # A file named twice is read once; a run that may have read it twice is not resumed.
+    check_duplicate_files(workdir, config.data,
+                          has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)),
+                          read_saved=saved_fingerprints, print_fn=print_fn,
+                          consequence="resuming would train on another document stream. Use "
+                          "a new --workdir.")
     _check_data_unchanged(workdir, fingerprints,
                           has_checkpoint=bool(checkpoint_lib.saved_steps(workdir)),
                           read_saved=saved_fingerprints)

@@ -78,7 +78,9 @@ class DataConfig:
             in ``.txt``, ``.raw``, ``.text``, ``.jsonl``, ``.jsonl.gz``, ``.json.gz``,
             ``.jsonl.zst``, ``.json.zst`` or ``.parquet`` (sorted, hidden files skipped; so
             ``LICENSE.md`` next to the data is not read). A file named explicitly is read whatever
-            its extension. A directory holding a ``manifest.json`` is a token-shard directory
+            its extension. A file met twice (a directory and a file in it, a symlink; by
+            ``os.path.realpath``) is read once. A directory holding a ``manifest.json`` is a
+            token-shard directory
             written by ``experiments/prepare_data.py``. A single string is wrapped in a tuple.
             ``"bundled:<relative path>"`` names a file of ``lattn_jax/assets`` (resolved here to
             its absolute path; so is ``tokenizer_path``).
@@ -115,6 +117,8 @@ class DataConfig:
             of their own holding the validation documents (read like ``paths``; e.g. the
             ``validation`` token-shard directory of a corpus built by
             ``experiments/build_corpus.py``); then every document of ``paths`` is trained on.
+            A file (or token-shard directory) of both ``paths`` and ``val_paths`` is refused
+            when the pipeline is built.
         seed: seed of the document split and of the window shuffle.
         shuffle: shuffle the train windows (reshuffled every epoch); ``False`` reads them in
             stream order (documents still in the seeded split order).

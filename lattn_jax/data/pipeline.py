@@ -56,6 +56,7 @@ the same whether it was tokenized on the fly or prepared into shards.
 import collections.abc
 import dataclasses
 import math
+import os
 from collections.abc import Sequence
 
 import grain
@@ -75,6 +76,7 @@ __all__ = [
     "PackedWindowSource",
     "WindowSource",
     "build_datasets",
+    "check_disjoint_splits",
     "pack_documents",
     "split_documents",
     "tokenize_documents",
@@ -513,6 +515,44 @@ def _load_corpus(config: config_lib.DataConfig, tokenizer: tokenizers.Tokenizer,
     return shards.TokenCorpus.from_documents(tokenize_documents(documents, tokenizer))
 
 
+def _real_files(paths: Sequence[str], option: str) -> dict[str, str]:
+    """``{real path: path as listed}`` of the files (or token-shard directories) of
+    ``paths``, the option ``option``."""
+    out = {}
+    names = sources.OptionNames(paths=option)
+    for path in paths:
+        listed = [path] if shards.is_token_dir(path) else sources.list_files([path], names)
+        for f in listed:
+            out.setdefault(os.path.realpath(f), f)
+    return out
+
+
+def check_disjoint_splits(config: config_lib.DataConfig) -> None:
+    """Refuses a ``data.val_paths`` that shares a file with ``data.paths`` (by
+    ``os.path.realpath``, directories expanded as :func:`lattn_jax.data.sources.list_files`
+    expands them; a token-shard directory counts as one file): its documents would be both
+    trained on and held out, so the validation loss would not be held out. Checks nothing
+    without ``data.val_paths``.
+
+    Raises:
+        ValueError: one line naming the shared files (up to three, and how many more).
+        FileNotFoundError: a path that does not exist (as ``list_files``).
+    """
+    if config.val_paths is None:
+        return
+    train = _real_files(config.paths, "data.paths")
+    shared = [f for real, f in _real_files(config.val_paths, "data.val_paths").items()
+              if real in train]
+    if shared:
+        more = f" (and {len(shared) - 3} more)" if len(shared) > 3 else ""
+        raise ValueError(
+            f"data.val_paths shares {len(shared)} file(s) with data.paths ({', '.join(shared[:3])}"
+            f"{more}): their documents would be trained on and held out for validation at once; "
+            f"give data.val_paths "
+            f"files that data.paths does not read, or leave data.val_paths unset to hold out "
+            f"data.val_fraction of data.paths' documents")
+
+
 def build_datasets(config: config_lib.DataConfig) -> Datasets:
     """Reads, tokenizes (or maps), splits and packs the corpus; returns the train iterator and
     validation batches.
@@ -527,7 +567,9 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
     Raises:
         FileNotFoundError: a data path or the tokenizer model is missing (named in the message).
         sources.DataFileError: a data file cannot be read (named).
-        ValueError: more bad JSONL records than ``data.max_bad_fraction`` allows (the file
+        ValueError: ``data.val_paths`` sharing a file with ``data.paths``
+            (:func:`check_disjoint_splits`, before anything is read), more bad JSONL records
+            than ``data.max_bad_fraction`` allows (the file
             named, see ``sources.read_documents``), fewer than two documents, a split too
             short for one window, token shards
             made with another tokenizer, or ``batch_size`` not divisible by
@@ -538,6 +580,7 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
         raise ValueError(f"data.batch_size: {config.batch_size} is not divisible by the number of "
                          f"processes ({shard.shard_count})")
     host_batch = config.batch_size // shard.shard_count
+    check_disjoint_splits(config)  # before the (slow) read
 
     tokenizer = tokenizers.make_tokenizer(config.tokenizer, config.tokenizer_path)
     read_stats = sources.ReadStats()

@@ -171,7 +171,8 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
     """Tokenizes ``inputs`` into token shards in ``output_dir``; returns the manifest.
 
     Args:
-        inputs: files and/or directories (see ``sources.list_files``); one shard per file.
+        inputs: files and/or directories (see ``sources.list_files``); one shard per file, a
+            file named twice read once (said through ``print_fn``).
         output_dir: where the shards and ``manifest.json`` go (created if missing).
         tokenizer: tokenizer kind (see ``tokenizers.make_tokenizer``).
         tokenizer_path: its model file (``None``: bundled LLaMA-2 for ``"sentencepiece"``).
@@ -223,6 +224,10 @@ def prepare_corpus(inputs: Sequence[str], output_dir: str, *, tokenizer: str = "
                          f"--tokenizer_path=<file>")
     tok = _main_tokenizer(tokenizer, tokenizer_path)
     files = sources.list_files(inputs, _FLAG_NAMES)
+    dropped = sources.duplicate_files(inputs, _FLAG_NAMES)
+    if dropped:  # read once, one shard (as the trainer reads them)
+        print_fn(f"{_FLAG_NAMES.paths}: read once, dropped as duplicates of an earlier entry "
+                 f"(the same real file): {', '.join(d for d, _ in dropped)}")
     if not allow_empty and all(os.path.getsize(f) == 0 for f in files):  # before any write
         raise ValueError(f"{_inputs_flag(inputs)}: no text to tokenize, every input file is "
                          f"empty ({_some(files)}); --output_dir={output_dir} left as it was")

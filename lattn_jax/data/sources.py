@@ -66,6 +66,7 @@ __all__ = [
     "WIKITEXT_TITLE",
     "check_text_field",
     "decode_utf8",
+    "duplicate_files",
     "file_format",
     "list_files",
     "probe_text_field",
@@ -220,14 +221,42 @@ def file_format(path: str, fmt: str = "auto") -> str:
 
 
 def list_files(paths: Sequence[str], names: OptionNames = _CONFIG_NAMES) -> list[str]:
-    """Expands ``paths`` into a list of data files, in a deterministic order.
+    """Expands ``paths`` into a list of data files, in a deterministic order, each file once.
 
     Files are kept in the order given. A directory contributes its files (recursively, sorted by
     relative path, hidden files and directories skipped) whose names end in one of
-    ``DATA_EXTENSIONS``. Messages name the option ``names.paths``.
+    ``DATA_EXTENSIONS``. A file met again (the same ``os.path.realpath``: a directory and a file
+    in it, a symlink, a path given twice) is dropped, so that no document is read twice
+    (:func:`duplicate_files` names the dropped ones). Messages name the option ``names.paths``.
 
     Raises:
         FileNotFoundError: a path does not exist, or a directory holds no data file.
+    """
+    return [f for f, kept in _expand_files(paths, names) if kept is None]
+
+
+def duplicate_files(paths: Sequence[str],
+                    names: OptionNames = _CONFIG_NAMES) -> list[tuple[str, str]]:
+    """The files :func:`list_files` drops from ``paths`` as duplicates, in the order met.
+
+    Returns:
+        ``[(dropped, kept), ...]``: each dropped path with the earlier path of the same real
+        file, which is read instead.
+
+    Raises:
+        FileNotFoundError: as :func:`list_files`.
+    """
+    return [(f, kept) for f, kept in _expand_files(paths, names, keep_dropped=True)
+            if kept is not None]
+
+
+def _expand_files(paths: Sequence[str], names: OptionNames,
+                  keep_dropped: bool = False) -> list[tuple[str, str | None]]:
+    """``(file, None)`` for every file of ``paths`` read, and with ``keep_dropped``
+    ``(file, kept)`` for every duplicate dropped (see :func:`list_files`).
+
+    Raises:
+        FileNotFoundError: as :func:`list_files`.
     """
     files = []
     for path in paths:
@@ -248,7 +277,15 @@ def list_files(paths: Sequence[str], names: OptionNames = _CONFIG_NAMES) -> list
             files.extend(sorted(found, key=lambda f: os.path.relpath(f, path)))
         else:
             raise FileNotFoundError(f"{names.paths}: no such file or directory: {path}")
-    return files
+    out, first = [], {}
+    for f in files:
+        real = os.path.realpath(f)
+        if real not in first:
+            first[real] = f
+            out.append((f, None))
+        elif keep_dropped:
+            out.append((f, first[real]))
+    return out
 
 
 def split_text(text: str, doc_split: str) -> Iterator[str]:

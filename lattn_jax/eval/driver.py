@@ -6,7 +6,9 @@ flags on their own (no task, a count below 1, an ``--output_dir`` that is a file
 ``results.json`` in the output directory, the NIAH grid, the context-parallel devices, the
 model path and its kind (flags that do not fit a Hugging Face or GGUF model), and every
 requested task's data files (:func:`lattn_jax.eval.runner.check_data`: one error lists all
-missing ones); then it restores the model (:func:`lattn_jax.eval.restore.load_model`), scores
+missing ones) and, for the held-out ``validation`` perplexity of a training workdir, that its
+data files are those the run started with (:func:`lattn_jax.train.check_held_out_data`); then
+it restores the model (:func:`lattn_jax.eval.restore.load_model`), scores
 the tasks (:func:`lattn_jax.eval.runner.run_evaluation`) and merges the results into
 ``<output_dir>/results.json`` and ``results.md`` (:func:`lattn_jax.eval.runner.write_results`),
 each entry with its checkpoint ``step``, as soon as it is scored: an interrupted run
@@ -21,6 +23,7 @@ import jax
 
 from lattn_jax import context_parallel
 from lattn_jax import records
+from lattn_jax import train as train_lib
 from lattn_jax.eval import fetch, restore, runner
 
 
@@ -173,8 +176,10 @@ def evaluate(request: EvaluateRequest,
         ``--niah_lengths``; ``--perplexity_batch_size``) and how many finished tasks are in
         ``results.json``, ending with XLA's first line.
       ValueError, FileNotFoundError, ImportError: bad input (a flag, the model path, its
-        kind, missing data files, a damaged ``results.json``), with one line naming it;
-        nothing is scored then.
+        kind, missing data files, a damaged ``results.json``; for the ``validation``
+        perplexity of a training workdir, data files changed since the run started or a
+        split that was not held out: :func:`lattn_jax.train.check_held_out_data`), with one
+        line naming it; nothing is scored then.
     """
     out = request.output_dir or os.path.join(request.checkpoint, "eval")
     names = runner.expand_tasks(request.tasks)
@@ -195,7 +200,15 @@ def evaluate(request: EvaluateRequest,
     check_kind_flags(request, kind, names, options)
     check_output_dir(out, "--output_dir" if request.output_dir else
                      "--checkpoint (its eval/ is the default --output_dir)")
-    runner.check_data(names, options)  # then missing data, before the (slow) restore
+    held_out = None  # the run's data config, when its validation split is scored
+    if (kind == "lattn_jax" and "perplexity" in names
+            and runner.VALIDATION in options.perplexity_files):
+        held_out = restore.load_config(request.checkpoint).data
+    # Then missing data (the run's corpus too), before the (slow) restore.
+    runner.check_data(names, dataclasses.replace(options, training_data=held_out))
+    if held_out is not None:
+        # The run's validation split is what it held out only over the files it started with.
+        train_lib.check_held_out_data(request.checkpoint, held_out, print_fn)
     restored = restore.load_model(request.checkpoint, request.step)
     options = dataclasses.replace(options, training_data=restored.training_data)
     print_fn(f"jax {jax.__version__}, devices {jax.devices()}; {request.checkpoint} "

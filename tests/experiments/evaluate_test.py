@@ -1,9 +1,12 @@
 """The evaluate / generate binaries: bad input ends with one clear line naming it; evaluate.py
 takes a GGUF file (issue 33)."""
 
+import dataclasses
+import functools
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -11,10 +14,14 @@ import sys
 import tempfile
 import time
 
+import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
+from lattn_jax import config as config_lib
+from lattn_jax import train
 from tests import binary_runs
+from tests.lattn_jax import train_test
 from tests.lattn_jax.eval import fixtures
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -252,6 +259,85 @@ class InterruptTest(absltest.TestCase):
         self.assertNotIn("Traceback", err)
         with open(path) as f:
             self.assertEqual(list(json.load(f)), ["piqa"])
+
+
+@pytest.mark.entry
+class HeldOutValidationTest(absltest.TestCase):
+    """--tasks=perplexity scores a run's validation split only over the files it started with:
+    a corpus reshuffled in place (same size) put training documents into the "validation"
+    perplexity, exit 0 and no word."""
+
+    def setUp(self):
+        super().setUp()
+        self.tmp = self.create_tempdir().full_path
+        self.rng = np.random.default_rng()
+        os.makedirs(os.path.join(self.tmp, "data"))
+        self.corpus = train_test.write_corpus(os.path.join(self.tmp, "data"),
+                                              n_docs=int(self.rng.integers(30, 60)))
+        self.workdir = os.path.join(self.tmp, "run")
+        train.train_and_evaluate(train_test.tiny_experiment(self.corpus, total_steps=1),
+                                 self.workdir, print_fn=lambda s: None)
+
+    def evaluate(self, name):
+        return run("evaluate.py", f"--checkpoint={self.workdir}", "--tasks=perplexity",
+                   "--perplexity_max_docs=2", "--perplexity_window=32",
+                   "--perplexity_stride=32", f"--output_dir={self.tmp}/{name}")
+
+    def test_a_corpus_changed_since_the_run_started_is_refused(self):
+        result = self.evaluate("same")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("perplexity validation: scored the first 2 of", result.stdout)
+        self.assertNotIn("note:", result.stdout)
+        with open(self.corpus) as f:
+            docs = f.read().split("\n\n")
+        shuffled = list(docs)
+        while shuffled == docs:
+            self.rng.shuffle(shuffled)
+        with open(self.corpus, "w") as f:  # the same size, other documents in the split
+            f.write("\n\n".join(shuffled))
+        result = self.evaluate("shuffled")
+        self.assertEqual(result.returncode, 1)
+        self.assertEqual(result.stderr.strip(), (
+            f"error: data.paths: {self.corpus} changed since the run in {self.workdir} started "
+            f"(same size ({os.path.getsize(self.corpus)} bytes), other contents: the SHA-256 of "
+            f"its first and last MiB differs); its validation split would now hold other "
+            f"documents, possibly ones it trained on. Restore the original file, or score "
+            f"other text with --perplexity_files=<text files>"))
+        self.assertNotIn("devices", result.stdout)  # before the restore
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "shuffled")))
+        # A run recorded before data fingerprints is scored, and the output says it is unchecked.
+        os.remove(os.path.join(self.workdir, train.DATA_FINGERPRINT))
+        result = self.evaluate("legacy")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.splitlines()[0], (
+            f"note: {self.workdir} has no {train.DATA_FINGERPRINT} of version "
+            f"{train._FINGERPRINT_VERSION} (a run recorded before data fingerprints): its "
+            f"validation split is scored without checking that its data files are unchanged"))
+
+    def test_a_run_whose_validation_split_was_not_held_out_is_refused(self):
+        data = train_test.tiny_experiment(self.corpus).data
+        check = functools.partial(train.check_held_out_data, self.workdir,
+                                  print_fn=lambda s: None)
+        check(data)  # the run as it was: fine
+        link = os.path.join(self.tmp, "link.txt")
+        os.symlink(self.corpus, link)
+        same = [self.corpus, link, os.path.dirname(self.corpus)][int(self.rng.integers(3))]
+        with self.assertRaisesRegex(config_lib.ConfigError, re.escape(
+                f"perplexity 'validation' of {self.workdir}: data.val_paths shares 1 file(s) "
+                f"with data.paths ({self.corpus if same != link else link}): ")):
+            check(dataclasses.replace(data, val_paths=(same,)))
+        # A file named twice, in a run recorded before duplicates were read once.
+        record = os.path.join(self.workdir, train.DATA_FINGERPRINT)
+        with open(record) as f:
+            saved = json.load(f)
+        del saved[train._DISTINCT_FILES]
+        with open(record, "w") as f:
+            json.dump(saved, f)
+        twice = dataclasses.replace(data, paths=(self.corpus, link))
+        with self.assertRaisesRegex(config_lib.ConfigError, re.escape(
+                f"data.paths: {link} is {self.corpus} again (the same real file); the run in "
+                f"{self.workdir} started when such a file was read twice")):
+            check(twice)
 
 
 class EvaluateFlagsTest(absltest.TestCase):

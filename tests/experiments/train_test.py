@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
@@ -211,6 +212,28 @@ class TrainBinaryTest(parameterized.TestCase):
             f"would read the run's own records (invocations.jsonl, metrics.jsonl, console.log, "
             f"...) as data: use a --workdir outside it, or name the data files themselves in "
             f"data.paths"])
+        self.assertFalse(os.path.exists(workdir))
+
+    def test_validation_files_among_the_training_files_are_one_line_and_write_nothing(self):
+        # data.val_paths=data.paths trained on the validation set: its loss was not held out.
+        data = self.create_tempdir().full_path
+        paths = []
+        for i in range(int(np.random.default_rng().integers(1, 4))):
+            paths.append(os.path.join(data, f"part{i}.txt"))
+            with open(paths[-1], "w") as f:
+                f.write("\n\n".join(f"document {i}.{j} " * 8 for j in range(20)))
+        shared = paths if np.random.default_rng().integers(2) else [data]
+        workdir = os.path.join(self.create_tempdir().full_path, "fresh")
+        result = run_train("--workdir=" + workdir, *TINY_RUN,
+                           f"--config.data.paths={tuple(paths)!r}",
+                           f"--config.data.val_paths={tuple(shared)!r}")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error: data: data.val_paths shares {len(paths)} file(s) with data.paths "
+            f"({', '.join(paths)}): their documents would be trained on and held out for "
+            f"validation at once; give data.val_paths files that data.paths does not read, or "
+            f"leave data.val_paths unset to hold out data.val_fraction of data.paths' "
+            f"documents"])
         self.assertFalse(os.path.exists(workdir))
 
     def _broken_corpus(self, name="broken.jsonl"):

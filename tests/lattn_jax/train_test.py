@@ -349,6 +349,64 @@ class ResumeChecksTest(absltest.TestCase):
                                        print_fn=lambda s: None)
         self.assertEqual((out["resumed_from"], out["step"]), (2, 3))
 
+    def test_a_file_named_twice_is_read_once_and_an_older_run_reading_it_twice_not_resumed(
+            self):
+        # data.paths=("<dir>", "<dir>/corpus.txt") read the file twice: copies of the
+        # validation documents in the training split, without a word.
+        data_dir = os.path.join(self.tmp, "data")
+        os.makedirs(data_dir)
+        corpus = write_corpus(data_dir, n_docs=int(np.random.default_rng().integers(30, 60)))
+        paths = (data_dir, corpus)[::int(np.random.default_rng().choice([1, -1]))]
+
+        def run(workdir, total_steps, paths=paths):
+            cfg = tiny_experiment(corpus, total_steps=total_steps)
+            cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, paths=paths))
+            lines = []
+            train.train_and_evaluate(cfg, workdir, print_fn=lines.append)
+            return lines
+
+        once = [x for x in run(os.path.join(self.tmp, "once"), 1, (corpus,))
+                if x.startswith("data: ")]
+        workdir = os.path.join(self.tmp, "twice")
+        lines = [x for x in run(workdir, 1) if x.startswith("data: ")]
+        dropped = f"data.paths {corpus} (named twice)"  # the directory's path is the same
+        self.assertEqual(lines, [f"data: read once, dropped as duplicates of an earlier entry "
+                                 f"(the same real file): {dropped}"] + once)
+        self.assertIn(f"Resuming from the checkpoint at step 1 in {workdir}/checkpoints (data "
+                      f"iterator restored)", run(workdir, 2))  # recorded as read once: resumes
+        # A run recorded before duplicates were dropped (no mark, or no record) read the file
+        # twice: resuming on the deduplicated stream is refused, before the data is read.
+        record = os.path.join(workdir, train.DATA_FINGERPRINT)
+        with open(record) as f:
+            saved = json.load(f)
+        self.assertIs(saved.pop(train._DISTINCT_FILES), True)
+        for older in (saved, None):
+            if older is None:
+                os.remove(record)
+            else:
+                with open(record, "w") as f:
+                    json.dump(older, f)
+            with mock.patch.object(data_lib, "build_datasets",
+                                   side_effect=AssertionError("read")):
+                with self.assertRaisesRegex(config_lib.ConfigError, (
+                        rf"^data\.paths: {re.escape(corpus)} is named twice; the run in "
+                        rf"{re.escape(workdir)} started when such a file was read twice .*"
+                        rf"resuming would train on another document stream\. Use a new "
+                        rf"--workdir\.$")):
+                    run(workdir, 3)
+
+    def test_token_shard_directories_are_not_listed_as_files_for_duplicates(self):
+        # A token-shard directory is read by its manifest: listed as text it "holds no data
+        # file" (it has none of the text extensions).
+        shard_dir = os.path.join(self.tmp, "val-shards")
+        data_lib.prepare_corpus([self.corpus], shard_dir, tokenizer="byte", workers=0,
+                                progress=False, print_fn=lambda _: None)
+        twice = int(np.random.default_rng().integers(2, 4))
+        data = dataclasses.replace(tiny_experiment(self.corpus).data,
+                                   paths=(self.corpus,) * twice, val_paths=(shard_dir,))
+        self.assertEqual(train.duplicate_data_files(data),
+                         [("data.paths", self.corpus, self.corpus)] * (twice - 1))
+
     def test_a_gzip_file_written_again_keeps_its_fingerprint(self):
         # gzip writes the time of the write into its header (bytes 4-7): a deterministic
         # rebuild of a .jsonl.gz corpus was refused as "same size, other contents".

@@ -212,6 +212,37 @@ class PipelineTest(absltest.TestCase):
         self.assertEqual(train_letters & val_letters, set())
         self.assertEqual(train_letters | val_letters, {ord(d[0]) for d in self.docs})
 
+    def test_a_file_named_twice_is_read_once(self):
+        # ("<dir>", "<dir>/input.txt") read the file twice: copies of validation documents
+        # in the training split.
+        paths = [self.root, self.path][::int(np.random.default_rng().choice([1, -1]))]
+        once = pipeline.build_datasets(self._config()).stats
+        stats = pipeline.build_datasets(self._config(paths=tuple(paths))).stats
+        self.assertEqual((stats.train_documents, stats.val_documents),
+                         (once.train_documents, once.val_documents))
+        self.assertEqual(once.train_documents + once.val_documents, len(self.docs))
+
+    def test_val_paths_sharing_a_file_with_paths_is_refused_before_the_read(self):
+        rng = np.random.default_rng()
+        other = os.path.join(self.root, "sub", f"other{rng.integers(100)}.txt")
+        os.makedirs(os.path.dirname(other))
+        shutil.copy(self.path, other)  # same contents, another file: allowed
+        link = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "link.txt")
+        os.symlink(self.path, link)
+        shared = [self.path, self.root, link][int(rng.integers(3))]
+        with mock.patch.object(pipeline, "_load_corpus") as load:
+            with self.assertRaisesRegex(
+                    ValueError, r"^data\.val_paths shares 1 file\(s\) with data\.paths \("
+                    f"{self.path if shared == self.root else shared}\\): their documents "
+                    r"would be trained on and held out"):
+                pipeline.build_datasets(self._config(paths=(self.path,), val_paths=(shared,)))
+            with self.assertRaisesRegex(ValueError, r"shares 2 file\(s\)"):
+                pipeline.build_datasets(self._config(paths=(self.root,), val_paths=(shared,
+                                                                                    other)))
+            load.assert_not_called()
+        ds = pipeline.build_datasets(self._config(paths=(self.path,), val_paths=(other,)))
+        self.assertEqual(ds.stats.val_documents, len(self.docs))
+
     def test_split_documents(self):
         train, val = pipeline.split_documents(1000, 0.01, seed=3)
         self.assertLen(val, 10)
@@ -404,6 +435,15 @@ class TokenShardPipelineTest(absltest.TestCase):
         self.assertEqual(dataclasses.asdict(text.stats), dataclasses.asdict(tokens.stats))
         _assert_batches_equal(self, _take(text.train_iter, 10), _take(tokens.train_iter, 10))
         _assert_batches_equal(self, list(text.val_batches), list(tokens.val_batches))
+
+    def test_a_file_named_twice_makes_one_shard(self):
+        part = os.path.join(self.text_dir, f"part{np.random.default_rng().integers(3)}.txt")
+        out, lines = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "s"), []
+        manifest = prepare.prepare_corpus([self.text_dir, part], out, tokenizer="byte",
+                                          workers=0, progress=False, print_fn=lines.append)
+        self.assertLen(manifest["shards"], 3)
+        self.assertEqual(lines[0], f"--input: read once, dropped as duplicates of an earlier "
+                                   f"entry (the same real file): {part}")
 
     def test_tokenizer_must_match(self):
         with self.assertRaisesRegex(ValueError, "data.tokenizer: the token shards in .* were "

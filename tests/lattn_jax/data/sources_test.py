@@ -106,6 +106,36 @@ class ReadDocumentsTest(absltest.TestCase):
             list(sources.read_documents([root]))
 
 
+class DuplicateFilesTest(absltest.TestCase):
+    """A file named twice (a directory and a file in it, a symlink) is read once."""
+
+    def test_each_real_file_is_listed_once_and_the_dropped_ones_named(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        rng = np.random.default_rng()
+        names = [f"part{i}.txt" for i in rng.permutation(int(rng.integers(2, 6)))]
+        for n in names:
+            _write(os.path.join(root, n), f"{n}\n\nsecond of {n}\n")
+        files = sorted(os.path.join(root, n) for n in names)
+        twice = str(rng.choice(files))
+        link = os.path.join(self.enterContext(tempfile.TemporaryDirectory()), "link.txt")
+        os.symlink(twice, link)
+        paths = [root, twice, link, root + "/", twice]
+        self.assertEqual(sources.list_files(paths), files)
+        self.assertEqual(
+            sources.duplicate_files(paths),
+            [(twice, twice), (link, twice)] + [(f, f) for f in sorted(
+                os.path.join(root + "/", n) for n in names)] + [(twice, twice)])
+        # Read once: each document of the directory once, in the directory's order.
+        self.assertEqual(list(sources.read_documents(paths)), list(sources.read_documents([root])))
+
+    def test_distinct_files_drop_nothing(self):
+        root = self.enterContext(tempfile.TemporaryDirectory())
+        a = _write(os.path.join(root, "a", "x.txt"), "one\n")
+        b = _write(os.path.join(root, "b", "x.txt"), "one\n")  # same contents, another file
+        self.assertEqual(sources.list_files([a, b]), [a, b])
+        self.assertEqual(sources.duplicate_files([a, b]), [])
+
+
 def _jsonl_bytes(records) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
 
