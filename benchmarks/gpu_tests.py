@@ -29,7 +29,23 @@ teardown error, also after a passing call), ``skipped``, ``xfailed``, ``xpassed`
 (its worker ended on its own without a verdict for it: ``os._exit``, a crash).
 
 Outputs: ``<out>/summary.json`` (``{"counts": {...}, "tests": {node id: outcome},
-"worker_exit": [...], ...}``) and ``<out>/summary.md``; a short summary on stdout. Exit status:
+"worker_exit": [...], "ptxas": [...], ...}``), ``<out>/summary.md``, ``<out>/workers.log``
+(every worker's log, one after another, each under a line ``===== worker-<k>.log =====``)
+and a short summary on stdout. On a return folder that brings back only a few files (the GPU
+machine's ``$OUT``), keep ``summary.md``, ``summary.json`` and ``workers.log``: together they
+hold everything the per-worker files do but the raw phase records.
+
+ptxas: with ``MOSAIC_GPU_DUMP_PTXAS=1`` in the environment jaxlib prints ptxas's verbose
+output for every Mosaic GPU kernel it compiles; the workers then run with ``-s`` (pytest's
+output capture would keep a passing test's prints out of its log), and after they end (also
+at the deadline or on a signal) the summary collects, from every worker's log,
+``benchmarks/offline_ptxas.py``'s ``parse_ptxas`` records: ``summary.json``'s ``"ptxas"``
+is a list of ``{"worker", "entry", "registers", "spill_stores", "spill_loads", "line"}``
+(``None`` for a figure a stopped worker's log lacks; ``line``, ptxas's lines of that entry,
+trimmed), one per distinct ``(entry, registers, spill stores, spill loads)``, first worker
+first; ``summary.md`` gets the table "ptxas (MOSAIC_GPU_DUMP_PTXAS=1)" when there are any.
+
+Exit status:
 0 if every collected test ran and none failed, 1 if any failed, errored or lost its worker, 2 if
 none failed but some did not run (deadline), 3 if collection failed or found nothing (one line;
 pytest's full output in ``<out>/collect.log``), 130 / 143 after SIGINT / SIGTERM.
@@ -59,6 +75,7 @@ from absl import app, flags
 
 # The repository root, so that `python benchmarks/gpu_tests.py` finds lattn_jax.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import offline_ptxas  # noqa: E402  pylint: disable=wrong-import-position
 from lattn_jax.eval import fetch  # noqa: E402  pylint: disable=wrong-import-position
 
 _JOBS = _DEADLINE = _GRACE = _MARKER = _OUT = None  # flags, defined by _define_flags
@@ -164,6 +181,57 @@ def exit_status(counts: Dict[str, int]) -> int:
     return 2 if counts.get("not run", 0) else 0
 
 
+_PTXAS_LINE = re.compile(r"ptxas info\s*: (Compiling entry function|Used \d+ registers)"
+                         r"|\d+ bytes stack frame, \d+ bytes spill stores")
+
+
+def ptxas_records(logs: Sequence[str]) -> List[Dict[str, object]]:
+    """ptxas's registers and spills per kernel entry from the worker logs ``logs`` (worker k's
+    text at index k), parsed by ``offline_ptxas.parse_ptxas``: ``{"worker", "entry",
+    "registers", "spill_stores", "spill_loads", "line"}``, one per distinct ``(entry,
+    registers, spill stores, spill loads)`` in worker and log order; ``line`` is the entry's
+    ptxas lines (entry, stack frame and spills, registers) joined by `` | ``, at most 300
+    characters."""
+    out, seen = [], set()
+    for k, log in enumerate(logs):
+        blocks = re.split(r"(?=ptxas info\s*: Compiling entry function)", log)[1:]
+        for block in blocks:
+            recs = offline_ptxas.parse_ptxas(block)
+            if not recs:
+                continue
+            rec = recs[0]
+            key = (rec["kernel"], rec["regs"], rec["spill_st"], rec["spill_ld"])
+            if key in seen:
+                continue
+            seen.add(key)
+            lines = []
+            for ln in block.splitlines():
+                m = _PTXAS_LINE.search(ln)
+                if m:
+                    lines.append(ln[m.start():].strip())
+            out.append({"worker": k, "entry": rec["kernel"], "registers": rec["regs"],
+                        "spill_stores": rec["spill_st"], "spill_loads": rec["spill_ld"],
+                        "line": " | ".join(lines)[:300]})
+    return out
+
+
+def read_log(path: str) -> str:
+    """A worker's log as text (bytes that are not UTF-8 replaced; no file, empty)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def write_workers_log(path: str, logs: Sequence[str]) -> None:
+    """Every worker's log into one file, each under ``===== worker-<k>.log =====``."""
+    with open(path, "w", encoding="utf-8") as f:
+        for k, log in enumerate(logs):
+            f.write(f"===== worker-{k}.log =====\n")
+            f.write(log if not log or log.endswith("\n") else log + "\n")
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     """``sig`` to the worker's process group (the worker and what its tests started)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
@@ -193,6 +261,12 @@ def _markdown(summary: Dict[str, object], command: str) -> str:
              f"Wall: {summary['wall_s']:.1f} s over {summary['jobs']} workers", "",
              "| test | outcome |", "|---|---|"]
     lines += [f"| `{t}` | {o} |" for t, o in summary["tests"].items()]
+    if summary.get("ptxas"):
+        na = lambda v: "?" if v is None else str(v)  # noqa: E731 - a figure a log lacks
+        lines += ["", "ptxas (MOSAIC_GPU_DUMP_PTXAS=1)", "",
+                  "| entry | registers | spill stores | spill loads |", "|---|---:|---:|---:|"]
+        lines += [f"| `{r['entry']}` | {na(r['registers'])} | {na(r['spill_stores'])} | "
+                  f"{na(r['spill_loads'])} |" for r in summary["ptxas"]]
     return "\n".join(lines) + "\n"
 
 
@@ -200,7 +274,7 @@ def _on_sigterm(signum, frame):  # noqa: ARG001 - signal handler signature
     raise SystemExit(128 + signum)
 
 
-_OWN_FILES = r"worker-\d+\.(log|jsonl)|summary\.(json|md)|collect\.log"
+_OWN_FILES = r"worker-\d+\.(log|jsonl)|workers\.log|summary\.(json|md)|collect\.log"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -248,6 +322,8 @@ def main(argv: Sequence[str]) -> int:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # for -p benchmarks...
     pythonpath = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
     procs, files, interrupted, signalled = [], [], [], None
+    # pytest's capture would hold a passing test's ptxas output back from the log.
+    no_capture = ["-s"] if os.environ.get("MOSAIC_GPU_DUMP_PTXAS", "") not in ("", "0") else []
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         for k, group in enumerate(groups):
@@ -256,7 +332,7 @@ def main(argv: Sequence[str]) -> int:
             env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", PYTHONPATH=pythonpath,
                        GPU_TESTS_RECORD=os.path.join(out, f"worker-{k}.jsonl"))
             procs.append(subprocess.Popen(  # its own process group: see _stop
-                [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider",
+                [sys.executable, "-m", "pytest", "-v", *no_capture, "-p", "no:cacheprovider",
                  "-p", "benchmarks.gpu_tests_plugin", "-m", _MARKER.value, *group],
                 stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True))
         print(f"{len(tests)} tests over {len(procs)} workers; deadline {_DEADLINE.value:.0f} s",
@@ -274,11 +350,13 @@ def main(argv: Sequence[str]) -> int:
             f.close()
     records = [read_records(os.path.join(out, f"worker-{k}.jsonl")) for k in range(len(procs))]
     stopped = [p in interrupted or signalled is not None for p in procs]
+    logs = [read_log(os.path.join(out, f"worker-{k}.log")) for k in range(len(procs))]
+    write_workers_log(os.path.join(out, "workers.log"), logs)
     summary = summarise(groups[:len(procs)], records, stopped)
     summary.update(wall_s=time.monotonic() - start, jobs=len(procs),
                    interrupted_workers=len(interrupted), worker_exit=[p.returncode for p in procs],
                    signalled=signalled, deadline_s=_DEADLINE.value, marker=_MARKER.value,
-                   paths=paths)
+                   paths=paths, ptxas=ptxas_records(logs))
     command = " ".join([os.path.relpath(__file__)] + sys.argv[1:])
     with open(os.path.join(out, "summary.json"), "w", encoding="utf-8") as f:
         json.dump(dict(summary, command=command), f, indent=1)

@@ -380,17 +380,25 @@ def module_to_ptx(module_text: str, site: str, cuda_root: str, ptx_isa: int = 87
 def parse_ptxas(log: str) -> List[Dict]:
     """One record per entry function in ``ptxas -v``'s log: ``kernel``, ``regs``,
     ``spill_st``, ``spill_ld``, ``stack`` (bytes), ``smem_static`` and ``c7514`` (ptxas warned
-    that it serializes ``wgmma`` because other instructions read their accumulators)."""
+    that it serializes ``wgmma`` because other instructions read their accumulators).
+
+    A block cut short (a log of a process stopped mid-compile, as ``benchmarks/gpu_tests.py``
+    reads) gives ``None`` for the figures it lacks; the log may have other text around and
+    between ptxas's lines (a test runner's)."""
     records = []
     for block in re.split(r"(?=ptxas info\s*: Compiling entry function)", log)[1:]:
-        name = re.search(r"entry function '([^']+)'", block).group(1)
+        name = re.search(r"entry function '([^'\n]+)'", block)
+        if not name:  # a line cut before the kernel's name
+            continue
         frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
                           r"(\d+) bytes spill loads", block)
         used = re.search(r"Used (\d+) registers", block)
         smem = re.search(r"(\d+) bytes smem", block)
-        records.append(dict(kernel=name, regs=int(used.group(1)),
-                            stack=int(frame.group(1)), spill_st=int(frame.group(2)),
-                            spill_ld=int(frame.group(3)),
+        name = name.group(1)
+        records.append(dict(kernel=name, regs=int(used.group(1)) if used else None,
+                            stack=int(frame.group(1)) if frame else None,
+                            spill_st=int(frame.group(2)) if frame else None,
+                            spill_ld=int(frame.group(3)) if frame else None,
                             smem_static=int(smem.group(1)) if smem else 0,
                             c7514=name in re.findall(r"\(C7514\)[^\n]*function '([^']+)'",
                                                      log)))

@@ -58,6 +58,35 @@ TESTS = textwrap.dedent("""\
     """)
 
 
+PTXAS_BIG = """ptxas info    : 0 bytes gmem
+ptxas warning : Registers are spilled to local memory in function 'big_kernel', 92 bytes \
+spill stores, 96 bytes spill loads
+ptxas info    : Compiling entry function 'big_kernel' for 'sm_90a'
+ptxas info    : Function properties for big_kernel
+    96 bytes stack frame, 92 bytes spill stores, 96 bytes spill loads
+ptxas info    : Used 255 registers, used 2 barriers, 1 bytes smem
+ptxas info    : Compile time = 278.714 ms
+"""
+PTXAS_SMALL = """ptxas info    : Compiling entry function 'small_kernel' for 'sm_90a'
+ptxas info    : Function properties for small_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 45 registers, used 2 barriers, 1 bytes smem
+"""
+PTXAS_TESTS = textwrap.dedent("""\
+    import os
+    import pytest
+
+    pytestmark = pytest.mark.gpu
+
+    def test_big():
+        os.write(1, {big!r}.encode())
+
+    def test_small():
+        os.write(2, {small!r}.encode())
+        os.write(1, {big!r}.encode())
+    """).format(big=PTXAS_BIG, small=PTXAS_SMALL)
+
+
 class GpuTestsTest(absltest.TestCase):
 
     def _tree(self, body=TESTS):
@@ -68,12 +97,75 @@ class GpuTestsTest(absltest.TestCase):
             f.write(body)
         return root
 
-    def _run(self, root, *flags):
+    def _run(self, root, *flags, env=None):
         out = os.path.join(root, "out")
         proc = subprocess.run([sys.executable, SCRIPT, f"--out={out}", *flags,
                                "stand_in_test.py"], cwd=root, capture_output=True, text=True,
-                              timeout=120, check=False)
+                              timeout=120, check=False, env=env)
         return proc, out
+
+    def test_ptxas_lines_and_workers_log(self):
+        # Two passing tests print ptxas's verbose output at the file-descriptor level, as
+        # jaxlib's compiler does: worker 0 a kernel that spills, worker 1 one that does not
+        # and the first one again (the same figures: one record).
+        root = self._tree(PTXAS_TESTS)
+        env = dict(os.environ, MOSAIC_GPU_DUMP_PTXAS="1")
+        proc, out = self._run(root, "--jobs=2", env=env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(out, "summary.json")) as f:
+            ptxas = json.load(f)["ptxas"]
+        self.assertEqual([{k: v for k, v in r.items() if k != "line"} for r in ptxas], [
+            {"worker": 0, "entry": "big_kernel", "registers": 255, "spill_stores": 92,
+             "spill_loads": 96},
+            {"worker": 1, "entry": "small_kernel", "registers": 45, "spill_stores": 0,
+             "spill_loads": 0}])
+        self.assertEqual(ptxas[0]["line"],
+                         "ptxas info    : Compiling entry function 'big_kernel' for 'sm_90a' | "
+                         "96 bytes stack frame, 92 bytes spill stores, 96 bytes spill loads | "
+                         "ptxas info    : Used 255 registers, used 2 barriers, 1 bytes smem")
+        with open(os.path.join(out, "summary.md")) as f:
+            md = f.read()
+        self.assertIn("ptxas (MOSAIC_GPU_DUMP_PTXAS=1)", md)
+        self.assertIn("| `big_kernel` | 255 | 92 | 96 |", md)
+        self.assertIn("| `small_kernel` | 45 | 0 | 0 |", md)
+        # workers.log: every worker's log, in order, under its header.
+        with open(os.path.join(out, "workers.log")) as f:
+            text = f.read()
+        for k in range(2):
+            with open(os.path.join(out, f"worker-{k}.log")) as f:
+                self.assertIn(f"===== worker-{k}.log =====\n" + f.read(), text)
+        self.assertLess(text.index("test_big"), text.index("===== worker-1.log"))
+        self.assertGreater(text.index("test_small"), text.index("===== worker-1.log"))
+        # Without the variable: pytest's capture keeps the passing tests' prints out of the
+        # logs, no records, no table; workers.log still written.
+        env.pop("MOSAIC_GPU_DUMP_PTXAS")
+        proc, out = self._run(root, "--jobs=2", env=env)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(out, "summary.json")) as f:
+            self.assertEqual(json.load(f)["ptxas"], [])
+        with open(os.path.join(out, "summary.md")) as f:
+            self.assertNotIn("ptxas (MOSAIC_GPU_DUMP_PTXAS=1)", f.read())
+        with open(os.path.join(out, "workers.log")) as f:
+            self.assertIn("===== worker-1.log =====", f.read())
+
+    def test_ptxas_records_from_logs(self):
+        # Worker 0 stopped mid-compile of a third kernel; pytest's text around ptxas's lines.
+        log0 = ("tests/x.py::test_a " + PTXAS_BIG + PTXAS_SMALL + "PASSED\n"
+                "ptxas info    : Compiling entry function 'cut_kernel' for 'sm_90a'\n")
+        log1 = PTXAS_SMALL + PTXAS_SMALL.replace("Used 45", "Used 40")
+        recs = gpu_tests.ptxas_records([log0, log1])
+        self.assertEqual([(r["worker"], r["entry"], r["registers"], r["spill_stores"],
+                           r["spill_loads"]) for r in recs],
+                         [(0, "big_kernel", 255, 92, 96), (0, "small_kernel", 45, 0, 0),
+                          (0, "cut_kernel", None, None, None), (1, "small_kernel", 40, 0, 0)])
+        summary = {"counts": {"passed": 1}, "tests": {"a::t": "passed"}, "wall_s": 1.0,
+                   "jobs": 2, "ptxas": recs}
+        md = gpu_tests._markdown(summary, "cmd")  # pylint: disable=protected-access
+        self.assertIn("| `cut_kernel` | ? | ? | ? |", md)
+        self.assertIn("| `small_kernel` | 40 | 0 | 0 |", md)
+        summary["ptxas"] = gpu_tests.ptxas_records(["no ptxas here\n", ""])
+        self.assertEqual(summary["ptxas"], [])
+        self.assertNotIn("ptxas", gpu_tests._markdown(summary, "cmd"))  # pylint: disable=W0212
 
     def test_outcomes_deadline_and_exit_status(self):
         root = self._tree()

@@ -45,6 +45,10 @@ class OfflinePtxasTest(absltest.TestCase):
                                    spill_ld=96, smem_static=1, c7514=True))
         self.assertEqual(small, dict(kernel="small_kernel", regs=45, stack=0, spill_st=0,
                                      spill_ld=0, smem_static=1, c7514=False))
+        # A log cut mid-compile (a stopped process's), other text between ptxas's lines.
+        cut = offline_ptxas.parse_ptxas("PASSED\n" + LOG.split("ptxas info    : Used 255")[0])
+        self.assertEqual([(r["kernel"], r["regs"], r["spill_st"], r["spill_ld"]) for r in cut],
+                         [("big_kernel", None, 92, 96)])
 
     def test_advisories(self):
         log = LOG + ("ptxas info    : (C7519) warpgroup.arrive is injected in around line 9 by "
