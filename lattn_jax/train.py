@@ -1129,6 +1129,19 @@ def _file_fingerprint(path: str) -> Dict[str, Any]:
     return {"bytes": size, "sha256_head_tail": digest.hexdigest()}
 
 
+def _readable_fingerprint(path: str, option: str) -> Dict[str, Any]:
+    """:func:`_file_fingerprint` of ``path``; a file that exists but cannot be read raises
+    :class:`~lattn_jax.data.sources.DataFileError` naming ``option`` and the file (a missing
+    one: ``FileNotFoundError`` as before)."""
+    try:
+        return _file_fingerprint(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise sources_lib.DataFileError(
+            f"{option}: {path} cannot be read ({e.strerror or e})") from e
+
+
 def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str, Any]]]:
     """The identity of the files a run reads its data from, by option (``"data.paths"``,
     ``"data.val_paths"``) and path (a bundled file by its ``bundled:`` name).
@@ -1140,7 +1153,8 @@ def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str
 
     Raises:
       FileNotFoundError, ValueError: a path that cannot be listed, or a malformed manifest.
-      OSError: a file that cannot be read.
+      DataFileError: (an ``OSError``) a file that cannot be read (no permission, a directory
+        where a file is expected): one line naming the option and the file.
     """
     tokens = data_config_lib.resolved_format(data) == "tokens"
     out = {}
@@ -1149,7 +1163,7 @@ def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str
         names = sources_lib.OptionNames(paths=option)
         for path in (paths or ()) if tokens else sources_lib.list_files(paths or (), names):
             if not tokens:
-                found[assets.portable(path)] = _file_fingerprint(path)
+                found[assets.portable(path)] = _readable_fingerprint(path, option)
                 continue
             manifest = shards_lib.read_manifest(path)
             identity = {"dtype": manifest.get("dtype"),
@@ -1162,7 +1176,7 @@ def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str
             for entry in manifest.get("shards", []):
                 for key in ("token_file", "offsets_file"):
                     name = os.path.join(path, entry[key])
-                    found[assets.portable(name)] = _file_fingerprint(name)
+                    found[assets.portable(name)] = _readable_fingerprint(name, option)
         if found:
             out[option] = found
     return out
@@ -1306,7 +1320,8 @@ def check_held_out_data(workdir: str, data: data_lib.DataConfig,
       ConfigError: one line naming the option and the file (the first changed one, the
         duplicate, or the shared ones), or the record when it cannot be read.
       FileNotFoundError: a data file of the run that does not exist.
-      OSError: a data file that cannot be read.
+      DataFileError: (an ``OSError``) a data file that cannot be read: one line naming the
+        option and the file.
     """
     fix = "score other text with --perplexity_files=<text files>"
     try:
