@@ -1252,7 +1252,8 @@ def _first_change(saved: Dict[str, Any], current: Dict[str, Any],
 def duplicate_data_files(data: data_lib.DataConfig) -> List[Tuple[str, str, str]]:
     """``(option, dropped, kept)`` for every file of ``data.paths`` or ``data.val_paths`` that
     the pipeline reads once although it is named twice (:func:`lattn_jax.data.sources.
-    duplicate_files`: the same real path as the earlier ``kept``); none for token shards.
+    duplicate_files`: the same real path as the earlier ``kept``), and every token-shard
+    directory named again (:func:`lattn_jax.data.shards.duplicate_dirs`: read once too).
 
     Raises:
       FileNotFoundError: a path that does not exist, or a directory without data files.
@@ -1260,6 +1261,8 @@ def duplicate_data_files(data: data_lib.DataConfig) -> List[Tuple[str, str, str]
     out = []
     for option, paths in (("data.paths", data.paths), ("data.val_paths", data.val_paths)):
         names = sources_lib.OptionNames(paths=option)
+        token_dirs = [p for p in paths or () if shards_lib.is_token_dir(p)]
+        out += [(option, d, k) for d, k in shards_lib.duplicate_dirs(token_dirs)]
         paths = [p for p in paths or () if not shards_lib.is_token_dir(p)]
         out += [(option, d, k) for d, k in sources_lib.duplicate_files(paths, names)]
     return out
