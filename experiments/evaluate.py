@@ -99,7 +99,9 @@ def main(argv):
         perplexity_stride=_PPL_STRIDE.value, context=_CONTEXT.value)
     try:
         driver.evaluate(request)
-    except (ValueError, FileNotFoundError, ImportError) as e:
+    except (ValueError, OSError, ImportError) as e:  # OSError: a file unreadable (as train.py)
+        if isinstance(e, ConnectionError):
+            raise
         sys.exit(f"error: {e}")
     except (driver.Interrupted, KeyboardInterrupt) as e:  # Ctrl-C: one line, no traceback
         print(e if isinstance(e, driver.Interrupted) else "interrupted (not while scoring)",

@@ -743,6 +743,12 @@ def _shared_reference_lines(ref: Mapping[str, Any]) -> List[str]:
             f"measured alone."]
 
 
+def _config_changed(report: Report, group: Group) -> bool:
+    """Whether a run of ``group`` was trained with another experiment config than its config
+    file gives now (:attr:`Report.config_changes`, marked :data:`CONFIG_MARK`)."""
+    return any(e.run.name in report.config_changes for e in group.entries)
+
+
 def markdown(report: Report) -> str:
     """The results page (Markdown): commands, ranking, runs (with failed runs' error lines),
     seeds, one section per paper reference (with Spearman's rank correlation), the paper's
@@ -805,10 +811,12 @@ def markdown(report: Report) -> str:
         lines += ["## Ranking", ""]
         best = report.ranking[0].mean
         rows = []
+        changed_groups = [g for g in report.ranking if _config_changed(report, g)]
         for i, g in enumerate(report.ranking, 1):
             sd = f" ± {g.sd:.4f}" if g.sd is not None else ""
             mark = _mark(g.throughput_shared, g.throughput_remeasured, g.throughput_device)
-            rows.append([i, g.name, len(g.losses), f"{g.mean:.4f}{sd}", f"{g.mean - best:+.4f}",
+            rows.append([i, g.name + (f" {CONFIG_MARK}" if g in changed_groups else ""),
+                         len(g.losses), f"{g.mean:.4f}{sd}", f"{g.mean - best:+.4f}",
                          _f(g.best_val_loss), _tokens(g.tokens),
                          mark(_f(g.tokens_per_sec, ",.0f")), mark(_pct(g.mfu)),
                          _params(g.params), _params(g.non_embedding_params)])
@@ -822,6 +830,10 @@ def markdown(report: Report) -> str:
         if any(g.throughput_device for g in report.ranking):
             lines += ["", f"{DEVICE_MARK} No run of the group was measured on {report.device}: "
                       f"tokens/s and MFU on the device the runs table names, not compared."]
+        if changed_groups:
+            lines += ["", f"{CONFIG_MARK} The group has a run trained with another experiment "
+                      f"config than the training config file gives it now (marked {CONFIG_MARK} "
+                      f"in the runs table): its numbers may include that other experiment's."]
         lines.append("")
     lines += ["## Runs", ""]
     rows = []
@@ -944,7 +956,7 @@ _CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps
                "final_val_loss", "best_val_loss", "best_val_step", "last_val_loss",
                "final_train_loss", "tokens", "tokens_per_sec", "mfu", "params",
                "non_embedding_params", "wall_s", "concurrent", "parallel", "alone_steps",
-               "shared_tokens_per_sec", "shared_mfu", "devices", "error")
+               "shared_tokens_per_sec", "shared_mfu", "devices", "error", "config_changed")
 
 
 def _run_row(e: Entry) -> Dict[str, Any]:
@@ -963,12 +975,15 @@ def _run_row(e: Entry) -> Dict[str, Any]:
 
 
 def csv_text(report: Report) -> str:
-    """One row per run (:data:`_CSV_FIELDS`)."""
+    """One row per run (:data:`_CSV_FIELDS`; ``config_changed``: the fields, recorded -> now,
+    of a run trained with another experiment config than its config file gives now, else
+    empty)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=_CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     for e in report.entries:
-        writer.writerow({k: "" if v is None else v for k, v in _run_row(e).items()})
+        row = {**_run_row(e), "config_changed": report.config_changes.get(e.run.name)}
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
     return buf.getvalue()
 
 
@@ -982,6 +997,7 @@ def json_dict(report: Report) -> Dict[str, Any]:
                "throughput_remeasured": g.throughput_remeasured,
                "throughput_device": g.throughput_device, "tokens": g.tokens,
                "params": g.params, "non_embedding_params": g.non_embedding_params,
+               "config_changed": _config_changed(report, g),
                "rank": report.ranking.index(g) + 1 if g in report.ranking else None}
               for g in report.groups]
     return {"sweep": report.name, "root": os.path.abspath(report.root),

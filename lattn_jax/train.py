@@ -1129,6 +1129,19 @@ def _file_fingerprint(path: str) -> Dict[str, Any]:
     return {"bytes": size, "sha256_head_tail": digest.hexdigest()}
 
 
+def _readable_fingerprint(path: str, option: str) -> Dict[str, Any]:
+    """:func:`_file_fingerprint` of ``path``; a file that exists but cannot be read raises
+    :class:`~lattn_jax.data.sources.DataFileError` naming ``option`` and the file (a missing
+    one: ``FileNotFoundError`` as before)."""
+    try:
+        return _file_fingerprint(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise sources_lib.DataFileError(
+            f"{option}: {path} cannot be read ({e.strerror or e})") from e
+
+
 def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str, Any]]]:
     """The identity of the files a run reads its data from, by option (``"data.paths"``,
     ``"data.val_paths"``) and path (a bundled file by its ``bundled:`` name).
@@ -1140,7 +1153,8 @@ def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str
 
     Raises:
       FileNotFoundError, ValueError: a path that cannot be listed, or a malformed manifest.
-      OSError: a file that cannot be read.
+      DataFileError: (an ``OSError``) a file that cannot be read (no permission, a directory
+        where a file is expected): one line naming the option and the file.
     """
     tokens = data_config_lib.resolved_format(data) == "tokens"
     out = {}
@@ -1149,7 +1163,7 @@ def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str
         names = sources_lib.OptionNames(paths=option)
         for path in (paths or ()) if tokens else sources_lib.list_files(paths or (), names):
             if not tokens:
-                found[assets.portable(path)] = _file_fingerprint(path)
+                found[assets.portable(path)] = _readable_fingerprint(path, option)
                 continue
             manifest = shards_lib.read_manifest(path)
             identity = {"dtype": manifest.get("dtype"),
@@ -1162,7 +1176,7 @@ def data_fingerprints(data: data_lib.DataConfig) -> Dict[str, Dict[str, Dict[str
             for entry in manifest.get("shards", []):
                 for key in ("token_file", "offsets_file"):
                     name = os.path.join(path, entry[key])
-                    found[assets.portable(name)] = _file_fingerprint(name)
+                    found[assets.portable(name)] = _readable_fingerprint(name, option)
         if found:
             out[option] = found
     return out
@@ -1238,7 +1252,8 @@ def _first_change(saved: Dict[str, Any], current: Dict[str, Any],
 def duplicate_data_files(data: data_lib.DataConfig) -> List[Tuple[str, str, str]]:
     """``(option, dropped, kept)`` for every file of ``data.paths`` or ``data.val_paths`` that
     the pipeline reads once although it is named twice (:func:`lattn_jax.data.sources.
-    duplicate_files`: the same real path as the earlier ``kept``); none for token shards.
+    duplicate_files`: the same real path as the earlier ``kept``), and every token-shard
+    directory named again (:func:`lattn_jax.data.shards.duplicate_dirs`: read once too).
 
     Raises:
       FileNotFoundError: a path that does not exist, or a directory without data files.
@@ -1246,6 +1261,8 @@ def duplicate_data_files(data: data_lib.DataConfig) -> List[Tuple[str, str, str]
     out = []
     for option, paths in (("data.paths", data.paths), ("data.val_paths", data.val_paths)):
         names = sources_lib.OptionNames(paths=option)
+        token_dirs = [p for p in paths or () if shards_lib.is_token_dir(p)]
+        out += [(option, d, k) for d, k in shards_lib.duplicate_dirs(token_dirs)]
         paths = [p for p in paths or () if not shards_lib.is_token_dir(p)]
         out += [(option, d, k) for d, k in sources_lib.duplicate_files(paths, names)]
     return out
@@ -1306,7 +1323,8 @@ def check_held_out_data(workdir: str, data: data_lib.DataConfig,
       ConfigError: one line naming the option and the file (the first changed one, the
         duplicate, or the shared ones), or the record when it cannot be read.
       FileNotFoundError: a data file of the run that does not exist.
-      OSError: a data file that cannot be read.
+      DataFileError: (an ``OSError``) a data file that cannot be read: one line naming the
+        option and the file.
     """
     fix = "score other text with --perplexity_files=<text files>"
     try:

@@ -244,8 +244,24 @@ class TokenCorpus:
                    doc_len=lengths)
 
 
+def duplicate_dirs(directories: Sequence[str]) -> list[tuple[str, str]]:
+    """``[(dropped, kept), ...]``: each directory of ``directories`` that is the same real
+    directory (``os.path.realpath``: named twice, or through a symlink) as the earlier
+    ``kept``, in the order met; :func:`open_corpus` reads it once, as
+    :func:`lattn_jax.data.sources.list_files` reads a file named twice once."""
+    return [(directories[i], directories[k]) for i, k in enumerate(_first_index(directories))
+            if k != i]
+
+
+def _first_index(directories: Sequence[str]) -> list[int]:
+    """For each directory, the index of the first one with its real path."""
+    first: dict[str, int] = {}
+    return [first.setdefault(os.path.realpath(d), i) for i, d in enumerate(directories)]
+
+
 def open_corpus(directories: Sequence[str]) -> TokenCorpus:
-    """Memory-maps the shards of one or more token-shard directories, in order.
+    """Memory-maps the shards of one or more token-shard directories, in order; a directory
+    named again (:func:`duplicate_dirs`) is read once, at its first place.
 
     Raises:
         FileNotFoundError: a manifest or a shard file listed in it is missing (named).
@@ -256,7 +272,10 @@ def open_corpus(directories: Sequence[str]) -> TokenCorpus:
     """
     shards, doc_shard, doc_start, doc_len, shard_names = [], [], [], [], []
     tokenizer, stats = None, {}
-    for directory in directories:
+    first = _first_index(directories)
+    for i, directory in enumerate(directories):
+        if first[i] != i:  # the same directory again: its documents once
+            continue
         manifest = read_manifest(directory)
         pending = manifest.get(PENDING_KEY) or []
         if pending:

@@ -180,6 +180,8 @@ def evaluate(request: EvaluateRequest,
         perplexity of a training workdir, data files changed since the run started or a
         split that was not held out: :func:`lattn_jax.train.check_held_out_data`), with one
         line naming it; nothing is scored then.
+      OSError: a file that cannot be read or written (for the ``validation`` perplexity, a
+        data file of the run that cannot be read: ``DataFileError``, one line naming it).
     """
     out = request.output_dir or os.path.join(request.checkpoint, "eval")
     names = runner.expand_tasks(request.tasks)

@@ -339,6 +339,27 @@ class HeldOutValidationTest(absltest.TestCase):
                 f"{self.workdir} started when such a file was read twice")):
             check(twice)
 
+    def test_an_unreadable_data_file_is_one_line_naming_it(self):
+        # A data file that exists but cannot be read (no permission; as root, whom chmod 000
+        # does not stop, an open that fails) ended evaluate.py in a traceback.
+        script = (
+            "import builtins, runpy, sys\n"
+            "from lattn_jax import train\n"
+            "def refuse(path, *a, **k):\n"
+            f"    if path == {self.corpus!r}:\n"
+            "        raise PermissionError(13, 'Permission denied', path)\n"
+            "    return builtins.open(path, *a, **k)\n"
+            "train.open = refuse\n"
+            f"sys.argv = ['evaluate.py', '--checkpoint={self.workdir}', '--tasks=perplexity',\n"
+            f"            '--output_dir={self.tmp}/unreadable']\n"
+            "runpy.run_path('experiments/evaluate.py', run_name='__main__')\n")
+        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                cwd=ROOT, timeout=300)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip(), (
+            f"error: data.paths: {self.corpus} cannot be read (Permission denied)"))
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "unreadable")))
+
 
 class EvaluateFlagsTest(absltest.TestCase):
 

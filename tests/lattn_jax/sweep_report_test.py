@@ -3,6 +3,7 @@ from run directories (finished, partial, failed and not-started runs), the paper
 conclusions, a scan, and the files written."""
 
 import csv
+import io
 import json
 import os
 import shutil
@@ -205,6 +206,31 @@ class BuildTest(absltest.TestCase):
             data = json.load(f)
         self.assertEqual(data["needs_second_seed"], ["arch=softmax,opt=muon"])
         self.assertGreater(os.path.getsize(paths["png"]), 10_000)
+
+    def test_a_changed_config_is_marked_in_the_ranking_and_the_csv(self):
+        # A group's mean included a run trained with another config, unmarked in the ranking
+        # (and results.csv did not say it at all).
+        changed = "arch=gdn,opt=muon,seed=43"
+        report = sweep_report.build(self.config, self.root,
+                                    config_changes={changed: "optim.warmup_steps 1 -> 10"})
+        md = sweep_report.markdown(report)
+        mark = sweep_report.CONFIG_MARK
+        self.assertIn(f"| 1 | arch=gdn,opt=muon {mark} | 2 | 3.0100 ± 0.0141 |", md)
+        self.assertIn("| 2 | arch=softmax,opt=muon | 1 |", md)  # its runs unchanged
+        ranking = md.split("## Ranking")[1].split("## Runs")[0]
+        self.assertIn(f"\n{mark} The group has a run trained with another experiment config",
+                      ranking)
+        rows = {r["run"]: r for r in csv.DictReader(io.StringIO(sweep_report.csv_text(report)))}
+        self.assertEqual(rows[changed]["config_changed"], "optim.warmup_steps 1 -> 10")
+        self.assertEqual(rows["arch=gdn,opt=muon,seed=42"]["config_changed"], "")
+        groups = {g["group"]: g for g in sweep_report.json_dict(report)["groups"]}
+        self.assertEqual((groups["arch=gdn,opt=muon"]["config_changed"],
+                          groups["arch=softmax,opt=muon"]["config_changed"]), (True, False))
+        # Nothing changed: no mark, no footnote, the column empty.
+        md = sweep_report.markdown(self.report)
+        self.assertNotIn(mark, md)
+        self.assertEqual({r["config_changed"] for r in
+                          csv.DictReader(io.StringIO(sweep_report.csv_text(self.report)))}, {""})
 
     def test_a_reference_note_counts_the_groups_of_this_sweep(self):
         # "for 6 of our groups" was printed by a tiny sweep of 4 groups: the note's counts are

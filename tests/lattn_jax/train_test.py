@@ -22,6 +22,7 @@ from lattn_jax import config as config_lib
 from lattn_jax import data as data_lib
 from lattn_jax import optim
 from lattn_jax import train
+from lattn_jax.data import shards as shards_lib
 
 WORDS = ("the cat sat on a mat while dogs ran past old red barns and small birds sang "
          "under bright skies near quiet rivers").split()
@@ -406,6 +407,31 @@ class ResumeChecksTest(absltest.TestCase):
                                    paths=(self.corpus,) * twice, val_paths=(shard_dir,))
         self.assertEqual(train.duplicate_data_files(data),
                          [("data.paths", self.corpus, self.corpus)] * (twice - 1))
+
+    def test_a_token_shard_directory_named_twice_is_read_once_and_said(self):
+        # data.paths=(<shards>, <shards>) read every document twice, without a word (a text
+        # file named twice was read once).
+        shard_dir = os.path.join(self.tmp, "shards")
+        data_lib.prepare_corpus([self.corpus], shard_dir, tokenizer="byte", workers=0,
+                                progress=False, print_fn=lambda _: None)
+        link = os.path.join(self.tmp, "shards-link")
+        os.symlink(shard_dir, link)
+        once = shards_lib.open_corpus([shard_dir])
+        paths = (shard_dir, link, shard_dir)
+        twice = shards_lib.open_corpus(list(paths))
+        self.assertEqual((len(twice.doc_len), int(twice.doc_len.sum())),
+                         (len(once.doc_len), int(once.doc_len.sum())))
+        data = dataclasses.replace(tiny_experiment(self.corpus).data, paths=paths,
+                                   format="tokens")
+        self.assertEqual(train.duplicate_data_files(data),
+                         [("data.paths", link, shard_dir), ("data.paths", shard_dir, shard_dir)])
+        lines = []
+        train.check_duplicate_files(self.tmp, data, has_checkpoint=False,
+                                    read_saved=lambda: (None, None), print_fn=lines.append,
+                                    consequence="")
+        self.assertEqual(lines, [f"data: read once, dropped as duplicates of an earlier entry "
+                                 f"(the same real file): data.paths {link} (= {shard_dir}), "
+                                 f"data.paths {shard_dir} (named twice)"])
 
     def test_a_gzip_file_written_again_keeps_its_fingerprint(self):
         # gzip writes the time of the write into its header (bytes 4-7): a deterministic
