@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from lattn_jax.data import sources
+
 __all__ = [
     "FORMAT",
     "MANIFEST",
@@ -249,14 +251,8 @@ def duplicate_dirs(directories: Sequence[str]) -> list[tuple[str, str]]:
     directory (``os.path.realpath``: named twice, or through a symlink) as the earlier
     ``kept``, in the order met; :func:`open_corpus` reads it once, as
     :func:`lattn_jax.data.sources.list_files` reads a file named twice once."""
-    return [(directories[i], directories[k]) for i, k in enumerate(_first_index(directories))
-            if k != i]
-
-
-def _first_index(directories: Sequence[str]) -> list[int]:
-    """For each directory, the index of the first one with its real path."""
-    first: dict[str, int] = {}
-    return [first.setdefault(os.path.realpath(d), i) for i, d in enumerate(directories)]
+    first = sources.first_same_real_path(directories)
+    return [(directories[i], directories[k]) for i, k in enumerate(first) if k != i]
 
 
 def open_corpus(directories: Sequence[str]) -> TokenCorpus:
@@ -272,7 +268,7 @@ def open_corpus(directories: Sequence[str]) -> TokenCorpus:
     """
     shards, doc_shard, doc_start, doc_len, shard_names = [], [], [], [], []
     tokenizer, stats = None, {}
-    first = _first_index(directories)
+    first = sources.first_same_real_path(directories)
     for i, directory in enumerate(directories):
         if first[i] != i:  # the same directory again: its documents once
             continue

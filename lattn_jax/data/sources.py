@@ -68,6 +68,7 @@ __all__ = [
     "decode_utf8",
     "duplicate_files",
     "file_format",
+    "first_same_real_path",
     "list_files",
     "probe_text_field",
     "read_documents",
@@ -277,15 +278,17 @@ def _expand_files(paths: Sequence[str], names: OptionNames,
             files.extend(sorted(found, key=lambda f: os.path.relpath(f, path)))
         else:
             raise FileNotFoundError(f"{names.paths}: no such file or directory: {path}")
-    out, first = [], {}
-    for f in files:
-        real = os.path.realpath(f)
-        if real not in first:
-            first[real] = f
-            out.append((f, None))
-        elif keep_dropped:
-            out.append((f, first[real]))
-    return out
+    return [(f, None if k == i else files[k])
+            for i, (f, k) in enumerate(zip(files, first_same_real_path(files)))
+            if k == i or keep_dropped]
+
+
+def first_same_real_path(paths: Sequence[str]) -> list[int]:
+    """For each of ``paths``, the index of the first one with its ``os.path.realpath`` (its own
+    index unless it repeats an earlier path: named twice, through a symlink, a file of a
+    directory given too); :func:`list_files` and ``shards.open_corpus`` read each once."""
+    first: dict[str, int] = {}
+    return [first.setdefault(os.path.realpath(p), i) for i, p in enumerate(paths)]
 
 
 def split_text(text: str, doc_split: str) -> Iterator[str]:
