@@ -1,6 +1,7 @@
 """Append-only JSON-lines record files: one reader and one writer for every resumable record;
-and the small file-system guards the record writers share (:func:`pid_lock`, a run's or a
-sweep's one-writer lock; :func:`unwritable_dir`, an output directory checked before the work).
+the small file-system guards the record writers share (:func:`pid_lock`, a run's or a
+sweep's one-writer lock; :func:`unwritable_dir`, an output directory checked before the work);
+and :func:`field_diffs`, how two recorded configs differ.
 
 A program killed mid-write (SIGKILL, an OOM, a machine taken back) can leave the last line of a
 file it appends to cut short. :func:`read_records` drops such a line (the last line, not valid
@@ -22,7 +23,7 @@ import fcntl
 import json
 import os
 import threading
-from typing import Any, Hashable, List, Optional
+from typing import Any, Hashable, List, Optional, Tuple
 
 from absl import logging
 
@@ -144,6 +145,21 @@ def append_record(path: str, record: Any, *, sync: bool = False) -> None:
         f.flush()
         if sync:
             os.fsync(f.fileno())
+
+
+def field_diffs(recorded: Any, now: Any, prefix: str = "",
+                missing: Any = None) -> List[Tuple[str, Any, Any]]:
+    """``(field, recorded, now)`` for every leaf of two nested config dicts (a recorded
+    ``config.json`` or invocation and the config now) that differs, in sorted field order;
+    ``field`` is ``prefix`` (ending in ``.``) plus the dotted keys, and a key one side lacks
+    holds ``missing`` there. Two values that are not both dicts are one leaf."""
+    if not (isinstance(recorded, dict) and isinstance(now, dict)):
+        return [] if recorded == now else [(prefix[:-1], recorded, now)]
+    out = []
+    for key in sorted(set(recorded) | set(now)):
+        out += field_diffs(recorded.get(key, missing), now.get(key, missing),
+                           f"{prefix}{key}.", missing)
+    return out
 
 
 def existing_ancestor(path: str) -> str:

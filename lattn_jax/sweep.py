@@ -2284,18 +2284,6 @@ def _relocated(value: Any, old: str, new: str) -> Any:
     return value
 
 
-def _field_diffs(recorded: Any, now: Any, prefix: str = "") -> List[Tuple[str, Any, Any]]:
-    """``(field, recorded, now)`` for every leaf of two config dicts that differs (a field that
-    one side lacks: :data:`_MISSING` there), in field order."""
-    if not (isinstance(recorded, dict) and isinstance(now, dict)):
-        return [] if recorded == now else [(prefix[:-1], recorded, now)]
-    out = []
-    for key in sorted(set(recorded) | set(now)):
-        out += _field_diffs(recorded.get(key, _MISSING), now.get(key, _MISSING),
-                            f"{prefix}{key}.")
-    return out
-
-
 def config_changes(runs: Sequence[Run], root: str, *, config_path: str,
                    extra_overrides: Sequence[Tuple[str, Any]] = (),
                    local_args: Sequence[str] = (), free_fields: Sequence[str] = CONFIG_FREE_FIELDS,
@@ -2357,7 +2345,7 @@ def config_changes(runs: Sequence[Run], root: str, *, config_path: str,
             for name in local_args:
                 if then_args.get(name) and now_args.get(name):
                     recorded = _relocated(recorded, then_args[name], now_args[name])
-            for field, a, b in _field_diffs(recorded, mine):
+            for field, a, b in records.field_diffs(recorded, mine, missing=_MISSING):
                 added = tuple(field.split(".")) in _OPTIONS_ADDED_SINCE_RECORDS and a is _MISSING
                 if field not in free_fields and not added and field not in diffs:
                     diffs[field] = (a, b)

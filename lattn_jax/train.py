@@ -1427,12 +1427,7 @@ def _write_start_config(workdir: str, config: config_lib.ExperimentConfig,
 
 
 def _diff(a, b, prefix):
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for k in sorted(set(a) | set(b)):
-            out += _diff(a.get(k), b.get(k), f"{prefix}{k}.")
-        return out
-    return [] if a == b else [f"{prefix.rstrip('.')} ({a!r} -> {b!r})"]
+    return [f"{field} ({x!r} -> {y!r})" for field, x, y in records_lib.field_diffs(a, b, prefix)]
 
 
 def check_workdir_outside_data(config: config_lib.ExperimentConfig, workdir: str) -> None:
