@@ -38,10 +38,11 @@ another order of the output warpgroup (the default is ``readout_first``; Sec. 16
 ``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
 backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
 kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
-record and a table of their own. A value with the suffix ``+fold`` (``fused_ws+fold``) runs that
-backward with ``dv_local="fold"`` (the reverse state pass forms ``dv_local`` itself, kernel
-``gdn_chunk_delta_dh_fold``; Sec. 32), so ``--mosaic_backward=fused_ws,fused_ws+fold`` times
-separate against fold in one run.
+record and a table of their own. A plain value runs ``dv_local="separate"`` (stage 1's own
+kernel ``gdn_chunk_dv_local``), whatever the op's default; a value with the suffix ``+fold``
+(``fused_ws+fold``, the op's default since Sec. 32.2) runs that backward with ``dv_local="fold"``
+(the reverse state pass forms ``dv_local`` itself, kernel ``gdn_chunk_delta_dh_fold``; Sec. 32),
+so ``--mosaic_backward=fused_ws,fused_ws+fold`` times separate against fold in one run.
 
 On a TPU (v4/v5e/v5p/v6e) the same binary times ``ours`` (``implementation="auto"``, which picks
 the Pallas TPU kernels of ``kernel_tpu.py`` for all five ops) and ``chunked``; the GPU-only peers
@@ -139,10 +140,11 @@ _MOSAIC_BACKWARD = flags.DEFINE_list(
     "(split: stages 3 and 4, chunk_delta_grads_partials_mosaic + chunk_wy_bwd_mosaic; fused: "
     "the one kernel chunk_bwd_fused_mosaic with T0 from the fused_t0 forwards or "
     "chunk_kkt_inverse_mosaic, one warpgroup; fused_ws: the same on three warpgroups; "
-    "MOSAIC_GPU.md Sec. 31); the suffix +fold (e.g. fused_ws+fold) also sets dv_local=fold "
-    "(the reverse state pass forms dv_local, Sec. 32). Several (split,fused,fused_ws) time "
-    "mosaic once per value, each with its own gate and record (field mosaic_backward) and a "
-    "table of their own below the main one; empty: the op's default (split), not recorded.")
+    "MOSAIC_GPU.md Sec. 31), with dv_local=separate; the suffix +fold (e.g. fused_ws+fold) "
+    "sets dv_local=fold instead (the reverse state pass forms dv_local, Sec. 32). Several "
+    "(split,fused,fused_ws) time mosaic once per value, each with its own gate and record "
+    "(field mosaic_backward) and a table of their own below the main one; empty: the op's "
+    "defaults (fused_ws+fold), not recorded.")
 _CW_STATE_PASS = flags.DEFINE_list(
     "channelwise_state_pass", [],
     "Peer ours, ops kda and gdn2: the state passes of the channelwise kernels "
@@ -644,12 +646,14 @@ def mosaic_backward_choices(backwards):
 
 def mosaic_backward_options(value):
     """``gated_delta_rule_mosaic``'s keyword options of a ``--mosaic_backward`` value
-    (``{}`` for ``None``): ``backward=``, and ``dv_local="fold"`` for a ``+fold`` value."""
+    (``{}`` for ``None``, the op's defaults): ``backward=``, and ``dv_local="fold"`` for a
+    ``+fold`` value, else ``"separate"`` (named, so a value means what it meant before the
+    op's default became ``"fold"``)."""
     if value is None:
         return {}
     if value.endswith(FOLD_SUFFIX):
         return {"backward": value[:-len(FOLD_SUFFIX)], "dv_local": "fold"}
-    return {"backward": value}
+    return {"backward": value, "dv_local": "separate"}
 
 
 def _mosaic_backward_variants(op, peer):

@@ -594,9 +594,12 @@ OP_KERNELS = {
 # default is "fused_ws" since 2026-12-05, MOSAIC_GPU.md Sec. 31.8; stages 3 and 4 are "split"'s).
 OP_BACKWARDS = {"gdn_bwd_fused": "fused", "gdn_bwd_fused_ws": "fused_ws",
                 "gdn_bwd_grads": "split", "gdn_wy_bwd": "split"}
-# The dv_local= of gated_delta_rule_mosaic for the OP_KERNELS entries that need another than its
-# default ("separate").
-OP_DV_LOCALS = {"gdn_bwd_dh_fold": "fold", "gdn_bwd_dh_fold_pieces": "fold"}
+# The dv_local= of gated_delta_rule_mosaic for the OP_KERNELS entries of one reverse state pass
+# (its default is "fold" since 2026-12-06, MOSAIC_GPU.md Sec. 32.2; the separate stage-1 kernel
+# and the unfolded pass are "separate"'s).
+OP_DV_LOCALS = {"gdn_bwd_dh_fold": "fold", "gdn_bwd_dh_fold_pieces": "fold",
+                "gdn_bwd_dv_local": "separate", "gdn_bwd_dh": "separate",
+                "gdn_bwd_dh_pieces": "separate"}
 # Options after ":" (any order): "infer" (the primal alone, as at inference: the fused GDN
 # kernels then store neither h nor v_new), "nog" (g=None: linear attention, DeltaNet), and for
 # gdn_fused_t0_split a split order of kernel_mosaic_gpu_fused.SPLIT_ORDERS and "s3" (three ring

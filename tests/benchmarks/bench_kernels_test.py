@@ -519,7 +519,10 @@ class MosaicBackwardTest(_FlagsParsedTestCase):
                     fn(np.zeros((1, 64, 1, 64)), None, None, g=None, beta=None)
             finally:
                 bench_kernels._set_mosaic_backward(None)
-        self.assertEqual(calls, [("fused", None), ("fused_ws", "fold"), (None, None)])
+        # A plain value names "separate" (the op's default is "fold" since MOSAIC_GPU.md Sec. 32.2);
+        # no value passes neither, so the op's defaults run.
+        self.assertEqual(calls, [("fused", "separate"), ("fused_ws", "fold"), (None, None)])
+        self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "fold")
 
     def test_backward_table(self):
         rec = dict(op="gdn", shape="S1", pass_="fwdbwd", peer="mosaic", gate=True)

@@ -31,12 +31,12 @@ class GlueInventoryTest(parameterized.TestCase):
     @parameterized.named_parameters(("plain", False), ("packed", True))
     def test_no_full_size_glue_without_gva(self, packed):
         text = gi.lowered_module(kv_heads=2, packed=packed, backward="split", **_SHAPE)
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 6)
         rows = gi.inventory(text, _FULL_BF16)
         self.assertEqual([r for r in rows if not r["noop"]], [])
         # one shared gate cumsum (a reduce_window over [B, N, 64, H]) is left, and with
         # documents one scan of segment_ids for the shared [B, Tp] document vectors (they were
-        # formed once per kernel wrapper: seven of each)
+        # formed once per kernel wrapper: seven of each, when dv_local had a kernel of its own)
         # (jax 0.10 lowers a cumsum to reduce_window, jax 0.11 to chlo.scan)
         small = [r for r in gi.inventory(text, 1) if not r["noop"]]
         scans = [r for r in small if r["op"] in ("reduce_window", "chlo.scan")]
@@ -50,7 +50,8 @@ class GlueInventoryTest(parameterized.TestCase):
         self.assertTrue(all(r["where"].startswith("chunk_wy_bwd_mosaic") for r in rows), rows)
 
     def test_default_backward_glue(self):
-        # The default backward, "fused_ws" (MOSAIC_GPU.md Sec. 31.8): no full-size glue without
+        # The default backward, "fused_ws" (MOSAIC_GPU.md Sec. 31.8) with dv_local "fold"
+        # (Sec. 32.2: six kernels, dv_local formed in the reverse pass): no full-size glue without
         # GVA; with documents, the recomputed inverse's kernel wrapper scans segment_ids once
         # more (a [B, Tp] int32 vector, 2 KiB here). With GVA at K = 64 the fused kernel's GVA
         # loop (Sec. 33) writes dq and dk [B, T, Hk, K] in bf16 itself: no group sum (reduce)
@@ -58,7 +59,7 @@ class GlueInventoryTest(parameterized.TestCase):
         # documents, G = 2 or 4 (before Sec. 33: two fp32 [B, T, H, K] reduces and their two
         # converts from chunk_bwd_fused_mosaic).
         text = gi.lowered_module(kv_heads=2, packed=True, **_SHAPE)
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 6)
         self.assertEqual([r for r in gi.inventory(text, _FULL_BF16) if not r["noop"]], [])
         small = [r for r in gi.inventory(text, 1) if not r["noop"]]
         scans = [r for r in small if r["op"] in ("reduce_window", "chlo.scan")]
@@ -67,7 +68,7 @@ class GlueInventoryTest(parameterized.TestCase):
         for heads, kv_heads, packed in ((2, 1, False), (2, 1, True), (4, 1, False)):
             shape = dict(_SHAPE, heads=heads)
             gva = gi.lowered_module(kv_heads=kv_heads, packed=packed, **shape)
-            self.assertEqual(gva.count("custom_call @mosaic_gpu"), 7)
+            self.assertEqual(gva.count("custom_call @mosaic_gpu"), 6)
             # no op of a quarter of a full-size [B, T, Hk, K] bf16 tensor or more ...
             rows = [r for r in gi.inventory(gva, _FULL_BF16 * heads // 8) if not r["noop"]]
             self.assertEqual(rows, [], (heads, kv_heads, packed))

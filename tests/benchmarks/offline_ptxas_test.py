@@ -129,16 +129,17 @@ class OfflinePtxasTest(absltest.TestCase):
 
     @_READS_MODULES
     def test_op_export_and_entries(self):
-        # The GDN training step (three_pass, the default backward "fused_ws") through
-        # gated_delta_rule_mosaic: seven Mosaic GPU modules, one per kernel; an entry picks its
-        # own (the split backward's stage-3 / stage-4 entries export with backward="split"),
-        # the two-kernel GLA entry labels both.
+        # The GDN training step (three_pass, the default backward "fused_ws" with dv_local
+        # "fold") through gated_delta_rule_mosaic: six Mosaic GPU modules, one per kernel; an
+        # entry picks its own (the split backward's stage-3 / stage-4 entries export with
+        # backward="split", the separate dv_local's with dv_local="separate"), the two-kernel
+        # GLA entry labels both.
         shape = dict(batch=1, seq_len=128, heads=2)
         texts = offline_ptxas.op_export("gdn", "three_pass", **shape)
         self.assertEqual(sorted(map(offline_ptxas.module_kernel_name, texts)), [
-            "gdn_chunk_bwd_fused_ws", "gdn_chunk_delta_dh", "gdn_chunk_delta_h",
-            "gdn_chunk_dv_local", "gdn_chunk_kkt_inverse_subst_split", "gdn_chunk_wy",
-            "simple_gla_chunk_output"])
+            "gdn_chunk_bwd_fused_ws", "gdn_chunk_delta_dh_fold", "gdn_chunk_delta_h",
+            "gdn_chunk_kkt_inverse_subst_split", "gdn_chunk_wy", "simple_gla_chunk_output"])
+        texts = offline_ptxas.op_export("gdn", "three_pass", dv_local="separate", **shape)
         for entry, kernel in (("gdn_bwd_grads", "gdn_chunk_grads"),
                               ("gdn_wy_bwd", "gdn_chunk_wy_bwd")):
             ((label, text),) = offline_ptxas.entry_modules(entry, **shape)

@@ -323,7 +323,7 @@ class ValidationTest(absltest.TestCase):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, backward="merged")
         with self.assertRaisesRegex(ValueError, "dv_local must be one of"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, dv_local="folded")
-        self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "separate")  # until a GPU timing
+        self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "fold")  # MOSAIC_GPU.md Sec. 32.2
         self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "fused_ws")  # MOSAIC_GPU.md Sec. 31.8
 
     def test_final_state_only_on_request(self):

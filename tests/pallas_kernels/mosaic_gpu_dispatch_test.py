@@ -274,7 +274,7 @@ class GdnDispatchTest(absltest.TestCase):
 
 class GdnApiLoweringTest(absltest.TestCase):
     """``implementation="mosaic_gpu"`` on a (patched) Hopper GPU, lowered for CUDA on the CPU
-    host: the op's forward and backward are the seven Mosaic GPU kernels (no Triton kernel),
+    host: the op's forward and backward are the six Mosaic GPU kernels (no Triton kernel),
     with ``u`` returned and differentiated."""
 
     def test_explicit_mosaic_value_and_grad_with_residual_lowers_to_the_mosaic_kernels(self):
@@ -284,18 +284,22 @@ class GdnApiLoweringTest(absltest.TestCase):
         with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
             text = jax.jit(fn).trace(q, k, v, g, beta, h0).lower(
                 lowering_platforms=("cuda",)).as_text()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 7)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 6)
         # the default backward (mosaic_vjp.DEFAULT_BACKWARD, "fused_ws"): one chunk-local
-        # kernel on three warpgroups instead of gdn_chunk_grads + gdn_chunk_wy_bwd. assertTrue,
-        # not assertIn: a failing assertIn prints the whole module.
+        # kernel on three warpgroups instead of gdn_chunk_grads + gdn_chunk_wy_bwd; and
+        # DEFAULT_DV_LOCAL "fold": the reverse state pass forms dv_local, no kernel of its own.
+        # assertTrue, not assertIn: a failing assertIn prints the whole module.
         self.assertTrue("gdn_chunk_bwd_fused_ws" in text)
         self.assertFalse("gdn_chunk_wy_bwd" in text)
+        self.assertTrue("gdn_chunk_delta_dh_fold" in text)
+        self.assertFalse("gdn_chunk_dv_local" in text)
         self.assertFalse("gdn_forward" in text)  # the Triton kernels' names
 
     def test_sequence_pieces_hand_the_forward_maps_to_the_backward(self):
         # T = 500 (8 chunks, the last padded) at B 1, H 2, V 64: 2 CTAs per launch, so both
         # state passes run as P = 2 pieces. The forward's piece maps are a residual: the
-        # backward reuses them (one maps launch in all, not two), 10 Mosaic launches.
+        # backward reuses them (one maps launch in all, not two), 9 Mosaic launches (the default
+        # dv_local "fold": the folded pass's pieces, no dv_local kernel).
         self.assertEqual(mgl.num_pieces(None, 2, 8), 2)
         q, k, v, g, beta, h0, seg, do, dht, du = _gdn_case(seq_len=500, docs=(100, 156, 150))
         fn = jax.value_and_grad(_gdn_loss("mosaic_gpu", seg, do, dht, du), argnums=range(6),
@@ -304,9 +308,9 @@ class GdnApiLoweringTest(absltest.TestCase):
             text = jax.jit(fn).trace(q, k, v, g, beta, h0).lower(
                 lowering_platforms=("cuda",)).as_text()
         calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
-        self.assertEqual(len(calls), 10)  # len: a failing list would print whole kernels
+        self.assertEqual(len(calls), 9)  # len: a failing list would print whole kernels
         for name in ("gdn_chunk_delta_h_maps", "gdn_chunk_delta_h_pieces",
-                     "gdn_chunk_delta_dh_pieces"):
+                     "gdn_chunk_delta_dh_fold_pieces"):
             self.assertEqual(sum(name in c for c in calls), 1, msg=name)
 
 
