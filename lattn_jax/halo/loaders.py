@@ -17,6 +17,12 @@ Both formats first become a flat mapping of Hugging Face names (``model.layers.3
 maps that onto our parameter tree: ``Dense`` kernels are ``[in, out]``, the attention projection
 is fused ``[q | k | v]`` and the MLP's ``fc1`` is fused ``[gate | up]``.
 
+With ``params=False`` (:func:`load_teacher`, :func:`load_hf`, :func:`load_gguf`) only the
+configuration and the tokenizer are read: the GGUF metadata and tensor headers (the tensor data
+stays memory-mapped, untouched), or ``config.json`` and ``tokenizer.json``, no safetensors. That
+is what a converted student needs of its teacher (:func:`lattn_jax.halo.experiment
+.load_student`).
+
 Nothing is downloaded: every path must exist locally. Errors name the file and the field.
 """
 
@@ -46,7 +52,8 @@ class Teacher:
     Attributes:
       model_config: our :class:`~lattn_jax.config.ModelConfig` (all layers ``"attn"``, fp32).
       params: the parameter tree of :class:`~lattn_jax.model.LanguageModel` (fp32 arrays), as
-        produced by ``nnx.to_pure_dict``.
+        produced by ``nnx.to_pure_dict``; ``None`` when loaded with ``params=False`` (the
+        configuration and tokenizer only).
       family: ``"llama"`` or ``"qwen3"``.
       path: the file or directory it was read from.
       tokenizer: a :class:`lattn_jax.data.Tokenizer` when the checkpoint carries one
@@ -54,7 +61,7 @@ class Teacher:
     """
 
     model_config: config_lib.ModelConfig
-    params: PyTree
+    params: Optional[PyTree]
     family: str
     path: str
     tokenizer: Any = None
@@ -159,19 +166,23 @@ def _read_safetensors(directory: str) -> Dict[str, np.ndarray]:
     return out
 
 
-def load_hf(directory: str) -> Teacher:
+def load_hf(directory: str, *, params: bool = True) -> Teacher:
     """Loads a Hugging Face Llama / Qwen3 checkpoint directory (``config.json`` + safetensors).
 
     Args:
       directory: a local directory (never a hub id: nothing is downloaded).
+      params: also read and convert the weights; ``False``: only ``config.json`` and
+        ``tokenizer.json`` are read (no safetensors file is opened or looked for).
 
     Returns:
-      The :class:`Teacher` (fp32 parameters; ``tokenizer`` from ``tokenizer.json`` if present).
+      The :class:`Teacher` (fp32 parameters, ``None`` with ``params=False``; ``tokenizer`` from
+      ``tokenizer.json`` if present).
 
     Raises:
-      FileNotFoundError: the directory, ``config.json`` or the weights are missing.
-      ValueError: an unsupported architecture or option (see :func:`model_config_from_hf`), or a
-        missing / misshapen tensor (named).
+      FileNotFoundError: the directory or ``config.json`` is missing, or (with ``params``) the
+        weights.
+      ValueError: an unsupported architecture or option (see :func:`model_config_from_hf`), or
+        (with ``params``) a missing / misshapen tensor (named).
     """
     config_path = os.path.join(directory, "config.json")
     if not os.path.isdir(directory):
@@ -181,14 +192,15 @@ def load_hf(directory: str) -> Teacher:
     with open(config_path) as f:
         hf = json.load(f)
     cfg, family = model_config_from_hf(hf, config_path)
-    state = _read_safetensors(directory)
-    params = params_from_hf_state(state, cfg, source=directory)
+    tree = None
+    if params:
+        tree = params_from_hf_state(_read_safetensors(directory), cfg, source=directory)
     tokenizer = None
     tok_path = os.path.join(directory, "tokenizer.json")
     if os.path.exists(tok_path):
         from lattn_jax import data as data_lib
         tokenizer = data_lib.HuggingFaceTokenizer(tok_path)
-    return Teacher(model_config=cfg, params=params, family=family, path=directory,
+    return Teacher(model_config=cfg, params=tree, family=family, path=directory,
                    tokenizer=tokenizer)
 
 
@@ -341,7 +353,7 @@ def _field(reader, key: str, path: str, default: Any = None, required: bool = Tr
     return field.contents()
 
 
-def load_gguf(path: str, *, with_tokenizer: bool = True) -> Teacher:
+def load_gguf(path: str, *, with_tokenizer: bool = True, params: bool = True) -> Teacher:
     """Loads a llama.cpp GGUF file of the Llama or Qwen3 family.
 
     Every tensor is dequantized to fp32 (``gguf.quants.dequantize``; F32/F16/BF16 and the
@@ -350,25 +362,28 @@ def load_gguf(path: str, *, with_tokenizer: bool = True) -> Teacher:
     ``embedding_length``, ``block_count``, ``feed_forward_length``, ``attention.head_count``,
     ``attention.head_count_kv``, ``attention.key_length`` (head dim, default ``D / H``),
     ``rope.freq_base``, ``attention.layer_norm_rms_epsilon``; the embeddings are tied when the
-    file has no ``output.weight``.
+    file has no ``output.weight``, and the vocabulary defaults to ``token_embd.weight``'s rows
+    (read from the tensor's header).
 
     Args:
       path: a local ``.gguf`` file.
       with_tokenizer: also build the tokenizer from ``tokenizer.ggml.*``.
+      params: also dequantize and convert the tensors; ``False``: only the metadata and the
+        tensors' names and shapes are read (the tensor data is memory-mapped by the reader,
+        never touched), so a file whose tensor data is short or garbled is not noticed.
 
     Returns:
-      The :class:`Teacher`.
+      The :class:`Teacher` (fp32 parameters, ``None`` with ``params=False``).
 
     Raises:
       FileNotFoundError: ``path`` does not exist.
-      lattn_jax.config.ConfigError: the file does not parse, or a tensor's data does not fit its
-        shape (truncated or garbage: ``<path> is not a readable GGUF file: ...``, the
-        tokenizer's message, :func:`lattn_jax.data.tokenizers.unreadable_gguf`).
+      lattn_jax.config.ConfigError: the file does not parse, or (with ``params``) a tensor's
+        data does not fit its shape (truncated or garbage: ``<path> is not a readable GGUF
+        file: ...``, the tokenizer's message, :func:`lattn_jax.data.tokenizers.unreadable_gguf`).
       ValueError: an unsupported ``general.architecture``, RoPE scaling (``rope_freqs`` tensor
-        or ``rope.scaling.type``), a missing metadata field or tensor (named).
+        or ``rope.scaling.type``), an unexpected tensor name, a missing metadata field or
+        ``token_embd.weight`` (named); with ``params``, a missing tensor (named).
     """
-    import gguf
-
     from lattn_jax.data import tokenizers
 
     if not os.path.exists(path):
@@ -387,7 +402,45 @@ def load_gguf(path: str, *, with_tokenizer: bool = True) -> Teacher:
                           required=False))
     head_dim = int(_field(reader, f"{arch}.attention.key_length", path, default=d // heads,
                           required=False))
-    state: Dict[str, np.ndarray] = {}
+    tensors = _gguf_hf_names(reader, path)
+    if "model.embed_tokens.weight" not in tensors:
+        raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
+    # The header's ggml dims are innermost first: [D, vocab] for token_embd.
+    embed_rows = int(tensors["model.embed_tokens.weight"].shape[-1])
+    vocab = int(_field(reader, f"{arch}.vocab_size", path, default=embed_rows, required=False))
+    cfg = config_lib.ModelConfig(
+        vocab_size=vocab, d_model=d,
+        layer_pattern=("attn",) * int(_field(reader, f"{arch}.block_count", path)),
+        mlp_hidden=int(_field(reader, f"{arch}.feed_forward_length", path)),
+        tie_embeddings="lm_head.weight" not in tensors,
+        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", path)),
+        use_segment_ids=False,
+        attention=config_lib.AttentionConfig(
+            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+            rope_theta=float(_field(reader, f"{arch}.rope.freq_base", path,
+                                    default=10000.0 if arch == "llama" else 1e6,
+                                    required=False)),
+            qk_norm=arch == "qwen3"),
+    )
+    tree = None
+    if params:
+        state = _gguf_state(tensors, path, arch, heads=heads, kv_heads=kv_heads)
+        tree = params_from_hf_state(state, cfg, source=path)
+    tokenizer = None
+    if with_tokenizer:
+        from lattn_jax import data as data_lib
+        tokenizer = data_lib.GGUFTokenizer(path, reader=reader)  # the metadata parsed once
+    return Teacher(model_config=cfg, params=tree, family=arch, path=path, tokenizer=tokenizer)
+
+
+def _gguf_hf_names(reader, path: str) -> Dict[str, Any]:
+    """A GGUF file's tensors by Hugging Face name (``gguf.ReaderTensor`` values; their data is
+    not read).
+
+    Raises:
+      ValueError: a ``rope_freqs.weight`` tensor (RoPE scaling) or an unexpected name.
+    """
+    out = {}
     for tensor in reader.tensors:
         name = tensor.name
         if name == "rope_freqs.weight":
@@ -403,6 +456,25 @@ def load_gguf(path: str, *, with_tokenizer: bool = True) -> Teacher:
             hf_name = f"{_GGUF_GLOBAL_NAMES[stem]}.{suffix}"
         else:
             raise ValueError(f"{path}: unexpected tensor {name!r}")
+        out[hf_name] = tensor
+    return out
+
+
+def _gguf_state(tensors: Mapping[str, Any], path: str, arch: str, *, heads: int,
+                kv_heads: int) -> Dict[str, np.ndarray]:
+    """The tensors of :func:`_gguf_hf_names` dequantized to fp32 numpy arrays (``[out, in]``
+    Hugging Face layout), ``llama`` q/k rows un-permuted.
+
+    Raises:
+      lattn_jax.config.ConfigError: a tensor's data does not fit its shape (named).
+    """
+    import gguf
+
+    from lattn_jax.data import tokenizers
+
+    state: Dict[str, np.ndarray] = {}
+    for hf_name, tensor in tensors.items():
+        name = tensor.name
         try:  # a short or inconsistent tensor: numpy's reshape / view errors, named here
             w = np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32)
             if arch == "llama" and short_name(name) in ("attn_q", "attn_k"):
@@ -410,30 +482,7 @@ def load_gguf(path: str, *, with_tokenizer: bool = True) -> Teacher:
         except Exception as e:  # noqa: BLE001 - numpy/gguf: ValueError, IndexError, ...
             raise tokenizers.unreadable_gguf(path, f"tensor {name!r}: {e}") from e
         state[hf_name] = w
-    if "model.embed_tokens.weight" not in state:
-        raise ValueError(f"{path}: tensor 'token_embd.weight' is missing")
-    vocab = int(_field(reader, f"{arch}.vocab_size", path,
-                       default=state["model.embed_tokens.weight"].shape[0], required=False))
-    cfg = config_lib.ModelConfig(
-        vocab_size=vocab, d_model=d,
-        layer_pattern=("attn",) * int(_field(reader, f"{arch}.block_count", path)),
-        mlp_hidden=int(_field(reader, f"{arch}.feed_forward_length", path)),
-        tie_embeddings="lm_head.weight" not in state,
-        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", path)),
-        use_segment_ids=False,
-        attention=config_lib.AttentionConfig(
-            num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-            rope_theta=float(_field(reader, f"{arch}.rope.freq_base", path,
-                                    default=10000.0 if arch == "llama" else 1e6,
-                                    required=False)),
-            qk_norm=arch == "qwen3"),
-    )
-    params = params_from_hf_state(state, cfg, source=path)
-    tokenizer = None
-    if with_tokenizer:
-        from lattn_jax import data as data_lib
-        tokenizer = data_lib.GGUFTokenizer(path, reader=reader)  # the metadata parsed once
-    return Teacher(model_config=cfg, params=params, family=arch, path=path, tokenizer=tokenizer)
+    return state
 
 
 def short_name(gguf_name: str) -> str:
@@ -442,12 +491,17 @@ def short_name(gguf_name: str) -> str:
     return stem.split(".", 2)[2] if stem.startswith("blk.") else stem
 
 
-def load_teacher(path: str, kind: str = "auto") -> Teacher:
+def load_teacher(path: str, kind: str = "auto", *, params: bool = True) -> Teacher:
     """Loads a teacher from a GGUF file or a Hugging Face directory.
 
     Args:
       path: a ``.gguf`` file or a checkpoint directory.
       kind: ``"auto"`` (by ``path``), ``"gguf"`` or ``"hf"``.
+      params: also read the weights; ``False``: the configuration and tokenizer only
+        (``Teacher.params`` is ``None``; see :func:`load_hf`, :func:`load_gguf`).
+
+    Returns:
+      The :class:`Teacher`.
 
     Raises:
       FileNotFoundError: ``path`` does not exist.
@@ -456,9 +510,9 @@ def load_teacher(path: str, kind: str = "auto") -> Teacher:
     if kind == "auto":
         kind = "hf" if os.path.isdir(path) else "gguf"
     if kind == "hf":
-        return load_hf(path)
+        return load_hf(path, params=params)
     if kind == "gguf":
-        return load_gguf(path)
+        return load_gguf(path, params=params)
     raise ValueError(f"teacher kind={kind!r}; choose auto, hf or gguf")
 
 

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from unittest import mock
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,6 +29,7 @@ from configs import halo_smollm2
 from lattn_jax.eval import restore
 from lattn_jax.halo import experiment, hypenet, loaders, stages
 from tests import binary_runs
+from tests.lattn_jax.halo import loaders_test
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 EVAL_DATA = os.path.join(os.path.dirname(__file__), "testdata", "eval_data")
@@ -255,6 +257,84 @@ class HaloStage3StudentTest(_HaloFixture):
         ids = jnp.asarray(np.random.default_rng(2).integers(0, 257, size=(2, 33)))
         np.testing.assert_allclose(np.asarray(restored.model(ids)), np.asarray(ref(ids)),
                                    rtol=1e-5, atol=1e-5)
+
+
+class LoadStudentReadsNoTeacherTensorTest(_HaloFixture):
+    """``load_student`` takes its teacher's config and tokenizer only: the Student it returns is
+    the one it returned when it read the whole teacher (``experiment._load_teacher``), while
+    every tensor reader (and the random teacher's initialisation) raises.
+
+    A checkpoint teacher's workdir is the fixture's, copied, with ``config.json``'s
+    ``teacher`` pointing at a GGUF file or HF directory of the random teacher's dimensions
+    (random weights, a byte-level BPE of 258 tokens): the student's shapes are the same, so
+    its checkpoints restore; its tokenizer is the teacher file's.
+    """
+
+    def workdir_with_teacher(self, kind, rng):
+        workdir = os.path.join(self.create_tempdir().full_path, "halo")
+        shutil.copytree(self.workdir, workdir)
+        if kind == "random":
+            return workdir
+        t = self.teacher_cfg
+        dims = dict(family="qwen3" if t.attention.qk_norm else "llama", vocab=t.vocab_size,
+                    d=t.d_model, layers=t.num_layers, heads=t.attention.num_heads,
+                    kv_heads=t.attention.num_kv_heads, head_dim=t.attention.head_dim,
+                    mlp=t.mlp_hidden, tie=t.tie_embeddings, rope_theta=t.attention.rope_theta,
+                    eps=t.norm_eps, merges=1)
+        where = os.path.join(self.create_tempdir().full_path, "teacher")
+        if kind == "gguf":
+            path = loaders_test.write_gguf_file(where + ".gguf", rng, **dims)
+        else:
+            path = loaders_test.write_hf_dir(where, rng, **dims)
+        with open(os.path.join(workdir, "config.json")) as f:
+            values = json.load(f)
+        values["teacher"].update(kind=kind, path=path)
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump(values, f)
+        return workdir
+
+    def whole_teacher_student(self, workdir, step):
+        """``load_student`` as it was: the teacher read whole, its params dropped."""
+        def whole(config):
+            cfg, params, tokenizer = experiment._load_teacher(config)
+            self.assertIsNotNone(params)
+            return cfg, tokenizer
+
+        with mock.patch.object(experiment, "_teacher_config", side_effect=whole):
+            return experiment.load_student(workdir, step)
+
+    def test_the_same_student_without_reading_the_teachers_tensors(self):
+        rng = np.random.default_rng()
+        for kind in ("random", "gguf", "hf"):
+            with self.subTest(kind=kind):
+                if kind == "hf" and not loaders_test.HAVE_SAFETENSORS:
+                    self.skipTest(loaders_test.NO_SAFETENSORS)
+                workdir = self.workdir_with_teacher(kind, rng)
+                step = rng.choice([None, self.trained["step"]])
+                before = self.whole_teacher_student(workdir, step)
+                initialised = loaders_test.TensorReadError("stages.random_teacher called")
+                with loaders_test.no_tensor_reads(), \
+                        mock.patch.object(stages, "random_teacher", side_effect=initialised):
+                    with self.assertRaises(loaders_test.TensorReadError):
+                        self.whole_teacher_student(workdir, step)  # the patches bite
+                    after = experiment.load_student(workdir, step)
+                self.assertEqual(after.model_config, before.model_config)
+                self.assertEqual((after.stage, after.step, after.logit_scaling_base),
+                                 (before.stage, before.step, before.logit_scaling_base))
+                self.assertEqual(after.step, self.trained["step"])
+                leaves = jax.tree_util.tree_leaves_with_path(before.params)
+                self.assertEqual(jax.tree_util.tree_structure(after.params),
+                                 jax.tree_util.tree_structure(before.params))
+                for (where, ref), got in zip(leaves, jax.tree_util.tree_leaves(after.params)):
+                    self.assertEqual(got.dtype, ref.dtype, where)
+                    np.testing.assert_array_equal(np.asarray(got), np.asarray(ref),
+                                                  err_msg=str(where))
+                self.assertEqual(type(after.tokenizer), type(before.tokenizer))
+                self.assertEqual(after.tokenizer.kind,
+                                 {"random": "byte", "gguf": "gguf", "hf": "huggingface"}[kind])
+                for _ in range(3):
+                    text = loaders_test.random_text(rng)
+                    self.assertEqual(after.tokenizer.encode(text), before.tokenizer.encode(text))
 
 
 @pytest.mark.entry
