@@ -337,8 +337,10 @@ def _check_grad_exports(test, dk, dv, deltanet, forward):
     fn = jax.jit(jax.grad(loss, argnums=argnums))
     exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
     text = exported.mlir_module()
-    # forward: WY, fused; backward: dv_local, reverse pass, grads, WY bwd
-    test.assertEqual(text.count("custom_call @mosaic_gpu"), 6)
+    # forward: WY, fused; backward (the defaults, "fused_ws" and dv_local "fold"): the reverse
+    # pass forming dv_local, T0, the fused chunk-local kernel
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 5)
+    test.assertIn("gdn_chunk_delta_dh_fold", text)
     test.assertIn("gdn_chunk_delta_fused_fwd", text)
     test.assertNotIn("simple_gla_chunk_output", text)
     want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]

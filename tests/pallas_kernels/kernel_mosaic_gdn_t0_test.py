@@ -555,12 +555,13 @@ def _check_grad_exports(test, dk, dv, deltanet):
     fn = jax.jit(jax.grad(loss, argnums=argnums))
     exported = jax.export.export(fn, platforms=["cuda"])(q, k, v, g, beta, state, seg)
     text = exported.mlir_module()
-    # forward: T0, fused T0; backward (the default, "fused_ws"): dv_local, reverse pass, the
-    # fused chunk-local kernel reading the forward's T0 (no second inverse)
+    # forward: T0, fused T0; backward (the defaults, "fused_ws" and dv_local "fold"): the
+    # reverse pass forming dv_local, the fused chunk-local kernel reading the forward's T0 (no
+    # second inverse)
     calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
-    test.assertEqual(len(calls), 5)  # len: a failing list would print whole kernels
+    test.assertEqual(len(calls), 4)  # len: a failing list would print whole kernels
     for name in ("gdn_chunk_kkt_inverse", "gdn_chunk_delta_fused_t0_fwd",
-                 "gdn_chunk_bwd_fused_ws"):
+                 "gdn_chunk_delta_dh_fold", "gdn_chunk_bwd_fused_ws"):
         test.assertEqual(sum(name in c for c in calls), 1, msg=name)
     want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
     test.assertEqual([a.shape for a in exported.out_avals], want)
