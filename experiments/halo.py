@@ -49,7 +49,8 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     print(f"jax {jax.__version__}, devices {jax.devices()}")
     try:
-        status = pipeline.run_stage(_CONFIG.value, _WORKDIR.value, _STAGE.value)
+        status = pipeline.run_stage(_CONFIG.value, _WORKDIR.value, _STAGE.value,
+                                    stage_flag="--stage")
     except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:  # a second Ctrl-C
