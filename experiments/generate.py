@@ -45,8 +45,7 @@ flags.mark_flags_as_required(["checkpoint", "prompt"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config_lib.reject_arguments(argv)  # one line, not the help text
     logging.set_verbosity(logging.WARNING)
     try:
         stop = [int(s) for s in _STOP.value]
