@@ -42,8 +42,7 @@ flags.mark_flags_as_required(["output_dir"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    flag_errors.reject_arguments(argv)  # one line, not the help text
     if _WORKERS.value < 0:
         sys.exit(f"error: --workers must be >= 0, got {_WORKERS.value}")
     try:

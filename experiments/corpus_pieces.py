@@ -35,8 +35,7 @@ flags.mark_flag_as_required("mode")
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    flag_errors.reject_arguments(argv)  # one line, not the help text
     start = time.perf_counter()
     try:
         if _MODE.value == "split":

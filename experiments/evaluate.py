@@ -85,8 +85,7 @@ flags.mark_flags_as_required(["checkpoint"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config_lib.reject_arguments(argv)  # one line, not the help text
     logging.set_verbosity(logging.WARNING)
     request = driver.EvaluateRequest(
         checkpoint=_CHECKPOINT.value, tasks=_TASKS.value, step=_STEP.value,

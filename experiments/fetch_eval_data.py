@@ -34,8 +34,7 @@ _LIST = flags.DEFINE_bool("list", False, "Print the files' origins and checksums
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    flag_errors.reject_arguments(argv)  # one line, not the help text
     if _LIST.value:
         print(fetch.sources_table(), end="")
         return

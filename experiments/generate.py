@@ -45,8 +45,7 @@ flags.mark_flags_as_required(["checkpoint", "prompt"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config_lib.reject_arguments(argv)  # one line, not the help text
     logging.set_verbosity(logging.WARNING)
     try:
         stop = [int(s) for s in _STOP.value]
@@ -58,6 +57,9 @@ def main(argv):
         if _MAX_NEW.value < 1:  # Generator.generate checks it too, but after the model loads
             raise ValueError(f"max_new_tokens must be >= 1, got {_MAX_NEW.value}")
         context_parallel.check_context(_CONTEXT.value)  # before the model is loaded
+        empty = [n for n, p in enumerate(_PROMPTS.value, 1) if not p]  # the flag's occurrences
+        if empty:  # Generator.generate's error counted the prompts from 0, after the load
+            raise ValueError(f"--prompt #{empty[0]} is empty; give it at least one token")
         # A training or HALO workdir, a Hugging Face directory or a GGUF file.
         restored = restore.load_model(_CHECKPOINT.value, _STEP.value)
         tok = restored.tokenizer

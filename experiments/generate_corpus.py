@@ -88,8 +88,7 @@ flags.mark_flags_as_required(["model", "output_dir"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    flag_errors.reject_arguments(argv)  # one line, not the help text
     logging.set_verbosity(logging.WARNING)
     request = corpus_driver.GenerateRequest(
         model=_MODEL.value, output_dir=_OUTPUT_DIR.value, step=_STEP.value, dtype=_DTYPE.value,

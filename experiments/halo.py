@@ -44,12 +44,12 @@ flags.mark_flags_as_required(["config", "workdir", "stage"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config_lib.reject_arguments(argv)  # one line, not the help text
     logging.set_verbosity(logging.WARNING)
     print(f"jax {jax.__version__}, devices {jax.devices()}")
     try:
-        status = pipeline.run_stage(_CONFIG.value, _WORKDIR.value, _STAGE.value)
+        status = pipeline.run_stage(_CONFIG.value, _WORKDIR.value, _STAGE.value,
+                                    stage_flag="--stage")
     except (config_lib.ConfigError, FileNotFoundError, ValueError) as e:
         sys.exit(f"error: {e}")
     except KeyboardInterrupt:  # a second Ctrl-C

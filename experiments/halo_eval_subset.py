@@ -66,8 +66,7 @@ def copy_full(tasks, src_eval: str, dst_eval: str):
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    flag_errors.reject_arguments(argv)  # one line, not the help text
     try:
         unknown = [t for t in _TASKS.value if t not in TASK_DIRS]
         if unknown:

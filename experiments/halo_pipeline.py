@@ -70,8 +70,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config_lib.reject_arguments(argv)  # one line, not the help text
     logging.set_verbosity(logging.WARNING)
     options = pipeline.PipelineOptions(
         workdir=_WORKDIR.value, stages=_STAGES.value, deadline_s=_DEADLINE.value,

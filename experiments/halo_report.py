@@ -36,8 +36,7 @@ flags.mark_flags_as_required(["workdir"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    flag_errors.reject_arguments(argv)  # one line, not the help text
     if not os.path.isdir(_WORKDIR.value):
         sys.exit(f"error: no such workdir: {_WORKDIR.value}")
     if not os.path.exists(os.path.join(_WORKDIR.value, "config.json")):

@@ -77,8 +77,7 @@ def main(argv):
         Ctrl-C one line saying that a rerun resumes (status 130). Either way an
         ``--output_dir`` this run created and left empty is removed.
     """
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    flag_errors.reject_arguments(argv)  # one line, not the help text
     logging.set_verbosity(logging.WARNING)
     created = config_lib.first_missing_dir(_OUTPUT_DIR.value)  # None: it existed before this run
     try:

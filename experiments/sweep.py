@@ -97,8 +97,7 @@ def parse_flags(argv):
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config_lib.reject_arguments(argv)  # one line, not the help text
     options = sweep_driver.SweepOptions(
         root=_ROOT_DIR.value, only=_ONLY.value, max_runs=_MAX_RUNS.value,
         deadline_s=_DEADLINE.value, min_run_s=_MIN_RUN.value, stop_margin_s=_MARGIN.value,

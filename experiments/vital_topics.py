@@ -37,8 +37,7 @@ flags.mark_flags_as_required(["output"])
 
 
 def main(argv):
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    flag_errors.reject_arguments(argv)  # one line, not the help text
     try:
         wheel = _WHEEL.value
         if wheel is None:

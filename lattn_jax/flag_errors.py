@@ -7,6 +7,7 @@ instead. This module imports only absl (no jax, numpy or ml_collections), so tha
 """
 
 import re
+import shlex
 import sys
 from typing import Optional
 
@@ -69,6 +70,46 @@ def bare_tuple_override(argv) -> Optional[str]:
                     f"--{name}=\"{example}\"; without parentheses the whole value would be "
                     f"read as one layer named {value!r}")
     return None
+
+
+def reject_arguments(argv, command_line=None) -> None:
+    """Ends the process with one line when the command line held words that are not flags.
+
+    A binary's ``main(argv)`` calls it first: absl passes ``main`` the program and the words
+    that are no flag (``app.UsageError`` printed the whole help text before its last line).
+
+    Args:
+      argv: what absl left of the command line (the program, then the stray words).
+      command_line: the whole command line (default ``sys.argv``), for the hint: where the
+        first stray word follows a ``--flag=value`` (or ``--flag value``), it was most likely
+        a value with spaces left unquoted, and the line shows the quoted flag.
+
+    Raises:
+      SystemExit: ``error: unexpected arguments ['history', 'of'] (quote a value with
+        spaces: --prompt="The history of")`` (the hint only where it applies); nothing when
+        ``argv`` holds the program alone.
+    """
+    extra = list(argv[1:])
+    if not extra:
+        return
+    line = list(sys.argv if command_line is None else command_line)
+    hint = ""
+    start = line.index(extra[0], 1) if extra[0] in line[1:] else 0
+    if start >= 2 and line[start - 1].startswith("--") and "=" in line[start - 1]:
+        flag, value = line[start - 1].split("=", 1)
+    elif (start >= 3 and line[start - 2].startswith("--") and "=" not in line[start - 2]
+          and not line[start - 1].startswith("-")):
+        flag, value = line[start - 2], line[start - 1]
+    else:
+        flag = None
+    if flag:
+        end = start
+        while end < len(line) and not line[end].startswith("-"):
+            end += 1
+        quoted = " ".join([value] + line[start:end])
+        quoted = f'"{quoted}"' if not re.search(r'["$`\\]', quoted) else shlex.quote(quoted)
+        hint = f" (quote a value with spaces: {flag}={quoted})"
+    sys.exit(f"error: unexpected arguments {extra}{hint}")
 
 
 def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:

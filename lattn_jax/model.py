@@ -37,6 +37,7 @@ from lattn_jax import mixers
 from lattn_jax import routing
 from lattn_jax import sharding
 from lattn_jax.typing import Array
+from pallas_kernels.common import validation
 
 
 class Block(nnx.Module):
@@ -107,7 +108,29 @@ class Block(nnx.Module):
           ``(c [B, T, D] in x.dtype, signals)``, or ``(c, signals, new_state)`` with
           ``return_state``; ``signals`` is the layer's
           :class:`~lattn_jax.routing.RouteSignals` for a routing layer, else ``None``.
+
+        Raises:
+          UnsupportedImplementationError: (``pallas_kernels.common.validation``) the mixer's
+            explicitly named kernel cannot run here, naming the config option
+            (``"model.gdn.implementation='pallas' is not supported here: <the op's error>"``;
+            softmax attention's names ``model.attention.implementation`` itself).
         """
+        try:
+            return self._mix(x, segment_ids=segment_ids, side=side, route=route, state=state,
+                             return_state=return_state)
+        except validation.UnsupportedImplementationError as e:
+            if str(e).startswith("model.") or self.mixer_name.startswith("attn"):
+                raise  # softmax attention's: named already (model.attention.implementation)
+            # A linear mixer's op names itself (gated_delta_rule, ...): its option is the
+            # model section of the mixer's name (model.gdn, model.linear_attn, ...).
+            option = f"model.{self.mixer_name}.implementation"
+            raise validation.UnsupportedImplementationError(
+                f"{option}={self.mixer.cfg.implementation!r} is not supported here: {e}"
+            ) from None
+
+    def _mix(self, x: Array, *, segment_ids: Optional[Array], side: Optional[Array],
+             route: bool, state, return_state: bool) -> Tuple:
+        """:meth:`mix` without the naming of an unsupported implementation's option."""
         xn = self.mixer_norm(x)
         kw = dict(state=state, return_state=True) if return_state else {}
         if not self.routes:

@@ -1007,10 +1007,12 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
                              has_checkpoint: bool,
                              derived: Optional[Mapping[str, Sequence[str]]] = None
                              ) -> List[str]:
-    """Refuses to resume a checkpoint written with a different model or data stream.
+    """Refuses to resume a checkpoint written with a different model, data stream or seed.
 
     The model options must match for the parameters to load, the data options for the
-    restored iterator position to mean the same batches, and the optimizer options that change
+    restored iterator position to mean the same batches, ``train.seed`` because it seeds only
+    the initial parameters (a resume would ignore a new one; a ``config.json`` without it is
+    not compared), and the optimizer options that change
     the optimizer state's layout (``optim.name``, ``optim.flatten``; see
     :func:`_optim_layout_diffs`) for the optimizer state to load. Writes nothing:
     ``config.json`` is written once the run's state is restored or initialised
@@ -1058,6 +1060,10 @@ def _check_resume_compatible(workdir: str, config: config_lib.ExperimentConfig,
         current_data = {k: v for k, v in current["data"].items()
                         if k not in _RESUMABLE_DATA_OPTIONS}
         diffs += _diff(saved_data, current_data, "data.")
+        # train.seed seeds only the initial parameters: a resume would ignore a new one. Older
+        # config.json files without it are not compared.
+        if "seed" in saved.get("train", {}):
+            diffs += _diff(saved["train"]["seed"], current["train"]["seed"], "train.seed.")
         saved_optim = saved.get("optim", {})
         layout = _optim_layout_diffs(saved_optim, current["optim"])
         if diffs:

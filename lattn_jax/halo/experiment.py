@@ -325,7 +325,7 @@ def is_done(workdir: str, stage: str) -> bool:
     return os.path.exists(os.path.join(workdir, stage, DONE_FILE))
 
 
-def check_prerequisites(config, workdir: str, stages: Sequence[str]) -> None:
+def check_prerequisites(config, workdir: str, stages: Sequence[str], flag: str) -> None:
     """Checks, before any stage runs, that every stage to run finds the stages it reads.
 
     ``select`` and ``stage2`` read Stage 1's Lightning layers; ``stage2``, ``stage3``,
@@ -333,9 +333,11 @@ def check_prerequisites(config, workdir: str, stages: Sequence[str]) -> None:
     ``hypenet.attention_layers`` is set); ``stage3``, ``calibrate`` and ``report`` read a Stage-2
     (or Stage-3) checkpoint. A stage counts as there if it is among ``stages`` (the pipeline runs
     them in its own order) or its directory exists in ``workdir`` (done, or with checkpoints).
+    ``flag`` is the calling binary's flag that chose ``stages`` (``--stage`` of
+    ``experiments/halo.py``, ``--stages`` of ``experiments/halo_pipeline.py``).
 
     Raises:
-      ValueError: naming the stage to run and what it lacks.
+      ValueError: naming ``flag``, the stage to run and what it lacks.
     """
     there = set(stages) | {s for s in STAGES if os.path.isdir(os.path.join(workdir, s))}
     selection = () if config.hypenet.get("attention_layers") is not None else ("select",)
@@ -347,7 +349,7 @@ def check_prerequisites(config, workdir: str, stages: Sequence[str]) -> None:
             continue
         lacking = [s for s in needs.get(stage, ()) if s not in there]
         if lacking:
-            raise ValueError(f"--stages: {stage} needs {', '.join(lacking)}, which "
+            raise ValueError(f"{flag}: {stage} needs {', '.join(lacking)}, which "
                              f"{'is' if len(lacking) == 1 else 'are'} neither among the stages "
                              f"to run nor in {workdir}")
 
@@ -632,7 +634,7 @@ def _record_options(config, workdir: str, stage: str) -> None:
 
 
 def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = print,
-        deadline: Optional[float] = None) -> Dict[str, Any]:
+        deadline: Optional[float] = None, stage_flag: str = "--stage") -> Dict[str, Any]:
     """Runs one HALO stage in ``<workdir>/<stage>``.
 
     Args:
@@ -642,6 +644,8 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
       print_fn: progress lines.
       deadline: a ``time.time()`` value after which the stage stops at its next safe point
         (resumable); ``None``: run to the end.
+      stage_flag: the caller's flag that chose ``stage``, named when an earlier stage is
+        missing (``--stage`` of ``experiments/halo.py``; the pipeline's ``--stages``).
 
     Returns:
       The stage's summary (``losses``/``step`` for training stages, the selection, the
@@ -661,7 +665,7 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     # <stage>/options.json, which then refused a fixed command in the same workdir as a
     # change of options. A stage's folder given as the workdir first: not what it lacks.
     check_workdir_kind(workdir)
-    check_prerequisites(config, workdir, (stage,))
+    check_prerequisites(config, workdir, (stage,), stage_flag)
     check_inputs(config, workdir, (stage,))
     check_options(config, workdir, (stage,))
     # Run again, a done stage restores its optimizer state too: optim.flatten must match.

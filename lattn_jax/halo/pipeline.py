@@ -150,7 +150,7 @@ def select_stages(requested: Sequence[str]) -> List[str]:
 
 
 def run_stage(config: Any, workdir: str, stage: str, *,
-              print_fn: Callable[[str], None] = _log) -> int:
+              print_fn: Callable[[str], None] = _log, stage_flag: str = "--stage") -> int:
     """Runs one stage as ``experiments/halo.py`` does, stopped by a signal as :func:`run`
     stops its stages: SIGTERM, SIGHUP (unless ignored, as under ``nohup``) or one Ctrl-C
     makes the deadline "now" (the trainer's :class:`lattn_jax.train.PreemptionWatcher` and
@@ -162,6 +162,8 @@ def run_stage(config: Any, workdir: str, stage: str, *,
       workdir: the pipeline's directory.
       stage: one of :data:`lattn_jax.halo.experiment.STAGES`.
       print_fn: where the progress lines go (default: stdout, flushed).
+      stage_flag: the binary's flag that chose ``stage``, named in a refusal
+        (:func:`lattn_jax.halo.experiment.check_prerequisites`).
 
     Returns:
       The exit status: 0 when the stage ran (as far as ``max_steps_per_run`` lets it), or
@@ -173,7 +175,8 @@ def run_stage(config: Any, workdir: str, stage: str, *,
     """
     with train_lib.PreemptionWatcher(True) as watcher:
         deadline = Deadline(None, watcher)
-        experiment.run(config, workdir, stage, print_fn=print_fn, deadline=deadline)
+        experiment.run(config, workdir, stage, print_fn=print_fn, deadline=deadline,
+                       stage_flag=stage_flag)
     if not watcher.requested:
         return 0
     print_fn(f"{stage}: {deadline.stop_reason}; run the same command again to resume")
@@ -187,7 +190,7 @@ def _check(config, options: PipelineOptions,
     page = options.markdown
     try:
         experiment.check_workdir_kind(options.workdir)  # a stage's folder: before what it lacks
-        experiment.check_prerequisites(config, options.workdir, stages)
+        experiment.check_prerequisites(config, options.workdir, stages, "--stages")
         experiment.check_inputs(config, options.workdir, stages)
         experiment.check_eval_data(config, options.workdir, stages)
         experiment.check_options(config, options.workdir, stages)
@@ -259,7 +262,8 @@ def run(config: Any, options: PipelineOptions, *, argv: Sequence[str],
                 break
             print_fn(f"=== {stage}: start at {time.time() - t_start:.1f} s")
             t0 = time.perf_counter()
-            out = experiment.run(config, workdir, stage, print_fn=print_fn, deadline=deadline)
+            out = experiment.run(config, workdir, stage, print_fn=print_fn, deadline=deadline,
+                                 stage_flag="--stages")
             times[stage] = round(time.perf_counter() - t0, 1)
             outcome = "complete" if out["complete"] else "stopped"
             print_fn(f"=== {stage}: {times[stage]} s ({outcome}; {time.time() - t_start:.1f} s "

@@ -197,11 +197,23 @@ def simple_gla(
             ``"mosaic_gpu"`` that cannot (no Hopper GPU, inputs not one 16-bit dtype), with
             the reason.
     """
+    return _simple_gla_op(
+        "simple_gla", q, k, v, g,
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+        segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
+    )
+
+
+def _simple_gla_op(op, q, k, v, g, *, scale, initial_state, output_final_state, segment_ids,
+                   chunk_size, implementation) -> Output:
+    """:func:`simple_gla` (and :func:`linear_attention`, :func:`lightning_attention`); ``op`` is
+    the public function's name, which the dispatch's errors and log lines name
+    (``"linear_attention: implementation='pallas' cannot run this call: ..."``)."""
     _validate(q, k, v, g, initial_state, segment_ids, chunk_size, scale=scale)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
     impl = pallas_tpu.choose_implementation(
-        "simple_gla", implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv), chunk_size,
+        op, implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv), chunk_size,
         seq_len, fallback=mosaic_gpu.choose_implementation,
     )
     if scale is None:
@@ -253,8 +265,8 @@ def linear_attention(
     :func:`simple_gla` with ``g=None``: the arguments, shapes, dtypes, returns and errors are the
     same.
     """
-    return simple_gla(
-        q, k, v, None,
+    return _simple_gla_op(
+        "linear_attention", q, k, v, None,
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
     )
@@ -310,8 +322,8 @@ def lightning_attention(
     if not jnp.issubdtype(log_decay.dtype, jnp.floating):
         raise ValueError(f"log_decay must have a floating dtype, got {log_decay.dtype=}")
     g = jnp.broadcast_to(log_decay.astype(jnp.float32), v.shape[:3])  # [B, T, H]
-    return simple_gla(
-        q, k, v, g,
+    return _simple_gla_op(
+        "lightning_attention", q, k, v, g,
         scale=scale, initial_state=initial_state, output_final_state=output_final_state,
         segment_ids=segment_ids, chunk_size=chunk_size, implementation=implementation,
     )

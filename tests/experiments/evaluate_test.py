@@ -146,6 +146,10 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("generate_context_over_the_devices", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi", "--context=2"],
          "error: --context=2 needs a multiple of 2 devices; there is 1\n"),
+        # Was "prompt 0 is empty" (counted from 0), after the model loaded.
+        ("empty_prompt", "generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=hi", "--prompt="],
+         "error: --prompt #2 is empty; give it at least one token\n"),
         ("bad_stop_token", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi", "--stop_token=abc"],
          "error: --stop_token=abc: token ids are integers"),

@@ -1,6 +1,7 @@
 """Every absl binary reports a bad command line in one line (``lattn_jax.flag_errors``), not absl's
 two-line ``FATAL Flags parsing error: ... Pass --helpshort ...``."""
 
+import glob
 import os
 import subprocess
 import sys
@@ -90,6 +91,59 @@ class ConfigFileErrorTest(parameterized.TestCase):
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(), [expected])
         self.assertFalse(os.path.exists(workdir))
+
+
+@pytest.mark.entry
+class StrayArgumentsTest(parameterized.TestCase):
+    """A word that is no flag (an unquoted value with spaces) is one line, not the help text
+    (49 lines for generate.py) ending with it (2026-12-06 newcomer pass)."""
+
+    @parameterized.named_parameters(
+        ("generate", "experiments/generate.py",
+         ["--checkpoint=/no/such/run", "--prompt=The", "history", "of"],
+         "error: unexpected arguments ['history', 'of'] (quote a value with spaces: "
+         "--prompt=\"The history of\")"),
+        ("train", "experiments/train.py",
+         ["--config=configs/default.py", "--workdir", "/tmp/x", "extra"],
+         "error: unexpected arguments ['extra'] (quote a value with spaces: "
+         "--workdir=\"/tmp/x extra\")"),
+        ("fetch_eval_data", "experiments/fetch_eval_data.py", ["stray"],
+         "error: unexpected arguments ['stray']"),
+    )
+    def test_a_stray_word_is_one_line_with_the_quoted_flag(self, binary, args, expected):
+        result = run(binary, *args)
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [expected])
+
+    def test_every_binary_rejects_stray_words_with_the_helper(self):
+        binaries = sorted(glob.glob(os.path.join(ROOT, "experiments", "*.py")))
+        self.assertNotEmpty(binaries)
+        for path in binaries:
+            with self.subTest(binary=os.path.basename(path)), open(path) as f:
+                text = f.read()
+                self.assertRegex(text, r"\n    (flag_errors|config_lib)\.reject_arguments\(argv\)")
+                self.assertNotIn("unexpected arguments", text)
+
+    def test_the_hint_quotes_the_flag_the_words_followed(self):
+        def line(argv, command_line):
+            with self.assertRaises(SystemExit) as cm:
+                flag_errors.reject_arguments(argv, command_line)
+            return cm.exception.code
+
+        flag_errors.reject_arguments(["prog"], ["prog", "--a=1"])  # nothing stray: returns
+        self.assertEqual(line(["p", "b", "c"], ["p", "--x=a", "b", "c", "--y=2"]),
+                         "error: unexpected arguments ['b', 'c'] (quote a value with spaces: "
+                         "--x=\"a b c\")")
+        self.assertEqual(line(["p", "b"], ["p", "--x", "a", "b"]),
+                         "error: unexpected arguments ['b'] (quote a value with spaces: "
+                         "--x=\"a b\")")
+        self.assertEqual(line(["p", "b"], ["p", "b", "--x=a"]),
+                         "error: unexpected arguments ['b']")
+        self.assertEqual(line(["p", "b"], ["p", "--flag", "b"]),  # a boolean flag before it
+                         "error: unexpected arguments ['b']")
+        self.assertEqual(line(["p", "$b"], ["p", "--x=a", "$b"]),  # quoted for the shell
+                         "error: unexpected arguments ['$b'] (quote a value with spaces: "
+                         "--x='a $b')")
 
 
 class FlagErrorsModuleTest(absltest.TestCase):

@@ -395,16 +395,18 @@ class PrerequisitesCheckTest(absltest.TestCase):
     def test_a_stage_without_the_stages_it_reads_is_refused_before_anything_runs(self):
         workdir = os.path.join(self.create_tempdir().full_path, "w")
         cfg = halo_smollm2.get_config("tiny")
-        experiment.check_prerequisites(cfg, workdir, experiment.STAGES)  # the whole pipeline
+        # the whole pipeline
+        experiment.check_prerequisites(cfg, workdir, experiment.STAGES, "--stages")
         with self.assertRaisesRegex(ValueError, r"^--stages: report needs stage2, select, "
                                                 r"which are neither among"):
-            experiment.check_prerequisites(cfg, workdir, ("stage1", "report"))
-        with self.assertRaisesRegex(ValueError, r"^--stages: select needs stage1, which is"):
-            experiment.check_prerequisites(cfg, workdir, ("select",))
+            experiment.check_prerequisites(cfg, workdir, ("stage1", "report"), "--stages")
+        with self.assertRaisesRegex(ValueError, r"^--stage: select needs stage1, which is"):
+            experiment.check_prerequisites(cfg, workdir, ("select",), "--stage")
         # The selection's ablation: attention layers set, select not needed; stage1 on disk.
         os.makedirs(os.path.join(workdir, "stage1"))
         cfg.hypenet.attention_layers = (1,)
-        experiment.check_prerequisites(cfg, workdir, ("stage2", "stage3", "calibrate", "report"))
+        experiment.check_prerequisites(cfg, workdir, ("stage2", "stage3", "calibrate", "report"),
+                                       "--stages")
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}-fresh",
                "--stages=report,stage1"]
@@ -412,6 +414,15 @@ class PrerequisitesCheckTest(absltest.TestCase):
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("error: --stages: report needs stage2, select", result.stderr)
         self.assertFalse(os.path.exists(f"{workdir}-fresh"))  # stage1 did not run first
+        # halo.py has --stage, not the pipeline's --stages (2026-12-06 newcomer pass: it named
+        # --stages).
+        cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo.py"),
+               "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}-one",
+               "--stage=stage2"]
+        result = binary_runs.run(cmd)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("error: --stage: stage2 needs stage1, select, which are neither among "
+                      "the stages to run nor in", result.stderr)
 
 
 class OptionsCheckTest(absltest.TestCase):

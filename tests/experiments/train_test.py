@@ -154,9 +154,11 @@ class TrainBinaryTest(parameterized.TestCase):
          "error: model.d_model=130 is not divisible by model.attention.num_heads=4"),
         ("chunk_size", "--config.model.gdn.chunk_size=48",
          "error: model.gdn.chunk_size must be a positive power of two, got 48"),
-        # An explicitly named GPU kernel on this CPU machine: raised while tracing the step.
+        # An explicitly named GPU kernel on this CPU machine: raised while tracing the step,
+        # naming the option and keeping the op's reason.
         ("gpu_kernel_on_cpu", "--config.model.gdn.implementation=pallas",
-         "error: gated_delta_rule: implementation='pallas' cannot run this call"),
+         "error: model.gdn.implementation='pallas' is not supported here: gated_delta_rule: "
+         "implementation='pallas' cannot run this call: the Pallas GPU kernels need a GPU"),
     )
     @pytest.mark.slow  # ~12 s per case on 2 cores (a subprocess each); two cases run in CI
     def test_more_bad_options_give_one_clear_line(self, flag, message):

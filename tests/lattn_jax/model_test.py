@@ -1,5 +1,6 @@
 """Model assembly: pure / hybrid / dense patterns, causality, packing, ties, param counts."""
 
+import dataclasses
 from unittest import mock
 
 import numpy as np
@@ -10,7 +11,7 @@ from flax import nnx
 
 from lattn_jax import config as config_lib
 from lattn_jax import model as model_lib
-from pallas_kernels.common import mosaic_gpu
+from pallas_kernels.common import mosaic_gpu, validation
 from tests import tolerances
 
 PATTERNS = {
@@ -157,6 +158,30 @@ class ModelTest(parameterized.TestCase):
         if jax.default_backend() != "gpu":
             with self.assertRaisesRegex(ValueError, "implementation='pallas' cannot run"):
                 model(tokens)
+
+    def test_an_unsupported_kernel_names_its_linear_mixer_sections_option(self):
+        # The op's error named only the op (gated_delta_rule: implementation='pallas' ...), not
+        # the option that chose it, as softmax attention's does (2026-12-06 newcomer pass).
+        if jax.default_backend() == "gpu":
+            self.skipTest("the Pallas GPU kernels can run here")
+        ops = {"gdn": "gated_delta_rule", "deltanet": "delta_rule", "kda": "kda",
+               "gdn2": "gdn2", "lightning": "lightning_attention",
+               "linear_attn": "linear_attention"}
+        linear = [m for m in config_lib.MIXER_NAMES if not m.startswith("attn")]
+        self.assertCountEqual(ops, linear)  # every linear mixer section
+        tokens = jnp.zeros((1, 64), jnp.int32)
+        for section in linear:
+            with self.subTest(section=section):
+                cfg = config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=(section,),
+                                             mlp_hidden=48)
+                cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(
+                    getattr(cfg, section), implementation="pallas")})
+                model = model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0))
+                with self.assertRaisesRegex(
+                        validation.UnsupportedImplementationError,
+                        rf"^model\.{section}\.implementation='pallas' is not supported here: "
+                        rf"{ops[section]}: implementation='pallas' cannot run this call: .*GPU"):
+                    model(tokens)
 
     def test_mosaic_gpu_implementation_builds_the_mosaic_kernels_into_the_train_step(self):
         # model.gdn / model.deltanet.implementation="mosaic_gpu": on a (patched) Hopper GPU the

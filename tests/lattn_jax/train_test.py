@@ -311,6 +311,29 @@ class ResumeChecksTest(absltest.TestCase):
                                         r"data\.seq_len \(32 -> 16\)"):
                 train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
 
+    def test_changed_train_seed_is_refused_and_an_older_record_without_it_resumes(self):
+        # train.seed seeds only the initial parameters: a resume ignored a new one without a
+        # word, while invocations.jsonl recorded it (2026-12-06 newcomer pass).
+        workdir = os.path.join(self.tmp, "s")
+        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
+                                 print_fn=lambda s: None)
+        cfg = tiny_experiment(self.corpus, total_steps=2)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=5))
+        with mock.patch.object(data_lib, "build_datasets", side_effect=AssertionError("read")):
+            with self.assertRaisesRegex(config_lib.ConfigError,
+                                        r"options that differ: train\.seed \(0 -> 5\)\. Use a "
+                                        r"new --workdir"):
+                train.train_and_evaluate(cfg, workdir, print_fn=lambda s: None)
+        # A config.json written before train.seed was recorded: nothing to compare, resumes.
+        path = os.path.join(workdir, "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        del saved["train"]["seed"]
+        with open(path, "w") as f:
+            json.dump(saved, f)
+        self.assertEqual(train._check_resume_compatible(workdir, cfg, has_checkpoint=True),
+                         ["train.total_steps (1 -> 2)"])
+
     def test_a_data_file_rebuilt_with_other_contents_is_refused_on_resume(self):
         # The corpus at the same path was rebuilt (same options, other documents): the run
         # resumed on other data from the restored iterator position without a word.

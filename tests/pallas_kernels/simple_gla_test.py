@@ -536,6 +536,24 @@ class SimpleGlaTest(parameterized.TestCase):
         with self.assertRaisesRegex(ValueError, r"multiple of the key heads"):
             sg.linear_attention(*qkv[:2], base["v"][:, :, :3])
 
+    def test_each_public_op_names_itself_in_its_dispatch_errors(self):
+        # linear_attention and lightning_attention named simple_gla, which they call
+        # (2026-12-06 newcomer pass).
+        base = make_inputs(12, seq_len=8)  # K = 16: no Pallas GPU kernel for it
+        q, k, v = (base[n] for n in ("q", "k", "v"))
+        decay = jnp.full((v.shape[2],), -0.1, F32)
+        calls = {"simple_gla": lambda **kw: sg.simple_gla(q, k, v, base["g"], **kw),
+                 "linear_attention": lambda **kw: sg.linear_attention(q, k, v, **kw),
+                 "lightning_attention": lambda **kw: sg.lightning_attention(q, k, v, decay, **kw)}
+        for op, call in calls.items():
+            with self.subTest(op=op):
+                with self.assertRaisesRegex(ValueError, rf"^{op}: implementation='bogus' is not "
+                                                        r"available"):
+                    call(implementation="bogus")
+                with self.assertRaisesRegex(ValueError, rf"^{op}: implementation="
+                                                        r"'pallas_interpret' cannot run this call"):
+                    call(implementation="pallas_interpret")
+
 
 if __name__ == "__main__":
     absltest.main()
