@@ -1908,6 +1908,67 @@ def override_config_error(runs: Sequence[Run], config_path: str,
     return None
 
 
+def override_axis_clash(runs: Sequence[Run], config_path: str,
+                        extra_overrides: Sequence[Tuple[str, Any]],
+                        grid: Sequence[Run] = ()) -> Optional[str]:
+    """Why an ``--override`` would replace a value that the sweep's grid sets, or ``None``.
+
+    The trainer gets the grid's ``--config.<field>=<value>`` and then the override's (the last
+    wins), while the run names and the results still show the grid's value. A field that is a
+    field axis of one of ``runs`` is refused; so is a field that an argument axis sets: the
+    runs of the grid (``grid``, default ``runs``) whose ``get_config(arg)`` with their own
+    overrides holds another value of it (``seed=42,43``: ``train.seed``). A config that cannot
+    be built is skipped (:func:`bad_override_fields` reports it).
+
+    Args:
+      runs: the runs of the call (:func:`select`).
+      config_path: the training config file.
+      extra_overrides: ``(field, value)`` pairs added to every run (``--override``).
+      grid: every run of the grid (:func:`expand`), for the fields argument axes set.
+
+    Returns:
+      ``"--override: <field> is an axis of the sweep's grid ...; ..."`` or ``"--override:
+      <field> is set by the sweep's grid (its argument axis <axes>; ...); ..."``, naming the
+      first such field; else ``None``.
+    """
+    fields = list(dict(extra_overrides))
+    axes = {axis for run in runs for axis, _ in run.values if "." in axis}
+    for field in fields:
+        if field in axes:
+            return (f"--override: {field} is an axis of the sweep's grid (its values name the "
+                    f"runs); nothing was run: use --only to pick values, or edit the grid")
+    grid = list(grid) or list(runs)
+    arg_axes = sorted({axis for run in grid for axis, _ in run.values if "." not in axis})
+    if not fields or not arg_axes:
+        return None
+    cache: Dict[str, Any] = {}
+    seen: Dict[Any, Any] = {}  # (arg, overrides) -> the ConfigDict, None if it fails
+    for run in grid:
+        key = (run.arg, run.overrides)
+        if key in seen:
+            continue
+        try:
+            seen[key] = _overridden_config_dict(config_path, run.arg, run.overrides, cache)
+        except Exception:  # noqa: BLE001 - bad_override_fields' to report
+            seen[key] = None
+    for field in fields:
+        values = set()
+        for cd in seen.values():
+            node = cd
+            try:
+                for part in field.split("."):
+                    node = node[part]
+            except (KeyError, AttributeError, TypeError, IndexError):
+                continue
+            values.add(repr(node.to_dict() if hasattr(node, "to_dict") else node))
+        if len(values) > 1:
+            axes_text = ("axis " if len(arg_axes) == 1 else "axes ") + ", ".join(arg_axes)
+            return (f"--override: {field} is set by the sweep's grid (its argument {axes_text}"
+                    f"; the runs, named by their values, hold different values of it); "
+                    f"nothing was run: use --only to pick values, or edit the grid")
+    return None
+
+
 def identical_finished_run(run: Run, config_path: str, roots: Sequence[str],
                            extra_overrides: Sequence[Tuple[str, Any]] = (),
                            cache: Optional[Dict[str, Any]] = None) -> Optional[str]:

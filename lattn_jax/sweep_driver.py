@@ -5,7 +5,9 @@ field per flag) and does what one invocation does:
 
 1. checks everything before anything is written: the grid and ``--only`` filters
    (:func:`lattn_jax.sweep.expand`, :func:`~lattn_jax.sweep.select`), the training config
-   file, ``--override`` texts and fields (:func:`~lattn_jax.sweep.bad_override_fields`),
+   file, ``--override`` texts and fields (:func:`~lattn_jax.sweep.bad_override_fields`; a
+   field that the grid sets, an axis or by an argument axis, is refused too:
+   :func:`~lattn_jax.sweep.override_axis_clash`),
    ``--finish_by_deadline`` without a deadline, ``--reuse_from`` and ``--export`` directories,
    the root (another sweep's, a training or HALO workdir, :func:`~lattn_jax.sweep.check_root`)
    and the report's options (:func:`lattn_jax.sweep_report.build`); a bad one raises
@@ -468,7 +470,9 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
 
     Raises:
       SweepConfigError: for a bad option, sweep config, root or override, before anything is
-        written (one line naming it; the run directories' clash lists them on further lines);
+        written (one line naming it; the run directories' clash lists them on further lines),
+        an ``--override`` of a field that the grid sets among them
+        (:func:`lattn_jax.sweep.override_axis_clash`);
         for an ``--override`` value the training config's check refuses
         (:func:`lattn_jax.sweep.override_config_error`), and (not for ``report_only``) for
         run directories whose last launch set a config field to another value than this
@@ -491,6 +495,9 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
         raise sweep.SweepConfigError(
             f"--override or the sweep's overrides: {'; '.join(bad[:3])}"
             + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
+    clash = sweep.override_axis_clash(runs, config_path, extra, grid=sweep.expand(config))
+    if clash:  # the trainer's last flag would win while the run names show the grid's value
+        raise sweep.SweepConfigError(clash)
     # The report's options (references, claims, scan) are checked before anything runs;
     # another sweep's root, or a missing one for report_only: refused, nothing touched.
     sweep.check_root(root, config, report_only=options.report_only)

@@ -76,6 +76,28 @@ class SweepDriverTest(absltest.TestCase):
                              argv=["sweep.py"], print_fn=self.lines.append)
         self.assertFalse(os.path.exists(self.root))
 
+    def test_an_override_of_a_grid_axis_is_refused(self):
+        # A field axis: the trainer got both flags (last wins) while the run names kept the
+        # grid's value; refused before anything runs, naming the field.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"^--override: train\.keep_checkpoints is an axis of the "
+                                    r"sweep's grid \(its values name the runs\); .*--only.*"):
+            self._run(overrides=["train.keep_checkpoints=5"], dry_run=True)
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"train\.keep_checkpoints is an "
+                                                            r"axis"):
+            self._run(overrides=["train.keep_checkpoints=5"], only=["train.keep_checkpoints=2"])
+        # A field that an argument axis sets (seed=42 / 43: train.seed): the same.
+        config = dict(CONFIG, grid=((("seed", (42, 43)),),))
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"^--override: train\.seed is set by the sweep's grid "
+                                    r"\(its argument axis seed; .*"):
+            sweep_driver.run(config, sweep_driver.SweepOptions(
+                root=self.root, overrides=["train.seed=1"], dry_run=True), repo_root=REPO,
+                argv=["sweep.py"], print_fn=self.lines.append)
+        self.assertFalse(os.path.exists(self.root))
+        # A field no axis sets is still an override.
+        self.assertEqual(self._run(overrides=["train.total_steps=3"], dry_run=True), 0)
+
     def test_gpus_groups_and_bad_values_in_one_line(self):
         self.assertEqual(sweep_driver.parse_gpus("0,1,2,3"), ["0", "1", "2", "3"])
         self.assertEqual(sweep_driver.parse_gpus("0+1, 2 + 3"), ["0,1", "2,3"])
