@@ -2531,27 +2531,34 @@ def bad_override_fields(runs: Sequence[Run], config_path: str,
       extra_overrides: ``(field, value)`` pairs added to every run (``--override``).
 
     Returns:
-      One line per distinct problem, in the order first met: ``"<field>: no such field in
-      <file> (<n> of <N> runs, e.g. <file>:<arg>)"`` (or ``is a section, not a field``, or
-      ``cannot take '<value>' (<type>: ...)`` for an int, float, bool or tuple field) or, when
-      ``get_config`` itself raises, ``"<file>:<arg>: <error>"``.
+      One line per distinct problem, in the order first met, naming where the name came from
+      (``"the sweep's grid axis"``, ``"the sweep config's overrides:"`` or ``"--override:"``):
+      ``"<where> <field>: no such field in <file> (<n> of <N> runs, e.g. <file>:<arg>)"`` (or
+      ``is a section, not a field``, or ``cannot take '<value>' (<type>: ...)`` for an int,
+      float, bool or tuple field) or, when ``get_config`` itself raises (a misspelled argument
+      axis or ``arg``), ``"the sweep's grid (argument axes, arg): <file>:<arg>: <error>"``.
     """
     module = _load_config_file(config_path)
     name = os.path.basename(config_path)
     configs: Dict[str, Any] = {}
     errors: List[str] = []
-    bad: Dict[Tuple[str, str], List[Any]] = {}  # (field, problem) -> [runs, first run's arg]
+    # (where, field, problem) -> [number of runs, first run's arg, hint]
+    bad: Dict[Tuple[str, str, str], List[Any]] = {}
     for run in runs:
         if run.arg not in configs:
             try:
                 configs[run.arg] = module.get_config(run.arg or None)
             except Exception as e:  # noqa: BLE001 - reported as one line
                 configs[run.arg] = None
-                errors.append(f"{name}:{run.arg}: {e}")
+                errors.append(f"the sweep's grid (argument axes, arg): {name}:{run.arg}: {e}")
         cfg = configs[run.arg]
         if cfg is None:
             continue
-        for field, value in tuple(run.overrides) + tuple(extra_overrides):
+        axes = {axis for axis, _ in run.values}
+        sources = [("the sweep's grid axis" if field in axes else
+                    "the sweep config's overrides:", field, value)
+                   for field, value in run.overrides]
+        for where, field, value in sources + [("--override:", f, v) for f, v in extra_overrides]:
             node, hint = cfg, ""
             parts = field.split(".")
             for i, part in enumerate(parts):
@@ -2566,9 +2573,9 @@ def bad_override_fields(runs: Sequence[Run], config_path: str,
             else:
                 problem = _override_value_problem(node, format_value(value))
             if problem:
-                bad.setdefault((field, problem), [0, run.arg, hint])[0] += 1
-    lines = [f"{field}: {problem} in {name} ({n} of {len(runs)} runs, e.g. {name}:{arg}){hint}"
-             for (field, problem), (n, arg, hint) in bad.items()]
+                bad.setdefault((where, field, problem), [0, run.arg, hint])[0] += 1
+    lines = [f"{where} {field}: {problem} in {name} ({n} of {len(runs)} runs, e.g. "
+             f"{name}:{arg}){hint}" for (where, field, problem), (n, arg, hint) in bad.items()]
     return errors + lines
 
 

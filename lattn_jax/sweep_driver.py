@@ -492,8 +492,8 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
     _check_options(options, root)
     bad = sweep.bad_override_fields(runs, config_path, extra)
     if bad:  # before anything is made: each run would fail on it a few seconds in
-        raise sweep.SweepConfigError(
-            f"--override or the sweep's overrides: {'; '.join(bad[:3])}"
+        raise sweep.SweepConfigError(  # each line names the grid, overrides or --override
+            "; ".join(bad[:3])
             + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
     clash = sweep.override_axis_clash(runs, config_path, extra, grid=sweep.expand(config))
     if clash:  # the trainer's last flag would win while the run names show the grid's value

@@ -305,7 +305,7 @@ class SweepBinaryTest(absltest.TestCase):
         out = self.sweep("--override=train.total_stepz=3")
         self.assertEqual(out.returncode, 1, out.stderr)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
-        self.assertRegex(out.stderr, r"error: --override or the sweep's overrides: "
+        self.assertRegex(out.stderr, r"error: --override: "
                                      r"train\.total_stepz: no such field in \S+\.py \((\d+) of "
                                      r"\1 runs, e\.g\. .*\); did you mean "
                                      r"\"train\.total_steps\"\?$")

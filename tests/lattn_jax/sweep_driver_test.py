@@ -98,6 +98,24 @@ class SweepDriverTest(absltest.TestCase):
         # A field no axis sets is still an override.
         self.assertEqual(self._run(overrides=["train.total_steps=3"], dry_run=True), 0)
 
+    def test_a_bad_name_names_where_it_came_from(self):
+        cases = ((dict(CONFIG, grid=((("train.keep_checkpointz", (2, 3)),),)), (),
+                  r"^the sweep's grid axis train\.keep_checkpointz: no such field in table2\.py "
+                  r"\(2 of 2 runs"),
+                 (dict(CONFIG, overrides=(("train.total_stepz", 3),)), (),
+                  r"^the sweep config's overrides: train\.total_stepz: no such field"),
+                 (CONFIG, ["train.total_stepz=3"],
+                  r"^--override: train\.total_stepz: no such field"),
+                 (dict(CONFIG, grid=((("sede", (1, 2)),),)), (),
+                  r"^the sweep's grid \(argument axes, arg\): table2\.py:arch=softmax,tiny=True,"
+                  r"sede=1: unknown config argument 'sede'"))
+        for config, overrides, message in cases:
+            with self.assertRaisesRegex(sweep.SweepConfigError, message):
+                sweep_driver.run(config, sweep_driver.SweepOptions(
+                    root=self.root, overrides=list(overrides), dry_run=True), repo_root=REPO,
+                    argv=["sweep.py"], print_fn=self.lines.append)
+        self.assertFalse(os.path.exists(self.root))
+
     def test_gpus_groups_and_bad_values_in_one_line(self):
         self.assertEqual(sweep_driver.parse_gpus("0,1,2,3"), ["0", "1", "2", "3"])
         self.assertEqual(sweep_driver.parse_gpus("0+1, 2 + 3"), ["0,1", "2,3"])
