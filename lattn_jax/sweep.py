@@ -447,7 +447,11 @@ class RunResult:
       nonfinite_val_evals: how many evaluations gave a NaN or inf validation loss.
       last_val_loss, last_val_step: the newest evaluation.
       final_train_loss: the last logged training loss (mean over its logging window).
-      step: the newest logged step; total_steps: ``train.total_steps``.
+      step: the newest logged step (:mod:`lattn_jax.sweep_report` puts a partial run's newest
+        checkpoint step there, the step it resumes from, as :func:`run_state` gives it);
+        total_steps: ``train.total_steps``.
+      logged_step: ``None``, or the newest logged step when the report replaced ``step`` by
+        another (the loss columns are from it).
       tokens_per_step: ``data.batch_size x data.seq_len``; tokens: ``step x tokens_per_step``.
       tokens_per_sec, mfu: medians over the logged windows (the trainer leaves each
         invocation's compilation out of its first window; the median also drops the windows
@@ -480,6 +484,7 @@ class RunResult:
     last_val_step: Optional[int] = None
     final_train_loss: Optional[float] = None
     step: int = 0
+    logged_step: Optional[int] = None
     total_steps: Optional[int] = None
     tokens_per_step: Optional[int] = None
     tokens: Optional[int] = None

@@ -26,6 +26,10 @@ in the ranking, the runs table and the comparisons with the paper; its wall time
 ``shared_tokens_per_sec`` / ``shared_mfu`` keep the numbers measured while sharing; a failed
 re-measurement's error line is the runs table's note.
 
+A partial run's step and tokens (runs table, CSV, JSON) are those of its newest checkpoint, the
+step it resumes from (:func:`lattn_jax.sweep.run_state`, as ``--dry_run`` says); its losses
+are from its last logged step, which the note (and ``logged_step``) gives when they differ.
+
 A sweep split over several machine holds may run on more than one kind of GPU (an H100 in one
 window, an H200 in the next). Each run's device kinds come from its trainer's
 ``invocations.jsonl`` (:attr:`lattn_jax.sweep.RunResult.devices`; the re-measurement's when
@@ -113,9 +117,16 @@ class Entry:
 
 def _entry(run: sweep.Run, workdir: str, in_grid: bool) -> Entry:
     """The report's entry of ``run``: its state and metrics, with the tokens/s and MFU of its
-    re-measurement alone in place of those measured while sharing the GPU, if it has one."""
+    re-measurement alone in place of those measured while sharing the GPU, if it has one. A
+    partial run's step (and tokens) is its newest checkpoint's, the step it resumes from
+    (``--dry_run`` says the same), its newest logged step kept in ``result.logged_step`` when
+    they differ: the losses are from that one."""
     result = sweep.collect(workdir)
     entry = Entry(run=run, state=sweep.run_state(workdir), result=result, in_grid=in_grid)
+    if entry.state.status == sweep.Status.PARTIAL and entry.state.step != result.step:
+        result.logged_step, result.step = result.step, entry.state.step
+        if result.tokens_per_step:
+            result.tokens = result.step * result.tokens_per_step
     if result.concurrent <= 1:
         return entry
     alone = sweep.read_throughput_alone(workdir)
@@ -699,6 +710,14 @@ def _alone_note(e: Entry) -> str:
             + (f", MFU {mfu}" if mfu else "") + ")")
 
 
+def _logged_note(r: "sweep.RunResult") -> str:
+    """The runs table's note on a partial run whose losses are from another step than the one
+    it resumes from (its step column)."""
+    if r.logged_step is None:
+        return ""
+    return f"losses at the last logged step {r.logged_step} (resumes from step {r.step})"
+
+
 def _shared_note(r: "sweep.RunResult") -> str:
     """The runs table's note on a run measured while sharing the GPU."""
     if r.concurrent > 1:
@@ -851,7 +870,7 @@ def markdown(report: Report) -> str:
                      mark(_f(r.tokens_per_sec, ",.0f")), mark(_pct(r.mfu)), _params(r.params),
                      _params(r.non_embedding_params), wall_mark(_wall(r.wall_s)),
                      _short_device(device_label(e)),
-                     "; ".join(filter(None, [s.error, _nonfinite_note(r),
+                     "; ".join(filter(None, [s.error, _logged_note(r), _nonfinite_note(r),
                                              changed_note and f"{CONFIG_MARK} config changed "
                                              f"since it ran: {changed_note}",
                                              _reused_note(report.root, e.run),
@@ -952,7 +971,7 @@ def markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
-_CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps",
+_CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "logged_step", "total_steps",
                "final_val_loss", "best_val_loss", "best_val_step", "last_val_loss",
                "final_train_loss", "tokens", "tokens_per_sec", "mfu", "params",
                "non_embedding_params", "wall_s", "concurrent", "parallel", "alone_steps",
@@ -962,7 +981,8 @@ _CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps
 def _run_row(e: Entry) -> Dict[str, Any]:
     r = e.result
     return {"run": e.run.name, "group": e.run.group, "seed": e.run.seed, "in_grid": e.in_grid,
-            "status": e.state.status.value, "step": r.step, "total_steps": e.state.total_steps,
+            "status": e.state.status.value, "step": r.step, "logged_step": r.logged_step,
+            "total_steps": e.state.total_steps,
             "final_val_loss": r.final_val_loss, "best_val_loss": r.best_val_loss,
             "best_val_step": r.best_val_step, "last_val_loss": r.last_val_loss,
             "final_train_loss": r.final_train_loss, "tokens": r.tokens,
