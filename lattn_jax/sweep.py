@@ -635,6 +635,27 @@ def _has_trainer_records(workdir: str) -> bool:
                for n in ("metrics.jsonl", "console.log", "invocations.jsonl"))
 
 
+# Seconds a trainer gets to stop on its own Ctrl-C (the terminal sends SIGINT to the whole
+# process group: it saves a checkpoint and exits) before the sweep's SIGTERM (:func:`launch`).
+INTERRUPT_GRACE_S = 60.0
+
+
+class StopEvent(threading.Event):
+    """``execute``'s ``stop`` that remembers the signal that set it (:meth:`set_by`): after a
+    SIGINT, :func:`launch` gives the trainer ``interrupt_grace_s`` to exit on its own Ctrl-C
+    before it sends SIGTERM; after another signal (or a plain ``set``) it sends SIGTERM at
+    once."""
+
+    def __init__(self):
+        super().__init__()
+        self.signum: Optional[int] = None
+
+    def set_by(self, signum: int) -> None:
+        """Records ``signum`` and sets the event."""
+        self.signum = signum
+        self.set()
+
+
 @dataclasses.dataclass(frozen=True)
 class Attempt:
     """One trainer subprocess of a run (:func:`launch`).
@@ -642,8 +663,9 @@ class Attempt:
     Attributes:
       returncode: the trainer's exit status (negative: killed by that signal).
       wall_s: seconds from start to exit.
-      stopped_by: ``"deadline"`` or ``"interrupt"`` when the sweep sent the trainer SIGTERM,
-        else ``None``.
+      stopped_by: ``"deadline"`` or ``"interrupt"`` when the sweep sent the trainer SIGTERM
+        (``"interrupt"`` also when, after a Ctrl-C, it exited on its own SIGINT within the
+        grace period), else ``None``.
       error: :func:`error_line` of its output when it exited non-zero, else ``None``.
       parallel: the sweep's ``parallel`` setting when above 1 (several runs may share the
         machine), else ``None`` (one run at a time: not recorded, as before it existed).
@@ -666,14 +688,16 @@ def _describe_exit(attempt: Attempt) -> str:
     """How a trainer's exit reads in the sweep's line for the run: ``"stopped at the
     deadline"`` (or ``"stopped at the sweep's interrupt"``, after the sweep's own Ctrl-C or
     SIGTERM) when the sweep's own SIGTERM stopped it (exit status 143, or killed by that
-    SIGTERM), rather than an ``"exit 143"`` that reads as a failure; otherwise
-    ``"exit <status>"`` (negative: killed by that signal), with ``"after the deadline's
-    SIGTERM"`` (``"after the SIGTERM of the sweep's interrupt"``) added when the trainer ended
-    otherwise after it (killed after the grace period, or its own error)."""
+    SIGTERM; or, at the interrupt, 130: it stopped on its own Ctrl-C), rather than an
+    ``"exit 143"`` that reads as a failure; otherwise ``"exit <status>"`` (negative: killed by
+    that signal), with ``"after the deadline's SIGTERM"`` (``"after the SIGTERM of the sweep's
+    interrupt"``) added when the trainer ended otherwise after it (killed after the grace
+    period, or its own error)."""
     rc = attempt.returncode
     if attempt.stopped_by in ("deadline", "interrupt"):
         deadline = attempt.stopped_by == "deadline"
-        if rc in (_EXIT_TERMINATED, -signal.SIGTERM):
+        own_ctrl_c = rc == _EXIT_INTERRUPTED and not deadline
+        if rc in (_EXIT_TERMINATED, -signal.SIGTERM) or own_ctrl_c:
             return "stopped at the deadline" if deadline else "stopped at the sweep's interrupt"
         if rc != 0:
             return (f"exit {rc} after the deadline's SIGTERM" if deadline else
@@ -850,13 +874,16 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
            deadline: Optional[float] = None, stop_margin_s: float = 30.0,
            stop: Optional[threading.Event] = None, print_fn: Callable[[str], None] = print,
            prefix: str = "", concurrency: Optional[Concurrency] = None,
-           gpus: Optional[str] = None) -> Attempt:
+           gpus: Optional[str] = None, interrupt_grace_s: float = INTERRUPT_GRACE_S) -> Attempt:
     """Runs one trainer subprocess, recording the attempt in ``workdir``.
 
     Its stdout and stderr go to ``<workdir>/sweep.log`` and, each line behind ``prefix``, to
     ``print_fn``. At ``deadline - stop_margin_s`` (``deadline`` a ``time.time()`` value), or
     when ``stop`` is set, the trainer receives SIGTERM (it saves a checkpoint after the current
-    step and exits); if it is still running ``stop_margin_s`` later it is killed.
+    step and exits); if it is still running ``stop_margin_s`` later it is killed. A ``stop``
+    set by SIGINT (:class:`StopEvent`: Ctrl-C, which the trainer gets too) sends the SIGTERM
+    only if the trainer is still running ``interrupt_grace_s`` later: one on top of its own
+    stop killed it as it exited after saving (``killed by SIGTERM``).
 
     Args:
       cmd: the command line.
@@ -875,6 +902,7 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
       gpus: the trainer's GPU group (``execute(gpus=...)``): it runs with
         ``CUDA_VISIBLE_DEVICES=<gpus>`` added to ``env`` (replacing any there), and the
         ``start`` record holds ``"gpus": "<gpus>"``; ``None``: neither.
+      interrupt_grace_s: see above (:data:`INTERRUPT_GRACE_S`).
 
     Returns:
       An :class:`Attempt`, also appended as the ``end`` record of ``sweep_attempts.jsonl``.
@@ -910,7 +938,7 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        stopped_by, signalled_at = None, None
+        stopped_by, signalled_at, interrupted_at = None, None, None
         while True:
             try:
                 proc.wait(timeout=0.5)
@@ -921,6 +949,13 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
             if signalled_at is None:
                 if stop is not None and stop.is_set():
                     stopped_by = "interrupt"
+                    if getattr(stop, "signum", None) == signal.SIGINT:
+                        if interrupted_at is None:  # the trainer got the Ctrl-C too
+                            interrupted_at = now
+                            print_fn(f"{prefix}sweep: Ctrl-C; waiting up to "
+                                     f"{interrupt_grace_s:g} s for the trainer to save and exit")
+                        if now - interrupted_at < interrupt_grace_s:
+                            continue
                 elif deadline is not None and now >= deadline - stop_margin_s:
                     stopped_by = "deadline"
                 if stopped_by:

@@ -31,7 +31,9 @@ field per flag) and does what one invocation does:
    edited config it would skip or resume, refused unless ``accept_config_changes``), writes
    the results, and runs the sweep
    (:func:`~lattn_jax.sweep.execute`; SIGTERM, Ctrl-C and SIGHUP, unless ignored as under
-   ``nohup``, stop every trainer in flight after its checkpoint), rewriting the results
+   ``nohup``, stop every trainer in flight after its checkpoint; after a Ctrl-C, which the
+   trainers get too, each has :data:`~lattn_jax.sweep.INTERRUPT_GRACE_S` to exit on its own
+   before the sweep's SIGTERM), rewriting the results
    after every run; then appends the invocation to ``<root>/sweep.jsonl``, rewrites the
    results and writes the ``export``.
 
@@ -597,7 +599,7 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
              else options.compilation_cache)
     if cache:
         env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(cache)
-    stop = threading.Event()
+    stop = sweep.StopEvent()  # set_by: after a Ctrl-C the trainers get a grace period
     hung_up = threading.Event()
 
     def say(line: str) -> None:
@@ -613,7 +615,7 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
         del frame
         if signum == signal.SIGHUP:
             hung_up.set()
-        stop.set()
+        stop.set_by(signum)
         say(f"sweep: {signal.Signals(signum).name}; stopping after the current run's "
             f"checkpoint" if options.parallel == 1 else
             f"sweep: {signal.Signals(signum).name}; stopping every run in flight after "
