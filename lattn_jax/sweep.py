@@ -1948,6 +1948,18 @@ def override_config_error(runs: Sequence[Run], config_path: str,
     return None
 
 
+def _field_text(cd: Any, field: str) -> Optional[str]:
+    """``repr`` of ``field`` (dotted) of a ConfigDict (a section as its dict), or ``None`` when
+    it has no such field (or ``cd`` is ``None``)."""
+    node = cd
+    try:
+        for part in field.split("."):
+            node = node[part]
+    except (KeyError, AttributeError, TypeError, IndexError):
+        return None
+    return repr(node.to_dict() if hasattr(node, "to_dict") else node)
+
+
 def override_axis_clash(runs: Sequence[Run], config_path: str,
                         extra_overrides: Sequence[Tuple[str, Any]],
                         grid: Sequence[Run] = ()) -> Optional[str]:
@@ -1955,10 +1967,14 @@ def override_axis_clash(runs: Sequence[Run], config_path: str,
 
     The trainer gets the grid's ``--config.<field>=<value>`` and then the override's (the last
     wins), while the run names and the results still show the grid's value. A field that is a
-    field axis of one of ``runs`` is refused; so is a field that an argument axis sets: the
-    runs of the grid (``grid``, default ``runs``) whose ``get_config(arg)`` with their own
-    overrides holds another value of it (``seed=42,43``: ``train.seed``). A config that cannot
-    be built is skipped (:func:`bad_override_fields` reports it).
+    field axis of one of ``runs`` is refused; so is a field that an argument axis sets: one
+    whose value in ``get_config(arg)`` (with the run's own overrides) differs between the runs
+    of the grid (``grid``, default ``runs``: ``seed=42,43`` gives ``train.seed`` two values),
+    or, for one of ``runs``, from the config without one of its argument axes (the file's
+    default for it) or, for a number or bool, with another value of it (``2v + 1``, ``not v``:
+    ``lr=0.003`` sets ``optim.learning_rate`` in a grid of one value). A config that cannot
+    be built is skipped (:func:`bad_override_fields` reports it), and so is a field that only
+    a text axis of one value sets (no other value to try).
 
     Args:
       runs: the runs of the call (:func:`select`).
@@ -1978,34 +1994,51 @@ def override_axis_clash(runs: Sequence[Run], config_path: str,
             return (f"--override: {field} is an axis of the sweep's grid (its values name the "
                     f"runs); nothing was run: use --only to pick values, or edit the grid")
     grid = list(grid) or list(runs)
-    arg_axes = sorted({axis for run in grid for axis, _ in run.values if "." not in axis})
-    if not fields or not arg_axes:
+    if not fields or not any("." not in axis for run in grid for axis, _ in run.values):
         return None
     cache: Dict[str, Any] = {}
-    seen: Dict[Any, Any] = {}  # (arg, overrides) -> the ConfigDict, None if it fails
-    for run in grid:
-        key = (run.arg, run.overrides)
-        if key in seen:
-            continue
-        try:
-            seen[key] = _overridden_config_dict(config_path, run.arg, run.overrides, cache)
-        except Exception:  # noqa: BLE001 - bad_override_fields' to report
-            seen[key] = None
-    for field in fields:
-        values = set()
-        for cd in seen.values():
-            node = cd
+    built: Dict[Any, Any] = {}  # (arg, overrides) -> the ConfigDict, None if it fails
+
+    def config_of(arg: str, overrides: Tuple[Tuple[str, Any], ...]) -> Any:
+        if (arg, overrides) not in built:
             try:
-                for part in field.split("."):
-                    node = node[part]
-            except (KeyError, AttributeError, TypeError, IndexError):
-                continue
-            values.add(repr(node.to_dict() if hasattr(node, "to_dict") else node))
-        if len(values) > 1:
-            axes_text = ("axis " if len(arg_axes) == 1 else "axes ") + ", ".join(arg_axes)
-            return (f"--override: {field} is set by the sweep's grid (its argument {axes_text}"
-                    f"; the runs, named by their values, hold different values of it); "
-                    f"nothing was run: use --only to pick values, or edit the grid")
+                built[arg, overrides] = _overridden_config_dict(config_path, arg, overrides,
+                                                                cache)
+            except Exception:  # noqa: BLE001 - bad_override_fields' to report
+                built[arg, overrides] = None
+        return built[arg, overrides]
+
+    def refusal(field: str, arg_axes: Sequence[str]) -> str:
+        axes_text = ("axis " if len(arg_axes) == 1 else "axes ") + ", ".join(arg_axes)
+        return (f"--override: {field} is set by the sweep's grid (its argument {axes_text}, "
+                f"whose values name the runs); nothing was run: use --only to pick values, or "
+                f"edit the grid")
+
+    for run in runs:
+        mine = config_of(run.arg, run.overrides)
+        for axis, value in [(a, v) for a, v in run.values if "." not in a]:
+            others = [part for part in run.arg.split(",") if part.partition("=")[0] != axis]
+            probes = [",".join(others)]  # the file's default for the axis
+            if isinstance(value, bool):
+                probes.append(",".join(others + [f"{axis}={not value}"]))
+            elif isinstance(value, (int, float)):  # another value: does the field follow it?
+                probes.append(",".join(others + [f"{axis}={format_value(value * 2 + 1)}"]))
+            for probe in probes:
+                other = config_of(probe, run.overrides)
+                if mine is None or other is None:
+                    continue
+                for field in fields:
+                    if _field_text(mine, field) != _field_text(other, field):
+                        return refusal(field, [axis])
+    for field in fields:  # e.g. two text values the file has no default between
+        values = {_field_text(config_of(run.arg, run.overrides), field) for run in grid}
+        if len(values - {None}) > 1:
+            varying = collections.defaultdict(set)
+            for run in grid:
+                for a, v in run.values:
+                    varying[a].add(format_value(v))
+            return refusal(field, sorted(a for a, vs in varying.items()
+                                         if "." not in a and len(vs) > 1))
     return None
 
 

@@ -90,10 +90,19 @@ class SweepDriverTest(absltest.TestCase):
         config = dict(CONFIG, grid=((("seed", (42, 43)),),))
         with self.assertRaisesRegex(sweep.SweepConfigError,
                                     r"^--override: train\.seed is set by the sweep's grid "
-                                    r"\(its argument axis seed; .*"):
+                                    r"\(its argument axis seed, whose values name the runs\); .*"):
             sweep_driver.run(config, sweep_driver.SweepOptions(
                 root=self.root, overrides=["train.seed=1"], dry_run=True), repo_root=REPO,
                 argv=["sweep.py"], print_fn=self.lines.append)
+        # An argument axis of one value (table2_small's lr=0.003, the file's default too):
+        # the field follows another value of it.
+        config = dict(CONFIG, grid=((("lr", (0.003,)), ("seed", (42,))),))
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"^--override: optim\.learning_rate is set by the sweep's "
+                                    r"grid \(its argument axis lr, whose values name the runs\)"):
+            sweep_driver.run(config, sweep_driver.SweepOptions(
+                root=self.root, overrides=["optim.learning_rate=0.01"], dry_run=True),
+                repo_root=REPO, argv=["sweep.py"], print_fn=self.lines.append)
         self.assertFalse(os.path.exists(self.root))
         # A field no axis sets is still an override.
         self.assertEqual(self._run(overrides=["train.total_steps=3"], dry_run=True), 0)
