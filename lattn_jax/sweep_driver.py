@@ -294,8 +294,9 @@ def parallel_note(env: Mapping[str, str], parallel: int,
       gpus: the GPU groups (:func:`parse_gpus`), or ``None``.
 
     Returns:
-      ``"; up to N runs at once (<memory>)"``, ``"; up to N run(s) at once, one per GPU group,
-      each alone on it (CUDA_VISIBLE_DEVICES 0 | 1)"``, or ``""`` for ``parallel`` == 1
+      ``"; up to N runs at once, sharing the machine (<memory>, on a GPU)"`` (device-neutral:
+      the memory fraction matters only on a GPU), ``"; up to N run(s) at once, one per GPU
+      group, each alone on it (CUDA_VISIBLE_DEVICES 0 | 1)"``, or ``""`` for ``parallel`` == 1
       without ``gpus``.
     """
     if gpus is not None:
@@ -305,10 +306,10 @@ def parallel_note(env: Mapping[str, str], parallel: int,
         return ""
     child = sweep.parallel_env(env, parallel)
     if child.get(sweep.MEM_FRACTION_ENV) != env.get(sweep.MEM_FRACTION_ENV):
-        memory = f"{sweep.MEM_FRACTION_ENV}={child[sweep.MEM_FRACTION_ENV]} each"
+        memory = f"{sweep.MEM_FRACTION_ENV}={child[sweep.MEM_FRACTION_ENV]} each, on a GPU"
     else:
-        memory = "GPU memory as the environment sets it"
-    return f"; up to {parallel} runs at once ({memory})"
+        memory = "GPU memory, on a GPU, as the environment sets it"
+    return f"; up to {parallel} runs at once, sharing the machine ({memory})"
 
 
 def _check_options(options: SweepOptions, root: str) -> None:

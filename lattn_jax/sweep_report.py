@@ -718,12 +718,27 @@ def _logged_note(r: "sweep.RunResult") -> str:
     return f"losses at the last logged step {r.logged_step} (resumes from step {r.step})"
 
 
+def _on_cpu(devices: Sequence[str]) -> bool:
+    """Whether the recorded device kinds are all CPUs (a CPU-only machine; ``()``: unknown)."""
+    return bool(devices) and all("cpu" in str(kind).lower() for kind in devices)
+
+
+def _shared_what(entries: Sequence[Entry]) -> str:
+    """``"the machine"`` when every one of ``entries`` ran on CPUs only (:func:`_on_cpu`),
+    else ``"the GPU"``: what the runs of ``--parallel`` > 1 shared."""
+    cpu = bool(entries) and all(_on_cpu(e.result.devices) for e in entries)
+    return "the machine" if cpu else "the GPU"
+
+
 def _shared_note(r: "sweep.RunResult") -> str:
-    """The runs table's note on a run measured while sharing the GPU."""
+    """The runs table's note on a run measured while sharing the GPU (``"shared GPU ..."``;
+    ``"shared the machine ..."`` for a run on CPUs only, :func:`_on_cpu`)."""
+    what = "the machine" if _on_cpu(r.devices) else "the GPU"
     if r.concurrent > 1:
-        return f"shared GPU (parallel={r.parallel}, up to {r.concurrent} runs at once)"
+        return (f"shared {'GPU' if what == 'the GPU' else what} (parallel={r.parallel}, up to "
+                f"{r.concurrent} runs at once)")
     if r.attempts_concurrent > 1:  # throughput measured alone, the wall time is not
-        return (f"wall time includes an attempt that shared the GPU (parallel={r.parallel}, "
+        return (f"wall time includes an attempt that shared {what} (parallel={r.parallel}, "
                 f"up to {r.attempts_concurrent} runs at once)")
     return ""
 
@@ -789,7 +804,8 @@ def markdown(report: Report) -> str:
     if shared:
         most = max(e.result.parallel for e in shared)
         lines[-1:-1] = [
-            f"- {SHARED_MARK} {len(shared)} run(s) shared the GPU with other runs of this "
+            f"- {SHARED_MARK} {len(shared)} run(s) shared {_shared_what(shared)} with other "
+            f"runs of this "
             f"sweep (`--parallel` up to {most}): their tokens/s, MFU and wall time are marked "
             f"{SHARED_MARK}, describe the shared machine, and are never compared with runs "
             f"measured alone (the throughput comparisons below use only runs measured alone); "
@@ -879,9 +895,10 @@ def markdown(report: Report) -> str:
                      "tokens/s", "MFU", "params", "non-emb.", "wall", "device", "error"], rows,
                     "llrrrrrrrrrrll")
     if shared:
-        lines += ["", f"{SHARED_MARK} Measured while the run shared the GPU with other runs of "
-                  f"the sweep (`--parallel` > 1; the note says how many at once): not "
-                  f"comparable with runs measured alone."]
+        lines += ["", f"{SHARED_MARK} Measured while the run shared "
+                  f"{_shared_what([e for e in report.entries if e.result.concurrent > 1])} "
+                  f"with other runs of the sweep (`--parallel` > 1; the note says how many at "
+                  f"once): not comparable with runs measured alone."]
     if remeasured:
         lines += ["", alone_footnote(report.entries)]
     if elsewhere:

@@ -44,7 +44,8 @@ class SweepDriverTest(absltest.TestCase):
                          "config goes in --override=train.steps=3")
         self.assertEqual(sweep_driver.parallel_note({}, 1), "")
         self.assertEqual(sweep_driver.parallel_note({}, 2),
-                         "; up to 2 runs at once (XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each)")
+                         "; up to 2 runs at once, sharing the machine "
+                         "(XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each, on a GPU)")
 
     def test_bad_options_raise_before_anything_is_written(self):
         cases = ((dict(finish_by_deadline=True), "--finish_by_deadline needs --deadline_s"),

@@ -417,6 +417,17 @@ class SharedThroughputTest(_SpeedSweepTestCase):
         self.assertEqual({g["group"]: g["throughput_shared"] for g in data["groups"]},
                          {"arch=gdn": False, "arch=softmax": False, "arch=kda": True})
 
+    def test_runs_on_cpus_shared_the_machine_not_a_gpu(self):
+        for name, tps in (("arch=gdn,seed=42", 1000.0), ("arch=kda,seed=42", 900.0)):
+            write_run(self.root, self.runs[name], final=3.0, tps=tps, concurrent=2,
+                      devices=["cpu"])
+        md = sweep_report.markdown(self._report())
+        self.assertIn("| shared the machine (parallel=2, up to 2 runs at once) |", md)
+        self.assertIn("- † 2 run(s) shared the machine with other runs of this sweep", md)
+        self.assertIn("† Measured while the run shared the machine with other runs", md)
+        self.assertNotIn("shared GPU (", md)
+        self.assertNotIn("shared the GPU with", md)
+
     def test_an_early_shared_attempt_marks_the_wall_time_only(self):
         # The first attempt shared the GPU and was stopped before any record (t 100-101), the
         # run then trained alone (records at t 1..10): tokens/s and MFU unmarked, the wall time
