@@ -447,7 +447,11 @@ class RunResult:
       nonfinite_val_evals: how many evaluations gave a NaN or inf validation loss.
       last_val_loss, last_val_step: the newest evaluation.
       final_train_loss: the last logged training loss (mean over its logging window).
-      step: the newest logged step; total_steps: ``train.total_steps``.
+      step: the newest logged step (:mod:`lattn_jax.sweep_report` puts a partial run's newest
+        checkpoint step there, the step it resumes from, as :func:`run_state` gives it);
+        total_steps: ``train.total_steps``.
+      logged_step: ``None``, or the newest logged step when the report replaced ``step`` by
+        another (the loss columns are from it).
       tokens_per_step: ``data.batch_size x data.seq_len``; tokens: ``step x tokens_per_step``.
       tokens_per_sec, mfu: medians over the logged windows (the trainer leaves each
         invocation's compilation out of its first window; the median also drops the windows
@@ -480,6 +484,7 @@ class RunResult:
     last_val_step: Optional[int] = None
     final_train_loss: Optional[float] = None
     step: int = 0
+    logged_step: Optional[int] = None
     total_steps: Optional[int] = None
     tokens_per_step: Optional[int] = None
     tokens: Optional[int] = None
@@ -630,6 +635,27 @@ def _has_trainer_records(workdir: str) -> bool:
                for n in ("metrics.jsonl", "console.log", "invocations.jsonl"))
 
 
+# Seconds a trainer gets to stop on its own Ctrl-C (the terminal sends SIGINT to the whole
+# process group: it saves a checkpoint and exits) before the sweep's SIGTERM (:func:`launch`).
+INTERRUPT_GRACE_S = 60.0
+
+
+class StopEvent(threading.Event):
+    """``execute``'s ``stop`` that remembers the signal that set it (:meth:`set_by`): after a
+    SIGINT, :func:`launch` gives the trainer ``interrupt_grace_s`` to exit on its own Ctrl-C
+    before it sends SIGTERM; after another signal (or a plain ``set``) it sends SIGTERM at
+    once."""
+
+    def __init__(self):
+        super().__init__()
+        self.signum: Optional[int] = None
+
+    def set_by(self, signum: int) -> None:
+        """Records ``signum`` and sets the event."""
+        self.signum = signum
+        self.set()
+
+
 @dataclasses.dataclass(frozen=True)
 class Attempt:
     """One trainer subprocess of a run (:func:`launch`).
@@ -637,8 +663,9 @@ class Attempt:
     Attributes:
       returncode: the trainer's exit status (negative: killed by that signal).
       wall_s: seconds from start to exit.
-      stopped_by: ``"deadline"`` or ``"interrupt"`` when the sweep sent the trainer SIGTERM,
-        else ``None``.
+      stopped_by: ``"deadline"`` or ``"interrupt"`` when the sweep sent the trainer SIGTERM
+        (``"interrupt"`` also when, after a Ctrl-C, it exited on its own SIGINT within the
+        grace period), else ``None``.
       error: :func:`error_line` of its output when it exited non-zero, else ``None``.
       parallel: the sweep's ``parallel`` setting when above 1 (several runs may share the
         machine), else ``None`` (one run at a time: not recorded, as before it existed).
@@ -661,14 +688,16 @@ def _describe_exit(attempt: Attempt) -> str:
     """How a trainer's exit reads in the sweep's line for the run: ``"stopped at the
     deadline"`` (or ``"stopped at the sweep's interrupt"``, after the sweep's own Ctrl-C or
     SIGTERM) when the sweep's own SIGTERM stopped it (exit status 143, or killed by that
-    SIGTERM), rather than an ``"exit 143"`` that reads as a failure; otherwise
-    ``"exit <status>"`` (negative: killed by that signal), with ``"after the deadline's
-    SIGTERM"`` (``"after the SIGTERM of the sweep's interrupt"``) added when the trainer ended
-    otherwise after it (killed after the grace period, or its own error)."""
+    SIGTERM; or, at the interrupt, 130: it stopped on its own Ctrl-C), rather than an
+    ``"exit 143"`` that reads as a failure; otherwise ``"exit <status>"`` (negative: killed by
+    that signal), with ``"after the deadline's SIGTERM"`` (``"after the SIGTERM of the sweep's
+    interrupt"``) added when the trainer ended otherwise after it (killed after the grace
+    period, or its own error)."""
     rc = attempt.returncode
     if attempt.stopped_by in ("deadline", "interrupt"):
         deadline = attempt.stopped_by == "deadline"
-        if rc in (_EXIT_TERMINATED, -signal.SIGTERM):
+        own_ctrl_c = rc == _EXIT_INTERRUPTED and not deadline
+        if rc in (_EXIT_TERMINATED, -signal.SIGTERM) or own_ctrl_c:
             return "stopped at the deadline" if deadline else "stopped at the sweep's interrupt"
         if rc != 0:
             return (f"exit {rc} after the deadline's SIGTERM" if deadline else
@@ -845,13 +874,16 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
            deadline: Optional[float] = None, stop_margin_s: float = 30.0,
            stop: Optional[threading.Event] = None, print_fn: Callable[[str], None] = print,
            prefix: str = "", concurrency: Optional[Concurrency] = None,
-           gpus: Optional[str] = None) -> Attempt:
+           gpus: Optional[str] = None, interrupt_grace_s: float = INTERRUPT_GRACE_S) -> Attempt:
     """Runs one trainer subprocess, recording the attempt in ``workdir``.
 
     Its stdout and stderr go to ``<workdir>/sweep.log`` and, each line behind ``prefix``, to
     ``print_fn``. At ``deadline - stop_margin_s`` (``deadline`` a ``time.time()`` value), or
     when ``stop`` is set, the trainer receives SIGTERM (it saves a checkpoint after the current
-    step and exits); if it is still running ``stop_margin_s`` later it is killed.
+    step and exits); if it is still running ``stop_margin_s`` later it is killed. A ``stop``
+    set by SIGINT (:class:`StopEvent`: Ctrl-C, which the trainer gets too) sends the SIGTERM
+    only if the trainer is still running ``interrupt_grace_s`` later: one on top of its own
+    stop killed it as it exited after saving (``killed by SIGTERM``).
 
     Args:
       cmd: the command line.
@@ -870,6 +902,7 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
       gpus: the trainer's GPU group (``execute(gpus=...)``): it runs with
         ``CUDA_VISIBLE_DEVICES=<gpus>`` added to ``env`` (replacing any there), and the
         ``start`` record holds ``"gpus": "<gpus>"``; ``None``: neither.
+      interrupt_grace_s: see above (:data:`INTERRUPT_GRACE_S`).
 
     Returns:
       An :class:`Attempt`, also appended as the ``end`` record of ``sweep_attempts.jsonl``.
@@ -905,7 +938,7 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
-        stopped_by, signalled_at = None, None
+        stopped_by, signalled_at, interrupted_at = None, None, None
         while True:
             try:
                 proc.wait(timeout=0.5)
@@ -916,6 +949,13 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
             if signalled_at is None:
                 if stop is not None and stop.is_set():
                     stopped_by = "interrupt"
+                    if getattr(stop, "signum", None) == signal.SIGINT:
+                        if interrupted_at is None:  # the trainer got the Ctrl-C too
+                            interrupted_at = now
+                            print_fn(f"{prefix}sweep: Ctrl-C; waiting up to "
+                                     f"{interrupt_grace_s:g} s for the trainer to save and exit")
+                        if now - interrupted_at < interrupt_grace_s:
+                            continue
                 elif deadline is not None and now >= deadline - stop_margin_s:
                     stopped_by = "deadline"
                 if stopped_by:
@@ -1908,6 +1948,100 @@ def override_config_error(runs: Sequence[Run], config_path: str,
     return None
 
 
+def _field_text(cd: Any, field: str) -> Optional[str]:
+    """``repr`` of ``field`` (dotted) of a ConfigDict (a section as its dict), or ``None`` when
+    it has no such field (or ``cd`` is ``None``)."""
+    node = cd
+    try:
+        for part in field.split("."):
+            node = node[part]
+    except (KeyError, AttributeError, TypeError, IndexError):
+        return None
+    return repr(node.to_dict() if hasattr(node, "to_dict") else node)
+
+
+def override_axis_clash(runs: Sequence[Run], config_path: str,
+                        extra_overrides: Sequence[Tuple[str, Any]],
+                        grid: Sequence[Run] = ()) -> Optional[str]:
+    """Why an ``--override`` would replace a value that the sweep's grid sets, or ``None``.
+
+    The trainer gets the grid's ``--config.<field>=<value>`` and then the override's (the last
+    wins), while the run names and the results still show the grid's value. A field that is a
+    field axis of one of ``runs`` is refused; so is a field that an argument axis sets: one
+    whose value in ``get_config(arg)`` (with the run's own overrides) differs between the runs
+    of the grid (``grid``, default ``runs``: ``seed=42,43`` gives ``train.seed`` two values),
+    or, for one of ``runs``, from the config without one of its argument axes (the file's
+    default for it) or, for a number or bool, with another value of it (``2v + 1``, ``not v``:
+    ``lr=0.003`` sets ``optim.learning_rate`` in a grid of one value). A config that cannot
+    be built is skipped (:func:`bad_override_fields` reports it), and so is a field that only
+    a text axis of one value sets (no other value to try).
+
+    Args:
+      runs: the runs of the call (:func:`select`).
+      config_path: the training config file.
+      extra_overrides: ``(field, value)`` pairs added to every run (``--override``).
+      grid: every run of the grid (:func:`expand`), for the fields argument axes set.
+
+    Returns:
+      ``"--override: <field> is an axis of the sweep's grid ...; ..."`` or ``"--override:
+      <field> is set by the sweep's grid (its argument axis <axes>; ...); ..."``, naming the
+      first such field; else ``None``.
+    """
+    fields = list(dict(extra_overrides))
+    axes = {axis for run in runs for axis, _ in run.values if "." in axis}
+    for field in fields:
+        if field in axes:
+            return (f"--override: {field} is an axis of the sweep's grid (its values name the "
+                    f"runs); nothing was run: use --only to pick values, or edit the grid")
+    grid = list(grid) or list(runs)
+    if not fields or not any("." not in axis for run in grid for axis, _ in run.values):
+        return None
+    cache: Dict[str, Any] = {}
+    built: Dict[Any, Any] = {}  # (arg, overrides) -> the ConfigDict, None if it fails
+
+    def config_of(arg: str, overrides: Tuple[Tuple[str, Any], ...]) -> Any:
+        if (arg, overrides) not in built:
+            try:
+                built[arg, overrides] = _overridden_config_dict(config_path, arg, overrides,
+                                                                cache)
+            except Exception:  # noqa: BLE001 - bad_override_fields' to report
+                built[arg, overrides] = None
+        return built[arg, overrides]
+
+    def refusal(field: str, arg_axes: Sequence[str]) -> str:
+        axes_text = ("axis " if len(arg_axes) == 1 else "axes ") + ", ".join(arg_axes)
+        return (f"--override: {field} is set by the sweep's grid (its argument {axes_text}, "
+                f"whose values name the runs); nothing was run: use --only to pick values, or "
+                f"edit the grid")
+
+    for run in runs:
+        mine = config_of(run.arg, run.overrides)
+        for axis, value in [(a, v) for a, v in run.values if "." not in a]:
+            others = [part for part in run.arg.split(",") if part.partition("=")[0] != axis]
+            probes = [",".join(others)]  # the file's default for the axis
+            if isinstance(value, bool):
+                probes.append(",".join(others + [f"{axis}={not value}"]))
+            elif isinstance(value, (int, float)):  # another value: does the field follow it?
+                probes.append(",".join(others + [f"{axis}={format_value(value * 2 + 1)}"]))
+            for probe in probes:
+                other = config_of(probe, run.overrides)
+                if mine is None or other is None:
+                    continue
+                for field in fields:
+                    if _field_text(mine, field) != _field_text(other, field):
+                        return refusal(field, [axis])
+    for field in fields:  # e.g. two text values the file has no default between
+        values = {_field_text(config_of(run.arg, run.overrides), field) for run in grid}
+        if len(values - {None}) > 1:
+            varying = collections.defaultdict(set)
+            for run in grid:
+                for a, v in run.values:
+                    varying[a].add(format_value(v))
+            return refusal(field, sorted(a for a, vs in varying.items()
+                                         if "." not in a and len(vs) > 1))
+    return None
+
+
 def identical_finished_run(run: Run, config_path: str, roots: Sequence[str],
                            extra_overrides: Sequence[Tuple[str, Any]] = (),
                            cache: Optional[Dict[str, Any]] = None) -> Optional[str]:
@@ -2470,27 +2604,34 @@ def bad_override_fields(runs: Sequence[Run], config_path: str,
       extra_overrides: ``(field, value)`` pairs added to every run (``--override``).
 
     Returns:
-      One line per distinct problem, in the order first met: ``"<field>: no such field in
-      <file> (<n> of <N> runs, e.g. <file>:<arg>)"`` (or ``is a section, not a field``, or
-      ``cannot take '<value>' (<type>: ...)`` for an int, float, bool or tuple field) or, when
-      ``get_config`` itself raises, ``"<file>:<arg>: <error>"``.
+      One line per distinct problem, in the order first met, naming where the name came from
+      (``"the sweep's grid axis"``, ``"the sweep config's overrides:"`` or ``"--override:"``):
+      ``"<where> <field>: no such field in <file> (<n> of <N> runs, e.g. <file>:<arg>)"`` (or
+      ``is a section, not a field``, or ``cannot take '<value>' (<type>: ...)`` for an int,
+      float, bool or tuple field) or, when ``get_config`` itself raises (a misspelled argument
+      axis or ``arg``), ``"the sweep's grid (argument axes, arg): <file>:<arg>: <error>"``.
     """
     module = _load_config_file(config_path)
     name = os.path.basename(config_path)
     configs: Dict[str, Any] = {}
     errors: List[str] = []
-    bad: Dict[Tuple[str, str], List[Any]] = {}  # (field, problem) -> [runs, first run's arg]
+    # (where, field, problem) -> [number of runs, first run's arg, hint]
+    bad: Dict[Tuple[str, str, str], List[Any]] = {}
     for run in runs:
         if run.arg not in configs:
             try:
                 configs[run.arg] = module.get_config(run.arg or None)
             except Exception as e:  # noqa: BLE001 - reported as one line
                 configs[run.arg] = None
-                errors.append(f"{name}:{run.arg}: {e}")
+                errors.append(f"the sweep's grid (argument axes, arg): {name}:{run.arg}: {e}")
         cfg = configs[run.arg]
         if cfg is None:
             continue
-        for field, value in tuple(run.overrides) + tuple(extra_overrides):
+        axes = {axis for axis, _ in run.values}
+        sources = [("the sweep's grid axis" if field in axes else
+                    "the sweep config's overrides:", field, value)
+                   for field, value in run.overrides]
+        for where, field, value in sources + [("--override:", f, v) for f, v in extra_overrides]:
             node, hint = cfg, ""
             parts = field.split(".")
             for i, part in enumerate(parts):
@@ -2505,9 +2646,9 @@ def bad_override_fields(runs: Sequence[Run], config_path: str,
             else:
                 problem = _override_value_problem(node, format_value(value))
             if problem:
-                bad.setdefault((field, problem), [0, run.arg, hint])[0] += 1
-    lines = [f"{field}: {problem} in {name} ({n} of {len(runs)} runs, e.g. {name}:{arg}){hint}"
-             for (field, problem), (n, arg, hint) in bad.items()]
+                bad.setdefault((where, field, problem), [0, run.arg, hint])[0] += 1
+    lines = [f"{where} {field}: {problem} in {name} ({n} of {len(runs)} runs, e.g. "
+             f"{name}:{arg}){hint}" for (where, field, problem), (n, arg, hint) in bad.items()]
     return errors + lines
 
 

@@ -5,7 +5,9 @@ field per flag) and does what one invocation does:
 
 1. checks everything before anything is written: the grid and ``--only`` filters
    (:func:`lattn_jax.sweep.expand`, :func:`~lattn_jax.sweep.select`), the training config
-   file, ``--override`` texts and fields (:func:`~lattn_jax.sweep.bad_override_fields`),
+   file, ``--override`` texts and fields (:func:`~lattn_jax.sweep.bad_override_fields`; a
+   field that the grid sets, an axis or by an argument axis, is refused too:
+   :func:`~lattn_jax.sweep.override_axis_clash`),
    ``--finish_by_deadline`` without a deadline, ``--reuse_from`` and ``--export`` directories,
    the root (another sweep's, a training or HALO workdir, :func:`~lattn_jax.sweep.check_root`)
    and the report's options (:func:`lattn_jax.sweep_report.build`); a bad one raises
@@ -29,7 +31,9 @@ field per flag) and does what one invocation does:
    edited config it would skip or resume, refused unless ``accept_config_changes``), writes
    the results, and runs the sweep
    (:func:`~lattn_jax.sweep.execute`; SIGTERM, Ctrl-C and SIGHUP, unless ignored as under
-   ``nohup``, stop every trainer in flight after its checkpoint), rewriting the results
+   ``nohup``, stop every trainer in flight after its checkpoint; after a Ctrl-C, which the
+   trainers get too, each has :data:`~lattn_jax.sweep.INTERRUPT_GRACE_S` to exit on its own
+   before the sweep's SIGTERM), rewriting the results
    after every run; then appends the invocation to ``<root>/sweep.jsonl``, rewrites the
    results and writes the ``export``.
 
@@ -290,8 +294,9 @@ def parallel_note(env: Mapping[str, str], parallel: int,
       gpus: the GPU groups (:func:`parse_gpus`), or ``None``.
 
     Returns:
-      ``"; up to N runs at once (<memory>)"``, ``"; up to N run(s) at once, one per GPU group,
-      each alone on it (CUDA_VISIBLE_DEVICES 0 | 1)"``, or ``""`` for ``parallel`` == 1
+      ``"; up to N runs at once, sharing the machine (<memory>, on a GPU)"`` (device-neutral:
+      the memory fraction matters only on a GPU), ``"; up to N run(s) at once, one per GPU
+      group, each alone on it (CUDA_VISIBLE_DEVICES 0 | 1)"``, or ``""`` for ``parallel`` == 1
       without ``gpus``.
     """
     if gpus is not None:
@@ -301,10 +306,10 @@ def parallel_note(env: Mapping[str, str], parallel: int,
         return ""
     child = sweep.parallel_env(env, parallel)
     if child.get(sweep.MEM_FRACTION_ENV) != env.get(sweep.MEM_FRACTION_ENV):
-        memory = f"{sweep.MEM_FRACTION_ENV}={child[sweep.MEM_FRACTION_ENV]} each"
+        memory = f"{sweep.MEM_FRACTION_ENV}={child[sweep.MEM_FRACTION_ENV]} each, on a GPU"
     else:
-        memory = "GPU memory as the environment sets it"
-    return f"; up to {parallel} runs at once ({memory})"
+        memory = "GPU memory, on a GPU, as the environment sets it"
+    return f"; up to {parallel} runs at once, sharing the machine ({memory})"
 
 
 def _check_options(options: SweepOptions, root: str) -> None:
@@ -468,7 +473,9 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
 
     Raises:
       SweepConfigError: for a bad option, sweep config, root or override, before anything is
-        written (one line naming it; the run directories' clash lists them on further lines);
+        written (one line naming it; the run directories' clash lists them on further lines),
+        an ``--override`` of a field that the grid sets among them
+        (:func:`lattn_jax.sweep.override_axis_clash`);
         for an ``--override`` value the training config's check refuses
         (:func:`lattn_jax.sweep.override_config_error`), and (not for ``report_only``) for
         run directories whose last launch set a config field to another value than this
@@ -488,9 +495,12 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
     _check_options(options, root)
     bad = sweep.bad_override_fields(runs, config_path, extra)
     if bad:  # before anything is made: each run would fail on it a few seconds in
-        raise sweep.SweepConfigError(
-            f"--override or the sweep's overrides: {'; '.join(bad[:3])}"
+        raise sweep.SweepConfigError(  # each line names the grid, overrides or --override
+            "; ".join(bad[:3])
             + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else ""))
+    clash = sweep.override_axis_clash(runs, config_path, extra, grid=sweep.expand(config))
+    if clash:  # the trainer's last flag would win while the run names show the grid's value
+        raise sweep.SweepConfigError(clash)
     # The report's options (references, claims, scan) are checked before anything runs;
     # another sweep's root, or a missing one for report_only: refused, nothing touched.
     sweep.check_root(root, config, report_only=options.report_only)
@@ -590,7 +600,7 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
              else options.compilation_cache)
     if cache:
         env["JAX_COMPILATION_CACHE_DIR"] = os.path.abspath(cache)
-    stop = threading.Event()
+    stop = sweep.StopEvent()  # set_by: after a Ctrl-C the trainers get a grace period
     hung_up = threading.Event()
 
     def say(line: str) -> None:
@@ -606,7 +616,7 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
         del frame
         if signum == signal.SIGHUP:
             hung_up.set()
-        stop.set()
+        stop.set_by(signum)
         say(f"sweep: {signal.Signals(signum).name}; stopping after the current run's "
             f"checkpoint" if options.parallel == 1 else
             f"sweep: {signal.Signals(signum).name}; stopping every run in flight after "

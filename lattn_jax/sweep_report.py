@@ -26,6 +26,10 @@ in the ranking, the runs table and the comparisons with the paper; its wall time
 ``shared_tokens_per_sec`` / ``shared_mfu`` keep the numbers measured while sharing; a failed
 re-measurement's error line is the runs table's note.
 
+A partial run's step and tokens (runs table, CSV, JSON) are those of its newest checkpoint, the
+step it resumes from (:func:`lattn_jax.sweep.run_state`, as ``--dry_run`` says); its losses
+are from its last logged step, which the note (and ``logged_step``) gives when they differ.
+
 A sweep split over several machine holds may run on more than one kind of GPU (an H100 in one
 window, an H200 in the next). Each run's device kinds come from its trainer's
 ``invocations.jsonl`` (:attr:`lattn_jax.sweep.RunResult.devices`; the re-measurement's when
@@ -113,9 +117,16 @@ class Entry:
 
 def _entry(run: sweep.Run, workdir: str, in_grid: bool) -> Entry:
     """The report's entry of ``run``: its state and metrics, with the tokens/s and MFU of its
-    re-measurement alone in place of those measured while sharing the GPU, if it has one."""
+    re-measurement alone in place of those measured while sharing the GPU, if it has one. A
+    partial run's step (and tokens) is its newest checkpoint's, the step it resumes from
+    (``--dry_run`` says the same), its newest logged step kept in ``result.logged_step`` when
+    they differ: the losses are from that one."""
     result = sweep.collect(workdir)
     entry = Entry(run=run, state=sweep.run_state(workdir), result=result, in_grid=in_grid)
+    if entry.state.status == sweep.Status.PARTIAL and entry.state.step != result.step:
+        result.logged_step, result.step = result.step, entry.state.step
+        if result.tokens_per_step:
+            result.tokens = result.step * result.tokens_per_step
     if result.concurrent <= 1:
         return entry
     alone = sweep.read_throughput_alone(workdir)
@@ -699,12 +710,35 @@ def _alone_note(e: Entry) -> str:
             + (f", MFU {mfu}" if mfu else "") + ")")
 
 
+def _logged_note(r: "sweep.RunResult") -> str:
+    """The runs table's note on a partial run whose losses are from another step than the one
+    it resumes from (its step column)."""
+    if r.logged_step is None:
+        return ""
+    return f"losses at the last logged step {r.logged_step} (resumes from step {r.step})"
+
+
+def _on_cpu(devices: Sequence[str]) -> bool:
+    """Whether the recorded device kinds are all CPUs (a CPU-only machine; ``()``: unknown)."""
+    return bool(devices) and all("cpu" in str(kind).lower() for kind in devices)
+
+
+def _shared_what(entries: Sequence[Entry]) -> str:
+    """``"the machine"`` when every one of ``entries`` ran on CPUs only (:func:`_on_cpu`),
+    else ``"the GPU"``: what the runs of ``--parallel`` > 1 shared."""
+    cpu = bool(entries) and all(_on_cpu(e.result.devices) for e in entries)
+    return "the machine" if cpu else "the GPU"
+
+
 def _shared_note(r: "sweep.RunResult") -> str:
-    """The runs table's note on a run measured while sharing the GPU."""
+    """The runs table's note on a run measured while sharing the GPU (``"shared GPU ..."``;
+    ``"shared the machine ..."`` for a run on CPUs only, :func:`_on_cpu`)."""
+    what = "the machine" if _on_cpu(r.devices) else "the GPU"
     if r.concurrent > 1:
-        return f"shared GPU (parallel={r.parallel}, up to {r.concurrent} runs at once)"
+        return (f"shared {'GPU' if what == 'the GPU' else what} (parallel={r.parallel}, up to "
+                f"{r.concurrent} runs at once)")
     if r.attempts_concurrent > 1:  # throughput measured alone, the wall time is not
-        return (f"wall time includes an attempt that shared the GPU (parallel={r.parallel}, "
+        return (f"wall time includes an attempt that shared {what} (parallel={r.parallel}, "
                 f"up to {r.attempts_concurrent} runs at once)")
     return ""
 
@@ -770,7 +804,8 @@ def markdown(report: Report) -> str:
     if shared:
         most = max(e.result.parallel for e in shared)
         lines[-1:-1] = [
-            f"- {SHARED_MARK} {len(shared)} run(s) shared the GPU with other runs of this "
+            f"- {SHARED_MARK} {len(shared)} run(s) shared {_shared_what(shared)} with other "
+            f"runs of this "
             f"sweep (`--parallel` up to {most}): their tokens/s, MFU and wall time are marked "
             f"{SHARED_MARK}, describe the shared machine, and are never compared with runs "
             f"measured alone (the throughput comparisons below use only runs measured alone); "
@@ -851,7 +886,7 @@ def markdown(report: Report) -> str:
                      mark(_f(r.tokens_per_sec, ",.0f")), mark(_pct(r.mfu)), _params(r.params),
                      _params(r.non_embedding_params), wall_mark(_wall(r.wall_s)),
                      _short_device(device_label(e)),
-                     "; ".join(filter(None, [s.error, _nonfinite_note(r),
+                     "; ".join(filter(None, [s.error, _logged_note(r), _nonfinite_note(r),
                                              changed_note and f"{CONFIG_MARK} config changed "
                                              f"since it ran: {changed_note}",
                                              _reused_note(report.root, e.run),
@@ -860,9 +895,10 @@ def markdown(report: Report) -> str:
                      "tokens/s", "MFU", "params", "non-emb.", "wall", "device", "error"], rows,
                     "llrrrrrrrrrrll")
     if shared:
-        lines += ["", f"{SHARED_MARK} Measured while the run shared the GPU with other runs of "
-                  f"the sweep (`--parallel` > 1; the note says how many at once): not "
-                  f"comparable with runs measured alone."]
+        lines += ["", f"{SHARED_MARK} Measured while the run shared "
+                  f"{_shared_what([e for e in report.entries if e.result.concurrent > 1])} "
+                  f"with other runs of the sweep (`--parallel` > 1; the note says how many at "
+                  f"once): not comparable with runs measured alone."]
     if remeasured:
         lines += ["", alone_footnote(report.entries)]
     if elsewhere:
@@ -952,7 +988,7 @@ def markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
-_CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps",
+_CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "logged_step", "total_steps",
                "final_val_loss", "best_val_loss", "best_val_step", "last_val_loss",
                "final_train_loss", "tokens", "tokens_per_sec", "mfu", "params",
                "non_embedding_params", "wall_s", "concurrent", "parallel", "alone_steps",
@@ -962,7 +998,8 @@ _CSV_FIELDS = ("run", "group", "seed", "in_grid", "status", "step", "total_steps
 def _run_row(e: Entry) -> Dict[str, Any]:
     r = e.result
     return {"run": e.run.name, "group": e.run.group, "seed": e.run.seed, "in_grid": e.in_grid,
-            "status": e.state.status.value, "step": r.step, "total_steps": e.state.total_steps,
+            "status": e.state.status.value, "step": r.step, "logged_step": r.logged_step,
+            "total_steps": e.state.total_steps,
             "final_val_loss": r.final_val_loss, "best_val_loss": r.best_val_loss,
             "best_val_step": r.best_val_step, "last_val_loss": r.last_val_loss,
             "final_train_loss": r.final_train_loss, "tokens": r.tokens,

@@ -172,8 +172,8 @@ class SweepBinaryTest(absltest.TestCase):
         # takes the first free slot and fails alone; the finished one is skipped.
         out = self.sweep("--parallel=2", "--override=train.max_steps_per_run=3")
         self.assertEqual(out.returncode, 3, out.stdout[-3000:] + out.stderr[-3000:])
-        self.assertIn("up to 2 runs at once (XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each)",
-                      out.stdout)
+        self.assertIn("up to 2 runs at once, sharing the machine "
+                      "(XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each, on a GPU)", out.stdout)
         self.assertIn(f"--- {SOLO}: finished, skipped", out.stdout)
         self.assertIn(f"--- {SHARED_A}: starting (1 of 2 in flight)", out.stdout)
         self.assertIn(f"--- {SHARED_B}: starting (2 of 2 in flight)", out.stdout)
@@ -208,9 +208,10 @@ class SweepBinaryTest(absltest.TestCase):
         with open(os.path.join(self.root, "results.md")) as f:
             md = f.read()
         self.assertIn(f"| {SHARED_A} | finished | 6/6 |", md)
-        self.assertIn("shared GPU (parallel=2, up to 2 runs at once)", md)
+        # (on CPU: the machine, not a GPU, as the trainers recorded their devices)
+        self.assertIn("shared the machine (parallel=2, up to 2 runs at once)", md)
         # (3 when the failing run started before the other one had exited)
-        self.assertRegex(md, r"- † [23] run\(s\) shared the GPU")
+        self.assertRegex(md, r"- † [23] run\(s\) shared the machine")
         with open(os.path.join(self.root, "results.csv")) as f:
             rows = {r["run"]: r for r in csv.DictReader(f)}
         self.assertEqual([rows[n]["concurrent"] for n in (SOLO, SHARED_A, SHARED_B)],
@@ -305,7 +306,7 @@ class SweepBinaryTest(absltest.TestCase):
         out = self.sweep("--override=train.total_stepz=3")
         self.assertEqual(out.returncode, 1, out.stderr)
         self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
-        self.assertRegex(out.stderr, r"error: --override or the sweep's overrides: "
+        self.assertRegex(out.stderr, r"error: --override: "
                                      r"train\.total_stepz: no such field in \S+\.py \((\d+) of "
                                      r"\1 runs, e\.g\. .*\); did you mean "
                                      r"\"train\.total_steps\"\?$")

@@ -44,7 +44,8 @@ class SweepDriverTest(absltest.TestCase):
                          "config goes in --override=train.steps=3")
         self.assertEqual(sweep_driver.parallel_note({}, 1), "")
         self.assertEqual(sweep_driver.parallel_note({}, 2),
-                         "; up to 2 runs at once (XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each)")
+                         "; up to 2 runs at once, sharing the machine "
+                         "(XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each, on a GPU)")
 
     def test_bad_options_raise_before_anything_is_written(self):
         cases = ((dict(finish_by_deadline=True), "--finish_by_deadline needs --deadline_s"),
@@ -74,6 +75,55 @@ class SweepDriverTest(absltest.TestCase):
                                     rf"\(nothing was written\)$"):
             sweep_driver.run(CONFIG, sweep_driver.SweepOptions(root=root), repo_root=REPO,
                              argv=["sweep.py"], print_fn=self.lines.append)
+        self.assertFalse(os.path.exists(self.root))
+
+    def test_an_override_of_a_grid_axis_is_refused(self):
+        # A field axis: the trainer got both flags (last wins) while the run names kept the
+        # grid's value; refused before anything runs, naming the field.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"^--override: train\.keep_checkpoints is an axis of the "
+                                    r"sweep's grid \(its values name the runs\); .*--only.*"):
+            self._run(overrides=["train.keep_checkpoints=5"], dry_run=True)
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"train\.keep_checkpoints is an "
+                                                            r"axis"):
+            self._run(overrides=["train.keep_checkpoints=5"], only=["train.keep_checkpoints=2"])
+        # A field that an argument axis sets (seed=42 / 43: train.seed): the same.
+        config = dict(CONFIG, grid=((("seed", (42, 43)),),))
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"^--override: train\.seed is set by the sweep's grid "
+                                    r"\(its argument axis seed, whose values name the runs\); .*"):
+            sweep_driver.run(config, sweep_driver.SweepOptions(
+                root=self.root, overrides=["train.seed=1"], dry_run=True), repo_root=REPO,
+                argv=["sweep.py"], print_fn=self.lines.append)
+        # An argument axis of one value (table2_small's lr=0.003, the file's default too):
+        # the field follows another value of it.
+        config = dict(CONFIG, grid=((("lr", (0.003,)), ("seed", (42,))),))
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"^--override: optim\.learning_rate is set by the sweep's "
+                                    r"grid \(its argument axis lr, whose values name the runs\)"):
+            sweep_driver.run(config, sweep_driver.SweepOptions(
+                root=self.root, overrides=["optim.learning_rate=0.01"], dry_run=True),
+                repo_root=REPO, argv=["sweep.py"], print_fn=self.lines.append)
+        self.assertFalse(os.path.exists(self.root))
+        # A field no axis sets is still an override.
+        self.assertEqual(self._run(overrides=["train.total_steps=3"], dry_run=True), 0)
+
+    def test_a_bad_name_names_where_it_came_from(self):
+        cases = ((dict(CONFIG, grid=((("train.keep_checkpointz", (2, 3)),),)), (),
+                  r"^the sweep's grid axis train\.keep_checkpointz: no such field in table2\.py "
+                  r"\(2 of 2 runs"),
+                 (dict(CONFIG, overrides=(("train.total_stepz", 3),)), (),
+                  r"^the sweep config's overrides: train\.total_stepz: no such field"),
+                 (CONFIG, ["train.total_stepz=3"],
+                  r"^--override: train\.total_stepz: no such field"),
+                 (dict(CONFIG, grid=((("sede", (1, 2)),),)), (),
+                  r"^the sweep's grid \(argument axes, arg\): table2\.py:arch=softmax,tiny=True,"
+                  r"sede=1: unknown config argument 'sede'"))
+        for config, overrides, message in cases:
+            with self.assertRaisesRegex(sweep.SweepConfigError, message):
+                sweep_driver.run(config, sweep_driver.SweepOptions(
+                    root=self.root, overrides=list(overrides), dry_run=True), repo_root=REPO,
+                    argv=["sweep.py"], print_fn=self.lines.append)
         self.assertFalse(os.path.exists(self.root))
 
     def test_gpus_groups_and_bad_values_in_one_line(self):

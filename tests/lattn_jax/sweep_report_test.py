@@ -144,6 +144,29 @@ class BuildTest(absltest.TestCase):
         # softmax (3.03) is 0.02 behind gdn (3.01) < 3 sigma = 0.042: it needs a second seed.
         self.assertEqual(self.report.needs_seed, ["arch=softmax,opt=muon"])
 
+    def test_a_partial_run_shows_the_step_it_resumes_from(self):
+        # Logged to step 5, checkpointed at 7 (the trainer's stop saved after its last log):
+        # the step and tokens are the checkpoint's, which run_state and --dry_run resume from;
+        # the losses stay the last logged ones and the note says at which step.
+        runs = {r.name: r for r in sweep.expand(self.config)}
+        run = runs["arch=softmax,opt=adamw,seed=42"]
+        os.makedirs(os.path.join(sweep.run_dir(self.root, run), "checkpoints", "7"))
+        report = sweep_report.build(self.config, self.root)
+        entry = next(e for e in report.entries if e.run.name == run.name)
+        self.assertEqual(entry.state.step, 7)
+        self.assertEqual((entry.result.step, entry.result.tokens, entry.result.logged_step),
+                         (7, 7 * 32, 5))
+        row = next(line for line in sweep_report.markdown(report).splitlines()
+                   if line.startswith(f"| {run.name} |"))
+        self.assertIn("| partial | 7/10 |", row)
+        self.assertIn("losses at the last logged step 5 (resumes from step 7)", row)
+        row = next(r for r in csv.DictReader(io.StringIO(sweep_report.csv_text(report)))
+                   if r["run"] == run.name)
+        self.assertEqual((row["step"], row["logged_step"]), ("7", "5"))
+        # A finished run's step is its last (final) one, as before.
+        finished = next(e for e in report.entries if e.run.name == "arch=gdn,opt=muon,seed=42")
+        self.assertEqual((finished.result.step, finished.result.logged_step), (10, None))
+
     def test_references_and_claims(self):
         losses, speed = self.report.references
         self.assertEqual([r["ours"] for r in losses["rows"]][:3], [3.01, 3.03, 3.20])
@@ -393,6 +416,17 @@ class SharedThroughputTest(_SpeedSweepTestCase):
             data = json.load(f)
         self.assertEqual({g["group"]: g["throughput_shared"] for g in data["groups"]},
                          {"arch=gdn": False, "arch=softmax": False, "arch=kda": True})
+
+    def test_runs_on_cpus_shared_the_machine_not_a_gpu(self):
+        for name, tps in (("arch=gdn,seed=42", 1000.0), ("arch=kda,seed=42", 900.0)):
+            write_run(self.root, self.runs[name], final=3.0, tps=tps, concurrent=2,
+                      devices=["cpu"])
+        md = sweep_report.markdown(self._report())
+        self.assertIn("| shared the machine (parallel=2, up to 2 runs at once) |", md)
+        self.assertIn("- † 2 run(s) shared the machine with other runs of this sweep", md)
+        self.assertIn("† Measured while the run shared the machine with other runs", md)
+        self.assertNotIn("shared GPU (", md)
+        self.assertNotIn("shared the GPU with", md)
 
     def test_an_early_shared_attempt_marks_the_wall_time_only(self):
         # The first attempt shared the GPU and was stopped before any record (t 100-101), the

@@ -11,6 +11,7 @@ import os
 import random
 import re
 import signal
+import sys
 import tarfile
 import textwrap
 import threading
@@ -549,6 +550,53 @@ class ExecuteTest(_FakeTrainerTestCase):
         self.assertEqual((summary.status, summary.launched), ("interrupted", []))
         _, summary = self._execute(("ok", "slow"), max_runs=1)
         self.assertEqual((summary.status, len(summary.launched)), ("max_runs", 1))
+
+    def test_ctrl_c_lets_the_trainer_stop_on_its_own_sigint(self):
+        # Ctrl-C reaches the whole process group: the trainer saves and exits on its own
+        # SIGINT; the sweep's SIGTERM on top of it killed it while it exited (-15, "killed by
+        # SIGTERM (last line: ... checkpoint saved ...)"). Now it gets a grace period first.
+        script = os.path.join(self.root, "ctrl_c_trainer.py")
+        pid_file = os.path.join(self.root, "pid")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(f'''
+                import os, signal, sys, time
+                def on_int(signum, frame):
+                    print("Stopping at step 229: checkpoint saved", flush=True)
+                    time.sleep(1.5)  # the exit after the save: SIGTERM here kills it
+                    sys.exit(130)
+                signal.signal(signal.SIGINT, on_int)
+                with open({pid_file!r} + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.rename({pid_file!r} + ".tmp", {pid_file!r})
+                while True:
+                    time.sleep(0.05)
+            '''))
+        stop = sweep.StopEvent()
+
+        def ctrl_c():
+            while not os.path.exists(pid_file):
+                time.sleep(0.05)
+            with open(pid_file) as f:
+                os.kill(int(f.read()), signal.SIGINT)  # the terminal's, to the trainer
+            stop.set_by(signal.SIGINT)  # the sweep's own handler
+
+        threading.Thread(target=ctrl_c, daemon=True).start()
+        workdir = os.path.join(self.root, "run")
+        attempt = sweep.launch([sys.executable, script], workdir, cwd=self.root, stop=stop,
+                               print_fn=self.lines.append, stop_margin_s=10)
+        self.assertEqual((attempt.returncode, attempt.stopped_by), (130, "interrupt"))
+        self.assertEqual(sweep._describe_exit(attempt), "stopped at the sweep's interrupt")
+        self.assertFalse(any("SIGTERM to the trainer" in line for line in self.lines),
+                         self.lines)
+        end = sweep.read_jsonl(os.path.join(workdir, sweep.ATTEMPTS))[-1]
+        self.assertEqual(end["returncode"], 130)
+        # A trainer the Ctrl-C did not reach still gets SIGTERM after the grace period.
+        stop = sweep.StopEvent()
+        stop.set_by(signal.SIGINT)
+        attempt = sweep.launch([sys.executable, "-c", "import time; time.sleep(30)"], workdir,
+                               cwd=self.root, stop=stop, print_fn=self.lines.append,
+                               stop_margin_s=10, interrupt_grace_s=0.5)
+        self.assertEqual((attempt.returncode, attempt.stopped_by), (-signal.SIGTERM, "interrupt"))
 
     def test_plan_is_what_execute_launches(self):
         # finished, failed, then three to run: the plan (the --dry_run) and what execute does.
