@@ -118,7 +118,8 @@ class RunTest(absltest.TestCase):
     def test_every_stage_in_order_then_skipped_when_done(self):
         ran = []
 
-        def fake_run(config, workdir, stage, print_fn, deadline):
+        def fake_run(config, workdir, stage, print_fn, deadline, stage_flag):
+            self.assertEqual(stage_flag, "--stages")  # its checks name the pipeline's flag
             ran.append(stage)
             os.makedirs(os.path.join(workdir, stage), exist_ok=True)
             with open(os.path.join(workdir, stage, experiment.DONE_FILE), "w") as f:
