@@ -12,10 +12,10 @@ for ``evaluate.py`` (:func:`lattn_jax.eval.restore.load_model`).
 Prompts of different lengths are batched with left padding; padding never enters any layer's
 state (``lattn_jax/eval/generate.py``). Greedy unless ``--temperature > 0``; a row stops at EOS
 or at ``--stop_token`` ids. ``--context=N`` splits the prefill of each prompt over N devices
-(context parallelism; prompts are padded to a multiple of N).
+(context parallelism; prompts are padded to a multiple of N long enough that every device's
+shard holds the short convolution's halo: ``context_parallel.padding_bucket``).
 """
 
-import math
 import os
 import sys
 
@@ -69,8 +69,9 @@ def main(argv):
             raise ValueError(f"--stop_token: {outside} outside the model's vocabulary "
                              f"[0, {vocab})")
         mesh = context_parallel.evaluation_mesh(_CONTEXT.value)
+        bucket = context_parallel.padding_bucket(16, _CONTEXT.value, restored.model_config)
         generator = gen_lib.Generator(context_parallel.replicate(restored.model, mesh),
-                                      pad_id=tok.eos_id, bucket=math.lcm(16, _CONTEXT.value))
+                                      pad_id=tok.eos_id, bucket=bucket)
         prompt_ids = [tok.encode(p) for p in _PROMPTS.value]
         with sharding.activate(mesh, config_lib.DEFAULT_AXIS_RULES):
             out = generator.generate(prompt_ids, max_new_tokens=_MAX_NEW.value,

@@ -83,13 +83,38 @@ def check_sequence_length(seq_len: int, context: int,
         raise config_lib.ConfigError(
             f"data.seq_len={seq_len} is not a multiple of mesh.context={context}: context "
             f"parallelism splits every sequence into {context} equal shards")
-    widths = [getattr(getattr(model_config, name, None), "conv_width", 0) or 0
-              for name in ("gdn", "deltanet", "kda", "gdn2", "linear_attn", "lightning")]
-    halo = max(widths, default=0) - 1
+    halo = conv_halo(model_config)
     if seq_len // context < max(halo, 1):
         raise config_lib.ConfigError(
             f"data.seq_len={seq_len} over mesh.context={context} leaves {seq_len // context} "
             f"tokens per shard, fewer than the short convolution's {halo}-token halo")
+
+
+def conv_halo(model_config: Optional[config_lib.ModelConfig]) -> int:
+    """The longest short-convolution halo (``conv_width - 1``) of the model's linear mixer
+    sections, 0 without a model config or without convolutions."""
+    widths = [getattr(getattr(model_config, name, None), "conv_width", 0) or 0
+              for name in ("gdn", "deltanet", "kda", "gdn2", "linear_attn", "lightning")]
+    return max(max(widths, default=0) - 1, 0)
+
+
+def padding_bucket(base: int, context: int,
+                   model_config: Optional[config_lib.ModelConfig] = None) -> int:
+    """The length that evaluation and generation pad a batch to a multiple of under
+    ``--context``: a multiple of ``lcm(base, context)`` whose ``context`` shards each hold at
+    least the short convolution's halo (:func:`conv_halo`), so that a short prompt still
+    splits (``base = 16, context = 8`` and a width-4 convolution give 32, not 16).
+
+    Raises:
+      ValueError: if ``base`` or ``context`` is below 1.
+    """
+    if base < 1 or context < 1:
+        raise ValueError(f"padding_bucket: base={base} and context={context} must be >= 1")
+    bucket = math.lcm(base, context)
+    if context == 1:
+        return bucket
+    shards = -(-conv_halo(model_config) * context // bucket)  # buckets needed, at least 1
+    return bucket * max(shards, 1)
 
 
 def _sequence_axes(length: int) -> Tuple[str, ...]:

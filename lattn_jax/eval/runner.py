@@ -13,7 +13,6 @@ names: :data:`lattn_jax.eval.tasks.TASK_NAMES`, :data:`lattn_jax.eval.niah.TASKS
 import contextlib
 import dataclasses
 import json
-import math
 import os
 import shlex
 import time
@@ -89,7 +88,8 @@ class EvalOptions:
         for ``"validation"`` and the trained-on check.
       context: split every sequence over this many devices (context parallelism,
         :mod:`lattn_jax.context_parallel`; the remaining devices split the batch). Padded
-        lengths become multiples of it, so ``max_len`` must be one.
+        lengths become multiples of it (large enough that each shard holds the short
+        convolution's halo, ``context_parallel.padding_bucket``), so ``max_len`` must be one.
 
     Raises:
       ValueError: ``limit``, ``sample_items`` or ``perplexity_max_docs`` below 1, or ``limit``
@@ -541,6 +541,13 @@ def _xla_line(error: BaseException) -> str:
     return text.splitlines()[0][:200] if text else type(error).__name__
 
 
+def _bucket(base: int, options, model) -> int:
+    """Padding multiple of a scorer or generator under ``options.context``
+    (:func:`lattn_jax.context_parallel.padding_bucket`: every shard holds the convolution's
+    halo)."""
+    return context_parallel.padding_bucket(base, options.context, getattr(model, "config", None))
+
+
 def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str, dict]:
     """:func:`run_evaluation` inside its mesh.
 
@@ -551,7 +558,7 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
         memory; the tasks finished before it went to ``on_result``.
     """
     scorer = scoring.Scorer(model, max_len=options.max_len, batch_size=options.batch_size,
-                            bucket=math.lcm(32, options.context), route=options.route)
+                            bucket=_bucket(32, options, model), route=options.route)
     results: Dict[str, dict] = {}
     eval_dir = os.path.join(options.data_dir, "eval")
     for name in [n for n in names if n in tasks_lib.TASK_NAMES]:
@@ -571,7 +578,7 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
     if niah_tasks:
         t0 = time.time()
         generator = gen_lib.Generator(model, pad_id=tokenizer.eos_id,
-                                      bucket=math.lcm(64, options.context), route=options.route)
+                                      bucket=_bucket(64, options, model), route=options.route)
 
         def generate_fn(prompts, n):
             out = []
@@ -603,7 +610,7 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
     if "perplexity" in names:
         ppl_scorer = scoring.Scorer(model, max_len=options.perplexity_window,
                                     batch_size=options.perplexity_batch_size,
-                                    bucket=math.lcm(32, options.context), route=options.route)
+                                    bucket=_bucket(32, options, model), route=options.route)
         paths = [f if f == VALIDATION else _perplexity_path(f, options.data_dir)
                  for f in options.perplexity_files]
         names_of = perplexity_names(paths, existing)

@@ -266,6 +266,32 @@ class InterruptTest(absltest.TestCase):
 
 
 @pytest.mark.entry
+class GenerateContextTest(absltest.TestCase):
+    """generate.py --context=8 padded prompts to lcm(16, 8) = 16 tokens, 2 per shard, fewer
+    than a width-4 convolution's 3-token halo: every short prompt failed ("2 tokens per
+    context shard are fewer than the convolution's 3-token halo")."""
+
+    def test_short_prompts_split_over_8_devices_as_on_one(self):
+        tmp = self.create_tempdir().full_path
+        os.makedirs(os.path.join(tmp, "data"))
+        corpus = train_test.write_corpus(os.path.join(tmp, "data"), n_docs=30)
+        workdir = os.path.join(tmp, "run")
+        train.train_and_evaluate(train_test.tiny_experiment(corpus, total_steps=1), workdir,
+                                 print_fn=lambda s: None)
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+                   JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
+        outputs = []
+        for context in (1, 8):
+            result = subprocess.run(
+                [sys.executable, os.path.join(ROOT, "experiments", "generate.py"),
+                 f"--checkpoint={workdir}", "--prompt=Hi", "--prompt=A longer prompt",
+                 "--max_new_tokens=3", f"--context={context}"],
+                env=env, capture_output=True, text=True, timeout=300)
+            self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+            outputs.append(result.stdout)
+        self.assertEqual(outputs[0], outputs[1])
+
+
 class HeldOutValidationTest(absltest.TestCase):
     """--tasks=perplexity scores a run's validation split only over the files it started with:
     a corpus reshuffled in place (same size) put training documents into the "validation"

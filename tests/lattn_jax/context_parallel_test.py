@@ -7,6 +7,7 @@ The module-level check of every mixer is marked slow (``pytest -m slow`` runs it
 """
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -144,6 +145,21 @@ class ContextParallelTest(absltest.TestCase):
                                     r"^--context=3 needs a multiple of 3 devices; there is 1$"):
             context_parallel.evaluation_mesh(3)
         self.assertIsNone(context_parallel.evaluation_mesh(1))
+
+    def test_padding_bucket_leaves_every_shard_the_convolution_halo(self):
+        model = config_lib.ModelConfig(layer_pattern=("gdn",))  # conv_width 4: a 3-token halo
+        self.assertEqual(context_parallel.padding_bucket(16, 1, model), 16)
+        self.assertEqual(context_parallel.padding_bucket(16, 4, model), 16)
+        self.assertEqual(context_parallel.padding_bucket(16, 8, model), 32)
+        self.assertEqual(context_parallel.padding_bucket(32, 16, model), 64)
+        self.assertEqual(context_parallel.padding_bucket(16, 8, None), 16)
+        for base, context in ((16, 8), (32, 16), (64, 32), (16, 3)):
+            bucket = context_parallel.padding_bucket(base, context, model)
+            self.assertEqual(bucket % math.lcm(base, context), 0)
+            self.assertGreaterEqual(bucket // context, 3)
+            context_parallel.check_sequence_length(bucket, context, model)
+        with self.assertRaisesRegex(ValueError, "must be >= 1"):
+            context_parallel.padding_bucket(16, 0, model)
 
 
 if __name__ == "__main__":
