@@ -287,7 +287,9 @@ class LanguageModel(nnx.Module):
           segment_ids: optional int ``[B, T]`` document ids of a packed window; used only when
             ``model_config.use_segment_ids`` is set, or whenever a ``state`` is given or
             returned (decoding uses them to keep padding out of every layer's state,
-            :mod:`lattn_jax.eval`).
+            :mod:`lattn_jax.eval`). With a ``state``, the call's first document continues the
+            cached one whatever its id (a new document cannot start on the call's first
+            token: start it in a fresh state); later documents see none of the cache.
           route: apply the cross-layer routing contributions (CLER, CLER-H, CLVR, controls);
             ``False`` evaluates the host model with the same parameters.
           state: optional list of per-layer states from :meth:`init_state` or a previous call;
