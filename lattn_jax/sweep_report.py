@@ -723,17 +723,17 @@ def _on_cpu(devices: Sequence[str]) -> bool:
     return bool(devices) and all("cpu" in str(kind).lower() for kind in devices)
 
 
-def _shared_what(entries: Sequence[Entry]) -> str:
-    """``"the machine"`` when every one of ``entries`` ran on CPUs only (:func:`_on_cpu`),
+def _shared_what(results: Sequence["sweep.RunResult"]) -> str:
+    """``"the machine"`` when every one of ``results`` ran on CPUs only (:func:`_on_cpu`),
     else ``"the GPU"``: what the runs of ``--parallel`` > 1 shared."""
-    cpu = bool(entries) and all(_on_cpu(e.result.devices) for e in entries)
+    cpu = bool(results) and all(_on_cpu(r.devices) for r in results)
     return "the machine" if cpu else "the GPU"
 
 
 def _shared_note(r: "sweep.RunResult") -> str:
     """The runs table's note on a run measured while sharing the GPU (``"shared GPU ..."``;
     ``"shared the machine ..."`` for a run on CPUs only, :func:`_on_cpu`)."""
-    what = "the machine" if _on_cpu(r.devices) else "the GPU"
+    what = _shared_what([r])
     if r.concurrent > 1:
         return (f"shared {'GPU' if what == 'the GPU' else what} (parallel={r.parallel}, up to "
                 f"{r.concurrent} runs at once)")
@@ -804,7 +804,8 @@ def markdown(report: Report) -> str:
     if shared:
         most = max(e.result.parallel for e in shared)
         lines[-1:-1] = [
-            f"- {SHARED_MARK} {len(shared)} run(s) shared {_shared_what(shared)} with other "
+            f"- {SHARED_MARK} {len(shared)} run(s) shared "
+            f"{_shared_what([e.result for e in shared])} with other "
             f"runs of this "
             f"sweep (`--parallel` up to {most}): their tokens/s, MFU and wall time are marked "
             f"{SHARED_MARK}, describe the shared machine, and are never compared with runs "
@@ -896,7 +897,7 @@ def markdown(report: Report) -> str:
                     "llrrrrrrrrrrll")
     if shared:
         lines += ["", f"{SHARED_MARK} Measured while the run shared "
-                  f"{_shared_what([e for e in report.entries if e.result.concurrent > 1])} "
+                  f"{_shared_what([e.result for e in report.entries if e.result.concurrent > 1])} "
                   f"with other runs of the sweep (`--parallel` > 1; the note says how many at "
                   f"once): not comparable with runs measured alone."]
     if remeasured:
