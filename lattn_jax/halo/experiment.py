@@ -185,7 +185,7 @@ def _load_teacher(config):
     t = config.teacher
     if t.kind == "random":
         r = _to_dict(t.random_model)
-        cfg = _random_teacher_config(r)
+        cfg = _random_teacher_config(r, dtype=config.hypenet.dtype)
         return cfg, stages.random_teacher(cfg, seed=r.get("seed", 0)), None
     teacher = loaders.load_teacher(_teacher_path(config), t.kind)
     cfg = loaders.cast_config(teacher.model_config, dtype=config.hypenet.dtype)
@@ -206,21 +206,23 @@ def _teacher_config(config) -> Tuple[config_lib.ModelConfig, Any]:
     """
     t = config.teacher
     if t.kind == "random":
-        return _random_teacher_config(_to_dict(t.random_model)), None
+        return _random_teacher_config(_to_dict(t.random_model), dtype=config.hypenet.dtype), None
     teacher = loaders.load_teacher(_teacher_path(config), t.kind, params=False)
     return loaders.cast_config(teacher.model_config, dtype=config.hypenet.dtype), teacher.tokenizer
 
 
-def _random_teacher_config(r: Mapping[str, Any]) -> config_lib.ModelConfig:
-    """The model config of a ``"random"`` teacher from ``teacher.random_model``'s values."""
-    return config_lib.ModelConfig(
+def _random_teacher_config(r: Mapping[str, Any], dtype: str) -> config_lib.ModelConfig:
+    """The model config of a ``"random"`` teacher from ``teacher.random_model``'s values, in
+    the compute ``dtype`` (``hypenet.dtype``, as a loaded teacher's ``loaders.cast_config``;
+    its params stay fp32, so that the initialisation does not depend on it)."""
+    return loaders.cast_config(config_lib.ModelConfig(
         vocab_size=r["vocab_size"], d_model=r["d_model"],
         layer_pattern=("attn",) * r["num_layers"], mlp_hidden=r["mlp_hidden"],
         tie_embeddings=r.get("tie_embeddings", True), norm_eps=1e-6, use_segment_ids=False,
         attention=config_lib.AttentionConfig(
             num_heads=r["num_heads"], num_kv_heads=r["num_kv_heads"],
             head_dim=r.get("head_dim"), rope_theta=r.get("rope_theta", 1e4),
-            qk_norm=r.get("qk_norm", True)))
+            qk_norm=r.get("qk_norm", True))), dtype=dtype)
 
 
 def _teacher_path(config) -> str:

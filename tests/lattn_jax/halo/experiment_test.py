@@ -1,5 +1,6 @@
 """The HALO driver end to end on the tiny config (random teacher, byte tokenizer)."""
 
+import copy
 import dataclasses
 import json
 import os
@@ -8,6 +9,7 @@ from unittest import mock
 
 import pytest
 from absl.testing import absltest
+import numpy as np
 
 from configs import halo_qwen3_1p7b
 from configs import halo_smollm2
@@ -18,6 +20,7 @@ from lattn_jax.data import shards
 from lattn_jax.halo import experiment
 from lattn_jax.halo import report
 from tests.lattn_jax.data import corpus
+from tests.lattn_jax.halo import loaders_test
 
 
 def _record_stage1_without(config, workdir, key):
@@ -126,6 +129,36 @@ class Stage3TeacherKLConfigTest(absltest.TestCase):
         self.assertEqual((kw["kl_weight"], kw["kl_len"]), (0.25, 32))
         self.assertIs(kw["teacher_cfg"], teacher_cfg)
         self.assertIs(kw["teacher_params"], teacher_params)
+
+
+class TeacherDtypeTest(absltest.TestCase):
+    """A ``"random"`` teacher is cast to ``hypenet.dtype`` as a loaded one is."""
+
+    def test_random_and_loaded_teachers_agree_on_the_compute_dtype(self):
+        rng = np.random.default_rng()
+        dtype = str(rng.choice(["bfloat16", "float16"]))
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.hypenet.dtype = dtype
+        r = cfg.teacher.random_model
+        path = loaders_test.write_gguf_file(
+            os.path.join(self.create_tempdir().full_path, "t.gguf"), rng, family="llama",
+            vocab=r.vocab_size, d=r.d_model, layers=r.num_layers, heads=r.num_heads,
+            kv_heads=r.num_kv_heads, head_dim=r.head_dim, mlp=r.mlp_hidden, tie=True,
+            rope_theta=r.rope_theta, eps=1e-6, merges=1)
+        loaded = copy.deepcopy(cfg)
+        loaded.teacher.update(kind="gguf", path=path)
+        teachers = {}
+        for name, config in (("random", cfg), ("gguf", loaded)):
+            with mock.patch.dict(experiment._TEACHERS, clear=True):
+                model_cfg, params, _ = experiment.load_teacher(config)
+            self.assertEqual(experiment._teacher_config(config)[0], model_cfg, name)
+            teachers[name] = (model_cfg, params)
+        for name, (model_cfg, params) in teachers.items():
+            self.assertEqual((model_cfg.dtype, model_cfg.param_dtype), (dtype, "float32"), name)
+            kernel = params["blocks"][0]["mixer"]["qkv_proj"]["kernel"]
+            self.assertEqual(kernel.dtype, np.dtype(dtype), name)  # matrices in the compute dtype
+            self.assertEqual(params["final_norm"]["scale"].dtype, np.float32, name)
+        self.assertEqual(teachers["random"][0].layer_pattern, teachers["gguf"][0].layer_pattern)
 
 
 class StageDataTest(absltest.TestCase):
