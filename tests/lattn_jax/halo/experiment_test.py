@@ -9,6 +9,7 @@ from unittest import mock
 
 import pytest
 from absl.testing import absltest
+import jax
 import numpy as np
 
 from configs import halo_qwen3_1p7b
@@ -19,6 +20,7 @@ from lattn_jax.data import prepare
 from lattn_jax.data import shards
 from lattn_jax.halo import experiment
 from lattn_jax.halo import report
+from pallas_kernels.common import validation
 from tests.lattn_jax.data import corpus
 from tests.lattn_jax.halo import loaders_test
 
@@ -389,6 +391,39 @@ class ResumeOptionsTest(absltest.TestCase):
         self._assert_refused_up_front(
             "hypenet", "lightning_alibi_max_bias", (0.0, -1.0, float("nan"), float("inf"), 2000.0),
             r"^hypenet\.lightning_alibi_max_bias: max_bias")
+
+    def test_bad_lightning_implementation_names_the_hypenet_option(self):
+        # It named model.lightning.implementation, an option a HALO config does not have.
+        rng = np.random.default_rng()
+        bad = "".join(rng.choice(list("xyzq_"), size=6))
+        self._assert_refused_up_front(
+            "hypenet", "lightning_implementation", (bad, "Pallas", ""),
+            r"^hypenet\.lightning_implementation='[^']*'; choose from auto, chunked, ")
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.hypenet.lightning_implementation = bad
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    rf"^hypenet\.lightning_implementation='{bad}'; choose"):
+            experiment.student_config(cfg, experiment.load_teacher(cfg)[0], (0,))
+
+    @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernels run off CPU")
+    def test_a_kernel_that_cannot_run_here_names_the_hypenet_option(self):
+        # Stage 1 calls the Lightning mixer outside Block.mix: the op's error named no option.
+        impl = str(np.random.default_rng().choice(["pallas", "mosaic_gpu"]))
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.hypenet.lightning_implementation = impl
+        with self.assertRaisesRegex(
+                validation.UnsupportedImplementationError,
+                rf"^hypenet\.lightning_implementation='{impl}' is not supported here: "
+                rf"lightning_attention: implementation='{impl}' cannot run this call: [^\n]*$"):
+            experiment.run(cfg, self.create_tempdir().full_path, "stage1",
+                           print_fn=lambda s: None)
+        # Block.mix's naming of the trainer's option (stages 2, 3, the report) is replaced.
+        inner = validation.UnsupportedImplementationError(
+            f"model.lightning.implementation={impl!r} is not supported here: "
+            f"lightning_attention: no")
+        self.assertEqual(str(experiment.name_lightning_implementation(cfg, inner)),
+                         f"hypenet.lightning_implementation={impl!r} is not supported here: "
+                         f"lightning_attention: no")
 
     def test_stage2_copied_lr_scale_is_checked_first_and_binds_stage2(self):
         workdir = self._assert_refused_up_front(  # (ml_collections itself refuses a str)
