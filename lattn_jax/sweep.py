@@ -1960,6 +1960,31 @@ def _field_text(cd: Any, field: str) -> Optional[str]:
     return repr(node.to_dict() if hasattr(node, "to_dict") else node)
 
 
+# Text axes: the most other values read from a config file's error that are tried.
+_MAX_TEXT_PROBES = 8
+
+
+def _other_text_values(config_path: str, others: Sequence[str], axis: str, value: str,
+                       overrides: Tuple[Tuple[str, Any], ...], cache: Dict[str, Any]
+                       ) -> List[str]:
+    """Other values of the text argument ``axis`` (``value`` in the grid) to build the config
+    with (:func:`override_axis_clash`): ``<value>_`` when the file takes it (it then reads
+    the text as such, e.g. a path), else the words after ``choose`` in the file's error for
+    it (``"arch='gdn_'; choose from softmax, deltanet, gdn"``; at most
+    :data:`_MAX_TEXT_PROBES`, ``value`` left out), else none.
+    """
+    probe = f"{value}_"
+    try:
+        _overridden_config_dict(config_path, ",".join(list(others) + [f"{axis}={probe}"]),
+                                overrides, cache)
+        return [probe]
+    except Exception as e:  # noqa: BLE001 - its message may list the values the file takes
+        _, found, choices = str(e).partition("choose")
+    words = re.findall(r"[A-Za-z0-9_./-]+", choices) if found else []
+    out = [w for w in dict.fromkeys(words) if w not in (value, "from", "or")]
+    return out[:_MAX_TEXT_PROBES]
+
+
 def override_axis_clash(runs: Sequence[Run], config_path: str,
                         extra_overrides: Sequence[Tuple[str, Any]],
                         grid: Sequence[Run] = ()) -> Optional[str]:
@@ -1972,9 +1997,11 @@ def override_axis_clash(runs: Sequence[Run], config_path: str,
     of the grid (``grid``, default ``runs``: ``seed=42,43`` gives ``train.seed`` two values),
     or, for one of ``runs``, from the config without one of its argument axes (the file's
     default for it) or, for a number or bool, with another value of it (``2v + 1``, ``not v``:
-    ``lr=0.003`` sets ``optim.learning_rate`` in a grid of one value). A config that cannot
-    be built is skipped (:func:`bad_override_fields` reports it), and so is a field that only
-    a text axis of one value sets (no other value to try).
+    ``lr=0.003`` sets ``optim.learning_rate`` in a grid of one value; for text, ``<v>_`` if
+    the file takes it, else each word after ``choose`` in the file's error for it: ``arch=gdn``,
+    the file's default, sets ``model.layer_pattern`` in a grid of one value). A config that
+    cannot be built is skipped (:func:`bad_override_fields` reports it), and so is a field that
+    only a text axis of one value sets when the file names no other value of it.
 
     Args:
       runs: the runs of the call (:func:`select`).
@@ -2023,6 +2050,10 @@ def override_axis_clash(runs: Sequence[Run], config_path: str,
                 probes.append(",".join(others + [f"{axis}={not value}"]))
             elif isinstance(value, (int, float)):  # another value: does the field follow it?
                 probes.append(",".join(others + [f"{axis}={format_value(value * 2 + 1)}"]))
+            elif isinstance(value, str):
+                probes += [",".join(others + [f"{axis}={other}"]) for other in
+                           _other_text_values(config_path, others, axis, value, run.overrides,
+                                              cache)]
             for probe in probes:
                 other = config_of(probe, run.overrides)
                 if mine is None or other is None:
