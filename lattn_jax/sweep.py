@@ -644,15 +644,21 @@ class StopEvent(threading.Event):
     """``execute``'s ``stop`` that remembers the signal that set it (:meth:`set_by`): after a
     SIGINT, :func:`launch` gives the trainer ``interrupt_grace_s`` to exit on its own Ctrl-C
     before it sends SIGTERM; after another signal (or a plain ``set``) it sends SIGTERM at
-    once."""
+    once. It counts the Ctrl-Cs (``interrupts``): after a second one :func:`launch` stops the
+    trainer at once, without saving, as a second Ctrl-C stops a trainer run alone (the
+    trainer's own two may have merged into one: Python runs a signal's handler once for the
+    signals that came while the main thread was in a step)."""
 
     def __init__(self):
         super().__init__()
         self.signum: Optional[int] = None
+        self.interrupts = 0
 
     def set_by(self, signum: int) -> None:
-        """Records ``signum`` and sets the event."""
+        """Records ``signum`` (a SIGINT counted in ``interrupts``) and sets the event."""
         self.signum = signum
+        if signum == signal.SIGINT:
+            self.interrupts += 1
         self.set()
 
 
@@ -883,7 +889,11 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
     step and exits); if it is still running ``stop_margin_s`` later it is killed. A ``stop``
     set by SIGINT (:class:`StopEvent`: Ctrl-C, which the trainer gets too) sends the SIGTERM
     only if the trainer is still running ``interrupt_grace_s`` later: one on top of its own
-    stop killed it as it exited after saving (``killed by SIGTERM``).
+    stop killed it as it exited after saving (``killed by SIGTERM``). A second Ctrl-C
+    (``stop.interrupts >= 2``) sends the trainer SIGINT at every poll (0.5 s) until it exits:
+    the trainer's second Ctrl-C, which stops it at once without saving (once a checkpoint
+    being written is complete), even when the terminal's two reached it as one; it is killed
+    if still running ``stop_margin_s`` later.
 
     Args:
       cmd: the command line.
@@ -939,6 +949,8 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         stopped_by, signalled_at, interrupted_at = None, None, None
+        forwarding = False  # after a second Ctrl-C: SIGINT to the trainer until it exits
+        sent = "SIGTERM"  # what signalled_at's signal was, for the kill's line
         while True:
             try:
                 proc.wait(timeout=0.5)
@@ -946,6 +958,12 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
             except subprocess.TimeoutExpired:
                 pass
             now = time.time()
+            if not forwarding and getattr(stop, "interrupts", 0) >= 2:
+                forwarding, stopped_by = True, "interrupt"
+                print_fn(f"{prefix}sweep: second Ctrl-C; Ctrl-C to the trainer until it exits "
+                         f"(it stops at once, without saving)")
+                if signalled_at is None:
+                    signalled_at, sent = now, "the second Ctrl-C"
             if signalled_at is None:
                 if stop is not None and stop.is_set():
                     stopped_by = "interrupt"
@@ -965,9 +983,11 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
                     signalled_at = now
             elif now - signalled_at > stop_margin_s:
                 print_fn(f"{prefix}sweep: the trainer did not exit {stop_margin_s:g} s after "
-                         f"SIGTERM; killed")
+                         f"{sent}; killed")
                 proc.kill()
                 signalled_at = float("inf")
+            elif forwarding:
+                proc.send_signal(signal.SIGINT)
         t1 = time.time()
         shared = None if token is None else concurrency.leave(token, t1)
         reader.join(timeout=10)

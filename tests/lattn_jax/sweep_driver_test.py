@@ -233,6 +233,26 @@ class SweepDriverTest(absltest.TestCase):
         # the sweep (the module docstring).
         self.assertFalse(os.path.exists(os.path.join(self.root, "sweep.jsonl")))
 
+    def test_a_second_ctrl_c_is_counted_and_said(self):
+        # Both Ctrl-Cs set one stop flag: the second, which stops a trainer at once without
+        # saving, was not seen as a second (sweep.launch then waited out the grace period).
+        seen = []
+
+        def execute(runs, root, *, stop, **kw):
+            del runs, root, kw
+            handler = signal.getsignal(signal.SIGINT)
+            for _ in range(2):
+                handler(signal.SIGINT, None)
+            seen.append((stop.is_set(), stop.interrupts))
+            return sweep.ExecutionSummary(status="interrupted")
+
+        with mock.patch.object(sweep, "execute", side_effect=execute):
+            self.assertEqual(self._run(max_runs=1), sweep_driver.EXIT_STOPPED)
+        self.assertEqual(seen, [(True, 2)])
+        self.assertIn("sweep: SIGINT; stopping after the current run's checkpoint", self.lines)
+        self.assertIn("sweep: second Ctrl-C; stopping every trainer in flight at once, without "
+                      "saving", self.lines)
+
     def test_the_signal_handlers_before_the_call_are_restored(self):
         # _execute installed its SIGTERM and Ctrl-C handlers and left them installed: an
         # in-process caller's Ctrl-C then only set a stale sweep's stop flag.
