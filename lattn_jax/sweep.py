@@ -644,15 +644,21 @@ class StopEvent(threading.Event):
     """``execute``'s ``stop`` that remembers the signal that set it (:meth:`set_by`): after a
     SIGINT, :func:`launch` gives the trainer ``interrupt_grace_s`` to exit on its own Ctrl-C
     before it sends SIGTERM; after another signal (or a plain ``set``) it sends SIGTERM at
-    once."""
+    once. It counts the Ctrl-Cs (``interrupts``): after a second one :func:`launch` stops the
+    trainer at once, without saving, as a second Ctrl-C stops a trainer run alone (the
+    trainer's own two may have merged into one: Python runs a signal's handler once for the
+    signals that came while the main thread was in a step)."""
 
     def __init__(self):
         super().__init__()
         self.signum: Optional[int] = None
+        self.interrupts = 0
 
     def set_by(self, signum: int) -> None:
-        """Records ``signum`` and sets the event."""
+        """Records ``signum`` (a SIGINT counted in ``interrupts``) and sets the event."""
         self.signum = signum
+        if signum == signal.SIGINT:
+            self.interrupts += 1
         self.set()
 
 
@@ -883,7 +889,11 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
     step and exits); if it is still running ``stop_margin_s`` later it is killed. A ``stop``
     set by SIGINT (:class:`StopEvent`: Ctrl-C, which the trainer gets too) sends the SIGTERM
     only if the trainer is still running ``interrupt_grace_s`` later: one on top of its own
-    stop killed it as it exited after saving (``killed by SIGTERM``).
+    stop killed it as it exited after saving (``killed by SIGTERM``). A second Ctrl-C
+    (``stop.interrupts >= 2``) sends the trainer SIGINT at every poll (0.5 s) until it exits:
+    the trainer's second Ctrl-C, which stops it at once without saving (once a checkpoint
+    being written is complete), even when the terminal's two reached it as one; it is killed
+    if still running ``stop_margin_s`` later.
 
     Args:
       cmd: the command line.
@@ -939,6 +949,8 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
         stopped_by, signalled_at, interrupted_at = None, None, None
+        forwarding = False  # after a second Ctrl-C: SIGINT to the trainer until it exits
+        sent = "SIGTERM"  # what signalled_at's signal was, for the kill's line
         while True:
             try:
                 proc.wait(timeout=0.5)
@@ -946,6 +958,12 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
             except subprocess.TimeoutExpired:
                 pass
             now = time.time()
+            if not forwarding and getattr(stop, "interrupts", 0) >= 2:
+                forwarding, stopped_by = True, "interrupt"
+                print_fn(f"{prefix}sweep: second Ctrl-C; Ctrl-C to the trainer until it exits "
+                         f"(it stops at once, without saving)")
+                if signalled_at is None:
+                    signalled_at, sent = now, "the second Ctrl-C"
             if signalled_at is None:
                 if stop is not None and stop.is_set():
                     stopped_by = "interrupt"
@@ -965,9 +983,11 @@ def launch(cmd: Sequence[str], workdir: str, *, cwd: str, env: Optional[Mapping[
                     signalled_at = now
             elif now - signalled_at > stop_margin_s:
                 print_fn(f"{prefix}sweep: the trainer did not exit {stop_margin_s:g} s after "
-                         f"SIGTERM; killed")
+                         f"{sent}; killed")
                 proc.kill()
                 signalled_at = float("inf")
+            elif forwarding:
+                proc.send_signal(signal.SIGINT)
         t1 = time.time()
         shared = None if token is None else concurrency.leave(token, t1)
         reader.join(timeout=10)
@@ -1960,6 +1980,31 @@ def _field_text(cd: Any, field: str) -> Optional[str]:
     return repr(node.to_dict() if hasattr(node, "to_dict") else node)
 
 
+# Text axes: the most other values read from a config file's error that are tried.
+_MAX_TEXT_PROBES = 8
+
+
+def _other_text_values(config_path: str, others: Sequence[str], axis: str, value: str,
+                       overrides: Tuple[Tuple[str, Any], ...], cache: Dict[str, Any]
+                       ) -> List[str]:
+    """Other values of the text argument ``axis`` (``value`` in the grid) to build the config
+    with (:func:`override_axis_clash`): ``<value>_`` when the file takes it (it then reads
+    the text as such, e.g. a path), else the words after ``choose`` in the file's error for
+    it (``"arch='gdn_'; choose from softmax, deltanet, gdn"``; at most
+    :data:`_MAX_TEXT_PROBES`, ``value`` left out), else none.
+    """
+    probe = f"{value}_"
+    try:
+        _overridden_config_dict(config_path, ",".join(list(others) + [f"{axis}={probe}"]),
+                                overrides, cache)
+        return [probe]
+    except Exception as e:  # noqa: BLE001 - its message may list the values the file takes
+        _, found, choices = str(e).partition("choose")
+    words = re.findall(r"[A-Za-z0-9_./-]+", choices) if found else []
+    out = [w for w in dict.fromkeys(words) if w not in (value, "from", "or")]
+    return out[:_MAX_TEXT_PROBES]
+
+
 def override_axis_clash(runs: Sequence[Run], config_path: str,
                         extra_overrides: Sequence[Tuple[str, Any]],
                         grid: Sequence[Run] = ()) -> Optional[str]:
@@ -1972,9 +2017,11 @@ def override_axis_clash(runs: Sequence[Run], config_path: str,
     of the grid (``grid``, default ``runs``: ``seed=42,43`` gives ``train.seed`` two values),
     or, for one of ``runs``, from the config without one of its argument axes (the file's
     default for it) or, for a number or bool, with another value of it (``2v + 1``, ``not v``:
-    ``lr=0.003`` sets ``optim.learning_rate`` in a grid of one value). A config that cannot
-    be built is skipped (:func:`bad_override_fields` reports it), and so is a field that only
-    a text axis of one value sets (no other value to try).
+    ``lr=0.003`` sets ``optim.learning_rate`` in a grid of one value; for text, ``<v>_`` if
+    the file takes it, else each word after ``choose`` in the file's error for it: ``arch=gdn``,
+    the file's default, sets ``model.layer_pattern`` in a grid of one value). A config that
+    cannot be built is skipped (:func:`bad_override_fields` reports it), and so is a field that
+    only a text axis of one value sets when the file names no other value of it.
 
     Args:
       runs: the runs of the call (:func:`select`).
@@ -2023,6 +2070,10 @@ def override_axis_clash(runs: Sequence[Run], config_path: str,
                 probes.append(",".join(others + [f"{axis}={not value}"]))
             elif isinstance(value, (int, float)):  # another value: does the field follow it?
                 probes.append(",".join(others + [f"{axis}={format_value(value * 2 + 1)}"]))
+            elif isinstance(value, str):
+                probes += [",".join(others + [f"{axis}={other}"]) for other in
+                           _other_text_values(config_path, others, axis, value, run.overrides,
+                                              cache)]
             for probe in probes:
                 other = config_of(probe, run.overrides)
                 if mine is None or other is None:

@@ -33,7 +33,8 @@ field per flag) and does what one invocation does:
    (:func:`~lattn_jax.sweep.execute`; SIGTERM, Ctrl-C and SIGHUP, unless ignored as under
    ``nohup``, stop every trainer in flight after its checkpoint; after a Ctrl-C, which the
    trainers get too, each has :data:`~lattn_jax.sweep.INTERRUPT_GRACE_S` to exit on its own
-   before the sweep's SIGTERM), rewriting the results
+   before the sweep's SIGTERM; a second Ctrl-C stops them at once, without saving, as it
+   stops a trainer run alone: :class:`~lattn_jax.sweep.StopEvent`), rewriting the results
    after every run; then appends the invocation to ``<root>/sweep.jsonl``, rewrites the
    results and writes the ``export``.
 
@@ -617,6 +618,9 @@ def _execute(runs, config, options, *, config_path, repo_root, train_script, ext
         if signum == signal.SIGHUP:
             hung_up.set()
         stop.set_by(signum)
+        if signum == signal.SIGINT and stop.interrupts >= 2:
+            say("sweep: second Ctrl-C; stopping every trainer in flight at once, without saving")
+            return
         say(f"sweep: {signal.Signals(signum).name}; stopping after the current run's "
             f"checkpoint" if options.parallel == 1 else
             f"sweep: {signal.Signals(signum).name}; stopping every run in flight after "

@@ -355,12 +355,22 @@ _MAX_NOT_TEXT = 0.1  # share of non-text bytes (invalid UTF-8, C0 controls) of a
 _TEXT_CONTROLS = frozenset(b"\t\n\r\f\v\x1b")
 
 
+# Invalid UTF-8 bytes as ``surrogateescape`` decodes them (byte b -> U+DC00 + b), and the
+# longest run of 0xA0-0xFF bytes that sniff_binary takes for Latin-1 letters.
+_ESCAPED_RUN = re.compile("[\udc80-\udcff]+")
+_LATIN1_RUN = 2
+
+
 def sniff_binary(path: str, size: int = _SNIFF_BYTES) -> str | None:
     """Why ``path`` looks like binary data rather than text, or ``None`` if it looks like text.
 
     Looks at the first ``size`` bytes (after decompressing ``.gz``/``.zst``): binary if they
     hold a NUL byte (UTF-8 text never does; UTF-16 and every binary format do), or if more than
-    10% of them are invalid UTF-8 or C0 control characters (Latin-1 prose stays far below).
+    10% of them are invalid UTF-8 or C0 control characters. Invalid bytes that read as Latin-1
+    letters or signs (``0xA0``-``0xFF``), one or two between valid characters (``é`` in
+    ``café``, ``üß`` in ``Grüße``), do not count: Latin-1 text is read as text (those bytes
+    replaced and counted, ``invalid_utf8``) whatever its size, where a few short accented lines
+    would exceed the 10%; binary bytes come in longer runs or include 0x80-0x9F.
 
     Raises:
         DataFileError: the file cannot be read or decompressed (named).
@@ -373,9 +383,11 @@ def sniff_binary(path: str, size: int = _SNIFF_BYTES) -> str | None:
     nul = head.count(0)
     if nul:
         return f"{nul} NUL bytes in its first {len(head):,} bytes"
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    # surrogateescape: each invalid byte b becomes U+DC00 + b, one character per byte.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
     text = decoder.decode(head, final=False)  # a character cut at the end is not an error
-    invalid = text.count(_REPLACEMENT) - head.count(_REPLACEMENT_UTF8)
+    invalid = sum(len(run) for run in _ESCAPED_RUN.findall(text)
+                  if len(run) > _LATIN1_RUN or min(run) < "\udca0")
     controls = sum(1 for c in text if c < " " and ord(c) not in _TEXT_CONTROLS)
     share = (invalid + controls) / len(head)
     if share > _MAX_NOT_TEXT:

@@ -62,6 +62,7 @@ from lattn_jax.halo import losses
 from lattn_jax.halo import report as report_lib
 from lattn_jax.halo import selection
 from lattn_jax.halo import stages
+from pallas_kernels.common import validation
 from pallas_kernels.simple_gla import api as sg
 
 STAGES = ("stage1", "select", "stage2", "stage3", "calibrate", "report")
@@ -185,7 +186,7 @@ def _load_teacher(config):
     t = config.teacher
     if t.kind == "random":
         r = _to_dict(t.random_model)
-        cfg = _random_teacher_config(r)
+        cfg = _random_teacher_config(r, dtype=config.hypenet.dtype)
         return cfg, stages.random_teacher(cfg, seed=r.get("seed", 0)), None
     teacher = loaders.load_teacher(_teacher_path(config), t.kind)
     cfg = loaders.cast_config(teacher.model_config, dtype=config.hypenet.dtype)
@@ -206,21 +207,23 @@ def _teacher_config(config) -> Tuple[config_lib.ModelConfig, Any]:
     """
     t = config.teacher
     if t.kind == "random":
-        return _random_teacher_config(_to_dict(t.random_model)), None
+        return _random_teacher_config(_to_dict(t.random_model), dtype=config.hypenet.dtype), None
     teacher = loaders.load_teacher(_teacher_path(config), t.kind, params=False)
     return loaders.cast_config(teacher.model_config, dtype=config.hypenet.dtype), teacher.tokenizer
 
 
-def _random_teacher_config(r: Mapping[str, Any]) -> config_lib.ModelConfig:
-    """The model config of a ``"random"`` teacher from ``teacher.random_model``'s values."""
-    return config_lib.ModelConfig(
+def _random_teacher_config(r: Mapping[str, Any], dtype: str) -> config_lib.ModelConfig:
+    """The model config of a ``"random"`` teacher from ``teacher.random_model``'s values, in
+    the compute ``dtype`` (``hypenet.dtype``, as a loaded teacher's ``loaders.cast_config``;
+    its params stay fp32, so that the initialisation does not depend on it)."""
+    return loaders.cast_config(config_lib.ModelConfig(
         vocab_size=r["vocab_size"], d_model=r["d_model"],
         layer_pattern=("attn",) * r["num_layers"], mlp_hidden=r["mlp_hidden"],
         tie_embeddings=r.get("tie_embeddings", True), norm_eps=1e-6, use_segment_ids=False,
         attention=config_lib.AttentionConfig(
             num_heads=r["num_heads"], num_kv_heads=r["num_kv_heads"],
             head_dim=r.get("head_dim"), rope_theta=r.get("rope_theta", 1e4),
-            qk_norm=r.get("qk_norm", True)))
+            qk_norm=r.get("qk_norm", True))), dtype=dtype)
 
 
 def _teacher_path(config) -> str:
@@ -268,8 +271,50 @@ def stage_cfgs(section) -> Tuple[config_lib.OptimConfig, config_lib.TrainConfig]
             _build(config_lib.TrainConfig, _to_dict(section.train), "train"))
 
 
+_LIGHTNING_OPTION = "hypenet.lightning_implementation"
+
+
+def check_lightning_implementation(config) -> None:
+    """Checks ``hypenet.lightning_implementation`` (``LightningConfig.implementation`` of every
+    student, which HALO builds without the trainer's ``model.lightning`` section).
+
+    Raises:
+      ConfigError: an unknown value, naming ``hypenet.lightning_implementation`` and the
+        choices.
+    """
+    impl = config.hypenet.lightning_implementation
+    try:
+        config_lib.LightningConfig(implementation=impl)
+    except config_lib.ConfigError as e:
+        raise config_lib.ConfigError(
+            str(e).replace("model.lightning.implementation", _LIGHTNING_OPTION, 1)) from None
+
+
+def name_lightning_implementation(config, error: validation.UnsupportedImplementationError
+                                  ) -> validation.UnsupportedImplementationError:
+    """``error`` (a student's Lightning kernel that cannot run here, raised by its op or by
+    ``Block.mix`` naming ``model.lightning.implementation``) as one error naming the option
+    the HALO config sets: ``"hypenet.lightning_implementation='pallas' is not supported
+    here: <the op's reason>"``. The stages call the Lightning and attention mixers directly
+    (Stage 1's loss, the selection's model), outside ``Block.mix``, and no other HALO option
+    names a kernel (the teacher's attention runs ``"auto"``)."""
+    reason = str(error)
+    prefix = "model.lightning.implementation="
+    if reason.startswith(prefix):  # Block.mix's naming, of the trainer's option
+        reason = reason.partition(" is not supported here: ")[2] or reason
+    impl = config.hypenet.lightning_implementation
+    return validation.UnsupportedImplementationError(
+        f"{_LIGHTNING_OPTION}={impl!r} is not supported here: {reason}")
+
+
 def student_config(config, teacher_cfg, attention_layers, **kw) -> config_lib.ModelConfig:
-    """The HypeNet config for ``attention_layers`` with ``config.hypenet``'s options."""
+    """The HypeNet config for ``attention_layers`` with ``config.hypenet``'s options.
+
+    Raises:
+      ConfigError: a bad ``hypenet.lightning_implementation`` (named,
+        :func:`check_lightning_implementation`).
+    """
+    check_lightning_implementation(config)
     h = config.hypenet
     return hypenet.hypenet_config(teacher_cfg, attention_layers, tie_embeddings=h.tie_embeddings,
                                   lightning_implementation=h.lightning_implementation,
@@ -501,8 +546,9 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
     with (:func:`check_resume`).
 
     First, whatever runs: the config's kind (:func:`check_halo_config`), the workdir's
-    (:func:`check_workdir_kind`), ``hypenet.lightning_alibi_max_bias`` (every student stage
-    builds its model from it), ``stage2.copied_lr_scale`` and ``stage2.temperature`` (a bad
+    (:func:`check_workdir_kind`), ``hypenet.lightning_alibi_max_bias`` and
+    ``hypenet.lightning_implementation``'s name (every student stage builds its model from
+    them), ``stage2.copied_lr_scale`` and ``stage2.temperature`` (a bad
     value would otherwise stop the pipeline only after Stage 1 and the selection) and
     ``select.bootstrap_resamples`` (an int >= 0).
 
@@ -524,6 +570,7 @@ def check_options(config, workdir: str, stages_to_run: Sequence[str]) -> None:
         losses.check_temperature(config.stage2.get("temperature", 1.0))  # the KL's tau
     except ValueError as e:
         raise ValueError(f"stage2.{e}") from None
+    check_lightning_implementation(config)
     resamples = config.select.get("bootstrap_resamples", 0)
     if isinstance(resamples, bool) or not isinstance(resamples, int) or resamples < 0:
         raise ValueError(f"select.bootstrap_resamples must be an int >= 0 (0: no bootstrap), "
@@ -656,6 +703,8 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
         missing from ``workdir`` (:func:`check_prerequisites`).
       FileNotFoundError: a missing teacher or data file (:func:`check_inputs`; before
         anything is written), evaluation directory or earlier stage's output.
+      UnsupportedImplementationError: (a ``ValueError``) ``hypenet.lightning_implementation``
+        names a kernel that cannot run here (:func:`name_lightning_implementation`).
     """
     if stage not in STAGES:
         raise ValueError(f"unknown stage {stage!r}; choose from {', '.join(STAGES)}")
@@ -677,7 +726,10 @@ def run(config, workdir: str, stage: str, print_fn: Callable[[str], None] = prin
     with open(os.path.join(workdir, "config.json"), "w") as f:
         f.write(config.to_json_best_effort(indent=2) if hasattr(config, "to_json_best_effort")
                 else json.dumps(_to_dict(config), indent=2, default=str))
-    out = _run_stage(config, workdir, stage, stage_dir, print_fn, deadline)
+    try:
+        out = _run_stage(config, workdir, stage, stage_dir, print_fn, deadline)
+    except validation.UnsupportedImplementationError as e:
+        raise name_lightning_implementation(config, e) from None
     out.setdefault("complete", True)
     wall = time.perf_counter() - t0
     records.append_record(os.path.join(stage_dir, TIMING_FILE),

@@ -336,6 +336,27 @@ class PrepareCorpusTest(absltest.TestCase):
         self.assertEqual((manifest["totals"]["documents"],
                           manifest["totals"]["malformed_lines"]), (1900, 100))
 
+    def test_a_small_latin1_file_is_read_as_a_large_one_is(self):
+        # A few short Latin-1 lines were refused as binary (12% of 42 bytes invalid UTF-8),
+        # while a long Latin-1 file is read with its accents replaced and counted.
+        rng = np.random.default_rng()
+        words = ["Café", "über", "Grüße", "très", "naïve", "Müll", "garçon", "déjà", "the", "au"]
+        for size, name in ((3, "small.txt"), (3000, "large.txt")):
+            lines = [" ".join(rng.choice(words, size=int(rng.integers(2, 5))))
+                     for _ in range(size)]
+            text = "\n".join(lines) + "\n"
+            path = os.path.join(self.root, name)
+            with open(path, "wb") as f:
+                f.write(text.encode("latin-1"))
+            accents = sum(ord(c) > 127 for c in text)
+            manifest = prepare.prepare_corpus([path], os.path.join(self.root, "o-" + name),
+                                              tokenizer="byte", progress=False,
+                                              print_fn=self.messages.append)
+            self.assertEqual(manifest["totals"]["invalid_utf8"], accents, name)
+            # Every byte read (an accent as U+FFFD's 3 bytes), bar the newlines between lines.
+            self.assertGreaterEqual(manifest["totals"]["tokens"],
+                                    len(text) + 2 * accents - text.count("\n"), name)
+
     def test_binary_input_is_refused(self):
         rng = np.random.default_rng(0)
         noise = rng.integers(0, 256, 200_000, dtype=np.uint8).tobytes()
@@ -353,6 +374,14 @@ class PrepareCorpusTest(absltest.TestCase):
             f.write(bytes(rng.integers(0x80, 0x100, 20_000, dtype=np.uint8)))
         with self.assertRaisesRegex(sources.DataFileError, r"high\.txt looks binary.*UTF-8"):
             prepare.prepare_corpus([path], os.path.join(self.root, "high"), tokenizer="byte",
+                                   progress=False)
+        # Short runs of high bytes among them, as a few Latin-1 letters: still binary.
+        path = os.path.join(self.root, "short.txt")
+        with open(path, "wb") as f:
+            f.write(b"".join(bytes(rng.integers(0x80, 0x100, 3, dtype=np.uint8)) + b"ab"
+                             for _ in range(20)))
+        with self.assertRaisesRegex(sources.DataFileError, r"short\.txt looks binary.*UTF-8"):
+            prepare.prepare_corpus([path], os.path.join(self.root, "short"), tokenizer="byte",
                                    progress=False)
         # Text with a little bad UTF-8 (the setUp files) is still read, with replacements.
         manifest = self._prepare(os.path.join(self.root, "ok"), tokenizer="byte")

@@ -10,6 +10,7 @@ import threading
 from unittest import mock
 
 from absl.testing import absltest
+import numpy as np
 
 from lattn_jax import sweep
 from lattn_jax import sweep_driver
@@ -104,8 +105,27 @@ class SweepDriverTest(absltest.TestCase):
             sweep_driver.run(config, sweep_driver.SweepOptions(
                 root=self.root, overrides=["optim.learning_rate=0.01"], dry_run=True),
                 repo_root=REPO, argv=["sweep.py"], print_fn=self.lines.append)
+        # A text argument axis of one value, the file's default (arch=gdn, opt=muon): the field
+        # follows the values the file's error lists (it was not seen: no other value to try).
+        rng = np.random.default_rng()
+        for axis, value, field, override in (
+                ("arch", "gdn", "model.layer_pattern",
+                 repr(tuple(rng.choice(["gdn", "attn"], size=int(rng.integers(2, 5)))))),
+                ("opt", "muon", "optim.name", str(rng.choice(["adamw", "muon"])))):
+            config = dict(CONFIG, arg=(("tiny", True),), grid=(((axis, (value,)),),))
+            with self.subTest(axis=axis), self.assertRaisesRegex(
+                    sweep.SweepConfigError,
+                    rf"^--override: {re.escape(field)} is set by the sweep's grid \(its argument "
+                    rf"axis {axis}, whose values name the runs\)"):
+                sweep_driver.run(config, sweep_driver.SweepOptions(
+                    root=self.root, overrides=[f"{field}={override}"], dry_run=True),
+                    repo_root=REPO, argv=["sweep.py"], print_fn=self.lines.append)
         self.assertFalse(os.path.exists(self.root))
-        # A field no axis sets is still an override.
+        # A field no axis sets is still an override, with a text axis of one value too.
+        config = dict(CONFIG, arg=(("tiny", True),), grid=((("arch", ("gdn",)),),))
+        self.assertEqual(sweep_driver.run(config, sweep_driver.SweepOptions(
+            root=self.root, overrides=["train.total_steps=3"], dry_run=True), repo_root=REPO,
+            argv=["sweep.py"], print_fn=self.lines.append), 0)
         self.assertEqual(self._run(overrides=["train.total_steps=3"], dry_run=True), 0)
 
     def test_a_bad_name_names_where_it_came_from(self):
@@ -212,6 +232,26 @@ class SweepDriverTest(absltest.TestCase):
         # Neither --dry_run nor --report_only is logged: sweep.jsonl lists the calls that ran
         # the sweep (the module docstring).
         self.assertFalse(os.path.exists(os.path.join(self.root, "sweep.jsonl")))
+
+    def test_a_second_ctrl_c_is_counted_and_said(self):
+        # Both Ctrl-Cs set one stop flag: the second, which stops a trainer at once without
+        # saving, was not seen as a second (sweep.launch then waited out the grace period).
+        seen = []
+
+        def execute(runs, root, *, stop, **kw):
+            del runs, root, kw
+            handler = signal.getsignal(signal.SIGINT)
+            for _ in range(2):
+                handler(signal.SIGINT, None)
+            seen.append((stop.is_set(), stop.interrupts))
+            return sweep.ExecutionSummary(status="interrupted")
+
+        with mock.patch.object(sweep, "execute", side_effect=execute):
+            self.assertEqual(self._run(max_runs=1), sweep_driver.EXIT_STOPPED)
+        self.assertEqual(seen, [(True, 2)])
+        self.assertIn("sweep: SIGINT; stopping after the current run's checkpoint", self.lines)
+        self.assertIn("sweep: second Ctrl-C; stopping every trainer in flight at once, without "
+                      "saving", self.lines)
 
     def test_the_signal_handlers_before_the_call_are_restored(self):
         # _execute installed its SIGTERM and Ctrl-C handlers and left them installed: an

@@ -598,6 +598,65 @@ class ExecuteTest(_FakeTrainerTestCase):
                                stop_margin_s=10, interrupt_grace_s=0.5)
         self.assertEqual((attempt.returncode, attempt.stopped_by), (-signal.SIGTERM, "interrupt"))
 
+    def test_a_second_ctrl_c_stops_the_trainer_at_once_without_saving(self):
+        # README: a second Ctrl-C stops a trainer at once, without saving. Two that reached
+        # the trainer during one step merged into one (Python runs the handler once), so it
+        # saved and the sweep waited out the grace; the sweep's own handler counts them.
+        rng = np.random.default_rng()
+        save_s = float(rng.uniform(20, 40))
+        script = os.path.join(self.root, "merging_trainer.py")
+        pid_file = os.path.join(self.root, "pid")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent(f'''
+                import os, signal, sys, time
+                def on_int(signum, frame):  # the trainer's: the next Ctrl-C interrupts
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+                    print("Ctrl-C: saving a checkpoint", flush=True)
+                    time.sleep({save_s})
+                    print("checkpoint saved", flush=True)
+                    sys.exit(130)
+                signal.signal(signal.SIGINT, on_int)
+                with open({pid_file!r} + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.rename({pid_file!r} + ".tmp", {pid_file!r})
+                try:
+                    while True:
+                        time.sleep(0.05)
+                except KeyboardInterrupt:
+                    print("second Ctrl-C: stopped without saving", flush=True)
+                    sys.exit(130)
+            '''))
+        stop = sweep.StopEvent()
+
+        def two_ctrl_cs():
+            while not os.path.exists(pid_file):
+                time.sleep(0.05)
+            with open(pid_file) as f:
+                os.kill(int(f.read()), signal.SIGINT)  # the terminal's two, merged into one
+            for _ in range(2):
+                stop.set_by(signal.SIGINT)  # the sweep's own handler, twice
+                time.sleep(float(rng.uniform(0.0, 0.3)))
+
+        threading.Thread(target=two_ctrl_cs, daemon=True).start()
+        workdir = os.path.join(self.root, "run")
+        t0 = time.time()
+        attempt = sweep.launch([sys.executable, script], workdir, cwd=self.root, stop=stop,
+                               print_fn=self.lines.append, stop_margin_s=60)
+        self.assertLess(time.time() - t0, save_s / 2)  # not the save, nor the 60 s grace
+        self.assertEqual(stop.interrupts, 2)
+        self.assertEqual((attempt.returncode, attempt.stopped_by), (130, "interrupt"))
+        self.assertIn("second Ctrl-C: stopped without saving", self.lines)
+        self.assertNotIn("checkpoint saved", self.lines)
+        self.assertIn("sweep: second Ctrl-C; Ctrl-C to the trainer until it exits (it stops at "
+                      "once, without saving)", self.lines)
+        self.assertFalse(any("SIGTERM to the trainer" in line for line in self.lines))
+        self.assertEqual(sweep._describe_exit(attempt), "stopped at the sweep's interrupt")
+        # One Ctrl-C is still one: the count, and no SIGINT from the sweep.
+        once = sweep.StopEvent()
+        once.set_by(signal.SIGTERM)
+        once.set_by(signal.SIGINT)
+        self.assertEqual((once.interrupts, once.signum), (1, signal.SIGINT))
+
     def test_plan_is_what_execute_launches(self):
         # finished, failed, then three to run: the plan (the --dry_run) and what execute does.
         modes = ("ok", "fail", "slow", "ok2", "ok3")

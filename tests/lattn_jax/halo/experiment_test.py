@@ -1,5 +1,6 @@
 """The HALO driver end to end on the tiny config (random teacher, byte tokenizer)."""
 
+import copy
 import dataclasses
 import json
 import os
@@ -8,6 +9,8 @@ from unittest import mock
 
 import pytest
 from absl.testing import absltest
+import jax
+import numpy as np
 
 from configs import halo_qwen3_1p7b
 from configs import halo_smollm2
@@ -17,7 +20,9 @@ from lattn_jax.data import prepare
 from lattn_jax.data import shards
 from lattn_jax.halo import experiment
 from lattn_jax.halo import report
+from pallas_kernels.common import validation
 from tests.lattn_jax.data import corpus
+from tests.lattn_jax.halo import loaders_test
 
 
 def _record_stage1_without(config, workdir, key):
@@ -126,6 +131,36 @@ class Stage3TeacherKLConfigTest(absltest.TestCase):
         self.assertEqual((kw["kl_weight"], kw["kl_len"]), (0.25, 32))
         self.assertIs(kw["teacher_cfg"], teacher_cfg)
         self.assertIs(kw["teacher_params"], teacher_params)
+
+
+class TeacherDtypeTest(absltest.TestCase):
+    """A ``"random"`` teacher is cast to ``hypenet.dtype`` as a loaded one is."""
+
+    def test_random_and_loaded_teachers_agree_on_the_compute_dtype(self):
+        rng = np.random.default_rng()
+        dtype = str(rng.choice(["bfloat16", "float16"]))
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.hypenet.dtype = dtype
+        r = cfg.teacher.random_model
+        path = loaders_test.write_gguf_file(
+            os.path.join(self.create_tempdir().full_path, "t.gguf"), rng, family="llama",
+            vocab=r.vocab_size, d=r.d_model, layers=r.num_layers, heads=r.num_heads,
+            kv_heads=r.num_kv_heads, head_dim=r.head_dim, mlp=r.mlp_hidden, tie=True,
+            rope_theta=r.rope_theta, eps=1e-6, merges=1)
+        loaded = copy.deepcopy(cfg)
+        loaded.teacher.update(kind="gguf", path=path)
+        teachers = {}
+        for name, config in (("random", cfg), ("gguf", loaded)):
+            with mock.patch.dict(experiment._TEACHERS, clear=True):
+                model_cfg, params, _ = experiment.load_teacher(config)
+            self.assertEqual(experiment._teacher_config(config)[0], model_cfg, name)
+            teachers[name] = (model_cfg, params)
+        for name, (model_cfg, params) in teachers.items():
+            self.assertEqual((model_cfg.dtype, model_cfg.param_dtype), (dtype, "float32"), name)
+            kernel = params["blocks"][0]["mixer"]["qkv_proj"]["kernel"]
+            self.assertEqual(kernel.dtype, np.dtype(dtype), name)  # matrices in the compute dtype
+            self.assertEqual(params["final_norm"]["scale"].dtype, np.float32, name)
+        self.assertEqual(teachers["random"][0].layer_pattern, teachers["gguf"][0].layer_pattern)
 
 
 class StageDataTest(absltest.TestCase):
@@ -356,6 +391,39 @@ class ResumeOptionsTest(absltest.TestCase):
         self._assert_refused_up_front(
             "hypenet", "lightning_alibi_max_bias", (0.0, -1.0, float("nan"), float("inf"), 2000.0),
             r"^hypenet\.lightning_alibi_max_bias: max_bias")
+
+    def test_bad_lightning_implementation_names_the_hypenet_option(self):
+        # It named model.lightning.implementation, an option a HALO config does not have.
+        rng = np.random.default_rng()
+        bad = "".join(rng.choice(list("xyzq_"), size=6))
+        self._assert_refused_up_front(
+            "hypenet", "lightning_implementation", (bad, "Pallas", ""),
+            r"^hypenet\.lightning_implementation='[^']*'; choose from auto, chunked, ")
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.hypenet.lightning_implementation = bad
+        with self.assertRaisesRegex(config_lib.ConfigError,
+                                    rf"^hypenet\.lightning_implementation='{bad}'; choose"):
+            experiment.student_config(cfg, experiment.load_teacher(cfg)[0], (0,))
+
+    @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the kernels run off CPU")
+    def test_a_kernel_that_cannot_run_here_names_the_hypenet_option(self):
+        # Stage 1 calls the Lightning mixer outside Block.mix: the op's error named no option.
+        impl = str(np.random.default_rng().choice(["pallas", "mosaic_gpu"]))
+        cfg = halo_smollm2.get_config("tiny")
+        cfg.hypenet.lightning_implementation = impl
+        with self.assertRaisesRegex(
+                validation.UnsupportedImplementationError,
+                rf"^hypenet\.lightning_implementation='{impl}' is not supported here: "
+                rf"lightning_attention: implementation='{impl}' cannot run this call: [^\n]*$"):
+            experiment.run(cfg, self.create_tempdir().full_path, "stage1",
+                           print_fn=lambda s: None)
+        # Block.mix's naming of the trainer's option (stages 2, 3, the report) is replaced.
+        inner = validation.UnsupportedImplementationError(
+            f"model.lightning.implementation={impl!r} is not supported here: "
+            f"lightning_attention: no")
+        self.assertEqual(str(experiment.name_lightning_implementation(cfg, inner)),
+                         f"hypenet.lightning_implementation={impl!r} is not supported here: "
+                         f"lightning_attention: no")
 
     def test_stage2_copied_lr_scale_is_checked_first_and_binds_stage2(self):
         workdir = self._assert_refused_up_front(  # (ml_collections itself refuses a str)
