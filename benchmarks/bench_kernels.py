@@ -34,7 +34,8 @@ With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_invers
 record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command. With
 ``fused_t0_split``, ``--mosaic_t0_split_order=prepare_first`` (or ``prepare_mid``) times
 another order of the output warpgroup (the default is ``readout_first``; Sec. 16, 17) and
-``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17).
+``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17),
+``--mosaic_t0_split_state_layout=vk`` the state warpgroup carrying ``S^T`` (Sec. 35).
 ``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
 backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
 kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
@@ -134,6 +135,12 @@ _MOSAIC_T0_SPLIT_STAGES = flags.DEFINE_integer(
     "Peer mosaic, as --mosaic_t0_split_order: the split_stages= of "
     "chunk_delta_fused_t0_fwd_mosaic, the depth of its TMA input ring (2, the default, or 3: "
     "MOSAIC_GPU.md Sec. 17); unset: the default. Recorded with every mosaic record.")
+_MOSAIC_T0_SPLIT_STATE = flags.DEFINE_string(
+    "mosaic_t0_split_state_layout", None,
+    "Peer mosaic, as --mosaic_t0_split_order: the state_layout= of "
+    "chunk_delta_fused_t0_fwd_mosaic (kv, the default, or vk: the state warpgroup carries "
+    "S^T with register left operands, MOSAIC_GPU.md Sec. 35); unset: the default. Recorded "
+    "with every mosaic record.")
 _MOSAIC_BACKWARD = flags.DEFINE_list(
     "mosaic_backward", [],
     "Peer mosaic, ops gdn and deltanet, pass fwdbwd: the backward= of gated_delta_rule_mosaic "
@@ -512,9 +519,9 @@ def _apply_mosaic_t0():
     against the forward and the T0 kernel's choices, before anything runs (refused where
     they would be ignored); then set ``kernel_mosaic_gpu.T0_OPTIONS``, the keyword arguments
     of ``chunk_kkt_inverse_mosaic`` at the forwards' call sites (read at trace time: nothing
-    is traced yet). Likewise ``--mosaic_t0_split_order`` and ``--mosaic_t0_split_stages``
-    (``fused_t0_split`` only) into ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS``. Returns all of them
-    in one dict."""
+    is traced yet). Likewise ``--mosaic_t0_split_order``, ``--mosaic_t0_split_stages`` and
+    ``--mosaic_t0_split_state_layout`` (``fused_t0_split`` only) into
+    ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS``. Returns all of them in one dict."""
     options = {}
     if _MOSAIC_T0_INVERSE.value is not None:
         options["inverse"] = _MOSAIC_T0_INVERSE.value
@@ -527,6 +534,8 @@ def _apply_mosaic_t0():
         split["split_order"] = _MOSAIC_T0_SPLIT_ORDER.value
     if _MOSAIC_T0_SPLIT_STAGES.value is not None:
         split["split_stages"] = _MOSAIC_T0_SPLIT_STAGES.value
+    if _MOSAIC_T0_SPLIT_STATE.value is not None:
+        split["split_state_layout"] = _MOSAIC_T0_SPLIT_STATE.value
     if not options and not split:
         return {}
     named = ", ".join(f"--mosaic_t0_{key}={value}"
@@ -568,6 +577,12 @@ def _apply_mosaic_t0():
         if split.get("split_stages", kfused.STAGES) not in kfused.SPLIT_STAGES:
             raise app.UsageError(f"--mosaic_t0_split_stages={split['split_stages']}: takes one "
                                  f"of {', '.join(map(str, kfused.SPLIT_STAGES))}")
+        if split.get("split_state_layout", "kv") not in kfused.SPLIT_STATE_LAYOUTS:
+            raise app.UsageError(f"--mosaic_t0_split_state_layout="
+                                 f"{split['split_state_layout']}: takes one of "
+                                 f"{', '.join(kfused.SPLIT_STATE_LAYOUTS)}")
+        if "split_state_layout" in split:  # the keyword of chunk_delta_fused_t0_fwd_mosaic
+            split["state_layout"] = split.pop("split_state_layout")
     gdr_mosaic.T0_OPTIONS.clear()
     gdr_mosaic.T0_OPTIONS.update(options)
     gdr_mosaic.SPLIT_T0_OPTIONS.clear()

@@ -144,7 +144,7 @@ def _check_t0(test, k, beta, seg, t0, gate=None):
 def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
                         dtype=jnp.bfloat16, *, seed=0, interpret=True, allclose=True,
                         split_output=False, split_order=kfused.SPLIT_DEFAULT_ORDER,
-                        split_stages=kfused.STAGES):
+                        split_stages=kfused.STAGES, state_layout="kv"):
     """The ``T0`` kernel then the fused ``T0`` kernel (all stores on; three warpgroups with
     ``split_output``, in ``split_order``, with a ``split_stages``-deep ring) against the
     token-serial reference. Returns the relative RMS errors."""
@@ -155,7 +155,7 @@ def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0
     o, final, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
         store_v_new=True, store_h=True, split_output=split_output, interpret=interpret,
-        split_order=split_order, split_stages=split_stages)
+        split_order=split_order, split_stages=split_stages, state_layout=state_layout)
     want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
     test.assertEqual((o.shape, o.dtype), (v.shape, v.dtype))
@@ -401,7 +401,7 @@ def _check_t0_kernel_exports(test, dk):
 def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
                                    split_order=kfused.SPLIT_DEFAULT_ORDER,
                                    split_stages=kfused.STAGES, dtype=jnp.bfloat16,
-                                   deltanet=False, kv_heads=1):
+                                   deltanet=False, kv_heads=1, state_layout="kv"):
     q, k, v, g, beta, state, seg = _inputs(1, 200, 2, kv_heads, dk, dv,
                                            None if deltanet else 0.2, True, (70, 30), dtype)
     t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
@@ -410,7 +410,7 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
         return kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
             store_v_new=stores, store_h=stores, split_output=split_output,
-            split_order=split_order, split_stages=split_stages)
+            split_order=split_order, split_stages=split_stages, state_layout=state_layout)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
         q, k, v, t0, g, beta, state, seg)
@@ -426,6 +426,7 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
     test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split_sa" in text,
                      split_output and split_order == "state_ag")
     test.assertEqual("_s3" in text, split_output and split_stages == 3)
+    test.assertEqual("_vk" in text, state_layout == "vk")
 
 
 def _split_protocol(order, depth, num_chunks):
