@@ -274,6 +274,12 @@ class MarkdownTest(absltest.TestCase):
         with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0_split",
                                  mosaic_t0_split_stages=3):  # the default order, three stages
             self.assertEqual(bench_kernels._apply_mosaic_t0(), {"split_stages": 3})
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0_split",
+                                 mosaic_t0_split_order="state_ag",
+                                 mosaic_t0_split_state_layout="vk"):  # Sec. 35
+            want = {"split_order": "state_ag", "state_layout": "vk"}
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
+            self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, want)
         refused = (
             (dict(mosaic_forward="fused_t0", mosaic_t0_split_order="prepare_first"),
              "--mosaic_t0_split_order applies to --mosaic_forward=fused_t0_split only"),
@@ -283,6 +289,10 @@ class MarkdownTest(absltest.TestCase):
              "--mosaic_t0_split_stages applies to --mosaic_forward=fused_t0_split only"),
             (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_stages=4),
              "--mosaic_t0_split_stages=4: takes one of 2, 3"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_split_state_layout="vk"),
+             "--mosaic_t0_split_state_layout applies to --mosaic_forward=fused_t0_split only"),
+            (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_state_layout="kt"),
+             "--mosaic_t0_split_state_layout=kt: takes one of kv, vk"),
         )
         self._assert_refused_before_running(refused)
 

@@ -254,9 +254,9 @@ _FORWARD_CASES = (
 
 
 def _check_split_variants_bit_equal(test, inputs, interpret, variants=None):
-    """Every ``(split_order, split_stages)`` of ``variants`` (default: all) of the split kernel
-    (all stores on) gives the default's ``o``, final state, ``v_new`` and ``h`` bit for
-    bit."""
+    """Every ``(split_order, split_stages[, state_layout])`` of ``variants`` (default: all
+    orders and depths) of the split kernel (all stores on) gives the default's ``o``, final
+    state, ``v_new`` and ``h`` bit for bit."""
     q, k, v, g, beta, state, seg = inputs
     t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=interpret)
 
@@ -270,11 +270,12 @@ def _check_split_variants_bit_equal(test, inputs, interpret, variants=None):
     if variants is None:
         variants = [(order, depth) for order in kfused.SPLIT_ORDERS
                     for depth in kfused.SPLIT_STAGES]
-    for order, depth in variants:
-        got = run(split_order=order, split_stages=depth)
+    for order, depth, *layout in variants:  # (order, depth[, state_layout])
+        got = run(split_order=order, split_stages=depth,
+                  state_layout=layout[0] if layout else "kv")
         for name, a, b in zip(("o", "final_state", "v_new", "h"), got, default, strict=True):
             np.testing.assert_array_equal(np.asarray(a, np.float32), b,
-                                          err_msg=f"{name}, {order}, {depth} stages")
+                                          err_msg=f"{name}, {order}, {depth} stages {layout}")
 
 
 def _check_optional_stores(split_output):
@@ -346,6 +347,27 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
     def test_fused_t0_split_sec17_s3_matches_reference(self, order, *case):
         # Sec. 17's candidates against the fp32 token-serial reference (all stores on).
         _check_fused_kernel(self, *case, split_output=True, split_order=order, split_stages=3)
+
+    @parameterized.named_parameters(
+        ("state_ag_s3_gva_h0_packed_partial_T150_K64_V128", "state_ag", 3, 1, 150, 2, 1, 64,
+         128, 0.02, True, (64, 36, 30)),
+        ("readout_first_s2_fp16_deltanet_h0_T100_K128_V64", "readout_first", 2, 1, 100, 1, 1,
+         128, 64, None, True, None, jnp.float16))
+    def test_fused_t0_split_vk_matches_reference(self, order, depth, *case):
+        # state_layout="vk" (MOSAIC_GPU.md Sec. 35) against the fp32 token-serial reference
+        # (all stores on: h and v_new come back through the wrapper's transposes).
+        _check_fused_kernel(self, *case, split_output=True, split_order=order,
+                            split_stages=depth, state_layout="vk")
+
+    def test_vk_state_layout_gives_the_kv_outputs(self):
+        # The same 16-bit operands and fp32 sums, transposed: interpreted (numpy matmuls),
+        # o, the final state, v_new and h equal the default layout's bit for bit (measured
+        # 2026-12-06; on the GPU the wgmma summation order may differ: GpuTest compares with
+        # a tolerance). T 300: five chunks (the three-stage ring wraps), a 44-token last
+        # chunk, documents starting inside chunks, h0, GVA.
+        inputs = _inputs(1, 300, 2, 1, 64, 64, 0.05, True, (64, 36, 30, 100))
+        _check_split_variants_bit_equal(self, inputs, True, variants=[
+            ("readout_first", 2, "vk"), ("state_ag", 3, "vk")])
 
 
 @pytest.mark.slow
@@ -619,6 +641,15 @@ class LoweringTest(parameterized.TestCase):
         _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
                                        split_order=order)
 
+    def test_fused_t0_split_vk_kernel_exports_for_cuda(self):
+        # state_layout="vk" (MOSAIC_GPU.md Sec. 35): the state warpgroup's register left
+        # operands (S^T, X^T, decayed v_new^T), the transposed views of Ag, v, k and of the
+        # published S^T / v_new^T, at K = V = 128 bf16 with GVA, h0, documents and all stores,
+        # state_ag with three stages (the 227 KB limit: RefUnion of S^T and the fp32 state).
+        _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
+                                       split_order="state_ag", split_stages=3, kv_heads=2,
+                                       state_layout="vk")
+
     def test_split_stages_3_fits_227_kb_only_with_its_aliases(self):
         # Mosaic GPU's own SMEM count (core._smem_tree_size, what it checks against 227 KB)
         # of the split kernel at K = V = 128 bf16: the three-stage ring with its aliases below
@@ -675,6 +706,19 @@ class LoweringTest(parameterized.TestCase):
 # class: absl's parameterized copies of a method do not keep a method-level mark.
 @pytest.mark.slow
 class LoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("readout_first_s2_K128_V128", dict(dk=128, dv=128)),
+        ("readout_first_s2_K128_V128_nostores", dict(dk=128, dv=128, stores=False)),
+        ("state_ag_s2_K64_V64_fp16_deltanet", dict(dk=64, dv=64, dtype=jnp.float16,
+                                                   deltanet=True, split_order="state_ag")),
+        ("readout_first_s3_K128_V64_gva", dict(dk=128, dv=64, kv_heads=2, split_stages=3)),
+        ("prepare_mid_s3_K64_V128", dict(dk=64, dv=128, split_order="prepare_mid",
+                                         split_stages=3)),
+    )
+    def test_fused_t0_split_vk_kernel_exports_for_cuda(self, variant):
+        _check_fused_t0_kernel_exports(self, **{"stores": True, **variant}, split_output=True,
+                                       state_layout="vk")
 
     @parameterized.named_parameters(*_T0_SLOW)
     def test_t0_kernel_exports_for_cuda(self, **variant):
@@ -828,6 +872,15 @@ class FusedT0StagesTest(parameterized.TestCase):
             fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_order="ahead")
         with self.assertRaisesRegex(ValueError, "needs split_output=True"):
             fn(q, k, v, t0, g, beta, scale=0.1, split_order="prepare_first")
+
+    def test_rejects_unknown_or_unsplit_state_layout(self):
+        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
+        with self.assertRaisesRegex(ValueError, "state_layout must be one of"):
+            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, state_layout="kvt")
+        with self.assertRaisesRegex(ValueError, "state_layout='vk' .* needs split_output=True"):
+            fn(q, k, v, t0, g, beta, scale=0.1, state_layout="vk")
 
     def test_rejects_unknown_or_combined_stages(self):
         q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
@@ -1051,6 +1104,41 @@ class GpuTest(kmg_test.HopperTestCase):
             self, _inputs(1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200),
                           seed=5), False,
             variants=[("state_ag", 3), ("prepare_mid", 3), ("state_ag", 2)])
+
+    @parameterized.named_parameters(
+        (f"{order}_s{depth}_{name}", order, depth, *case)
+        for order, depth in (("readout_first", 2), ("state_ag", 3))
+        for name, *case in _GPU_KERNEL_CASES)
+    def test_fused_t0_split_vk_kernel_matches_reference(self, order, depth, *case):
+        # MOSAIC_GPU.md Sec. 35: state_layout="vk" (S^T carried, register left operands; V^T
+        # by an identity product) against the fp32 reference, all stores on; errors printed
+        # beside the default layout's.
+        kw = dict(seed=5, interpret=False, allclose=False, split_output=True,
+                  split_order=order, split_stages=depth)
+        errs = _check_fused_kernel(self, *case, **kw, state_layout="vk")
+        base = _check_fused_kernel(self, *case, **kw)
+        print(f"vk {order}_s{depth} {self.id()}: " + ", ".join(
+            f"{k} {v:.3e} (kv {base[k]:.3e})" for k, v in errs.items()))
+        for name, err in errs.items():  # the same roundings: no more than 1.5x kv's error
+            self.assertLessEqual(err, 1.5 * base[name] + 1e-6, name)
+
+    def test_fused_t0_split_vk_is_close_to_kv(self):
+        # A realistic row (64 chunks, partial last one, documents, h0, GVA): the transposed
+        # chain against the default layout; only the wgmma summation order may differ.
+        q, k, v, g, beta, state, seg = _inputs(1, 4090, 4, 2, 128, 128, 0.05, True,
+                                               (700, 1, 64, 999, 1200), seed=5)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg)
+
+        def run(**kw):
+            return kfused.chunk_delta_fused_t0_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=128 ** -0.5, initial_state=state,
+                segment_ids=seg, store_v_new=True, store_h=True, split_output=True, **kw)
+
+        for name, a, b in zip(("o", "final_state", "v_new", "h"), run(state_layout="vk"),
+                              run(), strict=True):
+            err = tolerances.rel_err(a, b)
+            print(f"vk vs kv {name}: relative RMS {err:.3e}")
+            self.assertLess(err, _FWD_GATE[jnp.dtype(jnp.bfloat16)], name)
 
     @parameterized.named_parameters(*_GPU_FORWARD_CASES)
     def test_forward_fused_t0_split_matches_reference_and_three_pass(self, *case):
