@@ -128,7 +128,8 @@ _MOSAIC_T0_SPLIT_ORDER = flags.DEFINE_string(
     "mosaic_t0_split_order", None,
     "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0_split: the split_order= of "
     "chunk_delta_fused_t0_fwd_mosaic (readout_first, the default since 2026-12-04f, "
-    "prepare_first or prepare_mid: MOSAIC_GPU.md Sec. 16, 17); unset: the default. Recorded "
+    "prepare_first, prepare_mid, state_ag or shared_mask: MOSAIC_GPU.md Sec. 16, 17, 35); "
+    "unset: the default. Recorded "
     "with every mosaic record.")
 _MOSAIC_T0_SPLIT_STAGES = flags.DEFINE_integer(
     "mosaic_t0_split_stages", None,

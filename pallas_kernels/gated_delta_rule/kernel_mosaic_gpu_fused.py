@@ -672,10 +672,10 @@ FUSED_T0_STAGES = ("full", "io", "v_new", "state", "no_store", "nobar")
 # runs, and leaves the output warpgroup the read-out only: the state warpgroup then never waits
 # for the output warpgroup except through the double-buffered s_free (and the ring's in_free).
 # Kernel name suffixes _pm and _sa; split_stages=3 appends _s3.
-SPLIT_ORDERS = ("readout_first", "prepare_first", "prepare_mid", "state_ag")
+SPLIT_ORDERS = ("readout_first", "prepare_first", "prepare_mid", "state_ag", "shared_mask")
 SPLIT_DEFAULT_ORDER = "readout_first"
 _SPLIT_ORDER_SUFFIX = {"readout_first": "_ro", "prepare_first": "", "prepare_mid": "_pm",
-                       "state_ag": "_sa"}
+                       "state_ag": "_sa", "shared_mask": "_sm"}
 # Depths of the split kernel's TMA input ring (split_stages): 2 (the default, STAGES) or 3.
 SPLIT_STAGES = (2, 3)
 # How the split kernel's state warpgroup carries the fp32 state (state_layout; MOSAIC_GPU.md
@@ -711,7 +711,9 @@ SPLIT_STATE_LAYOUTS = ("kv", "vk")
 #           waited for the stage; "state_ag": W in_bar[n] instead). read_state(n):
 #           W s_ready[n]; A s_free[n]; A in_free[n]. Program order: prepare(0), then per n:
 #           read_scores(n), prepare(n + 1) and read_state(n) in the order's sequence
-#           (prepare(n + 1) before or after either half; "state_ag": no prepare).
+#           (prepare(n + 1) before or after either half; "state_ag": no prepare;
+#           "shared_mask": prepare(n), read_scores(n), read_state(n) per n, which is
+#           readout_first's sequence of events with prepare(0) in the first step).
 # (tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py runs this protocol, with the SMEM buffers
 # it guards, under random schedules: LoweringTest.test_split_protocol_cannot_deadlock.)
 # Induction on n: assume every event of chunks < n happened (state steps, output halves,
@@ -1048,7 +1050,9 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     before the read-out of chunk ``n``, with ``"prepare_mid"`` between its state-free half
     (``read_scores``) and its state-dependent half (``read_state``); with ``"state_ag"`` the
     state warpgroup forms ``Ag`` of chunk ``n`` (``form_ag``) between issuing ``K S_c`` and
-    reading it, and the output warpgroup only reads out. ``depth`` is the TMA
+    reading it, and the output warpgroup only reads out; with ``"shared_mask"`` (jla's
+    order) the output warpgroup forms ``Ag`` of chunk ``n`` and then reads chunk ``n`` out
+    with the same mask ``D``. ``depth`` is the TMA
     ring's (``split_stages``; with 3, ``vd_s`` is ``x_s`` and ``state_s`` shares a
     ``RefUnion`` with ``sb_s``, except when interpreting). The state
     warpgroup per chunk: publishes ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` (fp32,
@@ -1116,8 +1120,10 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     def form_ag(slot, i, j):
         """Ag_<, the strictly lower part of Ag = T0 * D * beta_j, of the chunk in ring stage
         ``slot`` (elementwise, no product), written over T0 in the stage and committed for
-        the state warpgroup's wgmma. Nothing here depends on the state."""
-        decay, _ = chunk_mask(slot, i, j)
+        the state warpgroup's wgmma. Nothing here depends on the state. Returns
+        :func:`chunk_mask`'s ``(D, G rows)`` (``"shared_mask"`` reuses them for ``P``)."""
+        mask = chunk_mask(slot, i, j)
+        decay = mask[0]
         beta_j = lax.broadcast_in_dim(mgl.load_cols(b_col_s.at[slot], interpret), sq, [1])
         t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
         # T diag(beta) below the diagonal, rounded once to 16 bits (jla: hi/lo splits did not
@@ -1126,6 +1132,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         ag = jnp.where(j < i, t0 * decay * beta_j, 0.0)
         t0_s.at[slot][...] = ag.astype(t0_s.dtype)
         plgpu.commit_smem()
+        return mask
 
     @pl.when(wg == 2)
     def _memory():
@@ -1251,12 +1258,14 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             works on chunk m - 1."""
             slot = lax.rem(m, depth)
             plgpu.barrier_wait(in_bar.at[slot])
-            form_ag(slot, i, j)
+            mask = form_ag(slot, i, j)
             plgpu.barrier_arrive(ag_ready.at[slot])
+            return mask
 
-        def read_scores(n):
+        def read_scores(n, mask=None):
             """The state-free half of chunk n's read-out: Q K^T, P = (Q K^T * D) in 16 bits
-            (the left operand of P v_new) and the rows' decay conn e^G."""
+            (the left operand of P v_new) and the rows' decay conn e^G; ``mask``: chunk n's
+            ``(D, G rows)`` when prepare(n) formed them ("shared_mask"), else formed here."""
             slot = lax.rem(n, depth)
             k_t = mgl.transposed(k_s.at[slot], kt1_s, interpret)
 
@@ -1265,7 +1274,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 return acc[...]
 
             qk = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
-            decay, g_i = chunk_mask(slot, i, j)
+            decay, g_i = chunk_mask(slot, i, j) if mask is None else mask
             p = (qk * decay).astype(dtype)  # 16-bit, the left wgmma operand (registers)
             q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
             return mgl.lhs_operand(p, p_s, interpret), q_decay
@@ -1303,10 +1312,17 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         # Every order keeps every barrier's waits and arrivals: prepare(m) (which waits for
         # chunk m's stage) always precedes read_scores(m), which relies on that wait. Why no
         # order can deadlock, at either ring depth: _SPLIT_PROTOCOL.
-        if split_order != "state_ag":
+        if split_order not in ("state_ag", "shared_mask"):
             prepare(0)
 
         def step(n, carry):
+            if split_order == "shared_mask":
+                # jla's order: Ag of chunk n, then its read-out with the same mask D (formed
+                # once per chunk, not twice as in readout_first, whose task sequence this
+                # otherwise is: prepare(n) follows read_state(n - 1) in both).
+                mask = prepare(n)
+                read_state(n, *read_scores(n, mask))
+                return carry
             if split_order == "state_ag":
                 # Only the read-out here: the state warpgroup forms Ag; this warpgroup waits
                 # for the stage itself (prepare(n) did elsewhere).
@@ -1468,7 +1484,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
             ``P v_new``, ``o``; kernel name ``..._split_pm``; Sec. 17), so that the state
             warpgroup never waits for a read-out; meant for ``split_stages=3``;
             ``"state_ag"`` has the state warpgroup form ``Ag`` itself while its ``K S``
-            product runs, the output warpgroup only reads out (``..._split_sa``; Sec. 17).
+            product runs, the output warpgroup only reads out (``..._split_sa``; Sec. 17);
+            ``"shared_mask"`` is jla's order: per chunk the output warpgroup forms the mask
+            ``D`` once, for ``Ag`` and then for ``P`` of the same chunk (``readout_first``'s
+            task sequence with one mask per chunk instead of two; ``..._split_sm``;
+            Sec. 35).
         split_stages: with ``split_output`` only (static, one of :data:`SPLIT_STAGES`; a
             timing choice, same results bit for bit): the depth of the TMA input ring, 2
             (default) or 3. With 3 the decayed ``v_new`` reuses ``X``'s tile and the fp32

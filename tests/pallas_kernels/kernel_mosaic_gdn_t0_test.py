@@ -359,6 +359,16 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
         _check_fused_kernel(self, *case, split_output=True, split_order=order,
                             split_stages=depth, state_layout="vk")
 
+    def test_vjp_fused_t0_split_vk_matches_chunked_vjp(self):
+        # The op's forward and backward with state_layout="vk" (through SPLIT_T0_OPTIONS, as
+        # bench_kernels.py --mosaic_t0_split_state_layout=vk sets it): the residuals h and
+        # v_new come back through the wrapper's transposes into the unchanged backward. A
+        # sequence length of its own keeps jit caches out of it.
+        self.enter_context(absltest.mock.patch.dict(kgd.SPLIT_T0_OPTIONS,
+                                                    {"state_layout": "vk"}))
+        fused_test._check_vjp(self, bwd_test._pipeline_inputs(
+            1, 151, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30)), True, "fused_t0_split")
+
     def test_vk_state_layout_gives_the_kv_outputs(self):
         # The same 16-bit operands and fp32 sums, transposed: interpreted (numpy matmuls),
         # o, the final state, v_new and h equal the default layout's bit for bit (measured
@@ -367,7 +377,7 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
         # chunk, documents starting inside chunks, h0, GVA.
         inputs = _inputs(1, 300, 2, 1, 64, 64, 0.05, True, (64, 36, 30, 100))
         _check_split_variants_bit_equal(self, inputs, True, variants=[
-            ("readout_first", 2, "vk"), ("state_ag", 3, "vk")])
+            ("readout_first", 2, "vk"), ("state_ag", 3, "vk"), ("shared_mask", 2, "vk")])
 
 
 @pytest.mark.slow
@@ -636,7 +646,7 @@ class LoweringTest(parameterized.TestCase):
         _check_fused_t0_kernel_exports(self, **variant, stores=True, split_output=True,
                                        split_order=order, split_stages=3)
 
-    @parameterized.parameters("prepare_mid", "state_ag")
+    @parameterized.parameters("prepare_mid", "state_ag", "shared_mask")
     def test_fused_t0_split_sec17_s2_kernel_exports_for_cuda(self, order):
         _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
                                        split_order=order)
@@ -848,7 +858,8 @@ class FusedT0StagesTest(parameterized.TestCase):
         default = jaxpr()
         self.assertEqual(jaxpr(split_stages=2), default)
         for order, name in (("readout_first", "split_ro_s3"), ("prepare_first", "split_s3"),
-                            ("prepare_mid", "split_pm_s3"), ("state_ag", "split_sa_s3")):
+                            ("prepare_mid", "split_pm_s3"), ("state_ag", "split_sa_s3"),
+                            ("shared_mask", "split_sm_s3")):
             self.assertIn(f"gdn_chunk_delta_fused_t0_fwd_{name}",
                           jaxpr(split_order=order, split_stages=3))
         prepare_mid = jaxpr(split_order="prepare_mid")
@@ -1103,11 +1114,11 @@ class GpuTest(kmg_test.HopperTestCase):
         _check_split_variants_bit_equal(
             self, _inputs(1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200),
                           seed=5), False,
-            variants=[("state_ag", 3), ("prepare_mid", 3), ("state_ag", 2)])
+            variants=[("state_ag", 3), ("prepare_mid", 3), ("state_ag", 2), ("shared_mask", 2)])
 
     @parameterized.named_parameters(
         (f"{order}_s{depth}_{name}", order, depth, *case)
-        for order, depth in (("readout_first", 2), ("state_ag", 3))
+        for order, depth in (("readout_first", 2), ("state_ag", 3), ("shared_mask", 2))
         for name, *case in _GPU_KERNEL_CASES)
     def test_fused_t0_split_vk_kernel_matches_reference(self, order, depth, *case):
         # MOSAIC_GPU.md Sec. 35: state_layout="vk" (S^T carried, register left operands; V^T
