@@ -177,6 +177,14 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   stays live across ``Ag_< X`` for the diagonal term); the output warpgroup's peak is
   ``Q K^T``, ``D`` and the two read-out accumulators (32 each), both under 232.
 
+  Two timing options of this layout (MOSAIC_GPU.md Sec. 35; CPU only so far):
+  ``state_layout="vk"`` (:func:`_state_vk_step`) carries ``S^T`` ``[64, K]`` in the state
+  warpgroup as jla does, so its three products take the left operand from registers and the
+  chain stores and fences no operand (only the published ``S^T`` and ``v_new^T``, one
+  fence; ``V^T`` from an exact ``I V^T`` product, as jax 0.10.2 cannot load a transposed
+  swizzled tile); ``split_order="shared_mask"`` is jla's output order, one mask ``D`` per
+  chunk for both ``Ag`` and ``P``.
+
   It replaces a first three-warpgroup layout (2026-12-03 g) in which the output warpgroup
   formed ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` (``Ag`` as ``hi + lo``, four products)
   one chunk ahead and the state chain was ``fused_split``'s ``v_new = U - W S_c``. On the H200

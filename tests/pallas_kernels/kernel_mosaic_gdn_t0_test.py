@@ -32,6 +32,9 @@ dispatched, not run on a GPU yet).
   bf16 with ``h0`` and documents, which also checks the 227 KB SMEM limit; K 64 fp16
   DeltaNet; K 128 / V 64) and runs a model of the three warpgroups' barrier protocol under
   random schedules (no deadlock, no lapped phase, no buffer overwritten while read).
+  ``state_layout="vk"`` (the state carried transposed) and ``split_order="shared_mask"``
+  (MOSAIC_GPU.md Sec. 35): bit-equal to the default interpreted, ``vk`` against the
+  reference and through the op's VJP; CI exports ``vk`` (``state_ag``, three stages, GVA).
 * ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the op with ``forward="fused_t0"`` (``W``
   formed from ``T0`` in XLA for the unchanged backward) against ``jax.vjp`` of the fp32 chunk
   form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
