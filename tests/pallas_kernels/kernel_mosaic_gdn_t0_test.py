@@ -848,6 +848,11 @@ class FusedT0StagesTest(parameterized.TestCase):
         self.assertIn("gdn_chunk_delta_fused_t0_fwd_split", split)
         self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split_ro", split)  # not the default
         self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split", jaxpr("fused_t0"))
+        self.assertNotIn("_vk", split)
+        # bench_kernels.py --mosaic_t0_split_state_layout sets state_layout per variant
+        kgd.SPLIT_T0_OPTIONS["state_layout"] = "vk"
+        jax.clear_caches()
+        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_vk", jaxpr("fused_t0_split"))
 
     def test_split_stages_two_is_the_default_and_names_the_variants(self):
         q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
