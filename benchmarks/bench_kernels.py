@@ -34,7 +34,9 @@ With ``--mosaic_forward=fused_t0`` (or ``fused_t0_split``), ``--mosaic_t0_invers
 record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the command. With
 ``fused_t0_split``, ``--mosaic_t0_split_order=prepare_first`` (or ``prepare_mid``) times
 another order of the output warpgroup (the default is ``readout_first``; Sec. 16, 17) and
-``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17).
+``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17),
+``--mosaic_t0_split_state_layout=vk,kv`` the state warpgroup carrying ``S^T`` and the default
+layout, one variant each (Sec. 35).
 ``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
 backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
 kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
@@ -127,13 +129,21 @@ _MOSAIC_T0_SPLIT_ORDER = flags.DEFINE_string(
     "mosaic_t0_split_order", None,
     "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0_split: the split_order= of "
     "chunk_delta_fused_t0_fwd_mosaic (readout_first, the default since 2026-12-04f, "
-    "prepare_first or prepare_mid: MOSAIC_GPU.md Sec. 16, 17); unset: the default. Recorded "
+    "prepare_first, prepare_mid, state_ag or shared_mask: MOSAIC_GPU.md Sec. 16, 17, 35); "
+    "unset: the default. Recorded "
     "with every mosaic record.")
 _MOSAIC_T0_SPLIT_STAGES = flags.DEFINE_integer(
     "mosaic_t0_split_stages", None,
     "Peer mosaic, as --mosaic_t0_split_order: the split_stages= of "
     "chunk_delta_fused_t0_fwd_mosaic, the depth of its TMA input ring (2, the default, or 3: "
     "MOSAIC_GPU.md Sec. 17); unset: the default. Recorded with every mosaic record.")
+_MOSAIC_T0_SPLIT_STATE = flags.DEFINE_list(
+    "mosaic_t0_split_state_layout", [],
+    "Peer mosaic, as --mosaic_t0_split_order: the state_layout= values of "
+    "chunk_delta_fused_t0_fwd_mosaic to time, each as its own variant in this process with "
+    "its own gate (kv, the default, and vk: the state warpgroup carries S^T with register "
+    "left operands, MOSAIC_GPU.md Sec. 35); unset: the default once. Recorded in each "
+    "mosaic record's mosaic_t0.")
 _MOSAIC_BACKWARD = flags.DEFINE_list(
     "mosaic_backward", [],
     "Peer mosaic, ops gdn and deltanet, pass fwdbwd: the backward= of gated_delta_rule_mosaic "
@@ -512,9 +522,9 @@ def _apply_mosaic_t0():
     against the forward and the T0 kernel's choices, before anything runs (refused where
     they would be ignored); then set ``kernel_mosaic_gpu.T0_OPTIONS``, the keyword arguments
     of ``chunk_kkt_inverse_mosaic`` at the forwards' call sites (read at trace time: nothing
-    is traced yet). Likewise ``--mosaic_t0_split_order`` and ``--mosaic_t0_split_stages``
-    (``fused_t0_split`` only) into ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS``. Returns all of them
-    in one dict."""
+    is traced yet). Likewise ``--mosaic_t0_split_order``, ``--mosaic_t0_split_stages`` and
+    ``--mosaic_t0_split_state_layout`` (``fused_t0_split`` only) into
+    ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS``. Returns all of them in one dict."""
     options = {}
     if _MOSAIC_T0_INVERSE.value is not None:
         options["inverse"] = _MOSAIC_T0_INVERSE.value
@@ -527,6 +537,8 @@ def _apply_mosaic_t0():
         split["split_order"] = _MOSAIC_T0_SPLIT_ORDER.value
     if _MOSAIC_T0_SPLIT_STAGES.value is not None:
         split["split_stages"] = _MOSAIC_T0_SPLIT_STAGES.value
+    if _MOSAIC_T0_SPLIT_STATE.value:  # validated here, applied per variant (run_jax)
+        split["split_state_layout"] = ",".join(_MOSAIC_T0_SPLIT_STATE.value)
     if not options and not split:
         return {}
     named = ", ".join(f"--mosaic_t0_{key}={value}"
@@ -568,6 +580,11 @@ def _apply_mosaic_t0():
         if split.get("split_stages", kfused.STAGES) not in kfused.SPLIT_STAGES:
             raise app.UsageError(f"--mosaic_t0_split_stages={split['split_stages']}: takes one "
                                  f"of {', '.join(map(str, kfused.SPLIT_STAGES))}")
+        for layout in _MOSAIC_T0_SPLIT_STATE.value:
+            if layout not in kfused.SPLIT_STATE_LAYOUTS:
+                raise app.UsageError(f"--mosaic_t0_split_state_layout={layout}: takes "
+                                     f"values of {', '.join(kfused.SPLIT_STATE_LAYOUTS)}")
+        split.pop("split_state_layout", None)  # a variant: _set_split_state_layout
     gdr_mosaic.T0_OPTIONS.clear()
     gdr_mosaic.T0_OPTIONS.update(options)
     gdr_mosaic.SPLIT_T0_OPTIONS.clear()
@@ -672,6 +689,28 @@ def _set_mosaic_backward(value):
         jax.clear_caches()
 
 
+def _split_state_layout_variants(op, peer):
+    """``--mosaic_t0_split_state_layout``'s values for ``(op, peer)`` (``[None]``: once,
+    the default layout)."""
+    if peer == "mosaic" and op in ("gdn", "deltanet") and _MOSAIC_T0_SPLIT_STATE.value:
+        return list(_MOSAIC_T0_SPLIT_STATE.value)
+    return [None]
+
+
+def _set_split_state_layout(value):
+    """Sets ``state_layout`` in ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS`` (``None``: removes it,
+    the default) and clears JAX's caches, whose traces read it."""
+    import jax
+
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
+    if value != gdr_mosaic.SPLIT_T0_OPTIONS.get("state_layout"):
+        if value is None:
+            gdr_mosaic.SPLIT_T0_OPTIONS.pop("state_layout")
+        else:
+            gdr_mosaic.SPLIT_T0_OPTIONS["state_layout"] = value
+        jax.clear_caches()
+
+
 def _pass_values(flag, op, peer):
     """The values of ``flag`` (``--channelwise_state_pass`` / ``--channelwise_grad_pass``) to
     run ``(op, peer)`` with (``[None]``: once, as configured)."""
@@ -720,10 +759,12 @@ def _channelwise_variants(op, peer):
 
 
 def _variants(op, peer):
-    """``(state_pass, grad_pass, mosaic_backward)`` triples to run ``(op, peer)`` with
-    (:func:`_channelwise_variants` with every ``--mosaic_backward`` value)."""
-    return [(sp, gp, bw) for sp, gp in _channelwise_variants(op, peer)
-            for bw in _mosaic_backward_variants(op, peer)]
+    """``(state_pass, grad_pass, mosaic_backward, state_layout)`` to run ``(op, peer)`` with
+    (:func:`_channelwise_variants` with every ``--mosaic_backward`` value and every
+    ``--mosaic_t0_split_state_layout`` value)."""
+    return [(sp, gp, bw, sl) for sp, gp in _channelwise_variants(op, peer)
+            for bw in _mosaic_backward_variants(op, peer)
+            for sl in _split_state_layout_variants(op, peer)]
 
 
 def run_jax(records):
@@ -738,10 +779,11 @@ def run_jax(records):
             peers.remove(gpu_only)
     for op in _OPS.value:
         for peer in peers:
-            for state_pass, grad_pass, backward in _variants(op, peer):
+            for state_pass, grad_pass, backward, layout in _variants(op, peer):
                 _set_state_pass(state_pass)
                 _set_grad_pass(grad_pass)
                 _set_mosaic_backward(backward)
+                _set_split_state_layout(layout)
                 gate_ok, errs = (True, {})
                 if peer == "mosaic" and op not in _MOSAIC_OPS:
                     print(f"skipping peer mosaic for {op}: its Mosaic GPU kernel is not written "
@@ -755,7 +797,8 @@ def run_jax(records):
                         gate_ok, errs = False, {"error": repr(e)[:300]}
                     label = "".join(f" ({what} {value})" for what, value in
                                     (("state pass", state_pass), ("grad pass", grad_pass),
-                                     ("backward", backward)) if value)
+                                     ("backward", backward), ("state layout", layout))
+                                    if value)
                     print(f"gate {op} {peer}{label}: {'green' if gate_ok else 'RED'} {errs}",
                           flush=True)
                 for shape in _SHAPES.value:
@@ -786,8 +829,10 @@ def run_jax(records):
                             rec["channelwise_grad_pass"] = grad_pass
                         if backward is not None:
                             rec["mosaic_backward"] = backward
-                        if peer == "mosaic" and op in ("gdn", "deltanet") and t0_options:
-                            rec["mosaic_t0"] = t0_options
+                        if peer == "mosaic" and op in ("gdn", "deltanet") and (
+                                t0_options or layout):
+                            rec["mosaic_t0"] = {**t0_options, **(
+                                {"state_layout": layout} if layout else {})}
                         try:
                             fn = passes[pas]
                             rec["ms"], rec["ms_min"] = _time_jax(fn, (q, k, v, do), gates)

@@ -177,6 +177,14 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   stays live across ``Ag_< X`` for the diagonal term); the output warpgroup's peak is
   ``Q K^T``, ``D`` and the two read-out accumulators (32 each), both under 232.
 
+  Two timing options of this layout (MOSAIC_GPU.md Sec. 35; CPU only so far):
+  ``state_layout="vk"`` (:func:`_state_vk_step`) carries ``S^T`` ``[64, K]`` in the state
+  warpgroup as jla does, so its three products take the left operand from registers and the
+  chain stores and fences no operand (only the published ``S^T`` and ``v_new^T``, one
+  fence; ``V^T`` from an exact ``I V^T`` product, as jax 0.10.2 cannot load a transposed
+  swizzled tile); ``split_order="shared_mask"`` is jla's output order, one mask ``D`` per
+  chunk for both ``Ag`` and ``P``.
+
   It replaces a first three-warpgroup layout (2026-12-03 g) in which the output warpgroup
   formed ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` (``Ag`` as ``hi + lo``, four products)
   one chunk ahead and the state chain was ``fused_split``'s ``v_new = U - W S_c``. On the H200
@@ -344,6 +352,13 @@ def _split_kernel(q_ref, k_ref, w_ref, u_ref, g_ref, doc_ref, last_ref, conn_ref
     ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
     (interpret mode only) = ``kt0_s``, ``kt1_s`` (``k^T`` for the state and the output
     warpgroup), ``p_s`` (``P``).
+
+    With ``state_layout="vk"`` the state warpgroup carries ``S^T`` (``[64, K]`` fp32) and runs
+    the transposed chain (:func:`_state_vk_step`); ``h0_ref`` / ``ht_ref`` / ``h_ref`` are then
+    ``[..., V, K]`` and ``vn_ref`` ``[B, H, V, Tp]`` (the wrapper transposes), the published
+    tiles hold ``S^T`` and ``v_new^T`` and the output warpgroup reads them as transposed views;
+    the interpret shim adds ``agt_s`` (``Ag^T``), ``st_s`` (``S``), ``vnt_s`` (``v_new``) and
+    the left-operand copies ``sl_s``, ``xt_s``, ``vdt_s``.
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -665,12 +680,19 @@ FUSED_T0_STAGES = ("full", "io", "v_new", "state", "no_store", "nobar")
 # runs, and leaves the output warpgroup the read-out only: the state warpgroup then never waits
 # for the output warpgroup except through the double-buffered s_free (and the ring's in_free).
 # Kernel name suffixes _pm and _sa; split_stages=3 appends _s3.
-SPLIT_ORDERS = ("readout_first", "prepare_first", "prepare_mid", "state_ag")
+SPLIT_ORDERS = ("readout_first", "prepare_first", "prepare_mid", "state_ag", "shared_mask")
 SPLIT_DEFAULT_ORDER = "readout_first"
 _SPLIT_ORDER_SUFFIX = {"readout_first": "_ro", "prepare_first": "", "prepare_mid": "_pm",
-                       "state_ag": "_sa"}
+                       "state_ag": "_sa", "shared_mask": "_sm"}
 # Depths of the split kernel's TMA input ring (split_stages): 2 (the default, STAGES) or 3.
 SPLIT_STAGES = (2, 3)
+# How the split kernel's state warpgroup carries the fp32 state (state_layout; MOSAIC_GPU.md
+# Sec. 35): "kv" (the default) S [K, 64], the right operand of K S and the output of
+# K^T (decayed v_new), so S, X and the decayed v_new go to SMEM (16 KB + 8 + 8, three fences)
+# on the serial chain; "vk" S^T [64, K] as jla's fused_fwd_wy carries it: the three products
+# S^T K^T, X^T Ag^T and (decayed v_new)^T K all take their left operand from registers, and
+# only the published S^T and v_new^T (for the output warpgroup) are stored.
+SPLIT_STATE_LAYOUTS = ("kv", "vk")
 # SMEM of the split kernel at K = V = 128, bf16 (Mosaic GPU aligns every buffer to 1 KB; the
 # limit is 227 KB = 232,448 bytes per block on the H100 / H200). One ring stage: q 16 KB, k 16,
 # v 8, T0 / Ag 8, seven fp32 [64] vectors 0.25 each (49.75 KB). Tiles: S in 16 bits 2 x 16 KB,
@@ -697,7 +719,9 @@ SPLIT_STAGES = (2, 3)
 #           waited for the stage; "state_ag": W in_bar[n] instead). read_state(n):
 #           W s_ready[n]; A s_free[n]; A in_free[n]. Program order: prepare(0), then per n:
 #           read_scores(n), prepare(n + 1) and read_state(n) in the order's sequence
-#           (prepare(n + 1) before or after either half; "state_ag": no prepare).
+#           (prepare(n + 1) before or after either half; "state_ag": no prepare;
+#           "shared_mask": prepare(n), read_scores(n), read_state(n) per n, which is
+#           readout_first's sequence of events with prepare(0) in the first step).
 # (tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py runs this protocol, with the SMEM buffers
 # it guards, under random schedules: LoweringTest.test_split_protocol_cannot_deadlock.)
 # Induction on n: assume every event of chunks < n happened (state steps, output halves,
@@ -910,10 +934,117 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     plgpu.barrier_wait(done)
 
 
+def _state_vk_step(n, s, *, refs, eye, depth, interpret, form_ag, store_h, store_v_new):
+    """One chunk of the split kernel's state warpgroup with ``state_layout="vk"``: the state
+    carried transposed, ``S^T`` ``[64, K]`` fp32 (64 value columns of one head), as jla's
+    ``fused_fwd_wy`` carries it (MOSAIC_GPU.md Sec. 2, Sec. 35). The equations of
+    :func:`_split_t0_kernel`'s state warpgroup, transposed::
+
+        X^T     = V^T - (S^T K^T) diag(conn e^G)          (S^T in 16 bits, from registers)
+        v_new^T = X^T Ag_<^T + X^T diag(beta)             (X^T in 16 bits, from registers;
+                                                           Ag_<^T a transposed SMEM view)
+        S^T    <- keep e^{G_L} S^T + (v_new^T diag(last e^{G_L - G})) K   (16 bits, registers)
+
+    so no product waits for an SMEM store and fence of its left operand: per chunk only the
+    published ``S^T`` (16 bits, for the output warpgroup's ``Q S``) and ``v_new^T`` (its
+    ``P v_new``) are stored, with one ``commit_smem`` before ``s_ready`` (and one after the
+    ``S^T`` store when ``store_h`` sends it to HBM). The roundings are those of the ``"kv"``
+    layout (the same 16-bit operands, transposed; fp32 accumulation), so the results agree
+    with it up to the summation order inside the ``wgmma``.
+
+    ``V^T`` comes from one more ``wgmma``, ``I V^T`` (exact), issued with ``S^T K^T``: jax
+    0.10.2 cannot load a transposed swizzled tile into registers (jla, on 0.11.2, does).
+
+    ``s``: ``S^T`` entering chunk ``n``; returns ``S^T`` leaving it. ``eye``: the 16-bit
+    ``[64, 64]`` identity in the WGMMA layout (formed once). ``refs``: the SMEM ring and
+    tiles, the barriers and (interpreting) the shim
+    ``(kt0_s, agt_s, sl_s, xt_s, vdt_s, vt_s, eye_s)``.
+    ``form_ag(slot)``: forms ``Ag_<`` here (``split_order="state_ag"``) instead of waiting
+    on ``ag_ready``; ``store_h(n, half)`` / ``store_v_new(n, half)``: the optional TMA stores
+    of the published tiles, or ``None``.
+    """
+    r = refs
+    slot, half = lax.rem(n, depth), lax.rem(n, 2)
+    kt0_s, agt_s, sl_s, xt_s, vdt_s, vt_s, eye_s = r["shim"] if interpret else (None,) * 7
+    dtype = r["vn_s"].dtype
+    tile_t = r["vn_s"].shape[1:]  # [64, C]
+    dk = r["k_s"].shape[-1]
+
+    def by_col(x, shape):
+        return lax.broadcast_in_dim(x, shape, [1])
+
+    @pl.when(n >= 2)
+    def _():  # the output warpgroup has read the tiles published two chunks ago
+        plgpu.barrier_wait(r["s_free"].at[half])
+
+    # This warpgroup's stores (h, v_new) of chunk n - 2 must have read their tiles.
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    s_lo = s.astype(dtype)  # S^T in 16 bits: the left operand of S^T K^T, and published
+    r["sb_s"].at[half][...] = s_lo
+    if store_h:
+        plgpu.commit_smem()
+        store_h(n, half)
+    plgpu.barrier_wait(r["in_bar"].at[slot])
+    k_t = mgl.transposed(r["k_s"].at[slot], kt0_s, interpret)  # [K, C]
+    v_t = mgl.transposed(r["v_s"].at[slot], vt_s, interpret)  # [64, C]
+    s_op = mgl.lhs_operand(s_lo, sl_s, interpret)
+    eye_op = mgl.lhs_operand(eye, eye_s, interpret)
+
+    def state_in(ks_acc, v_acc):  # issued together: one wait for both
+        # V^T in the WGMMA layout, exactly (16-bit values times 1, fp32 sums of one term):
+        # jax 0.10.2 cannot load a transposed swizzled tile into registers ("Can't transpose
+        # the swizzled dimension"), but wgmma reads one as its right operand.
+        plgpu.wgmma(v_acc, eye_op, v_t)  # I V^T, [64, C]
+        plgpu.wgmma(ks_acc, s_op, k_t)  # S^T K^T, [64, C]
+        if form_ag is not None:  # Ag of chunk n while the products are on the tensor cores
+            form_ag(slot)
+        return ks_acc[...], v_acc[...]
+
+    # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
+    ks_t, v_tr = lax.optimization_barrier(pl.run_scoped(
+        state_in, plgpu.ACC(tile_t), plgpu.ACC(tile_t)))
+    g_j = mgl.load_cols(r["g_col_s"].at[slot], interpret)  # chunk-local cumsum, fp32
+    g_last = r["g_row_s"][slot, CHUNK - 1]
+    # The entering state reaches token t as conn_t e^{G_t} (<= 1), a column scale here.
+    q_decay = jnp.exp(g_j) * mgl.load_cols(r["conn_s"].at[slot], interpret)
+    x_t = v_tr - ks_t * by_col(q_decay, tile_t)  # X^T, fp32
+    if form_ag is None:  # Ag of chunk n, over T0 in the ring stage
+        plgpu.barrier_wait(r["ag_ready"].at[slot])
+    x_op = mgl.lhs_operand(x_t.astype(dtype), xt_s, interpret)
+    ag_t = mgl.transposed(r["t0_s"].at[slot], agt_s, interpret)  # Ag_<^T, [C, C]
+
+    def solve(acc):
+        plgpu.wgmma(acc, x_op, ag_t)  # v_new^T = X^T Ag_<^T, [64, C]
+        return acc[...]
+
+    vn_t = lax.optimization_barrier(pl.run_scoped(solve, plgpu.ACC(tile_t)))  # fp32
+    # The unit diagonal of T0 in fp32: Ag_ii X_i = beta_i X_i, unrounded (a column scale).
+    vn_t = vn_t + x_t * by_col(mgl.load_cols(r["b_col_s"].at[slot], interpret), tile_t)
+    # Token s reaches the next chunk as last_s e^{G_L - G_s} (<= 1); keep e^{G_L} is 0 if a
+    # document starts inside the chunk.
+    k_decay = jnp.exp(g_last - g_j) * mgl.load_cols(r["last_s"].at[slot], interpret)
+    s_decay = jnp.exp(g_last) * r["conn_s"][slot, CHUNK - 1]
+    r["vn_s"].at[half][...] = vn_t.astype(dtype)
+    plgpu.commit_smem()
+    plgpu.barrier_arrive(r["s_ready"].at[half])  # S^T and v_new^T published
+    if store_v_new:
+        store_v_new(n, half)
+    vd_op = mgl.lhs_operand((vn_t * by_col(k_decay, tile_t)).astype(dtype), vdt_s, interpret)
+
+    def update(acc):
+        plgpu.wgmma(acc, vd_op, r["k_s"].at[slot])  # (decayed v_new)^T K, [64, K]
+        return acc[...]
+
+    kv = lax.optimization_barrier(pl.run_scoped(update, plgpu.ACC((tile_t[0], dk))))
+    plgpu.barrier_arrive(r["in_free"].at[slot])  # k, v, Ag (the stage) no longer read here
+    return s * s_decay + kv
+
+
 def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
                      store_v_new: bool, store_h: bool, interpret: bool,
-                     split_order: str = SPLIT_DEFAULT_ORDER, depth: int = STAGES):
+                     split_order: str = SPLIT_DEFAULT_ORDER, depth: int = STAGES,
+                     state_layout: str = "kv"):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic` with ``split_output``: three
     warpgroups (state, output, memory) in jla's arrangement (MOSAIC_GPU.md Sec. 2); refs are
     GMEM.
@@ -927,7 +1058,9 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     before the read-out of chunk ``n``, with ``"prepare_mid"`` between its state-free half
     (``read_scores``) and its state-dependent half (``read_state``); with ``"state_ag"`` the
     state warpgroup forms ``Ag`` of chunk ``n`` (``form_ag``) between issuing ``K S_c`` and
-    reading it, and the output warpgroup only reads out. ``depth`` is the TMA
+    reading it, and the output warpgroup only reads out; with ``"shared_mask"`` (jla's
+    order) the output warpgroup forms ``Ag`` of chunk ``n`` and then reads chunk ``n`` out
+    with the same mask ``D``. ``depth`` is the TMA
     ring's (``split_stages``; with 3, ``vd_s`` is ``x_s`` and ``state_s`` shares a
     ``RefUnion`` with ``sb_s``, except when interpreting). The state
     warpgroup per chunk: publishes ``S_c``; ``K S_c``; ``X = V - diag(conn e^G) K S_c`` (fp32,
@@ -936,6 +1069,13 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
     (interpret mode only) = ``kt0_s``, ``kt1_s`` (``k^T`` for the state and the output
     warpgroup), ``p_s`` (``P``).
+
+    With ``state_layout="vk"`` the state warpgroup carries ``S^T`` (``[64, K]`` fp32) and runs
+    the transposed chain (:func:`_state_vk_step`); ``h0_ref`` / ``ht_ref`` / ``h_ref`` are then
+    ``[..., V, K]`` and ``vn_ref`` ``[B, H, V, Tp]`` (the wrapper transposes), the published
+    tiles hold ``S^T`` and ``v_new^T`` and the output warpgroup reads them as transposed views;
+    the interpret shim adds ``agt_s`` (``Ag^T``), ``st_s`` (``S``), ``vnt_s`` (``v_new``) and
+    the left-operand copies ``sl_s``, ``xt_s``, ``vdt_s``.
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -945,7 +1085,16 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     ring, rest = tuple(rest[:_T0_IN_COPIES]), rest[_T0_IN_COPIES:]
     (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s,
      conn_s) = ring
-    if depth == STAGES:  # the two-stage layout: every tile of its own
+    vk = state_layout == "vk"
+    x_s = vd_s = None
+    if vk:  # S^T and v_new^T published; no X or decayed v_new tile (registers)
+        if depth == STAGES:
+            sb_s, vn_s, o_s, state_s, *rest = rest
+        elif interpret:
+            sb_s, state_s, vn_s, o_s, *rest = rest
+        else:
+            (sb_s, state_s), vn_s, o_s, *rest = rest
+    elif depth == STAGES:  # the two-stage layout: every tile of its own
         sb_s, x_s, vn_s, vd_s, o_s, state_s, *rest = rest
     else:  # split_stages=3: two aliases pay for the third stage (SMEM note at SPLIT_STAGES)
         if interpret:  # the interpreter has no RefUnion: state_s apart (no SMEM limit there)
@@ -955,7 +1104,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         x_s, vn_s, o_s, *rest = rest
         vd_s = x_s  # X is dead once Ag X was read; the decayed v_new takes its tile
     in_bar, in_free, ag_ready, s_ready, s_free, io_bar, done, *shim = rest
-    kt0_s, kt1_s, p_s = shim if interpret else (None,) * 3
+    kt0_s, kt1_s, p_s, *shim_vk = shim if interpret else (None,) * (11 if vk else 3)
     gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
             conn_ref)
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
@@ -979,8 +1128,10 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     def form_ag(slot, i, j):
         """Ag_<, the strictly lower part of Ag = T0 * D * beta_j, of the chunk in ring stage
         ``slot`` (elementwise, no product), written over T0 in the stage and committed for
-        the state warpgroup's wgmma. Nothing here depends on the state."""
-        decay, _ = chunk_mask(slot, i, j)
+        the state warpgroup's wgmma. Nothing here depends on the state. Returns
+        :func:`chunk_mask`'s ``(D, G rows)`` (``"shared_mask"`` reuses them for ``P``)."""
+        mask = chunk_mask(slot, i, j)
+        decay = mask[0]
         beta_j = lax.broadcast_in_dim(mgl.load_cols(b_col_s.at[slot], interpret), sq, [1])
         t0 = mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
         # T diag(beta) below the diagonal, rounded once to 16 bits (jla: hi/lo splits did not
@@ -989,6 +1140,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         ag = jnp.where(j < i, t0 * decay * beta_j, 0.0)
         t0_s.at[slot][...] = ag.astype(t0_s.dtype)
         plgpu.commit_smem()
+        return mask
 
     @pl.when(wg == 2)
     def _memory():
@@ -996,7 +1148,38 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         mgl.ring_producer(_t0_issuer(gmem, ring, in_bar, b, h, hk, cols), num_chunks, in_free,
                           stages=depth)
 
-    @pl.when(wg == 0)
+    def _only(flag):  # pl.when(wg == 0) for the state layout's body; the other is not traced
+        return pl.when(wg == 0) if flag else (lambda f: f)
+
+    @_only(vk)
+    def _state_vk():
+        plgpu.set_max_registers(232, action="increase")
+        h0 = h0_ref.at[b, h, cols, :] if has_h0 else None  # S^T, [64, K]
+        s0 = mgl.entry_state(h0, state_s, io_bar, (BLOCK_V, dk), interpret)
+        ij = ((mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret))
+              if split_order == "state_ag" else None)
+        refs = dict(k_s=k_s, v_s=v_s, t0_s=t0_s, g_row_s=g_row_s, g_col_s=g_col_s,
+                    b_col_s=b_col_s, last_s=last_s, conn_s=conn_s, sb_s=sb_s, vn_s=vn_s,
+                    in_bar=in_bar, in_free=in_free, ag_ready=ag_ready, s_ready=s_ready,
+                    s_free=s_free, shim=(kt0_s, *shim_vk[:1], *shim_vk[3:]) if interpret
+                    else None)
+        vsq = (BLOCK_V, BLOCK_V)
+        ii, jj = mgl.iota(vsq, 0, interpret), mgl.iota(vsq, 1, interpret)
+        eye = (ii == jj).astype(dtype)  # loop-invariant, 16 registers a thread
+        step = functools.partial(
+            _state_vk_step, refs=refs, eye=eye, depth=depth, interpret=interpret,
+            form_ag=(lambda slot: form_ag(slot, *ij)) if ij is not None else None,
+            store_h=(lambda n, half: plgpu.copy_smem_to_gmem(
+                sb_s.at[half], h_ref.at[b, h, n, cols, :])) if store_h else None,
+            store_v_new=(lambda n, half: plgpu.copy_smem_to_gmem(
+                vn_s.at[half], vn_ref.at[b, h, cols, pl.ds(n * CHUNK, CHUNK)]))
+            if store_v_new else None)
+        s = lax.fori_loop(0, num_chunks, step, s0)
+        for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
+            plgpu.barrier_wait(s_free.at[n % 2])
+        mgl.store_state(s, state_s, ht_ref.at[b, h, cols, :])
+
+    @_only(not vk)
     def _state():
         plgpu.set_max_registers(232, action="increase")
         h0 = h0_ref.at[b, h, :, cols] if has_h0 else None
@@ -1083,12 +1266,14 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             works on chunk m - 1."""
             slot = lax.rem(m, depth)
             plgpu.barrier_wait(in_bar.at[slot])
-            form_ag(slot, i, j)
+            mask = form_ag(slot, i, j)
             plgpu.barrier_arrive(ag_ready.at[slot])
+            return mask
 
-        def read_scores(n):
+        def read_scores(n, mask=None):
             """The state-free half of chunk n's read-out: Q K^T, P = (Q K^T * D) in 16 bits
-            (the left operand of P v_new) and the rows' decay conn e^G."""
+            (the left operand of P v_new) and the rows' decay conn e^G; ``mask``: chunk n's
+            ``(D, G rows)`` when prepare(n) formed them ("shared_mask"), else formed here."""
             slot = lax.rem(n, depth)
             k_t = mgl.transposed(k_s.at[slot], kt1_s, interpret)
 
@@ -1097,7 +1282,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 return acc[...]
 
             qk = lax.optimization_barrier(pl.run_scoped(scores, plgpu.ACC(sq)))
-            decay, g_i = chunk_mask(slot, i, j)
+            decay, g_i = chunk_mask(slot, i, j) if mask is None else mask
             p = (qk * decay).astype(dtype)  # 16-bit, the left wgmma operand (registers)
             q_decay = jnp.exp(g_i) * mgl.load_rows(conn_s.at[slot], interpret)
             return mgl.lhs_operand(p, p_s, interpret), q_decay
@@ -1109,9 +1294,17 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             rows = pl.ds(n * CHUNK, CHUNK)
             plgpu.barrier_wait(s_ready.at[half])
 
+            if vk:  # S^T and v_new^T were published: read them as transposed views
+                s_op = mgl.transposed(sb_s.at[half], shim_vk[1] if interpret else None,
+                                      interpret)
+                vn_op = mgl.transposed(vn_s.at[half], shim_vk[2] if interpret else None,
+                                       interpret)
+            else:
+                s_op, vn_op = sb_s.at[half], vn_s.at[half]
+
             def out(qs_acc, pv_acc):  # issued together
-                plgpu.wgmma(qs_acc, q_s.at[slot], sb_s.at[half])  # Q S, [C, 64]
-                plgpu.wgmma(pv_acc, p_op, vn_s.at[half])  # P v_new, [C, 64]
+                plgpu.wgmma(qs_acc, q_s.at[slot], s_op)  # Q S, [C, 64]
+                plgpu.wgmma(pv_acc, p_op, vn_op)  # P v_new, [C, 64]
                 return qs_acc[...], pv_acc[...]
 
             qs, pv = lax.optimization_barrier(pl.run_scoped(
@@ -1127,10 +1320,17 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         # Every order keeps every barrier's waits and arrivals: prepare(m) (which waits for
         # chunk m's stage) always precedes read_scores(m), which relies on that wait. Why no
         # order can deadlock, at either ring depth: _SPLIT_PROTOCOL.
-        if split_order != "state_ag":
+        if split_order not in ("state_ag", "shared_mask"):
             prepare(0)
 
         def step(n, carry):
+            if split_order == "shared_mask":
+                # jla's order: Ag of chunk n, then its read-out with the same mask D (formed
+                # once per chunk, not twice as in readout_first, whose task sequence this
+                # otherwise is: prepare(n) follows read_state(n - 1) in both).
+                mask = prepare(n)
+                read_state(n, *read_scores(n, mask))
+                return carry
             if split_order == "state_ag":
                 # Only the read-out here: the state warpgroup forms Ag; this warpgroup waits
                 # for the stage itself (prepare(n) did elsewhere).
@@ -1188,7 +1388,7 @@ def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> N
 
 @functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "split_output",
                                              "interpret", "stages", "split_order",
-                                             "split_stages"))
+                                             "split_stages", "state_layout"))
 def chunk_delta_fused_t0_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1207,6 +1407,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
     stages: str = "full",
     split_order: str = SPLIT_DEFAULT_ORDER,
     split_stages: int = STAGES,
+    state_layout: str = "kv",
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
     gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
@@ -1291,12 +1492,26 @@ def chunk_delta_fused_t0_fwd_mosaic(
             ``P v_new``, ``o``; kernel name ``..._split_pm``; Sec. 17), so that the state
             warpgroup never waits for a read-out; meant for ``split_stages=3``;
             ``"state_ag"`` has the state warpgroup form ``Ag`` itself while its ``K S``
-            product runs, the output warpgroup only reads out (``..._split_sa``; Sec. 17).
+            product runs, the output warpgroup only reads out (``..._split_sa``; Sec. 17);
+            ``"shared_mask"`` is jla's order: per chunk the output warpgroup forms the mask
+            ``D`` once, for ``Ag`` and then for ``P`` of the same chunk (``readout_first``'s
+            task sequence with one mask per chunk instead of two; ``..._split_sm``;
+            Sec. 35).
         split_stages: with ``split_output`` only (static, one of :data:`SPLIT_STAGES`; a
             timing choice, same results bit for bit): the depth of the TMA input ring, 2
             (default) or 3. With 3 the decayed ``v_new`` reuses ``X``'s tile and the fp32
             state staging shares SMEM with the published ``S`` (221.25 KB at K = V = 128 in
             bf16 against 211.5; kernel name suffix ``_s3``; Sec. 17).
+        state_layout: with ``split_output`` only (static, one of :data:`SPLIT_STATE_LAYOUTS`;
+            a timing choice, same equations and roundings): ``"kv"`` (default) carries ``S``
+            ``[K, 64]`` in the state warpgroup; ``"vk"`` carries ``S^T`` ``[64, K]`` as jla
+            does, so that ``S^T K^T``, ``X^T Ag_<^T`` and ``(decayed v_new)^T K`` take their
+            left operand from registers and the serial chain has no SMEM store and fence of
+            ``S``, ``X`` or the decayed ``v_new`` (:func:`_state_vk_step`; MOSAIC_GPU.md
+            Sec. 35; kernel name suffix ``_vk``). ``initial_state`` and the final state are
+            transposed in XLA around the kernel (``[B, H, V, K]`` inside), as are ``h``
+            (``store_h``) and ``v_new`` (``store_v_new``). Results equal the default's up to
+            the summation order inside the ``wgmma`` (not bit for bit).
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
@@ -1312,7 +1527,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
             than ``"full"`` with ``split_output``, ``store_v_new`` or ``store_h``;
             ``split_order`` not in :data:`SPLIT_ORDERS`, or other than the default
             ``"readout_first"`` without ``split_output``; ``split_stages`` not in
-            :data:`SPLIT_STAGES`, or other than 2 without ``split_output``.
+            :data:`SPLIT_STAGES`, or other than 2 without ``split_output``;
+            ``state_layout`` not in :data:`SPLIT_STATE_LAYOUTS`, or ``"vk"`` without
+            ``split_output``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -1329,6 +1546,12 @@ def chunk_delta_fused_t0_fwd_mosaic(
     if split_stages != STAGES and not split_output:
         raise ValueError(f"split_stages={split_stages!r} is the ring depth of the "
                          f"three-warpgroup kernel: it needs split_output=True")
+    if state_layout not in SPLIT_STATE_LAYOUTS:
+        raise ValueError(f"state_layout must be one of {SPLIT_STATE_LAYOUTS}, "
+                         f"got {state_layout!r}")
+    if state_layout != "kv" and not split_output:
+        raise ValueError(f"state_layout={state_layout!r} is the layout of the three-warpgroup "
+                         f"kernel's state warpgroup: it needs split_output=True")
     if split_order != SPLIT_DEFAULT_ORDER and not split_output:
         raise ValueError(f"split_order={split_order!r} orders the three-warpgroup kernel's "
                          f"output warpgroup: it needs split_output=True")
@@ -1348,14 +1571,19 @@ def chunk_delta_fused_t0_fwd_mosaic(
                                store_v_new=store_v_new, store_h=store_h, interpret=interpret,
                                **({} if stages == "full" else {"stages": stages}),
                                **({"split_order": split_order, "depth": split_stages}
-                                  if split_output else {}))
+                                  if split_output else {}),
+                               **({"state_layout": state_layout} if state_layout != "kv"
+                                  else {}))
+    vk = state_layout == "vk"
     dtype = v.dtype
+    sk = (dv, dk) if vk else (dk, dv)  # the state's layout inside the kernel
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
-                jax.ShapeDtypeStruct((batch, heads, dk, dv), jnp.float32)]  # final state
-    if store_v_new:
-        out_type.append(jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype))
+                jax.ShapeDtypeStruct((batch, heads) + sk, jnp.float32)]  # final state
+    if store_v_new:  # "vk": v_new^T, [B, H, V, Tp]
+        out_type.append(jax.ShapeDtypeStruct(
+            (batch, heads, dv, padded) if vk else (batch, padded, heads, dv), dtype))
     if store_h:
-        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks, dk, dv), dtype))
+        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks) + sk, dtype))
     depth = split_stages if split_output else STAGES  # of the TMA input ring
     vec = plgpu.SMEM((depth, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
@@ -1367,6 +1595,15 @@ def chunk_delta_fused_t0_fwd_mosaic(
         vec, vec, vec, vec, vec, vec, vec,  # g rows, g cols, beta cols, doc rows, doc cols,
         # last, conn
     ]
+    if vk:
+        sb = swz((2, BLOCK_V, dk), dtype)  # sb_s: S^T in 16 bits, published
+        state = swz((BLOCK_V, dk), jnp.float32)  # state_s: staging of h0^T, final state^T
+        vn = swz((2, BLOCK_V, CHUNK), dtype)  # vn_s: v_new^T, published
+        o_tiles = swz((2, CHUNK, BLOCK_V), dtype)  # o_s: staging of the output tile (two)
+        if depth == STAGES:
+            tiles = [sb, vn, o_tiles, state]
+        else:  # 3 x 49.75 + 32 + 32 + 16 + 16 KB is over 227 KB: S^T and the state share
+            tiles = ([sb, state] if interpret else [plgpu.RefUnion(sb, state)]) + [vn, o_tiles]
     if split_output:
         sb = swz((2, dk, BLOCK_V), dtype)  # sb_s: S in 16 bits, published (double-buffered)
         state = swz((dk, BLOCK_V), jnp.float32)  # state_s: staging of h0, final state
@@ -1374,7 +1611,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
         vn = swz((2, CHUNK, BLOCK_V), dtype)  # vn_s: v_new, published (double-buffered)
         vd = swz((CHUNK, BLOCK_V), dtype)  # vd_s: last e^{G_L - G} v_new, the wgmma operand
         o_tiles = swz((2, CHUNK, BLOCK_V), dtype)  # o_s: staging of the output tile (two)
-        if depth == STAGES:
+        if vk:
+            pass  # the tiles above
+        elif depth == STAGES:
             tiles = [sb, x, vn, vd, o_tiles, state]
         else:  # a third stage fits in 227 KB only with two aliases (_SPLIT_SMEM)
             tiles = ([sb, state] if interpret else [plgpu.RefUnion(sb, state)]) + [
@@ -1392,6 +1631,12 @@ def chunk_delta_fused_t0_fwd_mosaic(
         if interpret:  # SMEM copies of what the GPU reads as a transposed view or registers
             scratch += [plgpu.SMEM((dk, CHUNK), k.dtype)] * 2  # kt0_s, kt1_s: k^T
             scratch += [swz((CHUNK, CHUNK), dtype)]  # p_s: P
+            if vk:  # agt_s (Ag^T), st_s (S), vnt_s (v_new); sl_s, xt_s, vdt_s (registers)
+                scratch += [swz((CHUNK, CHUNK), dtype), swz((dk, BLOCK_V), dtype),
+                            swz((CHUNK, BLOCK_V), dtype), swz((BLOCK_V, dk), dtype),
+                            swz((BLOCK_V, CHUNK), dtype), swz((BLOCK_V, CHUNK), dtype),
+                            swz((BLOCK_V, CHUNK), dtype), swz((BLOCK_V, BLOCK_V), dtype)]
+                # ... and vt_s (V^T), eye_s (the identity)
     else:
         scratch = ring + [
             swz((dk, BLOCK_V), dtype),  # sb_s: S in 16 bits (operand of K S, Q S; h staging)
@@ -1422,14 +1667,22 @@ def chunk_delta_fused_t0_fwd_mosaic(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_delta_fused_t0_fwd_split" + _SPLIT_ORDER_SUFFIX[split_order]
-                     + ("" if split_stages == STAGES else f"_s{split_stages}"))
+                     + ("" if split_stages == STAGES else f"_s{split_stages}")
+                     + ("_vk" if vk else ""))
         if split_output else
         "gdn_chunk_delta_fused_t0_fwd" + ("" if stages == "full" else f"_abl_{stages}"),
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
+    if vk:  # the kernel carries S^T: [B, H, V, K] in and out
+        h0 = tuple(jnp.swapaxes(x, -1, -2) for x in h0)
     with jax.named_scope("gdn_chunk_delta_fused_t0_fwd_mosaic"):
         outs = list(call(q, k, v, t0, gc, beta_hm, doc, last, conn, *h0))
     o, final_state = outs.pop(0), outs.pop(0)
-    v_new = outs.pop(0)[:, :seq_len] if store_v_new else None
+    v_new = outs.pop(0) if store_v_new else None
     h = outs.pop(0) if store_h else None
+    if vk:
+        final_state = jnp.swapaxes(final_state, -1, -2)
+        h = None if h is None else jnp.swapaxes(h, -1, -2)
+        v_new = None if v_new is None else jnp.transpose(v_new, (0, 3, 1, 2))
+    v_new = None if v_new is None else v_new[:, :seq_len]
     return o[:, :seq_len], final_state, v_new, h

@@ -274,6 +274,23 @@ class MarkdownTest(absltest.TestCase):
         with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0_split",
                                  mosaic_t0_split_stages=3):  # the default order, three stages
             self.assertEqual(bench_kernels._apply_mosaic_t0(), {"split_stages": 3})
+        self.addCleanup(gdr_mosaic.SPLIT_T0_OPTIONS.pop, "state_layout", None)
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0_split",
+                                 mosaic_t0_split_order="state_ag",
+                                 mosaic_t0_split_state_layout=["vk", "kv"]):  # Sec. 35
+            # validated here; each layout is a variant of its own (run_jax)
+            want = {"split_order": "state_ag"}
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
+            self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, want)
+            self.assertEqual(bench_kernels._split_state_layout_variants("gdn", "mosaic"),
+                             ["vk", "kv"])
+            self.assertEqual(bench_kernels._split_state_layout_variants("gdn", "jla"), [None])
+            self.assertEqual([v[-1] for v in bench_kernels._variants("gdn", "mosaic")],
+                             ["vk", "kv"])
+            bench_kernels._set_split_state_layout("vk")
+            self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, {**want, "state_layout": "vk"})
+            bench_kernels._set_split_state_layout(None)
+            self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, want)
         refused = (
             (dict(mosaic_forward="fused_t0", mosaic_t0_split_order="prepare_first"),
              "--mosaic_t0_split_order applies to --mosaic_forward=fused_t0_split only"),
@@ -283,6 +300,10 @@ class MarkdownTest(absltest.TestCase):
              "--mosaic_t0_split_stages applies to --mosaic_forward=fused_t0_split only"),
             (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_stages=4),
              "--mosaic_t0_split_stages=4: takes one of 2, 3"),
+            (dict(mosaic_forward="fused_t0", mosaic_t0_split_state_layout=["vk"]),
+             "--mosaic_t0_split_state_layout applies to --mosaic_forward=fused_t0_split only"),
+            (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_state_layout=["vk", "kt"]),
+             "--mosaic_t0_split_state_layout=kt: takes values of kv, vk"),
         )
         self._assert_refused_before_running(refused)
 
@@ -499,12 +520,13 @@ class MosaicBackwardTest(_FlagsParsedTestCase):
 
         from pallas_kernels.gated_delta_rule import mosaic_vjp
         with flagsaver.flagsaver(mosaic_backward=["split", "fused"]):
+            # (state pass, grad pass, backward, split state layout)
             self.assertEqual(bench_kernels._variants("gdn", "mosaic"),
-                             [(None, None, "split"), (None, None, "fused")])
+                             [(None, None, "split", None), (None, None, "fused", None)])
             self.assertEqual(bench_kernels._variants("deltanet", "mosaic")[1][2], "fused")
-            self.assertEqual(bench_kernels._variants("gdn", "jla"), [(None, None, None)])
+            self.assertEqual(bench_kernels._variants("gdn", "jla"), [(None, None, None, None)])
             self.assertEqual(bench_kernels._variants("lightning", "mosaic"),
-                             [(None, None, None)])
+                             [(None, None, None, None)])
         calls = []
 
         def fake(*args, **kwargs):

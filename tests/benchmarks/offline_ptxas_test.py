@@ -105,8 +105,15 @@ class OfflinePtxasTest(absltest.TestCase):
         self.assertTrue(offline_ptxas._matches("gdn_chunk_delta_fused_t0_fwd_split_pm_s3",
                                                patterns))
         self.assertFalse(offline_ptxas._matches("gdn_chunk_delta_fused_t0_fwd", patterns))
+        _, _, patterns, options = offline_ptxas.parse_op_entry(
+            "gdn_fused_t0_split:state_ag:vk:infer")  # MOSAIC_GPU.md Sec. 35
+        self.assertEqual(options["split"], dict(split_order="state_ag", state_layout="vk"))
+        self.assertTrue(offline_ptxas._matches("gdn_chunk_delta_fused_t0_fwd_split_sa_vk",
+                                               patterns))
         with self.assertRaisesRegex(ValueError, "unknown option"):
             offline_ptxas.parse_op_entry("gdn_wy:s3")
+        with self.assertRaisesRegex(ValueError, "unknown option"):
+            offline_ptxas.parse_op_entry("gdn_fused_t0:vk")
         with self.assertRaisesRegex(ValueError, "no inference form"):
             offline_ptxas.parse_op_entry("gdn_bwd_dh:infer")
         with self.assertRaisesRegex(ValueError, "unknown kernel"):

@@ -32,6 +32,9 @@ dispatched, not run on a GPU yet).
   bf16 with ``h0`` and documents, which also checks the 227 KB SMEM limit; K 64 fp16
   DeltaNet; K 128 / V 64) and runs a model of the three warpgroups' barrier protocol under
   random schedules (no deadlock, no lapped phase, no buffer overwritten while read).
+  ``state_layout="vk"`` (the state carried transposed) and ``split_order="shared_mask"``
+  (MOSAIC_GPU.md Sec. 35): bit-equal to the default interpreted, ``vk`` against the
+  reference and through the op's VJP; CI exports ``vk`` (``state_ag``, three stages, GVA).
 * ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the op with ``forward="fused_t0"`` (``W``
   formed from ``T0`` in XLA for the unchanged backward) against ``jax.vjp`` of the fp32 chunk
   form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
@@ -144,7 +147,7 @@ def _check_t0(test, k, beta, seg, t0, gate=None):
 def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
                         dtype=jnp.bfloat16, *, seed=0, interpret=True, allclose=True,
                         split_output=False, split_order=kfused.SPLIT_DEFAULT_ORDER,
-                        split_stages=kfused.STAGES):
+                        split_stages=kfused.STAGES, state_layout="kv"):
     """The ``T0`` kernel then the fused ``T0`` kernel (all stores on; three warpgroups with
     ``split_output``, in ``split_order``, with a ``split_stages``-deep ring) against the
     token-serial reference. Returns the relative RMS errors."""
@@ -155,7 +158,7 @@ def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0
     o, final, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
         store_v_new=True, store_h=True, split_output=split_output, interpret=interpret,
-        split_order=split_order, split_stages=split_stages)
+        split_order=split_order, split_stages=split_stages, state_layout=state_layout)
     want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
     test.assertEqual((o.shape, o.dtype), (v.shape, v.dtype))
@@ -254,9 +257,9 @@ _FORWARD_CASES = (
 
 
 def _check_split_variants_bit_equal(test, inputs, interpret, variants=None):
-    """Every ``(split_order, split_stages)`` of ``variants`` (default: all) of the split kernel
-    (all stores on) gives the default's ``o``, final state, ``v_new`` and ``h`` bit for
-    bit."""
+    """Every ``(split_order, split_stages[, state_layout])`` of ``variants`` (default: all
+    orders and depths) of the split kernel (all stores on) gives the default's ``o``, final
+    state, ``v_new`` and ``h`` bit for bit."""
     q, k, v, g, beta, state, seg = inputs
     t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=interpret)
 
@@ -270,11 +273,12 @@ def _check_split_variants_bit_equal(test, inputs, interpret, variants=None):
     if variants is None:
         variants = [(order, depth) for order in kfused.SPLIT_ORDERS
                     for depth in kfused.SPLIT_STAGES]
-    for order, depth in variants:
-        got = run(split_order=order, split_stages=depth)
+    for order, depth, *layout in variants:  # (order, depth[, state_layout])
+        got = run(split_order=order, split_stages=depth,
+                  state_layout=layout[0] if layout else "kv")
         for name, a, b in zip(("o", "final_state", "v_new", "h"), got, default, strict=True):
             np.testing.assert_array_equal(np.asarray(a, np.float32), b,
-                                          err_msg=f"{name}, {order}, {depth} stages")
+                                          err_msg=f"{name}, {order}, {depth} stages {layout}")
 
 
 def _check_optional_stores(split_output):
@@ -347,6 +351,37 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
         # Sec. 17's candidates against the fp32 token-serial reference (all stores on).
         _check_fused_kernel(self, *case, split_output=True, split_order=order, split_stages=3)
 
+    @parameterized.named_parameters(
+        ("state_ag_s3_gva_h0_packed_partial_T150_K64_V128", "state_ag", 3, 1, 150, 2, 1, 64,
+         128, 0.02, True, (64, 36, 30)),
+        ("readout_first_s2_fp16_deltanet_h0_T100_K128_V64", "readout_first", 2, 1, 100, 1, 1,
+         128, 64, None, True, None, jnp.float16))
+    def test_fused_t0_split_vk_matches_reference(self, order, depth, *case):
+        # state_layout="vk" (MOSAIC_GPU.md Sec. 35) against the fp32 token-serial reference
+        # (all stores on: h and v_new come back through the wrapper's transposes).
+        _check_fused_kernel(self, *case, split_output=True, split_order=order,
+                            split_stages=depth, state_layout="vk")
+
+    def test_vjp_fused_t0_split_vk_matches_chunked_vjp(self):
+        # The op's forward and backward with state_layout="vk" (through SPLIT_T0_OPTIONS, as
+        # bench_kernels.py --mosaic_t0_split_state_layout=vk sets it): the residuals h and
+        # v_new come back through the wrapper's transposes into the unchanged backward. A
+        # sequence length of its own keeps jit caches out of it.
+        self.enter_context(absltest.mock.patch.dict(kgd.SPLIT_T0_OPTIONS,
+                                                    {"state_layout": "vk"}))
+        fused_test._check_vjp(self, bwd_test._pipeline_inputs(
+            1, 151, 2, 1, 64, 64, 0.05, True, True, (64, 36, 30)), True, "fused_t0_split")
+
+    def test_vk_state_layout_gives_the_kv_outputs(self):
+        # The same 16-bit operands and fp32 sums, transposed: interpreted (numpy matmuls),
+        # o, the final state, v_new and h equal the default layout's bit for bit (measured
+        # 2026-12-06; on the GPU the wgmma summation order may differ: GpuTest compares with
+        # a tolerance). T 300: five chunks (the three-stage ring wraps), a 44-token last
+        # chunk, documents starting inside chunks, h0, GVA.
+        inputs = _inputs(1, 300, 2, 1, 64, 64, 0.05, True, (64, 36, 30, 100))
+        _check_split_variants_bit_equal(self, inputs, True, variants=[
+            ("readout_first", 2, "vk"), ("state_ag", 3, "vk"), ("shared_mask", 2, "vk")])
+
 
 @pytest.mark.slow
 class VjpInterpretTest(parameterized.TestCase):
@@ -401,7 +436,7 @@ def _check_t0_kernel_exports(test, dk):
 def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
                                    split_order=kfused.SPLIT_DEFAULT_ORDER,
                                    split_stages=kfused.STAGES, dtype=jnp.bfloat16,
-                                   deltanet=False, kv_heads=1):
+                                   deltanet=False, kv_heads=1, state_layout="kv"):
     q, k, v, g, beta, state, seg = _inputs(1, 200, 2, kv_heads, dk, dv,
                                            None if deltanet else 0.2, True, (70, 30), dtype)
     t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
@@ -410,7 +445,7 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
         return kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
             store_v_new=stores, store_h=stores, split_output=split_output,
-            split_order=split_order, split_stages=split_stages)
+            split_order=split_order, split_stages=split_stages, state_layout=state_layout)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
         q, k, v, t0, g, beta, state, seg)
@@ -426,6 +461,7 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
     test.assertEqual("gdn_chunk_delta_fused_t0_fwd_split_sa" in text,
                      split_output and split_order == "state_ag")
     test.assertEqual("_s3" in text, split_output and split_stages == 3)
+    test.assertEqual("_vk" in text, state_layout == "vk")
 
 
 def _split_protocol(order, depth, num_chunks):
@@ -613,10 +649,19 @@ class LoweringTest(parameterized.TestCase):
         _check_fused_t0_kernel_exports(self, **variant, stores=True, split_output=True,
                                        split_order=order, split_stages=3)
 
-    @parameterized.parameters("prepare_mid", "state_ag")
+    @parameterized.parameters("prepare_mid", "state_ag", "shared_mask")
     def test_fused_t0_split_sec17_s2_kernel_exports_for_cuda(self, order):
         _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
                                        split_order=order)
+
+    def test_fused_t0_split_vk_kernel_exports_for_cuda(self):
+        # state_layout="vk" (MOSAIC_GPU.md Sec. 35): the state warpgroup's register left
+        # operands (S^T, X^T, decayed v_new^T), the transposed views of Ag, v, k and of the
+        # published S^T / v_new^T, at K = V = 128 bf16 with GVA, h0, documents and all stores,
+        # state_ag with three stages (the 227 KB limit: RefUnion of S^T and the fp32 state).
+        _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
+                                       split_order="state_ag", split_stages=3, kv_heads=2,
+                                       state_layout="vk")
 
     def test_split_stages_3_fits_227_kb_only_with_its_aliases(self):
         # Mosaic GPU's own SMEM count (core._smem_tree_size, what it checks against 227 KB)
@@ -674,6 +719,19 @@ class LoweringTest(parameterized.TestCase):
 # class: absl's parameterized copies of a method do not keep a method-level mark.
 @pytest.mark.slow
 class LoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("readout_first_s2_K128_V128", dict(dk=128, dv=128)),
+        ("readout_first_s2_K128_V128_nostores", dict(dk=128, dv=128, stores=False)),
+        ("state_ag_s2_K64_V64_fp16_deltanet", dict(dk=64, dv=64, dtype=jnp.float16,
+                                                   deltanet=True, split_order="state_ag")),
+        ("readout_first_s3_K128_V64_gva", dict(dk=128, dv=64, kv_heads=2, split_stages=3)),
+        ("prepare_mid_s3_K64_V128", dict(dk=64, dv=128, split_order="prepare_mid",
+                                         split_stages=3)),
+    )
+    def test_fused_t0_split_vk_kernel_exports_for_cuda(self, variant):
+        _check_fused_t0_kernel_exports(self, **{"stores": True, **variant}, split_output=True,
+                                       state_layout="vk")
 
     @parameterized.named_parameters(*_T0_SLOW)
     def test_t0_kernel_exports_for_cuda(self, **variant):
@@ -790,6 +848,11 @@ class FusedT0StagesTest(parameterized.TestCase):
         self.assertIn("gdn_chunk_delta_fused_t0_fwd_split", split)
         self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split_ro", split)  # not the default
         self.assertNotIn("gdn_chunk_delta_fused_t0_fwd_split", jaxpr("fused_t0"))
+        self.assertNotIn("_vk", split)
+        # bench_kernels.py --mosaic_t0_split_state_layout sets state_layout per variant
+        kgd.SPLIT_T0_OPTIONS["state_layout"] = "vk"
+        jax.clear_caches()
+        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_vk", jaxpr("fused_t0_split"))
 
     def test_split_stages_two_is_the_default_and_names_the_variants(self):
         q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
@@ -803,7 +866,8 @@ class FusedT0StagesTest(parameterized.TestCase):
         default = jaxpr()
         self.assertEqual(jaxpr(split_stages=2), default)
         for order, name in (("readout_first", "split_ro_s3"), ("prepare_first", "split_s3"),
-                            ("prepare_mid", "split_pm_s3"), ("state_ag", "split_sa_s3")):
+                            ("prepare_mid", "split_pm_s3"), ("state_ag", "split_sa_s3"),
+                            ("shared_mask", "split_sm_s3")):
             self.assertIn(f"gdn_chunk_delta_fused_t0_fwd_{name}",
                           jaxpr(split_order=order, split_stages=3))
         prepare_mid = jaxpr(split_order="prepare_mid")
@@ -827,6 +891,15 @@ class FusedT0StagesTest(parameterized.TestCase):
             fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_order="ahead")
         with self.assertRaisesRegex(ValueError, "needs split_output=True"):
             fn(q, k, v, t0, g, beta, scale=0.1, split_order="prepare_first")
+
+    def test_rejects_unknown_or_unsplit_state_layout(self):
+        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
+        with self.assertRaisesRegex(ValueError, "state_layout must be one of"):
+            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, state_layout="kvt")
+        with self.assertRaisesRegex(ValueError, "state_layout='vk' .* needs split_output=True"):
+            fn(q, k, v, t0, g, beta, scale=0.1, state_layout="vk")
 
     def test_rejects_unknown_or_combined_stages(self):
         q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
@@ -1049,7 +1122,42 @@ class GpuTest(kmg_test.HopperTestCase):
         _check_split_variants_bit_equal(
             self, _inputs(1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200),
                           seed=5), False,
-            variants=[("state_ag", 3), ("prepare_mid", 3), ("state_ag", 2)])
+            variants=[("state_ag", 3), ("prepare_mid", 3), ("state_ag", 2), ("shared_mask", 2)])
+
+    @parameterized.named_parameters(
+        (f"{order}_s{depth}_{name}", order, depth, *case)
+        for order, depth in (("readout_first", 2), ("state_ag", 3), ("shared_mask", 2))
+        for name, *case in _GPU_KERNEL_CASES)
+    def test_fused_t0_split_vk_kernel_matches_reference(self, order, depth, *case):
+        # MOSAIC_GPU.md Sec. 35: state_layout="vk" (S^T carried, register left operands; V^T
+        # by an identity product) against the fp32 reference, all stores on; errors printed
+        # beside the default layout's.
+        kw = dict(seed=5, interpret=False, allclose=False, split_output=True,
+                  split_order=order, split_stages=depth)
+        errs = _check_fused_kernel(self, *case, **kw, state_layout="vk")
+        base = _check_fused_kernel(self, *case, **kw)
+        print(f"vk {order}_s{depth} {self.id()}: " + ", ".join(
+            f"{k} {v:.3e} (kv {base[k]:.3e})" for k, v in errs.items()))
+        for name, err in errs.items():  # the same roundings: no more than 1.5x kv's error
+            self.assertLessEqual(err, 1.5 * base[name] + 1e-6, name)
+
+    def test_fused_t0_split_vk_is_close_to_kv(self):
+        # A realistic row (64 chunks, partial last one, documents, h0, GVA): the transposed
+        # chain against the default layout; only the wgmma summation order may differ.
+        q, k, v, g, beta, state, seg = _inputs(1, 4090, 4, 2, 128, 128, 0.05, True,
+                                               (700, 1, 64, 999, 1200), seed=5)
+        t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg)
+
+        def run(**kw):
+            return kfused.chunk_delta_fused_t0_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=128 ** -0.5, initial_state=state,
+                segment_ids=seg, store_v_new=True, store_h=True, split_output=True, **kw)
+
+        for name, a, b in zip(("o", "final_state", "v_new", "h"), run(state_layout="vk"),
+                              run(), strict=True):
+            err = tolerances.rel_err(a, b)
+            print(f"vk vs kv {name}: relative RMS {err:.3e}")
+            self.assertLess(err, _FWD_GATE[jnp.dtype(jnp.bfloat16)], name)
 
     @parameterized.named_parameters(*_GPU_FORWARD_CASES)
     def test_forward_fused_t0_split_matches_reference_and_three_pass(self, *case):
