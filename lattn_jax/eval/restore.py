@@ -228,8 +228,10 @@ def load(workdir: str, step: Optional[int] = None, *,
         trainer = train_lib.Trainer(config)
         advice = f"{path} does not describe the model it holds"
         if step is None:
-            step, state = ckpt.restore_latest(trainer.abstract_state(), report=report,
-                                              mismatch_advice=advice)
+            step, state = ckpt.restore_latest(
+                trainer.abstract_state(), report=report, mismatch_advice=advice,
+                unreadable_advice="There is no model to restore: copy its checkpoints back "
+                                  "from a backup, or train it again.")
         else:
             state = ckpt.restore_step(step, trainer.abstract_state(), mismatch_advice=advice)
     finally:
