@@ -313,7 +313,13 @@ def parallel_note(env: Mapping[str, str], parallel: int,
 
 
 def _check_options(options: SweepOptions, root: str) -> None:
-    """``--finish_by_deadline``, ``--reuse_from`` and ``--export`` (SweepConfigError)."""
+    """``--finish_by_deadline``, ``--reuse_from``, ``--export`` and ``--only`` with
+    ``--report_only`` (SweepConfigError)."""
+    if options.report_only and options.only:  # the report would still hold every run
+        only = " ".join(f"--only={o}" for o in options.only)
+        raise sweep.SweepConfigError(
+            f"{only} does not apply to --report_only: the results always cover every run "
+            f"under --root; drop --only (--dry_run {only} lists the selected runs)")
     if options.remeasure_alone and options.remeasure_alone < 2:
         raise sweep.SweepConfigError(
             f"--remeasure_alone={options.remeasure_alone}: at least 2 steps (its first logging "

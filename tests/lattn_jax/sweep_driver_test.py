@@ -3,6 +3,7 @@ plan, --report_only with --export (the binary end to end: tests/experiments/swee
 
 import json
 import os
+import random
 import re
 import signal
 import tarfile
@@ -76,6 +77,23 @@ class SweepDriverTest(absltest.TestCase):
             sweep_driver.run(CONFIG, sweep_driver.SweepOptions(root=root), repo_root=REPO,
                              argv=["sweep.py"], print_fn=self.lines.append)
         self.assertFalse(os.path.exists(self.root))
+
+    def test_only_with_report_only_is_refused_not_ignored(self):
+        # --report_only --only=... rewrote results.md with every run, ignoring the filter.
+        value = random.choice((2, 3, 4))
+        only = f"train.keep_checkpoints={value}"
+        workdir = os.path.join(self.root, "runs", "train.keep_checkpoints=2")
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 4, "time": 1.0, "val_loss": random.random()}) + "\n")
+        with self.assertRaises(sweep.SweepConfigError) as cm:
+            self._run(report_only=True, only=[only])
+        self.assertEqual(str(cm.exception), (
+            f"--only={only} does not apply to --report_only: the results always cover every "
+            f"run under --root; drop --only (--dry_run --only={only} lists the selected runs)"))
+        self.assertFalse(os.path.exists(os.path.join(self.root, "results.md")))
+        self.assertEqual(self._run(report_only=True), 0)  # without --only: the whole report
+        self.assertTrue(os.path.exists(os.path.join(self.root, "results.md")))
 
     def test_an_override_of_a_grid_axis_is_refused(self):
         # A field axis: the trainer got both flags (last wins) while the run names kept the
