@@ -39,8 +39,10 @@ def main(argv):
     start = time.perf_counter()
     try:
         if _MODE.value == "split":
-            if not _DIRECTORY.value or not _PIECES_DIR.value:
-                raise app.UsageError("--mode=split needs --directory and --pieces_dir")
+            if not _DIRECTORY.value or not _PIECES_DIR.value:  # one line, not the help text
+                sys.exit("error: --mode=split needs --directory and --pieces_dir")
+            if _PIECE_MIB.value < 1:
+                sys.exit(f"error: --piece_mib={_PIECE_MIB.value}: at least 1 (MiB per piece)")
             manifest = pieces.split_directory(_DIRECTORY.value, _PIECES_DIR.value,
                                               piece_bytes=_PIECE_MIB.value << 20)
             total = sum(f["bytes"] for f in manifest["files"].values())
@@ -49,7 +51,7 @@ def main(argv):
                   f"({time.perf_counter() - start:.0f} s); sha256 {manifest['sha256']}")
         else:
             if not _MANIFEST.value or not _OUTPUT_DIR.value:
-                raise app.UsageError("--mode=join needs --manifest and --output_dir")
+                sys.exit("error: --mode=join needs --manifest and --output_dir")
             done = pieces.join_pieces(_MANIFEST.value, _OUTPUT_DIR.value)
             print(f"{done['directory']}: {done['files']} files, {done['bytes'] / 2**20:.1f} MiB, "
                   f"every sha256 checked ({time.perf_counter() - start:.0f} s)")

@@ -135,6 +135,7 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 # Advice ending a CheckpointMismatchError: the trainer's (the config comes from the options).
 MISMATCH_ADVICE = "use the options it was trained with or a new --workdir"
+UNREADABLE_ADVICE = "Move the directory away or use a new --workdir."
 
 
 def _key_name(key: Any) -> str:
@@ -603,7 +604,8 @@ class Checkpointer:
 
     def restore_latest(self, abstract_state: PyTree, data_iter: Any = None, *,
                        report: Callable[[str], None] = print, set_aside: bool = False,
-                       mismatch_advice: str = MISMATCH_ADVICE) -> Tuple[int, PyTree]:
+                       mismatch_advice: str = MISMATCH_ADVICE,
+                       unreadable_advice: str = UNREADABLE_ADVICE) -> Tuple[int, PyTree]:
         """Restores the newest readable checkpoint, falling back past unreadable ones.
 
         Each unreadable step costs one ``report`` line naming the step and the reason. With
@@ -620,6 +622,8 @@ class Checkpointer:
           report: where the one-line notices go.
           set_aside: rename the unreadable steps newer than the restored one.
           mismatch_advice: what ends a :class:`CheckpointMismatchError`'s message.
+          unreadable_advice: what ends the message when no step can be read (the trainer's
+            default names ``--workdir``; a reader such as ``evaluate.py`` has none).
 
         Returns:
           ``(step, state)``.
@@ -661,8 +665,7 @@ class Checkpointer:
             return step, state
         raise CheckpointError(
             f"no readable checkpoint in {self.directory}: " + "; ".join(
-                f"step {step} ({why})" for step, why in failures) +
-            ". Move the directory away or use a new --workdir.")
+                f"step {step} ({why})" for step, why in failures) + ". " + unreadable_advice)
 
     def mismatch(self, step: int, abstract_state: PyTree) -> Optional[str]:
         """How step ``step``'s saved arrays differ from ``abstract_state`` in tree paths or

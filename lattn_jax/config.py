@@ -24,7 +24,7 @@ from lattn_jax.data.config import DataConfig
 # as config.parse_flags and friends.
 from lattn_jax.flag_errors import (  # noqa: F401
     bare_tuple_override, describe_config_load_error, describe_flag_error, parse_flags,
-    reject_arguments, TUPLE_OPTIONS)
+    reject_arguments, repeated_tuple_override, TUPLE_OPTIONS)
 
 # Names a layer pattern may use. The mapping from name to module lives in
 # ``lattn_jax.mixers.REGISTRY``; it is checked against this tuple when the package is imported.

@@ -33,7 +33,7 @@ def parse_flags(argv, unknown_option_hint=None):
     Raises:
       SystemExit: on any flag or config error.
     """
-    bare = bare_tuple_override(argv)
+    bare = bare_tuple_override(argv) or repeated_tuple_override(argv)
     if bare:
         sys.exit(f"error: {bare}")
     try:
@@ -69,6 +69,42 @@ def bare_tuple_override(argv) -> Optional[str]:
             return (f"--{name}={value}: write a tuple of mixer names, e.g. "
                     f"--{name}=\"{example}\"; without parentheses the whole value would be "
                     f"read as one layer named {value!r}")
+    return None
+
+
+def repeated_tuple_override(argv) -> Optional[str]:
+    """The error for a ``--config.<field>`` option given more than once with tuple values, or
+    ``None`` when there is none.
+
+    ml_collections joins the values of a repeated tuple-field option instead of keeping the last
+    one, as it does for other options: ``--config.model.layer_pattern="('gdn',)"
+    --config.model.layer_pattern="('attn',)"`` trains ``('gdn', 'attn')``, and two
+    ``data.paths`` tuples read both corpora. Values not written as tuples (``--config.x=a
+    --config.x=b``, ml_collections' way to build ``('a', 'b')``) are left alone.
+
+    Args:
+      argv: the command line (``--name=value`` and ``--name value`` forms).
+
+    Returns:
+      ``--<name> is given N times with tuple values (...): ml_collections joins them into
+      (...) instead of keeping the last; give it once, with the whole tuple``, for the first
+      such option, else ``None``.
+    """
+    args = list(argv)[1:]
+    values = {}
+    for i, arg in enumerate(args):
+        if not arg.startswith("--config."):
+            continue
+        name, eq, value = arg[2:].partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        if value.strip().startswith(("(", "[")):
+            values.setdefault(name, []).append(value.strip())
+    for name, given in values.items():
+        if len(given) > 1:
+            return (f"--{name} is given {len(given)} times with tuple values "
+                    f"({', '.join(given)}): ml_collections joins them instead of keeping the "
+                    f"last; give it once, with the whole tuple")
     return None
 
 

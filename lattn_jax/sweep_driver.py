@@ -24,7 +24,8 @@ field per flag) and does what one invocation does:
 2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png``, then the
    ``export``; ``dry_run``: prints what the same call would do with each run
    (:func:`~lattn_jax.sweep.plan`: skip, reuse, launch in which order and which at once, or
-   hold back), after the runs of an edited config that the call would refuse, and writes
+   hold back), after the runs of an edited config and the missing machine-local paths
+   (:func:`~lattn_jax.sweep.missing_local_paths`) that the call would refuse, and writes
    nothing; the results mark those runs ``¶`` (also with ``report_only``);
 3. otherwise checks the machine-local paths of the runs it would launch and the run
    directories' recorded settings (:func:`~lattn_jax.sweep.conflicts`, then the runs of an
@@ -314,7 +315,13 @@ def parallel_note(env: Mapping[str, str], parallel: int,
 
 
 def _check_options(options: SweepOptions, root: str) -> None:
-    """``--finish_by_deadline``, ``--reuse_from`` and ``--export`` (SweepConfigError)."""
+    """``--finish_by_deadline``, ``--reuse_from``, ``--export`` and ``--only`` with
+    ``--report_only`` (SweepConfigError)."""
+    if options.report_only and options.only:  # the report would still hold every run
+        only = " ".join(f"--only={o}" for o in options.only)
+        raise sweep.SweepConfigError(
+            f"{only} does not apply to --report_only: the results always cover every run "
+            f"under --root; drop --only (--dry_run {only} lists the selected runs)")
     if options.remeasure_alone and options.remeasure_alone < 2:
         raise sweep.SweepConfigError(
             f"--remeasure_alone={options.remeasure_alone}: at least 2 steps (its first logging "
@@ -531,7 +538,16 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
             "new --root for these settings, or drop the --override (or give the values the "
             "runs were run with) to resume")
     edited = changed_config_lines(runs, changes, root, options)
+    done = (sweep.Status.FINISHED,) + (() if options.retry_failed else (sweep.Status.FAILED,))
+    missing = sweep.missing_local_paths(  # only the runs this call would launch
+        [r for r in runs if sweep.run_state(sweep.run_dir(root, r)).status not in done
+         or (options.remeasure_alone and sweep.needs_remeasure(root, r))],
+        config.get("local_args") or ())
+    missing_line = (f"--config argument {', '.join(missing)}: no such file or directory on this "
+                    f"machine (every run would fail reading it)") if missing else ""
     if options.dry_run:  # writes nothing
+        if missing:  # a plan made on another machine than the runs' may still be wanted
+            print_fn(f"dry run: the call would refuse to run here; {missing_line}")
         if edited:
             print_fn(("dry run: the call would skip or resume them (--accept_config_changes)"
                       if options.accept_config_changes else "dry run: the call would refuse "
@@ -541,15 +557,8 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
                                   train_script=train_script, extra=extra):
             print_fn(line)
         return 0
-    done = (sweep.Status.FINISHED,) + (() if options.retry_failed else (sweep.Status.FAILED,))
-    missing = sweep.missing_local_paths(  # only the runs this call would launch
-        [r for r in runs if sweep.run_state(sweep.run_dir(root, r)).status not in done
-         or (options.remeasure_alone and sweep.needs_remeasure(root, r))],
-        config.get("local_args") or ())
     if missing:
-        raise sweep.SweepConfigError(
-            f"--config argument {', '.join(missing)}: no such file or directory on this "
-            f"machine (every run would fail reading it)")
+        raise sweep.SweepConfigError(missing_line)
     clashes = sweep.conflicts(runs, root, config.get("local_args") or ())
     if clashes:
         raise sweep.SweepConfigError(

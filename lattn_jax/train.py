@@ -1229,9 +1229,11 @@ def _check_data_unchanged(workdir: str, current: Callable[[], Dict[str, Any]],
         change = _first_change(saved, current, option)
         if change:
             name, what, more = change
+            consequence = ("train on other data" if option == "data.paths" else
+                           "validate on other documents than its earlier evaluations")
             raise config_lib.ConfigError(
                 f"{option}: {name} changed since the run in {workdir} started ({what}){more}; "
-                f"resuming would train on other data. Use a new --workdir or the original "
+                f"resuming would {consequence}. Use a new --workdir or the original "
                 f"file, or remove {path} to resume on the new contents deliberately.")
 
 

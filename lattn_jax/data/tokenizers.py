@@ -104,7 +104,18 @@ class Tokenizer(abc.ABC):
 
 
 def _check_file(path, what: str) -> str:
+    """``path`` as a string, when it is a file.
+
+    Raises:
+      FileNotFoundError: ``"<what> not found: <path>"``, or for a directory ``"<what> not
+        found: <path> is a directory (holding a, b, ...); give the file itself"``.
+    """
     path = os.fspath(path)
+    if os.path.isdir(path):  # "not found: <dir>" read as a missing directory
+        inside = sorted(os.listdir(path))
+        shown = ", ".join(inside[:6]) + (", ..." if len(inside) > 6 else "")
+        raise FileNotFoundError(f"{what} not found: {path} is a directory (holding "
+                                f"{shown or 'nothing'}); give the file itself")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what} not found: {path}")
     return path

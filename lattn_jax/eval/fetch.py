@@ -232,9 +232,17 @@ def mirror_url(mirror: str) -> str:
     path (``/work/shared/data``, ``data``, ``~/copy``) as the ``file://`` URL of that directory.
 
     Raises:
-      ValueError: a plain path that is not an existing directory (naming ``--mirror``).
+      ValueError: a plain path or a ``file://`` URL that is not an existing directory (naming
+        ``--mirror``).
     """
-    if urllib.parse.urlparse(mirror).scheme:
+    parsed = urllib.parse.urlparse(mirror)
+    if parsed.scheme == "file":  # local: checked now, not as 65 unreadable files
+        local = urllib.request.url2pathname(parsed.path)
+        if not os.path.isdir(local):
+            raise ValueError(f"--mirror={mirror}: no such directory {local} (a file:// URL names "
+                             f"a local copy of the layout)")
+        return mirror
+    if parsed.scheme:
         return mirror
     path = os.path.abspath(os.path.expanduser(mirror))
     if not os.path.isdir(path):

@@ -143,6 +143,43 @@ def _int_option(name: str, value: Any, minimum: int = 1) -> int:
     return number
 
 
+def comma_split_checkpoint(checkpoint: Any, stray: Optional[Dict[str, Any]] = None
+                           ) -> Optional[str]:
+    """The error for a ``checkpoint`` path that the harness cut at a comma, else ``None``.
+
+    The harness splits ``--model_args`` at every comma, quotes or not, so a run directory
+    whose name holds commas (every sweep run: ``<root>/runs/arch=gdn,stack=hybrid,...``)
+    arrives as ``checkpoint=<root>/runs/arch=gdn`` plus stray arguments. Found when
+    ``checkpoint`` does not exist but its directory holds names that continue it after a
+    comma.
+
+    Args:
+      checkpoint: the ``checkpoint`` model argument as the harness passed it.
+      stray: the unknown arguments the cut left (``{"stack": "hybrid", ...}``): the names
+        holding every one of them as ``,key=value`` are preferred.
+
+    Returns:
+      One line naming the cut path, the full path it most likely was and a path without
+      commas to pass instead (a symbolic link), or ``None``.
+    """
+    if not isinstance(checkpoint, str) or not checkpoint or os.path.exists(checkpoint):
+        return None
+    parent, base = os.path.split(os.path.normpath(checkpoint))
+    try:
+        names = sorted(n for n in os.listdir(parent or ".") if n.startswith(base + ","))
+    except OSError:
+        return None
+    if not names:
+        return None
+    pieces = [f",{k}={v}" for k, v in (stray or {}).items()]
+    names = [n for n in names if all(p in n for p in pieces)] or names
+    full = os.path.join(parent, names[0])
+    return (f"lattn_jax: checkpoint={checkpoint} does not exist: the harness splits "
+            f"--model_args at every comma, so a path with commas (e.g. {full}) cannot be "
+            f"passed; link it to a name without commas (ln -s '{os.path.abspath(full)}' "
+            f"/tmp/run) and pass checkpoint=/tmp/run")
+
+
 def _number_option(name: str, value: Any, cast: Callable[[Any], Any]) -> Any:
     """A numeric generation argument, ``cast(value)`` (``float`` or ``int``).
 
@@ -193,7 +230,8 @@ class LattnJaxLM(lm_model.LM):
 
     Raises:
       ModelArgumentError: (a ``ValueError``) no or both of ``checkpoint`` and ``restored``, an
-        unknown argument, a bad value (each message names the argument).
+        unknown argument, a bad value (each message names the argument), a ``checkpoint``
+        path cut at a comma by the harness (:func:`comma_split_checkpoint`).
       ConfigError, FileNotFoundError: a ``checkpoint`` that is not one (naming the path), from
         :func:`restore.load_model`; its other errors (e.g. a ``ValueError`` of a loader) as
         they are.
@@ -206,6 +244,9 @@ class LattnJaxLM(lm_model.LM):
                  bucket: int = 32, route: Any = True, prefix_token_id: Optional[int] = None,
                  seed: int = 0, **unknown):
         super().__init__()
+        cut = comma_split_checkpoint(checkpoint, unknown)
+        if cut:  # before the stray arguments the cut left
+            raise ModelArgumentError(cut)
         if unknown:
             raise ModelArgumentError(
                 f"lattn_jax: unknown model argument(s) {sorted(unknown)}; accepted: "

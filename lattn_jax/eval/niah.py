@@ -199,6 +199,19 @@ def _draw_needles(task: str, rng: random.Random) -> Tuple[str, str, List[Tuple[s
     return key, value, distractors
 
 
+class PromptTooLong(ValueError):
+    """Not even an empty haystack fits: ``task``'s prompt has ``empty`` tokens without one,
+    more than ``length`` minus ``max_new_tokens`` answer tokens; ``empty + max_new_tokens`` is
+    the shortest length that fits (:attr:`shortest`)."""
+
+    def __init__(self, task: str, length: int, empty: int, max_new_tokens: int):
+        super().__init__(f"{task}: the prompt without haystack has {empty} tokens, more than "
+                         f"length {length} minus {max_new_tokens} answer tokens")
+        self.task, self.length, self.empty = task, length, empty
+        self.max_new_tokens = max_new_tokens
+        self.shortest = empty + max_new_tokens
+
+
 def _largest_haystack(count: Callable[[int], int], budget: int, task: str, length: int,
                       max_new_tokens: int, start_units: Optional[int]) -> int:
     """The largest ``n`` with ``count(n) <= budget`` (``count`` non-decreasing in ``n``).
@@ -208,12 +221,12 @@ def _largest_haystack(count: Callable[[int], int], budget: int, task: str, lengt
     without one.
 
     Raises:
-      ValueError: if ``count(0) > budget`` (not even an empty haystack fits).
+      PromptTooLong: (a ``ValueError``) if ``count(0) > budget`` (not even an empty haystack
+        fits).
     """
     empty = count(0)
     if empty > budget:
-        raise ValueError(f"{task}: the prompt without haystack has {empty} tokens, more than "
-                         f"length {length} minus {max_new_tokens} answer tokens")
+        raise PromptTooLong(task, length, empty, max_new_tokens)
     lo, hi = 0, 1
     if start_units is not None and start_units > 0:
         # Gallop from the guess: lo fits, hi does not.
@@ -255,7 +268,7 @@ def make_sample(task: str, tokenizer: tok_lib.Tokenizer, length: int, depth: flo
         token counts growing with the haystack).
 
     Raises:
-      ValueError: if even an empty haystack does not fit in ``length``.
+      PromptTooLong: (a ``ValueError``) if even an empty haystack does not fit in ``length``.
     """
     key, value, distractors = _draw_needles(task, rng)
     built: Dict[int, Tuple[Sample, int]] = {}
@@ -539,10 +552,37 @@ class OutOfMemory(Exception):
         self.task, self.length, self.error = task, length, error
 
 
+def build_samples(task: str, tokenizer: tok_lib.Tokenizer, *, lengths: Sequence[int],
+                  depths: Sequence[float], samples_per_cell: int = 1,
+                  essay_words: Optional[Sequence[str]] = None, max_new_tokens: int = 32,
+                  seed: int = 42) -> List[List[Sample]]:
+    """The prompts :func:`run` scores for ``task``, built before any of them is generated.
+
+    Args:
+      task: a name from :data:`ALL_TASKS`.
+      tokenizer, lengths, depths, samples_per_cell, essay_words, max_new_tokens, seed: as for
+        :func:`run`.
+
+    Returns:
+      One list per length (in ``lengths``' order) of ``len(depths) * samples_per_cell``
+      samples, depth-major, drawn from one ``random.Random(seed)`` in that order.
+
+    Raises:
+      ValueError: for an unknown task; :class:`PromptTooLong` (a ``ValueError``) when a length
+        is too short for even an empty haystack.
+    """
+    if task not in ALL_TASKS:
+        raise ValueError(f"unknown NIAH task {task!r}; choose from {', '.join(ALL_TASKS)}")
+    rng = random.Random(seed)
+    return [[make_sample(task, tokenizer, length, d, rng, essay_words, max_new_tokens)
+             for d in depths for _ in range(samples_per_cell)] for length in lengths]
+
+
 def run(generate_fn, tokenizer: tok_lib.Tokenizer, *, tasks: Sequence[str],
         lengths: Sequence[int], depths: Sequence[float], samples_per_cell: int = 1,
         essay_words: Optional[Sequence[str]] = None, max_new_tokens: int = 32,
-        seed: int = 42) -> Dict[str, dict]:
+        seed: int = 42,
+        samples: Optional[Dict[str, List[List[Sample]]]] = None) -> Dict[str, dict]:
     """Evaluates a length x depth grid for each task.
 
     Args:
@@ -556,34 +596,36 @@ def run(generate_fn, tokenizer: tok_lib.Tokenizer, *, tasks: Sequence[str],
       essay_words: from :func:`load_essays` (needed for single_2/3).
       max_new_tokens: answer length.
       seed: key/value seed (RULER uses 42).
+      samples: ``{task: build_samples(task, ...)}`` built beforehand with the same arguments
+        (a caller checks every length before scoring anything); a task not in it is built here.
 
     Returns:
       ``{task: {"grid": [len(lengths), len(depths)] scores, "lengths", "depths", "mean",
       "per_length": {length: mean}, "examples": [first few (prompt tail, answer, value)]}}``.
 
     Raises:
-      ValueError: for an unknown task.
+      ValueError: for an unknown task; :class:`PromptTooLong` for a length too short for the
+        prompt (every length of a task is built before its first is generated).
       OutOfMemory: ``generate_fn`` ran out of device memory (naming the task and length);
         any other error of it propagates as is.
     """
     out = {}
     for task in tasks:
-        if task not in ALL_TASKS:
-            raise ValueError(f"unknown NIAH task {task!r}; choose from {', '.join(ALL_TASKS)}")
-        rng = random.Random(seed)
+        built = (samples or {}).get(task) or build_samples(
+            task, tokenizer, lengths=lengths, depths=depths, samples_per_cell=samples_per_cell,
+            essay_words=essay_words, max_new_tokens=max_new_tokens, seed=seed)
         grid = np.zeros((len(lengths), len(depths)))
         examples = []
         for li, length in enumerate(lengths):
-            samples = [make_sample(task, tokenizer, length, d, rng, essay_words, max_new_tokens)
-                       for d in depths for _ in range(samples_per_cell)]
+            cell = built[li]
             try:
-                answers = generate_fn([tokenizer.encode(s.prompt) for s in samples],
+                answers = generate_fn([tokenizer.encode(s.prompt) for s in cell],
                                       max_new_tokens)
             except Exception as e:  # noqa: BLE001 - only the out-of-memory error is wrapped
                 if checkpoint_lib.is_out_of_memory(e):
                     raise OutOfMemory(task, length, e) from e
                 raise
-            for k, (s, a) in enumerate(zip(samples, answers)):
+            for k, (s, a) in enumerate(zip(cell, answers)):
                 text = tokenizer.decode(a)
                 grid[li, k // samples_per_cell] += (string_match_all(text, [s.value])
                                                     / samples_per_cell)

@@ -201,6 +201,18 @@ def load_config(workdir: str) -> config_lib.ExperimentConfig:
         return config_lib.experiment_from_config_dict(values)
 
 
+def _reused_from(workdir: str) -> Optional[str]:
+    """The run directory a sweep's ``--reuse_from`` copied ``workdir``'s records from (the
+    ``reused_from`` entry of its ``sweep_run.json``: :data:`lattn_jax.sweep.REUSED_KEY` in
+    :data:`lattn_jax.sweep.RUN_RECORD`), else ``None``."""
+    try:
+        with open(os.path.join(workdir, "sweep_run.json")) as f:
+            source = json.load(f).get("reused_from")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return source if isinstance(source, str) and source else None
+
+
 def load(workdir: str, step: Optional[int] = None, *,
          report: Callable[[str], None] = _stderr) -> Restored:
     """Restores the model of ``step`` (default: the newest readable checkpoint) from ``workdir``.
@@ -215,7 +227,8 @@ def load(workdir: str, step: Optional[int] = None, *,
       A :class:`Restored`.
 
     Raises:
-      FileNotFoundError: no config.json, no checkpoint, or no checkpoint at ``step``.
+      FileNotFoundError: no config.json, no checkpoint (for a sweep run whose records
+        ``--reuse_from`` copied, naming the run that holds them), or no checkpoint at ``step``.
       CheckpointError: no checkpoint can be read; ``CheckpointMismatchError`` when the one to
         restore holds another model than ``config.json`` describes (one line naming the first
         differing parameter path and shape).
@@ -223,13 +236,21 @@ def load(workdir: str, step: Optional[int] = None, *,
     """
     config = load_config(workdir)
     path = os.path.join(workdir, "config.json")
+    reused = _reused_from(workdir)
+    if reused and not checkpoint_lib.saved_steps(workdir):
+        raise FileNotFoundError(
+            f"no checkpoint in {os.path.join(workdir, 'checkpoints')}: a sweep's --reuse_from "
+            f"copied this run's records from {reused}, not its checkpoints; load that run "
+            f"instead")
     ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False)
     try:
         trainer = train_lib.Trainer(config)
         advice = f"{path} does not describe the model it holds"
         if step is None:
-            step, state = ckpt.restore_latest(trainer.abstract_state(), report=report,
-                                              mismatch_advice=advice)
+            step, state = ckpt.restore_latest(
+                trainer.abstract_state(), report=report, mismatch_advice=advice,
+                unreadable_advice="There is no model to restore: copy its checkpoints back "
+                                  "from a backup, or train it again.")
         else:
             state = ckpt.restore_step(step, trainer.abstract_state(), mismatch_advice=advice)
     finally:

@@ -492,7 +492,9 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
 
     Raises:
       ValueError: unknown task, a ``context`` that does not divide the devices or
-        ``max_len``, a perplexity file or validation split with no document (named).
+        ``max_len``, a perplexity file or validation split with no document (named), a NIAH
+        length too short for its task's prompt (naming ``--niah_lengths``; every NIAH prompt
+        is built before anything is scored).
         FileNotFoundError: a missing data file.
       OutOfMemoryError: (a ``ValueError``) a zero-shot task, a NIAH length or a perplexity
         file ran out of device memory (see :func:`_run`); the tasks finished before it went
@@ -548,6 +550,32 @@ def _bucket(base: int, options, model) -> int:
     return context_parallel.padding_bucket(base, options.context, getattr(model, "config", None))
 
 
+def _niah_samples(tasks: Sequence[str], tokenizer, options,
+                  words: Optional[Sequence[str]]) -> Dict[str, list]:
+    """Every NIAH prompt of ``tasks`` (:func:`lattn_jax.eval.niah.build_samples`), built before
+    anything is scored, so that a length too short for a task's prompt stops the evaluation
+    before any work.
+
+    Raises:
+      ValueError: naming ``--niah_lengths``, the task, the too-short length and the shortest
+        one that fits.
+    """
+    out = {}
+    for t in tasks:
+        try:
+            out[t] = niah.build_samples(
+                t, tokenizer, lengths=options.niah_lengths, depths=options.niah_depths,
+                samples_per_cell=options.niah_samples, essay_words=words,
+                max_new_tokens=options.niah_max_new_tokens)
+        except niah.PromptTooLong as e:
+            lengths = ",".join(map(str, options.niah_lengths))
+            raise ValueError(
+                f"--niah_lengths={lengths}: {e.length} is too short for {e.task}: its prompt "
+                f"without haystack has {e.empty} tokens, plus {e.max_new_tokens} answer tokens; "
+                f"give lengths of at least {e.shortest} (nothing was scored)") from None
+    return out
+
+
 def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str, dict]:
     """:func:`run_evaluation` inside its mesh.
 
@@ -561,6 +589,11 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
                             bucket=_bucket(32, options, model), route=options.route)
     results: Dict[str, dict] = {}
     eval_dir = os.path.join(options.data_dir, "eval")
+    niah_tasks = [n for n in names if n in niah.TASKS]
+    words = None
+    if any(t != "niah_single_1" for t in niah_tasks):
+        words = niah.load_essays(os.path.join(options.data_dir, "niah", "PaulGrahamEssays"))
+    niah_samples = _niah_samples(niah_tasks, tokenizer, options, words)  # before any scoring
     for name in [n for n in names if n in tasks_lib.TASK_NAMES]:
         t0 = time.time()
         docs = tasks_lib.load_task(name, eval_dir, options.sample_items, options.seed)
@@ -574,7 +607,6 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
             results[name] = score_task(scorer, name, docs, pairs)
         log(f"{name}: {results[name]} ({time.time() - t0:.0f} s)")
         on_result(name, results[name])
-    niah_tasks = [n for n in names if n in niah.TASKS]
     if niah_tasks:
         t0 = time.time()
         generator = gen_lib.Generator(model, pad_id=tokenizer.eos_id,
@@ -587,14 +619,12 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
                                           stop_tokens=[tokenizer.eos_id]).tokens
             return out
 
-        words = None
-        if any(t != "niah_single_1" for t in niah_tasks):
-            words = niah.load_essays(os.path.join(options.data_dir, "niah", "PaulGrahamEssays"))
         for t in niah_tasks:  # one task at a time: each is saved before the next runs
             try:
                 res = niah.run(generate_fn, tokenizer, tasks=[t], lengths=options.niah_lengths,
                                depths=options.niah_depths, samples_per_cell=options.niah_samples,
-                               essay_words=words, max_new_tokens=options.niah_max_new_tokens)
+                               essay_words=words, max_new_tokens=options.niah_max_new_tokens,
+                               samples=niah_samples)
             except niah.OutOfMemory as e:
                 smaller = max(1, options.batch_size // 2)
                 raise OutOfMemoryError(

@@ -5,6 +5,7 @@ import importlib
 import os
 
 import jax
+import numpy as np
 from absl.testing import absltest, parameterized
 from flax import nnx
 
@@ -199,6 +200,28 @@ class CommandLineAndRunFileTest(absltest.TestCase):
         for fine in (["t", "--config.model.layer_pattern=('gdn','attn')"],
                      ["t", "--config.model.layer_pattern= ['gdn']"],
                      ["t", "--config.model.d_model=64", "--layer_pattern=gdn"],
+                     ["t", "--config=configs/default.py:pattern=pure"]):
+            self.assertIsNone(check(fine), fine)
+
+    def test_a_tuple_option_given_twice_is_refused(self):
+        # ml_collections joined the two tuples: --config.model.layer_pattern="('gdn',)"
+        # --config.model.layer_pattern="('attn',)" trained a two-layer ('gdn', 'attn') model,
+        # where any other option repeated keeps its last value.
+        check = config_lib.repeated_tuple_override
+        rng = np.random.default_rng()
+        a = "(" + ",".join(repr(m) for m in rng.choice(["gdn", "attn", "kda"], 3)) + ")"
+        b = f"('/data/c{rng.integers(100)}',)"
+        self.assertEqual(
+            check(["t", f"--config.model.layer_pattern={a}", "--config.model.d_model=64",
+                   "--config.model.layer_pattern", "('attn',)"]),
+            f"--config.model.layer_pattern is given 2 times with tuple values ({a}, ('attn',)): "
+            f"ml_collections joins them instead of keeping the last; give it once, with the "
+            f"whole tuple")
+        self.assertIn("--config.data.paths is given 2 times",
+                      check(["t", "--config.data.paths=('/x',)", f"--config.data.paths={b}"]))
+        for fine in (["t", f"--config.model.layer_pattern={a}", f"--config.data.paths={b}"],
+                     ["t", "--config.train.total_steps=3", "--config.train.total_steps=5"],
+                     ["t", "--config.data.paths=/a", "--config.data.paths=/b"],  # one element each
                      ["t", "--config=configs/default.py:pattern=pure"]):
             self.assertIsNone(check(fine), fine)
 

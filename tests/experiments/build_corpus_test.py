@@ -53,6 +53,23 @@ def test_pieces_binary_round_trip_and_missing_piece(tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("error: missing piece ")
 
 
+def test_corpus_pieces_missing_or_bad_flags_are_one_line(tmp_path):
+    # A missing --pieces_dir printed the whole help text (27 lines) before its message, and
+    # --piece_mib=0 was reported as "piece_bytes must be at least 1 MiB, got 0".
+    mib = -int(np.random.default_rng().integers(0, 5))
+    for args, line in (
+            (["--mode=split", f"--directory={tmp_path}"],
+             "error: --mode=split needs --directory and --pieces_dir"),
+            (["--mode=join", f"--manifest={tmp_path / 'x.pieces.json'}"],
+             "error: --mode=join needs --manifest and --output_dir"),
+            (["--mode=split", f"--directory={tmp_path}", f"--pieces_dir={tmp_path / 'p'}",
+              f"--piece_mib={mib}"], f"error: --piece_mib={mib}: at least 1 (MiB per piece)")):
+        done = _run("corpus_pieces.py", *args)
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().splitlines() == [line]
+    assert not (tmp_path / "p").exists()
+
+
 @pytest.mark.parametrize("kind", ["sentencepiece"])
 def test_shared_tokenizer_pool_gives_the_same_shards(tmp_path, kind):
     path = tmp_path / "docs.jsonl"

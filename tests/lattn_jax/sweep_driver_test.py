@@ -3,6 +3,7 @@ plan, --report_only with --export (the binary end to end: tests/experiments/swee
 
 import json
 import os
+import random
 import re
 import signal
 import tarfile
@@ -77,6 +78,47 @@ class SweepDriverTest(absltest.TestCase):
             sweep_driver.run(CONFIG, sweep_driver.SweepOptions(root=root), repo_root=REPO,
                              argv=["sweep.py"], print_fn=self.lines.append)
         self.assertFalse(os.path.exists(self.root))
+
+    def test_only_with_report_only_is_refused_not_ignored(self):
+        # --report_only --only=... rewrote results.md with every run, ignoring the filter.
+        value = random.choice((2, 3, 4))
+        only = f"train.keep_checkpoints={value}"
+        workdir = os.path.join(self.root, "runs", "train.keep_checkpoints=2")
+        os.makedirs(workdir)
+        with open(os.path.join(workdir, "metrics.jsonl"), "w") as f:
+            f.write(json.dumps({"step": 4, "time": 1.0, "val_loss": random.random()}) + "\n")
+        with self.assertRaises(sweep.SweepConfigError) as cm:
+            self._run(report_only=True, only=[only])
+        self.assertEqual(str(cm.exception), (
+            f"--only={only} does not apply to --report_only: the results always cover every "
+            f"run under --root; drop --only (--dry_run --only={only} lists the selected runs)"))
+        self.assertFalse(os.path.exists(os.path.join(self.root, "results.md")))
+        self.assertEqual(self._run(report_only=True), 0)  # without --only: the whole report
+        self.assertTrue(os.path.exists(os.path.join(self.root, "results.md")))
+
+    def test_a_dry_run_says_a_missing_corpus_would_stop_the_call(self):
+        # --dry_run planned "3 would be launched" where the same call refuses to run.
+        corpus = os.path.join(self.tmp, f"corpus{random.randint(0, 999)}")
+        config = dict(CONFIG, arg=CONFIG["arg"] + (("corpus", corpus),), local_args=("corpus",))
+
+        def run(**options):
+            return sweep_driver.run(config, sweep_driver.SweepOptions(root=self.root, **options),
+                                    repo_root=REPO, argv=["sweep.py"],
+                                    print_fn=self.lines.append)
+
+        line = (f"--config argument corpus={corpus}: no such file or directory on this machine "
+                f"(every run would fail reading it)")
+        self.assertEqual(run(dry_run=True), 0)
+        self.assertEqual(self.lines[0], f"dry run: the call would refuse to run here; {line}")
+        self.assertTrue(self.lines[1].startswith("dry run of sweep demo: 3 run(s) selected"))
+        with self.assertRaises(sweep.SweepConfigError) as cm:
+            run()
+        self.assertEqual(str(cm.exception), line)
+        self.assertFalse(os.path.exists(self.root))
+        os.makedirs(corpus)  # present: no such line
+        self.lines.clear()
+        self.assertEqual(run(dry_run=True), 0)
+        self.assertTrue(self.lines[0].startswith("dry run of sweep demo"))
 
     def test_an_override_of_a_grid_axis_is_refused(self):
         # A field axis: the trainer got both flags (last wins) while the run names kept the

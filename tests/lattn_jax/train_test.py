@@ -373,6 +373,26 @@ class ResumeChecksTest(absltest.TestCase):
                                        print_fn=lambda s: None)
         self.assertEqual((out["resumed_from"], out["step"]), (2, 3))
 
+    def test_a_changed_validation_file_is_not_called_other_training_data(self):
+        # A data.val_paths file changed: the refusal said "resuming would train on other
+        # data", which it would not; it would validate on other documents.
+        workdir = self.create_tempdir().full_path
+        rng = np.random.default_rng()
+        size = int(rng.integers(1000, 9000))
+        record = {"version": train._FINGERPRINT_VERSION, "data.paths": {"/d/t.txt": {"b": 1}},
+                  "data.val_paths": {"/d/v.txt": {"bytes": size}}}
+        with open(os.path.join(workdir, train.DATA_FINGERPRINT), "w") as f:
+            json.dump(record, f)
+        now = dict(record, **{"data.val_paths": {"/d/v.txt": {"bytes": size + 17}}})
+        with self.assertRaises(config_lib.ConfigError) as cm:
+            train._check_data_unchanged(workdir, lambda: now, has_checkpoint=True)
+        self.assertEqual(str(cm.exception), (
+            f"data.val_paths: /d/v.txt changed since the run in {workdir} started (size {size} "
+            f"-> {size + 17} bytes); resuming would validate on other documents than its "
+            f"earlier evaluations. Use a new --workdir or the original file, or remove "
+            f"{os.path.join(workdir, train.DATA_FINGERPRINT)} to resume on the new contents "
+            f"deliberately."))
+
     def test_a_file_named_twice_is_read_once_and_an_older_run_reading_it_twice_not_resumed(
             self):
         # data.paths=("<dir>", "<dir>/corpus.txt") read the file twice: copies of the

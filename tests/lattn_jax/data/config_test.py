@@ -3,6 +3,7 @@
 import os
 import tempfile
 
+import numpy as np
 from absl.testing import absltest
 
 from lattn_jax import assets
@@ -41,6 +42,18 @@ class DataConfigTest(absltest.TestCase):
         with self.assertRaisesRegex(FileNotFoundError,
                                     "data.tokenizer_path: no such file: /no/tok.model"):
             self._make(tokenizer="sentencepiece", tokenizer_path="/no/tok.model")
+
+    def test_a_tokenizer_directory_is_named_as_one(self):
+        # --config.data.tokenizer_path=<dir holding vocab.json> said "no such file: <dir>".
+        directory = os.path.join(self.root, f"tok{np.random.randint(1000)}")
+        os.makedirs(directory)
+        for name in ("vocab.json", "merges.txt"):
+            open(os.path.join(directory, name), "w").close()
+        with self.assertRaises(FileNotFoundError) as cm:
+            self._make(tokenizer="huggingface", tokenizer_path=directory)
+        self.assertEqual(str(cm.exception), (
+            f"data.tokenizer_path: {directory} is a directory; give the tokenizer file in it "
+            f"(a tokenizer.json, .model or .gguf file; it holds merges.txt, vocab.json)"))
 
     def test_bad_values_name_the_field(self):
         for field, value in (("seq_len", 0), ("batch_size", -1), ("val_fraction", 1.0),

@@ -72,6 +72,21 @@ class ByteTokenizerTest(absltest.TestCase):
             tok.decode([257])
 
 
+class DirectoryPathTest(absltest.TestCase):
+
+    def test_a_directory_is_named_as_one(self):
+        # prepare_data.py --tokenizer=huggingface --tokenizer_path=<dir of vocab.json>: the
+        # error said "tokenizer.json not found: <dir>", the directory being there.
+        directory = self.create_tempdir(f"tok{os.getpid() % 997}").full_path
+        for name in ("vocab.json", "merges.txt"):
+            open(os.path.join(directory, name), "w").close()
+        with self.assertRaises(FileNotFoundError) as cm:
+            tokenizers.make_tokenizer("huggingface", directory)
+        self.assertEqual(str(cm.exception), (
+            f"tokenizer.json not found: {directory} is a directory (holding merges.txt, "
+            f"vocab.json); give the file itself"))
+
+
 class SentencePieceTokenizerTest(absltest.TestCase):
 
     @classmethod

@@ -8,6 +8,7 @@ every loader reads.
 
 import hashlib
 import os
+import random
 import re
 import shutil
 import tempfile
@@ -155,6 +156,18 @@ class FetchTest(absltest.TestCase):
         missing = os.path.join(mirror, "no_such_dir")
         with self.assertRaisesRegex(ValueError, f"^--mirror={missing}: no such directory"):
             fetch.fetch(self.out, self.files, mirror=missing, log=lambda *a: None)
+
+    def test_a_missing_file_url_mirror_is_named_before_any_file(self):
+        # --mirror=file:///tmp/nope failed every file, then advised passing --mirror=file://...
+        missing = os.path.join(tempfile.mkdtemp(), f"copy{random.randint(0, 999)}")
+        fetcher = CountingFetcher()
+        with self.assertRaises(ValueError) as ctx:
+            fetch.fetch(self.out, self.files, fetcher=fetcher, mirror="file://" + missing,
+                        log=lambda *a: None)
+        self.assertEqual(str(ctx.exception), (
+            f"--mirror=file://{missing}: no such directory {missing} (a file:// URL names a "
+            f"local copy of the layout)"))
+        self.assertEqual(fetcher.urls, [])
 
     def test_no_network_gives_one_line_with_the_mirror_hint(self):
         def offline(url):

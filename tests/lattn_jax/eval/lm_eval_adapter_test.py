@@ -239,6 +239,34 @@ class CommandLineErrorsTest(absltest.TestCase):
 
 @pytest.mark.interop
 @needs_lm_eval
+class CommaPathTest(absltest.TestCase):
+    """A sweep run's directory (commas in its name) as checkpoint=: the harness cut it at the
+    first comma and the error listed the rest as unknown arguments ['lr', 'opt', 'stack']."""
+
+    def test_a_path_cut_at_a_comma_is_named_with_the_way_around(self):
+        from lm_eval import utils as lm_utils
+        runs = self.create_tempdir().full_path
+        rng = np.random.default_rng()
+        lr = float(rng.choice([0.001, 0.003, 0.0036]))
+        names = [f"arch=gdn,stack=hybrid,opt={o},lr={lr},seed=42" for o in ("adamw", "muon")]
+        for name in names:
+            os.makedirs(os.path.join(runs, name))
+        args = lm_utils.simple_parse_args_string(f"checkpoint={runs}/{names[1]}")
+        with self.assertRaises(lm_eval_adapter.ModelArgumentError) as cm:
+            lm_eval_adapter.LattnJaxLM(**args)
+        full = os.path.join(runs, names[1])  # the muon run, as the stray arguments say
+        self.assertEqual(str(cm.exception), (
+            f"lattn_jax: checkpoint={runs}/arch=gdn does not exist: the harness splits "
+            f"--model_args at every comma, so a path with commas (e.g. {full}) cannot be "
+            f"passed; link it to a name without commas (ln -s '{full}' /tmp/run) and pass "
+            f"checkpoint=/tmp/run"))
+        # A missing path without such neighbours keeps its own error.
+        self.assertIsNone(lm_eval_adapter.comma_split_checkpoint(os.path.join(runs, "other")))
+        self.assertIsNone(lm_eval_adapter.comma_split_checkpoint(full))  # it exists
+
+
+@pytest.mark.interop
+@needs_lm_eval
 class HubUnreachableTest(absltest.TestCase):
     """Without HF_HUB_OFFLINE / HF_DATASETS_OFFLINE and without a hub, lattn-lm-eval goes offline
     at once (it spent ~30 s in ~25 lines of hub retries before its error). No network here: the

@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
@@ -162,6 +163,52 @@ class LoadModelTest(absltest.TestCase):
                                                 "training and HALO workdirs only; .*t.gguf is a "
                                                 "GGUF file"):
             restore.load_model(path, 3)
+
+    def test_a_run_without_a_readable_checkpoint_gives_a_readers_advice(self):
+        # generate.py/evaluate.py on a run whose checkpoints are all unreadable ended in the
+        # trainer's "Move the directory away or use a new --workdir.": neither has --workdir.
+        from configs import table7
+        from lattn_jax import config as config_lib
+        from lattn_jax import train as train_lib
+        workdir = self.create_tempdir().full_path
+        config = config_lib.experiment_from_config_dict(
+            table7.get_config(f"host=gdn,route=clvr,tiny,seed={np.random.randint(1, 99)}"))
+        ckpt = restore.checkpoint_lib.Checkpointer(workdir, async_save=False)
+        ckpt.save(3, jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype),
+                                            train_lib.Trainer(config).abstract_state()))
+        ckpt.close()
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump(config_lib.experiment_json_dict(config), f)
+        directory = os.path.join(workdir, "checkpoints")
+        os.remove(os.path.join(directory, "3", "state", "_METADATA"))
+        with self.assertRaises(restore.checkpoint_lib.CheckpointError) as cm:
+            restore.load_model(workdir)
+        self.assertEqual(str(cm.exception), (
+            f"no readable checkpoint in {directory}: step 3 (state/_METADATA is missing). "
+            f"There is no model to restore: copy its checkpoints back from a backup, or train "
+            f"it again."))
+
+    def test_a_reused_sweep_run_names_the_run_that_holds_its_checkpoints(self):
+        # A Table 7 host run reused from Table 2 (sweep --reuse_from) holds records only:
+        # generate.py/evaluate.py said "no checkpoint in .../checkpoints" and no more.
+        from configs import table7
+        from lattn_jax import config as config_lib
+        from lattn_jax import sweep
+        root = self.create_tempdir().full_path
+        source = os.path.join(root, "t2", "runs", f"arch=gdn,seed={np.random.randint(40, 99)}")
+        workdir = os.path.join(root, "t7", "runs", "route=none,seed=42")
+        os.makedirs(workdir)
+        config = config_lib.experiment_from_config_dict(
+            table7.get_config("host=gdn,route=none,tiny"))
+        with open(os.path.join(workdir, "config.json"), "w") as f:
+            json.dump(config_lib.experiment_json_dict(config), f)
+        with open(os.path.join(workdir, sweep.RUN_RECORD), "w") as f:
+            json.dump({"name": "route=none,seed=42", sweep.REUSED_KEY: source}, f)
+        with self.assertRaises(FileNotFoundError) as cm:
+            restore.load_model(workdir)
+        self.assertEqual(str(cm.exception), (
+            f"no checkpoint in {workdir}/checkpoints: a sweep's --reuse_from copied this run's "
+            f"records from {source}, not its checkpoints; load that run instead"))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from lattn_jax.data import config as data_config
 from lattn_jax.data import pipeline
 from lattn_jax.data import sources as data_sources
 from lattn_jax.data import tokenizers as tok_lib
+from lattn_jax.eval import niah
 from lattn_jax.eval import perplexity as ppl_lib
 from lattn_jax.eval import runner
 from lattn_jax.eval import scoring
@@ -133,6 +134,35 @@ class PreflightTest(absltest.TestCase):
         self.assertIn("hellaswag_val_full.txt.bz2", str(ctx.exception))
         self.assertNotIn("valid.jsonl", str(ctx.exception))
         self.assertEqual(logged, [])  # piqa was not scored
+
+    def test_a_niah_length_too_short_for_the_prompt_names_the_flag_before_scoring(self):
+        # evaluate.py --tasks=piqa,niah_single_1 --niah_lengths=<short>: the error came after
+        # piqa was scored, without naming the flag.
+        rng = random.Random(7)
+        tok = tok_lib.ByteTokenizer()
+        long_enough = rng.randint(600, 900)
+        short = rng.randint(40, 300)  # the byte tokenizer's empty prompt is ~350 tokens
+        needles = random.Random(42)  # run()'s seed; the short length's sample is drawn second
+        niah._draw_needles("niah_single_1", needles)
+        key, value, _ = niah._draw_needles("niah_single_1", needles)
+        empty = len(tok.encode(niah.build_prompt("niah_single_1", 0, 0.0, key, value).prompt))
+        logged = []
+        options = _options(FIXTURES, limit=2, niah_lengths=(long_enough, short),
+                           niah_depths=(0.0,), niah_max_new_tokens=32)
+        with self.assertRaises(ValueError) as ctx:
+            runner.run_evaluation(Bigram(), tok, ["piqa", "niah_single_1"], options,
+                                  log=logged.append)
+        self.assertEqual(
+            str(ctx.exception),
+            f"--niah_lengths={long_enough},{short}: {short} is too short for niah_single_1: "
+            f"its prompt without haystack has {empty} tokens, plus 32 answer tokens; give "
+            f"lengths of at least {empty + 32} (nothing was scored)")
+        self.assertEqual(logged, [])  # piqa was not scored
+        # The samples run() builds itself are the ones built beforehand.
+        kw = dict(lengths=(long_enough,), depths=(0.0, 50.0), max_new_tokens=32)
+        self.assertEqual(niah.build_samples("niah_single_1", tok, **kw),
+                         [[niah.make_sample("niah_single_1", tok, long_enough, d, r, None, 32)
+                           for r in [random.Random(42)] for d in (0.0, 50.0)]])
 
     def test_every_missing_file_is_listed(self):
         data = tempfile.mkdtemp()
