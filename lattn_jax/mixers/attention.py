@@ -188,11 +188,15 @@ class Attention(nnx.Module):
 
         Raises:
           ValueError: ``batch`` is not a positive integer
-            (:func:`~lattn_jax.layers.check_init_state_batch`), or ``max_len < 1``.
+            (:func:`~lattn_jax.layers.check_init_state_batch`), or ``max_len`` is not an
+            integer >= 1 (a Python or NumPy int; a float or ``None`` failed inside
+            ``jnp.zeros`` or the comparison).
         """
         layers.check_init_state_batch(batch)
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len=}")
+        if (isinstance(max_len, (bool, np.bool_)) or not isinstance(max_len, (int, np.integer))
+                or max_len < 1):
+            raise ValueError(f"max_len must be an integer >= 1 (the KV-cache capacity), got "
+                             f"{max_len=!r}")
         shape = (batch, max_len, self.num_kv_heads, self.head_dim)
         return KVCache(k=jnp.zeros(shape, self.dtype), v=jnp.zeros(shape, self.dtype),
                        length=jnp.zeros((batch,), jnp.int32),

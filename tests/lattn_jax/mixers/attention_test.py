@@ -146,8 +146,13 @@ class AttentionTest(parameterized.TestCase):
             module(x[:, :2], state=cache)
         with self.assertRaisesRegex(ValueError, "batch"):
             module(x[:1, :1], state=cache)
-        with self.assertRaisesRegex(ValueError, "max_len"):
-            module.init_state(2, 0)
+        for max_len in (0, 8.0, None, True):  # a float or None failed with a TypeError
+            with self.subTest(max_len=max_len):
+                with self.assertRaisesRegex(ValueError, r"^max_len must be an integer >= 1 "
+                                                        rf"\(the KV-cache capacity\), got "
+                                                        rf"max_len={max_len!r}$"):
+                    module.init_state(2, max_len)
+        self.assertEqual(module.init_state(2, np.int64(3)).k.shape, (2, 3, 2, 8))
         # Without a state, return_state gives a cache exactly as long as the call.
         _, full = props.call(module, x, return_state=True)
         self.assertEqual(full.k.shape[1], 4)
