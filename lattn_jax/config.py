@@ -748,12 +748,18 @@ class ModelConfig:
                 f"model.routing.mode={self.routing.mode!r} needs at least one "
                 f"{' or '.join(ROUTABLE_MIXERS)} layer in model.layer_pattern",
             )
+            routed = [n for n in ROUTABLE_MIXERS if n in self.layer_pattern]
             shapes = {(getattr(self, n).num_v_heads, getattr(self, n).head_v_dim)
-                      for n in set(self.layer_pattern) if n in ROUTABLE_MIXERS}
+                      for n in routed}
+            # (The message listed the sorted shapes without their sections, so that the
+            # first pair could belong to model.deltanet.)
             _require(
                 self.routing.mode != "cler" or len(shapes) == 1,
-                f"model.routing.mode='cler' routes r [H, V] between layers, so the gdn and "
-                f"deltanet layers need equal num_v_heads and head_v_dim, got {sorted(shapes)}",
+                "model.routing.mode='cler' routes r [H, V] between layers, so the gdn and "
+                "deltanet layers need equal num_v_heads and head_v_dim, got "
+                + ", ".join(f"model.{n}.num_v_heads={getattr(self, n).num_v_heads}, "
+                            f"model.{n}.head_v_dim={getattr(self, n).head_v_dim}"
+                            for n in routed),
             )
         if "lightning" in self.layer_pattern:
             if self.lightning.head_dim is None:

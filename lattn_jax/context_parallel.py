@@ -356,9 +356,10 @@ def short_conv(conv, x: Array, segment_ids: Optional[Array],
 
     Raises:
       ValueError: if ``T`` does not split over the context axis or a shard is shorter than
-        ``W - 1`` tokens.
+        ``W - 1`` tokens, or ``conv_state`` is not ``[B, W - 1, C]``.
     """
     b, t, c = x.shape
+    conv.check_conv_state(conv_state, b, c)
     halo = conv.width - 1
     if not is_active(t) or halo == 0:
         return conv(x, segment_ids=segment_ids, conv_state=conv_state)

@@ -295,6 +295,20 @@ class ShortConv(nnx.Module):
         self.kernel = nnx.Param(jax.random.uniform(rngs.params(), (width, channels), param_dtype,
                                                    -bound, bound))
 
+    def check_conv_state(self, conv_state: Optional[Array], batch: int, channels: int) -> None:
+        """Raises ``ValueError`` unless ``conv_state`` is ``None`` or ``[batch, W - 1,
+        channels]`` (static shape only). A longer or shorter one (a state built for another
+        ``conv_width``) shifted every tap onto the wrong input, silently; one with other
+        channels failed inside ``jnp.concatenate``."""
+        if conv_state is None:
+            return
+        want = (batch, self.width - 1, channels)
+        if tuple(jnp.shape(conv_state)) != want:
+            raise ValueError(
+                f"conv_state must be [batch={batch}, conv_width - 1={self.width - 1}, "
+                f"channels={channels}] (the last W - 1 inputs of the short convolution, as "
+                f"init_state builds it), got {tuple(jnp.shape(conv_state))}")
+
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
                  conv_state: Optional[Array] = None) -> Tuple[Array, Array]:
         """Applies the convolution.
@@ -307,8 +321,12 @@ class ShortConv(nnx.Module):
         Returns:
           ``(y, new_conv_state)``: ``y`` is ``[B, T, C]`` in ``dtype``; ``new_conv_state`` is the
           last ``W - 1`` inputs ``[B, W - 1, C]`` for the next call.
+
+        Raises:
+          ValueError: if ``conv_state`` is not ``[B, W - 1, C]`` (:meth:`check_conv_state`).
         """
         b, t, c = x.shape
+        self.check_conv_state(conv_state, b, c)
         x = x.astype(self.dtype)
         if conv_state is None:
             conv_state = jnp.zeros((b, self.width - 1, c), self.dtype)

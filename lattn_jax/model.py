@@ -265,6 +265,28 @@ class LanguageModel(nnx.Module):
         return [mixers.attention.grow_cache(st, max_len)
                 if isinstance(st, mixers.attention.KVCache) else st for st in states]
 
+    def _check_state_kinds(self, state: Sequence[Any]) -> None:
+        """Raises ``ValueError`` naming the first entry of ``state`` whose kind does not fit its
+        layer (a list reordered or taken from a model of another ``layer_pattern``): a
+        ``KVCache`` for softmax attention, a ``LightningState`` for ``"lightning"``, a
+        ``RecurrentState`` for the other linear mixers; ``None`` (a fresh state) fits any. Such
+        a state failed inside the mixer with an ``AttributeError``."""
+        for i, (block, st) in enumerate(zip(self.blocks, state)):
+            if st is None:
+                continue
+            if isinstance(block.mixer, mixers.attention.Attention):
+                want = mixers.attention.KVCache
+            elif isinstance(block.mixer, mixers.lightning.LightningAttention):
+                want = mixers.lightning.LightningState
+            else:
+                want = layers.RecurrentState
+            if not isinstance(st, want):
+                raise ValueError(
+                    f"state[{i}] is a {type(st).__name__}, but layer {i} "
+                    f"({self.config.layer_pattern[i]!r}) needs a {want.__name__}: pass the "
+                    f"list from init_state() or a previous call, in layer_pattern order "
+                    f"{tuple(self.config.layer_pattern)}")
+
     def __call__(self, tokens: Array, *, segment_ids: Optional[Array] = None,
                  route: bool = True, state: Optional[Sequence[Any]] = None,
                  return_state: bool = False, last_logits_only: bool = False,
@@ -318,7 +340,8 @@ class LanguageModel(nnx.Module):
           ValueError: if ``tokens`` is not an integer ``[B, T]`` array (``"tokens must be
             integer token ids [batch, seq_len], got float32 (2, 16, 32)"``), ``segment_ids``
             is given but not ``[B, T]`` like ``tokens`` (both static checks, made first), or
-            ``state`` does not have one entry per layer (and from the mixers, on a state of
+            ``state`` does not have one entry per layer or an entry of the wrong kind for its
+            layer (a ``KVCache`` for a linear layer, ...) (and from the mixers, on a state of
             another batch size or a full KV cache); and, called eagerly, if an id is outside
             ``[0, vocab_size)`` (``"tokens must be ids in [0, vocab_size=257), got min -1, max
             300"``).
@@ -329,6 +352,8 @@ class LanguageModel(nnx.Module):
             segment_ids = None
         if state is not None and len(state) != len(self.blocks):
             raise ValueError(f"state has {len(state)} entries for {len(self.blocks)} layers")
+        if state is not None:
+            self._check_state_kinds(state)
         if return_state and state is None:
             # Attention layers start a cache of capacity T on the training path's kernel
             # (flash attention on a GPU); linear layers start from their zero state.

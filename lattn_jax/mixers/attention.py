@@ -188,11 +188,15 @@ class Attention(nnx.Module):
 
         Raises:
           ValueError: ``batch`` is not a positive integer
-            (:func:`~lattn_jax.layers.check_init_state_batch`), or ``max_len < 1``.
+            (:func:`~lattn_jax.layers.check_init_state_batch`), or ``max_len`` is not an
+            integer >= 1 (a Python or NumPy int; a float or ``None`` failed inside
+            ``jnp.zeros`` or the comparison).
         """
         layers.check_init_state_batch(batch)
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len=}")
+        if (isinstance(max_len, (bool, np.bool_)) or not isinstance(max_len, (int, np.integer))
+                or max_len < 1):
+            raise ValueError(f"max_len must be an integer >= 1 (the KV-cache capacity), got "
+                             f"{max_len=!r}")
         shape = (batch, max_len, self.num_kv_heads, self.head_dim)
         return KVCache(k=jnp.zeros(shape, self.dtype), v=jnp.zeros(shape, self.dtype),
                        length=jnp.zeros((batch,), jnp.int32),
@@ -274,11 +278,22 @@ class Attention(nnx.Module):
         return y
 
     def _check_cache(self, state: KVCache, batch: int, length: int) -> None:
-        """Raises ``ValueError`` on a cache of the wrong batch or one too small for the call."""
+        """Raises ``ValueError`` on a cache of the wrong batch, one of another layer's heads or
+        head width (``k``/``v`` not ``[B, S, G, dh]``; it failed inside
+        ``lax.dynamic_update_slice`` or ``dot_product_attention``), or one too small for the
+        call."""
         capacity = state.k.shape[1]
         if state.k.shape[0] != batch:
             raise ValueError(f"the cache was built for batch {state.k.shape[0]}, but x has batch "
                              f"{batch}; build it with init_state({batch}, max_len)")
+        want = (batch, capacity, self.num_kv_heads, self.head_dim)
+        for name in ("k", "v"):
+            got = tuple(jnp.shape(getattr(state, name)))
+            if got != want:
+                raise ValueError(
+                    f"the cache's {name} must be [batch={batch}, max_len={capacity}, "
+                    f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}] for this "
+                    f"layer, got {got}; build it with this layer's init_state({batch}, max_len)")
         used = _concrete_max(state.length)
         if length > capacity or (used is not None and used + length > capacity):
             raise ValueError(f"{length} new tokens do not fit in the KV cache: capacity "

@@ -87,7 +87,8 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size, scal
       ``dict(B=..., T=..., HK=..., H=..., K=..., V=...)``.
 
     Raises:
-      ValueError: naming the offending argument and its shape or dtype; a wrong rank names the
+      ValueError: naming the offending argument and its shape or dtype (also for an empty head
+        or head-dim axis, ``HK``, ``K``, ``H`` or ``V`` of 0); a wrong rank names the
         layout, e.g. ``"q must be [B, T, HK, K] (rank 4), got shape (8, 16, 2)"``. When ``q.shape !=
         k.shape``, the message names the one that disagrees with the other arguments carrying
         that size (``v``, gates, ``initial_state``, ``segment_ids``), or both alike when none
@@ -103,6 +104,9 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size, scal
         raise ValueError(_q_k_mismatch(q, k, v, gates, initial_state, segment_ids))
     check_shape("v", v, (batch, seq_len, None, None))
     heads, dv = v.shape[2], v.shape[3]
+    if 0 in (key_heads, dk, heads, dv):  # (raised ZeroDivisionError: H % HK, K ** -0.5)
+        raise ValueError(f"q, k and v need at least one head and one channel per head, got "
+                         f"{q.shape=} [B, T, HK, K] and {v.shape=} [B, T, H, V]")
     if heads % key_heads:
         raise ValueError(
             f"the value heads of v must be a multiple of the key heads of q and k (GVA), got "

@@ -1,10 +1,13 @@
 """lattn_jax.layers: apply_rope against a float64 NumPy rotate-half reference; swiglu and
-rms_norm with their hand-written backwards against float64 references and fp32 autodiff."""
+rms_norm with their hand-written backwards against float64 references and fp32 autodiff;
+ShortConv against a float64 NumPy convolution and its conv_state check."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
+
+from flax import nnx
 
 from lattn_jax import layers
 
@@ -153,6 +156,51 @@ class RMSNormTest(parameterized.TestCase):
         g2 = jax.grad(jax.checkpoint(lambda x: jnp.sum(jnp.sin(norm(x)))))(x)
         np.testing.assert_allclose(np.asarray(g1), np.asarray(f(plain)[0]), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.asarray(g2), np.asarray(g1), rtol=1e-6, atol=1e-7)
+
+
+class ShortConvStateTest(absltest.TestCase):
+    """A ``conv_state`` other than ``[B, W - 1, C]`` (one built for another ``conv_width``) put
+    every tap on the wrong input and returned a result without an error."""
+
+    def setUp(self):
+        super().setUp()
+        self.conv = layers.ShortConv(3, 4, rngs=nnx.Rngs(0))  # W = 4, C = 3
+        keys = jax.random.split(jax.random.key(7), 2)
+        self.x = jax.random.normal(keys[0], (2, 5, 3))
+        self.history = jax.random.normal(keys[1], (2, 3, 3))  # the W - 1 inputs before x
+
+    def test_carried_state_continues_the_row(self):
+        """``conv(x2, conv_state=state of x1) == conv([x1, x2])[T1:]``, against a float64
+        NumPy convolution, ``y[t] = sum_i w[i] x[t - W + 1 + i]``."""
+        w = np.asarray(self.conv.kernel[...], np.float64)
+        full = np.concatenate([np.asarray(self.history, np.float64),
+                               np.asarray(self.x, np.float64)], axis=1)  # [B, 3 + 5, C]
+        want = np.stack([sum(w[i] * full[:, t + i] for i in range(4)) for t in range(5)], 1)
+        y, new_state = self.conv(self.x, conv_state=self.history)
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(new_state, self.x[:, -3:])
+
+    def test_wrong_conv_state_shape_is_refused(self):
+        for bad in ((2, 5, 3), (2, 2, 3), (2, 3, 7), (1, 3, 3)):
+            with self.subTest(shape=bad):
+                with self.assertRaisesRegex(
+                        ValueError, r"conv_state must be \[batch=2, conv_width - 1=3, "
+                        r"channels=3\].*got \(" + ", ".join(map(str, bad))):
+                    self.conv(self.x, conv_state=jnp.ones(bad))
+
+    def test_mixer_refuses_a_state_of_another_conv_width(self):
+        """Through a mixer's decoding state (GDN, ``conv_width`` 4 -> a 5-wide state)."""
+        from lattn_jax import config as config_lib
+        from lattn_jax.mixers import gated_deltanet
+        cfg = config_lib.ModelConfig(vocab_size=16, d_model=16, layer_pattern=("gdn",),
+                                     mlp_hidden=32, gdn=dict(num_k_heads=1, num_v_heads=1,
+                                                             head_k_dim=8, head_v_dim=8))
+        mixer = gated_deltanet.GatedDeltaNet(cfg, rngs=nnx.Rngs(0))
+        state = mixer.init_state(2)
+        wide = jnp.ones((2, state.conv_state.shape[1] + 2, state.conv_state.shape[2]))
+        x = jax.random.normal(jax.random.key(3), (2, 3, 16))
+        with self.assertRaisesRegex(ValueError, "conv_state must be"):
+            mixer(x, state=state._replace(conv_state=wide), return_state=True)
 
 
 if __name__ == "__main__":

@@ -118,6 +118,27 @@ class ModelTest(parameterized.TestCase):
                     model.init_state(batch, 4)
         self.assertLen(model.init_state(np.int64(2), 4), 3)  # one state per block
 
+    def test_a_state_entry_of_the_wrong_kind_is_refused_naming_its_layer(self):
+        """A reordered state list (a KV cache at a linear layer, a recurrent state at an
+        attention layer) failed inside the mixer with an AttributeError."""
+        model = nnx.eval_shape(lambda: model_lib.LanguageModel(  # the check comes first
+            tiny_config(("gdn", "attn", "lightning"),
+                        lightning=dict(num_heads=2, num_kv_heads=2)), rngs=nnx.Rngs(0)))
+        tokens = jax.random.randint(jax.random.key(1), (2, 3), 0, 64)
+        states = model.init_state(2, 8)
+        cases = [([states[1], states[0], states[2]], r"state\[0\] is a KVCache, but layer 0 "
+                  r"\('gdn'\) needs a RecurrentState"),
+                 ([states[0], states[2], states[1]], r"state\[1\] is a LightningState, but "
+                  r"layer 1 \('attn'\) needs a KVCache"),
+                 ([states[0], states[1], states[0]], r"state\[2\] is a RecurrentState, but "
+                  r"layer 2 \('lightning'\) needs a LightningState")]
+        for bad, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaisesRegex(ValueError, message):
+                    model(tokens, state=bad, return_state=True)
+        self.assertEqual([type(st).__name__ for st in states],
+                         ["RecurrentState", "KVCache", "LightningState"])
+
     def test_a_string_layer_pattern_is_refused_asking_for_a_tuple(self):
         # "gdn" would otherwise be read letter by letter ('g' is not a known mixer).
         with self.assertRaisesRegex(config_lib.ConfigError,

@@ -380,7 +380,10 @@ class ConfigTest(parameterized.TestCase):
         ("no_routing_layer", lambda: make_config(("attn",), "cler_h"),
          r"needs at least one gdn or deltanet layer"),
         ("cler_mixed_value_shapes", lambda: make_config(("gdn", "deltanet"), "cler"),
-         r"need equal num_v_heads and head_v_dim"),
+         # each pair named with its section (sorted pairs put deltanet's (2, 16) first)
+         r"need equal num_v_heads and head_v_dim, got model\.gdn\.num_v_heads=4, "
+         r"model\.gdn\.head_v_dim=8, model\.deltanet\.num_v_heads=2, "
+         r"model\.deltanet\.head_v_dim=16$"),
         ("remat_attn_res", lambda: config_lib.ModelConfig(
             layer_pattern=("gdn",), remat=True,
             routing=config_lib.RoutingConfig(attn_res=True)), r"model\.remat"),

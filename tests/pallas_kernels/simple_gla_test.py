@@ -512,6 +512,11 @@ class SimpleGlaTest(parameterized.TestCase):
             (dict(g=base["g"][..., None]), {}, r"^g must be \[B, T, H\] \(rank 3\), got shape "),
             (dict(v=base["v"].astype(jnp.int32)), {}, r"v must have a floating dtype"),
             (dict(q=base["q"][:, :0], k=base["k"][:, :0]), {}, r"at least one token"),
+            # Empty head axes raised ZeroDivisionError (H % HK, K ** -0.5).
+            (dict(q=base["q"][:, :, :0], k=base["k"][:, :, :0]), {},
+             r"^q, k and v need at least one head and one channel per head"),
+            (dict(q=base["q"][..., :0], k=base["k"][..., :0]), {}, r"at least one head"),
+            (dict(v=base["v"][..., :0]), {}, r"at least one head"),
             ({}, dict(initial_state=base["initial_state"][:, :2]), r"initial_state\.shape="),
             ({}, dict(segment_ids=jnp.zeros((2, 7), jnp.int32)), r"segment_ids\.shape="),
             ({}, dict(segment_ids=jnp.zeros((2, 8), F32)), r"segment_ids must have an integer"),

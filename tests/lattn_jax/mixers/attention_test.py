@@ -146,11 +146,31 @@ class AttentionTest(parameterized.TestCase):
             module(x[:, :2], state=cache)
         with self.assertRaisesRegex(ValueError, "batch"):
             module(x[:1, :1], state=cache)
-        with self.assertRaisesRegex(ValueError, "max_len"):
-            module.init_state(2, 0)
+        for max_len in (0, 8.0, None, True):  # a float or None failed with a TypeError
+            with self.subTest(max_len=max_len):
+                with self.assertRaisesRegex(ValueError, r"^max_len must be an integer >= 1 "
+                                                        rf"\(the KV-cache capacity\), got "
+                                                        rf"max_len={max_len!r}$"):
+                    module.init_state(2, max_len)
+        self.assertEqual(module.init_state(2, np.int64(3)).k.shape, (2, 3, 2, 8))
         # Without a state, return_state gives a cache exactly as long as the call.
         _, full = props.call(module, x, return_state=True)
         self.assertEqual(full.k.shape[1], 4)
+
+    def test_a_cache_of_other_heads_or_head_width_is_refused(self):
+        """A cache from another layer (other ``num_kv_heads`` or ``head_dim``) failed inside
+        ``lax.dynamic_update_slice`` or ``jax.nn.dot_product_attention``)."""
+        module = attention.Attention(props.tiny_config("attn", "float32"), rngs=nnx.Rngs(0))
+        cache = module.init_state(2, 6)  # k, v [2, 6, 2, 8]
+        x = jax.random.normal(jax.random.key(4), (2, 1, props.D_MODEL))
+        for name, shape in (("k", (2, 6, 1, 8)), ("v", (2, 6, 2, 16)), ("k", (2, 6, 4, 8))):
+            with self.subTest(name=name, shape=shape):
+                bad = cache._replace(**{name: jnp.ones(shape)})
+                with self.assertRaisesRegex(
+                        ValueError, rf"the cache's {name} must be \[batch=2, max_len=6, "
+                        rf"num_kv_heads=2, head_dim=8\] for this layer, got "
+                        rf"\({', '.join(map(str, shape))}\)"):
+                    module(x, state=bad, return_state=True)
 
     def test_decode_positions_restart_after_packed_prefill(self):
         module = attention.Attention(props.tiny_config("attn"), rngs=nnx.Rngs(0))
