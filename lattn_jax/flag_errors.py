@@ -48,6 +48,19 @@ def parse_flags(argv, unknown_option_hint=None):
 TUPLE_OPTIONS = ("layer_pattern",)
 
 
+def _config_options(argv):
+    """Yields ``(name, value)`` for each ``--config.<field>`` option of ``argv`` (its first word
+    is the program), in the ``--name=value`` and ``--name value`` forms; ``name`` without the
+    dashes."""
+    args = list(argv)[1:]
+    for i, arg in enumerate(args):
+        if arg.startswith("--config."):
+            name, eq, value = arg[2:].partition("=")
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            yield name, value
+
+
 def bare_tuple_override(argv) -> Optional[str]:
     """The error for a ``--config.<...>.layer_pattern`` value that is not written as a tuple
     (``"('gdn','gdn','attn')"``), or ``None`` when every such option is one.
@@ -55,13 +68,7 @@ def bare_tuple_override(argv) -> Optional[str]:
     Args:
       argv: the command line (``--name=value`` and ``--name value`` forms).
     """
-    args = list(argv)[1:]
-    for i, arg in enumerate(args):
-        if not arg.startswith("--config."):
-            continue
-        name, eq, value = arg[2:].partition("=")
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
+    for name, value in _config_options(argv):
         if name.rsplit(".", 1)[-1] in TUPLE_OPTIONS and not value.strip().startswith(("(", "[")):
             names = [v.strip() for v in value.split(",") if v.strip()]
             example = ("(" + ",".join(repr(n) for n in names)
@@ -90,14 +97,8 @@ def repeated_tuple_override(argv) -> Optional[str]:
       (...) instead of keeping the last; give it once, with the whole tuple``, for the first
       such option, else ``None``.
     """
-    args = list(argv)[1:]
     values = {}
-    for i, arg in enumerate(args):
-        if not arg.startswith("--config."):
-            continue
-        name, eq, value = arg[2:].partition("=")
-        if not eq:
-            value = args[i + 1] if i + 1 < len(args) else ""
+    for name, value in _config_options(argv):
         if value.strip().startswith(("(", "[")):
             values.setdefault(name, []).append(value.strip())
     for name, given in values.items():
