@@ -76,7 +76,9 @@ class EvaluateRequest:
 
 
 # Flags that count something: a value below 1 is refused, naming what it counts.
-_COUNTS = (("niah_samples", "NIAH prompts per (length, depth)"),
+_COUNTS = (("limit", "documents per zero-shot task"), ("sample_items", "items per task"),
+           ("perplexity_max_docs", "documents per perplexity file"),
+           ("niah_samples", "NIAH prompts per (length, depth)"),
            ("batch_size", "sequences per forward pass"), ("max_len", "tokens"),
            ("perplexity_batch_size", "windows per forward pass"), ("perplexity_window", "tokens"),
            ("perplexity_stride", "tokens"), ("context", "devices"))

@@ -494,7 +494,8 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
       ValueError: unknown task, a ``context`` that does not divide the devices or
         ``max_len``, a perplexity file or validation split with no document (named), a NIAH
         length too short for its task's prompt (naming ``--niah_lengths``; every NIAH prompt
-        is built before anything is scored).
+        is built before anything is scored), a zero-shot task with a continuation longer
+        than ``max_len`` (naming ``--max_len``; the tasks before it were scored).
         FileNotFoundError: a missing data file.
       OutOfMemoryError: (a ``ValueError``) a zero-shot task, a NIAH length or a perplexity
         file ran out of device memory (see :func:`_run`); the tasks finished before it went
@@ -599,6 +600,10 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
         docs = tasks_lib.load_task(name, eval_dir, options.sample_items, options.seed)
         docs = docs[:options.limit]  # the first N (None: all), as the harness's --limit
         pairs = [scoring.encode_pair(tokenizer, c, x) for d in docs for c, x in d.requests]
+        longest = max((len(x) for _, x in pairs), default=0)
+        if longest > options.max_len:  # was the scorer's "request i: ..." naming no flag
+            raise ValueError(f"--max_len={options.max_len}: {name} has a continuation of "
+                             f"{longest} tokens, which does not fit; give --max_len >= {longest}")
         with _out_of_memory_as(
                 f"{name} ran out of device memory with --batch_size={options.batch_size} "
                 f"requests of up to --max_len={options.max_len} tokens per forward pass: rerun "

@@ -153,6 +153,12 @@ class EvaluateBinaryTest(parameterized.TestCase):
         ("bad_stop_token", "generate.py",
          ["--checkpoint=/no/such/run", "--prompt=hi", "--stop_token=abc"],
          "error: --stop_token=abc: token ids are integers"),
+        # A count below 1 named by its flag (--limit=0 said "limit must be a positive ...").
+        ("limit_zero", "evaluate.py", ["--checkpoint=/tmp", "--tasks=piqa", "--limit=0"],
+         "error: --limit=0: not a positive integer (documents per zero-shot task)"),
+        ("sample_items_negative", "evaluate.py",
+         ["--checkpoint=/tmp", "--tasks=piqa", "--sample_items=-2"],
+         "error: --sample_items=-2: not a positive integer (items per task)"),
     )
     def test_bad_input_gives_one_clear_line(self, binary, flags, message):
         result = run(binary, *flags)

@@ -164,6 +164,27 @@ class PreflightTest(absltest.TestCase):
                          [[niah.make_sample("niah_single_1", tok, long_enough, d, r, None, 32)
                            for r in [random.Random(42)] for d in (0.0, 50.0)]])
 
+    def test_a_max_len_shorter_than_a_continuation_names_the_flag_and_the_task(self):
+        # It was the scorer's "request 0: continuation of N tokens exceeds max_len=M".
+        tok = tok_lib.ByteTokenizer()
+        docs = tasks.load_task("piqa", os.path.join(FIXTURES, "eval"), None, 0)[:2]
+        longest = max(len(scoring.encode_pair(tok, c, x)[1]) for d in docs for c, x in d.requests)
+        max_len = random.Random(3).randint(2, longest - 1)
+        logged = []
+        with self.assertRaises(ValueError) as ctx:
+            runner.run_evaluation(
+                Bigram(), tok, ["piqa"],
+                dataclasses.replace(_options(FIXTURES, limit=2), max_len=max_len),
+                log=logged.append)
+        self.assertEqual(str(ctx.exception),
+                         f"--max_len={max_len}: piqa has a continuation of {longest} tokens, "
+                         f"which does not fit; give --max_len >= {longest}")
+        self.assertEqual(logged, [])
+        result = runner.run_evaluation(
+            Bigram(), tok, ["piqa"], dataclasses.replace(_options(FIXTURES, limit=2),
+                                                         max_len=longest))
+        self.assertEqual(result["piqa"]["n"], 2)
+
     def test_every_missing_file_is_listed(self):
         data = tempfile.mkdtemp()
         with self.assertRaises(FileNotFoundError) as ctx:
