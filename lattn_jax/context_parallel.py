@@ -359,10 +359,10 @@ def short_conv(conv, x: Array, segment_ids: Optional[Array],
         ``W - 1`` tokens, or ``conv_state`` is not ``[B, W - 1, C]``.
     """
     b, t, c = x.shape
-    conv.check_conv_state(conv_state, b, c)
     halo = conv.width - 1
     if not is_active(t) or halo == 0:
-        return conv(x, segment_ids=segment_ids, conv_state=conv_state)
+        return conv(x, segment_ids=segment_ids, conv_state=conv_state)  # (checks conv_state)
+    conv.check_conv_state(conv_state, b, c)
     axis, n = _single_axis(t)
     if t // n < halo:
         raise ValueError(f"{t // n} tokens per context shard are fewer than the convolution's "

@@ -190,11 +190,10 @@ class DataConfig:
             except FileNotFoundError as e:
                 raise FileNotFoundError(f"data.tokenizer_path: {e}") from e
             if os.path.isdir(path):  # "no such file" for an existing directory misled
-                inside = sorted(os.listdir(path))
-                shown = ", ".join(inside[:6]) + (", ..." if len(inside) > 6 else "")
                 raise FileNotFoundError(
                     f"data.tokenizer_path: {path} is a directory; give the tokenizer file in it "
-                    f"(a tokenizer.json, .model or .gguf file; it holds {shown or 'nothing'})")
+                    f"(a tokenizer.json, .model or .gguf file; it holds "
+                    f"{sources.directory_listing(path)})")
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"data.tokenizer_path: no such file: {path}")
             object.__setattr__(self, "tokenizer_path", path)

@@ -206,6 +206,14 @@ def decode_utf8(data: bytes, stats: ReadStats | None = None) -> tuple[str, int]:
         return text, replaced
 
 
+def directory_listing(path: str, most: int = 6) -> str:
+    """What directory ``path`` holds, for an error that names a directory given where a file
+    was expected: its first ``most`` entries in sorted order (``"a, b, ..."`` when there are
+    more), or ``"nothing"``."""
+    inside = sorted(os.listdir(path))
+    return ", ".join(inside[:most]) + (", ..." if len(inside) > most else "") or "nothing"
+
+
 def file_format(path: str, fmt: str = "auto") -> str:
     """Resolves ``"auto"`` by file name to ``"jsonl"``, ``"parquet"`` or ``"text"``.
 

@@ -30,6 +30,7 @@ from collections.abc import Sequence
 import sentencepiece as spm
 
 from lattn_jax import assets
+from lattn_jax.data import sources
 
 __all__ = [
     "KINDS",
@@ -112,10 +113,8 @@ def _check_file(path, what: str) -> str:
     """
     path = os.fspath(path)
     if os.path.isdir(path):  # "not found: <dir>" read as a missing directory
-        inside = sorted(os.listdir(path))
-        shown = ", ".join(inside[:6]) + (", ..." if len(inside) > 6 else "")
         raise FileNotFoundError(f"{what} not found: {path} is a directory (holding "
-                                f"{shown or 'nothing'}); give the file itself")
+                                f"{sources.directory_listing(path)}); give the file itself")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{what} not found: {path}")
     return path
