@@ -805,8 +805,7 @@ def markdown(report: Report) -> str:
         most = max(e.result.parallel for e in shared)
         lines[-1:-1] = [
             f"- {SHARED_MARK} {len(shared)} run(s) shared "
-            f"{_shared_what([e.result for e in shared])} with other "
-            f"runs of this "
+            f"{_shared_what([e.result for e in shared])} with other runs of this "
             f"sweep (`--parallel` up to {most}): their tokens/s, MFU and wall time are marked "
             f"{SHARED_MARK}, describe the shared machine, and are never compared with runs "
             f"measured alone (the throughput comparisons below use only runs measured alone); "
