@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Issue 29's GPU queue (pallas_kernels/common/MOSAIC_GPU.md Sec. 34), for the minutes a device
+# window has left. Usage, on the device machine, from the repository root (carry .whl when
+# /tmp/site is not there yet):
+#   bash benchmarks/windows/issue29_queue.sh <budget_s> [item ...]
+# Items, in order (estimate in seconds; each runs once per machine and only if its estimate
+# fits the time left, else the next one that fits):
+#   gva 270     Sec. 33: fused_ws's GVA loop at K = 64, its bench and its four gpu tests
+#   t0 250      Sec. 32.2: --mosaic_forward=fused_t0 with the default backward, jla beside it
+#   vk 150      Sec. 35.4: the split forward, state_ag + 3 stages, state layout vk and kv,
+#               fused_t0 and jla, then vk's gpu tests (decision rule in Sec. 35.4)
+#   split1 145  Sec. 17.1 call 1: state_ag:3 and prepare_mid:3 split orders
+#   split2 145  Sec. 17.1 call 2: state_ag:2 and readout_first:2, then the split gpu tests
+#   autooff 560 Sec. 31.8: the same-run table against our Triton kernels (S1, S2, P1) and the
+#               public op's gpu tests (decides mosaic_gpu.AUTO_OFF for GDN)
+# Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log.
+B=${1:?budget_s}; shift
+ITEMS=${*:-gva t0 vk split1 split2 autooff}
+export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+SECONDS=0
+if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl
+fi
+STAMP=$(date -u +%Y%m%dT%H%M%S)
+O=/tmp/i29out/$STAMP; mkdir -p $O /tmp/i29done
+LOG=$O/i29.log
+est() { case $1 in gva) echo 270;; t0) echo 250;; vk) echo 150;; split1|split2) echo 145;;
+  autooff) echo 560;; *) echo 100000;; esac; }
+T=tests/pallas_kernels
+
+run_gva() {
+  mkdir -p $O/gvaws; local s=$SECONDS
+  timeout 100 python3 benchmarks/bench_gva_loop.py --kernels=fused --shape=8x4096x16 \
+    --kv_heads=8 --dim=64 > $O/gvaws/k64.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
+  cat $O/gvaws/k64.log | tail -20
+  MOSAIC_GPU_DUMP_PTXAS=1 python3 benchmarks/gpu_tests.py --jobs=4 --deadline_s=150 \
+    --out=$O/gvaws/gpu_tests \
+    $T/kernel_mosaic_gdn_bwd_fused_test.py::GpuTest::test_gva_loop_matches_references_gva2_packed_T2048_K64_V64 \
+    $T/kernel_mosaic_gdn_bwd_fused_test.py::GpuTest::test_gva_loop_matches_references_gva4_deltanet_partial_T1000_K64_V128 \
+    $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_gva_loop_matches_chunked_vjp_gva2_h0_dht_packed_T2048_K64_V64 \
+    $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_gva_loop_matches_chunked_vjp_gva4_deltanet_partial_T1000_K64_V128
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  cut -c1-200 $O/gvaws/gpu_tests/summary.md
+}
+
+run_t0() {
+  mkdir -p $O/t0; local s=$SECONDS
+  timeout 240 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic,jla \
+    --passes=fwdbwd,fwd --shapes=S1,S2 --mosaic_forward=fused_t0 --iters=30 --warmup=5 \
+    --out=$O/t0/gdn > $O/t0/gdn.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
+  grep -a -h kernel_ms $O/t0/gdn.log | cut -c1-300
+}
+
+run_vk() {
+  mkdir -p $O/vk; local s=$SECONDS
+  local b="python3 benchmarks/bench_kernels.py --ops=gdn --passes=fwd --shapes=S1 --iters=20 --warmup=3"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 80 $b --peers=jla,mosaic --mosaic_forward=fused_t0_split \
+    --mosaic_t0_split_order=state_ag --mosaic_t0_split_stages=3 \
+    --mosaic_t0_split_state_layout=vk,kv --out=$O/vk/sa3 > $O/vk/sa3.log 2>&1
+  echo "jla+sa3 rc=$? t=$((SECONDS-s))s"
+  timeout $((115 - SECONDS + s)) $b --peers=mosaic --mosaic_forward=fused_t0 --out=$O/vk/t0 \
+    > $O/vk/t0.log 2>&1; echo "t0 rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/vk/*.log | cut -c1-200
+  cat $O/vk/*.log | python3 -c 'import sys,json
+for l in sys.stdin:
+  if l.startswith("{") and "kernel_ms" in l:
+    r=json.loads(l); print(r["peer"],r.get("mosaic_t0"),r["kernel_ms"],{k:round(v,4) for k,v in (r.get("kernels") or {}).items()})'
+  grep -a -h -E 'sa_s3.*(egisters|spill)|(egisters|spill).*sa_s3' $O/vk/sa3.log | sort -u | head -4
+  timeout $((148 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -k \
+    "vk and (state_ag or close)" $T/kernel_mosaic_gdn_t0_test.py 2>&1 \
+    | grep -a -E 'passed|failed|FAILED|Error' | cut -c1-250 | tail -8
+}
+
+split_loop() {
+  for v in "$@"; do local o=${v%:*} st=${v#*:}; local n=split_${o}_s$st
+    MOSAIC_GPU_DUMP_PTXAS=1 timeout 65 python3 benchmarks/bench_kernels.py \
+      --ops=gdn --peers=mosaic --passes=fwd --shapes=S1 --mosaic_forward=fused_t0_split \
+      --mosaic_t0_split_order=$o --mosaic_t0_split_stages=$st --out=$O/split/$n \
+      > $O/split/$n.log 2>&1
+    echo "$n rc=$?"; grep -a -E '^gate|^\| ' $O/split/$n.log | tail -3 | cut -c1-300
+  done
+}
+
+run_split1() { mkdir -p $O/split; split_loop state_ag:3 prepare_mid:3; }
+
+run_split2() {
+  mkdir -p $O/split; local s=$SECONDS
+  split_loop state_ag:2 readout_first:2
+  local x; x=$(python3 -c 'import xdist' 2>/dev/null && echo '-n 4')
+  timeout $((145 - SECONDS + s)) python3 -m pytest -m gpu -k split $x -q -p no:cacheprovider \
+    $T/kernel_mosaic_gdn_t0_test.py 2>&1 | tail -8 | cut -c1-250
+}
+
+run_autooff() {
+  mkdir -p $O/next; local s=$SECONDS
+  timeout 300 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic,jla,ours \
+    --passes=fwdbwd,fwd --shapes=S1,S2,P1 --iters=30 --warmup=5 --out=$O/next/gdn \
+    > $O/next/gdn.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
+  timeout 240 python3 benchmarks/gpu_tests.py --jobs=8 --deadline_s=225 \
+    --out=$O/next/gpu_tests $T/mosaic_gpu_dispatch_test.py \
+    $T/kernel_mosaic_gdn_vjp_test.py::GpuTest; echo "gpu tests rc=$?"
+  tail -25 $O/next/gpu_tests/summary.md
+}
+
+{
+  echo "issue29 queue at $(git rev-parse --short HEAD 2>/dev/null) budget ${B}s items: $ITEMS"
+  nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
+  for it in $ITEMS; do
+    [ -f /tmp/i29done/$it ] && { echo "== $it: done earlier on this machine"; continue; }
+    e=$(est $it); left=$((B - SECONDS - 15))
+    [ $e -le $left ] || { echo "== $it: needs ${e}s, ${left}s left; skipped"; continue; }
+    echo "== $it (estimate ${e}s) at ${SECONDS}s"
+    run_$it; touch /tmp/i29done/$it
+    echo "== $it ended at ${SECONDS}s"
+  done
+} 2>&1 | tee $LOG
+rm -f $O/*/gpu_tests/worker-*
+mkdir -p $OUT && tar czf $OUT/i29-$STAMP.tar.gz -C /tmp/i29out $STAMP && cp $LOG $OUT/i29.log
+ls -la $OUT
