@@ -7,7 +7,7 @@ field per flag) and does what one invocation does:
    (:func:`lattn_jax.sweep.expand`, :func:`~lattn_jax.sweep.select`), the training config
    file, ``--override`` texts and fields (:func:`~lattn_jax.sweep.bad_override_fields`; a
    field that the grid sets, an axis or by an argument axis, is refused too:
-   :func:`~lattn_jax.sweep.override_axis_clash`),
+   :func:`~lattn_jax.sweep.override_axis_clash`, and a field given twice: :func:`parse_overrides`),
    ``--finish_by_deadline`` without a deadline, ``--reuse_from`` and ``--export`` directories,
    the root (another sweep's, a training or HALO workdir, :func:`~lattn_jax.sweep.check_root`)
    and the report's options (:func:`lattn_jax.sweep_report.build`); a bad one raises
@@ -118,7 +118,7 @@ import shlex
 import signal
 import threading
 import time
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
 
@@ -254,15 +254,26 @@ def parse_overrides(texts: Sequence[str]) -> List[Tuple[str, str]]:
     """``["train.micro_batch_size=8", ...]`` -> ``[("train.micro_batch_size", "8"), ...]``.
 
     Raises:
-      SweepConfigError: for a text without ``=`` or with an empty field, naming it.
+      SweepConfigError: for a text without ``=`` or with an empty field, naming it; for a
+        field given twice (each trainer's last ``--config.<field>`` flag would win silently, or
+        ml_collections would join a tuple field's values), naming the field and both values:
+        ``--override gives train.total_steps twice (train.total_steps=20, then
+        train.total_steps=30): give it once (a tuple field's whole tuple in one value)``.
     """
-    out = []
+    out: List[Tuple[str, str]] = []
+    first: Dict[str, str] = {}  # field -> the text that gave it first
     for text in texts:
         field, sep, value = text.partition("=")
         if not sep or not field.strip():
             raise sweep.SweepConfigError(f"--override={text!r}: expected field=value "
                                          f"(e.g. train.micro_batch_size=8)")
-        out.append((field.strip(), value))
+        field = field.strip()
+        if field in first:
+            raise sweep.SweepConfigError(
+                f"--override gives {field} twice ({first[field]}, then {text}): give it "
+                f"once (a tuple field's whole tuple in one value)")
+        first[field] = text
+        out.append((field, value))
     return out
 
 

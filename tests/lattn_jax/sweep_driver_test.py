@@ -49,6 +49,23 @@ class SweepDriverTest(absltest.TestCase):
                          "; up to 2 runs at once, sharing the machine "
                          "(XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each, on a GPU)")
 
+    def test_a_field_given_twice_is_refused_naming_both_values(self):
+        # The trainer's last --config.<field> flag won silently (2026-12-06 newcomer probe).
+        rng = random.Random(1206)
+        first, second = rng.sample(range(2, 500), 2)
+        texts = ["optim.warmup_steps=1", f"train.total_steps={first}",
+                 f" train.total_steps ={second}"]
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    rf"^--override gives train\.total_steps twice "
+                                    rf"\(train\.total_steps={first}, then  train\.total_steps "
+                                    rf"={second}\): give it once"):
+            sweep_driver.parse_overrides(texts)
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"gives train\.total_steps twice"):
+            self._run(dry_run=True, overrides=texts[1:])
+        self.assertFalse(os.path.exists(self.root))
+        self.assertEqual(sweep_driver.parse_overrides(texts[:2]),
+                         [("optim.warmup_steps", "1"), ("train.total_steps", str(first))])
+
     def test_bad_options_raise_before_anything_is_written(self):
         cases = ((dict(finish_by_deadline=True), "--finish_by_deadline needs --deadline_s"),
                  (dict(reuse_from=[self.tmp]), f"--reuse_from={self.tmp} holds no runs/"),
