@@ -70,7 +70,9 @@ defaults to the number of groups and may not exceed it, no memory fraction is se
 attempts record their group (``gpus``) and no concurrency, so the results compare their
 tokens/s as measured alone (``--finish_by_deadline`` estimates each run alone too); a bad
 value (an empty group, an id that is not a non-negative integer, an id given twice) is
-refused before anything runs (:func:`parse_gpus`).
+refused before anything runs (:func:`parse_gpus`), and so (except with ``report_only``) is an
+id of a GPU the machine does not have, as ``nvidia-smi -L`` counts them (:func:`machine_gpus`;
+a CPU-only machine has none: its trainers would share the CPU, measured as if alone).
 ``--reuse_from=<another sweep's root>`` (repeatable) copies the records of a finished run there
 whose training is identical (the experiment config its trainer recorded at every invocation
 equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
@@ -115,7 +117,9 @@ import datetime
 import os
 import re
 import shlex
+import shutil
 import signal
+import subprocess
 import threading
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -224,6 +228,74 @@ def parse_gpus(text: str) -> List[str]:
             seen.add(int(i))
         groups.append(",".join(str(int(i)) for i in ids))
     return groups
+
+
+# Where the NVIDIA driver lists the machine's GPUs (one directory each), for a machine whose
+# PATH has no nvidia-smi.
+NVIDIA_PROC_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def machine_gpus() -> Tuple[Optional[int], str]:
+    """How many NVIDIA GPUs this machine has, and what says so, without starting JAX (a JAX
+    backend started here would take GPU memory that the trainers need).
+
+    ``nvidia-smi -L`` counts its ``GPU <i>: ...`` lines (all of the machine's GPUs, whatever
+    ``CUDA_VISIBLE_DEVICES`` this process has: ``--gpus`` replaces it for each trainer); with
+    no ``nvidia-smi`` on ``PATH``, the entries of :data:`NVIDIA_PROC_GPUS` are counted.
+
+    Returns:
+      ``(count, source)``: e.g. ``(4, "nvidia-smi -L lists 4 GPU(s)")``, ``(0, "no nvidia-smi
+      on PATH and no /proc/driver/nvidia/gpus: no NVIDIA driver")``, ``(0, "nvidia-smi -L
+      failed: <its first line>")``; ``(None, why)`` when nvidia-smi did not answer in 30 s.
+    """
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        try:
+            count = len(os.listdir(NVIDIA_PROC_GPUS))
+        except OSError:
+            return 0, f"no nvidia-smi on PATH and no {NVIDIA_PROC_GPUS}: no NVIDIA driver"
+        return count, f"{NVIDIA_PROC_GPUS} lists {count} GPU(s) (no nvidia-smi on PATH)"
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"nvidia-smi -L did not answer ({type(e).__name__})"
+    if out.returncode != 0:
+        first = (out.stdout + out.stderr).strip().splitlines()[:1] or [""]
+        return 0, f"nvidia-smi -L failed with status {out.returncode}: {first[0].strip()}"
+    count = sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+    return count, f"nvidia-smi -L lists {count} GPU(s)"
+
+
+def check_gpus_exist(options: SweepOptions, gpus=machine_gpus) -> None:
+    """Refuses a ``--gpus`` that names a GPU this machine does not have.
+
+    A trainer given ``CUDA_VISIBLE_DEVICES`` of no GPU trains on the CPU, and several such
+    trainers share the CPU while the results take each one's tokens/s as measured alone (a
+    CPU-only machine given ``--gpus=0,1`` ran two trainers at once, unmarked). A machine
+    whose count cannot be read (``None`` from ``gpus``) is not refused.
+
+    Args:
+      options: the sweep's options; nothing is checked when ``gpus`` is ``None``.
+      gpus: ``() -> (count, source)`` (:func:`machine_gpus`).
+
+    Raises:
+      SweepConfigError: ``--gpus=0,1: GPU 1 is not on this machine (nvidia-smi -L lists 1
+        GPU(s), id 0): name GPUs it has, or leave --gpus out (--parallel=N runs N at once,
+        sharing the machine, and the results mark them)``.
+    """
+    if options.gpus is None:
+        return
+    ids = sorted({int(i) for group in parse_gpus(options.gpus) for i in group.split(",")})
+    count, source = gpus()
+    missing = [i for i in ids if count is not None and i >= count]
+    if missing:
+        names = ", ".join(str(i) for i in missing)
+        have = f", ids 0-{count - 1}" if count > 1 else ", id 0" if count else ""
+        raise sweep.SweepConfigError(
+            f"--gpus={options.gpus}: GPU{'' if len(missing) == 1 else 's'} {names} "
+            f"{'is' if len(missing) == 1 else 'are'} not "
+            f"on this machine ({source}{have}): name GPUs it has, or leave --gpus out "
+            f"(--parallel=N runs N at once, sharing the machine, and the results mark them)")
 
 
 def resolve(options: SweepOptions) -> SweepOptions:
@@ -507,6 +579,8 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
       OSError: if a trainer cannot be started or a file cannot be written.
     """
     options = resolve(options)  # (a bad --gpus: refused before anything else)
+    if not options.report_only:  # (launches nothing: GPUs of another machine may be named)
+        check_gpus_exist(options)
     root = options.root
     runs = sweep.select(sweep.expand(config), options.only)
     config_path = _train_config_path(config, repo_root)
