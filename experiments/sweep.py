@@ -43,8 +43,9 @@ _MAX_RUNS = flags.DEFINE_integer("max_runs", None, "Start at most this many runs
                                  lower_bound=1)
 _DEADLINE = flags.DEFINE_float("deadline_s", None, "End cleanly this many s (> 0) after start.")
 flags.register_validator("deadline_s", lambda v: v is None or v > 0, "must be above 0 seconds")
-_MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run that would train for less than "
-                              "this (the time left minus --stop_margin_s).", lower_bound=0.0)
+_MIN_RUN = flags.DEFINE_float("min_run_s", None, "Start no run that would train for less than "
+                              "this (the time left minus --stop_margin_s; default 60: a "
+                              "trainer's start-up, 14-53 s on an H100).", lower_bound=0.0)
 _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
                              "the deadline (and SIGKILL this long after SIGTERM).")
 _PARALLEL = flags.DEFINE_integer("parallel", None, "Trainer subprocesses at once (>= 1; "

@@ -46,7 +46,9 @@ Each run is ``experiments/train.py --config=<train_config>:<arg> --workdir=<root
 (reported in the table with its error line), not the sweep. The same command again continues:
 finished runs are skipped, failed ones too (``--retry_failed`` runs them again), a partial one
 resumes from its checkpoint (:mod:`lattn_jax.sweep`). ``--deadline_s`` ends the call cleanly:
-no run starts with less than ``--min_run_s`` left before its SIGTERM, and the running
+no run starts with less than ``--min_run_s`` left before its SIGTERM (by default
+:data:`DEFAULT_MIN_RUN_S`, a trainer's start-up: one launched just before its SIGTERM trained
+nothing and left a run directory without a checkpoint), and the running
 trainer gets SIGTERM (the trainer has no time limit of its own; SIGTERM is its preemption
 signal: it saves a checkpoint after the current step and exits) ``--stop_margin_s`` before the
 deadline; SIGTERM, Ctrl-C or SIGHUP (a closed terminal; not under ``nohup``) to the sweep
@@ -154,7 +156,8 @@ class SweepOptions:
       only: ``--only`` filters (:func:`lattn_jax.sweep.select`).
       max_runs: start at most this many runs; ``None``: no limit.
       deadline_s: end cleanly this many seconds after the start; ``None``: no deadline.
-      min_run_s: start no run that would train for less than this.
+      min_run_s: start no run that would train for less than this; ``None``:
+        :data:`DEFAULT_MIN_RUN_S` (:func:`resolve`).
       stop_margin_s: SIGTERM to the trainers this long before the deadline.
       parallel: trainer subprocesses at once (>= 1); ``None``: the number of GPU groups of
         ``gpus``, or 1 without (:func:`resolve`).
@@ -183,7 +186,7 @@ class SweepOptions:
     only: Sequence[str] = ()
     max_runs: Optional[int] = None
     deadline_s: Optional[float] = None
-    min_run_s: float = 0.0
+    min_run_s: Optional[float] = None
     stop_margin_s: float = 30.0
     parallel: Optional[int] = 1
     report_only: bool = False
@@ -298,9 +301,17 @@ def check_gpus_exist(options: SweepOptions, gpus=machine_gpus) -> None:
             f"(--parallel=N runs N at once, sharing the machine, and the results mark them)")
 
 
+# ``--min_run_s`` when not given: a trainer launched with less time than this before its
+# SIGTERM would spend it starting up (imports, the data, restoring, compiling the step) and stop
+# before its first step. Table 2's small runs on an H100 (sweeps/table2/records.tar.gz, the 11
+# runs of one attempt) took 14-53 s, median 31 s, from launch to their first step.
+DEFAULT_MIN_RUN_S = 60.0
+
+
 def resolve(options: SweepOptions) -> SweepOptions:
-    """``options`` with ``gpus`` checked (:func:`parse_gpus`) and ``parallel`` decided: the
-    number of GPU groups when ``None`` with ``gpus``, 1 when ``None`` without.
+    """``options`` with ``gpus`` checked (:func:`parse_gpus`), ``parallel`` decided (the
+    number of GPU groups when ``None`` with ``gpus``, 1 when ``None`` without) and
+    ``min_run_s`` (``None``: :data:`DEFAULT_MIN_RUN_S`).
 
     Raises:
       SweepConfigError: for a bad ``gpus``, or a ``parallel`` above its number of groups.
@@ -314,7 +325,8 @@ def resolve(options: SweepOptions) -> SweepOptions:
             f"--parallel={parallel} is above the {len(groups)} GPU group(s) of "
             f"--gpus={options.gpus} (one run per group at a time): leave --parallel out, or "
             f"name more groups")
-    return dataclasses.replace(options, parallel=parallel)
+    min_run_s = DEFAULT_MIN_RUN_S if options.min_run_s is None else options.min_run_s
+    return dataclasses.replace(options, parallel=parallel, min_run_s=min_run_s)
 
 
 def gpu_groups(options: SweepOptions) -> Optional[List[str]]:

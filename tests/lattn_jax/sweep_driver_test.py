@@ -295,6 +295,35 @@ class SweepDriverTest(absltest.TestCase):
                                       gpus=lambda: (None, "nvidia-smi -L did not answer"))
         sweep_driver.check_gpus_exist(sweep_driver.SweepOptions(root="r"), gpus=None)
 
+    def test_deadline_holds_back_a_launch_shorter_than_a_start_up_by_default(self):
+        # With --min_run_s=0, the default, a trainer was launched half a second before its
+        # SIGTERM: it stopped during its start-up (2026-12-06 newcomer probe).
+        rng = random.Random(1206)
+        margin = rng.uniform(5.0, 40.0)
+        left = rng.uniform(0.5, sweep_driver.DEFAULT_MIN_RUN_S - 10.0)  # before the SIGTERM
+        deadline = dict(deadline_s=margin + left, stop_margin_s=margin, max_runs=1)
+        self.assertEqual(self._run(dry_run=True, **deadline), 0)
+        held = re.fullmatch(r"train\.keep_checkpoints=2: not started \(step 0\); not launched: "
+                            r"the deadline: (\d+) s before the trainer's stop, under "
+                            r"--min_run_s 60", self.lines[1].split("\n")[0])
+        self.assertIsNotNone(held, self.lines[1])
+        self.assertLessEqual(abs(int(held.group(1)) - left), 1.0)
+        self.assertTrue(self.lines[0].endswith("0 would be launched, in this order"),
+                        self.lines[0])
+        self.lines.clear()  # an explicit --min_run_s keeps its meaning, 0 included
+        self.assertEqual(self._run(dry_run=True, min_run_s=0.0, **deadline), 0)
+        self.assertEqual(self.lines[1].split("\n")[0],
+                         "train.keep_checkpoints=2: not started (step 0); launch 1: starting")
+        self.lines.clear()
+        self.assertEqual(self._run(dry_run=True, min_run_s=left + 5.0, **deadline), 0)
+        self.assertIn(f"under --min_run_s {left + 5.0:g}\n", self.lines[1])
+        self.assertFalse(os.path.exists(self.root))
+        resolve = sweep_driver.resolve
+        self.assertEqual(resolve(sweep_driver.SweepOptions(root="r")).min_run_s,
+                         sweep_driver.DEFAULT_MIN_RUN_S)
+        self.assertEqual(resolve(sweep_driver.SweepOptions(root="r", min_run_s=left)).min_run_s,
+                         left)
+
     def test_dry_run_with_gpus_names_the_groups(self):
         bin_dir = fake_nvidia_smi(self.create_tempdir().full_path, 8)
         with mock.patch.dict(os.environ, PATH=bin_dir):  # the GPUs of an 8-GPU machine
