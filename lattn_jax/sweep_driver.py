@@ -269,7 +269,8 @@ def machine_gpus() -> Tuple[Optional[int], str]:
     return count, f"nvidia-smi -L lists {count} GPU(s)"
 
 
-def check_gpus_exist(options: SweepOptions, gpus=machine_gpus) -> None:
+def check_gpus_exist(options: SweepOptions,
+                     gpus: Optional[Callable[[], Tuple[Optional[int], str]]] = None) -> None:
     """Refuses a ``--gpus`` that names a GPU this machine does not have.
 
     A trainer given ``CUDA_VISIBLE_DEVICES`` of no GPU trains on the CPU, and several such
@@ -279,7 +280,7 @@ def check_gpus_exist(options: SweepOptions, gpus=machine_gpus) -> None:
 
     Args:
       options: the sweep's options; nothing is checked when ``gpus`` is ``None``.
-      gpus: ``() -> (count, source)`` (:func:`machine_gpus`).
+      gpus: ``() -> (count, source)``; ``None``: :func:`machine_gpus`.
 
     Raises:
       SweepConfigError: ``--gpus=0,1: GPU 1 is not on this machine (nvidia-smi -L lists 1
@@ -289,7 +290,7 @@ def check_gpus_exist(options: SweepOptions, gpus=machine_gpus) -> None:
     if options.gpus is None:
         return
     ids = sorted({int(i) for group in parse_gpus(options.gpus) for i in group.split(",")})
-    count, source = gpus()
+    count, source = (gpus or machine_gpus)()
     missing = [i for i in ids if count is not None and i >= count]
     if missing:
         names = ", ".join(str(i) for i in missing)
