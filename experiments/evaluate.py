@@ -13,8 +13,9 @@ Usage::
 ``--checkpoint`` is a lattn-jax training workdir, a HALO workdir (its converted student), a Hugging
 Face checkpoint directory or a ``.gguf`` file (``lattn_jax.eval.restore.load_model``). ``--limit=N``
 scores the first N documents of each zero-shot task, as lm-evaluation-harness ``--limit`` does;
-``--sample_items=N`` scores a random subset of N drawn with ``--sample_seed``. Checks the model
-path, every requested task's data files (one error lists all missing ones) and an existing
+``--sample_items=N`` scores a random subset of N drawn with ``--sample_seed`` (all of a smaller
+task, with a note). Checks the model path, every requested task's data files (one error lists
+all missing ones) and an existing
 ``results.json`` in the output directory first; nothing is scored when one is wrong. Merges the
 results into ``results.json`` under ``--output_dir`` (default ``<checkpoint>/eval``; required for a
 GGUF file) as each task finishes (Ctrl-C keeps the finished ones): tasks of earlier runs are kept,
@@ -54,7 +55,8 @@ _OUTPUT_DIR = flags.DEFINE_string(
 _LIMIT = flags.DEFINE_integer("limit", None, "The first N documents of every zero-shot task (as "
                               "lm-evaluation-harness --limit).")
 _SAMPLE = flags.DEFINE_integer("sample_items", None, "Instead of --limit: a random subset of N "
-                               "documents per zero-shot task, drawn with --sample_seed.")
+                               "documents per zero-shot task, drawn with --sample_seed (all of "
+                               "a task with fewer, and a line saying so).")
 _SAMPLE_SEED = flags.DEFINE_integer("sample_seed", 1234, "The seed of --sample_items.")
 _MAX_LEN = flags.DEFINE_integer("max_len", 2048, "Scoring context window (tokens).")
 _BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per forward pass (zero-shot, NIAH).")

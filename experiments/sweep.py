@@ -41,11 +41,11 @@ _ONLY = flags.DEFINE_multi_string("only", [], "Run only the runs matching this f
                                   "glob on the run name; repeat for alternatives.")
 _MAX_RUNS = flags.DEFINE_integer("max_runs", None, "Start at most this many runs (>= 1).",
                                  lower_bound=1)
-_DEADLINE = flags.DEFINE_float("deadline_s", None, "End cleanly this many seconds after start "
-                               "(> 0).")
+_DEADLINE = flags.DEFINE_float("deadline_s", None, "End cleanly this many s (> 0) after start.")
 flags.register_validator("deadline_s", lambda v: v is None or v > 0, "must be above 0 seconds")
-_MIN_RUN = flags.DEFINE_float("min_run_s", 0.0, "Start no run that would train for less than "
-                              "this (the time left minus --stop_margin_s).", lower_bound=0.0)
+_MIN_RUN = flags.DEFINE_float("min_run_s", None, "Start no run that would train for less than "
+                              "this (the time left minus --stop_margin_s; default 60: a "
+                              "trainer's start-up, 14-53 s on an H100).", lower_bound=0.0)
 _MARGIN = flags.DEFINE_float("stop_margin_s", 30.0, "SIGTERM to the trainer this long before "
                              "the deadline (and SIGKILL this long after SIGTERM).")
 _PARALLEL = flags.DEFINE_integer("parallel", None, "Trainer subprocesses at once (>= 1; "
@@ -55,7 +55,8 @@ _PARALLEL = flags.DEFINE_integer("parallel", None, "Trainer subprocesses at once
 flags.register_validator("parallel", lambda v: v is None or v >= 1, "must be at least 1 "
                          "(trainer subprocesses at once; 1 runs them one after another)")
 _GPUS = flags.DEFINE_string("gpus", None, "GPU groups, one trainer alone on each: 0,1,2,3 "
-                            "(a GPU per run) or 0+1,2+3 (two per run).")
+                            "(a GPU per run) or 0+1,2+3 (two per run); refused: GPUs "
+                            "nvidia-smi -L does not list.")
 _REMEASURE = flags.DEFINE_integer("remeasure_alone", 0, "Measure again alone, in an N-step "
                                   "run (>= 2; 0: off), the tokens/s and MFU of finished runs "
                                   "that trained sharing the GPU (lattn_jax.sweep."

@@ -7,7 +7,7 @@ field per flag) and does what one invocation does:
    (:func:`lattn_jax.sweep.expand`, :func:`~lattn_jax.sweep.select`), the training config
    file, ``--override`` texts and fields (:func:`~lattn_jax.sweep.bad_override_fields`; a
    field that the grid sets, an axis or by an argument axis, is refused too:
-   :func:`~lattn_jax.sweep.override_axis_clash`),
+   :func:`~lattn_jax.sweep.override_axis_clash`, and a field given twice: :func:`parse_overrides`),
    ``--finish_by_deadline`` without a deadline, ``--reuse_from`` and ``--export`` directories,
    the root (another sweep's, a training or HALO workdir, :func:`~lattn_jax.sweep.check_root`)
    and the report's options (:func:`lattn_jax.sweep_report.build`); a bad one raises
@@ -46,7 +46,9 @@ Each run is ``experiments/train.py --config=<train_config>:<arg> --workdir=<root
 (reported in the table with its error line), not the sweep. The same command again continues:
 finished runs are skipped, failed ones too (``--retry_failed`` runs them again), a partial one
 resumes from its checkpoint (:mod:`lattn_jax.sweep`). ``--deadline_s`` ends the call cleanly:
-no run starts with less than ``--min_run_s`` left before its SIGTERM, and the running
+no run starts with less than ``--min_run_s`` left before its SIGTERM (by default
+:data:`DEFAULT_MIN_RUN_S`, a trainer's start-up: one launched just before its SIGTERM trained
+nothing and left a run directory without a checkpoint), and the running
 trainer gets SIGTERM (the trainer has no time limit of its own; SIGTERM is its preemption
 signal: it saves a checkpoint after the current step and exits) ``--stop_margin_s`` before the
 deadline; SIGTERM, Ctrl-C or SIGHUP (a closed terminal; not under ``nohup``) to the sweep
@@ -70,7 +72,9 @@ defaults to the number of groups and may not exceed it, no memory fraction is se
 attempts record their group (``gpus``) and no concurrency, so the results compare their
 tokens/s as measured alone (``--finish_by_deadline`` estimates each run alone too); a bad
 value (an empty group, an id that is not a non-negative integer, an id given twice) is
-refused before anything runs (:func:`parse_gpus`).
+refused before anything runs (:func:`parse_gpus`), and so (except with ``report_only``) is an
+id of a GPU the machine does not have, as ``nvidia-smi -L`` counts them (:func:`machine_gpus`;
+a CPU-only machine has none: its trainers would share the CPU, measured as if alone).
 ``--reuse_from=<another sweep's root>`` (repeatable) copies the records of a finished run there
 whose training is identical (the experiment config its trainer recorded at every invocation
 equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
@@ -115,10 +119,12 @@ import datetime
 import os
 import re
 import shlex
+import shutil
 import signal
+import subprocess
 import threading
 import time
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import flags
 
@@ -150,7 +156,8 @@ class SweepOptions:
       only: ``--only`` filters (:func:`lattn_jax.sweep.select`).
       max_runs: start at most this many runs; ``None``: no limit.
       deadline_s: end cleanly this many seconds after the start; ``None``: no deadline.
-      min_run_s: start no run that would train for less than this.
+      min_run_s: start no run that would train for less than this; ``None``:
+        :data:`DEFAULT_MIN_RUN_S` (:func:`resolve`).
       stop_margin_s: SIGTERM to the trainers this long before the deadline.
       parallel: trainer subprocesses at once (>= 1); ``None``: the number of GPU groups of
         ``gpus``, or 1 without (:func:`resolve`).
@@ -179,7 +186,7 @@ class SweepOptions:
     only: Sequence[str] = ()
     max_runs: Optional[int] = None
     deadline_s: Optional[float] = None
-    min_run_s: float = 0.0
+    min_run_s: Optional[float] = None
     stop_margin_s: float = 30.0
     parallel: Optional[int] = 1
     report_only: bool = False
@@ -226,9 +233,86 @@ def parse_gpus(text: str) -> List[str]:
     return groups
 
 
+# Where the NVIDIA driver lists the machine's GPUs (one directory each), for a machine whose
+# PATH has no nvidia-smi.
+NVIDIA_PROC_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def machine_gpus() -> Tuple[Optional[int], str]:
+    """How many NVIDIA GPUs this machine has, and what says so, without starting JAX (a JAX
+    backend started here would take GPU memory that the trainers need).
+
+    ``nvidia-smi -L`` counts its ``GPU <i>: ...`` lines (all of the machine's GPUs, whatever
+    ``CUDA_VISIBLE_DEVICES`` this process has: ``--gpus`` replaces it for each trainer); with
+    no ``nvidia-smi`` on ``PATH``, the entries of :data:`NVIDIA_PROC_GPUS` are counted.
+
+    Returns:
+      ``(count, source)``: e.g. ``(4, "nvidia-smi -L lists 4 GPU(s)")``, ``(0, "no nvidia-smi
+      on PATH and no /proc/driver/nvidia/gpus: no NVIDIA driver")``, ``(0, "nvidia-smi -L
+      failed: <its first line>")``; ``(None, why)`` when nvidia-smi did not answer in 30 s.
+    """
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        try:
+            count = len(os.listdir(NVIDIA_PROC_GPUS))
+        except OSError:
+            return 0, f"no nvidia-smi on PATH and no {NVIDIA_PROC_GPUS}: no NVIDIA driver"
+        return count, f"{NVIDIA_PROC_GPUS} lists {count} GPU(s) (no nvidia-smi on PATH)"
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return None, f"nvidia-smi -L did not answer ({type(e).__name__})"
+    if out.returncode != 0:
+        first = (out.stdout + out.stderr).strip().splitlines()[:1] or [""]
+        return 0, f"nvidia-smi -L failed with status {out.returncode}: {first[0].strip()}"
+    count = sum(line.startswith("GPU ") for line in out.stdout.splitlines())
+    return count, f"nvidia-smi -L lists {count} GPU(s)"
+
+
+def check_gpus_exist(options: SweepOptions,
+                     gpus: Optional[Callable[[], Tuple[Optional[int], str]]] = None) -> None:
+    """Refuses a ``--gpus`` that names a GPU this machine does not have.
+
+    A trainer given ``CUDA_VISIBLE_DEVICES`` of no GPU trains on the CPU, and several such
+    trainers share the CPU while the results take each one's tokens/s as measured alone (a
+    CPU-only machine given ``--gpus=0,1`` ran two trainers at once, unmarked). A machine
+    whose count cannot be read (``None`` from ``gpus``) is not refused.
+
+    Args:
+      options: the sweep's options; nothing is checked when ``gpus`` is ``None``.
+      gpus: ``() -> (count, source)``; ``None``: :func:`machine_gpus`.
+
+    Raises:
+      SweepConfigError: ``--gpus=0,1: GPU 1 is not on this machine (nvidia-smi -L lists 1
+        GPU(s), id 0): name GPUs it has, or leave --gpus out (--parallel=N runs N at once,
+        sharing the machine, and the results mark them)``.
+    """
+    if options.gpus is None:
+        return
+    ids = sorted({int(i) for group in parse_gpus(options.gpus) for i in group.split(",")})
+    count, source = (gpus or machine_gpus)()
+    missing = [i for i in ids if count is not None and i >= count]
+    if missing:
+        names = ", ".join(str(i) for i in missing)
+        have = f", ids 0-{count - 1}" if count > 1 else ", id 0" if count else ""
+        raise sweep.SweepConfigError(
+            f"--gpus={options.gpus}: GPU{'' if len(missing) == 1 else 's'} {names} "
+            f"{'is' if len(missing) == 1 else 'are'} not "
+            f"on this machine ({source}{have}): name GPUs it has, or leave --gpus out "
+            f"(--parallel=N runs N at once, sharing the machine, and the results mark them)")
+
+
+# ``--min_run_s`` when not given: a trainer launched with less time than this before its
+# SIGTERM would spend it starting up (imports, the data, restoring, compiling the step) and stop
+# before its first step. Table 2's small runs on an H100 (sweeps/table2/records.tar.gz, the 11
+# runs of one attempt) took 14-53 s, median 31 s, from launch to their first step.
+DEFAULT_MIN_RUN_S = 60.0
+
+
 def resolve(options: SweepOptions) -> SweepOptions:
-    """``options`` with ``gpus`` checked (:func:`parse_gpus`) and ``parallel`` decided: the
-    number of GPU groups when ``None`` with ``gpus``, 1 when ``None`` without.
+    """``options`` with ``gpus`` checked (:func:`parse_gpus`), ``parallel`` decided (the
+    number of GPU groups when ``None`` with ``gpus``, 1 when ``None`` without) and
+    ``min_run_s`` (``None``: :data:`DEFAULT_MIN_RUN_S`).
 
     Raises:
       SweepConfigError: for a bad ``gpus``, or a ``parallel`` above its number of groups.
@@ -242,7 +326,8 @@ def resolve(options: SweepOptions) -> SweepOptions:
             f"--parallel={parallel} is above the {len(groups)} GPU group(s) of "
             f"--gpus={options.gpus} (one run per group at a time): leave --parallel out, or "
             f"name more groups")
-    return dataclasses.replace(options, parallel=parallel)
+    min_run_s = DEFAULT_MIN_RUN_S if options.min_run_s is None else options.min_run_s
+    return dataclasses.replace(options, parallel=parallel, min_run_s=min_run_s)
 
 
 def gpu_groups(options: SweepOptions) -> Optional[List[str]]:
@@ -254,15 +339,26 @@ def parse_overrides(texts: Sequence[str]) -> List[Tuple[str, str]]:
     """``["train.micro_batch_size=8", ...]`` -> ``[("train.micro_batch_size", "8"), ...]``.
 
     Raises:
-      SweepConfigError: for a text without ``=`` or with an empty field, naming it.
+      SweepConfigError: for a text without ``=`` or with an empty field, naming it; for a
+        field given twice (each trainer's last ``--config.<field>`` flag would win silently, or
+        ml_collections would join a tuple field's values), naming the field and both values:
+        ``--override gives train.total_steps twice (train.total_steps=20, then
+        train.total_steps=30): give it once (a tuple field's whole tuple in one value)``.
     """
-    out = []
+    out: List[Tuple[str, str]] = []
+    first: Dict[str, str] = {}  # field -> the text that gave it first
     for text in texts:
         field, sep, value = text.partition("=")
         if not sep or not field.strip():
             raise sweep.SweepConfigError(f"--override={text!r}: expected field=value "
                                          f"(e.g. train.micro_batch_size=8)")
-        out.append((field.strip(), value))
+        field = field.strip()
+        if field in first:
+            raise sweep.SweepConfigError(
+                f"--override gives {field} twice ({first[field]}, then {text}): give it "
+                f"once (a tuple field's whole tuple in one value)")
+        first[field] = text
+        out.append((field, value))
     return out
 
 
@@ -496,6 +592,8 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
       OSError: if a trainer cannot be started or a file cannot be written.
     """
     options = resolve(options)  # (a bad --gpus: refused before anything else)
+    if not options.report_only:  # (launches nothing: GPUs of another machine may be named)
+        check_gpus_exist(options)
     root = options.root
     runs = sweep.select(sweep.expand(config), options.only)
     config_path = _train_config_path(config, repo_root)

@@ -488,7 +488,9 @@ def run_evaluation(model: model_lib.LanguageModel, tokenizer: tok_lib.Tokenizer,
       ``documents_total`` (the file's documents), ``max_docs``
       (``options.perplexity_max_docs``) and, for a file, ``path``, ``size`` and ``sha256``
       (:func:`file_identity`) added; ``documents`` is the number scored, and a line is logged
-      when it is fewer than ``documents_total``).
+      when it is fewer than ``documents_total``). A zero-shot task with fewer items than
+      ``options.sample_items`` is scored whole (its ``n``), with a line logged that names the
+      task, its size and ``--sample_items``.
 
     Raises:
       ValueError: unknown task, a ``context`` that does not divide the devices or
@@ -598,6 +600,9 @@ def _run(model, tokenizer, names, options, log, on_result, existing) -> Dict[str
     for name in [n for n in names if n in tasks_lib.TASK_NAMES]:
         t0 = time.time()
         docs = tasks_lib.load_task(name, eval_dir, options.sample_items, options.seed)
+        if options.sample_items is not None and options.sample_items > len(docs):
+            log(f"{name}: --sample_items={options.sample_items} is above the task's "
+                f"{len(docs)} items: scoring all {len(docs)} (n={len(docs)})")
         docs = docs[:options.limit]  # the first N (None: all), as the harness's --limit
         pairs = [scoring.encode_pair(tokenizer, c, x) for d in docs for c, x in d.requests]
         longest = max((len(x) for _, x in pairs), default=0)

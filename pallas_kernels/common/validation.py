@@ -1,8 +1,9 @@
 """Input validation, padding and implementation dispatch shared by all linear-attention ops.
 
 Every public op in ``pallas_kernels`` validates its arguments here, so that a bad call fails at
-the boundary with one ``ValueError`` that names the offending argument and its shape, rather than
-deep inside a ``lax.scan``.
+the boundary with one ``ValueError`` that names the offending argument and its shape (or one
+``TypeError`` for an argument that is not an array at all), rather than deep inside a
+``lax.scan``.
 """
 
 import logging
@@ -19,6 +20,28 @@ _logged = set()  # (op, message) pairs already logged by log_once
 # Names accepted by the ``implementation=`` argument of every op. ``None`` and ``"auto"`` pick the
 # best available form for the backend; kernels register further names as they land.
 IMPLEMENTATIONS: Tuple[str, ...] = ("auto", "chunked", "reference")
+
+
+def check_array(name: str, x) -> None:
+    """Checks that an op's array argument is an array: a ``jax.Array`` (tracers included) or a
+    ``numpy.ndarray``.
+
+    Like ``jax.numpy``'s own functions (``jnp.sum([1, 2])`` raises ``TypeError``), the ops take
+    no Python lists or tuples: converting one element by element is slow, and a nested list of
+    the wrong depth or a ragged one would surface as a shape error far from its cause. (A list
+    raised ``AttributeError: 'list' object has no attribute 'shape'`` inside the checks.)
+
+    Args:
+        name: the argument's name, used in the error message.
+        x: the argument as the caller passed it.
+
+    Raises:
+        TypeError: ``"q must be a jax.Array or numpy.ndarray, got list: convert it with
+            jnp.asarray(q)"``.
+    """
+    if not isinstance(x, (jax.Array, np.ndarray)):
+        raise TypeError(f"{name} must be a jax.Array or numpy.ndarray, got "
+                        f"{type(x).__name__}: convert it with jnp.asarray({name})")
 
 
 def check_segment_ids_dtype(segment_ids: jax.Array) -> None:
@@ -87,6 +110,8 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size, scal
       ``dict(B=..., T=..., HK=..., H=..., K=..., V=...)``.
 
     Raises:
+      TypeError: naming the first array argument that is not a ``jax.Array`` or
+        ``numpy.ndarray`` (a list, a tuple; :func:`check_array`).
       ValueError: naming the offending argument and its shape or dtype (also for an empty head
         or head-dim axis, ``HK``, ``K``, ``H`` or ``V`` of 0); a wrong rank names the
         layout, e.g. ``"q must be [B, T, HK, K] (rank 4), got shape (8, 16, 2)"``. When ``q.shape !=
@@ -94,6 +119,11 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size, scal
         that size (``v``, gates, ``initial_state``, ``segment_ids``), or both alike when none
         does (e.g. ``"q.shape=(2, 8, 2, 7) and k.shape=(2, 8, 2, 8) differ: ..."``).
     """
+    named = [("q", q), ("k", k), ("v", v)] + [(name, x) for name, x, _ in gates]
+    named += [("initial_state", initial_state), ("segment_ids", segment_ids)]
+    for name, x in named:
+        if x is not None:
+            check_array(name, x)
     check_rank("q", q, ("B", "T", "HK", "K"))
     batch, seq_len, key_heads, dk = q.shape
     if seq_len < 1:

@@ -185,6 +185,8 @@ def gdn2(
         ``output_final_state`` else ``None``; ``u`` ``[B, T, H, V]`` in ``v.dtype``.
 
     Raises:
+        TypeError: naming an array argument that is not a ``jax.Array`` or
+            ``numpy.ndarray`` (a list, a tuple: convert it with ``jnp.asarray``).
         ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
             non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
             of two, an unknown ``implementation``, or an explicit ``"pallas"``,

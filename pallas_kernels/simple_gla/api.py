@@ -190,6 +190,8 @@ def simple_gla(
         ``[B, H, K, V]`` fp32 if ``output_final_state`` else ``None``.
 
     Raises:
+        TypeError: naming an array argument that is not a ``jax.Array`` or
+            ``numpy.ndarray`` (a list, a tuple: convert it with ``jnp.asarray``).
         ValueError: on a wrong rank or shape (naming the argument), ``H % HK != 0``, ``T == 0``,
             non-float inputs, non-integer ``segment_ids``, a ``chunk_size`` that is not a power
             of two, an unknown ``implementation``, or an explicit ``"pallas"`` that cannot run
@@ -306,10 +308,13 @@ def lightning_attention(
 
     Raises:
         TypeError: if ``log_decay`` is not an array-like (e.g. ``None``, a string, a ragged
-            list), naming it.
+            list), naming it, or ``q``, ``k``, ``v`` or another array argument is not a
+            ``jax.Array`` or ``numpy.ndarray`` (as in :func:`simple_gla`).
         ValueError: if ``log_decay`` is not a float array of shape ``[H]``, and in every case
             listed by :func:`simple_gla`.
     """
+    for name, x in (("q", q), ("k", k), ("v", v)):  # before v.shape[2] below
+        common.check_array(name, x)
     common.check_rank("q", q, ("B", "T", "HK", "K"))
     common.check_rank("v", v, ("B", "T", "H", "V"))
     if not isinstance(log_decay, jax.Array):  # a list raised AttributeError at .dtype

@@ -432,18 +432,33 @@ class SweepBinaryTest(absltest.TestCase):
         argvs = [[f"--config={self.config}", f"--root={self.root}", flag] for flag, _ in cases]
         argvs.append([f"--config={self.config}", f"--root={self.root}", "--gpus=0,1",
                       "--parallel=3"])
+        argvs.append([f"--config={self.config}", f"--root={self.root}", "--gpus=0,4",
+                      "--dry_run"])
         argvs.append([f"--config={self.config}", f"--root={self.root}", "--gpus=0+1,2+3",
                       "--dry_run"])
+        # A machine of 4 GPUs, as nvidia-smi -L lists them (here a script that prints them).
+        bin_dir = self.create_tempdir().full_path
+        with open(os.path.join(bin_dir, "nvidia-smi"), "w") as f:
+            lines = [f'echo "GPU {i}: NVIDIA H100 (UUID: GPU-{i})"\n' for i in range(4)]
+            f.write("#!/bin/sh\n" + "".join(lines))
+        os.chmod(os.path.join(bin_dir, "nvidia-smi"), 0o755)
+        env = dict(os.environ, PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
         results = binary_runs.run_many("experiments/sweep.py", argvs,
-                                       self.create_tempdir().full_path)
+                                       self.create_tempdir().full_path, env=env)
         for (flag, want), result in zip(cases, results):
             with self.subTest(flag=flag):
                 self.assertEqual(result.returncode, 1, result.stderr)
                 self.assertEqual(result.stderr.strip().splitlines(), [want])
-        self.assertEqual(results[-2].returncode, 1, results[-2].stderr)
-        self.assertEqual(results[-2].stderr.strip().splitlines(), [
+        self.assertEqual(results[-3].returncode, 1, results[-3].stderr)
+        self.assertEqual(results[-3].stderr.strip().splitlines(), [
             "error: --parallel=3 is above the 2 GPU group(s) of --gpus=0,1 (one run per group "
             "at a time): leave --parallel out, or name more groups"])
+        # A GPU the machine does not have: its trainer would run on the CPU, measured as alone.
+        self.assertEqual(results[-2].returncode, 1, results[-2].stderr)
+        self.assertEqual(results[-2].stderr.strip().splitlines(), [
+            "error: --gpus=0,4: GPU 4 is not on this machine (nvidia-smi -L lists 4 GPU(s), ids "
+            "0-3): name GPUs it has, or leave --gpus out (--parallel=N runs N at once, sharing "
+            "the machine, and the results mark them)"])
         # Without --parallel: one run per group, two at once, each on its group.
         self.assertEqual(results[-1].returncode, 0, results[-1].stderr)
         self.assertIn("; up to 2 at once: launches 1-2 at the start, each later one when a "

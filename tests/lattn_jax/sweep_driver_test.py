@@ -22,6 +22,20 @@ CONFIG = dict(name="demo", train_config="configs/table2.py",
               grid=((("train.keep_checkpoints", (2, 3, 4)),),), seed_axis=None)
 
 
+def fake_nvidia_smi(directory: str, count: int, status: int = 0) -> str:
+    """Writes ``<directory>/nvidia-smi``, which prints ``count`` lines of ``nvidia-smi -L``
+    (each GPU with one MIG line under it) and exits with ``status``; returns ``directory``."""
+    lines = "".join(f'echo "GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i}a)"\n'
+                    f'echo "  MIG 1g.10gb Device 0: (UUID: MIG-{i}b)"\n' for i in range(count))
+    if status:
+        lines += 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the driver"\n'
+    path = os.path.join(directory, "nvidia-smi")
+    with open(path, "w") as f:
+        f.write(f"#!/bin/sh\n{lines}exit {status}\n")
+    os.chmod(path, 0o755)
+    return directory
+
+
 class SweepDriverTest(absltest.TestCase):
 
     def setUp(self):
@@ -48,6 +62,23 @@ class SweepDriverTest(absltest.TestCase):
         self.assertEqual(sweep_driver.parallel_note({}, 2),
                          "; up to 2 runs at once, sharing the machine "
                          "(XLA_PYTHON_CLIENT_MEM_FRACTION=0.45 each, on a GPU)")
+
+    def test_a_field_given_twice_is_refused_naming_both_values(self):
+        # The trainer's last --config.<field> flag won silently (2026-12-06 newcomer probe).
+        rng = random.Random(1206)
+        first, second = rng.sample(range(2, 500), 2)
+        texts = ["optim.warmup_steps=1", f"train.total_steps={first}",
+                 f" train.total_steps ={second}"]
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    rf"^--override gives train\.total_steps twice "
+                                    rf"\(train\.total_steps={first}, then  train\.total_steps "
+                                    rf"={second}\): give it once"):
+            sweep_driver.parse_overrides(texts)
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"gives train\.total_steps twice"):
+            self._run(dry_run=True, overrides=texts[1:])
+        self.assertFalse(os.path.exists(self.root))
+        self.assertEqual(sweep_driver.parse_overrides(texts[:2]),
+                         [("optim.warmup_steps", "1"), ("train.total_steps", str(first))])
 
     def test_bad_options_raise_before_anything_is_written(self):
         cases = ((dict(finish_by_deadline=True), "--finish_by_deadline needs --deadline_s"),
@@ -223,8 +254,80 @@ class SweepDriverTest(absltest.TestCase):
                          "; up to 2 run(s) at once, one per GPU group, each alone on it "
                          "(CUDA_VISIBLE_DEVICES 0,1 | 2,3)")
 
+    def test_gpus_the_machine_lacks_are_refused_naming_what_it_has(self):
+        # A CPU-only machine given --gpus=0,1 ran two trainers at once on the CPU, each one's
+        # tokens/s reported as measured alone (2026-12-06 newcomer probe).
+        count = random.Random(1206).randint(2, 7)
+        bin_dir = fake_nvidia_smi(self.create_tempdir().full_path, count)
+        no_driver = os.path.join(self.tmp, "no-proc")
+        proc_gpus = self.create_tempdir().full_path
+        for i in range(3):
+            os.makedirs(os.path.join(proc_gpus, f"0000:{i + 10:02x}:00.0"))
+        failing = fake_nvidia_smi(self.create_tempdir().full_path, 0, status=9)
+        cases = ((bin_dir, no_driver, f"0,{count}", rf"^--gpus=0,{count}: GPU {count} is not on "
+                  rf"this machine \(nvidia-smi -L lists {count} GPU\(s\), ids 0-{count - 1}\): "
+                  r"name GPUs it has, or leave --gpus out \(--parallel=N runs N at once, "
+                  r"sharing the machine, and the results mark them\)$"),
+                 (bin_dir, no_driver, f"{count + 1}+{count},1", rf"GPUs {count}, {count + 1} "
+                  rf"are not on this machine"),
+                 (self.tmp, no_driver, "0,1", r"^--gpus=0,1: GPUs 0, 1 are not on this machine "
+                  rf"\(no nvidia-smi on PATH and no {no_driver}: no NVIDIA driver\)"),
+                 (self.tmp, proc_gpus, "2,3", rf"^--gpus=2,3: GPU 3 is not on this machine "
+                  rf"\({proc_gpus} lists 3 GPU\(s\) \(no nvidia-smi on PATH\), ids 0-2\)"),
+                 (failing, no_driver, "0", r"^--gpus=0: GPU 0 is not on this machine "
+                  r"\(nvidia-smi -L failed with status 9: NVIDIA-SMI has failed because it "
+                  r"couldn't communicate with the driver\)"))
+        for path, proc, gpus, message in cases:
+            with self.subTest(gpus=gpus, path=path), mock.patch.dict(os.environ, PATH=path), \
+                    mock.patch.object(sweep_driver, "NVIDIA_PROC_GPUS", proc):
+                with self.assertRaisesRegex(sweep.SweepConfigError, message):
+                    self._run(dry_run=True, gpus=gpus)
+                with self.assertRaisesRegex(sweep.SweepConfigError, message):
+                    self._run(gpus=gpus)
+        self.assertFalse(os.path.exists(self.root))
+        with mock.patch.dict(os.environ, PATH=bin_dir):  # every GPU it has: planned
+            self.assertEqual(self._run(dry_run=True, gpus=f"{count - 1},0+1"), 0)
+        with mock.patch.dict(os.environ, PATH=self.tmp), \
+                mock.patch.object(sweep_driver, "NVIDIA_PROC_GPUS", proc_gpus):
+            self.assertEqual(self._run(dry_run=True, gpus="2,0+1"), 0)
+        # An unreadable count (nvidia-smi hung) is not refused; without --gpus nothing is read.
+        sweep_driver.check_gpus_exist(sweep_driver.SweepOptions(root="r", gpus="0,1"),
+                                      gpus=lambda: (None, "nvidia-smi -L did not answer"))
+        sweep_driver.check_gpus_exist(sweep_driver.SweepOptions(root="r"), gpus=None)
+
+    def test_deadline_holds_back_a_launch_shorter_than_a_start_up_by_default(self):
+        # With --min_run_s=0, the default, a trainer was launched half a second before its
+        # SIGTERM: it stopped during its start-up (2026-12-06 newcomer probe).
+        rng = random.Random(1206)
+        margin = rng.uniform(5.0, 40.0)
+        left = rng.uniform(0.5, sweep_driver.DEFAULT_MIN_RUN_S - 10.0)  # before the SIGTERM
+        deadline = dict(deadline_s=margin + left, stop_margin_s=margin, max_runs=1)
+        self.assertEqual(self._run(dry_run=True, **deadline), 0)
+        held = re.fullmatch(r"train\.keep_checkpoints=2: not started \(step 0\); not launched: "
+                            r"the deadline: (\d+) s before the trainer's stop, under "
+                            r"--min_run_s 60", self.lines[1].split("\n")[0])
+        self.assertIsNotNone(held, self.lines[1])
+        self.assertLessEqual(abs(int(held.group(1)) - left), 1.0)
+        self.assertTrue(self.lines[0].endswith("0 would be launched, in this order"),
+                        self.lines[0])
+        self.lines.clear()  # an explicit --min_run_s keeps its meaning, 0 included
+        self.assertEqual(self._run(dry_run=True, min_run_s=0.0, **deadline), 0)
+        self.assertEqual(self.lines[1].split("\n")[0],
+                         "train.keep_checkpoints=2: not started (step 0); launch 1: starting")
+        self.lines.clear()
+        self.assertEqual(self._run(dry_run=True, min_run_s=left + 5.0, **deadline), 0)
+        self.assertIn(f"under --min_run_s {left + 5.0:g}\n", self.lines[1])
+        self.assertFalse(os.path.exists(self.root))
+        resolve = sweep_driver.resolve
+        self.assertEqual(resolve(sweep_driver.SweepOptions(root="r")).min_run_s,
+                         sweep_driver.DEFAULT_MIN_RUN_S)
+        self.assertEqual(resolve(sweep_driver.SweepOptions(root="r", min_run_s=left)).min_run_s,
+                         left)
+
     def test_dry_run_with_gpus_names_the_groups(self):
-        self.assertEqual(self._run(dry_run=True, gpus="4,6", parallel=None), 0)
+        bin_dir = fake_nvidia_smi(self.create_tempdir().full_path, 8)
+        with mock.patch.dict(os.environ, PATH=bin_dir):  # the GPUs of an 8-GPU machine
+            self.assertEqual(self._run(dry_run=True, gpus="4,6", parallel=None), 0)
         self.assertFalse(os.path.exists(self.root))
         self.assertEqual([line.split("\n")[0] for line in self.lines], [
             "dry run of sweep demo: 3 run(s) selected; 3 would be launched, in this order; up "

@@ -16,6 +16,7 @@ import tarfile
 import textwrap
 import threading
 import time
+from unittest import mock
 
 import numpy as np
 from absl.testing import absltest
@@ -87,6 +88,11 @@ FAKE_TRAINER = textwrap.dedent('''
     print(f"step {step} done", flush=True)
     log.write(f"final: step {step}  train_loss {10.0 / step:.4f}  val_loss {11.0 / step:.4f}\\n")
 ''')
+
+
+def _eight_gpus():
+    """``sweep_driver.machine_gpus`` of a host of 8 GPUs (the stand-in trainers run on any)."""
+    return 8, "nvidia-smi -L lists 8 GPU(s)"
 
 
 def _write_finished(root, runs, walls, concurrency):
@@ -1182,9 +1188,10 @@ class GpusTest(_FakeTrainerTestCase):
                       grid=((("train.total_steps", (4, 5, 6)),),), seed_axis=None)
         root = os.path.join(self.root, "sweep")
         self.env["FAKE_RECORD_GPUS"] = "1"
-        status = sweep_driver.run(config, sweep_driver.SweepOptions(
-            root=root, gpus="1+2,5", parallel=None, compilation_cache=""), repo_root=repo,
-            argv=["sweep.py", "--gpus=1+2,5"], env=self.env, print_fn=self.lines.append)
+        with mock.patch.object(sweep_driver, "machine_gpus", _eight_gpus):  # a GPU host's
+            status = sweep_driver.run(config, sweep_driver.SweepOptions(
+                root=root, gpus="1+2,5", parallel=None, compilation_cache=""), repo_root=repo,
+                argv=["sweep.py", "--gpus=1+2,5"], env=self.env, print_fn=self.lines.append)
         self.assertEqual(status, 0)
         self.assertIn("sweep demo: 3 run(s) selected (3 not started); no deadline; up to 2 "
                       "run(s) at once, one per GPU group, each alone on it "
@@ -1423,7 +1430,8 @@ class RemeasureAloneDriverTest(_FakeTrainerTestCase):
         first_dir = sweep.run_dir(root, sweep.expand(config)[0])
         os.remove(os.path.join(first_dir, sweep.THROUGHPUT_ALONE))
         env["FAKE_RECORD_GPUS"] = "1"
-        self.assertEqual(call(remeasure_alone=steps, gpus="3,4", only=names[:1]), 0)
+        with mock.patch.object(sweep_driver, "machine_gpus", _eight_gpus):  # a GPU host's
+            self.assertEqual(call(remeasure_alone=steps, gpus="3,4", only=names[:1]), 0)
         with open(os.path.join(first_dir, sweep.ALONE_DIR, "fake_gpus.json")) as f:
             self.assertEqual(json.load(f)["gpus"], "3")
 

@@ -325,7 +325,7 @@ class LimitTest(absltest.TestCase):
 
     HARNESS_DATA = os.path.join(os.path.dirname(__file__), "testdata", "harness_data")
 
-    def _piqa(self, **kw):
+    def _piqa(self, log=lambda *a: None, **kw):
         scored = []
 
         class Recording(scoring.Scorer):
@@ -337,7 +337,7 @@ class LimitTest(absltest.TestCase):
         scoring.Scorer = Recording
         self.addCleanup(setattr, scoring, "Scorer", original)
         result = runner.run_evaluation(Bigram(), tok_lib.ByteTokenizer(), ["piqa"],
-                                       _options(self.HARNESS_DATA, **kw), log=lambda *a: None)
+                                       _options(self.HARNESS_DATA, **kw), log=log)
         return result["piqa"], scored
 
     def _pairs(self, docs):
@@ -356,6 +356,24 @@ class LimitTest(absltest.TestCase):
         self.assertEqual(result["n"], 7)
         self.assertEqual(scored, self._pairs(tasks.load_task("piqa", eval_dir, limit=7, seed=3)))
         self.assertNotEqual(scored, self._pairs(tasks.load_task("piqa", eval_dir)[:7]))
+
+    def test_sample_items_above_the_task_scores_it_whole_and_says_so(self):
+        # It scored the whole task silently (only n told; 2026-12-06 newcomer probe).
+        eval_dir = os.path.join(self.HARNESS_DATA, "eval")
+        docs = tasks.load_task("piqa", eval_dir)
+        size = len(docs)
+        above = random.Random(1206).randint(size + 1, 10 * size)
+        lines = []
+        result, scored = self._piqa(sample_items=above, seed=5, log=lines.append)
+        self.assertEqual(result["n"], size)
+        self.assertEqual(scored, self._pairs(docs))
+        self.assertIn(f"piqa: --sample_items={above} is above the task's {size} items: scoring "
+                      f"all {size} (n={size})", lines)
+        lines.clear()  # at or below the size: a subset, no note
+        for n in (size, random.Random(6).randint(1, size - 1)):
+            result, _ = self._piqa(sample_items=n, seed=5, log=lines.append)
+            self.assertEqual(result["n"], n)
+        self.assertEmpty([line for line in lines if "--sample_items" in line])
 
     def test_bad_limits_name_the_option(self):
         with self.assertRaisesRegex(ValueError, "limit=5 .* and sample_items=5 .* are exclusive"):
