@@ -74,7 +74,8 @@ tokens/s as measured alone (``--finish_by_deadline`` estimates each run alone to
 value (an empty group, an id that is not a non-negative integer, an id given twice) is
 refused before anything runs (:func:`parse_gpus`), and so (except with ``report_only``) is an
 id of a GPU the machine does not have, as ``nvidia-smi -L`` counts them (:func:`machine_gpus`;
-a CPU-only machine has none: its trainers would share the CPU, measured as if alone).
+a CPU-only machine has none: its trainers would share the CPU, measured as if alone); a dry
+run plans such a call anyway (a plan for another machine) and says that it would be refused.
 ``--reuse_from=<another sweep's root>`` (repeatable) copies the records of a finished run there
 whose training is identical (the experiment config its trainer recorded at every invocation
 equals this run's, e.g. Table 7's host ``route=none,seed=42`` and Table 2's
@@ -592,8 +593,14 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
       OSError: if a trainer cannot be started or a file cannot be written.
     """
     options = resolve(options)  # (a bad --gpus: refused before anything else)
+    gpus_refused = ""  # a dry run plans anyway: the plan may be for another machine
     if not options.report_only:  # (launches nothing: GPUs of another machine may be named)
-        check_gpus_exist(options)
+        try:
+            check_gpus_exist(options)
+        except sweep.SweepConfigError as e:
+            if not options.dry_run:
+                raise
+            gpus_refused = str(e)
     root = options.root
     runs = sweep.select(sweep.expand(config), options.only)
     config_path = _train_config_path(config, repo_root)
@@ -644,8 +651,9 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
     missing_line = (f"--config argument {', '.join(missing)}: no such file or directory on this "
                     f"machine (every run would fail reading it)") if missing else ""
     if options.dry_run:  # writes nothing
-        if missing:  # a plan made on another machine than the runs' may still be wanted
-            print_fn(f"dry run: the call would refuse to run here; {missing_line}")
+        for refusal in (gpus_refused, missing_line):  # a plan for another machine
+            if refusal:
+                print_fn(f"dry run: the call would refuse to run here; {refusal}")
         if edited:
             print_fn(("dry run: the call would skip or resume them (--accept_config_changes)"
                       if options.accept_config_changes else "dry run: the call would refuse "

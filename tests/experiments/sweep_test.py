@@ -434,6 +434,7 @@ class SweepBinaryTest(absltest.TestCase):
                       "--parallel=3"])
         argvs.append([f"--config={self.config}", f"--root={self.root}", "--gpus=0,4",
                       "--dry_run"])
+        argvs.append([f"--config={self.config}", f"--root={self.root}", "--gpus=0,4"])
         argvs.append([f"--config={self.config}", f"--root={self.root}", "--gpus=0+1,2+3",
                       "--dry_run"])
         # A machine of 4 GPUs, as nvidia-smi -L lists them (here a script that prints them).
@@ -449,16 +450,20 @@ class SweepBinaryTest(absltest.TestCase):
             with self.subTest(flag=flag):
                 self.assertEqual(result.returncode, 1, result.stderr)
                 self.assertEqual(result.stderr.strip().splitlines(), [want])
-        self.assertEqual(results[-3].returncode, 1, results[-3].stderr)
-        self.assertEqual(results[-3].stderr.strip().splitlines(), [
+        self.assertEqual(results[-4].returncode, 1, results[-4].stderr)
+        self.assertEqual(results[-4].stderr.strip().splitlines(), [
             "error: --parallel=3 is above the 2 GPU group(s) of --gpus=0,1 (one run per group "
             "at a time): leave --parallel out, or name more groups"])
         # A GPU the machine does not have: its trainer would run on the CPU, measured as alone.
+        refusal = ("--gpus=0,4: GPU 4 is not on this machine (nvidia-smi -L lists 4 GPU(s), "
+                   "ids 0-3): name GPUs it has, or leave --gpus out (--parallel=N runs N at "
+                   "once, sharing the machine, and the results mark them)")
         self.assertEqual(results[-2].returncode, 1, results[-2].stderr)
-        self.assertEqual(results[-2].stderr.strip().splitlines(), [
-            "error: --gpus=0,4: GPU 4 is not on this machine (nvidia-smi -L lists 4 GPU(s), ids "
-            "0-3): name GPUs it has, or leave --gpus out (--parallel=N runs N at once, sharing "
-            "the machine, and the results mark them)"])
+        self.assertEqual(results[-2].stderr.strip().splitlines(), ["error: " + refusal])
+        # A dry run plans it anyway (a plan for another machine) and says so first.
+        self.assertEqual(results[-3].returncode, 0, results[-3].stderr)
+        self.assertEqual(results[-3].stdout.splitlines()[0],
+                         "dry run: the call would refuse to run here; " + refusal)
         # Without --parallel: one run per group, two at once, each on its group.
         self.assertEqual(results[-1].returncode, 0, results[-1].stderr)
         self.assertIn("; up to 2 at once: launches 1-2 at the start, each later one when a "

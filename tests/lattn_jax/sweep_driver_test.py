@@ -281,9 +281,13 @@ class SweepDriverTest(absltest.TestCase):
             with self.subTest(gpus=gpus, path=path), mock.patch.dict(os.environ, PATH=path), \
                     mock.patch.object(sweep_driver, "NVIDIA_PROC_GPUS", proc):
                 with self.assertRaisesRegex(sweep.SweepConfigError, message):
-                    self._run(dry_run=True, gpus=gpus)
-                with self.assertRaisesRegex(sweep.SweepConfigError, message):
                     self._run(gpus=gpus)
+                self.lines.clear()  # a dry run plans it (for another machine) and says so
+                self.assertEqual(self._run(dry_run=True, gpus=gpus), 0)
+                self.assertRegex(self.lines[0], "^dry run: the call would refuse to run here; "
+                                 + (message[1:] if message[0] == "^" else ".*" + message))
+                self.assertTrue(self.lines[1].startswith("dry run of sweep demo:"),
+                                self.lines[1])
         self.assertFalse(os.path.exists(self.root))
         with mock.patch.dict(os.environ, PATH=bin_dir):  # every GPU it has: planned
             self.assertEqual(self._run(dry_run=True, gpus=f"{count - 1},0+1"), 0)
