@@ -175,6 +175,12 @@ _CW_GRAD_PASS = flags.DEFINE_list(
     "several values time ours once per value (times each --channelwise_state_pass value), each "
     "with its own gate and record (field channelwise_grad_pass) and a table of their own; "
     "empty: TUNING's default, not recorded.")
+_BREAKDOWN_TOP = flags.DEFINE_integer(
+    "breakdown_top", 8,
+    "Kernels named in each record's per-kernel breakdown (record field kernels), largest "
+    "first; the rest are summed as (other). Raise it where a pass launches more kernels than "
+    "that and the tables' per-kernel columns must see them all (KDA fwd+bwd with the Mosaic "
+    "state passes' sequence pieces at S2: MOSAIC_GPU.md Sec. 30, 37).", lower_bound=1)
 _ITERS = flags.DEFINE_integer("iters", 30, "Timed calls per measurement.")
 _WARMUP = flags.DEFINE_integer("warmup", 5, "Untimed calls before timing.")
 _OUT = flags.DEFINE_string("out", None, "Output path prefix for .json and .md.")
@@ -392,7 +398,12 @@ def _kernel_time(kernels, calls):
     total = sum(dur for _, dur in kernels)
     if total <= 0:
         return None, None
-    return total / 1e3 / calls, kernel_breakdown(kernels, calls)
+    return total / 1e3 / calls, kernel_breakdown(kernels, calls, top=_breakdown_top())
+
+
+def _breakdown_top():
+    """``--breakdown_top`` once flags are parsed, else :data:`BREAKDOWN_TOP`."""
+    return _BREAKDOWN_TOP.value if flags.FLAGS.is_parsed() else BREAKDOWN_TOP
 
 
 BREAKDOWN_TOP = 8  # kernels named per record; the rest are summed as "(other)"

@@ -13,6 +13,13 @@
 #   split2 145  Sec. 17.1 call 2: state_ag:2 and readout_first:2, then the split gpu tests
 #   autooff 560 Sec. 31.8: the same-run table against our Triton kernels (S1, S2, P1) and the
 #               public op's gpu tests (decides mosaic_gpu.AUTO_OFF for GDN)
+# The per-channel family (KDA, GDN-2; MOSAIC_GPU.md Sec. 37, decision rules there), after those:
+#   cw_state 320  Sec. 18.1: KDA's state passes mosaic vs triton, S1 then S2, fwd+bwd and fwd,
+#                 jla in the same processes
+#   cw_grad 220   Sec. 20/21: KDA S1 fwd+bwd with grad_pass mosaic_fused (K2), triton, mosaic (K1)
+#   cw_tests 320  the 22 gpu tests of the Mosaic state passes, K2 and K1 (11 workers)
+#   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
+#   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log.
 B=${1:?budget_s}; shift
 ITEMS=${*:-gva t0 vk split1 split2 autooff}
@@ -102,6 +109,94 @@ run_autooff() {
     $T/kernel_mosaic_gdn_vjp_test.py::GpuTest; echo "gpu tests rc=$?"
   tail -25 $O/next/gpu_tests/summary.md
 }
+
+# ---- Sec. 37: the per-channel family's items (KDA, GDN-2), after Sec. 34's -------------------
+# Appended to the default list, and their estimates put in front of est() above (a wrapper, so
+# that this block touches none of the lines above it).
+[ $# -eq 0 ] && ITEMS="$ITEMS cw_state cw_grad cw_tests cw_gdn2 cw_slab"
+eval "est_sec34() $(declare -f est | tail -n +2)"
+est() { case $1 in cw_state) echo 320;; cw_grad) echo 220;; cw_tests) echo 320;;
+  cw_gdn2) echo 310;; cw_slab) echo 170;; *) est_sec34 "$1";; esac; }
+
+cw_show() {  # one line per bench_kernels record in the logs: gate, kernel ms, per-channel kernels
+  cat "$@" | python3 -c 'import sys,json
+for l in sys.stdin:
+  if not l.startswith("{\"peer\""): continue
+  r=json.loads(l); k=r.get("kernels") or {}
+  own={n[:44]:round(v,4) for n,v in k.items() if r["peer"]!="ours" or "channelwise" in n or n=="(other)"}
+  print(r["op"],r["shape"],r["pass_"],r["peer"],"sp="+str(r.get("channelwise_state_pass")),
+        "gp="+str(r.get("channelwise_grad_pass")),"gate" if r.get("gate") else "RED",
+        r.get("kernel_ms") and round(r["kernel_ms"],4),r.get("error","")[:150],own)' | cut -c1-460
+}
+
+cw_ptxas() {  # cw_ptxas <kernel regex> <log>...: ptxas's registers, spills, C7514 per kernel
+  local pat=$1; shift
+  cat "$@" | python3 -c 'import sys
+from benchmarks.offline_ptxas import parse_ptxas
+seen=set()
+for r in parse_ptxas(sys.stdin.read()):
+  t=(r["kernel"],r["regs"],r["spill_st"],r["spill_ld"],r["c7514"])
+  if t not in seen: seen.add(t); print("ptxas",*t)' | grep -a -E "$pat" | head -16
+}
+
+run_cw_state() {
+  mkdir -p $O/cw_state; local s=$SECONDS
+  local b="python3 benchmarks/bench_kernels.py --ops=kda --peers=ours,jla --passes=fwdbwd,fwd"
+  b="$b --channelwise_state_pass=mosaic,triton --breakdown_top=16 --iters=30 --warmup=5"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 $b --shapes=S1 --out=$O/cw_state/s1 \
+    > $O/cw_state/s1.log 2>&1; echo "S1 rc=$? t=$((SECONDS-s))s"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout $((300 - SECONDS + s)) $b --shapes=S2 --out=$O/cw_state/s2 \
+    > $O/cw_state/s2.log 2>&1; echo "S2 rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/cw_state/s1.log $O/cw_state/s2.log | cut -c1-300
+  cw_show $O/cw_state/s1.log $O/cw_state/s2.log
+  cw_ptxas channelwise $O/cw_state/s1.log $O/cw_state/s2.log
+}
+
+run_cw_grad() {
+  mkdir -p $O/cw_grad; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 200 python3 benchmarks/bench_kernels.py --ops=kda --peers=ours \
+    --passes=fwdbwd --shapes=S1 --channelwise_grad_pass=mosaic_fused,triton,mosaic \
+    --breakdown_top=16 --iters=30 --warmup=5 --out=$O/cw_grad/kda > $O/cw_grad/kda.log 2>&1
+  echo "bench rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/cw_grad/kda.log | cut -c1-300
+  cw_show $O/cw_grad/kda.log
+  cw_ptxas channelwise $O/cw_grad/kda.log
+}
+
+run_cw_tests() {
+  mkdir -p $O/cw_tests; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 300 python3 benchmarks/gpu_tests.py --jobs=11 --deadline_s=270 \
+    --out=$O/cw_tests/gpu_tests $T/kernel_mosaic_channelwise_test.py::GpuTest \
+    $T/kernel_mosaic_channelwise_grad_chunk_test.py::GpuTest \
+    $T/kernel_mosaic_channelwise_grad_test.py::GpuTest
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  cut -c1-220 $O/cw_tests/gpu_tests/summary.md | tail -50
+}
+
+run_cw_gdn2() {
+  mkdir -p $O/cw_gdn2; local s=$SECONDS
+  local b="python3 benchmarks/bench_kernels.py --ops=gdn2 --shapes=S1 --breakdown_top=16"
+  b="$b --iters=30 --warmup=5"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 $b --peers=ours,jla --passes=fwdbwd,fwd \
+    --channelwise_state_pass=mosaic,triton --out=$O/cw_gdn2/state > $O/cw_gdn2/state.log 2>&1
+  echo "state rc=$? t=$((SECONDS-s))s"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout $((290 - SECONDS + s)) $b --peers=ours --passes=fwdbwd \
+    --channelwise_grad_pass=mosaic_fused,triton --out=$O/cw_gdn2/grad > $O/cw_gdn2/grad.log 2>&1
+  echo "grad rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/cw_gdn2/state.log $O/cw_gdn2/grad.log | cut -c1-300
+  cw_show $O/cw_gdn2/state.log $O/cw_gdn2/grad.log
+  cw_ptxas channelwise $O/cw_gdn2/state.log $O/cw_gdn2/grad.log
+}
+
+run_cw_slab() {
+  mkdir -p $O/cw_slab; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 python3 benchmarks/profile_grad.py --deadline_s=140 \
+    --variants=k2,k1 --slabs=16,32 --out=$O/cw_slab/slabs > $O/cw_slab/slabs.log 2>&1
+  echo "rc=$? t=$((SECONDS-s))s"
+  cw_ptxas channelwise_grad $O/cw_slab/slabs.log
+  grep -a -h -E '^\| ' $O/cw_slab/slabs.md | cut -c1-200
+}
+# ---- end of Sec. 37's items -------------------------------------------------------------------
 
 {
   echo "issue29 queue at $(git rev-parse --short HEAD 2>/dev/null) budget ${B}s items: $ITEMS"

@@ -68,6 +68,31 @@ class BreakdownTest(absltest.TestCase):
         self.assertIsNone(bench_kernels.kernel_breakdown([], 1))
         self.assertIsNone(bench_kernels.kernel_breakdown([("k", 0.0)], 1))
 
+    def test_breakdown_top_flag_names_that_many_kernels(self):
+        """``--breakdown_top``: the records' breakdown names that many kernels (default
+        :data:`BREAKDOWN_TOP`, 8), the rest as "(other)"; the total is unchanged; below 1 is
+        refused."""
+        from absl import flags
+        from absl.testing import flagsaver
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        launches = [(f"k{i}", 100.0 * (i + 1)) for i in range(12)]
+        self.assertEqual(bench_kernels._BREAKDOWN_TOP.value, bench_kernels.BREAKDOWN_TOP)
+        ms, got = bench_kernels._kernel_time(launches, 2)
+        self.assertLen(got, bench_kernels.BREAKDOWN_TOP + 1)
+        with flagsaver.flagsaver(breakdown_top=16):
+            ms16, got16 = bench_kernels._kernel_time(launches, 2)
+        self.assertLen(got16, 12)
+        self.assertNotIn("(other)", got16)
+        with flagsaver.flagsaver(breakdown_top=3):
+            ms3, got3 = bench_kernels._kernel_time(launches, 2)
+        self.assertEqual(list(got3), ["k11", "k10", "k9", "(other)"])
+        for total, breakdown in ((ms, got), (ms16, got16), (ms3, got3)):
+            self.assertAlmostEqual(total, sum(100.0 * (i + 1) for i in range(12)) / 1e3 / 2)
+            self.assertAlmostEqual(sum(breakdown.values()), total, places=9)
+        with self.assertRaises(flags.IllegalFlagValueError):
+            flags.FLAGS.breakdown_top = 0
+
     def test_listed_below_the_table(self):
         rec = dict(op="kda", shape="S1", pass_="fwd")
         records = [dict(rec, peer="ours", kernel_ms=2.0, ms=2.2,
