@@ -20,9 +20,11 @@
 #   cw_tests 320  the 22 gpu tests of the Mosaic state passes, K2 and K1 (11 workers)
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
+# Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b: page
+# benchmarks/results/mosaic-gpu-h100-2026-12-06b.md); name items to run others.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log.
 B=${1:?budget_s}; shift
-ITEMS=${*:-gva t0 vk split1 split2 autooff}
+ITEMS=${*:-split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -33,7 +35,8 @@ STAMP=$(date -u +%Y%m%dT%H%M%S)
 O=/tmp/i29out/$STAMP; mkdir -p $O /tmp/i29done
 LOG=$O/i29.log
 est() { case $1 in gva) echo 270;; t0) echo 250;; vk) echo 150;; split1|split2) echo 145;;
-  autooff) echo 560;; *) echo 100000;; esac; }
+  autooff) echo 560;; cw_state|cw_tests) echo 320;; cw_grad) echo 220;; cw_gdn2) echo 310;;
+  cw_slab) echo 170;; *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
 run_gva() {
@@ -111,12 +114,6 @@ run_autooff() {
 }
 
 # ---- Sec. 37: the per-channel family's items (KDA, GDN-2), after Sec. 34's -------------------
-# Appended to the default list, and their estimates put in front of est() above (a wrapper, so
-# that this block touches none of the lines above it).
-[ $# -eq 0 ] && ITEMS="$ITEMS cw_state cw_grad cw_tests cw_gdn2 cw_slab"
-eval "est_sec34() $(declare -f est | tail -n +2)"
-est() { case $1 in cw_state) echo 320;; cw_grad) echo 220;; cw_tests) echo 320;;
-  cw_gdn2) echo 310;; cw_slab) echo 170;; *) est_sec34 "$1";; esac; }
 
 cw_show() {  # one line per bench_kernels record in the logs: gate, kernel ms, per-channel kernels
   cat "$@" | python3 -c 'import sys,json
