@@ -276,7 +276,8 @@ def select(runs: Sequence[Run], only: Sequence[str] = ()) -> List[Run]:
 
     Raises:
       SweepConfigError: for a filter that names an axis no run has, or that matches no run (a
-        typo in a value), naming it and the values its axes take.
+        typo in a value, or values that each occur but never together), naming it and the
+        values its axes take.
     """
     if not only:
         return list(runs)
@@ -293,8 +294,14 @@ def select(runs: Sequence[Run], only: Sequence[str] = ()) -> List[Run]:
             values = {k: sorted({format_value(v) for run in runs for a, v in run.values
                                  if a == k}) for k in named}
             taken = "; ".join(f"{k}: {', '.join(v)}" for k, v in values.items())
-            raise SweepConfigError(f"--only={text!r} matches no run of the grid"
-                                   + (f" ({taken})" if taken else ""))
+            apart = len(conditions) > 1 and all(any(matches(run, [c]) for run in runs)
+                                                for c in conditions)
+            raise SweepConfigError(
+                f"--only={text!r} matches no run of the grid" + (f" ({taken})" if taken else "")
+                + ("; each of its conditions matches some run, but no run meets them all: the "
+                   "grid does not hold every combination of its values (an argument of the "
+                   "sweep config may add the missing runs, e.g. seeds=; its docstring lists "
+                   "them)" if apart else ""))
         filters.append(conditions)
     return [run for run in runs if any(matches(run, c) for c in filters)]
 

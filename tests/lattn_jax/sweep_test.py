@@ -301,6 +301,16 @@ class SelectTest(absltest.TestCase):
             names("arch=gdnn")
         with self.assertRaisesRegex(sweep.SweepConfigError, r"--only='\*mamba\*' matches no"):
             names("arch=gdn", "*mamba*")
+        # Values that each occur but never in one run (the grid is not a full product: here
+        # kda has only seed 42, as table2_small.py's groups have seed 43 only with seeds=2)
+        # are said to be that; a typo keeps the short message.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"--only='arch=kda,seed=43' matches no run of the grid "
+                                    r"\(arch: gdn, kda, softmax; seed: 42, 43\); each of its "
+                                    r"conditions matches some run, but no run meets them all"):
+            names("arch=kda,seed=43")
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"\(arch: gdn, kda, softmax\)$"):
+            names("arch=gdnn")
 
 
 class RunDirTest(absltest.TestCase):
