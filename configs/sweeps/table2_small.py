@@ -274,9 +274,10 @@ def get_config(arg=None):
         missing = [k for k in ("adamw_lr", "muon_lr") if arg[k] is None]
         if missing:
             raise common.ConfigArgError(
-                f"{' and '.join(m + '=' for m in missing)} required: each optimizer's best "
-                f"learning rate from the scan (configs/sweeps/lr_scan_small.py; its "
-                f"results.md names them)")
+                f"{' and '.join(m + '=' for m in missing)} required, or rates_from=<the "
+                f"finished scan's results.json> (the tree's: rates_from=sweeps/lr_scan/"
+                f"results.json): each optimizer's best learning rate from the scan "
+                f"(configs/sweeps/lr_scan_small.py; its results.md names them)")
         lrs = {"adamw": float(arg.adamw_lr), "muon": float(arg.muon_lr)}
         models = MODELS
     first, second = sweeps_common.SEEDS

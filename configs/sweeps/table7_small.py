@@ -113,8 +113,9 @@ def get_config(arg=None):
     else:
         if arg.muon_lr is None:
             raise common.ConfigArgError(
-                "muon_lr= required: Muon's best learning rate from the scan "
-                "(configs/sweeps/lr_scan_small.py; its results.md names it)")
+                "muon_lr= required, or rates_from=<the finished scan's results.json> (the "
+                "tree's: rates_from=sweeps/lr_scan/results.json): Muon's best learning rate "
+                "from the scan (configs/sweeps/lr_scan_small.py; its results.md names it)")
         lr = float(arg.muon_lr)
         blocks = (CORE, ROWS) + ((CONTROLS,) if arg.controls else ())
     grid = [(("route", routes), ("seed", sweeps_common.SEEDS)) for routes in blocks]
