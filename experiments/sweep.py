@@ -3,7 +3,7 @@
 Usage::
 
     python experiments/sweep.py \\
-        --config=configs/sweeps/lr_scan_small.py:corpus=/data/prose-llama2 \\
+        --config=configs/sweeps/lr_scan_small.py:corpus=/data/open/prose-llama2 \\
         --root=runs/lr_scan --deadline_s=540
     python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2 \\
         --only=arch=gdn,opt=muon          # CPU smoke run of a subset
