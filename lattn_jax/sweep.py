@@ -2587,7 +2587,8 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
         ``checkpoints/`` or ``metrics.jsonl``, also of a run stopped before its first
         checkpoint), by the check ``train.py`` makes of its ``--workdir``
         (:func:`lattn_jax.config.saved_training_config`), naming ``--report_only`` when set
-        and the file.
+        and the file; or a sweep's ``runs/`` folder given as the root (the extracted
+        ``records.tar.gz`` holds ``runs/``: its parent is the root).
     """
     if os.path.exists(root) and not os.path.isdir(root):
         raise SweepConfigError(f"--root={root} exists and is not a directory")
@@ -2609,6 +2610,12 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
                              f"the sweep would write its runs and results into {root}"))
         except config_lib.ConfigError as e:
             raise SweepConfigError(str(e)) from None
+    inner = _run_folders(root)
+    if inner and not os.path.isdir(os.path.join(root, RUNS_DIR)):  # e.g. <records>/runs
+        raise SweepConfigError(
+            f"--root={root} is a sweep's {RUNS_DIR}/ folder, not its root ({inner[0]} in it "
+            f"has {RUN_RECORD}): give its parent, {os.path.dirname(os.path.abspath(root))} "
+            f"(nothing was written)")
     name = sweep_name(config, root)
     recorded = []
     with contextlib.suppress(OSError, ValueError, AttributeError):  # none, or not a record
@@ -2621,6 +2628,14 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
             raise SweepConfigError(
                 f"--root {root} holds the results of sweep {other!r}, not {name!r} (its "
                 f"{source}); use another --root for {name!r}")
+
+
+def _run_folders(root: str) -> List[str]:
+    """The folders directly in ``root`` that hold a run's ``sweep_run.json`` (sorted)."""
+    with contextlib.suppress(OSError):
+        return sorted(n for n in os.listdir(root)
+                      if os.path.isfile(os.path.join(root, n, RUN_RECORD)))
+    return []
 
 
 def missing_local_paths(runs: Sequence[Run], local_args: Sequence[str] = ()) -> List[str]:
