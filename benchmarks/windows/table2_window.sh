@@ -2,6 +2,7 @@
 # Issue 28's GPU window (the script of pages paper1-sweeps-2026-12-05d and -05f). Usage, on the
 # device machine from the repository root:
 #   [PHASES="ps t7 tp t2"] [T2_ONLY="--only=..."] [T2_ARG=...] [EXTRA2=...] [EXTRA7=...] \
+#     [EXTRAP=...] \
 #     bash benchmarks/windows/table2_window.sh <budget_s>
 # The first call of a fresh machine joins the corpus (pieces 000 and 001 copied to /tmp/pieces
 # by two earlier calls; carry piece 002, the manifest and .whl) and restores the record folders
@@ -10,7 +11,8 @@
 # (host reused from table2, CLVR x 2 seeds); tp = train_throughput.py --size=small one preset at
 # a time into /tmp/tp; t2 = Table 2's runs that T2_ONLY selects (default: the seed-43 runs
 # that the report's Seeds section asked for after window 10, 2026-12-06c; finished ones are
-# skipped). EXTRA2: "--finish_by_deadline --stop_margin_s=5" on the last call,
+# skipped). EXTRA2, EXTRA7, EXTRAP: more flags of the t2, t7 and ps sweeps; EXTRA2:
+# "--finish_by_deadline --stop_margin_s=5" on the last call,
 # "--gpus=0,1,2,3" on a 4-GPU host; T2_ARG=",seeds=2" (default) puts every group's seed 43 in
 # the grid. The records of each sweep (sweeps/<t>/) go to /tmp/sweeps/<t> when that folder does
 # not exist yet, also when the corpus was joined by hand: a sweep root without them would export
