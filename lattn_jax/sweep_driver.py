@@ -450,6 +450,20 @@ def _check_options(options: SweepOptions, root: str) -> None:
                                          f"name a directory outside it")
 
 
+def outside_grid_note(config: Mapping[str, Any], root: str) -> str:
+    """A line on the runs under ``root`` that the grid does not hold (results.md lists them
+    "(not in this grid)"), or ``""``: records rebuilt with another config argument than they
+    were made with (Table 2's second seeds without ``seeds=2``, 2026-12-06)."""
+    grid = {r.name for r in sweep.expand(config)}
+    outside = [r.name for r in sweep.recorded_runs(root) if r.name not in grid]
+    if not outside:
+        return ""
+    return (f"note: {len(outside)} run(s) under --root are not in this grid (results.md marks "
+            f"them \"(not in this grid)\"; e.g. {outside[0]}): if they belong to this sweep, "
+            f"give the config argument they were run with (the config file's docstring lists "
+            f"the arguments, e.g. seeds=)")
+
+
 def _train_config_path(config: Mapping[str, Any], repo_root: str) -> str:
     """The training config file of the sweep, checked (SweepConfigError)."""
     config_path = os.path.join(repo_root, config["train_config"])
@@ -626,6 +640,9 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
     train_script = os.path.join(repo_root, "experiments", "train.py")
     if options.report_only:
         print_fn(f"wrote {sweep_report.write(report)['md']}")
+        outside = outside_grid_note(config, root)
+        if outside:
+            print_fn(outside)
         export(root, options, print_fn)
         return 0
     bad_value = sweep.override_config_error(runs, config_path, extra)
