@@ -21,7 +21,8 @@ field per flag) and does what one invocation does:
    trainer recorded another experiment config than the training config file (or a file it
    imports) gives them now (:func:`~lattn_jax.sweep.config_changes`: the file was edited since
    they ran, which the recorded commands do not show);
-2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png``, then the
+2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png`` (and says
+   how many runs under the root the grid does not hold: :func:`outside_grid_note`), then the
    ``export``; ``dry_run``: prints what the same call would do with each run
    (:func:`~lattn_jax.sweep.plan`: skip, reuse, launch in which order and which at once, or
    hold back), after the runs of an edited config and the missing machine-local paths
