@@ -19,11 +19,12 @@
 # only this window's runs, and copying that export over sweeps/<t>/ would lose the others.
 # WINDOW_TMP (default /tmp) moves every /tmp path (tests). Exit status: the last sweep's
 # (0 done, 3 stopped at the deadline, 4 a run failed), 6 when the corpus pieces are missing,
-# 5 when the join fails.
+# 5 when the join fails, 2 (and this text) for a budget that is not a number, e.g. --help.
 PHASES=${PHASES:-t2}
 T2_ONLY=${T2_ONLY:---only=arch=kda,stack=hybrid,opt=muon,seed=43 --only=arch=gdn2,stack=hybrid,opt=muon,seed=43 --only=arch=gdn2,stack=hybrid,opt=adamw,seed=43 --only=arch=kda,stack=pure,opt=muon,seed=43 --only=arch=gdn2,stack=pure,opt=muon,seed=43 --only=arch=gdn2,stack=pure,opt=adamw,seed=43 --only=arch=deltanet,stack=pure,opt=muon,seed=43}
 T2_ARG=${T2_ARG-,seeds=2}
 B=${1:-565}
+[[ "$B" =~ ^[0-9]+$ ]] || { sed -n '2,/^PHASES=/p' "$0" | sed '$d' | cut -c3- >&2; echo "table2_window: <budget_s> is a whole number of seconds, not '$B'" >&2; exit 2; }
 W=${WINDOW_TMP:-/tmp}
 export PYTHONPATH=$W/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 if [ ! -d $W/corpus/prose-llama2 ]; then

@@ -45,6 +45,15 @@ class Table2WindowTest(absltest.TestCase):
         self.assertIn(os.path.join(tmp, "pieces", "prose-llama2.tar.xz.000"), result.stderr)
         self.assertFalse(os.path.exists(os.path.join(tmp, "sweeps")))
 
+    def test_a_budget_that_is_not_a_number_prints_the_usage(self):
+        tmp = self.create_tempdir().full_path
+        for arg in ("--help", "9m"):
+            result = run(tmp, budget=arg)
+            self.assertEqual(result.returncode, 2)
+            self.assertIn("Usage, on the", result.stderr)
+            self.assertIn(f"<budget_s> is a whole number of seconds, not '{arg}'", result.stderr)
+        self.assertEqual(os.listdir(tmp), [])
+
 
 if __name__ == "__main__":
     absltest.main()
