@@ -5,9 +5,9 @@ per command): split on the machine that built the corpus, carry the pieces over 
 command), join on the other side::
 
     python experiments/corpus_pieces.py --mode=split \\
-        --directory=/data/open_offline/prose-llama2 --pieces_dir=.corpus_pieces
+        --directory=/data/open/prose-llama2 --pieces_dir=.corpus_pieces/prose-llama2
     python experiments/corpus_pieces.py --mode=join \\
-        --manifest=.corpus_pieces/prose-llama2.pieces.json --output_dir=/tmp/corpus
+        --manifest=.corpus_pieces/prose-llama2/prose-llama2.pieces.json --output_dir=/tmp/corpus
 
 ``join`` checks every piece's sha256 before unpacking and every unpacked file's sha256 after;
 a missing or damaged piece is named. The format: ``lattn_jax/data/corpora/pieces.py``.

@@ -3,7 +3,7 @@
 Usage::
 
     python experiments/sweep.py \\
-        --config=configs/sweeps/lr_scan_small.py:corpus=/data/prose-llama2 \\
+        --config=configs/sweeps/lr_scan_small.py:corpus=/data/open/prose-llama2 \\
         --root=runs/lr_scan --deadline_s=540
     python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2 \\
         --only=arch=gdn,opt=muon          # CPU smoke run of a subset
@@ -31,8 +31,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from lattn_jax import config as config_lib  # noqa: E402
-from lattn_jax import sweep  # noqa: E402
-from lattn_jax import sweep_driver  # noqa: E402
+from lattn_jax import sweep, sweep_driver  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Sweep config file.", lock_config=True)
 _ROOT_DIR = flags.DEFINE_string("root", None, "Sweep directory (runs in <root>/runs/<name>).")
@@ -83,6 +82,7 @@ _EXPORT = flags.DEFINE_string("export", None, "Copy the records and results (no 
 _EXPORT_ARCHIVE = flags.DEFINE_bool("export_archive", True, "--export: the runs' records as "
                                     "one records.tar.gz, not a runs/ tree.")
 flags.mark_flags_as_required(["config", "root"])
+flags.adopt_module_key_flags(sweep_driver)  # --accept_config_changes, in --help
 
 
 def parse_flags(argv):

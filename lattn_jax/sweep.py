@@ -276,7 +276,8 @@ def select(runs: Sequence[Run], only: Sequence[str] = ()) -> List[Run]:
 
     Raises:
       SweepConfigError: for a filter that names an axis no run has, or that matches no run (a
-        typo in a value), naming it and the values its axes take.
+        typo in a value, or values that each occur but never together), naming it and the
+        values its axes take.
     """
     if not only:
         return list(runs)
@@ -293,8 +294,14 @@ def select(runs: Sequence[Run], only: Sequence[str] = ()) -> List[Run]:
             values = {k: sorted({format_value(v) for run in runs for a, v in run.values
                                  if a == k}) for k in named}
             taken = "; ".join(f"{k}: {', '.join(v)}" for k, v in values.items())
-            raise SweepConfigError(f"--only={text!r} matches no run of the grid"
-                                   + (f" ({taken})" if taken else ""))
+            apart = len(conditions) > 1 and all(any(matches(run, [c]) for run in runs)
+                                                for c in conditions)
+            raise SweepConfigError(
+                f"--only={text!r} matches no run of the grid" + (f" ({taken})" if taken else "")
+                + ("; each of its conditions matches some run, but no run meets them all: the "
+                   "grid does not hold every combination of its values (an argument of the "
+                   "sweep config may add the missing runs, e.g. seeds=; its docstring lists "
+                   "them)" if apart else ""))
         filters.append(conditions)
     return [run for run in runs if any(matches(run, c) for c in filters)]
 
@@ -2580,7 +2587,8 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
         ``checkpoints/`` or ``metrics.jsonl``, also of a run stopped before its first
         checkpoint), by the check ``train.py`` makes of its ``--workdir``
         (:func:`lattn_jax.config.saved_training_config`), naming ``--report_only`` when set
-        and the file.
+        and the file; or a sweep's ``runs/`` folder given as the root (the extracted
+        ``records.tar.gz`` holds ``runs/``: its parent is the root).
     """
     if os.path.exists(root) and not os.path.isdir(root):
         raise SweepConfigError(f"--root={root} exists and is not a directory")
@@ -2602,6 +2610,12 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
                              f"the sweep would write its runs and results into {root}"))
         except config_lib.ConfigError as e:
             raise SweepConfigError(str(e)) from None
+    inner = _run_folders(root)
+    if inner and not os.path.isdir(os.path.join(root, RUNS_DIR)):  # e.g. <records>/runs
+        raise SweepConfigError(
+            f"--root={root} is a sweep's {RUNS_DIR}/ folder, not its root ({inner[0]} in it "
+            f"has {RUN_RECORD}): give its parent, {os.path.dirname(os.path.abspath(root))} "
+            f"(nothing was written)")
     name = sweep_name(config, root)
     recorded = []
     with contextlib.suppress(OSError, ValueError, AttributeError):  # none, or not a record
@@ -2614,6 +2628,14 @@ def check_root(root: str, config: Mapping[str, Any], *, report_only: bool = Fals
             raise SweepConfigError(
                 f"--root {root} holds the results of sweep {other!r}, not {name!r} (its "
                 f"{source}); use another --root for {name!r}")
+
+
+def _run_folders(root: str) -> List[str]:
+    """The folders directly in ``root`` that hold a run's ``sweep_run.json`` (sorted)."""
+    with contextlib.suppress(OSError):
+        return sorted(n for n in os.listdir(root)
+                      if os.path.isfile(os.path.join(root, n, RUN_RECORD)))
+    return []
 
 
 def missing_local_paths(runs: Sequence[Run], local_args: Sequence[str] = ()) -> List[str]:

@@ -21,7 +21,8 @@ field per flag) and does what one invocation does:
    trainer recorded another experiment config than the training config file (or a file it
    imports) gives them now (:func:`~lattn_jax.sweep.config_changes`: the file was edited since
    they ran, which the recorded commands do not show);
-2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png``, then the
+2. ``report_only``: rewrites ``<root>/results.{md,csv,json}`` and ``curves.png`` (and says
+   how many runs under the root the grid does not hold: :func:`outside_grid_note`), then the
    ``export``; ``dry_run``: prints what the same call would do with each run
    (:func:`~lattn_jax.sweep.plan`: skip, reuse, launch in which order and which at once, or
    hold back), after the runs of an edited config and the missing machine-local paths
@@ -450,6 +451,20 @@ def _check_options(options: SweepOptions, root: str) -> None:
                                          f"name a directory outside it")
 
 
+def outside_grid_note(config: Mapping[str, Any], root: str) -> str:
+    """A line on the runs under ``root`` that the grid does not hold (results.md lists them
+    "(not in this grid)"), or ``""``: records rebuilt with another config argument than they
+    were made with (Table 2's second seeds without ``seeds=2``, 2026-12-06)."""
+    grid = {r.name for r in sweep.expand(config)}
+    outside = [r.name for r in sweep.recorded_runs(root) if r.name not in grid]
+    if not outside:
+        return ""
+    return (f"note: {len(outside)} run(s) under --root are not in this grid (results.md marks "
+            f"them \"(not in this grid)\"; e.g. {outside[0]}): if they belong to this sweep, "
+            f"give the config argument they were run with (the config file's docstring lists "
+            f"the arguments, e.g. seeds=)")
+
+
 def _train_config_path(config: Mapping[str, Any], repo_root: str) -> str:
     """The training config file of the sweep, checked (SweepConfigError)."""
     config_path = os.path.join(repo_root, config["train_config"])
@@ -626,6 +641,9 @@ def run(config: Mapping[str, Any], options: SweepOptions, *, repo_root: str,
     train_script = os.path.join(repo_root, "experiments", "train.py")
     if options.report_only:
         print_fn(f"wrote {sweep_report.write(report)['md']}")
+        outside = outside_grid_note(config, root)
+        if outside:
+            print_fn(outside)
         export(root, options, print_fn)
         return 0
     bad_value = sweep.override_config_error(runs, config_path, extra)

@@ -52,19 +52,21 @@ training loss's LM head runs fused in chunks of 8,192 tokens (``train.loss_chunk
 storing the batch's 8.4 GB of fp32 logits.
 
 Seeds: 42 for every group, plus 43 for GDN hybrid + Muon and softmax dense + AdamW, which
-gives the seed-to-seed spread; the results page then names the neighbours in the ranking
-closer than 3 sigma and the ``--only`` filters of their second seeds (run them with
-``seeds=2``, which puts seed 43 of every group in the grid).
+gives the seed-to-seed spread; the sweep's results.md ("Seeds") then names the neighbours in
+the ranking closer than 3 sigma and the ``--only`` filters of their second seeds (run them
+with ``seeds=2``, which puts seed 43 of every group in the grid; without it such a filter
+matches no run and is refused). A ``--report_only`` of records with second seeds needs
+``seeds=2`` too.
 
-Cost (estimate, to be measured: the trainer logs tokens/s): 200-268 MFLOP per token
-(``lattn_jax.flops``), so at 20-30% MFU one H200 trains 0.74-1.5M tokens/s, 4-8 min per run
-plus start-up; 20 runs, about 2-3 GPU hours, i.e. 5-7 windows of 25 minutes.
+Cost: 200-268 MFLOP per token (``lattn_jax.flops``); measured 0.97-1.45M tokens/s (20-32%
+MFU) on one H200 or H100, 4.8-7.9 min per run with start-up (``sweeps/table2/results.md``).
 
-Launch (the GPU session's commands: BUILD.md, "Sweeps")::
+Launch (the GPU session's commands: BUILD.md, "Sweeps"; ``rates_from`` reads both rates from
+the finished scan, the same as ``adamw_lr=0.001,muon_lr=0.00036``)::
 
     python experiments/sweep.py --config=configs/sweeps/table2_small.py:\\
-corpus=/tmp/corpus/prose-llama2,adamw_lr=0.001,muon_lr=0.00036 --root=/tmp/sweeps/table2 \\
-        --deadline_s=540
+corpus=/tmp/corpus/prose-llama2,rates_from=sweeps/lr_scan/results.json \\
+        --root=/tmp/sweeps/table2 --deadline_s=540 --min_run_s=90
     python experiments/sweep.py --config=configs/sweeps/table2_small.py:tiny --root=/tmp/t2
 
 Arguments: ``corpus`` (required unless ``tiny``), ``adamw_lr``, ``muon_lr`` (required unless
@@ -274,9 +276,10 @@ def get_config(arg=None):
         missing = [k for k in ("adamw_lr", "muon_lr") if arg[k] is None]
         if missing:
             raise common.ConfigArgError(
-                f"{' and '.join(m + '=' for m in missing)} required: each optimizer's best "
-                f"learning rate from the scan (configs/sweeps/lr_scan_small.py; its "
-                f"results.md names them)")
+                f"{' and '.join(m + '=' for m in missing)} required, or rates_from=<the "
+                f"finished scan's results.json> (the tree's: rates_from=sweeps/lr_scan/"
+                f"results.json): each optimizer's best learning rate from the scan "
+                f"(configs/sweeps/lr_scan_small.py; its results.md names them)")
         lrs = {"adamw": float(arg.adamw_lr), "muon": float(arg.muon_lr)}
         models = MODELS
     first, second = sweeps_common.SEEDS

@@ -26,10 +26,12 @@ conclusions against 3 sigma of the seed-to-seed spread.
 Cost (estimate, as table2_small): 4-8 min of one H200 per run; the core 4 runs fit one window
 of 25 minutes, all 16 about 1.5-2 GPU hours.
 
-Launch::
+Launch (BUILD.md, "Sweeps"; ``rates_from`` gives the scan's best Muon rate, 3.6e-4, the same
+as ``muon_lr=0.00036``; ``--reuse_from`` copies Table 2's identical host runs)::
 
     python experiments/sweep.py --config=configs/sweeps/table7_small.py:\\
-corpus=/tmp/corpus/prose-llama2,muon_lr=0.0036 --root=/tmp/sweeps/table7 --deadline_s=540
+corpus=/tmp/corpus/prose-llama2,rates_from=sweeps/lr_scan/results.json \\
+        --root=/tmp/sweeps/table7 --reuse_from=/tmp/sweeps/table2 --deadline_s=540
 
 Arguments: ``corpus`` and ``muon_lr`` (required unless ``tiny``; ``rates_from=<the finished
 scan's results.json>`` gives ``muon_lr``, :func:`configs.sweeps.common.scan_rates`),
@@ -113,8 +115,9 @@ def get_config(arg=None):
     else:
         if arg.muon_lr is None:
             raise common.ConfigArgError(
-                "muon_lr= required: Muon's best learning rate from the scan "
-                "(configs/sweeps/lr_scan_small.py; its results.md names it)")
+                "muon_lr= required, or rates_from=<the finished scan's results.json> (the "
+                "tree's: rates_from=sweeps/lr_scan/results.json): Muon's best learning rate "
+                "from the scan (configs/sweeps/lr_scan_small.py; its results.md names it)")
         lr = float(arg.muon_lr)
         blocks = (CORE, ROWS) + ((CONTROLS,) if arg.controls else ())
     grid = [(("route", routes), ("seed", sweeps_common.SEEDS)) for routes in blocks]

@@ -22,6 +22,15 @@ def run(args, **env):
 
 class PrepareGpuWindowTest(absltest.TestCase):
 
+    def test_the_carried_folders_are_in_gitignore(self):
+        # exclude() writes .git/info/exclude only where .git is a directory: in a worktree
+        # (.git a file) the pieces stayed untracked files, which travel with every call and
+        # pass its 64 MiB (and BUILD's `echo ... >> .git/info/exclude` fails there).
+        with open(os.path.join(ROOT, ".gitignore")) as f:
+            lines = f.read().splitlines()
+        for folder in ("/.corpus_pieces/", "/.gpu/", "/.gen/", "/.whl/"):
+            self.assertIn(folder, lines)
+
     def test_link_puts_one_piece_per_folder_and_the_digest_with_the_last(self):
         tmp = self.create_tempdir().full_path
         pack, gpu = os.path.join(tmp, "pack"), os.path.join(tmp, "gpu")

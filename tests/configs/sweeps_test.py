@@ -330,10 +330,12 @@ class SweepConfigsTest(parameterized.TestCase):
         self.assertEqual(config.scan.axis, "lr")
 
     @parameterized.named_parameters(
-        ("table2_lrs", table2_small, "corpus=/c", r"adamw_lr= and muon_lr= required"),
+        ("table2_lrs", table2_small, "corpus=/c",
+         r"adamw_lr= and muon_lr= required, or rates_from=<the finished scan's results.json> "
+         r"\(the tree's: rates_from=sweeps/lr_scan/results.json\)"),
         ("table2_corpus", table2_small, "adamw_lr=1e-3,muon_lr=1e-3", r"corpus=<dir> is required"),
         ("table2_seeds", table2_small, "tiny,seeds=3", r"seeds=3; choose 1 or 2"),
-        ("table7_lr", table7_small, "corpus=/c", r"muon_lr= required"),
+        ("table7_lr", table7_small, "corpus=/c", r"muon_lr= required, or rates_from=<the "),
         ("scan_corpus", lr_scan_small, None, r"corpus=<dir> is required"),
         ("scan_typo", lr_scan_small, "corpsu=/c", r"unknown config argument 'corpsu'"),
     )

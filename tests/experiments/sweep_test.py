@@ -301,6 +301,14 @@ class SweepBinaryTest(absltest.TestCase):
             self.assertEqual(sorted(tar.getnames()), [f"runs/{REF}/console.log",
                                                       f"runs/{REF}/metrics.jsonl"])
 
+    def test_help_lists_every_flag_of_the_binary(self):
+        # --accept_config_changes is defined in lattn_jax.sweep_driver (the binary is at its
+        # length limit); --help listed only the binary's own flags, so README's flag was
+        # missing from it (2026-12-06).
+        out = self.sweep("--help")
+        for flag in ("--[no]accept_config_changes", "--[no]report_only", "--reuse_from"):
+            self.assertIn(flag, out.stdout)
+
     def test_bad_flags_give_one_line(self):
         # A misspelled override field: every run would fail on it; refused before the root.
         out = self.sweep("--override=train.total_stepz=3")

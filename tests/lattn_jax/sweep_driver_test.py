@@ -381,6 +381,21 @@ class SweepDriverTest(absltest.TestCase):
         # Neither --dry_run nor --report_only is logged: sweep.jsonl lists the calls that ran
         # the sweep (the module docstring).
         self.assertFalse(os.path.exists(os.path.join(self.root, "sweep.jsonl")))
+        # A run of a wider grid (records rebuilt without the argument that made them, as
+        # Table 2's second seeds without seeds=2): said once, with the way out.
+        other = os.path.join(self.root, "runs", "train.keep_checkpoints=9")
+        os.makedirs(other)
+        with open(os.path.join(other, sweep.RUN_RECORD), "w") as f:
+            json.dump({"name": "train.keep_checkpoints=9",
+                       "values": [["train.keep_checkpoints", 9]]}, f)
+        self.lines.clear()
+        self.assertEqual(self._run(report_only=True), 0)
+        self.assertEqual(self.lines, [
+            f"wrote {self.root}/results.md",
+            "note: 1 run(s) under --root are not in this grid (results.md marks them \"(not in "
+            "this grid)\"; e.g. train.keep_checkpoints=9): if they belong to this sweep, give "
+            "the config argument they were run with (the config file's docstring lists the "
+            "arguments, e.g. seeds=)"])
 
     def test_a_second_ctrl_c_is_counted_and_said(self):
         # Both Ctrl-Cs set one stop flag: the second, which stops a trainer at once without

@@ -237,6 +237,25 @@ class CheckRootTest(absltest.TestCase):
         # No config name: the root's base name, as the report names it.
         self.assertEqual(sweep.sweep_name({}, os.path.join(root, "lr_scan")), "lr_scan")
 
+    def test_a_sweeps_runs_folder_is_refused_as_the_root_naming_its_parent(self):
+        # records.tar.gz extracts into runs/<name>/; --root=<that>/runs wrote a report of
+        # "not started" runs into the runs folder (2026-12-06, a newcomer's rebuild).
+        root = self.create_tempdir().full_path
+        run = os.path.join(root, sweep.RUNS_DIR, "arch=gdn,seed=42")
+        os.makedirs(run)
+        with open(os.path.join(run, sweep.RUN_RECORD), "w") as f:
+            json.dump({"name": "arch=gdn,seed=42"}, f)
+        runs = os.path.join(root, sweep.RUNS_DIR)
+        for report_only in (True, False):
+            with self.assertRaisesRegex(
+                    sweep.SweepConfigError,
+                    f"^--root={re.escape(runs)} is a sweep's runs/ folder, not its root "
+                    f"\\(arch=gdn,seed=42 in it has sweep_run.json\\): give its parent, "
+                    f"{re.escape(root)} \\(nothing was written\\)$"):
+                sweep.check_root(runs, {"name": "a"}, report_only=report_only)
+        self.assertEqual(os.listdir(runs), ["arch=gdn,seed=42"])
+        sweep.check_root(root, {"name": "a"}, report_only=True)  # the parent is the root
+
     def test_a_halo_workdir_is_refused_by_trains_check_with_and_without_report_only(self):
         # experiments/halo_pipeline.py's workdir (its config.json has a teacher section and no
         # model one): --report_only wrote results.{md,csv,json} into it, a sweep its runs.
@@ -301,6 +320,16 @@ class SelectTest(absltest.TestCase):
             names("arch=gdnn")
         with self.assertRaisesRegex(sweep.SweepConfigError, r"--only='\*mamba\*' matches no"):
             names("arch=gdn", "*mamba*")
+        # Values that each occur but never in one run (the grid is not a full product: here
+        # kda has only seed 42, as table2_small.py's groups have seed 43 only with seeds=2)
+        # are said to be that; a typo keeps the short message.
+        with self.assertRaisesRegex(sweep.SweepConfigError,
+                                    r"--only='arch=kda,seed=43' matches no run of the grid "
+                                    r"\(arch: gdn, kda, softmax; seed: 42, 43\); each of its "
+                                    r"conditions matches some run, but no run meets them all"):
+            names("arch=kda,seed=43")
+        with self.assertRaisesRegex(sweep.SweepConfigError, r"\(arch: gdn, kda, softmax\)$"):
+            names("arch=gdnn")
 
 
 class RunDirTest(absltest.TestCase):
