@@ -256,16 +256,17 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     ``chunk_wy_mosaic``."""
     store_v_new = residuals or want_v_new
     if forward in ("fused_t0", "fused_t0_split"):
+        # Under differentiation the T0 kernel also forms the backward's W (from its fp32 T0,
+        # MOSAIC_GPU.md Sec. 36; it was an fp32 XLA product, ~0.65 ms of glue at S1 on an H100).
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
+                                          return_w=residuals, g=g, gate_cumsum=gc, doc_vecs=docs,
                                           **kgd.T0_OPTIONS)  # empty unless a benchmark sets it
+        t0, w = t0 if residuals else (t0, None)
         o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=store_v_new, store_h=residuals,
             split_output=forward == "fused_t0_split", interpret=interpret,
             **(kgd.SPLIT_T0_OPTIONS if forward == "fused_t0_split" else {}))  # as T0_OPTIONS
-        # The backward reads W: formed from T0 in XLA (one [64, 64] x [64, K] product per
-        # chunk and head, fp32, rounded once), only when differentiated.
-        w = (kgd.w_from_t0(k, t0, g, beta, segment_ids=segment_ids) if residuals else None)
         return (o, final_state), (w, h, v_new, None, t0 if residuals else None)
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, gate_cumsum=gc,
                                doc_vecs=docs, interpret=interpret)
