@@ -1140,6 +1140,28 @@ class GpuTest(kmg_test.HopperTestCase):
         _check_t0(self, k, beta, seg, kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg))
 
     @parameterized.named_parameters(
+        # MOSAIC_GPU.md Sec. 36: the T0 kernel's W (return_w) on the GPU, S1's 8 chunks per CTA
+        ("cpc8_gva_packed_partial_T3000_K128", 2, 3000, 4, 2, 128, 128, 0.05, (700, 1, 64, 999),
+         jnp.bfloat16, 8),
+        ("fp16_deltanet_T1000_K64", 1, 1000, 2, 1, 64, 64, None, None, jnp.float16, None),
+    )
+    def test_w_matches_wy_factor(self, batch, seq_len, heads, kv_heads, dk, dv, decay, docs,
+                                 dtype, cpc):
+        _, k, v, g, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                           False, docs, dtype, seed=11)
+        t0, w = kgd.chunk_kkt_inverse_mosaic(k, beta, g=g, segment_ids=seg, return_w=True,
+                                             chunks_per_cta=cpc)
+        np.testing.assert_array_equal(
+            np.asarray(t0, np.float32),
+            np.asarray(kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
+                                                    chunks_per_cta=cpc), np.float32))
+        want, _ = wy_test._reference(k, v, g, beta, seg)
+        rounding = tolerances.rel_err(want.astype(dtype).astype(jnp.float32), want)
+        err = tolerances.rel_err(w, want)
+        print(f"W: relative RMS {err:.3e}, the WY factor's own rounding {rounding:.3e}")
+        self.assertLess(err, 1.05 * rounding)
+
+    @parameterized.named_parameters(
         *_GPU_T0_CASES,
         # 8 chunks per CTA (S1's), GVA, a partial last group and chunk, bf16 K 64
         ("cpc8_gva_packed_partial_T3000_K64", 2, 3000, 4, 1, 64, 64, 0.1, False,
