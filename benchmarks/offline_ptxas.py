@@ -753,11 +753,15 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     saved = dict(kgd.SPLIT_T0_OPTIONS)
     kgd.SPLIT_T0_OPTIONS.clear()
     kgd.SPLIT_T0_OPTIONS.update(split or {})
+    # the forward named, also on rows where the op would run a fused T0 forward as three_pass
+    # (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36)
+    fallback, mosaic_vjp.FUSED_T0_FALLBACK = mosaic_vjp.FUSED_T0_FALLBACK, False
     try:
         return export_modules(step, qk, qk, tok_v, gate, gate, tok_v, seg=seg)
     finally:
         kgd.SPLIT_T0_OPTIONS.clear()
         kgd.SPLIT_T0_OPTIONS.update(saved)
+        mosaic_vjp.FUSED_T0_FALLBACK = fallback
 
 
 _EXPORTS: Dict = {}
