@@ -42,11 +42,12 @@ run_t0glue() {
   python3 -c 'import sys,json
 for l in open(sys.argv[1], errors="replace"):
   if l.startswith("{") and "kernel_ms" in l:
-    r=json.loads(l); print(r["peer"],r["shape"],r["pass_"],round(r["kernel_ms"],3),
+    r=json.loads(l); print(r["peer"],r["shape"],r["pass_"],r.get("mosaic_forward_run"),
+      round(r["kernel_ms"],3),
       {k[:40]:round(v,3) for k,v in (r.get("kernels") or {}).items()})' $O/t0glue/gdn.log
   timeout $((148 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
     -k test_w_matches_wy_factor $T/kernel_mosaic_gdn_t0_test.py 2>&1 \
-    | grep -a -E '^W:|passed|failed|FAILED|Error' | cut -c1-250 | tail -6
+    | grep -a -E 'W: relative|passed|failed|FAILED|Error' | cut -c1-250 | tail -6
 }
 
 run_gva() {
