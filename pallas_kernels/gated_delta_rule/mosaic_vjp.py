@@ -273,8 +273,9 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     ``maps``: the three-pass state pass's sequence-piece maps (``None`` with one piece or a
     fused forward). The fused kernels give ``None`` for ``h`` and ``v_new`` without
     ``residuals`` (``v_new`` is kept with ``want_v_new``), ``"fused_t0"`` ``None`` for ``w``.
-    ``gc``, ``docs``: :func:`_shared`, passed to the three-pass kernels and
-    ``chunk_wy_mosaic``."""
+    ``gc``, ``docs``: :func:`_shared`, passed to the three-pass kernels,
+    ``chunk_wy_mosaic`` and the fused ``T0`` forwards' two kernels (not to ``"fused"`` /
+    ``"fused_split"``'s fused kernel)."""
     store_v_new = residuals or want_v_new
     if forward in ("fused_t0", "fused_t0_split"):
         # Under differentiation the T0 kernel also forms the backward's W (from its fp32 T0,
@@ -286,7 +287,8 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
         o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=store_v_new, store_h=residuals,
-            split_output=forward == "fused_t0_split", interpret=interpret,
+            split_output=forward == "fused_t0_split", interpret=interpret, gate_cumsum=gc,
+            doc_vecs=docs,
             **(kgd.SPLIT_T0_OPTIONS if forward == "fused_t0_split" else {}))  # as T0_OPTIONS
         return (o, final_state), (w, h, v_new, None, t0 if residuals else None)
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, gate_cumsum=gc,
