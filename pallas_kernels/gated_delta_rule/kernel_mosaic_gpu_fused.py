@@ -121,9 +121,10 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   :func:`_fused_kernel`. One extra dependent ``wgmma`` group per chunk, against the ``W S``
   of the ``W, U`` kernel that was free in the first group.
 * ``forward="fused_t0"`` in ``gated_delta_rule_fwd_mosaic`` and ``mosaic_vjp``; the backward
-  reads ``W``, which under differentiation is formed from ``T0`` in XLA
-  (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`,
-  ``W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j``, fp32 rounded once).
+  reads ``W``, which under differentiation the ``T0`` kernel forms from its fp32 ``T0``
+  (``chunk_kkt_inverse_mosaic(return_w=True)``, ``W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j``,
+  rounded once; MOSAIC_GPU.md Sec. 36; before, in XLA:
+  :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`).
 
 * ``forward="fused_t0_split"`` (:func:`chunk_delta_fused_t0_fwd_mosaic` with
   ``split_output=True``, :func:`_split_t0_kernel`): three warpgroups in jla's arrangement
