@@ -470,9 +470,16 @@ def correctness_gate(op, peer, fwd_only=False):
     want_o = ref_passes["fwd"](*f32, do, **gates)
     want_g = ref_passes["fwdbwd"](*f32, do.astype(jnp.float32), **gates)
     passes = _jax_passes(_jax_fn(op, peer, seg), names)
-    got_o = passes["fwd"](q, k, v, do, **gates)
+    # The gate shape's rows have few CTAs, where gated_delta_rule_mosaic would run a fused T0
+    # forward as three_pass (mosaic_vjp.resolve_forward): the gate checks the forward named.
+    from pallas_kernels.gated_delta_rule import mosaic_vjp
+    fallback, mosaic_vjp.FUSED_T0_FALLBACK = mosaic_vjp.FUSED_T0_FALLBACK, False
+    try:
+        got_o = passes["fwd"](q, k, v, do, **gates)
+        got_g = () if fwd_only else passes["fwdbwd"](q, k, v, do, **gates)
+    finally:
+        mosaic_vjp.FUSED_T0_FALLBACK = fallback
     errs = {"o": _rel(got_o.astype(jnp.float32), want_o)}
-    got_g = () if fwd_only else passes["fwdbwd"](q, k, v, do, **gates)
     for name, a, b in zip(("q", "k", "v") + names, got_g, want_g):
         errs["d" + name] = _rel(jnp.asarray(a, jnp.float32), b)
     limits = {"o": 5e-3, "dq": 8e-3, "dk": 8e-3, "dv": 8e-3}
@@ -834,6 +841,13 @@ def run_jax(records):
                             rec["mosaic_wy"] = _MOSAIC_WY.value
                         if peer == "mosaic":
                             rec["mosaic_forward"] = _MOSAIC_FORWARD.value
+                        if (peer == "mosaic" and op in ("gdn", "deltanet")
+                                and _MOSAIC_FORWARD.value and _MOSAIC_WY.value != "xla"):
+                            # what the op ran: a fused T0 forward on rows with few CTAs runs as
+                            # three_pass (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36)
+                            from pallas_kernels.gated_delta_rule import mosaic_vjp
+                            rec["mosaic_forward_run"] = mosaic_vjp.resolve_forward(
+                                _MOSAIC_FORWARD.value, batch, heads, _DIM.value, seq_len)
                         if state_pass is not None:
                             rec["channelwise_state_pass"] = state_pass
                         if grad_pass is not None:

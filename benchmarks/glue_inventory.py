@@ -17,6 +17,10 @@ has the table and how to read it.
 
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/glue_inventory.py            # S1
     JAX_PLATFORMS=cpu .venv/bin/python benchmarks/glue_inventory.py --packed   # documents
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/glue_inventory.py --forward=fused_t0
+
+``--forward`` and ``--backward`` pass the op's ``forward=`` and ``backward=`` (default: the op's
+defaults); MOSAIC_GPU.md Sec. 36 compares the ``three_pass`` and ``fused_t0`` steps.
 """
 
 import argparse
@@ -152,11 +156,15 @@ def main(argv=None):
     parser.add_argument("--kv_heads", type=int, default=None, help="Hk (GVA); default H")
     parser.add_argument("--dim", type=int, default=128, help="K = V")
     parser.add_argument("--packed", action="store_true", help="with segment_ids")
+    parser.add_argument("--forward", default="three_pass",
+                        help="the op's forward= (three_pass, fused_t0, ...)")
+    parser.add_argument("--backward", default=None, help="the op's backward= (default: its own)")
     parser.add_argument("--min_mb", type=float, default=1.0,
                         help="list ops touching a tensor of at least this many MB")
     args = parser.parse_args(argv)
     batch, seq_len, heads = (int(x) for x in args.shape.lower().split("x"))
-    text = lowered_module(batch, seq_len, heads, args.kv_heads or heads, args.dim, args.packed)
+    text = lowered_module(batch, seq_len, heads, args.kv_heads or heads, args.dim, args.packed,
+                          forward=args.forward, backward=args.backward)
     rows = inventory(text, int(args.min_mb * 1e6))
     groups = collections.OrderedDict()
     for r in rows:

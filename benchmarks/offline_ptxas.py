@@ -96,8 +96,9 @@ compiled again, its line says "same module as"). Simple GLA / Lightning / linear
 (``gated_delta_rule_mosaic``): ``gdn_wy`` (``chunk_wy_mosaic``), ``gdn_delta_h``
 (``chunk_delta_h_mosaic``), ``gdn_output`` (simple GLA's output kernel on ``v_new``),
 ``gdn_fused`` / ``gdn_fused_split`` (``chunk_delta_fused_fwd_mosaic``), ``gdn_t0``
-(``chunk_kkt_inverse_mosaic`` with its defaults), ``gdn_fused_t0`` / ``gdn_fused_t0_split``
-(``chunk_delta_fused_t0_fwd_mosaic``), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
+(``chunk_kkt_inverse_mosaic`` with its defaults; in the training step its ``return_w`` form,
+``_w``, MOSAIC_GPU.md Sec. 36; ``gdn_t0:infer`` the plain kernel), ``gdn_fused_t0`` /
+``gdn_fused_t0_split`` (``chunk_delta_fused_t0_fwd_mosaic``), ``gdn_bwd_dv_local``, ``gdn_bwd_dh``
 (``chunk_delta_dh_mosaic``), ``gdn_bwd_dh_fold`` / ``gdn_bwd_dh_fold_pieces`` (the same with
 ``dv_local="fold"``, three warpgroups: MOSAIC_GPU.md Sec. 32; the pieces' launch only at rows
 with few CTAs, e.g. ``--batch=1 --seq_len=32768``), ``gdn_bwd_grads``
@@ -614,7 +615,7 @@ ALL_KERNELS = (
     "k2gdn2:32", "k2gdn2:16",
     "gla_fwd", "gla_fused", "gla_bwd",
     "gdn_wy", "gdn_delta_h", "gdn_output", "gdn_fused", "gdn_fused:infer", "gdn_fused_split",
-    "gdn_t0", "gdn_fused_t0", "gdn_fused_t0:infer", "gdn_fused_t0_split",
+    "gdn_t0", "gdn_t0:infer", "gdn_fused_t0", "gdn_fused_t0:infer", "gdn_fused_t0_split",
     "gdn_fused_t0_split:prepare_first", "gdn_fused_t0_split:prepare_mid:s3",
     "gdn_fused_t0_split:state_ag", "gdn_fused_t0_split:state_ag:s3",
     "gdn_bwd_dv_local", "gdn_bwd_dh", "gdn_bwd_grads", "gdn_wy_bwd", "gdn_bwd_fused",
@@ -632,7 +633,8 @@ _S1, _GATE = (8, 4096, 16), (2, 2048, 4)
 H200_ENTRIES = {
     "state_fwd": ((_GATE, 168, 0, "12-04f"),),
     "state_bwd": ((_GATE, 168, 0, "12-04f"),),
-    "gdn_t0": ((_S1, 225, 0, "12-04d"), (_GATE, 154, 0, "12-04f")),
+    # the plain T0 kernel (the training step's is the return_w form since Sec. 36: "_w")
+    "gdn_t0:infer": ((_S1, 225, 0, "12-04d"), (_GATE, 154, 0, "12-04f")),
     "gdn_fused_t0:infer": ((_S1, 232, 184, "12-04e"),),
     "gdn_fused_t0_split": ((_GATE, 168, 0, "12-04f"),),
     "gdn_fused_t0_split:prepare_mid:s3": ((_GATE, 168, 0, "12-04f"),),
@@ -751,11 +753,15 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     saved = dict(kgd.SPLIT_T0_OPTIONS)
     kgd.SPLIT_T0_OPTIONS.clear()
     kgd.SPLIT_T0_OPTIONS.update(split or {})
+    # the forward named, also on rows where the op would run a fused T0 forward as three_pass
+    # (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36)
+    fallback, mosaic_vjp.FUSED_T0_FALLBACK = mosaic_vjp.FUSED_T0_FALLBACK, False
     try:
         return export_modules(step, qk, qk, tok_v, gate, gate, tok_v, seg=seg)
     finally:
         kgd.SPLIT_T0_OPTIONS.clear()
         kgd.SPLIT_T0_OPTIONS.update(saved)
+        mosaic_vjp.FUSED_T0_FALLBACK = fallback
 
 
 _EXPORTS: Dict = {}

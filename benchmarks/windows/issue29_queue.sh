@@ -5,6 +5,9 @@
 #   bash benchmarks/windows/issue29_queue.sh <budget_s> [item ...]
 # Items, in order (estimate in seconds; each runs once per machine and only if its estimate
 # fits the time left, else the next one that fits):
+#   t0glue 150  Sec. 36: --mosaic_forward=fused_t0 with the T0 kernel forming W (no XLA glue)
+#               and the S2 fallback to three_pass, jla beside it, then the W gpu tests
+#               (decision rule in Sec. 36)
 #   gva 270     Sec. 33: fused_ws's GVA loop at K = 64, its bench and its four gpu tests
 #   t0 250      Sec. 32.2: --mosaic_forward=fused_t0 with the default backward, jla beside it
 #   vk 150      Sec. 35.4: the split forward, state_ag + 3 stages, state layout vk and kv,
@@ -24,7 +27,7 @@
 # benchmarks/results/mosaic-gpu-h100-2026-12-06b.md); name items to run others.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log.
 B=${1:?budget_s}; shift
-ITEMS=${*:-split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
+ITEMS=${*:-t0glue split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -34,10 +37,27 @@ fi
 STAMP=$(date -u +%Y%m%dT%H%M%S)
 O=/tmp/i29out/$STAMP; mkdir -p $O /tmp/i29done
 LOG=$O/i29.log
-est() { case $1 in gva) echo 270;; t0) echo 250;; vk) echo 150;; split1|split2) echo 145;;
-  autooff) echo 560;; cw_state|cw_tests) echo 320;; cw_grad) echo 220;; cw_gdn2) echo 310;;
-  cw_slab) echo 170;; *) echo 100000;; esac; }
+est() { case $1 in t0glue) echo 150;; gva) echo 270;; t0) echo 250;; vk) echo 150;;
+  split1|split2) echo 145;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
+  cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;; *) echo 100000;; esac; }
 T=tests/pallas_kernels
+
+run_t0glue() {
+  mkdir -p $O/t0glue; local s=$SECONDS
+  timeout 125 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic,jla \
+    --passes=fwdbwd,fwd --shapes=S1,S2 --mosaic_forward=fused_t0 --iters=20 --warmup=3 \
+    --out=$O/t0glue/gdn > $O/t0glue/gdn.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/t0glue/gdn.log | cut -c1-200
+  python3 -c 'import sys,json
+for l in open(sys.argv[1], errors="replace"):
+  if l.startswith("{") and "kernel_ms" in l:
+    r=json.loads(l); print(r["peer"],r["shape"],r["pass_"],r.get("mosaic_forward_run"),
+      round(r["kernel_ms"],3),
+      {k[:40]:round(v,3) for k,v in (r.get("kernels") or {}).items()})' $O/t0glue/gdn.log
+  timeout $((148 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
+    -k test_w_matches_wy_factor $T/kernel_mosaic_gdn_t0_test.py 2>&1 \
+    | grep -a -E 'W: relative|passed|failed|FAILED|Error' | cut -c1-250 | tail -6
+}
 
 run_gva() {
   mkdir -p $O/gvaws; local s=$SECONDS

@@ -82,7 +82,7 @@ vector loads) and lowering for CUDA; see that module's docstring.
 """
 
 import functools
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import jax
 import jax.numpy as jnp
@@ -1106,10 +1106,25 @@ def kkt_chunks_per_cta(batch: int, heads: int, num_chunks: int) -> int:
     return 1
 
 
+def _kkt_inverse_w_kernel(k_ref, beta_ref, doc_ref, g_ref, conn_ref, t0_ref, w_ref, k_s,
+                          b_row_s, doc_row_s, doc_col_s, l_s, al_s, x_s, xl_s, t0_s, in_bar,
+                          g_row_s, b_col_s, conn_col_s, *shim, interpret: bool, **kw):
+    """:func:`_kkt_inverse_kernel` with ``W`` (``return_w=True`` of
+    :func:`chunk_kkt_inverse_mosaic`): the extra inputs (``G`` ``[B, H, Tp]``, ``conn``
+    ``[B, Tp]``), output and vectors (2-slot rings of ``G`` as rows, ``beta`` and ``conn`` as
+    columns) passed on as ``w_refs``; ``shim`` ends, in interpret mode, with the two ``[64, 64]``
+    tiles of the ``W`` product's left operands (``T0_hi``, ``T0_lo``)."""
+    shim, w_shim = (shim[:-2], shim[-2:]) if interpret else (shim, (None, None))
+    _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_s, doc_col_s,
+                        l_s, al_s, x_s, xl_s, t0_s, in_bar, *shim, interpret=interpret,
+                        w_refs=(g_ref, conn_ref, w_ref, g_row_s, b_col_s, conn_col_s) + w_shim,
+                        **kw)
+
+
 def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_s, doc_col_s,
                         l_s, al_s, x_s, xl_s, t0_s, in_bar, *shim, group: int, num_chunks: int,
                         chunks_per_cta: int, interpret: bool, inverse: str = "doubling",
-                        stages: str = "full", refine: str = "newton"):
+                        stages: str = "full", refine: str = "newton", w_refs=None):
     """Kernel body of :func:`chunk_kkt_inverse_mosaic`: ``chunks_per_cta`` consecutive chunks
     of one ``(b, h)`` per CTA, one warpgroup.
 
@@ -1133,6 +1148,13 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
     outputs ``xl_s`` holds ``X_lo``).
     ``stages`` (:data:`KKT_STAGES`): where a timing ablation cuts the chunk's work short
     (``"no_store"``: which chunks' staging tiles go out; ``"nobar"`` is ``"full"``'s body).
+    ``w_refs`` (``return_w``, :func:`_kkt_inverse_w_kernel`; ``stages="full"`` only): after
+    ``T0`` is stored, ``W = diag(e^G) (T0 diag(beta conn)) K`` from the fp32 ``T0`` (read
+    back from SMEM as its rounding plus an fp16 remainder), scaled and split into 16-bit
+    ``hi + lo`` register operands (two ``[64, 64] x [64, K]`` ``wgmma`` into one accumulator,
+    ``K`` the loaded slot), staged over the key slot (its product has read it) and stored by
+    TMA. Three more copies per chunk (``G`` rows, ``beta`` and ``conn``
+    columns); before a slot is refilled, the ``W`` store from it must have read it.
     """
     grp, h, b = lax.axis_index("n"), lax.axis_index("h"), lax.axis_index("b")
     hk = lax.div(h, group)  # GVA: value head h reads key head h // group
@@ -1140,6 +1162,8 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
     kt_s, y_s = shim[:2] if interpret else (None, None)
     solve_s = shim[0] if inverse == "substitution" and not interpret else None
     sq = (CHUNK, CHUNK)
+    if w_refs is not None:
+        g_ref, conn_ref, w_ref, g_row_s, b_col_s, conn_col_s, wh_s, wl_s = w_refs
 
     def issue(n, slot):
         rows = pl.ds(n * CHUNK, CHUNK)
@@ -1149,8 +1173,45 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
         # Row and column views of one vector need different register layouts: separate copies.
         plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_row_s.at[slot], bar)
         plgpu.copy_gmem_to_smem(doc_ref.at[b, rows], doc_col_s.at[slot], bar)
+        if w_refs is not None:
+            plgpu.copy_gmem_to_smem(g_ref.at[b, h, rows], g_row_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(beta_ref.at[b, h, rows], b_col_s.at[slot], bar)
+            plgpu.copy_gmem_to_smem(conn_ref.at[b, rows], conn_col_s.at[slot], bar)
 
     issue(first, 0)  # the group's first chunk exists (grid = ceil(num_chunks / cpc))
+
+    def store_w(xs, n, slot):
+        """``W`` of chunk ``n`` from ``T0``'s fp32 column blocks ``xs``, out through the
+        key slot (see ``w_refs`` above). ``T0 = hi + lo``: ``hi`` is the rounded ``T0`` just
+        staged in ``t0_s``, ``lo`` goes to ``x_s`` (free once the merges are done; the next
+        chunk's merges overwrite it after this load), both read back as one ``[64, 64]`` tile
+        (the ``wgmma`` of ``[64, 16]`` column blocks would need ``K`` in steps of 16, which the
+        key tile's 128-byte swizzle does not allow)."""
+        k_c = k_s.at[slot]
+        for c in range(4):
+            x_s.at[:, _blk(c)][...] = (
+                xs[c] - xs[c].astype(t0_s.dtype).astype(jnp.float32)).astype(x_s.dtype)
+        plgpu.commit_smem()
+        t0 = (mgl.load_tile(t0_s.at[slot], interpret).astype(jnp.float32)
+              + mgl.load_tile(x_s, interpret).astype(jnp.float32))
+        b_j = mgl.load_cols(b_col_s.at[slot], interpret)
+        t = t0 * lax.broadcast_in_dim(b_j * mgl.load_cols(conn_col_s.at[slot], interpret),
+                                      sq, [1])
+        hi = t.astype(k_c.dtype)
+        lo = (t - hi.astype(jnp.float32)).astype(k_c.dtype)
+        hi, lo = mgl.lhs_operand(hi, wh_s, interpret), mgl.lhs_operand(lo, wl_s, interpret)
+
+        def product(acc):  # (T0 diag(beta conn)) K, hi + lo
+            plgpu.wgmma(acc, hi, k_c)
+            plgpu.wgmma(acc, lo, k_c)
+            return acc[...]
+
+        # The barrier keeps the arithmetic after the accumulator read (jla's pitfall).
+        w = lax.optimization_barrier(pl.run_scoped(product, plgpu.ACC(k_c.shape)))
+        g_i = mgl.load_rows(g_row_s.at[slot], interpret)
+        k_c[...] = (w * mgl.by_row(jnp.exp(g_i), w.shape)).astype(k_c.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(k_c, w_ref.at[b, pl.ds(n * CHUNK, CHUNK), h])
 
     def step(c, carry):
         n = first + c
@@ -1158,6 +1219,8 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
 
         @pl.when((c + 1 < chunks_per_cta) & (n + 1 < num_chunks))
         def _prefetch():
+            if w_refs is not None:  # the W store of chunk n - 1 from that slot has read it
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             issue(n + 1, 1 - slot)
 
         if stages == "no_store":  # the TMA store only for the CTA's last chunk
@@ -1220,6 +1283,8 @@ def _kkt_inverse_kernel(k_ref, beta_ref, doc_ref, t0_ref, k_s, b_row_s, doc_row_
                 xs = kkt_block_refine(xs, a0, l_s, al_s, x_s, xl_s, interpret,
                                       split_x=t0_s.dtype == jnp.float16)
             store_t0(xs)
+            if w_refs is not None:
+                store_w(xs, n, slot)
 
         return carry
 
@@ -1248,7 +1313,7 @@ def _check_kkt_inputs(k, beta, segment_ids) -> None:
 
 
 @functools.partial(jax.jit, static_argnames=("chunks_per_cta", "inverse", "stages", "refine",
-                                             "interpret"))
+                                             "return_w", "interpret"))
 def chunk_kkt_inverse_mosaic(
     k: jax.Array,
     beta: jax.Array,
@@ -1258,8 +1323,12 @@ def chunk_kkt_inverse_mosaic(
     inverse: str = KKT_DEFAULT_INVERSE,
     stages: str = "full",
     refine: Optional[str] = None,
+    return_w: bool = False,
+    g: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
     interpret: bool = False,
-) -> jax.Array:
+) -> Union[jax.Array, Tuple[jax.Array, jax.Array]]:
     """The gate-free WY inverse ``T0`` of every chunk of 64 tokens, by a Mosaic GPU kernel.
 
     The first half of jla's split of the WY preparation (``kkt_fwd``; read from the jla 0.1.0
@@ -1350,18 +1419,41 @@ def chunk_kkt_inverse_mosaic(
             ``"full"`` compiled without Pallas's automatic warpgroup barriers around
             register -> SMEM stores (``CompilerParams(unsafe_no_auto_barriers=True)``), which
             should still return ``T0`` (check it). ``"full"`` returns ``T0``.
+        return_w: also form the WY factor ``W`` of the backward (static; ``stages="full"``
+            only; MOSAIC_GPU.md Sec. 36), in the kernel, from the fp32 ``T0`` before its
+            rounding::
+
+                W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j,   i.e. W = T diag(beta conn e^G) K
+
+            (``conn``: 1 on the tokens of the document open before the chunk), the ``W`` of
+            :func:`chunk_wy_mosaic` and of :func:`w_from_t0` (which rounds ``T0`` first). The
+            fp32 ``T0`` (its rounding, staged for the output, plus the remainder in fp16) is
+            scaled by ``beta conn`` per column and split into 16-bit ``hi + lo`` register
+            operands; ``W = diag(e^G) (hi + lo) K`` (two ``[64, 64] x [64, K]`` ``wgmma``, fp32
+            accumulation) is rounded once to k's dtype and leaves by TMA through the key slot
+            of the ring. Three more TMA copies per chunk (``G`` as rows,
+            ``beta`` and ``conn`` as columns, 768 bytes); no more SMEM on the GPU (1.5 KB of
+            vectors). Kernel name suffix ``_w``.
+        g: log-decay ``[B, T, H]`` or ``None`` (DeltaNet, ``G = 0``); read only with
+            ``return_w``.
+        gate_cumsum, doc_vecs: ``g``'s chunk-local cumsum and the document vectors, formed
+            once by a caller that runs several kernels (``mosaic_vjp``), as
+            :func:`chunk_wy_mosaic` takes them; ``None``: formed here (``gate_cumsum`` is
+            read only with ``return_w``).
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
 
     Returns:
         ``t0`` ``[B, T, H, 64]`` in k's dtype: row ``t`` holds ``T0[t, :]`` of token ``t``'s
-        chunk (column ``j`` is the chunk's token ``j``).
+        chunk (column ``j`` is the chunk's token ``j``); with ``return_w``, ``(t0, w)``, ``w``
+        ``[B, T, H, K]`` in k's dtype, per value head.
 
     Raises:
         ValueError: on a ``beta`` that is not ``[B, T, H]`` with ``H % Hk == 0``, an
             unsupported head dim or dtype, a ``segment_ids`` that is not ``[B, T]``, a
             ``chunks_per_cta`` below 1, an ``inverse`` not in :data:`KKT_INVERSES`, a
             ``stages`` not in :data:`KKT_STAGES`, a ``refine`` not in :data:`KKT_REFINES`,
-            or ``refine="split_merge"`` with ``inverse="doubling"``.
+            ``refine="split_merge"`` with ``inverse="doubling"``, or ``return_w`` with a
+            ``stages`` other than ``"full"`` or a ``g`` that is not ``[B, T, H]``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     _check_kkt_inputs(k, beta, segment_ids)
@@ -1377,6 +1469,11 @@ def chunk_kkt_inverse_mosaic(
         raise ValueError(f"refine='split_merge' needs inverse='substitution' (the doubling's "
                          f"diagonal levels would need their own splits), got {inverse=}")
     heads = beta.shape[2]
+    if return_w and stages != "full":
+        raise ValueError(f"return_w needs stages='full' (an ablation returns no T0), got "
+                         f"{stages=}")
+    if return_w and g is not None and g.shape != beta.shape:
+        raise ValueError(f"g must be [B, T, H] = {beta.shape}, got {g.shape=}")
     num_chunks = -(-seq_len // CHUNK)
     if chunks_per_cta is None:
         chunks_per_cta = kkt_chunks_per_cta(batch, heads, num_chunks)
@@ -1389,15 +1486,18 @@ def chunk_kkt_inverse_mosaic(
     # there; the rows are cut off below).
     k = mgl.pad_time(k, num_chunks)
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)  # [B, H, Tp]
-    doc, _, _ = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp]
+    doc, conn, _ = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp]
     vec = plgpu.SMEM((2, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
+    t0_type = jax.ShapeDtypeStruct((batch, padded, heads, CHUNK), k.dtype)
     call = plgpu.kernel(
-        functools.partial(_kkt_inverse_kernel, group=heads // kv_heads, num_chunks=num_chunks,
+        functools.partial(_kkt_inverse_w_kernel if return_w else _kkt_inverse_kernel,
+                          group=heads // kv_heads, num_chunks=num_chunks,
                           chunks_per_cta=chunks_per_cta, interpret=interpret,
                           inverse=inverse, stages=stages,
                           refine=refine),
-        out_type=jax.ShapeDtypeStruct((batch, padded, heads, CHUNK), k.dtype),
+        out_type=((t0_type, jax.ShapeDtypeStruct((batch, padded, heads, dk), k.dtype))
+                  if return_w else t0_type),
         scratch_types=[
             swz((2, CHUNK, dk), k.dtype),  # k_s: the 2-slot ring of keys
             vec, vec, vec,  # beta (rows), doc (rows, columns), 2 slots each
@@ -1406,12 +1506,16 @@ def chunk_kkt_inverse_mosaic(
             _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE),  # x_s: X (X_hi)
             _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE),  # xl_s: X_lo, then R
             _kkt_smem((2, CHUNK, CHUNK), k.dtype),  # t0_s: 2-slot staging of T0
-            plgpu.Barrier(num_arrivals=4, num_barriers=2),  # in_bar: a slot's 4 copies landed
-        ] + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
-              _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE)] if interpret else [])  # y_s: Y
+            # in_bar: a slot's 4 copies landed (7 with return_w)
+            plgpu.Barrier(num_arrivals=7 if return_w else 4, num_barriers=2),
+        ] + ([vec, vec, vec] if return_w else [])  # G (rows), beta, conn (columns): return_w
+        + ([plgpu.SMEM((dk, CHUNK), k.dtype),  # kt_s: k^T, interpret only
+            _kkt_smem((CHUNK, CHUNK), MERGE_DTYPE)] if interpret else [])  # y_s: Y
         # solve_s: kkt_diag_solve's fp32 buffer, padded rows (GPU only)
         + ([plgpu.SMEM((CHUNK, CHUNK + KKT_SOLVE_PAD), jnp.float32)]
-           if inverse == "substitution" and not interpret else []),
+           if inverse == "substitution" and not interpret else [])
+        # W's left operands hi, lo (interpret only; registers on the GPU)
+        + ([swz((CHUNK, CHUNK), k.dtype)] * 2 if return_w and interpret else []),
         grid=(num_groups, heads, batch),  # groups first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
         compiler_params=plgpu.CompilerParams(
@@ -1419,11 +1523,17 @@ def chunk_kkt_inverse_mosaic(
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_kkt_inverse" + ("_subst" if inverse == "substitution" else "")
                      + ("_split" if refine == "split_merge" else "")
+                     + ("_w" if return_w else "")
                      + ("" if stages == "full" else f"_abl_{stages}")),
     )
+    if not return_w:
+        with jax.named_scope("gdn_chunk_kkt_inverse_mosaic"):
+            t0 = call(k, beta_hm, doc)
+        return t0[:, :seq_len]
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     with jax.named_scope("gdn_chunk_kkt_inverse_mosaic"):
-        t0 = call(k, beta_hm, doc)
-    return t0[:, :seq_len]
+        t0, w = call(k, beta_hm, doc, gc, conn)
+    return t0[:, :seq_len], w[:, :seq_len]
 
 
 def _chunked_heads(x, num_chunks):

@@ -121,9 +121,10 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   :func:`_fused_kernel`. One extra dependent ``wgmma`` group per chunk, against the ``W S``
   of the ``W, U`` kernel that was free in the first group.
 * ``forward="fused_t0"`` in ``gated_delta_rule_fwd_mosaic`` and ``mosaic_vjp``; the backward
-  reads ``W``, which under differentiation is formed from ``T0`` in XLA
-  (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`,
-  ``W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j``, fp32 rounded once).
+  reads ``W``, which under differentiation the ``T0`` kernel forms from its fp32 ``T0``
+  (``chunk_kkt_inverse_mosaic(return_w=True)``, ``W_i = e^{G_i} sum_j T0_ij beta_j conn_j k_j``,
+  rounded once; MOSAIC_GPU.md Sec. 36; before, in XLA:
+  :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`).
 
 * ``forward="fused_t0_split"`` (:func:`chunk_delta_fused_t0_fwd_mosaic` with
   ``split_output=True``, :func:`_split_t0_kernel`): three warpgroups in jla's arrangement
@@ -1408,6 +1409,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
     split_order: str = SPLIT_DEFAULT_ORDER,
     split_stages: int = STAGES,
     state_layout: str = "kv",
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
     gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
@@ -1471,6 +1474,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
         split_output: three warpgroups (static; ``forward="fused_t0_split"``, above) instead
             of two. Same equations; ``Ag``'s strictly lower part rounded once to 16 bits
             instead of ``hi + lo``, its diagonal ``beta`` applied in fp32.
+        gate_cumsum, doc_vecs: ``g``'s chunk-local cumsum (fp32 ``[B, H, Tp]``) and the
+            document vectors (three fp32 ``[B, Tp]``), formed once by a caller that runs
+            several kernels (``mosaic_vjp``, MOSAIC_GPU.md Sec. 27 and 36), as
+            :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic` takes
+            them; ``None``: formed here.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
         stages: a timing ablation (static, one of :data:`FUSED_T0_STAGES`; benchmarks only,
             two warpgroups, no ``store_v_new`` / ``store_h``): ``"full"`` (default) is the
@@ -1561,9 +1569,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
     # Padding tokens have q = k = v = 0, T0 rows = 0, beta = 0 and g = 0: Ag is zero on their
     # rows and columns, so v_new = 0 and o = 0 there and the state is unchanged.
     q, k, v, t0 = (mgl.pad_time(x, num_chunks) for x in (q, k, v, t0))
-    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks)  # [B, H, Tp]
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
     beta_hm = jnp.moveaxis(mgl.pad_time(beta.astype(jnp.float32), num_chunks), 1, 2)  # [B, H, Tp]
-    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks)  # [B, Tp] each
+    doc, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
     has_h0 = initial_state is not None
     kernel = functools.partial(_split_t0_kernel if split_output else _fused_t0_kernel,
                                num_chunks=num_chunks,

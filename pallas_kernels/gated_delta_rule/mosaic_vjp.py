@@ -8,8 +8,8 @@
 which stores ``h`` and ``v_new`` only when differentiated (``v_new`` also for
 ``return_residual``); with ``forward="fused_t0"`` or
 ``"fused_t0_split"``, ``chunk_kkt_inverse_mosaic`` and ``chunk_delta_fused_t0_fwd_mosaic``
-(``split_output`` for the latter), ``W`` formed from
-``T0`` in XLA only when differentiated) in a ``jax.custom_vjp``
+(``split_output`` for the latter), ``W`` formed by the ``T0`` kernel only when
+differentiated) in a ``jax.custom_vjp``
 whose backward chains the four backward stages (paper arXiv 2412.06464, Sec. 3.3; paper arXiv
 2607.07953, Sec. 3.2, Eqs. 15-17; FLA's ``chunk_gated_delta_rule_bwd``,
 ``fla/ops/gated_delta_rule/chunk.py``):
@@ -106,6 +106,26 @@ DEFAULT_BACKWARD = "fused_ws"
 DV_LOCALS = ("separate", "fold")
 DEFAULT_DV_LOCAL = "fold"
 
+# The fused T0 forwards (forward="fused_t0" / "fused_t0_split") run one CTA per (b, h, 64 value
+# columns) over the whole row, with no sequence pieces: at B 1, T 32768, H 16, V 128 that is 32
+# CTAs on 132 SMs, and the kernel took 1.70 ms on an H100 (2026-12-06, MOSAIC_GPU.md Sec. 36)
+# where the three-pass state pass runs its rows as 4 pieces. With this on (the default), such
+# rows (those the three-pass state pass would split, mosaic_gpu_lib.num_pieces > 1) run the
+# three-pass forward instead: resolve_forward, the one place that decides.
+FUSED_T0_FALLBACK = True
+
+
+def resolve_forward(forward: str, batch: int, heads: int, dv: int, seq_len: int) -> str:
+    """The forward that :func:`gated_delta_rule_mosaic` runs for ``forward`` at this shape:
+    ``"three_pass"`` for a fused ``T0`` forward whose rows have too few CTAs (the three-pass
+    state pass would run them as sequence pieces; :data:`FUSED_T0_FALLBACK`), else
+    ``forward``."""
+    if not FUSED_T0_FALLBACK or forward not in ("fused_t0", "fused_t0_split"):
+        return forward
+    num_chunks = -(-seq_len // mgl.CHUNK)
+    pieces = mgl.num_pieces(None, batch * heads * (dv // mgl.BLOCK_V), num_chunks)
+    return "three_pass" if pieces > 1 else forward
+
 
 def gated_delta_rule_mosaic(
     q: jax.Array,
@@ -170,13 +190,13 @@ def gated_delta_rule_mosaic(
             (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`)
             or ``"fused_t0"`` / ``"fused_t0_split"`` (``chunk_kkt_inverse_mosaic`` and
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`,
-            two or three warpgroups).
+            two or three warpgroups; rows with too few CTAs for them run ``"three_pass"``
+            instead, :func:`resolve_forward`).
             Under differentiation the fused kernels also store ``h`` and ``v_new`` (the
             residuals); without it (the primal alone) they store neither. ``"fused_t0"`` and
-            ``"fused_t0_split"`` have no ``W``: under differentiation it is formed from ``T0``
-            in XLA
-            (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.w_from_t0`, fp32 rounded
-            once; ``T0``'s rounding to the input dtype enters it). The backward is the same
+            ``"fused_t0_split"`` have no ``W``: under differentiation the ``T0`` kernel forms
+            it from its fp32 ``T0`` (``chunk_kkt_inverse_mosaic(return_w=True)``, rounded once;
+            MOSAIC_GPU.md Sec. 36; it was an XLA product before). The backward is the same
             for every forward.
         interpret: Mosaic GPU interpret mode (CPU, tests).
         return_residual: also return the per-token residuals
@@ -226,6 +246,7 @@ def gated_delta_rule_mosaic(
     if dv_local not in DV_LOCALS:
         raise ValueError(f"dv_local must be one of {DV_LOCALS}, got {dv_local!r}")
     mgl.check_kv_gates(k, v, g, segment_ids)
+    forward = resolve_forward(forward, batch, heads, v.shape[3], seq_len)  # S2: Sec. 36
     out = _gdn_mosaic(q, k, v, g, beta, initial_state, segment_ids, float(scale),
                       bool(output_final_state), forward, interpret, bool(return_residual),
                       backward, dv_local)
@@ -252,20 +273,23 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     ``maps``: the three-pass state pass's sequence-piece maps (``None`` with one piece or a
     fused forward). The fused kernels give ``None`` for ``h`` and ``v_new`` without
     ``residuals`` (``v_new`` is kept with ``want_v_new``), ``"fused_t0"`` ``None`` for ``w``.
-    ``gc``, ``docs``: :func:`_shared`, passed to the three-pass kernels and
-    ``chunk_wy_mosaic``."""
+    ``gc``, ``docs``: :func:`_shared`, passed to the three-pass kernels,
+    ``chunk_wy_mosaic`` and the fused ``T0`` forwards' two kernels (not to ``"fused"`` /
+    ``"fused_split"``'s fused kernel)."""
     store_v_new = residuals or want_v_new
     if forward in ("fused_t0", "fused_t0_split"):
+        # Under differentiation the T0 kernel also forms the backward's W (from its fp32 T0,
+        # MOSAIC_GPU.md Sec. 36; it was an fp32 XLA product, ~0.65 ms of glue at S1 on an H100).
         t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids, interpret=interpret,
+                                          return_w=residuals, g=g, gate_cumsum=gc, doc_vecs=docs,
                                           **kgd.T0_OPTIONS)  # empty unless a benchmark sets it
+        t0, w = t0 if residuals else (t0, None)
         o, final_state, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=scale, initial_state=initial_state,
             segment_ids=segment_ids, store_v_new=store_v_new, store_h=residuals,
-            split_output=forward == "fused_t0_split", interpret=interpret,
+            split_output=forward == "fused_t0_split", interpret=interpret, gate_cumsum=gc,
+            doc_vecs=docs,
             **(kgd.SPLIT_T0_OPTIONS if forward == "fused_t0_split" else {}))  # as T0_OPTIONS
-        # The backward reads W: formed from T0 in XLA (one [64, 64] x [64, K] product per
-        # chunk and head, fp32, rounded once), only when differentiated.
-        w = (kgd.w_from_t0(k, t0, g, beta, segment_ids=segment_ids) if residuals else None)
         return (o, final_state), (w, h, v_new, None, t0 if residuals else None)
     w, u = kgd.chunk_wy_mosaic(k, v, g, beta, segment_ids=segment_ids, gate_cumsum=gc,
                                doc_vecs=docs, interpret=interpret)

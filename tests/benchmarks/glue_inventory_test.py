@@ -79,6 +79,33 @@ class GlueInventoryTest(parameterized.TestCase):
                               and r["where"].startswith("chunk_bwd_fused_mosaic")], [],
                              (heads, kv_heads, packed))
 
+    @parameterized.named_parameters(("plain", False), ("packed", True))
+    def test_fused_t0_step_has_no_xla_product(self, packed):
+        # forward="fused_t0" (MOSAIC_GPU.md Sec. 36): the backward's W comes from the T0
+        # kernel (return_w), so the step is four kernels and no XLA op touches a full-size
+        # tensor; before, w_from_t0's fp32 dot_general (a cuBLAS GEMM on the GPU), its operand
+        # conversions and transposes and the rounding of W were XLA's.
+        text = gi.lowered_module(kv_heads=2, packed=packed, forward="fused_t0", **_SHAPE)
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 4)
+        self.assertEqual([r for r in gi.inventory(text, _FULL_BF16) if not r["noop"]], [])
+        small = [r for r in gi.inventory(text, 1) if not r["noop"]]
+        self.assertEqual([r for r in small if r["op"] == "dot_general"], [])
+        # one shared gate cumsum and, with documents, one scan of segment_ids: the T0 kernel
+        # and the fused T0 forward take the op's (they formed their own before Sec. 36)
+        scans = [r for r in small if r["op"] in ("reduce_window", "chlo.scan")]
+        self.assertLen(scans, 1 + packed, scans)
+
+    def test_forward_flag_reaches_the_op(self):
+        # main() passes --forward / --backward through (the printed table names the T0 kernel's
+        # wrapper only for the fused_t0 forward's step)
+        import contextlib
+        import io
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            gi.main(["--shape=1x256x2", "--dim=64", "--min_mb=0", "--forward=fused_t0"])
+        self.assertIn("chunk_delta_fused_t0_fwd_mosaic", out.getvalue())
+        self.assertNotIn("dot_general", out.getvalue())
+
 
 if __name__ == "__main__":
     absltest.main()

@@ -130,9 +130,11 @@ class OfflinePtxasTest(absltest.TestCase):
         ptx = ("\tsetmaxnreg.dec.sync.aligned.u32 40;\n\tsetmaxnreg.inc.sync.aligned.u32 232;\n"
                "\tsetmaxnreg.inc.sync.aligned.u32 232;\n")
         self.assertEqual(offline_ptxas.setmaxnreg(ptx), ["dec 40", "inc 232"])
-        self.assertEqual(offline_ptxas.h200_note("gdn_t0", 8, 4096, 16, 128, 128),
+        self.assertEqual(offline_ptxas.h200_note("gdn_t0:infer", 8, 4096, 16, 128, 128),
                          "H200 12-04d: 225 regs, 0 B spill st")
-        self.assertEqual(offline_ptxas.h200_note("gdn_t0", 8, 4096, 16, 64, 64), "")
+        self.assertEqual(offline_ptxas.h200_note("gdn_t0:infer", 8, 4096, 16, 64, 64), "")
+        # the training step's T0 kernel forms W too (MOSAIC_GPU.md Sec. 36): no H200 figure
+        self.assertEqual(offline_ptxas.h200_note("gdn_t0", 8, 4096, 16, 128, 128), "")
 
     @_READS_MODULES
     def test_op_export_and_entries(self):

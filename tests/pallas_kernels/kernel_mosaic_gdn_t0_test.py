@@ -36,8 +36,14 @@ dispatched, not run on a GPU yet).
   (MOSAIC_GPU.md Sec. 35): bit-equal to the default interpreted, ``vk`` against the
   reference and through the op's VJP; CI exports ``vk`` (``state_ag``, three stages, GVA).
 * ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the op with ``forward="fused_t0"`` (``W``
-  formed from ``T0`` in XLA for the unchanged backward) against ``jax.vjp`` of the fp32 chunk
-  form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
+  formed by the ``T0`` kernel for the unchanged backward; in XLA before Sec. 36) against
+  ``jax.vjp`` of the fp32 chunk form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
+  ``LoweringTest.test_rows_with_few_ctas_run_three_pass``: ``mosaic_vjp.resolve_forward``.
+* ``KktInverseWInterpretTest`` (``slow``): ``return_w=True`` of the ``T0`` kernel (the
+  backward's ``W`` formed in the kernel, MOSAIC_GPU.md Sec. 36): the same ``T0`` bit for bit,
+  ``W`` against the fp32 WY factor within 2 % of that factor's own rounding to the input dtype
+  (GVA, documents starting inside chunks, a partial last chunk, several chunks per CTA so the
+  key ring and its ``W`` staging wrap, fp16 DeltaNet).
 * ``XlaFormTest`` (CI): the XLA helpers ``kkt_inverse_xla`` and ``w_from_t0`` against float64
   and the fp32 WY factors of ``chunked.wy_representation``.
 * ``LoweringTest`` (CI) exports the ``T0`` kernel, the fused ``T0`` kernel, the forward and the
@@ -57,6 +63,7 @@ tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py``.
 """
 
 import sys
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -396,6 +403,36 @@ class VjpInterpretTest(parameterized.TestCase):
         fused_test._check_vjp(self, bwd_test._pipeline_inputs(*case), True, "fused_t0")
 
 
+@pytest.mark.slow
+class KktInverseWInterpretTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), document lengths, dtype, chunks per CTA
+        ("gva_packed_partial_T150_K64", 1, 150, 2, 1, 64, 64, 0.05, (64, 36, 30), jnp.bfloat16,
+         None),
+        ("packed_ring_T300_K128_cpc4", 1, 300, 1, 1, 128, 64, 0.1, (100, 150, 50),
+         jnp.bfloat16, 4),
+        ("fp16_deltanet_T100_K128", 1, 100, 1, 1, 128, 64, None, None, jnp.float16, None),
+    )
+    def test_w_matches_wy_factor(self, batch, seq_len, heads, kv_heads, dk, dv, decay, docs,
+                                 dtype, cpc):
+        _, k, v, g, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                           False, docs, dtype)
+        t0, w = kgd.chunk_kkt_inverse_mosaic(k, beta, g=g, segment_ids=seg, return_w=True,
+                                             chunks_per_cta=cpc, interpret=True)
+        t0_alone = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, chunks_per_cta=cpc,
+                                                interpret=True)
+        np.testing.assert_array_equal(np.asarray(t0, np.float32),
+                                      np.asarray(t0_alone, np.float32))
+        self.assertEqual((w.shape, w.dtype), ((batch, seq_len, heads, dk), k.dtype))
+        want, _ = wy_test._reference(k, v, g, beta, seg)
+        rounding = tolerances.rel_err(want.astype(dtype).astype(jnp.float32), want)
+        err = tolerances.rel_err(w, want)
+        # Interpreted: bf16 1.677e-3 against a rounding of 1.676e-3 (XLA's w_from_t0 on the
+        # rounded T0: 1.735e-3); fp16 2.079e-4 against 2.079e-4 (2.145e-4).
+        self.assertLess(err, 1.02 * rounding, msg=f"W: {err:.3e}, rounding {rounding:.3e}")
+
+
 class XlaFormTest(parameterized.TestCase):
     """The XLA helpers of ``forward="fused_t0"``: ``kkt_inverse_xla`` (the ``T0`` of
     ``wy_implementation="xla"``) and ``w_from_t0`` (the backward's ``W``)."""
@@ -431,6 +468,21 @@ def _check_t0_kernel_exports(test, dk):
     test.assertIn("gdn_chunk_kkt_inverse", text)
     test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals],
                      [((1, 200, 2, C), k.dtype)])
+
+
+def _check_t0_w_kernel_exports(test, dk, kv_heads=1, deltanet=False):
+    _, k, _, g, beta, _, seg = _inputs(1, 200, 2, kv_heads, dk, 64, None if deltanet else 0.2,
+                                       False, (70, 30))
+
+    def fn(k, g, beta, seg):
+        return kgd.chunk_kkt_inverse_mosaic(k, beta, g=g, segment_ids=seg, return_w=True)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(k, g, beta, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    test.assertIn("gdn_chunk_kkt_inverse_subst_split_w", text)
+    test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals],
+                     [((1, 200, 2, C), k.dtype), ((1, 200, 2, dk), k.dtype)])
 
 
 def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
@@ -599,6 +651,10 @@ def _check_grad_exports(test, dk, dv, deltanet):
     for name in ("gdn_chunk_kkt_inverse", "gdn_chunk_delta_fused_t0_fwd",
                  "gdn_chunk_delta_dh_fold", "gdn_chunk_bwd_fused_ws"):
         test.assertEqual(sum(name in c for c in calls), 1, msg=name)
+    # the backward's W comes from the T0 kernel (its "_w" form), not from an XLA product
+    # (MOSAIC_GPU.md Sec. 36: w_from_t0's fp32 dot_general was a cuBLAS GEMM)
+    test.assertEqual(sum("gdn_chunk_kkt_inverse_subst_split_w" in c for c in calls), 1)
+    test.assertNotIn("dot_general", text)
     want = [x.shape for x in (q, k, v, g, beta, state) if x is not None]
     test.assertEqual([a.shape for a in exported.out_avals], want)
 
@@ -626,6 +682,40 @@ class LoweringTest(parameterized.TestCase):
     @parameterized.named_parameters(*_KERNEL_CI)
     def test_fused_t0_kernel_exports_for_cuda(self, **variant):
         _check_fused_t0_kernel_exports(self, **variant)
+
+    def test_rows_with_few_ctas_run_three_pass(self):
+        # resolve_forward (MOSAIC_GPU.md Sec. 36): S1 keeps the fused T0 forwards, S2 (B 1,
+        # T 32768, H 16, V 128: 32 CTAs, 4 pieces for the three-pass state pass) falls back
+        resolve = mosaic_vjp.resolve_forward
+        for forward in ("fused_t0", "fused_t0_split"):
+            self.assertEqual(resolve(forward, 8, 16, 128, 4096), forward)
+            self.assertEqual(resolve(forward, 1, 16, 128, 32768), "three_pass")
+            with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):
+                self.assertEqual(resolve(forward, 1, 16, 128, 32768), forward)
+        for forward in ("three_pass", "fused"):
+            self.assertEqual(resolve(forward, 1, 16, 128, 32768), forward)
+        # the op's training step at B 1, T 512, H 1, V 64 (one CTA, 8 chunks: 2 pieces) runs
+        # the three-pass kernels for forward="fused_t0", and the fused T0 ones without fallback
+        q, k, v, g, beta, _, _ = _inputs(1, 512, 1, 1, 64, 64, 0.1, False, None)
+
+        def kernels():
+            def loss(q, k, v, g, beta):
+                o, _ = mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, forward="fused_t0")
+                return jnp.sum(o.astype(jnp.float32) ** 2)
+
+            text = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))),
+                                     platforms=["cuda"])(q, k, v, g, beta).mlir_module()
+            return [name for name in ("gdn_chunk_wy", "gdn_chunk_delta_h_pieces",
+                                      "gdn_chunk_delta_fused_t0_fwd") if name in text]
+
+        self.assertEqual(kernels(), ["gdn_chunk_wy", "gdn_chunk_delta_h_pieces"])
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):
+            self.assertEqual(kernels(), ["gdn_chunk_delta_fused_t0_fwd"])
+
+    @parameterized.named_parameters(("K128", dict(dk=128)),
+                                    ("K64_gva_deltanet", dict(dk=64, kv_heads=2, deltanet=True)))
+    def test_t0_kernel_with_w_exports_for_cuda(self, variant):
+        _check_t0_w_kernel_exports(self, **variant)
 
     @parameterized.named_parameters(*_SPLIT_CI)
     def test_fused_t0_split_kernel_exports_for_cuda(self, **variant):
@@ -957,6 +1047,10 @@ class ValidationTest(absltest.TestCase):
             inverse(k[..., :32], beta)
         with self.assertRaisesRegex(ValueError, "segment_ids must be"):
             inverse(k, beta, segment_ids=jnp.zeros((1, 32), jnp.int32))
+        with self.assertRaisesRegex(ValueError, "return_w needs stages='full'"):
+            inverse(k, beta, g=g, return_w=True, stages="gram")
+        with self.assertRaisesRegex(ValueError, "g must be"):
+            inverse(k, beta, g=g[:, :, :1], return_w=True)
         fused = kfused.chunk_delta_fused_t0_fwd_mosaic
         with self.assertRaisesRegex(ValueError, "q must have"):
             fused(q[:, :32], k, v, t0, g, beta, scale=1.0)
@@ -1046,6 +1140,28 @@ class GpuTest(kmg_test.HopperTestCase):
         _check_t0(self, k, beta, seg, kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg))
 
     @parameterized.named_parameters(
+        # MOSAIC_GPU.md Sec. 36: the T0 kernel's W (return_w) on the GPU, S1's 8 chunks per CTA
+        ("cpc8_gva_packed_partial_T3000_K128", 2, 3000, 4, 2, 128, 128, 0.05, (700, 1, 64, 999),
+         jnp.bfloat16, 8),
+        ("fp16_deltanet_T1000_K64", 1, 1000, 2, 1, 64, 64, None, None, jnp.float16, None),
+    )
+    def test_w_matches_wy_factor(self, batch, seq_len, heads, kv_heads, dk, dv, decay, docs,
+                                 dtype, cpc):
+        _, k, v, g, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay,
+                                           False, docs, dtype, seed=11)
+        t0, w = kgd.chunk_kkt_inverse_mosaic(k, beta, g=g, segment_ids=seg, return_w=True,
+                                             chunks_per_cta=cpc)
+        np.testing.assert_array_equal(
+            np.asarray(t0, np.float32),
+            np.asarray(kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg,
+                                                    chunks_per_cta=cpc), np.float32))
+        want, _ = wy_test._reference(k, v, g, beta, seg)
+        rounding = tolerances.rel_err(want.astype(dtype).astype(jnp.float32), want)
+        err = tolerances.rel_err(w, want)
+        print(f"W: relative RMS {err:.3e}, the WY factor's own rounding {rounding:.3e}")
+        self.assertLess(err, 1.05 * rounding)
+
+    @parameterized.named_parameters(
         *_GPU_T0_CASES,
         # 8 chunks per CTA (S1's), GVA, a partial last group and chunk, bf16 K 64
         ("cpc8_gva_packed_partial_T3000_K64", 2, 3000, 4, 1, 64, 64, 0.1, False,
@@ -1091,9 +1207,11 @@ class GpuTest(kmg_test.HopperTestCase):
         _check_forward(self, *case, seed=3, interpret=False)
 
     def test_vjp_fused_t0_matches_chunked_vjp(self):
-        fused_test._check_vjp(self, bwd_test._pipeline_inputs(1, 2048, 4, 2, 128, 128, 0.05,
-                                                              True, True, (700, 1, 64, 999),
-                                                              seed=11), False, "fused_t0")
+        # rows of 8 CTAs: without the patch the op would run three_pass (resolve_forward)
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):
+            fused_test._check_vjp(self, bwd_test._pipeline_inputs(
+                1, 2048, 4, 2, 128, 128, 0.05, True, True, (700, 1, 64, 999), seed=11), False,
+                "fused_t0")
 
     @parameterized.named_parameters(*_GPU_KERNEL_CASES)
     def test_fused_t0_split_kernel_matches_reference(self, *case):
@@ -1164,9 +1282,11 @@ class GpuTest(kmg_test.HopperTestCase):
         _check_forward(self, *case, seed=3, interpret=False, forward="fused_t0_split")
 
     def test_vjp_fused_t0_split_matches_chunked_vjp(self):
-        fused_test._check_vjp(self, bwd_test._pipeline_inputs(1, 2048, 4, 2, 128, 128, 0.05,
-                                                              True, True, (700, 1, 64, 999),
-                                                              seed=11), False, "fused_t0_split")
+        # rows of 8 CTAs: without the patch the op would run three_pass (resolve_forward)
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):
+            fused_test._check_vjp(self, bwd_test._pipeline_inputs(
+                1, 2048, 4, 2, 128, 128, 0.05, True, True, (700, 1, 64, 999), seed=11), False,
+                "fused_t0_split")
 
 
 if __name__ == "__main__":
