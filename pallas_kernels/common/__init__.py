@@ -3,6 +3,7 @@
 from pallas_kernels.common.validation import (  # noqa: F401
     IMPLEMENTATIONS,
     check_array,
+    check_arrays,
     check_chunk_size,
     check_op_inputs,
     check_rank,

@@ -96,8 +96,8 @@ def affine_associative_scan(
         validation.check_shape("reset", reset, (batch, seq_len))
 
     f32 = jnp.float32
-    a = A.astype(f32)
-    b = Bm.astype(f32)
+    a = jnp.asarray(A, f32)
+    b = jnp.asarray(Bm, f32)  # a jax.Array (b.at below) for NumPy inputs too
     if reset is not None:
         a = jnp.where(reset[:, :, None, None, None], 0.0, a)  # document start: forget S_{t-1}
     if initial_state is not None:

@@ -92,7 +92,11 @@ Kernels (grid in brackets):
   it) runs it instead as the Hopper Mosaic GPU kernel of
   :mod:`pallas_kernels.common.channelwise_mosaic_gpu` (three warpgroups, wgmma/TMA; same
   outputs, layouts and roundings; bf16/fp16 operands only, fp32 keeps this kernel;
-  ``MOSAIC_GPU.md`` Sec. 18).
+  ``MOSAIC_GPU.md`` Sec. 18). Whether a Mosaic value of ``state_pass`` or ``grad_pass``
+  runs is decided where ``implementation=`` picks Mosaic GPU for the other ops,
+  :func:`pallas_kernels.common.mosaic_gpu.resolve_pass`: sm_90 or newer (or interpret mode)
+  and 16-bit operands; elsewhere (an A100) ``TUNING``'s value falls back to these Triton
+  kernels with the reason logged once, and a per-call value raises.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; with dS the gradient of the chunk's exit
   state (stored per chunk as dS_C)::
 
@@ -165,7 +169,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
-from pallas_kernels.common import pallas_gpu, validation
+from pallas_kernels.common import mosaic_gpu, pallas_gpu, validation
 from pallas_kernels.common.pallas_gpu import mm, mm_nt, mm_tn
 
 F32 = jnp.float32
@@ -227,7 +231,8 @@ TUNING = {
     # The state passes (the "forward" and "backward_state" kernels): "triton"
     # (_forward_kernel, _backward_state_kernel) or "mosaic" (channelwise_mosaic_gpu's
     # channelwise_forward_mosaic and channelwise_backward_state_mosaic: Hopper wgmma/TMA, three
-    # warpgroups each; bf16/fp16 operands only, so fp32 inputs keep the Triton kernels). Triton
+    # warpgroups each; bf16/fp16 operands on sm_90+ only, so fp32 inputs and older GPUs keep
+    # the Triton kernels: mosaic_gpu.resolve_pass decides and logs why). Triton
     # until the H200 has timed the Mosaic kernels (MOSAIC_GPU.md Sec. 18);
     # channelwise_delta_pallas's state_pass= overrides it per call. mosaic_alias_staging: the
     # Mosaic kernels' alias_staging (their fp32 state staging tile shares SMEM with the
@@ -240,8 +245,9 @@ TUNING = {
     "mosaic_pieces": None,
     # The gradients through Mq and Mk (the "grad_blocks" kernel): "triton" (_grad_blocks_kernel)
     # or "mosaic" (channelwise_grad_mosaic_gpu's channelwise_grad_intra_mosaic, K1: Hopper
-    # wgmma/TMA, two warpgroups; bf16/fp16 operands only, so fp32 inputs keep the Triton
-    # kernel). Triton until the H200 has run and timed K1 (MOSAIC_GPU.md Sec. 20);
+    # wgmma/TMA, two warpgroups; bf16/fp16 operands on sm_90+ only, so fp32 inputs and older
+    # GPUs keep the Triton kernel, as for state_pass). Triton until the H200 has run and timed
+    # K1 (MOSAIC_GPU.md Sec. 20);
     # channelwise_delta_pallas's grad_pass= overrides it per call. "mosaic_fused": K2,
     # channelwise_grad_chunk_mosaic, replaces grad_blocks, backward_chunk and the kr chain rule
     # (_kr_chain) with one kernel (MOSAIC_GPU.md Sec. 21; a value of this key rather than a
@@ -294,10 +300,16 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
     """The static configuration of one call (hashable once sorted into a tuple).
 
     ``state_pass`` and ``grad_pass`` (``None``: ``TUNING["state_pass"]``,
-    ``TUNING["grad_pass"]``) resolve to ``"triton"`` for fp32 operands, which the Mosaic
-    kernels cannot take (``wgmma`` has no IEEE fp32 product).
+    ``TUNING["grad_pass"]``) go through :func:`pallas_kernels.common.mosaic_gpu.resolve_pass`:
+    a Mosaic value runs the Mosaic GPU kernels in interpret mode or on a GPU of compute
+    capability 9.0 or newer, with 16-bit operands. Otherwise it resolves to ``"triton"``
+    (logged once): for fp32 operands (``wgmma`` has no IEEE fp32 product), and for a
+    ``TUNING`` value on an older GPU (A100) or without a GPU; a per-call value there raises.
 
     Raises:
+      UnsupportedImplementationError: (a ``ValueError``) a per-call Mosaic ``state_pass`` or
+        ``grad_pass`` with 16-bit operands, outside interpret mode, without a CUDA GPU of
+        compute capability 9.0 or newer (naming the option and the capability).
       ValueError: if ``TUNING``'s block widths (``prepare_k`` included) do not divide the head
         dims, ``TUNING["intra_token_heads"]`` is not >= 1, ``state_pass`` is not one of
         :data:`STATE_PASSES`, ``grad_pass`` not one of :data:`GRAD_PASSES`, or
@@ -306,14 +318,20 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
         not ``None`` or a positive int (whether it divides the chunk count is checked by the
         Mosaic state passes, naming ``pieces``).
     """
-    state_pass = TUNING.get("state_pass", "triton") if state_pass is None else state_pass
-    if state_pass not in STATE_PASSES:
-        raise ValueError(f"state_pass must be one of {STATE_PASSES}, got {state_pass!r}")
-    grad_pass = TUNING.get("grad_pass", "triton") if grad_pass is None else grad_pass
-    if grad_pass not in GRAD_PASSES:
-        raise ValueError(f"grad_pass must be one of {GRAD_PASSES}, got {grad_pass!r}")
-    if jnp.dtype(mm_dtype) == jnp.dtype(F32):
-        state_pass = grad_pass = "triton"  # the Mosaic kernels take 16-bit operands only
+    passes = {}
+    for option, value, values in (("state_pass", state_pass, STATE_PASSES),
+                                  ("grad_pass", grad_pass, GRAD_PASSES)):
+        explicit = value is not None
+        value = value if explicit else TUNING.get(option, "triton")
+        if value not in values:
+            raise ValueError(f"{option} must be one of {values}, got {value!r}")
+        # The one place that decides whether Mosaic GPU kernels run (issue 29): Hopper-or-newer
+        # or interpret mode, 16-bit operands; else Triton, logged (or raised, for an explicit
+        # value this machine cannot run).
+        passes[option] = mosaic_gpu.resolve_pass(
+            "channelwise_delta_pallas", option, value, explicit=explicit, dtype=mm_dtype,
+            interpret=interpret)
+    state_pass, grad_pass = passes["state_pass"], passes["grad_pass"]
     block_v, block_k = block_widths(dk, dv)
     pallas_gpu.check_block_widths(block_v, block_k, dk, dv)
     prepare_k = TUNING.get("prepare_k") or block_k
@@ -1316,13 +1334,16 @@ def channelwise_delta_pallas(
       state_pass: the forward and reverse state passes, ``"triton"`` or ``"mosaic"`` (the
         Hopper kernels of :mod:`pallas_kernels.common.channelwise_mosaic_gpu`; need sm_90
         when compiled); ``None``: ``TUNING["state_pass"]``. fp32 operands always take the
-        Triton kernels. Everything else (intra, prepare, wu, grad_blocks, backward_chunk) is
-        the same either way.
+        Triton kernels (logged once). ``TUNING``'s ``"mosaic"`` takes them too below sm_90
+        (an A100) or without a GPU, logged once; a per-call ``"mosaic"`` there raises
+        (:func:`pallas_kernels.common.mosaic_gpu.resolve_pass` decides both). Everything
+        else (intra, prepare, wu, grad_blocks, backward_chunk) is the same either way.
       grad_pass: the gradients through Mq and Mk, ``"triton"`` (``grad_blocks``),
         ``"mosaic"`` (K1, :mod:`pallas_kernels.common.channelwise_grad_mosaic_gpu`; sm_90 when
         compiled) or ``"mosaic_fused"`` (K2: K1 with ``backward_chunk`` and the kr chain rule
-        in one kernel; sm_90); ``None``: ``TUNING["grad_pass"]``. fp32 operands always take
-        Triton.
+        in one kernel; sm_90); ``None``: ``TUNING["grad_pass"]``. Resolved as
+        ``state_pass``: fp32 operands take Triton, as does ``TUNING``'s Mosaic value below
+        sm_90; a per-call Mosaic value there raises.
 
     Returns:
       ``(o [B, T, H, V], final_state [B, H, K, V] fp32, u [B, T, H, V] or None)``; o and u in
@@ -1333,6 +1354,11 @@ def channelwise_delta_pallas(
         ``k_scale`` / ``v_scale`` (named) is not a float array shaped ``[B, T, H]`` or like
         ``k`` / ``v``, ``state_pass`` is not ``"triton"``, ``"mosaic"`` or ``None``, or
         ``grad_pass`` not one of :data:`GRAD_PASSES` or ``None``.
+      UnsupportedImplementationError: (a ``ValueError``) a per-call Mosaic ``state_pass`` or
+        ``grad_pass`` with 16-bit operands outside interpret mode, where the default backend
+        is not a CUDA GPU of compute capability 9.0 or newer: ``"channelwise_delta_pallas:
+        state_pass='mosaic' cannot run this call: ... this GPU has 8.0. Use
+        state_pass='triton' ..."``.
     """
     from pallas_kernels import common
 

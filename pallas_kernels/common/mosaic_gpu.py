@@ -19,6 +19,12 @@ Otherwise it logs the reason and hands over to the Triton dispatch. An explicit
 backend. It is slow and meant for tests; ``pallas_kernels/common/MOSAIC_GPU.md`` lists its
 caveats.
 
+KDA and GDN-2 choose Mosaic GPU kernels inside their Pallas path instead, pass by pass
+(``channelwise_gpu.TUNING["state_pass"]`` / ``["grad_pass"]``, or ``state_pass=`` /
+``grad_pass=`` per call); :func:`resolve_pass` decides those by the same rules: a ``TUNING``
+value falls back to the Triton kernels (logged) where an ``"auto"`` would, a per-call value
+raises where an explicit ``"mosaic_gpu"`` would.
+
 Measured (H200, Lightning, bf16, kernel time; ``benchmarks/results/
 mosaic-gpu-h200-2026-12-02b.md``): forward+backward 1.51x faster than the Triton kernels at
 S1 and 1.70x at S2/P1. The forward alone is 1.44x faster at S2/P1 but 0.76x at S1.
@@ -69,6 +75,34 @@ def compute_capability() -> Optional[tuple]:
     return major, minor
 
 
+def device_reason(interpret: bool) -> Optional[str]:
+    """Why this machine cannot run the Mosaic GPU kernels, or ``None`` when it can: always
+    under ``interpret`` (Mosaic GPU interpret mode runs on any backend), else when the default
+    backend is a CUDA GPU of compute capability :data:`MIN_COMPUTE_CAPABILITY` (9.0) or newer.
+    """
+    if interpret:
+        return None
+    cc = compute_capability()
+    if cc is None:
+        return (f"the Mosaic GPU kernels need a CUDA GPU, the default backend is "
+                f"{jax.default_backend()!r}")
+    if cc < MIN_COMPUTE_CAPABILITY:
+        return (f"the Mosaic GPU kernels need compute capability "
+                f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer "
+                f"(Hopper), this GPU has {cc[0]}.{cc[1]}")
+    return None
+
+
+def _half_dtype_reason(dtypes, what: str) -> Optional[str]:
+    """``None`` when ``dtypes`` is one 16-bit float dtype, else why not (naming ``what``)."""
+    dtypes = {jnp.dtype(d) for d in dtypes}
+    half = {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)}
+    if len(dtypes) != 1 or not dtypes <= half:
+        return (f"{what} dtypes {sorted(map(str, dtypes))} are not one 16-bit dtype (the "
+                f"Mosaic GPU kernels' wgmma operands)")
+    return None
+
+
 def unsupported_reason(arrays: Sequence[jax.Array], head_dims: Sequence[int], chunk_size: int,
                        interpret: bool) -> Optional[str]:
     """Why the Mosaic GPU kernels cannot run this call, or ``None`` when they can.
@@ -79,26 +113,15 @@ def unsupported_reason(arrays: Sequence[jax.Array], head_dims: Sequence[int], ch
       chunk_size: the requested chunk size (the kernels use 64).
       interpret: whether the kernels run in Mosaic GPU interpret mode (any backend).
     """
-    if not interpret:
-        cc = compute_capability()
-        if cc is None:
-            return (f"the Mosaic GPU kernels need a CUDA GPU, the default backend is "
-                    f"{jax.default_backend()!r}")
-        if cc < MIN_COMPUTE_CAPABILITY:
-            return (f"the Mosaic GPU kernels need compute capability "
-                    f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer "
-                    f"(Hopper), this GPU has {cc[0]}.{cc[1]}")
+    reason = device_reason(interpret)
+    if reason is not None:
+        return reason
     for d in head_dims:
         if d not in SUPPORTED_HEAD_DIMS:
             return f"head dim {d} is not one of the Mosaic GPU head dims {SUPPORTED_HEAD_DIMS}"
     if chunk_size != KERNEL_CHUNK_SIZE:
         return f"chunk_size={chunk_size}; the Mosaic GPU kernels use {KERNEL_CHUNK_SIZE}"
-    dtypes = {jnp.dtype(a.dtype) for a in arrays}
-    half = {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)}
-    if len(dtypes) != 1 or not dtypes <= half:
-        return (f"q, k, v dtypes {sorted(map(str, dtypes))} are not one 16-bit dtype (the "
-                f"Mosaic GPU kernels' wgmma operands)")
-    return None
+    return _half_dtype_reason([a.dtype for a in arrays], "q, k, v")
 
 
 def choose_implementation(
@@ -146,3 +169,64 @@ def choose_implementation(
             tuple(concrete) + pallas_gpu.PALLAS_IMPLEMENTATIONS + MOSAIC_IMPLEMENTATIONS, op)
     return pallas_gpu.choose_implementation(op, implementation, concrete, arrays, head_dims,
                                             chunk_size, seq_len)
+
+
+def resolve_pass(op: str, option: str, value: str, *, explicit: bool, dtype,
+                 interpret: bool) -> str:
+    """Resolves a per-pass switch that names Mosaic GPU kernels: KDA's and GDN-2's
+    ``state_pass`` / ``grad_pass`` (:mod:`pallas_kernels.common.channelwise_gpu`, whose
+    ``TUNING`` holds their defaults and whose ``channelwise_delta_pallas`` takes them per call).
+
+    The Mosaic kernels run in interpret mode (any backend), or compiled on a CUDA GPU of compute
+    capability 9.0 or newer (:func:`device_reason`); either way only with 16-bit operands (wgmma
+    has no IEEE fp32 product). Otherwise the Triton kernels run, which A100-class GPUs keep:
+
+    * fp32 (or mixed) operands take the Triton kernels whatever asked for Mosaic, with the
+      reason logged once (the channelwise ops' documented contract: one switch serves a run
+      whatever its dtypes).
+    * A value from ``TUNING`` (``explicit=False``), a default meant for every GPU, falls back
+      to ``"triton"`` on an older GPU (or without one), with the reason logged once, as
+      ``implementation="auto"`` does in :func:`choose_implementation`.
+    * A value passed per call (``explicit=True``) that this machine cannot run raises, as an
+      explicit ``implementation="mosaic_gpu"`` does: the caller asked for Hopper kernels.
+
+    Args:
+      op: the function named in the log lines and the error (``"channelwise_delta_pallas"``).
+      option: the switch, ``"state_pass"`` or ``"grad_pass"``.
+      value: its value; ``"triton"`` is returned as is, any other names Mosaic GPU kernels
+        (``"mosaic"``, ``"mosaic_fused"``; checked against the switch's values by the caller).
+      explicit: whether the caller passed ``value`` (``True``) or it is ``TUNING``'s.
+      dtype: the call's operand (matmul) dtype.
+      interpret: whether the kernels run in interpret mode (Mosaic GPU interpret mode for the
+        Mosaic ones).
+
+    Returns:
+      ``value`` where the Mosaic kernels can run this call, else ``"triton"``.
+
+    Raises:
+      UnsupportedImplementationError: (a ``ValueError``) for an explicit ``value`` outside
+        interpret mode without a CUDA GPU of compute capability 9.0 or newer:
+        ``"channelwise_delta_pallas: state_pass='mosaic' cannot run this call: the Mosaic GPU
+        kernels need compute capability 9.0 or newer (Hopper), this GPU has 8.0. Use
+        state_pass='triton' (or None: TUNING's, which falls back to Triton where the Mosaic
+        kernels cannot run)."``
+    """
+    if value == "triton":
+        return value
+    reason = _half_dtype_reason([dtype], "operand")
+    if reason is None:
+        reason = device_reason(interpret)
+        if reason is not None and explicit:
+            raise validation.UnsupportedImplementationError(
+                f"{op}: {option}={value!r} cannot run this call: {reason}. Use "
+                f"{option}='triton' (or None: TUNING's, which falls back to Triton where the "
+                f"Mosaic kernels cannot run).")
+    source = f"{option}={value!r}" if explicit else f"TUNING[{option!r}]={value!r}"
+    if reason is not None:
+        validation.log_once(op, f"{source}: using the Triton kernels: {reason}")
+        return "triton"
+    if not interpret:
+        cc = compute_capability()
+        validation.log_once(op, f"{source}: using the Mosaic GPU kernels (compute capability "
+                                f"{cc[0]}.{cc[1]})")
+    return value

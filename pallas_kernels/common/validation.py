@@ -44,6 +44,20 @@ def check_array(name: str, x) -> None:
                         f"{type(x).__name__}: convert it with jnp.asarray({name})")
 
 
+def check_arrays(**arrays) -> None:
+    """:func:`check_array` on each keyword argument that is not ``None``, in the order given:
+    the array arguments of the public chunked, associative and reference forms (the public ops
+    check theirs in :func:`check_op_inputs`).
+
+    Raises:
+        TypeError: naming the first argument that is not a ``jax.Array`` or ``numpy.ndarray``
+            (a list, a tuple; :func:`check_array`).
+    """
+    for name, x in arrays.items():
+        if x is not None:
+            check_array(name, x)
+
+
 def check_segment_ids_dtype(segment_ids: jax.Array) -> None:
     """Raises ``ValueError`` unless ``segment_ids`` (``[B, T]`` document ids) has an integer
     dtype: ``"segment_ids must have an integer dtype, got segment_ids.dtype=float32"``."""

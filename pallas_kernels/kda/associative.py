@@ -16,6 +16,7 @@ from typing import Optional, Tuple
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import common
 from pallas_kernels.common import associative
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -53,7 +54,14 @@ def kda_associative(
     Returns:
         ``(o, final_state, u)``, all fp32: ``o`` ``[B, T, H, V]``, the state after the last token
         of each row ``[B, H, K, V]``, and the residuals ``u`` ``[B, T, H, V]``.
+
+    Raises:
+        TypeError: naming the first array argument that is not a ``jax.Array`` or
+            ``numpy.ndarray`` (a Python list, say), as the public ops do
+            (:func:`pallas_kernels.common.check_arrays`).
     """
+    common.check_arrays(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                        segment_ids=segment_ids)
     f32 = jnp.float32
     q, k, v, g, beta = (x.astype(f32) for x in (q, k, v, g, beta))
     batch, seq_len, heads, dk = k.shape

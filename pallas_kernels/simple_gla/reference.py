@@ -67,7 +67,13 @@ def simple_gla_reference(
     Returns:
         ``(o, final_state)``, fp32: ``o`` ``[B, T, H, V]`` and the state after the last token of
         each row ``[B, H, K, V]``.
+
+    Raises:
+        TypeError: naming the first array argument that is not a ``jax.Array`` or
+            ``numpy.ndarray`` (a Python list, say), as the public ops do
+            (:func:`pallas_kernels.common.check_arrays`).
     """
+    common.check_arrays(q=q, k=k, v=v, g=g, initial_state=initial_state, segment_ids=segment_ids)
     f32 = jnp.float32
     batch, seq_len, heads, dk = k.shape
     dv = v.shape[-1]
@@ -132,9 +138,15 @@ def simple_gla_associative(
     Returns:
         ``(o, final_state)``, fp32: ``o`` ``[B, T, H, V]`` and the state after the last token of
         each row ``[B, H, K, V]``.
+
+    Raises:
+        TypeError: naming the first array argument that is not a ``jax.Array`` or
+            ``numpy.ndarray`` (a Python list, say), as the public ops do
+            (:func:`pallas_kernels.common.check_arrays`).
     """
+    common.check_arrays(q=q, k=k, v=v, g=g, initial_state=initial_state, segment_ids=segment_ids)
     f32 = jnp.float32
-    q, k, v = (x.astype(f32) for x in (q, k, v))
+    q, k, v = (jnp.asarray(x, f32) for x in (q, k, v))  # jax.Arrays (b.at below), NumPy too
     batch, seq_len, heads, dk = k.shape
     resets = _document_starts(segment_ids, (batch, seq_len))  # [B, T]
 

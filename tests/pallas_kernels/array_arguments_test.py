@@ -1,4 +1,5 @@
-"""Every public op of ``pallas_kernels`` refuses a non-array argument with one ``TypeError``.
+"""Every public op of ``pallas_kernels`` refuses a non-array argument with one ``TypeError``,
+and so do the exported chunked, reference and associative forms (``FormArrayArgumentsTest``).
 
 A Python list (or tuple) given for ``q``, ``k``, ``v``, a gate, ``initial_state`` or
 ``segment_ids`` raised ``AttributeError: 'list' object has no attribute 'shape'`` (or
@@ -72,6 +73,82 @@ def _call(op, inputs, *, replace=None, convert=jnp.asarray):
     positional = [args.pop(name) for name in names]
     return fn(*positional, output_final_state=True, implementation="chunked", chunk_size=4,
               **args)
+
+
+# The exported pure-JAX forms (package __init__s): name -> (function, positional argument
+# names, the key of _inputs for each, extra keywords). They take q and k at the value heads.
+_CHUNK = dict(chunk_size=4)
+FORMS = {
+    "gated_delta_rule_chunked": (gdr.gated_delta_rule_chunked, ("q", "k", "v", "g", "beta"),
+                                 ("q_h", "k_h", "v", "g", "beta"), _CHUNK),
+    "gated_delta_rule_reference": (gdr.gated_delta_rule_reference,
+                                   ("q", "k", "v", "g", "beta"),
+                                   ("q_h", "k_h", "v", "g", "beta"), {}),
+    "kda_chunked": (kda_lib.kda_chunked, ("q", "k", "v", "g", "beta"),
+                    ("q_h", "k_h", "v", "g_k", "beta"), _CHUNK),
+    "kda_reference": (kda_lib.kda_reference, ("q", "k", "v", "g", "beta"),
+                      ("q_h", "k_h", "v", "g_k", "beta"), {}),
+    "kda_associative": (kda_lib.kda_associative, ("q", "k", "v", "g", "beta"),
+                        ("q_h", "k_h", "v", "g_k", "beta"), {}),
+    "gdn2_chunked": (gdn2_lib.gdn2_chunked, ("q", "k", "v", "g", "b", "w"),
+                     ("q_h", "k_h", "v", "g_k", "b", "w"), _CHUNK),
+    "gdn2_reference": (gdn2_lib.gdn2_reference, ("q", "k", "v", "g", "b", "w"),
+                       ("q_h", "k_h", "v", "g_k", "b", "w"), {}),
+    "gdn2_associative": (gdn2_lib.gdn2_associative, ("q", "k", "v", "g", "b", "w"),
+                         ("q_h", "k_h", "v", "g_k", "b", "w"), {}),
+    "simple_gla_chunked": (sg.simple_gla_chunked, ("q", "k", "v", "g"),
+                           ("q_h", "k_h", "v", "g"), _CHUNK),
+    "simple_gla_reference": (sg.simple_gla_reference, ("q", "k", "v", "g"),
+                             ("q_h", "k_h", "v", "g"), {}),
+    "simple_gla_associative": (sg.simple_gla_associative, ("q", "k", "v", "g"),
+                               ("q_h", "k_h", "v", "g"), {}),
+}
+
+
+def _call_form(form, inputs, *, replace=None, convert=jnp.asarray):
+    """``o`` of the exported form ``form`` on ``inputs`` (as :func:`_call`)."""
+    fn, names, keys, extra = FORMS[form]
+    inputs = dict(inputs, q_h=np.repeat(inputs["q"], H // HK, axis=2),
+                  k_h=np.repeat(inputs["k"], H // HK, axis=2))
+    args = {name: convert(inputs[key]) for name, key in zip(names, keys)}
+    args.update({name: convert(inputs[name]) for name in KEYWORD_ARRAYS})
+    if replace is not None:
+        args[replace[0]] = replace[1]
+    positional = [args.pop(name) for name in names]
+    return fn(*positional, scale=K ** -0.5, **args, **extra)[0]
+
+
+class FormArrayArgumentsTest(parameterized.TestCase):
+    """The exported chunked, reference and associative forms (public API: each variant's
+    ``__init__`` re-exports them) refuse a list as the ops do, before any computation."""
+
+    @parameterized.named_parameters(
+        (f"{form}_{name}", form, name, key)
+        for form, (_, names, keys, _) in FORMS.items()
+        for name, key in list(zip(names, keys)) + [(n, n) for n in KEYWORD_ARRAYS])
+    def test_list_names_the_argument(self, form, name, key):
+        inputs = _inputs(seed=len(form) * 31 + len(name))
+        if key in ("q_h", "k_h"):
+            value = np.repeat(inputs[key[0]], H // HK, axis=2).tolist()
+        else:
+            value = inputs[key].tolist()
+        with self.assertRaisesRegex(
+                TypeError, rf"^{name} must be a jax\.Array or numpy\.ndarray, got list: "
+                           rf"convert it with jnp\.asarray\({name}\)$"):
+            _call_form(form, inputs, replace=(name, value))
+
+    @parameterized.named_parameters((form, form) for form in FORMS)
+    def test_numpy_arrays_match_jax_arrays(self, form):
+        inputs = _inputs(seed=len(form))
+        o_np = _call_form(form, inputs, convert=np.asarray)
+        o_jnp = _call_form(form, inputs)
+        np.testing.assert_allclose(o_np, o_jnp, rtol=1e-6, atol=1e-6)
+        self.assertGreater(float(jnp.abs(o_jnp).max()), 0.0)
+
+    def test_check_arrays_skips_none_and_names_the_first(self):
+        common.check_arrays(q=np.ones(2), initial_state=None)
+        with self.assertRaisesRegex(TypeError, r"^k must be a "):
+            common.check_arrays(q=np.ones(2), k=[1.0], v=(1.0,))
 
 
 class ArrayArgumentsTest(parameterized.TestCase):

@@ -284,7 +284,8 @@ def _export_kernel(dk, dv, dtype, docs=True, slab=k1.SLAB, ablations=None):
 
 def _export_op(op, tuning):
     """The channelwise kernel names of ``op``'s forward + backward exported for CUDA under
-    ``tuning``: ``(Counter of the Triton kernels' names, number of Mosaic GPU calls, text)``."""
+    ``tuning`` on a patched Hopper GPU: ``(Counter of the Triton kernels' names, number of
+    Mosaic GPU calls, text)``."""
     dim = 64
     inputs, _ = cw_test._inputs(0, 1, 128, 2, 2, dim, dtype=jnp.bfloat16)
     seg = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
@@ -297,7 +298,7 @@ def _export_op(op, tuning):
         o, vjp = jax.vjp(f, *args)
         return vjp(o) + (o,)
 
-    with cw_test._tuning(tuning), pallas_gpu.abstract_gpu_target():
+    with cw_test._tuning(tuning), kmc_test.hopper(), pallas_gpu.abstract_gpu_target():
         exported = jax.export.export(
             jax.jit(fwdbwd), platforms=["cuda"],
             disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(

@@ -129,7 +129,8 @@ class PiecesLoweringTest(parameterized.TestCase):
             o, vjp = jax.vjp(f, *args)
             return vjp(o) + (o,)
 
-        with cw_test._tuning({"state_pass": "mosaic"}), pallas_gpu.abstract_gpu_target():
+        with cw_test._tuning({"state_pass": "mosaic"}), cwt.hopper(), \
+                pallas_gpu.abstract_gpu_target():
             text = jax.export.export(
                 jax.jit(fwdbwd), platforms=["cuda"],
                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(

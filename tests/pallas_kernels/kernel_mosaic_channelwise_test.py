@@ -38,6 +38,7 @@ tests/pallas_kernels/kernel_mosaic_channelwise_test.py``.
 
 import collections
 import re
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +46,7 @@ import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
-from pallas_kernels.common import channelwise_gpu, pallas_gpu
+from pallas_kernels.common import channelwise_gpu, mosaic_gpu, pallas_gpu
 from pallas_kernels.common import channelwise_mosaic_gpu as cwm
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.kda import kernel_gpu as kda_kernel
@@ -319,6 +320,13 @@ class InterpretTest(parameterized.TestCase):
                                           err_msg=name)
 
 
+def hopper():
+    """Patches the GPU's compute capability to 9.0: a Mosaic ``state_pass`` / ``grad_pass``
+    lowered for CUDA on this CPU host runs the Mosaic kernels only on a GPU that has them
+    (``mosaic_gpu.resolve_pass``; elsewhere the Triton ones)."""
+    return mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0))
+
+
 def _op_outputs_and_grads(op, inputs, segment_ids, cot_key, state_pass, impl):
     with cw_test._tuning({"state_pass": state_pass}):
         return cw_test._outputs_and_grads(op, impl, inputs, segment_ids, cot_key, False)
@@ -433,7 +441,8 @@ class LoweringTest(parameterized.TestCase):
             o, vjp = jax.vjp(f, *args)
             return vjp(o) + (o,)
 
-        with cw_test._tuning({"state_pass": "mosaic"}), pallas_gpu.abstract_gpu_target():
+        with cw_test._tuning({"state_pass": "mosaic"}), hopper(), \
+                pallas_gpu.abstract_gpu_target():
             exported = jax.export.export(
                 jax.jit(fwdbwd), platforms=["cuda"],
                 disabled_checks=[jax.export.DisabledSafetyCheck.custom_call(

@@ -10,6 +10,11 @@ against the fp32 token-serial reference on bf16 inputs, so the wiring (GVA, scal
 gradient case is marked ``slow`` (the interpreter can hang when several two-warpgroup
 kernels share a process, see ``pallas_kernels/common/MOSAIC_GPU.md``).
 
+``ChannelwisePassDispatchTest`` checks KDA's and GDN-2's Mosaic switches
+(``channelwise_gpu.TUNING["state_pass"]`` / ``["grad_pass"]``, per call ``state_pass=`` /
+``grad_pass=``) through ``mosaic_gpu.resolve_pass`` on a patched compute capability: Mosaic
+on sm_90, Triton (logged) on sm_80 and for fp32, an error for a per-call value on sm_80.
+
 ``GdnDispatchTest`` / ``GdnApiTest`` do the same for ``gated_delta_rule`` / ``delta_rule``,
 whose ``"auto"`` keeps the Triton kernels (``mosaic_gpu.AUTO_OFF``) while an explicit
 ``"mosaic_gpu"`` runs :func:`pallas_kernels.gated_delta_rule.mosaic_vjp.gated_delta_rule_mosaic`,
@@ -26,9 +31,10 @@ from absl.testing import absltest, parameterized
 
 from pallas_kernels import gated_delta_rule as gdr
 from pallas_kernels import simple_gla as sg
-from pallas_kernels.common import mosaic_gpu, validation
+from pallas_kernels.common import channelwise_gpu, mosaic_gpu, pallas_gpu, validation
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.gated_delta_rule import mosaic_vjp
+from pallas_kernels.kda import kernel_gpu as kda_kernel
 from pallas_kernels.simple_gla import reference
 from tests import tolerances
 from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as gdn_bwd_test
@@ -108,6 +114,110 @@ class DispatchTest(parameterized.TestCase):
         q, k, v = _qkv()
         with self.assertRaisesRegex(ValueError, "simple_gla: implementation='mosaic_gpu'"):
             sg.simple_gla(q, k, v, None, implementation="mosaic_gpu")
+
+
+_CW_BASE = dict(batch=1, heads=1, n_chunks=2, dk=64, dv=64, scale=0.125, has_docs=False,
+                return_residual=False)
+
+
+class ChannelwisePassDispatchTest(absltest.TestCase):
+    """KDA's and GDN-2's Mosaic switches (``channelwise_gpu.TUNING["state_pass"]`` /
+    ``["grad_pass"]`` and the per-call ``state_pass=`` / ``grad_pass=``) decided by
+    ``mosaic_gpu.resolve_pass``: the Mosaic kernels on sm_90 with 16-bit operands, the Triton
+    ones elsewhere (logged); a per-call Mosaic value on an older GPU raises."""
+
+    def setUp(self):
+        super().setUp()
+        validation._logged.clear()
+
+    def _passes(self, cc, dtype=jnp.bfloat16, interpret=False, **per_call):
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=cc):
+            cfg = channelwise_gpu._config(**_CW_BASE, mm_dtype=dtype, interpret=interpret,
+                                          **per_call)
+        return cfg["state_pass"], cfg["grad_pass"]
+
+    def test_tuning_switch_on_ampere_takes_triton_and_logs_why(self):
+        with mock.patch.dict(channelwise_gpu.TUNING, state_pass="mosaic",
+                             grad_pass="mosaic_fused"), self.assertLogs(level="INFO") as logs:
+            self.assertEqual(self._passes((8, 0)), ("triton", "triton"))
+            self.assertEqual(self._passes((8, 0)), ("triton", "triton"))  # logged once
+        text = "\n".join(logs.output)
+        for option, value in (("state_pass", "mosaic"), ("grad_pass", "mosaic_fused")):
+            line = (f"channelwise_delta_pallas: TUNING[{option!r}]={value!r}: using the Triton "
+                    f"kernels: the Mosaic GPU kernels need compute capability 9.0 or newer "
+                    f"(Hopper), this GPU has 8.0")
+            self.assertEqual(text.count(line), 1, msg=text)
+
+    def test_tuning_switch_on_hopper_takes_mosaic(self):
+        for grad_pass in ("mosaic", "mosaic_fused"):
+            validation._logged.clear()
+            with mock.patch.dict(channelwise_gpu.TUNING, state_pass="mosaic",
+                                 grad_pass=grad_pass), self.assertLogs(level="INFO") as logs:
+                self.assertEqual(self._passes((9, 0)), ("mosaic", grad_pass))
+                self.assertEqual(self._passes((10, 0), jnp.float16), ("mosaic", grad_pass))
+            self.assertIn("TUNING['state_pass']='mosaic': using the Mosaic GPU kernels "
+                          "(compute capability 9.0)", "\n".join(logs.output))
+        # The per-call value as well; the defaults stay Triton until the H200 has timed them.
+        self.assertEqual(self._passes((9, 0), state_pass="mosaic", grad_pass="mosaic"),
+                         ("mosaic", "mosaic"))
+        self.assertEqual(self._passes((9, 0)), ("triton", "triton"))
+
+    def test_fp32_takes_triton_on_hopper_even_per_call(self):
+        with mock.patch.dict(channelwise_gpu.TUNING, state_pass="mosaic"), \
+                self.assertLogs(level="INFO") as logs:
+            self.assertEqual(self._passes((9, 0), jnp.float32), ("triton", "triton"))
+            self.assertEqual(self._passes((8, 0), jnp.float32, grad_pass="mosaic"),
+                             ("triton", "triton"))
+            self.assertEqual(self._passes(None, jnp.float32, interpret=True,
+                                          grad_pass="mosaic_fused"), ("triton", "triton"))
+        self.assertIn("grad_pass='mosaic': using the Triton kernels: operand dtypes "
+                      "['float32'] are not one 16-bit dtype", "\n".join(logs.output))
+
+    def test_per_call_mosaic_on_ampere_raises_naming_option_and_capability(self):
+        # As an explicit implementation="mosaic_gpu" does (DispatchTest): the caller named
+        # Hopper kernels; TUNING's value, a default for every GPU, falls back instead.
+        for option, value in (("state_pass", "mosaic"), ("grad_pass", "mosaic"),
+                              ("grad_pass", "mosaic_fused")):
+            with self.assertRaisesRegex(
+                    validation.UnsupportedImplementationError,
+                    f"^channelwise_delta_pallas: {option}='{value}' cannot run this call: .*"
+                    f"compute capability 9.0 or newer \\(Hopper\\), this GPU has 8.0. Use "
+                    f"{option}='triton'"):
+                self._passes((8, 0), **{option: value})
+        with self.assertRaisesRegex(ValueError, "state_pass='mosaic'.*need a CUDA GPU"):
+            self._passes(None, state_pass="mosaic")
+        self.assertEqual(self._passes((8, 0), state_pass="triton", grad_pass="triton"),
+                         ("triton", "triton"))
+
+    def test_interpret_mode_runs_the_mosaic_kernels_anywhere(self):
+        with mock.patch.dict(channelwise_gpu.TUNING, state_pass="mosaic", grad_pass="mosaic"):
+            self.assertEqual(self._passes(None, interpret=True), ("mosaic", "mosaic"))
+            self.assertEqual(self._passes((8, 0), interpret=True), ("mosaic", "mosaic"))
+        self.assertEqual(self._passes(None, interpret=True, state_pass="mosaic",
+                                      grad_pass="mosaic_fused"), ("mosaic", "mosaic_fused"))
+
+    def test_kda_with_the_switch_on_ampere_lowers_to_the_triton_kernels(self):
+        # The forward, lowered for CUDA on the CPU host with a patched sm_80: the Triton state
+        # pass (channelwise_forward), no Mosaic GPU call.
+        keys = jax.random.split(jax.random.key(0), 5)
+        q, k, v = (jax.random.normal(keys[i], (1, 128, 2, 64), jnp.bfloat16) for i in range(3))
+        g = -jax.nn.softplus(jax.random.normal(keys[3], (1, 128, 2, 64)))
+        beta = jax.nn.sigmoid(jax.random.normal(keys[4], (1, 128, 2)))
+
+        def fwd(q, k, v, g, beta):
+            return kda_kernel.kda_pallas(q, k, v, g, beta, scale=0.125)[0]
+
+        jax.clear_caches()  # the trace reads TUNING and the capability
+        try:
+            with mock.patch.dict(channelwise_gpu.TUNING, state_pass="mosaic"), \
+                    mock.patch.object(mosaic_gpu, "compute_capability", return_value=(8, 0)), \
+                    pallas_gpu.abstract_gpu_target():
+                text = jax.jit(fwd).trace(q, k, v, g, beta).lower(
+                    lowering_platforms=("cuda",)).as_text()
+        finally:
+            jax.clear_caches()
+        self.assertFalse("custom_call @mosaic_gpu" in text)  # not assertIn: prints the module
+        self.assertTrue('"channelwise_forward"' in text)
 
 
 class ApiLoweringTest(absltest.TestCase):
