@@ -25,7 +25,8 @@
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b: page
 # benchmarks/results/mosaic-gpu-h100-2026-12-06b.md); name items to run others.
-# Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log.
+# Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
+# (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
 ITEMS=${*:-t0glue split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
@@ -35,7 +36,7 @@ if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
     --target /tmp/site .whl/*.whl
 fi
 STAMP=$(date -u +%Y%m%dT%H%M%S)
-O=/tmp/i29out/$STAMP; mkdir -p $O /tmp/i29done
+I=${I29_TMP:-/tmp}; O=$I/i29out/$STAMP; mkdir -p $O $I/i29done
 LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; gva) echo 270;; t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
@@ -219,14 +220,14 @@ run_cw_slab() {
   echo "issue29 queue at $(git rev-parse --short HEAD 2>/dev/null) budget ${B}s items: $ITEMS"
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader
   for it in $ITEMS; do
-    [ -f /tmp/i29done/$it ] && { echo "== $it: done earlier on this machine"; continue; }
+    [ -f $I/i29done/$it ] && { echo "== $it: done earlier on this machine"; continue; }
     e=$(est $it); left=$((B - SECONDS - 15))
     [ $e -le $left ] || { echo "== $it: needs ${e}s, ${left}s left; skipped"; continue; }
     echo "== $it (estimate ${e}s) at ${SECONDS}s"
-    run_$it; touch /tmp/i29done/$it
+    run_$it; touch $I/i29done/$it
     echo "== $it ended at ${SECONDS}s"
   done
 } 2>&1 | tee $LOG
 rm -f $O/*/gpu_tests/worker-*
-mkdir -p $OUT && tar czf $OUT/i29-$STAMP.tar.gz -C /tmp/i29out $STAMP && cp $LOG $OUT/i29.log
+mkdir -p $OUT && tar czf $OUT/i29-$STAMP.tar.gz -C $I/i29out $STAMP && cp $LOG $OUT/i29.log
 ls -la $OUT

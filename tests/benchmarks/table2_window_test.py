@@ -4,8 +4,12 @@ The script's sweeps are tested where they live (tests/experiments/sweep_test.py)
 shell logic runs under ``WINDOW_TMP`` with a budget too short for any phase, so nothing trains.
 """
 
+import json
 import os
+import re
+import stat
 import subprocess
+import sys
 
 from absl.testing import absltest
 
@@ -53,6 +57,50 @@ class Table2WindowTest(absltest.TestCase):
             self.assertIn("Usage, on the", result.stderr)
             self.assertIn(f"<budget_s> is a whole number of seconds, not '{arg}'", result.stderr)
         self.assertEqual(os.listdir(tmp), [])
+
+    def test_every_phase_command_parses_and_its_sweep_selects_runs(self):
+        """All four phases with a python3 that records its arguments (nothing trains), then each
+        sweep again with --dry_run (its --config, --only, --reuse_from) and train_throughput.py's
+        arguments through its parser: a typo fails here, not in a GPU window."""
+        tmp = self.create_tempdir().full_path
+        os.makedirs(os.path.join(tmp, "corpus", "prose-llama2"))  # as joined (dry runs only)
+        os.makedirs(os.path.join(tmp, "bin"))
+        calls = os.path.join(tmp, "calls.jsonl")
+        for name, text in (
+                ("python3", f"""#!/bin/bash
+if [ "$1" = "-c" ]; then exec "{sys.executable}" "$@"; fi
+exec "{sys.executable}" -c 'import json, sys
+with open("{calls}", "a") as f: f.write(json.dumps(sys.argv[1:]) + "\\n")' "$@"
+"""), ("nvidia-smi", "#!/bin/bash\necho 'no GPU (test)'\n")):
+            path = os.path.join(tmp, "bin", name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+        result = run(tmp, budget="5000", PHASES="ps t7 tp t2",
+                     PATH=f"{tmp}/bin:{os.environ['PATH']}")
+        self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-2000:])
+        with open(calls) as f:
+            argvs = [json.loads(line) for line in f]
+        sweeps = [a[1:] for a in argvs if a[0] == "experiments/sweep.py"]
+        self.assertLen(sweeps, 3)  # t7, ps, t2
+        env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+        for argv in sweeps:
+            dry = subprocess.run([sys.executable, "experiments/sweep.py"] + argv + ["--dry_run"],
+                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+            self.assertEqual(dry.returncode, 0, dry.stderr[-3000:])
+            selected = re.search(r"(\d+) run\(s\) selected", dry.stdout)
+            self.assertIsNotNone(selected, dry.stdout[-2000:])
+            self.assertGreater(int(selected.group(1)), 0, argv)
+        throughput = [a[1:] for a in argvs if a[0] == "benchmarks/train_throughput.py"]
+        self.assertLen(throughput, 9)
+        check = ("import json, sys\nfrom benchmarks import train_throughput as t\n"
+                 "for argv in json.loads(sys.stdin.read()):\n"
+                 "    a = t._parse_args(argv)\n"
+                 "    assert all(p in t.PRESETS for p in a.presets.split(',')), a.presets\n"
+                 "print('OK')")
+        parsed = subprocess.run([sys.executable, "-c", check], input=json.dumps(throughput),
+                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(parsed.stdout.strip(), "OK", parsed.stderr[-3000:])
 
 
 if __name__ == "__main__":

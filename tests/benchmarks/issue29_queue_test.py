@@ -1,0 +1,201 @@
+"""benchmarks/windows/issue29_queue.sh: every command it would run on the GPU machine, on a CPU.
+
+The script runs with every item and a ``python3`` on ``PATH`` that records its arguments and does
+nothing (the inline ``python3 -c`` snippets run for real, on logs that do not exist), under
+``I29_TMP``. Then each recorded command is checked the cheap way: bench_kernels.py's flags are
+parsed and go through its own ``_check_*`` refusals; profile_grad.py's and gpu_tests.py's flags
+are parsed; bench_gva_loop.py's arguments go through its parser; every pytest node id, ``-k``
+expression and gpu_tests.py path must collect at least one test. A typo'd flag or a renamed test
+fails here instead of costing GPU minutes. Also: the estimates of ``est()`` cover each item's
+``timeout`` caps.
+"""
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+
+from absl.testing import absltest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
+ITEMS = ("t0glue gva t0 vk split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 "
+         "cw_slab").split()
+
+_SHIM = """#!/bin/bash
+if [ "$1" = "-c" ]; then exec "{py}" "$@"; fi
+exec "{py}" -c 'import json, os, sys
+with open(os.environ["I29_CALLS"], "a") as f: f.write(json.dumps(sys.argv[1:]) + "\\n")' "$@"
+"""
+
+_BENCH_KERNELS = """import json, sys
+sys.argv = ["bench_kernels.py"]
+from absl import flags
+from benchmarks import bench_kernels as bk
+for argv in json.loads(sys.stdin.read()):
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS(["bench_kernels.py"] + argv)
+    bk._check_mosaic_forward(); bk._check_mosaic_backward()
+    bk._check_channelwise_state_pass(); bk._check_channelwise_grad_pass()
+    bk._apply_mosaic_t0()
+print("OK")
+"""
+
+_PROFILE_GRAD = """import json, sys
+from absl import flags
+from benchmarks import profile_grad as p
+p._define_flags()
+flags.FLAGS(["profile_grad.py"] + json.loads(sys.stdin.read()))
+print(p.with_slabs(p.parse_variants(p._VARIANTS.value), p.parse_slabs(p._SLABS.value)))
+"""
+
+_GPU_TESTS = """import json, sys
+from absl import flags
+from benchmarks import gpu_tests as g
+g._define_flags()
+rest = flags.FLAGS(["gpu_tests.py"] + json.loads(sys.stdin.read()))
+print(json.dumps(dict(marker=g._MARKER.value, paths=rest[1:])))
+"""
+
+_ARGPARSE = """import argparse, json, runpy, sys
+parse = argparse.ArgumentParser.parse_args
+def parse_and_stop(self, *a, **k):
+    parse(self, *a, **k)
+    print("OK")
+    sys.exit(0)
+argparse.ArgumentParser.parse_args = parse_and_stop
+sys.argv = json.loads(sys.stdin.read())
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _python(code, payload):
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-c", code], input=json.dumps(payload), cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def _collected(args):
+    """How many tests ``pytest --collect-only`` selects with ``args`` (-m, -k, paths)."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                             "-p", "no:cacheprovider"] + args, cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    m = re.search(r"^(\d+)(?:/\d+)? tests? collected", result.stdout, re.M)
+    return (int(m.group(1)) if m and result.returncode == 0 else 0), result.stdout[-2000:]
+
+
+class Issue29QueueTest(absltest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        tmp = tempfile.mkdtemp(prefix="issue29_queue_", dir=absltest.get_default_test_tmpdir())
+        os.makedirs(os.path.join(tmp, "bin"))
+        for name, text in (("python3", _SHIM.format(py=sys.executable)),
+                           ("nvidia-smi", "#!/bin/bash\necho 'no GPU (test)'\n")):
+            path = os.path.join(tmp, "bin", name)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+        calls = os.path.join(tmp, "calls.jsonl")
+        cls.result = subprocess.run(
+            ["bash", SCRIPT, "100000"] + list(ITEMS), cwd=ROOT, capture_output=True, text=True,
+            timeout=300, env={**os.environ, "PATH": f"{tmp}/bin:{os.environ['PATH']}",
+                              "I29_TMP": os.path.join(tmp, "work"), "I29_CALLS": calls,
+                              "OUT": os.path.join(tmp, "out"), "JAX_PLATFORMS": "cpu"})
+        with open(calls) as f:
+            cls.calls = [json.loads(line) for line in f]
+
+    def _calls(self, tool):
+        return [c[1:] for c in self.calls if c and c[0] == tool]
+
+    def test_every_item_ran(self):
+        for it in ITEMS:
+            self.assertIn(f"== {it} ended at", self.result.stdout, self.result.stdout[-3000:])
+        self.assertNotIn("skipped", self.result.stdout)
+
+    def test_bench_kernels_flags_parse_and_pass_its_checks(self):
+        argvs = self._calls("benchmarks/bench_kernels.py")
+        self.assertGreaterEqual(len(argvs), 14)
+        result = _python(_BENCH_KERNELS, argvs)
+        self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+
+    def test_profile_grad_flags_parse(self):
+        argvs = self._calls("benchmarks/profile_grad.py")
+        self.assertNotEmpty(argvs)
+        for argv in argvs:
+            result = _python(_PROFILE_GRAD, argv)
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+
+    def test_bench_gva_loop_arguments_parse(self):
+        argvs = self._calls("benchmarks/bench_gva_loop.py")
+        self.assertNotEmpty(argvs)
+        for argv in argvs:
+            result = _python(_ARGPARSE, ["benchmarks/bench_gva_loop.py"] + argv)
+            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+
+    def test_gpu_tests_paths_collect(self):
+        argvs = self._calls("benchmarks/gpu_tests.py")
+        self.assertLen(argvs, 3)  # gva, autooff, cw_tests
+        for argv in argvs:
+            result = _python(_GPU_TESTS, argv)
+            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+            parsed = json.loads(result.stdout.strip().splitlines()[-1])
+            for path in parsed["paths"]:  # each one on its own: none may select nothing
+                n, out = _collected(["-m", parsed["marker"], path])
+                self.assertGreater(n, 0, f"{path}: {out}")
+
+    def test_pytest_selections_collect(self):
+        argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
+        self.assertLen(argvs, 3)  # t0glue, vk, split2
+        for argv in argvs:
+            keep, i = [], 0
+            while i < len(argv):
+                a = argv[i]
+                if a in ("-m", "-k"):
+                    keep += argv[i:i + 2]
+                    i += 2
+                    continue
+                if a in ("-n", "-p"):  # xdist workers (where installed), plugins: not here
+                    i += 2
+                    continue
+                if not a.startswith("-"):
+                    keep.append(a)
+                i += 1
+            n, out = _collected(keep)
+            self.assertGreater(n, 0, f"{keep}: {out}")
+
+    def test_estimates_cover_the_timeout_caps(self):
+        with open(SCRIPT) as f:
+            text = f.read()
+        est = {}
+        for names, value in re.findall(r"(\w+(?:\|\w+)*)\) echo (\d+);;", text):
+            for name in names.split("|"):
+                est[name] = int(value)
+        self.assertEqual(set(est), set(ITEMS))
+        default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
+        self.assertContainsSubset(default, ITEMS)
+        for it in ITEMS:
+            body = re.search(r"^run_%s\(\) \{(.*)$" % it, text, re.M).group(1)
+            if not body.rstrip().endswith("}"):  # not a one-line function: up to its "}" line
+                body = re.search(r"^run_%s\(\) \{(.*?)^\}" % it, text, re.M | re.S).group(1)
+            elapsed = 0  # the most seconds the item can have used so far
+            for m in re.finditer(r"timeout (\d+) |timeout \$\(\((\d+) - SECONDS \+ s\)\)|"
+                                 r"split_loop ([\w: ]+)", body):
+                if m.group(1):
+                    elapsed += int(m.group(1))
+                elif m.group(2):  # a timeout of what is left: never <= 0 (0 is no limit)
+                    self.assertGreaterEqual(int(m.group(2)) - elapsed, 10, f"{it}: {m.group(0)}")
+                    elapsed = int(m.group(2))
+                else:
+                    elapsed += 65 * len(m.group(3).split())  # split_loop's timeout 65 each
+            self.assertGreater(elapsed, 0, it)
+            self.assertGreaterEqual(est[it], elapsed, f"{it}: est {est[it]} < cap {elapsed}")
+
+
+if __name__ == "__main__":
+    absltest.main()
