@@ -133,11 +133,8 @@ def check_op_inputs(q, k, v, gates, initial_state, segment_ids, chunk_size, scal
         that size (``v``, gates, ``initial_state``, ``segment_ids``), or both alike when none
         does (e.g. ``"q.shape=(2, 8, 2, 7) and k.shape=(2, 8, 2, 8) differ: ..."``).
     """
-    named = [("q", q), ("k", k), ("v", v)] + [(name, x) for name, x, _ in gates]
-    named += [("initial_state", initial_state), ("segment_ids", segment_ids)]
-    for name, x in named:
-        if x is not None:
-            check_array(name, x)
+    check_arrays(q=q, k=k, v=v, **{name: x for name, x, _ in gates},
+                 initial_state=initial_state, segment_ids=segment_ids)
     check_rank("q", q, ("B", "T", "HK", "K"))
     batch, seq_len, key_heads, dk = q.shape
     if seq_len < 1:
