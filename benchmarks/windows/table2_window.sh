@@ -10,7 +10,7 @@
 # ps = the matched-parameter GDN-2 runs (configs/sweeps/params_small.py); t7 = Table 7 core
 # (host reused from table2, CLVR x 2 seeds); tp = train_throughput.py --size=small one preset at
 # a time into /tmp/tp; t2 = Table 2's runs that T2_ONLY selects (default: the seed-43 runs
-# that the report's Seeds section asked for after window 10, 2026-12-06c; finished ones are
+# that the report's Seeds section asked for after window 11, 2026-12-06d: GDN-2; finished ones are
 # skipped). EXTRA2, EXTRA7, EXTRAP: more flags of the t2, t7 and ps sweeps; EXTRA2:
 # "--finish_by_deadline --stop_margin_s=5" on the last call,
 # "--gpus=0,1,2,3" on a 4-GPU host; T2_ARG=",seeds=2" (default) puts every group's seed 43 in
@@ -21,7 +21,7 @@
 # (0 done, 3 stopped at the deadline, 4 a run failed), 6 when the corpus pieces are missing,
 # 5 when the join fails, 2 (and this text) for a budget that is not a number, e.g. --help.
 PHASES=${PHASES:-t2}
-T2_ONLY=${T2_ONLY:---only=arch=kda,stack=hybrid,opt=muon,seed=43 --only=arch=gdn2,stack=hybrid,opt=muon,seed=43 --only=arch=gdn2,stack=hybrid,opt=adamw,seed=43 --only=arch=kda,stack=pure,opt=muon,seed=43 --only=arch=gdn2,stack=pure,opt=muon,seed=43 --only=arch=gdn2,stack=pure,opt=adamw,seed=43 --only=arch=deltanet,stack=pure,opt=muon,seed=43}
+T2_ONLY=${T2_ONLY:---only=arch=gdn2,stack=hybrid,opt=muon,seed=43 --only=arch=gdn2,stack=hybrid,opt=adamw,seed=43 --only=arch=gdn2,stack=pure,opt=muon,seed=43 --only=arch=gdn2,stack=pure,opt=adamw,seed=43}
 T2_ARG=${T2_ARG-,seeds=2}
 B=${1:-565}
 [[ "$B" =~ ^[0-9]+$ ]] || { sed -n '2,/^PHASES=/p' "$0" | sed '$d' | cut -c3- >&2; echo "table2_window: <budget_s> is a whole number of seconds, not '$B'" >&2; exit 2; }
