@@ -8,6 +8,9 @@
 #   t0glue 150  Sec. 36: --mosaic_forward=fused_t0 with the T0 kernel forming W (no XLA glue)
 #               and the S2 fallback to three_pass, jla beside it, then the W gpu tests
 #               (decision rule in Sec. 36)
+#   t0w 340     Sec. 38: the W gpu tests and the op's fused_t0 gpu tests that t0glue's timeout
+#               left out, then the S1 training step with fused_t0 and with fused_t0_split
+#               (state_ag, 3 stages) in two processes (decision rule in Sec. 38)
 #   gva 270     Sec. 33: fused_ws's GVA loop at K = 64, its bench and its four gpu tests
 #   t0 250      Sec. 32.2: --mosaic_forward=fused_t0 with the default backward, jla beside it
 #   vk 150      Sec. 35.4: the split forward, state_ag + 3 stages, state layout vk and kv,
@@ -23,12 +26,13 @@
 #   cw_tests 320  the 22 gpu tests of the Mosaic state passes, K2 and K1 (11 workers)
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
-# Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b: page
-# benchmarks/results/mosaic-gpu-h100-2026-12-06b.md); name items to run others.
+# Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
+# split1 on 2026-12-06c: pages benchmarks/results/mosaic-gpu-h100-2026-12-06{b,c}.md); name
+# items to run others.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-t0glue split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
+ITEMS=${*:-t0w split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -38,7 +42,7 @@ fi
 STAMP=$(date -u +%Y%m%dT%H%M%S)
 I=${I29_TMP:-/tmp}; O=$I/i29out/$STAMP; mkdir -p $O $I/i29done
 LOG=$O/i29.log
-est() { case $1 in t0glue) echo 150;; gva) echo 270;; t0) echo 250;; vk) echo 150;;
+est() { case $1 in t0glue) echo 150;; t0w) echo 340;; gva) echo 270;; t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;; *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -58,6 +62,33 @@ for l in open(sys.argv[1], errors="replace"):
   timeout $((148 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
     -k test_w_matches_wy_factor $T/kernel_mosaic_gdn_t0_test.py 2>&1 \
     | grep -a -E 'W: relative|passed|failed|FAILED|Error' | cut -c1-250 | tail -6
+}
+
+run_t0w() {
+  mkdir -p $O/t0w; local s=$SECONDS f
+  local t=$T/kernel_mosaic_gdn_t0_test.py::GpuTest
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 150 python3 benchmarks/gpu_tests.py --jobs=8 --deadline_s=135 \
+    --out=$O/t0w/gpu_tests $t::test_w_matches_wy_factor_cpc8_gva_packed_partial_T3000_K128 \
+    $t::test_w_matches_wy_factor_fp16_deltanet_T1000_K64 $t::test_vjp_fused_t0_matches_chunked_vjp \
+    $t::test_vjp_fused_t0_split_matches_chunked_vjp \
+    $t::test_forward_fused_t0_matches_reference_and_three_pass_deltanet_h0_partial_T1000_K128_V128 \
+    $t::test_forward_fused_t0_matches_reference_and_three_pass_gva_h0_packed_T4096_K128_V128 \
+    $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fused_backward_matches_chunked_vjp_deltanet_partial_T1000_K64_V64_fused_t0_fused_ws
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  cut -c1-220 $O/t0w/gpu_tests/summary.md | tail -14
+  grep -a -h 'W: relative' $O/t0w/gpu_tests/workers.log | sort -u | cut -c1-200
+  for f in fused_t0 fused_t0_split; do local x=""
+    [ $f = fused_t0 ] || x="--mosaic_t0_split_order=state_ag --mosaic_t0_split_stages=3"
+    timeout 90 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic --passes=fwdbwd \
+      --shapes=S1 --mosaic_forward=$f $x --iters=20 --warmup=3 --out=$O/t0w/$f \
+      > $O/t0w/$f.log 2>&1; echo "$f rc=$? t=$((SECONDS-s))s"
+  done
+  grep -a -h '^gate' $O/t0w/fused_t0*.log | cut -c1-200
+  cat $O/t0w/fused_t0*.log | python3 -c 'import sys,json
+for l in sys.stdin:
+  if l.startswith("{") and "kernel_ms" in l:
+    r=json.loads(l); print(r["pass_"],r.get("mosaic_forward_run"),r.get("mosaic_t0"),
+      round(r["kernel_ms"],3),{k[:40]:round(v,3) for k,v in (r.get("kernels") or {}).items()})'
 }
 
 run_gva() {

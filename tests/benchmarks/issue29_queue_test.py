@@ -22,7 +22,7 @@ from absl.testing import absltest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
-ITEMS = ("t0glue gva t0 vk split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 "
+ITEMS = ("t0glue t0w gva t0 vk split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 "
          "cw_slab").split()
 
 _SHIM = """#!/bin/bash
@@ -88,6 +88,17 @@ def _collected(args):
     return (int(m.group(1)) if m and result.returncode == 0 else 0), result.stdout[-2000:]
 
 
+def _collected_ids(args):
+    """The node ids ``pytest --collect-only -q`` selects with ``args`` (-m, paths)."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                             "-p", "no:cacheprovider"] + args, cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        raise AssertionError(f"collection failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
+    return {line.strip() for line in result.stdout.splitlines() if "::" in line}
+
+
 class Issue29QueueTest(absltest.TestCase):
 
     @classmethod
@@ -120,7 +131,7 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_bench_kernels_flags_parse_and_pass_its_checks(self):
         argvs = self._calls("benchmarks/bench_kernels.py")
-        self.assertGreaterEqual(len(argvs), 14)
+        self.assertGreaterEqual(len(argvs), 16)
         result = _python(_BENCH_KERNELS, argvs)
         self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
 
@@ -140,14 +151,17 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_gpu_tests_paths_collect(self):
         argvs = self._calls("benchmarks/gpu_tests.py")
-        self.assertLen(argvs, 3)  # gva, autooff, cw_tests
+        self.assertLen(argvs, 4)  # t0w, gva, autooff, cw_tests
         for argv in argvs:
             result = _python(_GPU_TESTS, argv)
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
             parsed = json.loads(result.stdout.strip().splitlines()[-1])
-            for path in parsed["paths"]:  # each one on its own: none may select nothing
-                n, out = _collected(["-m", parsed["marker"], path])
-                self.assertGreater(n, 0, f"{path}: {out}")
+            # one collection for all of a call's paths (each pytest start costs seconds), then
+            # each path on its own: none may select nothing
+            ids = _collected_ids(["-m", parsed["marker"]] + parsed["paths"])
+            for path in parsed["paths"]:
+                self.assertTrue(any(i == path or i.startswith(path + "::") for i in ids),
+                                f"{path} selects no test; collected: {sorted(ids)[:20]}")
 
     def test_pytest_selections_collect(self):
         argvs = [c[1:] for c in self._calls("-m") if c[:1] == ["pytest"]]
