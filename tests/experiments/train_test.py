@@ -448,9 +448,14 @@ class TrainBinaryTest(parameterized.TestCase):
             workdir = os.path.join(self.create_tempdir().full_path, "run")
             proc = subprocess.Popen(cmd + ["--workdir=" + workdir], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
-            time.sleep(delay)
-            proc.send_signal(signal.SIGINT)
-            _, err = proc.communicate(timeout=120)
+            try:
+                time.sleep(delay)
+                proc.send_signal(signal.SIGINT)
+                _, err = proc.communicate(timeout=120)
+            finally:  # a run that ignored the signal must not outlive the test
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
             with self.subTest(delay=delay):
                 self.assertEqual(proc.returncode, 130, err[-2000:])
                 self.assertIn("Ctrl-C", err)  # in start-up, or (a slower host) after a step
