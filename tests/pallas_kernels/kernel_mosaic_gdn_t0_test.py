@@ -54,6 +54,11 @@ dispatched, not run on a GPU yet).
   MOSAIC_GPU.md Sec. 16) export for CUDA under their own names and leave the default's jaxpr
   alone; ``FusedT0StagesInterpretTest`` (``slow``) checks what ``io``, ``state`` and
   ``no_store`` compute against ``full``.
+* ``SplitStagesTest`` (CI): the three-warpgroup kernel's timing ablations (``stages`` with
+  ``split_output``, ``kfused.SPLIT_T0_STAGES``, MOSAIC_GPU.md Sec. 39) export for CUDA under
+  their own names, ``"full"`` leaves the production kernel's jaxpr alone, bad combinations are
+  refused; ``SplitStagesInterpretTest`` (``slow``) checks what each stage computes
+  (``state_ag``, three stages) against ``full``, the fp32 reference and a float64 read-out.
 * ``GpuTest`` (``gpu``) runs the compiled kernels on a Hopper GPU at realistic rows.
 
 The interpreted kernels hang on a 2-core host unless XLA's CPU pool is larger (BUILD.md,
@@ -997,9 +1002,13 @@ class FusedT0StagesTest(parameterized.TestCase):
         fn = kfused.chunk_delta_fused_t0_fwd_mosaic
         with self.assertRaisesRegex(ValueError, "stages must be one of"):
             fn(q, k, v, t0, g, beta, scale=0.1, stages="gram")
-        for kw in (dict(split_output=True), dict(store_v_new=True), dict(store_h=True)):
-            with self.assertRaisesRegex(ValueError, "ablation of the two-warpgroup"):
+        for kw in (dict(store_v_new=True), dict(store_h=True),
+                   dict(store_h=True, split_output=True, split_order="state_ag")):
+            with self.assertRaisesRegex(ValueError, "timing ablation without extra outputs"):
                 fn(q, k, v, t0, g, beta, scale=0.1, stages="state", **kw)
+        with self.assertRaisesRegex(ValueError, "'readout' is an ablation of the three-warpgroup"
+                                                ".* needs split_output=True"):
+            fn(q, k, v, t0, g, beta, scale=0.1, stages="readout")
 
 
 # Interpreted (slow; PJRT_NPROC=8 as the module docstring says): what the stages compute.
@@ -1029,6 +1038,186 @@ class FusedT0StagesInterpretTest(absltest.TestCase):
         o_ns = run("no_store")[0]
         last = slice(2 * C, seq_len)
         np.testing.assert_array_equal(np.asarray(o_ns[:, last]), np.asarray(o_full[:, last]))
+
+
+def _check_split_stage_exports(test, stages, split_order="state_ag", split_stages=3, dk=128,
+                               dv=128, dtype=jnp.bfloat16, deltanet=False):
+    q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, None if deltanet else 0.2,
+                                           True, (70, 30), dtype)
+    t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+
+    def fn(q, k, v, t0, g, beta, state, seg):
+        return kfused.chunk_delta_fused_t0_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
+            split_output=True, split_order=split_order, split_stages=split_stages,
+            stages=stages)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
+        q, k, v, t0, g, beta, state, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    name = kfused.fused_t0_kernel_name(split_output=True, split_order=split_order,
+                                       split_stages=split_stages, stages=stages)
+    test.assertIn(name + "/", text)  # the op's named scope, then the kernel's own
+    test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals[:2]],
+                     [((1, 200, 2, dv), dtype), ((1, 2, dk, dv), jnp.float32)])
+
+
+class SplitStagesTest(parameterized.TestCase):
+    """The timing ablations of the three-warpgroup kernel (``stages`` with ``split_output``,
+    :data:`kfused.SPLIT_T0_STAGES`, MOSAIC_GPU.md Sec. 39): each exports for CUDA under its
+    own kernel name (K = V = 128 bf16 with ``h0`` and documents at three ring stages, so within
+    the 227 KB SMEM limit with the aliases; a two-stage ``readout_first`` for the stages every
+    order takes; K 64 fp16 DeltaNet), ``"full"`` is the production kernel's jaxpr and
+    ``"nobar"`` differs from it only in ``unsafe_no_auto_barriers`` and the name, and the bad
+    combinations are refused (CI, about 10 s)."""
+
+    @parameterized.named_parameters(
+        ("io_sa_s3", "io"),
+        ("state_sa_s3", "state"),
+        ("readout_sa_s3", "readout"),
+        ("no_store_sa_s3", "no_store"),
+        ("nobar_sa_s3", "nobar"),
+        ("io_ro_s2", "io", "readout_first", 2),
+        ("no_store_ro_s2", "no_store", "readout_first", 2),
+        ("state_sa_s2_fp16_deltanet_K64", "state", "state_ag", 2, 64, 64, jnp.float16, True),
+        ("readout_sa_s3_K128_V64", "readout", "state_ag", 3, 128, 64),
+    )
+    def test_split_stage_exports_for_cuda(self, *args):
+        _check_split_stage_exports(self, *args)
+
+    def test_kernel_names(self):
+        name = kfused.fused_t0_kernel_name
+        self.assertEqual(name(), "gdn_chunk_delta_fused_t0_fwd")
+        self.assertEqual(name(stages="io"), "gdn_chunk_delta_fused_t0_fwd_abl_io")
+        self.assertEqual(name(split_output=True), "gdn_chunk_delta_fused_t0_fwd_split_ro")
+        self.assertEqual(name(split_output=True, split_order="state_ag", split_stages=3,
+                              stages="readout"),
+                         "gdn_chunk_delta_fused_t0_fwd_split_sa_s3_abl_readout")
+        self.assertEqual(name(split_output=True, split_order="prepare_first", split_stages=3,
+                              state_layout="vk"), "gdn_chunk_delta_fused_t0_fwd_split_s3_vk")
+
+    def test_full_is_the_production_kernel_and_nobar_only_drops_the_barriers(self):
+        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
+        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
+        for interpret in (False, True):
+            for order, depth in (("state_ag", 3), ("readout_first", 2)):
+                def jaxpr(**kw):
+                    return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
+                        *a, scale=0.1, initial_state=state, segment_ids=seg,
+                        interpret=interpret, split_output=True, split_order=order,
+                        split_stages=depth, **kw))(q, k, v, t0, g, beta))
+
+                default = jaxpr()
+                self.assertEqual(jaxpr(stages="full"), default)
+                nobar = jaxpr(stages="nobar")
+                self.assertNotEqual(nobar, default)
+                self.assertEqual(nobar.replace("unsafe_no_auto_barriers=True",
+                                               "unsafe_no_auto_barriers=False")
+                                 .replace("_abl_nobar", ""), default)
+                stages = ("io", "no_store") + (("state", "readout") if order == "state_ag"
+                                               else ())
+                for stage in stages:
+                    self.assertNotEqual(jaxpr(stages=stage), default, f"{order} {stage}")
+
+    def test_rejects_bad_combinations(self):
+        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+
+        def fn(**kw):
+            kfused.chunk_delta_fused_t0_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, **kw)
+
+        split = dict(split_output=True, split_order="state_ag", split_stages=3)
+        with self.assertRaisesRegex(ValueError, "'v_new' is an ablation of the two-warpgroup "
+                                                "kernel: with split_output=True"):
+            fn(stages="v_new", **split)
+        for stages in ("state", "readout"):
+            with self.assertRaisesRegex(ValueError, "needs split_order='state_ag'"):
+                fn(stages=stages, split_output=True, split_order="prepare_mid", split_stages=3)
+        with self.assertRaisesRegex(ValueError, "state_layout='kv' split kernel"):
+            fn(stages="io", state_layout="vk", **split)
+        for kw in (dict(store_v_new=True), dict(store_h=True)):
+            with self.assertRaisesRegex(ValueError, "timing ablation without extra outputs"):
+                fn(stages="readout", **split, **kw)
+
+
+def _readout_float64(q, k, v, g, state, seg, scale):
+    """float64 ``o`` ``[B, T, H, V]`` of the split kernel's ``stages="readout"``: per chunk of
+    64 tokens ``o_t = scale (conn_t e^{G_t} q_t . S_0 + sum_s D_ts (q_t . k_s) v_s)`` with
+    ``S_0`` the initial state rounded to ``v``'s dtype (the published 16-bit tile) for every
+    chunk, ``G`` the chunk-local inclusive cumsum of ``g``, ``D_ts = e^{G_t - G_s}`` on causal
+    same-document pairs and ``conn_t`` 1 on the tokens of the document open before the chunk
+    (in chunk 0 the first document, which the initial state enters)."""
+    batch, seq_len, heads, dv = v.shape
+    qf, kf = (np.asarray(gdn_test._expand(x, heads).astype(jnp.float32), np.float64)
+              for x in (q, k))
+    vf = np.asarray(v.astype(jnp.float32), np.float64)
+    gf = np.zeros((batch, seq_len, heads)) if g is None else np.asarray(g, np.float64)
+    s0 = np.asarray(state.astype(v.dtype).astype(jnp.float32), np.float64)
+    doc = (np.zeros((batch, seq_len), np.int64) if seg is None
+           else np.asarray(common.document_index(seg)))
+    out = np.zeros((batch, seq_len, heads, dv))
+    for b in range(batch):
+        for c0 in range(0, seq_len, C):
+            rows = slice(c0, min(c0 + C, seq_len))
+            d = doc[b, rows]
+            open_doc = d[0] if c0 == 0 else doc[b, c0 - 1]
+            conn = (d == open_doc).astype(np.float64)
+            causal = np.tril(np.ones((len(d), len(d)), bool)) & (d[:, None] == d[None, :])
+            for h in range(heads):
+                gc = np.cumsum(gf[b, rows, h])
+                dmat = np.where(causal, np.exp(np.where(causal, gc[:, None] - gc[None, :], 0)),
+                                0.0)
+                qh, kh = qf[b, rows, h], kf[b, rows, h]
+                out[b, rows, h] = scale * ((conn * np.exp(gc))[:, None] * (qh @ s0[b, h])
+                                           + ((qh @ kh.T) * dmat) @ vf[b, rows, h])
+    return out
+
+
+# Interpreted (slow; PJRT_NPROC=8 as the module docstring says): what the split stages compute.
+@pytest.mark.slow
+class SplitStagesInterpretTest(absltest.TestCase):
+    """``state_ag`` with three ring stages at T 200 (four chunks: the ring and the published
+    tiles wrap; GVA 2:1, ``h0``, documents starting inside chunks, a partial last chunk):
+    ``"full"`` against the fp32 reference; ``"io"`` returns the loaded ``v`` and the initial
+    state, ``"state"`` the ``v_new`` and final state of ``"full"`` (bit-equal), ``"readout"``
+    the frozen-chain read-out (:func:`_readout_float64`) and the initial state,
+    ``"no_store"`` the last chunk's ``o`` of ``"full"`` and ``"nobar"`` ``"full"``'s
+    results."""
+
+    def test_split_stages_compute_what_they_say(self):
+        seq_len, dk = 200, 64
+        q, k, v, g, beta, state, seg = _inputs(1, seq_len, 2, 1, dk, 64, 0.2, True, (70, 30))
+        t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+        scale = dk ** -0.5
+
+        def run(stages, **kw):
+            return kfused.chunk_delta_fused_t0_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
+                interpret=True, split_output=True, split_order="state_ag", split_stages=3,
+                stages=stages, **kw)
+
+        o_full, final_full, vn_full, _ = run("full", store_v_new=True)
+        o_ref, final_ref, _ = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
+        for got, want in ((o_full, o_ref), (final_full, final_ref)):
+            self.assertLess(tolerances.rel_err(got, want), _FWD_GATE[jnp.dtype(v.dtype)])
+        o_io, final_io, _, _ = run("io")
+        np.testing.assert_array_equal(np.asarray(o_io), np.asarray(v))
+        np.testing.assert_array_equal(np.asarray(final_io), np.asarray(state))
+        o_state, final_state, _, _ = run("state")
+        np.testing.assert_array_equal(np.asarray(o_state), np.asarray(vn_full))
+        np.testing.assert_array_equal(np.asarray(final_state), np.asarray(final_full))
+        o_ro, final_ro, _, _ = run("readout")
+        np.testing.assert_array_equal(np.asarray(final_ro), np.asarray(state))
+        want = _readout_float64(q, k, v, g, state, seg, scale)
+        got = np.asarray(o_ro.astype(jnp.float32), np.float64)
+        self.assertLess(np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2)), 5e-3)
+        o_ns = run("no_store")[0]
+        last = slice(3 * C, seq_len)
+        np.testing.assert_array_equal(np.asarray(o_ns[:, last]), np.asarray(o_full[:, last]))
+        o_nb, final_nb, _, _ = run("nobar")
+        np.testing.assert_array_equal(np.asarray(o_nb), np.asarray(o_full))
+        np.testing.assert_array_equal(np.asarray(final_nb), np.asarray(final_full))
 
 
 class ValidationTest(absltest.TestCase):
