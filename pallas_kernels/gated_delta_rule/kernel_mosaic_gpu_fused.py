@@ -1592,16 +1592,23 @@ def chunk_delta_fused_t0_fwd_mosaic(
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic` takes
             them; ``None``: formed here.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
-        stages: a timing ablation (static, one of :data:`FUSED_T0_STAGES`; benchmarks only,
-            two warpgroups, no ``store_v_new`` / ``store_h``): ``"full"`` (default) is the
-            kernel; ``"io"``, ``"v_new"`` and ``"state"`` cut each chunk's work short after the
+        stages: a timing ablation (static; benchmarks only, no ``store_v_new`` /
+            ``store_h``). Two warpgroups, one of :data:`FUSED_T0_STAGES`: ``"full"`` (default)
+            is the kernel; ``"io"``, ``"v_new"`` and ``"state"`` cut each chunk's work short after the
             loads, ``v_new`` and the state update, and return a first output that is NOT
             ``o`` (the loaded ``v``, ``v_new``, ``v_new``; ``"io"`` and ``"v_new"`` also a final
             state equal to the initial one); ``"no_store"`` stores ``o`` for each row's last
             chunk only (the other rows are unwritten, arbitrary); ``"nobar"`` compiles
             ``"full"`` with ``CompilerParams(unsafe_no_auto_barriers=True)``. Each has its own
             kernel name (``gdn_chunk_delta_fused_t0_fwd_abl_<stages>``) so that a profile
-            lists it apart (MOSAIC_GPU.md Sec. 16).
+            lists it apart (MOSAIC_GPU.md Sec. 16). With ``split_output`` (``"kv"`` layout)
+            one of :data:`SPLIT_T0_STAGES` (MOSAIC_GPU.md Sec. 39): ``"io"`` (the ring only;
+            returns ``v`` and the initial state), ``"state"`` (the state warpgroup alone;
+            returns ``v_new`` as the first output and the final state), ``"readout"`` (the
+            output warpgroup alone on a chain frozen at the initial state with ``v_new = v``;
+            returns that read-out and the initial state) need ``split_order="state_ag"`` for
+            the last two; ``"no_store"`` and ``"nobar"`` as above; kernel names
+            :func:`fused_t0_kernel_name` (``..._split_sa_s3_abl_<stages>``).
         split_order: with ``split_output`` only (static, one of :data:`SPLIT_ORDERS`; a
             timing choice, same results bit for bit): ``"readout_first"`` (default since
             2026-12-04f) has the output warpgroup read out chunk ``n`` before forming ``Ag``
@@ -1643,8 +1650,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
     Raises:
         ValueError: on mismatched shapes or dtypes of ``q, k, v, t0``, unsupported head dims
             or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``, ``beta``, ``segment_ids``
-            or ``initial_state`` shape; ``stages`` not in :data:`FUSED_T0_STAGES`, or other
-            than ``"full"`` with ``split_output``, ``store_v_new`` or ``store_h``;
+            or ``initial_state`` shape; ``stages`` not in :data:`FUSED_T0_STAGES` (two
+            warpgroups) or :data:`SPLIT_T0_STAGES` (``split_output``), other than ``"full"``
+            with ``store_v_new`` or ``store_h``, ``"state"`` / ``"readout"`` with a
+            ``split_order`` other than ``"state_ag"``, or other than ``"full"`` with
+            ``state_layout="vk"``;
             ``split_order`` not in :data:`SPLIT_ORDERS`, or other than the default
             ``"readout_first"`` without ``split_output``; ``split_stages`` not in
             :data:`SPLIT_STAGES`, or other than 2 without ``split_output``;
