@@ -1594,8 +1594,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
         stages: a timing ablation (static; benchmarks only, no ``store_v_new`` /
             ``store_h``). Two warpgroups, one of :data:`FUSED_T0_STAGES`: ``"full"`` (default)
-            is the kernel; ``"io"``, ``"v_new"`` and ``"state"`` cut each chunk's work short after the
-            loads, ``v_new`` and the state update, and return a first output that is NOT
+            is the kernel; ``"io"``, ``"v_new"`` and ``"state"`` cut each chunk's work short
+            after the loads, ``v_new`` and the state update, and return a first output that is NOT
             ``o`` (the loaded ``v``, ``v_new``, ``v_new``; ``"io"`` and ``"v_new"`` also a final
             state equal to the initial one); ``"no_store"`` stores ``o`` for each row's last
             chunk only (the other rows are unwritten, arbitrary); ``"nobar"`` compiles
