@@ -66,7 +66,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags
 
@@ -413,15 +413,25 @@ def _split_fields(split: Dict) -> Dict:
                 split_stages=split.get("split_stages", 2))
 
 
+def selected_variants() -> Tuple[Dict, List[str]]:
+    """From the parsed flags: :func:`parse_split`'s kernel options and the stages to time
+    (``--variants``, or :data:`SPLIT_DEFAULT_VARIANTS` with ``--split_order`` when
+    ``--variants`` is not given).
+
+    Raises:
+      VariantError: as :func:`parse_split` and :func:`parse_variants`.
+    """
+    split = parse_split(_SPLIT_ORDER.value, _SPLIT_STAGES.value)
+    texts = SPLIT_DEFAULT_VARIANTS if split and not _VARIANTS.present else _VARIANTS.value
+    return split, parse_variants(texts, _SPLIT_ORDER.value)
+
+
 def main(argv: List[str]) -> None:
     del argv
     start = time.perf_counter()  # --deadline_s counts from here (imports included)
     from benchmarks import common
     try:
-        split = parse_split(_SPLIT_ORDER.value, _SPLIT_STAGES.value)
-        texts = (SPLIT_DEFAULT_VARIANTS if split and not _VARIANTS.present
-                 else _VARIANTS.value)
-        variants = parse_variants(texts, _SPLIT_ORDER.value)
+        split, variants = selected_variants()
     except VariantError as e:
         raise app.UsageError(str(e)) from None
     if _HEADS.value % _KV_HEADS.value:
