@@ -521,21 +521,36 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
     test.assertEqual("_vk" in text, state_layout == "vk")
 
 
-def _split_protocol(order, depth, num_chunks):
+def _split_protocol(order, depth, num_chunks, stages="full"):
     """The barrier waits (``"W"``) and arrivals (``"A"``) of ``_split_t0_kernel``'s three
     warpgroups in program order, as ``(kind, name, chunk)`` (``kfused._SPLIT_PROTOCOL``; the
     eleven TMA copies of a stage are one arrival on ``in_bar`` here, ``in_free`` takes two),
     with the SMEM accesses they guard: ``"X"`` writes a buffer, ``"R"`` starts reading it
     and ``"E"`` ends the read. Buffers: ``ring`` (a stage: ``q, k, v, T0`` and the vectors,
     ``depth`` of them), ``ag`` (``Ag`` over ``T0`` in the stage) and ``pub`` (``S`` and
-    ``v_new`` published, two)."""
+    ``v_new`` published, two). ``stages``: the timing ablations of ``kfused.SPLIT_T0_STAGES``
+    (``"no_store"`` and ``"nobar"`` have ``"full"``'s protocol): ``"io"`` (state and output
+    wait for the stage and release it), ``"state"`` (the output warpgroup waits ``s_ready``,
+    reads the published ``v_new`` and releases ``s_free`` and the stage it never reads),
+    ``"readout"`` (the state warpgroup publishes the landed ``v`` per chunk after ``s_free``
+    two back and ``in_bar``; ``S`` once, before the loop, outside the model)."""
     memory = []
     for i in range(num_chunks):
         memory += [("W", "in_free", i - depth)] if i >= depth else []
         memory += [("X", "ring", i), ("A", "in_bar", i)]
     memory += [("W", "in_free", i) for i in range(max(num_chunks - depth, 0), num_chunks)]
+    done = [("A", "done", 0), ("W", "done", 0)]
+    if stages == "io":
+        ring_only = [e for n in range(num_chunks) for e in (
+            ("W", "in_bar", n), ("R", "ring", n), ("E", "ring", n), ("A", "in_free", n))]
+        return [ring_only + done, list(ring_only) + done, memory + done]
     state = []
     for n in range(num_chunks):
+        if stages == "readout":
+            state += [("W", "s_free", n - 2)] if n >= 2 else []
+            state += [("W", "in_bar", n), ("R", "ring", n), ("X", "pub", n), ("E", "ring", n),
+                      ("A", "s_ready", n), ("A", "in_free", n)]
+            continue
         state += [("W", "s_free", n - 2)] if n >= 2 else []
         state += [("X", "pub", n), ("W", "in_bar", n), ("R", "ring", n)]
         state += [("X", "ag", n)] if order == "state_ag" else [("W", "ag_ready", n)]
@@ -547,6 +562,11 @@ def _split_protocol(order, depth, num_chunks):
         return [("W", "in_bar", m), ("R", "ring", m), ("X", "ag", m), ("A", "ag_ready", m)]
 
     output = [] if order == "state_ag" else prepare(0)
+    if stages == "state":
+        output = [e for n in range(num_chunks) for e in (
+            ("W", "s_ready", n), ("R", "pub", n), ("E", "pub", n), ("A", "s_free", n),
+            ("E", "ring", n), ("A", "in_free", n))]
+        return [wg + done for wg in (state, output, memory)]
     for n in range(num_chunks):
         nxt = prepare(n + 1) if n + 1 < num_chunks else []
         read_state = [("W", "s_ready", n), ("R", "pub", n), ("E", "pub", n), ("A", "s_free", n),
@@ -559,7 +579,7 @@ def _split_protocol(order, depth, num_chunks):
     return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, output, memory)]
 
 
-def _check_split_protocol(test, seeds=100):
+def _check_split_protocol(test, seeds=100, stages="full", orders=kfused.SPLIT_ORDERS):
     """Runs :func:`_split_protocol` under random schedules (every order, both ring depths, 1
     to 7 chunks) on mbarriers with phase parity. Checked whenever an event is next in its
     warpgroup, so under every schedule, not only the sampled ones: a wait must not find its
@@ -569,14 +589,14 @@ def _check_split_protocol(test, seeds=100):
     the others) nor read before its write. Each sampled schedule must run to its end."""
     arrivals = {"in_free": 2, "done": 3}
     readers = {"ring": 2, "ag": 1, "pub": 1}
-    for order in kfused.SPLIT_ORDERS:
+    for order in orders:
         for depth in kfused.SPLIT_STAGES:
             slots = {"in_bar": depth, "in_free": depth, "ag_ready": depth, "s_ready": 2,
                      "s_free": 2, "done": 1, "ring": depth, "ag": depth, "pub": 2}
             for num_chunks in range(1, 8):
                 for seed in range(seeds):
                     rng = np.random.default_rng(seed)
-                    programs = _split_protocol(order, depth, num_chunks)
+                    programs = _split_protocol(order, depth, num_chunks, stages)
                     pcs, count, written, ended = [0, 0, 0], {}, set(), {}
                     while any(pc < len(p) for pc, p in zip(pcs, programs)):
                         ready = []
@@ -584,8 +604,8 @@ def _check_split_protocol(test, seeds=100):
                             if pc == len(program):
                                 continue
                             kind, name, chunk = program[pc]
-                            where = (f"{order}, {depth} stages, {num_chunks} chunks, seed "
-                                     f"{seed}: {kind} {name}[{chunk}]")
+                            where = (f"{stages}, {order}, {depth} stages, {num_chunks} "
+                                     f"chunks, seed {seed}: {kind} {name}[{chunk}]")
                             use = chunk // slots[name] + 1  # the phase of its slot
                             done = count.get((name, chunk % slots[name]), 0) // arrivals.get(
                                 name, 1)
@@ -792,8 +812,8 @@ class LoweringTest(parameterized.TestCase):
                 _check_split_protocol(self, seeds=2)
         protocol = _split_protocol
 
-        def without_s_free(order, depth, num_chunks):
-            state, *others = protocol(order, depth, num_chunks)
+        def without_s_free(order, depth, num_chunks, stages="full"):
+            state, *others = protocol(order, depth, num_chunks, stages)
             return [[e for e in state if e[:2] != ("W", "s_free")]] + others
 
         with absltest.mock.patch.object(sys.modules[__name__], "_split_protocol",
@@ -1085,6 +1105,23 @@ class SplitStagesTest(parameterized.TestCase):
     )
     def test_split_stage_exports_for_cuda(self, *args):
         _check_split_stage_exports(self, *args)
+
+    def test_split_stage_protocols_cannot_deadlock(self):
+        # _split_protocol's model of each ablation (LoweringTest.test_split_protocol_cannot_
+        # deadlock's check; "no_store" and "nobar" are "full"'s protocol)
+        _check_split_protocol(self, seeds=20, stages="io")
+        for stages in ("state", "readout"):
+            _check_split_protocol(self, seeds=40, stages=stages, orders=("state_ag",))
+        # and the check sees a broken one: "readout" publishing v without waiting for s_free
+        protocol = _split_protocol
+
+        def without_s_free(order, depth, num_chunks, stages="full"):
+            state, *others = protocol(order, depth, num_chunks, stages)
+            return [[e for e in state if e[:2] != ("W", "s_free")]] + others
+
+        with mock.patch.object(sys.modules[__name__], "_split_protocol", without_s_free):
+            with self.assertRaisesRegex(AssertionError, "readout, .*still read"):
+                _check_split_protocol(self, seeds=5, stages="readout", orders=("state_ag",))
 
     def test_kernel_names(self):
         name = kfused.fused_t0_kernel_name
