@@ -32,10 +32,25 @@ estimate: the slowest finished variant's wall time) is skipped; one still compil
 at the deadline is marked, the table of the finished ones is written and the run exits with
 status 3.
 
-Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes) and ``<out>.md``.
+The three-warpgroup kernel (``split_output=True``; MOSAIC_GPU.md Sec. 39): ``--split_order``
+(one of ``SPLIT_ORDERS``; default empty, the two-warpgroup kernel) and ``--split_stages`` (the
+TMA ring's depth, 2 or 3) profile ``chunk_delta_fused_t0_fwd_mosaic(split_output=True, ...)``
+instead, with its ablations ``kernel_mosaic_gpu_fused.SPLIT_T0_STAGES`` (``--variants``
+default :data:`SPLIT_DEFAULT_VARIANTS`): ``io`` (the ring only), ``state`` (the state
+warpgroup's chain alone, the output warpgroup only releasing), ``readout`` (the output
+warpgroup's read-out alone on a frozen chain), ``full``, ``no_store``, ``nobar``; ``state``
+and ``readout`` need ``--split_order=state_ag``. Those are not cumulative: the table's
+"delta vs previous" of ``readout`` is the read-out alone minus the chain alone (positive: the
+output warpgroup is the longer side), and ``full`` minus the larger of the two is what the
+coupling of the warpgroups costs. The floors count the split kernel's products (``Ag X`` once).
+
+Outputs: ``<out>.jsonl`` (one record per variant, appended as each finishes; each names its
+``kernel``, ``stages``, ``split_order`` and ``split_stages``) and ``<out>.md``.
 Usage, on the GPU machine::
 
     python3 benchmarks/profile_fwd.py --deadline_s=80 --out=$OUT/fwd_stages
+    python3 benchmarks/profile_fwd.py --split_order=state_ag --split_stages=3 \
+        --deadline_s=80 --out=$OUT/split_stages
 
 Without a GPU, ``--interpret`` runs the variants in Mosaic GPU interpret mode at a tiny shape
 (checks of this binary; no kernel times), and ``--static`` (CPU, seconds) exports each variant
@@ -43,13 +58,15 @@ for CUDA and counts instructions in the lowered Mosaic GPU module as ``profile_t
 does (one chunk-loop body per module: per chunk but for the prologue and epilogue)::
 
     JAX_PLATFORMS=cpu python benchmarks/profile_fwd.py --static --out=/tmp/fwd_static
+    JAX_PLATFORMS=cpu python benchmarks/profile_fwd.py --static --split_order=state_ag \
+        --split_stages=3 --out=/tmp/split_static
 """
 
 import json
 import os
 import sys
 import time
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import app, flags
 
@@ -59,6 +76,8 @@ if __name__ == "__main__":  # python benchmarks/profile_fwd.py from the reposito
 from benchmarks import profile_t0  # noqa: E402  (after the path set-up above)
 
 DEFAULT_VARIANTS = ("io", "v_new", "state", "full", "no_store", "nobar")
+# With --split_order (kernel_mosaic_gpu_fused.SPLIT_T0_STAGES): each side alone, then the kernel.
+SPLIT_DEFAULT_VARIANTS = ("io", "state", "readout", "full", "no_store", "nobar")
 KERNEL_PREFIX = "gdn_chunk_delta_fused_t0_fwd"
 CHECKED_STAGES = ("full", "nobar")  # the stages whose first output is o
 DEADLINE_EXIT = profile_t0.DEADLINE_EXIT
@@ -73,12 +92,13 @@ def _define_flags() -> None:
     the same names in absl's global registry, and the tests import several of them)."""
     global _BATCH, _SEQ_LEN, _HEADS, _KV_HEADS, _DK, _DV, _DTYPE, _DOCS, _VARIANTS, _ITERS
     global _CHECK_HEADS, _SM_COUNT, _CTAS_PER_SM, _CLOCK_GHZ, _DEADLINE_S, _INTERPRET
-    global _STATIC, _OUT
+    global _STATIC, _OUT, _SPLIT_ORDER, _SPLIT_STAGES
     from benchmarks import common
     shared = common.define_profile_flags(
         heads_help="Value heads H.", dtype_help="q, k, v dtype.",
         variants_default=DEFAULT_VARIANTS,
-        variants_help="Stages to time, in this order (FUSED_T0_STAGES).",
+        variants_help="Stages to time, in this order (FUSED_T0_STAGES; with --split_order "
+                      "SPLIT_T0_STAGES, default " + ",".join(SPLIT_DEFAULT_VARIANTS) + ").",
         check_heads_help="Heads of batch row 0 checked against float64 for full and nobar "
                          "(0: no check).")
     flags.adopt_module_key_flags(common)  # in --help with this binary's own
@@ -92,28 +112,69 @@ def _define_flags() -> None:
                                         "K = V = 128).")
     _CLOCK_GHZ = flags.DEFINE_float("clock_ghz", None, "SM clock (GHz) for the cycles; default "
                                     "1.98 (nvidia-smi's clocks.sm is recorded beside it).")
+    _SPLIT_ORDER = flags.DEFINE_string(
+        "split_order", "", "Profile the three-warpgroup kernel (split_output=True) in this "
+        "order (kernel_mosaic_gpu_fused.SPLIT_ORDERS; state and readout need state_ag); empty: "
+        "the two-warpgroup kernel.")
+    _SPLIT_STAGES = flags.DEFINE_integer("split_stages", 2, "TMA ring depth of the "
+                                         "three-warpgroup kernel (2 or 3; with --split_order).")
 
 
 class VariantError(ValueError):
-    """A ``--variants`` entry that is not one of ``FUSED_T0_STAGES``."""
+    """A ``--variants`` entry that is not one of ``FUSED_T0_STAGES`` (``SPLIT_T0_STAGES`` for
+    the three-warpgroup kernel), or a bad ``--split_order`` / ``--split_stages``."""
 
 
-def parse_variants(texts: Sequence[str]) -> List[str]:
-    """The stripped ``--variants`` entries, in order.
+def parse_variants(texts: Sequence[str], split_order: str = "") -> List[str]:
+    """The stripped ``--variants`` entries, in order; ``split_order`` (``--split_order``,
+    empty for the two-warpgroup kernel) picks the stages allowed.
 
     Raises:
-      VariantError: naming an entry that is not in ``FUSED_T0_STAGES`` or is repeated.
+      VariantError: naming an entry that is not in ``FUSED_T0_STAGES`` (with ``split_order``:
+        ``SPLIT_T0_STAGES``, and ``state`` / ``readout`` only with ``state_ag``) or is repeated.
     """
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    allowed = kfused.SPLIT_T0_STAGES if split_order else kfused.FUSED_T0_STAGES
     out: List[str] = []
     for text in texts:
         stages = text.strip()
-        if stages not in kfused.FUSED_T0_STAGES:
-            raise VariantError(f"--variants entry {text!r}: not in {kfused.FUSED_T0_STAGES}")
+        if stages not in allowed:
+            raise VariantError(f"--variants entry {text!r}: not in {allowed}")
+        if split_order not in ("", "state_ag") and stages in ("state", "readout"):
+            raise VariantError(f"--variants entry {text!r} runs one warpgroup alone: it needs "
+                               f"--split_order=state_ag, got {split_order!r}")
         if stages in out:
             raise VariantError(f"--variants entry {text!r} is repeated")
         out.append(stages)
     return out
+
+
+def parse_split(split_order: str, split_stages: int) -> Dict:
+    """``chunk_delta_fused_t0_fwd_mosaic``'s kernel options for ``--split_order`` and
+    ``--split_stages``: ``{}`` for the two-warpgroup kernel (empty order, 2 stages), else
+    ``split_output``, ``split_order`` and ``split_stages``.
+
+    Raises:
+      VariantError: an order not in ``SPLIT_ORDERS``, a depth not in ``SPLIT_STAGES``, or a
+        depth other than 2 without an order.
+    """
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    if split_stages not in kfused.SPLIT_STAGES:
+        raise VariantError(f"--split_stages={split_stages}: not in {kfused.SPLIT_STAGES}")
+    if not split_order:
+        if split_stages != kfused.STAGES:
+            raise VariantError(f"--split_stages={split_stages} is the three-warpgroup kernel's "
+                               f"ring depth: it needs --split_order")
+        return {}
+    if split_order not in kfused.SPLIT_ORDERS:
+        raise VariantError(f"--split_order={split_order!r}: not in {kfused.SPLIT_ORDERS}")
+    return dict(split_output=True, split_order=split_order, split_stages=split_stages)
+
+
+def kernel_name(stages: str, split: Dict) -> str:
+    """The Mosaic GPU kernel name a variant's profile lists (``split``: :func:`parse_split`)."""
+    from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    return kfused.fused_t0_kernel_name(stages=stages, **split)
 
 
 def waves(batch: int, heads: int, dv: int, *, sm_count: int, ctas_per_sm: int) -> int:
@@ -131,7 +192,7 @@ def cycles_per_chunk(kernel_ms: float, num_chunks: int, num_waves: int, clock_gh
 
 
 def floors(batch: int, seq_len: int, heads: int, kv_heads: int, dk: int, dv: int,
-           itemsize: int = 2) -> Dict[str, float]:
+           itemsize: int = 2, split: bool = False) -> Dict[str, float]:
     """HBM-bytes and tensor-core floors of the fused ``T0`` kernel at a shape.
 
     ``hbm_bytes``: what must cross HBM once: ``q, k`` (key heads), ``v``, ``T0``
@@ -141,8 +202,9 @@ def floors(batch: int, seq_len: int, heads: int, kv_heads: int, dk: int, dv: int
     launched beside the first) is assumed to read ``q, k, T0`` from L2. ``mac``: the
     multiply-adds of the products as issued, per ``(b, h, chunk, 64 value columns)``
     ``64 x 64 x (4 K + 3 x 64)`` (``K S``, ``Q S``, ``Q K^T``, ``K^T v_new``, ``Ag X`` as
-    ``hi + lo``, ``P v_new``). ``hbm_ms`` and ``tensor_ms`` at :data:`HBM_TB_S` and
-    :data:`TENSOR_TFLOPS`.
+    ``hi + lo``, ``P v_new``); ``split`` (the three-warpgroup kernel, whose ``Ag_<`` is one
+    16-bit operand): ``64 x 64 x (4 K + 2 x 64)``. ``hbm_ms`` and ``tensor_ms`` at
+    :data:`HBM_TB_S` and :data:`TENSOR_TFLOPS`.
     """
     n = -(-seq_len // 64)
     tp = n * 64
@@ -152,7 +214,7 @@ def floors(batch: int, seq_len: int, heads: int, kv_heads: int, dk: int, dv: int
            + 2 * batch * heads * tp * 4  # gate cumsum, beta
            + 3 * batch * tp * 4  # doc, last, conn
            + batch * heads * dk * dv * 4)  # final state
-    mac = batch * heads * n * (dv // BLOCK_V) * 64 * 64 * (4 * dk + 3 * 64)
+    mac = batch * heads * n * (dv // BLOCK_V) * 64 * 64 * (4 * dk + (2 if split else 3) * 64)
     return dict(hbm_bytes=float(hbm), hbm_ms=hbm / HBM_TB_S / 1e9, mac=float(mac),
                 tensor_ms=2 * mac / TENSOR_TFLOPS / 1e9)
 
@@ -252,19 +314,29 @@ def _inputs(batch, seq_len, heads, kv_heads, dk, dv, dtype, doc_len, seed=0):
     return q, k, v, t0, g, beta, seg
 
 
-def _kernel_fn(stages: str, scale: float, interpret: bool):
+def _kernel_fn(stages: str, scale: float, interpret: bool, split: Optional[Dict] = None):
+    """The jitted kernel call of one variant, returning ``(first output, final state)``;
+    ``split``: :func:`parse_split`'s options (``None`` or ``{}``: two warpgroups)."""
     import jax
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
+    split = split or {}
     return jax.jit(lambda q, k, v, t0, g, beta, seg: kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, segment_ids=seg, stages=stages,
-        interpret=interpret)[:2])
+        interpret=interpret, **split)[:2])
 
 
-def _header(env: Dict, shape: Dict) -> str:
-    fl = floors(**shape)
+def _kernel_label(split: Dict) -> str:
+    if not split:
+        return "Fused T0 forward kernel (two warpgroups)"
+    return (f"Fused T0 forward kernel, three warpgroups (split_order={split['split_order']}, "
+            f"split_stages={split['split_stages']}: {kernel_name('full', split)})")
+
+
+def _header(env: Dict, shape: Dict, split: Dict) -> str:
+    fl = floors(**shape, split=bool(split))
     nw = waves(shape["batch"], shape["heads"], shape["dv"], sm_count=_SM_COUNT.value,
                ctas_per_sm=_CTAS_PER_SM.value)
-    return (f"# Fused T0 forward kernel: stage ablations, {env['date_utc']}\n\n"
+    return (f"# {_kernel_label(split)}: stage ablations, {env['date_utc']}\n\n"
             f"Device: {env['device_kind']} ({env['nvidia_smi']}); jax {env['jax']}.\n"
             f"Command: `{env['command']}`\n\n"
             f"Shape B {shape['batch']}, T {shape['seq_len']}, H {shape['heads']}, "
@@ -279,14 +351,15 @@ def _header(env: Dict, shape: Dict) -> str:
 
 
 def _measure(rec: Dict, want, stages: str, args, scale: float, num_chunks: int,
-             num_waves: int):
+             num_waves: int, split: Dict):
     """Compiles, runs, checks (``want``: the float64 ``o`` once computed, else ``None``) and
-    traces one variant, filling ``rec``; returns ``want``."""
+    traces one variant (``split``: :func:`parse_split`'s options), filling ``rec``; returns
+    ``want``."""
     import jax
     import numpy as np
     from benchmarks import common
     t0 = time.perf_counter()
-    compiled = _kernel_fn(stages, scale, _INTERPRET.value).lower(*args).compile()
+    compiled = _kernel_fn(stages, scale, _INTERPRET.value, split).lower(*args).compile()
     rec["compile_s"] = time.perf_counter() - t0
     o, _ = jax.block_until_ready(compiled(*args))
     if stages in CHECKED_STAGES and _CHECK_HEADS.value > 0:
@@ -315,21 +388,42 @@ def _measure(rec: Dict, want, stages: str, args, scale: float, num_chunks: int,
     return want
 
 
-def _static_main(variants: Sequence[str], args, scale: float, env: Dict, shape: Dict) -> None:
+def _static_main(variants: Sequence[str], args, scale: float, env: Dict, shape: Dict,
+                 split: Dict) -> None:
     import jax
     records = []
     for stages in variants:
-        exported = jax.export.export(_kernel_fn(stages, scale, False),
+        exported = jax.export.export(_kernel_fn(stages, scale, False, split),
                                      platforms=["cuda"])(*args)
         text = profile_t0.mosaic_module_text(exported.mlir_module())
-        records.append(dict(variant=stages, stages=stages, jax=env["jax"], **shape,
+        records.append(dict(variant=stages, stages=stages, kernel=kernel_name(stages, split),
+                            **_split_fields(split), jax=env["jax"], **shape,
                             static=profile_t0.static_counts(text)))
         print(json.dumps(records[-1]), flush=True)
-    header = (f"# Fused T0 forward kernel: instructions in the lowered Mosaic GPU modules "
+    header = (f"# {_kernel_label(split)}: instructions in the lowered Mosaic GPU modules "
               f"(static, {env['date_utc']})\n\nK {shape['dk']}, V {shape['dv']}, "
-              f"{_DTYPE.value}, jax {env['jax']}; one chunk-loop body per module (both "
-              f"warpgroups' code, each once), plus the prologue and epilogue.")
+              f"{_DTYPE.value}, jax {env['jax']}; one chunk-loop body per module (every "
+              f"warpgroup's code, each once), plus the prologue and epilogue.")
     profile_t0.write_static(records, header, _OUT.value)
+
+
+def _split_fields(split: Dict) -> Dict:
+    """A record's ``split_order`` (``None``: two warpgroups) and ``split_stages``."""
+    return dict(split_order=split.get("split_order"),
+                split_stages=split.get("split_stages", 2))
+
+
+def selected_variants() -> Tuple[Dict, List[str]]:
+    """From the parsed flags: :func:`parse_split`'s kernel options and the stages to time
+    (``--variants``, or :data:`SPLIT_DEFAULT_VARIANTS` with ``--split_order`` when
+    ``--variants`` is not given).
+
+    Raises:
+      VariantError: as :func:`parse_split` and :func:`parse_variants`.
+    """
+    split = parse_split(_SPLIT_ORDER.value, _SPLIT_STAGES.value)
+    texts = SPLIT_DEFAULT_VARIANTS if split and not _VARIANTS.present else _VARIANTS.value
+    return split, parse_variants(texts, _SPLIT_ORDER.value)
 
 
 def main(argv: List[str]) -> None:
@@ -337,7 +431,7 @@ def main(argv: List[str]) -> None:
     start = time.perf_counter()  # --deadline_s counts from here (imports included)
     from benchmarks import common
     try:
-        variants = parse_variants(_VARIANTS.value)
+        split, variants = selected_variants()
     except VariantError as e:
         raise app.UsageError(str(e)) from None
     if _HEADS.value % _KV_HEADS.value:
@@ -352,13 +446,14 @@ def main(argv: List[str]) -> None:
                       ctas_per_sm=_CTAS_PER_SM.value)
     env = common.environment()
     if _STATIC.value:
-        _static_main(variants, args, scale, env, shape)
+        _static_main(variants, args, scale, env, shape, split)
         return
-    header = _header(env, shape)
+    header = _header(env, shape, split)
     variants = [
-        (dict(variant=stages, stages=stages, **shape, dtype=_DTYPE.value, doc_len=_DOCS.value,
+        (dict(variant=stages, stages=stages, kernel=kernel_name(stages, split),
+              **_split_fields(split), **shape, dtype=_DTYPE.value, doc_len=_DOCS.value,
               date_utc=env["date_utc"], device=env["device_kind"], jax=env["jax"]),
-         (stages, args, scale, num_chunks, num_waves))
+         (stages, args, scale, num_chunks, num_waves, split))
         for stages in variants]
     common.run_profile(_OUT.value, variants, _measure, render=lambda recs: render(recs, header),
                        deadline_s=_DEADLINE_S.value, start=start, deadline_exit=DEADLINE_EXIT)

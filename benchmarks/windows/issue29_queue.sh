@@ -11,6 +11,9 @@
 #   t0w 340     Sec. 38: the W gpu tests and the op's fused_t0 gpu tests that t0glue's timeout
 #               left out, then the S1 training step with fused_t0 and with fused_t0_split
 #               (state_ag, 3 stages) in two processes (decision rule in Sec. 38)
+#   prof_split 120  Sec. 39: the split forward kernel's stage ablations (state_ag, 3 stages:
+#               io, state, readout, full, no_store, nobar) at S1 in one profile_fwd.py run,
+#               ptxas lines (decision rule in Sec. 39)
 #   gva 270     Sec. 33: fused_ws's GVA loop at K = 64, its bench and its four gpu tests
 #   t0 250      Sec. 32.2: --mosaic_forward=fused_t0 with the default backward, jla beside it
 #   vk 150      Sec. 35.4: the split forward, state_ag + 3 stages, state layout vk and kv,
@@ -32,7 +35,7 @@
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-t0w split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
+ITEMS=${*:-t0w prof_split split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -42,7 +45,8 @@ fi
 STAMP=$(date -u +%Y%m%dT%H%M%S)
 I=${I29_TMP:-/tmp}; O=$I/i29out/$STAMP; mkdir -p $O $I/i29done
 LOG=$O/i29.log
-est() { case $1 in t0glue) echo 150;; t0w) echo 340;; gva) echo 270;; t0) echo 250;; vk) echo 150;;
+est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
+  t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;; *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -89,6 +93,15 @@ for l in sys.stdin:
   if l.startswith("{") and "kernel_ms" in l:
     r=json.loads(l); print(r["pass_"],r.get("mosaic_forward_run"),r.get("mosaic_t0"),
       round(r["kernel_ms"],3),{k[:40]:round(v,3) for k,v in (r.get("kernels") or {}).items()})'
+}
+
+run_prof_split() {
+  mkdir -p $O/prof_split; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 110 python3 benchmarks/profile_fwd.py --split_order=state_ag \
+    --split_stages=3 --deadline_s=100 --out=$O/prof_split/split_stages \
+    > $O/prof_split/split.log 2>&1; echo "profile rc=$? t=$((SECONDS-s))s"
+  cw_ptxas fused_t0_fwd_split $O/prof_split/split.log
+  grep -a -h -E '^\| ' $O/prof_split/split_stages.md | cut -c1-220
 }
 
 run_gva() {

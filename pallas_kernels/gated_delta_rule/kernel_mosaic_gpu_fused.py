@@ -667,6 +667,41 @@ _T0_IN_COPIES = 11  # TMA copies per ring stage (q, k, v, t0, g x2, beta, doc x2
 # warpgroups, ring, SMEM allocation and the final-state store are the same in all; every stage
 # but "full" and "nobar" writes something that is NOT the forward's o.
 FUSED_T0_STAGES = ("full", "io", "v_new", "state", "no_store", "nobar")
+# Timing ablations of the three-warpgroup fused_t0_split kernel (``stages`` with
+# split_output=True; MOSAIC_GPU.md Sec. 39), cut around its warpgroups rather than along one
+# program: what bounds a split kernel is the slower of two concurrent warpgroups (the state
+# chain, the read-out) plus what couples them (s_ready / s_free, the ring's two releases), so
+# the cuts run each side alone with the other reduced to its barrier duties. The memory
+# warpgroup (eleven copies per chunk into the split_stages-deep ring), the grid, the SMEM
+# allocation (aliases included), every barrier and the final-state store are those of "full"
+# in all; each barrier a warpgroup waits on is waited on for every phase, and each is arrived
+# as often as in "full" or not at all (no phase is lapped: _SPLIT_PROTOCOL's induction holds
+# with the waits and arrivals listed here).
+#   "io": state and output warpgroups wait for each chunk's stage (in_bar) and release it
+#     (in_free); the output warpgroup stores the landed v tile as o through o_s (no wgmma, no
+#     s_ready / s_free, the state stays the entering one). The floor of the structure: the
+#     copies, the ring at this depth, the o stores, one CTA per SM.
+#   "state": the state warpgroup's whole per-chunk program (publish S_c, K S with Ag formed
+#     beside it, X, Ag X, the v_new publish and s_ready, the update, in_free); the output
+#     warpgroup only waits s_ready, stores the published v_new tile as o by TMA, waits for that
+#     store's read and arrives on s_free and in_free (no product, no mask). Its time is the
+#     serial chain's, with the ring and the double-buffered publish as in "full".
+#   "readout": the output warpgroup's whole per-chunk program (in_bar, Q K^T, the mask, P,
+#     s_ready, Q S_c + P v_new, s_free, in_free, o); the state warpgroup publishes S once
+#     (the entering state, in both halves) and per chunk only copies the landed v tile into
+#     the published v_new tile (waits s_free two back and in_bar; arrives s_ready, in_free):
+#     no product, no Ag. o is the read-out of a chain frozen at the entering state with
+#     v_new = v: scale (diag(conn e^G) Q S_0 + (Q K^T * D) v), S_0 and P in 16 bits.
+#   "full": the kernel. "no_store": full with the TMA store of o for each row's last chunk
+#     only (other rows unwritten). "nobar": full compiled with unsafe_no_auto_barriers.
+# "state" and "readout" need split_order="state_ag" (in the other orders the output warpgroup
+# forms Ag for the state warpgroup, so neither side runs alone); "io", "no_store" and "nobar"
+# take any order. All need state_layout="kv" and no store_v_new / store_h. Kernel names add
+# _abl_<stages> to the split kernel's (e.g. gdn_chunk_delta_fused_t0_fwd_split_sa_s3_abl_state).
+# Differences: state - io is the chain's own cost over the floor, readout - io the read-out's;
+# full - max(state, readout) is what the coupling adds (a warpgroup waiting for the other).
+SPLIT_T0_STAGES = ("full", "io", "state", "readout", "no_store", "nobar")
+_SPLIT_STATE_AG_STAGES = ("state", "readout")  # the stages that need split_order="state_ag"
 # The order of the output warpgroup's two tasks per chunk in the three-warpgroup fused_t0_split
 # kernel (a timing choice; same arithmetic, same barriers): "readout_first" (the default since
 # 2026-12-04f; H200, S1: 0.358 ms) reads out chunk n (releasing its stage), then forms Ag of
@@ -740,6 +775,24 @@ SPLIT_STATE_LAYOUTS = ("kv", "vk")
 # comes after read_state(m + R - 2) (R = 2 and 3 and every order: prepare(m + R) is in step
 # m + R - 1 and follows read_state(m + R - 2) of step m + R - 2), whose W s_ready[m + R - 2]
 # follows the state warpgroup's W ag_ready[m] (m + R - 2 >= m).
+
+
+def fused_t0_kernel_name(*, split_output: bool = False, split_order: str = SPLIT_DEFAULT_ORDER,
+                         split_stages: int = STAGES, state_layout: str = "kv",
+                         stages: str = "full") -> str:
+    """The Mosaic GPU kernel name of :func:`chunk_delta_fused_t0_fwd_mosaic` with these static
+    options, as a profile lists it: ``gdn_chunk_delta_fused_t0_fwd`` (two warpgroups), or with
+    ``split_output`` ``..._split`` plus the order's suffix (``_ro``, ``_pm``, ``_sa``, ``_sm``;
+    none for ``prepare_first``), ``_s3`` for three ring stages and ``_vk`` for the transposed
+    state; then ``_abl_<stages>`` for a timing ablation (``stages`` other than ``"full"``).
+    No validation (the function's own checks raise first)."""
+    if split_output:
+        name = ("gdn_chunk_delta_fused_t0_fwd_split" + _SPLIT_ORDER_SUFFIX[split_order]
+                + ("" if split_stages == STAGES else f"_s{split_stages}")
+                + ("_vk" if state_layout == "vk" else ""))
+    else:
+        name = "gdn_chunk_delta_fused_t0_fwd"
+    return name + ("" if stages == "full" else f"_abl_{stages}")
 
 
 def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
@@ -1045,7 +1098,7 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
                      store_v_new: bool, store_h: bool, interpret: bool,
                      split_order: str = SPLIT_DEFAULT_ORDER, depth: int = STAGES,
-                     state_layout: str = "kv"):
+                     state_layout: str = "kv", stages: str = "full"):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic` with ``split_output``: three
     warpgroups (state, output, memory) in jla's arrangement (MOSAIC_GPU.md Sec. 2); refs are
     GMEM.
@@ -1077,6 +1130,10 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     tiles hold ``S^T`` and ``v_new^T`` and the output warpgroup reads them as transposed views;
     the interpret shim adds ``agt_s`` (``Ag^T``), ``st_s`` (``S``), ``vnt_s`` (``v_new``) and
     the left-operand copies ``sl_s``, ``xt_s``, ``vdt_s``.
+
+    ``stages`` (:data:`SPLIT_T0_STAGES`, ``"kv"`` layout only): a timing ablation that runs one
+    warpgroup's side alone (``"io"``, ``"state"``, ``"readout"``) or drops the ``o`` stores
+    but the last (``"no_store"``); ``"full"`` and ``"nobar"`` trace the kernel.
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
@@ -1188,6 +1245,26 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
         if split_order == "state_ag":  # this warpgroup forms Ag (the iotas live in the loop)
             i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
+        def io_step(n, s):  # stages="io": the ring's wait and release only
+            slot = lax.rem(n, depth)
+            plgpu.barrier_wait(in_bar.at[slot])
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s
+
+        def readout_step(n, s):  # stages="readout": S frozen (published once), v_new = v
+            slot, half = lax.rem(n, depth), lax.rem(n, 2)
+
+            @pl.when(n >= 2)
+            def _():  # the output warpgroup has read the v tile published two chunks ago
+                plgpu.barrier_wait(s_free.at[half])
+
+            plgpu.barrier_wait(in_bar.at[slot])
+            vn_s.at[half][...] = mgl.load_tile(v_s.at[slot], interpret).astype(vn_s.dtype)
+            plgpu.commit_smem()
+            plgpu.barrier_arrive(s_ready.at[half])
+            plgpu.barrier_arrive(in_free.at[slot])
+            return s
+
         def step(n, s):
             slot, half = lax.rem(n, depth), lax.rem(n, 2)
             rows = pl.ds(n * CHUNK, CHUNK)
@@ -1251,14 +1328,44 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             plgpu.barrier_arrive(in_free.at[slot])  # k, v, Ag (the stage) no longer read here
             return s * s_decay + kv
 
-        s = lax.fori_loop(0, num_chunks, step, s0)
-        for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
-            plgpu.barrier_wait(s_free.at[n % 2])
+        if stages == "readout":  # S_0 in 16 bits in both published tiles, for every chunk
+            for half in range(2):
+                sb_s.at[half][...] = s0.astype(sb_s.dtype)
+            plgpu.commit_smem()
+        body = {"io": io_step, "readout": readout_step}.get(stages, step)
+        s = lax.fori_loop(0, num_chunks, body, s0)
+        if stages != "io":  # "io" publishes nothing: no s_free arrivals
+            for n in range(max(num_chunks - 2, 0), num_chunks):  # observe the last releases
+                plgpu.barrier_wait(s_free.at[n % 2])
         mgl.store_state(s, state_s, ht_ref.at[b, h, :, cols])
+
+    def io_out(n, carry):  # stages="io": the landed v tile goes out as o (no wgmma)
+        slot, half = lax.rem(n, depth), lax.rem(n, 2)
+        plgpu.barrier_wait(in_bar.at[slot])
+        o = mgl.load_tile(v_s.at[slot], interpret)
+        plgpu.barrier_arrive(in_free.at[slot])
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # o_s[half] of chunk n - 2 was read
+        o_s.at[half][...] = o.astype(o_s.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, pl.ds(n * CHUNK, CHUNK), h, cols])
+        return carry
+
+    def state_out(n, carry):  # stages="state": the published v_new goes out as o, then release
+        slot, half = lax.rem(n, depth), lax.rem(n, 2)
+        plgpu.barrier_wait(s_ready.at[half])
+        plgpu.copy_smem_to_gmem(vn_s.at[half], o_ref.at[b, pl.ds(n * CHUNK, CHUNK), h, cols])
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)  # v_new[half] read before s_free
+        plgpu.barrier_arrive(s_free.at[half])
+        plgpu.barrier_arrive(in_free.at[slot])
+        return carry
 
     @pl.when(wg == 1)
     def _output():
         plgpu.set_max_registers(232, action="increase")
+        if stages in ("io", "state"):  # no read-out: SPLIT_T0_STAGES
+            lax.fori_loop(0, num_chunks, io_out if stages == "io" else state_out, 0)
+            plgpu.wait_smem_to_gmem(0)
+            return
         i, j = mgl.iota(sq, 0, interpret), mgl.iota(sq, 1, interpret)
 
         def prepare(m):
@@ -1316,7 +1423,12 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # o_s[half] of chunk n - 2 was read
             o_s.at[half][...] = o.astype(o_s.dtype)
             plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
+            if stages == "no_store":  # the TMA store only for the row's last chunk
+                @pl.when(n + 1 == num_chunks)
+                def _store_last():
+                    plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
+            else:
+                plgpu.copy_smem_to_gmem(o_s.at[half], o_ref.at[b, rows, h, cols])
 
         # Every order keeps every barrier's waits and arrivals: prepare(m) (which waits for
         # chunk m's stage) always precedes read_scores(m), which relies on that wait. Why no
@@ -1480,16 +1592,23 @@ def chunk_delta_fused_t0_fwd_mosaic(
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_wy_mosaic` takes
             them; ``None``: formed here.
         interpret: run the kernel in Mosaic GPU interpret mode (CPU; slow, for tests).
-        stages: a timing ablation (static, one of :data:`FUSED_T0_STAGES`; benchmarks only,
-            two warpgroups, no ``store_v_new`` / ``store_h``): ``"full"`` (default) is the
-            kernel; ``"io"``, ``"v_new"`` and ``"state"`` cut each chunk's work short after the
-            loads, ``v_new`` and the state update, and return a first output that is NOT
+        stages: a timing ablation (static; benchmarks only, no ``store_v_new`` /
+            ``store_h``). Two warpgroups, one of :data:`FUSED_T0_STAGES`: ``"full"`` (default)
+            is the kernel; ``"io"``, ``"v_new"`` and ``"state"`` cut each chunk's work short
+            after the loads, ``v_new`` and the state update, and return a first output that is NOT
             ``o`` (the loaded ``v``, ``v_new``, ``v_new``; ``"io"`` and ``"v_new"`` also a final
             state equal to the initial one); ``"no_store"`` stores ``o`` for each row's last
             chunk only (the other rows are unwritten, arbitrary); ``"nobar"`` compiles
             ``"full"`` with ``CompilerParams(unsafe_no_auto_barriers=True)``. Each has its own
             kernel name (``gdn_chunk_delta_fused_t0_fwd_abl_<stages>``) so that a profile
-            lists it apart (MOSAIC_GPU.md Sec. 16).
+            lists it apart (MOSAIC_GPU.md Sec. 16). With ``split_output`` (``"kv"`` layout)
+            one of :data:`SPLIT_T0_STAGES` (MOSAIC_GPU.md Sec. 39): ``"io"`` (the ring only;
+            returns ``v`` and the initial state), ``"state"`` (the state warpgroup alone;
+            returns ``v_new`` as the first output and the final state), ``"readout"`` (the
+            output warpgroup alone on a chain frozen at the initial state with ``v_new = v``;
+            returns that read-out and the initial state) need ``split_order="state_ag"`` for
+            the last two; ``"no_store"`` and ``"nobar"`` as above; kernel names
+            :func:`fused_t0_kernel_name` (``..._split_sa_s3_abl_<stages>``).
         split_order: with ``split_output`` only (static, one of :data:`SPLIT_ORDERS`; a
             timing choice, same results bit for bit): ``"readout_first"`` (default since
             2026-12-04f) has the output warpgroup read out chunk ``n`` before forming ``Ag``
@@ -1531,8 +1650,11 @@ def chunk_delta_fused_t0_fwd_mosaic(
     Raises:
         ValueError: on mismatched shapes or dtypes of ``q, k, v, t0``, unsupported head dims
             or dtypes, ``H`` not a multiple of ``Hk``, a bad ``g``, ``beta``, ``segment_ids``
-            or ``initial_state`` shape; ``stages`` not in :data:`FUSED_T0_STAGES`, or other
-            than ``"full"`` with ``split_output``, ``store_v_new`` or ``store_h``;
+            or ``initial_state`` shape; ``stages`` not in :data:`FUSED_T0_STAGES` (two
+            warpgroups) or :data:`SPLIT_T0_STAGES` (``split_output``), other than ``"full"``
+            with ``store_v_new`` or ``store_h``, ``"state"`` / ``"readout"`` with a
+            ``split_order`` other than ``"state_ag"``, or other than ``"full"`` with
+            ``state_layout="vk"``;
             ``split_order`` not in :data:`SPLIT_ORDERS`, or other than the default
             ``"readout_first"`` without ``split_output``; ``split_stages`` not in
             :data:`SPLIT_STAGES`, or other than 2 without ``split_output``;
@@ -1542,11 +1664,25 @@ def chunk_delta_fused_t0_fwd_mosaic(
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
     check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state)
-    if stages not in FUSED_T0_STAGES:
-        raise ValueError(f"stages must be one of {FUSED_T0_STAGES}, got {stages!r}")
-    if stages != "full" and (split_output or store_v_new or store_h):
-        raise ValueError(f"stages={stages!r} is an ablation of the two-warpgroup kernel without "
-                         f"extra outputs; got {split_output=}, {store_v_new=}, {store_h=}")
+    if stages not in FUSED_T0_STAGES + SPLIT_T0_STAGES:
+        raise ValueError(f"stages must be one of {FUSED_T0_STAGES} (two warpgroups) or "
+                         f"{SPLIT_T0_STAGES} (split_output), got {stages!r}")
+    if stages != "full" and (store_v_new or store_h):
+        raise ValueError(f"stages={stages!r} is a timing ablation without extra outputs; got "
+                         f"{store_v_new=}, {store_h=}")
+    if not split_output and stages not in FUSED_T0_STAGES:
+        raise ValueError(f"stages={stages!r} is an ablation of the three-warpgroup kernel: it "
+                         f"needs split_output=True (two warpgroups: {FUSED_T0_STAGES})")
+    if split_output and stages not in SPLIT_T0_STAGES:
+        raise ValueError(f"stages={stages!r} is an ablation of the two-warpgroup kernel: with "
+                         f"split_output=True stages must be one of {SPLIT_T0_STAGES}")
+    if split_output and stages in _SPLIT_STATE_AG_STAGES and split_order != "state_ag":
+        raise ValueError(f"stages={stages!r} runs one warpgroup's side alone, which needs "
+                         f"split_order='state_ag' (in {split_order!r} the output warpgroup forms "
+                         f"Ag for the state warpgroup)")
+    if split_output and stages != "full" and state_layout != "kv":
+        raise ValueError(f"stages={stages!r} is an ablation of the state_layout='kv' split "
+                         f"kernel, got {state_layout=}")
     if split_order not in SPLIT_ORDERS:
         raise ValueError(f"split_order must be one of {SPLIT_ORDERS}, got {split_order!r}")
     if split_stages not in SPLIT_STAGES:
@@ -1674,11 +1810,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
         compiler_params=plgpu.CompilerParams(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=("gdn_chunk_delta_fused_t0_fwd_split" + _SPLIT_ORDER_SUFFIX[split_order]
-                     + ("" if split_stages == STAGES else f"_s{split_stages}")
-                     + ("_vk" if vk else ""))
-        if split_output else
-        "gdn_chunk_delta_fused_t0_fwd" + ("" if stages == "full" else f"_abl_{stages}"),
+        kernel_name=fused_t0_kernel_name(split_output=split_output, split_order=split_order,
+                                         split_stages=split_stages, state_layout=state_layout,
+                                         stages=stages),
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
     if vk:  # the kernel carries S^T: [B, H, V, K] in and out

@@ -4,10 +4,11 @@ The script runs with every item and a ``python3`` on ``PATH`` that records its a
 nothing (the inline ``python3 -c`` snippets run for real, on logs that do not exist), under
 ``I29_TMP``. Then each recorded command is checked the cheap way: bench_kernels.py's flags are
 parsed and go through its own ``_check_*`` refusals; profile_grad.py's and gpu_tests.py's flags
-are parsed; bench_gva_loop.py's arguments go through its parser; every pytest node id, ``-k``
-expression and gpu_tests.py path must collect at least one test. A typo'd flag or a renamed test
-fails here instead of costing GPU minutes. Also: the estimates of ``est()`` cover each item's
-``timeout`` caps.
+are parsed; profile_fwd.py's flags are parsed and go through its split and variant checks
+(each variant's kernel name printed); bench_gva_loop.py's arguments go through its parser;
+every pytest node id, ``-k`` expression and gpu_tests.py path must collect at least one test.
+A typo'd flag or a renamed test fails here instead of costing GPU minutes. Also: the
+estimates of ``est()`` cover each item's ``timeout`` caps.
 """
 
 import json
@@ -22,8 +23,8 @@ from absl.testing import absltest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
-ITEMS = ("t0glue t0w gva t0 vk split1 split2 autooff cw_state cw_grad cw_tests cw_gdn2 "
-         "cw_slab").split()
+ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 autooff cw_state cw_grad cw_tests "
+         "cw_gdn2 cw_slab").split()
 
 _SHIM = """#!/bin/bash
 if [ "$1" = "-c" ]; then exec "{py}" "$@"; fi
@@ -50,6 +51,16 @@ from benchmarks import profile_grad as p
 p._define_flags()
 flags.FLAGS(["profile_grad.py"] + json.loads(sys.stdin.read()))
 print(p.with_slabs(p.parse_variants(p._VARIANTS.value), p.parse_slabs(p._SLABS.value)))
+"""
+
+_PROFILE_FWD = """import json, sys
+from absl import flags
+from benchmarks import profile_fwd as p
+p._define_flags()
+flags.FLAGS(["profile_fwd.py"] + json.loads(sys.stdin.read()))
+split, variants = p.selected_variants()
+print(json.dumps(dict(split=split, variants=variants,
+                      kernels=[p.kernel_name(v, split) for v in variants])))
 """
 
 _GPU_TESTS = """import json, sys
@@ -148,6 +159,18 @@ class Issue29QueueTest(absltest.TestCase):
         for argv in argvs:
             result = _python(_ARGPARSE, ["benchmarks/bench_gva_loop.py"] + argv)
             self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+
+    def test_profile_fwd_flags_parse(self):
+        argvs = self._calls("benchmarks/profile_fwd.py")
+        self.assertLen(argvs, 1)  # prof_split
+        result = _python(_PROFILE_FWD, argvs[0])
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        parsed = json.loads(result.stdout.strip().splitlines()[-1])
+        self.assertEqual(parsed["split"], dict(split_output=True, split_order="state_ag",
+                                               split_stages=3))
+        self.assertEqual(parsed["variants"], ["io", "state", "readout", "full", "no_store",
+                                              "nobar"])
+        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_sa_s3_abl_readout", parsed["kernels"])
 
     def test_gpu_tests_paths_collect(self):
         argvs = self._calls("benchmarks/gpu_tests.py")

@@ -27,7 +27,7 @@ HELP_DEFAULTS = {"batch": "8", "seq_len": "4096", "heads": "16", "dk": "128", "d
                  "static": "false", "deadline_s": None, "out": None}
 OWN = {
     "profile_fwd": {"kv_heads": "16", "doc_len": "0", "sm_count": "132", "ctas_per_sm": "1",
-                    "clock_ghz": None,
+                    "clock_ghz": None, "split_order": "", "split_stages": "2",
                     "variants": "io,v_new,state,full,no_store,nobar"},
     "profile_grad": {"gate": "0.01", "slabs": "16,32",
                      "variants": "k2,k2:no_band,k2:no_mma,k2:no_factors,k2:no_state,"

@@ -1,7 +1,8 @@
 """benchmarks/profile_fwd.py: variant parsing, waves and cycles, the floors at S1, the float64
 ``o`` against the fp32 reference, the table, the static counts of the lowered stages, the
-deadline watchdog; one interpreted run of the binary (``slow``; the kernels' timing needs a
-GPU)."""
+deadline watchdog; the same for the three-warpgroup kernel's ablations (``--split_order``,
+``--split_stages``: parsing, kernel names, floors, static counts, usage errors); interpreted
+runs of the binary (``slow``; the kernels' timing needs a GPU)."""
 
 import json
 import os
@@ -30,6 +31,39 @@ class ProfileFwdTest(absltest.TestCase):
         with self.assertRaisesRegex(profile_fwd.VariantError, "repeated"):
             profile_fwd.parse_variants(["full", "full"])
 
+    def test_parse_split_and_its_variants(self):
+        self.assertEqual(profile_fwd.parse_split("", 2), {})
+        self.assertEqual(profile_fwd.parse_split("state_ag", 3),
+                         dict(split_output=True, split_order="state_ag", split_stages=3))
+        with self.assertRaisesRegex(profile_fwd.VariantError, "needs --split_order"):
+            profile_fwd.parse_split("", 3)
+        with self.assertRaisesRegex(profile_fwd.VariantError, "--split_stages=4: not in"):
+            profile_fwd.parse_split("state_ag", 4)
+        with self.assertRaisesRegex(profile_fwd.VariantError, "'ahead': not in"):
+            profile_fwd.parse_split("ahead", 2)
+        self.assertEqual(profile_fwd.parse_variants(profile_fwd.SPLIT_DEFAULT_VARIANTS,
+                                                    "state_ag"),
+                         list(profile_fwd.SPLIT_DEFAULT_VARIANTS))
+        self.assertEqual(profile_fwd.parse_variants(["io", "nobar"], "readout_first"),
+                         ["io", "nobar"])
+        with self.assertRaisesRegex(profile_fwd.VariantError, "'v_new': not in"):
+            profile_fwd.parse_variants(["v_new"], "state_ag")
+        with self.assertRaisesRegex(profile_fwd.VariantError, "'readout': not in"):
+            profile_fwd.parse_variants(["readout"])  # two warpgroups
+        with self.assertRaisesRegex(profile_fwd.VariantError, "needs --split_order=state_ag"):
+            profile_fwd.parse_variants(["state"], "prepare_mid")
+
+    def test_kernel_names(self):
+        split = profile_fwd.parse_split("state_ag", 3)
+        self.assertEqual(profile_fwd.kernel_name("full", split),
+                         "gdn_chunk_delta_fused_t0_fwd_split_sa_s3")
+        self.assertEqual(profile_fwd.kernel_name("readout", split),
+                         "gdn_chunk_delta_fused_t0_fwd_split_sa_s3_abl_readout")
+        self.assertEqual(profile_fwd.kernel_name("io", {}), "gdn_chunk_delta_fused_t0_fwd_abl_io")
+        for stages in profile_fwd.SPLIT_DEFAULT_VARIANTS:
+            self.assertTrue(profile_fwd.kernel_name(stages, split).startswith(
+                profile_fwd.KERNEL_PREFIX))
+
     def test_waves_and_cycles_match_hand_computation(self):
         # S1: 8 x 16 x 2 = 256 CTAs on 132 SMs, one each: 2 waves; 0.421 ms over 2 x 64
         # chunks at 1.98 GHz is 6,512 cycles per chunk.
@@ -56,6 +90,10 @@ class ProfileFwdTest(absltest.TestCase):
         self.assertAlmostEqual(fl["tensor_ms"], 2 * fl["mac"] / 989e12 * 1e3)
         partial = profile_fwd.floors(1, 100, 2, 1, 64, 64)  # T padded to 128
         self.assertEqual(partial["mac"], 2 * 2 * 64 * 64 * (4 * 64 + 3 * 64))
+        # the split kernel: Ag X once (one 16-bit Ag_<), the same bytes
+        split = profile_fwd.floors(8, 4096, 16, 16, 128, 128, split=True)
+        self.assertEqual(split["mac"], 8 * 16 * 64 * 2 * (4 * 64 * 64 * 128 + 2 * 64 ** 3))
+        self.assertEqual(split["hbm_bytes"], fl["hbm_bytes"])
 
     def test_o_float64_matches_the_fp32_reference(self):
         import jax.numpy as jnp
@@ -122,6 +160,32 @@ class ProfileFwdTest(absltest.TestCase):
         self.assertLess(counts["v_new"]["ops"], counts["state"]["ops"])
         self.assertLess(counts["state"]["ops"], counts["full"]["ops"])
 
+    def test_static_counts_of_the_lowered_split_stages(self):
+        import jax
+        import jax.numpy as jnp
+        from benchmarks import profile_t0
+        qk = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+        vt = jnp.zeros((1, 128, 2, 64), jnp.bfloat16)  # v and T0 (K = V = 64)
+        args = [qk, qk, vt, vt] + [jnp.zeros((1, 128, 2), jnp.float32)] * 2 + [None]
+        split = profile_fwd.parse_split("state_ag", 3)
+        counts = {}
+        for stages in ("io", "state", "readout", "full", "nobar"):
+            text = jax.export.export(profile_fwd._kernel_fn(stages, 0.1, False, split),
+                                     platforms=["cuda"])(*args).mlir_module()
+            self.assertIn(profile_fwd.kernel_name(stages, split), text)
+            counts[stages] = profile_t0.static_counts(profile_t0.mosaic_module_text(text))
+        # K = V = 64, k steps of 16: the state warpgroup's K S, Ag X and K^T v_new (4 each),
+        # the output warpgroup's Q K^T, Q S and P v_new (4 each); io has none.
+        self.assertEqual([counts[s]["wgmma"] for s in ("io", "state", "readout", "full",
+                                                       "nobar")], [0, 12, 12, 24, 24])
+        self.assertEqual([counts[s]["wgmma_wait"] for s in ("io", "state", "readout", "full")],
+                         [0, 3, 3, 6])
+        self.assertEqual({c["tma_load"] for c in counts.values()}, {33})  # the same copies
+        self.assertLess(counts["nobar"]["bar_sync"], counts["full"]["bar_sync"] - 30)
+        self.assertLess(counts["io"]["ops"], counts["readout"]["ops"])
+        self.assertLess(counts["state"]["ops"], counts["full"]["ops"])
+        self.assertLess(counts["readout"]["ops"], counts["full"]["ops"])
+
     def test_deadline_watchdog_keeps_the_table(self):
         out = self.create_tempdir().full_path + "/fwd"
         cmd = [sys.executable, "benchmarks/profile_fwd.py", "--interpret", "--batch=1",
@@ -140,10 +204,19 @@ class ProfileFwdTest(absltest.TestCase):
         self.assertIn("'gram': not in", result.stderr)
         self.assertNotIn("Traceback", result.stderr)
 
+    def test_bad_split_flags_are_one_usage_line(self):
+        # one process (the other refusals: test_parse_split_and_its_variants)
+        result = binary_runs.run([sys.executable, "benchmarks/profile_fwd.py", "--out=/tmp/x",
+                                  "--split_order=readout_first", "--variants=state"])
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("needs --split_order=state_ag", result.stderr)
+        self.assertNotIn("Traceback", result.stderr)
+
 
 @pytest.mark.slow
 class ProfileFwdInterpretTest(absltest.TestCase):
-    """One interpreted run of the binary (60 to 100 s on 2 shared cores, ``PJRT_NPROC=8``)."""
+    """Interpreted runs of the binary, two warpgroups and split (60 to 100 s each on 2 shared
+    cores, ``PJRT_NPROC=8``)."""
 
     def test_interpreted_run_writes_records_and_checks_full(self):
         out = self.create_tempdir().full_path + "/fwd"
@@ -159,6 +232,30 @@ class ProfileFwdInterpretTest(absltest.TestCase):
         self.assertNotIn("rel_rms", recs[0])
         with open(out + ".md") as f:
             self.assertIn("| full |", f.read())
+
+    def test_interpreted_split_run_writes_records_and_checks_full(self):
+        out = self.create_tempdir().full_path + "/split"
+        cmd = [sys.executable, "benchmarks/profile_fwd.py", "--interpret", "--batch=1",
+               "--seq_len=150", "--heads=2", "--kv_heads=1", "--dk=64", "--dv=64",
+               "--doc_len=70", "--iters=1", "--split_order=state_ag", "--split_stages=3",
+               "--variants=io,readout,full", f"--out={out}"]
+        result = binary_runs.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        self.assertEqual(result.returncode, 0, result.stderr[-2000:])
+        with open(out + ".jsonl") as f:
+            recs = [json.loads(line) for line in f]
+        self.assertEqual([r["variant"] for r in recs], ["io", "readout", "full"])
+        self.assertEqual([r["kernel"] for r in recs],
+                         ["gdn_chunk_delta_fused_t0_fwd_split_sa_s3_abl_io",
+                          "gdn_chunk_delta_fused_t0_fwd_split_sa_s3_abl_readout",
+                          "gdn_chunk_delta_fused_t0_fwd_split_sa_s3"])
+        self.assertEqual({(r["split_order"], r["split_stages"]) for r in recs},
+                         {("state_ag", 3)})
+        self.assertLess(recs[2]["rel_rms"], 5e-3)  # the bf16 forward gate
+        self.assertNotIn("rel_rms", recs[1])
+        with open(out + ".md") as f:
+            text = f.read()
+        self.assertIn("three warpgroups (split_order=state_ag, split_stages=3", text)
+        self.assertIn("| readout |", text)
 
 
 if __name__ == "__main__":

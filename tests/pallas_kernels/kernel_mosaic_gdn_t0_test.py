@@ -54,6 +54,11 @@ dispatched, not run on a GPU yet).
   MOSAIC_GPU.md Sec. 16) export for CUDA under their own names and leave the default's jaxpr
   alone; ``FusedT0StagesInterpretTest`` (``slow``) checks what ``io``, ``state`` and
   ``no_store`` compute against ``full``.
+* ``SplitStagesTest`` (CI): the three-warpgroup kernel's timing ablations (``stages`` with
+  ``split_output``, ``kfused.SPLIT_T0_STAGES``, MOSAIC_GPU.md Sec. 39) export for CUDA under
+  their own names, ``"full"`` leaves the production kernel's jaxpr alone, bad combinations are
+  refused; ``SplitStagesInterpretTest`` (``slow``) checks what each stage computes
+  (``state_ag``, three stages) against ``full``, the fp32 reference and a float64 read-out.
 * ``GpuTest`` (``gpu``) runs the compiled kernels on a Hopper GPU at realistic rows.
 
 The interpreted kernels hang on a 2-core host unless XLA's CPU pool is larger (BUILD.md,
@@ -516,21 +521,36 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
     test.assertEqual("_vk" in text, state_layout == "vk")
 
 
-def _split_protocol(order, depth, num_chunks):
+def _split_protocol(order, depth, num_chunks, stages="full"):
     """The barrier waits (``"W"``) and arrivals (``"A"``) of ``_split_t0_kernel``'s three
     warpgroups in program order, as ``(kind, name, chunk)`` (``kfused._SPLIT_PROTOCOL``; the
     eleven TMA copies of a stage are one arrival on ``in_bar`` here, ``in_free`` takes two),
     with the SMEM accesses they guard: ``"X"`` writes a buffer, ``"R"`` starts reading it
     and ``"E"`` ends the read. Buffers: ``ring`` (a stage: ``q, k, v, T0`` and the vectors,
     ``depth`` of them), ``ag`` (``Ag`` over ``T0`` in the stage) and ``pub`` (``S`` and
-    ``v_new`` published, two)."""
+    ``v_new`` published, two). ``stages``: the timing ablations of ``kfused.SPLIT_T0_STAGES``
+    (``"no_store"`` and ``"nobar"`` have ``"full"``'s protocol): ``"io"`` (state and output
+    wait for the stage and release it), ``"state"`` (the output warpgroup waits ``s_ready``,
+    reads the published ``v_new`` and releases ``s_free`` and the stage it never reads),
+    ``"readout"`` (the state warpgroup publishes the landed ``v`` per chunk after ``s_free``
+    two back and ``in_bar``; ``S`` once, before the loop, outside the model)."""
     memory = []
     for i in range(num_chunks):
         memory += [("W", "in_free", i - depth)] if i >= depth else []
         memory += [("X", "ring", i), ("A", "in_bar", i)]
     memory += [("W", "in_free", i) for i in range(max(num_chunks - depth, 0), num_chunks)]
+    done = [("A", "done", 0), ("W", "done", 0)]
+    if stages == "io":
+        ring_only = [e for n in range(num_chunks) for e in (
+            ("W", "in_bar", n), ("R", "ring", n), ("E", "ring", n), ("A", "in_free", n))]
+        return [ring_only + done, list(ring_only) + done, memory + done]
     state = []
     for n in range(num_chunks):
+        if stages == "readout":
+            state += [("W", "s_free", n - 2)] if n >= 2 else []
+            state += [("W", "in_bar", n), ("R", "ring", n), ("X", "pub", n), ("E", "ring", n),
+                      ("A", "s_ready", n), ("A", "in_free", n)]
+            continue
         state += [("W", "s_free", n - 2)] if n >= 2 else []
         state += [("X", "pub", n), ("W", "in_bar", n), ("R", "ring", n)]
         state += [("X", "ag", n)] if order == "state_ag" else [("W", "ag_ready", n)]
@@ -542,6 +562,11 @@ def _split_protocol(order, depth, num_chunks):
         return [("W", "in_bar", m), ("R", "ring", m), ("X", "ag", m), ("A", "ag_ready", m)]
 
     output = [] if order == "state_ag" else prepare(0)
+    if stages == "state":
+        output = [e for n in range(num_chunks) for e in (
+            ("W", "s_ready", n), ("R", "pub", n), ("E", "pub", n), ("A", "s_free", n),
+            ("E", "ring", n), ("A", "in_free", n))]
+        return [wg + done for wg in (state, output, memory)]
     for n in range(num_chunks):
         nxt = prepare(n + 1) if n + 1 < num_chunks else []
         read_state = [("W", "s_ready", n), ("R", "pub", n), ("E", "pub", n), ("A", "s_free", n),
@@ -554,7 +579,7 @@ def _split_protocol(order, depth, num_chunks):
     return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, output, memory)]
 
 
-def _check_split_protocol(test, seeds=100):
+def _check_split_protocol(test, seeds=100, stages="full", orders=kfused.SPLIT_ORDERS):
     """Runs :func:`_split_protocol` under random schedules (every order, both ring depths, 1
     to 7 chunks) on mbarriers with phase parity. Checked whenever an event is next in its
     warpgroup, so under every schedule, not only the sampled ones: a wait must not find its
@@ -564,14 +589,14 @@ def _check_split_protocol(test, seeds=100):
     the others) nor read before its write. Each sampled schedule must run to its end."""
     arrivals = {"in_free": 2, "done": 3}
     readers = {"ring": 2, "ag": 1, "pub": 1}
-    for order in kfused.SPLIT_ORDERS:
+    for order in orders:
         for depth in kfused.SPLIT_STAGES:
             slots = {"in_bar": depth, "in_free": depth, "ag_ready": depth, "s_ready": 2,
                      "s_free": 2, "done": 1, "ring": depth, "ag": depth, "pub": 2}
             for num_chunks in range(1, 8):
                 for seed in range(seeds):
                     rng = np.random.default_rng(seed)
-                    programs = _split_protocol(order, depth, num_chunks)
+                    programs = _split_protocol(order, depth, num_chunks, stages)
                     pcs, count, written, ended = [0, 0, 0], {}, set(), {}
                     while any(pc < len(p) for pc, p in zip(pcs, programs)):
                         ready = []
@@ -579,8 +604,8 @@ def _check_split_protocol(test, seeds=100):
                             if pc == len(program):
                                 continue
                             kind, name, chunk = program[pc]
-                            where = (f"{order}, {depth} stages, {num_chunks} chunks, seed "
-                                     f"{seed}: {kind} {name}[{chunk}]")
+                            where = (f"{stages}, {order}, {depth} stages, {num_chunks} "
+                                     f"chunks, seed {seed}: {kind} {name}[{chunk}]")
                             use = chunk // slots[name] + 1  # the phase of its slot
                             done = count.get((name, chunk % slots[name]), 0) // arrivals.get(
                                 name, 1)
@@ -787,8 +812,8 @@ class LoweringTest(parameterized.TestCase):
                 _check_split_protocol(self, seeds=2)
         protocol = _split_protocol
 
-        def without_s_free(order, depth, num_chunks):
-            state, *others = protocol(order, depth, num_chunks)
+        def without_s_free(order, depth, num_chunks, stages="full"):
+            state, *others = protocol(order, depth, num_chunks, stages)
             return [[e for e in state if e[:2] != ("W", "s_free")]] + others
 
         with absltest.mock.patch.object(sys.modules[__name__], "_split_protocol",
@@ -997,9 +1022,13 @@ class FusedT0StagesTest(parameterized.TestCase):
         fn = kfused.chunk_delta_fused_t0_fwd_mosaic
         with self.assertRaisesRegex(ValueError, "stages must be one of"):
             fn(q, k, v, t0, g, beta, scale=0.1, stages="gram")
-        for kw in (dict(split_output=True), dict(store_v_new=True), dict(store_h=True)):
-            with self.assertRaisesRegex(ValueError, "ablation of the two-warpgroup"):
+        for kw in (dict(store_v_new=True), dict(store_h=True),
+                   dict(store_h=True, split_output=True, split_order="state_ag")):
+            with self.assertRaisesRegex(ValueError, "timing ablation without extra outputs"):
                 fn(q, k, v, t0, g, beta, scale=0.1, stages="state", **kw)
+        with self.assertRaisesRegex(ValueError, "'readout' is an ablation of the three-warpgroup"
+                                                ".* needs split_output=True"):
+            fn(q, k, v, t0, g, beta, scale=0.1, stages="readout")
 
 
 # Interpreted (slow; PJRT_NPROC=8 as the module docstring says): what the stages compute.
@@ -1029,6 +1058,203 @@ class FusedT0StagesInterpretTest(absltest.TestCase):
         o_ns = run("no_store")[0]
         last = slice(2 * C, seq_len)
         np.testing.assert_array_equal(np.asarray(o_ns[:, last]), np.asarray(o_full[:, last]))
+
+
+def _check_split_stage_exports(test, stages, split_order="state_ag", split_stages=3, dk=128,
+                               dv=128, dtype=jnp.bfloat16, deltanet=False):
+    q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, None if deltanet else 0.2,
+                                           True, (70, 30), dtype)
+    t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+
+    def fn(q, k, v, t0, g, beta, state, seg):
+        return kfused.chunk_delta_fused_t0_fwd_mosaic(
+            q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
+            split_output=True, split_order=split_order, split_stages=split_stages,
+            stages=stages)
+
+    exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
+        q, k, v, t0, g, beta, state, seg)
+    text = exported.mlir_module()
+    test.assertEqual(text.count("custom_call @mosaic_gpu"), 1)
+    name = kfused.fused_t0_kernel_name(split_output=True, split_order=split_order,
+                                       split_stages=split_stages, stages=stages)
+    test.assertIn(name + "/", text)  # the op's named scope, then the kernel's own
+    test.assertEqual([(a.shape, a.dtype) for a in exported.out_avals[:2]],
+                     [((1, 200, 2, dv), dtype), ((1, 2, dk, dv), jnp.float32)])
+
+
+class SplitStagesTest(parameterized.TestCase):
+    """The timing ablations of the three-warpgroup kernel (``stages`` with ``split_output``,
+    :data:`kfused.SPLIT_T0_STAGES`, MOSAIC_GPU.md Sec. 39): each exports for CUDA under its
+    own kernel name (K = V = 128 bf16 with ``h0`` and documents at three ring stages, so within
+    the 227 KB SMEM limit with the aliases; a two-stage ``readout_first`` for the stages every
+    order takes; K 64 fp16 DeltaNet), ``"full"`` is the production kernel's jaxpr and
+    ``"nobar"`` differs from it only in ``unsafe_no_auto_barriers`` and the name, and the bad
+    combinations are refused (CI, about 10 s)."""
+
+    @parameterized.named_parameters(
+        ("io_sa_s3", "io"),
+        ("state_sa_s3", "state"),
+        ("readout_sa_s3", "readout"),
+        ("no_store_sa_s3", "no_store"),
+        ("nobar_sa_s3", "nobar"),
+        ("io_ro_s2", "io", "readout_first", 2),
+        ("no_store_ro_s2", "no_store", "readout_first", 2),
+        ("state_sa_s2_fp16_deltanet_K64", "state", "state_ag", 2, 64, 64, jnp.float16, True),
+        ("readout_sa_s3_K128_V64", "readout", "state_ag", 3, 128, 64),
+    )
+    def test_split_stage_exports_for_cuda(self, *args):
+        _check_split_stage_exports(self, *args)
+
+    def test_split_stage_protocols_cannot_deadlock(self):
+        # _split_protocol's model of each ablation (LoweringTest.test_split_protocol_cannot_
+        # deadlock's check; "no_store" and "nobar" are "full"'s protocol)
+        _check_split_protocol(self, seeds=20, stages="io")
+        for stages in ("state", "readout"):
+            _check_split_protocol(self, seeds=40, stages=stages, orders=("state_ag",))
+        # and the check sees a broken one: "readout" publishing v without waiting for s_free
+        protocol = _split_protocol
+
+        def without_s_free(order, depth, num_chunks, stages="full"):
+            state, *others = protocol(order, depth, num_chunks, stages)
+            return [[e for e in state if e[:2] != ("W", "s_free")]] + others
+
+        with mock.patch.object(sys.modules[__name__], "_split_protocol", without_s_free):
+            with self.assertRaisesRegex(AssertionError, "readout, .*still read"):
+                _check_split_protocol(self, seeds=5, stages="readout", orders=("state_ag",))
+
+    def test_kernel_names(self):
+        name = kfused.fused_t0_kernel_name
+        self.assertEqual(name(), "gdn_chunk_delta_fused_t0_fwd")
+        self.assertEqual(name(stages="io"), "gdn_chunk_delta_fused_t0_fwd_abl_io")
+        self.assertEqual(name(split_output=True), "gdn_chunk_delta_fused_t0_fwd_split_ro")
+        self.assertEqual(name(split_output=True, split_order="state_ag", split_stages=3,
+                              stages="readout"),
+                         "gdn_chunk_delta_fused_t0_fwd_split_sa_s3_abl_readout")
+        self.assertEqual(name(split_output=True, split_order="prepare_first", split_stages=3,
+                              state_layout="vk"), "gdn_chunk_delta_fused_t0_fwd_split_s3_vk")
+
+    def test_full_is_the_production_kernel_and_nobar_only_drops_the_barriers(self):
+        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
+        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
+        for interpret in (False, True):
+            for order, depth in (("state_ag", 3), ("readout_first", 2)):
+                def jaxpr(**kw):
+                    return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
+                        *a, scale=0.1, initial_state=state, segment_ids=seg,
+                        interpret=interpret, split_output=True, split_order=order,
+                        split_stages=depth, **kw))(q, k, v, t0, g, beta))
+
+                default = jaxpr()
+                self.assertEqual(jaxpr(stages="full"), default)
+                nobar = jaxpr(stages="nobar")
+                self.assertNotEqual(nobar, default)
+                self.assertEqual(nobar.replace("unsafe_no_auto_barriers=True",
+                                               "unsafe_no_auto_barriers=False")
+                                 .replace("_abl_nobar", ""), default)
+                stages = ("io", "no_store") + (("state", "readout") if order == "state_ag"
+                                               else ())
+                for stage in stages:
+                    self.assertNotEqual(jaxpr(stages=stage), default, f"{order} {stage}")
+
+    def test_rejects_bad_combinations(self):
+        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+
+        def fn(**kw):
+            kfused.chunk_delta_fused_t0_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, **kw)
+
+        split = dict(split_output=True, split_order="state_ag", split_stages=3)
+        with self.assertRaisesRegex(ValueError, "'v_new' is an ablation of the two-warpgroup "
+                                                "kernel: with split_output=True"):
+            fn(stages="v_new", **split)
+        for stages in ("state", "readout"):
+            with self.assertRaisesRegex(ValueError, "needs split_order='state_ag'"):
+                fn(stages=stages, split_output=True, split_order="prepare_mid", split_stages=3)
+        with self.assertRaisesRegex(ValueError, "state_layout='kv' split kernel"):
+            fn(stages="io", state_layout="vk", **split)
+        for kw in (dict(store_v_new=True), dict(store_h=True)):
+            with self.assertRaisesRegex(ValueError, "timing ablation without extra outputs"):
+                fn(stages="readout", **split, **kw)
+
+
+def _readout_float64(q, k, v, g, state, seg, scale):
+    """float64 ``o`` ``[B, T, H, V]`` of the split kernel's ``stages="readout"``: per chunk of
+    64 tokens ``o_t = scale (conn_t e^{G_t} q_t . S_0 + sum_s D_ts (q_t . k_s) v_s)`` with
+    ``S_0`` the initial state rounded to ``v``'s dtype (the published 16-bit tile) for every
+    chunk, ``G`` the chunk-local inclusive cumsum of ``g``, ``D_ts = e^{G_t - G_s}`` on causal
+    same-document pairs and ``conn_t`` 1 on the tokens of the document open before the chunk
+    (in chunk 0 the first document, which the initial state enters)."""
+    batch, seq_len, heads, dv = v.shape
+    qf, kf = (np.asarray(gdn_test._expand(x, heads).astype(jnp.float32), np.float64)
+              for x in (q, k))
+    vf = np.asarray(v.astype(jnp.float32), np.float64)
+    gf = np.zeros((batch, seq_len, heads)) if g is None else np.asarray(g, np.float64)
+    s0 = np.asarray(state.astype(v.dtype).astype(jnp.float32), np.float64)
+    doc = (np.zeros((batch, seq_len), np.int64) if seg is None
+           else np.asarray(common.document_index(seg)))
+    out = np.zeros((batch, seq_len, heads, dv))
+    for b in range(batch):
+        for c0 in range(0, seq_len, C):
+            rows = slice(c0, min(c0 + C, seq_len))
+            d = doc[b, rows]
+            open_doc = d[0] if c0 == 0 else doc[b, c0 - 1]
+            conn = (d == open_doc).astype(np.float64)
+            causal = np.tril(np.ones((len(d), len(d)), bool)) & (d[:, None] == d[None, :])
+            for h in range(heads):
+                gc = np.cumsum(gf[b, rows, h])
+                dmat = np.where(causal, np.exp(np.where(causal, gc[:, None] - gc[None, :], 0)),
+                                0.0)
+                qh, kh = qf[b, rows, h], kf[b, rows, h]
+                out[b, rows, h] = scale * ((conn * np.exp(gc))[:, None] * (qh @ s0[b, h])
+                                           + ((qh @ kh.T) * dmat) @ vf[b, rows, h])
+    return out
+
+
+# Interpreted (slow; PJRT_NPROC=8 as the module docstring says): what the split stages compute.
+@pytest.mark.slow
+class SplitStagesInterpretTest(absltest.TestCase):
+    """``state_ag`` with three ring stages at T 200 (four chunks: the ring and the published
+    tiles wrap; GVA 2:1, ``h0``, documents starting inside chunks, a partial last chunk):
+    ``"full"`` against the fp32 reference; ``"io"`` returns the loaded ``v`` and the initial
+    state, ``"state"`` the ``v_new`` and final state of ``"full"`` (bit-equal), ``"readout"``
+    the frozen-chain read-out (:func:`_readout_float64`) and the initial state,
+    ``"no_store"`` the last chunk's ``o`` of ``"full"`` and ``"nobar"`` ``"full"``'s
+    results."""
+
+    def test_split_stages_compute_what_they_say(self):
+        seq_len, dk = 200, 64
+        q, k, v, g, beta, state, seg = _inputs(1, seq_len, 2, 1, dk, 64, 0.2, True, (70, 30))
+        t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
+        scale = dk ** -0.5
+
+        def run(stages, **kw):
+            return kfused.chunk_delta_fused_t0_fwd_mosaic(
+                q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
+                interpret=True, split_output=True, split_order="state_ag", split_stages=3,
+                stages=stages, **kw)
+
+        o_full, final_full, vn_full, _ = run("full", store_v_new=True)
+        o_ref, final_ref, _ = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
+        for got, want in ((o_full, o_ref), (final_full, final_ref)):
+            self.assertLess(tolerances.rel_err(got, want), _FWD_GATE[jnp.dtype(v.dtype)])
+        o_io, final_io, _, _ = run("io")
+        np.testing.assert_array_equal(np.asarray(o_io), np.asarray(v))
+        np.testing.assert_array_equal(np.asarray(final_io), np.asarray(state))
+        o_state, final_state, _, _ = run("state")
+        np.testing.assert_array_equal(np.asarray(o_state), np.asarray(vn_full))
+        np.testing.assert_array_equal(np.asarray(final_state), np.asarray(final_full))
+        o_ro, final_ro, _, _ = run("readout")
+        np.testing.assert_array_equal(np.asarray(final_ro), np.asarray(state))
+        want = _readout_float64(q, k, v, g, state, seg, scale)
+        got = np.asarray(o_ro.astype(jnp.float32), np.float64)
+        self.assertLess(np.sqrt(np.mean((got - want) ** 2) / np.mean(want ** 2)), 5e-3)
+        o_ns = run("no_store")[0]
+        last = slice(3 * C, seq_len)
+        np.testing.assert_array_equal(np.asarray(o_ns[:, last]), np.asarray(o_full[:, last]))
+        o_nb, final_nb, _, _ = run("nobar")
+        np.testing.assert_array_equal(np.asarray(o_nb), np.asarray(o_full))
+        np.testing.assert_array_equal(np.asarray(final_nb), np.asarray(final_full))
 
 
 class ValidationTest(absltest.TestCase):
