@@ -113,14 +113,33 @@ def _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs, dtype=jnp.
     return q, k, v, g, beta, state, seg
 
 
+def _document_index(seg, batch, seq_len):
+    """int64 ``[B, T]``: each token's document number (``common.document_index``), all 0
+    without ``segment_ids``."""
+    if seg is None:
+        return np.zeros((batch, seq_len), np.int64)
+    return np.asarray(common.document_index(seg))
+
+
+def _check_io_and_state_stages(run, v, state, vn_full, final_full):
+    """The ``io`` and ``state`` ablations of a fused ``T0`` forward kernel (``run(stages)``
+    returns its four outputs): ``io`` gives ``v`` back and leaves the state, ``state`` gives
+    the full kernel's ``v_new`` and final state, bit for bit."""
+    o_io, final_io, _, _ = run("io")
+    np.testing.assert_array_equal(np.asarray(o_io), np.asarray(v))
+    np.testing.assert_array_equal(np.asarray(final_io), np.asarray(state))
+    o_state, final_state, _, _ = run("state")
+    np.testing.assert_array_equal(np.asarray(o_state), np.asarray(vn_full))
+    np.testing.assert_array_equal(np.asarray(final_state), np.asarray(final_full))
+
+
 def _t0_reference(k, beta, seg):
     """float64 ``T0`` ``[B, T, H, 64]``: ``inv(I + A0)`` of every chunk (the last one as long
     as it is), ``A0_ij = beta_i k_i . k_j`` on ``j < i`` in the same document."""
     batch, seq_len, heads = beta.shape
     kf = np.asarray(gdn_test._expand(k, heads), np.float64)
     bf = np.asarray(beta, np.float64)
-    doc = (np.zeros((batch, seq_len), np.int64) if seg is None
-           else np.asarray(common.document_index(seg)))
+    doc = _document_index(seg, batch, seq_len)
     out = np.zeros((batch, seq_len, heads, C))
     for b in range(batch):
         for start in range(0, seq_len, C):
@@ -1049,12 +1068,7 @@ class FusedT0StagesInterpretTest(absltest.TestCase):
                 interpret=True, stages=stages, **kw)
 
         o_full, final_full, vn_full, _ = run("full", store_v_new=True)
-        o_io, final_io, _, _ = run("io")
-        np.testing.assert_array_equal(np.asarray(o_io), np.asarray(v))
-        np.testing.assert_array_equal(np.asarray(final_io), np.asarray(state))
-        o_state, final_state, _, _ = run("state")
-        np.testing.assert_array_equal(np.asarray(o_state), np.asarray(vn_full))
-        np.testing.assert_array_equal(np.asarray(final_state), np.asarray(final_full))
+        _check_io_and_state_stages(run, v, state, vn_full, final_full)
         o_ns = run("no_store")[0]
         last = slice(2 * C, seq_len)
         np.testing.assert_array_equal(np.asarray(o_ns[:, last]), np.asarray(o_full[:, last]))
@@ -1191,8 +1205,7 @@ def _readout_float64(q, k, v, g, state, seg, scale):
     vf = np.asarray(v.astype(jnp.float32), np.float64)
     gf = np.zeros((batch, seq_len, heads)) if g is None else np.asarray(g, np.float64)
     s0 = np.asarray(state.astype(v.dtype).astype(jnp.float32), np.float64)
-    doc = (np.zeros((batch, seq_len), np.int64) if seg is None
-           else np.asarray(common.document_index(seg)))
+    doc = _document_index(seg, batch, seq_len)
     out = np.zeros((batch, seq_len, heads, dv))
     for b in range(batch):
         for c0 in range(0, seq_len, C):
@@ -1238,12 +1251,7 @@ class SplitStagesInterpretTest(absltest.TestCase):
         o_ref, final_ref, _ = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
         for got, want in ((o_full, o_ref), (final_full, final_ref)):
             self.assertLess(tolerances.rel_err(got, want), _FWD_GATE[jnp.dtype(v.dtype)])
-        o_io, final_io, _, _ = run("io")
-        np.testing.assert_array_equal(np.asarray(o_io), np.asarray(v))
-        np.testing.assert_array_equal(np.asarray(final_io), np.asarray(state))
-        o_state, final_state, _, _ = run("state")
-        np.testing.assert_array_equal(np.asarray(o_state), np.asarray(vn_full))
-        np.testing.assert_array_equal(np.asarray(final_state), np.asarray(final_full))
+        _check_io_and_state_stages(run, v, state, vn_full, final_full)
         o_ro, final_ro, _, _ = run("readout")
         np.testing.assert_array_equal(np.asarray(final_ro), np.asarray(state))
         want = _readout_float64(q, k, v, g, state, seg, scale)
