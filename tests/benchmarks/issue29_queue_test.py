@@ -14,23 +14,18 @@ estimates of ``est()`` cover each item's ``timeout`` caps.
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 import tempfile
 
 from absl.testing import absltest
 
+from tests.benchmarks import window_shims
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 autooff cw_state cw_grad cw_tests "
          "cw_gdn2 cw_slab").split()
-
-_SHIM = """#!/bin/bash
-if [ "$1" = "-c" ]; then exec "{py}" "$@"; fi
-exec "{py}" -c 'import json, os, sys
-with open(os.environ["I29_CALLS"], "a") as f: f.write(json.dumps(sys.argv[1:]) + "\\n")' "$@"
-"""
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -89,22 +84,24 @@ def _python(code, payload):
                           env=env, capture_output=True, text=True, timeout=300)
 
 
+def _collect(args):
+    """``pytest --collect-only -q`` with ``args`` (-m, -k, paths) in the repository root."""
+    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                           "-p", "no:cacheprovider"] + args, cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
 def _collected(args):
     """How many tests ``pytest --collect-only`` selects with ``args`` (-m, -k, paths)."""
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                             "-p", "no:cacheprovider"] + args, cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = _collect(args)
     m = re.search(r"^(\d+)(?:/\d+)? tests? collected", result.stdout, re.M)
     return (int(m.group(1)) if m and result.returncode == 0 else 0), result.stdout[-2000:]
 
 
 def _collected_ids(args):
     """The node ids ``pytest --collect-only -q`` selects with ``args`` (-m, paths)."""
-    env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                             "-p", "no:cacheprovider"] + args, cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = _collect(args)
     if result.returncode != 0:
         raise AssertionError(f"collection failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
     return {line.strip() for line in result.stdout.splitlines() if "::" in line}
@@ -116,18 +113,12 @@ class Issue29QueueTest(absltest.TestCase):
     def setUpClass(cls):
         super().setUpClass()
         tmp = tempfile.mkdtemp(prefix="issue29_queue_", dir=absltest.get_default_test_tmpdir())
-        os.makedirs(os.path.join(tmp, "bin"))
-        for name, text in (("python3", _SHIM.format(py=sys.executable)),
-                           ("nvidia-smi", "#!/bin/bash\necho 'no GPU (test)'\n")):
-            path = os.path.join(tmp, "bin", name)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
         calls = os.path.join(tmp, "calls.jsonl")
+        bin_dir = window_shims.install(tmp, calls)
         cls.result = subprocess.run(
             ["bash", SCRIPT, "100000"] + list(ITEMS), cwd=ROOT, capture_output=True, text=True,
-            timeout=300, env={**os.environ, "PATH": f"{tmp}/bin:{os.environ['PATH']}",
-                              "I29_TMP": os.path.join(tmp, "work"), "I29_CALLS": calls,
+            timeout=300, env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+                              "I29_TMP": os.path.join(tmp, "work"),
                               "OUT": os.path.join(tmp, "out"), "JAX_PLATFORMS": "cpu"})
         with open(calls) as f:
             cls.calls = [json.loads(line) for line in f]

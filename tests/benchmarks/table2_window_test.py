@@ -7,11 +7,12 @@ shell logic runs under ``WINDOW_TMP`` with a budget too short for any phase, so 
 import json
 import os
 import re
-import stat
 import subprocess
 import sys
 
 from absl.testing import absltest
+
+from tests.benchmarks import window_shims
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "table2_window.sh")
@@ -64,20 +65,10 @@ class Table2WindowTest(absltest.TestCase):
         arguments through its parser: a typo fails here, not in a GPU window."""
         tmp = self.create_tempdir().full_path
         os.makedirs(os.path.join(tmp, "corpus", "prose-llama2"))  # as joined (dry runs only)
-        os.makedirs(os.path.join(tmp, "bin"))
         calls = os.path.join(tmp, "calls.jsonl")
-        for name, text in (
-                ("python3", f"""#!/bin/bash
-if [ "$1" = "-c" ]; then exec "{sys.executable}" "$@"; fi
-exec "{sys.executable}" -c 'import json, sys
-with open("{calls}", "a") as f: f.write(json.dumps(sys.argv[1:]) + "\\n")' "$@"
-"""), ("nvidia-smi", "#!/bin/bash\necho 'no GPU (test)'\n")):
-            path = os.path.join(tmp, "bin", name)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, os.stat(path).st_mode | stat.S_IEXEC)
+        bin_dir = window_shims.install(tmp, calls)
         result = run(tmp, budget="5000", PHASES="ps t7 tp t2",
-                     PATH=f"{tmp}/bin:{os.environ['PATH']}")
+                     PATH=f"{bin_dir}:{os.environ['PATH']}")
         self.assertEqual(result.returncode, 0, result.stdout[-2000:] + result.stderr[-2000:])
         with open(calls) as f:
             argvs = [json.loads(line) for line in f]
