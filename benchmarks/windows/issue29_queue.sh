@@ -51,18 +51,22 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;; *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
+gdn_show() {  # one line per bench_kernels record in the logs: what ran, kernel ms, per kernel
+  cat "$@" | python3 -c 'import sys,json
+for l in sys.stdin.buffer.read().decode(errors="replace").splitlines():
+  if l.startswith("{") and "kernel_ms" in l:
+    r=json.loads(l); print(r["peer"],r["shape"],r["pass_"],r.get("mosaic_forward_run"),
+      r.get("mosaic_t0"),round(r["kernel_ms"],3),
+      {k[:40]:round(v,4) for k,v in (r.get("kernels") or {}).items()})'
+}
+
 run_t0glue() {
   mkdir -p $O/t0glue; local s=$SECONDS
   timeout 125 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic,jla \
     --passes=fwdbwd,fwd --shapes=S1,S2 --mosaic_forward=fused_t0 --iters=20 --warmup=3 \
     --out=$O/t0glue/gdn > $O/t0glue/gdn.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
   grep -a -h '^gate' $O/t0glue/gdn.log | cut -c1-200
-  python3 -c 'import sys,json
-for l in open(sys.argv[1], errors="replace"):
-  if l.startswith("{") and "kernel_ms" in l:
-    r=json.loads(l); print(r["peer"],r["shape"],r["pass_"],r.get("mosaic_forward_run"),
-      round(r["kernel_ms"],3),
-      {k[:40]:round(v,3) for k,v in (r.get("kernels") or {}).items()})' $O/t0glue/gdn.log
+  gdn_show $O/t0glue/gdn.log
   timeout $((148 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -s \
     -k test_w_matches_wy_factor $T/kernel_mosaic_gdn_t0_test.py 2>&1 \
     | grep -a -E 'W: relative|passed|failed|FAILED|Error' | cut -c1-250 | tail -6
@@ -88,11 +92,7 @@ run_t0w() {
       > $O/t0w/$f.log 2>&1; echo "$f rc=$? t=$((SECONDS-s))s"
   done
   grep -a -h '^gate' $O/t0w/fused_t0*.log | cut -c1-200
-  cat $O/t0w/fused_t0*.log | python3 -c 'import sys,json
-for l in sys.stdin:
-  if l.startswith("{") and "kernel_ms" in l:
-    r=json.loads(l); print(r["pass_"],r.get("mosaic_forward_run"),r.get("mosaic_t0"),
-      round(r["kernel_ms"],3),{k[:40]:round(v,3) for k,v in (r.get("kernels") or {}).items()})'
+  gdn_show $O/t0w/fused_t0*.log
 }
 
 run_prof_split() {
@@ -137,10 +137,7 @@ run_vk() {
   timeout $((115 - SECONDS + s)) $b --peers=mosaic --mosaic_forward=fused_t0 --out=$O/vk/t0 \
     > $O/vk/t0.log 2>&1; echo "t0 rc=$? t=$((SECONDS-s))s"
   grep -a -h '^gate' $O/vk/*.log | cut -c1-200
-  cat $O/vk/*.log | python3 -c 'import sys,json
-for l in sys.stdin:
-  if l.startswith("{") and "kernel_ms" in l:
-    r=json.loads(l); print(r["peer"],r.get("mosaic_t0"),r["kernel_ms"],{k:round(v,4) for k,v in (r.get("kernels") or {}).items()})'
+  gdn_show $O/vk/*.log
   grep -a -h -E 'sa_s3.*(egisters|spill)|(egisters|spill).*sa_s3' $O/vk/sa3.log | sort -u | head -4
   timeout $((148 - SECONDS + s)) python3 -m pytest -m gpu -q -p no:cacheprovider -k \
     "vk and (state_ag or close)" $T/kernel_mosaic_gdn_t0_test.py 2>&1 \
