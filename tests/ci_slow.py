@@ -14,6 +14,10 @@ of test work, on that day's 2-core machine): no entry added; the binaries' tests
 cheaper instead (``tests/binary_runs.py``: one process imports a binary's modules, a fork of
 it runs each command line), which took the 13 files it touched from 609 to 232 s of work.
 ``ci_slow_test.py`` checks that every entry still names a test.
+
+An entry is a node id (``path::Class::test_name``, one test or one parameterized case), a
+whole class (``path::Class``) or a method with all its parameterized cases
+(``path::Class::test_name*``, the ``*`` last).
 """
 
 # Node ids relative to the repository root. Keep the comment: what covers it in CI.
@@ -173,4 +177,80 @@ CI_SLOW_TESTS = (
     "test_a_signal_after_the_final_checkpoint_of_a_finished_run_exits_01",
     "tests/experiments/train_test.py::TrainBinaryTest::"
     "test_sigterm_during_the_stop_path_save_finishes_it_and_says_so_in_one_line1",
+    # Mosaic GPU benchmark instruments and candidate kernels (2026-12-06; the CUDA exports run
+    # Mosaic GPU's whole lowering on the CPU, 1-7 s each). Ablations (profiling variants that
+    # cut a kernel's stages; never reached by the ops): CI keeps each file's
+    # test_default_is_the_real_kernel and the refusal tests, which guard the production
+    # kernel; the GPU window's queue exports and times every ablation it runs.
+    "tests/pallas_kernels/kernel_mosaic_channelwise_grad_chunk_test.py::AblationTest::"
+    "test_each_ablation_exports_under_its_name*",
+    "tests/pallas_kernels/kernel_mosaic_channelwise_grad_test.py::AblationTest::"
+    "test_each_ablation_exports_under_its_name*",
+    "tests/pallas_kernels/kernel_mosaic_gdn_wy_bwd_test.py::AblationTest::"
+    "test_each_ablation_exports_under_its_name*",
+    "tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py::FusedT0StagesTest::"
+    "test_stage_exports_for_cuda*",
+    "tests/pallas_kernels/kernel_mosaic_kkt_test.py::KktStagesTest::test_stage_exports_for_cuda*",
+    "tests/pallas_kernels/kernel_mosaic_kkt_test.py::KktNoStoreInterpretTest",
+    # Split T0 forward kernels that lost to their successors (MOSAIC_GPU.md Sec. 17 and 35:
+    # the two-stage split, prepare-first order and the vk state layout); CI keeps the
+    # three-stage split's exports (every order) and the split protocol checks.
+    "tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py::LoweringTest::"
+    "test_fused_t0_split_sec17_s2_kernel_exports_for_cuda*",
+    "tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py::LoweringTest::"
+    "test_fused_t0_split_prepare_first_kernel_exports_for_cuda*",
+    "tests/pallas_kernels/kernel_mosaic_gdn_t0_test.py::LoweringTest::"
+    "test_fused_t0_split_vk_kernel_exports_for_cuda",
+    # The per-channel grad-chunk kernel's 16-row slab at two more shapes: CI keeps the slab at
+    # K64 V64 fp16 and every shape without the slab.
+    "tests/pallas_kernels/kernel_mosaic_channelwise_grad_chunk_test.py::LoweringTest::"
+    "test_kernel_exports_for_cuda_K128_V128_bf16_docs_slab16",
+    "tests/pallas_kernels/kernel_mosaic_channelwise_grad_chunk_test.py::LoweringTest::"
+    "test_kernel_exports_for_cuda_K128_V128_bf16_ks_channels_f32_slab16",
+    "tests/pallas_kernels/kernel_mosaic_channelwise_grad_chunk_test.py::LoweringTest::"
+    "test_kernel_exports_for_cuda_K128_V64_bf16_ks_channels_bf16_slab16",
+    # Tiny forwards of presets whose mixers and routes CI already runs in another preset:
+    # table7's gdn host (every route), table2 (every architecture and stack) and
+    # routing_test.py (each route on a deltanet and a gdn host). Their parameter counts and
+    # recipes stay in CI at full size.
+    "tests/configs/presets_test.py::PresetTest::test_tiny_variant_runs_a_forward_"
+    "table6:host=deltanet,opt=muon,route=cler",
+    "tests/configs/presets_test.py::PresetTest::test_tiny_variant_runs_a_forward_"
+    "table6:host=gdn,opt=muon,route=cler",
+    "tests/configs/presets_test.py::PresetTest::test_tiny_variant_runs_a_forward_"
+    "table7:host=deltanet,budget=1b,route=attn_res",
+    "tests/configs/presets_test.py::PresetTest::test_tiny_variant_runs_a_forward_"
+    "table7:host=deltanet,budget=1b,route=cler_h",
+    "tests/configs/presets_test.py::PresetTest::test_tiny_variant_runs_a_forward_"
+    "table7:host=deltanet,budget=1b,route=clvr",
+    "tests/configs/presets_test.py::PresetTest::test_tiny_variant_runs_a_forward_"
+    "table7:host=gdn,budget=1b,route=cler_h,rank=64",
+    "tests/configs/presets_test.py::PresetTest::test_tiny_variant_runs_a_forward_"
+    "table7:host=gdn,budget=1b,route=clvr,rank=64",
+    "tests/configs/presets_test.py::PresetTest::test_tiny_variant_runs_a_forward_"
+    "scale_1p3b:host=deltanet,stack=pure,route=cler",
 )
+
+
+def is_ci_slow(nodeid):
+    """Whether the pytest node id ``nodeid`` is named by an entry of ``CI_SLOW_TESTS``.
+
+    Args:
+      nodeid: ``path::Class::test_name`` as pytest collects it (relative to the repository
+        root).
+
+    Returns:
+      True for a listed node id, a test of a listed class and a test whose name starts with a
+      listed ``test_name*`` prefix of its class.
+    """
+    if nodeid in _EXACT:
+        return True
+    parts = nodeid.split("::")
+    if len(parts) >= 2 and "::".join(parts[:2]) in _CLASSES:
+        return True
+    return any(nodeid.startswith(prefix) for prefix in _PREFIXES)
+
+
+_EXACT = frozenset(e for e in CI_SLOW_TESTS if e.count("::") == 2 and not e.endswith("*"))
+_CLASSES = frozenset(e for e in CI_SLOW_TESTS if e.count("::") == 1)
+_PREFIXES = tuple(e[:-1] for e in CI_SLOW_TESTS if e.endswith("*"))

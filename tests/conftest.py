@@ -99,10 +99,9 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """Marks ``slow`` the tests listed in ``tests/ci_slow.py`` (see the module docstring)."""
     del config
-    from tests.ci_slow import CI_SLOW_TESTS  # pylint: disable=import-outside-toplevel
-    slow = set(CI_SLOW_TESTS)
+    from tests.ci_slow import is_ci_slow  # pylint: disable=import-outside-toplevel
     for item in items:
-        if item.nodeid in slow:
+        if is_ci_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
 
 
