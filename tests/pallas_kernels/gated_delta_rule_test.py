@@ -27,10 +27,6 @@ _F32 = jnp.float32
 _ARG_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 
 
-def _l2(x):
-    return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
-
-
 def _make_inputs(seed, *, seq_len, batch=2, key_heads=2, heads=2, dk=16, dv=32, gated=True,
                  decay=None, beta=None):
     """Random fp32 inputs: L2-normalised q, k; beta = sigmoid(randn); g = -softplus(randn - 1).
@@ -39,16 +35,25 @@ def _make_inputs(seed, *, seq_len, batch=2, key_heads=2, heads=2, dk=16, dv=32, 
         ``(args, initial_state)`` with ``args = (q, k, v, g, beta)``; ``g`` is None unless
         ``gated``. ``decay``/``beta`` override g/beta with a constant or an array.
     """
-    keys = jax.random.split(jax.random.key(seed), 6)
-    q = _l2(jax.random.normal(keys[0], (batch, seq_len, key_heads, dk), _F32))
-    k = _l2(jax.random.normal(keys[1], (batch, seq_len, key_heads, dk), _F32))
-    v = jax.random.normal(keys[2], (batch, seq_len, heads, dv), _F32)
-    g = -jax.nn.softplus(jax.random.normal(keys[3], (batch, seq_len, heads), _F32) - 1.0)
+    # numpy's generator, not jax.random: each jax.random call on a new shape compiles a
+    # program, a fifth of this file's CPU time.
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return rng.standard_normal(shape)
+
+    def l2(x):
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+    q = jnp.asarray(l2(normal(batch, seq_len, key_heads, dk)), _F32)
+    k = jnp.asarray(l2(normal(batch, seq_len, key_heads, dk)), _F32)
+    v = jnp.asarray(normal(batch, seq_len, heads, dv), _F32)
+    g = jnp.asarray(-np.logaddexp(0.0, normal(batch, seq_len, heads) - 1.0), _F32)
     if decay is not None:
         g = jnp.full_like(g, decay)
     if beta is None:
-        beta = jax.nn.sigmoid(jax.random.normal(keys[4], (batch, seq_len, heads), _F32))
-    h0 = 0.5 * jax.random.normal(keys[5], (batch, heads, dk, dv), _F32)
+        beta = jnp.asarray(1.0 / (1.0 + np.exp(-normal(batch, seq_len, heads))), _F32)
+    h0 = jnp.asarray(0.5 * normal(batch, heads, dk, dv), _F32)
     return (q, k, v, g if gated else None, jnp.broadcast_to(beta, g.shape)), h0
 
 
