@@ -1,11 +1,14 @@
 """The absl binary: bad options end with one clear line naming the option or file."""
 
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -18,13 +21,22 @@ from tests.lattn_jax import multihost_test
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 
+# The runs' environment: without most XLA optimizations (compile time on CPU), and with a
+# persistent compilation cache of this test process (removed at exit), shared by the runs: they
+# compile the same few programs (TINY_RUN's steps), and a cache hit returns the executable of
+# the identical program, as tests/conftest.py's cache does in the test process.
+_CACHE_DIR = tempfile.mkdtemp(prefix="lattn-jax-train-binary-xla-cache-")
+atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
+_ENV = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true",
+            JAX_COMPILATION_CACHE_DIR=_CACHE_DIR, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.1")
+
+
 def run_train(*flags):
     """experiments/train.py with ``flags``, in a fork of a process that imported its modules
-    once (tests/binary_runs.py; ~2.5 s of imports a launch), compiling without most XLA
-    optimizations like :func:`run_train_patched` (compile time on CPU)."""
+    once (tests/binary_runs.py; ~2.5 s of imports a launch), in :data:`_ENV`."""
     cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
            "--config=" + os.path.join(ROOT, "configs", "default.py"), *flags]
-    return binary_runs.run(cmd, env=dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true"))
+    return binary_runs.run(cmd, env=_ENV)
 
 
 # A two-step-per-checkpoint run of a one-layer model on the bundled text (seconds on a CPU).
@@ -115,24 +127,26 @@ train.Trainer.eval_step = eval_step
 """
 
 
-def _default_sighup():
-    # The trainer leaves SIGHUP alone when it starts ignored (nohup, as a background CI job
-    # may run the suite): these tests are of a run started from a terminal.
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+_PATCHED_SCRIPTS = tempfile.mkdtemp(prefix="lattn-jax-train-patched-")
+atexit.register(shutil.rmtree, _PATCHED_SCRIPTS, ignore_errors=True)
 
 
 def run_train_patched(patch, *flags):
     """:func:`run_train` with the Python code ``patch`` run first, in the same process, and
     SIGHUP at its default disposition (as under a terminal, even when the suite runs under
-    ``nohup``)."""
+    ``nohup``): a script file that does both, then runs experiments/train.py as ``__main__``,
+    run by :mod:`tests.binary_runs` like the binary itself (its own forked process, exit
+    status, stdout and stderr; the imports shared)."""
     script = os.path.join(ROOT, "experiments", "train.py")
-    code = (patch + "\nimport runpy, sys\n"
+    code = ("import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\n" + patch
+            + "\nimport runpy, sys\n"
             f"sys.argv[0] = {script!r}\nrunpy.run_path({script!r}, run_name='__main__')\n")
-    cmd = [sys.executable, "-c", code,
-           "--config=" + os.path.join(ROOT, "configs", "default.py"), *flags]
-    env = dict(os.environ, PYTHONPATH=ROOT, JAX_DISABLE_MOST_OPTIMIZATIONS="true")
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
-                          preexec_fn=_default_sighup)
+    fd, path = tempfile.mkstemp(suffix=".py", dir=_PATCHED_SCRIPTS)
+    with os.fdopen(fd, "w") as f:
+        f.write(code)
+    cmd = [sys.executable, path, "--config=" + os.path.join(ROOT, "configs", "default.py"),
+           *flags]
+    return binary_runs.run(cmd, env=_ENV, timeout=300)
 
 
 @pytest.mark.entry
@@ -284,7 +298,7 @@ class TrainBinaryTest(parameterized.TestCase):
         path = os.path.join(ROOT, "configs", "common.py")
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "train.py"),
                f"--config={path}", f"--workdir={workdir}"]
-        result = binary_runs.run(cmd)
+        result = binary_runs.run(cmd, env=_ENV)  # (run_train's driver: imports shared)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(), [
             f"error: --config={path}: {path} has no get_config() (a config file defines "
@@ -500,7 +514,8 @@ class TrainBinaryTest(parameterized.TestCase):
         evaluate = binary_runs.run(
             [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"),
              "--checkpoint=" + workdir, "--tasks=perplexity",
-             "--perplexity_files=" + os.path.join(ROOT, "README.md")])
+             "--perplexity_files=" + os.path.join(ROOT, "README.md")],
+            env=_ENV)  # (run_train's driver: jax and the library imported once)
         self.assertEqual(evaluate.returncode, 1)
         self.assertEqual(evaluate.stderr.strip().splitlines()[-1], (
             f"error: the checkpoint at step 4 in {path} is of a different model (its parameter "

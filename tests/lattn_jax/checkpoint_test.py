@@ -5,9 +5,11 @@ import json
 import logging
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import types
 from unittest import mock
 
@@ -28,14 +30,27 @@ def _abstract(state):
 
 
 class MismatchTest(absltest.TestCase):
+    """Each test gets a copy of one workdir with checkpoints of ``_state(4)`` at steps 2 and 4,
+    saved once for the class."""
 
-    def setUp(self):
-        super().setUp()
-        self.workdir = self.create_tempdir().full_path
-        ckpt = checkpoint_lib.Checkpointer(self.workdir, async_save=False)
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls._saved = tempfile.TemporaryDirectory()
+        ckpt = checkpoint_lib.Checkpointer(cls._saved.name, async_save=False)
         for step in (2, 4):
             ckpt.save(step, _state(4))
         ckpt.close()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._saved.cleanup()
+        super().tearDownClass()
+
+    def setUp(self):
+        super().setUp()
+        self.workdir = os.path.join(self.create_tempdir().full_path, "run")
+        shutil.copytree(self._saved.name, self.workdir)
         self.directory = os.path.join(self.workdir, "checkpoints")
 
     def restore_latest(self, abstract, **kwargs):
@@ -287,7 +302,13 @@ class FailedWriteOutputTest(absltest.TestCase):
              "--config.train.eval_every=100", "--config.train.log_every=1",
              "--config.optim.warmup_steps=1"],
             capture_output=True, text=True, cwd=ROOT, timeout=300,
-            preexec_fn=limit_file_size, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+            preexec_fn=limit_file_size,
+            # Most XLA optimizations off: compile time on CPU; the test is of the save. No
+            # optional git locks: the run's `git status` (its invocation record) rewrote the
+            # clone's index under the size limit, leaving a cut-short index.lock behind that
+            # blocked the next git command in the checkout.
+            env=dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true",
+                     GIT_OPTIONAL_LOCKS="0"))
         self.assertEqual(result.returncode, 1, result.stderr[-3000:])
         directory = os.path.join(workdir, "checkpoints")
         self.assertEqual(result.stderr.strip().splitlines(), [

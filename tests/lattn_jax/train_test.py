@@ -62,6 +62,11 @@ def batch_with_random_weights(config, seed, keep):
     return dict(batch, weights=(rng.random(batch["weights"].shape) < keep).astype(np.float32))
 
 
+def _write_text(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
 def _leaf(tree, path):
     """The leaf of ``tree`` at a ``tree_flatten_with_path`` path."""
     for key in path:
@@ -107,11 +112,12 @@ class TrainTest(CorpusTestCase):
         unequal, so averaging per-micro-batch means would differ), the gradients match, and
         evaluation sums the same tokens."""
         batch = batch_with_random_weights(tiny_experiment(self.corpus), 3, 0.6)
-        results = {}
+        results, params = {}, None
         for micro in (None, 1):
             trainer = train.Trainer(tiny_experiment(self.corpus, micro_batch_size=micro))
             self.assertEqual(trainer.accum_steps, {None: 1, 1: 4}[micro])
-            params = trainer.init_state(0)["params"]
+            if params is None:  # the same model and seed: the same initial parameters
+                params = trainer.init_state(0)["params"]
             loss, grads = jax.jit(trainer.loss_and_grads)(params, train._to_jax(batch))
             total, count, _, _ = trainer.eval_step(params, batch)
             results[micro] = (float(loss), grads, float(total), float(count))
@@ -135,9 +141,11 @@ class TrainTest(CorpusTestCase):
         a NaN at a real position does make it NaN and is counted as such. Reference: the
         weighted mean of the unpatched token losses over the real positions, from optax."""
         import optax
+        params = None
         for micro in (None, 1):
             trainer = train.Trainer(tiny_experiment(self.corpus, micro_batch_size=micro))
-            params = trainer.init_state(0)["params"]
+            if params is None:  # the same model and seed: the same initial parameters
+                params = trainer.init_state(0)["params"]
             batch = batch_with_random_weights(trainer.config, 5, 0.8)
             weights = batch["weights"]
             weights[2] = 0.0  # an all-zero padding row, as data.pipeline pads the last batch
@@ -173,17 +181,21 @@ class TrainTest(CorpusTestCase):
         (fp32 model, so both form the same fp32 logits), with uneven chunks (7 tokens: the last
         padded) and with gradient accumulation; a bad value is one ConfigError."""
         import dataclasses
+        # One attention layer: the option changes only the head and the loss, whose cotangent
+        # reaches every layer the same way; the GDN layer of tiny_experiment only doubled the
+        # compile time of the six programs below.
         base = tiny_experiment(self.corpus)
-        base = dataclasses.replace(base, model=dataclasses.replace(base.model,
-                                                                   dtype="float32"))
+        base = dataclasses.replace(base, model=dataclasses.replace(
+            base.model, dtype="float32", layer_pattern=("attn",)))
         batch = batch_with_random_weights(base, 4, 0.7)
-        out = {}
+        out, params = {}, None
         for chunk in (None, 7):
             for micro in (None, 1):
                 cfg = dataclasses.replace(base, train=dataclasses.replace(
                     base.train, loss_chunk_size=chunk, micro_batch_size=micro))
                 trainer = train.Trainer(cfg)
-                params = trainer.init_state(0)["params"]
+                if params is None:  # the same model and seed: the same initial parameters
+                    params = trainer.init_state(0)["params"]
                 out[chunk, micro] = jax.jit(trainer.loss_and_grads)(params, train._to_jax(batch))
         ref_loss, ref_grads = out[None, None]
         for key in ((7, None), (7, 1), (None, 1)):
@@ -196,13 +208,15 @@ class TrainTest(CorpusTestCase):
                                            err_msg=f"{key} {jax.tree_util.keystr(path)}")
         # The option does switch the head: in bf16 the plain head rounds the logits to bf16
         # before the loss and the fused one does not, so the two losses differ, a little.
-        losses_bf16 = []
+        losses_bf16, params = [], None
         for chunk in (None, 7):
             cfg = dataclasses.replace(tiny_experiment(self.corpus), train=dataclasses.replace(
                 base.train, loss_chunk_size=chunk))
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype="bfloat16"))
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(
+                base.model, dtype="bfloat16"))
             trainer = train.Trainer(cfg)
-            params = trainer.init_state(0)["params"]
+            if params is None:
+                params = trainer.init_state(0)["params"]
             losses_bf16.append(float(jax.jit(trainer.loss_and_grads)(
                 params, train._to_jax(batch))[0]))
         self.assertNotEqual(losses_bf16[0], losses_bf16[1])
@@ -286,21 +300,48 @@ class TrainTest(CorpusTestCase):
 
 
 class ResumeChecksTest(absltest.TestCase):
+    """Resume checks. The class shares one corpus (``self.corpus``; a test that rewrites it
+    puts it back) and one finished one-step run of ``tiny_experiment(self.corpus,
+    total_steps=1)``, trained at its first use: :meth:`copy_of_one_step_run` gives each test
+    its own copy of that run directory, whose config and data records name the shared corpus.
+    Training that run was most of each such test's time."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls._class_tmp = tempfile.TemporaryDirectory()
+        cls.corpus = write_corpus(cls._class_tmp.name)
+        cls._one_step_run = None
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._class_tmp.cleanup()
+        super().tearDownClass()
 
     def setUp(self):
         super().setUp()
         self._tmp = tempfile.TemporaryDirectory()
         self.tmp = self._tmp.name
-        self.corpus = write_corpus(self.tmp)
 
     def tearDown(self):
         self._tmp.cleanup()
         super().tearDown()
 
+    def copy_of_one_step_run(self, name):
+        """``<self.tmp>/<name>``: a copy of the class's finished run of
+        ``tiny_experiment(self.corpus, total_steps=1)`` (trained here at the first call)."""
+        cls = type(self)
+        if cls._one_step_run is None:
+            run = os.path.join(cls._class_tmp.name, "one_step_run")
+            train.train_and_evaluate(tiny_experiment(cls.corpus, total_steps=1), run,
+                                     print_fn=lambda s: None)
+            cls._one_step_run = run
+        workdir = os.path.join(self.tmp, name)
+        shutil.copytree(cls._one_step_run, workdir)
+        return workdir
+
     def test_changed_data_stream_is_refused(self):
-        workdir = os.path.join(self.tmp, "d")
-        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
-                                 print_fn=lambda s: None)
+        workdir = self.copy_of_one_step_run("d")
         cfg = tiny_experiment(self.corpus, total_steps=2)
         data = data_lib.DataConfig(**{**cfg.data.__dict__, "seq_len": 16})
         cfg = config_lib.ExperimentConfig(model=cfg.model, data=data, optim=cfg.optim,
@@ -314,9 +355,7 @@ class ResumeChecksTest(absltest.TestCase):
     def test_changed_train_seed_is_refused_and_an_older_record_without_it_resumes(self):
         # train.seed seeds only the initial parameters: a resume ignored a new one without a
         # word, while invocations.jsonl recorded it (2026-12-06 newcomer pass).
-        workdir = os.path.join(self.tmp, "s")
-        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
-                                 print_fn=lambda s: None)
+        workdir = self.copy_of_one_step_run("s")
         cfg = tiny_experiment(self.corpus, total_steps=2)
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=5))
         with mock.patch.object(data_lib, "build_datasets", side_effect=AssertionError("read")):
@@ -337,11 +376,10 @@ class ResumeChecksTest(absltest.TestCase):
     def test_a_data_file_rebuilt_with_other_contents_is_refused_on_resume(self):
         # The corpus at the same path was rebuilt (same options, other documents): the run
         # resumed on other data from the restored iterator position without a word.
-        workdir = os.path.join(self.tmp, "f")
-        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
-                                 print_fn=lambda s: None)
+        workdir = self.copy_of_one_step_run("f")
         with open(self.corpus) as f:
             text = f.read()
+        self.addCleanup(_write_text, self.corpus, text)  # the class's corpus, as it was
         cfg = tiny_experiment(self.corpus, total_steps=2)
         same_size = (r"same size \(\d+ bytes\), other contents: the SHA-256 of its first and "
                      r"last MiB differs")
@@ -500,9 +538,7 @@ class ResumeChecksTest(absltest.TestCase):
         self.assertNotEqual(train._file_fingerprint(path), prints[0][1])
 
     def test_a_record_of_another_version_is_not_compared_and_is_rewritten(self):
-        workdir = os.path.join(self.tmp, "v")
-        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
-                                 print_fn=lambda s: None)
+        workdir = self.copy_of_one_step_run("v")
         record = os.path.join(workdir, train.DATA_FINGERPRINT)
         with open(record) as f:
             saved = json.load(f)
@@ -634,9 +670,7 @@ class ResumeChecksTest(absltest.TestCase):
             train.train_and_evaluate(cfg(False, 3), workdir, print_fn=lambda s: None)
 
     def test_another_optimizer_is_refused_in_one_line_before_any_warning(self):
-        workdir = os.path.join(self.tmp, "o")
-        train.train_and_evaluate(tiny_experiment(self.corpus, total_steps=1), workdir,
-                                 print_fn=lambda s: None)
+        workdir = self.copy_of_one_step_run("o")
         base = tiny_experiment(self.corpus, total_steps=2)
         cfg = dataclasses.replace(base, optim=dataclasses.replace(base.optim, name="muon"))
         lines = []
