@@ -870,14 +870,18 @@ def _utc_now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _git_state() -> Optional[Dict[str, Any]]:
-    """``{"commit", "dirty"}`` of the git checkout holding this package, or ``None`` (not a
-    checkout, or no git)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def _git_state(root: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """``{"commit", "dirty"}`` of the git checkout ``root`` (default: the one holding this
+    package), or ``None`` (not a checkout, or no git). Read-only: ``--no-optional-locks`` keeps
+    ``git status`` from taking the index lock to refresh the index, so a run never writes into
+    the user's checkout (a run killed mid-write, or one under a file-size limit, once left a
+    cut-short ``index.lock`` that blocked the next commit)."""
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
     def git(*args):
-        return subprocess.run(("git", "-C", root) + args, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
+        return subprocess.run(("git", "--no-optional-locks", "-C", root) + args,
+                              capture_output=True, text=True, timeout=10,
+                              check=True).stdout.strip()
 
     try:
         commit = git("rev-parse", "HEAD")

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from unittest import mock
 
@@ -811,6 +812,34 @@ class WorkdirOutsideDataTest(absltest.TestCase):
                     f"--workdir={workdir} is inside the {option} directory {directory}, whose "
                     f"scan would read the run's own records")):
                 check(workdir, **extra)
+
+
+class GitStateTest(absltest.TestCase):
+
+    def test_reads_commit_and_dirty_without_writing_the_index(self):
+        # A file touched after the commit (same contents) makes a plain `git status` refresh
+        # the index, rewriting .git/index under the index lock; the run's read must not.
+        if shutil.which("git") is None:
+            self.skipTest("no git")
+        repo = self.create_tempdir().full_path
+        env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
+                   GIT_COMMITTER_EMAIL="t@t")
+        path = os.path.join(repo, "a.txt")
+        with open(path, "w") as f:
+            f.write(str(np.random.default_rng().integers(1 << 30)))
+        for args in (("init", "-q"), ("add", "a.txt"), ("commit", "-q", "-m", "a")):
+            subprocess.run(("git", "-C", repo) + args, check=True, env=env, capture_output=True)
+        index = os.path.join(repo, ".git", "index")
+        os.utime(path, ns=(os.stat(index).st_mtime_ns + 10**9,) * 2)
+        before = os.stat(index).st_mtime_ns, open(index, "rb").read()
+        state = train._git_state(repo)
+        head = subprocess.run(("git", "-C", repo, "rev-parse", "HEAD"), check=True,
+                              capture_output=True, text=True).stdout.strip()
+        self.assertEqual(state, {"commit": head, "dirty": False})
+        self.assertEqual((os.stat(index).st_mtime_ns, open(index, "rb").read()), before)
+        with open(path, "a") as f:
+            f.write("x")
+        self.assertTrue(train._git_state(repo)["dirty"])
 
 
 class ScheduleTest(absltest.TestCase):
