@@ -162,16 +162,24 @@ class CalibrationTest(absltest.TestCase):
         cls.batches = [{"inputs": s[:, :-1], "targets": s[:, 1:],
                         "weights": (rng.random((2, 24)) > 0.25).astype(np.float32)
                         * rng.uniform(0.5, 1.5, (2, 24)).astype(np.float32)} for s in seq]
+        cls.logits_of = {}
+
+    def _logits(self, a):
+        """Each batch's whole-window fp32 logits (as float64) at scaling ``a``; computed once per
+        ``a`` (every position range of :meth:`_plain` reads the same logits)."""
+        if a not in self.logits_of:
+            cfg = dataclasses.replace(self.student_cfg, attention=dataclasses.replace(
+                self.student_cfg.attention, logit_scaling_base=a))
+            model = loaders.build_model(cfg, self.params)
+            self.logits_of[a] = [np.asarray(model(jnp.asarray(b["inputs"])), np.float64)
+                                 for b in self.batches]
+        return self.logits_of[a]
 
     def _plain(self, a, start, stop):
         """Weighted mean CE of positions [start, stop) from the whole window's fp32 logits,
         float64 sums over the batches (an independent path: no chunks, no hidden states)."""
-        cfg = dataclasses.replace(self.student_cfg, attention=dataclasses.replace(
-            self.student_cfg.attention, logit_scaling_base=a))
-        model = loaders.build_model(cfg, self.params)
         total = count = 0.0
-        for b in self.batches:
-            logits = np.asarray(model(jnp.asarray(b["inputs"])), np.float64)
+        for b, logits in zip(self.batches, self._logits(a)):
             logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
                 -1, keepdims=True)) - logits.max(-1, keepdims=True)
             nll = -np.take_along_axis(logp, b["targets"][..., None], -1)[..., 0]
