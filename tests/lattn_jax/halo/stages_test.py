@@ -4,6 +4,8 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
+import tempfile
 import time
 from unittest import mock
 
@@ -60,6 +62,22 @@ class StagesTest(absltest.TestCase):
         super().setUpClass()
         cls.teacher_cfg, cls.teacher_params = two_layer_teacher()
         cls.stage1_cfg = stages.stage1_student_config(cls.teacher_cfg)
+        cls.stopped = None
+
+    def stopped_by_a_past_deadline(self):
+        """``(workdir, summary, printed lines)`` of a Stage 1 of 3 steps started after its
+        deadline (a plain ``time.time()`` value), which stops after one step; run once for the
+        class. A test that resumes it copies the workdir."""
+        if self.stopped is None:
+            os.makedirs(absltest.TEST_TMPDIR.value, exist_ok=True)
+            workdir = tempfile.mkdtemp(dir=absltest.TEST_TMPDIR.value)
+            lines = []
+            out = stages.run_stage1(
+                workdir=workdir, teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
+                student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3), train_cfg=train_cfg(3),
+                batches=batches(), deadline=time.time() - 1.0, print_fn=lines.append)
+            type(self).stopped = (workdir, out, lines)
+        return self.stopped
 
     def test_stage1_loss_falls_and_resumes(self):
         workdir = self.create_tempdir().full_path
@@ -79,12 +97,12 @@ class StagesTest(absltest.TestCase):
         self.assertLen(second["params"]["mixers"], 2)
 
     def test_a_past_deadline_stops_after_one_step_and_resumes(self):
-        workdir = self.create_tempdir().full_path
+        stopped, first, _ = self.stopped_by_a_past_deadline()
+        workdir = os.path.join(self.create_tempdir().full_path, "stage1")
+        shutil.copytree(stopped, workdir)
         kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
                   student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3),
                   train_cfg=train_cfg(3), print_fn=lambda s: None)
-        first = stages.run_stage1(workdir=workdir, batches=batches(),
-                                  deadline=time.time() - 1.0, **kw)
         self.assertEqual((first["step"], first["complete"]), (1, False))
         second = stages.run_stage1(workdir=workdir, batches=batches(), **kw)
         self.assertEqual((second["resumed_from"], second["step"], second["complete"]),
@@ -106,14 +124,14 @@ class StagesTest(absltest.TestCase):
         class SignalledDeadline(float):
             stop_reason = "stopped by SIGTERM"
 
-        kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
-                  student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3),
-                  train_cfg=train_cfg(3))
-        for deadline, line in ((SignalledDeadline(time.time() - 1.0), "stopped by SIGTERM"),
-                               (time.time() - 1.0, "deadline reached")):
-            lines = []
-            stages.run_stage1(workdir=self.create_tempdir().full_path, batches=batches(),
-                              deadline=deadline, print_fn=lines.append, **kw)
+        signalled = []
+        stages.run_stage1(workdir=self.create_tempdir().full_path, teacher_cfg=self.teacher_cfg,
+                          teacher_params=self.teacher_params, student_cfg=self.stage1_cfg,
+                          optim_cfg=optim_cfg(3e-3), train_cfg=train_cfg(3), batches=batches(),
+                          deadline=SignalledDeadline(time.time() - 1.0),
+                          print_fn=signalled.append)
+        by_time = self.stopped_by_a_past_deadline()[2]  # the same run, a plain deadline
+        for lines, line in ((signalled, "stopped by SIGTERM"), (by_time, "deadline reached")):
             self.assertIn(f"{line} at step 1; checkpointing (run again to resume)", lines)
 
     @pytest.mark.slow  # ~24 s on 2 cores; the stages' exact-resume test runs in CI
