@@ -356,8 +356,12 @@ class HaloStudentBinariesTest(_HaloFixture):
     """generate.py and evaluate.py on the student, with the flags of any model."""
 
     def run_binary(self, binary, *flags):
+        """``binary`` in a fork of a process that imported its modules (tests/binary_runs.py),
+        compiling without most XLA optimizations as this process does (tests/conftest.py; as
+        train_test's and sweep_test's binaries do): the compiles were most of these tests'
+        time on CPU."""
         cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *flags]
-        return binary_runs.run(cmd)
+        return binary_runs.run(cmd, env=dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true"))
 
     def test_generate_runs_the_student(self):
         prompts = ["The", "A longer prompt than the first"]
