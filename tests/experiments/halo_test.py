@@ -21,6 +21,15 @@ from lattn_jax.halo import experiment
 from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+# The binaries compile without most XLA optimizations, as this process does on CPU
+# (tests/conftest.py) and as train_test's and sweep_test's binaries do (compile time).
+ENV = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true")
+
+
+def run_binary(cmd):
+    """``cmd`` (``[sys.executable, binary, *flags]``) in a fork of a process that imported the
+    binary's modules (tests/binary_runs.py), with :data:`ENV`."""
+    return binary_runs.run(cmd, env=ENV)
 
 
 def _readme_section(title: str) -> str:
@@ -39,7 +48,7 @@ class HaloReportTest(absltest.TestCase):
                f"--workdir={workdir}"]
 
         def run(*extra):
-            return binary_runs.run(cmd + list(extra))
+            return run_binary(cmd + list(extra))
 
         # Not a HALO workdir (no config.json): one line, no page ("HALO conversion of None").
         result = run()
@@ -94,9 +103,8 @@ class HaloReportTest(absltest.TestCase):
         with open(os.path.join(workdir, "config.json"), "w") as f:
             json.dump({"teacher": {}, "hypenet": {}}, f)
         stage2 = os.path.join(workdir, "stage2")
-        result = binary_runs.run([sys.executable, os.path.join(ROOT, "experiments",
-                                                               "halo_report.py"),
-                                  f"--workdir={stage2}"])
+        result = run_binary([sys.executable, os.path.join(ROOT, "experiments", "halo_report.py"),
+                             f"--workdir={stage2}"])
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip(), f"error: {stage2} is the stage2 folder of the "
                          f"HALO workdir {workdir}: pass --workdir={shlex.quote(workdir)}")
@@ -110,9 +118,8 @@ class HaloReportTest(absltest.TestCase):
         with open(report_json, "w") as f:
             f.write('{"updated": "1999-01-02T00:00:00+00:00", "res')  # a run cut short
         out = os.path.join(workdir, "page.md")
-        result = binary_runs.run([sys.executable,
-                                  os.path.join(ROOT, "experiments", "halo_report.py"),
-                                  f"--workdir={workdir}", f"--output={out}"])
+        result = run_binary([sys.executable, os.path.join(ROOT, "experiments", "halo_report.py"),
+                             f"--workdir={workdir}", f"--output={out}"])
         self.assertEqual(result.returncode, 1)
         self.assertNotIn("Traceback", result.stderr)
         self.assertTrue(result.stderr.strip().startswith(f"error: {report_json} is not valid "
@@ -145,7 +152,7 @@ class BadConfigTest(absltest.TestCase):
                 "--config=configs/halo_smollm2.py:tiny", "--stage=stage1"]
             cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *extra, flag,
                    f"--workdir={self.create_tempdir().full_path}"]
-            result = binary_runs.run(cmd)
+            result = run_binary(cmd)
             err = result.stderr
             self.assertNotEqual(result.returncode, 0, binary)
             lines = [line for line in err.splitlines() if line.strip()]
@@ -158,7 +165,7 @@ class BadConfigTest(absltest.TestCase):
         workdir = os.path.join(self.create_tempdir().full_path, "fresh")
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/nope.py", f"--workdir={workdir}"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(),
                          ["error: cannot load --config=configs/nope.py: No such file or "
@@ -166,7 +173,7 @@ class BadConfigTest(absltest.TestCase):
         self.assertFalse(os.path.exists(workdir))  # was made, with a pipeline.jsonl record
         # A training config instead of a HALO one: was a 34-line AttributeError traceback.
         cmd[2] = "--config=configs/default.py"
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(len(result.stderr.strip().splitlines()), 1, result.stderr)
         self.assertIn("error: --config is not a HALO config: it has no teacher, hypenet, stage1",
@@ -188,7 +195,7 @@ class InputsCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                "--config.data.paths=('/nonexistent/train',)"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertEqual(result.stderr.strip().splitlines(),
                          ["error: data.paths: no such file or directory /nonexistent/train (for "
@@ -215,7 +222,7 @@ class InputsCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                f"--config.teacher.path={missing}"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         self.assertEqual(result.stderr.strip().splitlines(),
                          [f"error: teacher.path={missing}: no such file"])
@@ -273,7 +280,7 @@ class MarkdownPathTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                f"--markdown={deep}", f"--config.report.data_dir={_eval_dirs(tmp)}"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip().splitlines(),
                          [f"error: cannot write --markdown={deep}: Not a directory"])
@@ -283,7 +290,7 @@ class MarkdownPathTest(absltest.TestCase):
             self.assertEqual(f.read(), "kept")
         # An existing workdir records the refusal; still one line, no traceback.
         os.makedirs(workdir)
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip().splitlines(),
                          [f"error: cannot write --markdown={deep}: Not a directory"])
@@ -314,7 +321,7 @@ class PipelineSignalTest(absltest.TestCase):
 
         stopped = os.path.join(base, "stopped")
         proc = subprocess.Popen(cmd(stopped), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=ROOT)
+                                text=True, cwd=ROOT, env=ENV)
         lines = []
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
@@ -339,11 +346,11 @@ class PipelineSignalTest(absltest.TestCase):
             self.assertEqual(json.loads(f.readline())["status"], f"stopped by {signum.name}")
         # The resume and the uninterrupted reference get no signal: forks of the file's
         # binary_runs driver (the stopped run above is a launched process of its own).
-        again = binary_runs.run(cmd(stopped))
+        again = run_binary(cmd(stopped))
         self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
         self.assertIn(f"resuming from the checkpoint at step {step} ", again.stdout)
         whole = os.path.join(base, "whole")
-        reference = binary_runs.run(cmd(whole))
+        reference = run_binary(cmd(whole))
         self.assertEqual(reference.returncode, 0, reference.stdout + reference.stderr)
         self.assertEqual(losses(stopped), losses(whole))
 
@@ -362,7 +369,7 @@ class StageSignalTest(absltest.TestCase):
                "--stage=stage1", "--config.stage1.train.total_steps=40",
                "--config.stage1.train.checkpoint_every=40"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, cwd=ROOT)
+                                text=True, cwd=ROOT, env=ENV)
         lines = []
         for line in proc.stdout:
             lines.append(line.rstrip("\n"))
@@ -384,7 +391,7 @@ class StageSignalTest(absltest.TestCase):
         self.assertTrue(os.path.isdir(os.path.join(workdir, "stage1", "checkpoints", str(step))),
                         os.listdir(os.path.join(workdir, "stage1", "checkpoints")))
         self.assertFalse(experiment.is_done(workdir, "stage1"))
-        again = binary_runs.run(cmd)
+        again = run_binary(cmd)
         self.assertEqual(again.returncode, 0, again.stdout + again.stderr)
         self.assertIn(f"resuming from the checkpoint at step {step} ", again.stdout)
         self.assertTrue(experiment.is_done(workdir, "stage1"))
@@ -410,7 +417,7 @@ class PrerequisitesCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}-fresh",
                "--stages=report,stage1"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("error: --stages: report needs stage2, select", result.stderr)
         self.assertFalse(os.path.exists(f"{workdir}-fresh"))  # stage1 did not run first
@@ -419,7 +426,7 @@ class PrerequisitesCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}-one",
                "--stage=stage2"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("error: --stage: stage2 needs stage1, select, which are neither among "
                       "the stages to run nor in", result.stderr)
@@ -452,14 +459,14 @@ class OptionsCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}/run",
                f"--config.report.data_dir={data}", "--config.stage3.kl_weight=-1"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertEqual(result.stderr.strip().splitlines()[-1],
                          "error: stage3.kl_weight must be a finite number >= 0, got -1.0")
         self.assertFalse(os.path.exists(os.path.join(workdir, "run")))
         # An existing workdir keeps a record of the refused invocation.
         os.makedirs(os.path.join(workdir, "run"))
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertNotEqual(result.returncode, 0)
         with open(os.path.join(workdir, "run", "pipeline.jsonl")) as f:
             self.assertIn("error: stage3.kl_weight", f.read())
@@ -494,7 +501,7 @@ class EvalDataCheckTest(absltest.TestCase):
         cmd = [sys.executable, os.path.join(ROOT, "experiments", "halo_pipeline.py"),
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}/run",
                f"--config.report.data_dir={self.create_tempdir().full_path}"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("report.data_dir=", result.stderr.strip().splitlines()[-1])
         self.assertNotIn("=== stage1: start", result.stdout + result.stderr)
@@ -517,7 +524,7 @@ class StageErrorTest(absltest.TestCase):
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                f"--config.report.data_dir={data}", f"--config.select.data_dir={data}",
                "--stages=select"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         message = (f"{data}/eval/arc/ARC-Easy-Dev.jsonl: no ARC Dev file (the selection's "
                    f"held-out commonsense items; set select.data_dir or report.data_dir to the "
@@ -540,7 +547,7 @@ class StageErrorTest(absltest.TestCase):
                "--config=configs/halo_smollm2.py:tiny", f"--workdir={workdir}",
                f"--config.stage3.kl_weight={weight}",
                f"--config.report.data_dir={_eval_dirs(self.create_tempdir().full_path)}"]
-        result = binary_runs.run(cmd)
+        result = run_binary(cmd)
         self.assertEqual(result.returncode, 1, result.stdout + result.stderr)
         message = f"stage3.kl_weight must be a finite number >= 0, got {weight}"
         self.assertEqual(result.stderr.strip().splitlines(), [f"error: {message}"])

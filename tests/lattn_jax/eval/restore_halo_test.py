@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import absltest
+from flax import nnx
 
 from configs import halo_smollm2
 from lattn_jax.eval import restore
@@ -57,6 +58,19 @@ def _reference(trained_params, teacher_cfg, logit_scaling_base=None):
     cfg = dataclasses.replace(cfg, attention=dataclasses.replace(
         cfg.attention, logit_scaling_base=logit_scaling_base))
     return loaders.build_model(cfg, trained_params)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _jitted_forward(graphdef, state, ids):
+    return nnx.merge(graphdef, state)(ids)
+
+
+def logits(model, ids):
+    """``model(ids)`` as one jitted program, shared by every model of the same structure (the
+    restored student, its reference and the other stage's): op by op, each new length compiled
+    every op again (about 2.5 s a length on 2 cores)."""
+    graphdef, state = nnx.split(model)
+    return np.asarray(_jitted_forward(graphdef, state, ids))
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,7 +138,7 @@ class HaloStudentTest(_HaloFixture):
         rng = np.random.default_rng(0)
         for _ in range(2):
             ids = self.tokens(rng, 257)
-            np.testing.assert_allclose(np.asarray(restored.model(ids)), np.asarray(ref(ids)),
+            np.testing.assert_allclose(logits(restored.model, ids), logits(ref, ids),
                                        rtol=1e-5, atol=1e-5)
 
     def test_the_calibrated_scaling_and_a_step_are_applied(self):
@@ -138,10 +152,10 @@ class HaloStudentTest(_HaloFixture):
         self.assertEqual(restored.model_config.attention.logit_scaling_base, a)
         ref = _reference(self.trained["params"], self.teacher_cfg, logit_scaling_base=a)
         ids = self.tokens(np.random.default_rng(1), 257)
-        logits = np.asarray(restored.model(ids))
-        np.testing.assert_allclose(logits, np.asarray(ref(ids)), rtol=1e-5, atol=1e-5)
+        got = logits(restored.model, ids)
+        np.testing.assert_allclose(got, logits(ref, ids), rtol=1e-5, atol=1e-5)
         unscaled = _reference(self.trained["params"], self.teacher_cfg)
-        self.assertGreater(np.abs(logits - np.asarray(unscaled(ids))).max(), 1e-4)
+        self.assertGreater(np.abs(got - logits(unscaled, ids)).max(), 1e-4)
         with self.assertRaisesRegex(FileNotFoundError, r"step=9999: no stage2 checkpoint at that "
                                                        r"step in .*/halo \(the HALO student's "
                                                        r"steps: .*2\)"):
@@ -192,10 +206,10 @@ class HaloStage3StudentTest(_HaloFixture):
         rng = np.random.default_rng()
         for _ in range(2):
             ids = jnp.asarray(rng.integers(0, 257, size=(2, int(rng.integers(8, 40)))))
-            logits = np.asarray(restored.model(ids))
-            np.testing.assert_allclose(logits, np.asarray(ref(ids)), rtol=1e-5, atol=1e-5)
+            got = logits(restored.model, ids)
+            np.testing.assert_allclose(got, logits(ref, ids), rtol=1e-5, atol=1e-5)
             # Stage 3 moved the student: the loaded model is not Stage 2's.
-            self.assertGreater(np.abs(logits - np.asarray(stage2(ids))).max(), 1e-3)
+            self.assertGreater(np.abs(got - logits(stage2, ids)).max(), 1e-3)
         # --step names a Stage-3 step; Stage 2's checkpoints are not the student's any more.
         self.assertEqual(restore.load_model(self.workdir3, step=step).step, step)
         with self.assertRaisesRegex(FileNotFoundError, rf"step=9999: no stage3 checkpoint at "
@@ -255,7 +269,7 @@ class HaloStage3StudentTest(_HaloFixture):
                              calibrated)
         ref = _reference(self.trained3["params"], self.teacher_cfg, logit_scaling_base=a)
         ids = jnp.asarray(np.random.default_rng(2).integers(0, 257, size=(2, 33)))
-        np.testing.assert_allclose(np.asarray(restored.model(ids)), np.asarray(ref(ids)),
+        np.testing.assert_allclose(logits(restored.model, ids), logits(ref, ids),
                                    rtol=1e-5, atol=1e-5)
 
 
@@ -342,8 +356,12 @@ class HaloStudentBinariesTest(_HaloFixture):
     """generate.py and evaluate.py on the student, with the flags of any model."""
 
     def run_binary(self, binary, *flags):
+        """``binary`` in a fork of a process that imported its modules (tests/binary_runs.py),
+        compiling without most XLA optimizations as this process does (tests/conftest.py; as
+        train_test's and sweep_test's binaries do): the compiles were most of these tests'
+        time on CPU."""
         cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *flags]
-        return binary_runs.run(cmd)
+        return binary_runs.run(cmd, env=dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true"))
 
     def test_generate_runs_the_student(self):
         prompts = ["The", "A longer prompt than the first"]

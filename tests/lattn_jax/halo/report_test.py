@@ -1,11 +1,14 @@
 """The HALO report stage on the tiny config, its measurements, and the results page."""
 
 import dataclasses
+import functools
 import json
 import math
 import os
 import random
 import re
+import shutil
+import tempfile
 import time
 from unittest import mock
 
@@ -21,6 +24,7 @@ from lattn_jax.halo import loaders
 from lattn_jax.halo import report as report_lib
 from lattn_jax.halo import stages
 from tests.lattn_jax.halo import hypenet_test
+from tests.lattn_jax.halo import selection_test
 
 QUIET = dict(print_fn=lambda s: None)
 
@@ -46,14 +50,36 @@ def tiny_config(data_dir, measurements):
     return cfg
 
 
+@functools.lru_cache(maxsize=None)
+def _tiny_stages():
+    """``(workdir, {stage: experiment.run's summary})``: Stage 1 and Stage 2 of
+    :func:`tiny_config`, run once per process for the report tests, which copy the workdir
+    (the report options are not Stage 1's or 2's: the report runs with each test's own)."""
+    os.makedirs(absltest.TEST_TMPDIR.value, exist_ok=True)
+    parent = tempfile.mkdtemp(dir=absltest.TEST_TMPDIR.value)
+    workdir = os.path.join(parent, "stages")
+    cfg = tiny_config(os.path.join(parent, "unused-data"), ("perplexity",))
+    return workdir, {stage: experiment.run(cfg, workdir, stage, **QUIET)
+                     for stage in ("stage1", "stage2")}
+
+
+def copy_of_tiny_stages(test):
+    """A workdir of its own for ``test`` in which the tiny Stage 1 and Stage 2 are done."""
+    source, outs = _tiny_stages()
+    for stage in ("stage1", "stage2"):
+        test.assertTrue(outs[stage]["complete"])
+    workdir = os.path.join(test.create_tempdir().full_path, "halo")
+    shutil.copytree(source, workdir)
+    for stage in ("stage1", "stage2"):
+        test.assertTrue(experiment.is_done(workdir, stage))
+    return workdir
+
+
 class ReportStageTest(absltest.TestCase):
 
     def test_report_after_the_tiny_stages_resumes_and_renders(self):
-        workdir = self.create_tempdir().full_path
+        workdir = copy_of_tiny_stages(self)
         cfg = tiny_config(self.create_tempdir().full_path, ("perplexity", "niah"))
-        for stage in ("stage1", "stage2"):
-            self.assertTrue(experiment.run(cfg, workdir, stage, **QUIET)["complete"])
-            self.assertTrue(experiment.is_done(workdir, stage))
         # A deadline already past: nothing measured, not done, resumable.
         out = experiment.run(cfg, workdir, "report", deadline=time.time() - 1.0, **QUIET)
         self.assertFalse(out["complete"])
@@ -335,11 +361,9 @@ class UnscaledStudentTest(absltest.TestCase):
             self.assertEqual(f.read(), report_lib.results_markdown(report_lib.read_json(path)))
 
     def test_report_stage_adds_the_unscaled_student_only_when_a_is_calibrated(self):
-        workdir = self.create_tempdir().full_path
+        workdir = copy_of_tiny_stages(self)
         cfg = tiny_config(self.create_tempdir().full_path, ("perplexity",))
         cfg.report.unscaled_measurements = ("perplexity",)
-        for stage in ("stage1", "stage2"):
-            self.assertTrue(experiment.run(cfg, workdir, stage, **QUIET)["complete"])
         out = experiment.run(cfg, workdir, "report", **QUIET)  # no calibration: a = None
         rep = report_lib.read_json(out["report"])
         self.assertEqual(set(rep["results"]["perplexity"]), {"teacher", "student"})
@@ -768,10 +792,12 @@ class NiahForcedTest(absltest.TestCase):
         got = report_lib.niah_forced_scores(scoring.Scorer(model, max_len=448, batch_size=1),
                                             tok, cell, rows_per_batch=3, bucket=64)
         first_p, first_g, rest_p, rest_g = [], [], [], []
+        # Jitted: each prompt's length is new, and op by op every one compiled each op again.
+        forward = selection_test.compiled_forward(model)
         for p in cell:  # one unpadded fp32 forward per prompt
             answer = tok.encode(" " + p.sample.value)
             ids = list(p.ids) + answer
-            logits = model(jnp.asarray([ids[:-1]], jnp.int32))[0].astype(jnp.float32)
+            logits = forward(jnp.asarray([ids[:-1]], jnp.int32))[0].astype(jnp.float32)
             probs = np.asarray(jax.nn.softmax(logits, axis=-1), np.float64)
             at = np.arange(len(p.ids) - 1, len(ids) - 1)
             tp = probs[at, answer]

@@ -1,8 +1,11 @@
 """HALO stages on tiny data: each stage's loss falls, and a stage resumes from its checkpoint."""
 
 import dataclasses
+import functools
 import json
 import os
+import shutil
+import tempfile
 import time
 from unittest import mock
 
@@ -42,10 +45,12 @@ def train_cfg(steps, **kw):
                                   **kw)
 
 
+@functools.lru_cache(maxsize=None)
 def two_layer_teacher():
     """``(config, params)`` of a random tiny teacher with two attention layers (the stages'
     programs compile per layer): Stage 2/3's student is then one Lightning and one attention
-    layer, still a hybrid."""
+    layer, still a hybrid. Made once per process (four test classes read it; jax arrays, so
+    none can change it)."""
     cfg = dataclasses.replace(hypenet_test.tiny_teacher_config(), layer_pattern=("attn",) * 2)
     return cfg, stages.random_teacher(cfg, seed=0)
 
@@ -57,6 +62,22 @@ class StagesTest(absltest.TestCase):
         super().setUpClass()
         cls.teacher_cfg, cls.teacher_params = two_layer_teacher()
         cls.stage1_cfg = stages.stage1_student_config(cls.teacher_cfg)
+        cls.stopped = None
+
+    def stopped_by_a_past_deadline(self):
+        """``(workdir, summary, printed lines)`` of a Stage 1 of 3 steps started after its
+        deadline (a plain ``time.time()`` value), which stops after one step; run once for the
+        class. A test that resumes it copies the workdir."""
+        if self.stopped is None:
+            os.makedirs(absltest.TEST_TMPDIR.value, exist_ok=True)
+            workdir = tempfile.mkdtemp(dir=absltest.TEST_TMPDIR.value)
+            lines = []
+            out = stages.run_stage1(
+                workdir=workdir, teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
+                student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3), train_cfg=train_cfg(3),
+                batches=batches(), deadline=time.time() - 1.0, print_fn=lines.append)
+            type(self).stopped = (workdir, out, lines)
+        return self.stopped
 
     def test_stage1_loss_falls_and_resumes(self):
         workdir = self.create_tempdir().full_path
@@ -76,12 +97,12 @@ class StagesTest(absltest.TestCase):
         self.assertLen(second["params"]["mixers"], 2)
 
     def test_a_past_deadline_stops_after_one_step_and_resumes(self):
-        workdir = self.create_tempdir().full_path
+        stopped, first, _ = self.stopped_by_a_past_deadline()
+        workdir = os.path.join(self.create_tempdir().full_path, "stage1")
+        shutil.copytree(stopped, workdir)
         kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
                   student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3),
                   train_cfg=train_cfg(3), print_fn=lambda s: None)
-        first = stages.run_stage1(workdir=workdir, batches=batches(),
-                                  deadline=time.time() - 1.0, **kw)
         self.assertEqual((first["step"], first["complete"]), (1, False))
         second = stages.run_stage1(workdir=workdir, batches=batches(), **kw)
         self.assertEqual((second["resumed_from"], second["step"], second["complete"]),
@@ -103,14 +124,14 @@ class StagesTest(absltest.TestCase):
         class SignalledDeadline(float):
             stop_reason = "stopped by SIGTERM"
 
-        kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
-                  student_cfg=self.stage1_cfg, optim_cfg=optim_cfg(3e-3),
-                  train_cfg=train_cfg(3))
-        for deadline, line in ((SignalledDeadline(time.time() - 1.0), "stopped by SIGTERM"),
-                               (time.time() - 1.0, "deadline reached")):
-            lines = []
-            stages.run_stage1(workdir=self.create_tempdir().full_path, batches=batches(),
-                              deadline=deadline, print_fn=lines.append, **kw)
+        signalled = []
+        stages.run_stage1(workdir=self.create_tempdir().full_path, teacher_cfg=self.teacher_cfg,
+                          teacher_params=self.teacher_params, student_cfg=self.stage1_cfg,
+                          optim_cfg=optim_cfg(3e-3), train_cfg=train_cfg(3), batches=batches(),
+                          deadline=SignalledDeadline(time.time() - 1.0),
+                          print_fn=signalled.append)
+        by_time = self.stopped_by_a_past_deadline()[2]  # the same run, a plain deadline
+        for lines, line in ((signalled, "stopped by SIGTERM"), (by_time, "deadline reached")):
             self.assertIn(f"{line} at step 1; checkpointing (run again to resume)", lines)
 
     @pytest.mark.slow  # ~24 s on 2 cores; the stages' exact-resume test runs in CI
@@ -159,16 +180,24 @@ class CalibrationTest(absltest.TestCase):
         cls.batches = [{"inputs": s[:, :-1], "targets": s[:, 1:],
                         "weights": (rng.random((2, 24)) > 0.25).astype(np.float32)
                         * rng.uniform(0.5, 1.5, (2, 24)).astype(np.float32)} for s in seq]
+        cls.logits_of = {}
+
+    def _logits(self, a):
+        """Each batch's whole-window fp32 logits (as float64) at scaling ``a``; computed once per
+        ``a`` (every position range of :meth:`_plain` reads the same logits)."""
+        if a not in self.logits_of:
+            cfg = dataclasses.replace(self.student_cfg, attention=dataclasses.replace(
+                self.student_cfg.attention, logit_scaling_base=a))
+            model = loaders.build_model(cfg, self.params)
+            self.logits_of[a] = [np.asarray(model(jnp.asarray(b["inputs"])), np.float64)
+                                 for b in self.batches]
+        return self.logits_of[a]
 
     def _plain(self, a, start, stop):
         """Weighted mean CE of positions [start, stop) from the whole window's fp32 logits,
         float64 sums over the batches (an independent path: no chunks, no hidden states)."""
-        cfg = dataclasses.replace(self.student_cfg, attention=dataclasses.replace(
-            self.student_cfg.attention, logit_scaling_base=a))
-        model = loaders.build_model(cfg, self.params)
         total = count = 0.0
-        for b in self.batches:
-            logits = np.asarray(model(jnp.asarray(b["inputs"])), np.float64)
+        for b, logits in zip(self.batches, self._logits(a)):
             logp = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(
                 -1, keepdims=True)) - logits.max(-1, keepdims=True)
             nll = -np.take_along_axis(logp, b["targets"][..., None], -1)[..., 0]
@@ -231,6 +260,12 @@ class Stage3TeacherKLTest(absltest.TestCase):
         keys = jax.random.split(jax.random.key(7), len(leaves))
         cls.params = jax.tree_util.tree_unflatten(tree, [
             x + 0.05 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)])
+        teacher_fn = stages.language_model_fn(cls.teacher_cfg)
+        # The teacher's forward as one jitted program per length: op by op, each new length
+        # compiled every op again (about 3 s a length on 2 cores).
+        cls.teacher_forward = staticmethod(jax.jit(
+            lambda p, x, hidden: teacher_fn(p)(x, return_hidden=hidden),
+            static_argnames="hidden"))
         rng = np.random.default_rng(3)
         seq = rng.integers(0, cls.teacher_cfg.vocab_size, size=(2, 17))
         cls.batch = {"inputs": jnp.asarray(seq[:, :-1]), "targets": jnp.asarray(seq[:, 1:]),
@@ -240,11 +275,11 @@ class Stage3TeacherKLTest(absltest.TestCase):
     def _plain(self, weight, kl_len):
         """The loss from full-vocabulary fp32 logits, no chunks: CE + weight x KL."""
         student_fn = stages.language_model_fn(self.student_cfg)
-        teacher_fn = stages.language_model_fn(self.teacher_cfg)
         b = self.batch
         w = b["weights"]
         k = min(kl_len, b["inputs"].shape[1])
-        t_logits = teacher_fn(self.teacher_params)(b["inputs"][:, :k]).astype(jnp.float32)
+        t_logits = self.teacher_forward(self.teacher_params, b["inputs"][:, :k],
+                                        hidden=False).astype(jnp.float32)
 
         def loss(params):
             logits = student_fn(params)(b["inputs"]).astype(jnp.float32)  # [B, T, V]
@@ -337,11 +372,11 @@ class Stage3TeacherKLTest(absltest.TestCase):
         self.assertTrue(any(" ce " in line and " kl " in line for line in lines), lines)
 
     def test_the_teacher_on_the_prefix_is_the_teacher_on_the_window(self):
-        teacher = stages.language_model_fn(self.teacher_cfg)(self.teacher_params)
         tokens = self.batch["inputs"]
-        full = teacher(tokens, return_hidden=True)
-        np.testing.assert_allclose(teacher(tokens[:, :9], return_hidden=True), full[:, :9],
-                                   rtol=1e-5, atol=1e-5)
+        full = self.teacher_forward(self.teacher_params, tokens, hidden=True)
+        np.testing.assert_allclose(
+            self.teacher_forward(self.teacher_params, tokens[:, :9], hidden=True), full[:, :9],
+            rtol=1e-5, atol=1e-5)
 
     def test_bad_options_are_named(self):
         for kw, name in ((dict(kl_weight=-0.1), "kl_weight"),
@@ -400,10 +435,11 @@ class Stage2LearningRateGroupsTest(absltest.TestCase):
     def setUpClass(cls):
         super().setUpClass()
         cls.teacher_cfg, cls.teacher_params = two_layer_teacher()
-        s1 = stages.stage1_init(cls.teacher_cfg, cls.teacher_params,
-                                stages.stage1_student_config(cls.teacher_cfg))
+        cls.s1 = stages.stage1_init(cls.teacher_cfg, cls.teacher_params,
+                                    stages.stage1_student_config(cls.teacher_cfg))
         cls.student_cfg = hypenet.hypenet_config(cls.teacher_cfg, [1])  # layer 0 Lightning
-        cls.params = stages.stage2_init(cls.teacher_cfg, cls.teacher_params, cls.student_cfg, s1)
+        cls.params = stages.stage2_init(cls.teacher_cfg, cls.teacher_params, cls.student_cfg,
+                                        cls.s1)
 
     def test_labels(self):
         scales = stages.stage2_update_scales(self.student_cfg, self.params, 0.1)
@@ -425,13 +461,16 @@ class Stage2LearningRateGroupsTest(absltest.TestCase):
         # AdamW with weight decay 0: the update of a leaf is -lr m / (sqrt(v) + eps), so the
         # scaled group's update is exactly scale x the one-rate update, the other group's the
         # same (two updates from the same gradients: the first at rate 0, the warm-up's start).
+        # The gradients are computed once (the update scales act after them, in ``tx``), as one
+        # jitted program: op by op, the Stage-2 loss's gradient took about 6 s on 2 cores.
         loss_fn = stages.stage2_loss_fn(self.teacher_cfg, self.student_cfg, chunk_size=8)
         scales = stages.stage2_update_scales(self.student_cfg, self.params, 0.1)
+        _, grads = jax.jit(stages.make_train_step(loss_fn, optim_cfg(1e-3), 4).loss_and_grads)(
+            self.params, self.teacher_params, next(batches()))
         updates = []
         for update_scales in (None, scales):
             step = stages.make_train_step(loss_fn, optim_cfg(1e-3), 4,
                                           update_scales=update_scales)
-            _, grads = step.loss_and_grads(self.params, self.teacher_params, next(batches()))
             opt_state = step.tx.init(self.params)
             for _ in range(2):
                 upd, opt_state = step.tx.update(grads, opt_state, self.params)
@@ -445,10 +484,8 @@ class Stage2LearningRateGroupsTest(absltest.TestCase):
         self.assertEqual(seen, {1.0, 0.1})  # both groups move
 
     def test_run_stage2_with_groups_resumes_and_refuses_a_bad_scale(self):
-        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params,
-                                stages.stage1_student_config(self.teacher_cfg))
         kw = dict(teacher_cfg=self.teacher_cfg, teacher_params=self.teacher_params,
-                  student_cfg=self.student_cfg, stage1_params=s1, optim_cfg=optim_cfg(3e-3),
+                  student_cfg=self.student_cfg, stage1_params=self.s1, optim_cfg=optim_cfg(3e-3),
                   kl_chunk_size=8, print_fn=lambda s: None, copied_lr_scale=0.25)
         whole = stages.run_stage2(workdir=self.create_tempdir().full_path,
                                   train_cfg=train_cfg(4), batches=batches(), **kw)
@@ -479,6 +516,7 @@ class ResumeTest(absltest.TestCase):
         cls.teacher_params = stages.random_teacher(cls.teacher_cfg, seed=0)
         cls.stage1_cfg = stages.stage1_student_config(cls.teacher_cfg)
         cls.student_cfg = hypenet.hypenet_config(cls.teacher_cfg, [1])
+        cls.s1 = stages.stage1_init(cls.teacher_cfg, cls.teacher_params, cls.stage1_cfg)
 
     def _check(self, run, steps=6, cut=3, **kw):
         whole = run(self.create_tempdir().full_path, train_cfg(steps), grain_batches(), **kw)
@@ -529,16 +567,16 @@ class ResumeTest(absltest.TestCase):
         self._check(run)
 
     def test_stage2_and_stage3_resume_exactly(self):
-        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
 
         def run2(workdir, tcfg, data):
             return stages.run_stage2(
                 workdir=workdir, teacher_cfg=self.teacher_cfg,
                 teacher_params=self.teacher_params, student_cfg=self.student_cfg,
-                stage1_params=s1, optim_cfg=optim_cfg(3e-3), train_cfg=tcfg, batches=data,
+                stage1_params=self.s1, optim_cfg=optim_cfg(3e-3), train_cfg=tcfg, batches=data,
                 kl_chunk_size=24, micro_batch_size=2, print_fn=lambda s: None, seq_len=16)
         self._check(run2)
-        init = stages.stage2_init(self.teacher_cfg, self.teacher_params, self.student_cfg, s1)
+        init = stages.stage2_init(self.teacher_cfg, self.teacher_params, self.student_cfg,
+                                  self.s1)
 
         def run3(workdir, tcfg, data):
             return stages.run_stage3(
@@ -560,21 +598,19 @@ class ResumeTest(absltest.TestCase):
         self._check(run3)
 
     def test_micro_batches_give_the_whole_batch_step(self):
-        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
         outs = []
         for micro in (None, 1, 2):
             outs.append(stages.run_stage2(
                 workdir=self.create_tempdir().full_path, teacher_cfg=self.teacher_cfg,
                 teacher_params=self.teacher_params, student_cfg=self.student_cfg,
-                stage1_params=s1, optim_cfg=optim_cfg(3e-3), train_cfg=train_cfg(3),
+                stage1_params=self.s1, optim_cfg=optim_cfg(3e-3), train_cfg=train_cfg(3),
                 batches=grain_batches(), micro_batch_size=micro, print_fn=lambda s: None))
         for out in outs[1:]:
             np.testing.assert_allclose(out["losses"], outs[0]["losses"], rtol=2e-5)
 
     def test_flops_per_token(self):
-        s1 = stages.stage1_init(self.teacher_cfg, self.teacher_params, self.stage1_cfg)
         student = stages.stage2_init(self.teacher_cfg, self.teacher_params, self.student_cfg,
-                                     s1)
+                                     self.s1)
         t = 16
         d, h, dh, kv, f, v = 32, 4, 8, 2, 48, 257
         attn_proj = d * (h * dh + 2 * kv * dh) + h * dh * d  # q, k, v, o
