@@ -21,6 +21,12 @@ PATTERNS = {
 }
 
 
+def _tokens(seed, shape, low=0, high=64):
+    """int32 token ids uniform in ``[low, high)`` from numpy's generator: each jax.random call
+    on a new shape compiles a program."""
+    return jnp.asarray(np.random.default_rng(seed).integers(low, high, shape), jnp.int32)
+
+
 @nnx.jit
 def forward(model, tokens, segment_ids=None):
     """``model(tokens, segment_ids=...)`` under ``nnx.jit``: one compile per shape is cheaper
@@ -41,7 +47,7 @@ class ModelTest(parameterized.TestCase):
     @parameterized.named_parameters(*[(name, pattern) for name, pattern in PATTERNS.items()])
     def test_output_shape_dtype_and_causality(self, pattern):
         model = model_lib.LanguageModel(tiny_config(pattern), rngs=nnx.Rngs(0))
-        tokens = jax.random.randint(jax.random.key(1), (2, 21), 0, 64)
+        tokens = _tokens(1, (2, 21))
         logits = forward(model, tokens)
         self.assertEqual(logits.shape, (2, 21, 64))
         self.assertEqual(logits.dtype, jnp.float32)
@@ -54,7 +60,7 @@ class ModelTest(parameterized.TestCase):
     @parameterized.named_parameters(*[(name, pattern) for name, pattern in PATTERNS.items()])
     def test_packed_documents_are_independent(self, pattern):
         model = model_lib.LanguageModel(tiny_config(pattern), rngs=nnx.Rngs(0))
-        tokens = jax.random.randint(jax.random.key(2), (1, 20), 0, 64)
+        tokens = _tokens(2, (1, 20))
         seg = jnp.array([[0] * 9 + [1] * 11])
         packed = forward(model, tokens, seg)
         np.testing.assert_allclose(packed[:, :9], forward(model, tokens[:, :9]),
@@ -65,7 +71,7 @@ class ModelTest(parameterized.TestCase):
     def test_segment_ids_ignored_when_disabled(self):
         model = model_lib.LanguageModel(tiny_config(PATTERNS["hybrid"], use_segment_ids=False),
                                         rngs=nnx.Rngs(0))
-        tokens = jax.random.randint(jax.random.key(3), (1, 12), 0, 64)
+        tokens = _tokens(3, (1, 12))
         seg = jnp.array([[0] * 5 + [1] * 7])
         np.testing.assert_array_equal(forward(model, tokens, seg), forward(model, tokens))
 
@@ -86,12 +92,11 @@ class ModelTest(parameterized.TestCase):
         # Checked on static shapes before any computation: an abstract model suffices.
         model = nnx.eval_shape(lambda: model_lib.LanguageModel(tiny_config(PATTERNS["hybrid"]),
                                                                rngs=nnx.Rngs(0)))
-        key = jax.random.key(4)
         if kind == "float":
-            tokens = jax.random.normal(key, shape)
+            tokens = jnp.asarray(np.random.default_rng(4).standard_normal(shape), jnp.float32)
         else:
-            tokens = jax.random.randint(key, shape, 1, 64)
-        seg = None if seg_shape is None else jax.random.randint(key, seg_shape, 0, 3)
+            tokens = _tokens(4, shape, 1, 64)
+        seg = None if seg_shape is None else _tokens(4, seg_shape, 0, 3)
         with self.assertRaisesRegex(ValueError, message):
             model(tokens, segment_ids=seg)
 
@@ -124,7 +129,7 @@ class ModelTest(parameterized.TestCase):
         model = nnx.eval_shape(lambda: model_lib.LanguageModel(  # the check comes first
             tiny_config(("gdn", "attn", "lightning"),
                         lightning=dict(num_heads=2, num_kv_heads=2)), rngs=nnx.Rngs(0)))
-        tokens = jax.random.randint(jax.random.key(1), (2, 3), 0, 64)
+        tokens = _tokens(1, (2, 3))
         states = model.init_state(2, 8)
         cases = [([states[1], states[0], states[2]], r"state\[0\] is a KVCache, but layer 0 "
                   r"\('gdn'\) needs a RecurrentState"),
@@ -175,7 +180,7 @@ class ModelTest(parameterized.TestCase):
             gdn=config_lib.GatedDeltaNetConfig(num_k_heads=2, num_v_heads=2, head_k_dim=64,
                                                head_v_dim=64, implementation="pallas"))
         model = model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0))
-        tokens = jax.random.randint(jax.random.key(3), (1, 64), 0, 64)
+        tokens = _tokens(3, (1, 64))
         if jax.default_backend() != "gpu":
             with self.assertRaisesRegex(ValueError, "implementation='pallas' cannot run"):
                 model(tokens)
@@ -219,7 +224,7 @@ class ModelTest(parameterized.TestCase):
             cfg = config_lib.ModelConfig(vocab_size=64, d_model=32, layer_pattern=(layer,),
                                          mlp_hidden=48, dtype="bfloat16", **{section: mixer})
             model = model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0))
-            tokens = jax.random.randint(jax.random.key(3), (1, 128), 0, 64)
+            tokens = _tokens(3, (1, 128))
             if jax.default_backend() != "gpu":
                 with self.assertRaisesRegex(ValueError, "implementation='mosaic_gpu' cannot run"):
                     model(tokens)
@@ -240,7 +245,7 @@ class ModelTest(parameterized.TestCase):
         # model.split_projections forms each column block of the fused projections (GDN's
         # in_proj, attention's qkv_proj, the MLP's fc1) as its own product: the same parameters
         # (same init) and, up to fp32 rounding, the same loss and gradients as split-after.
-        tokens = jax.random.randint(jax.random.key(3), (2, 24), 0, 64)
+        tokens = _tokens(3, (2, 24))
 
         def loss_and_grads(split):
             model = model_lib.LanguageModel(
@@ -275,7 +280,7 @@ class ModelTest(parameterized.TestCase):
     def test_bf16_compute(self):
         model = model_lib.LanguageModel(tiny_config(PATTERNS["hybrid"], dtype="bfloat16"),
                                         rngs=nnx.Rngs(0))
-        logits = forward(model, jax.random.randint(jax.random.key(4), (2, 10), 0, 64))
+        logits = forward(model, _tokens(4, (2, 10)))
         self.assertEqual(logits.dtype, jnp.float32)
         self.assertTrue(np.all(np.isfinite(logits)))
 

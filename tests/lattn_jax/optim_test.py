@@ -101,9 +101,11 @@ MUON_PATHS = ("blocks/0/mlp/fc1/kernel", "blocks/0/mlp/fc2/kernel",
 
 def random_tree(seed, scale=1.0):
     leaves, treedef = jax.tree_util.tree_flatten(SHAPES, is_leaf=lambda x: isinstance(x, tuple))
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    # numpy's generator, not jax.random: each jax.random call (and each eager op on the draws)
+    # on a new shape compiles a program.
+    rng = np.random.default_rng(seed)
     return jax.tree_util.tree_unflatten(
-        treedef, [scale * jax.random.normal(k, s, jnp.float32) for k, s in zip(keys, leaves)])
+        treedef, [jnp.asarray(scale * rng.standard_normal(s), jnp.float32) for s in leaves])
 
 
 def get(tree, path):
@@ -300,7 +302,7 @@ class NewtonSchulzTest(parameterized.TestCase):
         self.assertLessEqual(np.linalg.norm(got - u @ vt, 2), max(1 - lo, hi - 1) + 1e-4)
 
     def test_bf16_iterate_stays_near_the_fp32_result(self):
-        g = jax.random.normal(jax.random.key(1), (96, 256), jnp.float32)
+        g = jnp.asarray(np.random.default_rng(1).standard_normal((96, 256)), jnp.float32)
         coeffs = optim.ns_coefficients("quintic", 5)
         got = optim.newton_schulz(g, coeffs, compute_dtype=jnp.bfloat16)
         self.assertEqual(got.dtype, jnp.float32)
@@ -316,7 +318,7 @@ class NewtonSchulzTest(parameterized.TestCase):
         optax_ns = getattr(optax.contrib, "_muon", None)
         if optax_ns is None or not hasattr(optax_ns, "orthogonalize_via_newton_schulz"):
             self.skipTest("optax.contrib has no orthogonalize_via_newton_schulz")
-        g = jax.random.normal(jax.random.key(2), (96, 256), jnp.float32)
+        g = jnp.asarray(np.random.default_rng(2).standard_normal((96, 256)), jnp.float32)
         ours = optim.newton_schulz(g, optim.ns_coefficients("quintic", 5),
                                    compute_dtype=jnp.float32)
         theirs = optax_ns.orthogonalize_via_newton_schulz(
@@ -327,15 +329,18 @@ class NewtonSchulzTest(parameterized.TestCase):
         # A batch [3, m, n] iterates each matrix on its own (its own Frobenius norm: the three
         # differ in scale by 100x); orthogonalize stacks equal shapes and keeps others apart.
         coeffs = optim.ns_coefficients("quintic", 5)
-        keys = jax.random.split(jax.random.key(3), 5)
-        mats = [jax.random.normal(keys[i], (48, 80)) * 10.0 ** (i - 1) for i in range(3)]
+        rng = np.random.default_rng(3)
+        mats = [jnp.asarray(rng.standard_normal((48, 80)) * 10.0 ** (i - 1), jnp.float32)
+                for i in range(3)]
         got = optim.newton_schulz(jnp.stack(mats), coeffs, compute_dtype=jnp.float32)
         for i, m in enumerate(mats):
             np.testing.assert_allclose(got[i], np_newton_schulz(np.asarray(m)), atol=2e-5,
                                        rtol=0, err_msg=f"matrix {i}")
-        updates = {"a": mats[0], "b": {"c": mats[1], "d": jax.random.normal(keys[3], (80, 48)),
-                                       "e": mats[2]},
-                   "f": jax.random.normal(keys[4], (32, 32)).astype(jnp.bfloat16)}
+        updates = {"a": mats[0],
+                   "b": {"c": mats[1],
+                         "d": jnp.asarray(rng.standard_normal((80, 48)), jnp.float32),
+                         "e": mats[2]},
+                   "f": jnp.asarray(rng.standard_normal((32, 32)), jnp.bfloat16)}
         tx = optim.orthogonalize(coeffs, compute_dtype=jnp.float32)
         out, _ = tx.update(updates, tx.init(updates))
         for path, u in jax.tree_util.tree_leaves_with_path(updates):

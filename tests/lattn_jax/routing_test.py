@@ -36,17 +36,26 @@ def make_config(pattern, mode="none", *, rank=None, attn_res=False, gamma_mode="
                                          normalize_input=normalize_input))
 
 
+def _normal(seed, shape, scale=1.0):
+    """fp32 normal draws of standard deviation ``scale`` from numpy's generator (scaled in
+    numpy): each jax.random call or eager op on a new shape compiles a program."""
+    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), jnp.float32)
+
+
+def _tokens(seed, shape):
+    """int32 token ids uniform in ``[0, VOCAB)`` from numpy's generator."""
+    return jnp.asarray(np.random.default_rng(seed).integers(0, VOCAB, shape), jnp.int32)
+
+
 def randomise(model, names, seed):
     """Replaces every parameter whose path contains one of ``names`` with random values."""
     state = nnx.state(model, nnx.Param)
-    key = jax.random.key(seed)
 
     def draw(path, leaf):
         path = "/".join(str(getattr(k, "key", k)) for k in path)
         if not any(n in path for n in names):
             return leaf
-        key_i = jax.random.fold_in(key, zlib.crc32(path.encode()))
-        return 0.3 * jax.random.normal(key_i, leaf.shape)
+        return _normal((seed, zlib.crc32(path.encode())), leaf.shape, scale=0.3)
 
     pure = jax.tree_util.tree_map_with_path(draw, nnx.to_pure_dict(state))
     nnx.replace_by_pure_dict(state, pure)
@@ -222,7 +231,7 @@ class RoutingReferenceTest(parameterized.TestCase):
         randomise(model, ROUTING_PARAM_NAMES, seed=7)
         params = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64),
                                         nnx.to_pure_dict(nnx.state(model, nnx.Param)))
-        tokens = jax.random.randint(jax.random.key(3), (2, 11), 0, VOCAB)
+        tokens = _tokens(3, (2, 11))
         for route in (True, False):
             got = model(tokens, route=route)
             want = np_forward(params, cfg, np.asarray(tokens), route=route)
@@ -237,7 +246,7 @@ class RoutingReferenceTest(parameterized.TestCase):
         # Spec §4.1: r_t = beta_t (v_t - alpha_t S_{t-1}^T k_t); at t = 0 it is beta_0 v_0.
         cfg = make_config(("gdn",), "clvr")
         block = model_lib.Block("gdn", cfg, rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(1), (2, 9, D))
+        x = _normal(1, (2, 9, D))
         _, signals = block.mix(x)
         p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64),
                                    nnx.to_pure_dict(nnx.state(block, nnx.Param)))
@@ -276,10 +285,10 @@ class _ZeroInitCheck:
         state = nnx.state(plain, nnx.Param)
         nnx.replace_by_pure_dict(state, copy(host_params, routed_params))
         nnx.update(plain, state)
-        tokens = jax.random.randint(jax.random.key(5), (2, 10), 0, VOCAB)
+        tokens = _tokens(5, (2, 10))
         np.testing.assert_array_equal(routed(tokens), plain(tokens))
 
-        cotangent = jax.random.normal(jax.random.key(6), (2, 10, VOCAB))
+        cotangent = _normal(6, (2, 10, VOCAB))
         grads = nnx.grad(lambda m: jnp.sum(m(tokens) * cotangent))(routed)
         routing_layers = [i for i, name in enumerate(pattern) if name == host]
         for n, i in enumerate(routing_layers):
@@ -308,7 +317,7 @@ class ZeroInitTest(_ZeroInitCheck, parameterized.TestCase):
         cfg = make_config(("gdn", "attn", "gdn"), "cler")
         model = model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0))
         randomise(model, ("gamma",), seed=2)
-        tokens = jax.random.randint(jax.random.key(4), (2, 8), 0, VOCAB)
+        tokens = _tokens(4, (2, 8))
         h = jnp.take(model.embed[...], tokens, axis=0)
         b0, b1, b2 = model.blocks
         h, side0 = b0(h, return_side=True)
@@ -320,7 +329,7 @@ class ZeroInitTest(_ZeroInitCheck, parameterized.TestCase):
 
     def test_attn_res_with_zero_queries_is_the_uniform_mean(self):
         # Spec §10 item 15: zero pseudo-queries average the contributions.
-        values = [jax.random.normal(jax.random.key(i), (2, 3, D)) for i in range(4)]
+        values = [_normal(i, (2, 3, D)) for i in range(4)]
         got = routing.attn_res_combine(jnp.zeros((D,)), values)
         np.testing.assert_allclose(got, np.mean(np.stack(values), 0),
                                    **tolerances.fwd_tol(jnp.float32))
@@ -394,8 +403,8 @@ class ConfigTest(parameterized.TestCase):
 
     def test_route_in_without_gamma_raises(self):
         block = model_lib.Block("gdn", make_config(("gdn",), "clvr"), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(0), (1, 4, D))
-        r = jax.random.normal(jax.random.key(1), (1, 4, 4, 8))
+        x = _normal(0, (1, 4, D))
+        r = _normal(1, (1, 4, 4, 8))
         with self.assertRaisesRegex(ValueError, r"no CLER gain"):
             block.mixer(x, route_in=r)
 

@@ -49,21 +49,43 @@ def _gpu_case_segment_ids(packed):
 
 
 def _inputs(seed, batch, seq_len, key_heads, heads, dim, *, dtype=jnp.float32, decay=1.0):
-    keys = jax.random.split(jax.random.key(seed), 9)
+    """Random inputs of both ops: L2-normalised q, k; g = decay * log_sigmoid(randn + 1.5) per
+    channel; beta, b, w = sigmoid(randn); h0 = 0.5 randn.
+
+    Returns:
+        ``(inputs, cot_seed)``: the seed of the cotangents drawn by :func:`_cotangents`.
+    """
+    # numpy's generator, not jax.random: each jax.random call (and each eager op on the
+    # draws) on a new shape compiles a program.
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return rng.standard_normal(shape)
 
     def l2(x):
-        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
-    q = l2(jax.random.normal(keys[0], (batch, seq_len, key_heads, dim))).astype(dtype)
-    k = l2(jax.random.normal(keys[1], (batch, seq_len, key_heads, dim))).astype(dtype)
-    v = jax.random.normal(keys[2], (batch, seq_len, heads, dim)).astype(dtype)
-    # Per-channel log-decays; decay=10 reaches about -20 per token and below.
-    g = decay * jax.nn.log_sigmoid(jax.random.normal(keys[3], (batch, seq_len, heads, dim)) + 1.5)
-    beta = jax.nn.sigmoid(jax.random.normal(keys[4], (batch, seq_len, heads)))
-    b = jax.nn.sigmoid(jax.random.normal(keys[5], (batch, seq_len, heads, dim)))
-    w = jax.nn.sigmoid(jax.random.normal(keys[6], (batch, seq_len, heads, dim)))
-    h0 = 0.5 * jax.random.normal(keys[7], (batch, heads, dim, dim))
-    return dict(q=q, k=k, v=v, g=g, beta=beta, b=b, w=w, h0=h0), keys[8]
+    def sigmoid(x):
+        return 1.0 / (1.0 + np.exp(-x))
+
+    q = jnp.asarray(l2(normal(batch, seq_len, key_heads, dim)), dtype)
+    k = jnp.asarray(l2(normal(batch, seq_len, key_heads, dim)), dtype)
+    v = jnp.asarray(normal(batch, seq_len, heads, dim), dtype)
+    # Per-channel log-decays (log_sigmoid(x) = -log(1 + e^-x)); decay=10 reaches about -20 per
+    # token and below.
+    g = decay * -np.logaddexp(0.0, -(normal(batch, seq_len, heads, dim) + 1.5))
+    f32 = jnp.float32
+    beta = jnp.asarray(sigmoid(normal(batch, seq_len, heads)), f32)
+    b = jnp.asarray(sigmoid(normal(batch, seq_len, heads, dim)), f32)
+    w = jnp.asarray(sigmoid(normal(batch, seq_len, heads, dim)), f32)
+    h0 = jnp.asarray(0.5 * normal(batch, heads, dim, dim), f32)
+    return dict(q=q, k=k, v=v, g=jnp.asarray(g, f32), beta=beta, b=b, w=w, h0=h0), (seed, 1)
+
+
+def _cotangents(cot_seed, outs):
+    """Standard-normal cotangents of ``outs`` (in their dtypes), the same for the same seed."""
+    rng = np.random.default_rng(cot_seed)
+    return tuple(jnp.asarray(rng.standard_normal(x.shape), x.dtype) for x in outs)
 
 
 @contextlib.contextmanager
@@ -94,25 +116,23 @@ def _call(op, impl, inputs, segment_ids, residual):
               segment_ids=segment_ids, implementation=impl, return_residual=residual)
 
 
-def _outputs_and_grads(op, impl, inputs, segment_ids, cot_key, residual):
+def _outputs_and_grads(op, impl, inputs, segment_ids, cot_seed, residual):
     names = _DIFF_ARGS[op]
 
     def fn(*diff):
         return _call(op, impl, dict(inputs, **dict(zip(names, diff))), segment_ids, residual)
 
     outs, vjp = jax.vjp(fn, *[inputs[n] for n in names])
-    keys = jax.random.split(cot_key, len(outs))
-    cts = tuple(jax.random.normal(kk, x.shape).astype(x.dtype) for kk, x in zip(keys, outs))
-    return outs, dict(zip(names, vjp(cts)))
+    return outs, dict(zip(names, vjp(_cotangents(cot_seed, outs))))
 
 
 def _check_against_reference(op, *, batch=1, seq_len=65, key_heads=2, heads=2, dim=64, decay=1.0,
                              segment_ids=None, residual=False, seed=0):
     """fp32 inputs: the kernels in interpret mode equal the fp32 reference to rounding
     (outputs, final state, u if ``residual``, every gradient)."""
-    inputs, cot_key = _inputs(seed, batch, seq_len, key_heads, heads, dim, decay=decay)
-    want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key, residual)
-    got = _outputs_and_grads(op, "pallas_interpret", inputs, segment_ids, cot_key, residual)
+    inputs, cot_seed = _inputs(seed, batch, seq_len, key_heads, heads, dim, decay=decay)
+    want = _outputs_and_grads(op, None, inputs, segment_ids, cot_seed, residual)
+    got = _outputs_and_grads(op, "pallas_interpret", inputs, segment_ids, cot_seed, residual)
     tol = tolerances.fwd_tol(jnp.float32)
     for name, a, e in zip(("o", "final_state", "u"), got[0], want[0]):
         np.testing.assert_allclose(a, e, err_msg=f"{op} {name}", **tol)
@@ -195,9 +215,9 @@ class InterpretTest(parameterized.TestCase):
         # bf16 inputs in interpret mode: A and Mq are stored in bf16 (the operand dtype their
         # consumers round them to); outputs and gradients within the GPU tests' bf16 gates.
         segment_ids = jnp.asarray(np.repeat(np.arange(2), [50, 78])[None], jnp.int32)
-        inputs, cot_key = _inputs(9, 1, 128, 1, 2, 64, dtype=jnp.bfloat16)
-        want = _outputs_and_grads("kda", None, inputs, segment_ids, cot_key, False)
-        got = _outputs_and_grads("kda", "pallas_interpret", inputs, segment_ids, cot_key, False)
+        inputs, cot_seed = _inputs(9, 1, 128, 1, 2, 64, dtype=jnp.bfloat16)
+        want = _outputs_and_grads("kda", None, inputs, segment_ids, cot_seed, False)
+        got = _outputs_and_grads("kda", "pallas_interpret", inputs, segment_ids, cot_seed, False)
         self.assertLess(tolerances.rel_err(got[0][0], want[0][0]), 5e-3, "o")
         self.assertLess(tolerances.rel_err(got[0][1], want[0][1]), 5e-3, "final_state")
         for name in _DIFF_ARGS["kda"]:
@@ -281,7 +301,7 @@ class InterpretTest(parameterized.TestCase):
         vw = (v.astype(jnp.float32) * beta[..., None]).astype(v.dtype)
         for a, e in zip(got, run(vw, beta, jnp.ones_like(beta))):
             np.testing.assert_array_equal(a, e)
-        cot = jax.random.normal(ck, got[0].shape).astype(got[0].dtype)
+        (cot,) = _cotangents(ck, got[:1])
 
         def grads(ks, vs):
             o, vjp = jax.vjp(lambda *xs: run(*xs)[0], v, ks, vs)
@@ -498,9 +518,9 @@ class GpuTest(parameterized.TestCase):
     def test_bf16_against_fp32_reference(self, op, packed, dim):
         seq_len = 1000
         segment_ids = _gpu_case_segment_ids(packed)
-        inputs, cot_key = _inputs(0, 2, seq_len, 2, 4, dim, dtype=jnp.bfloat16)
-        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key, False)
-        got = _outputs_and_grads(op, "pallas", inputs, segment_ids, cot_key, False)
+        inputs, cot_seed = _inputs(0, 2, seq_len, 2, 4, dim, dtype=jnp.bfloat16)
+        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_seed, False)
+        got = _outputs_and_grads(op, "pallas", inputs, segment_ids, cot_seed, False)
         self.assertLess(tolerances.rel_err(got[0][0], want[0][0]), 5e-3, "o")
         self.assertLess(tolerances.rel_err(got[0][1], want[0][1]), 5e-3, "final_state")
         for name in _DIFF_ARGS[op]:

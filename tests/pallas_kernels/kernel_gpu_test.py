@@ -34,19 +34,36 @@ OPS = ("gdn", "deltanet", "simple_gla", "lightning", "linear_attn")
 
 
 def _inputs(seed, batch, seq_len, key_heads, heads, dim, *, dtype=jnp.float32, decay=1.0):
-    keys = jax.random.split(jax.random.key(seed), 8)
+    """Random inputs of every op: L2-normalised q, k; g = decay * log_sigmoid(randn); beta =
+    sigmoid(randn); h0 = 0.5 randn; log_decay uniform in -decay * [0.01, 1).
+
+    Returns:
+        ``(inputs, cot_seed)``: the seed of the cotangents drawn by :func:`_cotangents`.
+    """
+    # numpy's generator, not jax.random: each jax.random call (and each eager op on the
+    # draws) on a new shape compiles a program.
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return rng.standard_normal(shape)
 
     def l2(x):
-        return x / jnp.linalg.norm(x, axis=-1, keepdims=True)
+        return x / np.linalg.norm(x, axis=-1, keepdims=True)
 
-    q = l2(jax.random.normal(keys[0], (batch, seq_len, key_heads, dim))).astype(dtype)
-    k = l2(jax.random.normal(keys[1], (batch, seq_len, key_heads, dim))).astype(dtype)
-    v = jax.random.normal(keys[2], (batch, seq_len, heads, dim)).astype(dtype)
-    g = decay * jax.nn.log_sigmoid(jax.random.normal(keys[3], (batch, seq_len, heads)))
-    beta = jax.nn.sigmoid(jax.random.normal(keys[4], (batch, seq_len, heads)))
-    h0 = 0.5 * jax.random.normal(keys[5], (batch, heads, dim, dim))
-    log_decay = -jax.random.uniform(keys[6], (heads,), minval=0.01, maxval=1.0) * decay
-    return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, log_decay=log_decay), keys[7]
+    q = jnp.asarray(l2(normal(batch, seq_len, key_heads, dim)), dtype)
+    k = jnp.asarray(l2(normal(batch, seq_len, key_heads, dim)), dtype)
+    v = jnp.asarray(normal(batch, seq_len, heads, dim), dtype)
+    g = jnp.asarray(decay * -np.logaddexp(0.0, -normal(batch, seq_len, heads)), jnp.float32)
+    beta = jnp.asarray(1.0 / (1.0 + np.exp(-normal(batch, seq_len, heads))), jnp.float32)
+    h0 = jnp.asarray(0.5 * normal(batch, heads, dim, dim), jnp.float32)
+    log_decay = jnp.asarray(-rng.uniform(0.01, 1.0, (heads,)) * decay, jnp.float32)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, log_decay=log_decay), (seed, 1)
+
+
+def _cotangents(cot_seed, outs):
+    """Standard-normal cotangents of ``outs`` (in their dtypes), the same for the same seed."""
+    rng = np.random.default_rng(cot_seed)
+    return tuple(jnp.asarray(rng.standard_normal(x.shape), x.dtype) for x in outs)
 
 
 def _call(op, impl, q, k, v, g, beta, h0, log_decay, segment_ids):
@@ -88,7 +105,7 @@ _DIFF_ARGS = {
 }
 
 
-def _outputs_and_grads(op, impl, inputs, segment_ids, cot_key):
+def _outputs_and_grads(op, impl, inputs, segment_ids, cot_seed):
     names = _DIFF_ARGS[op]
 
     def loss(*diff):
@@ -97,14 +114,11 @@ def _outputs_and_grads(op, impl, inputs, segment_ids, cot_key):
         return o, s
 
     (o, s), vjp = jax.vjp(loss, *[inputs[n] for n in names])
-    keys = jax.random.split(cot_key, 2)
-    do = jax.random.normal(keys[0], o.shape).astype(o.dtype)
-    ds = jax.random.normal(keys[1], s.shape)
-    grads = vjp((do, ds))
+    grads = vjp(_cotangents(cot_seed, (o, s)))
     return o, s, dict(zip(names, grads))
 
 
-def _gdn_with_residual(inputs, segment_ids, cot_key):
+def _gdn_with_residual(inputs, segment_ids, cot_seed):
     """GDN in interpret mode with the residual u returned: ``(o, final_state, u)`` and the VJP
     of random cotangents on all three w.r.t. ``_DIFF_ARGS["gdn"]`` (reads TUNING when traced)."""
     names = _DIFF_ARGS["gdn"]
@@ -117,8 +131,7 @@ def _gdn_with_residual(inputs, segment_ids, cot_key):
             implementation="pallas_interpret")
 
     outs, vjp = jax.vjp(f, *[inputs[n] for n in names])
-    keys = jax.random.split(cot_key, len(outs))
-    return outs, vjp(tuple(jax.random.normal(kk, x.shape) for kk, x in zip(keys, outs)))
+    return outs, vjp(_cotangents(cot_seed, outs))
 
 
 # Reference results by check() arguments: SplitForwardInterpretTest checks cases of
@@ -131,14 +144,14 @@ class InterpretTest(parameterized.TestCase):
 
     def check(self, op, *, batch=1, seq_len=65, key_heads=2, heads=2, dim=64, decay=1.0,
               segment_ids=None, seed=0):
-        inputs, cot_key = _inputs(seed, batch, seq_len, key_heads, heads, dim, decay=decay)
+        inputs, cot_seed = _inputs(seed, batch, seq_len, key_heads, heads, dim, decay=decay)
         key = (op, batch, seq_len, key_heads, heads, dim, decay, seed,
                None if segment_ids is None else np.asarray(segment_ids).tobytes())
         if key not in _REFERENCES:
             _REFERENCES[key] = jax.device_get(
-                _outputs_and_grads(op, None, inputs, segment_ids, cot_key))
+                _outputs_and_grads(op, None, inputs, segment_ids, cot_seed))
         want = _REFERENCES[key]
-        got = _outputs_and_grads(op, "pallas_interpret", inputs, segment_ids, cot_key)
+        got = _outputs_and_grads(op, "pallas_interpret", inputs, segment_ids, cot_seed)
         tol = tolerances.fwd_tol(jnp.float32)
         np.testing.assert_allclose(got[0], want[0], err_msg=f"{op} o", **tol)
         np.testing.assert_allclose(got[1], want[1], err_msg=f"{op} final_state", **tol)
@@ -278,14 +291,14 @@ class SplitForwardInterpretTest(parameterized.TestCase):
     def test_equals_the_unsplit_forward(self):
         # Random packed rows, three chunks: outputs to fp32 rounding (accumulation order of the
         # read-out); the residual u, the final state and every gradient (from the same residuals).
-        inputs, cot_key = _inputs(6, 2, 150, 2, 2, 64)
+        inputs, cot_seed = _inputs(6, 2, 150, 2, 2, 64)
         ids = np.repeat(np.arange(4), [20, 70, 44, 16])
         segment_ids = jnp.asarray(np.stack([ids, np.sort(ids[::-1] % 3)]), jnp.int32)
         names = _DIFF_ARGS["gdn"]
-        split = _gdn_with_residual(inputs, segment_ids, cot_key)
+        split = _gdn_with_residual(inputs, segment_ids, cot_seed)
         jax.clear_caches()
         with mock.patch.dict(kernel_gpu.TUNING, {"split_forward": False}):
-            unsplit = _gdn_with_residual(inputs, segment_ids, cot_key)
+            unsplit = _gdn_with_residual(inputs, segment_ids, cot_seed)
         jax.clear_caches()  # (also cleared by the class's cleanup should run() fail)
         tol = dict(rtol=1e-6, atol=1e-6)
         for what, got, want in zip(("o", "final_state", "u"), split[0], unsplit[0]):
@@ -327,7 +340,7 @@ class SegmentsInterpretTest(parameterized.TestCase):
 
     @pytest.mark.slow  # ~20 s on 2 cores; the reference checks above run in CI
     def test_equals_unsegmented_with_residual_cotangent(self):
-        inputs, cot_key = _inputs(8, 2, 200, 2, 2, 64)
+        inputs, cot_seed = _inputs(8, 2, 200, 2, 2, 64)
         ids = np.repeat(np.arange(3), [70, 64, 66])
         segment_ids = jnp.asarray(np.stack([ids, ids[::-1]]), jnp.int32)
         names = _DIFF_ARGS["gdn"]
@@ -335,7 +348,7 @@ class SegmentsInterpretTest(parameterized.TestCase):
         def run(segments):
             jax.clear_caches()
             with mock.patch.dict(kernel_gpu.TUNING, {"segments": segments}):
-                return _gdn_with_residual(inputs, segment_ids, cot_key)
+                return _gdn_with_residual(inputs, segment_ids, cot_seed)
 
         cut, whole = run(4), run(1)
         tol = dict(rtol=2e-5, atol=2e-5)
@@ -442,9 +455,9 @@ class GpuTest(parameterized.TestCase):
             lengths = [100, 257, 64, 300, 279]
             segment_ids = jnp.asarray(np.repeat(np.arange(5), lengths)[None].repeat(2, 0),
                                       jnp.int32)
-        inputs, cot_key = _inputs(0, 2, seq_len, 4, 4, 128, dtype=jnp.bfloat16)
-        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_key)
-        got = _outputs_and_grads(op, "pallas", inputs, segment_ids, cot_key)
+        inputs, cot_seed = _inputs(0, 2, seq_len, 4, 4, 128, dtype=jnp.bfloat16)
+        want = _outputs_and_grads(op, None, inputs, segment_ids, cot_seed)
+        got = _outputs_and_grads(op, "pallas", inputs, segment_ids, cot_seed)
         self.assertLess(tolerances.rel_err(got[0], want[0]), 5e-3, "o")
         self.assertLess(tolerances.rel_err(got[1], want[1]), 5e-3, "final_state")
         for name in _DIFF_ARGS[op]:

@@ -32,6 +32,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
@@ -60,15 +61,14 @@ def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, docs, correlated=0.0, 
     q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                                     decay=decay, h0=True, docs=docs, seed=seed)
     if correlated:  # as kernel_mosaic_gdn_wy_test._inputs: entries of A0 near 0.9
-        keys = jax.random.split(jax.random.key(seed + 50), 3)
-        base = jax.random.normal(keys[0], (batch, 1, kv_heads, dk))
-        kf = jax.random.normal(keys[1], k.shape) + correlated * base
-        k = (kf / jnp.linalg.norm(kf, axis=-1, keepdims=True)).astype(jnp.bfloat16)
-        beta = jax.random.uniform(keys[2], beta.shape, minval=0.8, maxval=1.0)
+        # (numpy's generator: a jax.random call on a new shape compiles a program)
+        rng = np.random.default_rng(seed + 50)
+        base = rng.standard_normal((batch, 1, kv_heads, dk))
+        kf = rng.standard_normal(k.shape) + correlated * base
+        k = jnp.asarray(kf / np.linalg.norm(kf, axis=-1, keepdims=True), jnp.bfloat16)
+        beta = jnp.asarray(rng.uniform(0.8, 1.0, beta.shape), jnp.float32)
     w, u = gdn_test._wy(k, v, g, beta, seg)
-    keys = jax.random.split(jax.random.key(seed + 11), 2)
-    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
-    dht = jax.random.normal(keys[1], (batch, heads, dk, dv))
+    do, dht = bwd_test._cotangents(seed + 11, v.shape, (batch, heads, dk, dv), True)
     scale = dk ** -0.5
     n_chunks = -(-seq_len // C)
     qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)

@@ -29,6 +29,7 @@ Hopper GPU. Run the interpreted cases one at a time under ``timeout`` when debug
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
@@ -48,6 +49,14 @@ C = kbwd.CHUNK
 _chunk_form = gdn_test.chunk_form_with_residuals
 
 
+def _cotangents(seed, do_shape, dht_shape, dht):
+    """Standard-normal bf16 ``do`` and (if ``dht``, else None) fp32 ``dht``, drawn with numpy
+    (each jax.random call on a new shape compiles a program)."""
+    rng = np.random.default_rng(seed)
+    do = jnp.asarray(rng.standard_normal(do_shape), jnp.bfloat16)
+    return do, (jnp.asarray(rng.standard_normal(dht_shape), jnp.float32) if dht else None)
+
+
 def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0):
     """Kernel inputs (bf16 where the GPU pipeline stores 16 bits) and the fp32 reference
     gradients ``(dq, dk, dw, dg)`` (``dq, dk`` summed over GVA groups; ``dg`` ``None`` for
@@ -55,9 +64,7 @@ def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0)
     q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                                     decay=decay, h0=h0, docs=docs, seed=seed)
     w, u = gdn_test._wy(k, v, g, beta, seg)
-    keys = jax.random.split(jax.random.key(seed + 11), 2)
-    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
-    state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    do, state_grad = _cotangents(seed + 11, v.shape, (batch, heads, dk, dv), dht)
     scale = dk ** -0.5
     n_chunks = -(-seq_len // C)
     qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)
@@ -101,8 +108,7 @@ def _dv_local_case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs
     del h0, dht
     q, k, v, g, _, _, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                              decay=decay, h0=False, docs=docs, seed=seed)
-    key = jax.random.split(jax.random.key(seed + 11), 2)[0]  # _case's do
-    do = jax.random.normal(key, v.shape).astype(jnp.bfloat16)
+    do, _ = _cotangents(seed + 11, v.shape, None, False)  # _case's do
     scale = dk ** -0.5
     want = gdn_test._dv_local(gdn_test._expand(q, heads), gdn_test._expand(k, heads), g, seg,
                               do.astype(jnp.float32), scale)
@@ -256,7 +262,7 @@ class GradsInterpretTest(parameterized.TestCase):
         # The routing residual's cotangent du joins dv_local in fp32 before the one rounding.
         (q, k, do, g), seg, scale, want = _dv_local_case(1, 150, 2, 1, 64, 128, 0.05, False,
                                                          False, (64, 36, 30))
-        du = jax.random.normal(jax.random.key(8), do.shape).astype(do.dtype)
+        du = jnp.asarray(np.random.default_rng(8).standard_normal(do.shape), do.dtype)
         got = kbwd.chunk_dv_local_mosaic(q, k, do, g, scale=scale, segment_ids=seg,
                                          residual_grad=du, interpret=True)
         err = tolerances.rel_err(got, want + du.astype(jnp.float32))
@@ -334,9 +340,7 @@ def _pipeline_inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, do
     """``(q, k, v, g, beta, h0, segment_ids, do, dht, scale)`` for the pipeline tests."""
     q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                                     decay=decay, h0=h0, docs=docs, seed=seed)
-    keys = jax.random.split(jax.random.key(seed + 3), 2)
-    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
-    state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    do, state_grad = _cotangents(seed + 3, v.shape, (batch, heads, dk, dv), dht)
     return q, k, v, g, beta, state, seg, do, state_grad, dk ** -0.5
 
 

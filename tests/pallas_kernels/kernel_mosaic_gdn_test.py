@@ -53,11 +53,12 @@ def _inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, docs, seed=0)
     q, k, v, g, state, seg = kmg_test.inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                              decay=decay, h0=h0, docs=docs, seed=seed)
 
-    def l2(x):
-        x = x.astype(jnp.float32)
-        return (x / jnp.linalg.norm(x, axis=-1, keepdims=True)).astype(jnp.bfloat16)
+    def l2(x):  # in numpy (a new shape's eager ops compile programs)
+        x = np.asarray(x).astype(np.float64)
+        return jnp.asarray(x / np.linalg.norm(x, axis=-1, keepdims=True), jnp.bfloat16)
 
-    beta = jax.nn.sigmoid(jax.random.normal(jax.random.key(seed + 100), v.shape[:3]))
+    rng = np.random.default_rng(seed + 100)
+    beta = jnp.asarray(1.0 / (1.0 + np.exp(-rng.standard_normal(v.shape[:3]))), jnp.float32)
     return l2(q), l2(k), v, g, beta, state, seg
 
 
@@ -289,9 +290,10 @@ def _dh_inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, dht, docs, see
     q, k, v, g, beta, _, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay=decay,
                                        h0=False, docs=docs, seed=seed)
     w, _ = _wy(k, v, g, beta, seg)
-    keys = jax.random.split(jax.random.key(seed + 7), 2)
-    do = jax.random.normal(keys[0], v.shape).astype(jnp.bfloat16)
-    state_grad = jax.random.normal(keys[1], (batch, heads, dk, dv)) if dht else None
+    rng = np.random.default_rng(seed + 7)
+    do = jnp.asarray(rng.standard_normal(v.shape), jnp.bfloat16)
+    state_grad = (jnp.asarray(rng.standard_normal((batch, heads, dk, dv)), jnp.float32) if dht
+                  else None)
     scale = dk ** -0.5
     qf, kf, wf, dof = _expand(q, heads), _expand(k, heads), w.astype(jnp.float32), do.astype(
         jnp.float32)
@@ -383,7 +385,8 @@ class PiecesInterpretTest(parameterized.TestCase):
                           allclose=False)
         if seg is None:  # each map against the pass on the piece alone from a random state
             span = seq_len // pieces
-            s0 = jax.random.normal(jax.random.key(5), (batch, heads, dk, dv))
+            s0 = jnp.asarray(np.random.default_rng(5).standard_normal((batch, heads, dk, dv)),
+                             jnp.float32)
             for p in range(pieces):
                 sl = slice(p * span, (p + 1) * span)
                 _, _, want = kgd.chunk_delta_h_mosaic(

@@ -32,20 +32,23 @@ from tests import tolerances
 
 def inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, docs, seed=0):
     """bf16 ``q, k, v``, fp32 ``g``, ``h0`` and ``segment_ids`` (documents of lengths ``docs``)."""
-    keys = jax.random.split(jax.random.key(seed), 5)
-    q = jax.random.normal(keys[0], (batch, seq_len, kv_heads, dk))
-    k = jax.random.normal(keys[1], (batch, seq_len, kv_heads, dk)) * dk ** -0.5
-    v = jax.random.normal(keys[2], (batch, seq_len, heads, dv))
+    # numpy's generator, not jax.random: each jax.random call (and each eager op on the
+    # draws) on a new shape compiles a program.
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((batch, seq_len, kv_heads, dk))
+    k = rng.standard_normal((batch, seq_len, kv_heads, dk)) * dk ** -0.5
+    v = rng.standard_normal((batch, seq_len, heads, dv))
     g = None
     if decay is not None:  # log-decay in [-decay, 0]: decay = 5 forgets within a few tokens
-        g = -decay * jax.random.uniform(keys[3], (batch, seq_len, heads))
-    state = jax.random.normal(keys[4], (batch, heads, dk, dv)) if h0 else None
+        g = jnp.asarray(-decay * rng.uniform(size=(batch, seq_len, heads)), jnp.float32)
+    state = (jnp.asarray(rng.standard_normal((batch, heads, dk, dv)), jnp.float32) if h0
+             else None)
     seg = None
     if docs is not None:
         lengths = list(docs) + [seq_len - sum(docs)]
         ids = np.repeat(np.arange(len(lengths)) % 2 + 3, lengths)  # ids 3, 4, 3, ...
         seg = jnp.asarray(ids[None].repeat(batch, 0), jnp.int32)
-    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in (q, k, v))
     return q, k, v, g, state, seg
 
 

@@ -23,22 +23,33 @@ EVENTS = (5, 64, 100)  # inside the first chunk, the second chunk's first token,
 
 
 def _inputs(seed, per_channel, event):
-    ks = jax.random.split(jax.random.key(seed), 7)
-    l2 = common.l2_normalize
-    q = l2(jax.random.normal(ks[0], (B, T, H, K)))
-    k = l2(jax.random.normal(ks[1], (B, T, H, K)))
-    v = jax.random.normal(ks[2], (B, T, H, V))
+    # numpy's generator, not jax.random: each jax.random call (and each eager op on the
+    # draws) on a new shape compiles a program.
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return rng.standard_normal(shape)
+
+    def l2(x):  # common.l2_normalize
+        return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+    def sigmoid(x):
+        return 1.0 / (1.0 + np.exp(-x))
+
+    q = l2(normal(B, T, H, K))
+    k = l2(normal(B, T, H, K))
+    v = normal(B, T, H, V)
     shape = (B, T, H, K) if per_channel else (B, T, H)
-    g = -jax.nn.softplus(jax.random.normal(ks[3], shape)) * 0.5
-    idx = jnp.asarray(EVENTS)
+    g = -np.logaddexp(0.0, normal(*shape)) * 0.5  # -softplus / 2
+    idx = list(EVENTS)
     if per_channel:  # the event on some key channels only
-        g = g.at[:, idx, :, : K // 4].set(event)
+        g[:, idx, :, : K // 4] = event
     else:
-        g = g.at[:, idx].set(event)
-    beta = jax.nn.sigmoid(jax.random.normal(ks[4], (B, T, H)))
-    b = jax.nn.sigmoid(jax.random.normal(ks[5], (B, T, H, K)))
-    w = jax.nn.sigmoid(jax.random.normal(ks[6], (B, T, H, V)))
-    return q, k, v, g, beta, b, w
+        g[:, idx] = event
+    beta = sigmoid(normal(B, T, H))
+    b = sigmoid(normal(B, T, H, K))
+    w = sigmoid(normal(B, T, H, V))
+    return tuple(jnp.asarray(x, jnp.float32) for x in (q, k, v, g, beta, b, w))
 
 
 def _call(op, impl, x):

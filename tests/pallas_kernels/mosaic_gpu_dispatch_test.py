@@ -26,6 +26,7 @@ from unittest import mock
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
 
@@ -41,11 +42,17 @@ from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as gdn_bwd_test
 from tests.pallas_kernels import kernel_mosaic_gpu_test as kmg_test
 
 
+def _normal(seed, shape, dtype=jnp.float32):
+    """Standard-normal draws from numpy's generator, cast once to ``dtype``: each jax.random
+    call (and each eager op on the draws) on a new shape compiles a program."""
+    return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
 def _qkv(dtype=jnp.bfloat16, seq_len=128, dk=64, dv=64):
-    keys = jax.random.split(jax.random.key(0), 3)
-    q = jax.random.normal(keys[0], (1, seq_len, 2, dk)).astype(dtype)
-    k = jax.random.normal(keys[1], (1, seq_len, 2, dk)).astype(dtype)
-    v = jax.random.normal(keys[2], (1, seq_len, 4, dv)).astype(dtype)
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((1, seq_len, 2, dk)), dtype)
+    k = jnp.asarray(rng.standard_normal((1, seq_len, 2, dk)), dtype)
+    v = jnp.asarray(rng.standard_normal((1, seq_len, 4, dv)), dtype)
     return q, k, v
 
 
@@ -199,10 +206,11 @@ class ChannelwisePassDispatchTest(absltest.TestCase):
     def test_kda_with_the_switch_on_ampere_lowers_to_the_triton_kernels(self):
         # The forward, lowered for CUDA on the CPU host with a patched sm_80: the Triton state
         # pass (channelwise_forward), no Mosaic GPU call.
-        keys = jax.random.split(jax.random.key(0), 5)
-        q, k, v = (jax.random.normal(keys[i], (1, 128, 2, 64), jnp.bfloat16) for i in range(3))
-        g = -jax.nn.softplus(jax.random.normal(keys[3], (1, 128, 2, 64)))
-        beta = jax.nn.sigmoid(jax.random.normal(keys[4], (1, 128, 2)))
+        rng = np.random.default_rng(0)
+        q, k, v = (jnp.asarray(rng.standard_normal((1, 128, 2, 64)), jnp.bfloat16)
+                   for _ in range(3))
+        g = jnp.asarray(-np.logaddexp(0.0, rng.standard_normal((1, 128, 2, 64))), jnp.float32)
+        beta = jnp.asarray(1.0 / (1.0 + np.exp(-rng.standard_normal((1, 128, 2)))), jnp.float32)
 
         def fwd(q, k, v, g, beta):
             return kda_kernel.kda_pallas(q, k, v, g, beta, scale=0.125)[0]
@@ -283,7 +291,7 @@ class ApiTest(parameterized.TestCase):
         q, k, v, _, state, seg = kmg_test.inputs(1, 130, 2, 1, 64, 64, decay=None, h0=True,
                                                  docs=(70,), seed=2)
         log_decay = sg.lightning_log_decay(2)
-        do = jax.random.normal(jax.random.key(9), v.shape)
+        do = _normal(9, v.shape)
 
         def loss(impl):
             def f(q, k, v, log_decay, state):
@@ -308,7 +316,7 @@ def _gdn_case(seq_len=150, heads=2, kv_heads=1, dk=64, dv=64, decay=0.05, docs=(
     of ``o``, the final state and the residual ``u``."""
     q, k, v, g, beta, h0, seg, do, dht, _ = gdn_bwd_test._pipeline_inputs(
         1, seq_len, heads, kv_heads, dk, dv, decay, True, True, docs, seed=seed)
-    du = jax.random.normal(jax.random.key(seed + 11), v.shape)
+    du = _normal(seed + 11, v.shape)
     return q, k, v, g, beta, h0, seg, do, dht, du
 
 
@@ -351,8 +359,11 @@ class GdnDispatchTest(absltest.TestCase):
 
     def test_public_ops_reject_explicit_mosaic_that_cannot_run(self):
         q, k, v = _qkv()
-        beta = jax.nn.sigmoid(jax.random.normal(jax.random.key(3), v.shape[:3]))
-        g = -jax.nn.softplus(jax.random.normal(jax.random.key(4), v.shape[:3]))
+        beta = jnp.asarray(
+            1.0 / (1.0 + np.exp(-np.random.default_rng(3).standard_normal(v.shape[:3]))),
+            jnp.float32)
+        g = jnp.asarray(-np.logaddexp(0.0, np.random.default_rng(4).standard_normal(v.shape[:3])),
+                        jnp.float32)
         # Each error names the function called (delta_rule's named gated_delta_rule, which it
         # calls) and the option.
         with self.assertRaisesRegex(ValueError,

@@ -86,7 +86,7 @@ class AttentionTest(parameterized.TestCase):
             attention=config_lib.AttentionConfig(num_heads=heads, num_kv_heads=kv_heads,
                                                  output_gate=gate, rope_theta=10_000.0))
         module = attention.Attention(cfg, rngs=nnx.Rngs(0))
-        x = np.asarray(jax.random.normal(jax.random.key(1), (2, 19, 32)))
+        x = np.asarray(props.normal(1, (2, 19, 32)))
         seg = np.array([[0] * 7 + [1] * 12, [3] * 19])
         out = props.call(module, jnp.asarray(x, jnp.float32), jnp.asarray(seg))
         np.testing.assert_allclose(out, _attention_np(module, x.astype(np.float64), seg),
@@ -106,7 +106,7 @@ class AttentionTest(parameterized.TestCase):
         module_cls = attention.NoPEAttention if nope else attention.Attention
         module = module_cls(cfg, rngs=nnx.Rngs(0))
         self.assertEqual(module.rope_theta, None if nope else 10_000.0)
-        x = np.asarray(jax.random.normal(jax.random.key(1), (2, 19, 32)))
+        x = np.asarray(props.normal(1, (2, 19, 32)))
         seg = np.array([[0] * 7 + [1] * 12, [3] * 19])
         out = props.call(module, jnp.asarray(x, jnp.float32), jnp.asarray(seg))
         np.testing.assert_allclose(out, _attention_np(module, x.astype(np.float64), seg),
@@ -162,7 +162,7 @@ class AttentionTest(parameterized.TestCase):
         ``lax.dynamic_update_slice`` or ``jax.nn.dot_product_attention``)."""
         module = attention.Attention(props.tiny_config("attn", "float32"), rngs=nnx.Rngs(0))
         cache = module.init_state(2, 6)  # k, v [2, 6, 2, 8]
-        x = jax.random.normal(jax.random.key(4), (2, 1, props.D_MODEL))
+        x = props.normal(4, (2, 1, props.D_MODEL))
         for name, shape in (("k", (2, 6, 1, 8)), ("v", (2, 6, 2, 16)), ("k", (2, 6, 4, 8))):
             with self.subTest(name=name, shape=shape):
                 bad = cache._replace(**{name: jnp.ones(shape)})
@@ -174,7 +174,7 @@ class AttentionTest(parameterized.TestCase):
 
     def test_decode_positions_restart_after_packed_prefill(self):
         module = attention.Attention(props.tiny_config("attn"), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(5), (1, 6, props.D_MODEL))
+        x = props.normal(5, (1, 6, props.D_MODEL))
         _, cache = props.call(module, x, jnp.array([[0, 0, 0, 0, 1, 1]]),
                               state=module.init_state(1, 8), return_state=True)
         np.testing.assert_array_equal(cache.doc_start, [4])  # position of the next token: 2
@@ -184,7 +184,7 @@ class AttentionTest(parameterized.TestCase):
         # return_state without a state (training kernel, cache of capacity T) must give the
         # outputs and cache of a prefill into an empty init_state cache, packed rows included.
         module = attention.Attention(props.tiny_config("attn"), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(7), (2, 9, props.D_MODEL))
+        x = props.normal(7, (2, 9, props.D_MODEL))
         seg = jnp.array([[0] * 4 + [1] * 5, [2] * 9])
         y_fresh, fresh = props.call(module, x, seg, return_state=True)
         y_cached, cached = props.call(module, x, seg, state=module.init_state(2, 9),
@@ -238,7 +238,7 @@ class CudnnAttentionTest(parameterized.TestCase):
                     implementation=impl))
             return attention.Attention(cfg, rngs=nnx.Rngs(0))
 
-        x = jax.random.normal(jax.random.key(3), (2, 256, 256), jnp.float32)
+        x = props.normal(3, (2, 256, 256), jnp.float32)
         seg = jnp.concatenate([jnp.zeros((2, 100), jnp.int32), jnp.ones((2, 156), jnp.int32)],
                               axis=1) if packed else None
         outs, grads = [], []

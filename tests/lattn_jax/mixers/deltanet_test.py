@@ -1,7 +1,6 @@
 """DeltaNet mixer: parameter layout against spec §2.2, module against fp64 NumPy, properties."""
 
 import numpy as np
-import jax
 import jax.numpy as jnp
 from absl.testing import absltest
 from flax import nnx
@@ -40,7 +39,7 @@ class DeltaNetTest(absltest.TestCase):
 
     def test_matches_numpy(self):
         module = deltanet.DeltaNet(props.tiny_config("deltanet"), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(1), (2, props.T, props.D_MODEL))
+        x = props.normal(1, (2, props.T, props.D_MODEL))
         want = _deltanet_np(module, np.asarray(x, np.float64))
         tolerances.assert_rel_err(props.call(module, x), want, 1e-5, "deltanet vs numpy")
 

@@ -1,7 +1,6 @@
 """GDN-2 mixer: parameter layout against spec §2.6 (v2), gates, fp64 NumPy, properties."""
 
 import numpy as np
-import jax
 from absl.testing import absltest
 from flax import nnx
 
@@ -61,14 +60,14 @@ class GDN2Test(absltest.TestCase):
         self.assertEqual(module.A_log.shape, (2,))  # per key head
         self.assertEqual(module.dt_bias.shape, (16,))  # per key channel
         np.testing.assert_array_equal(module.g_up_bias[...], 0.0)
-        a = jax.random.normal(jax.random.key(1), (2, 3, 2, 8))
+        a = props.normal(1, (2, 3, 2, 8))
         want = -np.exp(np.asarray(module.A_log[...], np.float64))[:, None] * props.np_softplus(
             np.asarray(a, np.float64) + np.asarray(module.dt_bias[...], np.float64).reshape(2, 8))
         np.testing.assert_allclose(module.log_decay(a), want, rtol=1e-5)
 
     def test_matches_numpy(self):
         module = gdn2.GatedDeltaNet2(props.tiny_config("gdn2"), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(1), (2, props.T, props.D_MODEL))
+        x = props.normal(1, (2, props.T, props.D_MODEL))
         want = _gdn2_np(module, np.asarray(x, np.float64))
         tolerances.assert_rel_err(props.call(module, x), want, 1e-5, "gdn2 vs numpy")
 

@@ -57,7 +57,7 @@ class KDATest(absltest.TestCase):
 
     def test_log_decay_is_per_key_channel(self):
         module = kda.KimiDeltaAttention(props.tiny_config("kda"), rngs=nnx.Rngs(0))
-        f = jax.random.normal(jax.random.key(1), (2, 3, 4, 8), jnp.bfloat16)
+        f = props.normal(1, (2, 3, 4, 8), jnp.bfloat16)
         g = module.log_decay(f)
         self.assertEqual(g.dtype, jnp.float32)
         want = -np.exp(np.asarray(module.A_log[...], np.float64))[:, None] * props.np_softplus(
@@ -66,7 +66,7 @@ class KDATest(absltest.TestCase):
 
     def test_matches_numpy(self):
         module = kda.KimiDeltaAttention(props.tiny_config("kda"), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(1), (2, props.T, props.D_MODEL))
+        x = props.normal(1, (2, props.T, props.D_MODEL))
         want = _kda_np(module, np.asarray(x, np.float64))
         tolerances.assert_rel_err(props.call(module, x), want, 1e-5, "kda vs numpy")
 

@@ -78,7 +78,7 @@ class LightningTest(absltest.TestCase):
 
     def test_matches_numpy(self):
         module = lightning.LightningAttention(props.tiny_config("lightning"), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(1), (2, props.T, props.D_MODEL))
+        x = props.normal(1, (2, props.T, props.D_MODEL))
         want = _lightning_np(module, np.asarray(x, np.float64))
         tolerances.assert_rel_err(props.call(module, x), want, 1e-5, "lightning vs numpy")
 
@@ -92,7 +92,7 @@ class LightningTest(absltest.TestCase):
         h = module.num_heads
         np.testing.assert_allclose(module.log_decay(),
                                    -(2.0 ** (-12.0 * (np.arange(h) + 1) / h)), rtol=1e-7)
-        x = jax.random.normal(jax.random.key(3), (2, props.T, props.D_MODEL))
+        x = props.normal(3, (2, props.T, props.D_MODEL))
         got = props.call(module, x)
         want = _lightning_np(module, np.asarray(x, np.float64), max_bias=12.0)
         tolerances.assert_rel_err(got, want, 1e-5, "lightning (b = 12) vs numpy")
@@ -114,7 +114,7 @@ class LightningTest(absltest.TestCase):
 
     def test_state_carries_the_rope_position(self):
         module = lightning.LightningAttention(props.tiny_config("lightning"), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(2), (2, props.T, props.D_MODEL))
+        x = props.normal(2, (2, props.T, props.D_MODEL))
         seg = jnp.array([[0] * props.T, [0] * 5 + [1] * (props.T - 5)])
         _, state = props.call(module, x, seg, state=module.init_state(2), return_state=True)
         self.assertIsInstance(state, lightning.LightningState)
@@ -126,7 +126,7 @@ class LightningTest(absltest.TestCase):
         lc = config_lib.LightningConfig(num_heads=4, num_kv_heads=2, chunk_size=4, conv_width=3)
         cfg = dataclasses.replace(props.tiny_config("lightning"), lightning=lc)
         module = lightning.LightningAttention(cfg, rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(3), (2, 7, props.D_MODEL))
+        x = props.normal(3, (2, 7, props.D_MODEL))
         full = props.call(module, x)
         y, state = props.call(module, x[:, :5], state=module.init_state(2), return_state=True)
         self.assertEqual(state.conv_state.shape, (2, 2, (4 + 2 * 2) * 8))

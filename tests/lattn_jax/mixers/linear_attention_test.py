@@ -3,7 +3,6 @@
 import dataclasses
 
 import numpy as np
-import jax
 import jax.numpy as jnp
 from absl.testing import absltest
 from flax import nnx
@@ -49,13 +48,13 @@ class LinearAttentionTest(absltest.TestCase):
 
     def test_matches_numpy(self):
         module = linear_attention.LinearAttention(_config(), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(1), (2, props.T, props.D_MODEL))
+        x = props.normal(1, (2, props.T, props.D_MODEL))
         want = _linear_attention_np(module, np.asarray(x, np.float64))
         tolerances.assert_rel_err(props.call(module, x), want, 1e-5, "linear attn vs numpy")
 
     def test_dead_beta_rows_get_zero_gradient(self):
         module = linear_attention.LinearAttention(_config(), rngs=nnx.Rngs(0))
-        x = jax.random.normal(jax.random.key(2), (1, 5, props.D_MODEL))
+        x = props.normal(2, (1, 5, props.D_MODEL))
         grads = nnx.jit(nnx.grad(lambda m, x: jnp.sum(m(x) ** 2)))(module, x)
         g = np.asarray(grads.in_proj.kernel[...])
         np.testing.assert_array_equal(g[:, -4:], 0.0)  # the H = 4 beta columns
@@ -64,7 +63,7 @@ class LinearAttentionTest(absltest.TestCase):
     def test_without_short_conv(self):
         module = linear_attention.LinearAttention(_config(conv_width=0), rngs=nnx.Rngs(0))
         self.assertIsNone(module.conv)
-        x = jax.random.normal(jax.random.key(3), (2, 7, props.D_MODEL))
+        x = props.normal(3, (2, 7, props.D_MODEL))
         full = props.call(module, x)
         y, state = props.call(module, x[:, :5], state=module.init_state(2), return_state=True)
         self.assertIsNone(state.conv_state)

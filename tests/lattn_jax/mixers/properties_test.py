@@ -52,6 +52,13 @@ SUBCLASS_FILES = {
 }
 
 
+def normal(seed, shape, dtype=jnp.float32, scale=1.0):
+    """Normal draws of standard deviation ``scale`` from numpy's generator, scaled in numpy and
+    cast once to ``dtype``: each jax.random call (and each eager op on the draws) on a new shape
+    compiles a program."""
+    return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(shape), dtype)
+
+
 def tiny_config(name: str, dtype: str = "float32", grouped: bool = True,
                 **attention_kw) -> config_lib.ModelConfig:
     """A one-layer config for mixer ``name`` with GQA/GVA (``grouped``) or without."""
@@ -292,8 +299,7 @@ class MixerPropertiesTest(parameterized.TestCase):
         return mixers.build_mixer(self.MIXER, cfg, rngs=nnx.Rngs(seed)), cfg
 
     def _x(self, dtype, seed=1, length=T, scale=1.0):
-        x = scale * jax.random.normal(jax.random.key(seed), (2, length, D_MODEL))
-        return x.astype(dtype)
+        return normal(seed, (2, length, D_MODEL), dtype, scale)
 
     def _assert_close(self, actual, expected, dtype, name):
         tolerances.assert_rel_err(_f32(actual), _f32(expected), _max_rel_err(dtype),
@@ -428,8 +434,9 @@ class MixerPropertiesTest(parameterized.TestCase):
         # Checked on static shapes before any computation: an abstract module suffices.
         cfg = tiny_config(self.MIXER)
         module = nnx.eval_shape(lambda: mixers.build_mixer(self.MIXER, cfg, rngs=nnx.Rngs(0)))
-        x = jax.random.normal(jax.random.key(5), shape)
-        seg = None if seg_shape is None else jax.random.randint(jax.random.key(6), seg_shape, 0, 3)
+        x = normal(5, shape)
+        seg = (None if seg_shape is None else
+               jnp.asarray(np.random.default_rng(6).integers(0, 3, seg_shape), jnp.int32))
         with self.assertRaisesRegex(ValueError, message):
             module(x, segment_ids=seg)
 
