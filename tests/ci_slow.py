@@ -234,6 +234,12 @@ CI_SLOW_TESTS = (
     # test_a_deferred_sighup_with_its_terminal_gone_still_completes_the_write (SIGHUP's 129).
     "tests/lattn_jax/train_runs_test.py::InterruptTest::"
     "test_a_sighup_during_the_stop_path_save_waits_for_the_checkpoint",
+    # generate.py on the Stage-2 student: CI keeps
+    # test_generate_and_evaluate_run_the_stage3_student
+    # (generate.py on a HALO workdir through the same loader) and HaloStudentTest (the Stage-2
+    # student's loading, in-process).
+    "tests/lattn_jax/eval/restore_halo_test.py::HaloStudentBinariesTest::"
+    "test_generate_runs_the_student",
 )
 
 
