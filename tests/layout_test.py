@@ -239,6 +239,21 @@ class LayoutTest(absltest.TestCase):
         self.assertEmpty(offenders, f"binaries over {MAX_BINARY_LINES} lines: move their logic "
                          f"into lattn_jax/:\n" + "\n".join(offenders))
 
+    def test_test_files_end_with_their_main_guard(self):
+        # A test class defined after `if __name__ == "__main__": absltest.main()` is collected
+        # by pytest but skipped when the file runs as a script (five files had one, 2026-12-06).
+        offenders = []
+        for path in _python_files(os.path.join(ROOT, "tests")):
+            if not path.endswith("_test.py"):
+                continue
+            with open(path, encoding="utf-8") as f:
+                body = ast.parse(f.read()).body
+            guards = [i for i, node in enumerate(body) if isinstance(node, ast.If)
+                      and ast.unparse(node.test) == "__name__ == '__main__'"]
+            if guards and guards[-1] != len(body) - 1:
+                offenders.append(os.path.relpath(path, ROOT))
+        self.assertEmpty(offenders, "code after the main guard: " + ", ".join(offenders))
+
 
 if __name__ == "__main__":
     absltest.main()

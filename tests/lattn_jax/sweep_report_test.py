@@ -533,10 +533,6 @@ class SharedThroughputTest(_SpeedSweepTestCase):
         self.assertNotIn(sweep_report.ALONE_MARK, md)
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 H200, H100 = "NVIDIA H200", "NVIDIA H100 80GB HBM3"
 
 
@@ -630,3 +626,7 @@ class DeviceKindsTest(_SpeedSweepTestCase):
         self.assertEqual((groups["arch=kda"].tokens_per_sec, groups["arch=kda"].throughput_device,
                           groups["arch=kda"].throughput_remeasured), (700.0, None, True))
         self.assertEqual(report.references[0]["n"], 3)
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -1614,10 +1614,6 @@ class ParallelEnvTest(absltest.TestCase):
         self.assertEqual(c.leave(e, 80.0), (1, 0.0))
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class ConfigChangeTest(_DriverCallTestCase):
     """A training config file edited between calls on one root (the recorded commands stay the
     same: :func:`sweep.conflicts` and :func:`sweep.changed_overrides` see nothing) is refused
@@ -1770,3 +1766,7 @@ class ConfigChangeTest(_DriverCallTestCase):
                                                   ("data.max_bad_fraction", 0.5),
                                                   ("train.micro_batch_size", 1))),
             {self.names[0]: "optim.flatten False -> True"})
+
+
+if __name__ == "__main__":
+    absltest.main()

@@ -531,10 +531,6 @@ class WriteFailureTest(CorpusTestCase):
         self.assertEqual(os.listdir(workdir), [])
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class CutShortRecordsTest(absltest.TestCase):
     """A trainer killed mid-record leaves the last line of metrics.jsonl cut short."""
 
@@ -563,3 +559,7 @@ class CutShortRecordsTest(absltest.TestCase):
             f.write('{"step": 2, "time": 2.0, "train_lo{"step": 2, "train_loss": 3.1}\n')
             f.write(json.dumps({"step": 3, "time": 3.0, "val_loss": 3.2}) + "\n")
         self.assertEqual(train.plot_losses(workdir), os.path.join(workdir, train.LOSS_PLOT))
+
+
+if __name__ == "__main__":
+    absltest.main()

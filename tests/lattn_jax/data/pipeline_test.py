@@ -356,10 +356,6 @@ class BundledWikiTextTest(absltest.TestCase):
         self.assertGreater(ds.stats.val_unigram_xent, ds.stats.unigram_entropy)
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class PackedWindowSourceTest(absltest.TestCase):
 
     def test_matches_window_source_over_packed_stream(self):
@@ -592,3 +588,7 @@ class ResumeTest(parameterized.TestCase):
         if not shuffle:  # in stream order, windows follow one another
             first = reference[0]["inputs"]
             np.testing.assert_array_equal(first[1:, 0], reference[0]["targets"][:-1, -1])
+
+
+if __name__ == "__main__":
+    absltest.main()

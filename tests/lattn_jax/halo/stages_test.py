@@ -641,10 +641,6 @@ class ResumeTest(absltest.TestCase):
             stages.stage_flops_per_token("stage4", t)
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class LatestParamsTest(absltest.TestCase):
     """``latest_params`` reads only the params, whatever optimizer state was saved with them."""
 
@@ -668,3 +664,7 @@ class LatestParamsTest(absltest.TestCase):
             jax.tree_util.tree_map(np.testing.assert_array_equal, got, params)
         with self.assertRaisesRegex(FileNotFoundError, "no checkpoint"):
             stages.latest_params(self.create_tempdir().full_path, params)
+
+
+if __name__ == "__main__":
+    absltest.main()
