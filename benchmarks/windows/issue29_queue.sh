@@ -11,7 +11,7 @@
 #   t0w 340     Sec. 38: the W gpu tests and the op's fused_t0 gpu tests that t0glue's timeout
 #               left out, then the S1 training step with fused_t0 and with fused_t0_split
 #               (state_ag, 3 stages) in two processes (decision rule in Sec. 38)
-#   prof_split 120  Sec. 39: the split forward kernel's stage ablations (state_ag, 3 stages:
+#   prof_split 120  Sec. 39 (27 s on an H100): the split forward kernel's stage ablations (state_ag, 3 stages:
 #               io, state, readout, full, no_store, nobar) at S1 in one profile_fwd.py run,
 #               ptxas lines (decision rule in Sec. 39)
 #   gva 270     Sec. 33: fused_ws's GVA loop at K = 64, its bench and its four gpu tests
@@ -30,12 +30,12 @@
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
-# split1 on 2026-12-06c: pages benchmarks/results/mosaic-gpu-h100-2026-12-06{b,c}.md); name
-# items to run others.
+# split1 on 2026-12-06c, prof_split on 2026-12-06d: pages
+# benchmarks/results/mosaic-gpu-h100-2026-12-06{b,c,d}.md); name items to run others.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-t0w prof_split split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
+ITEMS=${*:-t0w split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
