@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pallas_kernels import gated_delta_rule as gdr
+from tests import random_inputs
 from tests import tolerances
 
 _F32 = jnp.float32
@@ -42,17 +43,13 @@ def _make_inputs(seed, *, seq_len, batch=2, key_heads=2, heads=2, dk=16, dv=32, 
     def normal(*shape):
         return rng.standard_normal(shape)
 
-    def l2(x):
-        return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-    q = jnp.asarray(l2(normal(batch, seq_len, key_heads, dk)), _F32)
-    k = jnp.asarray(l2(normal(batch, seq_len, key_heads, dk)), _F32)
-    v = jnp.asarray(normal(batch, seq_len, heads, dv), _F32)
+    q, k, v = (jnp.asarray(x, _F32) for x in
+               random_inputs.qkv(rng, batch, seq_len, key_heads, heads, dk, dv))
     g = jnp.asarray(-np.logaddexp(0.0, normal(batch, seq_len, heads) - 1.0), _F32)
     if decay is not None:
         g = jnp.full_like(g, decay)
     if beta is None:
-        beta = jnp.asarray(1.0 / (1.0 + np.exp(-normal(batch, seq_len, heads))), _F32)
+        beta = jnp.asarray(random_inputs.sigmoid(normal(batch, seq_len, heads)), _F32)
     h0 = jnp.asarray(0.5 * normal(batch, heads, dk, dv), _F32)
     return (q, k, v, g if gated else None, jnp.broadcast_to(beta, g.shape)), h0
 

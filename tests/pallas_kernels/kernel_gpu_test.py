@@ -28,6 +28,7 @@ from pallas_kernels.common import pallas_gpu
 from pallas_kernels.gated_delta_rule import kernel_gpu
 from pallas_kernels.gated_delta_rule import reference as gdr_reference
 from pallas_kernels.simple_gla import reference as sg_reference
+from tests import random_inputs
 from tests import tolerances
 
 OPS = ("gdn", "deltanet", "simple_gla", "lightning", "linear_attn")
@@ -47,14 +48,10 @@ def _inputs(seed, batch, seq_len, key_heads, heads, dim, *, dtype=jnp.float32, d
     def normal(*shape):
         return rng.standard_normal(shape)
 
-    def l2(x):
-        return x / np.linalg.norm(x, axis=-1, keepdims=True)
-
-    q = jnp.asarray(l2(normal(batch, seq_len, key_heads, dim)), dtype)
-    k = jnp.asarray(l2(normal(batch, seq_len, key_heads, dim)), dtype)
-    v = jnp.asarray(normal(batch, seq_len, heads, dim), dtype)
+    q, k, v = (jnp.asarray(x, dtype) for x in
+               random_inputs.qkv(rng, batch, seq_len, key_heads, heads, dim, dim))
     g = jnp.asarray(decay * -np.logaddexp(0.0, -normal(batch, seq_len, heads)), jnp.float32)
-    beta = jnp.asarray(1.0 / (1.0 + np.exp(-normal(batch, seq_len, heads))), jnp.float32)
+    beta = jnp.asarray(random_inputs.sigmoid(normal(batch, seq_len, heads)), jnp.float32)
     h0 = jnp.asarray(0.5 * normal(batch, heads, dim, dim), jnp.float32)
     log_decay = jnp.asarray(-rng.uniform(0.01, 1.0, (heads,)) * decay, jnp.float32)
     return dict(q=q, k=k, v=v, g=g, beta=beta, h0=h0, log_decay=log_decay), (seed, 1)
