@@ -166,6 +166,13 @@ class Runner:
         self.close()
 
 
+def fast_compile_env(**extra: str) -> dict:
+    """``os.environ`` plus ``JAX_DISABLE_MOST_OPTIMIZATIONS=true`` and ``extra``: the
+    environment of a binary run by a test on CPU, compiling without most XLA optimizations as
+    the test process does (``tests/conftest.py``; compile time dominates tiny runs)."""
+    return dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true", **extra)
+
+
 def run_many(binary: str, argvs: Sequence[Sequence[str]], tmpdir: str,
              env=None) -> List[subprocess.CompletedProcess]:
     """:meth:`Runner.run` of each argument list in ``argvs``, one after another."""

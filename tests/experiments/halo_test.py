@@ -23,7 +23,7 @@ from tests import binary_runs
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # The binaries compile without most XLA optimizations, as this process does on CPU
 # (tests/conftest.py) and as train_test's and sweep_test's binaries do (compile time).
-ENV = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true")
+ENV = binary_runs.fast_compile_env()
 
 
 def run_binary(cmd):

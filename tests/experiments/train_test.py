@@ -27,8 +27,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 # the identical program, as tests/conftest.py's cache does in the test process.
 _CACHE_DIR = tempfile.mkdtemp(prefix="lattn-jax-train-binary-xla-cache-")
 atexit.register(shutil.rmtree, _CACHE_DIR, ignore_errors=True)
-_ENV = dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true",
-            JAX_COMPILATION_CACHE_DIR=_CACHE_DIR, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.1")
+_ENV = binary_runs.fast_compile_env(JAX_COMPILATION_CACHE_DIR=_CACHE_DIR,
+                                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.1")
 
 
 def run_train(*flags):

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from absl.testing import absltest
 
 from lattn_jax import checkpoint as checkpoint_lib
+from tests import binary_runs
 
 
 def _state(width):
@@ -303,12 +304,9 @@ class FailedWriteOutputTest(absltest.TestCase):
              "--config.optim.warmup_steps=1"],
             capture_output=True, text=True, cwd=ROOT, timeout=300,
             preexec_fn=limit_file_size,
-            # Most XLA optimizations off: compile time on CPU; the test is of the save. No
-            # optional git locks: the run's `git status` (its invocation record) rewrote the
-            # clone's index under the size limit, leaving a cut-short index.lock behind that
-            # blocked the next git command in the checkout.
-            env=dict(os.environ, JAX_PLATFORMS="cpu", JAX_DISABLE_MOST_OPTIMIZATIONS="true",
-                     GIT_OPTIONAL_LOCKS="0"))
+            # Most XLA optimizations off: compile time on CPU; the test is of the save. (The
+            # run's git read takes no index lock: lattn_jax/train.py's _git_state.)
+            env=binary_runs.fast_compile_env(JAX_PLATFORMS="cpu"))
         self.assertEqual(result.returncode, 1, result.stderr[-3000:])
         directory = os.path.join(workdir, "checkpoints")
         self.assertEqual(result.stderr.strip().splitlines(), [

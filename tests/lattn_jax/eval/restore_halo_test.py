@@ -361,7 +361,7 @@ class HaloStudentBinariesTest(_HaloFixture):
         train_test's and sweep_test's binaries do): the compiles were most of these tests'
         time on CPU."""
         cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *flags]
-        return binary_runs.run(cmd, env=dict(os.environ, JAX_DISABLE_MOST_OPTIMIZATIONS="true"))
+        return binary_runs.run(cmd, env=binary_runs.fast_compile_env())
 
     def test_generate_runs_the_student(self):
         prompts = ["The", "A longer prompt than the first"]
