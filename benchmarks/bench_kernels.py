@@ -842,12 +842,14 @@ def run_jax(records):
                         if peer == "mosaic":
                             rec["mosaic_forward"] = _MOSAIC_FORWARD.value
                         if (peer == "mosaic" and op in ("gdn", "deltanet")
-                                and _MOSAIC_FORWARD.value and _MOSAIC_WY.value != "xla"):
-                            # what the op ran: a fused T0 forward on rows with few CTAs runs as
-                            # three_pass (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36)
+                                and _MOSAIC_WY.value != "xla"):
+                            # what the op ran (unset: its default): a fused T0 forward on rows
+                            # with few CTAs runs as three_pass (mosaic_vjp.resolve_forward,
+                            # MOSAIC_GPU.md Sec. 36)
                             from pallas_kernels.gated_delta_rule import mosaic_vjp
                             rec["mosaic_forward_run"] = mosaic_vjp.resolve_forward(
-                                _MOSAIC_FORWARD.value, batch, heads, _DIM.value, seq_len)
+                                _MOSAIC_FORWARD.value or mosaic_vjp.DEFAULT_FORWARD, batch,
+                                heads, _DIM.value, seq_len)
                         if state_pass is not None:
                             rec["channelwise_state_pass"] = state_pass
                         if grad_pass is not None:

@@ -1,15 +1,16 @@
 """Differentiable Gated DeltaNet / DeltaNet on the Mosaic GPU kernels (Hopper).
 
 :func:`gated_delta_rule_mosaic` wraps the forward stages of
-:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu` (``chunk_wy_mosaic``,
-``chunk_delta_h_mosaic``, the scalar-decay ``chunk_output_mosaic``; or, with
-``forward="fused"`` or ``"fused_split"``, ``chunk_wy_mosaic`` and
+:mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu` (with ``forward="fused_t0"``, the
+default, or ``"fused_t0_split"``: ``chunk_kkt_inverse_mosaic`` and
+``chunk_delta_fused_t0_fwd_mosaic`` (``split_output`` for the latter), ``W`` formed by the
+``T0`` kernel only when differentiated; with ``forward="three_pass"``, and on rows with too few
+CTAs for a fused ``T0`` forward: ``chunk_wy_mosaic``, ``chunk_delta_h_mosaic``, the
+scalar-decay ``chunk_output_mosaic``; with ``forward="fused"`` or ``"fused_split"``,
+``chunk_wy_mosaic`` and
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`,
 which stores ``h`` and ``v_new`` only when differentiated (``v_new`` also for
-``return_residual``); with ``forward="fused_t0"`` or
-``"fused_t0_split"``, ``chunk_kkt_inverse_mosaic`` and ``chunk_delta_fused_t0_fwd_mosaic``
-(``split_output`` for the latter), ``W`` formed by the ``T0`` kernel only when
-differentiated) in a ``jax.custom_vjp``
+``return_residual``)) in a ``jax.custom_vjp``
 whose backward chains the four backward stages (paper arXiv 2412.06464, Sec. 3.3; paper arXiv
 2607.07953, Sec. 3.2, Eqs. 15-17; FLA's ``chunk_gated_delta_rule_bwd``,
 ``fla/ops/gated_delta_rule/chunk.py``):
@@ -114,6 +115,14 @@ DEFAULT_DV_LOCAL = "fold"
 # three-pass forward instead: resolve_forward, the one place that decides.
 FUSED_T0_FALLBACK = True
 
+# The forward of :func:`gated_delta_rule_mosaic` when none is named. "fused_t0" since
+# 2026-12-06 (MOSAIC_GPU.md Sec. 38.1): on an H100 at S1 (B 8, T 4096, H 16, K = V = 128, bf16)
+# the op's fwd+bwd kernel time with the default backward was 1.705 ms (12-06c) and 1.717
+# (12-06e) against "three_pass"'s 2.044 (12-06, Sec. 32.2), the gates green, and the seven
+# `gpu` tests of Sec. 38 passed on that card (12-06e). Rows with too few CTAs still run
+# "three_pass" (FUSED_T0_FALLBACK).
+DEFAULT_FORWARD = "fused_t0"
+
 
 def resolve_forward(forward: str, batch: int, heads: int, dv: int, seq_len: int) -> str:
     """The forward that :func:`gated_delta_rule_mosaic` runs for ``forward`` at this shape:
@@ -138,7 +147,7 @@ def gated_delta_rule_mosaic(
     initial_state: Optional[jax.Array] = None,
     segment_ids: Optional[jax.Array] = None,
     output_final_state: bool = False,
-    forward: str = "three_pass",
+    forward: str = DEFAULT_FORWARD,
     interpret: bool = False,
     return_residual: bool = False,
     backward: str = DEFAULT_BACKWARD,
@@ -186,9 +195,10 @@ def gated_delta_rule_mosaic(
             ``False`` the backward runs with a zero final-state gradient.
         forward: how the forward runs its state pass and output (static), as
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.gated_delta_rule_fwd_mosaic`'s
-            ``forward``: ``"three_pass"`` (default), ``"fused"`` or ``"fused_split"``
+            ``forward``: ``"three_pass"``, ``"fused"`` or ``"fused_split"``
             (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`)
-            or ``"fused_t0"`` / ``"fused_t0_split"`` (``chunk_kkt_inverse_mosaic`` and
+            or ``"fused_t0"`` (default, :data:`DEFAULT_FORWARD`) / ``"fused_t0_split"``
+            (``chunk_kkt_inverse_mosaic`` and
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`,
             two or three warpgroups; rows with too few CTAs for them run ``"three_pass"``
             instead, :func:`resolve_forward`).
@@ -213,9 +223,9 @@ def gated_delta_rule_mosaic(
             ``"fused_ws"`` (default), the same with the kernel's three-warpgroup form
             (``warpgroups=3``). Stages 1 and 2 are the same for all.
         dv_local: how the backward forms stage 1's ``dv_local`` (static, one of
-            :data:`DV_LOCALS`): ``"separate"`` (default), its own kernel
+            :data:`DV_LOCALS`): ``"separate"``, its own kernel
             (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_bwd.chunk_dv_local_mosaic`)
-            writing it to HBM; ``"fold"``, the reverse state pass forms it
+            writing it to HBM; ``"fold"`` (default), the reverse state pass forms it
             (``chunk_delta_dh_mosaic(fold_dv_local=True)``, MOSAIC_GPU.md Sec. 32). Same
             roundings either way; every option above (GVA, documents, ``initial_state``,
             ``output_final_state``, ``return_residual``, sequence pieces, every ``forward`` and

@@ -742,9 +742,10 @@ class LoweringTest(parameterized.TestCase):
         # the three-pass kernels for forward="fused_t0", and the fused T0 ones without fallback
         q, k, v, g, beta, _, _ = _inputs(1, 512, 1, 1, 64, 64, 0.1, False, None)
 
-        def kernels():
+        def kernels(forward="fused_t0"):  # None: no forward= (the op's default)
             def loss(q, k, v, g, beta):
-                o, _ = mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, forward="fused_t0")
+                named = {} if forward is None else {"forward": forward}
+                o, _ = mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, **named)
                 return jnp.sum(o.astype(jnp.float32) ** 2)
 
             text = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))),
@@ -755,6 +756,10 @@ class LoweringTest(parameterized.TestCase):
         self.assertEqual(kernels(), ["gdn_chunk_wy", "gdn_chunk_delta_h_pieces"])
         with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):
             self.assertEqual(kernels(), ["gdn_chunk_delta_fused_t0_fwd"])
+            # the op's default forward is the fused T0 one (DEFAULT_FORWARD, Sec. 38.1)
+            self.assertEqual(kernels(None), ["gdn_chunk_delta_fused_t0_fwd"])
+            self.assertEqual(kernels("three_pass"), ["gdn_chunk_wy", "gdn_chunk_delta_h_pieces"])
+        self.assertEqual(kernels(None), ["gdn_chunk_wy", "gdn_chunk_delta_h_pieces"])
 
     @parameterized.named_parameters(("K128", dict(dk=128)),
                                     ("K64_gva_deltanet", dict(dk=64, kv_heads=2, deltanet=True)))

@@ -227,6 +227,8 @@ class GpuTest(kmg_test.HopperTestCase):
 
 
 def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split", dv_local="separate"):
+    # The three-pass forward, named (the op's default is "fused_t0" since MOSAIC_GPU.md Sec.
+    # 38.1; its exports are kernel_mosaic_gdn_t0_test.py's and mosaic_gpu_dispatch_test.py's).
     # Without GVA dq, dk, dv leave the kernels in bf16; with it ("split") dk (and dq at
     # K = 128) go out in fp32 for XLA's group sum, dq at K = 64 in bf16 from stage 3's GVA loop
     # (MOSAIC_GPU.md Sec. 27, 27.5); "fused_ws" at K = 64 sums both in its GVA loop (Sec. 33):
@@ -237,7 +239,8 @@ def _check_grad_exports(test, dk, dv, deltanet, gva, backward="split", dv_local=
     def loss(q, k, v, g, beta, h0, seg):
         o, final = mosaic_vjp.gated_delta_rule_mosaic(
             q, k, v, g, beta, scale=scale, initial_state=h0, segment_ids=seg,
-            output_final_state=True, backward=backward, dv_local=dv_local)
+            output_final_state=True, forward="three_pass", backward=backward,
+            dv_local=dv_local)
         return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(final)
 
     argnums = (0, 1, 2, 4, 5) if deltanet else (0, 1, 2, 3, 4, 5)
@@ -330,6 +333,9 @@ class ValidationTest(absltest.TestCase):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, dv_local="folded")
         self.assertEqual(mosaic_vjp.DEFAULT_DV_LOCAL, "fold")  # MOSAIC_GPU.md Sec. 32.2
         self.assertEqual(mosaic_vjp.DEFAULT_BACKWARD, "fused_ws")  # MOSAIC_GPU.md Sec. 31.8
+        self.assertEqual(mosaic_vjp.DEFAULT_FORWARD, "fused_t0")  # MOSAIC_GPU.md Sec. 38.1
+        with self.assertRaisesRegex(ValueError, "forward must be one of"):
+            mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, forward="fused_t1")
 
     def test_final_state_only_on_request(self):
         q, k, v, g, beta, *_ = bwd_test._pipeline_inputs(1, 64, 2, 1, 64, 64, 0.1, False, False,

@@ -405,11 +405,18 @@ class GdnApiLoweringTest(absltest.TestCase):
         with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
             text = jax.jit(fn).trace(q, k, v, g, beta, h0).lower(
                 lowering_platforms=("cuda",)).as_text()
-        self.assertEqual(text.count("custom_call @mosaic_gpu"), 6)
-        # the default backward (mosaic_vjp.DEFAULT_BACKWARD, "fused_ws"): one chunk-local
-        # kernel on three warpgroups instead of gdn_chunk_grads + gdn_chunk_wy_bwd; and
-        # DEFAULT_DV_LOCAL "fold": the reverse state pass forms dv_local, no kernel of its own.
+        # the default forward (mosaic_vjp.DEFAULT_FORWARD, "fused_t0"; T = 200 is 4 chunks, one
+        # piece, so no three-pass fallback): the T0 kernel, which also forms the backward's W,
+        # and the fused state-and-output kernel; the default backward
+        # (DEFAULT_BACKWARD, "fused_ws"): one chunk-local kernel on three warpgroups instead of
+        # gdn_chunk_grads + gdn_chunk_wy_bwd; and DEFAULT_DV_LOCAL "fold": the reverse state
+        # pass forms dv_local, no kernel of its own. 4 launches in all.
         # assertTrue, not assertIn: a failing assertIn prints the whole module.
+        self.assertEqual(text.count("custom_call @mosaic_gpu"), 4)
+        self.assertTrue("gdn_chunk_kkt_inverse_subst_split_w" in text)
+        self.assertTrue("gdn_chunk_delta_fused_t0_fwd" in text)
+        self.assertFalse("gdn_chunk_wy" in text)  # three_pass's WY kernel
+        self.assertFalse("simple_gla_chunk_output" in text)  # and its read-out
         self.assertTrue("gdn_chunk_bwd_fused_ws" in text)
         self.assertFalse("gdn_chunk_wy_bwd" in text)
         self.assertTrue("gdn_chunk_delta_dh_fold" in text)
@@ -420,7 +427,8 @@ class GdnApiLoweringTest(absltest.TestCase):
         # T = 500 (8 chunks, the last padded) at B 1, H 2, V 64: 2 CTAs per launch, so both
         # state passes run as P = 2 pieces. The forward's piece maps are a residual: the
         # backward reuses them (one maps launch in all, not two), 9 Mosaic launches (the default
-        # dv_local "fold": the folded pass's pieces, no dv_local kernel).
+        # dv_local "fold": the folded pass's pieces, no dv_local kernel). The default forward
+        # "fused_t0" runs such rows as three_pass (mosaic_vjp.resolve_forward).
         self.assertEqual(mgl.num_pieces(None, 2, 8), 2)
         q, k, v, g, beta, h0, seg, do, dht, du = _gdn_case(seq_len=500, docs=(100, 156, 150))
         fn = jax.value_and_grad(_gdn_loss("mosaic_gpu", seg, do, dht, du), argnums=range(6),
@@ -433,6 +441,7 @@ class GdnApiLoweringTest(absltest.TestCase):
         for name in ("gdn_chunk_delta_h_maps", "gdn_chunk_delta_h_pieces",
                      "gdn_chunk_delta_dh_fold_pieces"):
             self.assertEqual(sum(name in c for c in calls), 1, msg=name)
+        self.assertEqual(sum("gdn_chunk_delta_fused_t0_fwd" in c for c in calls), 0)
 
 
 def _check_residual_and_gradients(test, impl, case, deltanet):
