@@ -937,8 +937,8 @@ class LoweringSlowTest(parameterized.TestCase):
     @parameterized.named_parameters(
         ("prepare_mid_s3_K128_V128", dict(dk=128, dv=128, split_order="prepare_mid",
                                           split_stages=3)),
-        ("readout_first_s2_K64_V64_fp16_deltanet", dict(dk=64, dv=64, dtype=jnp.float16,
-                                                         deltanet=True)),
+        ("readout_first_s2_K64_V64_fp16_deltanet",
+         dict(dk=64, dv=64, dtype=jnp.float16, deltanet=True)),
         ("shared_mask_s2_K128_V64_nostores", dict(dk=128, dv=64, stores=False,
                                                   split_order="shared_mask")))
     def test_fused_t0_split_early_s_kernel_exports_for_cuda(self, variant):
