@@ -59,6 +59,13 @@ dispatched, not run on a GPU yet).
   their own names, ``"full"`` leaves the production kernel's jaxpr alone, bad combinations are
   refused; ``SplitStagesInterpretTest`` (``slow``) checks what each stage computes
   (``state_ag``, three stages) against ``full``, the fp32 reference and a float64 read-out.
+* ``split_protocol="early_s"`` (MOSAIC_GPU.md Sec. 40: ``S_c`` announced on its own barrier
+  so the read-out's ``Q S_c`` is issued before ``v_new`` exists): CI runs the protocol model
+  with it (and finds the two races it guards against), exports it for CUDA (K = V = 128 bf16,
+  ``state_ag``, three stages: the 227 KB limit), checks that ``"joint"`` is the default's jaxpr
+  and the refusals; ``SplitProtocolInterpretTest`` and ``FusedT0SplitInterpretTest``
+  (``slow``) check it against the reference and bit for bit against the default in every
+  order; ``LoweringSlowTest`` exports the other orders.
 * ``GpuTest`` (``gpu``) runs the compiled kernels on a Hopper GPU at realistic rows.
 
 The interpreted kernels hang on a 2-core host unless XLA's CPU pool is larger (BUILD.md,
@@ -1364,6 +1371,21 @@ def _readout_float64(q, k, v, g, state, seg, scale):
                 out[b, rows, h] = scale * ((conn * np.exp(gc))[:, None] * (qh @ s0[b, h])
                                            + ((qh @ kh.T) * dmat) @ vf[b, rows, h])
     return out
+
+
+# Interpreted, slow like every interpreted Mosaic GPU test (BUILD.md: the interpreter's barrier
+# callbacks can hang a 2-core host; 7.4 s alone on 2 cores, 2026-12-06): the smallest
+# split_protocol="early_s" case (MOSAIC_GPU.md Sec. 40) against the fp32 reference; the others
+# are in FusedT0SplitInterpretTest. CI has the protocol model, the export, the jaxpr, refusals.
+@pytest.mark.slow
+class SplitProtocolInterpretTest(absltest.TestCase):
+
+    def test_early_s_state_ag_s3_matches_reference(self):
+        # state_ag with three stages, T 130 (three chunks, the last partial: both published
+        # halves are reused), GVA 2:1, h0, a document starting inside chunk 0; all stores on.
+        _check_fused_kernel(self, 1, 130, 2, 1, 64, 64, 0.05, True, (40,),
+                            split_output=True, split_order="state_ag", split_stages=3,
+                            split_protocol="early_s")
 
 
 # Interpreted (slow; PJRT_NPROC=8 as the module docstring says): what the split stages compute.
