@@ -184,7 +184,10 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   chain stores and fences no operand (only the published ``S^T`` and ``v_new^T``, one
   fence; ``V^T`` from an exact ``I V^T`` product, as jax 0.10.2 cannot load a transposed
   swizzled tile); ``split_order="shared_mask"`` is jla's output order, one mask ``D`` per
-  chunk for both ``Ag`` and ``P``.
+  chunk for both ``Ag`` and ``P``. A third (Sec. 40, CPU only so far):
+  ``split_protocol="early_s"`` announces ``S_c`` on its own barrier (``s_pub``) as soon as it
+  is published, so the output warpgroup issues ``Q S_c`` while the state warpgroup still forms
+  ``v_new``, and only ``P v_new`` waits for ``s_ready``.
 
   It replaces a first three-warpgroup layout (2026-12-03 g) in which the output warpgroup
   formed ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` (``Ag`` as ``hi + lo``, four products)
