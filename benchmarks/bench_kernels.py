@@ -36,7 +36,8 @@ record's ``kernels``); ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 13 has the c
 another order of the output warpgroup (the default is ``readout_first``; Sec. 16, 17) and
 ``--mosaic_t0_split_stages=3`` a three-stage TMA ring (Sec. 17),
 ``--mosaic_t0_split_state_layout=vk,kv`` the state warpgroup carrying ``S^T`` and the default
-layout, one variant each (Sec. 35).
+layout, one variant each (Sec. 35), ``--mosaic_t0_split_protocol=early_s`` the read-out's
+``Q S_c`` on its own barrier (Sec. 40).
 ``--mosaic_backward=split,fused,fused_ws`` times the GDN / DeltaNet Mosaic op once per
 backward (``gated_delta_rule_mosaic``'s ``backward=``: stages 3 and 4, or the fused chunk-local
 kernel ``gdn_chunk_bwd_fused`` on one or three warpgroups; Sec. 31), each with its own gate,
@@ -144,6 +145,13 @@ _MOSAIC_T0_SPLIT_STATE = flags.DEFINE_list(
     "its own gate (kv, the default, and vk: the state warpgroup carries S^T with register "
     "left operands, MOSAIC_GPU.md Sec. 35); unset: the default once. Recorded in each "
     "mosaic record's mosaic_t0.")
+_MOSAIC_T0_SPLIT_PROTOCOL = flags.DEFINE_string(
+    "mosaic_t0_split_protocol", None,
+    "Peer mosaic, as --mosaic_t0_split_order: the split_protocol= of "
+    "chunk_delta_fused_t0_fwd_mosaic (joint, the default: one barrier once S_c and v_new are "
+    "published; early_s: S_c announced on its own barrier, so the read-out's Q S_c is issued "
+    "before v_new exists, MOSAIC_GPU.md Sec. 40; layout kv only); unset: the default. "
+    "Recorded with every mosaic record.")
 _MOSAIC_BACKWARD = flags.DEFINE_list(
     "mosaic_backward", [],
     "Peer mosaic, ops gdn and deltanet, pass fwdbwd: the backward= of gated_delta_rule_mosaic "
@@ -540,7 +548,8 @@ def _apply_mosaic_t0():
     against the forward and the T0 kernel's choices, before anything runs (refused where
     they would be ignored); then set ``kernel_mosaic_gpu.T0_OPTIONS``, the keyword arguments
     of ``chunk_kkt_inverse_mosaic`` at the forwards' call sites (read at trace time: nothing
-    is traced yet). Likewise ``--mosaic_t0_split_order``, ``--mosaic_t0_split_stages`` and
+    is traced yet). Likewise ``--mosaic_t0_split_order``, ``--mosaic_t0_split_stages``,
+    ``--mosaic_t0_split_protocol`` and
     ``--mosaic_t0_split_state_layout`` (``fused_t0_split`` only) into
     ``kernel_mosaic_gpu.SPLIT_T0_OPTIONS``. Returns all of them in one dict."""
     options = {}
@@ -555,6 +564,8 @@ def _apply_mosaic_t0():
         split["split_order"] = _MOSAIC_T0_SPLIT_ORDER.value
     if _MOSAIC_T0_SPLIT_STAGES.value is not None:
         split["split_stages"] = _MOSAIC_T0_SPLIT_STAGES.value
+    if _MOSAIC_T0_SPLIT_PROTOCOL.value is not None:
+        split["split_protocol"] = _MOSAIC_T0_SPLIT_PROTOCOL.value
     if _MOSAIC_T0_SPLIT_STATE.value:  # validated here, applied per variant (run_jax)
         split["split_state_layout"] = ",".join(_MOSAIC_T0_SPLIT_STATE.value)
     if not options and not split:
@@ -602,6 +613,14 @@ def _apply_mosaic_t0():
             if layout not in kfused.SPLIT_STATE_LAYOUTS:
                 raise app.UsageError(f"--mosaic_t0_split_state_layout={layout}: takes "
                                      f"values of {', '.join(kfused.SPLIT_STATE_LAYOUTS)}")
+        protocol = split.get("split_protocol", kfused.SPLIT_DEFAULT_PROTOCOL)
+        if protocol not in kfused.SPLIT_PROTOCOLS:
+            raise app.UsageError(f"--mosaic_t0_split_protocol={protocol}: takes one of "
+                                 f"{', '.join(kfused.SPLIT_PROTOCOLS)}")
+        if protocol != kfused.SPLIT_DEFAULT_PROTOCOL and "vk" in _MOSAIC_T0_SPLIT_STATE.value:
+            raise app.UsageError(f"--mosaic_t0_split_protocol={protocol} is built for the kv "
+                                 f"state layout only (--mosaic_t0_split_state_layout="
+                                 f"{','.join(_MOSAIC_T0_SPLIT_STATE.value)})")
         split.pop("split_state_layout", None)  # a variant: _set_split_state_layout
     gdr_mosaic.T0_OPTIONS.clear()
     gdr_mosaic.T0_OPTIONS.update(options)

@@ -20,6 +20,9 @@
 #               fused_t0 and jla, then vk's gpu tests (decision rule in Sec. 35.4)
 #   split1 145  Sec. 17.1 call 1: state_ag:3 and prepare_mid:3 split orders
 #   split2 145  Sec. 17.1 call 2: state_ag:2 and readout_first:2, then the split gpu tests
+#   early 320   Sec. 40: the S1 training step with fused_t0_split (state_ag, 3 stages), the
+#               default protocol and then --mosaic_t0_split_protocol=early_s, two processes,
+#               then early_s's six gpu tests (decision rule in Sec. 40)
 #   autooff 560 Sec. 31.8: the same-run table against our Triton kernels (S1, S2, P1) and the
 #               public op's gpu tests (decides mosaic_gpu.AUTO_OFF for GDN)
 # The per-channel family (KDA, GDN-2; MOSAIC_GPU.md Sec. 37, decision rules there), after those:
@@ -35,7 +38,7 @@
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-split2 autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
+ITEMS=${*:-split2 early autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -47,7 +50,7 @@ I=${I29_TMP:-/tmp}; O=$I/i29out/$STAMP; mkdir -p $O $I/i29done
 LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
-  split1|split2) echo 145;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
+  split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;; *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -162,6 +165,30 @@ run_split2() {
   local x; x=$(python3 -c 'import xdist' 2>/dev/null && echo '-n 4')
   timeout $((145 - SECONDS + s)) python3 -m pytest -m gpu -k split $x -q -p no:cacheprovider \
     $T/kernel_mosaic_gdn_t0_test.py 2>&1 | tail -8 | cut -c1-250
+}
+
+run_early() {  # Sec. 40: joint (the default) then early_s, same flags otherwise, two processes
+  mkdir -p $O/early; local s=$SECONDS
+  local b="python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic --passes=fwdbwd"
+  b="$b --shapes=S1 --mosaic_forward=fused_t0_split --mosaic_t0_split_order=state_ag"
+  b="$b --mosaic_t0_split_stages=3 --iters=20 --warmup=3"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 90 $b --out=$O/early/joint > $O/early/joint.log 2>&1
+  echo "joint rc=$? t=$((SECONDS-s))s"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout $((180 - SECONDS + s)) $b --mosaic_t0_split_protocol=early_s \
+    --out=$O/early/early_s > $O/early/early_s.log 2>&1; echo "early_s rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/early/joint.log $O/early/early_s.log | cut -c1-200
+  gdn_show $O/early/joint.log $O/early/early_s.log
+  cw_ptxas fused_t0_fwd_split $O/early/joint.log $O/early/early_s.log
+  local t=$T/kernel_mosaic_gdn_t0_test.py::GpuTest::test_fused_t0_split_early_s
+  local r=${t}_kernel_matches_reference
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout $((310 - SECONDS + s)) python3 benchmarks/gpu_tests.py --jobs=6 \
+    --deadline_s=$((290 - SECONDS + s)) --out=$O/early/gpu_tests ${t}_is_bit_equal \
+    ${r}_gva_h0_packed_T4096_K128_V128 ${r}_plain_T2048_K128_V128 \
+    ${r}_strong_decay_h0_partial_T1000_K64_V128 ${r}_deltanet_h0_packed_T2048_K64_V64 \
+    ${r}_fp16_packed_T3000_K128_V64
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"
+  cut -c1-220 $O/early/gpu_tests/summary.md | tail -12
+  grep -a -h 'early_s sa_s3' $O/early/gpu_tests/workers.log | sort -u | cut -c1-220
 }
 
 run_autooff() {

@@ -1088,8 +1088,8 @@ KKT_STAGES = ("full", "no_refine", "gram", "io", "no_store", "nobar")
 T0_OPTIONS: dict = {}
 # Keyword arguments of chunk_delta_fused_t0_fwd_mosaic at the same call sites with
 # forward="fused_t0_split" only: empty, the defaults. For timing variants only
-# (benchmarks/bench_kernels.py --mosaic_t0_split_order / --mosaic_t0_split_stages set split_order,
-# split_stages; read at trace time).
+# (benchmarks/bench_kernels.py --mosaic_t0_split_order / --mosaic_t0_split_stages /
+# --mosaic_t0_split_protocol set split_order, split_stages, split_protocol; read at trace time).
 SPLIT_T0_OPTIONS: dict = {}
 
 

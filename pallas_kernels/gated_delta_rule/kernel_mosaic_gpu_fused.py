@@ -184,7 +184,10 @@ and ``beta`` go on in the fused kernel. Now done here, in our own code:
   chain stores and fences no operand (only the published ``S^T`` and ``v_new^T``, one
   fence; ``V^T`` from an exact ``I V^T`` product, as jax 0.10.2 cannot load a transposed
   swizzled tile); ``split_order="shared_mask"`` is jla's output order, one mask ``D`` per
-  chunk for both ``Ag`` and ``P``.
+  chunk for both ``Ag`` and ``P``. A third (Sec. 40, CPU only so far):
+  ``split_protocol="early_s"`` announces ``S_c`` on its own barrier (``s_pub``) as soon as it
+  is published, so the output warpgroup issues ``Q S_c`` while the state warpgroup still forms
+  ``v_new``, and only ``P v_new`` waits for ``s_ready``.
 
   It replaces a first three-warpgroup layout (2026-12-03 g) in which the output warpgroup
   formed ``U = Ag V`` and ``W = Ag diag(conn e^G) K`` (``Ag`` as ``hi + lo``, four products)
@@ -729,6 +732,18 @@ SPLIT_STAGES = (2, 3)
 # S^T K^T, X^T Ag^T and (decayed v_new)^T K all take their left operand from registers, and
 # only the published S^T and v_new^T (for the output warpgroup) are stored.
 SPLIT_STATE_LAYOUTS = ("kv", "vk")
+# How the split kernel's state warpgroup tells the output warpgroup that a chunk's published
+# tiles are ready (split_protocol; MOSAIC_GPU.md Sec. 40): "joint" (the default) one barrier,
+# s_ready, once S_c and v_new are both published, so the output warpgroup issues Q S_c and
+# P v_new together after v_new; "early_s" a second barrier pair, s_pub, arrived as soon as S_c
+# is published (before K S), so the output warpgroup issues Q S_c while the state warpgroup
+# still forms X and v_new, and only P v_new waits for s_ready. The output warpgroup then
+# arrives s_free one product (Q S_c, 64 x 64 x K) sooner after s_ready. Same arithmetic, bit
+# for bit; 16 bytes of SMEM (two mbarriers). Kernel name suffix _es after _s3. "kv" layout
+# and the stages that run both sides ("full", "no_store", "nobar") only; every split_order.
+SPLIT_PROTOCOLS = ("joint", "early_s")
+SPLIT_DEFAULT_PROTOCOL = "joint"
+_SPLIT_PROTOCOL_SUFFIX = {"joint": "", "early_s": "_es"}
 # SMEM of the split kernel at K = V = 128, bf16 (Mosaic GPU aligns every buffer to 1 KB; the
 # limit is 227 KB = 232,448 bytes per block on the H100 / H200). One ring stage: q 16 KB, k 16,
 # v 8, T0 / Ag 8, seven fp32 [64] vectors 0.25 each (49.75 KB). Tiles: S in 16 bits 2 x 16 KB,
@@ -775,20 +790,31 @@ SPLIT_STATE_LAYOUTS = ("kv", "vk")
 # comes after read_state(m + R - 2) (R = 2 and 3 and every order: prepare(m + R) is in step
 # m + R - 1 and follows read_state(m + R - 2) of step m + R - 2), whose W s_ready[m + R - 2]
 # follows the state warpgroup's W ag_ready[m] (m + R - 2 >= m).
+# split_protocol="early_s" adds one barrier pair, s_pub (half = n mod 2): the state step(n)
+# arrives A s_pub[n] right after publishing S_c (after its W s_free[n - 2], before W in_bar[n]),
+# and read_state(n) becomes W s_pub[n]; (Q S_c issued); W s_ready[n]; (P v_new issued); A
+# s_free[n]; A in_free[n]. The induction is unchanged: W s_pub[n] names an arrival of chunk n by
+# the state warpgroup, which waits for nothing of chunk n before it (s_free of n - 2 only);
+# s_pub[n mod 2] is arrived again by step(n + 2) only after its W s_free[n], which follows the
+# output's W s_pub[n]. The published S is read from W s_pub[n] until s_free[n], as before; the
+# published v_new is written before A s_ready[n] and read only after W s_ready[n].
 
 
 def fused_t0_kernel_name(*, split_output: bool = False, split_order: str = SPLIT_DEFAULT_ORDER,
                          split_stages: int = STAGES, state_layout: str = "kv",
-                         stages: str = "full") -> str:
+                         stages: str = "full",
+                         split_protocol: str = SPLIT_DEFAULT_PROTOCOL) -> str:
     """The Mosaic GPU kernel name of :func:`chunk_delta_fused_t0_fwd_mosaic` with these static
     options, as a profile lists it: ``gdn_chunk_delta_fused_t0_fwd`` (two warpgroups), or with
     ``split_output`` ``..._split`` plus the order's suffix (``_ro``, ``_pm``, ``_sa``, ``_sm``;
-    none for ``prepare_first``), ``_s3`` for three ring stages and ``_vk`` for the transposed
+    none for ``prepare_first``), ``_s3`` for three ring stages, ``_es`` for
+    ``split_protocol="early_s"`` and ``_vk`` for the transposed
     state; then ``_abl_<stages>`` for a timing ablation (``stages`` other than ``"full"``).
     No validation (the function's own checks raise first)."""
     if split_output:
         name = ("gdn_chunk_delta_fused_t0_fwd_split" + _SPLIT_ORDER_SUFFIX[split_order]
                 + ("" if split_stages == STAGES else f"_s{split_stages}")
+                + _SPLIT_PROTOCOL_SUFFIX[split_protocol]
                 + ("_vk" if state_layout == "vk" else ""))
     else:
         name = "gdn_chunk_delta_fused_t0_fwd"
@@ -1098,7 +1124,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
                      store_v_new: bool, store_h: bool, interpret: bool,
                      split_order: str = SPLIT_DEFAULT_ORDER, depth: int = STAGES,
-                     state_layout: str = "kv", stages: str = "full"):
+                     state_layout: str = "kv", stages: str = "full",
+                     protocol: str = SPLIT_DEFAULT_PROTOCOL):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic` with ``split_output``: three
     warpgroups (state, output, memory) in jla's arrangement (MOSAIC_GPU.md Sec. 2); refs are
     GMEM.
@@ -1134,7 +1161,14 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     ``stages`` (:data:`SPLIT_T0_STAGES`, ``"kv"`` layout only): a timing ablation that runs one
     warpgroup's side alone (``"io"``, ``"state"``, ``"readout"``) or drops the ``o`` stores
     but the last (``"no_store"``); ``"full"`` and ``"nobar"`` trace the kernel.
+
+    ``protocol`` (:data:`SPLIT_PROTOCOLS`, ``"kv"`` layout, stages ``"full"``, ``"no_store"``,
+    ``"nobar"``): with ``"early_s"`` the state warpgroup arrives ``s_pub`` (one more barrier
+    pair, after ``s_free`` in the scratch) as soon as ``S_c`` is published, and the output
+    warpgroup issues ``Q S_c`` on it, waiting for ``s_ready`` (``v_new``) only before
+    ``P v_new``.
     """
+    early = protocol == "early_s"
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
     o_ref, ht_ref = rest.pop(0), rest.pop(0)
@@ -1161,7 +1195,9 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             (sb_s, state_s), *rest = rest
         x_s, vn_s, o_s, *rest = rest
         vd_s = x_s  # X is dead once Ag X was read; the decayed v_new takes its tile
-    in_bar, in_free, ag_ready, s_ready, s_free, io_bar, done, *shim = rest
+    in_bar, in_free, ag_ready, s_ready, s_free, *rest = rest
+    s_pub = rest.pop(0) if early else None  # "early_s": S_c published (the read-out's Q S_c)
+    io_bar, done, *shim = rest
     kt0_s, kt1_s, p_s, *shim_vk = shim if interpret else (None,) * (11 if vk else 3)
     gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
             conn_ref)
@@ -1277,6 +1313,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             sb_s.at[half][...] = s.astype(sb_s.dtype)  # S_c in 16 bits: published, and K S's
             plgpu.commit_smem()
+            if early:  # the output warpgroup may issue Q S_c now, before v_new exists
+                plgpu.barrier_arrive(s_pub.at[half])
             if store_h:
                 plgpu.copy_smem_to_gmem(sb_s.at[half], h_ref.at[b, h, n, :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
@@ -1400,7 +1438,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             the stage; o to GMEM through the double-buffered o_s."""
             slot, half = lax.rem(n, depth), lax.rem(n, 2)
             rows = pl.ds(n * CHUNK, CHUNK)
-            plgpu.barrier_wait(s_ready.at[half])
+            # "early_s": S_c has its own barrier; v_new's (s_ready) is waited for below.
+            plgpu.barrier_wait((s_pub if early else s_ready).at[half])
 
             if vk:  # S^T and v_new^T were published: read them as transposed views
                 s_op = mgl.transposed(sb_s.at[half], shim_vk[1] if interpret else None,
@@ -1412,6 +1451,8 @@ def _split_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
 
             def out(qs_acc, pv_acc):  # issued together
                 plgpu.wgmma(qs_acc, q_s.at[slot], s_op)  # Q S, [C, 64]
+                if early:  # Q S_c runs while the state warpgroup forms v_new
+                    plgpu.barrier_wait(s_ready.at[half])
                 plgpu.wgmma(pv_acc, p_op, vn_op)  # P v_new, [C, 64]
                 return qs_acc[...], pv_acc[...]
 
@@ -1501,7 +1542,8 @@ def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> N
 
 @functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "split_output",
                                              "interpret", "stages", "split_order",
-                                             "split_stages", "state_layout"))
+                                             "split_stages", "state_layout",
+                                             "split_protocol"))
 def chunk_delta_fused_t0_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1521,6 +1563,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
     split_order: str = SPLIT_DEFAULT_ORDER,
     split_stages: int = STAGES,
     state_layout: str = "kv",
+    split_protocol: str = SPLIT_DEFAULT_PROTOCOL,
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
 ) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
@@ -1639,6 +1682,17 @@ def chunk_delta_fused_t0_fwd_mosaic(
             transposed in XLA around the kernel (``[B, H, V, K]`` inside), as are ``h``
             (``store_h``) and ``v_new`` (``store_v_new``). Results equal the default's up to
             the summation order inside the ``wgmma`` (not bit for bit).
+        split_protocol: with ``split_output`` only (static, one of :data:`SPLIT_PROTOCOLS`; a
+            timing choice, same results bit for bit): ``"joint"`` (default) has the state
+            warpgroup arrive one barrier per chunk (``s_ready``) once ``S_c`` (``[K, 64]``) and
+            ``v_new`` (``[64, 64]``, both in the input dtype) are published, after which the
+            output warpgroup issues ``Q S_c`` and ``P v_new``; ``"early_s"`` adds a barrier
+            pair ``s_pub`` (16 bytes of SMEM) arrived as soon as ``S_c`` is published, so that
+            the output warpgroup issues ``Q S_c`` while the state warpgroup forms ``X`` and
+            ``v_new``, and only ``P v_new`` waits for ``s_ready`` (MOSAIC_GPU.md Sec. 40;
+            kernel name suffix ``_es`` after ``_s3``). ``"kv"`` layout and ``stages`` in
+            ``"full"``, ``"no_store"``, ``"nobar"`` only; every ``split_order`` and
+            ``split_stages``.
 
     Returns:
         ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
@@ -1659,7 +1713,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
             ``"readout_first"`` without ``split_output``; ``split_stages`` not in
             :data:`SPLIT_STAGES`, or other than 2 without ``split_output``;
             ``state_layout`` not in :data:`SPLIT_STATE_LAYOUTS`, or ``"vk"`` without
-            ``split_output``.
+            ``split_output``; ``split_protocol`` not in :data:`SPLIT_PROTOCOLS`, or
+            ``"early_s"`` without ``split_output``, with ``state_layout="vk"`` or with
+            ``stages`` ``"io"``, ``"state"`` or ``"readout"``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -1699,6 +1755,20 @@ def chunk_delta_fused_t0_fwd_mosaic(
     if split_order != SPLIT_DEFAULT_ORDER and not split_output:
         raise ValueError(f"split_order={split_order!r} orders the three-warpgroup kernel's "
                          f"output warpgroup: it needs split_output=True")
+    if split_protocol not in SPLIT_PROTOCOLS:
+        raise ValueError(f"split_protocol must be one of {SPLIT_PROTOCOLS}, "
+                         f"got {split_protocol!r}")
+    if split_protocol != SPLIT_DEFAULT_PROTOCOL:
+        if not split_output:
+            raise ValueError(f"split_protocol={split_protocol!r} is a barrier protocol of the "
+                             f"three-warpgroup kernel: it needs split_output=True")
+        if state_layout != "kv":
+            raise ValueError(f"split_protocol={split_protocol!r} is built for "
+                             f"state_layout='kv' only, got {state_layout=}")
+        if stages in ("io", "state", "readout"):
+            raise ValueError(f"split_protocol={split_protocol!r} needs both sides of the "
+                             f"split kernel: stages 'full', 'no_store' or 'nobar', got "
+                             f"{stages=}")
 
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
@@ -1717,7 +1787,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
                                **({"split_order": split_order, "depth": split_stages}
                                   if split_output else {}),
                                **({"state_layout": state_layout} if state_layout != "kv"
-                                  else {}))
+                                  else {}),
+                               **({"protocol": split_protocol}
+                                  if split_protocol != SPLIT_DEFAULT_PROTOCOL else {}))
     vk = state_layout == "vk"
     dtype = v.dtype
     sk = (dv, dk) if vk else (dk, dv)  # the state's layout inside the kernel
@@ -1769,6 +1841,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
             plgpu.Barrier(num_arrivals=1, num_barriers=depth),  # ag_ready: Ag over T0 written
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_ready: S, v_new published
             plgpu.Barrier(num_arrivals=1, num_barriers=2),  # s_free: both were read
+        ] + ([plgpu.Barrier(num_arrivals=1, num_barriers=2)]  # s_pub: S published ("early_s")
+             if split_protocol != SPLIT_DEFAULT_PROTOCOL else []) + [
             plgpu.Barrier(num_arrivals=1),  # io_bar: h0 landed
             plgpu.Barrier(num_arrivals=3),  # done: all warpgroups finished
         ]
@@ -1812,7 +1886,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=fused_t0_kernel_name(split_output=split_output, split_order=split_order,
                                          split_stages=split_stages, state_layout=state_layout,
-                                         stages=stages),
+                                         stages=stages, split_protocol=split_protocol),
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
     if vk:  # the kernel carries S^T: [B, H, V, K] in and out

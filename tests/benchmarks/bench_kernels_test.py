@@ -332,6 +332,42 @@ class MarkdownTest(absltest.TestCase):
         )
         self._assert_refused_before_running(refused)
 
+    def test_mosaic_t0_split_protocol_sets_the_split_options_or_is_refused(self):
+        # --mosaic_t0_split_protocol (MOSAIC_GPU.md Sec. 40) reaches
+        # chunk_delta_fused_t0_fwd_mosaic through kernel_mosaic_gpu.SPLIT_T0_OPTIONS, beside
+        # the order and the depth, with --mosaic_forward=fused_t0_split only.
+        from absl import flags
+        from absl.testing import flagsaver
+        from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as gdr_mosaic
+        if not flags.FLAGS.is_parsed():
+            flags.FLAGS.mark_as_parsed()
+        self.addCleanup(gdr_mosaic.SPLIT_T0_OPTIONS.clear)
+        self.addCleanup(gdr_mosaic.T0_OPTIONS.clear)
+        for protocol in ("early_s", "joint"):
+            with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"],
+                                     mosaic_forward="fused_t0_split",
+                                     mosaic_t0_split_order="state_ag", mosaic_t0_split_stages=3,
+                                     mosaic_t0_split_protocol=protocol):
+                want = {"split_order": "state_ag", "split_stages": 3,
+                        "split_protocol": protocol}
+                self.assertEqual(bench_kernels._apply_mosaic_t0(), want)
+                self.assertEqual(gdr_mosaic.SPLIT_T0_OPTIONS, want)
+                self.assertEqual(gdr_mosaic.T0_OPTIONS, {})
+        with flagsaver.flagsaver(peers=["mosaic"], ops=["gdn"], mosaic_forward="fused_t0_split",
+                                 mosaic_t0_split_protocol="early_s",
+                                 mosaic_t0_split_state_layout=["kv"]):
+            self.assertEqual(bench_kernels._apply_mosaic_t0(), {"split_protocol": "early_s"})
+        refused = (
+            (dict(mosaic_forward="fused_t0", mosaic_t0_split_protocol="early_s"),
+             "--mosaic_t0_split_protocol applies to --mosaic_forward=fused_t0_split only"),
+            (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_protocol="late_s"),
+             "--mosaic_t0_split_protocol=late_s: takes one of joint, early_s"),
+            (dict(mosaic_forward="fused_t0_split", mosaic_t0_split_protocol="early_s",
+                  mosaic_t0_split_state_layout=["kv", "vk"]),
+             "--mosaic_t0_split_protocol=early_s is built for the kv state layout only"),
+        )
+        self._assert_refused_before_running(refused)
+
     def test_mosaic_forward_without_the_mosaic_peer_is_refused(self):
         from absl import app, flags
         from absl.testing import flagsaver

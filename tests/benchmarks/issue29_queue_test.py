@@ -24,7 +24,7 @@ from tests.benchmarks import window_shims
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
-ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 autooff cw_state cw_grad cw_tests "
+ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff cw_state cw_grad cw_tests "
          "cw_gdn2 cw_slab").split()
 
 _BENCH_KERNELS = """import json, sys
@@ -165,7 +165,7 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_gpu_tests_paths_collect(self):
         argvs = self._calls("benchmarks/gpu_tests.py")
-        self.assertLen(argvs, 4)  # t0w, gva, autooff, cw_tests
+        self.assertLen(argvs, 5)  # t0w, gva, early, autooff, cw_tests
         for argv in argvs:
             result = _python(_GPU_TESTS, argv)
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])

@@ -59,6 +59,13 @@ dispatched, not run on a GPU yet).
   their own names, ``"full"`` leaves the production kernel's jaxpr alone, bad combinations are
   refused; ``SplitStagesInterpretTest`` (``slow``) checks what each stage computes
   (``state_ag``, three stages) against ``full``, the fp32 reference and a float64 read-out.
+* ``split_protocol="early_s"`` (MOSAIC_GPU.md Sec. 40: ``S_c`` announced on its own barrier
+  so the read-out's ``Q S_c`` is issued before ``v_new`` exists): CI runs the protocol model
+  with it (and finds the two races it guards against), exports it for CUDA (K = V = 128 bf16,
+  ``state_ag``, three stages: the 227 KB limit), checks that ``"joint"`` is the default's jaxpr
+  and the refusals; ``SplitProtocolInterpretTest`` and ``FusedT0SplitInterpretTest``
+  (``slow``) check it against the reference and bit for bit against the default in every
+  order; ``LoweringSlowTest`` exports the other orders.
 * ``GpuTest`` (``gpu``) runs the compiled kernels on a Hopper GPU at realistic rows.
 
 The interpreted kernels hang on a 2-core host unless XLA's CPU pool is larger (BUILD.md,
@@ -178,9 +185,11 @@ def _check_t0(test, k, beta, seg, t0, gate=None):
 def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0, docs,
                         dtype=jnp.bfloat16, *, seed=0, interpret=True, allclose=True,
                         split_output=False, split_order=kfused.SPLIT_DEFAULT_ORDER,
-                        split_stages=kfused.STAGES, state_layout="kv"):
+                        split_stages=kfused.STAGES, state_layout="kv",
+                        split_protocol=kfused.SPLIT_DEFAULT_PROTOCOL):
     """The ``T0`` kernel then the fused ``T0`` kernel (all stores on; three warpgroups with
-    ``split_output``, in ``split_order``, with a ``split_stages``-deep ring) against the
+    ``split_output``, in ``split_order``, with a ``split_stages``-deep ring and
+    ``split_protocol``) against the
     token-serial reference. Returns the relative RMS errors."""
     q, k, v, g, beta, state, seg = _inputs(batch, seq_len, heads, kv_heads, dk, dv, decay, h0,
                                            docs, dtype, seed=seed)
@@ -189,7 +198,8 @@ def _check_fused_kernel(test, batch, seq_len, heads, kv_heads, dk, dv, decay, h0
     o, final, v_new, h = kfused.chunk_delta_fused_t0_fwd_mosaic(
         q, k, v, t0, g, beta, scale=scale, initial_state=state, segment_ids=seg,
         store_v_new=True, store_h=True, split_output=split_output, interpret=interpret,
-        split_order=split_order, split_stages=split_stages, state_layout=state_layout)
+        split_order=split_order, split_stages=split_stages, state_layout=state_layout,
+        split_protocol=split_protocol)
     want_o, want_final, want_u = gdn_test._reference(q, k, v, g, beta, state, seg, scale)
     want_h = gdn_test._reference_chunk_states(k, v, g, beta, state, seg)
     test.assertEqual((o.shape, o.dtype), (v.shape, v.dtype))
@@ -288,9 +298,9 @@ _FORWARD_CASES = (
 
 
 def _check_split_variants_bit_equal(test, inputs, interpret, variants=None):
-    """Every ``(split_order, split_stages[, state_layout])`` of ``variants`` (default: all
-    orders and depths) of the split kernel (all stores on) gives the default's ``o``, final
-    state, ``v_new`` and ``h`` bit for bit."""
+    """Every ``(split_order, split_stages[, state_layout or a dict of further keyword
+    arguments])`` of ``variants`` (default: all orders and depths) of the split kernel (all
+    stores on) gives the default's ``o``, final state, ``v_new`` and ``h`` bit for bit."""
     q, k, v, g, beta, state, seg = inputs
     t0 = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=seg, interpret=interpret)
 
@@ -304,9 +314,10 @@ def _check_split_variants_bit_equal(test, inputs, interpret, variants=None):
     if variants is None:
         variants = [(order, depth) for order in kfused.SPLIT_ORDERS
                     for depth in kfused.SPLIT_STAGES]
-    for order, depth, *layout in variants:  # (order, depth[, state_layout])
-        got = run(split_order=order, split_stages=depth,
-                  state_layout=layout[0] if layout else "kv")
+    for order, depth, *layout in variants:  # (order, depth[, state_layout or kwargs])
+        extra = layout[0] if layout and isinstance(layout[0], dict) else {
+            "state_layout": layout[0] if layout else "kv"}
+        got = run(split_order=order, split_stages=depth, **extra)
         for name, a, b in zip(("o", "final_state", "v_new", "h"), got, default, strict=True):
             np.testing.assert_array_equal(np.asarray(a, np.float32), b,
                                           err_msg=f"{name}, {order}, {depth} stages {layout}")
@@ -372,15 +383,29 @@ class FusedT0SplitInterpretTest(parameterized.TestCase):
             self, _inputs(1, 300, 2, 1, 64, 64, 0.05, True, (64, 36, 30, 100)), True)
 
     @parameterized.named_parameters(
-        (f"{order}_s3_{name}", order, *case) for order in ("prepare_mid", "state_ag")
+        (f"{order}_s3{kfused._SPLIT_PROTOCOL_SUFFIX[protocol]}_{name}", order, protocol, *case)
+        for order, protocol in (("prepare_mid", "joint"), ("state_ag", "joint"),
+                                ("state_ag", "early_s"))
         for name, *case in (
             ("gva_h0_packed_partial_T150_K64_V128", 1, 150, 2, 1, 64, 128, 0.02, True,
              (64, 36, 30)),
             ("fp16_deltanet_h0_T100_K128_V64", 1, 100, 1, 1, 128, 64, None, True, None,
              jnp.float16)))
-    def test_fused_t0_split_sec17_s3_matches_reference(self, order, *case):
-        # Sec. 17's candidates against the fp32 token-serial reference (all stores on).
-        _check_fused_kernel(self, *case, split_output=True, split_order=order, split_stages=3)
+    def test_fused_t0_split_sec17_s3_matches_reference(self, order, protocol, *case):
+        # Sec. 17's candidates against the fp32 token-serial reference (all stores on); and
+        # state_ag with Sec. 40's split_protocol="early_s" (..._state_ag_s3_es_...).
+        _check_fused_kernel(self, *case, split_output=True, split_order=order, split_stages=3,
+                            split_protocol=protocol)
+
+    def test_split_protocol_early_s_gives_identical_outputs(self):
+        # Sec. 40: the same products, Q S_c issued on its own barrier: bit for bit against
+        # the default, in every order at the depth each is meant for (T 300: five chunks, the
+        # three-stage ring and the published halves wrap; documents inside chunks; h0; GVA).
+        _check_split_variants_bit_equal(
+            self, _inputs(1, 300, 2, 1, 64, 64, 0.05, True, (64, 36, 30, 100)), True,
+            variants=[(order, depth, {"split_protocol": "early_s"}) for order, depth in (
+                ("state_ag", 3), ("state_ag", 2), ("readout_first", 2), ("prepare_first", 2),
+                ("prepare_mid", 3), ("shared_mask", 2))])
 
     @parameterized.named_parameters(
         ("state_ag_s3_gva_h0_packed_partial_T150_K64_V128", "state_ag", 3, 1, 150, 2, 1, 64,
@@ -512,7 +537,8 @@ def _check_t0_w_kernel_exports(test, dk, kv_heads=1, deltanet=False):
 def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
                                    split_order=kfused.SPLIT_DEFAULT_ORDER,
                                    split_stages=kfused.STAGES, dtype=jnp.bfloat16,
-                                   deltanet=False, kv_heads=1, state_layout="kv"):
+                                   deltanet=False, kv_heads=1, state_layout="kv",
+                                   split_protocol=kfused.SPLIT_DEFAULT_PROTOCOL):
     q, k, v, g, beta, state, seg = _inputs(1, 200, 2, kv_heads, dk, dv,
                                            None if deltanet else 0.2, True, (70, 30), dtype)
     t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
@@ -521,7 +547,8 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
         return kfused.chunk_delta_fused_t0_fwd_mosaic(
             q, k, v, t0, g, beta, scale=0.1, initial_state=state, segment_ids=seg,
             store_v_new=stores, store_h=stores, split_output=split_output,
-            split_order=split_order, split_stages=split_stages, state_layout=state_layout)
+            split_order=split_order, split_stages=split_stages, state_layout=state_layout,
+            split_protocol=split_protocol)
 
     exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
         q, k, v, t0, g, beta, state, seg)
@@ -538,9 +565,10 @@ def _check_fused_t0_kernel_exports(test, dk, dv, stores, split_output=False,
                      split_output and split_order == "state_ag")
     test.assertEqual("_s3" in text, split_output and split_stages == 3)
     test.assertEqual("_vk" in text, state_layout == "vk")
+    test.assertEqual("_es" in text, split_protocol == "early_s")
 
 
-def _split_protocol(order, depth, num_chunks, stages="full"):
+def _split_protocol(order, depth, num_chunks, stages="full", protocol="joint"):
     """The barrier waits (``"W"``) and arrivals (``"A"``) of ``_split_t0_kernel``'s three
     warpgroups in program order, as ``(kind, name, chunk)`` (``kfused._SPLIT_PROTOCOL``; the
     eleven TMA copies of a stage are one arrival on ``in_bar`` here, ``in_free`` takes two),
@@ -552,7 +580,14 @@ def _split_protocol(order, depth, num_chunks, stages="full"):
     wait for the stage and release it), ``"state"`` (the output warpgroup waits ``s_ready``,
     reads the published ``v_new`` and releases ``s_free`` and the stage it never reads),
     ``"readout"`` (the state warpgroup publishes the landed ``v`` per chunk after ``s_free``
-    two back and ``in_bar``; ``S`` once, before the loop, outside the model)."""
+    two back and ``in_bar``; ``S`` once, before the loop, outside the model).
+
+    ``protocol="early_s"`` (``kfused.SPLIT_PROTOCOLS``, stages ``"full"`` only here): ``pub``
+    splits into ``pub_s`` (``S``, written and announced on ``s_pub`` first) and ``pub_v``
+    (``v_new``, written before ``s_ready``); the output warpgroup starts reading ``pub_s``
+    after ``W s_pub`` and ``pub_v`` after ``W s_ready``, and ends both reads (one ``wgmma``
+    wait) before ``s_free``."""
+    early = protocol == "early_s"
     memory = []
     for i in range(num_chunks):
         memory += [("W", "in_free", i - depth)] if i >= depth else []
@@ -571,10 +606,11 @@ def _split_protocol(order, depth, num_chunks, stages="full"):
                       ("A", "s_ready", n), ("A", "in_free", n)]
             continue
         state += [("W", "s_free", n - 2)] if n >= 2 else []
-        state += [("X", "pub", n), ("W", "in_bar", n), ("R", "ring", n)]
+        state += ([("X", "pub_s", n), ("A", "s_pub", n)] if early else [("X", "pub", n)])
+        state += [("W", "in_bar", n), ("R", "ring", n)]
         state += [("X", "ag", n)] if order == "state_ag" else [("W", "ag_ready", n)]
-        state += [("R", "ag", n), ("A", "s_ready", n), ("E", "ag", n), ("E", "ring", n),
-                  ("A", "in_free", n)]
+        state += [("R", "ag", n)] + ([("X", "pub_v", n)] if early else [])
+        state += [("A", "s_ready", n), ("E", "ag", n), ("E", "ring", n), ("A", "in_free", n)]
     state += [("W", "s_free", n) for n in range(max(num_chunks - 2, 0), num_chunks)]
 
     def prepare(m):
@@ -590,6 +626,10 @@ def _split_protocol(order, depth, num_chunks, stages="full"):
         nxt = prepare(n + 1) if n + 1 < num_chunks else []
         read_state = [("W", "s_ready", n), ("R", "pub", n), ("E", "pub", n), ("A", "s_free", n),
                       ("E", "ring", n), ("A", "in_free", n)]
+        if early:  # Q S_c on s_pub, P v_new on s_ready, one wait for both products
+            read_state = [("W", "s_pub", n), ("R", "pub_s", n), ("W", "s_ready", n),
+                          ("R", "pub_v", n), ("E", "pub_s", n), ("E", "pub_v", n),
+                          ("A", "s_free", n), ("E", "ring", n), ("A", "in_free", n)]
         if order == "state_ag":  # the read-out only, after its own wait for the stage
             output += [("W", "in_bar", n), ("R", "ring", n)] + read_state
         else:  # read_scores(n): no barrier, reads ring n (held since prepare(n))
@@ -598,24 +638,29 @@ def _split_protocol(order, depth, num_chunks, stages="full"):
     return [wg + [("A", "done", 0), ("W", "done", 0)] for wg in (state, output, memory)]
 
 
-def _check_split_protocol(test, seeds=100, stages="full", orders=kfused.SPLIT_ORDERS):
+def _check_split_protocol(test, seeds=100, stages="full", orders=kfused.SPLIT_ORDERS,
+                          protocol="joint"):
     """Runs :func:`_split_protocol` under random schedules (every order, both ring depths, 1
     to 7 chunks) on mbarriers with phase parity. Checked whenever an event is next in its
     warpgroup, so under every schedule, not only the sampled ones: a wait must not find its
     slot a full phase further (the parity back where it waited: it would hang on the GPU),
     an arrival must not land before the slot's previous phase completed, a buffer must not
     be written before the reads of its previous use ended (two readers of a stage, one of
-    the others) nor read before its write. Each sampled schedule must run to its end."""
+    the others) nor read before its write. Each sampled schedule must run to its end.
+    ``protocol``: ``"joint"`` or ``"early_s"`` (:func:`_split_protocol`)."""
     arrivals = {"in_free": 2, "done": 3}
-    readers = {"ring": 2, "ag": 1, "pub": 1}
+    readers = {"ring": 2, "ag": 1, "pub": 1, "pub_s": 1, "pub_v": 1}
     for order in orders:
         for depth in kfused.SPLIT_STAGES:
             slots = {"in_bar": depth, "in_free": depth, "ag_ready": depth, "s_ready": 2,
-                     "s_free": 2, "done": 1, "ring": depth, "ag": depth, "pub": 2}
+                     "s_free": 2, "done": 1, "ring": depth, "ag": depth, "pub": 2,
+                     "s_pub": 2, "pub_s": 2, "pub_v": 2}
             for num_chunks in range(1, 8):
                 for seed in range(seeds):
                     rng = np.random.default_rng(seed)
-                    programs = _split_protocol(order, depth, num_chunks, stages)
+                    programs = _split_protocol(order, depth, num_chunks, stages,
+                                               **({} if protocol == "joint" else
+                                                  {"protocol": protocol}))
                     pcs, count, written, ended = [0, 0, 0], {}, set(), {}
                     while any(pc < len(p) for pc, p in zip(pcs, programs)):
                         ready = []
@@ -845,6 +890,43 @@ class LoweringTest(parameterized.TestCase):
             with self.assertRaisesRegex(AssertionError, "still read"):
                 _check_split_protocol(self, seeds=2)
 
+    def test_split_protocol_early_s_cannot_deadlock(self):
+        # split_protocol="early_s" (MOSAIC_GPU.md Sec. 40): s_pub announces S_c before v_new
+        # exists; every order, both depths, 1 to 7 chunks: no deadlock, no lapped phase, no
+        # published S or v_new overwritten while read or read before written.
+        _check_split_protocol(self, seeds=60, protocol="early_s")
+
+    def test_split_protocol_early_s_check_finds_races(self):
+        # The model of "early_s" catches the two mistakes the protocol guards against: the
+        # output warpgroup issuing P v_new on s_pub alone (v_new read before it is written),
+        # and the state warpgroup announcing S_c before writing it.
+        model = _split_protocol
+
+        def without_v_new_wait(order, depth, num_chunks, stages="full", protocol="joint"):
+            state, output, memory = model(order, depth, num_chunks, stages, protocol)
+            return [state, [e for e in output if e[:2] != ("W", "s_ready")], memory]
+
+        def announced_early(order, depth, num_chunks, stages="full", protocol="joint"):
+            state, *others = model(order, depth, num_chunks, stages, protocol)
+            writes = [i for i, e in enumerate(state) if e[:2] == ("X", "pub_s")]
+            for i in writes:  # A s_pub before X pub_s
+                state[i], state[i + 1] = state[i + 1], state[i]
+            return [state] + others
+
+        for broken in (without_v_new_wait, announced_early):
+            with absltest.mock.patch.object(sys.modules[__name__], "_split_protocol", broken):
+                with self.assertRaisesRegex(AssertionError, "unwritten"):
+                    _check_split_protocol(self, seeds=3, protocol="early_s",
+                                          orders=("state_ag",))
+
+    def test_fused_t0_split_early_s_kernel_exports_for_cuda(self):
+        # split_protocol="early_s" at K = V = 128 bf16, state_ag with three stages, GVA, h0,
+        # documents, all stores: the 227 KB limit with the two extra mbarriers (Mosaic GPU's
+        # count 228,488 bytes against 228,472 for "joint", 2026-12-06).
+        _check_fused_t0_kernel_exports(self, 128, 128, True, split_output=True,
+                                       split_order="state_ag", split_stages=3, kv_heads=2,
+                                       split_protocol="early_s")
+
     @parameterized.named_parameters(*_FWD_CI)
     def test_forward_fused_t0_exports_for_cuda(self, **variant):
         _check_forward_exports(self, **variant)
@@ -858,6 +940,18 @@ class LoweringTest(parameterized.TestCase):
 # class: absl's parameterized copies of a method do not keep a method-level mark.
 @pytest.mark.slow
 class LoweringSlowTest(parameterized.TestCase):
+
+    @parameterized.named_parameters(
+        ("prepare_mid_s3_K128_V128", dict(dk=128, dv=128, split_order="prepare_mid",
+                                          split_stages=3)),
+        ("readout_first_s2_K64_V64_fp16_deltanet",
+         dict(dk=64, dv=64, dtype=jnp.float16, deltanet=True)),
+        ("shared_mask_s2_K128_V64_nostores", dict(dk=128, dv=64, stores=False,
+                                                  split_order="shared_mask")))
+    def test_fused_t0_split_early_s_kernel_exports_for_cuda(self, variant):
+        # split_protocol="early_s" in the other orders, depths, head dims and dtypes.
+        _check_fused_t0_kernel_exports(self, **{"stores": True, **variant}, split_output=True,
+                                       split_protocol="early_s")
 
     @parameterized.named_parameters(
         ("readout_first_s2_K128_V128", dict(dk=128, dv=128)),
@@ -992,6 +1086,11 @@ class FusedT0StagesTest(parameterized.TestCase):
         kgd.SPLIT_T0_OPTIONS["state_layout"] = "vk"
         jax.clear_caches()
         self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_vk", jaxpr("fused_t0_split"))
+        # bench_kernels.py --mosaic_t0_split_protocol=early_s (MOSAIC_GPU.md Sec. 40)
+        kgd.SPLIT_T0_OPTIONS.update(state_layout="kv", split_order="state_ag", split_stages=3,
+                                    split_protocol="early_s")
+        jax.clear_caches()
+        self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_sa_s3_es", jaxpr("fused_t0_split"))
 
     def test_split_stages_two_is_the_default_and_names_the_variants(self):
         q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
@@ -1012,6 +1111,51 @@ class FusedT0StagesTest(parameterized.TestCase):
         prepare_mid = jaxpr(split_order="prepare_mid")
         self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_pm", prepare_mid)
         self.assertNotIn("_s3", prepare_mid)
+
+    def test_split_protocol_joint_is_the_default_and_early_s_differs(self):
+        # MOSAIC_GPU.md Sec. 40: "joint" is the default's jaxpr (every order at three stages,
+        # interpreted and not); "early_s" differs and carries its own kernel name.
+        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
+        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
+        for interpret in (False, True):
+            def jaxpr(**kw):
+                return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
+                    *a, scale=0.1, initial_state=state, segment_ids=seg, interpret=interpret,
+                    split_output=True, split_stages=3, **kw))(q, k, v, t0, g, beta))
+
+            for order in ("state_ag", "readout_first"):
+                default = jaxpr(split_order=order)
+                self.assertEqual(jaxpr(split_order=order, split_protocol="joint"), default)
+                early = jaxpr(split_order=order, split_protocol="early_s")
+                self.assertNotEqual(early, default)
+                suffix = kfused._SPLIT_ORDER_SUFFIX[order]
+                name = f"gdn_chunk_delta_fused_t0_fwd_split{suffix}_s3"
+                self.assertIn(f"{name}_es", early)
+                self.assertIn(name, default)
+                self.assertNotIn(f"{name}_es", default)
+        self.assertEqual(kfused.fused_t0_kernel_name(
+            split_output=True, split_order="state_ag", split_stages=3,
+            split_protocol="early_s", stages="nobar"),
+            "gdn_chunk_delta_fused_t0_fwd_split_sa_s3_es_abl_nobar")
+
+    def test_rejects_unknown_or_unsupported_split_protocol(self):
+        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
+        with self.assertRaisesRegex(ValueError, "split_protocol must be one of"):
+            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_protocol="late_s")
+        with self.assertRaisesRegex(ValueError, "split_protocol='early_s' .* needs "
+                                                "split_output=True"):
+            fn(q, k, v, t0, g, beta, scale=0.1, split_protocol="early_s")
+        with self.assertRaisesRegex(ValueError, "split_protocol='early_s' .* "
+                                                "state_layout='kv' only"):
+            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_protocol="early_s",
+               state_layout="vk")
+        for stages in ("io", "state", "readout"):
+            with self.assertRaisesRegex(ValueError, "split_protocol='early_s' needs both "
+                                                    f"sides.*stages='{stages}'"):
+                fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_order="state_ag",
+                   split_protocol="early_s", stages=stages)
 
     def test_rejects_unknown_or_unsplit_split_stages(self):
         q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
@@ -1227,6 +1371,21 @@ def _readout_float64(q, k, v, g, state, seg, scale):
                 out[b, rows, h] = scale * ((conn * np.exp(gc))[:, None] * (qh @ s0[b, h])
                                            + ((qh @ kh.T) * dmat) @ vf[b, rows, h])
     return out
+
+
+# Interpreted, slow like every interpreted Mosaic GPU test (BUILD.md: the interpreter's barrier
+# callbacks can hang a 2-core host; 7.4 s alone on 2 cores, 2026-12-06): the smallest
+# split_protocol="early_s" case (MOSAIC_GPU.md Sec. 40) against the fp32 reference; the others
+# are in FusedT0SplitInterpretTest. CI has the protocol model, the export, the jaxpr, refusals.
+@pytest.mark.slow
+class SplitProtocolInterpretTest(absltest.TestCase):
+
+    def test_early_s_state_ag_s3_matches_reference(self):
+        # state_ag with three stages, T 130 (three chunks, the last partial: both published
+        # halves are reused), GVA 2:1, h0, a document starting inside chunk 0; all stores on.
+        _check_fused_kernel(self, 1, 130, 2, 1, 64, 64, 0.05, True, (40,),
+                            split_output=True, split_order="state_ag", split_stages=3,
+                            split_protocol="early_s")
 
 
 # Interpreted (slow; PJRT_NPROC=8 as the module docstring says): what the split stages compute.
@@ -1480,6 +1639,26 @@ class GpuTest(kmg_test.HopperTestCase):
             self, _inputs(1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200),
                           seed=5), False,
             variants=[("state_ag", 3), ("prepare_mid", 3), ("state_ag", 2), ("shared_mask", 2)])
+
+    @parameterized.named_parameters(*_GPU_KERNEL_CASES)
+    def test_fused_t0_split_early_s_kernel_matches_reference(self, *case):
+        # MOSAIC_GPU.md Sec. 40: split_protocol="early_s" (Q S_c on its own barrier), state_ag
+        # with three stages, against the fp32 reference, all stores on.
+        errs = _check_fused_kernel(self, *case, seed=5, interpret=False, allclose=False,
+                                   split_output=True, split_order="state_ag", split_stages=3,
+                                   split_protocol="early_s")
+        print(f"early_s sa_s3 {self.id()}: " + ", ".join(f"{k} {v:.3e}"
+                                                         for k, v in errs.items()))
+
+    def test_fused_t0_split_early_s_is_bit_equal(self):
+        # Sec. 40: the same products in the same accumulators, only the barrier Q S_c waits
+        # on moves: bit for bit at a realistic row (64 chunks, documents, h0, GVA).
+        early = {"split_protocol": "early_s"}
+        _check_split_variants_bit_equal(
+            self, _inputs(1, 4090, 4, 2, 128, 128, 0.05, True, (700, 1, 64, 999, 1200),
+                          seed=5), False,
+            variants=[("state_ag", 3, early), ("readout_first", 2, early),
+                      ("prepare_mid", 3, early)])
 
     @parameterized.named_parameters(
         (f"{order}_s{depth}_{name}", order, depth, *case)
