@@ -211,9 +211,9 @@ class ModelTest(parameterized.TestCase):
 
     def test_mosaic_gpu_implementation_builds_the_mosaic_kernels_into_the_train_step(self):
         # model.gdn / model.deltanet.implementation="mosaic_gpu": on a (patched) Hopper GPU the
-        # loss and its gradient, lowered for CUDA on this host, run each layer's op as the seven
-        # Mosaic GPU kernels (forward three, backward four; routing's residual u included);
-        # off a GPU the call names why it cannot run.
+        # loss and its gradient, lowered for CUDA on this host, run each layer's op as Mosaic
+        # GPU kernels (routing's residual u included); off a GPU the call names why it cannot
+        # run.
         for section, cls, layer in (("gdn", config_lib.GatedDeltaNetConfig, "gdn"),
                                     ("deltanet", config_lib.DeltaNetConfig, "deltanet")):
             with self.assertRaisesRegex(config_lib.ConfigError,
@@ -237,9 +237,14 @@ class ModelTest(parameterized.TestCase):
             with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
                 text = jax.jit(jax.value_and_grad(loss)).trace(params).lower(
                     lowering_platforms=("cuda",)).as_text()
-            # forward: WY, state pass, read-out; backward (mosaic_vjp's defaults): the reverse
-            # pass forming dv_local ("fold"), T0, the fused chunk-local kernel ("fused_ws")
-            self.assertEqual(text.count("custom_call @mosaic_gpu"), 6, msg=section)
+            # mosaic_vjp's defaults at T 128 (one piece, no three-pass fallback): forward
+            # "fused_t0", the T0 kernel (also forming the backward's W) and the fused state and
+            # output kernel; backward, the reverse pass forming dv_local ("fold") and the fused
+            # chunk-local kernel ("fused_ws") with the forward's T0
+            self.assertEqual(text.count("custom_call @mosaic_gpu"), 4, msg=section)
+            for name in ("gdn_chunk_kkt_inverse_subst_split_w", "gdn_chunk_delta_fused_t0_fwd",
+                         "gdn_chunk_delta_dh_fold", "gdn_chunk_bwd_fused_ws"):
+                self.assertTrue(name in text, msg=f"{section}: {name}")
 
     def test_split_projections_same_values_and_gradients(self):
         # model.split_projections forms each column block of the fused projections (GDN's
