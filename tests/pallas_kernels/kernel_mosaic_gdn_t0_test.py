@@ -991,6 +991,20 @@ class LoweringSlowTest(parameterized.TestCase):
         _check_grad_exports(self, **variant)
 
 
+def _t0_fwd_jaxpr(**fixed):
+    """``jaxpr(**kw)``: the jaxpr text of ``chunk_delta_fused_t0_fwd_mosaic`` on one fixed case
+    (B 1, T 150, H 2, Hk 1, K 64, V 128, gated, ``h0``, two documents; ``t0`` zeros: only the
+    trace matters) with ``fixed`` and ``kw`` as its static options."""
+    q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
+    t0 = jnp.zeros((1, 150, 2, C), k.dtype)
+
+    def jaxpr(**kw):
+        return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
+            *a, scale=0.1, initial_state=state, segment_ids=seg, **fixed, **kw))(
+                q, k, v, t0, g, beta))
+    return jaxpr
+
+
 def _check_stage_exports(test, stages, dk, dv, dtype=jnp.bfloat16, h0=True, docs=(70, 30)):
     q, k, v, g, beta, state, seg = _inputs(1, 200, 2, 1, dk, dv, 0.2, h0, docs, dtype)
     t0 = kgd.kkt_inverse_xla(k, beta, segment_ids=seg).astype(k.dtype)
@@ -1029,13 +1043,8 @@ class FusedT0StagesTest(parameterized.TestCase):
         _check_stage_exports(self, stages, dk, dv, dtype, h0, docs)
 
     def test_full_is_the_default_and_nobar_only_drops_the_barriers(self):
-        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
-        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
         for interpret in (False, True):
-            def jaxpr(**kw):
-                return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
-                    *a, scale=0.1, initial_state=state, segment_ids=seg, interpret=interpret,
-                    **kw))(q, k, v, t0, g, beta))
+            jaxpr = _t0_fwd_jaxpr(interpret=interpret)
 
             default = jaxpr()
             self.assertEqual(jaxpr(stages="full"), default)
@@ -1049,13 +1058,8 @@ class FusedT0StagesTest(parameterized.TestCase):
                 self.assertNotEqual(jaxpr(stages=stages), default)
 
     def test_split_order_readout_first_is_the_default_and_prepare_first_differs(self):
-        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
-        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
         for interpret in (False, True):
-            def jaxpr(**kw):
-                return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
-                    *a, scale=0.1, initial_state=state, segment_ids=seg, interpret=interpret,
-                    split_output=True, **kw))(q, k, v, t0, g, beta))
+            jaxpr = _t0_fwd_jaxpr(interpret=interpret, split_output=True)
 
             default = jaxpr()
             self.assertEqual(jaxpr(split_order="readout_first"), default)
@@ -1093,13 +1097,7 @@ class FusedT0StagesTest(parameterized.TestCase):
         self.assertIn("gdn_chunk_delta_fused_t0_fwd_split_sa_s3_es", jaxpr("fused_t0_split"))
 
     def test_split_stages_two_is_the_default_and_names_the_variants(self):
-        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
-        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
-
-        def jaxpr(**kw):
-            return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
-                *a, scale=0.1, initial_state=state, segment_ids=seg, split_output=True,
-                **kw))(q, k, v, t0, g, beta))
+        jaxpr = _t0_fwd_jaxpr(split_output=True)
 
         default = jaxpr()
         self.assertEqual(jaxpr(split_stages=2), default)
@@ -1115,13 +1113,8 @@ class FusedT0StagesTest(parameterized.TestCase):
     def test_split_protocol_joint_is_the_default_and_early_s_differs(self):
         # MOSAIC_GPU.md Sec. 40: "joint" is the default's jaxpr (every order at three stages,
         # interpreted and not); "early_s" differs and carries its own kernel name.
-        q, k, v, g, beta, state, seg = _inputs(1, 150, 2, 1, 64, 128, 0.2, True, (70, 30))
-        t0 = jnp.zeros((1, 150, 2, C), k.dtype)
         for interpret in (False, True):
-            def jaxpr(**kw):
-                return str(jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
-                    *a, scale=0.1, initial_state=state, segment_ids=seg, interpret=interpret,
-                    split_output=True, split_stages=3, **kw))(q, k, v, t0, g, beta))
+            jaxpr = _t0_fwd_jaxpr(interpret=interpret, split_output=True, split_stages=3)
 
             for order in ("state_ag", "readout_first"):
                 default = jaxpr(split_order=order)
