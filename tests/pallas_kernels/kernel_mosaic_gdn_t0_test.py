@@ -991,6 +991,15 @@ class LoweringSlowTest(parameterized.TestCase):
         _check_grad_exports(self, **variant)
 
 
+def _t0_fwd_call(**kw):
+    """``chunk_delta_fused_t0_fwd_mosaic`` on one small case (B 1, T 64, H 2, Hk 1, K = V = 64,
+    gated, no ``h0`` or documents; ``t0`` zeros) with ``kw`` as its options: the refusal
+    tests' call."""
+    q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
+    t0 = jnp.zeros((1, 64, 2, C), k.dtype)
+    return kfused.chunk_delta_fused_t0_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, **kw)
+
+
 def _t0_fwd_jaxpr(**fixed):
     """``jaxpr(**kw)``: the jaxpr text of ``chunk_delta_fused_t0_fwd_mosaic`` on one fixed case
     (B 1, T 150, H 2, Hk 1, K 64, V 128, gated, ``h0``, two documents; ``t0`` zeros: only the
@@ -1132,64 +1141,48 @@ class FusedT0StagesTest(parameterized.TestCase):
             "gdn_chunk_delta_fused_t0_fwd_split_sa_s3_es_abl_nobar")
 
     def test_rejects_unknown_or_unsupported_split_protocol(self):
-        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
-        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
-        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
         with self.assertRaisesRegex(ValueError, "split_protocol must be one of"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_protocol="late_s")
+            _t0_fwd_call(split_output=True, split_protocol="late_s")
         with self.assertRaisesRegex(ValueError, "split_protocol='early_s' .* needs "
                                                 "split_output=True"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_protocol="early_s")
+            _t0_fwd_call(split_protocol="early_s")
         with self.assertRaisesRegex(ValueError, "split_protocol='early_s' .* "
                                                 "state_layout='kv' only"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_protocol="early_s",
-               state_layout="vk")
+            _t0_fwd_call(split_output=True, split_protocol="early_s", state_layout="vk")
         for stages in ("io", "state", "readout"):
             with self.assertRaisesRegex(ValueError, "split_protocol='early_s' needs both "
                                                     f"sides.*stages='{stages}'"):
-                fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_order="state_ag",
-                   split_protocol="early_s", stages=stages)
+                _t0_fwd_call(split_output=True, split_order="state_ag",
+                             split_protocol="early_s", stages=stages)
 
     def test_rejects_unknown_or_unsplit_split_stages(self):
-        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
-        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
-        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
         with self.assertRaisesRegex(ValueError, "split_stages must be one of"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_stages=4)
+            _t0_fwd_call(split_output=True, split_stages=4)
         with self.assertRaisesRegex(ValueError, "split_stages=3 .* needs split_output=True"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_stages=3)
+            _t0_fwd_call(split_stages=3)
 
     def test_rejects_unknown_or_unsplit_split_order(self):
-        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
-        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
-        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
         with self.assertRaisesRegex(ValueError, "split_order must be one of"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, split_order="ahead")
+            _t0_fwd_call(split_output=True, split_order="ahead")
         with self.assertRaisesRegex(ValueError, "needs split_output=True"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_order="prepare_first")
+            _t0_fwd_call(split_order="prepare_first")
 
     def test_rejects_unknown_or_unsplit_state_layout(self):
-        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
-        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
-        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
         with self.assertRaisesRegex(ValueError, "state_layout must be one of"):
-            fn(q, k, v, t0, g, beta, scale=0.1, split_output=True, state_layout="kvt")
+            _t0_fwd_call(split_output=True, state_layout="kvt")
         with self.assertRaisesRegex(ValueError, "state_layout='vk' .* needs split_output=True"):
-            fn(q, k, v, t0, g, beta, scale=0.1, state_layout="vk")
+            _t0_fwd_call(state_layout="vk")
 
     def test_rejects_unknown_or_combined_stages(self):
-        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
-        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
-        fn = kfused.chunk_delta_fused_t0_fwd_mosaic
         with self.assertRaisesRegex(ValueError, "stages must be one of"):
-            fn(q, k, v, t0, g, beta, scale=0.1, stages="gram")
+            _t0_fwd_call(stages="gram")
         for kw in (dict(store_v_new=True), dict(store_h=True),
                    dict(store_h=True, split_output=True, split_order="state_ag")):
             with self.assertRaisesRegex(ValueError, "timing ablation without extra outputs"):
-                fn(q, k, v, t0, g, beta, scale=0.1, stages="state", **kw)
+                _t0_fwd_call(stages="state", **kw)
         with self.assertRaisesRegex(ValueError, "'readout' is an ablation of the three-warpgroup"
                                                 ".* needs split_output=True"):
-            fn(q, k, v, t0, g, beta, scale=0.1, stages="readout")
+            _t0_fwd_call(stages="readout")
 
 
 # Interpreted (slow; PJRT_NPROC=8 as the module docstring says): what the stages compute.
@@ -1314,11 +1307,7 @@ class SplitStagesTest(parameterized.TestCase):
                     self.assertNotEqual(jaxpr(stages=stage), default, f"{order} {stage}")
 
     def test_rejects_bad_combinations(self):
-        q, k, v, g, beta, _, _ = _inputs(1, 64, 2, 1, 64, 64, 0.1, False, None)
-        t0 = jnp.zeros((1, 64, 2, C), k.dtype)
-
-        def fn(**kw):
-            kfused.chunk_delta_fused_t0_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, **kw)
+        fn = _t0_fwd_call
 
         split = dict(split_output=True, split_order="state_ag", split_stages=3)
         with self.assertRaisesRegex(ValueError, "'v_new' is an ablation of the two-warpgroup "
