@@ -492,27 +492,25 @@ class TrainBinaryTest(parameterized.TestCase):
         # It called the checkpoint unreadable, advised moving it away, and wrote a config.json
         # of the wrong width, which then refused the right command. evaluate.py on a workdir
         # whose config.json describes another model says the same in one line.
-        # The run at TINY_RUN's width (configs/default.py's 128: the programs the file's other
-        # runs compile, from the compilation cache), the start at 64.
         workdir = os.path.join(self.create_tempdir().full_path, "run")
-        result = run_train("--workdir=" + workdir, *TINY_RUN)
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.model.d_model=64")
         self.assertEqual(result.returncode, 0, result.stderr)
         with open(os.path.join(workdir, "config.json")) as f:
             good_config = f.read()
         os.remove(os.path.join(workdir, "config.json"))
-        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.model.d_model=64")
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.model.d_model=32")
         path = os.path.join(workdir, "checkpoints")
         self.assertEqual(result.returncode, 1)
         self.assertEqual(result.stderr.strip().splitlines()[-1], (
             f"error: the checkpoint at step 4 in {path} is of a different model (its parameter "
             f"tree/shapes do not match this config: params/blocks/0/mixer/out_proj/kernel has "
-            f"shape (128, 128) there, (64, 64) here (and 23 more)); use the options it was "
+            f"shape (64, 64) there, (32, 32) here (and 23 more)); use the options it was "
             f"trained with or a new --workdir"))
         self.assertNotIn("Traceback", result.stderr)
         self.assertFalse(os.path.exists(os.path.join(workdir, "config.json")))
         self.assertCountEqual(os.listdir(path), ["2", "4"])  # nothing set aside
         with open(os.path.join(workdir, "config.json"), "w") as f:
-            f.write(good_config.replace('"d_model": 128', '"d_model": 64'))
+            f.write(good_config.replace('"d_model": 64', '"d_model": 32'))
         evaluate = binary_runs.run(
             [sys.executable, os.path.join(ROOT, "experiments", "evaluate.py"),
              "--checkpoint=" + workdir, "--tasks=perplexity",
@@ -522,15 +520,16 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertEqual(evaluate.stderr.strip().splitlines()[-1], (
             f"error: the checkpoint at step 4 in {path} is of a different model (its parameter "
             f"tree/shapes do not match this config: params/blocks/0/mixer/out_proj/kernel has "
-            f"shape (128, 128) there, (64, 64) here (and 23 more)); {workdir}/config.json does "
+            f"shape (64, 64) there, (32, 32) here (and 23 more)); {workdir}/config.json does "
             f"not describe the model it holds"))
         os.remove(os.path.join(workdir, "config.json"))
-        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.train.total_steps=6")
+        result = run_train("--workdir=" + workdir, *TINY_RUN, "--config.model.d_model=64",
+                           "--config.train.total_steps=6")
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertIn(f"Resuming from the checkpoint at step 4 in {path}", result.stdout
                       + result.stderr)
         with open(os.path.join(workdir, "config.json")) as f:
-            self.assertEqual(json.load(f)["model"]["d_model"], 128)
+            self.assertEqual(json.load(f)["model"]["d_model"], 64)
 
     @pytest.mark.slow  # two processes of one JAX distributed run (~8 s alone on 2 cores)
     def test_sigterm_to_one_process_of_two_stops_both_at_one_step(self):
