@@ -62,8 +62,10 @@ _GPU_TESTS = """import json, sys
 from absl import flags
 from benchmarks import gpu_tests as g
 g._define_flags()
-rest = flags.FLAGS(["gpu_tests.py"] + json.loads(sys.stdin.read()))
-print(json.dumps(dict(marker=g._MARKER.value, paths=rest[1:])))
+for argv in json.loads(sys.stdin.read()):
+    flags.FLAGS.unparse_flags()
+    rest = flags.FLAGS(["gpu_tests.py"] + argv)
+    print(json.dumps(dict(marker=g._MARKER.value, paths=rest[1:])))
 """
 
 _ARGPARSE = """import argparse, json, runpy, sys
@@ -166,14 +168,18 @@ class Issue29QueueTest(absltest.TestCase):
     def test_gpu_tests_paths_collect(self):
         argvs = self._calls("benchmarks/gpu_tests.py")
         self.assertLen(argvs, 5)  # t0w, gva, early, autooff, cw_tests
-        for argv in argvs:
-            result = _python(_GPU_TESTS, argv)
-            self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-            parsed = json.loads(result.stdout.strip().splitlines()[-1])
-            # one collection for all of a call's paths (each pytest start costs seconds), then
+        result = _python(_GPU_TESTS, argvs)  # one process parses every call's flags
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        parsed = [json.loads(line) for line in result.stdout.strip().splitlines()[-len(argvs):]]
+        self.assertLen(parsed, len(argvs))
+        paths = {}  # marker -> the paths of the calls with it
+        for call in parsed:
+            paths.setdefault(call["marker"], []).extend(call["paths"])
+        for marker, marked in paths.items():
+            # one collection for all paths of a marker (each pytest start costs seconds), then
             # each path on its own: none may select nothing
-            ids = _collected_ids(["-m", parsed["marker"]] + parsed["paths"])
-            for path in parsed["paths"]:
+            ids = _collected_ids(["-m", marker] + sorted(set(marked)))
+            for path in marked:
                 self.assertTrue(any(i == path or i.startswith(path + "::") for i in ids),
                                 f"{path} selects no test; collected: {sorted(ids)[:20]}")
 

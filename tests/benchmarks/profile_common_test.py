@@ -16,6 +16,7 @@ from absl.testing import absltest
 import numpy as np
 
 from benchmarks import common
+from tests import binary_runs
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SHARED = ("batch", "seq_len", "heads", "dk", "dv", "dtype", "variants", "iters", "check_heads",
@@ -121,6 +122,7 @@ class ProfileFlagsTest(absltest.TestCase):
         script = f"""
 import resource, signal
 from benchmarks import common
+from tests import binary_runs
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, not a kill
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
 try:
@@ -168,9 +170,9 @@ except OSError as e:
             self.assertEqual([d for d in defined if d in SHARED], [], name)
             self.assertIn("common.run_profile(", source, name)
             self.assertNotIn("common.run_variants(", source, name)
-            result = subprocess.run([sys.executable, path, "--help"], cwd=ROOT,
-                                    capture_output=True, text=True, timeout=120,
-                                    env=dict(os.environ, JAX_PLATFORMS="cpu"))
+            # (a fork of one process that imported the profilers' modules: tests/binary_runs.py)
+            result = binary_runs.run([sys.executable, path, "--help"],
+                                     env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
             expected = dict(HELP_DEFAULTS, **own)
             if name == "profile_t0":
                 del expected["dv"]

@@ -12,6 +12,7 @@ import sys
 
 from absl.testing import absltest
 
+from tests import binary_runs
 from tests.benchmarks import window_shims
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -75,9 +76,10 @@ class Table2WindowTest(absltest.TestCase):
         sweeps = [a[1:] for a in argvs if a[0] == "experiments/sweep.py"]
         self.assertLen(sweeps, 3)  # t7, ps, t2
         env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
-        for argv in sweeps:
-            dry = subprocess.run([sys.executable, "experiments/sweep.py"] + argv + ["--dry_run"],
-                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        # (one process imports sweep.py's modules; each dry run is a fork of it)
+        dries = binary_runs.run_many("experiments/sweep.py", [a + ["--dry_run"] for a in sweeps],
+                                     self.create_tempdir().full_path, env=env)
+        for argv, dry in zip(sweeps, dries):
             self.assertEqual(dry.returncode, 0, dry.stderr[-3000:])
             selected = re.search(r"(\d+) run\(s\) selected", dry.stdout)
             self.assertIsNotNone(selected, dry.stdout[-2000:])

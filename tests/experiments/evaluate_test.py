@@ -45,9 +45,11 @@ with open(os.path.join(DAMAGED_OUT, "results.json"), "w") as _f:
 
 def run(binary, *flags):
     """The binary with ``flags``, in a fork of a process that imported its modules once
-    (tests/binary_runs.py: a launch spent ~2.5 s importing jax and the library)."""
+    (tests/binary_runs.py: a launch spent ~2.5 s importing jax and the library), compiling
+    without most XLA optimizations (compile time on CPU; no test here checks numerics a
+    slower program would give otherwise)."""
     cmd = [sys.executable, os.path.join(ROOT, "experiments", binary), *flags]
-    return binary_runs.run(cmd)
+    return binary_runs.run(cmd, env=binary_runs.fast_compile_env())
 
 
 @pytest.mark.entry
@@ -303,16 +305,34 @@ class HeldOutValidationTest(absltest.TestCase):
     a corpus reshuffled in place (same size) put training documents into the "validation"
     perplexity, exit 0 and no word."""
 
+    @classmethod
+    def setUpClass(cls):
+        # One tiny run for the class, trained once; setUp puts its pristine copy (and the
+        # corpus's) back in place before each test, which may change both.
+        super().setUpClass()
+        cls.shared = tempfile.mkdtemp(prefix="held-out-")
+        os.makedirs(os.path.join(cls.shared, "data"))
+        cls.corpus = train_test.write_corpus(
+            os.path.join(cls.shared, "data"),
+            n_docs=int(np.random.default_rng().integers(30, 60)))
+        cls.workdir = os.path.join(cls.shared, "run")
+        train.train_and_evaluate(train_test.tiny_experiment(cls.corpus, total_steps=1),
+                                 cls.workdir, print_fn=lambda s: None)
+        shutil.copytree(cls.workdir, os.path.join(cls.shared, "pristine-run"))
+        shutil.copyfile(cls.corpus, os.path.join(cls.shared, "pristine-corpus.txt"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.shared, ignore_errors=True)
+        super().tearDownClass()
+
     def setUp(self):
         super().setUp()
         self.tmp = self.create_tempdir().full_path
         self.rng = np.random.default_rng()
-        os.makedirs(os.path.join(self.tmp, "data"))
-        self.corpus = train_test.write_corpus(os.path.join(self.tmp, "data"),
-                                              n_docs=int(self.rng.integers(30, 60)))
-        self.workdir = os.path.join(self.tmp, "run")
-        train.train_and_evaluate(train_test.tiny_experiment(self.corpus, total_steps=1),
-                                 self.workdir, print_fn=lambda s: None)
+        shutil.rmtree(self.workdir)
+        shutil.copytree(os.path.join(self.shared, "pristine-run"), self.workdir)
+        shutil.copyfile(os.path.join(self.shared, "pristine-corpus.txt"), self.corpus)
 
     def evaluate(self, name):
         return run("evaluate.py", f"--checkpoint={self.workdir}", "--tasks=perplexity",
@@ -389,8 +409,11 @@ class HeldOutValidationTest(absltest.TestCase):
             f"sys.argv = ['evaluate.py', '--checkpoint={self.workdir}', '--tasks=perplexity',\n"
             f"            '--output_dir={self.tmp}/unreadable']\n"
             "runpy.run_path('experiments/evaluate.py', run_name='__main__')\n")
-        result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                                cwd=ROOT, timeout=300)
+        path = os.path.join(self.tmp, "evaluate_unreadable.py")
+        with open(path, "w") as f:
+            f.write(script)
+        # Run as a binary would be by run(): in a fork of the process that imported its modules.
+        result = binary_runs.run([sys.executable, path], env=binary_runs.fast_compile_env())
         self.assertEqual(result.returncode, 1, result.stderr)
         self.assertEqual(result.stderr.strip(), (
             f"error: data.paths: {self.corpus} cannot be read (Permission denied)"))

@@ -126,12 +126,16 @@ def _outputs_and_grads(op, impl, inputs, segment_ids, cot_seed, residual):
     return outs, dict(zip(names, vjp(_cotangents(cot_seed, outs))))
 
 
+_reference_outputs_and_grads = jax.jit(_outputs_and_grads, static_argnums=(0, 1, 4, 5))
+
+
 def _check_against_reference(op, *, batch=1, seq_len=65, key_heads=2, heads=2, dim=64, decay=1.0,
                              segment_ids=None, residual=False, seed=0):
     """fp32 inputs: the kernels in interpret mode equal the fp32 reference to rounding
     (outputs, final state, u if ``residual``, every gradient)."""
     inputs, cot_seed = _inputs(seed, batch, seq_len, key_heads, heads, dim, decay=decay)
-    want = _outputs_and_grads(op, None, inputs, segment_ids, cot_seed, residual)
+    # The reference as one compiled program (op by op it compiled each small op on its own).
+    want = _reference_outputs_and_grads(op, None, inputs, segment_ids, cot_seed, residual)
     got = _outputs_and_grads(op, "pallas_interpret", inputs, segment_ids, cot_seed, residual)
     tol = tolerances.fwd_tol(jnp.float32)
     for name, a, e in zip(("o", "final_state", "u"), got[0], want[0]):

@@ -27,6 +27,8 @@ Hopper GPU. Run the interpreted cases one at a time under ``timeout`` when debug
 ``pytest -m slow tests/pallas_kernels/kernel_mosaic_gdn_bwd_test.py -k <case>``.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,8 +65,19 @@ def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0)
     DeltaNet) by ``jax.vjp`` of :func:`_chunk_form`."""
     q, k, v, g, beta, state, seg = gdn_test._inputs(batch, seq_len, heads, kv_heads, dk, dv,
                                                     decay=decay, h0=h0, docs=docs, seed=seed)
-    w, u = gdn_test._wy(k, v, g, beta, seg)
     do, state_grad = _cotangents(seed + 11, v.shape, (batch, heads, dk, dv), dht)
+    args, want = _case_references(q, k, v, g, beta, state, seg, do, state_grad,
+                                  kv_heads=kv_heads)
+    return args, seg, dk ** -0.5, want
+
+
+@functools.partial(jax.jit, static_argnames=("kv_heads",))
+def _case_references(q, k, v, g, beta, state, seg, do, state_grad, kv_heads):
+    """:func:`_case`'s kernel inputs and reference gradients, as one compiled program (op by op
+    they compiled each small op on its own)."""
+    batch, seq_len, _, dk = k.shape
+    heads, dv = v.shape[2], v.shape[3]
+    w, u = gdn_test._wy(k, v, g, beta, seg)
     scale = dk ** -0.5
     n_chunks = -(-seq_len // C)
     qf, kf = gdn_test._expand(q, heads), gdn_test._expand(k, heads)
@@ -84,7 +97,7 @@ def _case(batch, seq_len, heads, kv_heads, dk, dv, decay, h0, dht, docs, seed=0)
     bf = jnp.bfloat16
     args = (q, k, v_new.astype(bf), do, dvn.astype(bf), g, h.astype(bf), dh.astype(bf))
     want = (dq, dk_, dw, None if g is None else dg)
-    return args, seg, scale, want
+    return args, want
 
 
 def _check(test, got, want):

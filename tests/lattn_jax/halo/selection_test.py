@@ -560,7 +560,7 @@ class SelectionSeparatesLayersTest(absltest.TestCase):
         held = selection.heldout_csr_items(os.path.join(root, "eval"), per_task=4,
                                            hellaswag_exclude=((4, 1234),))
         csr_probe = selection.CsrProbe({t: h.docs for t, h in held.items()}, tok,
-                                       batch_size=16, bucket=256, max_len=256)
+                                       batch_size=16, bucket=128, max_len=256)
         prompts = selection.niah_recall_prompts(
             tok, tasks=("niah_single_2",), lengths=(512,), depths=(25.0, 75.0), count=4,
             seed=1, essays_dir=os.path.join(root, "niah", "PaulGrahamEssays"))
