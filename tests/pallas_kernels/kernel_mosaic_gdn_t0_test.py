@@ -803,8 +803,6 @@ class LoweringTest(parameterized.TestCase):
             self.assertEqual(kernels(), ["gdn_chunk_delta_fused_t0_fwd"])
             # the op's default forward is the fused T0 one (DEFAULT_FORWARD, Sec. 38.1)
             self.assertEqual(kernels(None), ["gdn_chunk_delta_fused_t0_fwd"])
-            self.assertEqual(kernels("three_pass"), ["gdn_chunk_wy", "gdn_chunk_delta_h_pieces"])
-        self.assertEqual(kernels(None), ["gdn_chunk_wy", "gdn_chunk_delta_h_pieces"])
 
     @parameterized.named_parameters(("K128", dict(dk=128)),
                                     ("K64_gva_deltanet", dict(dk=64, kv_heads=2, deltanet=True)))
