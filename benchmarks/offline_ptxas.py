@@ -105,8 +105,9 @@ with few CTAs, e.g. ``--batch=1 --seq_len=32768``), ``gdn_bwd_grads``
 (``chunk_delta_grads_mosaic``), ``gdn_wy_bwd`` (``chunk_wy_bwd_mosaic``). Options after ``:``:
 ``infer`` (the primal alone: the fused GDN kernels then store neither ``h`` nor ``v_new``),
 ``nog`` (``g=None``: the same modules, the ops pass zero gates), and for
-``gdn_fused_t0_split`` a ``split_order``, ``s3`` (``split_stages=3``) and ``vk``
-(``state_layout="vk"``, Sec. 35): ``gdn_fused_t0_split:prepare_mid:s3``. ``k2gdn2``: K2
+``gdn_fused_t0_split`` a ``split_order``, ``s3`` (``split_stages=3``), ``vk``
+(``state_layout="vk"``, Sec. 35) and ``es`` (``split_protocol="early_s"``, Sec. 40):
+``gdn_fused_t0_split:prepare_mid:s3``. ``k2gdn2``: K2
 as GDN-2 calls it (``ks`` per channel, fp32 ``[B, T, H, K]``). ``--dk=64 --dv=64`` runs them
 at K = V = 64; an entry the kernels do not take prints "not exported". Where the H200's ptxas
 figures exist for an entry at the run's shape (:data:`H200_ENTRIES`), its line shows them.
@@ -604,8 +605,9 @@ OP_DV_LOCALS = {"gdn_bwd_dh_fold": "fold", "gdn_bwd_dh_fold_pieces": "fold",
 # Options after ":" (any order): "infer" (the primal alone, as at inference: the fused GDN
 # kernels then store neither h nor v_new), "nog" (g=None: linear attention, DeltaNet), and for
 # gdn_fused_t0_split a split order of kernel_mosaic_gpu_fused.SPLIT_ORDERS, "s3" (three ring
-# stages) and "vk" (state_layout="vk": the state carried transposed, MOSAIC_GPU.md Sec. 35).
-OP_OPTIONS = ("infer", "nog", "s3", "vk")
+# stages), "vk" (state_layout="vk": the state carried transposed, MOSAIC_GPU.md Sec. 35) and
+# "es" (split_protocol="early_s": S_c announced on its own barrier, Sec. 40).
+OP_OPTIONS = ("infer", "nog", "s3", "vk", "es")
 # --kernels=all: every kernel in the ops' default configurations, plus the inference forwards
 # of the fused GDN kernels, the split kernel's other orders and GDN-2's K2 (per-channel fp32
 # ks). Not ":nog": with g=None the ops pass zero gates (mosaic_gpu_lib.chunk_cumsum), so DeltaNet
@@ -682,7 +684,7 @@ def setmaxnreg(ptx: str) -> List[str]:
 
 def parse_op_entry(name: str) -> Tuple[str, str, Tuple[str, ...], Dict]:
     """``(op, forward, kernel patterns, options)`` of an :data:`OP_KERNELS` entry with its
-    ``:`` options (``infer``, ``nog``, a split order, ``s3``)."""
+    ``:`` options (``infer``, ``nog``, a split order, ``s3``, ``vk``, ``es``)."""
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_fused as kfused
     base, *opts = name.split(":")
     if base not in OP_KERNELS:
@@ -698,6 +700,8 @@ def parse_op_entry(name: str) -> Tuple[str, str, Tuple[str, ...], Dict]:
             options["split"]["split_stages"] = 3
         elif base == "gdn_fused_t0_split" and opt == "vk":
             options["split"]["state_layout"] = "vk"
+        elif base == "gdn_fused_t0_split" and opt == "es":
+            options["split"]["split_protocol"] = "early_s"
         else:
             raise ValueError(f"{name!r}: unknown option {opt!r} (options: {OP_OPTIONS}, and "
                              f"for gdn_fused_t0_split {kfused.SPLIT_ORDERS})")

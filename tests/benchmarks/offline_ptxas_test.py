@@ -110,6 +110,14 @@ class OfflinePtxasTest(absltest.TestCase):
         self.assertEqual(options["split"], dict(split_order="state_ag", state_layout="vk"))
         self.assertTrue(offline_ptxas._matches("gdn_chunk_delta_fused_t0_fwd_split_sa_vk",
                                                patterns))
+        _, _, patterns, options = offline_ptxas.parse_op_entry(
+            "gdn_fused_t0_split:state_ag:s3:es")  # MOSAIC_GPU.md Sec. 40
+        self.assertEqual(options["split"], dict(split_order="state_ag", split_stages=3,
+                                                split_protocol="early_s"))
+        self.assertTrue(offline_ptxas._matches("gdn_chunk_delta_fused_t0_fwd_split_sa_s3_es",
+                                               patterns))
+        with self.assertRaisesRegex(ValueError, "unknown option"):
+            offline_ptxas.parse_op_entry("gdn_fused_t0:es")
         with self.assertRaisesRegex(ValueError, "unknown option"):
             offline_ptxas.parse_op_entry("gdn_wy:s3")
         with self.assertRaisesRegex(ValueError, "unknown option"):
