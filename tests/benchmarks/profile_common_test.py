@@ -122,7 +122,6 @@ class ProfileFlagsTest(absltest.TestCase):
         script = f"""
 import resource, signal
 from benchmarks import common
-from tests import binary_runs
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG, not a kill
 resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
 try:
