@@ -210,7 +210,8 @@ class AttentionConfig:
 
 
 # Gated DeltaNet / DeltaNet: "pallas" forces the Triton kernels, "mosaic_gpu" the Mosaic GPU
-# kernels (Hopper; "auto" does not pick them yet: pallas_kernels.common.mosaic_gpu.AUTO_OFF).
+# kernels (Hopper; "auto" picks them for Gated DeltaNet where they can run, not yet for
+# DeltaNet: pallas_kernels.common.mosaic_gpu.AUTO_OFF).
 _DELTA_IMPLEMENTATIONS = ("auto", "chunked", "reference", "pallas", "mosaic_gpu")
 
 

@@ -28,6 +28,9 @@ raises where an explicit ``"mosaic_gpu"`` would.
 Measured (H200, Lightning, bf16, kernel time; ``benchmarks/results/
 mosaic-gpu-h200-2026-12-02b.md``): forward+backward 1.51x faster than the Triton kernels at
 S1 and 1.70x at S2/P1. The forward alone is 1.44x faster at S2/P1 but 0.76x at S1.
+Gated DeltaNet (H100, bf16, kernel time; ``benchmarks/results/mosaic-gpu-h100-2026-12-06f.md``):
+forward+backward 1.60x / 1.51x / 1.46x and forward 1.53x / 1.36x / 1.43x the Triton kernels'
+speed at S1 / S2 / P1.
 """
 
 from typing import Optional, Sequence
@@ -41,19 +44,19 @@ MOSAIC_IMPLEMENTATIONS = ("mosaic_gpu", "mosaic_gpu_interpret")
 # "auto" tries the Mosaic GPU kernels first on Hopper-or-newer GPUs; off: straight to Triton.
 AUTO_SELECT = True
 # op name -> why "auto" does not pick its Mosaic GPU kernels yet (logged once); an explicit
-# implementation="mosaic_gpu" runs them. Drop an entry when the H200's same-run table
+# implementation="mosaic_gpu" runs them. Drop an entry when a Hopper GPU's same-run table
 # (benchmarks/bench_kernels.py) times the op faster than its Triton kernels, fwd and fwd+bwd,
 # at S1, S2 and P1, and its `gpu`-marked tests (benchmarks/gpu_tests.py) pass on that code.
-_GDN_NOT_FASTER = (
-    "Gated DeltaNet's Mosaic GPU op is timed faster than its Triton kernels at S1 and S2 "
-    "(H200, fwd+bwd 2.422 vs 2.652 and 2.857 vs 3.827 ms, "
-    "benchmarks/results/mosaic-gpu-h200-2026-12-05b.md) but not yet at P1, and its gpu-marked "
-    "tests have not run on this code")
+# Gated DeltaNet left on 2026-12-06 (H100, benchmarks/results/mosaic-gpu-h100-2026-12-06f.md:
+# fwd+bwd 1.60x / 1.51x / 1.46x, fwd 1.53x / 1.36x / 1.43x the Triton kernels' speed at S1 /
+# S2 / P1; the 14 gpu tests of the op and its VJP passed).
+_DELTANET_NOT_TIMED = (
+    "DeltaNet's Mosaic GPU op (Gated DeltaNet's kernels without the decay) passes its gpu-marked "
+    "tests but is not yet timed against its Triton kernels at S1, S2 and P1 (Gated DeltaNet's "
+    "is, and is auto's choice: benchmarks/results/mosaic-gpu-h100-2026-12-06f.md)")
 AUTO_OFF = {
-    "gated_delta_rule": _GDN_NOT_FASTER,
-    # DeltaNet: the same kernels without the decay (not timed apart), dispatched under its own
-    # name so that delta_rule's errors and log lines name it.
-    "delta_rule": _GDN_NOT_FASTER,
+    # DeltaNet: dispatched under its own name, so that delta_rule's errors and log lines name it.
+    "delta_rule": _DELTANET_NOT_TIMED,
 }
 MIN_COMPUTE_CAPABILITY = (9, 0)
 SUPPORTED_HEAD_DIMS = (64, 128)

@@ -61,9 +61,10 @@ and 2 are one kernel: the reverse state pass
 ``dv_local`` never reaches HBM and its launch is gone; same roundings, same results.
 
 Dispatch: :func:`pallas_kernels.gated_delta_rule.api.gated_delta_rule` runs this op for
-``implementation="mosaic_gpu"`` (``"mosaic_gpu_interpret"``: interpret mode); ``"auto"`` keeps
-the Triton kernels until the H200 times this op faster
-(:data:`pallas_kernels.common.mosaic_gpu.AUTO_OFF`).
+``implementation="mosaic_gpu"`` (``"mosaic_gpu_interpret"``: interpret mode), and for
+``"auto"`` on Hopper where the call fits (since 2026-12-06, timed faster than the Triton kernels
+at S1, S2 and P1 on an H100); ``delta_rule``'s ``"auto"`` keeps the Triton kernels until its own
+table is timed (:data:`pallas_kernels.common.mosaic_gpu.AUTO_OFF`).
 
 Status (2026-12-05): tested in interpret mode against ``jax.vjp`` of
 ``chunked.gated_delta_rule_chunked`` and exported for CUDA with its backward

@@ -340,22 +340,52 @@ class GdnDispatchTest(absltest.TestCase):
         super().setUp()
         validation._logged.clear()
 
-    def test_auto_keeps_gdn_on_triton_and_logs_why(self):
+    def test_auto_picks_mosaic_for_gdn_on_hopper_and_logs_it(self):
+        # Gated DeltaNet left AUTO_OFF after the H100 table of 2026-12-06f: on a (patched)
+        # Hopper GPU with bf16 q, k, v, K = V = 64, chunk 64 and T 128, "auto" and None pick the
+        # Mosaic GPU kernels and say so once.
         q, k, v = _qkv()
+        self.assertNotIn("gated_delta_rule", mosaic_gpu.AUTO_OFF)
         with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
                 mock.patch.object(jax, "default_backend", return_value="gpu"), \
                 self.assertLogs(level="INFO") as logs:
-            got = mosaic_gpu.choose_implementation("gated_delta_rule", None, ("chunked",),
+            for impl in (None, "auto"):
+                self.assertEqual(
+                    mosaic_gpu.choose_implementation("gated_delta_rule", impl, ("chunked",),
+                                                     (q, k, v), (64, 64), 64, 128),
+                    "mosaic_gpu")
+        self.assertIn(":gated_delta_rule: using the Mosaic GPU kernels (compute capability 9.0)",
+                      "\n".join(logs.output))
+        # An entry (the way an op is held back) sends auto to the Triton kernels, logging why.
+        validation._logged.clear()
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
+                mock.patch.object(jax, "default_backend", return_value="gpu"), \
+                mock.patch.dict(mosaic_gpu.AUTO_OFF, {"gated_delta_rule": "held back: a test"}), \
+                self.assertLogs(level="INFO") as logs:
+            got = mosaic_gpu.choose_implementation("gated_delta_rule", "auto", ("chunked",),
                                                    (q, k, v), (64, 64), 64, 128)
         self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
-        self.assertIn("not using the Mosaic GPU kernels: "
-                      + mosaic_gpu.AUTO_OFF["gated_delta_rule"], "\n".join(logs.output))
-        # Dropping the entry (after an H200 run that times it faster) hands auto to Mosaic.
-        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
-                mock.patch.dict(mosaic_gpu.AUTO_OFF, clear=True):
-            self.assertEqual(
-                mosaic_gpu.choose_implementation("gated_delta_rule", "auto", ("chunked",),
-                                                 (q, k, v), (64, 64), 64, 128), "mosaic_gpu")
+        self.assertIn("not using the Mosaic GPU kernels: held back: a test",
+                      "\n".join(logs.output))
+
+    def test_auto_keeps_gdn_on_triton_where_the_mosaic_kernels_cannot_run(self):
+        # Each reason auto leaves the Mosaic kernels for on a Hopper GPU: fp32 operands, a head
+        # dim of 256, chunk size 128, T shorter than a chunk; and an A100 (compute capability
+        # 8.0). None of these raise: auto hands over to the Triton dispatch.
+        q, k, v = _qkv()
+        f32 = tuple(x.astype(jnp.float32) for x in (q, k, v))
+        cases = [("fp32", f32, (64, 64), 64, 128, (9, 0)),
+                 ("head dim", (q, k, v), (256, 64), 64, 128, (9, 0)),
+                 ("chunk", (q, k, v), (64, 64), 128, 128, (9, 0)),
+                 ("short T", (q, k, v), (64, 64), 64, 32, (9, 0)),
+                 ("A100", (q, k, v), (64, 64), 64, 128, (8, 0))]
+        for name, arrays, dims, chunk, seq_len, cc in cases:
+            with self.subTest(name), \
+                    mock.patch.object(mosaic_gpu, "compute_capability", return_value=cc), \
+                    mock.patch.object(jax, "default_backend", return_value="gpu"):
+                got = mosaic_gpu.choose_implementation("gated_delta_rule", "auto", ("chunked",),
+                                                       arrays, dims, chunk, seq_len)
+                self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
 
     def test_public_ops_reject_explicit_mosaic_that_cannot_run(self):
         q, k, v = _qkv()
