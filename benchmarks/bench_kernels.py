@@ -76,9 +76,9 @@ _SHAPES = flags.DEFINE_list("shapes", ["S1", "S2", "P1"], "Shapes: S1, S2, P1 or
 _PASSES = flags.DEFINE_list("passes", ["fwd", "fwdbwd"], "Passes: fwd, fwdbwd.")
 _PEERS = flags.DEFINE_list("peers", ["ours", "chunked", "jla", "fla"],
                            "Implementations: ours (auto dispatch), chunked, jla, fla, and "
-                           "mosaic (our Mosaic GPU kernels of issue 29, not dispatched yet: "
-                           "lightning, gdn and deltanet, forward and backward; Hopper "
-                           "or newer).")
+                           "mosaic (our Mosaic GPU kernels of issue 29, called directly, "
+                           "whatever auto picks: lightning, gdn and deltanet, forward and "
+                           "backward; Hopper or newer).")
 
 # What the Mosaic GPU kernels (pallas_kernels/simple_gla/kernel_mosaic_gpu.py and
 # pallas_kernels/gated_delta_rule/kernel_mosaic_gpu.py) cover so far: op -> passes.
@@ -1047,7 +1047,8 @@ def markdown(records, versions, command):
              "(on a GPU: the Pallas GPU kernels for all five, KDA and GDN2 since "
              "common.channelwise_gpu.AUTO_SELECT was switched on on 2026-11-29, and for "
              "lightning the Mosaic GPU kernels on compute capability 9.0+ since "
-             "common.mosaic_gpu.AUTO_SELECT of 2026-12-02; on a TPU: the "
+             "common.mosaic_gpu.AUTO_SELECT of 2026-12-02, for gdn since it left "
+             "common.mosaic_gpu.AUTO_OFF on 2026-12-06; on a TPU: the "
              "Pallas TPU kernels for all five). The floors R are H200 floors; on a TPU recompute "
              "them from the chip's peak FLOP/s and HBM bandwidth (BUILD.md).", ""]
     gates = {r["op"]: r.get("gate_errors") for r in records if r["peer"] == "ours"}
@@ -1107,7 +1108,7 @@ def mosaic_lines(records):
 
     forwards = sorted({str(r.get("mosaic_forward")) for r in records if r["peer"] == "mosaic"
                        and r.get("mosaic_forward")})
-    lines = ["", "Our Mosaic GPU kernels (peer `mosaic`, issue 29; not dispatched yet), against "
+    lines = ["", "Our Mosaic GPU kernels (peer `mosaic`, issue 29, called directly), against "
                  "the dispatched kernels and jla. Ratios > 1 mean the Mosaic GPU kernel is "
                  "faster." + (f" Forward: `{', '.join(forwards)}` (`--mosaic_forward`)."
                               if forwards else ""), ""]
