@@ -25,6 +25,11 @@
 #               then early_s's six gpu tests (decision rule in Sec. 40)
 #   autooff 560 Sec. 31.8: the same-run table against our Triton kernels (S1, S2, P1) and the
 #               public op's gpu tests (decides mosaic_gpu.AUTO_OFF for GDN)
+#   autooff_dn 320  Sec. 34: DeltaNet's same-run table (S1, S2, P1; mosaic, jla, ours = Triton
+#               while delta_rule is in AUTO_OFF): decides DeltaNet's AUTO_OFF entry
+#   tp350 480   Sec. 34: GDN-pure 350M training throughput at the recipe's batch (128 x 4096,
+#               micro-batches of 16, 20 steps) with model.gdn.implementation=auto (the Mosaic
+#               kernels on Hopper since 2026-12-06f) and =pallas (Triton): issue 29's MFU target
 # The per-channel family (KDA, GDN-2; MOSAIC_GPU.md Sec. 37, decision rules there), after those:
 #   cw_state 320  Sec. 18.1: KDA's state passes mosaic vs triton, S1 then S2, fwd+bwd and fwd,
 #                 jla in the same processes
@@ -33,12 +38,13 @@
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
-# split1 on 2026-12-06c, prof_split on 2026-12-06d: pages
-# benchmarks/results/mosaic-gpu-h100-2026-12-06{b,c,d}.md); name items to run others.
+# split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
+# cw_grad, cw_gdn2 and cw_slab on 2026-12-06f: pages
+# benchmarks/results/mosaic-gpu-h100-2026-12-06{b,c,d,e,f}.md); name items to run others.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-split2 early autooff cw_state cw_grad cw_tests cw_gdn2 cw_slab}
+ITEMS=${*:-cw_state cw_tests autooff_dn tp350}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -51,6 +57,7 @@ LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
+  autooff_dn) echo 320;; tp350) echo 480;;
   cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;; *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -200,6 +207,28 @@ run_autooff() {
     --out=$O/next/gpu_tests $T/mosaic_gpu_dispatch_test.py \
     $T/kernel_mosaic_gdn_vjp_test.py::GpuTest; echo "gpu tests rc=$?"
   tail -25 $O/next/gpu_tests/summary.md
+}
+
+run_autooff_dn() {
+  mkdir -p $O/autooff_dn; local s=$SECONDS
+  timeout 300 python3 benchmarks/bench_kernels.py --ops=deltanet --peers=mosaic,jla,ours \
+    --passes=fwdbwd,fwd --shapes=S1,S2,P1 --iters=30 --warmup=5 --out=$O/autooff_dn/deltanet \
+    > $O/autooff_dn/deltanet.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate\|^- gate\|^- deltanet' $O/autooff_dn/deltanet.md | cut -c1-200
+  grep -a -h -E '^\| deltanet' $O/autooff_dn/deltanet.md | cut -c1-200
+}
+
+run_tp350() {  # GDN-pure 350M at the recipe's batch: auto (Mosaic on Hopper) against Triton
+  mkdir -p $O/tp350; local s=$SECONDS v x
+  for v in auto pallas; do
+    x="--config.data.val_fraction=0.05 --config.model.gdn.implementation=$v"
+    timeout 230 python3 benchmarks/train_throughput.py --out=$O/tp350/$v --presets=gdn_pure \
+      --steps=20 --log_every=5 --skip_windows=2 --batch_size=128 --micro_batch_size=16 \
+      --extra="$x" > $O/tp350/$v.log 2>&1; echo "tp350 $v rc=$? t=$((SECONDS-s))s"
+    grep -a -h -E '^\| gdn_pure' $O/tp350/$v/train_throughput.md | cut -c1-200
+    grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED|Mosaic GPU kernels' $O/tp350/$v.log \
+      | sort -u | head -3 | cut -c1-200
+  done
 }
 
 # ---- Sec. 37: the per-channel family's items (KDA, GDN-2), after Sec. 34's -------------------

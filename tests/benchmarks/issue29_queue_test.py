@@ -20,12 +20,13 @@ import tempfile
 
 from absl.testing import absltest
 
+from lattn_jax import config as config_lib
 from tests.benchmarks import window_shims
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
-ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff cw_state cw_grad cw_tests "
-         "cw_gdn2 cw_slab").split()
+ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn tp350 cw_state "
+         "cw_grad cw_tests cw_gdn2 cw_slab").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -152,6 +153,21 @@ class Issue29QueueTest(absltest.TestCase):
         for argv in argvs:
             result = _python(_ARGPARSE, ["benchmarks/bench_gva_loop.py"] + argv)
             self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+
+    def test_tp350_runs_the_throughput_binary_with_each_gdn_implementation(self):
+        argvs = self._calls("benchmarks/train_throughput.py")
+        self.assertLen(argvs, 2)  # tp350: auto, then pallas
+        for argv, impl in zip(argvs, ("auto", "pallas")):
+            result = _python(_ARGPARSE, ["benchmarks/train_throughput.py"] + argv)
+            self.assertEqual(result.stdout.strip(), "OK", result.stderr[-3000:])
+            extra = [a for a in argv if a.startswith("--extra=")]
+            self.assertEqual(extra, [f"--extra=--config.data.val_fraction=0.05 "
+                                     f"--config.model.gdn.implementation={impl}"])
+            self.assertIn("--batch_size=128", argv)
+            self.assertIn("--micro_batch_size=16", argv)
+        # both values are ones the model config accepts
+        self.assertIn("auto", config_lib._DELTA_IMPLEMENTATIONS)
+        self.assertIn("pallas", config_lib._DELTA_IMPLEMENTATIONS)
 
     def test_profile_fwd_flags_parse(self):
         argvs = self._calls("benchmarks/profile_fwd.py")
