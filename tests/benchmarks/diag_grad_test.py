@@ -1,0 +1,113 @@
+"""benchmarks/diag_grad.py (MOSAIC_GPU.md Sec. 41): the probes, the routes, the float64
+references with a pair mask, where an error is and which route explains it, the flag refusals,
+and (slow) one interpreted run of the binary: the same code path as on the GPU."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+from absl.testing import absltest
+
+from benchmarks import diag_grad, profile_grad
+from tests import binary_runs
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SHAPES = dict(tk=(1, 128, 2, 16), tv=(1, 128, 2, 64), ks=(1, 128, 2, 1), hs=(1, 2, 2, 16, 64))
+
+
+class DiagGradTest(absltest.TestCase):
+
+    def test_routes_partition_the_causal_pairs(self):
+        masks = diag_grad.route_masks()
+        i, j = np.indices((64, 64))
+        np.testing.assert_array_equal(sum(masks.values()), (j <= i) * 1.0)
+        self.assertEqual(masks["band"][10, 3], 1.0)  # 7 apart, same block
+        self.assertEqual(masks["past"][16, 8], 1.0)  # 8 apart, other block
+        self.assertEqual(masks["quad"][15, 7], 1.0)  # 8 apart, same block
+        self.assertEqual(masks["band"][16, 9], 1.0)  # 7 apart across a block edge
+
+    def test_route_probe_puts_dm_on_its_pairs_only(self):
+        for name in diag_grad.ROUTE_PROBES:
+            q, k, kr, ks, gamma, hs, dhs, do, vn, dr = diag_grad.make_probe(name, SHAPES)
+            chunk = slice(64, 128)  # the second chunk of batch row 0, head 1
+            dm = do[0, chunk, 1] @ vn[0, chunk, 1].T
+            np.testing.assert_array_equal(dm, do[0, chunk, 1, :64])
+            np.testing.assert_array_equal(dm != 0, diag_grad.route_masks()[name] != 0)
+            self.assertFalse(np.any(hs) or np.any(dhs))
+            np.testing.assert_allclose(kr, k * ks)
+            self.assertTrue(np.all(np.diff(gamma[0, :64], axis=0) <= 0))
+        _, _, _, _, gamma, *_ = diag_grad.make_probe("nodecay", SHAPES)
+        self.assertFalse(np.any(gamma))
+        self.assertFalse(np.any(diag_grad.make_probe("dmq", SHAPES)[-1]))
+        self.assertFalse(np.any(diag_grad.make_probe("state", SHAPES)[8]))
+        with self.assertRaisesRegex(ValueError, "probe 'x'"):
+            diag_grad.make_probe("x", SHAPES)
+
+    def test_route_shares_add_up_and_a_missing_route_is_named(self):
+        host = diag_grad.make_probe("random", SHAPES)
+        full = diag_grad.reference(host, 0.25)
+        zero = diag_grad.reference(host, 0.25, np.zeros((64, 64)))
+        shares = {r: diag_grad.reference(host, 0.25, m)
+                  for r, m in diag_grad.route_masks().items()}
+        for name in ("dq", "dk", "dks", "dg", "dk_m"):
+            total = zero[name] + sum(s[name] - zero[name] for s in shares.values())
+            np.testing.assert_allclose(total, full[name], rtol=1e-9, atol=1e-9)
+        one = profile_grad.grad_float64(*(x[0] for x in host), scale=0.25, heads=2)
+        np.testing.assert_array_equal(one["dg"], full["dg"][0])
+        share = {r: s["dq_m"] - zero["dq_m"] for r, s in shares.items()}
+        got = full["dq_m"] - share["quad"]
+        self.assertRegex(diag_grad.explain(got, full["dq_m"], share), r"^quad missing \(")
+        got = full["dq_m"] + share["past"]
+        self.assertRegex(diag_grad.explain(got, full["dq_m"], share), r"^past doubled")
+        self.assertEqual(diag_grad.explain(full["dq_m"] * 1.3, full["dq_m"], share), "")
+
+    def test_locate_finds_rows_channels_and_non_finite(self):
+        want = np.ones((2, 128, 2, 32))
+        got = want.copy()
+        got[1, 64 + 9, 0, 20] = np.inf
+        got[:, 8:16, :, 16:] += 1.0  # rows 8-15 of chunk 0, channel group 1
+        loc = diag_grad.locate(got, want, 1e-2)
+        self.assertEqual(loc["rows_over_tol"], "8-15")
+        self.assertEqual(loc["worst"][:4], [1, 73, 0, 20])
+        self.assertGreater(loc["by_col16"][1], 1e20)
+        self.assertLess(loc["by_col16"][0], 1e-2 * loc["by_col16"][1])
+        self.assertEqual(len(loc["by_row16"]), 16)
+        self.assertEqual(diag_grad._ranges([0, 1, 2, 5, 7, 8]), "0-2,5,7-8")
+
+    def test_selected_and_refusals(self):
+        runs, probes = diag_grad.selected(["k1", "k2:no_band"], ["16", "32"], ["band", "past"])
+        self.assertEqual([r[0] for r in runs], ["k1@16", "k1@32", "k2:no_band@16",
+                                                "k2:no_band@32"])
+        self.assertEqual(probes, ["band", "past"])
+        runs, probes = diag_grad.selected(list(diag_grad.DEFAULT_VARIANTS), ["16", "32"],
+                                          list(diag_grad.PROBES))
+        self.assertLen(runs, 8)
+        for variants, slabs, probes, msg in ((["k1:no_mma"], ["16"], ["band"], "reference"),
+                                             (["k1"], ["24"], ["band"], "not one of"),
+                                             (["k1"], ["16"], ["bandx"], "--probes entry"),
+                                             (["k1"], ["16"], ["band", "band"], "each probe")):
+            with self.assertRaisesRegex(profile_grad.VariantError, msg):
+                diag_grad.selected(variants, slabs, probes)
+
+    @pytest.mark.slow  # Mosaic GPU interpret mode, about 30 s on 2 cores
+    def test_interpreted_run_of_the_binary(self):
+        out = os.path.join(self.create_tempdir().full_path, "d")
+        env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, PJRT_NPROC="8")
+        cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "diag_grad.py"), "--interpret",
+               "--batch=1", "--seq_len=64", "--heads=1", "--dk=64", "--dv=64",
+               "--probes=random,quad,state", "--variants=k1,k2:no_band", "--slabs=16",
+               f"--out={out}"]
+        res = binary_runs.run(cmd, env=env)
+        self.assertEqual(res.returncode, 0, res.stderr[-3000:])
+        recs = [json.loads(x) for x in open(out + ".jsonl")]
+        self.assertEqual([(r["variant"], r["probe"], r["status"]) for r in recs],
+                         [(v, p, "PASS") for v in ("k1", "k2:no_band")
+                          for p in ("random", "quad", "state")])
+        self.assertIn("diag k2:no_band quad PASS dq", res.stdout)
+        self.assertTrue(recs[2]["outputs"]["dq"]["absolute"])  # K1 on "state": reference 0
+
+
+if __name__ == "__main__":
+    absltest.main()
