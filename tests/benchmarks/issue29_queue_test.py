@@ -24,8 +24,8 @@ from tests.benchmarks import window_shims
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
-ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff cw_state cw_grad cw_tests "
-         "cw_gdn2 cw_slab").split()
+ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff cw_state cw_diag cw_grad "
+         "cw_tests cw_gdn2 cw_slab").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -46,6 +46,15 @@ from benchmarks import profile_grad as p
 p._define_flags()
 flags.FLAGS(["profile_grad.py"] + json.loads(sys.stdin.read()))
 print(p.with_slabs(p.parse_variants(p._VARIANTS.value), p.parse_slabs(p._SLABS.value)))
+"""
+
+_DIAG_GRAD = """import json, sys
+from absl import flags
+from benchmarks import diag_grad as d
+d._define_flags()
+flags.FLAGS(["diag_grad.py"] + json.loads(sys.stdin.read()))
+runs, probes = d.selected(d._VARIANTS.value, d._SLABS.value, d._PROBES.value)
+print(json.dumps(dict(runs=[r[0] for r in runs], probes=probes, deadline=d._DEADLINE_S.value)))
 """
 
 _PROFILE_FWD = """import json, sys
@@ -145,6 +154,22 @@ class Issue29QueueTest(absltest.TestCase):
         for argv in argvs:
             result = _python(_PROFILE_GRAD, argv)
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+
+    def test_diag_grad_flags_parse(self):
+        argvs = self._calls("benchmarks/diag_grad.py")
+        self.assertLen(argvs, 1)  # cw_diag
+        result = _python(_DIAG_GRAD, argvs[0])
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        parsed = json.loads(result.stdout.strip().splitlines()[-1])
+        self.assertEqual(parsed["runs"][:4], ["k1@16", "k1@32", "k2@16", "k2@32"])
+        self.assertEqual(parsed["probes"][:3], ["random", "nodecay", "kda"])
+        self.assertLess(parsed["deadline"], 190)  # inside the item's timeout
+
+    def test_cw_diag_runs_after_cw_state_by_default(self):
+        with open(SCRIPT) as f:
+            default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", f.read()).group(1).split()
+        self.assertEqual(default[default.index("cw_state") + 1], "cw_diag")
+        self.assertNotEqual(default[0], "cw_diag")
 
     def test_bench_gva_loop_arguments_parse(self):
         argvs = self._calls("benchmarks/bench_gva_loop.py")
