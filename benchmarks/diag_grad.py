@@ -21,6 +21,8 @@ The probes (``--probes``; all use a chunk of 64 tokens and 16-row blocks as the 
   ``i - j >= 8``): ``Vn`` one-hot (``Vn[t] = e_{t mod 64}``), so ``dMq = scale dO[:, :64]``
   and ``dMk = -dR[:, :64]`` (masked), with ``dO``, ``dR`` zero off the route's pairs and no
   state terms (``S_0 = dS_C = 0``); mild decays as ``random``;
+* ``band0``, ``past0``, ``quad0``: the same routes with gamma = 0 (a route that fails with
+  decays and passes without them points at its decay factors, not at its products);
 * ``dmq`` (``dR = 0``: only ``dMq``, phase 1 of warpgroup 0) and ``dmk`` (``dO = 0``);
 * ``state``: ``Vn = 0``, so ``dM = 0`` and only K2's epilogue (state terms, ``dg``) is left
   (K1's reference is 0: its absolute error is printed).
@@ -58,8 +60,9 @@ import numpy as np  # noqa: E402
 
 CHUNK, SUB, HALF = 64, 16, 8
 NSUB = CHUNK // SUB
-PROBES = ("random", "nodecay", "kda", "diag", "band", "past", "quad", "dmq", "dmk", "state")
-ROUTE_PROBES = ("diag", "band", "past", "quad")
+PROBES = ("random", "nodecay", "kda", "diag", "band", "past", "quad", "band0", "past0",
+          "quad0", "dmq", "dmk", "state")
+ROUTE_PROBES = ("diag", "band", "past", "quad", "band0", "past0", "quad0")
 DEFAULT_VARIANTS = ("k1", "k2", "k1:no_band", "k2:no_band")
 # Ablations with a float64 reference (pairs removed): no_band keeps d = 0 and the far pairs.
 REFERENCED = {(): None, ("no_band",): "no_band"}
@@ -92,13 +95,13 @@ def make_probe(name: str, shapes: Dict, seed: int = 0) -> List[np.ndarray]:
         g = -np.logaddexp(0.0, -x)  # logsigmoid
     else:
         g = -0.1 * rng.uniform(size=shapes["tk"])
-    if name == "nodecay":
+    if name == "nodecay" or name.endswith("0"):
         g = np.zeros_like(g)
     gamma = np.cumsum(g.reshape(b, t // CHUNK, CHUNK, h, dk), axis=2).reshape(shapes["tk"])
     hs, dhs = (0.1 * rng.standard_normal(shapes["hs"]) for _ in range(2))
     do, vn, dr = (rng.standard_normal(shapes["tv"]) for _ in range(3))
     if name in ROUTE_PROBES:
-        mask = route_masks()[name]
+        mask = route_masks()[name.rstrip("0")]
         vn = np.zeros(shapes["tv"])
         rows = np.arange(t) % CHUNK
         vn[:, np.arange(t), :, rows] = 1.0  # Vn[t] = e_{t mod 64} (t first after the index)
