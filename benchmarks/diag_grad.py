@@ -7,8 +7,12 @@ at each of ``--slabs`` on a set of probe inputs at one small shape (default B 2,
 K = V = 128, bf16, a per-token ``ks``, one document per row). Every variant is compiled once;
 the probes are only new inputs. Each output is compared with the float64 evaluation of the
 kernel's equations (``profile_grad.grad_float64``; for ``no_band`` the same with the band's
-pairs ``1 <= i - j <= 7`` removed, which is what that ablation computes; the other ablations
-have no reference and are skipped).
+pairs ``1 <= i - j <= 7`` removed, which is what that ablation computes; the other timing
+ablations have no reference and are refused). K1's diagnostic taps (``k1:tap_inputs``,
+``k1:tap_factors``, ``k1:tap_band``; ``channelwise_grad_mosaic_gpu.K1_TAPS``) write phase-2
+values instead of gradients; they are compared with NumPy formulas of the same values
+(:func:`tap_reference`): the k and gamma tiles and each row's block-end gamma as loaded; the
+decay factors; the band's shifted k, band factor and coefficients.
 
 The probes (``--probes``; all use a chunk of 64 tokens and 16-row blocks as the kernels do):
 
@@ -63,7 +67,12 @@ NSUB = CHUNK // SUB
 PROBES = ("random", "nodecay", "kda", "diag", "band", "past", "quad", "band0", "past0",
           "quad0", "dmq", "dmk", "state")
 ROUTE_PROBES = ("diag", "band", "past", "quad", "band0", "past0", "quad0")
-DEFAULT_VARIANTS = ("k1", "k2", "k1:no_band", "k2:no_band")
+DEFAULT_VARIANTS = ("k1", "k2", "k1:tap_inputs", "k1:tap_factors", "k1:tap_band", "k1:no_band",
+                    "k2:no_band")
+# K1's diagnostic taps (channelwise_grad_mosaic_gpu.K1_TAPS): the names of their three outputs.
+TAP_OUTPUTS = {"tap_inputs": ("k", "gamma", "r_end"),
+               "tap_factors": ("to_end", "halfway", "past"),
+               "tap_band": ("k_shift", "band_exp", "coef")}
 # Ablations with a float64 reference (pairs removed): no_band keeps d = 0 and the far pairs.
 REFERENCED = {(): None, ("no_band",): "no_band"}
 COMPILE_EST_S = 12.0  # a variant's compile plus its probes on the GPU (about 4-6 s compile)
@@ -127,6 +136,38 @@ def reference(host: Sequence[np.ndarray], scale: float, pair_mask=None) -> Dict[
     return {n: np.stack([r[n] for r in rows]) for n in rows[0]}
 
 
+def tap_reference(tap: str, host: Sequence[np.ndarray], scale: float) -> Dict[str, np.ndarray]:
+    """float64 values of K1's tap ``tap`` (``[B, T, H, K]`` each, keyed by
+    :data:`TAP_OUTPUTS`): what phase 2 should have read or formed (the kernel's equations)."""
+    q, k, kr, ks, gamma, hs, dhs, do, vn, dr = host
+    b, t, h, c = k.shape
+    n = t // CHUNK
+    g = gamma.reshape(b, n, CHUNK, h, c)
+    kk = k.reshape(b, n, CHUNK, h, c)
+    rows = np.arange(CHUNK)
+    blk, second = rows // SUB, (rows % SUB >= HALF)[None, None, :, None, None]
+    ends, mids = g[:, :, SUB * blk + SUB - 1], g[:, :, SUB * blk + HALF - 1]
+    if tap == "tap_inputs":
+        vals = (kk, g, ends)
+    elif tap == "tap_factors":
+        past = sum(np.where((blk > j)[None, None, :, None, None],
+                            np.exp(np.minimum(g - g[:, :, SUB * j + SUB - 1][:, :, None], 0.0)),
+                            0.0) for j in range(NSUB - 1))
+        vals = (np.exp(ends - g), np.exp(np.where(second, g - mids, mids - g)), past)
+    else:
+        dmq = scale * np.einsum("bnihv,bnjhv->bnhij", do.reshape(b, n, CHUNK, h, -1),
+                                vn.reshape(b, n, CHUNK, h, -1)) * np.tri(CHUNK)
+        ksum, esum, csum = (np.zeros_like(g) for _ in range(3))
+        for d in range(1, HALF):
+            ksum[:, :, d:] += kk[:, :, :-d]
+            esum[:, :, d:] += np.exp(g[:, :, d:] - g[:, :, :-d])
+            row = np.diagonal(dmq, -d, axis1=3, axis2=4)  # dMq[i, i - d] at i - d: [b, n, h, 64-d]
+            csum[:, :, d:] += np.moveaxis(row, 2, 3)[..., None]
+            csum[:, :, :-d] -= np.moveaxis(row, 2, 3)[..., None]
+        vals = (ksum, esum, csum)
+    return {name: v.reshape(b, t, h, c) for name, v in zip(TAP_OUTPUTS[tap], vals)}
+
+
 def _ranges(idx: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
     out, start = [], None
@@ -186,12 +227,13 @@ def _fmt(xs) -> str:
     return "/".join(f"{x:.0e}" for x in xs)
 
 
-def check(label: str, probe: str, kernel: str, outs, want, shares, tol: float) -> Dict:
-    """One record (relative RMS, non-finite counts, where) and its printed lines."""
+def check(label: str, probe: str, checked, outs, want, shares, tol: float) -> Dict:
+    """One record (relative RMS, non-finite counts, where) and its printed lines. ``checked``:
+    ``(output name, reference key)`` per kernel output (``profile_grad.CHECKED``)."""
     from benchmarks import profile_grad
     rec = dict(variant=label, probe=probe, outputs={})
     bad = []
-    for (name, ref), x in zip(profile_grad.CHECKED[kernel], outs, strict=True):
+    for (name, ref), x in zip(checked, outs, strict=True):
         got = np.asarray(np.asarray(x, np.float32), np.float64)
         w = want[ref]
         nonfinite = int(np.sum(~np.isfinite(got)))
@@ -230,8 +272,9 @@ def _define_flags() -> None:
     _DV = flags.DEFINE_enum("dv", "128", ["64", "128"], "Value head dim V.")
     _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16"], "Operand dtype.")
     _VARIANTS = flags.DEFINE_list("variants", list(DEFAULT_VARIANTS),
-                                  "profile_grad.py variants; ablations: only no_band (the "
-                                  "others have no reference).")
+                                  "profile_grad.py variants (ablations: only no_band, the "
+                                  "others have no reference) and K1's taps (k1:tap_inputs, "
+                                  "k1:tap_factors, k1:tap_band).")
     _SLABS = flags.DEFINE_list("slabs", ["16", "32"], "Phase-2 slabs each variant runs at.")
     _PROBES = flags.DEFINE_list("probes", list(PROBES), f"Probe inputs, of {PROBES}.")
     _TOL = flags.DEFINE_float("tol", 1e-2, "Relative RMS that fails an output (and a row).")
@@ -242,18 +285,34 @@ def _define_flags() -> None:
 
 
 def selected(variants: Sequence[str], slabs: Sequence[str], probes: Sequence[str]):
-    """``(runs, probes)``: :func:`profile_grad.with_slabs` of the variants, and the probes.
+    """``(runs, probes)``: ``(label, kernel, ablations, slab)`` per variant and slab
+    (:func:`profile_grad.with_slabs`; ``k1:<tap>`` for K1's taps, :data:`TAP_OUTPUTS`), and
+    the probes.
 
     Raises:
       profile_grad.VariantError: a bad variant or slab, an ablation without a reference, an
         unknown or repeated probe.
     """
     from benchmarks import profile_grad as pg
-    runs = pg.with_slabs(pg.parse_variants(variants), pg.parse_slabs(slabs))
-    for label, _, ablations, _ in runs:
-        if tuple(ablations) not in REFERENCED:
-            raise pg.VariantError(f"--variants entry {label!r}: only {sorted(REFERENCED)} "
-                                  "have a float64 reference here")
+    parsed, seen = [], set()
+    for text in variants:
+        kernel, _, rest = text.strip().partition(":")
+        if rest in TAP_OUTPUTS:
+            if kernel != "k1":
+                raise pg.VariantError(f"--variants entry {text!r}: taps are K1's")
+            run = (text.strip(), kernel, (rest,))
+        else:
+            run = (text.strip(),) + pg.parse_variant(text)
+            if tuple(run[2]) not in REFERENCED:
+                raise pg.VariantError(f"--variants entry {text!r}: only {sorted(REFERENCED)} "
+                                      f"and the taps {sorted(TAP_OUTPUTS)} have a reference")
+        if run[1:] in seen:
+            raise pg.VariantError(f"--variants entry {text!r}: the same variant twice")
+        seen.add(run[1:])
+        parsed.append(run)
+    if not parsed:
+        raise pg.VariantError("--variants is empty")
+    runs = pg.with_slabs(parsed, pg.parse_slabs(slabs))
     probes = [p.strip() for p in probes]
     for p in probes:
         if p not in PROBES:
@@ -342,8 +401,15 @@ def main(argv: List[str]) -> None:
                     print(f"diag {label} {probe} run ERROR {type(e).__name__}: {str(e)[:300]}",
                           flush=True)
                     continue
-                want = p.ref("no_band" if "no_band" in ablations else "all")
-                rec = check(label, probe, kernel, outs, want, p.shares(ablations), _TOL.value)
+                tap = ablations[0] if ablations and ablations[0] in TAP_OUTPUTS else None
+                if tap:
+                    checked = [(n, n) for n in TAP_OUTPUTS[tap]]
+                    want, shares = tap_reference(tap, p.host, scale), None
+                else:
+                    checked = pg.CHECKED[kernel]
+                    want = p.ref("no_band" if "no_band" in ablations else "all")
+                    shares = p.shares(ablations)
+                rec = check(label, probe, checked, outs, want, shares, _TOL.value)
                 rec.update(kernel=kernel, ablations=list(ablations), slab=slab,
                            shape=[b, t, h, dk, dv], dtype=_DTYPE.value, jax=jax.__version__,
                            device=jax.devices()[0].device_kind)

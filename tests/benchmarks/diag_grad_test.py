@@ -85,13 +85,67 @@ class DiagGradTest(absltest.TestCase):
         self.assertEqual(probes, ["band", "past"])
         runs, probes = diag_grad.selected(list(diag_grad.DEFAULT_VARIANTS), ["16", "32"],
                                           list(diag_grad.PROBES))
-        self.assertLen(runs, 8)
+        self.assertLen(runs, 14)
+        self.assertIn(("k1:tap_band@32", "k1", ("tap_band",), 32), runs)
         for variants, slabs, probes, msg in ((["k1:no_mma"], ["16"], ["band"], "reference"),
+                                             (["k2:tap_band"], ["16"], ["band"], "K1's"),
+                                             (["k1:tap_band", "k1:tap_band"], ["16"], ["band"],
+                                              "twice"),
                                              (["k1"], ["24"], ["band"], "not one of"),
                                              (["k1"], ["16"], ["bandx"], "--probes entry"),
                                              (["k1"], ["16"], ["band", "band"], "each probe")):
             with self.assertRaisesRegex(profile_grad.VariantError, msg):
                 diag_grad.selected(variants, slabs, probes)
+
+    def test_tap_references_follow_the_kernel_equations(self):
+        host = diag_grad.make_probe("kda", SHAPES)
+        k, gamma = host[1], host[4]
+        got = diag_grad.tap_reference("tap_inputs", host, 0.25)
+        np.testing.assert_array_equal(got["k"], k)
+        np.testing.assert_array_equal(got["r_end"][0, 64 + 16:64 + 32], np.broadcast_to(
+            gamma[0, 64 + 31], (16, 2, 16)))  # block 1 of chunk 1: gamma at its row 31
+        f = diag_grad.tap_reference("tap_factors", host, 0.25)
+        i, c = 64 + 40, 3  # chunk 1, block 2, second half; head 0
+        g = gamma[0, 64:128, 0, c]
+        self.assertAlmostEqual(f["to_end"][0, i, 0, c], np.exp(g[47] - g[40]))
+        self.assertAlmostEqual(f["halfway"][0, i, 0, c], np.exp(g[40] - g[39]))
+        self.assertAlmostEqual(f["past"][0, i, 0, c],
+                               np.exp(g[40] - g[15]) + np.exp(g[40] - g[31]))
+        for name in ("to_end", "halfway", "past"):
+            self.assertLessEqual(np.max(f[name]), 3.0 + 1e-12)  # every exponent <= 0
+        band = diag_grad.tap_reference("tap_band", host, 0.25)
+        do, vn = host[7][0, 64:128, 1], host[8][0, 64:128, 1]
+        dmq = 0.25 * np.tril(do @ vn.T)
+        r = 20
+        want = sum(dmq[r, r - d] - dmq[r + d, r] for d in range(1, 8))
+        self.assertAlmostEqual(band["coef"][0, 64 + r, 1, 5], want)
+        self.assertAlmostEqual(band["k_shift"][0, 64 + 3, 1, 5], sum(k[0, 64:67, 1, 5]))
+        kk = diag_grad.tap_reference("tap_band", host, 0.25)["band_exp"][0, 64 + 2, 1, 5]
+        g = gamma[0, 64:128, 1, 5]
+        self.assertAlmostEqual(kk, np.exp(g[2] - g[1]) + np.exp(g[2] - g[0]))
+
+    def test_taps_export_for_cuda_and_run_alone(self):
+        import jax
+        import jax.numpy as jnp
+        from pallas_kernels.common import channelwise_grad_mosaic_gpu as cgm
+        spec = jax.ShapeDtypeStruct
+        tk, tv = spec((1, 64, 1, 128), jnp.bfloat16), spec((1, 64, 1, 128), jnp.bfloat16)
+        args = (tk, tk, tk, spec((1, 64, 1, 128), jnp.float32), tv, tv, tv)
+        self.assertEqual(cgm.K1_TAPS, tuple(diag_grad.TAP_OUTPUTS))
+        for tap in cgm.K1_TAPS:
+            fn = jax.jit(lambda *a, tap=tap: cgm.channelwise_grad_intra_mosaic(
+                *a, scale=0.1, slab=16, ablations=(tap,)))
+            text = jax.export.export(fn, platforms=["cuda"])(*args).mlir_module()
+            self.assertIn(f"channelwise_grad_intra_mosaic_abl_{tap}", text)
+        with self.assertRaisesRegex(ValueError, "tap runs alone"):
+            cgm.channelwise_grad_intra_mosaic(*(jnp.zeros(a.shape, a.dtype) for a in args),
+                                              scale=0.1, ablations=("tap_band", "no_band"))
+        with self.assertRaisesRegex(ValueError, "not in"):
+            cgm.channelwise_grad_chunk_mosaic(
+                *(jnp.zeros(a.shape, a.dtype) for a in args[:3]), jnp.zeros((1, 64, 1, 1)),
+                jnp.zeros((1, 64, 1, 128)), *(jnp.zeros((1, 1, 1, 128, 128), jnp.bfloat16),) * 2,
+                *(jnp.zeros(a.shape, a.dtype) for a in args[4:]), scale=0.1,
+                ablations=("tap_band",))
 
     @pytest.mark.slow  # Mosaic GPU interpret mode, about 30 s on 2 cores
     def test_interpreted_run_of_the_binary(self):
@@ -99,13 +153,14 @@ class DiagGradTest(absltest.TestCase):
         env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, PJRT_NPROC="8")
         cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "diag_grad.py"), "--interpret",
                "--batch=1", "--seq_len=64", "--heads=1", "--dk=64", "--dv=64",
-               "--probes=random,quad,state", "--variants=k1,k2:no_band", "--slabs=16",
+               "--probes=random,quad,state", "--variants=k1,k2:no_band,k1:tap_factors",
+               "--slabs=16",
                f"--out={out}"]
         res = binary_runs.run(cmd, env=env)
         self.assertEqual(res.returncode, 0, res.stderr[-3000:])
         recs = [json.loads(x) for x in open(out + ".jsonl")]
         self.assertEqual([(r["variant"], r["probe"], r["status"]) for r in recs],
-                         [(v, p, "PASS") for v in ("k1", "k2:no_band")
+                         [(v, p, "PASS") for v in ("k1", "k2:no_band", "k1:tap_factors")
                           for p in ("random", "quad", "state")])
         self.assertIn("diag k2:no_band quad PASS dq", res.stdout)
         self.assertTrue(recs[2]["outputs"]["dq"]["absolute"])  # K1 on "state": reference 0
