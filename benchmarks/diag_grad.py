@@ -12,7 +12,8 @@ ablations have no reference and are refused). K1's diagnostic taps (``k1:tap_inp
 ``k1:tap_factors``, ``k1:tap_band``; ``channelwise_grad_mosaic_gpu.K1_TAPS``) write phase-2
 values instead of gradients; they are compared with NumPy formulas of the same values
 (:func:`tap_reference`): the k and gamma tiles and each row's block-end gamma as loaded; the
-decay factors; the band's shifted k, band factor and coefficients.
+decay factors; the band's shifted k, band factor and coefficients; phase 1's 16-bit copies of
+``dM`` (band-free ``dMq``, quadrant ``dMq``, band-free ``dMk``) as phase 2 loads them.
 
 The probes (``--probes``; all use a chunk of 64 tokens and 16-row blocks as the kernels do):
 
@@ -67,12 +68,13 @@ NSUB = CHUNK // SUB
 PROBES = ("random", "nodecay", "kda", "diag", "band", "past", "quad", "band0", "past0",
           "quad0", "dmq", "dmk", "state")
 ROUTE_PROBES = ("diag", "band", "past", "quad", "band0", "past0", "quad0")
-DEFAULT_VARIANTS = ("k1", "k2", "k1:tap_inputs", "k1:tap_factors", "k1:tap_band", "k1:no_band",
-                    "k2:no_band")
+DEFAULT_VARIANTS = ("k1", "k2", "k1:tap_inputs", "k1:tap_factors", "k1:tap_band", "k1:tap_dm",
+                    "k1:no_band", "k2:no_band")
 # K1's diagnostic taps (channelwise_grad_mosaic_gpu.K1_TAPS): the names of their three outputs.
 TAP_OUTPUTS = {"tap_inputs": ("k", "gamma", "r_end"),
                "tap_factors": ("to_end", "halfway", "past"),
-               "tap_band": ("k_shift", "band_exp", "coef")}
+               "tap_band": ("k_shift", "band_exp", "coef"),
+               "tap_dm": ("free_q", "quad_q", "free_k")}
 # Ablations with a float64 reference (pairs removed): no_band keeps d = 0 and the far pairs.
 REFERENCED = {(): None, ("no_band",): "no_band"}
 COMPILE_EST_S = 12.0  # a variant's compile plus its probes on the GPU (about 4-6 s compile)
@@ -136,9 +138,11 @@ def reference(host: Sequence[np.ndarray], scale: float, pair_mask=None) -> Dict[
     return {n: np.stack([r[n] for r in rows]) for n in rows[0]}
 
 
-def tap_reference(tap: str, host: Sequence[np.ndarray], scale: float) -> Dict[str, np.ndarray]:
+def tap_reference(tap: str, host: Sequence[np.ndarray], scale: float,
+                  dtype: str = "bfloat16") -> Dict[str, np.ndarray]:
     """float64 values of K1's tap ``tap`` (``[B, T, H, K]`` each, keyed by
-    :data:`TAP_OUTPUTS`): what phase 2 should have read or formed (the kernel's equations)."""
+    :data:`TAP_OUTPUTS`): what phase 2 should have read or formed (the kernel's equations;
+    ``tap_dm``'s copies rounded to the operand ``dtype``)."""
     q, k, kr, ks, gamma, hs, dhs, do, vn, dr = host
     b, t, h, c = k.shape
     n = t // CHUNK
@@ -147,7 +151,19 @@ def tap_reference(tap: str, host: Sequence[np.ndarray], scale: float) -> Dict[st
     rows = np.arange(CHUNK)
     blk, second = rows // SUB, (rows % SUB >= HALF)[None, None, :, None, None]
     ends, mids = g[:, :, SUB * blk + SUB - 1], g[:, :, SUB * blk + HALF - 1]
-    if tap == "tap_inputs":
+    if tap == "tap_dm":
+        import jax.numpy as jnp
+        i, j = np.indices((CHUNK, CHUNK))
+        dm = [f * np.einsum("bnihv,bnjhv->bnhij", x.reshape(b, n, CHUNK, h, -1),
+                            vn.reshape(b, n, CHUNK, h, -1)) * keep
+              for f, x, keep in ((scale, do, i >= j), (-1.0, dr, i > j))]
+        quad = ((i // SUB == j // SUB) & (i % SUB >= HALF) & (j % SUB < HALF)) * (i - j >= HALF)
+        mats = [np.where(i - j >= HALF, dm[0], 0.0), np.where(quad, dm[0], 0.0),
+                np.where(i - j >= HALF, dm[1], 0.0)]
+        cols = np.arange(c) % CHUNK  # channel c of either key half reads column c mod 64
+        vals = tuple(np.moveaxis(np.asarray(jnp.asarray(m, dtype).astype(jnp.float32),
+                                            np.float64)[..., cols], 2, 3) for m in mats)
+    elif tap == "tap_inputs":
         vals = (kk, g, ends)
     elif tap == "tap_factors":
         past = sum(np.where((blk > j)[None, None, :, None, None],
@@ -274,7 +290,7 @@ def _define_flags() -> None:
     _VARIANTS = flags.DEFINE_list("variants", list(DEFAULT_VARIANTS),
                                   "profile_grad.py variants (ablations: only no_band, the "
                                   "others have no reference) and K1's taps (k1:tap_inputs, "
-                                  "k1:tap_factors, k1:tap_band).")
+                                  "k1:tap_factors, k1:tap_band, k1:tap_dm).")
     _SLABS = flags.DEFINE_list("slabs", ["16", "32"], "Phase-2 slabs each variant runs at.")
     _PROBES = flags.DEFINE_list("probes", list(PROBES), f"Probe inputs, of {PROBES}.")
     _TOL = flags.DEFINE_float("tol", 1e-2, "Relative RMS that fails an output (and a row).")
@@ -404,7 +420,7 @@ def main(argv: List[str]) -> None:
                 tap = ablations[0] if ablations and ablations[0] in TAP_OUTPUTS else None
                 if tap:
                     checked = [(n, n) for n in TAP_OUTPUTS[tap]]
-                    want, shares = tap_reference(tap, p.host, scale), None
+                    want, shares = tap_reference(tap, p.host, scale, _DTYPE.value), None
                 else:
                     checked = pg.CHECKED[kernel]
                     want = p.ref("no_band" if "no_band" in ablations else "all")

@@ -149,6 +149,8 @@ K1_TAPS = (
     "tap_factors",  # (e^{r_J - gamma}, the mid factor, sum_J of the masked e^{gamma - r_J})
     "tap_band",  # sums over d = 1..7 of the shifted k, of the masked band factor and of the
     # dMq band coefficients (row minus column)
+    "tap_dm",  # phase 1's 16-bit copies as phase 2 reads them: columns [first, first + slab)
+    # of the band-free dMq, the quadrant-only dMq and the band-free dMk
 )
 K2_ABLATIONS = K1_ABLATIONS + (
     "no_state",  # epilogue: skip the second TMA copies and the 4 state products (K1's
@@ -376,7 +378,8 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             return _tap(taps[0], dq_ref, dk_ref, dkr_ref, out=pl.ds(half * KEY_HALF + first, slab),
                         tok=tok, h=h, b=b, kf=kf, g=g, ends=ends, to_end=to_end, past=past,
                         halfway=halfway, rows=rows, blocks=blocks, kpad=kpad, gpad=gpad,
-                        coef_s=coef_s, slab=slab, interpret=interpret)
+                        coef_s=coef_s, free_s=free_s, quad_s=quad_s, first=first, slab=slab,
+                        interpret=interpret)
 
         def matrix_pass(mat, a):
             """``(da, db)`` of matrix ``mat`` (0: dMq, a = q; 1: dMk, a = kr) on this slab."""
@@ -500,10 +503,14 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
 
 
 def _tap(tap, dq_ref, dk_ref, dkr_ref, *, out, tok, h, b, kf, g, ends, to_end, past, halfway,
-         rows, blocks, kpad, gpad, coef_s, slab, interpret):
+         rows, blocks, kpad, gpad, coef_s, free_s, quad_s, first, slab, interpret):
     """K1's diagnostic taps (:data:`K1_TAPS`): phase-2 values into the outputs' slab."""
     shape = (CHUNK, slab)
-    if tap == "tap_inputs":
+    if tap == "tap_dm":  # columns of the tiled 16-bit copies, loaded as phase 2's tiles are
+        cols = pl.ds(pl.multiple_of(first, slab), slab)
+        vals = tuple(_load(ref.at[:, cols], _WGMMA, interpret).astype(F32)
+                     for ref in (free_s.at[0], quad_s.at[0], free_s.at[1]))
+    elif tap == "tap_inputs":
         vals = (kf, g, _per_block(blocks, ends, shape))
     elif tap == "tap_factors":
         vals = (to_end, halfway, past[0] + past[1] + past[2])

@@ -85,7 +85,7 @@ class DiagGradTest(absltest.TestCase):
         self.assertEqual(probes, ["band", "past"])
         runs, probes = diag_grad.selected(list(diag_grad.DEFAULT_VARIANTS), ["16", "32"],
                                           list(diag_grad.PROBES))
-        self.assertLen(runs, 14)
+        self.assertLen(runs, 16)
         self.assertIn(("k1:tap_band@32", "k1", ("tap_band",), 32), runs)
         for variants, slabs, probes, msg in ((["k1:no_mma"], ["16"], ["band"], "reference"),
                                              (["k2:tap_band"], ["16"], ["band"], "K1's"),
@@ -123,6 +123,19 @@ class DiagGradTest(absltest.TestCase):
         kk = diag_grad.tap_reference("tap_band", host, 0.25)["band_exp"][0, 64 + 2, 1, 5]
         g = gamma[0, 64:128, 1, 5]
         self.assertAlmostEqual(kk, np.exp(g[2] - g[1]) + np.exp(g[2] - g[0]))
+
+    def test_tap_dm_reference_is_phase_one_copies(self):
+        host = diag_grad.make_probe("random", SHAPES)
+        dm = diag_grad.tap_reference("tap_dm", host, 0.25)
+        do, vn = host[7][0, 64:128, 1], host[8][0, 64:128, 1]
+        dmq = 0.25 * np.tril(do @ vn.T)
+        i, j = 40, 3  # 37 apart: band-free, not a quadrant pair
+        self.assertAlmostEqual(dm["free_q"][0, 64 + i, 1, j], dmq[i, j], delta=1e-2 * abs(
+            dmq[i, j]))  # bf16 rounding
+        self.assertEqual(dm["quad_q"][0, 64 + i, 1, j], 0.0)
+        self.assertEqual(dm["free_q"][0, 64 + 10, 1, 4], 0.0)  # the band is zeroed
+        self.assertNotEqual(dm["quad_q"][0, 64 + 12, 1, 3], 0.0)  # a quadrant pair
+        self.assertEqual(dm["free_k"][0, 64 + 3, 1, 3], 0.0)
 
     def test_taps_export_for_cuda_and_run_alone(self):
         import jax
