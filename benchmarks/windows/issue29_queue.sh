@@ -29,8 +29,9 @@
 #   cw_state 320  Sec. 18.1: KDA's state passes mosaic vs triton, S1 then S2, fwd+bwd and fwd,
 #                 jla in the same processes
 #   cw_diag 210   Sec. 41: K1 and K2 (wrong on the H100 of 2026-12-06f) compiled at a small shape
-#                 against float64 on 13 probe inputs, full and no_band, slab 16 and 32: per
-#                 output the relative RMS, non-finite count and where the error is (diag_grad.py)
+#                 against float64 on 13 probe inputs, full, K1's four taps and no_band, slab 16
+#                 and 32: per output the relative RMS, non-finite count and where the error is
+#                 (diag_grad.py; decision rule in Sec. 41)
 #   cw_grad 220   Sec. 20/21: KDA S1 fwd+bwd with grad_pass mosaic_fused (K2), triton, mosaic (K1)
 #   cw_tests 320  the 22 gpu tests of the Mosaic state passes, K2 and K1 (11 workers)
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
@@ -246,7 +247,9 @@ run_cw_diag() {  # Sec. 41: where K1 / K2 go wrong (diag_grad.py: probes x varia
   mkdir -p $O/cw_diag; local s=$SECONDS
   MOSAIC_GPU_DUMP_PTXAS=1 timeout 190 python3 benchmarks/diag_grad.py --deadline_s=170 \
     --out=$O/cw_diag/diag > $O/cw_diag/diag.log 2>&1; echo "diag rc=$? t=$((SECONDS-s))s"
-  grep -a -h '^diag ' $O/cw_diag/diag.log | cut -c1-300 | head -130
+  grep -a -h ' PASS ' $O/cw_diag/diag.log | awk '{print $2}' | sort | uniq -c | tr '\n' ' '
+  echo "(PASS lines per variant; the FAIL, compile, skip and error lines follow)"
+  grep -a -h '^diag ' $O/cw_diag/diag.log | grep -v ' PASS ' | cut -c1-300 | head -160
   grep -a -h -E '^  at k[12]@16 ' $O/cw_diag/diag.log | cut -c1-420 | head -80
   cw_ptxas channelwise_grad $O/cw_diag/diag.log
 }
