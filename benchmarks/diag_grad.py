@@ -9,11 +9,12 @@ the probes are only new inputs. Each output is compared with the float64 evaluat
 kernel's equations (``profile_grad.grad_float64``; for ``no_band`` the same with the band's
 pairs ``1 <= i - j <= 7`` removed, which is what that ablation computes; the other timing
 ablations have no reference and are refused). K1's diagnostic taps (``k1:tap_inputs``,
-``k1:tap_factors``, ``k1:tap_band``; ``channelwise_grad_mosaic_gpu.K1_TAPS``) write phase-2
-values instead of gradients; they are compared with NumPy formulas of the same values
-(:func:`tap_reference`): the k and gamma tiles and each row's block-end gamma as loaded; the
-decay factors; the band's shifted k, band factor and coefficients; phase 1's 16-bit copies of
-``dM`` (band-free ``dMq``, quadrant ``dMq``, band-free ``dMk``) as phase 2 loads them.
+``k1:tap_factors``, ``k1:tap_band``, ``k1:tap_dm``; ``channelwise_grad_mosaic_gpu.K1_TAPS``)
+write phase-2 values instead of gradients; they are compared with NumPy formulas of the same
+values (:func:`tap_reference`): the k and gamma tiles and each row's block-end gamma as
+loaded; the decay factors; the band's shifted k, band factor and coefficients; phase 1's
+16-bit copies of ``dM`` (band-free ``dMq``, quadrant ``dMq``, band-free ``dMk``) as phase 2
+loads them.
 
 The probes (``--probes``; all use a chunk of 64 tokens and 16-row blocks as the kernels do):
 
@@ -31,6 +32,10 @@ The probes (``--probes``; all use a chunk of 64 tokens and 16-row blocks as the 
 * ``dmq`` (``dR = 0``: only ``dMq``, phase 1 of warpgroup 0) and ``dmk`` (``dO = 0``);
 * ``state``: ``Vn = 0``, so ``dM = 0`` and only K2's epilogue (state terms, ``dg``) is left
   (K1's reference is 0: its absolute error is printed).
+
+Interpret mode runs a warpgroup as one thread and reads SMEM as plain arrays, so it cannot
+show what these runs look for (fences, swizzles, layouts); on CPU it checks this binary and
+its references (every variant passes there).
 
 Per variant and probe one line ``diag <variant> <probe> PASS|FAIL`` with each output's relative
 RMS and its count of non-finite values; per failing output a line ``  at`` with where the error
