@@ -198,14 +198,17 @@ def relative_rms(got, want) -> float:
     return float(np.sqrt(np.mean((got - want) ** 2)) / np.sqrt(np.mean(want ** 2)))
 
 
-def grad_float64(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, *, scale: float, heads: int
-                 ) -> Dict[str, object]:
+def grad_float64(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, *, scale: float, heads: int,
+                 pair_mask=None) -> Dict[str, object]:
     """float64 NumPy evaluation of K1's and K2's equations (one document per row; module
     docstring of ``channelwise_grad_mosaic_gpu``) on batch row 0, heads ``[0, heads)``.
 
     Args are batch row 0 of the kernels' inputs (``[T, H, K]``, ``[T, H, V]``, ``ks [T, H,
     1]``, ``hs, dhs [H, N, K, V]``), T a multiple of 64. Returns a dict of ``[T, heads, K]``
     arrays: K1's ``dq_m, dk_m, dkr_m`` and K2's ``dq, dk, dg`` and ``dks [T, heads, 1]``.
+    ``pair_mask``: an optional ``[64, 64]`` weight of the pairs ``(i, j)`` of each chunk in
+    ``dMq``, ``dMk`` (e.g. one route of the kernels' split, for ``benchmarks/diag_grad.py``);
+    ``None`` keeps every pair.
     """
     import numpy as np
     f = [np.asarray(x, np.float64) for x in (q, k, kr, ks, gamma, do, vn, dr)]
@@ -223,6 +226,8 @@ def grad_float64(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, *, scale: float, head
             qc, kc, krc, g, doc_, vnc, drc = (x[r, h] for x in (q, k, kr, gam, do, vn, dr))
             dmq = scale * (doc_ @ vnc.T) * (i >= j)
             dmk = -(drc @ vnc.T) * (i > j)
+            if pair_mask is not None:
+                dmq, dmk = dmq * pair_mask, dmk * pair_mask
             e = np.exp(np.where((i >= j)[:, :, None], g[:, None, :] - g[None, :, :], -np.inf))
             dq_m = np.einsum("ij,jc,ijc->ic", dmq, kc, e)
             dk_m = (np.einsum("ij,ic,ijc->jc", dmq, qc, e)

@@ -33,6 +33,10 @@
 # The per-channel family (KDA, GDN-2; MOSAIC_GPU.md Sec. 37, decision rules there), after those:
 #   cw_state 320  Sec. 18.1: KDA's state passes mosaic vs triton, S1 then S2, fwd+bwd and fwd,
 #                 jla in the same processes
+#   cw_diag 210   Sec. 41: K1 and K2 (wrong on the H100 of 2026-12-06f) compiled at a small shape
+#                 against float64 on 13 probe inputs, full, K1's four taps and no_band, slab 16
+#                 and 32: per output the relative RMS, non-finite count and where the error is
+#                 (diag_grad.py; decision rule in Sec. 41)
 #   cw_grad 220   Sec. 20/21: KDA S1 fwd+bwd with grad_pass mosaic_fused (K2), triton, mosaic (K1)
 #   cw_tests 320  the 22 gpu tests of the Mosaic state passes, K2 and K1 (11 workers)
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
@@ -44,7 +48,7 @@
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-cw_state cw_tests autooff_dn tp350}
+ITEMS=${*:-cw_state autooff_dn cw_diag tp350 cw_tests}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -58,7 +62,8 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   autooff_dn) echo 320;; tp350) echo 480;;
-  cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;; *) echo 100000;; esac; }
+  cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
+  *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
 gdn_show() {  # one line per bench_kernels record in the logs: what ran, kernel ms, per kernel
@@ -265,6 +270,17 @@ run_cw_state() {
   grep -a -h '^gate' $O/cw_state/s1.log $O/cw_state/s2.log | cut -c1-300
   cw_show $O/cw_state/s1.log $O/cw_state/s2.log
   cw_ptxas channelwise $O/cw_state/s1.log $O/cw_state/s2.log
+}
+
+run_cw_diag() {  # Sec. 41: where K1 / K2 go wrong (diag_grad.py: probes x variants x slabs)
+  mkdir -p $O/cw_diag; local s=$SECONDS
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 190 python3 benchmarks/diag_grad.py --deadline_s=170 \
+    --out=$O/cw_diag/diag > $O/cw_diag/diag.log 2>&1; echo "diag rc=$? t=$((SECONDS-s))s"
+  grep -a -h ' PASS ' $O/cw_diag/diag.log | awk '{print $2}' | sort | uniq -c | tr '\n' ' '
+  echo "(PASS lines per variant; the FAIL, compile, skip and error lines follow)"
+  grep -a -h '^diag ' $O/cw_diag/diag.log | grep -v ' PASS ' | cut -c1-300 | head -160
+  grep -a -h -E '^  at k[12]@16 ' $O/cw_diag/diag.log | cut -c1-420 | head -80
+  cw_ptxas channelwise_grad $O/cw_diag/diag.log
 }
 
 run_cw_grad() {

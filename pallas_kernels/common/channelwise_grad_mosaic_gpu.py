@@ -141,6 +141,17 @@ K1_ABLATIONS = (
     "no_factors",  # phase 2: unit decay factors (no exp, no per-block selects; band unmasked)
     "no_store",  # the GMEM stores replaced by one fp32 SMEM store of the outputs' sum
 )
+# Diagnostic taps (``ablations`` of K1 only; MOSAIC_GPU.md Sec. 41): phase 2 writes what it
+# read or formed into K1's three outputs instead of the gradients and skips both matrix passes
+# (only ``benchmarks/diag_grad.py`` passes them; it compares them with NumPy on the GPU).
+K1_TAPS = (
+    "tap_inputs",  # (k, gamma, r_J): the tiles as loaded, gamma at the end of each row's block
+    "tap_factors",  # (e^{r_J - gamma}, the mid factor, sum_J of the masked e^{gamma - r_J})
+    "tap_band",  # sums over d = 1..7 of the shifted k, of the masked band factor and of the
+    # dMq band coefficients (row minus column)
+    "tap_dm",  # phase 1's 16-bit copies as phase 2 reads them: columns [first, first + slab)
+    # of the band-free dMq, the quadrant-only dMq and the band-free dMk
+)
 K2_ABLATIONS = K1_ABLATIONS + (
     "no_state",  # epilogue: skip the second TMA copies and the 4 state products (K1's
     # partials stand in for them; the elementwise formulas run)
@@ -357,10 +368,18 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
                     for blk in range(NSUB - 1)]
             mid = _per_block(blocks, mids, shape)
             halfway = jnp.exp(jnp.where(second, g - mid, mid - g))  # both exponents <= 0
-        x_w[...] = (kf * to_end).astype(dtype)
-        x2_w[...] = jnp.where(second, 0.0, kf * halfway).astype(dtype)
+        taps = [t for t in K1_TAPS if t in ablations]
+        if not taps:
+            x_w[...] = (kf * to_end).astype(dtype)
+            x2_w[...] = jnp.where(second, 0.0, kf * halfway).astype(dtype)
         _store_padded(kpad.at[pl.ds(HALF, CHUNK)], kf.astype(dtype))
         _store_padded(gpad.at[pl.ds(HALF, CHUNK)], g)
+        if taps:  # diagnostic taps (MOSAIC_GPU.md Sec. 41): no gradients
+            return _tap(taps[0], dq_ref, dk_ref, dkr_ref, out=pl.ds(half * KEY_HALF + first, slab),
+                        tok=tok, h=h, b=b, kf=kf, g=g, ends=ends, to_end=to_end, past=past,
+                        halfway=halfway, rows=rows, blocks=blocks, kpad=kpad, gpad=gpad,
+                        coef_s=coef_s, free_s=free_s, quad_s=quad_s, first=first, slab=slab,
+                        interpret=interpret)
 
         def matrix_pass(mat, a):
             """``(da, db)`` of matrix ``mat`` (0: dMq, a = q; 1: dMk, a = kr) on this slab."""
@@ -481,6 +500,41 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
     plgpu.barrier_wait(done)
+
+
+def _tap(tap, dq_ref, dk_ref, dkr_ref, *, out, tok, h, b, kf, g, ends, to_end, past, halfway,
+         rows, blocks, kpad, gpad, coef_s, free_s, quad_s, first, slab, interpret):
+    """K1's diagnostic taps (:data:`K1_TAPS`): phase-2 values into the outputs' slab."""
+    shape = (CHUNK, slab)
+    if tap == "tap_dm":  # columns of the tiled 16-bit copies, loaded as phase 2's tiles are
+        cols = pl.ds(pl.multiple_of(first, slab), slab)
+        vals = tuple(_load(ref.at[:, cols], _WGMMA, interpret).astype(F32)
+                     for ref in (free_s.at[0], quad_s.at[0], free_s.at[1]))
+    elif tap == "tap_inputs":
+        vals = (kf, g, _per_block(blocks, ends, shape))
+    elif tap == "tap_factors":
+        vals = (to_end, halfway, past[0] + past[1] + past[2])
+    else:  # tap_band: the band's shifted loads, as its loop reads them (d traced)
+        plgpu.commit_smem()  # the shift buffers' stores before the shifted loads
+
+        def step(d, carry):
+            ks, es, cs = carry
+            back, fwd = rows >= d, rows + d < CHUNK
+            k_prev = _load_padded(kpad.at[pl.ds(HALF - d, CHUNK)], slab, interpret)
+            g_prev = _load_padded(gpad.at[pl.ds(HALF - d, CHUNK)], slab, interpret)
+            c_row, c_col = (mgl.by_row(_load(coef_s.at[0, side, d, pl.ds(0, CHUNK)], _ROWS,
+                                             interpret), shape) for side in (0, 1))
+            ks = ks + jnp.where(back, k_prev.astype(F32), 0.0)
+            es = es + _masked_exp(g - g_prev, back)
+            cs = cs + jnp.where(back, c_row, 0.0) - jnp.where(fwd, c_col, 0.0)
+            return ks, es, cs
+
+        zero = jnp.zeros(shape, F32)
+        if not interpret:
+            zero = plgpu.layout_cast(zero, _WGMMA)
+        vals = lax.fori_loop(1, HALF, step, (zero,) * 3)
+    for ref, x in zip((dq_ref, dk_ref, dkr_ref), vals, strict=True):
+        ref.at[b, tok, h, out][...] = x
 
 
 _K1_NAMES = ("q", "k", "kr", "g", "marks", "doc", "free", "quad", "coef", "x", "x2", "kpad",
@@ -873,7 +927,9 @@ def channelwise_grad_intra_mosaic(
             real kernel; any other value returns wrong numbers by design: ``no_band`` skips
             the band's 7 shifted steps, ``no_mma`` phase 2's ``wgmma`` groups, ``no_factors``
             the decay factors (unit factors), ``no_store`` the GMEM stores (the outputs are
-            then left unwritten: garbage).
+            then left unwritten: garbage). Or one diagnostic tap of :data:`K1_TAPS` alone
+            (``benchmarks/diag_grad.py``, MOSAIC_GPU.md Sec. 41): the outputs then hold
+            phase-2 values instead of gradients.
 
     Returns:
         ``(dq, dk, dkr)``: fp32 ``[B, T, H, K]`` each, the partials ``backward_chunk`` adds.
@@ -884,7 +940,9 @@ def channelwise_grad_intra_mosaic(
             ``slab`` not in (16, 32), or as :func:`check_ablations`.
     """
     check_inputs(q, k, kr, gamma, do, vn, dr, doc)
-    ablations = check_ablations(ablations, K1_ABLATIONS)
+    ablations = check_ablations(ablations, K1_ABLATIONS + K1_TAPS)
+    if set(ablations) & set(K1_TAPS) and len(ablations) > 1:
+        raise ValueError(f"a diagnostic tap runs alone, got {ablations!r}")
     if slab not in SLABS:
         raise ValueError(f"slab must be one of {SLABS}, got {slab!r}")
     batch, seq_len, heads, dk = q.shape

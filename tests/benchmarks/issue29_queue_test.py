@@ -26,7 +26,7 @@ from tests.benchmarks import window_shims
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn tp350 cw_state "
-         "cw_grad cw_tests cw_gdn2 cw_slab").split()
+         "cw_diag cw_grad cw_tests cw_gdn2 cw_slab").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
@@ -47,6 +47,15 @@ from benchmarks import profile_grad as p
 p._define_flags()
 flags.FLAGS(["profile_grad.py"] + json.loads(sys.stdin.read()))
 print(p.with_slabs(p.parse_variants(p._VARIANTS.value), p.parse_slabs(p._SLABS.value)))
+"""
+
+_DIAG_GRAD = """import json, sys
+from absl import flags
+from benchmarks import diag_grad as d
+d._define_flags()
+flags.FLAGS(["diag_grad.py"] + json.loads(sys.stdin.read()))
+runs, probes = d.selected(d._VARIANTS.value, d._SLABS.value, d._PROBES.value)
+print(json.dumps(dict(runs=[r[0] for r in runs], probes=probes, deadline=d._DEADLINE_S.value)))
 """
 
 _PROFILE_FWD = """import json, sys
@@ -146,6 +155,34 @@ class Issue29QueueTest(absltest.TestCase):
         for argv in argvs:
             result = _python(_PROFILE_GRAD, argv)
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+
+    def test_diag_grad_flags_parse(self):
+        argvs = self._calls("benchmarks/diag_grad.py")
+        self.assertLen(argvs, 1)  # cw_diag
+        result = _python(_DIAG_GRAD, argvs[0])
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        parsed = json.loads(result.stdout.strip().splitlines()[-1])
+        self.assertEqual(parsed["runs"][:4], ["k1@16", "k1@32", "k2@16", "k2@32"])
+        self.assertEqual(parsed["probes"][:3], ["random", "nodecay", "kda"])
+        self.assertLess(parsed["deadline"], 190)  # inside the item's timeout
+
+    def test_default_list_is_the_items_not_yet_run_and_fits_one_window(self):
+        with open(SCRIPT) as f:
+            text = f.read()
+        default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
+        # MOSAIC_GPU.md Sec. 34's order after 2026-12-06f: state passes, DeltaNet's table, the
+        # K1/K2 diagnosis, the model-level throughput, the per-channel gpu tests
+        self.assertEqual(default, ["cw_state", "autooff_dn", "cw_diag", "tp350", "cw_tests"])
+        self.assertTrue(set(default) <= set(ITEMS))
+        # every item has an estimate (an unknown one would be 100000 s: never run), and the
+        # list fits a session's 1,800 s of device time with the script's 15 s margins
+        estimates = {m.group(1): int(m.group(2)) for m in re.finditer(
+            r"(\w+)\) echo (\d+);;", text)}
+        for alts in re.finditer(r"([\w|]+)\) echo (\d+);;", text):
+            for name in alts.group(1).split("|"):
+                estimates[name] = int(alts.group(2))
+        self.assertTrue(all(it in estimates for it in default), estimates)
+        self.assertLessEqual(sum(estimates[it] + 15 for it in default), 1800)
 
     def test_bench_gva_loop_arguments_parse(self):
         argvs = self._calls("benchmarks/bench_gva_loop.py")

@@ -357,6 +357,18 @@ class AblationTest(parameterized.TestCase):
                 k2.channelwise_grad_chunk_mosaic(*args, scale=0.1, ablations=bad)
 
 
+class FenceTest(parameterized.TestCase):
+    """Every register -> SMEM store that a ``wgmma`` reads is fenced first (MOSAIC_GPU.md Sec.
+    41; ``k1_test.unfenced_wgmma``), per-token and per-channel ``ks``."""
+
+    @parameterized.parameters((16, False), (32, False), (16, True))
+    def test_k2_fences_its_operand_stores(self, slab, ks_channels):
+        exported = _export_kernel(128, 128, jnp.bfloat16, slab=slab, ks_channels=ks_channels)[0]
+        text = k1_test.mosaic_module_or_skip(self, exported)
+        self.assertGreater(text.count("wgmma.mma_async"), 54)
+        self.assertEqual(k1_test.unfenced_wgmma(text), [])
+
+
 class ValidationTest(parameterized.TestCase):
 
     def _args(self, dk=64, dv=64, dtype=jnp.bfloat16, seq_len=100, ks_dim=1):
