@@ -11,7 +11,8 @@ is logged once per op and reason.
 ``None``/``"auto"`` picks ``"mosaic_gpu"`` when :data:`AUTO_SELECT` is on, the op is not in
 :data:`AUTO_OFF` (ops whose Mosaic kernels are not yet timed faster than the Triton ones: an
 explicit ``"mosaic_gpu"`` still runs them), the default backend
-is a CUDA GPU of compute capability 9.0 or newer, ``q, k, v`` share a 16-bit dtype (wgmma has
+is a Hopper GPU (compute capability 9.x: the kernels are built on Hopper's ``wgmma``, which
+sm_100 and newer GPUs do not have), ``q, k, v`` share a 16-bit dtype (wgmma has
 no IEEE fp32), ``K`` and ``V`` are 64 or 128, the chunk size is 64 and ``T`` fills a chunk.
 Otherwise it logs the reason and hands over to the Triton dispatch. An explicit
 ``"mosaic_gpu"`` that cannot run raises a ``ValueError`` with the reason.
@@ -59,6 +60,9 @@ AUTO_OFF = {
     "delta_rule": _DELTANET_NOT_TIMED,
 }
 MIN_COMPUTE_CAPABILITY = (9, 0)
+# The kernels use Hopper's wgmma (sm_90a); Blackwell (10.x, 12.x) has other tensor-core
+# instructions (tcgen05), so the Mosaic GPU kernels are built and tested for 9.x only.
+MAX_COMPUTE_MAJOR = 9
 SUPPORTED_HEAD_DIMS = (64, 128)
 KERNEL_CHUNK_SIZE = 64
 
@@ -81,7 +85,8 @@ def compute_capability() -> Optional[tuple]:
 def device_reason(interpret: bool) -> Optional[str]:
     """Why this machine cannot run the Mosaic GPU kernels, or ``None`` when it can: always
     under ``interpret`` (Mosaic GPU interpret mode runs on any backend), else when the default
-    backend is a CUDA GPU of compute capability :data:`MIN_COMPUTE_CAPABILITY` (9.0) or newer.
+    backend is a CUDA GPU of compute capability :data:`MIN_COMPUTE_CAPABILITY` (9.0) up to
+    major :data:`MAX_COMPUTE_MAJOR` (Hopper, 9.x).
     """
     if interpret:
         return None
@@ -89,10 +94,10 @@ def device_reason(interpret: bool) -> Optional[str]:
     if cc is None:
         return (f"the Mosaic GPU kernels need a CUDA GPU, the default backend is "
                 f"{jax.default_backend()!r}")
-    if cc < MIN_COMPUTE_CAPABILITY:
+    if cc < MIN_COMPUTE_CAPABILITY or cc[0] > MAX_COMPUTE_MAJOR:
         return (f"the Mosaic GPU kernels need compute capability "
-                f"{MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer "
-                f"(Hopper), this GPU has {cc[0]}.{cc[1]}")
+                f"{MIN_COMPUTE_CAPABILITY[0]}.x (Hopper; they are built on its wgmma, which "
+                f"older GPUs and sm_100+ lack), this GPU has {cc[0]}.{cc[1]}")
     return None
 
 
@@ -135,12 +140,17 @@ def choose_implementation(
     head_dims: Sequence[int],
     chunk_size: int,
     seq_len: int,
+    *,
+    auto_off_key: Optional[str] = None,
 ) -> str:
     """Resolves ``implementation=`` for an op that has Mosaic GPU kernels.
 
     Args and return as :func:`pallas_kernels.common.pallas_gpu.choose_implementation`, to
     which every case other than ``"mosaic_gpu"``, ``"mosaic_gpu_interpret"`` and a Mosaic
-    GPU choice by ``"auto"`` is handed.
+    GPU choice by ``"auto"`` is handed. ``auto_off_key`` (default ``op``) is the
+    :data:`AUTO_OFF` entry that decides ``"auto"``: ``gated_delta_rule`` called with
+    ``g=None`` runs DeltaNet's kernels and passes ``"delta_rule"``, while its log lines and
+    errors keep naming ``op``.
 
     Raises:
       ValueError: for an unknown name, or a kernel implementation that cannot run this call,
@@ -153,8 +163,8 @@ def choose_implementation(
     if implementation is None or implementation == "auto":
         if not AUTO_SELECT:
             reason = "mosaic_gpu.AUTO_SELECT is off"
-        elif op in AUTO_OFF:
-            reason = AUTO_OFF[op]
+        elif (auto_off_key or op) in AUTO_OFF:
+            reason = AUTO_OFF[auto_off_key or op]
         else:
             reason = validation.auto_kernel_reason(
                 unsupported_reason(arrays, head_dims, chunk_size, interpret=False), seq_len,
@@ -180,8 +190,8 @@ def resolve_pass(op: str, option: str, value: str, *, explicit: bool, dtype,
     ``state_pass`` / ``grad_pass`` (:mod:`pallas_kernels.common.channelwise_gpu`, whose
     ``TUNING`` holds their defaults and whose ``channelwise_delta_pallas`` takes them per call).
 
-    The Mosaic kernels run in interpret mode (any backend), or compiled on a CUDA GPU of compute
-    capability 9.0 or newer (:func:`device_reason`); either way only with 16-bit operands (wgmma
+    The Mosaic kernels run in interpret mode (any backend), or compiled on a Hopper GPU (compute
+    capability 9.x, :func:`device_reason`); either way only with 16-bit operands (wgmma
     has no IEEE fp32 product). Otherwise the Triton kernels run, which A100-class GPUs keep:
 
     * fp32 (or mixed) operands take the Triton kernels whatever asked for Mosaic, with the
@@ -208,9 +218,9 @@ def resolve_pass(op: str, option: str, value: str, *, explicit: bool, dtype,
 
     Raises:
       UnsupportedImplementationError: (a ``ValueError``) for an explicit ``value`` outside
-        interpret mode without a CUDA GPU of compute capability 9.0 or newer:
+        interpret mode without a Hopper GPU (compute capability 9.x):
         ``"channelwise_delta_pallas: state_pass='mosaic' cannot run this call: the Mosaic GPU
-        kernels need compute capability 9.0 or newer (Hopper), this GPU has 8.0. Use
+        kernels need compute capability 9.x (Hopper; ...), this GPU has 8.0. Use
         state_pass='triton' (or None: TUNING's, which falls back to Triton where the Mosaic
         kernels cannot run)."``
     """

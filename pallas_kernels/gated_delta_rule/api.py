@@ -180,7 +180,7 @@ def gated_delta_rule(
         implementation: ``None``/``"auto"``, ``"mosaic_gpu"``, ``"mosaic_gpu_interpret"``,
             ``"pallas"``, ``"pallas_interpret"``, ``"pallas_tpu"``, ``"chunked"``,
             ``"reference"`` or ``"associative_scan"``. ``"mosaic_gpu"`` runs the Mosaic GPU
-            kernels (compute capability 9.0 or newer, ``q, k, v`` one 16-bit dtype, K and V 64
+            kernels (compute capability 9.x (Hopper), ``q, k, v`` one 16-bit dtype, K and V 64
             or 128, chunk size 64); ``"auto"`` picks them for ``gated_delta_rule`` where they
             can run, not yet for ``delta_rule`` (module docstring). Otherwise ``"auto"``
             runs the Pallas GPU kernels (``kernel_gpu.py``) on a GPU when K and V are 64 or
@@ -228,9 +228,12 @@ def _delta_rule_op(op, q, k, v, g, beta, *, scale, initial_state, output_final_s
         q, k = common.l2_normalize(q), common.l2_normalize(k)
     batch, seq_len, _, dk = q.shape
     heads, dv = v.shape[2:]
+    # g=None is DeltaNet whichever function was called: its own AUTO_OFF entry decides "auto"
     impl = pallas_tpu.choose_implementation(
         op, implementation, tuple(_IMPLEMENTATIONS), (q, k, v), (dk, dv),
-        chunk_size, seq_len, fallback=mosaic_gpu.choose_implementation,
+        chunk_size, seq_len, fallback=functools.partial(
+            mosaic_gpu.choose_implementation,
+            auto_off_key="delta_rule" if g is None else None),
     )
     if scale is None:
         scale = dk ** -0.5

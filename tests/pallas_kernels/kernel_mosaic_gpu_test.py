@@ -53,9 +53,9 @@ def inputs(batch, seq_len, heads, kv_heads, dk, dv, *, decay, h0, docs, seed=0):
 
 
 def hopper_or_newer():
-    """Whether the default backend is a CUDA GPU of compute capability 9.0 or newer."""
-    cc = mosaic_gpu.compute_capability()
-    return cc is not None and cc >= mosaic_gpu.MIN_COMPUTE_CAPABILITY
+    """Whether the default backend is a Hopper GPU (compute capability 9.x), where the Mosaic
+    GPU kernels run (:func:`pallas_kernels.common.mosaic_gpu.device_reason`)."""
+    return mosaic_gpu.compute_capability() is not None and mosaic_gpu.device_reason(False) is None
 
 
 class HopperTestCase(parameterized.TestCase):
@@ -65,7 +65,7 @@ class HopperTestCase(parameterized.TestCase):
     def setUp(self):
         super().setUp()
         if not hopper_or_newer():
-            self.skipTest("needs a Hopper-or-newer NVIDIA GPU (Mosaic GPU kernels)")
+            self.skipTest("needs a Hopper NVIDIA GPU, compute capability 9.x (Mosaic GPU kernels)")
 
 
 def split_variants(ci, **axes):

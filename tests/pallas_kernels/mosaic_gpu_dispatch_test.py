@@ -15,8 +15,9 @@ kernels share a process, see ``pallas_kernels/common/MOSAIC_GPU.md``).
 ``grad_pass=``) through ``mosaic_gpu.resolve_pass`` on a patched compute capability: Mosaic
 on sm_90, Triton (logged) on sm_80 and for fp32, an error for a per-call value on sm_80.
 
-``GdnDispatchTest`` / ``GdnApiTest`` do the same for ``gated_delta_rule`` / ``delta_rule``,
-whose ``"auto"`` keeps the Triton kernels (``mosaic_gpu.AUTO_OFF``) while an explicit
+``GdnDispatchTest`` / ``GdnApiTest`` do the same for ``gated_delta_rule`` / ``delta_rule``:
+``"auto"`` picks the Mosaic kernels for Gated DeltaNet on Hopper (since 2026-12-06f) and keeps
+DeltaNet on the Triton kernels while ``mosaic_gpu.AUTO_OFF`` names it; an explicit
 ``"mosaic_gpu"`` runs :func:`pallas_kernels.gated_delta_rule.mosaic_vjp.gated_delta_rule_mosaic`,
 ``return_residual`` included (``u`` and its cotangent against the chunked form's autodiff).
 """
@@ -78,7 +79,8 @@ class DispatchTest(parameterized.TestCase):
                       "\n".join(logs.output))
 
     @parameterized.named_parameters(
-        ("ampere", (8, 0), {}, "compute capability 9.0 or newer"),
+        ("ampere", (8, 0), {}, "compute capability 9.x (Hopper"),
+        ("blackwell", (10, 0), {}, "this GPU has 10.0"),
         ("fp32_inputs", (9, 0), dict(dtype=jnp.float32), "not one 16-bit dtype"),
         ("head_dim_32", (9, 0), dict(dk=32), "head dim 32"),
         ("short_sequence", (9, 0), dict(seq_len=40), "shorter than one kernel chunk"),
@@ -151,8 +153,9 @@ class ChannelwisePassDispatchTest(absltest.TestCase):
         text = "\n".join(logs.output)
         for option, value in (("state_pass", "mosaic"), ("grad_pass", "mosaic_fused")):
             line = (f"channelwise_delta_pallas: TUNING[{option!r}]={value!r}: using the Triton "
-                    f"kernels: the Mosaic GPU kernels need compute capability 9.0 or newer "
-                    f"(Hopper), this GPU has 8.0")
+                    f"kernels: the Mosaic GPU kernels need compute capability 9.x (Hopper; they "
+                    f"are built on its wgmma, which older GPUs and sm_100+ lack), this GPU has "
+                    f"8.0")
             self.assertEqual(text.count(line), 1, msg=text)
 
     def test_tuning_switch_on_hopper_takes_mosaic(self):
@@ -161,7 +164,9 @@ class ChannelwisePassDispatchTest(absltest.TestCase):
             with mock.patch.dict(channelwise_gpu.TUNING, state_pass="mosaic",
                                  grad_pass=grad_pass), self.assertLogs(level="INFO") as logs:
                 self.assertEqual(self._passes((9, 0)), ("mosaic", grad_pass))
-                self.assertEqual(self._passes((10, 0), jnp.float16), ("mosaic", grad_pass))
+                self.assertEqual(self._passes((9, 0), jnp.float16), ("mosaic", grad_pass))
+                # Blackwell (sm_100) has no wgmma: TUNING's Mosaic values fall back there
+                self.assertEqual(self._passes((10, 0), jnp.float16), ("triton", "triton"))
             self.assertIn("TUNING['state_pass']='mosaic': using the Mosaic GPU kernels "
                           "(compute capability 9.0)", "\n".join(logs.output))
         # The per-call value as well; the defaults stay Triton until the H200 has timed them.
@@ -188,7 +193,7 @@ class ChannelwisePassDispatchTest(absltest.TestCase):
             with self.assertRaisesRegex(
                     validation.UnsupportedImplementationError,
                     f"^channelwise_delta_pallas: {option}='{value}' cannot run this call: .*"
-                    f"compute capability 9.0 or newer \\(Hopper\\), this GPU has 8.0. Use "
+                    f"compute capability 9.x \\(Hopper; .*\\), this GPU has 8.0. Use "
                     f"{option}='triton'"):
                 self._passes((8, 0), **{option: value})
         with self.assertRaisesRegex(ValueError, "state_pass='mosaic'.*need a CUDA GPU"):
@@ -367,6 +372,32 @@ class GdnDispatchTest(absltest.TestCase):
         self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
         self.assertIn("not using the Mosaic GPU kernels: held back: a test",
                       "\n".join(logs.output))
+
+    def test_gated_delta_rule_without_g_is_decided_by_deltanets_entry(self):
+        # g=None runs DeltaNet's kernels: "auto" follows AUTO_OFF["delta_rule"] even when
+        # gated_delta_rule was called, and the log line names the function called.
+        q, k, v = _qkv()
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
+                mock.patch.object(jax, "default_backend", return_value="gpu"), \
+                mock.patch.dict(mosaic_gpu.AUTO_OFF, {"delta_rule": "DeltaNet held back"}), \
+                self.assertLogs(level="INFO") as logs:
+            got = mosaic_gpu.choose_implementation("gated_delta_rule", "auto", ("chunked",),
+                                                   (q, k, v), (64, 64), 64, 128,
+                                                   auto_off_key="delta_rule")
+            self.assertEqual(
+                mosaic_gpu.choose_implementation("gated_delta_rule", "auto", ("chunked",),
+                                                 (q, k, v), (64, 64), 64, 128), "mosaic_gpu")
+        self.assertNotIn(got, mosaic_gpu.MOSAIC_IMPLEMENTATIONS)
+        self.assertIn(":gated_delta_rule: not using the Mosaic GPU kernels: DeltaNet held back",
+                      "\n".join(logs.output))
+        # and the public op passes that key exactly when g is None
+        beta = jnp.asarray(np.random.default_rng(5).uniform(0.1, 0.9, v.shape[:3]), jnp.float32)
+        g = jnp.asarray(-np.random.default_rng(6).uniform(0.01, 1.0, v.shape[:3]), jnp.float32)
+        for gate, key in ((None, "delta_rule"), (g, None)):
+            with mock.patch.object(mosaic_gpu, "choose_implementation",
+                                   return_value="chunked") as choose:
+                gdr.gated_delta_rule(q, k, v, gate, beta)
+            self.assertEqual(choose.call_args.kwargs, {"auto_off_key": key})
 
     def test_auto_keeps_gdn_on_triton_where_the_mosaic_kernels_cannot_run(self):
         # Each reason auto leaves the Mosaic kernels for on a Hopper GPU: fp32 operands, a head
