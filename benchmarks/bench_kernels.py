@@ -1046,7 +1046,7 @@ def markdown(records, versions, command):
              "BENCHMARKS.md §3; %R = R / t_ours (kernel time). `ours` is each op's `auto` dispatch "
              "(on a GPU: the Pallas GPU kernels for all five, KDA and GDN2 since "
              "common.channelwise_gpu.AUTO_SELECT was switched on on 2026-11-29, and for "
-             "lightning the Mosaic GPU kernels on compute capability 9.0+ since "
+             "lightning the Mosaic GPU kernels on compute capability 9.x since "
              "common.mosaic_gpu.AUTO_SELECT of 2026-12-02, for gdn since it left "
              "common.mosaic_gpu.AUTO_OFF on 2026-12-06; on a TPU: the "
              "Pallas TPU kernels for all five). The floors R are H200 floors; on a TPU recompute "

@@ -94,7 +94,7 @@ Kernels (grid in brackets):
   outputs, layouts and roundings; bf16/fp16 operands only, fp32 keeps this kernel;
   ``MOSAIC_GPU.md`` Sec. 18). Whether a Mosaic value of ``state_pass`` or ``grad_pass``
   runs is decided where ``implementation=`` picks Mosaic GPU for the other ops,
-  :func:`pallas_kernels.common.mosaic_gpu.resolve_pass`: sm_90 or newer (or interpret mode)
+  :func:`pallas_kernels.common.mosaic_gpu.resolve_pass`: sm_90 (Hopper, 9.x) (or interpret mode)
   and 16-bit operands; elsewhere (an A100) ``TUNING``'s value falls back to these Triton
   kernels with the reason logged once, and a per-call value raises.
 * ``backward_state`` [B*H, V/BV]: the reverse pass; with dS the gradient of the chunk's exit
@@ -121,7 +121,9 @@ Kernels (grid in brackets):
   (X = q for Mq, kr for Mk, Y = k, ``e_ijc = exp(gamma_ic - gamma_jc)``), each ``[16, 16]``
   block of dM formed from V-contractions of the rows involved; the off-diagonal blocks by the
   factorisation above, the diagonal one by the quad levels. ``grad_pass="mosaic"``
-  (``TUNING["grad_pass"]``; off by default until the H200 has timed it) runs it instead as K1,
+  (``TUNING["grad_pass"]``; off by default: **compiled on an H100 (2026-12-06f) it gives wrong
+  dq, dk, dg, dbeta** although every interpreted test passes, ``MOSAIC_GPU.md`` Sec. 41; do
+  not pass it for training) runs it instead as K1,
   :func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_intra_mosaic`
   (two warpgroups, wgmma/TMA; the same partials, with the pairs at least 8 tokens apart in
   the operand dtype instead of TF32; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 20).
@@ -140,8 +142,8 @@ Kernels (grid in brackets):
   K1 plus this kernel's equations and the chain rule in an epilogue, so K1's fp32 partials
   never reach HBM and dkr is never written; the same dq, dk, dks, dg in the same dtypes and
   layouts, the roundings of this path kept; dg's reverse cumsum on the tensor cores on three
-  exact bf16 pieces; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 21). Off by default until the H200
-  has run it.
+  exact bf16 pieces; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 21). Off by default: **wrong on
+  the GPU** as K1 is (2026-12-06f, Sec. 41); do not pass it for training.
 
 Numerics: states, decays, the inverse and every accumulation are fp32. The state-pass products
 take input-dtype operands (bf16 inputs: bf16 tensor cores, fp32 accumulate, as FLA); the
@@ -231,7 +233,7 @@ TUNING = {
     # The state passes (the "forward" and "backward_state" kernels): "triton"
     # (_forward_kernel, _backward_state_kernel) or "mosaic" (channelwise_mosaic_gpu's
     # channelwise_forward_mosaic and channelwise_backward_state_mosaic: Hopper wgmma/TMA, three
-    # warpgroups each; bf16/fp16 operands on sm_90+ only, so fp32 inputs and older GPUs keep
+    # warpgroups each; bf16/fp16 operands on sm_90 (9.x) only, so fp32 inputs and older GPUs keep
     # the Triton kernels: mosaic_gpu.resolve_pass decides and logs why). Triton
     # until the H200 has timed the Mosaic kernels (MOSAIC_GPU.md Sec. 18);
     # channelwise_delta_pallas's state_pass= overrides it per call. mosaic_alias_staging: the
@@ -245,9 +247,9 @@ TUNING = {
     "mosaic_pieces": None,
     # The gradients through Mq and Mk (the "grad_blocks" kernel): "triton" (_grad_blocks_kernel)
     # or "mosaic" (channelwise_grad_mosaic_gpu's channelwise_grad_intra_mosaic, K1: Hopper
-    # wgmma/TMA, two warpgroups; bf16/fp16 operands on sm_90+ only, so fp32 inputs and older
-    # GPUs keep the Triton kernel, as for state_pass). Triton until the H200 has run and timed
-    # K1 (MOSAIC_GPU.md Sec. 20);
+    # wgmma/TMA, two warpgroups; bf16/fp16 operands on sm_90 (9.x) only, so fp32 inputs and older
+    # GPUs keep the Triton kernel, as for state_pass). Triton: K1 and K2 compiled on an H100
+    # give wrong gradients (2026-12-06f, MOSAIC_GPU.md Secs. 37.6, 41);
     # channelwise_delta_pallas's grad_pass= overrides it per call. "mosaic_fused": K2,
     # channelwise_grad_chunk_mosaic, replaces grad_blocks, backward_chunk and the kr chain rule
     # (_kr_chain) with one kernel (MOSAIC_GPU.md Sec. 21; a value of this key rather than a
@@ -309,7 +311,7 @@ def _config(*, batch, heads, n_chunks, dk, dv, scale, has_docs, mm_dtype, interp
     Raises:
       UnsupportedImplementationError: (a ``ValueError``) a per-call Mosaic ``state_pass`` or
         ``grad_pass`` with 16-bit operands, outside interpret mode, without a CUDA GPU of
-        compute capability 9.0 or newer (naming the option and the capability).
+        compute capability 9.x (Hopper) (naming the option and the capability).
       ValueError: if ``TUNING``'s block widths (``prepare_k`` included) do not divide the head
         dims, ``TUNING["intra_token_heads"]`` is not >= 1, ``state_pass`` is not one of
         :data:`STATE_PASSES`, ``grad_pass`` not one of :data:`GRAD_PASSES`, or
@@ -1356,7 +1358,7 @@ def channelwise_delta_pallas(
         ``grad_pass`` not one of :data:`GRAD_PASSES` or ``None``.
       UnsupportedImplementationError: (a ``ValueError``) a per-call Mosaic ``state_pass`` or
         ``grad_pass`` with 16-bit operands outside interpret mode, where the default backend
-        is not a CUDA GPU of compute capability 9.0 or newer: ``"channelwise_delta_pallas:
+        is not a CUDA GPU of compute capability 9.x (Hopper): ``"channelwise_delta_pallas:
         state_pass='mosaic' cannot run this call: ... this GPU has 8.0. Use
         state_pass='triton' ..."``.
     """

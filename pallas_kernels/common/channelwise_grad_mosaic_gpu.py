@@ -1,5 +1,10 @@
 """K1 and K2: the per-channel family's chunk gradients on Mosaic GPU (Hopper ``wgmma``/TMA).
 
+**Status: wrong on the GPU.** Compiled on an H100 (2026-12-06f) both give wrong ``dq``, ``dk``,
+``dg`` and ``dbeta`` (relative RMS up to 1.7e9 at KDA's S1, 0.13-0.64 on milder inputs) while
+every interpreted test passes; ``TUNING["grad_pass"]`` stays ``"triton"``. The diagnosis is
+``MOSAIC_GPU.md`` Sec. 41 (``benchmarks/diag_grad.py``, queue item ``cw_diag``).
+
 :func:`channelwise_grad_intra_mosaic` is a drop-in for the Triton ``grad_blocks`` kernel of
 :mod:`pallas_kernels.common.channelwise_gpu` (``_grad_blocks_kernel`` / ``_grad_blocks``; issue
 29, ``pallas_kernels/common/MOSAIC_GPU.md`` Sec. 19.4 and 20): the share of ``dq``, ``dkr`` and

@@ -1,8 +1,9 @@
 """Gated DeltaNet / DeltaNet on Pallas Mosaic GPU kernels (Hopper): forward, reverse state pass.
 
 The public op runs these kernels for ``implementation="mosaic_gpu"`` through
-:mod:`pallas_kernels.gated_delta_rule.mosaic_vjp` (``"auto"`` keeps GDN on the Triton kernels of
-``kernel_gpu.py`` for now). The forward, :func:`gated_delta_rule_fwd_mosaic`, is the chunk form of
+:mod:`pallas_kernels.gated_delta_rule.mosaic_vjp` (and for ``"auto"`` on Hopper since 2026-12-06f;
+DeltaNet's ``"auto"`` keeps the Triton kernels of ``kernel_gpu.py`` while ``mosaic_gpu.AUTO_OFF``
+names it). The forward, :func:`gated_delta_rule_fwd_mosaic`, is the chunk form of
 :func:`pallas_kernels.gated_delta_rule.chunked.gated_delta_rule_chunked` (paper "Linear Attention
 Architectures", arXiv 2607.07953, Sec. 3.2, Eqs. 14-17; FLA's ``chunk_gated_delta_rule``,
 ``fla/ops/gated_delta_rule/chunk.py``) in three stages:

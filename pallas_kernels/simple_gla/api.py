@@ -175,7 +175,7 @@ def simple_gla(
         implementation: ``None``/``"auto"``, ``"mosaic_gpu"``, ``"mosaic_gpu_interpret"``,
             ``"pallas"``, ``"pallas_interpret"``, ``"pallas_tpu"``, ``"chunked"``,
             ``"reference"`` or ``"associative_scan"``; ``"auto"`` picks the Mosaic GPU kernels
-            on a GPU of compute capability 9.0 or newer when ``q, k, v`` share a 16-bit dtype,
+            on a GPU of compute capability 9.x (Hopper) when ``q, k, v`` share a 16-bit dtype,
             K and V are 64 or 128, the chunk size is 64 and ``T >= 64`` (see
             :func:`pallas_kernels.common.mosaic_gpu.choose_implementation`), else the Triton
             kernels on a GPU when K and V are 64 or 128, the chunk size is
