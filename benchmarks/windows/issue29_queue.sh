@@ -25,8 +25,9 @@
 #               then early_s's six gpu tests (decision rule in Sec. 40)
 #   autooff 560 Sec. 31.8: the same-run table against our Triton kernels (S1, S2, P1) and the
 #               public op's gpu tests (decides mosaic_gpu.AUTO_OFF for GDN)
-#   autooff_dn 320  Sec. 34: DeltaNet's same-run table (S1, S2, P1; mosaic, jla, ours = Triton
-#               while delta_rule is in AUTO_OFF): decides DeltaNet's AUTO_OFF entry
+#   autooff_dn 370  Sec. 34: DeltaNet's same-run table (S1, S2, P1; mosaic, jla, ours = Triton
+#               while delta_rule is in AUTO_OFF): decides DeltaNet's AUTO_OFF entry; then the
+#               two fp16 gpu tests of the op's defaults (GDN's auto since 2026-12-06f)
 #   tp350 480   Sec. 34: GDN-pure 350M training throughput at the recipe's batch (128 x 4096,
 #               micro-batches of 16, 20 steps) with model.gdn.implementation=auto (the Mosaic
 #               kernels on Hopper since 2026-12-06f) and =pallas (Triton): issue 29's MFU target
@@ -61,7 +62,7 @@ LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
-  autooff_dn) echo 320;; tp350) echo 480;;
+  autooff_dn) echo 370;; tp350) echo 480;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -216,11 +217,17 @@ run_autooff() {
 
 run_autooff_dn() {
   mkdir -p $O/autooff_dn; local s=$SECONDS
-  timeout 300 python3 benchmarks/bench_kernels.py --ops=deltanet --peers=mosaic,jla,ours \
+  timeout 240 python3 benchmarks/bench_kernels.py --ops=deltanet --peers=mosaic,jla,ours \
     --passes=fwdbwd,fwd --shapes=S1,S2,P1 --iters=30 --warmup=5 --out=$O/autooff_dn/deltanet \
     > $O/autooff_dn/deltanet.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
   grep -a -h '^gate\|^- gate\|^- deltanet' $O/autooff_dn/deltanet.md | cut -c1-200
   grep -a -h -E '^\| deltanet' $O/autooff_dn/deltanet.md | cut -c1-200
+  # fp16 through the op's defaults (GDN's auto runs them since 2026-12-06f)
+  timeout 110 python3 benchmarks/gpu_tests.py --jobs=2 --deadline_s=100 \
+    --out=$O/autooff_dn/gpu_tests \
+    $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fp16_defaults_match_chunked_vjp_gva_h0_dht_packed_T2048_K128_V128 \
+    $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fp16_defaults_match_chunked_vjp_deltanet_partial_T1000_K64_V64
+  echo "gpu tests rc=$?"; tail -4 $O/autooff_dn/gpu_tests/summary.md
 }
 
 run_tp350() {  # GDN-pure 350M at the recipe's batch: auto (Mosaic on Hopper) against Triton

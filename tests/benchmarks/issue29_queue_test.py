@@ -220,7 +220,7 @@ class Issue29QueueTest(absltest.TestCase):
 
     def test_gpu_tests_paths_collect(self):
         argvs = self._calls("benchmarks/gpu_tests.py")
-        self.assertLen(argvs, 5)  # t0w, gva, early, autooff, cw_tests
+        self.assertLen(argvs, 6)  # t0w, gva, early, autooff, autooff_dn, cw_tests
         result = _python(_GPU_TESTS, argvs)  # one process parses every call's flags
         self.assertEqual(result.returncode, 0, result.stderr[-3000:])
         parsed = [json.loads(line) for line in result.stdout.strip().splitlines()[-len(argvs):]]

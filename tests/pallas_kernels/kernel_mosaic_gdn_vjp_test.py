@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import pytest
 from absl.testing import absltest, parameterized
 
+from pallas_kernels.common import mosaic_gpu
 from pallas_kernels.gated_delta_rule import mosaic_vjp
 from tests import tolerances
 from tests.pallas_kernels import kernel_mosaic_gdn_bwd_test as bwd_test
@@ -183,6 +184,24 @@ class GpuTest(kmg_test.HopperTestCase):
     )
     def test_vjp_matches_chunked_vjp(self, *case):
         _check(self, bwd_test._pipeline_inputs(*case, seed=11), False, backward="split")
+
+    @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths
+        ("gva_h0_dht_packed_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (700, 1, 64, 999)),
+        ("deltanet_partial_T1000_K64_V64", 2, 1000, 2, 2, 64, 64, None, False, True, None),
+    )
+    def test_fp16_defaults_match_chunked_vjp(self, *case):
+        """fp16 ``q, k, v`` through the op's default forward and backward, which GDN's
+        ``implementation="auto"`` runs on Hopper since 2026-12-06f (the other cases here are
+        bf16; fp16 was covered kernel by kernel only)."""
+        q, k, v, g, beta, state, seg, do, dht, scale = bwd_test._pipeline_inputs(*case, seed=13)
+        q, k, v, do = (x.astype(jnp.float16) for x in (q, k, v, do))
+        self.assertEqual(
+            mosaic_gpu.choose_implementation("gated_delta_rule", None, ("chunked",), (q, k, v),
+                                             (q.shape[-1], v.shape[-1]), 64, q.shape[1]),
+            "mosaic_gpu")
+        _check(self, (q, k, v, g, beta, state, seg, do, dht, scale), False)
 
     @parameterized.named_parameters(*[
         (f"{name}_{backward}", backward, *case)
