@@ -21,8 +21,6 @@ gradients it returns are compared with ``jax.vjp`` of the whole forward w.r.t.
   function.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,7 +137,6 @@ def _chunk_form64(q, k, v, g, beta, h0, e, f, seg, scale):
     return (o, s), (jnp.stack(states, axis=2), v_new)
 
 
-@functools.partial(jax.jit, static_argnums=9)  # one program a case, not one per eager op
 def _value_space_inputs_and_ref64(q, k, v, g, beta, h0, do, dht, seg, scale):
     """``(h, v_new, dh, dv_new)`` and the reference ``(dq, dk, dv, dbeta, dg)`` by ``jax.vjp``
     of :func:`_chunk_form64` (one vjp: the perturbations give ``dh`` and ``dv_new``)."""
@@ -161,7 +158,6 @@ def _value_space_inputs_and_ref64(q, k, v, g, beta, h0, do, dht, seg, scale):
     return (h, v_new, dh, dvn), want
 
 
-@functools.partial(jax.jit, static_argnums=9)  # one program a case, not one per eager op
 def _chunked_grads32(q, k, v, g, beta, h0, do, dht, seg, scale):
     """``(dq, dk, dv, dbeta, dg)`` by ``jax.vjp`` of ``chunked.gated_delta_rule_chunked``."""
     heads = v.shape[2]
@@ -179,7 +175,6 @@ def _chunked_grads32(q, k, v, g, beta, h0, do, dht, seg, scale):
     return _group_sum(dq, kv), _group_sum(dk, kv), dv, dbeta, None if g is None else dg
 
 
-@functools.partial(jax.jit, static_argnums=9)  # one program a case, not one per eager op
 def _fp32_inputs(q, k, v, g, beta, h0, do, dht, seg, scale):
     """``(h, v_new, dh, dv_new)`` from the Mosaic tests' fp32 chunk form
     (``gdn_test.chunk_form_with_residuals``, ``W, U`` from ``chunked.wy_representation``)."""
