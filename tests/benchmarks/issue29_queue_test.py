@@ -138,6 +138,15 @@ class Issue29QueueTest(absltest.TestCase):
     def _calls(self, tool):
         return [c[1:] for c in self.calls if c and c[0] == tool]
 
+    def _one_call_parsed(self, tool, code):
+        """The queue's one call of ``tool``, its flags parsed by ``code``: the JSON line that
+        ``code`` prints last."""
+        argvs = self._calls(tool)
+        self.assertLen(argvs, 1)
+        result = _python(code, argvs[0])
+        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
     def test_every_item_ran(self):
         for it in ITEMS:
             self.assertIn(f"== {it} ended at", self.result.stdout, self.result.stdout[-3000:])
@@ -157,11 +166,7 @@ class Issue29QueueTest(absltest.TestCase):
             self.assertEqual(result.returncode, 0, result.stderr[-3000:])
 
     def test_diag_grad_flags_parse(self):
-        argvs = self._calls("benchmarks/diag_grad.py")
-        self.assertLen(argvs, 1)  # cw_diag
-        result = _python(_DIAG_GRAD, argvs[0])
-        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        parsed = json.loads(result.stdout.strip().splitlines()[-1])
+        parsed = self._one_call_parsed("benchmarks/diag_grad.py", _DIAG_GRAD)  # cw_diag
         self.assertEqual(parsed["runs"][:4], ["k1@16", "k1@32", "k2@16", "k2@32"])
         self.assertEqual(parsed["probes"][:3], ["random", "nodecay", "kda"])
         self.assertLess(parsed["deadline"], 190)  # inside the item's timeout
@@ -207,11 +212,7 @@ class Issue29QueueTest(absltest.TestCase):
         self.assertIn("pallas", config_lib._DELTA_IMPLEMENTATIONS)
 
     def test_profile_fwd_flags_parse(self):
-        argvs = self._calls("benchmarks/profile_fwd.py")
-        self.assertLen(argvs, 1)  # prof_split
-        result = _python(_PROFILE_FWD, argvs[0])
-        self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-        parsed = json.loads(result.stdout.strip().splitlines()[-1])
+        parsed = self._one_call_parsed("benchmarks/profile_fwd.py", _PROFILE_FWD)  # prof_split
         self.assertEqual(parsed["split"], dict(split_output=True, split_order="state_ag",
                                                split_stages=3))
         self.assertEqual(parsed["variants"], ["io", "state", "readout", "full", "no_store",
