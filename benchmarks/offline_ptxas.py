@@ -576,6 +576,11 @@ OP_KERNELS = {
     "gdn_t0": ("gdn", "fused_t0", ("gdn_chunk_kkt_inverse*",)),
     "gdn_fused_t0": ("gdn", "fused_t0", ("gdn_chunk_delta_fused_t0_fwd",)),
     "gdn_fused_t0_split": ("gdn", "fused_t0_split", ("gdn_chunk_delta_fused_t0_fwd_split*",)),
+    # the fused T0 forward as sequence pieces (mosaic_vjp.FUSED_T0_PIECES, MOSAIC_GPU.md
+    # Sec. 42): the summary pass and the pieces' stored pass; rows with few CTAs only (e.g.
+    # --batch=1 --seq_len=32768), at S1 the plain kernel
+    "gdn_fused_t0_pieces": ("gdn", "fused_t0_pieces", ("gdn_chunk_delta_fused_t0_fwd",
+                                                       "gdn_chunk_delta_fused_t0_fwd_summary")),
     "gdn_bwd_dv_local": ("gdn", "three_pass", ("gdn_chunk_dv_local",)),
     "gdn_bwd_dh": ("gdn", "three_pass", ("gdn_chunk_delta_dh",)),
     # the sequence pieces' launches of both state passes (rows with few CTAs, e.g.
@@ -732,6 +737,8 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu as kgd
     from pallas_kernels.gated_delta_rule import mosaic_vjp
     from pallas_kernels.simple_gla import kernel_mosaic_gpu as sg
+    pieces = forward == "fused_t0_pieces"  # "fused_t0" with FUSED_T0_PIECES (Sec. 42)
+    forward = "fused_t0" if pieces else forward
     spec = jax.ShapeDtypeStruct
     dt = jnp.dtype(dtype)
     qk = spec((batch, seq_len, kv_heads or heads, dk), dt)
@@ -759,13 +766,16 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     kgd.SPLIT_T0_OPTIONS.update(split or {})
     # the forward named, also on rows where the op would run a fused T0 forward as three_pass
     # (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36)
-    fallback, mosaic_vjp.FUSED_T0_FALLBACK = mosaic_vjp.FUSED_T0_FALLBACK, False
+    # (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36), or as sequence pieces (Sec. 42)
+    fallback, mosaic_vjp.FUSED_T0_FALLBACK = mosaic_vjp.FUSED_T0_FALLBACK, pieces
+    as_pieces, mosaic_vjp.FUSED_T0_PIECES = mosaic_vjp.FUSED_T0_PIECES, pieces
     try:
         return export_modules(step, qk, qk, tok_v, gate, gate, tok_v, seg=seg)
     finally:
         kgd.SPLIT_T0_OPTIONS.clear()
         kgd.SPLIT_T0_OPTIONS.update(saved)
         mosaic_vjp.FUSED_T0_FALLBACK = fallback
+        mosaic_vjp.FUSED_T0_PIECES = as_pieces
 
 
 _EXPORTS: Dict = {}

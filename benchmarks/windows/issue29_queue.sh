@@ -31,6 +31,9 @@
 #   tp350 480   Sec. 34: GDN-pure 350M training throughput at the recipe's batch (128 x 4096,
 #               micro-batches of 16, 20 steps) with model.gdn.implementation=auto (the Mosaic
 #               kernels on Hopper since 2026-12-06f) and =pallas (Triton): issue 29's MFU target
+#   t0pieces 330  Sec. 42: GDN at S2 and P1 (fwd+bwd, fwd), the fused_t0 forward as sequence
+#               pieces (--mosaic_t0_pieces, jla beside it) against the three_pass fallback, in
+#               two processes, then the pieces path's four gpu tests (decision rule in Sec. 42.1)
 # The per-channel family (KDA, GDN-2; MOSAIC_GPU.md Sec. 37, decision rules there), after those:
 #   cw_state 320  Sec. 18.1: KDA's state passes mosaic vs triton, S1 then S2, fwd+bwd and fwd,
 #                 jla in the same processes
@@ -62,7 +65,7 @@ LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
-  autooff_dn) echo 370;; tp350) echo 480;;
+  autooff_dn) echo 370;; tp350) echo 480;; t0pieces) echo 330;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -228,6 +231,29 @@ run_autooff_dn() {
     $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fp16_defaults_match_chunked_vjp_gva_h0_dht_packed_T2048_K128_V128 \
     $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fp16_defaults_match_chunked_vjp_deltanet_partial_T1000_K64_V64
   echo "gpu tests rc=$?"; tail -4 $O/autooff_dn/gpu_tests/summary.md
+}
+
+run_t0pieces() {  # Sec. 42: fused_t0 as sequence pieces against the three_pass fallback
+  mkdir -p $O/t0pieces; local s=$SECONDS
+  local b="python3 benchmarks/bench_kernels.py --ops=gdn --passes=fwdbwd,fwd --shapes=S2,P1"
+  b="$b --iters=30 --warmup=5 --breakdown_top=12"
+  MOSAIC_GPU_DUMP_PTXAS=1 timeout 130 $b --peers=mosaic,jla --mosaic_t0_pieces \
+    --out=$O/t0pieces/pieces > $O/t0pieces/pieces.log 2>&1
+  echo "pieces rc=$? t=$((SECONDS-s))s"
+  timeout 90 $b --peers=mosaic --out=$O/t0pieces/fallback > $O/t0pieces/fallback.log 2>&1
+  echo "fallback rc=$? t=$((SECONDS-s))s"
+  grep -a -h '^gate' $O/t0pieces/pieces.log $O/t0pieces/fallback.log | cut -c1-300
+  gdn_show $O/t0pieces/pieces.log $O/t0pieces/fallback.log
+  grep -a -h -A3 'gdn_chunk_delta_fused_t0_fwd' $O/t0pieces/pieces.log | grep -a -i \
+    -E 'registers|spill' | sort | uniq -c | head -6 | cut -c1-200
+  local d=$T/mosaic_gpu_dispatch_test.py v=$T/kernel_mosaic_gdn_vjp_test.py
+  timeout 100 python3 benchmarks/gpu_tests.py --jobs=4 --deadline_s=95 \
+    --out=$O/t0pieces/gpu_tests \
+    $d::GdnGpuTest::test_fused_t0_pieces_match_chunked_autodiff_gated_gva_packed_edge_T2048_K128_V128 \
+    $d::GdnGpuTest::test_fused_t0_pieces_match_chunked_autodiff_deltanet_partial_T1000_K64_V64 \
+    $v::GpuTest::test_fused_t0_pieces_matches_chunked_vjp_gva_h0_dht_packed_edge_T2048_K128_V128 \
+    $v::GpuTest::test_fused_t0_pieces_matches_chunked_vjp_strong_decay_h0_partial_T1000_K64_V128
+  echo "gpu tests rc=$? t=$((SECONDS-s))s"; tail -6 $O/t0pieces/gpu_tests/summary.md
 }
 
 run_tp350() {  # GDN-pure 350M at the recipe's batch: auto (Mosaic on Hopper) against Triton

@@ -428,6 +428,60 @@ def _piece_maps(kp, wp, gp, lastp, connp, run, pieces):
     return maps.reshape(rows // pieces, pieces, heads, dk, dk)
 
 
+@functools.partial(jax.jit, static_argnames=("pieces", "interpret"))
+def chunk_delta_piece_maps_mosaic(
+    k: jax.Array,
+    w: jax.Array,
+    g: Optional[jax.Array],
+    *,
+    pieces: int,
+    segment_ids: Optional[jax.Array] = None,
+    gate_cumsum: Optional[jax.Array] = None,
+    doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """The state maps ``M_p`` of ``pieces`` sequence pieces per row, ``[B, P, H, K, K]`` fp32.
+
+    Piece ``p`` (chunks ``p N / P`` to ``(p + 1) N / P - 1``) maps its entry state to its exit
+    state as ``S -> M_p S + X_p``; ``M_p`` is the product over its chunks of ``A_c = keep_c
+    e^{G_L} I - K_c^T diag(last_c e^{G_L - G}) W_c`` (MOSAIC_GPU.md Sec. 29). One launch of the
+    delta state pass (``gdn_chunk_delta_h_maps``) on ``K`` columns from the identity with
+    ``U = 0``, storing only each piece's final state: what :func:`chunk_delta_h_mosaic` forms
+    for its own pieces, for a forward that has ``W`` but runs another state pass (the fused
+    ``T0`` forward with pieces, MOSAIC_GPU.md Sec. 42). A document starting inside a piece
+    zeroes its ``M_p``.
+
+    Args:
+        k: keys ``[B, T, Hk, K]``, bf16 or fp16 (``H % Hk == 0``).
+        w: ``W = T diag(beta conn e^G) K`` ``[B, T, H, K]`` in k's dtype (as
+            :func:`chunk_wy_mosaic` or :func:`chunk_kkt_inverse_mosaic` with ``return_w``
+            write it).
+        g: per-token log-decay ``[B, T, H]`` (natural log, ``<= 0``) or ``None`` (DeltaNet).
+        pieces: static; ``P``, a divisor of the chunk count ``ceil(T / 64)``.
+        segment_ids, gate_cumsum, doc_vecs, interpret: as :func:`chunk_delta_h_mosaic`.
+
+    Returns:
+        ``[B, P, H, K, K]`` fp32.
+
+    Raises:
+        ValueError: as :func:`chunk_delta_h_mosaic` for ``k``, ``w`` (its ``u``), ``g`` and
+            ``segment_ids``; ``pieces`` not a positive divisor of the chunk count.
+    """
+    batch, seq_len, kv_heads, _ = k.shape
+    heads = w.shape[2]
+    _check_delta_inputs(k, w, w, g, segment_ids)
+    num_chunks = -(-seq_len // CHUNK)
+    pieces = mgl.num_pieces(pieces, 1, num_chunks)
+    k, w = (mgl.pad_time(x, num_chunks) for x in (k, w))
+    gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]
+    _, conn, last = mgl.doc_vectors(segment_ids, batch, num_chunks, doc_vecs)  # [B, Tp] each
+    kp, wp, lastp, connp = (mgl.split_rows(x, pieces) for x in (k, w, last, conn))
+    run = functools.partial(_delta_h_call, group=heads // kv_heads, pieces=pieces,
+                            states_dtype=k.dtype, interpret=interpret)
+    with jax.named_scope("gdn_chunk_delta_piece_maps_mosaic"):
+        return _piece_maps(kp, wp, mgl.split_head_major(gc, pieces), lastp, connp, run, pieces)
+
+
 # ----------------------------------------------------------------------------------------------
 # WY preparation: W and U of every chunk (K K^T, the unit-lower inverse, the two products).
 

@@ -843,10 +843,15 @@ def _t0_issuer(gmem, ring, in_bar, b, h, hk, cols):
 
 def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last_ref, conn_ref,
                      *rest, num_chunks: int, group: int, scale: float, has_h0: bool,
-                     store_v_new: bool, store_h: bool, interpret: bool, stages: str = "full"):
+                     store_v_new: bool, store_h: bool, interpret: bool, stages: str = "full",
+                     pieces: int = 1, summary: bool = False):
     """Kernel body of :func:`chunk_delta_fused_t0_fwd_mosaic`; refs are GMEM.
 
-    ``rest`` = ``[h0_ref,] o_ref, ht_ref, [vn_ref,] [h_ref,]`` then the scratch; ``shim``
+    ``rest`` = ``[h0_ref,] [o_ref,] ht_ref, [vn_ref,] [h_ref,]`` then the scratch (no ``o_ref``
+    with ``summary``: the state chain alone, only the final state stored, for a sequence
+    piece's pass from zero). With ``pieces = P > 1`` the grid's rows are ``P`` pieces of
+    ``num_chunks`` chunks per batch row and ``h`` is stored at the batch row ``b // P`` and
+    global chunk ``(b mod P) num_chunks + n`` (MOSAIC_GPU.md Sec. 42). ``shim``
     (interpret mode only) = ``kt_s`` (``k^T``), ``p_s`` (``P``), ``hi_s``, ``lo_s`` (the two
     terms of ``Ag``), the SMEM copies of what the GPU reads as a transposed view or from
     registers. ``stages`` (:data:`FUSED_T0_STAGES`): a timing ablation that cuts each chunk's
@@ -854,11 +859,14 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     """
     rest = list(rest)
     h0_ref = rest.pop(0) if has_h0 else None
-    o_ref, ht_ref = rest.pop(0), rest.pop(0)
+    o_ref = None if summary else rest.pop(0)
+    ht_ref = rest.pop(0)
     vn_ref = rest.pop(0) if store_v_new else None
     h_ref = rest.pop(0) if store_h else None
     (q_s, k_s, v_s, t0_s, g_row_s, g_col_s, b_col_s, doc_row_s, doc_col_s, last_s, conn_s,
      sb_s, x_s, vn_s, vd_s, o_s, state_s, in_bar, in_free, io_bar, done, *shim) = rest
+    if summary:
+        stages = "state"  # the state chain without the read-out; no o stored (below)
     kt_s, p_s, hi_s, lo_s = shim if interpret else (None,) * 4
     gmem = (q_ref, k_ref, v_ref, t0_ref, g_ref, g_ref, beta_ref, doc_ref, doc_ref, last_ref,
             conn_ref)
@@ -867,6 +875,7 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
+    b_out, n_base = lax.div(b, pieces), lax.rem(b, pieces) * num_chunks  # h's row, 1st chunk
     wg = lax.axis_index("wg")
     dk = k_s.shape[-1]
     dtype = v_s.dtype
@@ -890,6 +899,8 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             return lax.broadcast_in_dim(x, sq, [1])
 
         def store_o(rows, n):  # o_s (written and committed) to the output rows of chunk n
+            if summary:  # no output: the pass keeps only its final state
+                return
             if stages == "no_store":  # the TMA store only for the row's last chunk
                 @pl.when(n + 1 == num_chunks)
                 def _store_last():
@@ -914,7 +925,7 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             sb_s[...] = s.astype(sb_s.dtype)  # S_c in 16 bits: the operand of K S and Q S
             plgpu.commit_smem()
             if store_h:  # the state entering chunk n goes to HBM while the inputs land
-                plgpu.copy_smem_to_gmem(sb_s, h_ref.at[b, h, n, :, cols])
+                plgpu.copy_smem_to_gmem(sb_s, h_ref.at[b_out, h, n_base + n, :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
             k_t = mgl.transposed(k_s.at[slot], kt_s, interpret)  # k^T (a copy if interpreting)
 
@@ -970,7 +981,8 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
                 k_decay = jnp.exp(g_last - g_i) * mgl.load_rows(last_s.at[slot], interpret)
                 s_decay = jnp.exp(g_last) * conn_s[slot, CHUNK - 1]
                 vd_s[...] = (vn * mgl.by_row(k_decay, tile)).astype(vd_s.dtype)
-                o_s[...] = vn.astype(o_s.dtype)
+                if not summary:
+                    o_s[...] = vn.astype(o_s.dtype)
                 plgpu.commit_smem()
                 store_o(rows, n)
 
@@ -1543,7 +1555,7 @@ def check_fused_t0_inputs(q, k, v, t0, g, beta, segment_ids, initial_state) -> N
 @functools.partial(jax.jit, static_argnames=("scale", "store_v_new", "store_h", "split_output",
                                              "interpret", "stages", "split_order",
                                              "split_stages", "state_layout",
-                                             "split_protocol"))
+                                             "split_protocol", "pieces", "summary"))
 def chunk_delta_fused_t0_fwd_mosaic(
     q: jax.Array,
     k: jax.Array,
@@ -1566,7 +1578,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
     split_protocol: str = SPLIT_DEFAULT_PROTOCOL,
     gate_cumsum: Optional[jax.Array] = None,
     doc_vecs: Optional[Tuple[jax.Array, jax.Array, jax.Array]] = None,
-) -> Tuple[jax.Array, jax.Array, Optional[jax.Array], Optional[jax.Array]]:
+    pieces: int = 1,
+    summary: bool = False,
+) -> Tuple[Optional[jax.Array], jax.Array, Optional[jax.Array], Optional[jax.Array]]:
     """The fused forward of :func:`chunk_delta_fused_fwd_mosaic`, reading ``v`` and the
     gate-free inverse ``T0`` instead of ``W, U`` (``forward="fused_t0"``).
 
@@ -1693,9 +1707,23 @@ def chunk_delta_fused_t0_fwd_mosaic(
             kernel name suffix ``_es`` after ``_s3``). ``"kv"`` layout and ``stages`` in
             ``"full"``, ``"no_store"``, ``"nobar"`` only; every ``split_order`` and
             ``split_stages``.
+        pieces: static (two warpgroups only); ``P > 1`` says the batch rows given are
+            sequence pieces, ``P`` consecutive rows per batch row (``[B * P, T / P, ...]``, as
+            :func:`pallas_kernels.common.mosaic_gpu_lib.split_rows` cuts them, each piece a
+            whole number of chunks, ``gate_cumsum`` and ``doc_vecs`` formed on whole rows and
+            split), each run from its own entry state (``initial_state`` ``[B * P, H, K, V]``).
+            Only ``h`` (``store_h``) changes: it is written ``[B, H, N, K, V]`` at each
+            piece's global chunk indices. Used by :func:`pallas_kernels.gated_delta_rule.
+            mosaic_vjp.gated_delta_rule_mosaic` for rows with few CTAs (MOSAIC_GPU.md Sec. 42).
+        summary: static (two warpgroups, ``stages="full"``, no ``store_v_new`` / ``store_h``):
+            run only the state chain (no read-out products) and store only the final state
+            (kernel name ``gdn_chunk_delta_fused_t0_fwd_summary``); the first output is
+            ``None``. A sequence piece's pass from a zero state, ``X_p`` of ``S -> M_p S +
+            X_p``.
 
     Returns:
-        ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic`. Exact up to the
+        ``(o, final_state, v_new, h)`` as :func:`chunk_delta_fused_fwd_mosaic` (``o`` is
+        ``None`` with ``summary``). Exact up to the
         16-bit roundings of the ``wgmma`` operands (``S``, ``X``, ``T0``'s storage, ``P``,
         ``v_new``, ``last e^{G_L - G} v_new``; ``Ag`` is carried as ``hi + lo``) with fp32
         accumulation; with ``split_output``, ``Ag``'s strictly lower part rounded once to 16
@@ -1715,7 +1743,10 @@ def chunk_delta_fused_t0_fwd_mosaic(
             ``state_layout`` not in :data:`SPLIT_STATE_LAYOUTS`, or ``"vk"`` without
             ``split_output``; ``split_protocol`` not in :data:`SPLIT_PROTOCOLS`, or
             ``"early_s"`` without ``split_output``, with ``state_layout="vk"`` or with
-            ``stages`` ``"io"``, ``"state"`` or ``"readout"``.
+            ``stages`` ``"io"``, ``"state"`` or ``"readout"``; ``pieces`` not a positive
+            divisor of the batch rows, or other than 1 with ``split_output``; ``summary``
+            with ``split_output``, ``store_v_new``, ``store_h`` or ``stages`` other than
+            ``"full"``.
     """
     batch, seq_len, kv_heads, dk = k.shape
     heads, dv = v.shape[2], v.shape[3]
@@ -1770,6 +1801,18 @@ def chunk_delta_fused_t0_fwd_mosaic(
                              f"split kernel: stages 'full', 'no_store' or 'nobar', got "
                              f"{stages=}")
 
+    if not isinstance(pieces, int) or pieces < 1 or batch % pieces:
+        raise ValueError(f"pieces={pieces!r} must be a positive divisor of the batch rows "
+                         f"{batch} (the sequence pieces of each row, as rows)")
+    if pieces > 1 and split_output:
+        raise ValueError(f"pieces={pieces} is built for the two-warpgroup kernel only: it needs "
+                         f"split_output=False")
+    if summary and (split_output or store_v_new or store_h or stages != "full"):
+        raise ValueError(f"summary=True runs the two-warpgroup state chain and stores only the "
+                         f"final state: it needs split_output=False, store_v_new=False, "
+                         f"store_h=False and stages='full', got {split_output=}, "
+                         f"{store_v_new=}, {store_h=}, {stages=}")
+
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
     # Padding tokens have q = k = v = 0, T0 rows = 0, beta = 0 and g = 0: Ag is zero on their
@@ -1789,17 +1832,22 @@ def chunk_delta_fused_t0_fwd_mosaic(
                                **({"state_layout": state_layout} if state_layout != "kv"
                                   else {}),
                                **({"protocol": split_protocol}
-                                  if split_protocol != SPLIT_DEFAULT_PROTOCOL else {}))
+                                  if split_protocol != SPLIT_DEFAULT_PROTOCOL else {}),
+                               **({"pieces": pieces} if pieces > 1 else {}),
+                               **({"summary": True} if summary else {}))
     vk = state_layout == "vk"
     dtype = v.dtype
     sk = (dv, dk) if vk else (dk, dv)  # the state's layout inside the kernel
     out_type = [jax.ShapeDtypeStruct((batch, padded, heads, dv), dtype),  # o
                 jax.ShapeDtypeStruct((batch, heads) + sk, jnp.float32)]  # final state
+    if summary:  # the final state alone
+        out_type.pop(0)
     if store_v_new:  # "vk": v_new^T, [B, H, V, Tp]
         out_type.append(jax.ShapeDtypeStruct(
             (batch, heads, dv, padded) if vk else (batch, padded, heads, dv), dtype))
-    if store_h:
-        out_type.append(jax.ShapeDtypeStruct((batch, heads, num_chunks) + sk, dtype))
+    if store_h:  # pieces: [B, H, P N, ...] at global chunk indices
+        out_type.append(jax.ShapeDtypeStruct(
+            (batch // pieces, heads, pieces * num_chunks) + sk, dtype))
     depth = split_stages if split_output else STAGES  # of the TMA input ring
     vec = plgpu.SMEM((depth, CHUNK), jnp.float32)
     swz = mgl.swizzled_smem
@@ -1884,16 +1932,18 @@ def chunk_delta_fused_t0_fwd_mosaic(
         compiler_params=plgpu.CompilerParams(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
-        kernel_name=fused_t0_kernel_name(split_output=split_output, split_order=split_order,
-                                         split_stages=split_stages, state_layout=state_layout,
-                                         stages=stages, split_protocol=split_protocol),
+        kernel_name=("gdn_chunk_delta_fused_t0_fwd_summary" if summary else
+                     fused_t0_kernel_name(split_output=split_output, split_order=split_order,
+                                          split_stages=split_stages, state_layout=state_layout,
+                                          stages=stages, split_protocol=split_protocol)),
     )
     h0 = () if initial_state is None else (initial_state.astype(jnp.float32),)
     if vk:  # the kernel carries S^T: [B, H, V, K] in and out
         h0 = tuple(jnp.swapaxes(x, -1, -2) for x in h0)
     with jax.named_scope("gdn_chunk_delta_fused_t0_fwd_mosaic"):
         outs = list(call(q, k, v, t0, gc, beta_hm, doc, last, conn, *h0))
-    o, final_state = outs.pop(0), outs.pop(0)
+    o = None if summary else outs.pop(0)
+    final_state = outs.pop(0)
     v_new = outs.pop(0) if store_v_new else None
     h = outs.pop(0) if store_h else None
     if vk:
@@ -1901,4 +1951,4 @@ def chunk_delta_fused_t0_fwd_mosaic(
         h = None if h is None else jnp.swapaxes(h, -1, -2)
         v_new = None if v_new is None else jnp.transpose(v_new, (0, 3, 1, 2))
     v_new = None if v_new is None else v_new[:, :seq_len]
-    return o[:, :seq_len], final_state, v_new, h
+    return None if o is None else o[:, :seq_len], final_state, v_new, h

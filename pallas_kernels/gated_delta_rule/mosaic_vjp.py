@@ -116,6 +116,14 @@ DEFAULT_DV_LOCAL = "fold"
 # three-pass forward instead: resolve_forward, the one place that decides.
 FUSED_T0_FALLBACK = True
 
+# With FUSED_T0_FALLBACK on, whether forward="fused_t0" runs such rows as sequence pieces
+# (MOSAIC_GPU.md Sec. 42: the T0 kernel with W, the pieces' maps from W
+# (kernel_mosaic_gpu.chunk_delta_piece_maps_mosaic), their passes from zero (the fused T0
+# kernel's state chain, summary=True), the entry states by an XLA loop, then the fused T0 kernel
+# on the pieces as rows) instead of the three-pass forward. Off until the GPU rule of Sec. 42.1
+# decides; "fused_t0_split" always falls back.
+FUSED_T0_PIECES = False
+
 # The forward of :func:`gated_delta_rule_mosaic` when none is named. "fused_t0" since
 # 2026-12-06 (MOSAIC_GPU.md Sec. 38.1): on an H100 at S1 (B 8, T 4096, H 16, K = V = 128, bf16)
 # the op's fwd+bwd kernel time with the default backward was 1.705 ms (12-06c) and 1.717
@@ -134,7 +142,21 @@ def resolve_forward(forward: str, batch: int, heads: int, dv: int, seq_len: int)
         return forward
     num_chunks = -(-seq_len // mgl.CHUNK)
     pieces = mgl.num_pieces(None, batch * heads * (dv // mgl.BLOCK_V), num_chunks)
-    return "three_pass" if pieces > 1 else forward
+    if pieces == 1 or (forward == "fused_t0" and FUSED_T0_PIECES):
+        return forward
+    return "three_pass"
+
+
+def fused_t0_pieces(forward: str, batch: int, heads: int, dv: int, seq_len: int) -> int:
+    """The sequence pieces ``P`` per row that the ``forward`` resolved by
+    :func:`resolve_forward` runs: ``P > 1`` for ``"fused_t0"`` on rows with few CTAs while
+    :data:`FUSED_T0_FALLBACK` and :data:`FUSED_T0_PIECES` are on (the choice of
+    :func:`pallas_kernels.common.mosaic_gpu_lib.num_pieces`, as the three-pass state pass
+    makes it), else 1 (whole rows)."""
+    if forward != "fused_t0" or not (FUSED_T0_FALLBACK and FUSED_T0_PIECES):
+        return 1
+    num_chunks = -(-seq_len // mgl.CHUNK)
+    return mgl.num_pieces(None, batch * heads * (dv // mgl.BLOCK_V), num_chunks)
 
 
 def gated_delta_rule_mosaic(
@@ -202,7 +224,8 @@ def gated_delta_rule_mosaic(
             (``chunk_kkt_inverse_mosaic`` and
             :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_t0_fwd_mosaic`,
             two or three warpgroups; rows with too few CTAs for them run ``"three_pass"``
-            instead, :func:`resolve_forward`).
+            instead, :func:`resolve_forward`, or with :data:`FUSED_T0_PIECES`
+            ``"fused_t0"`` as sequence pieces, :func:`fused_t0_pieces`).
             Under differentiation the fused kernels also store ``h`` and ``v_new`` (the
             residuals); without it (the primal alone) they store neither. ``"fused_t0"`` and
             ``"fused_t0_split"`` have no ``W``: under differentiation the ``T0`` kernel forms
@@ -288,6 +311,19 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     ``chunk_wy_mosaic`` and the fused ``T0`` forwards' two kernels (not to ``"fused"`` /
     ``"fused_split"``'s fused kernel)."""
     store_v_new = residuals or want_v_new
+    batch, seq_len, heads, dv = v.shape
+    pieces = fused_t0_pieces(forward, batch, heads, dv, seq_len)
+    if pieces > 1:  # rows with few CTAs as sequence pieces (MOSAIC_GPU.md Sec. 42)
+        if docs is None:
+            gc, docs = _shared(g, v, segment_ids)
+        t0, w = kgd.chunk_kkt_inverse_mosaic(k, beta, segment_ids=segment_ids,
+                                             interpret=interpret, return_w=True, g=g,
+                                             gate_cumsum=gc, doc_vecs=docs, **kgd.T0_OPTIONS)
+        o, final_state, v_new, h, maps = _fused_t0_pieces(
+            q, k, v, t0, w, g, beta, initial_state, gc, docs, pieces=pieces, scale=scale,
+            store_v_new=store_v_new, store_h=residuals, interpret=interpret)
+        return (o, final_state), ((w, h, v_new, maps, t0) if residuals
+                                  else (None, None, v_new, None, None))
     if forward in ("fused_t0", "fused_t0_split"):
         # Under differentiation the T0 kernel also forms the backward's W (from its fp32 T0,
         # MOSAIC_GPU.md Sec. 36; it was an fp32 XLA product, ~0.65 ms of glue at S1 on an H100).
@@ -318,6 +354,46 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     o = sg.chunk_output_mosaic(q, k, v_new, g, h, scale=scale, segment_ids=segment_ids,
                                gate_cumsum=gc, doc_vecs=docs, interpret=interpret)
     return (o, final_state), (w, h, v_new, maps, None)
+
+
+def _fused_t0_pieces(q, k, v, t0, w, g, beta, initial_state, gc, docs, *, pieces, scale,
+                     store_v_new, store_h, interpret):
+    """``forward="fused_t0"`` on rows cut into ``pieces`` sequence pieces (MOSAIC_GPU.md
+    Sec. 42): ``(o, final_state, v_new, h, maps)``.
+
+    Piece ``p`` maps its entry state as ``S -> M_p S + X_p``: ``M_p`` from ``W``
+    (:func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu.chunk_delta_piece_maps_mosaic`),
+    ``X_p`` from the fused ``T0`` kernel's state chain on the pieces as rows from zero
+    (``summary=True``); the entry states ``e_0 = initial_state``, ``e_{p+1} = M_p e_p + X_p``
+    (:func:`pallas_kernels.common.mosaic_gpu_lib.scan_piece_maps`, fp32); then the fused ``T0``
+    kernel on the pieces as rows from ``e_p``, ``h`` written at global chunk indices
+    (``pieces``). ``maps`` (``[B, P, H, K, K]`` fp32) go to the backward's reverse state pass,
+    which needs the same maps. ``gc``, ``docs``: :func:`_shared` (formed on whole rows, so a
+    piece's first chunk's ``conn`` gates its entry state)."""
+    batch, seq_len, heads, dv = v.shape
+    dk = k.shape[-1]
+    num_chunks = -(-seq_len // mgl.CHUNK)
+    maps = kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=pieces, gate_cumsum=gc,
+                                             doc_vecs=docs, interpret=interpret)
+    split = functools.partial(mgl.split_rows, pieces=pieces)
+    pad = functools.partial(mgl.pad_time, num_chunks=num_chunks)
+    qp, kp, vp, t0p = (split(pad(x)) for x in (q, k, v, t0))
+    betap = split(pad(beta))
+    gp = None if g is None else split(pad(g))
+    gcp = None if gc is None else mgl.split_head_major(gc, pieces)
+    run = functools.partial(kfused.chunk_delta_fused_t0_fwd_mosaic, qp, kp, vp, t0p, gp, betap,
+                            scale=scale, interpret=interpret, gate_cumsum=gcp,
+                            doc_vecs=tuple(split(x) for x in docs), pieces=pieces)
+    _, x_local, _, _ = run(summary=True)  # [B * P, H, K, V]
+    entries = mgl.scan_piece_maps(maps, x_local.reshape(batch, pieces, heads, dk, dv),
+                                  initial_state, reverse=False)
+    o, finals, v_new, h = run(initial_state=entries.reshape(batch * pieces, heads, dk, dv),
+                              store_v_new=store_v_new, store_h=store_h)
+    o = o.reshape(batch, num_chunks * mgl.CHUNK, heads, dv)[:, :seq_len]
+    if v_new is not None:
+        v_new = v_new.reshape(batch, num_chunks * mgl.CHUNK, heads, dv)[:, :seq_len]
+    final_state = finals.reshape(batch, pieces, heads, dk, dv)[:, -1]
+    return o, final_state, v_new, h, maps
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7, 8, 9, 10, 11, 12, 13))

@@ -1153,6 +1153,45 @@ class FusedT0StagesTest(parameterized.TestCase):
                 _t0_fwd_call(split_output=True, split_order="state_ag",
                              split_protocol="early_s", stages=stages)
 
+    def test_summary_and_pieces_name_their_kernel_and_leave_the_default(self):
+        # MOSAIC_GPU.md Sec. 42: pieces=1 and summary=False are the default's jaxpr; summary
+        # has its own kernel name and one output; pieces=2 writes h at global chunk indices.
+        q, k, v, g, beta, state, seg = _inputs(2, 128, 2, 1, 64, 64, 0.2, True, (70, 30))
+        t0 = jnp.zeros((2, 128, 2, C), k.dtype)
+
+        def jaxpr(**kw):
+            return jax.make_jaxpr(lambda *a: kfused.chunk_delta_fused_t0_fwd_mosaic(
+                *a, scale=0.1, initial_state=state, segment_ids=seg, **kw))(
+                    q, k, v, t0, g, beta)
+        default = str(jaxpr(store_h=True))
+        self.assertEqual(str(jaxpr(store_h=True, pieces=1, summary=False)), default)
+        summary = jaxpr(summary=True)
+        self.assertIn("gdn_chunk_delta_fused_t0_fwd_summary", str(summary))
+        self.assertNotIn("_summary", default)
+        self.assertEqual([v.aval.shape for v in summary.jaxpr.outvars if v.aval.ndim == 4],
+                         [(2, 2, 64, 64)])  # the final state alone
+        pieces = jaxpr(store_h=True, pieces=2)
+        self.assertEqual(pieces.out_avals[-1].shape, (1, 2, 4, 64, 64))  # [B, H, P N, K, V]
+        self.assertEqual(jaxpr(store_h=True).out_avals[-1].shape, (2, 2, 2, 64, 64))
+
+    def test_rejects_bad_pieces_or_summary(self):
+        with self.assertRaisesRegex(ValueError, "pieces=3 must be a positive divisor of the "
+                                                "batch rows 1"):
+            _t0_fwd_call(pieces=3)
+        with self.assertRaisesRegex(ValueError, "pieces=0 must be a positive divisor"):
+            _t0_fwd_call(pieces=0)
+        q, k, v, g, beta, _, _ = _inputs(2, 64, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((2, 64, 2, C), k.dtype)
+        with self.assertRaisesRegex(ValueError, "pieces=2 is built for the two-warpgroup "
+                                                "kernel only"):
+            kfused.chunk_delta_fused_t0_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, pieces=2,
+                                                   split_output=True)
+        for kw in (dict(split_output=True), dict(store_v_new=True), dict(store_h=True),
+                   dict(stages="io")):
+            with self.assertRaisesRegex(ValueError, "summary=True runs the two-warpgroup state "
+                                                    "chain", msg=str(kw)):
+                _t0_fwd_call(summary=True, **kw)
+
     def test_rejects_unknown_or_unsplit_split_stages(self):
         with self.assertRaisesRegex(ValueError, "split_stages must be one of"):
             _t0_fwd_call(split_output=True, split_stages=4)
@@ -1205,6 +1244,12 @@ class FusedT0StagesInterpretTest(absltest.TestCase):
         o_ns = run("no_store")[0]
         last = slice(2 * C, seq_len)
         np.testing.assert_array_equal(np.asarray(o_ns[:, last]), np.asarray(o_full[:, last]))
+        # summary=True (MOSAIC_GPU.md Sec. 42): "state"'s chain, only the final state stored
+        o_sum, final_sum, vn_sum, h_sum = run("full", summary=True)
+        self.assertIsNone(o_sum)
+        self.assertIsNone(vn_sum)
+        self.assertIsNone(h_sum)
+        np.testing.assert_array_equal(np.asarray(final_sum), np.asarray(final_full))
 
 
 def _check_split_stage_exports(test, stages, split_order="state_ag", split_stages=3, dk=128,

@@ -219,6 +219,25 @@ class GpuTest(kmg_test.HopperTestCase):
                    forward=case[-1], backward=backward)
 
     @parameterized.named_parameters(
+        # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths. P = 8 pieces
+        # (8 CTAs a launch, 32 chunks), a document starting on a piece edge (token 768); P = 4
+        # (8 CTAs, 16 chunks, the last piece padded) with strong decay
+        ("gva_h0_dht_packed_edge_T2048_K128_V128", 1, 2048, 4, 2, 128, 128, 0.05, True, True,
+         (768, 1, 255, 1024)),
+        ("strong_decay_h0_partial_T1000_K64_V128", 2, 1000, 2, 1, 64, 128, 5.0, True, False,
+         (10, 54, 500)),
+    )
+    def test_fused_t0_pieces_matches_chunked_vjp(self, *case):
+        """The default forward ``fused_t0`` on rows with few CTAs as sequence pieces
+        (``mosaic_vjp.FUSED_T0_PIECES``, MOSAIC_GPU.md Sec. 42), default backward."""
+        args = bwd_test._pipeline_inputs(*case, seed=17)
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", True):
+            batch, seq_len, heads, dv = args[2].shape
+            self.assertGreater(mosaic_vjp.fused_t0_pieces("fused_t0", batch, heads, dv,
+                                                          seq_len), 1)
+            _check(self, args, False)
+
+    @parameterized.named_parameters(
         # B, T, H, Hk, K, V, decay (None: DeltaNet), h0, dht, document lengths
         ("gva2_h0_dht_packed_T2048_K64_V64", 1, 2048, 16, 8, 64, 64, 0.05, True, True,
          (700, 1, 64, 999)),

@@ -504,6 +504,30 @@ class GdnApiLoweringTest(absltest.TestCase):
             self.assertEqual(sum(name in c for c in calls), 1, msg=name)
         self.assertEqual(sum("gdn_chunk_delta_fused_t0_fwd" in c for c in calls), 0)
 
+    def test_fused_t0_pieces_hand_their_maps_to_the_backward(self):
+        # The same case with mosaic_vjp.FUSED_T0_PIECES (MOSAIC_GPU.md Sec. 42): the default
+        # forward "fused_t0" runs the rows as P = 2 pieces, the T0 kernel forming W, one maps
+        # launch (kept for the backward, which forms none), the summary pass and the fused
+        # kernel; no three-pass forward kernel. 7 launches: those 4, the folded reverse pass's
+        # pieces and stored launches, the fused chunk-local backward.
+        q, k, v, g, beta, h0, seg, do, dht, du = _gdn_case(seq_len=500, docs=(100, 156, 150))
+        fn = jax.value_and_grad(_gdn_loss("mosaic_gpu", seg, do, dht, du), argnums=range(6),
+                                has_aux=True)
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
+                mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", True):
+            self.assertEqual(mosaic_vjp.fused_t0_pieces("fused_t0", 1, 2, 64, 500), 2)
+            text = jax.jit(fn).trace(q, k, v, g, beta, h0).lower(
+                lowering_platforms=("cuda",)).as_text()
+        calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+        self.assertEqual(len(calls), 7)
+        for name in ("gdn_chunk_kkt_inverse", "gdn_chunk_delta_h_maps",
+                     "gdn_chunk_delta_fused_t0_fwd_summary", "gdn_chunk_delta_dh_fold_pieces",
+                     "gdn_chunk_bwd_fused_ws"):
+            self.assertEqual(sum(name in c for c in calls), 1, msg=name)
+        self.assertEqual(sum("gdn_chunk_delta_fused_t0_fwd" in c for c in calls), 2)
+        for name in ("gdn_chunk_wy", "gdn_chunk_delta_h_pieces", "simple_gla_chunk_output"):
+            self.assertEqual(sum(name in c for c in calls), 0, msg=name)
+
 
 def _check_residual_and_gradients(test, impl, case, deltanet):
     """``o``, the final state, ``u`` and every gradient of the public op with ``impl`` against
@@ -564,6 +588,20 @@ class GdnApiTest(parameterized.TestCase):
         _check_residual_and_gradients(
             self, "mosaic_gpu_interpret", _gdn_case(seq_len=500, docs=docs, seed=4), deltanet)
 
+    # The same two cases through the fused T0 forward's pieces (mosaic_vjp.FUSED_T0_PIECES,
+    # MOSAIC_GPU.md Sec. 42): the summary pass, the maps from the T0 kernel's W, the pieces as
+    # rows, h at global chunk indices, the maps handed to the backward. PJRT_NPROC=8.
+    @parameterized.named_parameters(
+        ("gated_gva_doc_on_the_edge", False, (100, 156, 150)),
+        ("deltanet_one_document", True, None),
+    )
+    def test_fused_t0_pieces_match_chunked_autodiff(self, deltanet, docs):
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", True):
+            self.assertEqual(mosaic_vjp.fused_t0_pieces("fused_t0", 1, 2, 64, 500), 2)
+            _check_residual_and_gradients(
+                self, "mosaic_gpu_interpret", _gdn_case(seq_len=500, docs=docs, seed=4),
+                deltanet)
+
 
 # Slow (out of CI), as GdnApiTest: the public op with mosaic_vjp's backward="fused" (the fused
 # chunk-local kernel, MOSAIC_GPU.md Sec. 31), u's cotangent included. The public op keeps the
@@ -598,6 +636,22 @@ class GdnGpuTest(kmg_test.HopperTestCase):
                                                            kv_heads, dk, dv, docs):
         case = _gdn_case(seq_len, heads, kv_heads, dk, dv, decay=0.05, docs=docs, seed=6)
         _check_residual_and_gradients(self, "mosaic_gpu", case, deltanet)
+
+    @parameterized.named_parameters(
+        # B 1, H 4, V 128: 8 CTAs a launch, 32 chunks, so P = 8 pieces of 256 tokens; a
+        # document starts on a piece edge (token 768) and two inside pieces. DeltaNet: P = 4.
+        ("gated_gva_packed_edge_T2048_K128_V128", False, 2048, 4, 2, 128, 128,
+         (768, 1, 255, 1024)),
+        ("deltanet_partial_T1000_K64_V64", True, 1000, 2, 2, 64, 64, None),
+    )
+    def test_fused_t0_pieces_match_chunked_autodiff(self, deltanet, seq_len, heads, kv_heads,
+                                                    dk, dv, docs):
+        """The fused T0 forward on rows with few CTAs as sequence pieces
+        (``mosaic_vjp.FUSED_T0_PIECES``, MOSAIC_GPU.md Sec. 42) on the compiled kernels."""
+        case = _gdn_case(seq_len, heads, kv_heads, dk, dv, decay=0.05, docs=docs, seed=6)
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", True):
+            self.assertGreater(mosaic_vjp.fused_t0_pieces("fused_t0", 1, heads, dv, seq_len), 1)
+            _check_residual_and_gradients(self, "mosaic_gpu", case, deltanet)
 
 
 if __name__ == "__main__":
