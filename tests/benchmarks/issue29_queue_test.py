@@ -25,8 +25,8 @@ from tests.benchmarks import window_shims
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
-ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn t0pieces tp350 cw_state "
-         "cw_diag cw_grad cw_tests cw_gdn2 cw_slab").split()
+ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn t0pieces tp350 "
+         "cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]
