@@ -31,6 +31,8 @@
 #   tp350 480   Sec. 34: GDN-pure 350M training throughput at the recipe's batch (128 x 4096,
 #               micro-batches of 16, 20 steps) with model.gdn.implementation=auto (the Mosaic
 #               kernels on Hopper since 2026-12-06f) and =pallas (Triton): issue 29's MFU target
+#   fp16def 110  autooff_dn's two fp16 gpu tests alone (the op's defaults in fp16, which GDN's
+#               auto runs since 2026-12-06f), for a window too short for autooff_dn
 #   t0pieces 330  Sec. 42: GDN at S2 and P1 (fwd+bwd, fwd), the fused_t0 forward as sequence
 #               pieces (--mosaic_t0_pieces, jla beside it) against the three_pass fallback, in
 #               two processes, then the pieces path's four gpu tests (decision rule in Sec. 42.1)
@@ -65,7 +67,7 @@ LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
-  autooff_dn) echo 370;; tp350) echo 480;; t0pieces) echo 330;;
+  autooff_dn) echo 370;; tp350) echo 480;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -231,6 +233,15 @@ run_autooff_dn() {
     $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fp16_defaults_match_chunked_vjp_gva_h0_dht_packed_T2048_K128_V128 \
     $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fp16_defaults_match_chunked_vjp_deltanet_partial_T1000_K64_V64
   echo "gpu tests rc=$?"; tail -4 $O/autooff_dn/gpu_tests/summary.md
+}
+
+run_fp16def() {  # the op's defaults in fp16 (autooff_dn's tests, without its bench)
+  mkdir -p $O/fp16def
+  timeout 105 python3 benchmarks/gpu_tests.py --jobs=2 --deadline_s=100 \
+    --out=$O/fp16def/gpu_tests \
+    $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fp16_defaults_match_chunked_vjp_gva_h0_dht_packed_T2048_K128_V128 \
+    $T/kernel_mosaic_gdn_vjp_test.py::GpuTest::test_fp16_defaults_match_chunked_vjp_deltanet_partial_T1000_K64_V64
+  echo "gpu tests rc=$?"; tail -4 $O/fp16def/gpu_tests/summary.md
 }
 
 run_t0pieces() {  # Sec. 42: fused_t0 as sequence pieces against the three_pass fallback
