@@ -111,11 +111,12 @@ _MOSAIC_FORWARD = flags.DEFINE_string(
     "default. "
     "Recorded with every mosaic record.")
 _MOSAIC_T0_PIECES = flags.DEFINE_bool(
-    "mosaic_t0_pieces", False,
-    "Peer mosaic, gdn and deltanet: set mosaic_vjp.FUSED_T0_PIECES for this process, so that "
-    "the fused_t0 forward (the default) runs rows with few CTAs (S2, P1, the gate's shape) as "
-    "sequence pieces instead of falling back to three_pass (MOSAIC_GPU.md Sec. 42). Recorded "
-    "with every mosaic record (mosaic_t0_pieces).")
+    "mosaic_t0_pieces", None,
+    "Peer mosaic, gdn and deltanet: set mosaic_vjp.FUSED_T0_PIECES for this process: on, the "
+    "fused_t0 forward (the default) runs rows with few CTAs (S2, P1, the gate's shape) as "
+    "sequence pieces (MOSAIC_GPU.md Sec. 42; the op's default since 2026-12-06g); off "
+    "(--nomosaic_t0_pieces), it falls back to three_pass there; unset: the op's default. "
+    "Recorded with every mosaic record (mosaic_t0_pieces: the value in force).")
 _MOSAIC_T0_INVERSE = flags.DEFINE_string(
     "mosaic_t0_inverse", None,
     "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0 or fused_t0_split: the "
@@ -485,11 +486,14 @@ def correctness_gate(op, peer, fwd_only=False):
     want_g = ref_passes["fwdbwd"](*f32, do.astype(jnp.float32), **gates)
     passes = _jax_passes(_jax_fn(op, peer, seg), names)
     # The gate shape's rows have few CTAs, where gated_delta_rule_mosaic would run a fused T0
-    # forward as three_pass (mosaic_vjp.resolve_forward): the gate checks the forward named.
-    # With --mosaic_t0_pieces the fallback stays on, so that the gate checks the pieces path.
+    # forward as three_pass, or "fused_t0" as sequence pieces (mosaic_vjp.resolve_forward,
+    # FUSED_T0_PIECES): the gate checks the forward named, "fused_t0" as the pieces it runs
+    # on such rows when FUSED_T0_PIECES is on (the default; --nomosaic_t0_pieces turns it off).
     from pallas_kernels.gated_delta_rule import mosaic_vjp
     fallback = mosaic_vjp.FUSED_T0_FALLBACK
-    mosaic_vjp.FUSED_T0_FALLBACK = fallback and _MOSAIC_T0_PIECES.value
+    named = _MOSAIC_FORWARD.value or mosaic_vjp.DEFAULT_FORWARD
+    mosaic_vjp.FUSED_T0_FALLBACK = (fallback and mosaic_vjp.FUSED_T0_PIECES
+                                    and named == "fused_t0")
     try:
         got_o = passes["fwd"](q, k, v, do, **gates)
         got_g = () if fwd_only else passes["fwdbwd"](q, k, v, do, **gates)
@@ -868,7 +872,8 @@ def run_jax(records):
                             rec["mosaic_wy"] = _MOSAIC_WY.value
                         if peer == "mosaic":
                             rec["mosaic_forward"] = _MOSAIC_FORWARD.value
-                            rec["mosaic_t0_pieces"] = _MOSAIC_T0_PIECES.value
+                            from pallas_kernels.gated_delta_rule import mosaic_vjp
+                            rec["mosaic_t0_pieces"] = mosaic_vjp.FUSED_T0_PIECES
                         if (peer == "mosaic" and op in ("gdn", "deltanet")
                                 and _MOSAIC_WY.value != "xla"):
                             # what the op ran (unset: its default): a fused T0 forward on rows
@@ -1283,9 +1288,9 @@ def main(argv):
     _check_channelwise_state_pass()
     _check_channelwise_grad_pass()
     _apply_mosaic_t0()  # refuse a bad value before anything runs (run_jax applies it again)
-    if _MOSAIC_T0_PIECES.value:
+    if _MOSAIC_T0_PIECES.value is not None:
         from pallas_kernels.gated_delta_rule import mosaic_vjp
-        mosaic_vjp.FUSED_T0_PIECES = True
+        mosaic_vjp.FUSED_T0_PIECES = _MOSAIC_T0_PIECES.value
     records = []
     command = "python " + " ".join(sys.argv)
     if "fla" in _PEERS.value and _on_tpu():

@@ -765,7 +765,6 @@ def op_export(op: str, forward: str, *, infer: bool = False, nog: bool = False,
     kgd.SPLIT_T0_OPTIONS.clear()
     kgd.SPLIT_T0_OPTIONS.update(split or {})
     # the forward named, also on rows where the op would run a fused T0 forward as three_pass
-    # (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36)
     # (mosaic_vjp.resolve_forward, MOSAIC_GPU.md Sec. 36), or as sequence pieces (Sec. 42)
     fallback, mosaic_vjp.FUSED_T0_FALLBACK = mosaic_vjp.FUSED_T0_FALLBACK, pieces
     as_pieces, mosaic_vjp.FUSED_T0_PIECES = mosaic_vjp.FUSED_T0_PIECES, pieces

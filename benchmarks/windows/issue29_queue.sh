@@ -34,8 +34,8 @@
 #   fp16def 110  autooff_dn's two fp16 gpu tests alone (the op's defaults in fp16, which GDN's
 #               auto runs since 2026-12-06f), for a window too short for autooff_dn
 #   t0pieces 330  Sec. 42: GDN at S2 and P1 (fwd+bwd, fwd), the fused_t0 forward as sequence
-#               pieces (--mosaic_t0_pieces, jla beside it) against the three_pass fallback, in
-#               two processes, then the pieces path's four gpu tests (decision rule in Sec. 42.1)
+#               pieces (--mosaic_t0_pieces, jla beside it) against the three_pass fallback
+#               (--nomosaic_t0_pieces), in two processes (ran on 2026-12-06g), then the pieces path's four gpu tests (decision rule in Sec. 42.1)
 # The per-channel family (KDA, GDN-2; MOSAIC_GPU.md Sec. 37, decision rules there), after those:
 #   cw_state 320  Sec. 18.1: KDA's state passes mosaic vs triton, S1 then S2, fwd+bwd and fwd,
 #                 jla in the same processes
@@ -251,7 +251,7 @@ run_t0pieces() {  # Sec. 42: fused_t0 as sequence pieces against the three_pass 
   MOSAIC_GPU_DUMP_PTXAS=1 timeout 130 $b --peers=mosaic,jla --mosaic_t0_pieces \
     --out=$O/t0pieces/pieces > $O/t0pieces/pieces.log 2>&1
   echo "pieces rc=$? t=$((SECONDS-s))s"
-  timeout 90 $b --peers=mosaic --out=$O/t0pieces/fallback > $O/t0pieces/fallback.log 2>&1
+  timeout 90 $b --peers=mosaic --nomosaic_t0_pieces --out=$O/t0pieces/fallback > $O/t0pieces/fallback.log 2>&1
   echo "fallback rc=$? t=$((SECONDS-s))s"
   grep -a -h '^gate' $O/t0pieces/pieces.log $O/t0pieces/fallback.log | cut -c1-300
   gdn_show $O/t0pieces/pieces.log $O/t0pieces/fallback.log

@@ -471,6 +471,9 @@ def chunk_delta_piece_maps_mosaic(
     heads = w.shape[2]
     _check_delta_inputs(k, w, w, g, segment_ids)
     num_chunks = -(-seq_len // CHUNK)
+    if not isinstance(pieces, int) or isinstance(pieces, bool):
+        raise ValueError(f"pieces must be a positive divisor of the chunk count {num_chunks}, "
+                         f"got {pieces!r}")
     pieces = mgl.num_pieces(pieces, 1, num_chunks)
     k, w = (mgl.pad_time(x, num_chunks) for x in (k, w))
     gc = mgl.chunk_cumsum(g, (batch, seq_len, heads), num_chunks, gate_cumsum)  # [B, H, Tp]

@@ -875,7 +875,11 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
     b, h, iv = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("v")
     hk = lax.div(h, group)  # GVA: value head h reads query/key head h // group
     cols = pl.ds(iv * BLOCK_V, BLOCK_V)
-    b_out, n_base = lax.div(b, pieces), lax.rem(b, pieces) * num_chunks  # h's row, 1st chunk
+    # h's row and chunk (pieces as rows); one piece: the grid's row and n, as before
+    b_out = b if pieces == 1 else lax.div(b, pieces)
+
+    def h_chunk(n):
+        return n if pieces == 1 else lax.rem(b, pieces) * num_chunks + n
     wg = lax.axis_index("wg")
     dk = k_s.shape[-1]
     dtype = v_s.dtype
@@ -925,7 +929,7 @@ def _fused_t0_kernel(q_ref, k_ref, v_ref, t0_ref, g_ref, beta_ref, doc_ref, last
             sb_s[...] = s.astype(sb_s.dtype)  # S_c in 16 bits: the operand of K S and Q S
             plgpu.commit_smem()
             if store_h:  # the state entering chunk n goes to HBM while the inputs land
-                plgpu.copy_smem_to_gmem(sb_s, h_ref.at[b_out, h, n_base + n, :, cols])
+                plgpu.copy_smem_to_gmem(sb_s, h_ref.at[b_out, h, h_chunk(n), :, cols])
             plgpu.barrier_wait(in_bar.at[slot])
             k_t = mgl.transposed(k_s.at[slot], kt_s, interpret)  # k^T (a copy if interpreting)
 
@@ -1744,7 +1748,8 @@ def chunk_delta_fused_t0_fwd_mosaic(
             ``split_output``; ``split_protocol`` not in :data:`SPLIT_PROTOCOLS`, or
             ``"early_s"`` without ``split_output``, with ``state_layout="vk"`` or with
             ``stages`` ``"io"``, ``"state"`` or ``"readout"``; ``pieces`` not a positive
-            divisor of the batch rows, or other than 1 with ``split_output``; ``summary``
+            divisor of the batch rows, other than 1 with ``split_output`` or with ``T`` not a
+            multiple of 64; ``summary``
             with ``split_output``, ``store_v_new``, ``store_h`` or ``stages`` other than
             ``"full"``.
     """
@@ -1804,6 +1809,9 @@ def chunk_delta_fused_t0_fwd_mosaic(
     if not isinstance(pieces, int) or pieces < 1 or batch % pieces:
         raise ValueError(f"pieces={pieces!r} must be a positive divisor of the batch rows "
                          f"{batch} (the sequence pieces of each row, as rows)")
+    if pieces > 1 and seq_len % CHUNK:
+        raise ValueError(f"pieces={pieces}: each piece must be a whole number of chunks of "
+                         f"{CHUNK} tokens, got T = {seq_len} per piece")
     if pieces > 1 and split_output:
         raise ValueError(f"pieces={pieces} is built for the two-warpgroup kernel only: it needs "
                          f"split_output=False")

@@ -4,8 +4,10 @@
 :mod:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu` (with ``forward="fused_t0"``, the
 default, or ``"fused_t0_split"``: ``chunk_kkt_inverse_mosaic`` and
 ``chunk_delta_fused_t0_fwd_mosaic`` (``split_output`` for the latter), ``W`` formed by the
-``T0`` kernel only when differentiated; with ``forward="three_pass"``, and on rows with too few
-CTAs for a fused ``T0`` forward: ``chunk_wy_mosaic``, ``chunk_delta_h_mosaic``, the
+``T0`` kernel only when differentiated; ``"fused_t0"`` on rows with too few CTAs runs them as
+sequence pieces, the ``T0`` kernel then always forming ``W`` for the pieces' maps
+(:data:`FUSED_T0_PIECES`, MOSAIC_GPU.md Sec. 42); with ``forward="three_pass"``, and on rows
+with too few CTAs for ``"fused_t0_split"``: ``chunk_wy_mosaic``, ``chunk_delta_h_mosaic``, the
 scalar-decay ``chunk_output_mosaic``; with ``forward="fused"`` or ``"fused_split"``,
 ``chunk_wy_mosaic`` and
 :func:`pallas_kernels.gated_delta_rule.kernel_mosaic_gpu_fused.chunk_delta_fused_fwd_mosaic`,
@@ -113,23 +115,27 @@ DEFAULT_DV_LOCAL = "fold"
 # CTAs on 132 SMs, and the kernel took 1.70 ms on an H100 (2026-12-06, MOSAIC_GPU.md Sec. 36)
 # where the three-pass state pass runs its rows as 4 pieces. With this on (the default), such
 # rows (those the three-pass state pass would split, mosaic_gpu_lib.num_pieces > 1) run the
-# three-pass forward instead: resolve_forward, the one place that decides.
+# three-pass forward instead, or with FUSED_T0_PIECES (the default) "fused_t0" as sequence
+# pieces: resolve_forward and fused_t0_pieces, the one place that decides. Off: whole rows.
 FUSED_T0_FALLBACK = True
 
 # With FUSED_T0_FALLBACK on, whether forward="fused_t0" runs such rows as sequence pieces
 # (MOSAIC_GPU.md Sec. 42: the T0 kernel with W, the pieces' maps from W
 # (kernel_mosaic_gpu.chunk_delta_piece_maps_mosaic), their passes from zero (the fused T0
 # kernel's state chain, summary=True), the entry states by an XLA loop, then the fused T0 kernel
-# on the pieces as rows) instead of the three-pass forward. Off until the GPU rule of Sec. 42.1
-# decides; "fused_t0_split" always falls back.
-FUSED_T0_PIECES = False
+# on the pieces as rows) instead of the three-pass forward; "fused_t0_split" always falls back.
+# On since 2026-12-06g (Sec. 42.2): on an H100 at S2 (B 1, T 32768, H 16, K = V = 128, bf16) the
+# forward took 0.974 ms against the three-pass fallback's 1.115 (same call), and the kernels the
+# path changes 1.57 ms of the fwd+bwd step against 1.78 at S2 and P1 in two calls; the gate and
+# the four gpu tests of the path green.
+FUSED_T0_PIECES = True
 
 # The forward of :func:`gated_delta_rule_mosaic` when none is named. "fused_t0" since
 # 2026-12-06 (MOSAIC_GPU.md Sec. 38.1): on an H100 at S1 (B 8, T 4096, H 16, K = V = 128, bf16)
 # the op's fwd+bwd kernel time with the default backward was 1.705 ms (12-06c) and 1.717
 # (12-06e) against "three_pass"'s 2.044 (12-06, Sec. 32.2), the gates green, and the seven
-# `gpu` tests of Sec. 38 passed on that card (12-06e). Rows with too few CTAs still run
-# "three_pass" (FUSED_T0_FALLBACK).
+# `gpu` tests of Sec. 38 passed on that card (12-06e). Rows with too few CTAs run it as
+# sequence pieces (FUSED_T0_PIECES, since 2026-12-06g; "three_pass" before).
 DEFAULT_FORWARD = "fused_t0"
 
 
@@ -263,7 +269,8 @@ def gated_delta_rule_mosaic(
         ``g`` is ``None``; computed in fp32 and rounded once).
 
     Raises:
-        ValueError: on a ``beta`` that is not ``[B, T, H]``, an unknown ``forward``,
+        ValueError: on a ``beta`` that is not ``[B, T, H]``, an ``initial_state`` that is not
+            ``[B, H, K, V]``, an unknown ``forward``,
             ``backward`` or ``dv_local``, and as
             the kernels (shapes, dtypes, head dims, ``H`` not a multiple of ``Hk``).
     """
@@ -273,6 +280,10 @@ def gated_delta_rule_mosaic(
         scale = dk ** -0.5
     if beta.shape != (batch, seq_len, heads):
         raise ValueError(f"beta must be [B, T, H] = {(batch, seq_len, heads)}, got {beta.shape=}")
+    want = (batch, heads, dk, v.shape[3])
+    if initial_state is not None and initial_state.shape != want:
+        raise ValueError(f"initial_state must be [B, H, K, V] = {want}, got "
+                         f"{initial_state.shape=}")
     if forward not in kgd.FORWARDS:
         raise ValueError(f"forward must be one of {kgd.FORWARDS}, got {forward!r}")
     if backward not in BACKWARDS:
@@ -304,9 +315,11 @@ def _forward(q, k, v, g, beta, initial_state, segment_ids, scale, forward, inter
     """``(o, final_state)`` and the residuals ``(w, h, v_new, maps, t0)`` of the forward
     stages (``t0``: the ``fused_t0`` forwards' ``T0`` under differentiation, else ``None``).
 
-    ``maps``: the three-pass state pass's sequence-piece maps (``None`` with one piece or a
-    fused forward). The fused kernels give ``None`` for ``h`` and ``v_new`` without
-    ``residuals`` (``v_new`` is kept with ``want_v_new``), ``"fused_t0"`` ``None`` for ``w``.
+    ``maps``: the sequence-piece maps ``[B, P, H, K, K]`` of the three-pass state pass or of
+    ``"fused_t0"`` on rows with few CTAs (:func:`fused_t0_pieces`, :func:`_fused_t0_pieces`;
+    under differentiation), else ``None`` (one piece, or the other fused forwards). The fused
+    kernels give ``None`` for ``h`` and ``v_new`` without ``residuals`` (``v_new`` is kept with
+    ``want_v_new``), ``"fused_t0"`` ``None`` for ``w`` (whole rows, not differentiated).
     ``gc``, ``docs``: :func:`_shared`, passed to the three-pass kernels,
     ``chunk_wy_mosaic`` and the fused ``T0`` forwards' two kernels (not to ``"fused"`` /
     ``"fused_split"``'s fused kernel)."""

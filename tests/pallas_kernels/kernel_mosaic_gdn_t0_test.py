@@ -38,7 +38,7 @@ dispatched, not run on a GPU yet).
 * ``VjpInterpretTest`` (``slow``): ``jax.vjp`` of the op with ``forward="fused_t0"`` (``W``
   formed by the ``T0`` kernel for the unchanged backward; in XLA before Sec. 36) against
   ``jax.vjp`` of the fp32 chunk form, with ``kernel_mosaic_gdn_fused_test.py``'s gates.
-  ``LoweringTest.test_rows_with_few_ctas_run_three_pass``: ``mosaic_vjp.resolve_forward``.
+  ``LoweringTest.test_rows_with_few_ctas_run_pieces_or_three_pass``: ``mosaic_vjp.resolve_forward``,
 * ``KktInverseWInterpretTest`` (``slow``): ``return_w=True`` of the ``T0`` kernel (the
   backward's ``W`` formed in the kernel, MOSAIC_GPU.md Sec. 36): the same ``T0`` bit for bit,
   ``W`` against the fp32 WY factor within 2 % of that factor's own rounding to the input dtype
@@ -772,19 +772,31 @@ class LoweringTest(parameterized.TestCase):
     def test_fused_t0_kernel_exports_for_cuda(self, **variant):
         _check_fused_t0_kernel_exports(self, **variant)
 
-    def test_rows_with_few_ctas_run_three_pass(self):
-        # resolve_forward (MOSAIC_GPU.md Sec. 36): S1 keeps the fused T0 forwards, S2 (B 1,
-        # T 32768, H 16, V 128: 32 CTAs, 4 pieces for the three-pass state pass) falls back
-        resolve = mosaic_vjp.resolve_forward
+    def test_rows_with_few_ctas_run_pieces_or_three_pass(self):
+        # resolve_forward, fused_t0_pieces (MOSAIC_GPU.md Sec. 36, 42): S1 keeps the fused T0
+        # forwards on whole rows; at S2 (B 1, T 32768, H 16, V 128: 32 CTAs, 4 pieces)
+        # "fused_t0" runs as 4 sequence pieces (FUSED_T0_PIECES, the default since 12-06g) or,
+        # with it off, falls back to three_pass as "fused_t0_split" always does
+        resolve, pieces = mosaic_vjp.resolve_forward, mosaic_vjp.fused_t0_pieces
+        self.assertTrue(mosaic_vjp.FUSED_T0_PIECES)
         for forward in ("fused_t0", "fused_t0_split"):
             self.assertEqual(resolve(forward, 8, 16, 128, 4096), forward)
-            self.assertEqual(resolve(forward, 1, 16, 128, 32768), "three_pass")
+            self.assertEqual(pieces(forward, 8, 16, 128, 4096), 1)
             with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):
                 self.assertEqual(resolve(forward, 1, 16, 128, 32768), forward)
+                self.assertEqual(pieces(forward, 1, 16, 128, 32768), 1)
+        self.assertEqual(resolve("fused_t0", 1, 16, 128, 32768), "fused_t0")
+        self.assertEqual(pieces("fused_t0", 1, 16, 128, 32768), 4)
+        self.assertEqual(resolve("fused_t0_split", 1, 16, 128, 32768), "three_pass")
+        self.assertEqual(pieces("three_pass", 1, 16, 128, 32768), 1)
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", False):
+            self.assertEqual(resolve("fused_t0", 1, 16, 128, 32768), "three_pass")
+            self.assertEqual(pieces("fused_t0", 1, 16, 128, 32768), 1)
         for forward in ("three_pass", "fused"):
             self.assertEqual(resolve(forward, 1, 16, 128, 32768), forward)
         # the op's training step at B 1, T 512, H 1, V 64 (one CTA, 8 chunks: 2 pieces) runs
-        # the three-pass kernels for forward="fused_t0", and the fused T0 ones without fallback
+        # "fused_t0" as pieces (the summary launch), the three-pass kernels with the pieces off,
+        # and the fused T0 kernel on whole rows without the fallback
         q, k, v, g, beta, _, _ = _inputs(1, 512, 1, 1, 64, 64, 0.1, False, None)
 
         def kernels(forward="fused_t0"):  # None: no forward= (the op's default)
@@ -796,12 +808,16 @@ class LoweringTest(parameterized.TestCase):
             text = jax.export.export(jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4))),
                                      platforms=["cuda"])(q, k, v, g, beta).mlir_module()
             return [name for name in ("gdn_chunk_wy", "gdn_chunk_delta_h_pieces",
-                                      "gdn_chunk_delta_fused_t0_fwd") if name in text]
+                                      "gdn_chunk_delta_fused_t0_fwd",
+                                      "gdn_chunk_delta_fused_t0_fwd_summary") if name in text]
 
-        self.assertEqual(kernels(), ["gdn_chunk_wy", "gdn_chunk_delta_h_pieces"])
+        pieces_path = ["gdn_chunk_delta_fused_t0_fwd", "gdn_chunk_delta_fused_t0_fwd_summary"]
+        self.assertEqual(kernels(), pieces_path)
+        self.assertEqual(kernels(None), pieces_path)  # DEFAULT_FORWARD (Sec. 38.1)
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", False):
+            self.assertEqual(kernels(), ["gdn_chunk_wy", "gdn_chunk_delta_h_pieces"])
         with mock.patch.object(mosaic_vjp, "FUSED_T0_FALLBACK", False):
             self.assertEqual(kernels(), ["gdn_chunk_delta_fused_t0_fwd"])
-            # the op's default forward is the fused T0 one (DEFAULT_FORWARD, Sec. 38.1)
             self.assertEqual(kernels(None), ["gdn_chunk_delta_fused_t0_fwd"])
 
     @parameterized.named_parameters(("K128", dict(dk=128)),
@@ -1186,6 +1202,18 @@ class FusedT0StagesTest(parameterized.TestCase):
                                                 "kernel only"):
             kfused.chunk_delta_fused_t0_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, pieces=2,
                                                    split_output=True)
+        q, k, v, g, beta, _, _ = _inputs(2, 100, 2, 1, 64, 64, 0.1, False, None)
+        t0 = jnp.zeros((2, 100, 2, C), k.dtype)
+        with self.assertRaisesRegex(ValueError, "pieces=2: each piece must be a whole number "
+                                                "of chunks of 64 tokens, got T = 100"):
+            kfused.chunk_delta_fused_t0_fwd_mosaic(q, k, v, t0, g, beta, scale=0.1, pieces=2)
+        w = jnp.zeros((2, 100, 2, 64), k.dtype)
+        for bad in (None, 2.0, True):
+            with self.assertRaisesRegex(ValueError, "pieces must be a positive divisor of the "
+                                                    "chunk count 2"):
+                kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=bad)
+        with self.assertRaisesRegex(ValueError, "pieces=3 must be a positive divisor"):
+            kgd.chunk_delta_piece_maps_mosaic(k, w, g, pieces=3)
         for kw in (dict(split_output=True), dict(store_v_new=True), dict(store_h=True),
                    dict(stages="io")):
             with self.assertRaisesRegex(ValueError, "summary=True runs the two-warpgroup state "

@@ -375,6 +375,19 @@ class ValidationTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "forward must be one of"):
             mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, forward="fused_t1")
 
+    def test_rejects_bad_initial_state_on_every_path(self):
+        # B 2, T 512, H 1, V 64: 2 CTAs, so "fused_t0" runs as sequence pieces (Sec. 42), whose
+        # entry-state loop would otherwise fail with a shape error of its own
+        q, k, v, g, beta, *_ = bwd_test._pipeline_inputs(2, 512, 1, 1, 64, 64, 0.1, False, False,
+                                                         None)
+        self.assertGreater(mosaic_vjp.fused_t0_pieces("fused_t0", 2, 1, 64, 512), 1)
+        for shape in ((1, 1, 64, 64), (2, 1, 64, 32)):
+            for forward in ("fused_t0", "three_pass"):
+                with self.assertRaisesRegex(ValueError, r"initial_state must be \[B, H, K, V\] "
+                                                        r"= \(2, 1, 64, 64\)"):
+                    mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g, beta, forward=forward,
+                                                       initial_state=jnp.ones(shape))
+
     def test_final_state_only_on_request(self):
         q, k, v, g, beta, *_ = bwd_test._pipeline_inputs(1, 64, 2, 1, 64, 64, 0.1, False, False,
                                                          None)

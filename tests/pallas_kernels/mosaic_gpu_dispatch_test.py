@@ -489,12 +489,14 @@ class GdnApiLoweringTest(absltest.TestCase):
         # state passes run as P = 2 pieces. The forward's piece maps are a residual: the
         # backward reuses them (one maps launch in all, not two), 9 Mosaic launches (the default
         # dv_local "fold": the folded pass's pieces, no dv_local kernel). The default forward
-        # "fused_t0" runs such rows as three_pass (mosaic_vjp.resolve_forward).
+        # "fused_t0" runs such rows as three_pass with FUSED_T0_PIECES off (its own pieces
+        # since 2026-12-06g: the next test).
         self.assertEqual(mgl.num_pieces(None, 2, 8), 2)
         q, k, v, g, beta, h0, seg, do, dht, du = _gdn_case(seq_len=500, docs=(100, 156, 150))
         fn = jax.value_and_grad(_gdn_loss("mosaic_gpu", seg, do, dht, du), argnums=range(6),
                                 has_aux=True)
-        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)):
+        with mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)), \
+                mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", False):
             text = jax.jit(fn).trace(q, k, v, g, beta, h0).lower(
                 lowering_platforms=("cuda",)).as_text()
         calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
@@ -505,7 +507,8 @@ class GdnApiLoweringTest(absltest.TestCase):
         self.assertEqual(sum("gdn_chunk_delta_fused_t0_fwd" in c for c in calls), 0)
 
     def test_fused_t0_pieces_hand_their_maps_to_the_backward(self):
-        # The same case with mosaic_vjp.FUSED_T0_PIECES (MOSAIC_GPU.md Sec. 42): the default
+        # The same case with mosaic_vjp.FUSED_T0_PIECES (the default since 2026-12-06g,
+        # MOSAIC_GPU.md Sec. 42; patched on here so the test holds either way): the default
         # forward "fused_t0" runs the rows as P = 2 pieces, the T0 kernel forming W, one maps
         # launch (kept for the backward, which forms none), the summary pass and the fused
         # kernel; no three-pass forward kernel. 7 launches: those 4, the folded reverse pass's
@@ -585,15 +588,21 @@ class GdnApiTest(parameterized.TestCase):
         ("deltanet_one_document", True, None),
     )
     def test_sequence_pieces_match_chunked_autodiff(self, deltanet, docs):
-        _check_residual_and_gradients(
-            self, "mosaic_gpu_interpret", _gdn_case(seq_len=500, docs=docs, seed=4), deltanet)
+        # the three-pass pieces (FUSED_T0_PIECES off; the next test has the fused T0 ones)
+        with mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", False):
+            _check_residual_and_gradients(
+                self, "mosaic_gpu_interpret", _gdn_case(seq_len=500, docs=docs, seed=4),
+                deltanet)
 
     # The same two cases through the fused T0 forward's pieces (mosaic_vjp.FUSED_T0_PIECES,
     # MOSAIC_GPU.md Sec. 42): the summary pass, the maps from the T0 kernel's W, the pieces as
-    # rows, h at global chunk indices, the maps handed to the backward. PJRT_NPROC=8.
+    # rows, h at global chunk indices, the maps handed to the backward. PJRT_NPROC=8. The
+    # first case's maps are both zero (documents start inside piece 0 and on the edge); the
+    # third has a non-zero gated map (its document starts inside piece 1).
     @parameterized.named_parameters(
         ("gated_gva_doc_on_the_edge", False, (100, 156, 150)),
         ("deltanet_one_document", True, None),
+        ("gated_gva_doc_inside_piece_1", False, (300, 200)),
     )
     def test_fused_t0_pieces_match_chunked_autodiff(self, deltanet, docs):
         with mock.patch.object(mosaic_vjp, "FUSED_T0_PIECES", True):
