@@ -49,12 +49,13 @@
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
-# cw_grad, cw_gdn2 and cw_slab on 2026-12-06f: pages
-# benchmarks/results/mosaic-gpu-h100-2026-12-06{b,c,d,e,f}.md); name items to run others.
+# cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g: pages
+# benchmarks/results/mosaic-gpu-h100-2026-12-06{b,c,d,e,f,g}.md); name items to run others.
+# Order: DeltaNet's auto decision, the model-level MFU target, then the per-channel family.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-cw_state autooff_dn cw_diag tp350 cw_tests}
+ITEMS=${*:-autooff_dn tp350 cw_diag cw_state cw_tests}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
