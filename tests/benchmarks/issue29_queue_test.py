@@ -175,9 +175,9 @@ class Issue29QueueTest(absltest.TestCase):
         with open(SCRIPT) as f:
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
-        # MOSAIC_GPU.md Sec. 34's order after 2026-12-06f: state passes, DeltaNet's table, the
-        # K1/K2 diagnosis, the model-level throughput, the per-channel gpu tests
-        self.assertEqual(default, ["cw_state", "autooff_dn", "cw_diag", "tp350", "cw_tests"])
+        # the order after 2026-12-06g: DeltaNet's table, the model-level throughput, the K1/K2
+        # diagnosis, the per-channel state passes and gpu tests
+        self.assertEqual(default, ["autooff_dn", "tp350", "cw_diag", "cw_state", "cw_tests"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
