@@ -871,15 +871,15 @@ def run_jax(records):
                         if peer == "mosaic" and op in ("gdn", "deltanet"):
                             rec["mosaic_wy"] = _MOSAIC_WY.value
                         if peer == "mosaic":
-                            rec["mosaic_forward"] = _MOSAIC_FORWARD.value
                             from pallas_kernels.gated_delta_rule import mosaic_vjp
+                            rec["mosaic_forward"] = _MOSAIC_FORWARD.value
                             rec["mosaic_t0_pieces"] = mosaic_vjp.FUSED_T0_PIECES
                         if (peer == "mosaic" and op in ("gdn", "deltanet")
                                 and _MOSAIC_WY.value != "xla"):
                             # what the op ran (unset: its default): a fused T0 forward on rows
-                            # with few CTAs runs as three_pass (mosaic_vjp.resolve_forward,
-                            # MOSAIC_GPU.md Sec. 36)
-                            from pallas_kernels.gated_delta_rule import mosaic_vjp
+                            # with few CTAs runs as three_pass, or "fused_t0" as sequence
+                            # pieces (mosaic_vjp.resolve_forward, fused_t0_pieces; MOSAIC_GPU.md
+                            # Sec. 36, 42)
                             rec["mosaic_forward_run"] = mosaic_vjp.resolve_forward(
                                 _MOSAIC_FORWARD.value or mosaic_vjp.DEFAULT_FORWARD, batch,
                                 heads, _DIM.value, seq_len)
