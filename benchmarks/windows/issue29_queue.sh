@@ -273,7 +273,7 @@ run_tp350() {  # GDN-pure 350M at the recipe's batch: auto (Mosaic on Hopper) ag
   for v in auto pallas; do
     x="--config.data.val_fraction=0.05 --config.model.gdn.implementation=$v"
     timeout 230 python3 benchmarks/train_throughput.py --out=$O/tp350/$v --presets=gdn_pure \
-      --steps=20 --log_every=5 --skip_windows=2 --batch_size=128 --micro_batch_size=16 \
+      --steps=20 --log_every=5 --skip_windows=2 --batch_size=128 --micro_batch_size=${TP_MB:-16} \
       --extra="$x" > $O/tp350/$v.log 2>&1; echo "tp350 $v rc=$? t=$((SECONDS-s))s"
     grep -a -h -E '^\| gdn_pure' $O/tp350/$v/train_throughput.md | cut -c1-200
     grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED|Mosaic GPU kernels' $O/tp350/$v.log \

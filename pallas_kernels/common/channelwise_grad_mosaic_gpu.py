@@ -93,9 +93,13 @@ warpgroup and slab, four ``wgmma`` ``[64, V] @ [V, slab]``: ``dO S_0^T``,
 dS_C)`` (exact products, fp32 sums, as ``backward_chunk``'s fp32 row sum). Then
 ``backward_chunk``'s elementwise formulas in its order (``E_in``, ``E_out``, ``e_all`` with the
 document masks ``conn``, ``last``; ``dgam`` with the last-row terms), and ``dg``, the
-within-chunk reverse cumsum of ``dgam``, on the tensor cores: ``dg = U @ dgam`` with ``U_ij =
-[j >= i]`` (exact in bf16) and ``dgam`` split into three bf16 pieces that sum to it exactly
-(:func:`_split3`), so every product term is exact and only the fp32 accumulation rounds (the
+within-chunk reverse cumsum of ``dgam``, on the tensor cores: ``dg = U @ dgam' + L @ s - s``
+with ``U_ij = [j >= i]``, ``L = U^T`` (exact in bf16; ``L`` a transposed view of ``U``'s
+SMEM), ``dgam'`` the ``dgam`` without ``-k dk_S`` and the last-row terms, and ``s`` those
+shares as rows (``k dk_S`` and ``de_all e_all`` on the diagonal rows): so no column sum runs
+over the rows (a cross-warp reduction, whose Mosaic GPU scratch both warpgroups would share;
+MOSAIC_GPU.md Sec. 43). Each product runs on three bf16 pieces that sum to its operand
+exactly (:func:`_split3`), so every product term is exact and only the fp32 accumulation rounds (the
 pieces and ``U`` share SMEM with the band's shift buffers, a third RefUnion; ``U`` is a TMA
 copy of a constant made in the wrapper, so no index tile of phase 1 stays live for it). The
 chain rule keeps the Triton path's roundings: ``dkr`` and ``dk`` rounded to the operand dtype, then
@@ -192,6 +196,39 @@ def _store_padded(ref, x):
     width divides the row stride (see :func:`_load_padded`); the same stores as one."""
     for c in range(0, x.shape[1], PAD_COLS):
         ref.at[:, pl.ds(c, PAD_COLS)][...] = lax.slice(x, (0, c), (CHUNK, c + PAD_COLS))
+
+
+def _split_bits(x):
+    """fp32 ``x`` as its two 16-bit halves ``(hi, lo)``, each in a bf16 container (bit moves,
+    no rounding): :func:`_join_bits` gives ``x`` back exactly, NaN and denormal patterns
+    included. The band's gamma shift buffer holds these halves: on the H100 (jax 0.11.2) the
+    shifted fp32 loads of that buffer read wrong values while the 16-bit ones of ``k``, through
+    the same code at the same offsets, were exact (MOSAIC_GPU.md Sec. 43)."""
+    u = lax.bitcast_convert_type(x, jnp.uint32)
+    hi = lax.bitcast_convert_type((u >> 16).astype(jnp.uint16), BF16)
+    lo = lax.bitcast_convert_type((u & 0xFFFF).astype(jnp.uint16), BF16)
+    return hi, lo
+
+
+def _join_bits(hi, lo):
+    """The fp32 value of :func:`_split_bits`'s halves (exact)."""
+    u_hi = lax.bitcast_convert_type(hi, jnp.uint16).astype(jnp.uint32)
+    u_lo = lax.bitcast_convert_type(lo, jnp.uint16).astype(jnp.uint32)
+    return lax.bitcast_convert_type((u_hi << 16) | u_lo, F32)
+
+
+def _store_gamma(gpad, g):
+    """gamma ``[64, slab]`` fp32 into rows ``[HALF, HALF + 64)`` of ``gpad`` ``[2, rows,
+    pitch]`` (its two 16-bit halves, :func:`_split_bits`)."""
+    for part, bits in enumerate(_split_bits(g)):
+        _store_padded(gpad.at[part, pl.ds(HALF, CHUNK)], bits)
+
+
+def _load_gamma(gpad, start, slab, interpret: bool):
+    """gamma's rows ``[start, start + 64)`` of ``gpad`` (traced ``start``), fp32 ``[64,
+    slab]``: the two 16-bit halves loaded as ``k``'s shifted rows are and joined."""
+    return _join_bits(*(_load_padded(gpad.at[part, pl.ds(start, CHUNK)], slab, interpret)
+                        for part in range(2)))
 
 
 def _tile16(shape, dtype):
@@ -378,7 +415,7 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             x_w[...] = (kf * to_end).astype(dtype)
             x2_w[...] = jnp.where(second, 0.0, kf * halfway).astype(dtype)
         _store_padded(kpad.at[pl.ds(HALF, CHUNK)], kf.astype(dtype))
-        _store_padded(gpad.at[pl.ds(HALF, CHUNK)], g)
+        _store_gamma(gpad, g)
         if taps:  # diagnostic taps (MOSAIC_GPU.md Sec. 41): no gradients
             return _tap(taps[0], dq_ref, dk_ref, dkr_ref, out=pl.ds(half * KEY_HALF + first, slab),
                         tok=tok, h=h, b=b, kf=kf, g=g, ends=ends, to_end=to_end, past=past,
@@ -432,8 +469,8 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
                 da, db = carry
                 back, fwd = rows >= d, rows + d < CHUNK
                 k_prev = _load_padded(kpad.at[pl.ds(HALF - d, CHUNK)], slab, interpret)
-                g_prev = _load_padded(gpad.at[pl.ds(HALF - d, CHUNK)], slab, interpret)
-                g_next = _load_padded(gpad.at[pl.ds(HALF + d, CHUNK)], slab, interpret)
+                g_prev = _load_gamma(gpad, HALF - d, slab, interpret)
+                g_next = _load_gamma(gpad, HALF + d, slab, interpret)
                 a_next = _load_padded(apad.at[pl.ds(d, CHUNK)], slab, interpret)
                 c_row, c_col = (mgl.by_row(_load(coef_s.at[mat, side, d, pl.ds(0, CHUNK)],
                                                  _ROWS, interpret), shape) for side in (0, 1))
@@ -526,7 +563,7 @@ def _tap(tap, dq_ref, dk_ref, dkr_ref, *, out, tok, h, b, kf, g, ends, to_end, p
             ks, es, cs = carry
             back, fwd = rows >= d, rows + d < CHUNK
             k_prev = _load_padded(kpad.at[pl.ds(HALF - d, CHUNK)], slab, interpret)
-            g_prev = _load_padded(gpad.at[pl.ds(HALF - d, CHUNK)], slab, interpret)
+            g_prev = _load_gamma(gpad, HALF - d, slab, interpret)
             c_row, c_col = (mgl.by_row(_load(coef_s.at[0, side, d, pl.ds(0, CHUNK)], _ROWS,
                                              interpret), shape) for side in (0, 1))
             ks = ks + jnp.where(back, k_prev.astype(F32), 0.0)
@@ -631,17 +668,21 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
         p_dq, p_dkr, p_dk, p_de = _products(shape, [(lhs_s.at[0], s0_w), (lhs_s.at[1], s0_w),
                                                     (vn_s, dsc_w), (dsc_s, s0_w)])
     rows, chan = mgl.iota(shape, 0, interpret), mgl.iota(shape, 1, interpret)
-    de_all = jnp.sum(jnp.where(rows == chan + first, p_de, 0.0), axis=0)
     g = _load(sc["g"].at[:, cols], _WGMMA, interpret)
     g_last = _load(sc["marks"].at[2 * NSUB - 1, cols], _COLS, interpret)  # gamma at row 63
     e_in = jnp.exp(g)
     e_out = jnp.exp(_cols(g_last, shape) - g)
-    de_term = _cols(de_all * jnp.exp(g_last), shape)  # de_all e_all, at the last row
+    # de_all e_all conn_last, left on the diagonal of dS_C S_0^T (row first + c of column c):
+    # no column sum here (see the cumsum below).
+    x_de = jnp.where(rows == chan + first, p_de, 0.0) * _cols(jnp.exp(g_last), shape)
     if has_docs:
         conn = mgl.by_row(mgl.load_rows(sc["conn"], interpret), shape)
+        last = mgl.by_row(mgl.load_rows(sc["last"], interpret), shape)
         e_in = e_in * conn
-        e_out = e_out * mgl.by_row(mgl.load_rows(sc["last"], interpret), shape)
-        de_term = de_term * conn  # conn of row 63 is the chunk's conn_last
+        e_out = e_out * last
+        # conn_r last_r = conn_last on every row r: document ids are non-decreasing, so a row
+        # in both the first and the last document of the chunk means one document throughout.
+        x_de = x_de * (conn * last)
     qf = _load(sc["q"].at[:, cols], _WGMMA, interpret).astype(F32)
     kf = _load(sc["k"].at[:, cols], _WGMMA, interpret).astype(F32)
     krf = _load(sc["kr"].at[:, cols], _WGMMA, interpret).astype(F32)
@@ -650,10 +691,11 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
     dkr_s = -p_dkr * e_in  # d(kr E_in) E_in
     dk_s = p_dk * e_out  # dkg E_out
     dk_o = kf * dk_s
-    dgam = qf * dq_s + krf * dkr_s - dk_o
-    dgam = dgam + jnp.where(rows == CHUNK - 1, _cols(jnp.sum(dk_o, axis=0), shape) + de_term,
-                            0.0)
+    # backward_chunk's dgam, less its -dk_o and its row-63 terms (colsum(dk_o) + de_all e_all
+    # conn_last), plus x_de: those reach dg through the cumsum's second product (below).
+    dgam = qf * dq_s + krf * dkr_s + x_de
     dgam = dgam + qf * dq_m + krf * dkr_m - kf * dk_m
+    spread = dk_o + x_de
     dtype = sc["k"].dtype
     dq = (dq_s + dq_m).astype(dtype)
     # The chain through kr = k ks as the Triton path's XLA does it, with its roundings: dkr
@@ -686,8 +728,15 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
         else:
             dg_ref.at[b, tok, h, out][...] = dgam
         return
-    # dg: the within-chunk reverse cumsum of dgam, U @ dgam with U_ij = [j >= i] (exact in
-    # bf16) on the three exact bf16 pieces of dgam: every product term is exact, the sums fp32.
+    # dg: the within-chunk reverse cumsum of backward_chunk's dgam. Its column sums (of dk_o
+    # and of the diagonal de terms) are not formed as sums over rows: in a kernel of two
+    # warpgroups Mosaic GPU's cross-warp reduction scratch is one SMEM buffer both use at once
+    # (wrong dg on the H100, MOSAIC_GPU.md Sec. 43). Instead, with U_ij = [j >= i] and
+    # L = U^T (a transposed view of the same SMEM), dg = U @ dgam + L @ spread - spread:
+    # row i gets sum_{j >= i} dgam_j + sum_{j < i} dk_o_j + sum_j x_de_j, which is
+    # backward_chunk's sum_{j >= i} (dgam_j - dk_o_j) + colsum(dk_o) + de_all e_all conn_last.
+    # Each product runs on the three exact bf16 pieces (_split3): every product term is exact,
+    # the sums fp32.
     piece, upper = sc["piece"].at[wg], sc["upper"]
     for t, x in enumerate(_split3(dgam)):
         piece.at[t][...] = x
@@ -695,10 +744,17 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
     if step == per_wg - 1:  # the first slab the epilogue runs
         plgpu.barrier_wait(sc["u_bar"])
     lo, mid, hi = _products(shape, [(upper, piece.at[t]) for t in (2, 1, 0)])
+    dg = (lo + mid) + hi
+    for t, x in enumerate(_split3(spread)):  # the pieces' products have completed
+        piece.at[t][...] = x
+    plgpu.commit_smem()
+    lower = mgl.transposed(upper, sc["lower"].at[wg] if interpret else None, interpret)
+    lo, mid, hi = _products(shape, [(lower, piece.at[t]) for t in (2, 1, 0)])
+    dg = dg + ((lo + mid) + hi - spread)
     if no_store:
-        _store_padded(sink, (lo + mid) + hi)
+        _store_padded(sink, dg)
     else:
-        dg_ref.at[b, tok, h, out][...] = (lo + mid) + hi
+        dg_ref.at[b, tok, h, out][...] = dg
 
 
 def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, sink=False):
@@ -713,7 +769,8 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, si
     dms = [_tile16((2, CHUNK, CHUNK), dtype),  # free: dMq, dMk without the band
            _tile16((2, CHUNK, CHUNK), dtype)]  # quad: only the quadrants, without the band
     pads = [plgpu.SMEM((2, HALF + CHUNK, pitch), dtype),  # kpad: k, 8 leading pad rows
-            plgpu.SMEM((2, HALF + CHUNK + HALF, pitch), F32),  # gpad: gamma, 8 pad rows each side
+            # gpad: gamma as two 16-bit halves (_split_bits), 8 pad rows each side
+            plgpu.SMEM((2, 2, HALF + CHUNK + HALF, pitch), BF16),
             plgpu.SMEM((2, CHUNK + HALF, pitch), dtype)]  # apad: q or kr, 8 trailing pad rows
     # K2's epilogue: S_0, dS_C rows of the half where the dM copies were; the three bf16
     # pieces of dgam and the upper-triangular ones where the shift buffers were.
@@ -793,8 +850,9 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, si
         names += ["vnt", "mt"]
         if fused:
             scratch += [plgpu.SMEM((2, dv, slab), dtype),  # s0t: S_0^T rows per warpgroup
-                        plgpu.SMEM((2, dv, slab), dtype)]  # dsct: dS_C^T
-            names += ["s0t", "dsct"]
+                        plgpu.SMEM((2, dv, slab), dtype),  # dsct: dS_C^T
+                        plgpu.SMEM((2, CHUNK, CHUNK), BF16)]  # lower: U^T per warpgroup
+            names += ["s0t", "dsct", "lower"]
     if sink:  # the no_store ablation's target (20 KB at slab 32; only in that variant)
         scratch.append(plgpu.SMEM((2, CHUNK, slab + PAD_COLS), F32))
         names.append("sink")
@@ -1031,7 +1089,8 @@ def channelwise_grad_chunk_mosaic(
         de_all = rowsum(S_0 * dS_C)                   (the diagonal of dS_C S_0^T)
         dgam = q dq + kr dkr - k dk            + [last row] (colsum(k (Vn dS_C^T) E_out)
                + de_all e_all)                  (the state-term shares, then the M shares)
-        dg   = the within-chunk reverse cumsum of dgam (U @ dgam on three exact bf16 pieces)
+        dg   = the within-chunk reverse cumsum of dgam (U @ dgam' + L @ s - s on three
+               exact bf16 pieces each: module docstring)
         dk_out = round(round(dk) + ks round(dkr));  dks = k round(dkr)
 
     with ``round`` to the operand dtype: the roundings of the Triton path (``backward_chunk``
