@@ -36,10 +36,10 @@ CI_SLOW_TESTS = (
     "test_missing_config_file_is_one_line_and_writes_nothing",
     "tests/experiments/halo_test.py::InputsCheckTest::"
     "test_missing_teacher_or_data_is_one_line_and_writes_nothing",
-    # HALO stages: CI keeps the teacher-KL values and gradients, both resume-exactly tests and
-    # Stage 1's (and the micro-batch and deadline tests: nothing else in CI checks the
-    # micro-batched step, which configs/halo_smollm2.py:h200's Stage 3 runs, or a stage's
-    # --deadline_s stop).
+    # HALO stages: CI keeps the teacher-KL values and gradients, the Stage 2 and 3 and the
+    # Stage 1 resume-exactly tests (and the micro-batch and deadline tests: nothing else in CI
+    # checks the micro-batched step, which configs/halo_smollm2.py:h200's Stage 3 runs, or a
+    # stage's --deadline_s stop).
     "tests/lattn_jax/halo/stages_test.py::Stage3TeacherKLTest::test_train_loop_logs_the_terms",
     "tests/lattn_jax/halo/stages_test.py::Stage3TeacherKLTest::"
     "test_weight_zero_is_the_plain_cross_entropy_without_the_teacher",
@@ -240,6 +240,40 @@ CI_SLOW_TESTS = (
     # student's loading, in-process).
     "tests/lattn_jax/eval/restore_halo_test.py::HaloStudentBinariesTest::"
     "test_generate_runs_the_student",
+    # 2026-12-07 (931 s of pytest at b95f8bf on this day's 2-core machine, the largest tests
+    # of `--durations=150`, benchmarks/results/ci-durations-2026-12-07.md). Benchmark
+    # instruments. offline_ptxas's op export and its entries (21.8 s: six op exports): CI keeps
+    # test_all_and_op_entries (every op entry of "all" parses; the patterns pick their kernels),
+    # test_mosaic_modules_of_an_export and test_gdn_wy_bwd_ablations (modules read back from an
+    # export), and the op's kernels in the default training step under their names
+    # (model_test.py's test_mosaic_gpu_implementation_builds_the_mosaic_kernels_into_the_train_
+    # step, mosaic_gpu_dispatch_test.py's test_fused_t0_pieces_hand_their_maps_to_the_backward).
+    "tests/benchmarks/offline_ptxas_test.py::OfflinePtxasTest::test_op_export_and_entries",
+    # glue_inventory on the default backward, with and without GVA (12.5 s, five lowerings): CI
+    # keeps test_fused_t0_step_has_no_xla_product (the default fused_ws backward's step, plain
+    # and packed: no full-size XLA op, no XLA product), test_no_full_size_glue_without_gva and
+    # test_gva_keeps_only_dk_group_sum (the split backward's glue), and
+    # kernel_mosaic_gdn_bwd_fused_test.py's LoweringTest::test_gva_loop_is_the_default_at_k64
+    # (with GVA at K 64 no XLA group sum is left in the fused kernel's export).
+    "tests/benchmarks/glue_inventory_test.py::GlueInventoryTest::test_default_backward_glue",
+    # profile_grad.py's --static run (8.2 s; like the other profilers' end-to-end runs above):
+    # CI keeps the binary's variant parsing and refusals, slabs, gate and tables (this file's
+    # other tests), issue29_queue_test.py's test_profile_grad_flags_parse, and the kernels'
+    # AblationTest::test_default_is_the_real_kernel.
+    "tests/benchmarks/profile_grad_test.py::ProfileGradTest::"
+    "test_static_run_and_refusal_of_the_binary",
+    # The four profilers' --help against their old defaults (6.6 s, four binaries): CI keeps
+    # test_define_profile_flags_defines_the_shared_flags_with_their_defaults (the shared flags
+    # and defaults, defined in one place) and issue29_queue_test.py's
+    # test_profile_grad_flags_parse and test_profile_fwd_flags_parse (the profilers parse the
+    # queue's command lines).
+    "tests/benchmarks/profile_common_test.py::ProfileFlagsTest::"
+    "test_the_profilers_define_the_shared_flags_in_one_place_with_the_same_defaults",
+    # issue29_queue.sh's three pytest items (t0glue, vk, split2; none in the default list, all
+    # run) collect (13.4 s: three pytest collections): CI keeps test_gpu_tests_paths_collect
+    # (the same check of the queue's eight gpu_tests.py calls, the default list's cw_tests
+    # among them) and test_every_item_ran.
+    "tests/benchmarks/issue29_queue_test.py::Issue29QueueTest::test_pytest_selections_collect",
 )
 
 
