@@ -301,6 +301,14 @@ CI_SLOW_TESTS = (
     # test_run_stage3_passes_the_teacher_only_with_a_weight.
     "tests/lattn_jax/halo/stages_test.py::ResumeTest::"
     "test_stage3_with_the_teacher_kl_resumes_exactly",
+    # evaluate.py on the Stage-2 student (4.9 s; like generate.py's entry above): CI keeps
+    # test_generate_and_evaluate_run_the_stage3_student (evaluate.py on a HALO workdir through
+    # the same loader), HaloStudentTest (the Stage-2 student's loading, in-process),
+    # niah_test.py's NiahTest::test_run_with_an_oracle (the NIAH task's run) and driver_test.py's
+    # CheckFlagsTest::test_flags_that_do_not_fit_the_model_kind (a HALO workdir has no held-out
+    # split).
+    "tests/lattn_jax/eval/restore_halo_test.py::HaloStudentBinariesTest::"
+    "test_evaluate_scores_perplexity_and_niah_on_the_student",
 )
 
 
