@@ -274,6 +274,10 @@ CI_SLOW_TESTS = (
     # (the same check of the queue's eight gpu_tests.py calls, the default list's cw_tests
     # among them) and test_every_item_ran.
     "tests/benchmarks/issue29_queue_test.py::Issue29QueueTest::test_pytest_selections_collect",
+    # profile_t0.py stopped by its --deadline_s watchdog (3.8 s): the watchdog is
+    # benchmarks/common.py's run_profile, which profile_fwd.py runs too; CI keeps
+    # profile_fwd_test.py's ProfileFwdTest::test_deadline_watchdog_keeps_the_table.
+    "tests/benchmarks/profile_t0_test.py::ProfileT0Test::test_deadline_watchdog_keeps_the_table",
     # 2026-12-07, kernels. The value-space backward in fp32 on a third case whose fp64 twin
     # (Fp64Test's gated_packed_partial_T100_K32) stays in CI (12.4 s); Fp32Test keeps the
     # gated B 2, strong-decay and GVA doc-at-chunk-start cases.
