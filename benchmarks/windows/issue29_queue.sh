@@ -25,12 +25,13 @@
 #               then early_s's six gpu tests (decision rule in Sec. 40)
 #   autooff 560 Sec. 31.8: the same-run table against our Triton kernels (S1, S2, P1) and the
 #               public op's gpu tests (decides mosaic_gpu.AUTO_OFF for GDN)
-#   autooff_dn 370  Sec. 34: DeltaNet's same-run table (S1, S2, P1; mosaic, jla, ours = Triton
+#   autooff_dn 560  Sec. 34: DeltaNet's same-run table (S1, S2, P1; mosaic, jla, ours = Triton
 #               while delta_rule is in AUTO_OFF): decides DeltaNet's AUTO_OFF entry; then the
 #               two fp16 gpu tests of the op's defaults (GDN's auto since 2026-12-06f)
 #   tp350 480   Sec. 34: GDN-pure 350M training throughput at the recipe's batch (128 x 4096,
-#               micro-batches of 16, 20 steps) with model.gdn.implementation=auto (the Mosaic
-#               kernels on Hopper since 2026-12-06f) and =pallas (Triton): issue 29's MFU target
+#               micro-batches of $TP_MB = 8: 16 ran out of memory on an H100; 20 steps) with
+#               model.gdn.implementation=auto (the Mosaic kernels on Hopper since 2026-12-06f)
+#               and =pallas (Triton): issue 29's MFU target
 #   fp16def 110  autooff_dn's two fp16 gpu tests alone (the op's defaults in fp16, which GDN's
 #               auto runs since 2026-12-06f), for a window too short for autooff_dn
 #   t0pieces 330  Sec. 42: GDN at S2 and P1 (fwd+bwd, fwd), the fused_t0 forward as sequence
@@ -42,20 +43,24 @@
 #   cw_diag 210   Sec. 41: K1 and K2 (wrong on the H100 of 2026-12-06f) compiled at a small shape
 #                 against float64 on 13 probe inputs, full, K1's four taps and no_band, slab 16
 #                 and 32: per output the relative RMS, non-finite count and where the error is
-#                 (diag_grad.py; decision rule in Sec. 41)
+#                 (diag_grad.py; decision rule in Sec. 41; ran 2026-12-07, the fixes of
+#                 Sec. 43 after it: rerun, decision rule in Sec. 43.3)
 #   cw_grad 220   Sec. 20/21: KDA S1 fwd+bwd with grad_pass mosaic_fused (K2), triton, mosaic (K1)
 #   cw_tests 320  the 22 gpu tests of the Mosaic state passes, K2 and K1 (11 workers)
 #   cw_gdn2 310   GDN-2 S1: the state passes (jla beside them), then the grad passes
 #   cw_slab 170   Sec. 24: K2 and K1 at slab 16 and 32 (profile_grad.py)
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
-# cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g: pages
-# benchmarks/results/mosaic-gpu-h100-2026-12-06{b,c,d,e,f,g}.md); name items to run others.
-# Order: DeltaNet's auto decision, the model-level MFU target, then the per-channel family.
+# cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g, tp350,
+# cw_state and cw_diag on 2026-12-07 (autooff_dn there ran out of its bench timeout): pages
+# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07}.md), with cw_diag
+# and cw_grad again for the K1/K2 fixes of Sec. 43; name items to run others.
+# Order: K1/K2 fixed or not (cw_diag), the gpu tests that decide TUNING["state_pass"] and
+# K1/K2's (cw_tests), K2 timed (cw_grad), then DeltaNet's auto decision.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-autooff_dn tp350 cw_diag cw_state cw_tests}
+ITEMS=${*:-cw_diag cw_tests cw_grad autooff_dn}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -68,7 +73,7 @@ LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
-  autooff_dn) echo 370;; tp350) echo 480;; t0pieces) echo 330;; fp16def) echo 110;;
+  autooff_dn) echo 560;; tp350) echo 480;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -223,7 +228,8 @@ run_autooff() {
 
 run_autooff_dn() {
   mkdir -p $O/autooff_dn; local s=$SECONDS
-  timeout 240 python3 benchmarks/bench_kernels.py --ops=deltanet --peers=mosaic,jla,ours \
+  # 420 s: at 240 s (2026-12-07) only mosaic's S1 and S2 fwd+bwd records had come
+  timeout 420 python3 benchmarks/bench_kernels.py --ops=deltanet --peers=mosaic,jla,ours \
     --passes=fwdbwd,fwd --shapes=S1,S2,P1 --iters=30 --warmup=5 --out=$O/autooff_dn/deltanet \
     > $O/autooff_dn/deltanet.log 2>&1; echo "bench rc=$? t=$((SECONDS-s))s"
   grep -a -h '^gate\|^- gate\|^- deltanet' $O/autooff_dn/deltanet.md | cut -c1-200
@@ -273,8 +279,9 @@ run_tp350() {  # GDN-pure 350M at the recipe's batch: auto (Mosaic on Hopper) ag
   for v in auto pallas; do
     x="--config.data.val_fraction=0.05 --config.model.gdn.implementation=$v"
     timeout 230 python3 benchmarks/train_throughput.py --out=$O/tp350/$v --presets=gdn_pure \
-      --steps=20 --log_every=5 --skip_windows=2 --batch_size=128 --micro_batch_size=${TP_MB:-16} \
+      --steps=20 --log_every=5 --skip_windows=2 --batch_size=128 --micro_batch_size=${TP_MB:-8} \
       --extra="$x" > $O/tp350/$v.log 2>&1; echo "tp350 $v rc=$? t=$((SECONDS-s))s"
+    rm -rf $O/tp350/$v/gdn_pure/checkpoints  # 2.2 GB each: tarring them took 170 s (12-07)
     grep -a -h -E '^\| gdn_pure' $O/tp350/$v/train_throughput.md | cut -c1-200
     grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED|Mosaic GPU kernels' $O/tp350/$v.log \
       | sort -u | head -3 | cut -c1-200

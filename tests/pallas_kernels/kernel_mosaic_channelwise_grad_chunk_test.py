@@ -418,6 +418,41 @@ class ValidationTest(parameterized.TestCase):
         want = np.flip(np.cumsum(np.flip(np.asarray(y, np.float64), 0), axis=0), 0)
         self.assertLess(tolerances.rel_err((lo + mid) + hi, want), 1e-6)
 
+    def test_gamma_bit_halves_are_exact(self):
+        # The band's gamma shift buffer holds fp32 bits as two 16-bit halves (MOSAIC_GPU.md
+        # Sec. 43): every pattern comes back, denormals, signed zeros, infinities, NaN included.
+        rng = np.random.default_rng(1)
+        bits = rng.integers(0, 2 ** 32, (64, 32), dtype=np.uint64).astype(np.uint32)
+        bits[0, :6] = np.array([0, 0x80000000, 0x00000001, 0x7F800000, 0xFF800000, 0x7FC00001],
+                               np.uint32)
+        x = jnp.asarray(bits.view(np.float32))
+        hi, lo = k2._split_bits(x)
+        self.assertEqual((hi.dtype, lo.dtype), (jnp.bfloat16, jnp.bfloat16))
+        back = np.asarray(k2._join_bits(hi, lo)).view(np.uint32)
+        np.testing.assert_array_equal(back, bits)
+        g = -jnp.cumsum(jnp.asarray(rng.uniform(0.0, 1.0, (64, 32)), jnp.float32), axis=0)
+        np.testing.assert_array_equal(np.asarray(k2._join_bits(*k2._split_bits(g))), g)
+
+    def test_cumsum_without_column_sums_is_backward_chunks(self):
+        # K2's dg = U @ dgam' + L @ s - s (L = U^T), s = k dk_S + the de terms on the diagonal
+        # rows, equals the reverse cumsum of backward_chunk's dgam = dgam' - k dk_S plus, on
+        # the last row, colsum(k dk_S) + de_all e_all (MOSAIC_GPU.md Sec. 43): float64 values,
+        # so the identity alone is checked.
+        rng = np.random.default_rng(2)
+        rows, slab, first = 64, 16, 32
+        dgam0, dk_o, p_de = (rng.standard_normal((rows, slab)) for _ in range(3))
+        e_all = np.exp(-rng.uniform(0, 5, slab))
+        diag = np.arange(rows)[:, None] == np.arange(slab)[None, :] + first
+        x_de = np.where(diag, p_de, 0.0) * e_all
+        upper = np.triu(np.ones((rows, rows)))
+        spread = dk_o + x_de
+        got = upper @ (dgam0 + x_de) + upper.T @ spread - spread
+        de_all = p_de[first + np.arange(slab), np.arange(slab)]
+        dgam = dgam0 - dk_o
+        dgam[-1] += dk_o.sum(axis=0) + de_all * e_all
+        want = np.flip(np.cumsum(np.flip(dgam, 0), axis=0), 0)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
     def test_fused_grad_pass_option(self):
         base = dict(batch=1, heads=1, n_chunks=1, dk=64, dv=64, scale=0.1, has_docs=False,
                     interpret=True, return_residual=False)
