@@ -228,9 +228,11 @@ def chunk_cumsum(g, shape, num_chunks, gate_cumsum=None):
             raise ValueError(f"gate_cumsum must be fp32 [B, H, Tp] = {(batch, heads, padded)}, "
                              f"got {gate_cumsum.shape} {gate_cumsum.dtype}")
         return gate_cumsum
-    gf = jnp.zeros((batch, padded, heads), jnp.float32)
-    if g is not None:
-        gf = pad_time(g.astype(jnp.float32), num_chunks)
+    if g is None:  # ungated (DeltaNet): zeros as they are. A cumsum of a zeros constant made
+        # XLA constant-fold a reduce-window over the whole [B, N, 64, H] at compile time, 4-6 s
+        # per kernel that takes it on the H100 (benchmarks/results/mosaic-gpu-h100-2026-12-07.md)
+        return jnp.zeros((batch, heads, padded), jnp.float32)
+    gf = pad_time(g.astype(jnp.float32), num_chunks)
     gc = jnp.cumsum(gf.reshape(batch, num_chunks, CHUNK, heads), axis=2)
     return jnp.moveaxis(gc.reshape(batch, padded, heads), 1, 2)  # [B, H, Tp]
 

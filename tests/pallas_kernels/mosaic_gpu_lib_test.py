@@ -1,0 +1,69 @@
+"""``mosaic_gpu_lib.chunk_cumsum`` (CI, CPU): values, and no cumsum of a constant for DeltaNet.
+
+The chunk-local gate cumsum of the Mosaic GDN kernels is checked against NumPy; with no gate
+(DeltaNet) it must be zeros without a cumsum, because a cumsum of a zeros constant made XLA
+constant-fold a reduce-window over ``[B, N, 64, H]`` while compiling, 4-6 s per kernel that
+takes it (H100, ``benchmarks/results/mosaic-gpu-h100-2026-12-07.md``).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax.extend import core as jcore
+
+from pallas_kernels.common import mosaic_gpu_lib as mgl
+from pallas_kernels.gated_delta_rule import mosaic_vjp
+
+
+def _primitives(jaxpr):
+    names = []
+    for eqn in jaxpr.eqns:
+        names.append(eqn.primitive.name)
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, jcore.ClosedJaxpr):
+                    names += _primitives(sub.jaxpr)
+                elif isinstance(sub, jcore.Jaxpr):
+                    names += _primitives(sub)
+    return names
+
+
+class ChunkCumsumTest(absltest.TestCase):
+
+    def test_gated_values_per_chunk_and_padding(self):
+        rng = np.random.default_rng(0)
+        batch, seq_len, heads = 2, 150, 3  # 3 chunks, the last one padded
+        g = rng.uniform(-1.0, 0.0, (batch, seq_len, heads)).astype(np.float32)
+        got = np.asarray(mgl.chunk_cumsum(jnp.asarray(g, jnp.bfloat16).astype(jnp.float32),
+                                          (batch, seq_len, heads), 3))
+        self.assertEqual(got.shape, (batch, heads, 192))
+        gp = np.zeros((batch, 192, heads), np.float64)
+        gp[:, :seq_len] = np.asarray(jnp.asarray(g, jnp.bfloat16).astype(jnp.float32))
+        want = np.cumsum(gp.reshape(batch, 3, 64, heads), axis=2).reshape(batch, 192, heads)
+        np.testing.assert_allclose(got, np.moveaxis(want, 1, 2), rtol=1e-6, atol=1e-6)
+
+    def test_ungated_is_zeros(self):
+        got = mgl.chunk_cumsum(None, (2, 100, 4), 2)
+        self.assertEqual((got.shape, got.dtype), ((2, 4, 128), jnp.float32))
+        np.testing.assert_array_equal(np.asarray(got), 0.0)
+
+    def test_deltanet_fwd_bwd_has_no_cumsum_and_gdn_has(self):
+        s = jax.ShapeDtypeStruct
+        b, t, h, d = 1, 256, 2, 64
+
+        def grads(gated):
+            def loss(q, k, v, g, beta):
+                o, _ = mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g if gated else None, beta)
+                return o.astype(jnp.float32).sum()
+            args = ([s((b, t, h, d), jnp.bfloat16)] * 3
+                    + [s((b, t, h), jnp.float32), s((b, t, h), jnp.bfloat16)])
+            return _primitives(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 4)))(
+                *args).jaxpr)
+
+        self.assertNotIn("cumsum", grads(False))
+        self.assertIn("cumsum", grads(True))  # the check can see one
+
+
+if __name__ == "__main__":
+    absltest.main()
