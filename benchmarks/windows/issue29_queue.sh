@@ -32,6 +32,9 @@
 #               micro-batches of $TP_MB = 8: 16 ran out of memory on an H100; 20 steps) with
 #               model.gdn.implementation=auto (the Mosaic kernels on Hopper since 2026-12-06f)
 #               and =pallas (Triton): issue 29's MFU target
+#   stepprof 300  Sec. 43.2: where tp350's step goes with the Mosaic kernels (auto): the trainer's
+#               step at GBS 128 in micro-batches of $TP_MB = 8, fwd+bwd and optimizer alone, one
+#               traced step split into matmuls / other XLA / Pallas (profile_train_step.py)
 #   fp16def 110  autooff_dn's two fp16 gpu tests alone (the op's defaults in fp16, which GDN's
 #               auto runs since 2026-12-06f), for a window too short for autooff_dn
 #   t0pieces 330  Sec. 42: GDN at S2 and P1 (fwd+bwd, fwd), the fused_t0 forward as sequence
@@ -56,11 +59,12 @@
 # benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07}.md), with cw_diag
 # and cw_grad again for the K1/K2 fixes of Sec. 43; name items to run others.
 # Order: K1/K2 fixed or not (cw_diag), the gpu tests that decide TUNING["state_pass"] and
-# K1/K2's (cw_tests), K2 timed (cw_grad), then DeltaNet's auto decision.
+# K1/K2's (cw_tests), K2 timed (cw_grad), the 350M step's profile (stepprof), then DeltaNet's
+# auto decision (about three 575 s calls).
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-cw_diag cw_tests cw_grad autooff_dn}
+ITEMS=${*:-cw_diag cw_tests cw_grad stepprof autooff_dn}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -73,7 +77,7 @@ LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
-  autooff_dn) echo 560;; tp350) echo 480;; t0pieces) echo 330;; fp16def) echo 110;;
+  autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -286,6 +290,16 @@ run_tp350() {  # GDN-pure 350M at the recipe's batch: auto (Mosaic on Hopper) ag
     grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED|Mosaic GPU kernels' $O/tp350/$v.log \
       | sort -u | head -3 | cut -c1-200
   done
+}
+
+run_stepprof() {  # Sec. 43.2: GDN-pure 350M's step split by kernel class, the Mosaic kernels
+  mkdir -p $O/stepprof; local s=$SECONDS
+  timeout 280 python3 benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon --batch=128 \
+    --warmup=1 --iters=3 --trace_steps=1 --top=40 --set=train.micro_batch_size=${TP_MB:-8} \
+    --set=model.gdn.implementation=auto --out=$O/stepprof/gdn > $O/stepprof/gdn.log 2>&1
+  echo "stepprof rc=$? t=$((SECONDS-s))s"
+  grep -a -h -E '^\| ' $O/stepprof/gdn.md | head -14 | cut -c1-220
+  grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED' $O/stepprof/gdn.log | sort -u | head -2
 }
 
 # ---- Sec. 37: the per-channel family's items (KDA, GDN-2), after Sec. 34's -------------------
