@@ -21,6 +21,13 @@ has the table and how to read it.
 
 ``--forward`` and ``--backward`` pass the op's ``forward=`` and ``backward=`` (default: the op's
 defaults); MOSAIC_GPU.md Sec. 36 compares the ``three_pass`` and ``fused_t0`` steps.
+
+``--op=kda`` lowers KDA's step instead (``kda_pallas``, per-channel gates; ``--tuning`` a JSON of
+``channelwise_gpu.TUNING`` overrides); its source lines all name the jitted core's call, so the
+op and the types say what each row is (MOSAIC_GPU.md Sec. 43.3)::
+
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/glue_inventory.py --op=kda --min_mb=8 \
+        --tuning='{"grad_pass": "mosaic_fused", "state_pass": "mosaic"}'
 """
 
 import argparse
@@ -88,6 +95,46 @@ def lowered_module(batch, seq_len, heads, kv_heads, dim, packed, forward="three_
             sds((batch, seq_len, heads), jnp.float32), sds((batch, seq_len, heads, dim), bf),
             sds((batch, seq_len), jnp.int32) if packed else None)
     lowered = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",))
+    return lowered.as_text(debug_info=True)
+
+
+def lowered_module_kda(batch, seq_len, heads, dim, packed, tuning=None):
+    """The StableHLO text of KDA's ``fwdbwd`` step (``kda_pallas``: ``q, k, v`` bf16 ``[B, T,
+    H, K]``, ``g`` fp32 ``[B, T, H, K]``, ``beta`` bf16 ``[B, T, H]``, cotangent ``do``) lowered
+    for CUDA on a patched Hopper GPU (the Mosaic passes lower only there) with
+    ``channelwise_gpu.TUNING`` overridden by ``tuning`` (e.g. ``{"grad_pass": "mosaic_fused",
+    "state_pass": "mosaic"}``). The op's backward is a ``custom_vjp`` inside one jitted core,
+    so every glue op's location is the core's call (``channelwise_gpu.py``): read ``op`` and
+    ``types``, not ``line``."""
+    import contextlib
+    from unittest import mock
+
+    import jax
+    import jax.numpy as jnp
+    from pallas_kernels.common import channelwise_gpu, mosaic_gpu, pallas_gpu
+    from pallas_kernels.kda import kernel_gpu as kda_kernel
+
+    def step(q, k, v, g, beta, do, seg):
+        def f(q, k, v, g, beta):
+            return kda_kernel.kda_pallas(q, k, v, g, beta, scale=dim ** -0.5,
+                                         segment_ids=seg)[0]
+        o, vjp = jax.vjp(f, q, k, v, g, beta)
+        return vjp(do) + (o,)
+
+    sds = jax.ShapeDtypeStruct
+    bf = jnp.bfloat16
+    tok = sds((batch, seq_len, heads, dim), bf)
+    args = (tok, tok, tok, sds((batch, seq_len, heads, dim), jnp.float32),
+            sds((batch, seq_len, heads), bf), tok,
+            sds((batch, seq_len), jnp.int32) if packed else None)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(channelwise_gpu.TUNING, tuning or {}))
+        stack.enter_context(mock.patch.object(mosaic_gpu, "compute_capability",
+                                              return_value=(9, 0)))
+        stack.enter_context(pallas_gpu.abstract_gpu_target())
+        jax.clear_caches()  # the core's trace reads TUNING
+        lowered = jax.jit(step).trace(*args).lower(lowering_platforms=("cuda",))
+    jax.clear_caches()
     return lowered.as_text(debug_info=True)
 
 
@@ -161,10 +208,21 @@ def main(argv=None):
     parser.add_argument("--backward", default=None, help="the op's backward= (default: its own)")
     parser.add_argument("--min_mb", type=float, default=1.0,
                         help="list ops touching a tensor of at least this many MB")
+    parser.add_argument("--op", default="gdn", choices=("gdn", "kda"),
+                        help="gdn: the Mosaic GDN op (--forward, --backward); kda: kda_pallas "
+                             "(--tuning)")
+    parser.add_argument("--tuning", default="{}",
+                        help='kda: JSON overrides of channelwise_gpu.TUNING, e.g. '
+                             '\'{"grad_pass": "mosaic_fused", "state_pass": "mosaic"}\'')
     args = parser.parse_args(argv)
     batch, seq_len, heads = (int(x) for x in args.shape.lower().split("x"))
-    text = lowered_module(batch, seq_len, heads, args.kv_heads or heads, args.dim, args.packed,
-                          forward=args.forward, backward=args.backward)
+    if args.op == "kda":
+        import json
+        text = lowered_module_kda(batch, seq_len, heads, args.dim, args.packed,
+                                  tuning=json.loads(args.tuning))
+    else:
+        text = lowered_module(batch, seq_len, heads, args.kv_heads or heads, args.dim,
+                              args.packed, forward=args.forward, backward=args.backward)
     rows = inventory(text, int(args.min_mb * 1e6))
     groups = collections.OrderedDict()
     for r in rows:

@@ -1,6 +1,7 @@
-"""benchmarks/glue_inventory.py: type parsing, source lines, and the glue of
-``gated_delta_rule_mosaic``'s training step (CUDA lowering on CPU, MOSAIC_GPU.md Sec. 27): no XLA
-op outside the kernels touches a ``[B, T, H, K]`` tensor any more, with or without documents;
+"""benchmarks/glue_inventory.py: type parsing, source lines, KDA's step (``--op=kda``), and the
+glue of ``gated_delta_rule_mosaic``'s training step (CUDA lowering on CPU, MOSAIC_GPU.md
+Sec. 27): no XLA op outside the kernels touches a ``[B, T, H, K]`` tensor any more, with or
+without documents;
 with GVA at K = 64 the split backward leaves only the fp32 group sum of ``dk`` (and its one
 rounding): ``dq``'s is formed in the chunk-local gradient kernel (``gva_loop``, Sec. 27.5); the
 default backward (``fused_ws``) forms both in its kernel (Sec. 33) and leaves none."""
@@ -109,3 +110,16 @@ class GlueInventoryTest(parameterized.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class KdaGlueTest(absltest.TestCase):
+
+    def test_kda_step_with_k2_and_mosaic_state_passes(self):
+        # --op=kda: KDA's fwd+bwd with K2 and the Mosaic state passes lowers, its kernels are
+        # Mosaic custom calls, and the glue table is non-empty (the op's chain rule through the
+        # gates and beta and the dv product stay in XLA: MOSAIC_GPU.md Sec. 43.3).
+        text = gi.lowered_module_kda(packed=True, tuning={"grad_pass": "mosaic_fused",
+                                                          "state_pass": "mosaic"}, **_SHAPE)
+        self.assertGreaterEqual(text.count("custom_call @mosaic_gpu"), 3)
+        ops = {r["op"] for r in gi.inventory(text, _FULL_BF16) if not r["noop"]}
+        self.assertIn("dot_general", ops)
