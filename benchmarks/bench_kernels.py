@@ -117,6 +117,12 @@ _MOSAIC_T0_PIECES = flags.DEFINE_bool(
     "sequence pieces (MOSAIC_GPU.md Sec. 42; the op's default since 2026-12-06g); off "
     "(--nomosaic_t0_pieces), it falls back to three_pass there; unset: the op's default. "
     "Recorded with every mosaic record (mosaic_t0_pieces: the value in force).")
+_MOSAIC_APPROX_MATH = flags.DEFINE_bool(
+    "mosaic_approx_math", None,
+    "Every Mosaic GPU kernel of ours (peers mosaic and ours: GDN, DeltaNet, simple_gla, the "
+    "per-channel passes): set mosaic_gpu_lib.APPROX_MATH for this process, Mosaic GPU's "
+    "approx_math (jnp.exp as ex2.approx, as jla compiles; MOSAIC_GPU.md Sec. 44); unset: the "
+    "default (off). Recorded with every record (mosaic_approx_math: the value in force).")
 _MOSAIC_T0_INVERSE = flags.DEFINE_string(
     "mosaic_t0_inverse", None,
     "Peer mosaic, gdn and deltanet with --mosaic_forward=fused_t0 or fused_t0_split: the "
@@ -868,6 +874,8 @@ def run_jax(records):
                         rec = dict(peer=peer, op=op, shape=shape, bthd=[batch, seq_len, heads,
                                                                         _DIM.value], pass_=pas,
                                    gate=gate_ok, gate_errors=errs, tuning=tuning)
+                        from pallas_kernels.common import mosaic_gpu_lib
+                        rec["mosaic_approx_math"] = mosaic_gpu_lib.APPROX_MATH
                         if peer == "mosaic" and op in ("gdn", "deltanet"):
                             rec["mosaic_wy"] = _MOSAIC_WY.value
                         if peer == "mosaic":
@@ -1291,6 +1299,9 @@ def main(argv):
     if _MOSAIC_T0_PIECES.value is not None:
         from pallas_kernels.gated_delta_rule import mosaic_vjp
         mosaic_vjp.FUSED_T0_PIECES = _MOSAIC_T0_PIECES.value
+    if _MOSAIC_APPROX_MATH.value is not None:
+        from pallas_kernels.common import mosaic_gpu_lib
+        mosaic_gpu_lib.APPROX_MATH = _MOSAIC_APPROX_MATH.value
     records = []
     command = "python " + " ".join(sys.argv)
     if "fla" in _PEERS.value and _on_tpu():

@@ -35,6 +35,9 @@
 #   stepprof 300  Sec. 43.2: where tp350's step goes with the Mosaic kernels (auto): the trainer's
 #               step at GBS 128 in micro-batches of $TP_MB = 8, fwd+bwd and optimizer alone, one
 #               traced step split into matmuls / other XLA / Pallas (profile_train_step.py)
+#   approx 320  Sec. 44: GDN S1 and S2, fwd+bwd and fwd, Mosaic GPU's approx_math off then on
+#               (--nomosaic_approx_math / --mosaic_approx_math, two processes; decision rule in
+#               Sec. 44)
 #   fp16def 110  autooff_dn's two fp16 gpu tests alone (the op's defaults in fp16, which GDN's
 #               auto runs since 2026-12-06f), for a window too short for autooff_dn
 #   t0pieces 330  Sec. 42: GDN at S2 and P1 (fwd+bwd, fwd), the fused_t0 forward as sequence
@@ -59,12 +62,12 @@
 # benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07}.md), with cw_diag
 # and cw_grad again for the K1/K2 fixes of Sec. 43; name items to run others.
 # Order: K1/K2 fixed or not (cw_diag), the gpu tests that decide TUNING["state_pass"] and
-# K1/K2's (cw_tests), K2 timed (cw_grad), the 350M step's profile (stepprof), then DeltaNet's
-# auto decision (about three 575 s calls).
+# K1/K2's (cw_tests), K2 timed (cw_grad), the 350M step's profile (stepprof), approx_math's
+# timing (approx; about three 575 s calls); DeltaNet's auto decision (autooff_dn) by name after.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-cw_diag cw_tests cw_grad stepprof autooff_dn}
+ITEMS=${*:-cw_diag cw_tests cw_grad stepprof approx}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -77,7 +80,7 @@ LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
-  autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; t0pieces) echo 330;; fp16def) echo 110;;
+  autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 320;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -290,6 +293,17 @@ run_tp350() {  # GDN-pure 350M at the recipe's batch: auto (Mosaic on Hopper) ag
     grep -a -h -i -E 'out of memory|RESOURCE_EXHAUSTED|Mosaic GPU kernels' $O/tp350/$v.log \
       | sort -u | head -3 | cut -c1-200
   done
+}
+
+run_approx() {  # Sec. 44: approx_math off / on, GDN's default Mosaic path, S1 and S2
+  mkdir -p $O/approx; local s=$SECONDS v
+  for v in nomosaic_approx_math mosaic_approx_math; do
+    timeout 150 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic \
+      --passes=fwdbwd,fwd --shapes=S1,S2 --iters=30 --warmup=5 --breakdown_top=10 --$v \
+      --out=$O/approx/$v > $O/approx/$v.log 2>&1; echo "$v rc=$? t=$((SECONDS-s))s"
+    grep -a -h '^gate' $O/approx/$v.log | cut -c1-300
+  done
+  gdn_show $O/approx/nomosaic_approx_math.log $O/approx/mosaic_approx_math.log
 }
 
 run_stepprof() {  # Sec. 43.2: GDN-pure 350M's step split by kernel class, the Mosaic kernels

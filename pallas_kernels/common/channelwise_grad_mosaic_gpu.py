@@ -894,7 +894,7 @@ def _launch(kernel, out_type, scratch, grid, name: str, interpret: bool):
         grid_names=("n", "h", "b"),
         num_threads=2,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=name,
     )

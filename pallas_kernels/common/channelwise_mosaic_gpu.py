@@ -201,7 +201,7 @@ def _launch(kernel, out_type, scratch, grid, name: str, interpret: bool):
         grid_names=("b", "h", "v"),
         num_threads=3,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=name,
     )

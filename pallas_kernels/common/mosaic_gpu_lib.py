@@ -38,6 +38,12 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from pallas_kernels.common import pallas_gpu
 
 CHUNK = 64
+# Mosaic GPU's approx_math for every kernel of ours (read when a kernel is traced): on, jnp.exp
+# lowers to a multiply by log2(e) and one ex2.approx.ftz.f32 (as jla's kernels compile, with
+# CompilerParams(approx_math=True)); off, to the accurate math.exp sequence around the same
+# instruction. Off by default until timed on a card (MOSAIC_GPU.md Sec. 44);
+# bench_kernels.py --mosaic_approx_math sets it per process.
+APPROX_MATH = False
 BLOCK_V = 64  # value columns per CTA of the state passes: the state tile is [K, BLOCK_V] fp32
 STAGES = 2  # depth of the TMA input ring
 SUPPORTED_HEAD_DIMS = (64, 128)
@@ -50,6 +56,12 @@ _COLS = plgpu.Layout.WGMMA.reduce(0)  # one value per column of a [64 * m, n] WG
 # deprecated (index the ref with ``ref.at[...]`` instead) and it may be left out.
 _LOAD_IDX = inspect.signature(plgpu.load).parameters.get("idx")
 _LOAD_NEEDS_IDX = _LOAD_IDX is not None and _LOAD_IDX.default is inspect.Parameter.empty
+
+
+def compiler_params(**kwargs):
+    """``plgpu.CompilerParams(**kwargs)`` with ``approx_math`` from :data:`APPROX_MATH`: every
+    Mosaic GPU kernel of ours takes its compiler parameters from here."""
+    return plgpu.CompilerParams(approx_math=APPROX_MATH, **kwargs)
 
 
 def interpret_params():

@@ -395,7 +395,7 @@ def _delta_h_call(k, w, u, gc, last, conn, h0, *, group, pieces, states_dtype, i
         grid_names=("b", "h", "v"),
         num_threads=2,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name="gdn_chunk_delta_h" + ("" if store else "_maps" if zero_u else "_pieces"),
     )
@@ -722,7 +722,7 @@ def chunk_wy_mosaic(
               swz((CHUNK, CHUNK), k.dtype)] if interpret else []),  # lo_s
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name="gdn_chunk_wy",
     )
@@ -1576,7 +1576,7 @@ def chunk_kkt_inverse_mosaic(
         + ([swz((CHUNK, CHUNK), k.dtype)] * 2 if return_w and interpret else []),
         grid=(num_groups, heads, batch),  # groups first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(
+        compiler_params=mgl.compiler_params(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_kkt_inverse" + ("_subst" if inverse == "substitution" else "")
@@ -2228,7 +2228,7 @@ def _delta_dh_call(q, k, w, do, dvl_in, gc, last, conn, doc, dht, *, group, scal
         grid_names=("b", "h", "v"),
         num_threads=2 + fold,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_delta_dh" + ("_fold" if fold else "")
                      + ("" if store else "_pieces")),

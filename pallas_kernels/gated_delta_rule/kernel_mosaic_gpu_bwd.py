@@ -242,7 +242,7 @@ def chunk_dv_local_mosaic(
         + (shim if interpret else []),
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name="gdn_chunk_dv_local",
     )
@@ -655,7 +655,7 @@ def chunk_delta_grads_partials_mosaic(
         # chunks first: CUDA caps grid y and z at 65535; with kv_loop the key heads
         grid=(num_chunks, kv_heads if kv_loop else heads, batch),
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name="gdn_chunk_grads",
     )

@@ -971,7 +971,7 @@ def chunk_bwd_fused_mosaic(
         **(dict(num_threads=3, thread_name="wg") if warpgroups == 3 else {}),
         grid=(num_chunks, qk_heads, batch),  # chunks first: CUDA caps grid y, z at 65535
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=KERNEL_NAME + ("_ws" if warpgroups == 3 else ""),
     )

@@ -638,7 +638,7 @@ def chunk_delta_fused_fwd_mosaic(
         grid_names=("b", "h", "v"),
         num_threads=3 if split_output else 2,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name="gdn_chunk_delta_fused_fwd_split" if split_output else
         "gdn_chunk_delta_fused_fwd",
@@ -1937,7 +1937,7 @@ def chunk_delta_fused_t0_fwd_mosaic(
         grid_names=("b", "h", "v"),
         num_threads=3 if split_output else 2,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(
+        compiler_params=mgl.compiler_params(
             **({"unsafe_no_auto_barriers": True} if stages == "nobar" else {})),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=("gdn_chunk_delta_fused_t0_fwd_summary" if summary else

@@ -621,7 +621,7 @@ def chunk_wy_bwd_mosaic(
         # chunks first: CUDA caps grid y and z at 65535; with kv_loop the key heads
         grid=(num_chunks, kv_heads if kv_loop else heads, batch),
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mgl.compiler_params(),
         interpret=mgl.interpret_params() if interpret else None,
         kernel_name=ablated_name(ablations),
     )

@@ -318,7 +318,7 @@ def _states_call(k, v, gc, last, conn, h0, *, group, pieces, states_dtype, store
         grid_names=("b", "h", "v"),
         num_threads=2,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mosaic_gpu_lib.compiler_params(),
         interpret=interpret_params() if interpret else None,
         kernel_name="simple_gla_chunk_states",
     )
@@ -481,7 +481,7 @@ def chunk_output_mosaic(
               _swizzled_smem((CHUNK, CHUNK), v.dtype)] if interpret else []),  # p_s: P
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mosaic_gpu_lib.compiler_params(),
         interpret=interpret_params() if interpret else None,
         kernel_name="simple_gla_chunk_output",
     )
@@ -897,7 +897,7 @@ def _fused_call(q, k, v, gc, docs, h0, *, group, scale, store_h, stages, interpr
         grid_names=("b", "h", "v"),
         num_threads=3,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mosaic_gpu_lib.compiler_params(),
         interpret=interpret_params() if interpret else None,
         kernel_name="simple_gla_fused_fwd",
     )
@@ -1155,7 +1155,7 @@ def _dstates_call(q, do, gc, conn, dht, *, group, scale, leaving, pieces, states
         grid_names=("b", "h", "v"),
         num_threads=2,
         thread_name="wg",
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mosaic_gpu_lib.compiler_params(),
         interpret=interpret_params() if interpret else None,
         kernel_name="simple_gla_chunk_dstates",
     )
@@ -1418,7 +1418,7 @@ def chunk_grads_mosaic(
         ] + (shim if interpret else []),
         grid=(num_chunks, heads, batch),  # chunks first: CUDA caps grid y and z at 65535
         grid_names=("n", "h", "b"),
-        compiler_params=plgpu.CompilerParams(),
+        compiler_params=mosaic_gpu_lib.compiler_params(),
         interpret=interpret_params() if interpret else None,
         kernel_name="simple_gla_chunk_grads",
     )

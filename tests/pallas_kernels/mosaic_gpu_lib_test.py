@@ -67,3 +67,43 @@ class ChunkCumsumTest(absltest.TestCase):
 
 if __name__ == "__main__":
     absltest.main()
+
+
+class ApproxMathTest(absltest.TestCase):
+    """``mosaic_gpu_lib.APPROX_MATH`` reaches every kernel (MOSAIC_GPU.md Sec. 44)."""
+
+    def test_every_kernel_takes_its_compiler_params_from_the_lib(self):
+        import pathlib
+        root = pathlib.Path(__file__).resolve().parents[2] / "pallas_kernels"
+        direct = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                  if p.name != "mosaic_gpu_lib.py"
+                  and "compiler_params=plgpu.CompilerParams(" in p.read_text()]
+        self.assertEqual(direct, [])
+        users = [p for p in root.rglob("*.py") if "compiler_params(" in p.read_text()]
+        self.assertGreaterEqual(len(users), 8)
+
+    def test_the_switch_turns_exp_into_exp2_in_the_module(self):
+        if not jax.__version__.startswith("0.10."):
+            self.skipTest("reads the serialized Mosaic GPU module back (jax 0.10 only)")
+        from unittest import mock
+
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        from benchmarks import profile_t0
+
+        def body(x_ref, o_ref):
+            o_ref[...] = jnp.exp(x_ref[...])
+
+        texts = {}
+        for on in (False, True):
+            with mock.patch.object(mgl, "APPROX_MATH", on):
+                call = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((128,), jnp.float32),
+                                    grid=(1,), grid_names=("g",),
+                                    compiler_params=mgl.compiler_params())
+                exported = jax.export.export(jax.jit(call), platforms=["cuda"])(
+                    jax.ShapeDtypeStruct((128,), jnp.float32))
+                texts[on] = profile_t0.mosaic_module_text(exported.mlir_module())
+        self.assertIn("math.exp\"", texts[False])
+        self.assertNotIn("math.exp2", texts[False])
+        self.assertIn("math.exp2", texts[True])
+        self.assertNotIn("math.exp\"", texts[True])
