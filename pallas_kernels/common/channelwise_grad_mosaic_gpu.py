@@ -92,11 +92,13 @@ warpgroup and slab, four ``wgmma`` ``[64, V] @ [V, slab]``: ``dO S_0^T``,
 ``dR S_0^T``, ``Vn dS_C^T`` and ``dS_C S_0^T``, whose diagonal is ``de_all = rowsum(S_0 *
 dS_C)`` (exact products, fp32 sums, as ``backward_chunk``'s fp32 row sum). Then
 ``backward_chunk``'s elementwise formulas in its order (``E_in``, ``E_out``, ``e_all`` with the
-document masks ``conn``, ``last``; ``dgam`` with the last-row terms), and ``dg``, the
-within-chunk reverse cumsum of ``dgam``, on the tensor cores: ``dg = U @ dgam' + L @ s - s``
-with ``U_ij = [j >= i]``, ``L = U^T`` (exact in bf16; ``L`` a transposed view of ``U``'s
-SMEM), ``dgam'`` the ``dgam`` without ``-k dk_S`` and the last-row terms, and ``s`` those
-shares as rows (``k dk_S`` and ``de_all e_all`` on the diagonal rows): so no column sum runs
+document masks ``conn``, ``last``), and ``dg``, the within-chunk reverse cumsum of
+``backward_chunk``'s ``dgam``, on the tensor cores: ``dg = U @ dgam' + L @ s - s`` with
+``U_ij = [j >= i]``, ``L = U^T`` (exact in bf16; ``L`` a transposed view of ``U``'s SMEM),
+``x_de`` the ``de_all e_all conn_last`` terms left on the diagonal rows of ``dS_C S_0^T``,
+``s = k dk_S + x_de`` and ``dgam' = dgam + k dk_S + x_de`` without its last-row terms (row
+``i`` gets ``sum_{j >= i} dgam_j`` plus the last-row ``colsum(k dk_S) + de_all e_all``, which
+needs non-decreasing document ids: ``conn_r last_r = conn_last``): so no column sum runs
 over the rows (a cross-warp reduction, whose Mosaic GPU scratch both warpgroups would share;
 MOSAIC_GPU.md Sec. 43). Each product runs on three bf16 pieces that sum to its operand
 exactly (:func:`_split3`), so every product term is exact and only the fp32 accumulation rounds (the
@@ -164,7 +166,8 @@ K1_TAPS = (
 K2_ABLATIONS = K1_ABLATIONS + (
     "no_state",  # epilogue: skip the second TMA copies and the 4 state products (K1's
     # partials stand in for them; the elementwise formulas run)
-    "no_cumsum",  # epilogue: skip the split and the 3 U @ dgam products (dg = dgam)
+    "no_cumsum",  # epilogue: skip the two splits and the 6 U / L products (dg = dgam', not
+    # backward_chunk's dgam; timings of it before 2026-12-07 had 3 products)
 )
 _WGMMA = plgpu.Layout.WGMMA
 _ROWS = plgpu.Layout.WGMMA.reduce(1)
@@ -202,8 +205,9 @@ def _split_bits(x):
     """fp32 ``x`` as its two 16-bit halves ``(hi, lo)``, each in a bf16 container (bit moves,
     no rounding): :func:`_join_bits` gives ``x`` back exactly, NaN and denormal patterns
     included. The band's gamma shift buffer holds these halves: on the H100 (jax 0.11.2) the
-    shifted fp32 loads of that buffer read wrong values while the 16-bit ones of ``k``, through
-    the same code at the same offsets, were exact (MOSAIC_GPU.md Sec. 43)."""
+    fp32 shift buffer read back wrong (its stores or its shifted loads: not isolated) while the
+    16-bit one of ``k``, through the same code at the same offsets, was exact (MOSAIC_GPU.md
+    Sec. 43)."""
     u = lax.bitcast_convert_type(x, jnp.uint32)
     hi = lax.bitcast_convert_type((u >> 16).astype(jnp.uint16), BF16)
     lo = lax.bitcast_convert_type((u & 0xFFFF).astype(jnp.uint16), BF16)
@@ -642,7 +646,7 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
                    half, scale, slab, has_docs, ks_channels, interpret, ablations):
     """K2's epilogue on slab ``step`` of warpgroup ``wg``, channels ``[first, first + slab)``
     of the half: the four state products, ``backward_chunk``'s formulas, the chain rule, the
-    stores and the ``U @ dgam`` cumsum (:func:`_epilogue`; the first slab waits for the state
+    stores and the ``U`` / ``L`` cumsum (:func:`_epilogue`; the first slab waits for the state
     copies)."""
     per_wg = WG_KEYS // slab
     first = pl.multiple_of(wg * WG_KEYS + step * slab if step else wg * WG_KEYS, slab)
@@ -732,9 +736,10 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
     # and of the diagonal de terms) are not formed as sums over rows: in a kernel of two
     # warpgroups Mosaic GPU's cross-warp reduction scratch is one SMEM buffer both use at once
     # (wrong dg on the H100, MOSAIC_GPU.md Sec. 43). Instead, with U_ij = [j >= i] and
-    # L = U^T (a transposed view of the same SMEM), dg = U @ dgam + L @ spread - spread:
-    # row i gets sum_{j >= i} dgam_j + sum_{j < i} dk_o_j + sum_j x_de_j, which is
-    # backward_chunk's sum_{j >= i} (dgam_j - dk_o_j) + colsum(dk_o) + de_all e_all conn_last.
+    # L = U^T (a transposed view of the same SMEM), dg = U @ dgam + L @ spread - spread with
+    # dgam (this one) = A + x_de, spread = dk_o + x_de: row i gets sum_{j >= i} A_j +
+    # sum_{j < i} dk_o_j + sum_j x_de_j, which is backward_chunk's sum_{j >= i} (A_j - dk_o_j)
+    # + colsum(dk_o) + de_all e_all conn_last.
     # Each product runs on the three exact bf16 pieces (_split3): every product term is exact,
     # the sums fp32.
     piece, upper = sc["piece"].at[wg], sc["upper"]
@@ -1097,7 +1102,10 @@ def channelwise_grad_chunk_mosaic(
     writes dk, dkr in the operand dtype; the chain rule adds in fp32).
 
     Args:
-        q, k, kr, gamma, do, vn, dr, doc, scale: as :func:`channelwise_grad_intra_mosaic`.
+        q, k, kr, gamma, do, vn, dr, doc, scale: as :func:`channelwise_grad_intra_mosaic`;
+            here ``doc`` must also be non-decreasing along each row (as
+            ``validation.document_index`` makes it: the epilogue reads ``conn_last`` as
+            ``conn_r last_r``; not checked, the ids are traced).
         ks: the read key's scale ``[B, T, H, 1]`` (KDA's beta: ``dks`` summed per token) or
             ``[B, T, H, K]`` (GDN-2's per-channel b); any float dtype (read as fp32: bf16,
             fp16 and fp32 as they are, others converted).

@@ -434,10 +434,10 @@ class ValidationTest(parameterized.TestCase):
         np.testing.assert_array_equal(np.asarray(k2._join_bits(*k2._split_bits(g))), g)
 
     def test_cumsum_without_column_sums_is_backward_chunks(self):
-        # K2's dg = U @ dgam' + L @ s - s (L = U^T), s = k dk_S + the de terms on the diagonal
-        # rows, equals the reverse cumsum of backward_chunk's dgam = dgam' - k dk_S plus, on
-        # the last row, colsum(k dk_S) + de_all e_all (MOSAIC_GPU.md Sec. 43): float64 values,
-        # so the identity alone is checked.
+        # K2's dg = U @ (dgam0 + x_de) + L @ s - s (L = U^T), s = k dk_S + x_de (the de terms
+        # on the diagonal rows), equals the reverse cumsum of backward_chunk's dgam = dgam0 -
+        # k dk_S plus, on the last row, colsum(k dk_S) + de_all e_all (MOSAIC_GPU.md Sec. 43):
+        # float64 values, so the identity alone is checked.
         rng = np.random.default_rng(2)
         rows, slab, first = 64, 16, 32
         dgam0, dk_o, p_de = (rng.standard_normal((rows, slab)) for _ in range(3))

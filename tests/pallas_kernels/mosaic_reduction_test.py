@@ -6,7 +6,8 @@ lowers it through one SMEM scratch view at a fixed offset (``reduction_scratch_b
 same code on that one buffer at once: a data race. K2's two column sums did exactly this and gave
 wrong ``dg`` on the H100 in channel groups that changed from run to run (MOSAIC_GPU.md Sec. 43),
 while interpret mode, which runs a warpgroup as one thread, could not show it. Reductions along
-the minor (last) axis stay within a warp (shuffles, no scratch) and are allowed.
+the minor (last) axis of a 2-D tile stay within a warp (shuffles, no scratch) and are allowed;
+a sum of a rank-1 vector (one value per row or column) is not.
 
 The check walks the jaxpr of each op (``jax.make_jaxpr`` on the CPU host: nothing is lowered
 or run), enters every kernel body (the ``mpmd_map`` / ``pallas_call`` equations' jaxprs) and
@@ -39,14 +40,15 @@ def _sub_jaxprs(eqn):
 
 def row_reductions(jaxpr, in_kernel=False):
     """``(kernels entered, [(primitive, shape, axes), ...])``: the in-kernel reductions of
-    ``jaxpr`` over an axis other than the last."""
+    ``jaxpr`` over an axis other than the last, or of a rank-1 array."""
     kernels, found = 0, []
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
         if in_kernel and name in _REDUCTIONS:
             shape = eqn.invars[0].aval.shape
             axes = tuple(eqn.params.get("axes", (eqn.params.get("axis"),)))
-            if len(shape) >= 2 and any(a % len(shape) != len(shape) - 1 for a in axes):
+            # rank 1: a per-row (or per-column) vector spans the warps, so any sum of it does
+            if len(shape) == 1 or any(a % len(shape) != len(shape) - 1 for a in axes):
                 found.append((name, shape, axes))
         entering = name in _KERNEL_CALLS
         for sub in _sub_jaxprs(eqn):
