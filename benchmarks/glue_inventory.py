@@ -26,8 +26,8 @@ defaults); MOSAIC_GPU.md Sec. 36 compares the ``three_pass`` and ``fused_t0`` st
 ``channelwise_gpu.TUNING`` overrides); its source lines all name the jitted core's call, so the
 op and the types say what each row is (MOSAIC_GPU.md Sec. 43.3)::
 
-    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/glue_inventory.py --op=kda --min_mb=8 \
-        --tuning='{"grad_pass": "mosaic_fused", "state_pass": "mosaic"}'
+    JAX_PLATFORMS=cpu .venv/bin/python benchmarks/glue_inventory.py --op=kda --min_mb=8
+    # K2's step: the same with --tuning='{"grad_pass": "mosaic_fused", "state_pass": "mosaic"}'
 """
 
 import argparse

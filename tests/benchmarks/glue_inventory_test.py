@@ -108,10 +108,6 @@ class GlueInventoryTest(parameterized.TestCase):
         self.assertNotIn("dot_general", out.getvalue())
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class KdaGlueTest(absltest.TestCase):
 
     def test_kda_step_with_k2_and_mosaic_state_passes(self):
@@ -123,3 +119,7 @@ class KdaGlueTest(absltest.TestCase):
         self.assertGreaterEqual(text.count("custom_call @mosaic_gpu"), 3)
         ops = {r["op"] for r in gi.inventory(text, _FULL_BF16) if not r["noop"]}
         self.assertIn("dot_general", ops)
+
+
+if __name__ == "__main__":
+    absltest.main()

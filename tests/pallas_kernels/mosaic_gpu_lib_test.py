@@ -65,10 +65,6 @@ class ChunkCumsumTest(absltest.TestCase):
         self.assertIn("cumsum", grads(True))  # the check can see one
 
 
-if __name__ == "__main__":
-    absltest.main()
-
-
 class ApproxMathTest(absltest.TestCase):
     """``mosaic_gpu_lib.APPROX_MATH`` reaches every kernel (MOSAIC_GPU.md Sec. 44)."""
 
@@ -107,3 +103,7 @@ class ApproxMathTest(absltest.TestCase):
         self.assertNotIn("math.exp2", texts[False])
         self.assertIn("math.exp2", texts[True])
         self.assertNotIn("math.exp\"", texts[True])
+
+
+if __name__ == "__main__":
+    absltest.main()
