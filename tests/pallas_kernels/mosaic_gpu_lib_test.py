@@ -10,22 +10,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
-from jax.extend import core as jcore
-
 from pallas_kernels.common import mosaic_gpu_lib as mgl
 from pallas_kernels.gated_delta_rule import mosaic_vjp
+from tests.pallas_kernels.mosaic_reduction_test import sub_jaxprs
 
 
 def _primitives(jaxpr):
     names = []
     for eqn in jaxpr.eqns:
         names.append(eqn.primitive.name)
-        for value in eqn.params.values():
-            for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(sub, jcore.ClosedJaxpr):
-                    names += _primitives(sub.jaxpr)
-                elif isinstance(sub, jcore.Jaxpr):
-                    names += _primitives(sub)
+        for sub in sub_jaxprs(eqn):
+            names += _primitives(sub)
     return names
 
 

@@ -29,7 +29,8 @@ _REDUCTIONS = ("reduce_sum", "reduce_max", "reduce_min", "reduce_and", "reduce_o
                "argmax", "argmin")
 
 
-def _sub_jaxprs(eqn):
+def sub_jaxprs(eqn):
+    """The jaxprs in ``eqn``'s parameters (kernel bodies, loop and branch bodies)."""
     for value in eqn.params.values():
         for sub in value if isinstance(value, (tuple, list)) else (value,):
             if isinstance(sub, jcore.ClosedJaxpr):
@@ -51,7 +52,7 @@ def row_reductions(jaxpr, in_kernel=False):
             if len(shape) == 1 or any(a % len(shape) != len(shape) - 1 for a in axes):
                 found.append((name, shape, axes))
         entering = name in _KERNEL_CALLS
-        for sub in _sub_jaxprs(eqn):
+        for sub in sub_jaxprs(eqn):
             n, f = row_reductions(sub, in_kernel or entering)
             kernels += n + int(entering and not in_kernel)
             found += f
@@ -91,7 +92,7 @@ class RowReductionTest(parameterized.TestCase):
             o, _ = mosaic_vjp.gated_delta_rule_mosaic(q, k, v, g if gated else None, beta)
             return o.astype(jnp.float32).sum()
 
-        grad = functools.partial(jax.grad(loss, argnums=(0, 1, 2, 4) + ((3,) if gated else ())))
+        grad = jax.grad(loss, argnums=(0, 1, 2, 4) + ((3,) if gated else ()))
         g = jax.ShapeDtypeStruct((b, t, h), jnp.float32)
         self.check(grad, *[_bf16(b, t, h, d)] * 3, g, _bf16(b, t, h), min_kernels=3)
 
