@@ -101,6 +101,25 @@ class ContextParallelTest(absltest.TestCase):
             self.assertGreater(got["collective_permutes"], 0)
             self.assertEqual(got["all_gathers"], 3)  # the softmax layer's k, v and segment ids
 
+    @pytest.mark.slow  # ~25 s on 2 cores
+    def test_context_path_exports_for_cuda_with_the_mosaic_gpu_kernels(self):
+        # As above on a Hopper GPU (compute capability 9.0): auto gives GDN's layers the Mosaic
+        # GPU kernels inside the shard_map (each shard with its incoming state and documents),
+        # KDA keeps its Triton passes (TUNING's defaults).
+        out = run_worker("export_hopper", devices=4)
+        for n in (2, 4):
+            got = out[str(n)]
+            self.assertEqual((got["nr_devices"], got["platforms"]), (n, ["cuda"]))
+            self.assertEqual(got["mosaic_kernels"], [
+                "gdn_chunk_bwd_fused_ws", "gdn_chunk_delta_dh_fold",
+                "gdn_chunk_delta_fused_t0_fwd", "gdn_chunk_kkt_inverse_subst_split_w"], n)
+            self.assertGreaterEqual(got["mosaic_calls"], 4, n)
+            self.assertNotIn("gdn_forward", got["kernels"], n)  # no Triton GDN kernel left
+            for kernel in ("channelwise_forward", "channelwise_backward_chunk"):
+                self.assertIn(kernel, got["kernels"], n)
+            self.assertGreater(got["collective_permutes"], 0)
+            self.assertEqual(got["all_gathers"], 3)
+
     def test_gdn_layer_moves_states_not_activations(self):
         # Compiled forward + backward of a GDN layer (H 4, K V 8, conv over 64 channels, one
         # row) under context 4, at T = 256 and 512.

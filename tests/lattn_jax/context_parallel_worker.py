@@ -23,6 +23,10 @@ Modes:
     context 2 and 4 on abstract H200s (``sharding.abstract_mesh``; the Pallas GPU kernels inside
     the shard_map, as ``implementation="auto"`` picks them on a GPU, the backend being reported
     as "gpu" for the lowering): platforms, device count, kernel names and collectives.
+  ``export_hopper``: the same with the GPU reporting compute capability 9.0, so GDN's layers
+    lower to the Mosaic GPU kernels inside the shard_map (the Mosaic GPU interpreter cannot run
+    them there: under shard_map on simulated CPU devices it fails its barrier bookkeeping and
+    hangs, jax 0.10.2; so lowering is what CPU can check).
   ``hlo``: the compiled forward + backward of a GDN layer under context 4 at two sequence
     lengths: its collectives (kind, bytes, replica groups) read from the HLO text.
 """
@@ -253,10 +257,12 @@ def run_eval() -> dict:
             "tokens_equal": tokens == ref_tokens, "tokens": [list(map(int, t)) for t in tokens]}
 
 
-def run_export() -> dict:
+def run_export(hopper: bool = False) -> dict:
+    import contextlib
     from unittest import mock
 
     from lattn_jax import model as model_lib
+    from pallas_kernels.common import mosaic_gpu
 
     small = dict(num_k_heads=2, num_v_heads=4, head_k_dim=64, head_v_dim=64, chunk_size=64)
     cfg = config_lib.ModelConfig(
@@ -267,7 +273,11 @@ def run_export() -> dict:
     out = {"backend": jax.default_backend(), "jax": jax.__version__}
     # On a host without a GPU the kernels' choice and lowering are told "gpu"; the target
     # H200s are abstract devices (jax >= 0.11 compiles Triton while lowering, for them).
-    with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+    # ``hopper``: the GPU also reports compute capability 9.0, so auto takes the Mosaic GPU
+    # kernels where its choice is Mosaic (GDN's; KDA keeps its Triton passes by default).
+    cc = (mock.patch.object(mosaic_gpu, "compute_capability", return_value=(9, 0)) if hopper
+          else contextlib.nullcontext())
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"), cc:
         graphdef, params = nnx.split(model_lib.LanguageModel(cfg, rngs=nnx.Rngs(0)))
         tokens = jax.ShapeDtypeStruct((1, 512), jnp.int32)
 
@@ -290,6 +300,9 @@ def run_export() -> dict:
             out[str(n)] = {
                 "nr_devices": exported.nr_devices, "platforms": list(exported.platforms),
                 "kernels": sorted(set(re.findall(r'name = "([a-z0-9_]+)"', text))),
+                "mosaic_calls": text.count("custom_call @mosaic_gpu"),
+                "mosaic_kernels": sorted(set(re.findall(
+                    r"((?:gdn|channelwise)_[a-z0-9_]*?)_mosaic_gpu\b", text))),
                 "collective_permutes": text.count("stablehlo.collective_permute"),
                 "all_gathers": text.count("stablehlo.all_gather")}
     return out
@@ -340,5 +353,6 @@ def run_hlo() -> dict:
 if __name__ == "__main__":
     mode = sys.argv[1]
     result = {"ops": run_ops, "mixers": run_mixers, "model": run_model, "eval": run_eval,
-              "export": run_export, "hlo": run_hlo}[mode]()
+              "export": run_export, "export_hopper": functools.partial(run_export, hopper=True),
+              "hlo": run_hlo}[mode]()
     print("RESULT " + json.dumps(result))
