@@ -309,7 +309,7 @@ run_approx() {  # Sec. 44: approx_math off / on, GDN's default Mosaic path, S1 a
 run_stepprof() {  # Sec. 43.2: GDN-pure 350M's step split by kernel class, the Mosaic kernels
   mkdir -p $O/stepprof; local s=$SECONDS
   timeout 280 python3 benchmarks/profile_train_step.py --preset=gdn_pure --opt=muon --batch=128 \
-    --warmup=1 --iters=3 --trace_steps=1 --top=40 --set=train.micro_batch_size=${TP_MB:-8} \
+    --warmup=1 --iters=3 --trace_steps=1 --top=80 --set=train.micro_batch_size=${TP_MB:-8} \
     --set=model.gdn.implementation=auto --out=$O/stepprof/gdn > $O/stepprof/gdn.log 2>&1
   echo "stepprof rc=$? t=$((SECONDS-s))s"
   grep -a -h -E '^\| ' $O/stepprof/gdn.md | head -14 | cut -c1-220
