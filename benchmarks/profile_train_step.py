@@ -340,6 +340,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny model (CPU smoke run)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top", type=int, default=25, help="longest kernels listed")
+    p.add_argument("--loss_chunk_size", type=int, default=8192,
+                   help="train.loss_chunk_size: the LM head and cross-entropy fused in chunks of "
+                   "this many tokens, as the Table 2/7 sweeps run them (configs/sweeps/common.py's "
+                   "LOSS_CHUNK); 0: the plain head (the whole batch's fp32 logits)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="config override (repeatable), e.g. model.split_projections=true")
     p.add_argument("--out", default=None, help="output prefix for .json and .md")
@@ -349,6 +353,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
         p.error(f"--warmup must be >= 0, got {args.warmup}")
+    if args.loss_chunk_size < 0:
+        p.error(f"--loss_chunk_size must be >= 0 (0: the plain head), got {args.loss_chunk_size}")
     return args
 
 
@@ -357,7 +363,9 @@ def run(args: argparse.Namespace) -> dict:
     # The config's batch is the profiled one, so train.micro_batch_size splits it as in a run.
     cfg = bench_train.experiment_config(
         args.preset, args.opt, tiny=args.tiny,
-        overrides=[f"data.batch_size={args.batch}", f"data.seq_len={args.length}"] + args.set)
+        overrides=[f"data.batch_size={args.batch}", f"data.seq_len={args.length}"]
+        + ([f"train.loss_chunk_size={args.loss_chunk_size}"] if args.loss_chunk_size else [])
+        + args.set)
     trainer = train_lib.Trainer(cfg)
     batch = bench_train.make_batch(args.batch, args.length, cfg.model.vocab_size, args.seed)
     tokens = args.batch * args.length

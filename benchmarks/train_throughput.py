@@ -51,6 +51,9 @@ PRESETS = {
     "gdn2_pure": ("arch=gdn2,stack=pure", None),
     "gdn2_hybrid": ("arch=gdn2,stack=hybrid", None),
 }
+# configs/sweeps/common.py's LOSS_CHUNK (the sweeps' fused LM head and loss; the authors use
+# cut-cross-entropy, spec §3.4), not imported: this module starts no config machinery.
+LOSS_CHUNK_SIZE = 8192
 # The four the paper's speed column has: the default of --presets ("all": every preset).
 PAPER_PRESETS = ("softmax_dense", "gdn_pure", "gdn_hybrid", "kda_hybrid")
 
@@ -82,11 +85,19 @@ def _parse_args(argv):
     parser.add_argument("--micro_batch_size", type=int, default=None,
                         help="gradient accumulation: rows per data-parallel replica per "
                         "micro-step (train.micro_batch_size; default: none)")
+    parser.add_argument("--loss_chunk_size", type=int, default=LOSS_CHUNK_SIZE,
+                        help="the training loss's LM head and cross-entropy fused in chunks of "
+                        "this many tokens (train.loss_chunk_size), as the Table 2 and Table 7 "
+                        f"sweeps run them (default {LOSS_CHUNK_SIZE}); 0: the plain head "
+                        "(fp32 logits of the whole batch)")
     parser.add_argument("--tiny", action="store_true",
                         help="CPU smoke run of the tiny presets (and small batch, sequence "
                         "and step defaults)")
     parser.add_argument("--extra", default="", help="extra flags for experiments/train.py")
     args = parser.parse_args(argv)
+    if args.loss_chunk_size < 0:
+        parser.error(f"--loss_chunk_size must be >= 0 (0: the plain head), got "
+                     f"{args.loss_chunk_size}")
     for name, (gpu, tiny) in _DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, tiny if args.tiny else gpu)
@@ -165,6 +176,16 @@ def _micro_text(result: dict) -> str:
             f"{result['batch_size'] // micro} per step on one device)")
 
 
+def _head_text(result: dict) -> str:
+    """The report's note on the LM head and loss (``loss_chunk_size``; absent in records made
+    before the option: the plain head)."""
+    chunk = result.get("loss_chunk_size")
+    if not chunk:
+        return "the plain LM head (the whole micro-batch's fp32 logits, then the loss)"
+    return (f"the LM head and cross-entropy fused in chunks of {chunk:,} tokens "
+            f"(train.loss_chunk_size, as the Table 2/7 sweeps run)")
+
+
 def _corpus_text(result: dict) -> str:
     corpus = result.get("corpus")
     return f"the corpus `{corpus}`" if corpus else "the bundled WikiText-2 corpus"
@@ -176,11 +197,11 @@ def render(result: dict) -> str:
              f"- Date: {result['date']}. Device: {result['device']}.",
              f"- Versions: {json.dumps(result['versions'])}.",
              f"- Setup: {result['opt']}, size {result.get('size', '350m')}, {result['steps']} "
-             f"steps of {result['batch_size']} x "
-             f"{result['seq_len']} tokens{_micro_text(result)}, bf16 compute with fp32 master "
-             f"weights, {_corpus_text(result)} through the real data pipeline; tokens/s, "
-             f"step time and MFU are the trainer's logged windows of {result['log_every']} "
-             f"steps averaged after dropping the first {result['skip_windows']} (compilation, "
+             f"steps of {result['batch_size']} x {result['seq_len']} tokens"
+             f"{_micro_text(result)}, {_head_text(result)}, bf16 compute with fp32 master "
+             f"weights, {_corpus_text(result)} through the real data pipeline; tokens/s, step "
+             f"time and MFU are the trainer's logged windows of {result['log_every']} steps "
+             f"averaged after dropping the first {result['skip_windows']} (compilation, "
              f"warm-up). MFU = model FLOPs (lattn_jax.flops, mixers' real work, causal attention "
              f"halved) / (989 TFLOP/s bf16 dense peak x devices).",
              f"- Command: `{result['command']}`", "",
@@ -218,6 +239,7 @@ def main(argv=None):
                                                  "orbax-checkpoint", "grain"), "opt": args.opt,
               "steps": args.steps, "batch_size": args.batch_size, "seq_len": args.seq_len,
               "micro_batch_size": args.micro_batch_size, "size": args.size,
+              "loss_chunk_size": args.loss_chunk_size,
               "corpus": args.corpus,
               "log_every": args.log_every, "skip_windows": args.skip_windows,
               "command": "python " + " ".join(shlex.quote(a) for a in
@@ -243,6 +265,8 @@ def main(argv=None):
                "--config.data.max_val_batches=2"] + shlex.split(args.extra)
         if args.micro_batch_size:
             cmd.append(f"--config.train.micro_batch_size={args.micro_batch_size}")
+        if args.loss_chunk_size:
+            cmd.append(f"--config.train.loss_chunk_size={args.loss_chunk_size}")
         log_path = os.path.join(workdir + ".log")
         rc, params, wall = run_trainer(cmd, log_path, label=name)
         if rc:

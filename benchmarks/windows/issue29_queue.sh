@@ -31,7 +31,9 @@
 #   tp350 480   Sec. 34: GDN-pure 350M training throughput at the recipe's batch (128 x 4096,
 #               micro-batches of $TP_MB = 8: 16 ran out of memory on an H100; 20 steps) with
 #               model.gdn.implementation=auto (the Mosaic kernels on Hopper since 2026-12-06f)
-#               and =pallas (Triton): issue 29's MFU target
+#               and =pallas (Triton): issue 29's MFU target. Since 2026-12-07b both tools default
+#               to the sweeps' fused LM head + loss (train.loss_chunk_size 8192); 12-07's
+#               38.1 % was the plain head
 #   stepprof 300  Sec. 43.2: where tp350's step goes with the Mosaic kernels (auto): the trainer's
 #               step at GBS 128 in micro-batches of $TP_MB = 8, fwd+bwd and optimizer alone, one
 #               traced step split into matmuls / other XLA / Pallas (profile_train_step.py)

@@ -221,7 +221,7 @@ class ProfileTrainStepTest(absltest.TestCase):
             pts.bench.time_back_to_back(fn, 0)
 
     def test_bad_flags_name_the_option(self):
-        for flag in ("--batch=0", "--iters=0", "--warmup=-1"):
+        for flag in ("--batch=0", "--iters=0", "--warmup=-1", "--loss_chunk_size=-1"):
             with self.assertRaises(SystemExit):
                 pts.parse_args([flag])
 

@@ -113,7 +113,8 @@ def test_small_size_runs_every_stack_on_the_given_corpus(tmp_path, monkeypatch):
         assert "--config.data.batch_size=16" in cmd and "--config.train.total_steps=40" in cmd
     assert result["size"] == "small" and result["corpus"] == "/data/prose-llama2"
     md = (tmp_path / "train_throughput.md").read_text()
-    assert "muon, size small, 40 steps of 16 x 4096 tokens" in md
+    assert "muon, size small, 40 steps of 16 x 4096 tokens, the LM head and cross-entropy " \
+        "fused in chunks of 8,192 tokens" in md
     assert "the corpus `/data/prose-llama2` through the real data pipeline" in md
     assert "| gdn2_hybrid | | | failed: exit 1, see gdn2_hybrid.log |" in md
 
@@ -127,3 +128,27 @@ def test_tiny_has_cpu_sized_defaults_and_explicit_values_win():
         8, 2, 128, 2, 1)
     mixed = tt._parse_args(["--out=x", "--tiny", "--seq_len=256", "--steps=3"])
     assert (mixed.steps, mixed.batch_size, mixed.seq_len) == (3, 2, 256)
+
+
+def test_loss_head_defaults_to_the_sweeps_fused_chunks_and_zero_is_the_plain_head(
+        tmp_path, monkeypatch):
+    from configs.sweeps import common as sweeps_common
+    # The benchmark measures the loss head the Table 2/7 sweeps train with.
+    assert dict(sweeps_common.LOSS_CHUNK) == {"train.loss_chunk_size": tt.LOSS_CHUNK_SIZE}
+    commands = []
+    monkeypatch.setattr(tt, "run_trainer",
+                        lambda cmd, log_path, *, label, env=None: (
+                            commands.append(cmd) or (1, None, 0.5)))
+    chunk = random.Random(5).choice([1024, 4096, 16384])
+    for extra, want in (([], tt.LOSS_CHUNK_SIZE), ([f"--loss_chunk_size={chunk}"], chunk),
+                        (["--loss_chunk_size=0"], 0)):
+        commands.clear()
+        result = tt.main([f"--out={tmp_path / str(want)}", "--presets=gdn_pure"] + extra)
+        flags = [c for c in commands[0] if c.startswith("--config.train.loss_chunk_size")]
+        assert flags == ([f"--config.train.loss_chunk_size={want}"] if want else []), extra
+        assert result["loss_chunk_size"] == want
+        md = (tmp_path / str(want) / "train_throughput.md").read_text()
+        assert (f"fused in chunks of {want:,} tokens" in md) == bool(want), extra
+        assert ("the plain LM head" in md) == (not want), extra
+    with pytest.raises(SystemExit):
+        tt.main([f"--out={tmp_path}", "--loss_chunk_size=-1"])
