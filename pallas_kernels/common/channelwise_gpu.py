@@ -700,9 +700,12 @@ def _chunk_dr(cfg, amat, dvn):
     mdt = cfg["mm_dtype"]
     dvn_c = dvn.reshape(bsz, cfg["n_chunks"], CHUNK, heads, dv).astype(mdt)
     precision = jax.lax.Precision.HIGHEST if mdt == jnp.dtype(F32) else None
+    # The product's result in the operand dtype (fp32 accumulation, one rounding; the same
+    # value as an fp32 result rounded after): XLA then moves the einsum's output transpose
+    # in 16 bits (an fp32 result was transposed first, 537 MB at S1; MOSAIC_GPU.md Sec. 43.3).
     dr = jnp.einsum("bhnli,bnlhv->bnihv", amat.astype(mdt), dvn_c, precision=precision,
-                    preferred_element_type=F32)
-    return dr.reshape(bsz, tp, heads, dv).astype(mdt)
+                    preferred_element_type=mdt)
+    return dr.reshape(bsz, tp, heads, dv)
 
 
 def _grad_blocks(cfg, q, k, kr, gam, docs, do, vn, dr):
