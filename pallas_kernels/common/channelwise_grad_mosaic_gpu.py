@@ -954,7 +954,8 @@ def _launch(kernel, out_type, scratch, grid, name: str, interpret: bool):
 
 
 def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
-    """The input contract of :func:`channelwise_grad_intra_mosaic`.
+    """The input contract of :func:`channelwise_grad_intra_mosaic` (``kr=None``: K2's, which
+    takes no ``kr``).
 
     Raises:
         ValueError: naming the argument and the shape or dtype it needs: ``q``, ``k``, ``kr``
@@ -970,13 +971,16 @@ def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
     dv = do.shape[-1]
     dtype = jnp.dtype(q.dtype)
     if dtype not in mgl.SUPPORTED_DTYPES:
-        raise ValueError(f"q, k, kr, do, vn, dr must share a 16-bit dtype (bf16 or fp16: wgmma "
+        shared = "q, k, do, vn, dr" if kr is None else "q, k, kr, do, vn, dr"
+        raise ValueError(f"{shared} must share a 16-bit dtype (bf16 or fp16: wgmma "
                          f"operands), got q.dtype={dtype}; fp32 inputs take the Triton "
                          f"grad_blocks kernel (channelwise_gpu, grad_pass='triton')")
     if dk not in mgl.SUPPORTED_HEAD_DIMS or dv not in mgl.SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dims must be in {mgl.SUPPORTED_HEAD_DIMS}, got K={dk} (q) "
                          f"V={dv} (do)")
     for name, x in (("k", k), ("kr", kr)):
+        if x is None:
+            continue
         if x.shape != q.shape or x.dtype != dtype:
             raise ValueError(f"{name} must have q's shape {q.shape} and dtype {dtype}, got "
                              f"{x.shape} {x.dtype}")
@@ -1097,7 +1101,7 @@ def check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
             ``dr``, ``doc``; ``ks`` not a float ``[B, T, H, 1]`` or ``[B, T, H, K]``; ``hs`` or
             ``dhs`` not ``[B, H, N, K, V]`` (N = ceil(T / 64)) in q's dtype.
     """
-    check_inputs(q, k, k, gamma, do, vn, dr, doc)  # k stands in for kr (checked the same)
+    check_inputs(q, k, None, gamma, do, vn, dr, doc)
     batch, seq_len, heads, dk = q.shape
     dv = do.shape[-1]
     if ks.shape not in ((batch, seq_len, heads, 1), q.shape) or not jnp.issubdtype(
