@@ -352,6 +352,9 @@ class _Probe:
         f32 = (3, 4)  # ks, gamma
         self.args = [jnp.asarray(x, jnp.float32 if n in f32 else dtype)
                      for n, x in enumerate(host)]
+        # kr as the op and K2 form it: the operand-dtype k times ks in fp32, rounded once (K2
+        # forms it from k and ks; K1 and the references read this one).
+        self.args[2] = (self.args[1].astype(jnp.float32) * self.args[3]).astype(dtype)
         self.host = [np.asarray(np.asarray(x, np.float32), np.float64) for x in self.args]
         self.scale, self.refs = scale, {}
 

@@ -79,7 +79,7 @@ def export_case(kernel: str, dim: int, slab: int, docs: bool) -> Tuple[float, in
             return kernels.channelwise_grad_intra_mosaic(*args, scale=0.1, doc=doc, slab=slab)
     elif kernel == "k2":
         states = (batch, heads, seq_len // 64, dim, dim)
-        args = ([spec(tok + (dim,), dtype)] * 3
+        args = ([spec(tok + (dim,), dtype)] * 2  # q, k (K2 forms kr = k ks itself)
                 + [spec(tok + (1,), jnp.float32), spec(tok + (dim,), jnp.float32)]
                 + [spec(states, dtype)] * 2 + [spec(tok + (dim,), dtype)] * 3)
 

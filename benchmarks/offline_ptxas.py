@@ -511,11 +511,11 @@ def kernel_modules(name: str, *, batch: int = 1, seq_len: int = 4096, heads: int
         if kind == "k2gdn2":
             s["ks"] = jax.ShapeDtypeStruct(s["gamma"].shape, jnp.float32)
 
-        def fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc=None):
-            return k2.channelwise_grad_chunk_mosaic(q, k, kr, ks, gamma, hs, dhs, do, vn, dr,
+        def fn(q, k, ks, gamma, hs, dhs, do, vn, dr, doc=None):  # K2 forms kr = k ks
+            return k2.channelwise_grad_chunk_mosaic(q, k, ks, gamma, hs, dhs, do, vn, dr,
                                                     scale=0.1, doc=doc, slab=slab, **abl)
 
-        return export_modules(fn, *[s["tok_k"]] * 3, s["ks"], s["gamma"], s["states"],
+        return export_modules(fn, *[s["tok_k"]] * 2, s["ks"], s["gamma"], s["states"],
                               s["states"], *[s["tok_v"]] * 3, doc=doc)
     if kind == "gdn_wy_bwd":  # only with ablations here (else the op's export has it)
         from pallas_kernels.gated_delta_rule import kernel_mosaic_gpu_wy_bwd as kwb

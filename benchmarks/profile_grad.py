@@ -308,7 +308,8 @@ def _shapes() -> Dict[str, Tuple]:
 
 def _call(kernel: str, ablations: Tuple[str, ...], scale: float, interpret: bool = False,
           slab: int = 32):
-    """The jitted variant: ``fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr)``."""
+    """The jitted variant: ``fn(q, k, kr, ks, gamma, hs, dhs, do, vn, dr)`` (K2 ignores
+    ``kr``: it forms ``kr = k ks`` itself, as :func:`_inputs` forms it)."""
     import jax
     from pallas_kernels.common import channelwise_grad_mosaic_gpu as cgm
     if kernel == "k1":
@@ -316,14 +317,15 @@ def _call(kernel: str, ablations: Tuple[str, ...], scale: float, interpret: bool
             cgm.channelwise_grad_intra_mosaic(q, k, kr, g, do, vn, dr, scale=scale, slab=slab,
                                               ablations=ablations, interpret=interpret)))
     return jax.jit(lambda q, k, kr, ks, g, hs, dhs, do, vn, dr: (
-        cgm.channelwise_grad_chunk_mosaic(q, k, kr, ks, g, hs, dhs, do, vn, dr, scale=scale,
+        cgm.channelwise_grad_chunk_mosaic(q, k, ks, g, hs, dhs, do, vn, dr, scale=scale,
                                           slab=slab, ablations=ablations,
                                           interpret=interpret)))
 
 
 def _inputs(dtype, seed=0):
     """KDA-like inputs on the device (``jax.random``: fast at S1): L2-normalised keys,
-    ``ks`` (beta) in (0, 1), ``kr = k ks``, gamma the within-chunk cumsum of log-decays in
+    ``ks`` (beta) in (0, 1), ``kr = k ks`` (the operand-dtype ``k`` times ``ks`` in fp32,
+    rounded once: as the op and K2 form it), gamma the within-chunk cumsum of log-decays in
     ``[-0.1, 0]``, random states and cotangents."""
     import jax
     import jax.numpy as jnp
@@ -344,8 +346,9 @@ def _inputs(dtype, seed=0):
         hs, dhs = (0.1 * jax.random.normal(kk, s["hs"], jnp.float32) for kk in keys[4:6])
         do, vn, dr = (jax.random.normal(kk, s["tv"], jnp.float32) for kk in keys[6:9])
         cast = (lambda x: x.astype(dtype))
-        return (cast(q), cast(k), cast(k * ks), ks, gamma, cast(hs), cast(dhs), cast(do),
-                cast(vn), cast(dr))
+        kr = cast(cast(k).astype(jnp.float32) * ks)
+        return (cast(q), cast(k), kr, ks, gamma, cast(hs), cast(dhs), cast(do), cast(vn),
+                cast(dr))
 
     return jax.block_until_ready(make(keys))
 

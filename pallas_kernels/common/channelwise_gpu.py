@@ -15,10 +15,11 @@ Forward and backward are a ``jax.custom_vjp`` over ``(q, k, v, ks, vs, g, h0)`` 
 ``kr = k ks`` and ``vw = v vs`` (the scales: beta for KDA, b and w for GDN-2). The forward
 kernels form those products themselves (:func:`_scaled`: fp32, rounded once to the operand
 dtype), so no separate pass over k and v runs before them; the backward forms ``kr`` in XLA for
-its kernels and applies the products' chain rule to dkr and dvw (dk, dv and the scales'
-gradients). (Until 2026-11-30 XLA formed ``kr`` and ``vw`` before the kernels: 125 us of the KDA
-forward at S1, H200; the fold took the KDA / GDN-2 forward from 2.162 / 2.279 to 2.008 / 2.205
-ms, ``kernels-h200-2026-11-30.md``, tenth run.) Inside, the
+its kernels (K2, ``grad_pass="mosaic_fused"``, forms it itself from k and ks) and applies the
+products' chain rule to dkr and dvw (dk, dv and the scales' gradients). (Until 2026-11-30 XLA
+formed ``kr`` and ``vw`` before the kernels: 125 us of the KDA forward at S1, H200; the fold
+took the KDA / GDN-2 forward from 2.162 / 2.279 to 2.008 / 2.205 ms,
+``kernels-h200-2026-11-30.md``, tenth run.) Inside, the
 ``gamma`` kernel forms gamma, the within-chunk cumsum of g, and the backward
 returns dg (``backward_chunk`` takes the within-chunk reverse cumsum of d gamma).
 
@@ -140,7 +141,8 @@ Kernels (grid in brackets):
   through ``kr = k ks`` (:func:`_kr_chain`) as one Mosaic GPU kernel, K2
   (:func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic`:
   K1 plus this kernel's equations and the chain rule in an epilogue, so K1's fp32 partials
-  never reach HBM and dkr is never written; the same dq, dk, dks, dg in the same dtypes and
+  never reach HBM and dkr is never written, and ``kr`` is formed in the kernel, not read;
+  the same dq, dk, dks, dg in the same dtypes and
   layouts, the roundings of this path kept; dg's reverse cumsum on the tensor cores on three
   exact bf16 pieces; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 21). Off by default: **wrong on
   the GPU** as K1 is (2026-12-06f, Sec. 41); do not pass it for training.
@@ -1217,15 +1219,16 @@ def _kr_chain(k, ks, dk, dkr):
     return dk, dks
 
 
-def _grad_chunk_mosaic(cfg, q, k, kr, ks, gam, docs, hs, dhs, do, vn, dr):
+def _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dr):
     """``(dq, dk, dks, dg)`` from the Mosaic GPU kernel K2
     (:func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic`):
     ``grad_blocks``, ``backward_chunk`` and :func:`_kr_chain` in one kernel, the same values,
-    dtypes and layouts (``dks`` fp32 before its cast to ks's dtype)."""
+    dtypes and layouts (``dks`` fp32 before its cast to ks's dtype). K2 forms ``kr = k ks``
+    itself (the same fp32 product, rounded once), so no ``kr`` is passed."""
     from pallas_kernels.common import channelwise_grad_mosaic_gpu
 
     return channelwise_grad_mosaic_gpu.channelwise_grad_chunk_mosaic(
-        q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"],
+        q, k, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"],
         doc=docs[0] if docs else None, slab=cfg["mosaic_grad_slab"], interpret=cfg["interpret"])
 
 
@@ -1268,15 +1271,14 @@ def _make_core(static):
             dvn, dhs, dh0 = _backward_state_mosaic(cfg, prep, do, dvn_out, cts[1], maps)
         else:
             dvn, dhs, dh0 = _backward_state(cfg, prep, do, dvn_out, cts[1])
-        # kr as the forward kernels formed it (the fp32 product rounded once); the backward
-        # kernels read it whole.
-        kf, vf, ksf, vsf = (x.astype(F32) for x in (k, v, ks, vs))
-        kr = (kf * ksf).astype(k.dtype)
+        vf, vsf = v.astype(F32), vs.astype(F32)
         if cfg["grad_pass"] == "mosaic_fused":  # K2: grad_blocks + backward_chunk + kr chain
-            dvw = _chunk_dr(cfg, prep["a_ref"], dvn)
-            dq, dk, dks, dg = _grad_chunk_mosaic(cfg, q, k, kr, ks, gam, docs, hs, dhs, do, vn,
-                                                 dvw)
+            dvw = _chunk_dr(cfg, prep["a_ref"], dvn)  # K2 forms kr = k ks itself
+            dq, dk, dks, dg = _grad_chunk_mosaic(cfg, q, k, ks, gam, docs, hs, dhs, do, vn, dvw)
         else:
+            # kr as the forward kernels formed it (the fp32 product rounded once); the
+            # backward kernels read it whole.
+            kr = (k.astype(F32) * ks.astype(F32)).astype(k.dtype)
             dq, dk, dkr, dvw, dg = _backward_chunk(cfg, q, k, kr, gam, docs, prep["a_ref"],
                                                    hs, dhs, do, vn, dvn)
             dk, dks = _kr_chain(k, ks, dk, dkr)

@@ -63,7 +63,9 @@ of a tiled SMEM tile cannot be indexed in the lowering).
 * ``dq``, ``dkr`` and ``dk`` of the slab go out as fp32 ``[64, slab]`` tiles straight from the
   registers.
 
-Roundings: ``dO, dR, Vn, q, k, kr`` are the 16-bit inputs; ``dM`` is fp32 (``wgmma``
+Roundings: ``dO, dR, Vn, q, k, kr`` are the 16-bit inputs (K2 reads ``k`` and forms ``kr =
+k ks`` in registers instead, the fp32 product rounded once to the operand dtype as the forward
+forms it: the same 16-bit values); ``dM`` is fp32 (``wgmma``
 accumulation), rounded to the operand dtype only for the tensor-core routes, whose decayed
 right operands are rounded too (pairs at least 8 apart, weight at most ``e^{8 g}`` of the
 band's); the band and all accumulation are fp32. The Triton kernel runs every route in TF32
@@ -78,7 +80,12 @@ V = 128 with ``slab=16``, of the 232,448 a block may have; pinned by
 **K2**, :func:`channelwise_grad_chunk_mosaic` (``grad_pass="mosaic_fused"``; MOSAIC_GPU.md
 Sec. 19.4.4 and 21): the same kernel with an epilogue that does the Triton ``backward_chunk``
 kernel's work and the XLA chain rule through ``kr = k ks`` on K1's fp32 partials while they are
-still in registers. ``slab=32``: each warpgroup holds its 32 channels' partials.
+still in registers. K2 takes no ``kr`` (MOSAIC_GPU.md Sec. 44.2): it copies ``ks`` (per token,
+``[64]`` fp32, or the half's channels) with ``q, k, gamma`` and forms ``kr = round(k ks)`` (fp32
+product, one rounding to the operand dtype) in registers wherever K1 loads ``kr`` (the ``dMk``
+pass's operand, the band's ``d = 0`` term, the epilogue's ``dgam``), each time from fresh SMEM
+loads of ``k`` and ``ks`` (:func:`_kr_tile`); so no ``kr`` buffer (8 KB less SMEM) and no
+``kr`` read from HBM. ``slab=32``: each warpgroup holds its 32 channels' partials.
 ``slab=16`` (``TUNING``'s default; the layout ptxas compiles without spills, MOSAIC_GPU.md
 Sec. 24): phase 2 is a loop over the two slabs, as K1's; the first slab's partials wait in an
 fp32 SMEM buffer (``park``, 24 KB), the last slab's come out of the loop in registers, and the
@@ -108,8 +115,9 @@ chain rule keeps the Triton path's roundings: ``dkr`` and ``dk`` rounded to the 
 ``dk + ks dkr`` in fp32, rounded once; ``dks = k dkr`` in fp32, per channel (GDN-2's
 ``[B, T, H, K]`` scale) or summed per token over each slab's channels (KDA's ``[B, T, H, 1]``
 beta; the ``K / slab`` partials per token are summed in XLA). ``dkr`` is never written. SMEM
-at K = V = 128: 208,952 bytes (``slab=32``) and 204,856 (``slab=16``) with a per-token ``ks``;
-224,312 and 220,216 with an fp32 per-channel ``ks``; pinned by
+at K = V = 128: 200,760 bytes (``slab=32``) and 196,664 (``slab=16``) with a per-token ``ks``;
+216,120 and 212,024 with an fp32 per-channel ``ks`` (8,192 each below the counts with a
+``kr`` buffer); pinned by
 ``kernel_mosaic_channelwise_grad_chunk_test.py`` (in ``tests/pallas_kernels``).
 
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
@@ -279,6 +287,26 @@ def _products(shape, pairs):
         pl.run_scoped(scoped, *(plgpu.ACC(shape, F32) for _ in pairs)))
 
 
+def _ks_tile(sc, cols, shape, ks_channels: bool, interpret: bool):
+    """K2's kr scale for channels ``cols`` of the half, fp32 ``shape`` = ``[64, slab]`` in the
+    WGMMA layout: the per-token ``[64]`` ``ks`` broadcast along the rows, or the per-channel
+    ``ks`` tile (any of bf16, fp16, fp32 in SMEM; exact in fp32)."""
+    if ks_channels:
+        return _load(sc["ks"].at[:, cols], _WGMMA, interpret).astype(F32)
+    return mgl.by_row(mgl.load_rows(sc["ks"], interpret), shape)
+
+
+def _kr_tile(sc, cols, shape, ks_channels: bool, interpret: bool):
+    """K2's read key ``kr = k ks`` for channels ``cols`` of the half, fp32 ``[64, slab]``
+    (WGMMA layout), formed from fresh SMEM loads of the 16-bit ``k`` and of ``ks``: the fp32
+    product rounded once to ``k``'s dtype, as the forward (and XLA's ``kr`` of the Triton path)
+    forms it, so the same bits; then widened to fp32 for the products. Loaded anew at each
+    use rather than kept live (register pressure, see ``matrix_pass``)."""
+    kf = _load(sc["k"].at[:, cols], _WGMMA, interpret).astype(F32)
+    ksf = _ks_tile(sc, cols, shape, ks_channels, interpret)
+    return (kf * ksf).astype(sc["k"].dtype).astype(F32)
+
+
 def _bind(names, refs, out):
     """``out[name] = ref`` along ``names``, a tree of strings whose tuples match how the refs
     arrive (a ``plgpu.RefUnion`` unpacks into its member trees)."""
@@ -296,7 +324,9 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     :func:`channelwise_grad_chunk_mosaic` (K2; module docstring); refs are GMEM.
 
     ``g8_ref`` is gamma viewed as ``[B, T / 8, 8, H, K]`` (row 7 of each 8 rows: the block
-    marks). K1: ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch. K2:
+    marks). ``kr_ref`` is ``None`` for K2 (:func:`_kernel_k2`), which forms ``kr = k ks`` in
+    registers from the SMEM ``k`` and ``ks`` (:func:`_kr_tile`) and has no ``kr`` buffer. K1:
+    ``rest`` = ``[doc_ref,] dq_ref, dk_ref, dkr_ref`` then the scratch. K2:
     ``hs_ref, dhs_ref, ks_ref, u_ref, [doc_ref, conn_ref, last_ref,] dq_ref, dk_ref, dks_ref,
     dg_ref`` then the scratch (``u_ref``: the cumsum's ``U``). ``names`` names the scratch
     refs (a tree: one tuple per RefUnion).
@@ -322,6 +352,7 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     else:
         dq_ref, dk_ref, dkr_ref = out_refs
     lhs_s, vn_s, y_s = sc["lhs"], sc["vn"], sc["y"]
+    sc.setdefault("kr", None)  # K2 has no kr buffer
     (q_s, k_s, kr_s, g_s, marks_s, doc_s, free_s, quad_s, coef_s, x_s, x2_s, kpad_s, gpad_s,
      apad_s, in_bar, qk_bar, sync, done) = (sc[n] for n in _K1_NAMES)
     vnt_s, mt_s = (sc["vnt"], sc["mt"]) if interpret else (None, None)
@@ -339,7 +370,8 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         plgpu.copy_gmem_to_smem(vn_ref.at[b, tok, h], vn_s, in_bar)
         if has_docs:
             plgpu.copy_gmem_to_smem(doc_ref.at[b, tok], doc_s, in_bar)
-        for src, dst in ((q_ref, q_s), (k_ref, k_s), (kr_ref, kr_s), (g_ref, g_s)):
+        pairs = ((q_ref, q_s), (k_ref, k_s), (kr_ref, kr_s), (g_ref, g_s))
+        for src, dst in pairs if not fused else pairs[:2] + pairs[3:]:  # K2: no kr copy
             plgpu.copy_gmem_to_smem(src.at[b, tok, h, keys], dst, qk_bar)
         # gamma at rows 7, 15, .., 63: the mid (even) and end (odd) rows of the 16-row blocks.
         marks = pl.ds(n * (CHUNK // HALF), CHUNK // HALF)
@@ -465,8 +497,12 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
             c0 = mgl.by_row(_load(coef_s.at[mat, 0, 0, pl.ds(0, CHUNK)], _ROWS, interpret),
                             shape)
             da = da + c0 * kf_0
-            a_0 = (_load((q_s, kr_s)[mat].at[:, cols], _WGMMA, interpret).astype(F32)
-                   if fused else a)
+            if not fused:
+                a_0 = a
+            elif mat == 0:
+                a_0 = _load(q_s.at[:, cols], _WGMMA, interpret).astype(F32)
+            else:  # kr = k ks again from the SMEM k and ks (as the first time: bit-identical)
+                a_0 = _kr_tile(sc, cols, shape, ks_channels, interpret)
             db = db + c0 * a_0
 
             def step(d, carry):
@@ -496,7 +532,10 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
         qf = _load(q_s.at[:, cols], _WGMMA, interpret).astype(F32)
         dq, dk_q = matrix_pass(0, qf)
         plgpu.commit_smem()  # the first pass's operand buffers may be overwritten
-        krf = _load(kr_s.at[:, cols], _WGMMA, interpret).astype(F32)
+        if fused:  # K2: kr = k ks formed here, from the SMEM k and ks
+            krf = _kr_tile(sc, cols, shape, ks_channels, interpret)
+        else:
+            krf = _load(kr_s.at[:, cols], _WGMMA, interpret).astype(F32)
         dkr, dk_k = matrix_pass(1, krf)
         if fused:  # K2: the partials stay in registers for the epilogue
             return dq, dkr, dk_q + dk_k
@@ -546,6 +585,12 @@ def _kernel(q_ref, k_ref, kr_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, 
     # Both warpgroups leave together (an early exit while another issues wgmma is unsafe).
     plgpu.barrier_arrive(done)
     plgpu.barrier_wait(done)
+
+
+def _kernel_k2(q_ref, k_ref, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, **kwargs):
+    """K2's kernel body: :func:`_kernel` with ``fused=True`` (in ``kwargs``) and no ``kr``
+    input (``kr_ref=None``: the kernel forms ``kr = k ks`` itself)."""
+    return _kernel(q_ref, k_ref, None, g_ref, g8_ref, do_ref, vn_ref, dr_ref, *rest, **kwargs)
 
 
 def _tap(tap, dq_ref, dk_ref, dkr_ref, *, out, tok, h, b, kf, g, ends, to_end, past, halfway,
@@ -689,7 +734,7 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
         x_de = x_de * (conn * last)
     qf = _load(sc["q"].at[:, cols], _WGMMA, interpret).astype(F32)
     kf = _load(sc["k"].at[:, cols], _WGMMA, interpret).astype(F32)
-    krf = _load(sc["kr"].at[:, cols], _WGMMA, interpret).astype(F32)
+    krf = _kr_tile(sc, cols, shape, ks_channels, interpret)  # kr = k ks, formed here
     # backward_chunk's formulas, in its order.
     dq_s = F32(scale) * p_dq * e_in  # dqg E_in
     dkr_s = -p_dkr * e_in  # d(kr E_in) E_in
@@ -706,10 +751,7 @@ def _epilogue_slab(sc, partials, dq_ref, dk_ref, dks_ref, dg_ref, *, step, wg, t
     # and dk in the operand dtype, then dk + ks dkr in fp32, rounded once; dks = k dkr (fp32).
     dkr = (dkr_s + dkr_m).astype(dtype).astype(F32)
     dk = (dk_s + dk_m).astype(dtype).astype(F32)
-    if ks_channels:
-        ksf = _load(sc["ks"].at[:, cols], _WGMMA, interpret).astype(F32)
-    else:
-        ksf = mgl.by_row(mgl.load_rows(sc["ks"], interpret), shape)
+    ksf = _ks_tile(sc, cols, shape, ks_channels, interpret)
     dk_out = (dk + ksf * dkr).astype(dtype)
     dks = kf * dkr
     out = pl.ds(half * KEY_HALF + first, slab)
@@ -806,12 +848,17 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, si
     scratch += [
         _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # q
         _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # k
-        _slab_smem((CHUNK, KEY_HALF), dtype, slab),  # kr
+    ]
+    names += ["q", "k"]
+    if not fused:  # K1 reads kr; K2 forms it from k and ks (_kr_tile)
+        scratch.append(_slab_smem((CHUNK, KEY_HALF), dtype, slab))  # kr
+        names.append("kr")
+    scratch += [
         _slab_smem((CHUNK, KEY_HALF), F32, slab),  # g: gamma
         plgpu.SMEM((CHUNK // HALF, KEY_HALF), F32),  # marks: gamma at rows 7, 15, .., 63
         plgpu.SMEM((CHUNK,), F32),  # doc
     ]
-    names += ["q", "k", "kr", "g", "marks", "doc"]
+    names += ["g", "marks", "doc"]
     if fused:
         union((dms, ("free", "quad")),
               ([plgpu.SMEM((1024,), jnp.int8)] + states, ("spad", "s0", "dsc")))
@@ -830,10 +877,11 @@ def _scratch(dtype, dv, slab, has_docs, interpret, fused=False, ks_smem=None, si
     else:
         scratch += pads
         names += ["kpad", "gpad", "apad"]
-    extra_qk = (1 + 2 * int(has_docs)) if fused else 0  # K2: ks (, conn, last)
+    # qk_bar: q, k, kr (K1), gamma, the marks; K2: no kr, but ks (, conn, last)
+    qk_copies = (4 + 1 + 2 * int(has_docs)) if fused else 5
     scratch += [
         plgpu.Barrier(num_arrivals=3 + int(has_docs)),  # in_bar: dO, dR, Vn (, doc) landed
-        plgpu.Barrier(num_arrivals=5 + extra_qk),  # qk_bar: q, k, kr, gamma, the marks landed
+        plgpu.Barrier(num_arrivals=qk_copies),  # qk_bar: the copies above landed
         plgpu.Barrier(num_arrivals=2),  # sync: both matrices staged
         plgpu.Barrier(num_arrivals=2),  # done: both warpgroups finished
     ]
@@ -906,7 +954,8 @@ def _launch(kernel, out_type, scratch, grid, name: str, interpret: bool):
 
 
 def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
-    """The input contract of :func:`channelwise_grad_intra_mosaic`.
+    """The input contract of :func:`channelwise_grad_intra_mosaic` (``kr=None``: K2's, which
+    takes no ``kr``).
 
     Raises:
         ValueError: naming the argument and the shape or dtype it needs: ``q``, ``k``, ``kr``
@@ -922,13 +971,16 @@ def check_inputs(q, k, kr, gamma, do, vn, dr, doc) -> None:
     dv = do.shape[-1]
     dtype = jnp.dtype(q.dtype)
     if dtype not in mgl.SUPPORTED_DTYPES:
-        raise ValueError(f"q, k, kr, do, vn, dr must share a 16-bit dtype (bf16 or fp16: wgmma "
+        shared = "q, k, do, vn, dr" if kr is None else "q, k, kr, do, vn, dr"
+        raise ValueError(f"{shared} must share a 16-bit dtype (bf16 or fp16: wgmma "
                          f"operands), got q.dtype={dtype}; fp32 inputs take the Triton "
                          f"grad_blocks kernel (channelwise_gpu, grad_pass='triton')")
     if dk not in mgl.SUPPORTED_HEAD_DIMS or dv not in mgl.SUPPORTED_HEAD_DIMS:
         raise ValueError(f"head dims must be in {mgl.SUPPORTED_HEAD_DIMS}, got K={dk} (q) "
                          f"V={dv} (do)")
     for name, x in (("k", k), ("kr", kr)):
+        if x is None:
+            continue
         if x.shape != q.shape or x.dtype != dtype:
             raise ValueError(f"{name} must have q's shape {q.shape} and dtype {dtype}, got "
                              f"{x.shape} {x.dtype}")
@@ -1040,14 +1092,16 @@ def channelwise_grad_intra_mosaic(
     return dq[:, :seq_len], dk_out[:, :seq_len], dkr[:, :seq_len]
 
 
-def check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
-    """The input contract of :func:`channelwise_grad_chunk_mosaic`: :func:`check_inputs`, and
+def check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
+    """The input contract of :func:`channelwise_grad_chunk_mosaic`: :func:`check_inputs`
+    without ``kr`` (K2 forms it; ``k`` is checked as there: q's shape and dtype), and
 
     Raises:
-        ValueError: ``ks`` not a float ``[B, T, H, 1]`` or ``[B, T, H, K]``; ``hs`` or ``dhs``
-            not ``[B, H, N, K, V]`` (N = ceil(T / 64)) in q's dtype.
+        ValueError: as :func:`check_inputs` for ``q``, ``k``, ``gamma``, ``do``, ``vn``,
+            ``dr``, ``doc``; ``ks`` not a float ``[B, T, H, 1]`` or ``[B, T, H, K]``; ``hs`` or
+            ``dhs`` not ``[B, H, N, K, V]`` (N = ceil(T / 64)) in q's dtype.
     """
-    check_inputs(q, k, kr, gamma, do, vn, dr, doc)
+    check_inputs(q, k, None, gamma, do, vn, dr, doc)
     batch, seq_len, heads, dk = q.shape
     dv = do.shape[-1]
     if ks.shape not in ((batch, seq_len, heads, 1), q.shape) or not jnp.issubdtype(
@@ -1065,7 +1119,6 @@ def check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc) -> None:
 def channelwise_grad_chunk_mosaic(
     q: jax.Array,
     k: jax.Array,
-    kr: jax.Array,
     ks: jax.Array,
     gamma: jax.Array,
     hs: jax.Array,
@@ -1099,16 +1152,18 @@ def channelwise_grad_chunk_mosaic(
         dk_out = round(round(dk) + ks round(dkr));  dks = k round(dkr)
 
     with ``round`` to the operand dtype: the roundings of the Triton path (``backward_chunk``
-    writes dk, dkr in the operand dtype; the chain rule adds in fp32).
+    writes dk, dkr in the operand dtype; the chain rule adds in fp32). The read key ``kr = k
+    ks`` is not an input: the kernel forms it from ``k`` and ``ks``, in fp32 and rounded once
+    to the operand dtype as the forward does (the same bits as the Triton path's ``kr``).
 
     Args:
-        q, k, kr, gamma, do, vn, dr, doc, scale: as :func:`channelwise_grad_intra_mosaic`;
+        q, k, gamma, do, vn, dr, doc, scale: as :func:`channelwise_grad_intra_mosaic`;
             here ``doc`` must also be non-decreasing along each row (as
             ``validation.document_index`` makes it: the epilogue reads ``conn_last`` as
             ``conn_r last_r``; not checked, the ids are traced).
         ks: the read key's scale ``[B, T, H, 1]`` (KDA's beta: ``dks`` summed per token) or
             ``[B, T, H, K]`` (GDN-2's per-channel b); any float dtype (read as fp32: bf16,
-            fp16 and fp32 as they are, others converted).
+            fp16 and fp32 as they are, others converted); ``kr = round(k ks)`` in-kernel.
         hs: the chunks' entry states ``S_0`` ``[B, H, N, K, V]`` in q's dtype (the forward's
             ``hs``), N = ceil(T / 64).
         dhs: the chunks' exit-state cotangents ``dS_C`` ``[B, H, N, K, V]`` in q's dtype
@@ -1136,7 +1191,7 @@ def channelwise_grad_chunk_mosaic(
         ValueError: as :func:`check_chunk_inputs` or :func:`check_ablations`, or for a
             ``slab`` not in (16, 32).
     """
-    check_chunk_inputs(q, k, kr, ks, gamma, hs, dhs, do, vn, dr, doc)
+    check_chunk_inputs(q, k, ks, gamma, hs, dhs, do, vn, dr, doc)
     ablations = check_ablations(ablations, K2_ABLATIONS)
     if slab not in SLABS:
         raise ValueError(f"slab must be one of {SLABS}, got {slab!r}")
@@ -1144,7 +1199,7 @@ def channelwise_grad_chunk_mosaic(
     dv = do.shape[-1]
     num_chunks = -(-seq_len // CHUNK)
     padded = num_chunks * CHUNK
-    q, k, kr, do, vn, dr = (mgl.pad_time(x, num_chunks) for x in (q, k, kr, do, vn, dr))
+    q, k, do, vn, dr = (mgl.pad_time(x, num_chunks) for x in (q, k, do, vn, dr))
     gamma = mgl.pad_time(gamma.astype(F32), num_chunks)
     halves = dk // KEY_HALF
     ks_channels = ks.shape[-1] != 1
@@ -1169,7 +1224,7 @@ def channelwise_grad_chunk_mosaic(
     scratch, names = _scratch(dtype, dv, slab, has_docs, interpret, fused=True,
                               ks_smem=ks_smem, sink="no_store" in ablations)
     extra_kw = dict(ablations=frozenset(ablations)) if ablations else {}
-    kernel = functools.partial(_kernel, halves=halves, scale=float(scale), has_docs=has_docs,
+    kernel = functools.partial(_kernel_k2, halves=halves, scale=float(scale), has_docs=has_docs,
                                slab=slab, interpret=interpret, names=names, fused=True,
                                ks_channels=ks_channels, **extra_kw)
     tok = jax.ShapeDtypeStruct((batch, padded, heads, dk), dtype)
@@ -1182,8 +1237,7 @@ def channelwise_grad_chunk_mosaic(
     with jax.named_scope(K2_KERNEL_NAME):
         g8 = gamma.reshape(batch, padded // HALF, HALF, heads, dk)  # a view (no copy)
         upper = jnp.triu(jnp.ones((CHUNK, CHUNK), BF16))  # U_ij = [j >= i], for the cumsum
-        dq, dk_out, dks, dg = call(q, k, kr, gamma, g8, do, vn, dr, hs, dhs, ks_in, upper,
-                                   *extra)
+        dq, dk_out, dks, dg = call(q, k, gamma, g8, do, vn, dr, hs, dhs, ks_in, upper, *extra)
         if not ks_channels:  # the per-slab partials, summed here: [B, T, H, 1]
             dks = jnp.transpose(jnp.sum(dks, axis=2), (0, 2, 1))[..., None]
     return dq[:, :seq_len], dk_out[:, :seq_len], dks[:, :seq_len], dg[:, :seq_len]

@@ -155,7 +155,7 @@ class DiagGradTest(absltest.TestCase):
                                               scale=0.1, ablations=("tap_band", "no_band"))
         with self.assertRaisesRegex(ValueError, "not in"):
             cgm.channelwise_grad_chunk_mosaic(
-                *(jnp.zeros(a.shape, a.dtype) for a in args[:3]), jnp.zeros((1, 64, 1, 1)),
+                *(jnp.zeros(a.shape, a.dtype) for a in args[:2]), jnp.zeros((1, 64, 1, 1)),
                 jnp.zeros((1, 64, 1, 128)), *(jnp.zeros((1, 1, 1, 128, 128), jnp.bfloat16),) * 2,
                 *(jnp.zeros(a.shape, a.dtype) for a in args[4:]), scale=0.1,
                 ablations=("tap_band",))

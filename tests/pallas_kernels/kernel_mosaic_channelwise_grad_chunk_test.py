@@ -32,6 +32,7 @@ Interpret tests, one at a time on a 2-core host: ``PJRT_NPROC=8 timeout 900 pyth
 import collections
 import contextlib
 import functools
+import inspect
 import io
 from unittest import mock
 
@@ -40,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl.testing import absltest, parameterized
+from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.common import channelwise_gpu
 from pallas_kernels.common import channelwise_grad_mosaic_gpu as k2
@@ -54,11 +56,12 @@ C = k2.CHUNK
 _REF_GATE = 5e-3  # relative RMS against float64, K2 and the Triton path alike
 _PAIR_GATE = 4e-3  # K2 against the Triton path (the op tests' gate)
 _SMEM_LIMIT = 227 * 1024
-# Mosaic GPU's own count of the CUDA export (jax 0.10.2), MOSAIC_GPU.md Sec. 21 and 24.
-_SMEM_K128_V128 = 208_952  # per-token ks (KDA), documents or not; slab 32
-_SMEM_K128_V128_KS_F32 = 224_312  # per-channel fp32 ks (GDN-2); slab 32
-_SMEM_K128_V128_SLAB16 = 204_856  # slab 16 (the parked partials, 24 KB)
-_SMEM_K128_V128_KS_F32_SLAB16 = 220_216
+# Mosaic GPU's own count of the CUDA export (jax 0.10.2), MOSAIC_GPU.md Sec. 21, 24 and 44.2
+# (8 KB below the counts with a kr buffer: 208,952, 224,312, 204,856, 220,216).
+_SMEM_K128_V128 = 200_760  # per-token ks (KDA), documents or not; slab 32
+_SMEM_K128_V128_KS_F32 = 216_120  # per-channel fp32 ks (GDN-2); slab 32
+_SMEM_K128_V128_SLAB16 = 196_664  # slab 16 (the parked partials, 24 KB)
+_SMEM_K128_V128_KS_F32_SLAB16 = 212_024
 _NAMES = ("dq", "dk", "dks", "dg")
 
 
@@ -149,8 +152,8 @@ def _check_kernel(test, case, *, interpret=True, slab=k2.SLAB):
     q, k, kr, gam, do, vn, dr = args
     log = io.StringIO()
     with contextlib.redirect_stdout(log):  # the interpreter prints the races it detects
-        got = jax.block_until_ready(k2.channelwise_grad_chunk_mosaic(
-            q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"], doc=doc, slab=slab,
+        got = jax.block_until_ready(k2.channelwise_grad_chunk_mosaic(  # K2 forms kr itself
+            q, k, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"], doc=doc, slab=slab,
             interpret=interpret))
     races = log.getvalue()
     test.assertFalse("RACE DETECTED" in races, races[:600])
@@ -194,12 +197,12 @@ class InterpretTest(parameterized.TestCase):
         doc = doc_arrays[0]
         cut = [x.at[:, 100:].set(0) for x in args]
         ks = ks.at[:, 100:].set(0)
-        q, k, kr, gam, do, vn, dr = cut
-        full = k2.channelwise_grad_chunk_mosaic(q, k, kr, ks, gam, hs, dhs, do, vn, dr,
+        q, k, _, gam, do, vn, dr = cut
+        full = k2.channelwise_grad_chunk_mosaic(q, k, ks, gam, hs, dhs, do, vn, dr,
                                                 scale=cfg["scale"], doc=doc, interpret=True)
-        q, k, kr, gam, do, vn, dr = (x[:, :100] for x in cut)
-        part = k2.channelwise_grad_chunk_mosaic(q, k, kr, ks[:, :100], gam, hs, dhs, do, vn,
-                                                dr, scale=cfg["scale"], doc=doc[:, :100],
+        q, k, _, gam, do, vn, dr = (x[:, :100] for x in cut)
+        part = k2.channelwise_grad_chunk_mosaic(q, k, ks[:, :100], gam, hs, dhs, do, vn, dr,
+                                                scale=cfg["scale"], doc=doc[:, :100],
                                                 interpret=True)
         for name, a, e in zip(_NAMES, part, full):
             np.testing.assert_array_equal(a, e[:, :100], err_msg=name)
@@ -248,7 +251,7 @@ def _export_kernel(dk, dv, dtype, docs=True, ks_channels=False, ks_dtype=jnp.flo
     batch, seq_len, heads = 1, 200, 2
     n = -(-seq_len // C)
     spec = jax.ShapeDtypeStruct
-    args = ([spec((batch, seq_len, heads, dk), dtype)] * 3
+    args = ([spec((batch, seq_len, heads, dk), dtype)] * 2  # q, k (K2 forms kr)
             + [spec((batch, seq_len, heads, dk if ks_channels else 1), ks_dtype),
                spec((batch, seq_len, heads, dk), jnp.float32)]
             + [spec((batch, heads, n, dk, dv), dtype)] * 2
@@ -372,7 +375,7 @@ class FenceTest(parameterized.TestCase):
 class ValidationTest(parameterized.TestCase):
 
     def _args(self, dk=64, dv=64, dtype=jnp.bfloat16, seq_len=100, ks_dim=1):
-        keyed = [jnp.zeros((1, seq_len, 2, dk), dtype) for _ in range(3)]
+        keyed = [jnp.zeros((1, seq_len, 2, dk), dtype) for _ in range(2)]  # q, k
         n = -(-seq_len // C)
         return (keyed + [jnp.zeros((1, seq_len, 2, ks_dim), jnp.float32),
                          jnp.zeros((1, seq_len, 2, dk), jnp.float32)]
@@ -384,21 +387,41 @@ class ValidationTest(parameterized.TestCase):
             k2.channelwise_grad_chunk_mosaic(*args, scale=0.1, **kwargs)
 
     def test_rejects_what_the_kernel_cannot_take(self):
-        self.check_raises("16-bit dtype.*grad_pass='triton'", self._args(dtype=jnp.float32))
+        self.check_raises("^q, k, do, vn, dr must share a 16-bit dtype.*grad_pass='triton'",
+                          self._args(dtype=jnp.float32))  # names no kr: K2 takes none
         self.check_raises("head dims", self._args(dk=32))
         self.check_raises("head dims", self._args(dv=256))
         args = self._args()
-        self.check_raises("kr must", args[:2] + [args[2].astype(jnp.float16)] + args[3:])
-        self.check_raises("ks must", args[:3] + [args[3][:, :, :1]] + args[4:])
-        self.check_raises("ks must", args[:3] + [jnp.zeros((1, 100, 2, 32))] + args[4:])
-        self.check_raises("ks must", args[:3] + [args[3].astype(jnp.int32)] + args[4:])
-        self.check_raises("gamma must", args[:4] + [args[4][..., :32]] + args[5:])
-        self.check_raises("hs must", args[:5] + [args[5][:, :, :1]] + args[6:])
-        self.check_raises("dhs must", args[:6] + [args[6].astype(jnp.float32)] + args[7:])
-        self.check_raises("do must", args[:7] + [args[7][:, :50]] + args[8:])
+        self.check_raises("^k must", args[:1] + [args[1].astype(jnp.float16)] + args[2:])
+        self.check_raises("^k must", args[:1] + [args[1][..., :32]] + args[2:])
+        self.check_raises("ks must", args[:2] + [args[2][:, :, :1]] + args[3:])
+        self.check_raises("ks must", args[:2] + [jnp.zeros((1, 100, 2, 32))] + args[3:])
+        self.check_raises("ks must", args[:2] + [args[2].astype(jnp.int32)] + args[3:])
+        self.check_raises("gamma must", args[:3] + [args[3][..., :32]] + args[4:])
+        self.check_raises("hs must", args[:4] + [args[4][:, :, :1]] + args[5:])
+        self.check_raises("dhs must", args[:5] + [args[5].astype(jnp.float32)] + args[6:])
+        self.check_raises("do must", args[:6] + [args[6][:, :50]] + args[7:])
         self.check_raises("doc must", args, doc=jnp.zeros((1, 64), jnp.int32))
         self.check_raises("slab must", args, slab=24)
         k2.check_chunk_inputs(*self._args(ks_dim=64), None)  # per-channel ks is fine
+
+    def test_k2_has_no_kr_buffer_or_copy(self):
+        # K2 forms kr = k ks in registers (_kr_tile): no kr SMEM buffer and no kr copy on
+        # qk_bar (q, k, gamma, the marks, ks and, with documents, conn and last), while K1
+        # keeps both (q, k, kr, gamma, the marks).
+        def qk_arrivals(scratch, names):
+            return scratch[list(names).index("qk_bar")].num_arrivals
+
+        for docs in (False, True):
+            k1_scratch, k1_names = k2._scratch(jnp.bfloat16, 64, 16, docs, True)
+            k2_scratch, k2_names = k2._scratch(jnp.bfloat16, 64, 16, docs, True, fused=True,
+                                               ks_smem=plgpu.SMEM((C,), jnp.float32))
+            self.assertIn("kr", k1_names)
+            self.assertNotIn("kr", k2_names)
+            self.assertEqual(qk_arrivals(k1_scratch, k1_names), 5)
+            self.assertEqual(qk_arrivals(k2_scratch, k2_names), 5 + 2 * docs)
+        self.assertNotIn("kr", inspect.signature(
+            k2.channelwise_grad_chunk_mosaic.__wrapped__).parameters)
 
     def test_split3_is_exact_and_the_cumsum_fp32(self):
         # dg = U @ (hi + mid + lo): the three bf16 pieces sum to dgam exactly, so each product
@@ -478,7 +501,7 @@ class ValidationTest(parameterized.TestCase):
                 with mock.patch.dict(channelwise_gpu.TUNING, {"mosaic_grad_slab": slab}):
                     cfg = channelwise_gpu._config(**base, mm_dtype=jnp.bfloat16,
                                                   grad_pass="mosaic_fused")
-                channelwise_gpu._grad_chunk_mosaic(cfg, *([None] * 11))
+                channelwise_gpu._grad_chunk_mosaic(cfg, *([None] * 10))
                 self.assertEqual(seen["slab"], slab)
         self.assertEqual(channelwise_gpu.TUNING["mosaic_grad_slab"], 16)
 
@@ -503,9 +526,9 @@ class GpuTest(kmg_test.HopperTestCase):
         cfg, args, doc_arrays, (ks, hs, dhs) = k1_test.grad_inputs(
             seed, 2, 2048, 2, 128, 128, jnp.bfloat16, docs=(700, 1, 64), gdn2=ks_channels,
             interpret=False, full=True)
-        q, k, kr, gam, do, vn, dr = args
+        q, k, _, gam, do, vn, dr = args
         wide, narrow = (k2.channelwise_grad_chunk_mosaic(
-            q, k, kr, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"], doc=doc_arrays[0],
+            q, k, ks, gam, hs, dhs, do, vn, dr, scale=cfg["scale"], doc=doc_arrays[0],
             slab=slab) for slab in (32, 16))
         for name, a, e in zip(_NAMES, narrow, wide):  # fp32 summation order at most
             self.assertLess(tolerances.rel_err(a, e), 1e-5, name)

@@ -79,7 +79,7 @@ class RowReductionTest(parameterized.TestCase):
         k1_args = [_bf16(b, t, h, d)] * 3 + [f32] + [_bf16(b, t, h, d)] * 3
         self.check(lambda *a: kgm.channelwise_grad_intra_mosaic(
             *a[:-1], scale=0.1, doc=a[-1], slab=slab), *k1_args, doc)
-        k2_args = ([_bf16(b, t, h, d)] * 3 + [jax.ShapeDtypeStruct((b, t, h, 1), jnp.float32),
+        k2_args = ([_bf16(b, t, h, d)] * 2 + [jax.ShapeDtypeStruct((b, t, h, 1), jnp.float32),
                    f32] + [_bf16(b, h, t // 64, d, d)] * 2 + [_bf16(b, t, h, d)] * 3)
         self.check(lambda *a: kgm.channelwise_grad_chunk_mosaic(
             *a[:-1], scale=0.1, doc=a[-1], slab=slab), *k2_args, doc)
