@@ -63,13 +63,15 @@
 # cw_state and cw_diag on 2026-12-07 (autooff_dn there ran out of its bench timeout): pages
 # benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07}.md), with cw_diag
 # and cw_grad again for the K1/K2 fixes of Sec. 43; name items to run others.
-# Order: K1/K2 fixed or not (cw_diag), the gpu tests that decide TUNING["state_pass"] and
-# K1/K2's (cw_tests), K2 timed (cw_grad), the 350M step's profile (stepprof), approx_math's
-# timing (approx; about three 575 s calls); DeltaNet's auto decision (autooff_dn) by name after.
+# Order (2026-12-07b, when five requests got no machine): the gpu tests that decide whether
+# Sec. 43's K1/K2 fixes and Sec. 44.2's in-kernel kr hold and TUNING["state_pass"] (cw_tests),
+# K2 timed (cw_grad): one 575 s call; approx_math's timing (approx) and the K1/K2 probes
+# (cw_diag, which locates a failure of cw_tests): a second; the 350M step's profile with the
+# fused loss head (stepprof): a third. DeltaNet's auto decision (autooff_dn) by name after.
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-cw_diag cw_tests cw_grad stepprof approx}
+ITEMS=${*:-cw_tests cw_grad approx cw_diag stepprof}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
