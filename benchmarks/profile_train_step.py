@@ -50,6 +50,7 @@ import optax  # noqa: E402
 from benchmarks import bench_train  # noqa: E402
 from benchmarks import common as bench  # noqa: E402
 from benchmarks import hlo_source  # noqa: E402
+from configs.sweeps import common as sweeps_common  # noqa: E402
 from lattn_jax import flops as flops_lib  # noqa: E402
 from lattn_jax import sharding  # noqa: E402
 from lattn_jax import train as train_lib  # noqa: E402
@@ -340,7 +341,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--tiny", action="store_true", help="tiny model (CPU smoke run)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--top", type=int, default=25, help="longest kernels listed")
-    p.add_argument("--loss_chunk_size", type=int, default=8192,
+    p.add_argument("--loss_chunk_size", type=int,
+                   default=dict(sweeps_common.LOSS_CHUNK)["train.loss_chunk_size"],
                    help="train.loss_chunk_size: the LM head and cross-entropy fused in chunks of "
                    "this many tokens, as the Table 2/7 sweeps run them (configs/sweeps/common.py's "
                    "LOSS_CHUNK); 0: the plain head (the whole batch's fp32 logits)")
