@@ -51,6 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lattn_jax import config as config_lib
+from lattn_jax.causal_conv import causal_conv1d
 from lattn_jax import sharding
 from lattn_jax.typing import Array
 from pallas_kernels.common import validation
@@ -336,13 +337,14 @@ def linear_recurrence(op: Callable, q: Array, k: Array, v: Array, gates: Sequenc
 
 
 def short_conv(conv, x: Array, segment_ids: Optional[Array],
-               conv_state: Optional[Array]) -> Tuple[Array, Array]:
+               conv_state: Optional[Array], *,
+               activation: Optional[str] = None) -> Tuple[Array, Array]:
     """:class:`~lattn_jax.layers.ShortConv` over a sequence split over ``context``.
 
     Each shard prepends the last ``W - 1`` inputs of the previous shard (shard 0: the incoming
     ``conv_state``, or zeros) with their segment ids, so taps that reach back across the shard
     edge see exactly what the unsplit convolution sees (and nothing across a document start).
-    Without an active context axis this is ``conv(x, segment_ids=, conv_state=)``.
+    Without an active context axis this is ``conv(x, segment_ids=, conv_state=, activation=)``.
 
     Args:
       conv: the ``ShortConv`` module (kernel ``[W, C]``).
@@ -350,6 +352,7 @@ def short_conv(conv, x: Array, segment_ids: Optional[Array],
       segment_ids: optional int ``[B, T]``.
       conv_state: optional ``[B, W - 1, C]`` inputs before ``x`` (they continue the first
         document).
+      activation: ``None`` or ``"silu"`` (:func:`lattn_jax.causal_conv.causal_conv1d`).
 
     Returns:
       ``(y [B, T, C], new_conv_state [B, W - 1, C])`` in the conv's dtype, as ``conv`` returns.
@@ -361,7 +364,8 @@ def short_conv(conv, x: Array, segment_ids: Optional[Array],
     b, t, c = x.shape
     halo = conv.width - 1
     if not is_active(t) or halo == 0:
-        return conv(x, segment_ids=segment_ids, conv_state=conv_state)  # (checks conv_state)
+        return conv(x, segment_ids=segment_ids, conv_state=conv_state,  # (checks conv_state)
+                    activation=activation)
     conv.check_conv_state(conv_state, b, c)
     axis, n = _single_axis(t)
     if t // n < halo:
@@ -386,15 +390,8 @@ def short_conv(conv, x: Array, segment_ids: Optional[Array],
             first = jnp.broadcast_to(segment_ids[:, :1], prev_seg.shape)
             prev_seg = jnp.where(index == 0, first, prev_seg)
             seg_ext = jnp.concatenate([prev_seg, segment_ids], axis=1)
-        y = jnp.zeros(x.shape, jnp.float32)
-        w = kernel.astype(dtype)
         doc = None if seg_ext is None else validation.document_index(seg_ext)
-        for i in range(halo + 1):
-            xi = x_ext[:, i:i + x.shape[1]]
-            if doc is not None and i < halo:
-                xi = jnp.where((doc[:, i:i + x.shape[1]] == doc[:, halo:])[..., None], xi, 0)
-            y = y + xi.astype(jnp.float32) * w[i].astype(jnp.float32)
-        return y.astype(dtype)
+        return causal_conv1d(x_ext, kernel.astype(dtype), doc, activation)
 
     kernel = conv.kernel[...]
     seg_arg = segment_ids if has_seg else jnp.zeros((b, t), jnp.int32)

@@ -15,6 +15,7 @@ import numpy as np
 from flax import nnx
 
 from lattn_jax import context_parallel
+from lattn_jax.causal_conv import causal_conv1d  # noqa: F401  (re-exported)
 from lattn_jax.typing import Array
 from pallas_kernels.common import validation
 
@@ -310,20 +311,23 @@ class ShortConv(nnx.Module):
                 f"init_state builds it), got {tuple(jnp.shape(conv_state))}")
 
     def __call__(self, x: Array, *, segment_ids: Optional[Array] = None,
-                 conv_state: Optional[Array] = None) -> Tuple[Array, Array]:
-        """Applies the convolution.
+                 conv_state: Optional[Array] = None,
+                 activation: Optional[str] = None) -> Tuple[Array, Array]:
+        """Applies the convolution (:func:`causal_conv1d`), optionally followed by SiLU.
 
         Args:
           x: ``[B, T, C]``.
           segment_ids: optional int ``[B, T]``; taps never reach into an earlier document.
           conv_state: optional ``[B, W - 1, C]``, the inputs preceding ``x`` (decoding).
+          activation: ``None`` or ``"silu"``, applied to the fp32 sum before the one rounding.
 
         Returns:
           ``(y, new_conv_state)``: ``y`` is ``[B, T, C]`` in ``dtype``; ``new_conv_state`` is the
           last ``W - 1`` inputs ``[B, W - 1, C]`` for the next call.
 
         Raises:
-          ValueError: if ``conv_state`` is not ``[B, W - 1, C]`` (:meth:`check_conv_state`).
+          ValueError: if ``conv_state`` is not ``[B, W - 1, C]`` (:meth:`check_conv_state`), or
+            for another ``activation``.
         """
         b, t, c = x.shape
         self.check_conv_state(conv_state, b, c)
@@ -331,21 +335,15 @@ class ShortConv(nnx.Module):
         if conv_state is None:
             conv_state = jnp.zeros((b, self.width - 1, c), self.dtype)
         xp = jnp.concatenate([conv_state.astype(self.dtype), x], axis=1)  # [B, W-1+T, C]
-        w = self.kernel[...].astype(self.dtype)
+        doc = None
         if segment_ids is not None:
-            # A monotone document index, so that reused ids (0, 1, 0) stay distinct documents.
+            # A monotone document index, so that reused ids (0, 1, 0) stay distinct documents;
+            # the carried inputs continue the first token's document.
             segment_ids = validation.document_index(segment_ids)
-            seg = jnp.concatenate(
+            doc = jnp.concatenate(
                 [jnp.broadcast_to(segment_ids[:, :1], (b, self.width - 1)), segment_ids], axis=1)
-        y = jnp.zeros((b, t, c), jnp.float32)
-        for i in range(self.width):
-            # tap i reads the input (W - 1 - i) steps back.
-            xi = xp[:, i:i + t, :]
-            if segment_ids is not None and i < self.width - 1:
-                same = (seg[:, i:i + t] == segment_ids)[..., None]
-                xi = jnp.where(same, xi, 0)
-            y = y + xi.astype(jnp.float32) * w[i].astype(jnp.float32)
-        return y.astype(self.dtype), xp[:, -(self.width - 1):, :] if self.width > 1 else xp[:, :0]
+        y = causal_conv1d(xp, self.kernel[...].astype(self.dtype), doc, activation)
+        return y, xp[:, -(self.width - 1):, :] if self.width > 1 else xp[:, :0]
 
 
 class RecurrentState(NamedTuple):
@@ -408,8 +406,9 @@ def conv_silu(conv: "ShortConv", x: Array, segment_ids: Optional[Array],
       row's last document (earlier documents zeroed, :func:`carry_conv_state`).
     """
     # Under context parallelism each shard receives its halo from the previous shard.
-    y, new_conv_state = context_parallel.short_conv(conv, x, segment_ids, conv_state)
-    return jax.nn.silu(y), carry_conv_state(new_conv_state, segment_ids)
+    y, new_conv_state = context_parallel.short_conv(conv, x, segment_ids, conv_state,
+                                                    activation="silu")
+    return y, carry_conv_state(new_conv_state, segment_ids)
 
 
 def check_mixer_input(x: Array, d_model: int, segment_ids: Optional[Array] = None) -> None:

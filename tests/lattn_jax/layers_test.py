@@ -1,6 +1,7 @@
 """lattn_jax.layers: apply_rope against a float64 NumPy rotate-half reference; swiglu and
 rms_norm with their hand-written backwards against float64 references and fp32 autodiff;
-ShortConv against a float64 NumPy convolution and its conv_state check."""
+causal_conv1d (ShortConv's math) with its hand-written backward against a float64 reference and
+fp32 autodiff; ShortConv against a float64 NumPy convolution and its conv_state check."""
 
 import jax
 import jax.numpy as jnp
@@ -156,6 +157,103 @@ class RMSNormTest(parameterized.TestCase):
         g2 = jax.grad(jax.checkpoint(lambda x: jnp.sum(jnp.sin(norm(x)))))(x)
         np.testing.assert_allclose(np.asarray(g1), np.asarray(f(plain)[0]), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(np.asarray(g2), np.asarray(g1), rtol=1e-6, atol=1e-7)
+
+
+def causal_conv_reference(x_ext, w, doc_ext, silu, dy):
+    """float64 masked causal convolution, optional SiLU, and its vector-Jacobian product by
+    the chain rule, one output at a time (independent of the vectorised code)."""
+    x, w, d = (np.asarray(a, np.float64) for a in (x_ext, w, dy))
+    width = w.shape[0]
+    b, t = x.shape[0], x.shape[1] - width + 1
+    doc = np.zeros(x.shape[:2], np.int64) if doc_ext is None else np.asarray(doc_ext)
+    pre, y = np.zeros((b, t, x.shape[2])), None
+    dpre, dx, dw = np.zeros_like(pre), np.zeros_like(x), np.zeros_like(w)
+    keep = np.array([[[doc[r, s + i] == doc[r, s + width - 1] for i in range(width)]
+                      for s in range(t)] for r in range(b)], np.float64)  # [B, T, W]
+    for i in range(width):
+        pre += keep[:, :, i:i + 1] * x[:, i:i + t] * w[i]
+    sig = 1.0 / (1.0 + np.exp(-pre))
+    y = pre * sig if silu else pre
+    dpre = d * (sig * (1.0 + pre * (1.0 - sig)) if silu else 1.0)
+    for i in range(width):
+        dw[i] = np.sum(keep[:, :, i:i + 1] * x[:, i:i + t] * dpre, axis=(0, 1))
+        dx[:, i:i + t] += keep[:, :, i:i + 1] * w[i] * dpre
+    return y, dx, dw
+
+
+class CausalConv1dTest(parameterized.TestCase):
+    """``causal_conv1d``'s written-out backward (it stores ``x_ext`` only; autodiff of the tap
+    loop stored every tap's fp32 input) against float64 and fp32 autodiff."""
+
+    def _inputs(self, dtype, docs, seed=4):
+        rng = np.random.default_rng(seed)
+        x_ext = jnp.asarray(rng.standard_normal((2, 3 + 29, 24)) * 2, dtype)
+        w = jnp.asarray(rng.uniform(-0.5, 0.5, (4, 24)), dtype)
+        dy = jnp.asarray(rng.standard_normal((2, 29, 24)), dtype)
+        doc = None
+        if docs:  # documents of random lengths, some shorter than the 4 taps
+            ids = np.sort(rng.integers(0, 9, size=(2, 29)), axis=1)
+            doc = jnp.asarray(np.concatenate([np.repeat(ids[:, :1], 3, 1), ids], 1), jnp.int32)
+        return x_ext, w, doc, dy
+
+    # bf16: one rounding of y and of each gradient from fp32 (2^-8 relative of the largest).
+    @parameterized.product(dtype=(jnp.float32, jnp.bfloat16), docs=(False, True),
+                           activation=(None, "silu"))
+    def test_matches_float64(self, dtype, docs, activation):
+        x_ext, w, doc, dy = self._inputs(dtype, docs)
+        y, vjp = jax.vjp(lambda x, w: layers.causal_conv1d(x, w, doc, activation), x_ext, w)
+        dx, dw = vjp(dy)
+        self.assertEqual((y.shape, y.dtype, dx.dtype, dw.dtype), ((2, 29, 24),) + (dtype,) * 3)
+        want = causal_conv_reference(x_ext, w, doc, activation == "silu", dy)
+        rtol = 1e-5 if dtype == jnp.float32 else 1.6e-2
+        for name, got, ref in (("y", y, want[0]), ("dx", dx, want[1]), ("dw", dw, want[2])):
+            np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=rtol,
+                                       atol=rtol * np.abs(ref).max(), err_msg=name)
+        if docs:  # a masked tap: the token after a document start reads no earlier input
+            self.assertTrue(np.any(np.diff(np.asarray(doc)[:, 3:], axis=1) > 0))
+
+    def test_gradient_equals_autodiff_of_the_tap_loop_in_fp32(self):
+        x_ext, w, doc, _ = self._inputs(jnp.float32, True, seed=5)
+        t = x_ext.shape[1] - 3
+
+        def plain(x, w):
+            own = doc[:, 3:]
+            pre = sum(jnp.where((doc[:, i:i + t] == own)[..., None], x[:, i:i + t], 0) * w[i]
+                      for i in range(3)) + x[:, 3:] * w[3]
+            return jax.nn.silu(pre)
+
+        def f(fn):
+            return jax.grad(lambda x, w: jnp.sum(jnp.sin(fn(x, w))), argnums=(0, 1))(x_ext, w)
+
+        got = f(lambda x, w: layers.causal_conv1d(x, w, doc, "silu"))
+        for a, b in zip(got, f(plain)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
+        # Jitted and under jax.checkpoint (remat) the same.
+        g2 = jax.jit(jax.grad(jax.checkpoint(
+            lambda x: jnp.sum(jnp.sin(layers.causal_conv1d(x, w, doc, "silu"))))))(x_ext)
+        np.testing.assert_allclose(np.asarray(g2), np.asarray(got[0]), rtol=1e-6, atol=1e-6)
+
+    def test_stores_only_its_bf16_input(self):
+        """The residuals between forward and backward: ``x_ext`` (and the weight and document
+        ids), no fp32 copy of any tap."""
+        from jax._src import ad_checkpoint
+        x_ext, w, doc, _ = self._inputs(jnp.bfloat16, True)
+        saved = ad_checkpoint.saved_residuals(
+            lambda x, w: layers.causal_conv1d(x, w, doc, "silu"), x_ext, w)
+        dtypes = sorted(str(aval.dtype) for aval, _ in saved)
+        self.assertEqual(dtypes, ["bfloat16", "bfloat16", "int32"], saved)
+
+    def test_bad_arguments_are_refused(self):
+        x_ext, w, doc, _ = self._inputs(jnp.float32, True)
+        for kwargs, pattern in (
+                (dict(activation="gelu"), r"activation='gelu'; choose None or 'silu'"),
+                (dict(weight=w[:, :5]), r"weight \(4, 5\) must be \[W, C\]"),
+                (dict(doc_ext=doc[:, 1:]), r"doc_ext \(2, 31\) must be \[B, W - 1 \+ T\]")):
+            args = dict(x_ext=x_ext, weight=w, doc_ext=doc, activation=None) | kwargs
+            with self.subTest(kwargs=list(kwargs)):
+                with self.assertRaisesRegex(ValueError, pattern):
+                    layers.causal_conv1d(args["x_ext"], args["weight"], args["doc_ext"],
+                                         args["activation"])
 
 
 class ShortConvStateTest(absltest.TestCase):
