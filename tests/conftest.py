@@ -30,6 +30,8 @@
   ops, module-level jitted references) of nearly every file. On the 2-core CI machine this cut
   the wall time of ``-n 2`` runs by about 10-15 % (tests/lattn_jax 279 -> 252 s,
   tests/pallas_kernels 317 -> 264 s).
+* absltest's default test tmpdir exists before any test runs (tests pass it to
+  ``tempfile.mkdtemp``; only ``absltest.main()`` and ``create_tempdir`` create it).
 * The tests named in ``tests/ci_slow.py`` are marked ``slow`` at collection (before ``-m``
   selects): second checks moved out of the CI run to keep it under 15 minutes.
 * After the run, the tests marked ``interop`` (lm-evaluation-harness, ``transformers``, the
@@ -47,6 +49,7 @@ import tempfile
 import jax
 import pytest
 from absl import flags
+from absl.testing import absltest
 
 _FUSION_EMITTERS_FLAG = "--xla_cpu_use_fusion_emitters=false"
 
@@ -83,6 +86,10 @@ jax.config.update("jax_default_matmul_precision", "highest")
 # absltest helpers (create_tempdir, ...) read absl flags; under pytest nothing parses them.
 if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
+# absltest's default test tmpdir (``$TMPDIR/absl_testing``) is created only by absltest.main()
+# or create_tempdir(); a test that passes it to tempfile.mkdtemp failed with FileNotFoundError
+# when its file ran alone on a fresh machine (elsewhere an earlier test had created it).
+os.makedirs(absltest.get_default_test_tmpdir(), exist_ok=True)
 
 
 @pytest.hookimpl(tryfirst=True, optionalhook=True)
