@@ -35,10 +35,12 @@ def causal_conv1d(x_ext: Array, weight: Array, doc_ext: Optional[Array] = None,
         d w[i, c]       = sum_{b, t} m_i[t] x_ext[t + i, c] d pre[t, c]
         d x_ext[t', c]  = sum_i m_i[t' - i] w[i, c] d pre[t' - i, c]
 
-    in fp32, rounded once to the inputs' dtypes. Autodiff of the tap loop instead stores every
-    tap's fp32 copy of the input (``W`` x 4 bytes per channel and token: 16 for the usual
-    ``W = 4``, against the 2 of a bf16 ``x_ext``) and the pre-activation, for every layer,
-    between the forward and the backward.
+    in fp32, rounded once to the inputs' dtypes. ShortConv's former tap loop (to 2026-12-07:
+    the sum rounded to the compute dtype, then SiLU there) left this to autodiff, whose
+    residuals are every tap's fp32 copy of the input (``W`` x 4 bytes per channel and token: 16
+    for the usual ``W = 4``, against the 2 of a bf16 ``x_ext``) and the pre-activation, for
+    every layer (XLA may fuse the copies into the backward instead of storing them), and which
+    accumulated ``d x_ext`` over the taps in the compute dtype.
 
     Args:
       x_ext: ``[B, W - 1 + T, C]`` float, the ``W - 1`` inputs before the first token (zeros at
@@ -54,8 +56,8 @@ def causal_conv1d(x_ext: Array, weight: Array, doc_ext: Optional[Array] = None,
 
     Raises:
       ValueError: for an ``activation`` other than ``None`` or ``"silu"``, a ``weight`` that is
-        not ``[W, C]`` with ``W <= W - 1 + T`` positions of ``x_ext``, or a ``doc_ext`` that is
-        not ``[B, W - 1 + T]``.
+        not ``[W, C]`` with ``x_ext`` ``[B, W - 1 + T, C]`` and ``T >= 1``, or a ``doc_ext``
+        that is not ``[B, W - 1 + T]``.
     """
     return _conv_fwd_value(x_ext, weight, doc_ext, activation)[0]
 
@@ -63,8 +65,8 @@ def causal_conv1d(x_ext: Array, weight: Array, doc_ext: Optional[Array] = None,
 def _conv_check(x_ext, weight, doc_ext, activation) -> None:
     if activation not in _CONV_ACTIVATIONS:
         raise ValueError(f"causal_conv1d: activation={activation!r}; choose None or 'silu'")
-    if weight.ndim != 2 or x_ext.ndim != 3 or weight.shape[1] != x_ext.shape[2] \
-            or not 1 <= weight.shape[0] <= x_ext.shape[1]:
+    if (weight.ndim != 2 or x_ext.ndim != 3 or weight.shape[1] != x_ext.shape[2]
+            or not 1 <= weight.shape[0] <= x_ext.shape[1]):
         raise ValueError(f"causal_conv1d: weight {tuple(weight.shape)} must be [W, C] for x_ext "
                          f"{tuple(x_ext.shape)} = [B, W - 1 + T, C] with T >= 1")
     if doc_ext is not None and tuple(doc_ext.shape) != tuple(x_ext.shape[:2]):
