@@ -15,7 +15,7 @@ import numpy as np
 from flax import nnx
 
 from lattn_jax import context_parallel
-from lattn_jax.causal_conv import causal_conv1d  # noqa: F401  (re-exported)
+from lattn_jax.causal_conv import causal_conv1d
 from lattn_jax.typing import Array
 from pallas_kernels.common import validation
 
@@ -319,7 +319,7 @@ class ShortConv(nnx.Module):
           x: ``[B, T, C]``.
           segment_ids: optional int ``[B, T]``; taps never reach into an earlier document.
           conv_state: optional ``[B, W - 1, C]``, the inputs preceding ``x`` (decoding).
-          activation: ``None`` or ``"silu"``, applied to the fp32 sum before the one rounding.
+          activation: ``None`` or ``"silu"``, applied to the sum rounded to ``dtype``.
 
         Returns:
           ``(y, new_conv_state)``: ``y`` is ``[B, T, C]`` in ``dtype``; ``new_conv_state`` is the

@@ -40,9 +40,6 @@
 #   approx 320  Sec. 44: GDN S1 and S2, fwd+bwd and fwd, Mosaic GPU's approx_math off then on
 #               (--nomosaic_approx_math / --mosaic_approx_math, two processes; decision rule in
 #               Sec. 44)
-#   shortconv 120  GDN 350M's short convolution (B $TP_MB, T 4096, 1024 channels, 4 blocks):
-#               causal_conv1d (stores its bf16 input, backward written out) against the former
-#               tap loop's autodiff: fwd+bwd ms and the compiled temp memory (bench_short_conv.py)
 #   fp16def 110  autooff_dn's two fp16 gpu tests alone (the op's defaults in fp16, which GDN's
 #               auto runs since 2026-12-06f), for a window too short for autooff_dn
 #   t0pieces 330  Sec. 42: GDN at S2 and P1 (fwd+bwd, fwd), the fused_t0 forward as sequence
@@ -88,7 +85,7 @@ est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
   autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 320;; t0pieces) echo 330;; fp16def) echo 110;;
-  cw_diag) echo 210;; cw_grad) echo 220;; shortconv) echo 120;; cw_gdn2) echo 310;; cw_slab) echo 170;;
+  cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
 
@@ -389,14 +386,6 @@ run_cw_tests() {
     $T/kernel_mosaic_channelwise_grad_test.py::GpuTest
   echo "gpu tests rc=$? t=$((SECONDS-s))s"
   cut -c1-220 $O/cw_tests/gpu_tests/summary.md | tail -50
-}
-
-run_shortconv() {  # the 350M GDN's short conv: causal_conv1d against the tap loop's autodiff
-  mkdir -p $O/shortconv; local s=$SECONDS
-  timeout 110 python3 benchmarks/bench_short_conv.py --batch=${TP_MB:-8} --length=4096 \
-    --out=$O/shortconv/conv > $O/shortconv/conv.log 2>&1
-  echo "shortconv rc=$? t=$((SECONDS-s))s"
-  grep -a -h -E '^\| ' $O/shortconv/conv.md | cut -c1-200; tail -3 $O/shortconv/conv.log | cut -c1-300
 }
 
 run_cw_gdn2() {

@@ -455,7 +455,7 @@ class ChannelwiseStatePassTest(_FlagsParsedTestCase):
             self.assertEqual(channelwise_gpu.TUNING["state_pass"], "mosaic")
             bench_kernels._set_state_pass(None)
             self.assertEqual(channelwise_gpu.TUNING["state_pass"], "mosaic")
-        self.assertEqual(channelwise_gpu.TUNING["state_pass"], "triton")
+        self.assertEqual(channelwise_gpu.TUNING["state_pass"], "mosaic")
 
     def test_state_pass_table(self):
         rec = dict(op="kda", shape="S1", pass_="fwd", peer="ours", gate=True)
@@ -521,7 +521,7 @@ class ChannelwiseGradPassTest(_FlagsParsedTestCase):
             self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "mosaic")
             bench_kernels._set_grad_pass(None)
             self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "mosaic")
-        self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "triton")
+        self.assertEqual(channelwise_gpu.TUNING["grad_pass"], "mosaic_fused")
 
     def test_grad_pass_table(self):
         rec = dict(op="kda", shape="S1", pass_="fwdbwd", peer="ours", gate=True)

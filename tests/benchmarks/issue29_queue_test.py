@@ -26,7 +26,7 @@ from tests.benchmarks import window_shims
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "benchmarks", "windows", "issue29_queue.sh")
 ITEMS = ("t0glue t0w prof_split gva t0 vk split1 split2 early autooff autooff_dn fp16def "
-         "t0pieces tp350 stepprof shortconv approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab").split()
+         "t0pieces tp350 stepprof approx cw_state cw_diag cw_grad cw_tests cw_gdn2 cw_slab").split()
 
 _BENCH_KERNELS = """import json, sys
 sys.argv = ["bench_kernels.py"]

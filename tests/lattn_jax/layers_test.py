@@ -1,7 +1,8 @@
 """lattn_jax.layers: apply_rope against a float64 NumPy rotate-half reference; swiglu and
 rms_norm with their hand-written backwards against float64 references and fp32 autodiff;
-causal_conv1d (ShortConv's math) with its hand-written backward against a float64 reference and
-fp32 autodiff; ShortConv against a float64 NumPy convolution and its conv_state check."""
+causal_conv1d (ShortConv's math) and its gradient against a float64 reference and fp32
+autodiff of an independent formulation; ShortConv against a float64 NumPy convolution and its
+conv_state check."""
 
 import jax
 import jax.numpy as jnp
@@ -182,8 +183,8 @@ def causal_conv_reference(x_ext, w, doc_ext, silu, dy):
 
 
 class CausalConv1dTest(parameterized.TestCase):
-    """``causal_conv1d``'s written-out backward (it stores ``x_ext`` only; autodiff of the tap
-    loop stored every tap's fp32 input) against float64 and fp32 autodiff."""
+    """``causal_conv1d`` (ShortConv's and the context-parallel convolution's math) and its
+    autodiff gradient against float64 and against autodiff of an independent formulation."""
 
     def _inputs(self, dtype, docs, seed=4):
         rng = np.random.default_rng(seed)
@@ -196,7 +197,8 @@ class CausalConv1dTest(parameterized.TestCase):
             doc = jnp.asarray(np.concatenate([np.repeat(ids[:, :1], 3, 1), ids], 1), jnp.int32)
         return x_ext, w, doc, dy
 
-    # bf16: one rounding of y and of each gradient from fp32 (2^-8 relative of the largest).
+    # bf16: y rounded before and after SiLU; autodiff's d x_ext sums the taps in bf16 (a few
+    # 2^-9 relative of the largest).
     @parameterized.product(dtype=(jnp.float32, jnp.bfloat16), docs=(False, True),
                            activation=(None, "silu"))
     def test_matches_float64(self, dtype, docs, activation):
@@ -232,16 +234,6 @@ class CausalConv1dTest(parameterized.TestCase):
         g2 = jax.jit(jax.grad(jax.checkpoint(
             lambda x: jnp.sum(jnp.sin(layers.causal_conv1d(x, w, doc, "silu"))))))(x_ext)
         np.testing.assert_allclose(np.asarray(g2), np.asarray(got[0]), rtol=1e-6, atol=1e-6)
-
-    def test_stores_only_its_bf16_input(self):
-        """The residuals between forward and backward: ``x_ext`` (and the weight and document
-        ids), no fp32 copy of any tap."""
-        from jax._src import ad_checkpoint
-        x_ext, w, doc, _ = self._inputs(jnp.bfloat16, True)
-        saved = ad_checkpoint.saved_residuals(
-            lambda x, w: layers.causal_conv1d(x, w, doc, "silu"), x_ext, w)
-        dtypes = sorted(str(aval.dtype) for aval, _ in saved)
-        self.assertEqual(dtypes, ["bfloat16", "bfloat16", "int32"], saved)
 
     def test_bad_arguments_are_refused(self):
         x_ext, w, doc, _ = self._inputs(jnp.float32, True)

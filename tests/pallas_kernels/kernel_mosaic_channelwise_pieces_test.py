@@ -129,7 +129,7 @@ class PiecesLoweringTest(parameterized.TestCase):
             o, vjp = jax.vjp(f, *args)
             return vjp(o) + (o,)
 
-        with cw_test._tuning({"state_pass": "mosaic"}), cwt.hopper(), \
+        with cw_test._tuning({"state_pass": "mosaic", "grad_pass": "triton"}), cwt.hopper(), \
                 pallas_gpu.abstract_gpu_target():
             text = jax.export.export(
                 jax.jit(fwdbwd), platforms=["cuda"],

@@ -441,7 +441,7 @@ class LoweringTest(parameterized.TestCase):
             o, vjp = jax.vjp(f, *args)
             return vjp(o) + (o,)
 
-        with cw_test._tuning({"state_pass": "mosaic"}), hopper(), \
+        with cw_test._tuning({"state_pass": "mosaic", "grad_pass": "triton"}), hopper(), \
                 pallas_gpu.abstract_gpu_target():
             exported = jax.export.export(
                 jax.jit(fwdbwd), platforms=["cuda"],

@@ -169,10 +169,12 @@ class ChannelwisePassDispatchTest(absltest.TestCase):
                 self.assertEqual(self._passes((10, 0), jnp.float16), ("triton", "triton"))
             self.assertIn("TUNING['state_pass']='mosaic': using the Mosaic GPU kernels "
                           "(compute capability 9.0)", "\n".join(logs.output))
-        # The per-call value as well; the defaults stay Triton until the H200 has timed them.
+        # The per-call value as well; the defaults are the Mosaic passes since 2026-12-07c
+        # (MOSAIC_GPU.md Sec. 46), Triton's where they cannot run.
         self.assertEqual(self._passes((9, 0), state_pass="mosaic", grad_pass="mosaic"),
                          ("mosaic", "mosaic"))
-        self.assertEqual(self._passes((9, 0)), ("triton", "triton"))
+        self.assertEqual(self._passes((9, 0)), ("mosaic", "mosaic_fused"))
+        self.assertEqual(self._passes((8, 0)), ("triton", "triton"))
 
     def test_fp32_takes_triton_on_hopper_even_per_call(self):
         with mock.patch.dict(channelwise_gpu.TUNING, state_pass="mosaic"), \
