@@ -89,8 +89,9 @@ Kernels (grid in brackets):
   (operand dtype) and e_all (fp32 ``[B, H, N, K]``).
 * ``forward`` [B*H, V/BV]: the sequential pass with the fp32 state ``[K, BV]`` in registers;
   writes O, the final state, and (for the backward) Vn and every chunk's entry state S_0.
-  ``state_pass="mosaic"`` (``TUNING["state_pass"]``; off by default until the H200 has timed
-  it) runs it instead as the Hopper Mosaic GPU kernel of
+  ``state_pass="mosaic"`` (``TUNING["state_pass"]``; the default since 2026-12-07c, when its
+  9 ``gpu`` tests passed on an H100 and both passes were faster than Triton's at S1 and S2,
+  ``MOSAIC_GPU.md`` Secs. 37.1, 46) runs it instead as the Hopper Mosaic GPU kernel of
   :mod:`pallas_kernels.common.channelwise_mosaic_gpu` (three warpgroups, wgmma/TMA; same
   outputs, layouts and roundings; bf16/fp16 operands only, fp32 keeps this kernel;
   ``MOSAIC_GPU.md`` Sec. 18). Whether a Mosaic value of ``state_pass`` or ``grad_pass``
@@ -122,9 +123,8 @@ Kernels (grid in brackets):
   (X = q for Mq, kr for Mk, Y = k, ``e_ijc = exp(gamma_ic - gamma_jc)``), each ``[16, 16]``
   block of dM formed from V-contractions of the rows involved; the off-diagonal blocks by the
   factorisation above, the diagonal one by the quad levels. ``grad_pass="mosaic"``
-  (``TUNING["grad_pass"]``; off by default: **compiled on an H100 (2026-12-06f) it gives wrong
-  dq, dk, dg, dbeta** although every interpreted test passes, ``MOSAIC_GPU.md`` Sec. 41; do
-  not pass it for training) runs it instead as K1,
+  (not the default: ``"mosaic_fused"``, below, replaces it; right on an H100 since the fixes
+  of ``MOSAIC_GPU.md`` Sec. 43, wrong before, Sec. 41) runs it instead as K1,
   :func:`pallas_kernels.common.channelwise_grad_mosaic_gpu.channelwise_grad_intra_mosaic`
   (two warpgroups, wgmma/TMA; the same partials, with the pairs at least 8 tokens apart in
   the operand dtype instead of TF32; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 20).
@@ -144,8 +144,10 @@ Kernels (grid in brackets):
   never reach HBM and dkr is never written, and ``kr`` is formed in the kernel, not read;
   the same dq, dk, dks, dg in the same dtypes and
   layouts, the roundings of this path kept; dg's reverse cumsum on the tensor cores on three
-  exact bf16 pieces; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 21). Off by default: **wrong on
-  the GPU** as K1 is (2026-12-06f, Sec. 41); do not pass it for training.
+  exact bf16 pieces; bf16/fp16 only; ``MOSAIC_GPU.md`` Sec. 21). The default
+  (``TUNING["grad_pass"]``) since 2026-12-07c: its ``gpu`` tests pass on an H100 after the
+  fixes of Sec. 43 (it was wrong there on 2026-12-06f, Sec. 41), and KDA's S1 forward and
+  backward took 8.145 ms with it against 8.799 with the Triton kernels, same run (Sec. 46).
 
 Numerics: states, decays, the inverse and every accumulation are fp32. The state-pass products
 take input-dtype operands (bf16 inputs: bf16 tensor cores, fp32 accumulate, as FLA); the
@@ -236,33 +238,38 @@ TUNING = {
     # (_forward_kernel, _backward_state_kernel) or "mosaic" (channelwise_mosaic_gpu's
     # channelwise_forward_mosaic and channelwise_backward_state_mosaic: Hopper wgmma/TMA, three
     # warpgroups each; bf16/fp16 operands on sm_90 (9.x) only, so fp32 inputs and older GPUs keep
-    # the Triton kernels: mosaic_gpu.resolve_pass decides and logs why). Triton
-    # until the H200 has timed the Mosaic kernels (MOSAIC_GPU.md Sec. 18);
-    # channelwise_delta_pallas's state_pass= overrides it per call. mosaic_alias_staging: the
+    # the Triton kernels: mosaic_gpu.resolve_pass decides and logs why). "mosaic" since
+    # 2026-12-07c (MOSAIC_GPU.md Sec. 46: its gpu tests pass on an H100, both passes faster than
+    # Triton's at S1 and S2, Sec. 37.1); channelwise_delta_pallas's state_pass= overrides it per
+    # call. mosaic_alias_staging: the
     # Mosaic kernels' alias_staging (their fp32 state staging tile shares SMEM with the
     # published 16-bit state). mosaic_pieces: the Mosaic state passes' sequence pieces per row
     # (their pieces=; None: mosaic_gpu_lib.num_pieces' choice, P > 1 only where B * H * V / 64
     # CTAs leave the GPU idle, e.g. P = 4 at B 1, H 16, V 128, T 32K; an int must divide every
     # call's chunk count; MOSAIC_GPU.md Sec. 30).
-    "state_pass": "triton",
+    "state_pass": "mosaic",
     "mosaic_alias_staging": False,
     "mosaic_pieces": None,
     # The gradients through Mq and Mk (the "grad_blocks" kernel): "triton" (_grad_blocks_kernel)
     # or "mosaic" (channelwise_grad_mosaic_gpu's channelwise_grad_intra_mosaic, K1: Hopper
     # wgmma/TMA, two warpgroups; bf16/fp16 operands on sm_90 (9.x) only, so fp32 inputs and older
-    # GPUs keep the Triton kernel, as for state_pass). Triton: K1 and K2 compiled on an H100
-    # give wrong gradients (2026-12-06f, MOSAIC_GPU.md Secs. 37.6, 41);
-    # channelwise_delta_pallas's grad_pass= overrides it per call. "mosaic_fused": K2,
+    # GPUs keep the Triton kernel, as for state_pass). K1 and K2 compiled on an H100 gave wrong
+    # gradients on 2026-12-06f (MOSAIC_GPU.md Secs. 37.6, 41) and pass their gpu tests since
+    # the fixes of Sec. 43; "mosaic_fused" is the default since 2026-12-07c (Sec. 46: 7.4 %
+    # faster than Triton's passes at KDA's S1, same run); channelwise_delta_pallas's grad_pass=
+    # overrides it per call. "mosaic_fused": K2,
     # channelwise_grad_chunk_mosaic, replaces grad_blocks, backward_chunk and the kr chain rule
     # (_kr_chain) with one kernel (MOSAIC_GPU.md Sec. 21; a value of this key rather than a
     # second key because it replaces the grad_blocks kernel too: the three values are
     # exclusive). mosaic_grad_slab: K1's and K2's key channels per phase-2 step, 16 (two steps
     # per warpgroup) or 32 (one). 16 is the one ptxas compiles without register spills for
-    # both (offline ptxas, MOSAIC_GPU.md Sec. 23/24: at 32 K1 spills 176 B and K2 228 B); 32
-    # issues half as many wgmma of twice the width, so whether its spills cost more than that
-    # is for the H200 benchmark (benchmarks/profile_grad.py --slabs=16,32) to say.
-    "grad_pass": "triton",
-    "mosaic_grad_slab": 16,
+    # both (offline ptxas, MOSAIC_GPU.md Sec. 23/24; at 32 K2 spills about 280 B on jax
+    # 0.11.2); 32 issues half as many wgmma of twice the width, and on an H100 (2026-12-07c,
+    # profile_grad.py --slabs=16,32, KDA S1) it is faster despite the spills: K2 3.685 against
+    # 4.087 ms, K1 2.867 against 3.040, gates green, and the gpu tests' slab-16-against-32
+    # checks pass (MOSAIC_GPU.md Sec. 37.5's rule, Sec. 46): 32 since then.
+    "grad_pass": "mosaic_fused",
+    "mosaic_grad_slab": 32,
 }
 STATE_PASSES = ("triton", "mosaic")
 GRAD_PASSES = ("triton", "mosaic", "mosaic_fused")

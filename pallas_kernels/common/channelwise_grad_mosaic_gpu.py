@@ -1,9 +1,10 @@
 """K1 and K2: the per-channel family's chunk gradients on Mosaic GPU (Hopper ``wgmma``/TMA).
 
-**Status: wrong on the GPU.** Compiled on an H100 (2026-12-06f) both give wrong ``dq``, ``dk``,
-``dg`` and ``dbeta`` (relative RMS up to 1.7e9 at KDA's S1, 0.13-0.64 on milder inputs) while
-every interpreted test passes; ``TUNING["grad_pass"]`` stays ``"triton"``. The diagnosis is
-``MOSAIC_GPU.md`` Sec. 41 (``benchmarks/diag_grad.py``, queue item ``cw_diag``).
+**Status: right on the GPU since 2026-12-07c; K2 is the default.** Compiled on an H100
+(2026-12-06f) both gave wrong ``dq``, ``dk``, ``dg`` and ``dbeta`` while every interpreted test
+passed (``MOSAIC_GPU.md`` Sec. 41; located with ``benchmarks/diag_grad.py``, Sec. 43: a
+32-bit shifted SMEM load and a column-sum race). With Sec. 43's fixes their ``gpu`` tests pass
+on an H100, and ``TUNING["grad_pass"]`` is ``"mosaic_fused"`` (K2; Sec. 46).
 
 :func:`channelwise_grad_intra_mosaic` is a drop-in for the Triton ``grad_blocks`` kernel of
 :mod:`pallas_kernels.common.channelwise_gpu` (``_grad_blocks_kernel`` / ``_grad_blocks``; issue
@@ -54,8 +55,9 @@ of a tiled SMEM tile cannot be indexed in the lowering).
   fp32 band coefficients (row direction ``c_d[i]``, column direction ``c_d[j + d]`` by a
   shifted load). A CTA barrier ends the phase.
 * Phase 2: warpgroup ``w`` owns 32 channels of the half, as one slab (``slab=32``, the
-  default here) or two (``slab=16``: fewer live registers; ptxas spills at 32 and not at 16,
-  MOSAIC_GPU.md Sec. 23-24, so ``channelwise_gpu.TUNING`` ships 16). It forms
+  default here and ``channelwise_gpu.TUNING``'s since 2026-12-07c) or two (``slab=16``: fewer
+  live registers; ptxas spills at 32 and not at 16, MOSAIC_GPU.md Sec. 23-24, yet 32 ran 5-10 %
+  faster on an H100, Sec. 46). It forms
   each slab's shared operands once (``k e^{r - gamma}`` per block, ``k e^{m - gamma}`` on
   first-half rows, the padded shift buffers of ``k`` and ``gamma``) and runs both matrices on
   it; each direction issues its four products before one wait. The band takes 7 shifted
@@ -77,47 +79,46 @@ V = 128 with ``slab=16``, of the 232,448 a block may have; pinned by
 ``tests/pallas_kernels/kernel_mosaic_channelwise_grad_test.py``, MOSAIC_GPU.md Sec. 20. The
 ``y`` tiles of phase 2 share a ``plgpu.RefUnion`` with ``dO, dR, Vn`` (dead after phase 1).
 
-**K2**, :func:`channelwise_grad_chunk_mosaic` (``grad_pass="mosaic_fused"``; MOSAIC_GPU.md
-Sec. 19.4.4 and 21): the same kernel with an epilogue that does the Triton ``backward_chunk``
+**K2**, :func:`channelwise_grad_chunk_mosaic` (``grad_pass="mosaic_fused"``; MOSAIC_GPU.md Sec.
+19.4.4 and 21): the same kernel with an epilogue that does the Triton ``backward_chunk``
 kernel's work and the XLA chain rule through ``kr = k ks`` on K1's fp32 partials while they are
 still in registers. K2 takes no ``kr`` (MOSAIC_GPU.md Sec. 44.2): it copies ``ks`` (per token,
-``[64]`` fp32, or the half's channels) with ``q, k, gamma`` and forms ``kr = round(k ks)`` (fp32
-product, one rounding to the operand dtype) in registers wherever K1 loads ``kr`` (the ``dMk``
-pass's operand, the band's ``d = 0`` term, the epilogue's ``dgam``), each time from fresh SMEM
-loads of ``k`` and ``ks`` (:func:`_kr_tile`); so no ``kr`` buffer (8 KB less SMEM) and no
-``kr`` read from HBM. ``slab=32``: each warpgroup holds its 32 channels' partials.
-``slab=16`` (``TUNING``'s default; the layout ptxas compiles without spills, MOSAIC_GPU.md
-Sec. 24): phase 2 is a loop over the two slabs, as K1's; the first slab's partials wait in an
-fp32 SMEM buffer (``park``, 24 KB), the last slab's come out of the loop in registers, and the
-epilogue runs per slab (the last first), with the band's ``d = 0`` term reading ``k`` and
-``a`` again from SMEM. After phase 2 a CTA barrier; warpgroup 0 copies ``dO, dR, Vn`` again
-(their SMEM held the ``y`` tiles) and the half's rows of ``S_0`` and ``dS_C`` (``hs``,
-``dhs``; where the ``dM`` copies were, a second RefUnion). Each of these groups starts 1 KB
-past the buffers it aliases, so no ``wgmma`` descriptor or address of phase 1 or 2 equals
-one of the epilogue (LLVM would otherwise keep them live across phase 2: spills). Per
-warpgroup and slab, four ``wgmma`` ``[64, V] @ [V, slab]``: ``dO S_0^T``,
-``dR S_0^T``, ``Vn dS_C^T`` and ``dS_C S_0^T``, whose diagonal is ``de_all = rowsum(S_0 *
-dS_C)`` (exact products, fp32 sums, as ``backward_chunk``'s fp32 row sum). Then
-``backward_chunk``'s elementwise formulas in its order (``E_in``, ``E_out``, ``e_all`` with the
-document masks ``conn``, ``last``), and ``dg``, the within-chunk reverse cumsum of
-``backward_chunk``'s ``dgam``, on the tensor cores: ``dg = U @ dgam' + L @ s - s`` with
-``U_ij = [j >= i]``, ``L = U^T`` (exact in bf16; ``L`` a transposed view of ``U``'s SMEM),
-``x_de`` the ``de_all e_all conn_last`` terms left on the diagonal rows of ``dS_C S_0^T``,
-``s = k dk_S + x_de`` and ``dgam' = dgam + k dk_S + x_de`` without its last-row terms (row
-``i`` gets ``sum_{j >= i} dgam_j`` plus the last-row ``colsum(k dk_S) + de_all e_all``, which
-needs non-decreasing document ids: ``conn_r last_r = conn_last``): so no column sum runs
-over the rows (a cross-warp reduction, whose Mosaic GPU scratch both warpgroups would share;
-MOSAIC_GPU.md Sec. 43). Each product runs on three bf16 pieces that sum to its operand
-exactly (:func:`_split3`), so every product term is exact and only the fp32 accumulation rounds (the
-pieces and ``U`` share SMEM with the band's shift buffers, a third RefUnion; ``U`` is a TMA
-copy of a constant made in the wrapper, so no index tile of phase 1 stays live for it). The
-chain rule keeps the Triton path's roundings: ``dkr`` and ``dk`` rounded to the operand dtype, then
-``dk + ks dkr`` in fp32, rounded once; ``dks = k dkr`` in fp32, per channel (GDN-2's
-``[B, T, H, K]`` scale) or summed per token over each slab's channels (KDA's ``[B, T, H, 1]``
-beta; the ``K / slab`` partials per token are summed in XLA). ``dkr`` is never written. SMEM
-at K = V = 128: 200,760 bytes (``slab=32``) and 196,664 (``slab=16``) with a per-token ``ks``;
-216,120 and 212,024 with an fp32 per-channel ``ks`` (8,192 each below the counts with a
-``kr`` buffer); pinned by
+``[64]`` fp32, or the half's channels) with ``q, k, gamma`` and forms ``kr = round(k ks)``
+(fp32 product, one rounding to the operand dtype) in registers wherever K1 loads ``kr`` (the
+``dMk`` pass's operand, the band's ``d = 0`` term, the epilogue's ``dgam``), each time from
+fresh SMEM loads of ``k`` and ``ks`` (:func:`_kr_tile`); so no ``kr`` buffer (8 KB less SMEM)
+and no ``kr`` read from HBM. ``slab=32``: each warpgroup holds its 32 channels' partials.
+``slab=16`` (``TUNING``'s default until 2026-12-07c; the layout ptxas compiles without spills,
+MOSAIC_GPU.md Sec. 24): phase 2 is a loop over the two slabs, as K1's; the first slab's
+partials wait in an fp32 SMEM buffer (``park``, 24 KB), the last slab's come out of the loop in
+registers, and the epilogue runs per slab (the last first), with the band's ``d = 0`` term
+reading ``k`` and ``a`` again from SMEM. After phase 2 a CTA barrier; warpgroup 0 copies ``dO,
+dR, Vn`` again (their SMEM held the ``y`` tiles) and the half's rows of ``S_0`` and ``dS_C``
+(``hs``, ``dhs``; where the ``dM`` copies were, a second RefUnion). Each of these groups starts
+1 KB past the buffers it aliases, so no ``wgmma`` descriptor or address of phase 1 or 2 equals
+one of the epilogue (LLVM would otherwise keep them live across phase 2: spills). Per warpgroup
+and slab, four ``wgmma`` ``[64, V] @ [V, slab]``: ``dO S_0^T``, ``dR S_0^T``, ``Vn dS_C^T`` and
+``dS_C S_0^T``, whose diagonal is ``de_all = rowsum(S_0 * dS_C)`` (exact products, fp32 sums,
+as ``backward_chunk``'s fp32 row sum). Then ``backward_chunk``'s elementwise formulas in its
+order (``E_in``, ``E_out``, ``e_all`` with the document masks ``conn``, ``last``), and ``dg``,
+the within-chunk reverse cumsum of ``backward_chunk``'s ``dgam``, on the tensor cores: ``dg = U
+@ dgam' + L @ s - s`` with ``U_ij = [j >= i]``, ``L = U^T`` (exact in bf16; ``L`` a transposed
+view of ``U``'s SMEM), ``x_de`` the ``de_all e_all conn_last`` terms left on the diagonal rows
+of ``dS_C S_0^T``, ``s = k dk_S + x_de`` and ``dgam' = dgam + k dk_S + x_de`` without its
+last-row terms (row ``i`` gets ``sum_{j >= i} dgam_j`` plus the last-row ``colsum(k dk_S) +
+de_all e_all``, which needs non-decreasing document ids: ``conn_r last_r = conn_last``): so no
+column sum runs over the rows (a cross-warp reduction, whose Mosaic GPU scratch both warpgroups
+would share; MOSAIC_GPU.md Sec. 43). Each product runs on three bf16 pieces that sum to its
+operand exactly (:func:`_split3`), so every product term is exact and only the fp32
+accumulation rounds (the pieces and ``U`` share SMEM with the band's shift buffers, a third
+RefUnion; ``U`` is a TMA copy of a constant made in the wrapper, so no index tile of phase 1
+stays live for it). The chain rule keeps the Triton path's roundings: ``dkr`` and ``dk``
+rounded to the operand dtype, then ``dk + ks dkr`` in fp32, rounded once; ``dks = k dkr`` in
+fp32, per channel (GDN-2's ``[B, T, H, K]`` scale) or summed per token over each slab's
+channels (KDA's ``[B, T, H, 1]`` beta; the ``K / slab`` partials per token are summed in XLA).
+``dkr`` is never written. SMEM at K = V = 128: 200,760 bytes (``slab=32``) and 196,664
+(``slab=16``) with a per-token ``ks``; 216,120 and 212,024 with an fp32 per-channel ``ks``
+(8,192 each below the counts with a ``kr`` buffer); pinned by
 ``kernel_mosaic_channelwise_grad_chunk_test.py`` (in ``tests/pallas_kernels``).
 
 CPU testing as the other Mosaic GPU kernels (MOSAIC_GPU.md Sec. 1): GPU interpret mode with
