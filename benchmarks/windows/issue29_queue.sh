@@ -37,9 +37,9 @@
 #   stepprof 300  Sec. 43.2: where tp350's step goes with the Mosaic kernels (auto): the trainer's
 #               step at GBS 128 in micro-batches of $TP_MB = 8, fwd+bwd and optimizer alone, one
 #               traced step split into matmuls / other XLA / Pallas (profile_train_step.py)
-#   approx 320  Sec. 44: GDN S1 and S2, fwd+bwd and fwd, Mosaic GPU's approx_math off then on
-#               (--nomosaic_approx_math / --mosaic_approx_math, two processes; decision rule in
-#               Sec. 44)
+#   approx 400  Sec. 44/46: GDN S1 and S2 fwd+bwd, Mosaic GPU's approx_math off, on, off, on
+#               (--nomosaic_approx_math / --mosaic_approx_math, four processes; decision rule in
+#               Sec. 46, after 12-07c's one-process-each run left it open)
 #   fp16def 110  autooff_dn's two fp16 gpu tests alone (the op's defaults in fp16, which GDN's
 #               auto runs since 2026-12-06f), for a window too short for autooff_dn
 #   t0pieces 330  Sec. 42: GDN at S2 and P1 (fwd+bwd, fwd), the fused_t0 forward as sequence
@@ -60,18 +60,18 @@
 # Default: the items not yet run on any machine (gva, t0, vk ran on 2026-12-06b, t0glue and
 # split1 on 2026-12-06c, prof_split on 2026-12-06d, t0w on 2026-12-06e, split2, early, autooff,
 # cw_grad, cw_gdn2 and cw_slab on 2026-12-06f, t0pieces and fp16def on 2026-12-06g, tp350,
-# cw_state and cw_diag on 2026-12-07 (autooff_dn there ran out of its bench timeout): pages
-# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07}.md), with cw_diag
-# and cw_grad again for the K1/K2 fixes of Sec. 43; name items to run others.
-# Order (2026-12-07b, when five requests got no machine): the gpu tests that decide whether
-# Sec. 43's K1/K2 fixes and Sec. 44.2's in-kernel kr hold and TUNING["state_pass"] (cw_tests),
-# K2 timed (cw_grad): one 575 s call; approx_math's timing (approx) and the K1/K2 probes
-# (cw_diag, which locates a failure of cw_tests): a second; the 350M step's profile with the
-# fused loss head (stepprof): a third. DeltaNet's auto decision (autooff_dn) by name after.
+# cw_state and cw_diag on 2026-12-07 (autooff_dn there ran out of its bench timeout), stepprof,
+# cw_tests, cw_grad, approx and cw_slab on 2026-12-07c: pages
+# benchmarks/results/mosaic-gpu-h100-2026-12-{06b,06c,06d,06e,06f,06g,07,07c}.md); name items
+# to run others.
+# Order (2026-12-07c): approx_math in four alternating processes (approx, Sec. 46's rule); KDA's
+# same-run table against jla with K2 now the default grad pass (cw_state: S1 and S2, each state
+# pass); the 350M throughput with the fused loss head (tp350; does TP_MB=16 fit an H100 now?).
+# DeltaNet's auto decision (autooff_dn) by name after (with it the list would not fit 1,800 s).
 # Everything comes back as one tarball $OUT/i29-<stamp>.tar.gz plus $OUT/i29.log. I29_TMP
 # (default /tmp) moves /tmp/i29out and /tmp/i29done (tests/benchmarks/issue29_queue_test.py).
 B=${1:?budget_s}; shift
-ITEMS=${*:-cw_tests cw_grad approx cw_diag stepprof}
+ITEMS=${*:-approx cw_state tp350}
 export PYTHONPATH=/tmp/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 SECONDS=0
 if [ ! -d /tmp/site/jla ] && ls .whl/*.whl > /dev/null 2>&1; then
@@ -84,7 +84,7 @@ LOG=$O/i29.log
 est() { case $1 in t0glue) echo 150;; t0w) echo 340;; prof_split) echo 120;; gva) echo 270;;
   t0) echo 250;; vk) echo 150;;
   split1|split2) echo 145;; early) echo 320;; autooff) echo 560;; cw_state|cw_tests) echo 320;;
-  autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 320;; t0pieces) echo 330;; fp16def) echo 110;;
+  autooff_dn) echo 560;; tp350) echo 480;; stepprof) echo 300;; approx) echo 400;; t0pieces) echo 330;; fp16def) echo 110;;
   cw_diag) echo 210;; cw_grad) echo 220;; cw_gdn2) echo 310;; cw_slab) echo 170;;
   *) echo 100000;; esac; }
 T=tests/pallas_kernels
@@ -299,15 +299,16 @@ run_tp350() {  # GDN-pure 350M at the recipe's batch: auto (Mosaic on Hopper) ag
   done
 }
 
-run_approx() {  # Sec. 44: approx_math off / on, GDN's default Mosaic path, S1 and S2
-  mkdir -p $O/approx; local s=$SECONDS v
-  for v in nomosaic_approx_math mosaic_approx_math; do
-    timeout 150 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic \
-      --passes=fwdbwd,fwd --shapes=S1,S2 --iters=30 --warmup=5 --breakdown_top=10 --$v \
-      --out=$O/approx/$v > $O/approx/$v.log 2>&1; echo "$v rc=$? t=$((SECONDS-s))s"
-    grep -a -h '^gate' $O/approx/$v.log | cut -c1-300
+run_approx() {  # Sec. 44/46: approx_math off / on / off / on, GDN's default Mosaic path
+  mkdir -p $O/approx; local s=$SECONDS v i=0
+  for v in nomosaic_approx_math mosaic_approx_math nomosaic_approx_math mosaic_approx_math; do
+    i=$((i + 1))
+    timeout 95 python3 benchmarks/bench_kernels.py --ops=gdn --peers=mosaic \
+      --passes=fwdbwd --shapes=S1,S2 --iters=30 --warmup=5 --breakdown_top=10 --$v \
+      --out=$O/approx/$i-$v > $O/approx/$i-$v.log 2>&1; echo "$i $v rc=$? t=$((SECONDS-s))s"
+    grep -a -h '^gate' $O/approx/$i-$v.log | cut -c1-300
   done
-  gdn_show $O/approx/nomosaic_approx_math.log $O/approx/mosaic_approx_math.log
+  gdn_show $O/approx/*-*_approx_math.log
 }
 
 run_stepprof() {  # Sec. 43.2: GDN-pure 350M's step split by kernel class, the Mosaic kernels

@@ -175,9 +175,9 @@ class Issue29QueueTest(absltest.TestCase):
         with open(SCRIPT) as f:
             text = f.read()
         default = re.search(r"ITEMS=\$\{\*:-([^}]*)\}", text).group(1).split()
-        # the order after 2026-12-07: K1/K2's fixes checked (MOSAIC_GPU.md Sec. 43), the gpu
-        # tests of the per-channel passes, K2 timed, the 350M step's profile, approx_math timed
-        self.assertEqual(default, ["cw_tests", "cw_grad", "approx", "cw_diag", "stepprof"])
+        # the order after 2026-12-07c (MOSAIC_GPU.md Sec. 46): approx_math decided, KDA's
+        # same-run table with K2, the 350M throughput
+        self.assertEqual(default, ["approx", "cw_state", "tp350"])
         self.assertTrue(set(default) <= set(ITEMS))
         # every item has an estimate (an unknown one would be 100000 s: never run), and the
         # list fits a session's 1,800 s of device time with the script's 15 s margins
