@@ -100,6 +100,10 @@ def _tuning(overrides):
         jax.clear_caches()
 
 
+# TUNING values that keep every channelwise pass on the Triton kernels of this file.
+_TRITON_PASSES = {"state_pass": "triton", "grad_pass": "triton"}
+
+
 def _call(op, impl, inputs, segment_ids, residual):
     """``(o, final_state[, u])`` of ``op`` with ``impl`` (None: the fp32 token-serial reference)."""
     q, k, v, g, h0 = (inputs[n] for n in ("q", "k", "v", "g", "h0"))
@@ -149,7 +153,12 @@ def _check_against_reference(op, *, batch=1, seq_len=65, key_heads=2, heads=2, d
 
 class InterpretTest(parameterized.TestCase):
     """Pallas interpret mode: fp32 inputs equal the reference to fp32 rounding (one bf16 case
-    within the GPU gates)."""
+    within the GPU gates). The Triton passes are pinned: with 16-bit operands TUNING's Mosaic
+    passes (the defaults since 2026-12-07c) would run in Mosaic GPU interpret mode instead."""
+
+    def setUp(self):
+        super().setUp()
+        self.enter_context(_tuning(_TRITON_PASSES))
 
     def check(self, op, **kwargs):
         _check_against_reference(op, **kwargs)
@@ -511,12 +520,15 @@ class TritonLoweringTest(parameterized.TestCase):
 
 @pytest.mark.gpu
 class GpuTest(parameterized.TestCase):
-    """bf16 inputs compiled by Triton on a GPU, against the fp32 reference (FLA's gates)."""
+    """bf16 inputs compiled by Triton on a GPU, against the fp32 reference (FLA's gates). The
+    Triton state and grad passes are pinned: on a Hopper GPU TUNING's defaults are the Mosaic
+    passes (tested in ``kernel_mosaic_channelwise*_test.py``), and A100s run these."""
 
     def setUp(self):
         super().setUp()
         if jax.default_backend() != "gpu":
             self.skipTest("needs a GPU")
+        self.enter_context(_tuning(_TRITON_PASSES))
 
     @parameterized.product(op=("kda", "gdn2"), packed=(False, True), dim=(64, 128))
     def test_bf16_against_fp32_reference(self, op, packed, dim):
