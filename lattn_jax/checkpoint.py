@@ -399,6 +399,35 @@ def drop_records_after(path: str, step: int) -> Tuple[int, Optional[str]]:
     return len(dropped), discarded
 
 
+def write_problem(workdir: str) -> Optional[str]:
+    """Why orbax could not write a checkpoint into ``<workdir>/checkpoints``, or ``None``.
+
+    Orbax creates each step's directory in a background thread and waits for it with a
+    5-minute timeout: in a directory that refuses new entries (``chattr +i``, a read-only
+    mount, no permission) a run trained to its first save, hung there, then failed with a
+    ``TimeoutError`` that hid the cause. The writer calls this at its start instead. The probe
+    makes and removes a directory there, as orbax would (``os.access`` says yes to root,
+    whatever the directory's attributes).
+
+    Args:
+      workdir: the run's directory (writable: the caller holds its lock file).
+
+    Returns:
+      ``"cannot write the checkpoint directory <dir> (Operation not permitted)"``, or ``None``
+      when the probe succeeded or ``<workdir>/checkpoints`` does not exist yet (orbax creates it
+      in the writable workdir).
+    """
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        return None
+    try:
+        probe = tempfile.mkdtemp(prefix=".write-probe-", dir=directory)
+        os.rmdir(probe)
+    except OSError as e:
+        return f"cannot write the checkpoint directory {directory} ({e.strerror or e})"
+    return None
+
+
 def saved_steps(workdir: str) -> List[int]:
     """Steps of the checkpoints in ``<workdir>/checkpoints``, ascending, read from the directory
     names alone (no orbax manager, nothing created): an orbax step directory is named by its

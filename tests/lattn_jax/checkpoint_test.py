@@ -173,6 +173,21 @@ class WriteErrorTest(absltest.TestCase):
         self.assertEqual(checkpoint_lib.describe_write_error(ValueError("INTERNAL: odd")),
                          "ValueError: INTERNAL: odd")
 
+    def test_write_problem_names_a_checkpoint_directory_that_refuses_entries(self):
+        # A chattr +i checkpoints/ made orbax hang 5 minutes at the first save; tests run as
+        # root (chmod would not stop them), so the refusal is the kernel's EPERM, mocked.
+        workdir = self.create_tempdir().full_path
+        self.assertIsNone(checkpoint_lib.write_problem(workdir))  # no checkpoints/ yet
+        directory = os.path.join(workdir, "checkpoints")
+        os.makedirs(os.path.join(directory, "2"))
+        self.assertIsNone(checkpoint_lib.write_problem(workdir))  # writable
+        self.assertEqual(os.listdir(directory), ["2"])  # the probe is gone
+        refused = PermissionError(1, "Operation not permitted", os.path.join(directory, "x"))
+        with mock.patch.object(checkpoint_lib.tempfile, "mkdtemp", side_effect=refused):
+            self.assertEqual(checkpoint_lib.write_problem(workdir),
+                             f"cannot write the checkpoint directory {directory} (Operation "
+                             f"not permitted)")
+
     def test_orbax_argument_errors_are_not_called_failed_writes(self):
         # orbax's own checks raise ValueErrors too (StepAlreadyExistsError): they are bugs of
         # the caller, not a full disk, and keep their type and traceback.
