@@ -23,8 +23,9 @@ from lattn_jax.data.config import DataConfig
 # The command-line error helpers live in a light module (absl only); binaries and tests use them
 # as config.parse_flags and friends.
 from lattn_jax.flag_errors import (  # noqa: F401
-    bare_tuple_override, describe_config_load_error, describe_flag_error, parse_flags,
-    reject_arguments, repeated_tuple_override, TUPLE_OPTIONS)
+    bare_tuple_override, ConfigArgumentError, describe_config_file_error,
+    describe_config_load_error, describe_flag_error, parse_flags, reject_arguments,
+    repeated_tuple_override, TUPLE_OPTIONS)
 
 # Names a layer pattern may use. The mapping from name to module lives in
 # ``lattn_jax.mixers.REGISTRY``; it is checked against this tuple when the package is imported.
@@ -1523,6 +1524,11 @@ def config_flag_value(holder, flag: str = "--config"):
         value = holder.value
         getattr(value, "keys", None)  # a file that failed to load raises on first attribute use
     except OSError as e:
+        # An OSError of the config file's own code (get_config() opening a missing file):
+        # its file and line, not "cannot load" the config file.
+        in_file = describe_config_file_error(e, sys.argv)
+        if in_file:
+            sys.exit(in_file)
         from absl import flags  # noqa: PLC0415 (binaries only)
         path = getattr(flags.FLAGS[holder.name], "config_filename", None)
         sys.exit(f"error: {describe_config_load_error(e, flag, path)}")

@@ -6,9 +6,11 @@ instead. This module imports only absl (no jax, numpy or ml_collections), so tha
 (``fetch_eval_data.py``, the benchmark drivers) stay light; :mod:`lattn_jax.config` re-exports it.
 """
 
+import os
 import re
 import shlex
 import sys
+import traceback
 from typing import Optional
 
 from absl import flags
@@ -39,7 +41,92 @@ def parse_flags(argv, unknown_option_hint=None):
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 - all of these are user input errors
-        sys.exit(f"error: {describe_flag_error(e, argv, unknown_option_hint)}")
+        # A config file's own failure (a bug in its get_config()) is not a command-line error:
+        # its file and line, not "unknown config option" or a bare "division by zero".
+        sys.exit(describe_config_file_error(e, argv)
+                 or f"error: {describe_flag_error(e, argv, unknown_option_hint)}")
+
+
+class ConfigArgumentError(ValueError):
+    """A config file's refusal of the argument after the colon (``--config=file.py:arg``): a
+    mistake on the command line, reported as its message alone (``configs.common.ConfigArgError``
+    derives from it), not as an error in the file (:func:`describe_config_file_error`)."""
+
+
+def _config_files(argv):
+    """``{real path: (flag, path as given)}`` for each ``--<flag>=<file>.py[:arg]`` (or
+    ``--<flag> <file>.py``) of ``argv`` that names an existing file."""
+    files = {}
+    args = list(argv)[1:]
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        flag, eq, value = arg[2:].partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        path = value.split(":", 1)[0]
+        if path.endswith(".py") and os.path.isfile(path):
+            files[os.path.realpath(path)] = (flag, path)
+    return files
+
+
+def _exception_chain(error):
+    """``error`` and the exceptions it wraps, outermost first: ``args[0]`` exceptions
+    (ml_collections' ``AttributeError(KeyError(...))``), causes and contexts (the original of
+    ml_collections' and absl's re-raised ``ValueError``s)."""
+    seen, todo = [], [error]
+    while todo:
+        e = todo.pop(0)
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        if e.args and isinstance(e.args[0], BaseException):
+            todo.append(e.args[0])
+        todo += [e.__cause__, e.__context__]
+    return seen
+
+
+def describe_config_file_error(error, argv=()) -> Optional[str]:
+    """The one line for an exception raised by the code of a config file named on the command
+    line (its module body or its ``get_config()``), or ``None`` for any other error.
+
+    Told apart by the traceback: the error, or one it wraps (absl and ml_collections re-raise
+    a config's ``ValueError`` and ``TypeError`` with the original as context), passed through a
+    frame of the file. Before, a ``KeyError`` in ``get_config()`` read as ``unknown config
+    option 'boom'`` and ``1/0`` as a bare ``division by zero``.
+
+    Args:
+      error: the exception flag parsing (or reading the config flag's value) raised.
+      argv: the command line, program first, to find the config files (``--config=x.py:arg``).
+
+    Returns:
+      ``error in --config=configs/x.py (line 12): ZeroDivisionError: division by zero`` (the
+      line of the file's innermost frame; the message on one line), or ``None``: the error did
+      not come from a config file's code, or it is a :class:`ConfigArgumentError` (a bad
+      ``:arg``, reported as today by :func:`describe_flag_error`).
+    """
+    files = _config_files(argv)
+    if not files:
+        return None
+    for exc in _exception_chain(error):
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if os.path.realpath(f.filename) in files]
+        if not frames:
+            continue
+        if isinstance(exc, ConfigArgumentError):
+            return None
+        flag, path = files[os.path.realpath(frames[-1].filename)]
+        inner = exc
+        while inner.args and isinstance(inner.args[0], BaseException):
+            inner = inner.args[0]
+        text = str(inner)  # KeyError('boom') -> "'boom'", as Python prints it
+        if (isinstance(inner, KeyError) and inner.args and isinstance(inner.args[0], str)
+                and inner.args[0][:1] in "'\""):  # ml_collections' "'key'\nDid you mean ..."
+            text = inner.args[0]
+        text = " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+        return (f"error in --{flag}={path} (line {frames[-1].lineno}): "
+                f"{type(exc).__name__}{': ' + text if text else ''}")
+    return None
 
 
 # Tuple-valued options whose command-line value ml_collections would take, written without
