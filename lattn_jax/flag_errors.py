@@ -6,6 +6,7 @@ instead. This module imports only absl (no jax, numpy or ml_collections), so tha
 (``fetch_eval_data.py``, the benchmark drivers) stay light; :mod:`lattn_jax.config` re-exports it.
 """
 
+import difflib
 import os
 import re
 import shlex
@@ -236,18 +237,22 @@ def reject_arguments(argv, command_line=None) -> None:
     sys.exit(f"error: unexpected arguments {extra}{hint}")
 
 
-def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
+def describe_flag_error(error, argv=(), unknown_option_hint=None, flag_values=None) -> str:
     """One line for an error raised while parsing flags (ml_collections nests and embeds them).
 
     Args:
       error: the exception ``flags.FLAGS(argv)`` raised.
       argv: the command line, to name a mistyped ``--config.a.b`` option in full.
       unknown_option_hint: as :func:`parse_flags`'s.
+      flag_values: the ``FlagValues`` that parsed ``argv`` (default ``flags.FLAGS``), for the
+        options of the config an unknown override was meant for (:func:`suggest_options`).
 
     Returns:
       The message: an unknown override as ``unknown config option a.b`` (with ml_collections'
-      "did you mean" hint), a config file without ``get_config()`` by the flag and the file, a
-      config file's own error as its last traceback line.
+      "did you mean" hint within the section, else :func:`suggest_options`' across the
+      config: ``train.warmup_steps`` -> ``Did you mean "optim.warmup_steps"?``), a config file
+      without ``get_config()`` by the flag and the file, a config file's own error as its last
+      traceback line.
     """
     # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
     while error.args and isinstance(error.args[0], BaseException):
@@ -271,6 +276,12 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
         typed = [a.split("=", 1)[0][2:] for a in argv
                  if a.startswith("--config.") and a.split("=", 1)[0].endswith("." + key)]
         text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
+        if not hint.strip() and typed:
+            # ml_collections looks for close names in the option's own section only.
+            flag, option = typed[0].split(".", 1)
+            near = suggest_options(option, _config_paths(flag, argv, flag_values))
+            if near:
+                hint = "Did you mean " + _or([f'"{n}"' for n in near]) + "?"
         text += f". {hint.strip()}" if hint.strip() else ""
         extra = unknown_option_hint(key, argv) if unknown_option_hint and not hint.strip() else None
         text += f" ({extra})" if extra else ""
@@ -281,6 +292,74 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
     # unknown config argument ..."): the user sees what was wrong, not the class.
     text = _EXCEPTION_PREFIX.sub("", text)
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def suggest_options(option: str, known, limit: int = 3) -> list:
+    """Known dotted options close to the unknown ``option``, across every section.
+
+    ml_collections' "did you mean" looks within the option's section only, so
+    ``train.warmup_steps`` got no hint of ``optim.warmup_steps`` and ``train.steps`` none of
+    ``train.total_steps``.
+
+    Args:
+      option: the unknown dotted option as typed, without the flag (``train.steps``).
+      known: the config's dotted options (:func:`_config_paths`).
+      limit: at most this many.
+
+    Returns:
+      Up to ``limit`` options, best first: those with the same last part in another section;
+      then those whose last part is a close match of the typed one (a typo in the wrong
+      section) or holds all its ``_``-separated words (``steps`` -> ``total_steps``), those of
+      the typed section first, then the closest; then close matches of the whole dotted name.
+      ``[]`` when none is close.
+    """
+    known = [k for k in known if k != option]
+    section, _, leaf = option.rpartition(".")
+
+    def last(k):
+        return k.rpartition(".")[2]
+
+    def own_section_first(keys):  # then the closest last part first
+        return sorted(keys, key=lambda k: (k.rpartition(".")[0] != section,
+                                           -difflib.SequenceMatcher(None, leaf, last(k)).ratio()))
+
+    words = set(leaf.split("_"))
+    close = set(difflib.get_close_matches(leaf, {last(k) for k in known}, n=limit, cutoff=0.8))
+    found = [k for k in known if last(k) == leaf]
+    found += own_section_first([k for k in known if last(k) in close
+                                or words <= set(last(k).split("_"))])
+    found += difflib.get_close_matches(option, known, n=limit, cutoff=0.8)
+    return list(dict.fromkeys(found))[:limit]
+
+
+def _config_paths(flag: str, argv, flag_values=None) -> list:
+    """The dotted options (sections and fields) of the config that ``--<flag>=<file>`` in
+    ``argv`` names, loaded again with the flag's own parser (the failed parse kept none);
+    ``[]`` when ``flag`` is no config-file flag or the file cannot be loaded."""
+    flag_values = flags.FLAGS if flag_values is None else flag_values
+    given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{flag}=")]
+    if not given or flag not in flag_values:
+        return []
+    try:
+        config = flag_values[flag].parser.parse(given[-1])
+    except Exception:  # noqa: BLE001 - no hint then; the error itself is reported
+        return []
+    paths = []
+
+    def walk(value, prefix):
+        for key, item in value.items():
+            paths.append(prefix + key)
+            if hasattr(item, "items") and not isinstance(item, str):
+                walk(item, prefix + key + ".")
+
+    if hasattr(config, "items"):
+        walk(config, "")
+    return paths
+
+
+def _or(items) -> str:
+    """``"a"``, ``"a or b"``, ``"a, b or c"``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def describe_syntax_error(error: SyntaxError, argv=()) -> str:

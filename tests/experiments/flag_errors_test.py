@@ -246,5 +246,50 @@ class ConfigFileCodeErrorTest(parameterized.TestCase):
             f"error in --config={path} (line 2): ZeroDivisionError: division by zero"])
 
 
+class CrossSectionSuggestionTest(absltest.TestCase):
+    """An unknown override gets close names from every section: ml_collections' "did you mean"
+    looked within the option's own section, so ``train.steps`` and ``train.warmup_steps`` got
+    no hint (newcomer 2026-12-07)."""
+
+    KNOWN = ("train", "train.total_steps", "train.max_steps_per_run", "train.seed",
+             "optim", "optim.warmup_steps", "optim.learning_rate", "model", "model.d_model",
+             "model.attention", "model.attention.num_heads")
+
+    def test_suggest_options_across_sections(self):
+        self.assertEqual(flag_errors.suggest_options("train.warmup_steps", self.KNOWN),
+                         ["optim.warmup_steps"])
+        self.assertEqual(flag_errors.suggest_options("train.steps", self.KNOWN),
+                         ["train.total_steps", "train.max_steps_per_run", "optim.warmup_steps"])
+        self.assertEqual(flag_errors.suggest_options("model.num_heads", self.KNOWN),
+                         ["model.attention.num_heads"])
+        self.assertEqual(flag_errors.suggest_options("optim.learning_rat", self.KNOWN),
+                         ["optim.learning_rate"])
+        self.assertEqual(flag_errors.suggest_options("data.zzz", self.KNOWN), [])
+
+    def test_the_flag_error_names_the_option_in_another_section(self):
+        from ml_collections import config_flags  # noqa: PLC0415 (this test only)
+        path = os.path.join(self.create_tempdir().full_path, "cfg.py")
+        with open(path, "w") as f:
+            f.write("import ml_collections\n\n\ndef get_config():\n"
+                    "    return ml_collections.ConfigDict(dict(\n"
+                    "        train=dict(total_steps=10, seed=0),\n"
+                    "        optim=dict(warmup_steps=2, learning_rate=1e-3)))\n")
+        for override, hint in (
+                ("train.warmup_steps", 'Did you mean "optim.warmup_steps"?'),
+                ("train.steps", 'Did you mean "train.total_steps" or "optim.warmup_steps"?'),
+                ("optim.learning_rat", 'Did you mean "learning_rate" instead of '
+                                       '"learning_rat"?')):  # ml_collections' own hint kept
+            with self.subTest(override=override):
+                argv = ["prog", f"--config={path}", f"--config.{override}=1"]
+                fv = flags.FlagValues()
+                config_flags.DEFINE_config_file("config", None, "A config.", flag_values=fv,
+                                                sys_argv=argv)
+                with self.assertRaises(Exception) as cm:  # noqa: B017 - ml_collections' type
+                    fv(argv)
+                self.assertEqual(flag_errors.describe_flag_error(cm.exception, argv,
+                                                                 flag_values=fv),
+                                 f"unknown config option '{override}'. {hint}")
+
+
 if __name__ == "__main__":
     absltest.main()

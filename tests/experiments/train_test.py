@@ -157,6 +157,10 @@ class TrainBinaryTest(parameterized.TestCase):
          "error: data.paths: no such file or directory: /no/such/file.txt"),
         ("option_typo", "--config.train.total_step=20",
          "error: unknown config option 'train.total_step'. Did you mean \"total_steps\""),
+        # ml_collections' hint looks within the section: none for an option of another one.
+        ("option_of_another_section", "--config.train.warmup_steps=10",
+         "error: unknown config option 'train.warmup_steps'. Did you mean "
+         "\"optim.warmup_steps\"?"),
     )
     def test_bad_option_gives_one_clear_line(self, flag, message):
         self.check_one_clear_line(flag, message)
