@@ -453,6 +453,37 @@ class TrainBinaryTest(parameterized.TestCase):
         self.assertNotIn("data:", result.stdout)
         self.assertFalse(os.path.exists(workdir))
 
+    def test_ctrl_c_while_jax_is_imported_is_one_line_and_status_130(self):
+        # 2026-12-07 newcomer pass: a Ctrl-C in the first 1-2 s (jax's imports) printed a
+        # 30-line traceback, an ImportError, or nothing at all (swallowed by a gc callback: the
+        # run went on). A real SIGINT (a plain subprocess), sent once -X importtime shows a jax
+        # module imported: deterministic, and the process ends at once (~1 s).
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "importtime", os.path.join(ROOT, "experiments", "train.py"),
+             "--config=" + os.path.join(ROOT, "configs", "default.py"), "--workdir=" + workdir],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        try:
+            for line in proc.stderr:  # "import time:   242 |   10799 |   jax.version"
+                if time.monotonic() > deadline:
+                    self.fail("no jax import seen in -X importtime's lines")
+                if re.match(r"import time:.*\|\s+jax\.", line):
+                    proc.send_signal(signal.SIGINT)
+                    break
+            rest = proc.stderr.read()
+            proc.wait(timeout=60)
+        finally:  # a run that ignored the signal must not outlive the test
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+        lines = [x for x in rest.splitlines() if not x.startswith("import time:")]
+        self.assertEqual(proc.returncode, 130, rest[-2000:])
+        self.assertEqual(lines, ["interrupted (Ctrl-C) while starting; nothing was written"])
+        self.assertFalse(os.path.exists(workdir))
+
     @pytest.mark.slow
     def test_ctrl_c_in_start_up_exits_130_without_a_crash(self):
         # 2026-12-05 newcomer pass: a Ctrl-C 3 to 4.5 s into the default run printed its line,
