@@ -418,14 +418,21 @@ def write_problem(workdir: str) -> Optional[str]:
       in the writable workdir).
     """
     directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
-        return None
     try:
-        probe = tempfile.mkdtemp(prefix=".write-probe-", dir=directory)
-        os.rmdir(probe)
+        _probe_writable(directory)
     except OSError as e:
         return f"cannot write the checkpoint directory {directory} ({e.strerror or e})"
     return None
+
+
+def _probe_writable(directory: str) -> None:
+    """Makes and removes a directory in ``directory`` (nothing when it does not exist).
+
+    Raises:
+      OSError: the system's refusal (``Operation not permitted``, ``Read-only file system``).
+    """
+    if os.path.isdir(directory):
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=directory))
 
 
 def saved_steps(workdir: str) -> List[int]:
@@ -532,6 +539,13 @@ class Checkpointer:
             items["data_iter"] = grain.checkpoint.CheckpointSave(data_iter)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
         self._finish_writing()  # the previous save's failure names its own step
+        if self._cleanup_tmp and jax.process_index() == 0:
+            # A directory made read-only since the start: one line now, not orbax's 5-minute
+            # wait for the step directory it cannot create, then a TimeoutError.
+            try:
+                _probe_writable(self.directory)
+            except OSError as e:
+                raise self._write_failed(step, e) from e
         _SAVE_ERRORS.hold()  # until _finish_writing: released, or dropped for the one line
         try:
             saved = self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,
