@@ -18,33 +18,12 @@ multi-host launches are in BUILD.md ("Multi-host training").
 """
 
 import os
-import signal
 import sys
 
-# Printed for a Ctrl-C while the binary starts (jax's imports, the flags): nothing has been
-# written yet.
-INTERRUPTED_IN_START_UP = "interrupted (Ctrl-C) while starting; nothing was written"
-
-
-def _exit_on_ctrl_c(signum, frame):
-    """SIGINT handler for the start-up: one line, status 130, at once.
-
-    A ``KeyboardInterrupt`` raised inside jax's imports printed a 30-line traceback, became an
-    ``ImportError`` ("Encountered an error while initializing the extension") or was swallowed
-    by a garbage-collection callback (``Exception ignored in: _xla_gc_callback``), and the run
-    then went on as if nothing had happened. ``os._exit``: the half-imported modules have
-    nothing to save or flush.
-    """
-    del signum, frame
-    os.write(2, (INTERRUPTED_IN_START_UP + "\n").encode())
-    os._exit(130)
-
-
-if __name__ == "__main__":
-    signal.signal(signal.SIGINT, _exit_on_ctrl_c)  # until main() is past the flags
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from lattn_jax import flag_errors  # noqa: E402 (absl only: before jax)
+if __name__ == "__main__":  # a Ctrl-C: one line, status 130, until main() is past the flags
+    flag_errors.exit_on_ctrl_c()
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -73,12 +52,6 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-    """Trains per the flags; see the module docstring for the exit statuses.
-
-    Raises:
-      SystemExit: with one line for a bad option, file or failure (no traceback), or the
-        shell's status of a signal that stopped the run.
-    """
     config_lib.reject_arguments(argv)  # one line, not the help text
     logging.set_verbosity(logging.WARNING)
     # Bad options and missing files end the run with one line naming them, without a traceback.
@@ -90,10 +63,7 @@ def main(argv):
     # Options the config file computes from others (its warm-up from train.total_steps): a
     # resume warning marks them as following the option the user changed.
     derived = config_lib.derived_options(config_dict)
-    if signal.getsignal(signal.SIGINT) is _exit_on_ctrl_c:
-        # From here a Ctrl-C is a KeyboardInterrupt: the loop saves on it, the rest below says
-        # so in one line.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    flag_errors.end_exit_on_ctrl_c()  # a KeyboardInterrupt again: the loop saves on it
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     multihost.watch_peers()  # another process's failure ends this one at once
     if jax.process_index() == 0:

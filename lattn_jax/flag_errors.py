@@ -10,6 +10,7 @@ import difflib
 import os
 import re
 import shlex
+import signal
 import sys
 import traceback
 from typing import Optional
@@ -409,3 +410,34 @@ _NO_GET_CONFIG = re.compile(r"module '(\w+)_config' has no attribute 'get_config
 
 # "flag --config=x.py: pkg.mod.SomeError: message" -> "flag --config=x.py: message".
 _EXCEPTION_PREFIX = re.compile(r"(?:(?<=: )|^)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
+
+
+# Printed for a Ctrl-C while a binary starts (jax's imports, the flags): nothing is written yet.
+INTERRUPTED_IN_START_UP = "interrupted (Ctrl-C) while starting; nothing was written"
+
+
+def _exit_on_sigint(signum, frame):
+    """The SIGINT handler :func:`exit_on_ctrl_c` installs: one line, status 130, at once."""
+    del signum, frame
+    os.write(2, (INTERRUPTED_IN_START_UP + "\n").encode())
+    os._exit(130)  # the half-imported modules have nothing to save or flush
+
+
+def exit_on_ctrl_c() -> None:
+    """Makes a Ctrl-C end the process at once with one line (:data:`INTERRUPTED_IN_START_UP`)
+    and status 130, until :func:`end_exit_on_ctrl_c`. A binary calls it before its heavy
+    imports (main thread only, as ``signal.signal`` requires).
+
+    A ``KeyboardInterrupt`` raised inside jax's imports printed a 30-line traceback, became an
+    ``ImportError`` ("Encountered an error while initializing the extension"), or was
+    swallowed by a garbage-collection callback (``Exception ignored in: _xla_gc_callback``)
+    and the run went on as if nothing had happened (experiments/train.py, 2026-12-07).
+    """
+    signal.signal(signal.SIGINT, _exit_on_sigint)
+
+
+def end_exit_on_ctrl_c() -> None:
+    """Puts Python's ``KeyboardInterrupt`` back for SIGINT where :func:`exit_on_ctrl_c`
+    installed its handler (another handler is left alone)."""
+    if signal.getsignal(signal.SIGINT) is _exit_on_sigint:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

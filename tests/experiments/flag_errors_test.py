@@ -291,5 +291,20 @@ class CrossSectionSuggestionTest(absltest.TestCase):
                                  f"unknown config option '{override}'. {hint}")
 
 
+class StartUpInterruptTest(absltest.TestCase):
+
+    def test_the_start_up_handler_is_installed_then_replaced_by_keyboard_interrupt(self):
+        import signal  # noqa: PLC0415 (this test only)
+        before = signal.getsignal(signal.SIGINT)
+        self.addCleanup(signal.signal, signal.SIGINT, before)
+        flag_errors.exit_on_ctrl_c()
+        self.assertIs(signal.getsignal(signal.SIGINT), flag_errors._exit_on_sigint)
+        flag_errors.end_exit_on_ctrl_c()
+        self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # another handler (nohup-like): kept
+        flag_errors.end_exit_on_ctrl_c()
+        self.assertEqual(signal.getsignal(signal.SIGINT), signal.SIG_IGN)
+
+
 if __name__ == "__main__":
     absltest.main()
