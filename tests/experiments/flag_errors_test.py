@@ -237,6 +237,23 @@ class ConfigFileCodeErrorTest(parameterized.TestCase):
         self.assertEqual(flag_errors.describe_flag_error(error, argv),
                          f"flag --config={path}: unknown argument bogus")
 
+    def test_an_os_error_in_get_config_is_not_a_config_that_cannot_be_loaded(self):
+        # ml_collections defers a config's OSError to the value's first use: it read "cannot
+        # load --config=<file>: No such file or directory", as if the config file were missing.
+        from unittest import mock  # noqa: PLC0415 (this test only)
+        from ml_collections import config_flags  # noqa: PLC0415
+        path = self.write("def get_config():\n    return open('/no/such/file.txt')\n")
+        fv = flags.FlagValues()
+        argv = ["prog", f"--config={path}"]
+        holder = config_flags.DEFINE_config_file("config", None, "A config.", flag_values=fv,
+                                                 sys_argv=argv)
+        fv(argv)
+        with mock.patch.object(sys, "argv", argv), self.assertRaises(SystemExit) as cm:
+            config_lib.config_flag_value(holder)
+        self.assertEqual(cm.exception.code,
+                         f"error in --config={path} (line 2): FileNotFoundError: [Errno 2] No "
+                         f"such file or directory: '/no/such/file.txt'")
+
     @pytest.mark.entry
     def test_the_binary_prints_the_one_line(self):
         path = self.write("def get_config():\n    return 1 / 0\n")
