@@ -17,8 +17,9 @@ from lattn_jax import assets
 from lattn_jax import config as config_lib
 
 
-class ConfigArgError(ValueError):
-    """A bad ``--config=file.py:arg`` argument string."""
+class ConfigArgError(config_lib.ConfigArgumentError):
+    """A bad ``--config=file.py:arg`` argument string (a ``ValueError``; a command-line mistake,
+    reported as its message alone, not as an error in the config file)."""
 
 
 def parse_arg(arg, **defaults):

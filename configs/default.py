@@ -25,7 +25,7 @@ PATTERNS = {
 def get_config(arg=None):
     arg = common.parse_arg(arg, pattern="hybrid")
     if arg.pattern not in PATTERNS:
-        raise ValueError(f"pattern={arg.pattern!r}; choose from {', '.join(PATTERNS)}")
+        raise common.ConfigArgError(f"pattern={arg.pattern!r}; choose from {', '.join(PATTERNS)}")
     config = ml_collections.ConfigDict()
     config.model = dict(
         vocab_size=32000,

@@ -162,16 +162,16 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
           stage3_kl_len=8192, tokens=H200_TOKENS):
     """The ``h200`` variant: the paper's token-per-parameter ratio in one H200 window."""
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1_000_000:
-        raise ValueError(f"tokens must be an int >= 1,000,000 (training tokens over the three "
-                         f"stages), got {tokens!r}")
+        raise common.ConfigArgError(f"tokens must be an int >= 1,000,000 (training tokens over "
+                                    f"the three stages), got {tokens!r}")
     weights = dict(H200_SOURCE_WEIGHTS) if prose_weights else None
     data.update(paths=(os.path.join(corpus, "train"),),
                 val_paths=(os.path.join(corpus, "validation"),), format="tokens",
                 shuffle=True, max_val_batches=None, source_weights=weights)
     # Stage 2 reads 49,152 tokens per step: 96 windows of 512, or fewer, longer ones.
     if stage2_len not in (512, 1024, 2048, 4096):
-        raise ValueError(f"stage2_len must be 512, 1024, 2048 or 4096 (49,152 tokens per "
-                         f"step), got {stage2_len}")
+        raise common.ConfigArgError(f"stage2_len must be 512, 1024, 2048 or 4096 (49,152 "
+                                    f"tokens per step), got {stage2_len}")
     lengths = {"stage1": (512, 32), "stage2": (stage2_len, 49_152 // stage2_len),
                "stage3": (16384, 8)}
     # Stage 3's LR is the authors' constant 1e-5 (spec section 3.4). Measured 2026-12-03c from one
@@ -194,7 +194,7 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
     if teacher_text:
         cfg.data.paths = (os.path.join(corpus, "train"), teacher_text)
         if not teacher_weight > 0:
-            raise ValueError(f"teacher_weight must be > 0, got {teacher_weight}")
+            raise common.ConfigArgError(f"teacher_weight must be > 0, got {teacher_weight}")
         for stage, w in (("stage1", teacher_weight), ("stage2", teacher_weight),
                          ("stage3", 0.0)):
             cfg[stage].source_weights = {**(weights or {}), TEACHER_SOURCE: w}
@@ -209,10 +209,10 @@ def _h200(path, data, corpus, prose_weights=True, teacher_text="",
     # Stage 3 anchored to the teacher on its 8K context (the 2026-12-02d finding, docstring).
     if isinstance(stage3_kl, bool) or not isinstance(stage3_kl, (int, float)) \
             or not 0 <= stage3_kl < float("inf"):
-        raise ValueError(f"stage3_kl must be a finite number >= 0, got {stage3_kl!r}")
+        raise common.ConfigArgError(f"stage3_kl must be a finite number >= 0, got {stage3_kl!r}")
     if isinstance(stage3_kl_len, bool) or not isinstance(stage3_kl_len, int) \
             or stage3_kl_len < 1:
-        raise ValueError(f"stage3_kl_len must be an int >= 1, got {stage3_kl_len!r}")
+        raise common.ConfigArgError(f"stage3_kl_len must be an int >= 1, got {stage3_kl_len!r}")
     cfg.stage3.kl_weight = float(stage3_kl)
     cfg.stage3.kl_len = stage3_kl_len
     cfg.stage3.micro_batch_size = 4

@@ -21,7 +21,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from lattn_jax import flag_errors  # noqa: E402 (absl only: before jax)
+if __name__ == "__main__":  # a Ctrl-C: one line, status 130, until main() is past the flags
+    flag_errors.exit_on_ctrl_c()
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -61,6 +63,7 @@ def main(argv):
     # Options the config file computes from others (its warm-up from train.total_steps): a
     # resume warning marks them as following the option the user changed.
     derived = config_lib.derived_options(config_dict)
+    flag_errors.end_exit_on_ctrl_c()  # a KeyboardInterrupt again: the loop saves on it
     sharding.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     multihost.watch_peers()  # another process's failure ends this one at once
     if jax.process_index() == 0:

@@ -399,6 +399,42 @@ def drop_records_after(path: str, step: int) -> Tuple[int, Optional[str]]:
     return len(dropped), discarded
 
 
+def write_problem(workdir: str) -> Optional[str]:
+    """Why orbax could not write a checkpoint into ``<workdir>/checkpoints``, or ``None``.
+
+    Orbax creates each step's directory in a background thread and waits for it with a
+    5-minute timeout: in a directory that refuses new entries (``chattr +i``, a read-only
+    mount, no permission) a run trained to its first save, hung there, then failed with a
+    ``TimeoutError`` that hid the cause. The writer calls this at its start instead. The probe
+    makes and removes a directory there, as orbax would (``os.access`` says yes to root,
+    whatever the directory's attributes).
+
+    Args:
+      workdir: the run's directory (writable: the caller holds its lock file).
+
+    Returns:
+      ``"cannot write the checkpoint directory <dir> (Operation not permitted)"``, or ``None``
+      when the probe succeeded or ``<workdir>/checkpoints`` does not exist yet (orbax creates it
+      in the writable workdir).
+    """
+    directory = os.path.join(workdir, "checkpoints")
+    try:
+        _probe_writable(directory)
+    except OSError as e:
+        return f"cannot write the checkpoint directory {directory} ({e.strerror or e})"
+    return None
+
+
+def _probe_writable(directory: str) -> None:
+    """Makes and removes a directory in ``directory`` (nothing when it does not exist).
+
+    Raises:
+      OSError: the system's refusal (``Operation not permitted``, ``Read-only file system``).
+    """
+    if os.path.isdir(directory):
+        os.rmdir(tempfile.mkdtemp(prefix=".write-probe-", dir=directory))
+
+
 def saved_steps(workdir: str) -> List[int]:
     """Steps of the checkpoints in ``<workdir>/checkpoints``, ascending, read from the directory
     names alone (no orbax manager, nothing created): an orbax step directory is named by its
@@ -503,6 +539,13 @@ class Checkpointer:
             items["data_iter"] = grain.checkpoint.CheckpointSave(data_iter)
         metrics = None if metrics is None else {k: float(v) for k, v in metrics.items()}
         self._finish_writing()  # the previous save's failure names its own step
+        if self._cleanup_tmp and jax.process_index() == 0:
+            # A directory made read-only since the start: one line now, not orbax's 5-minute
+            # wait for the step directory it cannot create, then a TimeoutError.
+            try:
+                _probe_writable(self.directory)
+            except OSError as e:
+                raise self._write_failed(step, e) from e
         _SAVE_ERRORS.hold()  # until _finish_writing: released, or dropped for the one line
         try:
             saved = self.manager.save(step, args=ocp.args.Composite(**items), metrics=metrics,

@@ -23,8 +23,9 @@ from lattn_jax.data.config import DataConfig
 # The command-line error helpers live in a light module (absl only); binaries and tests use them
 # as config.parse_flags and friends.
 from lattn_jax.flag_errors import (  # noqa: F401
-    bare_tuple_override, describe_config_load_error, describe_flag_error, parse_flags,
-    reject_arguments, repeated_tuple_override, TUPLE_OPTIONS)
+    bare_tuple_override, ConfigArgumentError, describe_config_file_error,
+    describe_config_load_error, describe_flag_error, parse_flags, reject_arguments,
+    repeated_tuple_override, TUPLE_OPTIONS)
 
 # Names a layer pattern may use. The mapping from name to module lives in
 # ``lattn_jax.mixers.REGISTRY``; it is checked against this tuple when the package is imported.
@@ -98,6 +99,37 @@ class ConfigError(ValueError):
 def _require(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)
+
+
+def _require_bound(option: str, value: Any, bound: float = 0.0, *, strict: bool = True,
+                   none_ok: bool = False) -> None:
+    """Checks a float option that must be a finite number above ``bound`` (``> bound``, or
+    ``>= bound`` when not ``strict``); ``None`` passes when ``none_ok``.
+
+    A bare ``value > 0`` lets ``inf`` through (a learning rate of ``inf`` trained until the NaN
+    guard stopped it at step 2); ``nan`` fails every comparison, so it was already refused.
+
+    Args:
+      option: the dotted option name the message names (``optim.learning_rate``).
+      value: the value (a number, or ``None``).
+      bound: the lower bound.
+      strict: ``True``: ``value > bound``; ``False``: ``value >= bound``.
+      none_ok: whether ``None`` is allowed (and named in the message).
+
+    Raises:
+      ConfigError: ``optim.learning_rate must be a finite number > 0, got inf`` for a value
+        that is not a finite number, ``optim.learning_rate must be > 0, got -1.0`` for one
+        below the bound (``... or None`` where ``None`` is allowed).
+    """
+    if value is None and none_ok:
+        return
+    op = ">" if strict else ">="
+    tail = " or None" if none_ok else ""
+    finite = (isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+              and math.isfinite(float(value)))
+    _require(finite, f"{option} must be a finite number {op} {bound:g}{tail}, got {value!r}")
+    _require(value > bound if strict else value >= bound,
+             f"{option} must be {op} {bound:g}{tail}, got {value}")
 
 
 _STACKS = ("pure", "hybrid", "dense")
@@ -198,15 +230,9 @@ class AttentionConfig:
             self.head_dim is None or self.head_dim >= 1,
             f"model.attention.head_dim must be >= 1, got {self.head_dim}",
         )
-        _require(
-            self.rope_theta is None or self.rope_theta > 0,
-            f"model.attention.rope_theta must be > 0 or None, got {self.rope_theta}",
-        )
-        _require(
-            self.logit_scaling_base is None or self.logit_scaling_base > 1,
-            f"model.attention.logit_scaling_base must be > 1 or None, got "
-            f"{self.logit_scaling_base}",
-        )
+        _require_bound("model.attention.rope_theta", self.rope_theta, none_ok=True)
+        _require_bound("model.attention.logit_scaling_base", self.logit_scaling_base, 1,
+                       none_ok=True)
 
 
 # Gated DeltaNet / DeltaNet: "pallas" forces the Triton kernels, "mosaic_gpu" the Mosaic GPU
@@ -287,7 +313,7 @@ def _check_linear_mixer(cfg, section: str, implementations: Tuple[str, ...],
         f"model.{section}.implementation={cfg.implementation!r}; choose from "
         f"{', '.join(implementations)}",
     )
-    _require(cfg.norm_eps > 0, f"model.{section}.norm_eps must be > 0, got {cfg.norm_eps}")
+    _require_bound(f"model.{section}.norm_eps", cfg.norm_eps)
 
 
 def _check_dt_init(cfg, section: str) -> None:
@@ -297,7 +323,8 @@ def _check_dt_init(cfg, section: str) -> None:
         f"model.{section}.dt_min={cfg.dt_min} and model.{section}.dt_max={cfg.dt_max} must "
         f"satisfy 0 < dt_min <= dt_max",
     )
-    _require(cfg.dt_floor > 0, f"model.{section}.dt_floor must be > 0, got {cfg.dt_floor}")
+    _require_bound(f"model.{section}.dt_max", cfg.dt_max)
+    _require_bound(f"model.{section}.dt_floor", cfg.dt_floor)
     _require(
         cfg.gate_rank is None or cfg.gate_rank >= 1,
         f"model.{section}.gate_rank must be >= 1 or None, got {cfg.gate_rank}",
@@ -519,10 +546,7 @@ class LightningConfig:
             self.head_dim is None or self.head_dim >= 1,
             f"model.lightning.head_dim must be >= 1, got {self.head_dim}",
         )
-        _require(
-            self.rope_theta is None or self.rope_theta > 0,
-            f"model.lightning.rope_theta must be > 0 or None, got {self.rope_theta}",
-        )
+        _require_bound("model.lightning.rope_theta", self.rope_theta, none_ok=True)
         _require(
             self.scale in ("1/sqrt(d)", "1/d", "1"),
             f"model.lightning.scale={self.scale!r}; choose 1/sqrt(d), 1/d or 1",
@@ -698,6 +722,8 @@ class ModelConfig:
         _require(self.vocab_size >= 2, f"model.vocab_size must be >= 2, got {self.vocab_size}")
         _require(self.d_model >= 1, f"model.d_model must be >= 1, got {self.d_model}")
         _require(self.mlp_hidden >= 1, f"model.mlp_hidden must be >= 1, got {self.mlp_hidden}")
+        _require_bound("model.norm_eps", self.norm_eps)
+        _require_bound("model.init_std", self.init_std, strict=False)
         _require(not isinstance(self.layer_pattern, str),
                  f"model.layer_pattern must be a tuple of mixer names, e.g. "
                  f"({self.layer_pattern!r},), got the string {self.layer_pattern!r}")
@@ -868,8 +894,7 @@ class OptimConfig:
     def __post_init__(self):
         _require(self.name in ("adamw", "muon"),
                  f"optim.name={self.name!r}; choose adamw or muon")
-        _require(self.learning_rate > 0,
-                 f"optim.learning_rate must be > 0, got {self.learning_rate}")
+        _require_bound("optim.learning_rate", self.learning_rate)
         _require(
             0.0 <= self.min_lr_ratio <= 1.0,
             f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}",
@@ -888,27 +913,20 @@ class OptimConfig:
             self.decay_shape in ("minus_sqrt", "linear", "cosine"),
             f"optim.decay_shape={self.decay_shape!r}; choose minus_sqrt, linear or cosine",
         )
-        _require(self.grad_clip >= 0, f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+        _require_bound("optim.grad_clip", self.grad_clip, strict=False)
         for name in ("b1", "b2", "muon_momentum", "muon_beta2"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"optim.{name} must be in [0, 1), got {value}")
         for name in ("eps", "muon_eps", "muon_extra_scale_factor"):
-            value = getattr(self, name)
-            _require(value > 0, f"optim.{name} must be > 0, got {value}")
-        _require(self.weight_decay >= 0,
-                 f"optim.weight_decay must be >= 0, got {self.weight_decay}")
-        _require(
-            self.adamw_learning_rate is None or self.adamw_learning_rate > 0,
-            f"optim.adamw_learning_rate must be > 0 or None, got {self.adamw_learning_rate}",
-        )
+            _require_bound(f"optim.{name}", getattr(self, name))
+        _require_bound("optim.weight_decay", self.weight_decay, strict=False)
+        _require_bound("optim.adamw_learning_rate", self.adamw_learning_rate, none_ok=True)
         _require(
             self.adamw_min_lr_ratio is None or 0.0 <= self.adamw_min_lr_ratio <= 1.0,
             f"optim.adamw_min_lr_ratio must be in [0, 1] or None, got {self.adamw_min_lr_ratio}",
         )
-        _require(
-            self.adamw_weight_decay is None or self.adamw_weight_decay >= 0,
-            f"optim.adamw_weight_decay must be >= 0 or None, got {self.adamw_weight_decay}",
-        )
+        _require_bound("optim.adamw_weight_decay", self.adamw_weight_decay, strict=False,
+                       none_ok=True)
         _require(
             self.muon_ns_coefficients in ("quintic", "simple"),
             f"optim.muon_ns_coefficients={self.muon_ns_coefficients!r}; choose quintic or simple",
@@ -1000,10 +1018,7 @@ class TrainConfig:
             f"train.nonfinite_policy={self.nonfinite_policy!r}; choose from "
             f"{', '.join(NONFINITE_POLICIES)}",
         )
-        _require(
-            self.peak_flops_per_device is None or self.peak_flops_per_device > 0,
-            f"train.peak_flops_per_device must be > 0 or None, got {self.peak_flops_per_device}",
-        )
+        _require_bound("train.peak_flops_per_device", self.peak_flops_per_device, none_ok=True)
         for name in ("total_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
                      "log_every"):
             value = getattr(self, name)
@@ -1509,6 +1524,11 @@ def config_flag_value(holder, flag: str = "--config"):
         value = holder.value
         getattr(value, "keys", None)  # a file that failed to load raises on first attribute use
     except OSError as e:
+        # An OSError of the config file's own code (get_config() opening a missing file):
+        # its file and line, not "cannot load" the config file.
+        in_file = describe_config_file_error(e, sys.argv)
+        if in_file:
+            sys.exit(in_file)
         from absl import flags  # noqa: PLC0415 (binaries only)
         path = getattr(flags.FLAGS[holder.name], "config_filename", None)
         sys.exit(f"error: {describe_config_load_error(e, flag, path)}")

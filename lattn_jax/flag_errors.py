@@ -6,9 +6,13 @@ instead. This module imports only absl (no jax, numpy or ml_collections), so tha
 (``fetch_eval_data.py``, the benchmark drivers) stay light; :mod:`lattn_jax.config` re-exports it.
 """
 
+import difflib
+import os
 import re
 import shlex
+import signal
 import sys
+import traceback
 from typing import Optional
 
 from absl import flags
@@ -39,7 +43,92 @@ def parse_flags(argv, unknown_option_hint=None):
     try:
         return flags.FLAGS(argv)
     except Exception as e:  # noqa: BLE001 - all of these are user input errors
-        sys.exit(f"error: {describe_flag_error(e, argv, unknown_option_hint)}")
+        # A config file's own failure (a bug in its get_config()) is not a command-line error:
+        # its file and line, not "unknown config option" or a bare "division by zero".
+        sys.exit(describe_config_file_error(e, argv)
+                 or f"error: {describe_flag_error(e, argv, unknown_option_hint)}")
+
+
+class ConfigArgumentError(ValueError):
+    """A config file's refusal of the argument after the colon (``--config=file.py:arg``): a
+    mistake on the command line, reported as its message alone (``configs.common.ConfigArgError``
+    derives from it), not as an error in the file (:func:`describe_config_file_error`)."""
+
+
+def _config_files(argv):
+    """``{real path: (flag, path as given)}`` for each ``--<flag>=<file>.py[:arg]`` (or
+    ``--<flag> <file>.py``) of ``argv`` that names an existing file."""
+    files = {}
+    args = list(argv)[1:]
+    for i, arg in enumerate(args):
+        if not arg.startswith("--"):
+            continue
+        flag, eq, value = arg[2:].partition("=")
+        if not eq:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        path = value.split(":", 1)[0]
+        if path.endswith(".py") and os.path.isfile(path):
+            files[os.path.realpath(path)] = (flag, path)
+    return files
+
+
+def _exception_chain(error):
+    """``error`` and the exceptions it wraps, outermost first: ``args[0]`` exceptions
+    (ml_collections' ``AttributeError(KeyError(...))``), causes and contexts (the original of
+    ml_collections' and absl's re-raised ``ValueError``s)."""
+    seen, todo = [], [error]
+    while todo:
+        e = todo.pop(0)
+        if e is None or any(e is s for s in seen):
+            continue
+        seen.append(e)
+        if e.args and isinstance(e.args[0], BaseException):
+            todo.append(e.args[0])
+        todo += [e.__cause__, e.__context__]
+    return seen
+
+
+def describe_config_file_error(error, argv=()) -> Optional[str]:
+    """The one line for an exception raised by the code of a config file named on the command
+    line (its module body or its ``get_config()``), or ``None`` for any other error.
+
+    Told apart by the traceback: the error, or one it wraps (absl and ml_collections re-raise
+    a config's ``ValueError`` and ``TypeError`` with the original as context), passed through a
+    frame of the file. Before, a ``KeyError`` in ``get_config()`` read as ``unknown config
+    option 'boom'`` and ``1/0`` as a bare ``division by zero``.
+
+    Args:
+      error: the exception flag parsing (or reading the config flag's value) raised.
+      argv: the command line, program first, to find the config files (``--config=x.py:arg``).
+
+    Returns:
+      ``error in --config=configs/x.py (line 12): ZeroDivisionError: division by zero`` (the
+      line of the file's innermost frame; the message on one line), or ``None``: the error did
+      not come from a config file's code, or it is a :class:`ConfigArgumentError` (a bad
+      ``:arg``, reported as today by :func:`describe_flag_error`).
+    """
+    files = _config_files(argv)
+    if not files:
+        return None
+    for exc in _exception_chain(error):
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if os.path.realpath(f.filename) in files]
+        if not frames:
+            continue
+        if isinstance(exc, ConfigArgumentError):
+            return None
+        flag, path = files[os.path.realpath(frames[-1].filename)]
+        inner = exc
+        while inner.args and isinstance(inner.args[0], BaseException):
+            inner = inner.args[0]
+        text = str(inner)  # KeyError('boom') -> "'boom'", as Python prints it
+        if (isinstance(inner, KeyError) and inner.args and isinstance(inner.args[0], str)
+                and inner.args[0][:1] in "'\""):  # ml_collections' "'key'\nDid you mean ..."
+            text = inner.args[0]
+        text = " ".join(line.strip() for line in str(text).splitlines() if line.strip())
+        return (f"error in --{flag}={path} (line {frames[-1].lineno}): "
+                f"{type(exc).__name__}{': ' + text if text else ''}")
+    return None
 
 
 # Tuple-valued options whose command-line value ml_collections would take, written without
@@ -149,18 +238,22 @@ def reject_arguments(argv, command_line=None) -> None:
     sys.exit(f"error: unexpected arguments {extra}{hint}")
 
 
-def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
+def describe_flag_error(error, argv=(), unknown_option_hint=None, flag_values=None) -> str:
     """One line for an error raised while parsing flags (ml_collections nests and embeds them).
 
     Args:
       error: the exception ``flags.FLAGS(argv)`` raised.
       argv: the command line, to name a mistyped ``--config.a.b`` option in full.
       unknown_option_hint: as :func:`parse_flags`'s.
+      flag_values: the ``FlagValues`` that parsed ``argv`` (default ``flags.FLAGS``), for the
+        options of the config an unknown override was meant for (:func:`suggest_options`).
 
     Returns:
       The message: an unknown override as ``unknown config option a.b`` (with ml_collections'
-      "did you mean" hint), a config file without ``get_config()`` by the flag and the file, a
-      config file's own error as its last traceback line.
+      "did you mean" hint within the section, else :func:`suggest_options`' across the
+      config: ``train.warmup_steps`` -> ``Did you mean "optim.warmup_steps"?``), a config file
+      without ``get_config()`` by the flag and the file, a config file's own error as its last
+      traceback line.
     """
     # ml_collections wraps an unknown override as AttributeError(KeyError("'x'\nDid you mean")).
     while error.args and isinstance(error.args[0], BaseException):
@@ -184,6 +277,12 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
         typed = [a.split("=", 1)[0][2:] for a in argv
                  if a.startswith("--config.") and a.split("=", 1)[0].endswith("." + key)]
         text = f"unknown config option {typed[0][len('config.'):] if typed else key!r}"
+        if not hint.strip() and typed:
+            # ml_collections looks for close names in the option's own section only.
+            flag, option = typed[0].split(".", 1)
+            near = suggest_options(option, _config_paths(flag, argv, flag_values))
+            if near:
+                hint = "Did you mean " + _or([f'"{n}"' for n in near]) + "?"
         text += f". {hint.strip()}" if hint.strip() else ""
         extra = unknown_option_hint(key, argv) if unknown_option_hint and not hint.strip() else None
         text += f" ({extra})" if extra else ""
@@ -194,6 +293,74 @@ def describe_flag_error(error, argv=(), unknown_option_hint=None) -> str:
     # unknown config argument ..."): the user sees what was wrong, not the class.
     text = _EXCEPTION_PREFIX.sub("", text)
     return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())
+
+
+def suggest_options(option: str, known, limit: int = 3) -> list:
+    """Known dotted options close to the unknown ``option``, across every section.
+
+    ml_collections' "did you mean" looks within the option's section only, so
+    ``train.warmup_steps`` got no hint of ``optim.warmup_steps`` and ``train.steps`` none of
+    ``train.total_steps``.
+
+    Args:
+      option: the unknown dotted option as typed, without the flag (``train.steps``).
+      known: the config's dotted options (:func:`_config_paths`).
+      limit: at most this many.
+
+    Returns:
+      Up to ``limit`` options, best first: those with the same last part in another section;
+      then those whose last part is a close match of the typed one (a typo in the wrong
+      section) or holds all its ``_``-separated words (``steps`` -> ``total_steps``), those of
+      the typed section first, then the closest; then close matches of the whole dotted name.
+      ``[]`` when none is close.
+    """
+    known = [k for k in known if k != option]
+    section, _, leaf = option.rpartition(".")
+
+    def last(k):
+        return k.rpartition(".")[2]
+
+    def own_section_first(keys):  # then the closest last part first
+        return sorted(keys, key=lambda k: (k.rpartition(".")[0] != section,
+                                           -difflib.SequenceMatcher(None, leaf, last(k)).ratio()))
+
+    words = set(leaf.split("_"))
+    close = set(difflib.get_close_matches(leaf, {last(k) for k in known}, n=limit, cutoff=0.8))
+    found = [k for k in known if last(k) == leaf]
+    found += own_section_first([k for k in known if last(k) in close
+                                or words <= set(last(k).split("_"))])
+    found += difflib.get_close_matches(option, known, n=limit, cutoff=0.8)
+    return list(dict.fromkeys(found))[:limit]
+
+
+def _config_paths(flag: str, argv, flag_values=None) -> list:
+    """The dotted options (sections and fields) of the config that ``--<flag>=<file>`` in
+    ``argv`` names, loaded again with the flag's own parser (the failed parse kept none);
+    ``[]`` when ``flag`` is no config-file flag or the file cannot be loaded."""
+    flag_values = flags.FLAGS if flag_values is None else flag_values
+    given = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{flag}=")]
+    if not given or flag not in flag_values:
+        return []
+    try:
+        config = flag_values[flag].parser.parse(given[-1])
+    except Exception:  # noqa: BLE001 - no hint then; the error itself is reported
+        return []
+    paths = []
+
+    def walk(value, prefix):
+        for key, item in value.items():
+            paths.append(prefix + key)
+            if hasattr(item, "items") and not isinstance(item, str):
+                walk(item, prefix + key + ".")
+
+    if hasattr(config, "items"):
+        walk(config, "")
+    return paths
+
+
+def _or(items) -> str:
+    """``"a"``, ``"a or b"``, ``"a, b or c"``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
 
 
 def describe_syntax_error(error: SyntaxError, argv=()) -> str:
@@ -243,3 +410,34 @@ _NO_GET_CONFIG = re.compile(r"module '(\w+)_config' has no attribute 'get_config
 
 # "flag --config=x.py: pkg.mod.SomeError: message" -> "flag --config=x.py: message".
 _EXCEPTION_PREFIX = re.compile(r"(?:(?<=: )|^)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
+
+
+# Printed for a Ctrl-C while a binary starts (jax's imports, the flags): nothing is written yet.
+INTERRUPTED_IN_START_UP = "interrupted (Ctrl-C) while starting; nothing was written"
+
+
+def _exit_on_sigint(signum, frame):
+    """The SIGINT handler :func:`exit_on_ctrl_c` installs: one line, status 130, at once."""
+    del signum, frame
+    os.write(2, (INTERRUPTED_IN_START_UP + "\n").encode())
+    os._exit(130)  # the half-imported modules have nothing to save or flush
+
+
+def exit_on_ctrl_c() -> None:
+    """Makes a Ctrl-C end the process at once with one line (:data:`INTERRUPTED_IN_START_UP`)
+    and status 130, until :func:`end_exit_on_ctrl_c`. A binary calls it before its heavy
+    imports (main thread only, as ``signal.signal`` requires).
+
+    A ``KeyboardInterrupt`` raised inside jax's imports printed a 30-line traceback, became an
+    ``ImportError`` ("Encountered an error while initializing the extension"), or was
+    swallowed by a garbage-collection callback (``Exception ignored in: _xla_gc_callback``)
+    and the run went on as if nothing had happened (experiments/train.py, 2026-12-07).
+    """
+    signal.signal(signal.SIGINT, _exit_on_sigint)
+
+
+def end_exit_on_ctrl_c() -> None:
+    """Puts Python's ``KeyboardInterrupt`` back for SIGINT where :func:`exit_on_ctrl_c`
+    installed its handler (another handler is left alone)."""
+    if signal.getsignal(signal.SIGINT) is _exit_on_sigint:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

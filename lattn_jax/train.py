@@ -1544,7 +1544,9 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
         ``step`` too). ``step`` is checked before ``workdir`` is created or written to. Also
         (``ConfigError``) when another process is training in ``workdir`` (its lock file
         ``.train.lock``), before anything is written, and when ``workdir`` cannot be created
-        (naming ``--workdir``, the path and the OS reason); when the first training step
+        (naming ``--workdir``, the path and the OS reason) or its existing ``checkpoints``
+        directory cannot be written (:func:`lattn_jax.checkpoint.write_problem`: before the
+        data is read); when the first training step
         runs out of device memory (naming ``data.batch_size``, ``data.seq_len`` and
         ``train.micro_batch_size``; in a resumed run also the checkpoint it resumed from;
         creating or restoring the state: what to free or shard),
@@ -1604,6 +1606,11 @@ def train_and_evaluate(config: config_lib.ExperimentConfig, workdir: str,
     if jax.process_index() != 0:
         return _train_and_evaluate(config, workdir, _silent, step, derived)
     with _workdir_lock(workdir):
+        # The checkpoint directory of an earlier run refusing writes: here, before the data is
+        # read, not after training to the first save (orbax hung 5 minutes there).
+        problem = checkpoint_lib.write_problem(workdir)
+        if problem:
+            raise config_lib.ConfigError(f"--workdir={workdir}: {problem}")
         try:
             return _train_and_evaluate_logged(config, workdir, print_fn, step, derived,
                                               hold_signals_when_done)

@@ -337,8 +337,8 @@ def tokenize_documents(documents: Sequence[str],
     return out
 
 
-def split_documents(num_documents: int, val_fraction: float,
-                    seed: int) -> tuple[np.ndarray, np.ndarray]:
+def split_documents(num_documents: int, val_fraction: float, seed: int,
+                    empty_files: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Splits document indices into train and validation by a seeded permutation.
 
     Args:
@@ -346,18 +346,25 @@ def split_documents(num_documents: int, val_fraction: float,
         val_fraction: fraction in ``(0, 1)``; ``round(val_fraction * n)`` documents are held out,
             clipped to ``[1, n - 1]``.
         seed: permutation seed.
+        empty_files: the files that gave no document (``ReadStats.empty_files``), named in
+            the error.
 
     Returns:
         ``(train_indices, val_indices)``, int64 arrays in permutation order, disjoint, together
         covering ``range(num_documents)``.
 
     Raises:
-        ValueError: fewer than two documents.
+        ValueError: fewer than two documents (``... got 0; no documents in /x/empty.txt (check
+            data.paths and data.doc_split)``, the first 3 such files named).
     """
     if num_documents < 2:
+        named = ""
+        if empty_files:
+            more = f" and {len(empty_files) - 3} more" if len(empty_files) > 3 else ""
+            named = f"; no documents in {', '.join(empty_files[:3])}{more}"
         raise ValueError(
-            f"need at least 2 documents for a train/validation split, got {num_documents} "
-            "(check data.paths and data.doc_split)")
+            f"need at least 2 documents for a train/validation split, got {num_documents}"
+            f"{named} (check data.paths and data.doc_split)")
     num_val = min(max(1, round(val_fraction * num_documents)), num_documents - 1)
     order = np.random.default_rng(seed).permutation(num_documents)
     return order[num_val:], order[:num_val]
@@ -588,7 +595,7 @@ def build_datasets(config: config_lib.DataConfig) -> Datasets:
     if config.val_paths is None:
         val_corpus = corpus
         train_idx, val_idx = split_documents(corpus.num_documents, config.val_fraction,
-                                             config.seed)
+                                             config.seed, read_stats.empty_files)
     else:
         val_config = dataclasses.replace(config, paths=config.val_paths, val_paths=None)
         val_corpus = _load_corpus(val_config, tokenizer, read_stats)

@@ -135,6 +135,9 @@ class ReadStats:
         missing_field: JSONL records skipped because ``text_field`` is absent or not a string
             (only with ``read_jsonl(..., skip_missing_field=True)``; otherwise they raise).
         examples: the first few ``"<file>:<line>: <problem>"`` messages, for reports.
+        empty_files: the files read to the end that yielded no document (empty, whitespace
+            only, or every record skipped), for the error of a corpus with too few documents;
+            not a counter (left out of :meth:`counters`).
     """
 
     files: int = 0
@@ -145,6 +148,7 @@ class ReadStats:
     malformed_lines: int = 0
     missing_field: int = 0
     examples: list[str] = dataclasses.field(default_factory=list)
+    empty_files: list[str] = dataclasses.field(default_factory=list)
 
     def note(self, message: str) -> None:
         """Logs ``message`` as a warning and keeps it, up to ``_MAX_EXAMPLES`` of them."""
@@ -159,11 +163,13 @@ class ReadStats:
             setattr(self, field, getattr(self, field) + getattr(other, field))
         room = _MAX_EXAMPLES - len(self.examples)
         self.examples.extend(other.examples[:max(room, 0)])
+        self.empty_files.extend(other.empty_files)
 
     def counters(self) -> dict[str, int]:
         """The integer counters as a dict (no examples), e.g. for a manifest."""
         out = dataclasses.asdict(self)
         out.pop("examples")
+        out.pop("empty_files")
         return out
 
     @property
@@ -832,6 +838,8 @@ def read_documents(paths: Sequence[str], *, fmt: str = "auto", text_field: str =
         yield from read_file(path, fmt=fmt, text_field=text_field, doc_split=doc_split,
                              stats=file_stats, skip_missing_field=True,
                              on_skip=limit.on_skip(path))
+        if not file_stats.documents:
+            file_stats.empty_files.append(path)
         stats.merge(file_stats)
         limit.done.merge(file_stats)
         if file_stats.bad_records and file_stats.bad_records == file_stats.records:

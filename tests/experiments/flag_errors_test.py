@@ -171,5 +171,157 @@ class FlagErrorsModuleTest(absltest.TestCase):
                          "Unknown command line flag 'nmae'. Did you mean: name ?")
 
 
+# Config files whose own code fails, each with the line its error names: a KeyError, a missing
+# ConfigDict field, 1/0 and a missing import read as "unknown config option 'boom'" / 'model',
+# a bare "division by zero" and "No module named 'x'" (newcomer 2026-12-07).
+_FAILING_CONFIGS = (
+    ("key_error", "def get_config():\n    raise KeyError('boom')\n",
+     "(line 2): KeyError: 'boom'"),
+    ("missing_field", "import ml_collections\n\n\ndef get_config():\n"
+     "    config = ml_collections.ConfigDict(dict(modle=1))\n    return config.model\n",
+     "(line 6): AttributeError: 'model' Did you mean \"modle\" instead of \"model\"?"),
+    ("zero_division", "def get_config():\n    x = 1\n    return x / 0\n",
+     "(line 3): ZeroDivisionError: division by zero"),
+    ("missing_import", "import no_such_module_x\n\n\ndef get_config():\n    return None\n",
+     "(line 1): ModuleNotFoundError: No module named 'no_such_module_x'"),
+    # absl and ml_collections re-raise a ValueError (the original as context): still its line.
+    ("value_error", "def get_config():\n    raise ValueError('bad value')\n",
+     "(line 2): ValueError: bad value"),
+)
+
+
+class ConfigFileCodeErrorTest(parameterized.TestCase):
+    """An error raised by a config file's own code is ``error in --config=FILE (line N):
+    ExcType: message``, apart from command-line errors (a bad override or ``:arg``)."""
+
+    def parse(self, path, *overrides):
+        from ml_collections import config_flags  # noqa: PLC0415 (this test only)
+        fv = flags.FlagValues()
+        argv = ["prog", f"--config={path}", *overrides]
+        config_flags.DEFINE_config_file("config", None, "A config.", flag_values=fv,
+                                        sys_argv=argv)
+        try:  # not assertRaises: it drops the traceback, which tells the file's errors apart
+            fv(argv)
+        except Exception as e:  # noqa: BLE001 - whatever the file raises
+            return e, argv
+        self.fail(f"{argv} parsed")
+
+    def write(self, text):
+        path = os.path.join(self.create_tempdir().full_path, "cfg.py")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    @parameterized.named_parameters(*_FAILING_CONFIGS)
+    def test_an_error_in_the_config_file_names_its_file_and_line(self, text, expected):
+        path = self.write(text)
+        error, argv = self.parse(path)
+        self.assertEqual(flag_errors.describe_config_file_error(error, argv),
+                         f"error in --config={path} {expected}")
+
+    def test_command_line_errors_keep_their_own_message(self):
+        path = self.write("import ml_collections\n"
+                          "from lattn_jax import flag_errors\n\n\n"
+                          "def get_config(arg=None):\n"
+                          "    if arg:\n"
+                          "        raise flag_errors.ConfigArgumentError("
+                          "'unknown argument ' + arg)\n"
+                          "    return ml_collections.ConfigDict(dict(model=dict(d_model=1)))\n")
+        error, argv = self.parse(path, "--config.model.d_modle=3")  # a mistyped override
+        self.assertIsNone(flag_errors.describe_config_file_error(error, argv))
+        self.assertEqual(flag_errors.describe_flag_error(error, argv),
+                         "unknown config option 'model.d_modle'. Did you mean \"d_model\" "
+                         "instead of \"d_modle\"?")
+        error, argv = self.parse(path + ":bogus")  # a bad :arg the config refuses
+        self.assertIsNone(flag_errors.describe_config_file_error(error, argv))
+        self.assertEqual(flag_errors.describe_flag_error(error, argv),
+                         f"flag --config={path}: unknown argument bogus")
+
+    def test_an_os_error_in_get_config_is_not_a_config_that_cannot_be_loaded(self):
+        # ml_collections defers a config's OSError to the value's first use: it read "cannot
+        # load --config=<file>: No such file or directory", as if the config file were missing.
+        from unittest import mock  # noqa: PLC0415 (this test only)
+        from ml_collections import config_flags  # noqa: PLC0415
+        path = self.write("def get_config():\n    return open('/no/such/file.txt')\n")
+        fv = flags.FlagValues()
+        argv = ["prog", f"--config={path}"]
+        holder = config_flags.DEFINE_config_file("config", None, "A config.", flag_values=fv,
+                                                 sys_argv=argv)
+        fv(argv)
+        with mock.patch.object(sys, "argv", argv), self.assertRaises(SystemExit) as cm:
+            config_lib.config_flag_value(holder)
+        self.assertEqual(cm.exception.code,
+                         f"error in --config={path} (line 2): FileNotFoundError: [Errno 2] No "
+                         f"such file or directory: '/no/such/file.txt'")
+
+    @pytest.mark.entry
+    def test_the_binary_prints_the_one_line(self):
+        path = self.write("def get_config():\n    return 1 / 0\n")
+        result = run("experiments/train.py", f"--config={path}", "--workdir=/nonexistent/w")
+        self.assertEqual(result.returncode, 1, result.stderr)
+        self.assertEqual(result.stderr.strip().splitlines(), [
+            f"error in --config={path} (line 2): ZeroDivisionError: division by zero"])
+
+
+class CrossSectionSuggestionTest(absltest.TestCase):
+    """An unknown override gets close names from every section: ml_collections' "did you mean"
+    looked within the option's own section, so ``train.steps`` and ``train.warmup_steps`` got
+    no hint (newcomer 2026-12-07)."""
+
+    KNOWN = ("train", "train.total_steps", "train.max_steps_per_run", "train.seed",
+             "optim", "optim.warmup_steps", "optim.learning_rate", "model", "model.d_model",
+             "model.attention", "model.attention.num_heads")
+
+    def test_suggest_options_across_sections(self):
+        self.assertEqual(flag_errors.suggest_options("train.warmup_steps", self.KNOWN),
+                         ["optim.warmup_steps"])
+        self.assertEqual(flag_errors.suggest_options("train.steps", self.KNOWN),
+                         ["train.total_steps", "train.max_steps_per_run", "optim.warmup_steps"])
+        self.assertEqual(flag_errors.suggest_options("model.num_heads", self.KNOWN),
+                         ["model.attention.num_heads"])
+        self.assertEqual(flag_errors.suggest_options("optim.learning_rat", self.KNOWN),
+                         ["optim.learning_rate"])
+        self.assertEqual(flag_errors.suggest_options("data.zzz", self.KNOWN), [])
+
+    def test_the_flag_error_names_the_option_in_another_section(self):
+        from ml_collections import config_flags  # noqa: PLC0415 (this test only)
+        path = os.path.join(self.create_tempdir().full_path, "cfg.py")
+        with open(path, "w") as f:
+            f.write("import ml_collections\n\n\ndef get_config():\n"
+                    "    return ml_collections.ConfigDict(dict(\n"
+                    "        train=dict(total_steps=10, seed=0),\n"
+                    "        optim=dict(warmup_steps=2, learning_rate=1e-3)))\n")
+        for override, hint in (
+                ("train.warmup_steps", 'Did you mean "optim.warmup_steps"?'),
+                ("train.steps", 'Did you mean "train.total_steps" or "optim.warmup_steps"?'),
+                ("optim.learning_rat", 'Did you mean "learning_rate" instead of '
+                                       '"learning_rat"?')):  # ml_collections' own hint kept
+            with self.subTest(override=override):
+                argv = ["prog", f"--config={path}", f"--config.{override}=1"]
+                fv = flags.FlagValues()
+                config_flags.DEFINE_config_file("config", None, "A config.", flag_values=fv,
+                                                sys_argv=argv)
+                with self.assertRaises(Exception) as cm:  # noqa: B017 - ml_collections' type
+                    fv(argv)
+                self.assertEqual(flag_errors.describe_flag_error(cm.exception, argv,
+                                                                 flag_values=fv),
+                                 f"unknown config option '{override}'. {hint}")
+
+
+class StartUpInterruptTest(absltest.TestCase):
+
+    def test_the_start_up_handler_is_installed_then_replaced_by_keyboard_interrupt(self):
+        import signal  # noqa: PLC0415 (this test only)
+        before = signal.getsignal(signal.SIGINT)
+        self.addCleanup(signal.signal, signal.SIGINT, before)
+        flag_errors.exit_on_ctrl_c()
+        self.assertIs(signal.getsignal(signal.SIGINT), flag_errors._exit_on_sigint)
+        flag_errors.end_exit_on_ctrl_c()
+        self.assertIs(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # another handler (nohup-like): kept
+        flag_errors.end_exit_on_ctrl_c()
+        self.assertEqual(signal.getsignal(signal.SIGINT), signal.SIG_IGN)
+
+
 if __name__ == "__main__":
     absltest.main()

@@ -157,6 +157,10 @@ class TrainBinaryTest(parameterized.TestCase):
          "error: data.paths: no such file or directory: /no/such/file.txt"),
         ("option_typo", "--config.train.total_step=20",
          "error: unknown config option 'train.total_step'. Did you mean \"total_steps\""),
+        # ml_collections' hint looks within the section: none for an option of another one.
+        ("option_of_another_section", "--config.train.warmup_steps=10",
+         "error: unknown config option 'train.warmup_steps'. Did you mean "
+         "\"optim.warmup_steps\"?"),
     )
     def test_bad_option_gives_one_clear_line(self, flag, message):
         self.check_one_clear_line(flag, message)
@@ -447,6 +451,37 @@ class TrainBinaryTest(parameterized.TestCase):
             "error: mesh data x fsdp x context x tensor = 2 x 1 x 1 x 1 needs 2 devices, but "
             "there are 1"])
         self.assertNotIn("data:", result.stdout)
+        self.assertFalse(os.path.exists(workdir))
+
+    def test_ctrl_c_while_jax_is_imported_is_one_line_and_status_130(self):
+        # 2026-12-07 newcomer pass: a Ctrl-C in the first 1-2 s (jax's imports) printed a
+        # 30-line traceback, an ImportError, or nothing at all (swallowed by a gc callback: the
+        # run went on). A real SIGINT (a plain subprocess), sent once -X importtime shows a jax
+        # module imported: deterministic, and the process ends at once (~1 s).
+        workdir = os.path.join(self.create_tempdir().full_path, "run")
+        proc = subprocess.Popen(
+            [sys.executable, "-X", "importtime", os.path.join(ROOT, "experiments", "train.py"),
+             "--config=" + os.path.join(ROOT, "configs", "default.py"), "--workdir=" + workdir],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        try:
+            for line in proc.stderr:  # "import time:   242 |   10799 |   jax.version"
+                if time.monotonic() > deadline:
+                    self.fail("no jax import seen in -X importtime's lines")
+                if re.match(r"import time:.*\|\s+jax\.", line):
+                    proc.send_signal(signal.SIGINT)
+                    break
+            rest = proc.stderr.read()
+            proc.wait(timeout=60)
+        finally:  # a run that ignored the signal must not outlive the test
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+        lines = [x for x in rest.splitlines() if not x.startswith("import time:")]
+        self.assertEqual(proc.returncode, 130, rest[-2000:])
+        self.assertEqual(lines, ["interrupted (Ctrl-C) while starting; nothing was written"])
         self.assertFalse(os.path.exists(workdir))
 
     @pytest.mark.slow

@@ -173,6 +173,41 @@ class WriteErrorTest(absltest.TestCase):
         self.assertEqual(checkpoint_lib.describe_write_error(ValueError("INTERNAL: odd")),
                          "ValueError: INTERNAL: odd")
 
+    def test_write_problem_names_a_checkpoint_directory_that_refuses_entries(self):
+        # A chattr +i checkpoints/ made orbax hang 5 minutes at the first save; tests run as
+        # root (chmod would not stop them), so the refusal is the kernel's EPERM, mocked.
+        workdir = self.create_tempdir().full_path
+        self.assertIsNone(checkpoint_lib.write_problem(workdir))  # no checkpoints/ yet
+        directory = os.path.join(workdir, "checkpoints")
+        os.makedirs(os.path.join(directory, "2"))
+        self.assertIsNone(checkpoint_lib.write_problem(workdir))  # writable
+        self.assertEqual(os.listdir(directory), ["2"])  # the probe is gone
+        refused = PermissionError(1, "Operation not permitted", os.path.join(directory, "x"))
+        with mock.patch.object(checkpoint_lib.tempfile, "mkdtemp", side_effect=refused):
+            self.assertEqual(checkpoint_lib.write_problem(workdir),
+                             f"cannot write the checkpoint directory {directory} (Operation "
+                             f"not permitted)")
+
+    def test_a_directory_made_read_only_since_the_start_fails_the_save_at_once(self):
+        # Orbax waited 5 minutes for the step directory it could not create, then raised a
+        # TimeoutError that hid the cause.
+        workdir = self.create_tempdir().full_path
+        ckpt = checkpoint_lib.Checkpointer(workdir, async_save=False, cleanup_tmp=True)
+        ckpt.save(2, _state(2))
+        directory = os.path.join(workdir, "checkpoints")
+        refused = PermissionError(1, "Operation not permitted", directory)
+        with mock.patch.object(checkpoint_lib.tempfile, "mkdtemp", side_effect=refused), \
+                mock.patch.object(ckpt.manager, "save",
+                                  side_effect=AssertionError("orbax was asked to save")):
+            with self.assertRaises(checkpoint_lib.CheckpointWriteError) as cm:
+                ckpt.save(4, _state(4))
+        self.assertEqual(str(cm.exception),
+                         f"the checkpoint at step 4 in {directory} could not be written "
+                         f"(Operation not permitted: {directory})")
+        self.assertEqual(cm.exception.step, 4)
+        ckpt.close()
+        self.assertEqual(os.listdir(directory), ["2"])
+
     def test_orbax_argument_errors_are_not_called_failed_writes(self):
         # orbax's own checks raise ValueErrors too (StepAlreadyExistsError): they are bugs of
         # the caller, not a full disk, and keep their type and traceback.

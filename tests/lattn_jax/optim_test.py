@@ -540,6 +540,34 @@ class OptimConfigTest(parameterized.TestCase):
         with self.assertRaisesRegex(config_lib.ConfigError, pattern):
             config_lib.OptimConfig(**kwargs)
 
+    @parameterized.named_parameters(
+        ("learning_rate_inf", "optim", dict(learning_rate=float("inf")),
+         "optim.learning_rate must be a finite number > 0, got inf"),
+        ("learning_rate_nan", "optim", dict(learning_rate=float("nan")),
+         "optim.learning_rate must be a finite number > 0, got nan"),
+        ("learning_rate_negative", "optim", dict(learning_rate=-1.0),
+         "optim.learning_rate must be > 0, got -1.0"),
+        ("adamw_learning_rate_inf", "optim", dict(adamw_learning_rate=float("inf")),
+         "optim.adamw_learning_rate must be a finite number > 0 or None, got inf"),
+        ("weight_decay_inf", "optim", dict(weight_decay=float("inf")),
+         "optim.weight_decay must be a finite number >= 0, got inf"),
+        ("adamw_weight_decay_inf", "optim", dict(adamw_weight_decay=float("inf")),
+         "optim.adamw_weight_decay must be a finite number >= 0 or None, got inf"),
+        ("grad_clip_inf", "optim", dict(grad_clip=float("inf")),
+         "optim.grad_clip must be a finite number >= 0, got inf"),
+        ("eps_inf", "optim", dict(eps=float("inf")),
+         "optim.eps must be a finite number > 0, got inf"),
+        ("peak_flops_inf", "train", dict(peak_flops_per_device=float("inf")),
+         "train.peak_flops_per_device must be a finite number > 0 or None, got inf"),
+    )
+    def test_an_infinite_or_nan_float_option_is_refused_by_name(self, section, kwargs, message):
+        # inf passed the plain "> 0" checks: a learning rate of inf trained until the NaN guard
+        # stopped the run at step 2.
+        cls = config_lib.OptimConfig if section == "optim" else config_lib.TrainConfig
+        with self.assertRaises(config_lib.ConfigError) as cm:
+            cls(**kwargs)
+        self.assertEqual(str(cm.exception), message)
+
     def test_simple_coefficients_allow_any_step_count(self):
         cfg = config_lib.OptimConfig(name="muon", muon_ns_coefficients="simple", muon_ns_steps=3)
         self.assertEqual(cfg.muon_ns_steps, 3)

@@ -530,6 +530,31 @@ class WriteFailureTest(CorpusTestCase):
             f"{workdir}/.train.lock)"))
         self.assertEqual(os.listdir(workdir), [])
 
+    def test_a_checkpoint_directory_that_refuses_writes_stops_the_start_in_one_line(self):
+        # chattr +i <workdir>/checkpoints: the run trained to its first save, hung ~5 minutes in
+        # orbax, then failed with a TimeoutError hiding the cause. Now: refused before the data
+        # is read, the checkpoint there left alone. (Root ignores chmod: the refusal is mocked.)
+        workdir = os.path.join(self.tmp, "frozen")
+        directory = os.path.join(workdir, "checkpoints")
+        os.makedirs(os.path.join(directory, "2"))
+        real_mkdtemp = tempfile.mkdtemp
+
+        def mkdtemp(*args, dir=None, **kwargs):
+            if dir is not None and os.path.abspath(dir).startswith(directory):
+                raise PermissionError(errno.EPERM, os.strerror(errno.EPERM), dir)
+            return real_mkdtemp(*args, dir=dir, **kwargs)
+
+        with mock.patch.object(checkpoint_lib.tempfile, "mkdtemp", mkdtemp), \
+                mock.patch.object(data_lib, "build_datasets",
+                                  side_effect=AssertionError("the data was read")):
+            with self.assertRaises(train.config_lib.ConfigError) as raised:
+                train.train_and_evaluate(tiny_experiment(self.corpus), workdir,
+                                         print_fn=lambda s: None)
+        self.assertEqual(str(raised.exception), (
+            f"--workdir={workdir}: cannot write the checkpoint directory {directory} "
+            f"(Operation not permitted)"))
+        self.assertEqual(os.listdir(directory), ["2"])
+
 
 class CutShortRecordsTest(absltest.TestCase):
     """A trainer killed mid-record leaves the last line of metrics.jsonl cut short."""

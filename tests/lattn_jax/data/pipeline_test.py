@@ -251,6 +251,22 @@ class PipelineTest(absltest.TestCase):
         with self.assertRaisesRegex(ValueError, "at least 2 documents"):
             pipeline.split_documents(1, 0.5, seed=0)
 
+    def test_too_few_documents_names_the_files_that_gave_none(self):
+        # An empty data file gave "need at least 2 documents ..., got 0" without naming it.
+        empty = os.path.join(self.root, "empty.txt")
+        blank = os.path.join(self.root, "blank.txt")
+        one = os.path.join(self.root, "one.txt")
+        for path, text in ((empty, ""), (blank, "\n  \n\n"), (one, "a single document\n")):
+            with open(path, "w") as f:
+                f.write(text)
+        with self.assertRaises(ValueError) as cm:
+            pipeline.build_datasets(self._config(paths=(empty, blank, one)))
+        self.assertEqual(str(cm.exception),
+                         f"need at least 2 documents for a train/validation split, got 1; no "
+                         f"documents in {empty}, {blank} (check data.paths and data.doc_split)")
+        with self.assertRaisesRegex(ValueError, r"got 0; no documents in a, b, c and 2 more \("):
+            pipeline.split_documents(0, 0.5, seed=0, empty_files=list("abcde"))
+
     def test_iterator_save_restore(self):
         ds = pipeline.build_datasets(self._config(batch_size=3))
         _take(ds.train_iter, 3)
